@@ -1,0 +1,6 @@
+// Marks the built entry points executable, so `npx cgn-agent` and `npx cgn-engine-sim` run them.
+import { chmodSync, existsSync } from "node:fs"
+
+for (const bin of ["dist/main.js", "dist/programs/sim.js"]) {
+  if (existsSync(bin)) chmodSync(bin, 0o755)
+}

@@ -1,0 +1,75 @@
+/**
+ * Engine: the narrow contract every backend (vllm, sglang, llama_cpp, mlx, openai_compat) fulfils.
+ * A backend is data plus one pure function: what it can do (capabilities) and how to launch it (render).
+ * Backends never spawn, signal or do I/O: EngineProcess runs the plan, EngineClient talks to it.
+ */
+import type { AgentConfig, EngineKind, KvOffload, Role } from "./Config.ts"
+
+/** What a backend supports; config validation refuses everything else, naming these lists. */
+export interface EngineCapabilities {
+  /** False for openai_compat: the agent proxies to `engine.url` and starts nothing. */
+  readonly spawns: boolean
+  readonly kvOffloads: ReadonlyArray<KvOffload>
+  readonly roles: ReadonlyArray<Role>
+  /** Whether the engine can publish KV-cache events over ZMQ (`[kv].events`). */
+  readonly kvEvents: boolean
+  /** Whether tensor parallelism (`tp` > 1) can be expressed on its command line. */
+  readonly tensorParallel: boolean
+  /** Where the weights may come from. */
+  readonly sources: ReadonlyArray<"hf_repo" | "path">
+}
+
+/** How readiness is decided. */
+export type ReadinessProbe =
+  /** GET `url`; 200 means ready; connection refused or 503 mean "not yet". */
+  | { readonly kind: "http"; readonly url: string }
+  /** POST a real 1-token completion (mlx, whose /health is green before the model is loaded). */
+  | { readonly kind: "completion"; readonly url: string; readonly body: Readonly<Record<string, unknown>> }
+
+/** Which of the engine's Prometheus series carry the normalized load signals, newest name first. */
+export interface MetricNames {
+  readonly running: ReadonlyArray<string>
+  readonly waiting: ReadonlyArray<string>
+  /** KV-cache usage as a 0..1 fraction; empty when the engine does not export one (llama.cpp). */
+  readonly kvUsage: ReadonlyArray<string>
+}
+
+/** The KV-event stream the engine publishes when `[kv].events` is on. */
+export interface KvEventsEndpoint {
+  /** The ZMQ endpoint handed to the engine. */
+  readonly endpoint: string
+  /** Whether the engine binds it (endpoint contains `*`, `::`, or is ipc/inproc) or connects to it. */
+  readonly engineBinds: boolean
+  readonly replayEndpoint: string | undefined
+  readonly topic: string
+}
+
+/** Everything needed to start and use the engine; rendering it has no side effects. */
+export interface LaunchPlan {
+  readonly kind: EngineKind
+  readonly spawns: boolean
+  /** Full argv, executable first ([] when nothing is spawned). `[engine].command` replaces the executable. */
+  readonly argv: ReadonlyArray<string>
+  /** Variables added to the agent's environment for the engine. */
+  readonly env: Readonly<Record<string, string>>
+  /** The engine's HTTP base URL, e.g. `http://127.0.0.1:8000`. */
+  readonly baseUrl: string
+  readonly host: string
+  readonly port: number
+  readonly probe: ReadinessProbe
+  /** Prometheus endpoint and series names; undefined when the engine has none (mlx, openai_compat). */
+  readonly metrics: { readonly url: string; readonly names: MetricNames } | undefined
+  readonly kvEvents: KvEventsEndpoint | undefined
+  /** The name clients use for the model. */
+  readonly servedModel: string
+  /** The value to put in a request's `model` field when forwarding (mlx loads whatever it is given). */
+  readonly requestModel: string
+}
+
+/** One backend. */
+export interface Engine {
+  readonly kind: EngineKind
+  readonly capabilities: EngineCapabilities
+  /** Renders the plan; the config has already been validated against `capabilities`. */
+  readonly render: (config: AgentConfig) => LaunchPlan
+}

@@ -1,0 +1,54 @@
+/**
+ * EngineProcess: the supervisor of the one engine. Owns the process group, readiness and liveness
+ * probes, restarts with backoff, the kill sequence and the orphan guard; it alone writes the state.
+ * openai_compat runs the same state machine with nothing spawned.
+ */
+import { Context, type Data, type Effect, type Stream } from "effect"
+import type { LaunchPlan } from "./Engine.ts"
+
+/** How one run of the engine ended; kept for forensics (/status) and crash-loop logs. */
+export interface ExitRecord {
+  /** 0 for the first run, +1 per restart. */
+  readonly run: number
+  readonly pid: number | undefined
+  readonly code: number | null
+  readonly signal: string | null
+  readonly startedAt: number
+  readonly endedAt: number
+  readonly runtimeMs: number
+  /** Why the run ended: "exited", "unhealthy: ...", "startup timeout", "stopped". */
+  readonly reason: string
+  /** The last lines the engine printed (stdout and stderr, tagged). */
+  readonly lastLines: ReadonlyArray<string>
+}
+
+/** The lifecycle, one tagged value at a time. Times are epoch milliseconds. */
+export type EngineState = Data.TaggedEnum<{
+  /** Spawned (or, for openai_compat, probing) and waiting for readiness. */
+  Starting: { readonly phase: string; readonly since: number; readonly run: number }
+  Ready: { readonly since: number; readonly run: number }
+  /** Ready before, now failing liveness; a restart follows unless it recovers. */
+  Unhealthy: { readonly reason: string; readonly since: number; readonly run: number }
+  /** Waiting out the backoff before the next run. */
+  Restarting: { readonly attempt: number; readonly nextAt: number; readonly lastExit: ExitRecord }
+  Stopping: { readonly since: number }
+  Stopped: { readonly lastExit: ExitRecord | undefined }
+}>
+
+export interface EngineProcessService {
+  readonly plan: LaunchPlan
+  /** The state now. */
+  readonly state: Effect.Effect<EngineState>
+  /** The state now, then every change. */
+  readonly changes: Stream.Stream<EngineState>
+  /** Completes when the engine is Ready (at once if it is). */
+  readonly awaitReady: Effect.Effect<void>
+  /** Restarts since the agent started. */
+  readonly restarts: Effect.Effect<number>
+  /** The most recent runs' exits, newest first (bounded). */
+  readonly exits: Effect.Effect<ReadonlyArray<ExitRecord>>
+  /** Stops the engine (TERM to the group, KILL after stop_grace) and confirms the group is gone; idempotent. */
+  readonly stop: Effect.Effect<void>
+}
+
+export class EngineProcess extends Context.Service<EngineProcess, EngineProcessService>()("cgn-agent/EngineProcess") {}
