@@ -154,6 +154,9 @@ const schemaProblems = (schema: Schema.Top, value: unknown, at: ReadonlyArray<Pr
   const std = SchemaIssue.makeFormatterStandardSchemaV1()((reason.error as Schema.SchemaError).issue)
   return std.issues.map((i) => {
     const path = [...at, ...(i.path ?? []).map((p) => (typeof p === "object" && p !== null ? p.key : p))]
+    // A non-empty array reports its empty form as a missing element 0.
+    if (i.message === "Missing key" && path.at(-1) === 0)
+      return `${formatPath(path.slice(0, -1))}: expected a non-empty list`
     const got = i.message.startsWith("Expected") ? `, got ${describe(valueAt(value, path.slice(at.length)))}` : ""
     return `${formatPath(path)}: ${i.message}${got}`
   })
@@ -235,12 +238,32 @@ const engineProblems = (c: ConfigFile): Array<string> => {
       `agent.role: ${kind} cannot run role "${c.agent.role}" (no prefill/decode disaggregation); ${kind} supports ${caps.roles.map((r) => `"${r}"`).join(", ")}`
     )
   }
+  const byRole = caps.roleKvOffloads?.[c.agent.role]
+  if (
+    byRole !== undefined &&
+    caps.kvOffloads.includes(c.engine.kv_offload) &&
+    !byRole.kvOffloads.includes(c.engine.kv_offload)
+  ) {
+    problems.push(
+      `engine.kv_offload: ${kind} with agent.role = "${c.agent.role}" needs kv_offload ${orList(byRole.kvOffloads)}, got "${c.engine.kv_offload}" (${byRole.why})`
+    )
+  }
   if (c.kv.events && !caps.kvEvents) {
     problems.push(`kv.events: ${kind} does not publish KV-cache events; set kv.events = false`)
   }
   for (const [name, m] of Object.entries(c.models)) {
     if (m.tp > 1 && !caps.tensorParallel) {
       problems.push(`${formatPath(["models", name, "tp"])}: ${kind} has no tensor parallelism; set tp = 1`)
+    }
+    for (const k of ["max_model_len", "gpu_memory_utilization"] as const) {
+      if (m[k] !== undefined && caps.modelSettings !== undefined && !caps.modelSettings.includes(k)) {
+        problems.push(`${formatPath(["models", name, k])}: ${kind} has no command-line setting for ${k}; remove it`)
+      }
+    }
+    if (!caps.spawns && m.args.length > 0) {
+      problems.push(
+        `${formatPath(["models", name, "args"])}: ${kind} starts nothing, so args are never used; remove them`
+      )
     }
     for (const s of ["hf_repo", "path"] as const) {
       if (m[s] !== undefined && !caps.sources.includes(s)) {
@@ -253,7 +276,18 @@ const engineProblems = (c: ConfigFile): Array<string> => {
   if (!caps.spawns && c.engine.command !== undefined) {
     problems.push(`engine.command: ${kind} proxies engine.url and starts nothing; remove engine.command`)
   }
+  if (!caps.spawns && c.engine.args.length > 0) {
+    problems.push(`engine.args: ${kind} proxies engine.url and starts nothing; remove engine.args`)
+  }
+  if (!caps.spawns && Object.keys(c.engine.env).length > 0) {
+    problems.push(`engine.env: ${kind} proxies engine.url and starts nothing; remove engine.env`)
+  }
   return problems
+}
+
+const orList = (items: ReadonlyArray<string>): string => {
+  const quoted = items.map((i) => `"${i}"`)
+  return quoted.length <= 1 ? (quoted[0] ?? "") : `${quoted.slice(0, -1).join(", ")} or ${quoted.at(-1)}`
 }
 
 const resolve = (c: ConfigFile, file: string | undefined, env: Readonly<Record<string, string | undefined>>) => {

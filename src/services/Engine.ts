@@ -17,6 +17,15 @@ export interface EngineCapabilities {
   readonly tensorParallel: boolean
   /** Where the weights may come from. */
   readonly sources: ReadonlyArray<"hf_repo" | "path">
+  /**
+   * Roles that accept only some of `kvOffloads` (vLLM prefill/decode need NIXL to hand the KV cache over);
+   * `why` ends the error message. A role not listed accepts every entry of `kvOffloads`.
+   */
+  readonly roleKvOffloads?: Partial<
+    Record<Role, { readonly kvOffloads: ReadonlyArray<KvOffload>; readonly why: string }>
+  >
+  /** `[models.x]` settings the command line can express; absent means both. */
+  readonly modelSettings?: ReadonlyArray<"max_model_len" | "gpu_memory_utilization">
 }
 
 /** How readiness is decided. */

@@ -3,7 +3,7 @@
  * probes, restarts with backoff, the kill sequence and the orphan guard; it alone writes the state.
  * openai_compat runs the same state machine with nothing spawned.
  */
-import { Context, type Data, type Effect, type Stream } from "effect"
+import { Context, type Data, type Effect, Schema, type Stream } from "effect"
 import type { LaunchPlan } from "./Engine.ts"
 
 /** How one run of the engine ended; kept for forensics (/status) and crash-loop logs. */
@@ -20,6 +20,16 @@ export interface ExitRecord {
   readonly reason: string
   /** The last lines the engine printed (stdout and stderr, tagged). */
   readonly lastLines: ReadonlyArray<string>
+}
+
+/** Why the supervisor cannot start (or keep) the engine; only layer construction fails with it. */
+export class EngineProcessError extends Schema.TaggedError<EngineProcessError>()("EngineProcessError", {
+  reason: Schema.Literals(["RenderFailed", "StateDir", "PortBusy", "AnotherAgent", "StaleEngine"]),
+  detail: Schema.String
+}) {
+  override get message(): string {
+    return `engine process: ${this.reason}: ${this.detail}`
+  }
 }
 
 /** The lifecycle, one tagged value at a time. Times are epoch milliseconds. */

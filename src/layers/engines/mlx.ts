@@ -1,5 +1,11 @@
-// PLACEHOLDER: capabilities only; render is written in the renderer change.
+/**
+ * mlx-lm: `mlx_lm.server --model M --host --port`, nothing else can be expressed.
+ * Its /health is green before the model loads, so readiness is a real 1-token completion; it loads
+ * whatever a request's `model` names, so requests are forwarded with the configured model string.
+ */
+import type { AgentConfig } from "../../services/Config.ts"
 import type { Engine } from "../../services/Engine.ts"
+import { assemble, listenOf } from "./common.ts"
 
 export const mlx: Engine = {
   kind: "mlx",
@@ -9,9 +15,25 @@ export const mlx: Engine = {
     roles: ["both"],
     kvEvents: false,
     tensorParallel: false,
-    sources: ["hf_repo", "path"]
+    sources: ["hf_repo", "path"],
+    modelSettings: []
   },
-  render: () => {
-    throw new Error("render not written yet")
+  render: (config: AgentConfig) => {
+    const listen = listenOf(config)
+    const model = config.model.source.value
+    return assemble(config, listen, {
+      executable: ["mlx_lm.server"],
+      args: ["--model", model, "--host", listen.host, "--port", String(listen.port)],
+      probe:
+        config.agent.ready_probe_url !== undefined
+          ? { kind: "http", url: config.agent.ready_probe_url }
+          : {
+              kind: "completion",
+              url: `${listen.baseUrl}/v1/completions`,
+              body: { model, prompt: "ping", max_tokens: 1 }
+            },
+      metrics: undefined,
+      requestModel: model
+    })
   }
 }

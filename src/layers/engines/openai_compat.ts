@@ -1,5 +1,11 @@
-// PLACEHOLDER: capabilities only; render is written in the renderer change.
+/**
+ * openai_compat: an OpenAI-compatible server the agent does not start (a remote vLLM, a gateway).
+ * The plan has no argv; the agent only proxies `[engine].url` and probes its `/v1/models`.
+ * No Prometheus names are assumed, since the server's kind is unknown.
+ */
+import type { AgentConfig } from "../../services/Config.ts"
 import type { Engine } from "../../services/Engine.ts"
+import { httpProbe, listenOf } from "./common.ts"
 
 export const openaiCompat: Engine = {
   kind: "openai_compat",
@@ -9,9 +15,24 @@ export const openaiCompat: Engine = {
     roles: ["both"],
     kvEvents: false,
     tensorParallel: true,
-    sources: ["hf_repo", "path"]
+    sources: ["hf_repo", "path"],
+    modelSettings: []
   },
-  render: () => {
-    throw new Error("render not written yet")
+  render: (config: AgentConfig) => {
+    const listen = listenOf(config)
+    return {
+      kind: "openai_compat",
+      spawns: false,
+      argv: [],
+      env: {},
+      baseUrl: listen.baseUrl,
+      host: listen.host,
+      port: listen.port,
+      probe: httpProbe(config, listen),
+      metrics: undefined,
+      kvEvents: undefined,
+      servedModel: config.model.served_name,
+      requestModel: config.model.served_name
+    }
   }
 }

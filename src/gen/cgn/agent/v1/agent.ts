@@ -73,8 +73,11 @@ export interface SglangBootstrap {
   host: string;
   /** Port of the prefill engine's bootstrap server ([engine].bootstrap_port on the prefill node). */
   port: number;
-  /** Rendezvous id, a random integer in [0, 2^63-1] chosen by the router, the same on both legs. */
-  room: number;
+  /**
+   * Rendezvous id, a random integer in [0, 2^63-1] chosen by the router, the same on both legs. Above 2^53,
+   * so it is a decimal string in JavaScript (jstype JS_STRING) and exact in every language.
+   */
+  room: string;
 }
 
 export interface GenerateRequest {
@@ -650,7 +653,7 @@ export const Sampling: MessageFns<Sampling> = {
 };
 
 function createBaseSglangBootstrap(): SglangBootstrap {
-  return { host: "", port: 0, room: 0 };
+  return { host: "", port: 0, room: "0" };
 }
 
 export const SglangBootstrap: MessageFns<SglangBootstrap> = {
@@ -661,7 +664,7 @@ export const SglangBootstrap: MessageFns<SglangBootstrap> = {
     if (message.port !== 0) {
       writer.uint32(16).uint32(message.port);
     }
-    if (message.room !== 0) {
+    if (message.room !== "0") {
       writer.uint32(24).uint64(message.room);
     }
     return writer;
@@ -701,7 +704,7 @@ export const SglangBootstrap: MessageFns<SglangBootstrap> = {
               break;
             }
 
-            message.room = longToNumber(reader.uint64());
+            message.room = reader.uint64().toString();
             continue;
           }
         }
@@ -720,7 +723,7 @@ export const SglangBootstrap: MessageFns<SglangBootstrap> = {
     return {
       host: isSet(object.host) ? globalThis.String(object.host) : "",
       port: isSet(object.port) ? globalThis.Number(object.port) : 0,
-      room: isSet(object.room) ? globalThis.Number(object.room) : 0,
+      room: isSet(object.room) ? globalThis.String(object.room) : "0",
     };
   },
 
@@ -732,8 +735,8 @@ export const SglangBootstrap: MessageFns<SglangBootstrap> = {
     if (message.port !== 0) {
       obj.port = Math.round(message.port);
     }
-    if (message.room !== 0) {
-      obj.room = Math.round(message.room);
+    if (message.room !== "0") {
+      obj.room = globalThis.String(message.room);
     }
     return obj;
   },
@@ -745,7 +748,7 @@ export const SglangBootstrap: MessageFns<SglangBootstrap> = {
     const message = createBaseSglangBootstrap();
     message.host = object.host ?? "";
     message.port = object.port ?? 0;
-    message.room = object.room ?? 0;
+    message.room = object.room ?? "0";
     return message;
   },
 };

@@ -1,0 +1,361 @@
+/**
+ * The live EngineClient: one undici Agent (keep-alive pool) to the engine, driven through `dispatch` with a
+ * handler of our own, so body bytes go straight from the socket into the SSE parser with no Node stream
+ * in between. A stream's pull returns every event of a network chunk at once (one Effect step per chunk).
+ * Closing the stream's scope, or interrupting `complete`, aborts the exchange: the socket is destroyed and
+ * the engine sees the disconnect. Errors are normalized by EngineErrors; framing is Sse's job.
+ */
+import { type Array as Arr, Cause, Channel, Effect, Layer, Scope, Stream } from "effect"
+import { Agent, type Dispatcher } from "undici"
+import { Config } from "../services/Config.ts"
+import type { LaunchPlan } from "../services/Engine.ts"
+import {
+  type CompletionPath,
+  EngineClient,
+  type EngineClientService,
+  EngineError,
+  type JsonObject,
+  type RequestOptions
+} from "../services/EngineClient.ts"
+import { httpError, isErrorChunk, streamError } from "../services/EngineErrors.ts"
+import { loadSignals } from "../services/PromText.ts"
+import { makeSseParser } from "../services/Sse.ts"
+import { engineFor } from "./engines/index.ts"
+
+/** Tuning of the HTTP client; the defaults suit a local engine. */
+export interface ClientOptions {
+  /** TCP connect timeout (default 10 s). */
+  readonly connectTimeoutMs?: number
+  /** Time to response headers for streams (default 60 s; engines send them before queueing ends). */
+  readonly streamHeadersTimeoutMs?: number
+  /** Whole-exchange bound for /v1/models and /metrics (default 10 s). */
+  readonly controlTimeoutMs?: number
+  /** Concurrent connections to the engine (default unbounded: one per in-flight stream). */
+  readonly connections?: number
+}
+
+// Body bytes buffered before the socket is paused: the consumer is slower than the engine.
+const HIGH_WATER = 256 * 1024
+// After [DONE] the engine normally ends the body at once; keep the connection for reuse if it does.
+const DRAIN_AFTER_DONE_MS = 1_000
+
+const closedByClient = () => new Error("request closed by the client")
+
+/** One HTTP exchange; the undici handler and the state the pull reads. */
+class Exchange implements Dispatcher.DispatchHandler {
+  controller: Dispatcher.DispatchController | undefined = undefined
+  status = 0
+  chunks: Array<Buffer> = []
+  queued = 0
+  ended = false
+  error: Error | undefined = undefined
+  /** The stream saw `data: [DONE]`: nothing the engine sends after it matters. */
+  sawDone = false
+  private closed = false
+  private discard = false
+  private waiter: (() => void) | undefined = undefined
+
+  onRequestStart(controller: Dispatcher.DispatchController): void {
+    this.controller = controller
+    if (this.closed) controller.abort(closedByClient())
+  }
+  onResponseStart(_c: Dispatcher.DispatchController, statusCode: number): void {
+    this.status = statusCode
+    this.wake()
+  }
+  onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
+    if (this.closed || this.discard) return
+    this.chunks.push(chunk)
+    this.queued += chunk.length
+    if (this.queued > HIGH_WATER) controller.pause()
+    this.wake()
+  }
+  onResponseEnd(): void {
+    this.ended = true
+    this.wake()
+  }
+  onResponseError(_c: Dispatcher.DispatchController, error: Error): void {
+    this.error = error
+    this.wake()
+  }
+
+  /** Everything buffered so far; resumes a paused socket. */
+  take(): Array<Buffer> {
+    const out = this.chunks
+    this.chunks = []
+    this.queued = 0
+    if (this.controller?.paused === true) this.controller.resume()
+    return out
+  }
+  private wake(): void {
+    const w = this.waiter
+    if (w !== undefined) {
+      this.waiter = undefined
+      w()
+    }
+  }
+  /** Waits until something changed (headers, data, end, error). */
+  readonly changed: Effect.Effect<void> = Effect.callback<void>((resume) => {
+    this.waiter = () => resume(Effect.void)
+    return Effect.sync(() => {
+      this.waiter = undefined
+    })
+  })
+  get settled(): boolean {
+    return this.ended || this.error !== undefined
+  }
+  /** Aborts unless finished; `drain` lets a body that is about to end finish, so the socket is reused. */
+  close(drain: boolean): void {
+    if (this.closed || this.settled) return
+    if (drain) {
+      this.discard = true
+      this.chunks = []
+      this.controller?.resume()
+      setTimeout(() => this.close(false), DRAIN_AFTER_DONE_MS).unref()
+      return
+    }
+    this.closed = true
+    this.chunks = []
+    this.controller?.abort(closedByClient())
+  }
+}
+
+const errorCode = (e: Error): string => {
+  const c = (e as { code?: unknown }).code
+  const cause = (e as { cause?: { code?: unknown } }).cause
+  return typeof c === "string" ? c : typeof cause?.code === "string" ? cause.code : ""
+}
+
+/** A transport failure; `inBody` when the response had begun (then it is a broken stream, not a refusal). */
+const transportError = (e: Error, inBody: boolean): EngineError => {
+  const code = errorCode(e)
+  if (code.endsWith("TIMEOUT")) return new EngineError({ reason: "Timeout", message: `${code}: ${e.message}` })
+  const message = `${code === "" ? "" : `${code}: `}${e.message}`
+  return new EngineError({ reason: inBody ? "Stream" : "Connect", message })
+}
+
+const bodyText = (chunks: ReadonlyArray<Buffer>): string =>
+  chunks.length === 1 ? (chunks[0] as Buffer).toString("utf8") : Buffer.concat(chunks).toString("utf8")
+
+/** The client for one plan. The Agent lives as long as the enclosing scope. */
+export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: ClientOptions = {}) {
+  const agent = new Agent({
+    connections: options.connections ?? null,
+    connectTimeout: options.connectTimeoutMs ?? 10_000,
+    pipelining: 1
+  })
+  yield* Effect.addFinalizer(() => Effect.promise(() => agent.destroy().catch(() => undefined)))
+  const origin = new URL(plan.baseUrl).origin
+  const controlTimeout = options.controlTimeoutMs ?? 10_000
+  const streamHeadersTimeout = options.streamHeadersTimeoutMs ?? 60_000
+
+  const start = (
+    url: { origin: string; path: string },
+    method: "GET" | "POST",
+    headers: Record<string, string>,
+    body: string | null,
+    headersTimeout: number,
+    bodyTimeout: number
+  ): Exchange => {
+    const ex = new Exchange()
+    agent.dispatch(
+      { origin: url.origin, path: url.path, method, headers, body, headersTimeout, bodyTimeout, blocking: false },
+      ex
+    )
+    return ex
+  }
+
+  const postHeaders = (accept: string, opts: RequestOptions | undefined): Record<string, string> => {
+    const h: Record<string, string> = { "content-type": "application/json", accept }
+    if (opts?.requestId !== undefined) h["x-request-id"] = opts.requestId
+    if (opts?.traceparent !== undefined) h.traceparent = opts.traceparent
+    return h
+  }
+
+  // The agent's served name maps to what the engine expects (mlx would otherwise load a new model).
+  const encode = (body: JsonObject, stream: boolean): string =>
+    JSON.stringify({ ...body, model: plan.requestModel, stream })
+
+  /** The whole body of a finished exchange, or its failure. */
+  const whole = (ex: Exchange): Effect.Effect<{ status: number; text: string }, EngineError> =>
+    Effect.suspend(function loop(): Effect.Effect<{ status: number; text: string }, EngineError> {
+      if (ex.error !== undefined) return Effect.fail(transportError(ex.error, ex.status > 0))
+      if (ex.ended) return Effect.succeed({ status: ex.status, text: bodyText(ex.take()) })
+      return Effect.flatMap(ex.changed, loop)
+    }).pipe(Effect.onInterrupt(() => Effect.sync(() => ex.close(false))))
+
+  const json = (status: number, text: string): Effect.Effect<JsonObject, EngineError> => {
+    if (status >= 400) return Effect.fail(httpError(status, text))
+    try {
+      const v: unknown = JSON.parse(text)
+      if (typeof v === "object" && v !== null && !Array.isArray(v)) return Effect.succeed(v as JsonObject)
+    } catch {
+      // reported below
+    }
+    return Effect.fail(
+      new EngineError({ reason: "Protocol", message: `expected a JSON object: ${text.slice(0, 200)}` })
+    )
+  }
+
+  const complete = Effect.fn("EngineClient.complete")(function* (
+    path: CompletionPath,
+    body: JsonObject,
+    opts?: RequestOptions
+  ) {
+    // No header or body timeout: a non-streaming answer comes when generation is done; the caller's deadline rules.
+    const ex = start({ origin, path }, "POST", postHeaders("application/json", opts), encode(body, false), 0, 0)
+    const r = yield* whole(ex)
+    return yield* json(r.status, r.text)
+  })
+
+  const streamPull = (
+    ex: Exchange
+  ): Effect.Effect<Effect.Effect<Arr.NonEmptyReadonlyArray<JsonObject>, EngineError | Cause.Done>> =>
+    Effect.sync(() => {
+      const parser = makeSseParser()
+      const pull = Effect.suspend(function loop(): Effect.Effect<
+        Arr.NonEmptyReadonlyArray<JsonObject>,
+        EngineError | Cause.Done
+      > {
+        if (ex.sawDone) {
+          // Let the body's end arrive (usually in the same packet) so the socket goes back to the pool idle.
+          return ex.settled
+            ? Cause.done()
+            : Effect.andThen(Effect.timeoutOption(ex.changed, DRAIN_AFTER_DONE_MS), Cause.done())
+        }
+        if (ex.status === 0) {
+          if (ex.error !== undefined) return Effect.fail(transportError(ex.error, false))
+          return Effect.flatMap(ex.changed, loop)
+        }
+        if (ex.status >= 400) return Effect.flatMap(whole(ex), (r) => Effect.fail(httpError(r.status, r.text)))
+        const chunks = ex.chunks.length > 0 ? ex.take() : undefined
+        const out: Array<JsonObject> = []
+        if (chunks !== undefined) {
+          for (const c of chunks) {
+            for (const ev of parser.feed(c)) {
+              const r = onEvent(ev.data, out)
+              if (r !== undefined) return r
+            }
+          }
+        } else if (ex.settled) {
+          for (const ev of parser.end()) {
+            const r = onEvent(ev.data, out)
+            if (r !== undefined) return r
+          }
+          if (!ex.sawDone) {
+            const why = ex.error === undefined ? "body ended without [DONE]" : transportError(ex.error, true).message
+            return Effect.fail(new EngineError({ reason: "Stream", message: `stream truncated: ${why}` }))
+          }
+        }
+        if (out.length > 0) return Effect.succeed(out as unknown as Arr.NonEmptyReadonlyArray<JsonObject>)
+        if (ex.sawDone) return Cause.done()
+        return Effect.flatMap(ex.changed, loop)
+      })
+      // undefined: go on; otherwise the step to return now (an error object ends the stream).
+      const onEvent = (data: string, out: Array<JsonObject>): Effect.Effect<never, EngineError> | undefined => {
+        if (ex.sawDone) return undefined
+        if (data === "[DONE]") {
+          ex.sawDone = true
+          return undefined
+        }
+        let v: unknown
+        try {
+          v = JSON.parse(data)
+        } catch {
+          return Effect.fail(
+            new EngineError({ reason: "Protocol", message: `SSE data is not JSON: ${data.slice(0, 200)}` })
+          )
+        }
+        if (typeof v !== "object" || v === null || Array.isArray(v)) {
+          return Effect.fail(
+            new EngineError({ reason: "Protocol", message: `SSE data is not an object: ${data.slice(0, 200)}` })
+          )
+        }
+        if (isErrorChunk(v as JsonObject)) return Effect.fail(streamError(v))
+        out.push(v as JsonObject)
+        return undefined
+      }
+      return pull
+    })
+
+  const stream = (
+    path: CompletionPath,
+    body: JsonObject,
+    opts?: RequestOptions
+  ): Stream.Stream<JsonObject, EngineError> =>
+    Stream.fromChannel(
+      Channel.fromTransform((_upstream, scope) =>
+        Effect.suspend(() => {
+          const ex = start(
+            { origin, path },
+            "POST",
+            postHeaders("text/event-stream", opts),
+            encode(body, true),
+            streamHeadersTimeout,
+            0
+          )
+          return Effect.flatMap(
+            Scope.addFinalizer(
+              scope,
+              Effect.sync(() => ex.close(ex.sawDone))
+            ),
+            () => streamPull(ex)
+          )
+        })
+      )
+    )
+
+  const control = (url: string): Effect.Effect<string, EngineError> =>
+    Effect.suspend(() => {
+      const u = new URL(url)
+      const ex = start(
+        { origin: u.origin, path: `${u.pathname}${u.search}` },
+        "GET",
+        {},
+        null,
+        controlTimeout,
+        controlTimeout
+      )
+      return Effect.flatMap(whole(ex), (r) =>
+        r.status >= 400 ? Effect.fail(httpError(r.status, r.text)) : Effect.succeed(r.text)
+      )
+    })
+
+  const models = Effect.flatMap(control(`${origin}/v1/models`), (text) =>
+    Effect.flatMap(json(200, text), (obj) => {
+      const data = obj.data
+      if (!Array.isArray(data))
+        return Effect.fail(new EngineError({ reason: "Protocol", message: "/v1/models has no data array" }))
+      return Effect.succeed(
+        data.flatMap((m: unknown) =>
+          typeof m === "object" && m !== null && typeof (m as { id?: unknown }).id === "string"
+            ? [(m as { id: string }).id]
+            : []
+        )
+      )
+    })
+  ).pipe(Effect.withSpan("EngineClient.models"))
+
+  const metrics = plan.metrics
+  const load =
+    metrics === undefined
+      ? Effect.succeed({ running: undefined, waiting: undefined, kvUsage: undefined })
+      : Effect.map(control(metrics.url), (text) => loadSignals(text, metrics.names)).pipe(
+          Effect.withSpan("EngineClient.load")
+        )
+
+  return EngineClient.of({ stream, complete, models, load } satisfies EngineClientService)
+})
+
+/** The client for a given plan: the seam for tests and for callers that rendered the plan themselves. */
+export const layerFromPlan = (plan: LaunchPlan, options?: ClientOptions): Layer.Layer<EngineClient> =>
+  Layer.effect(EngineClient, make(plan, options))
+
+/** The client for the configured engine. */
+export const layer: Layer.Layer<EngineClient, never, Config> = Layer.effect(
+  EngineClient,
+  Effect.gen(function* () {
+    const config = yield* Config
+    return yield* make(engineFor(config.engine.kind).render(config))
+  })
+)

@@ -1,0 +1,332 @@
+/**
+ * The live gRPC server (nice-grpc): Agent, grpc.health.v1.Health (Check, Watch) and server reflection.
+ * Handlers are plain async code bridged into Effect with the layer's captured context: a Generate call
+ * forks one fiber that consumes EngineClient.stream into a Relay; the call's generator drains the Relay.
+ * Cancel or deadline aborts the call's signal, which interrupts the fiber, which aborts the engine request.
+ * The per-token path is a plain loop (no Effect step per token): see docs/bench.md "Relay".
+ */
+import { randomUUID } from "node:crypto"
+import { Cause, Effect, Exit, Layer, Option, Schema, Stream } from "effect"
+import { type CallContext, createServer, type Server, ServerError, Status } from "nice-grpc"
+import { HealthDefinition, HealthServiceImpl, HealthState } from "nice-grpc-server-health"
+import { ServerReflection, ServerReflectionService } from "nice-grpc-server-reflection"
+import {
+  AgentDefinition,
+  type AgentServiceImplementation,
+  type GenerateRequest,
+  type GenerateResponse
+} from "../gen/cgn/agent/v1/agent.ts"
+import { fileDescriptorSet } from "../gen/descriptor.ts"
+import { Admission } from "../services/Admission.ts"
+import { Config } from "../services/Config.ts"
+import { EngineClient, type JsonObject, type RequestOptions } from "../services/EngineClient.ts"
+import { EngineProcess } from "../services/EngineProcess.ts"
+import { ChunkReader, Coalescer, type EnginePlan, GenerateRejected, planRequest } from "../services/Generate.ts"
+import { AGENT_SERVICE, GrpcServer, type GrpcServerService, type ServingStatus } from "../services/GrpcServer.ts"
+import { type GrpcFailure, statusName, toGrpcFailure } from "../services/GrpcStatus.ts"
+import { Metrics } from "../services/Metrics.ts"
+import { NodeStatus } from "../services/NodeStatus.ts"
+
+/** The server could not listen (address in use, bad address). */
+export class GrpcListenError extends Schema.TaggedError<GrpcListenError>()("GrpcListenError", {
+  address: Schema.String,
+  message: Schema.String
+}) {}
+
+export interface GrpcServerOptions {
+  /** Overrides [agent].listen_grpc (tests pass "127.0.0.1:0"). */
+  readonly address?: string
+  /** TLS; plaintext when absent. */
+  readonly credentials?: ServerCredentials
+  /** Pending text per stream before the engine read pauses (default 64 Ki chars). */
+  readonly maxPendingChars?: number
+  /** How long shutdown waits for running calls before cancelling them (default 5 s). */
+  readonly shutdownGraceMs?: number
+}
+
+/** grpc-js ServerCredentials (not re-exported by nice-grpc). */
+export type ServerCredentials = NonNullable<Parameters<Server["listen"]>[1]>
+
+const TRACEPARENT = /^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/
+const toServerError = (ctx: CallContext, f: GrpcFailure): ServerError => {
+  for (const k in f.trailers) ctx.trailer.set(k, f.trailers[k]!)
+  return new ServerError(f.code, f.message)
+}
+
+/** One Generate call's hand-off between the engine fiber (producer) and the gRPC generator (consumer). */
+class Relay {
+  readonly coalescer: Coalescer
+  readonly reader = new ChunkReader()
+  firstTextAt = 0
+  queueMs = 0
+  done = false
+  failure: unknown = undefined
+  private wakeConsumer: (() => void) | undefined = undefined
+  private resumeProducer: (() => void) | undefined = undefined
+  constructor(maxPendingChars: number) {
+    this.coalescer = new Coalescer(maxPendingChars)
+  }
+  /** Producer side, once per network read: false when the producer must wait for room. */
+  onChunks(chunks: ReadonlyArray<JsonObject>): boolean {
+    for (let i = 0; i < chunks.length; i++) {
+      const text = this.reader.read(chunks[i]!)
+      if (text !== "") {
+        if (this.firstTextAt === 0) this.firstTextAt = performance.now()
+        this.coalescer.push(text)
+      }
+    }
+    this.wake()
+    return this.coalescer.hasRoom
+  }
+  readonly waitRoom: Effect.Effect<void> = Effect.callback<void>((resume) => {
+    if (this.coalescer.hasRoom) return resume(Effect.void)
+    this.resumeProducer = () => resume(Effect.void)
+    return Effect.sync(() => {
+      this.resumeProducer = undefined
+    })
+  })
+  take(): { readonly text: string; readonly tokens: number } | undefined {
+    const d = this.coalescer.take()
+    const r = this.resumeProducer
+    if (d !== undefined && r !== undefined) {
+      this.resumeProducer = undefined
+      r()
+    }
+    return d
+  }
+  finish(exit: Exit.Exit<unknown, unknown>): void {
+    this.done = true
+    if (Exit.isFailure(exit) && !Cause.hasInterruptsOnly(exit.cause)) {
+      this.failure = Option.getOrElse(Cause.findErrorOption(exit.cause), () => Cause.squash(exit.cause))
+    }
+    this.wake()
+  }
+  wake(): void {
+    const w = this.wakeConsumer
+    if (w !== undefined) {
+      this.wakeConsumer = undefined
+      w()
+    }
+  }
+  wait(): Promise<void> {
+    return new Promise<void>((resolve) => {
+      this.wakeConsumer = resolve
+    })
+  }
+}
+
+/** Builds and starts the server; it stops when the scope closes. */
+export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}) {
+  const config = yield* Config
+  const engine = yield* EngineProcess
+  const nodeStatus = yield* NodeStatus
+  const client = yield* EngineClient
+  const admission = Option.getOrUndefined(yield* Effect.serviceOption(Admission))
+  const metrics = Option.getOrUndefined(yield* Effect.serviceOption(Metrics))
+  const context = yield* Effect.context<never>()
+  const run = Effect.runCallbackWith(context)
+  const maxPending = options.maxPendingChars ?? 64 * 1024
+  const model = config.model.served_name
+  const role = config.agent.role
+  const nodeId = config.agent.node_id
+
+  // Health: derived from the engine state and the drain, unless overridden.
+  const healthState = HealthState()
+  healthState.setMaxListeners(0)
+  let engineTag: string = (yield* engine.state)._tag
+  let draining = yield* nodeStatus.draining
+  let override: ServingStatus | undefined
+  const current = (): ServingStatus => override ?? (engineTag === "Ready" && !draining ? "SERVING" : "NOT_SERVING")
+  const publish = (): void => {
+    const s = current() === "SERVING" ? "healthy" : "unhealthy"
+    healthState.setStatus(s)
+    healthState.setStatus(s, AGENT_SERVICE)
+  }
+  publish()
+  yield* Stream.runForEach(engine.changes, (s) =>
+    Effect.sync(() => {
+      engineTag = s._tag
+      publish()
+    })
+  ).pipe(Effect.forkScoped)
+  yield* Stream.runForEach(nodeStatus.changes, (state) =>
+    Effect.map(nodeStatus.draining, (d) => {
+      draining = d || state === "draining"
+      publish()
+    })
+  ).pipe(Effect.forkScoped)
+
+  const active = new Set<Relay>()
+
+  const produce = (relay: Relay, plan: EnginePlan, opts: RequestOptions): Effect.Effect<void, unknown> => {
+    const relayAll = Stream.runForEachArray(client.stream(plan.path, plan.body, opts), (chunks) =>
+      relay.onChunks(chunks) ? Effect.void : relay.waitRoom
+    )
+    if (admission === undefined) return relayAll
+    return Effect.scoped(
+      Effect.flatMap(admission.acquire, (permit) => {
+        relay.queueMs = permit.queuedMs
+        return relayAll
+      })
+    )
+  }
+
+  const record = (status: string, relay: Relay | undefined, startedAt: number): void => {
+    if (metrics === undefined) return
+    metrics.requests.inc({ role, model, status })
+    metrics.requestDuration.observe({ role, model }, (performance.now() - startedAt) / 1000)
+    if (relay !== undefined && relay.firstTextAt > 0)
+      metrics.timeToFirstToken.observe({ role, model }, (relay.firstTextAt - startedAt) / 1000)
+  }
+
+  const refuse = (ctx: CallContext, startedAt: number, f: GrpcFailure): ServerError => {
+    record(statusName(f.code), undefined, startedAt)
+    return toServerError(ctx, f)
+  }
+
+  async function* generate(req: GenerateRequest, ctx: CallContext): AsyncGenerator<GenerateResponse> {
+    const startedAt = performance.now()
+    const plan = planRequest(req, config)
+    if (plan instanceof GenerateRejected) throw refuse(ctx, startedAt, toGrpcFailure(plan))
+    if (draining || engineTag !== "Ready") {
+      const why = draining ? "node is draining" : `engine is not ready (${engineTag.toLowerCase()})`
+      throw refuse(ctx, startedAt, {
+        code: Status.UNAVAILABLE,
+        message: `${why}; retry on another node`,
+        trailers: { "cgn-error-source": "agent" }
+      })
+    }
+    const requestId = req.requestId === "" ? randomUUID() : req.requestId
+    const opts: { requestId: string; traceparent?: string } = { requestId }
+    const tp = ctx.metadata.get("traceparent")
+    if (typeof tp === "string" && TRACEPARENT.test(tp)) opts.traceparent = tp
+    const relay = new Relay(maxPending)
+    const relayed = metrics?.relayedTokens.labels({ model })
+    active.add(relay)
+    const interrupt = run(produce(relay, plan, opts), { onExit: (exit) => relay.finish(exit) })
+    const onAbort = (): void => {
+      interrupt()
+      relay.wake()
+    }
+    ctx.signal.addEventListener("abort", onAbort)
+    let status = "CANCELLED"
+    try {
+      while (true) {
+        const d = relay.take()
+        if (d !== undefined) {
+          relayed?.inc(d.tokens)
+          yield { delta: { text: d.text, index: 0, tokens: d.tokens } }
+          continue
+        }
+        if (relay.done || ctx.signal.aborted) break
+        await relay.wait()
+      }
+      if (ctx.signal.aborted) return
+      if (relay.failure !== undefined) {
+        const f = toGrpcFailure(relay.failure)
+        status = statusName(f.code)
+        throw toServerError(ctx, f)
+      }
+      const now = performance.now()
+      const final = relay.reader.final({
+        ttftMs: (relay.firstTextAt > 0 ? relay.firstTextAt : now) - startedAt,
+        totalMs: now - startedAt,
+        queueMs: relay.queueMs,
+        nodeId,
+        requestId
+      })
+      status = "OK"
+      yield { final }
+    } finally {
+      ctx.signal.removeEventListener("abort", onAbort)
+      if (!relay.done) interrupt()
+      active.delete(relay)
+      record(status, relay, startedAt)
+    }
+  }
+
+  const agentImpl: AgentServiceImplementation = {
+    generate,
+    listModels: async () => ({
+      models: [
+        {
+          name: model,
+          source: config.model.source.value,
+          tp: config.model.tp,
+          maxModelLen: config.model.max_model_len ?? 0
+        }
+      ]
+    }),
+    getNodeHealth: (_req, ctx) => Effect.runPromiseWith(context)(nodeStatus.snapshot, { signal: ctx.signal })
+  }
+
+  // Watch streams never end by themselves; shutdown ends them so the server can close.
+  const terminate = new AbortController()
+  const baseHealth = HealthServiceImpl(healthState)
+  const healthImpl: typeof baseHealth = {
+    check: baseHealth.check,
+    async *watch(req, ctx) {
+      try {
+        yield* baseHealth.watch(req, { ...ctx, signal: AbortSignal.any([ctx.signal, terminate.signal]) })
+      } catch (e) {
+        if (terminate.signal.aborted && !ctx.signal.aborted)
+          throw new ServerError(Status.UNAVAILABLE, "server shutting down")
+        throw e
+      }
+    }
+  }
+
+  const address = options.address ?? config.agent.listen_grpc
+  const server = createServer({
+    // Leave room above max_request_bytes so the agent's own check answers with a precise message.
+    "grpc.max_receive_message_length": config.agent.max_request_bytes + 1024 * 1024
+  })
+  server.add(AgentDefinition, agentImpl)
+  server.add(HealthDefinition, healthImpl)
+  server.add(ServerReflectionService, ServerReflection(fileDescriptorSet, [AGENT_SERVICE]))
+
+  const grace = options.shutdownGraceMs ?? 5_000
+  const port = yield* Effect.acquireRelease(
+    Effect.tryPromise({
+      try: () => server.listen(address, options.credentials),
+      catch: (e) => new GrpcListenError({ address, message: e instanceof Error ? e.message : String(e) })
+    }),
+    () =>
+      Effect.promise(async () => {
+        override = "NOT_SERVING"
+        publish()
+        terminate.abort()
+        let timer: NodeJS.Timeout | undefined
+        const graceful = server.shutdown().then(() => true)
+        const late = new Promise<boolean>((resolve) => {
+          timer = setTimeout(() => resolve(false), grace)
+        })
+        if (!(await Promise.race([graceful, late]))) server.forceShutdown()
+        clearTimeout(timer)
+      })
+  )
+  const host = address.slice(0, address.lastIndexOf(":"))
+  yield* Effect.logInfo("gRPC listening").pipe(Effect.annotateLogs({ address: `${host}:${port}` }))
+
+  return GrpcServer.of({
+    address: `${host}:${port}`,
+    port,
+    health: Effect.sync(current),
+    setHealthOverride: (s) =>
+      Effect.sync(() => {
+        override = s
+        publish()
+      }),
+    activeStreams: Effect.sync(() => active.size)
+  } satisfies GrpcServerService)
+})
+
+/** The server on [agent].listen_grpc. */
+export const layer: Layer.Layer<GrpcServer, GrpcListenError, Config | EngineProcess | NodeStatus | EngineClient> =
+  Layer.effect(GrpcServer, make())
+
+/** The server with explicit options (tests: `{ address: "127.0.0.1:0" }`). */
+export const layerWith = (
+  options: GrpcServerOptions
+): Layer.Layer<GrpcServer, GrpcListenError, Config | EngineProcess | NodeStatus | EngineClient> =>
+  Layer.effect(GrpcServer, make(options))

@@ -1,0 +1,135 @@
+/**
+ * Metrics layers: build the registry and every handle named in services/Metrics.ts.
+ * `layer` adds prom-client's default process metrics (with the cgn_agent_ prefix) and measures event-loop
+ * lag itself; `layerTest` is a bare fresh registry, so tests can assert exact series.
+ */
+import { monitorEventLoopDelay } from "node:perf_hooks"
+import { Cause, Effect, Layer } from "effect"
+import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client"
+import { METRIC_PREFIX, type MetricHandles, Metrics, type MetricsService } from "../services/Metrics.ts"
+
+const p = (name: string) => `${METRIC_PREFIX}${name}`
+
+// TTFT spans a cached prefix on a small model (ms) to a long prompt queued behind others (a minute).
+const TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]
+// End to end: a few tokens to a long generation.
+const DURATION_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600]
+
+const makeHandles = (registry: Registry): MetricHandles => {
+  const registers = [registry]
+  const gauge = <L extends string = never>(name: string, help: string, labelNames: ReadonlyArray<L> = []) =>
+    new Gauge<L>({ name: p(name), help, labelNames, registers })
+  const gpuLabels = ["gpu", "uuid"] as const
+  return {
+    requests: new Counter({
+      name: p("requests_total"),
+      help: "Generate calls finished, by role, model and gRPC status code name",
+      labelNames: ["role", "model", "status"] as const,
+      registers
+    }),
+    timeToFirstToken: new Histogram({
+      name: p("time_to_first_token_seconds"),
+      help: "Time from receiving a Generate call to its first generated text",
+      labelNames: ["role", "model"] as const,
+      buckets: TTFT_BUCKETS,
+      registers
+    }),
+    requestDuration: new Histogram({
+      name: p("request_duration_seconds"),
+      help: "Time from receiving a Generate call to its end",
+      labelNames: ["role", "model"] as const,
+      buckets: DURATION_BUCKETS,
+      registers
+    }),
+    relayedTokens: new Counter({
+      name: p("relayed_tokens_total"),
+      help: "Engine tokens relayed to callers",
+      labelNames: ["model"] as const,
+      registers
+    }),
+    inflight: gauge("inflight_requests", "Generate calls running through the agent"),
+    queued: gauge("queued_requests", "Generate calls waiting for an admission slot"),
+    engineState: gauge("engine_state", "1 for the engine supervisor's current state", ["state"] as const),
+    engineRestarts: new Counter({
+      name: p("engine_restarts_total"),
+      help: "Engine restarts since the agent started",
+      registers
+    }),
+    engineLastExitCode: gauge("engine_last_exit_code", "Exit code of the last engine run (-1: signal or none)"),
+    etcdRegistered: gauge("etcd_registered", "1 while this node's NodeHealth key is registered in etcd"),
+    etcdRegistrationState: gauge("etcd_registration_state", "1 for the current etcd registration state", [
+      "state"
+    ] as const),
+    etcdLeaseAge: gauge("etcd_lease_age_seconds", "Seconds since the current etcd lease was granted"),
+    eventLoopLag: gauge("event_loop_lag_seconds", "Largest event-loop delay since the previous scrape"),
+    engineRunningRequests: gauge("engine_running_requests", "Requests running in the engine (engine metrics)"),
+    engineWaitingRequests: gauge("engine_waiting_requests", "Requests waiting in the engine (engine metrics)"),
+    engineKvCacheUsage: gauge("engine_kv_cache_usage_ratio", "Engine KV-cache usage 0..1 (-1: not reported)"),
+    gpuUtilization: gauge("gpu_utilization_ratio", "GPU utilization 0..1 (NVML)", gpuLabels),
+    gpuMemoryUsed: gauge("gpu_memory_used_bytes", "GPU memory in use (NVML)", gpuLabels),
+    gpuMemoryTotal: gauge("gpu_memory_total_bytes", "GPU memory in total (NVML)", gpuLabels)
+  }
+}
+
+const make = (registry: Registry): Effect.Effect<MetricsService> =>
+  Effect.sync(() => {
+    const handles = makeHandles(registry)
+    const callbacks = new Set<Effect.Effect<void>>()
+    const runCallback = (cb: Effect.Effect<void>) =>
+      cb.pipe(
+        Effect.catchCause((cause) =>
+          Effect.logWarning("metrics collect callback failed", { cause: Cause.pretty(cause) })
+        )
+      )
+    return {
+      ...handles,
+      registry,
+      onCollect: (collect) =>
+        Effect.acquireRelease(
+          Effect.sync(() => {
+            // a fresh wrapper per registration, so the same effect may be registered twice
+            const entry = collect.pipe(Effect.map(() => undefined))
+            callbacks.add(entry)
+            return entry
+          }),
+          (entry) => Effect.sync(() => callbacks.delete(entry))
+        ).pipe(Effect.asVoid),
+      render: Effect.gen(function* () {
+        yield* Effect.forEach([...callbacks], runCallback, { concurrency: "unbounded", discard: true })
+        const body = yield* Effect.promise(() => registry.metrics())
+        return { contentType: registry.contentType, body }
+      })
+    } satisfies MetricsService
+  })
+
+/** A fresh registry with the agent's series only (no process metrics, no timers). */
+export const layerTest: Layer.Layer<Metrics> = Layer.effect(
+  Metrics,
+  Effect.suspend(() => make(new Registry()))
+)
+
+/** The production registry: the agent's series, the default process metrics and event-loop lag. */
+export const layer: Layer.Layer<Metrics> = Layer.effect(
+  Metrics,
+  Effect.gen(function* () {
+    const registry = new Registry()
+    collectDefaultMetrics({ register: registry, prefix: METRIC_PREFIX })
+    const metrics = yield* make(registry)
+    const delay = yield* Effect.acquireRelease(
+      Effect.sync(() => {
+        const h = monitorEventLoopDelay({ resolution: 10 })
+        h.enable()
+        return h
+      }),
+      (h) => Effect.sync(() => h.disable())
+    )
+    yield* metrics.onCollect(
+      Effect.sync(() => {
+        // max since the previous scrape: a heartbeat-starving stall shows even if it was brief
+        metrics.eventLoopLag.set(delay.count > 0 ? delay.max / 1e9 : 0)
+        delay.reset()
+      })
+    )
+    return metrics
+  })
+)

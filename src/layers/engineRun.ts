@@ -1,0 +1,169 @@
+/**
+ * One run of the engine: spawns it through the orphan guard (src/programs/guard.ts), logs every output line
+ * (annotated stream=stdout|stderr, run=N) and keeps the last lines for forensics, and turns the guard's reports
+ * into a pid and an exit status. The run's scope owns the process: closing it stops the whole group (TERM,
+ * grace, KILL, confirmed gone) and then the guard, every step bounded; nothing waits on stdio to close.
+ */
+import { type ChildProcess, spawn } from "node:child_process"
+import * as readline from "node:readline"
+import type { Readable } from "node:stream"
+import { Deferred, Effect, Fiber, Stream } from "effect"
+import { buildGuardArgs, decodeReport, REPORT_FD } from "../programs/guardProtocol.ts"
+import type { LaunchPlan } from "../services/Engine.ts"
+import { pidAlive, pollUntil, type StopOutcome, signalGroup, stopGroup } from "./processGroup.ts"
+
+/** The guard program, next to this module's tree in both layouts: src/ (run as .ts) and dist/ (built .js). */
+export const guardEntry = (): string => {
+  const ext = import.meta.url.endsWith(".ts") ? "ts" : "js"
+  return new URL(`../programs/guard.${ext}`, import.meta.url).pathname
+}
+
+export interface RunExit {
+  readonly code: number | null
+  readonly signal: string | null
+  /** Set when the engine never started (e.g. ENOENT) or the guard died before reporting. */
+  readonly problem: string | undefined
+}
+
+export interface EngineRun {
+  readonly run: number
+  readonly startedAt: number
+  /** The engine's pid (= its process group id); undefined when it could not be spawned. */
+  readonly pid: Deferred.Deferred<number | undefined>
+  readonly guardPid: number | undefined
+  readonly exited: Deferred.Deferred<RunExit>
+  readonly lastLines: () => ReadonlyArray<string>
+  /** Stops the group (TERM, grace, KILL, confirmed) and then the guard; idempotent, bounded. */
+  readonly stop: Effect.Effect<StopOutcome>
+  /** Waits (bounded) for the output pipes to deliver what is buffered, so lastLines is complete. */
+  readonly drainOutput: (ms: number) => Effect.Effect<void>
+}
+
+export interface RunOptions {
+  readonly run: number
+  readonly graceMs: number
+  readonly linesKept: number
+}
+
+const lines = (input: Readable) =>
+  Stream.fromAsyncIterable(readline.createInterface({ input, crlfDelay: Number.POSITIVE_INFINITY }), (e) => e)
+
+/** Stops the group, then the guard; returns how the group ended. Bounded by grace + a few seconds. */
+const teardown = async (
+  child: ChildProcess,
+  pid: number | undefined,
+  graceMs: number,
+  exited: () => boolean
+): Promise<StopOutcome> => {
+  // Closing the lifeline tells the guard to stop too; both paths converge on the same group.
+  child.stdin?.destroy()
+  const outcome = pid !== undefined ? await stopGroup(pid, graceMs) : "gone"
+  const guardPid = child.pid
+  if (guardPid !== undefined) {
+    if (!(await pollUntil(() => exited() || !pidAlive(guardPid), pid === undefined ? graceMs + 2_000 : 1_000))) {
+      signalGroup(guardPid, "SIGKILL")
+      await pollUntil(() => !pidAlive(guardPid), 1_000)
+    }
+  }
+  return outcome
+}
+
+export const spawnRun = Effect.fn("EngineProcess.spawnRun")(function* (plan: LaunchPlan, options: RunOptions) {
+  const pidDeferred = yield* Deferred.make<number | undefined>()
+  const exited = yield* Deferred.make<RunExit>()
+  const ring: Array<string> = []
+  const keep = (line: string) => {
+    ring.push(line)
+    if (ring.length > options.linesKept) ring.shift()
+  }
+  const startedAt = Date.now()
+  let guardExited = false
+  let stopping: Promise<StopOutcome> | undefined
+
+  const child = yield* Effect.acquireRelease(
+    Effect.sync(() =>
+      spawn(process.execPath, [guardEntry(), ...buildGuardArgs({ graceMs: options.graceMs, argv: plan.argv })], {
+        detached: true,
+        stdio: ["pipe", "pipe", "pipe", "pipe"],
+        env: { ...process.env, ...plan.env }
+      })
+    ),
+    () => stop
+  )
+  const stop: Effect.Effect<StopOutcome> = Effect.gen(function* () {
+    const first = stopping === undefined
+    const pid = Deferred.isDoneUnsafe(pidDeferred) ? yield* Deferred.await(pidDeferred) : undefined
+    stopping ??= teardown(child, pid, options.graceMs, () => guardExited)
+    const outcome = yield* Effect.promise(() => stopping!)
+    if (first && outcome === "survived") yield* Effect.logError(`engine group ${pid} survived SIGKILL`)
+    else if (first && pid !== undefined) yield* Effect.logInfo(`engine group ${pid} stopped: ${outcome}`)
+    return outcome
+  })
+
+  child.once("error", (err) => {
+    Deferred.doneUnsafe(pidDeferred, Effect.succeed(undefined))
+    Deferred.doneUnsafe(exited, Effect.succeed({ code: null, signal: null, problem: `guard: ${err.message}` }))
+  })
+  const report = child.stdio[REPORT_FD] as Readable | null
+  let reportClosed = report === null
+  report?.once("close", () => {
+    reportClosed = true
+  })
+  child.once("exit", (code, signal) => {
+    guardExited = true
+    // The guard's last report may still be in the pipe: read it first (bounded) before falling back.
+    const fallback = () => {
+      Deferred.doneUnsafe(pidDeferred, Effect.succeed(undefined))
+      Deferred.doneUnsafe(exited, Effect.succeed({ code, signal, problem: "the guard exited before the engine" }))
+    }
+    if (reportClosed) fallback()
+    else {
+      const timer = setTimeout(fallback, 250)
+      report?.once("close", () => {
+        clearTimeout(timer)
+        fallback()
+      })
+    }
+  })
+  if (report) {
+    readline.createInterface({ input: report }).on("line", (line) => {
+      const r = decodeReport(line)
+      if (r?.t === "spawned") Deferred.doneUnsafe(pidDeferred, Effect.succeed(r.pid))
+      else if (r?.t === "spawn-error") {
+        Deferred.doneUnsafe(pidDeferred, Effect.succeed(undefined))
+        Deferred.doneUnsafe(exited, Effect.succeed({ code: null, signal: null, problem: `spawn failed: ${r.message}` }))
+      } else if (r?.t === "exit") {
+        Deferred.doneUnsafe(exited, Effect.succeed({ code: r.code, signal: r.signal, problem: undefined }))
+      }
+    })
+    report.on("error", () => {})
+  }
+  child.stdin?.on("error", () => {})
+
+  const pump = (stream: "stdout" | "stderr", input: Readable | null) =>
+    input === null
+      ? Effect.void
+      : lines(input).pipe(
+          Stream.runForEach((line) => {
+            keep(`[${stream}] ${line}`)
+            return Effect.logInfo(line).pipe(Effect.annotateLogs({ stream, run: String(options.run) }))
+          }),
+          Effect.ignore
+        )
+  const pumps = [
+    yield* Effect.forkScoped(pump("stdout", child.stdout)),
+    yield* Effect.forkScoped(pump("stderr", child.stderr))
+  ]
+
+  const run: EngineRun = {
+    run: options.run,
+    startedAt,
+    pid: pidDeferred,
+    guardPid: child.pid,
+    exited,
+    stop,
+    lastLines: () => [...ring],
+    drainOutput: (ms) => Effect.timeout(Fiber.joinAll(pumps), ms).pipe(Effect.ignore)
+  }
+  return run
+})

@@ -1,0 +1,111 @@
+/**
+ * The pieces every engine renderer shares: where the engine listens (from `[engine].url`), how argv is
+ * assembled (`[engine].command` replaces the executable, then rendered args, model args, engine args),
+ * the readiness probe, the metrics endpoint and the ZMQ KV-events settings.
+ * Pure: no I/O, no `node:*` imports. Engine-specific flags stay in the engine's own module.
+ */
+import type { AgentConfig } from "../../services/Config.ts"
+import type { KvEventsEndpoint, LaunchPlan, MetricNames, ReadinessProbe } from "../../services/Engine.ts"
+
+/** Where the engine's HTTP server is, taken from `[engine].url`. */
+export interface Listen {
+  /** Origin plus path, without a trailing slash, e.g. `http://127.0.0.1:8000`. */
+  readonly baseUrl: string
+  /** The host as an engine's `--host` wants it (IPv6 without brackets). */
+  readonly host: string
+  readonly port: number
+}
+
+/** Host and port of `[engine].url`; a URL without a port uses the scheme's (80/443). */
+export const listenOf = (config: AgentConfig): Listen => {
+  const u = new URL(config.engine.url)
+  const port = u.port !== "" ? Number(u.port) : u.protocol === "https:" ? 443 : 80
+  const path = u.pathname.replace(/\/+$/, "")
+  return { baseUrl: `${u.protocol}//${u.host}${path}`, host: unbracket(u.hostname), port }
+}
+
+/** The host part of `host:port` (`[::1]:7071` gives `::1`). */
+export const hostOfAddr = (addr: string): string => unbracket(addr.slice(0, addr.lastIndexOf(":")))
+
+/** `[agent].ready_probe_url` when set, else GET `/v1/models` (answers only once the model is loaded). */
+export const httpProbe = (config: AgentConfig, listen: Listen): ReadinessProbe => ({
+  kind: "http",
+  url: config.agent.ready_probe_url ?? `${listen.baseUrl}/v1/models`
+})
+
+/** The Prometheus endpoint on the engine's API port. */
+export const metricsAt = (listen: Listen, names: MetricNames): LaunchPlan["metrics"] => ({
+  url: `${listen.baseUrl}/metrics`,
+  names
+})
+
+/**
+ * The `--kv-events-config` JSON and the endpoint record, or undefined when `[kv].events` is off.
+ * vLLM wants `enable_kv_cache_events`; SGLang rejects it but defaults `publisher` to "null", so both
+ * name the ZMQ publisher explicitly.
+ */
+export const kvEventsOf = (
+  config: AgentConfig,
+  flavor: "vllm" | "sglang"
+): { readonly json: string; readonly endpoint: KvEventsEndpoint } | undefined => {
+  const kv = config.kv
+  if (!kv.events) return undefined
+  const body: Record<string, unknown> = {
+    ...(flavor === "vllm" ? { enable_kv_cache_events: true } : {}),
+    publisher: "zmq",
+    endpoint: kv.events_endpoint,
+    topic: kv.topic,
+    ...(kv.replay_endpoint !== undefined ? { replay_endpoint: kv.replay_endpoint } : {})
+  }
+  return {
+    json: JSON.stringify(body),
+    endpoint: {
+      endpoint: kv.events_endpoint,
+      engineBinds: engineBinds(kv.events_endpoint),
+      replayEndpoint: kv.replay_endpoint,
+      topic: kv.topic
+    }
+  }
+}
+
+/** The engines' PUB socket binds a wildcard, IPv6-any or ipc/inproc endpoint and connects to anything else. */
+export const engineBinds = (endpoint: string): boolean =>
+  endpoint.includes("*") || endpoint.includes("::") || endpoint.startsWith("ipc://") || endpoint.startsWith("inproc://")
+
+/** What a renderer decides; `assemble` adds what is the same for every engine. */
+export interface PlanParts {
+  /** The engine's own executable words, replaced by `[engine].command` when set. */
+  readonly executable: ReadonlyArray<string>
+  readonly args: ReadonlyArray<string>
+  /** Engine-specific variables; `[engine].env` is applied over them, so an operator can override any. */
+  readonly env?: Readonly<Record<string, string>>
+  readonly probe: ReadinessProbe
+  readonly metrics: LaunchPlan["metrics"]
+  readonly kvEvents?: KvEventsEndpoint | undefined
+  /** Defaults to the served name. */
+  readonly requestModel?: string
+}
+
+/** Builds the LaunchPlan of a spawned engine. */
+export const assemble = (config: AgentConfig, listen: Listen, parts: PlanParts): LaunchPlan => ({
+  kind: config.engine.kind,
+  spawns: true,
+  argv: [...(config.engine.command ?? parts.executable), ...parts.args, ...config.model.args, ...config.engine.args],
+  env: { ...parts.env, ...config.engine.env },
+  baseUrl: listen.baseUrl,
+  host: listen.host,
+  port: listen.port,
+  probe: parts.probe,
+  metrics: parts.metrics,
+  kvEvents: parts.kvEvents,
+  servedModel: config.model.served_name,
+  requestModel: parts.requestModel ?? config.model.served_name
+})
+
+/** `[flag, value]` when the value is set, else nothing: for optional model settings. */
+export const optionalFlag = (flag: string, value: number | string | undefined): ReadonlyArray<string> =>
+  value === undefined ? [] : [flag, String(value)]
+
+// Internal
+
+const unbracket = (host: string) => (host.startsWith("[") && host.endsWith("]") ? host.slice(1, -1) : host)

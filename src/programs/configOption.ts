@@ -1,0 +1,33 @@
+/**
+ * The `--config PATH` flag every subcommand that needs a config shares, and loading the file it names
+ * (falling back to CGN_AGENT_CONFIG). A missing path is a ConfigError, so it exits 2 like a bad file.
+ */
+import { Effect, Option } from "effect"
+import { Flag } from "effect/cli"
+import { loadConfigFile } from "../layers/Config.ts"
+import type { AgentConfig } from "../services/Config.ts"
+import { ConfigError } from "../services/Config.ts"
+
+/** `--config PATH`; optional on the command line because CGN_AGENT_CONFIG may name the file instead. */
+export const configFlag = Flag.String("config").pipe(
+  Flag.withMetavar("PATH"),
+  Flag.withDescription("The agent's TOML config file (default: $CGN_AGENT_CONFIG)"),
+  Flag.optional
+)
+
+/** The path from the flag, else CGN_AGENT_CONFIG, else a ConfigError saying how to give one. */
+export const configPath = (flag: Option.Option<string>): Effect.Effect<string, ConfigError> =>
+  Effect.suspend(() => {
+    const path = Option.getOrUndefined(flag) ?? (process.env.CGN_AGENT_CONFIG || undefined)
+    if (path !== undefined) return Effect.succeed(path)
+    return Effect.fail(
+      new ConfigError({
+        file: "(none)",
+        problems: ["--config: no config file given; pass --config PATH or set CGN_AGENT_CONFIG"]
+      })
+    )
+  })
+
+/** Reads and validates the config named by the flag or the environment. */
+export const loadConfig = (flag: Option.Option<string>): Effect.Effect<AgentConfig, ConfigError> =>
+  Effect.flatMap(configPath(flag), loadConfigFile)

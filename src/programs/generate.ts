@@ -1,0 +1,167 @@
+/**
+ * `cgn-agent generate`: a newcomer's first call. Sends one Generate to an agent, streams the text to
+ * stdout as it arrives, then one summary line to stderr (tokens, time to first token, tokens/s).
+ * A failed call fails with `STATUS: message` (cli.ts prints it and exits non-zero).
+ * TLS flags as in loadClientCredentials: --ca alone for server TLS, plus --cert/--key for mTLS.
+ */
+import { Duration, Effect, Option, Schema } from "effect"
+import { Command, Flag } from "effect/cli"
+import { ClientError, createChannel, createClient } from "nice-grpc"
+import {
+  AgentDefinition,
+  type ChatMessage,
+  type GenerateFinal,
+  type GenerateRequest
+} from "../gen/cgn/agent/v1/agent.ts"
+import { loadClientCredentials } from "../layers/Tls.ts"
+import { statusName } from "../services/GrpcStatus.ts"
+
+/** The call failed with a gRPC status, or the flags do not make a request. */
+export class GenerateFailed extends Schema.TaggedError<GenerateFailed>()("GenerateFailed", {
+  message: Schema.String,
+  status: Schema.optionalKey(Schema.String)
+}) {}
+
+/** `ROLE:TEXT` as a chat message. */
+export const parseMessage = (s: string): ChatMessage | GenerateFailed => {
+  const i = s.indexOf(":")
+  if (i <= 0)
+    return new GenerateFailed({ message: `--message "${s}": expected ROLE:TEXT, e.g. --message "user:Hello"` })
+  return { role: s.slice(0, i), content: s.slice(i + 1) }
+}
+
+export interface GenerateFlags {
+  readonly prompt: Option.Option<string>
+  readonly message: ReadonlyArray<string>
+  readonly maxTokens: Option.Option<number>
+  readonly model: string
+}
+
+/** The request the flags describe: exactly one of --prompt and --message. */
+export const requestFromFlags = (f: GenerateFlags): GenerateRequest | GenerateFailed => {
+  const prompt = Option.getOrUndefined(f.prompt)
+  if ((prompt === undefined) === (f.message.length === 0))
+    return new GenerateFailed({ message: "give either --prompt TEXT or one or more --message ROLE:TEXT" })
+  const req: GenerateRequest = { requestId: "", model: f.model, includeUsage: true }
+  if (prompt !== undefined) req.prompt = prompt
+  else {
+    const messages: Array<ChatMessage> = []
+    for (const m of f.message) {
+      const parsed = parseMessage(m)
+      if (parsed instanceof GenerateFailed) return parsed
+      messages.push(parsed)
+    }
+    req.chat = { messages }
+  }
+  const maxTokens = Option.getOrUndefined(f.maxTokens)
+  if (maxTokens !== undefined) req.sampling = { maxTokens, stop: [] }
+  return req
+}
+
+/** The stderr summary line. */
+export const summaryLine = (s: {
+  readonly tokens: number
+  readonly ttftMs: number | undefined
+  readonly totalMs: number
+  readonly final: GenerateFinal | undefined
+}): string => {
+  const decodeMs = s.totalMs - (s.ttftMs ?? s.totalMs)
+  const rate = s.tokens > 1 && decodeMs > 0 ? ((s.tokens - 1) * 1000) / decodeMs : 0
+  const parts = [
+    `${s.tokens} tokens`,
+    `time to first token ${s.ttftMs === undefined ? "-" : `${s.ttftMs.toFixed(1)} ms`}`,
+    `${rate.toFixed(1)} tokens/s`,
+    `total ${s.totalMs.toFixed(1)} ms`
+  ]
+  if (s.final !== undefined) parts.push(`finish ${s.final.finishReason}`, `request ${s.final.requestId}`)
+  return parts.join(", ")
+}
+
+const flags = {
+  addr: Flag.String("addr").pipe(
+    Flag.withMetavar("HOST:PORT"),
+    Flag.withDescription("The agent's gRPC address"),
+    Flag.withDefault("127.0.0.1:7071")
+  ),
+  prompt: Flag.String("prompt").pipe(Flag.withDescription("A raw prompt (/v1/completions)"), Flag.optional),
+  message: Flag.String("message").pipe(
+    Flag.withMetavar("ROLE:TEXT"),
+    Flag.withDescription("A chat message, repeatable, oldest first (/v1/chat/completions)"),
+    Flag.atLeast(0)
+  ),
+  maxTokens: Flag.Int("max-tokens").pipe(Flag.withDescription("Most tokens to generate"), Flag.optional),
+  model: Flag.String("model").pipe(
+    Flag.withDescription("Served model name (default: the node's)"),
+    Flag.withDefault("")
+  ),
+  timeout: Flag.Int("timeout").pipe(Flag.withDescription("Deadline in seconds (default 300)"), Flag.withDefault(300)),
+  ca: Flag.String("ca").pipe(Flag.withMetavar("FILE"), Flag.withDescription("CA certificate (TLS)"), Flag.optional),
+  cert: Flag.String("cert").pipe(
+    Flag.withMetavar("FILE"),
+    Flag.withDescription("Client certificate (mTLS)"),
+    Flag.optional
+  ),
+  key: Flag.String("key").pipe(Flag.withMetavar("FILE"), Flag.withDescription("Client key (mTLS)"), Flag.optional)
+}
+
+type Flags = { readonly [K in keyof typeof flags]: (typeof flags)[K] extends Flag.Flag<infer A> ? A : never }
+
+export const runGenerate = Effect.fn("generate")(function* (f: Flags) {
+  const req = requestFromFlags(f)
+  if (req instanceof GenerateFailed) return yield* req
+  const credentials = yield* loadClientCredentials(
+    {
+      caFile: Option.getOrUndefined(f.ca),
+      certFile: Option.getOrUndefined(f.cert),
+      keyFile: Option.getOrUndefined(f.key)
+    },
+    { ca: "--ca", cert: "--cert", key: "--key" }
+  ).pipe(Effect.mapError((e) => new GenerateFailed({ message: e.message })))
+  const channel = yield* Effect.acquireRelease(
+    Effect.sync(() => createChannel(f.addr, credentials)),
+    (ch) => Effect.sync(() => ch.close())
+  )
+  const client = createClient(AgentDefinition, channel)
+  const expired = AbortSignal.timeout(Duration.toMillis(Duration.seconds(f.timeout)))
+  const summary = yield* Effect.tryPromise({
+    try: async (signal) => {
+      const started = performance.now()
+      let ttftMs: number | undefined
+      let tokens = 0
+      let final: GenerateFinal | undefined
+      // nice-grpc sends no grpc-timeout; the deadline is enforced here and seen by the agent as a cancel.
+      const callSignal = AbortSignal.any([signal, expired])
+      for await (const r of client.generate(req, { signal: callSignal })) {
+        if (r.delta !== undefined) {
+          if (ttftMs === undefined) ttftMs = performance.now() - started
+          tokens += r.delta.tokens
+          process.stdout.write(r.delta.text)
+        } else if (r.final !== undefined) final = r.final
+      }
+      process.stdout.write("\n")
+      return summaryLine({ tokens, ttftMs, totalMs: performance.now() - started, final })
+    },
+    catch: (e) => {
+      if (e instanceof ClientError)
+        return new GenerateFailed({ message: `${statusName(e.code)}: ${e.details}`, status: statusName(e.code) })
+      if (expired.aborted)
+        return new GenerateFailed({
+          message: `DEADLINE_EXCEEDED: no complete answer within ${f.timeout}s (--timeout)`,
+          status: "DEADLINE_EXCEEDED"
+        })
+      return new GenerateFailed({ message: e instanceof Error ? e.message : String(e) })
+    }
+  })
+  process.stderr.write(`${summary}\n`)
+}, Effect.scoped)
+
+export const generate = Command.make("generate", flags, runGenerate).pipe(
+  Command.withDescription("Send one Generate to an agent and stream the answer to stdout (summary on stderr)"),
+  Command.withExamples([
+    { command: 'cgn-agent generate --addr 127.0.0.1:7071 --prompt "Hello"', description: "A raw prompt" },
+    {
+      command: 'cgn-agent generate --message "system:Be brief" --message "user:Why is the sky blue?" --max-tokens 64',
+      description: "A chat"
+    }
+  ])
+)

@@ -1,0 +1,64 @@
+/**
+ * The orphan guard: a tiny launcher between the agent and the engine, so the engine dies with the agent even
+ * when the agent is SIGKILLed. Node cannot set PR_SET_PDEATHSIG for its children, so the death of the agent is
+ * observed through a pipe instead: the agent spawns this program with stdin as a pipe whose only write end lives
+ * in the agent. The kernel closes that end whenever the agent dies, however it dies, and stdin reaches EOF here;
+ * the guard then kills the engine's whole process group (TERM, grace, KILL) and exits. The engine runs in its own
+ * group (pgid = its pid, reported on fd 3) so the agent can signal it directly; it inherits the guard's stdout
+ * and stderr, which are the agent's log pipes. Contract: ./guardProtocol.ts. Not part of any public CLI.
+ */
+import { spawn } from "node:child_process"
+import * as fs from "node:fs"
+import { stopGroup } from "../layers/processGroup.ts"
+import { encodeReport, type GuardReport, parseGuardArgs, REPORT_FD } from "./guardProtocol.ts"
+
+const parsed = parseGuardArgs(process.argv.slice(2))
+if (typeof parsed === "string") {
+  process.stderr.write(`[guard] ${parsed}\n`)
+  process.exit(2)
+}
+const { graceMs, argv } = parsed
+
+const report = (r: GuardReport): void => {
+  try {
+    fs.writeSync(REPORT_FD, encodeReport(r))
+  } catch {
+    // the agent is gone; the lifeline below handles that
+  }
+}
+
+const [command, ...args] = argv as [string, ...Array<string>]
+const engine = spawn(command, args, { detached: true, stdio: ["ignore", "inherit", "inherit"], env: process.env })
+let engineExited = false
+let shuttingDown = false
+
+const shutdown = async (why: string): Promise<void> => {
+  if (shuttingDown) return
+  shuttingDown = true
+  const pgid = engine.pid
+  if (pgid !== undefined) {
+    if (!engineExited) process.stderr.write(`[guard] ${why}: stopping engine group ${pgid}\n`)
+    await stopGroup(pgid, graceMs)
+  }
+  process.exit(0)
+}
+
+engine.once("spawn", () => {
+  if (engine.pid !== undefined) report({ t: "spawned", pid: engine.pid })
+})
+engine.once("error", (err) => {
+  report({ t: "spawn-error", message: err.message })
+  process.exit(127)
+})
+engine.once("exit", (code, signal) => {
+  engineExited = true
+  report({ t: "exit", code, signal })
+  // Workers the engine forked may outlive it and keep GPU memory: the group goes with its leader.
+  void shutdown("engine exited")
+})
+
+// The lifeline: EOF (or an error) on stdin means the agent is gone or asked for a stop.
+process.stdin.on("data", () => {})
+process.stdin.once("end", () => void shutdown("lifeline closed (agent stopped or gone)"))
+process.stdin.once("error", () => void shutdown("lifeline closed (agent stopped or gone)"))
+for (const sig of ["SIGTERM", "SIGINT", "SIGHUP"] as const) process.on(sig, () => void shutdown(`guard got ${sig}`))

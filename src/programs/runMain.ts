@@ -1,0 +1,55 @@
+/**
+ * runMain: runs a CLI program as the process's main fiber, with signals routed to the daemon's drain.
+ * NodeRuntime.runMain interrupts the fiber on the first SIGTERM, which would skip the ordered drain
+ * and exit 130; a daemon instead registers a ShutdownSignals handler and exits 0 after draining.
+ * Programs that register none (check, render, generate) are interrupted as usual.
+ */
+import { Deferred, Effect, Runtime, type Scope } from "effect"
+
+type Handler = (count: number) => void
+let handler: Handler | undefined
+
+/** The two signal moments a daemon waits for: the first signal (drain) and the second (skip the wait). */
+export interface ShutdownSignals {
+  readonly requested: Deferred.Deferred<string>
+  readonly hurry: Deferred.Deferred<void>
+}
+
+/**
+ * Routes SIGTERM/SIGINT to the returned deferreds for the scope's lifetime: the first completes
+ * `requested` with the signal's name, the second completes `hurry`.
+ */
+export const shutdownSignals: Effect.Effect<ShutdownSignals, never, Scope.Scope> = Effect.gen(function* () {
+  const requested = yield* Deferred.make<string>()
+  const hurry = yield* Deferred.make<void>()
+  yield* Effect.acquireRelease(
+    Effect.sync(() => {
+      handler = (count) => {
+        if (count === 1) Deferred.doneUnsafe(requested, Effect.succeed("signal"))
+        else Deferred.doneUnsafe(hurry, Effect.void)
+      }
+    }),
+    () =>
+      Effect.sync(() => {
+        handler = undefined
+      })
+  )
+  return { requested, hurry }
+})
+
+/** Runs `effect` as the main program; exit code 0 on success, 1 on failure, 130 when interrupted. */
+export const runMain = Runtime.makeRunMain(({ fiber, teardown }) => {
+  let signals = 0
+  const onSignal = () => {
+    signals++
+    if (handler !== undefined) handler(signals)
+    else fiber.interruptUnsafe(fiber.id)
+  }
+  fiber.addObserver((exit) => {
+    process.removeListener("SIGINT", onSignal)
+    process.removeListener("SIGTERM", onSignal)
+    teardown(exit, (code) => process.exit(code))
+  })
+  process.on("SIGINT", onSignal)
+  process.on("SIGTERM", onSignal)
+})

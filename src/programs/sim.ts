@@ -1,0 +1,130 @@
+// cgn-engine-sim: an engine-shaped process for tests and laptops (vLLM, SGLang, llama.cpp, mlx flavors).
+// Parses the engine's own command line plus --sim-* knobs, then reproduces the engine's startup (vLLM listens
+// only once "loaded"; the others listen at once and report loading), serves the OpenAI API, and applies the
+// fault switches. Logs JSON lines on stderr; `{"msg":"listening"}` marks the HTTP server being up.
+import { spawn } from "node:child_process"
+import * as http from "node:http"
+import { ArgsError, parseArgs, type SimConfig } from "../sim/args.ts"
+import { makeContext } from "../sim/context.ts"
+import { KvPublisher, kvEventsSettings } from "../sim/kvpublisher.ts"
+import { handler } from "../sim/server.ts"
+
+const log = (msg: string, fields: Record<string, unknown> = {}): void => {
+  process.stderr.write(
+    `${JSON.stringify({ ts: new Date().toISOString(), msg, ...fields }, (_k, v) => (typeof v === "bigint" ? v.toString() : v))}\n`
+  )
+}
+
+const exit = (code: number, reason: string): never => {
+  log("exit", { code, reason })
+  process.exit(code)
+}
+
+const forkGrandchild = (cfg: SimConfig): number | null => {
+  const code = cfg.ignoreSigterm ? "process.on('SIGTERM',()=>{});setInterval(()=>{},1e9)" : "setInterval(()=>{},1e9)"
+  const child = spawn(process.execPath, ["-e", code], { stdio: "ignore", detached: false })
+  child.unref()
+  const pid = child.pid ?? null
+  log(`grandchild pid=${pid}`, { grandchildPid: pid })
+  return pid
+}
+
+const main = async (): Promise<void> => {
+  let cfg: SimConfig
+  try {
+    cfg = parseArgs(process.argv.slice(2), process.env)
+  } catch (err) {
+    if (err instanceof ArgsError) {
+      log("bad arguments", { error: err.message })
+      process.exit(2)
+    }
+    throw err
+  }
+  log("starting", {
+    flavor: cfg.flavor,
+    model: cfg.model,
+    servedName: cfg.servedName,
+    pid: process.pid,
+    maxSeqs: cfg.maxSeqs,
+    mode: cfg.mode
+  })
+  if (cfg.unmodelled.length > 0) log("unmodelled flags (accepted, ignored)", { flags: cfg.unmodelled })
+
+  const ctx = makeContext(cfg, log, (reason) => exit(1, reason), process.env)
+  if (cfg.forkGrandchild) ctx.grandchildPid = forkGrandchild(cfg)
+
+  const hung = new Set<http.ServerResponse>()
+  const server = http.createServer({ keepAliveTimeout: 30_000, noDelay: true }, handler(ctx, hung))
+  server.maxHeadersCount = 200
+
+  const shutdown = (signal: string) => {
+    if (signal === "SIGTERM" && cfg.ignoreSigterm) return log("ignoring SIGTERM")
+    log("shutting down", { signal })
+    ctx.publisher?.close()
+    ctx.sideChannel?.close()
+    ctx.bootstrap?.close()
+    server.close()
+    server.closeAllConnections()
+    process.exit(0)
+  }
+  process.on("SIGTERM", () => shutdown("SIGTERM"))
+  process.on("SIGINT", () => shutdown("SIGINT"))
+  if (cfg.crashAfterMs !== undefined) setTimeout(() => exit(1, `crash after ${cfg.crashAfterMs} ms`), cfg.crashAfterMs)
+
+  if (ctx.sideChannel !== undefined) {
+    await ctx.sideChannel.start(ctx.sideChannelHost, ctx.sideChannelPort)
+    log("kv side channel", { host: ctx.sideChannelHost, port: ctx.sideChannelPort, engineId: ctx.engineId })
+  }
+  if (ctx.bootstrap !== undefined) {
+    await ctx.bootstrap.start(cfg.host, cfg.bootstrapPort)
+    log("bootstrap server", { host: cfg.host, port: cfg.bootstrapPort })
+  }
+
+  const load = async () => {
+    const settings = kvEventsSettings(cfg.flavor, cfg.kvEventsConfig)
+    if (settings !== undefined) {
+      const pub = new KvPublisher({
+        settings,
+        legacy: cfg.kvLegacyArrays,
+        signedHashes: cfg.flavor === "sglang",
+        stopAfter: cfg.kvStopAfter,
+        skipSeq: cfg.kvSkipSeq,
+        log
+      })
+      await pub.start()
+      ctx.publisher = pub
+      pub.publish([ctx.kv.clear()])
+    }
+    ctx.loaded = true
+    log("model loaded", { flavor: cfg.flavor })
+  }
+  const listen = () =>
+    new Promise<void>((resolve, reject) => {
+      server.once("error", reject)
+      server.listen(cfg.port, cfg.host, () => {
+        server.off("error", reject)
+        const addr = server.address()
+        log("listening", {
+          port: typeof addr === "object" && addr !== null ? addr.port : cfg.port,
+          host: cfg.host,
+          flavor: cfg.flavor,
+          pid: process.pid
+        })
+        resolve()
+      })
+    })
+  const delay = () => new Promise<void>((r) => setTimeout(r, cfg.startupDelayMs))
+
+  if (cfg.flavor === "vllm") {
+    await delay()
+    await load()
+    await listen()
+  } else {
+    const loading = delay().then(load)
+    ctx.whenLoaded = loading
+    await listen()
+    await loading
+  }
+}
+
+main().catch((err: unknown) => exit(1, `fatal: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}`))

@@ -1,0 +1,104 @@
+/**
+ * EngineErrors: every engine's error body, read into one EngineError. Pure, no I/O.
+ * Knows the shapes: vLLM >= 0.10.1 nested `{"error":{message,type,param,code}}`, older vLLM and SGLang
+ * flat `{"object":"error",message,type,param,code}`, llama.cpp `{"error":{code,message,type}}`,
+ * mlx-lm `{"error":"..."}`, FastAPI `{"detail":...}`, and bodies that are not JSON at all.
+ */
+import { EngineError } from "./EngineClient.ts"
+
+/** The engine's own words, whatever shape they came in. */
+export interface ErrorDetail {
+  readonly message: string
+  readonly type?: string
+  /** The body's `code`: a number (vLLM, SGLang, llama.cpp put the HTTP status there) or a string (OpenAI). */
+  readonly code?: number | string
+}
+
+const MAX_TEXT = 500
+
+const str = (v: unknown): string | undefined => (typeof v === "string" && v.length > 0 ? v : undefined)
+
+const code = (v: unknown): number | string | undefined => {
+  if (typeof v === "number" && Number.isFinite(v)) return v
+  if (typeof v === "string" && v.length > 0) return /^\d+$/.test(v) ? Number(v) : v
+  return undefined
+}
+
+const detail = (message: string, type: unknown, c: unknown): ErrorDetail => {
+  const t = str(type)
+  const k = code(c)
+  return { message, ...(t === undefined ? {} : { type: t }), ...(k === undefined ? {} : { code: k }) }
+}
+
+const isRecord = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v)
+
+/** FastAPI validation errors: `[{"loc":[...],"msg":"...","type":"..."}]`. */
+const fastApiDetail = (d: unknown): string | undefined => {
+  if (typeof d === "string") return d
+  if (!Array.isArray(d)) return undefined
+  const msgs = d.flatMap((e) => {
+    if (!isRecord(e)) return []
+    const msg = str(e.msg)
+    if (msg === undefined) return []
+    const loc = Array.isArray(e.loc) ? e.loc.join(".") : undefined
+    return [loc === undefined ? msg : `${loc}: ${msg}`]
+  })
+  return msgs.length > 0 ? msgs.join("; ") : undefined
+}
+
+/** The error inside a parsed JSON value, or undefined when it carries none. */
+export const errorDetailOf = (value: unknown): ErrorDetail | undefined => {
+  if (!isRecord(value)) return undefined
+  const e = value.error
+  if (typeof e === "string") return detail(e, undefined, undefined)
+  if (isRecord(e)) {
+    const message = str(e.message) ?? str(e.msg) ?? str(e.detail) ?? JSON.stringify(e)
+    return detail(message, e.type, e.code)
+  }
+  if (value.object === "error") return detail(str(value.message) ?? "engine error", value.type, value.code)
+  if ("detail" in value) {
+    const msg = fastApiDetail(value.detail)
+    if (msg !== undefined) return detail(msg, undefined, undefined)
+  }
+  return undefined
+}
+
+/** Cheap test for the chunk loop: does this SSE data object carry an error instead of a completion? */
+export const isErrorChunk = (obj: Readonly<Record<string, unknown>>): boolean =>
+  obj.error !== undefined || obj.object === "error"
+
+/** The engine's words from a raw body: JSON in any known shape, else the text itself. */
+export const errorDetailOfBody = (body: string, status: number | undefined): ErrorDetail => {
+  const trimmed = body.trim()
+  if (trimmed.startsWith("{")) {
+    try {
+      const d = errorDetailOf(JSON.parse(trimmed))
+      if (d !== undefined) return d
+    } catch {
+      // not JSON after all: fall through to the text
+    }
+  }
+  if (trimmed.length === 0) return { message: status === undefined ? "empty error body" : `HTTP ${status}` }
+  return { message: trimmed.length > MAX_TEXT ? `${trimmed.slice(0, MAX_TEXT)}…` : trimmed }
+}
+
+const codeFields = (d: ErrorDetail, status: number | undefined) => {
+  const fields: { status?: number; engineType?: string; engineCode?: string } = {}
+  if (status !== undefined) fields.status = status
+  else if (typeof d.code === "number") fields.status = d.code
+  if (d.type !== undefined) fields.engineType = d.type
+  if (d.code !== undefined && d.code !== fields.status) fields.engineCode = String(d.code)
+  return fields
+}
+
+/** An HTTP error status with its body. */
+export const httpError = (status: number, body: string): EngineError => {
+  const d = errorDetailOfBody(body, status)
+  return new EngineError({ reason: "Http", message: d.message, ...codeFields(d, status) })
+}
+
+/** A mid-stream error object (`data: {"error":...}`); status is the object's numeric code, if any. */
+export const streamError = (obj: unknown): EngineError => {
+  const d = errorDetailOf(obj) ?? { message: "engine sent an error object" }
+  return new EngineError({ reason: "Stream", message: d.message, ...codeFields(d, undefined) })
+}

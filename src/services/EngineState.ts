@@ -1,0 +1,152 @@
+/**
+ * EngineState: the pure lifecycle of the engine supervisor. One transition function over the EngineState
+ * tagged enum and the supervisor's events (a closed table: anything not listed is an InvalidTransition),
+ * the restart backoff (exponential, capped, reset after a stable Ready period) with crash-loop detection,
+ * and the liveness failure counter. No I/O and no clock: every time comes in on an event.
+ */
+import { Data, Result } from "effect"
+import type { EngineState, ExitRecord } from "./EngineProcess.ts"
+
+/** Constructors and matchers for the states. */
+export const State = Data.taggedEnum<EngineState>()
+
+/** What the supervisor observed or decided. Times are epoch milliseconds. */
+export type SupervisorEvent = Data.TaggedEnum<{
+  /** The engine process exists (pid known); it is loading. */
+  Spawned: { readonly run: number; readonly pid: number | undefined; readonly at: number }
+  /** A new startup phase to show (e.g. "loading", "waiting for probe"). */
+  Phase: { readonly phase: string; readonly at: number }
+  /** Readiness or liveness probe answered. */
+  ProbeOk: { readonly at: number }
+  /** Liveness failed `threshold` times in a row. */
+  LivenessLost: { readonly reason: string; readonly at: number }
+  /** Not ready within the startup budget. */
+  StartupTimedOut: { readonly budgetMs: number; readonly at: number }
+  /** The run ended (exit, or killed after Unhealthy); the next run waits until `nextAt`. */
+  Exited: { readonly exit: ExitRecord; readonly attempt: number; readonly nextAt: number }
+  /** The backoff is over: start run `run`. */
+  RestartDue: { readonly run: number; readonly at: number }
+  StopRequested: { readonly at: number }
+  StopCompleted: { readonly lastExit: ExitRecord | undefined }
+}>
+
+export const Event = Data.taggedEnum<SupervisorEvent>()
+
+export class InvalidTransition extends Data.TaggedError("InvalidTransition")<{
+  readonly from: EngineState["_tag"]
+  readonly event: SupervisorEvent["_tag"]
+}> {
+  override get message(): string {
+    return `invalid engine state transition: ${this.event} in ${this.from}`
+  }
+}
+
+const runOf = (s: EngineState): number | undefined =>
+  s._tag === "Starting" || s._tag === "Ready" || s._tag === "Unhealthy" ? s.run : undefined
+
+/**
+ * The transition table. A result equal (===) to the input means "no change, publish nothing".
+ * Stopping absorbs nothing but StopCompleted (and repeated stop requests): late events of a run that is being
+ * torn down are rejected, which is what keeps a concurrent observer from resurrecting a stopping engine.
+ */
+export const transition = (
+  state: EngineState,
+  event: SupervisorEvent
+): Result.Result<EngineState, InvalidTransition> => {
+  const ok = Result.succeed
+  const invalid = () => Result.fail(new InvalidTransition({ from: state._tag, event: event._tag }))
+  switch (event._tag) {
+    case "Spawned":
+      return state._tag === "Starting" && state.run === event.run
+        ? ok(State.Starting({ phase: "loading", since: state.since, run: state.run }))
+        : invalid()
+    case "Phase":
+      return state._tag === "Starting"
+        ? ok(state.phase === event.phase ? state : State.Starting({ ...state, phase: event.phase }))
+        : invalid()
+    case "ProbeOk":
+      if (state._tag === "Ready") return ok(state)
+      return state._tag === "Starting" || state._tag === "Unhealthy"
+        ? ok(State.Ready({ since: event.at, run: state.run }))
+        : invalid()
+    case "LivenessLost":
+      return state._tag === "Ready"
+        ? ok(State.Unhealthy({ reason: event.reason, since: event.at, run: state.run }))
+        : invalid()
+    case "StartupTimedOut":
+      return state._tag === "Starting"
+        ? ok(State.Unhealthy({ reason: `not ready within ${event.budgetMs} ms`, since: event.at, run: state.run }))
+        : invalid()
+    case "Exited": {
+      const run = runOf(state)
+      return run !== undefined && run === event.exit.run
+        ? ok(State.Restarting({ attempt: event.attempt, nextAt: event.nextAt, lastExit: event.exit }))
+        : invalid()
+    }
+    case "RestartDue":
+      return state._tag === "Restarting" && event.run === state.lastExit.run + 1
+        ? ok(State.Starting({ phase: "spawning", since: event.at, run: event.run }))
+        : invalid()
+    case "StopRequested":
+      if (state._tag === "Stopping" || state._tag === "Stopped") return ok(state)
+      return ok(State.Stopping({ since: event.at }))
+    case "StopCompleted":
+      if (state._tag === "Stopped") return ok(state)
+      return state._tag === "Stopping" ? ok(State.Stopped({ lastExit: event.lastExit })) : invalid()
+  }
+}
+
+/** Restart policy, from [engine].restart_backoff_initial / restart_backoff_max / restart_stable_after. */
+export interface BackoffPolicy {
+  readonly initialMs: number
+  readonly maxMs: number
+  readonly stableAfterMs: number
+  /** Consecutive unstable runs from which the restarts are reported as a crash loop. */
+  readonly crashLoopAfter: number
+}
+
+export interface RestartPlan {
+  /** 1 for the first restart after a stable run, +1 for each unstable run after it. */
+  readonly attempt: number
+  readonly delayMs: number
+  readonly crashLoop: boolean
+}
+
+/** Whether a run counts as stable: it was Ready for at least stableAfterMs before it ended. */
+export const wasStable = (policy: BackoffPolicy, readyAt: number | undefined, endedAt: number): boolean =>
+  readyAt !== undefined && endedAt - readyAt >= policy.stableAfterMs
+
+/** The delay of restart attempt `attempt` (1-based): initial * 2^(attempt-1), capped at max. */
+export const backoffDelay = (policy: BackoffPolicy, attempt: number): number => {
+  const exp = Math.min(Math.max(attempt - 1, 0), 52)
+  return Math.min(policy.initialMs * 2 ** exp, policy.maxMs)
+}
+
+/** The next restart after a run ended; `previousAttempt` is 0 before the first restart. */
+export const nextRestart = (
+  policy: BackoffPolicy,
+  previousAttempt: number,
+  readyAt: number | undefined,
+  endedAt: number
+): RestartPlan => {
+  const attempt = wasStable(policy, readyAt, endedAt) ? 1 : previousAttempt + 1
+  return { attempt, delayMs: backoffDelay(policy, attempt), crashLoop: attempt >= policy.crashLoopAfter }
+}
+
+/** One liveness probe result folded into the consecutive-failure count. */
+export const livenessStep = (
+  failures: number,
+  ok: boolean,
+  threshold: number
+): { readonly failures: number; readonly lost: boolean } => {
+  const next = ok ? 0 : failures + 1
+  return { failures: next, lost: next >= threshold }
+}
+
+/** "exit code 1" / "signal SIGKILL" / "no exit status". */
+export const describeStatus = (exit: Pick<ExitRecord, "code" | "signal">): string =>
+  exit.signal !== null ? `signal ${exit.signal}` : exit.code !== null ? `exit code ${exit.code}` : "no exit status"
+
+/** One log line for an ended run: reason, status, runtime. */
+export const describeExit = (exit: ExitRecord): string =>
+  `run ${exit.run} (pid ${exit.pid ?? "-"}) ended: ${exit.reason}, ${describeStatus(exit)}, after ${(exit.runtimeMs / 1000).toFixed(1)} s`

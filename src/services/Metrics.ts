@@ -1,0 +1,83 @@
+/**
+ * Metrics: the agent's one Prometheus registry and the named handles every service writes to.
+ * Owns metric names, help texts, label sets and buckets; nothing here reads another service.
+ * Gauges that mirror another service's state are filled at scrape time by collect callbacks that the
+ * owner of that state registers with `onCollect` (scoped: removed when the owner's scope closes).
+ */
+import { Context, type Effect, type Scope } from "effect"
+import type { Counter, Gauge, Histogram, Registry } from "prom-client"
+
+/** Every metric name starts with this. */
+export const METRIC_PREFIX = "cgn_agent_"
+
+/** Labels of the per-request series. `status` is the gRPC code name (OK, UNAVAILABLE, ...). */
+export type RequestLabels = "role" | "model" | "status"
+
+export interface MetricHandles {
+  /** Generate calls finished, by role, model and gRPC status code name. */
+  readonly requests: Counter<RequestLabels>
+  /** From the call arriving to the first generated text. */
+  readonly timeToFirstToken: Histogram<"role" | "model">
+  /** From the call arriving to its end (final message or error). */
+  readonly requestDuration: Histogram<"role" | "model">
+  /** Engine tokens relayed to callers; NodeStatus derives tokens/s from it. */
+  readonly relayedTokens: Counter<"model">
+  readonly inflight: Gauge
+  readonly queued: Gauge
+  /** 1 for the current EngineState tag (lower-case: starting, ready, ...), 0 for the others. */
+  readonly engineState: Gauge<"state">
+  /** Mirrored from EngineProcess.restarts: set it with `setCounter`. */
+  readonly engineRestarts: Counter
+  /** Exit code of the last engine run (-1 when it died of a signal or has not exited). */
+  readonly engineLastExitCode: Gauge
+  /** 1 while the NodeHealth key is registered in etcd. */
+  readonly etcdRegistered: Gauge
+  /** 1 for the current registration state (e.g. standalone, registering, registered, backoff), 0 for others. */
+  readonly etcdRegistrationState: Gauge<"state">
+  /** Seconds since the current lease was granted. */
+  readonly etcdLeaseAge: Gauge
+  /** Largest event-loop delay seen since the previous scrape (filled by the Metrics layer itself). */
+  readonly eventLoopLag: Gauge
+  readonly engineRunningRequests: Gauge
+  readonly engineWaitingRequests: Gauge
+  /** 0..1; -1 when the engine does not report it. */
+  readonly engineKvCacheUsage: Gauge
+  /** 0..1 per GPU. */
+  readonly gpuUtilization: Gauge<"gpu" | "uuid">
+  readonly gpuMemoryUsed: Gauge<"gpu" | "uuid">
+  readonly gpuMemoryTotal: Gauge<"gpu" | "uuid">
+}
+
+/** One scrape's answer. */
+export interface MetricsText {
+  readonly contentType: string
+  readonly body: string
+}
+
+export interface MetricsService extends MetricHandles {
+  readonly registry: Registry
+  /**
+   * Registers a callback run before every scrape (e.g. set gauges from the owner's state). Failures and
+   * defects of the callback are logged and do not break the scrape. Removed when the caller's scope closes.
+   */
+  readonly onCollect: (collect: Effect.Effect<void>) => Effect.Effect<void, never, Scope.Scope>
+  /** Runs the collect callbacks, then renders the registry in the Prometheus text format. */
+  readonly render: Effect.Effect<MetricsText>
+}
+
+export class Metrics extends Context.Service<Metrics, MetricsService>()("cgn-agent/Metrics") {}
+
+/** Sets a counter that mirrors a total kept elsewhere (prom-client counters have no `set`). */
+export const setCounter = (counter: Counter, value: number): void => {
+  counter.reset()
+  if (value > 0) counter.inc(value)
+}
+
+/** Sets a one-hot state gauge: 1 for `current`, 0 for every other known state. */
+export const setStateGauge = (gauge: Gauge<"state">, states: ReadonlyArray<string>, current: string): void => {
+  for (const state of states) gauge.set({ state }, state === current ? 1 : 0)
+  if (!states.includes(current)) gauge.set({ state: current }, 1)
+}
+
+/** The EngineState tags as metric label values. */
+export const ENGINE_STATES = ["starting", "ready", "unhealthy", "restarting", "stopping", "stopped"] as const

@@ -1,0 +1,99 @@
+// Shared state of one simulator process (SimContext) and the response helpers every handler uses.
+import { randomUUID } from "node:crypto"
+import type * as http from "node:http"
+import type { SimConfig } from "./args.ts"
+import { errorBody } from "./errors.ts"
+import { type Faults, initialFaults } from "./faults.ts"
+import { KvBlocks } from "./kvblocks.ts"
+import type { KvPublisher } from "./kvpublisher.ts"
+import { Bootstrap, SideChannel } from "./pd.ts"
+import { Scheduler } from "./scheduler.ts"
+import { Stats } from "./stats.ts"
+import { prng } from "./tokens.ts"
+
+export type Log = (msg: string, fields?: Record<string, unknown>) => void
+
+/** Everything a request handler touches. */
+export interface SimContext {
+  readonly cfg: SimConfig
+  readonly log: Log
+  readonly stats: Stats
+  readonly scheduler: Scheduler
+  readonly kv: KvBlocks
+  readonly faults: Faults
+  readonly rand: () => number
+  readonly created: number
+  readonly engineId: string
+  readonly sideChannel: SideChannel | undefined
+  readonly sideChannelHost: string
+  readonly sideChannelPort: number
+  readonly bootstrap: Bootstrap | undefined
+  readonly crash: (reason: string) => void
+  publisher: KvPublisher | undefined
+  loaded: boolean
+  whenLoaded: Promise<void>
+  grandchildPid: number | null
+  decodeBlocks: number
+  localPrefills: number
+  kvFetchFailures: number
+}
+
+const OFFLOAD_ONLY = new Set([
+  "OffloadingConnector",
+  "LMCacheConnectorV1",
+  "LMCacheMPConnector",
+  "SimpleCPUOffloadConnector"
+])
+
+/** Whether --kv-transfer-config configures a P/D connector (vLLM). */
+export const hasPdConnector = (cfg: SimConfig): boolean => {
+  const c = cfg.kvTransferConfig?.kv_connector
+  return typeof c === "string" && !OFFLOAD_ONLY.has(c)
+}
+
+export const makeContext = (
+  cfg: SimConfig,
+  log: Log,
+  crash: (reason: string) => void,
+  env: Record<string, string | undefined>
+): SimContext => {
+  const seedHash = (BigInt(cfg.seed >>> 0) << 32n) | BigInt(Number(env.PYTHONHASHSEED ?? "0") >>> 0)
+  const engineId = cfg.kvTransferConfig?.engine_id
+  return {
+    cfg,
+    log,
+    stats: new Stats(),
+    scheduler: new Scheduler(cfg.maxSeqs),
+    kv: new KvBlocks(cfg.blockSize, cfg.kvBlocks, seedHash ^ 0x5bd1e9955bd1e995n),
+    faults: initialFaults(cfg),
+    rand: prng(cfg.seed),
+    created: Math.floor(Date.now() / 1000),
+    engineId: typeof engineId === "string" ? engineId : randomUUID(),
+    sideChannel: cfg.flavor === "vllm" && hasPdConnector(cfg) ? new SideChannel() : undefined,
+    sideChannelHost: env.VLLM_NIXL_SIDE_CHANNEL_HOST ?? "localhost",
+    sideChannelPort: Number(env.VLLM_NIXL_SIDE_CHANNEL_PORT ?? "5600"),
+    bootstrap: cfg.flavor === "sglang" && cfg.disaggregationMode === "prefill" ? new Bootstrap() : undefined,
+    crash,
+    publisher: undefined,
+    loaded: false,
+    whenLoaded: Promise.resolve(),
+    grandchildPid: null,
+    decodeBlocks: 0,
+    localPrefills: 0,
+    kvFetchFailures: 0
+  }
+}
+
+export const sendJson = (res: http.ServerResponse, status: number, body: unknown): void => {
+  const text = body === undefined ? "" : JSON.stringify(body)
+  res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(text) })
+  res.end(text)
+}
+
+export const sendError = (
+  ctx: SimContext,
+  res: http.ServerResponse,
+  status: number,
+  message: string,
+  param: string | null = null
+) => sendJson(res, status, errorBody(ctx.cfg.flavor, status, message, param))

@@ -1,0 +1,38 @@
+// Error bodies of each engine flavor (pure), as engines.md §7 records them:
+// vLLM nested {"error":{message,type,param,code}}, SGLang flat {"object":"error",...},
+// llama.cpp {"error":{code,message,type}}, mlx {"error":"..."}.
+import type { Flavor } from "./args.ts"
+
+const VLLM_TYPES: Record<number, string> = {
+  400: "BadRequestError",
+  404: "NotFoundError",
+  411: "BadRequestError",
+  429: "RateLimitError",
+  500: "InternalServerError",
+  503: "ServiceUnavailableError"
+}
+
+const LLAMA_TYPES: Record<number, string> = {
+  400: "invalid_request_error",
+  404: "not_found_error",
+  429: "unavailable_error",
+  500: "server_error",
+  503: "unavailable_error"
+}
+
+/** The JSON error object a flavor sends with HTTP `status` (also used mid-stream after `data: `). */
+export const errorBody = (flavor: Flavor, status: number, message: string, param: string | null = null): unknown => {
+  switch (flavor) {
+    case "vllm":
+      return { error: { message, type: VLLM_TYPES[status] ?? "InternalServerError", param, code: status } }
+    case "sglang":
+      return { object: "error", message, type: VLLM_TYPES[status] ?? "InternalServerError", param, code: status }
+    case "llama_cpp":
+      return { error: { code: status, message, type: LLAMA_TYPES[status] ?? "server_error" } }
+    case "mlx":
+      return { error: message }
+  }
+}
+
+/** llama.cpp's answer to everything while the model loads. */
+export const LLAMA_LOADING = { error: { code: 503, message: "Loading model", type: "unavailable_error" } }

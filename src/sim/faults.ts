@@ -1,0 +1,40 @@
+// Fault switches that can change at run time (POST /sim/faults), and the pure merge of such a request.
+import type { ErrorKind, SimConfig } from "./args.ts"
+
+export interface Faults {
+  stallAfterTokens: number | undefined
+  errorRate: number
+  errorKind: ErrorKind
+  hangHealth: boolean
+}
+
+export const initialFaults = (cfg: SimConfig): Faults => ({
+  stallAfterTokens: cfg.stallAfterTokens,
+  errorRate: cfg.errorRate,
+  errorKind: cfg.errorKind,
+  hangHealth: cfg.hangHealth
+})
+
+const KINDS = new Set(["http400", "http404", "http429", "http500", "midstream", "reset"])
+
+/** Applies a /sim/faults body; returns an error text for a malformed field, and whether to crash now. */
+export const applyFaults = (faults: Faults, body: unknown): { error?: string; crashNow: boolean } => {
+  if (typeof body !== "object" || body === null) return { error: "body must be a JSON object", crashNow: false }
+  const b = body as Record<string, unknown>
+  if ("stallAfterTokens" in b) {
+    const v = b.stallAfterTokens
+    if (v !== null && typeof v !== "number") return { error: "stallAfterTokens: number|null", crashNow: false }
+    faults.stallAfterTokens = v === null ? undefined : v
+  }
+  if ("errorRate" in b) {
+    if (typeof b.errorRate !== "number") return { error: "errorRate: number", crashNow: false }
+    faults.errorRate = b.errorRate
+  }
+  if ("errorKind" in b) {
+    if (typeof b.errorKind !== "string" || !KINDS.has(b.errorKind))
+      return { error: "errorKind: unknown", crashNow: false }
+    faults.errorKind = b.errorKind as ErrorKind
+  }
+  if ("hangHealth" in b) faults.hangHealth = b.hangHealth === true
+  return { crashNow: b.crashNow === true }
+}

@@ -1,0 +1,209 @@
+// Prefill/decode hand-off between two simulators.
+// vLLM (NIXL-like): the prefill engine holds a request's blocks under a lease and serves them on a side
+// channel (HTTP on VLLM_NIXL_SIDE_CHANNEL_HOST:PORT); the decode engine REALLY pulls them by engine id,
+// request id and block ids. SGLang: the prefill engine runs a bootstrap server where a decode engine waits
+// (long poll, bounded) for the prefill of the same bootstrap_room.
+import * as http from "node:http"
+
+export interface Hold {
+  readonly engineId: string
+  readonly blockIds: ReadonlyArray<number>
+  readonly numTokens: number
+  readonly expiresAt: number
+  readonly release: () => void
+}
+
+export type FetchResult =
+  | { ok: true; numBlocks: number; numTokens: number }
+  | { ok: false; status: number; reason: string }
+
+const readBody = (req: http.IncomingMessage): Promise<string> =>
+  new Promise((resolve, reject) => {
+    const parts: Array<Buffer> = []
+    req.on("data", (c: Buffer) => parts.push(c))
+    req.on("end", () => resolve(Buffer.concat(parts).toString("utf8")))
+    req.on("error", reject)
+  })
+
+const json = (res: http.ServerResponse, status: number, body: unknown): void => {
+  const text = JSON.stringify(body)
+  res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(text) })
+  res.end(text)
+}
+
+const listen = (server: http.Server, port: number, host: string): Promise<void> =>
+  new Promise((resolve, reject) => {
+    server.once("error", reject)
+    server.listen(port, host, () => {
+      server.off("error", reject)
+      resolve()
+    })
+  })
+
+/** The prefill side of the vLLM hand-off: held blocks by remote_request_id, expired by lease. */
+export class SideChannel {
+  private readonly holds = new Map<string, Hold & { timer: NodeJS.Timeout }>()
+  private readonly gone = new Map<string, "expired" | "fetched">()
+  private server: http.Server | undefined
+  fetched = 0
+  expired = 0
+
+  hold(requestId: string, hold: Omit<Hold, "expiresAt">, leaseMs: number): void {
+    const timer = setTimeout(() => {
+      this.holds.delete(requestId)
+      this.remember(requestId, "expired")
+      this.expired++
+      hold.release()
+    }, leaseMs)
+    timer.unref()
+    this.holds.set(requestId, { ...hold, expiresAt: Date.now() + leaseMs, timer })
+  }
+
+  get held(): number {
+    return this.holds.size
+  }
+
+  /** Serves POST /kv/fetch {engine_id, request_id, block_ids}. */
+  async start(host: string, port: number): Promise<void> {
+    this.server = http.createServer((req, res) => {
+      if (req.method !== "POST" || req.url !== "/kv/fetch") return json(res, 404, { error: "not found" })
+      readBody(req)
+        .then((text) => {
+          const body = JSON.parse(text) as { engine_id?: unknown; request_id?: unknown; block_ids?: unknown }
+          const id = String(body.request_id)
+          const h = this.holds.get(id)
+          if (h === undefined) {
+            const why = this.gone.get(id)
+            return json(res, 404, { error: why === undefined ? `unknown request ${id}` : `request ${id} ${why}` })
+          }
+          if (body.engine_id !== h.engineId)
+            return json(res, 409, { error: `engine id mismatch (${String(body.engine_id)})` })
+          const ids = Array.isArray(body.block_ids) ? body.block_ids.flat() : []
+          if (ids.length !== h.blockIds.length || ids.some((b, i) => b !== h.blockIds[i])) {
+            return json(res, 409, { error: "block ids do not match the held blocks" })
+          }
+          clearTimeout(h.timer)
+          this.holds.delete(id)
+          this.remember(id, "fetched")
+          this.fetched++
+          h.release()
+          json(res, 200, { request_id: id, num_blocks: h.blockIds.length, num_tokens: h.numTokens })
+        })
+        .catch((err: unknown) => json(res, 400, { error: String(err) }))
+    })
+    await listen(this.server, port, host)
+  }
+
+  close(): void {
+    this.server?.close()
+    this.server?.closeAllConnections()
+    for (const h of this.holds.values()) clearTimeout(h.timer)
+  }
+
+  private remember(id: string, why: "expired" | "fetched"): void {
+    this.gone.set(id, why)
+    if (this.gone.size > 10_000) {
+      const first = this.gone.keys().next().value
+      if (first !== undefined) this.gone.delete(first)
+    }
+  }
+}
+
+/** The decode side: pull a held request's blocks from the prefill engine's side channel. */
+export const fetchBlocks = async (
+  host: string,
+  port: number,
+  engineId: string,
+  requestId: string,
+  blockIds: unknown
+): Promise<FetchResult> => {
+  try {
+    const res = await fetch(`http://${host.includes(":") ? `[${host}]` : host}:${port}/kv/fetch`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ engine_id: engineId, request_id: requestId, block_ids: blockIds }),
+      signal: AbortSignal.timeout(5_000)
+    })
+    const body = (await res.json()) as { error?: string; num_blocks?: number; num_tokens?: number }
+    if (!res.ok) return { ok: false, status: res.status, reason: body.error ?? `status ${res.status}` }
+    return { ok: true, numBlocks: body.num_blocks ?? 0, numTokens: body.num_tokens ?? 0 }
+  } catch (err) {
+    return { ok: false, status: 0, reason: `side channel unreachable: ${String(err)}` }
+  }
+}
+
+/** SGLang's bootstrap server on the prefill engine: rooms whose prefill is done, and decode waiters. */
+export class Bootstrap {
+  private readonly done = new Map<string, number>()
+  private readonly waiters = new Map<string, Set<() => void>>()
+  private server: http.Server | undefined
+
+  complete(room: string): void {
+    this.done.set(room, Date.now())
+    if (this.done.size > 10_000) {
+      const first = this.done.keys().next().value
+      if (first !== undefined) this.done.delete(first)
+    }
+    for (const w of this.waiters.get(room) ?? []) w()
+    this.waiters.delete(room)
+  }
+
+  /** GET /room/<room>?wait_ms=N: 200 once the room's prefill is done, 408 after the wait. */
+  async start(host: string, port: number): Promise<void> {
+    this.server = http.createServer((req, res) => {
+      const url = new URL(req.url ?? "/", "http://x")
+      const m = /^\/room\/(\d+)$/.exec(url.pathname)
+      if (m === null) return json(res, 404, { error: "not found" })
+      const room = m[1] ?? ""
+      if (this.done.has(room)) return json(res, 200, { room, status: "ready" })
+      const waitMs = Math.min(Number(url.searchParams.get("wait_ms") ?? "0"), 60_000)
+      const set = this.waiters.get(room) ?? new Set()
+      this.waiters.set(room, set)
+      const finish = (status: number) => {
+        clearTimeout(timer)
+        set.delete(waiter)
+        if (!res.writableEnded) json(res, status, { room, status: status === 200 ? "ready" : "waiting" })
+      }
+      const waiter = () => finish(200)
+      const timer = setTimeout(() => finish(408), waitMs)
+      set.add(waiter)
+      res.on("close", () => {
+        clearTimeout(timer)
+        set.delete(waiter)
+      })
+    })
+    await listen(this.server, port, host)
+  }
+
+  close(): void {
+    this.server?.close()
+    this.server?.closeAllConnections()
+  }
+}
+
+/** Decode side: wait up to `timeoutMs` for the room's prefill on bootstrap_host:bootstrap_port. */
+export const waitForRoom = async (
+  host: string,
+  port: number,
+  room: string,
+  timeoutMs: number,
+  signal: AbortSignal
+): Promise<{ ok: true } | { ok: false; reason: string }> => {
+  const deadline = Date.now() + timeoutMs
+  let last = "timed out"
+  while (Date.now() < deadline && !signal.aborted) {
+    const left = deadline - Date.now()
+    try {
+      const res = await fetch(`http://${host}:${port}/room/${room}?wait_ms=${Math.max(1, left)}`, {
+        signal: AbortSignal.any([signal, AbortSignal.timeout(left + 2_000)])
+      })
+      await res.arrayBuffer()
+      if (res.status === 200) return { ok: true }
+      last = `bootstrap server answered ${res.status}`
+    } catch (err) {
+      last = `bootstrap server unreachable: ${String(err)}`
+      await new Promise((r) => setTimeout(r, Math.min(50, Math.max(1, deadline - Date.now()))))
+    }
+  }
+  return { ok: false, reason: signal.aborted ? "aborted" : last }
+}

@@ -1,0 +1,118 @@
+// Validation of OpenAI request bodies (pure), per flavor: what real engines reject with 400/404, and the
+// prompt words the simulator echoes. Returns either the normalised request or an HTTP status + message.
+import type { SimConfig } from "./args.ts"
+import type { Endpoint } from "./chunks.ts"
+import { words } from "./tokens.ts"
+
+export interface GenRequest {
+  readonly endpoint: Endpoint
+  readonly promptWords: ReadonlyArray<string>
+  readonly maxTokens: number
+  readonly stream: boolean
+  readonly includeUsage: boolean
+  readonly seed: number | undefined
+  readonly kvTransferParams: Record<string, unknown> | undefined
+  readonly bootstrap: { host: string; port: number; room: string } | undefined
+}
+
+export type Invalid = { readonly status: number; readonly message: string; readonly param: string | null }
+
+const contentText = (content: unknown): string => {
+  if (typeof content === "string") return content
+  if (Array.isArray(content)) {
+    return content
+      .map((p: unknown) =>
+        typeof p === "object" && p !== null && typeof (p as { text?: unknown }).text === "string"
+          ? (p as { text: string }).text
+          : ""
+      )
+      .join(" ")
+  }
+  return ""
+}
+
+const promptText = (prompt: unknown): string | undefined => {
+  if (typeof prompt === "string") return prompt
+  if (Array.isArray(prompt) && prompt.length > 0) {
+    if (prompt.every((x) => typeof x === "number")) return prompt.join(" ")
+    const first: unknown = prompt[0]
+    if (typeof first === "string") return first
+    if (Array.isArray(first)) return first.join(" ")
+  }
+  return undefined
+}
+
+/** Validates a parsed body; `rawBody` lets bootstrap_room (up to 2^63-1) be read without float rounding. */
+export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawBody: string): GenRequest | Invalid => {
+  if (typeof body !== "object" || body === null || Array.isArray(body)) {
+    return { status: 400, message: "request body must be a JSON object", param: null }
+  }
+  const b = body as Record<string, unknown>
+  const model = b.model
+  if (model !== undefined && model !== null && typeof model === "string") {
+    const known =
+      cfg.flavor === "llama_cpp" ||
+      model === cfg.servedName ||
+      (cfg.flavor === "mlx" && (model === cfg.model || model === "default_model")) ||
+      (cfg.flavor === "sglang" && (model === cfg.model || model === "default"))
+    if (!known) {
+      const message =
+        cfg.flavor === "mlx"
+          ? `Failed to load model ${model}: repository not found`
+          : `The model \`${model}\` does not exist.`
+      return { status: 404, message, param: "model" }
+    }
+  }
+  let text: string
+  if (endpoint === "chat") {
+    if (!Array.isArray(b.messages) || b.messages.length === 0) {
+      return { status: 400, message: "messages: field required (a non-empty list)", param: "messages" }
+    }
+    text = b.messages
+      .map((m: unknown) =>
+        typeof m === "object" && m !== null ? contentText((m as { content?: unknown }).content) : ""
+      )
+      .join(" ")
+  } else {
+    const t = promptText(b.prompt)
+    if (t === undefined) return { status: 400, message: "prompt: field required", param: "prompt" }
+    text = t
+  }
+  const rawMax = b.max_completion_tokens ?? b.max_tokens
+  let maxTokens = cfg.defaultMaxTokens
+  if (rawMax !== undefined && rawMax !== null) {
+    if (typeof rawMax !== "number" || !Number.isInteger(rawMax) || rawMax < 1) {
+      return { status: 400, message: `max_tokens must be at least 1, got ${String(rawMax)}.`, param: "max_tokens" }
+    }
+    maxTokens = rawMax
+  }
+  const promptWords = words(text)
+  if (cfg.maxModelLen !== undefined && promptWords.length + (rawMax === undefined ? 0 : maxTokens) > cfg.maxModelLen) {
+    return {
+      status: 400,
+      message: `This model's maximum context length is ${cfg.maxModelLen} tokens. However, you requested ${promptWords.length + maxTokens} tokens (${promptWords.length} in the messages, ${maxTokens} in the completion). Please reduce the length of the messages or completion.`,
+      param: null
+    }
+  }
+  const so = b.stream_options
+  const includeUsage =
+    typeof so === "object" && so !== null && (so as { include_usage?: unknown }).include_usage === true
+  const kvp = b.kv_transfer_params
+  let bootstrap: GenRequest["bootstrap"]
+  const roomMatch = /"bootstrap_room"\s*:\s*(\d+)/.exec(rawBody)
+  if (typeof b.bootstrap_host === "string" && b.bootstrap_port !== undefined && roomMatch !== null) {
+    bootstrap = { host: b.bootstrap_host, port: Number(b.bootstrap_port), room: roomMatch[1] ?? "" }
+  }
+  return {
+    endpoint,
+    promptWords,
+    maxTokens,
+    stream: b.stream === true,
+    includeUsage,
+    seed: typeof b.seed === "number" ? b.seed : undefined,
+    kvTransferParams: typeof kvp === "object" && kvp !== null ? (kvp as Record<string, unknown>) : undefined,
+    bootstrap
+  }
+}
+
+export const isInvalid = (r: GenRequest | Invalid): r is Invalid => "status" in r

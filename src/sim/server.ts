@@ -1,0 +1,197 @@
+// The simulator's HTTP server (node:http, no framework, for speed): OpenAI endpoints, health, metrics and
+// the /sim control plane per flavor, wired to the scheduler, the KV block manager, the KV-event publisher,
+// the P/D hand-off and the fault switches. Generation itself lives in generate.ts.
+import { randomUUID } from "node:crypto"
+import type * as http from "node:http"
+import { modelsBody } from "./chunks.ts"
+import { type SimContext, sendError, sendJson } from "./context.ts"
+import { LLAMA_LOADING } from "./errors.ts"
+import { applyFaults } from "./faults.ts"
+import { generate } from "./generate.ts"
+import { renderMetrics } from "./metrics.ts"
+import { isInvalid, validate } from "./request.ts"
+
+const readBody = (req: http.IncomingMessage): Promise<string> =>
+  new Promise((resolve, reject) => {
+    const parts: Array<Buffer> = []
+    req.on("data", (c: Buffer) => parts.push(c))
+    req.on("end", () =>
+      resolve(parts.length === 1 ? (parts[0]?.toString("utf8") ?? "") : Buffer.concat(parts).toString("utf8"))
+    )
+    req.on("error", reject)
+  })
+
+const notFound = (ctx: SimContext, res: http.ServerResponse) => {
+  switch (ctx.cfg.flavor) {
+    case "vllm":
+    case "sglang":
+      return sendJson(res, 404, { detail: "Not Found" })
+    case "llama_cpp":
+      return sendJson(res, 404, { error: { code: 404, message: "File Not Found", type: "not_found_error" } })
+    case "mlx":
+      return sendJson(res, 404, { error: "Not Found" })
+  }
+}
+
+const gauges = (ctx: SimContext) => {
+  const capacity = ctx.kv.capacity
+  const used = ctx.kv.pinnedBlocks + ctx.decodeBlocks
+  return {
+    running: ctx.scheduler.running,
+    waiting: ctx.scheduler.waiting,
+    kvUsage: Math.min(1, used / capacity),
+    usedTokens: used * ctx.kv.blockSize,
+    maxTotalTokens: capacity * ctx.kv.blockSize,
+    maxSeqs: ctx.cfg.maxSeqs
+  }
+}
+
+const simState = (ctx: SimContext) => ({
+  flavor: ctx.cfg.flavor,
+  ready: ctx.loaded,
+  running: ctx.scheduler.running,
+  waiting: ctx.scheduler.waiting,
+  served: ctx.stats.served,
+  aborted: ctx.stats.aborted,
+  pid: process.pid,
+  grandchildPid: ctx.grandchildPid,
+  received: ctx.stats.received,
+  kvUsage: gauges(ctx).kvUsage,
+  kvCachedBlocks: ctx.kv.cachedBlocks,
+  kvEventsSeq: ctx.publisher?.lastSeq ?? null,
+  kvHeld: ctx.sideChannel?.held ?? 0,
+  kvFetched: ctx.sideChannel?.fetched ?? 0,
+  kvExpired: ctx.sideChannel?.expired ?? 0,
+  kvFetchFailures: ctx.kvFetchFailures,
+  localPrefills: ctx.localPrefills,
+  engineId: ctx.engineId,
+  faults: { ...ctx.faults, stallAfterTokens: ctx.faults.stallAfterTokens ?? null }
+})
+
+const HEALTH_PATHS = new Set(["/health", "/health_generate", "/v1/health", "/ping"])
+
+/** The request listener. Health requests held by --sim-hang-health are parked in `hung`. */
+export const handler =
+  (ctx: SimContext, hung: Set<http.ServerResponse>) => (req: http.IncomingMessage, res: http.ServerResponse) => {
+    const url = req.url ?? "/"
+    const q = url.indexOf("?")
+    const path = q >= 0 ? url.slice(0, q) : url
+    const { flavor } = ctx.cfg
+    if (path.startsWith("/sim/")) return controlPlane(ctx, path, req, res)
+    if (HEALTH_PATHS.has(path) && req.method === "GET") {
+      if (ctx.faults.hangHealth) {
+        hung.add(res)
+        res.on("close", () => hung.delete(res))
+        return
+      }
+      return health(ctx, path, res)
+    }
+    if (!ctx.loaded && flavor === "llama_cpp") return sendJson(res, 503, LLAMA_LOADING)
+    if (req.method === "GET" && path === "/v1/models") {
+      return sendJson(res, 200, modelsBody(flavor, ctx.cfg.servedName, ctx.cfg.model, ctx.cfg.maxModelLen, ctx.created))
+    }
+    if (req.method === "GET" && path === "/metrics") {
+      const text = ctx.cfg.enableMetrics ? renderMetrics(flavor, ctx.cfg.servedName, ctx.stats, gauges(ctx)) : undefined
+      if (text === undefined) return notFound(ctx, res)
+      res.writeHead(200, {
+        "content-type": "text/plain; version=0.0.4; charset=utf-8",
+        "content-length": Buffer.byteLength(text)
+      })
+      return void res.end(text)
+    }
+    if (flavor === "vllm" && req.method === "GET" && path === "/version")
+      return sendJson(res, 200, { version: "0.26.0-sim" })
+    if (flavor === "llama_cpp" && req.method === "GET" && (path === "/props" || path === "/slots")) {
+      return sendJson(
+        res,
+        200,
+        path === "/props"
+          ? { total_slots: ctx.cfg.maxSeqs, default_generation_settings: { n_ctx: ctx.cfg.maxModelLen ?? 4096 } }
+          : Array.from({ length: ctx.cfg.maxSeqs }, (_, id) => ({ id, is_processing: id < ctx.scheduler.running }))
+      )
+    }
+    if (req.method === "POST") {
+      const endpoint =
+        path === "/v1/chat/completions" || (flavor === "mlx" && path === "/chat/completions")
+          ? "chat"
+          : path === "/v1/completions"
+            ? "completion"
+            : undefined
+      if (endpoint !== undefined) return void completion(ctx, endpoint, req, res)
+    }
+    notFound(ctx, res)
+  }
+
+const health = (ctx: SimContext, path: string, res: http.ServerResponse) => {
+  switch (ctx.cfg.flavor) {
+    case "vllm":
+      res.writeHead(200, { "content-length": 0 })
+      return void res.end()
+    case "sglang":
+      if (!ctx.loaded) return sendJson(res, 503, undefined)
+      res.writeHead(200, { "content-length": 0 })
+      return void res.end()
+    case "llama_cpp":
+      return ctx.loaded ? sendJson(res, 200, { status: "ok" }) : sendJson(res, 503, LLAMA_LOADING)
+    case "mlx":
+      return path === "/health" ? sendJson(res, 200, { status: "ok" }) : notFound(ctx, res)
+  }
+}
+
+const controlPlane = (ctx: SimContext, path: string, req: http.IncomingMessage, res: http.ServerResponse) => {
+  if (req.method === "GET" && path === "/sim/state") return sendJson(res, 200, simState(ctx))
+  if (req.method === "POST" && path === "/sim/faults") {
+    readBody(req)
+      .then((text) => {
+        const out = applyFaults(ctx.faults, JSON.parse(text === "" ? "{}" : text))
+        if (out.error !== undefined) return sendJson(res, 400, { error: out.error })
+        ctx.log("faults changed", { faults: ctx.faults, crashNow: out.crashNow })
+        sendJson(res, 200, { faults: ctx.faults })
+        if (out.crashNow) res.on("finish", () => ctx.crash("crashNow via /sim/faults"))
+      })
+      .catch((err: unknown) => sendJson(res, 400, { error: String(err) }))
+    return
+  }
+  sendJson(res, 404, { error: "unknown control path" })
+}
+
+const completion = async (
+  ctx: SimContext,
+  endpoint: "chat" | "completion",
+  req: http.IncomingMessage,
+  res: http.ServerResponse
+): Promise<void> => {
+  const { flavor } = ctx.cfg
+  if (flavor === "mlx" && req.headers["content-length"] === undefined) {
+    req.resume()
+    return sendJson(res, 411, { error: "Content-Length header is required" })
+  }
+  if (!ctx.loaded && flavor === "sglang") {
+    req.resume()
+    return sendError(ctx, res, 503, "The server is starting up. Please retry later.")
+  }
+  let raw: string
+  let body: unknown
+  try {
+    raw = await readBody(req)
+    body = JSON.parse(raw)
+  } catch (err) {
+    return sendError(ctx, res, 400, `Invalid JSON body: ${err instanceof Error ? err.message : String(err)}`)
+  }
+  const parsed = validate(ctx.cfg, endpoint, body, raw)
+  if (isInvalid(parsed)) return sendError(ctx, res, parsed.status, parsed.message, parsed.param)
+  ctx.stats.received++
+  const { faults } = ctx
+  let inject: "midstream" | "reset" | undefined
+  if (faults.errorRate > 0 && ctx.rand() < faults.errorRate) {
+    const kind = faults.errorKind
+    if (kind === "midstream" || kind === "reset") inject = kind
+    else {
+      const status = Number(kind.slice(4))
+      return sendError(ctx, res, status, `simulated error (${kind})`)
+    }
+  }
+  const requestId = req.headers["x-request-id"]
+  const id = `${endpoint === "chat" ? "chatcmpl" : "cmpl"}-${typeof requestId === "string" ? requestId : randomUUID().replaceAll("-", "")}`
+  await generate(ctx, parsed, id, req, res, inject)
+}

@@ -1,0 +1,55 @@
+// Counters and histograms the simulator's /metrics reports (pure data, updated by the server).
+export class Histogram {
+  readonly buckets: ReadonlyArray<number>
+  readonly counts: Array<number>
+  sum = 0
+  count = 0
+  constructor(buckets: ReadonlyArray<number>) {
+    this.buckets = buckets
+    this.counts = buckets.map(() => 0)
+  }
+  observe(v: number): void {
+    this.sum += v
+    this.count++
+    // Per-bucket (non-cumulative) counts; the renderer accumulates them into `le` buckets.
+    for (let i = 0; i < this.buckets.length; i++) {
+      if (v <= (this.buckets[i] ?? 0)) {
+        this.counts[i] = (this.counts[i] ?? 0) + 1
+        return
+      }
+    }
+  }
+}
+
+/** vLLM's TTFT buckets (seconds). */
+export const TTFT_BUCKETS = [
+  0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
+  640.0, 2560.0
+]
+/** vLLM's inter-token latency buckets (seconds). */
+export const ITL_BUCKETS = [
+  0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0
+]
+export const E2E_BUCKETS = [
+  0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0,
+  7680.0
+]
+
+export class Stats {
+  promptTokens = 0
+  generationTokens = 0
+  prefixQueries = 0
+  prefixHits = 0
+  preemptions = 0
+  served = 0
+  aborted = 0
+  received = 0
+  readonly success = new Map<string, number>()
+  readonly ttft = new Histogram(TTFT_BUCKETS)
+  readonly itl = new Histogram(ITL_BUCKETS)
+  readonly e2e = new Histogram(E2E_BUCKETS)
+  finished(reason: string): void {
+    this.served++
+    this.success.set(reason, (this.success.get(reason) ?? 0) + 1)
+  }
+}

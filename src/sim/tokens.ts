@@ -1,0 +1,59 @@
+// Token generation of the simulator (pure): echo the prompt's words, or seeded random words.
+// A "token" is one word with its leading space, so streamed text concatenates back to readable output.
+// Token ids (for KV block hashing) are stable per word, so equal prompts give equal block hashes.
+
+/** mulberry32: small, fast, seedable PRNG; returns floats in [0, 1). */
+export const prng = (seed: number): (() => number) => {
+  let a = seed >>> 0
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0
+    let t = a
+    t = Math.imul(t ^ (t >>> 15), t | 1)
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
+  }
+}
+
+const WORDS =
+  "the of and to in is that for it as with was on be by at this from or an are not have which but all one their has more can will about there when also so what some into only other time than then its new two first any like these may such over most where after well just".split(
+    " "
+  )
+
+/** Whitespace words of a prompt. */
+export const words = (text: string): Array<string> => text.split(/\s+/).filter((w) => w.length > 0)
+
+/** A stable id in [0, 32000) for a word (FNV-1a). */
+export const tokenId = (word: string): number => {
+  let h = 0x811c9dc5
+  for (let i = 0; i < word.length; i++) h = Math.imul(h ^ word.charCodeAt(i), 0x01000193)
+  return (h >>> 0) % 32000
+}
+
+export interface Generation {
+  /** Output tokens, each a text piece. */
+  readonly tokens: ReadonlyArray<string>
+  readonly finishReason: "stop" | "length"
+}
+
+/**
+ * Plans a generation: echo stops with "stop" when the prompt's words run out, "length" when max_tokens
+ * is reached first; random always runs to max_tokens ("length").
+ */
+export const plan = (
+  mode: "echo" | "random",
+  promptWords: ReadonlyArray<string>,
+  maxTokens: number,
+  rand: () => number
+): Generation => {
+  const tokens: Array<string> = []
+  if (mode === "echo") {
+    const n = Math.min(promptWords.length, maxTokens)
+    for (let i = 0; i < n; i++) tokens.push(i === 0 ? (promptWords[i] ?? "") : ` ${promptWords[i] ?? ""}`)
+    return { tokens, finishReason: promptWords.length > maxTokens ? "length" : "stop" }
+  }
+  for (let i = 0; i < maxTokens; i++) {
+    const w = WORDS[Math.floor(rand() * WORDS.length)] ?? "the"
+    tokens.push(i === 0 ? w : ` ${w}`)
+  }
+  return { tokens, finishReason: "length" }
+}

@@ -1,0 +1,331 @@
+// EngineProcess against the engine simulator as a real subprocess: readiness per flavor (mlx by a completion),
+// crash -> restart with growing backoff, stall -> Unhealthy -> restart, the kill sequence (TERM-ignoring engine,
+// forked grandchild), no orphans when the agent itself is SIGKILLed, the pid-file reclaim of a stale engine,
+// refusal on a foreign listener, and openai_compat (no process, same state machine).
+import { type ChildProcess, spawn } from "node:child_process"
+import * as fs from "node:fs"
+import * as net from "node:net"
+import * as os from "node:os"
+import * as path from "node:path"
+import { fileURLToPath } from "node:url"
+import { Context, Effect, Exit, Layer, Logger, Result, Scope, Stream } from "effect"
+import { afterEach, assert, describe, it } from "vitest"
+import { decodeConfigObject } from "../src/layers/Config.ts"
+import { layerFromPlan, type SupervisorSettings, settingsFromConfig } from "../src/layers/EngineProcess.ts"
+import { pidFilePath, readPidFile, writePidFile } from "../src/layers/enginePidFile.ts"
+import { engineFor } from "../src/layers/engines/index.ts"
+import { groupAlive, pidAlive } from "../src/layers/processGroup.ts"
+import type { EngineKind } from "../src/services/Config.ts"
+import type { LaunchPlan } from "../src/services/Engine.ts"
+import { EngineProcess, type EngineProcessService, type EngineState } from "../src/services/EngineProcess.ts"
+import { freePort } from "./support/ports.ts"
+import { type SimHandle, simEntry, startSim } from "./support/sim.ts"
+
+const here = path.dirname(fileURLToPath(import.meta.url))
+const cleanups: Array<() => Promise<void> | void> = []
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c()
+})
+
+const tmpDir = () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-ep-"))
+  cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }))
+  return dir
+}
+
+/** Bounded poll; fails the test with `what` when the time is up. */
+const waitFor = async <A>(what: string, probe: () => A | undefined | false, ms = 15_000): Promise<A> => {
+  const end = Date.now() + ms
+  for (;;) {
+    const v = probe()
+    if (v !== undefined && v !== false) return v
+    if (Date.now() > end) throw new Error(`timed out after ${ms} ms waiting for ${what}`)
+    await new Promise((r) => setTimeout(r, 20))
+  }
+}
+
+interface Setup {
+  readonly plan: LaunchPlan
+  readonly settings: SupervisorSettings
+  readonly port: number
+  readonly stateDir: string
+}
+
+/** A rendered plan whose executable is the simulator (`[engine].command`), with short test durations. */
+const setup = async (
+  kind: EngineKind,
+  options: {
+    knobs?: ReadonlyArray<string>
+    engine?: Record<string, unknown>
+    /** Probe GET /health (which --sim-hang-health stalls) instead of the rendered /v1/models. */
+    healthProbe?: boolean
+    port?: number
+  } = {}
+): Promise<Setup> => {
+  const port = options.port ?? (await freePort())
+  const stateDir = tmpDir()
+  const raw = {
+    agent: {
+      state_dir: stateDir,
+      ...(options.healthProbe ? { ready_probe_url: `http://127.0.0.1:${port}/health` } : {})
+    },
+    engine: {
+      kind,
+      url: `http://127.0.0.1:${port}`,
+      ...(kind === "openai_compat"
+        ? {}
+        : { command: [process.execPath, simEntry], args: ["--flavor", kind, ...(options.knobs ?? [])] }),
+      startup_timeout: "20s",
+      stop_grace: "500ms",
+      liveness_interval: "200ms",
+      liveness_failures: 3,
+      restart_backoff_initial: "100ms",
+      restart_backoff_max: "2s",
+      restart_stable_after: "10m",
+      ...options.engine
+    },
+    models: { m: { hf_repo: "org/m" } }
+  }
+  const decoded = decodeConfigObject(raw, undefined)
+  if (Result.isFailure(decoded)) throw new Error(decoded.failure.message)
+  const config = decoded.success
+  const settings = { ...settingsFromConfig(config), probeIntervalMs: 100 }
+  return { plan: engineFor(kind).render(config), settings, port, stateDir }
+}
+
+interface Harness {
+  readonly engine: EngineProcessService
+  /** Every state published so far, in order. */
+  readonly states: Array<EngineState>
+  readonly logs: Array<string>
+  close(): Promise<void>
+}
+
+const quietLogger = (logs: Array<string>) =>
+  Logger.layer([Logger.make(({ logLevel, message }) => logs.push(`${logLevel} ${[message].flat().join(" ")}`))])
+
+const build = async (plan: LaunchPlan, settings: SupervisorSettings) => {
+  const logs: Array<string> = []
+  const scope = Effect.runSync(Scope.make())
+  const exit = await Effect.runPromiseExit(
+    Layer.buildWithScope(layerFromPlan(plan, settings).pipe(Layer.provide(quietLogger(logs))), scope)
+  )
+  return { exit, scope, logs }
+}
+
+const start = async (plan: LaunchPlan, settings: SupervisorSettings): Promise<Harness> => {
+  const { exit, scope, logs } = await build(plan, settings)
+  if (Exit.isFailure(exit)) throw new Error(`layer failed: ${String(exit.cause)}`)
+  const engine = Context.get(exit.value, EngineProcess)
+  const states: Array<EngineState> = []
+  Effect.runFork(engine.changes.pipe(Stream.runForEach((s) => Effect.sync(() => states.push(s)))))
+  let closed: Promise<void> | undefined
+  const close = () => (closed ??= Effect.runPromise(Scope.close(scope, Exit.void)))
+  cleanups.push(close)
+  return { engine, states, logs, close }
+}
+
+const current = (h: Harness) => h.states[h.states.length - 1]
+const awaitState = (h: Harness, what: string, pred: (s: EngineState) => boolean, ms?: number) =>
+  waitFor(what, () => h.states.find(pred), ms)
+
+const simState = async (port: number): Promise<{ pid: number; grandchildPid: number | null }> => {
+  const res = await fetch(`http://127.0.0.1:${port}/sim/state`)
+  return (await res.json()) as { pid: number; grandchildPid: number | null }
+}
+
+const postFaults = (port: number, body: Record<string, unknown>) =>
+  fetch(`http://127.0.0.1:${port}/sim/faults`, { method: "POST", body: JSON.stringify(body) }).then((r) => r.text())
+
+describe("readiness per flavor", () => {
+  for (const kind of ["vllm", "sglang", "llama_cpp", "mlx"] as const) {
+    it(`${kind}: Starting -> Ready, pid file while running, Stopped with the group gone`, async () => {
+      const s = await setup(kind, { knobs: ["--sim-startup-delay", "300ms"] })
+      if (kind === "mlx") assert.strictEqual(s.plan.probe.kind, "completion")
+      const h = await start(s.plan, s.settings)
+      await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
+      assert.strictEqual(h.states[0]?._tag, "Starting")
+      assert.strictEqual(current(h)?._tag, "Ready")
+      const { pid } = await simState(s.port)
+      const record = readPidFile(pidFilePath(s.stateDir))
+      assert.strictEqual(record?.pgid, pid)
+      assert.strictEqual(record?.agentPid, process.pid)
+
+      await Effect.runPromise(h.engine.stop)
+      const last = current(h)
+      assert.strictEqual(last?._tag, "Stopped")
+      if (last?._tag === "Stopped") assert.strictEqual(last.lastExit?.reason, "stopped")
+      assert.isFalse(groupAlive(pid), "engine group gone after stop")
+      assert.isFalse(fs.existsSync(pidFilePath(s.stateDir)), "pid file removed after stop")
+      assert.isTrue(h.logs.some((l) => l.includes('"msg":"listening"')), "engine output is in the agent's log")
+    })
+  }
+})
+
+describe("restarts", () => {
+  it("crash -> Restarting with a growing delay, exit code and last lines kept", async () => {
+    const s = await setup("vllm", { knobs: ["--sim-crash-after", "200ms"] })
+    const h = await start(s.plan, s.settings)
+    const restarting = () => h.states.filter((x) => x._tag === "Restarting")
+    await waitFor("three restarts", () => restarting().length >= 3)
+    const delays = restarting().map((x) => (x._tag === "Restarting" ? x.nextAt - x.lastExit.endedAt : -1))
+    const attempts = restarting().map((x) => (x._tag === "Restarting" ? x.attempt : -1))
+    assert.deepStrictEqual(attempts.slice(0, 3), [1, 2, 3])
+    for (const [i, expected] of [100, 200, 400].entries()) {
+      assert.isAtLeast(delays[i]!, expected)
+      assert.isBelow(delays[i]!, expected + 100)
+    }
+    const first = restarting()[0]
+    if (first?._tag === "Restarting") {
+      assert.strictEqual(first.lastExit.code, 1)
+      assert.strictEqual(first.lastExit.reason, "exited")
+      assert.isTrue(first.lastExit.lastLines.some((l) => l.includes("[stderr]")))
+      assert.isAtMost(first.lastExit.lastLines.length, 50)
+    }
+    assert.isAtLeast(await Effect.runPromise(h.engine.restarts), 2)
+    assert.isTrue(h.logs.some((l) => l.includes("exit code 1") && l.includes("crash loop")), "crash loop logged")
+  })
+
+  it("a stalled engine -> Unhealthy -> restarted and Ready again", async () => {
+    const s = await setup("vllm", { healthProbe: true })
+    const port = s.port
+    const h = await start(s.plan, s.settings)
+    await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
+    const before = await simState(port)
+    await postFaults(port, { hangHealth: true })
+    await awaitState(h, "Unhealthy", (x) => x._tag === "Unhealthy")
+    const r = await awaitState(h, "Restarting", (x) => x._tag === "Restarting")
+    if (r._tag === "Restarting") assert.match(r.lastExit.reason, /^unhealthy: 3 liveness probes failed/)
+    await awaitState(h, "Ready of run 1", (x) => x._tag === "Ready" && x.run === 1)
+    const after = await simState(port)
+    assert.notStrictEqual(after.pid, before.pid)
+    assert.isFalse(groupAlive(before.pid), "the stalled engine's group is gone")
+  })
+
+  it("an engine that cannot be spawned -> Restarting with the spawn error", async () => {
+    const s = await setup("vllm", { engine: { command: ["/nonexistent/engine-binary"] } })
+    const h = await start(s.plan, s.settings)
+    const r = await awaitState(h, "Restarting", (x) => x._tag === "Restarting")
+    if (r._tag === "Restarting") assert.match(r.lastExit.reason, /^spawn failed: .*ENOENT/)
+  })
+})
+
+describe("stop", () => {
+  it("an engine ignoring SIGTERM is killed after stop_grace", async () => {
+    const s = await setup("vllm", { knobs: ["--sim-ignore-sigterm"] })
+    const h = await start(s.plan, s.settings)
+    await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
+    const { pid } = await simState(s.port)
+    const t0 = Date.now()
+    await Effect.runPromise(h.engine.stop)
+    assert.isAtLeast(Date.now() - t0, 450)
+    const last = current(h)
+    if (last?._tag === "Stopped") assert.strictEqual(last.lastExit?.signal, "SIGKILL")
+    else assert.fail(`expected Stopped, got ${last?._tag}`)
+    assert.isFalse(groupAlive(pid))
+  })
+
+  it("stop kills the forked grandchild too", async () => {
+    const s = await setup("vllm", { knobs: ["--sim-fork-grandchild"] })
+    const h = await start(s.plan, s.settings)
+    await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
+    const { pid, grandchildPid } = await simState(s.port)
+    assert.isNumber(grandchildPid)
+    assert.isTrue(pidAlive(grandchildPid!))
+    await h.close()
+    assert.isFalse(pidAlive(grandchildPid!), "grandchild gone")
+    assert.isFalse(groupAlive(pid), "group gone")
+  })
+})
+
+describe("no orphans", () => {
+  // Regression for the classic supervisor bug: the supervisor dies hard and its engine keeps the GPU and port.
+  it("the agent SIGKILLed leaves no engine, grandchild or guard behind", async () => {
+    const s = await setup("vllm", { knobs: ["--sim-fork-grandchild"] })
+    const agent: ChildProcess = spawn(
+      process.execPath,
+      [path.join(here, "fixtures/supervise.ts"), JSON.stringify({ plan: s.plan, settings: s.settings })],
+      { stdio: ["ignore", "pipe", "ignore"] }
+    )
+    cleanups.push(() => {
+      if (agent.exitCode === null && agent.signalCode === null) agent.kill("SIGKILL")
+    })
+    let out = ""
+    agent.stdout?.on("data", (c: Buffer) => {
+      out += c.toString()
+    })
+    await waitFor("the supervised engine Ready", () => out.includes('"_tag":"Ready"'), 20_000)
+    const { pid, grandchildPid } = await simState(s.port)
+    const guardPid = readPidFile(pidFilePath(s.stateDir))?.guardPid
+    assert.isNumber(guardPid)
+    agent.kill("SIGKILL")
+    await waitFor("engine, grandchild and guard gone", () => !groupAlive(pid) && !pidAlive(grandchildPid!) && !pidAlive(guardPid!), 5_000)
+  })
+
+  it("a stale engine recorded by a previous agent is stopped, then the new one starts", async () => {
+    const s = await setup("vllm")
+    const stale: SimHandle = await startSim({ flavor: "vllm", args: ["--port", String(s.port)] })
+    cleanups.push(() => stale.stop(100))
+    const dead = spawn("true")
+    await new Promise((r) => dead.once("exit", r))
+    writePidFile(pidFilePath(s.stateDir), {
+      agentPid: dead.pid!,
+      guardPid: undefined,
+      pgid: stale.pid,
+      host: "127.0.0.1",
+      port: s.port,
+      startedAt: Date.now()
+    })
+    const h = await start(s.plan, s.settings)
+    await stale.exited
+    await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
+    assert.notStrictEqual((await simState(s.port)).pid, stale.pid)
+    assert.isTrue(h.logs.some((l) => l.includes(`left by agent pid ${dead.pid}`)))
+  })
+
+  it("a live agent still owning its engine refuses the start", async () => {
+    const s = await setup("vllm")
+    const other: SimHandle = await startSim({ flavor: "vllm", args: ["--port", String(s.port)] })
+    cleanups.push(() => other.stop(100))
+    writePidFile(pidFilePath(s.stateDir), {
+      agentPid: other.pid,
+      guardPid: undefined,
+      pgid: other.pid,
+      host: "127.0.0.1",
+      port: s.port,
+      startedAt: Date.now()
+    })
+    const { exit } = await build(s.plan, s.settings)
+    assert.isTrue(Exit.isFailure(exit))
+    assert.match(String(Exit.isFailure(exit) ? exit.cause : ""), /AnotherAgent/)
+    assert.isTrue(groupAlive(other.pid), "the other agent's engine is left alone")
+  })
+
+  it("a foreign listener on the engine port refuses the start with PortBusy", async () => {
+    const s = await setup("vllm")
+    const server = net.createServer()
+    await new Promise<void>((r) => server.listen(s.port, "127.0.0.1", r))
+    cleanups.push(() => new Promise<void>((r) => server.close(() => r())))
+    const { exit } = await build(s.plan, s.settings)
+    assert.isTrue(Exit.isFailure(exit))
+    assert.match(String(Exit.isFailure(exit) ? exit.cause : ""), /PortBusy/)
+  })
+})
+
+describe("openai_compat", () => {
+  it("no process; Ready, Unhealthy on a stall, Restarting, Ready again when it recovers", async () => {
+    const sim = await startSim({ flavor: "vllm" })
+    cleanups.push(() => sim.stop(100))
+    const s = await setup("openai_compat", { healthProbe: true, port: sim.port })
+    assert.isFalse(s.plan.spawns)
+    const h = await start(s.plan, s.settings)
+    await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
+    await postFaults(sim.port, { hangHealth: true })
+    const r = await awaitState(h, "Restarting", (x) => x._tag === "Restarting")
+    if (r._tag === "Restarting") assert.strictEqual(r.lastExit.pid, undefined)
+    await postFaults(sim.port, { hangHealth: false })
+    await awaitState(h, "Ready of run 1", (x) => x._tag === "Ready" && x.run === 1)
+    await h.close()
+    assert.strictEqual(current(h)?._tag, "Stopped")
+  })
+})

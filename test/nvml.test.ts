@@ -1,0 +1,123 @@
+// NvmlProbe through the real FFI: a fake libnvidia-ml.so compiled from test/fixtures/fake_nvml.c with the
+// system C compiler answers for two GPUs; a missing library and a failing nvmlInit_v2 leave no GPUs.
+import { execFileSync } from "node:child_process"
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Effect, Layer } from "effect"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import * as MetricsLayer from "../src/layers/Metrics.ts"
+import * as NvmlProbe from "../src/layers/NvmlProbe.ts"
+import { Metrics } from "../src/services/Metrics.ts"
+import { Nvml } from "../src/services/Nvml.ts"
+
+let dir = ""
+let library = ""
+
+beforeAll(() => {
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-nvml-"))
+  library = path.join(dir, "libnvidia-ml.so.1")
+  const source = path.join(import.meta.dirname, "fixtures", "fake_nvml.c")
+  execFileSync("cc", ["-shared", "-fPIC", "-O1", "-o", library, source], { stdio: "pipe" })
+})
+
+afterAll(() => {
+  if (dir) fs.rmSync(dir, { recursive: true, force: true })
+})
+
+const withProbe = <A>(options: NvmlProbe.NvmlOptions, use: Effect.Effect<A, never, Nvml | Metrics>) =>
+  Effect.runPromise(
+    use.pipe(Effect.provide(NvmlProbe.layer(options).pipe(Layer.provideMerge(MetricsLayer.layerTest))))
+  )
+
+describe("NvmlProbe", () => {
+  it("reads two GPUs through the FFI, fills the gauges and shuts NVML down at release", async () => {
+    const shutdownFile = path.join(dir, "shutdown.log")
+    process.env.FAKE_NVML_SHUTDOWN_FILE = shutdownFile
+    try {
+      const { gpus, unavailable, body } = await withProbe(
+        { library },
+        Effect.gen(function* () {
+          const nvml = yield* Nvml
+          const gpus = yield* nvml.gpus
+          const body = (yield* (yield* Metrics).render).body
+          return { gpus, unavailable: nvml.unavailable, body }
+        })
+      )
+      expect(unavailable).toBeUndefined()
+      expect(gpus).toEqual([
+        {
+          index: 0,
+          name: "NVIDIA H100 80GB HBM3",
+          uuid: "GPU-00000000-1111-2222-3333-444444444444",
+          memoryTotalBytes: 85899345920,
+          memoryUsedBytes: 21474836480,
+          utilizationPercent: 37
+        },
+        {
+          index: 1,
+          name: "NVIDIA H100 80GB HBM3",
+          uuid: "GPU-55555555-6666-7777-8888-999999999999",
+          memoryTotalBytes: 85899345920,
+          memoryUsedBytes: 4294967297,
+          utilizationPercent: 100
+        }
+      ])
+      expect(body).toContain(
+        'cgn_agent_gpu_utilization_ratio{gpu="0",uuid="GPU-00000000-1111-2222-3333-444444444444"} 0.37'
+      )
+      expect(body).toContain(
+        'cgn_agent_gpu_memory_used_bytes{gpu="1",uuid="GPU-55555555-6666-7777-8888-999999999999"} 4294967297'
+      )
+      expect(body).toContain(
+        'cgn_agent_gpu_memory_total_bytes{gpu="1",uuid="GPU-55555555-6666-7777-8888-999999999999"} 85899345920'
+      )
+      expect(fs.readFileSync(shutdownFile, "utf8")).toBe("shutdown\n")
+    } finally {
+      delete process.env.FAKE_NVML_SHUTDOWN_FILE
+    }
+  })
+
+  it("takes the library path from CGN_NVML_LIBRARY", async () => {
+    process.env.CGN_NVML_LIBRARY = library
+    try {
+      const count = await withProbe({}, Effect.flatMap(Nvml, (n) => Effect.map(n.gpus, (g) => g.length)))
+      expect(count).toBe(2)
+    } finally {
+      delete process.env.CGN_NVML_LIBRARY
+    }
+  })
+
+  it("runs on with no GPUs when the library is missing", async () => {
+    const missing = path.join(dir, "no-such-libnvidia-ml.so.1")
+    const result = await withProbe(
+      { library: missing },
+      Effect.gen(function* () {
+        const nvml = yield* Nvml
+        return { gpus: yield* nvml.gpus, unavailable: nvml.unavailable, body: (yield* (yield* Metrics).render).body }
+      })
+    )
+    expect(result.gpus).toEqual([])
+    expect(result.unavailable).toContain(`cannot load ${missing}`)
+    expect(result.body).not.toMatch(/cgn_agent_gpu_memory_total_bytes\{/)
+  })
+
+  it("runs on with no GPUs when nvmlInit_v2 fails (driver not loaded)", async () => {
+    process.env.FAKE_NVML_INIT_RC = "9"
+    try {
+      const result = await withProbe(
+        { library },
+        Effect.flatMap(Nvml, (n) => Effect.map(n.gpus, (gpus) => ({ gpus, unavailable: n.unavailable })))
+      )
+      expect(result.gpus).toEqual([])
+      expect(result.unavailable).toBe("nvmlInit_v2 failed: NVML_ERROR_DRIVER_NOT_LOADED (9)")
+    } finally {
+      delete process.env.FAKE_NVML_INIT_RC
+    }
+  })
+
+  it("can be switched off", async () => {
+    const unavailable = await withProbe({ library: "none" }, Effect.map(Nvml, (n) => n.unavailable))
+    expect(unavailable).toContain("disabled")
+  })
+})

@@ -1,0 +1,150 @@
+// SGLang, llama.cpp and mlx flavors of the simulator: readiness phases during load, /v1/models names,
+// error bodies, metrics names (and their absence), and mlx's Content-Length / model-field rules.
+import * as http from "node:http"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { getJson, pollUntil, postJson, type SimHandle, sseData, startSim } from "../support/sim.ts"
+
+let sglang: SimHandle
+let llama: SimHandle
+let llamaNoMetrics: SimHandle
+let mlx: SimHandle
+const DELAY = ["--sim-startup-delay", "1500ms"]
+
+beforeAll(async () => {
+  ;[sglang, llama, mlx, llamaNoMetrics] = await Promise.all([
+    startSim({
+      args: ["--model-path", "org/sg", "--served-model-name", "sg", "--tp-size", "1", "--enable-metrics", ...DELAY]
+    }),
+    startSim({ args: ["-m", "/models/tiny.gguf", "-c", "2048", "-np", "3", "-ngl", "999", "--metrics", ...DELAY] }),
+    startSim({ args: ["--model", "mlx-community/tiny", ...DELAY] }),
+    startSim({ args: ["-hf", "org/repo:Q4_K_M", "-a", "alias"] })
+  ])
+})
+afterAll(() => Promise.all([sglang, llama, mlx, llamaNoMetrics].map((s) => s?.stop())))
+
+const waitReady = (s: SimHandle) =>
+  pollUntil(async () => ((await getJson(`${s.url}/sim/state`)).json as { ready: boolean }).ready || undefined)
+
+describe("loading phases", () => {
+  // All three load concurrently (1.5 s), so every "still loading" check runs before any "loaded" wait.
+  it("SGLang 503s, llama.cpp answers Loading model, mlx is healthy while generation waits", async () => {
+    expect((await fetch(`${sglang.url}/health`)).status).toBe(503)
+    const r = await postJson(`${sglang.url}/v1/completions`, { prompt: "a" })
+    expect(r.status).toBe(503)
+    expect(r.json).toMatchObject({ object: "error", code: 503 })
+
+    const loading = { error: { code: 503, message: "Loading model", type: "unavailable_error" } }
+    const h = await getJson(`${llama.url}/health`)
+    expect(h).toMatchObject({ status: 503, json: loading })
+    const c = await postJson(`${llama.url}/v1/chat/completions`, { messages: [{ role: "user", content: "x" }] })
+    expect(c).toMatchObject({ status: 503, json: loading })
+
+    expect(await getJson(`${mlx.url}/health`)).toMatchObject({ status: 200, json: { status: "ok" } })
+    expect(((await getJson(`${mlx.url}/sim/state`)).json as { ready: boolean }).ready).toBe(false)
+    const late = await postJson(`${mlx.url}/v1/completions`, { model: "default_model", prompt: "late words", max_tokens: 5 })
+    expect(late.status).toBe(200)
+    expect(late.json).toMatchObject({ choices: [{ text: "late words", finish_reason: "stop" }] })
+    expect(((await getJson(`${mlx.url}/sim/state`)).json as { ready: boolean }).ready).toBe(true)
+
+    await waitReady(sglang)
+    expect((await fetch(`${sglang.url}/health`)).status).toBe(200)
+    await waitReady(llama)
+    expect(await getJson(`${llama.url}/health`)).toMatchObject({ status: 200, json: { status: "ok" } })
+  })
+})
+
+describe("SGLang flavor", () => {
+  it("serves the served name, streams, and reports sglang metrics", async () => {
+    await waitReady(sglang)
+    expect((await getJson(`${sglang.url}/v1/models`)).json).toMatchObject({ data: [{ id: "sg", owned_by: "sglang" }] })
+    const s = await postJson(`${sglang.url}/v1/chat/completions`, {
+      model: "sg",
+      messages: [{ role: "user", content: "p q r" }],
+      stream: true,
+      stream_options: { include_usage: true }
+    })
+    const data = sseData(s.text)
+    expect(data.at(-1)).toBe("[DONE]")
+    expect(JSON.parse(data.at(-2) ?? "{}")).toMatchObject({ choices: [], usage: { prompt_tokens: 3 } })
+    const text = await (await fetch(`${sglang.url}/metrics`)).text()
+    for (const n of ["sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:prompt_tokens_total"]) {
+      expect(text).toMatch(new RegExp(`^${n}\\{model_name="sg"\\} `, "m"))
+    }
+    expect(text).toContain("# TYPE sglang:time_to_first_token_seconds histogram")
+  })
+
+  it("uses the flat error body", async () => {
+    const r = await postJson(`${sglang.url}/v1/chat/completions`, { model: "sg" })
+    expect(r.status).toBe(400)
+    const body = r.json as Record<string, unknown>
+    expect(Object.keys(body).sort()).toEqual(["code", "message", "object", "param", "type"])
+    expect(body).toMatchObject({ object: "error", code: 400 })
+    const nf = await postJson(`${sglang.url}/v1/completions`, { model: "other", prompt: "a" })
+    expect(nf).toMatchObject({ status: 404, json: { object: "error", code: 404 } })
+  })
+
+  it("has no /metrics without --enable-metrics", async () => {
+    const plain = await startSim({ args: ["--model-path", "m"] })
+    try {
+      expect((await fetch(`${plain.url}/metrics`)).status).toBe(404)
+    } finally {
+      await plain.stop()
+    }
+  })
+})
+
+describe("llama.cpp flavor", () => {
+  it("names the model by file name or alias and ignores the request's model", async () => {
+    await waitReady(llama)
+    expect((await getJson(`${llama.url}/v1/models`)).json).toMatchObject({ object: "list", data: [{ id: "tiny.gguf" }] })
+    expect((await getJson(`${llamaNoMetrics.url}/v1/models`)).json).toMatchObject({ data: [{ id: "alias" }] })
+    const r = await postJson(`${llama.url}/v1/completions`, { model: "anything", prompt: "z", max_tokens: 3 })
+    expect(r.json).toMatchObject({ model: "tiny.gguf", choices: [{ text: "z", finish_reason: "stop" }] })
+  })
+
+  it("reports llamacpp metrics without labels, honours -np, and 404s /metrics without --metrics", async () => {
+    const text = await (await fetch(`${llama.url}/metrics`)).text()
+    for (const n of ["llamacpp:requests_processing", "llamacpp:requests_deferred", "llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total"]) {
+      expect(text).toMatch(new RegExp(`^${n} \\d`, "m"))
+    }
+    expect((await getJson(`${llama.url}/props`)).json).toMatchObject({ total_slots: 3 })
+    expect((await fetch(`${llamaNoMetrics.url}/metrics`)).status).toBe(404)
+  })
+
+  it("uses {error:{code,message,type}}", async () => {
+    const r = await postJson(`${llama.url}/v1/completions`, { max_tokens: 2 })
+    expect(r.status).toBe(400)
+    expect(r.json).toEqual({ error: { code: 400, message: expect.any(String), type: "invalid_request_error" } })
+  })
+})
+
+describe("mlx flavor", () => {
+  it("requires Content-Length (411)", async () => {
+    const status = await new Promise<number>((resolve, reject) => {
+      const req = http.request(`${mlx.url}/v1/completions`, { method: "POST", headers: { "transfer-encoding": "chunked" } }, (res) => {
+        res.resume()
+        resolve(res.statusCode ?? 0)
+      })
+      req.on("error", reject)
+      req.write('{"prompt":"a"}')
+      req.end()
+    })
+    expect(status).toBe(411)
+  })
+
+  it("answers 404 {error: string} for a model other than the configured one", async () => {
+    const r = await postJson(`${mlx.url}/v1/chat/completions`, { model: "org/other", messages: [{ role: "user", content: "a" }] })
+    expect(r.status).toBe(404)
+    expect(r.json).toEqual({ error: expect.any(String) })
+    const ok = await postJson(`${mlx.url}/chat/completions`, {
+      model: "mlx-community/tiny",
+      messages: [{ role: "user", content: "a" }]
+    })
+    expect(ok.status).toBe(200)
+  })
+
+  it("lists the --model value and has no /metrics", async () => {
+    expect((await getJson(`${mlx.url}/v1/models`)).json).toMatchObject({ data: [{ id: "mlx-community/tiny" }] })
+    expect((await fetch(`${mlx.url}/metrics`)).status).toBe(404)
+  })
+})

@@ -1,0 +1,176 @@
+/**
+ * Test harness: a real single-member etcd (Debian `etcd-server`, /usr/bin/etcd) on free loopback client
+ * and peer ports with its own temp data dir. Supports the faults the HealthReporter tests need: stop
+ * (SIGTERM), kill (SIGKILL), pause (SIGSTOP), resume (SIGCONT) and restart on the same ports and data dir.
+ * Every instance is tracked and killed on dispose() and, as a last resort, when the test process exits.
+ */
+import { type ChildProcess, spawn } from "node:child_process"
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import { freePorts } from "./ports.ts"
+
+export interface EtcdHandle {
+  /** `http://127.0.0.1:PORT`, what [cluster].etcd takes. */
+  readonly endpoint: string
+  readonly clientPort: number
+  readonly peerPort: number
+  readonly dataDir: string
+  /** The current process id (changes on restart). */
+  readonly pid: () => number | undefined
+  /** The last stderr lines, for failure messages. */
+  readonly logTail: () => string
+  /** SIGTERM and wait for exit. */
+  readonly stop: () => Promise<void>
+  /** SIGKILL and wait for exit. */
+  readonly kill: () => Promise<void>
+  /** SIGSTOP: the process freezes, its sockets stay open. */
+  readonly pause: () => void
+  /** SIGCONT. */
+  readonly resume: () => void
+  /** Start again on the same ports and data dir (after stop/kill), and await readiness. */
+  readonly restart: () => Promise<void>
+  /** Kill the process and remove the data dir. Safe to call more than once. */
+  readonly dispose: () => Promise<void>
+}
+
+const ETCD = process.env.ETCD_BIN ?? "etcd"
+const live = new Set<ChildProcess>()
+process.once("exit", () => {
+  for (const p of live) p.kill("SIGKILL")
+})
+
+const exited = (p: ChildProcess): Promise<void> =>
+  p.exitCode !== null || p.signalCode !== null ? Promise.resolve() : new Promise((r) => p.once("exit", () => r()))
+
+/** Polls `/health` until etcd answers healthy, or fails after `timeoutMs`. */
+const awaitHealthy = async (endpoint: string, proc: ChildProcess, logTail: () => string, timeoutMs: number) => {
+  const deadline = Date.now() + timeoutMs
+  while (Date.now() < deadline) {
+    if (proc.exitCode !== null || proc.signalCode !== null) {
+      throw new Error(`etcd exited early (${proc.exitCode ?? proc.signalCode}):\n${logTail()}`)
+    }
+    try {
+      const res = await fetch(`${endpoint}/health`, { signal: AbortSignal.timeout(500) })
+      const body = (await res.json()) as { health?: string }
+      if (res.ok && body.health === "true") return
+    } catch {
+      // not listening yet
+    }
+    await new Promise((r) => setTimeout(r, 25))
+  }
+  throw new Error(`etcd at ${endpoint} not healthy after ${timeoutMs}ms:\n${logTail()}`)
+}
+
+export interface StartEtcdOptions {
+  /** Readiness bound, default 15 s. */
+  readonly readyTimeoutMs?: number
+}
+
+/**
+ * Starts etcd and resolves once it is healthy. Its raft timers are shortened (heartbeat 10ms, election
+ * 100ms) so that the smallest lease TTL etcd accepts is 1 s, as the TTL tests need.
+ */
+export const startEtcd = async (options: StartEtcdOptions = {}): Promise<EtcdHandle> => {
+  const readyTimeoutMs = options.readyTimeoutMs ?? 15_000
+  const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), "cgn-etcd-"))
+  const [clientPort, peerPort] = (await freePorts(2)) as [number, number]
+  const endpoint = `http://127.0.0.1:${clientPort}`
+  const peer = `http://127.0.0.1:${peerPort}`
+  const args = [
+    "--name=test",
+    `--data-dir=${path.join(dataDir, "data")}`,
+    `--listen-client-urls=${endpoint}`,
+    `--advertise-client-urls=${endpoint}`,
+    `--listen-peer-urls=${peer}`,
+    `--initial-advertise-peer-urls=${peer}`,
+    `--initial-cluster=test=${peer}`,
+    "--initial-cluster-state=new",
+    "--heartbeat-interval=10",
+    "--election-timeout=100",
+    "--logger=zap",
+    "--log-level=warn"
+  ]
+  const lines: Array<string> = []
+  const logTail = () => lines.slice(-30).join("\n")
+  let proc: ChildProcess | undefined
+  let disposed = false
+
+  const launch = async () => {
+    const p = spawn(ETCD, args, { stdio: ["ignore", "ignore", "pipe"] })
+    live.add(p)
+    p.once("exit", () => live.delete(p))
+    p.once("error", (e) => lines.push(`spawn error: ${e.message}`))
+    p.stderr?.setEncoding("utf8")
+    p.stderr?.on("data", (chunk: string) => {
+      for (const l of chunk.split("\n")) if (l.length > 0) lines.push(l)
+      if (lines.length > 200) lines.splice(0, lines.length - 200)
+    })
+    proc = p
+    await awaitHealthy(endpoint, p, logTail, readyTimeoutMs)
+  }
+
+  const signalAndWait = async (signal: NodeJS.Signals) => {
+    const p = proc
+    if (p === undefined || p.exitCode !== null || p.signalCode !== null) return
+    // A stopped process does not act on SIGTERM until it is continued.
+    p.kill("SIGCONT")
+    p.kill(signal)
+    await exited(p)
+  }
+
+  const handle: EtcdHandle = {
+    endpoint,
+    clientPort,
+    peerPort,
+    dataDir,
+    pid: () => proc?.pid,
+    logTail,
+    stop: () => signalAndWait("SIGTERM"),
+    kill: () => signalAndWait("SIGKILL"),
+    pause: () => {
+      proc?.kill("SIGSTOP")
+    },
+    resume: () => {
+      proc?.kill("SIGCONT")
+    },
+    restart: async () => {
+      await signalAndWait("SIGKILL")
+      await launch()
+    },
+    dispose: async () => {
+      if (disposed) return
+      disposed = true
+      await signalAndWait("SIGKILL")
+      await fs.rm(dataDir, { recursive: true, force: true })
+    }
+  }
+  try {
+    await launch()
+  } catch (e) {
+    await handle.dispose()
+    throw e
+  }
+  return handle
+}
+
+/** Polls `check` until it returns a value other than undefined, or throws after `timeoutMs`. */
+export const pollUntil = async <A>(
+  what: string,
+  check: () => Promise<A | undefined> | A | undefined,
+  timeoutMs = 10_000,
+  intervalMs = 25
+): Promise<A> => {
+  const deadline = Date.now() + timeoutMs
+  let lastError: unknown
+  while (Date.now() < deadline) {
+    try {
+      const v = await check()
+      if (v !== undefined) return v
+    } catch (e) {
+      lastError = e
+    }
+    await new Promise((r) => setTimeout(r, intervalMs))
+  }
+  throw new Error(`timed out after ${timeoutMs}ms waiting for ${what}${lastError ? `: ${String(lastError)}` : ""}`)
+}

@@ -1,0 +1,192 @@
+// Starts the engine simulator (src/programs/sim.ts) as a real subprocess for tests.
+// The child gets its own process group (detached), so stop() can signal the simulator together with any
+// grandchild it forked (--sim-fork-grandchild), the way a supervisor kills an engine and its workers.
+// Readiness is the simulator's `{"msg":"listening"}` stderr line; stderr lines are kept for assertions.
+import { type ChildProcess, spawn } from "node:child_process"
+import * as path from "node:path"
+import { fileURLToPath } from "node:url"
+import { freePort } from "./ports.ts"
+
+export type SimFlavor = "vllm" | "sglang" | "llama_cpp" | "mlx"
+
+export interface StartSimOptions {
+  readonly flavor?: SimFlavor
+  /** Engine args and --sim-* knobs; `--port`/`--host` are added unless present. */
+  readonly args?: ReadonlyArray<string>
+  readonly env?: Record<string, string>
+  /** How long to wait for the `listening` line (default 20 s). */
+  readonly readyTimeoutMs?: number
+}
+
+export interface SimHandle {
+  readonly url: string
+  readonly port: number
+  readonly pid: number
+  readonly proc: ChildProcess
+  /** Every stderr line so far (JSON log lines), appended as they arrive. */
+  readonly stderrLines: Array<string>
+  /** Resolves with the first stderr line (existing or future) matching `pred`; rejects after `timeoutMs`. */
+  waitForLine(pred: (line: string) => boolean, timeoutMs?: number): Promise<string>
+  /** Resolves when the simulator process has exited. */
+  readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>
+  /** SIGTERM to the process group, SIGKILL after `graceMs` (default 2 s); waits for exit. Idempotent. */
+  stop(graceMs?: number): Promise<void>
+}
+
+export const simEntry = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../src/programs/sim.ts")
+
+const killGroup = (pid: number, signal: NodeJS.Signals): void => {
+  try {
+    process.kill(-pid, signal)
+  } catch {
+    // group already gone
+  }
+}
+
+/** Spawns the simulator and resolves once it logs `listening`. Kills it if it never does. */
+export const startSim = async (options: StartSimOptions = {}): Promise<SimHandle> => {
+  const args = [...(options.args ?? [])]
+  if (options.flavor !== undefined && !args.includes("--flavor")) args.unshift("--flavor", options.flavor)
+  let port: number
+  const portIdx = args.indexOf("--port")
+  if (portIdx >= 0) port = Number(args[portIdx + 1])
+  else {
+    port = await freePort()
+    args.push("--port", String(port))
+  }
+  if (!args.includes("--host")) args.push("--host", "127.0.0.1")
+  const proc = spawn(process.execPath, [simEntry, ...args], {
+    env: { ...process.env, ...options.env },
+    stdio: ["ignore", "ignore", "pipe"],
+    detached: true
+  })
+  const pid = proc.pid ?? -1
+  const stderrLines: Array<string> = []
+  const waiters = new Set<{ pred: (l: string) => boolean; resolve: (l: string) => void }>()
+  let buf = ""
+  proc.stderr?.setEncoding("utf8")
+  proc.stderr?.on("data", (chunk: string) => {
+    buf += chunk
+    let nl = buf.indexOf("\n")
+    while (nl >= 0) {
+      const line = buf.slice(0, nl)
+      buf = buf.slice(nl + 1)
+      stderrLines.push(line)
+      for (const w of waiters) {
+        if (w.pred(line)) {
+          waiters.delete(w)
+          w.resolve(line)
+        }
+      }
+      nl = buf.indexOf("\n")
+    }
+  })
+  let exitInfo: { code: number | null; signal: NodeJS.Signals | null } | undefined
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => {
+    proc.once("exit", (code, signal) => {
+      exitInfo = { code, signal }
+      resolve(exitInfo)
+    })
+  })
+
+  const waitForLine = (pred: (line: string) => boolean, timeoutMs = 10_000): Promise<string> => {
+    const found = stderrLines.find(pred)
+    if (found !== undefined) return Promise.resolve(found)
+    return new Promise((resolve, reject) => {
+      const w = {
+        pred,
+        resolve: (l: string) => {
+          clearTimeout(timer)
+          resolve(l)
+        }
+      }
+      const timer = setTimeout(() => {
+        waiters.delete(w)
+        reject(new Error(`simulator line not seen within ${timeoutMs} ms; stderr:\n${stderrLines.join("\n")}`))
+      }, timeoutMs)
+      waiters.add(w)
+    })
+  }
+
+  let stopping: Promise<void> | undefined
+  const stop = (graceMs = 2_000): Promise<void> => {
+    stopping ??= (async () => {
+      if (exitInfo === undefined) {
+        killGroup(pid, "SIGTERM")
+        const timer = setTimeout(() => killGroup(pid, "SIGKILL"), graceMs)
+        await exited
+        clearTimeout(timer)
+      }
+      // Whatever is left of the group (a grandchild) goes too.
+      killGroup(pid, "SIGKILL")
+    })()
+    return stopping
+  }
+
+  const listening = (l: string) => l.includes('"msg":"listening"')
+  try {
+    await Promise.race([
+      waitForLine(listening, options.readyTimeoutMs ?? 20_000),
+      exited.then((e) => {
+        throw new Error(`simulator exited (${e.code ?? e.signal}) before listening:\n${stderrLines.join("\n")}`)
+      })
+    ])
+  } catch (err) {
+    await stop(100)
+    throw err
+  }
+  return { url: `http://127.0.0.1:${port}`, port, pid, proc, stderrLines, waitForLine, exited, stop }
+}
+
+/** POST a JSON body; returns status, headers and the parsed JSON (or raw text if not JSON). */
+export const postJson = async (
+  url: string,
+  body: unknown,
+  headers: Record<string, string> = {}
+): Promise<{ status: number; headers: Headers; json: unknown; text: string }> => {
+  const res = await fetch(url, {
+    method: "POST",
+    headers: { "content-type": "application/json", ...headers },
+    body: JSON.stringify(body)
+  })
+  const text = await res.text()
+  let json: unknown
+  try {
+    json = JSON.parse(text)
+  } catch {
+    json = undefined
+  }
+  return { status: res.status, headers: res.headers, json, text }
+}
+
+/** Splits an SSE body into its `data:` payloads (comments and blank lines dropped). */
+export const sseData = (text: string): Array<string> =>
+  text
+    .split("\n\n")
+    .map((e) => e.trim())
+    .filter((e) => e.startsWith("data: "))
+    .map((e) => e.slice("data: ".length))
+
+/** GET JSON helper. */
+export const getJson = async (url: string): Promise<{ status: number; json: unknown; text: string }> => {
+  const res = await fetch(url)
+  const text = await res.text()
+  let json: unknown
+  try {
+    json = JSON.parse(text)
+  } catch {
+    json = undefined
+  }
+  return { status: res.status, json, text }
+}
+
+/** Polls `fn` until it returns a value other than undefined, at most `timeoutMs`. */
+export const pollUntil = async <A>(fn: () => Promise<A | undefined>, timeoutMs = 10_000, everyMs = 20): Promise<A> => {
+  const deadline = Date.now() + timeoutMs
+  for (;;) {
+    const v = await fn()
+    if (v !== undefined) return v
+    if (Date.now() > deadline) throw new Error("pollUntil: condition not met in time")
+    await new Promise((r) => setTimeout(r, everyMs))
+  }
+}
