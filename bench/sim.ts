@@ -28,7 +28,11 @@ const one = (): Promise<void> =>
   new Promise((resolve, reject) => {
     const req = http.request(
       `${sim.url}/v1/completions`,
-      { method: "POST", agent, headers: { "content-type": "application/json", "content-length": Buffer.byteLength(body) } },
+      {
+        method: "POST",
+        agent,
+        headers: { "content-type": "application/json", "content-length": Buffer.byteLength(body) }
+      },
       (res) => {
         let events = 0
         let tail = ""

@@ -157,7 +157,10 @@ describe("admin HTTP auth", () => {
   })
 
   it("refuses to start on a non-loopback address without a token, before binding", async () => {
-    const config = ConfigLayer.layerFromObject({ models: { m: { hf_repo: "org/m" } }, agent: { listen_admin: "0.0.0.0:0" } })
+    const config = ConfigLayer.layerFromObject({
+      models: { m: { hf_repo: "org/m" } },
+      agent: { listen_admin: "0.0.0.0:0" }
+    })
     const deps = Layer.mergeAll(MetricsLayer.layerTest, NodeStatusLayer.layerTest(), Drain.layerTest, fakeEngine).pipe(
       Layer.provideMerge(config)
     )
@@ -172,7 +175,8 @@ describe("admin HTTP auth", () => {
     for (const h of ["127.0.0.1", "127.1.2.3", "localhost", "::1", "[::1]", "::ffff:127.0.0.1"]) {
       expect(isLoopbackHost(h)).toBe(true)
     }
-    for (const h of ["0.0.0.0", "::", "[::]", "10.0.0.5", "128.0.0.1", "example.com"]) expect(isLoopbackHost(h)).toBe(false)
+    for (const h of ["0.0.0.0", "::", "[::]", "10.0.0.5", "128.0.0.1", "example.com"])
+      expect(isLoopbackHost(h)).toBe(false)
     const table: Array<[boolean, string | undefined, string | undefined, string]> = [
       [true, undefined, undefined, "open"],
       [true, "t", undefined, "missing"],

@@ -3,9 +3,10 @@
 // The controlled server picks its behaviour from the request's X-Request-Id (the client sends it verbatim).
 import * as http from "node:http"
 import type { AddressInfo } from "node:net"
-import { Cause, Effect, Exit, Fiber, Result, Stream } from "effect"
+import { Cause, Effect, Exit, Fiber, Layer, Result, Stream } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { decodeConfigObject } from "../src/layers/Config.ts"
+import { decodeConfigObject, layerFromObject } from "../src/layers/Config.ts"
+import * as EngineClientLive from "../src/layers/EngineClient.ts"
 import { layerFromPlan } from "../src/layers/EngineClient.ts"
 import { engineFor } from "../src/layers/engines/index.ts"
 import type { LaunchPlan, MetricNames } from "../src/services/Engine.ts"
@@ -85,10 +86,18 @@ describe("EngineClient against a controlled server", () => {
         req.socket.destroy()
         return
       }
+      if (mode === "noheaders") return // never answers; the client's header timeout must fire
+      if (mode === "big") {
+        // 4 MiB of events written at once: the client must pause and resume the socket, losing nothing.
+        const pad = "x".repeat(2000)
+        for (let i = 0; i < 2000; i++) res.write(`data: {"i":${i},"pad":"${pad}"}\n\n`)
+        res.end("data: [DONE]\n\n")
+        return
+      }
       res.writeHead(200, { "content-type": "text/event-stream" })
       if (mode === "split") {
         // Every byte in its own write, CRLF endings, comments in between.
-        const text = `: keepalive 1/2\r\n\r\n${chunk(0)}${chunk(1)}`.replaceAll("\n", "\r\n") + "data: [DONE]\r\n\r\n"
+        const text = `${`: keepalive 1/2\r\n\r\n${chunk(0)}${chunk(1)}`.replaceAll("\n", "\r\n")}data: [DONE]\r\n\r\n`
         for (const b of Buffer.from(text)) {
           res.write(Buffer.from([b]))
           await tick()
@@ -133,6 +142,11 @@ describe("EngineClient against a controlled server", () => {
           openStreams--
           if (!res.writableFinished) closedEarly++
         })
+        return
+      }
+      if (mode === "big") {
+        res.writeHead(200, { "content-type": "application/json" })
+        res.end(JSON.stringify({ id: "big", text: "y".repeat(1_000_000) }))
         return
       }
       if (mode === "mlx404") {
@@ -233,6 +247,15 @@ describe("EngineClient against a controlled server", () => {
     expect(e.reason).toBe("Stream")
   })
 
+  it("no response headers within the stream header timeout is Timeout", async () => {
+    const exit = await Effect.runPromise(
+      Effect.exit(
+        withClient((c) => Stream.runCollect(c.stream("/v1/chat/completions", {}, { requestId: "noheaders" })))
+      ).pipe(Effect.provide(layerFromPlan(planFor(base), { streamHeadersTimeoutMs: 200 })))
+    )
+    expect(failure(exit).reason).toBe("Timeout")
+  })
+
   it("connection refused is Connect", async () => {
     const port = await freePort()
     const exit = await run(planFor(`http://127.0.0.1:${port}`), (c) =>
@@ -287,6 +310,27 @@ describe("EngineClient against a controlled server", () => {
     expect(success(exit).id).toBe("x")
     const req = seen.findLast((s) => s.headers["x-request-id"] === "c1")
     expect(JSON.parse(req?.body ?? "{}")).toEqual({ model: "engine-model", prompt: "p", stream: false })
+  })
+
+  it("complete: a body larger than the stream buffer limit arrives whole", async () => {
+    const exit = await run(planFor(base), (c) => c.complete("/v1/completions", {}, { requestId: "big" }))
+    expect((success(exit).text as string).length).toBe(1_000_000)
+  })
+
+  it("a slow consumer of a large stream gets every event in order (pause and resume)", async () => {
+    const exit = await run(planFor(base), (c) =>
+      Stream.runFold(
+        Stream.mapEffect(c.stream("/v1/chat/completions", {}, { requestId: "big" }), (obj) =>
+          Effect.as(Effect.yieldNow, obj)
+        ),
+        () => 0,
+        (n, obj) => {
+          if (obj.i !== n) throw new Error(`event ${String(obj.i)} where ${n} was due`)
+          return n + 1
+        }
+      )
+    )
+    expect(success(exit)).toBe(2000)
   })
 
   it("complete: an mlx-style error body", async () => {
@@ -349,7 +393,10 @@ for (const flavor of flavors) {
       )
       if (Result.isFailure(decoded)) throw new Error(decoded.failure.message)
       plan = engineFor(flavor).render(decoded.success)
-      sim = await startSim({ flavor, args: [...plan.argv.slice(1), "--sim-itl", "2ms", "--sim-mode", "random", "--sim-seed", "7"] })
+      sim = await startSim({
+        flavor,
+        args: [...plan.argv.slice(1), "--sim-itl", "2ms", "--sim-mode", "random", "--sim-seed", "7"]
+      })
       const deadline = Date.now() + 10_000
       while (!(await simState()).ready) {
         if (Date.now() > deadline) throw new Error("simulator never ready")
@@ -376,6 +423,20 @@ for (const flavor of flavors) {
         .join("")
       expect(text.length).toBeGreaterThan(0)
       expect(chunks.some((c) => c.usage !== undefined && c.usage !== null)).toBe(true)
+    })
+
+    it("the Config layer renders the same plan itself", async () => {
+      const exit = await Effect.runPromise(
+        Effect.exit(withClient((c) => c.models)).pipe(
+          Effect.provide(
+            Layer.provide(
+              EngineClientLive.layer,
+              layerFromObject({ engine: { kind: flavor, url: plan.baseUrl }, models: { m: { hf_repo: "org/m" } } })
+            )
+          )
+        )
+      )
+      expect(success(exit).length).toBeGreaterThan(0)
     })
 
     it("complete: a whole text completion", async () => {

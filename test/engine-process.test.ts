@@ -10,7 +10,8 @@ import * as path from "node:path"
 import { fileURLToPath } from "node:url"
 import { Context, Effect, Exit, Layer, Logger, Result, Scope, Stream } from "effect"
 import { afterEach, assert, describe, it } from "vitest"
-import { decodeConfigObject } from "../src/layers/Config.ts"
+import { decodeConfigObject, layerFromObject } from "../src/layers/Config.ts"
+import * as EngineProcessLayer from "../src/layers/EngineProcess.ts"
 import { layerFromPlan, type SupervisorSettings, settingsFromConfig } from "../src/layers/EngineProcess.ts"
 import { pidFilePath, readPidFile, writePidFile } from "../src/layers/enginePidFile.ts"
 import { engineFor } from "../src/layers/engines/index.ts"
@@ -157,9 +158,36 @@ describe("readiness per flavor", () => {
       if (last?._tag === "Stopped") assert.strictEqual(last.lastExit?.reason, "stopped")
       assert.isFalse(groupAlive(pid), "engine group gone after stop")
       assert.isFalse(fs.existsSync(pidFilePath(s.stateDir)), "pid file removed after stop")
-      assert.isTrue(h.logs.some((l) => l.includes('"msg":"listening"')), "engine output is in the agent's log")
+      assert.isTrue(
+        h.logs.some((l) => l.includes('"msg":"listening"')),
+        "engine output is in the agent's log"
+      )
     })
   }
+})
+
+describe("the configured layer", () => {
+  it("EngineProcess.layer renders the plan from Config and supervises it", async () => {
+    const port = await freePort()
+    const stateDir = tmpDir()
+    const scope = Effect.runSync(Scope.make())
+    cleanups.push(() => Effect.runPromise(Scope.close(scope, Exit.void)))
+    const live = EngineProcessLayer.layer.pipe(
+      Layer.provide(
+        layerFromObject({
+          agent: { state_dir: stateDir },
+          engine: { kind: "vllm", url: `http://127.0.0.1:${port}`, command: [process.execPath, simEntry] },
+          models: { m: { hf_repo: "org/m" } }
+        })
+      ),
+      Layer.provide(quietLogger([]))
+    )
+    const ctx = await Effect.runPromise(Layer.buildWithScope(live, scope))
+    const engine = Context.get(ctx, EngineProcess)
+    await Effect.runPromise(engine.awaitReady.pipe(Effect.timeout(20_000)))
+    assert.strictEqual(engine.plan.port, port)
+    assert.strictEqual(readPidFile(pidFilePath(stateDir))?.pgid, (await simState(port)).pid)
+  })
 })
 
 describe("restarts", () => {
@@ -183,7 +211,10 @@ describe("restarts", () => {
       assert.isAtMost(first.lastExit.lastLines.length, 50)
     }
     assert.isAtLeast(await Effect.runPromise(h.engine.restarts), 2)
-    assert.isTrue(h.logs.some((l) => l.includes("exit code 1") && l.includes("crash loop")), "crash loop logged")
+    assert.isTrue(
+      h.logs.some((l) => l.includes("exit code 1") && l.includes("crash loop")),
+      "crash loop logged"
+    )
   })
 
   it("a stalled engine -> Unhealthy -> restarted and Ready again", async () => {
@@ -220,9 +251,24 @@ describe("stop", () => {
     await Effect.runPromise(h.engine.stop)
     assert.isAtLeast(Date.now() - t0, 450)
     const last = current(h)
-    if (last?._tag === "Stopped") assert.strictEqual(last.lastExit?.signal, "SIGKILL")
+    if (last?._tag === "Stopped") assert.strictEqual(last.lastExit?.signal, "SIGKILL", h.logs.join("\n"))
     else assert.fail(`expected Stopped, got ${last?._tag}`)
     assert.isFalse(groupAlive(pid))
+  })
+
+  it("a stop during startup ends the run at once and settles in Stopped", async () => {
+    const s = await setup("llama_cpp", { knobs: ["--sim-startup-delay", "30s"] })
+    const h = await start(s.plan, s.settings)
+    await awaitState(h, "the engine spawned", (x) => x._tag === "Starting" && x.phase !== "spawning")
+    const pid = readPidFile(pidFilePath(s.stateDir))?.pgid
+    assert.isNumber(pid)
+    assert.isTrue(groupAlive(pid!))
+    await Effect.runPromise(h.engine.stop)
+    assert.deepStrictEqual(
+      h.states.slice(-2).map((x) => x._tag),
+      ["Stopping", "Stopped"]
+    )
+    assert.isFalse(groupAlive(pid!))
   })
 
   it("stop kills the forked grandchild too", async () => {
@@ -259,7 +305,11 @@ describe("no orphans", () => {
     const guardPid = readPidFile(pidFilePath(s.stateDir))?.guardPid
     assert.isNumber(guardPid)
     agent.kill("SIGKILL")
-    await waitFor("engine, grandchild and guard gone", () => !groupAlive(pid) && !pidAlive(grandchildPid!) && !pidAlive(guardPid!), 5_000)
+    await waitFor(
+      "engine, grandchild and guard gone",
+      () => !groupAlive(pid) && !pidAlive(grandchildPid!) && !pidAlive(guardPid!),
+      5_000
+    )
   })
 
   it("a stale engine recorded by a previous agent is stopped, then the new one starts", async () => {

@@ -57,13 +57,15 @@ interface Opts {
   readonly damping?: number
   readonly advertise?: string
   readonly etcd?: ReadonlyArray<string>
+  readonly auth?: { readonly username: string; readonly password: string }
 }
 
 const configObject = (o: Opts) => ({
   cluster: {
     name: "c1",
     etcd: o.etcd ?? [o.endpoint ?? shared.endpoint],
-    etcd_prefix: o.prefix ?? "/cgn"
+    etcd_prefix: o.prefix ?? "/cgn",
+    ...(o.auth ? { etcd_username: o.auth.username, etcd_password: o.auth.password } : {})
   },
   agent: {
     node_id: o.nodeId ?? "n1",
@@ -260,6 +262,8 @@ describe("HealthReporter against a real etcd", () => {
     etcd.pause()
     const down = await untilState(r, "retrying")
     expect(down.lastError).toBeDefined()
+    // Frozen for longer than the lease TTL (1 s), as after a long GC pause or partition.
+    await pollUntil("lease past its TTL", async () => ((await r.status()).sinceKeepAliveMs! > 1500 ? true : undefined))
     etcd.resume()
     const up = await untilState(r, "registered", 10_000, (s) => s.writes > down.writes)
     const rec = await pollUntil("record after resume", async () => {
@@ -330,6 +334,27 @@ describe("HealthReporter against a real etcd", () => {
     expect(gone).toBeGreaterThan(200)
     expect(gone).toBeLessThan(5000)
   }, 30_000)
+
+  it("authenticates with [cluster].etcd_username and etcd_password", async () => {
+    const etcd = await startEtcd()
+    cleanups.push(() => etcd.dispose())
+    const admin = new Etcd3({ hosts: etcd.endpoint })
+    cleanups.push(async () => admin.close())
+    await admin.role("root").create()
+    await admin.user("root").create("s3cret")
+    await admin.user("root").addRole("root")
+    await admin.auth.authEnable({})
+    const prefix = uniquePrefix()
+    const wrong = await startReporter({ prefix, endpoint: etcd.endpoint, auth: { username: "root", password: "nope" } })
+    const refused = await untilState(wrong, "retrying")
+    expect(refused.lastError).toMatch(/auth/i)
+    await wrong.close()
+    const r = await startReporter({ prefix, endpoint: etcd.endpoint, auth: { username: "root", password: "s3cret" } })
+    await untilState(r, "registered")
+    const authed = new Etcd3({ hosts: etcd.endpoint, auth: { username: "root", password: "s3cret" } })
+    cleanups.push(async () => authed.close())
+    expect((await readRecord(authed, nodeKey(prefix, "c1", "n1")))?.nodeId).toBe("n1")
+  }, 20_000)
 
   it("keeps running and reports retrying when etcd is unreachable from the start", async () => {
     const r = await startReporter({ prefix: uniquePrefix(), etcd: ["http://127.0.0.1:9"] })

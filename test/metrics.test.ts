@@ -64,3 +64,38 @@ describe("Metrics", () => {
     expect(body.body).toMatch(/cgn_agent_event_loop_lag_seconds \d/)
   })
 })
+
+describe("mirrorRegistration", () => {
+  it("sets the etcd gauges from the reporter's status at scrape time", async () => {
+    const status = {
+      state: "registered",
+      key: "/cgn/c/nodes/n",
+      leaseId: "1",
+      epoch: "1",
+      leaseTtlMs: 15000,
+      leaseAgeMs: 2500,
+      sinceKeepAliveMs: 100,
+      sequence: 3,
+      lastWriteAt: undefined,
+      publishedState: "ready",
+      lastError: undefined,
+      conflict: undefined,
+      writes: 3,
+      writeFailures: 0,
+      leasesGranted: 1,
+      leasesLost: 0
+    } as const
+    const body = await run(
+      Effect.scoped(
+        Effect.gen(function* () {
+          yield* MetricsLayer.mirrorRegistration(Effect.succeed(status))
+          return (yield* (yield* Metrics).render).body
+        })
+      )
+    )
+    expect(body).toContain("cgn_agent_etcd_registered 1")
+    expect(body).toContain('cgn_agent_etcd_registration_state{state="registered"} 1')
+    expect(body).toContain('cgn_agent_etcd_registration_state{state="retrying"} 0')
+    expect(body).toContain("cgn_agent_etcd_lease_age_seconds 2.5")
+  })
+})

@@ -56,7 +56,14 @@ describe("NodeHealthView (pure)", () => {
   })
 })
 
-const gpu = { index: 0, name: "H100", uuid: "GPU-1", memoryTotalBytes: 80e9, memoryUsedBytes: 1e9, utilizationPercent: 5 }
+const gpu = {
+  index: 0,
+  name: "H100",
+  uuid: "GPU-1",
+  memoryTotalBytes: 80e9,
+  memoryUsedBytes: 1e9,
+  utilizationPercent: 5
+}
 
 const build = (signals: LoadSignals) => {
   let scrapes = 0
@@ -107,12 +114,14 @@ describe("NodeStatus live layer", () => {
           yield* control.set(State.Ready({ since: Date.now(), run: 0 }))
           const ready = yield* status.snapshot
           const again = yield* status.snapshot
-          yield* Effect.scoped((yield* Admission).acquire.pipe(Effect.andThen(status.snapshot)))
+          const busy = yield* Effect.scoped((yield* Admission).acquire.pipe(Effect.andThen(status.snapshot)))
           const body = (yield* (yield* Metrics).render).body
+          // changes reports the state when observed: let the watcher see "ready" before draining
+          for (let i = 0; i < 500 && seen.length < 2; i++) yield* Effect.sleep("2 millis")
           yield* (yield* Drain).start
-          yield* Fiber.join(watcher).pipe(Effect.timeout("2 seconds"), Effect.catch(() => Effect.sync(() => console.log("SEEN", seen))))
+          yield* Fiber.join(watcher).pipe(Effect.timeout("5 seconds"))
           const draining = yield* status.snapshot
-          return { starting, ready, again, body, seen, draining, isDraining: yield* status.draining }
+          return { starting, ready, again, busy, body, seen, draining, isDraining: yield* status.draining }
         })
       ).pipe(Effect.provide(layer))
     )
@@ -130,6 +139,7 @@ describe("NodeStatus live layer", () => {
     expect(result.ready.state).toBe("ready")
     expect(result.ready.load).toMatchObject({ engineRunning: 3, engineWaiting: 1, kvUsage: 0.25 })
     expect(result.again.load).toEqual(result.ready.load)
+    expect(result.busy.load).toMatchObject({ inflight: 1, queued: 0 })
     expect(scrapes()).toBeLessThanOrEqual(2) // cached; at most one more if a heartbeat passed meanwhile
     expect(result.body).toContain('cgn_agent_engine_state{state="ready"} 1')
     expect(result.body).toContain("cgn_agent_engine_kv_cache_usage_ratio 0.25")

@@ -26,9 +26,7 @@ afterAll(() => {
 })
 
 const withProbe = <A>(options: NvmlProbe.NvmlOptions, use: Effect.Effect<A, never, Nvml | Metrics>) =>
-  Effect.runPromise(
-    use.pipe(Effect.provide(NvmlProbe.layer(options).pipe(Layer.provideMerge(MetricsLayer.layerTest))))
-  )
+  Effect.runPromise(use.pipe(Effect.provide(NvmlProbe.layer(options).pipe(Layer.provideMerge(MetricsLayer.layerTest)))))
 
 describe("NvmlProbe", () => {
   it("reads two GPUs through the FFI, fills the gauges and shuts NVML down at release", async () => {
@@ -81,7 +79,10 @@ describe("NvmlProbe", () => {
   it("takes the library path from CGN_NVML_LIBRARY", async () => {
     process.env.CGN_NVML_LIBRARY = library
     try {
-      const count = await withProbe({}, Effect.flatMap(Nvml, (n) => Effect.map(n.gpus, (g) => g.length)))
+      const count = await withProbe(
+        {},
+        Effect.flatMap(Nvml, (n) => Effect.map(n.gpus, (g) => g.length))
+      )
       expect(count).toBe(2)
     } finally {
       delete process.env.CGN_NVML_LIBRARY
@@ -117,7 +118,10 @@ describe("NvmlProbe", () => {
   })
 
   it("can be switched off", async () => {
-    const unavailable = await withProbe({ library: "none" }, Effect.map(Nvml, (n) => n.unavailable))
+    const unavailable = await withProbe(
+      { library: "none" },
+      Effect.map(Nvml, (n) => n.unavailable)
+    )
     expect(unavailable).toContain("disabled")
   })
 })

@@ -90,7 +90,11 @@ const routes = (options: AdminHttpOptions, loopback: boolean) =>
           Effect.map(metrics.render, ({ body, contentType }) => HttpServerResponse.text(body, { contentType }))
         ),
         // Liveness answers from the event loop alone: a hung engine must not get the agent restarted.
-        HttpRouter.route("GET", "/healthz", Effect.sync(() => HttpServerResponse.text("ok"))),
+        HttpRouter.route(
+          "GET",
+          "/healthz",
+          Effect.sync(() => HttpServerResponse.text("ok"))
+        ),
         HttpRouter.route(
           "GET",
           "/readyz",
@@ -136,7 +140,10 @@ export const layer = (
         Effect.gen(function* () {
           const url = new URL(HttpServer.formatAddress((yield* HttpServer.HttpServer).address))
           const bound = { host: unbracket(url.hostname), port: Number(url.port), url: url.origin }
-          yield* Effect.logInfo("admin HTTP listening", { url: bound.url, auth: config.agent.admin_token === undefined ? "loopback only" : "bearer token" })
+          yield* Effect.logInfo("admin HTTP listening", {
+            url: bound.url,
+            auth: config.agent.admin_token === undefined ? "loopback only" : "bearer token"
+          })
           return bound
         })
       )

@@ -53,6 +53,11 @@ class Exchange implements Dispatcher.DispatchHandler {
   sawDone = false
   private closed = false
   private discard = false
+  /** Buffered bytes at which the socket is paused; Infinity for bodies that are read whole. */
+  private readonly pauseAt: number
+  constructor(pauseAt: number) {
+    this.pauseAt = pauseAt
+  }
   private waiter: (() => void) | undefined = undefined
 
   onRequestStart(controller: Dispatcher.DispatchController): void {
@@ -67,7 +72,7 @@ class Exchange implements Dispatcher.DispatchHandler {
     if (this.closed || this.discard) return
     this.chunks.push(chunk)
     this.queued += chunk.length
-    if (this.queued > HIGH_WATER) controller.pause()
+    if (this.queued > this.pauseAt) controller.pause()
     this.wake()
   }
   onResponseEnd(): void {
@@ -155,9 +160,10 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
     headers: Record<string, string>,
     body: string | null,
     headersTimeout: number,
-    bodyTimeout: number
+    bodyTimeout: number,
+    pauseAt = Number.POSITIVE_INFINITY
   ): Exchange => {
-    const ex = new Exchange()
+    const ex = new Exchange(pauseAt)
     agent.dispatch(
       { origin: url.origin, path: url.path, method, headers, body, headersTimeout, bodyTimeout, blocking: false },
       ex
@@ -292,7 +298,8 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
             postHeaders("text/event-stream", opts),
             encode(body, true),
             streamHeadersTimeout,
-            0
+            0,
+            HIGH_WATER
           )
           return Effect.flatMap(
             Scope.addFinalizer(

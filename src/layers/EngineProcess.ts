@@ -160,7 +160,11 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
       // Registered first so it runs last: after the group teardown, a stopped run still leaves its record.
       yield* Effect.addFinalizer((exit) =>
         exit._tag === "Failure"
-          ? Ref.update(exits, (xs) => [exitFrom(run, er, pid, "stopped"), ...xs].slice(0, EXITS_KEPT))
+          ? Effect.gen(function* () {
+              // The guard's exit report can trail the group's death by a moment.
+              if (er !== undefined) yield* Deferred.await(er.exited).pipe(Effect.timeout(1_000), Effect.ignore)
+              yield* Ref.update(exits, (xs) => [exitFrom(run, er, pid, "stopped"), ...xs].slice(0, EXITS_KEPT))
+            })
           : Effect.void
       )
       const since = now()
@@ -169,7 +173,6 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
         pid = yield* Deferred.await(er.pid).pipe(
           Effect.timeoutOrElse({ duration: 10_000, orElse: () => Effect.undefined })
         )
-        if (pid !== undefined) yield* publish(Event.Spawned({ run, pid, at: now() }))
         if (pid !== undefined && pidFile !== undefined) {
           writePidFile(pidFile, {
             agentPid: process.pid,
@@ -180,6 +183,7 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
             startedAt: er.startedAt
           })
         }
+        if (pid !== undefined) yield* publish(Event.Spawned({ run, pid, at: now() }))
       }
       // Readiness, then liveness: completes only with the reason the run must end.
       const watching = Effect.flatMap(readiness(run, since), (at) => {

@@ -283,7 +283,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
   })
   server.add(AgentDefinition, agentImpl)
   server.add(HealthDefinition, healthImpl)
-  server.add(ServerReflectionService, ServerReflection(fileDescriptorSet, [AGENT_SERVICE]))
+  server.add(ServerReflectionService, ServerReflection(fileDescriptorSet, [AGENT_SERVICE, HealthDefinition.fullName]))
 
   const grace = options.shutdownGraceMs ?? 5_000
   const port = yield* Effect.acquireRelease(

@@ -4,9 +4,10 @@
  * lag itself; `layerTest` is a bare fresh registry, so tests can assert exact series.
  */
 import { monitorEventLoopDelay } from "node:perf_hooks"
-import { Cause, Effect, Layer } from "effect"
+import { Cause, Effect, Layer, type Scope } from "effect"
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client"
-import { METRIC_PREFIX, type MetricHandles, Metrics, type MetricsService } from "../services/Metrics.ts"
+import { RegistrationStates, type RegistrationStatus } from "../services/HealthReporter.ts"
+import { METRIC_PREFIX, type MetricHandles, Metrics, type MetricsService, setStateGauge } from "../services/Metrics.ts"
 
 const p = (name: string) => `${METRIC_PREFIX}${name}`
 
@@ -133,3 +134,21 @@ export const layer: Layer.Layer<Metrics> = Layer.effect(
     return metrics
   })
 )
+
+/**
+ * Mirrors the etcd reporter's registration status into the etcd gauges at every scrape. Takes the status
+ * effect rather than the HealthReporter service, so Metrics stays free of dependencies; main wires it:
+ * `yield* mirrorRegistration(reporter.status)`.
+ */
+export const mirrorRegistration = (
+  status: Effect.Effect<RegistrationStatus>
+): Effect.Effect<void, never, Metrics | Scope.Scope> =>
+  Effect.flatMap(Metrics, (m) =>
+    m.onCollect(
+      Effect.map(status, (s) => {
+        m.etcdRegistered.set(s.state === "registered" ? 1 : 0)
+        setStateGauge(m.etcdRegistrationState, RegistrationStates, s.state)
+        m.etcdLeaseAge.set(s.leaseAgeMs === undefined ? 0 : s.leaseAgeMs / 1000)
+      })
+    )
+  )

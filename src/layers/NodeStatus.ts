@@ -134,7 +134,9 @@ export const layer = (
       // One engine scrape per heartbeat at most, however many readers (etcd writer, gRPC, /status, /metrics).
       const signals = yield* client.load.pipe(
         Effect.map((s): LoadSignals | undefined => s),
-        Effect.catch((e) => Effect.logDebug("engine load scrape failed", { error: e.message }).pipe(Effect.as(undefined))),
+        Effect.catch((e) =>
+          Effect.logDebug("engine load scrape failed", { error: e.message }).pipe(Effect.as(undefined))
+        ),
         Effect.cachedWithTTL(heartbeat)
       )
 
@@ -149,7 +151,15 @@ export const layer = (
 
       const gather = Effect.gen(function* () {
         const [state, restarts, draining, inflight, queued, gpus, tokensPerSecond] = yield* Effect.all(
-          [engine.state, engine.restarts, drain.draining, admission.inflight, admission.queued, nvml.gpus, Ref.get(rate)],
+          [
+            engine.state,
+            engine.restarts,
+            drain.draining,
+            admission.inflight,
+            admission.queued,
+            nvml.gpus,
+            Ref.get(rate)
+          ],
           { concurrency: "unbounded" }
         )
         const load = state._tag === "Ready" ? yield* signals : undefined

@@ -19,7 +19,7 @@ export interface NvmlOptions {
 // nvml.h: NVML_DEVICE_NAME_V2_BUFFER_SIZE and NVML_DEVICE_UUID_V2_BUFFER_SIZE are both 96.
 const STRING_BUFFER = 96
 
-type Koffi = (typeof import("koffi"))["default"]
+type Koffi = typeof import("koffi")["default"]
 
 interface Binding {
   readonly init: () => number

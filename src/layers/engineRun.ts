@@ -79,6 +79,9 @@ export const spawnRun = Effect.fn("EngineProcess.spawnRun")(function* (plan: Lau
   const startedAt = Date.now()
   let guardExited = false
   let stopping: Promise<StopOutcome> | undefined
+  const pumps: Array<Fiber.Fiber<void>> = []
+  // Fiber.await, not join: a pump that was interrupted must not interrupt the caller.
+  const drain = (ms: number) => Effect.timeout(Effect.forEach(pumps, Fiber.await), ms).pipe(Effect.ignore)
 
   const child = yield* Effect.acquireRelease(
     Effect.sync(() =>
@@ -88,7 +91,8 @@ export const spawnRun = Effect.fn("EngineProcess.spawnRun")(function* (plan: Lau
         env: { ...process.env, ...plan.env }
       })
     ),
-    () => stop
+    // The pumps outlive the teardown, so what the engine prints while it stops still reaches the log.
+    () => stop.pipe(Effect.andThen(drain(250)), Effect.andThen(Fiber.interruptAll(pumps)))
   )
   const stop: Effect.Effect<StopOutcome> = Effect.gen(function* () {
     const first = stopping === undefined
@@ -114,7 +118,8 @@ export const spawnRun = Effect.fn("EngineProcess.spawnRun")(function* (plan: Lau
     // The guard's last report may still be in the pipe: read it first (bounded) before falling back.
     const fallback = () => {
       Deferred.doneUnsafe(pidDeferred, Effect.succeed(undefined))
-      Deferred.doneUnsafe(exited, Effect.succeed({ code, signal, problem: "the guard exited before the engine" }))
+      const problem = `the guard exited (${signal ?? `code ${code}`}) without reporting the engine's exit`
+      Deferred.doneUnsafe(exited, Effect.succeed({ code: null, signal: null, problem }))
     }
     if (reportClosed) fallback()
     else {
@@ -150,10 +155,10 @@ export const spawnRun = Effect.fn("EngineProcess.spawnRun")(function* (plan: Lau
           }),
           Effect.ignore
         )
-  const pumps = [
-    yield* Effect.forkScoped(pump("stdout", child.stdout)),
-    yield* Effect.forkScoped(pump("stderr", child.stderr))
-  ]
+  pumps.push(
+    yield* Effect.forkDetach(pump("stdout", child.stdout)),
+    yield* Effect.forkDetach(pump("stderr", child.stderr))
+  )
 
   const run: EngineRun = {
     run: options.run,
@@ -163,7 +168,7 @@ export const spawnRun = Effect.fn("EngineProcess.spawnRun")(function* (plan: Lau
     exited,
     stop,
     lastLines: () => [...ring],
-    drainOutput: (ms) => Effect.timeout(Fiber.joinAll(pumps), ms).pipe(Effect.ignore)
+    drainOutput: drain
   }
   return run
 })

@@ -50,7 +50,7 @@ const exists = (target: number): boolean => {
 
 /** The live (non-zombie) members of a process group; [] once it is gone. */
 export const groupMembers = (pgid: number): ReadonlyArray<number> => {
-  if (pgid <= 1 || !exists(-pgid)) return []
+  if (!Number.isInteger(pgid) || pgid <= 1 || !exists(-pgid)) return []
   if (!hasProc) return [pgid]
   const members: Array<number> = []
   for (const name of fs.readdirSync("/proc")) {
@@ -66,7 +66,7 @@ export const groupAlive = (pgid: number): boolean => groupMembers(pgid).length >
 
 /** Whether one process is alive (not a zombie). */
 export const pidAlive = (pid: number): boolean => {
-  if (pid <= 1 || !exists(pid)) return false
+  if (!Number.isInteger(pid) || pid <= 1 || !exists(pid)) return false
   if (!hasProc) return true
   const st = readStat(pid)
   return st !== undefined && st.state !== "Z" && st.state !== "X"
@@ -74,7 +74,7 @@ export const pidAlive = (pid: number): boolean => {
 
 /** Signals the whole group; false when there is no such group. Never throws. */
 export const signalGroup = (pgid: number, signal: NodeJS.Signals): boolean => {
-  if (pgid <= 1) return false
+  if (!Number.isInteger(pgid) || pgid <= 1) return false
   try {
     process.kill(-pgid, signal)
     return true

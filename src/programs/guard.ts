@@ -31,6 +31,7 @@ const [command, ...args] = argv as [string, ...Array<string>]
 const engine = spawn(command, args, { detached: true, stdio: ["ignore", "inherit", "inherit"], env: process.env })
 let engineExited = false
 let shuttingDown = false
+const engineDone = new Promise<void>((resolve) => engine.once("exit", () => resolve()))
 
 const shutdown = async (why: string): Promise<void> => {
   if (shuttingDown) return
@@ -39,6 +40,8 @@ const shutdown = async (why: string): Promise<void> => {
   if (pgid !== undefined) {
     if (!engineExited) process.stderr.write(`[guard] ${why}: stopping engine group ${pgid}\n`)
     await stopGroup(pgid, graceMs)
+    // A killed leader is a zombie until we reap it; wait for that (bounded) so its exit status is reported.
+    await Promise.race([engineDone, new Promise((resolve) => setTimeout(resolve, 1_000))])
   }
   process.exit(0)
 }

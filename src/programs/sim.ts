@@ -20,13 +20,24 @@ const exit = (code: number, reason: string): never => {
   process.exit(code)
 }
 
-const forkGrandchild = (cfg: SimConfig): number | null => {
-  const code = cfg.ignoreSigterm ? "process.on('SIGTERM',()=>{});setInterval(()=>{},1e9)" : "setInterval(()=>{},1e9)"
-  const child = spawn(process.execPath, ["-e", code], { stdio: "ignore", detached: false })
-  child.unref()
-  const pid = child.pid ?? null
-  log(`grandchild pid=${pid}`, { grandchildPid: pid })
-  return pid
+// The grandchild reports on stdout once its SIGTERM disposition is set, so `grandchild pid=N` is only
+// logged when a signal sent to the group can no longer race its startup.
+const forkGrandchild = (cfg: SimConfig): Promise<number | null> => {
+  const ignore = cfg.ignoreSigterm ? "process.on('SIGTERM',()=>{});" : ""
+  const code = `${ignore}process.stdout.write('ready\\n');setInterval(()=>{},2147483647)`
+  const child = spawn(process.execPath, ["-e", code], { stdio: ["ignore", "pipe", "ignore"], detached: false })
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(timer)
+      child.stdout?.destroy()
+      child.unref()
+      const pid = child.pid ?? null
+      log(`grandchild pid=${pid}`, { grandchildPid: pid })
+      resolve(pid)
+    }
+    const timer = setTimeout(done, 5_000)
+    child.stdout?.once("data", done)
+  })
 }
 
 const main = async (): Promise<void> => {
@@ -51,7 +62,7 @@ const main = async (): Promise<void> => {
   if (cfg.unmodelled.length > 0) log("unmodelled flags (accepted, ignored)", { flags: cfg.unmodelled })
 
   const ctx = makeContext(cfg, log, (reason) => exit(1, reason), process.env)
-  if (cfg.forkGrandchild) ctx.grandchildPid = forkGrandchild(cfg)
+  if (cfg.forkGrandchild) ctx.grandchildPid = await forkGrandchild(cfg)
 
   const hung = new Set<http.ServerResponse>()
   const server = http.createServer({ keepAliveTimeout: 30_000, noDelay: true }, handler(ctx, hung))

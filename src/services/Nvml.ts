@@ -48,5 +48,4 @@ export const cString = (buf: Uint8Array): string => {
 }
 
 /** NVML gives 64-bit counters as number or bigint depending on size; the proto field is a number. */
-export const toNumber = (v: unknown): number =>
-  typeof v === "bigint" ? Number(v) : typeof v === "number" ? v : 0
+export const toNumber = (v: unknown): number => (typeof v === "bigint" ? Number(v) : typeof v === "number" ? v : 0)

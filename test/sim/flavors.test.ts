@@ -41,7 +41,11 @@ describe("loading phases", () => {
 
     expect(await getJson(`${mlx.url}/health`)).toMatchObject({ status: 200, json: { status: "ok" } })
     expect(((await getJson(`${mlx.url}/sim/state`)).json as { ready: boolean }).ready).toBe(false)
-    const late = await postJson(`${mlx.url}/v1/completions`, { model: "default_model", prompt: "late words", max_tokens: 5 })
+    const late = await postJson(`${mlx.url}/v1/completions`, {
+      model: "default_model",
+      prompt: "late words",
+      max_tokens: 5
+    })
     expect(late.status).toBe(200)
     expect(late.json).toMatchObject({ choices: [{ text: "late words", finish_reason: "stop" }] })
     expect(((await getJson(`${mlx.url}/sim/state`)).json as { ready: boolean }).ready).toBe(true)
@@ -67,7 +71,12 @@ describe("SGLang flavor", () => {
     expect(data.at(-1)).toBe("[DONE]")
     expect(JSON.parse(data.at(-2) ?? "{}")).toMatchObject({ choices: [], usage: { prompt_tokens: 3 } })
     const text = await (await fetch(`${sglang.url}/metrics`)).text()
-    for (const n of ["sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:prompt_tokens_total"]) {
+    for (const n of [
+      "sglang:num_running_reqs",
+      "sglang:num_queue_reqs",
+      "sglang:token_usage",
+      "sglang:prompt_tokens_total"
+    ]) {
       expect(text).toMatch(new RegExp(`^${n}\\{model_name="sg"\\} `, "m"))
     }
     expect(text).toContain("# TYPE sglang:time_to_first_token_seconds histogram")
@@ -96,7 +105,10 @@ describe("SGLang flavor", () => {
 describe("llama.cpp flavor", () => {
   it("names the model by file name or alias and ignores the request's model", async () => {
     await waitReady(llama)
-    expect((await getJson(`${llama.url}/v1/models`)).json).toMatchObject({ object: "list", data: [{ id: "tiny.gguf" }] })
+    expect((await getJson(`${llama.url}/v1/models`)).json).toMatchObject({
+      object: "list",
+      data: [{ id: "tiny.gguf" }]
+    })
     expect((await getJson(`${llamaNoMetrics.url}/v1/models`)).json).toMatchObject({ data: [{ id: "alias" }] })
     const r = await postJson(`${llama.url}/v1/completions`, { model: "anything", prompt: "z", max_tokens: 3 })
     expect(r.json).toMatchObject({ model: "tiny.gguf", choices: [{ text: "z", finish_reason: "stop" }] })
@@ -104,7 +116,12 @@ describe("llama.cpp flavor", () => {
 
   it("reports llamacpp metrics without labels, honours -np, and 404s /metrics without --metrics", async () => {
     const text = await (await fetch(`${llama.url}/metrics`)).text()
-    for (const n of ["llamacpp:requests_processing", "llamacpp:requests_deferred", "llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total"]) {
+    for (const n of [
+      "llamacpp:requests_processing",
+      "llamacpp:requests_deferred",
+      "llamacpp:prompt_tokens_total",
+      "llamacpp:tokens_predicted_total"
+    ]) {
       expect(text).toMatch(new RegExp(`^${n} \\d`, "m"))
     }
     expect((await getJson(`${llama.url}/props`)).json).toMatchObject({ total_slots: 3 })
@@ -121,10 +138,14 @@ describe("llama.cpp flavor", () => {
 describe("mlx flavor", () => {
   it("requires Content-Length (411)", async () => {
     const status = await new Promise<number>((resolve, reject) => {
-      const req = http.request(`${mlx.url}/v1/completions`, { method: "POST", headers: { "transfer-encoding": "chunked" } }, (res) => {
-        res.resume()
-        resolve(res.statusCode ?? 0)
-      })
+      const req = http.request(
+        `${mlx.url}/v1/completions`,
+        { method: "POST", headers: { "transfer-encoding": "chunked" } },
+        (res) => {
+          res.resume()
+          resolve(res.statusCode ?? 0)
+        }
+      )
       req.on("error", reject)
       req.write('{"prompt":"a"}')
       req.end()
@@ -133,7 +154,10 @@ describe("mlx flavor", () => {
   })
 
   it("answers 404 {error: string} for a model other than the configured one", async () => {
-    const r = await postJson(`${mlx.url}/v1/chat/completions`, { model: "org/other", messages: [{ role: "user", content: "a" }] })
+    const r = await postJson(`${mlx.url}/v1/chat/completions`, {
+      model: "org/other",
+      messages: [{ role: "user", content: "a" }]
+    })
     expect(r.status).toBe(404)
     expect(r.json).toEqual({ error: expect.any(String) })
     const ok = await postJson(`${mlx.url}/chat/completions`, {

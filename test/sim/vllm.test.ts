@@ -46,7 +46,10 @@ describe("vLLM flavor", () => {
 
   it("lists the first served name in /v1/models", async () => {
     const { json } = await getJson(`${sim.url}/v1/models`)
-    expect(json).toMatchObject({ object: "list", data: [{ id: "served", object: "model", owned_by: "vllm", root: "org/model", max_model_len: 64 }] })
+    expect(json).toMatchObject({
+      object: "list",
+      data: [{ id: "served", object: "model", owned_by: "vllm", root: "org/model", max_model_len: 64 }]
+    })
   })
 
   it("answers non-streaming chat with echo and finish_reason stop / length", async () => {
@@ -80,7 +83,11 @@ describe("vLLM flavor", () => {
     expect(chunks[0].choices[0].delta).toEqual({ role: "assistant", content: "" })
     expect(chunks.map((c) => c.choices[0]?.delta?.content ?? "").join("")).toBe("x y")
     expect(chunks.at(-2).choices[0].finish_reason).toBe("stop")
-    expect(chunks.at(-1)).toMatchObject({ object: "chat.completion.chunk", choices: [], usage: { completion_tokens: 2 } })
+    expect(chunks.at(-1)).toMatchObject({
+      object: "chat.completion.chunk",
+      choices: [],
+      usage: { completion_tokens: 2 }
+    })
     const noUsage = sseData((await postJson(`${sim.url}/v1/completions`, { prompt: "p q", stream: true })).text)
     expect(noUsage.some((d) => d.includes('"usage"'))).toBe(false)
   })
@@ -140,7 +147,10 @@ describe("vLLM flavor", () => {
     const before = (await state()).aborted as number
     await postJson(`${sim.url}/sim/faults`, { stallAfterTokens: 1 })
     const open = () => {
-      const req = http.request(`${sim.url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" } })
+      const req = http.request(`${sim.url}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" }
+      })
       req.on("error", () => {})
       req.end(JSON.stringify({ prompt: "a b c", stream: true }))
       return req

@@ -1,0 +1,157 @@
+// Prefill/decode between two simulators. vLLM: the prefill leg returns kv_transfer_params and holds the
+// blocks under a lease; the decode leg really fetches them from the prefill's side channel; wrong, reused
+// or expired hand-offs fail (kv_load_failure_policy "fail"), missing params compute locally.
+// SGLang: bootstrap rendezvous by room, with the decode failing when the prefill never comes.
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { freePort } from "../support/ports.ts"
+import { getJson, pollUntil, postJson, type SimHandle, startSim } from "../support/sim.ts"
+
+describe("vLLM P/D over the side channel", () => {
+  let p: SimHandle
+  let d: SimHandle
+  let pSide: number
+  const kvCfg = JSON.stringify({ kv_connector: "NixlConnector", kv_role: "kv_both", kv_load_failure_policy: "fail" })
+  beforeAll(async () => {
+    pSide = await freePort()
+    const dSide = await freePort()
+    ;[p, d] = await Promise.all([
+      startSim({
+        args: ["serve", "m", "--kv-transfer-config", kvCfg, "--sim-kv-lease", "1500ms", "--sim-block-size", "2"],
+        env: { VLLM_NIXL_SIDE_CHANNEL_HOST: "127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT: String(pSide) }
+      }),
+      startSim({
+        args: ["serve", "m", "--kv-transfer-config", kvCfg],
+        env: { VLLM_NIXL_SIDE_CHANNEL_HOST: "127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT: String(dSide) }
+      })
+    ])
+  })
+  afterAll(() => Promise.all([p?.stop(), d?.stop()]))
+
+  const body = { model: "m", prompt: "alpha beta gamma delta epsilon", max_tokens: 4 }
+  const prefill = async () => {
+    const r = await postJson(`${p.url}/v1/completions`, {
+      ...body,
+      max_tokens: 1,
+      stream: false,
+      kv_transfer_params: {
+        do_remote_decode: true,
+        do_remote_prefill: false,
+        remote_engine_id: null,
+        remote_block_ids: null,
+        remote_host: null,
+        remote_port: null
+      }
+    })
+    expect(r.status).toBe(200)
+    return (r.json as { kv_transfer_params: Record<string, unknown> }).kv_transfer_params
+  }
+  const decode = (kvp: unknown) => postJson(`${d.url}/v1/completions`, { ...body, kv_transfer_params: kvp })
+  const pState = async () => (await getJson(`${p.url}/sim/state`)).json as Record<string, number>
+
+  it("hands off: P returns kv_transfer_params, D fetches the blocks and P frees them", async () => {
+    const kvp = await prefill()
+    expect(kvp).toMatchObject({
+      do_remote_prefill: true,
+      do_remote_decode: false,
+      remote_engine_id: expect.any(String),
+      remote_request_id: expect.any(String),
+      remote_host: "127.0.0.1",
+      remote_port: pSide,
+      tp_size: 1
+    })
+    expect((kvp.remote_block_ids as Array<Array<number>>)[0]).toHaveLength(3)
+    expect((await pState()).kvHeld).toBe(1)
+    const r = await decode(kvp)
+    expect(r.status).toBe(200)
+    expect(r.json).toMatchObject({ choices: [{ text: "alpha beta gamma delta", finish_reason: "length" }] })
+    expect(await pState()).toMatchObject({ kvHeld: 0, kvFetched: 1 })
+    // The same hand-off cannot be consumed twice.
+    const again = await decode(kvp)
+    expect(again.status).toBe(500)
+    expect(again.json).toMatchObject({ error: { type: "InternalServerError", code: 500 } })
+  })
+
+  it.each([
+    ["block ids", { remote_block_ids: [[999]] }],
+    ["engine id", { remote_engine_id: "someone-else" }],
+    ["request id", { remote_request_id: "cmpl-unknown" }]
+  ])("fails on a wrong %s", async (_n, patch) => {
+    const kvp = await prefill()
+    const r = await decode({ ...kvp, ...patch })
+    expect(r.status).toBe(500)
+    expect((r.json as { error: { message: string } }).error.message).toContain("KV load failed")
+  })
+
+  it("fails after the lease expired", async () => {
+    const kvp = await prefill()
+    // Every hold (this one and those left by the wrong-id cases) runs out after 1.5 s.
+    await pollUntil(async () => ((await pState()).kvHeld === 0 ? true : undefined), 10_000, 50)
+    const r = await decode(kvp)
+    expect(r.status).toBe(500)
+    expect((r.json as { error: { message: string } }).error.message).toContain("expired")
+  })
+
+  it("computes locally when the params are incomplete (as vLLM does)", async () => {
+    const r = await decode({ do_remote_prefill: true, remote_block_ids: [] })
+    expect(r.status).toBe(200)
+    expect(((await getJson(`${d.url}/sim/state`)).json as Record<string, number>).localPrefills).toBeGreaterThan(0)
+    await d.waitForLine((l) => l.includes("Got invalid KVTransferParams"))
+  })
+})
+
+describe("SGLang P/D bootstrap", () => {
+  let p: SimHandle
+  let d: SimHandle
+  let bootPort: number
+  beforeAll(async () => {
+    bootPort = await freePort()
+    ;[p, d] = await Promise.all([
+      startSim({
+        args: [
+          "--model-path",
+          "m",
+          "--disaggregation-mode",
+          "prefill",
+          "--disaggregation-transfer-backend",
+          "nixl",
+          "--disaggregation-bootstrap-port",
+          String(bootPort),
+          "--sim-ttft",
+          "200ms"
+        ]
+      }),
+      startSim({
+        args: ["--model-path", "m", "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "nixl"],
+        env: { SGLANG_DISAGGREGATION_WAITING_TIMEOUT: "1" }
+      })
+    ])
+    await Promise.all([p, d].map((s) => s.waitForLine((l) => l.includes('"model loaded"'))))
+  })
+  afterAll(() => Promise.all([p?.stop(), d?.stop()]))
+
+  const req = (room: string) =>
+    `{"model":"m","prompt":"one two three","max_tokens":3,"bootstrap_host":"127.0.0.1","bootstrap_port":${bootPort},"bootstrap_room":${room}}`
+  const post = async (url: string, text: string) => {
+    const res = await fetch(`${url}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: text
+    })
+    return { status: res.status, json: (await res.json()) as Record<string, unknown> }
+  }
+
+  it("decode waits for the prefill of the same room (a 63-bit room id)", async () => {
+    const room = "9223372036854775000"
+    const [pr, dr] = await Promise.all([post(p.url, req(room)), post(d.url, req(room))])
+    expect(pr.status).toBe(200)
+    expect(dr).toMatchObject({ status: 200, json: { choices: [{ text: "one two three", finish_reason: "stop" }] } })
+  })
+
+  it("decode fails when the prefill never comes, and without bootstrap fields", async () => {
+    const r = await post(d.url, req("12345"))
+    expect(r.status).toBe(500)
+    expect(r.json).toMatchObject({ object: "error", code: 500 })
+    const missing = await postJson(`${d.url}/v1/completions`, { prompt: "a" })
+    expect(missing).toMatchObject({ status: 400, json: { object: "error" } })
+  })
+})
