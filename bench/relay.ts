@@ -216,7 +216,7 @@ const runBench = async (): Promise<void> => {
         streams: String(c),
         "direct tok/s": f(dRate, 0),
         "agent tok/s": f(aRate, 0),
-        "ratio": f(aRate / dRate, 3),
+        ratio: f(aRate / dRate, 3),
         "direct TTFT p50/p99 ms": `${f(pct(d.ttft, 50), 2)} / ${f(pct(d.ttft, 99), 2)}`,
         "agent TTFT p50/p99 ms": `${f(pct(a.ttft, 50), 2)} / ${f(pct(a.ttft, 99), 2)}`,
         "added TTFT p50 ms": f(pct(a.ttft, 50) - pct(d.ttft, 50), 2),

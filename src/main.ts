@@ -8,7 +8,11 @@ import { Effect, Exit, Runtime } from "effect"
 import { runCli } from "./programs/cli.ts"
 import { runMain } from "./programs/runMain.ts"
 
-runMain(runCli(process.argv.slice(2)).pipe(Effect.provide(NodeServices.layer)), {
+// `node dist/main.js --config F` (the container's command) means `run --config F`.
+const args = process.argv.slice(2)
+const argv = args[0]?.startsWith("--config") ? ["run", ...args] : args
+
+runMain(runCli(argv).pipe(Effect.provide(NodeServices.layer)), {
   teardown: (exit, onExit) =>
     Exit.isSuccess(exit) ? onExit(exit.value as number) : Runtime.defaultTeardown(exit, onExit)
 })

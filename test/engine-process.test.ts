@@ -8,7 +8,7 @@ import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
-import { Context, Effect, Exit, Layer, Logger, Result, Scope, Stream } from "effect"
+import { Context, Effect, Exit, Fiber, Layer, Logger, Result, Scope, Stream } from "effect"
 import { afterEach, assert, describe, it } from "vitest"
 import { decodeConfigObject, layerFromObject } from "../src/layers/Config.ts"
 import * as EngineProcessLayer from "../src/layers/EngineProcess.ts"
@@ -19,6 +19,7 @@ import { groupAlive, pidAlive } from "../src/layers/processGroup.ts"
 import type { EngineKind } from "../src/services/Config.ts"
 import type { LaunchPlan } from "../src/services/Engine.ts"
 import { EngineProcess, type EngineProcessService, type EngineState } from "../src/services/EngineProcess.ts"
+import { State } from "../src/services/EngineState.ts"
 import { freePort } from "./support/ports.ts"
 import { type SimHandle, simEntry, startSim } from "./support/sim.ts"
 
@@ -377,5 +378,35 @@ describe("openai_compat", () => {
     await awaitState(h, "Ready of run 1", (x) => x._tag === "Ready" && x.run === 1)
     await h.close()
     assert.strictEqual(current(h)?._tag, "Stopped")
+  })
+})
+
+describe("layerTest", () => {
+  it("publishes hand-set states and records exits; stop settles in Stopped with the last exit", async () => {
+    const program = Effect.gen(function* () {
+      const engine = yield* EngineProcess
+      const control = yield* EngineProcessLayer.EngineProcessControl
+      const ready = yield* Effect.forkChild(engine.awaitReady)
+      yield* control.set(State.Ready({ since: 1, run: 0 }))
+      yield* Fiber.join(ready)
+      const exit = {
+        run: 0,
+        pid: 1,
+        code: 1,
+        signal: null,
+        startedAt: 0,
+        endedAt: 1,
+        runtimeMs: 1,
+        reason: "exited",
+        lastLines: []
+      }
+      yield* control.recordExit(exit)
+      yield* engine.stop
+      return { state: yield* engine.state, restarts: yield* engine.restarts }
+    })
+    const out = await Effect.runPromise(program.pipe(Effect.provide(EngineProcessLayer.layerTest())))
+    assert.strictEqual(out.restarts, 1)
+    assert.strictEqual(out.state._tag, "Stopped")
+    if (out.state._tag === "Stopped") assert.strictEqual(out.state.lastExit?.code, 1)
   })
 })

@@ -288,9 +288,9 @@ describe("planRequest: OpenAI body", () => {
   })
 
   it("handoff fields pass through (kv_transfer_params only off role both)", () => {
-    const both = plan({ prompt: "a", kvTransferParams: { a: 1 }, bootstrap: { host: "h", port: 9, room: 5 } })
+    const both = plan({ prompt: "a", kvTransferParams: { a: 1 }, bootstrap: { host: "h", port: 9, room: "5" } })
     expect(both.body.kv_transfer_params).toBeUndefined()
-    expect(both.body).toMatchObject({ bootstrap_host: "h", bootstrap_port: 9, bootstrap_room: 5 })
+    expect(both.body).toMatchObject({ bootstrap_host: "h", bootstrap_port: 9, bootstrap_room: "5" })
     const decode = plan(
       { prompt: "a", kvTransferParams: { a: 1 } },
       config({ role: "decode" }, {}, { kv_offload: "nixl" })

@@ -17,9 +17,9 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import {
   type AgentClient,
   AgentDefinition,
+  type GenerateFinal,
   GenerateRequest,
-  GenerateResponse,
-  type GenerateFinal
+  GenerateResponse
 } from "../src/gen/cgn/agent/v1/agent.ts"
 import { layerFromObject } from "../src/layers/Config.ts"
 import { layerFromPlan } from "../src/layers/EngineClient.ts"
@@ -40,6 +40,7 @@ interface Agent {
   readonly channel: Channel
   setEngine(state: EngineState): Promise<void>
   setNode(state: NodeState): Promise<void>
+  abortActive(reason: string): Promise<void>
   close(): Promise<void>
 }
 
@@ -71,6 +72,7 @@ const startAgent = async (engineUrl: string, agent: Record<string, unknown> = {}
     channel,
     setEngine: (s) => rt.runPromise(engineCtl.set(s)),
     setNode: (s) => rt.runPromise(nodeCtl.setState(s)),
+    abortActive: (reason) => rt.runPromise(server.abortActive(reason)),
     close: async () => {
       channel.close()
       await rt.dispose()
@@ -182,7 +184,12 @@ describe("gRPC Agent against the simulator", () => {
     const cases: ReadonlyArray<[Parameters<typeof GenerateRequest.fromPartial>[0], string, RegExp, string]> = [
       [{}, "INVALID_ARGUMENT", /no input/, "input"],
       [{ model: "nope", prompt: "a" }, "NOT_FOUND", /"nope" is not served here/, "model"],
-      [{ prompt: "a", sampling: { topP: 2 } }, "INVALID_ARGUMENT", /sampling\.top_p must be in \(0, 1\]/, "sampling.top_p"],
+      [
+        { prompt: "a", sampling: { topP: 2 } },
+        "INVALID_ARGUMENT",
+        /sampling\.top_p must be in \(0, 1\]/,
+        "sampling.top_p"
+      ],
       [{ prompt: "a", sampling: { maxTokens: 5000 } }, "INVALID_ARGUMENT", /max_tokens_limit/, "sampling.max_tokens"]
     ]
     for (const [req, code, says, field] of cases) {
@@ -233,7 +240,10 @@ describe("gRPC Agent against the simulator", () => {
     const before = (await simState(sim)).served
     await agent.setEngine(State.Starting({ phase: "loading", since: Date.now(), run: 0 }))
     const r1 = await collect(agent.client, { prompt: "a" })
-    expect([statusOf(r1), r1.error?.details]).toEqual(["UNAVAILABLE", expect.stringMatching(/engine is not ready \(starting\)/)])
+    expect([statusOf(r1), r1.error?.details]).toEqual([
+      "UNAVAILABLE",
+      expect.stringMatching(/engine is not ready \(starting\)/)
+    ])
     await agent.setEngine(ready())
     await agent.setNode("draining")
     const r2 = await collect(agent.client, { prompt: "a" })
@@ -264,7 +274,10 @@ describe("cancellation, deadlines and health", () => {
     let seen = 0
     await expect(
       (async () => {
-        for await (const r of agent.client.generate({ prompt: "x", sampling: { maxTokens: 900 } }, { signal: ac.signal })) {
+        for await (const r of agent.client.generate(
+          { prompt: "x", sampling: { maxTokens: 900 } },
+          { signal: ac.signal }
+        )) {
           if (r.delta !== undefined) seen += r.delta.tokens
           if (seen >= 3) ac.abort()
         }
@@ -275,6 +288,30 @@ describe("cancellation, deadlines and health", () => {
       return s.running === 0 && s.aborted > base.aborted ? s : undefined
     })
     expect(after.aborted).toBe(base.aborted + 1)
+  })
+
+  it("abortActive (the drain's last step) ends streams with UNAVAILABLE and frees the slot", async () => {
+    const base = await simState(sim)
+    let text = ""
+    let error: unknown
+    try {
+      for await (const r of agent.client.generate({ prompt: "x", sampling: { maxTokens: 900 } })) {
+        if (r.delta !== undefined) text += r.delta.text
+        if (text.length > 0 && error === undefined) {
+          error = null
+          await agent.abortActive("node drained before the stream finished")
+        }
+      }
+    } catch (e) {
+      error = e
+    }
+    expect(error).toBeInstanceOf(ClientError)
+    expect(Status[(error as ClientError).code]).toBe("UNAVAILABLE")
+    expect((error as ClientError).details).toBe("node drained before the stream finished")
+    await pollUntil(async () => {
+      const s = await simState(sim)
+      return s.running === 0 && s.aborted > base.aborted ? s : undefined
+    })
   })
 
   it("a gRPC deadline (grpc-timeout) ends the call with DEADLINE_EXCEEDED and aborts the engine request", async () => {
@@ -439,7 +476,10 @@ describe("reflection and the generate client", () => {
     }
     const answers: Array<InstanceType<typeof reflectionPb.ServerReflectionResponse>> = []
     for await (const a of client.serverReflectionInfo(requests())) answers.push(a)
-    const services = answers[0]?.getListServicesResponse()?.getServiceList().map((s) => s.getName())
+    const services = answers[0]
+      ?.getListServicesResponse()
+      ?.getServiceList()
+      .map((s) => s.getName())
     expect(services).toEqual(["cgn.agent.v1.Agent", "grpc.health.v1.Health"])
     const files = answers[1]?.getFileDescriptorResponse()?.getFileDescriptorProtoList_asU8() ?? []
     const names = files.map((f) => Buffer.from(f).toString("latin1"))

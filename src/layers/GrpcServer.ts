@@ -94,9 +94,17 @@ class Relay {
     }
     return d
   }
+  /** Interrupts the producer fiber (set once it is forked). */
+  interrupt: () => void = () => undefined
+  /** Ends the call with `failure` whatever the engine does next. */
+  abort(failure: GenerateRejected): void {
+    if (this.done) return
+    this.failure = failure
+    this.interrupt()
+  }
   finish(exit: Exit.Exit<unknown, unknown>): void {
     this.done = true
-    if (Exit.isFailure(exit) && !Cause.hasInterruptsOnly(exit.cause)) {
+    if (this.failure === undefined && Exit.isFailure(exit) && !Cause.hasInterruptsOnly(exit.cause)) {
       this.failure = Option.getOrElse(Cause.findErrorOption(exit.cause), () => Cause.squash(exit.cause))
     }
     this.wake()
@@ -203,9 +211,9 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     const relay = new Relay(maxPending)
     const relayed = metrics?.relayedTokens.labels({ model })
     active.add(relay)
-    const interrupt = run(produce(relay, plan, opts), { onExit: (exit) => relay.finish(exit) })
+    relay.interrupt = run(produce(relay, plan, opts), { onExit: (exit) => relay.finish(exit) })
     const onAbort = (): void => {
-      interrupt()
+      relay.interrupt()
       relay.wake()
     }
     ctx.signal.addEventListener("abort", onAbort)
@@ -239,7 +247,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
       yield { final }
     } finally {
       ctx.signal.removeEventListener("abort", onAbort)
-      if (!relay.done) interrupt()
+      if (!relay.done) relay.interrupt()
       active.delete(relay)
       record(status, relay, startedAt)
     }
@@ -317,7 +325,11 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
         override = s
         publish()
       }),
-    activeStreams: Effect.sync(() => active.size)
+    activeStreams: Effect.sync(() => active.size),
+    abortActive: (reason) =>
+      Effect.sync(() => {
+        for (const relay of active) relay.abort(new GenerateRejected({ code: "UNAVAILABLE", message: reason }))
+      })
   } satisfies GrpcServerService)
 })
 

@@ -9,12 +9,13 @@ import { ConfigError } from "../services/Config.ts"
 import { check } from "./check.ts"
 import { generate } from "./generate.ts"
 import { render } from "./render.ts"
+import { run } from "./run.ts"
 
 /** The version `--version` prints. */
 export const VERSION = "0.1.0"
 
 /** Every subcommand of `cgn-agent`, in the order `--help` lists them. */
-export const subcommands = [check, render, generate] as const
+export const subcommands = [run, check, render, generate] as const
 
 /** The root command. */
 export const cgnAgent = Command.make("cgn-agent").pipe(

@@ -21,6 +21,11 @@ export interface GrpcServerService {
   readonly setHealthOverride: (status: ServingStatus | undefined) => Effect.Effect<void>
   /** Generate calls being relayed now. */
   readonly activeStreams: Effect.Effect<number>
+  /**
+   * Ends every Generate in flight with UNAVAILABLE and `reason` (the drain, after its timeout); their
+   * engine requests are aborted. Deltas already sent stay sent.
+   */
+  readonly abortActive: (reason: string) => Effect.Effect<void>
 }
 
 export class GrpcServer extends Context.Service<GrpcServer, GrpcServerService>()("cgn-agent/GrpcServer") {}

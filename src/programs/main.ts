@@ -1,0 +1,139 @@
+/**
+ * The daemon: every service's Layer composed into one program, and the ordered drain.
+ * Reading this file shows the whole agent. Resources are released by their scopes in reverse order of
+ * acquisition: the etcd lease first (after the drain), then the gRPC and admin servers, then the core
+ * services (engine process group, sockets, timers). There is no hand-kept cleanup list.
+ */
+import { Context, Deferred, Duration, Effect, Layer, Option } from "effect"
+import * as AdminHttp from "../layers/AdminHttp.ts"
+import * as AdmissionLive from "../layers/Admission.ts"
+import * as DrainLive from "../layers/Drain.ts"
+import * as EngineClientLive from "../layers/EngineClient.ts"
+import * as EngineProcessLive from "../layers/EngineProcess.ts"
+import * as GrpcServerLive from "../layers/GrpcServer.ts"
+import * as HealthReporterLive from "../layers/HealthReporter.ts"
+import * as Logging from "../layers/Logging.ts"
+import * as MetricsLive from "../layers/Metrics.ts"
+import * as NodeStatusLive from "../layers/NodeStatus.ts"
+import * as NvmlProbe from "../layers/NvmlProbe.ts"
+import * as TlsLive from "../layers/Tls.ts"
+import * as Tracing from "../layers/Tracing.ts"
+import { AdminServer } from "../services/Admin.ts"
+import { Admission } from "../services/Admission.ts"
+import { type AgentConfig, Config } from "../services/Config.ts"
+import { Drain } from "../services/Drain.ts"
+import { EngineProcess } from "../services/EngineProcess.ts"
+import { GrpcServer } from "../services/GrpcServer.ts"
+import { HealthReporter, type RegistrationStatus } from "../services/HealthReporter.ts"
+import { Tls } from "../services/Tls.ts"
+import { type ShutdownSignals, shutdownSignals } from "./runMain.ts"
+
+/**
+ * The core services, built before any server listens: config, metrics, the engine supervisor (which
+ * spawns the engine at once), the engine client, admission, GPUs, TLS material, drain lever, NodeStatus.
+ */
+export const coreLayer = (config: AgentConfig) => {
+  const base = Layer.mergeAll(Layer.succeed(Config, config), MetricsLive.layer)
+  const services = Layer.mergeAll(
+    EngineProcessLive.layer,
+    EngineClientLive.layer,
+    AdmissionLive.layer,
+    NvmlProbe.layer(),
+    DrainLive.layer,
+    TlsLive.layer
+  )
+  return NodeStatusLive.layer().pipe(
+    Layer.provideMerge(services),
+    Layer.provideMerge(base),
+    Layer.provideMerge(Tracing.layer(config)),
+    Layer.provideMerge(Logging.layer(config.agent.log_level))
+  )
+}
+
+/**
+ * The ordered drain: 1. NOT_SERVING and `draining` in etcd at once; 2. admission closed, in-flight
+ * streams run to completion bounded by drain_timeout (a second signal cuts the wait), the rest end
+ * with UNAVAILABLE; 3. the engine group stopped and confirmed gone. Step 4 (revoke the lease, close the
+ * servers) is the scope's release, which runs right after.
+ */
+const orderedDrain = Effect.fn("Agent.drain")(function* (why: string, signals: ShutdownSignals) {
+  const config = yield* Config
+  const drain = yield* Drain
+  const grpc = yield* GrpcServer
+  const reporter = yield* HealthReporter
+  const admission = yield* Admission
+  const engine = yield* EngineProcess
+  const control = yield* DrainLive.DrainControl
+  const timeout = config.agent.drain_timeout
+  yield* Effect.logInfo("drain: started", { why, drain_timeout: Duration.format(timeout) })
+
+  yield* drain.start
+  yield* grpc.setHealthOverride("NOT_SERVING")
+  yield* reporter.markDraining.pipe(
+    Effect.timeout(config.agent.heartbeat),
+    Effect.catch((e) => Effect.logWarning("drain: could not write draining to etcd", { error: String(e) }))
+  )
+
+  yield* admission.close()
+  const idle = Effect.gen(function* () {
+    yield* admission.awaitIdle
+    // A stream holds no admission slot while it hands its last deltas and final to the caller.
+    while ((yield* grpc.activeStreams) > 0) yield* Effect.sleep("20 millis")
+  })
+  const finished = yield* Effect.raceFirst(
+    idle.pipe(Effect.timeoutOption(timeout), Effect.map(Option.isSome)),
+    Deferred.await(signals.hurry).pipe(Effect.as(false))
+  )
+  const left = yield* grpc.activeStreams
+  if (!finished && left > 0) {
+    yield* Effect.logWarning("drain: ending in-flight streams", { streams: left })
+    yield* grpc.abortActive("node drained before the stream finished; retry on another node")
+  }
+  yield* Effect.logInfo("drain: in-flight streams done; stopping the engine")
+
+  yield* engine.stop
+  yield* Effect.logInfo("drain: engine stopped; revoking the lease and closing the servers")
+  yield* control.markDone
+})
+
+/**
+ * The agent: servers and registration on top of the core, then wait for a signal or POST /drain,
+ * then drain. Servers are acquired before the reporter, so the lease is revoked before they close.
+ */
+export const daemon = Effect.scoped(
+  Effect.gen(function* () {
+    const config = yield* Config
+    const signals = yield* shutdownSignals
+    const drain = yield* Drain
+    const tls = yield* Tls
+
+    // /status reads the registration once the reporter exists (it is built after the servers).
+    const reporterReady = yield* Deferred.make<Effect.Effect<RegistrationStatus>>()
+    const registration = Effect.flatten(Deferred.await(reporterReady))
+    const admin = yield* Layer.build(AdminHttp.layer({ extras: { registration } }))
+    const grpc = yield* Layer.build(GrpcServerLive.layerWith({ credentials: tls.serverCredentials }))
+    const reporterContext = yield* Layer.build(HealthReporterLive.layer)
+    const reporter = Context.get(reporterContext, HealthReporter)
+    yield* Deferred.succeed(reporterReady, reporter.status)
+    yield* MetricsLive.mirrorRegistration(reporter.status)
+
+    yield* Effect.logInfo("cgn-agent serving", {
+      node_id: config.agent.node_id,
+      grpc: Context.get(grpc, GrpcServer).address,
+      admin: Context.get(admin, AdminServer).url,
+      engine: config.engine.kind,
+      model: config.model.served_name,
+      etcd: config.cluster.etcd.length > 0 ? config.cluster.etcd.join(",") : "standalone"
+    })
+
+    const why = yield* Effect.raceFirst(
+      Deferred.await(signals.requested),
+      drain.awaitStarted.pipe(Effect.as("POST /drain"))
+    )
+    yield* orderedDrain(why, signals).pipe(Effect.provide(Context.merge(grpc, reporterContext)))
+    yield* Effect.logInfo("cgn-agent stopped")
+  })
+)
+
+/** The daemon on a resolved config, with all of its layers. */
+export const runDaemon = (config: AgentConfig) => daemon.pipe(Effect.provide(coreLayer(config)))
