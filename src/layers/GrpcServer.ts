@@ -4,9 +4,11 @@
  * forks one fiber that consumes EngineClient.stream into a Relay; the call's generator drains the Relay.
  * Cancel or deadline aborts the call's signal, which interrupts the fiber, which aborts the engine request.
  * The per-token path is a plain loop (no Effect step per token): see docs/bench.md "Relay".
+ * P/D roles (Handoff.planLeg): a prefill leg is one non-streaming engine call whose handoff parameters go in
+ * the final message; a decode leg streams like a normal call. Each leg has [agent].handoff_timeout.
  */
 import { randomUUID } from "node:crypto"
-import { Cause, Effect, Exit, Layer, Option, Schema, Stream } from "effect"
+import { Cause, Duration, Effect, Exit, Layer, Option, Result, Schema, Stream } from "effect"
 import { type CallContext, createServer, type Server, ServerError, Status } from "nice-grpc"
 import { HealthDefinition, HealthServiceImpl, HealthState } from "nice-grpc-server-health"
 import { ServerReflection, ServerReflectionService } from "nice-grpc-server-reflection"
@@ -17,13 +19,14 @@ import {
   type GenerateResponse
 } from "../gen/cgn/agent/v1/agent.ts"
 import { fileDescriptorSet } from "../gen/descriptor.ts"
-import { Admission } from "../services/Admission.ts"
+import { Admission, admissionStatus, Draining, Overloaded } from "../services/Admission.ts"
 import { Config } from "../services/Config.ts"
 import { EngineClient, type JsonObject, type RequestOptions } from "../services/EngineClient.ts"
 import { EngineProcess } from "../services/EngineProcess.ts"
 import { ChunkReader, Coalescer, type EnginePlan, GenerateRejected, planRequest } from "../services/Generate.ts"
 import { AGENT_SERVICE, GrpcServer, type GrpcServerService, type ServingStatus } from "../services/GrpcServer.ts"
 import { type GrpcFailure, statusName, toGrpcFailure } from "../services/GrpcStatus.ts"
+import { extractKvTransferParams, handoffStatus, InvalidHandoff, type LegPlan, planLeg } from "../services/Handoff.ts"
 import { Metrics } from "../services/Metrics.ts"
 import { NodeStatus } from "../services/NodeStatus.ts"
 
@@ -48,6 +51,16 @@ export interface GrpcServerOptions {
 export type ServerCredentials = NonNullable<Parameters<Server["listen"]>[1]>
 
 const TRACEPARENT = /^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/
+
+/** toGrpcFailure plus the agent's own refusals that live outside Generate (admission, handoff). */
+const failureOf = (e: unknown): GrpcFailure => {
+  if (e instanceof Overloaded || e instanceof Draining)
+    return { code: admissionStatus(e), message: e.message, trailers: { "cgn-error-source": "agent" } }
+  if (e instanceof InvalidHandoff)
+    return { code: handoffStatus, message: e.message, trailers: { "cgn-error-source": "agent" } }
+  return toGrpcFailure(e)
+}
+
 const toServerError = (ctx: CallContext, f: GrpcFailure): ServerError => {
   for (const k in f.trailers) ctx.trailer.set(k, f.trailers[k]!)
   return new ServerError(f.code, f.message)
@@ -58,6 +71,8 @@ class Relay {
   readonly coalescer: Coalescer
   readonly reader = new ChunkReader()
   firstTextAt = 0
+  /** Any engine chunk seen (a decode leg's deadline ends there). */
+  started = false
   queueMs = 0
   done = false
   failure: unknown = undefined
@@ -68,6 +83,7 @@ class Relay {
   }
   /** Producer side, once per network read: false when the producer must wait for room. */
   onChunks(chunks: ReadonlyArray<JsonObject>): boolean {
+    this.started = true
     for (let i = 0; i < chunks.length; i++) {
       const text = this.reader.read(chunks[i]!)
       if (text !== "") {
@@ -137,6 +153,12 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
   const model = config.model.served_name
   const role = config.agent.role
   const nodeId = config.agent.node_id
+  const legTimeout = config.agent.handoff_timeout
+  const legDeadline = (leg: string): GenerateRejected =>
+    new GenerateRejected({
+      code: "DEADLINE_EXCEEDED",
+      message: `the ${leg} leg did not ${leg === "prefill" ? "finish" : "start"} within ${Duration.format(legTimeout)} ([agent].handoff_timeout); the engine request was aborted`
+    })
 
   // Health: derived from the engine state and the drain, unless overridden.
   const healthState = HealthState()
@@ -166,10 +188,39 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
 
   const active = new Set<Relay>()
 
-  const produce = (relay: Relay, plan: EnginePlan, opts: RequestOptions): Effect.Effect<void, unknown> => {
-    const relayAll = Stream.runForEachArray(client.stream(plan.path, plan.body, opts), (chunks) =>
+  // One non-streaming call; its answer is read for finish/usage only (the text comes from the decode leg).
+  const prefillLeg = (relay: Relay, plan: EnginePlan, leg: LegPlan, opts: RequestOptions) =>
+    client.complete(plan.path, leg.body, opts).pipe(
+      Effect.timeoutOrElse({ duration: legTimeout, orElse: () => Effect.fail(legDeadline("prefill")) }),
+      Effect.flatMap((response) => {
+        relay.reader.read(response)
+        relay.reader.kvTransferParams = undefined
+        if (leg._tag !== "VllmPrefill") return Effect.void
+        return Effect.map(Effect.fromResult(extractKvTransferParams(response)), (params) => {
+          relay.reader.kvTransferParams = params as Record<string, unknown>
+        })
+      })
+    )
+
+  const produce = (
+    relay: Relay,
+    plan: EnginePlan,
+    leg: LegPlan,
+    opts: RequestOptions
+  ): Effect.Effect<void, unknown> => {
+    const streamAll = Stream.runForEachArray(client.stream(plan.path, leg.body, opts), (chunks) =>
       relay.onChunks(chunks) ? Effect.void : relay.waitRoom
     )
+    // A decode leg waits for the KV transfer before its first chunk: that wait is what the deadline bounds.
+    const decodeDeadline = Effect.sleep(legTimeout).pipe(
+      Effect.andThen(Effect.suspend(() => (relay.started ? Effect.never : Effect.fail(legDeadline("decode")))))
+    )
+    const relayAll: Effect.Effect<void, unknown> =
+      leg._tag === "VllmPrefill" || (leg._tag === "SglangLeg" && leg.leg === "prefill")
+        ? prefillLeg(relay, plan, leg, opts)
+        : leg._tag === "Normal"
+          ? streamAll
+          : Effect.raceFirst(streamAll, decodeDeadline)
     if (admission === undefined) return relayAll
     return Effect.scoped(
       Effect.flatMap(admission.acquire, (permit) => {
@@ -196,6 +247,14 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     const startedAt = performance.now()
     const plan = planRequest(req, config)
     if (plan instanceof GenerateRejected) throw refuse(ctx, startedAt, toGrpcFailure(plan))
+    const leg = planLeg({
+      role,
+      engine: config.engine.kind,
+      body: plan.body,
+      kvTransferParams: req.kvTransferParams,
+      bootstrap: req.bootstrap
+    })
+    if (Result.isFailure(leg)) throw refuse(ctx, startedAt, failureOf(leg.failure))
     if (draining || engineTag !== "Ready") {
       const why = draining ? "node is draining" : `engine is not ready (${engineTag.toLowerCase()})`
       throw refuse(ctx, startedAt, {
@@ -211,7 +270,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     const relay = new Relay(maxPending)
     const relayed = metrics?.relayedTokens.labels({ model })
     active.add(relay)
-    relay.interrupt = run(produce(relay, plan, opts), { onExit: (exit) => relay.finish(exit) })
+    relay.interrupt = run(produce(relay, plan, leg.success, opts), { onExit: (exit) => relay.finish(exit) })
     const onAbort = (): void => {
       relay.interrupt()
       relay.wake()
@@ -231,7 +290,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
       }
       if (ctx.signal.aborted) return
       if (relay.failure !== undefined) {
-        const f = toGrpcFailure(relay.failure)
+        const f = failureOf(relay.failure)
         status = statusName(f.code)
         throw toServerError(ctx, f)
       }

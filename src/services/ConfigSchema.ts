@@ -114,6 +114,7 @@ export const AgentSection = Schema.Struct({
   lease_ttl: Schema.optionalKey(ShortDuration),
   health_damping: withDefault(PositiveInt, 2),
   drain_timeout: withDefault(ShortDuration, "30s"),
+  handoff_timeout: withDefault(ShortDuration, "30s"),
   state_dir: withDefault(Schema.NonEmptyString, "/var/lib/cgn-agent"),
   log_level: withDefault(Schema.Literals(LogLevels), "info"),
   admin_token: Schema.optionalKey(Schema.NonEmptyString),
