@@ -55,13 +55,17 @@ describe("Metrics", () => {
     expect(result.n).toBe(2)
   })
 
-  it("the live layer adds process metrics and event-loop lag", async () => {
+  it("the live layer adds process metrics; event-loop lag is the EventLoopLag window's worst", async () => {
+    const sample = { currentMs: 1, p99Ms: 5, windowMaxMs: 250, maxMs: 900, windowMs: 5000 }
     const body = await run(
-      Effect.flatMap(Metrics, (m) => m.render),
+      Effect.gen(function* () {
+        yield* MetricsLayer.mirrorEventLoopLag(Effect.succeed(sample))
+        return yield* Effect.flatMap(Metrics, (m) => m.render)
+      }).pipe(Effect.scoped),
       MetricsLayer.layer
     )
     expect(body.body).toContain("cgn_agent_process_cpu_seconds_total")
-    expect(body.body).toMatch(/cgn_agent_event_loop_lag_seconds \d/)
+    expect(body.body).toContain("cgn_agent_event_loop_lag_seconds 0.25")
   })
 })
 

@@ -308,7 +308,11 @@ const resolve = (c: ConfigFile, file: string | undefined, env: Readonly<Record<s
     agent: {
       ...c.agent,
       node_id: c.agent.node_id ?? (env.NODE_NAME || os.hostname()),
-      lease_ttl: c.agent.lease_ttl ?? Duration.times(c.agent.heartbeat, 3)
+      lease_ttl: c.agent.lease_ttl ?? Duration.times(c.agent.heartbeat, 3),
+      // A token is a secret: Kubernetes hands it over as an env var from a Secret, not in the ConfigMap.
+      ...(c.agent.admin_token === undefined && env.CGN_AGENT_ADMIN_TOKEN
+        ? { admin_token: env.CGN_AGENT_ADMIN_TOKEN }
+        : {})
     },
     engine: c.engine,
     model,

@@ -1,11 +1,11 @@
 /**
  * Metrics layers: build the registry and every handle named in services/Metrics.ts.
- * `layer` adds prom-client's default process metrics (with the cgn_agent_ prefix) and measures event-loop
- * lag itself; `layerTest` is a bare fresh registry, so tests can assert exact series.
+ * `layer` adds prom-client's default process metrics (with the cgn_agent_ prefix); event-loop lag is
+ * mirrored from the EventLoopLag service by `mirrorEventLoopLag`; `layerTest` is a bare fresh registry, so tests can assert exact series.
  */
-import { monitorEventLoopDelay } from "node:perf_hooks"
 import { Cause, Effect, Layer, type Scope } from "effect"
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client"
+import type { LagSample } from "../services/EventLoopLag.ts"
 import { RegistrationStates, type RegistrationStatus } from "../services/HealthReporter.ts"
 import { METRIC_PREFIX, type MetricHandles, Metrics, type MetricsService, setStateGauge } from "../services/Metrics.ts"
 
@@ -109,31 +109,30 @@ export const layerTest: Layer.Layer<Metrics> = Layer.effect(
   Effect.suspend(() => make(new Registry()))
 )
 
-/** The production registry: the agent's series, the default process metrics and event-loop lag. */
+/**
+ * The production registry: the agent's series and the default process metrics. Event-loop lag comes from
+ * the EventLoopLag service (see `mirrorEventLoopLag`), so the loop is measured once.
+ */
 export const layer: Layer.Layer<Metrics> = Layer.effect(
   Metrics,
   Effect.gen(function* () {
     const registry = new Registry()
     collectDefaultMetrics({ register: registry, prefix: METRIC_PREFIX })
-    const metrics = yield* make(registry)
-    const delay = yield* Effect.acquireRelease(
-      Effect.sync(() => {
-        const h = monitorEventLoopDelay({ resolution: 10 })
-        h.enable()
-        return h
-      }),
-      (h) => Effect.sync(() => h.disable())
-    )
-    yield* metrics.onCollect(
-      Effect.sync(() => {
-        // max since the previous scrape: a heartbeat-starving stall shows even if it was brief
-        metrics.eventLoopLag.set(delay.count > 0 ? delay.max / 1e9 : 0)
-        delay.reset()
-      })
-    )
-    return metrics
+    return yield* make(registry)
   })
 )
+
+/** Fills `cgn_agent_event_loop_lag_seconds` at every scrape with the worst lag of the last window. */
+export const mirrorEventLoopLag = (
+  lag: Effect.Effect<LagSample>
+): Effect.Effect<void, never, Metrics | Scope.Scope> =>
+  Effect.flatMap(Metrics, (m) =>
+    m.onCollect(
+      Effect.map(lag, (s) => {
+        m.eventLoopLag.set(s.windowMaxMs / 1000)
+      })
+    )
+  )
 
 /**
  * Mirrors the etcd reporter's registration status into the etcd gauges at every scrape. Takes the status

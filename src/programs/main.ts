@@ -10,6 +10,7 @@ import * as AdmissionLive from "../layers/Admission.ts"
 import * as DrainLive from "../layers/Drain.ts"
 import * as EngineClientLive from "../layers/EngineClient.ts"
 import * as EngineProcessLive from "../layers/EngineProcess.ts"
+import * as EventLoopLagLive from "../layers/EventLoopLag.ts"
 import * as GrpcServerLive from "../layers/GrpcServer.ts"
 import * as HealthReporterLive from "../layers/HealthReporter.ts"
 import * as Logging from "../layers/Logging.ts"
@@ -23,6 +24,7 @@ import { Admission } from "../services/Admission.ts"
 import { type AgentConfig, Config } from "../services/Config.ts"
 import { Drain } from "../services/Drain.ts"
 import { EngineProcess } from "../services/EngineProcess.ts"
+import { EventLoopLag } from "../services/EventLoopLag.ts"
 import { GrpcServer } from "../services/GrpcServer.ts"
 import { HealthReporter, type RegistrationStatus } from "../services/HealthReporter.ts"
 import { Tls } from "../services/Tls.ts"
@@ -33,7 +35,7 @@ import { type ShutdownSignals, shutdownSignals } from "./runMain.ts"
  * spawns the engine at once), the engine client, admission, GPUs, TLS material, drain lever, NodeStatus.
  */
 export const coreLayer = (config: AgentConfig) => {
-  const base = Layer.mergeAll(Layer.succeed(Config, config), MetricsLive.layer)
+  const base = Layer.mergeAll(Layer.succeed(Config, config), MetricsLive.layer, EventLoopLagLive.layer())
   const services = Layer.mergeAll(
     EngineProcessLive.layer,
     EngineClientLive.layer,
@@ -106,11 +108,13 @@ export const daemon = Effect.scoped(
     const signals = yield* shutdownSignals
     const drain = yield* Drain
     const tls = yield* Tls
+    const lag = yield* EventLoopLag
+    yield* MetricsLive.mirrorEventLoopLag(lag.sample)
 
     // /status reads the registration once the reporter exists (it is built after the servers).
     const reporterReady = yield* Deferred.make<Effect.Effect<RegistrationStatus>>()
     const registration = Effect.flatten(Deferred.await(reporterReady))
-    const admin = yield* Layer.build(AdminHttp.layer({ extras: { registration } }))
+    const admin = yield* Layer.build(AdminHttp.layer({ extras: { registration, eventLoopLag: lag.sample } }))
     const grpc = yield* Layer.build(GrpcServerLive.layerWith({ credentials: tls.serverCredentials }))
     const reporterContext = yield* Layer.build(HealthReporterLive.layer)
     const reporter = Context.get(reporterContext, HealthReporter)
