@@ -249,7 +249,11 @@ describe("SGLang prefill + decode with a bootstrap room", () => {
         expect.stringMatching(/missing or empty bootstrap/)
       ])
     }
-    const bad = await collect(dAgent.client, { prompt, bootstrap: { host: "127.0.0.1", port: bootPort, room: "x1" } })
+    // A uint64 on the wire, but SGLang's rooms stop at 2^63-1.
+    const bad = await collect(dAgent.client, {
+      prompt,
+      bootstrap: { host: "127.0.0.1", port: bootPort, room: "18446744073709551615" }
+    })
     expect([bad.status, bad.details]).toEqual(["FAILED_PRECONDITION", expect.stringMatching(/bootstrap\.room/)])
   })
 
