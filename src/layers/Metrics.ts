@@ -123,9 +123,7 @@ export const layer: Layer.Layer<Metrics> = Layer.effect(
 )
 
 /** Fills `cgn_agent_event_loop_lag_seconds` at every scrape with the worst lag of the last window. */
-export const mirrorEventLoopLag = (
-  lag: Effect.Effect<LagSample>
-): Effect.Effect<void, never, Metrics | Scope.Scope> =>
+export const mirrorEventLoopLag = (lag: Effect.Effect<LagSample>): Effect.Effect<void, never, Metrics | Scope.Scope> =>
   Effect.flatMap(Metrics, (m) =>
     m.onCollect(
       Effect.map(lag, (s) => {
