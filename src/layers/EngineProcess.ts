@@ -5,11 +5,17 @@
  * `stop` (and closing the layer's scope) asks that fiber to stop; it tears the run down and settles in Stopped.
  * openai_compat (plan.spawns = false) runs the same loop with nothing spawned.
  */
-import { Deferred, Duration, Effect, Fiber, Layer, Option, Ref, Result, Stream, SubscriptionRef } from "effect"
+import { Deferred, Duration, Effect, Fiber, Layer, Option, Ref, Result, SubscriptionRef } from "effect"
 import type { AgentConfig } from "../services/Config.ts"
 import { Config } from "../services/Config.ts"
 import type { LaunchPlan } from "../services/Engine.ts"
-import { EngineProcess, EngineProcessError, type EngineState, type ExitRecord } from "../services/EngineProcess.ts"
+import {
+  EngineProcess,
+  EngineProcessError,
+  type EngineState,
+  type ExitRecord,
+  fromRefs
+} from "../services/EngineProcess.ts"
 import {
   type BackoffPolicy,
   describeExit,
@@ -238,19 +244,7 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
   const stop = Deferred.succeed(stopRequested, undefined).pipe(Effect.andThen(Deferred.await(stopped)))
   yield* Effect.addFinalizer(() => stop)
 
-  return EngineProcess.of({
-    plan,
-    state: SubscriptionRef.get(state),
-    changes: SubscriptionRef.changes(state),
-    awaitReady: SubscriptionRef.changes(state).pipe(
-      Stream.filter((s) => s._tag === "Ready"),
-      Stream.take(1),
-      Stream.runDrain
-    ),
-    restarts: Ref.get(restarts),
-    exits: Ref.get(exits),
-    stop
-  })
+  return EngineProcess.of(fromRefs({ plan, state, restarts, exits, stop }))
 })
 
 /** The supervisor for a hand-built plan: the test seam, and what `layer` uses once the plan is rendered. */

@@ -3,9 +3,9 @@
  * state (and records exits) by hand through EngineProcessControl and observes what its subject does.
  * `stop` behaves like the live one (Stopping, then Stopped with the last exit) and is idempotent.
  */
-import { Context, Effect, Layer, Ref, Stream, SubscriptionRef } from "effect"
+import { Context, Effect, Layer, Ref, SubscriptionRef } from "effect"
 import type { LaunchPlan } from "../services/Engine.ts"
-import { EngineProcess, type EngineState, type ExitRecord } from "../services/EngineProcess.ts"
+import { EngineProcess, type EngineState, type ExitRecord, fromRefs } from "../services/EngineProcess.ts"
 import { State } from "../services/EngineState.ts"
 
 export class EngineProcessControl extends Context.Service<
@@ -52,19 +52,7 @@ export const layerTest = (
         const [last] = yield* Ref.get(exits)
         yield* SubscriptionRef.set(state, State.Stopped({ lastExit: last }))
       })
-      const engine = EngineProcess.of({
-        plan: options.plan ?? testPlan(),
-        state: SubscriptionRef.get(state),
-        changes: SubscriptionRef.changes(state),
-        awaitReady: SubscriptionRef.changes(state).pipe(
-          Stream.filter((s) => s._tag === "Ready"),
-          Stream.take(1),
-          Stream.runDrain
-        ),
-        restarts: Ref.get(restarts),
-        exits: Ref.get(exits),
-        stop
-      })
+      const engine = EngineProcess.of(fromRefs({ plan: options.plan ?? testPlan(), state, restarts, exits, stop }))
       const control = EngineProcessControl.of({
         set: (s) => SubscriptionRef.set(state, s),
         recordExit: (exit) =>

@@ -19,7 +19,8 @@ import {
   RegistrationConflict,
   type RegistrationState,
   type RegistrationStatus,
-  type ReporterError
+  type ReporterError,
+  standaloneStatus
 } from "../services/HealthReporter.ts"
 import { type NodeState, NodeStatus } from "../services/NodeStatus.ts"
 import { type EtcdOps, type Holder, makeEtcdOps, type WriteOutcome } from "./etcdClient.ts"
@@ -86,26 +87,8 @@ const standalone = (nodeId: string): Effect.Effect<HealthReporterService> =>
     yield* Effect.logInfo(
       `standalone: [cluster].etcd is empty, so node "${nodeId}" is not registered in etcd and no router will discover it`
     )
-    const status: RegistrationStatus = {
-      state: "standalone",
-      key: undefined,
-      leaseId: undefined,
-      epoch: undefined,
-      leaseTtlMs: undefined,
-      leaseAgeMs: undefined,
-      sinceKeepAliveMs: undefined,
-      sequence: 0,
-      lastWriteAt: undefined,
-      publishedState: undefined,
-      lastError: undefined,
-      conflict: undefined,
-      writes: 0,
-      writeFailures: 0,
-      leasesGranted: 0,
-      leasesLost: 0
-    }
     return {
-      status: Effect.succeed(status),
+      status: Effect.succeed(standaloneStatus),
       lastRecord: Effect.succeed(undefined),
       markDraining: Effect.void,
       flush: Effect.void

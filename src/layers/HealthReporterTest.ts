@@ -3,34 +3,15 @@
  * would be written instead of talking to etcd, and reports itself as standalone until marked draining.
  */
 import { Effect, Layer, Ref } from "effect"
-import { HealthReporter, type RegistrationStatus } from "../services/HealthReporter.ts"
+import { HealthReporter, standaloneStatus } from "../services/HealthReporter.ts"
 import { type NodeHealth, NodeStatus } from "../services/NodeStatus.ts"
-
-const standalone: RegistrationStatus = {
-  state: "standalone",
-  key: undefined,
-  leaseId: undefined,
-  epoch: undefined,
-  leaseTtlMs: undefined,
-  leaseAgeMs: undefined,
-  sinceKeepAliveMs: undefined,
-  sequence: 0,
-  lastWriteAt: undefined,
-  publishedState: undefined,
-  lastError: undefined,
-  conflict: undefined,
-  writes: 0,
-  writeFailures: 0,
-  leasesGranted: 0,
-  leasesLost: 0
-}
 
 /** Records every flush and the drain mark; `lastRecord` is the last NodeStatus snapshot flushed. */
 export const layerTest: Layer.Layer<HealthReporter, never, NodeStatus> = Layer.effect(
   HealthReporter,
   Effect.gen(function* () {
     const node = yield* NodeStatus
-    const status = yield* Ref.make(standalone)
+    const status = yield* Ref.make(standaloneStatus)
     const last = yield* Ref.make<NodeHealth | undefined>(undefined)
     const write = (publishedState?: string) =>
       Effect.gen(function* () {

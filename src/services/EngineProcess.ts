@@ -3,7 +3,7 @@
  * probes, restarts with backoff, the kill sequence and the orphan guard; it alone writes the state.
  * openai_compat runs the same state machine with nothing spawned.
  */
-import { Context, type Data, type Effect, Schema, type Stream } from "effect"
+import { Context, type Data, type Effect, Ref, Schema, Stream, SubscriptionRef } from "effect"
 import type { LaunchPlan } from "./Engine.ts"
 
 /** How one run of the engine ended; kept for forensics (/status) and crash-loop logs. */
@@ -60,5 +60,29 @@ export interface EngineProcessService {
   /** Stops the engine (TERM to the group, KILL after stop_grace) and confirms the group is gone; idempotent. */
   readonly stop: Effect.Effect<void>
 }
+
+/**
+ * The service over the supervisor's refs: the one writer (live supervisor or test control) owns `state`,
+ * `restarts` and `exits`; readers get snapshots and the change stream.
+ */
+export const fromRefs = (refs: {
+  readonly plan: LaunchPlan
+  readonly state: SubscriptionRef.SubscriptionRef<EngineState>
+  readonly restarts: Ref.Ref<number>
+  readonly exits: Ref.Ref<ReadonlyArray<ExitRecord>>
+  readonly stop: Effect.Effect<void>
+}): EngineProcessService => ({
+  plan: refs.plan,
+  state: SubscriptionRef.get(refs.state),
+  changes: SubscriptionRef.changes(refs.state),
+  awaitReady: SubscriptionRef.changes(refs.state).pipe(
+    Stream.filter((s) => s._tag === "Ready"),
+    Stream.take(1),
+    Stream.runDrain
+  ),
+  restarts: Ref.get(refs.restarts),
+  exits: Ref.get(refs.exits),
+  stop: refs.stop
+})
 
 export class EngineProcess extends Context.Service<EngineProcess, EngineProcessService>()("cgn-agent/EngineProcess") {}

@@ -66,6 +66,26 @@ export interface RegistrationStatus {
   readonly leasesLost: number
 }
 
+/** The status of a reporter that writes nowhere ([cluster].etcd empty, or the in-memory test reporter). */
+export const standaloneStatus: RegistrationStatus = {
+  state: "standalone",
+  key: undefined,
+  leaseId: undefined,
+  epoch: undefined,
+  leaseTtlMs: undefined,
+  leaseAgeMs: undefined,
+  sinceKeepAliveMs: undefined,
+  sequence: 0,
+  lastWriteAt: undefined,
+  publishedState: undefined,
+  lastError: undefined,
+  conflict: undefined,
+  writes: 0,
+  writeFailures: 0,
+  leasesGranted: 0,
+  leasesLost: 0
+}
+
 /** Our node id is held by another live lease: refused, never overwritten. */
 export class RegistrationConflict extends Schema.TaggedError<RegistrationConflict>()("RegistrationConflict", {
   key: Schema.String,

@@ -3,15 +3,17 @@
  * and peer ports with its own temp data dir. Supports the faults the HealthReporter tests need: stop
  * (SIGTERM), kill (SIGKILL), pause (SIGSTOP), resume (SIGCONT) and restart on the same ports and data dir.
  * Every instance is tracked and killed on dispose() and, as a last resort, when the test process exits.
+ * With `tls` the client URLs are https (optionally requiring client certificates).
  */
 import { type ChildProcess, spawn } from "node:child_process"
 import * as fs from "node:fs/promises"
+import * as https from "node:https"
 import * as os from "node:os"
 import * as path from "node:path"
 import { freePorts } from "./ports.ts"
 
 export interface EtcdHandle {
-  /** `http://127.0.0.1:PORT`, what [cluster].etcd takes. */
+  /** `http://127.0.0.1:PORT` (`https://` with `tls`), what [cluster].etcd takes. */
   readonly endpoint: string
   readonly clientPort: number
   readonly peerPort: number
@@ -43,17 +45,57 @@ process.once("exit", () => {
 const exited = (p: ChildProcess): Promise<void> =>
   p.exitCode !== null || p.signalCode !== null ? Promise.resolve() : new Promise((r) => p.once("exit", () => r()))
 
+/** GET `/health` over https, trusting `ca` and presenting the client pair when given. */
+const healthOverTls = (url: string, tls: EtcdTls): Promise<{ ok: boolean; body: { health?: string } }> =>
+  Promise.all([
+    fs.readFile(tls.caFile),
+    tls.clientCertFile === undefined ? undefined : fs.readFile(tls.clientCertFile),
+    tls.clientKeyFile === undefined ? undefined : fs.readFile(tls.clientKeyFile)
+  ]).then(
+    ([ca, cert, key]) =>
+      new Promise((resolve, reject) => {
+        const req = https.get(url, { ca, ...(cert ? { cert } : {}), ...(key ? { key } : {}), timeout: 500 }, (res) => {
+          let text = ""
+          res.setEncoding("utf8")
+          res.on("data", (d: string) => {
+            text += d
+          })
+          res.on("end", () => {
+            try {
+              resolve({ ok: res.statusCode === 200, body: JSON.parse(text) as { health?: string } })
+            } catch (e) {
+              reject(e)
+            }
+          })
+          res.on("error", reject)
+        })
+        req.on("timeout", () => req.destroy(new Error("timeout")))
+        req.on("error", reject)
+      })
+  )
+
 /** Polls `/health` until etcd answers healthy, or fails after `timeoutMs`. */
-const awaitHealthy = async (endpoint: string, proc: ChildProcess, logTail: () => string, timeoutMs: number) => {
+const awaitHealthy = async (
+  endpoint: string,
+  proc: ChildProcess,
+  logTail: () => string,
+  timeoutMs: number,
+  tls: EtcdTls | undefined
+) => {
   const deadline = Date.now() + timeoutMs
   while (Date.now() < deadline) {
     if (proc.exitCode !== null || proc.signalCode !== null) {
       throw new Error(`etcd exited early (${proc.exitCode ?? proc.signalCode}):\n${logTail()}`)
     }
     try {
-      const res = await fetch(`${endpoint}/health`, { signal: AbortSignal.timeout(500) })
-      const body = (await res.json()) as { health?: string }
-      if (res.ok && body.health === "true") return
+      if (tls !== undefined) {
+        const res = await healthOverTls(`${endpoint}/health`, tls)
+        if (res.ok && res.body.health === "true") return
+      } else {
+        const res = await fetch(`${endpoint}/health`, { signal: AbortSignal.timeout(500) })
+        const body = (await res.json()) as { health?: string }
+        if (res.ok && body.health === "true") return
+      }
     } catch {
       // not listening yet
     }
@@ -62,9 +104,25 @@ const awaitHealthy = async (endpoint: string, proc: ChildProcess, logTail: () =>
   throw new Error(`etcd at ${endpoint} not healthy after ${timeoutMs}ms:\n${logTail()}`)
 }
 
+/** TLS for the client URLs (peers stay plain http on loopback). */
+export interface EtcdTls {
+  /** The server certificate and key etcd presents. */
+  readonly certFile: string
+  readonly keyFile: string
+  /** The CA etcd trusts for client certificates; the readiness poll trusts it for the server too. */
+  readonly caFile: string
+  /** `--client-cert-auth`: refuse clients without a certificate signed by `caFile`. */
+  readonly clientCertAuth: boolean
+  /** The client pair the readiness poll presents; required with `clientCertAuth`. */
+  readonly clientCertFile?: string
+  readonly clientKeyFile?: string
+}
+
 export interface StartEtcdOptions {
   /** Readiness bound, default 15 s. */
   readonly readyTimeoutMs?: number
+  /** Serve clients over https (`--cert-file --key-file --trusted-ca-file [--client-cert-auth]`). */
+  readonly tls?: EtcdTls
 }
 
 /**
@@ -73,9 +131,13 @@ export interface StartEtcdOptions {
  */
 export const startEtcd = async (options: StartEtcdOptions = {}): Promise<EtcdHandle> => {
   const readyTimeoutMs = options.readyTimeoutMs ?? 15_000
+  const tls = options.tls
+  if (tls?.clientCertAuth === true && (tls.clientCertFile === undefined || tls.clientKeyFile === undefined)) {
+    throw new Error("startEtcd: tls.clientCertAuth needs tls.clientCertFile and clientKeyFile for the readiness poll")
+  }
   const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), "cgn-etcd-"))
   const [clientPort, peerPort] = (await freePorts(2)) as [number, number]
-  const endpoint = `http://127.0.0.1:${clientPort}`
+  const endpoint = `${tls === undefined ? "http" : "https"}://127.0.0.1:${clientPort}`
   const peer = `http://127.0.0.1:${peerPort}`
   const args = [
     "--name=test",
@@ -89,7 +151,15 @@ export const startEtcd = async (options: StartEtcdOptions = {}): Promise<EtcdHan
     "--heartbeat-interval=10",
     "--election-timeout=100",
     "--logger=zap",
-    "--log-level=warn"
+    "--log-level=warn",
+    ...(tls === undefined
+      ? []
+      : [
+          `--cert-file=${tls.certFile}`,
+          `--key-file=${tls.keyFile}`,
+          `--trusted-ca-file=${tls.caFile}`,
+          ...(tls.clientCertAuth ? ["--client-cert-auth"] : [])
+        ])
   ]
   const lines: Array<string> = []
   const logTail = () => lines.slice(-30).join("\n")
@@ -107,7 +177,7 @@ export const startEtcd = async (options: StartEtcdOptions = {}): Promise<EtcdHan
       if (lines.length > 200) lines.splice(0, lines.length - 200)
     })
     proc = p
-    await awaitHealthy(endpoint, p, logTail, readyTimeoutMs)
+    await awaitHealthy(endpoint, p, logTail, readyTimeoutMs, tls)
   }
 
   const signalAndWait = async (signal: NodeJS.Signals) => {
