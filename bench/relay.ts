@@ -1,9 +1,13 @@
 // Relay benchmark (`npm run bench`): the same simulator on the same machine, streamed directly over HTTP SSE
 // and through the agent's gRPC server, at several concurrencies. Prints tokens/s, TTFT p50/p99, the agent's
-// CPU per 1k relayed tokens and peak RSS, and the through-agent / direct ratios. A benchmark, not a test.
+// CPU per relayed token and peak RSS, the through-agent / direct ratios, and the CPU the simulator and the load
+// generator used (on a small machine they compete with the agent: a saturated machine is flagged).
 // The agent runs in its own process (this file re-executed with --agent) so its CPU and RSS are its own.
-// Flags: --concurrency 1,64,256 --tokens 128 --rounds 4 --itl 5ms --profile DIR (writes the agent's --cpu-prof).
+// Flags: --concurrency 1,64,256 --tokens 128 --rounds 4 --itl 5ms,0ms (one table per setting)
+//        --profile DIR (writes the agent's --cpu-prof, one file per setting).
 import { type ChildProcess, spawn } from "node:child_process"
+import { readFileSync } from "node:fs"
+import { availableParallelism } from "node:os"
 import { fileURLToPath } from "node:url"
 import { parseArgs } from "node:util"
 import { Effect, Layer, ManagedRuntime } from "effect"
@@ -20,6 +24,29 @@ import { GrpcServer } from "../src/services/GrpcServer.ts"
 import { startSim } from "../test/support/sim.ts"
 
 const self = fileURLToPath(import.meta.url)
+
+// ---------------------------------------------------------------------------------------------------------
+// CPU accounting (Linux /proc; zeros elsewhere)
+
+/** CPU seconds of a whole process (all threads), from /proc/PID/stat (10 ms ticks). */
+const procCpuS = (pid: number): number => {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8")
+    const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ")
+    return (Number(f[11]) + Number(f[12])) / 100
+  } catch {
+    return 0
+  }
+}
+
+/** CPU microseconds of this process's main thread (schedstat is in ns). */
+const mainThreadUs = (): number => {
+  try {
+    return Number(readFileSync(`/proc/self/task/${process.pid}/schedstat`, "utf8").split(" ")[0]) / 1000
+  } catch {
+    return 0
+  }
+}
 
 // ---------------------------------------------------------------------------------------------------------
 // Agent process: the gRPC server with the live EngineClient, answering stats requests over IPC.
@@ -42,12 +69,26 @@ const runAgent = async (engineUrl: string): Promise<void> => {
   process.on("message", (m: { type: string }) => {
     if (m.type === "stats") {
       const cpu = process.cpuUsage()
-      process.send?.({ type: "stats", cpuUs: cpu.user + cpu.system, maxRssKb: process.resourceUsage().maxRSS })
+      const stats: AgentStats = {
+        type: "stats",
+        cpuUs: cpu.user + cpu.system,
+        mainUs: mainThreadUs(),
+        maxRssKb: process.resourceUsage().maxRSS
+      }
+      process.send?.(stats)
     } else if (m.type === "exit") {
       void rt.dispose().then(() => process.exit(0))
     }
   })
   process.send?.({ type: "ready", address: server.address })
+}
+
+interface AgentStats {
+  readonly type: "stats"
+  /** All threads (main, V8 GC and compiler workers, libuv). */
+  readonly cpuUs: number
+  readonly mainUs: number
+  readonly maxRssKb: number
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -56,13 +97,19 @@ const runAgent = async (engineUrl: string): Promise<void> => {
 interface Sample {
   readonly ttftMs: number
   readonly tokens: number
+  /** Messages (SSE events with text, or gRPC deltas) that carried them. */
+  readonly messages: number
 }
 
 interface PhaseResult {
   readonly tokens: number
+  readonly messages: number
   readonly wallMs: number
   readonly ttft: ReadonlyArray<number>
   readonly errors: number
+  /** CPU seconds of the simulator and of this process (the load generator) during the phase. */
+  readonly simCpuS: number
+  readonly loadCpuS: number
 }
 
 const body = (tokens: number) =>
@@ -101,7 +148,7 @@ const direct = async (url: string, tokens: number): Promise<Sample> => {
       i = chunk.indexOf(TEXT, i + TEXT.length)
     }
   }
-  return { ttftMs, tokens: count }
+  return { ttftMs, tokens: count, messages: count }
 }
 
 type Client = ReturnType<typeof createClient<typeof AgentDefinition>>
@@ -110,19 +157,29 @@ const viaAgent = async (client: Client, tokens: number): Promise<Sample> => {
   const started = performance.now()
   let ttftMs = -1
   let count = 0
+  let messages = 0
   for await (const r of client.generate({ prompt: "bench", sampling: { maxTokens: tokens } })) {
     if (r.delta !== undefined) {
       if (ttftMs < 0) ttftMs = performance.now() - started
       count += r.delta.tokens
+      messages++
     }
   }
-  return { ttftMs, tokens: count }
+  return { ttftMs, tokens: count, messages }
 }
 
-const phase = async (concurrency: number, rounds: number, one: () => Promise<Sample>): Promise<PhaseResult> => {
+const phase = async (
+  simPid: number,
+  concurrency: number,
+  rounds: number,
+  one: () => Promise<Sample>
+): Promise<PhaseResult> => {
   const ttft: Array<number> = []
   let tokens = 0
+  let messages = 0
   let errors = 0
+  const sim0 = procCpuS(simPid)
+  const load0 = process.cpuUsage()
   const started = performance.now()
   const worker = async () => {
     for (let r = 0; r < rounds; r++) {
@@ -130,13 +187,24 @@ const phase = async (concurrency: number, rounds: number, one: () => Promise<Sam
         const s = await one()
         ttft.push(s.ttftMs)
         tokens += s.tokens
+        messages += s.messages
       } catch {
         errors++
       }
     }
   }
   await Promise.all(Array.from({ length: concurrency }, worker))
-  return { tokens, wallMs: performance.now() - started, ttft, errors }
+  const wallMs = performance.now() - started
+  const load = process.cpuUsage(load0)
+  return {
+    tokens,
+    messages,
+    wallMs,
+    ttft,
+    errors,
+    simCpuS: procCpuS(simPid) - sim0,
+    loadCpuS: (load.user + load.system) / 1e6
+  }
 }
 
 const pct = (xs: ReadonlyArray<number>, p: number): number => {
@@ -144,9 +212,9 @@ const pct = (xs: ReadonlyArray<number>, p: number): number => {
   return s.length === 0 ? Number.NaN : (s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] ?? Number.NaN)
 }
 
-const ask = (agent: ChildProcess): Promise<{ cpuUs: number; maxRssKb: number }> =>
+const ask = (agent: ChildProcess): Promise<AgentStats> =>
   new Promise((resolve) => {
-    const on = (m: { type: string; cpuUs: number; maxRssKb: number }) => {
+    const on = (m: AgentStats) => {
       if (m.type !== "stats") return
       agent.off("message", on)
       resolve(m)
@@ -155,19 +223,16 @@ const ask = (agent: ChildProcess): Promise<{ cpuUs: number; maxRssKb: number }> 
     agent.send({ type: "stats" })
   })
 
-const runBench = async (): Promise<void> => {
-  const { values } = parseArgs({
-    options: {
-      concurrency: { type: "string", default: "1,64,256" },
-      tokens: { type: "string", default: "128" },
-      rounds: { type: "string", default: "4" },
-      itl: { type: "string", default: "5ms" },
-      profile: { type: "string" }
-    }
-  })
-  const levels = values.concurrency.split(",").map(Number)
-  const tokens = Number(values.tokens)
-  const rounds = Number(values.rounds)
+const f = (n: number, d = 1) => (Number.isFinite(n) ? n.toFixed(d) : "-")
+
+/** One simulator setting: a fresh simulator and agent, every concurrency level, one table. */
+const runSetting = async (
+  itl: string,
+  levels: ReadonlyArray<number>,
+  tokens: number,
+  rounds: number,
+  profileDir: string | undefined
+): Promise<void> => {
   const sim = await startSim({
     flavor: "vllm",
     args: [
@@ -178,17 +243,18 @@ const runBench = async (): Promise<void> => {
       "--sim-mode",
       "random",
       "--sim-itl",
-      values.itl,
+      itl,
       "--sim-ttft",
       "0ms",
       "--sim-max-seqs",
       String(Math.max(...levels) * 2)
     ]
   })
-  const profile = values.profile === undefined ? [] : ["--cpu-prof", `--cpu-prof-dir=${values.profile}`]
+  const profile = profileDir === undefined ? [] : ["--cpu-prof", `--cpu-prof-dir=${profileDir}`]
   const agent = spawn(process.execPath, [...profile, self, "--agent", sim.url], {
     stdio: ["ignore", "inherit", "inherit", "ipc"]
   })
+  const cores = availableParallelism()
   try {
     const address = await new Promise<string>((resolve, reject) => {
       agent.once("exit", (code) => reject(new Error(`agent exited (${code})`)))
@@ -199,19 +265,24 @@ const runBench = async (): Promise<void> => {
     const channel = createChannel(address, undefined, { "grpc.max_concurrent_streams": 1024 })
     const client = createClient(AgentDefinition, channel)
     // Warm both paths (JIT, connections).
-    await phase(8, 4, () => direct(sim.url, tokens))
-    await phase(8, 4, () => viaAgent(client, tokens))
+    await phase(sim.pid, 8, 4, () => direct(sim.url, tokens))
+    await phase(sim.pid, 8, 4, () => viaAgent(client, tokens))
+    // The agent's own background CPU (timers, health fibers) over one idle second, to read the rows against.
+    const idle0 = await ask(agent)
+    await new Promise((r) => setTimeout(r, 1000))
+    const idle1 = await ask(agent)
 
     const rows: Array<Record<string, string>> = []
-    const f = (n: number, d = 1) => (Number.isFinite(n) ? n.toFixed(d) : "-")
     for (const c of levels) {
-      const d = await phase(c, rounds, () => direct(sim.url, tokens))
+      const d = await phase(sim.pid, c, rounds, () => direct(sim.url, tokens))
       const before = await ask(agent)
-      const a = await phase(c, rounds, () => viaAgent(client, tokens))
+      const a = await phase(sim.pid, c, rounds, () => viaAgent(client, tokens))
       const after = await ask(agent)
       const dRate = (d.tokens * 1000) / d.wallMs
       const aRate = (a.tokens * 1000) / a.wallMs
-      const cpuPer1k = (after.cpuUs - before.cpuUs) / 1e6 / (a.tokens / 1000)
+      const agentCpuS = (after.cpuUs - before.cpuUs) / 1e6
+      const busy = (cpuS: number, wallMs: number) => cpuS / (wallMs / 1000)
+      const total = busy(agentCpuS + a.simCpuS + a.loadCpuS, a.wallMs)
       rows.push({
         streams: String(c),
         "direct tok/s": f(dRate, 0),
@@ -220,16 +291,18 @@ const runBench = async (): Promise<void> => {
         "direct TTFT p50/p99 ms": `${f(pct(d.ttft, 50), 2)} / ${f(pct(d.ttft, 99), 2)}`,
         "agent TTFT p50/p99 ms": `${f(pct(a.ttft, 50), 2)} / ${f(pct(a.ttft, 99), 2)}`,
         "added TTFT p50 ms": f(pct(a.ttft, 50) - pct(d.ttft, 50), 2),
-        "agent CPU s/1k tok": f(cpuPer1k, 4),
-        "agent CPU us/tok": f(cpuPer1k * 1000, 2),
+        "agent CPU µs/tok (main thread)": `${f((agentCpuS * 1e6) / a.tokens, 1)} (${f((after.mainUs - before.mainUs) / a.tokens, 1)})`,
+        "tok/gRPC msg": f(a.tokens / Math.max(1, a.messages), 2),
+        "cores used agent/sim/loadgen (direct: sim/loadgen)": `${f(busy(agentCpuS, a.wallMs), 2)}/${f(busy(a.simCpuS, a.wallMs), 2)}/${f(busy(a.loadCpuS, a.wallMs), 2)} (${f(busy(d.simCpuS, d.wallMs), 2)}/${f(busy(d.loadCpuS, d.wallMs), 2)})${total > 0.9 * cores ? " saturated" : ""}`,
         "agent peak RSS MiB": f(after.maxRssKb / 1024, 0),
         errors: `${d.errors}/${a.errors}`
       })
     }
     channel.close()
-    await pool.close()
     const keys = Object.keys(rows[0] ?? {})
-    console.log(`relay benchmark: ${tokens} tokens/request, ${rounds} requests per stream, sim ITL ${values.itl}`)
+    console.log(
+      `\nrelay benchmark: sim ITL ${itl}, ${tokens} tokens/request, ${rounds} requests per stream, ${cores} cores; agent idle ${f((idle1.cpuUs - idle0.cpuUs) / 1000, 1)} ms CPU/s`
+    )
     console.log(`| ${keys.join(" | ")} |`)
     console.log(`|${keys.map(() => "---").join("|")}|`)
     for (const r of rows) console.log(`| ${keys.map((k) => r[k]).join(" | ")} |`)
@@ -241,6 +314,22 @@ const runBench = async (): Promise<void> => {
     })
     await sim.stop()
   }
+}
+
+const runBench = async (): Promise<void> => {
+  const { values } = parseArgs({
+    options: {
+      concurrency: { type: "string", default: "1,64,256" },
+      tokens: { type: "string", default: "128" },
+      rounds: { type: "string", default: "4" },
+      itl: { type: "string", default: "5ms,0ms" },
+      profile: { type: "string" }
+    }
+  })
+  const levels = values.concurrency.split(",").map(Number)
+  for (const itl of values.itl.split(","))
+    await runSetting(itl, levels, Number(values.tokens), Number(values.rounds), values.profile)
+  await pool.close()
 }
 
 if (process.argv[2] === "--agent") await runAgent(process.argv[3] ?? "")

@@ -60,17 +60,19 @@ interface Tls {
   readonly ca?: string
   readonly cert?: string
   readonly key?: string
+  readonly auth?: { readonly username: string; readonly password: string }
 }
 
-const layerFor = (prefix: string, tls: Tls) => {
+const layerFor = (prefix: string, tls: Tls, endpoint = etcd.endpoint) => {
   const config = layerFromObject({
     cluster: {
       name: "c1",
-      etcd: [etcd.endpoint],
+      etcd: [endpoint],
       etcd_prefix: prefix,
       ...(tls.ca !== undefined ? { etcd_ca_file: tls.ca } : {}),
       ...(tls.cert !== undefined ? { etcd_cert_file: tls.cert } : {}),
-      ...(tls.key !== undefined ? { etcd_key_file: tls.key } : {})
+      ...(tls.key !== undefined ? { etcd_key_file: tls.key } : {}),
+      ...(tls.auth !== undefined ? { etcd_username: tls.auth.username, etcd_password: tls.auth.password } : {})
     },
     agent: { node_id: "n1", heartbeat: "200ms", lease_ttl: "1s" },
     models: { m: { hf_repo: "org/m" } }
@@ -79,8 +81,8 @@ const layerFor = (prefix: string, tls: Tls) => {
   return healthReporterLayer.pipe(Layer.provideMerge(Layer.mergeAll(config, status)))
 }
 
-const startReporter = async (prefix: string, tls: Tls) => {
-  const runtime = ManagedRuntime.make(layerFor(prefix, tls))
+const startReporter = async (prefix: string, tls: Tls, endpoint?: string) => {
+  const runtime = ManagedRuntime.make(layerFor(prefix, tls, endpoint))
   cleanups.push(() => runtime.dispose())
   await runtime.runPromise(Effect.asVoid(HealthReporter))
   return { status: () => runtime.runPromise(Effect.flatMap(HealthReporter, (r) => r.status)) }
@@ -110,10 +112,15 @@ describe("HealthReporter over TLS against a real etcd", () => {
   it("etcd requires a client certificate and the agent has none: retrying with a clear error, no crash", async () => {
     const r = await startReporter(uniquePrefix(), { ca: pki.ca.certFile })
     const st = await untilState(r, "retrying")
-    expect(st.lastError).toMatch(/etcd .* failed: .*(certificate|handshake|alert)/i)
+    expect(st.lastError).toMatch(
+      /^etcd lease grant failed: TLS handshake refused by etcd: it requires a client certificate/
+    )
+    expect(st.lastError).toContain("cluster.etcd_cert_file")
     expect(st.writes).toBe(0)
     // still running: it keeps retrying
-    await pollUntil("more retries", async () => ((await r.status()).writeFailures > st.writeFailures ? true : undefined))
+    await pollUntil("more retries", async () =>
+      (await r.status()).writeFailures > st.writeFailures ? true : undefined
+    )
   }, 15_000)
 
   it("a server certificate from another CA: retrying with a clear error", async () => {
@@ -123,23 +130,80 @@ describe("HealthReporter over TLS against a real etcd", () => {
       key: pki.client.keyFile
     })
     const st = await untilState(r, "retrying")
-    expect(st.lastError).toMatch(/etcd .* failed: .*(certificate|verify|self.signed)/i)
+    expect(st.lastError).toMatch(/^etcd lease grant failed: etcd's server certificate is not trusted/)
+    expect(st.lastError).toContain("cluster.etcd_ca_file")
     expect(st.writes).toBe(0)
   }, 15_000)
 
+  it("server-only TLS (no client certificate) with user/password auth: wrong password retries, right one registers", async () => {
+    const plain = await startEtcd({
+      tls: {
+        certFile: pki.server.certFile,
+        keyFile: pki.server.keyFile,
+        caFile: pki.ca.certFile,
+        clientCertAuth: false
+      }
+    })
+    cleanups.push(() => plain.dispose())
+    const root = new Etcd3({ hosts: plain.endpoint, credentials: { rootCertificate: pki.ca.cert } })
+    cleanups.push(async () => root.close())
+    await root.role("root").create()
+    await root.user("root").create("s3cret")
+    await root.user("root").addRole("root")
+    await root.auth.authEnable({})
+    const prefix = uniquePrefix()
+    const wrong = await startReporter(
+      prefix,
+      { ca: pki.ca.certFile, auth: { username: "root", password: "nope" } },
+      plain.endpoint
+    )
+    expect((await untilState(wrong, "retrying")).lastError).toMatch(/auth/i)
+    const r = await startReporter(
+      prefix,
+      { ca: pki.ca.certFile, auth: { username: "root", password: "s3cret" } },
+      plain.endpoint
+    )
+    await untilState(r, "registered")
+    const authed = new Etcd3({
+      hosts: plain.endpoint,
+      credentials: { rootCertificate: pki.ca.cert },
+      auth: { username: "root", password: "s3cret" }
+    })
+    cleanups.push(async () => authed.close())
+    const text = await authed.get(nodeKey(prefix, "c1", "n1")).string()
+    expect(text === null ? undefined : NodeHealth.fromJSON(JSON.parse(text)).nodeId).toBe("n1")
+  }, 20_000)
+
+  it("a plain-http endpoint against the TLS etcd: retrying, no crash", async () => {
+    const r = await startReporter(uniquePrefix(), {}, etcd.endpoint.replace("https://", "http://"))
+    const st = await untilState(r, "retrying")
+    expect(st.lastError).toMatch(/^etcd lease grant failed: /)
+    expect(st.writes).toBe(0)
+  }, 15_000)
+
+  /** Builds the layer and returns its typed failure (the test fails if it starts). */
+  const buildError = async (tls: Tls, tag = "EtcdTlsError") => {
+    const exit = await Effect.runPromiseExit(Effect.scoped(Layer.build(layerFor(uniquePrefix(), tls))))
+    if (Exit.isSuccess(exit)) throw new Error("the layer started")
+    const err = Cause.squash(exit.cause) as { _tag?: string; key?: string; message?: string }
+    expect(err._tag).toBe(tag)
+    return err
+  }
+
   it("a missing cert file fails the layer at start with EtcdTlsError naming cluster.etcd_cert_file", async () => {
     const missing = `${pki.dir}/nope.crt`
-    const exit = await Effect.runPromiseExit(
-      Effect.scoped(Layer.build(layerFor(uniquePrefix(), { ca: pki.ca.certFile, cert: missing, key: pki.client.keyFile })))
-    )
-    expect(Exit.isFailure(exit)).toBe(true)
-    if (Exit.isFailure(exit)) {
-      const err = Cause.squash(exit.cause) as { _tag?: string; key?: string; message?: string }
-      expect(err._tag).toBe("EtcdTlsError")
-      expect(err.key).toBe("etcd_cert_file")
-      expect(err.message).toContain("cluster.etcd_cert_file")
-      expect(err.message).toContain(missing)
-    }
+    const err = await buildError({ ca: pki.ca.certFile, cert: missing, key: pki.client.keyFile })
+    expect(err.key).toBe("etcd_cert_file")
+    expect(err.message).toContain(`cluster.etcd_cert_file: cannot read ${missing}`)
+  })
+
+  it("half a client pair or a file that is not PEM fails at start naming the key, instead of dying in grpc-js", async () => {
+    const noKey = await buildError({ ca: pki.ca.certFile, cert: pki.client.certFile }, "ConfigError")
+    expect(noKey.message).toContain("cluster.etcd_cert_file")
+    const badCa = await buildError({ ca: pki.client.keyFile, cert: pki.client.certFile, key: pki.client.keyFile })
+    expect(badCa.key).toBe("etcd_ca_file")
+    const mismatch = await buildError({ ca: pki.ca.certFile, cert: pki.client.certFile, key: pki.server.keyFile })
+    expect(mismatch.key).toBe("etcd_cert_file")
   })
 
   it("raised no unhandled rejections", () => {

@@ -1,15 +1,16 @@
 /**
- * The live EngineClient: one undici Agent (keep-alive pool) to the engine, driven through `dispatch` with a
- * handler of our own, so body bytes go straight from the socket into the SSE parser with no Node stream
- * in between. A stream's pull returns every event of a network chunk at once (one Effect step per chunk).
- * Closing the stream's scope, or interrupting `complete`, aborts the exchange: the socket is destroyed and
- * the engine sees the disconnect. Errors are normalized by EngineErrors; framing is Sse's job.
+ * The live EngineClient: one undici Agent (keep-alive pool) to the engine, driven through `dispatch` with
+ * handlers of our own. A stream's body bytes go straight from the socket into the SSE parser inside the
+ * handler, and the parsed objects of each network read go to a sink at once (`streamTo`, the relay's path;
+ * `stream` is that sink behind a Stream pull). Interrupting, or closing the stream's scope, aborts the
+ * exchange: the socket is destroyed and the engine sees the disconnect. Errors are normalized by EngineErrors.
  */
 import { type Array as Arr, Cause, Channel, Effect, Layer, Scope, Stream } from "effect"
 import { Agent, type Dispatcher } from "undici"
 import { Config } from "../services/Config.ts"
 import type { LaunchPlan } from "../services/Engine.ts"
 import {
+  type ChunkSink,
   type CompletionPath,
   EngineClient,
   type EngineClientService,
@@ -34,8 +35,8 @@ export interface ClientOptions {
   readonly connections?: number
 }
 
-// Body bytes buffered before the socket is paused: the consumer is slower than the engine.
-const HIGH_WATER = 256 * 1024
+// Parsed objects a `stream` buffers before the socket is paused: the consumer is slower than the engine.
+const HIGH_WATER_OBJECTS = 1024
 // After [DONE] the engine normally ends the body at once; keep the connection for reuse if it does.
 const DRAIN_AFTER_DONE_MS = 1_000
 
@@ -121,6 +122,123 @@ class Exchange implements Dispatcher.DispatchHandler {
     }
     this.closed = true
     this.chunks = []
+    this.controller?.abort(closedByClient())
+  }
+}
+
+const protocolError = (message: string, data: string): EngineError =>
+  new EngineError({ reason: "Protocol", message: `${message}: ${data.slice(0, 200)}` })
+
+/**
+ * One streaming exchange: parses SSE in the undici callbacks and hands each read's objects to the sink.
+ * `onEnd` is called once: with undefined at `[DONE]`, or with the error that ended the stream.
+ */
+class StreamExchange implements Dispatcher.DispatchHandler {
+  controller: Dispatcher.DispatchController | undefined = undefined
+  status = 0
+  sawDone = false
+  private finished = false
+  private ended = false
+  private closed = false
+  private discard = false
+  private errorBody: Array<Buffer> | undefined = undefined
+  private readonly parser = makeSseParser()
+  private readonly sink: ChunkSink
+  private readonly onEnd: (error: EngineError | undefined) => void
+  private readonly resume = (): void => {
+    if (this.controller?.paused === true) this.controller.resume()
+  }
+  constructor(sink: ChunkSink, onEnd: (error: EngineError | undefined) => void) {
+    this.sink = sink
+    this.onEnd = onEnd
+  }
+
+  onRequestStart(controller: Dispatcher.DispatchController): void {
+    this.controller = controller
+    if (this.closed) controller.abort(closedByClient())
+  }
+  onResponseStart(_c: Dispatcher.DispatchController, statusCode: number): void {
+    this.status = statusCode
+    if (statusCode >= 400) this.errorBody = []
+  }
+  onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
+    if (this.closed || this.discard) return
+    if (this.errorBody !== undefined) this.errorBody.push(chunk)
+    else if (!this.deliver(this.parser.feed(chunk))) controller.pause()
+  }
+  onResponseEnd(): void {
+    this.ended = true
+    if (this.finished) return
+    if (this.errorBody !== undefined) return this.finish(httpError(this.status, bodyText(this.errorBody)))
+    this.deliver(this.parser.end())
+    if (!this.finished)
+      this.finish(new EngineError({ reason: "Stream", message: "stream truncated: body ended without [DONE]" }))
+  }
+  onResponseError(_c: Dispatcher.DispatchController, error: Error): void {
+    this.ended = true
+    if (this.finished) return
+    if (this.status === 0) return this.finish(transportError(error, false))
+    this.finish(
+      new EngineError({ reason: "Stream", message: `stream truncated: ${transportError(error, true).message}` })
+    )
+  }
+
+  /** Parses and hands over one read's events; false when the sink asked for a pause. */
+  private deliver(events: ReadonlyArray<{ readonly data: string }>): boolean {
+    if (events.length === 0) return true
+    const out: Array<JsonObject> = []
+    let failure: EngineError | undefined
+    for (let i = 0; i < events.length; i++) {
+      const data = events[i]!.data
+      if (data === "[DONE]") {
+        this.sawDone = true
+        break
+      }
+      let v: unknown
+      try {
+        v = JSON.parse(data)
+      } catch {
+        failure = protocolError("SSE data is not JSON", data)
+        break
+      }
+      if (typeof v !== "object" || v === null || Array.isArray(v)) {
+        failure = protocolError("SSE data is not an object", data)
+        break
+      }
+      if (isErrorChunk(v as JsonObject)) {
+        failure = streamError(v)
+        break
+      }
+      out.push(v as JsonObject)
+    }
+    // Objects before an error or [DONE] are delivered first, as the engine sent them.
+    const more = out.length === 0 || this.sink.onChunks(out, this.resume)
+    if (failure !== undefined) {
+      this.finish(failure)
+      this.close(false)
+    } else if (this.sawDone) {
+      this.finish(undefined)
+      this.close(true)
+    }
+    return more
+  }
+  private finish(error: EngineError | undefined): void {
+    if (this.finished) return
+    this.finished = true
+    this.onEnd(error)
+  }
+  /** Aborts unless the body ended; `drain` lets a body that is about to end finish, so the socket is reused. */
+  close(drain: boolean): void {
+    if (this.closed || this.ended) return
+    if (drain) {
+      if (this.discard) return
+      this.discard = true
+      this.controller?.resume()
+      setTimeout(() => this.close(false), DRAIN_AFTER_DONE_MS).unref()
+      return
+    }
+    this.closed = true
+    this.finished = true
     this.controller?.abort(closedByClient())
   }
 }
@@ -214,76 +332,31 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
     return yield* json(r.status, r.text)
   })
 
-  const streamPull = (
-    ex: Exchange
-  ): Effect.Effect<Effect.Effect<Arr.NonEmptyReadonlyArray<JsonObject>, EngineError | Cause.Done>> =>
-    Effect.sync(() => {
-      const parser = makeSseParser()
-      const pull = Effect.suspend(function loop(): Effect.Effect<
-        Arr.NonEmptyReadonlyArray<JsonObject>,
-        EngineError | Cause.Done
-      > {
-        if (ex.sawDone) {
-          // Let the body's end arrive (usually in the same packet) so the socket goes back to the pool idle.
-          return ex.settled
-            ? Cause.done()
-            : Effect.andThen(Effect.timeoutOption(ex.changed, DRAIN_AFTER_DONE_MS), Cause.done())
-        }
-        if (ex.status === 0) {
-          if (ex.error !== undefined) return Effect.fail(transportError(ex.error, false))
-          return Effect.flatMap(ex.changed, loop)
-        }
-        if (ex.status >= 400) return Effect.flatMap(whole(ex), (r) => Effect.fail(httpError(r.status, r.text)))
-        const chunks = ex.chunks.length > 0 ? ex.take() : undefined
-        const out: Array<JsonObject> = []
-        if (chunks !== undefined) {
-          for (const c of chunks) {
-            for (const ev of parser.feed(c)) {
-              const r = onEvent(ev.data, out)
-              if (r !== undefined) return r
-            }
-          }
-        } else if (ex.settled) {
-          for (const ev of parser.end()) {
-            const r = onEvent(ev.data, out)
-            if (r !== undefined) return r
-          }
-          if (!ex.sawDone) {
-            const why = ex.error === undefined ? "body ended without [DONE]" : transportError(ex.error, true).message
-            return Effect.fail(new EngineError({ reason: "Stream", message: `stream truncated: ${why}` }))
-          }
-        }
-        if (out.length > 0) return Effect.succeed(out as unknown as Arr.NonEmptyReadonlyArray<JsonObject>)
-        if (ex.sawDone) return Cause.done()
-        return Effect.flatMap(ex.changed, loop)
-      })
-      // undefined: go on; otherwise the step to return now (an error object ends the stream).
-      const onEvent = (data: string, out: Array<JsonObject>): Effect.Effect<never, EngineError> | undefined => {
-        if (ex.sawDone) return undefined
-        if (data === "[DONE]") {
-          ex.sawDone = true
-          return undefined
-        }
-        let v: unknown
-        try {
-          v = JSON.parse(data)
-        } catch {
-          return Effect.fail(
-            new EngineError({ reason: "Protocol", message: `SSE data is not JSON: ${data.slice(0, 200)}` })
-          )
-        }
-        if (typeof v !== "object" || v === null || Array.isArray(v)) {
-          return Effect.fail(
-            new EngineError({ reason: "Protocol", message: `SSE data is not an object: ${data.slice(0, 200)}` })
-          )
-        }
-        if (isErrorChunk(v as JsonObject)) return Effect.fail(streamError(v))
-        out.push(v as JsonObject)
-        return undefined
-      }
-      return pull
+  const streamTo = (
+    path: CompletionPath,
+    body: JsonObject,
+    opts: RequestOptions | undefined,
+    sink: ChunkSink
+  ): Effect.Effect<void, EngineError> =>
+    Effect.callback<void, EngineError>((resume) => {
+      const ex = new StreamExchange(sink, (error) => resume(error === undefined ? Effect.void : Effect.fail(error)))
+      agent.dispatch(
+        {
+          origin,
+          path,
+          method: "POST",
+          headers: postHeaders("text/event-stream", opts),
+          body: encode(body, true),
+          headersTimeout: streamHeadersTimeout,
+          bodyTimeout: 0,
+          blocking: false
+        },
+        ex
+      )
+      return Effect.sync(() => ex.close(ex.sawDone))
     })
 
+  // `streamTo` behind a pull: the sink buffers what the reads bring; the pull takes all of it at once.
   const stream = (
     path: CompletionPath,
     body: JsonObject,
@@ -291,23 +364,58 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
   ): Stream.Stream<JsonObject, EngineError> =>
     Stream.fromChannel(
       Channel.fromTransform((_upstream, scope) =>
-        Effect.suspend(() => {
-          const ex = start(
-            { origin, path },
-            "POST",
-            postHeaders("text/event-stream", opts),
-            encode(body, true),
-            streamHeadersTimeout,
-            0,
-            HIGH_WATER
-          )
-          return Effect.flatMap(
-            Scope.addFinalizer(
-              scope,
-              Effect.sync(() => ex.close(ex.sawDone))
+        Effect.gen(function* () {
+          let buffered: Array<JsonObject> = []
+          let resumeRead: (() => void) | undefined
+          // undefined while running, null at [DONE], else the failure.
+          let end: EngineError | null | undefined
+          let waiter: (() => void) | undefined
+          const wake = (): void => {
+            const w = waiter
+            waiter = undefined
+            w?.()
+          }
+          const sink: ChunkSink = {
+            onChunks: (chunks, resume) => {
+              for (let i = 0; i < chunks.length; i++) buffered.push(chunks[i]!)
+              wake()
+              if (buffered.length < HIGH_WATER_OBJECTS) return true
+              resumeRead = resume
+              return false
+            }
+          }
+          yield* streamTo(path, body, opts, sink).pipe(
+            Effect.exit,
+            Effect.flatMap((exit) =>
+              Effect.sync(() => {
+                end = exit._tag === "Success" ? null : (Cause.squash(exit.cause) as EngineError)
+                wake()
+              })
             ),
-            () => streamPull(ex)
+            Effect.forkIn(scope)
           )
+          const changed = Effect.callback<void>((resume) => {
+            waiter = () => resume(Effect.void)
+            return Effect.sync(() => {
+              waiter = undefined
+            })
+          })
+          return Effect.suspend(function loop(): Effect.Effect<
+            Arr.NonEmptyReadonlyArray<JsonObject>,
+            EngineError | Cause.Done
+          > {
+            if (buffered.length > 0) {
+              const out = buffered
+              buffered = []
+              const r = resumeRead
+              resumeRead = undefined
+              r?.()
+              return Effect.succeed(out as unknown as Arr.NonEmptyReadonlyArray<JsonObject>)
+            }
+            if (end === null) return Cause.done()
+            if (end !== undefined) return Effect.fail(end)
+            return Effect.flatMap(changed, loop)
+          })
         })
       )
     )
@@ -351,7 +459,7 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
           Effect.withSpan("EngineClient.load")
         )
 
-  return EngineClient.of({ stream, complete, models, load } satisfies EngineClientService)
+  return EngineClient.of({ stream, streamTo, complete, models, load } satisfies EngineClientService)
 })
 
 /** The client for a given plan: the seam for tests and for callers that rendered the plan themselves. */

@@ -4,7 +4,9 @@
  * circuit-breaker policies are replaced by pass-throughs (the reporter owns backoff: a 5 s open breaker
  * would delay re-registration past one heartbeat), and grpc-js reconnect backoff is capped likewise.
  */
+import { X509Certificate } from "node:crypto"
 import * as fs from "node:fs/promises"
+import * as tls from "node:tls"
 import { Effect, type Scope } from "effect"
 import { Etcd3, EtcdLeaseInvalidError, type IKeyValue, type IOptions } from "etcd3"
 import type { AgentConfig } from "../services/Config.ts"
@@ -68,6 +70,26 @@ const passThrough = (): Policy => {
 
 const reasonOf = (e: unknown): string => (e instanceof Error ? e.message : String(e))
 
+/**
+ * grpc-js buries TLS failures in "14 UNAVAILABLE: No connection established. Last error: <openssl text>";
+ * say which [cluster] setting to look at, since that is all an operator can change.
+ */
+const REFUSED_BY_SERVER = /alert (bad certificate|certificate required|unknown ca|handshake failure)/i
+const SERVER_UNTRUSTED =
+  /unable to verify|self[- ]signed|unable to get (local )?issuer|certificate has expired|ERR_TLS_CERT_ALTNAME_INVALID/i
+
+const withTlsHint = (reason: string): string => {
+  const text = reason
+    .replace(/\s*Resolution note:\s*$/, "")
+    .replace(/\s+/g, " ")
+    .trim()
+  if (REFUSED_BY_SERVER.test(text))
+    return `TLS handshake refused by etcd: it requires a client certificate signed by a CA it trusts (check cluster.etcd_cert_file and etcd_key_file) [${text}]`
+  if (SERVER_UNTRUSTED.test(text))
+    return `etcd's server certificate is not trusted (check cluster.etcd_ca_file and that the certificate names the endpoint's host) [${text}]`
+  return text
+}
+
 const readTls = (key: string, file: string | undefined): Effect.Effect<Buffer | undefined, EtcdTlsError> =>
   file === undefined
     ? Effect.succeed(undefined)
@@ -75,6 +97,26 @@ const readTls = (key: string, file: string | undefined): Effect.Effect<Buffer | 
         try: () => fs.readFile(file),
         catch: (e) => new EtcdTlsError({ key, file, reason: reasonOf(e) })
       })
+
+/** Parses the PEM material now, so a bad file fails the layer at start instead of dying inside grpc-js. */
+const checkTls = (
+  cluster: AgentConfig["cluster"],
+  ca: Buffer | undefined,
+  cert: Buffer | undefined,
+  key: Buffer | undefined
+): Effect.Effect<void, EtcdTlsError> =>
+  Effect.gen(function* () {
+    // Half a client pair is refused by the config decoder (src/layers/Config.ts), so both or neither here.
+    const parse = (name: string, file: string | undefined, check: () => unknown) =>
+      Effect.try({
+        try: check,
+        catch: (e) => new EtcdTlsError({ key: name, file: file ?? "", reason: `not a usable PEM: ${reasonOf(e)}` })
+      })
+    // Node's secure context silently skips a CA bundle without certificates; X509Certificate does not.
+    if (ca !== undefined) yield* parse("etcd_ca_file", cluster.etcd_ca_file, () => new X509Certificate(ca))
+    if (cert !== undefined && key !== undefined)
+      yield* parse("etcd_cert_file", cluster.etcd_cert_file, () => tls.createSecureContext({ cert, key }))
+  })
 
 /** The etcd3 options for [cluster]; reads the TLS files. */
 export const etcdOptions = Effect.fnUntraced(function* (
@@ -84,11 +126,12 @@ export const etcdOptions = Effect.fnUntraced(function* (
   const ca = yield* readTls("etcd_ca_file", cluster.etcd_ca_file)
   const cert = yield* readTls("etcd_cert_file", cluster.etcd_cert_file)
   const key = yield* readTls("etcd_key_file", cluster.etcd_key_file)
-  const tls = ca !== undefined || cert !== undefined
+  yield* checkTls(cluster, ca, cert, key)
+  const useTls = ca !== undefined || cert !== undefined
   const result: IOptions = {
     // https:// hosts without any TLS file use the system roots (etcd3 does that itself).
     hosts: [...cluster.etcd],
-    ...(tls
+    ...(useTls
       ? {
           credentials: {
             // null: grpc-js uses the system roots (a client pair with a publicly signed server)
@@ -133,7 +176,7 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
       catch: (e) =>
         e instanceof EtcdLeaseInvalidError
           ? new LeaseLost({ leaseId: "", reason: e.message })
-          : new EtcdUnavailable({ operation, reason: reasonOf(e) })
+          : new EtcdUnavailable({ operation, reason: withTlsHint(reasonOf(e)) })
     }).pipe(
       // belt and braces: the gRPC deadline should fire first
       Effect.timeoutOrElse({
@@ -174,7 +217,7 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
           if (signal.aborted || done) return close()
           signal.addEventListener("abort", close, { once: true })
           stream.on("error", (e: unknown) => {
-            finish(Effect.fail(new EtcdUnavailable({ operation: "lease keepalive", reason: reasonOf(e) })))
+            finish(Effect.fail(new EtcdUnavailable({ operation: "lease keepalive", reason: withTlsHint(reasonOf(e)) })))
           })
           stream.on("data", (res: { TTL: string }) => {
             close()
@@ -190,7 +233,7 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
           stream.write({ ID: leaseId })
         })
         .catch((e: unknown) =>
-          finish(Effect.fail(new EtcdUnavailable({ operation: "lease keepalive", reason: reasonOf(e) })))
+          finish(Effect.fail(new EtcdUnavailable({ operation: "lease keepalive", reason: withTlsHint(reasonOf(e)) })))
         )
     }).pipe(
       Effect.timeoutOrElse({

@@ -13,6 +13,7 @@ import * as EngineProcessLive from "../layers/EngineProcess.ts"
 import * as EventLoopLagLive from "../layers/EventLoopLag.ts"
 import * as GrpcServerLive from "../layers/GrpcServer.ts"
 import * as HealthReporterLive from "../layers/HealthReporter.ts"
+import * as KvBridgeLive from "../layers/KvBridge.ts"
 import * as Logging from "../layers/Logging.ts"
 import * as MetricsLive from "../layers/Metrics.ts"
 import * as NodeStatusLive from "../layers/NodeStatus.ts"
@@ -27,6 +28,7 @@ import { EngineProcess } from "../services/EngineProcess.ts"
 import { EventLoopLag } from "../services/EventLoopLag.ts"
 import { GrpcServer } from "../services/GrpcServer.ts"
 import { HealthReporter, type RegistrationStatus } from "../services/HealthReporter.ts"
+import { KvBridge } from "../services/KvBridge.ts"
 import { Tls } from "../services/Tls.ts"
 import { type ShutdownSignals, shutdownSignals } from "./runMain.ts"
 
@@ -42,7 +44,8 @@ export const coreLayer = (config: AgentConfig) => {
     AdmissionLive.layer,
     NvmlProbe.layer(),
     DrainLive.layer,
-    TlsLive.layer
+    TlsLive.layer,
+    KvBridgeLive.layer
   )
   return NodeStatusLive.layer().pipe(
     Layer.provideMerge(services),
@@ -114,7 +117,10 @@ export const daemon = Effect.scoped(
     // /status reads the registration once the reporter exists (it is built after the servers).
     const reporterReady = yield* Deferred.make<Effect.Effect<RegistrationStatus>>()
     const registration = Effect.flatten(Deferred.await(reporterReady))
-    const admin = yield* Layer.build(AdminHttp.layer({ extras: { registration, eventLoopLag: lag.sample } }))
+    const bridge = yield* KvBridge
+    const admin = yield* Layer.build(
+      AdminHttp.layer({ extras: { registration, eventLoopLag: lag.sample, kv: bridge.status } })
+    )
     const grpc = yield* Layer.build(GrpcServerLive.layerWith({ credentials: tls.serverCredentials }))
     const reporterContext = yield* Layer.build(HealthReporterLive.layer)
     const reporter = Context.get(reporterContext, HealthReporter)

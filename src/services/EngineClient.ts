@@ -44,6 +44,12 @@ export class EngineError extends Schema.TaggedError<EngineError>()("EngineError"
   engineCode: Schema.optionalKey(Schema.String)
 }) {}
 
+/** Receives a stream's objects on the network read that brought them (see `streamTo`). */
+export interface ChunkSink {
+  /** The objects of one read, in order, never empty. false pauses the engine read until `resume()`. */
+  readonly onChunks: (chunks: ReadonlyArray<JsonObject>, resume: () => void) => boolean
+}
+
 export interface EngineClientService {
   /** POST with `stream: true`; each SSE `data:` JSON object in order, ending at `[DONE]`. */
   readonly stream: (
@@ -51,6 +57,17 @@ export interface EngineClientService {
     body: JsonObject,
     options?: RequestOptions
   ) => Stream.Stream<JsonObject, EngineError>
+  /**
+   * The same exchange as `stream` without a Stream pull per network read: `sink.onChunks` gets the objects
+   * of each read as it is parsed. Succeeds at `[DONE]`, fails like `stream`; interrupting aborts the request.
+   * Optional so scripted clients may omit it (callers fall back to `stream`).
+   */
+  readonly streamTo?: (
+    path: CompletionPath,
+    body: JsonObject,
+    options: RequestOptions | undefined,
+    sink: ChunkSink
+  ) => Effect.Effect<void, EngineError>
   /** POST with `stream: false`; the whole response object. */
   readonly complete: (
     path: CompletionPath,

@@ -109,9 +109,11 @@ export interface EtcdTls {
   /** The server certificate and key etcd presents. */
   readonly certFile: string
   readonly keyFile: string
-  /** The CA etcd trusts for client certificates; the readiness poll trusts it for the server too. */
+  /** The CA that signed the server certificate (the readiness poll trusts it); with `clientCertAuth`, also
+   * etcd's `--trusted-ca-file` for client certificates. */
   readonly caFile: string
-  /** `--client-cert-auth`: refuse clients without a certificate signed by `caFile`. */
+  /** `--client-cert-auth --trusted-ca-file`: refuse clients without a certificate signed by `caFile`.
+   * Without it etcd gets no `--trusted-ca-file`, since etcd 3.4 then demands client certificates anyway. */
   readonly clientCertAuth: boolean
   /** The client pair the readiness poll presents; required with `clientCertAuth`. */
   readonly clientCertFile?: string
@@ -157,8 +159,7 @@ export const startEtcd = async (options: StartEtcdOptions = {}): Promise<EtcdHan
       : [
           `--cert-file=${tls.certFile}`,
           `--key-file=${tls.keyFile}`,
-          `--trusted-ca-file=${tls.caFile}`,
-          ...(tls.clientCertAuth ? ["--client-cert-auth"] : [])
+          ...(tls.clientCertAuth ? [`--trusted-ca-file=${tls.caFile}`, "--client-cert-auth"] : [])
         ])
   ]
   const lines: Array<string> = []

@@ -1,0 +1,316 @@
+/**
+ * Live KvBridge: a ZMQ SUB on the engine's KV-event endpoint (connects when the engine binds, binds when
+ * the engine connects: vLLM's rule), per-publisher seq checks, gap filling through the replay ROUTER when
+ * one is configured (a DEALER sends ["", seq8]), and a bounded LineQueue drained by the kvcached writer.
+ * The reader only ever does synchronous pushes, so neither kvcached nor a replay can stall it.
+ * Metrics are registered on the shared registry here, so services/Metrics.ts stays untouched; the
+ * production layer renders the plan from Config itself (as EngineClient does).
+ */
+import { Effect, Layer, type Scope } from "effect"
+import { Counter, Gauge, type Registry } from "prom-client"
+import * as zmq from "zeromq"
+import { Config } from "../services/Config.ts"
+import type { KvEventsEndpoint } from "../services/Engine.ts"
+import { KvBridge, type KvBridgeService, type KvBridgeStatus } from "../services/KvBridge.ts"
+import { checkSeq, decodeMessage, END_OF_REPLAY, type KvBatch, readSeq, seqFrame } from "../services/KvEvents.ts"
+import { batchLine, helloLine, type NodeIdentity, type Resync, resyncLine } from "../services/KvWire.ts"
+import { METRIC_PREFIX, Metrics, type MetricsService, setCounter } from "../services/Metrics.ts"
+import { engineFor } from "./engines/index.ts"
+import { runWriter, writerBackoffMs } from "./kvcachedClient.ts"
+import { LineQueue } from "./kvQueue.ts"
+
+export interface BridgeOptions {
+  readonly kvEvents: KvEventsEndpoint
+  readonly uds: string
+  readonly identity: NodeIdentity
+  readonly blockSize: number
+  /** This agent run's id (Hello.epoch). */
+  readonly epoch: string
+  /** Batches held while kvcached is slow or away (default 10 000, vLLM's replay buffer size). */
+  readonly queueCapacity?: number
+  readonly backoffMaxMs?: number
+  readonly replayTimeoutMs?: number
+}
+
+/** The address to connect to for an endpoint the engine binds (`tcp://*:P` -> `tcp://127.0.0.1:P`). */
+export const connectAddress = (endpoint: string): string =>
+  endpoint.replace(/^tcp:\/\/(\*|\[::\]|::|0\.0\.0\.0):/, "tcp://127.0.0.1:")
+
+type Mutable<T> = { -readonly [K in keyof T]: T[K] }
+
+const disabledStatus = (epoch: string, reason: string): KvBridgeStatus => ({
+  enabled: false,
+  disabledReason: reason,
+  subscribed: false,
+  kvcachedConnected: false,
+  forwarded: 0,
+  dropped: 0,
+  gaps: 0,
+  replayed: 0,
+  resyncs: 0,
+  queued: 0,
+  lastSeq: undefined,
+  unknownEvents: 0,
+  unknownKeys: 0,
+  lastError: undefined,
+  epoch
+})
+
+/** Every batch the replay ROUTER holds from `from` on, decoded. Fails on timeout or a bad frame. */
+const fetchReplay = (endpoint: string, topic: string, from: bigint, timeoutMs: number) =>
+  Effect.tryPromise({
+    try: async (signal) => {
+      const dealer = new zmq.Dealer({ linger: 0, receiveTimeout: timeoutMs })
+      signal.addEventListener("abort", () => dealer.close())
+      try {
+        dealer.connect(endpoint)
+        await dealer.send([new Uint8Array(0), seqFrame(from)])
+        const out: Array<KvBatch> = []
+        const topicFrame = new TextEncoder().encode(topic)
+        for (;;) {
+          const frames = await dealer.receive()
+          const seq = frames.length === 3 ? readSeq(frames[1] as Uint8Array) : undefined
+          if (seq === undefined) throw new Error(`replay: unexpected reply of ${frames.length} frames`)
+          if (seq === END_OF_REPLAY) return out
+          const d = decodeMessage([topicFrame, frames[1] as Uint8Array, frames[2] as Uint8Array])
+          if (d.ok) out.push(d.batch)
+        }
+      } finally {
+        if (!dealer.closed) dealer.close()
+      }
+    },
+    catch: (err) => new Error(`replay from ${endpoint}: ${err instanceof Error ? err.message : String(err)}`)
+  })
+
+/** The running bridge; everything it opens is closed with the caller's scope. */
+export const make = (o: BridgeOptions): Effect.Effect<KvBridgeService, never, Scope.Scope> =>
+  Effect.gen(function* () {
+    const st: Mutable<KvBridgeStatus> = { ...disabledStatus(o.epoch, ""), enabled: true, disabledReason: undefined }
+    const queue = new LineQueue(o.queueCapacity ?? 10_000)
+    const expected = new Map<number, bigint>()
+    const { endpoint, engineBinds, replayEndpoint, topic } = o.kvEvents
+    const replayAt = replayEndpoint === undefined ? undefined : connectAddress(replayEndpoint)
+    const replayTimeoutMs = o.replayTimeoutMs ?? 2_000
+    const resyncOf = (r: Resync) => resyncLine(o.identity, r)
+    let holding: Array<KvBatch> | undefined // batches that arrived while a replay is in flight
+    const fibers: Array<Effect.Effect<void>> = []
+
+    const push = (line: string, batch: boolean, dpRank: number, seq: bigint) => {
+      queue.push({ line, batch, dpRank, seq })
+      st.dropped = queue.dropped + decodeDrops
+    }
+    let decodeDrops = 0
+    const forward = (b: KvBatch) => {
+      expected.set(b.dpRank, b.seq + 1n)
+      push(batchLine(o.identity, b), true, b.dpRank, b.seq)
+    }
+    const resync = (r: Resync) => {
+      st.resyncs++
+      push(resyncOf(r), false, r.dpRank, r.toSeq)
+    }
+
+    // After a replay: forward it if it covers [from, until) exactly, else say the range is lost.
+    const finishReplay = (rank: number, from: bigint, gap: boolean, got: ReadonlyArray<KvBatch> | Error) => {
+      const held = holding ?? []
+      holding = undefined
+      const until = (held[0] as KvBatch).seq
+      const inRange = got instanceof Error ? [] : got.filter((b) => b.dpRank === rank && b.seq >= from && b.seq < until)
+      const complete = inRange.length === Number(until - from) && inRange.every((b, i) => b.seq === from + BigInt(i))
+      if (got instanceof Error) st.lastError = got.message
+      if (complete) {
+        for (const b of inRange) forward(b)
+        if (gap) st.replayed++
+      } else if (gap) resync({ reason: "gap", dpRank: rank, fromSeq: from, toSeq: until })
+      expected.set(rank, until)
+      for (const b of held) accept(b)
+    }
+
+    const startReplay = (at: string, rank: number, from: bigint, trigger: KvBatch, gap: boolean) => {
+      holding = [trigger]
+      fibers.push(
+        fetchReplay(at, topic, from, replayTimeoutMs).pipe(
+          Effect.catch((e: Error) => Effect.succeed(e)),
+          Effect.flatMap((got) => Effect.sync(() => finishReplay(rank, from, gap, got)))
+        )
+      )
+    }
+
+    const accept = (b: KvBatch) => {
+      if (holding !== undefined) {
+        holding.push(b)
+        return
+      }
+      const v = checkSeq(expected.get(b.dpRank), b.seq)
+      switch (v.kind) {
+        case "next":
+          return forward(b)
+        case "join":
+          // Hello already tells kvcached to start over, so batches from before we listened are only a bonus.
+          if (v.missed && replayAt !== undefined) return startReplay(replayAt, b.dpRank, 0n, b, false)
+          return forward(b)
+        case "gap":
+          st.gaps++
+          if (replayAt !== undefined) return startReplay(replayAt, b.dpRank, v.from, b, true)
+          resync({ reason: "gap", dpRank: b.dpRank, fromSeq: v.from, toSeq: v.to })
+          return forward(b)
+        case "restart":
+          resync({ reason: "restart", dpRank: b.dpRank, fromSeq: v.from, toSeq: v.to })
+          return forward(b)
+      }
+    }
+
+    const onMessage = (frames: ReadonlyArray<Uint8Array>) => {
+      const d = decodeMessage(frames)
+      if (d.ok) {
+        st.lastSeq = d.batch.seq.toString()
+        st.unknownEvents += d.batch.unknownTypes
+        st.unknownKeys += d.batch.unknownKeys
+        return accept(d.batch)
+      }
+      st.lastError = `undecodable KV event message: ${d.error}`
+      if (d.seq === undefined || holding !== undefined) return
+      // The batch's events are lost; its seq still counts, so no gap is reported for it as well.
+      decodeDrops++
+      st.lastSeq = d.seq.toString()
+      expected.set(0, d.seq + 1n)
+      resync({ reason: "decode", dpRank: 0, fromSeq: d.seq, toSeq: d.seq + 1n })
+    }
+
+    const sub = yield* Effect.acquireRelease(
+      Effect.sync(() => new zmq.Subscriber({ linger: 0, receiveHighWaterMark: 100_000 })),
+      (s) => Effect.sync(() => s.close())
+    )
+    sub.subscribe(topic)
+    const open = engineBinds
+      ? Effect.sync(() => sub.connect(connectAddress(endpoint)))
+      : Effect.tryPromise(() => sub.bind(endpoint))
+    const subscribe = Effect.gen(function* () {
+      for (let failures = 1; ; failures++) {
+        const r = yield* Effect.result(open)
+        if (r._tag === "Success") break
+        st.lastError = `kv events ${endpoint}: ${String(r.failure)}`
+        if (failures === 1) yield* Effect.logError("kv events: cannot bind the endpoint; retrying", { endpoint })
+        yield* Effect.sleep(writerBackoffMs(failures, 5_000, Math.random()))
+      }
+      st.subscribed = true
+      yield* Effect.logInfo("kv events: subscribed", { endpoint, mode: engineBinds ? "connect" : "bind", topic })
+    })
+    const reader = Effect.gen(function* () {
+      yield* subscribe
+      for (;;) {
+        const frames = yield* Effect.tryPromise(() => sub.receive())
+        yield* Effect.sync(() => onMessage(frames))
+        // Replays start inside onMessage; run them beside the reader, never in its way.
+        while (fibers.length > 0) yield* Effect.forkScoped(fibers.shift() as Effect.Effect<void>)
+      }
+    }).pipe(
+      Effect.catch((e) =>
+        Effect.sync(() => {
+          st.subscribed = false
+          st.lastError = `kv events reader stopped: ${String(e)}`
+        })
+      )
+    )
+    yield* Effect.forkScoped(reader)
+
+    yield* Effect.forkScoped(
+      runWriter({
+        path: o.uds,
+        queue,
+        hello: () => helloLine(o.identity, { epoch: o.epoch, blockSize: o.blockSize }),
+        resync: (r) => {
+          st.resyncs++
+          return resyncOf(r)
+        },
+        backoffMaxMs: o.backoffMaxMs ?? 5_000,
+        onConnected: (up, err) => {
+          st.kvcachedConnected = up
+          if (err !== undefined) st.lastError = `kvcached ${o.uds}: ${err}`
+        },
+        onForwarded: (n) => {
+          st.forwarded += n
+        }
+      })
+    )
+
+    return {
+      status: Effect.sync(() => ({ ...st, queued: queue.size, dropped: queue.dropped + decodeDrops }))
+    } satisfies KvBridgeService
+  })
+
+const counter = (registry: Registry, name: string, help: string): Counter =>
+  (registry.getSingleMetric(METRIC_PREFIX + name) as Counter | undefined) ??
+  new Counter({ name: METRIC_PREFIX + name, help, registers: [registry] })
+const gauge = (registry: Registry, name: string, help: string): Gauge =>
+  (registry.getSingleMetric(METRIC_PREFIX + name) as Gauge | undefined) ??
+  new Gauge({ name: METRIC_PREFIX + name, help, registers: [registry] })
+
+/** The bridge's series, mirrored from its status at every scrape. */
+export const registerMetrics = (m: MetricsService, status: Effect.Effect<KvBridgeStatus>) => {
+  const r = m.registry
+  const forwarded = counter(r, "kv_events_forwarded_total", "KV-event batches written to cgn-kvcached")
+  const dropped = counter(r, "kv_events_dropped_total", "KV-event batches lost (queue overflow, undecodable)")
+  const gaps = counter(r, "kv_event_gaps_total", "Sequence gaps on the engine's KV-event stream")
+  const resyncs = counter(r, "kv_resyncs_total", "Resync lines sent to cgn-kvcached")
+  const connected = gauge(r, "kvcached_connected", "1 while connected to cgn-kvcached")
+  const queued = gauge(r, "kv_events_queued", "KV-event batches waiting for cgn-kvcached")
+  return m.onCollect(
+    Effect.map(status, (s) => {
+      setCounter(forwarded, s.forwarded)
+      setCounter(dropped, s.dropped)
+      setCounter(gaps, s.gaps)
+      setCounter(resyncs, s.resyncs)
+      connected.set(s.kvcachedConnected ? 1 : 0)
+      queued.set(s.queued)
+    })
+  )
+}
+
+/** A bridge that does nothing and says why. */
+export const disabled = (reason: string): KvBridgeService => {
+  const s = disabledStatus("", reason)
+  return { status: Effect.succeed(s) }
+}
+
+/** The bridge from explicit options (tests), with its metrics. */
+export const layerWith = (o: BridgeOptions): Layer.Layer<KvBridge, never, Metrics> =>
+  Layer.effect(
+    KvBridge,
+    Effect.gen(function* () {
+      const bridge = yield* make(o)
+      yield* registerMetrics(yield* Metrics, bridge.status)
+      return bridge
+    })
+  )
+
+/** Production: `[kv]` and the engine's plan decide; off unless `[kv].events`, an event source and `[kv].uds`. */
+export const layer: Layer.Layer<KvBridge, never, Config | Metrics> = Layer.effect(
+  KvBridge,
+  Effect.gen(function* () {
+    const config = yield* Config
+    // Rendered here like EngineClient does (pure), so the bridge does not depend on the supervisor.
+    const kvEvents = yield* Effect.try(() => engineFor(config.engine.kind).render(config).kvEvents).pipe(
+      Effect.orElseSucceed(() => undefined)
+    )
+    if (!config.kv.events || kvEvents === undefined) return disabled("[kv].events is off")
+    const uds = config.kv.uds
+    if (uds === undefined) {
+      yield* Effect.logWarning("kv events are on but [kv].uds is not set: nothing forwards them to kvcached")
+      return disabled("[kv].uds is not set")
+    }
+    const bridge = yield* make({
+      kvEvents,
+      uds,
+      identity: {
+        node_id: config.agent.node_id,
+        cluster: config.cluster.name,
+        model: config.model.served_name,
+        engine: config.engine.kind
+      },
+      blockSize: config.kv.block_size,
+      epoch: globalThis.crypto.randomUUID()
+    })
+    yield* registerMetrics(yield* Metrics, bridge.status)
+    return bridge
+  })
+)

@@ -1,0 +1,224 @@
+/**
+ * KV-cache events as the engines publish them: one ZMQ message `[topic, seq (8-byte BE), msgpack batch]`
+ * decoded into a typed batch, and the per-publisher sequence check that tells in-order, gap and engine
+ * restart apart. Accepts both event encodings (maps with "type", legacy tagged arrays) and both batch
+ * shapes ([ts, events, dp_rank] and the older [ts, events]). Pure: no I/O, no node:* imports.
+ */
+import { decode } from "@msgpack/msgpack"
+
+/** An integer hash as the engine sent it (vLLM: uint64, SGLang: int64), or raw digest bytes as `0x` hex. */
+export type BlockHash = bigint | string
+
+export type TokenIds = ReadonlyArray<number | ReadonlyArray<number>>
+
+export type KvEvent =
+  | {
+      readonly type: "BlockStored"
+      readonly blockHashes: ReadonlyArray<BlockHash>
+      readonly parentBlockHash: BlockHash | null
+      readonly tokenIds: TokenIds
+      readonly blockSize: number | null
+      readonly medium: string | null
+      readonly loraName: string | null
+      readonly groupIdx: number | undefined
+      readonly specKind: string | undefined
+    }
+  | {
+      readonly type: "BlockRemoved"
+      readonly blockHashes: ReadonlyArray<BlockHash>
+      readonly medium: string | null
+      readonly groupIdx: number | undefined
+    }
+  | { readonly type: "AllBlocksCleared" }
+
+export interface KvBatch {
+  readonly topic: string
+  readonly seq: bigint
+  /** Unix seconds (float) stamped by the engine. */
+  readonly ts: number
+  readonly dpRank: number
+  readonly events: ReadonlyArray<KvEvent>
+  /** Events of a type this decoder does not know; skipped. */
+  readonly unknownTypes: number
+  /** Map keys this decoder does not know (newer engine fields); skipped. */
+  readonly unknownKeys: number
+}
+
+export type DecodeResult =
+  | { readonly ok: true; readonly batch: KvBatch }
+  /** `seq` is known when only the payload was bad: that batch's events are lost. */
+  | { readonly ok: false; readonly seq: bigint | undefined; readonly error: string }
+
+/** The replay ROUTER's end-of-replay sequence number (-1 as signed). */
+export const END_OF_REPLAY = 0xffffffffffffffffn
+
+export const readSeq = (frame: Uint8Array): bigint | undefined =>
+  frame.length === 8 ? new DataView(frame.buffer, frame.byteOffset, 8).getBigUint64(0, false) : undefined
+
+export const seqFrame = (seq: bigint): Uint8Array => {
+  const out = new Uint8Array(8)
+  new DataView(out.buffer).setBigUint64(0, BigInt.asUintN(64, seq), false)
+  return out
+}
+
+const hex = (b: Uint8Array): string => `0x${Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("")}`
+
+class Malformed extends Error {}
+
+const hashOf = (v: unknown): BlockHash => {
+  if (typeof v === "bigint") return v
+  if (typeof v === "number" && Number.isInteger(v)) return BigInt(v)
+  if (v instanceof Uint8Array) return hex(v)
+  throw new Malformed(`block hash is ${typeof v}`)
+}
+const hashes = (v: unknown): ReadonlyArray<BlockHash> => {
+  if (!Array.isArray(v)) throw new Malformed("block_hashes is not an array")
+  return v.map(hashOf)
+}
+const optHash = (v: unknown): BlockHash | null => (v === null || v === undefined ? null : hashOf(v))
+const num = (v: unknown): number | undefined =>
+  typeof v === "number" ? v : typeof v === "bigint" ? Number(v) : undefined
+const str = (v: unknown): string | null => (typeof v === "string" ? v : null)
+const tokens = (v: unknown): TokenIds => {
+  if (v === null || v === undefined) return []
+  if (!Array.isArray(v)) throw new Malformed("token_ids is not an array")
+  // SGLang spec-decode paths may send [t, t+1] pairs; keep them as they came.
+  return v.map((t) => (Array.isArray(t) ? t.map((x) => num(x) ?? 0) : (num(t) ?? 0)))
+}
+
+const STORED_KEYS = new Set([
+  "type",
+  "block_hashes",
+  "parent_block_hash",
+  "token_ids",
+  "block_size",
+  "lora_id",
+  "medium",
+  "lora_name",
+  "extra_keys",
+  "group_idx",
+  "kv_cache_spec_kind",
+  "kv_cache_spec_sliding_window"
+])
+const REMOVED_KEYS = new Set(["type", "block_hashes", "medium", "group_idx"])
+
+/** Legacy array positions (≤ vLLM 0.23): names by index after the tag. */
+const STORED_POS = [
+  "block_hashes",
+  "parent_block_hash",
+  "token_ids",
+  "block_size",
+  "lora_id",
+  "medium",
+  "lora_name",
+  "extra_keys",
+  "group_idx",
+  "kv_cache_spec_kind",
+  "kv_cache_spec_sliding_window"
+]
+const REMOVED_POS = ["block_hashes", "medium", "group_idx"]
+
+type Fields = Record<string, unknown>
+
+const build = (type: string, f: Fields): KvEvent | undefined => {
+  switch (type) {
+    case "BlockStored":
+      return {
+        type,
+        blockHashes: hashes(f.block_hashes),
+        parentBlockHash: optHash(f.parent_block_hash),
+        tokenIds: tokens(f.token_ids),
+        blockSize: num(f.block_size) ?? null,
+        medium: str(f.medium),
+        loraName: str(f.lora_name),
+        groupIdx: num(f.group_idx),
+        specKind: str(f.kv_cache_spec_kind) ?? undefined
+      }
+    case "BlockRemoved":
+      return { type, blockHashes: hashes(f.block_hashes), medium: str(f.medium), groupIdx: num(f.group_idx) }
+    case "AllBlocksCleared":
+      return { type }
+    default:
+      return undefined
+  }
+}
+
+/** One event in either encoding; `undefined` for an unknown type. Counts unknown keys into `stats`. */
+export const decodeEvent = (raw: unknown, stats: { unknownKeys: number }): KvEvent | undefined => {
+  if (Array.isArray(raw)) {
+    const [tag, ...rest] = raw as Array<unknown>
+    if (typeof tag !== "string") throw new Malformed("legacy event without a tag")
+    const pos = tag === "BlockStored" ? STORED_POS : tag === "BlockRemoved" ? REMOVED_POS : []
+    const f: Fields = {}
+    rest.forEach((v, i) => {
+      const k = pos[i]
+      if (k === undefined) stats.unknownKeys++
+      else f[k] = v
+    })
+    return build(tag, f)
+  }
+  if (raw !== null && typeof raw === "object" && !(raw instanceof Uint8Array)) {
+    const f = raw as Fields
+    if (typeof f.type !== "string") throw new Malformed("event map without a type")
+    const known = f.type === "BlockStored" ? STORED_KEYS : f.type === "BlockRemoved" ? REMOVED_KEYS : undefined
+    if (known !== undefined) for (const k of Object.keys(f)) if (!known.has(k)) stats.unknownKeys++
+    return build(f.type, f)
+  }
+  throw new Malformed("event is neither a map nor an array")
+}
+
+/** Decodes the msgpack batch payload. Throws on a malformed one. */
+export const decodePayload = (payload: Uint8Array): Omit<KvBatch, "topic" | "seq"> & { readonly rawEvents: number } => {
+  const v = decode(payload, { useBigInt64: true })
+  if (!Array.isArray(v) || v.length < 2) throw new Malformed("batch is not [ts, events, dp_rank?]")
+  const [ts, evs, rank] = v as [unknown, unknown, unknown]
+  if (!Array.isArray(evs)) throw new Malformed("batch events is not an array")
+  const stats = { unknownKeys: 0 }
+  const events: Array<KvEvent> = []
+  let unknownTypes = 0
+  for (const raw of evs) {
+    const e = decodeEvent(raw, stats)
+    if (e === undefined) unknownTypes++
+    else events.push(e)
+  }
+  return {
+    ts: num(ts) ?? 0,
+    dpRank: num(rank) ?? 0,
+    events,
+    unknownTypes,
+    unknownKeys: stats.unknownKeys,
+    rawEvents: evs.length
+  }
+}
+
+/** One ZMQ message (3 frames) into a batch. */
+export const decodeMessage = (frames: ReadonlyArray<Uint8Array>): DecodeResult => {
+  if (frames.length !== 3) return { ok: false, seq: undefined, error: `expected 3 frames, got ${frames.length}` }
+  const [topicF, seqF, payload] = frames as [Uint8Array, Uint8Array, Uint8Array]
+  const seq = readSeq(seqF)
+  if (seq === undefined) return { ok: false, seq: undefined, error: `seq frame has ${seqF.length} bytes, not 8` }
+  try {
+    const { rawEvents: _, ...rest } = decodePayload(payload)
+    return { ok: true, batch: { topic: new TextDecoder().decode(topicF), seq, ...rest } }
+  } catch (err) {
+    return { ok: false, seq, error: err instanceof Error ? err.message : String(err) }
+  }
+}
+
+/** How one sequence number relates to the one expected from the same publisher. */
+export type SeqVerdict =
+  | { readonly kind: "next" }
+  /** The first batch seen from this publisher; batches [0, seq) were published before we listened. */
+  | { readonly kind: "join"; readonly missed: boolean }
+  /** Batches [from, to) never arrived. */
+  | { readonly kind: "gap"; readonly from: bigint; readonly to: bigint }
+  /** The counter went down: the engine restarted; everything it held is gone. */
+  | { readonly kind: "restart"; readonly from: bigint; readonly to: bigint }
+
+/** `expected` is last seq + 1, or undefined before the first batch. */
+export const checkSeq = (expected: bigint | undefined, seq: bigint): SeqVerdict => {
+  if (expected === undefined) return { kind: "join", missed: seq > 0n }
+  if (seq === expected) return { kind: "next" }
+  if (seq > expected) return { kind: "gap", from: expected, to: seq }
+  return { kind: "restart", from: expected, to: seq }
+}
