@@ -5,7 +5,7 @@
  * `stream` is that sink behind a Stream pull). Interrupting, or closing the stream's scope, aborts the
  * exchange: the socket is destroyed and the engine sees the disconnect. Errors are normalized by EngineErrors.
  */
-import { type Array as Arr, Cause, Channel, Effect, Layer, Scope, Stream } from "effect"
+import { type Array as Arr, Cause, Channel, Effect, Layer, Stream } from "effect"
 import { Agent, type Dispatcher } from "undici"
 import { Config } from "../services/Config.ts"
 import type { LaunchPlan } from "../services/Engine.ts"
@@ -169,17 +169,19 @@ class StreamExchange implements Dispatcher.DispatchHandler {
   onResponseEnd(): void {
     this.ended = true
     if (this.finished) return
-    if (this.errorBody !== undefined) return this.finish(httpError(this.status, bodyText(this.errorBody)))
-    this.deliver(this.parser.end())
+    if (this.errorBody !== undefined) this.finish(httpError(this.status, bodyText(this.errorBody)))
+    else this.deliver(this.parser.end())
     if (!this.finished)
       this.finish(new EngineError({ reason: "Stream", message: "stream truncated: body ended without [DONE]" }))
   }
   onResponseError(_c: Dispatcher.DispatchController, error: Error): void {
     this.ended = true
     if (this.finished) return
-    if (this.status === 0) return this.finish(transportError(error, false))
+    const why = transportError(error, this.status > 0)
     this.finish(
-      new EngineError({ reason: "Stream", message: `stream truncated: ${transportError(error, true).message}` })
+      this.status === 0 || this.errorBody !== undefined
+        ? why
+        : new EngineError({ reason: "Stream", message: `stream truncated: ${why.message}` })
     )
   }
 

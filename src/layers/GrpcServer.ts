@@ -82,7 +82,7 @@ class Relay {
     this.coalescer = new Coalescer(maxPendingChars)
   }
   /** Producer side, once per network read: false when the producer must wait for room. */
-  onChunks(chunks: ReadonlyArray<JsonObject>): boolean {
+  readonly onChunks = (chunks: ReadonlyArray<JsonObject>, resume?: () => void): boolean => {
     this.started = true
     for (let i = 0; i < chunks.length; i++) {
       const text = this.reader.read(chunks[i]!)
@@ -92,7 +92,9 @@ class Relay {
       }
     }
     this.wake()
-    return this.coalescer.hasRoom
+    if (this.coalescer.hasRoom) return true
+    if (resume !== undefined) this.resumeProducer = resume
+    return false
   }
   readonly waitRoom: Effect.Effect<void> = Effect.callback<void>((resume) => {
     if (this.coalescer.hasRoom) return resume(Effect.void)
@@ -208,9 +210,13 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     leg: LegPlan,
     opts: RequestOptions
   ): Effect.Effect<void, unknown> => {
-    const streamAll = Stream.runForEachArray(client.stream(plan.path, leg.body, opts), (chunks) =>
-      relay.onChunks(chunks) ? Effect.void : relay.waitRoom
-    )
+    // streamTo: the engine's reads go straight into the relay, no Effect step per read.
+    const streamAll =
+      client.streamTo !== undefined
+        ? client.streamTo(plan.path, leg.body, opts, relay)
+        : Stream.runForEachArray(client.stream(plan.path, leg.body, opts), (chunks) =>
+            relay.onChunks(chunks) ? Effect.void : relay.waitRoom
+          )
     // A decode leg waits for the KV transfer before its first chunk: that wait is what the deadline bounds.
     const decodeDeadline = Effect.sleep(legTimeout).pipe(
       Effect.andThen(Effect.suspend(() => (relay.started ? Effect.never : Effect.fail(legDeadline("decode")))))

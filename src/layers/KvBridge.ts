@@ -95,11 +95,11 @@ export const make = (o: BridgeOptions): Effect.Effect<KvBridgeService, never, Sc
     let holding: Array<KvBatch> | undefined // batches that arrived while a replay is in flight
     const fibers: Array<Effect.Effect<void>> = []
 
+    let decodeDrops = 0
     const push = (line: string, batch: boolean, dpRank: number, seq: bigint) => {
       queue.push({ line, batch, dpRank, seq })
       st.dropped = queue.dropped + decodeDrops
     }
-    let decodeDrops = 0
     const forward = (b: KvBatch) => {
       expected.set(b.dpRank, b.seq + 1n)
       push(batchLine(o.identity, b), true, b.dpRank, b.seq)

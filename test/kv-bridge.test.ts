@@ -1,0 +1,435 @@
+// KvBridge end to end with real sockets: the engine simulator (or a scripted ZMQ publisher) -> the bridge
+// -> a test kvcached (net.Server on a temp Unix socket) reading NDJSON. Covers both bind directions,
+// kvcached absent at start, gaps with and without replay, engine restart, overflow while the reader keeps
+// up, and the pure decoder/wire/queue pieces with msgpack built here.
+import * as fs from "node:fs/promises"
+import * as net from "node:net"
+import * as os from "node:os"
+import * as path from "node:path"
+import { encode } from "@msgpack/msgpack"
+import { Context, Effect, Exit, Layer, Scope } from "effect"
+import { afterEach, describe, expect, it } from "vitest"
+import * as zmq from "zeromq"
+import * as ConfigLive from "../src/layers/Config.ts"
+import * as KvBridgeLive from "../src/layers/KvBridge.ts"
+import { LineQueue } from "../src/layers/kvQueue.ts"
+import * as MetricsLive from "../src/layers/Metrics.ts"
+import { KvBridge, type KvBridgeStatus } from "../src/services/KvBridge.ts"
+import { checkSeq, decodeMessage, seqFrame } from "../src/services/KvEvents.ts"
+import { batchLine, resyncLine } from "../src/services/KvWire.ts"
+import { Metrics } from "../src/services/Metrics.ts"
+import { freePort } from "./support/ports.ts"
+import { postJson, type SimHandle, startSim } from "./support/sim.ts"
+
+const BIG = 15760518052499183552n
+const id = { node_id: "n1", cluster: "c1", model: "m", engine: "vllm" }
+type Line = Record<string, unknown>
+
+const cleanups: Array<() => Promise<unknown>> = []
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c().catch(() => undefined)
+})
+
+const until = async <T>(f: () => T | undefined | Promise<T | undefined>, what: string, ms = 10_000): Promise<T> => {
+  const end = Date.now() + ms
+  for (;;) {
+    const v = await f()
+    if (v !== undefined && v !== false) return v
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`)
+    await new Promise((r) => setTimeout(r, 20))
+  }
+}
+
+const tmpSock = async () => {
+  const dir = await fs.mkdtemp(path.join(os.tmpdir(), "kvb-"))
+  cleanups.push(() => fs.rm(dir, { recursive: true, force: true }))
+  return path.join(dir, "kvcached.sock")
+}
+
+/** A kvcached stand-in: every JSON line it receives, over all connections. */
+const kvcached = async (sockPath: string) => {
+  const lines: Array<Line> = []
+  const conns = new Set<net.Socket>()
+  const server = net.createServer((c) => {
+    conns.add(c)
+    let buf = ""
+    c.setEncoding("utf8")
+    c.on("data", (d: string) => {
+      buf += d
+      for (let nl = buf.indexOf("\n"); nl >= 0; nl = buf.indexOf("\n")) {
+        lines.push(JSON.parse(buf.slice(0, nl)) as Line)
+        buf = buf.slice(nl + 1)
+      }
+    })
+    c.on("close", () => conns.delete(c))
+  })
+  await new Promise<void>((r) => server.listen(sockPath, r))
+  const close = () =>
+    new Promise<void>((r) => {
+      for (const c of conns) c.destroy()
+      server.close(() => r())
+    })
+  cleanups.push(close)
+  return { lines, close, batches: () => lines.filter((l) => l.type === "Batch") }
+}
+
+const startBridge = async (o: Omit<KvBridgeLive.BridgeOptions, "identity" | "blockSize" | "epoch">) => {
+  const scope = await Effect.runPromise(Scope.make())
+  cleanups.push(() => Effect.runPromise(Scope.close(scope, Exit.void)))
+  const layer = KvBridgeLive.layerWith({ identity: id, blockSize: 4, epoch: "e1", backoffMaxMs: 200, ...o }).pipe(
+    Layer.provideMerge(MetricsLive.layerTest)
+  )
+  const ctx = await Effect.runPromise(Layer.buildWithScope(layer, scope))
+  const status = () => Effect.runPromise(Context.get(ctx, KvBridge).status)
+  const metrics = () => Effect.runPromise(Context.get(ctx, Metrics).render).then((t) => t.body)
+  return { status, metrics }
+}
+
+const simKv = async (endpoint: string, extra: Array<string>, replay?: string) => {
+  const cfg = {
+    enable_kv_cache_events: true,
+    publisher: "zmq",
+    endpoint,
+    topic: "kv-events",
+    ...(replay ? { replay_endpoint: replay } : {})
+  }
+  const sim = await startSim({
+    args: ["serve", "m", "--kv-events-config", JSON.stringify(cfg), "--sim-block-size", "4", ...extra]
+  })
+  cleanups.push(() => sim.stop())
+  return sim
+}
+let n = 0
+const complete = (sim: SimHandle) =>
+  postJson(`${sim.url}/v1/completions`, { prompt: `a${n} b${n} c${n} d${n} e${n} f${n} g${++n} h`, max_tokens: 1 })
+
+/** Sends completions until the bridge has seen a batch with seq >= `seq` (the first ones may be lost to ZMQ's join). */
+const pumpUntil = async (sim: SimHandle, status: () => Promise<KvBridgeStatus>, seq: number) => {
+  await until(async () => {
+    const s = await status()
+    if (s.lastSeq !== undefined && BigInt(s.lastSeq) >= BigInt(seq)) return true
+    await complete(sim)
+    return undefined
+  }, `seq ${seq}`)
+}
+
+const seqs = (ls: Array<Line>) => ls.map((l) => l.seq as number)
+
+describe("KvBridge with the simulator", () => {
+  it("agent binds; kvcached absent at start, then Hello and batches with exact hashes; gap -> Resync", async () => {
+    const port = await freePort()
+    const sock = await tmpSock()
+    const bridge = await startBridge({
+      kvEvents: {
+        endpoint: `tcp://127.0.0.1:${port}`,
+        engineBinds: false,
+        replayEndpoint: undefined,
+        topic: "kv-events"
+      },
+      uds: sock
+    })
+    const sim = await simKv(`tcp://127.0.0.1:${port}`, ["--sim-kv-skip-seq", "12"])
+    await pumpUntil(sim, bridge.status, 1)
+    const before = await bridge.status()
+    expect(before).toMatchObject({ enabled: true, subscribed: true, kvcachedConnected: false, forwarded: 0 })
+    expect(before.lastError).toMatch(/kvcached/)
+
+    const kc = await kvcached(sock)
+    await until(() => kc.batches().length > 0 || undefined, "first batch")
+    expect(kc.lines[0]).toMatchObject({ type: "Hello", version: 1, ...id, epoch: "e1", block_size: 4 })
+    await pumpUntil(sim, bridge.status, 16)
+    await until(() => kc.batches().some((b) => (b.seq as number) >= 16) || undefined, "batch 16")
+
+    const batches = kc.batches()
+    for (const b of batches) expect(b).toMatchObject({ ...id, dp_rank: 0 })
+    const s = seqs(batches)
+    expect(s).toEqual([...s].sort((a, b) => a - b))
+    expect(new Set(s).size).toBe(s.length)
+    expect(s).not.toContain(12)
+    const resync = kc.lines.find((l) => l.type === "Resync")
+    expect(resync).toMatchObject({ reason: "gap", from_seq: 12, to_seq: 13, ...id })
+    expect(kc.lines.indexOf(resync as Line)).toBeLessThan(kc.lines.findIndex((l) => l.seq === 13))
+
+    const stored = batches.flatMap((b) => (b.events as Array<Line>).filter((e) => e.type === "BlockStored"))
+    expect(stored[0]).toMatchObject({ block_size: 4, medium: "GPU" })
+    const hashes = stored.flatMap((e) => e.block_hashes as Array<string>)
+    expect(hashes.every((h) => typeof h === "string" && /^\d+$/.test(h))).toBe(true)
+    expect(hashes.some((h) => BigInt(h) >= 1n << 63n)).toBe(true)
+
+    const st = await bridge.status()
+    expect(st).toMatchObject({ kvcachedConnected: true, gaps: 1, resyncs: 1, dropped: 0 })
+    expect(await bridge.metrics()).toMatch(/cgn_agent_kv_events_forwarded_total [1-9]/)
+    expect(await bridge.metrics()).toMatch(/cgn_agent_kvcached_connected 1/)
+  })
+
+  it("engine binds tcp://*:P; the join is filled from replay, an unreplayable gap still gets a Resync", async () => {
+    const [port, rport] = [await freePort(), await freePort()]
+    const sock = await tmpSock()
+    const kc = await kvcached(sock)
+    const sim = await simKv(`tcp://*:${port}`, ["--sim-kv-skip-seq", "8"], `tcp://*:${rport}`)
+    const bridge = await startBridge({
+      kvEvents: {
+        endpoint: `tcp://*:${port}`,
+        engineBinds: true,
+        replayEndpoint: `tcp://*:${rport}`,
+        topic: "kv-events"
+      },
+      uds: sock
+    })
+    // The simulator has published seq 0 (AllBlocksCleared) before the bridge existed.
+    await pumpUntil(sim, bridge.status, 10)
+    await until(() => kc.batches().some((b) => (b.seq as number) >= 10) || undefined, "batch 10")
+    const s = seqs(kc.batches())
+    expect(s[0]).toBe(0)
+    expect(kc.batches()[0]?.events).toEqual([{ type: "AllBlocksCleared" }])
+    expect(s).toEqual([...s].sort((a, b) => a - b))
+    expect(s).not.toContain(8)
+    expect(s.filter((x) => x < 8)).toEqual([0, 1, 2, 3, 4, 5, 6, 7])
+    expect(kc.lines.filter((l) => l.type === "Resync")).toMatchObject([{ reason: "gap", from_seq: 8, to_seq: 9 }])
+    expect(await bridge.status()).toMatchObject({ gaps: 1, replayed: 0 })
+  })
+})
+
+/** A scripted engine-side publisher: PUB plus replay ROUTER, where a batch can be buffered but not sent. */
+const fakeEngine = async () => {
+  const [port, rport] = [await freePort(), await freePort()]
+  const pub = new zmq.Publisher({ linger: 0 })
+  const router = new zmq.Router({ linger: 0 })
+  await pub.bind(`tcp://127.0.0.1:${port}`)
+  await router.bind(`tcp://127.0.0.1:${rport}`)
+  const buffer: Array<[bigint, Uint8Array]> = []
+  void (async () => {
+    try {
+      for await (const [ident, , start] of router) {
+        const from = (start as Buffer).readBigUInt64BE()
+        for (const [s, p] of buffer) if (s >= from) await router.send([ident as Buffer, "", seqFrame(s), p])
+        await router.send([ident as Buffer, "", seqFrame(0xffffffffffffffffn), ""])
+      }
+    } catch {
+      // closed
+    }
+  })()
+  cleanups.push(async () => {
+    pub.close()
+    router.close()
+  })
+  let seq = 0n
+  const send = async (opts: { lose?: boolean; seq?: bigint; hashes?: Array<bigint> } = {}) => {
+    if (opts.seq !== undefined) seq = opts.seq
+    const s = seq++
+    const ev = { type: "BlockStored", block_hashes: opts.hashes ?? [s + 1n], parent_block_hash: null, token_ids: [1] }
+    const payload = encode([1.5, [{ ...ev, block_size: 1, medium: "GPU" }], 0], { useBigInt64: true })
+    buffer.push([s, payload])
+    if (!opts.lose) await pub.send(["kv", seqFrame(s), payload])
+    return s
+  }
+  const endpoint = (replay: boolean) => ({
+    endpoint: `tcp://127.0.0.1:${port}`,
+    engineBinds: true,
+    replayEndpoint: replay ? `tcp://127.0.0.1:${rport}` : undefined,
+    topic: "kv"
+  })
+  return { send, endpoint }
+}
+
+describe("KvBridge with a scripted publisher", () => {
+  it("replay fills a lost batch; an engine restart gives Resync restart", async () => {
+    const eng = await fakeEngine()
+    const sock = await tmpSock()
+    const kc = await kvcached(sock)
+    const bridge = await startBridge({ kvEvents: eng.endpoint(true), uds: sock })
+    await until(async () => (await bridge.status()).lastSeq ?? void (await eng.send()), "join")
+    await eng.send({ lose: true })
+    const last = await eng.send({ hashes: [BIG] })
+    await until(() => kc.batches().some((b) => BigInt(b.seq as number) === last) || undefined, "last")
+    expect(seqs(kc.batches())).toEqual(Array.from({ length: Number(last) + 1 }, (_, i) => i))
+    expect(kc.lines.some((l) => l.type === "Resync")).toBe(false)
+    expect(kc.batches().at(-1)?.events).toMatchObject([{ block_hashes: ["15760518052499183552"] }])
+    expect(await bridge.status()).toMatchObject({ gaps: 1, replayed: 1, resyncs: 0 })
+
+    await eng.send({ seq: 0n })
+    await until(() => kc.lines.find((l) => l.type === "Resync"), "restart resync")
+    expect(kc.lines.at(-2)).toMatchObject({ type: "Resync", reason: "restart", from_seq: Number(last) + 1, to_seq: 0 })
+    await until(() => (kc.lines.at(-1)?.seq === 0 ? true : undefined), "seq 0 after restart")
+  })
+
+  it("overflow while kvcached is away: the reader keeps up, oldest dropped, Resync overflow", async () => {
+    const eng = await fakeEngine()
+    const sock = await tmpSock()
+    const bridge = await startBridge({ kvEvents: eng.endpoint(false), uds: sock, queueCapacity: 5 })
+    const first = BigInt(await until(async () => (await bridge.status()).lastSeq ?? void (await eng.send()), "join"))
+    let last = 0n
+    for (let i = 0; i < 50; i++) last = await eng.send()
+    await until(async () => ((await bridge.status()).lastSeq === String(last) ? true : undefined), "reader caught up")
+    const st = await bridge.status()
+    const received = Number(last - first) + 1
+    expect(st).toMatchObject({ queued: 5, dropped: received - 5, forwarded: 0 })
+
+    const kc = await kvcached(sock)
+    await until(() => kc.batches().length === 5 || undefined, "5 batches")
+    expect(kc.lines[0]?.type).toBe("Hello")
+    expect(kc.lines[1]).toMatchObject({
+      type: "Resync",
+      reason: "overflow",
+      from_seq: Number(first),
+      to_seq: Number(last) - 4
+    })
+    expect(seqs(kc.batches())).toEqual([4, 3, 2, 1, 0].map((d) => Number(last) - d))
+    expect(await bridge.metrics()).toMatch(new RegExp(`cgn_agent_kv_events_dropped_total ${received - 5}`))
+  })
+})
+
+describe("KvBridge.layer from the config", () => {
+  const statusOf = (kv: Record<string, unknown>) =>
+    Effect.runPromise(
+      Effect.scoped(
+        Effect.flatMap(KvBridge, (b) => b.status).pipe(
+          Effect.provide(
+            KvBridgeLive.layer.pipe(
+              Layer.provide(ConfigLive.layerFromObject({ models: { m: { hf_repo: "org/m" } }, kv })),
+              Layer.provide(MetricsLive.layerTest)
+            )
+          )
+        )
+      )
+    )
+  it("is a no-op that says why when events are off or nothing receives them", async () => {
+    expect(await statusOf({})).toMatchObject({ enabled: false, disabledReason: "[kv].events is off", forwarded: 0 })
+    expect(await statusOf({ events: true })).toMatchObject({ enabled: false, disabledReason: "[kv].uds is not set" })
+  })
+})
+
+describe("pure pieces", () => {
+  const frames = (batch: unknown, seq = 7n) => [
+    new TextEncoder().encode("t"),
+    seqFrame(seq),
+    encode(batch, { useBigInt64: true })
+  ]
+
+  it("decodes map events, legacy arrays, 2-element batches, bin hashes; counts unknowns", () => {
+    const map = decodeMessage(
+      frames([
+        1.25,
+        [
+          { type: "BlockStored", block_hashes: [BIG, 5], parent_block_hash: null, token_ids: [1, 2], block_size: 2 },
+          { type: "BlockRemoved", block_hashes: [BIG], medium: "CPU", locality: "x" },
+          { type: "Snapshot" },
+          { type: "AllBlocksCleared" }
+        ],
+        3
+      ])
+    )
+    expect(map.ok && map.batch).toMatchObject({
+      topic: "t",
+      seq: 7n,
+      ts: 1.25,
+      dpRank: 3,
+      unknownTypes: 1,
+      unknownKeys: 1
+    })
+    expect(map.ok && map.batch.events).toMatchObject([
+      { type: "BlockStored", blockHashes: [BIG, 5n], parentBlockHash: null, tokenIds: [1, 2], blockSize: 2 },
+      { type: "BlockRemoved", blockHashes: [BIG], medium: "CPU" },
+      { type: "AllBlocksCleared" }
+    ])
+    const legacy = decodeMessage(
+      frames([
+        2,
+        [
+          ["BlockStored", [-5n, new Uint8Array([0xab, 1])], 9, [3], 1, null, "GPU"],
+          ["BlockRemoved", [1]],
+          ["AllBlocksCleared"]
+        ]
+      ])
+    )
+    expect(legacy.ok && legacy.batch).toMatchObject({ dpRank: 0, unknownTypes: 0 })
+    expect(legacy.ok && legacy.batch.events).toMatchObject([
+      { type: "BlockStored", blockHashes: [-5n, "0xab01"], parentBlockHash: 9n, medium: "GPU" },
+      { type: "BlockRemoved", blockHashes: [1n], medium: null },
+      { type: "AllBlocksCleared" }
+    ])
+    expect(decodeMessage(frames("nope"))).toMatchObject({ ok: false, seq: 7n })
+    expect(decodeMessage(frames([1, [{ no: "type" }]]))).toMatchObject({ ok: false, seq: 7n })
+    expect(decodeMessage([new Uint8Array(1), new Uint8Array(3), new Uint8Array(0)])).toMatchObject({
+      ok: false,
+      seq: undefined
+    })
+    expect(decodeMessage([new Uint8Array(1)])).toMatchObject({ ok: false })
+  })
+
+  it("tells next, join, gap and restart apart", () => {
+    expect(checkSeq(undefined, 0n)).toEqual({ kind: "join", missed: false })
+    expect(checkSeq(undefined, 4n)).toEqual({ kind: "join", missed: true })
+    expect(checkSeq(5n, 5n)).toEqual({ kind: "next" })
+    expect(checkSeq(5n, 9n)).toEqual({ kind: "gap", from: 5n, to: 9n })
+    expect(checkSeq(5n, 0n)).toEqual({ kind: "restart", from: 5n, to: 0n })
+  })
+
+  it("renders lines with decimal-string hashes", () => {
+    const line = batchLine(id, {
+      topic: "t",
+      seq: 3n,
+      ts: 1.5,
+      dpRank: 0,
+      unknownKeys: 0,
+      unknownTypes: 0,
+      events: [
+        {
+          type: "BlockStored",
+          blockHashes: [BIG, -1n],
+          parentBlockHash: BIG,
+          tokenIds: [1],
+          blockSize: 1,
+          medium: "GPU",
+          loraName: null,
+          groupIdx: 0,
+          specKind: undefined
+        }
+      ]
+    })
+    expect(line.endsWith("\n")).toBe(true)
+    expect(JSON.parse(line)).toEqual({
+      type: "Batch",
+      ...id,
+      dp_rank: 0,
+      seq: 3,
+      ts: 1.5,
+      events: [
+        {
+          type: "BlockStored",
+          block_hashes: ["15760518052499183552", "-1"],
+          parent_block_hash: "15760518052499183552",
+          token_ids: [1],
+          block_size: 1,
+          medium: "GPU",
+          group_idx: 0
+        }
+      ]
+    })
+    expect(JSON.parse(resyncLine(id, { reason: "gap", dpRank: 1, fromSeq: 4n, toSeq: 6n }))).toEqual({
+      type: "Resync",
+      ...id,
+      dp_rank: 1,
+      reason: "gap",
+      from_seq: 4,
+      to_seq: 6
+    })
+  })
+
+  it("the queue drops the oldest and reports the lost range once", () => {
+    const q = new LineQueue(2)
+    const item = (seq: bigint) => ({ line: `${seq}`, batch: true, dpRank: 0, seq })
+    expect(q.push(item(1n))).toBe(false)
+    q.push(item(2n))
+    expect(q.push(item(3n))).toBe(true)
+    q.push(item(4n))
+    expect(q.dropped).toBe(2)
+    const out = q.take(10, (r) => `resync ${r.reason} ${r.fromSeq}-${r.toSeq}`)
+    expect(out.map((l) => l.line)).toEqual(["resync overflow 1-3", "3", "4"])
+    expect(q.take(10, () => "x")).toEqual([])
+    let woke = 0
+    q.onPush(() => woke++)
+    q.push(item(5n))
+    expect(woke).toBe(1)
+  })
+})
