@@ -1,7 +1,8 @@
 /**
  * The live gRPC server (nice-grpc): Agent, grpc.health.v1.Health (Check, Watch) and server reflection.
  * Handlers are plain async code bridged into Effect with the layer's captured context: a Generate call
- * forks one fiber that consumes EngineClient.stream into a Relay; the call's generator drains the Relay.
+ * forks one fiber running EngineClient.streamTo with the Relay as its sink (EngineClient.stream for clients
+ * without streamTo); the call's generator drains the Relay.
  * Cancel or deadline aborts the call's signal, which interrupts the fiber, which aborts the engine request.
  * The per-token path is a plain loop (no Effect step per token): see docs/bench.md "Relay".
  * P/D roles (Handoff.planLeg): a prefill leg is one non-streaming engine call whose handoff parameters go in
