@@ -366,6 +366,30 @@ describe("stopping the agent", () => {
     await untilGone("engine gone", [sim.pid])
     expect(s.agent.stderrLines.join("\n")).toContain("ending in-flight streams")
   })
+
+  it("a second SIGTERM takes the fast path: the wait for in-flight streams is cut short, exit 0", async () => {
+    const s = await startSimAgent({
+      simArgs: ["--sim-itl", "50ms"],
+      agent: { heartbeat: "300ms", lease_ttl: "5s", drain_timeout: "60s" }
+    })
+    const sim = await simState(s.engineUrl)
+    const stream = generate(s.client, { prompt: words(400), sampling: { maxTokens: 400 } })
+    await stream.firstDelta
+    process.kill(s.agent.pid, "SIGTERM")
+    await s.agent.waitForLine((l) => l.includes("drain: started"), 10_000)
+    const secondAt = Date.now()
+    process.kill(s.agent.pid, "SIGTERM")
+
+    const r = await stream.done
+    expect(grpcCode(r.error)).toBe("UNAVAILABLE")
+    expect(r.tokens()).toBeLessThan(400)
+    const exit = await s.agent.exited
+    expect(exit, s.agent.tail()).toEqual({ code: 0, signal: null })
+    // 400 tokens at 50 ms would hold the drain for 20 s; the second signal ends it well before.
+    expect(Date.now() - secondAt).toBeLessThan(10_000)
+    expect(await readRecord(s.key)).toBeUndefined()
+    await untilGone("engine gone", [sim.pid])
+  })
 })
 
 describe("a bad config", () => {
