@@ -9,7 +9,7 @@
  * the final message; a decode leg streams like a normal call. Each leg has [agent].handoff_timeout.
  */
 import { randomUUID } from "node:crypto"
-import { Cause, Duration, Effect, Exit, Layer, Option, Result, Schema, Stream } from "effect"
+import { Duration, Effect, Layer, Option, Result, Schema, Stream } from "effect"
 import { type CallContext, createServer, type Server, ServerError, Status } from "nice-grpc"
 import { HealthDefinition, HealthServiceImpl, HealthState } from "nice-grpc-server-health"
 import { ServerReflection, ServerReflectionService } from "nice-grpc-server-reflection"
@@ -22,14 +22,15 @@ import {
 import { fileDescriptorSet } from "../gen/descriptor.ts"
 import { Admission, admissionStatus, Draining, Overloaded } from "../services/Admission.ts"
 import { Config } from "../services/Config.ts"
-import { EngineClient, type JsonObject, type RequestOptions } from "../services/EngineClient.ts"
+import { EngineClient, type RequestOptions } from "../services/EngineClient.ts"
 import { EngineProcess } from "../services/EngineProcess.ts"
-import { ChunkReader, Coalescer, type EnginePlan, GenerateRejected, planRequest } from "../services/Generate.ts"
+import { type EnginePlan, GenerateRejected, planRequest } from "../services/Generate.ts"
 import { AGENT_SERVICE, GrpcServer, type GrpcServerService, type ServingStatus } from "../services/GrpcServer.ts"
 import { type GrpcFailure, statusName, toGrpcFailure } from "../services/GrpcStatus.ts"
 import { extractKvTransferParams, handoffStatus, InvalidHandoff, type LegPlan, planLeg } from "../services/Handoff.ts"
 import { Metrics } from "../services/Metrics.ts"
 import { NodeStatus } from "../services/NodeStatus.ts"
+import { Relay } from "./GrpcRelay.ts"
 
 /** The server could not listen (address in use, bad address). */
 export class GrpcListenError extends Schema.TaggedError<GrpcListenError>()("GrpcListenError", {
@@ -65,81 +66,6 @@ const failureOf = (e: unknown): GrpcFailure => {
 const toServerError = (ctx: CallContext, f: GrpcFailure): ServerError => {
   for (const k in f.trailers) ctx.trailer.set(k, f.trailers[k]!)
   return new ServerError(f.code, f.message)
-}
-
-/** One Generate call's hand-off between the engine fiber (producer) and the gRPC generator (consumer). */
-class Relay {
-  readonly coalescer: Coalescer
-  readonly reader = new ChunkReader()
-  firstTextAt = 0
-  /** Any engine chunk seen (a decode leg's deadline ends there). */
-  started = false
-  queueMs = 0
-  done = false
-  failure: unknown = undefined
-  private wakeConsumer: (() => void) | undefined = undefined
-  private resumeProducer: (() => void) | undefined = undefined
-  constructor(maxPendingChars: number) {
-    this.coalescer = new Coalescer(maxPendingChars)
-  }
-  /** Producer side, once per network read: false when the producer must wait for room. */
-  readonly onChunks = (chunks: ReadonlyArray<JsonObject>, resume?: () => void): boolean => {
-    this.started = true
-    for (let i = 0; i < chunks.length; i++) {
-      const text = this.reader.read(chunks[i]!)
-      if (text !== "") {
-        if (this.firstTextAt === 0) this.firstTextAt = performance.now()
-        this.coalescer.push(text)
-      }
-    }
-    this.wake()
-    if (this.coalescer.hasRoom) return true
-    if (resume !== undefined) this.resumeProducer = resume
-    return false
-  }
-  readonly waitRoom: Effect.Effect<void> = Effect.callback<void>((resume) => {
-    if (this.coalescer.hasRoom) return resume(Effect.void)
-    this.resumeProducer = () => resume(Effect.void)
-    return Effect.sync(() => {
-      this.resumeProducer = undefined
-    })
-  })
-  take(): { readonly text: string; readonly tokens: number } | undefined {
-    const d = this.coalescer.take()
-    const r = this.resumeProducer
-    if (d !== undefined && r !== undefined) {
-      this.resumeProducer = undefined
-      r()
-    }
-    return d
-  }
-  /** Interrupts the producer fiber (set once it is forked). */
-  interrupt: () => void = () => undefined
-  /** Ends the call with `failure` whatever the engine does next. */
-  abort(failure: GenerateRejected): void {
-    if (this.done) return
-    this.failure = failure
-    this.interrupt()
-  }
-  finish(exit: Exit.Exit<unknown, unknown>): void {
-    this.done = true
-    if (this.failure === undefined && Exit.isFailure(exit) && !Cause.hasInterruptsOnly(exit.cause)) {
-      this.failure = Option.getOrElse(Cause.findErrorOption(exit.cause), () => Cause.squash(exit.cause))
-    }
-    this.wake()
-  }
-  wake(): void {
-    const w = this.wakeConsumer
-    if (w !== undefined) {
-      this.wakeConsumer = undefined
-      w()
-    }
-  }
-  wait(): Promise<void> {
-    return new Promise<void>((resolve) => {
-      this.wakeConsumer = resolve
-    })
-  }
 }
 
 /** Builds and starts the server; it stops when the scope closes. */
