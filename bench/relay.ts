@@ -314,12 +314,18 @@ const runSetting = async (
     console.log(`|${keys.map(() => "---").join("|")}|`)
     for (const r of rows) console.log(`| ${keys.map((k) => r[k]).join(" | ")} |`)
   } finally {
-    agent.send({ type: "exit" })
-    await new Promise<void>((resolve) => {
-      if (agent.exitCode !== null) resolve()
-      else agent.once("exit", () => resolve())
-    })
-    await sim.stop()
+    // send() throws once the agent has died, which would leave the simulator (own process group) running.
+    try {
+      if (agent.exitCode === null) {
+        agent.send({ type: "exit" })
+        await new Promise<void>((resolve) => {
+          if (agent.exitCode !== null) resolve()
+          else agent.once("exit", () => resolve())
+        })
+      }
+    } finally {
+      await sim.stop()
+    }
   }
 }
 

@@ -34,7 +34,6 @@ const one = (): Promise<void> =>
         headers: { "content-type": "application/json", "content-length": Buffer.byteLength(body) }
       },
       (res) => {
-        let events = 0
         let tail = ""
         res.setEncoding("latin1")
         res.on("data", (chunk: string) => {
@@ -48,14 +47,12 @@ const one = (): Promise<void> =>
             i = text.indexOf("\n\n", i + 2)
           }
           tail = text.slice(last + 2)
-          events += n
           if (counting) tokens += n
         })
         res.on("end", () => {
           if (counting) tokens -= 2
           requests++
           resolve()
-          void events
         })
         res.on("error", reject)
       }
@@ -67,19 +64,26 @@ const one = (): Promise<void> =>
 const worker = async () => {
   while (!stop) await one()
 }
-const workers = Array.from({ length: streams }, worker)
-await new Promise((r) => setTimeout(r, 1000)) // warm-up, not counted
-counting = true
-const t0 = performance.now()
-const cpu0 = process.cpuUsage()
-await new Promise((r) => setTimeout(r, seconds * 1000))
-const elapsed = (performance.now() - t0) / 1000
-counting = false
-stop = true
-await Promise.all(workers)
-const cpu = process.cpuUsage(cpu0)
-await sim.stop()
-agent.destroy()
+// The simulator runs in its own process group, so a failed request must still stop it (finally).
+let elapsed: number
+let cpu: NodeJS.CpuUsage
+try {
+  const workers = Array.from({ length: streams }, worker)
+  await new Promise((r) => setTimeout(r, 1000)) // warm-up, not counted
+  counting = true
+  const t0 = performance.now()
+  const cpu0 = process.cpuUsage()
+  await new Promise((r) => setTimeout(r, seconds * 1000))
+  elapsed = (performance.now() - t0) / 1000
+  counting = false
+  stop = true
+  await Promise.all(workers)
+  cpu = process.cpuUsage(cpu0)
+} finally {
+  stop = true
+  await sim.stop()
+  agent.destroy()
+}
 console.log(
   JSON.stringify({
     streams,

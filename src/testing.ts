@@ -36,8 +36,8 @@ export const TestLayers = {
   HealthReporter: HealthReporterTest.layerTest,
   /** A fixed GPU list instead of NVML. */
   Nvml: NvmlProbe.layerFixed,
-  /** A drain lever that only records that it was pulled. */
-  Drain: Drain.layerTest,
+  /** The drain lever (a deferred; the same in tests as live). */
+  Drain: Drain.layer,
   /** TLS from explicit [security] settings (plaintext when require_mtls is false). */
   Tls: TlsLive.layerWith
 } as const

@@ -55,7 +55,7 @@ const start = async (agent: Record<string, unknown> = {}) => {
   const deps = Layer.mergeAll(
     MetricsLayer.layerTest,
     NodeStatusLayer.layerTest({ nodeId: "node-a" }),
-    Drain.layerTest,
+    Drain.layer,
     fakeEngine
   ).pipe(Layer.provideMerge(config))
   const app = AdminHttp.layer({ extras: { registration: Effect.succeed({ state: "standalone" }) } }).pipe(
@@ -161,7 +161,7 @@ describe("admin HTTP auth", () => {
       models: { m: { hf_repo: "org/m" } },
       agent: { listen_admin: "0.0.0.0:0" }
     })
-    const deps = Layer.mergeAll(MetricsLayer.layerTest, NodeStatusLayer.layerTest(), Drain.layerTest, fakeEngine).pipe(
+    const deps = Layer.mergeAll(MetricsLayer.layerTest, NodeStatusLayer.layerTest(), Drain.layer, fakeEngine).pipe(
       Layer.provideMerge(config)
     )
     const result = await Effect.runPromise(

@@ -16,6 +16,7 @@ import {
   type EngineError,
   type JsonObject
 } from "../src/services/EngineClient.ts"
+import { pollUntil } from "./support/poll.ts"
 import { freePort } from "./support/ports.ts"
 import { type SimHandle, startSim } from "./support/sim.ts"
 
@@ -57,13 +58,9 @@ const success = <A>(exit: Exit.Exit<A, EngineError>): A => {
 const chunk = (i: number) => `data: {"id":"c","choices":[{"index":0,"delta":{"content":"t${i}"}}]}\n\n`
 const tick = () => new Promise<void>((r) => setImmediate(r))
 
-/** Resolves when `pred` holds, polling every few ms, failing after `ms`. */
+/** Resolves when `pred` holds (the shared bounded poll, every 5 ms). */
 const until = async (pred: () => boolean, ms = 5_000): Promise<void> => {
-  const deadline = Date.now() + ms
-  while (!pred()) {
-    if (Date.now() > deadline) throw new Error("condition not met in time")
-    await new Promise((r) => setTimeout(r, 5))
-  }
+  await pollUntil("condition", pred, ms, 5)
 }
 
 describe("EngineClient against a controlled server", () => {
@@ -397,11 +394,7 @@ for (const flavor of flavors) {
         flavor,
         args: [...plan.argv.slice(1), "--sim-itl", "2ms", "--sim-mode", "random", "--sim-seed", "7"]
       })
-      const deadline = Date.now() + 10_000
-      while (!(await simState()).ready) {
-        if (Date.now() > deadline) throw new Error("simulator never ready")
-        await new Promise((r) => setTimeout(r, 10))
-      }
+      await pollUntil("simulator ready", async () => (await simState()).ready, 10_000, 10)
     })
     afterAll(async () => {
       await sim?.stop()
@@ -501,13 +494,15 @@ for (const flavor of flavors) {
       await until(() => got >= 3)
       expect((await simState()).running).toBe(1)
       await Effect.runPromise(Fiber.interrupt(fiber))
-      let after = await simState()
-      const deadline = Date.now() + 5_000
-      while (after.running !== 0 || after.aborted !== before.aborted + 1) {
-        if (Date.now() > deadline) throw new Error(`slot not freed: ${JSON.stringify(after)}`)
-        await new Promise((r) => setTimeout(r, 10))
-        after = await simState()
-      }
+      const after = await pollUntil(
+        "slot freed",
+        async () => {
+          const s = await simState()
+          return s.running === 0 && s.aborted === before.aborted + 1 ? s : undefined
+        },
+        5_000,
+        10
+      )
       expect(after.aborted).toBe(before.aborted + 1)
     })
   })

@@ -20,6 +20,7 @@ import type { EngineKind } from "../src/services/Config.ts"
 import type { LaunchPlan } from "../src/services/Engine.ts"
 import { EngineProcess, type EngineProcessService, type EngineState } from "../src/services/EngineProcess.ts"
 import { State } from "../src/services/EngineState.ts"
+import { pollUntil } from "./support/poll.ts"
 import { freePort } from "./support/ports.ts"
 import { type SimHandle, simEntry, startSim } from "./support/sim.ts"
 
@@ -35,16 +36,9 @@ const tmpDir = () => {
   return dir
 }
 
-/** Bounded poll; fails the test with `what` when the time is up. */
-const waitFor = async <A>(what: string, probe: () => A | undefined | false, ms = 15_000): Promise<A> => {
-  const end = Date.now() + ms
-  for (;;) {
-    const v = probe()
-    if (v !== undefined && v !== false) return v
-    if (Date.now() > end) throw new Error(`timed out after ${ms} ms waiting for ${what}`)
-    await new Promise((r) => setTimeout(r, 20))
-  }
-}
+/** The shared bounded poll with this file's longer default (supervisor restarts take seconds). */
+const waitFor = <A>(what: string, probe: () => A | undefined | false, ms = 15_000): Promise<A> =>
+  pollUntil(what, probe, ms, 20)
 
 interface Setup {
   readonly plan: LaunchPlan

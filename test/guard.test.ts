@@ -2,7 +2,7 @@
 // zombie-aware group liveness relies on.
 import { assert, describe, it } from "@effect/vitest"
 import { parseProcStat } from "../src/layers/processGroup.ts"
-import { buildGuardArgs, decodeReport, encodeReport, parseGuardArgs } from "../src/programs/guardProtocol.ts"
+import { buildGuardArgs, decodeReport, encodeReport, parseGuardArgs } from "../src/services/GuardProtocol.ts"
 
 describe("guard command line", () => {
   it("round-trips grace and the engine argv, including words that look like options", () => {

@@ -173,7 +173,8 @@ describe("HealthReporter against a real etcd", () => {
     await r.close()
     expect(await client.get(key).string()).toBeNull()
     const del = await pollUntil("delete event", () => events.find((e) => e.type === "delete"))
-    expect(del.at - closedAt).toBeLessThan(2000)
+    // Well under the 10 s TTL (so it was the revoke), with room for a loaded CI machine.
+    expect(del.at - closedAt).toBeLessThan(5000)
     const lastPut = events.filter((e) => e.type === "put").at(-1)!
     expect(lastPut.record!.state).toBe("draining")
   }, 20_000)

@@ -18,6 +18,7 @@ import { KvBridge, type KvBridgeStatus } from "../src/services/KvBridge.ts"
 import { checkSeq, decodeMessage, seqFrame } from "../src/services/KvEvents.ts"
 import { batchLine, resyncLine } from "../src/services/KvWire.ts"
 import { Metrics } from "../src/services/Metrics.ts"
+import { pollUntil } from "./support/poll.ts"
 import { freePort } from "./support/ports.ts"
 import { postJson, type SimHandle, startSim } from "./support/sim.ts"
 
@@ -30,15 +31,8 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c().catch(() => undefined)
 })
 
-const until = async <T>(f: () => T | undefined | Promise<T | undefined>, what: string, ms = 10_000): Promise<T> => {
-  const end = Date.now() + ms
-  for (;;) {
-    const v = await f()
-    if (v !== undefined && v !== false) return v
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`)
-    await new Promise((r) => setTimeout(r, 20))
-  }
-}
+const until = <T>(f: () => T | undefined | false | Promise<T | undefined | false>, what: string, ms = 10_000) =>
+  pollUntil(what, f, ms, 20)
 
 const tmpSock = async () => {
   const dir = await fs.mkdtemp(path.join(os.tmpdir(), "kvb-"))

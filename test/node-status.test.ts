@@ -85,7 +85,7 @@ const build = (signals: LoadSignals) => {
     engineLayerTest(),
     client,
     AdmissionLayer.layerWith({ maxInflight: 4, maxQueue: 2 }),
-    Drain.layerTest,
+    Drain.layer,
     NvmlProbe.layerFixed([gpu]),
     MetricsLayer.layerTest
   ).pipe(Layer.provideMerge(config))

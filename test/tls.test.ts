@@ -21,6 +21,7 @@ import { clientCredentials, loadClientCredentials, make, type TlsOptions } from 
 import type { AgentConfig } from "../src/services/Config.ts"
 import { TlsError, type TlsService } from "../src/services/Tls.ts"
 import { makeTestPki, type TestPki } from "./support/certs.ts"
+import { pollUntil } from "./support/poll.ts"
 
 let pki: TestPki
 beforeAll(() => {
@@ -93,12 +94,7 @@ const serialOf = (pem: Buffer): string => new crypto.X509Certificate(pem).serial
 
 /** Polls (bounded) until a new connection is served the certificate with `serial`. */
 const awaitServed = async (port: number, serial: string): Promise<void> => {
-  const deadline = Date.now() + 10_000
-  for (;;) {
-    if ((await servedSerial(port)) === serial) return
-    if (Date.now() > deadline) throw new Error(`server never presented serial ${serial}`)
-    await new Promise((r) => setTimeout(r, 20))
-  }
+  await pollUntil(`server presenting serial ${serial}`, async () => (await servedSerial(port)) === serial, 10_000, 20)
 }
 
 /** A copy of the server identity in its own directory, so tests can rewrite it. */

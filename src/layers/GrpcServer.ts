@@ -21,6 +21,7 @@ import {
 } from "../gen/cgn/agent/v1/agent.ts"
 import { fileDescriptorSet } from "../gen/descriptor.ts"
 import { Admission, admissionStatus, Draining, Overloaded } from "../services/Admission.ts"
+import { joinHostPort, splitHostPort } from "../services/Advertise.ts"
 import { Config } from "../services/Config.ts"
 import { EngineClient, type RequestOptions } from "../services/EngineClient.ts"
 import { EngineProcess } from "../services/EngineProcess.ts"
@@ -83,6 +84,8 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
   const role = config.agent.role
   const nodeId = config.agent.node_id
   const legTimeout = config.agent.handoff_timeout
+  // One model per agent: bind the label once, not per call.
+  const relayed = metrics?.relayedTokens.labels({ model })
   const legDeadline = (leg: string): GenerateRejected =>
     new GenerateRejected({
       code: "DEADLINE_EXCEEDED",
@@ -201,7 +204,6 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     const tp = ctx.metadata.get("traceparent")
     if (typeof tp === "string" && TRACEPARENT.test(tp)) opts.traceparent = tp
     const relay = new Relay(maxPending)
-    const relayed = metrics?.relayedTokens.labels({ model })
     active.add(relay)
     relay.interrupt = run(produce(relay, plan, leg.success, opts), { onExit: (exit) => relay.finish(exit) })
     const onAbort = (): void => {
@@ -305,11 +307,11 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
         clearTimeout(timer)
       })
   )
-  const host = address.slice(0, address.lastIndexOf(":"))
-  yield* Effect.logInfo("gRPC listening").pipe(Effect.annotateLogs({ address: `${host}:${port}` }))
+  const bound = joinHostPort(splitHostPort(address).host, port)
+  yield* Effect.logInfo("gRPC listening").pipe(Effect.annotateLogs({ address: bound }))
 
   return GrpcServer.of({
-    address: `${host}:${port}`,
+    address: bound,
     port,
     health: Effect.sync(current),
     setHealthOverride: (s) =>

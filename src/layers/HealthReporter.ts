@@ -7,6 +7,7 @@
  */
 import { Clock, Duration, Effect, Fiber, Layer, Random, Semaphore, Stream } from "effect"
 import { NodeHealth } from "../gen/cgn/agent/v1/agent.ts"
+import { jitteredBackoffMs } from "../services/Backoff.ts"
 import { Config } from "../services/Config.ts"
 import { type DampingState, initialDamping, observe } from "../services/HealthDamping.ts"
 import {
@@ -37,9 +38,9 @@ export const reporterTiming = (heartbeat: Duration.Duration, leaseTtl: Duration.
   return { heartbeatMs, ttlSeconds, tickMs, callTimeoutMs }
 }
 
-/** Retry delay after `failures` consecutive failures: 100 ms doubling, capped at one heartbeat, jittered 50-100 %. */
+/** Retry delay after `failures` consecutive failures, capped at one heartbeat (the shared jittered backoff). */
 export const backoffMs = (failures: number, heartbeatMs: number, random: number): number =>
-  Math.round(Math.min(heartbeatMs, 100 * 2 ** Math.max(0, failures - 1)) * (0.5 + random / 2))
+  jitteredBackoffMs(failures, heartbeatMs, random)
 
 interface Session {
   readonly id: string

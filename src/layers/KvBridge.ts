@@ -9,6 +9,7 @@
 import { Effect, Layer, type Scope } from "effect"
 import { Counter, Gauge, type Registry } from "prom-client"
 import * as zmq from "zeromq"
+import { jitteredBackoffMs } from "../services/Backoff.ts"
 import { Config } from "../services/Config.ts"
 import type { KvEventsEndpoint } from "../services/Engine.ts"
 import { KvBridge, type KvBridgeService, type KvBridgeStatus } from "../services/KvBridge.ts"
@@ -16,7 +17,7 @@ import { checkSeq, decodeMessage, END_OF_REPLAY, type KvBatch, readSeq, seqFrame
 import { batchLine, helloLine, type NodeIdentity, type Resync, resyncLine } from "../services/KvWire.ts"
 import { METRIC_PREFIX, Metrics, type MetricsService, setCounter } from "../services/Metrics.ts"
 import { engineFor } from "./engines/index.ts"
-import { runWriter, writerBackoffMs } from "./kvcachedClient.ts"
+import { runWriter } from "./kvcachedClient.ts"
 import { LineQueue } from "./kvQueue.ts"
 
 export interface BridgeOptions {
@@ -61,7 +62,9 @@ const fetchReplay = (endpoint: string, topic: string, from: bigint, timeoutMs: n
   Effect.tryPromise({
     try: async (signal) => {
       const dealer = new zmq.Dealer({ linger: 0, receiveTimeout: timeoutMs })
-      signal.addEventListener("abort", () => dealer.close())
+      // Interruption closes the dealer, which rejects the pending receive.
+      const onAbort = () => dealer.close()
+      signal.addEventListener("abort", onAbort, { once: true })
       try {
         dealer.connect(endpoint)
         await dealer.send([new Uint8Array(0), seqFrame(from)])
@@ -76,6 +79,7 @@ const fetchReplay = (endpoint: string, topic: string, from: bigint, timeoutMs: n
           if (d.ok) out.push(d.batch)
         }
       } finally {
+        signal.removeEventListener("abort", onAbort)
         if (!dealer.closed) dealer.close()
       }
     },
@@ -190,7 +194,7 @@ export const make = (o: BridgeOptions): Effect.Effect<KvBridgeService, never, Sc
         if (r._tag === "Success") break
         st.lastError = `kv events ${endpoint}: ${String(r.failure)}`
         if (failures === 1) yield* Effect.logError("kv events: cannot bind the endpoint; retrying", { endpoint })
-        yield* Effect.sleep(writerBackoffMs(failures, 5_000, Math.random()))
+        yield* Effect.sleep(jitteredBackoffMs(failures, 5_000, Math.random()))
       }
       st.subscribed = true
       yield* Effect.logInfo("kv events: subscribed", { endpoint, mode: engineBinds ? "connect" : "bind", topic })
@@ -292,7 +296,8 @@ export const layer: Layer.Layer<KvBridge, never, Config | Metrics> = Layer.effec
     const kvEvents = yield* Effect.try(() => engineFor(config.engine.kind).render(config).kvEvents).pipe(
       Effect.orElseSucceed(() => undefined)
     )
-    if (!config.kv.events || kvEvents === undefined) return disabled("[kv].events is off")
+    if (!config.kv.events) return disabled("[kv].events is off")
+    if (kvEvents === undefined) return disabled(`engine ${config.engine.kind} publishes no KV events`)
     const uds = config.kv.uds
     if (uds === undefined) {
       yield* Effect.logWarning("kv events are on but [kv].uds is not set: nothing forwards them to kvcached")

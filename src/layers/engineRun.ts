@@ -8,8 +8,8 @@ import { type ChildProcess, spawn } from "node:child_process"
 import * as readline from "node:readline"
 import type { Readable } from "node:stream"
 import { Deferred, Effect, Fiber, Stream } from "effect"
-import { buildGuardArgs, decodeReport, REPORT_FD } from "../programs/guardProtocol.ts"
 import type { LaunchPlan } from "../services/Engine.ts"
+import { buildGuardArgs, decodeReport, REPORT_FD } from "../services/GuardProtocol.ts"
 import { pidAlive, pollUntil, type StopOutcome, signalGroup, stopGroup } from "./processGroup.ts"
 
 /** The guard program, next to this module's tree in both layouts: src/ (run as .ts) and dist/ (built .js). */

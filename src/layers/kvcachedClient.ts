@@ -6,6 +6,7 @@
  */
 import * as net from "node:net"
 import { Effect } from "effect"
+import { jitteredBackoffMs } from "../services/Backoff.ts"
 import type { Resync } from "../services/KvWire.ts"
 import type { LineQueue, QueuedLine } from "./kvQueue.ts"
 
@@ -18,10 +19,6 @@ export interface WriterOptions {
   readonly onConnected: (connected: boolean, error: string | undefined) => void
   readonly onForwarded: (batches: number) => void
 }
-
-/** Retry delay after `failures` consecutive failures: 100 ms doubling, capped, jittered 50-100 %. */
-export const writerBackoffMs = (failures: number, maxMs: number, random: number): number =>
-  Math.round(Math.min(maxMs, 100 * 2 ** Math.max(0, failures - 1)) * (0.5 + random / 2))
 
 const CHUNK = 512
 
@@ -117,6 +114,6 @@ export const runWriter = (o: WriterOptions): Effect.Effect<never> =>
       const err = yield* Effect.flip(session)
       failures++
       yield* setState(false, err.message)
-      yield* Effect.sleep(writerBackoffMs(failures, o.backoffMaxMs, Math.random()))
+      yield* Effect.sleep(jitteredBackoffMs(failures, o.backoffMaxMs, Math.random()))
     }
   })

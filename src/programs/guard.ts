@@ -5,12 +5,12 @@
  * in the agent. The kernel closes that end whenever the agent dies, however it dies, and stdin reaches EOF here;
  * the guard then kills the engine's whole process group (TERM, grace, KILL) and exits. The engine runs in its own
  * group (pgid = its pid, reported on fd 3) so the agent can signal it directly; it inherits the guard's stdout
- * and stderr, which are the agent's log pipes. Contract: ./guardProtocol.ts. Not part of any public CLI.
+ * and stderr, which are the agent's log pipes. Contract: services/GuardProtocol.ts. Not part of any public CLI.
  */
 import { spawn } from "node:child_process"
 import * as fs from "node:fs"
 import { stopGroup } from "../layers/processGroup.ts"
-import { encodeReport, type GuardReport, parseGuardArgs, REPORT_FD } from "./guardProtocol.ts"
+import { encodeReport, type GuardReport, parseGuardArgs, REPORT_FD } from "../services/GuardProtocol.ts"
 
 const parsed = parseGuardArgs(process.argv.slice(2))
 if (typeof parsed === "string") {

@@ -7,7 +7,6 @@
 import { Context, Deferred, Duration, Effect, Layer, Option } from "effect"
 import * as AdminHttp from "../layers/AdminHttp.ts"
 import * as AdmissionLive from "../layers/Admission.ts"
-import * as DrainLive from "../layers/Drain.ts"
 import * as EngineClientLive from "../layers/EngineClient.ts"
 import * as EngineProcessLive from "../layers/EngineProcess.ts"
 import * as EventLoopLagLive from "../layers/EventLoopLag.ts"
@@ -43,7 +42,7 @@ export const coreLayer = (config: AgentConfig) => {
     EngineClientLive.layer,
     AdmissionLive.layer,
     NvmlProbe.layer(),
-    DrainLive.layer,
+    Drain.layer,
     TlsLive.layer,
     KvBridgeLive.layer
   )
@@ -68,7 +67,6 @@ const orderedDrain = Effect.fn("Agent.drain")(function* (why: string, signals: S
   const reporter = yield* HealthReporter
   const admission = yield* Admission
   const engine = yield* EngineProcess
-  const control = yield* DrainLive.DrainControl
   const timeout = config.agent.drain_timeout
   yield* Effect.logInfo("drain: started", { why, drain_timeout: Duration.format(timeout) })
 
@@ -98,7 +96,6 @@ const orderedDrain = Effect.fn("Agent.drain")(function* (why: string, signals: S
 
   yield* engine.stop
   yield* Effect.logInfo("drain: engine stopped; revoking the lease and closing the servers")
-  yield* control.markDone
 })
 
 /**
@@ -118,8 +115,11 @@ export const daemon = Effect.scoped(
     const reporterReady = yield* Deferred.make<Effect.Effect<RegistrationStatus>>()
     const registration = Effect.flatten(Deferred.await(reporterReady))
     const bridge = yield* KvBridge
+    const admission = yield* Admission
     const admin = yield* Layer.build(
-      AdminHttp.layer({ extras: { registration, eventLoopLag: lag.sample, kv: bridge.status } })
+      AdminHttp.layer({
+        extras: { registration, admission: admission.stats, eventLoopLag: lag.sample, kv: bridge.status }
+      })
     )
     const grpc = yield* Layer.build(GrpcServerLive.layerWith({ credentials: tls.serverCredentials }))
     const reporterContext = yield* Layer.build(HealthReporterLive.layer)

@@ -6,7 +6,7 @@
  */
 import { Deferred, Effect, Runtime, type Scope } from "effect"
 
-type Handler = (count: number) => void
+type Handler = (count: number, signal: NodeJS.Signals) => void
 let handler: Handler | undefined
 
 /** The two signal moments a daemon waits for: the first signal (drain) and the second (skip the wait). */
@@ -24,8 +24,8 @@ export const shutdownSignals: Effect.Effect<ShutdownSignals, never, Scope.Scope>
   const hurry = yield* Deferred.make<void>()
   yield* Effect.acquireRelease(
     Effect.sync(() => {
-      handler = (count) => {
-        if (count === 1) Deferred.doneUnsafe(requested, Effect.succeed("signal"))
+      handler = (count, signal) => {
+        if (count === 1) Deferred.doneUnsafe(requested, Effect.succeed(signal))
         else Deferred.doneUnsafe(hurry, Effect.void)
       }
     }),
@@ -40,9 +40,9 @@ export const shutdownSignals: Effect.Effect<ShutdownSignals, never, Scope.Scope>
 /** Runs `effect` as the main program; exit code 0 on success, 1 on failure, 130 when interrupted. */
 export const runMain = Runtime.makeRunMain(({ fiber, teardown }) => {
   let signals = 0
-  const onSignal = () => {
+  const onSignal = (signal: NodeJS.Signals) => {
     signals++
-    if (handler !== undefined) handler(signals)
+    if (handler !== undefined) handler(signals, signal)
     else fiber.interruptUnsafe(fiber.id)
   }
   fiber.addObserver((exit) => {

@@ -1,7 +1,7 @@
 /**
- * Drain: the trigger of the ordered drain (SIGTERM, SIGINT, POST /drain all pull the same lever).
- * Only the interface lives here; the lead's main program implements the ordered steps. `layerTest`
- * records the start and completes at once, for tests of the callers (admin HTTP, signal handling).
+ * Drain: the lever of the ordered drain (SIGTERM, SIGINT and POST /drain all pull it). It only records
+ * that a drain began; the daemon (programs/main.ts) awaits that and runs the ordered steps. The one
+ * implementation is a deferred, so tests use it as it is (`Drain.layer`).
  */
 import { Context, Deferred, Effect, Layer } from "effect"
 
@@ -12,26 +12,15 @@ export interface DrainService {
   readonly draining: Effect.Effect<boolean>
   /** Completes when a drain has begun (at once if it has): NodeStatus turns it into a `changes` event. */
   readonly awaitStarted: Effect.Effect<void>
-  /** Completes when the drain has finished (engine stopped, lease revoked). */
-  readonly awaitDone: Effect.Effect<void>
 }
 
 export class Drain extends Context.Service<Drain, DrainService>()("cgn-agent/Drain") {
-  /** A drain that does nothing but remember it started; `awaitDone` completes right after `start`. */
-  static readonly layerTest: Layer.Layer<Drain> = Layer.effect(
+  static readonly layer: Layer.Layer<Drain> = Layer.effect(
     Drain,
-    Effect.gen(function* () {
-      const started = yield* Deferred.make<void>()
-      const done = yield* Deferred.make<void>()
-      return {
-        start: Deferred.succeed(started, undefined).pipe(
-          Effect.andThen(Deferred.succeed(done, undefined)),
-          Effect.asVoid
-        ),
-        draining: Deferred.isDone(started),
-        awaitStarted: Deferred.await(started),
-        awaitDone: Deferred.await(done)
-      }
-    })
+    Effect.map(Deferred.make<void>(), (started) => ({
+      start: Effect.asVoid(Deferred.succeed(started, undefined)),
+      draining: Deferred.isDone(started),
+      awaitStarted: Deferred.await(started)
+    }))
   )
 }

@@ -4,6 +4,7 @@ import type * as http from "node:http"
 import type { SimConfig } from "./args.ts"
 import { errorBody } from "./errors.ts"
 import { type Faults, initialFaults } from "./faults.ts"
+import { sendJson } from "./http.ts"
 import { KvBlocks } from "./kvblocks.ts"
 import type { KvPublisher } from "./kvpublisher.ts"
 import { Bootstrap, SideChannel } from "./pd.ts"
@@ -82,12 +83,6 @@ export const makeContext = (
     localPrefills: 0,
     kvFetchFailures: 0
   }
-}
-
-export const sendJson = (res: http.ServerResponse, status: number, body: unknown): void => {
-  const text = body === undefined ? "" : JSON.stringify(body)
-  res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(text) })
-  res.end(text)
 }
 
 export const sendError = (

@@ -4,6 +4,7 @@
 // request id and block ids. SGLang: the prefill engine runs a bootstrap server where a decode engine waits
 // (long poll, bounded) for the prefill of the same bootstrap_room.
 import * as http from "node:http"
+import { sendJson as json, readBody } from "./http.ts"
 
 export interface Hold {
   readonly engineId: string
@@ -16,20 +17,6 @@ export interface Hold {
 export type FetchResult =
   | { ok: true; numBlocks: number; numTokens: number }
   | { ok: false; status: number; reason: string }
-
-const readBody = (req: http.IncomingMessage): Promise<string> =>
-  new Promise((resolve, reject) => {
-    const parts: Array<Buffer> = []
-    req.on("data", (c: Buffer) => parts.push(c))
-    req.on("end", () => resolve(Buffer.concat(parts).toString("utf8")))
-    req.on("error", reject)
-  })
-
-const json = (res: http.ServerResponse, status: number, body: unknown): void => {
-  const text = JSON.stringify(body)
-  res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(text) })
-  res.end(text)
-}
 
 const listen = (server: http.Server, port: number, host: string): Promise<void> =>
   new Promise((resolve, reject) => {

@@ -4,22 +4,13 @@
 import { randomUUID } from "node:crypto"
 import type * as http from "node:http"
 import { modelsBody } from "./chunks.ts"
-import { type SimContext, sendError, sendJson } from "./context.ts"
+import { type SimContext, sendError } from "./context.ts"
 import { LLAMA_LOADING } from "./errors.ts"
 import { applyFaults } from "./faults.ts"
 import { generate } from "./generate.ts"
+import { readBody, sendJson } from "./http.ts"
 import { renderMetrics } from "./metrics.ts"
 import { isInvalid, validate } from "./request.ts"
-
-const readBody = (req: http.IncomingMessage): Promise<string> =>
-  new Promise((resolve, reject) => {
-    const parts: Array<Buffer> = []
-    req.on("data", (c: Buffer) => parts.push(c))
-    req.on("end", () =>
-      resolve(parts.length === 1 ? (parts[0]?.toString("utf8") ?? "") : Buffer.concat(parts).toString("utf8"))
-    )
-    req.on("error", reject)
-  })
 
 const notFound = (ctx: SimContext, res: http.ServerResponse) => {
   switch (ctx.cfg.flavor) {

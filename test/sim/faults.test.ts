@@ -4,6 +4,7 @@
 import { execFileSync } from "node:child_process"
 import * as http from "node:http"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { processAlive } from "../support/agent.ts"
 import { getJson, pollUntil, postJson, type SimHandle, sseData, startSim } from "../support/sim.ts"
 
 const started: Array<SimHandle> = []
@@ -14,14 +15,9 @@ const start = async (args: Array<string>) => {
 }
 afterAll(() => Promise.all(started.map((s) => s.stop(200))))
 
-const alive = (pid: number) => {
-  try {
-    process.kill(pid, 0)
-    return true
-  } catch {
-    return false
-  }
-}
+// A zombie counts as gone: the grandchild is reparented when the simulator exits, and kill(pid, 0)
+// succeeds on a zombie until its new parent reaps it.
+const alive = processAlive
 describe("crashes", () => {
   it("exits 1 after N requests", async () => {
     const s = await start(["--sim-crash-after-requests", "2"])

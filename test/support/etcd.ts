@@ -225,23 +225,5 @@ export const startEtcd = async (options: StartEtcdOptions = {}): Promise<EtcdHan
   return handle
 }
 
-/** Polls `check` until it returns a value other than undefined, or throws after `timeoutMs`. */
-export const pollUntil = async <A>(
-  what: string,
-  check: () => Promise<A | undefined> | A | undefined,
-  timeoutMs = 10_000,
-  intervalMs = 25
-): Promise<A> => {
-  const deadline = Date.now() + timeoutMs
-  let lastError: unknown
-  while (Date.now() < deadline) {
-    try {
-      const v = await check()
-      if (v !== undefined) return v
-    } catch (e) {
-      lastError = e
-    }
-    await new Promise((r) => setTimeout(r, intervalMs))
-  }
-  throw new Error(`timed out after ${timeoutMs}ms waiting for ${what}${lastError ? `: ${String(lastError)}` : ""}`)
-}
+/** Re-exported for the etcd tests; the implementation is test/support/poll.ts. */
+export { pollUntil } from "./poll.ts"

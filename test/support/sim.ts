@@ -5,6 +5,7 @@
 import { type ChildProcess, spawn } from "node:child_process"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
+import { pollUntil as poll } from "./poll.ts"
 import { freePort } from "./ports.ts"
 
 export type SimFlavor = "vllm" | "sglang" | "llama_cpp" | "mlx"
@@ -43,6 +44,13 @@ const killGroup = (pid: number, signal: NodeJS.Signals): void => {
   }
 }
 
+// Last resort, as in etcd.ts: a simulator is its own process group and would outlive this test process,
+// e.g. when one of several started with Promise.all fails and the others never reach the test's afterAll.
+const live = new Set<number>()
+process.once("exit", () => {
+  for (const pid of live) killGroup(pid, "SIGKILL")
+})
+
 /** Spawns the simulator and resolves once it logs `listening`. Kills it if it never does. */
 export const startSim = async (options: StartSimOptions = {}): Promise<SimHandle> => {
   const args = [...(options.args ?? [])]
@@ -61,6 +69,7 @@ export const startSim = async (options: StartSimOptions = {}): Promise<SimHandle
     detached: true
   })
   const pid = proc.pid ?? -1
+  if (pid > 0) live.add(pid)
   const stderrLines: Array<string> = []
   const waiters = new Set<{ pred: (l: string) => boolean; resolve: (l: string) => void }>()
   let buf = ""
@@ -119,6 +128,7 @@ export const startSim = async (options: StartSimOptions = {}): Promise<SimHandle
       }
       // Whatever is left of the group (a grandchild) goes too.
       killGroup(pid, "SIGKILL")
+      live.delete(pid)
     })()
     return stopping
   }
@@ -180,13 +190,6 @@ export const getJson = async (url: string): Promise<{ status: number; json: unkn
   return { status: res.status, json, text }
 }
 
-/** Polls `fn` until it returns a value other than undefined, at most `timeoutMs`. */
-export const pollUntil = async <A>(fn: () => Promise<A | undefined>, timeoutMs = 10_000, everyMs = 20): Promise<A> => {
-  const deadline = Date.now() + timeoutMs
-  for (;;) {
-    const v = await fn()
-    if (v !== undefined) return v
-    if (Date.now() > deadline) throw new Error("pollUntil: condition not met in time")
-    await new Promise((r) => setTimeout(r, everyMs))
-  }
-}
+/** test/support/poll.ts's pollUntil with the argument order the simulator tests use. */
+export const pollUntil = <A>(fn: () => Promise<A | undefined>, timeoutMs = 10_000, everyMs = 20): Promise<A> =>
+  poll("a simulator condition", fn, timeoutMs, everyMs)

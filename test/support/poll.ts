@@ -1,0 +1,28 @@
+// The one bounded poll the tests use to wait for a condition they cannot await as an event (a process
+// gone, a key written, a counter reached). Failing fast on a deadline, with what was awaited and the
+// last error in the message, beats a sleep: a slow CI machine only makes the poll take longer.
+
+/**
+ * Calls `check` every `intervalMs` until it gives a value other than undefined or false, and resolves
+ * with it; a throw from `check` counts as "not yet". Rejects after `timeoutMs`.
+ */
+export const pollUntil = async <A>(
+  what: string,
+  check: () => Promise<A | undefined | false> | A | undefined | false,
+  timeoutMs = 10_000,
+  intervalMs = 25
+): Promise<A> => {
+  const deadline = Date.now() + timeoutMs
+  let lastError: unknown
+  for (;;) {
+    try {
+      const v = await check()
+      if (v !== undefined && v !== false) return v
+    } catch (e) {
+      lastError = e
+    }
+    if (Date.now() > deadline) break
+    await new Promise((r) => setTimeout(r, intervalMs))
+  }
+  throw new Error(`timed out after ${timeoutMs}ms waiting for ${what}${lastError ? `: ${String(lastError)}` : ""}`)
+}
