@@ -86,23 +86,7 @@ const tokens = (v: unknown): TokenIds => {
   return v.map((t) => (Array.isArray(t) ? t.map((x) => num(x) ?? 0) : (num(t) ?? 0)))
 }
 
-const STORED_KEYS = new Set([
-  "type",
-  "block_hashes",
-  "parent_block_hash",
-  "token_ids",
-  "block_size",
-  "lora_id",
-  "medium",
-  "lora_name",
-  "extra_keys",
-  "group_idx",
-  "kv_cache_spec_kind",
-  "kv_cache_spec_sliding_window"
-])
-const REMOVED_KEYS = new Set(["type", "block_hashes", "medium", "group_idx"])
-
-/** Legacy array positions (≤ vLLM 0.23): names by index after the tag. */
+/** Legacy array positions (≤ vLLM 0.23): names by index after the tag; the map encoding uses the same names. */
 const STORED_POS = [
   "block_hashes",
   "parent_block_hash",
@@ -117,6 +101,8 @@ const STORED_POS = [
   "kv_cache_spec_sliding_window"
 ]
 const REMOVED_POS = ["block_hashes", "medium", "group_idx"]
+const STORED_KEYS = new Set(["type", ...STORED_POS])
+const REMOVED_KEYS = new Set(["type", ...REMOVED_POS])
 
 type Fields = Record<string, unknown>
 
