@@ -1,15 +1,16 @@
 /**
  * Relay: one Generate call's hand-off between the engine side (the producer: EngineClient.streamTo's
- * sink, called once per network read) and the gRPC side (the consumer: the call's async generator).
+ * sink, called once per network read) and the gRPC side (the consumer: a callback that writes to the call).
  * Text is coalesced while the caller reads slower than tokens arrive; when the pending text is full the
  * producer is paused (the engine socket stops being read), so memory per stream stays bounded.
- * Plain callbacks and promises, no Effect step per token: this is the relay's hot path.
+ * Plain callbacks, no Effect step or promise per token: the consumer runs inside the producer's read
+ * callback, so a token read from the engine is written to the gRPC call in the same event-loop turn.
  */
 import { Cause, Effect, Exit, Option } from "effect"
 import type { JsonObject } from "../services/EngineClient.ts"
 import { ChunkReader, Coalescer, type GenerateRejected } from "../services/Generate.ts"
 
-/** One Generate call's hand-off between the engine fiber (producer) and the gRPC generator (consumer). */
+/** One Generate call's hand-off between the engine fiber (producer) and the gRPC call (consumer). */
 export class Relay {
   readonly coalescer: Coalescer
   readonly reader = new ChunkReader()
@@ -19,7 +20,8 @@ export class Relay {
   queueMs = 0
   done = false
   failure: unknown = undefined
-  private wakeConsumer: (() => void) | undefined = undefined
+  /** Called after every read and at the end; it drains `take` as far as the call can be written. */
+  consumer: () => void = () => undefined
   private resumeProducer: (() => void) | undefined = undefined
   constructor(maxPendingChars: number) {
     this.coalescer = new Coalescer(maxPendingChars)
@@ -71,15 +73,6 @@ export class Relay {
     this.wake()
   }
   wake(): void {
-    const w = this.wakeConsumer
-    if (w !== undefined) {
-      this.wakeConsumer = undefined
-      w()
-    }
-  }
-  wait(): Promise<void> {
-    return new Promise<void>((resolve) => {
-      this.wakeConsumer = resolve
-    })
+    this.consumer()
   }
 }

@@ -1,23 +1,24 @@
 /**
- * The live gRPC server (nice-grpc): Agent, grpc.health.v1.Health (Check, Watch) and server reflection.
- * Handlers are plain async code bridged into Effect with the layer's captured context: a Generate call
- * forks one fiber running EngineClient.streamTo with the Relay as its sink (EngineClient.stream for clients
- * without streamTo); the call's generator drains the Relay.
- * Cancel or deadline aborts the call's signal, which interrupts the fiber, which aborts the engine request.
- * The per-token path is a plain loop (no Effect step per token): see docs/bench.md "Relay".
+ * The live gRPC server: Agent, grpc.health.v1.Health (Check, Watch) and server reflection on one grpc-js
+ * Server. Agent.Generate is a raw grpc-js server-streaming handler: a call forks one fiber running
+ * EngineClient.streamTo with the Relay as its sink (EngineClient.stream for clients without streamTo), and
+ * the Relay's consumer writes each read's text to the call at once (coalescing only while the call is not
+ * writable). The other methods are nice-grpc implementations, attached with nice-grpc's own handlers.
+ * Cancel or deadline ('cancelled') interrupts the fiber, which aborts the engine request. See docs/bench.md "Relay".
  * P/D roles (Handoff.planLeg): a prefill leg is one non-streaming engine call whose handoff parameters go in
  * the final message; a decode leg streams like a normal call. Each leg has [agent].handoff_timeout.
  */
 import { randomUUID } from "node:crypto"
+import * as grpc from "@grpc/grpc-js"
 import { Duration, Effect, Layer, Option, Result, Schema, Stream } from "effect"
-import { type CallContext, createServer, type Server, ServerError, Status } from "nice-grpc"
+import { ServerError, Status } from "nice-grpc"
 import { HealthDefinition, HealthServiceImpl, HealthState } from "nice-grpc-server-health"
 import { ServerReflection, ServerReflectionService } from "nice-grpc-server-reflection"
 import {
   AgentDefinition,
   type AgentServiceImplementation,
-  type GenerateRequest,
-  type GenerateResponse
+  GenerateRequest,
+  GenerateResponse
 } from "../gen/cgn/agent/v1/agent.ts"
 import { fileDescriptorSet } from "../gen/descriptor.ts"
 import { Admission, admissionStatus, Draining, Overloaded } from "../services/Admission.ts"
@@ -32,6 +33,7 @@ import { extractKvTransferParams, handoffStatus, InvalidHandoff, type LegPlan, p
 import { Metrics } from "../services/Metrics.ts"
 import { NodeStatus } from "../services/NodeStatus.ts"
 import { Relay } from "./GrpcRelay.ts"
+import { addNiceService } from "./niceGrpcAdapter.ts"
 
 /** The server could not listen (address in use, bad address). */
 export class GrpcListenError extends Schema.TaggedError<GrpcListenError>()("GrpcListenError", {
@@ -50,8 +52,8 @@ export interface GrpcServerOptions {
   readonly shutdownGraceMs?: number
 }
 
-/** grpc-js ServerCredentials (not re-exported by nice-grpc). */
-export type ServerCredentials = NonNullable<Parameters<Server["listen"]>[1]>
+/** grpc-js ServerCredentials. */
+export type ServerCredentials = grpc.ServerCredentials
 
 const TRACEPARENT = /^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/
 
@@ -64,9 +66,29 @@ const failureOf = (e: unknown): GrpcFailure => {
   return toGrpcFailure(e)
 }
 
-const toServerError = (ctx: CallContext, f: GrpcFailure): ServerError => {
-  for (const k in f.trailers) ctx.trailer.set(k, f.trailers[k]!)
-  return new ServerError(f.code, f.message)
+/** The status grpc-js sends when a handler emits it as 'error': code, message and the `cgn-*` trailers. */
+const statusOf = (f: GrpcFailure): Partial<grpc.StatusObject> => {
+  const metadata = new grpc.Metadata()
+  for (const k in f.trailers) metadata.set(k, f.trailers[k]!)
+  return { code: f.code, details: f.message, metadata }
+}
+
+const encodeResponse = (m: GenerateResponse): Buffer => {
+  const u = GenerateResponse.encode(m).finish()
+  return Buffer.from(u.buffer, u.byteOffset, u.byteLength)
+}
+
+type GenerateCall = grpc.ServerWritableStream<GenerateRequest, GenerateResponse>
+
+/** Agent.Generate as grpc-js sees it: encoded without nice-grpc's per-message `fromPartial` copy. */
+const generateMethod: grpc.MethodDefinition<GenerateRequest, GenerateResponse> = {
+  path: `/${AgentDefinition.fullName}/${AgentDefinition.methods.generate.name}`,
+  requestStream: false,
+  responseStream: true,
+  requestSerialize: (m) => Buffer.from(GenerateRequest.encode(m).finish()),
+  requestDeserialize: (b) => GenerateRequest.decode(b),
+  responseSerialize: encodeResponse,
+  responseDeserialize: (b) => GenerateResponse.decode(b)
 }
 
 /** Builds and starts the server; it stops when the scope closes. */
@@ -174,15 +196,19 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
       metrics.timeToFirstToken.observe({ role, model }, (relay.firstTextAt - startedAt) / 1000)
   }
 
-  const refuse = (ctx: CallContext, startedAt: number, f: GrpcFailure): ServerError => {
+  const refuse = (call: GenerateCall, startedAt: number, f: GrpcFailure): void => {
     record(statusName(f.code), undefined, startedAt)
-    return toServerError(ctx, f)
+    call.emit("error", statusOf(f))
   }
 
-  async function* generate(req: GenerateRequest, ctx: CallContext): AsyncGenerator<GenerateResponse> {
+  const generate = (call: GenerateCall): void => {
     const startedAt = performance.now()
+    const req = call.request
     const plan = planRequest(req, config)
-    if (plan instanceof GenerateRejected) throw refuse(ctx, startedAt, toGrpcFailure(plan))
+    if (plan instanceof GenerateRejected) {
+      refuse(call, startedAt, toGrpcFailure(plan))
+      return
+    }
     const leg = planLeg({
       role,
       engine: config.engine.kind,
@@ -190,44 +216,51 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
       kvTransferParams: req.kvTransferParams,
       bootstrap: req.bootstrap
     })
-    if (Result.isFailure(leg)) throw refuse(ctx, startedAt, failureOf(leg.failure))
+    if (Result.isFailure(leg)) {
+      refuse(call, startedAt, failureOf(leg.failure))
+      return
+    }
     if (draining || engineTag !== "Ready") {
       const why = draining ? "node is draining" : `engine is not ready (${engineTag.toLowerCase()})`
-      throw refuse(ctx, startedAt, {
+      refuse(call, startedAt, {
         code: Status.UNAVAILABLE,
         message: `${why}; retry on another node`,
         trailers: { "cgn-error-source": "agent" }
       })
+      return
     }
     const requestId = req.requestId === "" ? randomUUID() : req.requestId
     const opts: { requestId: string; traceparent?: string } = { requestId }
-    const tp = ctx.metadata.get("traceparent")
+    const tp = call.metadata.get("traceparent")[0]
     if (typeof tp === "string" && TRACEPARENT.test(tp)) opts.traceparent = tp
     const relay = new Relay(maxPending)
     active.add(relay)
-    relay.interrupt = run(produce(relay, plan, leg.success, opts), { onExit: (exit) => relay.finish(exit) })
-    const onAbort = (): void => {
-      relay.interrupt()
-      relay.wake()
+    let ended = false
+    let blocked = false
+    const settle = (status: string): void => {
+      ended = true
+      call.off("drain", onDrain)
+      if (!relay.done) relay.interrupt()
+      active.delete(relay)
+      record(status, relay, startedAt)
     }
-    ctx.signal.addEventListener("abort", onAbort)
-    let status = "CANCELLED"
-    try {
-      while (true) {
-        const d = relay.take()
-        if (d !== undefined) {
-          relayed?.inc(d.tokens)
-          yield { delta: { text: d.text, index: 0, tokens: d.tokens } }
-          continue
+    // Runs inside the producer's read callback: everything pending goes out now unless the call's buffer is full.
+    const pump = (): void => {
+      if (ended || blocked) return
+      for (let d = relay.take(); d !== undefined; d = relay.take()) {
+        relayed?.inc(d.tokens)
+        if (!call.write({ delta: { text: d.text, index: 0, tokens: d.tokens } })) {
+          blocked = true
+          call.once("drain", onDrain)
+          return
         }
-        if (relay.done || ctx.signal.aborted) break
-        await relay.wait()
       }
-      if (ctx.signal.aborted) return
+      if (!relay.done) return
       if (relay.failure !== undefined) {
         const f = failureOf(relay.failure)
-        status = statusName(f.code)
-        throw toServerError(ctx, f)
+        settle(statusName(f.code))
+        call.emit("error", statusOf(f))
+        return
       }
       const now = performance.now()
       const final = relay.reader.final({
@@ -237,18 +270,24 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
         nodeId,
         requestId
       })
-      status = "OK"
-      yield { final }
-    } finally {
-      ctx.signal.removeEventListener("abort", onAbort)
-      if (!relay.done) relay.interrupt()
-      active.delete(relay)
-      record(status, relay, startedAt)
+      settle("OK")
+      call.write({ final })
+      call.end()
     }
+    const onDrain = (): void => {
+      blocked = false
+      pump()
+    }
+    // Client cancel, deadline, or the connection gone (grpc-js also emits it after a normal end: ignored then).
+    call.on("cancelled", () => {
+      if (!ended) settle("CANCELLED")
+    })
+    relay.consumer = pump
+    relay.interrupt = run(produce(relay, plan, leg.success, opts), { onExit: (exit) => relay.finish(exit) })
+    if (call.cancelled && !ended) settle("CANCELLED")
   }
 
-  const agentImpl: AgentServiceImplementation = {
-    generate,
+  const agentImpl: Omit<AgentServiceImplementation, "generate"> = {
     listModels: async () => ({
       models: [
         {
@@ -279,18 +318,27 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
   }
 
   const address = options.address ?? config.agent.listen_grpc
-  const server = createServer({
+  const server = new grpc.Server({
     // Leave room above max_request_bytes so the agent's own check answers with a precise message.
     "grpc.max_receive_message_length": config.agent.max_request_bytes + 1024 * 1024
   })
-  server.add(AgentDefinition, agentImpl)
-  server.add(HealthDefinition, healthImpl)
-  server.add(ServerReflectionService, ServerReflection(fileDescriptorSet, [AGENT_SERVICE, HealthDefinition.fullName]))
+  addNiceService(server, AgentDefinition, agentImpl, { generate: [generateMethod, generate] })
+  addNiceService(server, HealthDefinition, healthImpl)
+  addNiceService(
+    server,
+    ServerReflectionService,
+    ServerReflection(fileDescriptorSet, [AGENT_SERVICE, HealthDefinition.fullName])
+  )
 
   const grace = options.shutdownGraceMs ?? 5_000
   const port = yield* Effect.acquireRelease(
     Effect.tryPromise({
-      try: () => server.listen(address, options.credentials),
+      try: () =>
+        new Promise<number>((resolve, reject) =>
+          server.bindAsync(address, options.credentials ?? grpc.ServerCredentials.createInsecure(), (err, port) =>
+            err === null ? resolve(port) : reject(err)
+          )
+        ),
       catch: (e) => new GrpcListenError({ address, message: e instanceof Error ? e.message : String(e) })
     }),
     () =>
@@ -299,7 +347,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
         publish()
         terminate.abort()
         let timer: NodeJS.Timeout | undefined
-        const graceful = server.shutdown().then(() => true)
+        const graceful = new Promise<boolean>((resolve) => server.tryShutdown(() => resolve(true)))
         const late = new Promise<boolean>((resolve) => {
           timer = setTimeout(() => resolve(false), grace)
         })
