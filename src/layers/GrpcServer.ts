@@ -10,7 +10,7 @@
  */
 import { randomUUID } from "node:crypto"
 import * as grpc from "@grpc/grpc-js"
-import { Duration, Effect, Layer, Option, Result, Schema, Stream } from "effect"
+import { Duration, Effect, Layer, Option, Result, Schema, Stream, Tracer } from "effect"
 import { ServerError, Status } from "nice-grpc"
 import { HealthDefinition, HealthServiceImpl, HealthState } from "nice-grpc-server-health"
 import { ServerReflection, ServerReflectionService } from "nice-grpc-server-reflection"
@@ -32,6 +32,7 @@ import { type GrpcFailure, statusName, toGrpcFailure } from "../services/GrpcSta
 import { extractKvTransferParams, handoffStatus, InvalidHandoff, type LegPlan, planLeg } from "../services/Handoff.ts"
 import { Metrics } from "../services/Metrics.ts"
 import { NodeStatus } from "../services/NodeStatus.ts"
+import { formatTraceparent, parseTraceparent, type TraceParent } from "../services/TraceContext.ts"
 import { Relay } from "./GrpcRelay.ts"
 import { addNiceService } from "./niceGrpcAdapter.ts"
 
@@ -55,7 +56,24 @@ export interface GrpcServerOptions {
 /** grpc-js ServerCredentials. */
 export type ServerCredentials = grpc.ServerCredentials
 
-const TRACEPARENT = /^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/
+/**
+ * One span per Generate call, a child of the caller's `traceparent` when it sent one; the engine request
+ * carries this span as its parent, so the engine's own spans nest under the agent's.
+ */
+const traced = <A, E>(
+  incoming: TraceParent | undefined,
+  call: { readonly requestId: string; readonly leg: string },
+  f: (traceparent: string) => Effect.Effect<A, E>
+): Effect.Effect<A, E> =>
+  Effect.flatMap(Effect.orDie(Effect.currentSpan), (span) =>
+    f(formatTraceparent({ traceId: span.traceId, spanId: span.spanId, sampled: span.sampled }))
+  ).pipe(
+    Effect.withSpan("cgn.agent.Generate", {
+      kind: "server",
+      attributes: { "cgn.request_id": call.requestId, "cgn.leg": call.leg },
+      ...(incoming === undefined ? {} : { parent: Tracer.externalSpan(incoming) })
+    })
+  )
 
 /** toGrpcFailure plus the agent's own refusals that live outside Generate (admission, handoff). */
 const failureOf = (e: unknown): GrpcFailure => {
@@ -105,6 +123,8 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
   const model = config.model.served_name
   const role = config.agent.role
   const nodeId = config.agent.node_id
+  // Spans only when traces are exported: otherwise the caller's traceparent goes to the engine unchanged.
+  const tracing = config.agent.otlp_endpoint !== undefined
   const legTimeout = config.agent.handoff_timeout
   // One model per agent: bind the label once, not per call.
   const relayed = metrics?.relayedTokens.labels({ model })
@@ -231,8 +251,8 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     }
     const requestId = req.requestId === "" ? randomUUID() : req.requestId
     const opts: { requestId: string; traceparent?: string } = { requestId }
-    const tp = call.metadata.get("traceparent")[0]
-    if (typeof tp === "string" && TRACEPARENT.test(tp)) opts.traceparent = tp
+    const incoming = parseTraceparent(call.metadata.get("traceparent")[0])
+    if (incoming !== undefined) opts.traceparent = formatTraceparent(incoming)
     const relay = new Relay(maxPending)
     active.add(relay)
     let ended = false
@@ -283,7 +303,12 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
       if (!ended) settle("CANCELLED")
     })
     relay.consumer = pump
-    relay.interrupt = run(produce(relay, plan, leg.success, opts), { onExit: (exit) => relay.finish(exit) })
+    const work = tracing
+      ? traced(incoming, { requestId, leg: leg.success._tag }, (tp) =>
+          produce(relay, plan, leg.success, { ...opts, traceparent: tp })
+        )
+      : produce(relay, plan, leg.success, opts)
+    relay.interrupt = run(work, { onExit: (exit) => relay.finish(exit) })
     if (call.cancelled && !ended) settle("CANCELLED")
   }
 

@@ -1,0 +1,128 @@
+// Traces over OTLP: with [agent].otlp_endpoint set, each Generate is one span, a child of the caller's
+// traceparent, exported over OTLP/HTTP to a collector (a loopback HTTP server here); the engine request
+// carries that span as its parent. Without it, the caller's traceparent goes to the engine unchanged.
+import * as http from "node:http"
+import type { AddressInfo } from "node:net"
+import { Effect, Layer, ManagedRuntime } from "effect"
+import { createChannel, createClient, Metadata } from "nice-grpc"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { AgentDefinition } from "../src/gen/cgn/agent/v1/agent.ts"
+import { decodeConfigObject } from "../src/layers/Config.ts"
+import { layerWith as grpcLayerWith } from "../src/layers/GrpcServer.ts"
+import * as Tracing from "../src/layers/Tracing.ts"
+import { State } from "../src/services/EngineState.ts"
+import { GrpcServer } from "../src/services/GrpcServer.ts"
+import { parseTraceparent } from "../src/services/TraceContext.ts"
+import { EngineClientRecorder, TestLayers, textChunk } from "../src/testing.ts"
+
+interface OtlpSpan {
+  readonly name: string
+  readonly traceId: string
+  readonly spanId: string
+  readonly parentSpanId?: string
+  readonly attributes: ReadonlyArray<{ readonly key: string; readonly value: { readonly stringValue?: string } }>
+}
+
+const exported: OtlpSpan[] = []
+let collector: http.Server
+let collectorUrl = ""
+
+beforeAll(async () => {
+  collector = http.createServer((req, res) => {
+    const body: Buffer[] = []
+    req.on("data", (c: Buffer) => body.push(c))
+    req.on("end", () => {
+      if (req.url === "/v1/traces") {
+        const doc = JSON.parse(Buffer.concat(body).toString("utf8")) as {
+          resourceSpans: Array<{ scopeSpans: Array<{ spans: OtlpSpan[] }> }>
+        }
+        for (const rs of doc.resourceSpans) for (const ss of rs.scopeSpans) exported.push(...ss.spans)
+      }
+      res.writeHead(200, { "content-type": "application/json" }).end("{}")
+    })
+  })
+  await new Promise<void>((resolve) => collector.listen(0, "127.0.0.1", resolve))
+  collectorUrl = `http://127.0.0.1:${(collector.address() as AddressInfo).port}`
+})
+afterAll(() => new Promise<void>((resolve) => collector.close(() => resolve())))
+
+const agentWith = (agent: Record<string, unknown>) => {
+  const raw = { agent: { node_id: "tr-1", ...agent }, models: { m: { hf_repo: "org/m" } } }
+  const decoded = decodeConfigObject(raw, undefined)
+  if (decoded._tag === "Failure") throw decoded.failure
+  return ManagedRuntime.make(
+    grpcLayerWith({ address: "127.0.0.1:0", shutdownGraceMs: 500 }).pipe(
+      Layer.provideMerge(
+        Layer.mergeAll(
+          TestLayers.Config(raw),
+          TestLayers.EngineClient({ chunks: [textChunk("traced", "stop")] }),
+          TestLayers.EngineProcess({ initial: State.Ready({ since: Date.now(), run: 0 }) }),
+          TestLayers.NodeStatus({ state: "ready" })
+        )
+      ),
+      Layer.provideMerge(Tracing.layer(decoded.success))
+    )
+  )
+}
+
+const generateWith = async (rt: ReturnType<typeof agentWith>, traceparent: string) => {
+  const server = await rt.runPromise(GrpcServer)
+  const channel = createChannel(server.address)
+  const client = createClient(AgentDefinition, channel)
+  for await (const _ of client.generate(
+    { requestId: "req-t", prompt: "hi" },
+    { metadata: Metadata({ traceparent }) }
+  )) {
+    // drain the stream
+  }
+  channel.close()
+  const requests = await rt.runPromise(Effect.flatMap(EngineClientRecorder, (r) => r.requests))
+  return requests.at(-1)?.options?.traceparent
+}
+
+const caller = { traceId: "0af7651916cd43dd8448eb211c80319c", spanId: "b7ad6b7169203331" }
+const callerHeader = `00-${caller.traceId}-${caller.spanId}-01`
+
+describe("tracing", () => {
+  it("exports one span per Generate, child of the caller's traceparent, and the engine gets that span", async () => {
+    const rt = agentWith({ otlp_endpoint: collectorUrl })
+    let sent: string | undefined
+    try {
+      sent = await generateWith(rt, callerHeader)
+    } finally {
+      await rt.dispose() // flushes the batch processor
+    }
+    const span = exported.find((s) => s.name === "cgn.agent.Generate")
+    expect(span, JSON.stringify(exported)).toBeDefined()
+    expect(span!.traceId).toBe(caller.traceId)
+    expect(span!.parentSpanId).toBe(caller.spanId)
+    expect(span!.attributes).toContainEqual({ key: "cgn.request_id", value: { stringValue: "req-t" } })
+    // The engine's parent is the agent's span: same trace, the exported span's id.
+    expect(parseTraceparent(sent)).toEqual({ traceId: caller.traceId, spanId: span!.spanId, sampled: true })
+  })
+
+  it("without an OTLP endpoint the caller's traceparent reaches the engine unchanged", async () => {
+    const rt = agentWith({})
+    try {
+      expect(await generateWith(rt, callerHeader)).toBe(callerHeader)
+    } finally {
+      await rt.dispose()
+    }
+  })
+})
+
+describe("parseTraceparent", () => {
+  it.each([
+    [callerHeader, { ...caller, sampled: true }],
+    [`00-${caller.traceId}-${caller.spanId}-00`, { ...caller, sampled: false }],
+    [`00-${caller.traceId}-${caller.spanId}-03`, { ...caller, sampled: true }],
+    [`ff-${caller.traceId}-${caller.spanId}-01`, undefined],
+    [`00-${"0".repeat(32)}-${caller.spanId}-01`, undefined],
+    [`00-${caller.traceId}-${"0".repeat(16)}-01`, undefined],
+    [`00-${caller.traceId.toUpperCase()}-${caller.spanId}-01`, undefined],
+    ["garbage", undefined],
+    [undefined, undefined]
+  ])("%s", (header, expected) => {
+    expect(parseTraceparent(header)).toEqual(expected)
+  })
+})
