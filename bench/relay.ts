@@ -4,6 +4,7 @@
 // generator used (on a small machine they compete with the agent: a saturated machine is flagged).
 // The agent runs in its own process (this file re-executed with --agent) so its CPU and RSS are its own.
 // Flags: --concurrency 1,64,256 --tokens 128 --rounds 4 --itl 5ms,0ms (one table per setting)
+//        --direct scan|parse (default both: two direct baselines, a ratio against each)
 //        --profile DIR (writes the agent's --cpu-prof, one file per setting).
 import { type ChildProcess, spawn } from "node:child_process"
 import { readFileSync } from "node:fs"
@@ -124,13 +125,15 @@ const body = (tokens: number) =>
     stream_options: { include_usage: true }
   })
 
-// The direct client is as cheap as the agent's own engine client: undici's raw body chunks, a byte scan.
+// Two direct baselines. `scan`: undici's raw body chunks and a byte scan, cheaper than any real client (it never
+// looks at the text). `parse`: what a router reading the engine itself must do — split SSE events, JSON.parse each
+// `data:` line, take `choices[0].text` (or `delta.content`) and keep it.
 const pool = new Agent({ connections: null, pipelining: 1 })
 const TEXT = Buffer.from('"text":"')
 
-/** One direct SSE stream: counts events whose `text` is non-empty. */
-const direct = async (url: string, tokens: number): Promise<Sample> => {
-  const started = performance.now()
+type Baseline = "scan" | "parse"
+
+const open = async (url: string, tokens: number) => {
   const res = await request(`${url}/v1/completions`, {
     method: "POST",
     dispatcher: pool,
@@ -138,9 +141,16 @@ const direct = async (url: string, tokens: number): Promise<Sample> => {
     body: body(tokens)
   })
   if (res.statusCode !== 200) throw new Error(`direct: HTTP ${res.statusCode}`)
+  return res.body as AsyncIterable<Buffer>
+}
+
+/** One direct SSE stream, byte scan: counts events whose `text` is non-empty. */
+const directScan = async (url: string, tokens: number): Promise<Sample> => {
+  const started = performance.now()
+  const stream = await open(url, tokens)
   let ttftMs = -1
   let count = 0
-  for await (const chunk of res.body as AsyncIterable<Buffer>) {
+  for await (const chunk of stream) {
     let i = chunk.indexOf(TEXT)
     while (i >= 0) {
       // A token is `"text":"<something>`; the final chunk has `"text":""`.
@@ -153,6 +163,47 @@ const direct = async (url: string, tokens: number): Promise<Sample> => {
   }
   return { ttftMs, tokens: count, messages: count }
 }
+
+interface CompletionChunk {
+  readonly choices?: ReadonlyArray<{ readonly text?: string; readonly delta?: { readonly content?: string } }>
+}
+
+/** One direct SSE stream, parsed: SSE lines (`\n` or `\r\n`), `JSON.parse` per `data:` line, text accumulated. */
+const directParse = async (url: string, tokens: number): Promise<Sample> => {
+  const started = performance.now()
+  const stream = await open(url, tokens)
+  const decoder = new TextDecoder()
+  let ttftMs = -1
+  let count = 0
+  let pending = ""
+  let text = ""
+  const line = (l: string) => {
+    if (!l.startsWith("data:")) return
+    const data = l.charCodeAt(5) === 0x20 ? l.slice(6) : l.slice(5)
+    if (data === "[DONE]") return
+    const choice = (JSON.parse(data) as CompletionChunk).choices?.[0]
+    const t = choice?.text ?? choice?.delta?.content
+    if (t === undefined || t === "") return
+    if (ttftMs < 0) ttftMs = performance.now() - started
+    text += t
+    count++
+  }
+  for await (const chunk of stream) {
+    pending += decoder.decode(chunk, { stream: true })
+    let start = 0
+    let nl = pending.indexOf("\n")
+    while (nl >= 0) {
+      line(pending.slice(start, pending.charCodeAt(nl - 1) === 0x0d ? nl - 1 : nl))
+      start = nl + 1
+      nl = pending.indexOf("\n", start)
+    }
+    pending = pending.slice(start)
+  }
+  if (count > 0 && text.length === 0) throw new Error("direct: no text")
+  return { ttftMs, tokens: count, messages: count }
+}
+
+const directFor = (b: Baseline) => (b === "scan" ? directScan : directParse)
 
 type Client = ReturnType<typeof createClient<typeof AgentDefinition>>
 
@@ -238,6 +289,7 @@ const runSetting = async (
   levels: ReadonlyArray<number>,
   tokens: number,
   rounds: number,
+  baselines: ReadonlyArray<Baseline>,
   profileDir: string | undefined
 ): Promise<void> => {
   const sim = await startSim({
@@ -272,7 +324,7 @@ const runSetting = async (
     const channel = createChannel(address, undefined, { "grpc.max_concurrent_streams": 1024 })
     const client = createClient(AgentDefinition, channel)
     // Warm both paths (JIT, connections).
-    await phase(sim.pid, 8, 4, () => direct(sim.url, tokens))
+    for (const b of baselines) await phase(sim.pid, 8, 4, () => directFor(b)(sim.url, tokens))
     await phase(sim.pid, 8, 4, () => viaAgent(client, tokens))
     // The agent's own background CPU (timers, health fibers) over one idle second, to read the rows against.
     const idle0 = await ask(agent)
@@ -281,28 +333,36 @@ const runSetting = async (
 
     const rows: Array<Record<string, string>> = []
     for (const c of levels) {
-      const d = await phase(sim.pid, c, rounds, () => direct(sim.url, tokens))
+      const ds: Array<readonly [Baseline, PhaseResult]> = []
+      for (const b of baselines) ds.push([b, await phase(sim.pid, c, rounds, () => directFor(b)(sim.url, tokens))])
       const before = await ask(agent)
       const a = await phase(sim.pid, c, rounds, () => viaAgent(client, tokens))
       const after = await ask(agent)
-      const dRate = (d.tokens * 1000) / d.wallMs
+      const rate = (p: PhaseResult) => (p.tokens * 1000) / p.wallMs
       const aRate = (a.tokens * 1000) / a.wallMs
       const agentCpuS = (after.cpuUs - before.cpuUs) / 1e6
       const busy = (cpuS: number, wallMs: number) => cpuS / (wallMs / 1000)
       const total = busy(agentCpuS + a.simCpuS + a.loadCpuS, a.wallMs)
+      // The first baseline (scan when both run) is the reference for added TTFT.
+      const [b0, d] = ds[0] ?? (["scan", a] as const)
+      const row: Record<string, string> = { streams: String(c) }
+      for (const [b, p] of ds) row[`direct ${b} tok/s`] = f(rate(p), 0)
+      row["agent tok/s"] = f(aRate, 0)
+      for (const [b, p] of ds) row[`ratio vs ${b}`] = f(aRate / rate(p), 3)
+      for (const [b, p] of ds)
+        row[`direct ${b} TTFT p50/p99 ms`] = `${f(pct(p.ttft, 50), 2)} / ${f(pct(p.ttft, 99), 2)}`
+      const directCores = ds
+        .map(([b, p]) => `${b}: ${f(busy(p.simCpuS, p.wallMs), 2)}/${f(busy(p.loadCpuS, p.wallMs), 2)}`)
+        .join("; ")
       rows.push({
-        streams: String(c),
-        "direct tok/s": f(dRate, 0),
-        "agent tok/s": f(aRate, 0),
-        ratio: f(aRate / dRate, 3),
-        "direct TTFT p50/p99 ms": `${f(pct(d.ttft, 50), 2)} / ${f(pct(d.ttft, 99), 2)}`,
+        ...row,
         "agent TTFT p50/p99 ms": `${f(pct(a.ttft, 50), 2)} / ${f(pct(a.ttft, 99), 2)}`,
-        "added TTFT p50 ms (agent's own)": `${f(pct(a.ttft, 50) - pct(d.ttft, 50), 2)} (${f(pct(a.agentTtft, 50), 2)})`,
+        [`added TTFT p50 ms vs ${b0} (agent's own)`]: `${f(pct(a.ttft, 50) - pct(d.ttft, 50), 2)} (${f(pct(a.agentTtft, 50), 2)})`,
         "agent CPU µs/tok (main thread)": `${f((agentCpuS * 1e6) / a.tokens, 1)} (${f((after.mainUs - before.mainUs) / a.tokens, 1)})`,
         "tok/gRPC msg": f(a.tokens / Math.max(1, a.messages), 2),
-        "cores used agent/sim/loadgen (direct: sim/loadgen)": `${f(busy(agentCpuS, a.wallMs), 2)}/${f(busy(a.simCpuS, a.wallMs), 2)}/${f(busy(a.loadCpuS, a.wallMs), 2)} (${f(busy(d.simCpuS, d.wallMs), 2)}/${f(busy(d.loadCpuS, d.wallMs), 2)})${total > 0.9 * cores ? " saturated" : ""}`,
+        "cores used agent/sim/loadgen (direct: sim/loadgen)": `${f(busy(agentCpuS, a.wallMs), 2)}/${f(busy(a.simCpuS, a.wallMs), 2)}/${f(busy(a.loadCpuS, a.wallMs), 2)} (${directCores})${total > 0.9 * cores ? " saturated" : ""}`,
         "agent peak RSS MiB": f(after.maxRssKb / 1024, 0),
-        errors: `${d.errors}/${a.errors}`
+        [`errors ${[...ds.map(([b]) => b), "agent"].join("/")}`]: [...ds.map(([, p]) => p.errors), a.errors].join("/")
       })
     }
     channel.close()
@@ -336,12 +396,17 @@ const runBench = async (): Promise<void> => {
       tokens: { type: "string", default: "128" },
       rounds: { type: "string", default: "4" },
       itl: { type: "string", default: "5ms,0ms" },
+      direct: { type: "string", default: "scan,parse" },
       profile: { type: "string" }
     }
   })
   const levels = values.concurrency.split(",").map(Number)
+  const baselines = values.direct.split(",").map((b): Baseline => {
+    if (b === "scan" || b === "parse") return b
+    throw new Error(`--direct: expected scan, parse or scan,parse; got ${b}`)
+  })
   for (const itl of values.itl.split(","))
-    await runSetting(itl, levels, Number(values.tokens), Number(values.rounds), values.profile)
+    await runSetting(itl, levels, Number(values.tokens), Number(values.rounds), baselines, values.profile)
   await pool.close()
 }
 

@@ -98,7 +98,16 @@ interface Harness {
 }
 
 const quietLogger = (logs: Array<string>) =>
-  Logger.layer([Logger.make(({ logLevel, message }) => logs.push(`${logLevel} ${[message].flat().join(" ")}`))])
+  Logger.layer([
+    Logger.make(({ logLevel, message }) =>
+      logs.push(
+        `${logLevel} ${[message]
+          .flat()
+          .map((m) => (typeof m === "string" ? m : JSON.stringify(m)))
+          .join(" ")}`
+      )
+    )
+  ])
 
 const build = async (plan: LaunchPlan, settings: SupervisorSettings) => {
   const logs: Array<string> = []
@@ -226,6 +235,20 @@ describe("restarts", () => {
     const after = await simState(port)
     assert.notStrictEqual(after.pid, before.pid)
     assert.isFalse(groupAlive(before.pid), "the stalled engine's group is gone")
+  })
+
+  it("the spawn is logged with its argv and env, secrets redacted", async () => {
+    const s = await setup("vllm", {
+      knobs: ["--api-key", "sk-very-secret"],
+      engine: { env: { HF_TOKEN: "hf_very_secret", HF_HOME: "/cache" } }
+    })
+    const h = await start(s.plan, s.settings)
+    const line = await waitFor("spawn log", () => h.logs.find((l) => l.includes("engine run 0: spawning")))
+    assert.include(line, '"--api-key","<redacted>"')
+    assert.include(line, '"HF_TOKEN":"<redacted>"')
+    assert.include(line, '"HF_HOME":"/cache"')
+    assert.notInclude(line, "very_secret")
+    assert.notInclude(line, "very-secret")
   })
 
   it("an engine that cannot be spawned -> Restarting with the spawn error", async () => {

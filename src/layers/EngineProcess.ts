@@ -30,6 +30,7 @@ import { pidFilePath, reclaim, removePidFile, writePidFile } from "./enginePidFi
 import { probeOnce } from "./engineProbe.ts"
 import { type EngineRun, type RunExit, spawnRun } from "./engineRun.ts"
 import { engineFor } from "./engines/index.ts"
+import { redactArgv, redactEnv } from "./engines/redact.ts"
 
 export { EngineProcessControl, layerTest, testPlan } from "./EngineProcessTest.ts"
 
@@ -175,6 +176,8 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
       )
       const since = now()
       if (plan.spawns) {
+        // What an operator checks first when an engine will not start; secrets never reach the log.
+        yield* Effect.logInfo(`engine run ${run}: spawning`, { argv: redactArgv(plan.argv), env: redactEnv(plan.env) })
         er = yield* spawnRun(plan, { run, graceMs: settings.stopGraceMs, linesKept: settings.linesKept })
         pid = yield* Deferred.await(er.pid).pipe(
           Effect.timeoutOrElse({ duration: 10_000, orElse: () => Effect.undefined })

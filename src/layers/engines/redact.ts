@@ -23,9 +23,13 @@ export const redactArgv = (argv: ReadonlyArray<string>): ReadonlyArray<string> =
     return arg
   })
 
+/** The env with every secret-looking value replaced. */
+export const redactEnv = (env: Readonly<Record<string, string>>): Readonly<Record<string, string>> =>
+  Object.fromEntries(Object.entries(env).map(([k, v]) => [k, isSecretEnvName(k) ? REDACTED : v]))
+
 /** A copy of the plan that is safe to print. */
 export const redactPlan = (plan: LaunchPlan): LaunchPlan => ({
   ...plan,
   argv: redactArgv(plan.argv),
-  env: Object.fromEntries(Object.entries(plan.env).map(([k, v]) => [k, isSecretEnvName(k) ? REDACTED : v]))
+  env: redactEnv(plan.env)
 })
