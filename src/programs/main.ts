@@ -105,6 +105,8 @@ const orderedDrain = Effect.fn("Agent.drain")(function* (why: string, signals: S
 export const daemon = Effect.scoped(
   Effect.gen(function* () {
     const config = yield* Config
+    // Registered first, so it runs last of this scope: after the lease is revoked and the servers closed.
+    yield* Effect.addFinalizer(() => Effect.logInfo("cgn-agent stopped"))
     const signals = yield* shutdownSignals
     const drain = yield* Drain
     const tls = yield* Tls
@@ -141,7 +143,6 @@ export const daemon = Effect.scoped(
       drain.awaitStarted.pipe(Effect.as("POST /drain"))
     )
     yield* orderedDrain(why, signals).pipe(Effect.provide(Context.merge(grpc, reporterContext)))
-    yield* Effect.logInfo("cgn-agent stopped")
   })
 )
 
