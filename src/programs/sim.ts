@@ -1,3 +1,4 @@
+#!/usr/bin/env node
 // cgn-engine-sim: an engine-shaped process for tests and laptops (vLLM, SGLang, llama.cpp, mlx flavors).
 // Parses the engine's own command line plus --sim-* knobs, then reproduces the engine's startup (vLLM listens
 // only once "loaded"; the others listen at once and report loading), serves the OpenAI API, and applies the
