@@ -150,6 +150,18 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
     ]
   ],
   [
+    "engine.url with a path (a common mistake: the /v1 suffix)",
+    `[engine]\nkind = "openai_compat"\nurl = "http://10.0.0.5:8000/v1"\n${MODEL}`,
+    [
+      'engine.url: give the engine\'s server root (scheme, host, port), not a path: the agent adds /v1/... itself; got "http://10.0.0.5:8000/v1"'
+    ]
+  ],
+  [
+    "engine.url https for a spawned engine",
+    `[engine]\nurl = "https://127.0.0.1:8000"\n${MODEL}`,
+    ["engine.url: vllm is spawned by the agent and serves plain HTTP on its host:port; use http://"]
+  ],
+  [
     "engine combination: vLLM has no hicache",
     `[engine]\nkv_offload = "hicache"\n${MODEL}`,
     ['engine.kv_offload: vllm does not support "hicache"; vllm supports "none", "nixl", "lmcache", "kvbm"']

@@ -273,6 +273,15 @@ const engineProblems = (c: ConfigFile): Array<string> => {
       }
     }
   }
+  const url = new URL(c.engine.url) // already a valid http(s) URL (schema)
+  if (url.pathname !== "/" || url.search !== "") {
+    problems.push(
+      `engine.url: give the engine's server root (scheme, host, port), not a path: the agent adds /v1/... itself; got "${c.engine.url}"`
+    )
+  }
+  if (caps.spawns && url.protocol === "https:") {
+    problems.push(`engine.url: ${kind} is spawned by the agent and serves plain HTTP on its host:port; use http://`)
+  }
   if (!caps.spawns && c.engine.command !== undefined) {
     problems.push(`engine.command: ${kind} proxies engine.url and starts nothing; remove engine.command`)
   }
