@@ -37,6 +37,7 @@ const fakeEngine = Layer.effect(
       awaitReady: Effect.void,
       restarts: Effect.succeed(1),
       exits: Effect.succeed([exit]),
+      pid: Effect.succeed(4321),
       stop: Effect.void
     }
   })
@@ -113,6 +114,7 @@ describe("admin HTTP on loopback", () => {
     expect(body.registration).toEqual({ state: "standalone" })
     expect(body.engine.state._tag).toBe("Ready")
     expect(body.engine.restarts).toBe(1)
+    expect(body.engine.pid).toBe(4321)
     expect(body.engine.exits).toEqual([
       {
         run: 0,

@@ -127,6 +127,7 @@ describe("a running agent", () => {
   let agent: AgentHandle
   let client: AgentClient
   let key: string
+  let engineUrl: string
 
   beforeAll(async () => {
     const s = await startSimAgent({
@@ -136,6 +137,7 @@ describe("a running agent", () => {
     agent = s.agent
     client = s.client
     key = s.key
+    engineUrl = s.engineUrl
   })
   afterAll(() => killAllAgents())
 
@@ -191,11 +193,12 @@ describe("a running agent", () => {
     const status = (await (await fetch(`${agent.adminUrl}/status`)).json()) as {
       registration: { state: string; key: string }
       health: { state: string }
-      engine: { state: { _tag: string }; restarts: number }
+      engine: { state: { _tag: string }; restarts: number; pid: number }
     }
     expect(status.registration).toMatchObject({ state: "registered", key })
     expect(status.health.state).toBe("ready")
-    expect(status.engine).toMatchObject({ state: { _tag: "Ready" }, restarts: 0 })
+    // The pid /status names is the engine's own (the simulator reports it), not the guard's.
+    expect(status.engine).toMatchObject({ state: { _tag: "Ready" }, restarts: 0, pid: (await simState(engineUrl)).pid })
   })
 
   it("serves /metrics in Prometheus text with the engine's signals, request counts and process metrics", async () => {

@@ -72,14 +72,14 @@ const routes = (options: AdminHttpOptions, loopback: boolean) =>
       )
 
       const statusBody = Effect.gen(function* () {
-        const [health, state, restarts, exits, more] = yield* Effect.all(
-          [status.snapshot, engine.state, engine.restarts, engine.exits, extras],
+        const [health, state, pid, restarts, exits, more] = yield* Effect.all(
+          [status.snapshot, engine.state, engine.pid, engine.restarts, engine.exits, extras],
           { concurrency: "unbounded" }
         )
         return {
           ...Object.fromEntries(more),
           health: NodeHealth.toJSON(health),
-          engine: { state, restarts, exits: exits.map(exitForensics) }
+          engine: { state, pid: pid ?? null, restarts, exits: exits.map(exitForensics) }
         }
       })
 

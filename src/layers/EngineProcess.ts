@@ -98,6 +98,7 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
   )
   const exits = yield* Ref.make<ReadonlyArray<ExitRecord>>([])
   const restarts = yield* Ref.make(0)
+  const currentPid = yield* Ref.make<number | undefined>(undefined)
   const stopRequested = yield* Deferred.make<void>()
   const stopped = yield* Deferred.make<void>()
 
@@ -164,6 +165,7 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
       let er: EngineRun | undefined
       let pid: number | undefined
       let readyAt: number | undefined
+      yield* Effect.addFinalizer(() => Ref.set(currentPid, undefined))
       // Registered first so it runs last: after the group teardown, a stopped run still leaves its record.
       yield* Effect.addFinalizer((exit) =>
         exit._tag === "Failure"
@@ -192,7 +194,10 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
             startedAt: er.startedAt
           })
         }
-        if (pid !== undefined) yield* publish(Event.Spawned({ run, pid, at: now() }))
+        if (pid !== undefined) {
+          yield* Ref.set(currentPid, pid)
+          yield* publish(Event.Spawned({ run, pid, at: now() }))
+        }
       }
       // Readiness, then liveness: completes only with the reason the run must end.
       const watching = Effect.flatMap(readiness(run, since), (at) => {
@@ -247,7 +252,7 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
   const stop = Deferred.succeed(stopRequested, undefined).pipe(Effect.andThen(Deferred.await(stopped)))
   yield* Effect.addFinalizer(() => stop)
 
-  return EngineProcess.of(fromRefs({ plan, state, restarts, exits, stop }))
+  return EngineProcess.of(fromRefs({ plan, state, restarts, exits, pid: currentPid, stop }))
 })
 
 /** The supervisor for a hand-built plan: the test seam, and what `layer` uses once the plan is rendered. */

@@ -45,6 +45,7 @@ export const layerTest = (
       )
       const exits = yield* Ref.make<ReadonlyArray<ExitRecord>>([])
       const restarts = yield* Ref.make(0)
+      const pid = yield* Ref.make<number | undefined>(undefined)
       const stop = Effect.gen(function* () {
         const s = yield* SubscriptionRef.get(state)
         if (s._tag === "Stopped") return
@@ -52,7 +53,7 @@ export const layerTest = (
         const [last] = yield* Ref.get(exits)
         yield* SubscriptionRef.set(state, State.Stopped({ lastExit: last }))
       })
-      const engine = EngineProcess.of(fromRefs({ plan: options.plan ?? testPlan(), state, restarts, exits, stop }))
+      const engine = EngineProcess.of(fromRefs({ plan: options.plan ?? testPlan(), state, restarts, exits, pid, stop }))
       const control = EngineProcessControl.of({
         set: (s) => SubscriptionRef.set(state, s),
         recordExit: (exit) =>

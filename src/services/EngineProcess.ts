@@ -55,6 +55,8 @@ export interface EngineProcessService {
   readonly awaitReady: Effect.Effect<void>
   /** Restarts since the agent started. */
   readonly restarts: Effect.Effect<number>
+  /** The engine's pid (its process group) while a run is alive; undefined between runs and for openai_compat. */
+  readonly pid: Effect.Effect<number | undefined>
   /** The most recent runs' exits, newest first (bounded). */
   readonly exits: Effect.Effect<ReadonlyArray<ExitRecord>>
   /** Stops the engine (TERM to the group, KILL after stop_grace) and confirms the group is gone; idempotent. */
@@ -70,6 +72,7 @@ export const fromRefs = (refs: {
   readonly state: SubscriptionRef.SubscriptionRef<EngineState>
   readonly restarts: Ref.Ref<number>
   readonly exits: Ref.Ref<ReadonlyArray<ExitRecord>>
+  readonly pid: Ref.Ref<number | undefined>
   readonly stop: Effect.Effect<void>
 }): EngineProcessService => ({
   plan: refs.plan,
@@ -82,6 +85,7 @@ export const fromRefs = (refs: {
   ),
   restarts: Ref.get(refs.restarts),
   exits: Ref.get(refs.exits),
+  pid: Ref.get(refs.pid),
   stop: refs.stop
 })
 
