@@ -41,6 +41,8 @@ interface Agent {
   setEngine(state: EngineState): Promise<void>
   setNode(state: NodeState): Promise<void>
   abortActive(reason: string): Promise<void>
+  /** Resolves when no stream is being relayed (the drain's wait). */
+  noStreams(): Promise<void>
   close(): Promise<void>
 }
 
@@ -73,6 +75,7 @@ const startAgent = async (engineUrl: string, agent: Record<string, unknown> = {}
     setEngine: (s) => rt.runPromise(engineCtl.set(s)),
     setNode: (s) => rt.runPromise(nodeCtl.setState(s)),
     abortActive: (reason) => rt.runPromise(server.abortActive(reason)),
+    noStreams: () => rt.runPromise(server.awaitNoStreams),
     close: async () => {
       channel.close()
       await rt.dispose()
@@ -288,6 +291,27 @@ describe("cancellation, deadlines and health", () => {
       return s.running === 0 && s.aborted > base.aborted ? s : undefined
     })
     expect(after.aborted).toBe(base.aborted + 1)
+  })
+
+  it("awaitNoStreams (the drain's wait) completes only once the last stream has ended", async () => {
+    await agent.noStreams() // none active: at once
+    let idleSeen = false
+    let idle: Promise<void> | undefined
+    let deltas = 0
+    for await (const r of agent.client.generate({ prompt: "one two three four five", sampling: { maxTokens: 5 } })) {
+      if (r.delta === undefined) continue
+      deltas++
+      if (idle === undefined)
+        idle = agent.noStreams().then(() => {
+          idleSeen = true
+        })
+      // While the call is still streaming, the wait has not completed.
+      expect(idleSeen).toBe(false)
+    }
+    // 5 tokens 20 ms apart: several deltas, so the check above ran while the stream was live.
+    expect(deltas).toBeGreaterThan(1)
+    await idle
+    expect(idleSeen).toBe(true)
   })
 
   it("abortActive (the drain's last step) ends streams with UNAVAILABLE and frees the slot", async () => {

@@ -161,6 +161,8 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
   ).pipe(Effect.forkScoped)
 
   const active = new Set<Relay>()
+  // Resolved when the last active stream ends (the drain waits on it).
+  const idleWaiters = new Set<() => void>()
 
   // One non-streaming call; its answer is read for finish/usage only (the text comes from the decode leg).
   const prefillLeg = (relay: Relay, plan: EnginePlan, leg: LegPlan, opts: RequestOptions) =>
@@ -262,6 +264,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
       call.off("drain", onDrain)
       if (!relay.done) relay.interrupt()
       active.delete(relay)
+      if (active.size === 0) for (const wake of idleWaiters) wake()
       record(status, relay, startedAt)
     }
     // Runs inside the producer's read callback: everything pending goes out now unless the call's buffer is full.
@@ -393,6 +396,15 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
         publish()
       }),
     activeStreams: Effect.sync(() => active.size),
+    awaitNoStreams: Effect.callback<void>((resume) => {
+      if (active.size === 0) return resume(Effect.void)
+      const wake = () => {
+        idleWaiters.delete(wake)
+        resume(Effect.void)
+      }
+      idleWaiters.add(wake)
+      return Effect.sync(() => idleWaiters.delete(wake))
+    }),
     abortActive: (reason) =>
       Effect.sync(() => {
         for (const relay of active) relay.abort(new GenerateRejected({ code: "UNAVAILABLE", message: reason }))

@@ -78,11 +78,8 @@ const orderedDrain = Effect.fn("Agent.drain")(function* (why: string, signals: S
   )
 
   yield* admission.close()
-  const idle = Effect.gen(function* () {
-    yield* admission.awaitIdle
-    // A stream holds no admission slot while it hands its last deltas and final to the caller.
-    while ((yield* grpc.activeStreams) > 0) yield* Effect.sleep("20 millis")
-  })
+  // A stream holds no admission slot while it hands its last deltas and final to the caller: wait for both.
+  const idle = Effect.andThen(admission.awaitIdle, grpc.awaitNoStreams)
   const finished = yield* Effect.raceFirst(
     idle.pipe(Effect.timeoutOption(timeout), Effect.map(Option.isSome)),
     Deferred.await(signals.hurry).pipe(Effect.as(false))

@@ -21,6 +21,8 @@ export interface GrpcServerService {
   readonly setHealthOverride: (status: ServingStatus | undefined) => Effect.Effect<void>
   /** Generate calls being relayed now. */
   readonly activeStreams: Effect.Effect<number>
+  /** Completes when no Generate call is being relayed (at once if none is). */
+  readonly awaitNoStreams: Effect.Effect<void>
   /**
    * Ends every Generate in flight with UNAVAILABLE and `reason` (the drain, after its timeout); their
    * engine requests are aborted. Deltas already sent stay sent.
