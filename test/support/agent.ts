@@ -11,6 +11,7 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
 import { parse as parseToml, stringify as stringifyToml } from "smol-toml"
+import { followLines } from "./lines.ts"
 import { freePorts } from "./ports.ts"
 
 export const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..")
@@ -153,49 +154,16 @@ export const startAgent = async (options: StartAgentOptions): Promise<AgentHandl
   const tracked: Tracked = { proc, exited, enginePids: new Set(), dir }
   live.add(tracked)
 
-  const stderrLines: Array<string> = []
-  const waiters = new Set<{ pred: (l: string) => boolean; resolve: (l: string) => void }>()
-  let buf = ""
   proc.stdout?.resume()
-  proc.stderr?.setEncoding("utf8")
-  proc.stderr?.on("data", (chunk: string) => {
-    buf += chunk
-    let nl = buf.indexOf("\n")
-    while (nl >= 0) {
-      const line = buf.slice(0, nl)
-      buf = buf.slice(nl + 1)
-      stderrLines.push(line)
-      // The engine's own log lines are relayed with its pid (and a forked grandchild's): kill them on cleanup.
-      if (line.includes("EngineProcess")) for (const p of pidsInLine(line)) tracked.enginePids.add(p)
-      for (const w of waiters) {
-        if (w.pred(line)) {
-          waiters.delete(w)
-          w.resolve(line)
-        }
-      }
-      nl = buf.indexOf("\n")
-    }
+  // The engine's own log lines are relayed with its pid (and a forked grandchild's): kill them on cleanup.
+  const stderr = followLines(proc.stderr, (line) => {
+    if (line.includes("EngineProcess")) for (const p of pidsInLine(line)) tracked.enginePids.add(p)
   })
+  const stderrLines = stderr.lines
   const tail = (n = 40) => stderrLines.slice(-n).join("\n")
 
-  const waitForLine = (pred: (line: string) => boolean, timeoutMs = 10_000): Promise<string> => {
-    const found = stderrLines.find(pred)
-    if (found !== undefined) return Promise.resolve(found)
-    return new Promise((resolve, reject) => {
-      const w = {
-        pred,
-        resolve: (l: string) => {
-          clearTimeout(timer)
-          resolve(l)
-        }
-      }
-      const timer = setTimeout(() => {
-        waiters.delete(w)
-        reject(new Error(`agent log line not seen within ${timeoutMs} ms; stderr tail:\n${tail()}`))
-      }, timeoutMs)
-      waiters.add(w)
-    })
-  }
+  const waitForLine = (pred: (line: string) => boolean, timeoutMs = 10_000): Promise<string> =>
+    stderr.waitFor(pred, timeoutMs, "agent log line")
 
   const logs = () => {
     const out: Array<Record<string, unknown>> = []

@@ -5,6 +5,7 @@
 import { type ChildProcess, spawn } from "node:child_process"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
+import { followLines } from "./lines.ts"
 import { pollUntil as poll } from "./poll.ts"
 import { freePort } from "./ports.ts"
 
@@ -70,26 +71,8 @@ export const startSim = async (options: StartSimOptions = {}): Promise<SimHandle
   })
   const pid = proc.pid ?? -1
   if (pid > 0) live.add(pid)
-  const stderrLines: Array<string> = []
-  const waiters = new Set<{ pred: (l: string) => boolean; resolve: (l: string) => void }>()
-  let buf = ""
-  proc.stderr?.setEncoding("utf8")
-  proc.stderr?.on("data", (chunk: string) => {
-    buf += chunk
-    let nl = buf.indexOf("\n")
-    while (nl >= 0) {
-      const line = buf.slice(0, nl)
-      buf = buf.slice(nl + 1)
-      stderrLines.push(line)
-      for (const w of waiters) {
-        if (w.pred(line)) {
-          waiters.delete(w)
-          w.resolve(line)
-        }
-      }
-      nl = buf.indexOf("\n")
-    }
-  })
+  const stderr = followLines(proc.stderr)
+  const stderrLines = stderr.lines
   let exitInfo: { code: number | null; signal: NodeJS.Signals | null } | undefined
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => {
     proc.once("exit", (code, signal) => {
@@ -98,24 +81,8 @@ export const startSim = async (options: StartSimOptions = {}): Promise<SimHandle
     })
   })
 
-  const waitForLine = (pred: (line: string) => boolean, timeoutMs = 10_000): Promise<string> => {
-    const found = stderrLines.find(pred)
-    if (found !== undefined) return Promise.resolve(found)
-    return new Promise((resolve, reject) => {
-      const w = {
-        pred,
-        resolve: (l: string) => {
-          clearTimeout(timer)
-          resolve(l)
-        }
-      }
-      const timer = setTimeout(() => {
-        waiters.delete(w)
-        reject(new Error(`simulator line not seen within ${timeoutMs} ms; stderr:\n${stderrLines.join("\n")}`))
-      }, timeoutMs)
-      waiters.add(w)
-    })
-  }
+  const waitForLine = (pred: (line: string) => boolean, timeoutMs = 10_000): Promise<string> =>
+    stderr.waitFor(pred, timeoutMs, "simulator line")
 
   let stopping: Promise<void> | undefined
   const stop = (graceMs = 2_000): Promise<void> => {
