@@ -1,34 +1,15 @@
 // The cgn-agent binary as a subprocess: `check` and `render` exit codes (0 ok, 2 bad config or no config,
 // 1 usage errors), the key path of a problem on stderr, `render --json` output, and `--help`.
-import { execFile } from "node:child_process"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { runCli } from "./support/cli.ts"
 
 const ROOT = path.join(import.meta.dirname, "..")
-const MAIN = path.join(ROOT, "src", "main.ts")
+const _MAIN = path.join(ROOT, "src", "main.ts")
 
-interface Run {
-  readonly code: number
-  readonly stdout: string
-  readonly stderr: string
-}
-
-const cli = (args: ReadonlyArray<string>, env: Record<string, string> = {}): Promise<Run> =>
-  new Promise((resolve) => {
-    const childEnv: Record<string, string | undefined> = { ...process.env, ...env }
-    if (!("CGN_AGENT_CONFIG" in env)) delete childEnv.CGN_AGENT_CONFIG
-    execFile(
-      process.execPath,
-      [MAIN, ...args],
-      { cwd: ROOT, env: childEnv, timeout: 30_000 },
-      (error, stdout, stderr) => {
-        const code = error === null ? 0 : typeof error.code === "number" ? error.code : -1
-        resolve({ code, stdout, stderr })
-      }
-    )
-  })
+const cli = runCli
 
 let dir = ""
 let broken = ""

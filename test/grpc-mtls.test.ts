@@ -1,10 +1,3 @@
-// mTLS on the real Agent gRPC server: the Tls layer (certificates made at test time by makeTestPki) gives
-// the server credentials, as programs/main.ts passes them. A client with a certificate from the CA gets a
-// Generate answered; without one, with one from another CA, or in plaintext it is refused. The `generate`
-// client subprocess with --ca/--cert/--key against the same server.
-import { spawn } from "node:child_process"
-import * as path from "node:path"
-import { fileURLToPath } from "node:url"
 import { ChannelCredentials } from "@grpc/grpc-js"
 import { Effect, Layer, ManagedRuntime } from "effect"
 import { ClientError, createChannel, createClient, Status } from "nice-grpc"
@@ -20,9 +13,8 @@ import { State } from "../src/services/EngineState.ts"
 import { GrpcServer } from "../src/services/GrpcServer.ts"
 import { Tls } from "../src/services/Tls.ts"
 import { makeTestPki, type TestPki } from "./support/certs.ts"
+import { runCli } from "./support/cli.ts"
 import { type SimHandle, startSim } from "./support/sim.ts"
-
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..")
 
 describe("mTLS on the Agent gRPC server", () => {
   let pki: TestPki
@@ -93,18 +85,7 @@ describe("mTLS on the Agent gRPC server", () => {
     expect(served.map((r) => r.status)).toEqual(["UNAVAILABLE", "UNAVAILABLE", "UNAVAILABLE"])
   })
 
-  const runGenerate = (args: ReadonlyArray<string>) =>
-    new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve, reject) => {
-      const child = spawn(process.execPath, [path.join(root, "src/main.ts"), "generate", ...args], {
-        stdio: ["ignore", "pipe", "pipe"]
-      })
-      let stdout = ""
-      let stderr = ""
-      child.stdout.setEncoding("utf8").on("data", (c: string) => (stdout += c))
-      child.stderr.setEncoding("utf8").on("data", (c: string) => (stderr += c))
-      child.on("error", reject)
-      child.on("exit", (code) => resolve({ code, stdout, stderr }))
-    })
+  const runGenerate = (args: ReadonlyArray<string>) => runCli(["generate", ...args])
 
   it("the generate client with --ca --cert --key; refused without the client certificate", async () => {
     const [ok, refused] = await Promise.all([

@@ -1,12 +1,5 @@
-// The agent's gRPC server over real loopback: in-process server with the live EngineClient against the
-// simulator subprocess (and, where the test must see what the engine received, a tiny node:http engine).
-// Covers streaming, every status mapping, cancellation and deadlines (the simulator's slot is freed),
-// health Check/Watch transitions, reflection, unary calls, and the `generate` client as a subprocess.
-import { spawn } from "node:child_process"
 import * as http from "node:http"
 import type { AddressInfo } from "node:net"
-import * as path from "node:path"
-import { fileURLToPath } from "node:url"
 import * as grpc from "@grpc/grpc-js"
 import { Layer, ManagedRuntime } from "effect"
 import { type Channel, ClientError, createChannel, createClient, Metadata, Status } from "nice-grpc"
@@ -30,9 +23,8 @@ import type { EngineState } from "../src/services/EngineProcess.ts"
 import { State } from "../src/services/EngineState.ts"
 import { GrpcServer } from "../src/services/GrpcServer.ts"
 import type { NodeState } from "../src/services/NodeStatus.ts"
+import { runCli } from "./support/cli.ts"
 import { getJson, pollUntil, postJson, type SimHandle, startSim } from "./support/sim.ts"
-
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..")
 
 interface Agent {
   readonly address: string
@@ -511,18 +503,7 @@ describe("reflection and the generate client", () => {
     expect(answers[2]?.getFileDescriptorResponse()?.getFileDescriptorProtoList_asU8().length).toBeGreaterThan(0)
   })
 
-  const runGenerate = (args: ReadonlyArray<string>) =>
-    new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve, reject) => {
-      const child = spawn(process.execPath, [path.join(root, "src/main.ts"), "generate", ...args], {
-        stdio: ["ignore", "pipe", "pipe"]
-      })
-      let stdout = ""
-      let stderr = ""
-      child.stdout.setEncoding("utf8").on("data", (c: string) => (stdout += c))
-      child.stderr.setEncoding("utf8").on("data", (c: string) => (stderr += c))
-      child.on("error", reject)
-      child.on("exit", (code) => resolve({ code, stdout, stderr }))
-    })
+  const runGenerate = (args: ReadonlyArray<string>) => runCli(["generate", ...args])
 
   it("generate streams the text to stdout and a summary line to stderr", async () => {
     const r = await runGenerate(["--addr", agent.address, "--prompt", "hello from the client", "--max-tokens", "3"])
