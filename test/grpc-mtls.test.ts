@@ -3,15 +3,11 @@ import { Effect, Layer, ManagedRuntime } from "effect"
 import { ClientError, createChannel, createClient, Status } from "nice-grpc"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { AgentDefinition } from "../src/gen/cgn/agent/v1/agent.ts"
-import { layerFromObject } from "../src/layers/Config.ts"
-import { layerFromPlan } from "../src/layers/EngineClient.ts"
-import { layerTest as engineLayerTest, testPlan } from "../src/layers/EngineProcessTest.ts"
 import { layerWith as grpcLayerWith } from "../src/layers/GrpcServer.ts"
-import { layerTest as nodeStatusLayerTest } from "../src/layers/NodeStatus.ts"
 import { layerWith as tlsLayerWith } from "../src/layers/Tls.ts"
-import { State } from "../src/services/EngineState.ts"
 import { GrpcServer } from "../src/services/GrpcServer.ts"
 import { Tls } from "../src/services/Tls.ts"
+import { agentDeps } from "./support/agentDeps.ts"
 import { makeTestPki, type TestPki } from "./support/certs.ts"
 import { runCli } from "./support/cli.ts"
 import { type SimHandle, startSim } from "./support/sim.ts"
@@ -25,17 +21,7 @@ describe("mTLS on the Agent gRPC server", () => {
   beforeAll(async () => {
     pki = makeTestPki()
     sim = await startSim({ flavor: "vllm", args: ["serve", "m", "--sim-mode", "echo"] })
-    const plan = testPlan({ baseUrl: sim.url, port: sim.port, servedModel: "m", requestModel: "m" })
-    const deps = Layer.mergeAll(
-      layerFromObject({
-        agent: { node_id: "node-tls" },
-        engine: { url: sim.url },
-        models: { m: { hf_repo: "org/m" } }
-      }),
-      layerFromPlan(plan),
-      engineLayerTest({ plan, initial: State.Ready({ since: Date.now(), run: 0 }) }),
-      nodeStatusLayerTest({ state: "ready" })
-    )
+    const { deps } = agentDeps(sim.url, { agent: { node_id: "node-tls" } })
     const tls = tlsLayerWith(
       { require_mtls: true, ca_file: pki.ca.certFile, cert_file: pki.server.certFile, key_file: pki.server.keyFile },
       { watch: false, sighup: false }

@@ -14,15 +14,14 @@ import {
   GenerateRequest,
   GenerateResponse
 } from "../src/gen/cgn/agent/v1/agent.ts"
-import { layerFromObject } from "../src/layers/Config.ts"
-import { layerFromPlan } from "../src/layers/EngineClient.ts"
-import { EngineProcessControl, layerTest as engineLayerTest, testPlan } from "../src/layers/EngineProcessTest.ts"
+import { EngineProcessControl } from "../src/layers/EngineProcessTest.ts"
 import { layerWith as grpcLayerWith } from "../src/layers/GrpcServer.ts"
-import { NodeStatusTest, layerTest as nodeStatusLayerTest } from "../src/layers/NodeStatus.ts"
+import { NodeStatusTest } from "../src/layers/NodeStatus.ts"
 import type { EngineState } from "../src/services/EngineProcess.ts"
 import { State } from "../src/services/EngineState.ts"
 import { GrpcServer } from "../src/services/GrpcServer.ts"
 import type { NodeState } from "../src/services/NodeStatus.ts"
+import { agentDeps } from "./support/agentDeps.ts"
 import { runCli } from "./support/cli.ts"
 import { getJson, pollUntil, postJson, type SimHandle, startSim } from "./support/sim.ts"
 
@@ -41,18 +40,7 @@ interface Agent {
 const ready = (): EngineState => State.Ready({ since: Date.now(), run: 0 })
 
 const startAgent = async (engineUrl: string, agent: Record<string, unknown> = {}): Promise<Agent> => {
-  const port = Number(new URL(engineUrl).port)
-  const plan = testPlan({ baseUrl: engineUrl, port, servedModel: "m", requestModel: "m" })
-  const deps = Layer.mergeAll(
-    layerFromObject({
-      agent: { node_id: "node-1", max_tokens_limit: 1000, ...agent },
-      engine: { kind: "vllm", url: engineUrl },
-      models: { m: { hf_repo: "org/m" } }
-    }),
-    layerFromPlan(plan),
-    engineLayerTest({ plan, initial: ready() }),
-    nodeStatusLayerTest({ state: "ready" })
-  )
+  const { deps } = agentDeps(engineUrl, { agent: { max_tokens_limit: 1000, ...agent } })
   const rt = ManagedRuntime.make(
     grpcLayerWith({ address: "127.0.0.1:0", shutdownGraceMs: 1_000 }).pipe(Layer.provideMerge(deps))
   )

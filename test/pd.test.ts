@@ -13,13 +13,9 @@ import {
   type GenerateRequest
 } from "../src/gen/cgn/agent/v1/agent.ts"
 import { layer as admissionLayer } from "../src/layers/Admission.ts"
-import { layerFromObject } from "../src/layers/Config.ts"
-import { layerFromPlan } from "../src/layers/EngineClient.ts"
-import { layerTest as engineLayerTest, testPlan } from "../src/layers/EngineProcessTest.ts"
 import { layerWith as grpcLayerWith } from "../src/layers/GrpcServer.ts"
-import { layerTest as nodeStatusLayerTest } from "../src/layers/NodeStatus.ts"
-import { State } from "../src/services/EngineState.ts"
 import { GrpcServer } from "../src/services/GrpcServer.ts"
+import { agentDeps } from "./support/agentDeps.ts"
 import { freePort } from "./support/ports.ts"
 import { getJson, pollUntil, type SimHandle, startSim } from "./support/sim.ts"
 
@@ -33,20 +29,12 @@ const startAgent = async (
   kind: "vllm" | "sglang",
   agent: Record<string, unknown>
 ): Promise<Agent> => {
-  const port = Number(new URL(engineUrl).port)
-  const plan = testPlan({ kind, baseUrl: engineUrl, port, servedModel: "m", requestModel: "m" })
-  const config = layerFromObject({
+  const { config, deps: base } = agentDeps(engineUrl, {
+    kind,
     agent: { node_id: `node-${String(agent.role)}`, ...agent },
-    engine: { kind, url: engineUrl, kv_offload: agent.role === "both" ? "none" : "nixl" },
-    models: { m: { hf_repo: "org/m" } }
+    engine: { kv_offload: agent.role === "both" ? "none" : "nixl" }
   })
-  const deps = Layer.mergeAll(
-    config,
-    admissionLayer.pipe(Layer.provide(config)),
-    layerFromPlan(plan),
-    engineLayerTest({ plan, initial: State.Ready({ since: Date.now(), run: 0 }) }),
-    nodeStatusLayerTest({ state: "ready" })
-  )
+  const deps = Layer.mergeAll(base, admissionLayer.pipe(Layer.provide(config)))
   const rt = ManagedRuntime.make(
     grpcLayerWith({ address: "127.0.0.1:0", shutdownGraceMs: 500 }).pipe(Layer.provideMerge(deps))
   )
