@@ -126,14 +126,18 @@ export const postJson = async (
     headers: { "content-type": "application/json", ...headers },
     body: JSON.stringify(body)
   })
-  const text = await res.text()
-  let json: unknown
-  try {
-    json = JSON.parse(text)
-  } catch {
-    json = undefined
-  }
+  const { text, json } = await readBody(res)
   return { status: res.status, headers: res.headers, json, text }
+}
+
+/** The body as text, and as JSON when it parses (error bodies of some flavors are not JSON). */
+const readBody = async (res: Response): Promise<{ text: string; json: unknown }> => {
+  const text = await res.text()
+  try {
+    return { text, json: JSON.parse(text) }
+  } catch {
+    return { text, json: undefined }
+  }
 }
 
 /** Splits an SSE body into its `data:` payloads (comments and blank lines dropped). */
@@ -147,13 +151,7 @@ export const sseData = (text: string): Array<string> =>
 /** GET JSON helper. */
 export const getJson = async (url: string): Promise<{ status: number; json: unknown; text: string }> => {
   const res = await fetch(url)
-  const text = await res.text()
-  let json: unknown
-  try {
-    json = JSON.parse(text)
-  } catch {
-    json = undefined
-  }
+  const { text, json } = await readBody(res)
   return { status: res.status, json, text }
 }
 
