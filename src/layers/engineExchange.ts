@@ -28,6 +28,8 @@ export class Exchange implements Dispatcher.DispatchHandler {
   sawDone = false
   private closed = false
   private discard = false
+  /** Set while a drained body is given its last moment to end; cleared when it does. */
+  private drainTimer: NodeJS.Timeout | undefined = undefined
   /** Buffered bytes at which the socket is paused; Infinity for bodies that are read whole. */
   private readonly pauseAt: number
   constructor(pauseAt: number) {
@@ -52,10 +54,12 @@ export class Exchange implements Dispatcher.DispatchHandler {
   }
   onResponseEnd(): void {
     this.ended = true
+    clearTimeout(this.drainTimer)
     this.wake()
   }
   onResponseError(_c: Dispatcher.DispatchController, error: Error): void {
     this.error = error
+    clearTimeout(this.drainTimer)
     this.wake()
   }
 
@@ -91,7 +95,7 @@ export class Exchange implements Dispatcher.DispatchHandler {
       this.discard = true
       this.chunks = []
       this.controller?.resume()
-      setTimeout(() => this.close(false), DRAIN_AFTER_DONE_MS).unref()
+      this.drainTimer = setTimeout(() => this.close(false), DRAIN_AFTER_DONE_MS).unref()
       return
     }
     this.closed = true
@@ -115,6 +119,8 @@ export class StreamExchange implements Dispatcher.DispatchHandler {
   private ended = false
   private closed = false
   private discard = false
+  /** Set while the body after [DONE] is given its last moment to end; cleared when it does. */
+  private drainTimer: NodeJS.Timeout | undefined = undefined
   private errorBody: Array<Buffer> | undefined = undefined
   private readonly parser = makeSseParser()
   private readonly sink: ChunkSink
@@ -142,6 +148,7 @@ export class StreamExchange implements Dispatcher.DispatchHandler {
   }
   onResponseEnd(): void {
     this.ended = true
+    clearTimeout(this.drainTimer)
     if (this.finished) return
     if (this.errorBody !== undefined) this.finish(httpError(this.status, bodyText(this.errorBody)))
     else this.deliver(this.parser.end())
@@ -150,6 +157,7 @@ export class StreamExchange implements Dispatcher.DispatchHandler {
   }
   onResponseError(_c: Dispatcher.DispatchController, error: Error): void {
     this.ended = true
+    clearTimeout(this.drainTimer)
     if (this.finished) return
     const why = transportError(error, this.status > 0)
     this.finish(
@@ -210,7 +218,7 @@ export class StreamExchange implements Dispatcher.DispatchHandler {
       if (this.discard) return
       this.discard = true
       this.controller?.resume()
-      setTimeout(() => this.close(false), DRAIN_AFTER_DONE_MS).unref()
+      this.drainTimer = setTimeout(() => this.close(false), DRAIN_AFTER_DONE_MS).unref()
       return
     }
     this.closed = true
