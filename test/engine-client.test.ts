@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { decodeConfigObject, layerFromObject } from "../src/layers/Config.ts"
 import * as EngineClientLive from "../src/layers/EngineClient.ts"
 import { layerFromPlan } from "../src/layers/EngineClient.ts"
-import { engineFor } from "../src/layers/engines/index.ts"
+import { engineFor, planLayer } from "../src/layers/engines/index.ts"
 import type { LaunchPlan, MetricNames } from "../src/services/Engine.ts"
 import {
   EngineClient,
@@ -418,13 +418,15 @@ for (const flavor of flavors) {
       expect(chunks.some((c) => c.usage !== undefined && c.usage !== null)).toBe(true)
     })
 
-    it("the Config layer renders the same plan itself", async () => {
+    it("the configured layer: the plan rendered once from Config (planLayer)", async () => {
       const exit = await Effect.runPromise(
         Effect.exit(withClient((c) => c.models)).pipe(
           Effect.provide(
-            Layer.provide(
-              EngineClientLive.layer,
-              layerFromObject({ engine: { kind: flavor, url: plan.baseUrl }, models: { m: { hf_repo: "org/m" } } })
+            EngineClientLive.layer.pipe(
+              Layer.provide(planLayer),
+              Layer.provide(
+                layerFromObject({ engine: { kind: flavor, url: plan.baseUrl }, models: { m: { hf_repo: "org/m" } } })
+              )
             )
           )
         )

@@ -14,7 +14,7 @@ import { decodeConfigObject, layerFromObject } from "../src/layers/Config.ts"
 import * as EngineProcessLayer from "../src/layers/EngineProcess.ts"
 import { layerFromPlan, type SupervisorSettings, settingsFromConfig } from "../src/layers/EngineProcess.ts"
 import { pidFilePath, readPidFile, writePidFile } from "../src/layers/enginePidFile.ts"
-import { engineFor } from "../src/layers/engines/index.ts"
+import { engineFor, planLayer } from "../src/layers/engines/index.ts"
 import { groupAlive, pidAlive } from "../src/layers/processGroup.ts"
 import type { EngineKind } from "../src/services/Config.ts"
 import type { LaunchPlan } from "../src/services/Engine.ts"
@@ -171,12 +171,13 @@ describe("readiness per flavor", () => {
 })
 
 describe("the configured layer", () => {
-  it("EngineProcess.layer renders the plan from Config and supervises it", async () => {
+  it("EngineProcess.layer supervises the plan rendered from Config (planLayer)", async () => {
     const port = await freePort()
     const stateDir = tmpDir()
     const scope = Effect.runSync(Scope.make())
     cleanups.push(() => Effect.runPromise(Scope.close(scope, Exit.void)))
     const live = EngineProcessLayer.layer.pipe(
+      Layer.provideMerge(planLayer),
       Layer.provide(
         layerFromObject({
           agent: { state_dir: stateDir },

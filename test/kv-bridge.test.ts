@@ -11,6 +11,7 @@ import { Context, Effect, Exit, Layer, Scope } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
 import * as zmq from "zeromq"
 import * as ConfigLive from "../src/layers/Config.ts"
+import { planLayer } from "../src/layers/engines/index.ts"
 import * as KvBridgeLive from "../src/layers/KvBridge.ts"
 import { LineQueue } from "../src/layers/kvQueue.ts"
 import * as MetricsLive from "../src/layers/Metrics.ts"
@@ -280,6 +281,7 @@ describe("KvBridge.layer from the config", () => {
         Effect.flatMap(KvBridge, (b) => b.status).pipe(
           Effect.provide(
             KvBridgeLive.layer.pipe(
+              Layer.provide(planLayer),
               Layer.provide(ConfigLive.layerFromObject({ models: { m: { hf_repo: "org/m" } }, kv })),
               Layer.provide(MetricsLive.layerTest)
             )

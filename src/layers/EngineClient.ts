@@ -7,8 +7,7 @@
  */
 import { type Array as Arr, Cause, Channel, Effect, Layer, Stream } from "effect"
 import { Agent } from "undici"
-import { Config } from "../services/Config.ts"
-import type { LaunchPlan } from "../services/Engine.ts"
+import { EnginePlan, type LaunchPlan } from "../services/Engine.ts"
 import {
   type ChunkSink,
   type CompletionPath,
@@ -21,7 +20,6 @@ import {
 import { httpError } from "../services/EngineErrors.ts"
 import { loadSignals } from "../services/PromText.ts"
 import { bodyText, Exchange, HIGH_WATER_OBJECTS, StreamExchange, transportError } from "./engineExchange.ts"
-import { engineFor } from "./engines/index.ts"
 
 /** Tuning of the HTTP client; the defaults suit a local engine. */
 export interface ClientOptions {
@@ -242,10 +240,7 @@ export const layerFromPlan = (plan: LaunchPlan, options?: ClientOptions): Layer.
   Layer.effect(EngineClient, make(plan, options))
 
 /** The client for the configured engine. */
-export const layer: Layer.Layer<EngineClient, never, Config> = Layer.effect(
+export const layer: Layer.Layer<EngineClient, never, EnginePlan> = Layer.effect(
   EngineClient,
-  Effect.gen(function* () {
-    const config = yield* Config
-    return yield* make(engineFor(config.engine.kind).render(config))
-  })
+  Effect.flatMap(EnginePlan, (plan) => make(plan))
 )

@@ -8,10 +8,10 @@
 import { Deferred, Duration, Effect, Fiber, Layer, Option, Ref, Result, SubscriptionRef } from "effect"
 import type { AgentConfig } from "../services/Config.ts"
 import { Config } from "../services/Config.ts"
-import type { LaunchPlan } from "../services/Engine.ts"
+import { EnginePlan, type LaunchPlan } from "../services/Engine.ts"
 import {
   EngineProcess,
-  EngineProcessError,
+  type EngineProcessError,
   type EngineState,
   type ExitRecord,
   fromRefs
@@ -29,7 +29,6 @@ import {
 import { pidFilePath, reclaim, removePidFile, writePidFile } from "./enginePidFile.ts"
 import { probeOnce } from "./engineProbe.ts"
 import { type EngineRun, type RunExit, spawnRun } from "./engineRun.ts"
-import { engineFor } from "./engines/index.ts"
 import { redactArgv, redactEnv } from "./engines/redact.ts"
 
 export { EngineProcessControl, layerTest, testPlan } from "./EngineProcessTest.ts"
@@ -262,14 +261,10 @@ export const layerFromPlan = (
 ): Layer.Layer<EngineProcess, EngineProcessError> => Layer.effect(EngineProcess, make(plan, settings))
 
 /** The supervisor of the configured engine. */
-export const layer: Layer.Layer<EngineProcess, EngineProcessError, Config> = Layer.effect(
+export const layer: Layer.Layer<EngineProcess, EngineProcessError, Config | EnginePlan> = Layer.effect(
   EngineProcess,
   Effect.gen(function* () {
     const config = yield* Config
-    const plan = yield* Effect.try({
-      try: () => engineFor(config.engine.kind).render(config),
-      catch: (err) => new EngineProcessError({ reason: "RenderFailed", detail: String(err) })
-    })
-    return yield* make(plan, settingsFromConfig(config))
+    return yield* make(yield* EnginePlan, settingsFromConfig(config))
   })
 )

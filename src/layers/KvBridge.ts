@@ -11,12 +11,11 @@ import { Counter, Gauge, type Registry } from "prom-client"
 import * as zmq from "zeromq"
 import { jitteredBackoffMs } from "../services/Backoff.ts"
 import { Config } from "../services/Config.ts"
-import type { KvEventsEndpoint } from "../services/Engine.ts"
+import { EnginePlan, type KvEventsEndpoint } from "../services/Engine.ts"
 import { KvBridge, type KvBridgeService, type KvBridgeStatus } from "../services/KvBridge.ts"
 import { checkSeq, decodeMessage, END_OF_REPLAY, type KvBatch, readSeq, seqFrame } from "../services/KvEvents.ts"
 import { batchLine, helloLine, type NodeIdentity, type Resync, resyncLine } from "../services/KvWire.ts"
 import { METRIC_PREFIX, Metrics, type MetricsService, setCounter } from "../services/Metrics.ts"
-import { engineFor } from "./engines/index.ts"
 import { runWriter } from "./kvcachedClient.ts"
 import { LineQueue } from "./kvQueue.ts"
 
@@ -288,14 +287,11 @@ export const layerWith = (o: BridgeOptions): Layer.Layer<KvBridge, never, Metric
   )
 
 /** Production: `[kv]` and the engine's plan decide; off unless `[kv].events`, an event source and `[kv].uds`. */
-export const layer: Layer.Layer<KvBridge, never, Config | Metrics> = Layer.effect(
+export const layer: Layer.Layer<KvBridge, never, Config | EnginePlan | Metrics> = Layer.effect(
   KvBridge,
   Effect.gen(function* () {
     const config = yield* Config
-    // Rendered here like EngineClient does (pure), so the bridge does not depend on the supervisor.
-    const kvEvents = yield* Effect.try(() => engineFor(config.engine.kind).render(config).kvEvents).pipe(
-      Effect.orElseSucceed(() => undefined)
-    )
+    const kvEvents = (yield* EnginePlan).kvEvents
     if (!config.kv.events) return disabled("[kv].events is off")
     if (kvEvents === undefined) return disabled(`engine ${config.engine.kind} publishes no KV events`)
     const uds = config.kv.uds

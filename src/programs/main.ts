@@ -10,6 +10,7 @@ import * as AdmissionLive from "../layers/Admission.ts"
 import * as EngineClientLive from "../layers/EngineClient.ts"
 import * as EngineProcessLive from "../layers/EngineProcess.ts"
 import * as EventLoopLagLive from "../layers/EventLoopLag.ts"
+import { planLayer } from "../layers/engines/index.ts"
 import * as GrpcServerLive from "../layers/GrpcServer.ts"
 import * as HealthReporterLive from "../layers/HealthReporter.ts"
 import * as KvBridgeLive from "../layers/KvBridge.ts"
@@ -48,6 +49,7 @@ export const coreLayer = (config: AgentConfig) => {
   )
   return NodeStatusLive.layer().pipe(
     Layer.provideMerge(services),
+    Layer.provideMerge(planLayer),
     Layer.provideMerge(base),
     Layer.provideMerge(Tracing.layer(config)),
     Layer.provideMerge(Logging.layer(config.agent.log_level))

@@ -3,6 +3,7 @@
  * A backend is data plus one pure function: what it can do (capabilities) and how to launch it (render).
  * Backends never spawn, signal or do I/O: EngineProcess runs the plan, EngineClient talks to it.
  */
+import { Context } from "effect"
 import type { AgentConfig, EngineKind, KvOffload, Role } from "./Config.ts"
 
 /** What a backend supports; config validation refuses everything else, naming these lists. */
@@ -82,3 +83,9 @@ export interface Engine {
   /** Renders the plan; the config has already been validated against `capabilities`. */
   readonly render: (config: AgentConfig) => LaunchPlan
 }
+
+/**
+ * The configured engine's plan, rendered once at start: the supervisor runs it, the client and the KV
+ * bridge talk to the endpoints it names, so all three agree on one value.
+ */
+export class EnginePlan extends Context.Service<EnginePlan, LaunchPlan>()("cgn-agent/EnginePlan") {}

@@ -24,7 +24,7 @@ export interface ExitRecord {
 
 /** Why the supervisor cannot start (or keep) the engine; only layer construction fails with it. */
 export class EngineProcessError extends Schema.TaggedError<EngineProcessError>()("EngineProcessError", {
-  reason: Schema.Literals(["RenderFailed", "StateDir", "PortBusy", "AnotherAgent", "StaleEngine"]),
+  reason: Schema.Literals(["StateDir", "PortBusy", "AnotherAgent", "StaleEngine"]),
   detail: Schema.String
 }) {
   override get message(): string {
