@@ -275,6 +275,31 @@ describe("stop", () => {
     assert.isFalse(groupAlive(pid))
   })
 
+  // Engines take a second SIGTERM as "exit now" (the simulator too: exit 1 and "Received second interrupt"),
+  // so a stop must send exactly one: the engine then finishes its graceful shutdown and exits 0.
+  it("stop sends exactly one SIGTERM: the engine's graceful shutdown runs to its end (exit 0)", async () => {
+    const s = await setup("llama_cpp", {
+      knobs: ["--sim-shutdown-delay", "1500ms"],
+      engine: { stop_grace: "10s" }
+    })
+    const h = await start(s.plan, s.settings)
+    await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
+    const { pid } = await simState(s.port)
+    const t0 = Date.now()
+    await Effect.runPromise(h.engine.stop)
+    const last = current(h)
+    if (last?._tag !== "Stopped") return assert.fail(`expected Stopped, got ${last?._tag}`)
+    const lines = last.lastExit?.lastLines.join("\n") ?? ""
+    assert.notInclude(lines, "Received second interrupt", "a second signal reached the engine")
+    assert.include(lines, '"msg":"shut down"', "the graceful shutdown finished")
+    assert.strictEqual(last.lastExit?.code, 0, lines)
+    assert.isNull(last.lastExit?.signal ?? null)
+    assert.isAtLeast(Date.now() - t0, 1_400, "the stop waited for the engine's own shutdown")
+    assert.isFalse(groupAlive(pid))
+    const began = h.logs.filter((l) => l.includes('"msg":"shutting down"'))
+    assert.strictEqual(began.length, 1, began.join("\n"))
+  })
+
   it("a stop during startup ends the run at once and settles in Stopped", async () => {
     const s = await setup("llama_cpp", { knobs: ["--sim-startup-delay", "30s"] })
     const h = await start(s.plan, s.settings)
@@ -304,32 +329,57 @@ describe("stop", () => {
 })
 
 describe("no orphans", () => {
-  // Regression for the classic supervisor bug: the supervisor dies hard and its engine keeps the GPU and port.
-  it("the agent SIGKILLed leaves no engine, grandchild or guard behind", async () => {
-    const s = await setup("vllm", { knobs: ["--sim-fork-grandchild"] })
+  /** Runs the stand-in agent (test/fixtures/supervise.ts) to Ready, SIGKILLs it, and waits for the guard's cleanup. */
+  const killAgentTrial = async (knobs: ReadonlyArray<string>) => {
+    const s = await setup("vllm", { knobs })
     const agent: ChildProcess = spawn(
       process.execPath,
       [path.join(here, "fixtures/supervise.ts"), JSON.stringify({ plan: s.plan, settings: s.settings })],
       { stdio: ["ignore", "pipe", "ignore"] }
     )
+    const { pid, grandchildPid, guardPid } = await (async () => {
+      cleanups.push(() => {
+        if (agent.exitCode === null && agent.signalCode === null) agent.kill("SIGKILL")
+      })
+      let out = ""
+      agent.stdout?.on("data", (c: Buffer) => {
+        out += c.toString()
+      })
+      await waitFor("the supervised engine Ready", () => out.includes('"_tag":"Ready"'), 20_000)
+      const state = await simState(s.port)
+      return { ...state, guardPid: readPidFile(pidFilePath(s.stateDir))?.guardPid }
+    })()
+    // Whatever a failing trial leaves behind is killed here, not left to the next test.
     cleanups.push(() => {
-      if (agent.exitCode === null && agent.signalCode === null) agent.kill("SIGKILL")
+      for (const p of [grandchildPid, pid, guardPid]) {
+        try {
+          if (p !== undefined && p !== null) process.kill(p, "SIGKILL")
+        } catch {
+          // gone, as it should be
+        }
+      }
     })
-    let out = ""
-    agent.stdout?.on("data", (c: Buffer) => {
-      out += c.toString()
-    })
-    await waitFor("the supervised engine Ready", () => out.includes('"_tag":"Ready"'), 20_000)
-    const { pid, grandchildPid } = await simState(s.port)
-    const guardPid = readPidFile(pidFilePath(s.stateDir))?.guardPid
     assert.isNumber(guardPid)
+    assert.isNumber(grandchildPid)
+    assert.isTrue(pidAlive(grandchildPid!))
     agent.kill("SIGKILL")
+    // The guard's own bounds: grace (500 ms) + the KILL confirmation; generous for a loaded machine.
     await waitFor(
       "engine, grandchild and guard gone",
       () => !groupAlive(pid) && !pidAlive(grandchildPid!) && !pidAlive(guardPid!),
-      5_000
+      8_000
     )
-  })
+  }
+
+  // Regression for the classic supervisor bug: the supervisor dies hard and its engine keeps the GPU and port.
+  it("the agent SIGKILLed leaves no engine, grandchild or guard behind", () =>
+    killAgentTrial(["--sim-fork-grandchild"]))
+
+  // Nobody reads the guard's stderr once the agent is dead: its writes fail with EPIPE, and before the fix that
+  // killed the guard between its TERM and its KILL, so a TERM-ignoring grandchild survived every time.
+  it("the agent SIGKILLed while the engine and its grandchild ignore SIGTERM: all gone (3 trials)", async () => {
+    for (let trial = 0; trial < 3; trial++) await killAgentTrial(["--sim-ignore-sigterm", "--sim-fork-grandchild"])
+  }, 90_000)
 
   it("a stale engine recorded by a previous agent is stopped, then the new one starts", async () => {
     const s = await setup("vllm")

@@ -22,10 +22,13 @@ describe("guard reports", () => {
     [{ t: "spawned", pid: 42 }],
     [{ t: "spawn-error", message: "spawn vllm ENOENT" }],
     [{ t: "exit", code: 1, signal: null }],
-    [{ t: "exit", code: null, signal: "SIGKILL" }]
+    [{ t: "exit", code: null, signal: "SIGKILL" }],
+    [{ t: "stopped", outcome: "killed" }],
+    [{ t: "stopped", outcome: "survived" }]
   ] as const)("%j round-trips", (report) => assert.deepStrictEqual(decodeReport(encodeReport(report).trim()), report))
-  it.each(["", "not json", "null", '{"t":"spawned"}', '{"t":"other"}'])("%j is not a report", (line) =>
-    assert.strictEqual(decodeReport(line), undefined)
+  it.each(["", "not json", "null", '{"t":"spawned"}', '{"t":"other"}', '{"t":"stopped","outcome":"maybe"}'])(
+    "%j is not a report",
+    (line) => assert.strictEqual(decodeReport(line), undefined)
   )
 })
 

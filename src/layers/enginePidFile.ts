@@ -9,7 +9,7 @@ import * as path from "node:path"
 import { Effect } from "effect"
 import type { LaunchPlan } from "../services/Engine.ts"
 import { EngineProcessError } from "../services/EngineProcess.ts"
-import { groupAlive, pidAlive, stopGroup } from "./processGroup.ts"
+import { groupAlive, KILL_WAIT_MS, pidAlive, pollUntil, stopGroup } from "./processGroup.ts"
 
 export interface PidRecord {
   readonly agentPid: number
@@ -74,6 +74,13 @@ export const reclaim = Effect.fn("EngineProcess.reclaim")(function* (
         reason: "AnotherAgent",
         detail: `agent pid ${stale.agentPid} still runs engine group ${stale.pgid} (${file}); stop it first`
       })
+    }
+    // The dead agent's guard may still be stopping that group (its TERM, grace, KILL): let it finish rather than
+    // send the engine a second SIGTERM, which engines take as "exit now" (see stopGroup).
+    const guardPid = stale.guardPid
+    if (guardPid !== undefined && pidAlive(guardPid)) {
+      yield* Effect.logWarning(`waiting for guard pid ${guardPid} to stop engine group ${stale.pgid} (${file})`)
+      yield* Effect.promise(() => pollUntil(() => !groupAlive(stale.pgid), graceMs + KILL_WAIT_MS + 1_000))
     }
     yield* Effect.logWarning(`stopping engine group ${stale.pgid} left by agent pid ${stale.agentPid} (${file})`)
     const outcome = yield* Effect.promise(() => stopGroup(stale.pgid, graceMs))

@@ -1,8 +1,8 @@
 /**
  * One run of the engine: spawns it through the orphan guard (src/programs/guard.ts), logs every output line
  * (annotated stream=stdout|stderr, run=N) and keeps the last lines for forensics, and turns the guard's reports
- * into a pid and an exit status. The run's scope owns the process: closing it stops the whole group (TERM,
- * grace, KILL, confirmed gone) and then the guard, every step bounded; nothing waits on stdio to close.
+ * into a pid and an exit status. The run's scope owns the process: closing it has the guard stop the whole group
+ * (one TERM, grace, KILL, confirmed gone) and waits for the guard, every step bounded; nothing waits on stdio.
  */
 import { type ChildProcess, spawn } from "node:child_process"
 import * as readline from "node:readline"
@@ -10,7 +10,7 @@ import type { Readable } from "node:stream"
 import { Deferred, Effect, Fiber, Stream } from "effect"
 import type { LaunchPlan } from "../services/Engine.ts"
 import { buildGuardArgs, decodeReport, REPORT_FD } from "../services/GuardProtocol.ts"
-import { pidAlive, pollUntil, type StopOutcome, signalGroup, stopGroup } from "./processGroup.ts"
+import { groupAlive, KILL_WAIT_MS, pidAlive, pollUntil, type StopOutcome, signalGroup } from "./processGroup.ts"
 
 /** The guard program, next to this module's tree in both layouts: src/ (run as .ts) and dist/ (built .js). */
 export const guardEntry = (): string => {
@@ -33,7 +33,7 @@ export interface EngineRun {
   readonly guardPid: number | undefined
   readonly exited: Deferred.Deferred<RunExit>
   readonly lastLines: () => ReadonlyArray<string>
-  /** Stops the group (TERM, grace, KILL, confirmed) and then the guard; idempotent, bounded. */
+  /** Has the guard stop the group (one TERM, grace, KILL, confirmed) and waits for it; idempotent, bounded. */
   readonly stop: Effect.Effect<StopOutcome>
   /** Waits (bounded) for the output pipes to deliver what is buffered, so lastLines is complete. */
   readonly drainOutput: (ms: number) => Effect.Effect<void>
@@ -48,24 +48,29 @@ export interface RunOptions {
 const lines = (input: Readable) =>
   Stream.fromAsyncIterable(readline.createInterface({ input, crlfDelay: Number.POSITIVE_INFINITY }), (e) => e)
 
-/** Stops the group, then the guard; returns how the group ended. Bounded by grace + a few seconds. */
+/**
+ * Stops the run: closing the lifeline asks the guard to stop the group, and the guard alone signals it (one
+ * TERM, grace, KILL, confirmed), so the engine never gets a second SIGTERM, which llama-server and uvicorn take
+ * as "exit now" (see stopGroup). The agent waits for the guard (bounded by the guard's own bounds) and only
+ * if the guard died or hangs does it SIGKILL the guard and the group itself, never TERM. Returns how the group
+ * ended: the guard's report, else what the agent saw.
+ */
 const teardown = async (
   child: ChildProcess,
   pid: number | undefined,
   graceMs: number,
-  exited: () => boolean
+  guardOutcome: () => StopOutcome | undefined
 ): Promise<StopOutcome> => {
-  // Closing the lifeline tells the guard to stop too; both paths converge on the same group.
   child.stdin?.destroy()
-  const outcome = pid !== undefined ? await stopGroup(pid, graceMs) : "gone"
   const guardPid = child.pid
-  if (guardPid !== undefined) {
-    if (!(await pollUntil(() => exited() || !pidAlive(guardPid), pid === undefined ? graceMs + 2_000 : 1_000))) {
-      signalGroup(guardPid, "SIGKILL")
-      await pollUntil(() => !pidAlive(guardPid), 1_000)
-    }
+  const guardGone = () => guardPid === undefined || !pidAlive(guardPid)
+  if (!(await pollUntil(guardGone, graceMs + KILL_WAIT_MS + 1_000)) && guardPid !== undefined) {
+    signalGroup(guardPid, "SIGKILL")
+    await pollUntil(guardGone, 1_000)
   }
-  return outcome
+  if (pid === undefined || !groupAlive(pid)) return guardOutcome() ?? "gone"
+  signalGroup(pid, "SIGKILL")
+  return (await pollUntil(() => !groupAlive(pid), KILL_WAIT_MS)) ? "killed" : "survived"
 }
 
 export const spawnRun = Effect.fn("EngineProcess.spawnRun")(function* (plan: LaunchPlan, options: RunOptions) {
@@ -77,7 +82,7 @@ export const spawnRun = Effect.fn("EngineProcess.spawnRun")(function* (plan: Lau
     if (ring.length > options.linesKept) ring.shift()
   }
   const startedAt = Date.now()
-  let guardExited = false
+  let guardOutcome: StopOutcome | undefined
   let stopping: Promise<StopOutcome> | undefined
   const pumps: Array<Fiber.Fiber<void>> = []
   // Fiber.await, not join: a pump that was interrupted must not interrupt the caller.
@@ -97,7 +102,7 @@ export const spawnRun = Effect.fn("EngineProcess.spawnRun")(function* (plan: Lau
   const stop: Effect.Effect<StopOutcome> = Effect.gen(function* () {
     const first = stopping === undefined
     const pid = Deferred.isDoneUnsafe(pidDeferred) ? yield* Deferred.await(pidDeferred) : undefined
-    stopping ??= teardown(child, pid, options.graceMs, () => guardExited)
+    stopping ??= teardown(child, pid, options.graceMs, () => guardOutcome)
     const outcome = yield* Effect.promise(() => stopping!)
     if (first && outcome === "survived") yield* Effect.logError(`engine group ${pid} survived SIGKILL`)
     else if (first && pid !== undefined) yield* Effect.logInfo(`engine group ${pid} stopped: ${outcome}`)
@@ -114,7 +119,6 @@ export const spawnRun = Effect.fn("EngineProcess.spawnRun")(function* (plan: Lau
     reportClosed = true
   })
   child.once("exit", (code, signal) => {
-    guardExited = true
     // The guard's last report may still be in the pipe: read it first (bounded) before falling back.
     const fallback = () => {
       Deferred.doneUnsafe(pidDeferred, Effect.succeed(undefined))
@@ -139,7 +143,7 @@ export const spawnRun = Effect.fn("EngineProcess.spawnRun")(function* (plan: Lau
         Deferred.doneUnsafe(exited, Effect.succeed({ code: null, signal: null, problem: `spawn failed: ${r.message}` }))
       } else if (r?.t === "exit") {
         Deferred.doneUnsafe(exited, Effect.succeed({ code: r.code, signal: r.signal, problem: undefined }))
-      }
+      } else if (r?.t === "stopped") guardOutcome = r.outcome
     })
     report.on("error", () => {})
   }

@@ -5,6 +5,9 @@
  * container often does not reap), so liveness reads each member's state from /proc where it exists.
  */
 import * as fs from "node:fs"
+import type { StopOutcome } from "../services/GuardProtocol.ts"
+
+export type { StopOutcome } from "../services/GuardProtocol.ts"
 
 export interface ProcStat {
   readonly pid: number
@@ -95,14 +98,16 @@ export const pollUntil = async (gone: () => boolean, ms: number, everyMs = 25): 
   }
 }
 
-/** How a group stop ended: it was already gone, left on TERM, needed KILL, or survived even KILL. */
-export type StopOutcome = "gone" | "terminated" | "killed" | "survived"
+/** How long a stop waits for a SIGKILLed group to be gone (it is the kernel's job, so not long). */
+export const KILL_WAIT_MS = 2_000
 
 /**
- * TERM to the group, wait `graceMs` for every member to go, KILL the group, then confirm with a bounded poll
- * (`killWaitMs`). Each step is bounded; nothing here waits on stdio.
+ * ONE TERM to the group, wait `graceMs` for every member to go, KILL the group, then confirm with a bounded
+ * poll (`killWaitMs`). Each step is bounded; nothing here waits on stdio. Call it once per group: engines treat
+ * a second SIGTERM as "exit now" (llama.cpp tools/server/server.cpp `signal_handler`: "Received second
+ * interrupt, terminating immediately"; uvicorn `Server.handle_exit` sets `force_exit` on a second SIGINT).
  */
-export const stopGroup = async (pgid: number, graceMs: number, killWaitMs = 2_000): Promise<StopOutcome> => {
+export const stopGroup = async (pgid: number, graceMs: number, killWaitMs = KILL_WAIT_MS): Promise<StopOutcome> => {
   if (!groupAlive(pgid)) return "gone"
   signalGroup(pgid, "SIGTERM")
   if (await pollUntil(() => !groupAlive(pgid), graceMs)) return "terminated"

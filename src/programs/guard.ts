@@ -3,18 +3,38 @@
  * when the agent is SIGKILLed. Node cannot set PR_SET_PDEATHSIG for its children, so the death of the agent is
  * observed through a pipe instead: the agent spawns this program with stdin as a pipe whose only write end lives
  * in the agent. The kernel closes that end whenever the agent dies, however it dies, and stdin reaches EOF here;
- * the guard then kills the engine's whole process group (TERM, grace, KILL) and exits. The engine runs in its own
- * group (pgid = its pid, reported on fd 3) so the agent can signal it directly; it inherits the guard's stdout
- * and stderr, which are the agent's log pipes. Contract: services/GuardProtocol.ts. Not part of any public CLI.
+ * the guard then kills the engine's whole process group (one TERM, grace, KILL, confirmed gone) and exits. The
+ * guard is the one that signals the group on a stop, whether the agent asked (it closes the lifeline) or died:
+ * an engine must get exactly one SIGTERM (see stopGroup). The engine runs in its own group (pgid = its pid,
+ * reported on fd 3); it inherits the guard's stdout and stderr, which are the agent's log pipes. Once the agent is
+ * gone nobody reads them, so a write fails with EPIPE: every write here ignores errors, or the guard would die
+ * between the TERM and the KILL. Contract: services/GuardProtocol.ts. Not part of any public CLI.
  */
 import { spawn } from "node:child_process"
 import * as fs from "node:fs"
 import { stopGroup } from "../layers/processGroup.ts"
-import { encodeReport, type GuardReport, parseGuardArgs, REPORT_FD } from "../services/GuardProtocol.ts"
+import {
+  encodeReport,
+  type GuardReport,
+  parseGuardArgs,
+  REPORT_FD,
+  type StopOutcome
+} from "../services/GuardProtocol.ts"
+
+// A write to a pipe whose reader is gone raises EPIPE as an 'error' event; unhandled, it would kill the guard.
+process.stdout.on("error", () => {})
+process.stderr.on("error", () => {})
+const say = (line: string): void => {
+  try {
+    process.stderr.write(`[guard] ${line}\n`)
+  } catch {
+    // nobody is listening any more; the stop goes on regardless
+  }
+}
 
 const parsed = parseGuardArgs(process.argv.slice(2))
 if (typeof parsed === "string") {
-  process.stderr.write(`[guard] ${parsed}\n`)
+  say(parsed)
   process.exit(2)
 }
 const { graceMs, argv } = parsed
@@ -37,13 +57,16 @@ const shutdown = async (why: string): Promise<void> => {
   if (shuttingDown) return
   shuttingDown = true
   const pgid = engine.pid
+  let outcome: StopOutcome = "gone"
   if (pgid !== undefined) {
-    if (!engineExited) process.stderr.write(`[guard] ${why}: stopping engine group ${pgid}\n`)
-    await stopGroup(pgid, graceMs)
+    if (!engineExited) say(`${why}: stopping engine group ${pgid}`)
+    outcome = await stopGroup(pgid, graceMs)
+    if (outcome === "survived") say(`engine group ${pgid} survived SIGKILL`)
     // A killed leader is a zombie until we reap it; wait for that (bounded) so its exit status is reported.
     await Promise.race([engineDone, new Promise((resolve) => setTimeout(resolve, 1_000))])
   }
-  process.exit(0)
+  report({ t: "stopped", outcome })
+  process.exit(outcome === "survived" ? 1 : 0)
 }
 
 engine.once("spawn", () => {

@@ -69,15 +69,29 @@ const main = async (): Promise<void> => {
   const server = http.createServer({ keepAliveTimeout: 30_000, noDelay: true }, handler(ctx, hung))
   server.maxHeadersCount = 200
 
+  // Signals as the engines take them: the first SIGTERM/SIGINT starts a graceful shutdown, which takes a moment
+  // (workers joined, memory freed: --sim-shutdown-delay); a second one during it means "exit now". llama-server:
+  // tools/server/server.cpp `signal_handler` (is_terminating) prints "Received second interrupt, terminating
+  // immediately." and exits 1; uvicorn (vLLM, SGLang) `Server.handle_exit` sets `force_exit` likewise. A
+  // supervisor that signals twice therefore shows up as exit code 1 and that line.
+  let shuttingDown = false
   const shutdown = (signal: string) => {
     if (signal === "SIGTERM" && cfg.ignoreSigterm) return log("ignoring SIGTERM")
+    if (shuttingDown) {
+      log("Received second interrupt, terminating immediately.", { signal })
+      process.exit(1)
+    }
+    shuttingDown = true
     log("shutting down", { signal })
     ctx.publisher?.close()
     ctx.sideChannel?.close()
     ctx.bootstrap?.close()
     server.close()
     server.closeAllConnections()
-    process.exit(0)
+    setTimeout(() => {
+      log("shut down", { signal })
+      process.exit(0)
+    }, cfg.shutdownDelayMs)
   }
   process.on("SIGTERM", () => shutdown("SIGTERM"))
   process.on("SIGINT", () => shutdown("SIGINT"))

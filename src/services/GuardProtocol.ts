@@ -2,13 +2,19 @@
  * The orphan guard's contract with the agent, pure: its command line and the JSON lines it reports on fd 3.
  * argv: `guard.ts --grace-ms N [--log-prefix P] -- <engine argv...>`. Reports, one JSON object a line:
  * `{"t":"spawned","pid":N}` (the engine's pid = its process group id), `{"t":"spawn-error","message":...}`,
- * `{"t":"exit","code":N|null,"signal":S|null}` (the engine leader's exit status).
+ * `{"t":"exit","code":N|null,"signal":S|null}` (the engine leader's exit status),
+ * `{"t":"stopped","outcome":O}` (how the guard's stop of the group ended; its last report).
  */
+
+/** How a group stop ended: it was already gone, left on TERM, needed KILL, or survived even KILL. */
+export const StopOutcomes = ["gone", "terminated", "killed", "survived"] as const
+export type StopOutcome = (typeof StopOutcomes)[number]
 
 export type GuardReport =
   | { readonly t: "spawned"; readonly pid: number }
   | { readonly t: "spawn-error"; readonly message: string }
   | { readonly t: "exit"; readonly code: number | null; readonly signal: string | null }
+  | { readonly t: "stopped"; readonly outcome: StopOutcome }
 
 /** The fd the guard writes its reports to (stdio[3] of the guard). */
 export const REPORT_FD = 3
@@ -61,5 +67,7 @@ export const decodeReport = (line: string): GuardReport | undefined => {
     const signal = typeof o.signal === "string" ? o.signal : null
     return { t: "exit", code, signal }
   }
+  const outcome = StopOutcomes.find((x) => x === o.outcome)
+  if (o.t === "stopped" && outcome !== undefined) return { t: "stopped", outcome }
   return undefined
 }

@@ -26,6 +26,8 @@ export interface SimConfig {
   readonly itlMs: number
   readonly maxSeqs: number
   readonly startupDelayMs: number
+  /** How long the graceful shutdown after the first SIGTERM/SIGINT takes (--sim-shutdown-delay, default 200ms). */
+  readonly shutdownDelayMs: number
   readonly blockSize: number
   readonly kvBlocks: number
   readonly defaultMaxTokens: number
@@ -372,6 +374,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     itlMs: dur("--sim-itl") ?? 0,
     maxSeqs: num(v("--sim-max-seqs"), "--sim-max-seqs") ?? defaultMaxSeqs,
     startupDelayMs: dur("--sim-startup-delay") ?? 0,
+    shutdownDelayMs: dur("--sim-shutdown-delay") ?? 200,
     blockSize: num(v("--sim-block-size"), "--sim-block-size") ?? blockSize,
     kvBlocks: num(v("--sim-kv-blocks"), "--sim-kv-blocks") ?? 4096,
     defaultMaxTokens: num(v("--sim-default-max-tokens"), "--sim-default-max-tokens") ?? 16,

@@ -1,0 +1,53 @@
+// The simulator takes stop signals as the engines do (llama.cpp tools/server/server.cpp `signal_handler`,
+// uvicorn `Server.handle_exit`): the first SIGTERM/SIGINT starts a graceful shutdown (exit 0); a second one
+// during it exits at once with code 1 and "Received second interrupt, terminating immediately.". That is what
+// makes a supervisor that signals twice visible in tests. `--sim-ignore-sigterm` ignores every SIGTERM.
+import { afterAll, describe, expect, it } from "vitest"
+import { type SimHandle, startSim } from "../support/sim.ts"
+
+const started: Array<SimHandle> = []
+const start = async (args: Array<string> = []) => {
+  const s = await startSim({ flavor: "llama_cpp", args })
+  started.push(s)
+  return s
+}
+afterAll(() => Promise.all(started.map((s) => s.stop(200))))
+
+const SECOND = "Received second interrupt, terminating immediately."
+const shuttingDown = (l: string) => l.includes('"msg":"shutting down"')
+
+describe("stop signals", () => {
+  it("one SIGTERM: a graceful shutdown, exit 0", async () => {
+    const s = await start()
+    process.kill(s.pid, "SIGTERM")
+    expect((await s.exited).code).toBe(0)
+    expect(s.stderrLines.some(shuttingDown)).toBe(true)
+    expect(s.stderrLines.some((l) => l.includes('"msg":"shut down"'))).toBe(true)
+    expect(s.stderrLines.some((l) => l.includes(SECOND))).toBe(false)
+  })
+
+  it.each([
+    ["SIGTERM", "SIGTERM"],
+    ["SIGINT", "SIGTERM"],
+    ["SIGTERM", "SIGINT"]
+  ] as const)("%s then %s during the shutdown: exit 1 at once, with the engines' line", async (first, second) => {
+    // A long shutdown, so the second signal surely lands inside it on a loaded machine.
+    const s = await start(["--sim-shutdown-delay", "30s"])
+    process.kill(s.pid, first)
+    await s.waitForLine(shuttingDown)
+    process.kill(s.pid, second)
+    expect((await s.exited).code).toBe(1)
+    expect(s.stderrLines.some((l) => l.includes(SECOND))).toBe(true)
+  })
+
+  it("--sim-ignore-sigterm ignores every SIGTERM (no second-signal exit); SIGINT still stops it", async () => {
+    const s = await start(["--sim-ignore-sigterm"])
+    process.kill(s.pid, "SIGTERM")
+    process.kill(s.pid, "SIGTERM")
+    await s.waitForLine((l) => l.includes("ignoring SIGTERM"))
+    expect((await fetch(`${s.url}/health`)).status).toBe(200)
+    process.kill(s.pid, "SIGINT")
+    expect((await s.exited).code).toBe(0)
+    expect(s.stderrLines.some((l) => l.includes(SECOND))).toBe(false)
+  })
+})
