@@ -17,9 +17,9 @@ import {
 } from "nice-grpc"
 import { HealthDefinition, HealthServiceImpl } from "nice-grpc-server-health"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
-import { clientCredentials, loadClientCredentials, make, type TlsOptions } from "../src/layers/Tls.ts"
+import { clientCredentials, hangupReload, loadClientCredentials, make, type TlsOptions } from "../src/layers/Tls.ts"
 import type { AgentConfig } from "../src/services/Config.ts"
-import { TlsError, type TlsService } from "../src/services/Tls.ts"
+import { Tls, TlsError, type TlsService } from "../src/services/Tls.ts"
 import { makeTestPki, type TestPki } from "./support/certs.ts"
 import { pollUntil } from "./support/poll.ts"
 
@@ -189,6 +189,24 @@ describe("mTLS server credentials", () => {
     expect(await servedSerial(port)).toBe(serialOf(pki.server.cert))
     process.kill(process.pid, "SIGHUP")
     await awaitServed(port, serialOf(next.cert))
+  })
+
+  // The daemon's SIGHUP route (programs/runMain.ts reloadOnHangup) runs hangupReload: it reloads in place and
+  // never fails, also when the new files are bad.
+  it("hangupReload (the daemon's SIGHUP) serves the new certificate and survives a bad file", async () => {
+    const { files } = copyIdentity("hangup-reload")
+    const service = await startTls(mtls(files), { watch: false, sighup: false })
+    const port = await startServer(service)
+    const next = pki.issueServer("hangup-rotated")
+    replaceFile(files.key, next.key)
+    replaceFile(files.cert, next.cert)
+    const reload = Effect.provideService(hangupReload, Tls, service)
+    await Effect.runPromise(reload)
+    expect(await servedSerial(port)).toBe(serialOf(next.cert))
+    fs.writeFileSync(files.cert, "not a certificate")
+    expect(Exit.isSuccess(await Effect.runPromiseExit(reload))).toBe(true)
+    expect(await servedSerial(port)).toBe(serialOf(next.cert))
+    expect(await Effect.runPromise(service.generation)).toBe(2)
   })
 
   it("an invalid new file is refused and the old certificate kept", async () => {

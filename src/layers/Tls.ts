@@ -226,10 +226,28 @@ export const make = (security: Security, options: TlsOptions = {}) =>
     })
   })
 
-/** Tls from `[security]` of the Config. Fails at start with a TlsError naming the key. */
+/**
+ * Tls from `[security]` of the Config. Fails at start with a TlsError naming the key. SIGHUP is the daemon's
+ * (programs/runMain.ts `reloadOnHangup`, which runs `hangupReload`), so it reaches a reload in every mode.
+ */
 export const layer: Layer.Layer<Tls, TlsError, Config> = Layer.effect(
   Tls,
-  Effect.flatMap(Config, (config) => make(config.security))
+  Effect.flatMap(Config, (config) => make(config.security, { sighup: false }))
+)
+
+/**
+ * What SIGHUP reloads: the certificates when TLS is on (an invalid new file is logged and the old material
+ * kept). The log level is fixed at start. Never fails: a reload must not end the daemon.
+ */
+export const hangupReload: Effect.Effect<void, never, Tls> = Effect.flatMap(Tls, (tls) =>
+  tls.enabled
+    ? tls.reload.pipe(
+        Effect.flatMap((changed) =>
+          Effect.logInfo(changed ? "SIGHUP: certificates reloaded" : "SIGHUP: certificates unchanged")
+        ),
+        Effect.catch((e) => Effect.logWarning(`SIGHUP: keeping the previous certificates: ${e.message}`))
+      )
+    : Effect.logInfo("SIGHUP: nothing to reload (security.require_mtls is off)")
 )
 
 /** Tls for an explicit `[security]` section and options (tests). */

@@ -30,7 +30,7 @@ import { GrpcServer } from "../services/GrpcServer.ts"
 import { HealthReporter, type RegistrationStatus } from "../services/HealthReporter.ts"
 import { KvBridge } from "../services/KvBridge.ts"
 import { Tls } from "../services/Tls.ts"
-import { type ShutdownSignals, shutdownSignals } from "./runMain.ts"
+import { reloadOnHangup, type ShutdownSignals, shutdownSignals } from "./runMain.ts"
 
 /**
  * The core services, built before any server listens: config, metrics, the engine supervisor (which
@@ -109,6 +109,7 @@ export const daemon = Effect.scoped(
     const signals = yield* shutdownSignals
     const drain = yield* Drain
     const tls = yield* Tls
+    yield* reloadOnHangup(TlsLive.hangupReload)
     const lag = yield* EventLoopLag
     yield* MetricsLive.mirrorEventLoopLag(lag.sample)
 

@@ -3,11 +3,15 @@
  * NodeRuntime.runMain interrupts the fiber on the first SIGTERM, which would skip the ordered drain
  * and exit 130; a daemon instead registers a ShutdownSignals handler and exits 0 after draining.
  * Programs that register none (check, render, generate) are interrupted as usual.
+ * SIGHUP never ends the process (Node's default would kill it at once: no drain, no lease revoke): a daemon
+ * routes it to a reload (`reloadOnHangup`), and without one (other programs, a daemon still starting) it is
+ * ignored.
  */
-import { Deferred, Effect, Runtime, type Scope } from "effect"
+import { Deferred, Effect, Queue, Runtime, type Scope } from "effect"
 
 type Handler = (count: number, signal: NodeJS.Signals) => void
 let handler: Handler | undefined
+let hangup: (() => void) | undefined
 
 /** The two signal moments a daemon waits for: the first signal (drain) and the second (skip the wait). */
 export interface ShutdownSignals {
@@ -37,6 +41,25 @@ export const shutdownSignals: Effect.Effect<ShutdownSignals, never, Scope.Scope>
   return { requested, hurry }
 })
 
+/**
+ * Runs `reload` on every SIGHUP for the scope's lifetime, one reload at a time: SIGHUPs that arrive during a
+ * reload fold into one more. A failing reload must report and recover by itself (its error type is never).
+ */
+export const reloadOnHangup = <R>(reload: Effect.Effect<void, never, R>): Effect.Effect<void, never, Scope.Scope | R> =>
+  Effect.gen(function* () {
+    const pending = yield* Queue.sliding<void>(1)
+    yield* Effect.acquireRelease(
+      Effect.sync(() => {
+        hangup = () => Queue.offerUnsafe(pending, undefined)
+      }),
+      () =>
+        Effect.sync(() => {
+          hangup = undefined
+        })
+    )
+    yield* Effect.forkScoped(Effect.forever(Effect.andThen(Queue.take(pending), reload)))
+  })
+
 /** Runs `effect` as the main program; exit code 0 on success, 1 on failure, 130 when interrupted. */
 export const runMain = Runtime.makeRunMain(({ fiber, teardown }) => {
   let signals = 0
@@ -45,11 +68,14 @@ export const runMain = Runtime.makeRunMain(({ fiber, teardown }) => {
     if (handler !== undefined) handler(signals, signal)
     else fiber.interruptUnsafe(fiber.id)
   }
+  const onHangup = () => hangup?.()
   fiber.addObserver((exit) => {
     process.removeListener("SIGINT", onSignal)
     process.removeListener("SIGTERM", onSignal)
+    process.removeListener("SIGHUP", onHangup)
     teardown(exit, (code) => process.exit(code))
   })
   process.on("SIGINT", onSignal)
   process.on("SIGTERM", onSignal)
+  process.on("SIGHUP", onHangup)
 })
