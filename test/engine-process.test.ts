@@ -252,11 +252,29 @@ describe("restarts", () => {
     assert.notInclude(line, "very-secret")
   })
 
-  it("an engine that cannot be spawned -> Restarting with the spawn error", async () => {
-    const s = await setup("vllm", { engine: { command: ["/nonexistent/engine-binary"] } })
+  it("an engine that cannot be spawned -> Restarting with the spawn error, failing from attempt 3, still retried", async () => {
+    const s = await setup("vllm", {
+      engine: { command: ["/nonexistent/engine-binary"], restart_backoff_max: "300ms" }
+    })
     const h = await start(s.plan, s.settings)
+    const restarting = () => h.states.filter((x) => x._tag === "Restarting")
     const r = await awaitState(h, "Restarting", (x) => x._tag === "Restarting")
     if (r._tag === "Restarting") assert.match(r.lastExit.reason, /^spawn failed: .*ENOENT/)
+    // Past the cap: the retries go on, every delay capped at restart_backoff_max.
+    await waitFor("six attempts", () => restarting().length >= 6, 30_000)
+    const seen = restarting().flatMap((x) => (x._tag === "Restarting" ? [x] : []))
+    assert.deepStrictEqual(
+      seen.map((x) => x.failing !== undefined),
+      [false, false, true, true, true, true, ...seen.slice(6).map(() => true)]
+    )
+    assert.match(seen[2]?.failing ?? "", /^engine failing: 3 runs in a row .*ENOENT/)
+    for (const x of seen.slice(3)) assert.isAtMost(x.nextAt - x.lastExit.endedAt, 300 + 50)
+    // Between attempts the next run's Starting keeps the mark: the node never looks merely "starting" again.
+    assert.isTrue(h.states.some((x) => x._tag === "Starting" && x.run >= 3 && x.failing !== undefined))
+    assert.isTrue(
+      h.logs.some((l) => /^error/i.test(l) && l.includes("ENOENT")),
+      "logged as an error"
+    )
   })
 })
 

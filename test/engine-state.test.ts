@@ -8,6 +8,8 @@ import {
   backoffDelay,
   describeExit,
   Event,
+  failingOf,
+  failingReason,
   livenessStep,
   nextRestart,
   State,
@@ -178,6 +180,47 @@ describe("backoff", () => {
   ] as const)("%s", (_name, previous, readyAt, endedAt, expected) =>
     assert.deepStrictEqual(nextRestart(policy, previous, readyAt, endedAt), expected)
   )
+})
+
+// An engine that cannot be started (its command does not exist) or keeps crashing is shown as failing from the
+// crash-loop threshold on, while the restarts go on; the mark lasts through the next runs' Starting and goes
+// with the first Ready.
+describe("failing", () => {
+  const policy: BackoffPolicy = { initialMs: 100, maxMs: 1000, stableAfterMs: 10_000, crashLoopAfter: 3 }
+  const enoent = { ...exitOf(2), pid: undefined, code: null, reason: "spawn failed: spawn /x/vllm ENOENT" }
+
+  it("is set from the crash-loop threshold on, naming the last exit", () => {
+    const attempts = [0, 1, 2, 3].map((previous) => failingReason(nextRestart(policy, previous, undefined, 1), enoent))
+    assert.deepStrictEqual(
+      attempts.map((f) => f !== undefined),
+      [false, false, true, true]
+    )
+    assert.strictEqual(
+      attempts[2],
+      "engine failing: 3 runs in a row ended before being stable, the last: spawn failed: spawn /x/vllm ENOENT " +
+        "(no exit status); still retrying with backoff"
+    )
+  })
+
+  it("goes from Exited into Restarting, through RestartDue and Spawned, and is cleared by Ready", () => {
+    const failing = "engine failing: ..."
+    const step = (s: EngineState, e: SupervisorEvent) => {
+      const r = transition(s, e)
+      if (Result.isFailure(r)) throw r.failure
+      return r.success
+    }
+    const restarting = step(states.Starting, Event.Exited({ exit: exitOf(2), attempt: 3, nextAt: 9, failing }))
+    assert.strictEqual(failingOf(restarting), failing)
+    const starting = step(restarting, Event.RestartDue({ run: 3, at: 10 }))
+    assert.deepStrictEqual(starting, State.Starting({ phase: "spawning", since: 10, run: 3, failing }))
+    const loading = step(starting, Event.Spawned({ run: 3, pid: 5, at: 11 }))
+    assert.strictEqual(failingOf(loading), failing)
+    assert.strictEqual(failingOf(step(loading, Event.Phase({ phase: "waiting", at: 12 }))), failing)
+    assert.strictEqual(failingOf(step(loading, Event.ProbeOk({ at: 13 }))), undefined)
+    // Without the mark on Exited, nothing is failing (and no `failing` key appears).
+    const plain = step(states.Starting, Event.Exited({ exit: exitOf(2), attempt: 1, nextAt: 9 }))
+    assert.isFalse("failing" in plain)
+  })
 })
 
 describe("liveness counter", () => {

@@ -37,6 +37,8 @@ describe("NodeHealthView (pure)", () => {
       [State.Ready({ since: 0, run: 0 }), false, "ready"],
       [State.Unhealthy({ reason: "probe timeout", since: 0, run: 0 }), false, "unhealthy"],
       [State.Restarting({ attempt: 1, nextAt: 0, lastExit: exit }), false, "starting"],
+      [State.Restarting({ attempt: 3, nextAt: 0, lastExit: exit, failing: "engine failing: x" }), false, "unhealthy"],
+      [State.Starting({ phase: "loading", since: 0, run: 3, failing: "engine failing: x" }), false, "unhealthy"],
       [State.Stopping({ since: 0 }), false, "unhealthy"],
       [State.Stopped({ lastExit: undefined }), false, "unhealthy"],
       [State.Ready({ since: 0, run: 0 }), true, "draining"],
@@ -50,6 +52,9 @@ describe("NodeHealthView (pure)", () => {
     expect(engineDetail(State.Restarting({ attempt: 3, nextAt: 5000, lastExit: exit }), 1000)).toMatch(
       /^restart 3 in 4s; run 0 \(pid 7\) ended: exited, exit code 137/
     )
+    expect(
+      engineDetail(State.Restarting({ attempt: 3, nextAt: 5000, lastExit: exit, failing: "engine failing: x" }), 1000)
+    ).toMatch(/^engine failing: x; restart 3 in 4s; run 0/)
     expect(ratePerSecond({ total: 10, at: 0 }, { total: 60, at: 500 })).toBe(100)
     expect(ratePerSecond({ total: 10, at: 0 }, { total: 5, at: 500 })).toBe(0) // counter reset
     expect(ratePerSecond({ total: 10, at: 100 }, { total: 20, at: 100 })).toBe(0)

@@ -20,6 +20,7 @@ import {
   type BackoffPolicy,
   describeExit,
   Event,
+  failingReason,
   livenessStep,
   nextRestart,
   State,
@@ -222,12 +223,15 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
       yield* Ref.update(exits, (xs) => [record, ...xs].slice(0, EXITS_KEPT))
       const next = nextRestart(settings.backoff, attempt, readyAt, record.endedAt)
       attempt = next.attempt
-      yield* publish(Event.Exited({ exit: record, attempt, nextAt: now() + next.delayMs }))
-      const tail = record.lastLines.slice(-LOG_TAIL).join("\n")
-      yield* Effect.logWarning(
-        `${describeExit(record)}; restart attempt ${attempt} in ${next.delayMs} ms` +
-          `${next.crashLoop ? " (crash loop)" : ""}${tail === "" ? "" : `; last lines:\n${tail}`}`
+      const failing = failingReason(next, record)
+      yield* publish(
+        Event.Exited({ exit: record, attempt, nextAt: now() + next.delayMs, ...(failing ? { failing } : {}) })
       )
+      const tail = record.lastLines.slice(-LOG_TAIL).join("\n")
+      const line =
+        `${describeExit(record)}; restart attempt ${attempt} in ${next.delayMs} ms` +
+        `${next.crashLoop ? " (crash loop)" : ""}${tail === "" ? "" : `; last lines:\n${tail}`}`
+      yield* failing === undefined ? Effect.logWarning(line) : Effect.logError(line)
       yield* Effect.sleep(next.delayMs)
       yield* Ref.update(restarts, (n) => n + 1)
       yield* publish(Event.RestartDue({ run: run + 1, at: now() }))

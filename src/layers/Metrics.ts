@@ -57,6 +57,10 @@ const makeHandles = (registry: Registry): MetricHandles => {
       registers
     }),
     engineLastExitCode: gauge("engine_last_exit_code", "Exit code of the last engine run (-1: signal or none)"),
+    engineFailing: gauge(
+      "engine_failing",
+      "1 while the engine is failing: several runs in a row ended before being stable (still retried with backoff)"
+    ),
     etcdRegistered: gauge("etcd_registered", "1 while this node's NodeHealth key is registered in etcd"),
     etcdRegistrationState: gauge("etcd_registration_state", "1 for the current etcd registration state", [
       "state"

@@ -14,6 +14,7 @@ import { Config } from "../services/Config.ts"
 import { Drain } from "../services/Drain.ts"
 import { EngineClient, type LoadSignals } from "../services/EngineClient.ts"
 import { EngineProcess } from "../services/EngineProcess.ts"
+import { failingOf } from "../services/EngineState.ts"
 import { ENGINE_STATES, Metrics, setCounter, setStateGauge } from "../services/Metrics.ts"
 import { buildNodeHealth, nodeState, ratePerSecond } from "../services/NodeHealthView.ts"
 import { type NodeState, NodeStatus } from "../services/NodeStatus.ts"
@@ -179,6 +180,7 @@ export const layer = (
           setStateGauge(metrics.engineState, ENGINE_STATES, g.state._tag.toLowerCase())
           setCounter(metrics.engineRestarts, g.restarts)
           metrics.engineLastExitCode.set(last?.code ?? -1)
+          metrics.engineFailing.set(failingOf(g.state) === undefined ? 0 : 1)
           metrics.engineRunningRequests.set(g.signals?.running ?? g.inflight)
           metrics.engineWaitingRequests.set(g.signals?.waiting ?? 0)
           metrics.engineKvCacheUsage.set(g.signals?.kvUsage ?? -1)

@@ -32,15 +32,30 @@ export class EngineProcessError extends Schema.TaggedError<EngineProcessError>()
   }
 }
 
-/** The lifecycle, one tagged value at a time. Times are epoch milliseconds. */
+/**
+ * The lifecycle, one tagged value at a time. Times are epoch milliseconds. `failing` (Starting, Restarting):
+ * set once several runs in a row ended before being stable (the command does not exist, the engine keeps
+ * crashing): the supervisor still retries with the capped backoff, but the node shows as failed until a run
+ * becomes Ready. It says why.
+ */
 export type EngineState = Data.TaggedEnum<{
   /** Spawned (or, for openai_compat, probing) and waiting for readiness. */
-  Starting: { readonly phase: string; readonly since: number; readonly run: number }
+  Starting: {
+    readonly phase: string
+    readonly since: number
+    readonly run: number
+    readonly failing?: string
+  }
   Ready: { readonly since: number; readonly run: number }
   /** Ready before, now failing liveness; a restart follows unless it recovers. */
   Unhealthy: { readonly reason: string; readonly since: number; readonly run: number }
   /** Waiting out the backoff before the next run. */
-  Restarting: { readonly attempt: number; readonly nextAt: number; readonly lastExit: ExitRecord }
+  Restarting: {
+    readonly attempt: number
+    readonly nextAt: number
+    readonly lastExit: ExitRecord
+    readonly failing?: string
+  }
   Stopping: { readonly since: number }
   Stopped: { readonly lastExit: ExitRecord | undefined }
 }>

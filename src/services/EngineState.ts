@@ -22,8 +22,8 @@ export type SupervisorEvent = Data.TaggedEnum<{
   LivenessLost: { readonly reason: string; readonly at: number }
   /** Not ready within the startup budget. */
   StartupTimedOut: { readonly budgetMs: number; readonly at: number }
-  /** The run ended (exit, or killed after Unhealthy); the next run waits until `nextAt`. */
-  Exited: { readonly exit: ExitRecord; readonly attempt: number; readonly nextAt: number }
+  /** The run ended (exit, or killed after Unhealthy); the next run waits until `nextAt`; `failing`: see `failingReason`. */
+  Exited: { readonly exit: ExitRecord; readonly attempt: number; readonly nextAt: number; readonly failing?: string }
   /** The backoff is over: start run `run`. */
   RestartDue: { readonly run: number; readonly at: number }
   StopRequested: { readonly at: number }
@@ -40,6 +40,14 @@ export class InvalidTransition extends Data.TaggedError("InvalidTransition")<{
     return `invalid engine state transition: ${this.event} in ${this.from}`
   }
 }
+
+/** The `failing` field to spread into a state (absent, not undefined, when there is none). */
+const failingField = (failing: string | undefined): { readonly failing?: string } =>
+  failing === undefined ? {} : { failing }
+
+/** Why the engine is shown as failed, while it is (Starting or Restarting after a run of failures). */
+export const failingOf = (s: EngineState): string | undefined =>
+  s._tag === "Starting" || s._tag === "Restarting" ? s.failing : undefined
 
 const runOf = (s: EngineState): number | undefined =>
   s._tag === "Starting" || s._tag === "Ready" || s._tag === "Unhealthy" ? s.run : undefined
@@ -58,7 +66,7 @@ export const transition = (
   switch (event._tag) {
     case "Spawned":
       return state._tag === "Starting" && state.run === event.run
-        ? ok(State.Starting({ phase: "loading", since: state.since, run: state.run }))
+        ? ok(State.Starting({ phase: "loading", since: state.since, run: state.run, ...failingField(state.failing) }))
         : invalid()
     case "Phase":
       return state._tag === "Starting"
@@ -80,12 +88,19 @@ export const transition = (
     case "Exited": {
       const run = runOf(state)
       return run !== undefined && run === event.exit.run
-        ? ok(State.Restarting({ attempt: event.attempt, nextAt: event.nextAt, lastExit: event.exit }))
+        ? ok(
+            State.Restarting({
+              attempt: event.attempt,
+              nextAt: event.nextAt,
+              lastExit: event.exit,
+              ...failingField(event.failing)
+            })
+          )
         : invalid()
     }
     case "RestartDue":
       return state._tag === "Restarting" && event.run === state.lastExit.run + 1
-        ? ok(State.Starting({ phase: "spawning", since: event.at, run: event.run }))
+        ? ok(State.Starting({ phase: "spawning", since: event.at, run: event.run, ...failingField(state.failing) }))
         : invalid()
     case "StopRequested":
       if (state._tag === "Stopping" || state._tag === "Stopped") return ok(state)
@@ -132,6 +147,17 @@ export const nextRestart = (
   const attempt = wasStable(policy, readyAt, endedAt) ? 1 : previousAttempt + 1
   return { attempt, delayMs: backoffDelay(policy, attempt), crashLoop: attempt >= policy.crashLoopAfter }
 }
+
+/**
+ * Why the engine counts as failed after a run ended, or undefined: from the crash-loop threshold on (that many
+ * runs in a row ended before being stable), so an engine that cannot be started (ENOENT) or keeps crashing is
+ * reported, not only retried.
+ */
+export const failingReason = (plan: RestartPlan, exit: ExitRecord): string | undefined =>
+  plan.crashLoop
+    ? `engine failing: ${plan.attempt} runs in a row ended before being stable, the last: ${exit.reason} ` +
+      `(${describeStatus(exit)}); still retrying with backoff`
+    : undefined
 
 /** One liveness probe result folded into the consecutive-failure count. */
 export const livenessStep = (

@@ -30,6 +30,8 @@ export interface MetricHandles {
   readonly engineRestarts: Counter
   /** Exit code of the last engine run (-1 when it died of a signal or has not exited). */
   readonly engineLastExitCode: Gauge
+  /** 1 while the engine is failing (several runs in a row ended before being stable; still retried), else 0. */
+  readonly engineFailing: Gauge
   /** 1 while the NodeHealth key is registered in etcd. */
   readonly etcdRegistered: Gauge
   /** 1 for the current registration state (e.g. standalone, registering, registered, backoff), 0 for others. */

@@ -7,10 +7,13 @@ import type { Gpu, NodeHealth } from "../gen/cgn/agent/v1/agent.ts"
 import type { AgentConfig } from "./Config.ts"
 import type { LoadSignals } from "./EngineClient.ts"
 import type { EngineState } from "./EngineProcess.ts"
-import { describeExit } from "./EngineState.ts"
+import { describeExit, failingOf } from "./EngineState.ts"
 import type { NodeState } from "./NodeStatus.ts"
 
-/** Ready -> ready; Starting/Restarting -> starting; Unhealthy -> unhealthy; a drain wins over all. */
+/**
+ * Ready -> ready; Starting/Restarting -> starting, unhealthy once failing (several runs in a row failed);
+ * Unhealthy -> unhealthy; a drain wins over all.
+ */
 export const nodeState = (engine: EngineState, draining: boolean): NodeState => {
   if (draining) return "draining"
   switch (engine._tag) {
@@ -18,7 +21,7 @@ export const nodeState = (engine: EngineState, draining: boolean): NodeState => 
       return "ready"
     case "Starting":
     case "Restarting":
-      return "starting"
+      return engine.failing === undefined ? "starting" : "unhealthy"
     // Stopping or Stopped without a drain: the supervisor gave up or is shutting down; not servable.
     case "Unhealthy":
     case "Stopping":
@@ -30,8 +33,14 @@ export const nodeState = (engine: EngineState, draining: boolean): NodeState => 
 /** The supervisor phase as the proto spells it. */
 export const enginePhase = (engine: EngineState): string => engine._tag.toLowerCase()
 
-/** One line on the phase: the probe phase, the liveness failure, the next restart, the last exit. */
+/** One line on the phase: why it is failing, the probe phase, the liveness failure, the next restart, the last exit. */
 export const engineDetail = (engine: EngineState, now: number): string => {
+  const failing = failingOf(engine)
+  const detail = phaseDetail(engine, now)
+  return failing === undefined ? detail : `${failing}; ${detail}`
+}
+
+const phaseDetail = (engine: EngineState, now: number): string => {
   switch (engine._tag) {
     case "Starting":
       return `${engine.phase} for ${Math.max(0, Math.round((now - engine.since) / 1000))}s (run ${engine.run})`
