@@ -166,7 +166,7 @@ describe("vLLM prefill -> decode between two agents", () => {
     })
     expect([invalid.status, invalid.details]).toEqual([
       "FAILED_PRECONDITION",
-      expect.stringMatching(/missing or empty remote_block_ids, remote_engine_id, remote_request_id, remote_port/)
+      expect.stringMatching(/missing or empty remote_block_ids, remote_engine_id, remote_port/)
     ])
     expect(invalid.trailer?.get("cgn-error-source")).toBe("agent")
     expect((await simState(d)).served).toBe(served)
@@ -176,6 +176,54 @@ describe("vLLM prefill -> decode between two agents", () => {
     await p.stop()
     const r = await collect(pAgent.client, { prompt })
     expect([r.status, r.details]).toEqual(["UNAVAILABLE", expect.stringMatching(/engine unreachable/)])
+  })
+})
+
+describe("vLLM prefill -> decode with an older NixlConnector (before vLLM PR #29665: no remote_request_id)", () => {
+  let p: SimHandle
+  let d: SimHandle
+  let pAgent: Agent
+  let dAgent: Agent
+  const kvCfg = JSON.stringify({ kv_connector: "NixlConnector", kv_role: "kv_both", kv_load_failure_policy: "fail" })
+  const prompt = "alpha beta gamma delta epsilon"
+
+  beforeAll(async () => {
+    const [pSide, dSide] = [await freePort(), await freePort()]
+    const sim = (side: number) =>
+      startSim({
+        args: ["serve", "m", "--kv-transfer-config", kvCfg, "--sim-mode", "echo", "--sim-nixl-legacy"],
+        env: { VLLM_NIXL_SIDE_CHANNEL_HOST: "127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT: String(side) }
+      })
+    ;[p, d] = await Promise.all([sim(pSide), sim(dSide)])
+    ;[pAgent, dAgent] = await Promise.all([
+      startAgent(p.url, "vllm", { role: "prefill" }),
+      startAgent(d.url, "vllm", { role: "decode" })
+    ])
+  })
+  afterAll(async () => {
+    await Promise.all([pAgent?.close(), dAgent?.close()])
+    await Promise.all([p?.stop(), d?.stop()])
+  })
+
+  it("hands off without remote_request_id: D pulls under the shared request id", async () => {
+    const before = await simState(p)
+    const sampling = { maxTokens: 4, stop: [] }
+    const pr = await collect(pAgent.client, { requestId: "legacy-1", prompt, sampling })
+    expect([pr.status, pr.details]).toEqual(["OK", ""])
+    expect(pr.final?.kvTransferParams).toMatchObject({
+      remote_engine_id: expect.any(String),
+      remote_port: expect.any(Number)
+    })
+    expect(pr.final?.kvTransferParams).not.toHaveProperty("remote_request_id")
+    const dr = await collect(dAgent.client, {
+      requestId: "legacy-1",
+      prompt,
+      sampling,
+      kvTransferParams: pr.final?.kvTransferParams
+    })
+    expect([dr.status, dr.text]).toEqual(["OK", "alpha beta gamma delta"])
+    expect(await simState(p)).toMatchObject({ kvHeld: before.kvHeld, kvFetched: before.kvFetched! + 1 })
+    expect((await simState(d)).localPrefills).toBe(0)
   })
 })
 

@@ -40,6 +40,8 @@ export interface SimConfig {
   readonly kvSkipSeq: number | undefined
   readonly hangHealth: boolean
   readonly kvLegacyArrays: boolean
+  /** vLLM before PR #29665: P sends no remote_request_id, D pulls under its own request id. */
+  readonly nixlLegacy: boolean
   readonly kvLeaseMs: number | undefined
   readonly bootstrapTimeoutMs: number | undefined
   /** Flags seen on the line that the simulator accepts but does not model. */
@@ -66,6 +68,7 @@ const BOOLEAN_FLAGS = new Set([
   "--sim-fork-grandchild",
   "--sim-hang-health",
   "--sim-kv-legacy-arrays",
+  "--sim-nixl-legacy",
   "--enable-metrics",
   "--metrics",
   "--enforce-eager",
@@ -386,6 +389,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     kvSkipSeq: num(v("--sim-kv-skip-seq"), "--sim-kv-skip-seq"),
     hangHealth: p.flags.has("--sim-hang-health"),
     kvLegacyArrays: p.flags.has("--sim-kv-legacy-arrays"),
+    nixlLegacy: p.flags.has("--sim-nixl-legacy"),
     kvLeaseMs: dur("--sim-kv-lease"),
     bootstrapTimeoutMs,
     unmodelled

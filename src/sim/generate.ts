@@ -72,11 +72,14 @@ export const generate = async (
   const pd = cfg.flavor === "vllm" && hasPdConnector(cfg)
   if (pd && kvp?.do_remote_prefill === true) {
     const blocks = kvp.remote_block_ids
+    // Before vLLM PR #29665 the connector had no remote_request_id: D notified P under its own request id
+    // (the proxy sends one X-Request-Id on both legs). Since then D reads the id P returned.
+    const remoteId = cfg.nixlLegacy ? id : kvp.remote_request_id
     const complete =
       Array.isArray(blocks) &&
       blocks.flat().length > 0 &&
       typeof kvp.remote_engine_id === "string" &&
-      typeof kvp.remote_request_id === "string" &&
+      typeof remoteId === "string" &&
       typeof kvp.remote_host === "string" &&
       kvp.remote_port !== undefined &&
       kvp.remote_port !== null
@@ -88,7 +91,7 @@ export const generate = async (
         String(kvp.remote_host),
         Number(kvp.remote_port),
         String(kvp.remote_engine_id),
-        String(kvp.remote_request_id),
+        String(remoteId),
         blocks
       )
       if (gone()) return
@@ -97,7 +100,7 @@ export const generate = async (
         const policy = cfg.kvTransferConfig?.kv_load_failure_policy ?? "recompute"
         ctx.log("KV load failed", {
           request_id: id,
-          remote_request_id: kvp.remote_request_id,
+          remote_request_id: remoteId,
           reason: r.reason,
           policy
         })
@@ -193,7 +196,7 @@ export const generate = async (
         do_remote_decode: false,
         remote_block_ids: [admission.blockIds],
         remote_engine_id: ctx.engineId,
-        remote_request_id: id,
+        ...(cfg.nixlLegacy ? {} : { remote_request_id: id }),
         remote_host: ctx.sideChannelHost,
         remote_port: ctx.sideChannelPort,
         tp_size: cfg.tensorParallel
