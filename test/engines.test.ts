@@ -479,9 +479,11 @@ describe("rendering rules", () => {
   it("KV events: vLLM enables them, SGLang names the zmq publisher and a page size", () => {
     const kv = { events: true, events_endpoint: "tcp://127.0.0.1:5557", topic: "t", replay_endpoint: "tcp://*:5558" }
     const v = plan({ kv })
-    expect(v.argv.slice(-2)).toEqual([
+    expect(v.argv.slice(-4)).toEqual([
       "--kv-events-config",
-      '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://127.0.0.1:5557","topic":"t","replay_endpoint":"tcp://*:5558"}'
+      '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://127.0.0.1:5557","topic":"t","replay_endpoint":"tcp://*:5558"}',
+      "--block-size",
+      "16"
     ])
     expect(v.kvEvents).toEqual({
       endpoint: "tcp://127.0.0.1:5557",
@@ -499,6 +501,19 @@ describe("rendering rules", () => {
     expect(s.kvEvents?.replayEndpoint).toBeUndefined()
     expect(plan({}).kvEvents).toBeUndefined()
     expect(plan({}).argv).not.toContain("--kv-events-config")
+  })
+
+  it("vLLM --block-size: with KV events on (so engine and KV bridge agree) or a non-default [kv].block_size", () => {
+    const blockSize = (kv: Record<string, unknown>) => {
+      const argv = plan({ kv }).argv
+      const at = argv.indexOf("--block-size")
+      return at < 0 ? undefined : argv[at + 1]
+    }
+    expect(blockSize({ events: true })).toBe("16")
+    expect(blockSize({ events: true, block_size: 64 })).toBe("64")
+    expect(blockSize({ block_size: 32 })).toBe("32")
+    // Events off and the default: vLLM keeps its per-platform choice.
+    expect(blockSize({})).toBeUndefined()
   })
 
   it.each([

@@ -152,13 +152,16 @@ export const ModelSection = Schema.Struct({
   args: withDefault(Schema.Array(Schema.String), [])
 })
 
+/** `[kv].block_size` when the file does not set it. */
+export const DEFAULT_KV_BLOCK_SIZE = 16
+
 export const KvSection = Schema.Struct({
   uds: Schema.optionalKey(Schema.NonEmptyString),
   events: withDefault(Schema.Boolean, false),
   events_endpoint: withDefault(Schema.NonEmptyString, "tcp://127.0.0.1:5557"),
   replay_endpoint: Schema.optionalKey(Schema.NonEmptyString),
   topic: withDefault(Schema.String, "kv-events"),
-  block_size: withDefault(PositiveInt, 16)
+  block_size: withDefault(PositiveInt, DEFAULT_KV_BLOCK_SIZE)
 })
 
 const section = <S extends Schema.Top>(schema: S) => withDefault(schema, {} as S["Encoded"])

@@ -319,7 +319,10 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     maxModelLen = num(v("--max-model-len"), "--max-model-len")
     tensorParallel = num(first("--tensor-parallel-size", "-tp"), "--tensor-parallel-size") ?? 1
     defaultMaxSeqs = num(v("--max-num-seqs"), "--max-num-seqs") ?? 256
-    blockSize = num(v("--block-size"), "--block-size") ?? 16
+    // Without --block-size vLLM takes the platform's/model's choice (vllm/config/cache.py; 16 on CUDA,
+    // larger for some attention backends): --sim-platform-block-size stands for that choice.
+    blockSize =
+      num(v("--block-size"), "--block-size") ?? num(v("--sim-platform-block-size"), "--sim-platform-block-size") ?? 16
   } else if (flavor === "sglang") {
     model = first("--model-path", "--model") ?? "default"
     servedName = v("--served-model-name") ?? model

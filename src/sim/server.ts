@@ -49,6 +49,7 @@ const simState = (ctx: SimContext) => ({
   received: ctx.stats.received,
   kvUsage: gauges(ctx).kvUsage,
   kvCachedBlocks: ctx.kv.cachedBlocks,
+  kvBlockSize: ctx.kv.blockSize,
   kvEventsSeq: ctx.publisher?.lastSeq ?? null,
   kvHeld: ctx.sideChannel?.held ?? 0,
   kvFetched: ctx.sideChannel?.fetched ?? 0,

@@ -1,7 +1,11 @@
 // SGLang, llama.cpp and mlx flavors of the simulator: readiness phases during load, /v1/models names,
 // error bodies, metrics names (and their absence), and mlx's Content-Length / model-field rules.
 import * as http from "node:http"
+import { Result } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { decodeConfigObject } from "../../src/layers/Config.ts"
+import { engineFor } from "../../src/layers/engines/index.ts"
+import { freePort } from "../support/ports.ts"
 import { getJson, pollUntil, postJson, type SimHandle, sseData, startSim } from "../support/sim.ts"
 
 let sglang: SimHandle
@@ -170,5 +174,40 @@ describe("mlx flavor", () => {
   it("lists the --model value and has no /metrics", async () => {
     expect((await getJson(`${mlx.url}/v1/models`)).json).toMatchObject({ data: [{ id: "mlx-community/tiny" }] })
     expect((await fetch(`${mlx.url}/metrics`)).status).toBe(404)
+  })
+})
+
+describe("vLLM block size: the platform's choice unless --block-size is given", () => {
+  const renderVllm = (port: number, kv: Record<string, unknown>) => {
+    const r = decodeConfigObject(
+      { engine: { kind: "vllm", url: `http://127.0.0.1:${port}` }, models: { m: { hf_repo: "org/m" } }, kv },
+      undefined,
+      { NODE_NAME: "n" }
+    )
+    if (Result.isFailure(r)) throw new Error(r.failure.message)
+    return { config: r.success, plan: engineFor("vllm").render(r.success) }
+  }
+  const blockSizeOf = async (s: SimHandle) =>
+    ((await getJson(`${s.url}/sim/state`)).json as { kvBlockSize: number }).kvBlockSize
+
+  it("with KV events on, the rendered command makes the engine use [kv].block_size, whatever the platform picks", async () => {
+    const [port, kvPort] = [await freePort(), await freePort()]
+    const { config, plan } = renderVllm(port, { events: true, events_endpoint: `tcp://127.0.0.1:${kvPort}` })
+    // A platform whose attention backend wants 64-token blocks (vLLM picks it when --block-size is absent).
+    const sim = await startSim({ args: [...plan.argv.slice(1), "--sim-platform-block-size", "64"] })
+    try {
+      expect(await blockSizeOf(sim)).toBe(config.kv.block_size)
+    } finally {
+      await sim.stop()
+    }
+  })
+
+  it("without --block-size the simulator takes the platform's size, as vLLM does", async () => {
+    const sim = await startSim({ args: ["serve", "m", "--sim-platform-block-size", "64"] })
+    try {
+      expect(await blockSizeOf(sim)).toBe(64)
+    } finally {
+      await sim.stop()
+    }
   })
 })
