@@ -1,5 +1,6 @@
 // Golden launch plans for every valid engine x kv_offload x role, with the argv written out literally and
-// checked against the upstream flag spellings (../shared/reference/engines.md §1-4); then every invalid
+// checked against the upstream flag spellings (vLLM vllm/engine/arg_utils.py, SGLang python/sglang/srt/server_args.py,
+// llama.cpp common/arg.cpp, mlx-lm mlx_lm/server.py); then every invalid
 // combination with its exact message, and the shared rendering rules (command override, env, probe, KV events).
 import { Result } from "effect"
 import { describe, expect, it } from "vitest"
@@ -108,7 +109,8 @@ const golden: ReadonlyArray<[string, string, string, ReadonlyArray<string>, Reco
       "--disaggregation-mode",
       "decode",
       "--disaggregation-transfer-backend",
-      "mooncake"
+      "mooncake",
+      "--disaggregation-decode-enable-radix-cache"
     ],
     {}
   ],
@@ -126,21 +128,6 @@ const golden: ReadonlyArray<[string, string, string, ReadonlyArray<string>, Reco
       "mooncake",
       "--disaggregation-bootstrap-port",
       "8998"
-    ],
-    {}
-  ],
-  [
-    "sglang",
-    "lmcache",
-    "decode",
-    [
-      ...SGL,
-      ...SGL_TAIL,
-      "--enable-lmcache",
-      "--disaggregation-mode",
-      "decode",
-      "--disaggregation-transfer-backend",
-      "mooncake"
     ],
     {}
   ],
@@ -235,6 +222,11 @@ describe("invalid combinations", () => {
     if (kind === "vllm" && kvOk && role !== "both" && kv !== "nixl") {
       out.push(
         `engine.kv_offload: vllm with agent.role = "${role}" needs kv_offload "nixl", got "${kv}" (the NIXL connector hands the prefilled KV cache to the decode instance)`
+      )
+    }
+    if (kind === "sglang" && kv === "lmcache" && role === "decode") {
+      out.push(
+        'engine.kv_offload: sglang with agent.role = "decode" needs kv_offload "none", "hicache" or "nixl", got "lmcache" (an SGLang decode server has no radix cache, so LMCache would never be used; use it on the prefill server)'
       )
     }
     if (kind === "sglang" && kv === "nixl" && role === "both") {

@@ -137,7 +137,10 @@ export const EngineSection = Schema.Struct({
   liveness_failures: withDefault(PositiveInt, 3),
   side_channel_host: Schema.optionalKey(Schema.NonEmptyString),
   side_channel_port: withDefault(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 65535 })), 5600),
-  bootstrap_port: withDefault(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 65535 })), 8998)
+  bootstrap_port: withDefault(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 65535 })), 8998),
+  kvbm_cpu_cache_gb: Schema.optionalKey(Schema.Number.check(Schema.isGreaterThan(0))),
+  kvbm_disk_cache_gb: Schema.optionalKey(Schema.Number.check(Schema.isGreaterThan(0))),
+  liveness_path: Schema.optionalKey(Schema.String.check(Schema.isPattern(/^\/[^\s?#]*$/)))
 })
 
 export const ModelSection = Schema.Struct({

@@ -50,6 +50,28 @@ export interface SimConfig {
 
 export class ArgsError extends Error {}
 
+const KVBM_TIERS = [
+  "DYN_KVBM_CPU_CACHE_GB",
+  "DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS",
+  "DYN_KVBM_DISK_CACHE_GB",
+  "DYN_KVBM_DISK_CACHE_OVERRIDE_NUM_BLOCKS"
+]
+
+/**
+ * Dynamo's KVBM leader refuses to start without a CPU or disk cache tier ("KVBM Configuration Error: At least
+ * one cache tier must be configured", ai-dynamo/dynamo KVBM leader), so vLLM with the DynamoConnector dies.
+ */
+const checkKvbmTiers = (env: Record<string, string | undefined>): void => {
+  const sized = KVBM_TIERS.some((k) => {
+    const n = Number(env[k] ?? "")
+    return Number.isFinite(n) && n > 0
+  })
+  if (!sized)
+    throw new ArgsError(
+      `KVBM Configuration Error: At least one cache tier must be configured (${KVBM_TIERS.join(", ")})`
+    )
+}
+
 /** `0ms`, `50ms`, `2s`, `1.5s`, `1m`, `250` (ms). */
 export const parseDuration = (text: string): number => {
   const m = /^(\d+(?:\.\d+)?)(ms|s|m|h)?$/.exec(text.trim())
@@ -84,6 +106,7 @@ const BOOLEAN_FLAGS = new Set([
   "--enable-server-load-tracking",
   "--enable-metrics-for-all-schedulers",
   "--disaggregation-decode-enable-offload-kvcache",
+  "--disaggregation-decode-enable-radix-cache",
   "--no-slots",
   "--slots",
   "-fa",
@@ -269,6 +292,7 @@ const MODELLED: Record<Flavor, ReadonlyArray<string>> = {
     "--disaggregation-bootstrap-port",
     "--kv-events-config",
     "--enable-hierarchical-cache",
+    "--disaggregation-decode-enable-radix-cache",
     "--page-size",
     "--max-running-requests"
   ],
@@ -355,6 +379,19 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
   const errorKind = v("--sim-error-kind") ?? "http500"
   if (!ERROR_KINDS.includes(errorKind as ErrorKind)) throw new ArgsError(`--sim-error-kind: ${errorKind}`)
   const disagg = v("--disaggregation-mode")
+  // SGLang's decode server forces disable_radix_cache unless told otherwise, and then refuses the hierarchical
+  // cache (python/sglang/srt/server_args.py).
+  if (
+    flavor === "sglang" &&
+    disagg === "decode" &&
+    p.flags.has("--enable-hierarchical-cache") &&
+    !p.flags.has("--disaggregation-decode-enable-radix-cache")
+  )
+    throw new ArgsError(
+      "The arguments enable-hierarchical-cache and disable-radix-cache are mutually exclusive and cannot be used at the same time. Please use only one of them."
+    )
+  const kvTransferConfig = flavor === "vllm" ? parseJsonFlag(p, "--kv-transfer-config") : undefined
+  if (kvTransferConfig?.kv_connector === "DynamoConnector") checkKvbmTiers(env)
   const envTimeout = env.SGLANG_DISAGGREGATION_WAITING_TIMEOUT
   const bootstrapTimeoutMs =
     dur("--sim-bootstrap-timeout") ?? (envTimeout !== undefined ? Number(envTimeout) * 1000 : undefined)
@@ -368,7 +405,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     maxModelLen,
     tensorParallel,
     enableMetrics,
-    kvTransferConfig: flavor === "vllm" ? parseJsonFlag(p, "--kv-transfer-config") : undefined,
+    kvTransferConfig,
     kvEventsConfig: flavor === "vllm" || flavor === "sglang" ? parseJsonFlag(p, "--kv-events-config") : undefined,
     disaggregationMode: disagg === "prefill" || disagg === "decode" ? disagg : undefined,
     bootstrapPort: num(v("--disaggregation-bootstrap-port"), "--disaggregation-bootstrap-port") ?? 8998,

@@ -5,6 +5,7 @@ import { Result } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { decodeConfigObject } from "../../src/layers/Config.ts"
 import { engineFor } from "../../src/layers/engines/index.ts"
+import { parseArgs } from "../../src/sim/args.ts"
 import { freePort } from "../support/ports.ts"
 import { getJson, pollUntil, postJson, type SimHandle, sseData, startSim } from "../support/sim.ts"
 
@@ -209,5 +210,33 @@ describe("vLLM block size: the platform's choice unless --block-size is given", 
     } finally {
       await sim.stop()
     }
+  })
+})
+
+describe("rendered commands that the engines refuse at start", () => {
+  const render = (raw: Record<string, Record<string, unknown>>) => {
+    const r = decodeConfigObject({ models: { m: { hf_repo: "org/m" } }, ...raw }, undefined, { NODE_NAME: "n" })
+    if (Result.isFailure(r)) throw new Error(r.failure.message)
+    const plan = engineFor(r.success.engine.kind).render(r.success)
+    return { argv: plan.argv.slice(plan.kind === "sglang" ? 3 : 1), env: plan.env }
+  }
+
+  it("SGLang decode + hierarchical cache: refused unless the decode radix cache is enabled", () => {
+    const { argv } = render({ engine: { kind: "sglang", kv_offload: "hicache" }, agent: { role: "decode" } })
+    expect(parseArgs(argv, {}).disaggregationMode).toBe("decode")
+    const without = argv.filter((a) => a !== "--disaggregation-decode-enable-radix-cache")
+    expect(() => parseArgs(without, {})).toThrow(
+      /enable-hierarchical-cache and disable-radix-cache are mutually exclusive/
+    )
+  })
+
+  it("vLLM + KVBM: refused without a cache tier, started with [engine].kvbm_cpu_cache_gb", () => {
+    const sized = render({ engine: { kv_offload: "kvbm", kvbm_cpu_cache_gb: 4, kvbm_disk_cache_gb: 8 } })
+    expect(sized.env).toEqual({ DYN_KVBM_CPU_CACHE_GB: "4", DYN_KVBM_DISK_CACHE_GB: "8" })
+    expect(parseArgs(sized.argv, sized.env).kvTransferConfig).toMatchObject({ kv_connector: "DynamoConnector" })
+    const bare = render({ engine: { kv_offload: "kvbm" } })
+    expect(() => parseArgs(bare.argv, bare.env)).toThrow(/At least one cache tier must be configured/)
+    const viaEnv = render({ engine: { kv_offload: "kvbm", env: { DYN_KVBM_DISK_CACHE_GB: "8" } } })
+    expect(parseArgs(viaEnv.argv, viaEnv.env).flavor).toBe("vllm")
   })
 })

@@ -7,6 +7,15 @@ import type { AgentConfig } from "../../services/Config.ts"
 import type { Engine } from "../../services/Engine.ts"
 import { assemble, httpProbe, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
 
+/**
+ * A decode server forces `disable_radix_cache` unless `--disaggregation-decode-enable-radix-cache` is given,
+ * and the hierarchical cache with the radix cache disabled is refused at start as mutually exclusive
+ * (python/sglang/srt/server_args.py). With the flag the scheduler runs the decode-side HiCache
+ * (`enable_decode_hicache`, python/sglang/srt/managers/scheduler.py), which is what kv_offload "hicache" asks for.
+ */
+const decodeRadixCache = (role: string, offload: string): ReadonlyArray<string> =>
+  role === "decode" && offload === "hicache" ? ["--disaggregation-decode-enable-radix-cache"] : []
+
 export const sglang: Engine = {
   kind: "sglang",
   capabilities: {
@@ -17,6 +26,13 @@ export const sglang: Engine = {
       both: {
         kvOffloads: ["none", "hicache", "lmcache"],
         why: 'SGLang uses "nixl" only as the prefill/decode transfer backend; set agent.role to "prefill" or "decode"'
+      },
+      // A decode server runs without a radix cache unless told otherwise (python/sglang/srt/server_args.py), and
+      // without one the scheduler builds a ChunkCache and never reaches LMCRadixCache
+      // (python/sglang/srt/managers/scheduler.py, init_cache): --enable-lmcache would silently do nothing.
+      decode: {
+        kvOffloads: ["none", "hicache", "nixl"],
+        why: "an SGLang decode server has no radix cache, so LMCache would never be used; use it on the prefill server"
       }
     },
     kvEvents: true,
@@ -43,7 +59,8 @@ export const sglang: Engine = {
             role,
             "--disaggregation-transfer-backend",
             offload === "nixl" ? "nixl" : "mooncake",
-            ...(role === "prefill" ? ["--disaggregation-bootstrap-port", String(config.engine.bootstrap_port)] : [])
+            ...(role === "prefill" ? ["--disaggregation-bootstrap-port", String(config.engine.bootstrap_port)] : []),
+            ...decodeRadixCache(role, offload)
           ]
     return assemble(config, listen, {
       executable: ["python", "-m", "sglang.launch_server"],

@@ -39,6 +39,20 @@ const handOff = {
 const blockSizeArgs = (config: AgentConfig, kvEvents: boolean): ReadonlyArray<string> =>
   kvEvents || config.kv.block_size !== DEFAULT_KV_BLOCK_SIZE ? ["--block-size", String(config.kv.block_size)] : []
 
+/**
+ * KVBM's cache tiers are sized by env only (ai-dynamo/dynamo KVBM docs: DYN_KVBM_CPU_CACHE_GB,
+ * DYN_KVBM_DISK_CACHE_GB), and its leader refuses to start with neither ("At least one cache tier must be
+ * configured"). `[engine].env` can still set them, or the block-count overrides, and wins over these.
+ */
+const kvbmTiers = (config: AgentConfig): Record<string, string> => {
+  const e = config.engine
+  if (e.kv_offload !== "kvbm") return {}
+  return {
+    ...(e.kvbm_cpu_cache_gb !== undefined ? { DYN_KVBM_CPU_CACHE_GB: String(e.kvbm_cpu_cache_gb) } : {}),
+    ...(e.kvbm_disk_cache_gb !== undefined ? { DYN_KVBM_DISK_CACHE_GB: String(e.kvbm_disk_cache_gb) } : {})
+  }
+}
+
 export const vllm: Engine = {
   kind: "vllm",
   capabilities: {
@@ -65,6 +79,7 @@ export const vllm: Engine = {
             VLLM_NIXL_SIDE_CHANNEL_PORT: String(config.engine.side_channel_port)
           }
         : {}
+    const kvbmEnv = kvbmTiers(config)
     return assemble(config, listen, {
       executable: ["vllm"],
       args: [
@@ -84,7 +99,7 @@ export const vllm: Engine = {
         ...(events !== undefined ? ["--kv-events-config", events.json] : []),
         ...blockSizeArgs(config, events !== undefined)
       ],
-      env: nixlEnv,
+      env: { ...nixlEnv, ...kvbmEnv },
       probe: httpProbe(config, listen),
       metrics: metricsAt(listen, {
         running: ["vllm:num_requests_running"],
