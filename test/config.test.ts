@@ -172,6 +172,11 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
     ['engine.kvbm_cpu_cache_gb: sizes a KVBM cache tier, used only with engine.kv_offload = "kvbm"; remove it']
   ],
   [
+    "engine.liveness_path not a path",
+    `[engine]\nliveness_path = "health_generate"\n${MODEL}`,
+    ['engine.liveness_path: expected a path on the engine such as "/health_generate", got "health_generate"']
+  ],
+  [
     "engine combination: vLLM has no hicache",
     `[engine]\nkv_offload = "hicache"\n${MODEL}`,
     ['engine.kv_offload: vllm does not support "hicache"; vllm supports "none", "nixl", "lmcache", "kvbm"']

@@ -422,7 +422,7 @@ describe("rendering rules", () => {
 
   it("readiness: GET /v1/models unless ready_probe_url; mlx sends a 1-token completion", () => {
     expect(plan({}).probe).toEqual({ kind: "http", url: "http://127.0.0.1:8000/v1/models" })
-    for (const kind of ["sglang", "llama_cpp", "openai_compat"]) {
+    for (const kind of ["llama_cpp", "openai_compat"]) {
       expect(plan({ engine: { kind }, models: { m: { hf_repo: "o/m" } } }).probe).toEqual({
         kind: "http",
         url: "http://127.0.0.1:8000/v1/models"
@@ -442,6 +442,25 @@ describe("rendering rules", () => {
       body: { model: "mlx-community/x", prompt: "ping", max_tokens: 1 }
     })
     expect([m.servedModel, m.requestModel]).toEqual(["m", "mlx-community/x"])
+  })
+
+  it("SGLang: ready on /health (503 during warm-up), liveness on /health unless [engine].liveness_path", () => {
+    const sgl = (engine: Record<string, unknown>, agent: Record<string, unknown> = {}) =>
+      plan({ engine: { kind: "sglang", ...engine }, agent, models: { m: { hf_repo: "o/m" } } })
+    const health = { kind: "http", url: "http://127.0.0.1:8000/health" }
+    expect(sgl({})).toMatchObject({ probe: health, liveness: health })
+    expect(sgl({ liveness_path: "/health_generate" })).toMatchObject({
+      probe: health,
+      liveness: { kind: "http", url: "http://127.0.0.1:8000/health_generate" }
+    })
+    const custom = { kind: "http", url: "http://127.0.0.1:8000/ready" }
+    expect(sgl({}, { ready_probe_url: custom.url })).toMatchObject({ probe: custom, liveness: health })
+    // Other engines keep liveness on the readiness probe unless the key is set.
+    expect(plan({}).liveness).toEqual(plan({}).probe)
+    expect(plan({ engine: { liveness_path: "/health" } }).liveness).toEqual({
+      kind: "http",
+      url: "http://127.0.0.1:8000/health"
+    })
   })
 
   it("metrics: the engine's series names, none for mlx and openai_compat", () => {
@@ -533,6 +552,7 @@ describe("rendering rules", () => {
       host: "10.0.3.7",
       port: 8000,
       probe: { kind: "http", url: "http://10.0.3.7:8000/v1/models" },
+      liveness: { kind: "http", url: "http://10.0.3.7:8000/v1/models" },
       metrics: undefined,
       kvEvents: undefined,
       servedModel: "m",

@@ -140,7 +140,13 @@ export const EngineSection = Schema.Struct({
   bootstrap_port: withDefault(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 65535 })), 8998),
   kvbm_cpu_cache_gb: Schema.optionalKey(Schema.Number.check(Schema.isGreaterThan(0))),
   kvbm_disk_cache_gb: Schema.optionalKey(Schema.Number.check(Schema.isGreaterThan(0))),
-  liveness_path: Schema.optionalKey(Schema.String.check(Schema.isPattern(/^\/[^\s?#]*$/)))
+  liveness_path: Schema.optionalKey(
+    Schema.String.check(
+      Schema.makeFilter((s) =>
+        /^\/[^\s?#]*$/.test(s) ? undefined : `expected a path on the engine such as "/health_generate", got "${s}"`
+      )
+    )
+  )
 })
 
 export const ModelSection = Schema.Struct({

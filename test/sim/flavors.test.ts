@@ -1,9 +1,10 @@
 // SGLang, llama.cpp and mlx flavors of the simulator: readiness phases during load, /v1/models names,
 // error bodies, metrics names (and their absence), and mlx's Content-Length / model-field rules.
 import * as http from "node:http"
-import { Result } from "effect"
+import { Effect, Result } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { decodeConfigObject } from "../../src/layers/Config.ts"
+import { probeOnce } from "../../src/layers/engineProbe.ts"
 import { engineFor } from "../../src/layers/engines/index.ts"
 import { parseArgs } from "../../src/sim/args.ts"
 import { freePort } from "../support/ports.ts"
@@ -238,5 +239,31 @@ describe("rendered commands that the engines refuse at start", () => {
     expect(() => parseArgs(bare.argv, bare.env)).toThrow(/At least one cache tier must be configured/)
     const viaEnv = render({ engine: { kv_offload: "kvbm", env: { DYN_KVBM_DISK_CACHE_GB: "8" } } })
     expect(parseArgs(viaEnv.argv, viaEnv.env).flavor).toBe("vllm")
+  })
+})
+
+describe("SGLang readiness through the agent's probe", () => {
+  it("not ready while the server warms up (/health 503, though /v1/models already answers), ready after", async () => {
+    const port = await freePort()
+    const r = decodeConfigObject(
+      { engine: { kind: "sglang", url: `http://127.0.0.1:${port}` }, models: { m: { hf_repo: "org/m" } } },
+      undefined,
+      { NODE_NAME: "n" }
+    )
+    if (Result.isFailure(r)) throw new Error(r.failure.message)
+    const plan = engineFor("sglang").render(r.success)
+    const sim = await startSim({ args: [...plan.argv.slice(3), "--sim-startup-delay", "3s"] })
+    try {
+      expect((await getJson(`${sim.url}/v1/models`)).status).toBe(200)
+      expect(await Effect.runPromise(probeOnce(plan.probe, 2_000))).toEqual({
+        ok: false,
+        reason: "HTTP 503",
+        phase: "loading"
+      })
+      await pollUntil(async () => ((await Effect.runPromise(probeOnce(plan.probe, 2_000))).ok ? true : undefined))
+      expect(await Effect.runPromise(probeOnce(plan.liveness ?? plan.probe, 2_000))).toEqual({ ok: true })
+    } finally {
+      await sim.stop()
+    }
   })
 })

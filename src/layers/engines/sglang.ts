@@ -5,7 +5,7 @@
  */
 import type { AgentConfig } from "../../services/Config.ts"
 import type { Engine } from "../../services/Engine.ts"
-import { assemble, httpProbe, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
+import { assemble, httpProbeAt, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
 
 /**
  * A decode server forces `disable_radix_cache` unless `--disaggregation-decode-enable-radix-cache` is given,
@@ -85,7 +85,14 @@ export const sglang: Engine = {
           ? ["--page-size", String(config.kv.block_size), "--kv-events-config", events.json]
           : [])
       ],
-      probe: httpProbe(config, listen),
+      // /health is 503 while the server is Starting (warm-up) and 200 after; /v1/models answers from the
+      // tokenizer manager at once and never touches the scheduler (python/sglang/srt/entrypoints/http_server.py).
+      probe: httpProbeAt(config, listen, "/health"),
+      // Liveness on /health by default: /health_generate pushes a real 1-token generation through the scheduler
+      // and waits up to SGLang's own health-check timeout (SGLANG_HEALTH_CHECK_TIMEOUT, 20 s by default), longer than one
+      // liveness probe may take here (at most 5 s), so a busy server would be counted dead. Set
+      // [engine].liveness_path = "/health_generate" to catch a wedged scheduler that still answers /health.
+      liveness: { kind: "http", url: `${listen.baseUrl}/health` },
       metrics: metricsAt(listen, {
         running: ["sglang:num_running_reqs"],
         waiting: ["sglang:num_queue_reqs"],
