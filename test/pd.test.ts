@@ -3,80 +3,10 @@
 // SGLang both legs at once with the same bootstrap room). Failure cases: expired blocks, prefill engine
 // down, missing or invalid handoff, a leg past [agent].handoff_timeout (the engine request is aborted).
 // Also a burst above max_inflight + max_queue through the real server: exact OK / RESOURCE_EXHAUSTED counts.
-import { Layer, ManagedRuntime } from "effect"
-import { type Channel, ClientError, createChannel, createClient, type Metadata, Status } from "nice-grpc"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import {
-  type AgentClient,
-  AgentDefinition,
-  type GenerateFinal,
-  type GenerateRequest
-} from "../src/gen/cgn/agent/v1/agent.ts"
-import { layer as admissionLayer } from "../src/layers/Admission.ts"
-import { layerWith as grpcLayerWith } from "../src/layers/GrpcServer.ts"
-import { GrpcServer } from "../src/services/GrpcServer.ts"
-import { agentDeps } from "./support/agentDeps.ts"
+import { type Agent, collect, startAgent } from "./support/grpcAgent.ts"
 import { freePort } from "./support/ports.ts"
 import { getJson, pollUntil, type SimHandle, startSim } from "./support/sim.ts"
-
-interface Agent {
-  readonly client: AgentClient
-  close(): Promise<void>
-}
-
-const startAgent = async (
-  engineUrl: string,
-  kind: "vllm" | "sglang",
-  agent: Record<string, unknown>
-): Promise<Agent> => {
-  const { config, deps: base } = agentDeps(engineUrl, {
-    kind,
-    agent: { node_id: `node-${String(agent.role)}`, ...agent },
-    engine: { kv_offload: agent.role === "both" ? "none" : "nixl" }
-  })
-  const deps = Layer.mergeAll(base, admissionLayer.pipe(Layer.provide(config)))
-  const rt = ManagedRuntime.make(
-    grpcLayerWith({ address: "127.0.0.1:0", shutdownGraceMs: 500 }).pipe(Layer.provideMerge(deps))
-  )
-  const server = await rt.runPromise(GrpcServer)
-  const channel: Channel = createChannel(server.address)
-  return {
-    client: createClient(AgentDefinition, channel),
-    close: async () => {
-      channel.close()
-      await rt.dispose()
-    }
-  }
-}
-
-interface Collected {
-  readonly text: string
-  readonly deltas: number
-  readonly final: GenerateFinal | undefined
-  readonly status: string
-  readonly details: string
-  readonly trailer: Metadata | undefined
-}
-
-const collect = async (client: AgentClient, req: Partial<GenerateRequest>): Promise<Collected> => {
-  let text = ""
-  let deltas = 0
-  let final: GenerateFinal | undefined
-  let trailer: Metadata | undefined
-  try {
-    for await (const r of client.generate(req, { onTrailer: (t) => (trailer = t) })) {
-      if (r.delta !== undefined) {
-        text += r.delta.text
-        deltas++
-      }
-      if (r.final !== undefined) final = r.final
-    }
-    return { text, deltas, final, status: "OK", details: "", trailer }
-  } catch (e) {
-    if (!(e instanceof ClientError)) throw e
-    return { text, deltas, final, status: Status[e.code] ?? String(e.code), details: e.details, trailer }
-  }
-}
 
 const simState = async (sim: SimHandle) => (await getJson(`${sim.url}/sim/state`)).json as Record<string, number>
 

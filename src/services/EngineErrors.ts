@@ -102,3 +102,21 @@ export const streamError = (obj: unknown): EngineError => {
   const d = errorDetailOf(obj) ?? { message: "engine sent an error object" }
   return new EngineError({ reason: "Stream", message: d.message, ...codeFields(d, undefined) })
 }
+
+/**
+ * An SSE error event: an `error:` field line (older llama.cpp: the flat `{"code","message","type"}` of
+ * tools/server/utils.hpp `format_error_response`, or a wrapped `{"error":{...}}`) or an `event: error` whose
+ * data is the error. JSON in any known shape, else the text itself.
+ */
+export const sseErrorEvent = (text: string): EngineError => {
+  let d: ErrorDetail | undefined
+  try {
+    const v: unknown = JSON.parse(text)
+    d = errorDetailOf(v)
+    if (d === undefined && isRecord(v) && str(v.message) !== undefined) d = detail(str(v.message)!, v.type, v.code)
+  } catch {
+    // not JSON: the text is the message
+  }
+  d ??= errorDetailOfBody(text, undefined)
+  return new EngineError({ reason: "Stream", message: d.message, ...codeFields(d, undefined) })
+}

@@ -3,7 +3,8 @@
 // picks the flavor from --flavor or the first words. Flags it does not model are collected for one log line.
 export type Flavor = "vllm" | "sglang" | "llama_cpp" | "mlx"
 export type SimMode = "echo" | "random"
-export type ErrorKind = "http400" | "http404" | "http429" | "http500" | "midstream" | "reset"
+/** `sse_error_field`: older llama.cpp's `error: {...}` line then `data: [DONE]` (other flavors: as midstream). */
+export type ErrorKind = "http400" | "http404" | "http429" | "http500" | "midstream" | "sse_error_field" | "reset"
 
 export interface SimConfig {
   readonly flavor: Flavor
@@ -82,7 +83,15 @@ export const parseDuration = (text: string): number => {
 }
 
 const FLAVORS: ReadonlyArray<Flavor> = ["vllm", "sglang", "llama_cpp", "mlx"]
-const ERROR_KINDS: ReadonlyArray<ErrorKind> = ["http400", "http404", "http429", "http500", "midstream", "reset"]
+const ERROR_KINDS: ReadonlyArray<ErrorKind> = [
+  "http400",
+  "http404",
+  "http429",
+  "http500",
+  "midstream",
+  "sse_error_field",
+  "reset"
+]
 
 /** Flags that take no value, per flavor family (anything else consumes the next word unless it is a flag). */
 const BOOLEAN_FLAGS = new Set([

@@ -5,7 +5,7 @@
 import type * as http from "node:http"
 import { DONE, fullBody, sse, streamTemplate } from "./chunks.ts"
 import { hasPdConnector, type SimContext, sendError } from "./context.ts"
-import { errorBody } from "./errors.ts"
+import { errorBody, LLAMA_ERROR_FIELD } from "./errors.ts"
 import { fetchBlocks, waitForRoom } from "./pd.ts"
 import type { GenRequest } from "./request.ts"
 import { plan, prng, tokenId } from "./tokens.ts"
@@ -22,7 +22,7 @@ export const generate = async (
   id: string,
   req: http.IncomingMessage,
   res: http.ServerResponse,
-  inject: "midstream" | "reset" | undefined
+  inject: "midstream" | "sse_error_field" | "reset" | undefined
 ): Promise<void> => {
   const { cfg, stats, kv } = ctx
   const t0 = performance.now()
@@ -282,11 +282,16 @@ export const generate = async (
   res.end(json)
 }
 
-/** Mid-stream error (`data: {"error":...}` then `[DONE]`) or a connection reset. */
+/**
+ * Mid-stream error or a connection reset. vLLM and SGLang send `data: {"error":...}` then `data: [DONE]`
+ * (vllm/entrypoints/openai/serving_chat.py, python/sglang/srt/entrypoints/openai/serving_chat.py); current
+ * llama.cpp sends `data: {"error":...}` and closes without [DONE]; older llama.cpp sent an `error: {...}` field
+ * line (the flat code/message/type object) then `data: [DONE]` (tools/server/server.cpp, server_sent_event).
+ */
 const fault = (
   ctx: SimContext,
   res: http.ServerResponse,
-  kind: "midstream" | "reset" | undefined,
+  kind: "midstream" | "sse_error_field" | "reset" | undefined,
   streaming: boolean,
   done: () => void
 ): void => {
@@ -296,9 +301,12 @@ const fault = (
     res.socket?.resetAndDestroy()
     return
   }
-  const body = errorBody(ctx.cfg.flavor, 500, "simulated mid-stream engine failure")
+  const message = "simulated mid-stream engine failure"
+  const body = errorBody(ctx.cfg.flavor, 500, message)
   if (streaming) {
-    res.end(sse(JSON.stringify(body)) + DONE)
+    if (ctx.cfg.flavor !== "llama_cpp") res.end(sse(JSON.stringify(body)) + DONE)
+    else if (kind === "sse_error_field") res.end(`error: ${JSON.stringify(LLAMA_ERROR_FIELD(message))}\n\n${DONE}`)
+    else res.end(sse(JSON.stringify(body)))
     return
   }
   sendError(ctx, res, 500, "simulated engine failure")

@@ -174,10 +174,10 @@ const completion = async (
   if (isInvalid(parsed)) return sendError(ctx, res, parsed.status, parsed.message, parsed.param)
   ctx.stats.received++
   const { faults } = ctx
-  let inject: "midstream" | "reset" | undefined
+  let inject: "midstream" | "sse_error_field" | "reset" | undefined
   if (faults.errorRate > 0 && ctx.rand() < faults.errorRate) {
     const kind = faults.errorKind
-    if (kind === "midstream" || kind === "reset") inject = kind
+    if (kind === "midstream" || kind === "sse_error_field" || kind === "reset") inject = kind
     else {
       const status = Number(kind.slice(4))
       return sendError(ctx, res, status, `simulated error (${kind})`)
