@@ -161,6 +161,7 @@ describe("SGLang prefill + decode with a bootstrap room", () => {
   let p: SimHandle
   let d: SimHandle
   let pAgent: Agent
+  let pAgentShort: Agent
   let dAgent: Agent
   let dAgentShort: Agent
   let bootPort: number
@@ -187,14 +188,15 @@ describe("SGLang prefill + decode with a bootstrap room", () => {
       sim("decode", [])
     ])
     await Promise.all([p, d].map((s) => s.waitForLine((l) => l.includes('"model loaded"'))))
-    ;[pAgent, dAgent, dAgentShort] = await Promise.all([
+    ;[pAgent, pAgentShort, dAgent, dAgentShort] = await Promise.all([
       startAgent(p.url, "sglang", { role: "prefill" }),
+      startAgent(p.url, "sglang", { role: "prefill", handoff_timeout: "500ms" }),
       startAgent(d.url, "sglang", { role: "decode" }),
       startAgent(d.url, "sglang", { role: "decode", handoff_timeout: "300ms" })
     ])
   })
   afterAll(async () => {
-    await Promise.all([pAgent?.close(), dAgent?.close(), dAgentShort?.close()])
+    await Promise.all([pAgent?.close(), pAgentShort?.close(), dAgent?.close(), dAgentShort?.close()])
     await Promise.all([p?.stop(), d?.stop()])
   })
 
@@ -221,6 +223,20 @@ describe("SGLang prefill + decode with a bootstrap room", () => {
       bootstrap: { host: "127.0.0.1", port: bootPort, room: "18446744073709551615" }
     })
     expect([bad.status, bad.details]).toEqual(["FAILED_PRECONDITION", expect.stringMatching(/bootstrap\.room/)])
+  })
+
+  it("a prefill leg sent alone does not complete (SGLang holds it until the decode connects): DEADLINE_EXCEEDED", async () => {
+    const before = await simState(p)
+    const r = await collect(pAgentShort.client, {
+      prompt,
+      bootstrap: { host: "127.0.0.1", port: bootPort, room: "4343" }
+    })
+    expect([r.status, r.details]).toEqual(["DEADLINE_EXCEEDED", expect.stringMatching(/prefill leg did not finish/)])
+    const after = await pollUntil(async () => {
+      const s = await simState(p)
+      return s.aborted! > before.aborted! ? s : undefined
+    }, 10_000)
+    expect([after.aborted, after.served]).toEqual([before.aborted! + 1, before.served])
   })
 
   it("a decode leg whose prefill never comes ends at handoff_timeout and the engine request is aborted", async () => {

@@ -401,7 +401,9 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     )
   const kvTransferConfig = flavor === "vllm" ? parseJsonFlag(p, "--kv-transfer-config") : undefined
   if (kvTransferConfig?.kv_connector === "DynamoConnector") checkKvbmTiers(env)
-  const envTimeout = env.SGLANG_DISAGGREGATION_WAITING_TIMEOUT
+  // Prefill: how long a request may wait for its decode side to connect; decode: for the KV to arrive.
+  const envTimeout =
+    disagg === "prefill" ? env.SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT : env.SGLANG_DISAGGREGATION_WAITING_TIMEOUT
   const bootstrapTimeoutMs =
     dur("--sim-bootstrap-timeout") ?? (envTimeout !== undefined ? Number(envTimeout) * 1000 : undefined)
 

@@ -67,6 +67,24 @@ export const generate = async (
     }
   }
 
+  // SGLang prefill: held in the bootstrap queue until the decode side has connected for the room.
+  if (cfg.flavor === "sglang" && cfg.disaggregationMode === "prefill" && gr.bootstrap !== undefined) {
+    const room = gr.bootstrap.room
+    const timeoutMs = cfg.bootstrapTimeoutMs ?? 300_000
+    const connected = await (ctx.bootstrap?.waitForDecode(room, timeoutMs, abort.signal) ?? Promise.resolve(false))
+    if (gone()) return
+    if (!connected) {
+      state = "done"
+      ctx.log("bootstrap timed out", { room })
+      return sendError(
+        ctx,
+        res,
+        500,
+        `Request ${id} timed out after ${timeoutMs / 1000}s in KVPoll.Bootstrapping (bootstrap_room ${room}): no decode server connected`
+      )
+    }
+  }
+
   // vLLM decode leg: pull the blocks the prefill engine holds.
   const kvp = gr.kvTransferParams
   const pd = cfg.flavor === "vllm" && hasPdConnector(cfg)
