@@ -1,8 +1,10 @@
 /**
  * EngineErrors: every engine's error body, read into one EngineError. Pure, no I/O.
  * Knows the shapes: vLLM >= 0.10.1 nested `{"error":{message,type,param,code}}`, older vLLM and SGLang
- * flat `{"object":"error",message,type,param,code}`, llama.cpp `{"error":{code,message,type}}`,
- * mlx-lm `{"error":"..."}`, FastAPI `{"detail":...}`, and bodies that are not JSON at all.
+ * flat `{"object":"error",message,type,param,code}` (vllm/entrypoints/openai/protocol.py ErrorResponse,
+ * python/sglang/srt/entrypoints/openai/protocol.py), llama.cpp `{"error":{code,message,type}}`
+ * (tools/server/utils.hpp format_error_response), mlx-lm `{"error":"..."}` (mlx_lm/server.py), FastAPI
+ * `{"detail":...}`, and bodies that are not JSON at all.
  */
 import { EngineError } from "./EngineClient.ts"
 

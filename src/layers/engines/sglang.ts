@@ -2,6 +2,8 @@
  * SGLang: `python -m sglang.launch_server --model-path M --host --port --tp-size ... --enable-metrics`.
  * kv_offload hicache/lmcache add cache flags; nixl is only the prefill/decode transfer backend, so it
  * needs a prefill or decode role. KV events need `"publisher":"zmq"` and a page size to hash blocks by.
+ * Flags: python/sglang/srt/server_args.py; the KV-events config: python/sglang/srt/disaggregation/kv_events.py
+ * (KVEventsConfig, whose `publisher` defaults to "null").
  */
 import type { AgentConfig } from "../../services/Config.ts"
 import type { Engine } from "../../services/Engine.ts"

@@ -1,7 +1,8 @@
 /**
  * vLLM: `vllm serve MODEL --host --port --tensor-parallel-size --served-model-name ...`.
  * kv_offload picks the `--kv-transfer-config` connector; prefill/decode roles need NIXL, whose
- * side channel is set through VLLM_NIXL_SIDE_CHANNEL_HOST/PORT. KV events go to `--kv-events-config`.
+ * side channel is set through VLLM_NIXL_SIDE_CHANNEL_HOST/PORT (vllm/envs.py). KV events go to
+ * `--kv-events-config` (vllm/config/kv_events.py). Flags: vllm/engine/arg_utils.py.
  */
 import type { AgentConfig, KvOffload } from "../../services/Config.ts"
 import { DEFAULT_KV_BLOCK_SIZE } from "../../services/ConfigSchema.ts"
