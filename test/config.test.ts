@@ -162,6 +162,21 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
     ["engine.url: vllm is spawned by the agent and serves plain HTTP on its host:port; use http://"]
   ],
   [
+    "KVBM cache-tier sizes without kv_offload kvbm",
+    `[engine]\nkv_offload = "lmcache"\nkvbm_cpu_cache_gb = 4\nkvbm_disk_cache_gb = 0\n${MODEL}`,
+    ["engine.kvbm_disk_cache_gb: Expected a value greater than 0, got 0"]
+  ],
+  [
+    "KVBM cache-tier size with another offload",
+    `[engine]\nkv_offload = "lmcache"\nkvbm_cpu_cache_gb = 4\n${MODEL}`,
+    ['engine.kvbm_cpu_cache_gb: sizes a KVBM cache tier, used only with engine.kv_offload = "kvbm"; remove it']
+  ],
+  [
+    "engine.liveness_path not a path",
+    `[engine]\nliveness_path = "health_generate"\n${MODEL}`,
+    ['engine.liveness_path: expected a path on the engine such as "/health_generate", got "health_generate"']
+  ],
+  [
     "engine combination: vLLM has no hicache",
     `[engine]\nkv_offload = "hicache"\n${MODEL}`,
     ['engine.kv_offload: vllm does not support "hicache"; vllm supports "none", "nixl", "lmcache", "kvbm"']

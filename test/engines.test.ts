@@ -1,5 +1,6 @@
 // Golden launch plans for every valid engine x kv_offload x role, with the argv written out literally and
-// checked against the upstream flag spellings (../shared/reference/engines.md §1-4); then every invalid
+// checked against the upstream flag spellings (vLLM vllm/engine/arg_utils.py, SGLang python/sglang/srt/server_args.py,
+// llama.cpp common/arg.cpp, mlx-lm mlx_lm/server.py); then every invalid
 // combination with its exact message, and the shared rendering rules (command override, env, probe, KV events).
 import { Result } from "effect"
 import { describe, expect, it } from "vitest"
@@ -108,7 +109,8 @@ const golden: ReadonlyArray<[string, string, string, ReadonlyArray<string>, Reco
       "--disaggregation-mode",
       "decode",
       "--disaggregation-transfer-backend",
-      "mooncake"
+      "mooncake",
+      "--disaggregation-decode-enable-radix-cache"
     ],
     {}
   ],
@@ -126,21 +128,6 @@ const golden: ReadonlyArray<[string, string, string, ReadonlyArray<string>, Reco
       "mooncake",
       "--disaggregation-bootstrap-port",
       "8998"
-    ],
-    {}
-  ],
-  [
-    "sglang",
-    "lmcache",
-    "decode",
-    [
-      ...SGL,
-      ...SGL_TAIL,
-      "--enable-lmcache",
-      "--disaggregation-mode",
-      "decode",
-      "--disaggregation-transfer-backend",
-      "mooncake"
     ],
     {}
   ],
@@ -235,6 +222,11 @@ describe("invalid combinations", () => {
     if (kind === "vllm" && kvOk && role !== "both" && kv !== "nixl") {
       out.push(
         `engine.kv_offload: vllm with agent.role = "${role}" needs kv_offload "nixl", got "${kv}" (the NIXL connector hands the prefilled KV cache to the decode instance)`
+      )
+    }
+    if (kind === "sglang" && kv === "lmcache" && role === "decode") {
+      out.push(
+        'engine.kv_offload: sglang with agent.role = "decode" needs kv_offload "none", "hicache" or "nixl", got "lmcache" (an SGLang decode server has no radix cache, so LMCache would never be used; use it on the prefill server)'
       )
     }
     if (kind === "sglang" && kv === "nixl" && role === "both") {
@@ -430,7 +422,7 @@ describe("rendering rules", () => {
 
   it("readiness: GET /v1/models unless ready_probe_url; mlx sends a 1-token completion", () => {
     expect(plan({}).probe).toEqual({ kind: "http", url: "http://127.0.0.1:8000/v1/models" })
-    for (const kind of ["sglang", "llama_cpp", "openai_compat"]) {
+    for (const kind of ["llama_cpp", "openai_compat"]) {
       expect(plan({ engine: { kind }, models: { m: { hf_repo: "o/m" } } }).probe).toEqual({
         kind: "http",
         url: "http://127.0.0.1:8000/v1/models"
@@ -450,6 +442,25 @@ describe("rendering rules", () => {
       body: { model: "mlx-community/x", prompt: "ping", max_tokens: 1 }
     })
     expect([m.servedModel, m.requestModel]).toEqual(["m", "mlx-community/x"])
+  })
+
+  it("SGLang: ready on /health (503 during warm-up), liveness on /health unless [engine].liveness_path", () => {
+    const sgl = (engine: Record<string, unknown>, agent: Record<string, unknown> = {}) =>
+      plan({ engine: { kind: "sglang", ...engine }, agent, models: { m: { hf_repo: "o/m" } } })
+    const health = { kind: "http", url: "http://127.0.0.1:8000/health" }
+    expect(sgl({})).toMatchObject({ probe: health, liveness: health })
+    expect(sgl({ liveness_path: "/health_generate" })).toMatchObject({
+      probe: health,
+      liveness: { kind: "http", url: "http://127.0.0.1:8000/health_generate" }
+    })
+    const custom = { kind: "http", url: "http://127.0.0.1:8000/ready" }
+    expect(sgl({}, { ready_probe_url: custom.url })).toMatchObject({ probe: custom, liveness: health })
+    // Other engines keep liveness on the readiness probe unless the key is set.
+    expect(plan({}).liveness).toEqual(plan({}).probe)
+    expect(plan({ engine: { liveness_path: "/health" } }).liveness).toEqual({
+      kind: "http",
+      url: "http://127.0.0.1:8000/health"
+    })
   })
 
   it("metrics: the engine's series names, none for mlx and openai_compat", () => {
@@ -479,9 +490,11 @@ describe("rendering rules", () => {
   it("KV events: vLLM enables them, SGLang names the zmq publisher and a page size", () => {
     const kv = { events: true, events_endpoint: "tcp://127.0.0.1:5557", topic: "t", replay_endpoint: "tcp://*:5558" }
     const v = plan({ kv })
-    expect(v.argv.slice(-2)).toEqual([
+    expect(v.argv.slice(-4)).toEqual([
       "--kv-events-config",
-      '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://127.0.0.1:5557","topic":"t","replay_endpoint":"tcp://*:5558"}'
+      '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://127.0.0.1:5557","topic":"t","replay_endpoint":"tcp://*:5558"}',
+      "--block-size",
+      "16"
     ])
     expect(v.kvEvents).toEqual({
       endpoint: "tcp://127.0.0.1:5557",
@@ -499,6 +512,19 @@ describe("rendering rules", () => {
     expect(s.kvEvents?.replayEndpoint).toBeUndefined()
     expect(plan({}).kvEvents).toBeUndefined()
     expect(plan({}).argv).not.toContain("--kv-events-config")
+  })
+
+  it("vLLM --block-size: with KV events on (so engine and KV bridge agree) or a non-default [kv].block_size", () => {
+    const blockSize = (kv: Record<string, unknown>) => {
+      const argv = plan({ kv }).argv
+      const at = argv.indexOf("--block-size")
+      return at < 0 ? undefined : argv[at + 1]
+    }
+    expect(blockSize({ events: true })).toBe("16")
+    expect(blockSize({ events: true, block_size: 64 })).toBe("64")
+    expect(blockSize({ block_size: 32 })).toBe("32")
+    // Events off and the default: vLLM keeps its per-platform choice.
+    expect(blockSize({})).toBeUndefined()
   })
 
   it.each([
@@ -526,6 +552,7 @@ describe("rendering rules", () => {
       host: "10.0.3.7",
       port: 8000,
       probe: { kind: "http", url: "http://10.0.3.7:8000/v1/models" },
+      liveness: { kind: "http", url: "http://10.0.3.7:8000/v1/models" },
       metrics: undefined,
       kvEvents: undefined,
       servedModel: "m",

@@ -109,7 +109,7 @@ describe("vLLM handoff parameters", () => {
     [
       "P answered with its request-side params",
       { kv_transfer_params: VLLM_PREFILL_KV_TRANSFER_PARAMS },
-      ["remote_block_ids", "remote_engine_id", "remote_request_id", "remote_host", "remote_port"]
+      ["remote_block_ids", "remote_engine_id", "remote_host", "remote_port"]
     ]
   ])("prefill response with %s", (_name, response, missing) => {
     const e = failure(extractKvTransferParams(response))
@@ -122,7 +122,8 @@ describe("vLLM handoff parameters", () => {
     ["empty block groups", { ...P_PARAMS, remote_block_ids: [[], []] }, ["remote_block_ids"]],
     ["no engine id", { ...P_PARAMS, remote_engine_id: undefined }, ["remote_engine_id"]],
     ["empty host, null port", { ...P_PARAMS, remote_host: "", remote_port: null }, ["remote_host", "remote_port"]],
-    ["no request id", (({ remote_request_id: _r, ...rest }) => rest)(P_PARAMS), ["remote_request_id"]],
+    ["an empty request id", { ...P_PARAMS, remote_request_id: "" }, ["remote_request_id"]],
+    ["a null request id", { ...P_PARAMS, remote_request_id: null }, ["remote_request_id"]],
     ["not an object", [1, 2], []],
     ["a string", "params", []]
   ])("decode side refuses %s", (_name, params, missing) => {
@@ -130,6 +131,12 @@ describe("vLLM handoff parameters", () => {
     expect(e.missing).toStrictEqual(missing)
     for (const m of missing) expect(e.message).toContain(m)
     expect(handoffStatus).toBe(Status.FAILED_PRECONDITION)
+  })
+
+  it("accepts params without remote_request_id (vLLM before PR #29665 neither sends nor reads it)", () => {
+    const older = (({ remote_request_id: _r, ...rest }) => rest)(P_PARAMS)
+    expect(success(validateKvTransferParams(older))).toStrictEqual(older)
+    expect(success(extractKvTransferParams({ choices: [], kv_transfer_params: older }))).toStrictEqual(older)
   })
 
   it("accepts block lists per KV-cache group", () => {

@@ -3,80 +3,10 @@
 // SGLang both legs at once with the same bootstrap room). Failure cases: expired blocks, prefill engine
 // down, missing or invalid handoff, a leg past [agent].handoff_timeout (the engine request is aborted).
 // Also a burst above max_inflight + max_queue through the real server: exact OK / RESOURCE_EXHAUSTED counts.
-import { Layer, ManagedRuntime } from "effect"
-import { type Channel, ClientError, createChannel, createClient, type Metadata, Status } from "nice-grpc"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import {
-  type AgentClient,
-  AgentDefinition,
-  type GenerateFinal,
-  type GenerateRequest
-} from "../src/gen/cgn/agent/v1/agent.ts"
-import { layer as admissionLayer } from "../src/layers/Admission.ts"
-import { layerWith as grpcLayerWith } from "../src/layers/GrpcServer.ts"
-import { GrpcServer } from "../src/services/GrpcServer.ts"
-import { agentDeps } from "./support/agentDeps.ts"
+import { type Agent, collect, startAgent } from "./support/grpcAgent.ts"
 import { freePort } from "./support/ports.ts"
 import { getJson, pollUntil, type SimHandle, startSim } from "./support/sim.ts"
-
-interface Agent {
-  readonly client: AgentClient
-  close(): Promise<void>
-}
-
-const startAgent = async (
-  engineUrl: string,
-  kind: "vllm" | "sglang",
-  agent: Record<string, unknown>
-): Promise<Agent> => {
-  const { config, deps: base } = agentDeps(engineUrl, {
-    kind,
-    agent: { node_id: `node-${String(agent.role)}`, ...agent },
-    engine: { kv_offload: agent.role === "both" ? "none" : "nixl" }
-  })
-  const deps = Layer.mergeAll(base, admissionLayer.pipe(Layer.provide(config)))
-  const rt = ManagedRuntime.make(
-    grpcLayerWith({ address: "127.0.0.1:0", shutdownGraceMs: 500 }).pipe(Layer.provideMerge(deps))
-  )
-  const server = await rt.runPromise(GrpcServer)
-  const channel: Channel = createChannel(server.address)
-  return {
-    client: createClient(AgentDefinition, channel),
-    close: async () => {
-      channel.close()
-      await rt.dispose()
-    }
-  }
-}
-
-interface Collected {
-  readonly text: string
-  readonly deltas: number
-  readonly final: GenerateFinal | undefined
-  readonly status: string
-  readonly details: string
-  readonly trailer: Metadata | undefined
-}
-
-const collect = async (client: AgentClient, req: Partial<GenerateRequest>): Promise<Collected> => {
-  let text = ""
-  let deltas = 0
-  let final: GenerateFinal | undefined
-  let trailer: Metadata | undefined
-  try {
-    for await (const r of client.generate(req, { onTrailer: (t) => (trailer = t) })) {
-      if (r.delta !== undefined) {
-        text += r.delta.text
-        deltas++
-      }
-      if (r.final !== undefined) final = r.final
-    }
-    return { text, deltas, final, status: "OK", details: "", trailer }
-  } catch (e) {
-    if (!(e instanceof ClientError)) throw e
-    return { text, deltas, final, status: Status[e.code] ?? String(e.code), details: e.details, trailer }
-  }
-}
 
 const simState = async (sim: SimHandle) => (await getJson(`${sim.url}/sim/state`)).json as Record<string, number>
 
@@ -166,7 +96,7 @@ describe("vLLM prefill -> decode between two agents", () => {
     })
     expect([invalid.status, invalid.details]).toEqual([
       "FAILED_PRECONDITION",
-      expect.stringMatching(/missing or empty remote_block_ids, remote_engine_id, remote_request_id, remote_port/)
+      expect.stringMatching(/missing or empty remote_block_ids, remote_engine_id, remote_port/)
     ])
     expect(invalid.trailer?.get("cgn-error-source")).toBe("agent")
     expect((await simState(d)).served).toBe(served)
@@ -179,10 +109,59 @@ describe("vLLM prefill -> decode between two agents", () => {
   })
 })
 
+describe("vLLM prefill -> decode with an older NixlConnector (before vLLM PR #29665: no remote_request_id)", () => {
+  let p: SimHandle
+  let d: SimHandle
+  let pAgent: Agent
+  let dAgent: Agent
+  const kvCfg = JSON.stringify({ kv_connector: "NixlConnector", kv_role: "kv_both", kv_load_failure_policy: "fail" })
+  const prompt = "alpha beta gamma delta epsilon"
+
+  beforeAll(async () => {
+    const [pSide, dSide] = [await freePort(), await freePort()]
+    const sim = (side: number) =>
+      startSim({
+        args: ["serve", "m", "--kv-transfer-config", kvCfg, "--sim-mode", "echo", "--sim-nixl-legacy"],
+        env: { VLLM_NIXL_SIDE_CHANNEL_HOST: "127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT: String(side) }
+      })
+    ;[p, d] = await Promise.all([sim(pSide), sim(dSide)])
+    ;[pAgent, dAgent] = await Promise.all([
+      startAgent(p.url, "vllm", { role: "prefill" }),
+      startAgent(d.url, "vllm", { role: "decode" })
+    ])
+  })
+  afterAll(async () => {
+    await Promise.all([pAgent?.close(), dAgent?.close()])
+    await Promise.all([p?.stop(), d?.stop()])
+  })
+
+  it("hands off without remote_request_id: D pulls under the shared request id", async () => {
+    const before = await simState(p)
+    const sampling = { maxTokens: 4, stop: [] }
+    const pr = await collect(pAgent.client, { requestId: "legacy-1", prompt, sampling })
+    expect([pr.status, pr.details]).toEqual(["OK", ""])
+    expect(pr.final?.kvTransferParams).toMatchObject({
+      remote_engine_id: expect.any(String),
+      remote_port: expect.any(Number)
+    })
+    expect(pr.final?.kvTransferParams).not.toHaveProperty("remote_request_id")
+    const dr = await collect(dAgent.client, {
+      requestId: "legacy-1",
+      prompt,
+      sampling,
+      kvTransferParams: pr.final?.kvTransferParams
+    })
+    expect([dr.status, dr.text]).toEqual(["OK", "alpha beta gamma delta"])
+    expect(await simState(p)).toMatchObject({ kvHeld: before.kvHeld, kvFetched: before.kvFetched! + 1 })
+    expect((await simState(d)).localPrefills).toBe(0)
+  })
+})
+
 describe("SGLang prefill + decode with a bootstrap room", () => {
   let p: SimHandle
   let d: SimHandle
   let pAgent: Agent
+  let pAgentShort: Agent
   let dAgent: Agent
   let dAgentShort: Agent
   let bootPort: number
@@ -209,14 +188,15 @@ describe("SGLang prefill + decode with a bootstrap room", () => {
       sim("decode", [])
     ])
     await Promise.all([p, d].map((s) => s.waitForLine((l) => l.includes('"model loaded"'))))
-    ;[pAgent, dAgent, dAgentShort] = await Promise.all([
+    ;[pAgent, pAgentShort, dAgent, dAgentShort] = await Promise.all([
       startAgent(p.url, "sglang", { role: "prefill" }),
+      startAgent(p.url, "sglang", { role: "prefill", handoff_timeout: "500ms" }),
       startAgent(d.url, "sglang", { role: "decode" }),
       startAgent(d.url, "sglang", { role: "decode", handoff_timeout: "300ms" })
     ])
   })
   afterAll(async () => {
-    await Promise.all([pAgent?.close(), dAgent?.close(), dAgentShort?.close()])
+    await Promise.all([pAgent?.close(), pAgentShort?.close(), dAgent?.close(), dAgentShort?.close()])
     await Promise.all([p?.stop(), d?.stop()])
   })
 
@@ -243,6 +223,20 @@ describe("SGLang prefill + decode with a bootstrap room", () => {
       bootstrap: { host: "127.0.0.1", port: bootPort, room: "18446744073709551615" }
     })
     expect([bad.status, bad.details]).toEqual(["FAILED_PRECONDITION", expect.stringMatching(/bootstrap\.room/)])
+  })
+
+  it("a prefill leg sent alone does not complete (SGLang holds it until the decode connects): DEADLINE_EXCEEDED", async () => {
+    const before = await simState(p)
+    const r = await collect(pAgentShort.client, {
+      prompt,
+      bootstrap: { host: "127.0.0.1", port: bootPort, room: "4343" }
+    })
+    expect([r.status, r.details]).toEqual(["DEADLINE_EXCEEDED", expect.stringMatching(/prefill leg did not finish/)])
+    const after = await pollUntil(async () => {
+      const s = await simState(p)
+      return s.aborted! > before.aborted! ? s : undefined
+    }, 10_000)
+    expect([after.aborted, after.served]).toEqual([before.aborted! + 1, before.served])
   })
 
   it("a decode leg whose prefill never comes ends at handoff_timeout and the engine request is aborted", async () => {

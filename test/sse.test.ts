@@ -1,7 +1,9 @@
 // The incremental SSE parser: table tests of the framing rules, then a seeded property test that any split
 // of a random event stream (bytes or text, LF/CR/CRLF endings, comments, multi-line data) gives the same events.
-import { describe, expect, it } from "vitest"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { makeSseParser, parseSse, type SseEvent } from "../src/services/Sse.ts"
+import { type Agent, collect, startAgent } from "./support/grpcAgent.ts"
+import { postJson, type SimHandle, startSim } from "./support/sim.ts"
 
 const feedAll = (pieces: ReadonlyArray<Uint8Array | string>): Array<SseEvent> => {
   const p = makeSseParser()
@@ -37,7 +39,15 @@ describe("SSE framing", () => {
     ["last event without blank line is kept at end", "data: a\n\ndata: [DONE]", [{ data: "a" }, { data: "[DONE]" }]],
     ["leading BOM dropped", "\uFEFFdata: a\n\n", [{ data: "a" }]],
     ["blank lines alone dispatch nothing", "\n\n\n", []],
-    ["colon inside data kept", 'data: {"k":"v: w"}\n\n', [{ data: '{"k":"v: w"}' }]]
+    ["colon inside data kept", 'data: {"k":"v: w"}\n\n', [{ data: '{"k":"v: w"}' }]],
+    // Older llama.cpp: `error: {...}` then `data: [DONE]`. Dropping the field would leave only [DONE].
+    [
+      "an error field line is kept (older llama.cpp)",
+      'error: {"code":500,"message":"boom","type":"server_error"}\n\ndata: [DONE]\n\n',
+      [{ data: "", error: '{"code":500,"message":"boom","type":"server_error"}' }, { data: "[DONE]" }]
+    ],
+    ["an error field beside data", "data: a\nerror: e\n\n", [{ data: "a", error: "e" }]],
+    ["event: error is dispatched like any event", "event: error\ndata: x\n\n", [{ data: "x", event: "error" }]]
   ]
   for (const [name, input, expected] of cases) {
     it(name, () => {
@@ -147,5 +157,34 @@ describe("SSE property: any split gives the same events", () => {
       }
     }
     expect(checked).toBe(2500)
+  })
+})
+
+// Through the agent: a llama.cpp simulator fails a stream in the current form (`data: {"error":...}`, no
+// [DONE]) and in the older one (`error: {...}` then `data: [DONE]`); either ends Generate with an error status
+// carrying the engine's message, never as a short successful answer.
+describe("SSE error events end Generate with an error status", () => {
+  let sim: SimHandle
+  let agent: Agent
+  beforeAll(async () => {
+    sim = await startSim({ args: ["-m", "/models/tiny.gguf", "-np", "2", "--sim-mode", "echo"] })
+    agent = await startAgent(sim.url, "llama_cpp", { role: "both" })
+  })
+  afterAll(async () => {
+    await agent?.close()
+    await sim?.stop()
+  })
+
+  it.each(["sse_error_field", "midstream"])("llama.cpp %s", async (errorKind) => {
+    expect((await postJson(`${sim.url}/sim/faults`, { errorRate: 1, errorKind })).status).toBe(200)
+    try {
+      const r = await collect(agent.client, { prompt: "one two three four", sampling: { maxTokens: 8, stop: [] } })
+      expect(r.status).not.toBe("OK")
+      expect(r.final).toBeUndefined()
+      expect(r.details).toContain("simulated mid-stream engine failure")
+      expect(r.trailer?.get("cgn-engine-reason")).toBe("Stream")
+    } finally {
+      await postJson(`${sim.url}/sim/faults`, { errorRate: 0 })
+    }
   })
 })

@@ -291,6 +291,11 @@ const engineProblems = (c: ConfigFile): Array<string> => {
   if (!caps.spawns && Object.keys(c.engine.env).length > 0) {
     problems.push(`engine.env: ${kind} proxies engine.url and starts nothing; remove engine.env`)
   }
+  for (const k of ["kvbm_cpu_cache_gb", "kvbm_disk_cache_gb"] as const) {
+    if (c.engine[k] !== undefined && c.engine.kv_offload !== "kvbm") {
+      problems.push(`engine.${k}: sizes a KVBM cache tier, used only with engine.kv_offload = "kvbm"; remove it`)
+    }
+  }
   return problems
 }
 

@@ -146,7 +146,7 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
     let failures = 0
     for (;;) {
       yield* Effect.sleep(settings.livenessIntervalMs)
-      const r = yield* probeOnce(plan.probe, Math.min(settings.livenessIntervalMs, 5_000))
+      const r = yield* probeOnce(plan.liveness ?? plan.probe, Math.min(settings.livenessIntervalMs, 5_000))
       const step = livenessStep(failures, r.ok, settings.livenessFailures)
       if (!r.ok)
         yield* Effect.logWarning(`liveness probe failed (${step.failures}/${settings.livenessFailures}): ${r.reason}`)

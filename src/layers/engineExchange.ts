@@ -7,8 +7,8 @@
 import { Effect } from "effect"
 import type { Dispatcher } from "undici"
 import { type ChunkSink, EngineError, type JsonObject } from "../services/EngineClient.ts"
-import { httpError, isErrorChunk, streamError } from "../services/EngineErrors.ts"
-import { makeSseParser } from "../services/Sse.ts"
+import { httpError, isErrorChunk, sseErrorEvent, streamError } from "../services/EngineErrors.ts"
+import { makeSseParser, type SseEvent } from "../services/Sse.ts"
 // Parsed objects a `stream` buffers before the socket is paused: the consumer is slower than the engine.
 export const HIGH_WATER_OBJECTS = 1024
 // After [DONE] the engine normally ends the body at once; keep the connection for reuse if it does.
@@ -168,12 +168,18 @@ export class StreamExchange implements Dispatcher.DispatchHandler {
   }
 
   /** Parses and hands over one read's events; false when the sink asked for a pause. */
-  private deliver(events: ReadonlyArray<{ readonly data: string }>): boolean {
+  private deliver(events: ReadonlyArray<SseEvent>): boolean {
     if (events.length === 0) return true
     const out: Array<JsonObject> = []
     let failure: EngineError | undefined
     for (let i = 0; i < events.length; i++) {
-      const data = events[i]!.data
+      const ev = events[i]!
+      // An error event in any form ends the call as a failure, even if `data: [DONE]` follows (older llama.cpp).
+      if (ev.error !== undefined || ev.event === "error") {
+        failure = sseErrorEvent(ev.error ?? ev.data)
+        break
+      }
+      const data = ev.data
       if (data === "[DONE]") {
         this.sawDone = true
         break

@@ -137,7 +137,16 @@ export const EngineSection = Schema.Struct({
   liveness_failures: withDefault(PositiveInt, 3),
   side_channel_host: Schema.optionalKey(Schema.NonEmptyString),
   side_channel_port: withDefault(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 65535 })), 5600),
-  bootstrap_port: withDefault(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 65535 })), 8998)
+  bootstrap_port: withDefault(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 65535 })), 8998),
+  kvbm_cpu_cache_gb: Schema.optionalKey(Schema.Number.check(Schema.isGreaterThan(0))),
+  kvbm_disk_cache_gb: Schema.optionalKey(Schema.Number.check(Schema.isGreaterThan(0))),
+  liveness_path: Schema.optionalKey(
+    Schema.String.check(
+      Schema.makeFilter((s) =>
+        /^\/[^\s?#]*$/.test(s) ? undefined : `expected a path on the engine such as "/health_generate", got "${s}"`
+      )
+    )
+  )
 })
 
 export const ModelSection = Schema.Struct({
@@ -152,13 +161,16 @@ export const ModelSection = Schema.Struct({
   args: withDefault(Schema.Array(Schema.String), [])
 })
 
+/** `[kv].block_size` when the file does not set it. */
+export const DEFAULT_KV_BLOCK_SIZE = 16
+
 export const KvSection = Schema.Struct({
   uds: Schema.optionalKey(Schema.NonEmptyString),
   events: withDefault(Schema.Boolean, false),
   events_endpoint: withDefault(Schema.NonEmptyString, "tcp://127.0.0.1:5557"),
   replay_endpoint: Schema.optionalKey(Schema.NonEmptyString),
   topic: withDefault(Schema.String, "kv-events"),
-  block_size: withDefault(PositiveInt, 16)
+  block_size: withDefault(PositiveInt, DEFAULT_KV_BLOCK_SIZE)
 })
 
 const section = <S extends Schema.Top>(schema: S) => withDefault(schema, {} as S["Encoded"])

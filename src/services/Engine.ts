@@ -67,6 +67,8 @@ export interface LaunchPlan {
   readonly host: string
   readonly port: number
   readonly probe: ReadinessProbe
+  /** What a ready engine is polled with (`[engine].liveness_path`, else the engine's choice); absent: `probe`. */
+  readonly liveness?: ReadinessProbe | undefined
   /** Prometheus endpoint and series names; undefined when the engine has none (mlx, openai_compat). */
   readonly metrics: { readonly url: string; readonly names: MetricNames } | undefined
   readonly kvEvents: KvEventsEndpoint | undefined

@@ -1,8 +1,10 @@
 /**
  * EngineErrors: every engine's error body, read into one EngineError. Pure, no I/O.
  * Knows the shapes: vLLM >= 0.10.1 nested `{"error":{message,type,param,code}}`, older vLLM and SGLang
- * flat `{"object":"error",message,type,param,code}`, llama.cpp `{"error":{code,message,type}}`,
- * mlx-lm `{"error":"..."}`, FastAPI `{"detail":...}`, and bodies that are not JSON at all.
+ * flat `{"object":"error",message,type,param,code}` (vllm/entrypoints/openai/protocol.py ErrorResponse,
+ * python/sglang/srt/entrypoints/openai/protocol.py), llama.cpp `{"error":{code,message,type}}`
+ * (tools/server/utils.hpp format_error_response), mlx-lm `{"error":"..."}` (mlx_lm/server.py), FastAPI
+ * `{"detail":...}`, and bodies that are not JSON at all.
  */
 import { EngineError } from "./EngineClient.ts"
 
@@ -100,5 +102,23 @@ export const httpError = (status: number, body: string): EngineError => {
 /** A mid-stream error object (`data: {"error":...}`); status is the object's numeric code, if any. */
 export const streamError = (obj: unknown): EngineError => {
   const d = errorDetailOf(obj) ?? { message: "engine sent an error object" }
+  return new EngineError({ reason: "Stream", message: d.message, ...codeFields(d, undefined) })
+}
+
+/**
+ * An SSE error event: an `error:` field line (older llama.cpp: the flat `{"code","message","type"}` of
+ * tools/server/utils.hpp `format_error_response`, or a wrapped `{"error":{...}}`) or an `event: error` whose
+ * data is the error. JSON in any known shape, else the text itself.
+ */
+export const sseErrorEvent = (text: string): EngineError => {
+  let d: ErrorDetail | undefined
+  try {
+    const v: unknown = JSON.parse(text)
+    d = errorDetailOf(v)
+    if (d === undefined && isRecord(v) && str(v.message) !== undefined) d = detail(str(v.message)!, v.type, v.code)
+  } catch {
+    // not JSON: the text is the message
+  }
+  d ??= errorDetailOfBody(text, undefined)
   return new EngineError({ reason: "Stream", message: d.message, ...codeFields(d, undefined) })
 }

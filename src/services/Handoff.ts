@@ -2,7 +2,10 @@
  * Handoff: the pure part of disaggregated prefill/decode. Turns an OpenAI request body into the body of a
  * prefill or decode leg (vLLM/NIXL after the toy proxy's rules; SGLang's bootstrap fields), takes the
  * handoff parameters from a vLLM prefill response and checks them where the connector would silently fall
- * back to local prefill. No I/O; the gRPC layer sends the bodies. Facts: shared/reference/engines.md §3.
+ * back to local prefill. No I/O; the gRPC layer sends the bodies. Upstream: vLLM's toy proxy
+ * (examples/online_serving/disaggregated_serving/disagg_proxy_demo.py) and NixlConnector
+ * (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py); SGLang's bootstrap fields
+ * (python/sglang/srt/entrypoints/openai/protocol.py: bootstrap_host, bootstrap_port, bootstrap_room).
  */
 import { Result, Schema } from "effect"
 import { Status } from "nice-grpc-common"
@@ -50,14 +53,13 @@ export const vllmPrefillBody = (body: JsonObject): JsonObject => {
   }
 }
 
-/** Fields D needs to pull; without any of them vLLM logs "Got invalid KVTransferParams" and recomputes. */
-export const VLLM_REQUIRED_FIELDS = [
-  "remote_block_ids",
-  "remote_engine_id",
-  "remote_request_id",
-  "remote_host",
-  "remote_port"
-] as const
+/**
+ * Fields D needs to pull; without any of them vLLM logs "Got invalid KVTransferParams" and recomputes.
+ * `remote_request_id` is not among them: it exists only since vLLM PR #29665 (Nov 2025); an older
+ * NixlConnector neither sends nor reads it (D notifies P under its own request id, the same X-Request-Id
+ * on both legs), so requiring it would refuse every hand-off from an older prefill engine.
+ */
+export const VLLM_REQUIRED_FIELDS = ["remote_block_ids", "remote_engine_id", "remote_host", "remote_port"] as const
 
 const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v)
 
@@ -74,9 +76,11 @@ export const validateKvTransferParams = (params: unknown): Result.Result<JsonObj
       new InvalidHandoff({ reason: "kv_transfer_params must be the object the prefill leg returned", missing: [] })
     )
   }
-  const missing = VLLM_REQUIRED_FIELDS.filter((f) =>
+  const missing: Array<string> = VLLM_REQUIRED_FIELDS.filter((f) =>
     f === "remote_block_ids" ? !hasBlocks(params[f]) : !present(params[f])
   )
+  // Optional, but a newer engine that sends it sends a real id: an empty one is a broken hand-off.
+  if ("remote_request_id" in params && !present(params.remote_request_id)) missing.push("remote_request_id")
   if (missing.length > 0) return Result.fail(new InvalidHandoff({ reason: "invalid kv_transfer_params", missing }))
   return Result.succeed(params)
 }

@@ -3,13 +3,21 @@
  * Owns framing only: bytes or text in, complete events out, whatever the split of the byte stream
  * (partial lines, CR, LF or CRLF endings, several events per chunk, `:` comments, multi-line data).
  * What an event's data means (`[DONE]`, JSON, error objects) is left to the caller.
+ * One departure from the spec: an `error:` field is kept (see SseEvent.error), not dropped as unknown.
  */
 
-/** One dispatched event. `event` and `id` are set only when the stream named them. */
+/** One dispatched event. `event`, `id` and `error` are set only when the stream named them. */
 export interface SseEvent {
   readonly data: string
   readonly event?: string
   readonly id?: string
+  /**
+   * The value of an `error:` field line. Not an SSE field, but older llama.cpp servers reported a failed
+   * stream with `error: {...}` followed by `data: [DONE]` (tools/server/server.cpp, `server_sent_event(sink,
+   * "error", ...)`); dropping it, as the spec says to, would turn the failure into a short, successful answer.
+   * An event with only this field is dispatched with `data` "".
+   */
+  readonly error?: string
 }
 
 /** An incremental parser; keep one per response body. */
@@ -38,16 +46,19 @@ export const makeSseParser = (): SseParser => {
   let data: string | undefined
   let eventType: string | undefined
   let lastId: string | undefined
+  let errorField: string | undefined
 
   const dispatch = (out: Array<SseEvent>): void => {
-    if (data !== undefined) {
-      const ev: { data: string; event?: string; id?: string } = { data }
+    if (data !== undefined || errorField !== undefined) {
+      const ev: { data: string; event?: string; id?: string; error?: string } = { data: data ?? "" }
       if (eventType !== undefined) ev.event = eventType
       if (lastId !== undefined) ev.id = lastId
+      if (errorField !== undefined) ev.error = errorField
       out.push(ev)
     }
     data = undefined
     eventType = undefined
+    errorField = undefined
   }
 
   const line = (text: string, start: number, end: number, out: Array<SseEvent>): void => {
@@ -82,6 +93,9 @@ export const makeSseParser = (): SseParser => {
         return
       case "id":
         if (!value.includes("\u0000")) lastId = value
+        return
+      case "error":
+        errorField = errorField === undefined ? value : `${errorField}\n${value}`
         return
       default:
         // `retry` and unknown fields carry nothing the agent uses.

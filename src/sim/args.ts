@@ -3,7 +3,8 @@
 // picks the flavor from --flavor or the first words. Flags it does not model are collected for one log line.
 export type Flavor = "vllm" | "sglang" | "llama_cpp" | "mlx"
 export type SimMode = "echo" | "random"
-export type ErrorKind = "http400" | "http404" | "http429" | "http500" | "midstream" | "reset"
+/** `sse_error_field`: older llama.cpp's `error: {...}` line then `data: [DONE]` (other flavors: as midstream). */
+export type ErrorKind = "http400" | "http404" | "http429" | "http500" | "midstream" | "sse_error_field" | "reset"
 
 export interface SimConfig {
   readonly flavor: Flavor
@@ -42,6 +43,8 @@ export interface SimConfig {
   readonly kvSkipSeq: number | undefined
   readonly hangHealth: boolean
   readonly kvLegacyArrays: boolean
+  /** vLLM before PR #29665: P sends no remote_request_id, D pulls under its own request id. */
+  readonly nixlLegacy: boolean
   readonly kvLeaseMs: number | undefined
   readonly bootstrapTimeoutMs: number | undefined
   /** Flags seen on the line that the simulator accepts but does not model. */
@@ -49,6 +52,28 @@ export interface SimConfig {
 }
 
 export class ArgsError extends Error {}
+
+const KVBM_TIERS = [
+  "DYN_KVBM_CPU_CACHE_GB",
+  "DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS",
+  "DYN_KVBM_DISK_CACHE_GB",
+  "DYN_KVBM_DISK_CACHE_OVERRIDE_NUM_BLOCKS"
+]
+
+/**
+ * Dynamo's KVBM leader refuses to start without a CPU or disk cache tier ("KVBM Configuration Error: At least
+ * one cache tier must be configured", ai-dynamo/dynamo KVBM leader), so vLLM with the DynamoConnector dies.
+ */
+const checkKvbmTiers = (env: Record<string, string | undefined>): void => {
+  const sized = KVBM_TIERS.some((k) => {
+    const n = Number(env[k] ?? "")
+    return Number.isFinite(n) && n > 0
+  })
+  if (!sized)
+    throw new ArgsError(
+      `KVBM Configuration Error: At least one cache tier must be configured (${KVBM_TIERS.join(", ")})`
+    )
+}
 
 /** `0ms`, `50ms`, `2s`, `1.5s`, `1m`, `250` (ms). */
 export const parseDuration = (text: string): number => {
@@ -60,7 +85,15 @@ export const parseDuration = (text: string): number => {
 }
 
 const FLAVORS: ReadonlyArray<Flavor> = ["vllm", "sglang", "llama_cpp", "mlx"]
-const ERROR_KINDS: ReadonlyArray<ErrorKind> = ["http400", "http404", "http429", "http500", "midstream", "reset"]
+const ERROR_KINDS: ReadonlyArray<ErrorKind> = [
+  "http400",
+  "http404",
+  "http429",
+  "http500",
+  "midstream",
+  "sse_error_field",
+  "reset"
+]
 
 /** Flags that take no value, per flavor family (anything else consumes the next word unless it is a flag). */
 const BOOLEAN_FLAGS = new Set([
@@ -68,6 +101,7 @@ const BOOLEAN_FLAGS = new Set([
   "--sim-fork-grandchild",
   "--sim-hang-health",
   "--sim-kv-legacy-arrays",
+  "--sim-nixl-legacy",
   "--enable-metrics",
   "--metrics",
   "--enforce-eager",
@@ -83,6 +117,7 @@ const BOOLEAN_FLAGS = new Set([
   "--enable-server-load-tracking",
   "--enable-metrics-for-all-schedulers",
   "--disaggregation-decode-enable-offload-kvcache",
+  "--disaggregation-decode-enable-radix-cache",
   "--no-slots",
   "--slots",
   "-fa",
@@ -268,6 +303,7 @@ const MODELLED: Record<Flavor, ReadonlyArray<string>> = {
     "--disaggregation-bootstrap-port",
     "--kv-events-config",
     "--enable-hierarchical-cache",
+    "--disaggregation-decode-enable-radix-cache",
     "--page-size",
     "--max-running-requests"
   ],
@@ -318,7 +354,10 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     maxModelLen = num(v("--max-model-len"), "--max-model-len")
     tensorParallel = num(first("--tensor-parallel-size", "-tp"), "--tensor-parallel-size") ?? 1
     defaultMaxSeqs = num(v("--max-num-seqs"), "--max-num-seqs") ?? 256
-    blockSize = num(v("--block-size"), "--block-size") ?? 16
+    // Without --block-size vLLM takes the platform's/model's choice (vllm/config/cache.py; 16 on CUDA,
+    // larger for some attention backends): --sim-platform-block-size stands for that choice.
+    blockSize =
+      num(v("--block-size"), "--block-size") ?? num(v("--sim-platform-block-size"), "--sim-platform-block-size") ?? 16
   } else if (flavor === "sglang") {
     model = first("--model-path", "--model") ?? "default"
     servedName = v("--served-model-name") ?? model
@@ -351,7 +390,22 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
   const errorKind = v("--sim-error-kind") ?? "http500"
   if (!ERROR_KINDS.includes(errorKind as ErrorKind)) throw new ArgsError(`--sim-error-kind: ${errorKind}`)
   const disagg = v("--disaggregation-mode")
-  const envTimeout = env.SGLANG_DISAGGREGATION_WAITING_TIMEOUT
+  // SGLang's decode server forces disable_radix_cache unless told otherwise, and then refuses the hierarchical
+  // cache (python/sglang/srt/server_args.py).
+  if (
+    flavor === "sglang" &&
+    disagg === "decode" &&
+    p.flags.has("--enable-hierarchical-cache") &&
+    !p.flags.has("--disaggregation-decode-enable-radix-cache")
+  )
+    throw new ArgsError(
+      "The arguments enable-hierarchical-cache and disable-radix-cache are mutually exclusive and cannot be used at the same time. Please use only one of them."
+    )
+  const kvTransferConfig = flavor === "vllm" ? parseJsonFlag(p, "--kv-transfer-config") : undefined
+  if (kvTransferConfig?.kv_connector === "DynamoConnector") checkKvbmTiers(env)
+  // Prefill: how long a request may wait for its decode side to connect; decode: for the KV to arrive.
+  const envTimeout =
+    disagg === "prefill" ? env.SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT : env.SGLANG_DISAGGREGATION_WAITING_TIMEOUT
   const bootstrapTimeoutMs =
     dur("--sim-bootstrap-timeout") ?? (envTimeout !== undefined ? Number(envTimeout) * 1000 : undefined)
 
@@ -364,7 +418,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     maxModelLen,
     tensorParallel,
     enableMetrics,
-    kvTransferConfig: flavor === "vllm" ? parseJsonFlag(p, "--kv-transfer-config") : undefined,
+    kvTransferConfig,
     kvEventsConfig: flavor === "vllm" || flavor === "sglang" ? parseJsonFlag(p, "--kv-events-config") : undefined,
     disaggregationMode: disagg === "prefill" || disagg === "decode" ? disagg : undefined,
     bootstrapPort: num(v("--disaggregation-bootstrap-port"), "--disaggregation-bootstrap-port") ?? 8998,
@@ -389,6 +443,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     kvSkipSeq: num(v("--sim-kv-skip-seq"), "--sim-kv-skip-seq"),
     hangHealth: p.flags.has("--sim-hang-health"),
     kvLegacyArrays: p.flags.has("--sim-kv-legacy-arrays"),
+    nixlLegacy: p.flags.has("--sim-nixl-legacy"),
     kvLeaseMs: dur("--sim-kv-lease"),
     bootstrapTimeoutMs,
     unmodelled

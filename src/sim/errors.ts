@@ -1,4 +1,6 @@
-// Error bodies of each engine flavor (pure), as engines.md §7 records them:
+// Error bodies of each engine flavor (pure), as the engines' sources write them (vLLM
+// vllm/entrypoints/openai/protocol.py ErrorResponse, SGLang python/sglang/srt/entrypoints/openai/protocol.py,
+// llama.cpp tools/server/utils.hpp format_error_response, mlx-lm mlx_lm/server.py):
 // vLLM nested {"error":{message,type,param,code}}, SGLang flat {"object":"error",...},
 // llama.cpp {"error":{code,message,type}}, mlx {"error":"..."}.
 import type { Flavor } from "./args.ts"
@@ -33,6 +35,9 @@ export const errorBody = (flavor: Flavor, status: number, message: string, param
       return { error: message }
   }
 }
+
+/** What older llama.cpp put on its `error:` SSE line: format_error_response's flat object. */
+export const LLAMA_ERROR_FIELD = (message: string) => ({ code: 500, message, type: "server_error" })
 
 /** llama.cpp's answer to everything while the model loads. */
 export const LLAMA_LOADING = { error: { code: 503, message: "Loading model", type: "unavailable_error" } }

@@ -15,7 +15,7 @@ export const initialFaults = (cfg: SimConfig): Faults => ({
   hangHealth: cfg.hangHealth
 })
 
-const KINDS = new Set(["http400", "http404", "http429", "http500", "midstream", "reset"])
+const KINDS = new Set(["http400", "http404", "http429", "http500", "midstream", "sse_error_field", "reset"])
 
 /** Applies a /sim/faults body; returns an error text for a malformed field, and whether to crash now. */
 export const applyFaults = (faults: Faults, body: unknown): { error?: string; crashNow: boolean } => {

@@ -5,7 +5,7 @@
 import type * as http from "node:http"
 import { DONE, fullBody, sse, streamTemplate } from "./chunks.ts"
 import { hasPdConnector, type SimContext, sendError } from "./context.ts"
-import { errorBody } from "./errors.ts"
+import { errorBody, LLAMA_ERROR_FIELD } from "./errors.ts"
 import { fetchBlocks, waitForRoom } from "./pd.ts"
 import type { GenRequest } from "./request.ts"
 import { plan, prng, tokenId } from "./tokens.ts"
@@ -22,7 +22,7 @@ export const generate = async (
   id: string,
   req: http.IncomingMessage,
   res: http.ServerResponse,
-  inject: "midstream" | "reset" | undefined
+  inject: "midstream" | "sse_error_field" | "reset" | undefined
 ): Promise<void> => {
   const { cfg, stats, kv } = ctx
   const t0 = performance.now()
@@ -67,16 +67,37 @@ export const generate = async (
     }
   }
 
+  // SGLang prefill: held in the bootstrap queue until the decode side has connected for the room.
+  if (cfg.flavor === "sglang" && cfg.disaggregationMode === "prefill" && gr.bootstrap !== undefined) {
+    const room = gr.bootstrap.room
+    const timeoutMs = cfg.bootstrapTimeoutMs ?? 300_000
+    const connected = await (ctx.bootstrap?.waitForDecode(room, timeoutMs, abort.signal) ?? Promise.resolve(false))
+    if (gone()) return
+    if (!connected) {
+      state = "done"
+      ctx.log("bootstrap timed out", { room })
+      return sendError(
+        ctx,
+        res,
+        500,
+        `Request ${id} timed out after ${timeoutMs / 1000}s in KVPoll.Bootstrapping (bootstrap_room ${room}): no decode server connected`
+      )
+    }
+  }
+
   // vLLM decode leg: pull the blocks the prefill engine holds.
   const kvp = gr.kvTransferParams
   const pd = cfg.flavor === "vllm" && hasPdConnector(cfg)
   if (pd && kvp?.do_remote_prefill === true) {
     const blocks = kvp.remote_block_ids
+    // Before vLLM PR #29665 the connector had no remote_request_id: D notified P under its own request id
+    // (the proxy sends one X-Request-Id on both legs). Since then D reads the id P returned.
+    const remoteId = cfg.nixlLegacy ? id : kvp.remote_request_id
     const complete =
       Array.isArray(blocks) &&
       blocks.flat().length > 0 &&
       typeof kvp.remote_engine_id === "string" &&
-      typeof kvp.remote_request_id === "string" &&
+      typeof remoteId === "string" &&
       typeof kvp.remote_host === "string" &&
       kvp.remote_port !== undefined &&
       kvp.remote_port !== null
@@ -88,7 +109,7 @@ export const generate = async (
         String(kvp.remote_host),
         Number(kvp.remote_port),
         String(kvp.remote_engine_id),
-        String(kvp.remote_request_id),
+        String(remoteId),
         blocks
       )
       if (gone()) return
@@ -97,7 +118,7 @@ export const generate = async (
         const policy = cfg.kvTransferConfig?.kv_load_failure_policy ?? "recompute"
         ctx.log("KV load failed", {
           request_id: id,
-          remote_request_id: kvp.remote_request_id,
+          remote_request_id: remoteId,
           reason: r.reason,
           policy
         })
@@ -193,7 +214,7 @@ export const generate = async (
         do_remote_decode: false,
         remote_block_ids: [admission.blockIds],
         remote_engine_id: ctx.engineId,
-        remote_request_id: id,
+        ...(cfg.nixlLegacy ? {} : { remote_request_id: id }),
         remote_host: ctx.sideChannelHost,
         remote_port: ctx.sideChannelPort,
         tp_size: cfg.tensorParallel
@@ -279,11 +300,16 @@ export const generate = async (
   res.end(json)
 }
 
-/** Mid-stream error (`data: {"error":...}` then `[DONE]`) or a connection reset. */
+/**
+ * Mid-stream error or a connection reset. vLLM and SGLang send `data: {"error":...}` then `data: [DONE]`
+ * (vllm/entrypoints/openai/serving_chat.py, python/sglang/srt/entrypoints/openai/serving_chat.py); current
+ * llama.cpp sends `data: {"error":...}` and closes without [DONE]; older llama.cpp sent an `error: {...}` field
+ * line (the flat code/message/type object) then `data: [DONE]` (tools/server/server.cpp, server_sent_event).
+ */
 const fault = (
   ctx: SimContext,
   res: http.ServerResponse,
-  kind: "midstream" | "reset" | undefined,
+  kind: "midstream" | "sse_error_field" | "reset" | undefined,
   streaming: boolean,
   done: () => void
 ): void => {
@@ -293,9 +319,12 @@ const fault = (
     res.socket?.resetAndDestroy()
     return
   }
-  const body = errorBody(ctx.cfg.flavor, 500, "simulated mid-stream engine failure")
+  const message = "simulated mid-stream engine failure"
+  const body = errorBody(ctx.cfg.flavor, 500, message)
   if (streaming) {
-    res.end(sse(JSON.stringify(body)) + DONE)
+    if (ctx.cfg.flavor !== "llama_cpp") res.end(sse(JSON.stringify(body)) + DONE)
+    else if (kind === "sse_error_field") res.end(`error: ${JSON.stringify(LLAMA_ERROR_FIELD(message))}\n\n${DONE}`)
+    else res.end(sse(JSON.stringify(body)))
     return
   }
   sendError(ctx, res, 500, "simulated engine failure")

@@ -1,8 +1,8 @@
 // Prefill/decode hand-off between two simulators.
 // vLLM (NIXL-like): the prefill engine holds a request's blocks under a lease and serves them on a side
 // channel (HTTP on VLLM_NIXL_SIDE_CHANNEL_HOST:PORT); the decode engine REALLY pulls them by engine id,
-// request id and block ids. SGLang: the prefill engine runs a bootstrap server where a decode engine waits
-// (long poll, bounded) for the prefill of the same bootstrap_room.
+// request id and block ids. SGLang: the prefill engine runs a bootstrap server; a decode engine connects there
+// for its bootstrap_room and waits (long poll, bounded) for the prefill, which does not start before it.
 import * as http from "node:http"
 import { sendJson as json, readBody } from "./http.ts"
 
@@ -119,44 +119,84 @@ export const fetchBlocks = async (
   }
 }
 
-/** SGLang's bootstrap server on the prefill engine: rooms whose prefill is done, and decode waiters. */
-export class Bootstrap {
-  private readonly done = new Map<string, number>()
+/** Rooms that reached a state, with the waiters for each room; bounded, the oldest forgotten first. */
+class Rooms {
+  private readonly reached = new Map<string, number>()
   private readonly waiters = new Map<string, Set<() => void>>()
-  private server: http.Server | undefined
 
-  complete(room: string): void {
-    this.done.set(room, Date.now())
-    if (this.done.size > 10_000) {
-      const first = this.done.keys().next().value
-      if (first !== undefined) this.done.delete(first)
+  has(room: string): boolean {
+    return this.reached.has(room)
+  }
+
+  mark(room: string): void {
+    this.reached.set(room, Date.now())
+    if (this.reached.size > 10_000) {
+      const first = this.reached.keys().next().value
+      if (first !== undefined) this.reached.delete(first)
     }
     for (const w of this.waiters.get(room) ?? []) w()
     this.waiters.delete(room)
   }
 
-  /** GET /room/<room>?wait_ms=N: 200 once the room's prefill is done, 408 after the wait. */
+  /** Resolves true once the room is marked, false after `timeoutMs` or on abort. */
+  wait(room: string, timeoutMs: number, signal?: AbortSignal): Promise<boolean> {
+    if (this.reached.has(room)) return Promise.resolve(true)
+    return new Promise((resolve) => {
+      const set = this.waiters.get(room) ?? new Set()
+      this.waiters.set(room, set)
+      const finish = (ok: boolean) => {
+        clearTimeout(timer)
+        set.delete(waiter)
+        if (set.size === 0 && this.waiters.get(room) === set) this.waiters.delete(room)
+        signal?.removeEventListener("abort", aborted)
+        resolve(ok)
+      }
+      const waiter = () => finish(true)
+      const aborted = () => finish(false)
+      const timer = setTimeout(() => finish(false), Math.max(0, timeoutMs))
+      set.add(waiter)
+      signal?.addEventListener("abort", aborted, { once: true })
+    })
+  }
+}
+
+/**
+ * SGLang's bootstrap server on the prefill engine. The order is SGLang's: a prefill request stays in the
+ * bootstrap queue until the decode side has connected for its room (PrefillBootstrapQueue.pop_bootstrapped
+ * skips senders still in KVPoll.Bootstrapping, python/sglang/srt/disaggregation/prefill.py), and only then is
+ * prefilled and its KV sent; the decode request waits for that transfer. A prefill leg sent alone never
+ * finishes; it fails at the bootstrap timeout.
+ */
+export class Bootstrap {
+  /** Rooms a decode engine has connected for (its handshake with this prefill server). */
+  private readonly connected = new Rooms()
+  /** Rooms whose prefill is done and whose KV has been sent. */
+  private readonly done = new Rooms()
+  private server: http.Server | undefined
+
+  complete(room: string): void {
+    this.done.mark(room)
+  }
+
+  /** Prefill side: wait (bounded) until a decode engine has connected for the room. */
+  waitForDecode(room: string, timeoutMs: number, signal: AbortSignal): Promise<boolean> {
+    return this.connected.wait(room, timeoutMs, signal)
+  }
+
+  /** GET /room/<room>?wait_ms=N: connects the decode side for the room, then 200 once its prefill is done, 408 after the wait. */
   async start(host: string, port: number): Promise<void> {
     this.server = http.createServer((req, res) => {
       const url = new URL(req.url ?? "/", "http://x")
       const m = /^\/room\/(\d+)$/.exec(url.pathname)
       if (m === null) return json(res, 404, { error: "not found" })
       const room = m[1] ?? ""
-      if (this.done.has(room)) return json(res, 200, { room, status: "ready" })
+      if (!this.connected.has(room)) this.connected.mark(room)
       const waitMs = Math.min(Number(url.searchParams.get("wait_ms") ?? "0"), 60_000)
-      const set = this.waiters.get(room) ?? new Set()
-      this.waiters.set(room, set)
-      const finish = (status: number) => {
-        clearTimeout(timer)
-        set.delete(waiter)
-        if (!res.writableEnded) json(res, status, { room, status: status === 200 ? "ready" : "waiting" })
-      }
-      const waiter = () => finish(200)
-      const timer = setTimeout(() => finish(408), waitMs)
-      set.add(waiter)
-      res.on("close", () => {
-        clearTimeout(timer)
-        set.delete(waiter)
+      const gone = new AbortController()
+      res.on("close", () => gone.abort())
+      void this.done.wait(room, waitMs, gone.signal).then((ok) => {
+        if (!res.writableEnded && !gone.signal.aborted)
+          json(res, ok ? 200 : 408, { room, status: ok ? "ready" : "waiting" })
       })
     })
     await listen(this.server, port, host)

@@ -49,6 +49,7 @@ const simState = (ctx: SimContext) => ({
   received: ctx.stats.received,
   kvUsage: gauges(ctx).kvUsage,
   kvCachedBlocks: ctx.kv.cachedBlocks,
+  kvBlockSize: ctx.kv.blockSize,
   kvEventsSeq: ctx.publisher?.lastSeq ?? null,
   kvHeld: ctx.sideChannel?.held ?? 0,
   kvFetched: ctx.sideChannel?.fetched ?? 0,
@@ -173,10 +174,10 @@ const completion = async (
   if (isInvalid(parsed)) return sendError(ctx, res, parsed.status, parsed.message, parsed.param)
   ctx.stats.received++
   const { faults } = ctx
-  let inject: "midstream" | "reset" | undefined
+  let inject: "midstream" | "sse_error_field" | "reset" | undefined
   if (faults.errorRate > 0 && ctx.rand() < faults.errorRate) {
     const kind = faults.errorKind
-    if (kind === "midstream" || kind === "reset") inject = kind
+    if (kind === "midstream" || kind === "sse_error_field" || kind === "reset") inject = kind
     else {
       const status = Number(kind.slice(4))
       return sendError(ctx, res, status, `simulated error (${kind})`)

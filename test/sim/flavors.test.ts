@@ -1,7 +1,13 @@
 // SGLang, llama.cpp and mlx flavors of the simulator: readiness phases during load, /v1/models names,
 // error bodies, metrics names (and their absence), and mlx's Content-Length / model-field rules.
 import * as http from "node:http"
+import { Effect, Result } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { decodeConfigObject } from "../../src/layers/Config.ts"
+import { probeOnce } from "../../src/layers/engineProbe.ts"
+import { engineFor } from "../../src/layers/engines/index.ts"
+import { parseArgs } from "../../src/sim/args.ts"
+import { freePort } from "../support/ports.ts"
 import { getJson, pollUntil, postJson, type SimHandle, sseData, startSim } from "../support/sim.ts"
 
 let sglang: SimHandle
@@ -170,5 +176,94 @@ describe("mlx flavor", () => {
   it("lists the --model value and has no /metrics", async () => {
     expect((await getJson(`${mlx.url}/v1/models`)).json).toMatchObject({ data: [{ id: "mlx-community/tiny" }] })
     expect((await fetch(`${mlx.url}/metrics`)).status).toBe(404)
+  })
+})
+
+describe("vLLM block size: the platform's choice unless --block-size is given", () => {
+  const renderVllm = (port: number, kv: Record<string, unknown>) => {
+    const r = decodeConfigObject(
+      { engine: { kind: "vllm", url: `http://127.0.0.1:${port}` }, models: { m: { hf_repo: "org/m" } }, kv },
+      undefined,
+      { NODE_NAME: "n" }
+    )
+    if (Result.isFailure(r)) throw new Error(r.failure.message)
+    return { config: r.success, plan: engineFor("vllm").render(r.success) }
+  }
+  const blockSizeOf = async (s: SimHandle) =>
+    ((await getJson(`${s.url}/sim/state`)).json as { kvBlockSize: number }).kvBlockSize
+
+  it("with KV events on, the rendered command makes the engine use [kv].block_size, whatever the platform picks", async () => {
+    const [port, kvPort] = [await freePort(), await freePort()]
+    const { config, plan } = renderVllm(port, { events: true, events_endpoint: `tcp://127.0.0.1:${kvPort}` })
+    // A platform whose attention backend wants 64-token blocks (vLLM picks it when --block-size is absent).
+    const sim = await startSim({ args: [...plan.argv.slice(1), "--sim-platform-block-size", "64"] })
+    try {
+      expect(await blockSizeOf(sim)).toBe(config.kv.block_size)
+    } finally {
+      await sim.stop()
+    }
+  })
+
+  it("without --block-size the simulator takes the platform's size, as vLLM does", async () => {
+    const sim = await startSim({ args: ["serve", "m", "--sim-platform-block-size", "64"] })
+    try {
+      expect(await blockSizeOf(sim)).toBe(64)
+    } finally {
+      await sim.stop()
+    }
+  })
+})
+
+describe("rendered commands that the engines refuse at start", () => {
+  const render = (raw: Record<string, Record<string, unknown>>) => {
+    const r = decodeConfigObject({ models: { m: { hf_repo: "org/m" } }, ...raw }, undefined, { NODE_NAME: "n" })
+    if (Result.isFailure(r)) throw new Error(r.failure.message)
+    const plan = engineFor(r.success.engine.kind).render(r.success)
+    return { argv: plan.argv.slice(plan.kind === "sglang" ? 3 : 1), env: plan.env }
+  }
+
+  it("SGLang decode + hierarchical cache: refused unless the decode radix cache is enabled", () => {
+    const { argv } = render({ engine: { kind: "sglang", kv_offload: "hicache" }, agent: { role: "decode" } })
+    expect(parseArgs(argv, {}).disaggregationMode).toBe("decode")
+    const without = argv.filter((a) => a !== "--disaggregation-decode-enable-radix-cache")
+    expect(() => parseArgs(without, {})).toThrow(
+      /enable-hierarchical-cache and disable-radix-cache are mutually exclusive/
+    )
+  })
+
+  it("vLLM + KVBM: refused without a cache tier, started with [engine].kvbm_cpu_cache_gb", () => {
+    const sized = render({ engine: { kv_offload: "kvbm", kvbm_cpu_cache_gb: 4, kvbm_disk_cache_gb: 8 } })
+    expect(sized.env).toEqual({ DYN_KVBM_CPU_CACHE_GB: "4", DYN_KVBM_DISK_CACHE_GB: "8" })
+    expect(parseArgs(sized.argv, sized.env).kvTransferConfig).toMatchObject({ kv_connector: "DynamoConnector" })
+    const bare = render({ engine: { kv_offload: "kvbm" } })
+    expect(() => parseArgs(bare.argv, bare.env)).toThrow(/At least one cache tier must be configured/)
+    const viaEnv = render({ engine: { kv_offload: "kvbm", env: { DYN_KVBM_DISK_CACHE_GB: "8" } } })
+    expect(parseArgs(viaEnv.argv, viaEnv.env).flavor).toBe("vllm")
+  })
+})
+
+describe("SGLang readiness through the agent's probe", () => {
+  it("not ready while the server warms up (/health 503, though /v1/models already answers), ready after", async () => {
+    const port = await freePort()
+    const r = decodeConfigObject(
+      { engine: { kind: "sglang", url: `http://127.0.0.1:${port}` }, models: { m: { hf_repo: "org/m" } } },
+      undefined,
+      { NODE_NAME: "n" }
+    )
+    if (Result.isFailure(r)) throw new Error(r.failure.message)
+    const plan = engineFor("sglang").render(r.success)
+    const sim = await startSim({ args: [...plan.argv.slice(3), "--sim-startup-delay", "3s"] })
+    try {
+      expect((await getJson(`${sim.url}/v1/models`)).status).toBe(200)
+      expect(await Effect.runPromise(probeOnce(plan.probe, 2_000))).toEqual({
+        ok: false,
+        reason: "HTTP 503",
+        phase: "loading"
+      })
+      await pollUntil(async () => ((await Effect.runPromise(probeOnce(plan.probe, 2_000))).ok ? true : undefined))
+      expect(await Effect.runPromise(probeOnce(plan.liveness ?? plan.probe, 2_000))).toEqual({ ok: true })
+    } finally {
+      await sim.stop()
+    }
   })
 })

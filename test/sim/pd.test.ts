@@ -1,7 +1,8 @@
 // Prefill/decode between two simulators. vLLM: the prefill leg returns kv_transfer_params and holds the
 // blocks under a lease; the decode leg really fetches them from the prefill's side channel; wrong, reused
 // or expired hand-offs fail (kv_load_failure_policy "fail"), missing params compute locally.
-// SGLang: bootstrap rendezvous by room, with the decode failing when the prefill never comes.
+// SGLang: bootstrap rendezvous by room, in SGLang's order: the prefill waits for its decode to connect (alone it
+// fails at the bootstrap timeout), the decode waits for the prefill (alone it fails at its waiting timeout).
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { freePort } from "../support/ports.ts"
 import { getJson, pollUntil, postJson, type SimHandle, startSim } from "../support/sim.ts"
@@ -118,7 +119,8 @@ describe("SGLang P/D bootstrap", () => {
           String(bootPort),
           "--sim-ttft",
           "200ms"
-        ]
+        ],
+        env: { SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT: "1" }
       }),
       startSim({
         args: ["--model-path", "m", "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "nixl"],
@@ -145,6 +147,25 @@ describe("SGLang P/D bootstrap", () => {
     const [pr, dr] = await Promise.all([post(p.url, req(room)), post(d.url, req(room))])
     expect(pr.status).toBe(200)
     expect(dr).toMatchObject({ status: 200, json: { choices: [{ text: "one two three", finish_reason: "stop" }] } })
+  })
+
+  it("a prefill alone does not complete: it waits for its decode to connect and fails at the bootstrap timeout", async () => {
+    const started = Date.now()
+    const r = await post(p.url, req("777"))
+    expect(Date.now() - started).toBeGreaterThanOrEqual(900)
+    expect(r.status).toBe(500)
+    expect(r.json).toMatchObject({ object: "error", message: expect.stringMatching(/KVPoll\.Bootstrapping/) })
+  })
+
+  it("a prefill sent first completes once its decode connects", async () => {
+    const before = ((await getJson(`${p.url}/sim/state`)).json as { received: number }).received
+    const pending = post(p.url, req("778"))
+    await pollUntil(async () =>
+      ((await getJson(`${p.url}/sim/state`)).json as { received: number }).received > before ? true : undefined
+    )
+    const dr = await post(d.url, req("778"))
+    expect((await pending).status).toBe(200)
+    expect(dr).toMatchObject({ status: 200, json: { choices: [{ text: "one two three" }] } })
   })
 
   it("decode fails when the prefill never comes, and without bootstrap fields", async () => {

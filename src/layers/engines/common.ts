@@ -33,6 +33,23 @@ export const httpProbe = (config: AgentConfig, listen: Listen): ReadinessProbe =
   url: config.agent.ready_probe_url ?? `${listen.baseUrl}/v1/models`
 })
 
+/** `[agent].ready_probe_url` when set, else GET `path` on the engine (an engine whose readiness is not `/v1/models`). */
+export const httpProbeAt = (config: AgentConfig, listen: Listen, path: string): ReadinessProbe => ({
+  kind: "http",
+  url: config.agent.ready_probe_url ?? `${listen.baseUrl}${path}`
+})
+
+/** Liveness: GET `[engine].liveness_path` when set, else the engine's own choice, else the readiness probe. */
+export const livenessOf = (
+  config: AgentConfig,
+  listen: Listen,
+  engineDefault: ReadinessProbe | undefined,
+  probe: ReadinessProbe
+): ReadinessProbe => {
+  const path = config.engine.liveness_path
+  return path !== undefined ? { kind: "http", url: `${listen.baseUrl}${path}` } : (engineDefault ?? probe)
+}
+
 /** The Prometheus endpoint on the engine's API port. */
 export const metricsAt = (listen: Listen, names: MetricNames): LaunchPlan["metrics"] => ({
   url: `${listen.baseUrl}/metrics`,
@@ -80,6 +97,8 @@ export interface PlanParts {
   /** Engine-specific variables; `[engine].env` is applied over them, so an operator can override any. */
   readonly env?: Readonly<Record<string, string>>
   readonly probe: ReadinessProbe
+  /** The engine's liveness probe when it is not `probe`. */
+  readonly liveness?: ReadinessProbe
   readonly metrics: LaunchPlan["metrics"]
   readonly kvEvents?: KvEventsEndpoint | undefined
   /** Defaults to the served name. */
@@ -96,6 +115,7 @@ export const assemble = (config: AgentConfig, listen: Listen, parts: PlanParts):
   host: listen.host,
   port: listen.port,
   probe: parts.probe,
+  liveness: livenessOf(config, listen, parts.liveness, parts.probe),
   metrics: parts.metrics,
   kvEvents: parts.kvEvents,
   servedModel: config.model.served_name,

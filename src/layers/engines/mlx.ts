@@ -1,7 +1,8 @@
 /**
  * mlx-lm: `mlx_lm.server --model M --host --port`, nothing else can be expressed.
  * Its /health is green before the model loads, so readiness is a real 1-token completion; it loads
- * whatever a request's `model` names, so requests are forwarded with the configured model string.
+ * whatever a request's `model` names, so requests are forwarded with the configured model string
+ * (mlx_lm/server.py: `handle_health` answers at once, `ModelProvider.load` runs on the first request).
  */
 import type { AgentConfig } from "../../services/Config.ts"
 import type { Engine } from "../../services/Engine.ts"

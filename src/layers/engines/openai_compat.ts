@@ -5,7 +5,7 @@
  */
 import type { AgentConfig } from "../../services/Config.ts"
 import type { Engine } from "../../services/Engine.ts"
-import { httpProbe, listenOf } from "./common.ts"
+import { httpProbe, listenOf, livenessOf } from "./common.ts"
 
 export const openaiCompat: Engine = {
   kind: "openai_compat",
@@ -20,6 +20,7 @@ export const openaiCompat: Engine = {
   },
   render: (config: AgentConfig) => {
     const listen = listenOf(config)
+    const probe = httpProbe(config, listen)
     return {
       kind: "openai_compat",
       spawns: false,
@@ -28,7 +29,8 @@ export const openaiCompat: Engine = {
       baseUrl: listen.baseUrl,
       host: listen.host,
       port: listen.port,
-      probe: httpProbe(config, listen),
+      probe,
+      liveness: livenessOf(config, listen, undefined, probe),
       metrics: undefined,
       kvEvents: undefined,
       servedModel: config.model.served_name,

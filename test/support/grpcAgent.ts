@@ -1,0 +1,74 @@
+// An agent's real gRPC server in process, in front of a simulator (its EngineClient live, engine and node
+// status test layers set Ready), and a collector of one Generate call's messages, status and trailer.
+// Shared by the P/D and the SSE error tests.
+import { Layer, ManagedRuntime } from "effect"
+import { type Channel, ClientError, createChannel, createClient, type Metadata, Status } from "nice-grpc"
+import {
+  type AgentClient,
+  AgentDefinition,
+  type GenerateFinal,
+  type GenerateRequest
+} from "../../src/gen/cgn/agent/v1/agent.ts"
+import { layer as admissionLayer } from "../../src/layers/Admission.ts"
+import { layerWith as grpcLayerWith } from "../../src/layers/GrpcServer.ts"
+import { GrpcServer } from "../../src/services/GrpcServer.ts"
+import { agentDeps } from "./agentDeps.ts"
+
+export interface Agent {
+  readonly client: AgentClient
+  close(): Promise<void>
+}
+
+export const startAgent = async (
+  engineUrl: string,
+  kind: "vllm" | "sglang" | "llama_cpp",
+  agent: Record<string, unknown>
+): Promise<Agent> => {
+  const { config, deps: base } = agentDeps(engineUrl, {
+    kind,
+    agent: { node_id: `node-${String(agent.role)}`, ...agent },
+    engine: { kv_offload: agent.role === "both" ? "none" : "nixl" }
+  })
+  const deps = Layer.mergeAll(base, admissionLayer.pipe(Layer.provide(config)))
+  const rt = ManagedRuntime.make(
+    grpcLayerWith({ address: "127.0.0.1:0", shutdownGraceMs: 500 }).pipe(Layer.provideMerge(deps))
+  )
+  const server = await rt.runPromise(GrpcServer)
+  const channel: Channel = createChannel(server.address)
+  return {
+    client: createClient(AgentDefinition, channel),
+    close: async () => {
+      channel.close()
+      await rt.dispose()
+    }
+  }
+}
+
+export interface Collected {
+  readonly text: string
+  readonly deltas: number
+  readonly final: GenerateFinal | undefined
+  readonly status: string
+  readonly details: string
+  readonly trailer: Metadata | undefined
+}
+
+export const collect = async (client: AgentClient, req: Partial<GenerateRequest>): Promise<Collected> => {
+  let text = ""
+  let deltas = 0
+  let final: GenerateFinal | undefined
+  let trailer: Metadata | undefined
+  try {
+    for await (const r of client.generate(req, { onTrailer: (t) => (trailer = t) })) {
+      if (r.delta !== undefined) {
+        text += r.delta.text
+        deltas++
+      }
+      if (r.final !== undefined) final = r.final
+    }
+    return { text, deltas, final, status: "OK", details: "", trailer }
+  } catch (e) {
+    if (!(e instanceof ClientError)) throw e
+    return { text, deltas, final, status: Status[e.code] ?? String(e.code), details: e.details, trailer }
+  }
+}
