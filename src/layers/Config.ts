@@ -255,6 +255,15 @@ const engineProblems = (c: ConfigFile): Array<string> => {
     if (m.tp > 1 && !caps.tensorParallel) {
       problems.push(`${formatPath(["models", name, "tp"])}: ${kind} has no tensor parallelism; set tp = 1`)
     }
+    if (m.dp > 1 && caps.dataParallel !== true) {
+      problems.push(`${formatPath(["models", name, "dp"])}: ${kind} has no data parallelism; set dp = 1`)
+    }
+    // Each DP rank publishes on the endpoint's TCP port + rank (or inproc name + _dp<rank>); ipc cannot be offset.
+    if (m.dp > 1 && c.kv.events && c.kv.events_endpoint.startsWith("ipc://")) {
+      problems.push(
+        `${formatPath(["models", name, "dp"])}: with dp > 1 every rank publishes KV events on kv.events_endpoint's TCP port + rank; an ipc:// endpoint cannot be offset, use tcp://`
+      )
+    }
     for (const k of ["max_model_len", "gpu_memory_utilization"] as const) {
       if (m[k] !== undefined && caps.modelSettings !== undefined && !caps.modelSettings.includes(k)) {
         problems.push(`${formatPath(["models", name, k])}: ${kind} has no command-line setting for ${k}; remove it`)
@@ -305,6 +314,7 @@ const resolve = (c: ConfigFile, file: string | undefined, env: Readonly<Record<s
     name,
     source: m.hf_repo !== undefined ? { kind: "hf_repo", value: m.hf_repo } : { kind: "path", value: m.path! },
     tp: m.tp,
+    dp: m.dp,
     served_name: m.served_name ?? name,
     max_model_len: m.max_model_len,
     gpu_memory_utilization: m.gpu_memory_utilization,

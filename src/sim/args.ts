@@ -15,6 +15,8 @@ export interface SimConfig {
   readonly servedName: string
   readonly maxModelLen: number | undefined
   readonly tensorParallel: number
+  /** vLLM `--data-parallel-size`, SGLang `--dp-size`: one KV-event publisher per rank. */
+  readonly dataParallel: number
   readonly enableMetrics: boolean
   readonly kvTransferConfig: Record<string, unknown> | undefined
   readonly kvEventsConfig: Record<string, unknown> | undefined
@@ -40,6 +42,8 @@ export interface SimConfig {
   readonly kvSkipSeq: number | undefined
   readonly hangHealth: boolean
   readonly kvLegacyArrays: boolean
+  /** vLLM < 0.26 replay replies (3 frames, no topic). */
+  readonly kvReplay3Frames: boolean
   readonly kvLeaseMs: number | undefined
   readonly bootstrapTimeoutMs: number | undefined
   /** Flags seen on the line that the simulator accepts but does not model. */
@@ -66,6 +70,7 @@ const BOOLEAN_FLAGS = new Set([
   "--sim-fork-grandchild",
   "--sim-hang-health",
   "--sim-kv-legacy-arrays",
+  "--sim-kv-replay-3-frames",
   "--enable-metrics",
   "--metrics",
   "--enforce-eager",
@@ -241,6 +246,8 @@ const MODELLED: Record<Flavor, ReadonlyArray<string>> = {
     "--model",
     "--tensor-parallel-size",
     "-tp",
+    "--data-parallel-size",
+    "-dp",
     "--served-model-name",
     "--max-model-len",
     "--gpu-memory-utilization",
@@ -257,6 +264,9 @@ const MODELLED: Record<Flavor, ReadonlyArray<string>> = {
     "--tp-size",
     "--tensor-parallel-size",
     "--tp",
+    "--dp-size",
+    "--data-parallel-size",
+    "--dp",
     "--served-model-name",
     "--context-length",
     "--mem-fraction-static",
@@ -306,6 +316,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
   let servedName: string
   let maxModelLen: number | undefined
   let tensorParallel = 1
+  let dataParallel = 1
   let enableMetrics = true
   let defaultMaxSeqs = 256
   let blockSize = 16
@@ -315,6 +326,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     servedName = v("--served-model-name") ?? model
     maxModelLen = num(v("--max-model-len"), "--max-model-len")
     tensorParallel = num(first("--tensor-parallel-size", "-tp"), "--tensor-parallel-size") ?? 1
+    dataParallel = num(first("--data-parallel-size", "-dp"), "--data-parallel-size") ?? 1
     defaultMaxSeqs = num(v("--max-num-seqs"), "--max-num-seqs") ?? 256
     blockSize = num(v("--block-size"), "--block-size") ?? 16
   } else if (flavor === "sglang") {
@@ -322,6 +334,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     servedName = v("--served-model-name") ?? model
     maxModelLen = num(v("--context-length"), "--context-length")
     tensorParallel = num(first("--tp-size", "--tensor-parallel-size", "--tp"), "--tp-size") ?? 1
+    dataParallel = num(first("--dp-size", "--data-parallel-size", "--dp"), "--dp-size") ?? 1
     enableMetrics = p.flags.has("--enable-metrics")
     defaultMaxSeqs = num(v("--max-running-requests"), "--max-running-requests") ?? 256
     blockSize = num(v("--page-size"), "--page-size") ?? 1
@@ -361,6 +374,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     servedName,
     maxModelLen,
     tensorParallel,
+    dataParallel,
     enableMetrics,
     kvTransferConfig: flavor === "vllm" ? parseJsonFlag(p, "--kv-transfer-config") : undefined,
     kvEventsConfig: flavor === "vllm" || flavor === "sglang" ? parseJsonFlag(p, "--kv-events-config") : undefined,
@@ -386,6 +400,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     kvSkipSeq: num(v("--sim-kv-skip-seq"), "--sim-kv-skip-seq"),
     hangHealth: p.flags.has("--sim-hang-health"),
     kvLegacyArrays: p.flags.has("--sim-kv-legacy-arrays"),
+    kvReplay3Frames: p.flags.has("--sim-kv-replay-3-frames"),
     kvLeaseMs: dur("--sim-kv-lease"),
     bootstrapTimeoutMs,
     unmodelled
