@@ -64,7 +64,7 @@ export const kvEventsOf = (
       engineBinds: engineBinds(kv.events_endpoint, flavor),
       replayEndpoint: kv.replay_endpoint,
       topic: kv.topic,
-      dpSize: config.model.dp
+      ...(config.model.dp > 1 ? { dpSize: config.model.dp } : {})
     }
   }
 }
