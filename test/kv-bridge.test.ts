@@ -364,6 +364,13 @@ describe("data parallelism", () => {
     const ipc = decode({ kv: { events: true, events_endpoint: "ipc:///tmp/kv" }, ...models({ dp: 2 }) })
     expect(ipc._tag === "Failure" && ipc.failure.problems.join("\n")).toMatch(/^models\."m"\.dp: .*ipc:\/\/ endpoint/)
     expect(decode({ ...models({ dp: 0 }) })._tag).toBe("Failure")
+    const kv = (replay: string) => ({ events: true, events_endpoint: "tcp://*:5557", replay_endpoint: replay })
+    const overlap = decode({ kv: kv("tcp://*:5558"), ...models({ dp: 2 }) })
+    expect(overlap._tag === "Failure" && overlap.failure.problems).toEqual([
+      'kv.replay_endpoint: with models."m".dp = 2 the KV events use ports 5557-5558 and replay ports 5558-5559; they overlap, move replay_endpoint to port 5559 or above'
+    ])
+    expect(decode({ kv: kv("tcp://*:5559"), ...models({ dp: 2 }) })._tag).toBe("Success")
+    expect(decode({ kv: kv("tcp://*:5558"), ...models({}) })._tag).toBe("Success")
   })
 
   it("each rank's endpoint is the port + rank, inproc gets _dp<rank>, ipc cannot be offset", () => {
@@ -396,7 +403,8 @@ describe("data parallelism", () => {
   })
 
   it("subscribes to every rank (port + rank), replays each from its own ROUTER, tags batches with the rank", async () => {
-    const [port, rport, enginePort] = [await freePortRange(2), await freePortRange(2), await freePort()]
+    const [port, enginePort] = [await freePortRange(4), await freePort()]
+    const rport = port + 2 // events on port, port + 1; replay on port + 2, port + 3
     const sock = await tmpSock()
     const kc = await kvcached(sock)
     const config = {

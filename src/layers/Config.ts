@@ -264,6 +264,20 @@ const engineProblems = (c: ConfigFile): Array<string> => {
         `${formatPath(["models", name, "dp"])}: with dp > 1 every rank publishes KV events on kv.events_endpoint's TCP port + rank; an ipc:// endpoint cannot be offset, use tcp://`
       )
     }
+    // Rank r binds (or the agent binds) events port + r and the engine binds replay port + r: the ranges must not meet.
+    const events = tcpPort(c.kv.events_endpoint)
+    const replay = c.kv.replay_endpoint === undefined ? undefined : tcpPort(c.kv.replay_endpoint)
+    if (
+      c.kv.events &&
+      events !== undefined &&
+      replay !== undefined &&
+      events < replay + m.dp &&
+      replay < events + m.dp
+    ) {
+      problems.push(
+        `kv.replay_endpoint: with ${formatPath(["models", name, "dp"])} = ${m.dp} the KV events use ports ${events}-${events + m.dp - 1} and replay ports ${replay}-${replay + m.dp - 1}; they overlap, move replay_endpoint to port ${events + m.dp} or above`
+      )
+    }
     for (const k of ["max_model_len", "gpu_memory_utilization"] as const) {
       if (m[k] !== undefined && caps.modelSettings !== undefined && !caps.modelSettings.includes(k)) {
         problems.push(`${formatPath(["models", name, k])}: ${kind} has no command-line setting for ${k}; remove it`)
@@ -301,6 +315,12 @@ const engineProblems = (c: ConfigFile): Array<string> => {
     problems.push(`engine.env: ${kind} proxies engine.url and starts nothing; remove engine.env`)
   }
   return problems
+}
+
+/** The port of a `tcp://host:port` ZMQ endpoint, else undefined. */
+const tcpPort = (endpoint: string): number | undefined => {
+  const m = /^tcp:\/\/.*:(\d+)$/.exec(endpoint)
+  return m === null ? undefined : Number(m[1])
 }
 
 const orList = (items: ReadonlyArray<string>): string => {

@@ -232,7 +232,8 @@ describe("SGLang KV events", () => {
   })
 
   it("binds tcp://0.0.0.0:P (newest SGLang), one publisher and replay ROUTER per --dp-size rank on port + rank", async () => {
-    const [port, replayPort] = [await freePortRange(2), await freePortRange(2)]
+    const port = await freePortRange(4)
+    const replayPort = port + 2 // events on port, port + 1; replay on port + 2, port + 3
     const cfg = { publisher: "zmq", endpoint: `tcp://0.0.0.0:${port}`, replay_endpoint: `tcp://*:${replayPort}` }
     const sim = await startSim({
       args: ["--model-path", "m", "--page-size", "2", "--dp-size", "2", "--kv-events-config", JSON.stringify(cfg)]
