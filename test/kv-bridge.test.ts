@@ -204,9 +204,19 @@ const fakeEngine = async () => {
   await pub.bind(`tcp://127.0.0.1:${port}`)
   await router.bind(`tcp://127.0.0.1:${rport}`)
   const buffer: Array<[bigint, Uint8Array]> = []
+  let gate: Promise<void> = Promise.resolve()
+  /** Replay requests wait (and stay queued) until the returned function is called. */
+  const holdReplays = () => {
+    let open = () => {}
+    gate = new Promise<void>((r) => {
+      open = r
+    })
+    return open
+  }
   void (async () => {
     try {
       for await (const [ident, , start] of router) {
+        await gate
         const from = (start as Buffer).readBigUInt64BE()
         for (const [s, p] of buffer) if (s >= from) await router.send([ident as Buffer, "", seqFrame(s), p])
         await router.send([ident as Buffer, "", seqFrame(0xffffffffffffffffn), ""])
@@ -235,7 +245,7 @@ const fakeEngine = async () => {
     replayEndpoint: replay ? `tcp://127.0.0.1:${rport}` : undefined,
     topic: "kv"
   })
-  return { send, endpoint }
+  return { send, endpoint, holdReplays }
 }
 
 describe("KvBridge with a scripted publisher", () => {
@@ -257,6 +267,28 @@ describe("KvBridge with a scripted publisher", () => {
     await until(() => kc.lines.find((l) => l.type === "Resync"), "restart resync")
     expect(kc.lines.at(-2)).toMatchObject({ type: "Resync", reason: "restart", from_seq: Number(last) + 1, to_seq: 0 })
     await until(() => (kc.lines.at(-1)?.seq === 0 ? true : undefined), "seq 0 after restart")
+  })
+
+  it("a gap found in the batches held during a replay is replayed too, with no new message to wake the reader", async () => {
+    const eng = await fakeEngine()
+    const sock = await tmpSock()
+    const kc = await kvcached(sock)
+    const bridge = await startBridge({ kvEvents: eng.endpoint(true), uds: sock })
+    const joined = BigInt(await until(async () => (await bridge.status()).lastSeq ?? void (await eng.send()), "join"))
+    await until(() => kc.batches().some((b) => BigInt(b.seq as number) === joined) || undefined, "joined batch")
+    const open = eng.holdReplays()
+    await eng.send({ lose: true })
+    const b = await eng.send()
+    await until(async () => ((await bridge.status()).gaps === 1 ? true : undefined), "first gap")
+    await eng.send({ lose: true })
+    const d = await eng.send()
+    await until(async () => ((await bridge.status()).lastSeq === String(d) ? true : undefined), "d held")
+    expect(b).toBe(joined + 2n)
+    open()
+    await until(() => kc.batches().some((x) => BigInt(x.seq as number) === d) || undefined, "d forwarded")
+    expect(seqs(kc.batches())).toEqual(Array.from({ length: Number(d) + 1 }, (_, i) => i))
+    expect(kc.lines.some((l) => l.type === "Resync")).toBe(false)
+    expect(await bridge.status()).toMatchObject({ gaps: 2, replayed: 2, resyncs: 0 })
   })
 
   it("overflow while kvcached is away: the reader keeps up, oldest dropped, Resync overflow", async () => {

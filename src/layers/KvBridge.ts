@@ -109,7 +109,13 @@ export const make = (o: BridgeOptions): Effect.Effect<KvBridgeService, never, Sc
     const dpSize = Math.max(1, o.kvEvents.dpSize ?? 1)
     const replayTimeoutMs = o.replayTimeoutMs ?? 2_000
     const resyncOf = (r: Resync) => resyncLine(o.identity, r)
-    const fibers: Array<Effect.Effect<void>> = []
+    // Replays started by a message (or by the end of another replay, which may find a new gap in what it
+    // held); they run beside the readers, never in their way.
+    const fibers: Array<Effect.Effect<void, never, Scope.Scope>> = []
+    const runQueued: Effect.Effect<void, never, Scope.Scope> = Effect.suspend(() => {
+      const next = fibers.shift()
+      return next === undefined ? Effect.void : Effect.andThen(Effect.forkScoped(next), runQueued)
+    })
 
     let decodeDrops = 0
     const push = (line: string, batch: boolean, dpRank: number, seq: bigint) => {
@@ -149,7 +155,8 @@ export const make = (o: BridgeOptions): Effect.Effect<KvBridgeService, never, Sc
       fibers.push(
         fetchReplay(at, topic, from, replayTimeoutMs).pipe(
           Effect.catch((e: Error) => Effect.succeed(e)),
-          Effect.flatMap((got) => Effect.sync(() => finishReplay(r, from, gap, got)))
+          Effect.flatMap((got) => Effect.sync(() => finishReplay(r, from, gap, got))),
+          Effect.andThen(runQueued)
         )
       )
     }
@@ -237,8 +244,7 @@ export const make = (o: BridgeOptions): Effect.Effect<KvBridgeService, never, Sc
         for (;;) {
           const frames = yield* Effect.tryPromise(() => sub.receive())
           yield* Effect.sync(() => onMessage(r, frames))
-          // Replays start inside onMessage; run them beside the reader, never in its way.
-          while (fibers.length > 0) yield* Effect.forkScoped(fibers.shift() as Effect.Effect<void>)
+          yield* runQueued
         }
       }).pipe(
         Effect.catch((e) =>
