@@ -47,7 +47,7 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
     "unknown model key, nothing close: the valid keys",
     `${MODEL}tensor_parallel = 2\n`,
     [
-      'models."m".tensor_parallel: unknown key; valid keys: hf_repo, path, tp, served_name, max_model_len, gpu_memory_utilization, args'
+      'models."m".tensor_parallel: unknown key; valid keys: hf_repo, path, tp, dp, served_name, max_model_len, gpu_memory_utilization, args'
     ]
   ],
   [
@@ -223,6 +223,7 @@ describe("defaults", () => {
       name: "m",
       source: { kind: "hf_repo", value: "a/b" },
       tp: 1,
+      dp: 1,
       served_name: "m",
       max_model_len: undefined,
       gpu_memory_utilization: undefined,

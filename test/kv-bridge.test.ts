@@ -1,7 +1,8 @@
 // KvBridge end to end with real sockets: the engine simulator (or a scripted ZMQ publisher) -> the bridge
 // -> a test kvcached (net.Server on a temp Unix socket) reading NDJSON. Covers both bind directions,
-// kvcached absent at start, gaps with and without replay, engine restart, overflow while the reader keeps
-// up, and the pure decoder/wire/queue pieces with msgpack built here.
+// kvcached absent at start, gaps with and without replay (3- and 4-frame replies), engine restart, overflow
+// while the reader keeps up, SGLang's tagged arrays with salt metadata and its 0.0.0.0 bind rule, one
+// stream per data-parallel rank, and the pure decoder/wire/queue pieces with msgpack built here.
 import * as fs from "node:fs/promises"
 import * as net from "node:net"
 import * as os from "node:os"
@@ -11,16 +12,26 @@ import { Context, Effect, Exit, Layer, Scope } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
 import * as zmq from "zeromq"
 import * as ConfigLive from "../src/layers/Config.ts"
-import { planLayer } from "../src/layers/engines/index.ts"
+import { decodeConfigObject } from "../src/layers/Config.ts"
+import { engineFor, planLayer } from "../src/layers/engines/index.ts"
 import * as KvBridgeLive from "../src/layers/KvBridge.ts"
 import { LineQueue } from "../src/layers/kvQueue.ts"
 import * as MetricsLive from "../src/layers/Metrics.ts"
+import { EnginePlan } from "../src/services/Engine.ts"
 import { KvBridge, type KvBridgeStatus } from "../src/services/KvBridge.ts"
-import { checkSeq, decodeMessage, seqFrame } from "../src/services/KvEvents.ts"
-import { batchLine, resyncLine } from "../src/services/KvWire.ts"
+import {
+  checkSeq,
+  decodeMessage,
+  decodeReplayReply,
+  END_OF_REPLAY,
+  rankEndpoint,
+  seqFrame
+} from "../src/services/KvEvents.ts"
+import { batchLine, helloLine, resyncLine } from "../src/services/KvWire.ts"
 import { Metrics } from "../src/services/Metrics.ts"
+import { buildNodeHealth } from "../src/services/NodeHealthView.ts"
 import { pollUntil } from "./support/poll.ts"
-import { freePort } from "./support/ports.ts"
+import { freePort, freePortRange } from "./support/ports.ts"
 import { postJson, type SimHandle, startSim } from "./support/sim.ts"
 
 const BIG = 15760518052499183552n
@@ -157,7 +168,7 @@ describe("KvBridge with the simulator", () => {
     expect(await bridge.metrics()).toMatch(/cgn_agent_kvcached_connected 1/)
   })
 
-  it("engine binds tcp://*:P; the join is filled from replay, an unreplayable gap still gets a Resync", async () => {
+  it("engine binds tcp://*:P; the join is filled from vLLM >= 0.26's 4-frame replay, an unreplayable gap still gets a Resync", async () => {
     const [port, rport] = [await freePort(), await freePort()]
     const sock = await tmpSock()
     const kc = await kvcached(sock)
@@ -193,9 +204,19 @@ const fakeEngine = async () => {
   await pub.bind(`tcp://127.0.0.1:${port}`)
   await router.bind(`tcp://127.0.0.1:${rport}`)
   const buffer: Array<[bigint, Uint8Array]> = []
+  let gate: Promise<void> = Promise.resolve()
+  /** Replay requests wait (and stay queued) until the returned function is called. */
+  const holdReplays = () => {
+    let open = () => {}
+    gate = new Promise<void>((r) => {
+      open = r
+    })
+    return open
+  }
   void (async () => {
     try {
       for await (const [ident, , start] of router) {
+        await gate
         const from = (start as Buffer).readBigUInt64BE()
         for (const [s, p] of buffer) if (s >= from) await router.send([ident as Buffer, "", seqFrame(s), p])
         await router.send([ident as Buffer, "", seqFrame(0xffffffffffffffffn), ""])
@@ -224,7 +245,7 @@ const fakeEngine = async () => {
     replayEndpoint: replay ? `tcp://127.0.0.1:${rport}` : undefined,
     topic: "kv"
   })
-  return { send, endpoint }
+  return { send, endpoint, holdReplays }
 }
 
 describe("KvBridge with a scripted publisher", () => {
@@ -246,6 +267,28 @@ describe("KvBridge with a scripted publisher", () => {
     await until(() => kc.lines.find((l) => l.type === "Resync"), "restart resync")
     expect(kc.lines.at(-2)).toMatchObject({ type: "Resync", reason: "restart", from_seq: Number(last) + 1, to_seq: 0 })
     await until(() => (kc.lines.at(-1)?.seq === 0 ? true : undefined), "seq 0 after restart")
+  })
+
+  it("a gap found in the batches held during a replay is replayed too, with no new message to wake the reader", async () => {
+    const eng = await fakeEngine()
+    const sock = await tmpSock()
+    const kc = await kvcached(sock)
+    const bridge = await startBridge({ kvEvents: eng.endpoint(true), uds: sock })
+    const joined = BigInt(await until(async () => (await bridge.status()).lastSeq ?? void (await eng.send()), "join"))
+    await until(() => kc.batches().some((b) => BigInt(b.seq as number) === joined) || undefined, "joined batch")
+    const open = eng.holdReplays()
+    await eng.send({ lose: true })
+    const b = await eng.send()
+    await until(async () => ((await bridge.status()).gaps === 1 ? true : undefined), "first gap")
+    await eng.send({ lose: true })
+    const d = await eng.send()
+    await until(async () => ((await bridge.status()).lastSeq === String(d) ? true : undefined), "d held")
+    expect(b).toBe(joined + 2n)
+    open()
+    await until(() => kc.batches().some((x) => BigInt(x.seq as number) === d) || undefined, "d forwarded")
+    expect(seqs(kc.batches())).toEqual(Array.from({ length: Number(d) + 1 }, (_, i) => i))
+    expect(kc.lines.some((l) => l.type === "Resync")).toBe(false)
+    expect(await bridge.status()).toMatchObject({ gaps: 2, replayed: 2, resyncs: 0 })
   })
 
   it("overflow while kvcached is away: the reader keeps up, oldest dropped, Resync overflow", async () => {
@@ -271,6 +314,155 @@ describe("KvBridge with a scripted publisher", () => {
     })
     expect(seqs(kc.batches())).toEqual([4, 3, 2, 1, 0].map((d) => Number(last) - d))
     expect(await bridge.metrics()).toMatch(new RegExp(`cgn_agent_kv_events_dropped_total ${received - 5}`))
+  })
+})
+
+/** The bridge as the daemon builds it from a config object, and the engine plan it shares. */
+const bridgeFromConfig = async (raw: Record<string, unknown>) => {
+  const scope = await Effect.runPromise(Scope.make())
+  cleanups.push(() => Effect.runPromise(Scope.close(scope, Exit.void)))
+  const layer = KvBridgeLive.layer.pipe(
+    Layer.provideMerge(planLayer),
+    Layer.provideMerge(ConfigLive.layerFromObject(raw)),
+    Layer.provideMerge(MetricsLive.layerTest)
+  )
+  const ctx = await Effect.runPromise(Layer.buildWithScope(layer, scope))
+  return { plan: Context.get(ctx, EnginePlan), status: () => Effect.runPromise(Context.get(ctx, KvBridge).status) }
+}
+
+/** Runs the simulator with the plan's own command line (the launcher words are stripped by the simulator). */
+const simFromPlan = async (argv: ReadonlyArray<string>) => {
+  const sim = await startSim({ args: [...argv] })
+  cleanups.push(() => sim.stop())
+  await sim.waitForLine((l) => l.includes('"model loaded"'))
+  return sim
+}
+
+const events = (ls: Array<Line>) => ls.flatMap((b) => b.events as Array<Line>)
+
+describe("SGLang through the bridge", () => {
+  it("binds tcp://0.0.0.0:P itself, so the agent connects; salted tagged arrays reach kvcached with cache_salt", async () => {
+    const [port, enginePort] = [await freePort(), await freePort()]
+    const sock = await tmpSock()
+    const kc = await kvcached(sock)
+    const config = {
+      engine: { kind: "sglang", url: `http://127.0.0.1:${enginePort}` },
+      models: { m: { hf_repo: "org/m" } },
+      kv: { events: true, uds: sock, events_endpoint: `tcp://0.0.0.0:${port}`, block_size: 2 }
+    }
+    const { plan, status } = await bridgeFromConfig(config)
+    expect(plan.kvEvents).toMatchObject({ endpoint: `tcp://0.0.0.0:${port}`, engineBinds: true })
+    const sim = await simFromPlan(plan.argv)
+    expect(sim.stderrLines.some((l) => l.includes('"mode":"bind"'))).toBe(true)
+    await until(async () => {
+      if ((await status()).lastSeq !== undefined) return true
+      await postJson(`${sim.url}/v1/completions`, { prompt: `w${++n} x y z`, max_tokens: 1 })
+      return undefined
+    }, "first batch")
+    await postJson(`${sim.url}/v1/completions`, { prompt: "s1 s2 s3 s4", max_tokens: 1, cache_salt: "tenant-a" })
+    const salted = await until(
+      () => events(kc.batches()).find((e) => e.type === "BlockStored" && e.cache_salt === "tenant-a"),
+      "salted BlockStored"
+    )
+    expect(salted).toMatchObject({ type: "BlockStored", block_size: 2, medium: "GPU", token_ids: expect.any(Array) })
+    expect(salted).not.toHaveProperty("lora_name")
+    const st = await status()
+    expect(st).toMatchObject({ subscribed: true, unknownEvents: 0, unknownKeys: 0 })
+    const hashes = events(kc.batches()).flatMap((e) => (e.block_hashes as Array<string> | undefined) ?? [])
+    expect(hashes.every((h) => /^-?\d+$/.test(h) && BigInt(h) >= -(1n << 63n) && BigInt(h) < 1n << 63n)).toBe(true)
+  })
+})
+
+describe("data parallelism", () => {
+  const decode = (raw: Record<string, unknown>) => decodeConfigObject(raw, undefined, { NODE_NAME: "n" })
+  const models = (m: Record<string, unknown>) => ({ models: { m: { hf_repo: "org/m", ...m } } })
+
+  it("renders --data-parallel-size (vLLM) and --dp-size (SGLang); refuses dp where the engine has none", () => {
+    const argv = (kind: string) => {
+      const r = decode({ engine: { kind }, ...models({ dp: 2 }) })
+      if (r._tag === "Failure") throw new Error(r.failure.message)
+      return engineFor(r.success.engine.kind).render(r.success).argv.join(" ")
+    }
+    expect(argv("vllm")).toContain("--data-parallel-size 2")
+    expect(argv("sglang")).toContain("--dp-size 2")
+    const one = decode({ ...models({}) })
+    expect(one._tag === "Success" && engineFor("vllm").render(one.success).argv).not.toContain("--data-parallel-size")
+    for (const kind of ["llama_cpp", "mlx", "openai_compat"]) {
+      const r = decode({ engine: { kind }, models: { m: { path: "/m.gguf", dp: 2 } } })
+      expect(r._tag === "Failure" && r.failure.problems).toContain(
+        `models."m".dp: ${kind} has no data parallelism; set dp = 1`
+      )
+    }
+    const ipc = decode({ kv: { events: true, events_endpoint: "ipc:///tmp/kv" }, ...models({ dp: 2 }) })
+    expect(ipc._tag === "Failure" && ipc.failure.problems.join("\n")).toMatch(/^models\."m"\.dp: .*ipc:\/\/ endpoint/)
+    expect(decode({ ...models({ dp: 0 }) })._tag).toBe("Failure")
+    const kv = (replay: string) => ({ events: true, events_endpoint: "tcp://*:5557", replay_endpoint: replay })
+    const overlap = decode({ kv: kv("tcp://*:5558"), ...models({ dp: 2 }) })
+    expect(overlap._tag === "Failure" && overlap.failure.problems).toEqual([
+      'kv.replay_endpoint: with models."m".dp = 2 the KV events use ports 5557-5558 and replay ports 5558-5559; they overlap, move replay_endpoint to port 5559 or above'
+    ])
+    expect(decode({ kv: kv("tcp://*:5559"), ...models({ dp: 2 }) })._tag).toBe("Success")
+    expect(decode({ kv: kv("tcp://*:5558"), ...models({}) })._tag).toBe("Success")
+  })
+
+  it("each rank's endpoint is the port + rank, inproc gets _dp<rank>, ipc cannot be offset", () => {
+    expect(rankEndpoint("tcp://*:5557", 0)).toBe("tcp://*:5557")
+    expect(rankEndpoint("tcp://*:5557", 3)).toBe("tcp://*:5560")
+    expect(rankEndpoint("tcp://[::1]:5557", 1)).toBe("tcp://[::1]:5558")
+    expect(rankEndpoint("inproc://kv", 2)).toBe("inproc://kv_dp2")
+    expect(rankEndpoint("ipc:///tmp/kv", 0)).toBe("ipc:///tmp/kv")
+    expect(rankEndpoint("ipc:///tmp/kv", 1)).toBeUndefined()
+  })
+
+  it("NodeHealth capacity carries dp", () => {
+    const r = decode(models({ dp: 4 }))
+    if (r._tag === "Failure") throw new Error(r.failure.message)
+    const health = buildNodeHealth({
+      config: r.success,
+      agentVersion: "0",
+      advertiseAddr: "127.0.0.1:7071",
+      engine: { _tag: "Stopped", lastExit: undefined } as never,
+      restarts: 0,
+      draining: false,
+      signals: undefined,
+      inflight: 0,
+      queued: 0,
+      tokensPerSecond: 0,
+      gpus: [],
+      now: 0
+    })
+    expect(health.capacity).toMatchObject({ dp: 4 })
+  })
+
+  it("subscribes to every rank (port + rank), replays each from its own ROUTER, tags batches with the rank", async () => {
+    const [port, enginePort] = [await freePortRange(4), await freePort()]
+    const rport = port + 2 // events on port, port + 1; replay on port + 2, port + 3
+    const sock = await tmpSock()
+    const kc = await kvcached(sock)
+    const config = {
+      engine: { kind: "vllm", url: `http://127.0.0.1:${enginePort}` },
+      models: { m: { hf_repo: "org/m", dp: 2, args: ["--sim-block-size", "2"] } },
+      kv: { events: true, uds: sock, events_endpoint: `tcp://*:${port}`, replay_endpoint: `tcp://*:${rport}` }
+    }
+    const { plan, status } = await bridgeFromConfig(config)
+    expect(plan.kvEvents).toMatchObject({ dpSize: 2 })
+    const sim = await simFromPlan(plan.argv)
+    // Both ranks published seq 0 (AllBlocksCleared) before anyone listened: each join is filled by replay.
+    const ranksAt = (seq: number) =>
+      [0, 1].every((r) => kc.batches().some((b) => b.dp_rank === r && (b.seq as number) >= seq))
+    await until(async () => {
+      if (ranksAt(3)) return true
+      await postJson(`${sim.url}/v1/completions`, { prompt: `r${++n} s t u`, max_tokens: 1 })
+      return undefined
+    }, "batches from both ranks")
+    expect(kc.lines[0]).toMatchObject({ type: "Hello", dp_size: 2 })
+    for (const r of [0, 1]) {
+      const s = seqs(kc.batches().filter((b) => b.dp_rank === r))
+      expect(s.slice(0, 4)).toEqual([0, 1, 2, 3])
+      expect(kc.batches().find((b) => b.dp_rank === r)?.events).toEqual([{ type: "AllBlocksCleared" }])
+    }
+    expect(kc.lines.some((l) => l.type === "Resync")).toBe(false)
+    expect(await status()).toMatchObject({ subscribed: true, gaps: 0, resyncs: 0 })
   })
 })
 
@@ -351,6 +543,46 @@ describe("pure pieces", () => {
       seq: undefined
     })
     expect(decodeMessage([new Uint8Array(1)])).toMatchObject({ ok: false })
+  })
+
+  it('reads replay replies in both layouts: vLLM >= 0.26 ["", topic, seq, payload], older and SGLang ["", seq, payload]', () => {
+    const empty = new Uint8Array(0)
+    const payload = encode([1.5, [{ type: "AllBlocksCleared" }], 0], { useBigInt64: true })
+    const topic = new TextEncoder().encode("kv")
+    expect(decodeReplayReply([empty, topic, seqFrame(4n), payload], "ignored")).toMatchObject({
+      end: false,
+      ok: true,
+      batch: { topic: "kv", seq: 4n, events: [{ type: "AllBlocksCleared" }] }
+    })
+    expect(decodeReplayReply([empty, seqFrame(4n), payload], "kv")).toMatchObject({
+      end: false,
+      ok: true,
+      batch: { topic: "kv", seq: 4n }
+    })
+    expect(decodeReplayReply([empty, empty, seqFrame(END_OF_REPLAY), empty], "kv")).toEqual({ end: true })
+    expect(decodeReplayReply([empty, seqFrame(END_OF_REPLAY), empty], "kv")).toEqual({ end: true })
+    expect(decodeReplayReply([empty, seqFrame(1n)], "kv")).toMatchObject({ end: false, ok: false, seq: undefined })
+    expect(decodeReplayReply([empty, topic, seqFrame(2n), encode("bad")], "kv")).toMatchObject({ ok: false, seq: 2n })
+  })
+
+  it("reads SGLang's salted BlockStored: metadata in array slot 7 (not lora_name), negative int64 hashes", () => {
+    const salted = ["BlockStored", [-5n, -(1n << 63n)], null, [1, 2], 2, null, "GPU", { cache_salt: "tenant-a" }]
+    const plain = ["BlockStored", [7n], -5n, [3, 4], 2, null, "GPU"]
+    const vllmLegacy = ["BlockStored", [BIG], null, [1], 1, null, "GPU", "my-lora"]
+    const d = decodeMessage(frames([1.5, [salted, plain, vllmLegacy], 0]))
+    expect(d.ok && d.batch).toMatchObject({ unknownKeys: 0, unknownTypes: 0 })
+    expect(d.ok && d.batch.events).toMatchObject([
+      { blockHashes: [-5n, -(1n << 63n)], cacheSalt: "tenant-a", loraName: null, medium: "GPU", blockSize: 2 },
+      { blockHashes: [7n], parentBlockHash: -5n, cacheSalt: undefined, loraName: null },
+      { blockHashes: [BIG], cacheSalt: undefined, loraName: "my-lora" }
+    ])
+    const line = JSON.parse(batchLine(id, d.ok ? d.batch : (undefined as never))) as Line
+    expect((line.events as Array<Line>)[0]).toMatchObject({
+      block_hashes: ["-5", "-9223372036854775808"],
+      cache_salt: "tenant-a"
+    })
+    expect((line.events as Array<Line>)[0]).not.toHaveProperty("lora_name")
+    expect(JSON.parse(helloLine(id, { epoch: "e", blockSize: 16, dpSize: 2 }))).toMatchObject({ dp_size: 2 })
   })
 
   it("tells next, join, gap and restart apart", () => {

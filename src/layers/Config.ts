@@ -255,6 +255,29 @@ const engineProblems = (c: ConfigFile): Array<string> => {
     if (m.tp > 1 && !caps.tensorParallel) {
       problems.push(`${formatPath(["models", name, "tp"])}: ${kind} has no tensor parallelism; set tp = 1`)
     }
+    if (m.dp > 1 && caps.dataParallel !== true) {
+      problems.push(`${formatPath(["models", name, "dp"])}: ${kind} has no data parallelism; set dp = 1`)
+    }
+    // Each DP rank publishes on the endpoint's TCP port + rank (or inproc name + _dp<rank>); ipc cannot be offset.
+    if (m.dp > 1 && c.kv.events && c.kv.events_endpoint.startsWith("ipc://")) {
+      problems.push(
+        `${formatPath(["models", name, "dp"])}: with dp > 1 every rank publishes KV events on kv.events_endpoint's TCP port + rank; an ipc:// endpoint cannot be offset, use tcp://`
+      )
+    }
+    // Rank r binds (or the agent binds) events port + r and the engine binds replay port + r: the ranges must not meet.
+    const events = tcpPort(c.kv.events_endpoint)
+    const replay = c.kv.replay_endpoint === undefined ? undefined : tcpPort(c.kv.replay_endpoint)
+    if (
+      c.kv.events &&
+      events !== undefined &&
+      replay !== undefined &&
+      events < replay + m.dp &&
+      replay < events + m.dp
+    ) {
+      problems.push(
+        `kv.replay_endpoint: with ${formatPath(["models", name, "dp"])} = ${m.dp} the KV events use ports ${events}-${events + m.dp - 1} and replay ports ${replay}-${replay + m.dp - 1}; they overlap, move replay_endpoint to port ${events + m.dp} or above`
+      )
+    }
     for (const k of ["max_model_len", "gpu_memory_utilization"] as const) {
       if (m[k] !== undefined && caps.modelSettings !== undefined && !caps.modelSettings.includes(k)) {
         problems.push(`${formatPath(["models", name, k])}: ${kind} has no command-line setting for ${k}; remove it`)
@@ -299,6 +322,12 @@ const engineProblems = (c: ConfigFile): Array<string> => {
   return problems
 }
 
+/** The port of a `tcp://host:port` ZMQ endpoint, else undefined. */
+const tcpPort = (endpoint: string): number | undefined => {
+  const m = /^tcp:\/\/.*:(\d+)$/.exec(endpoint)
+  return m === null ? undefined : Number(m[1])
+}
+
 const orList = (items: ReadonlyArray<string>): string => {
   const quoted = items.map((i) => `"${i}"`)
   return quoted.length <= 1 ? (quoted[0] ?? "") : `${quoted.slice(0, -1).join(", ")} or ${quoted.at(-1)}`
@@ -310,6 +339,7 @@ const resolve = (c: ConfigFile, file: string | undefined, env: Readonly<Record<s
     name,
     source: m.hf_repo !== undefined ? { kind: "hf_repo", value: m.hf_repo } : { kind: "path", value: m.path! },
     tp: m.tp,
+    dp: m.dp,
     served_name: m.served_name ?? name,
     max_model_len: m.max_model_len,
     gpu_memory_utilization: m.gpu_memory_utilization,

@@ -1,7 +1,9 @@
 /**
- * Live KvBridge: a ZMQ SUB on the engine's KV-event endpoint (connects when the engine binds, binds when
- * the engine connects: vLLM's rule), per-publisher seq checks, gap filling through the replay ROUTER when
- * one is configured (a DEALER sends ["", seq8]), and a bounded LineQueue drained by the kvcached writer.
+ * Live KvBridge: a ZMQ SUB per data-parallel rank on that rank's KV-event endpoint (the configured one,
+ * TCP port + rank; connects when the engine binds, binds when the engine connects), per-rank seq checks,
+ * gap filling through that rank's replay ROUTER when one is configured (a DEALER sends ["", seq8]; replies
+ * in both the 3- and 4-frame layouts), and a bounded LineQueue drained by the kvcached writer. Batches are
+ * tagged with the rank of the endpoint they came from, so 2-element batches (no rank inside) stay apart.
  * The reader only ever does synchronous pushes, so neither kvcached nor a replay can stall it.
  * Metrics are registered on the shared registry here, so services/Metrics.ts stays untouched; the
  * production layer renders the plan from Config itself (as EngineClient does).
@@ -13,7 +15,14 @@ import { jitteredBackoffMs } from "../services/Backoff.ts"
 import { Config } from "../services/Config.ts"
 import { EnginePlan, type KvEventsEndpoint } from "../services/Engine.ts"
 import { KvBridge, type KvBridgeService, type KvBridgeStatus } from "../services/KvBridge.ts"
-import { checkSeq, decodeMessage, END_OF_REPLAY, type KvBatch, readSeq, seqFrame } from "../services/KvEvents.ts"
+import {
+  checkSeq,
+  decodeMessage,
+  decodeReplayReply,
+  type KvBatch,
+  rankEndpoint,
+  seqFrame
+} from "../services/KvEvents.ts"
 import { batchLine, helloLine, type NodeIdentity, type Resync, resyncLine } from "../services/KvWire.ts"
 import { METRIC_PREFIX, Metrics, type MetricsService, setCounter } from "../services/Metrics.ts"
 import { runWriter } from "./kvcachedClient.ts"
@@ -68,14 +77,11 @@ const fetchReplay = (endpoint: string, topic: string, from: bigint, timeoutMs: n
         dealer.connect(endpoint)
         await dealer.send([new Uint8Array(0), seqFrame(from)])
         const out: Array<KvBatch> = []
-        const topicFrame = new TextEncoder().encode(topic)
         for (;;) {
-          const frames = await dealer.receive()
-          const seq = frames.length === 3 ? readSeq(frames[1] as Uint8Array) : undefined
-          if (seq === undefined) throw new Error(`replay: unexpected reply of ${frames.length} frames`)
-          if (seq === END_OF_REPLAY) return out
-          const d = decodeMessage([topicFrame, frames[1] as Uint8Array, frames[2] as Uint8Array])
-          if (d.ok) out.push(d.batch)
+          const r = decodeReplayReply(await dealer.receive(), topic)
+          if (r.end) return out
+          if (r.ok) out.push(r.batch)
+          else if (r.seq === undefined) throw new Error(r.error)
         }
       } finally {
         signal.removeEventListener("abort", onAbort)
@@ -85,142 +91,176 @@ const fetchReplay = (endpoint: string, topic: string, from: bigint, timeoutMs: n
     catch: (err) => new Error(`replay from ${endpoint}: ${err instanceof Error ? err.message : String(err)}`)
   })
 
+/** One rank's stream: its endpoints, the seq it owes next, the batches held while its replay runs. */
+interface RankStream {
+  readonly rank: number
+  readonly endpoint: string
+  readonly replayAt: string | undefined
+  expected: bigint | undefined
+  holding: Array<KvBatch> | undefined
+}
+
 /** The running bridge; everything it opens is closed with the caller's scope. */
 export const make = (o: BridgeOptions): Effect.Effect<KvBridgeService, never, Scope.Scope> =>
   Effect.gen(function* () {
     const st: Mutable<KvBridgeStatus> = { ...disabledStatus(o.epoch, ""), enabled: true, disabledReason: undefined }
     const queue = new LineQueue(o.queueCapacity ?? 10_000)
-    const expected = new Map<number, bigint>()
     const { endpoint, engineBinds, replayEndpoint, topic } = o.kvEvents
-    const replayAt = replayEndpoint === undefined ? undefined : connectAddress(replayEndpoint)
+    const dpSize = Math.max(1, o.kvEvents.dpSize ?? 1)
     const replayTimeoutMs = o.replayTimeoutMs ?? 2_000
     const resyncOf = (r: Resync) => resyncLine(o.identity, r)
-    let holding: Array<KvBatch> | undefined // batches that arrived while a replay is in flight
-    const fibers: Array<Effect.Effect<void>> = []
+    // Replays started by a message (or by the end of another replay, which may find a new gap in what it
+    // held); they run beside the readers, never in their way.
+    const fibers: Array<Effect.Effect<void, never, Scope.Scope>> = []
+    const runQueued: Effect.Effect<void, never, Scope.Scope> = Effect.suspend(() => {
+      const next = fibers.shift()
+      return next === undefined ? Effect.void : Effect.andThen(Effect.forkScoped(next), runQueued)
+    })
 
     let decodeDrops = 0
     const push = (line: string, batch: boolean, dpRank: number, seq: bigint) => {
       queue.push({ line, batch, dpRank, seq })
       st.dropped = queue.dropped + decodeDrops
     }
-    const forward = (b: KvBatch) => {
-      expected.set(b.dpRank, b.seq + 1n)
-      push(batchLine(o.identity, b), true, b.dpRank, b.seq)
+    const forward = (r: RankStream, b: KvBatch) => {
+      r.expected = b.seq + 1n
+      push(batchLine(o.identity, b), true, r.rank, b.seq)
     }
-    const resync = (r: Resync) => {
+    const resync = (re: Resync) => {
       st.resyncs++
-      push(resyncOf(r), false, r.dpRank, r.toSeq)
+      push(resyncOf(re), false, re.dpRank, re.toSeq)
     }
 
     // After a replay: forward it if it covers [from, until) exactly, else say the range is lost.
-    const finishReplay = (rank: number, from: bigint, gap: boolean, got: ReadonlyArray<KvBatch> | Error) => {
-      const held = holding ?? []
-      holding = undefined
+    const finishReplay = (r: RankStream, from: bigint, gap: boolean, got: ReadonlyArray<KvBatch> | Error) => {
+      const held = r.holding ?? []
+      r.holding = undefined
       const until = (held[0] as KvBatch).seq
-      const inRange = got instanceof Error ? [] : got.filter((b) => b.dpRank === rank && b.seq >= from && b.seq < until)
+      const inRange =
+        got instanceof Error
+          ? []
+          : got.filter((b) => b.seq >= from && b.seq < until).map((b) => ({ ...b, dpRank: r.rank }))
       const complete = inRange.length === Number(until - from) && inRange.every((b, i) => b.seq === from + BigInt(i))
       if (got instanceof Error) st.lastError = got.message
       if (complete) {
-        for (const b of inRange) forward(b)
+        for (const b of inRange) forward(r, b)
         if (gap) st.replayed++
-      } else if (gap) resync({ reason: "gap", dpRank: rank, fromSeq: from, toSeq: until })
-      expected.set(rank, until)
-      for (const b of held) accept(b)
+      } else if (gap) resync({ reason: "gap", dpRank: r.rank, fromSeq: from, toSeq: until })
+      r.expected = until
+      for (const b of held) accept(r, b)
     }
 
-    const startReplay = (at: string, rank: number, from: bigint, trigger: KvBatch, gap: boolean) => {
-      holding = [trigger]
+    const startReplay = (r: RankStream, at: string, from: bigint, trigger: KvBatch, gap: boolean) => {
+      r.holding = [trigger]
       fibers.push(
         fetchReplay(at, topic, from, replayTimeoutMs).pipe(
           Effect.catch((e: Error) => Effect.succeed(e)),
-          Effect.flatMap((got) => Effect.sync(() => finishReplay(rank, from, gap, got)))
+          Effect.flatMap((got) => Effect.sync(() => finishReplay(r, from, gap, got))),
+          Effect.andThen(runQueued)
         )
       )
     }
 
-    const accept = (b: KvBatch) => {
-      if (holding !== undefined) {
-        holding.push(b)
+    const accept = (r: RankStream, b: KvBatch) => {
+      if (r.holding !== undefined) {
+        r.holding.push(b)
         return
       }
-      const v = checkSeq(expected.get(b.dpRank), b.seq)
+      const v = checkSeq(r.expected, b.seq)
       switch (v.kind) {
         case "next":
-          return forward(b)
+          return forward(r, b)
         case "join":
           // Hello already tells kvcached to start over, so batches from before we listened are only a bonus.
-          if (v.missed && replayAt !== undefined) return startReplay(replayAt, b.dpRank, 0n, b, false)
-          return forward(b)
+          if (v.missed && r.replayAt !== undefined) return startReplay(r, r.replayAt, 0n, b, false)
+          return forward(r, b)
         case "gap":
           st.gaps++
-          if (replayAt !== undefined) return startReplay(replayAt, b.dpRank, v.from, b, true)
-          resync({ reason: "gap", dpRank: b.dpRank, fromSeq: v.from, toSeq: v.to })
-          return forward(b)
+          if (r.replayAt !== undefined) return startReplay(r, r.replayAt, v.from, b, true)
+          resync({ reason: "gap", dpRank: r.rank, fromSeq: v.from, toSeq: v.to })
+          return forward(r, b)
         case "restart":
-          resync({ reason: "restart", dpRank: b.dpRank, fromSeq: v.from, toSeq: v.to })
-          return forward(b)
+          resync({ reason: "restart", dpRank: r.rank, fromSeq: v.from, toSeq: v.to })
+          return forward(r, b)
       }
     }
 
-    const onMessage = (frames: ReadonlyArray<Uint8Array>) => {
+    const onMessage = (r: RankStream, frames: ReadonlyArray<Uint8Array>) => {
       const d = decodeMessage(frames)
       if (d.ok) {
         st.lastSeq = d.batch.seq.toString()
         st.unknownEvents += d.batch.unknownTypes
         st.unknownKeys += d.batch.unknownKeys
-        return accept(d.batch)
+        // The endpoint says which rank this is; a 2-element batch carries no rank of its own.
+        return accept(r, { ...d.batch, dpRank: r.rank })
       }
       st.lastError = `undecodable KV event message: ${d.error}`
-      if (d.seq === undefined || holding !== undefined) return
+      if (d.seq === undefined || r.holding !== undefined) return
       // The batch's events are lost; its seq still counts, so no gap is reported for it as well.
       decodeDrops++
       st.lastSeq = d.seq.toString()
-      expected.set(0, d.seq + 1n)
-      resync({ reason: "decode", dpRank: 0, fromSeq: d.seq, toSeq: d.seq + 1n })
+      r.expected = d.seq + 1n
+      resync({ reason: "decode", dpRank: r.rank, fromSeq: d.seq, toSeq: d.seq + 1n })
     }
 
-    const sub = yield* Effect.acquireRelease(
-      Effect.sync(() => new zmq.Subscriber({ linger: 0, receiveHighWaterMark: 100_000 })),
-      (s) => Effect.sync(() => s.close())
-    )
-    sub.subscribe(topic)
-    const open = engineBinds
-      ? Effect.sync(() => sub.connect(connectAddress(endpoint)))
-      : Effect.tryPromise(() => sub.bind(endpoint))
-    const subscribe = Effect.gen(function* () {
-      for (let failures = 1; ; failures++) {
-        const r = yield* Effect.result(open)
-        if (r._tag === "Success") break
-        st.lastError = `kv events ${endpoint}: ${String(r.failure)}`
-        if (failures === 1) yield* Effect.logError("kv events: cannot bind the endpoint; retrying", { endpoint })
-        yield* Effect.sleep(jitteredBackoffMs(failures, 5_000, Math.random()))
-      }
-      st.subscribed = true
-      yield* Effect.logInfo("kv events: subscribed", { endpoint, mode: engineBinds ? "connect" : "bind", topic })
-    })
-    const reader = Effect.gen(function* () {
-      yield* subscribe
-      for (;;) {
-        const frames = yield* Effect.tryPromise(() => sub.receive())
-        yield* Effect.sync(() => onMessage(frames))
-        // Replays start inside onMessage; run them beside the reader, never in its way.
-        while (fibers.length > 0) yield* Effect.forkScoped(fibers.shift() as Effect.Effect<void>)
-      }
-    }).pipe(
-      Effect.catch((e) =>
-        Effect.sync(() => {
-          st.subscribed = false
-          st.lastError = `kv events reader stopped: ${String(e)}`
+    let subscribedRanks = 0
+    const readRank = (rank: number) =>
+      Effect.gen(function* () {
+        const at = rankEndpoint(endpoint, rank)
+        const replay = replayEndpoint === undefined ? undefined : rankEndpoint(replayEndpoint, rank)
+        if (at === undefined || (replayEndpoint !== undefined && replay === undefined)) {
+          st.lastError = `kv events: cannot offset ${endpoint} for DP rank ${rank} (only tcp:// and inproc:// can be)`
+          return
+        }
+        const r: RankStream = {
+          rank,
+          endpoint: at,
+          replayAt: replay === undefined ? undefined : connectAddress(replay),
+          expected: undefined,
+          holding: undefined
+        }
+        const sub = yield* Effect.acquireRelease(
+          Effect.sync(() => new zmq.Subscriber({ linger: 0, receiveHighWaterMark: 100_000 })),
+          (s) => Effect.sync(() => s.close())
+        )
+        sub.subscribe(topic)
+        const open = engineBinds
+          ? Effect.sync(() => sub.connect(connectAddress(at)))
+          : Effect.tryPromise(() => sub.bind(at))
+        for (let failures = 1; ; failures++) {
+          const res = yield* Effect.result(open)
+          if (res._tag === "Success") break
+          st.lastError = `kv events ${at}: ${String(res.failure)}`
+          if (failures === 1) yield* Effect.logError("kv events: cannot bind the endpoint; retrying", { endpoint: at })
+          yield* Effect.sleep(jitteredBackoffMs(failures, 5_000, Math.random()))
+        }
+        st.subscribed = ++subscribedRanks === dpSize
+        yield* Effect.logInfo("kv events: subscribed", {
+          endpoint: at,
+          mode: engineBinds ? "connect" : "bind",
+          topic,
+          dpRank: rank
         })
+        for (;;) {
+          const frames = yield* Effect.tryPromise(() => sub.receive())
+          yield* Effect.sync(() => onMessage(r, frames))
+          yield* runQueued
+        }
+      }).pipe(
+        Effect.catch((e) =>
+          Effect.sync(() => {
+            st.subscribed = false
+            st.lastError = `kv events reader of DP rank ${rank} stopped: ${String(e)}`
+          })
+        )
       )
-    )
-    yield* Effect.forkScoped(reader)
+    for (let rank = 0; rank < dpSize; rank++) yield* Effect.forkScoped(readRank(rank))
 
     yield* Effect.forkScoped(
       runWriter({
         path: o.uds,
         queue,
-        hello: () => helloLine(o.identity, { epoch: o.epoch, blockSize: o.blockSize }),
+        hello: () => helloLine(o.identity, { epoch: o.epoch, blockSize: o.blockSize, dpSize }),
         resync: (r) => {
           st.resyncs++
           return resyncOf(r)

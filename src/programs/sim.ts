@@ -111,15 +111,17 @@ const main = async (): Promise<void> => {
     if (settings !== undefined) {
       const pub = new KvPublisher({
         settings,
+        flavor: cfg.flavor,
         legacy: cfg.kvLegacyArrays,
-        signedHashes: cfg.flavor === "sglang",
+        replay3Frames: cfg.kvReplay3Frames,
+        dp: cfg.dataParallel,
         stopAfter: cfg.kvStopAfter,
         skipSeq: cfg.kvSkipSeq,
         log
       })
       await pub.start()
       ctx.publisher = pub
-      pub.publish([ctx.kv.clear()])
+      pub.publishAll([ctx.kv.clear()])
     }
     ctx.loaded = true
     log("model loaded", { flavor: cfg.flavor })

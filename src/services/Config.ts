@@ -15,6 +15,8 @@ export interface ModelConfig {
   /** Where the weights come from: an HF repo id or a local path. */
   readonly source: { readonly kind: "hf_repo" | "path"; readonly value: string }
   readonly tp: number
+  /** Data-parallel engine replicas (vLLM `--data-parallel-size`, SGLang `--dp-size`). */
+  readonly dp: number
   /** The name clients use; defaults to the table's name. */
   readonly served_name: string
   readonly max_model_len: number | undefined

@@ -153,6 +153,7 @@ export const ModelSection = Schema.Struct({
   hf_repo: Schema.optionalKey(Schema.NonEmptyString),
   path: Schema.optionalKey(Schema.NonEmptyString),
   tp: withDefault(PositiveInt, 1),
+  dp: withDefault(PositiveInt, 1),
   served_name: Schema.optionalKey(Schema.NonEmptyString),
   max_model_len: Schema.optionalKey(PositiveInt),
   gpu_memory_utilization: Schema.optionalKey(

@@ -16,6 +16,8 @@ export interface EngineCapabilities {
   readonly kvEvents: boolean
   /** Whether tensor parallelism (`tp` > 1) can be expressed on its command line. */
   readonly tensorParallel: boolean
+  /** Whether data parallelism (`dp` > 1) can be expressed on its command line; absent means no. */
+  readonly dataParallel?: boolean
   /** Where the weights may come from. */
   readonly sources: ReadonlyArray<"hf_repo" | "path">
   /**
@@ -52,6 +54,8 @@ export interface KvEventsEndpoint {
   readonly engineBinds: boolean
   readonly replayEndpoint: string | undefined
   readonly topic: string
+  /** Data-parallel ranks; rank r publishes on `endpoint` (and `replayEndpoint`) offset by r. Absent means 1. */
+  readonly dpSize?: number
 }
 
 /** Everything needed to start and use the engine; rendering it has no side effects. */

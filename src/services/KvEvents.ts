@@ -1,7 +1,8 @@
 /**
  * KV-cache events as the engines publish them: one ZMQ message `[topic, seq (8-byte BE), msgpack batch]`
- * decoded into a typed batch, and the per-publisher sequence check that tells in-order, gap and engine
- * restart apart. Accepts both event encodings (maps with "type", legacy tagged arrays) and both batch
+ * decoded into a typed batch, the replay ROUTER's replies in both layouts, each data-parallel rank's
+ * endpoint, and the per-publisher sequence check that tells in-order, gap and engine restart apart.
+ * Accepts both event encodings (maps with "type", tagged arrays: legacy vLLM and SGLang) and both batch
  * shapes ([ts, events, dp_rank] and the older [ts, events]). Pure: no I/O, no node:* imports.
  */
 import { decode } from "@msgpack/msgpack"
@@ -22,6 +23,8 @@ export type KvEvent =
       readonly loraName: string | null
       readonly groupIdx: number | undefined
       readonly specKind: string | undefined
+      /** SGLang `BlockStoredWithMetadata.metadata.cache_salt`: the request's salt (its hashes are salted). */
+      readonly cacheSalt?: string | undefined
     }
   | {
       readonly type: "BlockRemoved"
@@ -101,10 +104,14 @@ const STORED_POS = [
   "kv_cache_spec_sliding_window"
 ]
 const REMOVED_POS = ["block_hashes", "medium", "group_idx"]
-const STORED_KEYS = new Set(["type", ...STORED_POS])
+// "metadata": the map form of SGLang's salted BlockStored (sgl-project/sglang PR #37271, closed).
+const STORED_KEYS = new Set(["type", "metadata", ...STORED_POS])
 const REMOVED_KEYS = new Set(["type", ...REMOVED_POS])
 
 type Fields = Record<string, unknown>
+
+const isMap = (v: unknown): v is Fields =>
+  v !== null && typeof v === "object" && !Array.isArray(v) && !(v instanceof Uint8Array)
 
 const build = (type: string, f: Fields): KvEvent | undefined => {
   switch (type) {
@@ -118,7 +125,8 @@ const build = (type: string, f: Fields): KvEvent | undefined => {
         medium: str(f.medium),
         loraName: str(f.lora_name),
         groupIdx: num(f.group_idx),
-        specKind: str(f.kv_cache_spec_kind) ?? undefined
+        specKind: str(f.kv_cache_spec_kind) ?? undefined,
+        cacheSalt: isMap(f.metadata) ? (str(f.metadata.cache_salt) ?? undefined) : undefined
       }
     case "BlockRemoved":
       return { type, blockHashes: hashes(f.block_hashes), medium: str(f.medium), groupIdx: num(f.group_idx) }
@@ -137,14 +145,17 @@ export const decodeEvent = (raw: unknown, stats: { unknownKeys: number }): KvEve
     const pos = tag === "BlockStored" ? STORED_POS : tag === "BlockRemoved" ? REMOVED_POS : []
     const f: Fields = {}
     rest.forEach((v, i) => {
-      const k = pos[i]
+      // SGLang's BlockStoredWithMetadata keeps the tag "BlockStored" and puts a `{cache_salt}` struct in
+      // slot 7, where vLLM has lora_name (str | nil): a map there is the metadata
+      // (sgl-project/sglang python/sglang/srt/disaggregation/kv_events.py).
+      const k = tag === "BlockStored" && i === 6 && isMap(v) ? "metadata" : pos[i]
       if (k === undefined) stats.unknownKeys++
       else f[k] = v
     })
     return build(tag, f)
   }
-  if (raw !== null && typeof raw === "object" && !(raw instanceof Uint8Array)) {
-    const f = raw as Fields
+  if (isMap(raw)) {
+    const f = raw
     if (typeof f.type !== "string") throw new Malformed("event map without a type")
     const known = f.type === "BlockStored" ? STORED_KEYS : f.type === "BlockRemoved" ? REMOVED_KEYS : undefined
     if (known !== undefined) for (const k of Object.keys(f)) if (!known.has(k)) stats.unknownKeys++
@@ -181,11 +192,36 @@ export const decodePayload = (payload: Uint8Array): Omit<KvBatch, "topic" | "seq
 export const decodeMessage = (frames: ReadonlyArray<Uint8Array>): DecodeResult => {
   if (frames.length !== 3) return { ok: false, seq: undefined, error: `expected 3 frames, got ${frames.length}` }
   const [topicF, seqF, payload] = frames as [Uint8Array, Uint8Array, Uint8Array]
+  return decodeParts(new TextDecoder().decode(topicF), seqF, payload)
+}
+
+/** What a replay DEALER reads: a batch, the end marker, or a reply it cannot use. */
+export type ReplayReply = { readonly end: true } | ({ readonly end: false } & DecodeResult)
+
+/**
+ * One replay ROUTER reply as a DEALER receives it (identity stripped). vLLM >= 0.26 sends the topic too:
+ * `["", topic, seq8, payload]`, end marker `["", "", 0xFF..FF, ""]` (vllm-project/vllm PR #45177); older
+ * vLLM and SGLang send `["", seq8, payload]`, end marker `["", 0xFF..FF, ""]`. `topic` names the
+ * batches of the 3-frame layout, which carries none.
+ */
+export const decodeReplayReply = (frames: ReadonlyArray<Uint8Array>, topic: string): ReplayReply => {
+  const n = frames.length
+  if ((n !== 3 && n !== 4) || (frames[0] as Uint8Array).length !== 0) {
+    return { end: false, ok: false, seq: undefined, error: `unexpected replay reply of ${n} frames` }
+  }
+  const seqF = frames[n - 2] as Uint8Array
+  const seq = readSeq(seqF)
+  if (seq === END_OF_REPLAY) return { end: true }
+  const name = n === 4 ? new TextDecoder().decode(frames[1]) : topic
+  return { end: false, ...decodeParts(name, seqF, frames[n - 1] as Uint8Array) }
+}
+
+const decodeParts = (topic: string, seqF: Uint8Array, payload: Uint8Array): DecodeResult => {
   const seq = readSeq(seqF)
   if (seq === undefined) return { ok: false, seq: undefined, error: `seq frame has ${seqF.length} bytes, not 8` }
   try {
     const { rawEvents: _, ...rest } = decodePayload(payload)
-    return { ok: true, batch: { topic: new TextDecoder().decode(topicF), seq, ...rest } }
+    return { ok: true, batch: { topic, seq, ...rest } }
   } catch (err) {
     return { ok: false, seq, error: err instanceof Error ? err.message : String(err) }
   }
@@ -207,4 +243,17 @@ export const checkSeq = (expected: bigint | undefined, seq: bigint): SeqVerdict 
   if (seq === expected) return { kind: "next" }
   if (seq > expected) return { kind: "gap", from: expected, to: seq }
   return { kind: "restart", from: expected, to: seq }
+}
+
+/**
+ * The endpoint data-parallel rank `rank` publishes on: TCP port + rank, `inproc://x` -> `inproc://x_dp<rank>`
+ * (vllm-project/vllm vllm/distributed/kv_events.py and sgl-project/sglang
+ * python/sglang/srt/disaggregation/kv_events.py, `offset_endpoint_port`). Rank 0 keeps the endpoint as
+ * given; any other endpoint (ipc://) cannot be offset: the engines refuse it, and so does the config check.
+ */
+export const rankEndpoint = (endpoint: string, rank: number): string | undefined => {
+  if (rank === 0) return endpoint
+  if (endpoint.includes("inproc")) return `${endpoint}_dp${rank}`
+  const m = /^(tcp:\/\/.*):(\d+)$/.exec(endpoint)
+  return m === null ? undefined : `${m[1]}:${Number(m[2]) + rank}`
 }

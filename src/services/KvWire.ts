@@ -43,7 +43,8 @@ const eventJson = (e: KvEvent): Record<string, unknown> => {
         medium: e.medium,
         ...(e.loraName !== null ? { lora_name: e.loraName } : {}),
         ...(e.groupIdx !== undefined ? { group_idx: e.groupIdx } : {}),
-        ...(e.specKind !== undefined ? { kv_cache_spec_kind: e.specKind } : {})
+        ...(e.specKind !== undefined ? { kv_cache_spec_kind: e.specKind } : {}),
+        ...(e.cacheSalt !== undefined ? { cache_salt: e.cacheSalt } : {})
       }
     case "BlockRemoved":
       return {
@@ -57,12 +58,17 @@ const eventJson = (e: KvEvent): Record<string, unknown> => {
   }
 }
 
-export const helloLine = (id: NodeIdentity, extra: { readonly epoch: string; readonly blockSize: number }): string =>
+export const helloLine = (
+  id: NodeIdentity,
+  extra: { readonly epoch: string; readonly blockSize: number; readonly dpSize?: number }
+): string =>
   `${JSON.stringify({
     type: "Hello",
     version: KV_WIRE_VERSION,
     ...id,
     block_size: extra.blockSize,
+    // Data-parallel ranks: Batch and Resync lines carry dp_rank in [0, dp_size), one KV cache each.
+    dp_size: extra.dpSize ?? 1,
     epoch: extra.epoch
   })}\n`
 

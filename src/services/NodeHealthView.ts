@@ -110,6 +110,11 @@ export const buildNodeHealth = (i: NodeHealthInputs): NodeHealth => ({
     kvUsage: i.signals?.kvUsage ?? -1,
     tokensPerSecond: i.tokensPerSecond
   },
-  capacity: { maxInflight: i.config.agent.max_inflight, maxQueue: i.config.agent.max_queue, gpus: [...i.gpus] },
+  capacity: {
+    maxInflight: i.config.agent.max_inflight,
+    maxQueue: i.config.agent.max_queue,
+    gpus: [...i.gpus],
+    dp: i.config.model.dp
+  },
   freshness: { epoch: "", sequence: 0, writtenAt: "" }
 })

@@ -16,6 +16,8 @@ export interface SimConfig {
   readonly servedName: string
   readonly maxModelLen: number | undefined
   readonly tensorParallel: number
+  /** vLLM `--data-parallel-size`, SGLang `--dp-size`: one KV-event publisher per rank. */
+  readonly dataParallel: number
   readonly enableMetrics: boolean
   readonly kvTransferConfig: Record<string, unknown> | undefined
   readonly kvEventsConfig: Record<string, unknown> | undefined
@@ -45,6 +47,8 @@ export interface SimConfig {
   readonly kvLegacyArrays: boolean
   /** vLLM before PR #29665: P sends no remote_request_id, D pulls under its own request id. */
   readonly nixlLegacy: boolean
+  /** vLLM < 0.26 replay replies (3 frames, no topic). */
+  readonly kvReplay3Frames: boolean
   readonly kvLeaseMs: number | undefined
   readonly bootstrapTimeoutMs: number | undefined
   /** Flags seen on the line that the simulator accepts but does not model. */
@@ -102,6 +106,7 @@ const BOOLEAN_FLAGS = new Set([
   "--sim-hang-health",
   "--sim-kv-legacy-arrays",
   "--sim-nixl-legacy",
+  "--sim-kv-replay-3-frames",
   "--enable-metrics",
   "--metrics",
   "--enforce-eager",
@@ -278,6 +283,8 @@ const MODELLED: Record<Flavor, ReadonlyArray<string>> = {
     "--model",
     "--tensor-parallel-size",
     "-tp",
+    "--data-parallel-size",
+    "-dp",
     "--served-model-name",
     "--max-model-len",
     "--gpu-memory-utilization",
@@ -294,6 +301,9 @@ const MODELLED: Record<Flavor, ReadonlyArray<string>> = {
     "--tp-size",
     "--tensor-parallel-size",
     "--tp",
+    "--dp-size",
+    "--data-parallel-size",
+    "--dp",
     "--served-model-name",
     "--context-length",
     "--mem-fraction-static",
@@ -344,6 +354,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
   let servedName: string
   let maxModelLen: number | undefined
   let tensorParallel = 1
+  let dataParallel = 1
   let enableMetrics = true
   let defaultMaxSeqs = 256
   let blockSize = 16
@@ -353,6 +364,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     servedName = v("--served-model-name") ?? model
     maxModelLen = num(v("--max-model-len"), "--max-model-len")
     tensorParallel = num(first("--tensor-parallel-size", "-tp"), "--tensor-parallel-size") ?? 1
+    dataParallel = num(first("--data-parallel-size", "-dp"), "--data-parallel-size") ?? 1
     defaultMaxSeqs = num(v("--max-num-seqs"), "--max-num-seqs") ?? 256
     // Without --block-size vLLM takes the platform's/model's choice (vllm/config/cache.py; 16 on CUDA,
     // larger for some attention backends): --sim-platform-block-size stands for that choice.
@@ -363,6 +375,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     servedName = v("--served-model-name") ?? model
     maxModelLen = num(v("--context-length"), "--context-length")
     tensorParallel = num(first("--tp-size", "--tensor-parallel-size", "--tp"), "--tp-size") ?? 1
+    dataParallel = num(first("--dp-size", "--data-parallel-size", "--dp"), "--dp-size") ?? 1
     enableMetrics = p.flags.has("--enable-metrics")
     defaultMaxSeqs = num(v("--max-running-requests"), "--max-running-requests") ?? 256
     blockSize = num(v("--page-size"), "--page-size") ?? 1
@@ -417,6 +430,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     servedName,
     maxModelLen,
     tensorParallel,
+    dataParallel,
     enableMetrics,
     kvTransferConfig,
     kvEventsConfig: flavor === "vllm" || flavor === "sglang" ? parseJsonFlag(p, "--kv-events-config") : undefined,
@@ -444,6 +458,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     hangHealth: p.flags.has("--sim-hang-health"),
     kvLegacyArrays: p.flags.has("--sim-kv-legacy-arrays"),
     nixlLegacy: p.flags.has("--sim-nixl-legacy"),
+    kvReplay3Frames: p.flags.has("--sim-kv-replay-3-frames"),
     kvLeaseMs: dur("--sim-kv-lease"),
     bootstrapTimeoutMs,
     unmodelled

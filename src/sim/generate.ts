@@ -145,7 +145,7 @@ export const generate = async (
   if (gone()) return
 
   const promptIds = gr.promptWords.map(tokenId)
-  const admission = kv.admit(promptIds)
+  const admission = kv.admit(promptIds, gr.cacheSalt)
   pinned = admission.hashes
   ctx.publisher?.publish(admission.events)
   stats.promptTokens += promptIds.length

@@ -9,6 +9,8 @@ export type KvEvent =
       readonly parentBlockHash: bigint | null
       readonly tokenIds: ReadonlyArray<number>
       readonly blockSize: number
+      /** The request's `cache_salt`, when it had one (its blocks hash apart from unsalted ones). */
+      readonly cacheSalt?: string
     }
   | { readonly type: "BlockRemoved"; readonly blockHashes: ReadonlyArray<bigint> }
   | { readonly type: "AllBlocksCleared" }
@@ -60,10 +62,16 @@ export class KvBlocks {
     this.seed = seed
   }
 
-  /** Hashes of the prompt's full blocks. */
-  hashesOf(tokenIds: ReadonlyArray<number>): Array<bigint> {
+  /** Hashes of the prompt's full blocks; a salt changes every hash of the chain (the engines salt the first block). */
+  hashesOf(tokenIds: ReadonlyArray<number>, salt?: string): Array<bigint> {
     const out: Array<bigint> = []
-    let parent = this.seed
+    let parent =
+      salt === undefined
+        ? this.seed
+        : blockHash(
+            this.seed,
+            Array.from(salt, (c) => c.codePointAt(0) ?? 0)
+          )
     for (let i = 0; i + this.blockSize <= tokenIds.length; i += this.blockSize) {
       parent = blockHash(parent, tokenIds.slice(i, i + this.blockSize))
       out.push(parent)
@@ -72,8 +80,8 @@ export class KvBlocks {
   }
 
   /** Pins the prompt's full blocks, storing missing ones (and evicting unpinned ones past capacity). */
-  admit(tokenIds: ReadonlyArray<number>): Admission {
-    const hashes = this.hashesOf(tokenIds)
+  admit(tokenIds: ReadonlyArray<number>, salt?: string): Admission {
+    const hashes = this.hashesOf(tokenIds, salt)
     const events: Array<KvEvent> = []
     const blockIds: Array<number> = []
     let hitTokens = 0
@@ -86,7 +94,8 @@ export class KvBlocks {
         blockHashes: run.hashes,
         parentBlockHash: start === 0 ? null : (hashes[start - 1] ?? null),
         tokenIds: tokenIds.slice(start * this.blockSize, (start + run.hashes.length) * this.blockSize),
-        blockSize: this.blockSize
+        blockSize: this.blockSize,
+        ...(salt !== undefined ? { cacheSalt: salt } : {})
       })
       run = undefined
     }

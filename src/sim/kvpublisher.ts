@@ -1,7 +1,13 @@
-// KV-event publisher in vLLM's wire format: a ZMQ PUB sending [topic, seq (8-byte BE), msgpack batch]
-// where the batch is [ts, events, dp_rank]; a ROUTER on replay_endpoint answers [identity, "", seq8] with
-// every buffered batch from that seq, then the end marker seq 0xFFFFFFFFFFFFFFFF with an empty payload.
-// Hashes are uint64 BigInts (vLLM) or signed int64 (SGLang); events are maps with "type" or legacy arrays.
+// KV-event publisher in the engines' wire format: per data-parallel rank a ZMQ PUB sending
+// [topic, seq (8-byte BE), msgpack batch] where the batch is [ts, events, dp_rank], on the configured port
+// plus the rank; a ROUTER on replay_endpoint (+ rank) answers [identity, "", seq8] with every buffered batch
+// from that seq, then the end marker seq 0xFFFFFFFFFFFFFFFF with an empty payload. vLLM >= 0.26 puts the
+// topic in each reply (["", topic, seq8, payload], end ["", "", END, ""], vllm-project/vllm PR #45177);
+// older vLLM (--sim-kv-replay-3-frames) and SGLang reply ["", seq8, payload].
+// vLLM: uint64 hashes, events as maps with "type" (legacy tagged arrays behind --sim-kv-legacy-arrays).
+// SGLang: signed int64 hashes, events always tagged arrays (msgspec array_like=True); a salted BlockStored
+// (BlockStoredWithMetadata, tag still "BlockStored") carries {cache_salt} in array slot 7
+// (sgl-project/sglang python/sglang/srt/disaggregation/kv_events.py).
 import { encode } from "@msgpack/msgpack"
 import * as zmq from "zeromq"
 import type { Flavor } from "./args.ts"
@@ -38,9 +44,16 @@ export const kvEventsSettings = (
   }
 }
 
-/** vLLM's rule: bind for wildcard/IPv6-any/ipc/inproc endpoints, connect otherwise. */
-export const shouldBind = (endpoint: string): boolean =>
-  endpoint.includes("*") || endpoint.includes("::") || endpoint.startsWith("ipc://") || endpoint.startsWith("inproc://")
+/**
+ * The engines' rule: bind for wildcard/IPv6-any/ipc/inproc endpoints, connect otherwise; newest SGLang also
+ * binds `0.0.0.0` (sgl-project/sglang python/sglang/srt/disaggregation/kv_events.py `_socket_setup`).
+ */
+export const shouldBind = (endpoint: string, flavor: Flavor = "vllm"): boolean =>
+  endpoint.includes("*") ||
+  endpoint.includes("::") ||
+  (flavor === "sglang" && endpoint.includes("0.0.0.0")) ||
+  endpoint.startsWith("ipc://") ||
+  endpoint.startsWith("inproc://")
 
 const END_SEQ = 0xffffffffffffffffn
 
@@ -50,14 +63,31 @@ const seqFrame = (seq: bigint): Buffer => {
   return b
 }
 
-/** Encodes one event in the map (current) or tagged-array (legacy) shape. */
-export const encodeEvent = (e: KvEvent, legacy: boolean, signed: boolean): unknown => {
+/** The endpoint of DP rank `rank`: TCP port + rank, inproc suffix `_dp<rank>` (both engines' `offset_endpoint_port`). */
+export const offsetEndpoint = (endpoint: string, rank: number): string => {
+  if (rank === 0) return endpoint
+  if (endpoint.includes("inproc")) return `${endpoint}_dp${rank}`
+  const i = endpoint.lastIndexOf(":")
+  if (!endpoint.includes("tcp") || i < 0)
+    throw new Error(`Invalid endpoint: must contain 'inproc' or 'tcp': ${endpoint}`)
+  return `${endpoint.slice(0, i)}:${Number(endpoint.slice(i + 1)) + rank}`
+}
+
+export type EventShape = "map" | "vllm-array" | "sglang-array"
+
+/** Encodes one event in the flavor's shape. */
+export const encodeEvent = (e: KvEvent, shape: EventShape, signed: boolean): unknown => {
   const h = (x: bigint) => (signed ? BigInt.asIntN(64, x) : x)
   switch (e.type) {
     case "BlockStored": {
       const hashes = e.blockHashes.map(h)
       const parent = e.parentBlockHash === null ? null : h(e.parentBlockHash)
-      if (legacy) return ["BlockStored", hashes, parent, e.tokenIds, e.blockSize, null, "GPU", null]
+      const salt = e.cacheSalt
+      if (shape === "sglang-array") {
+        const base = ["BlockStored", hashes, parent, e.tokenIds, e.blockSize, null, "GPU"]
+        return salt === undefined ? base : [...base, { cache_salt: salt }]
+      }
+      if (shape === "vllm-array") return ["BlockStored", hashes, parent, e.tokenIds, e.blockSize, null, "GPU", null]
       return {
         type: "BlockStored",
         block_hashes: hashes,
@@ -67,59 +97,147 @@ export const encodeEvent = (e: KvEvent, legacy: boolean, signed: boolean): unkno
         lora_id: null,
         medium: "GPU",
         lora_name: null,
-        extra_keys: hashes.map(() => null),
+        // vLLM's per-block extra keys: the salt is part of the first block's key only.
+        extra_keys: hashes.map((_, i) => (salt !== undefined && parent === null && i === 0 ? [salt] : null)),
         group_idx: 0,
         kv_cache_spec_kind: "full_attention"
       }
     }
     case "BlockRemoved":
-      return legacy
-        ? ["BlockRemoved", e.blockHashes.map(h), "GPU"]
-        : { type: "BlockRemoved", block_hashes: e.blockHashes.map(h), medium: "GPU", group_idx: 0 }
+      return shape === "map"
+        ? { type: "BlockRemoved", block_hashes: e.blockHashes.map(h), medium: "GPU", group_idx: 0 }
+        : ["BlockRemoved", e.blockHashes.map(h), "GPU"]
     case "AllBlocksCleared":
-      return legacy ? ["AllBlocksCleared"] : { type: "AllBlocksCleared" }
+      return shape === "map" ? { type: "AllBlocksCleared" } : ["AllBlocksCleared"]
   }
 }
 
 export interface PublisherOptions {
   readonly settings: KvEventsSettings
+  readonly flavor: Flavor
+  /** vLLM only: legacy tagged arrays instead of maps (SGLang always sends arrays). */
   readonly legacy: boolean
-  readonly signedHashes: boolean
-  /** Stop publishing after this many batches (fault switch). */
+  /** vLLM only: the pre-0.26 3-frame replay reply (SGLang always replies with 3 frames). */
+  readonly replay3Frames: boolean
+  /** Data-parallel ranks, each with its own publisher, ports and sequence. */
+  readonly dp: number
+  /** Stop publishing after this many batches per rank (fault switch). */
   readonly stopAfter: number | undefined
-  /** Skip this sequence number (fault switch). */
+  /** Skip this sequence number on every rank (fault switch). */
   readonly skipSeq: number | undefined
   readonly log: (msg: string, fields?: Record<string, unknown>) => void
 }
 
-export class KvPublisher {
+/** One rank's PUB, replay ROUTER, buffer and counter. */
+class RankPublisher {
   private readonly pub: zmq.Publisher
   private router: zmq.Router | undefined
   private readonly buffer: Array<[bigint, Buffer]> = []
-  private pending: Array<KvEvent> = []
-  private flushScheduled = false
   private seq = 0n
   private published = 0
   private sending: Promise<void> = Promise.resolve()
   private closed = false
   private readonly opts: PublisherOptions
+  private readonly rank: number
 
-  constructor(opts: PublisherOptions) {
+  constructor(opts: PublisherOptions, rank: number) {
     this.opts = opts
+    this.rank = rank
     this.pub = new zmq.Publisher({ sendHighWaterMark: opts.settings.hwm, linger: 0 })
   }
 
   async start(): Promise<void> {
-    const { endpoint, replayEndpoint } = this.opts.settings
-    if (shouldBind(endpoint)) await this.pub.bind(endpoint)
+    const { settings, flavor, log } = this.opts
+    const endpoint = offsetEndpoint(settings.endpoint, this.rank)
+    const bind = shouldBind(endpoint, flavor)
+    if (bind) await this.pub.bind(endpoint)
     else this.pub.connect(endpoint)
-    this.opts.log("kv events publisher", { endpoint, mode: shouldBind(endpoint) ? "bind" : "connect" })
-    if (replayEndpoint !== undefined) {
+    log("kv events publisher", { endpoint, mode: bind ? "bind" : "connect", dpRank: this.rank })
+    if (settings.replayEndpoint !== undefined) {
+      const replay = offsetEndpoint(settings.replayEndpoint, this.rank)
       this.router = new zmq.Router({ linger: 0 })
-      await this.router.bind(replayEndpoint)
-      this.opts.log("kv events replay", { endpoint: replayEndpoint })
+      await this.router.bind(replay)
+      log("kv events replay", { endpoint: replay, dpRank: this.rank })
       void this.serveReplay(this.router)
     }
+  }
+
+  get lastSeq(): number {
+    return Number(this.seq) - 1
+  }
+
+  send(events: ReadonlyArray<KvEvent>): void {
+    const o = this.opts
+    if (this.closed || (o.stopAfter !== undefined && this.published >= o.stopAfter)) return
+    if (o.skipSeq !== undefined && this.seq === BigInt(o.skipSeq)) this.seq++
+    const seq = this.seq++
+    this.published++
+    let ts = Date.now() / 1000
+    if (Number.isInteger(ts)) ts += 0.0001 // keep msgpack float64
+    const shape: EventShape = o.flavor === "sglang" ? "sglang-array" : o.legacy ? "vllm-array" : "map"
+    const encoded = events.map((e) => encodeEvent(e, shape, o.flavor === "sglang"))
+    const payload = Buffer.from(encode([ts, encoded, this.rank], { useBigInt64: true }))
+    this.buffer.push([seq, payload])
+    if (this.buffer.length > o.settings.bufferSteps) this.buffer.shift()
+    const frames = [Buffer.from(o.settings.topic), seqFrame(seq), payload]
+    this.sending = this.sending
+      .then(() => this.pub.send(frames))
+      .catch((err: unknown) => o.log("kv events send failed", { error: String(err), dpRank: this.rank }))
+  }
+
+  private async serveReplay(router: zmq.Router): Promise<void> {
+    const withTopic = this.opts.flavor === "vllm" && !this.opts.replay3Frames
+    const topic = Buffer.from(this.opts.settings.topic)
+    const empty = Buffer.alloc(0)
+    try {
+      for await (const frames of router) {
+        if (frames.length !== 3 || (frames[2]?.length ?? 0) !== 8) {
+          this.opts.log("kv events replay: bad request", { frames: frames.length })
+          continue
+        }
+        const [identity, , start] = frames as [Buffer, Buffer, Buffer]
+        const from = start.readBigUInt64BE()
+        for (const [seq, payload] of this.buffer) {
+          if (seq < from) continue
+          await router.send(
+            withTopic ? [identity, empty, topic, seqFrame(seq), payload] : [identity, empty, seqFrame(seq), payload]
+          )
+        }
+        await router.send(
+          withTopic ? [identity, empty, empty, seqFrame(END_SEQ), empty] : [identity, empty, seqFrame(END_SEQ), empty]
+        )
+      }
+    } catch (err) {
+      if (!this.closed) this.opts.log("kv events replay stopped", { error: String(err), dpRank: this.rank })
+    }
+  }
+
+  close(): void {
+    this.closed = true
+    this.pub.close()
+    this.router?.close()
+  }
+}
+
+/**
+ * The engine's publishers, one per DP rank. Every engine step's events go out as one batch; with dp > 1
+ * steps go to the ranks in turn (the simulator keeps one block table, so a rank may report a hit stored by
+ * another: the wire per rank is what it models, not DP's separate caches).
+ */
+export class KvPublisher {
+  private readonly ranks: ReadonlyArray<RankPublisher>
+  private pending: Array<KvEvent> = []
+  private flushScheduled = false
+  private next = 0
+  private last = 0
+  private closed = false
+
+  constructor(opts: PublisherOptions) {
+    this.ranks = Array.from({ length: Math.max(1, opts.dp) }, (_, r) => new RankPublisher(opts, r))
+  }
+
+  async start(): Promise<void> {
+    for (const r of this.ranks) await r.start()
   }
 
   /** Queues events; everything queued in one tick goes out as one batch (one engine step). */
@@ -132,8 +250,15 @@ export class KvPublisher {
     }
   }
 
+  /** Sends one batch on every rank at once (each rank's own cache was cleared). */
+  publishAll(events: ReadonlyArray<KvEvent>): void {
+    if (events.length === 0 || this.closed) return
+    for (const r of this.ranks) r.send(events)
+  }
+
+  /** The last seq of the rank that published last. */
   get lastSeq(): number {
-    return Number(this.seq) - 1
+    return (this.ranks[this.last] as RankPublisher).lastSeq
   }
 
   private flush(): void {
@@ -141,47 +266,13 @@ export class KvPublisher {
     const events = this.pending
     this.pending = []
     if (this.closed || events.length === 0) return
-    if (this.opts.stopAfter !== undefined && this.published >= this.opts.stopAfter) return
-    if (this.opts.skipSeq !== undefined && this.seq === BigInt(this.opts.skipSeq)) this.seq++
-    const seq = this.seq++
-    this.published++
-    let ts = Date.now() / 1000
-    if (Number.isInteger(ts)) ts += 0.0001 // keep msgpack float64
-    const payload = Buffer.from(
-      encode([ts, events.map((e) => encodeEvent(e, this.opts.legacy, this.opts.signedHashes)), 0], {
-        useBigInt64: true
-      })
-    )
-    this.buffer.push([seq, payload])
-    if (this.buffer.length > this.opts.settings.bufferSteps) this.buffer.shift()
-    const frames = [Buffer.from(this.opts.settings.topic), seqFrame(seq), payload]
-    this.sending = this.sending
-      .then(() => this.pub.send(frames))
-      .catch((err: unknown) => this.opts.log("kv events send failed", { error: String(err) }))
-  }
-
-  private async serveReplay(router: zmq.Router): Promise<void> {
-    try {
-      for await (const frames of router) {
-        if (frames.length !== 3 || (frames[2]?.length ?? 0) !== 8) {
-          this.opts.log("kv events replay: bad request", { frames: frames.length })
-          continue
-        }
-        const [identity, , start] = frames as [Buffer, Buffer, Buffer]
-        const from = start.readBigUInt64BE()
-        for (const [seq, payload] of this.buffer) {
-          if (seq >= from) await router.send([identity, Buffer.alloc(0), seqFrame(seq), payload])
-        }
-        await router.send([identity, Buffer.alloc(0), seqFrame(END_SEQ), Buffer.alloc(0)])
-      }
-    } catch (err) {
-      if (!this.closed) this.opts.log("kv events replay stopped", { error: String(err) })
-    }
+    this.last = this.next
+    this.next = (this.next + 1) % this.ranks.length
+    ;(this.ranks[this.last] as RankPublisher).send(events)
   }
 
   close(): void {
     this.closed = true
-    this.pub.close()
-    this.router?.close()
+    for (const r of this.ranks) r.close()
   }
 }

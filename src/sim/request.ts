@@ -11,6 +11,8 @@ export interface GenRequest {
   readonly stream: boolean
   readonly includeUsage: boolean
   readonly seed: number | undefined
+  /** vLLM/SGLang `cache_salt`: the prompt's KV blocks hash apart from other salts'. */
+  readonly cacheSalt: string | undefined
   readonly kvTransferParams: Record<string, unknown> | undefined
   readonly bootstrap: { host: string; port: number; room: string } | undefined
 }
@@ -110,6 +112,7 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
     stream: b.stream === true,
     includeUsage,
     seed: typeof b.seed === "number" ? b.seed : undefined,
+    cacheSalt: typeof b.cache_salt === "string" && b.cache_salt !== "" ? b.cache_salt : undefined,
     kvTransferParams: typeof kvp === "object" && kvp !== null ? (kvp as Record<string, unknown>) : undefined,
     bootstrap
   }

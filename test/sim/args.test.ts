@@ -77,6 +77,12 @@ describe("misc", () => {
       true
     ])
   })
+  it("binds 0.0.0.0 as newest SGLang does, connects to it as vLLM does", () => {
+    expect([shouldBind("tcp://0.0.0.0:5557", "sglang"), shouldBind("tcp://0.0.0.0:5557", "vllm")]).toEqual([
+      true,
+      false
+    ])
+  })
   it("plans echo and random generations", () => {
     expect(plan("echo", ["a", "b"], 5, prng(1))).toEqual({ tokens: ["a", " b"], finishReason: "stop" })
     expect(plan("echo", ["a", "b"], 1, prng(1)).finishReason).toBe("length")

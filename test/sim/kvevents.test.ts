@@ -1,18 +1,23 @@
 // KV-cache events read back by an independent ZMQ subscriber / replay DEALER: 3-frame messages, 8-byte BE
 // sequence numbers, msgpack [ts, events, dp_rank] with exact uint64 block hashes, chaining, eviction,
-// replay with its end marker, legacy tagged arrays, SGLang's signed hashes, and the kv fault switches.
+// replay with its end marker (4 frames with the topic for vLLM >= 0.26, 3 for older vLLM and SGLang),
+// legacy tagged arrays, SGLang's tagged arrays with signed hashes and salted metadata in slot 7, SGLang
+// binding 0.0.0.0, one publisher per data-parallel rank, and the kv fault switches.
 import { decode } from "@msgpack/msgpack"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as zmq from "zeromq"
-import { freePort } from "../support/ports.ts"
+import { freePort, freePortRange } from "../support/ports.ts"
 import { postJson, type SimHandle, startSim } from "../support/sim.ts"
 
 type Batch = [number, Array<unknown>, number]
 const dec = (b: Buffer) => decode(b, { useBigInt64: true }) as Batch
 const END = 0xffffffffffffffffn
 
-/** All batches from `from` via the replay ROUTER, as [seq, batch]. */
-const replay = async (endpoint: string, from = 0n): Promise<Array<[bigint, Batch]>> => {
+/**
+ * All batches from `from` via the replay ROUTER, as [seq, batch]. `topic`: the 4-frame layout of vLLM >= 0.26
+ * (["", topic, seq, payload], end ["", "", END, ""]); undefined: the 3-frame one (["", seq, payload]).
+ */
+const replay = async (endpoint: string, from = 0n, topic?: string): Promise<Array<[bigint, Batch]>> => {
   const dealer = new zmq.Dealer({ linger: 0, receiveTimeout: 5_000 })
   dealer.connect(endpoint)
   const seq = Buffer.alloc(8)
@@ -22,13 +27,16 @@ const replay = async (endpoint: string, from = 0n): Promise<Array<[bigint, Batch
   try {
     for (;;) {
       const frames = await dealer.receive()
-      expect(frames).toHaveLength(3)
-      const s = (frames[1] as Buffer).readBigUInt64BE()
+      expect(frames).toHaveLength(topic === undefined ? 3 : 4)
+      expect(frames[0]?.length).toBe(0)
+      const [seqF, payload] = frames.slice(-2) as [Buffer, Buffer]
+      const s = seqF.readBigUInt64BE()
+      if (topic !== undefined) expect(frames[1]?.toString()).toBe(s === END ? "" : topic)
       if (s === END) {
-        expect(frames[2]?.length).toBe(0)
+        expect(payload.length).toBe(0)
         return out
       }
-      out.push([s, dec(frames[2] as Buffer)])
+      out.push([s, dec(payload)])
     }
   } finally {
     dealer.close()
@@ -121,7 +129,7 @@ describe("vLLM KV events (connect mode, map events)", () => {
 
   it("evicts past capacity with BlockRemoved, and hashes above 2^63 occur", async () => {
     for (let i = 0; i < 4; i++) await complete(`e${i}a e${i}b e${i}c e${i}d e${i}e e${i}f e${i}g e${i}h`)
-    const batches = await replay(replayEndpoint)
+    const batches = await replay(replayEndpoint, 0n, "kv-events")
     const events = batches.flatMap(([, b]) => b[1] as Array<Record<string, unknown>>)
     expect(events.some((e) => e.type === "BlockRemoved" && (e.block_hashes as Array<unknown>).length > 0)).toBe(true)
     const hashes = events.flatMap((e) => (e.type === "BlockStored" ? (e.block_hashes as Array<bigint>) : []))
@@ -129,12 +137,12 @@ describe("vLLM KV events (connect mode, map events)", () => {
     expect(hashes.every((h) => h >= 0n && h < 1n << 64n)).toBe(true)
   })
 
-  it("replays from seq 0 with AllBlocksCleared first and the end marker", async () => {
-    const batches = await replay(replayEndpoint)
+  it("replays from seq 0 with AllBlocksCleared first and the end marker, topic in every reply (vLLM >= 0.26)", async () => {
+    const batches = await replay(replayEndpoint, 0n, "kv-events")
     expect(batches[0]?.[0]).toBe(0n)
     expect(batches[0]?.[1][1]).toEqual([{ type: "AllBlocksCleared" }])
     expect(batches.map(([s]) => s)).toEqual(batches.map((_, i) => BigInt(i)))
-    const tail = await replay(replayEndpoint, 2n)
+    const tail = await replay(replayEndpoint, 2n, "kv-events")
     expect(tail[0]?.[0]).toBe(2n)
     expect(tail).toHaveLength(batches.length - 2)
   })
@@ -159,13 +167,14 @@ describe("legacy arrays, bind mode and the kv fault switches", () => {
         JSON.stringify(cfg),
         "--sim-block-size",
         "2",
-        "--sim-kv-legacy-arrays"
+        "--sim-kv-legacy-arrays",
+        "--sim-kv-replay-3-frames"
       ].concat(["--sim-kv-skip-seq", "1", "--sim-kv-stop-after", "3"])
     })
   })
   afterAll(() => sim?.stop())
 
-  it("sends tagged arrays, skips seq 1 and stops after 3 batches", async () => {
+  it("sends tagged arrays, replays in 3 frames (vLLM < 0.26), skips seq 1 and stops after 3 batches", async () => {
     for (let i = 0; i < 5; i++) await postJson(`${sim.url}/v1/completions`, { prompt: `x${i} y${i}`, max_tokens: 1 })
     const batches = await replay(replayEndpoint)
     expect(batches.map(([s]) => s)).toEqual([0n, 2n, 3n])
@@ -178,7 +187,7 @@ describe("legacy arrays, bind mode and the kv fault switches", () => {
 })
 
 describe("SGLang KV events", () => {
-  it("needs publisher zmq and sends signed int64 hashes", async () => {
+  it("needs publisher zmq; sends tagged arrays, signed int64 hashes, salt metadata in slot 7; 3-frame replay", async () => {
     const replayPort = await freePort()
     const cfg = { publisher: "zmq", endpoint: `tcp://*:${await freePort()}`, replay_endpoint: `tcp://*:${replayPort}` }
     const sim = await startSim({
@@ -188,12 +197,26 @@ describe("SGLang KV events", () => {
       await sim.waitForLine((l) => l.includes('"model loaded"'))
       for (let i = 0; i < 6; i++)
         await postJson(`${sim.url}/v1/completions`, { prompt: `q${i} r${i} s${i} t${i}`, max_tokens: 1 })
-      const events = (await replay(`tcp://127.0.0.1:${replayPort}`)).flatMap(
-        ([, b]) => b[1] as Array<Record<string, unknown>>
-      )
-      const hashes = events.flatMap((e) => (e.type === "BlockStored" ? (e.block_hashes as Array<bigint | number>) : []))
-      expect(hashes.length).toBeGreaterThan(0)
+      await postJson(`${sim.url}/v1/completions`, { prompt: "q0 r0 s0 t0", max_tokens: 1, cache_salt: "tenant-a" })
+      const batches = await replay(`tcp://127.0.0.1:${replayPort}`)
+      expect(batches[0]?.[1]).toEqual([expect.any(Number), [["AllBlocksCleared"]], 0])
+      const events = batches.flatMap(([, b]) => b[1] as Array<Array<unknown>>)
+      expect(events.every((e) => Array.isArray(e) && typeof e[0] === "string")).toBe(true)
+      const stored = events.filter((e) => e[0] === "BlockStored")
+      // [tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium(, metadata)]
+      const plain = stored.filter((e) => e.length === 7)
+      expect(plain.length).toBeGreaterThan(0)
+      expect(plain[0]?.slice(4)).toEqual([2, null, "GPU"])
+      const hashes = stored.flatMap((e) => e[1] as Array<bigint | number>)
       expect(hashes.some((h) => BigInt(h) < 0n)).toBe(true)
+      expect(hashes.every((h) => BigInt(h) >= -(1n << 63n) && BigInt(h) < 1n << 63n)).toBe(true)
+      const salted = stored.filter((e) => e.length === 8)
+      expect(salted).toHaveLength(1)
+      expect(salted[0]?.[7]).toEqual({ cache_salt: "tenant-a" })
+      // The salt makes the same prompt's blocks new ones, with other hashes.
+      const firstPlain = (plain[0]?.[1] as Array<bigint> | undefined)?.[0]
+      expect(firstPlain).toBeDefined()
+      expect(salted[0]?.[1]).not.toContain(firstPlain)
     } finally {
       await sim.stop()
     }
@@ -205,6 +228,33 @@ describe("SGLang KV events", () => {
       expect(off.stderrLines.some((l) => l.includes("kv events publisher"))).toBe(false)
     } finally {
       await off.stop()
+    }
+  })
+
+  it("binds tcp://0.0.0.0:P (newest SGLang), one publisher and replay ROUTER per --dp-size rank on port + rank", async () => {
+    const port = await freePortRange(4)
+    const replayPort = port + 2 // events on port, port + 1; replay on port + 2, port + 3
+    const cfg = { publisher: "zmq", endpoint: `tcp://0.0.0.0:${port}`, replay_endpoint: `tcp://*:${replayPort}` }
+    const sim = await startSim({
+      args: ["--model-path", "m", "--page-size", "2", "--dp-size", "2", "--kv-events-config", JSON.stringify(cfg)]
+    })
+    try {
+      await sim.waitForLine((l) => l.includes('"model loaded"'))
+      const binds = sim.stderrLines.filter((l) => l.includes("kv events publisher"))
+      expect(binds.map((l) => JSON.parse(l) as Record<string, unknown>)).toMatchObject([
+        { endpoint: `tcp://0.0.0.0:${port}`, mode: "bind", dpRank: 0 },
+        { endpoint: `tcp://0.0.0.0:${port + 1}`, mode: "bind", dpRank: 1 }
+      ])
+      for (let i = 0; i < 4; i++)
+        await postJson(`${sim.url}/v1/completions`, { prompt: `d${i} e${i} f${i} g${i}`, max_tokens: 1 })
+      for (const rank of [0, 1]) {
+        const batches = await replay(`tcp://127.0.0.1:${replayPort + rank}`)
+        expect(batches.map(([s]) => s)).toEqual(batches.map((_, i) => BigInt(i)))
+        expect(batches.length).toBeGreaterThanOrEqual(3)
+        expect(batches.every(([, b]) => b[2] === rank)).toBe(true)
+      }
+    } finally {
+      await sim.stop()
     }
   })
 })

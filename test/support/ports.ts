@@ -22,3 +22,22 @@ export const freePorts = async (n: number): Promise<Array<number>> => {
   while (ports.size < n) ports.add(await freePort())
   return [...ports]
 }
+
+const isFree = (port: number): Promise<boolean> =>
+  new Promise((resolve) => {
+    const server = net.createServer()
+    server.unref()
+    server.once("error", () => resolve(false))
+    server.listen(port, "127.0.0.1", () => server.close(() => resolve(true)))
+  })
+
+/** The first of `n` consecutive free ports (engines put data-parallel rank r on port + r). */
+export const freePortRange = async (n: number): Promise<number> => {
+  for (;;) {
+    const base = await freePort()
+    if (base + n - 1 > 65535) continue
+    let ok = true
+    for (let i = 1; i < n && ok; i++) ok = await isFree(base + i)
+    if (ok) return base
+  }
+}

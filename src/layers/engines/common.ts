@@ -78,16 +78,29 @@ export const kvEventsOf = (
     json: JSON.stringify(body),
     endpoint: {
       endpoint: kv.events_endpoint,
-      engineBinds: engineBinds(kv.events_endpoint),
+      engineBinds: engineBinds(kv.events_endpoint, flavor),
       replayEndpoint: kv.replay_endpoint,
-      topic: kv.topic
+      topic: kv.topic,
+      ...(config.model.dp > 1 ? { dpSize: config.model.dp } : {})
     }
   }
 }
 
-/** The engines' PUB socket binds a wildcard, IPv6-any or ipc/inproc endpoint and connects to anything else. */
-export const engineBinds = (endpoint: string): boolean =>
-  endpoint.includes("*") || endpoint.includes("::") || endpoint.startsWith("ipc://") || endpoint.startsWith("inproc://")
+/**
+ * What in an endpoint makes the engine's PUB socket bind it rather than connect: vLLM binds `*`, `::`
+ * (vllm-project/vllm vllm/distributed/kv_events.py); newest SGLang also binds `0.0.0.0`
+ * (sgl-project/sglang python/sglang/srt/disaggregation/kv_events.py `_socket_setup`). Both bind ipc/inproc.
+ */
+const BIND_MARKERS: Readonly<Record<"vllm" | "sglang", ReadonlyArray<string>>> = {
+  vllm: ["*", "::"],
+  sglang: ["*", "::", "0.0.0.0"]
+}
+
+/** Whether the engine binds the endpoint (then the agent connects) or connects to it (then the agent binds). */
+export const engineBinds = (endpoint: string, flavor: "vllm" | "sglang" = "vllm"): boolean =>
+  BIND_MARKERS[flavor].some((m) => endpoint.includes(m)) ||
+  endpoint.startsWith("ipc://") ||
+  endpoint.startsWith("inproc://")
 
 /** What a renderer decides; `assemble` adds what is the same for every engine. */
 export interface PlanParts {

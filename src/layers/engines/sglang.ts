@@ -39,6 +39,7 @@ export const sglang: Engine = {
     },
     kvEvents: true,
     tensorParallel: true,
+    dataParallel: true,
     sources: ["hf_repo", "path"]
   },
   render: (config: AgentConfig) => {
@@ -77,6 +78,7 @@ export const sglang: Engine = {
         String(m.tp),
         "--served-model-name",
         m.served_name,
+        ...optionalFlag("--dp-size", m.dp > 1 ? m.dp : undefined),
         ...optionalFlag("--context-length", m.max_model_len),
         ...optionalFlag("--mem-fraction-static", m.gpu_memory_utilization),
         "--enable-metrics",

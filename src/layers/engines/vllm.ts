@@ -63,6 +63,7 @@ export const vllm: Engine = {
     roleKvOffloads: { prefill: handOff, decode: handOff },
     kvEvents: true,
     tensorParallel: true,
+    dataParallel: true,
     sources: ["hf_repo", "path"]
   },
   render: (config: AgentConfig) => {
@@ -94,6 +95,7 @@ export const vllm: Engine = {
         String(m.tp),
         "--served-model-name",
         m.served_name,
+        ...optionalFlag("--data-parallel-size", m.dp > 1 ? m.dp : undefined),
         ...optionalFlag("--max-model-len", m.max_model_len),
         ...optionalFlag("--gpu-memory-utilization", m.gpu_memory_utilization),
         ...(connector !== undefined ? ["--kv-transfer-config", JSON.stringify(connector)] : []),

@@ -254,6 +254,11 @@ export interface Capacity {
   maxQueue: number;
   /** GPUs seen through NVML; empty on a host without NVML. */
   gpus: Gpu[];
+  /**
+   * Data-parallel engine replicas behind this node ([models.<name>].dp): each has its own KV cache,
+   * and KV events name it as dp_rank 0..dp-1.
+   */
+  dp: number;
 }
 
 export interface Freshness {
@@ -2547,7 +2552,7 @@ export const Gpu: MessageFns<Gpu> = {
 };
 
 function createBaseCapacity(): Capacity {
-  return { maxInflight: 0, maxQueue: 0, gpus: [] };
+  return { maxInflight: 0, maxQueue: 0, gpus: [], dp: 0 };
 }
 
 export const Capacity: MessageFns<Capacity> = {
@@ -2560,6 +2565,9 @@ export const Capacity: MessageFns<Capacity> = {
     }
     for (const v of message.gpus) {
       Gpu.encode(v!, writer.uint32(26).fork()).join();
+    }
+    if (message.dp !== 0) {
+      writer.uint32(32).uint32(message.dp);
     }
     return writer;
   },
@@ -2601,6 +2609,14 @@ export const Capacity: MessageFns<Capacity> = {
             message.gpus.push(Gpu.decode(reader, reader.uint32()));
             continue;
           }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.dp = reader.uint32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2626,6 +2642,7 @@ export const Capacity: MessageFns<Capacity> = {
         ? globalThis.Number(object.max_queue)
         : 0,
       gpus: globalThis.Array.isArray(object?.gpus) ? object.gpus.map((e: any) => Gpu.fromJSON(e)) : [],
+      dp: isSet(object.dp) ? globalThis.Number(object.dp) : 0,
     };
   },
 
@@ -2640,6 +2657,9 @@ export const Capacity: MessageFns<Capacity> = {
     if (message.gpus?.length) {
       obj.gpus = message.gpus.map((e) => Gpu.toJSON(e));
     }
+    if (message.dp !== 0) {
+      obj.dp = Math.round(message.dp);
+    }
     return obj;
   },
 
@@ -2651,6 +2671,7 @@ export const Capacity: MessageFns<Capacity> = {
     message.maxInflight = object.maxInflight ?? 0;
     message.maxQueue = object.maxQueue ?? 0;
     message.gpus = object.gpus?.map((e) => Gpu.fromPartial(e)) || [];
+    message.dp = object.dp ?? 0;
     return message;
   },
 };
