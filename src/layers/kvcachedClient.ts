@@ -8,7 +8,7 @@
  * and an overflow Resync says so. One connection per session (the RPC protocol's own retry is off), so
  * reconnects follow our capped, jittered backoff and every one starts with Hello. Never fails.
  */
-import { NodeSocket } from "@effect/platform-node"
+import * as NodeSocket from "@effect/platform-node/NodeSocket"
 import { Deferred, Effect, Layer, Schedule } from "effect"
 import { RpcClient, RpcSerialization } from "effect/rpc"
 import { jitteredBackoffMs } from "../services/Backoff.ts"
@@ -33,12 +33,27 @@ export interface LinkOptions {
   readonly pingIntervalMs?: number
 }
 
-const message = (e: unknown): string =>
-  e !== null && typeof e === "object" && "message" in e && typeof e.message === "string" && e.message !== ""
-    ? e.message
-    : e !== null && typeof e === "object" && "_tag" in e
-      ? String(e._tag)
-      : String(e)
+/** What went wrong, down to the OS error (RpcClientError -> SocketError -> SocketOpenError -> ENOENT). */
+const message = (e: unknown): string => {
+  const parts: Array<string> = []
+  for (let x: unknown = e, depth = 0; x !== null && typeof x === "object" && depth < 6; depth++) {
+    const o = x as {
+      readonly _tag?: unknown
+      readonly message?: unknown
+      readonly reason?: unknown
+      readonly cause?: unknown
+    }
+    const text = typeof o.message === "string" && o.message !== "" ? o.message : undefined
+    const tag = typeof o._tag === "string" ? o._tag : undefined
+    if (o.reason === undefined && o.cause === undefined) {
+      parts.push(
+        tag !== undefined && text !== undefined && text !== tag ? `${tag} ${text}` : (text ?? tag ?? String(x))
+      )
+    } else if (tag !== undefined && o.reason === undefined) parts.push(tag)
+    x = o.reason ?? o.cause
+  }
+  return parts.join(": ") || String(e)
+}
 
 const toWire = (s: SentRecord<KvRecordBody>): KvRecord => ({ ...s.record, n: s.n }) as KvRecord
 

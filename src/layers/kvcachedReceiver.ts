@@ -7,7 +7,7 @@
  */
 import * as fs from "node:fs"
 import * as net from "node:net"
-import { NodeSocketServer } from "@effect/platform-node"
+import * as NodeSocketServer from "@effect/platform-node/NodeSocketServer"
 import { Effect, Layer } from "effect"
 import { RpcSerialization, RpcServer } from "effect/rpc"
 import { type ReceiverSink, ReceiverState, type RestoredStream } from "../services/KvcachedReceiver.ts"

@@ -3,7 +3,7 @@
 //   cgn-kvcached-ref --uds PATH [--journal FILE]
 // Serves the kvcached contract on PATH; with --journal, appends every Hello and applied record to FILE
 // (NDJSON) and resumes from it after a restart. Logs `{"msg":"listening"}` on stderr once the socket is up.
-import { NodeRuntime } from "@effect/platform-node"
+import * as NodeRuntime from "@effect/platform-node/NodeRuntime"
 import { Effect, Layer } from "effect"
 import { layer } from "../layers/kvcachedReceiver.ts"
 
