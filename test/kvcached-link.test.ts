@@ -198,3 +198,13 @@ describe("the kvcached link through a receiver that is killed and restarted", ()
     expect(st.queuedBytes).toBe(0)
   }, 120_000)
 })
+
+describe("cgn-agent/kvcached", () => {
+  it("the package export (built to dist) carries the contract and the reference receiver", async () => {
+    const m = await import("cgn-agent/kvcached")
+    expect(m.KV_WIRE_VERSION).toBe(2)
+    expect([...m.KvcachedRpcs.requests.keys()].sort()).toEqual(["Hello", "Push"])
+    expect(typeof m.ReceiverState).toBe("function")
+    expect(typeof m.layer).toBe("function")
+  })
+})
