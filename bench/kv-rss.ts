@@ -1,5 +1,5 @@
 // RSS of the KV bridge while cgn-kvcached is away (issue: the queue held memory it no longer needed).
-//   node --expose-gc bench/kv-rss.ts [--seconds 60] [--rate 200] [--blocks 256]
+//   node --expose-gc bench/kv-rss.ts [--seconds 60] [--rate 200] [--blocks 256] [--max-queue-bytes N]
 //        [--bridge path/to/layers/KvBridge.ts [--ndjson-sink]]   (another checkout's bridge, e.g. the old one)
 // A child process publishes vLLM-shaped KV-event batches (`--blocks` BlockStored blocks of 16 tokens each,
 // `--rate` batches/s) on ZMQ; this process runs the bridge with kvcached absent for `--seconds`, printing RSS
@@ -58,7 +58,8 @@ const options = {
   identity: { node_id: "n1", cluster: "c", model: "m", engine: "vllm" },
   blockSize: 16,
   epoch: "bench",
-  backoffMaxMs: 1_000
+  backoffMaxMs: 1_000,
+  ...(process.argv.includes("--max-queue-bytes") ? { maxQueueBytes: Number(arg("--max-queue-bytes", "0")) } : {})
 }
 const layer = KvBridgeLive.layerWith(options).pipe(Layer.provideMerge(MetricsLive.layerTest))
 
@@ -80,17 +81,20 @@ await Effect.runPromise(
             })
           )
         )
-      yield* show("start")
-      for (let t = 5; t <= seconds; t += 5) {
-        yield* Effect.sleep(5_000)
-        yield* show(`kvcached absent ${t}s`)
-      }
-      child.kill("SIGKILL")
       // The old NDJSON wire (before the RPC contract) only needs a reader that discards.
       const sink = process.argv.includes("--ndjson-sink")
         ? ["-e", `require("node:net").createServer((c) => c.resume()).listen(${JSON.stringify(uds)})`]
         : [path.join(root, "src/programs/kvcachedReceiver.ts"), "--uds", uds]
-      const receiver = spawn(process.execPath, sink, { stdio: "ignore" })
+      // --present: the baseline, kvcached there all along.
+      const present = process.argv.includes("--present")
+      let receiver = present ? spawn(process.execPath, sink, { stdio: "ignore" }) : undefined
+      yield* show("start")
+      for (let t = 5; t <= seconds; t += 5) {
+        yield* Effect.sleep(5_000)
+        yield* show(`kvcached ${present ? "present" : "absent"} ${t}s`)
+      }
+      child.kill("SIGKILL")
+      receiver ??= spawn(process.execPath, sink, { stdio: "ignore" })
       const t0 = Date.now()
       while ((yield* status).queued > 0 && Date.now() - t0 < 120_000) yield* Effect.sleep(500)
       yield* show("drained")

@@ -26,7 +26,7 @@ export interface LinkOptions {
   readonly onConnected: (connected: boolean, error: string | undefined) => void
   /** Batches kvcached acknowledged. */
   readonly onForwarded: (batches: number) => void
-  /** Records per Push (default 512) and their bytes (default 1 MiB, at least one record). */
+  /** Records per Push (default 512) and their bytes (default 1 MiB or a quarter of the bound; at least one record). */
   readonly chunkRecords?: number
   readonly chunkBytes?: number
   /** A connection with no frame from kvcached for this long is dropped (default 5 s; RPC pings keep it busy). */
@@ -91,11 +91,14 @@ const session = (o: LinkOptions, onUp: Effect.Effect<void>) =>
     if (welcome.applied !== null) o.onForwarded(o.queue.ack(welcome.applied))
     yield* onUp
     const { queue } = o
+    // A chunk in flight is held until acknowledged: keep it a small part of the bound, so that what arrives
+    // meanwhile still has room.
+    const chunkBytes = o.chunkBytes ?? Math.min(1024 * 1024, Math.max(1, Math.floor(queue.maxBytes / 4)))
     for (;;) {
       let chunk = queue.unacked
       if (chunk.length === 0) {
         if (queue.size === 0) yield* awaitWork(queue, disconnected)
-        chunk = queue.take(o.chunkRecords ?? 512, o.chunkBytes ?? 1024 * 1024, o.resync)
+        chunk = queue.take(o.chunkRecords ?? 512, chunkBytes, o.resync)
         if (chunk.length === 0) continue
       }
       const last = (chunk[chunk.length - 1] as SentRecord<KvRecordBody>).n
