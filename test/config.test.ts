@@ -122,6 +122,11 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
     ['models."m".gpu_memory_utilization: Expected a value less than or equal to 1, got 1.5']
   ],
   ["empty command", `[engine]\ncommand = []\n${MODEL}`, ["engine.command: expected a non-empty list"]],
+  [
+    "a KV queue bound of zero bytes",
+    `[kv]\nmax_queue_bytes = 0\n${MODEL}`,
+    ["kv.max_queue_bytes: Expected a value greater than or equal to 1, got 0"]
+  ],
   ["a section that is not a table", `agent = 3\n${MODEL}`, ["agent: expected a table, got 3"]],
   [
     "every problem of a file at once",
@@ -233,7 +238,8 @@ describe("defaults", () => {
       events: false,
       events_endpoint: "tcp://127.0.0.1:5557",
       topic: "kv-events",
-      block_size: 16
+      block_size: 16,
+      max_queue_bytes: 32 * 1024 * 1024
     })
   })
 

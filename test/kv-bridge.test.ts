@@ -1,10 +1,9 @@
 // KvBridge end to end with real sockets: the engine simulator (or a scripted ZMQ publisher) -> the bridge
-// -> a test kvcached (net.Server on a temp Unix socket) reading NDJSON. Covers both bind directions,
+// -> the reference kvcached receiver (RPC server on a temp Unix socket), in process. Covers both bind directions,
 // kvcached absent at start, gaps with and without replay (3- and 4-frame replies), engine restart, overflow
 // while the reader keeps up, SGLang's tagged arrays with salt metadata and its 0.0.0.0 bind rule, one
 // stream per data-parallel rank, and the pure decoder/wire/queue pieces with msgpack built here.
 import * as fs from "node:fs/promises"
-import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
 import { encode } from "@msgpack/msgpack"
@@ -15,7 +14,7 @@ import * as ConfigLive from "../src/layers/Config.ts"
 import { decodeConfigObject } from "../src/layers/Config.ts"
 import { engineFor, planLayer } from "../src/layers/engines/index.ts"
 import * as KvBridgeLive from "../src/layers/KvBridge.ts"
-import { LineQueue } from "../src/layers/kvQueue.ts"
+import * as ReceiverLive from "../src/layers/kvcachedReceiver.ts"
 import * as MetricsLive from "../src/layers/Metrics.ts"
 import { EnginePlan } from "../src/services/Engine.ts"
 import { KvBridge, type KvBridgeStatus } from "../src/services/KvBridge.ts"
@@ -27,7 +26,7 @@ import {
   rankEndpoint,
   seqFrame
 } from "../src/services/KvEvents.ts"
-import { batchLine, helloLine, resyncLine } from "../src/services/KvWire.ts"
+import { batchRecord, hello, recordBytes, resyncRecord } from "../src/services/KvWire.ts"
 import { Metrics } from "../src/services/Metrics.ts"
 import { buildNodeHealth } from "../src/services/NodeHealthView.ts"
 import { pollUntil } from "./support/poll.ts"
@@ -52,29 +51,16 @@ const tmpSock = async () => {
   return path.join(dir, "kvcached.sock")
 }
 
-/** A kvcached stand-in: every JSON line it receives, over all connections. */
+/** The reference receiver: every Hello (as `{type: "Hello", ...}`) and record it applied, in order. */
 const kvcached = async (sockPath: string) => {
   const lines: Array<Line> = []
-  const conns = new Set<net.Socket>()
-  const server = net.createServer((c) => {
-    conns.add(c)
-    let buf = ""
-    c.setEncoding("utf8")
-    c.on("data", (d: string) => {
-      buf += d
-      for (let nl = buf.indexOf("\n"); nl >= 0; nl = buf.indexOf("\n")) {
-        lines.push(JSON.parse(buf.slice(0, nl)) as Line)
-        buf = buf.slice(nl + 1)
-      }
-    })
-    c.on("close", () => conns.delete(c))
-  })
-  await new Promise<void>((r) => server.listen(sockPath, r))
-  const close = () =>
-    new Promise<void>((r) => {
-      for (const c of conns) c.destroy()
-      server.close(() => r())
-    })
+  const scope = await Effect.runPromise(Scope.make())
+  const sink = {
+    onHello: (h: object) => void lines.push({ type: "Hello", ...h }),
+    onRecord: (_node: string, _epoch: string, r: object) => void lines.push({ ...r })
+  }
+  await Effect.runPromise(Layer.buildWithScope(ReceiverLive.layer({ path: sockPath, sink }), scope))
+  const close = () => Effect.runPromise(Scope.close(scope, Exit.void))
   cleanups.push(close)
   return { lines, close, batches: () => lines.filter((l) => l.type === "Batch") }
 }
@@ -120,6 +106,14 @@ const pumpUntil = async (sim: SimHandle, status: () => Promise<KvBridgeStatus>, 
 }
 
 const seqs = (ls: Array<Line>) => ls.map((l) => l.seq as number)
+const stored = (block_hashes: Array<string>) => ({
+  type: "BlockStored" as const,
+  block_hashes,
+  parent_block_hash: null,
+  token_ids: [1],
+  block_size: 1,
+  medium: "GPU"
+})
 
 describe("KvBridge with the simulator", () => {
   it("agent binds; kvcached absent at start, then Hello and batches with exact hashes; gap -> Resync", async () => {
@@ -142,18 +136,18 @@ describe("KvBridge with the simulator", () => {
 
     const kc = await kvcached(sock)
     await until(() => kc.batches().length > 0 || undefined, "first batch")
-    expect(kc.lines[0]).toMatchObject({ type: "Hello", version: 1, ...id, epoch: "e1", block_size: 4 })
+    expect(kc.lines[0]).toMatchObject({ type: "Hello", version: 2, ...id, epoch: "e1", block_size: 4 })
     await pumpUntil(sim, bridge.status, 16)
     await until(() => kc.batches().some((b) => (b.seq as number) >= 16) || undefined, "batch 16")
 
     const batches = kc.batches()
-    for (const b of batches) expect(b).toMatchObject({ ...id, dp_rank: 0 })
+    for (const b of batches) expect(b).toMatchObject({ dp_rank: 0 })
     const s = seqs(batches)
     expect(s).toEqual([...s].sort((a, b) => a - b))
     expect(new Set(s).size).toBe(s.length)
     expect(s).not.toContain(12)
     const resync = kc.lines.find((l) => l.type === "Resync")
-    expect(resync).toMatchObject({ reason: "gap", from_seq: 12, to_seq: 13, ...id })
+    expect(resync).toMatchObject({ reason: "gap", from_seq: 12, to_seq: 13 })
     expect(kc.lines.indexOf(resync as Line)).toBeLessThan(kc.lines.findIndex((l) => l.seq === 13))
 
     const stored = batches.flatMap((b) => (b.events as Array<Line>).filter((e) => e.type === "BlockStored"))
@@ -294,14 +288,17 @@ describe("KvBridge with a scripted publisher", () => {
   it("overflow while kvcached is away: the reader keeps up, oldest dropped, Resync overflow", async () => {
     const eng = await fakeEngine()
     const sock = await tmpSock()
-    const bridge = await startBridge({ kvEvents: eng.endpoint(false), uds: sock, queueCapacity: 5 })
-    const first = BigInt(await until(async () => (await bridge.status()).lastSeq ?? void (await eng.send()), "join"))
+    // Room for exactly 5 of these equal-sized batches.
+    const one = recordBytes({ type: "Batch", dp_rank: 0, seq: 1, ts: 1.5, events: [stored([String(BIG)])] })
+    const bridge = await startBridge({ kvEvents: eng.endpoint(false), uds: sock, maxQueueBytes: 5 * one })
+    const send = () => eng.send({ hashes: [BIG] })
+    const first = BigInt(await until(async () => (await bridge.status()).lastSeq ?? void (await send()), "join"))
     let last = 0n
-    for (let i = 0; i < 50; i++) last = await eng.send()
+    for (let i = 0; i < 50; i++) last = await send()
     await until(async () => ((await bridge.status()).lastSeq === String(last) ? true : undefined), "reader caught up")
     const st = await bridge.status()
     const received = Number(last - first) + 1
-    expect(st).toMatchObject({ queued: 5, dropped: received - 5, forwarded: 0 })
+    expect(st).toMatchObject({ queued: 5, queuedBytes: 5 * one, dropped: received - 5, forwarded: 0 })
 
     const kc = await kvcached(sock)
     await until(() => kc.batches().length === 5 || undefined, "5 batches")
@@ -576,13 +573,13 @@ describe("pure pieces", () => {
       { blockHashes: [7n], parentBlockHash: -5n, cacheSalt: undefined, loraName: null },
       { blockHashes: [BIG], cacheSalt: undefined, loraName: "my-lora" }
     ])
-    const line = JSON.parse(batchLine(id, d.ok ? d.batch : (undefined as never))) as Line
-    expect((line.events as Array<Line>)[0]).toMatchObject({
+    const record = batchRecord(d.ok ? d.batch : (undefined as never))
+    expect(record.events[0]).toMatchObject({
       block_hashes: ["-5", "-9223372036854775808"],
       cache_salt: "tenant-a"
     })
-    expect((line.events as Array<Line>)[0]).not.toHaveProperty("lora_name")
-    expect(JSON.parse(helloLine(id, { epoch: "e", blockSize: 16, dpSize: 2 }))).toMatchObject({ dp_size: 2 })
+    expect(record.events[0]).not.toHaveProperty("lora_name")
+    expect(hello(id, { epoch: "e", blockSize: 16, dpSize: 2 })).toMatchObject({ dp_size: 2 })
   })
 
   it("tells next, join, gap and restart apart", () => {
@@ -593,8 +590,8 @@ describe("pure pieces", () => {
     expect(checkSeq(5n, 0n)).toEqual({ kind: "restart", from: 5n, to: 0n })
   })
 
-  it("renders lines with decimal-string hashes", () => {
-    const line = batchLine(id, {
+  it("renders records with decimal-string hashes", () => {
+    const record = batchRecord({
       topic: "t",
       seq: 3n,
       ts: 1.5,
@@ -615,10 +612,8 @@ describe("pure pieces", () => {
         }
       ]
     })
-    expect(line.endsWith("\n")).toBe(true)
-    expect(JSON.parse(line)).toEqual({
+    expect(record).toEqual({
       type: "Batch",
-      ...id,
       dp_rank: 0,
       seq: 3,
       ts: 1.5,
@@ -634,30 +629,12 @@ describe("pure pieces", () => {
         }
       ]
     })
-    expect(JSON.parse(resyncLine(id, { reason: "gap", dpRank: 1, fromSeq: 4n, toSeq: 6n }))).toEqual({
+    expect(resyncRecord({ reason: "gap", dpRank: 1, fromSeq: 4n, toSeq: 6n })).toEqual({
       type: "Resync",
-      ...id,
       dp_rank: 1,
       reason: "gap",
       from_seq: 4,
       to_seq: 6
     })
-  })
-
-  it("the queue drops the oldest and reports the lost range once", () => {
-    const q = new LineQueue(2)
-    const item = (seq: bigint) => ({ line: `${seq}`, batch: true, dpRank: 0, seq })
-    expect(q.push(item(1n))).toBe(false)
-    q.push(item(2n))
-    expect(q.push(item(3n))).toBe(true)
-    q.push(item(4n))
-    expect(q.dropped).toBe(2)
-    const out = q.take(10, (r) => `resync ${r.reason} ${r.fromSeq}-${r.toSeq}`)
-    expect(out.map((l) => l.line)).toEqual(["resync overflow 1-3", "3", "4"])
-    expect(q.take(10, () => "x")).toEqual([])
-    let woke = 0
-    q.onPush(() => woke++)
-    q.push(item(5n))
-    expect(woke).toBe(1)
   })
 })

@@ -23,10 +23,21 @@ import {
   rankEndpoint,
   seqFrame
 } from "../services/KvEvents.ts"
-import { batchLine, helloLine, type NodeIdentity, type Resync, resyncLine } from "../services/KvWire.ts"
+import {
+  batchRecord,
+  hello,
+  type KvRecordBody,
+  type NodeIdentity,
+  type Resync,
+  recordBytes,
+  resyncRecord
+} from "../services/KvWire.ts"
 import { METRIC_PREFIX, Metrics, type MetricsService, setCounter } from "../services/Metrics.ts"
-import { runWriter } from "./kvcachedClient.ts"
-import { LineQueue } from "./kvQueue.ts"
+import { runLink } from "./kvcachedClient.ts"
+import { KvQueue, type QueuedRecord } from "./kvQueue.ts"
+
+/** `kv.max_queue_bytes`'s default: minutes of a busy engine's events, a bounded share of the agent's memory. */
+export const DEFAULT_MAX_QUEUE_BYTES = 32 * 1024 * 1024
 
 export interface BridgeOptions {
   readonly kvEvents: KvEventsEndpoint
@@ -35,8 +46,8 @@ export interface BridgeOptions {
   readonly blockSize: number
   /** This agent run's id (Hello.epoch). */
   readonly epoch: string
-  /** Batches held while kvcached is slow or away (default 10 000, vLLM's replay buffer size). */
-  readonly queueCapacity?: number
+  /** Bytes of records held while kvcached is slow or away, acknowledged or not (default 32 MiB). */
+  readonly maxQueueBytes?: number
   readonly backoffMaxMs?: number
   readonly replayTimeoutMs?: number
 }
@@ -58,6 +69,7 @@ const disabledStatus = (epoch: string, reason: string): KvBridgeStatus => ({
   replayed: 0,
   resyncs: 0,
   queued: 0,
+  queuedBytes: 0,
   lastSeq: undefined,
   unknownEvents: 0,
   unknownKeys: 0,
@@ -104,11 +116,19 @@ interface RankStream {
 export const make = (o: BridgeOptions): Effect.Effect<KvBridgeService, never, Scope.Scope> =>
   Effect.gen(function* () {
     const st: Mutable<KvBridgeStatus> = { ...disabledStatus(o.epoch, ""), enabled: true, disabledReason: undefined }
-    const queue = new LineQueue(o.queueCapacity ?? 10_000)
+    const queue = new KvQueue<KvRecordBody>(o.maxQueueBytes ?? DEFAULT_MAX_QUEUE_BYTES)
     const { endpoint, engineBinds, replayEndpoint, topic } = o.kvEvents
     const dpSize = Math.max(1, o.kvEvents.dpSize ?? 1)
     const replayTimeoutMs = o.replayTimeoutMs ?? 2_000
-    const resyncOf = (r: Resync) => resyncLine(o.identity, r)
+    const queued = (record: KvRecordBody, dpRank: number, fromSeq: bigint, nextSeq: bigint) => ({
+      record,
+      batch: record.type === "Batch",
+      dpRank,
+      fromSeq,
+      nextSeq,
+      bytes: recordBytes(record)
+    })
+    const resyncOf = (r: Resync): QueuedRecord<KvRecordBody> => queued(resyncRecord(r), r.dpRank, r.fromSeq, r.toSeq)
     // Replays started by a message (or by the end of another replay, which may find a new gap in what it
     // held); they run beside the readers, never in their way.
     const fibers: Array<Effect.Effect<void, never, Scope.Scope>> = []
@@ -118,17 +138,17 @@ export const make = (o: BridgeOptions): Effect.Effect<KvBridgeService, never, Sc
     })
 
     let decodeDrops = 0
-    const push = (line: string, batch: boolean, dpRank: number, seq: bigint) => {
-      queue.push({ line, batch, dpRank, seq })
+    const push = (q: QueuedRecord<KvRecordBody>) => {
+      queue.push(q)
       st.dropped = queue.dropped + decodeDrops
     }
     const forward = (r: RankStream, b: KvBatch) => {
       r.expected = b.seq + 1n
-      push(batchLine(o.identity, b), true, r.rank, b.seq)
+      push(queued(batchRecord(b), r.rank, b.seq, b.seq + 1n))
     }
     const resync = (re: Resync) => {
       st.resyncs++
-      push(resyncOf(re), false, re.dpRank, re.toSeq)
+      push(resyncOf(re))
     }
 
     // After a replay: forward it if it covers [from, until) exactly, else say the range is lost.
@@ -257,10 +277,10 @@ export const make = (o: BridgeOptions): Effect.Effect<KvBridgeService, never, Sc
     for (let rank = 0; rank < dpSize; rank++) yield* Effect.forkScoped(readRank(rank))
 
     yield* Effect.forkScoped(
-      runWriter({
+      runLink({
         path: o.uds,
         queue,
-        hello: () => helloLine(o.identity, { epoch: o.epoch, blockSize: o.blockSize, dpSize }),
+        hello: hello(o.identity, { epoch: o.epoch, blockSize: o.blockSize, dpSize }),
         resync: (r) => {
           st.resyncs++
           return resyncOf(r)
@@ -277,7 +297,12 @@ export const make = (o: BridgeOptions): Effect.Effect<KvBridgeService, never, Sc
     )
 
     return {
-      status: Effect.sync(() => ({ ...st, queued: queue.size, dropped: queue.dropped + decodeDrops }))
+      status: Effect.sync(() => ({
+        ...st,
+        queued: queue.batches,
+        queuedBytes: queue.bytes,
+        dropped: queue.dropped + decodeDrops
+      }))
     } satisfies KvBridgeService
   })
 
@@ -291,12 +316,13 @@ const gauge = (registry: Registry, name: string, help: string): Gauge =>
 /** The bridge's series, mirrored from its status at every scrape. */
 export const registerMetrics = (m: MetricsService, status: Effect.Effect<KvBridgeStatus>) => {
   const r = m.registry
-  const forwarded = counter(r, "kv_events_forwarded_total", "KV-event batches written to cgn-kvcached")
+  const forwarded = counter(r, "kv_events_forwarded_total", "KV-event batches cgn-kvcached acknowledged")
   const dropped = counter(r, "kv_events_dropped_total", "KV-event batches lost (queue overflow, undecodable)")
   const gaps = counter(r, "kv_event_gaps_total", "Sequence gaps on the engine's KV-event stream")
-  const resyncs = counter(r, "kv_resyncs_total", "Resync lines sent to cgn-kvcached")
+  const resyncs = counter(r, "kv_resyncs_total", "Resync records sent to cgn-kvcached")
   const connected = gauge(r, "kvcached_connected", "1 while connected to cgn-kvcached")
   const queued = gauge(r, "kv_events_queued", "KV-event batches waiting for cgn-kvcached")
+  const queuedBytes = gauge(r, "kv_events_queued_bytes", "Bytes held for cgn-kvcached (unsent or unacknowledged)")
   return m.onCollect(
     Effect.map(status, (s) => {
       setCounter(forwarded, s.forwarded)
@@ -305,6 +331,7 @@ export const registerMetrics = (m: MetricsService, status: Effect.Effect<KvBridg
       setCounter(resyncs, s.resyncs)
       connected.set(s.kvcachedConnected ? 1 : 0)
       queued.set(s.queued)
+      queuedBytes.set(s.queuedBytes)
     })
   )
 }
@@ -349,6 +376,7 @@ export const layer: Layer.Layer<KvBridge, never, Config | EnginePlan | Metrics> 
         engine: config.engine.kind
       },
       blockSize: config.kv.block_size,
+      maxQueueBytes: config.kv.max_queue_bytes,
       epoch: globalThis.crypto.randomUUID()
     })
     yield* registerMetrics(yield* Metrics, bridge.status)

@@ -171,7 +171,8 @@ export const KvSection = Schema.Struct({
   events_endpoint: withDefault(Schema.NonEmptyString, "tcp://127.0.0.1:5557"),
   replay_endpoint: Schema.optionalKey(Schema.NonEmptyString),
   topic: withDefault(Schema.String, "kv-events"),
-  block_size: withDefault(PositiveInt, DEFAULT_KV_BLOCK_SIZE)
+  block_size: withDefault(PositiveInt, DEFAULT_KV_BLOCK_SIZE),
+  max_queue_bytes: withDefault(PositiveInt, 32 * 1024 * 1024)
 })
 
 const section = <S extends Schema.Top>(schema: S) => withDefault(schema, {} as S["Encoded"])

@@ -2,7 +2,7 @@
  * KvBridge: forwards the engine's KV-cache events, stamped with this node's identity, to the host's
  * cgn-kvcached over `[kv].uds` (wire format: services/KvWire.ts, README section `kv`). It never stalls
  * the ZMQ reader and never fails the agent: kvcached being slow or absent costs dropped batches and a
- * Resync line, nothing else. Disabled (a no-op) when `[kv].events` is off or the engine has no events.
+ * Resync record, nothing else. Disabled (a no-op) when `[kv].events` is off or the engine has no events.
  */
 import { Context, type Effect } from "effect"
 
@@ -13,7 +13,7 @@ export interface KvBridgeStatus {
   /** The ZMQ subscriber is bound/connected. */
   readonly subscribed: boolean
   readonly kvcachedConnected: boolean
-  /** Batches written to kvcached. */
+  /** Batches kvcached acknowledged (applied). */
   readonly forwarded: number
   /** Batches lost: dropped on queue overflow or undecodable. */
   readonly dropped: number
@@ -22,8 +22,10 @@ export interface KvBridgeStatus {
   /** Gaps filled completely by the replay endpoint. */
   readonly replayed: number
   readonly resyncs: number
-  /** Batches waiting for kvcached. */
+  /** Batches waiting for kvcached: unsent, or sent and not yet acknowledged. */
   readonly queued: number
+  /** Bytes those hold (bounded by `kv.max_queue_bytes`). */
+  readonly queuedBytes: number
   /** Last engine seq seen (as a decimal string; undefined before the first batch). */
   readonly lastSeq: string | undefined
   /** Events of unknown types and unknown map keys skipped (newer engine versions). */

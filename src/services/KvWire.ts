@@ -1,14 +1,20 @@
 /**
- * The agent -> cgn-kvcached wire format: NDJSON over a Unix stream socket, one JSON object per line,
- * dispatched on "type": "Hello" on every (re)connect, "Batch" per engine batch, "Resync" when events
- * were lost. 64-bit hashes travel as decimal strings (exact in every language). README section `kv`
- * is the spec; this module only renders lines. Pure: no I/O.
+ * Renders what the agent sends cgn-kvcached (the contract is services/KvcachedRpc.ts): the Hello payload
+ * on every (re)connect, a Batch record per engine batch, a Resync record when events were lost. 64-bit
+ * hashes travel as decimal strings (exact in every language). README section `kv` is the spec; this module
+ * only builds records (without their link seq `n`, which the queue gives). Pure: no I/O.
  */
+
+import {
+  type BatchRecord,
+  type HelloPayload,
+  KV_WIRE_VERSION,
+  type KvEventRecord,
+  type ResyncRecord
+} from "./KvcachedRpc.ts"
 import type { BlockHash, KvBatch, KvEvent } from "./KvEvents.ts"
 
-export const KV_WIRE_VERSION = 1
-
-/** Who the events come from; repeated on every line so each line stands alone. */
+/** Who the events come from; sent in Hello. */
 export interface NodeIdentity {
   readonly node_id: string
   readonly cluster: string
@@ -31,7 +37,7 @@ const h = (x: BlockHash): string => (typeof x === "bigint" ? x.toString(10) : x)
 // seq counts batches from 0: it stays far below 2^53, so a JSON number is exact.
 const n = (x: bigint): number => Number(x)
 
-const eventJson = (e: KvEvent): Record<string, unknown> => {
+const eventRecord = (e: KvEvent): KvEventRecord => {
   switch (e.type) {
     case "BlockStored":
       return {
@@ -58,36 +64,52 @@ const eventJson = (e: KvEvent): Record<string, unknown> => {
   }
 }
 
-export const helloLine = (
+/** A record as queued, before the link gives it its `n`. */
+export type KvRecordBody = Omit<BatchRecord, "n"> | Omit<ResyncRecord, "n">
+
+export const hello = (
   id: NodeIdentity,
   extra: { readonly epoch: string; readonly blockSize: number; readonly dpSize?: number }
-): string =>
-  `${JSON.stringify({
-    type: "Hello",
-    version: KV_WIRE_VERSION,
-    ...id,
-    block_size: extra.blockSize,
-    // Data-parallel ranks: Batch and Resync lines carry dp_rank in [0, dp_size), one KV cache each.
-    dp_size: extra.dpSize ?? 1,
-    epoch: extra.epoch
-  })}\n`
+): HelloPayload => ({
+  version: KV_WIRE_VERSION,
+  ...id,
+  block_size: extra.blockSize,
+  // Data-parallel ranks: Batch and Resync records carry dp_rank in [0, dp_size), one KV cache each.
+  dp_size: extra.dpSize ?? 1,
+  epoch: extra.epoch
+})
 
-export const batchLine = (id: NodeIdentity, b: KvBatch): string =>
-  `${JSON.stringify({
-    type: "Batch",
-    ...id,
-    dp_rank: b.dpRank,
-    seq: n(b.seq),
-    ts: b.ts,
-    events: b.events.map(eventJson)
-  })}\n`
+export const batchRecord = (b: KvBatch): Omit<BatchRecord, "n"> => ({
+  type: "Batch",
+  dp_rank: b.dpRank,
+  seq: n(b.seq),
+  ts: b.ts,
+  events: b.events.map(eventRecord)
+})
 
-export const resyncLine = (id: NodeIdentity, r: Resync): string =>
-  `${JSON.stringify({
-    type: "Resync",
-    ...id,
-    dp_rank: r.dpRank,
-    reason: r.reason,
-    from_seq: n(r.fromSeq),
-    to_seq: n(r.toSeq)
-  })}\n`
+export const resyncRecord = (r: Resync): Omit<ResyncRecord, "n"> => ({
+  type: "Resync",
+  dp_rank: r.dpRank,
+  reason: r.reason,
+  from_seq: n(r.fromSeq),
+  to_seq: n(r.toSeq)
+})
+
+/**
+ * About what a record costs, in bytes, held in memory or encoded as JSON: what the queue's byte bound
+ * counts. An estimate from the shape (no encoding), within a small factor of both.
+ */
+export const recordBytes = (r: KvRecordBody): number => {
+  if (r.type === "Resync") return 96
+  let bytes = 96
+  for (const e of r.events) {
+    bytes += 48
+    if (e.type === "AllBlocksCleared") continue
+    for (const x of e.block_hashes) bytes += 16 + x.length
+    if (e.type === "BlockStored") {
+      bytes += 32 + (e.parent_block_hash?.length ?? 0)
+      for (const t of e.token_ids) bytes += typeof t === "number" ? 8 : 8 + 8 * t.length
+    }
+  }
+  return bytes
+}

@@ -1,0 +1,8 @@
+/**
+ * `cgn-agent/kvcached`: what a cgn-kvcached implementation imports. The contract (the RPC group and its
+ * schemas, wire version 2), the receiver's pure state machine (dedup by link seq), and the reference
+ * receiver layer (effect RPC server on a Unix socket, optionally journaled). README section `kv` is the spec.
+ */
+export * from "./layers/kvcachedReceiver.ts"
+export * from "./services/KvcachedReceiver.ts"
+export * from "./services/KvcachedRpc.ts"

@@ -1,0 +1,26 @@
+#!/usr/bin/env node
+// cgn-kvcached-ref: the reference cgn-kvcached receiver (layers/kvcachedReceiver.ts) as a program.
+//   cgn-kvcached-ref --uds PATH [--journal FILE]
+// Serves the kvcached contract on PATH; with --journal, appends every Hello and applied record to FILE
+// (NDJSON) and resumes from it after a restart. Logs `{"msg":"listening"}` on stderr once the socket is up.
+import * as NodeRuntime from "@effect/platform-node/NodeRuntime"
+import { Effect, Layer } from "effect"
+import { layer } from "../layers/kvcachedReceiver.ts"
+
+const arg = (name: string): string | undefined => {
+  const i = process.argv.indexOf(name)
+  return i >= 0 ? process.argv[i + 1] : undefined
+}
+
+const path = arg("--uds")
+if (path === undefined) {
+  process.stderr.write("usage: cgn-kvcached-ref --uds PATH [--journal FILE]\n")
+  process.exit(2)
+}
+const journal = arg("--journal")
+
+const listening = Layer.effectDiscard(
+  Effect.sync(() => process.stderr.write(`${JSON.stringify({ msg: "listening", uds: path })}\n`))
+)
+
+NodeRuntime.runMain(Layer.launch(listening.pipe(Layer.provideMerge(layer({ path, ...(journal ? { journal } : {}) })))))
