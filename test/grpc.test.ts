@@ -381,7 +381,7 @@ describe("what the engine receives, and coalescing", () => {
   let engine: http.Server
   let engineUrl: string
   let agent: Agent
-  const seen: Array<{ headers: http.IncomingHttpHeaders; body: Record<string, unknown> }> = []
+  const seen: Array<{ headers: http.IncomingHttpHeaders; body: Record<string, unknown>; raw: string }> = []
   const TOKENS = 5_000
 
   beforeAll(async () => {
@@ -391,7 +391,7 @@ describe("what the engine receives, and coalescing", () => {
       req.setEncoding("utf8")
       req.on("data", (c: string) => (text += c))
       req.on("end", () => {
-        seen.push({ headers: req.headers, body: JSON.parse(text) as Record<string, unknown> })
+        seen.push({ headers: req.headers, body: JSON.parse(text) as Record<string, unknown>, raw: text })
         res.writeHead(200, { "content-type": "text/event-stream" })
         let out = ""
         for (let i = 0; i < TOKENS; i++) out += `data: {"choices":[{"index":0,"delta":{"content":"t"}}]}\n\n`
@@ -430,6 +430,12 @@ describe("what the engine receives, and coalescing", () => {
     const bad = await collect(agent.client, { prompt: "a" }, { metadata: Metadata({ traceparent: "garbage" }) })
     expect(statusOf(bad)).toBe("OK")
     expect(seen.at(-1)?.headers.traceparent).toBeUndefined()
+  })
+
+  it("a uint64 seed of 2^64-1 reaches the engine digit for digit (it was INTERNAL 'Error deserializing request')", async () => {
+    const r = await collect(agent.client, { prompt: "a", sampling: { seed: "18446744073709551615" } })
+    expect(statusOf(r)).toBe("OK")
+    expect(seen.at(-1)?.raw).toContain('"seed":18446744073709551615,')
   })
 
   it("coalesces tokens that arrive faster than they are sent; no token is lost", async () => {
