@@ -273,6 +273,38 @@ describe("cancellation, deadlines and health", () => {
     expect(after.aborted).toBe(base.aborted + 1)
   })
 
+  it("3000 open-then-cancel calls on one connection all end CANCELLED (none INTERNAL 'RST_STREAM with code 2')", async () => {
+    // A raw grpc-js client, as a router would hold one: cancel() ends the call with the status it reports.
+    const raw = new grpc.Client(agent.address, grpc.credentials.createInsecure())
+    const path = `/${AgentDefinition.fullName}/${AgentDefinition.methods.generate.name}`
+    const request = GenerateRequest.fromPartial({ prompt: "x", sampling: { maxTokens: 900 } })
+    const one = (i: number): Promise<string> =>
+      new Promise((resolve) => {
+        const call = raw.makeServerStreamRequest(
+          path,
+          (m: GenerateRequest) => Buffer.from(GenerateRequest.encode(m).finish()),
+          (b: Buffer) => GenerateResponse.decode(b),
+          request
+        )
+        call.on("data", () => undefined)
+        call.on("error", () => undefined)
+        call.on("status", (st: grpc.StatusObject) => resolve(`${Status[st.code]}: ${st.details}`))
+        // Half at once (often before the server has the request), half after the first message.
+        if (i % 2 === 0) setImmediate(() => call.cancel())
+        else call.once("data", () => call.cancel())
+      })
+    const tally: Record<string, number> = {}
+    try {
+      for (let batch = 0; batch < 10; batch++) {
+        for (const st of await Promise.all(Array.from({ length: 300 }, (_, j) => one(batch * 300 + j))))
+          tally[st] = (tally[st] ?? 0) + 1
+      }
+    } finally {
+      raw.close()
+    }
+    expect(tally).toEqual({ "CANCELLED: Cancelled on client": 3000 })
+  }, 120_000)
+
   it("awaitNoStreams (the drain's wait) completes only once the last stream has ended", async () => {
     await agent.noStreams() // none active: at once
     let idleSeen = false
