@@ -167,7 +167,8 @@ const schemaProblems = (
   if (exit._tag === "Success") return []
   const reason = exit.cause.reasons.find((r) => r._tag === "Fail")
   // A defect in a transformation has no issue path: name the key being checked and what it held.
-  if (reason === undefined) return [`${formatPath(key)}: cannot decode ${describe(valueAt(value, key.slice(at.length)))}`]
+  if (reason === undefined)
+    return [`${formatPath(key)}: cannot decode ${describe(valueAt(value, key.slice(at.length)))}`]
   const std = SchemaIssue.makeFormatterStandardSchemaV1()((reason.error as Schema.SchemaError).issue)
   return std.issues.map((i) => {
     const path = [...at, ...(i.path ?? []).map((p) => (typeof p === "object" && p !== null ? p.key : p))]
