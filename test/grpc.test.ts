@@ -1,7 +1,7 @@
 import * as http from "node:http"
 import type { AddressInfo } from "node:net"
 import * as grpc from "@grpc/grpc-js"
-import { Layer, ManagedRuntime } from "effect"
+import { Effect, Layer, ManagedRuntime } from "effect"
 import { type Channel, ClientError, createChannel, createClient, Metadata, Status } from "nice-grpc"
 import { HealthDefinition } from "nice-grpc-server-health"
 import { ServerReflectionService } from "nice-grpc-server-reflection"
@@ -16,10 +16,12 @@ import {
 } from "../src/gen/cgn/agent/v1/agent.ts"
 import { EngineProcessControl } from "../src/layers/EngineProcessTest.ts"
 import { layerWith as grpcLayerWith } from "../src/layers/GrpcServer.ts"
+import { layerTest as metricsLayerTest } from "../src/layers/Metrics.ts"
 import { NodeStatusTest } from "../src/layers/NodeStatus.ts"
 import type { EngineState } from "../src/services/EngineProcess.ts"
 import { State } from "../src/services/EngineState.ts"
 import { GrpcServer } from "../src/services/GrpcServer.ts"
+import { Metrics } from "../src/services/Metrics.ts"
 import type { NodeState } from "../src/services/NodeStatus.ts"
 import { agentDeps } from "./support/agentDeps.ts"
 import { runCli } from "./support/cli.ts"
@@ -406,6 +408,52 @@ describe("cancellation, deadlines and health", () => {
     const unknown = await health.check({ service: "nope" }).catch((e: ClientError) => e)
     expect(unknown).toBeInstanceOf(ClientError)
     expect((unknown as ClientError).code).toBe(Status.NOT_FOUND)
+  })
+})
+
+describe("a stalled engine stream (engine.stream_idle_timeout)", () => {
+  let sim: SimHandle
+  let rt: ManagedRuntime.ManagedRuntime<GrpcServer | Metrics, unknown>
+  let client: AgentClient
+  let channel: Channel
+
+  beforeAll(async () => {
+    sim = await startSim({
+      flavor: "vllm",
+      args: ["serve", "org/m", "--served-model-name", "m", "--sim-mode", "random", "--sim-itl", "5ms"]
+    })
+    const { deps } = agentDeps(sim.url, { engine: { stream_idle_timeout: "400ms" } })
+    rt = ManagedRuntime.make(
+      grpcLayerWith({ address: "127.0.0.1:0", shutdownGraceMs: 1_000 }).pipe(
+        Layer.provideMerge(Layer.mergeAll(deps, metricsLayerTest))
+      )
+    )
+    channel = createChannel((await rt.runPromise(GrpcServer)).address)
+    client = createClient(AgentDefinition, channel)
+  })
+  afterAll(async () => {
+    channel?.close()
+    await rt?.dispose()
+    await sim?.stop()
+  })
+
+  it("ends the call with UNAVAILABLE, aborts the engine request and counts the stall", async () => {
+    const base = await simState(sim)
+    await setFaults(sim, { stallAfterTokens: 3 })
+    // No caller deadline: only the idle timeout can end this call.
+    const r = await collect(client, { prompt: "x", sampling: { maxTokens: 50 } })
+    expect(statusOf(r)).toBe("UNAVAILABLE")
+    expect(r.error?.details).toContain("engine.stream_idle_timeout")
+    expect(r.tokens).toBeGreaterThan(0)
+    await pollUntil(async () => {
+      const st = await simState(sim)
+      return st.running === 0 && st.aborted > base.aborted ? st : undefined
+    })
+    const stalls = await rt.runPromise(Effect.flatMap(Metrics, (m) => Effect.promise(() => m.engineStreamStalls.get())))
+    expect(stalls.values.map((v) => [v.labels.model, v.value])).toEqual([["m", 1]])
+    // A healthy stream afterwards is not cut short.
+    await setFaults(sim, { stallAfterTokens: null })
+    expect(statusOf(await collect(client, { prompt: "x", sampling: { maxTokens: 50 } }))).toBe("OK")
   })
 })
 

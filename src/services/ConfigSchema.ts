@@ -142,7 +142,8 @@ export const EngineSection = Schema.Struct({
   liveness_failures: withDefault(PositiveInt, 3),
   side_channel_host: Schema.optionalKey(Schema.NonEmptyString),
   side_channel_port: withDefault(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 65535 })), 5600),
-  bootstrap_port: withDefault(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 65535 })), 8998)
+  bootstrap_port: withDefault(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 65535 })), 8998),
+  stream_idle_timeout: withDefault(ShortDuration, "5m")
 })
 
 export const ModelSection = Schema.Struct({
