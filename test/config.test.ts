@@ -1,11 +1,15 @@
 // Config decoding: bad files with their exact messages (one line per problem, naming the key path), the
 // defaults of a minimal file, node_id resolution, and reading a file from disk.
+import { execFile } from "node:child_process"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import { Duration, Effect, Exit, Result } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { configPathFrom, decodeConfig, loadConfigFile } from "../src/layers/Config.ts"
+import { knownKeys } from "../src/services/ConfigSchema.ts"
+import { prng } from "../src/sim/tokens.ts"
+import { agentEntry, requireDist } from "./support/agent.ts"
 
 const MODEL = '[models.m]\nhf_repo = "a/b"\n'
 
@@ -301,3 +305,169 @@ describe("reading the file", () => {
     expect(configPathFrom(["run"], {})).toBeUndefined()
   })
 })
+
+// Malformed files of every shape: never an exception, always one problem per line that starts with where it
+// is (a key path, or a TOML line and column). Arrays of tables once crashed describe() (String() on smol-toml's
+// null-prototype tables) and "0.0000001s" crashed Duration; both are among the named cases.
+const NAMED: ReadonlyArray<[string, string, string]> = [
+  ["[[agent]]", `[[agent]]\nnode_id = "x"\n${MODEL}`, "agent: expected a table, got an array of tables"],
+  ['[[models."x"]]', '[[models."x"]]\nhf_repo = "a/b"\n', 'models."x": expected a table, got an array of tables'],
+  [
+    "env = { A = [{ b = 1 }] }",
+    `[engine]\nenv = { A = [{ b = 1 }] }\n${MODEL}`,
+    "engine.env.A: Expected string, got an array of tables"
+  ],
+  ['heartbeat = "0.0000001s"', `[agent]\nheartbeat = "0.0000001s"\n${MODEL}`, "agent.heartbeat: expected a duration"],
+  [
+    'stop_grace = "0.0000001s"',
+    `[engine]\nstop_grace = "0.0000001s"\n${MODEL}`,
+    "engine.stop_grace: expected a duration"
+  ]
+]
+
+const SEGMENT = String.raw`(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*")(?:\[\d+\])*`
+const WHERE = new RegExp(String.raw`^(?:line \d+, column \d+|<root>|${SEGMENT}(?:\.${SEGMENT})*): \S`)
+
+/** Fails the test unless decoding returns (never throws) and every problem names where it is. */
+const expectKeyedProblems = (text: string): "ok" | "bad" => {
+  let r: ReturnType<typeof decodeConfig>
+  try {
+    r = decodeConfig(text, "fuzz.toml", {})
+  } catch (e) {
+    throw new Error(`decodeConfig threw ${(e as Error).message} on:\n${text}`)
+  }
+  if (Result.isSuccess(r)) return "ok"
+  for (const p of r.failure.problems) {
+    if (!WHERE.test(p) || /cannot decode|\[object|undefined/.test(p)) {
+      throw new Error(`problem without a key path and reason: ${JSON.stringify(p)} in:\n${text}`)
+    }
+  }
+  return "bad"
+}
+
+const VALUES = [
+  '"x"',
+  '""',
+  '"5s"',
+  '"0.0000001s"',
+  '"1e-7s"',
+  '"99999999999999999999d"',
+  '"http://h:1"',
+  '"0.0.0.0:7071"',
+  "0",
+  "-1",
+  "1",
+  "9223372036854775807",
+  "0.5",
+  "1e308",
+  "inf",
+  "nan",
+  "true",
+  "false",
+  "1979-05-27T07:32:00Z",
+  "1979-05-27",
+  "07:32:00",
+  "[]",
+  "[1, 2]",
+  '["a", "b"]',
+  "[[1], [2]]",
+  "[{ b = 1 }]",
+  "{}",
+  "{ a = 1 }",
+  "{ A = [{ b = 1 }] }",
+  "{ a = { b = [] } }"
+]
+const SECTIONS = ["cluster", "security", "agent", "engine", "kv", 'models."m"', 'models."x y"', "models", "nope"]
+
+const mutate = (text: string, rand: () => number): string => {
+  const pick = <A>(xs: ReadonlyArray<A>): A => xs[Math.floor(rand() * xs.length)]!
+  const lines = text.split("\n")
+  const at = Math.floor(rand() * (lines.length + 1))
+  const line = lines[Math.min(at, lines.length - 1)] ?? ""
+  switch (Math.floor(rand() * 7)) {
+    case 0: // a key's value becomes a value of another type
+      if (/^\s*[\w"-]+\s*=/.test(line)) lines[at] = `${line.slice(0, line.indexOf("="))}= ${pick(VALUES)}`
+      break
+    case 1: // a table header becomes an array-of-tables header
+      if (/^\[[^[]/.test(line)) lines[at] = `[${line.trim()}]`
+      break
+    case 2: // a new table or array of tables with a known key
+      lines.splice(
+        at,
+        0,
+        rand() < 0.5 ? `[${pick(SECTIONS)}]` : `[[${pick(SECTIONS)}]]`,
+        `${pick(knownKeys.agent!)} = ${pick(VALUES)}`
+      )
+      break
+    case 3: {
+      // a known key of some section, with a value of any type
+      const keys = Object.values(knownKeys).flat()
+      lines.splice(at, 0, `${pick(keys)} = ${pick(VALUES)}`)
+      break
+    }
+    case 4: // a duplicated line (often a duplicate key or table: a TOML error)
+      lines.splice(at, 0, line)
+      break
+    case 5:
+      lines.splice(at, 1)
+      break
+    default: // a stray character
+      lines[at] = `${line.slice(0, 3)}${pick(["[", "]", "=", '"', "{", ".", ","])}${line.slice(3)}`
+  }
+  return lines.join("\n")
+}
+
+describe("malformed files never crash the decoder", () => {
+  it.each(NAMED)("%s: the key path and the reason", (_what, text, line) => {
+    const problems = problemsOf(text)
+    expect(problems.some((p) => p.startsWith(line))).toBe(true)
+    expect(expectKeyedProblems(text)).toBe("bad")
+  })
+
+  it("600 mutated files (seeded): each decodes or lists keyed problems", async () => {
+    const examples = await fs.readdir(path.join(import.meta.dirname, "..", "examples"))
+    const seeds = [MODEL]
+    for (const f of examples.filter((e) => e.endsWith(".toml"))) {
+      seeds.push(await fs.readFile(path.join(import.meta.dirname, "..", "examples", f), "utf8"))
+    }
+    const rand = prng(15)
+    const tally = { ok: 0, bad: 0 }
+    for (let i = 0; i < 600; i++) {
+      let text = seeds[i % seeds.length]!
+      const rounds = 1 + Math.floor(rand() * 4)
+      for (let j = 0; j < rounds; j++) text = mutate(text, rand)
+      tally[expectKeyedProblems(text)]++
+    }
+    // The mutations must mostly break files, or the test checks little.
+    expect(tally.bad).toBeGreaterThan(300)
+  })
+
+  it("dist/main.js check: exit 2 with the key path, no stack trace", async () => {
+    requireDist()
+    const dir = await fs.mkdtemp(path.join(os.tmpdir(), "cgn-config-fuzz-"))
+    try {
+      const runs = await Promise.all(
+        NAMED.slice(0, 4).map(async ([_what, text], i) => {
+          const file = path.join(dir, `named-${i}.toml`)
+          await fs.writeFile(file, text)
+          return checkDist(file)
+        })
+      )
+      for (const [i, r] of runs.entries()) {
+        expect({ code: r.code, stdout: r.stdout }).toEqual({ code: 2, stdout: "" })
+        expect(r.stderr).toContain(NAMED[i]![2])
+        expect(r.stderr).not.toMatch(/TypeError|\n\s+at /)
+      }
+    } finally {
+      await fs.rm(dir, { recursive: true, force: true })
+    }
+  }, 180_000)
+})
+
+/** `node dist/main.js check --config FILE`, the way a user runs it. */
+const checkDist = (file: string): Promise<{ code: number; stdout: string; stderr: string }> =>
+  new Promise((resolve) => {
+    execFile(process.execPath, [agentEntry, "check", "--config", file], (error, stdout, stderr) =>
+      resolve({ code: error === null ? 0 : typeof error.code === "number" ? error.code : -1, stdout, stderr })
+    )
+  })

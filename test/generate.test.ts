@@ -194,11 +194,18 @@ describe("planRequest: validation", () => {
       says: /stop\[1\] is empty/
     },
     {
-      name: "seed above 2^53",
-      req: { prompt: "a", sampling: { seed: 2 ** 60 } },
+      name: "seed above 2^64-1 (only an embedder's fromPartial can send one)",
+      req: { prompt: "a", sampling: { seed: "18446744073709551616" } },
       code: "INVALID_ARGUMENT",
       field: "sampling.seed",
-      says: /below 2\^53/
+      says: /\[0, 2\^64-1\], got 18446744073709551616/
+    },
+    {
+      name: "seed not an integer",
+      req: { prompt: "a", sampling: { seed: "-1" } },
+      code: "INVALID_ARGUMENT",
+      field: "sampling.seed",
+      says: /\[0, 2\^64-1\]/
     }
   ]
   for (const c of cases) {
@@ -209,6 +216,13 @@ describe("planRequest: validation", () => {
       expect(r.message).toMatch(c.says)
     })
   }
+
+  it("seed: the whole uint64 range, written to the engine digit for digit", () => {
+    for (const seed of ["0", "9007199254740993", "9223372036854775808", "18446744073709551615"]) {
+      const body = JSON.stringify(plan({ prompt: "a", sampling: { seed } }).body)
+      expect(body).toContain(`"seed":${seed},`)
+    }
+  })
 
   it("max_tokens above the model's context length", () => {
     const r = rejected({ prompt: "a", sampling: { maxTokens: 60 } }, config({}, { max_model_len: 50 }))
@@ -258,7 +272,7 @@ describe("planRequest: OpenAI body", () => {
         topP: Math.fround(0.9),
         topK: 40,
         stop: ["\n"],
-        seed: 42,
+        seed: "42",
         presencePenalty: Math.fround(0.1),
         frequencyPenalty: Math.fround(-0.3),
         repetitionPenalty: Math.fround(1.1)

@@ -1,7 +1,7 @@
 import * as http from "node:http"
 import type { AddressInfo } from "node:net"
 import * as grpc from "@grpc/grpc-js"
-import { Layer, ManagedRuntime } from "effect"
+import { Effect, Layer, ManagedRuntime } from "effect"
 import { type Channel, ClientError, createChannel, createClient, Metadata, Status } from "nice-grpc"
 import { HealthDefinition } from "nice-grpc-server-health"
 import { ServerReflectionService } from "nice-grpc-server-reflection"
@@ -16,10 +16,12 @@ import {
 } from "../src/gen/cgn/agent/v1/agent.ts"
 import { EngineProcessControl } from "../src/layers/EngineProcessTest.ts"
 import { layerWith as grpcLayerWith } from "../src/layers/GrpcServer.ts"
+import { layerTest as metricsLayerTest } from "../src/layers/Metrics.ts"
 import { NodeStatusTest } from "../src/layers/NodeStatus.ts"
 import type { EngineState } from "../src/services/EngineProcess.ts"
 import { State } from "../src/services/EngineState.ts"
 import { GrpcServer } from "../src/services/GrpcServer.ts"
+import { Metrics } from "../src/services/Metrics.ts"
 import type { NodeState } from "../src/services/NodeStatus.ts"
 import { agentDeps } from "./support/agentDeps.ts"
 import { runCli } from "./support/cli.ts"
@@ -32,6 +34,8 @@ interface Agent {
   setEngine(state: EngineState): Promise<void>
   setNode(state: NodeState): Promise<void>
   abortActive(reason: string): Promise<void>
+  /** The engine streams the stall watchdog ended (cgn_agent_engine_stream_stalls_total). */
+  stalls(): Promise<number>
   /** Resolves when no stream is being relayed (the drain's wait). */
   noStreams(): Promise<void>
   close(): Promise<void>
@@ -39,10 +43,16 @@ interface Agent {
 
 const ready = (): EngineState => State.Ready({ since: Date.now(), run: 0 })
 
-const startAgent = async (engineUrl: string, agent: Record<string, unknown> = {}): Promise<Agent> => {
-  const { deps } = agentDeps(engineUrl, { agent: { max_tokens_limit: 1000, ...agent } })
+const startAgent = async (
+  engineUrl: string,
+  agent: Record<string, unknown> = {},
+  engine: Record<string, unknown> = {}
+): Promise<Agent> => {
+  const { deps } = agentDeps(engineUrl, { agent: { max_tokens_limit: 1000, ...agent }, engine })
   const rt = ManagedRuntime.make(
-    grpcLayerWith({ address: "127.0.0.1:0", shutdownGraceMs: 1_000 }).pipe(Layer.provideMerge(deps))
+    grpcLayerWith({ address: "127.0.0.1:0", shutdownGraceMs: 1_000 }).pipe(
+      Layer.provideMerge(Layer.mergeAll(deps, metricsLayerTest))
+    )
   )
   const server = await rt.runPromise(GrpcServer)
   const engineCtl = await rt.runPromise(EngineProcessControl)
@@ -55,6 +65,12 @@ const startAgent = async (engineUrl: string, agent: Record<string, unknown> = {}
     setEngine: (s) => rt.runPromise(engineCtl.set(s)),
     setNode: (s) => rt.runPromise(nodeCtl.setState(s)),
     abortActive: (reason) => rt.runPromise(server.abortActive(reason)),
+    stalls: () =>
+      rt.runPromise(
+        Effect.flatMap(Metrics, (m) =>
+          Effect.promise(async () => (await m.engineStreamStalls.get()).values.reduce((n, v) => n + v.value, 0))
+        )
+      ),
     noStreams: () => rt.runPromise(server.awaitNoStreams),
     close: async () => {
       channel.close()
@@ -273,6 +289,63 @@ describe("cancellation, deadlines and health", () => {
     expect(after.aborted).toBe(base.aborted + 1)
   })
 
+  it("3000 open-then-cancel calls on one connection all end CANCELLED (none INTERNAL 'RST_STREAM with code 2')", async () => {
+    // A raw grpc-js client, as a router would hold one: cancel() ends the call with the status it reports.
+    const raw = new grpc.Client(agent.address, grpc.credentials.createInsecure())
+    const path = `/${AgentDefinition.fullName}/${AgentDefinition.methods.generate.name}`
+    const request = GenerateRequest.fromPartial({ prompt: "x", sampling: { maxTokens: 900 } })
+    const one = (i: number): Promise<string> =>
+      new Promise((resolve) => {
+        const call = raw.makeServerStreamRequest(
+          path,
+          (m: GenerateRequest) => Buffer.from(GenerateRequest.encode(m).finish()),
+          (b: Buffer) => GenerateResponse.decode(b),
+          request
+        )
+        call.on("data", () => undefined)
+        call.on("error", () => undefined)
+        call.on("status", (st: grpc.StatusObject) => resolve(`${Status[st.code]}: ${st.details}`))
+        // Half at once (often before the server has the request), half after the first message.
+        if (i % 2 === 0) setImmediate(() => call.cancel())
+        else call.once("data", () => call.cancel())
+      })
+    const tally: Record<string, number> = {}
+    try {
+      for (let batch = 0; batch < 10; batch++) {
+        for (const st of await Promise.all(Array.from({ length: 300 }, (_, j) => one(batch * 300 + j))))
+          tally[st] = (tally[st] ?? 0) + 1
+      }
+    } finally {
+      raw.close()
+    }
+    expect(tally).toEqual({ "CANCELLED: Cancelled on client": 3000 })
+  }, 120_000)
+
+  it("a stalled engine stream ends with UNAVAILABLE (engine.stream_idle_timeout), aborts the engine request, is counted", async () => {
+    // Its own agent: tokens come every 20 ms, so 400 ms ends only a stalled stream (the shared agent keeps the
+    // default, since the cancel test's burst queues calls in the engine longer than that).
+    const agent = await startAgent(sim.url, {}, { stream_idle_timeout: "400ms" })
+    const base = await simState(sim)
+    await setFaults(sim, { stallAfterTokens: 3 })
+    try {
+      // No caller deadline: only the idle timeout can end this call.
+      const r = await collect(agent.client, { prompt: "x", sampling: { maxTokens: 50 } })
+      expect(statusOf(r)).toBe("UNAVAILABLE")
+      expect(r.error?.details).toContain("engine.stream_idle_timeout")
+      expect(r.tokens).toBeGreaterThan(0)
+    } finally {
+      await setFaults(sim, { stallAfterTokens: null })
+    }
+    await pollUntil(async () => {
+      const st = await simState(sim)
+      return st.running === 0 && st.aborted > base.aborted ? st : undefined
+    })
+    expect(await agent.stalls()).toBe(1)
+    // A healthy stream afterwards is not cut short.
+    expect(statusOf(await collect(agent.client, { prompt: "x", sampling: { maxTokens: 30 } }))).toBe("OK")
+    await agent.close()
+  })
+
   it("awaitNoStreams (the drain's wait) completes only once the last stream has ended", async () => {
     await agent.noStreams() // none active: at once
     let idleSeen = false
@@ -381,7 +454,7 @@ describe("what the engine receives, and coalescing", () => {
   let engine: http.Server
   let engineUrl: string
   let agent: Agent
-  const seen: Array<{ headers: http.IncomingHttpHeaders; body: Record<string, unknown> }> = []
+  const seen: Array<{ headers: http.IncomingHttpHeaders; body: Record<string, unknown>; raw: string }> = []
   const TOKENS = 5_000
 
   beforeAll(async () => {
@@ -391,7 +464,7 @@ describe("what the engine receives, and coalescing", () => {
       req.setEncoding("utf8")
       req.on("data", (c: string) => (text += c))
       req.on("end", () => {
-        seen.push({ headers: req.headers, body: JSON.parse(text) as Record<string, unknown> })
+        seen.push({ headers: req.headers, body: JSON.parse(text) as Record<string, unknown>, raw: text })
         res.writeHead(200, { "content-type": "text/event-stream" })
         let out = ""
         for (let i = 0; i < TOKENS; i++) out += `data: {"choices":[{"index":0,"delta":{"content":"t"}}]}\n\n`
@@ -430,6 +503,12 @@ describe("what the engine receives, and coalescing", () => {
     const bad = await collect(agent.client, { prompt: "a" }, { metadata: Metadata({ traceparent: "garbage" }) })
     expect(statusOf(bad)).toBe("OK")
     expect(seen.at(-1)?.headers.traceparent).toBeUndefined()
+  })
+
+  it("a uint64 seed of 2^64-1 reaches the engine digit for digit (it was INTERNAL 'Error deserializing request')", async () => {
+    const r = await collect(agent.client, { prompt: "a", sampling: { seed: "18446744073709551615" } })
+    expect(statusOf(r)).toBe("OK")
+    expect(seen.at(-1)?.raw).toContain('"seed":18446744073709551615,')
   })
 
   it("coalesces tokens that arrive faster than they are sent; no token is lost", async () => {

@@ -3,7 +3,7 @@ import { Duration } from "effect"
 import { describe, expect, it } from "vitest"
 import { backoffMs, reporterTiming } from "../src/layers/HealthReporter.ts"
 import { resolveAdvertiseAddr } from "../src/services/Advertise.ts"
-import { type DampingState, initialDamping, observe } from "../src/services/HealthDamping.ts"
+import { type DampingState, initialDamping, isFact, observe } from "../src/services/HealthDamping.ts"
 import { epochOf, nodeKey, nodesPrefix } from "../src/services/HealthReporter.ts"
 import type { NodeState } from "../src/services/NodeStatus.ts"
 
@@ -14,6 +14,21 @@ const run = (seq: ReadonlyArray<NodeState>, threshold: number) => {
     return s.published
   })
 }
+
+describe("HealthDamping.isFact: engine exits and starts are facts, probe verdicts are flaps", () => {
+  it.each([
+    ["engine exited, restarting", "starting", "restarting", "ready", true],
+    ["engine starting", "starting", "starting", "unhealthy", true],
+    ["engine stopped (gave up)", "unhealthy", "stopped", "ready", true],
+    ["engine stopping", "unhealthy", "stopping", "ready", true],
+    ["engine became ready after a start", "ready", "ready", "starting", true],
+    ["draining", "draining", "ready", "ready", true],
+    ["liveness probe failing", "unhealthy", "unhealthy", "ready", false],
+    ["liveness probe recovered", "ready", "ready", "unhealthy", false]
+  ] as const)("%s", (_name, observed, phase, published, fact) => {
+    expect(isFact(observed, phase, published)).toBe(fact)
+  })
+})
 
 describe("HealthDamping.observe", () => {
   it.each([

@@ -96,6 +96,11 @@ const startReporter = async (o: Opts) => {
   return {
     status: () => runtime.runPromise(Effect.flatMap(HealthReporter, (r) => r.status)),
     setState: (s: NodeState) => runtime.runPromise(Effect.flatMap(NodeStatusTest, (c) => c.setState(s))),
+    /** The node state and the engine phase behind it, as the live NodeStatus would show them together. */
+    setEngine: (state: NodeState, phase: string) =>
+      runtime.runPromise(
+        Effect.flatMap(NodeStatusTest, (c) => c.update((h) => ({ ...h, state, engine: { ...h.engine!, phase } })))
+      ),
     flush: () => runtime.runPromise(Effect.exit(Effect.flatMap(HealthReporter, (r) => r.flush))),
     markDraining: () => runtime.runPromise(Effect.exit(Effect.flatMap(HealthReporter, (r) => r.markDraining))),
     close
@@ -179,24 +184,28 @@ describe("HealthReporter against a real etcd", () => {
     expect(lastPut.record!.state).toBe("draining")
   }, 20_000)
 
-  it("damps state changes and writes draining at once", async () => {
+  it("damps probe flaps and writes draining at once", async () => {
     const prefix = uniquePrefix()
     const key = nodeKey(prefix, "c1", "n1")
     const r = await startReporter({ prefix, damping: 3 })
     await untilState(r, "registered")
+    await r.setEngine("ready", "ready")
+    await pollUntil("ready published", async () =>
+      (await readRecord(client, key))?.state === "ready" ? true : undefined
+    )
     const s0 = (await r.status()).sequence
-    await r.setState("ready")
-    // With damping 3 the next two heartbeats still publish "starting".
+    await r.setEngine("unhealthy", "unhealthy")
+    // A liveness verdict: with damping 3 the next two heartbeats still publish "ready".
     const first = await pollUntil("a write after the change", async () => {
       const rec = await readRecord(client, key)
       return rec !== undefined && rec.freshness!.sequence > s0 ? rec : undefined
     })
-    expect(first.state).toBe("starting")
-    const ready = await pollUntil("ready published", async () => {
+    expect(first.state).toBe("ready")
+    const unhealthy = await pollUntil("unhealthy published", async () => {
       const rec = await readRecord(client, key)
-      return rec?.state === "ready" ? rec : undefined
+      return rec?.state === "unhealthy" ? rec : undefined
     })
-    expect(ready.freshness!.sequence).toBeGreaterThanOrEqual(s0 + 3)
+    expect(unhealthy.freshness!.sequence).toBeGreaterThanOrEqual(s0 + 3)
     const s1 = (await r.status()).sequence
     await r.setState("draining")
     const draining = await pollUntil("draining published", async () => {
@@ -206,6 +215,38 @@ describe("HealthReporter against a real etcd", () => {
     // At most one heartbeat that had already read the snapshot goes out before it.
     expect(draining.freshness!.sequence).toBeLessThanOrEqual(s1 + 2)
   }, 20_000)
+
+  it("an engine exit and an engine becoming ready reach etcd at once, not at the next heartbeat (30 s)", async () => {
+    const prefix = uniquePrefix()
+    const key = nodeKey(prefix, "c1", "n1")
+    const r = await startReporter({ prefix, heartbeat: "30s", leaseTtl: "90s", damping: 2 })
+    await untilState(r, "registered")
+    const published = (state: string) =>
+      pollUntil(
+        `${state} in etcd`,
+        async () => ((await readRecord(client, key))?.state === state ? true : undefined),
+        3_000
+      )
+    let t = performance.now()
+    await r.setEngine("ready", "ready")
+    await published("ready")
+    const startLagMs = performance.now() - t
+    t = performance.now()
+    await r.setEngine("starting", "restarting") // the engine exited; the supervisor restarts it
+    await published("starting")
+    const crashLagMs = performance.now() - t
+    await r.setEngine("ready", "ready")
+    await published("ready")
+    t = performance.now()
+    await r.setEngine("unhealthy", "stopped") // the supervisor gave up
+    await published("unhealthy")
+    const stopLagMs = performance.now() - t
+    // A heartbeat-driven write would take 30 s; the bound is a tenth of that on a loaded machine.
+    expect(Math.max(startLagMs, crashLagMs, stopLagMs)).toBeLessThan(3_000)
+    console.log(
+      `etcd lag: start ${startLagMs.toFixed(0)} ms, crash ${crashLagMs.toFixed(0)} ms, stop ${stopLagMs.toFixed(0)} ms`
+    )
+  }, 30_000)
 
   it("markDraining writes state=draining before returning", async () => {
     const prefix = uniquePrefix()

@@ -143,14 +143,32 @@ const valueAt = (raw: unknown, path: ReadonlyArray<PropertyKey>): unknown =>
     raw
   )
 
-const describe = (v: unknown) => (typeof v === "string" ? JSON.stringify(v) : isTable(v) ? "a table" : String(v))
+/**
+ * Names a TOML value in an error. Never String() an object: smol-toml's tables have a null prototype,
+ * so String() throws on a table and on any array holding one (`[[agent]]`, `A = [{ b = 1 }]`).
+ */
+const describe = (v: unknown): string => {
+  if (typeof v === "string") return JSON.stringify(v)
+  if (v instanceof Date) return "a date-time"
+  if (Array.isArray(v)) return v.length > 0 && v.every(isTable) ? "an array of tables" : "an array"
+  if (isTable(v)) return "a table"
+  if (typeof v === "number" || typeof v === "boolean" || typeof v === "bigint") return String(v)
+  return typeof v
+}
 
 /** Problems of one schema against one value, each prefixed with where the value sits in the file. */
-const schemaProblems = (schema: Schema.Top, value: unknown, at: ReadonlyArray<PropertyKey>): Array<string> => {
+const schemaProblems = (
+  schema: Schema.Top,
+  value: unknown,
+  at: ReadonlyArray<PropertyKey>,
+  key: ReadonlyArray<PropertyKey> = at
+): Array<string> => {
   const exit = Schema.decodeUnknownExit(schema as Schema.Codec<unknown, unknown>)(value, { errors: "all" })
   if (exit._tag === "Success") return []
   const reason = exit.cause.reasons.find((r) => r._tag === "Fail")
-  if (reason === undefined) return [`${formatPath(at)}: cannot decode`]
+  // A defect in a transformation has no issue path: name the key being checked and what it held.
+  if (reason === undefined)
+    return [`${formatPath(key)}: cannot decode ${describe(valueAt(value, key.slice(at.length)))}`]
   const std = SchemaIssue.makeFormatterStandardSchemaV1()((reason.error as Schema.SchemaError).issue)
   return std.issues.map((i) => {
     const path = [...at, ...(i.path ?? []).map((p) => (typeof p === "object" && p !== null ? p.key : p))]
@@ -172,12 +190,13 @@ const fieldProblems = (raw: unknown): Array<string> => {
   const byField = (struct: Schema.Struct<Schema.Struct.Fields>, table: unknown, at: ReadonlyArray<string>) => {
     if (table === undefined) return
     if (!isTable(table)) {
-      problems.push(`${formatPath(at)}: expected a table, got ${describe(table)}`)
+      const hint = Array.isArray(table) ? ` (write [${formatPath(at)}], not [[${formatPath(at)}]])` : ""
+      problems.push(`${formatPath(at)}: expected a table, got ${describe(table)}${hint}`)
       return
     }
     for (const [k, field] of Object.entries(struct.fields)) {
       if (!(k in table)) continue
-      problems.push(...schemaProblems(Schema.Struct({ [k]: field }), { [k]: table[k] }, at))
+      problems.push(...schemaProblems(Schema.Struct({ [k]: field }), { [k]: table[k] }, at, [...at, k]))
     }
   }
   for (const s of SECTIONS) byField(sectionSchemas[s], raw[s], [s])

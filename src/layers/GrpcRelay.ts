@@ -18,6 +18,13 @@ export class Relay {
   /** Any engine chunk seen (a decode leg's deadline ends there). */
   started = false
   queueMs = 0
+  /** Network reads so far; the stall watchdog compares it on a coarse interval (no timer per read). */
+  reads = 0
+  /** Set once the engine stream is requested (after admission): only then can the engine stall it. */
+  streaming = false
+  /** Watchdog bookkeeping: `reads` when it last looked, and since when (Clock ms) it has not moved. */
+  seenReads = 0
+  idleSince = 0
   done = false
   failure: unknown = undefined
   /** Called after every read and at the end; it drains `take` as far as the call can be written. */
@@ -29,6 +36,7 @@ export class Relay {
   /** Producer side, once per network read: false when the producer must wait for room. */
   readonly onChunks = (chunks: ReadonlyArray<JsonObject>, resume?: () => void): boolean => {
     this.started = true
+    this.reads++
     for (let i = 0; i < chunks.length; i++) {
       const text = this.reader.read(chunks[i]!)
       if (text !== "") {
@@ -56,6 +64,10 @@ export class Relay {
       r()
     }
     return d
+  }
+  /** True while the producer waits for the caller to take text: the engine is idle because we paused it. */
+  get paused(): boolean {
+    return this.resumeProducer !== undefined
   }
   /** Interrupts the producer fiber (set once it is forked). */
   interrupt: () => void = () => undefined

@@ -10,7 +10,7 @@
  */
 import { randomUUID } from "node:crypto"
 import * as grpc from "@grpc/grpc-js"
-import { Duration, Effect, Layer, Option, Result, Schema, Stream, Tracer } from "effect"
+import { Clock, Duration, Effect, Layer, Option, Result, Schedule, Schema, Stream, Tracer } from "effect"
 import { ServerError, Status } from "nice-grpc"
 import { HealthDefinition, HealthServiceImpl, HealthState } from "nice-grpc-server-health"
 import { ServerReflection, ServerReflectionService } from "nice-grpc-server-reflection"
@@ -109,6 +109,24 @@ const generateMethod: grpc.MethodDefinition<GenerateRequest, GenerateResponse> =
   responseDeserialize: (b) => GenerateResponse.decode(b)
 }
 
+/**
+ * Node's HTTP/2 server limits incoming RST_STREAM frames (nghttp2's rapid-reset guard, CVE-2023-44487: a burst
+ * of 1000, then 33 per second) and past that ends the whole connection with GOAWAY(INTERNAL_ERROR). A router
+ * that cancels calls at a few hundred per second (clients hanging up, hedged requests) trips it, and every
+ * call on its connection then fails INTERNAL "Received RST_STREAM with code 2" instead of CANCELLED.
+ * A node serves at most [agent].max_inflight + max_queue calls, so legitimate cancels stay far below 1000 per
+ * second, while a rapid-reset flood (tens of thousands per second) is still cut off. grpc-js passes no such
+ * option through, so the limits go into the options it hands to http2.createServer / createSecureServer.
+ */
+const STREAM_RESET_BURST = 10_000
+const STREAM_RESET_RATE = 1_000
+const allowCancelBursts = (server: grpc.Server): void => {
+  const common = (server as unknown as { commonServerOptions?: Record<string, unknown> }).commonServerOptions
+  if (common === undefined) return // a grpc-js without this field: Node's defaults apply (the test notices)
+  common.streamResetBurst = STREAM_RESET_BURST
+  common.streamResetRate = STREAM_RESET_RATE
+}
+
 /** Builds and starts the server; it stops when the scope closes. */
 export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}) {
   const config = yield* Config
@@ -164,6 +182,35 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
   // Resolved when the last active stream ends (the drain waits on it).
   const idleWaiters = new Set<() => void>()
 
+  // Stall watchdog: one coarse interval for all streams instead of a timer per read. A stream whose read
+  // count has not moved for engine.stream_idle_timeout, while the caller is not the one holding it back
+  // (a paused producer), ends with UNAVAILABLE; the abort interrupts its fiber, which aborts the engine request.
+  const idleMs = Duration.toMillis(config.engine.stream_idle_timeout)
+  const stalls = metrics?.engineStreamStalls.labels({ model })
+  const stalledError = new GenerateRejected({
+    code: "UNAVAILABLE",
+    message: `the engine sent nothing for ${Duration.format(config.engine.stream_idle_timeout)} (engine.stream_idle_timeout); the engine request was aborted, retry on another node`
+  })
+  const watch = Effect.flatMap(Clock.currentTimeMillis, (now) =>
+    Effect.sync(() => {
+      for (const relay of active) {
+        if (!relay.streaming || relay.done) continue
+        if (relay.reads !== relay.seenReads || relay.paused) {
+          relay.seenReads = relay.reads
+          relay.idleSince = now
+        } else if (now - relay.idleSince >= idleMs) {
+          relay.streaming = false // once: the abort ends it
+          stalls?.inc()
+          relay.abort(stalledError)
+        }
+      }
+    })
+  )
+  yield* watch.pipe(
+    Effect.repeat(Schedule.spaced(Duration.millis(Math.min(1000, Math.max(25, idleMs / 8))))),
+    Effect.forkScoped
+  )
+
   // One non-streaming call; its answer is read for finish/usage only (the text comes from the decode leg).
   const prefillLeg = (relay: Relay, plan: EnginePlan, leg: LegPlan, opts: RequestOptions) =>
     client.complete(plan.path, leg.body, opts).pipe(
@@ -191,6 +238,13 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
         : Stream.runForEachArray(client.stream(plan.path, leg.body, opts), (chunks) =>
             relay.onChunks(chunks) ? Effect.void : relay.waitRoom
           )
+    // From here on the engine is asked for a stream: the stall watchdog counts idle time from now.
+    const engineStream = Effect.flatMap(Clock.currentTimeMillis, (now) => {
+      relay.idleSince = now
+      relay.seenReads = relay.reads
+      relay.streaming = true
+      return streamAll
+    })
     // A decode leg waits for the KV transfer before its first chunk: that wait is what the deadline bounds.
     const decodeDeadline = Effect.sleep(legTimeout).pipe(
       Effect.andThen(Effect.suspend(() => (relay.started ? Effect.never : Effect.fail(legDeadline("decode")))))
@@ -199,8 +253,8 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
       leg._tag === "VllmPrefill" || (leg._tag === "SglangLeg" && leg.leg === "prefill")
         ? prefillLeg(relay, plan, leg, opts)
         : leg._tag === "Normal"
-          ? streamAll
-          : Effect.raceFirst(streamAll, decodeDeadline)
+          ? engineStream
+          : Effect.raceFirst(engineStream, decodeDeadline)
     if (admission === undefined) return relayAll
     return Effect.scoped(
       Effect.flatMap(admission.acquire, (permit) => {
@@ -350,6 +404,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     // Leave room above max_request_bytes so the agent's own check answers with a precise message.
     "grpc.max_receive_message_length": config.agent.max_request_bytes + 1024 * 1024
   })
+  allowCancelBursts(server)
   addNiceService(server, AgentDefinition, agentImpl, { generate: [generateMethod, generate] })
   addNiceService(server, HealthDefinition, healthImpl)
   addNiceService(

@@ -9,7 +9,7 @@ import { Clock, Duration, Effect, Fiber, Layer, Random, Semaphore, Stream } from
 import { NodeHealth } from "../gen/cgn/agent/v1/agent.ts"
 import { jitteredBackoffMs } from "../services/Backoff.ts"
 import { Config } from "../services/Config.ts"
-import { type DampingState, initialDamping, observe } from "../services/HealthDamping.ts"
+import { type DampingState, initialDamping, isFact, observe } from "../services/HealthDamping.ts"
 import {
   type ConflictHolder,
   EtcdUnavailable,
@@ -96,7 +96,7 @@ const standalone = (nodeId: string): Effect.Effect<HealthReporterService> =>
     }
   })
 
-type StepReason = "tick" | "flush" | "drain" | "shutdown"
+type StepReason = "tick" | "flush" | "drain" | "shutdown" | "change"
 
 const make = Effect.gen(function* () {
   const config = yield* Config
@@ -165,9 +165,11 @@ const make = Effect.gen(function* () {
       const snapshot = yield* nodeStatus.snapshot
       const draining = s.forcedDraining || reason === "shutdown" || (yield* nodeStatus.draining)
       const observed: NodeState = draining ? "draining" : (snapshot.state as NodeState)
-      // Only heartbeats count as observations; other writes publish draining at once and nothing else.
-      if (reason === "tick" || observed === "draining") {
-        s.damping = observe(s.damping, observed, agent.health_damping, reason === "shutdown")
+      // Heartbeats count as observations; a fact (engine exit, engine ready, draining) is published by any
+      // write at once, while a probe verdict waits for health_damping heartbeats.
+      const fact = isFact(observed, snapshot.engine?.phase ?? "", s.damping.published)
+      if (reason === "tick" || fact) {
+        s.damping = observe(s.damping, observed, agent.health_damping, reason === "shutdown" || fact)
       }
       const state = s.damping.published ?? observed
       s.sequence++
@@ -316,10 +318,10 @@ const make = Effect.gen(function* () {
   })
 
   const loopFiber = yield* loop.pipe(Effect.annotateLogs({ component: "HealthReporter" }), Effect.forkScoped)
-  // Draining goes out at once, not at the next heartbeat.
+  // A state change goes out at once, not at the next heartbeat: draining, an engine exit or an engine becoming
+  // ready is written as it happens; a probe verdict is written too but stays damped (buildRecord).
   const drainFiber = yield* nodeStatus.changes.pipe(
-    Stream.filter((st) => st === "draining"),
-    Stream.runForEach(() => writeNow("drain").pipe(Effect.ignore)),
+    Stream.runForEach((st) => writeNow(st === "draining" ? "drain" : "change").pipe(Effect.ignore)),
     Effect.forkScoped
   )
   yield* Effect.addFinalizer(() =>

@@ -48,6 +48,12 @@ const makeHandles = (registry: Registry): MetricHandles => {
       labelNames: ["model"] as const,
       registers
     }),
+    engineStreamStalls: new Counter({
+      name: p("engine_stream_stalls_total"),
+      help: "Engine streams ended because the engine sent nothing for engine.stream_idle_timeout",
+      labelNames: ["model"] as const,
+      registers
+    }),
     inflight: gauge("inflight_requests", "Generate calls running through the agent"),
     queued: gauge("queued_requests", "Generate calls waiting for an admission slot"),
     engineState: gauge("engine_state", "1 for the engine supervisor's current state", ["state"] as const),

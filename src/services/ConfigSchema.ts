@@ -10,8 +10,13 @@ const UNIT: Record<string, Duration.Unit> = { ms: "millis", s: "seconds", m: "mi
 /** Parses `500ms`, `5s`, `2m`, `1h`, `1d` (and Effect's `5 seconds` form). */
 export const parseShortDuration = (text: string): Option.Option<Duration.Duration> => {
   const m = /^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$/.exec(text.trim())
-  if (m) return Option.some(Duration.fromInputUnsafe(`${Number(m[1])} ${UNIT[m[2]!]!}`))
-  return Option.none()
+  if (!m) return Option.none()
+  // Millisecond resolution: "0.0000001s" would otherwise reach Duration as "1e-7 seconds" and throw;
+  // a positive duration under 1ms (or one too large to count) is refused rather than rounded to 0.
+  const exact = Number(m[1]) * Duration.toMillis(Duration.fromInputUnsafe(`1 ${UNIT[m[2]!]!}`))
+  const ms = Math.round(exact)
+  if (!Number.isSafeInteger(ms) || (ms === 0 && exact > 0)) return Option.none()
+  return Option.some(Duration.millis(ms))
 }
 
 /** Formats a duration the way the config file writes it (`1500ms`, `5s`, `2m`). */
@@ -146,7 +151,8 @@ export const EngineSection = Schema.Struct({
         /^\/[^\s?#]*$/.test(s) ? undefined : `expected a path on the engine such as "/health_generate", got "${s}"`
       )
     )
-  )
+  ),
+  stream_idle_timeout: withDefault(ShortDuration, "5m")
 })
 
 export const ModelSection = Schema.Struct({

@@ -8,6 +8,9 @@ import { Schema } from "effect"
 import type { GenerateFinal, GenerateRequest, Sampling, Usage } from "../gen/cgn/agent/v1/agent.ts"
 import type { AgentConfig } from "./Config.ts"
 import type { CompletionPath, JsonObject } from "./EngineClient.ts"
+import { roomJson as exactIntegerJson } from "./Handoff.ts"
+
+const MAX_UINT64 = 2n ** 64n - 1n
 
 /** The gRPC codes the agent itself answers with (names as in grpc's status.proto). */
 export const RejectCodes = [
@@ -153,9 +156,17 @@ const samplingBody = (
     body.stop = [...s.stop]
   }
   if (s.seed !== undefined) {
-    if (!Number.isSafeInteger(s.seed))
-      return reject("INVALID_ARGUMENT", `sampling.seed must be below 2^53, got ${s.seed}`, "sampling.seed")
-    body.seed = s.seed
+    // A uint64 decoded as a string (jstype = JS_STRING): the whole range, sent to the engine digit for digit.
+    // vLLM bounds it to int64 (protocol.py `seed: Field(ge=_LONG_INFO.min, le=_LONG_INFO.max)`) and answers 400
+    // above that, which reaches the caller as the engine's own refusal.
+    const seed = /^\d{1,20}$/.test(s.seed) ? BigInt(s.seed) : undefined
+    if (seed === undefined || seed > MAX_UINT64)
+      return reject(
+        "INVALID_ARGUMENT",
+        `sampling.seed must be an integer in [0, 2^64-1], got ${s.seed}`,
+        "sampling.seed"
+      )
+    body.seed = exactIntegerJson(seed)
   }
   return undefined
 }

@@ -3,6 +3,8 @@
  * has been observed `threshold` consecutive times ([agent].health_damping), so one slow probe does not
  * make routers reshuffle traffic. Draining and shutdown bypass it: they are written at once.
  * The first observation is published at once too: before it there is nothing in etcd to protect.
+ * Damping is for the liveness probe's verdicts only (ready <-> unhealthy while the engine runs): an engine
+ * exit or an engine becoming ready is a fact, not a flap, and is published at once (`isFact`).
  */
 import type { NodeState } from "./NodeStatus.ts"
 
@@ -33,4 +35,16 @@ export const observe = (
   const count = state.candidate === observed ? state.count + 1 : 1
   if (count >= threshold) return { published: observed, candidate: undefined, count: 0 }
   return { published: state.published, candidate: observed, count }
+}
+
+/**
+ * Whether an observed state is a fact to publish at once rather than a probe verdict to damp, given the
+ * engine phase behind it (NodeHealth.engine.phase) and what the cluster sees now. Facts: draining; the engine
+ * exited or is (re)starting; the engine stopped (unhealthy while stopping/stopped); the engine became ready
+ * after a start. Flaps: unhealthy while the engine runs (the liveness probe) and ready again after it.
+ */
+export const isFact = (observed: NodeState, enginePhase: string, published: NodeState | undefined): boolean => {
+  if (observed === "draining" || observed === "starting") return true
+  if (observed === "unhealthy") return enginePhase !== "unhealthy"
+  return published !== "unhealthy"
 }

@@ -22,6 +22,8 @@ export interface MetricHandles {
   readonly requestDuration: Histogram<"role" | "model">
   /** Engine tokens relayed to callers; NodeStatus derives tokens/s from it. */
   readonly relayedTokens: Counter<"model">
+  /** Engine streams ended because the engine sent nothing for engine.stream_idle_timeout. */
+  readonly engineStreamStalls: Counter<"model">
   readonly inflight: Gauge
   readonly queued: Gauge
   /** 1 for the current EngineState tag (lower-case: starting, ready, ...), 0 for the others. */

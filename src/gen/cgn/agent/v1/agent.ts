@@ -51,9 +51,12 @@ export interface Sampling {
     | undefined;
   /** Stop sequences, at most 16, each non-empty. */
   stop: string[];
-  /** Seed for reproducible sampling. */
+  /**
+   * Seed for reproducible sampling: any uint64. A string in JavaScript (jstype), since a JS number is exact
+   * only below 2^53; the engine receives the exact decimal digits.
+   */
   seed?:
-    | number
+    | string
     | undefined;
   /** -2..2. */
   presencePenalty?:
@@ -530,7 +533,7 @@ export const Sampling: MessageFns<Sampling> = {
               break;
             }
 
-            message.seed = longToNumber(reader.uint64());
+            message.seed = reader.uint64().toString();
             continue;
           }
           case 7: {
@@ -588,7 +591,7 @@ export const Sampling: MessageFns<Sampling> = {
         ? globalThis.Number(object.top_k)
         : undefined,
       stop: globalThis.Array.isArray(object?.stop) ? object.stop.map((e: any) => globalThis.String(e)) : [],
-      seed: isSet(object.seed) ? globalThis.Number(object.seed) : undefined,
+      seed: isSet(object.seed) ? globalThis.String(object.seed) : undefined,
       presencePenalty: isSet(object.presencePenalty)
         ? globalThis.Number(object.presencePenalty)
         : isSet(object.presence_penalty)
@@ -625,7 +628,7 @@ export const Sampling: MessageFns<Sampling> = {
       obj.stop = message.stop;
     }
     if (message.seed !== undefined) {
-      obj.seed = Math.round(message.seed);
+      obj.seed = globalThis.String(message.seed);
     }
     if (message.presencePenalty !== undefined) {
       obj.presencePenalty = floatToJson(message.presencePenalty);
