@@ -6,7 +6,7 @@
  * mandatory and the server refuses to start without one.
  */
 import { createServer } from "node:http"
-import { NodeHttpServer } from "@effect/platform-node"
+import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer" // not the index, which loads NodeRedis
 import { Cause, Effect, Layer } from "effect"
 import { HttpRouter, HttpServer, type HttpServerError, type HttpServerRequest, HttpServerResponse } from "effect/http"
 import { NodeHealth } from "../gen/cgn/agent/v1/agent.ts"

@@ -41,6 +41,7 @@ export const summarize = (c: AgentConfig): string => {
     ["kv_offload", c.engine.kv_offload],
     ["kv events", c.kv.events ? `on, ${c.kv.events_endpoint}` : "off"],
     ["grpc", `${c.agent.listen_grpc}${c.security.require_mtls ? " (mTLS)" : ""}`],
+    ["health", c.agent.listen_health === undefined ? "off" : `${c.agent.listen_health} (plaintext, health only)`],
     ["admin", c.agent.listen_admin],
     ["node id", c.agent.node_id],
     [

@@ -2,7 +2,8 @@
  * What the `cgn-agent` binary runs once main.ts has checked the Node version: the CLI with Node's
  * platform services, exiting with its code.
  */
-import { NodeServices } from "@effect/platform-node"
+// The module itself, not the package index: the index also loads NodeRedis, which needs redis (not installed).
+import * as NodeServices from "@effect/platform-node/NodeServices"
 import { Effect, Exit, Runtime } from "effect"
 import { runCli } from "./cli.ts"
 import { runMain } from "./runMain.ts"
