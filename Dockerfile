@@ -8,8 +8,19 @@
 # PID 1 must also reap orphans (an engine's grandchildren that outlive their parent become zombies
 # otherwise, and zombies look alive to a pid check).
 
+# Base images are pinned to exact versions (the Node version is package.json's `node` devDependency, the
+# one the tests run on). For reproducible builds pin the digests too: `docker buildx imagetools inspect IMAGE`.
+ARG NODE_IMAGE=node:24.21.0-bookworm
+ARG NODE_SLIM_IMAGE=node:24.21.0-bookworm-slim
+# The vLLM release the agent's vLLM renderer was checked against; bump it deliberately (see README).
+ARG VLLM_IMAGE=vllm/vllm-openai:v0.26.0
+# Set by the build (`--build-arg VERSION=... --build-arg REVISION=$(git rev-parse HEAD) --build-arg CREATED=...`).
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG CREATED=unknown
+
 # ---- build: full toolchain, dev dependencies, TypeScript -> dist/ ------------------------------------
-FROM node:24-bookworm AS build
+FROM ${NODE_IMAGE} AS build
 WORKDIR /src
 COPY package.json package-lock.json ./
 RUN npm ci --no-audit --no-fund
@@ -17,21 +28,42 @@ COPY tsconfig.json tsconfig.build.json ./
 COPY scripts ./scripts
 COPY proto ./proto
 COPY src ./src
-RUN npm run build \
- && npm prune --omit=dev --no-audit --no-fund
+RUN npm run build
+
+# ---- deps: production dependencies only, trimmed (README "Image size") --------------------------------
+# --omit=peer drops redis, a peer of @effect/platform-node that only its NodeRedis module loads;
+# prune-prod.mjs removes what nothing loads (type-only packages, sources, other platforms' addons).
+FROM ${NODE_IMAGE} AS deps
+WORKDIR /src
+COPY package.json package-lock.json ./
+COPY scripts/prune-prod.mjs ./scripts/prune-prod.mjs
+RUN npm ci --omit=dev --omit=peer --no-audit --no-fund \
+ && node scripts/prune-prod.mjs node_modules
 
 # ---- vllm: the same agent inside the vLLM image (the engine must be in the agent's container) --------
-# Pin the vLLM tag you validated; the agent only needs `vllm` on PATH and Node 24 copied in.
+# The agent only needs `vllm` on PATH and Node 24 copied in.
 # (Listed before `runtime` so that a plain `docker build .` still builds the slim image, the last stage.)
-FROM vllm/vllm-openai:latest AS vllm
+FROM ${NODE_SLIM_IMAGE} AS node-slim
+FROM ${VLLM_IMAGE} AS vllm
+ARG VERSION
+ARG REVISION
+ARG CREATED
+ARG VLLM_IMAGE
+LABEL org.opencontainers.image.title="cgn-agent (vLLM)" \
+      org.opencontainers.image.description="cgn-agent supervising vLLM on a GPU host" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.base.name="${VLLM_IMAGE}"
 RUN apt-get update \
  && apt-get install -y --no-install-recommends tini \
  && rm -rf /var/lib/apt/lists/*
-COPY --from=node:24-bookworm-slim /usr/local/bin/node /usr/local/bin/node
+COPY --from=node-slim /usr/local/bin/node /usr/local/bin/node
 WORKDIR /opt/cgn-agent
 ENV NODE_ENV=production
 COPY --from=build /src/package.json ./package.json
-COPY --from=build /src/node_modules ./node_modules
+COPY --from=deps /src/node_modules ./node_modules
 COPY --from=build /src/dist ./dist
 COPY proto ./proto
 COPY examples ./examples
@@ -43,14 +75,25 @@ ENTRYPOINT ["/usr/bin/tini", "--", "node", "/opt/cgn-agent/dist/main.js"]
 CMD ["run", "--config", "/etc/cgn-agent/agent.toml"]
 
 # ---- runtime: slim Node 24, tini, non-root ---------------------------------------------------------
-FROM node:24-bookworm-slim AS runtime
+FROM ${NODE_SLIM_IMAGE} AS runtime
+ARG VERSION
+ARG REVISION
+ARG CREATED
+ARG NODE_SLIM_IMAGE
+LABEL org.opencontainers.image.title="cgn-agent" \
+      org.opencontainers.image.description="Per-GPU-host agent of the cgn LLM serving stack" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.base.name="${NODE_SLIM_IMAGE}"
 RUN apt-get update \
  && apt-get install -y --no-install-recommends tini ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/cgn-agent
 ENV NODE_ENV=production
 COPY --from=build /src/package.json ./package.json
-COPY --from=build /src/node_modules ./node_modules
+COPY --from=deps /src/node_modules ./node_modules
 COPY --from=build /src/dist ./dist
 COPY proto ./proto
 COPY examples ./examples

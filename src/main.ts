@@ -1,18 +1,14 @@
 #!/usr/bin/env node
 /**
- * The `cgn-agent` binary: runs the CLI with Node's platform services and exits with its code.
- * Everything else lives in programs/; this file only wires the process to them.
+ * The `cgn-agent` binary. It first checks the Node version, with nothing else loaded: the dependencies need
+ * Node 24 (undici 8, Effect 4) and on an older Node die at import with an error that names neither Node nor
+ * the version. The CLI itself is imported only after the check (programs/entry.ts).
  */
-import { NodeServices } from "@effect/platform-node"
-import { Effect, Exit, Runtime } from "effect"
-import { runCli } from "./programs/cli.ts"
-import { runMain } from "./programs/runMain.ts"
+import { nodeTooOld } from "./programs/nodeVersion.ts"
 
-// `node dist/main.js --config F` (the container's command) means `run --config F`.
-const args = process.argv.slice(2)
-const argv = args[0]?.startsWith("--config") ? ["run", ...args] : args
-
-runMain(runCli(argv).pipe(Effect.provide(NodeServices.layer)), {
-  teardown: (exit, onExit) =>
-    Exit.isSuccess(exit) ? onExit(exit.value as number) : Runtime.defaultTeardown(exit, onExit)
-})
+const tooOld = nodeTooOld(process.versions.node, process.execPath)
+if (tooOld !== undefined) {
+  process.stderr.write(`${tooOld}\n`)
+  process.exit(1)
+}
+await import("./programs/entry.ts")

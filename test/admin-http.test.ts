@@ -95,7 +95,7 @@ describe("admin HTTP on loopback", () => {
     expect(metrics.text).toContain("# TYPE cgn_agent_time_to_first_token_seconds histogram")
 
     expect((await get(`${url}/nope`)).status).toBe(404)
-    expect((await get(`${url}/drain`)).status).toBe(404) // GET: only POST drains
+    expect((await get(`${url}/drain`)).status).toBe(405) // GET: only POST drains, and says so
   })
 
   it("answers /readyz from the node state and drain, /status with forensics and extras, /drain idempotently", async () => {

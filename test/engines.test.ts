@@ -355,7 +355,7 @@ describe("rendering rules", () => {
       models: { m: { hf_repo: "org/m", args: ["--model-extra"] } }
     })
     expect(p.argv).toEqual([
-      "node",
+      process.execPath, // a first word `node` is the agent's own Node
       "sim.ts",
       "--flavor",
       "vllm",

@@ -2,10 +2,11 @@
 // the issue promises (vLLM, tensor parallelism 4, the NIXL connector), and the role pairs must match.
 import * as fs from "node:fs"
 import * as path from "node:path"
-import { Result } from "effect"
+import { Effect, Result } from "effect"
 import { describe, expect, it } from "vitest"
 import { decodeConfig } from "../src/layers/Config.ts"
 import { engineFor } from "../src/layers/engines/index.ts"
+import { preflight } from "../src/programs/check.ts"
 import type { AgentConfig } from "../src/services/Config.ts"
 
 const DIR = path.join(import.meta.dirname, "..", "examples")
@@ -39,8 +40,9 @@ describe("examples", () => {
     )
   })
 
-  it.each(files)("%s decodes and renders", (name) => {
+  it.each(files)("%s passes check (offline) and renders", async (name) => {
     const c = load(name)
+    await Effect.runPromise(preflight(c, { offline: true }))
     const plan = engineFor(c.engine.kind).render(c)
     expect(plan.kind).toBe(c.engine.kind)
     expect(plan.spawns ? plan.argv.length > 0 : plan.argv.length === 0).toBe(true)
@@ -66,7 +68,15 @@ describe("examples", () => {
   it("dev.toml runs the simulator as vLLM, standalone, on loopback", () => {
     const c = load("dev.toml")
     const argv = engineFor(c.engine.kind).render(c).argv
-    expect(argv.slice(0, 6)).toEqual(["node", "src/programs/sim.ts", "--flavor", "vllm", "serve", c.model.source.value])
+    // `node` is the agent's own Node (24), not the first `node` on PATH (an older system Node cannot run .ts)
+    expect(argv.slice(0, 6)).toEqual([
+      process.execPath,
+      "src/programs/sim.ts",
+      "--flavor",
+      "vllm",
+      "serve",
+      c.model.source.value
+    ])
     expect([c.cluster.etcd, c.agent.listen_grpc, c.agent.state_dir]).toEqual([[], "127.0.0.1:7071", ".cgn-agent/state"])
   })
 

@@ -6,7 +6,7 @@
  * mandatory and the server refuses to start without one.
  */
 import { createServer } from "node:http"
-import { NodeHttpServer } from "@effect/platform-node"
+import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer" // not the index, which loads NodeRedis
 import { Cause, Effect, Layer } from "effect"
 import { HttpRouter, HttpServer, type HttpServerError, type HttpServerRequest, HttpServerResponse } from "effect/http"
 import { NodeHealth } from "../gen/cgn/agent/v1/agent.ts"
@@ -104,6 +104,14 @@ const routes = (options: AdminHttpOptions, loopback: boolean) =>
           })
         ),
         HttpRouter.route("GET", "/status", guarded(Effect.map(statusBody, (body) => json(body)))),
+        // GET must not drain (a crawler or a misdirected probe would), and must say so rather than 404.
+        HttpRouter.route(
+          "GET",
+          "/drain",
+          Effect.succeed(
+            HttpServerResponse.jsonUnsafe({ error: "use POST /drain" }, { status: 405, headers: { allow: "POST" } })
+          )
+        ),
         HttpRouter.route(
           "POST",
           "/drain",
@@ -119,6 +127,21 @@ const routes = (options: AdminHttpOptions, loopback: boolean) =>
     })
   )
 
+/**
+ * Whether listen_admin is loopback; fails with AdminTokenRequired when it is not and no token is set.
+ * The server checks it before binding, and `check`/`run` (programs/check.ts preflight) before anything starts.
+ */
+export const requireAdminToken = (agent: {
+  readonly listen_admin: string
+  readonly admin_token?: string | undefined
+}): Effect.Effect<boolean, AdminTokenRequired> => {
+  const listen = agent.listen_admin
+  const loopback = isLoopbackHost(splitHostPort(listen).host)
+  return !loopback && agent.admin_token === undefined
+    ? Effect.fail(new AdminTokenRequired({ listen }))
+    : Effect.succeed(loopback)
+}
+
 /** The admin server; fails with AdminTokenRequired before binding when it would be open to the network. */
 export const layer = (
   options: AdminHttpOptions = {}
@@ -130,10 +153,8 @@ export const layer = (
   Layer.unwrap(
     Effect.gen(function* () {
       const config = yield* Config
-      const listen = config.agent.listen_admin
-      const { host, port } = splitHostPort(listen)
-      const loopback = isLoopbackHost(host)
-      if (!loopback && config.agent.admin_token === undefined) return yield* new AdminTokenRequired({ listen })
+      const { host, port } = splitHostPort(config.agent.listen_admin)
+      const loopback = yield* requireAdminToken(config.agent)
       const server = NodeHttpServer.layer(() => createServer(), { host: unbracket(host), port: Number(port) })
       const info = Layer.effect(
         AdminServer,

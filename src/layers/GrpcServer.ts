@@ -127,6 +127,17 @@ const allowCancelBursts = (server: grpc.Server): void => {
   common.streamResetRate = STREAM_RESET_RATE
 }
 
+/**
+ * grpc.reflection.v1alpha: the same messages as v1 under the older name, which older clients (grpcurl before
+ * 1.8.8, Postman, grpc_cli) only speak (grpc-proto: grpc/reflection/v1alpha/reflection.proto is wire-identical).
+ */
+export const ReflectionV1Alpha = {
+  serverReflectionInfo: {
+    ...ServerReflectionService.serverReflectionInfo,
+    path: "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+  }
+} as const
+
 /** Builds and starts the server; it stops when the scope closes. */
 export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}) {
   const config = yield* Config
@@ -407,11 +418,9 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
   allowCancelBursts(server)
   addNiceService(server, AgentDefinition, agentImpl, { generate: [generateMethod, generate] })
   addNiceService(server, HealthDefinition, healthImpl)
-  addNiceService(
-    server,
-    ServerReflectionService,
-    ServerReflection(fileDescriptorSet, [AGENT_SERVICE, HealthDefinition.fullName])
-  )
+  const reflection = ServerReflection(fileDescriptorSet, [AGENT_SERVICE, HealthDefinition.fullName])
+  addNiceService(server, ServerReflectionService, reflection)
+  addNiceService(server, ReflectionV1Alpha, reflection)
 
   const grace = options.shutdownGraceMs ?? 5_000
   const port = yield* Effect.acquireRelease(

@@ -1,11 +1,34 @@
 /**
- * `cgn-agent check --config F`: validates the file and prints a short summary of what would run.
- * A bad file fails with its ConfigError (cli.ts prints it and exits 2); nothing is started.
+ * `cgn-agent check --config F`: validates the file, makes every check `run` makes before it starts anything
+ * (`preflight`, which `run` calls too), and prints a short summary of what would run. A bad file or a failed
+ * check fails with a ConfigError (cli.ts prints it and exits 2); nothing is started.
  */
 import { Console, Effect } from "effect"
-import { Command } from "effect/cli"
-import type { AgentConfig } from "../services/Config.ts"
+import { Command, Flag } from "effect/cli"
+import { requireAdminToken } from "../layers/AdminHttp.ts"
+import { etcdOptions } from "../layers/etcdClient.ts"
+import { readMaterial, securityFiles } from "../layers/Tls.ts"
+import { type AgentConfig, ConfigError } from "../services/Config.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
+
+/**
+ * The checks `run` makes before it starts anything, beyond decoding the file: the admin port is not open to
+ * the network without a token, and (unless `offline`) the TLS files of [security] and [cluster] are readable,
+ * parse, match and have not expired. They read the very functions the servers use (AdminHttp, Tls,
+ * etcdClient), so check and run cannot disagree. All problems come back in one ConfigError.
+ */
+export const preflight = (c: AgentConfig, options: { readonly offline?: boolean } = {}) =>
+  Effect.gen(function* () {
+    const problems: Array<string> = []
+    const collect = <E extends { readonly message: string }>(check: Effect.Effect<unknown, E>) =>
+      Effect.catch(Effect.asVoid(check), (e: E) => Effect.sync(() => void problems.push(e.message)))
+    yield* collect(requireAdminToken(c.agent))
+    if (!options.offline) {
+      if (c.security.require_mtls) yield* collect(readMaterial(securityFiles(c.security)))
+      if (c.cluster.etcd.length > 0) yield* collect(etcdOptions(c.cluster, { callTimeoutMs: 1, reconnectCapMs: 1 }))
+    }
+    if (problems.length > 0) return yield* new ConfigError({ file: c.file ?? "<inline>", problems })
+  })
 
 /** The summary `check` prints: one `key: value` line per fact an operator checks first. */
 export const summarize = (c: AgentConfig): string => {
@@ -18,6 +41,7 @@ export const summarize = (c: AgentConfig): string => {
     ["kv_offload", c.engine.kv_offload],
     ["kv events", c.kv.events ? `on, ${c.kv.events_endpoint}` : "off"],
     ["grpc", `${c.agent.listen_grpc}${c.security.require_mtls ? " (mTLS)" : ""}`],
+    ["health", c.agent.listen_health === undefined ? "off" : `${c.agent.listen_health} (plaintext, health only)`],
     ["admin", c.agent.listen_admin],
     ["node id", c.agent.node_id],
     [
@@ -29,11 +53,32 @@ export const summarize = (c: AgentConfig): string => {
   return [`${c.file ?? "<inline>"}: ok`, ...lines.map(([k, v]) => `  ${`${k}:`.padEnd(width)} ${v}`)].join("\n")
 }
 
-export const check = Command.make("check", { config: configFlag }, ({ config }) =>
-  Effect.flatMap(loadConfig(config), (c) => Console.log(summarize(c)))
+export const check = Command.make(
+  "check",
+  {
+    config: configFlag,
+    offline: Flag.Boolean("offline").pipe(
+      Flag.withDescription(
+        "Skip reading the files the config names (TLS certificates): for checking a config away from its host"
+      ),
+      Flag.withDefault(false)
+    )
+  },
+  ({ config, offline }) =>
+    Effect.gen(function* () {
+      const c = yield* loadConfig(config)
+      yield* preflight(c, { offline })
+      yield* Console.log(summarize(c))
+    })
 ).pipe(
-  Command.withDescription("Validate a config file and print a short summary (exit 2 with one line per problem)"),
+  Command.withDescription(
+    "Validate a config file and make every check `run` makes before starting (exit 2 with one line per problem)"
+  ),
   Command.withExamples([
-    { command: "cgn-agent check --config examples/prod.toml", description: "Validate the production example" }
+    { command: "cgn-agent check --config /etc/cgn-agent/agent.toml", description: "Validate on the host" },
+    {
+      command: "cgn-agent check --offline --config examples/prod.toml",
+      description: "Validate without the host's certificate files"
+    }
   ])
 )

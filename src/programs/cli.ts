@@ -3,19 +3,32 @@
  * Adding a subcommand is one entry in `subcommands`. Exit codes: 0 ok, 2 invalid config (a
  * ConfigError, including a missing --config), 1 anything else (usage errors included).
  */
-import { Console, Effect } from "effect"
-import { CliError, Command } from "effect/cli"
+import { Console, Effect, Option } from "effect"
+import { Argument, CliError, CliOutput, Command } from "effect/cli"
 import { ConfigError } from "../services/Config.ts"
+import { VERSION } from "../version.ts"
 import { check } from "./check.ts"
 import { generate } from "./generate.ts"
 import { render } from "./render.ts"
 import { run } from "./run.ts"
 
 /** The version `--version` prints. */
-export const VERSION = "0.1.0"
+export { VERSION }
+
+/** `cgn-agent help [COMMAND]`: the same text as `cgn-agent [COMMAND] --help`. */
+const help = Command.make(
+  "help",
+  { command: Argument.String("command").pipe(Argument.withDescription("A subcommand"), Argument.optional) },
+  ({ command }) => Effect.suspend(() => runRoot([...Option.toArray(command), "--help"]))
+).pipe(Command.withDescription("Print the help of cgn-agent or of one subcommand"))
+
+/** `cgn-agent version`: the same line as `cgn-agent --version`. */
+const version = Command.make("version", {}, () => Console.log(`cgn-agent v${VERSION}`)).pipe(
+  Command.withDescription("Print the version")
+)
 
 /** Every subcommand of `cgn-agent`, in the order `--help` lists them. */
-export const subcommands = [run, check, render, generate] as const
+export const subcommands = [run, check, render, generate, help, version] as const
 
 /** The root command. */
 export const cgnAgent = Command.make("cgn-agent").pipe(
@@ -25,9 +38,26 @@ export const cgnAgent = Command.make("cgn-agent").pipe(
   Command.withSubcommands(subcommands)
 )
 
+/**
+ * A usage error is one line on stderr per problem, pointing at --help: the whole help text on every typo
+ * (effect/cli's default) buries the one line that matters. Help and version are presented as usual.
+ */
+export const presenter = CliOutput.layerPresenter({
+  present: (event) =>
+    event._tag === "InvalidInvocation"
+      ? Effect.forEach(event.errors, (e) =>
+          Console.error(`${event.commandPath.join(" ")}: ${e.message} (see ${event.commandPath.join(" ")} --help)`)
+        )
+      : CliOutput.defaultPresenter.present(event)
+})
+
+// Annotated: `help` runs the root, which lists `help` among its subcommands.
+const runRoot = (args: ReadonlyArray<string>): Effect.Effect<void, unknown, Command.Environment> =>
+  Command.runWith(cgnAgent, { version: VERSION })(args).pipe(Effect.provide(presenter))
+
 /** Runs the CLI on `args` (argv without node and script) and yields the process exit code. */
 export const runCli = (args: ReadonlyArray<string>) =>
-  Command.runWith(cgnAgent, { version: VERSION })(args).pipe(
+  runRoot(args).pipe(
     Effect.as(0),
     Effect.catch((e: unknown) => {
       if (e instanceof ConfigError) return Effect.as(Console.error(e.message), 2)

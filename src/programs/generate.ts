@@ -14,6 +14,7 @@ import {
   type GenerateRequest
 } from "../gen/cgn/agent/v1/agent.ts"
 import { loadClientCredentials } from "../layers/Tls.ts"
+import { HostPort } from "../services/ConfigSchema.ts"
 import { statusName } from "../services/GrpcStatus.ts"
 
 /** The call failed with a gRPC status, or the flags do not make a request. */
@@ -57,6 +58,22 @@ export const requestFromFlags = (f: GenerateFlags): GenerateRequest | GenerateFa
   if (maxTokens !== undefined) req.sampling = { maxTokens, stop: [] }
   return req
 }
+
+/** `--addr` as given when it is `host:port`; grpc-js would otherwise dial port 80 (or 443) for a bare host. */
+export const checkAddr = (addr: string): string | GenerateFailed =>
+  Schema.is(HostPort)(addr)
+    ? addr
+    : new GenerateFailed({ message: `--addr "${addr}": expected HOST:PORT, e.g. --addr 127.0.0.1:7071` })
+
+/**
+ * grpc-js's UNAVAILABLE details, shortened: "No connection established. Last error: Error: connect
+ * ECONNREFUSED 127.0.0.1:1. Resolution note: " says no more than "cannot connect: connect ECONNREFUSED ...".
+ */
+export const shortDetails = (details: string): string =>
+  details
+    .replace(/\s*Resolution note:.*$/s, "")
+    .replace(/^No connection established\. Last error: (Error: )?/, "cannot connect: ")
+    .replace(/\.$/, "")
 
 /** The stderr summary line. */
 export const summaryLine = (s: {
@@ -107,6 +124,8 @@ const flags = {
 type Flags = { readonly [K in keyof typeof flags]: (typeof flags)[K] extends Flag.Flag<infer A> ? A : never }
 
 export const runGenerate = Effect.fn("generate")(function* (f: Flags) {
+  const addr = checkAddr(f.addr)
+  if (addr instanceof GenerateFailed) return yield* addr
   const req = requestFromFlags(f)
   if (req instanceof GenerateFailed) return yield* req
   const credentials = yield* loadClientCredentials(
@@ -118,7 +137,7 @@ export const runGenerate = Effect.fn("generate")(function* (f: Flags) {
     { ca: "--ca", cert: "--cert", key: "--key" }
   ).pipe(Effect.mapError((e) => new GenerateFailed({ message: e.message })))
   const channel = yield* Effect.acquireRelease(
-    Effect.sync(() => createChannel(f.addr, credentials)),
+    Effect.sync(() => createChannel(addr, credentials)),
     (ch) => Effect.sync(() => ch.close())
   )
   const client = createClient(AgentDefinition, channel)
@@ -131,19 +150,26 @@ export const runGenerate = Effect.fn("generate")(function* (f: Flags) {
       let final: GenerateFinal | undefined
       // nice-grpc sends no grpc-timeout; the deadline is enforced here and seen by the agent as a cancel.
       const callSignal = AbortSignal.any([signal, expired])
-      for await (const r of client.generate(req, { signal: callSignal })) {
-        if (r.delta !== undefined) {
-          if (ttftMs === undefined) ttftMs = performance.now() - started
-          tokens += r.delta.tokens
-          process.stdout.write(r.delta.text)
-        } else if (r.final !== undefined) final = r.final
+      try {
+        for await (const r of client.generate(req, { signal: callSignal })) {
+          if (r.delta !== undefined) {
+            if (ttftMs === undefined) ttftMs = performance.now() - started
+            tokens += r.delta.tokens
+            process.stdout.write(r.delta.text)
+          } else if (r.final !== undefined) final = r.final
+        }
+      } finally {
+        // End the streamed text's line, also when the call fails half-way, so the shell prompt starts on its own line.
+        if (ttftMs !== undefined) process.stdout.write("\n")
       }
-      process.stdout.write("\n")
       return summaryLine({ tokens, ttftMs, totalMs: performance.now() - started, final })
     },
     catch: (e) => {
       if (e instanceof ClientError)
-        return new GenerateFailed({ message: `${statusName(e.code)}: ${e.details}`, status: statusName(e.code) })
+        return new GenerateFailed({
+          message: `${statusName(e.code)}: ${shortDetails(e.details)}`,
+          status: statusName(e.code)
+        })
       if (expired.aborted)
         return new GenerateFailed({
           message: `DEADLINE_EXCEEDED: no complete answer within ${f.timeout}s (--timeout)`,

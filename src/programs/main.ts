@@ -12,6 +12,7 @@ import * as EngineProcessLive from "../layers/EngineProcess.ts"
 import * as EventLoopLagLive from "../layers/EventLoopLag.ts"
 import { planLayer } from "../layers/engines/index.ts"
 import * as GrpcServerLive from "../layers/GrpcServer.ts"
+import * as HealthListener from "../layers/HealthListener.ts"
 import * as HealthReporterLive from "../layers/HealthReporter.ts"
 import * as KvBridgeLive from "../layers/KvBridge.ts"
 import * as Logging from "../layers/Logging.ts"
@@ -124,6 +125,9 @@ export const daemon = Effect.scoped(
       })
     )
     const grpc = yield* Layer.build(GrpcServerLive.layerWith({ credentials: tls.serverCredentials }))
+    // Plaintext health for the kubelet's gRPC probe, which cannot do mTLS (layers/HealthListener.ts).
+    if (config.agent.listen_health !== undefined)
+      yield* HealthListener.serve(config.agent.listen_health, Context.get(grpc, GrpcServer).health)
     const reporterContext = yield* Layer.build(HealthReporterLive.layer)
     const reporter = Context.get(reporterContext, HealthReporter)
     yield* Deferred.succeed(reporterReady, reporter.status)

@@ -9,6 +9,20 @@ import { ArgsError, parseArgs, type SimConfig } from "../sim/args.ts"
 import { makeContext } from "../sim/context.ts"
 import { KvPublisher, kvEventsSettings } from "../sim/kvpublisher.ts"
 import { handler } from "../sim/server.ts"
+import { VERSION } from "../version.ts"
+
+const USAGE = `cgn-engine-sim ${VERSION}: an engine-shaped process for tests and laptops (no GPU, no weights).
+
+Usage: cgn-engine-sim [--flavor vllm|sglang|llama_cpp|mlx] ENGINE-ARGS... [--sim-KNOB VALUE]...
+
+ENGINE-ARGS are the engine's own command line, as cgn-agent renders it (see \`cgn-agent render\`), e.g.
+  cgn-engine-sim --flavor vllm serve Qwen/Qwen2.5-0.5B-Instruct --host 127.0.0.1 --port 8000
+Knobs: --sim-mode echo|random, --sim-seed N, --sim-ttft DUR, --sim-itl DUR, --sim-max-seqs N,
+  --sim-startup-delay DUR, --sim-block-size N, --sim-kv-blocks N, --sim-default-max-tokens N,
+  --sim-error-rate X, --sim-error-kind KIND, --sim-crash-after DUR, --sim-crash-after-requests N,
+  --sim-stall-after-tokens N, --sim-ignore-sigterm, --sim-fork-grandchild, --sim-hang-health, ...
+  (src/sim/args.ts lists them all). Logs JSON lines on stderr.
+`
 
 const log = (msg: string, fields: Record<string, unknown> = {}): void => {
   process.stderr.write(
@@ -42,6 +56,16 @@ const forkGrandchild = (cfg: SimConfig): Promise<number | null> => {
 }
 
 const main = async (): Promise<void> => {
+  // As the engines' own CLIs (argparse): --help and --version answer and exit, whatever else is given.
+  const argv = process.argv.slice(2)
+  if (argv.includes("--help") || argv.includes("-h")) {
+    process.stdout.write(USAGE)
+    return
+  }
+  if (argv.includes("--version")) {
+    process.stdout.write(`${VERSION}\n`)
+    return
+  }
   let cfg: SimConfig
   try {
     cfg = parseArgs(process.argv.slice(2), process.env)

@@ -107,6 +107,8 @@ export const SecuritySection = Schema.Struct({
 export const AgentSection = Schema.Struct({
   listen_grpc: withDefault(HostPort, "0.0.0.0:7071"),
   listen_admin: withDefault(HostPort, "127.0.0.1:9091"),
+  // Plaintext grpc.health.v1 only, for probes that cannot present a client certificate (the kubelet's).
+  listen_health: Schema.optionalKey(HostPort),
   heartbeat: withDefault(ShortDuration, "5s"),
   ready_probe_url: Schema.optionalKey(HttpUrl),
   role: withDefault(Schema.Literals(Roles), "both"),

@@ -118,11 +118,25 @@ export interface PlanParts {
   readonly requestModel?: string
 }
 
+/**
+ * `[engine].command` with a first word `node` meaning the Node that runs the agent (process.execPath): the
+ * simulator and other Node engines then run on the agent's Node 24, not on whatever `node` is first on PATH.
+ */
+export const resolveCommand = (command: ReadonlyArray<string>, execPath: string): ReadonlyArray<string> =>
+  command[0] === "node" ? [execPath, ...command.slice(1)] : command
+
 /** Builds the LaunchPlan of a spawned engine. */
 export const assemble = (config: AgentConfig, listen: Listen, parts: PlanParts): LaunchPlan => ({
   kind: config.engine.kind,
   spawns: true,
-  argv: [...(config.engine.command ?? parts.executable), ...parts.args, ...config.model.args, ...config.engine.args],
+  argv: [
+    ...(config.engine.command === undefined
+      ? parts.executable
+      : resolveCommand(config.engine.command, process.execPath)),
+    ...parts.args,
+    ...config.model.args,
+    ...config.engine.args
+  ],
   env: { ...parts.env, ...config.engine.env },
   baseUrl: listen.baseUrl,
   host: listen.host,
