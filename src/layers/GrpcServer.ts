@@ -212,7 +212,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
 
   const record = (status: string, relay: Relay | undefined, startedAt: number): void => {
     if (metrics === undefined) return
-    metrics.requests.inc({ role, model, status })
+    metrics.requests.inc({ role, model, grpc_code: status })
     metrics.requestDuration.observe({ role, model }, (performance.now() - startedAt) / 1000)
     if (relay !== undefined && relay.firstTextAt > 0)
       metrics.timeToFirstToken.observe({ role, model }, (relay.firstTextAt - startedAt) / 1000)

@@ -14,7 +14,7 @@ import { Config } from "../services/Config.ts"
 import { Drain } from "../services/Drain.ts"
 import { EngineClient, type LoadSignals } from "../services/EngineClient.ts"
 import { EngineProcess } from "../services/EngineProcess.ts"
-import { ENGINE_STATES, Metrics, setCounter, setStateGauge } from "../services/Metrics.ts"
+import { ENGINE_STATES, Metrics, setCounter, setOptional, setStateGauge } from "../services/Metrics.ts"
 import { buildNodeHealth, nodeState, ratePerSecond } from "../services/NodeHealthView.ts"
 import { type NodeState, NodeStatus } from "../services/NodeStatus.ts"
 import { Nvml } from "../services/Nvml.ts"
@@ -178,10 +178,10 @@ export const layer = (
           metrics.queued.set(g.queued)
           setStateGauge(metrics.engineState, ENGINE_STATES, g.state._tag.toLowerCase())
           setCounter(metrics.engineRestarts, g.restarts)
-          metrics.engineLastExitCode.set(last?.code ?? -1)
+          setOptional(metrics.engineLastExitCode, last?.code ?? undefined)
           metrics.engineRunningRequests.set(g.signals?.running ?? g.inflight)
           metrics.engineWaitingRequests.set(g.signals?.waiting ?? 0)
-          metrics.engineKvCacheUsage.set(g.signals?.kvUsage ?? -1)
+          setOptional(metrics.engineKvCacheUsage, g.signals?.kvUsage)
         })
       )
 

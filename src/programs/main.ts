@@ -111,6 +111,7 @@ export const daemon = Effect.scoped(
     const tls = yield* Tls
     const lag = yield* EventLoopLag
     yield* MetricsLive.mirrorEventLoopLag(lag.sample)
+    yield* MetricsLive.recordBuildInfo({ version: NodeStatusLive.packageVersion(), engine: config.engine.kind })
 
     // /status reads the registration once the reporter exists (it is built after the servers).
     const reporterReady = yield* Deferred.make<Effect.Effect<RegistrationStatus>>()
