@@ -231,6 +231,13 @@ const make = Effect.gen(function* () {
       if (outcome._tag === "Missing") {
         return yield* Effect.fail(new EtcdUnavailable({ operation: "create", reason: "key vanished during create" }))
       }
+      yield* Effect.logDebug("etcd write", {
+        key,
+        reason,
+        state: record.state,
+        sequence: record.freshness?.sequence,
+        lease: session.id
+      })
       session.registered = true
       s.lastWriteMs = now
       s.lastRecord = record

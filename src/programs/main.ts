@@ -5,6 +5,7 @@
  * services (engine process group, sockets, timers). There is no hand-kept cleanup list.
  */
 import { Context, Deferred, Duration, Effect, Layer, Option } from "effect"
+import type { LogLevel } from "effect/LogLevel"
 import * as AdminHttp from "../layers/AdminHttp.ts"
 import * as AdmissionLive from "../layers/Admission.ts"
 import * as EngineClientLive from "../layers/EngineClient.ts"
@@ -36,7 +37,7 @@ import { type ShutdownSignals, shutdownSignals } from "./runMain.ts"
  * The core services, built before any server listens: config, metrics, the engine supervisor (which
  * spawns the engine at once), the engine client, admission, GPUs, TLS material, drain lever, NodeStatus.
  */
-export const coreLayer = (config: AgentConfig) => {
+export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
   const base = Layer.mergeAll(Layer.succeed(Config, config), MetricsLive.layer, EventLoopLagLive.layer())
   const services = Layer.mergeAll(
     EngineProcessLive.layer,
@@ -52,7 +53,7 @@ export const coreLayer = (config: AgentConfig) => {
     Layer.provideMerge(planLayer),
     Layer.provideMerge(base),
     Layer.provideMerge(Tracing.layer(config)),
-    Layer.provideMerge(Logging.layer(config.agent.log_level))
+    Layer.provideMerge(Logging.layer(config.agent.log_level, logLevel))
   )
 }
 
@@ -147,4 +148,5 @@ export const daemon = Effect.scoped(
 )
 
 /** The daemon on a resolved config, with all of its layers. */
-export const runDaemon = (config: AgentConfig) => daemon.pipe(Effect.provide(coreLayer(config)))
+export const runDaemon = (config: AgentConfig, logLevel?: LogLevel) =>
+  daemon.pipe(Effect.provide(coreLayer(config, logLevel)))
