@@ -32,7 +32,7 @@ import { type GrpcFailure, statusName, toGrpcFailure } from "../services/GrpcSta
 import { extractKvTransferParams, handoffStatus, InvalidHandoff, type LegPlan, planLeg } from "../services/Handoff.ts"
 import { Metrics } from "../services/Metrics.ts"
 import { NodeStatus } from "../services/NodeStatus.ts"
-import { formatTraceparent, parseTraceparent, type TraceParent } from "../services/TraceContext.ts"
+import { formatTraceparent, parseTraceparent, type TraceParent, TracesExported } from "../services/TraceContext.ts"
 import { Relay } from "./GrpcRelay.ts"
 import { addNiceService } from "./niceGrpcAdapter.ts"
 
@@ -124,7 +124,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
   const role = config.agent.role
   const nodeId = config.agent.node_id
   // Spans only when traces are exported: otherwise the caller's traceparent goes to the engine unchanged.
-  const tracing = config.agent.otlp_endpoint !== undefined
+  const tracing = yield* TracesExported
   const legTimeout = config.agent.handoff_timeout
   // One model per agent: bind the label once, not per call.
   const relayed = metrics?.relayedTokens.labels({ model })

@@ -132,7 +132,9 @@ export const layer = (
       })
 
       // One engine scrape per heartbeat at most, however many readers (etcd writer, gRPC, /status, /metrics).
+      // Polling, not a request: no span (it would be a root span per heartbeat in every trace backend).
       const signals = yield* client.load.pipe(
+        Effect.withTracerEnabled(false),
         Effect.map((s): LoadSignals | undefined => s),
         Effect.catch((e) =>
           Effect.logDebug("engine load scrape failed", { error: e.message }).pipe(Effect.as(undefined))
