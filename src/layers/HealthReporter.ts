@@ -206,6 +206,7 @@ const make = Effect.gen(function* () {
       } else if (reason === "tick") {
         yield* ops.keepAlive(session.id)
         session.lastKeepAliveAt = yield* Clock.currentTimeMillis
+        yield* Effect.logTrace("etcd keepalive", { key, lease: session.id })
       }
       const now = yield* Clock.currentTimeMillis
       const due =
