@@ -80,7 +80,7 @@ describe("admin HTTP on loopback", () => {
     expect(url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/)
     expect(await get(`${url}/healthz`)).toMatchObject({ status: 200, text: "ok" })
 
-    await run(Effect.map(Metrics, (m) => m.requests.inc({ role: "both", model: "m", status: "OK" }, 2)))
+    await run(Effect.map(Metrics, (m) => m.requests.inc({ role: "both", model: "m", grpc_code: "OK" }, 2)))
     const metrics = await get(`${url}/metrics`)
     expect(metrics.status).toBe(200)
     expect(metrics.type).toBe("text/plain; version=0.0.4; charset=utf-8")
@@ -89,7 +89,7 @@ describe("admin HTTP on loopback", () => {
     expect(samples.length).toBe(lines.length) // every sample line parses
     expect(samples).toContainEqual({
       name: "cgn_agent_requests_total",
-      labels: { role: "both", model: "m", status: "OK" },
+      labels: { role: "both", model: "m", grpc_code: "OK" },
       value: 2
     })
     expect(metrics.text).toContain("# TYPE cgn_agent_time_to_first_token_seconds histogram")

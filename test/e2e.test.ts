@@ -212,8 +212,8 @@ describe("a running agent", () => {
       "cgn_agent_engine_running_requests",
       "cgn_agent_engine_waiting_requests",
       "cgn_agent_engine_kv_cache_usage_ratio",
-      "cgn_agent_process_cpu_seconds_total",
-      "cgn_agent_process_resident_memory_bytes",
+      "process_cpu_seconds_total",
+      "process_resident_memory_bytes",
       "cgn_agent_engine_restarts_total"
     ]) {
       expect(names, n).toContain(n)
@@ -225,9 +225,9 @@ describe("a running agent", () => {
     const kvUsage = value("cgn_agent_engine_kv_cache_usage_ratio") ?? -1
     expect(kvUsage).toBeGreaterThanOrEqual(0)
     expect(kvUsage).toBeLessThanOrEqual(1)
-    expect(value("cgn_agent_requests_total", { role: "both", model: "m", status: "OK" })).toBeGreaterThanOrEqual(3)
+    expect(value("cgn_agent_requests_total", { role: "both", model: "m", grpc_code: "OK" })).toBeGreaterThanOrEqual(3)
     expect(value("cgn_agent_engine_state", { state: "ready" })).toBe(1)
-    expect(value("cgn_agent_process_cpu_seconds_total")).toBeGreaterThan(0)
+    expect(value("process_cpu_seconds_total")).toBeGreaterThan(0)
   })
 })
 

@@ -163,7 +163,8 @@ describe("readiness per flavor", () => {
       assert.isFalse(groupAlive(pid), "engine group gone after stop")
       assert.isFalse(fs.existsSync(pidFilePath(s.stateDir)), "pid file removed after stop")
       assert.isTrue(
-        h.logs.some((l) => l.includes('"msg":"listening"')),
+        // The simulator's JSON line, relayed as msg "listening" with its other keys nested.
+        h.logs.some((l) => l.startsWith("Info listening ") && l.includes('"engine_fields"')),
         "engine output is in the agent's log"
       )
     })

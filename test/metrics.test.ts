@@ -3,7 +3,7 @@
 import { Effect, Exit, Scope } from "effect"
 import { describe, expect, it } from "vitest"
 import * as MetricsLayer from "../src/layers/Metrics.ts"
-import { ENGINE_STATES, Metrics, setCounter, setStateGauge } from "../src/services/Metrics.ts"
+import { ENGINE_STATES, Metrics, setCounter, setOptional, setStateGauge } from "../src/services/Metrics.ts"
 
 const run = <A>(eff: Effect.Effect<A, never, Metrics>, layer = MetricsLayer.layerTest) =>
   Effect.runPromise(eff.pipe(Effect.provide(layer)))
@@ -13,7 +13,7 @@ describe("Metrics", () => {
     const text = await run(
       Effect.gen(function* () {
         const m = yield* Metrics
-        m.requests.inc({ role: "both", model: "m", status: "OK" })
+        m.requests.inc({ role: "both", model: "m", grpc_code: "OK" })
         m.timeToFirstToken.observe({ role: "both", model: "m" }, 0.2)
         m.relayedTokens.inc({ model: "m" }, 5)
         setCounter(m.engineRestarts, 3)
@@ -22,7 +22,7 @@ describe("Metrics", () => {
       })
     )
     expect(text.contentType).toContain("text/plain")
-    expect(text.body).toContain('cgn_agent_requests_total{role="both",model="m",status="OK"} 1')
+    expect(text.body).toContain('cgn_agent_requests_total{role="both",model="m",grpc_code="OK"} 1')
     expect(text.body).toContain('cgn_agent_time_to_first_token_seconds_bucket{le="0.25",role="both",model="m"} 1')
     expect(text.body).toContain('cgn_agent_relayed_tokens_total{model="m"} 5')
     expect(text.body).toContain("cgn_agent_engine_restarts_total 3")
@@ -64,8 +64,75 @@ describe("Metrics", () => {
       }).pipe(Effect.scoped),
       MetricsLayer.layer
     )
-    expect(body.body).toContain("cgn_agent_process_cpu_seconds_total")
     expect(body.body).toContain("cgn_agent_event_loop_lag_seconds 0.25")
+  })
+
+  it("process and nodejs metrics keep their stock names; no gauge ends in _total", async () => {
+    const body = (
+      await run(
+        Effect.flatMap(Metrics, (m) => m.render),
+        MetricsLayer.layer
+      )
+    ).body
+    expect(body).toMatch(/^process_cpu_seconds_total \d/m)
+    expect(body).toMatch(/^process_resident_memory_bytes \d/m)
+    expect(body).toMatch(/^nodejs_heap_size_used_bytes \d/m)
+    expect(body).not.toContain("cgn_agent_process_")
+    expect(body).not.toContain("cgn_agent_nodejs_")
+    const types = [...body.matchAll(/^# TYPE (\S+) (\S+)$/gm)].map((m) => ({ name: m[1]!, type: m[2]! }))
+    expect(types.length).toBeGreaterThan(20)
+    expect(types.filter((t) => t.name.endsWith("_total") && t.type !== "counter")).toEqual([])
+  })
+
+  it("a scrape resets nothing: two scrapers read the same event-loop series", async () => {
+    const bodies = await run(
+      Effect.gen(function* () {
+        const m = yield* Metrics
+        // Block the loop so every lag histogram has a sample well above zero before the first scrape.
+        yield* Effect.sync(() => {
+          const until = performance.now() + 30
+          while (performance.now() < until) {}
+        })
+        yield* Effect.promise(() => new Promise((r) => setTimeout(r, 20)))
+        const first = (yield* m.render).body
+        const second = (yield* m.render).body
+        return [first, second] as const
+      }),
+      MetricsLayer.layer
+    )
+    // nodejs_eventloop_lag_seconds is measured afresh per scrape (a setImmediate delay), not a shared window.
+    const lagLines = (body: string) =>
+      body
+        .split("\n")
+        .filter((l) => /^\w*event_?loop_lag\w* /.test(l) && !l.startsWith("nodejs_eventloop_lag_seconds "))
+    expect(lagLines(bodies[1])).toEqual(lagLines(bodies[0]))
+    for (const name of MetricsLayer.DROPPED_DEFAULT_METRICS) expect(bodies[0]).not.toContain(`${name} `)
+  })
+
+  it("a value that does not exist is a missing series, not a sentinel", async () => {
+    const bodies = await run(
+      Effect.gen(function* () {
+        const m = yield* Metrics
+        setOptional(m.engineKvCacheUsage, 0.5)
+        const set = (yield* m.render).body
+        setOptional(m.engineKvCacheUsage, undefined)
+        return { set, unset: (yield* m.render).body }
+      })
+    )
+    expect(bodies.set).toContain("cgn_agent_engine_kv_cache_usage_ratio 0.5")
+    expect(bodies.unset).toContain("# TYPE cgn_agent_engine_kv_cache_usage_ratio gauge")
+    expect(bodies.unset).not.toMatch(/^cgn_agent_engine_kv_cache_usage_ratio /m)
+  })
+
+  it("build_info carries the version, Node's version and the engine kind", async () => {
+    const body = await run(
+      Effect.andThen(MetricsLayer.recordBuildInfo({ version: "1.2.3", engine: "sglang" }), (_) =>
+        Effect.flatMap(Metrics, (m) => m.render)
+      )
+    )
+    expect(body.body).toContain(
+      `cgn_agent_build_info{version="1.2.3",node_version="${process.version}",engine="sglang"} 1`
+    )
   })
 })
 

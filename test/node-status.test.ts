@@ -148,7 +148,9 @@ describe("NodeStatus live layer", () => {
     expect(scrapes()).toBeLessThanOrEqual(2) // cached; at most one more if a heartbeat passed meanwhile
     expect(result.body).toContain('cgn_agent_engine_state{state="ready"} 1')
     expect(result.body).toContain("cgn_agent_engine_kv_cache_usage_ratio 0.25")
-    expect(result.body).toContain("cgn_agent_engine_last_exit_code -1")
+    // No run has exited yet: the series has no sample (no -1 sentinel), only its HELP and TYPE.
+    expect(result.body).toContain("# TYPE cgn_agent_engine_last_exit_code gauge")
+    expect(result.body).not.toMatch(/^cgn_agent_engine_last_exit_code /m)
     expect(result.seen).toEqual(["starting", "ready", "draining"])
     expect(result.draining.state).toBe("draining")
     expect(result.isDraining).toBe(true)

@@ -8,7 +8,14 @@
 import { createServer } from "node:http"
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer" // not the index, which loads NodeRedis
 import { Cause, Effect, Layer } from "effect"
-import { HttpRouter, HttpServer, type HttpServerError, type HttpServerRequest, HttpServerResponse } from "effect/http"
+import {
+  HttpMiddleware,
+  HttpRouter,
+  HttpServer,
+  type HttpServerError,
+  type HttpServerRequest,
+  HttpServerResponse
+} from "effect/http"
 import { NodeHealth } from "../gen/cgn/agent/v1/agent.ts"
 import {
   AdminServer,
@@ -169,7 +176,10 @@ export const layer = (
         })
       )
       return Layer.merge(
-        HttpRouter.serve(routes(options, loopback), { disableLogger: true, disableListenLog: true }),
+        HttpRouter.serve(routes(options, loopback), { disableLogger: true, disableListenLog: true }).pipe(
+          // Probes and scrapes every few seconds would be root spans named GET, drowning the real traces.
+          Layer.provide(Layer.succeed(HttpMiddleware.TracerDisabledWhen)(() => true))
+        ),
         info
       ).pipe(Layer.provide(server))
     })

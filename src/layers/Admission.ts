@@ -48,6 +48,7 @@ export const make = (limits: AdmissionLimits): AdmissionService => {
       const start = yield* Clock.currentTimeMillis
       const waiter: Waiter = { wake: Deferred.makeUnsafe<void, Draining>(), outcome: "queued" }
       const entered = ledger.enter(waiter)
+      yield* Effect.logDebug("admission", { outcome: entered, inflight: ledger.inflight, queued: ledger.queued })
       if (entered === "overloaded") {
         return yield* new Overloaded({ maxInflight: ledger.maxInflight, maxQueue: ledger.maxQueue })
       }

@@ -88,6 +88,18 @@ const exitFrom = (run: number, er: EngineRun | undefined, pid: number | undefine
 }
 
 /** Builds the supervisor for a plan; fails only when the start is refused (stale agent, busy port, state dir). */
+/** A transition's log line: a string for an ignored event (debug), else the message and the new state's fields. */
+type StateLog = string | readonly [string, Record<string, unknown>]
+
+/** The state's fields as log fields: nested values stay JSON, the exit's last lines (already logged) are left out. */
+const stateFields = (state: EngineState): Record<string, unknown> => {
+  const { _tag, ...fields } = state as EngineState & Record<string, unknown>
+  const lastExit = fields.lastExit as Record<string, unknown> | undefined
+  if (lastExit === undefined) return fields
+  const { lastLines: _, ...exit } = lastExit
+  return { ...fields, lastExit: exit }
+}
+
 export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan, settings: SupervisorSettings) {
   const now = () => Date.now()
   const pidFile = plan.spawns ? pidFilePath(settings.stateDir) : undefined
@@ -103,14 +115,14 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
   const stopped = yield* Deferred.make<void>()
 
   const publish = (event: SupervisorEvent) =>
-    SubscriptionRef.modifySome(state, (s): readonly [string | undefined, Option.Option<EngineState>] => {
+    SubscriptionRef.modifySome(state, (s): readonly [StateLog | undefined, Option.Option<EngineState>] => {
       const r = transition(s, event)
       if (Result.isFailure(r)) return [`ignored: ${r.failure.message}`, Option.none()]
       if (r.success === s) return [undefined, Option.none()]
-      return [`engine ${s._tag} -> ${r.success._tag}: ${JSON.stringify(r.success)}`, Option.some(r.success)]
+      return [[`engine ${s._tag} -> ${r.success._tag}`, stateFields(r.success)] as const, Option.some(r.success)]
     }).pipe(
-      Effect.flatMap((line) =>
-        line === undefined ? Effect.void : line.startsWith("ignored") ? Effect.logDebug(line) : Effect.logInfo(line)
+      Effect.flatMap((log) =>
+        log === undefined ? Effect.void : typeof log === "string" ? Effect.logDebug(log) : Effect.logInfo(...log)
       )
     )
 
@@ -125,6 +137,7 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
           return undefined
         }
         const r = yield* probeOnce(plan.probe, Math.min(remaining, 10_000))
+        yield* Effect.logDebug("engine readiness probe", { run, url: plan.probe.url, ...r })
         if (r.ok) {
           const at = now()
           yield* publish(Event.ProbeOk({ at }))
@@ -146,7 +159,9 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
     let failures = 0
     for (;;) {
       yield* Effect.sleep(settings.livenessIntervalMs)
-      const r = yield* probeOnce(plan.liveness ?? plan.probe, Math.min(settings.livenessIntervalMs, 5_000))
+      const live = plan.liveness ?? plan.probe
+      const r = yield* probeOnce(live, Math.min(settings.livenessIntervalMs, 5_000))
+      yield* Effect.logDebug("engine liveness probe", { url: live.url, ...r })
       const step = livenessStep(failures, r.ok, settings.livenessFailures)
       if (!r.ok)
         yield* Effect.logWarning(`liveness probe failed (${step.failures}/${settings.livenessFailures}): ${r.reason}`)

@@ -32,7 +32,7 @@ import { type GrpcFailure, statusName, toGrpcFailure } from "../services/GrpcSta
 import { extractKvTransferParams, handoffStatus, InvalidHandoff, type LegPlan, planLeg } from "../services/Handoff.ts"
 import { Metrics } from "../services/Metrics.ts"
 import { NodeStatus } from "../services/NodeStatus.ts"
-import { formatTraceparent, parseTraceparent, type TraceParent } from "../services/TraceContext.ts"
+import { formatTraceparent, parseTraceparent, type TraceParent, TracesExported } from "../services/TraceContext.ts"
 import { Relay } from "./GrpcRelay.ts"
 import { addNiceService } from "./niceGrpcAdapter.ts"
 
@@ -153,7 +153,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
   const role = config.agent.role
   const nodeId = config.agent.node_id
   // Spans only when traces are exported: otherwise the caller's traceparent goes to the engine unchanged.
-  const tracing = config.agent.otlp_endpoint !== undefined
+  const tracing = yield* TracesExported
   const legTimeout = config.agent.handoff_timeout
   // One model per agent: bind the label once, not per call.
   const relayed = metrics?.relayedTokens.labels({ model })
@@ -277,7 +277,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
 
   const record = (status: string, relay: Relay | undefined, startedAt: number): void => {
     if (metrics === undefined) return
-    metrics.requests.inc({ role, model, status })
+    metrics.requests.inc({ role, model, grpc_code: status })
     metrics.requestDuration.observe({ role, model }, (performance.now() - startedAt) / 1000)
     if (relay !== undefined && relay.firstTextAt > 0)
       metrics.timeToFirstToken.observe({ role, model }, (relay.firstTextAt - startedAt) / 1000)

@@ -208,6 +208,7 @@ const make = Effect.gen(function* () {
       } else if (reason === "tick") {
         yield* ops.keepAlive(session.id)
         session.lastKeepAliveAt = yield* Clock.currentTimeMillis
+        yield* Effect.logTrace("etcd keepalive", { key, lease: session.id })
       }
       const now = yield* Clock.currentTimeMillis
       const due =
@@ -233,6 +234,13 @@ const make = Effect.gen(function* () {
       if (outcome._tag === "Missing") {
         return yield* Effect.fail(new EtcdUnavailable({ operation: "create", reason: "key vanished during create" }))
       }
+      yield* Effect.logDebug("etcd write", {
+        key,
+        reason,
+        state: record.state,
+        sequence: record.freshness?.sequence,
+        lease: session.id
+      })
       session.registered = true
       s.lastWriteMs = now
       s.lastRecord = record

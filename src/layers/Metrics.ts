@@ -1,7 +1,14 @@
 /**
  * Metrics layers: build the registry and every handle named in services/Metrics.ts.
- * `layer` adds prom-client's default process metrics (with the cgn_agent_ prefix); event-loop lag is
- * mirrored from the EventLoopLag service by `mirrorEventLoopLag`; `layerTest` is a bare fresh registry, so tests can assert exact series.
+ * `layer` adds prom-client's default process metrics under their stock names (`process_*`, `nodejs_*`, no
+ * prefix, so stock Node.js dashboards read them), less the ones that break Prometheus conventions (below);
+ * event-loop lag is mirrored from the EventLoopLag service by `mirrorEventLoopLag`; `layerTest` is a bare
+ * fresh registry, so tests can assert exact series.
+ *
+ * Naming rules for every agent series (other modules adding metrics follow them; `promtool check metrics`
+ * enforces most): prefix `cgn_agent_`; base units in the name (`_seconds`, `_bytes`, `_ratio` for 0..1);
+ * `_total` on counters only; no sentinel values (a value that does not exist is a missing series, see
+ * `setOptional`); one-hot `{state}` gauges for enumerations; label `grpc_code` for gRPC status code names.
  */
 import { Cause, Effect, Layer, type Scope } from "effect"
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client"
@@ -25,7 +32,7 @@ const makeHandles = (registry: Registry): MetricHandles => {
     requests: new Counter({
       name: p("requests_total"),
       help: "Generate calls finished, by role, model and gRPC status code name",
-      labelNames: ["role", "model", "status"] as const,
+      labelNames: ["role", "model", "grpc_code"] as const,
       registers
     }),
     timeToFirstToken: new Histogram({
@@ -62,7 +69,10 @@ const makeHandles = (registry: Registry): MetricHandles => {
       help: "Engine restarts since the agent started",
       registers
     }),
-    engineLastExitCode: gauge("engine_last_exit_code", "Exit code of the last engine run (-1: signal or none)"),
+    engineLastExitCode: gauge(
+      "engine_last_exit_code",
+      "Exit code of the last engine run (no sample until a run exits with a code)"
+    ),
     engineFailing: gauge(
       "engine_failing",
       "1 while the engine is failing: several runs in a row ended before being stable (still retried with backoff)"
@@ -72,10 +82,21 @@ const makeHandles = (registry: Registry): MetricHandles => {
       "state"
     ] as const),
     etcdLeaseAge: gauge("etcd_lease_age_seconds", "Seconds since the current etcd lease was granted"),
-    eventLoopLag: gauge("event_loop_lag_seconds", "Largest event-loop delay since the previous scrape"),
+    eventLoopLag: gauge(
+      "event_loop_lag_seconds",
+      "Worst event-loop delay in the last completed 5 s window (scrapes do not reset it)"
+    ),
     engineRunningRequests: gauge("engine_running_requests", "Requests running in the engine (engine metrics)"),
     engineWaitingRequests: gauge("engine_waiting_requests", "Requests waiting in the engine (engine metrics)"),
-    engineKvCacheUsage: gauge("engine_kv_cache_usage_ratio", "Engine KV-cache usage 0..1 (-1: not reported)"),
+    engineKvCacheUsage: gauge(
+      "engine_kv_cache_usage_ratio",
+      "Engine KV-cache usage 0..1 (no sample when the engine does not report it)"
+    ),
+    buildInfo: gauge("build_info", "Always 1: the agent's version, Node's version and the engine kind", [
+      "version",
+      "node_version",
+      "engine"
+    ] as const),
     gpuUtilization: gauge("gpu_utilization_ratio", "GPU utilization 0..1 (NVML)", gpuLabels),
     gpuMemoryUsed: gauge("gpu_memory_used_bytes", "GPU memory in use (NVML)", gpuLabels),
     gpuMemoryTotal: gauge("gpu_memory_total_bytes", "GPU memory in total (NVML)", gpuLabels)
@@ -120,6 +141,20 @@ export const layerTest: Layer.Layer<Metrics> = Layer.effect(
 )
 
 /**
+ * prom-client defaults left out: the `nodejs_active_*_total` series are gauges named like counters
+ * (promtool rejects them; `nodejs_active_{handles,requests,resources}{type}` carry the same counts), and the
+ * `nodejs_eventloop_lag_{min,max,mean,stddev,p50,p90,p99}_seconds` series reset their histogram at every
+ * scrape, so two scrapers (Prometheus and an agent sidecar) each see a fraction of the delays.
+ * `cgn_agent_event_loop_lag_seconds` (a fixed window) replaces them; `nodejs_eventloop_lag_seconds` stays.
+ */
+export const DROPPED_DEFAULT_METRICS = [
+  "nodejs_active_handles_total",
+  "nodejs_active_requests_total",
+  "nodejs_active_resources_total",
+  ...["min", "max", "mean", "stddev", "p50", "p90", "p99"].map((s) => `nodejs_eventloop_lag_${s}_seconds`)
+] as const
+
+/**
  * The production registry: the agent's series and the default process metrics. Event-loop lag comes from
  * the EventLoopLag service (see `mirrorEventLoopLag`), so the loop is measured once.
  */
@@ -127,10 +162,17 @@ export const layer: Layer.Layer<Metrics> = Layer.effect(
   Metrics,
   Effect.gen(function* () {
     const registry = new Registry()
-    collectDefaultMetrics({ register: registry, prefix: METRIC_PREFIX })
+    collectDefaultMetrics({ register: registry })
+    for (const name of DROPPED_DEFAULT_METRICS) registry.removeSingleMetric(name)
     return yield* make(registry)
   })
 )
+
+/** Sets `cgn_agent_build_info` (1) for this agent's version, the running Node and the engine kind. */
+export const recordBuildInfo = (info: { readonly version: string; readonly engine: string }) =>
+  Effect.flatMap(Metrics, (m) =>
+    Effect.sync(() => m.buildInfo.set({ version: info.version, node_version: process.version, engine: info.engine }, 1))
+  )
 
 /** Fills `cgn_agent_event_loop_lag_seconds` at every scrape with the worst lag of the last window. */
 export const mirrorEventLoopLag = (lag: Effect.Effect<LagSample>): Effect.Effect<void, never, Metrics | Scope.Scope> =>

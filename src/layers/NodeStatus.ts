@@ -15,7 +15,7 @@ import { Drain } from "../services/Drain.ts"
 import { EngineClient, type LoadSignals } from "../services/EngineClient.ts"
 import { EngineProcess } from "../services/EngineProcess.ts"
 import { failingOf } from "../services/EngineState.ts"
-import { ENGINE_STATES, Metrics, setCounter, setStateGauge } from "../services/Metrics.ts"
+import { ENGINE_STATES, Metrics, setCounter, setOptional, setStateGauge } from "../services/Metrics.ts"
 import { buildNodeHealth, nodeState, ratePerSecond } from "../services/NodeHealthView.ts"
 import { type NodeState, NodeStatus } from "../services/NodeStatus.ts"
 import { Nvml } from "../services/Nvml.ts"
@@ -133,7 +133,9 @@ export const layer = (
       })
 
       // One engine scrape per heartbeat at most, however many readers (etcd writer, gRPC, /status, /metrics).
+      // Polling, not a request: no span (it would be a root span per heartbeat in every trace backend).
       const signals = yield* client.load.pipe(
+        Effect.withTracerEnabled(false),
         Effect.map((s): LoadSignals | undefined => s),
         Effect.catch((e) =>
           Effect.logDebug("engine load scrape failed", { error: e.message }).pipe(Effect.as(undefined))
@@ -179,11 +181,11 @@ export const layer = (
           metrics.queued.set(g.queued)
           setStateGauge(metrics.engineState, ENGINE_STATES, g.state._tag.toLowerCase())
           setCounter(metrics.engineRestarts, g.restarts)
-          metrics.engineLastExitCode.set(last?.code ?? -1)
+          setOptional(metrics.engineLastExitCode, last?.code ?? undefined)
           metrics.engineFailing.set(failingOf(g.state) === undefined ? 0 : 1)
           metrics.engineRunningRequests.set(g.signals?.running ?? g.inflight)
           metrics.engineWaitingRequests.set(g.signals?.waiting ?? 0)
-          metrics.engineKvCacheUsage.set(g.signals?.kvUsage ?? -1)
+          setOptional(metrics.engineKvCacheUsage, g.signals?.kvUsage)
         })
       )
 

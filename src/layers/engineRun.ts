@@ -10,6 +10,7 @@ import type { Readable } from "node:stream"
 import { Deferred, Effect, Fiber, Stream } from "effect"
 import type { LaunchPlan } from "../services/Engine.ts"
 import { buildGuardArgs, decodeReport, REPORT_FD } from "../services/GuardProtocol.ts"
+import { engineOutput } from "./Logging.ts"
 import { groupAlive, KILL_WAIT_MS, pidAlive, pollUntil, type StopOutcome, signalGroup } from "./processGroup.ts"
 
 /** The guard program, next to this module's tree in both layouts: src/ (run as .ts) and dist/ (built .js). */
@@ -155,7 +156,7 @@ export const spawnRun = Effect.fn("EngineProcess.spawnRun")(function* (plan: Lau
       : lines(input).pipe(
           Stream.runForEach((line) => {
             keep(`[${stream}] ${line}`)
-            return Effect.logInfo(line).pipe(Effect.annotateLogs({ stream, run: String(options.run) }))
+            return Effect.logInfo(...engineOutput(line)).pipe(Effect.annotateLogs({ stream, run: options.run }))
           }),
           Effect.ignore
         )

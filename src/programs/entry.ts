@@ -5,12 +5,14 @@
 // The module itself, not the package index: the index also loads NodeRedis, which needs redis (not installed).
 import * as NodeServices from "@effect/platform-node/NodeServices"
 import { Effect, Exit, Runtime } from "effect"
-import { runCli } from "./cli.ts"
+import { runCli, subcommands } from "./cli.ts"
 import { runMain } from "./runMain.ts"
 
-// `node dist/main.js --config F` (the container's command) means `run --config F`.
+// `node dist/main.js --config F` (the container's command) means `run --config F`; so does
+// `node dist/main.js --log-level debug --config F`.
 const args = process.argv.slice(2)
-const argv = args[0]?.startsWith("--config") ? ["run", ...args] : args
+const named = new Set<string>(subcommands.map((c) => c.name))
+const argv = /^--(config|log-level)\b/.test(args[0] ?? "") && !args.some((a) => named.has(a)) ? ["run", ...args] : args
 
 runMain(runCli(argv).pipe(Effect.provide(NodeServices.layer)), {
   teardown: (exit, onExit) =>

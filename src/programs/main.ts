@@ -5,6 +5,7 @@
  * services (engine process group, sockets, timers). There is no hand-kept cleanup list.
  */
 import { Context, Deferred, Duration, Effect, Layer, Option } from "effect"
+import type { LogLevel } from "effect/LogLevel"
 import * as AdminHttp from "../layers/AdminHttp.ts"
 import * as AdmissionLive from "../layers/Admission.ts"
 import * as EngineClientLive from "../layers/EngineClient.ts"
@@ -37,7 +38,7 @@ import { reloadOnHangup, type ShutdownSignals, shutdownSignals } from "./runMain
  * The core services, built before any server listens: config, metrics, the engine supervisor (which
  * spawns the engine at once), the engine client, admission, GPUs, TLS material, drain lever, NodeStatus.
  */
-export const coreLayer = (config: AgentConfig) => {
+export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
   const base = Layer.mergeAll(Layer.succeed(Config, config), MetricsLive.layer, EventLoopLagLive.layer())
   const services = Layer.mergeAll(
     EngineProcessLive.layer,
@@ -53,7 +54,7 @@ export const coreLayer = (config: AgentConfig) => {
     Layer.provideMerge(planLayer),
     Layer.provideMerge(base),
     Layer.provideMerge(Tracing.layer(config)),
-    Layer.provideMerge(Logging.layer(config.agent.log_level))
+    Layer.provideMerge(Logging.layer(config.agent.log_level, logLevel))
   )
 }
 
@@ -113,6 +114,7 @@ export const daemon = Effect.scoped(
     yield* reloadOnHangup(TlsLive.hangupReload)
     const lag = yield* EventLoopLag
     yield* MetricsLive.mirrorEventLoopLag(lag.sample)
+    yield* MetricsLive.recordBuildInfo({ version: NodeStatusLive.packageVersion(), engine: config.engine.kind })
 
     // /status reads the registration once the reporter exists (it is built after the servers).
     const reporterReady = yield* Deferred.make<Effect.Effect<RegistrationStatus>>()
@@ -151,4 +153,5 @@ export const daemon = Effect.scoped(
 )
 
 /** The daemon on a resolved config, with all of its layers. */
-export const runDaemon = (config: AgentConfig) => daemon.pipe(Effect.provide(coreLayer(config)))
+export const runDaemon = (config: AgentConfig, logLevel?: LogLevel) =>
+  daemon.pipe(Effect.provide(coreLayer(config, logLevel)))

@@ -10,8 +10,11 @@ import type { Counter, Gauge, Histogram, Registry } from "prom-client"
 /** Every metric name starts with this. */
 export const METRIC_PREFIX = "cgn_agent_"
 
-/** Labels of the per-request series. `status` is the gRPC code name (OK, UNAVAILABLE, ...). */
-export type RequestLabels = "role" | "model" | "status"
+/**
+ * Labels of the per-request series. `grpc_code` is the gRPC code name (OK, UNAVAILABLE, ...), the label name
+ * go-grpc-prometheus and grpc-ecosystem middleware use, so stock gRPC dashboards read it.
+ */
+export type RequestLabels = "role" | "model" | "grpc_code"
 
 export interface MetricHandles {
   /** Generate calls finished, by role, model and gRPC status code name. */
@@ -30,7 +33,7 @@ export interface MetricHandles {
   readonly engineState: Gauge<"state">
   /** Mirrored from EngineProcess.restarts: set it with `setCounter`. */
   readonly engineRestarts: Counter
-  /** Exit code of the last engine run (-1 when it died of a signal or has not exited). */
+  /** Exit code of the last engine run; no sample while none has exited with a code (see `setOptional`). */
   readonly engineLastExitCode: Gauge
   /** 1 while the engine is failing (several runs in a row ended before being stable; still retried), else 0. */
   readonly engineFailing: Gauge
@@ -40,12 +43,17 @@ export interface MetricHandles {
   readonly etcdRegistrationState: Gauge<"state">
   /** Seconds since the current lease was granted. */
   readonly etcdLeaseAge: Gauge
-  /** Largest event-loop delay seen since the previous scrape (filled by the Metrics layer itself). */
+  /**
+   * Worst event-loop delay in the last completed fixed window of the EventLoopLag service (5 s): reading it
+   * resets nothing, so any number of scrapers see the same value.
+   */
   readonly eventLoopLag: Gauge
   readonly engineRunningRequests: Gauge
   readonly engineWaitingRequests: Gauge
-  /** 0..1; -1 when the engine does not report it. */
+  /** 0..1; no sample when the engine does not report it. */
   readonly engineKvCacheUsage: Gauge
+  /** Always 1; the labels carry the agent's version, Node's version and the engine kind. */
+  readonly buildInfo: Gauge<"version" | "node_version" | "engine">
   /** 0..1 per GPU. */
   readonly gpuUtilization: Gauge<"gpu" | "uuid">
   readonly gpuMemoryUsed: Gauge<"gpu" | "uuid">
@@ -75,6 +83,15 @@ export class Metrics extends Context.Service<Metrics, MetricsService>()("cgn-age
 export const setCounter = (counter: Counter, value: number): void => {
   counter.reset()
   if (value > 0) counter.inc(value)
+}
+
+/**
+ * Sets an unlabelled gauge, or removes its sample when there is no value: Prometheus reads a missing series
+ * as "no value", where a sentinel such as -1 would be averaged and alerted on as if it were a reading.
+ */
+export const setOptional = (gauge: Gauge, value: number | undefined): void => {
+  if (value === undefined) gauge.remove()
+  else gauge.set(value)
 }
 
 /** Sets a one-hot state gauge: 1 for `current`, 0 for every other known state. */

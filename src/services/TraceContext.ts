@@ -2,6 +2,7 @@
  * W3C Trace Context (`traceparent`): parsing the caller's header and writing the one the agent sends to
  * the engine. Pure. Version 00 only; an all-zero trace or span id is invalid, as the spec says.
  */
+import { Context } from "effect"
 
 /** The parts of a valid `traceparent`. */
 export interface TraceParent {
@@ -22,3 +23,10 @@ export const parseTraceparent = (header: unknown): TraceParent | undefined => {
 
 /** The header for a span: version 00, the sampled flag as bit 0. */
 export const formatTraceparent = (p: TraceParent): string => `00-${p.traceId}-${p.spanId}-${p.sampled ? "01" : "00"}`
+
+/**
+ * True when spans are exported (layers/Tracing.ts provides it). Otherwise no span is made for a call and
+ * the caller's `traceparent` goes to the engine unchanged: a span nobody receives would only re-parent
+ * the engine's spans under an id that exists nowhere.
+ */
+export const TracesExported = Context.Reference<boolean>("cgn-agent/TracesExported", { defaultValue: () => false })

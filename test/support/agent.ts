@@ -34,6 +34,8 @@ export interface StartAgentOptions {
   /** The config as a TOML string or as an object (written out as TOML). */
   readonly config: Record<string, unknown> | string
   readonly env?: Record<string, string>
+  /** Extra command-line arguments after `run --config F` (e.g. `--log-level debug`). */
+  readonly args?: ReadonlyArray<string>
   /** Poll /readyz until 200 (default true); false returns as soon as the process is spawned. */
   readonly awaitReady?: boolean
   /** Readiness bound, default 20 s. */
@@ -50,6 +52,8 @@ export interface AgentHandle {
   readonly grpcAddress: string
   /** Every stderr line so far. */
   readonly stderrLines: Array<string>
+  /** Every stdout line so far (the agent writes none; the log-shape test checks that). */
+  readonly stdoutLines: Array<string>
   /** The stderr lines that parse as JSON (the agent's log events). */
   readonly logs: () => Array<Record<string, unknown>>
   /** Resolves with the first stderr line (existing or future) matching `pred`; rejects after `timeoutMs`. */
@@ -142,7 +146,7 @@ export const startAgent = async (options: StartAgentOptions): Promise<AgentHandl
   const grpcAddress = String(agent.listen_grpc ?? "0.0.0.0:7071")
   const adminUrl = `http://${String(agent.listen_admin ?? "127.0.0.1:9091")}`
 
-  const proc = spawn(process.execPath, [agentEntry, "run", "--config", configPath], {
+  const proc = spawn(process.execPath, [agentEntry, "run", "--config", configPath, ...(options.args ?? [])], {
     cwd: dir,
     env: { ...process.env, ...options.env },
     stdio: ["ignore", "pipe", "pipe"]
@@ -154,7 +158,7 @@ export const startAgent = async (options: StartAgentOptions): Promise<AgentHandl
   const tracked: Tracked = { proc, exited, enginePids: new Set(), dir }
   live.add(tracked)
 
-  proc.stdout?.resume()
+  const stdoutLines = followLines(proc.stdout).lines
   // The engine's own log lines are relayed with its pid (and a forked grandchild's): kill them on cleanup.
   const stderr = followLines(proc.stderr, (line) => {
     if (line.includes("EngineProcess")) for (const p of pidsInLine(line)) tracked.enginePids.add(p)
@@ -193,6 +197,7 @@ export const startAgent = async (options: StartAgentOptions): Promise<AgentHandl
     adminUrl,
     grpcAddress,
     stderrLines,
+    stdoutLines,
     logs,
     waitForLine,
     exited,

@@ -1,0 +1,73 @@
+/**
+ * Where and as whom the agent exports traces: the standard OpenTelemetry environment
+ * (opentelemetry-specification, "SDK environment variables" and "OTLP exporter configuration"), with
+ * `[agent].otlp_endpoint` as an override of the endpoint. Pure: the environment is an argument.
+ *
+ * - OTEL_SDK_DISABLED=true, or OTEL_TRACES_EXPORTER=none: no export, whatever else is set.
+ * - The endpoint: `[agent].otlp_endpoint` + `/v1/traces`, else OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as it is,
+ *   else OTEL_EXPORTER_OTLP_ENDPOINT + `/v1/traces`; none of them: no export (no span is recorded).
+ * - The service name: OTEL_SERVICE_NAME, else `service.name` in OTEL_RESOURCE_ATTRIBUTES, else `cgn-agent`.
+ * Headers, timeout, compression and TLS files (OTEL_EXPORTER_OTLP_[TRACES_]HEADERS, ...) are read by the
+ * OTLP exporter itself.
+ */
+
+export type Env = Readonly<Record<string, string | undefined>>
+
+export interface OtlpTraceSettings {
+  /** The full OTLP/HTTP traces URL. */
+  readonly url: string
+  readonly serviceName: string
+  /** Settings the agent cannot honour, to log once at start. */
+  readonly warnings: ReadonlyArray<string>
+}
+
+export const DEFAULT_SERVICE_NAME = "cgn-agent"
+
+/** An environment value, or undefined when unset or blank (the spec treats empty as unset). */
+const get = (env: Env, name: string): string | undefined => {
+  const v = env[name]?.trim()
+  return v === undefined || v === "" ? undefined : v
+}
+
+const tracesUrl = (base: string): string => `${base.replace(/\/+$/, "")}/v1/traces`
+
+/** `service.name` from an OTEL_RESOURCE_ATTRIBUTES list (`k=v,k=v`, percent-encoded values). */
+const serviceNameFromResource = (attributes: string | undefined): string | undefined => {
+  for (const pair of attributes?.split(",") ?? []) {
+    const eq = pair.indexOf("=")
+    if (eq <= 0 || pair.slice(0, eq).trim() !== "service.name") continue
+    try {
+      const value = decodeURIComponent(pair.slice(eq + 1).trim())
+      if (value !== "") return value
+    } catch {
+      // a malformed escape: ignore the entry, as the SDKs do
+    }
+  }
+  return undefined
+}
+
+/** The export settings, or undefined when traces are not exported. */
+export const otlpTraceSettings = (configEndpoint: string | undefined, env: Env): OtlpTraceSettings | undefined => {
+  if (get(env, "OTEL_SDK_DISABLED")?.toLowerCase() === "true") return undefined
+  const exporters = (get(env, "OTEL_TRACES_EXPORTER") ?? "otlp").split(",").map((e) => e.trim().toLowerCase())
+  if (exporters.includes("none")) return undefined
+  const fromEnv = get(env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+  const base = get(env, "OTEL_EXPORTER_OTLP_ENDPOINT")
+  const url =
+    configEndpoint !== undefined && configEndpoint.trim() !== ""
+      ? tracesUrl(configEndpoint.trim())
+      : (fromEnv ?? (base === undefined ? undefined : tracesUrl(base)))
+  if (url === undefined) return undefined
+
+  const warnings: Array<string> = []
+  const unsupported = exporters.filter((e) => e !== "otlp")
+  if (unsupported.length > 0) warnings.push(`OTEL_TRACES_EXPORTER=${unsupported.join(",")}: only otlp is supported`)
+  const protocol = get(env, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") ?? get(env, "OTEL_EXPORTER_OTLP_PROTOCOL")
+  if (protocol !== undefined && protocol !== "http/json" && protocol !== "http/protobuf")
+    warnings.push(`OTEL_EXPORTER_OTLP_PROTOCOL=${protocol} is not supported; exporting OTLP/HTTP (JSON) to ${url}`)
+  const serviceName =
+    get(env, "OTEL_SERVICE_NAME") ??
+    serviceNameFromResource(get(env, "OTEL_RESOURCE_ATTRIBUTES")) ??
+    DEFAULT_SERVICE_NAME
+  return { url, serviceName, warnings }
+}
