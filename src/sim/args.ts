@@ -39,6 +39,8 @@ export interface SimConfig {
   readonly kvStopAfter: number | undefined
   readonly kvSkipSeq: number | undefined
   readonly hangHealth: boolean
+  /** llama_cpp: answer /models and /v1/models 200 (`"meta": null`) while loading, as newer llama-server builds do. */
+  readonly modelsWhileLoading: boolean
   readonly kvLegacyArrays: boolean
   readonly kvLeaseMs: number | undefined
   readonly bootstrapTimeoutMs: number | undefined
@@ -65,6 +67,7 @@ const BOOLEAN_FLAGS = new Set([
   "--sim-ignore-sigterm",
   "--sim-fork-grandchild",
   "--sim-hang-health",
+  "--sim-models-while-loading",
   "--sim-kv-legacy-arrays",
   "--enable-metrics",
   "--metrics",
@@ -385,6 +388,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     kvStopAfter: num(v("--sim-kv-stop-after"), "--sim-kv-stop-after"),
     kvSkipSeq: num(v("--sim-kv-skip-seq"), "--sim-kv-skip-seq"),
     hangHealth: p.flags.has("--sim-hang-health"),
+    modelsWhileLoading: p.flags.has("--sim-models-while-loading"),
     kvLegacyArrays: p.flags.has("--sim-kv-legacy-arrays"),
     kvLeaseMs: dur("--sim-kv-lease"),
     bootstrapTimeoutMs,
