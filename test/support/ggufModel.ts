@@ -9,6 +9,7 @@
 //   stream runs to its max_tokens; the other 63 dimensions make the choice among words vary.
 // - "random": no such bias, anything can come out (EOS, byte tokens, text the server's parsers reject).
 import * as fs from "node:fs"
+import { prng } from "../../src/sim/tokens.ts"
 import { type GgufTensor, type GgufValue, gv, readGgufMetadata, writeGguf } from "./gguf.ts"
 
 export type TinyVariant = "words" | "random"
@@ -18,18 +19,6 @@ const N_LAYER = 2
 const N_HEAD = 4
 const N_FF = 128
 const BIAS = 4
-
-/** mulberry32: a small seeded PRNG, so the model (and its output for a seed) is the same on every run. */
-const prng = (seed: number) => {
-  let a = seed >>> 0
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0
-    let t = a
-    t = Math.imul(t ^ (t >>> 15), t | 1)
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-  }
-}
 
 /** A plain word piece: SentencePiece's word-start mark and two or more lower-case letters. */
 const isWord = (piece: string): boolean => /^\u2581[a-z]{2,}$/.test(piece)
