@@ -14,6 +14,11 @@ export interface SimConfig {
   /** Name in /v1/models, responses and the model_name label. */
   readonly servedName: string
   readonly maxModelLen: number | undefined
+  /**
+   * llama_cpp: the context of one slot. An explicit `-np N` splits `-c` over N slots; with -np unset the
+   * server picks 4 slots over one unified KV cache, so each may use all of it (tools/server/server.cpp).
+   */
+  readonly slotContext: number | undefined
   readonly tensorParallel: number
   readonly enableMetrics: boolean
   readonly kvTransferConfig: Record<string, unknown> | undefined
@@ -308,6 +313,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
   let model: string
   let servedName: string
   let maxModelLen: number | undefined
+  let slotContext: number | undefined
   let tensorParallel = 1
   let enableMetrics = true
   let defaultMaxSeqs = 256
@@ -334,7 +340,10 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     servedName = first("-a", "--alias") ?? (first("-m", "--model") !== undefined ? base : model)
     maxModelLen = num(first("-c", "--ctx-size"), "-c")
     enableMetrics = p.flags.has("--metrics")
-    defaultMaxSeqs = num(first("-np", "--parallel"), "-np") ?? 4
+    const np = num(first("-np", "--parallel"), "-np")
+    defaultMaxSeqs = np ?? 4
+    if (maxModelLen !== undefined && maxModelLen > 0)
+      slotContext = np === undefined ? maxModelLen : Math.floor(maxModelLen / np)
   } else {
     model = v("--model") ?? "mlx-community/model"
     servedName = model
@@ -363,6 +372,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     model,
     servedName,
     maxModelLen,
+    slotContext,
     tensorParallel,
     enableMetrics,
     kvTransferConfig: flavor === "vllm" ? parseJsonFlag(p, "--kv-transfer-config") : undefined,

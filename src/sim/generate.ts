@@ -295,7 +295,9 @@ const fault = (
   }
   const body = errorBody(ctx.cfg.flavor, 500, "simulated mid-stream engine failure")
   if (streaming) {
-    res.end(sse(JSON.stringify(body)) + DONE)
+    // llama-server ends the stream on an error event without `data: [DONE]`
+    // (tools/server/server-context.cpp, "error received during streaming, terminating stream").
+    res.end(sse(JSON.stringify(body)) + (ctx.cfg.flavor === "llama_cpp" ? "" : DONE))
     return
   }
   sendError(ctx, res, 500, "simulated engine failure")

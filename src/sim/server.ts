@@ -180,7 +180,10 @@ const completion = async (
     return sendError(ctx, res, 400, `Invalid JSON body: ${err instanceof Error ? err.message : String(err)}`)
   }
   const parsed = validate(ctx.cfg, endpoint, body, raw)
-  if (isInvalid(parsed)) return sendError(ctx, res, parsed.status, parsed.message, parsed.param)
+  if (isInvalid(parsed)) {
+    if (parsed.body !== undefined) return sendJson(res, parsed.status, parsed.body)
+    return sendError(ctx, res, parsed.status, parsed.message, parsed.param)
+  }
   ctx.stats.received++
   const { faults } = ctx
   let inject: "midstream" | "reset" | undefined
