@@ -128,6 +128,41 @@ describe("llama.cpp flavor", () => {
     expect((await fetch(`${llamaNoMetrics.url}/metrics`)).status).toBe(404)
   })
 
+  it("a prompt over a slot's context (-c 2048 over -np 3): 400 exceed_context_size_error with the counts", async () => {
+    await waitReady(llama)
+    const prompt = Array.from({ length: 700 }, () => "w").join(" ")
+    const r = await postJson(`${llama.url}/v1/completions`, { prompt, max_tokens: 2, stream: true })
+    expect(r.status).toBe(400)
+    expect(r.json).toEqual({
+      error: {
+        code: 400,
+        message: "request (701 tokens) exceeds the available context size (682 tokens), try increasing it",
+        type: "exceed_context_size_error",
+        n_prompt_tokens: 701,
+        n_ctx: 682
+      }
+    })
+    // max_tokens past the context is not refused: generation stops at the end of the slot's context.
+    const ok = await postJson(`${llama.url}/v1/completions`, { prompt: "a b", max_tokens: 5000 })
+    expect(ok.status).toBe(200)
+  })
+
+  it("a mid-stream error ends the stream without data: [DONE]", async () => {
+    const s = await startSim({
+      args: ["-m", "/m.gguf", "--metrics", "--sim-error-rate", "1", "--sim-error-kind", "midstream"]
+    })
+    try {
+      const r = await postJson(`${s.url}/v1/completions`, { prompt: "a b c", stream: true })
+      const data = sseData(r.text)
+      expect(JSON.parse(data.at(-1) ?? "{}")).toEqual({
+        error: { code: 500, message: expect.any(String), type: "server_error" }
+      })
+      expect(data).not.toContain("[DONE]")
+    } finally {
+      await s.stop()
+    }
+  })
+
   it("uses {error:{code,message,type}}", async () => {
     const r = await postJson(`${llama.url}/v1/completions`, { max_tokens: 2 })
     expect(r.status).toBe(400)
