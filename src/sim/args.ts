@@ -76,6 +76,7 @@ const BOOLEAN_FLAGS = new Set([
   "--sim-kv-legacy-arrays",
   "--enable-metrics",
   "--metrics",
+  "--no-warmup",
   "--enforce-eager",
   "--trust-remote-code",
   "--enable-prefix-caching",
