@@ -213,7 +213,7 @@ export const generate = async (
   })
 
   if (gr.stream) {
-    const tpl = streamTemplate(gr.endpoint, id, model, created)
+    const tpl = streamTemplate(gr.endpoint, id, model, created, cfg.flavor)
     res.writeHead(200, { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache" })
     let out = tpl.first
     while (emitted < g.tokens.length) {
@@ -246,8 +246,7 @@ export const generate = async (
       }
     }
     finish(g.finishReason)
-    out += tpl.finish(g.finishReason)
-    if (gr.includeUsage) out += tpl.usage(usage())
+    out += tpl.end(g.finishReason, usage(), gr.includeUsage)
     res.end(out + DONE)
     return
   }
