@@ -160,12 +160,32 @@ export const modelsBody = (
   } else if (flavor === "sglang") {
     Object.assign(entry, { root: servedName, max_model_len: maxModelLen ?? 4096 })
   } else if (flavor === "llama_cpp") {
-    Object.assign(entry, { meta: { n_ctx_train: maxModelLen ?? 4096 } })
-    return {
-      models: [{ name: servedName, model: servedName, type: "model", capabilities: ["completion"] }],
-      object: "list",
-      data: [entry]
+    // tools/server/server-context.cpp get_res_models / get_res_model_info; the meta numbers are placeholders.
+    const ctx = maxModelLen ?? 4096
+    const meta = {
+      vocab_type: 1,
+      n_vocab: 32000,
+      n_ctx: ctx,
+      n_ctx_train: ctx,
+      n_embd: 4096,
+      n_params: 0,
+      size: 0,
+      ftype: "F32"
     }
+    const data = [
+      { id: servedName, aliases: [servedName], tags: [], object: "model", created, owned_by: "llamacpp", meta }
+    ]
+    const details = {
+      parent_model: "",
+      format: "gguf",
+      family: "",
+      families: [""],
+      parameter_size: "",
+      quantization_level: ""
+    }
+    const listed = { name: servedName, model: servedName, modified_at: "", size: "", digest: "", type: "model" }
+    const more = { description: "", tags: [""], capabilities: ["completion"], parameters: "", details }
+    return { models: [{ ...listed, ...more }], object: "list", data }
   } else {
     delete entry.owned_by
   }
