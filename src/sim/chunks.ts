@@ -106,7 +106,7 @@ const llamaStreamTemplate = (endpoint: Endpoint, id: string, model: string, crea
       const timings = `,"timings":${llamaTimings(u)}`
       const finish = `{"finish_reason":${JSON.stringify(r)},"index":0,"delta":{}}`
       return includeUsage
-        ? chunk(finish) + `data: {"choices":[],${tail},"usage":${llamaUsage(u)}${timings}}\n\n`
+        ? `${chunk(finish)}data: {"choices":[],${tail},"usage":${llamaUsage(u)}${timings}}\n\n`
         : chunk(finish, timings)
     }
   }
