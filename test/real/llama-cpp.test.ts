@@ -273,6 +273,31 @@ describe("an agent on a real llama-server", () => {
   })
 })
 
+describe("a model with unconstrained random output", () => {
+  afterEach(() => killAllAgents())
+
+  it("every call ends as a whole answer or with an error status, never as a truncated success", async () => {
+    const s = await startLlamaAgent({ nodeId: "real-random", model: tinyModel(engine, dir, "random") })
+    const calls = [
+      generate(s.client, { prompt: PROMPT, sampling: { maxTokens: 64, seed: 3 } }).done,
+      generate(s.client, {
+        chat: { messages: [{ role: "user", content: "go" }] },
+        sampling: { maxTokens: 64, seed: 4 }
+      }).done
+    ]
+    for (const r of await Promise.all(calls)) {
+      if (r.error === undefined) {
+        expect(["stop", "length"]).toContain(r.final?.finishReason)
+        expect(r.final?.usage?.completionTokens).toBeGreaterThan(0)
+        if (r.final?.finishReason === "length") expect(r.final.usage?.completionTokens).toBe(64)
+      } else {
+        expect(grpcCode(r.error), String(r.error)).toBeDefined()
+        expect(r.final).toBeUndefined()
+      }
+    }
+  })
+})
+
 describe("stopping the agent", () => {
   afterEach(() => killAllAgents())
 
