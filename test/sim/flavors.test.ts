@@ -147,6 +147,32 @@ describe("llama.cpp flavor", () => {
     expect(ok.status).toBe(200)
   })
 
+  it("streams as llama-server does: completions end with finish_reason, usage and timings in one chunk", async () => {
+    await waitReady(llama)
+    const c = await postJson(`${llama.url}/v1/completions`, { prompt: "a b", max_tokens: 2, stream: true })
+    const data = sseData(c.text)
+    expect(data.at(-1)).toBe("[DONE]")
+    const last = JSON.parse(data.at(-2) ?? "{}")
+    expect(last).toMatchObject({
+      object: "text_completion",
+      system_fingerprint: expect.any(String),
+      choices: [{ text: "", finish_reason: "stop" }],
+      usage: { completion_tokens: 2, prompt_tokens_details: { cached_tokens: 0 } },
+      timings: { predicted_n: 2 }
+    })
+    const chat = await postJson(`${llama.url}/v1/chat/completions`, {
+      messages: [{ role: "user", content: "a b" }],
+      max_tokens: 2,
+      stream: true,
+      stream_options: { include_usage: true }
+    })
+    const chunks = sseData(chat.text)
+      .slice(0, -1)
+      .map((d) => JSON.parse(d))
+    expect(chunks[0].choices[0].delta).toEqual({ role: "assistant", content: null })
+    expect(chunks.at(-1)).toMatchObject({ choices: [], usage: { completion_tokens: 2 }, timings: { predicted_n: 2 } })
+  })
+
   it("a mid-stream error ends the stream without data: [DONE]", async () => {
     const s = await startSim({
       args: ["-m", "/m.gguf", "--metrics", "--sim-error-rate", "1", "--sim-error-kind", "midstream"]
