@@ -109,7 +109,10 @@ describe("llama.cpp flavor", () => {
       object: "list",
       data: [{ id: "tiny.gguf" }]
     })
-    expect((await getJson(`${llamaNoMetrics.url}/v1/models`)).json).toMatchObject({ data: [{ id: "alias" }] })
+    expect((await getJson(`${llamaNoMetrics.url}/v1/models`)).json).toMatchObject({
+      models: [{ name: "alias", details: { format: "gguf" } }],
+      data: [{ id: "alias", aliases: ["alias"], owned_by: "llamacpp", meta: { n_ctx_train: expect.any(Number) } }]
+    })
     const r = await postJson(`${llama.url}/v1/completions`, { model: "anything", prompt: "z", max_tokens: 3 })
     expect(r.json).toMatchObject({ model: "tiny.gguf", choices: [{ text: "z", finish_reason: "stop" }] })
   })
@@ -120,7 +123,10 @@ describe("llama.cpp flavor", () => {
       "llamacpp:requests_processing",
       "llamacpp:requests_deferred",
       "llamacpp:prompt_tokens_total",
-      "llamacpp:tokens_predicted_total"
+      "llamacpp:tokens_predicted_total",
+      "llamacpp:n_decode_total",
+      "llamacpp:prompt_tokens_cached_total",
+      "llamacpp:spec_decode_num_drafts_total"
     ]) {
       expect(text).toMatch(new RegExp(`^${n} \\d`, "m"))
     }
