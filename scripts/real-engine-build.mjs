@@ -74,7 +74,9 @@ try {
   })
 
   const build = join(work, "build")
-  const jobs = String(Math.max(1, Number(process.env.CGN_BUILD_JOBS ?? 0) || (globalThis.navigator?.hardwareConcurrency ?? 2)))
+  const jobs = String(
+    Math.max(1, Number(process.env.CGN_BUILD_JOBS ?? 0) || (globalThis.navigator?.hardwareConcurrency ?? 2))
+  )
   log(`configuring llama.cpp ${TAG} (CPU, llama-server only)`)
   execFileSync(
     "cmake",
@@ -97,7 +99,9 @@ try {
     ],
     { stdio: ["ignore", "ignore", "inherit"] }
   )
-  log(`building llama-server with ${jobs} jobs (a cold build takes about 5-6 minutes on 2 cores)`)
+  log(
+    `building llama-server with ${jobs} jobs (a cold build takes about 5-6 minutes on 2 idle cores, much longer on a busy machine)`
+  )
   execFileSync("cmake", ["--build", build, "--target", "llama-server", "-j", jobs], {
     stdio: ["ignore", "ignore", "inherit"]
   })

@@ -99,6 +99,15 @@ describe("cgn-agent CLI", () => {
     expect(r.stdout).not.toContain("secret")
   })
 
+  it("check: a llama.cpp served name with a comma exits 2 with the key path and the reason", async () => {
+    const file = path.join(dir, "comma.toml")
+    await fs.writeFile(file, '[engine]\nkind = "llama_cpp"\n[models.m]\npath = "/m.gguf"\nserved_name = "a,b"\n')
+    const r = await cli(["check", "--config", file])
+    expect(r.code).toBe(2)
+    expect(r.stderr).toContain('models."m".served_name: llama_cpp cannot serve the name "a,b"')
+    expect(r.stderr).toContain("splits -a on commas")
+  })
+
   it("render on a broken file: exit 2", async () => {
     const r = await cli(["render", "--config", broken, "--json"])
     expect(r.code).toBe(2)

@@ -4,16 +4,10 @@
 // (no engine left, the key expires with the lease) and a bad config (exit 2, nothing started).
 // Requires dist/ (`npm run build`; `npm test` builds first). etcd is started once for the file.
 import { Etcd3 } from "etcd3"
-import { type Channel, ClientError, createChannel, createClient, Status } from "nice-grpc"
+import { type Channel, type ClientError, createClient } from "nice-grpc"
 import { HealthDefinition } from "nice-grpc-server-health"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
-import {
-  type AgentClient,
-  AgentDefinition,
-  type GenerateDelta,
-  type GenerateFinal,
-  NodeHealth
-} from "../src/gen/cgn/agent/v1/agent.ts"
+import { type AgentClient, NodeHealth } from "../src/gen/cgn/agent/v1/agent.ts"
 import { nodeKey } from "../src/services/HealthReporter.ts"
 import { parsePromText } from "../src/services/PromText.ts"
 import {
@@ -26,6 +20,7 @@ import {
   startAgent
 } from "./support/agent.ts"
 import { type EtcdHandle, pollUntil, startEtcd } from "./support/etcd.ts"
+import { agentClient, generate, grpcCode } from "./support/generate.ts"
 
 let etcd: EtcdHandle
 let kv: Etcd3
@@ -48,51 +43,10 @@ afterAll(async () => {
 const words = (n: number) => Array.from({ length: n }, (_, i) => `w${i}`).join(" ")
 
 const clientFor = (agent: AgentHandle): { client: AgentClient; channel: Channel } => {
-  const channel = createChannel(agent.grpcAddress)
-  channels.push(channel)
-  return { client: createClient(AgentDefinition, channel), channel }
+  const c = agentClient(agent.grpcAddress)
+  channels.push(c.channel)
+  return c
 }
-
-interface Collected {
-  readonly deltas: Array<GenerateDelta>
-  final: GenerateFinal | undefined
-  error: unknown
-  readonly tokens: () => number
-  readonly text: () => string
-}
-
-/** Runs one Generate to its end; `firstDelta` resolves on the first delta (to act mid-stream). */
-const generate = (client: AgentClient, req: Parameters<AgentClient["generate"]>[0]) => {
-  const out: Collected = {
-    deltas: [],
-    final: undefined,
-    error: undefined,
-    tokens: () => out.deltas.reduce((n, d) => n + d.tokens, 0),
-    text: () => out.deltas.map((d) => d.text).join("")
-  }
-  let onFirst: () => void = () => {}
-  const firstDelta = new Promise<void>((resolve) => {
-    onFirst = resolve
-  })
-  const done = (async () => {
-    try {
-      for await (const ev of client.generate(req)) {
-        if (ev.delta !== undefined) {
-          out.deltas.push(ev.delta)
-          onFirst()
-        }
-        if (ev.final !== undefined) out.final = ev.final
-      }
-    } catch (e) {
-      out.error = e
-    }
-    onFirst()
-    return out
-  })()
-  return { out, firstDelta, done }
-}
-
-const grpcCode = (e: unknown): string | undefined => (e instanceof ClientError ? Status[e.code] : undefined)
 
 const simState = async (engineUrl: string) => {
   const res = await fetch(`${engineUrl}/sim/state`)

@@ -281,6 +281,20 @@ describe("invalid combinations", () => {
     expect(problems(raw as Raw)).toContain(message)
   })
 
+  it("a llama.cpp served name with a comma is refused (llama-server splits -a on commas)", () => {
+    const why = "llama-server splits -a on commas into several aliases"
+    expect(problems({ engine: { kind: "llama_cpp" }, models: { m: { hf_repo: "o/m", served_name: "a,b" } } })).toEqual([
+      `models."m".served_name: llama_cpp cannot serve the name "a,b": it contains "," (${why}); set a served_name without it`
+    ])
+    expect(problems({ engine: { kind: "llama_cpp" }, models: { "x,y": { hf_repo: "o/m" } } })).toEqual([
+      `models."x,y": llama_cpp cannot serve the name "x,y": it contains "," (${why}); set a served_name without it`
+    ])
+    expect(
+      problems({ engine: { kind: "llama_cpp" }, models: { "x,y": { hf_repo: "o/m", served_name: "xy" } } })
+    ).toEqual([])
+    expect(problems({ models: { m: { hf_repo: "o/m", served_name: "a,b" } } })).toEqual([])
+  })
+
   it("model settings an engine cannot express are refused", () => {
     const m = { hf_repo: "org/m", max_model_len: 4096, gpu_memory_utilization: 0.8 }
     expect(problems({ engine: { kind: "llama_cpp" }, models: { m } })).toEqual([
@@ -420,9 +434,19 @@ describe("rendering rules", () => {
     expect(argv.slice(-2)).toEqual(["--disaggregation-bootstrap-port", "9001"])
   })
 
+  it("readiness: llama.cpp GET /health (newer builds answer /v1/models 200 while loading)", () => {
+    const llama = (agent: Record<string, unknown>) =>
+      plan({ engine: { kind: "llama_cpp" }, agent, models: { m: { hf_repo: "o/m" } } }).probe
+    expect(llama({})).toEqual({ kind: "http", url: "http://127.0.0.1:8000/health" })
+    expect(llama({ ready_probe_url: "http://127.0.0.1:8000/ready" })).toEqual({
+      kind: "http",
+      url: "http://127.0.0.1:8000/ready"
+    })
+  })
+
   it("readiness: GET /v1/models unless ready_probe_url; mlx sends a 1-token completion", () => {
     expect(plan({}).probe).toEqual({ kind: "http", url: "http://127.0.0.1:8000/v1/models" })
-    for (const kind of ["llama_cpp", "openai_compat"]) {
+    for (const kind of ["openai_compat"]) {
       expect(plan({ engine: { kind }, models: { m: { hf_repo: "o/m" } } }).probe).toEqual({
         kind: "http",
         url: "http://127.0.0.1:8000/v1/models"

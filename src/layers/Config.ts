@@ -302,6 +302,14 @@ const engineProblems = (c: ConfigFile): Array<string> => {
         problems.push(`${formatPath(["models", name, k])}: ${kind} has no command-line setting for ${k}; remove it`)
       }
     }
+    const served = m.served_name ?? name
+    const forbidden = [...(caps.servedNameForbids?.chars ?? "")].filter((ch) => served.includes(ch))
+    if (forbidden.length > 0) {
+      const key = m.served_name !== undefined ? ["models", name, "served_name"] : ["models", name]
+      problems.push(
+        `${formatPath(key)}: ${kind} cannot serve the name "${served}": it contains ${forbidden.map((ch) => `"${ch}"`).join(", ")} (${caps.servedNameForbids?.why}); set a served_name without it`
+      )
+    }
     if (!caps.spawns && m.args.length > 0) {
       problems.push(
         `${formatPath(["models", name, "args"])}: ${kind} starts nothing, so args are never used; remove them`

@@ -29,6 +29,8 @@ export interface EngineCapabilities {
   >
   /** `[models.x]` settings the command line can express; absent means both. */
   readonly modelSettings?: ReadonlyArray<"max_model_len" | "gpu_memory_utilization">
+  /** Characters the served model name may not contain on this engine's command line; `why` ends the message. */
+  readonly servedNameForbids?: { readonly chars: string; readonly why: string }
 }
 
 /** How readiness is decided. */

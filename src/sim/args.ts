@@ -15,6 +15,11 @@ export interface SimConfig {
   /** Name in /v1/models, responses and the model_name label. */
   readonly servedName: string
   readonly maxModelLen: number | undefined
+  /**
+   * llama_cpp: the context of one slot. An explicit `-np N` splits `-c` over N slots; with -np unset the
+   * server picks 4 slots over one unified KV cache, so each may use all of it (tools/server/server.cpp).
+   */
+  readonly slotContext: number | undefined
   readonly tensorParallel: number
   /** vLLM `--data-parallel-size`, SGLang `--dp-size`: one KV-event publisher per rank. */
   readonly dataParallel: number
@@ -44,6 +49,8 @@ export interface SimConfig {
   readonly kvStopAfter: number | undefined
   readonly kvSkipSeq: number | undefined
   readonly hangHealth: boolean
+  /** llama_cpp: answer /models and /v1/models 200 (`"meta": null`) while loading, as newer llama-server builds do. */
+  readonly modelsWhileLoading: boolean
   readonly kvLegacyArrays: boolean
   /** vLLM before PR #29665: P sends no remote_request_id, D pulls under its own request id. */
   readonly nixlLegacy: boolean
@@ -104,11 +111,13 @@ const BOOLEAN_FLAGS = new Set([
   "--sim-ignore-sigterm",
   "--sim-fork-grandchild",
   "--sim-hang-health",
+  "--sim-models-while-loading",
   "--sim-kv-legacy-arrays",
   "--sim-nixl-legacy",
   "--sim-kv-replay-3-frames",
   "--enable-metrics",
   "--metrics",
+  "--no-warmup",
   "--enforce-eager",
   "--trust-remote-code",
   "--enable-prefix-caching",
@@ -353,6 +362,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
   let model: string
   let servedName: string
   let maxModelLen: number | undefined
+  let slotContext: number | undefined
   let tensorParallel = 1
   let dataParallel = 1
   let enableMetrics = true
@@ -385,7 +395,10 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     servedName = first("-a", "--alias") ?? (first("-m", "--model") !== undefined ? base : model)
     maxModelLen = num(first("-c", "--ctx-size"), "-c")
     enableMetrics = p.flags.has("--metrics")
-    defaultMaxSeqs = num(first("-np", "--parallel"), "-np") ?? 4
+    const np = num(first("-np", "--parallel"), "-np")
+    defaultMaxSeqs = np ?? 4
+    if (maxModelLen !== undefined && maxModelLen > 0)
+      slotContext = np === undefined ? maxModelLen : Math.floor(maxModelLen / np)
   } else {
     model = v("--model") ?? "mlx-community/model"
     servedName = model
@@ -429,6 +442,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     model,
     servedName,
     maxModelLen,
+    slotContext,
     tensorParallel,
     dataParallel,
     enableMetrics,
@@ -456,6 +470,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     kvStopAfter: num(v("--sim-kv-stop-after"), "--sim-kv-stop-after"),
     kvSkipSeq: num(v("--sim-kv-skip-seq"), "--sim-kv-skip-seq"),
     hangHealth: p.flags.has("--sim-hang-health"),
+    modelsWhileLoading: p.flags.has("--sim-models-while-loading"),
     kvLegacyArrays: p.flags.has("--sim-kv-legacy-arrays"),
     nixlLegacy: p.flags.has("--sim-nixl-legacy"),
     kvReplay3Frames: p.flags.has("--sim-kv-replay-3-frames"),

@@ -15,8 +15,8 @@ export interface StreamTemplate {
   /** The chat stream's opening role chunk (empty for completions). */
   readonly first: string
   token(text: string): string
-  finish(reason: string): string
-  usage(u: Usage): string
+  /** The chunks that end the stream before `data: [DONE]`: the finish reason and, when asked, the usage. */
+  end(reason: string, u: Usage, includeUsage: boolean): string
 }
 
 export const DONE = "data: [DONE]\n\n"
@@ -26,7 +26,14 @@ const owner = (f: Flavor): string => (f === "llama_cpp" ? "llamacpp" : f)
 /** SSE framing for one JSON text. */
 export const sse = (json: string): string => `data: ${json}\n\n`
 
-export const streamTemplate = (endpoint: Endpoint, id: string, model: string, created: number): StreamTemplate => {
+export const streamTemplate = (
+  endpoint: Endpoint,
+  id: string,
+  model: string,
+  created: number,
+  flavor?: Flavor
+): StreamTemplate => {
+  if (flavor === "llama_cpp") return llamaStreamTemplate(endpoint, id, model, created)
   const object = endpoint === "chat" ? "chat.completion.chunk" : "text_completion"
   const head = `{"id":${JSON.stringify(id)},"object":"${object}","created":${created},"model":${JSON.stringify(model)},"choices":`
   if (endpoint === "chat") {
@@ -35,9 +42,9 @@ export const streamTemplate = (endpoint: Endpoint, id: string, model: string, cr
     return {
       first: `data: ${head}[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n`,
       token: (t) => tokPre + JSON.stringify(t) + tokPost,
-      finish: (r) =>
-        `data: ${head}[{"index":0,"delta":{},"logprobs":null,"finish_reason":${JSON.stringify(r)},"stop_reason":null}]}\n\n`,
-      usage: (u) => `data: ${head}[],"usage":${JSON.stringify(u)}}\n\n`
+      end: (r, u, includeUsage) =>
+        `data: ${head}[{"index":0,"delta":{},"logprobs":null,"finish_reason":${JSON.stringify(r)},"stop_reason":null}]}\n\n` +
+        (includeUsage ? `data: ${head}[],"usage":${JSON.stringify(u)}}\n\n` : "")
     }
   }
   const tokPre = `data: ${head}[{"index":0,"text":`
@@ -45,9 +52,63 @@ export const streamTemplate = (endpoint: Endpoint, id: string, model: string, cr
   return {
     first: "",
     token: (t) => tokPre + JSON.stringify(t) + tokPost,
-    finish: (r) =>
-      `data: ${head}[{"index":0,"text":"","logprobs":null,"finish_reason":${JSON.stringify(r)},"stop_reason":null}]}\n\n`,
-    usage: (u) => `data: ${head}[],"usage":${JSON.stringify(u)}}\n\n`
+    end: (r, u, includeUsage) =>
+      `data: ${head}[{"index":0,"text":"","logprobs":null,"finish_reason":${JSON.stringify(r)},"stop_reason":null}]}\n\n` +
+      (includeUsage ? `data: ${head}[],"usage":${JSON.stringify(u)}}\n\n` : "")
+  }
+}
+
+/** What llama-server's builds name themselves in `system_fingerprint` (llama_build_info(): "b<n>-<commit>"). */
+const LLAMA_FINGERPRINT = "b0-cgnsim"
+
+/** llama-server's `timings` (tools/server/server-common.cpp, server_slot_stats::to_json); the simulator takes no time. */
+const llamaTimings = (u: Usage): string =>
+  JSON.stringify({
+    cache_n: 0,
+    prompt_n: u.prompt_tokens,
+    prompt_ms: 0,
+    prompt_per_token_ms: 0,
+    prompt_per_second: 0,
+    predicted_n: u.completion_tokens,
+    predicted_ms: 0,
+    predicted_per_token_ms: 0,
+    predicted_per_second: 0
+  })
+
+const llamaUsage = (u: Usage): string => JSON.stringify({ ...u, prompt_tokens_details: { cached_tokens: 0 } })
+
+/**
+ * llama-server's stream chunks (tools/server/server-task.cpp, server_task_result_cmpl_partial/final): a
+ * `system_fingerprint`; completions end with one chunk carrying the finish reason, the usage (asked for
+ * or not) and `timings`; chat opens with a role chunk whose content is null and ends with the finish chunk,
+ * then the usage chunk (`choices: []`) when asked, `timings` on the last.
+ */
+const llamaStreamTemplate = (endpoint: Endpoint, id: string, model: string, created: number): StreamTemplate => {
+  const idJson = JSON.stringify(id)
+  const modelJson = JSON.stringify(model)
+  if (endpoint === "completion") {
+    const tail = `"created":${created},"model":${modelJson},"system_fingerprint":"${LLAMA_FINGERPRINT}","object":"text_completion"`
+    const tokPost = `,"index":0,"logprobs":null,"finish_reason":null}],${tail},"id":${idJson}}\n\n`
+    return {
+      first: "",
+      token: (t) => `data: {"choices":[{"text":${JSON.stringify(t)}${tokPost}`,
+      end: (r, u) =>
+        `data: {"choices":[{"text":"","index":0,"logprobs":null,"finish_reason":${JSON.stringify(r)}}],${tail},` +
+        `"usage":${llamaUsage(u)},"id":${idJson},"timings":${llamaTimings(u)}}\n\n`
+    }
+  }
+  const tail = `"created":${created},"id":${idJson},"model":${modelJson},"system_fingerprint":"${LLAMA_FINGERPRINT}","object":"chat.completion.chunk"`
+  const chunk = (choice: string, extra = "") => `data: {"choices":[${choice}],${tail}${extra}}\n\n`
+  return {
+    first: chunk(`{"finish_reason":null,"index":0,"delta":{"role":"assistant","content":null}}`),
+    token: (t) => chunk(`{"finish_reason":null,"index":0,"delta":{"content":${JSON.stringify(t)}}}`),
+    end: (r, u, includeUsage) => {
+      const timings = `,"timings":${llamaTimings(u)}`
+      const finish = `{"finish_reason":${JSON.stringify(r)},"index":0,"delta":{}}`
+      return includeUsage
+        ? `${chunk(finish)}data: {"choices":[],${tail},"usage":${llamaUsage(u)}${timings}}\n\n`
+        : chunk(finish, timings)
+    }
   }
 }
 
@@ -99,12 +160,32 @@ export const modelsBody = (
   } else if (flavor === "sglang") {
     Object.assign(entry, { root: servedName, max_model_len: maxModelLen ?? 4096 })
   } else if (flavor === "llama_cpp") {
-    Object.assign(entry, { meta: { n_ctx_train: maxModelLen ?? 4096 } })
-    return {
-      models: [{ name: servedName, model: servedName, type: "model", capabilities: ["completion"] }],
-      object: "list",
-      data: [entry]
+    // tools/server/server-context.cpp get_res_models / get_res_model_info; the meta numbers are placeholders.
+    const ctx = maxModelLen ?? 4096
+    const meta = {
+      vocab_type: 1,
+      n_vocab: 32000,
+      n_ctx: ctx,
+      n_ctx_train: ctx,
+      n_embd: 4096,
+      n_params: 0,
+      size: 0,
+      ftype: "F32"
     }
+    const data = [
+      { id: servedName, aliases: [servedName], tags: [], object: "model", created, owned_by: "llamacpp", meta }
+    ]
+    const details = {
+      parent_model: "",
+      format: "gguf",
+      family: "",
+      families: [""],
+      parameter_size: "",
+      quantization_level: ""
+    }
+    const listed = { name: servedName, model: servedName, modified_at: "", size: "", digest: "", type: "model" }
+    const more = { description: "", tags: [""], capabilities: ["completion"], parameters: "", details }
+    return { models: [{ ...listed, ...more }], object: "list", data }
   } else {
     delete entry.owned_by
   }

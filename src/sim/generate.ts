@@ -234,7 +234,7 @@ export const generate = async (
   })
 
   if (gr.stream) {
-    const tpl = streamTemplate(gr.endpoint, id, model, created)
+    const tpl = streamTemplate(gr.endpoint, id, model, created, cfg.flavor)
     res.writeHead(200, { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache" })
     let out = tpl.first
     while (emitted < g.tokens.length) {
@@ -267,8 +267,7 @@ export const generate = async (
       }
     }
     finish(g.finishReason)
-    out += tpl.finish(g.finishReason)
-    if (gr.includeUsage) out += tpl.usage(usage())
+    out += tpl.end(g.finishReason, usage(), gr.includeUsage)
     res.end(out + DONE)
     return
   }
@@ -322,6 +321,9 @@ const fault = (
   const message = "simulated mid-stream engine failure"
   const body = errorBody(ctx.cfg.flavor, 500, message)
   if (streaming) {
+    // llama-server ends the stream on an error event without `data: [DONE]`
+    // (tools/server/server-context.cpp, "error received during streaming, terminating stream"); older builds
+    // sent an SSE `error:` field line, then `data: [DONE]`.
     if (ctx.cfg.flavor !== "llama_cpp") res.end(sse(JSON.stringify(body)) + DONE)
     else if (kind === "sse_error_field") res.end(`error: ${JSON.stringify(LLAMA_ERROR_FIELD(message))}\n\n${DONE}`)
     else res.end(sse(JSON.stringify(body)))

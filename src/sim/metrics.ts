@@ -102,11 +102,16 @@ const sglang = (model: string, s: Stats, g: Gauges): string => {
 const llama = (s: Stats, g: Gauges): string => {
   const t = new Text("")
   t.counter("llamacpp:prompt_tokens_total", "Number of prompt tokens processed.", s.promptTokens)
+  t.counter("llamacpp:prompt_tokens_cached_total", "Number of prompt tokens reused from the cache", 0)
   t.counter("llamacpp:prompt_seconds_total", "Prompt process time", 0)
   t.counter("llamacpp:tokens_predicted_total", "Number of generation tokens processed.", s.generationTokens)
   t.counter("llamacpp:tokens_predicted_seconds_total", "Predict process time", 0)
   t.counter("llamacpp:n_decode_total", "Total number of llama_decode() calls", s.generationTokens)
   t.counter("llamacpp:n_tokens_max", "Largest observed n_tokens.", g.usedTokens)
+  // tools/server/server-task.cpp exports the speculative-decoding counters even with no draft model.
+  t.counter("llamacpp:spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated", 0)
+  t.counter("llamacpp:spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted", 0)
+  t.counter("llamacpp:spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps", 0)
   t.gauge("llamacpp:prompt_tokens_seconds", "Average prompt throughput in tokens/s.", 0)
   t.gauge("llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s.", 0)
   t.gauge("llamacpp:requests_processing", "Number of requests processing.", g.running)

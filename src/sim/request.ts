@@ -17,7 +17,13 @@ export interface GenRequest {
   readonly bootstrap: { host: string; port: number; room: string } | undefined
 }
 
-export type Invalid = { readonly status: number; readonly message: string; readonly param: string | null }
+export type Invalid = {
+  readonly status: number
+  readonly message: string
+  readonly param: string | null
+  /** A flavor's whole error body when it is not the flavor's usual shape (errors.ts). */
+  readonly body?: unknown
+}
 
 const contentText = (content: unknown): string => {
   if (typeof content === "string") return content
@@ -89,7 +95,25 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
     maxTokens = rawMax
   }
   const promptWords = words(text)
-  if (cfg.maxModelLen !== undefined && promptWords.length + (rawMax === undefined ? 0 : maxTokens) > cfg.maxModelLen) {
+  if (cfg.flavor === "llama_cpp") {
+    // llama-server checks only the prompt (with its BOS) against a slot's context; generation that reaches
+    // the end of the context stops with "length" (tools/server/server-context.cpp, ERROR_TYPE_EXCEED_CONTEXT_SIZE).
+    const n = promptWords.length + 1
+    if (cfg.slotContext !== undefined && n >= cfg.slotContext) {
+      const message = `request (${n} tokens) exceeds the available context size (${cfg.slotContext} tokens), try increasing it`
+      const error = {
+        code: 400,
+        message,
+        type: "exceed_context_size_error",
+        n_prompt_tokens: n,
+        n_ctx: cfg.slotContext
+      }
+      return { status: 400, message, param: null, body: { error } }
+    }
+  } else if (
+    cfg.maxModelLen !== undefined &&
+    promptWords.length + (rawMax === undefined ? 0 : maxTokens) > cfg.maxModelLen
+  ) {
     return {
       status: 400,
       message: `This model's maximum context length is ${cfg.maxModelLen} tokens. However, you requested ${promptWords.length + maxTokens} tokens (${promptWords.length} in the messages, ${maxTokens} in the completion). Please reduce the length of the messages or completion.`,

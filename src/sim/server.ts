@@ -61,6 +61,7 @@ const simState = (ctx: SimContext) => ({
 })
 
 const HEALTH_PATHS = new Set(["/health", "/health_generate", "/v1/health", "/ping"])
+const LLAMA_MODEL_LISTS = new Set(["/models", "/v1/models", "/api/tags"])
 
 /** The request listener. Health requests held by --sim-hang-health are parked in `hung`. */
 export const handler =
@@ -77,6 +78,15 @@ export const handler =
         return
       }
       return health(ctx, path, res)
+    }
+    // Newer llama-server builds let the model list through while loading, with `"meta": null`
+    // (llama.cpp tools/server/server-http.cpp, middleware_server_state); the bundled one answers 503.
+    if (!ctx.loaded && flavor === "llama_cpp" && ctx.cfg.modelsWhileLoading && LLAMA_MODEL_LISTS.has(path)) {
+      const body = modelsBody(flavor, ctx.cfg.servedName, ctx.cfg.model, ctx.cfg.maxModelLen, ctx.created) as {
+        data: Array<Record<string, unknown>>
+      }
+      for (const entry of body.data) entry.meta = null
+      return sendJson(res, 200, body)
     }
     if (!ctx.loaded && flavor === "llama_cpp") return sendJson(res, 503, LLAMA_LOADING)
     if (req.method === "GET" && path === "/v1/models") {
@@ -171,7 +181,10 @@ const completion = async (
     return sendError(ctx, res, 400, `Invalid JSON body: ${err instanceof Error ? err.message : String(err)}`)
   }
   const parsed = validate(ctx.cfg, endpoint, body, raw)
-  if (isInvalid(parsed)) return sendError(ctx, res, parsed.status, parsed.message, parsed.param)
+  if (isInvalid(parsed)) {
+    if (parsed.body !== undefined) return sendJson(res, parsed.status, parsed.body)
+    return sendError(ctx, res, parsed.status, parsed.message, parsed.param)
+  }
   ctx.stats.received++
   const { faults } = ctx
   let inject: "midstream" | "sse_error_field" | "reset" | undefined

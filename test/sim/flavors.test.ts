@@ -115,7 +115,10 @@ describe("llama.cpp flavor", () => {
       object: "list",
       data: [{ id: "tiny.gguf" }]
     })
-    expect((await getJson(`${llamaNoMetrics.url}/v1/models`)).json).toMatchObject({ data: [{ id: "alias" }] })
+    expect((await getJson(`${llamaNoMetrics.url}/v1/models`)).json).toMatchObject({
+      models: [{ name: "alias", details: { format: "gguf" } }],
+      data: [{ id: "alias", aliases: ["alias"], owned_by: "llamacpp", meta: { n_ctx_train: expect.any(Number) } }]
+    })
     const r = await postJson(`${llama.url}/v1/completions`, { model: "anything", prompt: "z", max_tokens: 3 })
     expect(r.json).toMatchObject({ model: "tiny.gguf", choices: [{ text: "z", finish_reason: "stop" }] })
   })
@@ -126,12 +129,76 @@ describe("llama.cpp flavor", () => {
       "llamacpp:requests_processing",
       "llamacpp:requests_deferred",
       "llamacpp:prompt_tokens_total",
-      "llamacpp:tokens_predicted_total"
+      "llamacpp:tokens_predicted_total",
+      "llamacpp:n_decode_total",
+      "llamacpp:prompt_tokens_cached_total",
+      "llamacpp:spec_decode_num_drafts_total"
     ]) {
       expect(text).toMatch(new RegExp(`^${n} \\d`, "m"))
     }
     expect((await getJson(`${llama.url}/props`)).json).toMatchObject({ total_slots: 3 })
     expect((await fetch(`${llamaNoMetrics.url}/metrics`)).status).toBe(404)
+  })
+
+  it("a prompt over a slot's context (-c 2048 over -np 3): 400 exceed_context_size_error with the counts", async () => {
+    await waitReady(llama)
+    const prompt = Array.from({ length: 700 }, () => "w").join(" ")
+    const r = await postJson(`${llama.url}/v1/completions`, { prompt, max_tokens: 2, stream: true })
+    expect(r.status).toBe(400)
+    expect(r.json).toEqual({
+      error: {
+        code: 400,
+        message: "request (701 tokens) exceeds the available context size (682 tokens), try increasing it",
+        type: "exceed_context_size_error",
+        n_prompt_tokens: 701,
+        n_ctx: 682
+      }
+    })
+    // max_tokens past the context is not refused: generation stops at the end of the slot's context.
+    const ok = await postJson(`${llama.url}/v1/completions`, { prompt: "a b", max_tokens: 5000 })
+    expect(ok.status).toBe(200)
+  })
+
+  it("streams as llama-server does: completions end with finish_reason, usage and timings in one chunk", async () => {
+    await waitReady(llama)
+    const c = await postJson(`${llama.url}/v1/completions`, { prompt: "a b", max_tokens: 2, stream: true })
+    const data = sseData(c.text)
+    expect(data.at(-1)).toBe("[DONE]")
+    const last = JSON.parse(data.at(-2) ?? "{}")
+    expect(last).toMatchObject({
+      object: "text_completion",
+      system_fingerprint: expect.any(String),
+      choices: [{ text: "", finish_reason: "stop" }],
+      usage: { completion_tokens: 2, prompt_tokens_details: { cached_tokens: 0 } },
+      timings: { predicted_n: 2 }
+    })
+    const chat = await postJson(`${llama.url}/v1/chat/completions`, {
+      messages: [{ role: "user", content: "a b" }],
+      max_tokens: 2,
+      stream: true,
+      stream_options: { include_usage: true }
+    })
+    const chunks = sseData(chat.text)
+      .slice(0, -1)
+      .map((d) => JSON.parse(d))
+    expect(chunks[0].choices[0].delta).toEqual({ role: "assistant", content: null })
+    expect(chunks.at(-1)).toMatchObject({ choices: [], usage: { completion_tokens: 2 }, timings: { predicted_n: 2 } })
+  })
+
+  it("a mid-stream error ends the stream without data: [DONE]", async () => {
+    const s = await startSim({
+      args: ["-m", "/m.gguf", "--metrics", "--sim-error-rate", "1", "--sim-error-kind", "midstream"]
+    })
+    try {
+      const r = await postJson(`${s.url}/v1/completions`, { prompt: "a b c", stream: true })
+      const data = sseData(r.text)
+      expect(JSON.parse(data.at(-1) ?? "{}")).toEqual({
+        error: { code: 500, message: expect.any(String), type: "server_error" }
+      })
+      expect(data).not.toContain("[DONE]")
+    } finally {
+      await s.stop()
+    }
   })
 
   it("uses {error:{code,message,type}}", async () => {

@@ -1,0 +1,326 @@
+// Conformance against a real engine: the built agent (`node dist/main.js run`) with `kind = "llama_cpp"`
+// and `engine.command` set to a llama-server built from the llama.cpp source node-llama-cpp ships
+// (`npm run real-engine:build`), serving a tiny llama model written at test time (test/support/ggufModel.ts),
+// registered in a real etcd. What the agent must get right against llama-server itself: readiness,
+// Generate (prompt and chat), errors, cancel/deadline freeing the slot, more callers than slots, an engine
+// crash, the agent's own SIGTERM and SIGKILL, and the load signals in /metrics and NodeHealth.
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import * as grpc from "@grpc/grpc-js"
+import { Etcd3 } from "etcd3"
+import type { Channel } from "nice-grpc"
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
+import { type AgentClient, GenerateRequest, GenerateResponse, NodeHealth } from "../../src/gen/cgn/agent/v1/agent.ts"
+import { nodeKey } from "../../src/services/HealthReporter.ts"
+import { parsePromText } from "../../src/services/PromText.ts"
+import { type AgentHandle, killAllAgents, processAlive, requireDist, startAgent } from "../support/agent.ts"
+import { type EtcdHandle, startEtcd } from "../support/etcd.ts"
+import { agentClient, generate, grpcCode } from "../support/generate.ts"
+import { pollUntil } from "../support/poll.ts"
+import {
+  engineMetric,
+  type LlamaAgentOptions,
+  llamaAgentConfig,
+  type RealEngine,
+  realEngine,
+  serverPids,
+  tinyModel
+} from "./engine.ts"
+
+let engine: RealEngine
+let dir: string
+let model: string
+let etcd: EtcdHandle
+let kv: Etcd3
+const channels: Array<Channel> = []
+let prefixCounter = 0
+
+beforeAll(async () => {
+  requireDist()
+  engine = realEngine()
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-real-"))
+  model = tinyModel(engine, dir, "words")
+  etcd = await startEtcd()
+  kv = new Etcd3({ hosts: etcd.endpoint })
+}, 30 * 60_000)
+
+afterAll(async () => {
+  for (const c of channels) c.close()
+  await killAllAgents()
+  kv?.close()
+  await etcd?.dispose()
+  if (dir) fs.rmSync(dir, { recursive: true, force: true })
+})
+
+interface Running {
+  readonly agent: AgentHandle
+  readonly client: AgentClient
+  readonly engineUrl: string
+  readonly enginePort: number
+  readonly key: string
+}
+
+/** Starts an agent on the real llama-server, registered in the file's etcd under a fresh prefix. */
+const startLlamaAgent = async (o: Partial<LlamaAgentOptions> = {}, awaitReady = true): Promise<Running> => {
+  const prefix = `/real${process.pid}-${++prefixCounter}`
+  const c = await llamaAgentConfig({ engine, model, etcd: [etcd.endpoint], etcdPrefix: prefix, ...o })
+  const agent = await startAgent({ config: c.config, awaitReady, readyTimeoutMs: 60_000 })
+  const { client, channel } = agentClient(agent.grpcAddress)
+  channels.push(channel)
+  return { agent, client, engineUrl: c.engineUrl, enginePort: c.enginePort, key: nodeKey(prefix, "real", "real-1") }
+}
+
+const readRecord = async (key: string): Promise<NodeHealth | undefined> => {
+  const text = await kv.get(key).string()
+  return text === null ? undefined : NodeHealth.fromJSON(JSON.parse(text))
+}
+
+const postEngine = async (engineUrl: string, endpoint: string, body: unknown) => {
+  const res = await fetch(`${engineUrl}${endpoint}`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(body)
+  })
+  return { status: res.status, json: (await res.json()) as { usage: { prompt_tokens: number } } }
+}
+
+/** Every slot idle, by llama-server's own account. */
+const engineIdle = async (engineUrl: string): Promise<boolean> =>
+  (await engineMetric(engineUrl, "llamacpp:requests_processing")) === 0 &&
+  (await engineMetric(engineUrl, "llamacpp:requests_deferred")) === 0
+
+/** Generate with a real gRPC deadline (the grpc-timeout header), resolving with the status code name. */
+const generateWithDeadline = (address: string, req: GenerateRequest, ms: number): Promise<string> => {
+  const raw = new grpc.Client(address, grpc.credentials.createInsecure())
+  return new Promise<string>((resolve) => {
+    const call = raw.makeServerStreamRequest(
+      "/cgn.agent.v1.Agent/Generate",
+      (m: GenerateRequest) => Buffer.from(GenerateRequest.encode(m).finish()),
+      (b: Buffer) => GenerateResponse.decode(b),
+      req,
+      new grpc.Metadata(),
+      { deadline: Date.now() + ms }
+    )
+    call.on("data", () => undefined)
+    call.on("error", (e: grpc.ServiceError) => resolve(grpc.status[e.code] ?? String(e.code)))
+    call.on("end", () => resolve("OK"))
+  }).finally(() => raw.close())
+}
+
+const PROMPT = "the quick brown fox jumps over the lazy dog and then"
+
+describe("an agent on a real llama-server", () => {
+  let s: Running
+
+  beforeAll(async () => {
+    s = await startLlamaAgent({ slots: 2, contextSize: 4096 })
+  }, 120_000)
+
+  it("Generate with a prompt: plain words, finish_reason length, usage as llama-server counts it", async () => {
+    const r = await generate(s.client, { prompt: PROMPT, sampling: { maxTokens: 24, seed: "1" } }).done
+    expect(r.error, s.agent.tail()).toBeUndefined()
+    expect(r.final?.finishReason).toBe("length")
+    expect(r.final?.usage?.completionTokens).toBe(24)
+    expect(r.tokens()).toBe(24)
+    expect(r.text()).toMatch(/^( [a-z]+)+$/)
+    const direct = await postEngine(s.engineUrl, "/v1/completions", { prompt: PROMPT, max_tokens: 1 })
+    expect(r.final?.usage?.promptTokens).toBe(direct.json.usage.prompt_tokens)
+    expect(r.final?.usage?.totalTokens).toBe(direct.json.usage.prompt_tokens + 24)
+  })
+
+  it("Generate with chat: text, finish_reason, usage as llama-server counts it", async () => {
+    const messages = [
+      { role: "system", content: "you are terse" },
+      { role: "user", content: "say some words" }
+    ]
+    const r = await generate(s.client, { chat: { messages }, sampling: { maxTokens: 16 } }).done
+    expect(r.error, s.agent.tail()).toBeUndefined()
+    expect(r.final?.finishReason).toBe("length")
+    expect(r.final?.usage?.completionTokens).toBe(16)
+    expect(r.text().trim()).toMatch(/^[a-z]+( [a-z]+)*$/)
+    const direct = await postEngine(s.engineUrl, "/v1/chat/completions", { messages, max_tokens: 1 })
+    expect(r.final?.usage?.promptTokens).toBe(direct.json.usage.prompt_tokens)
+  })
+
+  it("a prompt longer than the context: INVALID_ARGUMENT (or OUT_OF_RANGE) with llama-server's message", async () => {
+    // 4096 over 2 slots: 2048 tokens per slot; each word is at least one token.
+    const long = Array.from({ length: 2600 }, () => "hello").join(" ")
+    const r = await generate(s.client, { prompt: long, sampling: { maxTokens: 4 } }).done
+    expect(["INVALID_ARGUMENT", "OUT_OF_RANGE"]).toContain(grpcCode(r.error))
+    expect(String((r.error as Error).message)).toMatch(/exceeds the available context size/)
+    await pollUntil("slots idle", () => engineIdle(s.engineUrl))
+  })
+
+  it("client cancel frees the slot and stops decoding", async () => {
+    await pollUntil("slots idle", () => engineIdle(s.engineUrl))
+    const before = await engineMetric(s.engineUrl, "llamacpp:n_decode_total")
+    const abort = new AbortController()
+    const call = generate(s.client, { prompt: PROMPT, sampling: { maxTokens: 1500 } }, { signal: abort.signal })
+    await call.firstDelta
+    expect(await engineMetric(s.engineUrl, "llamacpp:requests_processing")).toBe(1)
+    abort.abort()
+    const r = await call.done
+    expect((r.error as Error | undefined)?.name, "the call ended by the client's abort").toBe("AbortError")
+    expect(r.final).toBeUndefined()
+    await pollUntil("the slot freed", () => engineIdle(s.engineUrl), 10_000)
+    // Decoding stopped well short of the 1500 tokens asked for, and stays stopped.
+    const after = await engineMetric(s.engineUrl, "llamacpp:n_decode_total")
+    expect(after - before).toBeLessThan(1500)
+    const slots = (await (await fetch(`${s.engineUrl}/slots`)).json()) as Array<{ is_processing: boolean }>
+    expect(slots.every((x) => !x.is_processing)).toBe(true)
+    expect(await engineMetric(s.engineUrl, "llamacpp:n_decode_total")).toBe(after)
+  })
+
+  it("a gRPC deadline frees the slot and stops decoding", async () => {
+    await pollUntil("slots idle", () => engineIdle(s.engineUrl))
+    const before = await engineMetric(s.engineUrl, "llamacpp:n_decode_total")
+    const req = GenerateRequest.fromPartial({ prompt: PROMPT, sampling: { maxTokens: 1500 } })
+    expect(await generateWithDeadline(s.agent.grpcAddress, req, 300)).toBe("DEADLINE_EXCEEDED")
+    await pollUntil("the slot freed", () => engineIdle(s.engineUrl), 10_000)
+    const after = await engineMetric(s.engineUrl, "llamacpp:n_decode_total")
+    expect(after - before).toBeLessThan(1500)
+    expect(await engineMetric(s.engineUrl, "llamacpp:n_decode_total")).toBe(after)
+  })
+
+  it("more concurrent callers than llama-server has slots: all succeed", async () => {
+    const calls = Array.from(
+      { length: 6 },
+      (_, i) => generate(s.client, { prompt: `${PROMPT} ${i}`, sampling: { maxTokens: 20 } }).done
+    )
+    const results = await Promise.all(calls)
+    for (const r of results) {
+      expect(r.error, s.agent.tail()).toBeUndefined()
+      expect(r.final?.finishReason).toBe("length")
+      expect(r.final?.usage?.completionTokens).toBe(20)
+    }
+  })
+
+  it("/metrics and NodeHealth carry llama-server's load signals (running and deferred per its /metrics)", async () => {
+    await pollUntil("slots idle", () => engineIdle(s.engineUrl))
+    // Two slots, four long streams: llama-server runs two and defers two, while the agent has four in flight.
+    const aborts = Array.from({ length: 4 }, () => new AbortController())
+    const calls = aborts.map(
+      (a) => generate(s.client, { prompt: PROMPT, sampling: { maxTokens: 1500 } }, { signal: a.signal }).done
+    )
+    try {
+      await pollUntil(
+        "llama-server: 2 processing, 2 deferred",
+        async () =>
+          (await engineMetric(s.engineUrl, "llamacpp:requests_processing")) === 2 &&
+          (await engineMetric(s.engineUrl, "llamacpp:requests_deferred")) === 2,
+        20_000
+      )
+      const value = (samples: ReturnType<typeof parsePromText>, name: string) =>
+        samples.find((x) => x.name === name)?.value
+      await pollUntil("the agent's /metrics: engine running 2, waiting 2", async () => {
+        const m = parsePromText(await (await fetch(`${s.agent.adminUrl}/metrics`)).text())
+        return (
+          value(m, "cgn_agent_engine_running_requests") === 2 && value(m, "cgn_agent_engine_waiting_requests") === 2
+        )
+      })
+      const record = await pollUntil("NodeHealth load from llama-server", async () => {
+        const r = await readRecord(s.key)
+        return r?.load?.engineRunning === 2 && r.load.engineWaiting === 2 ? r : undefined
+      })
+      expect(record.engine?.kind).toBe("llama_cpp")
+      expect(record.load?.inflight).toBe(4)
+    } finally {
+      for (const a of aborts) a.abort()
+      await Promise.all(calls)
+    }
+    await pollUntil("slots idle", () => engineIdle(s.engineUrl), 10_000)
+  })
+
+  it("readiness is never ahead of llama-server's own /health", async () => {
+    const fresh = await startLlamaAgent({ nodeId: "real-ready" }, false)
+    const seen: Array<[number, number]> = []
+    for (;;) {
+      const ready = await fetch(`${fresh.agent.adminUrl}/readyz`).then(
+        (r) => r.status,
+        () => 0
+      )
+      const health = await fetch(`${fresh.engineUrl}/health`).then(
+        (r) => r.status,
+        () => 0
+      )
+      seen.push([ready, health])
+      // /readyz 200 first, /health read after it: the engine must already have said ready.
+      if (ready === 200) {
+        expect(health, JSON.stringify(seen)).toBe(200)
+        break
+      }
+      expect(seen.length, fresh.agent.tail()).toBeLessThan(3000)
+      await new Promise((r) => setTimeout(r, 20))
+    }
+    await fresh.agent.stop()
+  })
+
+  it("the engine SIGKILLed: not ready at once, restarted, serving again", async () => {
+    const [pid] = await pollUntil("the llama-server pid", () => {
+      const p = serverPids(s.enginePort)
+      return p.length === 1 ? p : undefined
+    })
+    process.kill(pid!, "SIGKILL")
+    await pollUntil("/readyz 503", async () => (await fetch(`${s.agent.adminUrl}/readyz`)).status === 503, 2_000, 10)
+    await pollUntil("/readyz 200 again", async () => (await fetch(`${s.agent.adminUrl}/readyz`)).status === 200, 60_000)
+    const next = serverPids(s.enginePort)
+    expect(next.length).toBe(1)
+    expect(next[0]).not.toBe(pid)
+    const r = await generate(s.client, { prompt: PROMPT, sampling: { maxTokens: 8 } }).done
+    expect(r.error, s.agent.tail()).toBeUndefined()
+    expect(r.final?.usage?.completionTokens).toBe(8)
+  })
+})
+
+describe("a model with unconstrained random output", () => {
+  afterEach(() => killAllAgents())
+
+  it("every call ends as a whole answer or with an error status, never as a truncated success", async () => {
+    const s = await startLlamaAgent({ nodeId: "real-random", model: tinyModel(engine, dir, "random") })
+    const calls = [
+      generate(s.client, { prompt: PROMPT, sampling: { maxTokens: 64, seed: "3" } }).done,
+      generate(s.client, {
+        chat: { messages: [{ role: "user", content: "go" }] },
+        sampling: { maxTokens: 64, seed: "4" }
+      }).done
+    ]
+    for (const r of await Promise.all(calls)) {
+      if (r.error === undefined) {
+        expect(["stop", "length"]).toContain(r.final?.finishReason)
+        expect(r.final?.usage?.completionTokens).toBeGreaterThan(0)
+        if (r.final?.finishReason === "length") expect(r.final.usage?.completionTokens).toBe(64)
+      } else {
+        expect(grpcCode(r.error), String(r.error)).toBeDefined()
+        expect(r.final).toBeUndefined()
+      }
+    }
+  })
+})
+
+describe("stopping the agent", () => {
+  afterEach(() => killAllAgents())
+
+  it("SIGTERM: llama-server gets exactly one SIGTERM and exits gracefully, the agent exits 0, nothing is left", async () => {
+    const s = await startLlamaAgent({ nodeId: "real-term" })
+    const pids = serverPids(s.enginePort)
+    expect(pids.length).toBe(1)
+    const exit = await s.agent.stop("SIGTERM", 30_000)
+    expect(exit, s.agent.tail()).toEqual({ code: 0, signal: null })
+    const log = s.agent.stderrLines.join("\n")
+    // llama-server's signal handler: a second SIGINT/SIGTERM prints this and exits at once (tools/server/server.cpp).
+    expect(log).not.toContain("Received second interrupt")
+    expect(log).toContain("cleaning up before exit")
+    expect(log).toMatch(/engine group \d+ stopped: terminated/)
+    expect(pids.every((p) => !processAlive(p))).toBe(true)
+    expect(serverPids(s.enginePort)).toEqual([])
+  })
+
+  it("SIGKILL: no llama-server is left", async () => {
+    const s = await startLlamaAgent({ nodeId: "real-kill" })
+    const pids = serverPids(s.enginePort)
+    expect(pids.length).toBe(1)
+    await s.agent.stop("SIGKILL")
+    await pollUntil("llama-server gone", () => serverPids(s.enginePort).length === 0 && !processAlive(pids[0]!), 20_000)
+  })
+})
