@@ -4,6 +4,7 @@
  */
 import { Console, Effect } from "effect"
 import { Command } from "effect/cli"
+import { resolvePlan } from "../layers/engines/index.ts"
 import type { AgentConfig } from "../services/Config.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
 
@@ -14,6 +15,7 @@ export const summarize = (c: AgentConfig): string => {
     ["engine", `${c.engine.kind} at ${c.engine.url}`],
     ["model", `${m.name} (${m.source.kind} ${m.source.value}), served as ${m.served_name}`],
     ["tp", String(m.tp)],
+    ["gpus", m.gpus.length > 0 ? m.gpus.join(", ") : "automatic (the first tp x dp healthy GPUs at start)"],
     ["role", c.agent.role],
     ["kv_offload", c.engine.kv_offload],
     ["kv events", c.kv.events ? `on, ${c.kv.events_endpoint}` : "off"],
@@ -30,7 +32,8 @@ export const summarize = (c: AgentConfig): string => {
 }
 
 export const check = Command.make("check", { config: configFlag }, ({ config }) =>
-  Effect.flatMap(loadConfig(config), (c) => Console.log(summarize(c)))
+  // the plan too: with NVML on this host, a tp x dp it cannot hold (or a GPU it lacks) is refused here
+  Effect.flatMap(loadConfig(config), (c) => Effect.andThen(resolvePlan(c), Console.log(summarize(c))))
 ).pipe(
   Command.withDescription("Validate a config file and print a short summary (exit 2 with one line per problem)"),
   Command.withExamples([

@@ -137,7 +137,9 @@ export const EngineSection = Schema.Struct({
   liveness_failures: withDefault(PositiveInt, 3),
   side_channel_host: Schema.optionalKey(Schema.NonEmptyString),
   side_channel_port: withDefault(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 65535 })), 5600),
-  bootstrap_port: withDefault(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 65535 })), 8998)
+  bootstrap_port: withDefault(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 65535 })), 8998),
+  gpu_free_timeout: withDefault(ShortDuration, "2m"),
+  gpu_free_below_mib: withDefault(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), 1024)
 })
 
 export const ModelSection = Schema.Struct({
@@ -149,7 +151,11 @@ export const ModelSection = Schema.Struct({
   gpu_memory_utilization: Schema.optionalKey(
     Schema.Number.check(Schema.isGreaterThan(0), Schema.isLessThanOrEqualTo(1))
   ),
-  args: withDefault(Schema.Array(Schema.String), [])
+  args: withDefault(Schema.Array(Schema.String), []),
+  gpus: withDefault(
+    Schema.Array(Schema.Union([Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), Schema.NonEmptyString])),
+    []
+  )
 })
 
 export const KvSection = Schema.Struct({

@@ -10,9 +10,13 @@ import type { EngineState } from "./EngineProcess.ts"
 import { describeExit } from "./EngineState.ts"
 import type { NodeState } from "./NodeStatus.ts"
 
-/** Ready -> ready; Starting/Restarting -> starting; Unhealthy -> unhealthy; a drain wins over all. */
-export const nodeState = (engine: EngineState, draining: boolean): NodeState => {
+/**
+ * Ready -> ready; Starting/Restarting -> starting; Unhealthy -> unhealthy; a drain wins over all, then a GPU
+ * problem (a faulty GPU, or memory held past gpu_free_timeout) makes the node unhealthy whatever the engine says.
+ */
+export const nodeState = (engine: EngineState, draining: boolean, gpuProblem?: string): NodeState => {
   if (draining) return "draining"
+  if (gpuProblem !== undefined) return "unhealthy"
   switch (engine._tag) {
     case "Ready":
       return "ready"
@@ -74,6 +78,10 @@ export interface NodeHealthInputs {
   readonly queued: number
   readonly tokensPerSecond: number
   readonly gpus: ReadonlyArray<Gpu>
+  /** The engine's GPUs (NVML indices); empty when unknown. */
+  readonly engineGpus: ReadonlyArray<number>
+  /** services/GpuGate.ts `gateProblem`: why the GPUs make the node unhealthy, or undefined. */
+  readonly gpuProblem: string | undefined
   readonly now: number
 }
 
@@ -84,13 +92,13 @@ export const buildNodeHealth = (i: NodeHealthInputs): NodeHealth => ({
   agentVersion: i.agentVersion,
   advertiseAddr: i.advertiseAddr,
   role: i.config.agent.role,
-  state: nodeState(i.engine, i.draining),
+  state: nodeState(i.engine, i.draining, i.gpuProblem),
   engine: {
     kind: i.config.engine.kind,
     model: i.config.model.served_name,
     phase: enginePhase(i.engine),
     restarts: i.restarts,
-    detail: engineDetail(i.engine, i.now)
+    detail: [i.gpuProblem, engineDetail(i.engine, i.now)].filter((d) => d).join("; ")
   },
   load: {
     inflight: i.inflight,
@@ -101,6 +109,11 @@ export const buildNodeHealth = (i: NodeHealthInputs): NodeHealth => ({
     kvUsage: i.signals?.kvUsage ?? -1,
     tokensPerSecond: i.tokensPerSecond
   },
-  capacity: { maxInflight: i.config.agent.max_inflight, maxQueue: i.config.agent.max_queue, gpus: [...i.gpus] },
+  capacity: {
+    maxInflight: i.config.agent.max_inflight,
+    maxQueue: i.config.agent.max_queue,
+    gpus: [...i.gpus],
+    engineGpus: [...i.engineGpus]
+  },
   freshness: { epoch: "", sequence: 0, writtenAt: "" }
 })
