@@ -1,6 +1,5 @@
 // NvmlProbe through the real FFI: a fake libnvidia-ml.so compiled from test/fixtures/fake_nvml.c with the
 // system C compiler answers for two GPUs; a missing library and a failing nvmlInit_v2 leave no GPUs.
-import { execFileSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
@@ -10,15 +9,14 @@ import * as MetricsLayer from "../src/layers/Metrics.ts"
 import * as NvmlProbe from "../src/layers/NvmlProbe.ts"
 import { Metrics } from "../src/services/Metrics.ts"
 import { gpuWith, Nvml } from "../src/services/Nvml.ts"
+import { buildFakeNvml } from "./support/nvml.ts"
 
 let dir = ""
 let library = ""
 
 beforeAll(() => {
   dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-nvml-"))
-  library = path.join(dir, "libnvidia-ml.so.1")
-  const source = path.join(import.meta.dirname, "fixtures", "fake_nvml.c")
-  execFileSync("cc", ["-shared", "-fPIC", "-O1", "-o", library, source], { stdio: "pipe" })
+  library = buildFakeNvml(dir)
 })
 
 afterAll(() => {
