@@ -51,7 +51,7 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
     "unknown model key, nothing close: the valid keys",
     `${MODEL}tensor_parallel = 2\n`,
     [
-      'models."m".tensor_parallel: unknown key; valid keys: hf_repo, path, tp, dp, served_name, max_model_len, gpu_memory_utilization, args'
+      'models."m".tensor_parallel: unknown key; valid keys: hf_repo, path, tp, dp, served_name, max_model_len, gpu_memory_utilization, args, gpus'
     ]
   ],
   [
@@ -236,8 +236,11 @@ describe("defaults", () => {
       served_name: "m",
       max_model_len: undefined,
       gpu_memory_utilization: undefined,
-      args: []
+      args: [],
+      gpus: []
     })
+    expect(Duration.toMillis(c.engine.gpu_free_timeout)).toBe(2 * 60_000)
+    expect(c.engine.gpu_free_below_mib).toBe(1024)
     expect(c.kv).toEqual({
       events: false,
       events_endpoint: "tcp://127.0.0.1:5557",

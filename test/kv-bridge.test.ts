@@ -419,6 +419,8 @@ describe("data parallelism", () => {
       agentVersion: "0",
       advertiseAddr: "127.0.0.1:7071",
       engine: { _tag: "Stopped", lastExit: undefined } as never,
+      engineGpus: [],
+      gpuProblem: undefined,
       restarts: 0,
       draining: false,
       signals: undefined,

@@ -17,6 +17,7 @@ import { State } from "../src/services/EngineState.ts"
 import { Metrics } from "../src/services/Metrics.ts"
 import { engineDetail, nodeState, ratePerSecond } from "../src/services/NodeHealthView.ts"
 import { NodeStatus } from "../src/services/NodeStatus.ts"
+import { gpuWith } from "../src/services/Nvml.ts"
 
 const exit: ExitRecord = {
   run: 0,
@@ -61,14 +62,15 @@ describe("NodeHealthView (pure)", () => {
   })
 })
 
-const gpu = {
+const gpu = gpuWith({
   index: 0,
   name: "H100",
   uuid: "GPU-1",
   memoryTotalBytes: 80e9,
   memoryUsedBytes: 1e9,
+  memoryFreeBytes: 79e9,
   utilizationPercent: 5
-}
+})
 
 const build = (signals: LoadSignals) => {
   let scrapes = 0

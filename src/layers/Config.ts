@@ -310,6 +310,7 @@ const engineProblems = (c: ConfigFile): Array<string> => {
         `${formatPath(key)}: ${kind} cannot serve the name "${served}": it contains ${forbidden.map((ch) => `"${ch}"`).join(", ")} (${caps.servedNameForbids?.why}); set a served_name without it`
       )
     }
+    if (m.gpus.length > 0) problems.push(...gpuProblems(kind, caps.cudaGpus === true, name, m, c.engine.env))
     if (!caps.spawns && m.args.length > 0) {
       problems.push(
         `${formatPath(["models", name, "args"])}: ${kind} starts nothing, so args are never used; remove them`
@@ -349,6 +350,32 @@ const engineProblems = (c: ConfigFile): Array<string> => {
   return problems
 }
 
+/** `models.x.gpus`: one GPU per engine worker (tp x dp), each named once, and not also set by hand. */
+const gpuProblems = (
+  kind: string,
+  cudaGpus: boolean,
+  name: string,
+  m: { readonly tp: number; readonly dp: number; readonly gpus: ReadonlyArray<number | string> },
+  env: Readonly<Record<string, string>>
+): Array<string> => {
+  const key = formatPath(["models", name, "gpus"])
+  if (!cudaGpus) return [`${key}: ${kind} does not run on GPUs the agent assigns; remove gpus`]
+  const problems: Array<string> = []
+  const needed = m.tp * m.dp
+  if (m.gpus.length !== needed) {
+    problems.push(`${key}: lists ${m.gpus.length} GPUs but the engine needs tp x dp = ${needed}`)
+  }
+  const seen = new Set<string>()
+  for (const g of m.gpus) {
+    if (seen.has(String(g))) problems.push(`${key}: GPU ${JSON.stringify(g)} is listed twice`)
+    seen.add(String(g))
+  }
+  if (env.CUDA_VISIBLE_DEVICES !== undefined) {
+    problems.push(`${key}: engine.env sets CUDA_VISIBLE_DEVICES too; give the GPUs in one place (gpus)`)
+  }
+  return problems
+}
+
 /** The port of a `tcp://host:port` ZMQ endpoint, else undefined. */
 const tcpPort = (endpoint: string): number | undefined => {
   const m = /^tcp:\/\/.*:(\d+)$/.exec(endpoint)
@@ -370,7 +397,8 @@ const resolve = (c: ConfigFile, file: string | undefined, env: Readonly<Record<s
     served_name: m.served_name ?? name,
     max_model_len: m.max_model_len,
     gpu_memory_utilization: m.gpu_memory_utilization,
-    args: m.args
+    args: m.args,
+    gpus: m.gpus
   }
   const config: AgentConfig = {
     file,

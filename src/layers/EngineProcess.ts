@@ -27,6 +27,7 @@ import {
   type SupervisorEvent,
   transition
 } from "../services/EngineState.ts"
+import { GpuGate } from "../services/GpuGate.ts"
 import { pidFilePath, reclaim, removePidFile, writePidFile } from "./enginePidFile.ts"
 import { probeOnce } from "./engineProbe.ts"
 import { type EngineRun, type RunExit, spawnRun } from "./engineRun.ts"
@@ -104,6 +105,8 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
   const now = () => Date.now()
   const pidFile = plan.spawns ? pidFilePath(settings.stateDir) : undefined
   if (plan.spawns) yield* reclaim(plan, settings.stateDir, settings.stopGraceMs)
+  // optional: no gate in tests that do not build one, or on a host without NVML it is open anyway
+  const gate = yield* Effect.serviceOption(GpuGate)
 
   const state = yield* SubscriptionRef.make<EngineState>(
     State.Starting({ phase: plan.spawns ? "spawning" : "probing", since: now(), run: 0 })
@@ -193,6 +196,8 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
       )
       const since = now()
       if (plan.spawns) {
+        // A restart onto GPUs still held by the last run's leftovers would fail at load: wait for them first.
+        if (Option.isSome(gate)) yield* gate.value.awaitFree
         // What an operator checks first when an engine will not start; secrets never reach the log.
         yield* Effect.logInfo(`engine run ${run}: spawning`, { argv: redactArgv(plan.argv), env: redactEnv(plan.env) })
         er = yield* spawnRun(plan, { run, graceMs: settings.stopGraceMs, linesKept: settings.linesKept })
@@ -211,6 +216,7 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
         }
         if (pid !== undefined) {
           yield* Ref.set(currentPid, pid)
+          if (Option.isSome(gate)) yield* gate.value.spawned(pid)
           yield* publish(Event.Spawned({ run, pid, at: now() }))
         }
       }

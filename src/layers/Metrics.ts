@@ -99,7 +99,25 @@ const makeHandles = (registry: Registry): MetricHandles => {
     ] as const),
     gpuUtilization: gauge("gpu_utilization_ratio", "GPU utilization 0..1 (NVML)", gpuLabels),
     gpuMemoryUsed: gauge("gpu_memory_used_bytes", "GPU memory in use (NVML)", gpuLabels),
-    gpuMemoryTotal: gauge("gpu_memory_total_bytes", "GPU memory in total (NVML)", gpuLabels)
+    gpuMemoryTotal: gauge("gpu_memory_total_bytes", "GPU memory in total (NVML)", gpuLabels),
+    gpuTemperature: gauge("gpu_temperature_celsius", "GPU core temperature (NVML)", gpuLabels),
+    gpuPower: gauge("gpu_power_watts", "GPU power draw (NVML)", gpuLabels),
+    gpuPowerLimit: gauge("gpu_power_limit_watts", "GPU enforced power limit (NVML)", gpuLabels),
+    gpuThrottled: gauge("gpu_clock_throttled", "1 while the GPU clocks are held down for this reason (NVML)", [
+      ...gpuLabels,
+      "reason"
+    ] as const),
+    gpuEccUncorrected: gauge(
+      "gpu_ecc_uncorrected_errors",
+      "Uncorrected ECC errors since the driver loaded (NVML, volatile); any makes the node unhealthy",
+      gpuLabels
+    ),
+    gpuLost: gauge("gpu_lost", "1 when NVML reports the GPU lost (fallen off the bus)", gpuLabels),
+    gpuProcessMemory: gauge("gpu_process_memory_bytes", "GPU memory held by a compute process (NVML)", [
+      ...gpuLabels,
+      "pid"
+    ] as const),
+    engineGpuWait: gauge("engine_gpu_wait", "1 while the engine's (re)start waits for its GPUs to be free")
   }
 }
 

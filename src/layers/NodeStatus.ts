@@ -5,7 +5,7 @@
  */
 import * as fs from "node:fs"
 import * as os from "node:os"
-import { Context, Effect, Layer, PubSub, Ref, Schedule, Stream } from "effect"
+import { Context, Effect, Layer, Option, PubSub, Ref, Schedule, Stream } from "effect"
 import type { Counter } from "prom-client"
 import { NodeHealth } from "../gen/cgn/agent/v1/agent.ts"
 import { Admission } from "../services/Admission.ts"
@@ -15,6 +15,7 @@ import { Drain } from "../services/Drain.ts"
 import { EngineClient, type LoadSignals } from "../services/EngineClient.ts"
 import { EngineProcess } from "../services/EngineProcess.ts"
 import { failingOf } from "../services/EngineState.ts"
+import { GpuGate, type GpuGateStatus, gateProblem } from "../services/GpuGate.ts"
 import { ENGINE_STATES, Metrics, setCounter, setOptional, setStateGauge } from "../services/Metrics.ts"
 import { buildNodeHealth, nodeState, ratePerSecond } from "../services/NodeHealthView.ts"
 import { type NodeState, NodeStatus } from "../services/NodeStatus.ts"
@@ -122,6 +123,12 @@ export const layer = (
       const drain = yield* Drain
       const nvml = yield* Nvml
       const metrics = yield* Metrics
+      // optional: tests and hosts without a GPU engine run without a gate
+      const gate = yield* Effect.serviceOption(GpuGate)
+      const gateStatus = Option.match(gate, {
+        onNone: () => Effect.succeed<GpuGateStatus>({ gpus: [], waiting: undefined, fault: undefined }),
+        onSome: (g) => g.status
+      })
       const heartbeat = config.agent.heartbeat
       const agentVersion = options.agentVersion ?? packageVersion()
       const advertiseAddr = resolveAdvertiseAddr({
@@ -153,7 +160,7 @@ export const layer = (
       }).pipe(Effect.repeat(Schedule.spaced(heartbeat)), Effect.delay(heartbeat), Effect.forkScoped)
 
       const gather = Effect.gen(function* () {
-        const [state, restarts, draining, inflight, queued, gpus, tokensPerSecond] = yield* Effect.all(
+        const [state, restarts, draining, inflight, queued, gpus, tokensPerSecond, gpuGate] = yield* Effect.all(
           [
             engine.state,
             engine.restarts,
@@ -161,16 +168,26 @@ export const layer = (
             admission.inflight,
             admission.queued,
             nvml.gpus,
-            Ref.get(rate)
+            Ref.get(rate),
+            gateStatus
           ],
           { concurrency: "unbounded" }
         )
         const load = state._tag === "Ready" ? yield* signals : undefined
-        return { state, restarts, draining, inflight, queued, gpus, tokensPerSecond, signals: load }
+        return { state, restarts, draining, inflight, queued, gpus, tokensPerSecond, signals: load, gpuGate }
       })
 
       const snapshot = Effect.map(gather, (g) =>
-        buildNodeHealth({ ...g, engine: g.state, config, agentVersion, advertiseAddr, now: Date.now() })
+        buildNodeHealth({
+          ...g,
+          engine: g.state,
+          engineGpus: g.gpuGate.gpus,
+          gpuProblem: gateProblem(g.gpuGate),
+          config,
+          agentVersion,
+          advertiseAddr,
+          now: Date.now()
+        })
       )
 
       yield* metrics.onCollect(
@@ -189,9 +206,22 @@ export const layer = (
         })
       )
 
-      const changes: Stream.Stream<NodeState> = Stream.merge(
-        engine.changes.pipe(Stream.mapEffect((s) => Effect.map(drain.draining, (d) => nodeState(s, d)))),
-        Stream.fromEffect(drain.awaitStarted).pipe(Stream.as("draining" as const))
+      // a GPU fault (or memory held past gpu_free_timeout) is a fact: it reaches etcd at once, not at the heartbeat
+      const stateNow = Effect.gen(function* () {
+        const [s, d, g] = yield* Effect.all([engine.state, drain.draining, gateStatus])
+        return nodeState(s, d, gateProblem(g))
+      })
+      const gpuChanges: Stream.Stream<string | undefined> = Option.match(gate, {
+        onNone: () => Stream.empty,
+        onSome: (g) => g.problems
+      })
+      const changes: Stream.Stream<NodeState> = Stream.mergeAll(
+        [
+          engine.changes.pipe(Stream.mapEffect(() => stateNow)),
+          gpuChanges.pipe(Stream.mapEffect(() => stateNow)),
+          Stream.fromEffect(drain.awaitStarted).pipe(Stream.as("draining" as const))
+        ],
+        { concurrency: "unbounded" }
       ).pipe(Stream.changes)
 
       return NodeStatus.of({ snapshot, changes, draining: drain.draining })

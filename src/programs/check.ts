@@ -6,6 +6,7 @@
 import { Console, Effect } from "effect"
 import { Command, Flag } from "effect/cli"
 import { requireAdminToken } from "../layers/AdminHttp.ts"
+import { resolvePlan } from "../layers/engines/index.ts"
 import { etcdOptions } from "../layers/etcdClient.ts"
 import { readMaterial, securityFiles } from "../layers/Tls.ts"
 import { type AgentConfig, ConfigError } from "../services/Config.ts"
@@ -37,6 +38,7 @@ export const summarize = (c: AgentConfig): string => {
     ["engine", `${c.engine.kind} at ${c.engine.url}`],
     ["model", `${m.name} (${m.source.kind} ${m.source.value}), served as ${m.served_name}`],
     ["tp", String(m.tp)],
+    ["gpus", m.gpus.length > 0 ? m.gpus.join(", ") : "automatic (the first tp x dp healthy GPUs at start)"],
     ["role", c.agent.role],
     ["kv_offload", c.engine.kv_offload],
     ["kv events", c.kv.events ? `on, ${c.kv.events_endpoint}` : "off"],
@@ -68,6 +70,8 @@ export const check = Command.make(
     Effect.gen(function* () {
       const c = yield* loadConfig(config)
       yield* preflight(c, { offline })
+      // the plan too: with NVML on this host, a tp x dp it cannot hold (or a GPU it lacks) is refused here
+      if (!offline) yield* resolvePlan(c)
       yield* Console.log(summarize(c))
     })
 ).pipe(

@@ -12,6 +12,7 @@ import * as EngineClientLive from "../layers/EngineClient.ts"
 import * as EngineProcessLive from "../layers/EngineProcess.ts"
 import * as EventLoopLagLive from "../layers/EventLoopLag.ts"
 import { planLayer } from "../layers/engines/index.ts"
+import * as GpuGateLive from "../layers/GpuGate.ts"
 import * as GrpcServerLive from "../layers/GrpcServer.ts"
 import * as HealthListener from "../layers/HealthListener.ts"
 import * as HealthReporterLive from "../layers/HealthReporter.ts"
@@ -28,6 +29,7 @@ import { type AgentConfig, Config } from "../services/Config.ts"
 import { Drain } from "../services/Drain.ts"
 import { EngineProcess } from "../services/EngineProcess.ts"
 import { EventLoopLag } from "../services/EventLoopLag.ts"
+import { GpuGate } from "../services/GpuGate.ts"
 import { GrpcServer } from "../services/GrpcServer.ts"
 import { HealthReporter, type RegistrationStatus } from "../services/HealthReporter.ts"
 import { KvBridge } from "../services/KvBridge.ts"
@@ -44,14 +46,16 @@ export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
     EngineProcessLive.layer,
     EngineClientLive.layer,
     AdmissionLive.layer,
-    NvmlProbe.layer(),
     Drain.layer,
     TlsLive.layer,
     KvBridgeLive.layer
   )
+  // NVML before the plan: the plan's GPUs (CUDA_VISIBLE_DEVICES) come from it; the gate before the supervisor.
   return NodeStatusLive.layer().pipe(
     Layer.provideMerge(services),
+    Layer.provideMerge(GpuGateLive.layer),
     Layer.provideMerge(planLayer),
+    Layer.provideMerge(NvmlProbe.layer()),
     Layer.provideMerge(base),
     Layer.provideMerge(Tracing.layer(config)),
     Layer.provideMerge(Logging.layer(config.agent.log_level, logLevel))
@@ -120,10 +124,17 @@ export const daemon = Effect.scoped(
     const reporterReady = yield* Deferred.make<Effect.Effect<RegistrationStatus>>()
     const registration = Effect.flatten(Deferred.await(reporterReady))
     const bridge = yield* KvBridge
+    const gpuGate = yield* GpuGate
     const admission = yield* Admission
     const admin = yield* Layer.build(
       AdminHttp.layer({
-        extras: { registration, admission: admission.stats, eventLoopLag: lag.sample, kv: bridge.status }
+        extras: {
+          registration,
+          admission: admission.stats,
+          eventLoopLag: lag.sample,
+          kv: bridge.status,
+          gpuGate: gpuGate.status
+        }
       })
     )
     const grpc = yield* Layer.build(GrpcServerLive.layerWith({ credentials: tls.serverCredentials }))

@@ -5,7 +5,7 @@
  */
 import { Console, Effect } from "effect"
 import { Command, Flag } from "effect/cli"
-import { engineFor } from "../layers/engines/index.ts"
+import { resolvePlan } from "../layers/engines/index.ts"
 import { redactPlan } from "../layers/engines/redact.ts"
 import type { LaunchPlan } from "../services/Engine.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
@@ -52,7 +52,7 @@ export const render = Command.make(
   ({ config, json }) =>
     Effect.gen(function* () {
       const c = yield* loadConfig(config)
-      const plan = redactPlan(engineFor(c.engine.kind).render(c))
+      const plan = redactPlan(yield* resolvePlan(c))
       yield* Console.log(json ? JSON.stringify(plan, null, 2) : formatPlan(plan))
     })
 ).pipe(

@@ -22,6 +22,8 @@ export interface ModelConfig {
   readonly max_model_len: number | undefined
   readonly gpu_memory_utilization: number | undefined
   readonly args: ReadonlyArray<string>
+  /** NVML indices or UUIDs the engine is given; empty: the first tp x dp healthy GPUs at start. */
+  readonly gpus: ReadonlyArray<number | string>
 }
 
 type Section<K extends keyof ConfigFile> = ConfigFile[K]

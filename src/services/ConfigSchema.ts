@@ -154,7 +154,9 @@ export const EngineSection = Schema.Struct({
       )
     )
   ),
-  stream_idle_timeout: withDefault(ShortDuration, "5m")
+  stream_idle_timeout: withDefault(ShortDuration, "5m"),
+  gpu_free_timeout: withDefault(ShortDuration, "2m"),
+  gpu_free_below_mib: withDefault(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), 1024)
 })
 
 export const ModelSection = Schema.Struct({
@@ -167,7 +169,11 @@ export const ModelSection = Schema.Struct({
   gpu_memory_utilization: Schema.optionalKey(
     Schema.Number.check(Schema.isGreaterThan(0), Schema.isLessThanOrEqualTo(1))
   ),
-  args: withDefault(Schema.Array(Schema.String), [])
+  args: withDefault(Schema.Array(Schema.String), []),
+  gpus: withDefault(
+    Schema.Array(Schema.Union([Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), Schema.NonEmptyString])),
+    []
+  )
 })
 
 /** `[kv].block_size` when the file does not set it. */

@@ -27,6 +27,12 @@ export interface EngineCapabilities {
   readonly roleKvOffloads?: Partial<
     Record<Role, { readonly kvOffloads: ReadonlyArray<KvOffload>; readonly why: string }>
   >
+  /**
+   * Whether the engine runs on NVIDIA GPUs that the agent hands out (CUDA_VISIBLE_DEVICES, `models.x.gpus`)
+   * and waits to be free before a (re)start; absent means it does not (mlx runs on Apple silicon,
+   * openai_compat starts nothing).
+   */
+  readonly cudaGpus?: boolean
   /** `[models.x]` settings the command line can express; absent means both. */
   readonly modelSettings?: ReadonlyArray<"max_model_len" | "gpu_memory_utilization">
   /** Characters the served model name may not contain on this engine's command line; `why` ends the message. */
@@ -82,6 +88,8 @@ export interface LaunchPlan {
   readonly servedModel: string
   /** The value to put in a request's `model` field when forwarding (mlx loads whatever it is given). */
   readonly requestModel: string
+  /** NVML indices of the engine's GPUs (also in env as CUDA_VISIBLE_DEVICES); undefined when not known. */
+  readonly gpus?: ReadonlyArray<number>
 }
 
 /** One backend. */

@@ -58,6 +58,17 @@ export interface MetricHandles {
   readonly gpuUtilization: Gauge<"gpu" | "uuid">
   readonly gpuMemoryUsed: Gauge<"gpu" | "uuid">
   readonly gpuMemoryTotal: Gauge<"gpu" | "uuid">
+  readonly gpuTemperature: Gauge<"gpu" | "uuid">
+  readonly gpuPower: Gauge<"gpu" | "uuid">
+  readonly gpuPowerLimit: Gauge<"gpu" | "uuid">
+  /** 1 per active clock throttle reason, 0 for the others. */
+  readonly gpuThrottled: Gauge<"gpu" | "uuid" | "reason">
+  readonly gpuEccUncorrected: Gauge<"gpu" | "uuid">
+  readonly gpuLost: Gauge<"gpu" | "uuid">
+  /** Per compute process; reset at every scrape, so exited processes disappear. */
+  readonly gpuProcessMemory: Gauge<"gpu" | "uuid" | "pid">
+  /** 1 while the engine's (re)start waits for its GPUs to be free. */
+  readonly engineGpuWait: Gauge
 }
 
 /** One scrape's answer. */

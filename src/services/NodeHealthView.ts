@@ -12,10 +12,12 @@ import type { NodeState } from "./NodeStatus.ts"
 
 /**
  * Ready -> ready; Starting/Restarting -> starting, unhealthy once failing (several runs in a row failed);
- * Unhealthy -> unhealthy; a drain wins over all.
+ * Unhealthy -> unhealthy; a drain wins over all, then a GPU problem (a faulty GPU, or memory held past
+ * gpu_free_timeout) makes the node unhealthy whatever the engine says.
  */
-export const nodeState = (engine: EngineState, draining: boolean): NodeState => {
+export const nodeState = (engine: EngineState, draining: boolean, gpuProblem?: string): NodeState => {
   if (draining) return "draining"
+  if (gpuProblem !== undefined) return "unhealthy"
   switch (engine._tag) {
     case "Ready":
       return "ready"
@@ -83,6 +85,10 @@ export interface NodeHealthInputs {
   readonly queued: number
   readonly tokensPerSecond: number
   readonly gpus: ReadonlyArray<Gpu>
+  /** The engine's GPUs (NVML indices); empty when unknown. */
+  readonly engineGpus: ReadonlyArray<number>
+  /** services/GpuGate.ts `gateProblem`: why the GPUs make the node unhealthy, or undefined. */
+  readonly gpuProblem: string | undefined
   readonly now: number
 }
 
@@ -93,13 +99,13 @@ export const buildNodeHealth = (i: NodeHealthInputs): NodeHealth => ({
   agentVersion: i.agentVersion,
   advertiseAddr: i.advertiseAddr,
   role: i.config.agent.role,
-  state: nodeState(i.engine, i.draining),
+  state: nodeState(i.engine, i.draining, i.gpuProblem),
   engine: {
     kind: i.config.engine.kind,
     model: i.config.model.served_name,
     phase: enginePhase(i.engine),
     restarts: i.restarts,
-    detail: engineDetail(i.engine, i.now)
+    detail: [i.gpuProblem, engineDetail(i.engine, i.now)].filter((d) => d).join("; ")
   },
   load: {
     inflight: i.inflight,
@@ -114,7 +120,8 @@ export const buildNodeHealth = (i: NodeHealthInputs): NodeHealth => ({
     maxInflight: i.config.agent.max_inflight,
     maxQueue: i.config.agent.max_queue,
     gpus: [...i.gpus],
-    dp: i.config.model.dp
+    dp: i.config.model.dp,
+    engineGpus: [...i.engineGpus]
   },
   freshness: { epoch: "", sequence: 0, writtenAt: "" }
 })

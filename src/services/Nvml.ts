@@ -47,5 +47,23 @@ export const cString = (buf: Uint8Array): string => {
   return new TextDecoder().decode(end < 0 ? buf : buf.subarray(0, end))
 }
 
+/** A GPU record with every field not given zero (a lost GPU, test fixtures). */
+export const gpuWith = (fields: Partial<Gpu> & { readonly index: number }): Gpu => ({
+  name: "",
+  uuid: "",
+  memoryTotalBytes: 0,
+  memoryUsedBytes: 0,
+  memoryFreeBytes: 0,
+  utilizationPercent: 0,
+  temperatureCelsius: 0,
+  powerWatts: 0,
+  powerLimitWatts: 0,
+  throttleReasons: [],
+  eccUncorrected: 0,
+  processes: [],
+  lost: false,
+  ...fields
+})
+
 /** NVML gives 64-bit counters as number or bigint depending on size; the proto field is a number. */
 export const toNumber = (v: unknown): number => (typeof v === "bigint" ? Number(v) : typeof v === "number" ? v : 0)

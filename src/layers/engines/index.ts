@@ -2,9 +2,14 @@
  * The engine registry: one backend per `[engine].kind`. The only place that maps a kind to its module,
  * so no `if (kind === ...)` is needed anywhere else.
  */
-import { Effect, Layer } from "effect"
-import { Config, type EngineKind } from "../../services/Config.ts"
-import { type Engine, EnginePlan } from "../../services/Engine.ts"
+import { Context, Effect, Layer, Option } from "effect"
+import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
+import { type AgentConfig, Config, ConfigError, type EngineKind } from "../../services/Config.ts"
+import { type Engine, EnginePlan, type LaunchPlan } from "../../services/Engine.ts"
+import { assignGpus, cudaEnv } from "../../services/Gpus.ts"
+import { Nvml } from "../../services/Nvml.ts"
+import { formatPath } from "../Config.ts"
+import * as NvmlProbe from "../NvmlProbe.ts"
 import { llamaCpp } from "./llama_cpp.ts"
 import { mlx } from "./mlx.ts"
 import { openaiCompat } from "./openai_compat.ts"
@@ -22,8 +27,52 @@ const engines: Readonly<Record<EngineKind, Engine>> = {
 /** The backend for a kind. */
 export const engineFor = (kind: EngineKind): Engine => engines[kind]
 
-/** The plan of the configured engine (the config was validated against its capabilities, so rendering succeeds). */
-export const planLayer: Layer.Layer<EnginePlan, never, Config> = Layer.effect(
+/**
+ * The plan with the engine's GPUs: `models.x.gpus`, or the first tp x dp healthy GPUs of `gpus` (NVML's list,
+ * empty without NVML), given as CUDA_VISIBLE_DEVICES. Fails when the host cannot hold the engine.
+ */
+export const planFor = (config: AgentConfig, gpus: ReadonlyArray<Gpu>): Effect.Effect<LaunchPlan, ConfigError> => {
+  const engine = engineFor(config.engine.kind)
+  const plan = engine.render(config)
+  if (engine.capabilities.cudaGpus !== true) return Effect.succeed(plan)
+  const m = config.model
+  const assignment = assignGpus(m.gpus, m.tp * m.dp, gpus)
+  if (assignment._tag === "Impossible") {
+    return Effect.fail(
+      new ConfigError({
+        file: config.file ?? "<inline>",
+        problems: [`${formatPath(["models", m.name, "gpus"])}: ${assignment.reason}`]
+      })
+    )
+  }
+  return Effect.succeed({
+    ...plan,
+    // [engine].env stays last: an operator can still override CUDA_DEVICE_ORDER
+    env: { ...cudaEnv(m.gpus, assignment), ...plan.env },
+    ...(assignment._tag === "Assigned" ? { gpus: assignment.indices } : {})
+  })
+}
+
+/** The plan as `check` and `render` see it: GPUs from NVML when this host has it (no metrics, no daemon). */
+export const resolvePlan = (config: AgentConfig): Effect.Effect<LaunchPlan, ConfigError> =>
+  planLayer.pipe(
+    Layer.provide(NvmlProbe.layerBare()),
+    Layer.provide(Layer.succeed(Config, config)),
+    Layer.build,
+    Effect.map((context) => Context.get(context, EnginePlan)),
+    Effect.scoped
+  )
+
+/**
+ * The plan of the configured engine (the config was validated against its capabilities, so rendering
+ * succeeds); GPUs from NVML when an Nvml service is in context.
+ */
+export const planLayer: Layer.Layer<EnginePlan, ConfigError, Config> = Layer.effect(
   EnginePlan,
-  Effect.map(Config, (config) => engineFor(config.engine.kind).render(config))
+  Effect.gen(function* () {
+    const config = yield* Config
+    const nvml = yield* Effect.serviceOption(Nvml)
+    const gpus = Option.isSome(nvml) ? yield* nvml.value.gpus : []
+    return yield* planFor(config, gpus)
+  })
 )

@@ -15,6 +15,7 @@ export const llamaCpp: Engine = {
   kind: "llama_cpp",
   capabilities: {
     spawns: true,
+    cudaGpus: true,
     kvOffloads: ["none"],
     roles: ["both"],
     kvEvents: false,

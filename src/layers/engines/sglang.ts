@@ -22,6 +22,7 @@ export const sglang: Engine = {
   kind: "sglang",
   capabilities: {
     spawns: true,
+    cudaGpus: true,
     kvOffloads: ["none", "hicache", "lmcache", "nixl"],
     roles: ["prefill", "decode", "both"],
     roleKvOffloads: {

@@ -58,6 +58,7 @@ export const vllm: Engine = {
   kind: "vllm",
   capabilities: {
     spawns: true,
+    cudaGpus: true,
     kvOffloads: ["none", "nixl", "lmcache", "kvbm"],
     roles: ["prefill", "decode", "both"],
     roleKvOffloads: { prefill: handOff, decode: handOff },

@@ -248,6 +248,33 @@ export interface Gpu {
   memoryUsedBytes: number;
   /** Percent 0..100. */
   utilizationPercent: number;
+  /** memory_total_bytes - memory_used_bytes as NVML reports it (nvmlDeviceGetMemoryInfo .free). */
+  memoryFreeBytes: number;
+  /** Core temperature (nvmlDeviceGetTemperature, NVML_TEMPERATURE_GPU). */
+  temperatureCelsius: number;
+  /** Power draw and the enforced power limit (nvmlDeviceGetPowerUsage, nvmlDeviceGetEnforcedPowerLimit). */
+  powerWatts: number;
+  powerLimitWatts: number;
+  /**
+   * Active clock throttle reasons (nvmlDeviceGetCurrentClocksEventReasons), snake_case NVML names such as
+   * "sw_power_cap", "hw_slowdown", "hw_thermal_slowdown"; "gpu_idle" is left out.
+   */
+  throttleReasons: string[];
+  /** Uncorrected ECC errors since the driver loaded (NVML_VOLATILE_ECC); 0 where ECC is off or unsupported. */
+  eccUncorrected: number;
+  /**
+   * Compute processes holding memory on this GPU (nvmlDeviceGetComputeRunningProcesses_v3). Pids are in
+   * the host's pid namespace: in a container they may not match the agent's view.
+   */
+  processes: GpuProcess[];
+  /** NVML answered NVML_ERROR_GPU_IS_LOST: the GPU has fallen off the bus; the other fields are zero. */
+  lost: boolean;
+}
+
+export interface GpuProcess {
+  pid: number;
+  /** 0 where NVML cannot say (NVML_VALUE_NOT_AVAILABLE, e.g. without permission). */
+  usedMemoryBytes: number;
 }
 
 export interface Capacity {
@@ -262,6 +289,8 @@ export interface Capacity {
    * and KV events name it as dp_rank 0..dp-1.
    */
   dp: number;
+  /** Indices of the GPUs the engine is given (CUDA_VISIBLE_DEVICES, PCI bus order); empty when not known. */
+  engineGpus: number[];
 }
 
 export interface Freshness {
@@ -2394,7 +2423,22 @@ export const Load: MessageFns<Load> = {
 };
 
 function createBaseGpu(): Gpu {
-  return { index: 0, name: "", uuid: "", memoryTotalBytes: 0, memoryUsedBytes: 0, utilizationPercent: 0 };
+  return {
+    index: 0,
+    name: "",
+    uuid: "",
+    memoryTotalBytes: 0,
+    memoryUsedBytes: 0,
+    utilizationPercent: 0,
+    memoryFreeBytes: 0,
+    temperatureCelsius: 0,
+    powerWatts: 0,
+    powerLimitWatts: 0,
+    throttleReasons: [],
+    eccUncorrected: 0,
+    processes: [],
+    lost: false,
+  };
 }
 
 export const Gpu: MessageFns<Gpu> = {
@@ -2416,6 +2460,30 @@ export const Gpu: MessageFns<Gpu> = {
     }
     if (message.utilizationPercent !== 0) {
       writer.uint32(48).uint32(message.utilizationPercent);
+    }
+    if (message.memoryFreeBytes !== 0) {
+      writer.uint32(56).uint64(message.memoryFreeBytes);
+    }
+    if (message.temperatureCelsius !== 0) {
+      writer.uint32(64).uint32(message.temperatureCelsius);
+    }
+    if (message.powerWatts !== 0) {
+      writer.uint32(73).double(message.powerWatts);
+    }
+    if (message.powerLimitWatts !== 0) {
+      writer.uint32(81).double(message.powerLimitWatts);
+    }
+    for (const v of message.throttleReasons) {
+      writer.uint32(90).string(v!);
+    }
+    if (message.eccUncorrected !== 0) {
+      writer.uint32(96).uint64(message.eccUncorrected);
+    }
+    for (const v of message.processes) {
+      GpuProcess.encode(v!, writer.uint32(106).fork()).join();
+    }
+    if (message.lost !== false) {
+      writer.uint32(112).bool(message.lost);
     }
     return writer;
   },
@@ -2481,6 +2549,70 @@ export const Gpu: MessageFns<Gpu> = {
             message.utilizationPercent = reader.uint32();
             continue;
           }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.memoryFreeBytes = longToNumber(reader.uint64());
+            continue;
+          }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.temperatureCelsius = reader.uint32();
+            continue;
+          }
+          case 9: {
+            if (tag !== 73) {
+              break;
+            }
+
+            message.powerWatts = reader.double();
+            continue;
+          }
+          case 10: {
+            if (tag !== 81) {
+              break;
+            }
+
+            message.powerLimitWatts = reader.double();
+            continue;
+          }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.throttleReasons.push(reader.string());
+            continue;
+          }
+          case 12: {
+            if (tag !== 96) {
+              break;
+            }
+
+            message.eccUncorrected = longToNumber(reader.uint64());
+            continue;
+          }
+          case 13: {
+            if (tag !== 106) {
+              break;
+            }
+
+            message.processes.push(GpuProcess.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 14: {
+            if (tag !== 112) {
+              break;
+            }
+
+            message.lost = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2513,6 +2645,40 @@ export const Gpu: MessageFns<Gpu> = {
         : isSet(object.utilization_percent)
         ? globalThis.Number(object.utilization_percent)
         : 0,
+      memoryFreeBytes: isSet(object.memoryFreeBytes)
+        ? globalThis.Number(object.memoryFreeBytes)
+        : isSet(object.memory_free_bytes)
+        ? globalThis.Number(object.memory_free_bytes)
+        : 0,
+      temperatureCelsius: isSet(object.temperatureCelsius)
+        ? globalThis.Number(object.temperatureCelsius)
+        : isSet(object.temperature_celsius)
+        ? globalThis.Number(object.temperature_celsius)
+        : 0,
+      powerWatts: isSet(object.powerWatts)
+        ? globalThis.Number(object.powerWatts)
+        : isSet(object.power_watts)
+        ? globalThis.Number(object.power_watts)
+        : 0,
+      powerLimitWatts: isSet(object.powerLimitWatts)
+        ? globalThis.Number(object.powerLimitWatts)
+        : isSet(object.power_limit_watts)
+        ? globalThis.Number(object.power_limit_watts)
+        : 0,
+      throttleReasons: globalThis.Array.isArray(object?.throttleReasons)
+        ? object.throttleReasons.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.throttle_reasons)
+        ? object.throttle_reasons.map((e: any) => globalThis.String(e))
+        : [],
+      eccUncorrected: isSet(object.eccUncorrected)
+        ? globalThis.Number(object.eccUncorrected)
+        : isSet(object.ecc_uncorrected)
+        ? globalThis.Number(object.ecc_uncorrected)
+        : 0,
+      processes: globalThis.Array.isArray(object?.processes)
+        ? object.processes.map((e: any) => GpuProcess.fromJSON(e))
+        : [],
+      lost: isSet(object.lost) ? globalThis.Boolean(object.lost) : false,
     };
   },
 
@@ -2536,6 +2702,30 @@ export const Gpu: MessageFns<Gpu> = {
     if (message.utilizationPercent !== 0) {
       obj.utilizationPercent = Math.round(message.utilizationPercent);
     }
+    if (message.memoryFreeBytes !== 0) {
+      obj.memoryFreeBytes = Math.round(message.memoryFreeBytes);
+    }
+    if (message.temperatureCelsius !== 0) {
+      obj.temperatureCelsius = Math.round(message.temperatureCelsius);
+    }
+    if (message.powerWatts !== 0) {
+      obj.powerWatts = floatToJson(message.powerWatts);
+    }
+    if (message.powerLimitWatts !== 0) {
+      obj.powerLimitWatts = floatToJson(message.powerLimitWatts);
+    }
+    if (message.throttleReasons?.length) {
+      obj.throttleReasons = message.throttleReasons;
+    }
+    if (message.eccUncorrected !== 0) {
+      obj.eccUncorrected = Math.round(message.eccUncorrected);
+    }
+    if (message.processes?.length) {
+      obj.processes = message.processes.map((e) => GpuProcess.toJSON(e));
+    }
+    if (message.lost !== false) {
+      obj.lost = message.lost;
+    }
     return obj;
   },
 
@@ -2550,12 +2740,109 @@ export const Gpu: MessageFns<Gpu> = {
     message.memoryTotalBytes = object.memoryTotalBytes ?? 0;
     message.memoryUsedBytes = object.memoryUsedBytes ?? 0;
     message.utilizationPercent = object.utilizationPercent ?? 0;
+    message.memoryFreeBytes = object.memoryFreeBytes ?? 0;
+    message.temperatureCelsius = object.temperatureCelsius ?? 0;
+    message.powerWatts = object.powerWatts ?? 0;
+    message.powerLimitWatts = object.powerLimitWatts ?? 0;
+    message.throttleReasons = object.throttleReasons?.map((e) => e) || [];
+    message.eccUncorrected = object.eccUncorrected ?? 0;
+    message.processes = object.processes?.map((e) => GpuProcess.fromPartial(e)) || [];
+    message.lost = object.lost ?? false;
+    return message;
+  },
+};
+
+function createBaseGpuProcess(): GpuProcess {
+  return { pid: 0, usedMemoryBytes: 0 };
+}
+
+export const GpuProcess: MessageFns<GpuProcess> = {
+  encode(message: GpuProcess, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.pid !== 0) {
+      writer.uint32(8).uint32(message.pid);
+    }
+    if (message.usedMemoryBytes !== 0) {
+      writer.uint32(16).uint64(message.usedMemoryBytes);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GpuProcess {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGpuProcess();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.pid = reader.uint32();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.usedMemoryBytes = longToNumber(reader.uint64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GpuProcess {
+    return {
+      pid: isSet(object.pid) ? globalThis.Number(object.pid) : 0,
+      usedMemoryBytes: isSet(object.usedMemoryBytes)
+        ? globalThis.Number(object.usedMemoryBytes)
+        : isSet(object.used_memory_bytes)
+        ? globalThis.Number(object.used_memory_bytes)
+        : 0,
+    };
+  },
+
+  toJSON(message: GpuProcess): unknown {
+    const obj: any = {};
+    if (message.pid !== 0) {
+      obj.pid = Math.round(message.pid);
+    }
+    if (message.usedMemoryBytes !== 0) {
+      obj.usedMemoryBytes = Math.round(message.usedMemoryBytes);
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<GpuProcess>): GpuProcess {
+    return GpuProcess.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<GpuProcess>): GpuProcess {
+    const message = createBaseGpuProcess();
+    message.pid = object.pid ?? 0;
+    message.usedMemoryBytes = object.usedMemoryBytes ?? 0;
     return message;
   },
 };
 
 function createBaseCapacity(): Capacity {
-  return { maxInflight: 0, maxQueue: 0, gpus: [], dp: 0 };
+  return { maxInflight: 0, maxQueue: 0, gpus: [], dp: 0, engineGpus: [] };
 }
 
 export const Capacity: MessageFns<Capacity> = {
@@ -2571,6 +2858,13 @@ export const Capacity: MessageFns<Capacity> = {
     }
     if (message.dp !== 0) {
       writer.uint32(32).uint32(message.dp);
+    }
+    if (message.engineGpus.length !== 0) {
+      writer.uint32(42).fork();
+      for (const v of message.engineGpus) {
+        writer.uint32(v);
+      }
+      writer.join();
     }
     return writer;
   },
@@ -2620,6 +2914,24 @@ export const Capacity: MessageFns<Capacity> = {
             message.dp = reader.uint32();
             continue;
           }
+          case 5: {
+            if (tag === 40) {
+              message.engineGpus.push(reader.uint32());
+
+              continue;
+            }
+
+            if (tag === 42) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.engineGpus.push(reader.uint32());
+              }
+
+              continue;
+            }
+
+            break;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2646,6 +2958,11 @@ export const Capacity: MessageFns<Capacity> = {
         : 0,
       gpus: globalThis.Array.isArray(object?.gpus) ? object.gpus.map((e: any) => Gpu.fromJSON(e)) : [],
       dp: isSet(object.dp) ? globalThis.Number(object.dp) : 0,
+      engineGpus: globalThis.Array.isArray(object?.engineGpus)
+        ? object.engineGpus.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.engine_gpus)
+        ? object.engine_gpus.map((e: any) => globalThis.Number(e))
+        : [],
     };
   },
 
@@ -2663,6 +2980,9 @@ export const Capacity: MessageFns<Capacity> = {
     if (message.dp !== 0) {
       obj.dp = Math.round(message.dp);
     }
+    if (message.engineGpus?.length) {
+      obj.engineGpus = message.engineGpus.map((e) => Math.round(e));
+    }
     return obj;
   },
 
@@ -2675,6 +2995,7 @@ export const Capacity: MessageFns<Capacity> = {
     message.maxQueue = object.maxQueue ?? 0;
     message.gpus = object.gpus?.map((e) => Gpu.fromPartial(e)) || [];
     message.dp = object.dp ?? 0;
+    message.engineGpus = object.engineGpus?.map((e) => e) || [];
     return message;
   },
 };
