@@ -289,7 +289,10 @@ describe("cancellation, deadlines and health", () => {
     expect(after.aborted).toBe(base.aborted + 1)
   })
 
-  it("3000 open-then-cancel calls on one connection all end CANCELLED (none INTERNAL 'RST_STREAM with code 2')", async () => {
+  // 1000 calls: within Node's HTTP/2 rapid-reset guard (CVE-2023-44487: a burst of 1000 RST_STREAMs, then 33 per
+  // second per connection). Past it Node ends the connection with GOAWAY(INTERNAL_ERROR) and grpc-js exposes no
+  // option to raise it, so a router spreads heavier cancel bursts over several connections (README, gRPC).
+  it("1000 open-then-cancel calls on one connection all end CANCELLED (none INTERNAL 'RST_STREAM with code 2')", async () => {
     // A raw grpc-js client, as a router would hold one: cancel() ends the call with the status it reports.
     const raw = new grpc.Client(agent.address, grpc.credentials.createInsecure())
     const path = `/${AgentDefinition.fullName}/${AgentDefinition.methods.generate.name}`
@@ -311,14 +314,14 @@ describe("cancellation, deadlines and health", () => {
       })
     const tally: Record<string, number> = {}
     try {
-      for (let batch = 0; batch < 10; batch++) {
-        for (const st of await Promise.all(Array.from({ length: 300 }, (_, j) => one(batch * 300 + j))))
+      for (let batch = 0; batch < 4; batch++) {
+        for (const st of await Promise.all(Array.from({ length: 250 }, (_, j) => one(batch * 250 + j))))
           tally[st] = (tally[st] ?? 0) + 1
       }
     } finally {
       raw.close()
     }
-    expect(tally).toEqual({ "CANCELLED: Cancelled on client": 3000 })
+    expect(tally).toEqual({ "CANCELLED: Cancelled on client": 1000 })
   }, 120_000)
 
   it("a stalled engine stream ends with UNAVAILABLE (engine.stream_idle_timeout), aborts the engine request, is counted", async () => {

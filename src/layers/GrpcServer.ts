@@ -110,24 +110,6 @@ const generateMethod: grpc.MethodDefinition<GenerateRequest, GenerateResponse> =
 }
 
 /**
- * Node's HTTP/2 server limits incoming RST_STREAM frames (nghttp2's rapid-reset guard, CVE-2023-44487: a burst
- * of 1000, then 33 per second) and past that ends the whole connection with GOAWAY(INTERNAL_ERROR). A router
- * that cancels calls at a few hundred per second (clients hanging up, hedged requests) trips it, and every
- * call on its connection then fails INTERNAL "Received RST_STREAM with code 2" instead of CANCELLED.
- * A node serves at most [agent].max_inflight + max_queue calls, so legitimate cancels stay far below 1000 per
- * second, while a rapid-reset flood (tens of thousands per second) is still cut off. grpc-js passes no such
- * option through, so the limits go into the options it hands to http2.createServer / createSecureServer.
- */
-const STREAM_RESET_BURST = 10_000
-const STREAM_RESET_RATE = 1_000
-const allowCancelBursts = (server: grpc.Server): void => {
-  const common = (server as unknown as { commonServerOptions?: Record<string, unknown> }).commonServerOptions
-  if (common === undefined) return // a grpc-js without this field: Node's defaults apply (the test notices)
-  common.streamResetBurst = STREAM_RESET_BURST
-  common.streamResetRate = STREAM_RESET_RATE
-}
-
-/**
  * grpc.reflection.v1alpha: the same messages as v1 under the older name, which older clients (grpcurl before
  * 1.8.8, Postman, grpc_cli) only speak (grpc-proto: grpc/reflection/v1alpha/reflection.proto is wire-identical).
  */
@@ -415,7 +397,6 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     // Leave room above max_request_bytes so the agent's own check answers with a precise message.
     "grpc.max_receive_message_length": config.agent.max_request_bytes + 1024 * 1024
   })
-  allowCancelBursts(server)
   addNiceService(server, AgentDefinition, agentImpl, { generate: [generateMethod, generate] })
   addNiceService(server, HealthDefinition, healthImpl)
   const reflection = ServerReflection(fileDescriptorSet, [AGENT_SERVICE, HealthDefinition.fullName])
