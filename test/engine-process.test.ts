@@ -329,7 +329,8 @@ describe("stop", () => {
     assert.isNull(last.lastExit?.signal ?? null)
     assert.isAtLeast(Date.now() - t0, 1_400, "the stop waited for the engine's own shutdown")
     assert.isFalse(groupAlive(pid))
-    const began = h.logs.filter((l) => l.includes('"msg":"shutting down"'))
+    // the engine's own JSON line, relayed as the log message with its fields (layers/Logging.ts engineOutput)
+    const began = h.logs.filter((l) => l.startsWith("Info shutting down "))
     assert.strictEqual(began.length, 1, began.join("\n"))
   })
 

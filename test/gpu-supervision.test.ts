@@ -65,7 +65,7 @@ describe("GPU-aware supervision (built agent, fake NVML through koffi)", () => {
       env: { CGN_NVML_LIBRARY: library, FAKE_NVML_STATE: state.file },
       readyTimeoutMs: BOUND
     })
-    const spawnLogs = () => agent.logs().filter((l) => String(l.message).includes(": spawning"))
+    const spawnLogs = () => agent.logs().filter((l) => String(l.msg).includes(": spawning"))
 
     // past the timeout: unhealthy, with the holder named, and nothing spawned
     const readyz = await pollUntil(
@@ -119,16 +119,19 @@ describe("GPU-aware supervision (built agent, fake NVML through koffi)", () => {
       BOUND
     )
     expect(spawnLogs()).toHaveLength(2)
-    const messages = agent.logs().map((l) => String(l.message))
+    const messages = agent.logs().map((l) => String(l.msg))
     const waitedAt = messages.lastIndexOf("waiting for the engine's GPUs before starting it")
     expect(waitedAt).toBeGreaterThan(-1)
-    expect(waitedAt).toBeLessThan(messages.findLastIndex((m) => m.includes("engine run 2: spawning")))
+    expect(waitedAt).toBeLessThan(messages.findLastIndex((m) => m.includes("engine run 1: spawning")))
     expect(processAlive(pid as number)).toBe(false)
     expect((await agent.stop()).code).toBe(0)
   }, 240_000)
 
   it("an uncorrected ECC error or a lost GPU on the engine's GPU makes the node unhealthy at once, with the reason", async () => {
     const state = nvmlState("faults.state")
+    // the fake's GPU 1 holds 4 GiB by default: free it, so only the faults below keep the engine from it
+    const free1 = `gpu.1.used=${GiB / 4}`
+    state.write([free1])
     const s = await simAgentConfig({ engine: { gpu_free_timeout: "1m" } })
     const agent = await startAgent({
       config: { ...s.config, models: { m: { hf_repo: "org/m", gpus: [1] } } },
@@ -136,8 +139,17 @@ describe("GPU-aware supervision (built agent, fake NVML through koffi)", () => {
       readyTimeoutMs: BOUND
     })
     // a fault on a GPU the engine does not use changes nothing
-    state.write(["gpu.0.ecc=5"])
-    state.write(["gpu.0.ecc=5", "gpu.1.ecc=2"])
+    state.write([free1, "gpu.0.ecc=5"])
+    await pollUntil(
+      "GPU 0's errors sampled",
+      async () =>
+        /^cgn_agent_gpu_ecc_uncorrected_errors\{gpu="0",[^}]*\} 5$/m.test(
+          (await text(`${agent.adminUrl}/metrics`)).body
+        ),
+      BOUND
+    )
+    expect((await text(`${agent.adminUrl}/readyz`)).status).toBe(200)
+    state.write([free1, "gpu.0.ecc=5", "gpu.1.ecc=2"])
     const ecc = await pollUntil(
       "readyz says ECC",
       async () => {
@@ -149,7 +161,7 @@ describe("GPU-aware supervision (built agent, fake NVML through koffi)", () => {
     expect(ecc.body).toContain("GPU 1 has 2 uncorrected ECC errors")
     expect((await status(agent.adminUrl)).health.state).toBe("unhealthy")
 
-    state.write(["gpu.1.lost=1"])
+    state.write([free1, "gpu.1.lost=1"])
     const lost = await pollUntil(
       "readyz says lost",
       async () => {

@@ -64,7 +64,8 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
       const since = yield* Clock.currentTimeMillis
       let logged: "none" | "waiting" | "overdue" = "none"
       while (true) {
-        const gpus = yield* nvml.gpus
+        // never the cached sample: right after a crash it still shows the GPU as it was before
+        const gpus = yield* nvml.sampleNow
         const verdict = gateVerdict(gpus, indices, maxUsedBytes, yield* Ref.get(previousPgids), pgidOf)
         const now = yield* Clock.currentTimeMillis
         if (verdict._tag === "Free") {

@@ -223,7 +223,7 @@ const sample = (nvml: Binding, problems: Set<string>): ReadonlyArray<Gpu> => {
 
 const unavailable = (reason: string): Effect.Effect<NvmlService> =>
   Effect.logInfo("NVML not available; reporting no GPUs", { reason }).pipe(
-    Effect.as({ gpus: Effect.succeed([]), unavailable: reason })
+    Effect.as({ gpus: Effect.succeed([]), sampleNow: Effect.succeed([]), unavailable: reason })
   )
 
 const acquire = (library: string, maxAge: Duration.Input) =>
@@ -262,7 +262,7 @@ const acquire = (library: string, maxAge: Duration.Input) =>
     const gpus = yield* take.pipe(Effect.cachedWithTTL(maxAge))
     const first = yield* gpus
     yield* Effect.logInfo("NVML loaded", { library, gpus: first.length })
-    return { gpus, unavailable: undefined } satisfies NvmlService
+    return { gpus, sampleNow: take, unavailable: undefined } satisfies NvmlService
   })
 
 /** Mirrors the GPU list into the gauges at every scrape. */
@@ -313,4 +313,8 @@ export const layerBare = (options: NvmlOptions = {}): Layer.Layer<Nvml> => Layer
 
 /** A fixed GPU list, for tests of the services that read GPUs. */
 export const layerFixed = (gpus: ReadonlyArray<Gpu>): Layer.Layer<Nvml> =>
-  Layer.succeed(Nvml, { gpus: Effect.succeed(gpus), unavailable: gpus.length === 0 ? "fixed: none" : undefined })
+  Layer.succeed(Nvml, {
+    gpus: Effect.succeed(gpus),
+    sampleNow: Effect.succeed(gpus),
+    unavailable: gpus.length === 0 ? "fixed: none" : undefined
+  })

@@ -11,6 +11,8 @@ export type { Gpu } from "../gen/cgn/agent/v1/agent.ts"
 export interface NvmlService {
   /** The GPUs now (a sample at most `maxAge` old); empty on a host without NVML. */
   readonly gpus: Effect.Effect<ReadonlyArray<Gpu>>
+  /** A sample taken now, for decisions that must not act on an old one (the GPU wait before a spawn). */
+  readonly sampleNow: Effect.Effect<ReadonlyArray<Gpu>>
   /** Why NVML is not in use (library missing, init failed, disabled), or undefined when it is. */
   readonly unavailable: string | undefined
 }

@@ -9,6 +9,7 @@ import { type Engine, EnginePlan, type LaunchPlan } from "../../services/Engine.
 import { assignGpus, cudaEnv } from "../../services/Gpus.ts"
 import { Nvml } from "../../services/Nvml.ts"
 import { formatPath } from "../Config.ts"
+import * as Logging from "../Logging.ts"
 import * as NvmlProbe from "../NvmlProbe.ts"
 import { llamaCpp } from "./llama_cpp.ts"
 import { mlx } from "./mlx.ts"
@@ -60,7 +61,9 @@ export const resolvePlan = (config: AgentConfig): Effect.Effect<LaunchPlan, Conf
     Layer.provide(Layer.succeed(Config, config)),
     Layer.build,
     Effect.map((context) => Context.get(context, EnginePlan)),
-    Effect.scoped
+    Effect.scoped,
+    // stdout is the command's output (render --json): NVML's problems go to stderr, its info stays out
+    Effect.provide(Logging.layer("warn"))
   )
 
 /**
