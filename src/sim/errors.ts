@@ -36,6 +36,16 @@ export const errorBody = (flavor: Flavor, status: number, message: string, param
   }
 }
 
+/**
+ * A body that is not JSON. llama-server parses with nlohmann::json inside its generic exception handler, so the
+ * parse error comes back as 500 `server_error` (tools/server/server-http.cpp ex_wrapper; seen on the real server);
+ * the Python servers answer 400.
+ */
+export const invalidJson = (flavor: Flavor, detail: string): { readonly status: number; readonly message: string } =>
+  flavor === "llama_cpp"
+    ? { status: 500, message: `[json.exception.parse_error.101] parse error: ${detail}` }
+    : { status: 400, message: `Invalid JSON body: ${detail}` }
+
 /** What older llama.cpp put on its `error:` SSE line: format_error_response's flat object. */
 export const LLAMA_ERROR_FIELD = (message: string) => ({ code: 500, message, type: "server_error" })
 

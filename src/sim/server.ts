@@ -5,7 +5,7 @@ import { randomUUID } from "node:crypto"
 import type * as http from "node:http"
 import { modelsBody } from "./chunks.ts"
 import { type SimContext, sendError } from "./context.ts"
-import { LLAMA_LOADING } from "./errors.ts"
+import { invalidJson, LLAMA_LOADING } from "./errors.ts"
 import { applyFaults } from "./faults.ts"
 import { generate } from "./generate.ts"
 import { readBody, sendJson } from "./http.ts"
@@ -178,7 +178,8 @@ const completion = async (
     raw = await readBody(req)
     body = JSON.parse(raw)
   } catch (err) {
-    return sendError(ctx, res, 400, `Invalid JSON body: ${err instanceof Error ? err.message : String(err)}`)
+    const bad = invalidJson(flavor, err instanceof Error ? err.message : String(err))
+    return sendError(ctx, res, bad.status, bad.message)
   }
   const parsed = validate(ctx.cfg, endpoint, body, raw)
   if (isInvalid(parsed)) {
