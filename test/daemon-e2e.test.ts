@@ -5,6 +5,7 @@
 // Requires dist/ (`npm run build`; `npm test` builds first).
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
 import { killAllAgents, requireDist, simAgentConfig, startAgent } from "./support/agent.ts"
+import { agentClient, generate, grpcCode } from "./support/generate.ts"
 import { pollUntil } from "./support/poll.ts"
 
 beforeAll(() => requireDist())
@@ -68,5 +69,50 @@ describe("an engine command that does not exist", () => {
     )
     const exit = await agent.stop("SIGTERM")
     expect(exit, agent.tail()).toEqual({ code: 0, signal: null })
+  }, 120_000)
+})
+
+describe("a stalled engine", () => {
+  // The simulator stops sending after 3 tokens but keeps the connection open: only engine.stream_idle_timeout
+  // ends the call. Once it has, and no stream has moved since, the node is unhealthy with the reason, until the
+  // engine makes progress again.
+  it("ends the stalled call UNAVAILABLE, then /readyz says the engine stalled until a stream makes progress", async () => {
+    const { config, engineUrl, grpcPort } = await simAgentConfig({ engine: { stream_idle_timeout: "500ms" } })
+    const agent = await startAgent({ config, readyTimeoutMs: 45_000 })
+    const { client, channel } = agentClient(`127.0.0.1:${grpcPort}`)
+    const faults = (f: Record<string, unknown>) =>
+      fetch(`${engineUrl}/sim/faults`, { method: "POST", body: JSON.stringify(f) }).then((r) =>
+        expect(r.status).toBe(200)
+      )
+    try {
+      await faults({ stallAfterTokens: 3 })
+      // the simulator echoes the prompt: 40 words, so the stall after 3 tokens comes mid-answer
+      const prompt = Array.from({ length: 40 }, (_, i) => `w${i}`).join(" ")
+      const stalled = await generate(client, { prompt, sampling: { maxTokens: 50 } }).done
+      expect(grpcCode(stalled.error), JSON.stringify({ final: stalled.final, tokens: stalled.tokens() })).toBe(
+        "UNAVAILABLE"
+      )
+      const readyz = await pollUntil(
+        "/readyz says the engine stalled",
+        async () => {
+          const res = await fetch(`${agent.adminUrl}/readyz`)
+          const text = await res.text()
+          return res.status === 503 && text.includes("engine stalled") ? text : undefined
+        },
+        30_000
+      )
+      expect(readyz).toMatch(/^unhealthy \(engine ready: engine stalled: 1 stream\(s\) sent nothing for /)
+      const status = (await (await fetch(`${agent.adminUrl}/status`)).json()) as { health: { state: string } }
+      expect(status.health.state).toBe("unhealthy")
+
+      // the engine recovers: a stream that makes progress clears it
+      await faults({ stallAfterTokens: null })
+      const ok = await generate(client, { prompt, sampling: { maxTokens: 40 } }).done
+      expect(ok.error).toBeUndefined()
+      await pollUntil("ready again", async () => (await fetch(`${agent.adminUrl}/readyz`)).status === 200, 30_000)
+    } finally {
+      channel.close()
+    }
+    expect((await agent.stop()).code).toBe(0)
   }, 120_000)
 })

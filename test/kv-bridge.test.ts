@@ -420,7 +420,7 @@ describe("data parallelism", () => {
       advertiseAddr: "127.0.0.1:7071",
       engine: { _tag: "Stopped", lastExit: undefined } as never,
       engineGpus: [],
-      gpuProblem: undefined,
+      problem: undefined,
       restarts: 0,
       draining: false,
       signals: undefined,

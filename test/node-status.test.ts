@@ -13,6 +13,7 @@ import { Admission } from "../src/services/Admission.ts"
 import { Drain } from "../src/services/Drain.ts"
 import { EngineClient, type LoadSignals } from "../src/services/EngineClient.ts"
 import type { EngineState, ExitRecord } from "../src/services/EngineProcess.ts"
+import { noStall, stallProblem } from "../src/services/EngineStall.ts"
 import { State } from "../src/services/EngineState.ts"
 import { Metrics } from "../src/services/Metrics.ts"
 import { engineDetail, nodeState, ratePerSecond } from "../src/services/NodeHealthView.ts"
@@ -177,5 +178,19 @@ describe("NodeStatus live layer", () => {
     )
     expect(rate).toBeGreaterThan(0)
     expect(rate).toBeLessThanOrEqual(500)
+  })
+})
+
+describe("stallProblem", () => {
+  it("unhealthy from a stall until a stream makes progress; progress in the same tick clears it", () => {
+    expect(stallProblem(noStall, "5m")).toBeUndefined()
+    const stalled = { lastStallAt: 2_000, lastProgressAt: 1_000, stalledStreams: 2 }
+    expect(stallProblem(stalled, "5m")).toBe(
+      "engine stalled: 2 stream(s) sent nothing for 5m (engine.stream_idle_timeout) and no stream has made progress since"
+    )
+    expect(stallProblem({ ...stalled, lastProgressAt: undefined }, "5m")).toContain("engine stalled")
+    expect(stallProblem({ ...stalled, lastProgressAt: 2_000 }, "5m")).toBeUndefined()
+    expect(nodeState({ _tag: "Ready", since: 0, run: 0 }, false, stallProblem(stalled, "5m"))).toBe("unhealthy")
+    expect(nodeState({ _tag: "Ready", since: 0, run: 0 }, true, stallProblem(stalled, "5m"))).toBe("draining")
   })
 })

@@ -26,6 +26,7 @@ import { joinHostPort, splitHostPort } from "../services/Advertise.ts"
 import { Config } from "../services/Config.ts"
 import { EngineClient, type RequestOptions } from "../services/EngineClient.ts"
 import { EngineProcess } from "../services/EngineProcess.ts"
+import { EngineStall } from "../services/EngineStall.ts"
 import { type EnginePlan, GenerateRejected, planRequest } from "../services/Generate.ts"
 import { AGENT_SERVICE, GrpcServer, type GrpcServerService, type ServingStatus } from "../services/GrpcServer.ts"
 import { type GrpcFailure, statusName, toGrpcFailure } from "../services/GrpcStatus.ts"
@@ -184,21 +185,33 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     code: "UNAVAILABLE",
     message: `the engine sent nothing for ${Duration.format(config.engine.stream_idle_timeout)} (engine.stream_idle_timeout); the engine request was aborted, retry on another node`
   })
-  const watch = Effect.flatMap(Clock.currentTimeMillis, (now) =>
-    Effect.sync(() => {
-      for (const relay of active) {
-        if (!relay.streaming || relay.done) continue
-        if (relay.reads !== relay.seenReads || relay.paused) {
-          relay.seenReads = relay.reads
-          relay.idleSince = now
-        } else if (now - relay.idleSince >= idleMs) {
-          relay.streaming = false // once: the abort ends it
-          stalls?.inc()
-          relay.abort(stalledError)
-        }
+  // The tick's verdict also goes to EngineStall (when present), which tells health that the engine is wedged.
+  const stall = Option.getOrUndefined(yield* Effect.serviceOption(EngineStall))
+  let endedWithProgress = 0
+  const watch = Effect.flatMap(Clock.currentTimeMillis, (now) => {
+    let stalled = 0
+    let progressed = endedWithProgress > 0
+    endedWithProgress = 0
+    for (const relay of active) {
+      if (!relay.streaming || relay.done) continue
+      if (relay.reads !== relay.seenReads || relay.paused) {
+        progressed ||= relay.reads !== relay.seenReads
+        relay.seenReads = relay.reads
+        relay.idleSince = now
+      } else if (now - relay.idleSince >= idleMs) {
+        relay.streaming = false // once: the abort ends it
+        stalls?.inc()
+        stalled++
+        relay.abort(stalledError)
       }
-    })
-  )
+    }
+    if (stall === undefined) return Effect.void
+    // stalls first: progress in the same tick means the engine is not wedged
+    return Effect.andThen(
+      stalled > 0 ? Effect.replicateEffect(stall.stalled(now), stalled, { discard: true }) : Effect.void,
+      progressed ? stall.progressed(now) : Effect.void
+    )
+  })
   yield* watch.pipe(
     Effect.repeat(Schedule.spaced(Duration.millis(Math.min(1000, Math.max(25, idleMs / 8))))),
     Effect.forkScoped
@@ -311,6 +324,8 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
       call.off("drain", onDrain)
       if (!relay.done) relay.interrupt()
       active.delete(relay)
+      // reads since the watchdog's last look: progress it would otherwise miss (a short call between two ticks)
+      if (relay.reads !== relay.seenReads) endedWithProgress++
       if (active.size === 0) for (const wake of idleWaiters) wake()
       record(status, relay, startedAt)
     }

@@ -5,7 +5,7 @@
  */
 import * as fs from "node:fs"
 import * as os from "node:os"
-import { Context, Effect, Layer, Option, PubSub, Ref, Schedule, Stream } from "effect"
+import { Context, Duration, Effect, Layer, Option, PubSub, Ref, Schedule, Stream } from "effect"
 import type { Counter } from "prom-client"
 import { NodeHealth } from "../gen/cgn/agent/v1/agent.ts"
 import { Admission } from "../services/Admission.ts"
@@ -14,6 +14,7 @@ import { Config } from "../services/Config.ts"
 import { Drain } from "../services/Drain.ts"
 import { EngineClient, type LoadSignals } from "../services/EngineClient.ts"
 import { EngineProcess } from "../services/EngineProcess.ts"
+import { EngineStall, noStall, stallProblem } from "../services/EngineStall.ts"
 import { failingOf } from "../services/EngineState.ts"
 import { GpuGate, type GpuGateStatus, gateProblem } from "../services/GpuGate.ts"
 import { ENGINE_STATES, Metrics, setCounter, setOptional, setStateGauge } from "../services/Metrics.ts"
@@ -129,6 +130,14 @@ export const layer = (
         onNone: () => Effect.succeed<GpuGateStatus>({ gpus: [], waiting: undefined, fault: undefined }),
         onSome: (g) => g.status
       })
+      const stall = yield* Effect.serviceOption(EngineStall)
+      const stallIdle = Duration.format(config.engine.stream_idle_timeout)
+      // why the node is unhealthy whatever the engine's state says: its GPUs, or the engine stalled
+      const problemNow = Effect.gen(function* () {
+        const g = yield* gateStatus
+        const s = Option.isSome(stall) ? yield* stall.value.state : noStall
+        return gateProblem(g) ?? stallProblem(s, stallIdle)
+      })
       const heartbeat = config.agent.heartbeat
       const agentVersion = options.agentVersion ?? packageVersion()
       const advertiseAddr = resolveAdvertiseAddr({
@@ -160,21 +169,23 @@ export const layer = (
       }).pipe(Effect.repeat(Schedule.spaced(heartbeat)), Effect.delay(heartbeat), Effect.forkScoped)
 
       const gather = Effect.gen(function* () {
-        const [state, restarts, draining, inflight, queued, gpus, tokensPerSecond, gpuGate] = yield* Effect.all(
-          [
-            engine.state,
-            engine.restarts,
-            drain.draining,
-            admission.inflight,
-            admission.queued,
-            nvml.gpus,
-            Ref.get(rate),
-            gateStatus
-          ],
-          { concurrency: "unbounded" }
-        )
+        const [state, restarts, draining, inflight, queued, gpus, tokensPerSecond, gpuGate, problem] =
+          yield* Effect.all(
+            [
+              engine.state,
+              engine.restarts,
+              drain.draining,
+              admission.inflight,
+              admission.queued,
+              nvml.gpus,
+              Ref.get(rate),
+              gateStatus,
+              problemNow
+            ],
+            { concurrency: "unbounded" }
+          )
         const load = state._tag === "Ready" ? yield* signals : undefined
-        return { state, restarts, draining, inflight, queued, gpus, tokensPerSecond, signals: load, gpuGate }
+        return { state, restarts, draining, inflight, queued, gpus, tokensPerSecond, signals: load, gpuGate, problem }
       })
 
       const snapshot = Effect.map(gather, (g) =>
@@ -182,7 +193,6 @@ export const layer = (
           ...g,
           engine: g.state,
           engineGpus: g.gpuGate.gpus,
-          gpuProblem: gateProblem(g.gpuGate),
           config,
           agentVersion,
           advertiseAddr,
@@ -206,19 +216,25 @@ export const layer = (
         })
       )
 
-      // a GPU fault (or memory held past gpu_free_timeout) is a fact: it reaches etcd at once, not at the heartbeat
+      // a GPU fault, memory held past gpu_free_timeout or a stalled engine is a fact: it reaches etcd at once,
+      // not at the next heartbeat
       const stateNow = Effect.gen(function* () {
-        const [s, d, g] = yield* Effect.all([engine.state, drain.draining, gateStatus])
-        return nodeState(s, d, gateProblem(g))
+        const [s, d, p] = yield* Effect.all([engine.state, drain.draining, problemNow])
+        return nodeState(s, d, p)
       })
-      const gpuChanges: Stream.Stream<string | undefined> = Option.match(gate, {
+      const gpuChanges: Stream.Stream<unknown> = Option.match(gate, {
         onNone: () => Stream.empty,
         onSome: (g) => g.problems
+      })
+      const stallChanges: Stream.Stream<unknown> = Option.match(stall, {
+        onNone: () => Stream.empty,
+        onSome: (s) => s.changes
       })
       const changes: Stream.Stream<NodeState> = Stream.mergeAll(
         [
           engine.changes.pipe(Stream.mapEffect(() => stateNow)),
           gpuChanges.pipe(Stream.mapEffect(() => stateNow)),
+          stallChanges.pipe(Stream.mapEffect(() => stateNow)),
           Stream.fromEffect(drain.awaitStarted).pipe(Stream.as("draining" as const))
         ],
         { concurrency: "unbounded" }

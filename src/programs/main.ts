@@ -10,6 +10,7 @@ import * as AdminHttp from "../layers/AdminHttp.ts"
 import * as AdmissionLive from "../layers/Admission.ts"
 import * as EngineClientLive from "../layers/EngineClient.ts"
 import * as EngineProcessLive from "../layers/EngineProcess.ts"
+import * as EngineStallLive from "../layers/EngineStall.ts"
 import * as EventLoopLagLive from "../layers/EventLoopLag.ts"
 import { planLayer } from "../layers/engines/index.ts"
 import * as GpuGateLive from "../layers/GpuGate.ts"
@@ -52,6 +53,7 @@ export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
   )
   // NVML before the plan: the plan's GPUs (CUDA_VISIBLE_DEVICES) come from it; the gate before the supervisor.
   return NodeStatusLive.layer().pipe(
+    Layer.provideMerge(EngineStallLive.layer),
     Layer.provideMerge(services),
     Layer.provideMerge(GpuGateLive.layer),
     Layer.provideMerge(planLayer),

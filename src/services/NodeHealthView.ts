@@ -12,12 +12,12 @@ import type { NodeState } from "./NodeStatus.ts"
 
 /**
  * Ready -> ready; Starting/Restarting -> starting, unhealthy once failing (several runs in a row failed);
- * Unhealthy -> unhealthy; a drain wins over all, then a GPU problem (a faulty GPU, or memory held past
- * gpu_free_timeout) makes the node unhealthy whatever the engine says.
+ * Unhealthy -> unhealthy; a drain wins over all, then a problem outside the engine's state (a faulty GPU, GPU
+ * memory held past gpu_free_timeout, a stalled engine) makes the node unhealthy whatever the engine says.
  */
-export const nodeState = (engine: EngineState, draining: boolean, gpuProblem?: string): NodeState => {
+export const nodeState = (engine: EngineState, draining: boolean, problem?: string): NodeState => {
   if (draining) return "draining"
-  if (gpuProblem !== undefined) return "unhealthy"
+  if (problem !== undefined) return "unhealthy"
   switch (engine._tag) {
     case "Ready":
       return "ready"
@@ -87,8 +87,11 @@ export interface NodeHealthInputs {
   readonly gpus: ReadonlyArray<Gpu>
   /** The engine's GPUs (NVML indices); empty when unknown. */
   readonly engineGpus: ReadonlyArray<number>
-  /** services/GpuGate.ts `gateProblem`: why the GPUs make the node unhealthy, or undefined. */
-  readonly gpuProblem: string | undefined
+  /**
+   * A fact outside the engine's state that makes the node unhealthy (services/GpuGate.ts `gateProblem`,
+   * services/EngineStall.ts `stallProblem`), or undefined.
+   */
+  readonly problem: string | undefined
   readonly now: number
 }
 
@@ -99,13 +102,13 @@ export const buildNodeHealth = (i: NodeHealthInputs): NodeHealth => ({
   agentVersion: i.agentVersion,
   advertiseAddr: i.advertiseAddr,
   role: i.config.agent.role,
-  state: nodeState(i.engine, i.draining, i.gpuProblem),
+  state: nodeState(i.engine, i.draining, i.problem),
   engine: {
     kind: i.config.engine.kind,
     model: i.config.model.served_name,
     phase: enginePhase(i.engine),
     restarts: i.restarts,
-    detail: [i.gpuProblem, engineDetail(i.engine, i.now)].filter((d) => d).join("; ")
+    detail: [i.problem, engineDetail(i.engine, i.now)].filter((d) => d).join("; ")
   },
   load: {
     inflight: i.inflight,
