@@ -7,9 +7,13 @@
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
+import { Etcd3 } from "etcd3"
+import { afterAll, afterEach, beforeAll, describe, expect, it, onTestFinished } from "vitest"
+import { NodeHealth } from "../src/gen/cgn/agent/v1/agent.ts"
+import { nodeKey } from "../src/services/HealthReporter.ts"
 import { killAllAgents, processAlive, requireDist, simAgentConfig, startAgent } from "./support/agent.ts"
 import { runCli } from "./support/cli.ts"
+import { startEtcd } from "./support/etcd.ts"
 import { buildFakeNvml } from "./support/nvml.ts"
 import { pollUntil } from "./support/poll.ts"
 
@@ -127,12 +131,28 @@ describe("GPU-aware supervision (built agent, fake NVML through koffi)", () => {
     expect((await agent.stop()).code).toBe(0)
   }, 240_000)
 
-  it("an uncorrected ECC error or a lost GPU on the engine's GPU makes the node unhealthy at once, with the reason", async () => {
+  it("an uncorrected ECC error or a lost GPU on the engine's GPU makes the node unhealthy at once, with the reason (etcd too)", async () => {
     const state = nvmlState("faults.state")
     // the fake's GPU 1 holds 4 GiB by default: free it, so only the faults below keep the engine from it
     const free1 = `gpu.1.used=${GiB / 4}`
     state.write([free1])
-    const s = await simAgentConfig({ engine: { gpu_free_timeout: "1m" } })
+    // a heartbeat far longer than the test: only the prompt write of a fact can bring the record up to date
+    const etcd = await startEtcd()
+    const kv = new Etcd3({ hosts: etcd.endpoint })
+    onTestFinished(async () => {
+      kv.close()
+      await etcd.dispose()
+    })
+    const record = async () => {
+      const text = await kv.get(nodeKey("/gpu", "e2e", "e2e-1")).string()
+      return text === null ? undefined : NodeHealth.fromJSON(JSON.parse(text))
+    }
+    const s = await simAgentConfig({
+      etcd: [etcd.endpoint],
+      etcdPrefix: "/gpu",
+      agent: { heartbeat: "30s" },
+      engine: { gpu_free_timeout: "1m" }
+    })
     const agent = await startAgent({
       config: { ...s.config, models: { m: { hf_repo: "org/m", gpus: [1] } } },
       env: { CGN_NVML_LIBRARY: library, FAKE_NVML_STATE: state.file },
@@ -160,6 +180,12 @@ describe("GPU-aware supervision (built agent, fake NVML through koffi)", () => {
     )
     expect(ecc.body).toContain("GPU 1 has 2 uncorrected ECC errors")
     expect((await status(agent.adminUrl)).health.state).toBe("unhealthy")
+    const inEtcd = await pollUntil(
+      "etcd says unhealthy",
+      async () => ((await record())?.state === "unhealthy" ? await record() : undefined),
+      10_000
+    )
+    expect(inEtcd?.engine?.detail).toContain("uncorrected ECC errors")
 
     state.write([free1, "gpu.1.lost=1"])
     const lost = await pollUntil(
