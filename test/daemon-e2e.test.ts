@@ -3,6 +3,7 @@
 // had a handler): after any number of SIGHUPs the agent keeps serving, and SIGTERM still drains it to exit 0.
 // An engine command that does not exist is reported as failing (/readyz, metric) while it is still retried.
 // Requires dist/ (`npm run build`; `npm test` builds first).
+import * as fs from "node:fs"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
 import { killAllAgents, requireDist, simAgentConfig, startAgent } from "./support/agent.ts"
 import { agentClient, generate, grpcCode } from "./support/generate.ts"
@@ -30,6 +31,34 @@ describe("SIGHUP", () => {
     const exit = await agent.stop("SIGTERM")
     expect(exit, agent.tail()).toEqual({ code: 0, signal: null })
     expect(agent.stderrLines.some((l) => l.includes("drain: started"))).toBe(true)
+  }, 90_000)
+})
+
+describe("SIGHUP and the log level", () => {
+  it("re-reads [agent].log_level: info -> debug without a restart", async () => {
+    const { config, grpcPort } = await simAgentConfig({ agent: { log_level: "info" } })
+    const agent = await startAgent({ config, readyTimeoutMs: 45_000 })
+    const { client, channel } = agentClient(`127.0.0.1:${grpcPort}`)
+    const debugLines = () => agent.logs().filter((l) => l.level === "debug")
+    try {
+      expect((await generate(client, { prompt: "a b c", sampling: { maxTokens: 4 } }).done).error).toBeUndefined()
+      // an admitted call logs its admission at debug: at info nothing of it is written
+      expect(debugLines()).toEqual([])
+
+      const file = fs.readFileSync(agent.configPath, "utf8")
+      fs.writeFileSync(agent.configPath, file.replace(/log_level = "info"/, 'log_level = "debug"'))
+      process.kill(agent.pid, "SIGHUP")
+      await pollUntil(
+        "the new level logged",
+        () => agent.logs().some((l) => l.msg === "SIGHUP: log level info -> debug"),
+        30_000
+      )
+      expect((await generate(client, { prompt: "a b c", sampling: { maxTokens: 4 } }).done).error).toBeUndefined()
+      await pollUntil("debug lines", () => debugLines().length > 0, 30_000)
+    } finally {
+      channel.close()
+    }
+    expect((await agent.stop()).code).toBe(0)
   }, 90_000)
 })
 

@@ -2,10 +2,13 @@
 // are `{msg, engine, stream, run}`; `--log-level` on the command line wins over CGN_LOG_LEVEL and the config,
 // and at debug the engine probes and admission decisions show. The e2e case runs the built agent
 // (`dist/main.js run`) with the simulator and parses every line it wrote, stdout and stderr.
+import { Effect } from "effect"
 import { createChannel, createClient } from "nice-grpc"
 import { afterAll, describe, expect, it } from "vitest"
 import { AgentDefinition } from "../src/gen/cgn/agent/v1/agent.ts"
+import * as Logging from "../src/layers/Logging.ts"
 import { effectiveLevel, engineOutput, logRecord } from "../src/layers/Logging.ts"
+import { LogLevel } from "../src/services/LogLevel.ts"
 import { killAllAgents, simAgentConfig, startAgent } from "./support/agent.ts"
 
 afterAll(() => killAllAgents())
@@ -127,6 +130,28 @@ const lineProblems = (line: string): Array<string> => {
   }
   return problems
 }
+
+describe("the LogLevel service (what SIGHUP moves)", () => {
+  const run = (flag: "Warn" | undefined, next: "debug" | "error") =>
+    Effect.runPromise(
+      Effect.gen(function* () {
+        const control = yield* LogLevel
+        const before = yield* control.current
+        const after = yield* control.configure(next)
+        return { before, after }
+      }).pipe(Effect.provide(Logging.layer("info", flag)))
+    )
+  it("a new [agent].log_level moves the threshold; --log-level pins it and says so", async () => {
+    const saved = process.env.CGN_LOG_LEVEL
+    delete process.env.CGN_LOG_LEVEL
+    try {
+      expect(await run(undefined, "debug")).toEqual({ before: "Info", after: { level: "Debug" } })
+      expect(await run("Warn", "error")).toEqual({ before: "Warn", after: { level: "Warn", pinnedBy: "--log-level" } })
+    } finally {
+      if (saved !== undefined) process.env.CGN_LOG_LEVEL = saved
+    }
+  })
+})
 
 describe("the log lines of a real run", () => {
   it("every line dist/main.js run writes has the one shape; --log-level debug beats CGN_LOG_LEVEL", {

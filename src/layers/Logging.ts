@@ -7,9 +7,12 @@
  *
  * The level: `--log-level` on the command line, else CGN_LOG_LEVEL, else `[agent].log_level`.
  */
-import { Cause, Layer, Logger, References } from "effect"
+import { Cause, Console, Effect, Layer, Logger, References } from "effect"
 import type { LogLevel } from "effect/LogLevel"
+import * as LogLevelModule from "effect/LogLevel"
 import { LogLevels } from "../services/ConfigSchema.ts"
+import { LogLevel as LogLevelTag } from "../services/LogLevel.ts"
+import { loadConfigFile } from "./Config.ts"
 
 type ConfigLevel = (typeof LogLevels)[number]
 
@@ -97,20 +100,26 @@ const toJson = (record: Record<string, unknown>): string => {
   }
 }
 
-/** The logger: `logRecord` of each call, one JSON line on stderr. */
-export const jsonLines: Logger.Logger<unknown, void> = Logger.withConsoleError(
-  Logger.make(({ date, logLevel, message, cause, fiber }) =>
-    toJson(
-      logRecord({
-        date,
-        level: logLevel,
-        message,
-        annotations: fiber.getRef(References.CurrentLogAnnotations),
-        cause: cause.reasons.length > 0 ? Cause.pretty(cause) : undefined
-      })
+/**
+ * The logger: `logRecord` of each call at or above `threshold()`, one JSON line on stderr; nothing for the
+ * others. The threshold is read per call so a SIGHUP can move it (fibers keep the MinimumLogLevel they started
+ * with, so that reference stays at its lowest and this is the filter).
+ */
+export const jsonLines = (threshold: () => LogLevel): Logger.Logger<unknown, void> =>
+  Logger.make(({ date, logLevel, message, cause, fiber }) => {
+    if (LogLevelModule.isGreaterThan(threshold(), logLevel)) return
+    fiber.getRef(Console.Console).error(
+      toJson(
+        logRecord({
+          date,
+          level: logLevel,
+          message,
+          annotations: fiber.getRef(References.CurrentLogAnnotations),
+          cause: cause.reasons.length > 0 ? Cause.pretty(cause) : undefined
+        })
+      )
     )
-  )
-)
+  })
 
 /**
  * One line of the engine's own output as log-call arguments: the line is `msg`. An engine that logs JSON
@@ -131,9 +140,49 @@ export const engineOutput = (line: string): readonly [string, Record<string, unk
   return Object.keys(rest).length === 0 ? [text] : [text, { engine_fields: rest }]
 }
 
-/** JSON lines on stderr at the effective level, replacing the default logger. */
-export const layer = (configured: ConfigLevel, flag?: LogLevel): Layer.Layer<never> =>
-  Layer.mergeAll(
-    Logger.layer([jsonLines]),
-    Layer.succeed(References.MinimumLogLevel, effectiveLevel(configured, process.env.CGN_LOG_LEVEL, flag))
+/**
+ * JSON lines on stderr at the effective level, replacing the default logger, and the LogLevel service that
+ * moves it (SIGHUP: `hangupReload`).
+ */
+export const layer = (configured: ConfigLevel, flag?: LogLevel): Layer.Layer<LogLevelTag> => {
+  const env = process.env.CGN_LOG_LEVEL
+  let threshold = effectiveLevel(configured, env, flag)
+  const pinnedBy =
+    flag !== undefined ? "--log-level" : LogLevels.some((l) => l === env?.toLowerCase()) ? "CGN_LOG_LEVEL" : undefined
+  return Layer.mergeAll(
+    Logger.layer([jsonLines(() => threshold)]),
+    Layer.succeed(References.MinimumLogLevel, "Trace"),
+    Layer.succeed(LogLevelTag, {
+      current: Effect.sync(() => threshold),
+      configure: (next) =>
+        Effect.sync(() => {
+          threshold = effectiveLevel(next, env, flag)
+          return pinnedBy === undefined ? { level: threshold } : { level: threshold, pinnedBy }
+        })
+    })
   )
+}
+
+/**
+ * What SIGHUP does to logging: re-reads `[agent].log_level` from the config file (the rest of the file is
+ * not re-applied) and moves the threshold. A file that no longer decodes keeps the current level.
+ */
+export const hangupReload = (file: string | undefined): Effect.Effect<void, never, LogLevelTag> =>
+  Effect.gen(function* () {
+    if (file === undefined) return
+    const control = yield* LogLevelTag
+    const before = yield* control.current
+    const read = yield* Effect.result(loadConfigFile(file))
+    if (read._tag === "Failure") {
+      return yield* Effect.logWarning("SIGHUP: config unreadable; log level kept", {
+        level: before.toLowerCase(),
+        problem: read.failure.message
+      })
+    }
+    const { level, pinnedBy } = yield* control.configure(read.success.agent.log_level)
+    yield* Effect.logInfo(
+      pinnedBy !== undefined
+        ? `SIGHUP: log level stays ${level.toLowerCase()} (set by ${pinnedBy})`
+        : `SIGHUP: log level ${before.toLowerCase()} -> ${level.toLowerCase()}`
+    )
+  })

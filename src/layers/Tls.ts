@@ -237,7 +237,7 @@ export const layer: Layer.Layer<Tls, TlsError, Config> = Layer.effect(
 
 /**
  * What SIGHUP reloads: the certificates when TLS is on (an invalid new file is logged and the old material
- * kept). The log level is fixed at start. Never fails: a reload must not end the daemon.
+ * kept). The log level is layers/Logging.ts `hangupReload`. Never fails: a reload must not end the daemon.
  */
 export const hangupReload: Effect.Effect<void, never, Tls> = Effect.flatMap(Tls, (tls) =>
   tls.enabled

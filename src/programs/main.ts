@@ -117,7 +117,7 @@ export const daemon = Effect.scoped(
     const signals = yield* shutdownSignals
     const drain = yield* Drain
     const tls = yield* Tls
-    yield* reloadOnHangup(TlsLive.hangupReload)
+    yield* reloadOnHangup(Effect.andThen(TlsLive.hangupReload, Logging.hangupReload(config.file)))
     const lag = yield* EventLoopLag
     yield* MetricsLive.mirrorEventLoopLag(lag.sample)
     yield* MetricsLive.recordBuildInfo({ version: NodeStatusLive.packageVersion(), engine: config.engine.kind })
