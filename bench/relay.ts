@@ -420,7 +420,10 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
       const calls = (x: PhaseResult) => x.ttft.length
       return {
         seq: seq.relayCpuUs / calls(seq),
+        seqMain: seq.relayMainUs / calls(seq),
+        seqWallMs: seq.wallMs / calls(seq),
         conc: conc.relayCpuUs / calls(conc),
+        concMain: conc.relayMainUs / calls(conc),
         errors: seq.errors + conc.errors,
         concMs: conc.wallMs
       }
@@ -439,7 +442,8 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
     for (const r of rows) console.log(`| ${keys.map((k) => r[k]).join(" | ")} |`)
     console.log(
       `per call (1-token requests, ${o.calls} sequential / ${o.calls} started together): ` +
-        `agent ${f(pcA.seq, 0)} / ${f(pcA.conc, 0)} µs CPU per call, nginx ${f(pcN.seq, 0)} / ${f(pcN.conc, 0)} µs; ` +
+        `agent ${f(pcA.seq, 0)} / ${f(pcA.conc, 0)} µs CPU per call (main thread ${f(pcA.seqMain, 0)} / ${f(pcA.concMain, 0)}), ` +
+        `nginx ${f(pcN.seq, 0)} / ${f(pcN.conc, 0)} µs; sequential calls took ${f(pcA.seqWallMs, 2)} ms each via agent, ${f(pcN.seqWallMs, 2)} via nginx; ` +
         `${o.calls} together took ${f(pcA.concMs, 0)} ms via agent, ${f(pcN.concMs, 0)} ms via nginx; errors ${pcN.errors}/${pcA.errors}`
     )
   } finally {
