@@ -2,7 +2,7 @@
 // instead of the agent, measured by the relay bench on the same load. Debian `nginx-light`, one process
 // (`master_process off`, so its CPU and RSS are one /proc entry), its own config, logs, temp paths and pid file in
 // a temp dir, `proxy_buffering off` (each SSE chunk is forwarded as it arrives), HTTP/1.1 with upstream keepalive.
-import { type ChildProcess, execFileSync, spawn } from "node:child_process"
+import { type ChildProcess, spawn, spawnSync } from "node:child_process"
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { connect } from "node:net"
 import { tmpdir } from "node:os"
@@ -20,18 +20,16 @@ const NGINX = "/usr/sbin/nginx"
 
 /** Fails with a clear message when nginx is not installed: the bench never skips the nginx column silently. */
 export const checkNginx = (): string => {
-  try {
-    return execFileSync(NGINX, ["-v"], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] }).trim()
-  } catch (e) {
-    const err = e as NodeJS.ErrnoException & { stderr?: string }
-    if (err.code === "ENOENT")
-      throw new Error(
-        `bench: ${NGINX} not found. The relay bench compares the agent with nginx as a plain SSE proxy; install it ` +
-          "with `apt-get update && apt-get install -y nginx-light` (Debian), then rerun."
-      )
-    // `nginx -v` prints its version on stderr and exits 0; execFileSync only throws on a real failure.
-    throw new Error(`bench: ${NGINX} -v failed: ${err.stderr ?? err.message}`)
-  }
+  // `nginx -v` prints its version on stderr.
+  const r = spawnSync(NGINX, ["-v"], { encoding: "utf8" })
+  if ((r.error as NodeJS.ErrnoException | undefined)?.code === "ENOENT")
+    throw new Error(
+      `bench: ${NGINX} not found. The relay bench compares the agent with nginx as a plain SSE proxy; install it ` +
+        "with `apt-get update && apt-get install -y nginx-light` (Debian), then rerun."
+    )
+  if (r.error !== undefined || r.status !== 0)
+    throw new Error(`bench: ${NGINX} -v failed: ${r.error?.message ?? r.stderr}`)
+  return r.stderr.trim()
 }
 
 const config = (dir: string, port: number, upstreamPort: number): string => `
