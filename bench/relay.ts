@@ -1,14 +1,20 @@
-// Relay benchmark (`npm run bench`): the same simulator on the same machine, streamed directly over HTTP SSE
-// and through the agent's gRPC server, at several concurrencies. Prints tokens/s, TTFT p50/p99, the agent's
-// CPU per relayed token and peak RSS, the through-agent / direct ratios, and the CPU the simulator and the load
-// generator used (on a small machine they compete with the agent: a saturated machine is flagged).
-// The agent runs in its own process (this file re-executed with --agent) so its CPU and RSS are its own.
+// Relay benchmark (`npm run bench`): the same simulator on the same machine, streamed by the same load generator
+// three ways in one run: directly over HTTP SSE, through nginx as a plain SSE reverse proxy (what a user could put
+// in front of an engine instead of the agent), and through the agent's gRPC server (gRPC in, SSE out to the
+// engine). Per concurrency level it prints tokens/s, the ratios against direct, TTFT p50 and what nginx and the
+// agent add to it, CPU per relayed token and peak RSS of nginx and of the agent, and the cores the simulator and
+// the load generator used (they share one core: a saturated core is flagged). Per ITL setting it also prints the
+// per-call CPU cost (1-token requests, sequential and concurrent), apart from the per-token cost.
+// Pinning (taskset): the agent and nginx on CPU 0, the simulator and the load generator on CPU 1 (`--pin 0,1`;
+// `--pin none` to leave scheduling to the kernel). The agent runs in its own process (this file re-executed with
+// --agent) so its CPU and RSS are its own; nginx runs as one process (master_process off), see bench/nginx.ts.
 // Flags: --concurrency 1,64,256 --tokens 128 --rounds 4 --itl 5ms,0ms (one table per setting)
-//        --direct scan|parse (default both: two direct baselines, a ratio against each)
+//        --direct scan|parse (the client of the direct and nginx phases; default scan)
+//        --calls 200 (1-token requests per per-call measurement)
 //        --profile DIR (writes the agent's --cpu-prof, one file per setting).
-import { type ChildProcess, spawn } from "node:child_process"
-import { readFileSync } from "node:fs"
-import { availableParallelism } from "node:os"
+import { type ChildProcess, execFileSync, spawn } from "node:child_process"
+import { readdirSync, readFileSync, writeFileSync } from "node:fs"
+import { cpus } from "node:os"
 import { fileURLToPath } from "node:url"
 import { parseArgs } from "node:util"
 import { Effect, Layer, ManagedRuntime } from "effect"
@@ -23,34 +29,68 @@ import { layerTest as nodeStatusLayerTest } from "../src/layers/NodeStatus.ts"
 import { State } from "../src/services/EngineState.ts"
 import { GrpcServer } from "../src/services/GrpcServer.ts"
 import { startSim } from "../test/support/sim.ts"
+import { checkNginx, type NginxHandle, startNginx } from "./nginx.ts"
 
 const self = fileURLToPath(import.meta.url)
 
 // ---------------------------------------------------------------------------------------------------------
 // CPU accounting (Linux /proc; zeros elsewhere)
 
-/** CPU seconds of a whole process (all threads), from /proc/PID/stat (10 ms ticks). */
-const procCpuS = (pid: number): number => {
+/** CPU microseconds of a whole process (all threads): the sum of /proc/PID/task/TID/schedstat (ns run time), which
+ * is exact where /proc/PID/stat's utime+stime counts 10 ms ticks (too coarse for nginx at one stream). */
+const procCpuUs = (pid: number): number => {
   try {
-    const stat = readFileSync(`/proc/${pid}/stat`, "utf8")
-    const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ")
-    return (Number(f[11]) + Number(f[12])) / 100
+    let ns = 0
+    for (const tid of readdirSync(`/proc/${pid}/task`)) {
+      try {
+        ns += Number(readFileSync(`/proc/${pid}/task/${tid}/schedstat`, "utf8").split(" ")[0])
+      } catch {
+        // thread gone
+      }
+    }
+    return ns / 1000
   } catch {
     return 0
   }
 }
 
-/** CPU microseconds of this process's main thread (schedstat is in ns). */
-const mainThreadUs = (): number => {
+/** CPU microseconds of a process's main thread (schedstat is in ns). */
+const procMainUs = (pid: number): number => {
   try {
-    return Number(readFileSync(`/proc/self/task/${process.pid}/schedstat`, "utf8").split(" ")[0]) / 1000
+    return Number(readFileSync(`/proc/${pid}/task/${pid}/schedstat`, "utf8").split(" ")[0]) / 1000
   } catch {
     return 0
   }
+}
+
+/** Peak RSS (VmHWM) of a process in KiB. */
+const peakRssKb = (pid: number): number => {
+  try {
+    const m = /VmHWM:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, "utf8"))
+    return m === null ? Number.NaN : Number(m[1])
+  } catch {
+    return Number.NaN
+  }
+}
+
+/** Resets a process's peak RSS to its current RSS (Linux clear_refs "5"), so VmHWM is the peak of one row.
+ * False where that is not allowed: the figure is then the process's lifetime peak. */
+const resetPeakRss = (pid: number): boolean => {
+  try {
+    writeFileSync(`/proc/${pid}/clear_refs`, "5")
+    return true
+  } catch {
+    return false
+  }
+}
+
+/** Pins a running process, all its threads, to one CPU. */
+const pin = (pid: number, cpu: number): void => {
+  execFileSync("taskset", ["-a", "-p", "-c", String(cpu), String(pid)], { stdio: "ignore" })
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Agent process: the gRPC server with the live EngineClient, answering stats requests over IPC.
+// Agent process: the gRPC server with the live EngineClient (its CPU and RSS are read from /proc by the bench).
 
 const runAgent = async (engineUrl: string): Promise<void> => {
   const port = Number(new URL(engineUrl).port)
@@ -68,28 +108,11 @@ const runAgent = async (engineUrl: string): Promise<void> => {
   const rt = ManagedRuntime.make(grpcLayerWith({ address: "127.0.0.1:0" }).pipe(Layer.provideMerge(deps)))
   const server = await rt.runPromise(Effect.map(GrpcServer, (s) => s))
   process.on("message", (m: { type: string }) => {
-    if (m.type === "stats") {
-      const cpu = process.cpuUsage()
-      const stats: AgentStats = {
-        type: "stats",
-        cpuUs: cpu.user + cpu.system,
-        mainUs: mainThreadUs(),
-        maxRssKb: process.resourceUsage().maxRSS
-      }
-      process.send?.(stats)
-    } else if (m.type === "exit") {
+    if (m.type === "exit") {
       void rt.dispose().then(() => process.exit(0))
     }
   })
   process.send?.({ type: "ready", address: server.address })
-}
-
-interface AgentStats {
-  readonly type: "stats"
-  /** All threads (main, V8 GC and compiler workers, libuv). */
-  readonly cpuUs: number
-  readonly mainUs: number
-  readonly maxRssKb: number
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -113,6 +136,10 @@ interface PhaseResult {
   readonly errors: number
   /** CPU seconds of the simulator and of this process (the load generator) during the phase. */
   readonly simCpuS: number
+  /** CPU microseconds of the relay under test (nginx or the agent; 0 for direct) during the phase. */
+  readonly relayCpuUs: number
+  /** The same, the relay's main thread only. */
+  readonly relayMainUs: number
   readonly loadCpuS: number
 }
 
@@ -225,6 +252,7 @@ const viaAgent = async (client: Client, tokens: number): Promise<Sample> => {
 
 const phase = async (
   simPid: number,
+  relayPid: number | undefined,
   concurrency: number,
   rounds: number,
   one: () => Promise<Sample>
@@ -234,7 +262,9 @@ const phase = async (
   let tokens = 0
   let messages = 0
   let errors = 0
-  const sim0 = procCpuS(simPid)
+  const sim0 = procCpuUs(simPid)
+  const relay0 = relayPid === undefined ? 0 : procCpuUs(relayPid)
+  const relayMain0 = relayPid === undefined ? 0 : procMainUs(relayPid)
   const load0 = process.cpuUsage()
   const started = performance.now()
   const worker = async () => {
@@ -260,7 +290,9 @@ const phase = async (
     ttft,
     agentTtft,
     errors,
-    simCpuS: procCpuS(simPid) - sim0,
+    simCpuS: (procCpuUs(simPid) - sim0) / 1e6,
+    relayCpuUs: relayPid === undefined ? 0 : procCpuUs(relayPid) - relay0,
+    relayMainUs: relayPid === undefined ? 0 : procMainUs(relayPid) - relayMain0,
     loadCpuS: (load.user + load.system) / 1e6
   }
 }
@@ -270,28 +302,35 @@ const pct = (xs: ReadonlyArray<number>, p: number): number => {
   return s.length === 0 ? Number.NaN : (s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] ?? Number.NaN)
 }
 
-const ask = (agent: ChildProcess): Promise<AgentStats> =>
-  new Promise((resolve) => {
-    const on = (m: AgentStats) => {
-      if (m.type !== "stats") return
-      agent.off("message", on)
-      resolve(m)
-    }
-    agent.on("message", on)
-    agent.send({ type: "stats" })
-  })
-
 const f = (n: number, d = 1) => (Number.isFinite(n) ? n.toFixed(d) : "-")
 
-/** One simulator setting: a fresh simulator and agent, every concurrency level, one table. */
-const runSetting = async (
-  itl: string,
-  levels: ReadonlyArray<number>,
-  tokens: number,
-  rounds: number,
-  baselines: ReadonlyArray<Baseline>,
-  profileDir: string | undefined
-): Promise<void> => {
+interface Pins {
+  /** The agent and nginx. */
+  readonly relay: number
+  /** The simulator and the load generator. */
+  readonly engine: number
+}
+
+interface Options {
+  readonly levels: ReadonlyArray<number>
+  readonly tokens: number
+  readonly rounds: number
+  readonly calls: number
+  readonly baseline: Baseline
+  readonly pins: Pins | undefined
+  readonly profileDir: string | undefined
+}
+
+const rate = (p: PhaseResult) => (p.tokens * 1000) / p.wallMs
+const cores = (cpuS: number, wallMs: number) => cpuS / (wallMs / 1000)
+/** Cores used on the simulator + load generator CPU during a phase, flagged when that CPU was saturated. */
+const engineSide = (p: PhaseResult, pinned: boolean) => {
+  const c = cores(p.simCpuS + p.loadCpuS, p.wallMs)
+  return `${f(c, 2)}${pinned && c > 0.9 ? "!" : ""}`
+}
+
+/** One simulator setting: a fresh simulator, nginx and agent, every concurrency level, one table. */
+const runSetting = async (itl: string, o: Options): Promise<void> => {
   const sim = await startSim({
     flavor: "vllm",
     args: [
@@ -306,85 +345,124 @@ const runSetting = async (
       "--sim-ttft",
       "0ms",
       "--sim-max-seqs",
-      String(Math.max(...levels) * 2)
+      String(Math.max(...o.levels, 256) * 2)
     ]
   })
-  const profile = profileDir === undefined ? [] : ["--cpu-prof", `--cpu-prof-dir=${profileDir}`]
-  const agent = spawn(process.execPath, [...profile, self, "--agent", sim.url], {
-    stdio: ["ignore", "inherit", "inherit", "ipc"]
-  })
-  const cores = availableParallelism()
+  let nginx: NginxHandle | undefined
+  let agent: ChildProcess | undefined
   try {
+    if (o.pins !== undefined) pin(sim.pid, o.pins.engine)
+    nginx = await startNginx(sim.url, o.pins?.relay)
+    const profile = o.profileDir === undefined ? [] : ["--cpu-prof", `--cpu-prof-dir=${o.profileDir}`]
+    const agentArgs = [...profile, self, "--agent", sim.url]
+    // taskset execs node: the child's pid (and its IPC channel) is the agent's.
+    const a =
+      o.pins === undefined
+        ? spawn(process.execPath, agentArgs, { stdio: ["ignore", "inherit", "inherit", "ipc"] })
+        : spawn("taskset", ["-c", String(o.pins.relay), process.execPath, ...agentArgs], {
+            stdio: ["ignore", "inherit", "inherit", "ipc"]
+          })
+    agent = a
+    const agentPid = a.pid ?? -1
     const address = await new Promise<string>((resolve, reject) => {
-      agent.once("exit", (code) => reject(new Error(`agent exited (${code})`)))
-      agent.on("message", (m: { type: string; address: string }) => {
+      a.once("exit", (code) => reject(new Error(`agent exited (${code})`)))
+      a.on("message", (m: { type: string; address: string }) => {
         if (m.type === "ready") resolve(m.address)
       })
     })
     const channel = createChannel(address, undefined, { "grpc.max_concurrent_streams": 1024 })
     const client = createClient(AgentDefinition, channel)
-    // Warm both paths (JIT, connections).
-    for (const b of baselines) await phase(sim.pid, 8, 4, () => directFor(b)(sim.url, tokens))
-    await phase(sim.pid, 8, 4, () => viaAgent(client, tokens))
+    const direct = directFor(o.baseline)
+    const ng = nginx
+    const paths = {
+      direct: (n: number) => direct(sim.url, n),
+      nginx: (n: number) => direct(ng.url, n),
+      agent: (n: number) => viaAgent(client, n)
+    }
+    // Warm all paths (JIT, connections).
+    for (const one of Object.values(paths)) await phase(sim.pid, undefined, 8, 4, () => one(o.tokens))
     // The agent's own background CPU (timers, health fibers) over one idle second, to read the rows against.
-    const idle0 = await ask(agent)
+    const idle0 = procCpuUs(agentPid)
     await new Promise((r) => setTimeout(r, 1000))
-    const idle1 = await ask(agent)
+    const idleAgentUs = procCpuUs(agentPid) - idle0
 
+    const pinned = o.pins !== undefined
     const rows: Array<Record<string, string>> = []
-    for (const c of levels) {
-      const ds: Array<readonly [Baseline, PhaseResult]> = []
-      for (const b of baselines) ds.push([b, await phase(sim.pid, c, rounds, () => directFor(b)(sim.url, tokens))])
-      const before = await ask(agent)
-      const a = await phase(sim.pid, c, rounds, () => viaAgent(client, tokens))
-      const after = await ask(agent)
-      const rate = (p: PhaseResult) => (p.tokens * 1000) / p.wallMs
-      const aRate = (a.tokens * 1000) / a.wallMs
-      const agentCpuS = (after.cpuUs - before.cpuUs) / 1e6
-      const busy = (cpuS: number, wallMs: number) => cpuS / (wallMs / 1000)
-      const total = busy(agentCpuS + a.simCpuS + a.loadCpuS, a.wallMs)
-      // The first baseline (scan when both run) is the reference for added TTFT.
-      const [b0, d] = ds[0] ?? (["scan", a] as const)
-      const row: Record<string, string> = { streams: String(c) }
-      for (const [b, p] of ds) row[`direct ${b} tok/s`] = f(rate(p), 0)
-      row["agent tok/s"] = f(aRate, 0)
-      for (const [b, p] of ds) row[`ratio vs ${b}`] = f(aRate / rate(p), 3)
-      for (const [b, p] of ds)
-        row[`direct ${b} TTFT p50/p99 ms`] = `${f(pct(p.ttft, 50), 2)} / ${f(pct(p.ttft, 99), 2)}`
-      const directCores = ds
-        .map(([b, p]) => `${b}: ${f(busy(p.simCpuS, p.wallMs), 2)}/${f(busy(p.loadCpuS, p.wallMs), 2)}`)
-        .join("; ")
+    for (const c of o.levels) {
+      const d = await phase(sim.pid, undefined, c, o.rounds, () => paths.direct(o.tokens))
+      const nPeakReset = resetPeakRss(ng.pid)
+      const n = await phase(sim.pid, ng.pid, c, o.rounds, () => paths.nginx(o.tokens))
+      const nRss = peakRssKb(ng.pid)
+      const aPeakReset = resetPeakRss(agentPid)
+      const ag = await phase(sim.pid, agentPid, c, o.rounds, () => paths.agent(o.tokens))
+      const aRss = peakRssKb(agentPid)
+      const p50 = (x: PhaseResult) => pct(x.ttft, 50)
       rows.push({
-        ...row,
-        "agent TTFT p50/p99 ms": `${f(pct(a.ttft, 50), 2)} / ${f(pct(a.ttft, 99), 2)}`,
-        [`added TTFT p50 ms vs ${b0} (agent's own)`]: `${f(pct(a.ttft, 50) - pct(d.ttft, 50), 2)} (${f(pct(a.agentTtft, 50), 2)})`,
-        "agent CPU µs/tok (main thread)": `${f((agentCpuS * 1e6) / a.tokens, 1)} (${f((after.mainUs - before.mainUs) / a.tokens, 1)})`,
-        "tok/gRPC msg": f(a.tokens / Math.max(1, a.messages), 2),
-        "cores used agent/sim/loadgen (direct: sim/loadgen)": `${f(busy(agentCpuS, a.wallMs), 2)}/${f(busy(a.simCpuS, a.wallMs), 2)}/${f(busy(a.loadCpuS, a.wallMs), 2)} (${directCores})${total > 0.9 * cores ? " saturated" : ""}`,
-        "agent peak RSS MiB": f(after.maxRssKb / 1024, 0),
-        [`errors ${[...ds.map(([b]) => b), "agent"].join("/")}`]: [...ds.map(([, p]) => p.errors), a.errors].join("/")
+        streams: String(c),
+        "direct tok/s": f(rate(d), 0),
+        "nginx / agent tok/s": `${f(rate(n), 0)} / ${f(rate(ag), 0)}`,
+        "vs direct nginx / agent": `${f(rate(n) / rate(d), 3)} / ${f(rate(ag) / rate(d), 3)}`,
+        "TTFT p50 ms direct / nginx / agent": `${f(p50(d), 2)} / ${f(p50(n), 2)} / ${f(p50(ag), 2)}`,
+        "added TTFT p50 ms nginx / agent (agent's own)": `${f(p50(n) - p50(d), 2)} / ${f(p50(ag) - p50(d), 2)} (${f(pct(ag.agentTtft, 50), 2)})`,
+        "agent TTFT p99 ms": f(pct(ag.ttft, 99), 1),
+        "CPU µs/tok nginx / agent (agent main)": `${f(n.relayCpuUs / n.tokens, 1)} / ${f(ag.relayCpuUs / ag.tokens, 1)} (${f(ag.relayMainUs / ag.tokens, 1)})`,
+        "cores nginx / agent": `${f(cores(n.relayCpuUs / 1e6, n.wallMs), 2)} / ${f(cores(ag.relayCpuUs / 1e6, ag.wallMs), 2)}`,
+        [`peak RSS MiB nginx / agent${nPeakReset && aPeakReset ? "" : " (lifetime)"}`]: `${f(nRss / 1024, 1)} / ${f(aRss / 1024, 0)}`,
+        "sim+loadgen cores direct/nginx/agent": `${engineSide(d, pinned)}/${engineSide(n, pinned)}/${engineSide(ag, pinned)}`,
+        "tok/gRPC msg": f(ag.tokens / Math.max(1, ag.messages), 2),
+        "errors d/n/a": `${d.errors}/${n.errors}/${ag.errors}`
       })
     }
+    // Per-call cost: 1-token requests, one after another and all started together.
+    const perCall = async (path: "nginx" | "agent", pid: number) => {
+      const seq = await phase(sim.pid, pid, 1, o.calls, () => paths[path](1))
+      const conc = await phase(sim.pid, pid, o.calls, 1, () => paths[path](1))
+      const calls = (x: PhaseResult) => x.ttft.length
+      return {
+        seq: seq.relayCpuUs / calls(seq),
+        seqMain: seq.relayMainUs / calls(seq),
+        seqWallMs: seq.wallMs / calls(seq),
+        conc: conc.relayCpuUs / calls(conc),
+        concMain: conc.relayMainUs / calls(conc),
+        errors: seq.errors + conc.errors,
+        concMs: conc.wallMs
+      }
+    }
+    const pcN = await perCall("nginx", ng.pid)
+    const pcA = await perCall("agent", agentPid)
     channel.close()
     const keys = Object.keys(rows[0] ?? {})
     console.log(
-      `\nrelay benchmark: sim ITL ${itl}, ${tokens} tokens/request, ${rounds} requests per stream, ${cores} cores; agent idle ${f((idle1.cpuUs - idle0.cpuUs) / 1000, 1)} ms CPU/s`
+      `\nrelay benchmark: sim ITL ${itl}, ${o.tokens} tokens/request, ${o.rounds} requests per stream, direct client ${o.baseline}, ${cpus().length} cores, ` +
+        `${pinned ? `agent+nginx on CPU ${o.pins?.relay}, sim+loadgen on CPU ${o.pins?.engine}` : "not pinned"}; agent idle ${f(idleAgentUs / 1000, 1)} ms CPU/s` +
+        `${pinned ? "; ! = the sim+loadgen CPU was saturated" : ""}`
     )
     console.log(`| ${keys.join(" | ")} |`)
     console.log(`|${keys.map(() => "---").join("|")}|`)
     for (const r of rows) console.log(`| ${keys.map((k) => r[k]).join(" | ")} |`)
+    console.log(
+      `per call (1-token requests, ${o.calls} sequential / ${o.calls} started together): ` +
+        `agent ${f(pcA.seq, 0)} / ${f(pcA.conc, 0)} µs CPU per call (main thread ${f(pcA.seqMain, 0)} / ${f(pcA.concMain, 0)}), ` +
+        `nginx ${f(pcN.seq, 0)} / ${f(pcN.conc, 0)} µs; sequential calls took ${f(pcA.seqWallMs, 2)} ms each via agent, ${f(pcN.seqWallMs, 2)} via nginx; ` +
+        `${o.calls} together took ${f(pcA.concMs, 0)} ms via agent, ${f(pcN.concMs, 0)} ms via nginx; errors ${pcN.errors}/${pcA.errors}`
+    )
   } finally {
     // send() throws once the agent has died, which would leave the simulator (own process group) running.
     try {
-      if (agent.exitCode === null) {
-        agent.send({ type: "exit" })
+      if (agent !== undefined && agent.exitCode === null) {
+        const a = agent
+        a.send({ type: "exit" })
         await new Promise<void>((resolve) => {
-          if (agent.exitCode !== null) resolve()
-          else agent.once("exit", () => resolve())
+          if (a.exitCode !== null) resolve()
+          else a.once("exit", () => resolve())
         })
       }
     } finally {
-      await sim.stop()
+      try {
+        await nginx?.stop()
+      } finally {
+        await sim.stop()
+      }
     }
   }
 }
@@ -396,17 +474,34 @@ const runBench = async (): Promise<void> => {
       tokens: { type: "string", default: "128" },
       rounds: { type: "string", default: "4" },
       itl: { type: "string", default: "5ms,0ms" },
-      direct: { type: "string", default: "scan,parse" },
+      direct: { type: "string", default: "scan" },
+      calls: { type: "string", default: "200" },
+      pin: { type: "string", default: "0,1" },
       profile: { type: "string" }
     }
   })
-  const levels = values.concurrency.split(",").map(Number)
-  const baselines = values.direct.split(",").map((b): Baseline => {
-    if (b === "scan" || b === "parse") return b
-    throw new Error(`--direct: expected scan, parse or scan,parse; got ${b}`)
-  })
-  for (const itl of values.itl.split(","))
-    await runSetting(itl, levels, Number(values.tokens), Number(values.rounds), baselines, values.profile)
+  const b = values.direct
+  if (b !== "scan" && b !== "parse") throw new Error(`--direct: expected scan or parse; got ${b}`)
+  let pins: Pins | undefined
+  if (values.pin !== "none") {
+    const [relay, engine] = values.pin.split(",").map(Number)
+    if (relay === undefined || engine === undefined || !Number.isInteger(relay) || !Number.isInteger(engine))
+      throw new Error(`--pin: expected RELAY_CPU,ENGINE_CPU (e.g. 0,1) or none; got ${values.pin}`)
+    pins = { relay, engine }
+  }
+  console.log(checkNginx())
+  // The load generator (this process, all its threads) shares the engine-side CPU with the simulator.
+  if (pins !== undefined) pin(process.pid, pins.engine)
+  const o: Options = {
+    levels: values.concurrency.split(",").map(Number),
+    tokens: Number(values.tokens),
+    rounds: Number(values.rounds),
+    calls: Number(values.calls),
+    baseline: b,
+    pins,
+    profileDir: values.profile
+  }
+  for (const itl of values.itl.split(",")) await runSetting(itl, o)
   await pool.close()
 }
 
