@@ -35,7 +35,7 @@ describe("the health-only listener", () => {
   beforeAll(async () => {
     const server = await rt.runPromise(GrpcServer)
     const scope = await rt.runPromise(Scope.make())
-    const listener = await rt.runPromise(Scope.provide(HealthListener.serve("127.0.0.1:0", server.health), scope))
+    const listener = await rt.runPromise(Scope.provide(HealthListener.serve("127.0.0.1:0", server.healthState), scope))
     healthAddress = listener.address
     close = () => rt.runPromise(Scope.close(scope, Exit.void))
   })

@@ -450,6 +450,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     address: bound,
     port,
     health: Effect.sync(current),
+    healthState,
     setHealthOverride: (s) =>
       Effect.sync(() => {
         override = s

@@ -142,7 +142,7 @@ export const daemon = Effect.scoped(
     const grpc = yield* Layer.build(GrpcServerLive.layerWith({ credentials: tls.serverCredentials }))
     // Plaintext health for the kubelet's gRPC probe, which cannot do mTLS (layers/HealthListener.ts).
     if (config.agent.listen_health !== undefined)
-      yield* HealthListener.serve(config.agent.listen_health, Context.get(grpc, GrpcServer).health)
+      yield* HealthListener.serve(config.agent.listen_health, Context.get(grpc, GrpcServer).healthState)
     const reporterContext = yield* Layer.build(HealthReporterLive.layer)
     const reporter = Context.get(reporterContext, HealthReporter)
     yield* Deferred.succeed(reporterReady, reporter.status)
