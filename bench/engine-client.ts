@@ -4,10 +4,10 @@
 // Run: `npx node bench/engine-client.ts [--streams 1,64,256] [--seconds 5] [--max-tokens 256]`
 import { Effect, ManagedRuntime, Stream } from "effect"
 import { Agent } from "undici"
-import { decodeConfigObject } from "../src/layers/Config.ts"
-import { layerFromPlan } from "../src/layers/EngineClient.ts"
-import { engineFor } from "../src/layers/engines/index.ts"
-import { EngineClient } from "../src/services/EngineClient.ts"
+import { decodeConfigObject } from "../src/layers/config/Config.ts"
+import { engineFor } from "../src/layers/engine/backends/index.ts"
+import { layerFromPlan } from "../src/layers/engine/EngineClient.ts"
+import { EngineClient } from "../src/services/engine/EngineClient.ts"
 import { freePort } from "../test/support/ports.ts"
 import { startSim } from "../test/support/sim.ts"
 

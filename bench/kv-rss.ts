@@ -18,14 +18,16 @@ const arg = (name: string, dflt: string) => {
 const seconds = Number(arg("--seconds", "60"))
 const rate = Number(arg("--rate", "200"))
 const blocks = Number(arg("--blocks", "256"))
-const bridgePath = path.resolve(arg("--bridge", new URL("../src/layers/KvBridge.ts", import.meta.url).pathname))
+const bridgePath = path.resolve(arg("--bridge", new URL("../src/layers/kv/KvBridge.ts", import.meta.url).pathname))
 const root = path.resolve(path.dirname(bridgePath), "../..")
 
 // Typed as this checkout's modules; `--bridge` may load another checkout's (same shape where it matters).
-const KvBridgeLive: typeof import("../src/layers/KvBridge.ts") = await import(bridgePath)
-const MetricsLive: typeof import("../src/layers/Metrics.ts") = await import(path.join(root, "src/layers/Metrics.ts"))
-const { KvBridge }: typeof import("../src/services/KvBridge.ts") = await import(
-  path.join(root, "src/services/KvBridge.ts")
+const KvBridgeLive: typeof import("../src/layers/kv/KvBridge.ts") = await import(bridgePath)
+const MetricsLive: typeof import("../src/layers/observability/Metrics.ts") = await import(
+  path.join(root, "src/layers/observability/Metrics.ts")
+)
+const { KvBridge }: typeof import("../src/services/kv/KvBridge.ts") = await import(
+  path.join(root, "src/services/kv/KvBridge.ts")
 )
 
 const toMB = (b: number) => Math.round(b / 1024 / 1024)

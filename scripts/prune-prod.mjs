@@ -1,6 +1,6 @@
 // Trims a production node_modules (after `npm ci --omit=dev --omit=peer`) of what the agent never loads,
 // for the container image: `node scripts/prune-prod.mjs [DIR]` (default ./node_modules). Each entry says why it
-// is safe; nothing here is imported at run time (test/packaging.test.ts starts the agent on the result).
+// is safe; nothing here is imported at run time (test/programs/packaging.test.ts starts the agent on the result).
 import { existsSync, readdirSync, rmSync } from "node:fs"
 import * as path from "node:path"
 

@@ -5,11 +5,11 @@
  */
 import { Console, Effect } from "effect"
 import { Command, Flag } from "effect/cli"
-import { requireAdminToken } from "../layers/AdminHttp.ts"
-import { resolvePlan } from "../layers/engines/index.ts"
-import { etcdOptions } from "../layers/etcdClient.ts"
-import { readMaterial, securityFiles } from "../layers/Tls.ts"
-import { type AgentConfig, ConfigError } from "../services/Config.ts"
+import { requireAdminToken } from "../layers/admin/Admin.ts"
+import { resolvePlan } from "../layers/engine/backends/index.ts"
+import { etcdOptions } from "../layers/registry/etcdClient.ts"
+import { readMaterial, securityFiles } from "../layers/tls/Tls.ts"
+import { type AgentConfig, ConfigError } from "../services/config/Config.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
 
 /**

@@ -5,7 +5,7 @@
  */
 import { Console, Effect, Option } from "effect"
 import { Argument, CliError, CliOutput, Command } from "effect/cli"
-import { ConfigError } from "../services/Config.ts"
+import { ConfigError } from "../services/config/Config.ts"
 import { VERSION } from "../version.ts"
 import { check } from "./check.ts"
 import { generate } from "./generate.ts"

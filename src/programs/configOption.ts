@@ -4,9 +4,9 @@
  */
 import { Effect, Option } from "effect"
 import { Flag } from "effect/cli"
-import { loadConfigFile } from "../layers/Config.ts"
-import type { AgentConfig } from "../services/Config.ts"
-import { ConfigError } from "../services/Config.ts"
+import { loadConfigFile } from "../layers/config/Config.ts"
+import type { AgentConfig } from "../services/config/Config.ts"
+import { ConfigError } from "../services/config/Config.ts"
 
 /** `--config PATH`; optional on the command line because CGN_AGENT_CONFIG may name the file instead. */
 export const configFlag = Flag.String("config").pipe(

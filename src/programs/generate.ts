@@ -13,9 +13,9 @@ import {
   type GenerateFinal,
   type GenerateRequest
 } from "../gen/cgn/agent/v1/agent.ts"
-import { loadClientCredentials } from "../layers/Tls.ts"
-import { HostPort } from "../services/ConfigSchema.ts"
-import { statusName } from "../services/GrpcStatus.ts"
+import { loadClientCredentials } from "../layers/tls/Tls.ts"
+import { HostPort } from "../services/config/ConfigSchema.ts"
+import { statusName } from "../services/grpc/GrpcStatus.ts"
 
 /** The call failed with a gRPC status, or the flags do not make a request. */
 export class GenerateFailed extends Schema.TaggedError<GenerateFailed>()("GenerateFailed", {

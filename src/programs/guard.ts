@@ -8,18 +8,18 @@
  * an engine must get exactly one SIGTERM (see stopGroup). The engine runs in its own group (pgid = its pid,
  * reported on fd 3); it inherits the guard's stdout and stderr, which are the agent's log pipes. Once the agent is
  * gone nobody reads them, so a write fails with EPIPE: every write here ignores errors, or the guard would die
- * between the TERM and the KILL. Contract: services/GuardProtocol.ts. Not part of any public CLI.
+ * between the TERM and the KILL. Contract: services/engine/GuardProtocol.ts. Not part of any public CLI.
  */
 import { spawn } from "node:child_process"
 import * as fs from "node:fs"
-import { stopGroup } from "../layers/processGroup.ts"
+import { stopGroup } from "../layers/engine/processGroup.ts"
 import {
   encodeReport,
   type GuardReport,
   parseGuardArgs,
   REPORT_FD,
   type StopOutcome
-} from "../services/GuardProtocol.ts"
+} from "../services/engine/GuardProtocol.ts"
 
 // A write to a pipe whose reader is gone raises EPIPE as an 'error' event; unhandled, it would kill the guard.
 process.stdout.on("error", () => {})

@@ -1,11 +1,11 @@
 #!/usr/bin/env node
-// cgn-kvcached-ref: the reference cgn-kvcached receiver (layers/kvcachedReceiver.ts) as a program.
+// cgn-kvcached-ref: the reference cgn-kvcached receiver (layers/kv/kvcachedReceiver.ts) as a program.
 //   cgn-kvcached-ref --uds PATH [--journal FILE]
 // Serves the kvcached contract on PATH; with --journal, appends every Hello and applied record to FILE
 // (NDJSON) and resumes from it after a restart. Logs `{"msg":"listening"}` on stderr once the socket is up.
 import * as NodeRuntime from "@effect/platform-node/NodeRuntime"
 import { Effect, Layer } from "effect"
-import { layer } from "../layers/kvcachedReceiver.ts"
+import { layer } from "../layers/kv/kvcachedReceiver.ts"
 
 const arg = (name: string): string | undefined => {
   const i = process.argv.indexOf(name)

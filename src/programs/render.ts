@@ -5,9 +5,9 @@
  */
 import { Console, Effect } from "effect"
 import { Command, Flag } from "effect/cli"
-import { resolvePlan } from "../layers/engines/index.ts"
-import { redactPlan } from "../layers/engines/redact.ts"
-import type { LaunchPlan } from "../services/Engine.ts"
+import { resolvePlan } from "../layers/engine/backends/index.ts"
+import { redactPlan } from "../layers/engine/backends/redact.ts"
+import type { LaunchPlan } from "../services/engine/Engine.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
 
 /** Quotes one word for a POSIX shell; plain words stay as they are. */

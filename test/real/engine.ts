@@ -5,7 +5,7 @@
 import { execFileSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
-import { parsePromText } from "../../src/services/PromText.ts"
+import { parsePromText } from "../../src/services/engine/PromText.ts"
 import { repoRoot } from "../support/agent.ts"
 import { type TinyVariant, writeTinyLlama } from "../support/ggufModel.ts"
 import { freePorts } from "../support/ports.ts"

@@ -2,12 +2,12 @@
 // EngineClient on a plan for that URL, and EngineProcess / NodeStatus test layers set Ready. Shared by
 // the gRPC, P/D and mTLS tests; each composes its own server (admission, TLS) on top.
 import { Layer } from "effect"
-import { layerFromObject } from "../../src/layers/Config.ts"
-import { layerFromPlan } from "../../src/layers/EngineClient.ts"
-import { layerTest as engineLayerTest, testPlan } from "../../src/layers/EngineProcessTest.ts"
-import { layerTest as nodeStatusLayerTest } from "../../src/layers/NodeStatus.ts"
-import type { EngineKind } from "../../src/services/Config.ts"
-import { State } from "../../src/services/EngineState.ts"
+import { layerFromObject } from "../../src/layers/config/Config.ts"
+import { layerFromPlan } from "../../src/layers/engine/EngineClient.ts"
+import { layerTest as nodeStatusLayerTest } from "../../src/layers/node/NodeStatus.ts"
+import type { EngineKind } from "../../src/services/config/Config.ts"
+import { State } from "../../src/services/engine/EngineState.ts"
+import { layerTest as engineLayerTest, testPlan } from "../../src/testing/EngineProcess.ts"
 
 export interface AgentDepsOptions {
   readonly kind?: EngineKind

@@ -9,9 +9,9 @@ import {
   type GenerateFinal,
   type GenerateRequest
 } from "../../src/gen/cgn/agent/v1/agent.ts"
-import { layer as admissionLayer } from "../../src/layers/Admission.ts"
-import { layerWith as grpcLayerWith } from "../../src/layers/GrpcServer.ts"
-import { GrpcServer } from "../../src/services/GrpcServer.ts"
+import { layer as admissionLayer } from "../../src/layers/grpc/Admission.ts"
+import { layerWith as grpcLayerWith } from "../../src/layers/grpc/GrpcServer.ts"
+import { GrpcServer } from "../../src/services/grpc/GrpcServer.ts"
 import { agentDeps } from "./agentDeps.ts"
 
 export interface Agent {

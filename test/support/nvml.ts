@@ -1,5 +1,5 @@
 // The fake libnvidia-ml.so (test/fixtures/fake_nvml.c) compiled with the system C compiler, for the tests
-// that run NvmlProbe through the real FFI: in-process (test/nvml.test.ts) or in a built agent (CGN_NVML_LIBRARY).
+// that run NvmlProbe through the real FFI: in-process (test/node/nvml.test.ts) or in a built agent (CGN_NVML_LIBRARY).
 import { execFileSync } from "node:child_process"
 import * as path from "node:path"
 

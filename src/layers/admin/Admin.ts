@@ -1,0 +1,186 @@
+/**
+ * AdminHttp: the admin HTTP server on `[agent].listen_admin` (effect HttpRouter over node:http):
+ * GET /metrics, /healthz, /readyz, /status and POST /drain. Owns routing and the auth gate only; the
+ * decisions (loopback, token, readiness, forensics shape) are pure in services/admin/Admin.ts. /status and /drain
+ * need `Authorization: Bearer <admin_token>` whenever a token is configured; off loopback a token is
+ * mandatory and the server refuses to start without one.
+ */
+import { createServer } from "node:http"
+import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer" // not the index, which loads NodeRedis
+import { Cause, Effect, Layer } from "effect"
+import {
+  HttpMiddleware,
+  HttpRouter,
+  HttpServer,
+  type HttpServerError,
+  type HttpServerRequest,
+  HttpServerResponse
+} from "effect/http"
+import { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
+import {
+  AdminServer,
+  AdminTokenRequired,
+  authorize,
+  exitForensics,
+  isLoopbackHost,
+  readiness,
+  type StatusExtras,
+  unbracket
+} from "../../services/admin/Admin.ts"
+import { Config } from "../../services/config/Config.ts"
+import { EngineProcess } from "../../services/engine/EngineProcess.ts"
+import { Drain } from "../../services/node/Drain.ts"
+import { NodeStatus } from "../../services/node/NodeStatus.ts"
+import { Metrics } from "../../services/observability/Metrics.ts"
+import { splitHostPort } from "../../services/registry/Advertise.ts"
+
+export interface AdminHttpOptions {
+  /** Extra top-level sections of /status, e.g. `{ registration: reporter.status }`. */
+  readonly extras?: StatusExtras
+}
+
+const json = (body: unknown, status = 200) => HttpServerResponse.jsonUnsafe(body, { status })
+
+const unauthorized = (why: string) =>
+  HttpServerResponse.jsonUnsafe(
+    { error: why },
+    { status: 401, headers: { "www-authenticate": 'Bearer realm="cgn-agent admin"' } }
+  )
+
+const routes = (options: AdminHttpOptions, loopback: boolean) =>
+  HttpRouter.addAll(
+    Effect.gen(function* () {
+      const config = yield* Config
+      const metrics = yield* Metrics
+      const status = yield* NodeStatus
+      const engine = yield* EngineProcess
+      const drain = yield* Drain
+      const token = config.agent.admin_token
+
+      const guarded =
+        (handler: Effect.Effect<HttpServerResponse.HttpServerResponse>) =>
+        (request: HttpServerRequest.HttpServerRequest) => {
+          const decision = authorize({ loopback, token, header: request.headers.authorization })
+          if (decision === "missing") return Effect.succeed(unauthorized("missing bearer token"))
+          if (decision === "wrong") return Effect.succeed(unauthorized("invalid bearer token"))
+          return handler
+        }
+
+      const draining = Effect.zipWith(status.draining, drain.draining, (a, b) => a || b)
+
+      const extras = Effect.forEach(
+        Object.entries(options.extras ?? {}),
+        ([name, get]) =>
+          get.pipe(
+            Effect.catchCause((cause) => Effect.succeed({ error: Cause.pretty(cause) })),
+            Effect.map((value) => [name, value] as const)
+          ),
+        { concurrency: "unbounded" }
+      )
+
+      const statusBody = Effect.gen(function* () {
+        const [health, state, pid, restarts, exits, more] = yield* Effect.all(
+          [status.snapshot, engine.state, engine.pid, engine.restarts, engine.exits, extras],
+          { concurrency: "unbounded" }
+        )
+        return {
+          ...Object.fromEntries(more),
+          health: NodeHealth.toJSON(health),
+          engine: { state, pid: pid ?? null, restarts, exits: exits.map(exitForensics) }
+        }
+      })
+
+      return [
+        HttpRouter.route(
+          "GET",
+          "/metrics",
+          Effect.map(metrics.render, ({ body, contentType }) => HttpServerResponse.text(body, { contentType }))
+        ),
+        // Liveness answers from the event loop alone: a hung engine must not get the agent restarted.
+        HttpRouter.route(
+          "GET",
+          "/healthz",
+          Effect.sync(() => HttpServerResponse.text("ok"))
+        ),
+        HttpRouter.route(
+          "GET",
+          "/readyz",
+          Effect.zipWith(status.snapshot, draining, (health, isDraining) => {
+            const r = readiness(health, isDraining)
+            return HttpServerResponse.text(r.reason, { status: r.ready ? 200 : 503 })
+          })
+        ),
+        HttpRouter.route("GET", "/status", guarded(Effect.map(statusBody, (body) => json(body)))),
+        // GET must not drain (a crawler or a misdirected probe would), and must say so rather than 404.
+        HttpRouter.route(
+          "GET",
+          "/drain",
+          Effect.succeed(
+            HttpServerResponse.jsonUnsafe({ error: "use POST /drain" }, { status: 405, headers: { allow: "POST" } })
+          )
+        ),
+        HttpRouter.route(
+          "POST",
+          "/drain",
+          guarded(
+            Effect.gen(function* () {
+              const already = yield* draining
+              yield* drain.start
+              return json({ draining: true, alreadyDraining: already }, 202)
+            })
+          )
+        )
+      ] as const
+    })
+  )
+
+/**
+ * Whether listen_admin is loopback; fails with AdminTokenRequired when it is not and no token is set.
+ * The server checks it before binding, and `check`/`run` (programs/check.ts preflight) before anything starts.
+ */
+export const requireAdminToken = (agent: {
+  readonly listen_admin: string
+  readonly admin_token?: string | undefined
+}): Effect.Effect<boolean, AdminTokenRequired> => {
+  const listen = agent.listen_admin
+  const loopback = isLoopbackHost(splitHostPort(listen).host)
+  return !loopback && agent.admin_token === undefined
+    ? Effect.fail(new AdminTokenRequired({ listen }))
+    : Effect.succeed(loopback)
+}
+
+/** The admin server; fails with AdminTokenRequired before binding when it would be open to the network. */
+export const layer = (
+  options: AdminHttpOptions = {}
+): Layer.Layer<
+  AdminServer,
+  AdminTokenRequired | HttpServerError.ServeError,
+  Config | Metrics | NodeStatus | EngineProcess | Drain
+> =>
+  Layer.unwrap(
+    Effect.gen(function* () {
+      const config = yield* Config
+      const { host, port } = splitHostPort(config.agent.listen_admin)
+      const loopback = yield* requireAdminToken(config.agent)
+      const server = NodeHttpServer.layer(() => createServer(), { host: unbracket(host), port: Number(port) })
+      const info = Layer.effect(
+        AdminServer,
+        Effect.gen(function* () {
+          const url = new URL(HttpServer.formatAddress((yield* HttpServer.HttpServer).address))
+          const bound = { host: unbracket(url.hostname), port: Number(url.port), url: url.origin }
+          yield* Effect.logInfo("admin HTTP listening", {
+            url: bound.url,
+            auth: config.agent.admin_token === undefined ? "loopback only" : "bearer token"
+          })
+          return bound
+        })
+      )
+      return Layer.merge(
+        HttpRouter.serve(routes(options, loopback), { disableLogger: true, disableListenLog: true }).pipe(
+          // Probes and scrapes every few seconds would be root spans named GET, drowning the real traces.
+          Layer.provide(Layer.succeed(HttpMiddleware.TracerDisabledWhen)(() => true))
+        ),
+        info
+      ).pipe(Layer.provide(server))
+    })
+  )

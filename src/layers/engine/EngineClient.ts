@@ -1,0 +1,246 @@
+/**
+ * The live EngineClient: one undici Agent (keep-alive pool) to the engine, driven through `dispatch` with
+ * handlers of our own. A stream's body bytes go straight from the socket into the SSE parser inside the
+ * handler, and the parsed objects of each network read go to a sink at once (`streamTo`, the relay's path;
+ * `stream` is that sink behind a Stream pull). Interrupting, or closing the stream's scope, aborts the
+ * exchange: the socket is destroyed and the engine sees the disconnect. Errors are normalized by EngineErrors.
+ */
+import { type Array as Arr, Cause, Channel, Effect, Layer, Stream } from "effect"
+import { Agent } from "undici"
+import { EnginePlan, type LaunchPlan } from "../../services/engine/Engine.ts"
+import {
+  type ChunkSink,
+  type CompletionPath,
+  EngineClient,
+  type EngineClientService,
+  EngineError,
+  type JsonObject,
+  type RequestOptions
+} from "../../services/engine/EngineClient.ts"
+import { httpError } from "../../services/engine/EngineErrors.ts"
+import { loadSignals } from "../../services/engine/PromText.ts"
+import { bodyText, Exchange, HIGH_WATER_OBJECTS, StreamExchange, transportError } from "./exchange.ts"
+
+/** Tuning of the HTTP client; the defaults suit a local engine. */
+export interface ClientOptions {
+  /** TCP connect timeout (default 10 s). */
+  readonly connectTimeoutMs?: number
+  /** Time to response headers for streams (default 60 s; engines send them before queueing ends). */
+  readonly streamHeadersTimeoutMs?: number
+  /** Whole-exchange bound for /v1/models and /metrics (default 10 s). */
+  readonly controlTimeoutMs?: number
+  /** Concurrent connections to the engine (default unbounded: one per in-flight stream). */
+  readonly connections?: number
+}
+
+/** The client for one plan. The Agent lives as long as the enclosing scope. */
+export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: ClientOptions = {}) {
+  const agent = new Agent({
+    connections: options.connections ?? null,
+    connectTimeout: options.connectTimeoutMs ?? 10_000,
+    pipelining: 1
+  })
+  yield* Effect.addFinalizer(() => Effect.promise(() => agent.destroy().catch(() => undefined)))
+  const origin = new URL(plan.baseUrl).origin
+  const controlTimeout = options.controlTimeoutMs ?? 10_000
+  const streamHeadersTimeout = options.streamHeadersTimeoutMs ?? 60_000
+
+  const start = (
+    url: { origin: string; path: string },
+    method: "GET" | "POST",
+    headers: Record<string, string>,
+    body: string | null,
+    headersTimeout: number,
+    bodyTimeout: number,
+    pauseAt = Number.POSITIVE_INFINITY
+  ): Exchange => {
+    const ex = new Exchange(pauseAt)
+    agent.dispatch(
+      { origin: url.origin, path: url.path, method, headers, body, headersTimeout, bodyTimeout, blocking: false },
+      ex
+    )
+    return ex
+  }
+
+  const postHeaders = (accept: string, opts: RequestOptions | undefined): Record<string, string> => {
+    const h: Record<string, string> = { "content-type": "application/json", accept }
+    if (opts?.requestId !== undefined) h["x-request-id"] = opts.requestId
+    if (opts?.traceparent !== undefined) h.traceparent = opts.traceparent
+    return h
+  }
+
+  // The agent's served name maps to what the engine expects (mlx would otherwise load a new model).
+  const encode = (body: JsonObject, stream: boolean): string =>
+    JSON.stringify({ ...body, model: plan.requestModel, stream })
+
+  /** The whole body of a finished exchange, or its failure. */
+  const whole = (ex: Exchange): Effect.Effect<{ status: number; text: string }, EngineError> =>
+    Effect.suspend(function loop(): Effect.Effect<{ status: number; text: string }, EngineError> {
+      if (ex.error !== undefined) return Effect.fail(transportError(ex.error, ex.status > 0))
+      if (ex.ended) return Effect.succeed({ status: ex.status, text: bodyText(ex.take()) })
+      return Effect.flatMap(ex.changed, loop)
+    }).pipe(Effect.onInterrupt(() => Effect.sync(() => ex.close(false))))
+
+  const json = (status: number, text: string): Effect.Effect<JsonObject, EngineError> => {
+    if (status >= 400) return Effect.fail(httpError(status, text))
+    try {
+      const v: unknown = JSON.parse(text)
+      if (typeof v === "object" && v !== null && !Array.isArray(v)) return Effect.succeed(v as JsonObject)
+    } catch {
+      // reported below
+    }
+    return Effect.fail(
+      new EngineError({ reason: "Protocol", message: `expected a JSON object: ${text.slice(0, 200)}` })
+    )
+  }
+
+  const complete = Effect.fn("EngineClient.complete")(function* (
+    path: CompletionPath,
+    body: JsonObject,
+    opts?: RequestOptions
+  ) {
+    // No header or body timeout: a non-streaming answer comes when generation is done; the caller's deadline rules.
+    const ex = start({ origin, path }, "POST", postHeaders("application/json", opts), encode(body, false), 0, 0)
+    const r = yield* whole(ex)
+    return yield* json(r.status, r.text)
+  })
+
+  const streamTo = (
+    path: CompletionPath,
+    body: JsonObject,
+    opts: RequestOptions | undefined,
+    sink: ChunkSink
+  ): Effect.Effect<void, EngineError> =>
+    Effect.callback<void, EngineError>((resume) => {
+      const ex = new StreamExchange(sink, (error) => resume(error === undefined ? Effect.void : Effect.fail(error)))
+      agent.dispatch(
+        {
+          origin,
+          path,
+          method: "POST",
+          headers: postHeaders("text/event-stream", opts),
+          body: encode(body, true),
+          headersTimeout: streamHeadersTimeout,
+          bodyTimeout: 0,
+          blocking: false
+        },
+        ex
+      )
+      return Effect.sync(() => ex.close(ex.sawDone))
+    })
+
+  // `streamTo` behind a pull: the sink buffers what the reads bring; the pull takes all of it at once.
+  const stream = (
+    path: CompletionPath,
+    body: JsonObject,
+    opts?: RequestOptions
+  ): Stream.Stream<JsonObject, EngineError> =>
+    Stream.fromChannel(
+      Channel.fromTransform((_upstream, scope) =>
+        Effect.gen(function* () {
+          let buffered: Array<JsonObject> = []
+          let resumeRead: (() => void) | undefined
+          // undefined while running, null at [DONE], else the failure.
+          let end: EngineError | null | undefined
+          let waiter: (() => void) | undefined
+          const wake = (): void => {
+            const w = waiter
+            waiter = undefined
+            w?.()
+          }
+          const sink: ChunkSink = {
+            onChunks: (chunks, resume) => {
+              for (let i = 0; i < chunks.length; i++) buffered.push(chunks[i]!)
+              wake()
+              if (buffered.length < HIGH_WATER_OBJECTS) return true
+              resumeRead = resume
+              return false
+            }
+          }
+          yield* streamTo(path, body, opts, sink).pipe(
+            Effect.exit,
+            Effect.flatMap((exit) =>
+              Effect.sync(() => {
+                end = exit._tag === "Success" ? null : (Cause.squash(exit.cause) as EngineError)
+                wake()
+              })
+            ),
+            Effect.forkIn(scope)
+          )
+          const changed = Effect.callback<void>((resume) => {
+            waiter = () => resume(Effect.void)
+            return Effect.sync(() => {
+              waiter = undefined
+            })
+          })
+          return Effect.suspend(function loop(): Effect.Effect<
+            Arr.NonEmptyReadonlyArray<JsonObject>,
+            EngineError | Cause.Done
+          > {
+            if (buffered.length > 0) {
+              const out = buffered
+              buffered = []
+              const r = resumeRead
+              resumeRead = undefined
+              r?.()
+              return Effect.succeed(out as unknown as Arr.NonEmptyReadonlyArray<JsonObject>)
+            }
+            if (end === null) return Cause.done()
+            if (end !== undefined) return Effect.fail(end)
+            return Effect.flatMap(changed, loop)
+          })
+        })
+      )
+    )
+
+  const control = (url: string): Effect.Effect<string, EngineError> =>
+    Effect.suspend(() => {
+      const u = new URL(url)
+      const ex = start(
+        { origin: u.origin, path: `${u.pathname}${u.search}` },
+        "GET",
+        {},
+        null,
+        controlTimeout,
+        controlTimeout
+      )
+      return Effect.flatMap(whole(ex), (r) =>
+        r.status >= 400 ? Effect.fail(httpError(r.status, r.text)) : Effect.succeed(r.text)
+      )
+    })
+
+  const models = Effect.flatMap(control(`${origin}/v1/models`), (text) =>
+    Effect.flatMap(json(200, text), (obj) => {
+      const data = obj.data
+      if (!Array.isArray(data))
+        return Effect.fail(new EngineError({ reason: "Protocol", message: "/v1/models has no data array" }))
+      return Effect.succeed(
+        data.flatMap((m: unknown) =>
+          typeof m === "object" && m !== null && typeof (m as { id?: unknown }).id === "string"
+            ? [(m as { id: string }).id]
+            : []
+        )
+      )
+    })
+  ).pipe(Effect.withSpan("EngineClient.models"))
+
+  const metrics = plan.metrics
+  const load =
+    metrics === undefined
+      ? Effect.succeed({ running: undefined, waiting: undefined, kvUsage: undefined })
+      : Effect.map(control(metrics.url), (text) => loadSignals(text, metrics.names)).pipe(
+          Effect.withSpan("EngineClient.load")
+        )
+
+  return EngineClient.of({ stream, streamTo, complete, models, load } satisfies EngineClientService)
+})
+
+/** The client for a given plan: the seam for tests and for callers that rendered the plan themselves. */
+export const layerFromPlan = (plan: LaunchPlan, options?: ClientOptions): Layer.Layer<EngineClient> =>
+  Layer.effect(EngineClient, make(plan, options))
+
+/** The client for the configured engine. */
+export const layer: Layer.Layer<EngineClient, never, EnginePlan> = Layer.effect(
+  EngineClient,
+  Effect.flatMap(EnginePlan, (plan) => make(plan))
+)

@@ -1,0 +1,109 @@
+/**
+ * The live GpuGate: samples NVML once a second (through the Nvml service's short cache) to keep the fault
+ * view current, and runs the wait before each spawn. Without NVML, or for an engine that does not run on
+ * assigned GPUs, the gate is open and reports nothing. Time is Effect's Clock, so a TestClock drives it.
+ */
+import * as fs from "node:fs"
+import { Clock, Duration, Effect, Layer, Ref, Schedule, Stream, SubscriptionRef } from "effect"
+import { Config } from "../../services/config/Config.ts"
+import { EnginePlan } from "../../services/engine/Engine.ts"
+import { GpuGate, type GpuGateStatus, gateProblem } from "../../services/engine/GpuGate.ts"
+import { gateVerdict, gpuFault } from "../../services/node/Gpus.ts"
+import { Nvml } from "../../services/node/Nvml.ts"
+import { Metrics } from "../../services/observability/Metrics.ts"
+
+const POLL = Duration.seconds(1)
+
+/** The process group of a pid from /proc/PID/stat (field 5), or undefined when it is not visible here. */
+export const pgidOf = (pid: number): number | undefined => {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8")
+    // the command name (field 2) may hold spaces and parentheses: count fields after the last ")"
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ")
+    const pgid = Number(fields[2])
+    return Number.isInteger(pgid) ? pgid : undefined
+  } catch {
+    return undefined
+  }
+}
+
+export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Metrics> = Layer.effect(
+  GpuGate,
+  Effect.gen(function* () {
+    const config = yield* Config
+    const plan = yield* EnginePlan
+    const nvml = yield* Nvml
+    const metrics = yield* Metrics
+    const indices = plan.gpus ?? []
+    const timeoutMs = Duration.toMillis(config.engine.gpu_free_timeout)
+    const maxUsedBytes = config.engine.gpu_free_below_mib * 2 ** 20
+    const status = yield* SubscriptionRef.make<GpuGateStatus>({ gpus: indices, waiting: undefined, fault: undefined })
+    const previousPgids = yield* Ref.make<ReadonlySet<number>>(new Set())
+    const active = indices.length > 0 && nvml.unavailable === undefined
+
+    const faultNow = Effect.map(nvml.gpus, (gpus) =>
+      gpus
+        .filter((g) => indices.includes(g.index))
+        .map(gpuFault)
+        .find((f) => f !== undefined)
+    )
+    if (active) {
+      yield* Effect.gen(function* () {
+        const fault = yield* faultNow
+        const before = yield* SubscriptionRef.get(status)
+        if (fault === before.fault) return
+        yield* SubscriptionRef.update(status, (s) => ({ ...s, fault }))
+        yield* fault === undefined
+          ? Effect.logInfo("GPU fault cleared")
+          : Effect.logError("GPU fault: the node is unhealthy", { reason: fault })
+      }).pipe(Effect.repeat(Schedule.spaced(POLL)), Effect.forkScoped)
+    }
+
+    const awaitFree = Effect.gen(function* () {
+      if (!active) return
+      const since = yield* Clock.currentTimeMillis
+      let logged: "none" | "waiting" | "overdue" = "none"
+      while (true) {
+        // never the cached sample: right after a crash it still shows the GPU as it was before
+        const gpus = yield* nvml.sampleNow
+        const verdict = gateVerdict(gpus, indices, maxUsedBytes, yield* Ref.get(previousPgids), pgidOf)
+        const now = yield* Clock.currentTimeMillis
+        if (verdict._tag === "Free") {
+          yield* SubscriptionRef.update(status, (s) => ({ ...s, waiting: undefined }))
+          metrics.engineGpuWait.set(0)
+          if (logged !== "none") yield* Effect.logInfo("GPUs free; starting the engine", { waited_ms: now - since })
+          return
+        }
+        const overdue = now - since >= timeoutMs
+        const holders = verdict._tag === "Held" ? verdict.holders : []
+        yield* SubscriptionRef.update(status, (s) => ({
+          ...s,
+          waiting: { since, reason: verdict.reason, holders, overdue }
+        }))
+        metrics.engineGpuWait.set(1)
+        if (logged === "none") {
+          logged = "waiting"
+          yield* Effect.logWarning("waiting for the engine's GPUs before starting it", {
+            reason: verdict.reason,
+            gpus: indices.join(",")
+          })
+        }
+        if (overdue && logged !== "overdue") {
+          logged = "overdue"
+          yield* Effect.logError("GPU memory still held; the node is unhealthy until it is freed", {
+            reason: verdict.reason,
+            gpu_free_timeout: Duration.format(config.engine.gpu_free_timeout)
+          })
+        }
+        yield* Effect.sleep(POLL)
+      }
+    })
+
+    return GpuGate.of({
+      awaitFree,
+      spawned: (pgid) => Ref.update(previousPgids, (s) => new Set([...s, pgid])),
+      status: SubscriptionRef.get(status),
+      problems: SubscriptionRef.changes(status).pipe(Stream.map(gateProblem), Stream.changes)
+    })
+  })
+)

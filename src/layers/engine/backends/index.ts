@@ -1,0 +1,81 @@
+/**
+ * The engine registry: one backend per `[engine].kind`. The only place that maps a kind to its module,
+ * so no `if (kind === ...)` is needed anywhere else.
+ */
+import { Context, Effect, Layer, Option } from "effect"
+import type { Gpu } from "../../../gen/cgn/agent/v1/agent.ts"
+import { type AgentConfig, Config, ConfigError, type EngineKind } from "../../../services/config/Config.ts"
+import { type Engine, EnginePlan, type LaunchPlan } from "../../../services/engine/Engine.ts"
+import { assignGpus, cudaEnv } from "../../../services/node/Gpus.ts"
+import { Nvml } from "../../../services/node/Nvml.ts"
+import { formatPath } from "../../config/Config.ts"
+import * as NvmlProbe from "../../node/Nvml.ts"
+import * as Logging from "../../observability/Logging.ts"
+import { llamaCpp } from "./llama_cpp.ts"
+import { mlx } from "./mlx.ts"
+import { openaiCompat } from "./openai_compat.ts"
+import { sglang } from "./sglang.ts"
+import { vllm } from "./vllm.ts"
+
+const engines: Readonly<Record<EngineKind, Engine>> = {
+  vllm,
+  sglang,
+  llama_cpp: llamaCpp,
+  mlx,
+  openai_compat: openaiCompat
+}
+
+/** The backend for a kind. */
+export const engineFor = (kind: EngineKind): Engine => engines[kind]
+
+/**
+ * The plan with the engine's GPUs: `models.x.gpus`, or the first tp x dp healthy GPUs of `gpus` (NVML's list,
+ * empty without NVML), given as CUDA_VISIBLE_DEVICES. Fails when the host cannot hold the engine.
+ */
+export const planFor = (config: AgentConfig, gpus: ReadonlyArray<Gpu>): Effect.Effect<LaunchPlan, ConfigError> => {
+  const engine = engineFor(config.engine.kind)
+  const plan = engine.render(config)
+  if (engine.capabilities.cudaGpus !== true) return Effect.succeed(plan)
+  const m = config.model
+  const assignment = assignGpus(m.gpus, m.tp * m.dp, gpus)
+  if (assignment._tag === "Impossible") {
+    return Effect.fail(
+      new ConfigError({
+        file: config.file ?? "<inline>",
+        problems: [`${formatPath(["models", m.name, "gpus"])}: ${assignment.reason}`]
+      })
+    )
+  }
+  return Effect.succeed({
+    ...plan,
+    // [engine].env stays last: an operator can still override CUDA_DEVICE_ORDER
+    env: { ...cudaEnv(m.gpus, assignment), ...plan.env },
+    ...(assignment._tag === "Assigned" ? { gpus: assignment.indices } : {})
+  })
+}
+
+/** The plan as `check` and `render` see it: GPUs from NVML when this host has it (no metrics, no daemon). */
+export const resolvePlan = (config: AgentConfig): Effect.Effect<LaunchPlan, ConfigError> =>
+  planLayer.pipe(
+    Layer.provide(NvmlProbe.layerBare()),
+    Layer.provide(Layer.succeed(Config, config)),
+    Layer.build,
+    Effect.map((context) => Context.get(context, EnginePlan)),
+    Effect.scoped,
+    // stdout is the command's output (render --json): NVML's problems go to stderr, its info stays out
+    Effect.provide(Logging.layer("warn"))
+  )
+
+/**
+ * The plan of the configured engine (the config was validated against its capabilities, so rendering
+ * succeeds); GPUs from NVML when an Nvml service is in context.
+ */
+export const planLayer: Layer.Layer<EnginePlan, ConfigError, Config> = Layer.effect(
+  EnginePlan,
+  Effect.gen(function* () {
+    const config = yield* Config
+    const nvml = yield* Effect.serviceOption(Nvml)
+    const gpus = Option.isSome(nvml) ? yield* nvml.value.gpus : []
+    return yield* planFor(config, gpus)
+  })
+)

@@ -1,0 +1,40 @@
+/**
+ * mlx-lm: `mlx_lm.server --model M --host --port`, nothing else can be expressed.
+ * Its /health is green before the model loads, so readiness is a real 1-token completion; it loads
+ * whatever a request's `model` names, so requests are forwarded with the configured model string
+ * (mlx_lm/server.py: `handle_health` answers at once, `ModelProvider.load` runs on the first request).
+ */
+import type { AgentConfig } from "../../../services/config/Config.ts"
+import type { Engine } from "../../../services/engine/Engine.ts"
+import { assemble, listenOf } from "./common.ts"
+
+export const mlx: Engine = {
+  kind: "mlx",
+  capabilities: {
+    spawns: true,
+    kvOffloads: ["none"],
+    roles: ["both"],
+    kvEvents: false,
+    tensorParallel: false,
+    sources: ["hf_repo", "path"],
+    modelSettings: []
+  },
+  render: (config: AgentConfig) => {
+    const listen = listenOf(config)
+    const model = config.model.source.value
+    return assemble(config, listen, {
+      executable: ["mlx_lm.server"],
+      args: ["--model", model, "--host", listen.host, "--port", String(listen.port)],
+      probe:
+        config.agent.ready_probe_url !== undefined
+          ? { kind: "http", url: config.agent.ready_probe_url }
+          : {
+              kind: "completion",
+              url: `${listen.baseUrl}/v1/completions`,
+              body: { model, prompt: "ping", max_tokens: 1 }
+            },
+      metrics: undefined,
+      requestModel: model
+    })
+  }
+}

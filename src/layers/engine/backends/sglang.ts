@@ -1,0 +1,109 @@
+/**
+ * SGLang: `python -m sglang.launch_server --model-path M --host --port --tp-size ... --enable-metrics`.
+ * kv_offload hicache/lmcache add cache flags; nixl is only the prefill/decode transfer backend, so it
+ * needs a prefill or decode role. KV events need `"publisher":"zmq"` and a page size to hash blocks by.
+ * Flags: python/sglang/srt/server_args.py; the KV-events config: python/sglang/srt/disaggregation/kv_events.py
+ * (KVEventsConfig, whose `publisher` defaults to "null").
+ */
+import type { AgentConfig } from "../../../services/config/Config.ts"
+import type { Engine } from "../../../services/engine/Engine.ts"
+import { assemble, httpProbeAt, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
+
+/**
+ * A decode server forces `disable_radix_cache` unless `--disaggregation-decode-enable-radix-cache` is given,
+ * and the hierarchical cache with the radix cache disabled is refused at start as mutually exclusive
+ * (python/sglang/srt/server_args.py). With the flag the scheduler runs the decode-side HiCache
+ * (`enable_decode_hicache`, python/sglang/srt/managers/scheduler.py), which is what kv_offload "hicache" asks for.
+ */
+const decodeRadixCache = (role: string, offload: string): ReadonlyArray<string> =>
+  role === "decode" && offload === "hicache" ? ["--disaggregation-decode-enable-radix-cache"] : []
+
+export const sglang: Engine = {
+  kind: "sglang",
+  capabilities: {
+    spawns: true,
+    cudaGpus: true,
+    kvOffloads: ["none", "hicache", "lmcache", "nixl"],
+    roles: ["prefill", "decode", "both"],
+    roleKvOffloads: {
+      both: {
+        kvOffloads: ["none", "hicache", "lmcache"],
+        why: 'SGLang uses "nixl" only as the prefill/decode transfer backend; set agent.role to "prefill" or "decode"'
+      },
+      // A decode server runs without a radix cache unless told otherwise (python/sglang/srt/server_args.py), and
+      // without one the scheduler builds a ChunkCache and never reaches LMCRadixCache
+      // (python/sglang/srt/managers/scheduler.py, init_cache): --enable-lmcache would silently do nothing.
+      decode: {
+        kvOffloads: ["none", "hicache", "nixl"],
+        why: "an SGLang decode server has no radix cache, so LMCache would never be used; use it on the prefill server"
+      }
+    },
+    kvEvents: true,
+    tensorParallel: true,
+    dataParallel: true,
+    sources: ["hf_repo", "path"]
+  },
+  render: (config: AgentConfig) => {
+    const listen = listenOf(config)
+    const m = config.model
+    const offload = config.engine.kv_offload
+    const role = config.agent.role
+    const events = kvEventsOf(config, "sglang")
+    const cache =
+      offload === "hicache"
+        ? ["--enable-hierarchical-cache", "--hicache-ratio", "2"]
+        : offload === "lmcache"
+          ? ["--enable-lmcache"]
+          : []
+    const disaggregation =
+      role === "both"
+        ? []
+        : [
+            "--disaggregation-mode",
+            role,
+            "--disaggregation-transfer-backend",
+            offload === "nixl" ? "nixl" : "mooncake",
+            ...(role === "prefill" ? ["--disaggregation-bootstrap-port", String(config.engine.bootstrap_port)] : []),
+            ...decodeRadixCache(role, offload)
+          ]
+    return assemble(config, listen, {
+      executable: ["python", "-m", "sglang.launch_server"],
+      args: [
+        "--model-path",
+        m.source.value,
+        "--host",
+        listen.host,
+        "--port",
+        String(listen.port),
+        "--tp-size",
+        String(m.tp),
+        "--served-model-name",
+        m.served_name,
+        ...optionalFlag("--dp-size", m.dp > 1 ? m.dp : undefined),
+        ...optionalFlag("--context-length", m.max_model_len),
+        ...optionalFlag("--mem-fraction-static", m.gpu_memory_utilization),
+        "--enable-metrics",
+        ...cache,
+        ...disaggregation,
+        // The default page size of 1 would make every token its own event block.
+        ...(events !== undefined
+          ? ["--page-size", String(config.kv.block_size), "--kv-events-config", events.json]
+          : [])
+      ],
+      // /health is 503 while the server is Starting (warm-up) and 200 after; /v1/models answers from the
+      // tokenizer manager at once and never touches the scheduler (python/sglang/srt/entrypoints/http_server.py).
+      probe: httpProbeAt(config, listen, "/health"),
+      // Liveness on /health by default: /health_generate pushes a real 1-token generation through the scheduler
+      // and waits up to SGLang's own health-check timeout (SGLANG_HEALTH_CHECK_TIMEOUT, 20 s by default), longer than one
+      // liveness probe may take here (at most 5 s), so a busy server would be counted dead. Set
+      // [engine].liveness_path = "/health_generate" to catch a wedged scheduler that still answers /health.
+      liveness: { kind: "http", url: `${listen.baseUrl}/health` },
+      metrics: metricsAt(listen, {
+        running: ["sglang:num_running_reqs"],
+        waiting: ["sglang:num_queue_reqs"],
+        kvUsage: ["sglang:token_usage"]
+      }),
+      kvEvents: events?.endpoint
+    })
+  }
+}

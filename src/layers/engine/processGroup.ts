@@ -1,0 +1,116 @@
+/**
+ * Process-group mechanics shared by the supervisor and the orphan guard (plain Node, no Effect, so the guard
+ * stays a tiny program): is a group or a pid still alive, signal a group, and the bounded kill sequence.
+ * Zombies count as dead: `kill(-pgid, 0)` succeeds for a group whose members are all zombies (PID 1 in a
+ * container often does not reap), so liveness reads each member's state from /proc where it exists.
+ */
+import * as fs from "node:fs"
+import type { StopOutcome } from "../../services/engine/GuardProtocol.ts"
+
+export type { StopOutcome } from "../../services/engine/GuardProtocol.ts"
+
+export interface ProcStat {
+  readonly pid: number
+  /** R, S, D, Z, T, ... */
+  readonly state: string
+  readonly ppid: number
+  readonly pgrp: number
+}
+
+/** Parses /proc/<pid>/stat; the command name may contain spaces and parentheses, so split after the last `)`. */
+export const parseProcStat = (text: string): ProcStat | undefined => {
+  const close = text.lastIndexOf(")")
+  if (close < 0) return undefined
+  const pid = Number.parseInt(text.slice(0, text.indexOf(" ")), 10)
+  const rest = text
+    .slice(close + 2)
+    .trim()
+    .split(" ")
+  const [state, ppid, pgrp] = rest
+  if (state === undefined || ppid === undefined || pgrp === undefined || Number.isNaN(pid)) return undefined
+  return { pid, state, ppid: Number(ppid), pgrp: Number(pgrp) }
+}
+
+const hasProc = fs.existsSync("/proc/self/stat")
+
+const readStat = (pid: number): ProcStat | undefined => {
+  try {
+    return parseProcStat(fs.readFileSync(`/proc/${pid}/stat`, "utf8"))
+  } catch {
+    return undefined
+  }
+}
+
+/** kill(target, 0): true when something exists there (EPERM also means it exists). */
+const exists = (target: number): boolean => {
+  try {
+    process.kill(target, 0)
+    return true
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === "EPERM"
+  }
+}
+
+/** The live (non-zombie) members of a process group; [] once it is gone. */
+export const groupMembers = (pgid: number): ReadonlyArray<number> => {
+  if (!Number.isInteger(pgid) || pgid <= 1 || !exists(-pgid)) return []
+  if (!hasProc) return [pgid]
+  const members: Array<number> = []
+  for (const name of fs.readdirSync("/proc")) {
+    const pid = Number(name)
+    if (!Number.isInteger(pid)) continue
+    const st = readStat(pid)
+    if (st !== undefined && st.pgrp === pgid && st.state !== "Z" && st.state !== "X") members.push(pid)
+  }
+  return members
+}
+
+export const groupAlive = (pgid: number): boolean => groupMembers(pgid).length > 0
+
+/** Whether one process is alive (not a zombie). */
+export const pidAlive = (pid: number): boolean => {
+  if (!Number.isInteger(pid) || pid <= 1 || !exists(pid)) return false
+  if (!hasProc) return true
+  const st = readStat(pid)
+  return st !== undefined && st.state !== "Z" && st.state !== "X"
+}
+
+/** Signals the whole group; false when there is no such group. Never throws. */
+export const signalGroup = (pgid: number, signal: NodeJS.Signals): boolean => {
+  if (!Number.isInteger(pgid) || pgid <= 1) return false
+  try {
+    process.kill(-pgid, signal)
+    return true
+  } catch {
+    return false
+  }
+}
+
+const delay = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms))
+
+/** Polls until `gone()` or `ms` elapsed; true when gone. */
+export const pollUntil = async (gone: () => boolean, ms: number, everyMs = 25): Promise<boolean> => {
+  const end = Date.now() + ms
+  for (;;) {
+    if (gone()) return true
+    if (Date.now() >= end) return false
+    await delay(Math.min(everyMs, Math.max(end - Date.now(), 1)))
+  }
+}
+
+/** How long a stop waits for a SIGKILLed group to be gone (it is the kernel's job, so not long). */
+export const KILL_WAIT_MS = 2_000
+
+/**
+ * ONE TERM to the group, wait `graceMs` for every member to go, KILL the group, then confirm with a bounded
+ * poll (`killWaitMs`). Each step is bounded; nothing here waits on stdio. Call it once per group: engines treat
+ * a second SIGTERM as "exit now" (llama.cpp tools/server/server.cpp `signal_handler`: "Received second
+ * interrupt, terminating immediately"; uvicorn `Server.handle_exit` sets `force_exit` on a second SIGINT).
+ */
+export const stopGroup = async (pgid: number, graceMs: number, killWaitMs = KILL_WAIT_MS): Promise<StopOutcome> => {
+  if (!groupAlive(pgid)) return "gone"
+  signalGroup(pgid, "SIGTERM")
+  if (await pollUntil(() => !groupAlive(pgid), graceMs)) return "terminated"
+  signalGroup(pgid, "SIGKILL")
+  return (await pollUntil(() => !groupAlive(pgid), killWaitMs)) ? "killed" : "survived"
+}

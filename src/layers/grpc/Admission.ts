@@ -1,0 +1,118 @@
+/**
+ * Live Admission: drives the pure AdmissionLedger with fibers. A queued caller waits on its own Deferred; a
+ * releasing holder hands its slot to the oldest waiter and completes that Deferred. All ledger updates run
+ * synchronously inside uninterruptible regions, so an interruption at any point leaks neither a slot nor a
+ * queue entry. `layer` reads `[agent].max_inflight` / `max_queue`; `layerWith` takes the limits (tests).
+ */
+import { Clock, Deferred, Effect, Layer, Scope } from "effect"
+import { Config } from "../../services/config/Config.ts"
+import {
+  Admission,
+  AdmissionLedger,
+  type AdmissionService,
+  Draining,
+  Overloaded
+} from "../../services/grpc/Admission.ts"
+
+interface Waiter {
+  readonly wake: Deferred.Deferred<void, Draining>
+  /** Set by whoever takes the waiter out of the queue, read by the waiter when it is interrupted. */
+  outcome: "queued" | "admitted" | "rejected"
+}
+
+export interface AdmissionLimits {
+  readonly maxInflight: number
+  readonly maxQueue: number
+}
+
+/** An Admission service over fresh counters. */
+export const make = (limits: AdmissionLimits): AdmissionService => {
+  const ledger = new AdmissionLedger<Waiter>(limits.maxInflight, limits.maxQueue)
+  let idleWaiters: Array<Deferred.Deferred<void>> = []
+
+  const notifyIfIdle = (): void => {
+    if (!ledger.idle || idleWaiters.length === 0) return
+    const waiting = idleWaiters
+    idleWaiters = []
+    for (const d of waiting) Deferred.doneUnsafe(d, Effect.void)
+  }
+
+  // Synchronous so that no interruption can fall between the ledger update and the wake-up.
+  const releaseSlot = (): void => {
+    const next = ledger.release()
+    if (next === undefined) {
+      notifyIfIdle()
+      return
+    }
+    next.outcome = "admitted"
+    Deferred.doneUnsafe(next.wake, Effect.void)
+  }
+
+  const acquire: AdmissionService["acquire"] = Effect.uninterruptibleMask((restore) =>
+    Effect.gen(function* () {
+      const scope = yield* Scope.Scope
+      const start = yield* Clock.currentTimeMillis
+      const waiter: Waiter = { wake: Deferred.makeUnsafe<void, Draining>(), outcome: "queued" }
+      const entered = ledger.enter(waiter)
+      yield* Effect.logDebug("admission", { outcome: entered, inflight: ledger.inflight, queued: ledger.queued })
+      if (entered === "overloaded") {
+        return yield* new Overloaded({ maxInflight: ledger.maxInflight, maxQueue: ledger.maxQueue })
+      }
+      if (entered === "draining") return yield* new Draining()
+      if (entered === "queued") {
+        yield* restore(Deferred.await(waiter.wake)).pipe(
+          Effect.onInterrupt(() =>
+            Effect.sync(() => {
+              if (ledger.cancel(waiter)) notifyIfIdle()
+              else if (waiter.outcome === "admitted") releaseSlot()
+            })
+          )
+        )
+      }
+      yield* Scope.addFinalizer(scope, Effect.sync(releaseSlot))
+      const now = yield* Clock.currentTimeMillis
+      return { queuedMs: entered === "queued" ? now - start : 0 }
+    })
+  )
+
+  const close: AdmissionService["close"] = (options) =>
+    Effect.sync(() => {
+      for (const w of ledger.close(options?.rejectQueued === true)) {
+        w.outcome = "rejected"
+        Deferred.doneUnsafe(w.wake, Effect.fail(new Draining()))
+      }
+      notifyIfIdle()
+    })
+
+  const awaitIdle: AdmissionService["awaitIdle"] = Effect.suspend(() => {
+    if (ledger.idle) return Effect.void
+    const d = Deferred.makeUnsafe<void>()
+    idleWaiters.push(d)
+    // A drain that times out must not leave its Deferred behind.
+    return Deferred.await(d).pipe(
+      Effect.onInterrupt(() =>
+        Effect.sync(() => {
+          idleWaiters = idleWaiters.filter((x) => x !== d)
+        })
+      )
+    )
+  })
+
+  return Admission.of({
+    acquire,
+    inflight: Effect.sync(() => ledger.inflight),
+    queued: Effect.sync(() => ledger.queued),
+    stats: Effect.sync(() => ledger.stats()),
+    close,
+    awaitIdle
+  })
+}
+
+/** Admission with explicit limits (tests, embedding). */
+export const layerWith = (limits: AdmissionLimits): Layer.Layer<Admission> => Layer.sync(Admission, () => make(limits))
+
+/** Admission from `[agent].max_inflight` and `[agent].max_queue`. */
+export const layer: Layer.Layer<Admission, never, Config> = Layer.effect(
+  Admission,
+  Effect.map(Config, (config) => make({ maxInflight: config.agent.max_inflight, maxQueue: config.agent.max_queue }))
+)

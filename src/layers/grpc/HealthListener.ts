@@ -1,0 +1,51 @@
+/**
+ * The health-only listener ([agent].listen_health): grpc.health.v1.Health alone, in plaintext, on its own port.
+ * It exists for probes that cannot present a client certificate: the kubelet's native gRPC probe speaks
+ * plaintext only (kubelet prober/grpc.go dials with insecure credentials), so with require_mtls the main
+ * listener refuses it and a Pod never becomes Ready. Nothing but the serving status is exposed here; the
+ * state is the main server's (GrpcServer.healthState), so the drain's NOT_SERVING shows on both at once.
+ */
+import * as grpc from "@grpc/grpc-js"
+import { Effect, type Scope } from "effect"
+import { HealthDefinition, HealthServiceImpl, type HealthState } from "nice-grpc-server-health"
+import { joinHostPort, splitHostPort } from "../../services/registry/Advertise.ts"
+import { GrpcListenError } from "./GrpcServer.ts"
+import { addNiceService } from "./niceGrpcAdapter.ts"
+
+export interface HealthListener {
+  /** The bound address, `host:port` (the real port when asked for port 0). */
+  readonly address: string
+  readonly port: number
+}
+
+/**
+ * Serves grpc.health.v1 on `address` (plaintext) from `state`, the main server's health state (GrpcServer
+ * `healthState`): the same statuses for "" and the Agent service, NOT_FOUND for other names, and every change
+ * at once on Check and Watch. Closes when the scope does.
+ */
+export const serve = (
+  address: string,
+  state: HealthState
+): Effect.Effect<HealthListener, GrpcListenError, Scope.Scope> =>
+  Effect.gen(function* () {
+    const server = new grpc.Server()
+    addNiceService(server, HealthDefinition, HealthServiceImpl(state))
+    const port = yield* Effect.acquireRelease(
+      Effect.tryPromise({
+        try: () =>
+          new Promise<number>((resolve, reject) =>
+            server.bindAsync(address, grpc.ServerCredentials.createInsecure(), (err, bound) =>
+              err === null ? resolve(bound) : reject(err)
+            )
+          ),
+        catch: (e) => new GrpcListenError({ address, message: e instanceof Error ? e.message : String(e) })
+      }),
+      // Only probes and Watch streams here, nothing to let finish: close at once.
+      () => Effect.sync(() => server.forceShutdown())
+    )
+    const bound = joinHostPort(splitHostPort(address).host, port)
+    yield* Effect.logInfo("gRPC health listening (plaintext, grpc.health.v1 only)").pipe(
+      Effect.annotateLogs({ address: bound })
+    )
+    return { address: bound, port }
+  })

@@ -1,0 +1,90 @@
+/**
+ * Relay: one Generate call's hand-off between the engine side (the producer: EngineClient.streamTo's
+ * sink, called once per network read) and the gRPC side (the consumer: a callback that writes to the call).
+ * Text is coalesced while the caller reads slower than tokens arrive; when the pending text is full the
+ * producer is paused (the engine socket stops being read), so memory per stream stays bounded.
+ * Plain callbacks, no Effect step or promise per token: the consumer runs inside the producer's read
+ * callback, so a token read from the engine is written to the gRPC call in the same event-loop turn.
+ */
+import { Cause, Effect, Exit, Option } from "effect"
+import type { JsonObject } from "../../services/engine/EngineClient.ts"
+import { ChunkReader, Coalescer, type GenerateRejected } from "../../services/grpc/Generate.ts"
+
+/** One Generate call's hand-off between the engine fiber (producer) and the gRPC call (consumer). */
+export class Relay {
+  readonly coalescer: Coalescer
+  readonly reader = new ChunkReader()
+  firstTextAt = 0
+  /** Any engine chunk seen (a decode leg's deadline ends there). */
+  started = false
+  queueMs = 0
+  /** Network reads so far; the stall watchdog compares it on a coarse interval (no timer per read). */
+  reads = 0
+  /** Set once the engine stream is requested (after admission): only then can the engine stall it. */
+  streaming = false
+  /** Watchdog bookkeeping: `reads` when it last looked, and since when (Clock ms) it has not moved. */
+  seenReads = 0
+  idleSince = 0
+  done = false
+  failure: unknown = undefined
+  /** Called after every read and at the end; it drains `take` as far as the call can be written. */
+  consumer: () => void = () => undefined
+  private resumeProducer: (() => void) | undefined = undefined
+  constructor(maxPendingChars: number) {
+    this.coalescer = new Coalescer(maxPendingChars)
+  }
+  /** Producer side, once per network read: false when the producer must wait for room. */
+  readonly onChunks = (chunks: ReadonlyArray<JsonObject>, resume?: () => void): boolean => {
+    this.started = true
+    this.reads++
+    for (let i = 0; i < chunks.length; i++) {
+      const text = this.reader.read(chunks[i]!)
+      if (text !== "") {
+        if (this.firstTextAt === 0) this.firstTextAt = performance.now()
+        this.coalescer.push(text)
+      }
+    }
+    this.wake()
+    if (this.coalescer.hasRoom) return true
+    if (resume !== undefined) this.resumeProducer = resume
+    return false
+  }
+  readonly waitRoom: Effect.Effect<void> = Effect.callback<void>((resume) => {
+    if (this.coalescer.hasRoom) return resume(Effect.void)
+    this.resumeProducer = () => resume(Effect.void)
+    return Effect.sync(() => {
+      this.resumeProducer = undefined
+    })
+  })
+  take(): { readonly text: string; readonly tokens: number } | undefined {
+    const d = this.coalescer.take()
+    const r = this.resumeProducer
+    if (d !== undefined && r !== undefined) {
+      this.resumeProducer = undefined
+      r()
+    }
+    return d
+  }
+  /** True while the producer waits for the caller to take text: the engine is idle because we paused it. */
+  get paused(): boolean {
+    return this.resumeProducer !== undefined
+  }
+  /** Interrupts the producer fiber (set once it is forked). */
+  interrupt: () => void = () => undefined
+  /** Ends the call with `failure` whatever the engine does next. */
+  abort(failure: GenerateRejected): void {
+    if (this.done) return
+    this.failure = failure
+    this.interrupt()
+  }
+  finish(exit: Exit.Exit<unknown, unknown>): void {
+    this.done = true
+    if (this.failure === undefined && Exit.isFailure(exit) && !Cause.hasInterruptsOnly(exit.cause)) {
+      this.failure = Option.getOrElse(Cause.findErrorOption(exit.cause), () => Cause.squash(exit.cause))
+    }
+    this.wake()
+  }
+  wake(): void {
+    this.consumer()
+  }
+}

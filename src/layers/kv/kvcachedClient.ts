@@ -1,0 +1,137 @@
+/**
+ * The link to cgn-kvcached: an effect RPC client (contract: services/kv/KvcachedRpc.ts) on the Unix socket.
+ * Per connection: Hello, whose answer acknowledges what the receiver already applied of this epoch, then
+ * Push calls, one at a time, each a chunk taken from the KvQueue; the answer acknowledges records up to
+ * `applied` and only then are they forgotten. A chunk that was not acknowledged when the connection broke
+ * stays in the queue and is resent first on the next connection (the receiver skips `n` it has applied),
+ * so nothing in flight is lost silently: it arrives, or the queue's byte bound drops older unsent records
+ * and an overflow Resync says so. One connection per session (the RPC protocol's own retry is off), so
+ * reconnects follow our capped, jittered backoff and every one starts with Hello. Never fails.
+ */
+import * as NodeSocket from "@effect/platform-node/NodeSocket"
+import { Deferred, Effect, Layer, Schedule } from "effect"
+import { RpcClient, RpcSerialization } from "effect/rpc"
+import { type HelloPayload, KvcachedRpcs, type KvRecord } from "../../services/kv/KvcachedRpc.ts"
+import type { KvRecordBody, Resync } from "../../services/kv/KvWire.ts"
+import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
+import type { KvQueue, QueuedRecord, SentRecord } from "./queue.ts"
+
+export interface LinkOptions {
+  readonly path: string
+  readonly queue: KvQueue<KvRecordBody>
+  readonly hello: HelloPayload
+  /** Renders an overflow Resync for the queue (and counts it). */
+  readonly resync: (r: Resync) => QueuedRecord<KvRecordBody>
+  readonly backoffMaxMs: number
+  readonly onConnected: (connected: boolean, error: string | undefined) => void
+  /** Batches kvcached acknowledged. */
+  readonly onForwarded: (batches: number) => void
+  /** Records per Push (default 512) and their bytes (default 1 MiB or a quarter of the bound; at least one record). */
+  readonly chunkRecords?: number
+  readonly chunkBytes?: number
+  /** A connection with no frame from kvcached for this long is dropped (default 5 s; RPC pings keep it busy). */
+  readonly pingIntervalMs?: number
+}
+
+/** What went wrong, down to the OS error (RpcClientError -> SocketError -> SocketOpenError -> ENOENT). */
+const message = (e: unknown): string => {
+  const parts: Array<string> = []
+  for (let x: unknown = e, depth = 0; x !== null && typeof x === "object" && depth < 6; depth++) {
+    const o = x as {
+      readonly _tag?: unknown
+      readonly message?: unknown
+      readonly reason?: unknown
+      readonly cause?: unknown
+    }
+    const text = typeof o.message === "string" && o.message !== "" ? o.message : undefined
+    const tag = typeof o._tag === "string" ? o._tag : undefined
+    if (o.reason === undefined && o.cause === undefined) {
+      parts.push(
+        tag !== undefined && text !== undefined && text !== tag ? `${tag} ${text}` : (text ?? tag ?? String(x))
+      )
+    } else if (tag !== undefined && o.reason === undefined) parts.push(tag)
+    x = o.reason ?? o.cause
+  }
+  return parts.join(": ") || String(e)
+}
+
+const toWire = (s: SentRecord<KvRecordBody>): KvRecord => ({ ...s.record, n: s.n }) as KvRecord
+
+/** Waits for a queue push, or fails when the connection drops meanwhile (so a dead peer is noticed early). */
+const awaitWork = (queue: KvQueue<KvRecordBody>, disconnected: Deferred.Deferred<void>) =>
+  Effect.raceFirst(
+    Effect.callback<void>((resume) => {
+      queue.onPush(() => resume(Effect.void))
+      return Effect.sync(() => queue.cancelWake())
+    }),
+    Effect.flatMap(Deferred.await(disconnected), () => Effect.fail(new Error("kvcached closed the connection")))
+  )
+
+/** One connection: Hello, then Push until something breaks. Fails with why it ended. */
+const session = (o: LinkOptions, onUp: Effect.Effect<void>) =>
+  Effect.gen(function* () {
+    const disconnected = yield* Deferred.make<void>()
+    const protocol = RpcClient.layerProtocolSocket({
+      retryTransientErrors: false,
+      retryPolicy: Schedule.recurs(0),
+      pingInterval: o.pingIntervalMs ?? 5_000
+    }).pipe(
+      Layer.provide(NodeSocket.layerNet({ path: o.path })),
+      Layer.provide(RpcSerialization.layerNdjson),
+      Layer.provide(
+        Layer.succeed(RpcClient.ConnectionHooks, {
+          onConnect: Effect.void,
+          onDisconnect: Deferred.succeed(disconnected, undefined)
+        })
+      )
+    )
+    // Built in this session's scope: the socket lives exactly as long as the session.
+    const client = yield* RpcClient.make(KvcachedRpcs).pipe(Effect.provideContext(yield* Layer.build(protocol)))
+    const welcome = yield* client.Hello(o.hello)
+    if (welcome.applied !== null) o.onForwarded(o.queue.ack(welcome.applied))
+    yield* onUp
+    const { queue } = o
+    // A chunk in flight is held until acknowledged: keep it a small part of the bound, so that what arrives
+    // meanwhile still has room.
+    const chunkBytes = o.chunkBytes ?? Math.min(1024 * 1024, Math.max(1, Math.floor(queue.maxBytes / 4)))
+    for (;;) {
+      let chunk = queue.unacked
+      if (chunk.length === 0) {
+        if (queue.size === 0) yield* awaitWork(queue, disconnected)
+        chunk = queue.take(o.chunkRecords ?? 512, chunkBytes, o.resync)
+        if (chunk.length === 0) continue
+      }
+      const last = (chunk[chunk.length - 1] as SentRecord<KvRecordBody>).n
+      const r = yield* client.Push({ node_id: o.hello.node_id, epoch: o.hello.epoch, records: chunk.map(toWire) })
+      if (r.applied !== null) o.onForwarded(queue.ack(r.applied))
+      // A receiver that applies less than it was sent has lost the thread: start over with Hello.
+      if (r.applied === null || r.applied < last) {
+        return yield* Effect.fail(new Error(`kvcached acknowledged up to ${r.applied} of ${last}`))
+      }
+    }
+  }).pipe(Effect.scoped)
+
+/** Runs until interrupted. */
+export const runLink = (o: LinkOptions): Effect.Effect<never> =>
+  Effect.gen(function* () {
+    let failures = 0
+    let connected: boolean | undefined
+    const setState = (up: boolean, error: string | undefined) =>
+      Effect.gen(function* () {
+        o.onConnected(up, error)
+        if (connected === up) return
+        connected = up
+        if (up) yield* Effect.logInfo("kvcached connected", { uds: o.path })
+        else yield* Effect.logWarning("kvcached unavailable; queueing KV events", { uds: o.path, error })
+      })
+    const up = Effect.suspend(() => {
+      failures = 0
+      return setState(true, undefined)
+    })
+    for (;;) {
+      const err = yield* Effect.flip(session(o, up))
+      failures++
+      yield* setState(false, message(err))
+      yield* Effect.sleep(jitteredBackoffMs(failures, o.backoffMaxMs, Math.random()))
+    }
+  })

@@ -1,0 +1,165 @@
+/**
+ * The byte-bounded queue between the KV-event reader and the kvcached link. `push` never blocks: past
+ * `maxBytes` it drops the oldest unsent records and remembers, per DP rank, which seq range went, and
+ * `take` then puts one overflow Resync per rank in front of what survived. Taken records stay here,
+ * numbered (`n`), until kvcached acknowledges them (`ack`), so a reconnect can resend exactly those
+ * (`unacked`). Memory is released as soon as a record is acknowledged or dropped: slots are cleared, not
+ * just skipped, and the backing array is compacted. Pure data structure (the writer's wake-up is a plain
+ * callback), tested directly.
+ */
+import type { Resync } from "../../services/kv/KvWire.ts"
+
+/** A record waiting for its link seq (`n`, given when it is taken). */
+export interface QueuedRecord<R> {
+  readonly record: R
+  /** True for a Batch (counted as forwarded/dropped); false for a Resync. */
+  readonly batch: boolean
+  readonly dpRank: number
+  /** The first engine seq this record covers (a batch's seq; a Resync's from_seq). */
+  readonly fromSeq: bigint
+  /** The seq the stream continues with after it (seq + 1; a Resync's to_seq). */
+  readonly nextSeq: bigint
+  /** Its approximate size in memory and on the wire. */
+  readonly bytes: number
+}
+
+export interface SentRecord<R> {
+  readonly n: number
+  readonly record: R
+  readonly batch: boolean
+  readonly bytes: number
+}
+
+interface Lost {
+  readonly fromSeq: bigint
+  nextSeq: bigint
+}
+
+/** Compact the backing array once this many dead slots lead it (and they are at least half of it). */
+const COMPACT_AT = 1024
+
+export class KvQueue<R> {
+  private pending: Array<QueuedRecord<R> | undefined> = []
+  private head = 0
+  private sent: Array<SentRecord<R>> = []
+  private readonly lost = new Map<number, Lost>()
+  private waker: (() => void) | undefined
+  private nextN = 0
+  /** Bytes held: unsent plus sent-but-unacknowledged records. */
+  bytes = 0
+  /** Batches among them. */
+  batches = 0
+  /** Batches dropped on overflow since the start. */
+  dropped = 0
+  readonly maxBytes: number
+
+  constructor(maxBytes: number) {
+    this.maxBytes = Math.max(1, maxBytes)
+  }
+
+  /** Records not yet taken. */
+  get size(): number {
+    return this.pending.length - this.head
+  }
+
+  /** Records taken and not yet acknowledged. */
+  get unacked(): ReadonlyArray<SentRecord<R>> {
+    return this.sent
+  }
+
+  /** Appends; returns true when older records had to go to stay within `maxBytes`. */
+  push(item: QueuedRecord<R>): boolean {
+    this.pending.push(item)
+    this.bytes += item.bytes
+    if (item.batch) this.batches++
+    let overflowed = false
+    // Sent records stay (they may already be applied); only unsent ones are dropped, oldest first.
+    while (this.bytes > this.maxBytes && this.head < this.pending.length) {
+      const old = this.pending[this.head] as QueuedRecord<R>
+      this.pending[this.head] = undefined
+      this.head++
+      this.release(old.bytes, old.batch)
+      overflowed = true
+      if (old.batch) this.dropped++
+      const l = this.lost.get(old.dpRank)
+      if (l === undefined) this.lost.set(old.dpRank, { fromSeq: old.fromSeq, nextSeq: old.nextSeq })
+      else l.nextSeq = old.nextSeq
+    }
+    this.compact()
+    const w = this.waker
+    this.waker = undefined
+    w?.()
+    return overflowed
+  }
+
+  /**
+   * Moves up to `maxRecords` / `maxBytes` (at least one record) from the queue to the unacknowledged set,
+   * numbering them, with the overflow Resyncs (rendered by `resync`) in front. Returns what was taken.
+   */
+  take(maxRecords: number, maxBytes: number, resync: (r: Resync) => QueuedRecord<R>): ReadonlyArray<SentRecord<R>> {
+    const out: Array<SentRecord<R>> = []
+    let size = 0
+    const add = (q: QueuedRecord<R>, counted: boolean) => {
+      const s: SentRecord<R> = { n: this.nextN++, record: q.record, batch: q.batch, bytes: q.bytes }
+      if (!counted) {
+        this.bytes += q.bytes
+        if (q.batch) this.batches++
+      }
+      size += q.bytes
+      out.push(s)
+      this.sent.push(s)
+    }
+    for (const [dpRank, l] of this.lost) {
+      add(resync({ reason: "overflow", dpRank, fromSeq: l.fromSeq, toSeq: l.nextSeq }), false)
+    }
+    this.lost.clear()
+    while (out.length < maxRecords && this.head < this.pending.length) {
+      const q = this.pending[this.head] as QueuedRecord<R>
+      if (out.length > 0 && size + q.bytes > maxBytes) break
+      this.pending[this.head] = undefined
+      this.head++
+      add(q, true)
+    }
+    this.compact()
+    return out
+  }
+
+  /** Forgets every sent record with `n <= upTo`; returns how many batches that acknowledged. */
+  ack(upTo: number): number {
+    let i = 0
+    let batches = 0
+    while (i < this.sent.length && (this.sent[i] as SentRecord<R>).n <= upTo) {
+      const s = this.sent[i] as SentRecord<R>
+      this.release(s.bytes, s.batch)
+      if (s.batch) batches++
+      i++
+    }
+    if (i > 0) this.sent = this.sent.slice(i)
+    return batches
+  }
+
+  /** Calls `wake` once, at the next push (at once if something is waiting). Replaces an earlier waker. */
+  onPush(wake: () => void): void {
+    if (this.size > 0 || this.lost.size > 0) wake()
+    else this.waker = wake
+  }
+
+  cancelWake(): void {
+    this.waker = undefined
+  }
+
+  private release(bytes: number, batch: boolean): void {
+    this.bytes -= bytes
+    if (batch) this.batches--
+  }
+
+  private compact(): void {
+    if (this.head === this.pending.length) {
+      this.pending = []
+      this.head = 0
+    } else if (this.head >= COMPACT_AT && this.head * 2 >= this.pending.length) {
+      this.pending = this.pending.slice(this.head)
+      this.head = 0
+    }
+  }
+}

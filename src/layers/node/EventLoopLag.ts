@@ -1,0 +1,55 @@
+/**
+ * Live EventLoopLag: a perf_hooks.monitorEventLoopDelay histogram read and reset every window, plus the
+ * worst delay since start. The histogram runs on libuv's timer, so it measures the lag that the etcd
+ * heartbeat itself would suffer. Enabled and disabled with the layer's scope.
+ */
+import { monitorEventLoopDelay } from "node:perf_hooks"
+import { Duration, Effect, Layer, Ref, Schedule } from "effect"
+import { EventLoopLag, type LagSample, nsToMs } from "../../services/node/EventLoopLag.ts"
+
+export interface EventLoopLagOptions {
+  /** Sampling resolution of the histogram, default 20 ms. */
+  readonly resolutionMs?: number
+  /** Window after which current/p99/windowMax roll over, default 5 s. */
+  readonly window?: Duration.Input
+}
+
+export const layer = (options: EventLoopLagOptions = {}): Layer.Layer<EventLoopLag> =>
+  Layer.effect(
+    EventLoopLag,
+    Effect.gen(function* () {
+      const windowMs = Duration.toMillis(Duration.fromInputUnsafe(options.window ?? "5 seconds"))
+      const histogram = yield* Effect.acquireRelease(
+        Effect.sync(() => {
+          const h = monitorEventLoopDelay({ resolution: options.resolutionMs ?? 20 })
+          h.enable()
+          return h
+        }),
+        (h) => Effect.sync(() => h.disable())
+      )
+      const last = yield* Ref.make<LagSample>({ currentMs: 0, p99Ms: 0, windowMaxMs: 0, maxMs: 0, windowMs })
+      const roll = Effect.gen(function* () {
+        const windowMax = histogram.count > 0 ? nsToMs(histogram.max) : 0
+        const sample = {
+          currentMs: histogram.count > 0 ? nsToMs(histogram.mean) : 0,
+          p99Ms: histogram.count > 0 ? nsToMs(histogram.percentile(99)) : 0,
+          windowMaxMs: windowMax
+        }
+        histogram.reset()
+        yield* Ref.update(last, (s) => ({ ...sample, maxMs: Math.max(s.maxMs, windowMax), windowMs }))
+      })
+      yield* roll.pipe(
+        Effect.repeat(Schedule.spaced(Duration.millis(windowMs))),
+        Effect.delay(windowMs),
+        Effect.forkScoped
+      )
+      // Between rolls, the running window's worst delay still counts toward the all-time max.
+      const sample = Ref.get(last).pipe(
+        Effect.map((s) => {
+          const running = histogram.count > 0 ? nsToMs(histogram.max) : 0
+          return { ...s, maxMs: Math.max(s.maxMs, running) }
+        })
+      )
+      return EventLoopLag.of({ sample })
+    })
+  )

@@ -1,0 +1,188 @@
+/**
+ * Logging: one JSON object per line on stderr, one shape for every line:
+ * `{"ts":"<ISO>","level":"info","msg":"<text>", ...flat fields}`. Fields come from the log call's objects
+ * (`Effect.logInfo("text", { key: value })`) and from log annotations; a failure's cause is `cause`. No
+ * fiber ids or log spans: they mean nothing to an operator. Engine output lines are
+ * `{msg: <line>, engine, stream, run}` (see `engineOutput`).
+ *
+ * The level: `--log-level` on the command line, else CGN_LOG_LEVEL, else `[agent].log_level`.
+ */
+import { Cause, Console, Effect, Layer, Logger, References } from "effect"
+import type { LogLevel } from "effect/LogLevel"
+import * as LogLevelModule from "effect/LogLevel"
+import { LogLevels } from "../../services/config/ConfigSchema.ts"
+import { LogLevel as LogLevelTag } from "../../services/observability/LogLevel.ts"
+import { loadConfigFile } from "../config/Config.ts"
+
+type ConfigLevel = (typeof LogLevels)[number]
+
+const toLogLevel: Record<ConfigLevel, LogLevel> = {
+  trace: "Trace",
+  debug: "Debug",
+  info: "Info",
+  warn: "Warn",
+  error: "Error"
+}
+
+/**
+ * The effective level: the command line's `--log-level` when given, else CGN_LOG_LEVEL when it names a
+ * level, else the configured one.
+ */
+export const effectiveLevel = (
+  configured: ConfigLevel,
+  env: string | undefined,
+  flag: LogLevel | undefined = undefined
+): LogLevel => {
+  if (flag !== undefined) return flag
+  const fromEnv = env?.toLowerCase()
+  const level = LogLevels.find((l) => l === fromEnv) ?? configured
+  return toLogLevel[level]
+}
+
+/** Keys every line has; a field of the same name is written with a trailing `_` instead. */
+const RESERVED = new Set(["ts", "level", "msg", "cause"])
+
+const isPlainObject = (u: unknown): u is Record<string, unknown> =>
+  typeof u === "object" && u !== null && !Array.isArray(u) && !(u instanceof Error)
+
+/** A field value JSON can carry as it is: Errors become their message, bigints strings. */
+const jsonValue = (u: unknown): unknown => {
+  if (u instanceof Error) return u.message
+  if (typeof u === "bigint") return u.toString()
+  return u
+}
+
+/** What one log call produced, before formatting. */
+export interface LogInput {
+  readonly date: Date
+  readonly level: LogLevel
+  /** The log call's arguments (one value, or an array of them). */
+  readonly message: unknown
+  readonly annotations: Readonly<Record<string, unknown>>
+  /** Pretty-printed failure, when the call carried one. */
+  readonly cause?: string | undefined
+}
+
+/**
+ * The one line shape, as an object (pure). Strings in the call join into `msg`; objects' keys become
+ * fields, after the annotations (so a call's own field wins); other values are appended to `msg`.
+ */
+export const logRecord = (input: LogInput): Record<string, unknown> => {
+  const parts = Array.isArray(input.message) ? input.message : [input.message]
+  const text: Array<string> = []
+  const fields: Record<string, unknown> = {}
+  const put = (key: string, value: unknown) => {
+    if (value === undefined) return
+    fields[RESERVED.has(key) ? `${key}_` : key] = jsonValue(value)
+  }
+  for (const [k, v] of Object.entries(input.annotations)) put(k, v)
+  for (const part of parts) {
+    if (typeof part === "string") text.push(part)
+    else if (isPlainObject(part)) for (const [k, v] of Object.entries(part)) put(k, v)
+    else if (part instanceof Error) put("error", part.message)
+    else if (part !== undefined) text.push(typeof part === "object" ? JSON.stringify(part) : String(part))
+  }
+  return {
+    ts: input.date.toISOString(),
+    level: input.level.toLowerCase(),
+    msg: text.join(" "),
+    ...fields,
+    ...(input.cause === undefined ? {} : { cause: input.cause })
+  }
+}
+
+/** JSON.stringify that never throws (cycles and odd values become a placeholder). */
+const toJson = (record: Record<string, unknown>): string => {
+  try {
+    return JSON.stringify(record, (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v))
+  } catch {
+    return JSON.stringify({ ts: record.ts, level: record.level, msg: record.msg, fields: "(not serializable)" })
+  }
+}
+
+/**
+ * The logger: `logRecord` of each call at or above `threshold()`, one JSON line on stderr; nothing for the
+ * others. The threshold is read per call so a SIGHUP can move it (fibers keep the MinimumLogLevel they started
+ * with, so that reference stays at its lowest and this is the filter).
+ */
+export const jsonLines = (threshold: () => LogLevel): Logger.Logger<unknown, void> =>
+  Logger.make(({ date, logLevel, message, cause, fiber }) => {
+    if (LogLevelModule.isGreaterThan(threshold(), logLevel)) return
+    fiber.getRef(Console.Console).error(
+      toJson(
+        logRecord({
+          date,
+          level: logLevel,
+          message,
+          annotations: fiber.getRef(References.CurrentLogAnnotations),
+          cause: cause.reasons.length > 0 ? Cause.pretty(cause) : undefined
+        })
+      )
+    )
+  })
+
+/**
+ * One line of the engine's own output as log-call arguments: the line is `msg`. An engine that logs JSON
+ * objects (the simulator; vLLM with a JSON logging config) gets its object's `msg`/`message` as `msg` and
+ * its other keys under `engine_fields`, so the object is nested JSON, not a string escaped inside a string.
+ */
+export const engineOutput = (line: string): readonly [string, Record<string, unknown>?] => {
+  if (!line.startsWith("{")) return [line]
+  let parsed: unknown
+  try {
+    parsed = JSON.parse(line)
+  } catch {
+    return [line]
+  }
+  if (!isPlainObject(parsed)) return [line]
+  const { msg, message, ...rest } = parsed
+  const text = typeof msg === "string" ? msg : typeof message === "string" ? message : line
+  return Object.keys(rest).length === 0 ? [text] : [text, { engine_fields: rest }]
+}
+
+/**
+ * JSON lines on stderr at the effective level, replacing the default logger, and the LogLevel service that
+ * moves it (SIGHUP: `hangupReload`).
+ */
+export const layer = (configured: ConfigLevel, flag?: LogLevel): Layer.Layer<LogLevelTag> => {
+  const env = process.env.CGN_LOG_LEVEL
+  let threshold = effectiveLevel(configured, env, flag)
+  const pinnedBy =
+    flag !== undefined ? "--log-level" : LogLevels.some((l) => l === env?.toLowerCase()) ? "CGN_LOG_LEVEL" : undefined
+  return Layer.mergeAll(
+    Logger.layer([jsonLines(() => threshold)]),
+    Layer.succeed(References.MinimumLogLevel, "Trace"),
+    Layer.succeed(LogLevelTag, {
+      current: Effect.sync(() => threshold),
+      configure: (next) =>
+        Effect.sync(() => {
+          threshold = effectiveLevel(next, env, flag)
+          return pinnedBy === undefined ? { level: threshold } : { level: threshold, pinnedBy }
+        })
+    })
+  )
+}
+
+/**
+ * What SIGHUP does to logging: re-reads `[agent].log_level` from the config file (the rest of the file is
+ * not re-applied) and moves the threshold. A file that no longer decodes keeps the current level.
+ */
+export const hangupReload = (file: string | undefined): Effect.Effect<void, never, LogLevelTag> =>
+  Effect.gen(function* () {
+    if (file === undefined) return
+    const control = yield* LogLevelTag
+    const before = yield* control.current
+    const read = yield* Effect.result(loadConfigFile(file))
+    if (read._tag === "Failure") {
+      return yield* Effect.logWarning("SIGHUP: config unreadable; log level kept", {
+        level: before.toLowerCase(),
+        problem: read.failure.message
+      })
+    }
+    const { level, pinnedBy } = yield* control.configure(read.success.agent.log_level)
+    yield* Effect.logInfo(
+      pinnedBy !== undefined
+        ? `SIGHUP: log level stays ${level.toLowerCase()} (set by ${pinnedBy})`
+        : `SIGHUP: log level ${before.toLowerCase()} -> ${level.toLowerCase()}`
+    )
+  })

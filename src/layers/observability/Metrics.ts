@@ -1,0 +1,227 @@
+/**
+ * Metrics layers: build the registry and every handle named in services/observability/Metrics.ts.
+ * `layer` adds prom-client's default process metrics under their stock names (`process_*`, `nodejs_*`, no
+ * prefix, so stock Node.js dashboards read them), less the ones that break Prometheus conventions (below);
+ * event-loop lag is mirrored from the EventLoopLag service by `mirrorEventLoopLag`; `layerTest` is a bare
+ * fresh registry, so tests can assert exact series.
+ *
+ * Naming rules for every agent series (other modules adding metrics follow them; `promtool check metrics`
+ * enforces most): prefix `cgn_agent_`; base units in the name (`_seconds`, `_bytes`, `_ratio` for 0..1);
+ * `_total` on counters only; no sentinel values (a value that does not exist is a missing series, see
+ * `setOptional`); one-hot `{state}` gauges for enumerations; label `grpc_code` for gRPC status code names.
+ */
+import { Cause, Effect, Layer, type Scope } from "effect"
+import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client"
+import type { LagSample } from "../../services/node/EventLoopLag.ts"
+import {
+  METRIC_PREFIX,
+  type MetricHandles,
+  Metrics,
+  type MetricsService,
+  setStateGauge
+} from "../../services/observability/Metrics.ts"
+import { RegistrationStates, type RegistrationStatus } from "../../services/registry/HealthReporter.ts"
+
+const p = (name: string) => `${METRIC_PREFIX}${name}`
+
+// TTFT spans a cached prefix on a small model (ms) to a long prompt queued behind others (a minute).
+const TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]
+// End to end: a few tokens to a long generation.
+const DURATION_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600]
+
+const makeHandles = (registry: Registry): MetricHandles => {
+  const registers = [registry]
+  const gauge = <L extends string = never>(name: string, help: string, labelNames: ReadonlyArray<L> = []) =>
+    new Gauge<L>({ name: p(name), help, labelNames, registers })
+  const gpuLabels = ["gpu", "uuid"] as const
+  return {
+    requests: new Counter({
+      name: p("requests_total"),
+      help: "Generate calls finished, by role, model and gRPC status code name",
+      labelNames: ["role", "model", "grpc_code"] as const,
+      registers
+    }),
+    timeToFirstToken: new Histogram({
+      name: p("time_to_first_token_seconds"),
+      help: "Time from receiving a Generate call to its first generated text",
+      labelNames: ["role", "model"] as const,
+      buckets: TTFT_BUCKETS,
+      registers
+    }),
+    requestDuration: new Histogram({
+      name: p("request_duration_seconds"),
+      help: "Time from receiving a Generate call to its end",
+      labelNames: ["role", "model"] as const,
+      buckets: DURATION_BUCKETS,
+      registers
+    }),
+    relayedTokens: new Counter({
+      name: p("relayed_tokens_total"),
+      help: "Engine tokens relayed to callers",
+      labelNames: ["model"] as const,
+      registers
+    }),
+    engineStreamStalls: new Counter({
+      name: p("engine_stream_stalls_total"),
+      help: "Engine streams ended because the engine sent nothing for engine.stream_idle_timeout",
+      labelNames: ["model"] as const,
+      registers
+    }),
+    inflight: gauge("inflight_requests", "Generate calls running through the agent"),
+    queued: gauge("queued_requests", "Generate calls waiting for an admission slot"),
+    engineState: gauge("engine_state", "1 for the engine supervisor's current state", ["state"] as const),
+    engineRestarts: new Counter({
+      name: p("engine_restarts_total"),
+      help: "Engine restarts since the agent started",
+      registers
+    }),
+    engineLastExitCode: gauge(
+      "engine_last_exit_code",
+      "Exit code of the last engine run (no sample until a run exits with a code)"
+    ),
+    engineFailing: gauge(
+      "engine_failing",
+      "1 while the engine is failing: several runs in a row ended before being stable (still retried with backoff)"
+    ),
+    etcdRegistered: gauge("etcd_registered", "1 while this node's NodeHealth key is registered in etcd"),
+    etcdRegistrationState: gauge("etcd_registration_state", "1 for the current etcd registration state", [
+      "state"
+    ] as const),
+    etcdLeaseAge: gauge("etcd_lease_age_seconds", "Seconds since the current etcd lease was granted"),
+    eventLoopLag: gauge(
+      "event_loop_lag_seconds",
+      "Worst event-loop delay in the last completed 5 s window (scrapes do not reset it)"
+    ),
+    engineRunningRequests: gauge("engine_running_requests", "Requests running in the engine (engine metrics)"),
+    engineWaitingRequests: gauge("engine_waiting_requests", "Requests waiting in the engine (engine metrics)"),
+    engineKvCacheUsage: gauge(
+      "engine_kv_cache_usage_ratio",
+      "Engine KV-cache usage 0..1 (no sample when the engine does not report it)"
+    ),
+    buildInfo: gauge("build_info", "Always 1: the agent's version, Node's version and the engine kind", [
+      "version",
+      "node_version",
+      "engine"
+    ] as const),
+    gpuUtilization: gauge("gpu_utilization_ratio", "GPU utilization 0..1 (NVML)", gpuLabels),
+    gpuMemoryUsed: gauge("gpu_memory_used_bytes", "GPU memory in use (NVML)", gpuLabels),
+    gpuMemoryTotal: gauge("gpu_memory_total_bytes", "GPU memory in total (NVML)", gpuLabels),
+    gpuTemperature: gauge("gpu_temperature_celsius", "GPU core temperature (NVML)", gpuLabels),
+    gpuPower: gauge("gpu_power_watts", "GPU power draw (NVML)", gpuLabels),
+    gpuPowerLimit: gauge("gpu_power_limit_watts", "GPU enforced power limit (NVML)", gpuLabels),
+    gpuThrottled: gauge("gpu_clock_throttled", "1 while the GPU clocks are held down for this reason (NVML)", [
+      ...gpuLabels,
+      "reason"
+    ] as const),
+    gpuEccUncorrected: gauge(
+      "gpu_ecc_uncorrected_errors",
+      "Uncorrected ECC errors since the driver loaded (NVML, volatile); any makes the node unhealthy",
+      gpuLabels
+    ),
+    gpuLost: gauge("gpu_lost", "1 when NVML reports the GPU lost (fallen off the bus)", gpuLabels),
+    gpuProcessMemory: gauge("gpu_process_memory_bytes", "GPU memory held by a compute process (NVML)", [
+      ...gpuLabels,
+      "pid"
+    ] as const),
+    engineGpuWait: gauge("engine_gpu_wait", "1 while the engine's (re)start waits for its GPUs to be free")
+  }
+}
+
+const make = (registry: Registry): Effect.Effect<MetricsService> =>
+  Effect.sync(() => {
+    const handles = makeHandles(registry)
+    const callbacks = new Set<Effect.Effect<void>>()
+    const runCallback = (cb: Effect.Effect<void>) =>
+      cb.pipe(
+        Effect.catchCause((cause) =>
+          Effect.logWarning("metrics collect callback failed", { cause: Cause.pretty(cause) })
+        )
+      )
+    return {
+      ...handles,
+      registry,
+      onCollect: (collect) =>
+        Effect.acquireRelease(
+          Effect.sync(() => {
+            // a fresh wrapper per registration, so the same effect may be registered twice
+            const entry = collect.pipe(Effect.map(() => undefined))
+            callbacks.add(entry)
+            return entry
+          }),
+          (entry) => Effect.sync(() => callbacks.delete(entry))
+        ).pipe(Effect.asVoid),
+      render: Effect.gen(function* () {
+        yield* Effect.forEach([...callbacks], runCallback, { concurrency: "unbounded", discard: true })
+        const body = yield* Effect.promise(() => registry.metrics())
+        return { contentType: registry.contentType, body }
+      })
+    } satisfies MetricsService
+  })
+
+/** A fresh registry with the agent's series only (no process metrics, no timers). */
+export const layerTest: Layer.Layer<Metrics> = Layer.effect(
+  Metrics,
+  Effect.suspend(() => make(new Registry()))
+)
+
+/**
+ * prom-client defaults left out: the `nodejs_active_*_total` series are gauges named like counters
+ * (promtool rejects them; `nodejs_active_{handles,requests,resources}{type}` carry the same counts), and the
+ * `nodejs_eventloop_lag_{min,max,mean,stddev,p50,p90,p99}_seconds` series reset their histogram at every
+ * scrape, so two scrapers (Prometheus and an agent sidecar) each see a fraction of the delays.
+ * `cgn_agent_event_loop_lag_seconds` (a fixed window) replaces them; `nodejs_eventloop_lag_seconds` stays.
+ */
+export const DROPPED_DEFAULT_METRICS = [
+  "nodejs_active_handles_total",
+  "nodejs_active_requests_total",
+  "nodejs_active_resources_total",
+  ...["min", "max", "mean", "stddev", "p50", "p90", "p99"].map((s) => `nodejs_eventloop_lag_${s}_seconds`)
+] as const
+
+/**
+ * The production registry: the agent's series and the default process metrics. Event-loop lag comes from
+ * the EventLoopLag service (see `mirrorEventLoopLag`), so the loop is measured once.
+ */
+export const layer: Layer.Layer<Metrics> = Layer.effect(
+  Metrics,
+  Effect.gen(function* () {
+    const registry = new Registry()
+    collectDefaultMetrics({ register: registry })
+    for (const name of DROPPED_DEFAULT_METRICS) registry.removeSingleMetric(name)
+    return yield* make(registry)
+  })
+)
+
+/** Sets `cgn_agent_build_info` (1) for this agent's version, the running Node and the engine kind. */
+export const recordBuildInfo = (info: { readonly version: string; readonly engine: string }) =>
+  Effect.flatMap(Metrics, (m) =>
+    Effect.sync(() => m.buildInfo.set({ version: info.version, node_version: process.version, engine: info.engine }, 1))
+  )
+
+/** Fills `cgn_agent_event_loop_lag_seconds` at every scrape with the worst lag of the last window. */
+export const mirrorEventLoopLag = (lag: Effect.Effect<LagSample>): Effect.Effect<void, never, Metrics | Scope.Scope> =>
+  Effect.flatMap(Metrics, (m) =>
+    m.onCollect(
+      Effect.map(lag, (s) => {
+        m.eventLoopLag.set(s.windowMaxMs / 1000)
+      })
+    )
+  )
+
+/**
+ * Mirrors the etcd reporter's registration status into the etcd gauges at every scrape. Takes the status
+ * effect rather than the HealthReporter service, so Metrics stays free of dependencies; main wires it:
+ * `yield* mirrorRegistration(reporter.status)`.
+ */
+export const mirrorRegistration = (
+  status: Effect.Effect<RegistrationStatus>
+): Effect.Effect<void, never, Metrics | Scope.Scope> =>
+  Effect.flatMap(Metrics, (m) =>
+    m.onCollect(
+      Effect.map(status, (s) => {
+        m.etcdRegistered.set(s.state === "registered" ? 1 : 0)
+        setStateGauge(m.etcdRegistrationState, RegistrationStates, s.state)
+        m.etcdLeaseAge.set(s.leaseAgeMs === undefined ? 0 : s.leaseAgeMs / 1000)
+      })
+    )
+  )

@@ -1,0 +1,38 @@
+/**
+ * Tracing: spans exported over OTLP/HTTP (JSON) through @effect/opentelemetry's Node SDK, configured by the
+ * standard OTEL_* environment with `[agent].otlp_endpoint` as an override (services/observability/OtelSettings.ts); with
+ * no endpoint, nothing (Effect's no-op tracer). Spans are flushed when the layer's scope closes, at the
+ * end of shutdown. The agent's own polling (probes, scrapes, the admin endpoints) makes no spans: see
+ * AdminHttp and NodeStatus.
+ *
+ * Why not @opentelemetry/sdk-node's NodeSDK, which reads the same environment: it pulls in every exporter
+ * (gRPC, protobuf, Zipkin, Prometheus) and the auto-instrumentation loader, many megabytes the agent never
+ * loads; the few variables that decide whether and where to export are read here, and the OTLP exporter
+ * reads its own (headers, timeout, compression, TLS files).
+ */
+import * as NodeSdk from "@effect/opentelemetry/NodeSdk"
+import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-http"
+import { BatchSpanProcessor } from "@opentelemetry/sdk-trace-base"
+import { Effect, Layer } from "effect"
+import type { AgentConfig } from "../../services/config/Config.ts"
+import { type Env, otlpTraceSettings } from "../../services/observability/OtelSettings.ts"
+import { TracesExported } from "../../services/observability/TraceContext.ts"
+import { packageVersion } from "../node/NodeStatus.ts"
+
+/** The OTLP trace exporter the environment and config ask for, or no layer at all. */
+export const layer = (config: AgentConfig, env: Env = process.env): Layer.Layer<never> => {
+  const settings = otlpTraceSettings(config.agent.otlp_endpoint, env)
+  if (settings === undefined) return Layer.empty
+  const sdk = NodeSdk.layer(() => ({
+    resource: {
+      serviceName: settings.serviceName,
+      serviceVersion: packageVersion(),
+      attributes: { "service.instance.id": config.agent.node_id, "cgn.cluster": config.cluster.name }
+    },
+    spanProcessor: new BatchSpanProcessor(new OTLPTraceExporter({ url: settings.url }))
+  }))
+  const warn = Layer.effectDiscard(
+    Effect.forEach(settings.warnings, (w) => Effect.logWarning(`tracing: ${w}`), { discard: true })
+  )
+  return Layer.mergeAll(sdk, warn, Layer.succeed(TracesExported)(true))
+}

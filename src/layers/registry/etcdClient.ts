@@ -1,0 +1,289 @@
+/**
+ * The few etcd operations the HealthReporter needs, as Effects with typed errors, over one etcd3 client
+ * built from [cluster] (hosts, TLS, user/password). Every call has a deadline, etcd3's own retry and
+ * circuit-breaker policies are replaced by pass-throughs (the reporter owns backoff: a 5 s open breaker
+ * would delay re-registration past one heartbeat), and grpc-js reconnect backoff is capped likewise.
+ */
+import { X509Certificate } from "node:crypto"
+import * as fs from "node:fs/promises"
+import * as tls from "node:tls"
+import { Effect, type Scope } from "effect"
+import { Etcd3, EtcdLeaseInvalidError, type IKeyValue, type IOptions } from "etcd3"
+import type { AgentConfig } from "../../services/config/Config.ts"
+import { EtcdTlsError, EtcdUnavailable, LeaseLost } from "../../services/registry/HealthReporter.ts"
+
+export interface Granted {
+  readonly id: string
+  readonly ttlMs: number
+}
+
+/** What holds the key when it is not ours. */
+export interface Holder {
+  readonly lease: string
+  readonly value: string
+}
+
+export type WriteOutcome =
+  | { readonly _tag: "Written" }
+  | { readonly _tag: "Missing" }
+  | { readonly _tag: "Held"; readonly holder: Holder }
+
+export interface EtcdOps {
+  readonly grant: (ttlSeconds: number) => Effect.Effect<Granted, EtcdUnavailable>
+  /** One keepalive round trip; LeaseLost when etcd answers TTL 0 (expired or revoked). */
+  readonly keepAlive: (leaseId: string) => Effect.Effect<number, EtcdUnavailable | LeaseLost>
+  /** Creates the key under our lease if absent (createRevision == 0), or rewrites it if it is already ours. */
+  readonly create: (
+    key: string,
+    value: string,
+    leaseId: string
+  ) => Effect.Effect<WriteOutcome, EtcdUnavailable | LeaseLost>
+  /** Rewrites the key only while it is still attached to our lease. */
+  readonly write: (
+    key: string,
+    value: string,
+    leaseId: string
+  ) => Effect.Effect<WriteOutcome, EtcdUnavailable | LeaseLost>
+  readonly revoke: (leaseId: string) => Effect.Effect<void, EtcdUnavailable>
+}
+
+export interface EtcdClientOptions {
+  /** Deadline of one call. */
+  readonly callTimeoutMs: number
+  /** Cap of grpc-js reconnect backoff. */
+  readonly reconnectCapMs: number
+}
+
+type Policy = NonNullable<NonNullable<IOptions["faultHandling"]>["global"]>
+
+/** A policy that runs the call once, as is: no retry, no breaker. */
+const passThrough = (): Policy => {
+  const never = new AbortController().signal
+  const noEvent = () => ({ dispose: () => undefined })
+  return {
+    onSuccess: noEvent,
+    onFailure: noEvent,
+    execute: async <T>(fn: (ctx: { signal: AbortSignal }) => PromiseLike<T> | T, signal?: AbortSignal) =>
+      fn({ signal: signal ?? never })
+  } as unknown as Policy
+}
+
+const reasonOf = (e: unknown): string => (e instanceof Error ? e.message : String(e))
+
+/**
+ * grpc-js buries TLS failures in "14 UNAVAILABLE: No connection established. Last error: <openssl text>";
+ * say which [cluster] setting to look at, since that is all an operator can change.
+ */
+const REFUSED_BY_SERVER = /alert (bad certificate|certificate required|unknown ca|handshake failure)/i
+const SERVER_UNTRUSTED =
+  /unable to verify|self[- ]signed|unable to get (local )?issuer|certificate has expired|ERR_TLS_CERT_ALTNAME_INVALID/i
+
+const withTlsHint = (reason: string): string => {
+  const text = reason
+    .replace(/\s*Resolution note:\s*$/, "")
+    .replace(/\s+/g, " ")
+    .trim()
+  if (REFUSED_BY_SERVER.test(text))
+    return `TLS handshake refused by etcd: it requires a client certificate signed by a CA it trusts (check cluster.etcd_cert_file and etcd_key_file) [${text}]`
+  if (SERVER_UNTRUSTED.test(text))
+    return `etcd's server certificate is not trusted (check cluster.etcd_ca_file and that the certificate names the endpoint's host) [${text}]`
+  return text
+}
+
+const readTls = (key: string, file: string | undefined): Effect.Effect<Buffer | undefined, EtcdTlsError> =>
+  file === undefined
+    ? Effect.succeed(undefined)
+    : Effect.tryPromise({
+        try: () => fs.readFile(file),
+        catch: (e) => new EtcdTlsError({ key, file, reason: reasonOf(e) })
+      })
+
+/** Parses the PEM material now, so a bad file fails the layer at start instead of dying inside grpc-js. */
+const checkTls = (
+  cluster: AgentConfig["cluster"],
+  ca: Buffer | undefined,
+  cert: Buffer | undefined,
+  key: Buffer | undefined
+): Effect.Effect<void, EtcdTlsError> =>
+  Effect.gen(function* () {
+    // Half a client pair is refused by the config decoder (src/layers/config/Config.ts), so both or neither here.
+    const parse = (name: string, file: string | undefined, check: () => unknown) =>
+      Effect.try({
+        try: check,
+        catch: (e) => new EtcdTlsError({ key: name, file: file ?? "", reason: `not a usable PEM: ${reasonOf(e)}` })
+      })
+    // Node's secure context silently skips a CA bundle without certificates; X509Certificate does not.
+    if (ca !== undefined) yield* parse("etcd_ca_file", cluster.etcd_ca_file, () => new X509Certificate(ca))
+    if (cert !== undefined && key !== undefined)
+      yield* parse("etcd_cert_file", cluster.etcd_cert_file, () => tls.createSecureContext({ cert, key }))
+  })
+
+/** The etcd3 options for [cluster]; reads the TLS files. */
+export const etcdOptions = Effect.fnUntraced(function* (
+  cluster: AgentConfig["cluster"],
+  options: EtcdClientOptions
+): Effect.fn.Return<IOptions, EtcdTlsError> {
+  const ca = yield* readTls("etcd_ca_file", cluster.etcd_ca_file)
+  const cert = yield* readTls("etcd_cert_file", cluster.etcd_cert_file)
+  const key = yield* readTls("etcd_key_file", cluster.etcd_key_file)
+  yield* checkTls(cluster, ca, cert, key)
+  const useTls = ca !== undefined || cert !== undefined
+  const result: IOptions = {
+    // https:// hosts without any TLS file use the system roots (etcd3 does that itself).
+    hosts: [...cluster.etcd],
+    ...(useTls
+      ? {
+          credentials: {
+            // null: grpc-js uses the system roots (a client pair with a publicly signed server)
+            rootCertificate: ca ?? (null as unknown as Buffer),
+            ...(key !== undefined ? { privateKey: key } : {}),
+            ...(cert !== undefined ? { certChain: cert } : {})
+          }
+        }
+      : {}),
+    ...(cluster.etcd_username !== undefined && cluster.etcd_password !== undefined
+      ? { auth: { username: cluster.etcd_username, password: cluster.etcd_password } }
+      : {}),
+    grpcOptions: {
+      "grpc.initial_reconnect_backoff_ms": Math.min(100, options.reconnectCapMs),
+      "grpc.max_reconnect_backoff_ms": options.reconnectCapMs,
+      "grpc.min_reconnect_backoff_ms": Math.min(100, options.reconnectCapMs)
+    },
+    defaultCallOptions: (ctx) => (ctx.isStream ? {} : { deadline: Date.now() + options.callTimeoutMs }),
+    faultHandling: { host: () => passThrough(), global: passThrough() }
+  }
+  return result
+})
+
+const keyValue = (kvs: ReadonlyArray<IKeyValue> | undefined): Holder | undefined => {
+  const kv = kvs?.[0]
+  return kv === undefined ? undefined : { lease: kv.lease, value: kv.value.toString("utf8") }
+}
+
+/** The etcd client of the reporter, closed with the scope. */
+export const makeEtcdOps = Effect.fnUntraced(function* (
+  cluster: AgentConfig["cluster"],
+  options: EtcdClientOptions
+): Effect.fn.Return<EtcdOps, EtcdTlsError, Scope.Scope> {
+  const opts = yield* etcdOptions(cluster, options)
+  const client = yield* Effect.acquireRelease(
+    Effect.sync(() => new Etcd3(opts)),
+    (c) => Effect.sync(() => c.close())
+  )
+  const call = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, EtcdUnavailable | LeaseLost> =>
+    Effect.tryPromise({
+      try: f,
+      catch: (e) =>
+        e instanceof EtcdLeaseInvalidError
+          ? new LeaseLost({ leaseId: "", reason: e.message })
+          : new EtcdUnavailable({ operation, reason: withTlsHint(reasonOf(e)) })
+    }).pipe(
+      // belt and braces: the gRPC deadline should fire first
+      Effect.timeoutOrElse({
+        duration: options.callTimeoutMs + 500,
+        orElse: () => Effect.fail(new EtcdUnavailable({ operation, reason: "timed out" }))
+      })
+    )
+  const unavailableOnly = <A>(operation: string, f: () => Promise<A>) =>
+    call(operation, f).pipe(
+      Effect.catchTag("LeaseLost", (e) => Effect.fail(new EtcdUnavailable({ operation, reason: e.reason })))
+    )
+  const withLease = (leaseId: string) => (e: EtcdUnavailable | LeaseLost) =>
+    e._tag === "LeaseLost" ? new LeaseLost({ leaseId, reason: e.reason }) : e
+
+  const grant = (ttlSeconds: number) =>
+    unavailableOnly("lease grant", () => client.leaseClient.leaseGrant({ TTL: ttlSeconds })).pipe(
+      Effect.map((r) => ({ id: r.ID, ttlMs: Number(r.TTL) * 1000 }))
+    )
+
+  const keepAlive = (leaseId: string): Effect.Effect<number, EtcdUnavailable | LeaseLost> =>
+    Effect.callback<number, EtcdUnavailable | LeaseLost>((resume, signal) => {
+      let done = false
+      const finish = (e: Effect.Effect<number, EtcdUnavailable | LeaseLost>) => {
+        if (done) return
+        done = true
+        resume(e)
+      }
+      client.leaseClient
+        .leaseKeepAlive({ deadline: Date.now() + options.callTimeoutMs })
+        .then((stream) => {
+          const close = () => {
+            try {
+              stream.end()
+            } catch {
+              // already ended
+            }
+          }
+          if (signal.aborted || done) return close()
+          signal.addEventListener("abort", close, { once: true })
+          stream.on("error", (e: unknown) => {
+            finish(Effect.fail(new EtcdUnavailable({ operation: "lease keepalive", reason: withTlsHint(reasonOf(e)) })))
+          })
+          stream.on("data", (res: { TTL: string }) => {
+            close()
+            if (res.TTL === "0") {
+              finish(Effect.fail(new LeaseLost({ leaseId, reason: "etcd reports the lease expired or revoked" })))
+            } else {
+              finish(Effect.succeed(Number(res.TTL) * 1000))
+            }
+          })
+          stream.on("end", () =>
+            finish(Effect.fail(new EtcdUnavailable({ operation: "lease keepalive", reason: "stream ended" })))
+          )
+          stream.write({ ID: leaseId })
+        })
+        .catch((e: unknown) =>
+          finish(Effect.fail(new EtcdUnavailable({ operation: "lease keepalive", reason: withTlsHint(reasonOf(e)) })))
+        )
+    }).pipe(
+      Effect.timeoutOrElse({
+        duration: options.callTimeoutMs + 500,
+        orElse: () => Effect.fail(new EtcdUnavailable({ operation: "lease keepalive", reason: "timed out" }))
+      })
+    )
+
+  const txn = (
+    operation: string,
+    key: string,
+    compare: "absent" | "ours",
+    value: string,
+    leaseId: string
+  ): Effect.Effect<WriteOutcome, EtcdUnavailable | LeaseLost> => {
+    const k = Buffer.from(key)
+    const cmp =
+      compare === "absent"
+        ? { key: k, target: "Create" as const, result: "Equal" as const, create_revision: 0 }
+        : { key: k, target: "Lease" as const, result: "Equal" as const, lease: leaseId }
+    return call(operation, () =>
+      client.kv.txn({
+        compare: [cmp],
+        success: [{ request_put: { key: k, value: Buffer.from(value), lease: leaseId } }],
+        failure: [{ request_range: { key: k } }]
+      })
+    ).pipe(
+      Effect.mapError(withLease(leaseId)),
+      Effect.map((r): WriteOutcome => {
+        if (r.succeeded) return { _tag: "Written" }
+        const holder = keyValue(r.responses[0]?.response_range?.kvs)
+        return holder === undefined ? { _tag: "Missing" } : { _tag: "Held", holder }
+      })
+    )
+  }
+
+  const create = (key: string, value: string, leaseId: string) =>
+    txn("create", key, "absent", value, leaseId).pipe(
+      Effect.flatMap((o) =>
+        // Already ours (a retried create whose answer was lost): rewrite it under the lease guard.
+        o._tag === "Held" && o.holder.lease === leaseId ? txn("write", key, "ours", value, leaseId) : Effect.succeed(o)
+      )
+    )
+  const write = (key: string, value: string, leaseId: string) => txn("write", key, "ours", value, leaseId)
+  const revoke = (leaseId: string) =>
+    call("lease revoke", () => client.leaseClient.leaseRevoke({ ID: leaseId })).pipe(
+      Effect.asVoid,
+      // already gone is what we wanted
+      Effect.catchTag("LeaseLost", () => Effect.void)
+    )
+
+  return { grant, keepAlive, create, write, revoke } satisfies EtcdOps
+})

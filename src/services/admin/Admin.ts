@@ -1,0 +1,103 @@
+/**
+ * Admin: the pure policy of the admin HTTP server (layers/admin/Admin.ts) and the small interfaces it
+ * exposes: which listen addresses count as loopback, when a bearer token is required and accepted,
+ * what /readyz answers, the forensics shape of /status, and the typed refusal to start unprotected.
+ */
+import { Context, type Effect, Schema } from "effect"
+import type { ExitRecord } from "../engine/EngineProcess.ts"
+import type { NodeHealth } from "../node/NodeStatus.ts"
+
+/** listen_admin is not loopback and no `[agent].admin_token` is configured: refuse to start. */
+export class AdminTokenRequired extends Schema.TaggedError<AdminTokenRequired>()("AdminTokenRequired", {
+  listen: Schema.String
+}) {
+  override get message(): string {
+    return (
+      `agent.listen_admin = "${this.listen}" is not a loopback address, so /status and /drain would be open to ` +
+      `the network: set agent.admin_token, or listen on 127.0.0.1`
+    )
+  }
+}
+
+/** Where the admin server listens, once bound (port 0 resolved). */
+export interface AdminServerInfo {
+  readonly host: string
+  readonly port: number
+  /** `http://host:port`, IPv6 bracketed. */
+  readonly url: string
+}
+
+export class AdminServer extends Context.Service<AdminServer, AdminServerInfo>()("cgn-agent/AdminServer") {}
+
+/** Extra top-level sections of /status, each computed per request (e.g. `registration` from the etcd reporter). */
+export type StatusExtras = Readonly<Record<string, Effect.Effect<unknown>>>
+
+/** `host` of listen_admin without IPv6 brackets. */
+export const unbracket = (host: string): string =>
+  host.startsWith("[") && host.endsWith("]") ? host.slice(1, -1) : host
+
+/** 127.0.0.0/8, ::1, ::ffff:127.x and `localhost` are loopback; wildcards and everything else are not. */
+export const isLoopbackHost = (host: string): boolean => {
+  const h = unbracket(host).toLowerCase()
+  if (h === "localhost" || h === "::1" || h === "0:0:0:0:0:0:0:1") return true
+  const v4 = h.startsWith("::ffff:") ? h.slice(7) : h
+  return /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(v4)
+}
+
+/** The bearer token of an Authorization header, or undefined. */
+export const bearerToken = (header: string | undefined): string | undefined => {
+  const m = header === undefined ? null : /^Bearer\s+(\S+)\s*$/i.exec(header)
+  return m?.[1]
+}
+
+/** Constant-time for equal lengths, so the token cannot be guessed byte by byte from response times. */
+export const tokenMatches = (given: string, expected: string): boolean => {
+  const a = new TextEncoder().encode(given)
+  const b = new TextEncoder().encode(expected)
+  let diff = a.length ^ b.length
+  for (let i = 0; i < b.length; i++) diff |= (a[i] ?? 0) ^ (b[i] ?? 0)
+  return diff === 0
+}
+
+/** The auth decision for a protected endpoint (/status, /drain). */
+export type AuthDecision = "open" | "allowed" | "missing" | "wrong"
+
+/**
+ * A configured token is always required (on loopback too: whoever set one meant it). Without one, only a
+ * loopback listener is open; a non-loopback one never starts (AdminTokenRequired), and is refused here too.
+ */
+export const authorize = (options: {
+  readonly loopback: boolean
+  readonly token: string | undefined
+  readonly header: string | undefined
+}): AuthDecision => {
+  if (options.token === undefined) return options.loopback ? "open" : "missing"
+  const given = bearerToken(options.header)
+  if (given === undefined) return "missing"
+  return tokenMatches(given, options.token) ? "allowed" : "wrong"
+}
+
+/** /readyz: ready only when the node state is ready and no drain has begun. */
+export const readiness = (
+  health: NodeHealth,
+  draining: boolean
+): { readonly ready: boolean; readonly reason: string } => {
+  if (draining || health.state === "draining") return { ready: false, reason: "draining" }
+  if (health.state === "ready") return { ready: true, reason: "ready" }
+  const engine = health.engine
+  const phase = engine ? `engine ${engine.phase}${engine.detail ? `: ${engine.detail}` : ""}` : "no engine state"
+  return { ready: false, reason: `${health.state} (${phase})` }
+}
+
+/** One past engine run as /status shows it. */
+export const exitForensics = (exit: ExitRecord) => ({
+  run: exit.run,
+  pid: exit.pid ?? null,
+  code: exit.code,
+  signal: exit.signal,
+  reason: exit.reason,
+  startedAt: new Date(exit.startedAt).toISOString(),
+  endedAt: new Date(exit.endedAt).toISOString(),
+  runtimeMs: exit.runtimeMs,
+  lastLines: exit.lastLines
+})

@@ -1,0 +1,214 @@
+/**
+ * The schema of cgn-agent's TOML file: every section, key, type and default.
+ * Owns the shape of the config only; reading the file and cross-field checks live in layers/config/Config.ts.
+ * Key names are snake_case exactly as written in TOML, so a key path in an error is the key in the file.
+ */
+import { Duration, Effect, Option, Schema, SchemaIssue, SchemaTransformation } from "effect"
+
+const UNIT: Record<string, Duration.Unit> = { ms: "millis", s: "seconds", m: "minutes", h: "hours", d: "days" }
+
+/** Parses `500ms`, `5s`, `2m`, `1h`, `1d` (and Effect's `5 seconds` form). */
+export const parseShortDuration = (text: string): Option.Option<Duration.Duration> => {
+  const m = /^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$/.exec(text.trim())
+  if (!m) return Option.none()
+  // Millisecond resolution: "0.0000001s" would otherwise reach Duration as "1e-7 seconds" and throw;
+  // a positive duration under 1ms (or one too large to count) is refused rather than rounded to 0.
+  const exact = Number(m[1]) * Duration.toMillis(Duration.fromInputUnsafe(`1 ${UNIT[m[2]!]!}`))
+  const ms = Math.round(exact)
+  if (!Number.isSafeInteger(ms) || (ms === 0 && exact > 0)) return Option.none()
+  return Option.some(Duration.millis(ms))
+}
+
+/** Formats a duration the way the config file writes it (`1500ms`, `5s`, `2m`). */
+export const formatShortDuration = (d: Duration.Duration): string => {
+  const ms = Duration.toMillis(d)
+  if (ms % 3_600_000 === 0 && ms > 0) return `${ms / 3_600_000}h`
+  if (ms % 60_000 === 0 && ms > 0) return `${ms / 60_000}m`
+  if (ms % 1000 === 0) return `${ms / 1000}s`
+  return `${ms}ms`
+}
+
+/** A duration written as a string such as `5s`. */
+export const ShortDuration = Schema.String.pipe(
+  Schema.decodeTo(
+    Schema.Duration,
+    SchemaTransformation.transformEffect({
+      decode: (s: string) =>
+        Option.match(parseShortDuration(s), {
+          onNone: () =>
+            Effect.fail(
+              new SchemaIssue.InvalidValue(
+                { message: `expected a duration such as "500ms", "5s", "2m" or "1h", got "${s}"` },
+                s
+              )
+            ),
+          onSome: Effect.succeed
+        }),
+      encode: (d: Duration.Duration) => Effect.succeed(formatShortDuration(d))
+    })
+  )
+)
+
+const HOST_PORT = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/
+
+/** `host:port` (IPv6 in brackets); port 0 lets the OS choose, which tests use. */
+export const HostPort = Schema.String.check(
+  Schema.makeFilter((s) => {
+    const m = HOST_PORT.exec(s)
+    if (m && Number(m[2]) <= 65535) return undefined
+    return `expected host:port such as "0.0.0.0:7071", got "${s}"`
+  })
+)
+
+/** An absolute http(s) URL. */
+export const HttpUrl = Schema.String.check(
+  Schema.makeFilter((s) => {
+    try {
+      const u = new URL(s)
+      if (u.protocol === "http:" || u.protocol === "https:") return undefined
+    } catch {
+      // fall through to the message
+    }
+    return `expected an http:// or https:// URL, got "${s}"`
+  })
+)
+
+const PositiveInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))
+
+const withDefault = <S extends Schema.Top>(schema: S, value: S["Encoded"]) =>
+  schema.pipe(Schema.withDecodingDefaultKey(Effect.succeed(value)))
+
+export const EngineKinds = ["vllm", "sglang", "llama_cpp", "mlx", "openai_compat"] as const
+export type EngineKind = (typeof EngineKinds)[number]
+export const KvOffloads = ["none", "nixl", "lmcache", "hicache", "kvbm"] as const
+export type KvOffload = (typeof KvOffloads)[number]
+export const Roles = ["prefill", "decode", "both"] as const
+export type Role = (typeof Roles)[number]
+export const LogLevels = ["trace", "debug", "info", "warn", "error"] as const
+
+export const ClusterSection = Schema.Struct({
+  name: withDefault(Schema.NonEmptyString, "default"),
+  etcd: withDefault(Schema.Array(HttpUrl), []),
+  etcd_prefix: withDefault(Schema.String, "/cgn"),
+  etcd_ca_file: Schema.optionalKey(Schema.String),
+  etcd_cert_file: Schema.optionalKey(Schema.String),
+  etcd_key_file: Schema.optionalKey(Schema.String),
+  etcd_username: Schema.optionalKey(Schema.String),
+  etcd_password: Schema.optionalKey(Schema.String)
+})
+
+export const SecuritySection = Schema.Struct({
+  require_mtls: withDefault(Schema.Boolean, false),
+  ca_file: Schema.optionalKey(Schema.String),
+  cert_file: Schema.optionalKey(Schema.String),
+  key_file: Schema.optionalKey(Schema.String)
+})
+
+export const AgentSection = Schema.Struct({
+  listen_grpc: withDefault(HostPort, "0.0.0.0:7071"),
+  listen_admin: withDefault(HostPort, "127.0.0.1:9091"),
+  // Plaintext grpc.health.v1 only, for probes that cannot present a client certificate (the kubelet's).
+  listen_health: Schema.optionalKey(HostPort),
+  heartbeat: withDefault(ShortDuration, "5s"),
+  ready_probe_url: Schema.optionalKey(HttpUrl),
+  role: withDefault(Schema.Literals(Roles), "both"),
+  node_id: Schema.optionalKey(Schema.NonEmptyString),
+  advertise_addr: Schema.optionalKey(HostPort),
+  max_inflight: withDefault(PositiveInt, 256),
+  max_queue: withDefault(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), 1024),
+  max_tokens_limit: withDefault(PositiveInt, 32768),
+  max_request_bytes: withDefault(PositiveInt, 4 * 1024 * 1024),
+  lease_ttl: Schema.optionalKey(ShortDuration),
+  health_damping: withDefault(PositiveInt, 2),
+  drain_timeout: withDefault(ShortDuration, "30s"),
+  handoff_timeout: withDefault(ShortDuration, "30s"),
+  state_dir: withDefault(Schema.NonEmptyString, "/var/lib/cgn-agent"),
+  log_level: withDefault(Schema.Literals(LogLevels), "info"),
+  admin_token: Schema.optionalKey(Schema.NonEmptyString),
+  otlp_endpoint: Schema.optionalKey(HttpUrl)
+})
+
+export const EngineSection = Schema.Struct({
+  kind: withDefault(Schema.Literals(EngineKinds), "vllm"),
+  url: withDefault(HttpUrl, "http://127.0.0.1:8000"),
+  kv_offload: withDefault(Schema.Literals(KvOffloads), "none"),
+  command: Schema.optionalKey(Schema.NonEmptyArray(Schema.NonEmptyString)),
+  args: withDefault(Schema.Array(Schema.String), []),
+  env: withDefault(Schema.Record(Schema.String, Schema.String), {}),
+  startup_timeout: withDefault(ShortDuration, "30m"),
+  stop_grace: withDefault(ShortDuration, "30s"),
+  restart_backoff_initial: withDefault(ShortDuration, "1s"),
+  restart_backoff_max: withDefault(ShortDuration, "5m"),
+  restart_stable_after: withDefault(ShortDuration, "10m"),
+  liveness_interval: withDefault(ShortDuration, "5s"),
+  liveness_failures: withDefault(PositiveInt, 3),
+  side_channel_host: Schema.optionalKey(Schema.NonEmptyString),
+  side_channel_port: withDefault(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 65535 })), 5600),
+  bootstrap_port: withDefault(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 65535 })), 8998),
+  kvbm_cpu_cache_gb: Schema.optionalKey(Schema.Number.check(Schema.isGreaterThan(0))),
+  kvbm_disk_cache_gb: Schema.optionalKey(Schema.Number.check(Schema.isGreaterThan(0))),
+  liveness_path: Schema.optionalKey(
+    Schema.String.check(
+      Schema.makeFilter((s) =>
+        /^\/[^\s?#]*$/.test(s) ? undefined : `expected a path on the engine such as "/health_generate", got "${s}"`
+      )
+    )
+  ),
+  stream_idle_timeout: withDefault(ShortDuration, "5m"),
+  gpu_free_timeout: withDefault(ShortDuration, "2m"),
+  gpu_free_below_mib: withDefault(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), 1024)
+})
+
+export const ModelSection = Schema.Struct({
+  hf_repo: Schema.optionalKey(Schema.NonEmptyString),
+  path: Schema.optionalKey(Schema.NonEmptyString),
+  tp: withDefault(PositiveInt, 1),
+  dp: withDefault(PositiveInt, 1),
+  served_name: Schema.optionalKey(Schema.NonEmptyString),
+  max_model_len: Schema.optionalKey(PositiveInt),
+  gpu_memory_utilization: Schema.optionalKey(
+    Schema.Number.check(Schema.isGreaterThan(0), Schema.isLessThanOrEqualTo(1))
+  ),
+  args: withDefault(Schema.Array(Schema.String), []),
+  gpus: withDefault(
+    Schema.Array(Schema.Union([Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), Schema.NonEmptyString])),
+    []
+  )
+})
+
+/** `[kv].block_size` when the file does not set it. */
+export const DEFAULT_KV_BLOCK_SIZE = 16
+
+export const KvSection = Schema.Struct({
+  uds: Schema.optionalKey(Schema.NonEmptyString),
+  events: withDefault(Schema.Boolean, false),
+  events_endpoint: withDefault(Schema.NonEmptyString, "tcp://127.0.0.1:5557"),
+  replay_endpoint: Schema.optionalKey(Schema.NonEmptyString),
+  topic: withDefault(Schema.String, "kv-events"),
+  block_size: withDefault(PositiveInt, DEFAULT_KV_BLOCK_SIZE),
+  max_queue_bytes: withDefault(PositiveInt, 32 * 1024 * 1024)
+})
+
+const section = <S extends Schema.Top>(schema: S) => withDefault(schema, {} as S["Encoded"])
+
+/** The whole file as decoded by Schema, before cross-field checks. */
+export const ConfigFile = Schema.Struct({
+  cluster: section(ClusterSection),
+  security: section(SecuritySection),
+  agent: section(AgentSection),
+  engine: section(EngineSection),
+  models: withDefault(Schema.Record(Schema.String, ModelSection), {}),
+  kv: section(KvSection)
+})
+export type ConfigFile = typeof ConfigFile.Type
+
+/** Every valid key per section, for unknown-key errors with suggestions. */
+export const knownKeys: Readonly<Record<string, ReadonlyArray<string>>> = {
+  "": Object.keys(ConfigFile.fields),
+  cluster: Object.keys(ClusterSection.fields),
+  security: Object.keys(SecuritySection.fields),
+  agent: Object.keys(AgentSection.fields),
+  engine: Object.keys(EngineSection.fields),
+  model: Object.keys(ModelSection.fields),
+  kv: Object.keys(KvSection.fields)
+}

@@ -1,0 +1,107 @@
+/**
+ * Engine: the narrow contract every backend (vllm, sglang, llama_cpp, mlx, openai_compat) fulfils.
+ * A backend is data plus one pure function: what it can do (capabilities) and how to launch it (render).
+ * Backends never spawn, signal or do I/O: EngineProcess runs the plan, EngineClient talks to it.
+ */
+import { Context } from "effect"
+import type { AgentConfig, EngineKind, KvOffload, Role } from "../config/Config.ts"
+
+/** What a backend supports; config validation refuses everything else, naming these lists. */
+export interface EngineCapabilities {
+  /** False for openai_compat: the agent proxies to `engine.url` and starts nothing. */
+  readonly spawns: boolean
+  readonly kvOffloads: ReadonlyArray<KvOffload>
+  readonly roles: ReadonlyArray<Role>
+  /** Whether the engine can publish KV-cache events over ZMQ (`[kv].events`). */
+  readonly kvEvents: boolean
+  /** Whether tensor parallelism (`tp` > 1) can be expressed on its command line. */
+  readonly tensorParallel: boolean
+  /** Whether data parallelism (`dp` > 1) can be expressed on its command line; absent means no. */
+  readonly dataParallel?: boolean
+  /** Where the weights may come from. */
+  readonly sources: ReadonlyArray<"hf_repo" | "path">
+  /**
+   * Roles that accept only some of `kvOffloads` (vLLM prefill/decode need NIXL to hand the KV cache over);
+   * `why` ends the error message. A role not listed accepts every entry of `kvOffloads`.
+   */
+  readonly roleKvOffloads?: Partial<
+    Record<Role, { readonly kvOffloads: ReadonlyArray<KvOffload>; readonly why: string }>
+  >
+  /**
+   * Whether the engine runs on NVIDIA GPUs that the agent hands out (CUDA_VISIBLE_DEVICES, `models.x.gpus`)
+   * and waits to be free before a (re)start; absent means it does not (mlx runs on Apple silicon,
+   * openai_compat starts nothing).
+   */
+  readonly cudaGpus?: boolean
+  /** `[models.x]` settings the command line can express; absent means both. */
+  readonly modelSettings?: ReadonlyArray<"max_model_len" | "gpu_memory_utilization">
+  /** Characters the served model name may not contain on this engine's command line; `why` ends the message. */
+  readonly servedNameForbids?: { readonly chars: string; readonly why: string }
+}
+
+/** How readiness is decided. */
+export type ReadinessProbe =
+  /** GET `url`; 200 means ready; connection refused or 503 mean "not yet". */
+  | { readonly kind: "http"; readonly url: string }
+  /** POST a real 1-token completion (mlx, whose /health is green before the model is loaded). */
+  | { readonly kind: "completion"; readonly url: string; readonly body: Readonly<Record<string, unknown>> }
+
+/** Which of the engine's Prometheus series carry the normalized load signals, newest name first. */
+export interface MetricNames {
+  readonly running: ReadonlyArray<string>
+  readonly waiting: ReadonlyArray<string>
+  /** KV-cache usage as a 0..1 fraction; empty when the engine does not export one (llama.cpp). */
+  readonly kvUsage: ReadonlyArray<string>
+}
+
+/** The KV-event stream the engine publishes when `[kv].events` is on. */
+export interface KvEventsEndpoint {
+  /** The ZMQ endpoint handed to the engine. */
+  readonly endpoint: string
+  /** Whether the engine binds it (endpoint contains `*`, `::`, or is ipc/inproc) or connects to it. */
+  readonly engineBinds: boolean
+  readonly replayEndpoint: string | undefined
+  readonly topic: string
+  /** Data-parallel ranks; rank r publishes on `endpoint` (and `replayEndpoint`) offset by r. Absent means 1. */
+  readonly dpSize?: number
+}
+
+/** Everything needed to start and use the engine; rendering it has no side effects. */
+export interface LaunchPlan {
+  readonly kind: EngineKind
+  readonly spawns: boolean
+  /** Full argv, executable first ([] when nothing is spawned). `[engine].command` replaces the executable. */
+  readonly argv: ReadonlyArray<string>
+  /** Variables added to the agent's environment for the engine. */
+  readonly env: Readonly<Record<string, string>>
+  /** The engine's HTTP base URL, e.g. `http://127.0.0.1:8000`. */
+  readonly baseUrl: string
+  readonly host: string
+  readonly port: number
+  readonly probe: ReadinessProbe
+  /** What a ready engine is polled with (`[engine].liveness_path`, else the engine's choice); absent: `probe`. */
+  readonly liveness?: ReadinessProbe | undefined
+  /** Prometheus endpoint and series names; undefined when the engine has none (mlx, openai_compat). */
+  readonly metrics: { readonly url: string; readonly names: MetricNames } | undefined
+  readonly kvEvents: KvEventsEndpoint | undefined
+  /** The name clients use for the model. */
+  readonly servedModel: string
+  /** The value to put in a request's `model` field when forwarding (mlx loads whatever it is given). */
+  readonly requestModel: string
+  /** NVML indices of the engine's GPUs (also in env as CUDA_VISIBLE_DEVICES); undefined when not known. */
+  readonly gpus?: ReadonlyArray<number>
+}
+
+/** One backend. */
+export interface Engine {
+  readonly kind: EngineKind
+  readonly capabilities: EngineCapabilities
+  /** Renders the plan; the config has already been validated against `capabilities`. */
+  readonly render: (config: AgentConfig) => LaunchPlan
+}
+
+/**
+ * The configured engine's plan, rendered once at start: the supervisor runs it, the client and the KV
+ * bridge talk to the endpoints it names, so all three agree on one value.
+ */
+export class EnginePlan extends Context.Service<EnginePlan, LaunchPlan>()("cgn-agent/EnginePlan") {}

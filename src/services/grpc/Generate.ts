@@ -1,0 +1,330 @@
+/**
+ * Generate: the pure translation between the gRPC contract and the engine's OpenAI API.
+ * Owns request validation (with statuses a caller can act on), the OpenAI request body, reading
+ * OpenAI stream chunks into text/finish/usage, and the coalescer that merges deltas for a slow reader.
+ * No I/O: the gRPC layer (layers/grpc/GrpcServer.ts) runs the engine call and the timing around these.
+ */
+import { Schema } from "effect"
+import type { GenerateFinal, GenerateRequest, Sampling, Usage } from "../../gen/cgn/agent/v1/agent.ts"
+import type { AgentConfig } from "../config/Config.ts"
+import type { CompletionPath, JsonObject } from "../engine/EngineClient.ts"
+import { roomJson as exactIntegerJson } from "./Handoff.ts"
+
+const MAX_UINT64 = 2n ** 64n - 1n
+
+/** The gRPC codes the agent itself answers with (names as in grpc's status.proto). */
+export const RejectCodes = [
+  "INVALID_ARGUMENT",
+  "NOT_FOUND",
+  "RESOURCE_EXHAUSTED",
+  "UNAVAILABLE",
+  "FAILED_PRECONDITION",
+  "DEADLINE_EXCEEDED",
+  "CANCELLED"
+] as const
+export type RejectCode = (typeof RejectCodes)[number]
+
+/** A Generate call the agent refuses or ends itself (not an engine failure). */
+export class GenerateRejected extends Schema.TaggedError<GenerateRejected>()("GenerateRejected", {
+  code: Schema.Literals(RejectCodes),
+  message: Schema.String,
+  /** The request field at fault, as a proto path (`sampling.top_p`), when there is one. */
+  field: Schema.optionalKey(Schema.String)
+}) {}
+
+/** What the engine call needs, derived from a valid request. */
+export interface EnginePlan {
+  readonly path: CompletionPath
+  readonly body: JsonObject
+  /** The served model name put in the body. */
+  readonly model: string
+}
+
+export const CHAT_ROLES: ReadonlySet<string> = new Set(["system", "user", "assistant", "tool", "developer"])
+export const MAX_STOP_SEQUENCES = 16
+
+const reject = (code: RejectCode, message: string, field?: string): GenerateRejected =>
+  new GenerateRejected(field === undefined ? { code, message } : { code, message, field })
+
+/** UTF-8 length without allocating (the pure module has no Buffer). */
+export const utf8Bytes = (s: string): number => {
+  let n = 0
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i)
+    if (c < 0x80) n += 1
+    else if (c < 0x800) n += 2
+    else if (c >= 0xd800 && c <= 0xdbff && i + 1 < s.length) {
+      n += 4
+      i++
+    } else n += 3
+  }
+  return n
+}
+
+/** proto `float` arrives as float32 (0.7 -> 0.699999988); send the engine the value the caller wrote. */
+const f32 = (v: number): number => Number(v.toPrecision(7))
+
+interface Range {
+  readonly field: string
+  readonly min: number
+  readonly max: number
+  readonly minOpen?: boolean
+  readonly text: string
+}
+const RANGES: ReadonlyArray<Range & { readonly key: keyof Sampling; readonly body: string }> = [
+  { key: "temperature", body: "temperature", field: "sampling.temperature", min: 0, max: 2, text: "0..2" },
+  { key: "topP", body: "top_p", field: "sampling.top_p", min: 0, max: 1, minOpen: true, text: "(0, 1]" },
+  {
+    key: "presencePenalty",
+    body: "presence_penalty",
+    field: "sampling.presence_penalty",
+    min: -2,
+    max: 2,
+    text: "-2..2"
+  },
+  {
+    key: "frequencyPenalty",
+    body: "frequency_penalty",
+    field: "sampling.frequency_penalty",
+    min: -2,
+    max: 2,
+    text: "-2..2"
+  },
+  {
+    key: "repetitionPenalty",
+    body: "repetition_penalty",
+    field: "sampling.repetition_penalty",
+    min: 0,
+    max: Number.POSITIVE_INFINITY,
+    minOpen: true,
+    text: "> 0 (1 is neutral)"
+  }
+]
+
+const samplingBody = (
+  s: Sampling,
+  config: AgentConfig,
+  body: Record<string, unknown>
+): GenerateRejected | undefined => {
+  if (s.maxTokens !== undefined) {
+    const limit = config.agent.max_tokens_limit
+    if (s.maxTokens < 1)
+      return reject("INVALID_ARGUMENT", `sampling.max_tokens must be >= 1, got ${s.maxTokens}`, "sampling.max_tokens")
+    if (s.maxTokens > limit)
+      return reject(
+        "INVALID_ARGUMENT",
+        `sampling.max_tokens ${s.maxTokens} is above this node's limit of ${limit} ([agent].max_tokens_limit); ask for at most ${limit}`,
+        "sampling.max_tokens"
+      )
+    const modelLen = config.model.max_model_len
+    if (modelLen !== undefined && s.maxTokens > modelLen)
+      return reject(
+        "INVALID_ARGUMENT",
+        `sampling.max_tokens ${s.maxTokens} is above the model's context length ${modelLen}`,
+        "sampling.max_tokens"
+      )
+    body.max_tokens = s.maxTokens
+  }
+  for (const r of RANGES) {
+    const raw = s[r.key] as number | undefined
+    if (raw === undefined) continue
+    const v = f32(raw)
+    const low = r.minOpen === true ? v <= r.min : v < r.min
+    if (Number.isNaN(v) || low || v > r.max)
+      return reject("INVALID_ARGUMENT", `${r.field} must be in ${r.text}, got ${v}`, r.field)
+    body[r.body] = v
+  }
+  if (s.topK !== undefined) {
+    if (s.topK !== -1 && s.topK < 1)
+      return reject("INVALID_ARGUMENT", `sampling.top_k must be -1 (off) or >= 1, got ${s.topK}`, "sampling.top_k")
+    body.top_k = s.topK
+  }
+  if (s.stop.length > 0) {
+    if (s.stop.length > MAX_STOP_SEQUENCES)
+      return reject(
+        "INVALID_ARGUMENT",
+        `sampling.stop has ${s.stop.length} sequences; at most ${MAX_STOP_SEQUENCES} are allowed`,
+        "sampling.stop"
+      )
+    const empty = s.stop.indexOf("")
+    if (empty >= 0)
+      return reject(
+        "INVALID_ARGUMENT",
+        `sampling.stop[${empty}] is empty; stop sequences must be non-empty`,
+        "sampling.stop"
+      )
+    body.stop = [...s.stop]
+  }
+  if (s.seed !== undefined) {
+    // A uint64 decoded as a string (jstype = JS_STRING): the whole range, sent to the engine digit for digit.
+    // vLLM bounds it to int64 (protocol.py `seed: Field(ge=_LONG_INFO.min, le=_LONG_INFO.max)`) and answers 400
+    // above that, which reaches the caller as the engine's own refusal.
+    const seed = /^\d{1,20}$/.test(s.seed) ? BigInt(s.seed) : undefined
+    if (seed === undefined || seed > MAX_UINT64)
+      return reject(
+        "INVALID_ARGUMENT",
+        `sampling.seed must be an integer in [0, 2^64-1], got ${s.seed}`,
+        "sampling.seed"
+      )
+    body.seed = exactIntegerJson(seed)
+  }
+  return undefined
+}
+
+/** Validates a request against this node and builds the engine call, or says precisely what is wrong. */
+export const planRequest = (req: GenerateRequest, config: AgentConfig): EnginePlan | GenerateRejected => {
+  const served = config.model.served_name
+  if (req.model !== "" && req.model !== served)
+    return reject("NOT_FOUND", `model "${req.model}" is not served here; this node serves "${served}"`, "model")
+  const maxBytes = config.agent.max_request_bytes
+  const body: Record<string, unknown> = { model: served }
+  let path: CompletionPath
+  let bytes = 0
+  if (req.chat !== undefined) {
+    const messages = req.chat.messages
+    if (messages.length === 0)
+      return reject("INVALID_ARGUMENT", "chat.messages is empty: give at least one message", "chat.messages")
+    const out = new Array<{ role: string; content: string }>(messages.length)
+    for (let i = 0; i < messages.length; i++) {
+      const m = messages[i]!
+      if (!CHAT_ROLES.has(m.role))
+        return reject(
+          "INVALID_ARGUMENT",
+          `chat.messages[${i}].role "${m.role}" is not one of ${[...CHAT_ROLES].join(", ")}`,
+          `chat.messages[${i}].role`
+        )
+      bytes += utf8Bytes(m.content)
+      out[i] = { role: m.role, content: m.content }
+    }
+    path = "/v1/chat/completions"
+    body.messages = out
+  } else if (req.prompt !== undefined) {
+    if (req.prompt === "") return reject("INVALID_ARGUMENT", "prompt is empty: give a non-empty prompt", "prompt")
+    bytes = utf8Bytes(req.prompt)
+    path = "/v1/completions"
+    body.prompt = req.prompt
+  } else {
+    return reject("INVALID_ARGUMENT", "no input: set either `chat` (messages) or `prompt`", "input")
+  }
+  if (bytes > maxBytes)
+    return reject(
+      "RESOURCE_EXHAUSTED",
+      `input is ${bytes} bytes, above this node's limit of ${maxBytes} bytes ([agent].max_request_bytes); shorten the prompt`,
+      req.chat !== undefined ? "chat" : "prompt"
+    )
+  if (req.sampling !== undefined) {
+    const bad = samplingBody(req.sampling, config, body)
+    if (bad !== undefined) return bad
+  }
+  // Disaggregated serving: handoff fields pass through unchanged (issue 6 decides per role).
+  if (req.kvTransferParams !== undefined && config.agent.role !== "both") body.kv_transfer_params = req.kvTransferParams
+  if (req.bootstrap !== undefined) {
+    body.bootstrap_host = req.bootstrap.host
+    body.bootstrap_port = req.bootstrap.port
+    body.bootstrap_room = req.bootstrap.room
+  }
+  body.stream = true
+  body.stream_options = { include_usage: true }
+  return { path, body, model: served }
+}
+
+/**
+ * Reads one request's OpenAI stream chunks: the text of each, the finish reason and usage when they
+ * come. Chat chunks carry `choices[].delta.content`, completion chunks `choices[].text`; the usage
+ * chunk has `choices: []`. A mutable object because it runs once per engine token.
+ */
+export class ChunkReader {
+  finishReason = ""
+  usage: Usage | undefined = undefined
+  /** Chunks that carried text, the agent's own token count. */
+  textChunks = 0
+  /** Engine handoff parameters (vLLM prefill leg), when the final chunk has them. */
+  kvTransferParams: Record<string, unknown> | undefined = undefined
+
+  /** The text this chunk adds ("" for none). */
+  read(chunk: JsonObject): string {
+    let text = ""
+    const choices = chunk.choices as ReadonlyArray<Record<string, unknown>> | undefined
+    if (choices !== undefined && choices.length > 0) {
+      const c = choices[0]!
+      const delta = c.delta as Record<string, unknown> | undefined
+      const t = delta !== undefined ? delta.content : c.text
+      if (typeof t === "string") text = t
+      const fr = c.finish_reason
+      if (typeof fr === "string" && fr !== "") this.finishReason = fr
+    }
+    const u = chunk.usage as Record<string, unknown> | null | undefined
+    if (u !== undefined && u !== null) {
+      const prompt = num(u.prompt_tokens)
+      const completion = num(u.completion_tokens)
+      this.usage = {
+        promptTokens: prompt,
+        completionTokens: completion,
+        totalTokens: u.total_tokens === undefined ? prompt + completion : num(u.total_tokens)
+      }
+    }
+    const kv = chunk.kv_transfer_params
+    if (kv !== undefined && kv !== null && typeof kv === "object") this.kvTransferParams = kv as Record<string, unknown>
+    if (text !== "") this.textChunks++
+    return text
+  }
+
+  /** The final message; usage counted by the agent when the engine reported none. */
+  final(info: {
+    readonly ttftMs: number
+    readonly totalMs: number
+    readonly queueMs: number
+    readonly nodeId: string
+    readonly requestId: string
+  }): GenerateFinal {
+    const usage = this.usage ?? { promptTokens: 0, completionTokens: this.textChunks, totalTokens: this.textChunks }
+    const final: GenerateFinal = {
+      finishReason: this.finishReason === "" ? "stop" : this.finishReason,
+      usage,
+      timings: { timeToFirstTokenMs: info.ttftMs, totalMs: info.totalMs, queueMs: info.queueMs },
+      nodeId: info.nodeId,
+      requestId: info.requestId
+    }
+    if (this.kvTransferParams !== undefined) final.kvTransferParams = this.kvTransferParams
+    return final
+  }
+}
+
+const num = (v: unknown): number => (typeof v === "number" && Number.isFinite(v) && v >= 0 ? Math.floor(v) : 0)
+
+/**
+ * Merges text that arrives while the caller is not reading into one pending delta. `push` reports
+ * whether there is room for more; the producer stops reading the engine until `take` makes room,
+ * so memory per stream stays at most `maxPendingChars` plus one chunk.
+ */
+export class Coalescer {
+  private text = ""
+  private tokens = 0
+  readonly maxPendingChars: number
+  constructor(maxPendingChars: number) {
+    this.maxPendingChars = maxPendingChars
+  }
+  get pendingChars(): number {
+    return this.text.length
+  }
+  get pendingTokens(): number {
+    return this.tokens
+  }
+  get hasRoom(): boolean {
+    return this.text.length < this.maxPendingChars
+  }
+  /** Appends one token's text; false when the producer should wait for `take`. */
+  push(text: string): boolean {
+    this.text += text
+    this.tokens++
+    return this.text.length < this.maxPendingChars
+  }
+  /** Everything pending as one delta, or undefined when nothing is. */
+  take(): { readonly text: string; readonly tokens: number } | undefined {
+    if (this.tokens === 0) return undefined
+    const out = { text: this.text, tokens: this.tokens }
+    this.text = ""
+    this.tokens = 0
+    return out
+  }
+}

@@ -1,0 +1,231 @@
+/**
+ * Handoff: the pure part of disaggregated prefill/decode. Turns an OpenAI request body into the body of a
+ * prefill or decode leg (vLLM/NIXL after the toy proxy's rules; SGLang's bootstrap fields), takes the
+ * handoff parameters from a vLLM prefill response and checks them where the connector would silently fall
+ * back to local prefill. No I/O; the gRPC layer sends the bodies. Upstream: vLLM's toy proxy
+ * (examples/online_serving/disaggregated_serving/disagg_proxy_demo.py) and NixlConnector
+ * (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py); SGLang's bootstrap fields
+ * (python/sglang/srt/entrypoints/openai/protocol.py: bootstrap_host, bootstrap_port, bootstrap_room).
+ */
+import { Result, Schema } from "effect"
+import { Status } from "nice-grpc-common"
+import type { EngineKind, Role } from "../config/ConfigSchema.ts"
+
+export type JsonObject = Readonly<Record<string, unknown>>
+
+/** The handoff cannot happen as asked. Maps to FAILED_PRECONDITION; `missing` names the absent fields. */
+export class InvalidHandoff extends Schema.TaggedError<InvalidHandoff>()("InvalidHandoff", {
+  reason: Schema.String,
+  missing: Schema.Array(Schema.String)
+}) {
+  override get message(): string {
+    return this.missing.length === 0 ? this.reason : `${this.reason}: missing or empty ${this.missing.join(", ")}`
+  }
+}
+
+export const handoffStatus: Status = Status.FAILED_PRECONDITION
+
+// ---------------------------------------------------------------------------------------------------------
+// vLLM / NIXL
+
+/** What the prefill leg asks of P: decode elsewhere, so hold the blocks and return where they are. */
+export const VLLM_PREFILL_KV_TRANSFER_PARAMS: JsonObject = Object.freeze({
+  do_remote_decode: true,
+  do_remote_prefill: false,
+  remote_engine_id: null,
+  remote_block_ids: null,
+  remote_host: null,
+  remote_port: null
+})
+
+/**
+ * The prefill leg's body: one token, not streamed (P only hands off a request that ends LENGTH_CAPPED, and
+ * the parameters come only in a whole response), without the fields P rejects.
+ */
+export const vllmPrefillBody = (body: JsonObject): JsonObject => {
+  const { stream_options: _so, min_tokens: _mt, min_completion_tokens: _mct, ...rest } = body
+  return {
+    ...rest,
+    kv_transfer_params: { ...VLLM_PREFILL_KV_TRANSFER_PARAMS },
+    stream: false,
+    max_tokens: 1,
+    ...("max_completion_tokens" in body ? { max_completion_tokens: 1 } : {})
+  }
+}
+
+/**
+ * Fields D needs to pull; without any of them vLLM logs "Got invalid KVTransferParams" and recomputes.
+ * `remote_request_id` is not among them: it exists only since vLLM PR #29665 (Nov 2025); an older
+ * NixlConnector neither sends nor reads it (D notifies P under its own request id, the same X-Request-Id
+ * on both legs), so requiring it would refuse every hand-off from an older prefill engine.
+ */
+export const VLLM_REQUIRED_FIELDS = ["remote_block_ids", "remote_engine_id", "remote_host", "remote_port"] as const
+
+const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v)
+
+const present = (v: unknown): boolean => v !== undefined && v !== null && v !== ""
+
+// Newer builds send one block list per KV-cache group: non-empty means at least one block in any group.
+const hasBlocks = (v: unknown): boolean =>
+  Array.isArray(v) && v.some((x) => (Array.isArray(x) ? x.length > 0 : present(x)))
+
+/** Checks handoff parameters as D's connector will; the dict is otherwise opaque and passed on unchanged. */
+export const validateKvTransferParams = (params: unknown): Result.Result<JsonObject, InvalidHandoff> => {
+  if (!isObject(params)) {
+    return Result.fail(
+      new InvalidHandoff({ reason: "kv_transfer_params must be the object the prefill leg returned", missing: [] })
+    )
+  }
+  const missing: Array<string> = VLLM_REQUIRED_FIELDS.filter((f) =>
+    f === "remote_block_ids" ? !hasBlocks(params[f]) : !present(params[f])
+  )
+  // Optional, but a newer engine that sends it sends a real id: an empty one is a broken hand-off.
+  if ("remote_request_id" in params && !present(params.remote_request_id)) missing.push("remote_request_id")
+  if (missing.length > 0) return Result.fail(new InvalidHandoff({ reason: "invalid kv_transfer_params", missing }))
+  return Result.succeed(params)
+}
+
+/** The handoff parameters in P's response (top level of a completion or chat completion), checked. */
+export const extractKvTransferParams = (response: JsonObject): Result.Result<JsonObject, InvalidHandoff> => {
+  const params = response.kv_transfer_params
+  if (!isObject(params)) {
+    return Result.fail(
+      new InvalidHandoff({
+        reason:
+          "the prefill engine returned no kv_transfer_params (is it started with a KV connector such as NixlConnector?)",
+        missing: ["kv_transfer_params"]
+      })
+    )
+  }
+  return validateKvTransferParams(params)
+}
+
+/** The decode leg's body: the client's body (its own `stream` setting) with the parameters inserted verbatim. */
+export const vllmDecodeBody = (body: JsonObject, params: unknown): Result.Result<JsonObject, InvalidHandoff> =>
+  Result.map(validateKvTransferParams(params), (valid) => ({ ...body, kv_transfer_params: valid }))
+
+// ---------------------------------------------------------------------------------------------------------
+// SGLang
+
+/** As it arrives (proto SglangBootstrap, JSON, CLI). */
+export interface BootstrapInput {
+  readonly host: string
+  readonly port: number
+  readonly room: number | bigint | string
+}
+
+export interface Bootstrap {
+  readonly host: string
+  readonly port: number
+  readonly room: bigint
+}
+
+export const MAX_BOOTSTRAP_ROOM = 2n ** 63n - 1n
+
+const toRoom = (room: number | bigint | string): bigint | undefined => {
+  if (typeof room === "bigint") return room
+  if (typeof room === "number") return Number.isSafeInteger(room) ? BigInt(room) : undefined
+  return /^\d+$/.test(room) ? BigInt(room) : undefined
+}
+
+/** Host non-empty, port 1..65535, room an exact integer in [0, 2^63-1] (a float above 2^53 is not exact). */
+export const validateBootstrap = (input: BootstrapInput | undefined): Result.Result<Bootstrap, InvalidHandoff> => {
+  if (input === undefined) {
+    return Result.fail(
+      new InvalidHandoff({ reason: "an SGLang leg needs the bootstrap rendezvous", missing: ["bootstrap"] })
+    )
+  }
+  const problems: Array<string> = []
+  const missing: Array<string> = []
+  if (input.host.trim() === "") missing.push("bootstrap.host")
+  if (input.port === 0) missing.push("bootstrap.port")
+  else if (!Number.isInteger(input.port) || input.port < 1 || input.port > 65535) {
+    problems.push(`bootstrap.port must be in 1..65535, got ${input.port}`)
+  }
+  const room = toRoom(input.room)
+  if (room === undefined || room < 0n || room > MAX_BOOTSTRAP_ROOM) {
+    problems.push(`bootstrap.room must be an exact integer in [0, 2^63-1], got ${String(input.room)}`)
+  }
+  if (problems.length > 0 || missing.length > 0) {
+    return Result.fail(
+      new InvalidHandoff({ reason: problems.length > 0 ? problems.join("; ") : "invalid bootstrap", missing })
+    )
+  }
+  return Result.succeed({ host: input.host, port: input.port, room: room! })
+}
+
+// JSON.rawJSON (Node 21+) makes JSON.stringify write the digits as given: a room above 2^53 stays exact.
+const rawJSON = (JSON as unknown as { rawJSON: (text: string) => unknown }).rawJSON
+
+/** The JSON value of a room: a plain number when exact, else a raw JSON integer. */
+export const roomJson = (room: bigint): unknown =>
+  room <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(room) : rawJSON(room.toString())
+
+/**
+ * Either leg's body with the rendezvous fields. The prefill leg is not streamed (the agent only waits for P
+ * to finish; the answer comes from D), the decode leg keeps the client's `stream`.
+ */
+export const sglangLegBody = (body: JsonObject, bootstrap: Bootstrap, leg: "prefill" | "decode"): JsonObject => {
+  const fields = {
+    bootstrap_host: bootstrap.host,
+    bootstrap_port: bootstrap.port,
+    bootstrap_room: roomJson(bootstrap.room)
+  }
+  if (leg === "decode") return { ...body, ...fields }
+  const { stream_options: _so, ...rest } = body
+  return { ...rest, ...fields, stream: false }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Planning a leg from the node's role
+
+/** What the gRPC layer does with one Generate call. */
+export type LegPlan =
+  /** Role "both" (or an engine without P/D): the client's body as is. */
+  | { readonly _tag: "Normal"; readonly body: JsonObject }
+  /** POST non-streaming; answer with `extractKvTransferParams(response)` in the final message. */
+  | { readonly _tag: "VllmPrefill"; readonly body: JsonObject }
+  /** POST with the client's `stream`; stream D's answer. */
+  | { readonly _tag: "VllmDecode"; readonly body: JsonObject }
+  /** Prefill: POST non-streaming and finish; decode: stream D's answer. */
+  | { readonly _tag: "SglangLeg"; readonly leg: "prefill" | "decode"; readonly body: JsonObject }
+
+export interface PlanInput {
+  readonly role: Role
+  readonly engine: EngineKind
+  readonly body: JsonObject
+  /** GenerateRequest.kv_transfer_params (decode on vLLM). */
+  readonly kvTransferParams?: unknown
+  /** GenerateRequest.bootstrap (both SGLang legs). */
+  readonly bootstrap?: BootstrapInput | undefined
+}
+
+export const planLeg = (input: PlanInput): Result.Result<LegPlan, InvalidHandoff> => {
+  if (input.role === "both") return Result.succeed({ _tag: "Normal", body: input.body })
+  if (input.engine === "vllm") {
+    if (input.role === "prefill") return Result.succeed({ _tag: "VllmPrefill", body: vllmPrefillBody(input.body) })
+    if (input.kvTransferParams === undefined || input.kvTransferParams === null) {
+      return Result.fail(
+        new InvalidHandoff({
+          reason: "a decode node needs the kv_transfer_params of the prefill leg's final message",
+          missing: ["kv_transfer_params"]
+        })
+      )
+    }
+    return Result.map(vllmDecodeBody(input.body, input.kvTransferParams), (body) => ({ _tag: "VllmDecode", body }))
+  }
+  if (input.engine === "sglang") {
+    const leg = input.role
+    return Result.map(validateBootstrap(input.bootstrap), (b) => ({
+      _tag: "SglangLeg",
+      leg,
+      body: sglangLegBody(input.body, b, leg)
+    }))
+  }
+  return Result.fail(
+    new InvalidHandoff({
+      reason: `agent.role "${input.role}" needs engine.kind "vllm" or "sglang", not "${input.engine}"`,
+      missing: []
+    })
+  )
+}

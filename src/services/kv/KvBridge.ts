@@ -1,0 +1,43 @@
+/**
+ * KvBridge: forwards the engine's KV-cache events, stamped with this node's identity, to the host's
+ * cgn-kvcached over `[kv].uds` (wire format: services/kv/KvWire.ts, README section `kv`). It never stalls
+ * the ZMQ reader and never fails the agent: kvcached being slow or absent costs dropped batches and a
+ * Resync record, nothing else. Disabled (a no-op) when `[kv].events` is off or the engine has no events.
+ */
+import { Context, type Effect } from "effect"
+
+export interface KvBridgeStatus {
+  readonly enabled: boolean
+  /** Why the bridge is off (when `enabled` is false). */
+  readonly disabledReason: string | undefined
+  /** The ZMQ subscriber is bound/connected. */
+  readonly subscribed: boolean
+  readonly kvcachedConnected: boolean
+  /** Batches kvcached acknowledged (applied). */
+  readonly forwarded: number
+  /** Batches lost: dropped on queue overflow or undecodable. */
+  readonly dropped: number
+  /** Sequence gaps seen on the engine stream (filled by replay or not). */
+  readonly gaps: number
+  /** Gaps filled completely by the replay endpoint. */
+  readonly replayed: number
+  readonly resyncs: number
+  /** Batches waiting for kvcached: unsent, or sent and not yet acknowledged. */
+  readonly queued: number
+  /** Bytes those hold (bounded by `kv.max_queue_bytes`). */
+  readonly queuedBytes: number
+  /** Last engine seq seen (as a decimal string; undefined before the first batch). */
+  readonly lastSeq: string | undefined
+  /** Events of unknown types and unknown map keys skipped (newer engine versions). */
+  readonly unknownEvents: number
+  readonly unknownKeys: number
+  readonly lastError: string | undefined
+  /** This agent run's id, sent in Hello. */
+  readonly epoch: string
+}
+
+export interface KvBridgeService {
+  readonly status: Effect.Effect<KvBridgeStatus>
+}
+
+export class KvBridge extends Context.Service<KvBridge, KvBridgeService>()("cgn-agent/KvBridge") {}

@@ -1,0 +1,160 @@
+/**
+ * Gpus: the pure decisions about the host's GPUs. Which GPUs the engine gets (configured or the first
+ * healthy ones), the CUDA environment that says so, which GPU faults make the node unhealthy, and whether
+ * the engine's GPUs are free enough to (re)start it. No I/O: NVML is read by layers/node/Nvml.ts and the
+ * waiting is done by layers/engine/GpuGate.ts.
+ */
+import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
+
+/**
+ * nvml.h `nvmlClocksEventReason*` bits (formerly `nvmlClocksThrottleReason*`), in snake_case. GpuIdle (0x1) is
+ * left out on purpose: an idle GPU clocking down is not a problem an operator needs to see.
+ */
+const THROTTLE_BITS: ReadonlyArray<readonly [bigint, string]> = [
+  [0x2n, "applications_clocks_setting"],
+  [0x4n, "sw_power_cap"],
+  [0x8n, "hw_slowdown"],
+  [0x10n, "sync_boost"],
+  [0x20n, "sw_thermal_slowdown"],
+  [0x40n, "hw_thermal_slowdown"],
+  [0x80n, "hw_power_brake_slowdown"],
+  [0x100n, "display_clock_setting"]
+]
+
+/** Every reason name this agent can report, for metrics that show each one as 0 or 1. */
+export const throttleReasonNames: ReadonlyArray<string> = THROTTLE_BITS.map(([, name]) => name)
+
+/** The active throttle reasons of an NVML bit mask (number or bigint, as koffi hands a 64-bit value). */
+export const throttleReasons = (mask: number | bigint): ReadonlyArray<string> => {
+  const bits = BigInt(mask)
+  return THROTTLE_BITS.filter(([bit]) => (bits & bit) !== 0n).map(([, name]) => name)
+}
+
+/** A GPU as the config names it: an NVML index or a UUID (`GPU-...`, `MIG-...`). */
+export type GpuRef = number | string
+
+export const refMatches = (ref: GpuRef, gpu: Gpu): boolean =>
+  typeof ref === "number" ? gpu.index === ref : gpu.uuid === ref
+
+/** A GPU the engine must not be started on: fallen off the bus, or uncorrected ECC errors since driver load. */
+export const gpuFault = (gpu: Gpu): string | undefined => {
+  if (gpu.lost) return `GPU ${gpu.index} is lost (NVML_ERROR_GPU_IS_LOST: fallen off the bus)`
+  if (gpu.eccUncorrected > 0) return `GPU ${gpu.index} has ${gpu.eccUncorrected} uncorrected ECC errors`
+  return undefined
+}
+
+export type Assignment =
+  | { readonly _tag: "Assigned"; readonly indices: ReadonlyArray<number>; readonly automatic: boolean }
+  /** NVML is absent and nothing is configured: the engine sees whatever the container gives it. */
+  | { readonly _tag: "Unknown" }
+  | { readonly _tag: "Impossible"; readonly reason: string }
+
+/**
+ * The engine's GPUs. Configured refs must all exist (when NVML lists GPUs); otherwise the first `needed`
+ * healthy GPUs in index order. `gpus` empty means NVML is absent: configured indices are taken on trust,
+ * UUIDs too (they go into CUDA_VISIBLE_DEVICES as written).
+ */
+export const assignGpus = (configured: ReadonlyArray<GpuRef>, needed: number, gpus: ReadonlyArray<Gpu>): Assignment => {
+  if (gpus.length === 0) {
+    if (configured.length === 0) return { _tag: "Unknown" }
+    const indices = configured.filter((r): r is number => typeof r === "number")
+    return indices.length === configured.length ? { _tag: "Assigned", indices, automatic: false } : { _tag: "Unknown" }
+  }
+  if (configured.length > 0) {
+    const indices: Array<number> = []
+    for (const ref of configured) {
+      const gpu = gpus.find((g) => refMatches(ref, g))
+      if (gpu === undefined) {
+        return {
+          _tag: "Impossible",
+          reason: `GPU ${JSON.stringify(ref)} is not on this host (NVML lists ${gpus.map((g) => `${g.index} ${g.uuid}`).join(", ")})`
+        }
+      }
+      indices.push(gpu.index)
+    }
+    return { _tag: "Assigned", indices, automatic: false }
+  }
+  const healthy = gpus.filter((g) => gpuFault(g) === undefined)
+  if (healthy.length < needed) {
+    return {
+      _tag: "Impossible",
+      reason: `the engine needs ${needed} GPUs (tp x dp) but this host has ${healthy.length} healthy of ${gpus.length}`
+    }
+  }
+  return { _tag: "Assigned", indices: healthy.slice(0, needed).map((g) => g.index), automatic: true }
+}
+
+/**
+ * The variables that give the engine its GPUs. CUDA numbers devices fastest-first unless told otherwise,
+ * while NVML (and so the config's indices) counts in PCI bus order: CUDA_DEVICE_ORDER=PCI_BUS_ID makes the
+ * two agree (CUDA Programming Guide, "CUDA Environment Variables").
+ */
+export const cudaEnv = (configured: ReadonlyArray<GpuRef>, assignment: Assignment): Record<string, string> => {
+  if (assignment._tag === "Assigned") {
+    return { CUDA_DEVICE_ORDER: "PCI_BUS_ID", CUDA_VISIBLE_DEVICES: assignment.indices.join(",") }
+  }
+  // UUIDs without NVML to resolve them: CUDA accepts them as they are.
+  if (configured.length > 0) return { CUDA_VISIBLE_DEVICES: configured.join(",") }
+  return {}
+}
+
+export interface Holder {
+  readonly gpu: number
+  readonly pid: number
+  readonly bytes: number
+  /** The process belongs to an earlier run of this agent's engine (its process group). */
+  readonly previousRun: boolean
+}
+
+export type GateVerdict =
+  | { readonly _tag: "Free" }
+  | { readonly _tag: "Held"; readonly reason: string; readonly holders: ReadonlyArray<Holder> }
+  | { readonly _tag: "Faulty"; readonly reason: string }
+
+const gib = (bytes: number): string => `${(bytes / 2 ** 30).toFixed(1)} GiB`
+
+/**
+ * Whether the engine's GPUs can take a new run: none faulty, none holding a process of an earlier run, and
+ * used memory on each at most `maxUsedBytes` (driver and other tenants' small contexts stay under it).
+ * `pgidOf` says which process group a pid is in (undefined when it is not visible from here).
+ */
+export const gateVerdict = (
+  gpus: ReadonlyArray<Gpu>,
+  indices: ReadonlyArray<number>,
+  maxUsedBytes: number,
+  previousPgids: ReadonlySet<number>,
+  pgidOf: (pid: number) => number | undefined
+): GateVerdict => {
+  const mine = gpus.filter((g) => indices.includes(g.index))
+  for (const g of mine) {
+    const fault = gpuFault(g)
+    if (fault !== undefined) return { _tag: "Faulty", reason: fault }
+  }
+  const holders: Array<Holder> = mine.flatMap((g) =>
+    g.processes.map((p) => {
+      const pgid = pgidOf(p.pid)
+      return {
+        gpu: g.index,
+        pid: p.pid,
+        bytes: p.usedMemoryBytes,
+        previousRun: pgid !== undefined && previousPgids.has(pgid)
+      }
+    })
+  )
+  const leftovers = holders.filter((h) => h.previousRun)
+  const full = mine.filter((g) => g.memoryUsedBytes > maxUsedBytes)
+  if (leftovers.length === 0 && full.length === 0) return { _tag: "Free" }
+  const who =
+    holders.length === 0
+      ? "no process is listed (held by the driver or another container)"
+      : holders
+          .map((h) => `pid ${h.pid}${h.previousRun ? " (earlier engine run)" : ""} ${gib(h.bytes)} on GPU ${h.gpu}`)
+          .join(", ")
+  const what =
+    full.length > 0
+      ? full
+          .map((g) => `GPU ${g.index} has ${gib(g.memoryUsedBytes)} in use (free below ${gib(maxUsedBytes)})`)
+          .join("; ")
+      : "a process of an earlier engine run still holds GPU memory"
+  return { _tag: "Held", reason: `${what}: ${who}`, holders }
+}

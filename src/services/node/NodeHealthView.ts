@@ -1,0 +1,130 @@
+/**
+ * NodeHealthView: the pure mapping from the agent's parts to the NodeHealth message: engine state to
+ * node state, engine phase and detail; engine load signals with agent-side fallbacks; the tokens/s rate
+ * between two readings of the relayed-tokens counter. No I/O: layers/node/NodeStatus.ts gathers the inputs.
+ */
+import type { Gpu, NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
+import type { AgentConfig } from "../config/Config.ts"
+import type { LoadSignals } from "../engine/EngineClient.ts"
+import type { EngineState } from "../engine/EngineProcess.ts"
+import { describeExit, failingOf } from "../engine/EngineState.ts"
+import type { NodeState } from "./NodeStatus.ts"
+
+/**
+ * Ready -> ready; Starting/Restarting -> starting, unhealthy once failing (several runs in a row failed);
+ * Unhealthy -> unhealthy; a drain wins over all, then a problem outside the engine's state (a faulty GPU, GPU
+ * memory held past gpu_free_timeout, a stalled engine) makes the node unhealthy whatever the engine says.
+ */
+export const nodeState = (engine: EngineState, draining: boolean, problem?: string): NodeState => {
+  if (draining) return "draining"
+  if (problem !== undefined) return "unhealthy"
+  switch (engine._tag) {
+    case "Ready":
+      return "ready"
+    case "Starting":
+    case "Restarting":
+      return engine.failing === undefined ? "starting" : "unhealthy"
+    // Stopping or Stopped without a drain: the supervisor gave up or is shutting down; not servable.
+    case "Unhealthy":
+    case "Stopping":
+    case "Stopped":
+      return "unhealthy"
+  }
+}
+
+/** The supervisor phase as the proto spells it. */
+export const enginePhase = (engine: EngineState): string => engine._tag.toLowerCase()
+
+/** One line on the phase: why it is failing, the probe phase, the liveness failure, the next restart, the last exit. */
+export const engineDetail = (engine: EngineState, now: number): string => {
+  const failing = failingOf(engine)
+  const detail = phaseDetail(engine, now)
+  return failing === undefined ? detail : `${failing}; ${detail}`
+}
+
+const phaseDetail = (engine: EngineState, now: number): string => {
+  switch (engine._tag) {
+    case "Starting":
+      return `${engine.phase} for ${Math.max(0, Math.round((now - engine.since) / 1000))}s (run ${engine.run})`
+    case "Ready":
+      return ""
+    case "Unhealthy":
+      return engine.reason
+    case "Restarting": {
+      const inSeconds = Math.max(0, Math.ceil((engine.nextAt - now) / 1000))
+      return `restart ${engine.attempt} in ${inSeconds}s; ${describeExit(engine.lastExit)}`
+    }
+    case "Stopping":
+      return "stopping"
+    case "Stopped":
+      return engine.lastExit ? describeExit(engine.lastExit) : "stopped"
+  }
+}
+
+/** Tokens per second between two readings of a monotonically growing counter (0 on reset or no time). */
+export const ratePerSecond = (
+  previous: { readonly total: number; readonly at: number },
+  current: { readonly total: number; readonly at: number }
+): number => {
+  const dt = (current.at - previous.at) / 1000
+  const dn = current.total - previous.total
+  if (dt <= 0 || dn < 0) return 0
+  return Math.round((dn / dt) * 100) / 100
+}
+
+export interface NodeHealthInputs {
+  readonly config: AgentConfig
+  readonly agentVersion: string
+  readonly advertiseAddr: string
+  readonly engine: EngineState
+  readonly restarts: number
+  readonly draining: boolean
+  /** Undefined when the engine could not be scraped (not ready, no metrics, error). */
+  readonly signals: LoadSignals | undefined
+  readonly inflight: number
+  readonly queued: number
+  readonly tokensPerSecond: number
+  readonly gpus: ReadonlyArray<Gpu>
+  /** The engine's GPUs (NVML indices); empty when unknown. */
+  readonly engineGpus: ReadonlyArray<number>
+  /**
+   * A fact outside the engine's state that makes the node unhealthy (services/engine/GpuGate.ts `gateProblem`,
+   * services/engine/EngineStall.ts `stallProblem`), or undefined.
+   */
+  readonly problem: string | undefined
+  readonly now: number
+}
+
+/** The NodeHealth message, freshness left empty (only the etcd writer knows epoch and sequence). */
+export const buildNodeHealth = (i: NodeHealthInputs): NodeHealth => ({
+  nodeId: i.config.agent.node_id,
+  cluster: i.config.cluster.name,
+  agentVersion: i.agentVersion,
+  advertiseAddr: i.advertiseAddr,
+  role: i.config.agent.role,
+  state: nodeState(i.engine, i.draining, i.problem),
+  engine: {
+    kind: i.config.engine.kind,
+    model: i.config.model.served_name,
+    phase: enginePhase(i.engine),
+    restarts: i.restarts,
+    detail: [i.problem, engineDetail(i.engine, i.now)].filter((d) => d).join("; ")
+  },
+  load: {
+    inflight: i.inflight,
+    queued: i.queued,
+    // the proto promises the agent-side count where the engine reports none
+    engineRunning: i.signals?.running ?? i.inflight,
+    engineWaiting: i.signals?.waiting ?? 0,
+    kvUsage: i.signals?.kvUsage ?? -1,
+    tokensPerSecond: i.tokensPerSecond
+  },
+  capacity: {
+    maxInflight: i.config.agent.max_inflight,
+    maxQueue: i.config.agent.max_queue,
+    gpus: [...i.gpus],
+    dp: i.config.model.dp,
+    engineGpus: [...i.engineGpus]
+  },
+  freshness: { epoch: "", sequence: 0, writtenAt: "" }
+})

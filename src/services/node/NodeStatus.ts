@@ -1,0 +1,23 @@
+/**
+ * NodeStatus: the node's live view of itself, assembled from the engine state, admission counters,
+ * relayed-token rate and GPUs. HealthReporter writes it to etcd; gRPC GetNodeHealth and /status return it.
+ * Freshness (epoch, sequence, write time) is left empty here: only the etcd writer knows it.
+ */
+import { Context, type Effect, type Stream } from "effect"
+import type { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
+
+export type { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
+
+/** The node states a router sees. */
+export type NodeState = "starting" | "ready" | "unhealthy" | "draining"
+
+export interface NodeStatusService {
+  /** NodeHealth computed now. */
+  readonly snapshot: Effect.Effect<NodeHealth>
+  /** Emits whenever the node state may have changed (engine transition, drain), so writers need not wait a heartbeat. */
+  readonly changes: Stream.Stream<NodeState>
+  /** True once a drain has begun. */
+  readonly draining: Effect.Effect<boolean>
+}
+
+export class NodeStatus extends Context.Service<NodeStatus, NodeStatusService>()("cgn-agent/NodeStatus") {}

@@ -1,0 +1,50 @@
+/**
+ * Flap damping of the node state written to etcd (pure). A new state reaches the cluster only after it
+ * has been observed `threshold` consecutive times ([agent].health_damping), so one slow probe does not
+ * make routers reshuffle traffic. Draining and shutdown bypass it: they are written at once.
+ * The first observation is published at once too: before it there is nothing in etcd to protect.
+ * Damping is for the liveness probe's verdicts only (ready <-> unhealthy while the engine runs): an engine
+ * exit or an engine becoming ready is a fact, not a flap, and is published at once (`isFact`).
+ */
+import type { NodeState } from "../node/NodeStatus.ts"
+
+export interface DampingState {
+  /** The state the cluster sees (undefined before the first observation). */
+  readonly published: NodeState | undefined
+  /** A state seen but not yet published, and how many consecutive times it was seen. */
+  readonly candidate: NodeState | undefined
+  readonly count: number
+}
+
+export const initialDamping: DampingState = { published: undefined, candidate: undefined, count: 0 }
+
+/** States that are written at once, whatever the threshold. */
+export const isImmediate = (s: NodeState): boolean => s === "draining"
+
+/** Folds one observation in. `immediate` forces publication (the shutdown path). */
+export const observe = (
+  state: DampingState,
+  observed: NodeState,
+  threshold: number,
+  immediate = false
+): DampingState => {
+  if (state.published === undefined || immediate || isImmediate(observed) || threshold <= 1) {
+    return { published: observed, candidate: undefined, count: 0 }
+  }
+  if (observed === state.published) return { published: state.published, candidate: undefined, count: 0 }
+  const count = state.candidate === observed ? state.count + 1 : 1
+  if (count >= threshold) return { published: observed, candidate: undefined, count: 0 }
+  return { published: state.published, candidate: observed, count }
+}
+
+/**
+ * Whether an observed state is a fact to publish at once rather than a probe verdict to damp, given the
+ * engine phase behind it (NodeHealth.engine.phase) and what the cluster sees now. Facts: draining; the engine
+ * exited or is (re)starting; the engine stopped (unhealthy while stopping/stopped); the engine became ready
+ * after a start. Flaps: unhealthy while the engine runs (the liveness probe) and ready again after it.
+ */
+export const isFact = (observed: NodeState, enginePhase: string, published: NodeState | undefined): boolean => {
+  if (observed === "draining" || observed === "starting") return true
+  if (observed === "unhealthy") return enginePhase !== "unhealthy"
+  return published !== "unhealthy"
+}

@@ -1,0 +1,162 @@
+/**
+ * HealthReporter: keeps this node's NodeHealth in etcd at `${etcd_prefix}/${cluster}/nodes/${node_id}`
+ * under a lease (register, heartbeat, recover, revoke). Owns the registration status shown in /status
+ * and metrics, and the typed errors of registration. The live layer is layers/registry/HealthReporter.ts.
+ * Nothing else waits on the reporter: when etcd is away the agent keeps serving and the reporter retries.
+ */
+import { Context, type Effect, Schema } from "effect"
+import type { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
+
+/**
+ * - standalone: `[cluster].etcd` is empty; nothing is written.
+ * - registering: a lease is being granted or the key created.
+ * - registered: the key is ours and was written on the last heartbeat.
+ * - retrying: etcd could not be reached (or answered an error); retrying with backoff.
+ * - conflict: another live lease holds our node id; we retry, never overwrite.
+ * - revoked: our lease expired or was revoked; a new lease (new epoch) is being granted.
+ */
+export const RegistrationStates = [
+  "standalone",
+  "registering",
+  "registered",
+  "retrying",
+  "conflict",
+  "revoked"
+] as const
+export type RegistrationState = (typeof RegistrationStates)[number]
+
+/** Who holds our node id when registration is refused. */
+export interface ConflictHolder {
+  /** The holder's lease id, hex. */
+  readonly lease: string
+  /** The holder's advertised address, as found in its record ("" when unreadable). */
+  readonly advertiseAddr: string
+  /** The holder's epoch, as found in its record ("" when unreadable). */
+  readonly epoch: string
+}
+
+export interface RegistrationStatus {
+  readonly state: RegistrationState
+  /** The etcd key, undefined when standalone. */
+  readonly key: string | undefined
+  /** Our current lease id (decimal, as etcd prints it), undefined without a lease. */
+  readonly leaseId: string | undefined
+  /** The current epoch (the lease id in hex), written into NodeHealth.freshness.epoch. */
+  readonly epoch: string | undefined
+  /** The TTL granted by etcd, in ms (undefined without a lease). */
+  readonly leaseTtlMs: number | undefined
+  /** Time since the current lease was granted. */
+  readonly leaseAgeMs: number | undefined
+  /** Time since etcd last confirmed the lease alive. */
+  readonly sinceKeepAliveMs: number | undefined
+  /** The sequence number of the last record written (0 before the first write). */
+  readonly sequence: number
+  /** RFC 3339 time of the last successful write. */
+  readonly lastWriteAt: string | undefined
+  /** The node state in the last record written (after flap damping). */
+  readonly publishedState: string | undefined
+  /** The last error, cleared by the next successful write. */
+  readonly lastError: string | undefined
+  /** Set while state is "conflict". */
+  readonly conflict: ConflictHolder | undefined
+  /** Counters since start, for metrics. */
+  readonly writes: number
+  readonly writeFailures: number
+  readonly leasesGranted: number
+  readonly leasesLost: number
+}
+
+/** The status of a reporter that writes nowhere ([cluster].etcd empty, or the in-memory test reporter). */
+export const standaloneStatus: RegistrationStatus = {
+  state: "standalone",
+  key: undefined,
+  leaseId: undefined,
+  epoch: undefined,
+  leaseTtlMs: undefined,
+  leaseAgeMs: undefined,
+  sinceKeepAliveMs: undefined,
+  sequence: 0,
+  lastWriteAt: undefined,
+  publishedState: undefined,
+  lastError: undefined,
+  conflict: undefined,
+  writes: 0,
+  writeFailures: 0,
+  leasesGranted: 0,
+  leasesLost: 0
+}
+
+/** Our node id is held by another live lease: refused, never overwritten. */
+export class RegistrationConflict extends Schema.TaggedError<RegistrationConflict>()("RegistrationConflict", {
+  key: Schema.String,
+  nodeId: Schema.String,
+  holderLease: Schema.String,
+  holderAdvertiseAddr: Schema.String
+}) {
+  override get message(): string {
+    const addr = this.holderAdvertiseAddr === "" ? "unknown address" : `advertising ${this.holderAdvertiseAddr}`
+    return `node id "${this.nodeId}" is already registered at ${this.key} by another live agent (lease ${this.holderLease}, ${addr}); refusing to overwrite it, retrying until that lease ends. Give this agent a distinct [agent].node_id`
+  }
+}
+
+/** etcd did not answer, or answered an error, for one operation. */
+export class EtcdUnavailable extends Schema.TaggedError<EtcdUnavailable>()("EtcdUnavailable", {
+  operation: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `etcd ${this.operation} failed: ${this.reason}`
+  }
+}
+
+/** Our lease is gone (expired or revoked from outside); the reporter grants a new one. */
+export class LeaseLost extends Schema.TaggedError<LeaseLost>()("LeaseLost", {
+  leaseId: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `etcd lease ${this.leaseId} lost: ${this.reason}`
+  }
+}
+
+/** A TLS file named in [cluster] cannot be read (fails the layer at start, like a config error). */
+export class EtcdTlsError extends Schema.TaggedError<EtcdTlsError>()("EtcdTlsError", {
+  key: Schema.String,
+  file: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `cluster.${this.key}: cannot read ${this.file}: ${this.reason}`
+  }
+}
+
+export type ReporterError = RegistrationConflict | EtcdUnavailable | LeaseLost
+
+export interface HealthReporterService {
+  /** The registration status now. */
+  readonly status: Effect.Effect<RegistrationStatus>
+  /** The last record written to etcd (with freshness), undefined before the first write or when standalone. */
+  readonly lastRecord: Effect.Effect<NodeHealth | undefined>
+  /**
+   * Publishes state=draining at once (no damping) and keeps it for the rest of the process.
+   * Fails when the write did not reach etcd; the heartbeat keeps retrying it either way.
+   */
+  readonly markDraining: Effect.Effect<void, ReporterError>
+  /** Writes the current NodeHealth at once (registering first if needed). No-op when standalone. */
+  readonly flush: Effect.Effect<void, ReporterError>
+}
+
+export class HealthReporter extends Context.Service<HealthReporter, HealthReporterService>()(
+  "cgn-agent/HealthReporter"
+) {}
+
+/** The etcd key of a node's record. */
+export const nodeKey = (prefix: string, cluster: string, nodeId: string): string =>
+  `${prefix.replace(/\/+$/, "")}/${cluster}/nodes/${nodeId}`
+
+/** The etcd prefix a router watches for every node of a cluster. */
+export const nodesPrefix = (prefix: string, cluster: string): string =>
+  `${prefix.replace(/\/+$/, "")}/${cluster}/nodes/`
+
+/** The epoch of a lease: its id in lowercase hex (etcd prints ids in decimal; etcdctl shows hex). */
+export const epochOf = (leaseId: string): string => BigInt(leaseId).toString(16)

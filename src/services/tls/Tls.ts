@@ -1,0 +1,41 @@
+/**
+ * Tls: the gRPC server's transport security from `[security]`. With `require_mtls`, TLS whose client
+ * certificates must chain to `ca_file`; otherwise plaintext. The certificate files are re-read on change
+ * (file and directory watches, so Kubernetes' symlink swap is seen) and on SIGHUP, and new connections get
+ * the new certificate without a restart. Owns the interface and the one error; the live code is layers/tls/Tls.ts.
+ */
+import type { ServerCredentials } from "@grpc/grpc-js"
+import { Context, type Effect, Schema } from "effect"
+
+/** A certificate file that cannot be used. `key` is the config key (`security.cert_file`) or CLI flag. */
+export class TlsError extends Schema.TaggedError<TlsError>()("TlsError", {
+  key: Schema.String,
+  path: Schema.optionalKey(Schema.String),
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `${this.key}${this.path === undefined ? "" : ` (${this.path})`}: ${this.reason}`
+  }
+}
+
+/** PEM contents of one identity and its trust anchor. */
+export interface TlsMaterial {
+  readonly ca: Buffer
+  readonly cert: Buffer
+  readonly key: Buffer
+}
+
+export interface TlsService {
+  /** True when the server requires mTLS; false: plaintext. */
+  readonly enabled: boolean
+  /** Pass to `server.listen(address, credentials)`; it follows reloads for the life of the server. */
+  readonly serverCredentials: ServerCredentials
+  /** Re-read the files now. True when the material changed and was applied; fails (keeping the old) if invalid. */
+  readonly reload: Effect.Effect<boolean, TlsError>
+  /** How many times material was applied (1 after start with mTLS, 0 in plaintext). */
+  readonly generation: Effect.Effect<number>
+  /** The last reload failure, cleared by a successful reload. */
+  readonly lastError: Effect.Effect<TlsError | undefined>
+}
+
+export class Tls extends Context.Service<Tls, TlsService>()("cgn-agent/Tls") {}

@@ -1,0 +1,64 @@
+/**
+ * A controllable in-memory EngineProcess for other services' tests: nothing is spawned; the test sets the
+ * state (and records exits) by hand through EngineProcessControl and observes what its subject does.
+ * `stop` behaves like the live one (Stopping, then Stopped with the last exit) and is idempotent.
+ */
+import { Context, Effect, Layer, Ref, SubscriptionRef } from "effect"
+import type { LaunchPlan } from "../services/engine/Engine.ts"
+import { EngineProcess, type EngineState, type ExitRecord, fromRefs } from "../services/engine/EngineProcess.ts"
+import { State } from "../services/engine/EngineState.ts"
+
+export class EngineProcessControl extends Context.Service<
+  EngineProcessControl,
+  {
+    /** Publishes a state (every subscriber of `changes` sees it). */
+    readonly set: (state: EngineState) => Effect.Effect<void>
+    /** Records an ended run (newest first in `exits`) and counts a restart. */
+    readonly recordExit: (exit: ExitRecord) => Effect.Effect<void>
+  }
+>()("cgn-agent/EngineProcessControl") {}
+
+/** A vLLM-shaped plan on 127.0.0.1:8000; override what the test needs. */
+export const testPlan = (overrides: Partial<LaunchPlan> = {}): LaunchPlan => ({
+  kind: "vllm",
+  spawns: true,
+  argv: ["vllm", "serve", "org/m"],
+  env: {},
+  baseUrl: "http://127.0.0.1:8000",
+  host: "127.0.0.1",
+  port: 8000,
+  probe: { kind: "http", url: "http://127.0.0.1:8000/health" },
+  metrics: undefined,
+  kvEvents: undefined,
+  servedModel: "m",
+  requestModel: "m",
+  ...overrides
+})
+
+export const layerTest = (
+  options: { readonly plan?: LaunchPlan; readonly initial?: EngineState } = {}
+): Layer.Layer<EngineProcess | EngineProcessControl> =>
+  Layer.effectContext(
+    Effect.gen(function* () {
+      const state = yield* SubscriptionRef.make<EngineState>(
+        options.initial ?? State.Starting({ phase: "loading", since: Date.now(), run: 0 })
+      )
+      const exits = yield* Ref.make<ReadonlyArray<ExitRecord>>([])
+      const restarts = yield* Ref.make(0)
+      const pid = yield* Ref.make<number | undefined>(undefined)
+      const stop = Effect.gen(function* () {
+        const s = yield* SubscriptionRef.get(state)
+        if (s._tag === "Stopped") return
+        yield* SubscriptionRef.set(state, State.Stopping({ since: Date.now() }))
+        const [last] = yield* Ref.get(exits)
+        yield* SubscriptionRef.set(state, State.Stopped({ lastExit: last }))
+      })
+      const engine = EngineProcess.of(fromRefs({ plan: options.plan ?? testPlan(), state, restarts, exits, pid, stop }))
+      const control = EngineProcessControl.of({
+        set: (s) => SubscriptionRef.set(state, s),
+        recordExit: (exit) =>
+          Ref.update(exits, (xs) => [exit, ...xs].slice(0, 20)).pipe(Effect.andThen(Ref.update(restarts, (n) => n + 1)))
+      })
+      return Context.make(EngineProcess, engine).pipe(Context.add(EngineProcessControl, control))
+    })
+  )

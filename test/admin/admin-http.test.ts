@@ -1,0 +1,200 @@
+// Admin HTTP over real loopback with test layers: every endpoint, /metrics as Prometheus text, the
+// bearer-token rules, and the refusal to start on a non-loopback address without a token.
+import { Context, Effect, Exit, Layer, Scope } from "effect"
+import { afterEach, describe, expect, it } from "vitest"
+import * as AdminHttp from "../../src/layers/admin/Admin.ts"
+import * as ConfigLayer from "../../src/layers/config/Config.ts"
+import { engineFor } from "../../src/layers/engine/backends/index.ts"
+import * as NodeStatusLayer from "../../src/layers/node/NodeStatus.ts"
+import * as MetricsLayer from "../../src/layers/observability/Metrics.ts"
+import { AdminServer, authorize, isLoopbackHost, readiness } from "../../src/services/admin/Admin.ts"
+import { Config } from "../../src/services/config/Config.ts"
+import { EngineProcess, type EngineState, type ExitRecord } from "../../src/services/engine/EngineProcess.ts"
+import { parsePromText } from "../../src/services/engine/PromText.ts"
+import { Drain } from "../../src/services/node/Drain.ts"
+import { Metrics } from "../../src/services/observability/Metrics.ts"
+
+const exit: ExitRecord = {
+  run: 0,
+  pid: 4242,
+  code: 1,
+  signal: null,
+  startedAt: Date.parse("2025-01-01T00:00:00Z"),
+  endedAt: Date.parse("2025-01-01T00:00:05Z"),
+  runtimeMs: 5000,
+  reason: "exited",
+  lastLines: ["[stderr] CUDA out of memory"]
+}
+
+const fakeEngine = Layer.effect(
+  EngineProcess,
+  Effect.map(Config, (config) => {
+    const state: EngineState = { _tag: "Ready", since: exit.endedAt + 1000, run: 1 }
+    return {
+      plan: engineFor(config.engine.kind).render(config),
+      state: Effect.succeed(state),
+      changes: Effect.never as never,
+      awaitReady: Effect.void,
+      restarts: Effect.succeed(1),
+      exits: Effect.succeed([exit]),
+      pid: Effect.succeed(4321),
+      stop: Effect.void
+    }
+  })
+)
+
+type Services = AdminServer | Metrics | Drain | NodeStatusLayer.NodeStatusTest
+
+let scope: Scope.Closeable | undefined
+afterEach(async () => {
+  if (scope) await Effect.runPromise(Scope.close(scope, Exit.void))
+  scope = undefined
+})
+
+const start = async (agent: Record<string, unknown> = {}) => {
+  const config = ConfigLayer.layerFromObject({ models: { m: { hf_repo: "org/m" } }, agent })
+  const deps = Layer.mergeAll(
+    MetricsLayer.layerTest,
+    NodeStatusLayer.layerTest({ nodeId: "node-a" }),
+    Drain.layer,
+    fakeEngine
+  ).pipe(Layer.provideMerge(config))
+  const app = AdminHttp.layer({ extras: { registration: Effect.succeed({ state: "standalone" }) } }).pipe(
+    Layer.provideMerge(deps)
+  )
+  scope = await Effect.runPromise(Scope.make())
+  const ctx = await Effect.runPromise(Layer.buildWithScope(app, scope))
+  const run = <A>(eff: Effect.Effect<A, never, Services>) => Effect.runPromise(Effect.provideContext(eff, ctx))
+  const url = Context.get(ctx, AdminServer).url
+  return { url, run }
+}
+
+const get = async (url: string, init?: RequestInit) => {
+  const res = await fetch(url, init)
+  return { status: res.status, type: res.headers.get("content-type") ?? "", text: await res.text(), res }
+}
+
+describe("admin HTTP on loopback", () => {
+  it("serves /healthz, /metrics as Prometheus text, and 404 for unknown paths", async () => {
+    const { url, run } = await start({ listen_admin: "127.0.0.1:0" })
+    expect(url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/)
+    expect(await get(`${url}/healthz`)).toMatchObject({ status: 200, text: "ok" })
+
+    await run(Effect.map(Metrics, (m) => m.requests.inc({ role: "both", model: "m", grpc_code: "OK" }, 2)))
+    const metrics = await get(`${url}/metrics`)
+    expect(metrics.status).toBe(200)
+    expect(metrics.type).toBe("text/plain; version=0.0.4; charset=utf-8")
+    const lines = metrics.text.split("\n").filter((l) => l.trim() !== "" && !l.startsWith("#"))
+    const samples = parsePromText(metrics.text)
+    expect(samples.length).toBe(lines.length) // every sample line parses
+    expect(samples).toContainEqual({
+      name: "cgn_agent_requests_total",
+      labels: { role: "both", model: "m", grpc_code: "OK" },
+      value: 2
+    })
+    expect(metrics.text).toContain("# TYPE cgn_agent_time_to_first_token_seconds histogram")
+
+    expect((await get(`${url}/nope`)).status).toBe(404)
+    expect((await get(`${url}/drain`)).status).toBe(405) // GET: only POST drains, and says so
+  })
+
+  it("answers /readyz from the node state and drain, /status with forensics and extras, /drain idempotently", async () => {
+    const { url, run } = await start({ listen_admin: "127.0.0.1:0" })
+    const notReady = await get(`${url}/readyz`)
+    expect(notReady.status).toBe(503)
+    expect(notReady.text).toBe("starting (engine starting)")
+
+    await run(Effect.flatMap(NodeStatusLayer.NodeStatusTest, (t) => t.setState("ready")))
+    expect(await get(`${url}/readyz`)).toMatchObject({ status: 200, text: "ready" })
+
+    const status = await get(`${url}/status`)
+    expect(status.status).toBe(200)
+    const body = JSON.parse(status.text)
+    expect(body.health).toMatchObject({ nodeId: "node-a", state: "ready" })
+    expect(body.registration).toEqual({ state: "standalone" })
+    expect(body.engine.state._tag).toBe("Ready")
+    expect(body.engine.restarts).toBe(1)
+    expect(body.engine.pid).toBe(4321)
+    expect(body.engine.exits).toEqual([
+      {
+        run: 0,
+        pid: 4242,
+        code: 1,
+        signal: null,
+        reason: "exited",
+        startedAt: "2025-01-01T00:00:00.000Z",
+        endedAt: "2025-01-01T00:00:05.000Z",
+        runtimeMs: 5000,
+        lastLines: ["[stderr] CUDA out of memory"]
+      }
+    ])
+
+    const first = await get(`${url}/drain`, { method: "POST" })
+    expect(first.status).toBe(202)
+    expect(JSON.parse(first.text)).toEqual({ draining: true, alreadyDraining: false })
+    const second = await get(`${url}/drain`, { method: "POST" })
+    expect(JSON.parse(second.text)).toEqual({ draining: true, alreadyDraining: true })
+    expect(await run(Effect.flatMap(Drain, (d) => d.draining))).toBe(true)
+    expect(await get(`${url}/readyz`)).toMatchObject({ status: 503, text: "draining" })
+    expect((await get(`${url}/healthz`)).status).toBe(200) // liveness stays up while draining
+  })
+})
+
+describe("admin HTTP auth", () => {
+  it("requires the configured bearer token for /status and /drain, never for probes and metrics", async () => {
+    const { url, run } = await start({ listen_admin: "127.0.0.1:0", admin_token: "s3cret" })
+    const missing = await get(`${url}/status`)
+    expect(missing.status).toBe(401)
+    expect(missing.res.headers.get("www-authenticate")).toContain("Bearer")
+    expect((await get(`${url}/status`, { headers: { authorization: "Bearer wrong" } })).status).toBe(401)
+    expect((await get(`${url}/drain`, { method: "POST", headers: { authorization: "Basic czNjcmV0" } })).status).toBe(
+      401
+    )
+    expect(await run(Effect.flatMap(Drain, (d) => d.draining))).toBe(false)
+    expect((await get(`${url}/status`, { headers: { authorization: "Bearer s3cret" } })).status).toBe(200)
+    const drained = await get(`${url}/drain`, { method: "POST", headers: { authorization: "bearer s3cret" } })
+    expect(drained.status).toBe(202)
+    for (const path of ["/healthz", "/metrics"]) expect((await get(`${url}${path}`)).status).toBe(200)
+    expect((await get(`${url}/readyz`)).status).toBe(503)
+  })
+
+  it("refuses to start on a non-loopback address without a token, before binding", async () => {
+    const config = ConfigLayer.layerFromObject({
+      models: { m: { hf_repo: "org/m" } },
+      agent: { listen_admin: "0.0.0.0:0" }
+    })
+    const deps = Layer.mergeAll(MetricsLayer.layerTest, NodeStatusLayer.layerTest(), Drain.layer, fakeEngine).pipe(
+      Layer.provideMerge(config)
+    )
+    const result = await Effect.runPromise(
+      Effect.scoped(Layer.build(AdminHttp.layer().pipe(Layer.provide(deps)))).pipe(Effect.flip)
+    )
+    expect(result._tag).toBe("AdminTokenRequired")
+    expect(result.message).toContain('agent.listen_admin = "0.0.0.0:0" is not a loopback address')
+  })
+
+  it("pure rules: loopback hosts, token decisions, readiness reasons", () => {
+    for (const h of ["127.0.0.1", "127.1.2.3", "localhost", "::1", "[::1]", "::ffff:127.0.0.1"]) {
+      expect(isLoopbackHost(h)).toBe(true)
+    }
+    for (const h of ["0.0.0.0", "::", "[::]", "10.0.0.5", "128.0.0.1", "example.com"])
+      expect(isLoopbackHost(h)).toBe(false)
+    const table: Array<[boolean, string | undefined, string | undefined, string]> = [
+      [true, undefined, undefined, "open"],
+      [true, "t", undefined, "missing"],
+      [true, "t", "Bearer t", "allowed"],
+      [false, undefined, "Bearer t", "missing"],
+      [false, "t", "Bearer x", "wrong"],
+      [false, "t", "Bearer tt", "wrong"],
+      [false, "t", "Bearer  t ", "allowed"],
+      [false, "t", "Token t", "missing"]
+    ]
+    for (const [loopback, token, header, want] of table) expect(authorize({ loopback, token, header })).toBe(want)
+    const h = NodeStatusLayer.testNodeHealth({
+      state: "unhealthy",
+      engine: { kind: "vllm", model: "m", phase: "unhealthy", restarts: 2, detail: "probe timeout" }
+    })
+    expect(readiness(h, false)).toEqual({ ready: false, reason: "unhealthy (engine unhealthy: probe timeout)" })
+    expect(readiness({ ...h, state: "ready" }, true)).toEqual({ ready: false, reason: "draining" })
+  })
+})

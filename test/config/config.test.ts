@@ -1,0 +1,476 @@
+// Config decoding: bad files with their exact messages (one line per problem, naming the key path), the
+// defaults of a minimal file, node_id resolution, and reading a file from disk.
+import { execFile } from "node:child_process"
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Duration, Effect, Exit, Result } from "effect"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { configPathFrom, decodeConfig, loadConfigFile } from "../../src/layers/config/Config.ts"
+import { knownKeys } from "../../src/services/config/ConfigSchema.ts"
+import { prng } from "../../src/sim/tokens.ts"
+import { agentEntry, requireDist } from "../support/agent.ts"
+
+const MODEL = '[models.m]\nhf_repo = "a/b"\n'
+
+const problemsOf = (text: string, env: Record<string, string> = {}): ReadonlyArray<string> => {
+  const r = decodeConfig(text, "bad.toml", env)
+  return Result.isFailure(r) ? r.failure.problems : []
+}
+
+/** [what is wrong, the file, every line of the error]. */
+const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
+  [
+    "TOML syntax: unterminated string",
+    '[agent]\nlisten_grpc = "0.0.0.0:7071\n',
+    ["line 2, column 28: Invalid TOML document: control characters are not allowed in strings"]
+  ],
+  ["TOML syntax: doubled =", `${MODEL}tp = = 2\n`, ["line 3, column 6: Invalid TOML document: invalid value"]],
+  [
+    "wrong type: string for an integer",
+    `[agent]\nmax_inflight = "many"\n${MODEL}`,
+    ['agent.max_inflight: Expected number, got "many"']
+  ],
+  [
+    "wrong types: string for a boolean, float for an integer",
+    `[security]\nrequire_mtls = "yes"\n${MODEL}tp = 1.5\n`,
+    ['security.require_mtls: Expected boolean, got "yes"', 'models."m".tp: Expected an integer, got 1.5']
+  ],
+  ["wrong type inside a table", `[engine]\nenv = { A = 1 }\n${MODEL}`, ["engine.env.A: Expected string, got 1"]],
+  [
+    "unknown key with a suggestion",
+    `[agent]\nlisten_grcp = "0.0.0.0:7071"\n${MODEL}`,
+    ['agent.listen_grcp: unknown key; did you mean "listen_grpc"?']
+  ],
+  [
+    "unknown section with a suggestion",
+    `[engin]\nkind = "vllm"\n${MODEL}`,
+    ['engin: unknown key; did you mean "engine"?']
+  ],
+  [
+    "unknown model key, nothing close: the valid keys",
+    `${MODEL}tensor_parallel = 2\n`,
+    [
+      'models."m".tensor_parallel: unknown key; valid keys: hf_repo, path, tp, dp, served_name, max_model_len, gpu_memory_utilization, args, gpus'
+    ]
+  ],
+  [
+    "bad duration",
+    `[agent]\nheartbeat = "5 sec"\n${MODEL}`,
+    ['agent.heartbeat: expected a duration such as "500ms", "5s", "2m" or "1h", got "5 sec"']
+  ],
+  ["duration as a number", `[engine]\nstop_grace = 30\n${MODEL}`, ["engine.stop_grace: Expected string, got 30"]],
+  [
+    "bad host:port: no host",
+    `[agent]\nlisten_grpc = "7071"\n${MODEL}`,
+    ['agent.listen_grpc: expected host:port such as "0.0.0.0:7071", got "7071"']
+  ],
+  [
+    "bad host:port: port out of range",
+    `[agent]\nlisten_admin = "127.0.0.1:99999"\n${MODEL}`,
+    ['agent.listen_admin: expected host:port such as "0.0.0.0:7071", got "127.0.0.1:99999"']
+  ],
+  [
+    "unknown engine kind",
+    `[engine]\nkind = "tgi"\n${MODEL}`,
+    ['engine.kind: Expected "vllm" | "sglang" | "llama_cpp" | "mlx" | "openai_compat", got "tgi"']
+  ],
+  [
+    "unknown role",
+    `[agent]\nrole = "prefil"\n${MODEL}`,
+    ['agent.role: Expected "prefill" | "decode" | "both", got "prefil"']
+  ],
+  [
+    "unknown kv_offload",
+    `[engine]\nkv_offload = "mooncake"\n${MODEL}`,
+    ['engine.kv_offload: Expected "none" | "nixl" | "lmcache" | "hicache" | "kvbm", got "mooncake"']
+  ],
+  [
+    "missing cert paths under require_mtls",
+    `[security]\nrequire_mtls = true\nca_file = "/ca"\n${MODEL}`,
+    [
+      "security.cert_file: required when security.require_mtls = true",
+      "security.key_file: required when security.require_mtls = true"
+    ]
+  ],
+  [
+    "two models",
+    '[models.a]\nhf_repo = "a/b"\n[models.b]\npath = "/m"\n',
+    ['models: 2 models configured ("a", "b"); this version serves exactly one [models."name"] table per agent']
+  ],
+  [
+    "no model",
+    '[engine]\nkind = "vllm"\n',
+    ['models: no model configured; add one table such as [models."llama-3-8b"] with hf_repo or path']
+  ],
+  ["model without a source", "[models.m]\ntp = 2\n", ['models."m": set hf_repo or path']],
+  ["model with two sources", `${MODEL}path = "/m"\n`, ['models."m": set hf_repo or path, not both']],
+  [
+    "engine url without a scheme",
+    `[engine]\nurl = "127.0.0.1:8000"\n${MODEL}`,
+    ['engine.url: expected an http:// or https:// URL, got "127.0.0.1:8000"']
+  ],
+  [
+    "etcd endpoint without http",
+    `[cluster]\netcd = ["etcd:2379"]\n${MODEL}`,
+    ['cluster.etcd[0]: expected an http:// or https:// URL, got "etcd:2379"']
+  ],
+  [
+    "lease not longer than the heartbeat",
+    `[agent]\nheartbeat = "5s"\nlease_ttl = "5s"\n${MODEL}`,
+    ["agent.lease_ttl: must be longer than agent.heartbeat, or the lease expires between two heartbeats"]
+  ],
+  [
+    "number out of range",
+    `${MODEL}gpu_memory_utilization = 1.5\n`,
+    ['models."m".gpu_memory_utilization: Expected a value less than or equal to 1, got 1.5']
+  ],
+  ["empty command", `[engine]\ncommand = []\n${MODEL}`, ["engine.command: expected a non-empty list"]],
+  [
+    "a KV queue bound of zero bytes",
+    `[kv]\nmax_queue_bytes = 0\n${MODEL}`,
+    ["kv.max_queue_bytes: Expected a value greater than or equal to 1, got 0"]
+  ],
+  ["a section that is not a table", `agent = 3\n${MODEL}`, ["agent: expected a table, got 3"]],
+  [
+    "every problem of a file at once",
+    `[agent]\nheartbeat = "fast"\nrole = "x"\nlisten_grpc = "nope"\n${MODEL}tp = 0\n`,
+    [
+      'agent.listen_grpc: expected host:port such as "0.0.0.0:7071", got "nope"',
+      'agent.heartbeat: expected a duration such as "500ms", "5s", "2m" or "1h", got "fast"',
+      'agent.role: Expected "prefill" | "decode" | "both", got "x"',
+      'models."m".tp: Expected a value greater than or equal to 1, got 0'
+    ]
+  ],
+  [
+    "engine combination: vLLM prefill without NIXL",
+    `[agent]\nrole = "prefill"\n${MODEL}`,
+    [
+      'engine.kv_offload: vllm with agent.role = "prefill" needs kv_offload "nixl", got "none" (the NIXL connector hands the prefilled KV cache to the decode instance)'
+    ]
+  ],
+  [
+    "engine combination: llama.cpp with an offload, a role and tp",
+    `[engine]\nkind = "llama_cpp"\nkv_offload = "lmcache"\n[agent]\nrole = "decode"\n${MODEL}tp = 2\n`,
+    [
+      'engine.kv_offload: llama_cpp does not support "lmcache"; llama_cpp supports "none"',
+      'agent.role: llama_cpp cannot run role "decode" (no prefill/decode disaggregation); llama_cpp supports "both"',
+      'models."m".tp: llama_cpp has no tensor parallelism; set tp = 1'
+    ]
+  ],
+  [
+    "engine.url with a path (a common mistake: the /v1 suffix)",
+    `[engine]\nkind = "openai_compat"\nurl = "http://10.0.0.5:8000/v1"\n${MODEL}`,
+    [
+      'engine.url: give the engine\'s server root (scheme, host, port), not a path: the agent adds /v1/... itself; got "http://10.0.0.5:8000/v1"'
+    ]
+  ],
+  [
+    "engine.url https for a spawned engine",
+    `[engine]\nurl = "https://127.0.0.1:8000"\n${MODEL}`,
+    ["engine.url: vllm is spawned by the agent and serves plain HTTP on its host:port; use http://"]
+  ],
+  [
+    "KVBM cache-tier sizes without kv_offload kvbm",
+    `[engine]\nkv_offload = "lmcache"\nkvbm_cpu_cache_gb = 4\nkvbm_disk_cache_gb = 0\n${MODEL}`,
+    ["engine.kvbm_disk_cache_gb: Expected a value greater than 0, got 0"]
+  ],
+  [
+    "KVBM cache-tier size with another offload",
+    `[engine]\nkv_offload = "lmcache"\nkvbm_cpu_cache_gb = 4\n${MODEL}`,
+    ['engine.kvbm_cpu_cache_gb: sizes a KVBM cache tier, used only with engine.kv_offload = "kvbm"; remove it']
+  ],
+  [
+    "engine.liveness_path not a path",
+    `[engine]\nliveness_path = "health_generate"\n${MODEL}`,
+    ['engine.liveness_path: expected a path on the engine such as "/health_generate", got "health_generate"']
+  ],
+  [
+    "engine combination: vLLM has no hicache",
+    `[engine]\nkv_offload = "hicache"\n${MODEL}`,
+    ['engine.kv_offload: vllm does not support "hicache"; vllm supports "none", "nixl", "lmcache", "kvbm"']
+  ]
+]
+
+describe("bad config files", () => {
+  it("there are at least 15", () => {
+    expect(bad.length).toBeGreaterThanOrEqual(15)
+  })
+  it.each(bad)("%s", (_what, text, lines) => {
+    expect(problemsOf(text)).toEqual(lines)
+  })
+  it("the error names the file and lists one problem per line", () => {
+    const r = decodeConfig(`[agent]\nrole = "x"\n${MODEL}`, "/etc/cgn/agent.toml", {})
+    expect(Result.isFailure(r) && r.failure.message).toBe(
+      'invalid config /etc/cgn/agent.toml:\n  agent.role: Expected "prefill" | "decode" | "both", got "x"'
+    )
+  })
+})
+
+describe("defaults", () => {
+  it("a file with only a model gets every default", () => {
+    const r = decodeConfig(MODEL, "min.toml", { NODE_NAME: "gpu-7" })
+    if (Result.isFailure(r)) throw new Error(r.failure.message)
+    const c = r.success
+    expect(c.file).toBe("min.toml")
+    expect(c.cluster).toEqual({ name: "default", etcd: [], etcd_prefix: "/cgn" })
+    expect(c.security).toEqual({ require_mtls: false })
+    expect(c.agent.listen_grpc).toBe("0.0.0.0:7071")
+    expect(c.agent.listen_admin).toBe("127.0.0.1:9091")
+    expect(Duration.toMillis(c.agent.heartbeat)).toBe(5000)
+    expect(Duration.toMillis(c.agent.lease_ttl)).toBe(15000)
+    expect(Duration.toMillis(c.agent.drain_timeout)).toBe(30000)
+    expect(c.agent.role).toBe("both")
+    expect(c.agent.node_id).toBe("gpu-7")
+    expect(c.agent.ready_probe_url).toBeUndefined()
+    expect([c.agent.max_inflight, c.agent.max_queue, c.agent.state_dir]).toEqual([256, 1024, "/var/lib/cgn-agent"])
+    expect([c.engine.kind, c.engine.url, c.engine.kv_offload]).toEqual(["vllm", "http://127.0.0.1:8000", "none"])
+    expect([c.engine.command, c.engine.args, c.engine.env]).toEqual([undefined, [], {}])
+    expect(Duration.toMillis(c.engine.startup_timeout)).toBe(30 * 60_000)
+    expect(Duration.toMillis(c.engine.stop_grace)).toBe(30_000)
+    expect(c.model).toEqual({
+      name: "m",
+      source: { kind: "hf_repo", value: "a/b" },
+      tp: 1,
+      dp: 1,
+      served_name: "m",
+      max_model_len: undefined,
+      gpu_memory_utilization: undefined,
+      args: [],
+      gpus: []
+    })
+    expect(Duration.toMillis(c.engine.gpu_free_timeout)).toBe(2 * 60_000)
+    expect(c.engine.gpu_free_below_mib).toBe(1024)
+    expect(c.kv).toEqual({
+      events: false,
+      events_endpoint: "tcp://127.0.0.1:5557",
+      topic: "kv-events",
+      block_size: 16,
+      max_queue_bytes: 32 * 1024 * 1024
+    })
+  })
+
+  it("node_id: the key, else NODE_NAME, else the hostname", () => {
+    const id = (text: string, env: Record<string, string>) => {
+      const r = decodeConfig(text, undefined, env)
+      if (Result.isFailure(r)) throw new Error(r.failure.message)
+      return r.success.agent.node_id
+    }
+    expect(id(`[agent]\nnode_id = "n-1"\n${MODEL}`, { NODE_NAME: "k8s-node" })).toBe("n-1")
+    expect(id(MODEL, { NODE_NAME: "k8s-node" })).toBe("k8s-node")
+    expect(id(MODEL, { NODE_NAME: "" })).toBe(os.hostname())
+    expect(id(MODEL, {})).toBe(os.hostname())
+  })
+
+  it("durations accept ms, s, m and h", () => {
+    const r = decodeConfig(
+      `[agent]\nheartbeat = "500ms"\nlease_ttl = "2m"\ndrain_timeout = "1h"\n[engine]\nstop_grace = "45s"\n${MODEL}`,
+      undefined,
+      {}
+    )
+    if (Result.isFailure(r)) throw new Error(r.failure.message)
+    const c = r.success
+    expect(
+      [c.agent.heartbeat, c.agent.lease_ttl, c.agent.drain_timeout, c.engine.stop_grace].map(Duration.toMillis)
+    ).toEqual([500, 120_000, 3_600_000, 45_000])
+  })
+})
+
+describe("reading the file", () => {
+  let dir = ""
+  beforeAll(async () => {
+    dir = await fs.mkdtemp(path.join(os.tmpdir(), "cgn-config-"))
+  })
+  afterAll(async () => {
+    await fs.rm(dir, { recursive: true, force: true })
+  })
+
+  it("loads a file from disk", async () => {
+    const file = path.join(dir, "ok.toml")
+    await fs.writeFile(file, MODEL)
+    const c = await Effect.runPromise(loadConfigFile(file))
+    expect([c.file, c.model.name]).toEqual([file, "m"])
+  })
+
+  it("a missing file is a ConfigError naming it", async () => {
+    const file = path.join(dir, "missing.toml")
+    const exit = await Effect.runPromiseExit(loadConfigFile(file))
+    expect(Exit.isFailure(exit)).toBe(true)
+    const message = Exit.isFailure(exit) ? String(exit.cause) : ""
+    expect(message).toContain(`invalid config ${file}`)
+    expect(message).toContain("cannot read file: ENOENT")
+  })
+
+  it("the path comes from --config, else CGN_AGENT_CONFIG", () => {
+    expect(configPathFrom(["run", "--config", "a.toml"], { CGN_AGENT_CONFIG: "b.toml" })).toBe("a.toml")
+    expect(configPathFrom(["--config=c.toml"], {})).toBe("c.toml")
+    expect(configPathFrom(["run"], { CGN_AGENT_CONFIG: "b.toml" })).toBe("b.toml")
+    expect(configPathFrom(["run"], {})).toBeUndefined()
+  })
+})
+
+// Malformed files of every shape: never an exception, always one problem per line that starts with where it
+// is (a key path, or a TOML line and column). Arrays of tables once crashed describe() (String() on smol-toml's
+// null-prototype tables) and "0.0000001s" crashed Duration; both are among the named cases.
+const NAMED: ReadonlyArray<[string, string, string]> = [
+  ["[[agent]]", `[[agent]]\nnode_id = "x"\n${MODEL}`, "agent: expected a table, got an array of tables"],
+  ['[[models."x"]]', '[[models."x"]]\nhf_repo = "a/b"\n', 'models."x": expected a table, got an array of tables'],
+  [
+    "env = { A = [{ b = 1 }] }",
+    `[engine]\nenv = { A = [{ b = 1 }] }\n${MODEL}`,
+    "engine.env.A: Expected string, got an array of tables"
+  ],
+  ['heartbeat = "0.0000001s"', `[agent]\nheartbeat = "0.0000001s"\n${MODEL}`, "agent.heartbeat: expected a duration"],
+  [
+    'stop_grace = "0.0000001s"',
+    `[engine]\nstop_grace = "0.0000001s"\n${MODEL}`,
+    "engine.stop_grace: expected a duration"
+  ]
+]
+
+const SEGMENT = String.raw`(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*")(?:\[\d+\])*`
+const WHERE = new RegExp(String.raw`^(?:line \d+, column \d+|<root>|${SEGMENT}(?:\.${SEGMENT})*): \S`)
+
+/** Fails the test unless decoding returns (never throws) and every problem names where it is. */
+const expectKeyedProblems = (text: string): "ok" | "bad" => {
+  let r: ReturnType<typeof decodeConfig>
+  try {
+    r = decodeConfig(text, "fuzz.toml", {})
+  } catch (e) {
+    throw new Error(`decodeConfig threw ${(e as Error).message} on:\n${text}`)
+  }
+  if (Result.isSuccess(r)) return "ok"
+  for (const p of r.failure.problems) {
+    if (!WHERE.test(p) || /cannot decode|\[object|undefined/.test(p)) {
+      throw new Error(`problem without a key path and reason: ${JSON.stringify(p)} in:\n${text}`)
+    }
+  }
+  return "bad"
+}
+
+const VALUES = [
+  '"x"',
+  '""',
+  '"5s"',
+  '"0.0000001s"',
+  '"1e-7s"',
+  '"99999999999999999999d"',
+  '"http://h:1"',
+  '"0.0.0.0:7071"',
+  "0",
+  "-1",
+  "1",
+  "9223372036854775807",
+  "0.5",
+  "1e308",
+  "inf",
+  "nan",
+  "true",
+  "false",
+  "1979-05-27T07:32:00Z",
+  "1979-05-27",
+  "07:32:00",
+  "[]",
+  "[1, 2]",
+  '["a", "b"]',
+  "[[1], [2]]",
+  "[{ b = 1 }]",
+  "{}",
+  "{ a = 1 }",
+  "{ A = [{ b = 1 }] }",
+  "{ a = { b = [] } }"
+]
+const SECTIONS = ["cluster", "security", "agent", "engine", "kv", 'models."m"', 'models."x y"', "models", "nope"]
+
+const mutate = (text: string, rand: () => number): string => {
+  const pick = <A>(xs: ReadonlyArray<A>): A => xs[Math.floor(rand() * xs.length)]!
+  const lines = text.split("\n")
+  const at = Math.floor(rand() * (lines.length + 1))
+  const line = lines[Math.min(at, lines.length - 1)] ?? ""
+  switch (Math.floor(rand() * 7)) {
+    case 0: // a key's value becomes a value of another type
+      if (/^\s*[\w"-]+\s*=/.test(line)) lines[at] = `${line.slice(0, line.indexOf("="))}= ${pick(VALUES)}`
+      break
+    case 1: // a table header becomes an array-of-tables header
+      if (/^\[[^[]/.test(line)) lines[at] = `[${line.trim()}]`
+      break
+    case 2: // a new table or array of tables with a known key
+      lines.splice(
+        at,
+        0,
+        rand() < 0.5 ? `[${pick(SECTIONS)}]` : `[[${pick(SECTIONS)}]]`,
+        `${pick(knownKeys.agent!)} = ${pick(VALUES)}`
+      )
+      break
+    case 3: {
+      // a known key of some section, with a value of any type
+      const keys = Object.values(knownKeys).flat()
+      lines.splice(at, 0, `${pick(keys)} = ${pick(VALUES)}`)
+      break
+    }
+    case 4: // a duplicated line (often a duplicate key or table: a TOML error)
+      lines.splice(at, 0, line)
+      break
+    case 5:
+      lines.splice(at, 1)
+      break
+    default: // a stray character
+      lines[at] = `${line.slice(0, 3)}${pick(["[", "]", "=", '"', "{", ".", ","])}${line.slice(3)}`
+  }
+  return lines.join("\n")
+}
+
+describe("malformed files never crash the decoder", () => {
+  it.each(NAMED)("%s: the key path and the reason", (_what, text, line) => {
+    const problems = problemsOf(text)
+    expect(problems.some((p) => p.startsWith(line))).toBe(true)
+    expect(expectKeyedProblems(text)).toBe("bad")
+  })
+
+  it("600 mutated files (seeded): each decodes or lists keyed problems", async () => {
+    const examples = await fs.readdir(path.join(import.meta.dirname, "..", "..", "examples"))
+    const seeds = [MODEL]
+    for (const f of examples.filter((e) => e.endsWith(".toml"))) {
+      seeds.push(await fs.readFile(path.join(import.meta.dirname, "..", "..", "examples", f), "utf8"))
+    }
+    const rand = prng(15)
+    const tally = { ok: 0, bad: 0 }
+    for (let i = 0; i < 600; i++) {
+      let text = seeds[i % seeds.length]!
+      const rounds = 1 + Math.floor(rand() * 4)
+      for (let j = 0; j < rounds; j++) text = mutate(text, rand)
+      tally[expectKeyedProblems(text)]++
+    }
+    // The mutations must mostly break files, or the test checks little.
+    expect(tally.bad).toBeGreaterThan(300)
+  })
+
+  it("dist/main.js check: exit 2 with the key path, no stack trace", async () => {
+    requireDist()
+    const dir = await fs.mkdtemp(path.join(os.tmpdir(), "cgn-config-fuzz-"))
+    try {
+      const runs = await Promise.all(
+        NAMED.slice(0, 4).map(async ([_what, text], i) => {
+          const file = path.join(dir, `named-${i}.toml`)
+          await fs.writeFile(file, text)
+          return checkDist(file)
+        })
+      )
+      for (const [i, r] of runs.entries()) {
+        expect({ code: r.code, stdout: r.stdout }).toEqual({ code: 2, stdout: "" })
+        expect(r.stderr).toContain(NAMED[i]![2])
+        expect(r.stderr).not.toMatch(/TypeError|\n\s+at /)
+      }
+    } finally {
+      await fs.rm(dir, { recursive: true, force: true })
+    }
+  }, 180_000)
+})
+
+/** `node dist/main.js check --config FILE`, the way a user runs it. */
+const checkDist = (file: string): Promise<{ code: number; stdout: string; stderr: string }> =>
+  new Promise((resolve) => {
+    execFile(process.execPath, [agentEntry, "check", "--config", file], (error, stdout, stderr) =>
+      resolve({ code: error === null ? 0 : typeof error.code === "number" ? error.code : -1, stdout, stderr })
+    )
+  })

@@ -1,0 +1,511 @@
+// The live EngineClient over real loopback HTTP: first against a tiny node:http server this file controls
+// (exact splits, resets, truncation, disconnect on abort), then against the engine simulator per flavor.
+// The controlled server picks its behaviour from the request's X-Request-Id (the client sends it verbatim).
+import * as http from "node:http"
+import type { AddressInfo } from "node:net"
+import { Cause, Effect, Exit, Fiber, Layer, Result, Stream } from "effect"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { decodeConfigObject, layerFromObject } from "../../src/layers/config/Config.ts"
+import { engineFor, planLayer } from "../../src/layers/engine/backends/index.ts"
+import * as EngineClientLive from "../../src/layers/engine/EngineClient.ts"
+import { layerFromPlan } from "../../src/layers/engine/EngineClient.ts"
+import type { LaunchPlan, MetricNames } from "../../src/services/engine/Engine.ts"
+import {
+  EngineClient,
+  type EngineClientService,
+  type EngineError,
+  type JsonObject
+} from "../../src/services/engine/EngineClient.ts"
+import { pollUntil } from "../support/poll.ts"
+import { freePort } from "../support/ports.ts"
+import { type SimHandle, startSim } from "../support/sim.ts"
+
+const planFor = (baseUrl: string, metrics?: { url: string; names: MetricNames }): LaunchPlan => ({
+  kind: "vllm",
+  spawns: true,
+  argv: [],
+  env: {},
+  baseUrl,
+  host: "127.0.0.1",
+  port: Number(new URL(baseUrl).port),
+  probe: { kind: "http", url: `${baseUrl}/health` },
+  metrics,
+  kvEvents: undefined,
+  servedModel: "served",
+  requestModel: "engine-model"
+})
+
+const withClient = <A, E>(f: (c: EngineClientService) => Effect.Effect<A, E>) =>
+  Effect.gen(function* () {
+    return yield* f(yield* EngineClient)
+  })
+
+const run = <A>(plan: LaunchPlan, f: (c: EngineClientService) => Effect.Effect<A, EngineError>) =>
+  Effect.runPromise(Effect.exit(withClient(f)).pipe(Effect.provide(layerFromPlan(plan))))
+
+const failure = <A>(exit: Exit.Exit<A, EngineError>): EngineError => {
+  if (Exit.isSuccess(exit)) throw new Error(`expected a failure, got ${JSON.stringify(exit.value)}`)
+  const e = Cause.findErrorOption(exit.cause)
+  if (e._tag === "None") throw new Error(`expected an EngineError, got ${Cause.pretty(exit.cause)}`)
+  return e.value
+}
+
+const success = <A>(exit: Exit.Exit<A, EngineError>): A => {
+  if (Exit.isFailure(exit)) throw new Error(`expected success, got ${Cause.pretty(exit.cause)}`)
+  return exit.value
+}
+
+const chunk = (i: number) => `data: {"id":"c","choices":[{"index":0,"delta":{"content":"t${i}"}}]}\n\n`
+const tick = () => new Promise<void>((r) => setImmediate(r))
+
+/** Resolves when `pred` holds (the shared bounded poll, every 5 ms). */
+const until = async (pred: () => boolean, ms = 5_000): Promise<void> => {
+  await pollUntil("condition", pred, ms, 5)
+}
+
+describe("EngineClient against a controlled server", () => {
+  let server: http.Server
+  let base: string
+  const seen: Array<{ path: string; headers: http.IncomingHttpHeaders; body: string }> = []
+  const sockets = new Set<unknown>()
+  let closedEarly = 0
+  let openStreams = 0
+
+  const handlers: Record<string, (req: http.IncomingMessage, res: http.ServerResponse) => void | Promise<void>> = {
+    "/v1/chat/completions": async (req, res) => {
+      const mode = req.headers["x-request-id"]
+      if (mode === "http400") {
+        res.writeHead(400, { "content-type": "application/json" })
+        res.end('{"error":{"message":"bad max_tokens","type":"BadRequestError","param":null,"code":400}}')
+        return
+      }
+      if (mode === "reset") {
+        req.socket.destroy()
+        return
+      }
+      if (mode === "noheaders") return // never answers; the client's header timeout must fire
+      if (mode === "big") {
+        // 4 MiB of events written at once: the client must pause and resume the socket, losing nothing.
+        const pad = "x".repeat(2000)
+        for (let i = 0; i < 2000; i++) res.write(`data: {"i":${i},"pad":"${pad}"}\n\n`)
+        res.end("data: [DONE]\n\n")
+        return
+      }
+      res.writeHead(200, { "content-type": "text/event-stream" })
+      if (mode === "split") {
+        // Every byte in its own write, CRLF endings, comments in between.
+        const text = `${`: keepalive 1/2\r\n\r\n${chunk(0)}${chunk(1)}`.replaceAll("\n", "\r\n")}data: [DONE]\r\n\r\n`
+        for (const b of Buffer.from(text)) {
+          res.write(Buffer.from([b]))
+          await tick()
+        }
+        res.end()
+        return
+      }
+      if (mode === "midstream") {
+        res.end(
+          `${chunk(0)}data: {"error":{"message":"engine died","type":"InternalServerError","code":500}}\n\ndata: [DONE]\n\n`
+        )
+        return
+      }
+      if (mode === "truncated") {
+        res.end(chunk(0))
+        return
+      }
+      if (mode === "broken") {
+        res.write(chunk(0))
+        await tick()
+        req.socket.destroy()
+        return
+      }
+      if (mode === "endless") {
+        openStreams++
+        let i = 0
+        const timer = setInterval(() => res.write(chunk(i++)), 2)
+        res.on("close", () => {
+          clearInterval(timer)
+          openStreams--
+          if (!res.writableFinished) closedEarly++
+        })
+        return
+      }
+      res.end(`${chunk(0)}${chunk(1)}${chunk(2)}data: [DONE]\n\n`)
+    },
+    "/v1/completions": (req, res) => {
+      const mode = req.headers["x-request-id"]
+      if (mode === "slow") {
+        openStreams++
+        res.on("close", () => {
+          openStreams--
+          if (!res.writableFinished) closedEarly++
+        })
+        return
+      }
+      if (mode === "big") {
+        res.writeHead(200, { "content-type": "application/json" })
+        res.end(JSON.stringify({ id: "big", text: "y".repeat(1_000_000) }))
+        return
+      }
+      if (mode === "mlx404") {
+        res.writeHead(404, { "content-type": "application/json" })
+        res.end('{"error":"Model not found"}')
+        return
+      }
+      res.writeHead(200, { "content-type": "application/json" })
+      res.end('{"id":"x","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"stop"}]}')
+    },
+    "/v1/models": (_req, res) => {
+      res.writeHead(200, { "content-type": "application/json" })
+      res.end('{"object":"list","data":[{"id":"served","object":"model"},{"id":"other"}]}')
+    },
+    "/metrics": (_req, res) => {
+      res.writeHead(200, { "content-type": "text/plain" })
+      res.end(
+        'vllm:num_requests_running{model_name="m"} 2\nvllm:num_requests_waiting{model_name="m"} 1\nvllm:gpu_cache_usage_perc 0.5\n'
+      )
+    }
+  }
+
+  beforeAll(async () => {
+    server = http.createServer((req, res) => {
+      let body = ""
+      req.setEncoding("utf8")
+      req.on("data", (d: string) => {
+        body += d
+      })
+      req.on("end", () => {
+        seen.push({ path: req.url ?? "", headers: req.headers, body })
+        const h = handlers[req.url ?? ""]
+        if (h === undefined) {
+          res.writeHead(404).end("no route")
+          return
+        }
+        void h(req, res)
+      })
+    })
+    server.on("connection", (s) => sockets.add(s))
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", r))
+    base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
+  })
+  afterAll(async () => {
+    server.closeAllConnections()
+    await new Promise((r) => server.close(r))
+  })
+
+  const collect = (mode: string | undefined, extra?: Record<string, string>) =>
+    run(planFor(base), (c) =>
+      Stream.runCollect(
+        c.stream("/v1/chat/completions", { model: "served", messages: [] }, { requestId: mode ?? "plain", ...extra })
+      )
+    )
+
+  it("streams every data object until [DONE], with the body rewritten and the headers sent", async () => {
+    const exit = await collect(undefined, { traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01" })
+    const chunks = success(exit) as ReadonlyArray<JsonObject>
+    expect(chunks.map((c) => (c.choices as Array<{ delta: { content: string } }>)[0]?.delta.content)).toEqual([
+      "t0",
+      "t1",
+      "t2"
+    ])
+    const req = seen.findLast((s) => s.headers["x-request-id"] === "plain")
+    expect(req?.headers.traceparent).toBe("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+    expect(req?.headers.accept).toBe("text/event-stream")
+    expect(JSON.parse(req?.body ?? "{}")).toEqual({ model: "engine-model", messages: [], stream: true })
+  })
+
+  it("survives a byte-by-byte split with CRLF and comment lines", async () => {
+    const chunks = success(await collect("split")) as ReadonlyArray<JsonObject>
+    expect(chunks).toHaveLength(2)
+  })
+
+  it("a mid-stream error object ends the stream with reason Stream and the engine's message", async () => {
+    const e = failure(await collect("midstream"))
+    expect([e.reason, e.message, e.status, e.engineType]).toEqual(["Stream", "engine died", 500, "InternalServerError"])
+  })
+
+  it("an error status is Http with the normalized body", async () => {
+    const e = failure(await collect("http400"))
+    expect([e.reason, e.status, e.message, e.engineType]).toEqual(["Http", 400, "bad max_tokens", "BadRequestError"])
+  })
+
+  it("a connection reset before the answer is Connect", async () => {
+    const e = failure(await collect("reset"))
+    expect(e.reason).toBe("Connect")
+  })
+
+  it("a body that ends without [DONE] is Stream (truncated)", async () => {
+    const e = failure(await collect("truncated"))
+    expect(e.reason).toBe("Stream")
+    expect(e.message).toContain("truncated")
+  })
+
+  it("a connection broken mid-body is Stream", async () => {
+    const e = failure(await collect("broken"))
+    expect(e.reason).toBe("Stream")
+  })
+
+  it("no response headers within the stream header timeout is Timeout", async () => {
+    const exit = await Effect.runPromise(
+      Effect.exit(
+        withClient((c) => Stream.runCollect(c.stream("/v1/chat/completions", {}, { requestId: "noheaders" })))
+      ).pipe(Effect.provide(layerFromPlan(planFor(base), { streamHeadersTimeoutMs: 200 })))
+    )
+    expect(failure(exit).reason).toBe("Timeout")
+  })
+
+  it("connection refused is Connect", async () => {
+    const port = await freePort()
+    const exit = await run(planFor(`http://127.0.0.1:${port}`), (c) =>
+      Stream.runCollect(c.stream("/v1/chat/completions", {}))
+    )
+    expect(failure(exit).reason).toBe("Connect")
+  })
+
+  it("closing the stream early (take) aborts the request: the server sees the disconnect", async () => {
+    const before = closedEarly
+    const taken = await run(planFor(base), (c) =>
+      Stream.runCollect(Stream.take(c.stream("/v1/chat/completions", {}, { requestId: "endless" }), 5))
+    )
+    expect(success(taken)).toHaveLength(5)
+    await until(() => closedEarly === before + 1 && openStreams === 0)
+  })
+
+  it("interrupting the consuming fiber aborts the request", async () => {
+    const before = closedEarly
+    let got = 0
+    const fiber = Effect.runFork(
+      withClient((c) =>
+        Stream.runForEach(c.stream("/v1/chat/completions", {}, { requestId: "endless" }), () =>
+          Effect.sync(() => {
+            got++
+          })
+        )
+      ).pipe(Effect.provide(layerFromPlan(planFor(base))))
+    )
+    await until(() => got >= 3)
+    await Effect.runPromise(Fiber.interrupt(fiber))
+    await until(() => closedEarly === before + 1 && openStreams === 0)
+  })
+
+  it("streams that end at [DONE] leave the connection for reuse", async () => {
+    const plan = planFor(base)
+    const connectionsBefore = sockets.size
+    const exit = await run(plan, (c) =>
+      Effect.forEach([1, 2, 3, 4, 5, 6], () =>
+        Stream.runCollect(c.stream("/v1/chat/completions", {}, { requestId: "plain" }))
+      )
+    )
+    expect(success(exit)).toHaveLength(6)
+    // undici opens a second socket for the second request (seen with bare undici too), then reuses them.
+    expect(sockets.size - connectionsBefore).toBeLessThanOrEqual(2)
+  })
+
+  it("complete: the whole object; body rewritten with stream false", async () => {
+    const exit = await run(planFor(base), (c) =>
+      c.complete("/v1/completions", { model: "x", prompt: "p" }, { requestId: "c1" })
+    )
+    expect(success(exit).id).toBe("x")
+    const req = seen.findLast((s) => s.headers["x-request-id"] === "c1")
+    expect(JSON.parse(req?.body ?? "{}")).toEqual({ model: "engine-model", prompt: "p", stream: false })
+  })
+
+  it("complete: a body larger than the stream buffer limit arrives whole", async () => {
+    const exit = await run(planFor(base), (c) => c.complete("/v1/completions", {}, { requestId: "big" }))
+    expect((success(exit).text as string).length).toBe(1_000_000)
+  })
+
+  it("a slow consumer of a large stream gets every event in order (pause and resume)", async () => {
+    const exit = await run(planFor(base), (c) =>
+      Stream.runFold(
+        Stream.mapEffect(c.stream("/v1/chat/completions", {}, { requestId: "big" }), (obj) =>
+          Effect.as(Effect.yieldNow, obj)
+        ),
+        () => 0,
+        (n, obj) => {
+          if (obj.i !== n) throw new Error(`event ${String(obj.i)} where ${n} was due`)
+          return n + 1
+        }
+      )
+    )
+    expect(success(exit)).toBe(2000)
+  })
+
+  it("complete: an mlx-style error body", async () => {
+    const e = failure(await run(planFor(base), (c) => c.complete("/v1/completions", {}, { requestId: "mlx404" })))
+    expect([e.reason, e.status, e.message]).toEqual(["Http", 404, "Model not found"])
+  })
+
+  it("complete: interruption aborts the request", async () => {
+    const before = closedEarly
+    const fiber = Effect.runFork(
+      withClient((c) => c.complete("/v1/completions", {}, { requestId: "slow" })).pipe(
+        Effect.provide(layerFromPlan(planFor(base)))
+      )
+    )
+    await until(() => openStreams === 1)
+    await Effect.runPromise(Fiber.interrupt(fiber))
+    await until(() => closedEarly === before + 1 && openStreams === 0)
+  })
+
+  it("models lists the ids", async () => {
+    expect(success(await run(planFor(base), (c) => c.models))).toEqual(["served", "other"])
+  })
+
+  it("load scrapes the metrics URL; without metrics it answers undefined without I/O", async () => {
+    const names: MetricNames = {
+      running: ["vllm:num_requests_running"],
+      waiting: ["vllm:num_requests_waiting"],
+      kvUsage: ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]
+    }
+    const exit = await run(planFor(base, { url: `${base}/metrics`, names }), (c) => c.load)
+    expect(success(exit)).toEqual({ running: 2, waiting: 1, kvUsage: 0.5 })
+    const port = await freePort()
+    const none = await run(planFor(`http://127.0.0.1:${port}`), (c) => c.load)
+    expect(success(none)).toEqual({ running: undefined, waiting: undefined, kvUsage: undefined })
+  })
+})
+
+// Against the simulator, with the plan rendered the way the agent renders it (argv, metrics names, requestModel).
+const flavors = ["vllm", "sglang", "llama_cpp", "mlx"] as const
+
+for (const flavor of flavors) {
+  describe(`EngineClient against the simulator (${flavor})`, () => {
+    let sim: SimHandle | undefined
+    let plan: LaunchPlan
+
+    const simState = async (): Promise<{ running: number; aborted: number; ready: boolean; served: number }> => {
+      const r = await fetch(`${plan.baseUrl}/sim/state`)
+      return (await r.json()) as { running: number; aborted: number; ready: boolean; served: number }
+    }
+    const setFaults = async (faults: Record<string, unknown>) => {
+      const r = await fetch(`${plan.baseUrl}/sim/faults`, { method: "POST", body: JSON.stringify(faults) })
+      expect(r.status).toBe(200)
+    }
+
+    beforeAll(async () => {
+      const port = await freePort()
+      const decoded = decodeConfigObject(
+        { engine: { kind: flavor, url: `http://127.0.0.1:${port}` }, models: { m: { hf_repo: "org/m" } } },
+        undefined
+      )
+      if (Result.isFailure(decoded)) throw new Error(decoded.failure.message)
+      plan = engineFor(flavor).render(decoded.success)
+      sim = await startSim({
+        flavor,
+        args: [...plan.argv.slice(1), "--sim-itl", "2ms", "--sim-mode", "random", "--sim-seed", "7"]
+      })
+      await pollUntil("simulator ready", async () => (await simState()).ready, 10_000, 10)
+    })
+    afterAll(async () => {
+      await sim?.stop()
+    })
+
+    const chat = {
+      model: "whatever-the-router-sent",
+      messages: [{ role: "user", content: "hello there" }],
+      max_tokens: 4
+    }
+
+    it("streams chat chunks until [DONE]; the model field is rewritten for the engine", async () => {
+      const exit = await run(plan, (c) =>
+        Stream.runCollect(c.stream("/v1/chat/completions", { ...chat, stream_options: { include_usage: true } }))
+      )
+      const chunks = success(exit) as ReadonlyArray<JsonObject>
+      const text = chunks
+        .flatMap((c) => (c.choices as Array<{ delta?: { content?: string } }>).map((ch) => ch.delta?.content ?? ""))
+        .join("")
+      expect(text.length).toBeGreaterThan(0)
+      expect(chunks.some((c) => c.usage !== undefined && c.usage !== null)).toBe(true)
+    })
+
+    it("the configured layer: the plan rendered once from Config (planLayer)", async () => {
+      const exit = await Effect.runPromise(
+        Effect.exit(withClient((c) => c.models)).pipe(
+          Effect.provide(
+            EngineClientLive.layer.pipe(
+              Layer.provide(planLayer),
+              Layer.provide(
+                layerFromObject({ engine: { kind: flavor, url: plan.baseUrl }, models: { m: { hf_repo: "org/m" } } })
+              )
+            )
+          )
+        )
+      )
+      expect(success(exit).length).toBeGreaterThan(0)
+    })
+
+    it("complete: a whole text completion", async () => {
+      const exit = await run(plan, (c) => c.complete("/v1/completions", { model: "x", prompt: "hello", max_tokens: 3 }))
+      const body = success(exit)
+      expect((body.choices as Array<{ text: string }>)[0]?.text.length).toBeGreaterThan(0)
+    })
+
+    it("models lists the served name; load gives the flavor's signals", async () => {
+      const models = success(await run(plan, (c) => c.models))
+      expect(models.length).toBeGreaterThan(0)
+      const load = success(await run(plan, (c) => c.load))
+      if (plan.metrics === undefined)
+        expect(load).toEqual({ running: undefined, waiting: undefined, kvUsage: undefined })
+      else {
+        expect(load.running).toBe(0)
+        expect(load.waiting).toBe(0)
+        if (plan.metrics.names.kvUsage.length > 0) expect(load.kvUsage).toBeTypeOf("number")
+      }
+    })
+
+    it("error normalization: http400, http500, midstream, reset", async () => {
+      try {
+        await setFaults({ errorRate: 1, errorKind: "http400" })
+        const e400 = failure(await run(plan, (c) => Stream.runCollect(c.stream("/v1/chat/completions", chat))))
+        expect([e400.reason, e400.status]).toEqual(["Http", 400])
+        expect(e400.message.length).toBeGreaterThan(0)
+        expect(e400.message).not.toContain("{")
+        if (flavor !== "mlx") expect(e400.engineType).toBeTypeOf("string")
+
+        await setFaults({ errorKind: "http500" })
+        const e500 = failure(await run(plan, (c) => c.complete("/v1/chat/completions", chat)))
+        expect([e500.reason, e500.status]).toEqual(["Http", 500])
+
+        await setFaults({ errorKind: "midstream" })
+        const mid = failure(await run(plan, (c) => Stream.runCollect(c.stream("/v1/chat/completions", chat))))
+        expect([mid.reason, mid.message]).toEqual(["Stream", "simulated mid-stream engine failure"])
+
+        await setFaults({ errorKind: "reset" })
+        const reset = failure(await run(plan, (c) => Stream.runCollect(c.stream("/v1/chat/completions", chat))))
+        expect(reset.reason).toBe("Stream")
+        const resetWhole = failure(await run(plan, (c) => c.complete("/v1/chat/completions", chat)))
+        expect(["Connect", "Stream"]).toContain(resetWhole.reason)
+      } finally {
+        await setFaults({ errorRate: 0 })
+      }
+    })
+
+    it("cancellation frees the slot: running back to 0, aborted incremented", async () => {
+      const before = await simState()
+      let got = 0
+      const long = { ...chat, max_tokens: 100_000 }
+      const fiber = Effect.runFork(
+        withClient((c) =>
+          Stream.runForEach(c.stream("/v1/chat/completions", long), () =>
+            Effect.sync(() => {
+              got++
+            })
+          )
+        ).pipe(Effect.provide(layerFromPlan(plan)))
+      )
+      await until(() => got >= 3)
+      expect((await simState()).running).toBe(1)
+      await Effect.runPromise(Fiber.interrupt(fiber))
+      const after = await pollUntil(
+        "slot freed",
+        async () => {
+          const s = await simState()
+          return s.running === 0 && s.aborted === before.aborted + 1 ? s : undefined
+        },
+        5_000,
+        10
+      )
+      expect(after.aborted).toBe(before.aborted + 1)
+    })
+  })
+}

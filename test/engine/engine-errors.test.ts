@@ -1,0 +1,165 @@
+// Error-body normalization per engine flavor: every shape the engines send becomes the same EngineError fields.
+import { describe, expect, it } from "vitest"
+import { errorDetailOfBody, httpError, isErrorChunk, streamError } from "../../src/services/engine/EngineErrors.ts"
+
+const fields = (e: { reason: string; message: string; status?: number; engineType?: string; engineCode?: string }) => ({
+  reason: e.reason,
+  message: e.message,
+  status: e.status,
+  engineType: e.engineType,
+  engineCode: e.engineCode
+})
+
+describe("httpError per flavor", () => {
+  const cases: ReadonlyArray<[string, number, string, ReturnType<typeof fields>]> = [
+    [
+      "vLLM >= 0.10.1 nested",
+      400,
+      '{"error":{"message":"max_tokens must be at least 1","type":"BadRequestError","param":null,"code":400}}',
+      {
+        reason: "Http",
+        message: "max_tokens must be at least 1",
+        status: 400,
+        engineType: "BadRequestError",
+        engineCode: undefined
+      }
+    ],
+    [
+      "old vLLM / SGLang flat",
+      404,
+      '{"object":"error","message":"The model `x` does not exist.","type":"NotFoundError","param":null,"code":404}',
+      {
+        reason: "Http",
+        message: "The model `x` does not exist.",
+        status: 404,
+        engineType: "NotFoundError",
+        engineCode: undefined
+      }
+    ],
+    [
+      "llama.cpp",
+      400,
+      '{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error"}}',
+      {
+        reason: "Http",
+        message: "the request exceeds the available context size",
+        status: 400,
+        engineType: "exceed_context_size_error",
+        engineCode: undefined
+      }
+    ],
+    [
+      "llama.cpp loading (503)",
+      503,
+      '{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}',
+      { reason: "Http", message: "Loading model", status: 503, engineType: "unavailable_error", engineCode: undefined }
+    ],
+    [
+      "mlx string error",
+      404,
+      '{"error":"Model not found"}',
+      { reason: "Http", message: "Model not found", status: 404, engineType: undefined, engineCode: undefined }
+    ],
+    [
+      "OpenAI-style string code (openai_compat)",
+      401,
+      '{"error":{"message":"Incorrect API key","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}',
+      {
+        reason: "Http",
+        message: "Incorrect API key",
+        status: 401,
+        engineType: "invalid_request_error",
+        engineCode: "invalid_api_key"
+      }
+    ],
+    [
+      "code differing from the status is kept",
+      500,
+      '{"object":"error","message":"boom","type":"InternalServerError","code":503}',
+      { reason: "Http", message: "boom", status: 500, engineType: "InternalServerError", engineCode: "503" }
+    ],
+    [
+      "FastAPI detail string",
+      404,
+      '{"detail":"Not Found"}',
+      { reason: "Http", message: "Not Found", status: 404, engineType: undefined, engineCode: undefined }
+    ],
+    [
+      "FastAPI validation list",
+      422,
+      '{"detail":[{"loc":["body","messages"],"msg":"Field required","type":"missing"}]}',
+      {
+        reason: "Http",
+        message: "body.messages: Field required",
+        status: 422,
+        engineType: undefined,
+        engineCode: undefined
+      }
+    ],
+    [
+      "non-JSON body",
+      502,
+      "<html>Bad Gateway</html>\n",
+      { reason: "Http", message: "<html>Bad Gateway</html>", status: 502, engineType: undefined, engineCode: undefined }
+    ],
+    [
+      "broken JSON body",
+      500,
+      '{"error": {"mess',
+      { reason: "Http", message: '{"error": {"mess', status: 500, engineType: undefined, engineCode: undefined }
+    ],
+    [
+      "empty body",
+      500,
+      "",
+      { reason: "Http", message: "HTTP 500", status: 500, engineType: undefined, engineCode: undefined }
+    ],
+    [
+      "JSON without an error shape",
+      500,
+      '{"foo":1}',
+      { reason: "Http", message: '{"foo":1}', status: 500, engineType: undefined, engineCode: undefined }
+    ]
+  ]
+  for (const [name, status, body, expected] of cases) {
+    it(name, () => {
+      expect(fields(httpError(status, body))).toEqual(expected)
+    })
+  }
+
+  it("long text bodies are cut", () => {
+    const d = errorDetailOfBody("x".repeat(2000), 500)
+    expect(d.message.length).toBeLessThan(510)
+  })
+})
+
+describe("mid-stream error objects", () => {
+  it("vLLM nested error chunk: Stream with the numeric code as status", () => {
+    const obj = { error: { message: "engine died", type: "InternalServerError", param: null, code: 500 } }
+    expect(isErrorChunk(obj)).toBe(true)
+    expect(fields(streamError(obj))).toEqual({
+      reason: "Stream",
+      message: "engine died",
+      status: 500,
+      engineType: "InternalServerError",
+      engineCode: undefined
+    })
+  })
+  it("SGLang flat error chunk", () => {
+    const obj = { object: "error", message: "aborted", type: "InternalServerError", code: 500 }
+    expect(isErrorChunk(obj)).toBe(true)
+    expect(fields(streamError(obj)).message).toBe("aborted")
+  })
+  it("mlx string error chunk", () => {
+    expect(fields(streamError({ error: "out of memory" }))).toEqual({
+      reason: "Stream",
+      message: "out of memory",
+      status: undefined,
+      engineType: undefined,
+      engineCode: undefined
+    })
+  })
+  it("an ordinary chunk is not an error", () => {
+    expect(isErrorChunk({ id: "c1", object: "chat.completion.chunk", choices: [] })).toBe(false)
+  })
+})

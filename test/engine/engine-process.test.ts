@@ -1,0 +1,514 @@
+// EngineProcess against the engine simulator as a real subprocess: readiness per flavor (mlx by a completion),
+// crash -> restart with growing backoff, stall -> Unhealthy -> restart, the kill sequence (TERM-ignoring engine,
+// forked grandchild), no orphans when the agent itself is SIGKILLed, the pid-file reclaim of a stale engine,
+// refusal on a foreign listener, and openai_compat (no process, same state machine).
+import { type ChildProcess, spawn } from "node:child_process"
+import * as fs from "node:fs"
+import * as net from "node:net"
+import * as os from "node:os"
+import * as path from "node:path"
+import { fileURLToPath } from "node:url"
+import { Context, Effect, Exit, Fiber, Layer, Logger, Result, Scope, Stream } from "effect"
+import { afterEach, assert, describe, it } from "vitest"
+import { decodeConfigObject, layerFromObject } from "../../src/layers/config/Config.ts"
+import { engineFor, planLayer } from "../../src/layers/engine/backends/index.ts"
+import * as EngineProcessLayer from "../../src/layers/engine/EngineProcess.ts"
+import { layerFromPlan, type SupervisorSettings, settingsFromConfig } from "../../src/layers/engine/EngineProcess.ts"
+import { pidFilePath, readPidFile, writePidFile } from "../../src/layers/engine/pidFile.ts"
+import { groupAlive, pidAlive } from "../../src/layers/engine/processGroup.ts"
+import type { EngineKind } from "../../src/services/config/Config.ts"
+import type { LaunchPlan } from "../../src/services/engine/Engine.ts"
+import { EngineProcess, type EngineProcessService, type EngineState } from "../../src/services/engine/EngineProcess.ts"
+import { State } from "../../src/services/engine/EngineState.ts"
+import { pollUntil } from "../support/poll.ts"
+import { freePort } from "../support/ports.ts"
+import { type SimHandle, simEntry, startSim } from "../support/sim.ts"
+
+const here = path.dirname(fileURLToPath(import.meta.url))
+const cleanups: Array<() => Promise<void> | void> = []
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c()
+})
+
+const tmpDir = () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-ep-"))
+  cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }))
+  return dir
+}
+
+/** The shared bounded poll with this file's longer default (supervisor restarts take seconds). */
+const waitFor = <A>(what: string, probe: () => A | undefined | false, ms = 15_000): Promise<A> =>
+  pollUntil(what, probe, ms, 20)
+
+interface Setup {
+  readonly plan: LaunchPlan
+  readonly settings: SupervisorSettings
+  readonly port: number
+  readonly stateDir: string
+}
+
+/** A rendered plan whose executable is the simulator (`[engine].command`), with short test durations. */
+const setup = async (
+  kind: EngineKind,
+  options: {
+    knobs?: ReadonlyArray<string>
+    engine?: Record<string, unknown>
+    /** Probe GET /health (which --sim-hang-health stalls) instead of the rendered /v1/models. */
+    healthProbe?: boolean
+    port?: number
+  } = {}
+): Promise<Setup> => {
+  const port = options.port ?? (await freePort())
+  const stateDir = tmpDir()
+  const raw = {
+    agent: {
+      state_dir: stateDir,
+      ...(options.healthProbe ? { ready_probe_url: `http://127.0.0.1:${port}/health` } : {})
+    },
+    engine: {
+      kind,
+      url: `http://127.0.0.1:${port}`,
+      ...(kind === "openai_compat"
+        ? {}
+        : { command: [process.execPath, simEntry], args: ["--flavor", kind, ...(options.knobs ?? [])] }),
+      startup_timeout: "20s",
+      stop_grace: "500ms",
+      liveness_interval: "200ms",
+      liveness_failures: 3,
+      restart_backoff_initial: "100ms",
+      restart_backoff_max: "2s",
+      restart_stable_after: "10m",
+      ...options.engine
+    },
+    models: { m: { hf_repo: "org/m" } }
+  }
+  const decoded = decodeConfigObject(raw, undefined)
+  if (Result.isFailure(decoded)) throw new Error(decoded.failure.message)
+  const config = decoded.success
+  const settings = { ...settingsFromConfig(config), probeIntervalMs: 100 }
+  return { plan: engineFor(kind).render(config), settings, port, stateDir }
+}
+
+interface Harness {
+  readonly engine: EngineProcessService
+  /** Every state published so far, in order. */
+  readonly states: Array<EngineState>
+  readonly logs: Array<string>
+  close(): Promise<void>
+}
+
+const quietLogger = (logs: Array<string>) =>
+  Logger.layer([
+    Logger.make(({ logLevel, message }) =>
+      logs.push(
+        `${logLevel} ${[message]
+          .flat()
+          .map((m) => (typeof m === "string" ? m : JSON.stringify(m)))
+          .join(" ")}`
+      )
+    )
+  ])
+
+const build = async (plan: LaunchPlan, settings: SupervisorSettings) => {
+  const logs: Array<string> = []
+  const scope = Effect.runSync(Scope.make())
+  const exit = await Effect.runPromiseExit(
+    Layer.buildWithScope(layerFromPlan(plan, settings).pipe(Layer.provide(quietLogger(logs))), scope)
+  )
+  return { exit, scope, logs }
+}
+
+const start = async (plan: LaunchPlan, settings: SupervisorSettings): Promise<Harness> => {
+  const { exit, scope, logs } = await build(plan, settings)
+  if (Exit.isFailure(exit)) throw new Error(`layer failed: ${String(exit.cause)}`)
+  const engine = Context.get(exit.value, EngineProcess)
+  const states: Array<EngineState> = []
+  Effect.runFork(engine.changes.pipe(Stream.runForEach((s) => Effect.sync(() => states.push(s)))))
+  let closed: Promise<void> | undefined
+  const close = () => (closed ??= Effect.runPromise(Scope.close(scope, Exit.void)))
+  cleanups.push(close)
+  return { engine, states, logs, close }
+}
+
+const current = (h: Harness) => h.states[h.states.length - 1]
+const awaitState = (h: Harness, what: string, pred: (s: EngineState) => boolean, ms?: number) =>
+  waitFor(what, () => h.states.find(pred), ms)
+
+const simState = async (port: number): Promise<{ pid: number; grandchildPid: number | null }> => {
+  const res = await fetch(`http://127.0.0.1:${port}/sim/state`)
+  return (await res.json()) as { pid: number; grandchildPid: number | null }
+}
+
+const postFaults = (port: number, body: Record<string, unknown>) =>
+  fetch(`http://127.0.0.1:${port}/sim/faults`, { method: "POST", body: JSON.stringify(body) }).then((r) => r.text())
+
+describe("readiness per flavor", () => {
+  for (const kind of ["vllm", "sglang", "llama_cpp", "mlx"] as const) {
+    it(`${kind}: Starting -> Ready, pid file while running, Stopped with the group gone`, async () => {
+      const s = await setup(kind, { knobs: ["--sim-startup-delay", "300ms"] })
+      if (kind === "mlx") assert.strictEqual(s.plan.probe.kind, "completion")
+      const h = await start(s.plan, s.settings)
+      await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
+      assert.strictEqual(h.states[0]?._tag, "Starting")
+      assert.strictEqual(current(h)?._tag, "Ready")
+      const { pid } = await simState(s.port)
+      const record = readPidFile(pidFilePath(s.stateDir))
+      assert.strictEqual(record?.pgid, pid)
+      assert.strictEqual(record?.agentPid, process.pid)
+
+      await Effect.runPromise(h.engine.stop)
+      const last = current(h)
+      assert.strictEqual(last?._tag, "Stopped")
+      if (last?._tag === "Stopped") assert.strictEqual(last.lastExit?.reason, "stopped")
+      assert.isFalse(groupAlive(pid), "engine group gone after stop")
+      assert.isFalse(fs.existsSync(pidFilePath(s.stateDir)), "pid file removed after stop")
+      assert.isTrue(
+        // The simulator's JSON line, relayed as msg "listening" with its other keys nested.
+        h.logs.some((l) => l.startsWith("Info listening ") && l.includes('"engine_fields"')),
+        "engine output is in the agent's log"
+      )
+    })
+  }
+})
+
+describe("llama.cpp readiness", () => {
+  it("not Ready while a newer llama-server answers /v1/models 200 during load: Ready only after /health", async () => {
+    const s = await setup("llama_cpp", { knobs: ["--sim-startup-delay", "1500ms", "--sim-models-while-loading"] })
+    const h = await start(s.plan, s.settings)
+    const base = `http://127.0.0.1:${s.port}`
+    await waitFor("/v1/models 200 while loading", async () => (await fetch(`${base}/v1/models`)).status === 200)
+    assert.strictEqual((await fetch(`${base}/health`)).status, 503, "the engine is still loading")
+    // The moment the agent says Ready, llama-server's own /health must already say so (loading lasts 1.5 s,
+    // probes run every 100 ms: a /v1/models probe turns Ready while /health is still 503).
+    await awaitState(h, "Ready", (x) => x._tag === "Ready")
+    assert.strictEqual((await fetch(`${base}/health`)).status, 200, "Ready ahead of llama-server's /health")
+  })
+})
+
+describe("the configured layer", () => {
+  it("EngineProcess.layer supervises the plan rendered from Config (planLayer)", async () => {
+    const port = await freePort()
+    const stateDir = tmpDir()
+    const scope = Effect.runSync(Scope.make())
+    cleanups.push(() => Effect.runPromise(Scope.close(scope, Exit.void)))
+    const live = EngineProcessLayer.layer.pipe(
+      Layer.provideMerge(planLayer),
+      Layer.provide(
+        layerFromObject({
+          agent: { state_dir: stateDir },
+          engine: { kind: "vllm", url: `http://127.0.0.1:${port}`, command: [process.execPath, simEntry] },
+          models: { m: { hf_repo: "org/m" } }
+        })
+      ),
+      Layer.provide(quietLogger([]))
+    )
+    const ctx = await Effect.runPromise(Layer.buildWithScope(live, scope))
+    const engine = Context.get(ctx, EngineProcess)
+    await Effect.runPromise(engine.awaitReady.pipe(Effect.timeout(20_000)))
+    assert.strictEqual(engine.plan.port, port)
+    assert.strictEqual(readPidFile(pidFilePath(stateDir))?.pgid, (await simState(port)).pid)
+  })
+})
+
+describe("restarts", () => {
+  it("crash -> Restarting with a growing delay, exit code and last lines kept", async () => {
+    const s = await setup("vllm", { knobs: ["--sim-crash-after", "200ms"] })
+    const h = await start(s.plan, s.settings)
+    const restarting = () => h.states.filter((x) => x._tag === "Restarting")
+    await waitFor("three restarts", () => restarting().length >= 3)
+    const delays = restarting().map((x) => (x._tag === "Restarting" ? x.nextAt - x.lastExit.endedAt : -1))
+    const attempts = restarting().map((x) => (x._tag === "Restarting" ? x.attempt : -1))
+    assert.deepStrictEqual(attempts.slice(0, 3), [1, 2, 3])
+    for (const [i, expected] of [100, 200, 400].entries()) {
+      assert.isAtLeast(delays[i]!, expected)
+      assert.isBelow(delays[i]!, expected + 100)
+    }
+    const first = restarting()[0]
+    if (first?._tag === "Restarting") {
+      assert.strictEqual(first.lastExit.code, 1)
+      assert.strictEqual(first.lastExit.reason, "exited")
+      assert.isTrue(first.lastExit.lastLines.some((l) => l.includes("[stderr]")))
+      assert.isAtMost(first.lastExit.lastLines.length, 50)
+    }
+    assert.isAtLeast(await Effect.runPromise(h.engine.restarts), 2)
+    assert.isTrue(
+      h.logs.some((l) => l.includes("exit code 1") && l.includes("crash loop")),
+      "crash loop logged"
+    )
+  })
+
+  it("a stalled engine -> Unhealthy -> restarted and Ready again", async () => {
+    const s = await setup("vllm", { healthProbe: true })
+    const port = s.port
+    const h = await start(s.plan, s.settings)
+    await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
+    const before = await simState(port)
+    await postFaults(port, { hangHealth: true })
+    await awaitState(h, "Unhealthy", (x) => x._tag === "Unhealthy")
+    const r = await awaitState(h, "Restarting", (x) => x._tag === "Restarting")
+    if (r._tag === "Restarting") assert.match(r.lastExit.reason, /^unhealthy: 3 liveness probes failed/)
+    await awaitState(h, "Ready of run 1", (x) => x._tag === "Ready" && x.run === 1)
+    const after = await simState(port)
+    assert.notStrictEqual(after.pid, before.pid)
+    assert.isFalse(groupAlive(before.pid), "the stalled engine's group is gone")
+  })
+
+  it("the spawn is logged with its argv and env, secrets redacted", async () => {
+    const s = await setup("vllm", {
+      knobs: ["--api-key", "sk-very-secret"],
+      engine: { env: { HF_TOKEN: "hf_very_secret", HF_HOME: "/cache" } }
+    })
+    const h = await start(s.plan, s.settings)
+    const line = await waitFor("spawn log", () => h.logs.find((l) => l.includes("engine run 0: spawning")))
+    assert.include(line, '"--api-key","<redacted>"')
+    assert.include(line, '"HF_TOKEN":"<redacted>"')
+    assert.include(line, '"HF_HOME":"/cache"')
+    assert.notInclude(line, "very_secret")
+    assert.notInclude(line, "very-secret")
+  })
+
+  it("an engine that cannot be spawned -> Restarting with the spawn error, failing from attempt 3, still retried", async () => {
+    const s = await setup("vllm", {
+      engine: { command: ["/nonexistent/engine-binary"], restart_backoff_max: "300ms" }
+    })
+    const h = await start(s.plan, s.settings)
+    const restarting = () => h.states.filter((x) => x._tag === "Restarting")
+    const r = await awaitState(h, "Restarting", (x) => x._tag === "Restarting")
+    if (r._tag === "Restarting") assert.match(r.lastExit.reason, /^spawn failed: .*ENOENT/)
+    // Past the cap: the retries go on, every delay capped at restart_backoff_max.
+    await waitFor("six attempts", () => restarting().length >= 6, 30_000)
+    const seen = restarting().flatMap((x) => (x._tag === "Restarting" ? [x] : []))
+    assert.deepStrictEqual(
+      seen.map((x) => x.failing !== undefined),
+      [false, false, true, true, true, true, ...seen.slice(6).map(() => true)]
+    )
+    assert.match(seen[2]?.failing ?? "", /^engine failing: 3 runs in a row .*ENOENT/)
+    for (const x of seen.slice(3)) assert.isAtMost(x.nextAt - x.lastExit.endedAt, 300 + 50)
+    // Between attempts the next run's Starting keeps the mark: the node never looks merely "starting" again.
+    assert.isTrue(h.states.some((x) => x._tag === "Starting" && x.run >= 3 && x.failing !== undefined))
+    assert.isTrue(
+      h.logs.some((l) => /^error/i.test(l) && l.includes("ENOENT")),
+      "logged as an error"
+    )
+  })
+})
+
+describe("stop", () => {
+  it("an engine ignoring SIGTERM is killed after stop_grace", async () => {
+    const s = await setup("vllm", { knobs: ["--sim-ignore-sigterm"] })
+    const h = await start(s.plan, s.settings)
+    await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
+    const { pid } = await simState(s.port)
+    const t0 = Date.now()
+    await Effect.runPromise(h.engine.stop)
+    assert.isAtLeast(Date.now() - t0, 450)
+    const last = current(h)
+    if (last?._tag === "Stopped") assert.strictEqual(last.lastExit?.signal, "SIGKILL", h.logs.join("\n"))
+    else assert.fail(`expected Stopped, got ${last?._tag}`)
+    assert.isFalse(groupAlive(pid))
+  })
+
+  // Engines take a second SIGTERM as "exit now" (the simulator too: exit 1 and "Received second interrupt"),
+  // so a stop must send exactly one: the engine then finishes its graceful shutdown and exits 0.
+  it("stop sends exactly one SIGTERM: the engine's graceful shutdown runs to its end (exit 0)", async () => {
+    const s = await setup("llama_cpp", {
+      knobs: ["--sim-shutdown-delay", "1500ms"],
+      engine: { stop_grace: "10s" }
+    })
+    const h = await start(s.plan, s.settings)
+    await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
+    const { pid } = await simState(s.port)
+    const t0 = Date.now()
+    await Effect.runPromise(h.engine.stop)
+    const last = current(h)
+    if (last?._tag !== "Stopped") return assert.fail(`expected Stopped, got ${last?._tag}`)
+    const lines = last.lastExit?.lastLines.join("\n") ?? ""
+    assert.notInclude(lines, "Received second interrupt", "a second signal reached the engine")
+    assert.include(lines, '"msg":"shut down"', "the graceful shutdown finished")
+    assert.strictEqual(last.lastExit?.code, 0, lines)
+    assert.isNull(last.lastExit?.signal ?? null)
+    assert.isAtLeast(Date.now() - t0, 1_400, "the stop waited for the engine's own shutdown")
+    assert.isFalse(groupAlive(pid))
+    // the engine's own JSON line, relayed as the log message with its fields (layers/observability/Logging.ts engineOutput)
+    const began = h.logs.filter((l) => l.startsWith("Info shutting down "))
+    assert.strictEqual(began.length, 1, began.join("\n"))
+  })
+
+  it("a stop during startup ends the run at once and settles in Stopped", async () => {
+    const s = await setup("llama_cpp", { knobs: ["--sim-startup-delay", "30s"] })
+    const h = await start(s.plan, s.settings)
+    await awaitState(h, "the engine spawned", (x) => x._tag === "Starting" && x.phase !== "spawning")
+    const pid = readPidFile(pidFilePath(s.stateDir))?.pgid
+    assert.isNumber(pid)
+    assert.isTrue(groupAlive(pid!))
+    await Effect.runPromise(h.engine.stop)
+    assert.deepStrictEqual(
+      h.states.slice(-2).map((x) => x._tag),
+      ["Stopping", "Stopped"]
+    )
+    assert.isFalse(groupAlive(pid!))
+  })
+
+  it("stop kills the forked grandchild too", async () => {
+    const s = await setup("vllm", { knobs: ["--sim-fork-grandchild"] })
+    const h = await start(s.plan, s.settings)
+    await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
+    const { pid, grandchildPid } = await simState(s.port)
+    assert.isNumber(grandchildPid)
+    assert.isTrue(pidAlive(grandchildPid!))
+    await h.close()
+    assert.isFalse(pidAlive(grandchildPid!), "grandchild gone")
+    assert.isFalse(groupAlive(pid), "group gone")
+  })
+})
+
+describe("no orphans", () => {
+  /** Runs the stand-in agent (test/fixtures/supervise.ts) to Ready, SIGKILLs it, and waits for the guard's cleanup. */
+  const killAgentTrial = async (knobs: ReadonlyArray<string>) => {
+    const s = await setup("vllm", { knobs })
+    const agent: ChildProcess = spawn(
+      process.execPath,
+      [path.join(here, "../fixtures/supervise.ts"), JSON.stringify({ plan: s.plan, settings: s.settings })],
+      { stdio: ["ignore", "pipe", "ignore"] }
+    )
+    const { pid, grandchildPid, guardPid } = await (async () => {
+      cleanups.push(() => {
+        if (agent.exitCode === null && agent.signalCode === null) agent.kill("SIGKILL")
+      })
+      let out = ""
+      agent.stdout?.on("data", (c: Buffer) => {
+        out += c.toString()
+      })
+      await waitFor("the supervised engine Ready", () => out.includes('"_tag":"Ready"'), 20_000)
+      const state = await simState(s.port)
+      return { ...state, guardPid: readPidFile(pidFilePath(s.stateDir))?.guardPid }
+    })()
+    // Whatever a failing trial leaves behind is killed here, not left to the next test.
+    cleanups.push(() => {
+      for (const p of [grandchildPid, pid, guardPid]) {
+        try {
+          if (p !== undefined && p !== null) process.kill(p, "SIGKILL")
+        } catch {
+          // gone, as it should be
+        }
+      }
+    })
+    assert.isNumber(guardPid)
+    assert.isNumber(grandchildPid)
+    assert.isTrue(pidAlive(grandchildPid!))
+    agent.kill("SIGKILL")
+    // The guard's own bounds: grace (500 ms) + the KILL confirmation; generous for a loaded machine.
+    await waitFor(
+      "engine, grandchild and guard gone",
+      () => !groupAlive(pid) && !pidAlive(grandchildPid!) && !pidAlive(guardPid!),
+      8_000
+    )
+  }
+
+  // Regression for the classic supervisor bug: the supervisor dies hard and its engine keeps the GPU and port.
+  it("the agent SIGKILLed leaves no engine, grandchild or guard behind", () =>
+    killAgentTrial(["--sim-fork-grandchild"]))
+
+  // Nobody reads the guard's stderr once the agent is dead: its writes fail with EPIPE, and before the fix that
+  // killed the guard between its TERM and its KILL, so a TERM-ignoring grandchild survived every time.
+  it("the agent SIGKILLed while the engine and its grandchild ignore SIGTERM: all gone (3 trials)", async () => {
+    for (let trial = 0; trial < 3; trial++) await killAgentTrial(["--sim-ignore-sigterm", "--sim-fork-grandchild"])
+  }, 90_000)
+
+  it("a stale engine recorded by a previous agent is stopped, then the new one starts", async () => {
+    const s = await setup("vllm")
+    const stale: SimHandle = await startSim({ flavor: "vllm", args: ["--port", String(s.port)] })
+    cleanups.push(() => stale.stop(100))
+    const dead = spawn("true")
+    await new Promise((r) => dead.once("exit", r))
+    writePidFile(pidFilePath(s.stateDir), {
+      agentPid: dead.pid!,
+      guardPid: undefined,
+      pgid: stale.pid,
+      host: "127.0.0.1",
+      port: s.port,
+      startedAt: Date.now()
+    })
+    const h = await start(s.plan, s.settings)
+    await stale.exited
+    await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
+    assert.notStrictEqual((await simState(s.port)).pid, stale.pid)
+    assert.isTrue(h.logs.some((l) => l.includes(`left by agent pid ${dead.pid}`)))
+  })
+
+  it("a live agent still owning its engine refuses the start", async () => {
+    const s = await setup("vllm")
+    const other: SimHandle = await startSim({ flavor: "vllm", args: ["--port", String(s.port)] })
+    cleanups.push(() => other.stop(100))
+    writePidFile(pidFilePath(s.stateDir), {
+      agentPid: other.pid,
+      guardPid: undefined,
+      pgid: other.pid,
+      host: "127.0.0.1",
+      port: s.port,
+      startedAt: Date.now()
+    })
+    const { exit } = await build(s.plan, s.settings)
+    assert.isTrue(Exit.isFailure(exit))
+    assert.match(String(Exit.isFailure(exit) ? exit.cause : ""), /AnotherAgent/)
+    assert.isTrue(groupAlive(other.pid), "the other agent's engine is left alone")
+  })
+
+  it("a foreign listener on the engine port refuses the start with PortBusy", async () => {
+    const s = await setup("vllm")
+    const server = net.createServer()
+    await new Promise<void>((r) => server.listen(s.port, "127.0.0.1", r))
+    cleanups.push(() => new Promise<void>((r) => server.close(() => r())))
+    const { exit } = await build(s.plan, s.settings)
+    assert.isTrue(Exit.isFailure(exit))
+    assert.match(String(Exit.isFailure(exit) ? exit.cause : ""), /PortBusy/)
+  })
+})
+
+describe("openai_compat", () => {
+  it("no process; Ready, Unhealthy on a stall, Restarting, Ready again when it recovers", async () => {
+    const sim = await startSim({ flavor: "vllm" })
+    cleanups.push(() => sim.stop(100))
+    const s = await setup("openai_compat", { healthProbe: true, port: sim.port })
+    assert.isFalse(s.plan.spawns)
+    const h = await start(s.plan, s.settings)
+    await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
+    await postFaults(sim.port, { hangHealth: true })
+    const r = await awaitState(h, "Restarting", (x) => x._tag === "Restarting")
+    if (r._tag === "Restarting") assert.strictEqual(r.lastExit.pid, undefined)
+    await postFaults(sim.port, { hangHealth: false })
+    await awaitState(h, "Ready of run 1", (x) => x._tag === "Ready" && x.run === 1)
+    await h.close()
+    assert.strictEqual(current(h)?._tag, "Stopped")
+  })
+})
+
+describe("layerTest", () => {
+  it("publishes hand-set states and records exits; stop settles in Stopped with the last exit", async () => {
+    const program = Effect.gen(function* () {
+      const engine = yield* EngineProcess
+      const control = yield* EngineProcessLayer.EngineProcessControl
+      const ready = yield* Effect.forkChild(engine.awaitReady)
+      yield* control.set(State.Ready({ since: 1, run: 0 }))
+      yield* Fiber.join(ready)
+      const exit = {
+        run: 0,
+        pid: 1,
+        code: 1,
+        signal: null,
+        startedAt: 0,
+        endedAt: 1,
+        runtimeMs: 1,
+        reason: "exited",
+        lastLines: []
+      }
+      yield* control.recordExit(exit)
+      yield* engine.stop
+      return { state: yield* engine.state, restarts: yield* engine.restarts }
+    })
+    const out = await Effect.runPromise(program.pipe(Effect.provide(EngineProcessLayer.layerTest())))
+    assert.strictEqual(out.restarts, 1)
+    assert.strictEqual(out.state._tag, "Stopped")
+    if (out.state._tag === "Stopped") assert.strictEqual(out.state.lastExit?.code, 1)
+  })
+})

@@ -1,0 +1,42 @@
+// The orphan guard's pure parts: its command line, its fd-3 report lines, and the /proc stat parser the
+// zombie-aware group liveness relies on.
+import { assert, describe, it } from "@effect/vitest"
+import { parseProcStat } from "../../src/layers/engine/processGroup.ts"
+import { buildGuardArgs, decodeReport, encodeReport, parseGuardArgs } from "../../src/services/engine/GuardProtocol.ts"
+
+describe("guard command line", () => {
+  it("round-trips grace and the engine argv, including words that look like options", () => {
+    const args = { graceMs: 500, argv: ["vllm", "serve", "m", "--", "--grace-ms", "9"] }
+    assert.deepStrictEqual(parseGuardArgs(buildGuardArgs(args)), args)
+  })
+  it.each([
+    [["vllm"], "missing `--` before the engine command"],
+    [["--grace-ms", "1", "--"], "no engine command after `--`"],
+    [["--grace-ms", "soon", "--", "x"], "invalid --grace-ms soon"],
+    [["--bogus", "--", "x"], "unknown guard option --bogus"]
+  ])("%j -> %s", (args, expected) => assert.strictEqual(parseGuardArgs(args), expected))
+})
+
+describe("guard reports", () => {
+  it.each([
+    [{ t: "spawned", pid: 42 }],
+    [{ t: "spawn-error", message: "spawn vllm ENOENT" }],
+    [{ t: "exit", code: 1, signal: null }],
+    [{ t: "exit", code: null, signal: "SIGKILL" }],
+    [{ t: "stopped", outcome: "killed" }],
+    [{ t: "stopped", outcome: "survived" }]
+  ] as const)("%j round-trips", (report) => assert.deepStrictEqual(decodeReport(encodeReport(report).trim()), report))
+  it.each(["", "not json", "null", '{"t":"spawned"}', '{"t":"other"}', '{"t":"stopped","outcome":"maybe"}'])(
+    "%j is not a report",
+    (line) => assert.strictEqual(decodeReport(line), undefined)
+  )
+})
+
+describe("parseProcStat", () => {
+  it.each([
+    ["123 (node) S 1 123 123 0 -1", { pid: 123, state: "S", ppid: 1, pgrp: 123 }],
+    ["77 (a) b (c)) Z 5 70 70 0", { pid: 77, state: "Z", ppid: 5, pgrp: 70 }],
+    ["9 (sleep 1000) R 8 9 9", { pid: 9, state: "R", ppid: 8, pgrp: 9 }]
+  ])("%s", (text, expected) => assert.deepStrictEqual(parseProcStat(text), expected))
+  it("rejects garbage", () => assert.strictEqual(parseProcStat("garbage"), undefined))
+})

@@ -1,0 +1,86 @@
+// Prometheus text parsing and load-signal extraction: per-engine pages, old vLLM names, label sums, oddities.
+import { describe, expect, it } from "vitest"
+import type { MetricNames } from "../../src/services/engine/Engine.ts"
+import { loadSignals, parsePromText, pickSum } from "../../src/services/engine/PromText.ts"
+
+const vllmNames: MetricNames = {
+  running: ["vllm:num_requests_running"],
+  waiting: ["vllm:num_requests_waiting"],
+  kvUsage: ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]
+}
+
+describe("parsePromText", () => {
+  it("samples with labels, escapes, timestamps and special values", () => {
+    const text = [
+      "# HELP a_total A counter.",
+      "# TYPE a_total counter",
+      'a_total{model_name="m",path="C:\\\\x \\"q\\" \\n"} 3 1700000000000',
+      "b 1.5e3",
+      "c +Inf",
+      "d NaN",
+      'e{x="1",} -2',
+      "",
+      "garbage line without value",
+      "# EOF"
+    ].join("\n")
+    expect(parsePromText(text)).toEqual([
+      { name: "a_total", labels: { model_name: "m", path: 'C:\\x "q" \n' }, value: 3 },
+      { name: "b", labels: {}, value: 1500 },
+      { name: "c", labels: {}, value: Number.POSITIVE_INFINITY },
+      { name: "d", labels: {}, value: Number.NaN },
+      { name: "e", labels: { x: "1" }, value: -2 }
+    ])
+  })
+  it("the filter keeps only wanted names", () => {
+    expect(parsePromText("a 1\nb 2\nc 3\n", new Set(["b"]))).toEqual([{ name: "b", labels: {}, value: 2 }])
+  })
+  it("CRLF pages parse", () => {
+    expect(pickSum(parsePromText("a 1\r\na 2\r\n"), ["a"])).toBe(3)
+  })
+})
+
+describe("loadSignals", () => {
+  it("vLLM current names, summed over engines, KV usage averaged", () => {
+    const text = [
+      "# TYPE vllm:num_requests_running gauge",
+      'vllm:num_requests_running{engine="0",model_name="m"} 3.0',
+      'vllm:num_requests_running{engine="1",model_name="m"} 2.0',
+      'vllm:num_requests_waiting{engine="0",model_name="m"} 1.0',
+      'vllm:num_requests_waiting{engine="1",model_name="m"} 0.0',
+      'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5',
+      'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.25',
+      'vllm:time_to_first_token_seconds_bucket{le="0.001",model_name="m"} 0.0'
+    ].join("\n")
+    expect(loadSignals(text, vllmNames)).toEqual({ running: 5, waiting: 1, kvUsage: 0.375 })
+  })
+  it("old vLLM: gpu_cache_usage_perc when kv_cache_usage_perc is absent", () => {
+    const text = 'vllm:num_requests_running{model_name="m"} 1\nvllm:gpu_cache_usage_perc{model_name="m"} 0.8\n'
+    expect(loadSignals(text, vllmNames)).toEqual({ running: 1, waiting: undefined, kvUsage: 0.8 })
+  })
+  it("the newest name wins when both are present", () => {
+    const text = "vllm:kv_cache_usage_perc 0.1\nvllm:gpu_cache_usage_perc 0.9\n"
+    expect(loadSignals(text, vllmNames).kvUsage).toBe(0.1)
+  })
+  it("SGLang", () => {
+    const names: MetricNames = {
+      running: ["sglang:num_running_reqs"],
+      waiting: ["sglang:num_queue_reqs"],
+      kvUsage: ["sglang:token_usage"]
+    }
+    const text =
+      'sglang:num_running_reqs{model_name="m"} 4\nsglang:num_queue_reqs{model_name="m"} 2\nsglang:token_usage{model_name="m"} 0.3\n'
+    expect(loadSignals(text, names)).toEqual({ running: 4, waiting: 2, kvUsage: 0.3 })
+  })
+  it("llama.cpp: no KV series", () => {
+    const names: MetricNames = {
+      running: ["llamacpp:requests_processing"],
+      waiting: ["llamacpp:requests_deferred"],
+      kvUsage: []
+    }
+    const text = "# HELP llamacpp:requests_processing x\nllamacpp:requests_processing 2\nllamacpp:requests_deferred 0\n"
+    expect(loadSignals(text, names)).toEqual({ running: 2, waiting: 0, kvUsage: undefined })
+  })
+  it("an empty page gives undefined everywhere", () => {
+    expect(loadSignals("", vllmNames)).toEqual({ running: undefined, waiting: undefined, kvUsage: undefined })
+  })
+})

@@ -1,0 +1,447 @@
+// Pure tables for the Generate translation: validation statuses, the OpenAI body, chunk reading,
+// the coalescer's bound, and the one status table (GrpcStatus) for engine and agent errors.
+import { Result } from "effect"
+import { Status } from "nice-grpc-common"
+import { describe, expect, it } from "vitest"
+import { GenerateRequest } from "../../src/gen/cgn/agent/v1/agent.ts"
+import { decodeConfigObject } from "../../src/layers/config/Config.ts"
+import type { AgentConfig } from "../../src/services/config/Config.ts"
+import { EngineError } from "../../src/services/engine/EngineClient.ts"
+import {
+  ChunkReader,
+  Coalescer,
+  type EnginePlan,
+  GenerateRejected,
+  planRequest,
+  utf8Bytes
+} from "../../src/services/grpc/Generate.ts"
+import {
+  asciiTrailer,
+  engineFailure,
+  httpStatusToGrpc,
+  statusName,
+  toGrpcFailure
+} from "../../src/services/grpc/GrpcStatus.ts"
+
+const config = (
+  agent: Record<string, unknown> = {},
+  model: Record<string, unknown> = {},
+  engine: Record<string, unknown> = {}
+): AgentConfig => {
+  const r = decodeConfigObject(
+    {
+      agent: { node_id: "n1", max_tokens_limit: 100, max_request_bytes: 64, ...agent },
+      engine,
+      models: { m: { hf_repo: "org/m", served_name: "served", ...model } }
+    },
+    undefined,
+    {}
+  )
+  if (Result.isFailure(r)) throw new Error(r.failure.message)
+  return r.success
+}
+const cfg = config()
+
+const req = (p: Parameters<typeof GenerateRequest.fromPartial>[0]): GenerateRequest => GenerateRequest.fromPartial(p)
+
+const plan = (p: Parameters<typeof GenerateRequest.fromPartial>[0], c: AgentConfig = cfg): EnginePlan => {
+  const r = planRequest(req(p), c)
+  if (r instanceof GenerateRejected) throw new Error(`rejected: ${r.message}`)
+  return r
+}
+
+const rejected = (p: Parameters<typeof GenerateRequest.fromPartial>[0], c: AgentConfig = cfg): GenerateRejected => {
+  const r = planRequest(req(p), c)
+  if (!(r instanceof GenerateRejected)) throw new Error(`expected a rejection, got ${JSON.stringify(r.body)}`)
+  return r
+}
+
+describe("planRequest: validation", () => {
+  const cases: ReadonlyArray<{
+    name: string
+    req: Parameters<typeof GenerateRequest.fromPartial>[0]
+    code: GenerateRejected["code"]
+    field: string
+    says: RegExp
+  }> = [
+    { name: "no input", req: {}, code: "INVALID_ARGUMENT", field: "input", says: /set either `chat`.*or `prompt`/ },
+    { name: "empty prompt", req: { prompt: "" }, code: "INVALID_ARGUMENT", field: "prompt", says: /prompt is empty/ },
+    {
+      name: "empty chat",
+      req: { chat: { messages: [] } },
+      code: "INVALID_ARGUMENT",
+      field: "chat.messages",
+      says: /at least one message/
+    },
+    {
+      name: "bad role",
+      req: {
+        chat: {
+          messages: [
+            { role: "user", content: "a" },
+            { role: "robot", content: "b" }
+          ]
+        }
+      },
+      code: "INVALID_ARGUMENT",
+      field: "chat.messages[1].role",
+      says: /"robot" is not one of system, user/
+    },
+    {
+      name: "unknown model",
+      req: { model: "other", prompt: "hi" },
+      code: "NOT_FOUND",
+      field: "model",
+      says: /"other" is not served here; this node serves "served"/
+    },
+    {
+      name: "prompt too large",
+      req: { prompt: "x".repeat(65) },
+      code: "RESOURCE_EXHAUSTED",
+      field: "prompt",
+      says: /65 bytes, above this node's limit of 64 bytes \(\[agent\]\.max_request_bytes\)/
+    },
+    {
+      name: "chat too large (multi-byte)",
+      req: { chat: { messages: [{ role: "user", content: "é".repeat(33) }] } },
+      code: "RESOURCE_EXHAUSTED",
+      field: "chat",
+      says: /66 bytes/
+    },
+    {
+      name: "max_tokens 0",
+      req: { prompt: "a", sampling: { maxTokens: 0 } },
+      code: "INVALID_ARGUMENT",
+      field: "sampling.max_tokens",
+      says: />= 1, got 0/
+    },
+    {
+      name: "max_tokens above the limit",
+      req: { prompt: "a", sampling: { maxTokens: 101 } },
+      code: "INVALID_ARGUMENT",
+      field: "sampling.max_tokens",
+      says: /101 is above this node's limit of 100 \(\[agent\]\.max_tokens_limit\); ask for at most 100/
+    },
+    {
+      name: "temperature",
+      req: { prompt: "a", sampling: { temperature: 2.5 } },
+      code: "INVALID_ARGUMENT",
+      field: "sampling.temperature",
+      says: /must be in 0\.\.2, got 2\.5/
+    },
+    {
+      name: "negative temperature",
+      req: { prompt: "a", sampling: { temperature: -0.1 } },
+      code: "INVALID_ARGUMENT",
+      field: "sampling.temperature",
+      says: /0\.\.2/
+    },
+    {
+      name: "top_p 0",
+      req: { prompt: "a", sampling: { topP: 0 } },
+      code: "INVALID_ARGUMENT",
+      field: "sampling.top_p",
+      says: /\(0, 1\], got 0/
+    },
+    {
+      name: "top_p above 1",
+      req: { prompt: "a", sampling: { topP: 1.5 } },
+      code: "INVALID_ARGUMENT",
+      field: "sampling.top_p",
+      says: /\(0, 1\]/
+    },
+    {
+      name: "top_k 0",
+      req: { prompt: "a", sampling: { topK: 0 } },
+      code: "INVALID_ARGUMENT",
+      field: "sampling.top_k",
+      says: /-1 \(off\) or >= 1, got 0/
+    },
+    {
+      name: "presence_penalty",
+      req: { prompt: "a", sampling: { presencePenalty: 3 } },
+      code: "INVALID_ARGUMENT",
+      field: "sampling.presence_penalty",
+      says: /-2\.\.2/
+    },
+    {
+      name: "frequency_penalty",
+      req: { prompt: "a", sampling: { frequencyPenalty: -2.5 } },
+      code: "INVALID_ARGUMENT",
+      field: "sampling.frequency_penalty",
+      says: /-2\.\.2/
+    },
+    {
+      name: "repetition_penalty",
+      req: { prompt: "a", sampling: { repetitionPenalty: 0 } },
+      code: "INVALID_ARGUMENT",
+      field: "sampling.repetition_penalty",
+      says: /> 0/
+    },
+    {
+      name: "NaN",
+      req: { prompt: "a", sampling: { temperature: Number.NaN } },
+      code: "INVALID_ARGUMENT",
+      field: "sampling.temperature",
+      says: /got NaN/
+    },
+    {
+      name: "too many stops",
+      req: { prompt: "a", sampling: { stop: Array.from({ length: 17 }, (_, i) => `s${i}`) } },
+      code: "INVALID_ARGUMENT",
+      field: "sampling.stop",
+      says: /17 sequences; at most 16/
+    },
+    {
+      name: "empty stop",
+      req: { prompt: "a", sampling: { stop: ["x", ""] } },
+      code: "INVALID_ARGUMENT",
+      field: "sampling.stop",
+      says: /stop\[1\] is empty/
+    },
+    {
+      name: "seed above 2^64-1 (only an embedder's fromPartial can send one)",
+      req: { prompt: "a", sampling: { seed: "18446744073709551616" } },
+      code: "INVALID_ARGUMENT",
+      field: "sampling.seed",
+      says: /\[0, 2\^64-1\], got 18446744073709551616/
+    },
+    {
+      name: "seed not an integer",
+      req: { prompt: "a", sampling: { seed: "-1" } },
+      code: "INVALID_ARGUMENT",
+      field: "sampling.seed",
+      says: /\[0, 2\^64-1\]/
+    }
+  ]
+  for (const c of cases) {
+    it(c.name, () => {
+      const r = rejected(c.req)
+      expect(r.code).toBe(c.code)
+      expect(r.field).toBe(c.field)
+      expect(r.message).toMatch(c.says)
+    })
+  }
+
+  it("seed: the whole uint64 range, written to the engine digit for digit", () => {
+    for (const seed of ["0", "9007199254740993", "9223372036854775808", "18446744073709551615"]) {
+      const body = JSON.stringify(plan({ prompt: "a", sampling: { seed } }).body)
+      expect(body).toContain(`"seed":${seed},`)
+    }
+  })
+
+  it("max_tokens above the model's context length", () => {
+    const r = rejected({ prompt: "a", sampling: { maxTokens: 60 } }, config({}, { max_model_len: 50 }))
+    expect(r.message).toMatch(/context length 50/)
+  })
+
+  it("accepts the boundaries", () => {
+    const p = plan({
+      prompt: "x".repeat(64),
+      sampling: { maxTokens: 100, temperature: 2, topP: 1, topK: -1, presencePenalty: -2, frequencyPenalty: 2 }
+    })
+    expect(p.body).toMatchObject({ max_tokens: 100, temperature: 2, top_p: 1, top_k: -1 })
+  })
+})
+
+describe("planRequest: OpenAI body", () => {
+  it("a prompt goes to /v1/completions with the served name and usage in the stream", () => {
+    const p = plan({ prompt: "hello" })
+    expect(p.path).toBe("/v1/completions")
+    expect(p.body).toEqual({ model: "served", prompt: "hello", stream: true, stream_options: { include_usage: true } })
+  })
+
+  it("chat goes to /v1/chat/completions; empty model means the served one", () => {
+    const p = plan({
+      model: "served",
+      chat: {
+        messages: [
+          { role: "system", content: "be brief" },
+          { role: "user", content: "hi" }
+        ]
+      }
+    })
+    expect(p.path).toBe("/v1/chat/completions")
+    expect(p.body.messages).toEqual([
+      { role: "system", content: "be brief" },
+      { role: "user", content: "hi" }
+    ])
+    expect(p.body.model).toBe("served")
+  })
+
+  it("sampling fields in OpenAI names; float32 noise removed; unset fields absent", () => {
+    const p = plan({
+      prompt: "a",
+      sampling: {
+        maxTokens: 7,
+        temperature: Math.fround(0.7),
+        topP: Math.fround(0.9),
+        topK: 40,
+        stop: ["\n"],
+        seed: "42",
+        presencePenalty: Math.fround(0.1),
+        frequencyPenalty: Math.fround(-0.3),
+        repetitionPenalty: Math.fround(1.1)
+      }
+    })
+    expect(p.body).toEqual({
+      model: "served",
+      prompt: "a",
+      max_tokens: 7,
+      temperature: 0.7,
+      top_p: 0.9,
+      top_k: 40,
+      stop: ["\n"],
+      seed: 42,
+      presence_penalty: 0.1,
+      frequency_penalty: -0.3,
+      repetition_penalty: 1.1,
+      stream: true,
+      stream_options: { include_usage: true }
+    })
+    expect(Object.keys(plan({ prompt: "a", sampling: {} }).body)).toEqual([
+      "model",
+      "prompt",
+      "stream",
+      "stream_options"
+    ])
+  })
+
+  it("handoff fields pass through (kv_transfer_params only off role both)", () => {
+    const both = plan({ prompt: "a", kvTransferParams: { a: 1 }, bootstrap: { host: "h", port: 9, room: "5" } })
+    expect(both.body.kv_transfer_params).toBeUndefined()
+    expect(both.body).toMatchObject({ bootstrap_host: "h", bootstrap_port: 9, bootstrap_room: "5" })
+    const decode = plan(
+      { prompt: "a", kvTransferParams: { a: 1 } },
+      config({ role: "decode" }, {}, { kv_offload: "nixl" })
+    )
+    expect(decode.body.kv_transfer_params).toEqual({ a: 1 })
+  })
+
+  it("utf8Bytes counts like Buffer.byteLength", () => {
+    for (const s of ["", "abc", "é", "日本語", "😀x", "\ud800"]) expect(utf8Bytes(s)).toBe(Buffer.byteLength(s))
+  })
+})
+
+describe("ChunkReader", () => {
+  it("chat chunks, the finish reason, then the usage chunk", () => {
+    const r = new ChunkReader()
+    expect(r.read({ choices: [{ index: 0, delta: { role: "assistant" } }] })).toBe("")
+    expect(r.read({ choices: [{ index: 0, delta: { content: "Hel" }, finish_reason: null }] })).toBe("Hel")
+    expect(r.read({ choices: [{ index: 0, delta: { content: "lo" }, finish_reason: "length" }] })).toBe("lo")
+    expect(r.read({ choices: [], usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 } })).toBe("")
+    const f = r.final({ ttftMs: 1, totalMs: 2, queueMs: 0, nodeId: "n", requestId: "r" })
+    expect(f).toEqual({
+      finishReason: "length",
+      usage: { promptTokens: 3, completionTokens: 2, totalTokens: 5 },
+      timings: { timeToFirstTokenMs: 1, totalMs: 2, queueMs: 0 },
+      nodeId: "n",
+      requestId: "r"
+    })
+  })
+
+  it("completion chunks; without usage the agent counts; no finish reason means stop", () => {
+    const r = new ChunkReader()
+    r.read({ choices: [{ index: 0, text: "a" }] })
+    r.read({ choices: [{ index: 0, text: "" }] })
+    r.read({ choices: [{ index: 0, text: "b" }] })
+    const f = r.final({ ttftMs: 0, totalMs: 0, queueMs: 0, nodeId: "", requestId: "" })
+    expect(f.finishReason).toBe("stop")
+    expect(f.usage).toEqual({ promptTokens: 0, completionTokens: 2, totalTokens: 2 })
+  })
+
+  it("keeps kv_transfer_params of a prefill answer; tolerates junk", () => {
+    const r = new ChunkReader()
+    expect(r.read({ choices: "nope" as unknown as [] })).toBe("")
+    r.read({ usage: null, choices: [{ text: 5 }] })
+    r.read({ choices: [{ text: "", finish_reason: "length" }], kv_transfer_params: { remote_block_ids: [1] } })
+    const f = r.final({ ttftMs: 0, totalMs: 0, queueMs: 0, nodeId: "", requestId: "" })
+    expect(f.kvTransferParams).toEqual({ remote_block_ids: [1] })
+  })
+})
+
+describe("Coalescer", () => {
+  it("merges pending tokens into one delta and reports room", () => {
+    const c = new Coalescer(8)
+    expect(c.take()).toBeUndefined()
+    expect(c.push("ab")).toBe(true)
+    expect(c.push("cd")).toBe(true)
+    expect(c.take()).toEqual({ text: "abcd", tokens: 2 })
+    expect(c.take()).toBeUndefined()
+  })
+
+  it("stays bounded: push says stop at the cap, take makes room", () => {
+    const c = new Coalescer(8)
+    let pushed = 0
+    while (c.push("xyz")) pushed++
+    expect(pushed).toBe(2)
+    expect(c.pendingChars).toBe(9)
+    expect(c.hasRoom).toBe(false)
+    expect(c.take()).toEqual({ text: "xyzxyzxyz", tokens: 3 })
+    expect(c.hasRoom).toBe(true)
+  })
+})
+
+describe("GrpcStatus", () => {
+  it("HTTP status table", () => {
+    const table: ReadonlyArray<[number, Status]> = [
+      [400, Status.INVALID_ARGUMENT],
+      [422, Status.INVALID_ARGUMENT],
+      [404, Status.NOT_FOUND],
+      [413, Status.RESOURCE_EXHAUSTED],
+      [429, Status.RESOURCE_EXHAUSTED],
+      [408, Status.DEADLINE_EXCEEDED],
+      [500, Status.UNAVAILABLE],
+      [502, Status.UNAVAILABLE],
+      [503, Status.UNAVAILABLE],
+      [501, Status.UNIMPLEMENTED],
+      [401, Status.INTERNAL]
+    ]
+    for (const [http, grpc] of table)
+      expect([http, statusName(httpStatusToGrpc(http))]).toEqual([http, statusName(grpc)])
+  })
+
+  it("engine errors by reason, keeping the engine's message and type", () => {
+    const table: ReadonlyArray<[EngineError, Status, RegExp]> = [
+      [
+        new EngineError({ reason: "Http", status: 400, message: "bad temp", engineType: "BadRequestError" }),
+        Status.INVALID_ARGUMENT,
+        /^engine answered HTTP 400 \(BadRequestError\): bad temp$/
+      ],
+      [new EngineError({ reason: "Http", status: 429, message: "slow down" }), Status.RESOURCE_EXHAUSTED, /slow down/],
+      [
+        new EngineError({ reason: "Connect", message: "ECONNREFUSED" }),
+        Status.UNAVAILABLE,
+        /unreachable: ECONNREFUSED/
+      ],
+      [new EngineError({ reason: "Timeout", message: "headers" }), Status.DEADLINE_EXCEEDED, /in time/],
+      [new EngineError({ reason: "Stream", message: "boom" }), Status.UNAVAILABLE, /mid-stream: boom/],
+      [new EngineError({ reason: "Stream", status: 400, message: "bad" }), Status.INVALID_ARGUMENT, /mid-stream: bad/],
+      [new EngineError({ reason: "Protocol", message: "not json" }), Status.INTERNAL, /invalid answer: not json/]
+    ]
+    for (const [e, code, says] of table) {
+      const f = toGrpcFailure(e)
+      expect(statusName(f.code)).toBe(statusName(code))
+      expect(f.message).toMatch(says)
+      expect(f.trailers["cgn-error-source"]).toBe("engine")
+      expect(f.trailers["cgn-engine-message"]).toBe(e.message)
+    }
+    const t = engineFailure(new EngineError({ reason: "Http", status: 404, message: "no", engineType: "NotFound" }))
+    expect(t.trailers).toMatchObject({ "cgn-engine-status": "404", "cgn-engine-type": "NotFound" })
+  })
+
+  it("agent rejections keep their code and field; anything else is INTERNAL", () => {
+    const f = toGrpcFailure(new GenerateRejected({ code: "NOT_FOUND", message: "m", field: "model" }))
+    expect(f).toEqual({
+      code: Status.NOT_FOUND,
+      message: "m",
+      trailers: { "cgn-error-source": "agent", "cgn-field": "model" }
+    })
+    expect(toGrpcFailure(new Error("x")).code).toBe(Status.INTERNAL)
+  })
+
+  it("trailers are printable ASCII and bounded", () => {
+    expect(asciiTrailer("é\nok")).toBe("??ok")
+    expect(asciiTrailer("a".repeat(2000)).length).toBe(1024)
+  })
+})

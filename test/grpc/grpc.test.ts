@@ -1,0 +1,593 @@
+import * as http from "node:http"
+import type { AddressInfo } from "node:net"
+import * as grpc from "@grpc/grpc-js"
+import { Effect, Layer, ManagedRuntime } from "effect"
+import { type Channel, ClientError, createChannel, createClient, Metadata, Status } from "nice-grpc"
+import { HealthDefinition } from "nice-grpc-server-health"
+import { ServerReflectionService } from "nice-grpc-server-reflection"
+import reflectionPb from "nice-grpc-server-reflection/lib/proto/grpc/reflection/v1/reflection_pb.js"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import {
+  type AgentClient,
+  AgentDefinition,
+  type GenerateFinal,
+  GenerateRequest,
+  GenerateResponse
+} from "../../src/gen/cgn/agent/v1/agent.ts"
+import { layerWith as grpcLayerWith } from "../../src/layers/grpc/GrpcServer.ts"
+import { NodeStatusTest } from "../../src/layers/node/NodeStatus.ts"
+import { layerTest as metricsLayerTest } from "../../src/layers/observability/Metrics.ts"
+import type { EngineState } from "../../src/services/engine/EngineProcess.ts"
+import { State } from "../../src/services/engine/EngineState.ts"
+import { GrpcServer } from "../../src/services/grpc/GrpcServer.ts"
+import type { NodeState } from "../../src/services/node/NodeStatus.ts"
+import { Metrics } from "../../src/services/observability/Metrics.ts"
+import { EngineProcessControl } from "../../src/testing/EngineProcess.ts"
+import { agentDeps } from "../support/agentDeps.ts"
+import { runCli } from "../support/cli.ts"
+import { getJson, pollUntil, postJson, type SimHandle, startSim } from "../support/sim.ts"
+
+interface Agent {
+  readonly address: string
+  readonly client: AgentClient
+  readonly channel: Channel
+  setEngine(state: EngineState): Promise<void>
+  setNode(state: NodeState): Promise<void>
+  abortActive(reason: string): Promise<void>
+  /** The engine streams the stall watchdog ended (cgn_agent_engine_stream_stalls_total). */
+  stalls(): Promise<number>
+  /** Resolves when no stream is being relayed (the drain's wait). */
+  noStreams(): Promise<void>
+  close(): Promise<void>
+}
+
+const ready = (): EngineState => State.Ready({ since: Date.now(), run: 0 })
+
+const startAgent = async (
+  engineUrl: string,
+  agent: Record<string, unknown> = {},
+  engine: Record<string, unknown> = {}
+): Promise<Agent> => {
+  const { deps } = agentDeps(engineUrl, { agent: { max_tokens_limit: 1000, ...agent }, engine })
+  const rt = ManagedRuntime.make(
+    grpcLayerWith({ address: "127.0.0.1:0", shutdownGraceMs: 1_000 }).pipe(
+      Layer.provideMerge(Layer.mergeAll(deps, metricsLayerTest))
+    )
+  )
+  const server = await rt.runPromise(GrpcServer)
+  const engineCtl = await rt.runPromise(EngineProcessControl)
+  const nodeCtl = await rt.runPromise(NodeStatusTest)
+  const channel = createChannel(server.address)
+  return {
+    address: server.address,
+    client: createClient(AgentDefinition, channel),
+    channel,
+    setEngine: (s) => rt.runPromise(engineCtl.set(s)),
+    setNode: (s) => rt.runPromise(nodeCtl.setState(s)),
+    abortActive: (reason) => rt.runPromise(server.abortActive(reason)),
+    stalls: () =>
+      rt.runPromise(
+        Effect.flatMap(Metrics, (m) =>
+          Effect.promise(async () => (await m.engineStreamStalls.get()).values.reduce((n, v) => n + v.value, 0))
+        )
+      ),
+    noStreams: () => rt.runPromise(server.awaitNoStreams),
+    close: async () => {
+      channel.close()
+      await rt.dispose()
+    }
+  }
+}
+
+interface Collected {
+  readonly text: string
+  readonly deltas: number
+  readonly tokens: number
+  readonly final: GenerateFinal | undefined
+  readonly error: ClientError | undefined
+  readonly trailer: Metadata | undefined
+}
+
+const collect = async (
+  client: AgentClient,
+  req: Parameters<typeof GenerateRequest.fromPartial>[0],
+  options: { signal?: AbortSignal; metadata?: Metadata } = {}
+): Promise<Collected> => {
+  let text = ""
+  let deltas = 0
+  let tokens = 0
+  let final: GenerateFinal | undefined
+  let trailer: Metadata | undefined
+  try {
+    for await (const r of client.generate(req, { ...options, onTrailer: (t) => (trailer = t) })) {
+      if (r.delta !== undefined) {
+        text += r.delta.text
+        deltas++
+        tokens += r.delta.tokens
+      }
+      if (r.final !== undefined) final = r.final
+    }
+    return { text, deltas, tokens, final, error: undefined, trailer }
+  } catch (e) {
+    if (!(e instanceof ClientError)) throw e
+    return { text, deltas, tokens, final, error: e, trailer }
+  }
+}
+
+const statusOf = (c: Collected): string => (c.error === undefined ? "OK" : Status[c.error.code])
+
+interface SimState {
+  readonly running: number
+  readonly waiting: number
+  readonly aborted: number
+  readonly served: number
+}
+const simState = async (sim: SimHandle): Promise<SimState> => (await getJson(`${sim.url}/sim/state`)).json as SimState
+const setFaults = async (sim: SimHandle, faults: Record<string, unknown>): Promise<void> => {
+  const r = await postJson(`${sim.url}/sim/faults`, faults)
+  expect(r.status).toBe(200)
+}
+const words = (n: number): string => Array.from({ length: n }, (_, i) => `w${i}`).join(" ")
+
+describe("gRPC Agent against the simulator", () => {
+  let sim: SimHandle
+  let agent: Agent
+
+  beforeAll(async () => {
+    sim = await startSim({
+      flavor: "vllm",
+      args: ["serve", "org/m", "--served-model-name", "m", "--sim-mode", "echo", "--sim-itl", "0ms"]
+    })
+    agent = await startAgent(sim.url)
+  })
+  afterAll(async () => {
+    await agent?.close()
+    await sim?.stop()
+  })
+
+  it("streams a prompt: deltas, then one final with usage and timings", async () => {
+    const r = await collect(agent.client, { requestId: "req-1", prompt: "the quick brown fox" })
+    expect(statusOf(r)).toBe("OK")
+    expect(r.text).toBe("the quick brown fox")
+    expect(r.tokens).toBe(4)
+    expect(r.final).toMatchObject({
+      finishReason: "stop",
+      usage: { promptTokens: 4, completionTokens: 4, totalTokens: 8 },
+      nodeId: "node-1",
+      requestId: "req-1"
+    })
+    expect(r.final?.timings?.timeToFirstTokenMs).toBeGreaterThan(0)
+    expect(r.final?.timings?.totalMs).toBeGreaterThanOrEqual(r.final?.timings?.timeToFirstTokenMs ?? 0)
+  })
+
+  it("streams a chat with max_tokens; makes a request id when none is given", async () => {
+    const r = await collect(agent.client, {
+      chat: { messages: [{ role: "user", content: words(20) }] },
+      sampling: { maxTokens: 5 }
+    })
+    expect(statusOf(r)).toBe("OK")
+    expect(r.tokens).toBe(5)
+    expect(r.final?.finishReason).toBe("length")
+    expect(r.final?.requestId).toMatch(/^[0-9a-f-]{36}$/)
+  })
+
+  it("ListModels and GetNodeHealth", async () => {
+    const models = await agent.client.listModels({})
+    expect(models.models).toEqual([{ name: "m", source: "org/m", tp: 1, maxModelLen: 0 }])
+    const health = await agent.client.getNodeHealth({})
+    expect(health.nodeId).toBe("node-test")
+    expect(health.state).toBe("ready")
+  })
+
+  it("agent validation statuses, with the field in the trailers", async () => {
+    const cases: ReadonlyArray<[Parameters<typeof GenerateRequest.fromPartial>[0], string, RegExp, string]> = [
+      [{}, "INVALID_ARGUMENT", /no input/, "input"],
+      [{ model: "nope", prompt: "a" }, "NOT_FOUND", /"nope" is not served here/, "model"],
+      [
+        { prompt: "a", sampling: { topP: 2 } },
+        "INVALID_ARGUMENT",
+        /sampling\.top_p must be in \(0, 1\]/,
+        "sampling.top_p"
+      ],
+      [{ prompt: "a", sampling: { maxTokens: 5000 } }, "INVALID_ARGUMENT", /max_tokens_limit/, "sampling.max_tokens"]
+    ]
+    for (const [req, code, says, field] of cases) {
+      const r = await collect(agent.client, req)
+      expect([statusOf(r), r.error?.details]).toEqual([code, expect.stringMatching(says)])
+      expect(r.trailer?.get("cgn-field")).toBe(field)
+    }
+  })
+
+  it("engine errors map to statuses and keep the engine's message", async () => {
+    const cases: ReadonlyArray<[string, string]> = [
+      ["http400", "INVALID_ARGUMENT"],
+      ["http404", "NOT_FOUND"],
+      ["http429", "RESOURCE_EXHAUSTED"],
+      ["http500", "UNAVAILABLE"],
+      ["reset", "UNAVAILABLE"]
+    ]
+    try {
+      for (const [kind, code] of cases) {
+        await setFaults(sim, { errorRate: 1, errorKind: kind })
+        const r = await collect(agent.client, { prompt: "a b c" })
+        expect([kind, statusOf(r)]).toEqual([kind, code])
+        expect(r.error?.details).toMatch(/^engine /)
+        expect(r.trailer?.get("cgn-error-source")).toBe("engine")
+        const engineMessage = r.trailer?.get("cgn-engine-message") ?? ""
+        expect(engineMessage.length).toBeGreaterThan(0)
+        expect(r.error?.details).toContain(engineMessage.slice(0, 20))
+      }
+    } finally {
+      await setFaults(sim, { errorRate: 0 })
+    }
+  })
+
+  it("a mid-stream engine error ends the stream with a status carrying the engine's message", async () => {
+    try {
+      await setFaults(sim, { errorRate: 1, errorKind: "midstream" })
+      const r = await collect(agent.client, { prompt: words(10) })
+      expect(r.error).toBeDefined()
+      expect(r.final).toBeUndefined()
+      expect(r.error?.details).toMatch(/engine failed mid-stream/)
+      expect(r.trailer?.get("cgn-engine-reason")).toBe("Stream")
+    } finally {
+      await setFaults(sim, { errorRate: 0 })
+    }
+  })
+
+  it("engine not ready or node draining: UNAVAILABLE, and the engine is not called", async () => {
+    const before = (await simState(sim)).served
+    await agent.setEngine(State.Starting({ phase: "loading", since: Date.now(), run: 0 }))
+    const r1 = await collect(agent.client, { prompt: "a" })
+    expect([statusOf(r1), r1.error?.details]).toEqual([
+      "UNAVAILABLE",
+      expect.stringMatching(/engine is not ready \(starting\)/)
+    ])
+    await agent.setEngine(ready())
+    await agent.setNode("draining")
+    const r2 = await collect(agent.client, { prompt: "a" })
+    expect([statusOf(r2), r2.error?.details]).toEqual(["UNAVAILABLE", expect.stringMatching(/draining/)])
+    expect((await simState(sim)).served).toBe(before)
+  })
+})
+
+describe("cancellation, deadlines and health", () => {
+  let sim: SimHandle
+  let agent: Agent
+
+  beforeAll(async () => {
+    sim = await startSim({
+      flavor: "vllm",
+      args: ["serve", "org/m", "--served-model-name", "m", "--sim-mode", "random", "--sim-itl", "20ms"]
+    })
+    agent = await startAgent(sim.url)
+  })
+  afterAll(async () => {
+    await agent?.close()
+    await sim?.stop()
+  })
+
+  it("a client cancel aborts the engine request and frees the simulator's slot", async () => {
+    const base = await simState(sim)
+    const ac = new AbortController()
+    let seen = 0
+    await expect(
+      (async () => {
+        for await (const r of agent.client.generate(
+          { prompt: "x", sampling: { maxTokens: 900 } },
+          { signal: ac.signal }
+        )) {
+          if (r.delta !== undefined) seen += r.delta.tokens
+          if (seen >= 3) ac.abort()
+        }
+      })()
+    ).rejects.toThrow(/abort/i)
+    const after = await pollUntil(async () => {
+      const s = await simState(sim)
+      return s.running === 0 && s.aborted > base.aborted ? s : undefined
+    })
+    expect(after.aborted).toBe(base.aborted + 1)
+  })
+
+  // 1000 calls: within Node's HTTP/2 rapid-reset guard (CVE-2023-44487: a burst of 1000 RST_STREAMs, then 33 per
+  // second per connection). Past it Node ends the connection with GOAWAY(INTERNAL_ERROR) and grpc-js exposes no
+  // option to raise it, so a router spreads heavier cancel bursts over several connections (README, gRPC).
+  it("1000 open-then-cancel calls on one connection all end CANCELLED (none INTERNAL 'RST_STREAM with code 2')", async () => {
+    // A raw grpc-js client, as a router would hold one: cancel() ends the call with the status it reports.
+    const raw = new grpc.Client(agent.address, grpc.credentials.createInsecure())
+    const path = `/${AgentDefinition.fullName}/${AgentDefinition.methods.generate.name}`
+    const request = GenerateRequest.fromPartial({ prompt: "x", sampling: { maxTokens: 900 } })
+    const one = (i: number): Promise<string> =>
+      new Promise((resolve) => {
+        const call = raw.makeServerStreamRequest(
+          path,
+          (m: GenerateRequest) => Buffer.from(GenerateRequest.encode(m).finish()),
+          (b: Buffer) => GenerateResponse.decode(b),
+          request
+        )
+        call.on("data", () => undefined)
+        call.on("error", () => undefined)
+        call.on("status", (st: grpc.StatusObject) => resolve(`${Status[st.code]}: ${st.details}`))
+        // Half at once (often before the server has the request), half after the first message.
+        if (i % 2 === 0) setImmediate(() => call.cancel())
+        else call.once("data", () => call.cancel())
+      })
+    const tally: Record<string, number> = {}
+    try {
+      for (let batch = 0; batch < 4; batch++) {
+        for (const st of await Promise.all(Array.from({ length: 250 }, (_, j) => one(batch * 250 + j))))
+          tally[st] = (tally[st] ?? 0) + 1
+      }
+    } finally {
+      raw.close()
+    }
+    expect(tally).toEqual({ "CANCELLED: Cancelled on client": 1000 })
+  }, 120_000)
+
+  it("a stalled engine stream ends with UNAVAILABLE (engine.stream_idle_timeout), aborts the engine request, is counted", async () => {
+    // Its own agent: tokens come every 20 ms, so 400 ms ends only a stalled stream (the shared agent keeps the
+    // default, since the cancel test's burst queues calls in the engine longer than that).
+    const agent = await startAgent(sim.url, {}, { stream_idle_timeout: "400ms" })
+    const base = await simState(sim)
+    await setFaults(sim, { stallAfterTokens: 3 })
+    try {
+      // No caller deadline: only the idle timeout can end this call.
+      const r = await collect(agent.client, { prompt: "x", sampling: { maxTokens: 50 } })
+      expect(statusOf(r)).toBe("UNAVAILABLE")
+      expect(r.error?.details).toContain("engine.stream_idle_timeout")
+      expect(r.tokens).toBeGreaterThan(0)
+    } finally {
+      await setFaults(sim, { stallAfterTokens: null })
+    }
+    await pollUntil(async () => {
+      const st = await simState(sim)
+      return st.running === 0 && st.aborted > base.aborted ? st : undefined
+    })
+    expect(await agent.stalls()).toBe(1)
+    // A healthy stream afterwards is not cut short.
+    expect(statusOf(await collect(agent.client, { prompt: "x", sampling: { maxTokens: 30 } }))).toBe("OK")
+    await agent.close()
+  })
+
+  it("awaitNoStreams (the drain's wait) completes only once the last stream has ended", async () => {
+    await agent.noStreams() // none active: at once
+    let idleSeen = false
+    let idle: Promise<void> | undefined
+    let deltas = 0
+    for await (const r of agent.client.generate({ prompt: "one two three four five", sampling: { maxTokens: 5 } })) {
+      if (r.delta === undefined) continue
+      deltas++
+      if (idle === undefined)
+        idle = agent.noStreams().then(() => {
+          idleSeen = true
+        })
+      // While the call is still streaming, the wait has not completed.
+      expect(idleSeen).toBe(false)
+    }
+    // 5 tokens 20 ms apart: several deltas, so the check above ran while the stream was live.
+    expect(deltas).toBeGreaterThan(1)
+    await idle
+    expect(idleSeen).toBe(true)
+  })
+
+  it("abortActive (the drain's last step) ends streams with UNAVAILABLE and frees the slot", async () => {
+    const base = await simState(sim)
+    let text = ""
+    let error: unknown
+    try {
+      for await (const r of agent.client.generate({ prompt: "x", sampling: { maxTokens: 900 } })) {
+        if (r.delta !== undefined) text += r.delta.text
+        if (text.length > 0 && error === undefined) {
+          error = null
+          await agent.abortActive("node drained before the stream finished")
+        }
+      }
+    } catch (e) {
+      error = e
+    }
+    expect(error).toBeInstanceOf(ClientError)
+    expect(Status[(error as ClientError).code]).toBe("UNAVAILABLE")
+    expect((error as ClientError).details).toBe("node drained before the stream finished")
+    await pollUntil(async () => {
+      const s = await simState(sim)
+      return s.running === 0 && s.aborted > base.aborted ? s : undefined
+    })
+  })
+
+  it("a gRPC deadline (grpc-timeout) ends the call with DEADLINE_EXCEEDED and aborts the engine request", async () => {
+    const base = await simState(sim)
+    const raw = new grpc.Client(agent.address, grpc.credentials.createInsecure())
+    try {
+      const code = await new Promise<number>((resolve) => {
+        const call = raw.makeServerStreamRequest(
+          "/cgn.agent.v1.Agent/Generate",
+          (m: GenerateRequest) => Buffer.from(GenerateRequest.encode(m).finish()),
+          (b: Buffer) => GenerateResponse.decode(b),
+          GenerateRequest.fromPartial({ prompt: "x", sampling: { maxTokens: 900 } }),
+          new grpc.Metadata(),
+          { deadline: Date.now() + 300 }
+        )
+        call.on("data", () => undefined)
+        call.on("error", (e: grpc.ServiceError) => resolve(e.code))
+        call.on("end", () => resolve(-1))
+      })
+      expect(Status[code]).toBe("DEADLINE_EXCEEDED")
+    } finally {
+      raw.close()
+    }
+    const after = await pollUntil(async () => {
+      const s = await simState(sim)
+      return s.running === 0 && s.aborted > base.aborted ? s : undefined
+    })
+    expect(after.aborted).toBe(base.aborted + 1)
+  })
+
+  it("health Check and Watch follow the engine state and the drain", async () => {
+    const health = createClient(HealthDefinition, agent.channel)
+    const serving = 1
+    const notServing = 2
+    expect((await health.check({ service: "" })).status).toBe(serving)
+    expect((await health.check({ service: "cgn.agent.v1.Agent" })).status).toBe(serving)
+
+    const seen: Array<number> = []
+    const iter = health.watch({ service: "cgn.agent.v1.Agent" })[Symbol.asyncIterator]()
+    const next = async (): Promise<number> => {
+      const r = await iter.next()
+      if (r.done === true) throw new Error("watch ended")
+      seen.push(r.value.status)
+      return r.value.status
+    }
+    expect(await next()).toBe(serving)
+    await agent.setEngine(State.Unhealthy({ reason: "probe failed", since: Date.now(), run: 0 }))
+    expect(await next()).toBe(notServing)
+    expect((await health.check({ service: "" })).status).toBe(notServing)
+    await agent.setEngine(ready())
+    expect(await next()).toBe(serving)
+    await agent.setNode("draining")
+    expect(await next()).toBe(notServing)
+    await iter.return?.()
+    expect(seen).toEqual([serving, notServing, serving, notServing])
+    const unknown = await health.check({ service: "nope" }).catch((e: ClientError) => e)
+    expect(unknown).toBeInstanceOf(ClientError)
+    expect((unknown as ClientError).code).toBe(Status.NOT_FOUND)
+  })
+})
+
+describe("what the engine receives, and coalescing", () => {
+  let engine: http.Server
+  let engineUrl: string
+  let agent: Agent
+  const seen: Array<{ headers: http.IncomingHttpHeaders; body: Record<string, unknown>; raw: string }> = []
+  const TOKENS = 5_000
+
+  beforeAll(async () => {
+    // One write with every SSE event: the agent reads them in few network chunks and must not send 5000 deltas.
+    engine = http.createServer((req, res) => {
+      let text = ""
+      req.setEncoding("utf8")
+      req.on("data", (c: string) => (text += c))
+      req.on("end", () => {
+        seen.push({ headers: req.headers, body: JSON.parse(text) as Record<string, unknown>, raw: text })
+        res.writeHead(200, { "content-type": "text/event-stream" })
+        let out = ""
+        for (let i = 0; i < TOKENS; i++) out += `data: {"choices":[{"index":0,"delta":{"content":"t"}}]}\n\n`
+        out += `data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n`
+        out += `data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":${TOKENS},"total_tokens":${TOKENS + 1}}}\n\n`
+        res.end(`${out}data: [DONE]\n\n`)
+      })
+    })
+    await new Promise<void>((resolve) => engine.listen(0, "127.0.0.1", resolve))
+    engineUrl = `http://127.0.0.1:${(engine.address() as AddressInfo).port}`
+    agent = await startAgent(engineUrl)
+  })
+  afterAll(async () => {
+    await agent?.close()
+    await new Promise<void>((resolve) => engine?.close(() => resolve()))
+  })
+
+  it("passes traceparent and the request id on, with the OpenAI body", async () => {
+    const traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    const r = await collect(
+      agent.client,
+      { requestId: "trace-1", chat: { messages: [{ role: "user", content: "hi" }] }, sampling: { temperature: 0.5 } },
+      { metadata: Metadata({ traceparent }) }
+    )
+    expect(statusOf(r)).toBe("OK")
+    const last = seen.at(-1)
+    expect(last?.headers.traceparent).toBe(traceparent)
+    expect(last?.headers["x-request-id"]).toBe("trace-1")
+    expect(last?.body).toEqual({
+      model: "m",
+      messages: [{ role: "user", content: "hi" }],
+      temperature: 0.5,
+      stream: true,
+      stream_options: { include_usage: true }
+    })
+    const bad = await collect(agent.client, { prompt: "a" }, { metadata: Metadata({ traceparent: "garbage" }) })
+    expect(statusOf(bad)).toBe("OK")
+    expect(seen.at(-1)?.headers.traceparent).toBeUndefined()
+  })
+
+  it("a uint64 seed of 2^64-1 reaches the engine digit for digit (it was INTERNAL 'Error deserializing request')", async () => {
+    const r = await collect(agent.client, { prompt: "a", sampling: { seed: "18446744073709551615" } })
+    expect(statusOf(r)).toBe("OK")
+    expect(seen.at(-1)?.raw).toContain('"seed":18446744073709551615,')
+  })
+
+  it("coalesces tokens that arrive faster than they are sent; no token is lost", async () => {
+    const r = await collect(agent.client, { prompt: "a" })
+    expect(statusOf(r)).toBe("OK")
+    expect(r.text).toBe("t".repeat(TOKENS))
+    expect(r.tokens).toBe(TOKENS)
+    expect(r.final?.usage?.completionTokens).toBe(TOKENS)
+    expect(r.deltas).toBeLessThan(TOKENS / 10)
+  })
+
+  it("engine unreachable: UNAVAILABLE", async () => {
+    await new Promise<void>((resolve) => engine.close(() => resolve()))
+    engine.closeAllConnections()
+    const r = await collect(agent.client, { prompt: "a" })
+    expect([statusOf(r), r.error?.details]).toEqual(["UNAVAILABLE", expect.stringMatching(/engine unreachable/)])
+  })
+})
+
+describe("reflection and the generate client", () => {
+  let sim: SimHandle
+  let agent: Agent
+
+  beforeAll(async () => {
+    sim = await startSim({
+      flavor: "vllm",
+      args: ["serve", "org/m", "--served-model-name", "m", "--sim-mode", "echo", "--sim-itl", "0ms"]
+    })
+    agent = await startAgent(sim.url)
+  })
+  afterAll(async () => {
+    await agent?.close()
+    await sim?.stop()
+  })
+
+  it("reflection lists the Agent service and serves its file", async () => {
+    const client = createClient(ServerReflectionService, agent.channel)
+    async function* requests() {
+      const list = new reflectionPb.ServerReflectionRequest()
+      list.setListServices("*")
+      yield list
+      const file = new reflectionPb.ServerReflectionRequest()
+      file.setFileContainingSymbol("cgn.agent.v1.Agent")
+      yield file
+      const message = new reflectionPb.ServerReflectionRequest()
+      message.setFileContainingSymbol("cgn.agent.v1.GenerateRequest")
+      yield message
+    }
+    const answers: Array<InstanceType<typeof reflectionPb.ServerReflectionResponse>> = []
+    for await (const a of client.serverReflectionInfo(requests())) answers.push(a)
+    const services = answers[0]
+      ?.getListServicesResponse()
+      ?.getServiceList()
+      .map((s) => s.getName())
+    expect(services).toEqual(["cgn.agent.v1.Agent", "grpc.health.v1.Health"])
+    const files = answers[1]?.getFileDescriptorResponse()?.getFileDescriptorProtoList_asU8() ?? []
+    const names = files.map((f) => Buffer.from(f).toString("latin1"))
+    expect(names.some((n) => n.includes("cgn/agent/v1/agent.proto"))).toBe(true)
+    expect(answers[2]?.getFileDescriptorResponse()?.getFileDescriptorProtoList_asU8().length).toBeGreaterThan(0)
+  })
+
+  const runGenerate = (args: ReadonlyArray<string>) => runCli(["generate", ...args])
+
+  it("generate streams the text to stdout and a summary line to stderr", async () => {
+    const r = await runGenerate(["--addr", agent.address, "--prompt", "hello from the client", "--max-tokens", "3"])
+    expect(r.code).toBe(0)
+    expect(r.stdout).toBe("hello from the\n")
+    expect(r.stderr).toMatch(/^3 tokens, time to first token [\d.]+ ms, [\d.]+ tokens\/s, .*finish length/m)
+    const chat = await runGenerate(["--addr", agent.address, "--message", "system:x", "--message", "user:a b"])
+    expect(chat.code).toBe(0)
+    expect(chat.stdout.length).toBeGreaterThan(1)
+  })
+
+  it("generate exits non-zero with the gRPC status on failure", async () => {
+    const r = await runGenerate(["--addr", agent.address, "--prompt", "a", "--model", "other"])
+    expect(r.code).not.toBe(0)
+    expect(r.stderr).toMatch(/NOT_FOUND: model "other" is not served here/)
+  })
+})

@@ -1,0 +1,231 @@
+// Handoff (pure): prefill and decode leg bodies for vLLM/NIXL and SGLang, checks of the handoff parameters
+// and the bootstrap rendezvous, and leg planning per role, by tables.
+import { Result } from "effect"
+import { Status } from "nice-grpc-common"
+import { describe, expect, it } from "vitest"
+import {
+  type BootstrapInput,
+  extractKvTransferParams,
+  handoffStatus,
+  InvalidHandoff,
+  type JsonObject,
+  planLeg,
+  sglangLegBody,
+  VLLM_PREFILL_KV_TRANSFER_PARAMS,
+  validateBootstrap,
+  validateKvTransferParams,
+  vllmDecodeBody,
+  vllmPrefillBody
+} from "../../src/services/grpc/Handoff.ts"
+
+const failure = <A>(r: Result.Result<A, InvalidHandoff>): InvalidHandoff => {
+  if (Result.isSuccess(r)) throw new Error(`expected a failure, got ${JSON.stringify(r.success)}`)
+  return r.failure
+}
+const success = <A>(r: Result.Result<A, InvalidHandoff>): A => {
+  if (Result.isFailure(r)) throw new Error(`expected a success, got ${r.failure.message}`)
+  return r.success
+}
+
+/** What a vLLM prefill engine returns (nixl/scheduler.py), plus fields newer builds add. */
+const P_PARAMS = {
+  do_remote_prefill: true,
+  do_remote_decode: false,
+  remote_block_ids: [1, 2, 3],
+  remote_engine_id: "engine-a",
+  remote_request_id: "req-1",
+  remote_host: "10.0.0.5",
+  remote_port: 5600,
+  tp_size: 1,
+  remote_blocks_expiry_time: 1234.5
+}
+
+describe("vLLM prefill body (toy proxy rules)", () => {
+  it.each<[string, JsonObject, JsonObject]>([
+    [
+      "chat, streamed, with stream_options and min_tokens",
+      {
+        model: "m",
+        messages: [{ role: "user", content: "hi" }],
+        stream: true,
+        stream_options: { include_usage: true },
+        max_tokens: 100,
+        min_tokens: 5,
+        temperature: 0.5
+      },
+      {
+        model: "m",
+        messages: [{ role: "user", content: "hi" }],
+        stream: false,
+        max_tokens: 1,
+        temperature: 0.5,
+        kv_transfer_params: VLLM_PREFILL_KV_TRANSFER_PARAMS
+      }
+    ],
+    [
+      "completion with max_completion_tokens and min_completion_tokens",
+      { model: "m", prompt: "p", max_completion_tokens: 64, min_completion_tokens: 2 },
+      {
+        model: "m",
+        prompt: "p",
+        stream: false,
+        max_tokens: 1,
+        max_completion_tokens: 1,
+        kv_transfer_params: VLLM_PREFILL_KV_TRANSFER_PARAMS
+      }
+    ],
+    [
+      "replaces kv_transfer_params the client sent",
+      { model: "m", prompt: "p", kv_transfer_params: { do_remote_prefill: true } },
+      { model: "m", prompt: "p", stream: false, max_tokens: 1, kv_transfer_params: VLLM_PREFILL_KV_TRANSFER_PARAMS }
+    ]
+  ])("%s", (_name, body, expected) => {
+    const before = structuredClone(body)
+    expect(vllmPrefillBody(body)).toStrictEqual(expected)
+    expect(body).toStrictEqual(before)
+  })
+
+  it("the prefill kv_transfer_params are exactly the toy proxy's", () => {
+    expect(vllmPrefillBody({}).kv_transfer_params).toStrictEqual({
+      do_remote_decode: true,
+      do_remote_prefill: false,
+      remote_engine_id: null,
+      remote_block_ids: null,
+      remote_host: null,
+      remote_port: null
+    })
+  })
+})
+
+describe("vLLM handoff parameters", () => {
+  it("extracts the top-level kv_transfer_params of a prefill response, unchanged", () => {
+    const response = { id: "x", object: "chat.completion", choices: [], kv_transfer_params: P_PARAMS }
+    expect(success(extractKvTransferParams(response))).toStrictEqual(P_PARAMS)
+  })
+
+  it.each<[string, JsonObject, ReadonlyArray<string>]>([
+    ["no kv_transfer_params", { choices: [] }, ["kv_transfer_params"]],
+    ["kv_transfer_params null", { kv_transfer_params: null }, ["kv_transfer_params"]],
+    [
+      "P answered with its request-side params",
+      { kv_transfer_params: VLLM_PREFILL_KV_TRANSFER_PARAMS },
+      ["remote_block_ids", "remote_engine_id", "remote_host", "remote_port"]
+    ]
+  ])("prefill response with %s", (_name, response, missing) => {
+    const e = failure(extractKvTransferParams(response))
+    expect(e).toBeInstanceOf(InvalidHandoff)
+    expect(e.missing).toStrictEqual(missing)
+  })
+
+  it.each<[string, unknown, ReadonlyArray<string>]>([
+    ["empty block list", { ...P_PARAMS, remote_block_ids: [] }, ["remote_block_ids"]],
+    ["empty block groups", { ...P_PARAMS, remote_block_ids: [[], []] }, ["remote_block_ids"]],
+    ["no engine id", { ...P_PARAMS, remote_engine_id: undefined }, ["remote_engine_id"]],
+    ["empty host, null port", { ...P_PARAMS, remote_host: "", remote_port: null }, ["remote_host", "remote_port"]],
+    ["an empty request id", { ...P_PARAMS, remote_request_id: "" }, ["remote_request_id"]],
+    ["a null request id", { ...P_PARAMS, remote_request_id: null }, ["remote_request_id"]],
+    ["not an object", [1, 2], []],
+    ["a string", "params", []]
+  ])("decode side refuses %s", (_name, params, missing) => {
+    const e = failure(validateKvTransferParams(params))
+    expect(e.missing).toStrictEqual(missing)
+    for (const m of missing) expect(e.message).toContain(m)
+    expect(handoffStatus).toBe(Status.FAILED_PRECONDITION)
+  })
+
+  it("accepts params without remote_request_id (vLLM before PR #29665 neither sends nor reads it)", () => {
+    const older = (({ remote_request_id: _r, ...rest }) => rest)(P_PARAMS)
+    expect(success(validateKvTransferParams(older))).toStrictEqual(older)
+    expect(success(extractKvTransferParams({ choices: [], kv_transfer_params: older }))).toStrictEqual(older)
+  })
+
+  it("accepts block lists per KV-cache group", () => {
+    expect(Result.isSuccess(validateKvTransferParams({ ...P_PARAMS, remote_block_ids: [[], [7]] }))).toBe(true)
+  })
+
+  it("the decode body is the client's body (its stream setting) with the parameters inserted verbatim", () => {
+    const body = { model: "m", prompt: "p", stream: true, max_tokens: 50, min_tokens: 3 }
+    expect(success(vllmDecodeBody(body, P_PARAMS))).toStrictEqual({ ...body, kv_transfer_params: P_PARAMS })
+    expect(failure(vllmDecodeBody(body, { ...P_PARAMS, remote_block_ids: [] })).missing).toStrictEqual([
+      "remote_block_ids"
+    ])
+  })
+})
+
+describe("SGLang bootstrap", () => {
+  const ok: BootstrapInput = { host: "10.0.0.7", port: 8998, room: 42 }
+
+  it.each<[string, BootstrapInput, bigint]>([
+    ["room 0", { ...ok, room: 0 }, 0n],
+    ["room as a safe number", ok, 42n],
+    ["room 2^63-1 as bigint", { ...ok, room: 2n ** 63n - 1n }, 2n ** 63n - 1n],
+    ["room 2^63-1 as a decimal string", { ...ok, room: "9223372036854775807" }, 2n ** 63n - 1n]
+  ])("accepts %s", (_name, input, room) => {
+    expect(success(validateBootstrap(input))).toStrictEqual({ host: input.host, port: input.port, room })
+  })
+
+  it.each<[string, BootstrapInput | undefined, string]>([
+    ["no bootstrap", undefined, "bootstrap"],
+    ["empty host", { ...ok, host: "" }, "bootstrap.host"],
+    ["port 0 (unset in proto)", { ...ok, port: 0 }, "bootstrap.port"],
+    ["port 70000", { ...ok, port: 70000 }, "bootstrap.port must be in 1..65535"],
+    ["room 2^63", { ...ok, room: 2n ** 63n }, "bootstrap.room"],
+    ["negative room", { ...ok, room: -1 }, "bootstrap.room"],
+    ["fractional room", { ...ok, room: 1.5 }, "bootstrap.room"],
+    ["room above 2^53 as a float (not exact)", { ...ok, room: 2 ** 60 }, "bootstrap.room"],
+    ["room text that is not a number", { ...ok, room: "12ab" }, "bootstrap.room"]
+  ])("refuses %s", (_name, input, mention) => {
+    expect(failure(validateBootstrap(input)).message).toContain(mention)
+  })
+
+  it("both legs get the three fields; the prefill leg is not streamed; large rooms stay exact in JSON", () => {
+    const b = success(validateBootstrap({ host: "p-host", port: 8998, room: 2n ** 63n - 1n }))
+    const body = { model: "m", prompt: "p", stream: true, stream_options: { include_usage: true } }
+    const decode = sglangLegBody(body, b, "decode")
+    const prefill = sglangLegBody(body, b, "prefill")
+    expect(JSON.parse(JSON.stringify(decode).replace("9223372036854775807", '"R"'))).toStrictEqual({
+      ...body,
+      bootstrap_host: "p-host",
+      bootstrap_port: 8998,
+      bootstrap_room: "R"
+    })
+    expect(JSON.stringify(decode)).toContain('"bootstrap_room":9223372036854775807')
+    expect(JSON.stringify(prefill)).toBe(
+      '{"model":"m","prompt":"p","stream":false,"bootstrap_host":"p-host","bootstrap_port":8998,"bootstrap_room":9223372036854775807}'
+    )
+    const small = sglangLegBody(body, success(validateBootstrap({ host: "h", port: 1, room: 7 })), "decode")
+    expect(small.bootstrap_room).toBe(7)
+  })
+})
+
+describe("planLeg", () => {
+  const body = { model: "m", prompt: "p", stream: true }
+  const bootstrap = { host: "h", port: 8998, room: 1 }
+
+  it.each<[string, Parameters<typeof planLeg>[0], string]>([
+    ["both on vllm", { role: "both", engine: "vllm", body }, "Normal"],
+    ["both on llama_cpp", { role: "both", engine: "llama_cpp", body }, "Normal"],
+    ["prefill on vllm", { role: "prefill", engine: "vllm", body }, "VllmPrefill"],
+    ["decode on vllm", { role: "decode", engine: "vllm", body, kvTransferParams: P_PARAMS }, "VllmDecode"],
+    ["prefill on sglang", { role: "prefill", engine: "sglang", body, bootstrap }, "SglangLeg"],
+    ["decode on sglang", { role: "decode", engine: "sglang", body, bootstrap }, "SglangLeg"]
+  ])("%s", (_name, input, tag) => {
+    expect(success(planLeg(input))._tag).toBe(tag)
+  })
+
+  it.each<[string, Parameters<typeof planLeg>[0], string]>([
+    ["decode on vllm without params", { role: "decode", engine: "vllm", body }, "kv_transfer_params"],
+    ["decode on vllm with bad params", { role: "decode", engine: "vllm", body, kvTransferParams: {} }, "remote_host"],
+    ["sglang leg without bootstrap", { role: "prefill", engine: "sglang", body }, "bootstrap"],
+    ["prefill on mlx", { role: "prefill", engine: "mlx", body }, 'engine.kind "vllm" or "sglang"']
+  ])("refuses %s", (_name, input, mention) => {
+    expect(failure(planLeg(input)).message).toContain(mention)
+  })
+
+  it("the planned bodies are the leg bodies", () => {
+    const prefill = success(planLeg({ role: "prefill", engine: "vllm", body }))
+    expect(prefill.body).toStrictEqual(vllmPrefillBody(body))
+    const leg = success(planLeg({ role: "prefill", engine: "sglang", body, bootstrap }))
+    expect(leg).toMatchObject({ _tag: "SglangLeg", leg: "prefill", body: { stream: false, bootstrap_room: 1 } })
+  })
+})

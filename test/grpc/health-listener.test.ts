@@ -1,0 +1,116 @@
+// [agent].listen_health (layers/grpc/HealthListener.ts): a plaintext listener that serves grpc.health.v1 alone, with
+// the main server's status (Check exact at once, Watch within its period), NOT_FOUND for unknown services and
+// nothing else (Agent is UNIMPLEMENTED there). Also reflection under v1alpha on the main server.
+import { Exit, Layer, ManagedRuntime, Scope } from "effect"
+import { ClientError, createChannel, createClient, Status } from "nice-grpc"
+import { HealthDefinition } from "nice-grpc-server-health"
+import reflectionPb from "nice-grpc-server-reflection/lib/proto/grpc/reflection/v1/reflection_pb.js"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { AgentDefinition } from "../../src/gen/cgn/agent/v1/agent.ts"
+import { HealthCheckResponse_ServingStatus as S } from "../../src/gen/grpc/health/v1/health.ts"
+import { layerWith as grpcLayerWith, ReflectionV1Alpha } from "../../src/layers/grpc/GrpcServer.ts"
+import * as HealthListener from "../../src/layers/grpc/HealthListener.ts"
+import { State } from "../../src/services/engine/EngineState.ts"
+import { AGENT_SERVICE, GrpcServer } from "../../src/services/grpc/GrpcServer.ts"
+import { EngineProcessControl } from "../../src/testing/EngineProcess.ts"
+import { agentDeps } from "../support/agentDeps.ts"
+
+const { deps } = agentDeps("http://127.0.0.1:9")
+const rt = ManagedRuntime.make(
+  grpcLayerWith({ address: "127.0.0.1:0", shutdownGraceMs: 500 }).pipe(Layer.provideMerge(deps))
+)
+let healthAddress = ""
+let mainAddress = ""
+
+beforeAll(async () => {
+  mainAddress = (await rt.runPromise(GrpcServer)).address
+})
+afterAll(async () => {
+  await rt.dispose()
+})
+
+describe("the health-only listener", () => {
+  // A scope that outlives each test: the listener is built once for the file.
+  let close: (() => Promise<void>) | undefined
+  beforeAll(async () => {
+    const server = await rt.runPromise(GrpcServer)
+    const scope = await rt.runPromise(Scope.make())
+    const listener = await rt.runPromise(Scope.provide(HealthListener.serve("127.0.0.1:0", server.healthState), scope))
+    healthAddress = listener.address
+    close = () => rt.runPromise(Scope.close(scope, Exit.void))
+  })
+  afterAll(async () => {
+    await close?.()
+  })
+
+  it("answers a plaintext Check with the main server's status, at once on every change", async () => {
+    const channel = createChannel(healthAddress)
+    const health = createClient(HealthDefinition, channel)
+    const ctl = await rt.runPromise(EngineProcessControl)
+    try {
+      expect((await health.check({ service: "" })).status).toBe(S.SERVING)
+      expect((await health.check({ service: AGENT_SERVICE })).status).toBe(S.SERVING)
+      await rt.runPromise(ctl.set(State.Unhealthy({ reason: "probe failed", since: Date.now(), run: 0 })))
+      expect((await health.check({ service: "" })).status).toBe(S.NOT_SERVING)
+      await rt.runPromise(ctl.set(State.Ready({ since: Date.now(), run: 0 })))
+      expect((await health.check({ service: "" })).status).toBe(S.SERVING)
+      await expect(health.check({ service: "no.such.Service" })).rejects.toMatchObject({ code: Status.NOT_FOUND })
+    } finally {
+      channel.close()
+    }
+  })
+
+  it("streams changes to Watch", async () => {
+    const channel = createChannel(healthAddress)
+    const health = createClient(HealthDefinition, channel)
+    const ctl = await rt.runPromise(EngineProcessControl)
+    const abort = new AbortController()
+    try {
+      const seen: Array<number> = []
+      for await (const r of health.watch({ service: "" }, { signal: abort.signal })) {
+        seen.push(r.status)
+        if (seen.length === 1)
+          await rt.runPromise(ctl.set(State.Unhealthy({ reason: "probe failed", since: Date.now(), run: 0 })))
+        else break
+      }
+      expect(seen).toEqual([S.SERVING, S.NOT_SERVING])
+    } finally {
+      abort.abort()
+      channel.close()
+      await rt.runPromise(ctl.set(State.Ready({ since: Date.now(), run: 0 })))
+    }
+  })
+
+  it("serves nothing but health: Agent is UNIMPLEMENTED there", async () => {
+    const channel = createChannel(healthAddress)
+    try {
+      const err = await createClient(AgentDefinition, channel)
+        .listModels({})
+        .catch((e: unknown) => e)
+      expect(err).toBeInstanceOf(ClientError)
+      expect((err as ClientError).code).toBe(Status.UNIMPLEMENTED)
+    } finally {
+      channel.close()
+    }
+  })
+})
+
+describe("reflection v1alpha", () => {
+  it("lists the services under grpc.reflection.v1alpha too (older clients speak only that)", async () => {
+    const channel = createChannel(mainAddress)
+    try {
+      const client = createClient(ReflectionV1Alpha, channel)
+      async function* requests() {
+        const list = new reflectionPb.ServerReflectionRequest()
+        list.setListServices("*")
+        yield list
+      }
+      const names: Array<string> = []
+      for await (const a of client.serverReflectionInfo(requests()))
+        for (const s of a.getListServicesResponse()?.getServiceList() ?? []) names.push(s.getName())
+      expect(names).toEqual([AGENT_SERVICE, "grpc.health.v1.Health"])
+    } finally {
+      channel.close()
+    }
+  })
+})

@@ -1,0 +1,288 @@
+// Disaggregated prefill/decode between two agents' real gRPC servers, each in front of its own simulator:
+// the test plays the router (prefill agent, then its final's kv_transfer_params to the decode agent; for
+// SGLang both legs at once with the same bootstrap room). Failure cases: expired blocks, prefill engine
+// down, missing or invalid handoff, a leg past [agent].handoff_timeout (the engine request is aborted).
+// Also a burst above max_inflight + max_queue through the real server: exact OK / RESOURCE_EXHAUSTED counts.
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { type Agent, collect, startAgent } from "../support/grpcAgent.ts"
+import { freePort } from "../support/ports.ts"
+import { getJson, pollUntil, type SimHandle, startSim } from "../support/sim.ts"
+
+const simState = async (sim: SimHandle) => (await getJson(`${sim.url}/sim/state`)).json as Record<string, number>
+
+describe("vLLM prefill -> decode between two agents", () => {
+  let p: SimHandle
+  let d: SimHandle
+  let pAgent: Agent
+  let dAgent: Agent
+  let pSide: number
+  const kvCfg = JSON.stringify({ kv_connector: "NixlConnector", kv_role: "kv_both", kv_load_failure_policy: "fail" })
+  const prompt = "alpha beta gamma delta epsilon"
+
+  beforeAll(async () => {
+    pSide = await freePort()
+    const dSide = await freePort()
+    const sim = (side: number, extra: ReadonlyArray<string>) =>
+      startSim({
+        args: ["serve", "m", "--kv-transfer-config", kvCfg, "--sim-mode", "echo", ...extra],
+        env: { VLLM_NIXL_SIDE_CHANNEL_HOST: "127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT: String(side) }
+      })
+    ;[p, d] = await Promise.all([sim(pSide, ["--sim-kv-lease", "1s", "--sim-block-size", "2"]), sim(dSide, [])])
+    ;[pAgent, dAgent] = await Promise.all([
+      startAgent(p.url, "vllm", { role: "prefill" }),
+      startAgent(d.url, "vllm", { role: "decode" })
+    ])
+  })
+  afterAll(async () => {
+    await Promise.all([pAgent?.close(), dAgent?.close()])
+    await Promise.all([p?.stop(), d?.stop()])
+  })
+
+  const prefill = async () => {
+    const r = await collect(pAgent.client, { requestId: "pd-1", prompt, sampling: { maxTokens: 4, stop: [] } })
+    expect([r.status, r.details]).toEqual(["OK", ""])
+    return r
+  }
+
+  it("hands off: the prefill final carries the engine's params, the decode agent streams the answer", async () => {
+    const before = await simState(p)
+    const pr = await prefill()
+    // The prefill leg streams nothing: the answer comes from the decode leg.
+    expect(pr.deltas).toBe(0)
+    expect(pr.final?.finishReason).toBe("length")
+    expect(pr.final?.kvTransferParams).toMatchObject({
+      do_remote_prefill: true,
+      do_remote_decode: false,
+      remote_engine_id: expect.any(String),
+      remote_request_id: expect.any(String),
+      remote_host: "127.0.0.1",
+      remote_port: pSide
+    })
+    expect((await simState(p)).kvHeld).toBe(before.kvHeld! + 1)
+    const dr = await collect(dAgent.client, {
+      requestId: "pd-1",
+      prompt,
+      sampling: { maxTokens: 4, stop: [] },
+      kvTransferParams: pr.final?.kvTransferParams
+    })
+    expect([dr.status, dr.text]).toEqual(["OK", "alpha beta gamma delta"])
+    expect(dr.deltas).toBeGreaterThan(0)
+    expect(dr.final?.kvTransferParams).toBeUndefined()
+    expect(await simState(p)).toMatchObject({ kvHeld: before.kvHeld, kvFetched: before.kvFetched! + 1 })
+  })
+
+  it("expired blocks: the decode engine's failed fetch is UNAVAILABLE with its message", async () => {
+    const before = await simState(p)
+    const pr = await prefill()
+    await pollUntil(async () => {
+      const s = await simState(p)
+      return s.kvExpired! > before.kvExpired! && s.kvHeld === 0 ? true : undefined
+    }, 10_000)
+    const dr = await collect(dAgent.client, { prompt, kvTransferParams: pr.final?.kvTransferParams })
+    expect([dr.status, dr.details]).toEqual(["UNAVAILABLE", expect.stringMatching(/HTTP 500.*KV load failed.*expired/)])
+    expect(dr.trailer?.get("cgn-engine-status")).toBe("500")
+  })
+
+  it("missing or invalid handoff params: FAILED_PRECONDITION before the engine is called", async () => {
+    const served = (await simState(d)).served
+    const missing = await collect(dAgent.client, { prompt })
+    expect([missing.status, missing.details]).toEqual([
+      "FAILED_PRECONDITION",
+      expect.stringMatching(/kv_transfer_params/)
+    ])
+    const invalid = await collect(dAgent.client, {
+      prompt,
+      kvTransferParams: { do_remote_prefill: true, remote_block_ids: [], remote_host: "127.0.0.1" }
+    })
+    expect([invalid.status, invalid.details]).toEqual([
+      "FAILED_PRECONDITION",
+      expect.stringMatching(/missing or empty remote_block_ids, remote_engine_id, remote_port/)
+    ])
+    expect(invalid.trailer?.get("cgn-error-source")).toBe("agent")
+    expect((await simState(d)).served).toBe(served)
+  })
+
+  it("prefill engine down: UNAVAILABLE", async () => {
+    await p.stop()
+    const r = await collect(pAgent.client, { prompt })
+    expect([r.status, r.details]).toEqual(["UNAVAILABLE", expect.stringMatching(/engine unreachable/)])
+  })
+})
+
+describe("vLLM prefill -> decode with an older NixlConnector (before vLLM PR #29665: no remote_request_id)", () => {
+  let p: SimHandle
+  let d: SimHandle
+  let pAgent: Agent
+  let dAgent: Agent
+  const kvCfg = JSON.stringify({ kv_connector: "NixlConnector", kv_role: "kv_both", kv_load_failure_policy: "fail" })
+  const prompt = "alpha beta gamma delta epsilon"
+
+  beforeAll(async () => {
+    const [pSide, dSide] = [await freePort(), await freePort()]
+    const sim = (side: number) =>
+      startSim({
+        args: ["serve", "m", "--kv-transfer-config", kvCfg, "--sim-mode", "echo", "--sim-nixl-legacy"],
+        env: { VLLM_NIXL_SIDE_CHANNEL_HOST: "127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT: String(side) }
+      })
+    ;[p, d] = await Promise.all([sim(pSide), sim(dSide)])
+    ;[pAgent, dAgent] = await Promise.all([
+      startAgent(p.url, "vllm", { role: "prefill" }),
+      startAgent(d.url, "vllm", { role: "decode" })
+    ])
+  })
+  afterAll(async () => {
+    await Promise.all([pAgent?.close(), dAgent?.close()])
+    await Promise.all([p?.stop(), d?.stop()])
+  })
+
+  it("hands off without remote_request_id: D pulls under the shared request id", async () => {
+    const before = await simState(p)
+    const sampling = { maxTokens: 4, stop: [] }
+    const pr = await collect(pAgent.client, { requestId: "legacy-1", prompt, sampling })
+    expect([pr.status, pr.details]).toEqual(["OK", ""])
+    expect(pr.final?.kvTransferParams).toMatchObject({
+      remote_engine_id: expect.any(String),
+      remote_port: expect.any(Number)
+    })
+    expect(pr.final?.kvTransferParams).not.toHaveProperty("remote_request_id")
+    const dr = await collect(dAgent.client, {
+      requestId: "legacy-1",
+      prompt,
+      sampling,
+      kvTransferParams: pr.final?.kvTransferParams
+    })
+    expect([dr.status, dr.text]).toEqual(["OK", "alpha beta gamma delta"])
+    expect(await simState(p)).toMatchObject({ kvHeld: before.kvHeld, kvFetched: before.kvFetched! + 1 })
+    expect((await simState(d)).localPrefills).toBe(0)
+  })
+})
+
+describe("SGLang prefill + decode with a bootstrap room", () => {
+  let p: SimHandle
+  let d: SimHandle
+  let pAgent: Agent
+  let pAgentShort: Agent
+  let dAgent: Agent
+  let dAgentShort: Agent
+  let bootPort: number
+  const prompt = "one two three"
+
+  beforeAll(async () => {
+    bootPort = await freePort()
+    const sim = (mode: string, extra: ReadonlyArray<string>) =>
+      startSim({
+        args: [
+          "--model-path",
+          "m",
+          "--disaggregation-mode",
+          mode,
+          "--disaggregation-transfer-backend",
+          "nixl",
+          "--sim-mode",
+          "echo",
+          ...extra
+        ]
+      })
+    ;[p, d] = await Promise.all([
+      sim("prefill", ["--disaggregation-bootstrap-port", String(bootPort), "--sim-ttft", "100ms"]),
+      sim("decode", [])
+    ])
+    await Promise.all([p, d].map((s) => s.waitForLine((l) => l.includes('"model loaded"'))))
+    ;[pAgent, pAgentShort, dAgent, dAgentShort] = await Promise.all([
+      startAgent(p.url, "sglang", { role: "prefill" }),
+      startAgent(p.url, "sglang", { role: "prefill", handoff_timeout: "500ms" }),
+      startAgent(d.url, "sglang", { role: "decode" }),
+      startAgent(d.url, "sglang", { role: "decode", handoff_timeout: "300ms" })
+    ])
+  })
+  afterAll(async () => {
+    await Promise.all([pAgent?.close(), pAgentShort?.close(), dAgent?.close(), dAgentShort?.close()])
+    await Promise.all([p?.stop(), d?.stop()])
+  })
+
+  it("both legs with the same 63-bit room (an exact JSON integer): the decode agent streams the answer", async () => {
+    const bootstrap = { host: "127.0.0.1", port: bootPort, room: "9223372036854775000" }
+    const req = { prompt, sampling: { maxTokens: 3, stop: [] }, bootstrap }
+    const [pr, dr] = await Promise.all([collect(pAgent.client, req), collect(dAgent.client, req)])
+    expect([pr.status, pr.details, pr.deltas]).toEqual(["OK", "", 0])
+    expect(pr.final?.kvTransferParams).toBeUndefined()
+    expect([dr.status, dr.text]).toEqual(["OK", "one two three"])
+  })
+
+  it("missing or invalid bootstrap: FAILED_PRECONDITION on either leg", async () => {
+    for (const agent of [pAgent, dAgent]) {
+      const r = await collect(agent.client, { prompt })
+      expect([r.status, r.details]).toEqual([
+        "FAILED_PRECONDITION",
+        expect.stringMatching(/missing or empty bootstrap/)
+      ])
+    }
+    // A uint64 on the wire, but SGLang's rooms stop at 2^63-1.
+    const bad = await collect(dAgent.client, {
+      prompt,
+      bootstrap: { host: "127.0.0.1", port: bootPort, room: "18446744073709551615" }
+    })
+    expect([bad.status, bad.details]).toEqual(["FAILED_PRECONDITION", expect.stringMatching(/bootstrap\.room/)])
+  })
+
+  it("a prefill leg sent alone does not complete (SGLang holds it until the decode connects): DEADLINE_EXCEEDED", async () => {
+    const before = await simState(p)
+    const r = await collect(pAgentShort.client, {
+      prompt,
+      bootstrap: { host: "127.0.0.1", port: bootPort, room: "4343" }
+    })
+    expect([r.status, r.details]).toEqual(["DEADLINE_EXCEEDED", expect.stringMatching(/prefill leg did not finish/)])
+    const after = await pollUntil(async () => {
+      const s = await simState(p)
+      return s.aborted! > before.aborted! ? s : undefined
+    }, 10_000)
+    expect([after.aborted, after.served]).toEqual([before.aborted! + 1, before.served])
+  })
+
+  it("a decode leg whose prefill never comes ends at handoff_timeout and the engine request is aborted", async () => {
+    const before = await simState(d)
+    const bootstrap = { host: "127.0.0.1", port: bootPort, room: "4242" }
+    const r = await collect(dAgentShort.client, { prompt, bootstrap })
+    expect([r.status, r.details]).toEqual(["DEADLINE_EXCEEDED", expect.stringMatching(/handoff_timeout/)])
+    const after = await pollUntil(async () => {
+      const s = await simState(d)
+      return s.aborted! > before.aborted! && s.running === 0 && s.waiting === 0 ? s : undefined
+    }, 10_000)
+    expect(after.aborted).toBe(before.aborted! + 1)
+  })
+
+  it("prefill engine down: UNAVAILABLE", async () => {
+    await p.stop()
+    const r = await collect(pAgent.client, { prompt, bootstrap: { host: "127.0.0.1", port: bootPort, room: "7" } })
+    expect([r.status, r.details]).toEqual(["UNAVAILABLE", expect.stringMatching(/engine unreachable/)])
+  })
+})
+
+describe("admission through the real gRPC server", () => {
+  let sim: SimHandle
+  let agent: Agent
+  beforeAll(async () => {
+    sim = await startSim({ flavor: "vllm", args: ["serve", "m", "--sim-mode", "echo", "--sim-itl", "100ms"] })
+    agent = await startAgent(sim.url, "vllm", { role: "both", max_inflight: 2, max_queue: 1 })
+  })
+  afterAll(async () => {
+    await agent?.close()
+    await sim?.stop()
+  })
+
+  it("a burst above max_inflight + max_queue: exactly 3 served, 3 RESOURCE_EXHAUSTED at once", async () => {
+    // Ten tokens at 100 ms each keep the admitted streams open well past the burst's arrival.
+    const prompt = Array.from({ length: 10 }, (_, i) => `w${i}`).join(" ")
+    const results = await Promise.all(Array.from({ length: 6 }, () => collect(agent.client, { prompt })))
+    const by = (s: string) => results.filter((r) => r.status === s)
+    expect(by("OK")).toHaveLength(3)
+    expect(by("RESOURCE_EXHAUSTED")).toHaveLength(3)
+    for (const r of by("OK")) expect(r.text).toBe(prompt)
+    for (const r of by("RESOURCE_EXHAUSTED")) {
+      expect(r.details).toMatch(/overloaded: .*max_inflight = 2.*max_queue = 1/)
+      expect(r.deltas).toBe(0)
+    }
+    // The queued one waited for a slot.
+    expect(Math.max(...by("OK").map((r) => r.final?.timings?.queueMs ?? 0))).toBeGreaterThan(0)
+  })
+})

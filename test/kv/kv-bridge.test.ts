@@ -1,0 +1,642 @@
+// KvBridge end to end with real sockets: the engine simulator (or a scripted ZMQ publisher) -> the bridge
+// -> the reference kvcached receiver (RPC server on a temp Unix socket), in process. Covers both bind directions,
+// kvcached absent at start, gaps with and without replay (3- and 4-frame replies), engine restart, overflow
+// while the reader keeps up, SGLang's tagged arrays with salt metadata and its 0.0.0.0 bind rule, one
+// stream per data-parallel rank, and the pure decoder/wire/queue pieces with msgpack built here.
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import { encode } from "@msgpack/msgpack"
+import { Context, Effect, Exit, Layer, Scope } from "effect"
+import { afterEach, describe, expect, it } from "vitest"
+import * as zmq from "zeromq"
+import * as ConfigLive from "../../src/layers/config/Config.ts"
+import { decodeConfigObject } from "../../src/layers/config/Config.ts"
+import { engineFor, planLayer } from "../../src/layers/engine/backends/index.ts"
+import * as KvBridgeLive from "../../src/layers/kv/KvBridge.ts"
+import * as ReceiverLive from "../../src/layers/kv/kvcachedReceiver.ts"
+import * as MetricsLive from "../../src/layers/observability/Metrics.ts"
+import { EnginePlan } from "../../src/services/engine/Engine.ts"
+import { KvBridge, type KvBridgeStatus } from "../../src/services/kv/KvBridge.ts"
+import {
+  checkSeq,
+  decodeMessage,
+  decodeReplayReply,
+  END_OF_REPLAY,
+  rankEndpoint,
+  seqFrame
+} from "../../src/services/kv/KvEvents.ts"
+import { batchRecord, hello, recordBytes, resyncRecord } from "../../src/services/kv/KvWire.ts"
+import { buildNodeHealth } from "../../src/services/node/NodeHealthView.ts"
+import { Metrics } from "../../src/services/observability/Metrics.ts"
+import { pollUntil } from "../support/poll.ts"
+import { freePort, freePortRange } from "../support/ports.ts"
+import { postJson, type SimHandle, startSim } from "../support/sim.ts"
+
+const BIG = 15760518052499183552n
+const id = { node_id: "n1", cluster: "c1", model: "m", engine: "vllm" }
+type Line = Record<string, unknown>
+
+const cleanups: Array<() => Promise<unknown>> = []
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c().catch(() => undefined)
+})
+
+const until = <T>(f: () => T | undefined | false | Promise<T | undefined | false>, what: string, ms = 10_000) =>
+  pollUntil(what, f, ms, 20)
+
+const tmpSock = async () => {
+  const dir = await fs.mkdtemp(path.join(os.tmpdir(), "kvb-"))
+  cleanups.push(() => fs.rm(dir, { recursive: true, force: true }))
+  return path.join(dir, "kvcached.sock")
+}
+
+/** The reference receiver: every Hello (as `{type: "Hello", ...}`) and record it applied, in order. */
+const kvcached = async (sockPath: string) => {
+  const lines: Array<Line> = []
+  const scope = await Effect.runPromise(Scope.make())
+  const sink = {
+    onHello: (h: object) => void lines.push({ type: "Hello", ...h }),
+    onRecord: (_node: string, _epoch: string, r: object) => void lines.push({ ...r })
+  }
+  await Effect.runPromise(Layer.buildWithScope(ReceiverLive.layer({ path: sockPath, sink }), scope))
+  const close = () => Effect.runPromise(Scope.close(scope, Exit.void))
+  cleanups.push(close)
+  return { lines, close, batches: () => lines.filter((l) => l.type === "Batch") }
+}
+
+const startBridge = async (o: Omit<KvBridgeLive.BridgeOptions, "identity" | "blockSize" | "epoch">) => {
+  const scope = await Effect.runPromise(Scope.make())
+  cleanups.push(() => Effect.runPromise(Scope.close(scope, Exit.void)))
+  const layer = KvBridgeLive.layerWith({ identity: id, blockSize: 4, epoch: "e1", backoffMaxMs: 200, ...o }).pipe(
+    Layer.provideMerge(MetricsLive.layerTest)
+  )
+  const ctx = await Effect.runPromise(Layer.buildWithScope(layer, scope))
+  const status = () => Effect.runPromise(Context.get(ctx, KvBridge).status)
+  const metrics = () => Effect.runPromise(Context.get(ctx, Metrics).render).then((t) => t.body)
+  return { status, metrics }
+}
+
+const simKv = async (endpoint: string, extra: Array<string>, replay?: string) => {
+  const cfg = {
+    enable_kv_cache_events: true,
+    publisher: "zmq",
+    endpoint,
+    topic: "kv-events",
+    ...(replay ? { replay_endpoint: replay } : {})
+  }
+  const sim = await startSim({
+    args: ["serve", "m", "--kv-events-config", JSON.stringify(cfg), "--sim-block-size", "4", ...extra]
+  })
+  cleanups.push(() => sim.stop())
+  return sim
+}
+let n = 0
+const complete = (sim: SimHandle) =>
+  postJson(`${sim.url}/v1/completions`, { prompt: `a${n} b${n} c${n} d${n} e${n} f${n} g${++n} h`, max_tokens: 1 })
+
+/** Sends completions until the bridge has seen a batch with seq >= `seq` (the first ones may be lost to ZMQ's join). */
+const pumpUntil = async (sim: SimHandle, status: () => Promise<KvBridgeStatus>, seq: number) => {
+  await until(async () => {
+    const s = await status()
+    if (s.lastSeq !== undefined && BigInt(s.lastSeq) >= BigInt(seq)) return true
+    await complete(sim)
+    return undefined
+  }, `seq ${seq}`)
+}
+
+const seqs = (ls: Array<Line>) => ls.map((l) => l.seq as number)
+const stored = (block_hashes: Array<string>) => ({
+  type: "BlockStored" as const,
+  block_hashes,
+  parent_block_hash: null,
+  token_ids: [1],
+  block_size: 1,
+  medium: "GPU"
+})
+
+describe("KvBridge with the simulator", () => {
+  it("agent binds; kvcached absent at start, then Hello and batches with exact hashes; gap -> Resync", async () => {
+    const port = await freePort()
+    const sock = await tmpSock()
+    const bridge = await startBridge({
+      kvEvents: {
+        endpoint: `tcp://127.0.0.1:${port}`,
+        engineBinds: false,
+        replayEndpoint: undefined,
+        topic: "kv-events"
+      },
+      uds: sock
+    })
+    const sim = await simKv(`tcp://127.0.0.1:${port}`, ["--sim-kv-skip-seq", "12"])
+    await pumpUntil(sim, bridge.status, 1)
+    const before = await bridge.status()
+    expect(before).toMatchObject({ enabled: true, subscribed: true, kvcachedConnected: false, forwarded: 0 })
+    expect(before.lastError).toMatch(/kvcached/)
+
+    const kc = await kvcached(sock)
+    await until(() => kc.batches().length > 0 || undefined, "first batch")
+    expect(kc.lines[0]).toMatchObject({ type: "Hello", version: 2, ...id, epoch: "e1", block_size: 4 })
+    await pumpUntil(sim, bridge.status, 16)
+    await until(() => kc.batches().some((b) => (b.seq as number) >= 16) || undefined, "batch 16")
+
+    const batches = kc.batches()
+    for (const b of batches) expect(b).toMatchObject({ dp_rank: 0 })
+    const s = seqs(batches)
+    expect(s).toEqual([...s].sort((a, b) => a - b))
+    expect(new Set(s).size).toBe(s.length)
+    expect(s).not.toContain(12)
+    const resync = kc.lines.find((l) => l.type === "Resync")
+    expect(resync).toMatchObject({ reason: "gap", from_seq: 12, to_seq: 13 })
+    expect(kc.lines.indexOf(resync as Line)).toBeLessThan(kc.lines.findIndex((l) => l.seq === 13))
+
+    const stored = batches.flatMap((b) => (b.events as Array<Line>).filter((e) => e.type === "BlockStored"))
+    expect(stored[0]).toMatchObject({ block_size: 4, medium: "GPU" })
+    const hashes = stored.flatMap((e) => e.block_hashes as Array<string>)
+    expect(hashes.every((h) => typeof h === "string" && /^\d+$/.test(h))).toBe(true)
+    expect(hashes.some((h) => BigInt(h) >= 1n << 63n)).toBe(true)
+
+    const st = await bridge.status()
+    expect(st).toMatchObject({ kvcachedConnected: true, gaps: 1, resyncs: 1, dropped: 0 })
+    expect(await bridge.metrics()).toMatch(/cgn_agent_kv_events_forwarded_total [1-9]/)
+    expect(await bridge.metrics()).toMatch(/cgn_agent_kvcached_connected 1/)
+  })
+
+  it("engine binds tcp://*:P; the join is filled from vLLM >= 0.26's 4-frame replay, an unreplayable gap still gets a Resync", async () => {
+    const [port, rport] = [await freePort(), await freePort()]
+    const sock = await tmpSock()
+    const kc = await kvcached(sock)
+    const sim = await simKv(`tcp://*:${port}`, ["--sim-kv-skip-seq", "8"], `tcp://*:${rport}`)
+    const bridge = await startBridge({
+      kvEvents: {
+        endpoint: `tcp://*:${port}`,
+        engineBinds: true,
+        replayEndpoint: `tcp://*:${rport}`,
+        topic: "kv-events"
+      },
+      uds: sock
+    })
+    // The simulator has published seq 0 (AllBlocksCleared) before the bridge existed.
+    await pumpUntil(sim, bridge.status, 10)
+    await until(() => kc.batches().some((b) => (b.seq as number) >= 10) || undefined, "batch 10")
+    const s = seqs(kc.batches())
+    expect(s[0]).toBe(0)
+    expect(kc.batches()[0]?.events).toEqual([{ type: "AllBlocksCleared" }])
+    expect(s).toEqual([...s].sort((a, b) => a - b))
+    expect(s).not.toContain(8)
+    expect(s.filter((x) => x < 8)).toEqual([0, 1, 2, 3, 4, 5, 6, 7])
+    expect(kc.lines.filter((l) => l.type === "Resync")).toMatchObject([{ reason: "gap", from_seq: 8, to_seq: 9 }])
+    expect(await bridge.status()).toMatchObject({ gaps: 1, replayed: 0 })
+  })
+})
+
+/** A scripted engine-side publisher: PUB plus replay ROUTER, where a batch can be buffered but not sent. */
+const fakeEngine = async () => {
+  const [port, rport] = [await freePort(), await freePort()]
+  const pub = new zmq.Publisher({ linger: 0 })
+  const router = new zmq.Router({ linger: 0 })
+  await pub.bind(`tcp://127.0.0.1:${port}`)
+  await router.bind(`tcp://127.0.0.1:${rport}`)
+  const buffer: Array<[bigint, Uint8Array]> = []
+  let gate: Promise<void> = Promise.resolve()
+  /** Replay requests wait (and stay queued) until the returned function is called. */
+  const holdReplays = () => {
+    let open = () => {}
+    gate = new Promise<void>((r) => {
+      open = r
+    })
+    return open
+  }
+  void (async () => {
+    try {
+      for await (const [ident, , start] of router) {
+        await gate
+        const from = (start as Buffer).readBigUInt64BE()
+        for (const [s, p] of buffer) if (s >= from) await router.send([ident as Buffer, "", seqFrame(s), p])
+        await router.send([ident as Buffer, "", seqFrame(0xffffffffffffffffn), ""])
+      }
+    } catch {
+      // closed
+    }
+  })()
+  cleanups.push(async () => {
+    pub.close()
+    router.close()
+  })
+  let seq = 0n
+  const send = async (opts: { lose?: boolean; seq?: bigint; hashes?: Array<bigint> } = {}) => {
+    if (opts.seq !== undefined) seq = opts.seq
+    const s = seq++
+    const ev = { type: "BlockStored", block_hashes: opts.hashes ?? [s + 1n], parent_block_hash: null, token_ids: [1] }
+    const payload = encode([1.5, [{ ...ev, block_size: 1, medium: "GPU" }], 0], { useBigInt64: true })
+    buffer.push([s, payload])
+    if (!opts.lose) await pub.send(["kv", seqFrame(s), payload])
+    return s
+  }
+  const endpoint = (replay: boolean) => ({
+    endpoint: `tcp://127.0.0.1:${port}`,
+    engineBinds: true,
+    replayEndpoint: replay ? `tcp://127.0.0.1:${rport}` : undefined,
+    topic: "kv"
+  })
+  return { send, endpoint, holdReplays }
+}
+
+describe("KvBridge with a scripted publisher", () => {
+  it("replay fills a lost batch; an engine restart gives Resync restart", async () => {
+    const eng = await fakeEngine()
+    const sock = await tmpSock()
+    const kc = await kvcached(sock)
+    const bridge = await startBridge({ kvEvents: eng.endpoint(true), uds: sock })
+    await until(async () => (await bridge.status()).lastSeq ?? void (await eng.send()), "join")
+    await eng.send({ lose: true })
+    const last = await eng.send({ hashes: [BIG] })
+    await until(() => kc.batches().some((b) => BigInt(b.seq as number) === last) || undefined, "last")
+    expect(seqs(kc.batches())).toEqual(Array.from({ length: Number(last) + 1 }, (_, i) => i))
+    expect(kc.lines.some((l) => l.type === "Resync")).toBe(false)
+    expect(kc.batches().at(-1)?.events).toMatchObject([{ block_hashes: ["15760518052499183552"] }])
+    expect(await bridge.status()).toMatchObject({ gaps: 1, replayed: 1, resyncs: 0 })
+
+    await eng.send({ seq: 0n })
+    await until(() => kc.lines.find((l) => l.type === "Resync"), "restart resync")
+    expect(kc.lines.at(-2)).toMatchObject({ type: "Resync", reason: "restart", from_seq: Number(last) + 1, to_seq: 0 })
+    await until(() => (kc.lines.at(-1)?.seq === 0 ? true : undefined), "seq 0 after restart")
+  })
+
+  it("a gap found in the batches held during a replay is replayed too, with no new message to wake the reader", async () => {
+    const eng = await fakeEngine()
+    const sock = await tmpSock()
+    const kc = await kvcached(sock)
+    const bridge = await startBridge({ kvEvents: eng.endpoint(true), uds: sock })
+    const joined = BigInt(await until(async () => (await bridge.status()).lastSeq ?? void (await eng.send()), "join"))
+    await until(() => kc.batches().some((b) => BigInt(b.seq as number) === joined) || undefined, "joined batch")
+    const open = eng.holdReplays()
+    await eng.send({ lose: true })
+    const b = await eng.send()
+    await until(async () => ((await bridge.status()).gaps === 1 ? true : undefined), "first gap")
+    await eng.send({ lose: true })
+    const d = await eng.send()
+    await until(async () => ((await bridge.status()).lastSeq === String(d) ? true : undefined), "d held")
+    expect(b).toBe(joined + 2n)
+    open()
+    await until(() => kc.batches().some((x) => BigInt(x.seq as number) === d) || undefined, "d forwarded")
+    expect(seqs(kc.batches())).toEqual(Array.from({ length: Number(d) + 1 }, (_, i) => i))
+    expect(kc.lines.some((l) => l.type === "Resync")).toBe(false)
+    expect(await bridge.status()).toMatchObject({ gaps: 2, replayed: 2, resyncs: 0 })
+  })
+
+  it("overflow while kvcached is away: the reader keeps up, oldest dropped, Resync overflow", async () => {
+    const eng = await fakeEngine()
+    const sock = await tmpSock()
+    // Room for exactly 5 of these equal-sized batches.
+    const one = recordBytes({ type: "Batch", dp_rank: 0, seq: 1, ts: 1.5, events: [stored([String(BIG)])] })
+    const bridge = await startBridge({ kvEvents: eng.endpoint(false), uds: sock, maxQueueBytes: 5 * one })
+    const send = () => eng.send({ hashes: [BIG] })
+    const first = BigInt(await until(async () => (await bridge.status()).lastSeq ?? void (await send()), "join"))
+    let last = 0n
+    for (let i = 0; i < 50; i++) last = await send()
+    await until(async () => ((await bridge.status()).lastSeq === String(last) ? true : undefined), "reader caught up")
+    const st = await bridge.status()
+    const received = Number(last - first) + 1
+    expect(st).toMatchObject({ queued: 5, queuedBytes: 5 * one, dropped: received - 5, forwarded: 0 })
+
+    const kc = await kvcached(sock)
+    await until(() => kc.batches().length === 5 || undefined, "5 batches")
+    expect(kc.lines[0]?.type).toBe("Hello")
+    expect(kc.lines[1]).toMatchObject({
+      type: "Resync",
+      reason: "overflow",
+      from_seq: Number(first),
+      to_seq: Number(last) - 4
+    })
+    expect(seqs(kc.batches())).toEqual([4, 3, 2, 1, 0].map((d) => Number(last) - d))
+    expect(await bridge.metrics()).toMatch(new RegExp(`cgn_agent_kv_events_dropped_total ${received - 5}`))
+  })
+})
+
+/** The bridge as the daemon builds it from a config object, and the engine plan it shares. */
+const bridgeFromConfig = async (raw: Record<string, unknown>) => {
+  const scope = await Effect.runPromise(Scope.make())
+  cleanups.push(() => Effect.runPromise(Scope.close(scope, Exit.void)))
+  const layer = KvBridgeLive.layer.pipe(
+    Layer.provideMerge(planLayer),
+    Layer.provideMerge(ConfigLive.layerFromObject(raw)),
+    Layer.provideMerge(MetricsLive.layerTest)
+  )
+  const ctx = await Effect.runPromise(Layer.buildWithScope(layer, scope))
+  return { plan: Context.get(ctx, EnginePlan), status: () => Effect.runPromise(Context.get(ctx, KvBridge).status) }
+}
+
+/** Runs the simulator with the plan's own command line (the launcher words are stripped by the simulator). */
+const simFromPlan = async (argv: ReadonlyArray<string>) => {
+  const sim = await startSim({ args: [...argv] })
+  cleanups.push(() => sim.stop())
+  await sim.waitForLine((l) => l.includes('"model loaded"'))
+  return sim
+}
+
+const events = (ls: Array<Line>) => ls.flatMap((b) => b.events as Array<Line>)
+
+describe("SGLang through the bridge", () => {
+  it("binds tcp://0.0.0.0:P itself, so the agent connects; salted tagged arrays reach kvcached with cache_salt", async () => {
+    const [port, enginePort] = [await freePort(), await freePort()]
+    const sock = await tmpSock()
+    const kc = await kvcached(sock)
+    const config = {
+      engine: { kind: "sglang", url: `http://127.0.0.1:${enginePort}` },
+      models: { m: { hf_repo: "org/m" } },
+      kv: { events: true, uds: sock, events_endpoint: `tcp://0.0.0.0:${port}`, block_size: 2 }
+    }
+    const { plan, status } = await bridgeFromConfig(config)
+    expect(plan.kvEvents).toMatchObject({ endpoint: `tcp://0.0.0.0:${port}`, engineBinds: true })
+    const sim = await simFromPlan(plan.argv)
+    expect(sim.stderrLines.some((l) => l.includes('"mode":"bind"'))).toBe(true)
+    await until(async () => {
+      if ((await status()).lastSeq !== undefined) return true
+      await postJson(`${sim.url}/v1/completions`, { prompt: `w${++n} x y z`, max_tokens: 1 })
+      return undefined
+    }, "first batch")
+    await postJson(`${sim.url}/v1/completions`, { prompt: "s1 s2 s3 s4", max_tokens: 1, cache_salt: "tenant-a" })
+    const salted = await until(
+      () => events(kc.batches()).find((e) => e.type === "BlockStored" && e.cache_salt === "tenant-a"),
+      "salted BlockStored"
+    )
+    expect(salted).toMatchObject({ type: "BlockStored", block_size: 2, medium: "GPU", token_ids: expect.any(Array) })
+    expect(salted).not.toHaveProperty("lora_name")
+    const st = await status()
+    expect(st).toMatchObject({ subscribed: true, unknownEvents: 0, unknownKeys: 0 })
+    const hashes = events(kc.batches()).flatMap((e) => (e.block_hashes as Array<string> | undefined) ?? [])
+    expect(hashes.every((h) => /^-?\d+$/.test(h) && BigInt(h) >= -(1n << 63n) && BigInt(h) < 1n << 63n)).toBe(true)
+  })
+})
+
+describe("data parallelism", () => {
+  const decode = (raw: Record<string, unknown>) => decodeConfigObject(raw, undefined, { NODE_NAME: "n" })
+  const models = (m: Record<string, unknown>) => ({ models: { m: { hf_repo: "org/m", ...m } } })
+
+  it("renders --data-parallel-size (vLLM) and --dp-size (SGLang); refuses dp where the engine has none", () => {
+    const argv = (kind: string) => {
+      const r = decode({ engine: { kind }, ...models({ dp: 2 }) })
+      if (r._tag === "Failure") throw new Error(r.failure.message)
+      return engineFor(r.success.engine.kind).render(r.success).argv.join(" ")
+    }
+    expect(argv("vllm")).toContain("--data-parallel-size 2")
+    expect(argv("sglang")).toContain("--dp-size 2")
+    const one = decode({ ...models({}) })
+    expect(one._tag === "Success" && engineFor("vllm").render(one.success).argv).not.toContain("--data-parallel-size")
+    for (const kind of ["llama_cpp", "mlx", "openai_compat"]) {
+      const r = decode({ engine: { kind }, models: { m: { path: "/m.gguf", dp: 2 } } })
+      expect(r._tag === "Failure" && r.failure.problems).toContain(
+        `models."m".dp: ${kind} has no data parallelism; set dp = 1`
+      )
+    }
+    const ipc = decode({ kv: { events: true, events_endpoint: "ipc:///tmp/kv" }, ...models({ dp: 2 }) })
+    expect(ipc._tag === "Failure" && ipc.failure.problems.join("\n")).toMatch(/^models\."m"\.dp: .*ipc:\/\/ endpoint/)
+    expect(decode({ ...models({ dp: 0 }) })._tag).toBe("Failure")
+    const kv = (replay: string) => ({ events: true, events_endpoint: "tcp://*:5557", replay_endpoint: replay })
+    const overlap = decode({ kv: kv("tcp://*:5558"), ...models({ dp: 2 }) })
+    expect(overlap._tag === "Failure" && overlap.failure.problems).toEqual([
+      'kv.replay_endpoint: with models."m".dp = 2 the KV events use ports 5557-5558 and replay ports 5558-5559; they overlap, move replay_endpoint to port 5559 or above'
+    ])
+    expect(decode({ kv: kv("tcp://*:5559"), ...models({ dp: 2 }) })._tag).toBe("Success")
+    expect(decode({ kv: kv("tcp://*:5558"), ...models({}) })._tag).toBe("Success")
+  })
+
+  it("each rank's endpoint is the port + rank, inproc gets _dp<rank>, ipc cannot be offset", () => {
+    expect(rankEndpoint("tcp://*:5557", 0)).toBe("tcp://*:5557")
+    expect(rankEndpoint("tcp://*:5557", 3)).toBe("tcp://*:5560")
+    expect(rankEndpoint("tcp://[::1]:5557", 1)).toBe("tcp://[::1]:5558")
+    expect(rankEndpoint("inproc://kv", 2)).toBe("inproc://kv_dp2")
+    expect(rankEndpoint("ipc:///tmp/kv", 0)).toBe("ipc:///tmp/kv")
+    expect(rankEndpoint("ipc:///tmp/kv", 1)).toBeUndefined()
+  })
+
+  it("NodeHealth capacity carries dp", () => {
+    const r = decode(models({ dp: 4 }))
+    if (r._tag === "Failure") throw new Error(r.failure.message)
+    const health = buildNodeHealth({
+      config: r.success,
+      agentVersion: "0",
+      advertiseAddr: "127.0.0.1:7071",
+      engine: { _tag: "Stopped", lastExit: undefined } as never,
+      engineGpus: [],
+      problem: undefined,
+      restarts: 0,
+      draining: false,
+      signals: undefined,
+      inflight: 0,
+      queued: 0,
+      tokensPerSecond: 0,
+      gpus: [],
+      now: 0
+    })
+    expect(health.capacity).toMatchObject({ dp: 4 })
+  })
+
+  it("subscribes to every rank (port + rank), replays each from its own ROUTER, tags batches with the rank", async () => {
+    const [port, enginePort] = [await freePortRange(4), await freePort()]
+    const rport = port + 2 // events on port, port + 1; replay on port + 2, port + 3
+    const sock = await tmpSock()
+    const kc = await kvcached(sock)
+    const config = {
+      engine: { kind: "vllm", url: `http://127.0.0.1:${enginePort}` },
+      models: { m: { hf_repo: "org/m", dp: 2, args: ["--sim-block-size", "2"] } },
+      kv: { events: true, uds: sock, events_endpoint: `tcp://*:${port}`, replay_endpoint: `tcp://*:${rport}` }
+    }
+    const { plan, status } = await bridgeFromConfig(config)
+    expect(plan.kvEvents).toMatchObject({ dpSize: 2 })
+    const sim = await simFromPlan(plan.argv)
+    // Both ranks published seq 0 (AllBlocksCleared) before anyone listened: each join is filled by replay.
+    const ranksAt = (seq: number) =>
+      [0, 1].every((r) => kc.batches().some((b) => b.dp_rank === r && (b.seq as number) >= seq))
+    await until(async () => {
+      if (ranksAt(3)) return true
+      await postJson(`${sim.url}/v1/completions`, { prompt: `r${++n} s t u`, max_tokens: 1 })
+      return undefined
+    }, "batches from both ranks")
+    expect(kc.lines[0]).toMatchObject({ type: "Hello", dp_size: 2 })
+    for (const r of [0, 1]) {
+      const s = seqs(kc.batches().filter((b) => b.dp_rank === r))
+      expect(s.slice(0, 4)).toEqual([0, 1, 2, 3])
+      expect(kc.batches().find((b) => b.dp_rank === r)?.events).toEqual([{ type: "AllBlocksCleared" }])
+    }
+    expect(kc.lines.some((l) => l.type === "Resync")).toBe(false)
+    expect(await status()).toMatchObject({ subscribed: true, gaps: 0, resyncs: 0 })
+  })
+})
+
+describe("KvBridge.layer from the config", () => {
+  const statusOf = (kv: Record<string, unknown>) =>
+    Effect.runPromise(
+      Effect.scoped(
+        Effect.flatMap(KvBridge, (b) => b.status).pipe(
+          Effect.provide(
+            KvBridgeLive.layer.pipe(
+              Layer.provide(planLayer),
+              Layer.provide(ConfigLive.layerFromObject({ models: { m: { hf_repo: "org/m" } }, kv })),
+              Layer.provide(MetricsLive.layerTest)
+            )
+          )
+        )
+      )
+    )
+  it("is a no-op that says why when events are off or nothing receives them", async () => {
+    expect(await statusOf({})).toMatchObject({ enabled: false, disabledReason: "[kv].events is off", forwarded: 0 })
+    expect(await statusOf({ events: true })).toMatchObject({ enabled: false, disabledReason: "[kv].uds is not set" })
+  })
+})
+
+describe("pure pieces", () => {
+  const frames = (batch: unknown, seq = 7n) => [
+    new TextEncoder().encode("t"),
+    seqFrame(seq),
+    encode(batch, { useBigInt64: true })
+  ]
+
+  it("decodes map events, legacy arrays, 2-element batches, bin hashes; counts unknowns", () => {
+    const map = decodeMessage(
+      frames([
+        1.25,
+        [
+          { type: "BlockStored", block_hashes: [BIG, 5], parent_block_hash: null, token_ids: [1, 2], block_size: 2 },
+          { type: "BlockRemoved", block_hashes: [BIG], medium: "CPU", locality: "x" },
+          { type: "Snapshot" },
+          { type: "AllBlocksCleared" }
+        ],
+        3
+      ])
+    )
+    expect(map.ok && map.batch).toMatchObject({
+      topic: "t",
+      seq: 7n,
+      ts: 1.25,
+      dpRank: 3,
+      unknownTypes: 1,
+      unknownKeys: 1
+    })
+    expect(map.ok && map.batch.events).toMatchObject([
+      { type: "BlockStored", blockHashes: [BIG, 5n], parentBlockHash: null, tokenIds: [1, 2], blockSize: 2 },
+      { type: "BlockRemoved", blockHashes: [BIG], medium: "CPU" },
+      { type: "AllBlocksCleared" }
+    ])
+    const legacy = decodeMessage(
+      frames([
+        2,
+        [
+          ["BlockStored", [-5n, new Uint8Array([0xab, 1])], 9, [3], 1, null, "GPU"],
+          ["BlockRemoved", [1]],
+          ["AllBlocksCleared"]
+        ]
+      ])
+    )
+    expect(legacy.ok && legacy.batch).toMatchObject({ dpRank: 0, unknownTypes: 0 })
+    expect(legacy.ok && legacy.batch.events).toMatchObject([
+      { type: "BlockStored", blockHashes: [-5n, "0xab01"], parentBlockHash: 9n, medium: "GPU" },
+      { type: "BlockRemoved", blockHashes: [1n], medium: null },
+      { type: "AllBlocksCleared" }
+    ])
+    expect(decodeMessage(frames("nope"))).toMatchObject({ ok: false, seq: 7n })
+    expect(decodeMessage(frames([1, [{ no: "type" }]]))).toMatchObject({ ok: false, seq: 7n })
+    expect(decodeMessage([new Uint8Array(1), new Uint8Array(3), new Uint8Array(0)])).toMatchObject({
+      ok: false,
+      seq: undefined
+    })
+    expect(decodeMessage([new Uint8Array(1)])).toMatchObject({ ok: false })
+  })
+
+  it('reads replay replies in both layouts: vLLM >= 0.26 ["", topic, seq, payload], older and SGLang ["", seq, payload]', () => {
+    const empty = new Uint8Array(0)
+    const payload = encode([1.5, [{ type: "AllBlocksCleared" }], 0], { useBigInt64: true })
+    const topic = new TextEncoder().encode("kv")
+    expect(decodeReplayReply([empty, topic, seqFrame(4n), payload], "ignored")).toMatchObject({
+      end: false,
+      ok: true,
+      batch: { topic: "kv", seq: 4n, events: [{ type: "AllBlocksCleared" }] }
+    })
+    expect(decodeReplayReply([empty, seqFrame(4n), payload], "kv")).toMatchObject({
+      end: false,
+      ok: true,
+      batch: { topic: "kv", seq: 4n }
+    })
+    expect(decodeReplayReply([empty, empty, seqFrame(END_OF_REPLAY), empty], "kv")).toEqual({ end: true })
+    expect(decodeReplayReply([empty, seqFrame(END_OF_REPLAY), empty], "kv")).toEqual({ end: true })
+    expect(decodeReplayReply([empty, seqFrame(1n)], "kv")).toMatchObject({ end: false, ok: false, seq: undefined })
+    expect(decodeReplayReply([empty, topic, seqFrame(2n), encode("bad")], "kv")).toMatchObject({ ok: false, seq: 2n })
+  })
+
+  it("reads SGLang's salted BlockStored: metadata in array slot 7 (not lora_name), negative int64 hashes", () => {
+    const salted = ["BlockStored", [-5n, -(1n << 63n)], null, [1, 2], 2, null, "GPU", { cache_salt: "tenant-a" }]
+    const plain = ["BlockStored", [7n], -5n, [3, 4], 2, null, "GPU"]
+    const vllmLegacy = ["BlockStored", [BIG], null, [1], 1, null, "GPU", "my-lora"]
+    const d = decodeMessage(frames([1.5, [salted, plain, vllmLegacy], 0]))
+    expect(d.ok && d.batch).toMatchObject({ unknownKeys: 0, unknownTypes: 0 })
+    expect(d.ok && d.batch.events).toMatchObject([
+      { blockHashes: [-5n, -(1n << 63n)], cacheSalt: "tenant-a", loraName: null, medium: "GPU", blockSize: 2 },
+      { blockHashes: [7n], parentBlockHash: -5n, cacheSalt: undefined, loraName: null },
+      { blockHashes: [BIG], cacheSalt: undefined, loraName: "my-lora" }
+    ])
+    const record = batchRecord(d.ok ? d.batch : (undefined as never))
+    expect(record.events[0]).toMatchObject({
+      block_hashes: ["-5", "-9223372036854775808"],
+      cache_salt: "tenant-a"
+    })
+    expect(record.events[0]).not.toHaveProperty("lora_name")
+    expect(hello(id, { epoch: "e", blockSize: 16, dpSize: 2 })).toMatchObject({ dp_size: 2 })
+  })
+
+  it("tells next, join, gap and restart apart", () => {
+    expect(checkSeq(undefined, 0n)).toEqual({ kind: "join", missed: false })
+    expect(checkSeq(undefined, 4n)).toEqual({ kind: "join", missed: true })
+    expect(checkSeq(5n, 5n)).toEqual({ kind: "next" })
+    expect(checkSeq(5n, 9n)).toEqual({ kind: "gap", from: 5n, to: 9n })
+    expect(checkSeq(5n, 0n)).toEqual({ kind: "restart", from: 5n, to: 0n })
+  })
+
+  it("renders records with decimal-string hashes", () => {
+    const record = batchRecord({
+      topic: "t",
+      seq: 3n,
+      ts: 1.5,
+      dpRank: 0,
+      unknownKeys: 0,
+      unknownTypes: 0,
+      events: [
+        {
+          type: "BlockStored",
+          blockHashes: [BIG, -1n],
+          parentBlockHash: BIG,
+          tokenIds: [1],
+          blockSize: 1,
+          medium: "GPU",
+          loraName: null,
+          groupIdx: 0,
+          specKind: undefined
+        }
+      ]
+    })
+    expect(record).toEqual({
+      type: "Batch",
+      dp_rank: 0,
+      seq: 3,
+      ts: 1.5,
+      events: [
+        {
+          type: "BlockStored",
+          block_hashes: ["15760518052499183552", "-1"],
+          parent_block_hash: "15760518052499183552",
+          token_ids: [1],
+          block_size: 1,
+          medium: "GPU",
+          group_idx: 0
+        }
+      ]
+    })
+    expect(resyncRecord({ reason: "gap", dpRank: 1, fromSeq: 4n, toSeq: 6n })).toEqual({
+      type: "Resync",
+      dp_rank: 1,
+      reason: "gap",
+      from_seq: 4,
+      to_seq: 6
+    })
+  })
+})

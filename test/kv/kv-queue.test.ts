@@ -1,0 +1,180 @@
+// The KV bridge's queue (src/layers/kv/queue.ts) and the receiver's state (src/services/kv/KvcachedReceiver.ts),
+// tested directly: bytes accounted through push/take/ack, the byte bound dropping the oldest unsent records
+// and an overflow Resync per DP rank saying which, nothing referenced once acknowledged or dropped, and
+// the receiver applying each link seq exactly once.
+import { Effect } from "effect"
+import { describe, expect, it } from "vitest"
+import { KvQueue, type QueuedRecord } from "../../src/layers/kv/queue.ts"
+import { ReceiverState } from "../../src/services/kv/KvcachedReceiver.ts"
+import type { KvRecord } from "../../src/services/kv/KvcachedRpc.ts"
+import type { Resync } from "../../src/services/kv/KvWire.ts"
+
+type Rec = { readonly tag: string }
+
+const batch = (seq: bigint, bytes = 100, dpRank = 0): QueuedRecord<Rec> => ({
+  record: { tag: `batch-${dpRank}-${seq}` },
+  batch: true,
+  dpRank,
+  fromSeq: seq,
+  nextSeq: seq + 1n,
+  bytes
+})
+const resync = (r: Resync): QueuedRecord<Rec> => ({
+  record: { tag: `resync-${r.reason}-${r.dpRank}-${r.fromSeq}-${r.toSeq}` },
+  batch: false,
+  dpRank: r.dpRank,
+  fromSeq: r.fromSeq,
+  nextSeq: r.toSeq,
+  bytes: 10
+})
+const tags = (xs: ReadonlyArray<{ readonly record: Rec }>) => xs.map((x) => x.record.tag)
+/** Everything the queue's own fields still reference (arrays and objects; records included), as text. */
+const held = (q: KvQueue<Rec>) => JSON.stringify(q, (_k, v) => (typeof v === "bigint" ? v.toString() : v))
+
+describe("KvQueue", () => {
+  it("accounts bytes through push, take and ack, and numbers records without holes", () => {
+    const q = new KvQueue<Rec>(1_000)
+    q.push(batch(1n, 100))
+    q.push(batch(2n, 150))
+    q.push(batch(3n, 50))
+    expect({ bytes: q.bytes, batches: q.batches, size: q.size }).toEqual({ bytes: 300, batches: 3, size: 3 })
+    const first = q.take(2, 1_000, resync)
+    expect(first.map((s) => s.n)).toEqual([0, 1])
+    // Taken but not acknowledged: still held and counted.
+    expect({ bytes: q.bytes, batches: q.batches, size: q.size }).toEqual({ bytes: 300, batches: 3, size: 1 })
+    expect(tags(q.unacked)).toEqual(["batch-0-1", "batch-0-2"])
+    expect(q.ack(0)).toBe(1)
+    expect(q.bytes).toBe(200)
+    expect(tags(q.take(10, 1_000, resync))).toEqual(["batch-0-3"])
+    expect(q.unacked.map((s) => s.n)).toEqual([1, 2])
+    expect(q.ack(2)).toBe(2)
+    expect({ bytes: q.bytes, batches: q.batches, size: q.size, unacked: q.unacked.length }).toEqual({
+      bytes: 0,
+      batches: 0,
+      size: 0,
+      unacked: 0
+    })
+    expect(held(q)).not.toMatch(/batch-/)
+  })
+
+  it("a chunk stops at its byte budget but always carries one record", () => {
+    const q = new KvQueue<Rec>(10_000)
+    for (let s = 0n; s < 4n; s++) q.push(batch(s, 400))
+    expect(tags(q.take(10, 900, resync))).toEqual(["batch-0-0", "batch-0-1"])
+    q.push(batch(9n, 5_000))
+    q.ack(1)
+    expect(tags(q.take(10, 900, resync))).toEqual(["batch-0-2", "batch-0-3"])
+    q.ack(3)
+    expect(tags(q.take(10, 900, resync))).toEqual(["batch-0-9"])
+  })
+
+  it("past the byte bound drops the oldest unsent records, never the unacknowledged, and says so per rank", () => {
+    const q = new KvQueue<Rec>(500)
+    q.push(batch(1n))
+    q.push(batch(2n))
+    expect(tags(q.take(10, 10_000, resync))).toEqual(["batch-0-1", "batch-0-2"])
+    q.push(batch(3n))
+    q.push(batch(7n, 100, 1))
+    q.push(batch(4n))
+    expect(q.push(batch(5n))).toBe(true) // 600 bytes: batch 3 goes (unacked 1 and 2 stay)
+    expect(q.push(batch(8n, 100, 1))).toBe(true) // rank 1's 7 goes
+    expect(q.push(batch(6n))).toBe(true) // 4 goes
+    expect(q.dropped).toBe(3)
+    expect(q.bytes).toBe(500)
+    expect(held(q)).not.toMatch(/batch-0-3|batch-1-7|batch-0-4/)
+    // Resent first after a reconnect: the unacknowledged ones, as they were.
+    expect(tags(q.unacked)).toEqual(["batch-0-1", "batch-0-2"])
+    q.ack(1)
+    const next = q.take(10, 10_000, resync)
+    expect(tags(next)).toEqual([
+      "resync-overflow-0-3-5",
+      "resync-overflow-1-7-8",
+      "batch-0-5",
+      "batch-1-8",
+      "batch-0-6"
+    ])
+    expect(next.map((s) => s.n)).toEqual([2, 3, 4, 5, 6])
+    expect(q.take(10, 10_000, resync)).toEqual([])
+    q.ack(6)
+    expect({ bytes: q.bytes, batches: q.batches }).toEqual({ bytes: 0, batches: 0 })
+  })
+
+  it("holds nothing of a long run it dropped: memory follows the bound, not the history", () => {
+    const q = new KvQueue<Rec>(100 * 100)
+    for (let s = 0n; s < 50_000n; s++) q.push(batch(s))
+    expect(q.size).toBe(100)
+    expect(q.dropped).toBe(49_900)
+    // Only the 100 survivors are referenced (no dead prefix kept alive by the backing array).
+    expect(held(q).match(/batch-/g)?.length).toBe(100)
+    const out = q.take(1_000, 1e9, resync)
+    expect(tags(out).slice(0, 2)).toEqual(["resync-overflow-0-0-49900", "batch-0-49900"])
+    q.ack(out.length - 1)
+    expect(held(q)).not.toMatch(/batch-|resync-/)
+  })
+
+  it("wakes the writer at the next push, or at once when work waits", () => {
+    const q = new KvQueue<Rec>(1_000)
+    let woke = 0
+    q.onPush(() => woke++)
+    expect(woke).toBe(0)
+    q.push(batch(1n))
+    expect(woke).toBe(1)
+    q.push(batch(2n))
+    expect(woke).toBe(1)
+    q.onPush(() => woke++)
+    expect(woke).toBe(2)
+  })
+})
+
+describe("ReceiverState", () => {
+  const hello = (epoch: string, version = 2) => ({
+    version,
+    node_id: "n1",
+    cluster: "c",
+    model: "m",
+    engine: "vllm",
+    block_size: 16,
+    dp_size: 1,
+    epoch
+  })
+  const rec = (n: number, seq = n): KvRecord => ({ type: "Batch", n, dp_rank: 0, seq, ts: 1, events: [] })
+
+  it("applies each link seq once, skips resends, starts over on a new epoch", async () => {
+    const applied: Array<string> = []
+    const fresh: Array<boolean> = []
+    const st = new ReceiverState({
+      onHello: (_h, f) => void fresh.push(f),
+      onRecord: (_node, epoch, r) => void applied.push(`${epoch}:${r.n}`)
+    })
+    const run = <A, E>(e: Effect.Effect<A, E>) => Effect.runPromise(Effect.result(e))
+    expect(await run(st.push({ node_id: "n1", epoch: "e1", records: [rec(0)] }))).toMatchObject({
+      _tag: "Failure",
+      failure: { _tag: "UnknownStream" }
+    })
+    expect(await run(st.hello(hello("e1", 1)))).toMatchObject({ failure: { _tag: "UnsupportedVersion" } })
+    expect(await run(st.hello(hello("e1")))).toMatchObject({ success: { applied: null } })
+    expect(await run(st.push({ node_id: "n1", epoch: "e1", records: [rec(0), rec(1)] }))).toMatchObject({
+      success: { applied: 1 }
+    })
+    // A reconnect: Hello says what is applied; the resend overlaps it.
+    expect(await run(st.hello(hello("e1")))).toMatchObject({ success: { applied: 1 } })
+    expect(await run(st.push({ node_id: "n1", epoch: "e1", records: [rec(1), rec(2)] }))).toMatchObject({
+      success: { applied: 2 }
+    })
+    expect(st.duplicates).toBe(1)
+    expect(await run(st.hello(hello("e2")))).toMatchObject({ success: { applied: null } })
+    await run(st.push({ node_id: "n1", epoch: "e2", records: [rec(0)] }))
+    expect(applied).toEqual(["e1:0", "e1:1", "e1:2", "e2:0"])
+    expect(fresh).toEqual([true, false, true])
+  })
+
+  it("resumes from what a journal says it applied", async () => {
+    const applied: Array<number> = []
+    const st = new ReceiverState({ onHello: () => {}, onRecord: (_n, _e, r) => void applied.push(r.n) }, [
+      { node_id: "n1", epoch: "e1", applied: 4 }
+    ])
+    expect(await Effect.runPromise(st.hello(hello("e1")))).toEqual({ applied: 4 })
+    await Effect.runPromise(st.push({ node_id: "n1", epoch: "e1", records: [rec(3), rec(4), rec(5)] }))
+    expect(applied).toEqual([5])
+  })
+})

@@ -1,0 +1,216 @@
+// The KV bridge's link to cgn-kvcached through real processes: the engine simulator publishes KV events
+// while completions run, the bridge forwards them over effect RPC, and the reference receiver
+// (src/programs/kvcachedReceiver.ts, journaled) is stopped, SIGKILLed mid-stream and restarted. The
+// journal is the receiver's applied state: every batch must be in it exactly once, or a Resync in it must
+// name exactly the seqs that are missing.
+import { type ChildProcess, spawn } from "node:child_process"
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import { fileURLToPath } from "node:url"
+import { Context, Effect, Exit, Layer, Scope } from "effect"
+import { afterEach, describe, expect, it } from "vitest"
+import * as KvBridgeLive from "../../src/layers/kv/KvBridge.ts"
+import { type JournalEntry, readJournal } from "../../src/layers/kv/kvcachedReceiver.ts"
+import * as MetricsLive from "../../src/layers/observability/Metrics.ts"
+import { KvBridge, type KvBridgeStatus } from "../../src/services/kv/KvBridge.ts"
+import type { KvRecord } from "../../src/services/kv/KvcachedRpc.ts"
+import { followLines } from "../support/lines.ts"
+import { pollUntil } from "../support/poll.ts"
+import { freePort } from "../support/ports.ts"
+import { postJson, type SimHandle, startSim } from "../support/sim.ts"
+
+const receiverEntry = path.resolve(
+  path.dirname(fileURLToPath(import.meta.url)),
+  "../../src/programs/kvcachedReceiver.ts"
+)
+const id = { node_id: "n1", cluster: "c1", model: "m", engine: "vllm" }
+
+const cleanups: Array<() => Promise<unknown>> = []
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c().catch(() => undefined)
+})
+
+const until = <T>(f: () => T | undefined | false | Promise<T | undefined | false>, what: string, ms = 20_000) =>
+  pollUntil(what, f, ms, 20)
+
+/** The reference receiver as a process; `kill` SIGKILLs it (after a SIGSTOP, if `stop` was called). */
+const startReceiver = async (uds: string, journal: string) => {
+  const proc: ChildProcess = spawn(process.execPath, [receiverEntry, "--uds", uds, "--journal", journal], {
+    stdio: ["ignore", "ignore", "pipe"]
+  })
+  const exited = new Promise<void>((r) => proc.once("exit", () => r()))
+  const kill = async () => {
+    if (proc.exitCode === null && proc.signalCode === null) proc.kill("SIGKILL")
+    await exited
+  }
+  cleanups.push(kill)
+  await followLines(proc.stderr).waitFor((l) => l.includes('"msg":"listening"'), 60_000, "receiver listening")
+  return { kill, stop: () => proc.kill("SIGSTOP") }
+}
+
+const records = (journal: string): Array<KvRecord> =>
+  readJournal(journal).flatMap((e: JournalEntry) => ("record" in e && e.epoch === "e1" ? [e.record] : []))
+
+/**
+ * Walks the applied records in order: link seqs 0..N-1 once each; per batch, the seq that follows the last
+ * one, unless a Resync just before says from exactly where to where the stream skipped.
+ */
+const audit = (recs: ReadonlyArray<KvRecord>) => {
+  expect(recs.map((r) => r.n)).toEqual(recs.map((_, i) => i))
+  const seen = new Set<number>()
+  const lost: Array<{ reason: string; from: number; to: number }> = []
+  let expected: number | undefined
+  for (const r of recs) {
+    if (r.type === "Resync") {
+      if (expected !== undefined) expect(r.from_seq).toBe(expected)
+      lost.push({ reason: r.reason, from: r.from_seq, to: r.to_seq })
+      expected = r.to_seq
+      continue
+    }
+    if (expected !== undefined) expect(r.seq).toBe(expected)
+    expect(seen.has(r.seq)).toBe(false)
+    seen.add(r.seq)
+    expected = r.seq + 1
+  }
+  const first = recs[0]
+  // Where the stream starts: its first batch, or what a leading Resync says was lost before it.
+  const start = first === undefined ? 0 : first.type === "Batch" ? first.seq : first.from_seq
+  return { batches: seen.size, start, last: recs.findLast((r) => r.type === "Batch")?.seq ?? -1, lost }
+}
+
+const setup = async (maxQueueBytes?: number) => {
+  const dir = await fs.mkdtemp(path.join(os.tmpdir(), "kvlink-"))
+  cleanups.push(() => fs.rm(dir, { recursive: true, force: true }))
+  const uds = path.join(dir, "kvcached.sock")
+  const journal = path.join(dir, "journal.ndjson")
+  const port = await freePort()
+  const scope = await Effect.runPromise(Scope.make())
+  cleanups.push(() => Effect.runPromise(Scope.close(scope, Exit.void)))
+  const layer = KvBridgeLive.layerWith({
+    kvEvents: {
+      endpoint: `tcp://127.0.0.1:${port}`,
+      engineBinds: false,
+      replayEndpoint: undefined,
+      topic: "kv-events"
+    },
+    uds,
+    identity: id,
+    blockSize: 4,
+    epoch: "e1",
+    backoffMaxMs: 200,
+    ...(maxQueueBytes !== undefined ? { maxQueueBytes } : {})
+  }).pipe(Layer.provideMerge(MetricsLive.layerTest))
+  const ctx = await Effect.runPromise(Layer.buildWithScope(layer, scope))
+  const status = () => Effect.runPromise(Context.get(ctx, KvBridge).status)
+  const cfg = {
+    enable_kv_cache_events: true,
+    publisher: "zmq",
+    endpoint: `tcp://127.0.0.1:${port}`,
+    topic: "kv-events"
+  }
+  const sim = await startSim({
+    args: ["serve", "m", "--kv-events-config", JSON.stringify(cfg), "--sim-block-size", "4"]
+  })
+  cleanups.push(() => sim.stop())
+  return { uds, journal, status, pump: pump(sim) }
+}
+
+/** Completions in a loop (each publishes KV-event batches) until `stop`. */
+const pump = (sim: SimHandle) => {
+  let running = true
+  let n = 0
+  const loop = (async () => {
+    while (running) {
+      const w = (i: number) => `w${n}x${i}`
+      await postJson(`${sim.url}/v1/completions`, {
+        prompt: Array.from({ length: 9 }, (_, i) => w(i)).join(" "),
+        max_tokens: 1
+      }).catch(() => undefined)
+      n++
+    }
+  })()
+  cleanups.push(async () => {
+    running = false
+    await loop
+  })
+  return {
+    stop: async () => {
+      running = false
+      await loop
+    }
+  }
+}
+
+const seqOf = (s: KvBridgeStatus) => (s.lastSeq === undefined ? -1 : Number(s.lastSeq))
+const batchesIn = (journal: string) => records(journal).filter((r) => r.type === "Batch").length
+
+/** After the pump stopped: everything the bridge saw is applied and acknowledged. */
+const drained = async (link: Awaited<ReturnType<typeof setup>>) => {
+  await until(async () => {
+    const s = await link.status()
+    const last = records(link.journal).findLast((r) => r.type === "Batch")
+    return s.queued === 0 && last?.type === "Batch" && last.seq === seqOf(s) ? s : undefined
+  }, "every batch applied and acknowledged")
+  return link.status()
+}
+
+describe("the kvcached link through a receiver that is killed and restarted", () => {
+  it("every batch arrives exactly once, also those in flight when the receiver died", async () => {
+    const link = await setup()
+    let receiver = await startReceiver(link.uds, link.journal)
+    for (let round = 1; round <= 3; round++) {
+      await until(() => batchesIn(link.journal) >= round * 20 || undefined, `20 more batches (round ${round})`)
+      // Frozen, it reads nothing: the Push now in flight is certainly not applied when it dies.
+      receiver.stop()
+      const frozenAt = seqOf(await link.status())
+      await until(async () => {
+        const s = await link.status()
+        return (s.queued > 0 && seqOf(s) >= frozenAt + 10) || undefined
+      }, "batches sent but not acknowledged")
+      await receiver.kill()
+      await until(async () => (await link.status()).kvcachedConnected === false || undefined, "link down")
+      receiver = await startReceiver(link.uds, link.journal)
+    }
+    await link.pump.stop()
+    const st = await drained(link)
+    const a = audit(records(link.journal))
+    expect(a.lost).toEqual([])
+    expect(a.batches).toBe(a.last - a.start + 1)
+    expect(a.batches).toBeGreaterThanOrEqual(60)
+    expect(st).toMatchObject({ forwarded: a.batches, dropped: 0, resyncs: 0, kvcachedConnected: true })
+  }, 120_000)
+
+  it("past the byte bound while the receiver is away, an overflow Resync names exactly what is missing", async () => {
+    const link = await setup(16 * 1024)
+    let receiver = await startReceiver(link.uds, link.journal)
+    await until(() => batchesIn(link.journal) >= 10 || undefined, "10 batches")
+    receiver.stop()
+    await until(async () => (await link.status()).dropped > 0 || undefined, "overflow")
+    await receiver.kill()
+    receiver = await startReceiver(link.uds, link.journal)
+    await until(() => batchesIn(link.journal) >= 40 || undefined, "batches after the restart")
+    await link.pump.stop()
+    const st = await drained(link)
+    const a = audit(records(link.journal))
+    expect(a.lost.length).toBeGreaterThan(0)
+    expect(a.lost.every((l) => l.reason === "overflow")).toBe(true)
+    const missing = a.lost.reduce((sum, l) => sum + (l.to - l.from), 0)
+    expect(a.batches + missing).toBe(a.last - a.start + 1)
+    expect(st).toMatchObject({ forwarded: a.batches, dropped: missing, resyncs: a.lost.length })
+    expect(st.queuedBytes).toBe(0)
+  }, 120_000)
+})
+
+describe("cgn-agent/kvcached", () => {
+  it("the package export (built to dist) carries the contract and the reference receiver", async () => {
+    // resolved at run time through package.json "exports" (dist/, built by `npm test` before vitest); typed
+    // from the source, so the typecheck that runs before the build does not need dist/
+    const specifier: string = "cgn-agent/kvcached"
+    const m = (await import(specifier)) as typeof import("../../src/kvcached.ts")
+    expect(m.KV_WIRE_VERSION).toBe(2)
+    expect([...m.KvcachedRpcs.requests.keys()].sort()).toEqual(["Hello", "Push"])
+    expect(typeof m.ReceiverState).toBe("function")
+    expect(typeof m.layer).toBe("function")
+  })
+})

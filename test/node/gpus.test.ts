@@ -1,0 +1,111 @@
+// The pure GPU decisions (services/node/Gpus.ts): throttle reason names, assignment, CUDA env, the gate's verdict.
+import { describe, expect, it } from "vitest"
+import { gateProblem } from "../../src/services/engine/GpuGate.ts"
+import { assignGpus, cudaEnv, gateVerdict, gpuFault, throttleReasons } from "../../src/services/node/Gpus.ts"
+import { gpuWith } from "../../src/services/node/Nvml.ts"
+
+const GiB = 2 ** 30
+const host = [
+  gpuWith({ index: 0, uuid: "GPU-a", memoryUsedBytes: 0.5 * GiB }),
+  gpuWith({ index: 1, uuid: "GPU-b", memoryUsedBytes: 0.5 * GiB, eccUncorrected: 2 }),
+  gpuWith({ index: 2, uuid: "GPU-c", memoryUsedBytes: 0.5 * GiB }),
+  gpuWith({ index: 3, lost: true })
+]
+
+describe("throttleReasons", () => {
+  it("names each set bit (nvml.h nvmlClocksEventReason*), leaving out gpu_idle", () => {
+    expect(throttleReasons(0)).toEqual([])
+    expect(throttleReasons(0x1)).toEqual([])
+    expect(throttleReasons(0x4 | 0x40)).toEqual(["sw_power_cap", "hw_thermal_slowdown"])
+    // koffi hands 64-bit values as bigint when they do not fit a double exactly
+    expect(throttleReasons(0x8000000000000008n)).toEqual(["hw_slowdown"])
+  })
+})
+
+describe("gpuFault", () => {
+  it("a lost GPU and uncorrected ECC errors are faults; throttling is not", () => {
+    expect(gpuFault(host[3]!)).toContain("lost")
+    expect(gpuFault(host[1]!)).toBe("GPU 1 has 2 uncorrected ECC errors")
+    expect(gpuFault(gpuWith({ index: 0, throttleReasons: ["hw_slowdown"] }))).toBeUndefined()
+  })
+})
+
+describe("assignGpus", () => {
+  it("automatic: the first tp x dp healthy GPUs in index order, skipping faulty ones", () => {
+    expect(assignGpus([], 2, host)).toEqual({ _tag: "Assigned", indices: [0, 2], automatic: true })
+  })
+  it("automatic: refuses a tp x dp the host cannot hold, saying how many are healthy", () => {
+    expect(assignGpus([], 3, host)).toEqual({
+      _tag: "Impossible",
+      reason: "the engine needs 3 GPUs (tp x dp) but this host has 2 healthy of 4"
+    })
+  })
+  it("configured: indices and UUIDs resolve to NVML indices; an unknown one is refused", () => {
+    expect(assignGpus([2, "GPU-a"], 2, host)).toEqual({ _tag: "Assigned", indices: [2, 0], automatic: false })
+    const r = assignGpus([7], 1, host)
+    expect(r._tag).toBe("Impossible")
+    expect(r._tag === "Impossible" && r.reason).toContain("GPU 7 is not on this host")
+  })
+  it("without NVML: configured indices are taken on trust, UUIDs go through as written, nothing is automatic", () => {
+    expect(assignGpus([1, 0], 2, [])).toEqual({ _tag: "Assigned", indices: [1, 0], automatic: false })
+    expect(assignGpus(["GPU-x"], 1, [])).toEqual({ _tag: "Unknown" })
+    expect(assignGpus([], 4, [])).toEqual({ _tag: "Unknown" })
+  })
+})
+
+describe("cudaEnv", () => {
+  it("gives indices in PCI bus order, so CUDA and NVML count alike", () => {
+    expect(cudaEnv([], { _tag: "Assigned", indices: [0, 2], automatic: true })).toEqual({
+      CUDA_DEVICE_ORDER: "PCI_BUS_ID",
+      CUDA_VISIBLE_DEVICES: "0,2"
+    })
+    expect(cudaEnv(["GPU-x"], { _tag: "Unknown" })).toEqual({ CUDA_VISIBLE_DEVICES: "GPU-x" })
+    expect(cudaEnv([], { _tag: "Unknown" })).toEqual({})
+  })
+})
+
+describe("gateVerdict", () => {
+  const MiB = 2 ** 20
+  const none = new Set<number>()
+  const noPgid = () => undefined
+  it("free: every engine GPU under the threshold and no leftover of an earlier run", () => {
+    expect(gateVerdict(host, [0, 2], 1024 * MiB, none, noPgid)).toEqual({ _tag: "Free" })
+  })
+  it("held: memory over the threshold, naming the pids and bytes", () => {
+    const gpus = [
+      gpuWith({ index: 0, memoryUsedBytes: 70 * GiB, processes: [{ pid: 4242, usedMemoryBytes: 69.5 * GiB }] })
+    ]
+    const v = gateVerdict(gpus, [0], 1024 * MiB, none, noPgid)
+    expect(v).toEqual({
+      _tag: "Held",
+      reason: "GPU 0 has 70.0 GiB in use (free below 1.0 GiB): pid 4242 69.5 GiB on GPU 0",
+      holders: [{ gpu: 0, pid: 4242, bytes: 69.5 * GiB, previousRun: false }]
+    })
+  })
+  it("held: a process of an earlier run still on the GPU, even under the threshold", () => {
+    const gpus = [
+      gpuWith({ index: 0, memoryUsedBytes: 0.2 * GiB, processes: [{ pid: 77, usedMemoryBytes: 0.2 * GiB }] })
+    ]
+    const v = gateVerdict(gpus, [0], 1024 * MiB, new Set([70]), (pid) => (pid === 77 ? 70 : undefined))
+    expect(v._tag).toBe("Held")
+    expect(v._tag === "Held" && v.reason).toBe(
+      "a process of an earlier engine run still holds GPU memory: pid 77 (earlier engine run) 0.2 GiB on GPU 0"
+    )
+  })
+  it("other GPUs do not count; a faulty engine GPU does", () => {
+    const gpus = [gpuWith({ index: 0 }), gpuWith({ index: 1, memoryUsedBytes: 80 * GiB })]
+    expect(gateVerdict(gpus, [0], 1024 * MiB, none, noPgid)).toEqual({ _tag: "Free" })
+    expect(gateVerdict(host, [3], 1024 * MiB, none, noPgid)._tag).toBe("Faulty")
+  })
+})
+
+describe("gateProblem", () => {
+  it("a fault at once; a wait only once it is overdue", () => {
+    const waiting = { since: 0, reason: "held", holders: [], overdue: false }
+    expect(gateProblem({ gpus: [0], waiting, fault: undefined })).toBeUndefined()
+    expect(gateProblem({ gpus: [0], waiting: { ...waiting, overdue: true }, fault: undefined })).toBe(
+      "waiting for GPU memory: held"
+    )
+    expect(gateProblem({ gpus: [0], waiting: undefined, fault: "GPU 0 is lost" })).toBe("GPU 0 is lost")
+  })
+})

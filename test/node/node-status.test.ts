@@ -1,0 +1,196 @@
+// NodeStatus: the pure NodeHealth mapping by tables, and the live layer over test layers (engine state
+// pushed by hand, a counting fake EngineClient, fixed GPUs): snapshot, changes, scrape caching, tokens/s
+// and the gauges it mirrors into Metrics.
+import { Effect, Fiber, Layer, Stream } from "effect"
+import { describe, expect, it } from "vitest"
+import * as ConfigLayer from "../../src/layers/config/Config.ts"
+import * as AdmissionLayer from "../../src/layers/grpc/Admission.ts"
+import * as NodeStatusLayer from "../../src/layers/node/NodeStatus.ts"
+import * as NvmlProbe from "../../src/layers/node/Nvml.ts"
+import * as MetricsLayer from "../../src/layers/observability/Metrics.ts"
+import { EngineClient, type LoadSignals } from "../../src/services/engine/EngineClient.ts"
+import type { EngineState, ExitRecord } from "../../src/services/engine/EngineProcess.ts"
+import { noStall, stallProblem } from "../../src/services/engine/EngineStall.ts"
+import { State } from "../../src/services/engine/EngineState.ts"
+import { Admission } from "../../src/services/grpc/Admission.ts"
+import { Drain } from "../../src/services/node/Drain.ts"
+import { engineDetail, nodeState, ratePerSecond } from "../../src/services/node/NodeHealthView.ts"
+import { NodeStatus } from "../../src/services/node/NodeStatus.ts"
+import { gpuWith } from "../../src/services/node/Nvml.ts"
+import { Metrics } from "../../src/services/observability/Metrics.ts"
+import { EngineProcessControl, layerTest as engineLayerTest } from "../../src/testing/EngineProcess.ts"
+
+const exit: ExitRecord = {
+  run: 0,
+  pid: 7,
+  code: 137,
+  signal: null,
+  startedAt: 0,
+  endedAt: 3000,
+  runtimeMs: 3000,
+  reason: "exited",
+  lastLines: []
+}
+
+describe("NodeHealthView (pure)", () => {
+  it("maps engine states to node states, a drain winning", () => {
+    const table: Array<[EngineState, boolean, string]> = [
+      [State.Starting({ phase: "loading", since: 0, run: 0 }), false, "starting"],
+      [State.Ready({ since: 0, run: 0 }), false, "ready"],
+      [State.Unhealthy({ reason: "probe timeout", since: 0, run: 0 }), false, "unhealthy"],
+      [State.Restarting({ attempt: 1, nextAt: 0, lastExit: exit }), false, "starting"],
+      [State.Restarting({ attempt: 3, nextAt: 0, lastExit: exit, failing: "engine failing: x" }), false, "unhealthy"],
+      [State.Starting({ phase: "loading", since: 0, run: 3, failing: "engine failing: x" }), false, "unhealthy"],
+      [State.Stopping({ since: 0 }), false, "unhealthy"],
+      [State.Stopped({ lastExit: undefined }), false, "unhealthy"],
+      [State.Ready({ since: 0, run: 0 }), true, "draining"],
+      [State.Stopping({ since: 0 }), true, "draining"]
+    ]
+    for (const [engine, draining, want] of table) expect(nodeState(engine, draining)).toBe(want)
+  })
+
+  it("describes the phase and computes rates", () => {
+    expect(engineDetail(State.Starting({ phase: "loading", since: 0, run: 2 }), 12_400)).toBe("loading for 12s (run 2)")
+    expect(engineDetail(State.Restarting({ attempt: 3, nextAt: 5000, lastExit: exit }), 1000)).toMatch(
+      /^restart 3 in 4s; run 0 \(pid 7\) ended: exited, exit code 137/
+    )
+    expect(
+      engineDetail(State.Restarting({ attempt: 3, nextAt: 5000, lastExit: exit, failing: "engine failing: x" }), 1000)
+    ).toMatch(/^engine failing: x; restart 3 in 4s; run 0/)
+    expect(ratePerSecond({ total: 10, at: 0 }, { total: 60, at: 500 })).toBe(100)
+    expect(ratePerSecond({ total: 10, at: 0 }, { total: 5, at: 500 })).toBe(0) // counter reset
+    expect(ratePerSecond({ total: 10, at: 100 }, { total: 20, at: 100 })).toBe(0)
+  })
+})
+
+const gpu = gpuWith({
+  index: 0,
+  name: "H100",
+  uuid: "GPU-1",
+  memoryTotalBytes: 80e9,
+  memoryUsedBytes: 1e9,
+  memoryFreeBytes: 79e9,
+  utilizationPercent: 5
+})
+
+const build = (signals: LoadSignals) => {
+  let scrapes = 0
+  const client = Layer.succeed(EngineClient, {
+    stream: () => Stream.empty,
+    complete: () => Effect.succeed({}),
+    models: Effect.succeed(["m"]),
+    load: Effect.sync(() => {
+      scrapes++
+      return signals
+    })
+  })
+  const config = ConfigLayer.layerFromObject({
+    models: { m: { hf_repo: "org/m" } },
+    cluster: { name: "c1" },
+    agent: { node_id: "n1", heartbeat: "200ms", advertise_addr: "10.1.2.3:7071", max_inflight: 4, max_queue: 2 }
+  })
+  const deps = Layer.mergeAll(
+    engineLayerTest(),
+    client,
+    AdmissionLayer.layerWith({ maxInflight: 4, maxQueue: 2 }),
+    Drain.layer,
+    NvmlProbe.layerFixed([gpu]),
+    MetricsLayer.layerTest
+  ).pipe(Layer.provideMerge(config))
+  const layer = NodeStatusLayer.layer({ agentVersion: "9.9.9" }).pipe(Layer.provideMerge(deps))
+  return { layer, scrapes: () => scrapes }
+}
+
+describe("NodeStatus live layer", () => {
+  it("assembles NodeHealth, caches the engine scrape per heartbeat, and emits changes", async () => {
+    const { layer, scrapes } = build({ running: 3, waiting: 1, kvUsage: 0.25 })
+    const result = await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const status = yield* NodeStatus
+          const control = yield* EngineProcessControl
+          const seen: Array<string> = []
+          const watcher = yield* status.changes.pipe(
+            Stream.tap((s) => Effect.sync(() => seen.push(s))),
+            Stream.take(3),
+            Stream.runDrain,
+            Effect.forkChild
+          )
+          // bounded wait until the watcher has subscribed (it sees the current state first)
+          for (let i = 0; i < 500 && seen.length === 0; i++) yield* Effect.sleep("2 millis")
+          const starting = yield* status.snapshot
+          yield* control.set(State.Ready({ since: Date.now(), run: 0 }))
+          const ready = yield* status.snapshot
+          const again = yield* status.snapshot
+          const busy = yield* Effect.scoped((yield* Admission).acquire.pipe(Effect.andThen(status.snapshot)))
+          const body = (yield* (yield* Metrics).render).body
+          // changes reports the state when observed: let the watcher see "ready" before draining
+          for (let i = 0; i < 500 && seen.length < 2; i++) yield* Effect.sleep("2 millis")
+          yield* (yield* Drain).start
+          yield* Fiber.join(watcher).pipe(Effect.timeout("5 seconds"))
+          const draining = yield* status.snapshot
+          return { starting, ready, again, busy, body, seen, draining, isDraining: yield* status.draining }
+        })
+      ).pipe(Effect.provide(layer))
+    )
+    expect(result.starting).toMatchObject({
+      nodeId: "n1",
+      cluster: "c1",
+      agentVersion: "9.9.9",
+      advertiseAddr: "10.1.2.3:7071",
+      role: "both",
+      state: "starting",
+      engine: { kind: "vllm", model: "m", phase: "starting", restarts: 0 },
+      load: { inflight: 0, queued: 0, engineRunning: 0, engineWaiting: 0, kvUsage: -1, tokensPerSecond: 0 },
+      capacity: { maxInflight: 4, maxQueue: 2, gpus: [gpu] }
+    })
+    expect(result.ready.state).toBe("ready")
+    expect(result.ready.load).toMatchObject({ engineRunning: 3, engineWaiting: 1, kvUsage: 0.25 })
+    expect(result.again.load).toEqual(result.ready.load)
+    expect(result.busy.load).toMatchObject({ inflight: 1, queued: 0 })
+    expect(scrapes()).toBeLessThanOrEqual(2) // cached; at most one more if a heartbeat passed meanwhile
+    expect(result.body).toContain('cgn_agent_engine_state{state="ready"} 1')
+    expect(result.body).toContain("cgn_agent_engine_kv_cache_usage_ratio 0.25")
+    // No run has exited yet: the series has no sample (no -1 sentinel), only its HELP and TYPE.
+    expect(result.body).toContain("# TYPE cgn_agent_engine_last_exit_code gauge")
+    expect(result.body).not.toMatch(/^cgn_agent_engine_last_exit_code /m)
+    expect(result.seen).toEqual(["starting", "ready", "draining"])
+    expect(result.draining.state).toBe("draining")
+    expect(result.isDraining).toBe(true)
+  })
+
+  it("reports tokens/s over the last heartbeat from the relayed-tokens counter", async () => {
+    const { layer } = build({ running: undefined, waiting: undefined, kvUsage: undefined })
+    const rate = await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const status = yield* NodeStatus
+          ;(yield* Metrics).relayedTokens.inc({ model: "m" }, 100)
+          // poll, bounded: the rate appears after the next heartbeat (200ms)
+          for (let i = 0; i < 100; i++) {
+            const r = (yield* status.snapshot).load?.tokensPerSecond ?? 0
+            if (r > 0) return r
+            yield* Effect.sleep("20 millis")
+          }
+          return 0
+        })
+      ).pipe(Effect.provide(layer))
+    )
+    expect(rate).toBeGreaterThan(0)
+    expect(rate).toBeLessThanOrEqual(500)
+  })
+})
+
+describe("stallProblem", () => {
+  it("unhealthy from a stall until a stream makes progress; progress in the same tick clears it", () => {
+    expect(stallProblem(noStall, "5m")).toBeUndefined()
+    const stalled = { lastStallAt: 2_000, lastProgressAt: 1_000, stalledStreams: 2 }
+    expect(stallProblem(stalled, "5m")).toBe(
+      "engine stalled: 2 stream(s) sent nothing for 5m (engine.stream_idle_timeout) and no stream has made progress since"
+    )
+    expect(stallProblem({ ...stalled, lastProgressAt: undefined }, "5m")).toContain("engine stalled")
+    expect(stallProblem({ ...stalled, lastProgressAt: 2_000 }, "5m")).toBeUndefined()
+    expect(nodeState({ _tag: "Ready", since: 0, run: 0 }, false, stallProblem(stalled, "5m"))).toBe("unhealthy")
+    expect(nodeState({ _tag: "Ready", since: 0, run: 0 }, true, stallProblem(stalled, "5m"))).toBe("draining")
+  })
+})

@@ -1,0 +1,327 @@
+// The cgn-agent binary as a subprocess: `check` and `render` exit codes (0 ok, 2 bad config or no config,
+// 1 usage errors), the key path of a problem on stderr, `render --json` output, `--help`, `help` and
+// `version`, one-line usage errors, `generate`'s address check, the Node version check, the simulator's
+// --help/--version, and a real install of the packed package (`cgn-agent` on PATH).
+import { execFile, execFileSync } from "node:child_process"
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import { promisify } from "node:util"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { nodeTooOld } from "../../src/programs/nodeVersion.ts"
+import { VERSION } from "../../src/version.ts"
+import { agentEntry, requireDist, simDistEntry } from "../support/agent.ts"
+import { makeTestPki, type TestPki } from "../support/certs.ts"
+import { runCli } from "../support/cli.ts"
+
+const ROOT = path.join(import.meta.dirname, "..", "..")
+const run = promisify(execFile)
+
+const cli = runCli
+
+let dir = ""
+let broken = ""
+let pki: TestPki
+beforeAll(async () => {
+  dir = await fs.mkdtemp(path.join(os.tmpdir(), "cgn-cli-"))
+  broken = path.join(dir, "broken.toml")
+  await fs.writeFile(broken, '[agent]\nheartbeat = "soon"\n[models.m]\nhf_repo = "a/b"\n')
+  pki = makeTestPki()
+})
+afterAll(async () => {
+  await fs.rm(dir, { recursive: true, force: true })
+  pki?.cleanup()
+})
+
+/** A config file in the temp dir; `body` goes before a minimal [models.m]. */
+const configFile = async (name: string, body: string): Promise<string> => {
+  const file = path.join(dir, name)
+  await fs.writeFile(file, `${body}\n[models.m]\nhf_repo = "a/b"\n`)
+  return file
+}
+
+describe("cgn-agent CLI", () => {
+  it("check on a valid file: exit 0 and a summary (--offline: without the host's TLS files)", async () => {
+    const r = await cli(["check", "--offline", "--config", "examples/prod.toml"])
+    expect(r.code).toBe(0)
+    expect(r.stdout).toContain("examples/prod.toml: ok")
+    expect(r.stdout).toMatch(/engine: +vllm/)
+    expect(r.stdout).toMatch(/tp: +4/)
+    expect(r.stdout).toMatch(/kv_offload: +nixl/)
+    expect(r.stdout).toContain("etcd https://etcd-0.cgn.internal:2379")
+  })
+
+  it("check on a broken file: exit 2, the key path on stderr", async () => {
+    const r = await cli(["check", "--config", broken])
+    expect(r.code).toBe(2)
+    expect(r.stderr).toContain(`invalid config ${broken}:`)
+    expect(r.stderr).toContain('agent.heartbeat: expected a duration such as "500ms", "5s", "2m" or "1h", got "soon"')
+    expect(r.stdout).toBe("")
+  })
+
+  it("no --config and no CGN_AGENT_CONFIG: exit 2 saying how to give one", async () => {
+    const r = await cli(["check"])
+    expect(r.code).toBe(2)
+    expect(r.stderr).toContain("--config: no config file given; pass --config PATH or set CGN_AGENT_CONFIG")
+  })
+
+  it("CGN_AGENT_CONFIG names the file when --config is absent", async () => {
+    const r = await cli(["render"], { CGN_AGENT_CONFIG: "examples/llama-cpp.toml" })
+    expect(r.code).toBe(0)
+    expect(r.stdout).toContain("command:   llama-server -m /models/Llama-3.2-3B-Instruct-Q4_K_M.gguf")
+  })
+
+  it("render prints the shell-quoted command line, env and URLs", async () => {
+    const r = await cli(["render", "--config", "examples/prod.toml"])
+    expect(r.code).toBe(0)
+    expect(r.stdout).toContain(
+      "command:   vllm serve meta-llama/Meta-Llama-3-70B-Instruct --host 127.0.0.1 --port 8000 --tensor-parallel-size 4"
+    )
+    expect(r.stdout).toContain(
+      `--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_load_failure_policy":"fail"}'`
+    )
+    expect(r.stdout).toContain("  VLLM_NIXL_SIDE_CHANNEL_HOST=10.0.12.7\n")
+    expect(r.stdout).toContain("probe:     GET http://127.0.0.1:8000/v1/models (200 = ready)")
+  })
+
+  it("render --json parses, with secrets redacted", async () => {
+    const file = path.join(dir, "secret.toml")
+    await fs.writeFile(
+      file,
+      '[engine]\nenv = { HF_TOKEN = "hf_secret" }\nargs = ["--api-key", "sk-secret"]\n[models.m]\nhf_repo = "a/b"\n'
+    )
+    const r = await cli(["render", "--config", file, "--json"])
+    expect(r.code).toBe(0)
+    const plan = JSON.parse(r.stdout)
+    expect(plan.kind).toBe("vllm")
+    expect(plan.env).toEqual({ HF_TOKEN: "<redacted>" })
+    expect(plan.argv.slice(-2)).toEqual(["--api-key", "<redacted>"])
+    expect(r.stdout).not.toContain("secret")
+  })
+
+  it("check: a llama.cpp served name with a comma exits 2 with the key path and the reason", async () => {
+    const file = path.join(dir, "comma.toml")
+    await fs.writeFile(file, '[engine]\nkind = "llama_cpp"\n[models.m]\npath = "/m.gguf"\nserved_name = "a,b"\n')
+    const r = await cli(["check", "--config", file])
+    expect(r.code).toBe(2)
+    expect(r.stderr).toContain('models."m".served_name: llama_cpp cannot serve the name "a,b"')
+    expect(r.stderr).toContain("splits -a on commas")
+  })
+
+  it("render on a broken file: exit 2", async () => {
+    const r = await cli(["render", "--config", broken, "--json"])
+    expect(r.code).toBe(2)
+    expect(r.stderr).toContain("agent.heartbeat:")
+  })
+
+  it("--help and per-command help: exit 0", async () => {
+    const root = await cli(["--help"])
+    expect(root.code).toBe(0)
+    expect(root.stdout).toContain("check")
+    expect(root.stdout).toContain("render")
+    const render = await cli(["render", "--help"])
+    expect(render.code).toBe(0)
+    expect(render.stdout).toContain("--json")
+    expect(render.stdout).toContain("--config")
+  })
+
+  it("an unknown flag is a usage error: exit 1, one line, no help text", async () => {
+    const r = await cli(["check", "--bogus"])
+    expect(r.code).toBe(1)
+    expect(r.stderr).toContain("--bogus")
+    expect(r.stderr.trim().split("\n")).toHaveLength(1)
+    expect(r.stdout).toBe("")
+  })
+
+  it("`help` and `version` subcommands print what --help and --version print", async () => {
+    const help = await cli(["help", "render"])
+    expect(help.code).toBe(0)
+    expect(help.stdout).toContain("cgn-agent render [flags]")
+    expect(help.stdout).toContain("--json")
+    const root = await cli(["help"])
+    expect(root.code).toBe(0)
+    expect(root.stdout).toMatch(/SUBCOMMANDS[\s\S]*help[\s\S]*version/)
+    const version = await cli(["version"])
+    expect(version).toMatchObject({ code: 0, stdout: `cgn-agent v${VERSION}\n` })
+    const pkg = JSON.parse(await fs.readFile(path.join(ROOT, "package.json"), "utf8"))
+    expect(VERSION).toBe(pkg.version)
+  })
+})
+
+describe("check makes every check run makes (exit 2)", () => {
+  it("admin off loopback without a token", async () => {
+    const file = await configFile("open-admin.toml", '[agent]\nlisten_admin = "0.0.0.0:9091"')
+    const r = await cli(["check", "--config", file])
+    expect(r.code).toBe(2)
+    expect(r.stderr).toContain(`invalid config ${file}:`)
+    expect(r.stderr).toContain('agent.listen_admin = "0.0.0.0:9091" is not a loopback address')
+    // the token from the environment (a Kubernetes Secret) satisfies it, as it does for run
+    const ok = await cli(["check", "--config", file], { CGN_AGENT_ADMIN_TOKEN: "t" })
+    expect(ok.code).toBe(0)
+  })
+
+  it("TLS files that do not exist, for the gRPC server and for etcd; --offline skips them", async () => {
+    const missing = path.join(dir, "nope")
+    const file = await configFile(
+      "missing-tls.toml",
+      [
+        "[cluster]",
+        'etcd = ["https://127.0.0.1:2379"]',
+        `etcd_ca_file = "${missing}/ca.crt"`,
+        "[security]",
+        "require_mtls = true",
+        `ca_file = "${missing}/ca.crt"`,
+        `cert_file = "${missing}/tls.crt"`,
+        `key_file = "${missing}/tls.key"`
+      ].join("\n")
+    )
+    const r = await cli(["check", "--config", file])
+    expect(r.code).toBe(2)
+    expect(r.stderr).toContain(`security.ca_file (${missing}/ca.crt): cannot read: ENOENT`)
+    expect(r.stderr).toContain(`cluster.etcd_ca_file: cannot read ${missing}/ca.crt: ENOENT`)
+    expect((await cli(["check", "--offline", "--config", file])).code).toBe(0)
+  })
+
+  it("a key that does not belong to the certificate; run refuses the same file with the same exit code", async () => {
+    const file = await configFile(
+      "mismatch.toml",
+      [
+        "[security]",
+        "require_mtls = true",
+        `ca_file = "${pki.ca.certFile}"`,
+        `cert_file = "${pki.server.certFile}"`,
+        `key_file = "${pki.client.keyFile}"`,
+        "[agent]",
+        `state_dir = "${dir}/state"`,
+        'listen_grpc = "127.0.0.1:0"',
+        'listen_admin = "127.0.0.1:0"',
+        "[engine]",
+        'command = ["/bin/false"]'
+      ].join("\n")
+    )
+    const checked = await cli(["check", "--config", file])
+    expect(checked.code).toBe(2)
+    expect(checked.stderr).toContain("security.key_file")
+    expect(checked.stderr).toContain("does not belong to the certificate")
+    // run stops at the same check, before it starts anything (no engine, no listener)
+    const ran = await cli(["run", "--config", file])
+    expect(ran.code).toBe(2)
+    expect(ran.stderr).toContain("does not belong to the certificate")
+    expect(ran.stderr).not.toContain("listening")
+  })
+})
+
+describe("generate's arguments", () => {
+  it("--max-tokens abc: one line, not the whole help", async () => {
+    const r = await cli(["generate", "--max-tokens", "abc", "--prompt", "hi"])
+    expect(r.code).toBe(1)
+    expect(r.stderr.trim().split("\n")).toEqual([expect.stringContaining('--max-tokens: "abc"')])
+    expect(r.stdout).toBe("")
+  })
+
+  it("--addr without a port is refused before dialing (grpc-js would dial port 80)", async () => {
+    const r = await cli(["generate", "--addr", "127.0.0.1", "--prompt", "hi"])
+    expect(r.code).toBe(1)
+    expect(r.stderr.trim()).toBe('cgn-agent: --addr "127.0.0.1": expected HOST:PORT, e.g. --addr 127.0.0.1:7071')
+  })
+
+  it("a refused connection is one short line", async () => {
+    const r = await cli(["generate", "--addr", "127.0.0.1:1", "--prompt", "hi", "--timeout", "5"])
+    expect(r.code).toBe(1)
+    expect(r.stderr.trim()).toBe("cgn-agent: UNAVAILABLE: cannot connect: connect ECONNREFUSED 127.0.0.1:1")
+  })
+})
+
+describe("the built binaries", () => {
+  beforeAll(() => requireDist())
+
+  /** A Node older than 24 on this machine (the system's, e.g. Debian's v20), if there is one. */
+  const oldNode = (() => {
+    for (const candidate of ["/usr/bin/node", "/usr/local/bin/node"]) {
+      try {
+        const v = execFileSync(candidate, ["--version"], { encoding: "utf8" }).trim()
+        if (Number(v.slice(1).split(".")[0]) < 24) return candidate
+      } catch {
+        // not there
+      }
+    }
+    return undefined
+  })()
+
+  it("the version check names what is needed", () => {
+    expect(nodeTooOld("24.0.0", "/x/node")).toBeUndefined()
+    expect(nodeTooOld("25.1.0", "/x/node")).toBeUndefined()
+    expect(nodeTooOld("20.20.2", "/usr/bin/node")).toBe(
+      "cgn-agent needs Node.js 24 or newer; this is Node.js 20.20.2 (/usr/bin/node). " +
+        "Install Node 24 (https://nodejs.org, or nvm install 24) and run it with that node."
+    )
+  })
+
+  it.runIf(oldNode !== undefined)("dist/main.js on an older Node says it needs Node 24, exit 1", async () => {
+    const r = await run(oldNode!, [agentEntry, "--version"]).then(
+      () => ({ code: 0, stderr: "" }),
+      (e: { code: number; stderr: string }) => e
+    )
+    expect(r.code).toBe(1)
+    expect(r.stderr.trim()).toMatch(/^cgn-agent needs Node\.js 24 or newer; this is Node\.js 2\d\.\d+\.\d+ /)
+  })
+
+  it("cgn-engine-sim --help and --version print and exit (they start no server)", async () => {
+    const help = await run(process.execPath, [simDistEntry, "--help"], { timeout: 10_000 })
+    expect(help.stdout).toContain("Usage: cgn-engine-sim")
+    expect(help.stdout).toContain("--sim-ttft")
+    expect(help.stderr).not.toContain("listening")
+    const version = await run(process.execPath, [simDistEntry, "--version"], { timeout: 10_000 })
+    expect(version.stdout).toBe(`${VERSION}\n`)
+  })
+
+  it("the packed package holds both binaries; a global install puts cgn-agent and cgn-engine-sim on PATH", async () => {
+    const npm = (args: ReadonlyArray<string>, cwd = ROOT) =>
+      run("npm", [...args], { cwd, env: { ...process.env, npm_config_loglevel: "error" }, timeout: 240_000 })
+    // What `npm publish` would ship (`files` in package.json): the built binaries, the protos, the examples.
+    const packed = await npm(["pack", "--dry-run", "--ignore-scripts", "--json"])
+    const files = (JSON.parse(packed.stdout) as Array<{ files: Array<{ path: string }> }>)[0]!.files.map((f) => f.path)
+    expect(files).toEqual(
+      expect.arrayContaining([
+        "dist/main.js",
+        "dist/programs/sim.js",
+        "proto/cgn/agent/v1/agent.proto",
+        "examples/dev.toml"
+      ])
+    )
+    // From a clone (README "Install"): `npm install --global .` links the checkout, its node_modules and bins.
+    const prefix = await fs.mkdtemp(path.join(os.tmpdir(), "cgn-install-"))
+    try {
+      await npm([
+        "install",
+        "--global",
+        "--prefix",
+        prefix,
+        "--offline",
+        "--ignore-scripts",
+        "--no-audit",
+        "--no-fund",
+        ROOT
+      ])
+      const env = {
+        ...process.env,
+        PATH: `${path.join(prefix, "bin")}:${path.dirname(process.execPath)}:/usr/bin:/bin`
+      }
+      const agent = await run("cgn-agent", ["--version"], { env, cwd: os.tmpdir() })
+      expect(agent.stdout).toBe(`cgn-agent v${VERSION}\n`)
+      const checked = await run(
+        "cgn-agent",
+        ["check", "--offline", "--config", path.join(ROOT, "examples/prod.toml")],
+        {
+          env,
+          cwd: os.tmpdir()
+        }
+      )
+      expect(checked.stdout).toContain("ok")
+      const sim = await run("cgn-engine-sim", ["--version"], { env })
+      expect(sim.stdout).toBe(`${VERSION}\n`)
+    } finally {
+      await fs.rm(prefix, { recursive: true, force: true })
+    }
+  }, 300_000)
+})

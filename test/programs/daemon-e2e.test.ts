@@ -1,0 +1,147 @@
+// The built agent (`node dist/main.js run`) as operators meet it. SIGHUP reloads and never kills, in every mode
+// (Node's default for SIGHUP is to terminate at once: no drain, no lease revoke; before the fix only a TLS agent
+// had a handler): after any number of SIGHUPs the agent keeps serving, and SIGTERM still drains it to exit 0.
+// An engine command that does not exist is reported as failing (/readyz, metric) while it is still retried.
+// Requires dist/ (`npm run build`; `npm test` builds first).
+import * as fs from "node:fs"
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
+import { killAllAgents, requireDist, simAgentConfig, startAgent } from "../support/agent.ts"
+import { agentClient, generate, grpcCode } from "../support/generate.ts"
+import { pollUntil } from "../support/poll.ts"
+
+beforeAll(() => requireDist())
+afterEach(() => killAllAgents())
+afterAll(() => killAllAgents())
+
+describe("SIGHUP", () => {
+  it("without TLS: the agent reloads, keeps serving, then drains on SIGTERM with exit 0", async () => {
+    const { config } = await simAgentConfig()
+    const agent = await startAgent({ config, readyTimeoutMs: 45_000 })
+    const reloads = () => agent.stderrLines.filter((l) => l.includes("SIGHUP: nothing to reload")).length
+    const died = agent.exited.then((e) => {
+      throw new Error(`the agent died after SIGHUP (${JSON.stringify(e)}):\n${agent.tail()}`)
+    })
+    died.catch(() => {})
+    for (let i = 1; i <= 3; i++) {
+      process.kill(agent.pid, "SIGHUP")
+      await Promise.race([pollUntil(`reload ${i} logged`, () => reloads() >= i || undefined, 10_000), died])
+    }
+    const ready = await fetch(`${agent.adminUrl}/readyz`)
+    expect(ready.status, agent.tail()).toBe(200)
+    const exit = await agent.stop("SIGTERM")
+    expect(exit, agent.tail()).toEqual({ code: 0, signal: null })
+    expect(agent.stderrLines.some((l) => l.includes("drain: started"))).toBe(true)
+  }, 90_000)
+})
+
+describe("SIGHUP and the log level", () => {
+  it("re-reads [agent].log_level: info -> debug without a restart", async () => {
+    const { config, grpcPort } = await simAgentConfig({ agent: { log_level: "info" } })
+    const agent = await startAgent({ config, readyTimeoutMs: 45_000 })
+    const { client, channel } = agentClient(`127.0.0.1:${grpcPort}`)
+    const debugLines = () => agent.logs().filter((l) => l.level === "debug")
+    try {
+      expect((await generate(client, { prompt: "a b c", sampling: { maxTokens: 4 } }).done).error).toBeUndefined()
+      // an admitted call logs its admission at debug: at info nothing of it is written
+      expect(debugLines()).toEqual([])
+
+      const file = fs.readFileSync(agent.configPath, "utf8")
+      fs.writeFileSync(agent.configPath, file.replace(/log_level = "info"/, 'log_level = "debug"'))
+      process.kill(agent.pid, "SIGHUP")
+      await pollUntil(
+        "the new level logged",
+        () => agent.logs().some((l) => l.msg === "SIGHUP: log level info -> debug"),
+        30_000
+      )
+      expect((await generate(client, { prompt: "a b c", sampling: { maxTokens: 4 } }).done).error).toBeUndefined()
+      await pollUntil("debug lines", () => debugLines().length > 0, 30_000)
+    } finally {
+      channel.close()
+    }
+    expect((await agent.stop()).code).toBe(0)
+  }, 90_000)
+})
+
+describe("an engine command that does not exist", () => {
+  it("is shown as failing (/readyz reason, cgn_agent_engine_failing) while the restarts go on", async () => {
+    const { config } = await simAgentConfig({
+      engine: {
+        command: ["/nonexistent/engine-binary"],
+        restart_backoff_initial: "100ms",
+        restart_backoff_max: "500ms"
+      }
+    })
+    const agent = await startAgent({ config, awaitReady: false })
+    const readyz = await pollUntil(
+      "/readyz says the engine is failing",
+      async () => {
+        const res = await fetch(`${agent.adminUrl}/readyz`)
+        const text = await res.text()
+        return res.status === 503 && text.includes("engine failing") ? text : undefined
+      },
+      45_000,
+      200
+    )
+    expect(readyz).toMatch(/^unhealthy \(engine (restarting|starting): engine failing: \d+ runs in a row/)
+    expect(readyz).toContain("ENOENT")
+    const metric = async (name: string) => {
+      const body = await (await fetch(`${agent.adminUrl}/metrics`)).text()
+      const line = body.split("\n").find((l) => l.startsWith(`${name} `))
+      return line === undefined ? undefined : Number(line.split(" ")[1])
+    }
+    expect(await metric("cgn_agent_engine_failing")).toBe(1)
+    const before = (await metric("cgn_agent_engine_restarts_total")) ?? 0
+    await pollUntil(
+      "more restarts",
+      async () => ((await metric("cgn_agent_engine_restarts_total")) ?? 0) > before,
+      20_000
+    )
+    const exit = await agent.stop("SIGTERM")
+    expect(exit, agent.tail()).toEqual({ code: 0, signal: null })
+  }, 120_000)
+})
+
+describe("a stalled engine", () => {
+  // The simulator stops sending after 3 tokens but keeps the connection open: only engine.stream_idle_timeout
+  // ends the call. Once it has, and no stream has moved since, the node is unhealthy with the reason, until the
+  // engine makes progress again.
+  it("ends the stalled call UNAVAILABLE, then /readyz says the engine stalled until a stream makes progress", async () => {
+    const { config, engineUrl, grpcPort } = await simAgentConfig({ engine: { stream_idle_timeout: "500ms" } })
+    const agent = await startAgent({ config, readyTimeoutMs: 45_000 })
+    const { client, channel } = agentClient(`127.0.0.1:${grpcPort}`)
+    const faults = (f: Record<string, unknown>) =>
+      fetch(`${engineUrl}/sim/faults`, { method: "POST", body: JSON.stringify(f) }).then((r) =>
+        expect(r.status).toBe(200)
+      )
+    try {
+      await faults({ stallAfterTokens: 3 })
+      // the simulator echoes the prompt: 40 words, so the stall after 3 tokens comes mid-answer
+      const prompt = Array.from({ length: 40 }, (_, i) => `w${i}`).join(" ")
+      const stalled = await generate(client, { prompt, sampling: { maxTokens: 50 } }).done
+      expect(grpcCode(stalled.error), JSON.stringify({ final: stalled.final, tokens: stalled.tokens() })).toBe(
+        "UNAVAILABLE"
+      )
+      const readyz = await pollUntil(
+        "/readyz says the engine stalled",
+        async () => {
+          const res = await fetch(`${agent.adminUrl}/readyz`)
+          const text = await res.text()
+          return res.status === 503 && text.includes("engine stalled") ? text : undefined
+        },
+        30_000
+      )
+      expect(readyz).toMatch(/^unhealthy \(engine ready: engine stalled: 1 stream\(s\) sent nothing for /)
+      const status = (await (await fetch(`${agent.adminUrl}/status`)).json()) as { health: { state: string } }
+      expect(status.health.state).toBe("unhealthy")
+
+      // the engine recovers: a stream that makes progress clears it
+      await faults({ stallAfterTokens: null })
+      const ok = await generate(client, { prompt, sampling: { maxTokens: 40 } }).done
+      expect(ok.error).toBeUndefined()
+      await pollUntil("ready again", async () => (await fetch(`${agent.adminUrl}/readyz`)).status === 200, 30_000)
+    } finally {
+      channel.close()
+    }
+    expect((await agent.stop()).code).toBe(0)
+  }, 120_000)
+})

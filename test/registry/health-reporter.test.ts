@@ -1,0 +1,421 @@
+/**
+ * HealthReporter against a real etcd (test/support/etcd.ts): registration with lease and TTL, heartbeat
+ * rewrites with a growing sequence, a router-style watcher, damping and immediate draining, recovery from
+ * a paused, killed or revoked etcd lease, duplicate node ids, SIGKILLed agent, clean stop, standalone.
+ */
+import { spawn } from "node:child_process"
+import * as path from "node:path"
+import { Effect, Exit, Layer, ManagedRuntime } from "effect"
+import { Etcd3 } from "etcd3"
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
+import { NodeHealth } from "../../src/gen/cgn/agent/v1/agent.ts"
+import { layerFromObject } from "../../src/layers/config/Config.ts"
+import { NodeStatusTest, layerTest as nodeStatusTest } from "../../src/layers/node/NodeStatus.ts"
+import { layer as healthReporterLayer } from "../../src/layers/registry/HealthReporter.ts"
+import type { NodeState } from "../../src/services/node/NodeStatus.ts"
+import {
+  epochOf,
+  HealthReporter,
+  nodeKey,
+  nodesPrefix,
+  type RegistrationStatus
+} from "../../src/services/registry/HealthReporter.ts"
+import { type EtcdHandle, pollUntil, startEtcd } from "../support/etcd.ts"
+
+let unhandled = 0
+const onUnhandled = () => {
+  unhandled++
+}
+process.on("unhandledRejection", onUnhandled)
+
+let shared: EtcdHandle
+let client: Etcd3
+let counter = 0
+const cleanups: Array<() => Promise<unknown>> = []
+
+beforeAll(async () => {
+  shared = await startEtcd()
+  client = new Etcd3({ hosts: shared.endpoint })
+}, 30_000)
+
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c().catch(() => undefined)
+})
+
+afterAll(async () => {
+  client?.close()
+  await shared?.dispose()
+  process.off("unhandledRejection", onUnhandled)
+})
+
+interface Opts {
+  readonly endpoint?: string
+  readonly nodeId?: string
+  readonly prefix?: string
+  readonly heartbeat?: string
+  readonly leaseTtl?: string
+  readonly damping?: number
+  readonly advertise?: string
+  readonly etcd?: ReadonlyArray<string>
+  readonly auth?: { readonly username: string; readonly password: string }
+}
+
+const configObject = (o: Opts) => ({
+  cluster: {
+    name: "c1",
+    etcd: o.etcd ?? [o.endpoint ?? shared.endpoint],
+    etcd_prefix: o.prefix ?? "/cgn",
+    ...(o.auth ? { etcd_username: o.auth.username, etcd_password: o.auth.password } : {})
+  },
+  agent: {
+    node_id: o.nodeId ?? "n1",
+    heartbeat: o.heartbeat ?? "200ms",
+    lease_ttl: o.leaseTtl ?? "1s",
+    health_damping: o.damping ?? 2
+  },
+  models: { m: { hf_repo: "org/m" } }
+})
+
+/** A reporter in this process, built before this returns; closed after the test unless the test closes it first. */
+const startReporter = async (o: Opts) => {
+  const status = nodeStatusTest({
+    nodeId: o.nodeId ?? "n1",
+    cluster: "c1",
+    advertiseAddr: o.advertise ?? "127.0.0.1:7071"
+  })
+  const live = healthReporterLayer.pipe(Layer.provideMerge(Layer.mergeAll(layerFromObject(configObject(o)), status)))
+  const runtime = ManagedRuntime.make(live)
+  let closed = false
+  const close = async () => {
+    if (closed) return
+    closed = true
+    await runtime.dispose()
+  }
+  cleanups.push(close)
+  await runtime.runPromise(Effect.asVoid(HealthReporter))
+  return {
+    status: () => runtime.runPromise(Effect.flatMap(HealthReporter, (r) => r.status)),
+    setState: (s: NodeState) => runtime.runPromise(Effect.flatMap(NodeStatusTest, (c) => c.setState(s))),
+    /** The node state and the engine phase behind it, as the live NodeStatus would show them together. */
+    setEngine: (state: NodeState, phase: string) =>
+      runtime.runPromise(
+        Effect.flatMap(NodeStatusTest, (c) => c.update((h) => ({ ...h, state, engine: { ...h.engine!, phase } })))
+      ),
+    flush: () => runtime.runPromise(Effect.exit(Effect.flatMap(HealthReporter, (r) => r.flush))),
+    markDraining: () => runtime.runPromise(Effect.exit(Effect.flatMap(HealthReporter, (r) => r.markDraining))),
+    close
+  }
+}
+
+const uniquePrefix = () => `/t${process.pid}-${++counter}`
+const readRecord = async (etcd: Etcd3, key: string) => {
+  const text = await etcd.get(key).string()
+  return text === null ? undefined : NodeHealth.fromJSON(JSON.parse(text))
+}
+const untilState = (
+  r: { status: () => Promise<RegistrationStatus> },
+  state: RegistrationStatus["state"],
+  timeoutMs = 10_000,
+  extra: (s: RegistrationStatus) => boolean = () => true
+) =>
+  pollUntil(
+    `reporter state ${state}`,
+    async () => {
+      const s = await r.status()
+      return s.state === state && extra(s) ? s : undefined
+    },
+    timeoutMs
+  )
+
+describe("HealthReporter against a real etcd", () => {
+  it("registers the key under its lease with the configured TTL", async () => {
+    const prefix = uniquePrefix()
+    const key = nodeKey(prefix, "c1", "n1")
+    const r = await startReporter({ prefix, leaseTtl: "2s" })
+    const st = await untilState(r, "registered")
+    expect(st.key).toBe(key)
+    const kv = await pollUntil("key", async () => (await client.get(key).exec()).kvs[0])
+    expect(kv.lease).toBe(st.leaseId)
+    const ttl = await client.leaseClient.leaseTimeToLive({ ID: st.leaseId!, keys: true })
+    expect(Number(ttl.grantedTTL)).toBe(2)
+    expect(ttl.keys.map((k) => k.toString())).toContain(key)
+    const rec = NodeHealth.fromJSON(JSON.parse(kv.value.toString()))
+    expect(rec.nodeId).toBe("n1")
+    expect(rec.cluster).toBe("c1")
+    expect(rec.freshness?.epoch).toBe(epochOf(st.leaseId!))
+    expect(rec.freshness?.epoch).toBe(st.epoch)
+    expect(rec.freshness?.sequence).toBeGreaterThanOrEqual(1)
+    expect(Number.isNaN(Date.parse(rec.freshness?.writtenAt ?? ""))).toBe(false)
+    expect(st.leaseAgeMs).toBeGreaterThanOrEqual(0)
+  }, 20_000)
+
+  it("a router-style watcher sees registration, heartbeat updates with a growing sequence, and deletion at once on a clean stop", async () => {
+    const prefix = uniquePrefix()
+    const key = nodeKey(prefix, "c1", "n1")
+    const events: Array<{ type: "put" | "delete"; version: string; record?: NodeHealth; at: number }> = []
+    const watcher = await client.watch().prefix(nodesPrefix(prefix, "c1")).create()
+    cleanups.push(() => watcher.cancel())
+    watcher.on("put", (kv) =>
+      events.push({
+        type: "put",
+        version: kv.version,
+        record: NodeHealth.fromJSON(JSON.parse(kv.value.toString())),
+        at: Date.now()
+      })
+    )
+    watcher.on("delete", (kv) => events.push({ type: "delete", version: kv.version, at: Date.now() }))
+    // A long TTL, so a deletion right after close() can only come from the revoke.
+    const r = await startReporter({ prefix, leaseTtl: "10s" })
+    await pollUntil("5 puts", () => (events.filter((e) => e.type === "put").length >= 5 ? true : undefined))
+    const puts = events.filter((e) => e.type === "put")
+    expect(puts[0]!.version).toBe("1") // created, not overwritten
+    const seqs = puts.map((e) => e.record!.freshness!.sequence)
+    for (let i = 1; i < seqs.length; i++) expect(seqs[i]!).toBeGreaterThan(seqs[i - 1]!)
+    expect(new Set(puts.map((e) => e.record!.freshness!.epoch)).size).toBe(1)
+    const writtenAt = puts.map((e) => Date.parse(e.record!.freshness!.writtenAt))
+    for (let i = 1; i < writtenAt.length; i++) expect(writtenAt[i]!).toBeGreaterThan(writtenAt[i - 1]!)
+    const closedAt = Date.now()
+    await r.close()
+    expect(await client.get(key).string()).toBeNull()
+    const del = await pollUntil("delete event", () => events.find((e) => e.type === "delete"))
+    // Well under the 10 s TTL (so it was the revoke), with room for a loaded CI machine.
+    expect(del.at - closedAt).toBeLessThan(5000)
+    const lastPut = events.filter((e) => e.type === "put").at(-1)!
+    expect(lastPut.record!.state).toBe("draining")
+  }, 20_000)
+
+  it("damps probe flaps and writes draining at once", async () => {
+    const prefix = uniquePrefix()
+    const key = nodeKey(prefix, "c1", "n1")
+    const r = await startReporter({ prefix, damping: 3 })
+    await untilState(r, "registered")
+    await r.setEngine("ready", "ready")
+    await pollUntil("ready published", async () =>
+      (await readRecord(client, key))?.state === "ready" ? true : undefined
+    )
+    const s0 = (await r.status()).sequence
+    await r.setEngine("unhealthy", "unhealthy")
+    // A liveness verdict: with damping 3 the next two heartbeats still publish "ready".
+    const first = await pollUntil("a write after the change", async () => {
+      const rec = await readRecord(client, key)
+      return rec !== undefined && rec.freshness!.sequence > s0 ? rec : undefined
+    })
+    expect(first.state).toBe("ready")
+    const unhealthy = await pollUntil("unhealthy published", async () => {
+      const rec = await readRecord(client, key)
+      return rec?.state === "unhealthy" ? rec : undefined
+    })
+    expect(unhealthy.freshness!.sequence).toBeGreaterThanOrEqual(s0 + 3)
+    const s1 = (await r.status()).sequence
+    await r.setState("draining")
+    const draining = await pollUntil("draining published", async () => {
+      const rec = await readRecord(client, key)
+      return rec?.state === "draining" ? rec : undefined
+    })
+    // At most one heartbeat that had already read the snapshot goes out before it.
+    expect(draining.freshness!.sequence).toBeLessThanOrEqual(s1 + 2)
+  }, 20_000)
+
+  it("an engine exit and an engine becoming ready reach etcd at once, not at the next heartbeat (30 s)", async () => {
+    const prefix = uniquePrefix()
+    const key = nodeKey(prefix, "c1", "n1")
+    const r = await startReporter({ prefix, heartbeat: "30s", leaseTtl: "90s", damping: 2 })
+    await untilState(r, "registered")
+    const published = (state: string) =>
+      pollUntil(
+        `${state} in etcd`,
+        async () => ((await readRecord(client, key))?.state === state ? true : undefined),
+        3_000
+      )
+    let t = performance.now()
+    await r.setEngine("ready", "ready")
+    await published("ready")
+    const startLagMs = performance.now() - t
+    t = performance.now()
+    await r.setEngine("starting", "restarting") // the engine exited; the supervisor restarts it
+    await published("starting")
+    const crashLagMs = performance.now() - t
+    await r.setEngine("ready", "ready")
+    await published("ready")
+    t = performance.now()
+    await r.setEngine("unhealthy", "stopped") // the supervisor gave up
+    await published("unhealthy")
+    const stopLagMs = performance.now() - t
+    // A heartbeat-driven write would take 30 s; the bound is a tenth of that on a loaded machine.
+    expect(Math.max(startLagMs, crashLagMs, stopLagMs)).toBeLessThan(3_000)
+    console.log(
+      `etcd lag: start ${startLagMs.toFixed(0)} ms, crash ${crashLagMs.toFixed(0)} ms, stop ${stopLagMs.toFixed(0)} ms`
+    )
+  }, 30_000)
+
+  it("markDraining writes state=draining before returning", async () => {
+    const prefix = uniquePrefix()
+    const key = nodeKey(prefix, "c1", "n1")
+    const r = await startReporter({ prefix, heartbeat: "5s", leaseTtl: "15s" })
+    await untilState(r, "registered")
+    expect(Exit.isSuccess(await r.markDraining())).toBe(true)
+    expect((await readRecord(client, key))?.state).toBe("draining")
+  }, 20_000)
+
+  it("registers again with a new epoch after the lease is revoked from outside", async () => {
+    const prefix = uniquePrefix()
+    const key = nodeKey(prefix, "c1", "n1")
+    const r = await startReporter({ prefix })
+    const before = await untilState(r, "registered")
+    await client.leaseClient.leaseRevoke({ ID: before.leaseId! })
+    const after = await untilState(r, "registered", 10_000, (s) => s.epoch !== before.epoch)
+    expect(after.leasesLost).toBeGreaterThanOrEqual(1)
+    const rec = await pollUntil("record of the new epoch", async () => {
+      const x = await readRecord(client, key)
+      return x?.freshness?.epoch === after.epoch ? x : undefined
+    })
+    expect(rec.freshness!.sequence).toBeGreaterThan(before.sequence)
+  }, 20_000)
+
+  it("refuses a duplicate node id, naming the holder, and takes over once the holder leaves", async () => {
+    const prefix = uniquePrefix()
+    const key = nodeKey(prefix, "c1", "n1")
+    const a = await startReporter({ prefix, advertise: "10.0.0.1:7071" })
+    const sa = await untilState(a, "registered")
+    const b = await startReporter({ prefix, advertise: "10.0.0.2:7071" })
+    const sb = await untilState(b, "conflict")
+    expect(sb.conflict?.lease).toBe(sa.epoch)
+    expect(sb.conflict?.advertiseAddr).toBe("10.0.0.1:7071")
+    expect(sb.lastError).toContain("10.0.0.1:7071")
+    const flushed = await b.flush()
+    expect(Exit.isFailure(flushed)).toBe(true)
+    if (Exit.isFailure(flushed)) expect(String(flushed.cause)).toContain("RegistrationConflict")
+    // never overwritten
+    expect((await readRecord(client, key))?.advertiseAddr).toBe("10.0.0.1:7071")
+    await a.close()
+    await untilState(b, "registered")
+    expect((await readRecord(client, key))?.advertiseAddr).toBe("10.0.0.2:7071")
+  }, 20_000)
+
+  it("registers again after etcd is paused (SIGSTOP) and resumed", async () => {
+    const etcd = await startEtcd()
+    cleanups.push(() => etcd.dispose())
+    const local = new Etcd3({ hosts: etcd.endpoint })
+    cleanups.push(async () => local.close())
+    const prefix = uniquePrefix()
+    const key = nodeKey(prefix, "c1", "n1")
+    const r = await startReporter({ prefix, endpoint: etcd.endpoint })
+    await untilState(r, "registered")
+    etcd.pause()
+    const down = await untilState(r, "retrying")
+    expect(down.lastError).toBeDefined()
+    // Frozen for longer than the lease TTL (1 s), as after a long GC pause or partition.
+    await pollUntil("lease past its TTL", async () => ((await r.status()).sinceKeepAliveMs! > 1500 ? true : undefined))
+    etcd.resume()
+    const up = await untilState(r, "registered", 10_000, (s) => s.writes > down.writes)
+    const rec = await pollUntil("record after resume", async () => {
+      const x = await readRecord(local, key)
+      return x?.freshness?.epoch === up.epoch ? x : undefined
+    })
+    expect(rec.nodeId).toBe("n1")
+  }, 30_000)
+
+  it("registers again within about a heartbeat after etcd is killed and restarted", async () => {
+    const etcd = await startEtcd()
+    cleanups.push(() => etcd.dispose())
+    const prefix = uniquePrefix()
+    const key = nodeKey(prefix, "c1", "n1")
+    const r = await startReporter({ prefix, endpoint: etcd.endpoint })
+    await untilState(r, "registered")
+    await etcd.kill()
+    const down = await untilState(r, "retrying")
+    // Stay down a while so the client's backoff has grown.
+    await pollUntil("several failed retries", async () =>
+      (await r.status()).writeFailures >= down.writeFailures + 5 ? true : undefined
+    )
+    await etcd.restart()
+    const back = Date.now()
+    const up = await untilState(r, "registered", 10_000, (s) => s.writes > down.writes)
+    expect(Date.now() - back).toBeLessThan(3000)
+    const local = new Etcd3({ hosts: etcd.endpoint })
+    cleanups.push(async () => local.close())
+    const rec = await pollUntil("record after restart", async () => {
+      const x = await readRecord(local, key)
+      return x?.freshness?.epoch === up.epoch ? x : undefined
+    })
+    expect(rec.freshness!.sequence).toBeGreaterThan(down.sequence)
+  }, 30_000)
+
+  it("a SIGKILLed agent's key disappears after the lease TTL", async () => {
+    const prefix = uniquePrefix()
+    const key = nodeKey(prefix, "c1", "n9")
+    const fixture = path.join(import.meta.dirname, "..", "fixtures", "reporter.ts")
+    const child = spawn(process.execPath, [fixture, JSON.stringify(configObject({ prefix, nodeId: "n9" }))], {
+      stdio: ["ignore", "pipe", "pipe"]
+    })
+    cleanups.push(async () => {
+      if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL")
+    })
+    let out = ""
+    let err = ""
+    child.stdout.on("data", (d: Buffer) => {
+      out += d.toString()
+    })
+    child.stderr.on("data", (d: Buffer) => {
+      err += d.toString()
+    })
+    await pollUntil("fixture registered", () => (out.includes('"registered"') ? true : undefined), 15_000).catch(
+      (e) => {
+        throw new Error(`${(e as Error).message}\nstderr:\n${err}`)
+      }
+    )
+    expect(await client.get(key).string()).not.toBeNull()
+    const exited = new Promise((res) => child.once("exit", res))
+    child.kill("SIGKILL")
+    await exited
+    const killedAt = Date.now()
+    // Still there right after the kill: nobody revoked it.
+    expect(await client.get(key).string()).not.toBeNull()
+    await pollUntil("key expired", async () => ((await client.get(key).string()) === null ? true : undefined), 8000)
+    const gone = Date.now() - killedAt
+    expect(gone).toBeGreaterThan(200)
+    expect(gone).toBeLessThan(5000)
+  }, 30_000)
+
+  it("authenticates with [cluster].etcd_username and etcd_password", async () => {
+    const etcd = await startEtcd()
+    cleanups.push(() => etcd.dispose())
+    const admin = new Etcd3({ hosts: etcd.endpoint })
+    cleanups.push(async () => admin.close())
+    await admin.role("root").create()
+    await admin.user("root").create("s3cret")
+    await admin.user("root").addRole("root")
+    await admin.auth.authEnable({})
+    const prefix = uniquePrefix()
+    const wrong = await startReporter({ prefix, endpoint: etcd.endpoint, auth: { username: "root", password: "nope" } })
+    const refused = await untilState(wrong, "retrying")
+    expect(refused.lastError).toMatch(/auth/i)
+    await wrong.close()
+    const r = await startReporter({ prefix, endpoint: etcd.endpoint, auth: { username: "root", password: "s3cret" } })
+    await untilState(r, "registered")
+    const authed = new Etcd3({ hosts: etcd.endpoint, auth: { username: "root", password: "s3cret" } })
+    cleanups.push(async () => authed.close())
+    expect((await readRecord(authed, nodeKey(prefix, "c1", "n1")))?.nodeId).toBe("n1")
+  }, 20_000)
+
+  it("keeps running and reports retrying when etcd is unreachable from the start", async () => {
+    const r = await startReporter({ prefix: uniquePrefix(), etcd: ["http://127.0.0.1:9"] })
+    const st = await untilState(r, "retrying")
+    expect(st.lastError).toBeDefined()
+    const flushed = await r.flush()
+    expect(Exit.isFailure(flushed)).toBe(true)
+    await r.close()
+  }, 20_000)
+
+  it("is standalone when [cluster].etcd is empty", async () => {
+    const r = await startReporter({ etcd: [] })
+    const st = await r.status()
+    expect(st.state).toBe("standalone")
+    expect(st.key).toBeUndefined()
+    expect(Exit.isSuccess(await r.flush())).toBe(true)
+  })
+
+  it("raised no unhandled rejections", () => {
+    expect(unhandled).toBe(0)
+  })
+})

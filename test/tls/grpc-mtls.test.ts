@@ -1,0 +1,96 @@
+import { ChannelCredentials } from "@grpc/grpc-js"
+import { Effect, Layer, ManagedRuntime } from "effect"
+import { ClientError, createChannel, createClient, Status } from "nice-grpc"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { AgentDefinition } from "../../src/gen/cgn/agent/v1/agent.ts"
+import { layerWith as grpcLayerWith } from "../../src/layers/grpc/GrpcServer.ts"
+import { layerWith as tlsLayerWith } from "../../src/layers/tls/Tls.ts"
+import { GrpcServer } from "../../src/services/grpc/GrpcServer.ts"
+import { Tls } from "../../src/services/tls/Tls.ts"
+import { agentDeps } from "../support/agentDeps.ts"
+import { makeTestPki, type TestPki } from "../support/certs.ts"
+import { runCli } from "../support/cli.ts"
+import { type SimHandle, startSim } from "../support/sim.ts"
+
+describe("mTLS on the Agent gRPC server", () => {
+  let pki: TestPki
+  let sim: SimHandle
+  let rt: ManagedRuntime.ManagedRuntime<GrpcServer, unknown>
+  let address: string
+
+  beforeAll(async () => {
+    pki = makeTestPki()
+    sim = await startSim({ flavor: "vllm", args: ["serve", "m", "--sim-mode", "echo"] })
+    const { deps } = agentDeps(sim.url, { agent: { node_id: "node-tls" } })
+    const tls = tlsLayerWith(
+      { require_mtls: true, ca_file: pki.ca.certFile, cert_file: pki.server.certFile, key_file: pki.server.keyFile },
+      { watch: false, sighup: false }
+    )
+    // As programs/main.ts: the server listens with the Tls service's credentials.
+    const server = Layer.unwrap(
+      Effect.map(Tls, (t) =>
+        grpcLayerWith({ address: "127.0.0.1:0", credentials: t.serverCredentials, shutdownGraceMs: 500 })
+      )
+    ).pipe(Layer.provide(tls), Layer.provide(deps))
+    rt = ManagedRuntime.make(server)
+    address = (await rt.runPromise(GrpcServer)).address
+  })
+  afterAll(async () => {
+    await rt?.dispose()
+    await sim?.stop()
+    pki?.cleanup()
+  })
+
+  const call = async (credentials: ChannelCredentials) => {
+    const channel = createChannel(address, credentials)
+    try {
+      let text = ""
+      for await (const r of createClient(AgentDefinition, channel).generate({ prompt: "over tls", requestId: "t" }))
+        if (r.delta !== undefined) text += r.delta.text
+      return { status: "OK", text }
+    } catch (e) {
+      if (!(e instanceof ClientError)) throw e
+      return { status: Status[e.code], text: e.details }
+    } finally {
+      channel.close()
+    }
+  }
+
+  it("accepts a client certificate from the CA: a Generate is answered", async () => {
+    const r = await call(ChannelCredentials.createSsl(pki.ca.cert, pki.client.key, pki.client.cert))
+    expect(r).toEqual({ status: "OK", text: "over tls" })
+  })
+
+  it("refuses a client without a certificate, with one from another CA, and plaintext", async () => {
+    const cases = {
+      noCert: ChannelCredentials.createSsl(pki.ca.cert),
+      otherCa: ChannelCredentials.createSsl(pki.ca.cert, pki.otherClient.key, pki.otherClient.cert),
+      plaintext: ChannelCredentials.createInsecure()
+    }
+    const served = await Promise.all(Object.values(cases).map((c) => call(c)))
+    expect(served.map((r) => r.status)).toEqual(["UNAVAILABLE", "UNAVAILABLE", "UNAVAILABLE"])
+  })
+
+  const runGenerate = (args: ReadonlyArray<string>) => runCli(["generate", ...args])
+
+  it("the generate client with --ca --cert --key; refused without the client certificate", async () => {
+    const [ok, refused] = await Promise.all([
+      runGenerate([
+        "--addr",
+        address,
+        "--ca",
+        pki.ca.certFile,
+        "--cert",
+        pki.client.certFile,
+        "--key",
+        pki.client.keyFile,
+        "--prompt",
+        "hello tls"
+      ]),
+      runGenerate(["--addr", address, "--ca", pki.ca.certFile, "--prompt", "hello tls", "--timeout", "10"])
+    ])
+    expect([ok.code, ok.stdout]).toEqual([0, "hello tls\n"])
+    expect(refused.code).not.toBe(0)
+    expect(refused.stderr).toMatch(/UNAVAILABLE/)
+  })
+})

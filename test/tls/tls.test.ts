@@ -1,0 +1,274 @@
+// mTLS over real loopback connections: a nice-grpc server (grpc.health.v1 only) with the Tls service's
+// credentials; clients with a good certificate, none, one from another CA, and plaintext. Rotation: the
+// served certificate (read from a raw TLS handshake) changes without a restart, on a file write, on a
+// Kubernetes-style symlink swap, and on SIGHUP alone. Startup errors name the config key.
+import * as crypto from "node:crypto"
+import * as fs from "node:fs"
+import * as path from "node:path"
+import * as tls from "node:tls"
+import { Effect, Exit, Scope } from "effect"
+import {
+  type Channel,
+  type ChannelCredentials,
+  createChannel,
+  createClient,
+  createServer,
+  type Server
+} from "nice-grpc"
+import { HealthDefinition, HealthServiceImpl } from "nice-grpc-server-health"
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
+import {
+  clientCredentials,
+  hangupReload,
+  loadClientCredentials,
+  make,
+  type TlsOptions
+} from "../../src/layers/tls/Tls.ts"
+import type { AgentConfig } from "../../src/services/config/Config.ts"
+import { Tls, TlsError, type TlsService } from "../../src/services/tls/Tls.ts"
+import { makeTestPki, type TestPki } from "../support/certs.ts"
+import { pollUntil } from "../support/poll.ts"
+
+let pki: TestPki
+beforeAll(() => {
+  pki = makeTestPki()
+})
+afterAll(() => pki?.cleanup())
+
+const cleanups: Array<() => Promise<void> | void> = []
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c()
+})
+
+type Security = AgentConfig["security"]
+
+const mtls = (files: { ca: string; cert: string; key: string }): Security => ({
+  require_mtls: true,
+  ca_file: files.ca,
+  cert_file: files.cert,
+  key_file: files.key
+})
+
+const startTls = async (security: Security, options: TlsOptions = {}): Promise<TlsService> => {
+  const scope = Effect.runSync(Scope.make())
+  cleanups.push(() => Effect.runPromise(Scope.close(scope, Exit.void)))
+  return Effect.runPromise(Scope.provide(make(security, { debounce: "20 millis", ...options }), scope))
+}
+
+const startServer = async (service: TlsService): Promise<number> => {
+  const server: Server = createServer()
+  server.add(HealthDefinition, HealthServiceImpl())
+  const port = await server.listen("127.0.0.1:0", service.serverCredentials)
+  cleanups.push(() => server.forceShutdown())
+  return port
+}
+
+/** One Health.Check on a fresh channel; resolves to "ok" or the gRPC error's code. */
+const check = async (port: number, creds: ChannelCredentials): Promise<string> => {
+  const channel: Channel = createChannel(`127.0.0.1:${port}`, creds)
+  try {
+    const client = createClient(HealthDefinition, channel)
+    await client.check({ service: "" }, { signal: AbortSignal.timeout(10_000) })
+    return "ok"
+  } catch (e) {
+    return `code ${(e as { code?: number }).code}`
+  } finally {
+    channel.close()
+  }
+}
+
+/** The serial number of the certificate a new TLS connection is served. */
+const servedSerial = (port: number): Promise<string> =>
+  new Promise((resolve, reject) => {
+    const socket = tls.connect({
+      host: "127.0.0.1",
+      port,
+      ca: pki.ca.cert,
+      cert: pki.client.cert,
+      key: pki.client.key,
+      ALPNProtocols: ["h2"]
+    })
+    socket.once("secureConnect", () => {
+      const serial = socket.getPeerCertificate().serialNumber
+      socket.destroy()
+      resolve(serial)
+    })
+    socket.once("error", reject)
+  })
+
+const serialOf = (pem: Buffer): string => new crypto.X509Certificate(pem).serialNumber
+
+/** Polls (bounded) until a new connection is served the certificate with `serial`. */
+const awaitServed = async (port: number, serial: string): Promise<void> => {
+  await pollUntil(`server presenting serial ${serial}`, async () => (await servedSerial(port)) === serial, 10_000, 20)
+}
+
+/** A copy of the server identity in its own directory, so tests can rewrite it. */
+const copyIdentity = (name: string) => {
+  const dir = fs.mkdtempSync(path.join(pki.dir, `${name}-`))
+  const files = { ca: path.join(dir, "ca.crt"), cert: path.join(dir, "tls.crt"), key: path.join(dir, "tls.key") }
+  fs.copyFileSync(pki.ca.certFile, files.ca)
+  fs.copyFileSync(pki.server.certFile, files.cert)
+  fs.copyFileSync(pki.server.keyFile, files.key)
+  return { dir, files }
+}
+
+/** Atomic replace (write a temp file, rename over), as editors and cert managers do. */
+const replaceFile = (target: string, content: Buffer) => {
+  fs.writeFileSync(`${target}.tmp`, content)
+  fs.renameSync(`${target}.tmp`, target)
+}
+
+describe("mTLS server credentials", () => {
+  it("accepts a client certificate from the CA; refuses none, another CA's, and plaintext", async () => {
+    const service = await startTls(mtls({ ca: pki.ca.certFile, cert: pki.server.certFile, key: pki.server.keyFile }))
+    expect(service.enabled).toBe(true)
+    const port = await startServer(service)
+    const good = clientCredentials({ ca: pki.ca.cert, cert: pki.client.cert, key: pki.client.key })
+    expect(await check(port, good)).toBe("ok")
+    expect(await check(port, clientCredentials({ ca: pki.ca.cert }))).toBe("code 14")
+    const foreign = clientCredentials({ ca: pki.ca.cert, cert: pki.otherClient.cert, key: pki.otherClient.key })
+    expect(await check(port, foreign)).toBe("code 14")
+    expect(await check(port, clientCredentials())).toBe("code 14")
+    // A client trusting only the other CA refuses the server, too.
+    expect(
+      await check(port, clientCredentials({ ca: pki.otherCa.cert, cert: pki.client.cert, key: pki.client.key }))
+    ).toBe("code 14")
+  })
+
+  it("plaintext when require_mtls is false", async () => {
+    const service = await startTls({ require_mtls: false })
+    expect(service.enabled).toBe(false)
+    const port = await startServer(service)
+    expect(await check(port, clientCredentials())).toBe("ok")
+  })
+
+  it("a rewritten certificate is served to new connections without a restart", async () => {
+    const { files } = copyIdentity("rewrite")
+    const service = await startTls(mtls(files))
+    const port = await startServer(service)
+    await awaitServed(port, serialOf(pki.server.cert))
+    const next = pki.issueServer("rotated")
+    replaceFile(files.key, next.key)
+    replaceFile(files.cert, next.cert)
+    await awaitServed(port, serialOf(next.cert))
+    expect(await Effect.runPromise(service.generation)).toBeGreaterThanOrEqual(2)
+    const good = clientCredentials({ ca: pki.ca.cert, cert: pki.client.cert, key: pki.client.key })
+    expect(await check(port, good)).toBe("ok")
+    expect(await check(port, clientCredentials({ ca: pki.ca.cert }))).toBe("code 14")
+  })
+
+  it("a Kubernetes secret update (..data symlink swap) is seen", async () => {
+    // Layout of a secret volume: tls.crt -> ..data/tls.crt, ..data -> ..<timestamp>/
+    const mount = fs.mkdtempSync(path.join(pki.dir, "k8s-"))
+    const writeVersion = (name: string, cert: Buffer, key: Buffer) => {
+      const v = path.join(mount, `..${name}`)
+      fs.mkdirSync(v)
+      fs.writeFileSync(path.join(v, "ca.crt"), pki.ca.cert)
+      fs.writeFileSync(path.join(v, "tls.crt"), cert)
+      fs.writeFileSync(path.join(v, "tls.key"), key)
+      fs.symlinkSync(`..${name}`, path.join(mount, "..data_tmp"))
+      fs.renameSync(path.join(mount, "..data_tmp"), path.join(mount, "..data"))
+    }
+    writeVersion("v1", pki.server.cert, pki.server.key)
+    for (const f of ["ca.crt", "tls.crt", "tls.key"]) fs.symlinkSync(`..data/${f}`, path.join(mount, f))
+    const files = {
+      ca: path.join(mount, "ca.crt"),
+      cert: path.join(mount, "tls.crt"),
+      key: path.join(mount, "tls.key")
+    }
+    const service = await startTls(mtls(files))
+    const port = await startServer(service)
+    await awaitServed(port, serialOf(pki.server.cert))
+    const next = pki.issueServer("k8s-rotated")
+    writeVersion("v2", next.cert, next.key)
+    await awaitServed(port, serialOf(next.cert))
+  })
+
+  it("SIGHUP alone re-reads the files", async () => {
+    const { files } = copyIdentity("sighup")
+    const service = await startTls(mtls(files), { watch: false })
+    const port = await startServer(service)
+    const next = pki.issueServer("hup-rotated")
+    replaceFile(files.key, next.key)
+    replaceFile(files.cert, next.cert)
+    expect(await servedSerial(port)).toBe(serialOf(pki.server.cert))
+    process.kill(process.pid, "SIGHUP")
+    await awaitServed(port, serialOf(next.cert))
+  })
+
+  // The daemon's SIGHUP route (programs/runMain.ts reloadOnHangup) runs hangupReload: it reloads in place and
+  // never fails, also when the new files are bad.
+  it("hangupReload (the daemon's SIGHUP) serves the new certificate and survives a bad file", async () => {
+    const { files } = copyIdentity("hangup-reload")
+    const service = await startTls(mtls(files), { watch: false, sighup: false })
+    const port = await startServer(service)
+    const next = pki.issueServer("hangup-rotated")
+    replaceFile(files.key, next.key)
+    replaceFile(files.cert, next.cert)
+    const reload = Effect.provideService(hangupReload, Tls, service)
+    await Effect.runPromise(reload)
+    expect(await servedSerial(port)).toBe(serialOf(next.cert))
+    fs.writeFileSync(files.cert, "not a certificate")
+    expect(Exit.isSuccess(await Effect.runPromiseExit(reload))).toBe(true)
+    expect(await servedSerial(port)).toBe(serialOf(next.cert))
+    expect(await Effect.runPromise(service.generation)).toBe(2)
+  })
+
+  it("an invalid new file is refused and the old certificate kept", async () => {
+    const { files } = copyIdentity("invalid")
+    const service = await startTls(mtls(files), { watch: false, sighup: false })
+    const port = await startServer(service)
+    fs.writeFileSync(files.cert, "not a certificate")
+    const error = await Effect.runPromise(Effect.flip(service.reload))
+    expect(error.message).toContain("security.cert_file")
+    expect((await Effect.runPromise(service.lastError))?.key).toBe("security.cert_file")
+    expect(await servedSerial(port)).toBe(serialOf(pki.server.cert))
+    // A key from another certificate is refused as well.
+    fs.copyFileSync(pki.server.certFile, files.cert)
+    fs.copyFileSync(pki.client.keyFile, files.key)
+    const mismatch = await Effect.runPromise(Effect.flip(service.reload))
+    expect(mismatch.key).toBe("security.key_file")
+    expect(await Effect.runPromise(service.generation)).toBe(1)
+  })
+})
+
+describe("startup errors name the key", () => {
+  const startError = (security: Security) => Effect.runPromise(Effect.flip(Effect.scoped(make(security))))
+
+  const file = (name: string | undefined) => (name === undefined ? undefined : path.join(pki.dir, name))
+  it.each([
+    ["missing ca_file", [undefined, "server.crt", "server.key"], "security.ca_file", "required"],
+    ["missing cert file", ["ca.crt", "nope.crt", "server.key"], "security.cert_file", "cannot read"],
+    ["garbage ca", ["server.key", "server.crt", "server.key"], "security.ca_file", "not a PEM"],
+    ["key of another cert", ["ca.crt", "server.crt", "client.key"], "security.key_file", "does not belong"]
+  ] as const)("%s", async (_name, [ca, cert, key], expectedKey, reason) => {
+    const [caFile, certFile, keyFile] = [file(ca), file(cert), file(key)]
+    const security: Security = {
+      require_mtls: true,
+      ...(caFile === undefined ? {} : { ca_file: caFile }),
+      ...(certFile === undefined ? {} : { cert_file: certFile }),
+      ...(keyFile === undefined ? {} : { key_file: keyFile })
+    }
+    const error = await startError(security)
+    expect(error).toBeInstanceOf(TlsError)
+    expect(error.key).toBe(expectedKey)
+    expect(error.message).toContain(expectedKey)
+    expect(error.reason).toContain(reason)
+  })
+})
+
+describe("client credentials from files", () => {
+  it("loads ca/cert/key and connects; names the flag on errors", async () => {
+    const service = await startTls(mtls({ ca: pki.ca.certFile, cert: pki.server.certFile, key: pki.server.keyFile }))
+    const port = await startServer(service)
+    const creds = await Effect.runPromise(
+      loadClientCredentials({ caFile: pki.ca.certFile, certFile: pki.client.certFile, keyFile: pki.client.keyFile })
+    )
+    expect(await check(port, creds)).toBe("ok")
+    const half = await Effect.runPromise(Effect.flip(loadClientCredentials({ caFile: pki.ca.certFile, certFile: "x" })))
+    expect(half.message).toContain("--tls-key")
+    const missing = await Effect.runPromise(Effect.flip(loadClientCredentials({ caFile: "/nonexistent/ca.pem" })))
+    expect(missing.message).toContain("--tls-ca (/nonexistent/ca.pem)")
+  })
+})
