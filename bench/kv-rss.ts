@@ -19,7 +19,7 @@ const seconds = Number(arg("--seconds", "60"))
 const rate = Number(arg("--rate", "200"))
 const blocks = Number(arg("--blocks", "256"))
 const bridgePath = path.resolve(arg("--bridge", new URL("../src/layers/kv/KvBridge.ts", import.meta.url).pathname))
-const root = path.resolve(path.dirname(bridgePath), "../..")
+const root = path.resolve(path.dirname(bridgePath), "../../..")
 
 // Typed as this checkout's modules; `--bridge` may load another checkout's (same shape where it matters).
 const KvBridgeLive: typeof import("../src/layers/kv/KvBridge.ts") = await import(bridgePath)

@@ -1,0 +1,119 @@
+// The architecture's invariants (docs/ARCHITECTURE.md "Invariants"), stated as absences and checked on the
+// source text: each test names the rule, and a failure lists the files that break it.
+import fs from "node:fs"
+import path from "node:path"
+import { describe, expect, it } from "vitest"
+
+const ROOT = path.join(import.meta.dirname, "..")
+const SRC = path.join(ROOT, "src")
+
+const walk = (dir: string): Array<string> =>
+  fs.readdirSync(dir, { withFileTypes: true }).flatMap((e) => {
+    const p = path.join(dir, e.name)
+    return e.isDirectory() ? walk(p) : e.name.endsWith(".ts") ? [p] : []
+  })
+
+/** Every hand-written source file, as a path relative to the repository root. */
+const sources = walk(SRC)
+  .map((f) => path.relative(ROOT, f))
+  .filter((f) => !f.startsWith("src/gen/"))
+const text = new Map(sources.map((f) => [f, fs.readFileSync(path.join(ROOT, f), "utf8")]))
+
+interface Import {
+  readonly file: string
+  readonly specifier: string
+  /** `import type` / `export type`: erased, no runtime dependency. */
+  readonly typeOnly: boolean
+}
+
+const importRx = /^\s*(import|export)\s+(type\s+)?[^"']*?from\s+["']([^"']+)["']|^\s*import\s+["']([^"']+)["']/gm
+const dynamicRx = /import\(\s*["']([^"']+)["']\s*\)/g
+const imports: Array<Import> = sources.flatMap((file) => {
+  const src = text.get(file)!
+  const found: Array<Import> = []
+  for (const m of src.matchAll(importRx)) found.push({ file, specifier: m[3] ?? m[4]!, typeOnly: m[2] !== undefined })
+  for (const m of src.matchAll(dynamicRx)) found.push({ file, specifier: m[1]!, typeOnly: false })
+  return found
+})
+
+/** The repository-relative file a relative specifier names (undefined for a package). */
+const target = (i: Import): string | undefined =>
+  i.specifier.startsWith(".") ? path.normalize(path.join(path.dirname(i.file), i.specifier)) : undefined
+
+const within = (file: string | undefined, ...dirs: Array<string>): boolean =>
+  file !== undefined && dirs.some((d) => (d.endsWith(".ts") ? file === d : file.startsWith(`${d}/`)))
+
+const show = (xs: ReadonlyArray<Import>): Array<string> => xs.map((i) => `${i.file} -> ${i.specifier}`)
+
+describe("architecture invariants", () => {
+  it("dependencies point one way: programs -> layers -> services; nothing below imports a program", () => {
+    const upward = imports.filter((i) => {
+      const t = target(i)
+      if (within(i.file, "src/services")) return within(t, "src/layers", "src/programs", "src/testing")
+      if (within(i.file, "src/layers")) return within(t, "src/programs", "src/testing")
+      if (within(i.file, "src/testing")) return within(t, "src/programs")
+      return false
+    })
+    expect(show(upward)).toEqual([])
+  })
+
+  it("contracts do no I/O: src/services imports no node:* module", () => {
+    expect(show(imports.filter((i) => within(i.file, "src/services") && i.specifier.startsWith("node:")))).toEqual([])
+  })
+
+  it("protobuf codecs are called only at the wire edges; elsewhere src/gen is imported for its types alone", () => {
+    // The wire edges: the gRPC concern, the etcd value (registry), admin /status JSON, the CLI client.
+    const edges = ["src/layers/grpc", "src/services/grpc", "src/layers/registry", "src/layers/admin"]
+    const wireEdges = [...edges, "src/programs/generate.ts"]
+    const runtime = imports.filter(
+      (i) => !i.typeOnly && within(target(i), "src/gen") && !within(i.file, ...wireEdges)
+    )
+    expect(show(runtime)).toEqual([])
+  })
+
+  it("no engine-kind decision outside the engine backends (kinds differ only as data there)", () => {
+    const kinds = "vllm|sglang|llama_cpp|mlx|openai_compat"
+    const decision = new RegExp(`(===|!==|case)\\s*"(${kinds})"|"(${kinds})"\\s*(===|!==)`)
+    const allowed = ["src/layers/engine/backends", "src/sim", "src/programs/sim.ts"]
+    const offenders = sources.filter((f) => !within(f, ...allowed) && decision.test(text.get(f)!))
+    expect(offenders).toEqual([])
+  })
+
+  it("no module over about 300 lines (generated code aside)", () => {
+    const long = sources
+      .map((f) => [f, text.get(f)!.split("\n").length] as const)
+      .filter(([, lines]) => lines > 320)
+      .map(([f, lines]) => `${f}: ${lines}`)
+    expect(long).toEqual([])
+  })
+
+  it("dependencies are used through their public entry points only (package.json exports)", () => {
+    const privateUse: Array<string> = []
+    for (const i of imports) {
+      if (i.specifier.startsWith(".") || i.specifier.startsWith("node:")) continue
+      const parts = i.specifier.split("/")
+      const name = i.specifier.startsWith("@") ? parts.slice(0, 2).join("/") : parts[0]!
+      const sub = i.specifier.slice(name.length)
+      if (sub === "") continue
+      const pkg = JSON.parse(fs.readFileSync(path.join(ROOT, "node_modules", name, "package.json"), "utf8")) as {
+        exports?: Record<string, unknown> | string
+      }
+      const exported =
+        typeof pkg.exports === "object" &&
+        Object.keys(pkg.exports).some((k) => {
+          if (!k.includes("*")) return k === `.${sub}`
+          const [head, tail] = k.split("*") as [string, string]
+          return `.${sub}`.startsWith(head) && `.${sub}`.endsWith(tail)
+        })
+      if (!exported) privateUse.push(`${i.file} -> ${i.specifier}`)
+    }
+    // createRequire is how a private path is reached without an import statement.
+    for (const f of sources) if (/\bcreateRequire\b/.test(text.get(f)!)) privateUse.push(`${f}: createRequire`)
+    expect(privateUse).toEqual([])
+  })
+
+  it("test doubles live in src/testing, not among the live layers", () => {
+    const doubles = sources.filter((f) => within(f, "src/layers") && /Test\.ts$|Fake|Stub/.test(path.basename(f)))
+    expect(doubles).toEqual([])
+  })
+})
