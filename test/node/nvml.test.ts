@@ -1,5 +1,6 @@
-// The live Nvml layer (layers/node/Nvml.ts) through the real FFI: a fake libnvidia-ml.so compiled from test/fixtures/fake_nvml.c with the
-// system C compiler answers for two GPUs; a missing library and a failing nvmlInit_v2 leave no GPUs.
+// The live Nvml layer (layers/node/Nvml.ts) through the real FFI: a fake libnvidia-ml.so compiled from
+// test/fixtures/fake_nvml.c with the system C compiler answers for two GPUs; a missing library and a failing
+// nvmlInit_v2 leave no GPUs.
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
