@@ -3,7 +3,7 @@
  * TCP port + rank; rankSubscriber.ts), each message sequenced per rank and gaps replayed
  * (rankSequencer.ts, replayFetch.ts), into a bounded KvQueue (queue.ts) drained by the kvcached link
  * (kvcachedClient.ts). This module wires them, keeps the status and builds the layers; the production
- * layer renders the plan from Config itself (as EngineClient does). Metrics: kvBridgeMetrics.ts.
+ * layer takes `[kv]` from Config and the event endpoints from the EnginePlan. Metrics: kvBridgeMetrics.ts.
  */
 import { Effect, Layer, type Scope } from "effect"
 import { Config } from "../../services/config/Config.ts"
