@@ -8,7 +8,7 @@ import { Command, Flag } from "effect/cli"
 import { requireAdminToken } from "../layers/admin/Admin.ts"
 import { resolvePlan } from "../layers/engine/backends/index.ts"
 import { etcdOptions } from "../layers/registry/etcdClient.ts"
-import { readMaterial, securityFiles } from "../layers/tls/Tls.ts"
+import { readMaterial, securityFiles } from "../layers/tls/tlsMaterial.ts"
 import { type AgentConfig, ConfigError } from "../services/config/Config.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
 

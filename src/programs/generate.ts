@@ -13,7 +13,7 @@ import {
   type GenerateFinal,
   type GenerateRequest
 } from "../gen/cgn/agent/v1/agent.ts"
-import { loadClientCredentials } from "../layers/tls/Tls.ts"
+import { loadClientCredentials } from "../layers/tls/clientCredentials.ts"
 import { HostPort } from "../services/config/ConfigSchema.ts"
 import { statusName } from "../services/grpc/GrpcStatus.ts"
 

@@ -5,10 +5,11 @@
 // fault switches. Logs JSON lines on stderr; `{"msg":"listening"}` marks the HTTP server being up.
 import { spawn } from "node:child_process"
 import * as http from "node:http"
-import { ArgsError, parseArgs, type SimConfig } from "../sim/args.ts"
+import { parseArgs } from "../sim/args.ts"
 import { makeContext } from "../sim/context.ts"
 import { KvPublisher, kvEventsSettings } from "../sim/kvpublisher.ts"
 import { handler } from "../sim/server.ts"
+import { ArgsError, type SimConfig } from "../sim/simConfig.ts"
 import { VERSION } from "../version.ts"
 
 const USAGE = `cgn-engine-sim ${VERSION}: an engine-shaped process for tests and laptops (no GPU, no weights).

@@ -1,7 +1,7 @@
 // OpenAI response shapes (pure): SSE chunk templates for streams and whole bodies for non-streaming calls.
 // A stream's constant JSON prefix/suffix is built once per request, so each token costs one small
 // JSON.stringify of the token text and a string concatenation, never a stringify of a big object.
-import type { Flavor } from "./args.ts"
+import type { Flavor } from "./simConfig.ts"
 
 export type Endpoint = "chat" | "completion"
 

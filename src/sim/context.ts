@@ -1,7 +1,6 @@
 // Shared state of one simulator process (SimContext) and the response helpers every handler uses.
 import { randomUUID } from "node:crypto"
 import type * as http from "node:http"
-import type { SimConfig } from "./args.ts"
 import { errorBody } from "./errors.ts"
 import { type Faults, initialFaults } from "./faults.ts"
 import { sendJson } from "./http.ts"
@@ -9,6 +8,7 @@ import { KvBlocks } from "./kvblocks.ts"
 import type { KvPublisher } from "./kvpublisher.ts"
 import { Bootstrap, SideChannel } from "./pd.ts"
 import { Scheduler } from "./scheduler.ts"
+import type { SimConfig } from "./simConfig.ts"
 import { Stats } from "./stats.ts"
 import { prng } from "./tokens.ts"
 

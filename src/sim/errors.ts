@@ -3,7 +3,7 @@
 // llama.cpp tools/server/utils.hpp format_error_response, mlx-lm mlx_lm/server.py):
 // vLLM nested {"error":{message,type,param,code}}, SGLang flat {"object":"error",...},
 // llama.cpp {"error":{code,message,type}}, mlx {"error":"..."}.
-import type { Flavor } from "./args.ts"
+import type { Flavor } from "./simConfig.ts"
 
 const VLLM_TYPES: Record<number, string> = {
   400: "BadRequestError",

@@ -1,5 +1,5 @@
 // Fault switches that can change at run time (POST /sim/faults), and the pure merge of such a request.
-import type { ErrorKind, SimConfig } from "./args.ts"
+import type { ErrorKind, SimConfig } from "./simConfig.ts"
 
 export interface Faults {
   stallAfterTokens: number | undefined

@@ -10,8 +10,8 @@
 // (sgl-project/sglang python/sglang/srt/disaggregation/kv_events.py).
 import { encode } from "@msgpack/msgpack"
 import * as zmq from "zeromq"
-import type { Flavor } from "./args.ts"
 import type { KvEvent } from "./kvblocks.ts"
+import type { Flavor } from "./simConfig.ts"
 
 export interface KvEventsSettings {
   readonly endpoint: string

@@ -1,6 +1,6 @@
 // Prometheus text of each flavor's /metrics (pure): the real metric names, HELP/TYPE lines and label sets
 // (vLLM {engine="0",model_name}, SGLang {model_name}, llama.cpp unlabelled). mlx has no /metrics.
-import type { Flavor } from "./args.ts"
+import type { Flavor } from "./simConfig.ts"
 import type { Histogram, Stats } from "./stats.ts"
 
 export interface Gauges {

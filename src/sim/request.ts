@@ -1,7 +1,8 @@
 // Validation of OpenAI request bodies (pure), per flavor: what real engines reject with 400/404, and the
 // prompt words the simulator echoes. Returns either the normalised request or an HTTP status + message.
-import type { SimConfig } from "./args.ts"
+
 import type { Endpoint } from "./chunks.ts"
+import type { SimConfig } from "./simConfig.ts"
 import { words } from "./tokens.ts"
 
 export interface GenRequest {

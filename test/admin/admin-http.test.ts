@@ -2,7 +2,7 @@
 // bearer-token rules, and the refusal to start on a non-loopback address without a token.
 import { Context, Effect, Exit, Layer, Scope } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
-import * as AdminHttp from "../../src/layers/admin/Admin.ts"
+import * as AdminLive from "../../src/layers/admin/Admin.ts"
 import * as ConfigLayer from "../../src/layers/config/Config.ts"
 import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import * as NodeStatusLayer from "../../src/layers/node/NodeStatus.ts"
@@ -59,7 +59,7 @@ const start = async (agent: Record<string, unknown> = {}) => {
     Drain.layer,
     fakeEngine
   ).pipe(Layer.provideMerge(config))
-  const app = AdminHttp.layer({ extras: { registration: Effect.succeed({ state: "standalone" }) } }).pipe(
+  const app = AdminLive.layer({ extras: { registration: Effect.succeed({ state: "standalone" }) } }).pipe(
     Layer.provideMerge(deps)
   )
   scope = await Effect.runPromise(Scope.make())
@@ -167,7 +167,7 @@ describe("admin HTTP auth", () => {
       Layer.provideMerge(config)
     )
     const result = await Effect.runPromise(
-      Effect.scoped(Layer.build(AdminHttp.layer().pipe(Layer.provide(deps)))).pipe(Effect.flip)
+      Effect.scoped(Layer.build(AdminLive.layer().pipe(Layer.provide(deps)))).pipe(Effect.flip)
     )
     expect(result._tag).toBe("AdminTokenRequired")
     expect(result.message).toContain('agent.listen_admin = "0.0.0.0:0" is not a loopback address')

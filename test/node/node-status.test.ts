@@ -6,7 +6,7 @@ import { describe, expect, it } from "vitest"
 import * as ConfigLayer from "../../src/layers/config/Config.ts"
 import * as AdmissionLayer from "../../src/layers/grpc/Admission.ts"
 import * as NodeStatusLayer from "../../src/layers/node/NodeStatus.ts"
-import * as NvmlProbe from "../../src/layers/node/Nvml.ts"
+import * as NvmlLive from "../../src/layers/node/Nvml.ts"
 import * as MetricsLayer from "../../src/layers/observability/Metrics.ts"
 import { EngineClient, type LoadSignals } from "../../src/services/engine/EngineClient.ts"
 import type { EngineState, ExitRecord } from "../../src/services/engine/EngineProcess.ts"
@@ -94,7 +94,7 @@ const build = (signals: LoadSignals) => {
     client,
     AdmissionLayer.layerWith({ maxInflight: 4, maxQueue: 2 }),
     Drain.layer,
-    NvmlProbe.layerFixed([gpu]),
+    NvmlLive.layerFixed([gpu]),
     MetricsLayer.layerTest
   ).pipe(Layer.provideMerge(config))
   const layer = NodeStatusLayer.layer({ agentVersion: "9.9.9" }).pipe(Layer.provideMerge(deps))

@@ -1,11 +1,12 @@
-// NvmlProbe through the real FFI: a fake libnvidia-ml.so compiled from test/fixtures/fake_nvml.c with the
-// system C compiler answers for two GPUs; a missing library and a failing nvmlInit_v2 leave no GPUs.
+// The live Nvml layer (layers/node/Nvml.ts) through the real FFI: a fake libnvidia-ml.so compiled from
+// test/fixtures/fake_nvml.c with the system C compiler answers for two GPUs; a missing library and a failing
+// nvmlInit_v2 leave no GPUs.
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { Effect, Layer } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import * as NvmlProbe from "../../src/layers/node/Nvml.ts"
+import * as NvmlLive from "../../src/layers/node/Nvml.ts"
 import * as MetricsLayer from "../../src/layers/observability/Metrics.ts"
 import { gpuWith, Nvml } from "../../src/services/node/Nvml.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
@@ -23,10 +24,10 @@ afterAll(() => {
   if (dir) fs.rmSync(dir, { recursive: true, force: true })
 })
 
-const withProbe = <A>(options: NvmlProbe.NvmlOptions, use: Effect.Effect<A, never, Nvml | Metrics>) =>
-  Effect.runPromise(use.pipe(Effect.provide(NvmlProbe.layer(options).pipe(Layer.provideMerge(MetricsLayer.layerTest)))))
+const withProbe = <A>(options: NvmlLive.NvmlOptions, use: Effect.Effect<A, never, Nvml | Metrics>) =>
+  Effect.runPromise(use.pipe(Effect.provide(NvmlLive.layer(options).pipe(Layer.provideMerge(MetricsLayer.layerTest)))))
 
-describe("NvmlProbe", () => {
+describe("Nvml live layer", () => {
   it("reads two GPUs through the FFI, fills the gauges and shuts NVML down at release", async () => {
     const shutdownFile = path.join(dir, "shutdown.log")
     process.env.FAKE_NVML_SHUTDOWN_FILE = shutdownFile

@@ -1,11 +1,11 @@
 /** Pure tables: flap damping, advertise address resolution, reporter timing and backoff. */
 import { Duration } from "effect"
 import { describe, expect, it } from "vitest"
-import { backoffMs, reporterTiming } from "../../src/layers/registry/HealthReporter.ts"
 import type { NodeState } from "../../src/services/node/NodeStatus.ts"
 import { resolveAdvertiseAddr } from "../../src/services/registry/Advertise.ts"
 import { type DampingState, initialDamping, isFact, observe } from "../../src/services/registry/HealthDamping.ts"
 import { epochOf, nodeKey, nodesPrefix } from "../../src/services/registry/HealthReporter.ts"
+import { backoffMs, reporterTiming } from "../../src/services/registry/ReporterTiming.ts"
 
 const run = (seq: ReadonlyArray<NodeState>, threshold: number) => {
   let s: DampingState = initialDamping

@@ -1,6 +1,7 @@
 // Pure parts of the simulator: command-line parsing per flavor, durations, block hashing, token plans.
 import { describe, expect, it } from "vitest"
-import { parseArgs, parseDuration } from "../../src/sim/args.ts"
+import { parseArgs } from "../../src/sim/args.ts"
+import { parseDuration } from "../../src/sim/commandLine.ts"
 import { KvBlocks } from "../../src/sim/kvblocks.ts"
 import { shouldBind } from "../../src/sim/kvpublisher.ts"
 import { plan, prng } from "../../src/sim/tokens.ts"

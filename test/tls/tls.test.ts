@@ -17,13 +17,8 @@ import {
 } from "nice-grpc"
 import { HealthDefinition, HealthServiceImpl } from "nice-grpc-server-health"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
-import {
-  clientCredentials,
-  hangupReload,
-  loadClientCredentials,
-  make,
-  type TlsOptions
-} from "../../src/layers/tls/Tls.ts"
+import { clientCredentials, loadClientCredentials } from "../../src/layers/tls/clientCredentials.ts"
+import { hangupReload, make, type TlsOptions } from "../../src/layers/tls/Tls.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"
 import { Tls, TlsError, type TlsService } from "../../src/services/tls/Tls.ts"
 import { makeTestPki, type TestPki } from "../support/certs.ts"

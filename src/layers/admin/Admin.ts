@@ -1,5 +1,5 @@
 /**
- * AdminHttp: the admin HTTP server on `[agent].listen_admin` (effect HttpRouter over node:http):
+ * Live AdminServer: the admin HTTP server on `[agent].listen_admin` (effect HttpRouter over node:http):
  * GET /metrics, /healthz, /readyz, /status and POST /drain. Owns routing and the auth gate only; the
  * decisions (loopback, token, readiness, forensics shape) are pure in services/admin/Admin.ts. /status and /drain
  * need `Authorization: Bearer <admin_token>` whenever a token is configured; off loopback a token is
@@ -34,7 +34,7 @@ import { NodeStatus } from "../../services/node/NodeStatus.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import { splitHostPort } from "../../services/registry/Advertise.ts"
 
-export interface AdminHttpOptions {
+export interface AdminOptions {
   /** Extra top-level sections of /status, e.g. `{ registration: reporter.status }`. */
   readonly extras?: StatusExtras
 }
@@ -47,7 +47,7 @@ const unauthorized = (why: string) =>
     { status: 401, headers: { "www-authenticate": 'Bearer realm="cgn-agent admin"' } }
   )
 
-const routes = (options: AdminHttpOptions, loopback: boolean) =>
+const routes = (options: AdminOptions, loopback: boolean) =>
   HttpRouter.addAll(
     Effect.gen(function* () {
       const config = yield* Config
@@ -151,7 +151,7 @@ export const requireAdminToken = (agent: {
 
 /** The admin server; fails with AdminTokenRequired before binding when it would be open to the network. */
 export const layer = (
-  options: AdminHttpOptions = {}
+  options: AdminOptions = {}
 ): Layer.Layer<
   AdminServer,
   AdminTokenRequired | HttpServerError.ServeError,

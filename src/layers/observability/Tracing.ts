@@ -3,7 +3,7 @@
  * standard OTEL_* environment with `[agent].otlp_endpoint` as an override (services/observability/OtelSettings.ts); with
  * no endpoint, nothing (Effect's no-op tracer). Spans are flushed when the layer's scope closes, at the
  * end of shutdown. The agent's own polling (probes, scrapes, the admin endpoints) makes no spans: see
- * AdminHttp and NodeStatus.
+ * layers/admin/Admin.ts and layers/node/NodeStatus.ts.
  *
  * Why not @opentelemetry/sdk-node's NodeSDK, which reads the same environment: it pulls in every exporter
  * (gRPC, protobuf, Zipkin, Prometheus) and the auto-instrumentation loader, many megabytes the agent never

@@ -1,87 +1,25 @@
 /**
  * Live HealthReporter: one fiber that grants a lease, creates `${prefix}/${cluster}/nodes/${node_id}` if
- * absent, keeps the lease alive and rewrites the NodeHealth JSON every heartbeat; recovers from etcd
- * outages (backoff with jitter, capped at one heartbeat) and from lost leases (new lease, new epoch);
- * refuses a node id held by another live lease. On release it writes state=draining, then revokes the
- * lease as the very last step so the key disappears at once. Nothing it does can stop the agent.
+ * absent, keeps the lease alive and rewrites the NodeHealth JSON every heartbeat (one round:
+ * registrationStep.ts); recovers from etcd outages (backoff with jitter, capped at one heartbeat) and from
+ * lost leases (new lease, new epoch); refuses a node id held by another live lease. On release it writes
+ * state=draining, then revokes the lease as the very last step so the key disappears at once. Nothing it
+ * does can stop the agent. This module holds the loop, the out-of-band writes and the shutdown.
  */
 import { Clock, Duration, Effect, Fiber, Layer, Random, Semaphore, Stream } from "effect"
-import { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
 import { Config } from "../../services/config/Config.ts"
-import { type NodeState, NodeStatus } from "../../services/node/NodeStatus.ts"
-import { type DampingState, initialDamping, isFact, observe } from "../../services/registry/HealthDamping.ts"
+import { NodeStatus } from "../../services/node/NodeStatus.ts"
 import {
-  type ConflictHolder,
-  EtcdUnavailable,
-  epochOf,
   HealthReporter,
   type HealthReporterService,
   nodeKey,
-  RegistrationConflict,
-  type RegistrationState,
-  type RegistrationStatus,
   type ReporterError,
   standaloneStatus
 } from "../../services/registry/HealthReporter.ts"
-import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
-import { type EtcdOps, type Holder, makeEtcdOps, type WriteOutcome } from "./etcdClient.ts"
-
-/** Timing derived from [agent]; exported for tests and docs. */
-export const reporterTiming = (heartbeat: Duration.Duration, leaseTtl: Duration.Duration) => {
-  const heartbeatMs = Duration.toMillis(heartbeat)
-  // etcd leases have whole-second TTLs, at least 1 s.
-  const ttlSeconds = Math.max(1, Math.ceil(Duration.toMillis(leaseTtl) / 1000))
-  // Keepalive at least three times per TTL (what the Go client does), writes once per heartbeat.
-  const tickMs = Math.max(50, Math.min(heartbeatMs, Math.floor((ttlSeconds * 1000) / 3)))
-  // A call may take up to a heartbeat (at least 1 s on a busy host), never more than half the TTL.
-  const callTimeoutMs = Math.max(200, Math.min(Math.max(heartbeatMs, 1000), 5000, (ttlSeconds * 1000) / 2))
-  return { heartbeatMs, ttlSeconds, tickMs, callTimeoutMs }
-}
-
-/** Retry delay after `failures` consecutive failures, capped at one heartbeat (the shared jittered backoff). */
-export const backoffMs = (failures: number, heartbeatMs: number, random: number): number =>
-  jitteredBackoffMs(failures, heartbeatMs, random)
-
-interface Session {
-  readonly id: string
-  readonly epoch: string
-  readonly ttlMs: number
-  readonly grantedAt: number
-  lastKeepAliveAt: number
-  registered: boolean
-}
-
-/** The reporter's mutable state; only touched under the write lock (or read whole by `status`). */
-interface Internal {
-  state: RegistrationState
-  session: Session | undefined
-  sequence: number
-  lastWriteMs: number | undefined
-  lastRecord: NodeHealth | undefined
-  damping: DampingState
-  forcedDraining: boolean
-  stopping: boolean
-  lastError: string | undefined
-  conflict: ConflictHolder | undefined
-  failuresInRow: number
-  writes: number
-  writeFailures: number
-  leasesGranted: number
-  leasesLost: number
-}
-
-const holderOf = (h: Holder): ConflictHolder => {
-  let advertiseAddr = ""
-  let epoch = ""
-  try {
-    const parsed = NodeHealth.fromJSON(JSON.parse(h.value))
-    advertiseAddr = parsed.advertiseAddr
-    epoch = parsed.freshness?.epoch ?? ""
-  } catch {
-    // not a NodeHealth record: keep the lease only
-  }
-  return { lease: h.lease === "0" ? "none" : epochOf(h.lease), advertiseAddr, epoch }
-}
+import { backoffMs, reporterTiming } from "../../services/registry/ReporterTiming.ts"
+import { type EtcdOps, makeEtcdOps } from "./etcdClient.ts"
+import { makeRegistrationStep, type StepReason } from "./registrationStep.ts"
+import { initialReporterState, statusOf } from "./reporterState.ts"
 
 const standalone = (nodeId: string): Effect.Effect<HealthReporterService> =>
   Effect.gen(function* () {
@@ -96,8 +34,6 @@ const standalone = (nodeId: string): Effect.Effect<HealthReporterService> =>
     }
   })
 
-type StepReason = "tick" | "flush" | "drain" | "shutdown" | "change"
-
 const make = Effect.gen(function* () {
   const config = yield* Config
   const nodeStatus = yield* NodeStatus
@@ -111,152 +47,8 @@ const make = Effect.gen(function* () {
     reconnectCapMs: timing.heartbeatMs
   })
   const lock = yield* Semaphore.make(1)
-  const s: Internal = {
-    state: "registering",
-    session: undefined,
-    sequence: 0,
-    lastWriteMs: undefined,
-    lastRecord: undefined,
-    damping: initialDamping,
-    forcedDraining: false,
-    stopping: false,
-    lastError: undefined,
-    conflict: undefined,
-    failuresInRow: 0,
-    writes: 0,
-    writeFailures: 0,
-    leasesGranted: 0,
-    leasesLost: 0
-  }
-
-  const setState = (next: RegistrationState) =>
-    Effect.gen(function* () {
-      const prev = s.state
-      s.state = next
-      if (prev === next) return
-      const fields = { key, from: prev, to: next, epoch: s.session?.epoch ?? "", error: s.lastError ?? "" }
-      if (next === "registered")
-        yield* Effect.logInfo("etcd registration: registered").pipe(Effect.annotateLogs(fields))
-      else yield* Effect.logWarning(`etcd registration: ${next}`).pipe(Effect.annotateLogs(fields))
-    })
-
-  const grant = Effect.gen(function* () {
-    const g = yield* ops.grant(timing.ttlSeconds)
-    const now = yield* Clock.currentTimeMillis
-    const session: Session = {
-      id: g.id,
-      epoch: epochOf(g.id),
-      ttlMs: g.ttlMs,
-      grantedAt: now,
-      lastKeepAliveAt: now,
-      registered: false
-    }
-    s.session = session
-    s.leasesGranted++
-    yield* Effect.logInfo("etcd lease granted").pipe(
-      Effect.annotateLogs({ key, epoch: session.epoch, ttl_ms: session.ttlMs })
-    )
-    return session
-  })
-
-  /** The record to write now: the live snapshot, the damped state, and fresh freshness. */
-  const buildRecord = (session: Session, reason: StepReason, now: number) =>
-    Effect.gen(function* () {
-      const snapshot = yield* nodeStatus.snapshot
-      const draining = s.forcedDraining || reason === "shutdown" || (yield* nodeStatus.draining)
-      const observed: NodeState = draining ? "draining" : (snapshot.state as NodeState)
-      // Heartbeats count as observations; a fact (engine exit, engine ready, draining) is published by any
-      // write at once, while a probe verdict waits for health_damping heartbeats.
-      const fact = isFact(observed, snapshot.engine?.phase ?? "", s.damping.published)
-      if (reason === "tick" || fact) {
-        s.damping = observe(s.damping, observed, agent.health_damping, reason === "shutdown" || fact)
-      }
-      const state = s.damping.published ?? observed
-      s.sequence++
-      return NodeHealth.fromPartial({
-        ...snapshot,
-        state,
-        freshness: { epoch: session.epoch, sequence: s.sequence, writtenAt: new Date(now).toISOString() }
-      })
-    })
-
-  const conflictError = (holder: Holder) =>
-    Effect.gen(function* () {
-      const h = holderOf(holder)
-      const error = new RegistrationConflict({
-        key,
-        nodeId: agent.node_id,
-        holderLease: h.lease,
-        holderAdvertiseAddr: h.advertiseAddr
-      })
-      const changed = s.conflict?.lease !== h.lease
-      s.conflict = h
-      s.lastError = error.message
-      if (changed) yield* Effect.logError(error.message)
-      yield* setState("conflict")
-      return yield* Effect.fail(error)
-    })
-
-  /** One round: lease (grant or keepalive), then a write when one is due. Runs under the lock. */
-  const step = (reason: StepReason): Effect.Effect<void, ReporterError> =>
-    Effect.gen(function* () {
-      let session = s.session
-      if (session === undefined) {
-        // "revoked" and "retrying" stay visible until the registration succeeds
-        if (s.state !== "revoked" && s.state !== "retrying") yield* setState("registering")
-        session = yield* grant
-      } else if (reason === "tick") {
-        yield* ops.keepAlive(session.id)
-        session.lastKeepAliveAt = yield* Clock.currentTimeMillis
-        yield* Effect.logTrace("etcd keepalive", { key, lease: session.id })
-      }
-      const now = yield* Clock.currentTimeMillis
-      const due =
-        !session.registered ||
-        reason !== "tick" ||
-        s.lastWriteMs === undefined ||
-        now - s.lastWriteMs >= timing.heartbeatMs - timing.tickMs / 2
-      if (!due) return
-      const record = yield* buildRecord(session, reason, now)
-      const value = JSON.stringify(NodeHealth.toJSON(record))
-      let outcome: WriteOutcome = session.registered
-        ? yield* ops.write(key, value, session.id)
-        : yield* ops.create(key, value, session.id)
-      if (outcome._tag === "Missing") {
-        // The key vanished under a live lease (deleted by hand): create it again.
-        session.registered = false
-        outcome = yield* ops.create(key, value, session.id)
-      }
-      if (outcome._tag === "Held") {
-        session.registered = false
-        return yield* conflictError(outcome.holder)
-      }
-      if (outcome._tag === "Missing") {
-        return yield* Effect.fail(new EtcdUnavailable({ operation: "create", reason: "key vanished during create" }))
-      }
-      yield* Effect.logDebug("etcd write", {
-        key,
-        reason,
-        state: record.state,
-        sequence: record.freshness?.sequence,
-        lease: session.id
-      })
-      session.registered = true
-      s.lastWriteMs = now
-      s.lastRecord = record
-      s.writes++
-      s.failuresInRow = 0
-      s.lastError = undefined
-      s.conflict = undefined
-      yield* setState("registered")
-    }).pipe(
-      Effect.tapError((e) =>
-        Effect.sync(() => {
-          s.writeFailures++
-          s.lastError = e.message
-        })
-      )
-    )
+  const s = initialReporterState()
+  const { step, setState } = makeRegistrationStep({ s, ops, key, timing, agent, nodeStatus })
 
   /** Runs a step under the lock and updates the state for its failure; returns the delay before the next one. */
   const round = (reason: StepReason) =>
@@ -340,29 +132,7 @@ const make = Effect.gen(function* () {
     }).pipe(Effect.annotateLogs({ component: "HealthReporter" }))
   )
 
-  const status = Effect.gen(function* () {
-    const now = yield* Clock.currentTimeMillis
-    const session = s.session
-    const result: RegistrationStatus = {
-      state: s.state,
-      key,
-      leaseId: session?.id,
-      epoch: session?.epoch,
-      leaseTtlMs: session?.ttlMs,
-      leaseAgeMs: session === undefined ? undefined : now - session.grantedAt,
-      sinceKeepAliveMs: session === undefined ? undefined : now - session.lastKeepAliveAt,
-      sequence: s.lastRecord?.freshness?.sequence ?? 0,
-      lastWriteAt: s.lastRecord?.freshness?.writtenAt,
-      publishedState: s.lastRecord?.state,
-      lastError: s.lastError,
-      conflict: s.conflict,
-      writes: s.writes,
-      writeFailures: s.writeFailures,
-      leasesGranted: s.leasesGranted,
-      leasesLost: s.leasesLost
-    }
-    return result
-  })
+  const status = Effect.map(Clock.currentTimeMillis, (now) => statusOf(s, key, now))
 
   const service: HealthReporterService = {
     status,

@@ -106,7 +106,7 @@ const checkTls = (
   key: Buffer | undefined
 ): Effect.Effect<void, EtcdTlsError> =>
   Effect.gen(function* () {
-    // Half a client pair is refused by the config decoder (src/layers/config/Config.ts), so both or neither here.
+    // Half a client pair is refused by the config decoder (src/layers/config/crossChecks.ts), so both or neither here.
     const parse = (name: string, file: string | undefined, check: () => unknown) =>
       Effect.try({
         try: check,

@@ -1,7 +1,7 @@
 /**
  * Config: the one typed, immutable configuration of the agent, resolved from the TOML file.
  * Owns the resolved shape (defaults applied, the single model picked, node id filled in) and its error.
- * Parsing and validation are in layers/config/Config.ts; every other service reads only this.
+ * Parsing and validation are in layers/config/decodeConfig.ts; every other service reads only this.
  */
 import { Context, type Duration, Schema } from "effect"
 import type { ConfigFile, EngineKind, KvOffload, Role } from "./ConfigSchema.ts"

@@ -1,6 +1,6 @@
 /**
  * The schema of cgn-agent's TOML file: every section, key, type and default.
- * Owns the shape of the config only; reading the file and cross-field checks live in layers/config/Config.ts.
+ * Owns the shape of the config only; reading the file is layers/config/Config.ts, cross-field checks layers/config/crossChecks.ts.
  * Key names are snake_case exactly as written in TOML, so a key path in an error is the key in the file.
  */
 import { Duration, Effect, Option, Schema, SchemaIssue, SchemaTransformation } from "effect"

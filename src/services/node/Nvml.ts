@@ -1,7 +1,8 @@
 /**
- * Nvml: the GPUs of this host as NVML sees them (index, name, uuid, memory, utilization).
- * Owns the service interface and the pure helpers around NVML return codes; the FFI binding is
- * layers/node/Nvml.ts. A host without NVML is a normal case: `gpus` is then empty, never an error.
+ * Nvml: the GPUs of this host as NVML sees them (memory, utilization, temperature, power, throttling, ECC,
+ * processes). Owns the service interface and the pure helpers around NVML return codes; the live layer is
+ * layers/node/Nvml.ts (FFI binding: layers/node/nvmlBinding.ts). A host without NVML is a normal case:
+ * `gpus` is then empty, never an error.
  */
 import { Context, type Effect } from "effect"
 import { Gpu } from "../../gen/cgn/agent/v1/agent.ts"

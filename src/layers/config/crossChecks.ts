@@ -1,0 +1,191 @@
+/**
+ * Checks across fields of a decoded config: exactly one model with one source, keys that go together,
+ * lease against heartbeat, and everything the chosen engine's capabilities refuse (roles, KV offload,
+ * parallelism, ports, GPUs, served names). Pure; no I/O.
+ */
+import { Duration } from "effect"
+import type { ConfigFile } from "../../services/config/ConfigSchema.ts"
+import { engineFor } from "../engine/backends/index.ts"
+import { formatPath } from "./schemaProblems.ts"
+
+/** Combinations the schema cannot see: one model, paired keys, timing, and what the engine kind can run. */
+export const crossChecks = (c: ConfigFile): Array<string> => {
+  const problems: Array<string> = []
+  const models = Object.entries(c.models)
+  if (models.length === 0) {
+    problems.push(`models: no model configured; add one table such as [models."llama-3-8b"] with hf_repo or path`)
+  } else if (models.length > 1) {
+    problems.push(
+      `models: ${models.length} models configured (${models.map(([n]) => JSON.stringify(n)).join(", ")}); this version serves exactly one [models."name"] table per agent`
+    )
+  }
+  for (const [name, m] of models) {
+    const at = formatPath(["models", name])
+    if (m.hf_repo === undefined && m.path === undefined) problems.push(`${at}: set hf_repo or path`)
+    if (m.hf_repo !== undefined && m.path !== undefined) problems.push(`${at}: set hf_repo or path, not both`)
+  }
+  if (c.security.require_mtls) {
+    for (const k of ["ca_file", "cert_file", "key_file"] as const) {
+      if (c.security[k] === undefined) problems.push(`security.${k}: required when security.require_mtls = true`)
+    }
+  }
+  const tlsKeys = [c.cluster.etcd_cert_file, c.cluster.etcd_key_file]
+  if (tlsKeys.filter((k) => k !== undefined).length === 1) {
+    problems.push("cluster.etcd_cert_file: etcd_cert_file and etcd_key_file go together; set both or neither")
+  }
+  if ((c.cluster.etcd_username === undefined) !== (c.cluster.etcd_password === undefined)) {
+    problems.push("cluster.etcd_username: etcd_username and etcd_password go together; set both or neither")
+  }
+  const lease = c.agent.lease_ttl
+  if (lease !== undefined && Duration.isLessThanOrEqualTo(lease, c.agent.heartbeat)) {
+    problems.push("agent.lease_ttl: must be longer than agent.heartbeat, or the lease expires between two heartbeats")
+  }
+  if (Duration.toMillis(c.agent.heartbeat) < 100) problems.push("agent.heartbeat: must be at least 100ms")
+  problems.push(...engineProblems(c))
+  return problems
+}
+
+const engineProblems = (c: ConfigFile): Array<string> => {
+  const engine = engineFor(c.engine.kind)
+  const caps = engine.capabilities
+  const problems: Array<string> = []
+  const kind = c.engine.kind
+  if (!caps.kvOffloads.includes(c.engine.kv_offload)) {
+    problems.push(
+      `engine.kv_offload: ${kind} does not support "${c.engine.kv_offload}"; ${kind} supports ${caps.kvOffloads.map((o) => `"${o}"`).join(", ")}`
+    )
+  }
+  if (!caps.roles.includes(c.agent.role)) {
+    problems.push(
+      `agent.role: ${kind} cannot run role "${c.agent.role}" (no prefill/decode disaggregation); ${kind} supports ${caps.roles.map((r) => `"${r}"`).join(", ")}`
+    )
+  }
+  const byRole = caps.roleKvOffloads?.[c.agent.role]
+  if (
+    byRole !== undefined &&
+    caps.kvOffloads.includes(c.engine.kv_offload) &&
+    !byRole.kvOffloads.includes(c.engine.kv_offload)
+  ) {
+    problems.push(
+      `engine.kv_offload: ${kind} with agent.role = "${c.agent.role}" needs kv_offload ${orList(byRole.kvOffloads)}, got "${c.engine.kv_offload}" (${byRole.why})`
+    )
+  }
+  if (c.kv.events && !caps.kvEvents) {
+    problems.push(`kv.events: ${kind} does not publish KV-cache events; set kv.events = false`)
+  }
+  for (const [name, m] of Object.entries(c.models)) {
+    if (m.tp > 1 && !caps.tensorParallel) {
+      problems.push(`${formatPath(["models", name, "tp"])}: ${kind} has no tensor parallelism; set tp = 1`)
+    }
+    if (m.dp > 1 && caps.dataParallel !== true) {
+      problems.push(`${formatPath(["models", name, "dp"])}: ${kind} has no data parallelism; set dp = 1`)
+    }
+    // Each DP rank publishes on the endpoint's TCP port + rank (or inproc name + _dp<rank>); ipc cannot be offset.
+    if (m.dp > 1 && c.kv.events && c.kv.events_endpoint.startsWith("ipc://")) {
+      problems.push(
+        `${formatPath(["models", name, "dp"])}: with dp > 1 every rank publishes KV events on kv.events_endpoint's TCP port + rank; an ipc:// endpoint cannot be offset, use tcp://`
+      )
+    }
+    // Rank r binds (or the agent binds) events port + r and the engine binds replay port + r: the ranges must not meet.
+    const events = tcpPort(c.kv.events_endpoint)
+    const replay = c.kv.replay_endpoint === undefined ? undefined : tcpPort(c.kv.replay_endpoint)
+    if (
+      c.kv.events &&
+      events !== undefined &&
+      replay !== undefined &&
+      events < replay + m.dp &&
+      replay < events + m.dp
+    ) {
+      problems.push(
+        `kv.replay_endpoint: with ${formatPath(["models", name, "dp"])} = ${m.dp} the KV events use ports ${events}-${events + m.dp - 1} and replay ports ${replay}-${replay + m.dp - 1}; they overlap, move replay_endpoint to port ${events + m.dp} or above`
+      )
+    }
+    for (const k of ["max_model_len", "gpu_memory_utilization"] as const) {
+      if (m[k] !== undefined && caps.modelSettings !== undefined && !caps.modelSettings.includes(k)) {
+        problems.push(`${formatPath(["models", name, k])}: ${kind} has no command-line setting for ${k}; remove it`)
+      }
+    }
+    const served = m.served_name ?? name
+    const forbidden = [...(caps.servedNameForbids?.chars ?? "")].filter((ch) => served.includes(ch))
+    if (forbidden.length > 0) {
+      const key = m.served_name !== undefined ? ["models", name, "served_name"] : ["models", name]
+      problems.push(
+        `${formatPath(key)}: ${kind} cannot serve the name "${served}": it contains ${forbidden.map((ch) => `"${ch}"`).join(", ")} (${caps.servedNameForbids?.why}); set a served_name without it`
+      )
+    }
+    if (m.gpus.length > 0) problems.push(...gpuProblems(kind, caps.cudaGpus === true, name, m, c.engine.env))
+    if (!caps.spawns && m.args.length > 0) {
+      problems.push(
+        `${formatPath(["models", name, "args"])}: ${kind} starts nothing, so args are never used; remove them`
+      )
+    }
+    for (const s of ["hf_repo", "path"] as const) {
+      if (m[s] !== undefined && !caps.sources.includes(s)) {
+        problems.push(
+          `${formatPath(["models", name, s])}: ${kind} cannot load from ${s}; use ${caps.sources.join(" or ")}`
+        )
+      }
+    }
+  }
+  const url = new URL(c.engine.url) // already a valid http(s) URL (schema)
+  if (url.pathname !== "/" || url.search !== "") {
+    problems.push(
+      `engine.url: give the engine's server root (scheme, host, port), not a path: the agent adds /v1/... itself; got "${c.engine.url}"`
+    )
+  }
+  if (caps.spawns && url.protocol === "https:") {
+    problems.push(`engine.url: ${kind} is spawned by the agent and serves plain HTTP on its host:port; use http://`)
+  }
+  if (!caps.spawns && c.engine.command !== undefined) {
+    problems.push(`engine.command: ${kind} proxies engine.url and starts nothing; remove engine.command`)
+  }
+  if (!caps.spawns && c.engine.args.length > 0) {
+    problems.push(`engine.args: ${kind} proxies engine.url and starts nothing; remove engine.args`)
+  }
+  if (!caps.spawns && Object.keys(c.engine.env).length > 0) {
+    problems.push(`engine.env: ${kind} proxies engine.url and starts nothing; remove engine.env`)
+  }
+  for (const k of ["kvbm_cpu_cache_gb", "kvbm_disk_cache_gb"] as const) {
+    if (c.engine[k] !== undefined && c.engine.kv_offload !== "kvbm") {
+      problems.push(`engine.${k}: sizes a KVBM cache tier, used only with engine.kv_offload = "kvbm"; remove it`)
+    }
+  }
+  return problems
+}
+
+/** `models.x.gpus`: one GPU per engine worker (tp x dp), each named once, and not also set by hand. */
+const gpuProblems = (
+  kind: string,
+  cudaGpus: boolean,
+  name: string,
+  m: { readonly tp: number; readonly dp: number; readonly gpus: ReadonlyArray<number | string> },
+  env: Readonly<Record<string, string>>
+): Array<string> => {
+  const key = formatPath(["models", name, "gpus"])
+  if (!cudaGpus) return [`${key}: ${kind} does not run on GPUs the agent assigns; remove gpus`]
+  const problems: Array<string> = []
+  const needed = m.tp * m.dp
+  if (m.gpus.length !== needed) {
+    problems.push(`${key}: lists ${m.gpus.length} GPUs but the engine needs tp x dp = ${needed}`)
+  }
+  const seen = new Set<string>()
+  for (const g of m.gpus) {
+    if (seen.has(String(g))) problems.push(`${key}: GPU ${JSON.stringify(g)} is listed twice`)
+    seen.add(String(g))
+  }
+  if (env.CUDA_VISIBLE_DEVICES !== undefined) {
+    problems.push(`${key}: engine.env sets CUDA_VISIBLE_DEVICES too; give the GPUs in one place (gpus)`)
+  }
+  return problems
+}
+
+/** The port of a `tcp://host:port` ZMQ endpoint, else undefined. */
+const tcpPort = (endpoint: string): number | undefined => {
+  const m = /^tcp:\/\/.*:(\d+)$/.exec(endpoint)
+  return m === null ? undefined : Number(m[1])
+}
+
+const orList = (items: ReadonlyArray<string>): string => {
+  const quoted = items.map((i) => `"${i}"`)
+  return quoted.length <= 1 ? (quoted[0] ?? "") : `${quoted.slice(0, -1).join(", ")} or ${quoted.at(-1)}`
+}

@@ -1,0 +1,162 @@
+/**
+ * What is wrong with a config that ConfigSchema refuses, one line per problem, each naming the key as
+ * the TOML file writes it: unknown keys (with the nearest valid key), and every field that fails to
+ * decode (each checked on its own, so one bad field does not hide the next). Pure; no I/O.
+ */
+import { Schema, SchemaIssue } from "effect"
+import {
+  AgentSection,
+  ClusterSection,
+  ConfigFile,
+  EngineSection,
+  KvSection,
+  knownKeys,
+  ModelSection,
+  SecuritySection
+} from "../../services/config/ConfigSchema.ts"
+
+const sectionSchemas = {
+  cluster: ClusterSection,
+  security: SecuritySection,
+  agent: AgentSection,
+  engine: EngineSection,
+  kv: KvSection
+} as const satisfies Record<string, Schema.Struct<Schema.Struct.Fields>>
+const SECTIONS = Object.keys(sectionSchemas) as ReadonlyArray<keyof typeof sectionSchemas>
+
+const isTable = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v)
+
+const quoteKey = (k: string) => (/^[A-Za-z0-9_-]+$/.test(k) ? k : JSON.stringify(k))
+
+/** Formats a schema path the way TOML writes it: `agent.heartbeat`, `models."llama-3".tp`. */
+export const formatPath = (path: ReadonlyArray<PropertyKey>): string => {
+  if (path.length === 0) return "<root>"
+  return path
+    .map((p, i) => {
+      if (typeof p === "number") return `[${p}]`
+      const s = String(p)
+      if (i === 1 && path[0] === "models") return JSON.stringify(s)
+      return quoteKey(s)
+    })
+    .join(".")
+    .replace(/\.\[/g, "[")
+}
+
+const levenshtein = (a: string, b: string): number => {
+  const row = Array.from({ length: b.length + 1 }, (_, i) => i)
+  for (let i = 1; i <= a.length; i++) {
+    let prev = row[0]!
+    row[0] = i
+    for (let j = 1; j <= b.length; j++) {
+      const cur = row[j]!
+      row[j] = Math.min(row[j]! + 1, row[j - 1]! + 1, prev + (a[i - 1] === b[j - 1] ? 0 : 1))
+      prev = cur
+    }
+  }
+  return row[b.length]!
+}
+
+const suggestion = (key: string, valid: ReadonlyArray<string>): string => {
+  let best: string | undefined
+  let bestDistance = Number.POSITIVE_INFINITY
+  for (const v of valid) {
+    const d = levenshtein(key, v)
+    if (d < bestDistance) {
+      best = v
+      bestDistance = d
+    }
+  }
+  if (best !== undefined && bestDistance <= Math.max(2, Math.floor(key.length / 3))) return `; did you mean "${best}"?`
+  return `; valid keys: ${valid.join(", ")}`
+}
+
+const unknownIn = (table: Record<string, unknown>, prefix: ReadonlyArray<string>, valid: ReadonlyArray<string>) =>
+  Object.keys(table)
+    .filter((k) => !valid.includes(k))
+    .map((k) => `${formatPath([...prefix, k])}: unknown key${suggestion(k, valid)}`)
+
+/** `key: unknown key` for every key no schema names, with the nearest valid key when one is close. */
+export const unknownKeyProblems = (raw: unknown): Array<string> => {
+  if (!isTable(raw)) return []
+  const problems = unknownIn(raw, [], knownKeys[""]!)
+  for (const s of SECTIONS) {
+    const t = raw[s]
+    if (isTable(t)) problems.push(...unknownIn(t, [s], knownKeys[s]!))
+  }
+  const models = raw.models
+  if (isTable(models)) {
+    for (const [m, t] of Object.entries(models)) {
+      if (isTable(t)) problems.push(...unknownIn(t, ["models", m], knownKeys.model!))
+    }
+  }
+  return problems
+}
+
+const valueAt = (raw: unknown, path: ReadonlyArray<PropertyKey>): unknown =>
+  path.reduce<unknown>(
+    (v, k) => (isTable(v) || Array.isArray(v) ? (v as Record<PropertyKey, unknown>)[k] : undefined),
+    raw
+  )
+
+/**
+ * Names a TOML value in an error. Never String() an object: smol-toml's tables have a null prototype,
+ * so String() throws on a table and on any array holding one (`[[agent]]`, `A = [{ b = 1 }]`).
+ */
+const describe = (v: unknown): string => {
+  if (typeof v === "string") return JSON.stringify(v)
+  if (v instanceof Date) return "a date-time"
+  if (Array.isArray(v)) return v.length > 0 && v.every(isTable) ? "an array of tables" : "an array"
+  if (isTable(v)) return "a table"
+  if (typeof v === "number" || typeof v === "boolean" || typeof v === "bigint") return String(v)
+  return typeof v
+}
+
+/** Problems of one schema against one value, each prefixed with where the value sits in the file. */
+const schemaProblems = (
+  schema: Schema.Top,
+  value: unknown,
+  at: ReadonlyArray<PropertyKey>,
+  key: ReadonlyArray<PropertyKey> = at
+): Array<string> => {
+  const exit = Schema.decodeUnknownExit(schema as Schema.Codec<unknown, unknown>)(value, { errors: "all" })
+  if (exit._tag === "Success") return []
+  const reason = exit.cause.reasons.find((r) => r._tag === "Fail")
+  // A defect in a transformation has no issue path: name the key being checked and what it held.
+  if (reason === undefined)
+    return [`${formatPath(key)}: cannot decode ${describe(valueAt(value, key.slice(at.length)))}`]
+  const std = SchemaIssue.makeFormatterStandardSchemaV1()((reason.error as Schema.SchemaError).issue)
+  return std.issues.map((i) => {
+    const path = [...at, ...(i.path ?? []).map((p) => (typeof p === "object" && p !== null ? p.key : p))]
+    // A non-empty array reports its empty form as a missing element 0.
+    if (i.message === "Missing key" && path.at(-1) === 0)
+      return `${formatPath(path.slice(0, -1))}: expected a non-empty list`
+    const got = i.message.startsWith("Expected") ? `, got ${describe(valueAt(value, path.slice(at.length)))}` : ""
+    return `${formatPath(path)}: ${i.message}${got}`
+  })
+}
+
+/**
+ * Decodes key by key: a struct stops at its first failing transformation (a bad duration hides a bad
+ * enum next to it), so each key is checked on its own to report every problem of the file at once.
+ */
+export const fieldProblems = (raw: unknown): Array<string> => {
+  if (!isTable(raw)) return ["<root>: expected a TOML document"]
+  const problems: Array<string> = []
+  const byField = (struct: Schema.Struct<Schema.Struct.Fields>, table: unknown, at: ReadonlyArray<string>) => {
+    if (table === undefined) return
+    if (!isTable(table)) {
+      const hint = Array.isArray(table) ? ` (write [${formatPath(at)}], not [[${formatPath(at)}]])` : ""
+      problems.push(`${formatPath(at)}: expected a table, got ${describe(table)}${hint}`)
+      return
+    }
+    for (const [k, field] of Object.entries(struct.fields)) {
+      if (!(k in table)) continue
+      problems.push(...schemaProblems(Schema.Struct({ [k]: field }), { [k]: table[k] }, at, [...at, k]))
+    }
+  }
+  for (const s of SECTIONS) byField(sectionSchemas[s], raw[s], [s])
+  const models = raw.models
+  if (models !== undefined && !isTable(models)) problems.push(`models: expected tables such as [models."name"]`)
+  if (isTable(models)) for (const [m, t] of Object.entries(models)) byField(ModelSection, t, ["models", m])
+  return problems.length > 0 ? problems : schemaProblems(ConfigFile, raw, [])
+}

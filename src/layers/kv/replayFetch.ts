@@ -1,0 +1,34 @@
+/**
+ * One replay request to an engine's KV-event replay ROUTER: a ZMQ DEALER sends ["", seq8] and reads
+ * batches until the end marker (replies in both the 3- and 4-frame layouts, decoded by
+ * services/kv/KvEvents.ts). The dealer is closed on every exit, interruption included.
+ */
+import { Effect } from "effect"
+import * as zmq from "zeromq"
+import { decodeReplayReply, type KvBatch, seqFrame } from "../../services/kv/KvEvents.ts"
+
+/** Every batch the replay ROUTER holds from `from` on, decoded. Fails on timeout or a bad frame. */
+export const fetchReplay = (endpoint: string, topic: string, from: bigint, timeoutMs: number) =>
+  Effect.tryPromise({
+    try: async (signal) => {
+      const dealer = new zmq.Dealer({ linger: 0, receiveTimeout: timeoutMs })
+      // Interruption closes the dealer, which rejects the pending receive.
+      const onAbort = () => dealer.close()
+      signal.addEventListener("abort", onAbort, { once: true })
+      try {
+        dealer.connect(endpoint)
+        await dealer.send([new Uint8Array(0), seqFrame(from)])
+        const out: Array<KvBatch> = []
+        for (;;) {
+          const r = decodeReplayReply(await dealer.receive(), topic)
+          if (r.end) return out
+          if (r.ok) out.push(r.batch)
+          else if (r.seq === undefined) throw new Error(r.error)
+        }
+      } finally {
+        signal.removeEventListener("abort", onAbort)
+        if (!dealer.closed) dealer.close()
+      }
+    },
+    catch: (err) => new Error(`replay from ${endpoint}: ${err instanceof Error ? err.message : String(err)}`)
+  })

@@ -1,0 +1,187 @@
+/**
+ * One round of the HealthReporter against etcd: grant a lease when there is none (or keep the current
+ * one alive on a tick), then, when a write is due, build the NodeHealth record (live snapshot, damped
+ * state, fresh freshness) and create or rewrite the node key under the lease. A key held by another
+ * live lease is a RegistrationConflict; a key deleted by hand is created again. Callers hold the
+ * reporter's write lock.
+ */
+import { Clock, Effect } from "effect"
+import { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
+import type { AgentConfig } from "../../services/config/Config.ts"
+import type { NodeState, NodeStatusService } from "../../services/node/NodeStatus.ts"
+import { isFact, observe } from "../../services/registry/HealthDamping.ts"
+import {
+  type ConflictHolder,
+  EtcdUnavailable,
+  epochOf,
+  RegistrationConflict,
+  type RegistrationState,
+  type ReporterError
+} from "../../services/registry/HealthReporter.ts"
+import type { ReporterTiming } from "../../services/registry/ReporterTiming.ts"
+import type { EtcdOps, Holder, WriteOutcome } from "./etcdClient.ts"
+import type { ReporterState, Session } from "./reporterState.ts"
+
+export type StepReason = "tick" | "flush" | "drain" | "shutdown" | "change"
+
+/** Who holds the key, from its lease and (when it is a NodeHealth record) its value. */
+const holderOf = (h: Holder): ConflictHolder => {
+  let advertiseAddr = ""
+  let epoch = ""
+  try {
+    const parsed = NodeHealth.fromJSON(JSON.parse(h.value))
+    advertiseAddr = parsed.advertiseAddr
+    epoch = parsed.freshness?.epoch ?? ""
+  } catch {
+    // not a NodeHealth record: keep the lease only
+  }
+  return { lease: h.lease === "0" ? "none" : epochOf(h.lease), advertiseAddr, epoch }
+}
+
+export interface StepContext {
+  readonly s: ReporterState
+  readonly ops: EtcdOps
+  readonly key: string
+  readonly timing: ReporterTiming
+  readonly agent: AgentConfig["agent"]
+  readonly nodeStatus: NodeStatusService
+}
+
+export interface RegistrationStep {
+  /** One round: lease (grant or keepalive), then a write when one is due. */
+  readonly step: (reason: StepReason) => Effect.Effect<void, ReporterError>
+  /** Moves to a state, logging the change. */
+  readonly setState: (next: RegistrationState) => Effect.Effect<void>
+}
+
+export const makeRegistrationStep = ({ s, ops, key, timing, agent, nodeStatus }: StepContext): RegistrationStep => {
+  const setState = (next: RegistrationState) =>
+    Effect.gen(function* () {
+      const prev = s.state
+      s.state = next
+      if (prev === next) return
+      const fields = { key, from: prev, to: next, epoch: s.session?.epoch ?? "", error: s.lastError ?? "" }
+      if (next === "registered")
+        yield* Effect.logInfo("etcd registration: registered").pipe(Effect.annotateLogs(fields))
+      else yield* Effect.logWarning(`etcd registration: ${next}`).pipe(Effect.annotateLogs(fields))
+    })
+
+  const grant = Effect.gen(function* () {
+    const g = yield* ops.grant(timing.ttlSeconds)
+    const now = yield* Clock.currentTimeMillis
+    const session: Session = {
+      id: g.id,
+      epoch: epochOf(g.id),
+      ttlMs: g.ttlMs,
+      grantedAt: now,
+      lastKeepAliveAt: now,
+      registered: false
+    }
+    s.session = session
+    s.leasesGranted++
+    yield* Effect.logInfo("etcd lease granted").pipe(
+      Effect.annotateLogs({ key, epoch: session.epoch, ttl_ms: session.ttlMs })
+    )
+    return session
+  })
+
+  /** The record to write now: the live snapshot, the damped state, and fresh freshness. */
+  const buildRecord = (session: Session, reason: StepReason, now: number) =>
+    Effect.gen(function* () {
+      const snapshot = yield* nodeStatus.snapshot
+      const draining = s.forcedDraining || reason === "shutdown" || (yield* nodeStatus.draining)
+      const observed: NodeState = draining ? "draining" : (snapshot.state as NodeState)
+      // Heartbeats count as observations; a fact (engine exit, engine ready, draining) is published by any
+      // write at once, while a probe verdict waits for health_damping heartbeats.
+      const fact = isFact(observed, snapshot.engine?.phase ?? "", s.damping.published)
+      if (reason === "tick" || fact) {
+        s.damping = observe(s.damping, observed, agent.health_damping, reason === "shutdown" || fact)
+      }
+      const state = s.damping.published ?? observed
+      s.sequence++
+      return NodeHealth.fromPartial({
+        ...snapshot,
+        state,
+        freshness: { epoch: session.epoch, sequence: s.sequence, writtenAt: new Date(now).toISOString() }
+      })
+    })
+
+  const conflictError = (holder: Holder) =>
+    Effect.gen(function* () {
+      const h = holderOf(holder)
+      const error = new RegistrationConflict({
+        key,
+        nodeId: agent.node_id,
+        holderLease: h.lease,
+        holderAdvertiseAddr: h.advertiseAddr
+      })
+      const changed = s.conflict?.lease !== h.lease
+      s.conflict = h
+      s.lastError = error.message
+      if (changed) yield* Effect.logError(error.message)
+      yield* setState("conflict")
+      return yield* Effect.fail(error)
+    })
+
+  const step = (reason: StepReason): Effect.Effect<void, ReporterError> =>
+    Effect.gen(function* () {
+      let session = s.session
+      if (session === undefined) {
+        // "revoked" and "retrying" stay visible until the registration succeeds
+        if (s.state !== "revoked" && s.state !== "retrying") yield* setState("registering")
+        session = yield* grant
+      } else if (reason === "tick") {
+        yield* ops.keepAlive(session.id)
+        session.lastKeepAliveAt = yield* Clock.currentTimeMillis
+        yield* Effect.logTrace("etcd keepalive", { key, lease: session.id })
+      }
+      const now = yield* Clock.currentTimeMillis
+      const due =
+        !session.registered ||
+        reason !== "tick" ||
+        s.lastWriteMs === undefined ||
+        now - s.lastWriteMs >= timing.heartbeatMs - timing.tickMs / 2
+      if (!due) return
+      const record = yield* buildRecord(session, reason, now)
+      const value = JSON.stringify(NodeHealth.toJSON(record))
+      let outcome: WriteOutcome = session.registered
+        ? yield* ops.write(key, value, session.id)
+        : yield* ops.create(key, value, session.id)
+      if (outcome._tag === "Missing") {
+        // The key vanished under a live lease (deleted by hand): create it again.
+        session.registered = false
+        outcome = yield* ops.create(key, value, session.id)
+      }
+      if (outcome._tag === "Held") {
+        session.registered = false
+        return yield* conflictError(outcome.holder)
+      }
+      if (outcome._tag === "Missing") {
+        return yield* Effect.fail(new EtcdUnavailable({ operation: "create", reason: "key vanished during create" }))
+      }
+      yield* Effect.logDebug("etcd write", {
+        key,
+        reason,
+        state: record.state,
+        sequence: record.freshness?.sequence,
+        lease: session.id
+      })
+      session.registered = true
+      s.lastWriteMs = now
+      s.lastRecord = record
+      s.writes++
+      s.failuresInRow = 0
+      s.lastError = undefined
+      s.conflict = undefined
+      yield* setState("registered")
+    }).pipe(
+      Effect.tapError((e) =>
+        Effect.sync(() => {
+          s.writeFailures++
+          s.lastError = e.message
+        })
+      )
+    )
+
+  return { step, setState }
+}

@@ -1,0 +1,78 @@
+/**
+ * The HealthReporter's mutable state (the current lease session, counters, the last record written)
+ * and the RegistrationStatus read from it. Only touched under the reporter's write lock, or read whole
+ * by `status`.
+ */
+import type { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
+import { type DampingState, initialDamping } from "../../services/registry/HealthDamping.ts"
+import type { ConflictHolder, RegistrationState, RegistrationStatus } from "../../services/registry/HealthReporter.ts"
+
+/** One granted lease and what was done under it. */
+export interface Session {
+  readonly id: string
+  readonly epoch: string
+  readonly ttlMs: number
+  readonly grantedAt: number
+  lastKeepAliveAt: number
+  registered: boolean
+}
+
+/** The reporter's mutable state; only touched under the write lock (or read whole by `status`). */
+export interface ReporterState {
+  state: RegistrationState
+  session: Session | undefined
+  sequence: number
+  lastWriteMs: number | undefined
+  lastRecord: NodeHealth | undefined
+  damping: DampingState
+  forcedDraining: boolean
+  stopping: boolean
+  lastError: string | undefined
+  conflict: ConflictHolder | undefined
+  failuresInRow: number
+  writes: number
+  writeFailures: number
+  leasesGranted: number
+  leasesLost: number
+}
+
+export const initialReporterState = (): ReporterState => ({
+  state: "registering",
+  session: undefined,
+  sequence: 0,
+  lastWriteMs: undefined,
+  lastRecord: undefined,
+  damping: initialDamping,
+  forcedDraining: false,
+  stopping: false,
+  lastError: undefined,
+  conflict: undefined,
+  failuresInRow: 0,
+  writes: 0,
+  writeFailures: 0,
+  leasesGranted: 0,
+  leasesLost: 0
+})
+
+/** The status `HealthReporter.status` reports, at time `now`. */
+export const statusOf = (s: ReporterState, key: string, now: number): RegistrationStatus => {
+  const session = s.session
+  return {
+    state: s.state,
+    key,
+    leaseId: session?.id,
+    epoch: session?.epoch,
+    leaseTtlMs: session?.ttlMs,
+    leaseAgeMs: session === undefined ? undefined : now - session.grantedAt,
+    sinceKeepAliveMs: session === undefined ? undefined : now - session.lastKeepAliveAt,
+    sequence: s.lastRecord?.freshness?.sequence ?? 0,
+    lastWriteAt: s.lastRecord?.freshness?.writtenAt,
+    publishedState: s.lastRecord?.state,
+    lastError: s.lastError,
+    conflict: s.conflict,
+    writes: s.writes,
+    writeFailures: s.writeFailures,
+    leasesGranted: s.leasesGranted,
+    leasesLost: s.leasesLost
+  }
+}

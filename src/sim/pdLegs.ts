@@ -1,0 +1,147 @@
+// The P/D legs of one simulated request, around generation. Before: an SGLang decode server waits for the
+// prefill side's bootstrap room to finish, an SGLang prefill server holds the request until the decode side
+// connects, a vLLM decode leg pulls the prefill engine's blocks over NIXL (or computes the prefill locally).
+// After: a vLLM prefill leg holds its blocks for the decode side and returns the kv_transfer_params to send.
+import { hasPdConnector, type SimContext } from "./context.ts"
+import type { Admission } from "./kvblocks.ts"
+import { fetchBlocks, waitForRoom } from "./pd.ts"
+import type { GenRequest } from "./request.ts"
+
+/** How the hand-off before generation ended: go on, the client went away, or answer with an error. */
+export type HandoffOutcome =
+  | { readonly kind: "proceed" }
+  | { readonly kind: "gone" }
+  | { readonly kind: "error"; readonly status: number; readonly message: string }
+
+const GONE: HandoffOutcome = { kind: "gone" }
+
+/** The P/D waits before a request may take a slot. `gone` says whether the client has left meanwhile. */
+export const handoffBeforeGeneration = async (
+  ctx: SimContext,
+  gr: GenRequest,
+  id: string,
+  signal: AbortSignal,
+  gone: () => boolean
+): Promise<HandoffOutcome> => {
+  const { cfg } = ctx
+  // SGLang decode: wait (bounded) for the prefill engine to finish this bootstrap room.
+  if (cfg.flavor === "sglang" && cfg.disaggregationMode !== undefined && gr.bootstrap === undefined) {
+    return {
+      kind: "error",
+      status: 400,
+      message: `bootstrap_host, bootstrap_port and bootstrap_room are required in ${cfg.disaggregationMode} mode`
+    }
+  }
+  if (cfg.flavor === "sglang" && cfg.disaggregationMode === "decode" && gr.bootstrap !== undefined) {
+    const b = gr.bootstrap
+    const r = await waitForRoom(b.host, b.port, b.room, cfg.bootstrapTimeoutMs ?? 300_000, signal)
+    if (gone()) return GONE
+    if (!r.ok) {
+      ctx.log("kv transfer failed", { room: b.room, reason: r.reason })
+      return { kind: "error", status: 500, message: `KV transfer for bootstrap_room ${b.room} failed: ${r.reason}` }
+    }
+  }
+
+  // SGLang prefill: held in the bootstrap queue until the decode side has connected for the room.
+  if (cfg.flavor === "sglang" && cfg.disaggregationMode === "prefill" && gr.bootstrap !== undefined) {
+    const room = gr.bootstrap.room
+    const timeoutMs = cfg.bootstrapTimeoutMs ?? 300_000
+    const connected = await (ctx.bootstrap?.waitForDecode(room, timeoutMs, signal) ?? Promise.resolve(false))
+    if (gone()) return GONE
+    if (!connected) {
+      ctx.log("bootstrap timed out", { room })
+      return {
+        kind: "error",
+        status: 500,
+        message: `Request ${id} timed out after ${timeoutMs / 1000}s in KVPoll.Bootstrapping (bootstrap_room ${room}): no decode server connected`
+      }
+    }
+  }
+
+  // vLLM decode leg: pull the blocks the prefill engine holds.
+  const kvp = gr.kvTransferParams
+  const pd = cfg.flavor === "vllm" && hasPdConnector(cfg)
+  if (pd && kvp?.do_remote_prefill === true) {
+    const blocks = kvp.remote_block_ids
+    // Before vLLM PR #29665 the connector had no remote_request_id: D notified P under its own request id
+    // (the proxy sends one X-Request-Id on both legs). Since then D reads the id P returned.
+    const remoteId = cfg.nixlLegacy ? id : kvp.remote_request_id
+    const complete =
+      Array.isArray(blocks) &&
+      blocks.flat().length > 0 &&
+      typeof kvp.remote_engine_id === "string" &&
+      typeof remoteId === "string" &&
+      typeof kvp.remote_host === "string" &&
+      kvp.remote_port !== undefined &&
+      kvp.remote_port !== null
+    if (!complete) {
+      ctx.localPrefills++
+      ctx.log("Got invalid KVTransferParams; computing the prefill locally", { request_id: id })
+    } else {
+      const r = await fetchBlocks(
+        String(kvp.remote_host),
+        Number(kvp.remote_port),
+        String(kvp.remote_engine_id),
+        String(remoteId),
+        blocks
+      )
+      if (gone()) return GONE
+      if (!r.ok) {
+        ctx.kvFetchFailures++
+        const policy = cfg.kvTransferConfig?.kv_load_failure_policy ?? "recompute"
+        ctx.log("KV load failed", {
+          request_id: id,
+          remote_request_id: remoteId,
+          reason: r.reason,
+          policy
+        })
+        if (policy === "fail") {
+          return { kind: "error", status: 500, message: `KV load failed for request ${id}: ${r.reason}` }
+        }
+        ctx.localPrefills++
+      }
+    }
+  }
+  return { kind: "proceed" }
+}
+
+/**
+ * A vLLM prefill leg (`do_remote_decode`): keeps the prompt's blocks for the decode side to pull within the
+ * lease, and returns the kv_transfer_params for the response; null for every other request.
+ */
+export const holdForDecode = (
+  ctx: SimContext,
+  gr: GenRequest,
+  id: string,
+  admission: Admission,
+  promptTokens: number
+): unknown => {
+  const { cfg, kv } = ctx
+  const kvp = gr.kvTransferParams
+  const pd = cfg.flavor === "vllm" && hasPdConnector(cfg)
+  if (!(pd && kvp?.do_remote_decode === true && ctx.sideChannel !== undefined)) return null
+  const hashes = admission.hashes
+  kv.retain(hashes)
+  const extra = cfg.kvTransferConfig?.kv_connector_extra_config as Record<string, unknown> | undefined
+  const leaseS = typeof extra?.kv_lease_duration === "number" ? extra.kv_lease_duration : 30
+  ctx.sideChannel.hold(
+    id,
+    {
+      engineId: ctx.engineId,
+      blockIds: admission.blockIds,
+      numTokens: promptTokens,
+      release: () => kv.release(hashes)
+    },
+    cfg.kvLeaseMs ?? leaseS * 1000
+  )
+  return {
+    do_remote_prefill: true,
+    do_remote_decode: false,
+    remote_block_ids: [admission.blockIds],
+    remote_engine_id: ctx.engineId,
+    ...(cfg.nixlLegacy ? {} : { remote_request_id: id }),
+    remote_host: ctx.sideChannelHost,
+    remote_port: ctx.sideChannelPort,
+    tp_size: cfg.tensorParallel
+  }
+}

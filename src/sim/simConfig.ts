@@ -1,0 +1,64 @@
+// What the engine simulator runs with: the flavor it imitates and every knob, as parsed from its command
+// line by args.ts (pure types; the one error parsing throws).
+export type Flavor = "vllm" | "sglang" | "llama_cpp" | "mlx"
+export type SimMode = "echo" | "random"
+/** `sse_error_field`: older llama.cpp's `error: {...}` line then `data: [DONE]` (other flavors: as midstream). */
+export type ErrorKind = "http400" | "http404" | "http429" | "http500" | "midstream" | "sse_error_field" | "reset"
+
+export interface SimConfig {
+  readonly flavor: Flavor
+  readonly host: string
+  readonly port: number
+  /** Model as given (HF id, path, GGUF file). */
+  readonly model: string
+  /** Name in /v1/models, responses and the model_name label. */
+  readonly servedName: string
+  readonly maxModelLen: number | undefined
+  /**
+   * llama_cpp: the context of one slot. An explicit `-np N` splits `-c` over N slots; with -np unset the
+   * server picks 4 slots over one unified KV cache, so each may use all of it (tools/server/server.cpp).
+   */
+  readonly slotContext: number | undefined
+  readonly tensorParallel: number
+  /** vLLM `--data-parallel-size`, SGLang `--dp-size`: one KV-event publisher per rank. */
+  readonly dataParallel: number
+  readonly enableMetrics: boolean
+  readonly kvTransferConfig: Record<string, unknown> | undefined
+  readonly kvEventsConfig: Record<string, unknown> | undefined
+  readonly disaggregationMode: "prefill" | "decode" | undefined
+  readonly bootstrapPort: number
+  readonly mode: SimMode
+  readonly seed: number
+  readonly ttftMs: number
+  readonly itlMs: number
+  readonly maxSeqs: number
+  readonly startupDelayMs: number
+  /** How long the graceful shutdown after the first SIGTERM/SIGINT takes (--sim-shutdown-delay, default 200ms). */
+  readonly shutdownDelayMs: number
+  readonly blockSize: number
+  readonly kvBlocks: number
+  readonly defaultMaxTokens: number
+  readonly crashAfterRequests: number | undefined
+  readonly crashAfterMs: number | undefined
+  readonly stallAfterTokens: number | undefined
+  readonly ignoreSigterm: boolean
+  readonly forkGrandchild: boolean
+  readonly errorRate: number
+  readonly errorKind: ErrorKind
+  readonly kvStopAfter: number | undefined
+  readonly kvSkipSeq: number | undefined
+  readonly hangHealth: boolean
+  /** llama_cpp: answer /models and /v1/models 200 (`"meta": null`) while loading, as newer llama-server builds do. */
+  readonly modelsWhileLoading: boolean
+  readonly kvLegacyArrays: boolean
+  /** vLLM before PR #29665: P sends no remote_request_id, D pulls under its own request id. */
+  readonly nixlLegacy: boolean
+  /** vLLM < 0.26 replay replies (3 frames, no topic). */
+  readonly kvReplay3Frames: boolean
+  readonly kvLeaseMs: number | undefined
+  readonly bootstrapTimeoutMs: number | undefined
+  /** Flags seen on the line that the simulator accepts but does not model. */
+  readonly unmodelled: ReadonlyArray<string>
+}
+
+export class ArgsError extends Error {}
