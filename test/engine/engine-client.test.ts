@@ -210,7 +210,13 @@ describe("EngineClient against a controlled server", () => {
     const req = seen.findLast((s) => s.headers["x-request-id"] === "plain")
     expect(req?.headers.traceparent).toBe("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
     expect(req?.headers.accept).toBe("text/event-stream")
-    expect(JSON.parse(req?.body ?? "{}")).toEqual({ model: "engine-model", messages: [], stream: true })
+    // The client owns model, stream and stream_options: a stream always asks for usage.
+    expect(JSON.parse(req?.body ?? "{}")).toEqual({
+      model: "engine-model",
+      messages: [],
+      stream: true,
+      stream_options: { include_usage: true }
+    })
   })
 
   it("survives a byte-by-byte split with CRLF and comment lines", async () => {
@@ -307,6 +313,22 @@ describe("EngineClient against a controlled server", () => {
     expect(success(exit).id).toBe("x")
     const req = seen.findLast((s) => s.headers["x-request-id"] === "c1")
     expect(JSON.parse(req?.body ?? "{}")).toEqual({ model: "engine-model", prompt: "p", stream: false })
+  })
+
+  it("streamTo with stream false hands the sink the one response object (what complete derives from)", async () => {
+    const reads: Array<ReadonlyArray<JsonObject>> = []
+    const exit = await run(planFor(base), (c) =>
+      c.streamTo(
+        "/v1/completions",
+        { prompt: "p" },
+        { requestId: "c1", stream: false },
+        { onChunks: (chunks) => reads.push(chunks) > 0 }
+      )
+    )
+    success(exit)
+    expect(reads.map((r) => r.map((o) => o.id))).toEqual([["x"]])
+    const req = seen.findLast((s) => s.headers["x-request-id"] === "c1")
+    expect(JSON.parse(req?.body ?? "{}")).toMatchObject({ model: "engine-model", prompt: "p", stream: false })
   })
 
   it("complete: a body larger than the stream buffer limit arrives whole", async () => {
