@@ -3,12 +3,12 @@
 import { Result } from "effect"
 import { Status } from "nice-grpc-common"
 import { describe, expect, it } from "vitest"
+import type { JsonObject } from "../../src/services/engine/EngineClient.ts"
 import {
   type BootstrapInput,
   extractKvTransferParams,
   handoffStatus,
   InvalidHandoff,
-  type JsonObject,
   planLeg,
   sglangLegBody,
   VLLM_PREFILL_KV_TRANSFER_PARAMS,

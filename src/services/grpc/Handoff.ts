@@ -12,8 +12,7 @@ import { Result, Schema } from "effect"
 import { Status } from "nice-grpc-common"
 import type { Role } from "../config/ConfigSchema.ts"
 import type { HandoffProtocol } from "../engine/Engine.ts"
-
-export type JsonObject = Readonly<Record<string, unknown>>
+import type { JsonObject } from "../engine/EngineClient.ts"
 
 /** The handoff cannot happen as asked. Maps to FAILED_PRECONDITION; `missing` names the absent fields. */
 export class InvalidHandoff extends Schema.TaggedError<InvalidHandoff>()("InvalidHandoff", {
