@@ -1,13 +1,17 @@
 /**
  * A scripted in-memory EngineClient for tests of its callers (the gRPC relay, NodeStatus, embedders):
- * every call answers from the script and is recorded, so a test can assert what would have been sent.
+ * it implements only the transport primitive (`streamTo`), so `stream`, `complete` and the relay run the
+ * production path. Every request answers from the script and is recorded (the body as the caller gave it:
+ * the live client adds `model`, `stream` and `stream_options` on the wire).
  * Nothing listens anywhere; for wire-level tests use the live client against the simulator.
  */
-import { Context, Effect, Layer, Ref, Stream } from "effect"
+import { Context, Effect, Layer, Ref } from "effect"
 import {
   type CompletionPath,
   EngineClient,
   type EngineError,
+  type EngineTransport,
+  fromTransport,
   type JsonObject,
   type LoadSignals,
   type RequestOptions
@@ -23,10 +27,10 @@ export interface RecordedRequest {
 
 /** What the scripted engine answers; every field has a harmless default. */
 export interface EngineScript {
-  /** SSE chunks for `stream`, or the error to end it with after them. */
+  /** The objects of a streamed request, one per read, and the error to end it with after them. */
   readonly chunks?: ReadonlyArray<JsonObject>
   readonly streamError?: EngineError
-  /** The response object of `complete`, or its error. */
+  /** The response object of a whole (`stream: false`) request, or its error. */
   readonly completion?: JsonObject | EngineError
   readonly models?: ReadonlyArray<string>
   readonly load?: LoadSignals
@@ -43,32 +47,69 @@ export const textChunk = (text: string, finishReason: string | null = null): Jso
   choices: [{ index: 0, text, finish_reason: finishReason }]
 })
 
+/**
+ * The scripted transport: a streamed request gets `chunks` one per read, honouring the sink's pause, then
+ * `streamError` or the end; a whole one (`stream: false`) gets `completion` as its one object, or its error.
+ */
+const scriptedStreamTo =
+  (script: EngineScript, record: (r: RecordedRequest) => Effect.Effect<void>): EngineTransport["streamTo"] =>
+  (path, body, options, sink) => {
+    const whole = options?.stream === false
+    const { stream: _mode, ...requestOptions } = options ?? {}
+    const recorded = record({
+      kind: whole ? "complete" : "stream",
+      path,
+      body,
+      options: options === undefined ? undefined : requestOptions
+    })
+    if (whole) {
+      const completion = script.completion ?? { object: "text_completion", choices: [textChunk("", "stop")] }
+      return Effect.andThen(recorded, () =>
+        isEngineError(completion)
+          ? Effect.fail(completion)
+          : Effect.sync(() => {
+              sink.onChunks([completion], () => undefined)
+            })
+      )
+    }
+    const chunks = script.chunks ?? [textChunk("ok", "stop")]
+    const read = (i: number): Effect.Effect<void, EngineError> => {
+      if (i === chunks.length) return script.streamError === undefined ? Effect.void : Effect.fail(script.streamError)
+      return Effect.suspend(() => {
+        let resumed: (() => void) | undefined
+        let early = false
+        const more = sink.onChunks([chunks[i]!], () => {
+          if (resumed === undefined) early = true
+          else resumed()
+        })
+        if (more) return read(i + 1)
+        // The sink may resume before this fiber waits (the fiber can yield in between).
+        return Effect.andThen(
+          Effect.callback<void>((resume) => {
+            if (early) resume(Effect.void)
+            else resumed = () => resume(Effect.void)
+          }),
+          read(i + 1)
+        )
+      })
+    }
+    return Effect.andThen(recorded, read(0))
+  }
+
+const isEngineError = (v: JsonObject | EngineError): v is EngineError => "_tag" in v && v._tag === "EngineError"
+
 export const layerTest = (script: EngineScript = {}): Layer.Layer<EngineClient | EngineClientRecorder> =>
   Layer.effectContext(
     Effect.gen(function* () {
       const requests = yield* Ref.make<ReadonlyArray<RecordedRequest>>([])
       const record = (r: RecordedRequest) => Ref.update(requests, (all) => [...all, r])
-      const completion = script.completion ?? { object: "text_completion", choices: [textChunk("", "stop")] }
-      const client = EngineClient.of({
-        stream: (path, body, options) =>
-          Stream.unwrap(
-            Effect.as(
-              record({ kind: "stream", path, body, options }),
-              Stream.concat(
-                Stream.fromIterable(script.chunks ?? [textChunk("ok", "stop")]),
-                script.streamError === undefined ? Stream.empty : Stream.fail(script.streamError)
-              )
-            )
-          ),
-        complete: (path, body, options) =>
-          Effect.andThen(record({ kind: "complete", path, body, options }), () =>
-            "_tag" in completion && completion._tag === "EngineError"
-              ? Effect.fail(completion as EngineError)
-              : Effect.succeed(completion as JsonObject)
-          ),
-        models: Effect.succeed(script.models ?? ["m"]),
-        load: Effect.succeed(script.load ?? { running: undefined, waiting: undefined, kvUsage: undefined })
-      })
+      const client = EngineClient.of(
+        fromTransport({
+          streamTo: scriptedStreamTo(script, record),
+          models: Effect.succeed(script.models ?? ["m"]),
+          load: Effect.succeed(script.load ?? { running: undefined, waiting: undefined, kvUsage: undefined })
+        })
+      )
       return Context.make(EngineClient, client).pipe(
         Context.add(EngineClientRecorder, EngineClientRecorder.of({ requests: Ref.get(requests) }))
       )

@@ -27,7 +27,7 @@ export const TestLayers = {
   Metrics: MetricsLive.layerTest,
   /** An engine whose state the test sets through EngineProcessControl; nothing is spawned. */
   EngineProcess: EngineProcessTest.layerTest,
-  /** A scripted engine API; requests are recorded in EngineClientRecorder. */
+  /** A scripted engine transport (`streamTo` only; the rest derives as live); requests go to EngineClientRecorder. */
   EngineClient: EngineClientTest.layerTest,
   /** Admission with explicit limits. */
   Admission: AdmissionLive.layerWith,

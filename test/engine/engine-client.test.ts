@@ -1,6 +1,7 @@
 // The live EngineClient over real loopback HTTP: first against a tiny node:http server this file controls
 // (exact splits, resets, truncation, disconnect on abort), then against the engine simulator per flavor.
 // The controlled server picks its behaviour from the request's X-Request-Id (the client sends it verbatim).
+// First of all, `stream` and `complete` as derived from the one primitive, on the scripted test double.
 import * as http from "node:http"
 import type { AddressInfo } from "node:net"
 import { Cause, Effect, Exit, Fiber, Layer, Result, Stream } from "effect"
@@ -13,12 +14,51 @@ import type { LaunchPlan, MetricNames } from "../../src/services/engine/Engine.t
 import {
   EngineClient,
   type EngineClientService,
-  type EngineError,
+  EngineError,
+  HIGH_WATER_OBJECTS,
   type JsonObject
 } from "../../src/services/engine/EngineClient.ts"
+import * as EngineClientTest from "../../src/testing/EngineClient.ts"
+import { EngineClientRecorder, type EngineScript, textChunk } from "../../src/testing/EngineClient.ts"
 import { pollUntil } from "../support/poll.ts"
 import { freePort } from "../support/ports.ts"
 import { type SimHandle, startSim } from "../support/sim.ts"
+
+describe("stream and complete derive from the transport (on the scripted double)", () => {
+  const scripted = (script: EngineScript) =>
+    Effect.gen(function* () {
+      return { client: yield* EngineClient, recorder: yield* EngineClientRecorder }
+    }).pipe(Effect.provide(EngineClientTest.layerTest(script)))
+
+  it("a slow pull past the high-water mark gets every object in order (the sink pauses the transport)", async () => {
+    const chunks = Array.from({ length: HIGH_WATER_OBJECTS * 3 }, (_, i) => textChunk(String(i)))
+    const out = await Effect.runPromise(
+      Effect.flatMap(scripted({ chunks }), ({ client }) =>
+        Stream.runCollect(Stream.mapEffect(client.stream("/v1/completions", { prompt: "p" }), Effect.succeed))
+      )
+    )
+    expect(Array.from(out)).toEqual(chunks)
+  })
+
+  it("complete asks the transport for a whole answer; stream's failure after its objects", async () => {
+    const streamError = new EngineError({ reason: "Stream", message: "cut" })
+    const { whole, streamed, requests } = await Effect.runPromise(
+      Effect.flatMap(scripted({ completion: { id: "whole" }, chunks: [textChunk("a")], streamError }), (s) =>
+        Effect.all({
+          whole: s.client.complete("/v1/completions", { prompt: "p" }, { requestId: "r" }),
+          streamed: Effect.exit(Stream.runCollect(s.client.stream("/v1/completions", { prompt: "p" }))),
+          requests: s.recorder.requests
+        })
+      )
+    )
+    expect(whole).toEqual({ id: "whole" })
+    expect(Exit.isFailure(streamed) && Cause.squash(streamed.cause)).toBe(streamError)
+    expect(requests.map((r) => [r.kind, r.options])).toEqual([
+      ["complete", { requestId: "r" }],
+      ["stream", undefined]
+    ])
+  })
+})
 
 const planFor = (baseUrl: string, metrics?: { url: string; names: MetricNames }): LaunchPlan => ({
   kind: "vllm",
@@ -210,7 +250,13 @@ describe("EngineClient against a controlled server", () => {
     const req = seen.findLast((s) => s.headers["x-request-id"] === "plain")
     expect(req?.headers.traceparent).toBe("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
     expect(req?.headers.accept).toBe("text/event-stream")
-    expect(JSON.parse(req?.body ?? "{}")).toEqual({ model: "engine-model", messages: [], stream: true })
+    // The client owns model, stream and stream_options: a stream always asks for usage.
+    expect(JSON.parse(req?.body ?? "{}")).toEqual({
+      model: "engine-model",
+      messages: [],
+      stream: true,
+      stream_options: { include_usage: true }
+    })
   })
 
   it("survives a byte-by-byte split with CRLF and comment lines", async () => {
@@ -307,6 +353,22 @@ describe("EngineClient against a controlled server", () => {
     expect(success(exit).id).toBe("x")
     const req = seen.findLast((s) => s.headers["x-request-id"] === "c1")
     expect(JSON.parse(req?.body ?? "{}")).toEqual({ model: "engine-model", prompt: "p", stream: false })
+  })
+
+  it("streamTo with stream false hands the sink the one response object (what complete derives from)", async () => {
+    const reads: Array<ReadonlyArray<JsonObject>> = []
+    const exit = await run(planFor(base), (c) =>
+      c.streamTo(
+        "/v1/completions",
+        { prompt: "p" },
+        { requestId: "c1", stream: false },
+        { onChunks: (chunks) => reads.push(chunks) > 0 }
+      )
+    )
+    success(exit)
+    expect(reads.map((r) => r.map((o) => o.id))).toEqual([["x"]])
+    const req = seen.findLast((s) => s.headers["x-request-id"] === "c1")
+    expect(JSON.parse(req?.body ?? "{}")).toMatchObject({ model: "engine-model", prompt: "p", stream: false })
   })
 
   it("complete: a body larger than the stream buffer limit arrives whole", async () => {
@@ -407,9 +469,7 @@ for (const flavor of flavors) {
     }
 
     it("streams chat chunks until [DONE]; the model field is rewritten for the engine", async () => {
-      const exit = await run(plan, (c) =>
-        Stream.runCollect(c.stream("/v1/chat/completions", { ...chat, stream_options: { include_usage: true } }))
-      )
+      const exit = await run(plan, (c) => Stream.runCollect(c.stream("/v1/chat/completions", chat)))
       const chunks = success(exit) as ReadonlyArray<JsonObject>
       const text = chunks
         .flatMap((c) => (c.choices as Array<{ delta?: { content?: string } }>).map((ch) => ch.delta?.content ?? ""))

@@ -307,6 +307,24 @@ describe("invalid combinations", () => {
   })
 })
 
+describe("P/D handoff capability", () => {
+  it("each backend declares its handoff protocol; exactly those with one run prefill/decode roles", () => {
+    const declared = Object.fromEntries(EngineKinds.map((k) => [k, engineFor(k).capabilities.handoff ?? "none"]))
+    expect(declared).toEqual({
+      vllm: "kv_transfer_params",
+      sglang: "bootstrap",
+      llama_cpp: "none",
+      mlx: "none",
+      openai_compat: "none"
+    })
+    for (const kind of EngineKinds) {
+      const caps = engineFor(kind).capabilities
+      const pd = caps.roles.includes("prefill") && caps.roles.includes("decode")
+      expect([kind, pd]).toEqual([kind, caps.handoff !== undefined])
+    }
+  })
+})
+
 describe("rendering rules", () => {
   it("model settings map to each engine's flags", () => {
     const models = { m: { path: "/models/m.gguf", max_model_len: 4096, gpu_memory_utilization: 0.8, tp: 1 } }

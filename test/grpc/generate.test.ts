@@ -226,7 +226,7 @@ describe("planRequest: validation", () => {
   it("seed: the whole uint64 range, written to the engine digit for digit", () => {
     for (const seed of ["0", "9007199254740993", "9223372036854775808", "18446744073709551615"]) {
       const body = JSON.stringify(plan({ prompt: "a", sampling: { seed } }).body)
-      expect(body).toContain(`"seed":${seed},`)
+      expect(body).toMatch(new RegExp(`"seed":${seed}[,}]`))
     }
   })
 
@@ -245,10 +245,12 @@ describe("planRequest: validation", () => {
 })
 
 describe("planRequest: OpenAI body", () => {
-  it("a prompt goes to /v1/completions with the served name and usage in the stream", () => {
+  it("a prompt goes to /v1/completions; the body holds only the input and sampling fields", () => {
     const p = plan({ prompt: "hello" })
     expect(p.path).toBe("/v1/completions")
-    expect(p.body).toEqual({ model: "served", prompt: "hello", stream: true, stream_options: { include_usage: true } })
+    // model, stream and stream_options are the EngineClient's, the handoff fields Handoff's
+    expect(p.body).toEqual({ prompt: "hello" })
+    expect(p.model).toBe("served")
   })
 
   it("chat goes to /v1/chat/completions; empty model means the served one", () => {
@@ -266,7 +268,7 @@ describe("planRequest: OpenAI body", () => {
       { role: "system", content: "be brief" },
       { role: "user", content: "hi" }
     ])
-    expect(p.body.model).toBe("served")
+    expect(p.model).toBe("served")
   })
 
   it("sampling fields in OpenAI names; float32 noise removed; unset fields absent", () => {
@@ -285,7 +287,6 @@ describe("planRequest: OpenAI body", () => {
       }
     })
     expect(p.body).toEqual({
-      model: "served",
       prompt: "a",
       max_tokens: 7,
       temperature: 0.7,
@@ -295,27 +296,18 @@ describe("planRequest: OpenAI body", () => {
       seed: 42,
       presence_penalty: 0.1,
       frequency_penalty: -0.3,
-      repetition_penalty: 1.1,
-      stream: true,
-      stream_options: { include_usage: true }
+      repetition_penalty: 1.1
     })
-    expect(Object.keys(plan({ prompt: "a", sampling: {} }).body)).toEqual([
-      "model",
-      "prompt",
-      "stream",
-      "stream_options"
-    ])
+    expect(Object.keys(plan({ prompt: "a", sampling: {} }).body)).toEqual(["prompt"])
   })
 
-  it("handoff fields pass through (kv_transfer_params only off role both)", () => {
-    const both = plan({ prompt: "a", kvTransferParams: { a: 1 }, bootstrap: { host: "h", port: 9, room: "5" } })
-    expect(both.body.kv_transfer_params).toBeUndefined()
-    expect(both.body).toMatchObject({ bootstrap_host: "h", bootstrap_port: 9, bootstrap_room: "5" })
+  it("handoff fields are not written here (planLeg writes them per leg)", () => {
+    const bootstrap = { host: "h", port: 9, room: "5" }
     const decode = plan(
-      { prompt: "a", kvTransferParams: { a: 1 } },
+      { prompt: "a", kvTransferParams: { a: 1 }, bootstrap },
       config({ role: "decode" }, {}, { kv_offload: "nixl" })
     )
-    expect(decode.body.kv_transfer_params).toEqual({ a: 1 })
+    expect(decode.body).toEqual({ prompt: "a" })
   })
 
   it("utf8Bytes counts like Buffer.byteLength", () => {

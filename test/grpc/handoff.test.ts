@@ -3,12 +3,12 @@
 import { Result } from "effect"
 import { Status } from "nice-grpc-common"
 import { describe, expect, it } from "vitest"
+import type { JsonObject } from "../../src/services/engine/EngineClient.ts"
 import {
   type BootstrapInput,
   extractKvTransferParams,
   handoffStatus,
   InvalidHandoff,
-  type JsonObject,
   planLeg,
   sglangLegBody,
   VLLM_PREFILL_KV_TRANSFER_PARAMS,
@@ -43,41 +43,19 @@ const P_PARAMS = {
 describe("vLLM prefill body (toy proxy rules)", () => {
   it.each<[string, JsonObject, JsonObject]>([
     [
-      "chat, streamed, with stream_options and min_tokens",
+      "chat: one token, the params that ask P to hold the blocks",
+      { messages: [{ role: "user", content: "hi" }], max_tokens: 100, temperature: 0.5 },
       {
-        model: "m",
         messages: [{ role: "user", content: "hi" }],
-        stream: true,
-        stream_options: { include_usage: true },
-        max_tokens: 100,
-        min_tokens: 5,
-        temperature: 0.5
-      },
-      {
-        model: "m",
-        messages: [{ role: "user", content: "hi" }],
-        stream: false,
         max_tokens: 1,
         temperature: 0.5,
         kv_transfer_params: VLLM_PREFILL_KV_TRANSFER_PARAMS
       }
     ],
     [
-      "completion with max_completion_tokens and min_completion_tokens",
-      { model: "m", prompt: "p", max_completion_tokens: 64, min_completion_tokens: 2 },
-      {
-        model: "m",
-        prompt: "p",
-        stream: false,
-        max_tokens: 1,
-        max_completion_tokens: 1,
-        kv_transfer_params: VLLM_PREFILL_KV_TRANSFER_PARAMS
-      }
-    ],
-    [
       "replaces kv_transfer_params the client sent",
-      { model: "m", prompt: "p", kv_transfer_params: { do_remote_prefill: true } },
-      { model: "m", prompt: "p", stream: false, max_tokens: 1, kv_transfer_params: VLLM_PREFILL_KV_TRANSFER_PARAMS }
+      { prompt: "p", kv_transfer_params: { do_remote_prefill: true } },
+      { prompt: "p", max_tokens: 1, kv_transfer_params: VLLM_PREFILL_KV_TRANSFER_PARAMS }
     ]
   ])("%s", (_name, body, expected) => {
     const before = structuredClone(body)
@@ -143,8 +121,8 @@ describe("vLLM handoff parameters", () => {
     expect(Result.isSuccess(validateKvTransferParams({ ...P_PARAMS, remote_block_ids: [[], [7]] }))).toBe(true)
   })
 
-  it("the decode body is the client's body (its stream setting) with the parameters inserted verbatim", () => {
-    const body = { model: "m", prompt: "p", stream: true, max_tokens: 50, min_tokens: 3 }
+  it("the decode body is the client's body with the parameters inserted verbatim", () => {
+    const body = { prompt: "p", max_tokens: 50 }
     expect(success(vllmDecodeBody(body, P_PARAMS))).toStrictEqual({ ...body, kv_transfer_params: P_PARAMS })
     expect(failure(vllmDecodeBody(body, { ...P_PARAMS, remote_block_ids: [] })).missing).toStrictEqual([
       "remote_block_ids"
@@ -178,54 +156,66 @@ describe("SGLang bootstrap", () => {
     expect(failure(validateBootstrap(input)).message).toContain(mention)
   })
 
-  it("both legs get the three fields; the prefill leg is not streamed; large rooms stay exact in JSON", () => {
+  it("both legs get the three fields; large rooms stay exact in JSON", () => {
     const b = success(validateBootstrap({ host: "p-host", port: 8998, room: 2n ** 63n - 1n }))
-    const body = { model: "m", prompt: "p", stream: true, stream_options: { include_usage: true } }
-    const decode = sglangLegBody(body, b, "decode")
-    const prefill = sglangLegBody(body, b, "prefill")
-    expect(JSON.parse(JSON.stringify(decode).replace("9223372036854775807", '"R"'))).toStrictEqual({
+    const body = { prompt: "p", max_tokens: 4 }
+    const leg = sglangLegBody(body, b)
+    expect(JSON.parse(JSON.stringify(leg).replace("9223372036854775807", '"R"'))).toStrictEqual({
       ...body,
       bootstrap_host: "p-host",
       bootstrap_port: 8998,
       bootstrap_room: "R"
     })
-    expect(JSON.stringify(decode)).toContain('"bootstrap_room":9223372036854775807')
-    expect(JSON.stringify(prefill)).toBe(
-      '{"model":"m","prompt":"p","stream":false,"bootstrap_host":"p-host","bootstrap_port":8998,"bootstrap_room":9223372036854775807}'
+    expect(JSON.stringify(leg)).toBe(
+      '{"prompt":"p","max_tokens":4,"bootstrap_host":"p-host","bootstrap_port":8998,"bootstrap_room":9223372036854775807}'
     )
-    const small = sglangLegBody(body, success(validateBootstrap({ host: "h", port: 1, room: 7 })), "decode")
+    const small = sglangLegBody(body, success(validateBootstrap({ host: "h", port: 1, room: 7 })))
     expect(small.bootstrap_room).toBe(7)
   })
 })
 
 describe("planLeg", () => {
-  const body = { model: "m", prompt: "p", stream: true }
+  const body = { prompt: "p", max_tokens: 8 }
   const bootstrap = { host: "h", port: 8998, room: 1 }
 
   it.each<[string, Parameters<typeof planLeg>[0], string]>([
-    ["both on vllm", { role: "both", engine: "vllm", body }, "Normal"],
-    ["both on llama_cpp", { role: "both", engine: "llama_cpp", body }, "Normal"],
-    ["prefill on vllm", { role: "prefill", engine: "vllm", body }, "VllmPrefill"],
-    ["decode on vllm", { role: "decode", engine: "vllm", body, kvTransferParams: P_PARAMS }, "VllmDecode"],
-    ["prefill on sglang", { role: "prefill", engine: "sglang", body, bootstrap }, "SglangLeg"],
-    ["decode on sglang", { role: "decode", engine: "sglang", body, bootstrap }, "SglangLeg"]
+    ["both over kv_transfer_params", { role: "both", handoff: "kv_transfer_params", body }, "Normal"],
+    ["both without a handoff", { role: "both", handoff: undefined, body }, "Normal"],
+    ["prefill over kv_transfer_params", { role: "prefill", handoff: "kv_transfer_params", body }, "VllmPrefill"],
+    [
+      "decode over kv_transfer_params",
+      { role: "decode", handoff: "kv_transfer_params", body, kvTransferParams: P_PARAMS },
+      "VllmDecode"
+    ],
+    ["prefill over bootstrap", { role: "prefill", handoff: "bootstrap", body, bootstrap }, "SglangLeg"],
+    ["decode over bootstrap", { role: "decode", handoff: "bootstrap", body, bootstrap }, "SglangLeg"]
   ])("%s", (_name, input, tag) => {
     expect(success(planLeg(input))._tag).toBe(tag)
   })
 
   it.each<[string, Parameters<typeof planLeg>[0], string]>([
-    ["decode on vllm without params", { role: "decode", engine: "vllm", body }, "kv_transfer_params"],
-    ["decode on vllm with bad params", { role: "decode", engine: "vllm", body, kvTransferParams: {} }, "remote_host"],
-    ["sglang leg without bootstrap", { role: "prefill", engine: "sglang", body }, "bootstrap"],
-    ["prefill on mlx", { role: "prefill", engine: "mlx", body }, 'engine.kind "vllm" or "sglang"']
+    ["decode without params", { role: "decode", handoff: "kv_transfer_params", body }, "kv_transfer_params"],
+    [
+      "decode with bad params",
+      { role: "decode", handoff: "kv_transfer_params", body, kvTransferParams: {} },
+      "remote_host"
+    ],
+    ["a bootstrap leg without bootstrap", { role: "prefill", handoff: "bootstrap", body }, "bootstrap"],
+    ["prefill on an engine without a handoff", { role: "prefill", handoff: undefined, body }, "has none"]
   ])("refuses %s", (_name, input, mention) => {
     expect(failure(planLeg(input)).message).toContain(mention)
   })
 
-  it("the planned bodies are the leg bodies", () => {
-    const prefill = success(planLeg({ role: "prefill", engine: "vllm", body }))
+  it("the planned bodies are the leg bodies; role both sends the client's body unchanged", () => {
+    const prefill = success(planLeg({ role: "prefill", handoff: "kv_transfer_params", body }))
     expect(prefill.body).toStrictEqual(vllmPrefillBody(body))
-    const leg = success(planLeg({ role: "prefill", engine: "sglang", body, bootstrap }))
-    expect(leg).toMatchObject({ _tag: "SglangLeg", leg: "prefill", body: { stream: false, bootstrap_room: 1 } })
+    const leg = success(planLeg({ role: "prefill", handoff: "bootstrap", body, bootstrap }))
+    expect(leg).toStrictEqual({
+      _tag: "SglangLeg",
+      leg: "prefill",
+      body: { ...body, bootstrap_host: "h", bootstrap_port: 8998, bootstrap_room: 1 }
+    })
+    const both = success(planLeg({ role: "both", handoff: "bootstrap", body, bootstrap, kvTransferParams: P_PARAMS }))
+    expect(both.body).toBe(body)
   })
 })

@@ -51,7 +51,7 @@ describe("cgn-agent/testing", () => {
       expect(requests[0]).toMatchObject({
         kind: "stream",
         path: "/v1/completions",
-        body: { prompt: "hi", max_tokens: 4, model: "m" },
+        body: { prompt: "hi", max_tokens: 4 },
         options: { requestId: "r-1" }
       })
     } finally {

@@ -1,25 +1,29 @@
 /**
  * The live EngineClient: one undici Agent (keep-alive pool) to the engine, driven through `dispatch` with
  * handlers of our own. A stream's body bytes go straight from the socket into the SSE parser inside the
- * handler, and the parsed objects of each network read go to a sink at once (`streamTo`, the relay's path;
- * `stream` is that sink behind a Stream pull). Interrupting, or closing the stream's scope, aborts the
+ * handler, and the parsed objects of each network read go to a sink at once (`streamTo`, the one primitive;
+ * `stream` and `complete` derive from it in services/engine/EngineClient.ts). Interrupting aborts the
  * exchange: the socket is destroyed and the engine sees the disconnect. Errors are normalized by EngineErrors.
  */
-import { type Array as Arr, Cause, Channel, Effect, Layer, Stream } from "effect"
+import { Effect, Layer } from "effect"
 import { Agent } from "undici"
 import { EnginePlan, type LaunchPlan } from "../../services/engine/Engine.ts"
 import {
   type ChunkSink,
   type CompletionPath,
   EngineClient,
-  type EngineClientService,
   EngineError,
+  type ExchangeOptions,
+  fromTransport,
   type JsonObject,
   type RequestOptions
 } from "../../services/engine/EngineClient.ts"
 import { httpError } from "../../services/engine/EngineErrors.ts"
 import { loadSignals } from "../../services/engine/PromText.ts"
-import { bodyText, Exchange, HIGH_WATER_OBJECTS, StreamExchange, transportError } from "./exchange.ts"
+import { bodyText, Exchange, StreamExchange, transportError } from "./exchange.ts"
+
+const STREAM_OPTIONS = Object.freeze({ include_usage: true })
+const noop = (): void => undefined
 
 /** Tuning of the HTTP client; the defaults suit a local engine. */
 export interface ClientOptions {
@@ -69,9 +73,15 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
     return h
   }
 
-  // The agent's served name maps to what the engine expects (mlx would otherwise load a new model).
+  // The fields this client owns. The agent's served name maps to what the engine expects (mlx would otherwise
+  // load a new model); a stream always asks for usage (the final message reports it), and `stream_options`
+  // exists only on a stream (vLLM refuses it with `stream: false`).
   const encode = (body: JsonObject, stream: boolean): string =>
-    JSON.stringify({ ...body, model: plan.requestModel, stream })
+    JSON.stringify(
+      stream
+        ? { ...body, model: plan.requestModel, stream, stream_options: STREAM_OPTIONS }
+        : { ...body, model: plan.requestModel, stream }
+    )
 
   /** The whole body of a finished exchange, or its failure. */
   const whole = (ex: Exchange): Effect.Effect<{ status: number; text: string }, EngineError> =>
@@ -94,18 +104,24 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
     )
   }
 
-  const complete = Effect.fn("EngineClient.complete")(function* (
+  // A whole answer: no header or body timeout, it comes when generation is done; the caller's deadline rules.
+  const wholeTo = (
     path: CompletionPath,
     body: JsonObject,
-    opts?: RequestOptions
-  ) {
-    // No header or body timeout: a non-streaming answer comes when generation is done; the caller's deadline rules.
-    const ex = start({ origin, path }, "POST", postHeaders("application/json", opts), encode(body, false), 0, 0)
-    const r = yield* whole(ex)
-    return yield* json(r.status, r.text)
-  })
+    opts: RequestOptions | undefined,
+    sink: ChunkSink
+  ): Effect.Effect<void, EngineError> =>
+    Effect.suspend(() => {
+      const ex = start({ origin, path }, "POST", postHeaders("application/json", opts), encode(body, false), 0, 0)
+      return Effect.flatMap(whole(ex), (r) =>
+        Effect.map(json(r.status, r.text), (answer) => {
+          sink.onChunks([answer], noop)
+        })
+      )
+    })
 
-  const streamTo = (
+  // The parsed objects of each read go to the sink inside undici's callback: no Effect step per read.
+  const sseTo = (
     path: CompletionPath,
     body: JsonObject,
     opts: RequestOptions | undefined,
@@ -129,69 +145,13 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
       return Effect.sync(() => ex.close(ex.sawDone))
     })
 
-  // `streamTo` behind a pull: the sink buffers what the reads bring; the pull takes all of it at once.
-  const stream = (
+  const streamTo = (
     path: CompletionPath,
     body: JsonObject,
-    opts?: RequestOptions
-  ): Stream.Stream<JsonObject, EngineError> =>
-    Stream.fromChannel(
-      Channel.fromTransform((_upstream, scope) =>
-        Effect.gen(function* () {
-          let buffered: Array<JsonObject> = []
-          let resumeRead: (() => void) | undefined
-          // undefined while running, null at [DONE], else the failure.
-          let end: EngineError | null | undefined
-          let waiter: (() => void) | undefined
-          const wake = (): void => {
-            const w = waiter
-            waiter = undefined
-            w?.()
-          }
-          const sink: ChunkSink = {
-            onChunks: (chunks, resume) => {
-              for (let i = 0; i < chunks.length; i++) buffered.push(chunks[i]!)
-              wake()
-              if (buffered.length < HIGH_WATER_OBJECTS) return true
-              resumeRead = resume
-              return false
-            }
-          }
-          yield* streamTo(path, body, opts, sink).pipe(
-            Effect.exit,
-            Effect.flatMap((exit) =>
-              Effect.sync(() => {
-                end = exit._tag === "Success" ? null : (Cause.squash(exit.cause) as EngineError)
-                wake()
-              })
-            ),
-            Effect.forkIn(scope)
-          )
-          const changed = Effect.callback<void>((resume) => {
-            waiter = () => resume(Effect.void)
-            return Effect.sync(() => {
-              waiter = undefined
-            })
-          })
-          return Effect.suspend(function loop(): Effect.Effect<
-            Arr.NonEmptyReadonlyArray<JsonObject>,
-            EngineError | Cause.Done
-          > {
-            if (buffered.length > 0) {
-              const out = buffered
-              buffered = []
-              const r = resumeRead
-              resumeRead = undefined
-              r?.()
-              return Effect.succeed(out as unknown as Arr.NonEmptyReadonlyArray<JsonObject>)
-            }
-            if (end === null) return Cause.done()
-            if (end !== undefined) return Effect.fail(end)
-            return Effect.flatMap(changed, loop)
-          })
-        })
-      )
-    )
+    opts: ExchangeOptions | undefined,
+    sink: ChunkSink
+  ): Effect.Effect<void, EngineError> =>
+    opts?.stream === false ? wholeTo(path, body, opts, sink) : sseTo(path, body, opts, sink)
 
   const control = (url: string): Effect.Effect<string, EngineError> =>
     Effect.suspend(() => {
@@ -232,7 +192,7 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
           Effect.withSpan("EngineClient.load")
         )
 
-  return EngineClient.of({ stream, streamTo, complete, models, load } satisfies EngineClientService)
+  return EngineClient.of(fromTransport({ streamTo, models, load }))
 })
 
 /** The client for a given plan: the seam for tests and for callers that rendered the plan themselves. */

@@ -1,6 +1,6 @@
 /**
  * The undici dispatch handlers behind the live EngineClient: `Exchange` buffers a whole answer for a pull
- * (complete, models, metrics, and `stream`), `StreamExchange` parses SSE inside undici's data callback and
+ * (a non-streamed completion, models, metrics), `StreamExchange` parses SSE inside undici's data callback and
  * hands each network read's objects to a sink (the relay's path). Both abort on close, so the engine sees
  * the disconnect; transport failures become EngineErrors here.
  */
@@ -9,8 +9,6 @@ import type { Dispatcher } from "undici"
 import { type ChunkSink, EngineError, type JsonObject } from "../../services/engine/EngineClient.ts"
 import { httpError, isErrorChunk, sseErrorEvent, streamError } from "../../services/engine/EngineErrors.ts"
 import { makeSseParser, type SseEvent } from "../../services/engine/Sse.ts"
-// Parsed objects a `stream` buffers before the socket is paused: the consumer is slower than the engine.
-export const HIGH_WATER_OBJECTS = 1024
 // After [DONE] the engine normally ends the body at once; keep the connection for reuse if it does.
 export const DRAIN_AFTER_DONE_MS = 1_000
 

@@ -50,6 +50,7 @@ import {
   TracesExported
 } from "../../services/observability/TraceContext.ts"
 import { joinHostPort, splitHostPort } from "../../services/registry/Advertise.ts"
+import { engineFor } from "../engine/backends/index.ts"
 import { addNiceService } from "./niceGrpcAdapter.ts"
 import { Relay } from "./Relay.ts"
 
@@ -309,7 +310,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     }
     const leg = planLeg({
       role,
-      engine: config.engine.kind,
+      handoff: engineFor(config.engine.kind).capabilities.handoff,
       body: plan.body,
       kvTransferParams: req.kvTransferParams,
       bootstrap: req.bootstrap

@@ -6,12 +6,25 @@
 import { Context } from "effect"
 import type { AgentConfig, EngineKind, KvOffload, Role } from "../config/Config.ts"
 
+/**
+ * How a prefill engine hands a request's KV cache to a decode engine, as the agent sees it on the wire
+ * (services/grpc/Handoff.ts writes the leg bodies for each):
+ * - "kv_transfer_params": vLLM's KV connector (NIXL). The prefill leg asks for one token with
+ *   `kv_transfer_params` {do_remote_decode}; P's whole response carries the params D needs to pull, which
+ *   the router passes to the decode leg verbatim (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py).
+ * - "bootstrap": SGLang's rendezvous. Both legs carry `bootstrap_host/port/room`, chosen by the router
+ *   (python/sglang/srt/entrypoints/openai/protocol.py).
+ */
+export type HandoffProtocol = "kv_transfer_params" | "bootstrap"
+
 /** What a backend supports; config validation refuses everything else, naming these lists. */
 export interface EngineCapabilities {
   /** False for openai_compat: the agent proxies to `engine.url` and starts nothing. */
   readonly spawns: boolean
   readonly kvOffloads: ReadonlyArray<KvOffload>
   readonly roles: ReadonlyArray<Role>
+  /** The P/D handoff of the prefill and decode roles; absent for an engine without them (role "both" only). */
+  readonly handoff?: HandoffProtocol
   /** Whether the engine can publish KV-cache events over ZMQ (`[kv].events`). */
   readonly kvEvents: boolean
   /** Whether tensor parallelism (`tp` > 1) can be expressed on its command line. */

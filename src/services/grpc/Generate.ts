@@ -1,6 +1,7 @@
 /**
  * Generate: the pure translation between the gRPC contract and the engine's OpenAI API.
- * Owns request validation (with statuses a caller can act on), the OpenAI request body, reading
+ * Owns request validation (with statuses a caller can act on), the input and sampling fields of the
+ * OpenAI request body (handoff fields: Handoff.ts; model/stream/stream_options: the EngineClient), reading
  * OpenAI stream chunks into text/finish/usage, and the coalescer that merges deltas for a slow reader.
  * No I/O: the gRPC layer (layers/grpc/GrpcServer.ts) runs the engine call and the timing around these.
  */
@@ -35,8 +36,12 @@ export class GenerateRejected extends Schema.TaggedError<GenerateRejected>()("Ge
 /** What the engine call needs, derived from a valid request. */
 export interface EnginePlan {
   readonly path: CompletionPath
+  /**
+   * The input and sampling fields, which this module owns. The handoff fields are Handoff's (planLeg), and
+   * `model`, `stream`, `stream_options` the EngineClient's (it writes the engine's name for the model).
+   */
   readonly body: JsonObject
-  /** The served model name put in the body. */
+  /** The served model name the request was checked against. */
   readonly model: string
 }
 
@@ -177,7 +182,7 @@ export const planRequest = (req: GenerateRequest, config: AgentConfig): EnginePl
   if (req.model !== "" && req.model !== served)
     return reject("NOT_FOUND", `model "${req.model}" is not served here; this node serves "${served}"`, "model")
   const maxBytes = config.agent.max_request_bytes
-  const body: Record<string, unknown> = { model: served }
+  const body: Record<string, unknown> = {}
   let path: CompletionPath
   let bytes = 0
   if (req.chat !== undefined) {
@@ -216,15 +221,6 @@ export const planRequest = (req: GenerateRequest, config: AgentConfig): EnginePl
     const bad = samplingBody(req.sampling, config, body)
     if (bad !== undefined) return bad
   }
-  // Disaggregated serving: handoff fields pass through unchanged (issue 6 decides per role).
-  if (req.kvTransferParams !== undefined && config.agent.role !== "both") body.kv_transfer_params = req.kvTransferParams
-  if (req.bootstrap !== undefined) {
-    body.bootstrap_host = req.bootstrap.host
-    body.bootstrap_port = req.bootstrap.port
-    body.bootstrap_room = req.bootstrap.room
-  }
-  body.stream = true
-  body.stream_options = { include_usage: true }
   return { path, body, model: served }
 }
 

@@ -1,6 +1,7 @@
 /**
  * Handoff: the pure part of disaggregated prefill/decode. Turns an OpenAI request body into the body of a
- * prefill or decode leg (vLLM/NIXL after the toy proxy's rules; SGLang's bootstrap fields), takes the
+ * prefill or decode leg for the engine backend's handoff protocol (`Engine.capabilities.handoff`:
+ * "kv_transfer_params" after vLLM's toy proxy's rules; "bootstrap", SGLang's rendezvous fields), takes the
  * handoff parameters from a vLLM prefill response and checks them where the connector would silently fall
  * back to local prefill. No I/O; the gRPC layer sends the bodies. Upstream: vLLM's toy proxy
  * (examples/online_serving/disaggregated_serving/disagg_proxy_demo.py) and NixlConnector
@@ -9,9 +10,9 @@
  */
 import { Result, Schema } from "effect"
 import { Status } from "nice-grpc-common"
-import type { EngineKind, Role } from "../config/ConfigSchema.ts"
-
-export type JsonObject = Readonly<Record<string, unknown>>
+import type { Role } from "../config/ConfigSchema.ts"
+import type { HandoffProtocol } from "../engine/Engine.ts"
+import type { JsonObject } from "../engine/EngineClient.ts"
 
 /** The handoff cannot happen as asked. Maps to FAILED_PRECONDITION; `missing` names the absent fields. */
 export class InvalidHandoff extends Schema.TaggedError<InvalidHandoff>()("InvalidHandoff", {
@@ -39,19 +40,14 @@ export const VLLM_PREFILL_KV_TRANSFER_PARAMS: JsonObject = Object.freeze({
 })
 
 /**
- * The prefill leg's body: one token, not streamed (P only hands off a request that ends LENGTH_CAPPED, and
- * the parameters come only in a whole response), without the fields P rejects.
+ * The prefill leg's body: one token (P only hands off a request that ends LENGTH_CAPPED) and the params that
+ * ask P to hold the blocks. The leg is sent whole, not streamed: the parameters come only in a whole response.
  */
-export const vllmPrefillBody = (body: JsonObject): JsonObject => {
-  const { stream_options: _so, min_tokens: _mt, min_completion_tokens: _mct, ...rest } = body
-  return {
-    ...rest,
-    kv_transfer_params: { ...VLLM_PREFILL_KV_TRANSFER_PARAMS },
-    stream: false,
-    max_tokens: 1,
-    ...("max_completion_tokens" in body ? { max_completion_tokens: 1 } : {})
-  }
-}
+export const vllmPrefillBody = (body: JsonObject): JsonObject => ({
+  ...body,
+  kv_transfer_params: { ...VLLM_PREFILL_KV_TRANSFER_PARAMS },
+  max_tokens: 1
+})
 
 /**
  * Fields D needs to pull; without any of them vLLM logs "Got invalid KVTransferParams" and recomputes.
@@ -100,7 +96,7 @@ export const extractKvTransferParams = (response: JsonObject): Result.Result<Jso
   return validateKvTransferParams(params)
 }
 
-/** The decode leg's body: the client's body (its own `stream` setting) with the parameters inserted verbatim. */
+/** The decode leg's body: the client's body with the parameters inserted verbatim. */
 export const vllmDecodeBody = (body: JsonObject, params: unknown): Result.Result<JsonObject, InvalidHandoff> =>
   Result.map(validateKvTransferParams(params), (valid) => ({ ...body, kv_transfer_params: valid }))
 
@@ -162,70 +158,82 @@ export const roomJson = (room: bigint): unknown =>
   room <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(room) : rawJSON(room.toString())
 
 /**
- * Either leg's body with the rendezvous fields. The prefill leg is not streamed (the agent only waits for P
- * to finish; the answer comes from D), the decode leg keeps the client's `stream`.
+ * Either leg's body: the client's body with the rendezvous fields. The prefill leg is sent whole (the agent
+ * only waits for P to finish; the answer comes from D), the decode leg streamed.
  */
-export const sglangLegBody = (body: JsonObject, bootstrap: Bootstrap, leg: "prefill" | "decode"): JsonObject => {
-  const fields = {
-    bootstrap_host: bootstrap.host,
-    bootstrap_port: bootstrap.port,
-    bootstrap_room: roomJson(bootstrap.room)
-  }
-  if (leg === "decode") return { ...body, ...fields }
-  const { stream_options: _so, ...rest } = body
-  return { ...rest, ...fields, stream: false }
-}
+export const sglangLegBody = (body: JsonObject, bootstrap: Bootstrap): JsonObject => ({
+  ...body,
+  bootstrap_host: bootstrap.host,
+  bootstrap_port: bootstrap.port,
+  bootstrap_room: roomJson(bootstrap.room)
+})
 
 // ---------------------------------------------------------------------------------------------------------
-// Planning a leg from the node's role
+// Planning a leg from the node's role and the engine's handoff protocol
 
-/** What the gRPC layer does with one Generate call. */
+/**
+ * What the gRPC layer does with one Generate call. Every body is the client's body plus the handoff fields;
+ * this module owns those (`kv_transfer_params`, `bootstrap_*`, the prefill leg's `max_tokens`).
+ */
 export type LegPlan =
-  /** Role "both" (or an engine without P/D): the client's body as is. */
+  /** Role "both": the client's body as is. */
   | { readonly _tag: "Normal"; readonly body: JsonObject }
-  /** POST non-streaming; answer with `extractKvTransferParams(response)` in the final message. */
+  /** Send whole (not streamed); answer with `extractKvTransferParams(response)` in the final message. */
   | { readonly _tag: "VllmPrefill"; readonly body: JsonObject }
-  /** POST with the client's `stream`; stream D's answer. */
+  /** Stream D's answer. */
   | { readonly _tag: "VllmDecode"; readonly body: JsonObject }
-  /** Prefill: POST non-streaming and finish; decode: stream D's answer. */
+  /** Prefill: send whole and finish; decode: stream D's answer. */
   | { readonly _tag: "SglangLeg"; readonly leg: "prefill" | "decode"; readonly body: JsonObject }
 
 export interface PlanInput {
   readonly role: Role
-  readonly engine: EngineKind
+  /** The engine backend's capability (`Engine.capabilities.handoff`); undefined: the engine has no P/D. */
+  readonly handoff: HandoffProtocol | undefined
   readonly body: JsonObject
-  /** GenerateRequest.kv_transfer_params (decode on vLLM). */
+  /** GenerateRequest.kv_transfer_params (decode over "kv_transfer_params"). */
   readonly kvTransferParams?: unknown
-  /** GenerateRequest.bootstrap (both SGLang legs). */
+  /** GenerateRequest.bootstrap (both legs over "bootstrap"). */
   readonly bootstrap?: BootstrapInput | undefined
 }
 
+const kvTransferLeg = (input: PlanInput, role: "prefill" | "decode"): Result.Result<LegPlan, InvalidHandoff> => {
+  if (role === "prefill") return Result.succeed({ _tag: "VllmPrefill", body: vllmPrefillBody(input.body) })
+  if (input.kvTransferParams === undefined || input.kvTransferParams === null) {
+    return Result.fail(
+      new InvalidHandoff({
+        reason: "a decode node needs the kv_transfer_params of the prefill leg's final message",
+        missing: ["kv_transfer_params"]
+      })
+    )
+  }
+  return Result.map(vllmDecodeBody(input.body, input.kvTransferParams), (body) => ({ _tag: "VllmDecode", body }))
+}
+
+const bootstrapLeg = (input: PlanInput, leg: "prefill" | "decode"): Result.Result<LegPlan, InvalidHandoff> =>
+  Result.map(validateBootstrap(input.bootstrap), (b) => ({
+    _tag: "SglangLeg",
+    leg,
+    body: sglangLegBody(input.body, b)
+  }))
+
+const legOf: Readonly<
+  Record<HandoffProtocol, (input: PlanInput, role: "prefill" | "decode") => Result.Result<LegPlan, InvalidHandoff>>
+> = {
+  kv_transfer_params: kvTransferLeg,
+  bootstrap: bootstrapLeg
+}
+
 export const planLeg = (input: PlanInput): Result.Result<LegPlan, InvalidHandoff> => {
-  if (input.role === "both") return Result.succeed({ _tag: "Normal", body: input.body })
-  if (input.engine === "vllm") {
-    if (input.role === "prefill") return Result.succeed({ _tag: "VllmPrefill", body: vllmPrefillBody(input.body) })
-    if (input.kvTransferParams === undefined || input.kvTransferParams === null) {
-      return Result.fail(
-        new InvalidHandoff({
-          reason: "a decode node needs the kv_transfer_params of the prefill leg's final message",
-          missing: ["kv_transfer_params"]
-        })
-      )
-    }
-    return Result.map(vllmDecodeBody(input.body, input.kvTransferParams), (body) => ({ _tag: "VllmDecode", body }))
+  const role = input.role
+  if (role === "both") return Result.succeed({ _tag: "Normal", body: input.body })
+  if (input.handoff === undefined) {
+    // Config validation refuses this already (the backend lists no such role); kept for embedders.
+    return Result.fail(
+      new InvalidHandoff({
+        reason: `agent.role "${role}" needs an engine with a prefill/decode handoff; this engine has none`,
+        missing: []
+      })
+    )
   }
-  if (input.engine === "sglang") {
-    const leg = input.role
-    return Result.map(validateBootstrap(input.bootstrap), (b) => ({
-      _tag: "SglangLeg",
-      leg,
-      body: sglangLegBody(input.body, b, leg)
-    }))
-  }
-  return Result.fail(
-    new InvalidHandoff({
-      reason: `agent.role "${input.role}" needs engine.kind "vllm" or "sglang", not "${input.engine}"`,
-      missing: []
-    })
-  )
+  return legOf[input.handoff](input, role)
 }

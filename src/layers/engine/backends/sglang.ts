@@ -25,6 +25,7 @@ export const sglang: Engine = {
     cudaGpus: true,
     kvOffloads: ["none", "hicache", "lmcache", "nixl"],
     roles: ["prefill", "decode", "both"],
+    handoff: "bootstrap",
     roleKvOffloads: {
       both: {
         kvOffloads: ["none", "hicache", "lmcache"],

@@ -61,6 +61,7 @@ export const vllm: Engine = {
     cudaGpus: true,
     kvOffloads: ["none", "nixl", "lmcache", "kvbm"],
     roles: ["prefill", "decode", "both"],
+    handoff: "kv_transfer_params",
     roleKvOffloads: { prefill: handOff, decode: handOff },
     kvEvents: true,
     tensorParallel: true,
