@@ -31,7 +31,8 @@ export const parseProcStat = (text: string): ProcStat | undefined => {
 
 const hasProc = fs.existsSync("/proc/self/stat")
 
-const readStat = (pid: number): ProcStat | undefined => {
+/** /proc/<pid>/stat parsed, or undefined when that process is not visible here. */
+export const readStat = (pid: number): ProcStat | undefined => {
   try {
     return parseProcStat(fs.readFileSync(`/proc/${pid}/stat`, "utf8"))
   } catch {
