@@ -12,7 +12,7 @@
  */
 import { spawn } from "node:child_process"
 import * as fs from "node:fs"
-import { stopGroup } from "../layers/engine/processGroup.ts"
+import { groupAlive, KILL_WAIT_MS, signalGroup } from "../layers/engine/processGroup.ts"
 import {
   encodeReport,
   type GuardReport,
@@ -20,6 +20,33 @@ import {
   REPORT_FD,
   type StopOutcome
 } from "../services/engine/GuardProtocol.ts"
+
+const delay = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms))
+
+/** Polls until `gone()` or `ms` elapsed; true when gone. The guard is plain Node, so this is its own clock. */
+const pollUntil = async (gone: () => boolean, ms: number, everyMs = 25): Promise<boolean> => {
+  const end = Date.now() + ms
+  for (;;) {
+    if (gone()) return true
+    if (Date.now() >= end) return false
+    await delay(Math.min(everyMs, Math.max(end - Date.now(), 1)))
+  }
+}
+
+/**
+ * ONE TERM to the group, wait `graceMs` for every member to go, KILL the group, then confirm with a bounded
+ * poll. Each step is bounded; nothing here waits on stdio. Called once per group: engines treat a second
+ * SIGTERM as "exit now" (llama.cpp tools/server/server.cpp `signal_handler`: "Received second interrupt,
+ * terminating immediately"; uvicorn `Server.handle_exit` sets `force_exit` on a second SIGINT). The agent's
+ * reclaim runs the same sequence on Effect's Clock (layers/engine/groupWait.ts).
+ */
+const stopGroup = async (pgid: number, graceMs: number): Promise<StopOutcome> => {
+  if (!groupAlive(pgid)) return "gone"
+  signalGroup(pgid, "SIGTERM")
+  if (await pollUntil(() => !groupAlive(pgid), graceMs)) return "terminated"
+  signalGroup(pgid, "SIGKILL")
+  return (await pollUntil(() => !groupAlive(pgid), KILL_WAIT_MS)) ? "killed" : "survived"
+}
 
 // A write to a pipe whose reader is gone raises EPIPE as an 'error' event; unhandled, it would kill the guard.
 process.stdout.on("error", () => {})

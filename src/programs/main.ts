@@ -9,6 +9,7 @@ import type { LogLevel } from "effect/LogLevel"
 import * as AdminHttp from "../layers/admin/Admin.ts"
 import { planLayer } from "../layers/engine/backends/index.ts"
 import * as EngineClientLive from "../layers/engine/EngineClient.ts"
+import * as EngineHostLive from "../layers/engine/EngineHost.ts"
 import * as EngineProcessLive from "../layers/engine/EngineProcess.ts"
 import * as EngineStallLive from "../layers/engine/EngineStall.ts"
 import * as GpuGateLive from "../layers/engine/GpuGate.ts"
@@ -35,6 +36,7 @@ import { Drain } from "../services/node/Drain.ts"
 import { EventLoopLag } from "../services/node/EventLoopLag.ts"
 import { HealthReporter, type RegistrationStatus } from "../services/registry/HealthReporter.ts"
 import { Tls } from "../services/tls/Tls.ts"
+import { guardEntry } from "./guardEntry.ts"
 import { reloadOnHangup, type ShutdownSignals, shutdownSignals } from "./runMain.ts"
 
 /**
@@ -44,7 +46,8 @@ import { reloadOnHangup, type ShutdownSignals, shutdownSignals } from "./runMain
 export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
   const base = Layer.mergeAll(Layer.succeed(Config, config), MetricsLive.layer, EventLoopLagLive.layer())
   const services = Layer.mergeAll(
-    EngineProcessLive.layer,
+    // The supervisor spawns engine runs through the orphan guard program; a layer never computes a program's path.
+    EngineProcessLive.layer.pipe(Layer.provide(EngineHostLive.layer(guardEntry()))),
     EngineClientLive.layer,
     AdmissionLive.layer,
     Drain.layer,

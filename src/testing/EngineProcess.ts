@@ -3,7 +3,7 @@
  * state (and records exits) by hand through EngineProcessControl and observes what its subject does.
  * `stop` behaves like the live one (Stopping, then Stopped with the last exit) and is idempotent.
  */
-import { Context, Effect, Layer, Ref, SubscriptionRef } from "effect"
+import { Clock, Context, Effect, Layer, Ref, SubscriptionRef } from "effect"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
 import { EngineProcess, type EngineState, type ExitRecord, fromRefs } from "../services/engine/EngineProcess.ts"
 import { State } from "../services/engine/EngineState.ts"
@@ -41,7 +41,7 @@ export const layerTest = (
   Layer.effectContext(
     Effect.gen(function* () {
       const state = yield* SubscriptionRef.make<EngineState>(
-        options.initial ?? State.Starting({ phase: "loading", since: Date.now(), run: 0 })
+        options.initial ?? State.Starting({ phase: "loading", since: yield* Clock.currentTimeMillis, run: 0 })
       )
       const exits = yield* Ref.make<ReadonlyArray<ExitRecord>>([])
       const restarts = yield* Ref.make(0)
@@ -49,7 +49,7 @@ export const layerTest = (
       const stop = Effect.gen(function* () {
         const s = yield* SubscriptionRef.get(state)
         if (s._tag === "Stopped") return
-        yield* SubscriptionRef.set(state, State.Stopping({ since: Date.now() }))
+        yield* SubscriptionRef.set(state, State.Stopping({ since: yield* Clock.currentTimeMillis }))
         const [last] = yield* Ref.get(exits)
         yield* SubscriptionRef.set(state, State.Stopped({ lastExit: last }))
       })

@@ -12,10 +12,12 @@ import { Context, Effect, Exit, Fiber, Layer, Logger, Result, Scope, Stream } fr
 import { afterEach, assert, describe, it } from "vitest"
 import { decodeConfigObject, layerFromObject } from "../../src/layers/config/Config.ts"
 import { engineFor, planLayer } from "../../src/layers/engine/backends/index.ts"
+import * as EngineHostLive from "../../src/layers/engine/EngineHost.ts"
 import * as EngineProcessLayer from "../../src/layers/engine/EngineProcess.ts"
 import { layerFromPlan, type SupervisorSettings, settingsFromConfig } from "../../src/layers/engine/EngineProcess.ts"
-import { pidFilePath, readPidFile, writePidFile } from "../../src/layers/engine/pidFile.ts"
+import { type PidRecord, pidFilePath, readPidFile, writePidFile } from "../../src/layers/engine/pidFile.ts"
 import { groupAlive, pidAlive } from "../../src/layers/engine/processGroup.ts"
+import { guardEntry } from "../../src/programs/guardEntry.ts"
 import type { EngineKind } from "../../src/services/config/Config.ts"
 import type { LaunchPlan } from "../../src/services/engine/Engine.ts"
 import { EngineProcess, type EngineProcessService, type EngineState } from "../../src/services/engine/EngineProcess.ts"
@@ -25,6 +27,12 @@ import { freePort } from "../support/ports.ts"
 import { type SimHandle, simEntry, startSim } from "../support/sim.ts"
 
 const here = path.dirname(fileURLToPath(import.meta.url))
+/** The live host, spawning through the guard program as the daemon does (programs/main.ts). */
+const liveHost = EngineHostLive.layer(guardEntry())
+/** The pid file's record now (the test reads it outside any Effect). */
+const pidRecord = (stateDir: string) => Effect.runPromise(readPidFile(pidFilePath(stateDir)))
+const writeRecord = (stateDir: string, record: PidRecord) =>
+  Effect.runPromise(writePidFile(pidFilePath(stateDir), record))
 const cleanups: Array<() => Promise<void> | void> = []
 afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c()
@@ -113,7 +121,10 @@ const build = async (plan: LaunchPlan, settings: SupervisorSettings) => {
   const logs: Array<string> = []
   const scope = Effect.runSync(Scope.make())
   const exit = await Effect.runPromiseExit(
-    Layer.buildWithScope(layerFromPlan(plan, settings).pipe(Layer.provide(quietLogger(logs))), scope)
+    Layer.buildWithScope(
+      layerFromPlan(plan, settings).pipe(Layer.provide(liveHost), Layer.provide(quietLogger(logs))),
+      scope
+    )
   )
   return { exit, scope, logs }
 }
@@ -152,7 +163,7 @@ describe("readiness per flavor", () => {
       assert.strictEqual(h.states[0]?._tag, "Starting")
       assert.strictEqual(current(h)?._tag, "Ready")
       const { pid } = await simState(s.port)
-      const record = readPidFile(pidFilePath(s.stateDir))
+      const record = await pidRecord(s.stateDir)
       assert.strictEqual(record?.pgid, pid)
       assert.strictEqual(record?.agentPid, process.pid)
 
@@ -192,6 +203,7 @@ describe("the configured layer", () => {
     const scope = Effect.runSync(Scope.make())
     cleanups.push(() => Effect.runPromise(Scope.close(scope, Exit.void)))
     const live = EngineProcessLayer.layer.pipe(
+      Layer.provide(liveHost),
       Layer.provideMerge(planLayer),
       Layer.provide(
         layerFromObject({
@@ -206,7 +218,7 @@ describe("the configured layer", () => {
     const engine = Context.get(ctx, EngineProcess)
     await Effect.runPromise(engine.awaitReady.pipe(Effect.timeout(20_000)))
     assert.strictEqual(engine.plan.port, port)
-    assert.strictEqual(readPidFile(pidFilePath(stateDir))?.pgid, (await simState(port)).pid)
+    assert.strictEqual((await pidRecord(stateDir))?.pgid, (await simState(port)).pid)
   })
 })
 
@@ -338,7 +350,7 @@ describe("stop", () => {
     const s = await setup("llama_cpp", { knobs: ["--sim-startup-delay", "30s"] })
     const h = await start(s.plan, s.settings)
     await awaitState(h, "the engine spawned", (x) => x._tag === "Starting" && x.phase !== "spawning")
-    const pid = readPidFile(pidFilePath(s.stateDir))?.pgid
+    const pid = (await pidRecord(s.stateDir))?.pgid
     assert.isNumber(pid)
     assert.isTrue(groupAlive(pid!))
     await Effect.runPromise(h.engine.stop)
@@ -381,7 +393,7 @@ describe("no orphans", () => {
       })
       await waitFor("the supervised engine Ready", () => out.includes('"_tag":"Ready"'), 20_000)
       const state = await simState(s.port)
-      return { ...state, guardPid: readPidFile(pidFilePath(s.stateDir))?.guardPid }
+      return { ...state, guardPid: (await pidRecord(s.stateDir))?.guardPid }
     })()
     // Whatever a failing trial leaves behind is killed here, not left to the next test.
     cleanups.push(() => {
@@ -421,7 +433,7 @@ describe("no orphans", () => {
     cleanups.push(() => stale.stop(100))
     const dead = spawn("true")
     await new Promise((r) => dead.once("exit", r))
-    writePidFile(pidFilePath(s.stateDir), {
+    await writeRecord(s.stateDir, {
       agentPid: dead.pid!,
       guardPid: undefined,
       pgid: stale.pid,
@@ -440,7 +452,7 @@ describe("no orphans", () => {
     const s = await setup("vllm")
     const other: SimHandle = await startSim({ flavor: "vllm", args: ["--port", String(s.port)] })
     cleanups.push(() => other.stop(100))
-    writePidFile(pidFilePath(s.stateDir), {
+    await writeRecord(s.stateDir, {
       agentPid: other.pid,
       guardPid: undefined,
       pgid: other.pid,

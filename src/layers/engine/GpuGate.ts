@@ -3,7 +3,6 @@
  * view current, and runs the wait before each spawn. Without NVML, or for an engine that does not run on
  * assigned GPUs, the gate is open and reports nothing. Time is Effect's Clock, so a TestClock drives it.
  */
-import * as fs from "node:fs"
 import { Clock, Duration, Effect, Layer, Ref, Schedule, Stream, SubscriptionRef } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import { EnginePlan } from "../../services/engine/Engine.ts"
@@ -11,21 +10,12 @@ import { GpuGate, type GpuGateStatus, gateProblem } from "../../services/engine/
 import { gateVerdict, gpuFault } from "../../services/node/Gpus.ts"
 import { Nvml } from "../../services/node/Nvml.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
+import { readStat } from "./processGroup.ts"
 
 const POLL = Duration.seconds(1)
 
-/** The process group of a pid from /proc/PID/stat (field 5), or undefined when it is not visible here. */
-export const pgidOf = (pid: number): number | undefined => {
-  try {
-    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8")
-    // the command name (field 2) may hold spaces and parentheses: count fields after the last ")"
-    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ")
-    const pgid = Number(fields[2])
-    return Number.isInteger(pgid) ? pgid : undefined
-  } catch {
-    return undefined
-  }
-}
+/** The process group of a pid (/proc/PID/stat), or undefined when it is not visible here. */
+export const pgidOf = (pid: number): number | undefined => readStat(pid)?.pgrp
 
 export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Metrics> = Layer.effect(
   GpuGate,

@@ -1,15 +1,17 @@
 /**
  * The engine pid file in [agent].state_dir and the start-up reclaim: an engine group left by a previous agent
  * (recorded in the file, still alive) is stopped; a live agent that still owns it, or anything else listening
- * on the engine port, refuses the start. Never two engines on the same GPUs.
+ * on the engine port, refuses the start. Never two engines on the same GPUs. File I/O is node:fs/promises inside
+ * Effects, and every wait is bounded on Effect's Clock.
  */
-import * as fs from "node:fs"
+import * as fs from "node:fs/promises"
 import * as net from "node:net"
 import * as path from "node:path"
-import { Effect } from "effect"
+import { Effect, Option } from "effect"
 import type { LaunchPlan } from "../../services/engine/Engine.ts"
 import { EngineProcessError } from "../../services/engine/EngineProcess.ts"
-import { groupAlive, KILL_WAIT_MS, pidAlive, pollUntil, stopGroup } from "./processGroup.ts"
+import { pollUntil, stopGroup } from "./groupWait.ts"
+import { groupAlive, KILL_WAIT_MS, pidAlive } from "./processGroup.ts"
 
 export interface PidRecord {
   readonly agentPid: number
@@ -23,37 +25,53 @@ export interface PidRecord {
 
 export const pidFilePath = (stateDir: string): string => path.join(stateDir, "engine.pid")
 
-export const readPidFile = (file: string): PidRecord | undefined => {
-  try {
-    const v = JSON.parse(fs.readFileSync(file, "utf8")) as Partial<PidRecord>
-    return typeof v.pgid === "number" && typeof v.agentPid === "number" ? (v as PidRecord) : undefined
-  } catch {
-    return undefined
-  }
-}
+/** The record in the file; undefined when there is none or it is not a record (never fails). */
+export const readPidFile = (file: string): Effect.Effect<PidRecord | undefined> =>
+  Effect.promise(() => fs.readFile(file, "utf8").catch(() => undefined)).pipe(
+    Effect.map((text) => {
+      try {
+        const v = JSON.parse(text ?? "") as Partial<PidRecord>
+        return typeof v.pgid === "number" && typeof v.agentPid === "number" ? (v as PidRecord) : undefined
+      } catch {
+        return undefined
+      }
+    })
+  )
 
-/** Written atomically (temp file + rename), so a crash never leaves half a record. */
-export const writePidFile = (file: string, record: PidRecord): void => {
-  const tmp = `${file}.${process.pid}.tmp`
-  fs.writeFileSync(tmp, `${JSON.stringify(record)}\n`)
-  fs.renameSync(tmp, file)
-}
+/** Written atomically (temp file + rename), so a crash never leaves half a record; a failure is logged. */
+export const writePidFile = (file: string, record: PidRecord): Effect.Effect<void> =>
+  Effect.tryPromise(async () => {
+    const tmp = `${file}.${process.pid}.tmp`
+    await fs.writeFile(tmp, `${JSON.stringify(record)}\n`)
+    await fs.rename(tmp, file)
+  }).pipe(Effect.catch((e) => Effect.logError(`cannot write the engine pid file ${file}`, { error: String(e) })))
 
-export const removePidFile = (file: string): void => fs.rmSync(file, { force: true })
+export const removePidFile = (file: string): Effect.Effect<void> =>
+  Effect.promise(() => fs.rm(file, { force: true }).catch(() => undefined))
+
+/**
+ * The pid file of one run as a resource: acquired before the run is spawned, so its release (the removal) runs
+ * after the run's teardown has confirmed the group gone; `write` records the group once its pid is known.
+ */
+export const pidFileOfRun = (file: string) =>
+  Effect.acquireRelease(Effect.succeed({ write: (record: PidRecord) => writePidFile(file, record) }), () =>
+    removePidFile(file)
+  )
 
 /** Whether something accepts TCP connections on host:port (wildcard hosts are checked on loopback). */
-export const portInUse = (host: string, port: number, timeoutMs = 1_000): Promise<boolean> => {
+export const portInUse = (host: string, port: number, timeoutMs = 1_000): Effect.Effect<boolean> => {
   const target = host === "0.0.0.0" || host === "" ? "127.0.0.1" : host === "::" ? "::1" : host
-  return new Promise((resolve) => {
+  return Effect.callback<boolean>((resume) => {
     const socket = net.connect({ host: target, port })
     const done = (inUse: boolean) => {
       socket.destroy()
-      resolve(inUse)
+      resume(Effect.succeed(inUse))
     }
-    socket.setTimeout(timeoutMs, () => done(false))
     socket.once("connect", () => done(true))
     socket.once("error", () => done(false))
-  })
+    // on interruption (the timeout) only: a settled check has closed its socket already
+    return Effect.sync(() => socket.destroy())
+  }).pipe(Effect.timeoutOption(timeoutMs), Effect.map(Option.getOrElse(() => false)))
 }
 
 /** Prepares a start: state dir exists, a stale engine is stopped, the engine port is free. */
@@ -63,11 +81,11 @@ export const reclaim = Effect.fn("EngineProcess.reclaim")(function* (
   graceMs: number
 ) {
   const file = pidFilePath(stateDir)
-  yield* Effect.try({
-    try: () => fs.mkdirSync(stateDir, { recursive: true }),
+  yield* Effect.tryPromise({
+    try: () => fs.mkdir(stateDir, { recursive: true }),
     catch: (err) => new EngineProcessError({ reason: "StateDir", detail: `cannot create ${stateDir}: ${String(err)}` })
   })
-  const stale = readPidFile(file)
+  const stale = yield* readPidFile(file)
   if (stale !== undefined && groupAlive(stale.pgid)) {
     if (stale.agentPid !== process.pid && pidAlive(stale.agentPid)) {
       return yield* new EngineProcessError({
@@ -80,10 +98,10 @@ export const reclaim = Effect.fn("EngineProcess.reclaim")(function* (
     const guardPid = stale.guardPid
     if (guardPid !== undefined && pidAlive(guardPid)) {
       yield* Effect.logWarning(`waiting for guard pid ${guardPid} to stop engine group ${stale.pgid} (${file})`)
-      yield* Effect.promise(() => pollUntil(() => !groupAlive(stale.pgid), graceMs + KILL_WAIT_MS + 1_000))
+      yield* pollUntil(() => !groupAlive(stale.pgid), graceMs + KILL_WAIT_MS + 1_000)
     }
     yield* Effect.logWarning(`stopping engine group ${stale.pgid} left by agent pid ${stale.agentPid} (${file})`)
-    const outcome = yield* Effect.promise(() => stopGroup(stale.pgid, graceMs))
+    const outcome = yield* stopGroup(stale.pgid, graceMs)
     if (outcome === "survived") {
       return yield* new EngineProcessError({
         reason: "StaleEngine",
@@ -92,8 +110,8 @@ export const reclaim = Effect.fn("EngineProcess.reclaim")(function* (
     }
     yield* Effect.logWarning(`stale engine group ${stale.pgid}: ${outcome}`)
   }
-  if (stale !== undefined) removePidFile(file)
-  if (yield* Effect.promise(() => portInUse(plan.host, plan.port))) {
+  if (stale !== undefined) yield* removePidFile(file)
+  if (yield* portInUse(plan.host, plan.port)) {
     return yield* new EngineProcessError({
       reason: "PortBusy",
       detail: `something already listens on ${plan.host}:${plan.port} and it is not an engine this agent started; refusing to start a second engine`

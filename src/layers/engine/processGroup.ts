@@ -1,13 +1,11 @@
 /**
  * Process-group mechanics shared by the supervisor and the orphan guard (plain Node, no Effect, so the guard
- * stays a tiny program): is a group or a pid still alive, signal a group, and the bounded kill sequence.
+ * stays a tiny program): is a group or a pid still alive, and signal a group. The timed stop sequences live with
+ * their runtime: the guard's in programs/guard.ts, the agent's on Effect's Clock in groupWait.ts.
  * Zombies count as dead: `kill(-pgid, 0)` succeeds for a group whose members are all zombies (PID 1 in a
  * container often does not reap), so liveness reads each member's state from /proc where it exists.
  */
 import * as fs from "node:fs"
-import type { StopOutcome } from "../../services/engine/GuardProtocol.ts"
-
-export type { StopOutcome } from "../../services/engine/GuardProtocol.ts"
 
 export interface ProcStat {
   readonly pid: number
@@ -33,7 +31,8 @@ export const parseProcStat = (text: string): ProcStat | undefined => {
 
 const hasProc = fs.existsSync("/proc/self/stat")
 
-const readStat = (pid: number): ProcStat | undefined => {
+/** /proc/<pid>/stat parsed, or undefined when that process is not visible here. */
+export const readStat = (pid: number): ProcStat | undefined => {
   try {
     return parseProcStat(fs.readFileSync(`/proc/${pid}/stat`, "utf8"))
   } catch {
@@ -86,31 +85,5 @@ export const signalGroup = (pgid: number, signal: NodeJS.Signals): boolean => {
   }
 }
 
-const delay = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms))
-
-/** Polls until `gone()` or `ms` elapsed; true when gone. */
-export const pollUntil = async (gone: () => boolean, ms: number, everyMs = 25): Promise<boolean> => {
-  const end = Date.now() + ms
-  for (;;) {
-    if (gone()) return true
-    if (Date.now() >= end) return false
-    await delay(Math.min(everyMs, Math.max(end - Date.now(), 1)))
-  }
-}
-
 /** How long a stop waits for a SIGKILLed group to be gone (it is the kernel's job, so not long). */
 export const KILL_WAIT_MS = 2_000
-
-/**
- * ONE TERM to the group, wait `graceMs` for every member to go, KILL the group, then confirm with a bounded
- * poll (`killWaitMs`). Each step is bounded; nothing here waits on stdio. Call it once per group: engines treat
- * a second SIGTERM as "exit now" (llama.cpp tools/server/server.cpp `signal_handler`: "Received second
- * interrupt, terminating immediately"; uvicorn `Server.handle_exit` sets `force_exit` on a second SIGINT).
- */
-export const stopGroup = async (pgid: number, graceMs: number, killWaitMs = KILL_WAIT_MS): Promise<StopOutcome> => {
-  if (!groupAlive(pgid)) return "gone"
-  signalGroup(pgid, "SIGTERM")
-  if (await pollUntil(() => !groupAlive(pgid), graceMs)) return "terminated"
-  signalGroup(pgid, "SIGKILL")
-  return (await pollUntil(() => !groupAlive(pgid), killWaitMs)) ? "killed" : "survived"
-}

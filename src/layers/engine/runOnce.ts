@@ -1,0 +1,117 @@
+/**
+ * One run of the supervisor's loop, in its own scope: wait for the GPUs, spawn (the run and its pid file are
+ * resources of the scope), watch it until it must end, tear it down, and describe how it ended. Closing the scope
+ * early (a stop) tears the run down through the same releases and still records it as "stopped".
+ */
+import * as process from "node:process"
+import { Clock, Deferred, Effect, Option, Ref } from "effect"
+import { type EngineRun, valueIfDone } from "../../services/engine/EngineHost.ts"
+import type { ExitRecord } from "../../services/engine/EngineProcess.ts"
+import { Event } from "../../services/engine/EngineState.ts"
+import type { GpuGateService } from "../../services/engine/GpuGate.ts"
+import { redactArgv, redactEnv } from "./backends/redact.ts"
+import { pidFileOfRun, pidFilePath } from "./pidFile.ts"
+import { type Supervision, watchRun } from "./watch.ts"
+
+const EXITS_KEPT = 20
+
+/** The refs the loop keeps across runs. */
+export interface RunRefs {
+  readonly exits: Ref.Ref<ReadonlyArray<ExitRecord>>
+  readonly currentPid: Ref.Ref<number | undefined>
+}
+
+interface Spawned {
+  readonly run: EngineRun
+  readonly pid: number | undefined
+}
+
+export const keepExit = (exits: RunRefs["exits"], record: ExitRecord) =>
+  Ref.update(exits, (xs) => [record, ...xs].slice(0, EXITS_KEPT))
+
+/** How a run ended, from what its host reported by now (a run that never spawned has no status). */
+const exitRecord = (run: number, since: number, spawned: Spawned | undefined, reason: string) =>
+  Effect.gen(function* () {
+    const ex = spawned === undefined ? undefined : yield* valueIfDone(spawned.run.exited)
+    const startedAt = spawned?.run.startedAt ?? since
+    const endedAt = yield* Clock.currentTimeMillis
+    const record: ExitRecord = {
+      run,
+      pid: spawned?.pid,
+      code: ex?.code ?? null,
+      signal: ex?.signal ?? null,
+      startedAt,
+      endedAt,
+      runtimeMs: endedAt - startedAt,
+      reason: reason === "exited" && ex?.problem !== undefined ? ex.problem : reason,
+      lastLines: spawned === undefined ? [] : yield* spawned.run.lastLines
+    }
+    return record
+  })
+
+/** Spawns run `run` into the current scope, records its pid (pid file, refs, gate) and publishes Spawned. */
+const spawn = (
+  s: Supervision,
+  refs: RunRefs,
+  gate: Option.Option<GpuGateService>,
+  run: number,
+  spawned: Ref.Ref<Spawned | undefined>
+) =>
+  Effect.gen(function* () {
+    const { plan, settings } = s
+    // A restart onto GPUs still held by the last run's leftovers would fail at load: wait for them first.
+    if (Option.isSome(gate)) yield* gate.value.awaitFree
+    // What an operator checks first when an engine will not start; secrets never reach the log.
+    yield* Effect.logInfo(`engine run ${run}: spawning`, { argv: redactArgv(plan.argv), env: redactEnv(plan.env) })
+    // Acquired before the run, so removed after the run's teardown has confirmed the group gone.
+    const pidFile = yield* pidFileOfRun(pidFilePath(settings.stateDir))
+    // Known to the stop record at once: a stop while the pid is awaited still reports this run.
+    const er = yield* s.host.spawn(plan, { run, graceMs: settings.stopGraceMs, linesKept: settings.linesKept }).pipe(
+      Effect.tap((er) => Ref.set(spawned, { run: er, pid: undefined })),
+      Effect.uninterruptible
+    )
+    const pid = yield* Deferred.await(er.pid).pipe(
+      Effect.timeoutOrElse({ duration: 10_000, orElse: () => Effect.undefined })
+    )
+    yield* Ref.set(spawned, { run: er, pid })
+    if (pid !== undefined) {
+      const record = { agentPid: process.pid, guardPid: er.guardPid, pgid: pid, host: plan.host, port: plan.port }
+      yield* pidFile.write({ ...record, startedAt: er.startedAt })
+      yield* Ref.set(refs.currentPid, pid)
+      if (Option.isSome(gate)) yield* gate.value.spawned(pid)
+      yield* s.publish(Event.Spawned({ run, pid, at: yield* Clock.currentTimeMillis }))
+    }
+    return { run: er, pid } satisfies Spawned
+  })
+
+/** One run, to be run in its own scope: how it ended, and when it was Ready (undefined if never). */
+export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGateService>, run: number) =>
+  Effect.gen(function* () {
+    const since = yield* Clock.currentTimeMillis
+    const spawned = yield* Ref.make<Spawned | undefined>(undefined)
+    const readyAt = yield* Deferred.make<number>()
+    yield* Effect.addFinalizer(() => Ref.set(refs.currentPid, undefined))
+    // Registered before the spawn so it runs after the run's teardown: a stopped run still leaves its record.
+    yield* Effect.addFinalizer((exit) =>
+      exit._tag === "Failure"
+        ? Effect.gen(function* () {
+            const sp = yield* Ref.get(spawned)
+            // The guard's exit report can trail the group's death by a moment.
+            if (sp !== undefined) yield* Deferred.await(sp.run.exited).pipe(Effect.timeout(1_000), Effect.ignore)
+            yield* keepExit(refs.exits, yield* exitRecord(run, since, sp, "stopped"))
+          })
+        : Effect.void
+    )
+    const sp = s.plan.spawns ? yield* spawn(s, refs, gate, run, spawned) : undefined
+    const watching = watchRun(s, run, since, readyAt)
+    const reason =
+      sp === undefined
+        ? yield* watching
+        : yield* Effect.raceFirst(Deferred.await(sp.run.exited).pipe(Effect.as("exited")), watching)
+    if (sp !== undefined) {
+      yield* sp.run.stop
+      yield* Deferred.await(sp.run.exited).pipe(Effect.timeout(2_000), Effect.ignore)
+      yield* sp.run.drainOutput(250)
+    }
+    return { record: yield* exitRecord(run, since, sp, reason), readyAt: yield* valueIfDone(readyAt) }
+  })

@@ -1,0 +1,82 @@
+/**
+ * The supervisor's watch over one run: readiness within the startup budget, then liveness with a failure
+ * threshold. Each publishes what it sees and completes only with the reason the run must end. Every time is
+ * Effect's Clock and every wait Effect.sleep, so a TestClock drives them.
+ */
+import { Clock, Deferred, Effect } from "effect"
+import type { LaunchPlan } from "../../services/engine/Engine.ts"
+import type { EngineHostService } from "../../services/engine/EngineHost.ts"
+import { Event, livenessStep, type SupervisorEvent } from "../../services/engine/EngineState.ts"
+import type { SupervisorSettings } from "./supervisorSettings.ts"
+
+/** What the supervisor's parts share: the plan, the settings, the host seam and the one state writer. */
+export interface Supervision {
+  readonly plan: LaunchPlan
+  readonly settings: SupervisorSettings
+  readonly host: EngineHostService
+  readonly publish: (event: SupervisorEvent) => Effect.Effect<void>
+}
+
+const now = Clock.currentTimeMillis
+
+/** Probes until Ready (completing `readyAt`) or the startup budget is spent; false on a timeout. */
+const readiness = (s: Supervision, run: number, since: number, readyAt: Deferred.Deferred<number>) =>
+  Effect.gen(function* () {
+    const { plan, settings } = s
+    const deadline = since + settings.startupTimeoutMs
+    let lastLog = since
+    for (;;) {
+      const remaining = deadline - (yield* now)
+      if (remaining <= 0) {
+        yield* s.publish(Event.StartupTimedOut({ budgetMs: settings.startupTimeoutMs, at: yield* now }))
+        return false
+      }
+      const r = yield* s.host.probe(plan.probe, Math.min(remaining, 10_000))
+      yield* Effect.logDebug("engine readiness probe", { run, url: plan.probe.url, ...r })
+      if (r.ok) {
+        const at = yield* now
+        yield* Deferred.succeed(readyAt, at)
+        yield* s.publish(Event.ProbeOk({ at }))
+        return true
+      }
+      yield* s.publish(Event.Phase({ phase: r.phase, at: yield* now }))
+      const at = yield* now
+      if (at - lastLog >= settings.progressEveryMs) {
+        lastLog = at
+        yield* Effect.logInfo(
+          `engine run ${run} starting: phase=${r.phase} elapsed=${Math.round((at - since) / 1000)}s ` +
+            `budget=${Math.round(settings.startupTimeoutMs / 1000)}s (${r.reason})`
+        )
+      }
+      yield* Effect.sleep(Math.max(0, Math.min(settings.probeIntervalMs, deadline - (yield* now))))
+    }
+  })
+
+/** Probes every liveness interval; completes when `livenessFailures` probes in a row failed. */
+const liveness = (s: Supervision) =>
+  Effect.gen(function* () {
+    const { plan, settings } = s
+    const live = plan.liveness ?? plan.probe
+    let failures = 0
+    for (;;) {
+      yield* Effect.sleep(settings.livenessIntervalMs)
+      const r = yield* s.host.probe(live, Math.min(settings.livenessIntervalMs, 5_000))
+      yield* Effect.logDebug("engine liveness probe", { url: live.url, ...r })
+      const step = livenessStep(failures, r.ok, settings.livenessFailures)
+      if (!r.ok)
+        yield* Effect.logWarning(`liveness probe failed (${step.failures}/${settings.livenessFailures}): ${r.reason}`)
+      else if (failures > 0) yield* Effect.logInfo("liveness probe recovered")
+      failures = step.failures
+      if (step.lost && !r.ok) {
+        const reason = `${failures} liveness probes failed in a row, last: ${r.reason}`
+        yield* s.publish(Event.LivenessLost({ reason, at: yield* now }))
+        return `unhealthy: ${reason}`
+      }
+    }
+  })
+
+/** Readiness, then liveness: completes only with the reason the run must end; `readyAt` says when it was Ready. */
+export const watchRun = (s: Supervision, run: number, since: number, readyAt: Deferred.Deferred<number>) =>
+  Effect.flatMap(readiness(s, run, since, readyAt), (ready) =>
+    ready ? liveness(s) : Effect.succeed("startup timeout")
+  )

@@ -1,0 +1,55 @@
+/**
+ * EngineHost: what the supervisor does to the machine for one engine run, and nothing else: spawn the run (a
+ * scoped resource whose release is the teardown) and probe the engine's HTTP endpoint once. It is the
+ * supervisor's one seam: the live host (layers/engine/EngineHost.ts) spawns through the orphan guard and
+ * fetches; a test passes a fake whose runs and probes it scripts, and drives the same supervisor on a TestClock.
+ */
+import { Context, Deferred, Effect, type Scope } from "effect"
+import type { LaunchPlan, ReadinessProbe } from "./Engine.ts"
+import type { StopOutcome } from "./GuardProtocol.ts"
+
+export interface RunExit {
+  readonly code: number | null
+  readonly signal: string | null
+  /** Set when the engine never started (e.g. ENOENT) or the guard died before reporting. */
+  readonly problem: string | undefined
+}
+
+/** One spawned run, alive for the scope it was spawned in. */
+export interface EngineRun {
+  /** When it was spawned (epoch ms, Effect Clock). */
+  readonly startedAt: number
+  readonly guardPid: number | undefined
+  /** The engine's pid (= its process group id), once known; undefined when it could not be spawned. */
+  readonly pid: Deferred.Deferred<number | undefined>
+  readonly exited: Deferred.Deferred<RunExit>
+  /** The last lines the engine printed, tagged `[stdout]` / `[stderr]`. */
+  readonly lastLines: Effect.Effect<ReadonlyArray<string>>
+  /** Stops the group (one TERM, grace, KILL, confirmed) and waits for it; idempotent and bounded. */
+  readonly stop: Effect.Effect<StopOutcome>
+  /** Waits (bounded) for the output pipes to deliver what is buffered, so lastLines is complete. */
+  readonly drainOutput: (ms: number) => Effect.Effect<void>
+}
+
+export interface SpawnOptions {
+  readonly run: number
+  readonly graceMs: number
+  readonly linesKept: number
+}
+
+export type ProbeResult =
+  | { readonly ok: true }
+  | { readonly ok: false; readonly reason: string; readonly phase: "waiting for port" | "loading" | "probe timeout" }
+
+export interface EngineHostService {
+  /** Spawns one run of the plan; closing the scope tears it down (the group stopped and confirmed gone). */
+  readonly spawn: (plan: LaunchPlan, options: SpawnOptions) => Effect.Effect<EngineRun, never, Scope.Scope>
+  /** One readiness/liveness attempt; never fails ("not yet" carries a reason and a startup phase). */
+  readonly probe: (probe: ReadinessProbe, timeoutMs: number) => Effect.Effect<ProbeResult>
+}
+
+export class EngineHost extends Context.Service<EngineHost, EngineHostService>()("cgn-agent/EngineHost") {}
+
+/** A Deferred's value if it is already completed, else undefined: for reading what a run reported by now. */
+export const valueIfDone = <A>(d: Deferred.Deferred<A>): Effect.Effect<A | undefined> =>
+  Effect.flatMap(Deferred.isDone(d), (done) => (done ? Deferred.await(d) : Effect.undefined))

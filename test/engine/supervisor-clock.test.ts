@@ -1,0 +1,224 @@
+// The supervisor on a TestClock: the production EngineProcess with a fake EngineHost (the one seam: runs and
+// probes are scripted, nothing is spawned), driven start -> Ready -> crash -> backoff -> restart -> Ready -> stop.
+// Every wait in the supervisor is Effect.sleep on the Clock, so time moves only when the test adjusts it: the
+// restart happens exactly when the backoff has elapsed, never a millisecond before. The pid file and the start-up
+// reclaim are the real ones, in a temporary state dir.
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { assert, describe, it } from "@effect/vitest"
+import { Clock, Context, Deferred, Effect, Layer, Logger, Ref, Stream } from "effect"
+import { TestClock } from "effect/testing"
+import { layerFromPlan, testPlan } from "../../src/layers/engine/EngineProcess.ts"
+import { pidFilePath, readPidFile } from "../../src/layers/engine/pidFile.ts"
+import type { SupervisorSettings } from "../../src/layers/engine/supervisorSettings.ts"
+import { EngineHost, type RunExit } from "../../src/services/engine/EngineHost.ts"
+import { EngineProcess, type EngineState } from "../../src/services/engine/EngineProcess.ts"
+import { freePort } from "../support/ports.ts"
+
+/** A spawned fake run: the test reports its pid and ends it; `stops` counts the supervisor's teardowns. */
+interface FakeRun {
+  readonly run: number
+  readonly spawnedAt: number
+  readonly pid: Deferred.Deferred<number | undefined>
+  readonly exited: Deferred.Deferred<RunExit>
+  readonly stops: Ref.Ref<number>
+}
+
+/** Pids no process has (above Linux's pid_max), so the real reclaim and group checks see nothing alive. */
+const fakePid = (run: number) => 4_194_304 + 1_000 + run
+
+const makeFakeHost = Effect.gen(function* () {
+  const runs = yield* Ref.make<ReadonlyArray<FakeRun>>([])
+  const up = yield* Ref.make(false)
+  const host = EngineHost.of({
+    spawn: (_plan, options) =>
+      Effect.gen(function* () {
+        const run: FakeRun = {
+          run: options.run,
+          spawnedAt: yield* Clock.currentTimeMillis,
+          pid: yield* Deferred.make<number | undefined>(),
+          exited: yield* Deferred.make<RunExit>(),
+          stops: yield* Ref.make(0)
+        }
+        // Like the guard: a stop ends the engine on its TERM; memoized as the live stop is, so the supervisor's
+        // explicit stop and the scope's release share one teardown.
+        const stop = yield* Effect.cached(
+          Ref.update(run.stops, (n) => n + 1).pipe(
+            Effect.andThen(Deferred.succeed(run.exited, { code: null, signal: "SIGTERM", problem: undefined })),
+            Effect.as("terminated" as const)
+          )
+        )
+        yield* Effect.addFinalizer(() => stop)
+        yield* Ref.update(runs, (xs) => [...xs, run])
+        return {
+          startedAt: run.spawnedAt,
+          guardPid: undefined,
+          pid: run.pid,
+          exited: run.exited,
+          lastLines: Effect.succeed([`[stderr] run ${options.run} output`]),
+          stop,
+          drainOutput: () => Effect.void
+        }
+      }),
+    probe: () =>
+      Effect.map(Ref.get(up), (ok) =>
+        ok
+          ? { ok: true as const }
+          : { ok: false as const, reason: "connection refused", phase: "waiting for port" as const }
+      )
+  })
+  return { host, runs, up }
+})
+
+/** Lets every fiber (and real fs/socket I/O) run until `done` holds; a bounded poll, never a sleep. */
+const settle = (what: string, done: Effect.Effect<boolean>) =>
+  Effect.gen(function* () {
+    for (let i = 0; i < 5_000; i++) {
+      if (yield* done) return
+      yield* Effect.promise(() => new Promise((resolve) => setImmediate(resolve)))
+    }
+    return yield* Effect.die(new Error(`did not settle: ${what}`))
+  })
+
+/** Lets everything runnable run (a fixed number of rounds), for asserting that nothing happened. */
+const quiesce = Effect.gen(function* () {
+  for (let i = 0; i < 50; i++) yield* Effect.promise(() => new Promise((resolve) => setImmediate(resolve)))
+})
+
+const settings = (stateDir: string): SupervisorSettings => ({
+  startupTimeoutMs: 60_000,
+  stopGraceMs: 500,
+  livenessIntervalMs: 1_000,
+  livenessFailures: 3,
+  backoff: { initialMs: 2_000, maxMs: 30_000, stableAfterMs: 600_000, crashLoopAfter: 3 },
+  stateDir,
+  probeIntervalMs: 500,
+  progressEveryMs: 5_000,
+  linesKept: 50
+})
+
+const label = (s: EngineState): string =>
+  s._tag === "Starting" ? `Starting(${s.run}, ${s.phase})` : s._tag === "Ready" ? `Ready(${s.run})` : s._tag
+
+describe("EngineProcess on a TestClock", () => {
+  it.effect("start -> Ready -> crash -> backoff -> restart -> Ready -> stop", () =>
+    Effect.gen(function* () {
+      const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-clock-"))
+      yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(stateDir, { recursive: true, force: true })))
+      const port = yield* Effect.promise(freePort)
+      const plan = testPlan({ port, probe: { kind: "http", url: `http://127.0.0.1:${port}/health` } })
+      const fake = yield* makeFakeHost
+      const context = yield* Layer.build(
+        layerFromPlan(plan, settings(stateDir)).pipe(
+          Layer.provide(Layer.succeed(EngineHost, fake.host)),
+          Layer.provide(Logger.layer([]))
+        )
+      )
+      const engine = Context.get(context, EngineProcess)
+      const states: Array<EngineState> = []
+      yield* engine.changes.pipe(
+        Stream.runForEach((s) => Effect.sync(() => states.push(s))),
+        Effect.forkScoped
+      )
+      const last = () => states[states.length - 1]
+      const runAt = (i: number) => Effect.map(Ref.get(fake.runs), (xs) => xs[i])
+      const stateIs = (pred: (s: EngineState) => boolean) => Effect.sync(() => last() !== undefined && pred(last()!))
+
+      // run 0: spawned at t=0; the guard reports its pid; the engine loads
+      yield* settle(
+        "run 0 spawned",
+        Effect.map(runAt(0), (r) => r !== undefined)
+      )
+      const run0 = (yield* runAt(0))!
+      assert.strictEqual(run0.spawnedAt, 0)
+      yield* Deferred.succeed(run0.pid, fakePid(0))
+      yield* settle(
+        "probing run 0",
+        stateIs((s) => s._tag === "Starting" && s.phase === "waiting for port")
+      )
+      assert.strictEqual((yield* readPidFile(pidFilePath(stateDir)))?.pgid, fakePid(0), "pid file while running")
+      yield* Ref.set(fake.up, true)
+      yield* TestClock.adjust(500)
+      yield* settle(
+        "run 0 Ready",
+        stateIs((s) => s._tag === "Ready")
+      )
+      assert.strictEqual(yield* engine.pid, fakePid(0))
+
+      // the engine crashes at t=500: Restarting with the first backoff (2 s) and the run's exit
+      yield* Ref.set(fake.up, false)
+      yield* Deferred.succeed(run0.exited, { code: 1, signal: null, problem: undefined })
+      yield* settle(
+        "Restarting",
+        stateIs((s) => s._tag === "Restarting")
+      )
+      const restarting = last()
+      if (restarting?._tag !== "Restarting") return assert.fail("expected Restarting")
+      assert.deepStrictEqual(
+        { attempt: restarting.attempt, nextAt: restarting.nextAt, code: restarting.lastExit.code },
+        { attempt: 1, nextAt: 2_500, code: 1 }
+      )
+      assert.strictEqual(restarting.lastExit.runtimeMs, 500)
+      assert.deepStrictEqual(restarting.lastExit.lastLines, ["[stderr] run 0 output"])
+      assert.strictEqual(yield* Ref.get(run0.stops), 1, "the crashed run was torn down once")
+      assert.isFalse(fs.existsSync(pidFilePath(stateDir)), "pid file removed with the run")
+
+      // 1 ms short of the backoff nothing happens; at the backoff run 1 is spawned
+      yield* TestClock.adjust(1_999)
+      yield* quiesce
+      assert.strictEqual((yield* Ref.get(fake.runs)).length, 1, "no restart before the backoff elapsed")
+      assert.strictEqual(last()?._tag, "Restarting")
+      yield* TestClock.adjust(1)
+      yield* settle(
+        "run 1 spawned",
+        Effect.map(runAt(1), (r) => r !== undefined)
+      )
+      const run1 = (yield* runAt(1))!
+      assert.strictEqual(run1.spawnedAt, 2_500)
+      assert.strictEqual(yield* engine.restarts, 1)
+      yield* Deferred.succeed(run1.pid, fakePid(1))
+      yield* settle(
+        "probing run 1",
+        stateIs((s) => s._tag === "Starting" && s.phase === "waiting for port")
+      )
+      yield* Ref.set(fake.up, true)
+      yield* TestClock.adjust(500)
+      yield* settle(
+        "run 1 Ready",
+        stateIs((s) => s._tag === "Ready" && s.run === 1)
+      )
+
+      // stop: the run is torn down through its release and recorded as stopped; the pid file goes with it
+      yield* engine.stop
+      const stopped = last()
+      if (stopped?._tag !== "Stopped") return assert.fail(`expected Stopped, got ${stopped?._tag}`)
+      assert.strictEqual(stopped.lastExit?.run, 1)
+      assert.strictEqual(stopped.lastExit?.reason, "stopped")
+      assert.strictEqual(stopped.lastExit?.signal, "SIGTERM")
+      assert.strictEqual(yield* Ref.get(run1.stops), 1)
+      assert.isFalse(fs.existsSync(pidFilePath(stateDir)), "pid file removed after stop")
+      assert.strictEqual(yield* engine.pid, undefined)
+      assert.deepStrictEqual(states.map(label), [
+        "Starting(0, spawning)",
+        "Starting(0, loading)",
+        "Starting(0, waiting for port)",
+        "Ready(0)",
+        "Restarting",
+        "Starting(1, spawning)",
+        "Starting(1, loading)",
+        "Starting(1, waiting for port)",
+        "Ready(1)",
+        "Stopping",
+        "Stopped"
+      ])
+      assert.deepStrictEqual(
+        (yield* engine.exits).map((x) => [x.run, x.reason]),
+        [
+          [1, "stopped"],
+          [0, "exited"]
+        ]
+      )
+    })
+  )
+})
