@@ -6,7 +6,6 @@
 
 import * as ConfigLive from "../layers/config/Config.ts"
 import * as AdmissionLive from "../layers/grpc/Admission.ts"
-import * as NodeStatusLive from "../layers/node/NodeStatus.ts"
 import * as NvmlProbe from "../layers/node/Nvml.ts"
 import * as MetricsLive from "../layers/observability/Metrics.ts"
 import * as TlsLive from "../layers/tls/Tls.ts"
@@ -14,10 +13,11 @@ import { Drain } from "../services/node/Drain.ts"
 import * as EngineClientTest from "./EngineClient.ts"
 import * as EngineProcessTest from "./EngineProcess.ts"
 import * as HealthReporterTest from "./HealthReporter.ts"
+import * as NodeStatusTestLayers from "./NodeStatus.ts"
 
-export { NodeStatusTest, testNodeHealth } from "../layers/node/NodeStatus.ts"
 export { EngineClientRecorder, type EngineScript, textChunk } from "./EngineClient.ts"
 export { EngineProcessControl, testPlan } from "./EngineProcess.ts"
+export { NodeStatusTest, testNodeHealth } from "./NodeStatus.ts"
 
 /** One test layer per service. */
 export const TestLayers = {
@@ -32,7 +32,7 @@ export const TestLayers = {
   /** Admission with explicit limits. */
   Admission: AdmissionLive.layerWith,
   /** NodeHealth set by the test through NodeStatusTest. */
-  NodeStatus: NodeStatusLive.layerTest,
+  NodeStatus: NodeStatusTestLayers.layerTest,
   /** An in-memory reporter (needs NodeStatus): records flushes and the drain mark, never talks to etcd. */
   HealthReporter: HealthReporterTest.layerTest,
   /** A fixed GPU list instead of NVML. */

@@ -5,7 +5,6 @@ import { afterEach, describe, expect, it } from "vitest"
 import * as AdminLive from "../../src/layers/admin/Admin.ts"
 import * as ConfigLayer from "../../src/layers/config/Config.ts"
 import { engineFor } from "../../src/layers/engine/backends/index.ts"
-import * as NodeStatusLayer from "../../src/layers/node/NodeStatus.ts"
 import * as MetricsLayer from "../../src/layers/observability/Metrics.ts"
 import { AdminServer, authorize, isLoopbackHost, readiness } from "../../src/services/admin/Admin.ts"
 import { Config } from "../../src/services/config/Config.ts"
@@ -13,6 +12,8 @@ import { EngineProcess, type EngineState, type ExitRecord } from "../../src/serv
 import { parsePromText } from "../../src/services/engine/PromText.ts"
 import { Drain } from "../../src/services/node/Drain.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
+import * as NodeStatusLayer from "../../src/testing/NodeStatus.ts"
+import { NodeStatusTest } from "../../src/testing/NodeStatus.ts"
 
 const exit: ExitRecord = {
   run: 0,
@@ -43,7 +44,7 @@ const fakeEngine = Layer.effect(
   })
 )
 
-type Services = AdminServer | Metrics | Drain | NodeStatusLayer.NodeStatusTest
+type Services = AdminServer | Metrics | Drain | NodeStatusTest
 
 let scope: Scope.Closeable | undefined
 afterEach(async () => {
@@ -104,7 +105,7 @@ describe("admin HTTP on loopback", () => {
     expect(notReady.status).toBe(503)
     expect(notReady.text).toBe("starting (engine starting)")
 
-    await run(Effect.flatMap(NodeStatusLayer.NodeStatusTest, (t) => t.setState("ready")))
+    await run(Effect.flatMap(NodeStatusTest, (t) => t.setState("ready")))
     expect(await get(`${url}/readyz`)).toMatchObject({ status: 200, text: "ready" })
 
     const status = await get(`${url}/status`)

@@ -13,7 +13,7 @@ import { afterEach, assert, describe, it } from "vitest"
 import { decodeConfigObject, layerFromObject } from "../../src/layers/config/Config.ts"
 import { engineFor, planLayer } from "../../src/layers/engine/backends/index.ts"
 import * as EngineHostLive from "../../src/layers/engine/EngineHost.ts"
-import * as EngineProcessLayer from "../../src/layers/engine/EngineProcess.ts"
+import * as EngineProcessLive from "../../src/layers/engine/EngineProcess.ts"
 import { layerFromPlan, type SupervisorSettings, settingsFromConfig } from "../../src/layers/engine/EngineProcess.ts"
 import { type PidRecord, pidFilePath, readPidFile, writePidFile } from "../../src/layers/engine/pidFile.ts"
 import { groupAlive, pidAlive } from "../../src/layers/engine/processGroup.ts"
@@ -22,6 +22,7 @@ import type { EngineKind } from "../../src/services/config/Config.ts"
 import type { LaunchPlan } from "../../src/services/engine/Engine.ts"
 import { EngineProcess, type EngineProcessService, type EngineState } from "../../src/services/engine/EngineProcess.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
+import * as EngineProcessLayer from "../../src/testing/EngineProcess.ts"
 import { pollUntil } from "../support/poll.ts"
 import { freePort } from "../support/ports.ts"
 import { type SimHandle, simEntry, startSim } from "../support/sim.ts"
@@ -202,7 +203,7 @@ describe("the configured layer", () => {
     const stateDir = tmpDir()
     const scope = Effect.runSync(Scope.make())
     cleanups.push(() => Effect.runPromise(Scope.close(scope, Exit.void)))
-    const live = EngineProcessLayer.layer.pipe(
+    const live = EngineProcessLive.layer.pipe(
       Layer.provide(liveHost),
       Layer.provideMerge(planLayer),
       Layer.provide(

@@ -9,11 +9,12 @@ import * as path from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import { Clock, Context, Deferred, Effect, Layer, Logger, Ref, Stream } from "effect"
 import { TestClock } from "effect/testing"
-import { layerFromPlan, testPlan } from "../../src/layers/engine/EngineProcess.ts"
+import { layerFromPlan } from "../../src/layers/engine/EngineProcess.ts"
 import { pidFilePath, readPidFile } from "../../src/layers/engine/pidFile.ts"
 import type { SupervisorSettings } from "../../src/layers/engine/supervisorSettings.ts"
 import { EngineHost, type RunExit } from "../../src/services/engine/EngineHost.ts"
 import { EngineProcess, type EngineState } from "../../src/services/engine/EngineProcess.ts"
+import { testPlan } from "../../src/testing/EngineProcess.ts"
 import { freePort } from "../support/ports.ts"
 
 /** A spawned fake run: the test reports its pid and ends it; `stops` counts the supervisor's teardowns. */

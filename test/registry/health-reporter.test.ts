@@ -10,7 +10,6 @@ import { Etcd3 } from "etcd3"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
 import { NodeHealth } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { layerFromObject } from "../../src/layers/config/Config.ts"
-import { NodeStatusTest, layerTest as nodeStatusTest } from "../../src/layers/node/NodeStatus.ts"
 import { layer as healthReporterLayer } from "../../src/layers/registry/HealthReporter.ts"
 import type { NodeState } from "../../src/services/node/NodeStatus.ts"
 import {
@@ -20,6 +19,7 @@ import {
   nodesPrefix,
   type RegistrationStatus
 } from "../../src/services/registry/HealthReporter.ts"
+import { NodeStatusTest, layerTest as nodeStatusTest } from "../../src/testing/NodeStatus.ts"
 import { type EtcdHandle, pollUntil, startEtcd } from "../support/etcd.ts"
 
 let unhandled = 0

@@ -4,10 +4,10 @@
 import { Layer } from "effect"
 import { layerFromObject } from "../../src/layers/config/Config.ts"
 import { layerFromPlan } from "../../src/layers/engine/EngineClient.ts"
-import { layerTest as nodeStatusLayerTest } from "../../src/layers/node/NodeStatus.ts"
 import type { EngineKind } from "../../src/services/config/Config.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
 import { layerTest as engineLayerTest, testPlan } from "../../src/testing/EngineProcess.ts"
+import { layerTest as nodeStatusLayerTest } from "../../src/testing/NodeStatus.ts"
 
 export interface AgentDepsOptions {
   readonly kind?: EngineKind

@@ -32,7 +32,6 @@ import { keepExit, type RunRefs, runOnce } from "./runOnce.ts"
 import { type SupervisorSettings, settingsFromConfig } from "./supervisorSettings.ts"
 import type { Supervision } from "./watch.ts"
 
-export { EngineProcessControl, layerTest, testPlan } from "../../testing/EngineProcess.ts"
 export { type SupervisorSettings, settingsFromConfig } from "./supervisorSettings.ts"
 
 const LOG_TAIL = 10
