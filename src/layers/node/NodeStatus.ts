@@ -4,7 +4,7 @@
  */
 import * as fs from "node:fs"
 import * as os from "node:os"
-import { Duration, Effect, Layer, Option, PubSub, Ref, Schedule, Stream } from "effect"
+import { Duration, Effect, Layer, Option, Ref, Schedule, Stream } from "effect"
 import type { Counter } from "prom-client"
 import { Config } from "../../services/config/Config.ts"
 import { EngineClient, type LoadSignals } from "../../services/engine/EngineClient.ts"
