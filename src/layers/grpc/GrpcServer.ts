@@ -11,16 +11,7 @@
 import { randomUUID } from "node:crypto"
 import * as grpc from "@grpc/grpc-js"
 import { Clock, Duration, Effect, Layer, Option, Result, Schedule, Schema, Stream, Tracer } from "effect"
-import { ServerError, Status } from "nice-grpc"
-import { HealthDefinition, HealthServiceImpl, HealthState } from "nice-grpc-server-health"
-import { ServerReflection, ServerReflectionService } from "nice-grpc-server-reflection"
-import {
-  AgentDefinition,
-  type AgentServiceImplementation,
-  GenerateRequest,
-  GenerateResponse
-} from "../../gen/cgn/agent/v1/agent.ts"
-import { fileDescriptorSet } from "../../gen/descriptor.ts"
+import { Status } from "nice-grpc"
 import { Config } from "../../services/config/Config.ts"
 import { EngineClient, type RequestOptions } from "../../services/engine/EngineClient.ts"
 import { EngineProcess } from "../../services/engine/EngineProcess.ts"
@@ -50,7 +41,9 @@ import {
   TracesExported
 } from "../../services/observability/TraceContext.ts"
 import { joinHostPort, splitHostPort } from "../../services/registry/Advertise.ts"
-import { addNiceService } from "./niceGrpcAdapter.ts"
+import { addAgent, type GenerateCall } from "./AgentService.ts"
+import { addHealth, HEALTH_SERVICE, PublishedHealth } from "./Health.ts"
+import { addReflection } from "./Reflection.ts"
 import { Relay } from "./Relay.ts"
 
 /** The server could not listen (address in use, bad address). */
@@ -108,35 +101,6 @@ const statusOf = (f: GrpcFailure): Partial<grpc.StatusObject> => {
   return { code: f.code, details: f.message, metadata }
 }
 
-const encodeResponse = (m: GenerateResponse): Buffer => {
-  const u = GenerateResponse.encode(m).finish()
-  return Buffer.from(u.buffer, u.byteOffset, u.byteLength)
-}
-
-type GenerateCall = grpc.ServerWritableStream<GenerateRequest, GenerateResponse>
-
-/** Agent.Generate as grpc-js sees it: encoded without nice-grpc's per-message `fromPartial` copy. */
-const generateMethod: grpc.MethodDefinition<GenerateRequest, GenerateResponse> = {
-  path: `/${AgentDefinition.fullName}/${AgentDefinition.methods.generate.name}`,
-  requestStream: false,
-  responseStream: true,
-  requestSerialize: (m) => Buffer.from(GenerateRequest.encode(m).finish()),
-  requestDeserialize: (b) => GenerateRequest.decode(b),
-  responseSerialize: encodeResponse,
-  responseDeserialize: (b) => GenerateResponse.decode(b)
-}
-
-/**
- * grpc.reflection.v1alpha: the same messages as v1 under the older name, which older clients (grpcurl before
- * 1.8.8, Postman, grpc_cli) only speak (grpc-proto: grpc/reflection/v1alpha/reflection.proto is wire-identical).
- */
-export const ReflectionV1Alpha = {
-  serverReflectionInfo: {
-    ...ServerReflectionService.serverReflectionInfo,
-    path: "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
-  }
-} as const
-
 /** Builds and starts the server; it stops when the scope closes. */
 export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}) {
   const config = yield* Config
@@ -163,17 +127,12 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     })
 
   // Health: derived from the engine state and the drain, unless overridden.
-  const healthState = HealthState()
-  healthState.setMaxListeners(0)
+  const health = new PublishedHealth()
   let engineTag: string = (yield* engine.state)._tag
   let draining = yield* nodeStatus.draining
   let override: ServingStatus | undefined
   const current = (): ServingStatus => override ?? (engineTag === "Ready" && !draining ? "SERVING" : "NOT_SERVING")
-  const publish = (): void => {
-    const s = current() === "SERVING" ? "healthy" : "unhealthy"
-    healthState.setStatus(s)
-    healthState.setStatus(s, AGENT_SERVICE)
-  }
+  const publish = (): void => health.publish(current())
   publish()
   yield* Stream.runForEach(engine.changes, (s) =>
     Effect.sync(() => {
@@ -393,8 +352,14 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     if (call.cancelled && !ended) settle("CANCELLED")
   }
 
-  const agentImpl: Omit<AgentServiceImplementation, "generate"> = {
-    listModels: async () => ({
+  const address = options.address ?? config.agent.listen_grpc
+  const server = new grpc.Server({
+    // Leave room above max_request_bytes so the agent's own check answers with a precise message.
+    "grpc.max_receive_message_length": config.agent.max_request_bytes + 1024 * 1024
+  })
+  addAgent(server, {
+    generate,
+    models: {
       models: [
         {
           name: model,
@@ -403,36 +368,13 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
           maxModelLen: config.model.max_model_len ?? 0
         }
       ]
-    }),
-    getNodeHealth: (_req, ctx) => Effect.runPromiseWith(context)(nodeStatus.snapshot, { signal: ctx.signal })
-  }
-
-  // Watch streams never end by themselves; shutdown ends them so the server can close.
-  const terminate = new AbortController()
-  const baseHealth = HealthServiceImpl(healthState)
-  const healthImpl: typeof baseHealth = {
-    check: baseHealth.check,
-    async *watch(req, ctx) {
-      try {
-        yield* baseHealth.watch(req, { ...ctx, signal: AbortSignal.any([ctx.signal, terminate.signal]) })
-      } catch (e) {
-        if (terminate.signal.aborted && !ctx.signal.aborted)
-          throw new ServerError(Status.UNAVAILABLE, "server shutting down")
-        throw e
-      }
-    }
-  }
-
-  const address = options.address ?? config.agent.listen_grpc
-  const server = new grpc.Server({
-    // Leave room above max_request_bytes so the agent's own check answers with a precise message.
-    "grpc.max_receive_message_length": config.agent.max_request_bytes + 1024 * 1024
+    },
+    nodeHealth: nodeStatus.snapshot,
+    run: (effect, onExit) => run(effect, { onExit })
   })
-  addNiceService(server, AgentDefinition, agentImpl, { generate: [generateMethod, generate] })
-  addNiceService(server, HealthDefinition, healthImpl)
-  const reflection = ServerReflection(fileDescriptorSet, [AGENT_SERVICE, HealthDefinition.fullName])
-  addNiceService(server, ServerReflectionService, reflection)
-  addNiceService(server, ReflectionV1Alpha, reflection)
+  // Watch streams never end by themselves; shutdown ends them so the server can close.
+  const endWatches = addHealth(server, health.implementation)
+  addReflection(server, [AGENT_SERVICE, HEALTH_SERVICE])
 
   const grace = options.shutdownGraceMs ?? 5_000
   const port = yield* Effect.acquireRelease(
@@ -449,7 +391,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
       Effect.promise(async () => {
         override = "NOT_SERVING"
         publish()
-        terminate.abort()
+        endWatches()
         let timer: NodeJS.Timeout | undefined
         const graceful = new Promise<boolean>((resolve) => server.tryShutdown(() => resolve(true)))
         const late = new Promise<boolean>((resolve) => {
@@ -466,7 +408,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     address: bound,
     port,
     health: Effect.sync(current),
-    healthState,
+    healthState: health.implementation,
     setHealthOverride: (s) =>
       Effect.sync(() => {
         override = s
