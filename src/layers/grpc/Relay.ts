@@ -6,12 +6,12 @@
  * Plain callbacks, no Effect step or promise per token: the consumer runs inside the producer's read
  * callback, so a token read from the engine is written to the gRPC call in the same event-loop turn.
  */
-import { Cause, Effect, Exit, Option } from "effect"
-import type { JsonObject } from "../../services/engine/EngineClient.ts"
+import { Cause, Exit, Option } from "effect"
+import type { ChunkSink, JsonObject } from "../../services/engine/EngineClient.ts"
 import { ChunkReader, Coalescer, type GenerateRejected } from "../../services/grpc/Generate.ts"
 
 /** One Generate call's hand-off between the engine fiber (producer) and the gRPC call (consumer). */
-export class Relay {
+export class Relay implements ChunkSink {
   readonly coalescer: Coalescer
   readonly reader = new ChunkReader()
   firstTextAt = 0
@@ -34,7 +34,7 @@ export class Relay {
     this.coalescer = new Coalescer(maxPendingChars)
   }
   /** Producer side, once per network read: false when the producer must wait for room. */
-  readonly onChunks = (chunks: ReadonlyArray<JsonObject>, resume?: () => void): boolean => {
+  readonly onChunks = (chunks: ReadonlyArray<JsonObject>, resume: () => void): boolean => {
     this.started = true
     this.reads++
     for (let i = 0; i < chunks.length; i++) {
@@ -46,16 +46,9 @@ export class Relay {
     }
     this.wake()
     if (this.coalescer.hasRoom) return true
-    if (resume !== undefined) this.resumeProducer = resume
+    this.resumeProducer = resume
     return false
   }
-  readonly waitRoom: Effect.Effect<void> = Effect.callback<void>((resume) => {
-    if (this.coalescer.hasRoom) return resume(Effect.void)
-    this.resumeProducer = () => resume(Effect.void)
-    return Effect.sync(() => {
-      this.resumeProducer = undefined
-    })
-  })
   take(): { readonly text: string; readonly tokens: number } | undefined {
     const d = this.coalescer.take()
     const r = this.resumeProducer
