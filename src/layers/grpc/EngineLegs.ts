@@ -6,11 +6,15 @@
  */
 import { Clock, Duration, Effect, Option } from "effect"
 import { Config } from "../../services/config/Config.ts"
-import { EngineClient, type RequestOptions } from "../../services/engine/EngineClient.ts"
-import { Admission } from "../../services/grpc/Admission.ts"
-import { type EnginePlan, GenerateRejected } from "../../services/grpc/Generate.ts"
-import { extractKvTransferParams, type LegPlan } from "../../services/grpc/Handoff.ts"
+import { EngineClient, type EngineError, type RequestOptions } from "../../services/engine/EngineClient.ts"
+import { Admission, type AdmissionError } from "../../services/grpc/Admission.ts"
+import { LegDeadline } from "../../services/grpc/CallErrors.ts"
+import type { EnginePlan } from "../../services/grpc/Generate.ts"
+import { extractKvTransferParams, type InvalidHandoff, type LegPlan } from "../../services/grpc/Handoff.ts"
 import type { Relay } from "./Relay.ts"
+
+/** How the engine side of a call can fail (all of them members of GrpcStatus's GenerateError). */
+export type LegError = EngineError | AdmissionError | InvalidHandoff | LegDeadline
 
 /** Runs one call's engine side into `relay`; it ends when the engine answer has been handed to the relay. */
 export type RunLeg = (
@@ -18,18 +22,14 @@ export type RunLeg = (
   plan: EnginePlan,
   leg: LegPlan,
   opts: RequestOptions
-) => Effect.Effect<void, unknown>
+) => Effect.Effect<void, LegError>
 
 export const make = Effect.fnUntraced(function* () {
   const config = yield* Config
   const client = yield* EngineClient
   const admission = Option.getOrUndefined(yield* Effect.serviceOption(Admission))
   const legTimeout = config.agent.handoff_timeout
-  const legDeadline = (leg: string): GenerateRejected =>
-    new GenerateRejected({
-      code: "DEADLINE_EXCEEDED",
-      message: `the ${leg} leg did not ${leg === "prefill" ? "finish" : "start"} within ${Duration.format(legTimeout)} ([agent].handoff_timeout); the engine request was aborted`
-    })
+  const legDeadline = (leg: "prefill" | "decode") => new LegDeadline({ leg, timeout: Duration.format(legTimeout) })
   // streamTo becomes required on EngineClient (issue 13); until that lands the type still says optional.
   const streamTo = client.streamTo!
 
@@ -59,7 +59,7 @@ export const make = Effect.fnUntraced(function* () {
     const decodeDeadline = Effect.sleep(legTimeout).pipe(
       Effect.andThen(Effect.suspend(() => (relay.started ? Effect.never : Effect.fail(legDeadline("decode")))))
     )
-    const relayAll: Effect.Effect<void, unknown> =
+    const relayAll: Effect.Effect<void, LegError> =
       leg._tag === "VllmPrefill" || (leg._tag === "SglangLeg" && leg.leg === "prefill")
         ? prefillLeg(relay, plan, leg, opts)
         : leg._tag === "Normal"

@@ -8,12 +8,10 @@
 import { randomUUID } from "node:crypto"
 import * as grpc from "@grpc/grpc-js"
 import { Effect, Option, Result, Tracer } from "effect"
-import { Status } from "nice-grpc"
 import { Config } from "../../services/config/Config.ts"
-import { admissionStatus, Draining, Overloaded } from "../../services/grpc/Admission.ts"
 import { GenerateRejected, planRequest } from "../../services/grpc/Generate.ts"
-import { type GrpcFailure, statusName, toGrpcFailure } from "../../services/grpc/GrpcStatus.ts"
-import { handoffStatus, InvalidHandoff, planLeg } from "../../services/grpc/Handoff.ts"
+import { type GenerateError, type GrpcFailure, statusName, toGrpcFailure } from "../../services/grpc/GrpcStatus.ts"
+import { planLeg } from "../../services/grpc/Handoff.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import {
   formatTraceparent,
@@ -45,15 +43,6 @@ const traced = <A, E>(
       ...(incoming === undefined ? {} : { parent: Tracer.externalSpan(incoming) })
     })
   )
-
-/** toGrpcFailure plus the agent's own refusals that live outside Generate (admission, handoff). */
-const failureOf = (e: unknown): GrpcFailure => {
-  if (e instanceof Overloaded || e instanceof Draining)
-    return { code: admissionStatus(e), message: e.message, trailers: { "cgn-error-source": "agent" } }
-  if (e instanceof InvalidHandoff)
-    return { code: handoffStatus, message: e.message, trailers: { "cgn-error-source": "agent" } }
-  return toGrpcFailure(e)
-}
 
 /** The status grpc-js sends when a handler emits it as 'error': code, message and the `cgn-*` trailers. */
 const statusOf = (f: GrpcFailure): Partial<grpc.StatusObject> => {
@@ -88,7 +77,8 @@ export const makeHandler = Effect.fnUntraced(function* (
       metrics.timeToFirstToken.observe({ role, model }, (relay.firstTextAt - startedAt) / 1000)
   }
 
-  const refuse = (call: GenerateCall, startedAt: number, f: GrpcFailure): void => {
+  const refuse = (call: GenerateCall, startedAt: number, e: GenerateError): void => {
+    const f = toGrpcFailure(e)
     record(statusName(f.code), undefined, startedAt)
     call.emit("error", statusOf(f))
   }
@@ -98,7 +88,7 @@ export const makeHandler = Effect.fnUntraced(function* (
     const req = call.request
     const plan = planRequest(req, config)
     if (plan instanceof GenerateRejected) {
-      refuse(call, startedAt, toGrpcFailure(plan))
+      refuse(call, startedAt, plan)
       return
     }
     const leg = planLeg({
@@ -109,16 +99,12 @@ export const makeHandler = Effect.fnUntraced(function* (
       bootstrap: req.bootstrap
     })
     if (Result.isFailure(leg)) {
-      refuse(call, startedAt, failureOf(leg.failure))
+      refuse(call, startedAt, leg.failure)
       return
     }
-    const why = serving.refusal()
-    if (why !== undefined) {
-      refuse(call, startedAt, {
-        code: Status.UNAVAILABLE,
-        message: `${why}; retry on another node`,
-        trailers: { "cgn-error-source": "agent" }
-      })
+    const notServing = serving.refusal()
+    if (notServing !== undefined) {
+      refuse(call, startedAt, notServing)
       return
     }
     const requestId = req.requestId === "" ? randomUUID() : req.requestId
@@ -149,7 +135,7 @@ export const makeHandler = Effect.fnUntraced(function* (
       }
       if (!relay.done) return
       if (relay.failure !== undefined) {
-        const f = failureOf(relay.failure)
+        const f = toGrpcFailure(relay.failure)
         settle(statusName(f.code))
         call.emit("error", statusOf(f))
         return

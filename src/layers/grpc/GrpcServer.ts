@@ -10,7 +10,7 @@ import { Duration, Effect, Layer, Schema } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import type { EngineClient } from "../../services/engine/EngineClient.ts"
 import type { EngineProcess } from "../../services/engine/EngineProcess.ts"
-import { GenerateRejected } from "../../services/grpc/Generate.ts"
+import { StreamAborted } from "../../services/grpc/CallErrors.ts"
 import { AGENT_SERVICE, GrpcServer, type GrpcServerService } from "../../services/grpc/GrpcServer.ts"
 import { NodeStatus } from "../../services/node/NodeStatus.ts"
 import { joinHostPort, splitHostPort } from "../../services/registry/Advertise.ts"
@@ -112,7 +112,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     awaitNoStreams: active.awaitEmpty,
     abortActive: (reason) =>
       Effect.sync(() => {
-        for (const relay of active.relays) relay.abort(new GenerateRejected({ code: "UNAVAILABLE", message: reason }))
+        for (const relay of active.relays) relay.abort(new StreamAborted({ reason }))
       })
   } satisfies GrpcServerService)
 })

@@ -8,7 +8,9 @@
  */
 import { Cause, Exit, Option } from "effect"
 import type { ChunkSink, JsonObject } from "../../services/engine/EngineClient.ts"
-import { ChunkReader, Coalescer, type GenerateRejected } from "../../services/grpc/Generate.ts"
+import { AgentDefect } from "../../services/grpc/CallErrors.ts"
+import { ChunkReader, Coalescer } from "../../services/grpc/Generate.ts"
+import type { GenerateError } from "../../services/grpc/GrpcStatus.ts"
 
 /** One Generate call's hand-off between the engine fiber (producer) and the gRPC call (consumer). */
 export class Relay implements ChunkSink {
@@ -26,7 +28,8 @@ export class Relay implements ChunkSink {
   seenReads = 0
   idleSince = 0
   done = false
-  failure: unknown = undefined
+  /** Why the call ends, once it is known (undefined: it ends OK, or the caller cancelled). */
+  failure: GenerateError | undefined = undefined
   /** Called after every read and at the end; it drains `take` as far as the call can be written. */
   consumer: () => void = () => undefined
   private resumeProducer: (() => void) | undefined = undefined
@@ -65,15 +68,19 @@ export class Relay implements ChunkSink {
   /** Interrupts the producer fiber (set once it is forked). */
   interrupt: () => void = () => undefined
   /** Ends the call with `failure` whatever the engine does next. */
-  abort(failure: GenerateRejected): void {
+  abort(failure: GenerateError): void {
     if (this.done) return
     this.failure = failure
     this.interrupt()
   }
-  finish(exit: Exit.Exit<unknown, unknown>): void {
+  finish(exit: Exit.Exit<unknown, GenerateError>): void {
     this.done = true
     if (this.failure === undefined && Exit.isFailure(exit) && !Cause.hasInterruptsOnly(exit.cause)) {
-      this.failure = Option.getOrElse(Cause.findErrorOption(exit.cause), () => Cause.squash(exit.cause))
+      // A typed failure as is; a defect (a bug) becomes AgentDefect, whose row is INTERNAL.
+      this.failure = Option.getOrElse(Cause.findErrorOption(exit.cause), () => {
+        const defect = Cause.squash(exit.cause)
+        return new AgentDefect({ detail: defect instanceof Error ? defect.message : String(defect) })
+      })
     }
     this.wake()
   }

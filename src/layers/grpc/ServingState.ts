@@ -6,6 +6,7 @@
  */
 import { Effect, type Scope, Stream } from "effect"
 import { EngineProcess } from "../../services/engine/EngineProcess.ts"
+import { NotServing } from "../../services/grpc/CallErrors.ts"
 import type { ServingStatus } from "../../services/grpc/GrpcServer.ts"
 import { NodeStatus } from "../../services/node/NodeStatus.ts"
 import { PublishedHealth } from "./Health.ts"
@@ -16,7 +17,7 @@ export interface ServingState {
   readonly current: () => ServingStatus
   readonly setOverride: (status: ServingStatus | undefined) => void
   /** Why a new Generate call is refused now (node draining, engine not ready), or undefined. */
-  readonly refusal: () => string | undefined
+  readonly refusal: () => NotServing | undefined
 }
 
 /** Follows the engine and the node until the scope closes. */
@@ -51,8 +52,9 @@ export const make: Effect.Effect<ServingState, never, EngineProcess | NodeStatus
         publish()
       },
       refusal: () => {
-        if (draining) return "node is draining"
-        return engineTag === "Ready" ? undefined : `engine is not ready (${engineTag.toLowerCase()})`
+        if (draining) return new NotServing({ reason: "node is draining" })
+        if (engineTag === "Ready") return undefined
+        return new NotServing({ reason: `engine is not ready (${engineTag.toLowerCase()})` })
       }
     }
   }

@@ -1,14 +1,14 @@
 /**
  * The stall watchdog: one coarse interval for all Generate streams instead of a timer per read. A stream whose
  * read count has not moved for engine.stream_idle_timeout, while the caller is not the one holding it back (a
- * paused producer), ends with EngineStalled (UNAVAILABLE); the abort interrupts its fiber, which aborts the
+ * paused producer), ends with EngineStalled; the abort interrupts its fiber, which aborts the
  * engine request. Each tick's verdict also goes to EngineStall (when present), which tells health that the
  * engine is wedged: stalls first, since progress in the same tick means the engine is not wedged.
  */
 import { Clock, Duration, Effect, Option, Schedule, type Scope } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import { EngineStall } from "../../services/engine/EngineStall.ts"
-import { GenerateRejected } from "../../services/grpc/Generate.ts"
+import { EngineStalled } from "../../services/grpc/CallErrors.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import type { ActiveCalls } from "./ActiveCalls.ts"
 
@@ -21,10 +21,7 @@ export const fork = Effect.fnUntraced(function* (
   const stall = Option.getOrUndefined(yield* Effect.serviceOption(EngineStall))
   const idleMs = Duration.toMillis(config.engine.stream_idle_timeout)
   const stalls = metrics?.engineStreamStalls.labels({ model: config.model.served_name })
-  const stalledError = new GenerateRejected({
-    code: "UNAVAILABLE",
-    message: `the engine sent nothing for ${Duration.format(config.engine.stream_idle_timeout)} (engine.stream_idle_timeout); the engine request was aborted, retry on another node`
-  })
+  const stalledError = new EngineStalled({ idleTimeout: Duration.format(config.engine.stream_idle_timeout) })
   const tick = Effect.flatMap(Clock.currentTimeMillis, (now) => {
     let stalled = 0
     let progressed = active.endedWithProgress > 0
