@@ -47,24 +47,28 @@ export const make = Effect.fnUntraced(function* () {
       })
     )
 
-  const runLeg: RunLeg = (relay, plan, leg, opts) => {
-    // From here on the engine is asked for a stream: the stall watchdog counts idle time from now.
-    const engineStream = Effect.flatMap(Clock.currentTimeMillis, (now) => {
+  // From here on the engine is asked for a stream: the stall watchdog counts idle time from now.
+  const engineStream = (relay: Relay, plan: EnginePlan, leg: LegPlan, opts: RequestOptions) =>
+    Effect.flatMap(Clock.currentTimeMillis, (now) => {
       relay.idleSince = now
       relay.seenReads = relay.reads
       relay.streaming = true
       return streamTo(plan.path, leg.body, opts, relay)
     })
-    // A decode leg waits for the KV transfer before its first chunk: that wait is what the deadline bounds.
-    const decodeDeadline = Effect.sleep(legTimeout).pipe(
+
+  // A decode leg waits for the KV transfer before its first chunk: that wait is what the deadline bounds.
+  const decodeDeadline = (relay: Relay) =>
+    Effect.sleep(legTimeout).pipe(
       Effect.andThen(Effect.suspend(() => (relay.started ? Effect.never : Effect.fail(legDeadline("decode")))))
     )
+
+  const runLeg: RunLeg = (relay, plan, leg, opts) => {
     const relayAll: Effect.Effect<void, LegError> =
       leg._tag === "VllmPrefill" || (leg._tag === "SglangLeg" && leg.leg === "prefill")
         ? prefillLeg(relay, plan, leg, opts)
         : leg._tag === "Normal"
-          ? engineStream
-          : Effect.raceFirst(engineStream, decodeDeadline)
+          ? engineStream(relay, plan, leg, opts)
+          : Effect.raceFirst(engineStream(relay, plan, leg, opts), decodeDeadline(relay))
     if (admission === undefined) return relayAll
     return Effect.scoped(
       Effect.flatMap(admission.acquire, (permit) => {
