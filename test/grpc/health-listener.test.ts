@@ -1,7 +1,7 @@
 // [agent].listen_health (layers/grpc/HealthListener.ts): a plaintext listener that serves grpc.health.v1 alone, with
 // the main server's status (Check exact at once, Watch within its period), NOT_FOUND for unknown services and
 // nothing else (Agent is UNIMPLEMENTED there). Also reflection under v1alpha on the main server.
-import { Exit, Layer, ManagedRuntime, Scope } from "effect"
+import { Cause, Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
 import { ClientError, createChannel, createClient, Status } from "nice-grpc"
 import { HealthDefinition } from "nice-grpc-server-health"
 import { ServerReflectionService } from "nice-grpc-server-reflection"
@@ -101,6 +101,17 @@ describe("the health-only listener", () => {
     } finally {
       channel.close()
     }
+  })
+})
+
+describe("binding", () => {
+  it("a listener on an address in use fails with GrpcListenError naming it", async () => {
+    const server = await rt.runPromise(GrpcServer)
+    const exit = await rt.runPromiseExit(Effect.scoped(HealthListener.serve(mainAddress, server.healthState)))
+    expect(Exit.isFailure(exit) && Cause.squash(exit.cause)).toMatchObject({
+      _tag: "GrpcListenError",
+      address: mainAddress
+    })
   })
 })
 

@@ -42,6 +42,18 @@ export interface GrpcServerOptions {
 /** grpc-js ServerCredentials. */
 export type ServerCredentials = grpc.ServerCredentials
 
+/** Binds `server` on `address`; succeeds with the bound port (the real one when asked for port 0). */
+export const bind = (
+  server: grpc.Server,
+  address: string,
+  credentials: ServerCredentials
+): Effect.Effect<number, GrpcListenError> =>
+  Effect.callback<number, GrpcListenError>((resume) =>
+    server.bindAsync(address, credentials, (err, port) =>
+      resume(err === null ? Effect.succeed(port) : Effect.fail(new GrpcListenError({ address, message: err.message })))
+    )
+  )
+
 /** Builds and starts the server; it stops when the scope closes. */
 export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}) {
   const config = yield* Config
@@ -78,15 +90,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
 
   const grace = options.shutdownGraceMs ?? 5_000
   const port = yield* Effect.acquireRelease(
-    Effect.tryPromise({
-      try: () =>
-        new Promise<number>((resolve, reject) =>
-          server.bindAsync(address, options.credentials ?? grpc.ServerCredentials.createInsecure(), (err, port) =>
-            err === null ? resolve(port) : reject(err)
-          )
-        ),
-      catch: (e) => new GrpcListenError({ address, message: e instanceof Error ? e.message : String(e) })
-    }),
+    bind(server, address, options.credentials ?? grpc.ServerCredentials.createInsecure()),
     () =>
       Effect.sync(() => {
         serving.setOverride("NOT_SERVING")

@@ -9,7 +9,7 @@ import * as grpc from "@grpc/grpc-js"
 import { Effect, type Scope } from "effect"
 import type { HealthImplementation } from "grpc-health-check"
 import { joinHostPort, splitHostPort } from "../../services/registry/Advertise.ts"
-import { GrpcListenError } from "./GrpcServer.ts"
+import { bind, type GrpcListenError } from "./GrpcServer.ts"
 import { addHealth } from "./Health.ts"
 
 export interface HealthListener {
@@ -32,15 +32,7 @@ export const serve = (
     // Its Watch calls need no ending: the listener closes with forceShutdown.
     addHealth(server, state)
     const port = yield* Effect.acquireRelease(
-      Effect.tryPromise({
-        try: () =>
-          new Promise<number>((resolve, reject) =>
-            server.bindAsync(address, grpc.ServerCredentials.createInsecure(), (err, bound) =>
-              err === null ? resolve(bound) : reject(err)
-            )
-          ),
-        catch: (e) => new GrpcListenError({ address, message: e instanceof Error ? e.message : String(e) })
-      }),
+      bind(server, address, grpc.ServerCredentials.createInsecure()),
       // Only probes and Watch streams here, nothing to let finish: close at once.
       () => Effect.sync(() => server.forceShutdown())
     )
