@@ -10,11 +10,11 @@ import {
   Admission,
   AdmissionLedger,
   type AdmissionService,
-  admissionStatus,
   Draining,
   type EnterResult,
   Overloaded
 } from "../../src/services/grpc/Admission.ts"
+import { toGrpcFailure } from "../../src/services/grpc/GrpcStatus.ts"
 
 /** Yield until `done` holds; fails after a bound so a broken implementation cannot hang the suite. */
 const settle = (done: Effect.Effect<boolean>) =>
@@ -207,7 +207,7 @@ describe("Admission (live)", () => {
       yield* a.close()
       const refused = yield* Effect.flip(Effect.scoped(a.acquire))
       assert.instanceOf(refused, Draining)
-      assert.strictEqual(admissionStatus(refused), Status.UNAVAILABLE)
+      assert.strictEqual(toGrpcFailure(refused).code, Status.UNAVAILABLE)
       const idle = yield* Effect.forkChild(a.awaitIdle)
       yield* Effect.yieldNow
       assert.isUndefined(idle.pollUnsafe(), "not idle while a slot is held")
@@ -250,7 +250,7 @@ describe("Admission (live)", () => {
     const e = new Overloaded({ maxInflight: 4, maxQueue: 10 })
     assert.include(e.message, "agent.max_inflight = 4")
     assert.include(e.message, "agent.max_queue = 10")
-    assert.strictEqual(admissionStatus(e), Status.RESOURCE_EXHAUSTED)
+    assert.strictEqual(toGrpcFailure(e).code, Status.RESOURCE_EXHAUSTED)
   })
 
   it.effect("layer reads [agent].max_inflight and max_queue", () =>

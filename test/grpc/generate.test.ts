@@ -7,6 +7,7 @@ import { GenerateRequest } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { decodeConfigObject } from "../../src/layers/config/Config.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"
 import { EngineError } from "../../src/services/engine/EngineClient.ts"
+import { AgentDefect } from "../../src/services/grpc/CallErrors.ts"
 import {
   ChunkReader,
   Coalescer,
@@ -422,14 +423,17 @@ describe("GrpcStatus", () => {
     expect(t.trailers).toMatchObject({ "cgn-engine-status": "404", "cgn-engine-type": "NotFound" })
   })
 
-  it("agent rejections keep their code and field; anything else is INTERNAL", () => {
+  it("agent rejections keep their code and field; an agent defect is INTERNAL", () => {
     const f = toGrpcFailure(new GenerateRejected({ code: "NOT_FOUND", message: "m", field: "model" }))
     expect(f).toEqual({
       code: Status.NOT_FOUND,
       message: "m",
       trailers: { "cgn-error-source": "agent", "cgn-field": "model" }
     })
-    expect(toGrpcFailure(new Error("x")).code).toBe(Status.INTERNAL)
+    expect(toGrpcFailure(new AgentDefect({ detail: "x" }))).toMatchObject({
+      code: Status.INTERNAL,
+      message: "agent error: x"
+    })
   })
 
   it("trailers are printable ASCII and bounded", () => {

@@ -4,10 +4,10 @@ import { Result } from "effect"
 import { Status } from "nice-grpc-common"
 import { describe, expect, it } from "vitest"
 import type { JsonObject } from "../../src/services/engine/EngineClient.ts"
+import { toGrpcFailure } from "../../src/services/grpc/GrpcStatus.ts"
 import {
   type BootstrapInput,
   extractKvTransferParams,
-  handoffStatus,
   InvalidHandoff,
   planLeg,
   sglangLegBody,
@@ -108,7 +108,7 @@ describe("vLLM handoff parameters", () => {
     const e = failure(validateKvTransferParams(params))
     expect(e.missing).toStrictEqual(missing)
     for (const m of missing) expect(e.message).toContain(m)
-    expect(handoffStatus).toBe(Status.FAILED_PRECONDITION)
+    expect(toGrpcFailure(e).code).toBe(Status.FAILED_PRECONDITION)
   })
 
   it("accepts params without remote_request_id (vLLM before PR #29665 neither sends nor reads it)", () => {

@@ -1,19 +1,28 @@
 // [agent].listen_health (layers/grpc/HealthListener.ts): a plaintext listener that serves grpc.health.v1 alone, with
 // the main server's status (Check exact at once, Watch within its period), NOT_FOUND for unknown services and
 // nothing else (Agent is UNIMPLEMENTED there). Also reflection under v1alpha on the main server.
-import { Exit, Layer, ManagedRuntime, Scope } from "effect"
+import { Cause, Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
 import { ClientError, createChannel, createClient, Status } from "nice-grpc"
 import { HealthDefinition } from "nice-grpc-server-health"
+import { ServerReflectionService } from "nice-grpc-server-reflection"
 import reflectionPb from "nice-grpc-server-reflection/lib/proto/grpc/reflection/v1/reflection_pb.js"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { AgentDefinition } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { HealthCheckResponse_ServingStatus as S } from "../../src/gen/grpc/health/v1/health.ts"
-import { layerWith as grpcLayerWith, ReflectionV1Alpha } from "../../src/layers/grpc/GrpcServer.ts"
+import { layerWith as grpcLayerWith } from "../../src/layers/grpc/GrpcServer.ts"
 import * as HealthListener from "../../src/layers/grpc/HealthListener.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
 import { AGENT_SERVICE, GrpcServer } from "../../src/services/grpc/GrpcServer.ts"
 import { EngineProcessControl } from "../../src/testing/EngineProcess.ts"
 import { agentDeps } from "../support/agentDeps.ts"
+
+// A v1alpha client: the same messages as v1 under the older name (grpc-proto grpc/reflection/v1alpha/reflection.proto).
+const ReflectionV1Alpha = {
+  serverReflectionInfo: {
+    ...ServerReflectionService.serverReflectionInfo,
+    path: "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+  }
+} as const
 
 const { deps } = agentDeps("http://127.0.0.1:9")
 const rt = ManagedRuntime.make(
@@ -95,6 +104,17 @@ describe("the health-only listener", () => {
   })
 })
 
+describe("binding", () => {
+  it("a listener on an address in use fails with GrpcListenError naming it", async () => {
+    const server = await rt.runPromise(GrpcServer)
+    const exit = await rt.runPromiseExit(Effect.scoped(HealthListener.serve(mainAddress, server.healthState)))
+    expect(Exit.isFailure(exit) && Cause.squash(exit.cause)).toMatchObject({
+      _tag: "GrpcListenError",
+      address: mainAddress
+    })
+  })
+})
+
 describe("reflection v1alpha", () => {
   it("lists the services under grpc.reflection.v1alpha too (older clients speak only that)", async () => {
     const channel = createChannel(mainAddress)
@@ -109,6 +129,29 @@ describe("reflection v1alpha", () => {
       for await (const a of client.serverReflectionInfo(requests()))
         for (const s of a.getListServicesResponse()?.getServiceList() ?? []) names.push(s.getName())
       expect(names).toEqual([AGENT_SERVICE, "grpc.health.v1.Health"])
+    } finally {
+      channel.close()
+    }
+  })
+})
+
+describe("shutdown", () => {
+  it("ends open Watch streams with UNAVAILABLE, so the server closes without waiting out its grace", async () => {
+    // A grace far above the test timeout: a Watch left open would hold tryShutdown until it.
+    const own = ManagedRuntime.make(
+      grpcLayerWith({ address: "127.0.0.1:0", shutdownGraceMs: 600_000 }).pipe(Layer.provideMerge(deps))
+    )
+    const channel = createChannel((await own.runPromise(GrpcServer)).address)
+    try {
+      const iter = createClient(HealthDefinition, channel).watch({ service: "" })[Symbol.asyncIterator]()
+      expect((await iter.next()).value?.status).toBe(S.SERVING)
+      const closed = own.dispose()
+      // NOT_SERVING first (a watcher learns before the stream ends), then the status.
+      expect((await iter.next()).value?.status).toBe(S.NOT_SERVING)
+      const err = await iter.next().catch((e: unknown) => e)
+      await closed
+      expect(err).toBeInstanceOf(ClientError)
+      expect((err as ClientError).code).toBe(Status.UNAVAILABLE)
     } finally {
       channel.close()
     }

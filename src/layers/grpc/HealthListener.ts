@@ -7,10 +7,10 @@
  */
 import * as grpc from "@grpc/grpc-js"
 import { Effect, type Scope } from "effect"
-import { HealthDefinition, HealthServiceImpl, type HealthState } from "nice-grpc-server-health"
+import type { HealthImplementation } from "grpc-health-check"
 import { joinHostPort, splitHostPort } from "../../services/registry/Advertise.ts"
-import { GrpcListenError } from "./GrpcServer.ts"
-import { addNiceService } from "./niceGrpcAdapter.ts"
+import { bind, type GrpcListenError } from "./GrpcServer.ts"
+import { addHealth } from "./Health.ts"
 
 export interface HealthListener {
   /** The bound address, `host:port` (the real port when asked for port 0). */
@@ -25,21 +25,14 @@ export interface HealthListener {
  */
 export const serve = (
   address: string,
-  state: HealthState
+  state: HealthImplementation
 ): Effect.Effect<HealthListener, GrpcListenError, Scope.Scope> =>
   Effect.gen(function* () {
     const server = new grpc.Server()
-    addNiceService(server, HealthDefinition, HealthServiceImpl(state))
+    // Its Watch calls need no ending: the listener closes with forceShutdown.
+    addHealth(server, state)
     const port = yield* Effect.acquireRelease(
-      Effect.tryPromise({
-        try: () =>
-          new Promise<number>((resolve, reject) =>
-            server.bindAsync(address, grpc.ServerCredentials.createInsecure(), (err, bound) =>
-              err === null ? resolve(bound) : reject(err)
-            )
-          ),
-        catch: (e) => new GrpcListenError({ address, message: e instanceof Error ? e.message : String(e) })
-      }),
+      bind(server, address, grpc.ServerCredentials.createInsecure()),
       // Only probes and Watch streams here, nothing to let finish: close at once.
       () => Effect.sync(() => server.forceShutdown())
     )

@@ -6,12 +6,14 @@
  * Plain callbacks, no Effect step or promise per token: the consumer runs inside the producer's read
  * callback, so a token read from the engine is written to the gRPC call in the same event-loop turn.
  */
-import { Cause, Effect, Exit, Option } from "effect"
-import type { JsonObject } from "../../services/engine/EngineClient.ts"
-import { ChunkReader, Coalescer, type GenerateRejected } from "../../services/grpc/Generate.ts"
+import { Cause, Exit, Option } from "effect"
+import type { ChunkSink, JsonObject } from "../../services/engine/EngineClient.ts"
+import { AgentDefect } from "../../services/grpc/CallErrors.ts"
+import { ChunkReader, Coalescer } from "../../services/grpc/Generate.ts"
+import type { GenerateError } from "../../services/grpc/GrpcStatus.ts"
 
 /** One Generate call's hand-off between the engine fiber (producer) and the gRPC call (consumer). */
-export class Relay {
+export class Relay implements ChunkSink {
   readonly coalescer: Coalescer
   readonly reader = new ChunkReader()
   firstTextAt = 0
@@ -26,7 +28,8 @@ export class Relay {
   seenReads = 0
   idleSince = 0
   done = false
-  failure: unknown = undefined
+  /** Why the call ends, once it is known (undefined: it ends OK, or the caller cancelled). */
+  failure: GenerateError | undefined = undefined
   /** Called after every read and at the end; it drains `take` as far as the call can be written. */
   consumer: () => void = () => undefined
   private resumeProducer: (() => void) | undefined = undefined
@@ -34,7 +37,7 @@ export class Relay {
     this.coalescer = new Coalescer(maxPendingChars)
   }
   /** Producer side, once per network read: false when the producer must wait for room. */
-  readonly onChunks = (chunks: ReadonlyArray<JsonObject>, resume?: () => void): boolean => {
+  readonly onChunks = (chunks: ReadonlyArray<JsonObject>, resume: () => void): boolean => {
     this.started = true
     this.reads++
     for (let i = 0; i < chunks.length; i++) {
@@ -46,16 +49,9 @@ export class Relay {
     }
     this.wake()
     if (this.coalescer.hasRoom) return true
-    if (resume !== undefined) this.resumeProducer = resume
+    this.resumeProducer = resume
     return false
   }
-  readonly waitRoom: Effect.Effect<void> = Effect.callback<void>((resume) => {
-    if (this.coalescer.hasRoom) return resume(Effect.void)
-    this.resumeProducer = () => resume(Effect.void)
-    return Effect.sync(() => {
-      this.resumeProducer = undefined
-    })
-  })
   take(): { readonly text: string; readonly tokens: number } | undefined {
     const d = this.coalescer.take()
     const r = this.resumeProducer
@@ -72,15 +68,19 @@ export class Relay {
   /** Interrupts the producer fiber (set once it is forked). */
   interrupt: () => void = () => undefined
   /** Ends the call with `failure` whatever the engine does next. */
-  abort(failure: GenerateRejected): void {
+  abort(failure: GenerateError): void {
     if (this.done) return
     this.failure = failure
     this.interrupt()
   }
-  finish(exit: Exit.Exit<unknown, unknown>): void {
+  finish(exit: Exit.Exit<unknown, GenerateError>): void {
     this.done = true
     if (this.failure === undefined && Exit.isFailure(exit) && !Cause.hasInterruptsOnly(exit.cause)) {
-      this.failure = Option.getOrElse(Cause.findErrorOption(exit.cause), () => Cause.squash(exit.cause))
+      // A typed failure as is; a defect (a bug) becomes AgentDefect, whose row is INTERNAL.
+      this.failure = Option.getOrElse(Cause.findErrorOption(exit.cause), () => {
+        const defect = Cause.squash(exit.cause)
+        return new AgentDefect({ detail: defect instanceof Error ? defect.message : String(defect) })
+      })
     }
     this.wake()
   }

@@ -1,11 +1,11 @@
 /**
  * Admission: at most `[agent].max_inflight` Generate calls run at once, at most `[agent].max_queue` wait in
  * FIFO order, everything beyond is refused at once (never an unbounded pile-up). Owns the service interface,
- * its two typed errors and their gRPC codes, and the pure slot/queue ledger the live layer drives.
+ * its two typed errors (their gRPC statuses are rows of GrpcStatus.ts's table), and the pure slot/queue ledger
+ * the live layer drives.
  * The ledger does no I/O and knows nothing of fibers: a waiter is any object the caller gives it.
  */
 import { Context, type Effect, Schema, type Scope } from "effect"
-import { Status } from "nice-grpc-common"
 
 /** Both the slots and the queue are full. Maps to RESOURCE_EXHAUSTED; the router should try another node. */
 export class Overloaded extends Schema.TaggedError<Overloaded>()("Overloaded", {
@@ -28,10 +28,6 @@ export class Draining extends Schema.TaggedError<Draining>()("Draining", {}) {
 }
 
 export type AdmissionError = Overloaded | Draining
-
-/** The gRPC status code for an admission refusal. */
-export const admissionStatus = (error: AdmissionError): Status =>
-  error._tag === "Overloaded" ? Status.RESOURCE_EXHAUSTED : Status.UNAVAILABLE
 
 /** What a caller holds while admitted. */
 export interface Permit {

@@ -5,7 +5,7 @@
  * lets the drain force NOT_SERVING before anything else notices.
  */
 import { Context, type Effect } from "effect"
-import type { HealthState } from "nice-grpc-server-health"
+import type { HealthImplementation } from "grpc-health-check"
 
 /** The fully qualified name of the Agent service, as health checks and reflection name it. */
 export const AGENT_SERVICE = "cgn.agent.v1.Agent"
@@ -22,7 +22,7 @@ export interface GrpcServerService {
    * The grpc.health.v1 state this server serves, for another listener to serve the same one (the plaintext
    * health listener): one state, so a change reaches Check and Watch on both at once.
    */
-  readonly healthState: HealthState
+  readonly healthState: HealthImplementation
   /** Forces a status (e.g. NOT_SERVING at the start of a drain); undefined returns to the automatic one. */
   readonly setHealthOverride: (status: ServingStatus | undefined) => Effect.Effect<void>
   /** Generate calls being relayed now. */

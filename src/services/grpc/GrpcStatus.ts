@@ -1,12 +1,31 @@
 /**
- * GrpcStatus: the one table from failures to gRPC statuses (engine errors and the agent's own).
- * The engine's message is kept in the status message and, with its HTTP status and error type, in
+ * GrpcStatus: every way a Generate call can fail (GenerateError, a closed union of tagged errors) and the one
+ * table from each to its gRPC status and trailers (`statusTable`): a new error without a row fails the type
+ * check. The engine's message is kept in the status message and, with its HTTP status and error type, in
  * `cgn-engine-*` trailers, so a caller can act on it whatever engine or error-body shape was behind.
- * Pure: the gRPC layer turns a GrpcFailure into a nice-grpc ServerError and trailers.
+ * Pure: the gRPC layer sends a GrpcFailure as the call's status.
  */
 import { Status } from "nice-grpc-common"
 import type { EngineError } from "../engine/EngineClient.ts"
-import { GenerateRejected, type RejectCode } from "./Generate.ts"
+import type { Draining, Overloaded } from "./Admission.ts"
+import type { AgentDefect, EngineStalled, LegDeadline, NotServing, StreamAborted } from "./CallErrors.ts"
+import type { GenerateRejected, RejectCode } from "./Generate.ts"
+import type { InvalidHandoff } from "./Handoff.ts"
+
+/** Everything a Generate call can end with other than OK or the caller's own cancel. */
+export type GenerateError =
+  | GenerateRejected
+  | InvalidHandoff
+  | NotServing
+  | Overloaded
+  | Draining
+  | EngineError
+  | LegDeadline
+  | EngineStalled
+  | StreamAborted
+  | AgentDefect
+
+export type GenerateErrorTag = GenerateError["_tag"]
 
 /** A status to end a call with: code, message, trailers (ASCII metadata). */
 export interface GrpcFailure {
@@ -94,16 +113,34 @@ export const rejectedFailure = (e: GenerateRejected): GrpcFailure => {
   return { code: rejectCode[e.code], message: e.message, trailers }
 }
 
-const isEngineError = (e: unknown): e is EngineError =>
-  typeof e === "object" && e !== null && (e as { _tag?: unknown })._tag === "EngineError"
+/** A refusal or ending decided by the agent: its message, marked as the agent's. */
+const agent = (code: Status, e: { readonly message: string }): GrpcFailure => ({
+  code,
+  message: e.message,
+  trailers: { "cgn-error-source": "agent" }
+})
 
-/** Any failure of a call as a status; anything unexpected is INTERNAL with its text. */
-export const toGrpcFailure = (e: unknown): GrpcFailure => {
-  if (isEngineError(e)) return engineFailure(e)
-  if (e instanceof GenerateRejected) return rejectedFailure(e)
-  const message = e instanceof Error ? e.message : String(e)
-  return { code: Status.INTERNAL, message: `agent error: ${message}`, trailers: { "cgn-error-source": "agent" } }
+type Row<T extends GenerateErrorTag> = (e: Extract<GenerateError, { readonly _tag: T }>) => GrpcFailure
+
+/** The one table from a Generate error to its status: one row per tag, checked exhaustive by its type. */
+export const statusTable: { readonly [T in GenerateErrorTag]: Row<T> } = {
+  GenerateRejected: rejectedFailure,
+  EngineError: engineFailure,
+  // The handoff cannot happen as asked: the caller (router) must fix the leg's inputs.
+  InvalidHandoff: (e) => agent(Status.FAILED_PRECONDITION, e),
+  // Retryable elsewhere: this node is not taking calls now.
+  NotServing: (e) => agent(Status.UNAVAILABLE, e),
+  Overloaded: (e) => agent(Status.RESOURCE_EXHAUSTED, e),
+  Draining: (e) => agent(Status.UNAVAILABLE, e),
+  LegDeadline: (e) => agent(Status.DEADLINE_EXCEEDED, e),
+  EngineStalled: (e) => agent(Status.UNAVAILABLE, e),
+  StreamAborted: (e) => agent(Status.UNAVAILABLE, e),
+  AgentDefect: (e) => agent(Status.INTERNAL, e)
 }
+
+/** The status a Generate call ends with for `e`. */
+export const toGrpcFailure = (e: GenerateError): GrpcFailure =>
+  (statusTable[e._tag] as (e: GenerateError) => GrpcFailure)(e)
 
 /** `INVALID_ARGUMENT` for 3, as grpcurl and logs print it. */
 export const statusName = (code: number): string => Status[code] ?? `CODE_${code}`

@@ -9,12 +9,14 @@
  * (python/sglang/srt/entrypoints/openai/protocol.py: bootstrap_host, bootstrap_port, bootstrap_room).
  */
 import { Result, Schema } from "effect"
-import { Status } from "nice-grpc-common"
 import type { Role } from "../config/ConfigSchema.ts"
 import type { HandoffProtocol } from "../engine/Engine.ts"
 import type { JsonObject } from "../engine/EngineClient.ts"
 
-/** The handoff cannot happen as asked. Maps to FAILED_PRECONDITION; `missing` names the absent fields. */
+/**
+ * The handoff cannot happen as asked; `missing` names the absent fields. Its gRPC status (FAILED_PRECONDITION)
+ * is a row of GrpcStatus.ts's table.
+ */
 export class InvalidHandoff extends Schema.TaggedError<InvalidHandoff>()("InvalidHandoff", {
   reason: Schema.String,
   missing: Schema.Array(Schema.String)
@@ -23,8 +25,6 @@ export class InvalidHandoff extends Schema.TaggedError<InvalidHandoff>()("Invali
     return this.missing.length === 0 ? this.reason : `${this.reason}: missing or empty ${this.missing.join(", ")}`
   }
 }
-
-export const handoffStatus: Status = Status.FAILED_PRECONDITION
 
 // ---------------------------------------------------------------------------------------------------------
 // vLLM / NIXL

@@ -1,0 +1,85 @@
+/**
+ * cgn.agent.v1.Agent as grpc-js sees it: method definitions from the generated messages (ts-proto's
+ * encode/decode, public) and the handlers. Generate is a server-streaming handler given by the caller
+ * (GenerateCall.ts); ListModels and GetNodeHealth are unary handlers here.
+ */
+import * as grpc from "@grpc/grpc-js"
+import { Cause, type Effect, Exit } from "effect"
+import {
+  AgentDefinition,
+  GenerateRequest,
+  GenerateResponse,
+  type ListModelsResponse,
+  type MessageFns,
+  type NodeHealth
+} from "../../gen/cgn/agent/v1/agent.ts"
+
+/** A Generate call as its handler sees it. */
+export type GenerateCall = grpc.ServerWritableStream<GenerateRequest, GenerateResponse>
+
+const bytes = (u: Uint8Array): Buffer => Buffer.from(u.buffer, u.byteOffset, u.byteLength)
+
+const path = (method: { readonly name: string }): string => `/${AgentDefinition.fullName}/${method.name}`
+
+/** Generate's definition: each response encoded as is, without a per-message `fromPartial` copy (hot path). */
+const generateMethod: grpc.MethodDefinition<GenerateRequest, GenerateResponse> = {
+  path: path(AgentDefinition.methods.generate),
+  requestStream: false,
+  responseStream: true,
+  requestSerialize: (m) => bytes(GenerateRequest.encode(m).finish()),
+  requestDeserialize: (b) => GenerateRequest.decode(b),
+  responseSerialize: (m) => bytes(GenerateResponse.encode(m).finish()),
+  responseDeserialize: (b) => GenerateResponse.decode(b)
+}
+
+interface UnaryDefinition<Req, Res> {
+  readonly name: string
+  readonly requestType: MessageFns<Req>
+  readonly responseType: MessageFns<Res>
+}
+
+/** A unary method; its answer goes through `fromPartial`, so a handler may leave default fields out. */
+const unaryMethod = <Req, Res>(m: UnaryDefinition<Req, Res>): grpc.MethodDefinition<Req, Res> => ({
+  path: path(m),
+  requestStream: false,
+  responseStream: false,
+  requestSerialize: (r) => bytes(m.requestType.encode(r).finish()),
+  requestDeserialize: (b) => m.requestType.decode(b),
+  responseSerialize: (r) => bytes(m.responseType.encode(m.responseType.fromPartial(r as never)).finish()),
+  responseDeserialize: (b) => m.responseType.decode(b)
+})
+
+const definition = {
+  generate: generateMethod,
+  listModels: unaryMethod(AgentDefinition.methods.listModels),
+  getNodeHealth: unaryMethod(AgentDefinition.methods.getNodeHealth)
+} satisfies grpc.ServiceDefinition
+
+export interface AgentHandlers {
+  readonly generate: (call: GenerateCall) => void
+  readonly models: ListModelsResponse
+  readonly nodeHealth: Effect.Effect<NodeHealth>
+  /** Runs an effect to its exit; the function it returns interrupts it. */
+  readonly run: <A>(effect: Effect.Effect<A>, onExit: (exit: Exit.Exit<A>) => void) => () => void
+}
+
+/** Adds the Agent service to `server`. */
+export const addAgent = (server: grpc.Server, handlers: AgentHandlers): void => {
+  const implementation: grpc.UntypedServiceImplementation = {
+    generate: handlers.generate,
+    listModels: (
+      _call: grpc.ServerUnaryCall<unknown, ListModelsResponse>,
+      done: grpc.sendUnaryData<ListModelsResponse>
+    ) => done(null, handlers.models),
+    getNodeHealth: (call: grpc.ServerUnaryCall<unknown, NodeHealth>, done: grpc.sendUnaryData<NodeHealth>) => {
+      // A cancelled call interrupts the snapshot; grpc-js drops the answer of a call already ended.
+      const interrupt = handlers.run(handlers.nodeHealth, (exit) =>
+        Exit.isSuccess(exit)
+          ? done(null, exit.value)
+          : done({ code: grpc.status.INTERNAL, details: `agent error: ${Cause.pretty(exit.cause)}` })
+      )
+      call.once("cancelled", interrupt)
+    }
+  }
+  server.addService(definition, implementation)
+}

@@ -1,0 +1,175 @@
+/**
+ * Agent.Generate, one call: checks and plans the request, then forks the engine side (EngineLegs) into a
+ * Relay whose consumer is this call's writer: each engine read is written to the call inside the read's own
+ * callback (coalesced only while the call is not writable), and the end writes the final message or the
+ * status. Cancel or deadline ('cancelled') interrupts the engine fiber, which aborts the engine request.
+ * See docs/bench.md "Relay".
+ */
+import { randomUUID } from "node:crypto"
+import * as grpc from "@grpc/grpc-js"
+import { Effect, Option, Result, Tracer } from "effect"
+import { Config } from "../../services/config/Config.ts"
+import { GenerateRejected, planRequest } from "../../services/grpc/Generate.ts"
+import { type GenerateError, type GrpcFailure, statusName, toGrpcFailure } from "../../services/grpc/GrpcStatus.ts"
+import { planLeg } from "../../services/grpc/Handoff.ts"
+import { Metrics } from "../../services/observability/Metrics.ts"
+import {
+  formatTraceparent,
+  parseTraceparent,
+  type TraceParent,
+  TracesExported
+} from "../../services/observability/TraceContext.ts"
+import { engineFor } from "../engine/backends/index.ts"
+import type { ActiveCalls } from "./ActiveCalls.ts"
+import type { GenerateCall } from "./AgentService.ts"
+import * as EngineLegs from "./EngineLegs.ts"
+import { Relay } from "./Relay.ts"
+import type { ServingState } from "./ServingState.ts"
+
+/**
+ * One span per Generate call, a child of the caller's `traceparent` when it sent one; the engine request
+ * carries this span as its parent, so the engine's own spans nest under the agent's.
+ */
+const traced = <A, E>(
+  incoming: TraceParent | undefined,
+  call: { readonly requestId: string; readonly leg: string },
+  f: (traceparent: string) => Effect.Effect<A, E>
+): Effect.Effect<A, E> =>
+  Effect.flatMap(Effect.orDie(Effect.currentSpan), (span) =>
+    f(formatTraceparent({ traceId: span.traceId, spanId: span.spanId, sampled: span.sampled }))
+  ).pipe(
+    Effect.withSpan("cgn.agent.Generate", {
+      kind: "server",
+      attributes: { "cgn.request_id": call.requestId, "cgn.leg": call.leg },
+      ...(incoming === undefined ? {} : { parent: Tracer.externalSpan(incoming) })
+    })
+  )
+
+/** The status grpc-js sends when a handler emits it as 'error': code, message and the `cgn-*` trailers. */
+const statusOf = (f: GrpcFailure): Partial<grpc.StatusObject> => {
+  const metadata = new grpc.Metadata()
+  for (const k in f.trailers) metadata.set(k, f.trailers[k]!)
+  return { code: f.code, details: f.message, metadata }
+}
+
+/** The Generate handler over `serving` (refusals) and `active` (the drain's and the watchdog's view). */
+export const makeHandler = Effect.fnUntraced(function* (
+  serving: ServingState,
+  active: ActiveCalls,
+  maxPendingChars: number
+) {
+  const config = yield* Config
+  const metrics = Option.getOrUndefined(yield* Effect.serviceOption(Metrics))
+  // Spans only when traces are exported: otherwise the caller's traceparent goes to the engine unchanged.
+  const tracing = yield* TracesExported
+  const runLeg = yield* EngineLegs.make()
+  const run = Effect.runCallbackWith(yield* Effect.context<never>())
+  const model = config.model.served_name
+  const role = config.agent.role
+  const nodeId = config.agent.node_id
+  // How this engine hands a request from prefill to decode: the backend's capability, looked up once.
+  const handoff = engineFor(config.engine.kind).capabilities.handoff
+  // One model per agent: bind the label once, not per call.
+  const relayed = metrics?.relayedTokens.labels({ model })
+
+  const record = (status: string, relay: Relay | undefined, startedAt: number): void => {
+    if (metrics === undefined) return
+    metrics.requests.inc({ role, model, grpc_code: status })
+    metrics.requestDuration.observe({ role, model }, (performance.now() - startedAt) / 1000)
+    if (relay !== undefined && relay.firstTextAt > 0)
+      metrics.timeToFirstToken.observe({ role, model }, (relay.firstTextAt - startedAt) / 1000)
+  }
+
+  const refuse = (call: GenerateCall, startedAt: number, e: GenerateError): void => {
+    const f = toGrpcFailure(e)
+    record(statusName(f.code), undefined, startedAt)
+    call.emit("error", statusOf(f))
+  }
+
+  return (call: GenerateCall): void => {
+    const startedAt = performance.now()
+    const req = call.request
+    const plan = planRequest(req, config)
+    if (plan instanceof GenerateRejected) {
+      refuse(call, startedAt, plan)
+      return
+    }
+    const leg = planLeg({
+      role,
+      handoff,
+      body: plan.body,
+      kvTransferParams: req.kvTransferParams,
+      bootstrap: req.bootstrap
+    })
+    if (Result.isFailure(leg)) {
+      refuse(call, startedAt, leg.failure)
+      return
+    }
+    const notServing = serving.refusal()
+    if (notServing !== undefined) {
+      refuse(call, startedAt, notServing)
+      return
+    }
+    const requestId = req.requestId === "" ? randomUUID() : req.requestId
+    const opts: { requestId: string; traceparent?: string } = { requestId }
+    const incoming = parseTraceparent(call.metadata.get("traceparent")[0])
+    if (incoming !== undefined) opts.traceparent = formatTraceparent(incoming)
+    const relay = new Relay(maxPendingChars)
+    active.add(relay)
+    let ended = false
+    let blocked = false
+    const settle = (status: string): void => {
+      ended = true
+      call.off("drain", onDrain)
+      if (!relay.done) relay.interrupt()
+      active.delete(relay)
+      record(status, relay, startedAt)
+    }
+    // Runs inside the producer's read callback: everything pending goes out now unless the call's buffer is full.
+    const pump = (): void => {
+      if (ended || blocked) return
+      for (let d = relay.take(); d !== undefined; d = relay.take()) {
+        relayed?.inc(d.tokens)
+        if (!call.write({ delta: { text: d.text, index: 0, tokens: d.tokens } })) {
+          blocked = true
+          call.once("drain", onDrain)
+          return
+        }
+      }
+      if (!relay.done) return
+      if (relay.failure !== undefined) {
+        const f = toGrpcFailure(relay.failure)
+        settle(statusName(f.code))
+        call.emit("error", statusOf(f))
+        return
+      }
+      const now = performance.now()
+      const final = relay.reader.final({
+        ttftMs: (relay.firstTextAt > 0 ? relay.firstTextAt : now) - startedAt,
+        totalMs: now - startedAt,
+        queueMs: relay.queueMs,
+        nodeId,
+        requestId
+      })
+      settle("OK")
+      call.write({ final })
+      call.end()
+    }
+    const onDrain = (): void => {
+      blocked = false
+      pump()
+    }
+    // Client cancel, deadline, or the connection gone (grpc-js also emits it after a normal end: ignored then).
+    call.on("cancelled", () => {
+      if (!ended) settle("CANCELLED")
+    })
+    relay.consumer = pump
+    const work = tracing
+      ? traced(incoming, { requestId, leg: leg.success._tag }, (tp) =>
+          runLeg(relay, plan, leg.success, { ...opts, traceparent: tp })
+        )
+      : runLeg(relay, plan, leg.success, opts)
+    relay.interrupt = run(work, { onExit: (exit) => relay.finish(exit) })
+    if (call.cancelled && !ended) settle("CANCELLED")
+  }
+})

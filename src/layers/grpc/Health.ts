@@ -1,0 +1,54 @@
+/**
+ * grpc.health.v1 on a grpc-js Server, served by the grpc-js team's `grpc-health-check` (HealthImplementation).
+ * One HealthImplementation holds the state; the main server and the plaintext health listener both serve it,
+ * so a change reaches Check and Watch on both at once.
+ * grpc-health-check's Watch never ends by itself (its handler only drops the watcher on 'cancelled';
+ * grpc-node packages/grpc-health-check/src/health.ts), and grpc-js `tryShutdown` waits for every open call:
+ * `addHealth` therefore keeps the server's Watch calls and hands back what ends them with UNAVAILABLE.
+ */
+import * as grpc from "@grpc/grpc-js"
+import { HealthImplementation } from "grpc-health-check"
+import { AGENT_SERVICE, type ServingStatus } from "../../services/grpc/GrpcServer.ts"
+
+/** The fully qualified name of the health service, as reflection lists it. */
+export const HEALTH_SERVICE = "grpc.health.v1.Health"
+
+/**
+ * A HealthImplementation that serves `status` for "" and the Agent service. `publish` writes only a change:
+ * grpc-health-check sends every setStatus to Watch, and a watcher must see each status once.
+ */
+export class PublishedHealth {
+  readonly implementation = new HealthImplementation()
+  #last: ServingStatus | undefined
+  publish(status: ServingStatus): void {
+    if (status === this.#last) return
+    this.#last = status
+    this.implementation.setStatus("", status)
+    this.implementation.setStatus(AGENT_SERVICE, status)
+  }
+}
+
+type WatchCall = grpc.ServerWritableStream<unknown, unknown>
+
+/** Adds Health to `server`; the function it returns ends the Watch calls open on it (shutdown). */
+export const addHealth = (server: grpc.Server, health: HealthImplementation): (() => void) => {
+  const watches = new Set<WatchCall>()
+  // addToServer takes any { addService }: the Watch handler is wrapped on its way to the real server.
+  health.addToServer({
+    addService: (service, handlers) => {
+      const watch = handlers.watch as grpc.handleServerStreamingCall<unknown, unknown>
+      server.addService(service, {
+        ...handlers,
+        watch: (call: WatchCall) => {
+          watches.add(call)
+          call.once("cancelled", () => watches.delete(call))
+          watch(call)
+        }
+      })
+    }
+  })
+  return () => {
+    for (const call of watches) call.emit("error", { code: grpc.status.UNAVAILABLE, details: "server shutting down" })
+    watches.clear()
+  }
+}

@@ -1,0 +1,61 @@
+/**
+ * Whether this node serves: SERVING only while the engine is Ready and the node is not draining, unless an
+ * override (the drain's NOT_SERVING at its start, shutdown) says otherwise. Followed from the engine's and
+ * the node's change streams; every change is published to grpc.health.v1 at once. Generate refuses a call
+ * while the engine is not Ready or the node drains (`refusal`).
+ */
+import { Effect, type Scope, Stream } from "effect"
+import { EngineProcess } from "../../services/engine/EngineProcess.ts"
+import { NotServing } from "../../services/grpc/CallErrors.ts"
+import type { ServingStatus } from "../../services/grpc/GrpcServer.ts"
+import { NodeStatus } from "../../services/node/NodeStatus.ts"
+import { PublishedHealth } from "./Health.ts"
+
+export interface ServingState {
+  readonly health: PublishedHealth
+  /** The status now (for "" and the Agent service alike). */
+  readonly current: () => ServingStatus
+  readonly setOverride: (status: ServingStatus | undefined) => void
+  /** Why a new Generate call is refused now (node draining, engine not ready), or undefined. */
+  readonly refusal: () => NotServing | undefined
+}
+
+/** Follows the engine and the node until the scope closes. */
+export const make: Effect.Effect<ServingState, never, EngineProcess | NodeStatus | Scope.Scope> = Effect.gen(
+  function* () {
+    const engine = yield* EngineProcess
+    const nodeStatus = yield* NodeStatus
+    const health = new PublishedHealth()
+    let engineTag: string = (yield* engine.state)._tag
+    let draining = yield* nodeStatus.draining
+    let override: ServingStatus | undefined
+    const current = (): ServingStatus => override ?? (engineTag === "Ready" && !draining ? "SERVING" : "NOT_SERVING")
+    const publish = (): void => health.publish(current())
+    publish()
+    yield* Stream.runForEach(engine.changes, (s) =>
+      Effect.sync(() => {
+        engineTag = s._tag
+        publish()
+      })
+    ).pipe(Effect.forkScoped)
+    yield* Stream.runForEach(nodeStatus.changes, (state) =>
+      Effect.map(nodeStatus.draining, (d) => {
+        draining = d || state === "draining"
+        publish()
+      })
+    ).pipe(Effect.forkScoped)
+    return {
+      health,
+      current,
+      setOverride: (status) => {
+        override = status
+        publish()
+      },
+      refusal: () => {
+        if (draining) return new NotServing({ reason: "node is draining" })
+        if (engineTag === "Ready") return undefined
+        return new NotServing({ reason: `engine is not ready (${engineTag.toLowerCase()})` })
+      }
+    }
+  }
+)

@@ -1,0 +1,52 @@
+/**
+ * The stall watchdog: one coarse interval for all Generate streams instead of a timer per read. A stream whose
+ * read count has not moved for engine.stream_idle_timeout, while the caller is not the one holding it back (a
+ * paused producer), ends with EngineStalled; the abort interrupts its fiber, which aborts the
+ * engine request. Each tick's verdict also goes to EngineStall (when present), which tells health that the
+ * engine is wedged: stalls first, since progress in the same tick means the engine is not wedged.
+ */
+import { Clock, Duration, Effect, Option, Schedule, type Scope } from "effect"
+import { Config } from "../../services/config/Config.ts"
+import { EngineStall } from "../../services/engine/EngineStall.ts"
+import { EngineStalled } from "../../services/grpc/CallErrors.ts"
+import { Metrics } from "../../services/observability/Metrics.ts"
+import type { ActiveCalls } from "./ActiveCalls.ts"
+
+/** Runs the watchdog over `active` until the scope closes. */
+export const fork = Effect.fnUntraced(function* (
+  active: ActiveCalls
+): Effect.fn.Return<void, never, Config | Scope.Scope> {
+  const config = yield* Config
+  const metrics = Option.getOrUndefined(yield* Effect.serviceOption(Metrics))
+  const stall = Option.getOrUndefined(yield* Effect.serviceOption(EngineStall))
+  const idleMs = Duration.toMillis(config.engine.stream_idle_timeout)
+  const stalls = metrics?.engineStreamStalls.labels({ model: config.model.served_name })
+  const stalledError = new EngineStalled({ idleTimeout: Duration.format(config.engine.stream_idle_timeout) })
+  const tick = Effect.flatMap(Clock.currentTimeMillis, (now) => {
+    let stalled = 0
+    let progressed = active.endedWithProgress > 0
+    active.endedWithProgress = 0
+    for (const relay of active.relays) {
+      if (!relay.streaming || relay.done) continue
+      if (relay.reads !== relay.seenReads || relay.paused) {
+        progressed ||= relay.reads !== relay.seenReads
+        relay.seenReads = relay.reads
+        relay.idleSince = now
+      } else if (now - relay.idleSince >= idleMs) {
+        relay.streaming = false // once: the abort ends it
+        stalls?.inc()
+        stalled++
+        relay.abort(stalledError)
+      }
+    }
+    if (stall === undefined) return Effect.void
+    return Effect.andThen(
+      stalled > 0 ? Effect.replicateEffect(stall.stalled(now), stalled, { discard: true }) : Effect.void,
+      progressed ? stall.progressed(now) : Effect.void
+    )
+  })
+  yield* tick.pipe(
+    Effect.repeat(Schedule.spaced(Duration.millis(Math.min(1000, Math.max(25, idleMs / 8))))),
+    Effect.forkScoped
+  )
+})

@@ -1,0 +1,57 @@
+/**
+ * CallErrors: how the agent itself ends a Generate call it had accepted for checking, apart from request
+ * validation (GenerateRejected), the handoff (InvalidHandoff) and admission (Overloaded, Draining): the node
+ * is not serving, a P/D leg ran out of time, the engine stalled, the drain cut the stream, or the agent broke.
+ * Their gRPC statuses are rows of GrpcStatus.ts's table.
+ */
+import { Schema } from "effect"
+
+/** The engine is not Ready or the node drains: the call is refused before it reaches the engine. */
+export class NotServing extends Schema.TaggedError<NotServing>()("NotServing", {
+  /** "node is draining", "engine is not ready (starting)". */
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `${this.reason}; retry on another node`
+  }
+}
+
+/** A P/D leg did not finish (prefill) or start (decode) within [agent].handoff_timeout. */
+export class LegDeadline extends Schema.TaggedError<LegDeadline>()("LegDeadline", {
+  leg: Schema.Literals(["prefill", "decode"]),
+  /** The timeout as configured, formatted ("30s"). */
+  timeout: Schema.String
+}) {
+  override get message(): string {
+    const what = this.leg === "prefill" ? "finish" : "start"
+    return `the ${this.leg} leg did not ${what} within ${this.timeout} ([agent].handoff_timeout); the engine request was aborted`
+  }
+}
+
+/** The engine sent nothing for engine.stream_idle_timeout while the caller was reading (the stall watchdog). */
+export class EngineStalled extends Schema.TaggedError<EngineStalled>()("EngineStalled", {
+  /** The timeout as configured, formatted ("30s"). */
+  idleTimeout: Schema.String
+}) {
+  override get message(): string {
+    return `the engine sent nothing for ${this.idleTimeout} (engine.stream_idle_timeout); the engine request was aborted, retry on another node`
+  }
+}
+
+/** The drain ended the stream after its timeout (GrpcServer.abortActive); deltas already sent stay sent. */
+export class StreamAborted extends Schema.TaggedError<StreamAborted>()("StreamAborted", {
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return this.reason
+  }
+}
+
+/** A defect in the agent (a bug, not the caller's or the engine's doing). */
+export class AgentDefect extends Schema.TaggedError<AgentDefect>()("AgentDefect", {
+  detail: Schema.String
+}) {
+  override get message(): string {
+    return `agent error: ${this.detail}`
+  }
+}

@@ -1,0 +1,67 @@
+// GrpcStatus's one table from a Generate error to its gRPC status: every tag of the closed GenerateError union
+// has a row (checked by the type and at run time), and each row gives the status and trailers callers rely on.
+import { Status } from "nice-grpc-common"
+import { describe, expect, expectTypeOf, it } from "vitest"
+import { EngineError } from "../../src/services/engine/EngineClient.ts"
+import { Draining, Overloaded } from "../../src/services/grpc/Admission.ts"
+import {
+  AgentDefect,
+  EngineStalled,
+  LegDeadline,
+  NotServing,
+  StreamAborted
+} from "../../src/services/grpc/CallErrors.ts"
+import { GenerateRejected } from "../../src/services/grpc/Generate.ts"
+import {
+  type GenerateError,
+  type GenerateErrorTag,
+  statusName,
+  statusTable,
+  toGrpcFailure
+} from "../../src/services/grpc/GrpcStatus.ts"
+import { InvalidHandoff } from "../../src/services/grpc/Handoff.ts"
+
+// One sample per tag: the Record type makes a new member of the union without a sample fail the type check.
+const samples: { readonly [T in GenerateErrorTag]: readonly [Extract<GenerateError, { _tag: T }>, Status] } = {
+  GenerateRejected: [new GenerateRejected({ code: "INVALID_ARGUMENT", message: "bad" }), Status.INVALID_ARGUMENT],
+  InvalidHandoff: [
+    new InvalidHandoff({ reason: "no params", missing: ["kv_transfer_params"] }),
+    Status.FAILED_PRECONDITION
+  ],
+  NotServing: [new NotServing({ reason: "node is draining" }), Status.UNAVAILABLE],
+  Overloaded: [new Overloaded({ maxInflight: 1, maxQueue: 0 }), Status.RESOURCE_EXHAUSTED],
+  Draining: [new Draining(), Status.UNAVAILABLE],
+  EngineError: [new EngineError({ reason: "Connect", message: "ECONNREFUSED" }), Status.UNAVAILABLE],
+  LegDeadline: [new LegDeadline({ leg: "decode", timeout: "30s" }), Status.DEADLINE_EXCEEDED],
+  EngineStalled: [new EngineStalled({ idleTimeout: "30s" }), Status.UNAVAILABLE],
+  StreamAborted: [new StreamAborted({ reason: "node drained" }), Status.UNAVAILABLE],
+  AgentDefect: [new AgentDefect({ detail: "bug" }), Status.INTERNAL]
+}
+
+describe("the status table", () => {
+  it("has exactly one row per GenerateError tag (type level)", () => {
+    expectTypeOf<keyof typeof statusTable>().toEqualTypeOf<GenerateErrorTag>()
+  })
+
+  it("has exactly one row per GenerateError tag (run time)", () => {
+    expect(Object.keys(statusTable).sort()).toEqual(Object.keys(samples).sort())
+    for (const [tag, [e]] of Object.entries(samples)) expect(e._tag).toBe(tag)
+  })
+
+  it.each(Object.values(samples))("%s maps to its status with the agent's or the engine's trailers", (e, code) => {
+    const f = toGrpcFailure(e)
+    expect(statusName(f.code)).toBe(statusName(code))
+    if (e._tag !== "EngineError") expect(f.message).toBe(e.message)
+    expect(f.trailers["cgn-error-source"]).toBe(e._tag === "EngineError" ? "engine" : "agent")
+  })
+
+  it("keeps the messages callers see", () => {
+    expect(toGrpcFailure(samples.NotServing[0]).message).toBe("node is draining; retry on another node")
+    expect(toGrpcFailure(samples.LegDeadline[0]).message).toBe(
+      "the decode leg did not start within 30s ([agent].handoff_timeout); the engine request was aborted"
+    )
+    expect(toGrpcFailure(samples.EngineStalled[0]).message).toMatch(
+      /sent nothing for 30s \(engine.stream_idle_timeout\)/
+    )
+  })
+})
