@@ -24,15 +24,23 @@ interface Import {
   readonly specifier: string
   /** `import type` / `export type`: erased, no runtime dependency. */
   readonly typeOnly: boolean
+  /** The names it binds (`{ A, type B }` -> A, B; `* as X` -> X). */
+  readonly names: ReadonlyArray<string>
 }
 
-const importRx = /^\s*(import|export)\s+(type\s+)?[^"']*?from\s+["']([^"']+)["']|^\s*import\s+["']([^"']+)["']/gm
+const importRx = /^\s*(import|export)\s+(type\s+)?([^"']*?)from\s+["']([^"']+)["']|^\s*import\s+["']([^"']+)["']/gm
 const dynamicRx = /import\(\s*["']([^"']+)["']\s*\)/g
 const imports: Array<Import> = sources.flatMap((file) => {
   const src = text.get(file)!
   const found: Array<Import> = []
-  for (const m of src.matchAll(importRx)) found.push({ file, specifier: m[3] ?? m[4]!, typeOnly: m[2] !== undefined })
-  for (const m of src.matchAll(dynamicRx)) found.push({ file, specifier: m[1]!, typeOnly: false })
+  for (const m of src.matchAll(importRx)) {
+    const names = (m[3] ?? "")
+      .replace(/[{}]|\*\s+as|\btype\b/g, " ")
+      .split(/[\s,]+/)
+      .filter((n) => /^\w+$/.test(n))
+    found.push({ file, specifier: m[4] ?? m[5]!, typeOnly: m[2] !== undefined, names })
+  }
+  for (const m of src.matchAll(dynamicRx)) found.push({ file, specifier: m[1]!, typeOnly: false, names: [] })
   return found
 })
 
@@ -61,13 +69,24 @@ describe("architecture invariants", () => {
     expect(show(imports.filter((i) => within(i.file, "src/services") && i.specifier.startsWith("node:")))).toEqual([])
   })
 
-  it("protobuf codecs are called only at the wire edges; elsewhere src/gen is imported for its types alone", () => {
-    // The wire edges: the gRPC concern, the etcd value (registry), admin /status JSON, the CLI client; and the
-    // test doubles, which build messages with the generated defaults.
-    const edges = ["src/layers/grpc", "src/services/grpc", "src/layers/registry", "src/layers/admin"]
-    const wireEdges = [...edges, "src/programs/generate.ts", "src/testing"]
-    const runtime = imports.filter((i) => !i.typeOnly && within(target(i), "src/gen") && !within(i.file, ...wireEdges))
-    expect(show(runtime)).toEqual([])
+  it("protobuf codecs (encode, decode, JSON) are called only at the wire edges", () => {
+    // The wire edges: the gRPC concern, the etcd value (registry), admin /status JSON, the CLI client.
+    // Elsewhere generated messages are plain data (their types, and fromPartial for proto3's defaults).
+    const wireEdges = [
+      "src/layers/grpc",
+      "src/services/grpc",
+      "src/layers/registry",
+      "src/layers/admin",
+      "src/programs/generate.ts"
+    ]
+    const offenders: Array<string> = []
+    for (const i of imports) {
+      if (i.typeOnly || !within(target(i), "src/gen") || within(i.file, ...wireEdges)) continue
+      for (const name of i.names)
+        if (new RegExp(`\\b${name}\\.(encode|decode|toJSON|fromJSON)\\(`).test(text.get(i.file)!))
+          offenders.push(`${i.file}: ${name}`)
+    }
+    expect(offenders).toEqual([])
   })
 
   it("no engine-kind decision outside the engine backends (kinds differ only as data there)", () => {
@@ -76,6 +95,14 @@ describe("architecture invariants", () => {
     const allowed = ["src/layers/engine/backends", "src/sim", "src/programs/sim.ts"]
     const offenders = sources.filter((f) => !within(f, ...allowed) && decision.test(text.get(f)!))
     expect(offenders).toEqual([])
+  })
+
+  it("gRPC status codes are chosen in one table (services/grpc/GrpcStatus.ts), nowhere else", () => {
+    const code =
+      /\b(Status|status)\.(OK|CANCELLED|UNKNOWN|INVALID_ARGUMENT|DEADLINE_EXCEEDED|NOT_FOUND|ALREADY_EXISTS|PERMISSION_DENIED|RESOURCE_EXHAUSTED|FAILED_PRECONDITION|ABORTED|OUT_OF_RANGE|UNIMPLEMENTED|INTERNAL|UNAVAILABLE|DATA_LOSS|UNAUTHENTICATED)\b/
+    // The CLI client reads statuses (it chooses none for the agent); the table is the one place that chooses.
+    const allowed = ["src/services/grpc/GrpcStatus.ts", "src/programs/generate.ts"]
+    expect(sources.filter((f) => !within(f, ...allowed) && code.test(text.get(f)!))).toEqual([])
   })
 
   it("no module over about 300 lines (generated code aside)", () => {

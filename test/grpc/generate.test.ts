@@ -8,14 +8,8 @@ import { decodeConfigObject } from "../../src/layers/config/Config.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"
 import { EngineError } from "../../src/services/engine/EngineClient.ts"
 import { AgentDefect } from "../../src/services/grpc/CallErrors.ts"
-import {
-  ChunkReader,
-  Coalescer,
-  type EnginePlan,
-  GenerateRejected,
-  planRequest,
-  utf8Bytes
-} from "../../src/services/grpc/Generate.ts"
+import { ChunkReader, Coalescer } from "../../src/services/grpc/ChunkReader.ts"
+import { type EnginePlan, GenerateRejected, planRequest, utf8Bytes } from "../../src/services/grpc/Generate.ts"
 import {
   asciiTrailer,
   engineFailure,

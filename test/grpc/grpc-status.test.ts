@@ -9,6 +9,7 @@ import {
   EngineStalled,
   LegDeadline,
   NotServing,
+  ServerShuttingDown,
   StreamAborted
 } from "../../src/services/grpc/CallErrors.ts"
 import { GenerateRejected } from "../../src/services/grpc/Generate.ts"
@@ -35,6 +36,7 @@ const samples: { readonly [T in GenerateErrorTag]: readonly [Extract<GenerateErr
   LegDeadline: [new LegDeadline({ leg: "decode", timeout: "30s" }), Status.DEADLINE_EXCEEDED],
   EngineStalled: [new EngineStalled({ idleTimeout: "30s" }), Status.UNAVAILABLE],
   StreamAborted: [new StreamAborted({ reason: "node drained" }), Status.UNAVAILABLE],
+  ServerShuttingDown: [new ServerShuttingDown(), Status.UNAVAILABLE],
   AgentDefect: [new AgentDefect({ detail: "bug" }), Status.INTERNAL]
 }
 

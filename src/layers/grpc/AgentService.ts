@@ -3,7 +3,7 @@
  * encode/decode, public) and the handlers. Generate is a server-streaming handler given by the caller
  * (GenerateCall.ts); ListModels and GetNodeHealth are unary handlers here.
  */
-import * as grpc from "@grpc/grpc-js"
+import type * as grpc from "@grpc/grpc-js"
 import { Cause, type Effect, Exit } from "effect"
 import {
   AgentDefinition,
@@ -13,6 +13,8 @@ import {
   type MessageFns,
   type NodeHealth
 } from "../../gen/cgn/agent/v1/agent.ts"
+import { AgentDefect } from "../../services/grpc/CallErrors.ts"
+import { statusOfError } from "./statusObject.ts"
 
 /** A Generate call as its handler sees it. */
 export type GenerateCall = grpc.ServerWritableStream<GenerateRequest, GenerateResponse>
@@ -76,7 +78,7 @@ export const addAgent = (server: grpc.Server, handlers: AgentHandlers): void => 
       const interrupt = handlers.run(handlers.nodeHealth, (exit) =>
         Exit.isSuccess(exit)
           ? done(null, exit.value)
-          : done({ code: grpc.status.INTERNAL, details: `agent error: ${Cause.pretty(exit.cause)}` })
+          : done(statusOfError(new AgentDefect({ detail: Cause.pretty(exit.cause) })) as grpc.ServiceError)
       )
       call.once("cancelled", interrupt)
     }

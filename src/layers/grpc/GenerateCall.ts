@@ -6,11 +6,10 @@
  * See docs/bench.md "Relay".
  */
 import { randomUUID } from "node:crypto"
-import * as grpc from "@grpc/grpc-js"
 import { Effect, Option, Result, Tracer } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import { GenerateRejected, planRequest } from "../../services/grpc/Generate.ts"
-import { type GenerateError, type GrpcFailure, statusName, toGrpcFailure } from "../../services/grpc/GrpcStatus.ts"
+import { type GenerateError, statusName, toGrpcFailure } from "../../services/grpc/GrpcStatus.ts"
 import { planLeg } from "../../services/grpc/Handoff.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import {
@@ -25,6 +24,7 @@ import type { GenerateCall } from "./AgentService.ts"
 import * as EngineLegs from "./EngineLegs.ts"
 import { Relay } from "./Relay.ts"
 import type { ServingState } from "./ServingState.ts"
+import { statusObject } from "./statusObject.ts"
 
 /**
  * One span per Generate call, a child of the caller's `traceparent` when it sent one; the engine request
@@ -44,13 +44,6 @@ const traced = <A, E>(
       ...(incoming === undefined ? {} : { parent: Tracer.externalSpan(incoming) })
     })
   )
-
-/** The status grpc-js sends when a handler emits it as 'error': code, message and the `cgn-*` trailers. */
-const statusOf = (f: GrpcFailure): Partial<grpc.StatusObject> => {
-  const metadata = new grpc.Metadata()
-  for (const k in f.trailers) metadata.set(k, f.trailers[k]!)
-  return { code: f.code, details: f.message, metadata }
-}
 
 /** The Generate handler over `serving` (refusals) and `active` (the drain's and the watchdog's view). */
 export const makeHandler = Effect.fnUntraced(function* (
@@ -83,7 +76,7 @@ export const makeHandler = Effect.fnUntraced(function* (
   const refuse = (call: GenerateCall, startedAt: number, e: GenerateError): void => {
     const f = toGrpcFailure(e)
     record(statusName(f.code), undefined, startedAt)
-    call.emit("error", statusOf(f))
+    call.emit("error", statusObject(f))
   }
 
   return (call: GenerateCall): void => {
@@ -140,7 +133,7 @@ export const makeHandler = Effect.fnUntraced(function* (
       if (relay.failure !== undefined) {
         const f = toGrpcFailure(relay.failure)
         settle(statusName(f.code))
-        call.emit("error", statusOf(f))
+        call.emit("error", statusObject(f))
         return
       }
       const now = performance.now()

@@ -6,9 +6,11 @@
  * grpc-node packages/grpc-health-check/src/health.ts), and grpc-js `tryShutdown` waits for every open call:
  * `addHealth` therefore keeps the server's Watch calls and hands back what ends them with UNAVAILABLE.
  */
-import * as grpc from "@grpc/grpc-js"
+import type * as grpc from "@grpc/grpc-js"
 import { HealthImplementation } from "grpc-health-check"
+import { ServerShuttingDown } from "../../services/grpc/CallErrors.ts"
 import { AGENT_SERVICE, type ServingStatus } from "../../services/grpc/GrpcServer.ts"
+import { statusOfError } from "./statusObject.ts"
 
 /** The fully qualified name of the health service, as reflection lists it. */
 export const HEALTH_SERVICE = "grpc.health.v1.Health"
@@ -48,7 +50,8 @@ export const addHealth = (server: grpc.Server, health: HealthImplementation): ((
     }
   })
   return () => {
-    for (const call of watches) call.emit("error", { code: grpc.status.UNAVAILABLE, details: "server shutting down" })
+    const ended = statusOfError(new ServerShuttingDown())
+    for (const call of watches) call.emit("error", ended)
     watches.clear()
   }
 }

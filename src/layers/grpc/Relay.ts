@@ -9,7 +9,7 @@
 import { Cause, Exit, Option } from "effect"
 import type { ChunkSink, JsonObject } from "../../services/engine/EngineClient.ts"
 import { AgentDefect } from "../../services/grpc/CallErrors.ts"
-import { ChunkReader, Coalescer } from "../../services/grpc/Generate.ts"
+import { ChunkReader, Coalescer } from "../../services/grpc/ChunkReader.ts"
 import type { GenerateError } from "../../services/grpc/GrpcStatus.ts"
 
 /** One Generate call's hand-off between the engine fiber (producer) and the gRPC call (consumer). */

@@ -1,7 +1,8 @@
 /**
  * CallErrors: how the agent itself ends a Generate call it had accepted for checking, apart from request
  * validation (GenerateRejected), the handoff (InvalidHandoff) and admission (Overloaded, Draining): the node
- * is not serving, a P/D leg ran out of time, the engine stalled, the drain cut the stream, or the agent broke.
+ * is not serving, a P/D leg ran out of time, the engine stalled, the drain cut the stream, the server shut
+ * down under an open call (a health Watch), or the agent broke.
  * Their gRPC statuses are rows of GrpcStatus.ts's table.
  */
 import { Schema } from "effect"
@@ -44,6 +45,13 @@ export class StreamAborted extends Schema.TaggedError<StreamAborted>()("StreamAb
 }) {
   override get message(): string {
     return this.reason
+  }
+}
+
+/** The server closed with the call still open (a health Watch, which never ends by itself). */
+export class ServerShuttingDown extends Schema.TaggedError<ServerShuttingDown>()("ServerShuttingDown", {}) {
+  override get message(): string {
+    return "server shutting down"
   }
 }
 

@@ -1,12 +1,12 @@
 /**
  * Generate: the pure translation between the gRPC contract and the engine's OpenAI API.
  * Owns request validation (with statuses a caller can act on), the input and sampling fields of the
- * OpenAI request body (handoff fields: Handoff.ts; model/stream/stream_options: the EngineClient), reading
- * OpenAI stream chunks into text/finish/usage, and the coalescer that merges deltas for a slow reader.
- * No I/O: the gRPC layer (layers/grpc/GrpcServer.ts) runs the engine call and the timing around these.
+ * OpenAI request body (handoff fields: Handoff.ts; model/stream/stream_options: the EngineClient). Reading
+ * the engine's answer back is ChunkReader.ts. No I/O: the gRPC layer (layers/grpc/GenerateCall.ts) runs the
+ * engine call and the timing around these.
  */
 import { Schema } from "effect"
-import type { GenerateFinal, GenerateRequest, Sampling, Usage } from "../../gen/cgn/agent/v1/agent.ts"
+import type { GenerateRequest, Sampling } from "../../gen/cgn/agent/v1/agent.ts"
 import type { AgentConfig } from "../config/Config.ts"
 import type { CompletionPath, JsonObject } from "../engine/EngineClient.ts"
 import { roomJson as exactIntegerJson } from "./Handoff.ts"
@@ -222,105 +222,4 @@ export const planRequest = (req: GenerateRequest, config: AgentConfig): EnginePl
     if (bad !== undefined) return bad
   }
   return { path, body, model: served }
-}
-
-/**
- * Reads one request's OpenAI stream chunks: the text of each, the finish reason and usage when they
- * come. Chat chunks carry `choices[].delta.content`, completion chunks `choices[].text`; the usage
- * chunk has `choices: []`. A mutable object because it runs once per engine token.
- */
-export class ChunkReader {
-  finishReason = ""
-  usage: Usage | undefined = undefined
-  /** Chunks that carried text, the agent's own token count. */
-  textChunks = 0
-  /** Engine handoff parameters (vLLM prefill leg), when the final chunk has them. */
-  kvTransferParams: Record<string, unknown> | undefined = undefined
-
-  /** The text this chunk adds ("" for none). */
-  read(chunk: JsonObject): string {
-    let text = ""
-    const choices = chunk.choices as ReadonlyArray<Record<string, unknown>> | undefined
-    if (choices !== undefined && choices.length > 0) {
-      const c = choices[0]!
-      const delta = c.delta as Record<string, unknown> | undefined
-      const t = delta !== undefined ? delta.content : c.text
-      if (typeof t === "string") text = t
-      const fr = c.finish_reason
-      if (typeof fr === "string" && fr !== "") this.finishReason = fr
-    }
-    const u = chunk.usage as Record<string, unknown> | null | undefined
-    if (u !== undefined && u !== null) {
-      const prompt = num(u.prompt_tokens)
-      const completion = num(u.completion_tokens)
-      this.usage = {
-        promptTokens: prompt,
-        completionTokens: completion,
-        totalTokens: u.total_tokens === undefined ? prompt + completion : num(u.total_tokens)
-      }
-    }
-    const kv = chunk.kv_transfer_params
-    if (kv !== undefined && kv !== null && typeof kv === "object") this.kvTransferParams = kv as Record<string, unknown>
-    if (text !== "") this.textChunks++
-    return text
-  }
-
-  /** The final message; usage counted by the agent when the engine reported none. */
-  final(info: {
-    readonly ttftMs: number
-    readonly totalMs: number
-    readonly queueMs: number
-    readonly nodeId: string
-    readonly requestId: string
-  }): GenerateFinal {
-    const usage = this.usage ?? { promptTokens: 0, completionTokens: this.textChunks, totalTokens: this.textChunks }
-    const final: GenerateFinal = {
-      finishReason: this.finishReason === "" ? "stop" : this.finishReason,
-      usage,
-      timings: { timeToFirstTokenMs: info.ttftMs, totalMs: info.totalMs, queueMs: info.queueMs },
-      nodeId: info.nodeId,
-      requestId: info.requestId
-    }
-    if (this.kvTransferParams !== undefined) final.kvTransferParams = this.kvTransferParams
-    return final
-  }
-}
-
-const num = (v: unknown): number => (typeof v === "number" && Number.isFinite(v) && v >= 0 ? Math.floor(v) : 0)
-
-/**
- * Merges text that arrives while the caller is not reading into one pending delta. `push` reports
- * whether there is room for more; the producer stops reading the engine until `take` makes room,
- * so memory per stream stays at most `maxPendingChars` plus one chunk.
- */
-export class Coalescer {
-  private text = ""
-  private tokens = 0
-  readonly maxPendingChars: number
-  constructor(maxPendingChars: number) {
-    this.maxPendingChars = maxPendingChars
-  }
-  get pendingChars(): number {
-    return this.text.length
-  }
-  get pendingTokens(): number {
-    return this.tokens
-  }
-  get hasRoom(): boolean {
-    return this.text.length < this.maxPendingChars
-  }
-  /** Appends one token's text; false when the producer should wait for `take`. */
-  push(text: string): boolean {
-    this.text += text
-    this.tokens++
-    return this.text.length < this.maxPendingChars
-  }
-  /** Everything pending as one delta, or undefined when nothing is. */
-  take(): { readonly text: string; readonly tokens: number } | undefined {
-    if (this.tokens === 0) return undefined
-    const out = { text: this.text, tokens: this.tokens }
-    this.text = ""
-    this.tokens = 0
-    return out
-  }
 }

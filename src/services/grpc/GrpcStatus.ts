@@ -1,14 +1,21 @@
 /**
- * GrpcStatus: every way a Generate call can fail (GenerateError, a closed union of tagged errors) and the one
- * table from each to its gRPC status and trailers (`statusTable`): a new error without a row fails the type
- * check. The engine's message is kept in the status message and, with its HTTP status and error type, in
+ * GrpcStatus: every way a Generate call can fail (GenerateError, a closed union of tagged errors; the other
+ * methods' failures are members too) and the one table from each to its gRPC status and trailers
+ * (`statusTable`): a new error without a row fails the type check. No other module names a status code. The engine's message is kept in the status message and, with its HTTP status and error type, in
  * `cgn-engine-*` trailers, so a caller can act on it whatever engine or error-body shape was behind.
  * Pure: the gRPC layer sends a GrpcFailure as the call's status.
  */
 import { Status } from "nice-grpc-common"
 import type { EngineError } from "../engine/EngineClient.ts"
 import type { Draining, Overloaded } from "./Admission.ts"
-import type { AgentDefect, EngineStalled, LegDeadline, NotServing, StreamAborted } from "./CallErrors.ts"
+import type {
+  AgentDefect,
+  EngineStalled,
+  LegDeadline,
+  NotServing,
+  ServerShuttingDown,
+  StreamAborted
+} from "./CallErrors.ts"
 import type { GenerateRejected, RejectCode } from "./Generate.ts"
 import type { InvalidHandoff } from "./Handoff.ts"
 
@@ -23,6 +30,7 @@ export type GenerateError =
   | LegDeadline
   | EngineStalled
   | StreamAborted
+  | ServerShuttingDown
   | AgentDefect
 
 export type GenerateErrorTag = GenerateError["_tag"]
@@ -135,6 +143,7 @@ export const statusTable: { readonly [T in GenerateErrorTag]: Row<T> } = {
   LegDeadline: (e) => agent(Status.DEADLINE_EXCEEDED, e),
   EngineStalled: (e) => agent(Status.UNAVAILABLE, e),
   StreamAborted: (e) => agent(Status.UNAVAILABLE, e),
+  ServerShuttingDown: (e) => agent(Status.UNAVAILABLE, e),
   AgentDefect: (e) => agent(Status.INTERNAL, e)
 }
 

@@ -5,7 +5,7 @@
  * `gpus` is then empty, never an error.
  */
 import { Context, type Effect } from "effect"
-import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
+import { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
 
 export type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
 
@@ -50,23 +50,8 @@ export const cString = (buf: Uint8Array): string => {
   return new TextDecoder().decode(end < 0 ? buf : buf.subarray(0, end))
 }
 
-/** A GPU record with every field not given zero or empty (a lost GPU, test fixtures): proto3's defaults. */
-export const gpuWith = (fields: Partial<Gpu> & { readonly index: number }): Gpu => ({
-  name: "",
-  uuid: "",
-  memoryTotalBytes: 0,
-  memoryUsedBytes: 0,
-  utilizationPercent: 0,
-  memoryFreeBytes: 0,
-  temperatureCelsius: 0,
-  powerWatts: 0,
-  powerLimitWatts: 0,
-  throttleReasons: [],
-  eccUncorrected: 0,
-  processes: [],
-  lost: false,
-  ...fields
-})
+/** A GPU record with every field not given zero (a lost GPU, test fixtures): the generated defaults. */
+export const gpuWith = (fields: Partial<Gpu> & { readonly index: number }): Gpu => Gpu.fromPartial(fields)
 
 /** NVML gives 64-bit counters as number or bigint depending on size; the proto field is a number. */
 export const toNumber = (v: unknown): number => (typeof v === "bigint" ? Number(v) : typeof v === "number" ? v : 0)
