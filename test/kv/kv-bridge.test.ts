@@ -26,7 +26,7 @@ import {
   rankEndpoint,
   seqFrame
 } from "../../src/services/kv/KvEvents.ts"
-import { batchRecord, hello, recordBytes, resyncRecord } from "../../src/services/kv/KvWire.ts"
+import { batchRecord, hello, resyncRecord } from "../../src/services/kv/KvWire.ts"
 import { buildNodeHealth } from "../../src/services/node/NodeHealthView.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
 import { pollUntil } from "../support/poll.ts"
@@ -106,7 +106,7 @@ const pumpUntil = async (sim: SimHandle, status: () => Promise<KvBridgeStatus>, 
 }
 
 const seqs = (ls: Array<Line>) => ls.map((l) => l.seq as number)
-const stored = (block_hashes: Array<string>) => ({
+const _stored = (block_hashes: Array<string>) => ({
   type: "BlockStored" as const,
   block_hashes,
   parent_block_hash: null,
@@ -191,6 +191,12 @@ describe("KvBridge with the simulator", () => {
 })
 
 /** A scripted engine-side publisher: PUB plus replay ROUTER, where a batch can be buffered but not sent. */
+/** The msgpack payload the fake engine sends for one BlockStored event of `hashes`. */
+const enginePayload = (hashes: Array<bigint>): Uint8Array => {
+  const ev = { type: "BlockStored", block_hashes: hashes, parent_block_hash: null, token_ids: [1] }
+  return encode([1.5, [{ ...ev, block_size: 1, medium: "GPU" }], 0], { useBigInt64: true })
+}
+
 const fakeEngine = async () => {
   const [port, rport] = [await freePort(), await freePort()]
   const pub = new zmq.Publisher({ linger: 0 })
@@ -227,8 +233,7 @@ const fakeEngine = async () => {
   const send = async (opts: { lose?: boolean; seq?: bigint; hashes?: Array<bigint> } = {}) => {
     if (opts.seq !== undefined) seq = opts.seq
     const s = seq++
-    const ev = { type: "BlockStored", block_hashes: opts.hashes ?? [s + 1n], parent_block_hash: null, token_ids: [1] }
-    const payload = encode([1.5, [{ ...ev, block_size: 1, medium: "GPU" }], 0], { useBigInt64: true })
+    const payload = enginePayload(opts.hashes ?? [s + 1n])
     buffer.push([s, payload])
     if (!opts.lose) await pub.send(["kv", seqFrame(s), payload])
     return s
@@ -288,8 +293,9 @@ describe("KvBridge with a scripted publisher", () => {
   it("overflow while kvcached is away: the reader keeps up, oldest dropped, Resync overflow", async () => {
     const eng = await fakeEngine()
     const sock = await tmpSock()
-    // Room for exactly 5 of these equal-sized batches.
-    const one = recordBytes({ type: "Batch", dp_rank: 0, seq: 1, ts: 1.5, events: [stored([String(BIG)])] })
+    // Room for exactly 5 of these equal-sized batches. The queue holds them as the engine sent them (decoded
+    // only when sent): each costs its payload plus a fixed 96 bytes of record around it.
+    const one = 96 + enginePayload([BIG]).byteLength
     const bridge = await startBridge({ kvEvents: eng.endpoint(false), uds: sock, maxQueueBytes: 5 * one })
     const send = () => eng.send({ hashes: [BIG] })
     const first = BigInt(await until(async () => (await bridge.status()).lastSeq ?? void (await send()), "join"))

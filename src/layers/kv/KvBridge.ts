@@ -10,12 +10,12 @@ import { Config } from "../../services/config/Config.ts"
 import { EnginePlan, type KvEventsEndpoint } from "../../services/engine/Engine.ts"
 import { KvBridge, type KvBridgeService, type KvBridgeStatus } from "../../services/kv/KvBridge.ts"
 import { rankEndpoint } from "../../services/kv/KvEvents.ts"
-import { hello, type KvRecordBody, type NodeIdentity } from "../../services/kv/KvWire.ts"
+import { hello, type NodeIdentity } from "../../services/kv/KvWire.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import { registerMetrics } from "./kvBridgeMetrics.ts"
 import { runLink } from "./kvcachedClient.ts"
 import { KvQueue } from "./queue.ts"
-import { type MutableStatus, makeSequencer, type RankStream, resyncOf } from "./rankSequencer.ts"
+import { type MutableStatus, makeSequencer, type QueuedBody, type RankStream, resyncOf } from "./rankSequencer.ts"
 import { connectAddress, readRank } from "./rankSubscriber.ts"
 
 /** `kv.max_queue_bytes`'s default: minutes of a busy engine's events, a bounded share of the agent's memory. */
@@ -34,7 +34,7 @@ export interface BridgeOptions {
   readonly replayTimeoutMs?: number
 }
 
-const disabledStatus = (epoch: string, reason: string): KvBridgeStatus => ({
+export const disabledStatus = (epoch: string, reason: string): KvBridgeStatus => ({
   enabled: false,
   disabledReason: reason,
   subscribed: false,
@@ -57,7 +57,7 @@ const disabledStatus = (epoch: string, reason: string): KvBridgeStatus => ({
 export const make = (o: BridgeOptions): Effect.Effect<KvBridgeService, never, Scope.Scope> =>
   Effect.gen(function* () {
     const st: MutableStatus = { ...disabledStatus(o.epoch, ""), enabled: true, disabledReason: undefined }
-    const queue = new KvQueue<KvRecordBody>(o.maxQueueBytes ?? DEFAULT_MAX_QUEUE_BYTES)
+    const queue = new KvQueue<QueuedBody>(o.maxQueueBytes ?? DEFAULT_MAX_QUEUE_BYTES)
     const { endpoint, engineBinds, replayEndpoint, topic } = o.kvEvents
     const dpSize = Math.max(1, o.kvEvents.dpSize ?? 1)
     const sequencer = makeSequencer(st, queue, topic, o.replayTimeoutMs ?? 2_000)
@@ -114,6 +114,7 @@ export const make = (o: BridgeOptions): Effect.Effect<KvBridgeService, never, Sc
           st.resyncs++
           return resyncOf(r)
         },
+        materialize: sequencer.materialize,
         backoffMaxMs: o.backoffMaxMs ?? 5_000,
         onConnected: (up, err) => {
           st.kvcachedConnected = up

@@ -12,16 +12,19 @@ import * as NodeSocket from "@effect/platform-node/NodeSocket"
 import { Deferred, Effect, Layer, Schedule } from "effect"
 import { RpcClient, RpcSerialization } from "effect/rpc"
 import { type HelloPayload, KvcachedRpcs, type KvRecord } from "../../services/kv/KvcachedRpc.ts"
-import type { KvRecordBody, Resync } from "../../services/kv/KvWire.ts"
+import type { Resync } from "../../services/kv/KvWire.ts"
 import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
 import type { KvQueue, QueuedRecord, SentRecord } from "./queue.ts"
+import type { QueuedBody } from "./rankSequencer.ts"
 
 export interface LinkOptions {
   readonly path: string
-  readonly queue: KvQueue<KvRecordBody>
+  readonly queue: KvQueue<QueuedBody>
   readonly hello: HelloPayload
   /** Renders an overflow Resync for the queue (and counts it). */
-  readonly resync: (r: Resync) => QueuedRecord<KvRecordBody>
+  readonly resync: (r: Resync) => QueuedRecord<QueuedBody>
+  /** The wire record of a queued body (a raw batch is decoded here, when it is sent). */
+  readonly materialize: (body: QueuedBody) => QueuedBody
   readonly backoffMaxMs: number
   readonly onConnected: (connected: boolean, error: string | undefined) => void
   /** Batches kvcached acknowledged. */
@@ -55,10 +58,11 @@ const message = (e: unknown): string => {
   return parts.join(": ") || String(e)
 }
 
-const toWire = (s: SentRecord<KvRecordBody>): KvRecord => ({ ...s.record, n: s.n }) as KvRecord
+/** Taken records are prepared (`materialize`) when taken, so what is sent is always a wire record. */
+const toWire = (s: SentRecord<QueuedBody>): KvRecord => ({ ...s.record, n: s.n }) as KvRecord
 
 /** Waits for a queue push, or fails when the connection drops meanwhile (so a dead peer is noticed early). */
-const awaitWork = (queue: KvQueue<KvRecordBody>, disconnected: Deferred.Deferred<void>) =>
+const awaitWork = (queue: KvQueue<QueuedBody>, disconnected: Deferred.Deferred<void>) =>
   Effect.raceFirst(
     Effect.callback<void>((resume) => {
       queue.onPush(() => resume(Effect.void))
@@ -98,10 +102,10 @@ const session = (o: LinkOptions, onUp: Effect.Effect<void>) =>
       let chunk = queue.unacked
       if (chunk.length === 0) {
         if (queue.size === 0) yield* awaitWork(queue, disconnected)
-        chunk = queue.take(o.chunkRecords ?? 512, chunkBytes, o.resync)
+        chunk = queue.take(o.chunkRecords ?? 512, chunkBytes, o.resync, o.materialize)
         if (chunk.length === 0) continue
       }
-      const last = (chunk[chunk.length - 1] as SentRecord<KvRecordBody>).n
+      const last = (chunk[chunk.length - 1] as SentRecord<QueuedBody>).n
       const r = yield* client.Push({ node_id: o.hello.node_id, epoch: o.hello.epoch, records: chunk.map(toWire) })
       if (r.applied !== null) o.onForwarded(queue.ack(r.applied))
       // A receiver that applies less than it was sent has lost the thread: start over with Hello.

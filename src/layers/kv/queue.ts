@@ -95,12 +95,19 @@ export class KvQueue<R> {
   /**
    * Moves up to `maxRecords` / `maxBytes` (at least one record) from the queue to the unacknowledged set,
    * numbering them, with the overflow Resyncs (rendered by `resync`) in front. Returns what was taken.
+   * `prepare` turns a record into the one that is sent (and kept until acknowledged, so a resend after a
+   * reconnect sends the same record without preparing it again): the bridge decodes raw batches here.
    */
-  take(maxRecords: number, maxBytes: number, resync: (r: Resync) => QueuedRecord<R>): ReadonlyArray<SentRecord<R>> {
+  take(
+    maxRecords: number,
+    maxBytes: number,
+    resync: (r: Resync) => QueuedRecord<R>,
+    prepare: (record: R) => R = (r) => r
+  ): ReadonlyArray<SentRecord<R>> {
     const out: Array<SentRecord<R>> = []
     let size = 0
     const add = (q: QueuedRecord<R>, counted: boolean) => {
-      const s: SentRecord<R> = { n: this.nextN++, record: q.record, batch: q.batch, bytes: q.bytes }
+      const s: SentRecord<R> = { n: this.nextN++, record: prepare(q.record), batch: q.batch, bytes: q.bytes }
       if (!counted) {
         this.bytes += q.bytes
         if (q.batch) this.batches++

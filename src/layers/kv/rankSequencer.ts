@@ -1,6 +1,8 @@
 /**
- * What the KV bridge does with each message, per data-parallel rank: decode it, check its seq against
- * the one the rank owes next, and queue it for kvcached. A gap (or, on joining, batches from before we
+ * What the KV bridge does with each message, per data-parallel rank: split it (topic, seq, payload), check its
+ * seq against the one the rank owes next, and queue it for kvcached with its payload still undecoded: it is
+ * decoded when the link sends it (`materialize`), so what the queue holds is the engine's bytes, and a batch
+ * dropped while kvcached is away is never decoded at all. A gap (or, on joining, batches from before we
  * listened) starts a replay through the rank's replay ROUTER when one is configured, while later batches
  * of that rank are held; a replay that covers the range is forwarded in order, else a Resync says the
  * range is lost. Batches are tagged with the rank of the endpoint they came from, so 2-element batches
@@ -9,10 +11,16 @@
  */
 import { Effect, type Scope } from "effect"
 import type { KvBridgeStatus } from "../../services/kv/KvBridge.ts"
-import { checkSeq, decodeMessage, type KvBatch } from "../../services/kv/KvEvents.ts"
+import { checkSeq, decodeRaw, type KvBatch, type RawBatch, splitMessage } from "../../services/kv/KvEvents.ts"
 import { batchRecord, type KvRecordBody, type Resync, recordBytes, resyncRecord } from "../../services/kv/KvWire.ts"
 import type { KvQueue, QueuedRecord } from "./queue.ts"
 import { fetchReplay } from "./replayFetch.ts"
+
+/** What the queue holds: records ready for the wire, or a batch as the engine sent it (decoded when sent). */
+export type QueuedBody = KvRecordBody | { readonly type: "Raw"; readonly raw: RawBatch }
+
+/** A batch in hand: decoded (a replay's) or raw (the live stream's). */
+type Incoming = KvBatch | RawBatch
 
 /** The bridge's status as its parts write it. */
 export type MutableStatus = { -readonly [K in keyof KvBridgeStatus]: KvBridgeStatus[K] }
@@ -23,26 +31,27 @@ export interface RankStream {
   readonly endpoint: string
   readonly replayAt: string | undefined
   expected: bigint | undefined
-  holding: Array<KvBatch> | undefined
+  holding: Array<Incoming> | undefined
 }
 
 /** A queue entry for a record covering [fromSeq, nextSeq) of one rank. */
 export const queuedRecord = (
-  record: KvRecordBody,
+  record: QueuedBody,
   dpRank: number,
   fromSeq: bigint,
   nextSeq: bigint
-): QueuedRecord<KvRecordBody> => ({
+): QueuedRecord<QueuedBody> => ({
   record,
-  batch: record.type === "Batch",
+  batch: record.type !== "Resync",
   dpRank,
   fromSeq,
   nextSeq,
-  bytes: recordBytes(record)
+  // A raw batch costs its payload (plus the record around it): the bound is on what is really held.
+  bytes: record.type === "Raw" ? 96 + record.raw.payload.byteLength : recordBytes(record)
 })
 
 /** A queue entry for a Resync. */
-export const resyncOf = (r: Resync): QueuedRecord<KvRecordBody> =>
+export const resyncOf = (r: Resync): QueuedRecord<QueuedBody> =>
   queuedRecord(resyncRecord(r), r.dpRank, r.fromSeq, r.toSeq)
 
 export interface Sequencer {
@@ -50,13 +59,18 @@ export interface Sequencer {
   readonly onMessage: (r: RankStream, frames: ReadonlyArray<Uint8Array>) => void
   /** Forks the replays messages have started since the last call. */
   readonly runQueued: Effect.Effect<void, never, Scope.Scope>
-  /** Batches lost to undecodable messages. */
+  /** Batches lost to undecodable payloads. */
   readonly decodeDrops: () => number
+  /**
+   * The record sent for a queued body: a raw batch decoded now (its counters go to the status); one whose
+   * payload does not decode becomes a Resync of its seq (its events are lost; its seq still counts, so no gap).
+   */
+  readonly materialize: (body: QueuedBody) => QueuedBody
 }
 
 export const makeSequencer = (
   st: MutableStatus,
-  queue: KvQueue<KvRecordBody>,
+  queue: KvQueue<QueuedBody>,
   topic: string,
   replayTimeoutMs: number
 ): Sequencer => {
@@ -69,13 +83,14 @@ export const makeSequencer = (
   })
 
   let decodeDrops = 0
-  const push = (q: QueuedRecord<KvRecordBody>) => {
+  const push = (q: QueuedRecord<QueuedBody>) => {
     queue.push(q)
     st.dropped = queue.dropped + decodeDrops
   }
-  const forward = (r: RankStream, b: KvBatch) => {
+  const forward = (r: RankStream, b: Incoming) => {
     r.expected = b.seq + 1n
-    push(queuedRecord(batchRecord(b), r.rank, b.seq, b.seq + 1n))
+    const body: QueuedBody = "payload" in b ? { type: "Raw", raw: b } : batchRecord(b)
+    push(queuedRecord(body, r.rank, b.seq, b.seq + 1n))
   }
   const resync = (re: Resync) => {
     st.resyncs++
@@ -86,7 +101,7 @@ export const makeSequencer = (
   const finishReplay = (r: RankStream, from: bigint, gap: boolean, got: ReadonlyArray<KvBatch> | Error) => {
     const held = r.holding ?? []
     r.holding = undefined
-    const until = (held[0] as KvBatch).seq
+    const until = (held[0] as Incoming).seq
     const inRange =
       got instanceof Error
         ? []
@@ -101,7 +116,7 @@ export const makeSequencer = (
     for (const b of held) accept(r, b)
   }
 
-  const startReplay = (r: RankStream, at: string, from: bigint, trigger: KvBatch, gap: boolean) => {
+  const startReplay = (r: RankStream, at: string, from: bigint, trigger: Incoming, gap: boolean) => {
     r.holding = [trigger]
     fibers.push(
       fetchReplay(at, topic, from, replayTimeoutMs).pipe(
@@ -112,7 +127,7 @@ export const makeSequencer = (
     )
   }
 
-  const accept = (r: RankStream, b: KvBatch) => {
+  const accept = (r: RankStream, b: Incoming) => {
     if (r.holding !== undefined) {
       r.holding.push(b)
       return
@@ -137,22 +152,32 @@ export const makeSequencer = (
   }
 
   const onMessage = (r: RankStream, frames: ReadonlyArray<Uint8Array>) => {
-    const d = decodeMessage(frames)
-    if (d.ok) {
-      st.lastSeq = d.batch.seq.toString()
-      st.unknownEvents += d.batch.unknownTypes
-      st.unknownKeys += d.batch.unknownKeys
-      // The endpoint says which rank this is; a 2-element batch carries no rank of its own.
-      return accept(r, { ...d.batch, dpRank: r.rank })
+    const d = splitMessage(frames)
+    if (!d.ok) {
+      // No seq: nothing to account it to; the next batch's seq shows the gap.
+      st.lastError = `undecodable KV event message: ${d.error}`
+      return
     }
-    st.lastError = `undecodable KV event message: ${d.error}`
-    if (d.seq === undefined || r.holding !== undefined) return
-    // The batch's events are lost; its seq still counts, so no gap is reported for it as well.
-    decodeDrops++
-    st.lastSeq = d.seq.toString()
-    r.expected = d.seq + 1n
-    resync({ reason: "decode", dpRank: r.rank, fromSeq: d.seq, toSeq: d.seq + 1n })
+    st.lastSeq = d.raw.seq.toString()
+    // The endpoint says which rank this is; a 2-element batch carries no rank of its own.
+    accept(r, { ...d.raw, dpRank: r.rank })
   }
 
-  return { onMessage, runQueued, decodeDrops: () => decodeDrops }
+  const materialize = (body: QueuedBody): QueuedBody => {
+    if (body.type !== "Raw") return body
+    const d = decodeRaw(body.raw)
+    if (d.ok) {
+      st.unknownEvents += d.batch.unknownTypes
+      st.unknownKeys += d.batch.unknownKeys
+      return batchRecord(d.batch)
+    }
+    st.lastError = `undecodable KV event message: ${d.error}`
+    st.resyncs++
+    decodeDrops++
+    st.dropped = queue.dropped + decodeDrops
+    const seq = body.raw.seq
+    return resyncRecord({ reason: "decode", dpRank: body.raw.dpRank, fromSeq: seq, toSeq: seq + 1n })
+  }
+
+  return { onMessage, runQueued, decodeDrops: () => decodeDrops, materialize }
 }

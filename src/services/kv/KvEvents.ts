@@ -188,7 +188,38 @@ export const decodePayload = (payload: Uint8Array): Omit<KvBatch, "topic" | "seq
   }
 }
 
-/** One ZMQ message (3 frames) into a batch. */
+/**
+ * A batch as it came off the wire, its payload not decoded yet: enough to check its seq and queue it. The
+ * bridge decodes it only when it is sent to kvcached (`decodeRaw`), so a batch that is dropped while kvcached
+ * is away costs its bytes and nothing more (no events in the heap, no decode garbage).
+ */
+export interface RawBatch {
+  readonly topic: string
+  readonly seq: bigint
+  readonly dpRank: number
+  readonly payload: Uint8Array
+}
+
+export type SplitResult =
+  | { readonly ok: true; readonly raw: Omit<RawBatch, "dpRank"> }
+  | { readonly ok: false; readonly seq: undefined; readonly error: string }
+
+/** One ZMQ message (3 frames: topic, seq, payload) split without decoding the payload. */
+export const splitMessage = (frames: ReadonlyArray<Uint8Array>): SplitResult => {
+  if (frames.length !== 3) return { ok: false, seq: undefined, error: `expected 3 frames, got ${frames.length}` }
+  const [topicF, seqF, payload] = frames as [Uint8Array, Uint8Array, Uint8Array]
+  const seq = readSeq(seqF)
+  if (seq === undefined) return { ok: false, seq: undefined, error: `seq frame has ${seqF.length} bytes, not 8` }
+  return { ok: true, raw: { topic: new TextDecoder().decode(topicF), seq, payload } }
+}
+
+/** A raw batch's payload decoded; the rank is the raw batch's (the endpoint's), not the payload's. */
+export const decodeRaw = (raw: RawBatch): DecodeResult => {
+  const d = decodeParts(raw.topic, raw.seq, raw.payload)
+  return d.ok ? { ok: true, batch: { ...d.batch, dpRank: raw.dpRank } } : d
+}
+
+/** One ZMQ message (3 frames) into a batch (the payload's own rank, if it has one). */
 export const decodeMessage = (frames: ReadonlyArray<Uint8Array>): DecodeResult => {
   if (frames.length !== 3) return { ok: false, seq: undefined, error: `expected 3 frames, got ${frames.length}` }
   const [topicF, seqF, payload] = frames as [Uint8Array, Uint8Array, Uint8Array]
@@ -216,9 +247,10 @@ export const decodeReplayReply = (frames: ReadonlyArray<Uint8Array>, topic: stri
   return { end: false, ...decodeParts(name, seqF, frames[n - 1] as Uint8Array) }
 }
 
-const decodeParts = (topic: string, seqF: Uint8Array, payload: Uint8Array): DecodeResult => {
-  const seq = readSeq(seqF)
-  if (seq === undefined) return { ok: false, seq: undefined, error: `seq frame has ${seqF.length} bytes, not 8` }
+const decodeParts = (topic: string, seqF: Uint8Array | bigint, payload: Uint8Array): DecodeResult => {
+  const seq = typeof seqF === "bigint" ? seqF : readSeq(seqF)
+  if (seq === undefined)
+    return { ok: false, seq: undefined, error: `seq frame has ${(seqF as Uint8Array).length} bytes, not 8` }
   try {
     const { rawEvents: _, ...rest } = decodePayload(payload)
     return { ok: true, batch: { topic, seq, ...rest } }
