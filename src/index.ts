@@ -3,7 +3,7 @@
  * composing a variant of it. The daemon itself is `runDaemon` (programs/main.ts); test layers are in
  * `cgn-agent/testing`.
  */
-export * as AdminHttp from "./layers/admin/Admin.ts"
+export * as AdminLive from "./layers/admin/Admin.ts"
 export * as ConfigLive from "./layers/config/Config.ts"
 export { engineFor, planLayer } from "./layers/engine/backends/index.ts"
 export * as EngineClientLive from "./layers/engine/EngineClient.ts"

@@ -15,7 +15,7 @@ import { configFlag, loadConfig } from "./configOption.ts"
 /**
  * The checks `run` makes before it starts anything, beyond decoding the file: the admin port is not open to
  * the network without a token, and (unless `offline`) the TLS files of [security] and [cluster] are readable,
- * parse, match and have not expired. They read the very functions the servers use (AdminHttp, Tls,
+ * parse, match and have not expired. They read the very functions the servers use (the admin layer, Tls,
  * etcdClient), so check and run cannot disagree. All problems come back in one ConfigError.
  */
 export const preflight = (c: AgentConfig, options: { readonly offline?: boolean } = {}) =>

@@ -6,7 +6,7 @@
  */
 import { Context, Deferred, Duration, Effect, Layer, Option } from "effect"
 import type { LogLevel } from "effect/LogLevel"
-import * as AdminHttp from "../layers/admin/Admin.ts"
+import * as AdminLive from "../layers/admin/Admin.ts"
 import { planLayer } from "../layers/engine/backends/index.ts"
 import * as EngineClientLive from "../layers/engine/EngineClient.ts"
 import * as EngineHostLive from "../layers/engine/EngineHost.ts"
@@ -19,7 +19,7 @@ import * as HealthListener from "../layers/grpc/HealthListener.ts"
 import * as KvBridgeLive from "../layers/kv/KvBridge.ts"
 import * as EventLoopLagLive from "../layers/node/EventLoopLag.ts"
 import * as NodeStatusLive from "../layers/node/NodeStatus.ts"
-import * as NvmlProbe from "../layers/node/Nvml.ts"
+import * as NvmlLive from "../layers/node/Nvml.ts"
 import * as Logging from "../layers/observability/Logging.ts"
 import * as MetricsLive from "../layers/observability/Metrics.ts"
 import * as Tracing from "../layers/observability/Tracing.ts"
@@ -60,7 +60,7 @@ export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
     Layer.provideMerge(services),
     Layer.provideMerge(GpuGateLive.layer),
     Layer.provideMerge(planLayer),
-    Layer.provideMerge(NvmlProbe.layer()),
+    Layer.provideMerge(NvmlLive.layer()),
     Layer.provideMerge(base),
     Layer.provideMerge(Tracing.layer(config)),
     Layer.provideMerge(Logging.layer(config.agent.log_level, logLevel))
@@ -132,7 +132,7 @@ export const daemon = Effect.scoped(
     const gpuGate = yield* GpuGate
     const admission = yield* Admission
     const admin = yield* Layer.build(
-      AdminHttp.layer({
+      AdminLive.layer({
         extras: {
           registration,
           admission: admission.stats,

@@ -6,7 +6,7 @@
 
 import * as ConfigLive from "../layers/config/Config.ts"
 import * as AdmissionLive from "../layers/grpc/Admission.ts"
-import * as NvmlProbe from "../layers/node/Nvml.ts"
+import * as NvmlLive from "../layers/node/Nvml.ts"
 import * as MetricsLive from "../layers/observability/Metrics.ts"
 import * as TlsLive from "../layers/tls/Tls.ts"
 import { Drain } from "../services/node/Drain.ts"
@@ -36,7 +36,7 @@ export const TestLayers = {
   /** An in-memory reporter (needs NodeStatus): records flushes and the drain mark, never talks to etcd. */
   HealthReporter: HealthReporterTest.layerTest,
   /** A fixed GPU list instead of NVML. */
-  Nvml: NvmlProbe.layerFixed,
+  Nvml: NvmlLive.layerFixed,
   /** The drain lever (a deferred; the same in tests as live). */
   Drain: Drain.layer,
   /** TLS from explicit [security] settings (plaintext when require_mtls is false). */

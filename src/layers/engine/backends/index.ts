@@ -9,7 +9,7 @@ import { type Engine, EnginePlan, type LaunchPlan } from "../../../services/engi
 import { assignGpus, cudaEnv } from "../../../services/node/Gpus.ts"
 import { Nvml } from "../../../services/node/Nvml.ts"
 import { formatPath } from "../../config/Config.ts"
-import * as NvmlProbe from "../../node/Nvml.ts"
+import * as NvmlLive from "../../node/Nvml.ts"
 import * as Logging from "../../observability/Logging.ts"
 import { llamaCpp } from "./llama_cpp.ts"
 import { mlx } from "./mlx.ts"
@@ -57,7 +57,7 @@ export const planFor = (config: AgentConfig, gpus: ReadonlyArray<Gpu>): Effect.E
 /** The plan as `check` and `render` see it: GPUs from NVML when this host has it (no metrics, no daemon). */
 export const resolvePlan = (config: AgentConfig): Effect.Effect<LaunchPlan, ConfigError> =>
   planLayer.pipe(
-    Layer.provide(NvmlProbe.layerBare()),
+    Layer.provide(NvmlLive.layerBare()),
     Layer.provide(Layer.succeed(Config, config)),
     Layer.build,
     Effect.map((context) => Context.get(context, EnginePlan)),

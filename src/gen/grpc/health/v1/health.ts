@@ -15,7 +15,7 @@ export const protobufFileName = "grpc/health/v1/health.proto";
 /**
  * The standard gRPC health checking protocol (github.com/grpc/grpc-proto grpc/health/v1/health.proto),
  * vendored so that server reflection can describe it to grpcurl. The server implementation comes from
- * nice-grpc-server-health; the code buf generates from this file is not used.
+ * the grpc-js team's grpc-health-check; the code buf generates from this file is not used.
  */
 
 export interface HealthCheckRequest {
