@@ -6,32 +6,31 @@
 // the load generator used (they share one core: a saturated core is flagged). Per ITL setting it also prints the
 // per-call CPU cost (1-token requests, sequential and concurrent), apart from the per-token cost.
 // Pinning (taskset): the agent and nginx on CPU 0, the simulator and the load generator on CPU 1 (`--pin 0,1`;
-// `--pin none` to leave scheduling to the kernel). The agent runs in its own process (this file re-executed with
-// --agent) so its CPU and RSS are its own; nginx runs as one process (master_process off), see bench/nginx.ts.
+// `--pin none` to leave scheduling to the kernel). The agent is the built daemon as users run it (`dist/main.js
+// run`, `npm run bench` builds it first) with engine.kind "openai_compat" proxying the simulator, standalone (no
+// etcd) and with every layer of the product: its CPU and RSS are the product's. nginx runs as one process
+// (master_process off), see bench/nginx.ts.
 // Flags: --concurrency 1,64,256 --tokens 128 --rounds 4 --itl 5ms,0ms (one table per setting)
 //        --direct scan|parse (the client of the direct and nginx phases; default scan)
 //        --calls 200 (1-token requests per per-call measurement)
 //        --profile DIR (writes the agent's --cpu-prof, one file per setting).
 import { type ChildProcess, execFileSync, spawn } from "node:child_process"
-import { readdirSync, readFileSync, writeFileSync } from "node:fs"
-import { cpus } from "node:os"
-import { fileURLToPath } from "node:url"
+import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
+import { cpus, tmpdir } from "node:os"
+import * as path from "node:path"
 import { parseArgs } from "node:util"
-import { Effect, Layer, ManagedRuntime } from "effect"
 import { createChannel, createClient } from "nice-grpc"
 import { Agent, request } from "undici"
 import { AgentDefinition } from "../src/gen/cgn/agent/v1/agent.ts"
-import { layerFromObject } from "../src/layers/config/Config.ts"
-import { layerFromPlan } from "../src/layers/engine/EngineClient.ts"
-import { layerWith as grpcLayerWith } from "../src/layers/grpc/GrpcServer.ts"
-import { State } from "../src/services/engine/EngineState.ts"
-import { GrpcServer } from "../src/services/grpc/GrpcServer.ts"
-import { layerTest as engineLayerTest, testPlan } from "../src/testing/EngineProcess.ts"
-import { layerTest as nodeStatusLayerTest } from "../src/testing/NodeStatus.ts"
+import { repoRoot, requireDist } from "../test/support/agent.ts"
+import { pollUntil } from "../test/support/poll.ts"
+import { freePorts } from "../test/support/ports.ts"
 import { startSim } from "../test/support/sim.ts"
 import { checkNginx, type NginxHandle, startNginx } from "./nginx.ts"
 
-const self = fileURLToPath(import.meta.url)
+/** Resolves once the agent's /readyz answers 200 (bounded: the agent is up in well under a minute). */
+const pollReady = (url: string): Promise<void> =>
+  pollUntil(`agent ready at ${url}`, async () => (await fetch(url)).status === 200, 60_000).then(() => undefined)
 
 // ---------------------------------------------------------------------------------------------------------
 // CPU accounting (Linux /proc; zeros elsewhere)
@@ -92,28 +91,25 @@ const pin = (pid: number, cpu: number): void => {
 // ---------------------------------------------------------------------------------------------------------
 // Agent process: the gRPC server with the live EngineClient (its CPU and RSS are read from /proc by the bench).
 
-const runAgent = async (engineUrl: string): Promise<void> => {
-  const port = Number(new URL(engineUrl).port)
-  const plan = testPlan({ baseUrl: engineUrl, port, servedModel: "m", requestModel: "m" })
-  const deps = Layer.mergeAll(
-    layerFromObject({
-      agent: { node_id: "bench", max_tokens_limit: 100_000, log_level: "warn" },
-      engine: { kind: "vllm", url: engineUrl },
-      models: { m: { hf_repo: "org/m" } }
-    }),
-    layerFromPlan(plan),
-    engineLayerTest({ plan, initial: State.Ready({ since: Date.now(), run: 0 }) }),
-    nodeStatusLayerTest({ state: "ready" })
-  )
-  const rt = ManagedRuntime.make(grpcLayerWith({ address: "127.0.0.1:0" }).pipe(Layer.provideMerge(deps)))
-  const server = await rt.runPromise(Effect.map(GrpcServer, (s) => s))
-  process.on("message", (m: { type: string }) => {
-    if (m.type === "exit") {
-      void rt.dispose().then(() => process.exit(0))
-    }
-  })
-  process.send?.({ type: "ready", address: server.address })
-}
+/** The agent's config: the simulator proxied as an OpenAI-compatible server, ephemeral ports, no etcd. */
+const agentConfig = (engineUrl: string, grpcPort: number, adminPort: number): string => `
+[agent]
+listen_grpc = "127.0.0.1:${grpcPort}"
+listen_admin = "127.0.0.1:${adminPort}"
+node_id = "bench"
+max_tokens_limit = 100000
+max_inflight = 4096
+log_level = "warn"
+state_dir = ${JSON.stringify(path.join(tmpdir(), "cgn-bench-state"))}
+
+[engine]
+kind = "openai_compat"
+url = "${engineUrl}"
+
+[models.m]
+hf_repo = "org/m"
+served_name = "m"
+`
 
 // ---------------------------------------------------------------------------------------------------------
 // Load generator
@@ -354,22 +350,24 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
     if (o.pins !== undefined) pin(sim.pid, o.pins.engine)
     nginx = await startNginx(sim.url, o.pins?.relay)
     const profile = o.profileDir === undefined ? [] : ["--cpu-prof", `--cpu-prof-dir=${o.profileDir}`]
-    const agentArgs = [...profile, self, "--agent", sim.url]
-    // taskset execs node: the child's pid (and its IPC channel) is the agent's.
+    const [grpcPort, adminPort] = await freePorts(2)
+    const configPath = path.join(mkdtempSync(path.join(tmpdir(), "cgn-bench-")), "agent.toml")
+    writeFileSync(configPath, agentConfig(sim.url, grpcPort!, adminPort!))
+    const agentArgs = [...profile, path.join(repoRoot, "dist/main.js"), "run", "--config", configPath]
+    // taskset execs node: the child's pid is the agent's.
     const a =
       o.pins === undefined
-        ? spawn(process.execPath, agentArgs, { stdio: ["ignore", "inherit", "inherit", "ipc"] })
+        ? spawn(process.execPath, agentArgs, { stdio: ["ignore", "inherit", "inherit"] })
         : spawn("taskset", ["-c", String(o.pins.relay), process.execPath, ...agentArgs], {
-            stdio: ["ignore", "inherit", "inherit", "ipc"]
+            stdio: ["ignore", "inherit", "inherit"]
           })
     agent = a
     const agentPid = a.pid ?? -1
-    const address = await new Promise<string>((resolve, reject) => {
+    const exited = new Promise<never>((_, reject) =>
       a.once("exit", (code) => reject(new Error(`agent exited (${code})`)))
-      a.on("message", (m: { type: string; address: string }) => {
-        if (m.type === "ready") resolve(m.address)
-      })
-    })
+    )
+    await Promise.race([exited, pollReady(`http://127.0.0.1:${adminPort}/readyz`)])
+    const address = `127.0.0.1:${grpcPort}`
     const channel = createChannel(address, undefined, { "grpc.max_concurrent_streams": 1024 })
     const client = createClient(AgentDefinition, channel)
     const direct = directFor(o.baseline)
@@ -447,11 +445,11 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
         `${o.calls} together took ${f(pcA.concMs, 0)} ms via agent, ${f(pcN.concMs, 0)} ms via nginx; errors ${pcN.errors}/${pcA.errors}`
     )
   } finally {
-    // send() throws once the agent has died, which would leave the simulator (own process group) running.
+    // The agent drains on SIGTERM (no streams are left) and exits.
     try {
       if (agent !== undefined && agent.exitCode === null) {
         const a = agent
-        a.send({ type: "exit" })
+        a.kill("SIGTERM")
         await new Promise<void>((resolve) => {
           if (a.exitCode !== null) resolve()
           else a.once("exit", () => resolve())
@@ -505,5 +503,5 @@ const runBench = async (): Promise<void> => {
   await pool.close()
 }
 
-if (process.argv[2] === "--agent") await runAgent(process.argv[3] ?? "")
-else await runBench()
+requireDist()
+await runBench()
