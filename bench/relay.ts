@@ -13,7 +13,8 @@
 // Flags: --concurrency 1,64,256 --tokens 128 --rounds 4 --itl 5ms,0ms (one table per setting)
 //        --direct scan|parse (the client of the direct and nginx phases; default scan)
 //        --calls 200 (1-token requests per per-call measurement)
-//        --profile DIR (writes the agent's --cpu-prof, one file per setting).
+//        --profile DIR (writes the agent's --cpu-prof, one file per setting)
+//        --agent-node-flags="..." (Node/V8 flags for the agent process; default: the image's, from the Dockerfile).
 import { type ChildProcess, execFileSync, spawn } from "node:child_process"
 import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
 import { cpus, tmpdir } from "node:os"
@@ -27,6 +28,13 @@ import { pollUntil } from "../test/support/poll.ts"
 import { freePorts } from "../test/support/ports.ts"
 import { startSim } from "../test/support/sim.ts"
 import { checkNginx, type NginxHandle, startNginx } from "./nginx.ts"
+
+/** The Node flags the image runs the agent with (the Dockerfile's last ENTRYPOINT): the bench runs the same. */
+const imageNodeFlags = (): Array<string> => {
+  const entry = [...readFileSync(path.join(repoRoot, "Dockerfile"), "utf8").matchAll(/^ENTRYPOINT (\[.*\])$/gm)].at(-1)
+  const argv = JSON.parse(entry?.[1] ?? "[]") as Array<string>
+  return argv.slice(argv.indexOf("node") + 1, argv.indexOf("/opt/cgn-agent/dist/main.js"))
+}
 
 /** Resolves once the agent's /readyz answers 200 (bounded: the agent is up in well under a minute). */
 const pollReady = (url: string): Promise<void> =>
@@ -315,6 +323,8 @@ interface Options {
   readonly baseline: Baseline
   readonly pins: Pins | undefined
   readonly profileDir: string | undefined
+  /** Node flags for the agent process (e.g. V8 heap settings to try). */
+  readonly agentNodeFlags: ReadonlyArray<string>
 }
 
 const rate = (p: PhaseResult) => (p.tokens * 1000) / p.wallMs
@@ -353,7 +363,14 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
     const [grpcPort, adminPort] = await freePorts(2)
     const configPath = path.join(mkdtempSync(path.join(tmpdir(), "cgn-bench-")), "agent.toml")
     writeFileSync(configPath, agentConfig(sim.url, grpcPort!, adminPort!))
-    const agentArgs = [...profile, path.join(repoRoot, "dist/main.js"), "run", "--config", configPath]
+    const agentArgs = [
+      ...profile,
+      ...o.agentNodeFlags,
+      path.join(repoRoot, "dist/main.js"),
+      "run",
+      "--config",
+      configPath
+    ]
     // taskset execs node: the child's pid is the agent's.
     const a =
       o.pins === undefined
@@ -475,7 +492,8 @@ const runBench = async (): Promise<void> => {
       direct: { type: "string", default: "scan" },
       calls: { type: "string", default: "200" },
       pin: { type: "string", default: "0,1" },
-      profile: { type: "string" }
+      profile: { type: "string" },
+      "agent-node-flags": { type: "string", default: imageNodeFlags().join(" ") }
     }
   })
   const b = values.direct
@@ -497,7 +515,8 @@ const runBench = async (): Promise<void> => {
     calls: Number(values.calls),
     baseline: b,
     pins,
-    profileDir: values.profile
+    profileDir: values.profile,
+    agentNodeFlags: values["agent-node-flags"].split(" ").filter((f) => f !== "")
   }
   for (const itl of values.itl.split(",")) await runSetting(itl, o)
   await pool.close()

@@ -32,6 +32,14 @@ describe("Dockerfile", () => {
     expect(dockerfile).not.toMatch(/:latest\b/)
   })
 
+  it("runs the agent with the same Node flags in both final images, a bounded young generation among them", () => {
+    const entries = [...dockerfile.matchAll(/^ENTRYPOINT (\[.*\])$/gm)].map((m) => JSON.parse(m[1]!) as Array<string>)
+    expect(entries).toHaveLength(2)
+    expect(entries[0]).toEqual(entries[1])
+    const flags = entries[0]!.slice(entries[0]!.indexOf("node") + 1, entries[0]!.indexOf("/opt/cgn-agent/dist/main.js"))
+    expect(flags.some((f) => /^--max-semi-space-size=\d+$/.test(f))).toBe(true)
+  })
+
   it("labels both final images (OCI annotations) and copies the trimmed dependencies", () => {
     for (const name of ["vllm", "runtime"]) {
       const stage = stages.find((s) => s.name === name)!
