@@ -14,7 +14,8 @@
 //        --direct scan|parse (the client of the direct and nginx phases; default scan)
 //        --calls 200 (1-token requests per per-call measurement)
 //        --profile DIR (writes the agent's --cpu-prof, one file per setting)
-//        --agent-node-flags="..." (Node/V8 flags for the agent process; default: the image's, from the Dockerfile).
+//        --agent-node-flags="..." (Node/V8 flags for the agent process; default: the image's, from the Dockerfile)
+//        --agent-root DIR (run another checkout's built agent, DIR/dist/main.js, to compare two versions).
 import { type ChildProcess, execFileSync, spawn } from "node:child_process"
 import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
 import { cpus, tmpdir } from "node:os"
@@ -325,6 +326,8 @@ interface Options {
   readonly profileDir: string | undefined
   /** Node flags for the agent process (e.g. V8 heap settings to try). */
   readonly agentNodeFlags: ReadonlyArray<string>
+  /** The checkout whose built agent (dist/main.js) runs: another tree's, to compare two versions. */
+  readonly agentRoot: string
 }
 
 const rate = (p: PhaseResult) => (p.tokens * 1000) / p.wallMs
@@ -493,7 +496,8 @@ const runBench = async (): Promise<void> => {
       calls: { type: "string", default: "200" },
       pin: { type: "string", default: "0,1" },
       profile: { type: "string" },
-      "agent-node-flags": { type: "string", default: imageNodeFlags().join(" ") }
+      "agent-node-flags": { type: "string", default: imageNodeFlags().join(" ") },
+      "agent-root": { type: "string", default: repoRoot }
     }
   })
   const b = values.direct
@@ -516,7 +520,8 @@ const runBench = async (): Promise<void> => {
     baseline: b,
     pins,
     profileDir: values.profile,
-    agentNodeFlags: values["agent-node-flags"].split(" ").filter((f) => f !== "")
+    agentNodeFlags: values["agent-node-flags"].split(" ").filter((f) => f !== ""),
+    agentRoot: values["agent-root"]
   }
   for (const itl of values.itl.split(",")) await runSetting(itl, o)
   await pool.close()
