@@ -30,8 +30,7 @@ interface Import {
 
 const importRx = /^\s*(import|export)\s+(type\s+)?([^"']*?)from\s+["']([^"']+)["']|^\s*import\s+["']([^"']+)["']/gm
 const dynamicRx = /import\(\s*["']([^"']+)["']\s*\)/g
-const imports: Array<Import> = sources.flatMap((file) => {
-  const src = text.get(file)!
+const importsOf = (file: string, src: string): Array<Import> => {
   const found: Array<Import> = []
   for (const m of src.matchAll(importRx)) {
     const names = (m[3] ?? "")
@@ -42,7 +41,15 @@ const imports: Array<Import> = sources.flatMap((file) => {
   }
   for (const m of src.matchAll(dynamicRx)) found.push({ file, specifier: m[1]!, typeOnly: false, names: [] })
   return found
-})
+}
+const imports: Array<Import> = sources.flatMap((file) => importsOf(file, text.get(file)!))
+/** The tests' and benchmarks' imports too: they use dependencies by the same rule. */
+const allImports: Array<Import> = [
+  ...imports,
+  ...[...walk(path.join(ROOT, "test")), ...walk(path.join(ROOT, "bench"))].flatMap((f) =>
+    importsOf(path.relative(ROOT, f), fs.readFileSync(f, "utf8"))
+  )
+]
 
 /** The repository-relative file a relative specifier names (undefined for a package). */
 const target = (i: Import): string | undefined =>
@@ -113,9 +120,9 @@ describe("architecture invariants", () => {
     expect(long).toEqual([])
   })
 
-  it("dependencies are used through their public entry points only (package.json exports)", () => {
+  it("dependencies are used through their public entry points only (package.json exports), in tests too", () => {
     const privateUse: Array<string> = []
-    for (const i of imports) {
+    for (const i of allImports) {
       if (i.specifier.startsWith(".") || i.specifier.startsWith("node:")) continue
       const parts = i.specifier.split("/")
       const name = i.specifier.startsWith("@") ? parts.slice(0, 2).join("/") : parts[0]!

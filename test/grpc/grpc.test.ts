@@ -5,7 +5,6 @@ import { Effect, Layer, ManagedRuntime } from "effect"
 import { type Channel, ClientError, createChannel, createClient, Metadata, Status } from "nice-grpc"
 import { HealthDefinition } from "nice-grpc-server-health"
 import { ServerReflectionService } from "nice-grpc-server-reflection"
-import reflectionPb from "nice-grpc-server-reflection/lib/proto/grpc/reflection/v1/reflection_pb.js"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import {
   type AgentClient,
@@ -26,6 +25,10 @@ import { NodeStatusTest } from "../../src/testing/NodeStatus.ts"
 import { agentDeps } from "../support/agentDeps.ts"
 import { runCli } from "../support/cli.ts"
 import { getJson, pollUntil, postJson, type SimHandle, startSim } from "../support/sim.ts"
+
+/** An empty ServerReflectionRequest, made through the published service definition (its message classes live in
+ * the package's files, not its API). */
+const reflectionRequest = () => ServerReflectionService.serverReflectionInfo.requestDeserialize(Buffer.alloc(0))
 
 interface Agent {
   readonly address: string
@@ -550,17 +553,17 @@ describe("reflection and the generate client", () => {
   it("reflection lists the Agent service and serves its file", async () => {
     const client = createClient(ServerReflectionService, agent.channel)
     async function* requests() {
-      const list = new reflectionPb.ServerReflectionRequest()
+      const list = reflectionRequest()
       list.setListServices("*")
       yield list
-      const file = new reflectionPb.ServerReflectionRequest()
+      const file = reflectionRequest()
       file.setFileContainingSymbol("cgn.agent.v1.Agent")
       yield file
-      const message = new reflectionPb.ServerReflectionRequest()
+      const message = reflectionRequest()
       message.setFileContainingSymbol("cgn.agent.v1.GenerateRequest")
       yield message
     }
-    const answers: Array<InstanceType<typeof reflectionPb.ServerReflectionResponse>> = []
+    const answers: Array<ReturnType<typeof ServerReflectionService.serverReflectionInfo.responseDeserialize>> = []
     for await (const a of client.serverReflectionInfo(requests())) answers.push(a)
     const services = answers[0]
       ?.getListServicesResponse()

@@ -5,7 +5,6 @@ import { Cause, Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
 import { ClientError, createChannel, createClient, Status } from "nice-grpc"
 import { HealthDefinition } from "nice-grpc-server-health"
 import { ServerReflectionService } from "nice-grpc-server-reflection"
-import reflectionPb from "nice-grpc-server-reflection/lib/proto/grpc/reflection/v1/reflection_pb.js"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { AgentDefinition } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { HealthCheckResponse_ServingStatus as S } from "../../src/gen/grpc/health/v1/health.ts"
@@ -15,6 +14,10 @@ import { State } from "../../src/services/engine/EngineState.ts"
 import { AGENT_SERVICE, GrpcServer } from "../../src/services/grpc/GrpcServer.ts"
 import { EngineProcessControl } from "../../src/testing/EngineProcess.ts"
 import { agentDeps } from "../support/agentDeps.ts"
+
+/** An empty ServerReflectionRequest, made through the published service definition (its message classes live in
+ * the package's files, not its API). */
+const reflectionRequest = () => ServerReflectionService.serverReflectionInfo.requestDeserialize(Buffer.alloc(0))
 
 // A v1alpha client: the same messages as v1 under the older name (grpc-proto grpc/reflection/v1alpha/reflection.proto).
 const ReflectionV1Alpha = {
@@ -121,7 +124,7 @@ describe("reflection v1alpha", () => {
     try {
       const client = createClient(ReflectionV1Alpha, channel)
       async function* requests() {
-        const list = new reflectionPb.ServerReflectionRequest()
+        const list = reflectionRequest()
         list.setListServices("*")
         yield list
       }
