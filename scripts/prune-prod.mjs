@@ -13,10 +13,6 @@ const rm = (rel, why) => {
   removed.push(`${rel} (${why})`)
 }
 
-// typed-emitter (types only, pulled in by nice-grpc-server-health) lists rxjs as an optional dependency
-// for its .d.ts; `--omit=optional` cannot be used because koffi's platform binary is optional too.
-rm("rxjs", "typed-emitter's optional types-only dependency")
-rm("tslib", "rxjs's runtime helper")
 // TypeScript sources shipped next to the compiled output (package "exports" point at dist/).
 rm("effect/src", "TypeScript sources; exports point at dist/")
 rm("@effect/platform-node/src", "TypeScript sources")

@@ -1,5 +1,5 @@
 /**
- * EngineStall: whether the engine has stopped producing. The Generate stall watchdog (layers/grpc/GrpcServer.ts)
+ * EngineStall: whether the engine has stopped producing. The Generate stall watchdog (layers/grpc/StallWatchdog.ts)
  * reports each stream it ends for engine.stream_idle_timeout and each tick in which some stream made progress;
  * while the last stall is newer than the last progress, no stream has moved since a stream stalled: the engine
  * is wedged, and the node says so (unhealthy, with the reason) instead of taking more calls. A new engine run
