@@ -190,7 +190,6 @@ describe("the log lines of a real run", () => {
     const msgs = new Set(records.map((r) => r.msg))
     // Debug level reached the daemon: the flag won over CGN_LOG_LEVEL=error.
     expect(msgs).toContain("engine readiness probe")
-    expect(msgs).toContain("admission")
     expect(msgs).toContain("cgn-agent serving")
     expect(records.find((r) => r.msg === "engine Starting -> Ready")).toMatchObject({ engine: "vllm", run: 0 })
   })
