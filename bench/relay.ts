@@ -15,7 +15,9 @@
 //        --calls 200 (1-token requests per per-call measurement)
 //        --profile DIR (writes the agent's --cpu-prof, one file per setting)
 //        --agent-node-flags="..." (Node/V8 flags for the agent process; default: the image's, from the Dockerfile)
-//        --agent-root DIR (run another checkout's built agent, DIR/dist/main.js, to compare two versions).
+//        --agent-root DIR (run another checkout's built agent, DIR/dist/main.js, to compare two versions)
+//        --agent-impl daemon|floor (floor: bench/floor.ts in the agent's place, the least a Node gRPC->SSE relay
+//        does, to read the agent's figures against).
 import { type ChildProcess, execFileSync, spawn } from "node:child_process"
 import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
 import { cpus, tmpdir } from "node:os"
@@ -328,6 +330,8 @@ interface Options {
   readonly agentNodeFlags: ReadonlyArray<string>
   /** The checkout whose built agent (dist/main.js) runs: another tree's, to compare two versions. */
   readonly agentRoot: string
+  /** "floor": bench/floor.ts runs in the agent's place. */
+  readonly agentImpl: "daemon" | "floor"
 }
 
 const rate = (p: PhaseResult) => (p.tokens * 1000) / p.wallMs
@@ -369,10 +373,17 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
     const agentArgs = [
       ...profile,
       ...o.agentNodeFlags,
-      path.join(repoRoot, "dist/main.js"),
-      "run",
-      "--config",
-      configPath
+      ...(o.agentImpl === "floor"
+        ? [
+            path.join(repoRoot, "bench/floor.ts"),
+            "--grpc",
+            String(grpcPort),
+            "--admin",
+            String(adminPort),
+            "--engine",
+            sim.url
+          ]
+        : [path.join(o.agentRoot, "dist/main.js"), "run", "--config", configPath])
     ]
     // taskset execs node: the child's pid is the agent's.
     const a =
@@ -451,7 +462,7 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
     channel.close()
     const keys = Object.keys(rows[0] ?? {})
     console.log(
-      `\nrelay benchmark: sim ITL ${itl}, ${o.tokens} tokens/request, ${o.rounds} requests per stream, direct client ${o.baseline}, ${cpus().length} cores, ` +
+      `\nrelay benchmark (agent: ${o.agentImpl === "floor" ? "bench/floor.ts" : path.join(o.agentRoot, "dist/main.js")} ${o.agentNodeFlags.join(" ")}): sim ITL ${itl}, ${o.tokens} tokens/request, ${o.rounds} requests per stream, direct client ${o.baseline}, ${cpus().length} cores, ` +
         `${pinned ? `agent+nginx on CPU ${o.pins?.relay}, sim+loadgen on CPU ${o.pins?.engine}` : "not pinned"}; agent idle ${f(idleAgentUs / 1000, 1)} ms CPU/s` +
         `${pinned ? "; ! = the sim+loadgen CPU was saturated" : ""}`
     )
@@ -497,11 +508,14 @@ const runBench = async (): Promise<void> => {
       pin: { type: "string", default: "0,1" },
       profile: { type: "string" },
       "agent-node-flags": { type: "string", default: imageNodeFlags().join(" ") },
-      "agent-root": { type: "string", default: repoRoot }
+      "agent-root": { type: "string", default: repoRoot },
+      "agent-impl": { type: "string", default: "daemon" }
     }
   })
   const b = values.direct
   if (b !== "scan" && b !== "parse") throw new Error(`--direct: expected scan or parse; got ${b}`)
+  const impl = values["agent-impl"]
+  if (impl !== "daemon" && impl !== "floor") throw new Error(`--agent-impl: expected daemon or floor; got ${impl}`)
   let pins: Pins | undefined
   if (values.pin !== "none") {
     const [relay, engine] = values.pin.split(",").map(Number)
@@ -521,7 +535,8 @@ const runBench = async (): Promise<void> => {
     pins,
     profileDir: values.profile,
     agentNodeFlags: values["agent-node-flags"].split(" ").filter((f) => f !== ""),
-    agentRoot: values["agent-root"]
+    agentRoot: path.resolve(values["agent-root"]),
+    agentImpl: impl
   }
   for (const itl of values.itl.split(",")) await runSetting(itl, o)
   await pool.close()
