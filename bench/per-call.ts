@@ -4,6 +4,7 @@
 // sequential 1-token Generate calls; the agent's CPU over them (all threads, /proc/PID/task/*/schedstat) divided by
 // the calls. Several `--agent-root`s are measured in turn, alternating, `--rounds` times: the way to compare two
 // versions of the per-call path when `npm run bench`'s 200-call figure is too noisy (its spread is ±20-40%).
+// `--agent-root floor` measures bench/floor.ts (the least a Node gRPC->SSE relay does) in the agent's place.
 import { type ChildProcess, spawn } from "node:child_process"
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
@@ -59,11 +60,21 @@ const measure = async (root: string, engineUrl: string): Promise<{ cpuUs: number
       'served_name = "m"'
     ].join("\n")
   )
-  const agent: ChildProcess = spawn(
-    "taskset",
-    ["-c", "0", process.execPath, path.join(root, "dist/main.js"), "run", "--config", config],
-    { stdio: ["ignore", "inherit", "inherit"] }
-  )
+  const argv =
+    root === "floor"
+      ? [
+          path.join(repoRoot, "bench/floor.ts"),
+          "--grpc",
+          String(grpcPort),
+          "--admin",
+          String(adminPort),
+          "--engine",
+          engineUrl
+        ]
+      : [path.join(root, "dist/main.js"), "run", "--config", config]
+  const agent: ChildProcess = spawn("taskset", ["-c", "0", process.execPath, ...argv], {
+    stdio: ["ignore", "inherit", "inherit"]
+  })
   try {
     await pollUntil(
       "agent ready",
