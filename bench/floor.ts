@@ -1,12 +1,17 @@
 // The floor: the least a Node gRPC-in, SSE-out relay must do, to read the agent's bench figures against
-// (`node bench/relay.ts --agent-impl floor`). One grpc-js server with Agent.Generate only (the same generated
-// protobuf encoders and grpc-js options as the agent), one undici Agent driven through `dispatch` (as the agent's
-// EngineClient), SSE split on "\n", `JSON.parse` of each `data:` line, `choices[0].text` written as one delta per
-// read, then a final message. Nothing else: no config, admission, metrics, spans, logs, watchdog, errors mapped
-// or back-pressure. Whatever CPU or RSS the agent spends above this is the agent's own; what this spends above
-// nginx is Node, grpc-js and undici.
+// (`node bench/relay.ts --agent-impl floor`, `node bench/per-call.ts --agent-root floor`). It serves
+// Agent.Generate only, with the same generated protobuf encoders as the agent, reads the engine's SSE, splits
+// lines, `JSON.parse`s each `data:` event, writes `choices[0].text` as one delta per read, then a final message.
+// Nothing else: no config, admission, metrics, spans, logs, watchdog, error mapping or back-pressure. Whatever
+// CPU or RSS the agent spends above this is the agent's own; what this spends above nginx is the stack's.
+// The stack is chosen by environment, to measure what another one would give:
+//   FLOOR_SERVER=grpc-js (default: grpc-js's Server, as the agent) | http2 (node:http2 with gRPC framing by hand)
+//   FLOOR_CLIENT=undici  (default: undici's dispatch, as the agent) | net (HTTP/1.1 over node:net by hand:
+//                keep-alive sockets, chunked bodies only; enough for the simulator, not a client for production)
 // Usage: node bench/floor.ts --grpc PORT --admin PORT --engine URL   (GET /readyz on the admin port answers 200)
 import { createServer } from "node:http"
+import * as http2 from "node:http2"
+import * as net from "node:net"
 import { parseArgs } from "node:util"
 import * as grpc from "@grpc/grpc-js"
 import { Agent, type Dispatcher } from "undici"
@@ -16,61 +21,71 @@ const { values } = parseArgs({
   options: { grpc: { type: "string" }, admin: { type: "string" }, engine: { type: "string" } }
 })
 const engine = new URL(values.engine ?? "http://127.0.0.1:8000")
-const pool = new Agent({ connections: null, pipelining: 1 })
+const serverKind = process.env.FLOOR_SERVER ?? "grpc-js"
+const clientKind = process.env.FLOOR_CLIENT ?? "undici"
 const bytes = (u: Uint8Array): Buffer => Buffer.from(u.buffer, u.byteOffset, u.byteLength)
 
-type Call = grpc.ServerWritableStream<GenerateRequest, GenerateResponse>
+/** The call side as the relay sees it, whichever server holds the call. */
+interface Out {
+  write(m: GenerateResponse): void
+  end(): void
+  fail(e: Error): void
+}
 
-/** One engine stream relayed to one call: the undici handler. */
-class Relay implements Dispatcher.DispatchHandler {
-  private pending = ""
-  private finish = "stop"
-  private controller: Dispatcher.DispatchController | undefined
-  private readonly call: Call
-  constructor(call: Call) {
-    this.call = call
-    call.once("cancelled", () => this.controller?.abort(new Error("cancelled")))
-  }
-  onRequestStart(controller: Dispatcher.DispatchController): void {
-    this.controller = controller
-  }
-  onResponseStart(): void {}
-  onResponseData(_c: Dispatcher.DispatchController, chunk: Buffer): void {
-    this.pending += chunk.toString("utf8")
-    let text = ""
-    let tokens = 0
-    let start = 0
-    for (let nl = this.pending.indexOf("\n"); nl >= 0; nl = this.pending.indexOf("\n", start)) {
-      const line = this.pending.slice(start, nl)
-      start = nl + 1
-      if (!line.startsWith("data: ") || line === "data: [DONE]") continue
-      const choice = (JSON.parse(line.slice(6)) as { choices?: Array<{ text?: string; finish_reason?: string }> })
-        .choices?.[0]
-      if (choice?.finish_reason) this.finish = choice.finish_reason
-      if (choice?.text) {
-        text += choice.text
-        tokens++
+/** The engine side's events, whichever client reads the engine. */
+interface Sink {
+  data(chunk: Buffer): void
+  end(): void
+  error(e: Error): void
+}
+
+/** SSE to deltas: one delta per read, the final message at the end of the body. */
+const relayTo = (out: Out): Sink => {
+  let pending = ""
+  let finish = "stop"
+  return {
+    data(chunk) {
+      pending += chunk.toString("utf8")
+      let text = ""
+      let tokens = 0
+      let start = 0
+      for (let nl = pending.indexOf("\n"); nl >= 0; nl = pending.indexOf("\n", start)) {
+        const line = pending.slice(start, nl)
+        start = nl + 1
+        if (!line.startsWith("data: ") || line === "data: [DONE]") continue
+        const choice = (JSON.parse(line.slice(6)) as { choices?: Array<{ text?: string; finish_reason?: string }> })
+          .choices?.[0]
+        if (choice?.finish_reason) finish = choice.finish_reason
+        if (choice?.text) {
+          text += choice.text
+          tokens++
+        }
       }
-    }
-    this.pending = this.pending.slice(start)
-    if (tokens > 0) this.call.write({ delta: { text, index: 0, tokens } })
-  }
-  onResponseEnd(): void {
-    this.call.write({ final: { finishReason: this.finish, nodeId: "floor", requestId: "" } })
-    this.call.end()
-  }
-  onResponseError(_c: Dispatcher.DispatchController, error: Error): void {
-    this.call.destroy(error)
+      pending = pending.slice(start)
+      if (tokens > 0) out.write({ delta: { text, index: 0, tokens } })
+    },
+    end() {
+      out.write({ final: { finishReason: finish, nodeId: "floor", requestId: "" } })
+      out.end()
+    },
+    error: (e) => out.fail(e)
   }
 }
 
-const generate = (call: Call): void => {
-  const body = JSON.stringify({
-    model: call.request.model || "m",
-    prompt: call.request.prompt,
-    max_tokens: call.request.sampling?.maxTokens ?? 16,
+// ---------------------------------------------------------------------------------------------------------
+// Engine clients: start a streamed completion; the returned function aborts it.
+
+const requestBody = (req: GenerateRequest): string =>
+  JSON.stringify({
+    model: req.model || "m",
+    prompt: req.prompt,
+    max_tokens: req.sampling?.maxTokens ?? 16,
     stream: true
   })
+
+const pool = new Agent({ connections: null, pipelining: 1 })
+const viaUndici = (body: string, sink: Sink): (() => void) => {
+  let controller: Dispatcher.DispatchController | undefined
   pool.dispatch(
     {
       origin: engine.origin,
@@ -79,27 +94,151 @@ const generate = (call: Call): void => {
       headers: { "content-type": "application/json", accept: "text/event-stream" },
       body
     },
-    new Relay(call)
+    {
+      onRequestStart: (c) => {
+        controller = c
+      },
+      onResponseStart: () => undefined,
+      onResponseData: (_c, chunk) => sink.data(chunk),
+      onResponseEnd: () => sink.end(),
+      onResponseError: (_c, e) => sink.error(e)
+    }
   )
+  return () => controller?.abort(new Error("cancelled"))
 }
 
-const server = new grpc.Server()
-server.addService(
-  {
-    generate: {
-      path: `/${AgentDefinition.fullName}/${AgentDefinition.methods.generate.name}`,
-      requestStream: false,
-      responseStream: true,
-      requestSerialize: (m: GenerateRequest) => bytes(GenerateRequest.encode(m).finish()),
-      requestDeserialize: (b: Buffer) => GenerateRequest.decode(b),
-      responseSerialize: (m: GenerateResponse) => bytes(GenerateResponse.encode(m).finish()),
-      responseDeserialize: (b: Buffer) => GenerateResponse.decode(b)
+/** Idle keep-alive sockets to the engine. */
+const idle: Array<net.Socket> = []
+const viaNet = (body: string, sink: Sink): (() => void) => {
+  const socket = idle.pop() ?? net.connect({ host: engine.hostname, port: Number(engine.port) }).setNoDelay(true)
+  let head = true
+  let buf: Buffer = Buffer.alloc(0)
+  let done = false
+  const finish = (ok: boolean) => {
+    done = true
+    socket.off("data", onData)
+    socket.off("error", onError)
+    if (ok) {
+      idle.push(socket)
+      sink.end()
+    } else socket.destroy()
+  }
+  // Response head, then the chunked body: "<hex size>\r\n<data>\r\n" ... "0\r\n\r\n".
+  const onData = (chunk: Buffer) => {
+    buf = buf.length === 0 ? chunk : Buffer.concat([buf, chunk])
+    if (head) {
+      const end = buf.indexOf("\r\n\r\n")
+      if (end < 0) return
+      head = false
+      buf = buf.subarray(end + 4)
     }
-  },
-  { generate }
-)
-server.bindAsync(`127.0.0.1:${values.grpc}`, grpc.ServerCredentials.createInsecure(), (err) => {
-  if (err !== null) throw err
+    for (;;) {
+      const eol = buf.indexOf("\r\n")
+      if (eol < 0) return
+      const size = Number.parseInt(buf.toString("latin1", 0, eol), 16)
+      if (size === 0) return finish(true)
+      if (buf.length < eol + 2 + size + 2) return
+      sink.data(buf.subarray(eol + 2, eol + 2 + size))
+      buf = buf.subarray(eol + 2 + size + 2)
+    }
+  }
+  const onError = (e: Error) => {
+    if (!done) sink.error(e)
+    finish(false)
+  }
+  socket.on("data", onData)
+  socket.on("error", onError)
+  socket.write(
+    `POST /v1/completions HTTP/1.1\r\nhost: ${engine.host}\r\ncontent-type: application/json\r\n` +
+      `accept: text/event-stream\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`
+  )
+  return () => {
+    if (!done) finish(false)
+  }
+}
+
+const startEngine = clientKind === "net" ? viaNet : viaUndici
+
+// ---------------------------------------------------------------------------------------------------------
+// gRPC servers
+
+const generatePath = `/${AgentDefinition.fullName}/${AgentDefinition.methods.generate.name}`
+
+const serveGrpcJs = (port: number, ready: () => void): (() => void) => {
+  type Call = grpc.ServerWritableStream<GenerateRequest, GenerateResponse>
+  const server = new grpc.Server()
+  server.addService(
+    {
+      generate: {
+        path: generatePath,
+        requestStream: false,
+        responseStream: true,
+        requestSerialize: (m: GenerateRequest) => bytes(GenerateRequest.encode(m).finish()),
+        requestDeserialize: (b: Buffer) => GenerateRequest.decode(b),
+        responseSerialize: (m: GenerateResponse) => bytes(GenerateResponse.encode(m).finish()),
+        responseDeserialize: (b: Buffer) => GenerateResponse.decode(b)
+      }
+    },
+    {
+      generate: (call: Call) => {
+        const abort = startEngine(
+          requestBody(call.request),
+          relayTo({
+            write: (m) => call.write(m),
+            end: () => call.end(),
+            fail: (e) => call.destroy(e)
+          })
+        )
+        call.once("cancelled", abort)
+      }
+    }
+  )
+  server.bindAsync(`127.0.0.1:${port}`, grpc.ServerCredentials.createInsecure(), (err) => {
+    if (err !== null) throw err
+    ready()
+  })
+  return () => server.tryShutdown(() => process.exit(0))
+}
+
+/** A length-prefixed gRPC message: flag 0 (not compressed), 4-byte big-endian length, the message. */
+const frame = (m: GenerateResponse): Buffer => {
+  const body = GenerateResponse.encode(m).finish()
+  const out = Buffer.allocUnsafe(5 + body.length)
+  out[0] = 0
+  out.writeUInt32BE(body.length, 1)
+  out.set(body, 5)
+  return out
+}
+
+const serveHttp2 = (port: number, ready: () => void): (() => void) => {
+  const server = http2.createServer()
+  server.on("stream", (stream, headers) => {
+    if (headers[":path"] !== generatePath) {
+      stream.respond({ ":status": 200, "content-type": "application/grpc", "grpc-status": "12" }, { endStream: true })
+      return
+    }
+    const parts: Array<Buffer> = []
+    stream.on("data", (c: Buffer) => parts.push(c))
+    stream.once("end", () => {
+      const req = GenerateRequest.decode(Buffer.concat(parts).subarray(5))
+      stream.respond({ ":status": 200, "content-type": "application/grpc" }, { waitForTrailers: true })
+      stream.once("wantTrailers", () => stream.sendTrailers({ "grpc-status": "0" }))
+      const abort = startEngine(
+        requestBody(req),
+        relayTo({
+          write: (m) => stream.write(frame(m)),
+          end: () => stream.end(),
+          fail: () => stream.close(http2.constants.NGHTTP2_INTERNAL_ERROR)
+        })
+      )
+      stream.once("aborted", abort)
+    })
+  })
+  server.listen(port, "127.0.0.1", ready)
+  return () => server.close(() => process.exit(0))
+}
+
+const stop = (serverKind === "http2" ? serveHttp2 : serveGrpcJs)(Number(values.grpc), () =>
   createServer((_req, res) => res.end("ok")).listen(Number(values.admin), "127.0.0.1")
-})
-process.once("SIGTERM", () => server.tryShutdown(() => process.exit(0)))
+)
+process.once("SIGTERM", stop)
