@@ -90,6 +90,20 @@ describe("planRequest: validation", () => {
       says: /"other" is not served here; this node serves "served"/
     },
     {
+      name: "request id with a line break (it becomes the engine's X-Request-Id header)",
+      req: { requestId: "a\r\nx-evil: 1", prompt: "hi" },
+      code: "INVALID_ARGUMENT",
+      field: "request_id",
+      says: /request_id must be at most 256 printable ASCII characters/
+    },
+    {
+      name: "request id too long",
+      req: { requestId: "r".repeat(257), prompt: "hi" },
+      code: "INVALID_ARGUMENT",
+      field: "request_id",
+      says: /request_id must be at most 256/
+    },
+    {
       name: "prompt too large",
       req: { prompt: "x".repeat(65) },
       code: "RESOURCE_EXHAUSTED",

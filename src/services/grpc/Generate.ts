@@ -177,10 +177,19 @@ const samplingBody = (
 }
 
 /** Validates a request against this node and builds the engine call, or says precisely what is wrong. */
+/** A request id goes to the engine as the X-Request-Id header: printable ASCII only (no line break to inject). */
+const REQUEST_ID = /^[\x20-\x7e]{0,256}$/
+
 export const planRequest = (req: GenerateRequest, config: AgentConfig): EnginePlan | GenerateRejected => {
   const served = config.model.served_name
   if (req.model !== "" && req.model !== served)
     return reject("NOT_FOUND", `model "${req.model}" is not served here; this node serves "${served}"`, "model")
+  if (!REQUEST_ID.test(req.requestId))
+    return reject(
+      "INVALID_ARGUMENT",
+      `request_id must be at most 256 printable ASCII characters (the engine gets it as X-Request-Id); got ${JSON.stringify(req.requestId.slice(0, 64))}`,
+      "request_id"
+    )
   const maxBytes = config.agent.max_request_bytes
   const body: Record<string, unknown> = {}
   let path: CompletionPath
