@@ -1,8 +1,8 @@
 #!/usr/bin/env node
 /**
- * The `cgn-agent` binary. It first checks the Node version, with nothing else loaded: the agent is built and
- * tested on Node 24, and on an older Node its dependencies (Effect 4's Node platform needs >= 22.19) die at
- * import with an error that names neither Node nor the version. The CLI itself is imported only after the check (programs/entry.ts).
+ * The `cgn-agent` binary. It first checks the Node version, with nothing else loaded: the dependencies need
+ * Node 24 (undici 8, Effect 4) and on an older Node die at import with an error that names neither Node nor
+ * the version. The CLI itself is imported only after the check (programs/entry.ts).
  */
 import { nodeTooOld } from "./programs/nodeVersion.ts"
 

@@ -1,11 +1,12 @@
 /**
- * The live EngineClient: one keep-alive HTTP/1.1 pool to the engine (http1.ts), driven through `dispatch` with
- * the handlers in exchange.ts. A stream's body bytes go straight from the socket into the SSE parser inside the
+ * The live EngineClient: one undici Agent (keep-alive pool) to the engine, driven through `dispatch` with
+ * handlers of our own. A stream's body bytes go straight from the socket into the SSE parser inside the
  * handler, and the parsed objects of each network read go to a sink at once (`streamTo`, the one primitive;
  * `stream` and `complete` derive from it in services/engine/EngineClient.ts). Interrupting aborts the
  * exchange: the socket is destroyed and the engine sees the disconnect. Errors are normalized by EngineErrors.
  */
 import { Effect, Layer } from "effect"
+import { Agent } from "undici"
 import { EnginePlan, type LaunchPlan } from "../../services/engine/Engine.ts"
 import {
   type ChunkSink,
@@ -20,7 +21,6 @@ import {
 import { httpError } from "../../services/engine/EngineErrors.ts"
 import { loadSignals } from "../../services/engine/PromText.ts"
 import { bodyText, Exchange, StreamExchange, transportError } from "./exchange.ts"
-import { Http1Pool } from "./http1.ts"
 
 const STREAM_OPTIONS = Object.freeze({ include_usage: true })
 const noop = (): void => undefined
@@ -33,13 +33,18 @@ export interface ClientOptions {
   readonly streamHeadersTimeoutMs?: number
   /** Whole-exchange bound for /v1/models and /metrics (default 10 s). */
   readonly controlTimeoutMs?: number
+  /** Concurrent connections to the engine (default unbounded: one per in-flight stream). */
+  readonly connections?: number
 }
 
 /** The client for one plan. The Agent lives as long as the enclosing scope. */
 export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: ClientOptions = {}) {
-  // One connection per in-flight request, kept alive between requests.
-  const agent = new Http1Pool({ connectTimeoutMs: options.connectTimeoutMs ?? 10_000 })
-  yield* Effect.addFinalizer(() => Effect.sync(() => agent.close()))
+  const agent = new Agent({
+    connections: options.connections ?? null,
+    connectTimeout: options.connectTimeoutMs ?? 10_000,
+    pipelining: 1
+  })
+  yield* Effect.addFinalizer(() => Effect.promise(() => agent.destroy().catch(() => undefined)))
   const origin = new URL(plan.baseUrl).origin
   const controlTimeout = options.controlTimeoutMs ?? 10_000
   const streamHeadersTimeout = options.streamHeadersTimeoutMs ?? 60_000
@@ -54,7 +59,10 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
     pauseAt = Number.POSITIVE_INFINITY
   ): Exchange => {
     const ex = new Exchange(pauseAt)
-    agent.dispatch({ origin: url.origin, path: url.path, method, headers, body, headersTimeout, bodyTimeout }, ex)
+    agent.dispatch(
+      { origin: url.origin, path: url.path, method, headers, body, headersTimeout, bodyTimeout, blocking: false },
+      ex
+    )
     return ex
   }
 
@@ -112,7 +120,7 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
       )
     })
 
-  // The parsed objects of each read go to the sink inside the data callback: no Effect step per read.
+  // The parsed objects of each read go to the sink inside undici's callback: no Effect step per read.
   const sseTo = (
     path: CompletionPath,
     body: JsonObject,
@@ -129,7 +137,8 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
           headers: postHeaders("text/event-stream", opts),
           body: encode(body, true),
           headersTimeout: streamHeadersTimeout,
-          bodyTimeout: 0
+          bodyTimeout: 0,
+          blocking: false
         },
         ex
       )

@@ -1,22 +1,22 @@
 /**
- * The dispatch handlers behind the live EngineClient (driven by http1.ts): `Exchange` buffers a whole answer for
- * a pull (a non-streamed completion, models, metrics), `StreamExchange` parses SSE inside the data callback and
+ * The undici dispatch handlers behind the live EngineClient: `Exchange` buffers a whole answer for a pull
+ * (a non-streamed completion, models, metrics), `StreamExchange` parses SSE inside undici's data callback and
  * hands each network read's objects to a sink (the relay's path). Both abort on close, so the engine sees
  * the disconnect; transport failures become EngineErrors here.
  */
 import { Effect } from "effect"
+import type { Dispatcher } from "undici"
 import { type ChunkSink, EngineError, type JsonObject } from "../../services/engine/EngineClient.ts"
 import { httpError, isErrorChunk, sseErrorEvent, streamError } from "../../services/engine/EngineErrors.ts"
 import { makeSseParser, type SseEvent } from "../../services/engine/Sse.ts"
-import type { Controller, Handler } from "./http1.ts"
 // After [DONE] the engine normally ends the body at once; keep the connection for reuse if it does.
 export const DRAIN_AFTER_DONE_MS = 1_000
 
 export const closedByClient = () => new Error("request closed by the client")
 
-/** One HTTP exchange; the handler and the state the pull reads. */
-export class Exchange implements Handler {
-  controller: Controller | undefined = undefined
+/** One HTTP exchange; the undici handler and the state the pull reads. */
+export class Exchange implements Dispatcher.DispatchHandler {
+  controller: Dispatcher.DispatchController | undefined = undefined
   status = 0
   chunks: Array<Buffer> = []
   queued = 0
@@ -35,15 +35,15 @@ export class Exchange implements Handler {
   }
   private waiter: (() => void) | undefined = undefined
 
-  onRequestStart(controller: Controller): void {
+  onRequestStart(controller: Dispatcher.DispatchController): void {
     this.controller = controller
     if (this.closed) controller.abort(closedByClient())
   }
-  onResponseStart(_c: Controller, statusCode: number): void {
+  onResponseStart(_c: Dispatcher.DispatchController, statusCode: number): void {
     this.status = statusCode
     this.wake()
   }
-  onResponseData(controller: Controller, chunk: Buffer): void {
+  onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
     if (this.closed || this.discard) return
     this.chunks.push(chunk)
     this.queued += chunk.length
@@ -55,7 +55,7 @@ export class Exchange implements Handler {
     clearTimeout(this.drainTimer)
     this.wake()
   }
-  onResponseError(_c: Controller, error: Error): void {
+  onResponseError(_c: Dispatcher.DispatchController, error: Error): void {
     this.error = error
     clearTimeout(this.drainTimer)
     this.wake()
@@ -106,11 +106,11 @@ export const protocolError = (message: string, data: string): EngineError =>
   new EngineError({ reason: "Protocol", message: `${message}: ${data.slice(0, 200)}` })
 
 /**
- * One streaming exchange: parses SSE in the data callbacks and hands each read's objects to the sink.
+ * One streaming exchange: parses SSE in the undici callbacks and hands each read's objects to the sink.
  * `onEnd` is called once: with undefined at `[DONE]`, or with the error that ended the stream.
  */
-export class StreamExchange implements Handler {
-  controller: Controller | undefined = undefined
+export class StreamExchange implements Dispatcher.DispatchHandler {
+  controller: Dispatcher.DispatchController | undefined = undefined
   status = 0
   sawDone = false
   private finished = false
@@ -131,15 +131,15 @@ export class StreamExchange implements Handler {
     this.onEnd = onEnd
   }
 
-  onRequestStart(controller: Controller): void {
+  onRequestStart(controller: Dispatcher.DispatchController): void {
     this.controller = controller
     if (this.closed) controller.abort(closedByClient())
   }
-  onResponseStart(_c: Controller, statusCode: number): void {
+  onResponseStart(_c: Dispatcher.DispatchController, statusCode: number): void {
     this.status = statusCode
     if (statusCode >= 400) this.errorBody = []
   }
-  onResponseData(controller: Controller, chunk: Buffer): void {
+  onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
     if (this.closed || this.discard) return
     if (this.errorBody !== undefined) this.errorBody.push(chunk)
     else if (!this.deliver(this.parser.feed(chunk))) controller.pause()
@@ -153,7 +153,7 @@ export class StreamExchange implements Handler {
     if (!this.finished)
       this.finish(new EngineError({ reason: "Stream", message: "stream truncated: body ended without [DONE]" }))
   }
-  onResponseError(_c: Controller, error: Error): void {
+  onResponseError(_c: Dispatcher.DispatchController, error: Error): void {
     this.ended = true
     clearTimeout(this.drainTimer)
     if (this.finished) return
