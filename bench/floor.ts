@@ -92,7 +92,11 @@ const viaUndici = (body: string, sink: Sink): (() => void) => {
       path: "/v1/completions",
       method: "POST",
       headers: { "content-type": "application/json", accept: "text/event-stream" },
-      body
+      body,
+      // As the agent's EngineClient streams: no body timer (a timer refreshed per read costs), headers in 60 s.
+      headersTimeout: 60_000,
+      bodyTimeout: 0,
+      blocking: false
     },
     {
       onRequestStart: (c) => {
