@@ -16,6 +16,7 @@ import { repoRoot } from "../test/support/agent.ts"
 import { pollUntil } from "../test/support/poll.ts"
 import { freePorts } from "../test/support/ports.ts"
 import { startSim } from "../test/support/sim.ts"
+import { relayArgv } from "./agentArgv.ts"
 
 const { values } = parseArgs({
   options: {
@@ -60,18 +61,7 @@ const measure = async (root: string, engineUrl: string): Promise<{ cpuUs: number
       'served_name = "m"'
     ].join("\n")
   )
-  const argv =
-    root === "floor"
-      ? [
-          path.join(repoRoot, "bench/floor.ts"),
-          "--grpc",
-          String(grpcPort),
-          "--admin",
-          String(adminPort),
-          "--engine",
-          engineUrl
-        ]
-      : [path.join(root, "dist/main.js"), "run", "--config", config]
+  const argv = relayArgv({ root, config, grpcPort: grpcPort!, adminPort: adminPort!, engineUrl })
   const agent: ChildProcess = spawn("taskset", ["-c", "0", process.execPath, ...argv], {
     stdio: ["ignore", "inherit", "inherit"]
   })

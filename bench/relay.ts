@@ -30,6 +30,7 @@ import { repoRoot, requireDist } from "../test/support/agent.ts"
 import { pollUntil } from "../test/support/poll.ts"
 import { freePorts } from "../test/support/ports.ts"
 import { startSim } from "../test/support/sim.ts"
+import { relayArgv } from "./agentArgv.ts"
 import { checkNginx, type NginxHandle, startNginx } from "./nginx.ts"
 
 /** The Node flags the image runs the agent with (the Dockerfile's last ENTRYPOINT): the bench runs the same. */
@@ -373,17 +374,13 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
     const agentArgs = [
       ...profile,
       ...o.agentNodeFlags,
-      ...(o.agentImpl === "floor"
-        ? [
-            path.join(repoRoot, "bench/floor.ts"),
-            "--grpc",
-            String(grpcPort),
-            "--admin",
-            String(adminPort),
-            "--engine",
-            sim.url
-          ]
-        : [path.join(o.agentRoot, "dist/main.js"), "run", "--config", configPath])
+      ...relayArgv({
+        root: o.agentImpl === "floor" ? "floor" : o.agentRoot,
+        config: configPath,
+        grpcPort: grpcPort!,
+        adminPort: adminPort!,
+        engineUrl: sim.url
+      })
     ]
     // taskset execs node: the child's pid is the agent's.
     const a =
