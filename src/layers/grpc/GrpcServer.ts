@@ -18,7 +18,6 @@ import { ActiveCalls } from "./ActiveCalls.ts"
 import { addAgent } from "./AgentService.ts"
 import * as GenerateCall from "./GenerateCall.ts"
 import { addHealth, HEALTH_SERVICE } from "./Health.ts"
-import * as await_h2 from "./h2experiment.ts"
 import { addReflection } from "./Reflection.ts"
 import * as ServingState from "./ServingState.ts"
 import * as StallWatchdog from "./StallWatchdog.ts"
@@ -65,13 +64,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
   yield* StallWatchdog.fork(active)
   const generate = yield* GenerateCall.makeHandler(serving, active, options.maxPendingChars ?? 64 * 1024)
 
-  let address = options.address ?? config.agent.listen_grpc
-  if (process.env.CGN_EXPERIMENT_H2 === "1") {
-    const { serveH2 } = await_h2
-    const hp = splitHostPort(address)
-    serveH2(Number(hp.port), hp.host, generate as never)
-    address = "127.0.0.1:0"
-  }
+  const address = options.address ?? config.agent.listen_grpc
   const server = new grpc.Server({
     // Leave room above max_request_bytes so the agent's own check answers with a precise message.
     "grpc.max_receive_message_length": config.agent.max_request_bytes + 1024 * 1024
