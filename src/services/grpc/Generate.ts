@@ -176,10 +176,10 @@ const samplingBody = (
   return undefined
 }
 
-/** Validates a request against this node and builds the engine call, or says precisely what is wrong. */
 /** A request id goes to the engine as the X-Request-Id header: printable ASCII only (no line break to inject). */
 const REQUEST_ID = /^[\x20-\x7e]{0,256}$/
 
+/** Validates a request against this node and builds the engine call, or says precisely what is wrong. */
 export const planRequest = (req: GenerateRequest, config: AgentConfig): EnginePlan | GenerateRejected => {
   const served = config.model.served_name
   if (req.model !== "" && req.model !== served)
