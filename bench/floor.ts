@@ -1,5 +1,5 @@
 // The floor: the least a Node gRPC-in, SSE-out relay must do, to read the agent's bench figures against
-// (`node bench/relay.ts --agent-impl floor`, `node bench/per-call.ts --agent-root floor`). It serves
+// (`node bench/relay.ts --agent-root floor`, `node bench/per-call.ts --agent-root floor`). It serves
 // Agent.Generate only, with the same generated protobuf encoders as the agent, reads the engine's SSE, splits
 // lines, `JSON.parse`s each `data:` event, writes `choices[0].text` as one delta per read, then a final message.
 // Nothing else: no config, admission, metrics, spans, logs, watchdog, error mapping or back-pressure. Whatever
@@ -113,8 +113,18 @@ const viaUndici = (body: string, sink: Sink): (() => void) => {
 
 /** Idle keep-alive sockets to the engine. */
 const idle: Array<net.Socket> = []
+/** A new connection; while idle, an error or the engine closing it only drops it from `idle`. */
+const connect = (): net.Socket => {
+  const socket = net.connect({ host: engine.hostname, port: Number(engine.port) }).setNoDelay(true)
+  socket.on("error", () => undefined) // each request listens for its own errors; this one keeps an idle error quiet
+  socket.once("close", () => {
+    const i = idle.indexOf(socket)
+    if (i >= 0) idle.splice(i, 1)
+  })
+  return socket
+}
 const viaNet = (body: string, sink: Sink): (() => void) => {
-  const socket = idle.pop() ?? net.connect({ host: engine.hostname, port: Number(engine.port) }).setNoDelay(true)
+  const socket = idle.pop() ?? connect()
   let head = true
   let buf: Buffer = Buffer.alloc(0)
   let done = false
@@ -122,6 +132,7 @@ const viaNet = (body: string, sink: Sink): (() => void) => {
     done = true
     socket.off("data", onData)
     socket.off("error", onError)
+    socket.off("close", onClose)
     if (ok) {
       idle.push(socket)
       sink.end()
@@ -150,8 +161,11 @@ const viaNet = (body: string, sink: Sink): (() => void) => {
     if (!done) sink.error(e)
     finish(false)
   }
+  // The engine closing the connection before the body ended fails the call instead of leaving it open.
+  const onClose = () => onError(new Error("the engine closed the connection mid-response"))
   socket.on("data", onData)
   socket.on("error", onError)
+  socket.on("close", onClose)
   socket.write(
     `POST /v1/completions HTTP/1.1\r\nhost: ${engine.host}\r\ncontent-type: application/json\r\n` +
       `accept: text/event-stream\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`

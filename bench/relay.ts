@@ -15,9 +15,8 @@
 //        --calls 200 (1-token requests per per-call measurement)
 //        --profile DIR (writes the agent's --cpu-prof, one file per setting)
 //        --agent-node-flags="..." (Node/V8 flags for the agent process; default: the image's, from the Dockerfile)
-//        --agent-root DIR (run another checkout's built agent, DIR/dist/main.js, to compare two versions)
-//        --agent-impl daemon|floor (floor: bench/floor.ts in the agent's place, the least a Node gRPC->SSE relay
-//        does, to read the agent's figures against).
+//        --agent-root DIR (run another checkout's built agent, DIR/dist/main.js, to compare two versions;
+//        `floor`: bench/floor.ts in the agent's place, the least a Node gRPC->SSE relay does).
 import { type ChildProcess, execFileSync, spawn } from "node:child_process"
 import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
 import { cpus, tmpdir } from "node:os"
@@ -329,10 +328,8 @@ interface Options {
   readonly profileDir: string | undefined
   /** Node flags for the agent process (e.g. V8 heap settings to try). */
   readonly agentNodeFlags: ReadonlyArray<string>
-  /** The checkout whose built agent (dist/main.js) runs: another tree's, to compare two versions. */
+  /** The checkout whose built agent (dist/main.js) runs, another tree's to compare two versions, or "floor". */
   readonly agentRoot: string
-  /** "floor": bench/floor.ts runs in the agent's place. */
-  readonly agentImpl: "daemon" | "floor"
 }
 
 const rate = (p: PhaseResult) => (p.tokens * 1000) / p.wallMs
@@ -375,7 +372,7 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
       ...profile,
       ...o.agentNodeFlags,
       ...relayArgv({
-        root: o.agentImpl === "floor" ? "floor" : o.agentRoot,
+        root: o.agentRoot,
         config: configPath,
         grpcPort: grpcPort!,
         adminPort: adminPort!,
@@ -459,7 +456,7 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
     channel.close()
     const keys = Object.keys(rows[0] ?? {})
     console.log(
-      `\nrelay benchmark (agent: ${o.agentImpl === "floor" ? "bench/floor.ts" : path.join(o.agentRoot, "dist/main.js")} ${o.agentNodeFlags.join(" ")}): sim ITL ${itl}, ${o.tokens} tokens/request, ${o.rounds} requests per stream, direct client ${o.baseline}, ${cpus().length} cores, ` +
+      `\nrelay benchmark (agent: ${o.agentRoot === "floor" ? "bench/floor.ts" : path.join(o.agentRoot, "dist/main.js")} ${o.agentNodeFlags.join(" ")}): sim ITL ${itl}, ${o.tokens} tokens/request, ${o.rounds} requests per stream, direct client ${o.baseline}, ${cpus().length} cores, ` +
         `${pinned ? `agent+nginx on CPU ${o.pins?.relay}, sim+loadgen on CPU ${o.pins?.engine}` : "not pinned"}; agent idle ${f(idleAgentUs / 1000, 1)} ms CPU/s` +
         `${pinned ? "; ! = the sim+loadgen CPU was saturated" : ""}`
     )
@@ -505,14 +502,11 @@ const runBench = async (): Promise<void> => {
       pin: { type: "string", default: "0,1" },
       profile: { type: "string" },
       "agent-node-flags": { type: "string", default: imageNodeFlags().join(" ") },
-      "agent-root": { type: "string", default: repoRoot },
-      "agent-impl": { type: "string", default: "daemon" }
+      "agent-root": { type: "string", default: repoRoot }
     }
   })
   const b = values.direct
   if (b !== "scan" && b !== "parse") throw new Error(`--direct: expected scan or parse; got ${b}`)
-  const impl = values["agent-impl"]
-  if (impl !== "daemon" && impl !== "floor") throw new Error(`--agent-impl: expected daemon or floor; got ${impl}`)
   let pins: Pins | undefined
   if (values.pin !== "none") {
     const [relay, engine] = values.pin.split(",").map(Number)
@@ -532,8 +526,7 @@ const runBench = async (): Promise<void> => {
     pins,
     profileDir: values.profile,
     agentNodeFlags: values["agent-node-flags"].split(" ").filter((f) => f !== ""),
-    agentRoot: path.resolve(values["agent-root"]),
-    agentImpl: impl
+    agentRoot: values["agent-root"] === "floor" ? "floor" : path.resolve(values["agent-root"])
   }
   for (const itl of values.itl.split(",")) await runSetting(itl, o)
   await pool.close()
