@@ -142,7 +142,7 @@ export const daemon = Effect.scoped(
         }
       })
     )
-    const grpc = yield* Layer.build(GrpcServerLive.layerWith({ credentials: tls.serverCredentials }))
+    const grpc = yield* Layer.build(GrpcServerLive.layerWith({ tls: tls.serverTls }))
     // Plaintext health for the kubelet's gRPC probe, which cannot do mTLS (layers/grpc/HealthListener.ts).
     if (config.agent.listen_health !== undefined)
       yield* HealthListener.serve(config.agent.listen_health, Context.get(grpc, GrpcServer).healthState)

@@ -21,6 +21,14 @@ import {
   toGrpcFailure
 } from "../../src/services/grpc/GrpcStatus.ts"
 import { InvalidHandoff } from "../../src/services/grpc/Handoff.ts"
+import {
+  CallDeadlineExceeded,
+  MessageTooLarge,
+  ProtocolViolation,
+  UndecodableRequest,
+  UnknownMethod,
+  UnsupportedEncoding
+} from "../../src/services/grpc/TransportErrors.ts"
 
 // One sample per tag: the Record type makes a new member of the union without a sample fail the type check.
 const samples: { readonly [T in GenerateErrorTag]: readonly [Extract<GenerateError, { _tag: T }>, Status] } = {
@@ -37,7 +45,13 @@ const samples: { readonly [T in GenerateErrorTag]: readonly [Extract<GenerateErr
   EngineStalled: [new EngineStalled({ idleTimeout: "30s" }), Status.UNAVAILABLE],
   StreamAborted: [new StreamAborted({ reason: "node drained" }), Status.UNAVAILABLE],
   ServerShuttingDown: [new ServerShuttingDown(), Status.UNAVAILABLE],
-  AgentDefect: [new AgentDefect({ detail: "bug" }), Status.INTERNAL]
+  AgentDefect: [new AgentDefect({ detail: "bug" }), Status.INTERNAL],
+  UnknownMethod: [new UnknownMethod({ path: "/x.Y/Z" }), Status.UNIMPLEMENTED],
+  MessageTooLarge: [new MessageTooLarge({ length: 10, limit: 5 }), Status.RESOURCE_EXHAUSTED],
+  UndecodableRequest: [new UndecodableRequest({ method: "/x.Y/Z", detail: "bad wire type" }), Status.INVALID_ARGUMENT],
+  ProtocolViolation: [new ProtocolViolation({ detail: "no message" }), Status.INTERNAL],
+  UnsupportedEncoding: [new UnsupportedEncoding({ encoding: "snappy" }), Status.UNIMPLEMENTED],
+  CallDeadlineExceeded: [new CallDeadlineExceeded(), Status.DEADLINE_EXCEEDED]
 }
 
 describe("the status table", () => {

@@ -26,11 +26,9 @@ describe("mTLS on the Agent gRPC server", () => {
       { require_mtls: true, ca_file: pki.ca.certFile, cert_file: pki.server.certFile, key_file: pki.server.keyFile },
       { watch: false, sighup: false }
     )
-    // As programs/main.ts: the server listens with the Tls service's credentials.
+    // As programs/main.ts: the server listens with the Tls service's material.
     const server = Layer.unwrap(
-      Effect.map(Tls, (t) =>
-        grpcLayerWith({ address: "127.0.0.1:0", credentials: t.serverCredentials, shutdownGraceMs: 500 })
-      )
+      Effect.map(Tls, (t) => grpcLayerWith({ address: "127.0.0.1:0", tls: t.serverTls, shutdownGraceMs: 500 }))
     ).pipe(Layer.provide(tls), Layer.provide(deps))
     rt = ManagedRuntime.make(server)
     address = (await rt.runPromise(GrpcServer)).address

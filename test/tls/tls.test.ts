@@ -1,5 +1,5 @@
-// mTLS over real loopback connections: a nice-grpc server (grpc.health.v1 only) with the Tls service's
-// credentials; clients with a good certificate, none, one from another CA, and plaintext. Rotation: the
+// mTLS over real loopback connections: the agent's gRPC server (grpc.health.v1 only) with the Tls service's
+// material; clients with a good certificate, none, one from another CA, and plaintext. Rotation: the
 // served certificate (read from a raw TLS handshake) changes without a restart, on a file write, on a
 // Kubernetes-style symlink swap, and on SIGHUP alone. Startup errors name the config key.
 import * as crypto from "node:crypto"
@@ -7,16 +7,12 @@ import * as fs from "node:fs"
 import * as path from "node:path"
 import * as tls from "node:tls"
 import { Effect, Exit, Scope } from "effect"
-import {
-  type Channel,
-  type ChannelCredentials,
-  createChannel,
-  createClient,
-  createServer,
-  type Server
-} from "nice-grpc"
-import { HealthDefinition, HealthServiceImpl } from "nice-grpc-server-health"
+import { HealthImplementation } from "grpc-health-check"
+import { type Channel, type ChannelCredentials, createChannel, createClient } from "nice-grpc"
+import { HealthDefinition } from "nice-grpc-server-health"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
+import { addHealth } from "../../src/layers/grpc/Health.ts"
+import { Http2GrpcServer } from "../../src/layers/grpc/http2/Server.ts"
 import { clientCredentials, loadClientCredentials } from "../../src/layers/tls/clientCredentials.ts"
 import { hangupReload, make, type TlsOptions } from "../../src/layers/tls/Tls.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"
@@ -51,10 +47,12 @@ const startTls = async (security: Security, options: TlsOptions = {}): Promise<T
 }
 
 const startServer = async (service: TlsService): Promise<number> => {
-  const server: Server = createServer()
-  server.add(HealthDefinition, HealthServiceImpl())
-  const port = await server.listen("127.0.0.1:0", service.serverCredentials)
-  cleanups.push(() => server.forceShutdown())
+  const server = new Http2GrpcServer({ maxReceiveMessageLength: 1024, tls: service.serverTls })
+  const health = new HealthImplementation()
+  health.setStatus("", "SERVING")
+  addHealth(server, health)
+  const port = await server.listen("127.0.0.1", 0)
+  cleanups.push(() => server.destroy())
   return port
 }
 

@@ -1,7 +1,8 @@
 /**
- * cgn.agent.v1.Agent as grpc-js sees it: method definitions from the generated messages (ts-proto's
- * encode/decode, public) and the handlers. Generate is a server-streaming handler given by the caller
- * (GenerateCall.ts); ListModels and GetNodeHealth are unary handlers here.
+ * cgn.agent.v1.Agent as the server (http2/Server.ts) sees it: method definitions in grpc-js's
+ * MethodDefinition shape from the generated messages (ts-proto's encode/decode) and the handlers. Generate is
+ * a server-streaming handler given by the caller (GenerateCall.ts); ListModels and GetNodeHealth are unary
+ * handlers here.
  */
 import type * as grpc from "@grpc/grpc-js"
 import { Cause, type Effect, Exit } from "effect"
@@ -14,10 +15,12 @@ import {
   type NodeHealth
 } from "../../gen/cgn/agent/v1/agent.ts"
 import { AgentDefect } from "../../services/grpc/CallErrors.ts"
-import { statusOfError } from "./statusObject.ts"
+import { type GrpcFailure, toGrpcFailure } from "../../services/grpc/GrpcStatus.ts"
+import type { ServerCall } from "./http2/Call.ts"
+import type { Http2GrpcServer } from "./http2/Server.ts"
 
 /** A Generate call as its handler sees it. */
-export type GenerateCall = grpc.ServerWritableStream<GenerateRequest, GenerateResponse>
+export type GenerateCall = ServerCall<GenerateRequest, GenerateResponse>
 
 const bytes = (u: Uint8Array): Buffer => Buffer.from(u.buffer, u.byteOffset, u.byteLength)
 
@@ -65,23 +68,21 @@ export interface AgentHandlers {
   readonly run: <A>(effect: Effect.Effect<A>, onExit: (exit: Exit.Exit<A>) => void) => () => void
 }
 
+type Done<A> = (error: GrpcFailure | null, value?: A) => void
+
 /** Adds the Agent service to `server`. */
-export const addAgent = (server: grpc.Server, handlers: AgentHandlers): void => {
-  const implementation: grpc.UntypedServiceImplementation = {
+export const addAgent = (server: Http2GrpcServer, handlers: AgentHandlers): void => {
+  server.addService(definition, {
     generate: handlers.generate,
-    listModels: (
-      _call: grpc.ServerUnaryCall<unknown, ListModelsResponse>,
-      done: grpc.sendUnaryData<ListModelsResponse>
-    ) => done(null, handlers.models),
-    getNodeHealth: (call: grpc.ServerUnaryCall<unknown, NodeHealth>, done: grpc.sendUnaryData<NodeHealth>) => {
-      // A cancelled call interrupts the snapshot; grpc-js drops the answer of a call already ended.
+    listModels: (_call: ServerCall, done: Done<ListModelsResponse>) => done(null, handlers.models),
+    getNodeHealth: (call: ServerCall, done: Done<NodeHealth>) => {
+      // A cancelled call interrupts the snapshot; a call already ended ignores the answer.
       const interrupt = handlers.run(handlers.nodeHealth, (exit) =>
         Exit.isSuccess(exit)
           ? done(null, exit.value)
-          : done(statusOfError(new AgentDefect({ detail: Cause.pretty(exit.cause) })) as grpc.ServiceError)
+          : done(toGrpcFailure(new AgentDefect({ detail: Cause.pretty(exit.cause) })))
       )
       call.once("cancelled", interrupt)
     }
-  }
-  server.addService(definition, implementation)
+  } as unknown as grpc.UntypedServiceImplementation)
 }

@@ -24,7 +24,6 @@ import type { GenerateCall } from "./AgentService.ts"
 import * as EngineLegs from "./EngineLegs.ts"
 import { Relay } from "./Relay.ts"
 import type { ServingState } from "./ServingState.ts"
-import { statusObject } from "./statusObject.ts"
 
 /**
  * One span per Generate call, a child of the caller's `traceparent` when it sent one; the engine request
@@ -76,7 +75,7 @@ export const makeHandler = Effect.fnUntraced(function* (
   const refuse = (call: GenerateCall, startedAt: number, e: GenerateError): void => {
     const f = toGrpcFailure(e)
     record(statusName(f.code), undefined, startedAt)
-    call.emit("error", statusObject(f))
+    call.sendStatus(f)
   }
 
   return (call: GenerateCall): void => {
@@ -133,7 +132,7 @@ export const makeHandler = Effect.fnUntraced(function* (
       if (relay.failure !== undefined) {
         const f = toGrpcFailure(relay.failure)
         settle(statusName(f.code))
-        call.emit("error", statusObject(f))
+        call.sendStatus(f)
         return
       }
       const now = performance.now()
@@ -152,7 +151,7 @@ export const makeHandler = Effect.fnUntraced(function* (
       blocked = false
       pump()
     }
-    // Client cancel, deadline, or the connection gone (grpc-js also emits it after a normal end: ignored then).
+    // Client cancel, deadline, or the connection gone (never after the call's own end).
     call.on("cancelled", () => {
       if (!ended) settle("CANCELLED")
     })

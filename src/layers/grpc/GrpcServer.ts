@@ -1,11 +1,10 @@
 /**
- * The live gRPC server's lifecycle: one grpc-js Server with Agent (AgentService.ts; Generate per call in
+ * The live gRPC server's lifecycle: one server (http2/Server.ts, gRPC over node:http2) with Agent (AgentService.ts; Generate per call in
  * GenerateCall.ts), grpc.health.v1 (Health.ts, status from ServingState.ts) and server reflection
  * (Reflection.ts); the stall watchdog (StallWatchdog.ts) over the active calls (ActiveCalls.ts). Binds on
  * [agent].listen_grpc; when the scope closes it publishes NOT_SERVING, ends Watch streams and gives running
  * calls `shutdownGraceMs` before cancelling them.
  */
-import * as grpc from "@grpc/grpc-js"
 import { Duration, Effect, Layer, Schema } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import type { EngineClient } from "../../services/engine/EngineClient.ts"
@@ -14,10 +13,12 @@ import { StreamAborted } from "../../services/grpc/CallErrors.ts"
 import { AGENT_SERVICE, GrpcServer, type GrpcServerService } from "../../services/grpc/GrpcServer.ts"
 import { NodeStatus } from "../../services/node/NodeStatus.ts"
 import { joinHostPort, splitHostPort } from "../../services/registry/Advertise.ts"
+import type { TlsSource } from "../../services/tls/Tls.ts"
 import { ActiveCalls } from "./ActiveCalls.ts"
 import { addAgent } from "./AgentService.ts"
 import * as GenerateCall from "./GenerateCall.ts"
 import { addHealth, HEALTH_SERVICE } from "./Health.ts"
+import { Http2GrpcServer } from "./http2/Server.ts"
 import { addReflection } from "./Reflection.ts"
 import * as ServingState from "./ServingState.ts"
 import * as StallWatchdog from "./StallWatchdog.ts"
@@ -31,28 +32,22 @@ export class GrpcListenError extends Schema.TaggedError<GrpcListenError>()("Grpc
 export interface GrpcServerOptions {
   /** Overrides [agent].listen_grpc (tests pass "127.0.0.1:0"). */
   readonly address?: string
-  /** TLS; plaintext when absent. */
-  readonly credentials?: ServerCredentials
+  /** mTLS (the Tls service's `serverTls`); plaintext when absent. */
+  readonly tls?: TlsSource | undefined
   /** Pending text per stream before the engine read pauses (default 64 Ki chars). */
   readonly maxPendingChars?: number
   /** How long shutdown waits for running calls before cancelling them (default 5 s). */
   readonly shutdownGraceMs?: number
 }
 
-/** grpc-js ServerCredentials. */
-export type ServerCredentials = grpc.ServerCredentials
-
-/** Binds `server` on `address`; succeeds with the bound port (the real one when asked for port 0). */
-export const bind = (
-  server: grpc.Server,
-  address: string,
-  credentials: ServerCredentials
-): Effect.Effect<number, GrpcListenError> =>
-  Effect.callback<number, GrpcListenError>((resume) =>
-    server.bindAsync(address, credentials, (err, port) =>
-      resume(err === null ? Effect.succeed(port) : Effect.fail(new GrpcListenError({ address, message: err.message })))
-    )
-  )
+/** Listens on `address` (`host:port`, IPv6 hosts in brackets); succeeds with the bound port (the real one for 0). */
+export const bind = (server: Http2GrpcServer, address: string): Effect.Effect<number, GrpcListenError> => {
+  const { host, port } = splitHostPort(address)
+  return Effect.tryPromise({
+    try: () => server.listen(host.replace(/^\[(.*)\]$/, "$1"), Number(port)),
+    catch: (e) => new GrpcListenError({ address, message: (e as Error).message })
+  })
+}
 
 /** Builds and starts the server; it stops when the scope closes. */
 export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}) {
@@ -65,9 +60,10 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
   const generate = yield* GenerateCall.makeHandler(serving, active, options.maxPendingChars ?? 64 * 1024)
 
   const address = options.address ?? config.agent.listen_grpc
-  const server = new grpc.Server({
+  const server = new Http2GrpcServer({
     // Leave room above max_request_bytes so the agent's own check answers with a precise message.
-    "grpc.max_receive_message_length": config.agent.max_request_bytes + 1024 * 1024
+    maxReceiveMessageLength: config.agent.max_request_bytes + 1024 * 1024,
+    tls: options.tls
   })
   addAgent(server, {
     generate,
@@ -89,19 +85,17 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
   addReflection(server, [AGENT_SERVICE, HEALTH_SERVICE])
 
   const grace = options.shutdownGraceMs ?? 5_000
-  const port = yield* Effect.acquireRelease(
-    bind(server, address, options.credentials ?? grpc.ServerCredentials.createInsecure()),
-    () =>
-      Effect.sync(() => {
-        serving.setOverride("NOT_SERVING")
-        endWatches()
-      }).pipe(
-        Effect.andThen(Effect.callback<void>((resume) => server.tryShutdown(() => resume(Effect.void)))),
-        Effect.timeoutOrElse({
-          duration: Duration.millis(grace),
-          orElse: () => Effect.sync(() => server.forceShutdown())
-        })
-      )
+  const port = yield* Effect.acquireRelease(bind(server, address), () =>
+    Effect.sync(() => {
+      serving.setOverride("NOT_SERVING")
+      endWatches()
+    }).pipe(
+      Effect.andThen(Effect.promise(() => server.close())),
+      Effect.timeoutOrElse({
+        duration: Duration.millis(grace),
+        orElse: () => Effect.sync(() => server.destroy())
+      })
+    )
   )
   const bound = joinHostPort(splitHostPort(address).host, port)
   yield* Effect.logInfo("gRPC listening").pipe(Effect.annotateLogs({ address: bound }))

@@ -5,12 +5,12 @@
  * listener refuses it and a Pod never becomes Ready. Nothing but the serving status is exposed here; the
  * state is the main server's (GrpcServer.healthState), so the drain's NOT_SERVING shows on both at once.
  */
-import * as grpc from "@grpc/grpc-js"
 import { Effect, type Scope } from "effect"
 import type { HealthImplementation } from "grpc-health-check"
 import { joinHostPort, splitHostPort } from "../../services/registry/Advertise.ts"
 import { bind, type GrpcListenError } from "./GrpcServer.ts"
 import { addHealth } from "./Health.ts"
+import { Http2GrpcServer } from "./http2/Server.ts"
 
 export interface HealthListener {
   /** The bound address, `host:port` (the real port when asked for port 0). */
@@ -28,13 +28,14 @@ export const serve = (
   state: HealthImplementation
 ): Effect.Effect<HealthListener, GrpcListenError, Scope.Scope> =>
   Effect.gen(function* () {
-    const server = new grpc.Server()
-    // Its Watch calls need no ending: the listener closes with forceShutdown.
+    // Health requests are a service name: grpc's default 4 MiB limit is far above any.
+    const server = new Http2GrpcServer({ maxReceiveMessageLength: 4 * 1024 * 1024 })
+    // Its Watch calls need no ending: the listener closes with destroy.
     addHealth(server, state)
     const port = yield* Effect.acquireRelease(
-      bind(server, address, grpc.ServerCredentials.createInsecure()),
+      bind(server, address),
       // Only probes and Watch streams here, nothing to let finish: close at once.
-      () => Effect.sync(() => server.forceShutdown())
+      () => Effect.sync(() => server.destroy())
     )
     const bound = joinHostPort(splitHostPort(address).host, port)
     yield* Effect.logInfo("gRPC health listening (plaintext, grpc.health.v1 only)").pipe(

@@ -3,13 +3,13 @@
  * only) by the grpc-js team's `@grpc/reflection`, over the committed FileDescriptorSet of proto/
  * (src/gen/descriptor.ts), read with @grpc/proto-loader's public `loadFileDescriptorSetFromBuffer`.
  */
-import type * as grpc from "@grpc/grpc-js"
 import { loadFileDescriptorSetFromBuffer } from "@grpc/proto-loader"
 import { ReflectionService } from "@grpc/reflection"
 import { fileDescriptorSet } from "../../gen/descriptor.ts"
+import type { Http2GrpcServer } from "./http2/Server.ts"
 
-/** Adds reflection for `services` (fully qualified names) to `server`. */
-export const addReflection = (server: grpc.Server, services: Array<string>): void => {
+/** Adds reflection for `services` (fully qualified names) to `server` (it takes any `addService`). */
+export const addReflection = (server: Http2GrpcServer, services: Array<string>): void => {
   const definition = loadFileDescriptorSetFromBuffer(Buffer.from(fileDescriptorSet))
   new ReflectionService(definition, { services }).addToServer(server)
 }

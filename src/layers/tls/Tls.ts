@@ -1,16 +1,13 @@
 /**
- * Live Tls: reads and checks the PEM files (tlsMaterial.ts), serves them through grpc-js's
- * certificate-provider credentials (`experimental.createCertificateProviderServerCredentials`,
- * reloadableProvider.ts), whose listeners call the HTTP/2 server's `setSecureContext` — the one way
- * grpc-js changes certificates after bind. Watches the files and their directories (debounced) and SIGHUP
+ * Live Tls: reads and checks the PEM files (tlsMaterial.ts) and serves them as a cell (materialCell.ts) the
+ * gRPC server subscribes to, applying each change with the HTTP/2 server's `setSecureContext`. Watches the files and their directories (debounced) and SIGHUP
  * (watchChanges.ts); an invalid new file is logged and the old material kept. Client credentials:
  * clientCredentials.ts.
  */
-import { experimental, ServerCredentials } from "@grpc/grpc-js"
 import { type Duration, Effect, Layer, Queue, Stream } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import { Tls, type TlsError, type TlsService } from "../../services/tls/Tls.ts"
-import { ReloadableProvider } from "./reloadableProvider.ts"
+import { MaterialCell } from "./materialCell.ts"
 import { readMaterial, type Security, sameMaterial, securityFiles } from "./tlsMaterial.ts"
 import { watchChanges } from "./watchChanges.ts"
 
@@ -29,7 +26,7 @@ export const make = (security: Security, options: TlsOptions = {}) =>
     if (!security.require_mtls) {
       return Tls.of({
         enabled: false,
-        serverCredentials: ServerCredentials.createInsecure(),
+        serverTls: undefined,
         reload: Effect.succeed(false),
         generation: Effect.succeed(0),
         lastError: Effect.succeed(undefined)
@@ -39,8 +36,7 @@ export const make = (security: Security, options: TlsOptions = {}) =>
     let current = yield* readMaterial(files)
     let generation = 1
     let lastError: TlsError | undefined
-    const provider = new ReloadableProvider(current)
-    const serverCredentials = experimental.createCertificateProviderServerCredentials(provider, provider, true)
+    const cell = new MaterialCell(current)
 
     const reload: TlsService["reload"] = readMaterial(files).pipe(
       Effect.tapError((e) =>
@@ -53,7 +49,7 @@ export const make = (security: Security, options: TlsOptions = {}) =>
         if (sameMaterial(current, next)) return false
         current = next
         generation++
-        provider.update(next)
+        cell.update(next)
         return true
       })
     )
@@ -74,7 +70,7 @@ export const make = (security: Security, options: TlsOptions = {}) =>
 
     return Tls.of({
       enabled: true,
-      serverCredentials,
+      serverTls: cell,
       reload,
       generation: Effect.sync(() => generation),
       lastError: Effect.sync(() => lastError)

@@ -18,6 +18,7 @@ import type {
 } from "./CallErrors.ts"
 import type { GenerateRejected, RejectCode } from "./Generate.ts"
 import type { InvalidHandoff } from "./Handoff.ts"
+import type { TransportError } from "./TransportErrors.ts"
 
 /** Everything a Generate call can end with other than OK or the caller's own cancel. */
 export type GenerateError =
@@ -32,6 +33,7 @@ export type GenerateError =
   | StreamAborted
   | ServerShuttingDown
   | AgentDefect
+  | TransportError
 
 export type GenerateErrorTag = GenerateError["_tag"]
 
@@ -144,12 +146,39 @@ export const statusTable: { readonly [T in GenerateErrorTag]: Row<T> } = {
   EngineStalled: (e) => agent(Status.UNAVAILABLE, e),
   StreamAborted: (e) => agent(Status.UNAVAILABLE, e),
   ServerShuttingDown: (e) => agent(Status.UNAVAILABLE, e),
-  AgentDefect: (e) => agent(Status.INTERNAL, e)
+  AgentDefect: (e) => agent(Status.INTERNAL, e),
+  // The transport's own endings (layers/grpc/http2), on any method.
+  UnknownMethod: (e) => agent(Status.UNIMPLEMENTED, e),
+  MessageTooLarge: (e) => agent(Status.RESOURCE_EXHAUSTED, e),
+  // The caller's bytes are not the message: its fault, as a field it got wrong would be.
+  UndecodableRequest: (e) => agent(Status.INVALID_ARGUMENT, e),
+  // gRPC's status-code guide: framing and flow-control violations are INTERNAL.
+  ProtocolViolation: (e) => agent(Status.INTERNAL, e),
+  UnsupportedEncoding: (e) => agent(Status.UNIMPLEMENTED, e),
+  CallDeadlineExceeded: (e) => agent(Status.DEADLINE_EXCEEDED, e)
 }
 
 /** The status a Generate call ends with for `e`. */
 export const toGrpcFailure = (e: GenerateError): GrpcFailure =>
   (statusTable[e._tag] as (e: GenerateError) => GrpcFailure)(e)
+
+/** A call's normal end. */
+export const okStatus: GrpcFailure = { code: Status.OK, message: "", trailers: {} }
+
+/**
+ * An error a unary handler passes to its callback, as a status: a GrpcFailure as it is; a library handler's
+ * (grpc-health-check) by grpc-js's convention, a `code` and `details`, UNKNOWN when it has no code.
+ */
+export const handlerFailure = (e: {
+  readonly code?: number | undefined
+  readonly details?: string | undefined
+  readonly message?: string | undefined
+  readonly trailers?: Readonly<Record<string, string>> | undefined
+}): GrpcFailure => ({
+  code: typeof e.code === "number" ? e.code : Status.UNKNOWN,
+  message: e.details ?? e.message ?? "",
+  trailers: e.trailers ?? {}
+})
 
 /** `INVALID_ARGUMENT` for 3, as grpcurl and logs print it. */
 export const statusName = (code: number): string => Status[code] ?? `CODE_${code}`

@@ -4,7 +4,6 @@
  * (file and directory watches, so Kubernetes' symlink swap is seen) and on SIGHUP, and new connections get
  * the new certificate without a restart. Owns the interface and the one error; the live code is layers/tls/Tls.ts.
  */
-import type { ServerCredentials } from "@grpc/grpc-js"
 import { Context, type Effect, Schema } from "effect"
 
 /** A certificate file that cannot be used. `key` is the config key (`security.cert_file`) or CLI flag. */
@@ -25,11 +24,18 @@ export interface TlsMaterial {
   readonly key: Buffer
 }
 
+/** Certificates that can change while a server runs: the current ones and each update after. */
+export interface TlsSource {
+  readonly current: () => TlsMaterial
+  /** Calls `listener` with each new material; the function it returns unsubscribes. */
+  readonly subscribe: (listener: (material: TlsMaterial) => void) => () => void
+}
+
 export interface TlsService {
   /** True when the server requires mTLS; false: plaintext. */
   readonly enabled: boolean
-  /** Pass to `server.listen(address, credentials)`; it follows reloads for the life of the server. */
-  readonly serverCredentials: ServerCredentials
+  /** For the gRPC server (GrpcServer `tls`): follows reloads for the life of the server; undefined in plaintext. */
+  readonly serverTls: TlsSource | undefined
   /** Re-read the files now. True when the material changed and was applied; fails (keeping the old) if invalid. */
   readonly reload: Effect.Effect<boolean, TlsError>
   /** How many times material was applied (1 after start with mTLS, 0 in plaintext). */

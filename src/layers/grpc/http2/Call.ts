@@ -1,0 +1,137 @@
+/**
+ * One gRPC call on one HTTP/2 stream, in the shape grpc-js gives handlers (so grpc-health-check and
+ * @grpc/reflection run on it unchanged): `request`, `metadata.get`, `write` (false when the stream's buffer
+ * is full, then 'drain'), `end`, 'cancelled' when the caller reset the stream, its deadline passed or the
+ * connection went first, and for request streams 'data' and 'end'. Ending with a status is `sendStatus`.
+ * Response headers go out with the first message; a call that ends before any message answers trailers-only.
+ */
+import { EventEmitter } from "node:events"
+import type * as http2 from "node:http2"
+import { type GrpcFailure, okStatus } from "../../../services/grpc/GrpcStatus.ts"
+import { encodeStatusMessage, frameMessage, reservedTrailer } from "../../../services/grpc/Wire.ts"
+
+/** The request's metadata as grpc-js's Metadata.get reads it: every value under a key, `-bin` ones decoded. */
+export class RequestMetadata {
+  readonly #headers: http2.IncomingHttpHeaders
+  constructor(headers: http2.IncomingHttpHeaders) {
+    this.#headers = headers
+  }
+  get(key: string): Array<string | Buffer> {
+    const k = key.toLowerCase()
+    const v = this.#headers[k]
+    if (v === undefined) return []
+    // Several values of one key arrive comma-joined (HTTP/2 header rules) or as repeated fields.
+    const values = Array.isArray(v) ? v : k.endsWith("-bin") ? v.split(",") : [v]
+    return k.endsWith("-bin") ? values.map((s) => Buffer.from(s.trim(), "base64")) : values
+  }
+}
+
+const noop = (): void => {}
+
+export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
+  /** The request message (unary and server-streaming methods). */
+  request: Req = undefined as Req
+  /** True once the caller reset the stream, its deadline passed or the connection closed before the end. */
+  cancelled = false
+  readonly metadata: RequestMetadata
+  readonly #stream: http2.ServerHttp2Stream
+  readonly #serialize: (message: Res) => Buffer
+  #headersSent = false
+  #done = false
+  #trailers: http2.OutgoingHttpHeaders | undefined
+  #deadline: ReturnType<typeof setTimeout> | undefined
+
+  constructor(
+    stream: http2.ServerHttp2Stream,
+    headers: http2.IncomingHttpHeaders,
+    serialize: (message: Res) => Buffer
+  ) {
+    super()
+    this.#stream = stream
+    this.#serialize = serialize
+    this.metadata = new RequestMetadata(headers)
+    // Stream errors (a reset, a session torn down) also close the stream: 'close' is where they are handled.
+    stream.on("error", noop)
+    stream.once("close", () => {
+      if (this.#done) return
+      this.#done = true
+      clearTimeout(this.#deadline)
+      this.cancelled = true
+      this.emit("cancelled", "cancelled")
+    })
+  }
+
+  /** True once a status was sent or the call was cancelled: nothing more goes out. */
+  get done(): boolean {
+    return this.#done
+  }
+
+  /** Ends the call with `failure` at `ms` from now unless it ended before (the caller's grpc-timeout). */
+  endAt(ms: number, failure: GrpcFailure): void {
+    // setTimeout's limit is 2^31-1 ms (~24.8 days); a longer deadline is no deadline in practice.
+    if (ms > 2_147_483_647) return
+    this.#deadline = setTimeout(() => {
+      if (this.#done) return
+      this.sendStatus(failure)
+      this.cancelled = true
+      this.emit("cancelled", "deadline")
+    }, ms)
+  }
+
+  getPeer(): string {
+    const s = this.#stream.session?.socket
+    return s === undefined ? "unknown" : `${s.remoteAddress}:${s.remotePort}`
+  }
+
+  /** Writes one message; false when the stream's buffer is full (wait for 'drain') or the call is over. */
+  write(message: Res): boolean {
+    if (this.#done) return false
+    this.#respond()
+    const ok = this.#stream.write(frameMessage(this.#serialize(message)))
+    if (!ok) this.#stream.once("drain", this.#onDrain)
+    return ok
+  }
+
+  /** Ends the call with OK. */
+  end(): void {
+    this.sendStatus(okStatus)
+  }
+
+  /** Ends the call with `status` (its code, message and trailers); once, later calls are ignored. */
+  sendStatus(status: GrpcFailure): void {
+    if (this.#done) return
+    this.#done = true
+    clearTimeout(this.#deadline)
+    const trailers: http2.OutgoingHttpHeaders = { "grpc-status": String(status.code) }
+    if (status.message !== "") trailers["grpc-message"] = encodeStatusMessage(status.message)
+    for (const k in status.trailers) if (!reservedTrailer(k)) trailers[k] = status.trailers[k]
+    const stream = this.#stream
+    if (stream.closed || stream.destroyed) return
+    if (!this.#headersSent) {
+      // Trailers-only: the status in the one HEADERS frame, which ends the stream.
+      this.#headersSent = true
+      stream.respond({ ":status": 200, "content-type": "application/grpc", ...trailers }, { endStream: true })
+      return
+    }
+    this.#trailers = trailers
+    stream.once("wantTrailers", this.#sendTrailers)
+    stream.end()
+  }
+
+  #respond(): void {
+    if (this.#headersSent) return
+    this.#headersSent = true
+    this.#stream.respond(
+      { ":status": 200, "content-type": "application/grpc", "grpc-accept-encoding": "identity,deflate,gzip" },
+      { waitForTrailers: true }
+    )
+  }
+
+  readonly #onDrain = (): void => {
+    this.emit("drain")
+  }
+
+  readonly #sendTrailers = (): void => {
+    if (this.#trailers !== undefined && !this.#stream.destroyed) this.#stream.sendTrailers(this.#trailers)
+  }
+}

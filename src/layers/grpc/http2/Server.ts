@@ -1,0 +1,275 @@
+/**
+ * The agent's gRPC server: gRPC over node:http2 (grpc/grpc doc/PROTOCOL-HTTP2.md), serving services given
+ * as grpc-js ServiceDefinitions through `addService`, the method grpc-health-check and @grpc/reflection add
+ * themselves with. Served here rather than by grpc-js's Server for two measured reasons (docs/bench.md):
+ * the per-call and per-token CPU of the relay (grpc-js's server stack was most of what the agent adds), and
+ * HTTP/2 settings grpc-js does not expose: Node's rapid-reset guard (streamResetBurst/Rate) cut a router's
+ * burst of cancels short with INTERNAL.
+ * Routing, the request's framing and decoding, deadlines and the listener's lifecycle live here; one call's
+ * responses in Call.ts.
+ */
+
+import * as http2 from "node:http2"
+import type * as net from "node:net"
+import * as zlib from "node:zlib"
+import type * as grpc from "@grpc/grpc-js"
+import { AgentDefect } from "../../../services/grpc/CallErrors.ts"
+import { type GrpcFailure, handlerFailure, toGrpcFailure } from "../../../services/grpc/GrpcStatus.ts"
+import {
+  CallDeadlineExceeded,
+  MessageTooLarge,
+  ProtocolViolation,
+  type TransportError,
+  UndecodableRequest,
+  UnknownMethod,
+  UnsupportedEncoding
+} from "../../../services/grpc/TransportErrors.ts"
+import { MessageReader, parseTimeout, type WireMessage } from "../../../services/grpc/Wire.ts"
+import type { TlsSource } from "../../../services/tls/Tls.ts"
+import { ServerCall } from "./Call.ts"
+
+export interface Http2GrpcServerOptions {
+  /** The largest request message accepted, decompressed (bytes); a larger one ends RESOURCE_EXHAUSTED. */
+  readonly maxReceiveMessageLength: number
+  /** mTLS: client certificates must chain to the CA; plaintext (h2c) when absent. */
+  readonly tls?: TlsSource | undefined
+}
+
+/**
+ * Node's guard against HTTP/2 rapid reset (CVE-2023-44487) closes a connection whose client reset more than
+ * `streamResetBurst` streams, refilled at `streamResetRate` per second; its defaults (1000, 33/s) end a
+ * router's cancel of 2000 hedged calls with INTERNAL on every call of the connection. A cancel costs the
+ * agent an aborted engine request, and admission bounds the calls in flight, so the guard is kept but sized
+ * for a router: 10x the burst, 30x the rate.
+ */
+export const STREAM_RESET_BURST = 10_000
+export const STREAM_RESET_RATE = 1_000
+
+type Kind = "unary" | "serverStream" | "clientStream" | "bidi"
+
+interface Route {
+  readonly kind: Kind
+  readonly definition: grpc.MethodDefinition<unknown, unknown>
+  readonly handler: (...args: Array<unknown>) => void
+}
+
+const kindOf = (d: grpc.MethodDefinition<unknown, unknown>): Kind =>
+  d.requestStream ? (d.responseStream ? "bidi" : "clientStream") : d.responseStream ? "serverStream" : "unary"
+
+const failure = (e: TransportError): GrpcFailure => toGrpcFailure(e)
+
+const noBody = (): Buffer => Buffer.alloc(0)
+
+interface Decoder {
+  readonly path: string
+  /** The request's grpc-encoding. */
+  readonly encoding: string
+  readonly limit: number
+  readonly deserialize: (bytes: Buffer) => unknown
+}
+
+type Decoded = { readonly ok: true; readonly value: unknown } | { readonly ok: false; readonly failure: GrpcFailure }
+
+const fail = (e: TransportError): Decoded => ({ ok: false, failure: failure(e) })
+
+/** One message's body, decompressed when it is flagged compressed (gzip, deflate), within the limit. */
+const inflate = (d: Decoder, m: WireMessage): Buffer | Decoded => {
+  if (!m.compressed) return Buffer.from(m.body.buffer, m.body.byteOffset, m.body.byteLength)
+  if (d.encoding === "identity")
+    return fail(new ProtocolViolation({ detail: "compressed message with grpc-encoding identity" }))
+  if (d.encoding !== "gzip" && d.encoding !== "deflate") return fail(new UnsupportedEncoding({ encoding: d.encoding }))
+  try {
+    // maxOutputLength stops a small compressed message from inflating past the limit in memory.
+    const body = (d.encoding === "gzip" ? zlib.gunzipSync : zlib.inflateSync)(m.body, { maxOutputLength: d.limit + 1 })
+    return body.length > d.limit ? fail(new MessageTooLarge({ length: body.length, limit: d.limit })) : body
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === "ERR_BUFFER_TOO_LARGE") {
+      return fail(new MessageTooLarge({ length: d.limit + 1, limit: d.limit }))
+    }
+    return fail(
+      new ProtocolViolation({ detail: `cannot decompress the ${d.encoding} message: ${(e as Error).message}` })
+    )
+  }
+}
+
+/** One message as the method's request type. */
+const decode = (d: Decoder, m: WireMessage): Decoded => {
+  const body = inflate(d, m)
+  if (!Buffer.isBuffer(body)) return body
+  try {
+    return { ok: true, value: d.deserialize(body) }
+  } catch (e) {
+    return fail(new UndecodableRequest({ method: d.path, detail: (e as Error).message }))
+  }
+}
+
+type UnaryCallback = (error: Parameters<typeof handlerFailure>[0] | null, value?: unknown) => void
+
+export class Http2GrpcServer {
+  readonly #routes = new Map<string, Route>()
+  readonly #sessions = new Set<http2.ServerHttp2Session>()
+  readonly #options: Http2GrpcServerOptions
+  #server: http2.Http2Server | http2.Http2SecureServer | undefined
+  #unsubscribe: (() => void) | undefined
+
+  constructor(options: Http2GrpcServerOptions) {
+    this.#options = options
+  }
+
+  /** Adds a service's methods (grpc-js's `Server.addService` shape). */
+  addService(service: grpc.ServiceDefinition, implementation: grpc.UntypedServiceImplementation): void {
+    for (const name in service) {
+      const definition = service[name] as grpc.MethodDefinition<unknown, unknown>
+      const handler = implementation[name] ?? implementation[definition.originalName ?? ""]
+      if (handler === undefined) continue
+      this.#routes.set(definition.path, { kind: kindOf(definition), definition, handler: handler as Route["handler"] })
+    }
+  }
+
+  /** Listens on `host`:`port`; resolves with the bound port (the real one for port 0). */
+  listen(host: string, port: number): Promise<number> {
+    const settings: http2.ServerOptions = {
+      // As grpc-js: Node's 10 MB session memory cap degrades badly when reached; admission bounds calls instead.
+      maxSessionMemory: Number.MAX_SAFE_INTEGER,
+      maxSendHeaderBlockLength: Number.MAX_SAFE_INTEGER,
+      streamResetBurst: STREAM_RESET_BURST,
+      streamResetRate: STREAM_RESET_RATE
+    }
+    const tls = this.#options.tls
+    const server =
+      tls === undefined
+        ? http2.createServer(settings)
+        : http2.createSecureServer({
+            ...settings,
+            ...tls.current(),
+            requestCert: true,
+            rejectUnauthorized: true,
+            ALPNProtocols: ["h2"]
+          })
+    if (tls !== undefined) {
+      const secure = server as http2.Http2SecureServer
+      this.#unsubscribe = tls.subscribe((m) => secure.setSecureContext({ ca: m.ca, cert: m.cert, key: m.key }))
+    }
+    this.#server = server
+    server.on("session", (session) => {
+      this.#sessions.add(session)
+      // Errors end the session, and 'close' follows: its streams see 'cancelled' there.
+      session.on("error", () => {})
+      session.once("close", () => this.#sessions.delete(session))
+    })
+    server.on("stream", (stream, headers) => this.#onStream(stream, headers))
+    return new Promise((resolve, reject) => {
+      server.once("error", reject)
+      server.listen({ host, port }, () => {
+        server.off("error", reject)
+        resolve((server.address() as net.AddressInfo).port)
+      })
+    })
+  }
+
+  /**
+   * Stops taking connections and sends GOAWAY on each, so running calls finish and new ones go elsewhere;
+   * resolves when every connection has closed.
+   */
+  close(): Promise<void> {
+    const server = this.#server
+    this.#unsubscribe?.()
+    if (server === undefined || !server.listening) return Promise.resolve()
+    const closed = new Promise<void>((resolve) => server.close(() => resolve()))
+    for (const s of this.#sessions) s.close()
+    return closed
+  }
+
+  /** Closes every connection now: their running calls see 'cancelled'. */
+  destroy(): void {
+    this.#unsubscribe?.()
+    for (const s of this.#sessions) s.destroy()
+    if (this.#server?.listening) this.#server.close()
+  }
+
+  #onStream(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders): void {
+    if (headers[":method"] !== "POST") {
+      stream.respond({ ":status": 405 }, { endStream: true })
+      return
+    }
+    const contentType = headers["content-type"]
+    if (contentType === undefined || !contentType.startsWith("application/grpc")) {
+      stream.respond({ ":status": 415 }, { endStream: true })
+      return
+    }
+    const path = headers[":path"] ?? ""
+    const route = this.#routes.get(path)
+    const call = new ServerCall<unknown, unknown>(stream, headers, route?.definition.responseSerialize ?? noBody)
+    if (route === undefined) {
+      call.sendStatus(failure(new UnknownMethod({ path })))
+      return
+    }
+    const timeout = parseTimeout(headers["grpc-timeout"] as string | undefined)
+    if (timeout === "invalid") {
+      const detail = `invalid grpc-timeout "${headers["grpc-timeout"]}"`
+      call.sendStatus(failure(new ProtocolViolation({ detail })))
+      return
+    }
+    if (timeout !== undefined) call.endAt(timeout, failure(new CallDeadlineExceeded()))
+    const decoder: Decoder = {
+      path,
+      encoding: (headers["grpc-encoding"] as string | undefined) ?? "identity",
+      limit: this.#options.maxReceiveMessageLength,
+      deserialize: route.definition.requestDeserialize
+    }
+    const reader = new MessageReader(decoder.limit)
+    const streaming = route.kind === "bidi" || route.kind === "clientStream"
+    let received = 0
+    // Each chunk's messages, until the call is over; the first failure ends it.
+    const onMessages = (chunk: Buffer): GrpcFailure | undefined => {
+      const messages = reader.push(chunk)
+      if (!Array.isArray(messages))
+        return failure(new MessageTooLarge({ length: messages.length, limit: decoder.limit }))
+      for (const m of messages) {
+        const decoded = decode(decoder, m)
+        if (!decoded.ok) return decoded.failure
+        received++
+        if (streaming) call.emit("data", decoded.value)
+        else if (received > 1)
+          return failure(new ProtocolViolation({ detail: `${path} takes one request message, got more` }))
+        else call.request = decoded.value
+      }
+      return undefined
+    }
+    stream.on("data", (chunk: Buffer) => {
+      if (call.done) return
+      const f = onMessages(chunk)
+      if (f !== undefined) call.sendStatus(f)
+    })
+    stream.once("end", () => {
+      if (call.done) return
+      if (reader.pending > 0)
+        call.sendStatus(failure(new ProtocolViolation({ detail: "the request ended inside a message" })))
+      else if (streaming) call.emit("end")
+      else if (received === 0)
+        call.sendStatus(failure(new ProtocolViolation({ detail: "the request carried no message" })))
+      else this.#run(route, call)
+    })
+    if (streaming) this.#run(route, call)
+  }
+
+  #run(route: Route, call: ServerCall<unknown, unknown>): void {
+    try {
+      if (route.kind === "serverStream" || route.kind === "bidi") {
+        route.handler(call)
+        return
+      }
+      const done: UnaryCallback = (error, value) => {
+        if (error !== null && error !== undefined) call.sendStatus(handlerFailure(error))
+        else {
+          call.write(value)
+          call.end()
+        }
+      }
+      route.handler(call, done)
+    } catch (e) {
+      // A handler that throws is a bug in the agent: the call ends INTERNAL, the server goes on.
+      call.sendStatus(toGrpcFailure(new AgentDefect({ detail: e instanceof Error ? e.message : String(e) })))
+    }
+  }
+}

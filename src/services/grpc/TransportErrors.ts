@@ -1,0 +1,68 @@
+/**
+ * TransportErrors: how the agent's gRPC server (layers/grpc/http2) ends a call before or around its handler,
+ * on any method: no such method, a request it cannot read, one over the size limit, one compressed in a way
+ * it does not speak, or the caller's deadline passed. Their statuses are rows of GrpcStatus.ts's table.
+ */
+import { Schema } from "effect"
+
+/** The path names no method this server has (health-only listener: everything but Health). */
+export class UnknownMethod extends Schema.TaggedError<UnknownMethod>()("UnknownMethod", {
+  path: Schema.String
+}) {
+  override get message(): string {
+    return `the server does not implement the method ${this.path}`
+  }
+}
+
+/** A request message announced longer than the receive limit ([agent].max_request_bytes plus room). */
+export class MessageTooLarge extends Schema.TaggedError<MessageTooLarge>()("MessageTooLarge", {
+  length: Schema.Number,
+  limit: Schema.Number
+}) {
+  override get message(): string {
+    return `received message larger than max (${this.length} vs ${this.limit})`
+  }
+}
+
+/** The request's bytes are not the method's message (protobuf decoding failed). */
+export class UndecodableRequest extends Schema.TaggedError<UndecodableRequest>()("UndecodableRequest", {
+  method: Schema.String,
+  detail: Schema.String
+}) {
+  override get message(): string {
+    return `the request is not a valid ${this.method} message: ${this.detail}`
+  }
+}
+
+/** The call broke the gRPC framing: no request message, two for a unary method, a truncated one, a bad header. */
+export class ProtocolViolation extends Schema.TaggedError<ProtocolViolation>()("ProtocolViolation", {
+  detail: Schema.String
+}) {
+  override get message(): string {
+    return this.detail
+  }
+}
+
+/** A compressed message in an encoding the server does not decode (it decodes gzip and deflate). */
+export class UnsupportedEncoding extends Schema.TaggedError<UnsupportedEncoding>()("UnsupportedEncoding", {
+  encoding: Schema.String
+}) {
+  override get message(): string {
+    return `message compressed with "${this.encoding}", which this server does not decode (identity, gzip, deflate)`
+  }
+}
+
+/** The caller's grpc-timeout passed before the call ended. */
+export class CallDeadlineExceeded extends Schema.TaggedError<CallDeadlineExceeded>()("CallDeadlineExceeded", {}) {
+  override get message(): string {
+    return "Deadline exceeded"
+  }
+}
+
+export type TransportError =
+  | UnknownMethod
+  | MessageTooLarge
+  | UndecodableRequest
+  | ProtocolViolation
+  | UnsupportedEncoding
+  | CallDeadlineExceeded

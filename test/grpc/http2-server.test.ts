@@ -1,0 +1,295 @@
+// The agent's gRPC server (layers/grpc/http2) over real loopback connections, with a grpc-js client and raw
+// node:http2 requests: routing, the request's framing and decoding, compression, deadlines, status and
+// trailers, handler failures, graceful close, and a router's burst of cancels (issue #15 item 8: past Node's
+// default rapid-reset guard, 1000 resets, the other calls of the connection ended INTERNAL).
+
+import * as http2 from "node:http2"
+import * as zlib from "node:zlib"
+import * as grpc from "@grpc/grpc-js"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import type { ServerCall } from "../../src/layers/grpc/http2/Call.ts"
+import { Http2GrpcServer, STREAM_RESET_BURST } from "../../src/layers/grpc/http2/Server.ts"
+import { frameMessage } from "../../src/services/grpc/Wire.ts"
+import { pollUntil } from "../support/poll.ts"
+
+const raw = (b: Buffer) => b
+const method = (name: string, responseStream: boolean): grpc.MethodDefinition<Buffer, Buffer> => ({
+  path: `/t.T/${name}`,
+  requestStream: false,
+  responseStream,
+  requestSerialize: raw,
+  requestDeserialize: (b) => {
+    if (b[0] === 0xff) throw new Error("first byte 0xff is not a message")
+    return b
+  },
+  responseSerialize: raw,
+  responseDeserialize: raw
+})
+const service = {
+  echo: method("Echo", false),
+  fail: method("Fail", false),
+  boom: method("Boom", false),
+  hang: method("Hang", true)
+} satisfies grpc.ServiceDefinition
+
+type Done = (e: { code: number; details: string } | null, v?: Buffer) => void
+const open = new Set<ServerCall<Buffer, Buffer>>()
+let cancelled = 0
+const seen: Array<Record<string, Array<string>>> = []
+
+const server = new Http2GrpcServer({ maxReceiveMessageLength: 1024 })
+server.addService(service, {
+  echo: (call: ServerCall<Buffer, Buffer>, done: Done) => {
+    seen.push({ a: call.metadata.get("x-a").map(String), b: call.metadata.get("x-b-bin").map((v) => v.toString()) })
+    done(null, call.request)
+  },
+  fail: (_call: ServerCall, done: Done) => done({ code: grpc.status.NOT_FOUND, details: "nicht gefunden: é 100%" }),
+  boom: () => {
+    throw new Error("handler bug")
+  },
+  hang: (call: ServerCall<Buffer, Buffer>) => {
+    open.add(call)
+    call.on("cancelled", () => {
+      open.delete(call)
+      cancelled++
+    })
+    call.write(Buffer.from("open"))
+  }
+} as unknown as grpc.UntypedServiceImplementation)
+
+let port = 0
+let client: grpc.Client
+beforeAll(async () => {
+  port = await server.listen("127.0.0.1", 0)
+  client = new grpc.Client(`127.0.0.1:${port}`, grpc.credentials.createInsecure())
+})
+afterAll(() => {
+  client?.close()
+  server.destroy()
+})
+
+const unary = (path: string, body: Buffer, c = client) =>
+  new Promise<{ code: number; details: string; value?: Buffer }>((resolve) =>
+    c.makeUnaryRequest(path, raw, raw, body, (err, value) =>
+      resolve(err ? { code: err.code, details: err.details } : { code: 0, details: "", value: value! })
+    )
+  )
+
+interface RawAnswer {
+  readonly httpStatus: number
+  readonly grpcStatus: string | undefined
+  readonly grpcMessage: string | undefined
+  readonly data: Buffer
+}
+
+/** One request on its own connection, as raw HTTP/2; the status from the trailers or a trailers-only answer. */
+const rawCall = (headers: http2.OutgoingHttpHeaders, body: Array<Uint8Array>): Promise<RawAnswer> =>
+  new Promise((resolve, reject) => {
+    const session = http2.connect(`http://127.0.0.1:${port}`)
+    session.on("error", reject)
+    const req = session.request({
+      ":method": "POST",
+      "content-type": "application/grpc",
+      te: "trailers",
+      ...headers
+    })
+    let head: http2.IncomingHttpHeaders = {}
+    let tail: http2.IncomingHttpHeaders = {}
+    const data: Array<Buffer> = []
+    req.on("response", (h) => {
+      head = h
+    })
+    req.on("trailers", (t) => {
+      tail = t
+    })
+    req.on("data", (c: Buffer) => data.push(c))
+    req.on("close", () => {
+      session.close()
+      const status = tail["grpc-status"] ?? head["grpc-status"]
+      const message = tail["grpc-message"] ?? head["grpc-message"]
+      resolve({
+        httpStatus: Number(head[":status"]),
+        grpcStatus: status as string | undefined,
+        grpcMessage: message === undefined ? undefined : decodeURIComponent(message as string),
+        data: Buffer.concat(data)
+      })
+    })
+    for (const b of body) req.write(b)
+    req.end()
+  })
+
+const compressed = (body: Buffer, how: (b: Buffer) => Buffer) => {
+  const f = frameMessage(how(body))
+  f[0] = 1
+  return f
+}
+
+describe("the agent's gRPC server on node:http2", () => {
+  it("answers a unary call; the handler reads the request's metadata as grpc-js gives it (repeated plain values comma-joined, -bin ones decoded)", async () => {
+    const r = await rawCall(
+      { ":path": "/t.T/Echo", "x-a": ["1", "2"], "x-b-bin": Buffer.from("bin").toString("base64") },
+      [frameMessage(Buffer.from("hello"))]
+    )
+    expect(r).toMatchObject({ httpStatus: 200, grpcStatus: "0" })
+    expect(r.data.subarray(5).toString()).toBe("hello")
+    expect(seen.at(-1)).toEqual({ a: ["1, 2"], b: ["bin"] })
+    expect((await unary("/t.T/Echo", Buffer.from("via grpc-js"))).value?.toString()).toBe("via grpc-js")
+  })
+
+  it("sends a handler's status and message (percent-encoded UTF-8) to a grpc-js client", async () => {
+    expect(await unary("/t.T/Fail", Buffer.from("x"))).toEqual({
+      code: grpc.status.NOT_FOUND,
+      details: "nicht gefunden: é 100%"
+    })
+  })
+
+  it("ends a throwing handler's call INTERNAL and goes on serving", async () => {
+    const r = await unary("/t.T/Boom", Buffer.from("x"))
+    expect(r.code).toBe(grpc.status.INTERNAL)
+    expect(r.details).toContain("handler bug")
+    expect((await unary("/t.T/Echo", Buffer.from("after"))).value?.toString()).toBe("after")
+  })
+
+  it("refuses what is not a gRPC call: unknown method, not POST, not application/grpc", async () => {
+    const unknown = await rawCall({ ":path": "/t.T/Nope" }, [frameMessage(Buffer.from("x"))])
+    expect(unknown).toMatchObject({ httpStatus: 200, grpcStatus: String(grpc.status.UNIMPLEMENTED) })
+    expect(unknown.grpcMessage).toContain("/t.T/Nope")
+    expect((await rawCall({ ":path": "/t.T/Echo", ":method": "GET" }, [])).httpStatus).toBe(405)
+    expect((await rawCall({ ":path": "/t.T/Echo", "content-type": "text/plain" }, [])).httpStatus).toBe(415)
+  })
+
+  it("gives each broken request a precise status", async () => {
+    const echo = { ":path": "/t.T/Echo" }
+    const cases: Array<[string, Array<Uint8Array>, http2.OutgoingHttpHeaders, grpc.status, string]> = [
+      ["undecodable", [frameMessage(Buffer.from([0xff]))], {}, grpc.status.INVALID_ARGUMENT, "not a valid /t.T/Echo"],
+      ["no message", [], {}, grpc.status.INTERNAL, "no message"],
+      [
+        "two messages",
+        [frameMessage(Buffer.from("a")), frameMessage(Buffer.from("b"))],
+        {},
+        grpc.status.INTERNAL,
+        "one request message"
+      ],
+      ["truncated", [frameMessage(Buffer.from("abc")).subarray(0, 6)], {}, grpc.status.INTERNAL, "inside a message"],
+      ["over the limit", [frameMessage(Buffer.alloc(2000))], {}, grpc.status.RESOURCE_EXHAUSTED, "2000 vs 1024"],
+      [
+        "bad grpc-timeout",
+        [frameMessage(Buffer.from("a"))],
+        { "grpc-timeout": "5 seconds" },
+        grpc.status.INTERNAL,
+        "grpc-timeout"
+      ],
+      [
+        "unknown encoding",
+        [compressed(Buffer.from("a"), (b) => b)],
+        { "grpc-encoding": "snappy" },
+        grpc.status.UNIMPLEMENTED,
+        "snappy"
+      ],
+      ["compressed as identity", [compressed(Buffer.from("a"), (b) => b)], {}, grpc.status.INTERNAL, "identity"],
+      [
+        "gzip bomb",
+        [compressed(Buffer.alloc(100_000), zlib.gzipSync)],
+        { "grpc-encoding": "gzip" },
+        grpc.status.RESOURCE_EXHAUSTED,
+        "1024"
+      ]
+    ]
+    for (const [what, body, headers, code, text] of cases) {
+      const r = await rawCall({ ...echo, ...headers }, body)
+      expect({ what, status: r.grpcStatus }).toEqual({ what, status: String(code) })
+      expect(r.grpcMessage).toContain(text)
+    }
+  })
+
+  it("decodes gzip and deflate requests", async () => {
+    for (const [encoding, how] of [
+      ["gzip", zlib.gzipSync],
+      ["deflate", zlib.deflateSync]
+    ] as const) {
+      const r = await rawCall({ ":path": "/t.T/Echo", "grpc-encoding": encoding }, [
+        compressed(Buffer.from(encoding), how)
+      ])
+      expect(r.grpcStatus).toBe("0")
+      expect(r.data.subarray(5).toString()).toBe(encoding)
+    }
+  })
+
+  it("ends a call at its grpc-timeout with DEADLINE_EXCEEDED, and its handler sees 'cancelled'", async () => {
+    const before = cancelled
+    const r = await rawCall({ ":path": "/t.T/Hang", "grpc-timeout": "50m" }, [frameMessage(Buffer.from("x"))])
+    expect(r.grpcStatus).toBe(String(grpc.status.DEADLINE_EXCEEDED))
+    expect(r.data.subarray(5).toString()).toBe("open")
+    expect(cancelled).toBe(before + 1)
+  })
+
+  it(`a burst of ${STREAM_RESET_BURST / 5} cancels on one connection: each is CANCELLED, the connection's other calls are untouched`, async () => {
+    const c = new grpc.Client(`127.0.0.1:${port}`, grpc.credentials.createInsecure())
+    const n = STREAM_RESET_BURST / 5 // 2000, twice Node's default burst
+    const keep = 200
+    const before = cancelled
+    const calls = Array.from({ length: n + keep }, () => {
+      const call = c.makeServerStreamRequest("/t.T/Hang", raw, raw, Buffer.from("x"))
+      const opened = new Promise<void>((resolve) => call.once("data", () => resolve()))
+      const status = new Promise<number>((resolve) => call.on("status", (s: grpc.StatusObject) => resolve(s.code)))
+      call.on("error", () => {})
+      return { call, opened, status }
+    })
+    await Promise.all(calls.map((x) => x.opened))
+    for (const x of calls.slice(0, n)) x.call.cancel()
+    await pollUntil("the server to see every cancel", () => cancelled - before >= n, 30_000)
+    expect(cancelled - before).toBe(n)
+    // The rest end normally, from the server: none was cut by a GOAWAY.
+    expect(open.size).toBe(keep)
+    for (const call of open) call.end()
+    const codes = await Promise.all(calls.map((x) => x.status))
+    const count = (code: number) => codes.filter((k) => k === code).length
+    expect({ cancelled: count(grpc.status.CANCELLED), ok: count(grpc.status.OK) }).toEqual({ cancelled: n, ok: keep })
+    expect((await unary("/t.T/Echo", Buffer.from("still up"), c)).value?.toString()).toBe("still up")
+    c.close()
+  }, 60_000)
+
+  it("close() lets a running call finish and takes no new call; destroy() cancels what is left", async () => {
+    const s = new Http2GrpcServer({ maxReceiveMessageLength: 1024 })
+    const calls: Array<ServerCall<Buffer, Buffer>> = []
+    let gone = 0
+    s.addService({ hang: service.hang }, {
+      hang: (call: ServerCall<Buffer, Buffer>) => {
+        calls.push(call)
+        call.on("cancelled", () => gone++)
+        call.write(Buffer.from("open"))
+      }
+    } as unknown as grpc.UntypedServiceImplementation)
+    const p = await s.listen("127.0.0.1", 0)
+    const c = new grpc.Client(`127.0.0.1:${p}`, grpc.credentials.createInsecure())
+    const start = () => {
+      const call = c.makeServerStreamRequest("/t.T/Hang", raw, raw, Buffer.from("x"))
+      call.on("error", () => {})
+      return {
+        opened: new Promise<void>((resolve) => call.once("data", () => resolve())),
+        status: new Promise<number>((resolve) => call.on("status", (st: grpc.StatusObject) => resolve(st.code)))
+      }
+    }
+    const first = start()
+    const second = start()
+    await Promise.all([first.opened, second.opened])
+    let closed = false
+    const closing = s.close().then(() => {
+      closed = true
+    })
+    const late = await unary(
+      "/t.T/Hang",
+      Buffer.from("x"),
+      new grpc.Client(`127.0.0.1:${p}`, grpc.credentials.createInsecure())
+    )
+    expect(late.code).toBe(grpc.status.UNAVAILABLE)
+    expect(closed).toBe(false)
+    calls[0]!.end()
+    expect(await first.status).toBe(grpc.status.OK)
+    s.destroy()
+    await closing
+    expect(await second.status).not.toBe(grpc.status.OK)
+    expect(gone).toBe(1)
+    c.close()
+  })
+})
