@@ -4,7 +4,6 @@
  * shared jittered backoff, then hands every message to the caller. The socket is closed with the scope.
  */
 import { Effect, type Scope } from "effect"
-import * as zmq from "zeromq"
 import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
 
 /** The address to connect to for an endpoint the engine binds (`tcp://*:P` -> `tcp://127.0.0.1:P`). */
@@ -28,6 +27,8 @@ export interface RankSubscription {
 export const readRank = (o: RankSubscription): Effect.Effect<never, unknown, Scope.Scope> =>
   Effect.gen(function* () {
     const at = o.endpoint
+    // zeromq (a native addon) is loaded by the first subscription: an agent without [kv] never maps it.
+    const zmq = yield* Effect.promise(() => import("zeromq"))
     const sub = yield* Effect.acquireRelease(
       Effect.sync(() => new zmq.Subscriber({ linger: 0, receiveHighWaterMark: 100_000 })),
       (s) => Effect.sync(() => s.close())

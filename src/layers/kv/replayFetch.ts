@@ -4,13 +4,14 @@
  * services/kv/KvEvents.ts). The dealer is closed on every exit, interruption included.
  */
 import { Effect } from "effect"
-import * as zmq from "zeromq"
 import { decodeReplayReply, type KvBatch, seqFrame } from "../../services/kv/KvEvents.ts"
 
 /** Every batch the replay ROUTER holds from `from` on, decoded. Fails on timeout or a bad frame. */
 export const fetchReplay = (endpoint: string, topic: string, from: bigint, timeoutMs: number) =>
   Effect.tryPromise({
     try: async (signal) => {
+      // Loaded on use, as in rankSubscriber.ts (already loaded by then: a replay follows a subscription).
+      const zmq = await import("zeromq")
       const dealer = new zmq.Dealer({ linger: 0, receiveTimeout: timeoutMs })
       // Interruption closes the dealer, which rejects the pending receive.
       const onAbort = () => dealer.close()

@@ -8,11 +8,9 @@
  * Why not @opentelemetry/sdk-node's NodeSDK, which reads the same environment: it pulls in every exporter
  * (gRPC, protobuf, Zipkin, Prometheus) and the auto-instrumentation loader, many megabytes the agent never
  * loads; the few variables that decide whether and where to export are read here, and the OTLP exporter
- * reads its own (headers, timeout, compression, TLS files).
+ * reads its own (headers, timeout, compression, TLS files). The SDK is imported only when traces are exported:
+ * an agent without an endpoint never loads it (several MiB of heap).
  */
-import * as NodeSdk from "@effect/opentelemetry/NodeSdk"
-import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-http"
-import { BatchSpanProcessor } from "@opentelemetry/sdk-trace-base"
 import { Effect, Layer } from "effect"
 import type { AgentConfig } from "../../services/config/Config.ts"
 import { type Env, otlpTraceSettings } from "../../services/observability/OtelSettings.ts"
@@ -23,14 +21,23 @@ import { packageVersion } from "../node/NodeStatus.ts"
 export const layer = (config: AgentConfig, env: Env = process.env): Layer.Layer<never> => {
   const settings = otlpTraceSettings(config.agent.otlp_endpoint, env)
   if (settings === undefined) return Layer.empty
-  const sdk = NodeSdk.layer(() => ({
-    resource: {
-      serviceName: settings.serviceName,
-      serviceVersion: packageVersion(),
-      attributes: { "service.instance.id": config.agent.node_id, "cgn.cluster": config.cluster.name }
-    },
-    spanProcessor: new BatchSpanProcessor(new OTLPTraceExporter({ url: settings.url }))
-  }))
+  const sdk = Layer.unwrap(
+    Effect.promise(async () => {
+      const [NodeSdk, { OTLPTraceExporter }, { BatchSpanProcessor }] = await Promise.all([
+        import("@effect/opentelemetry/NodeSdk"),
+        import("@opentelemetry/exporter-trace-otlp-http"),
+        import("@opentelemetry/sdk-trace-base")
+      ])
+      return NodeSdk.layer(() => ({
+        resource: {
+          serviceName: settings.serviceName,
+          serviceVersion: packageVersion(),
+          attributes: { "service.instance.id": config.agent.node_id, "cgn.cluster": config.cluster.name }
+        },
+        spanProcessor: new BatchSpanProcessor(new OTLPTraceExporter({ url: settings.url }))
+      }))
+    })
+  )
   const warn = Layer.effectDiscard(
     Effect.forEach(settings.warnings, (w) => Effect.logWarning(`tracing: ${w}`), { discard: true })
   )

@@ -8,7 +8,7 @@ import { X509Certificate } from "node:crypto"
 import * as fs from "node:fs/promises"
 import * as tls from "node:tls"
 import { Effect, type Scope } from "effect"
-import { Etcd3, EtcdLeaseInvalidError, type IKeyValue, type IOptions } from "etcd3"
+import type { IKeyValue, IOptions } from "etcd3"
 import type { AgentConfig } from "../../services/config/Config.ts"
 import { EtcdTlsError, EtcdUnavailable, LeaseLost } from "../../services/registry/HealthReporter.ts"
 
@@ -166,6 +166,8 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
   options: EtcdClientOptions
 ): Effect.fn.Return<EtcdOps, EtcdTlsError, Scope.Scope> {
   const opts = yield* etcdOptions(cluster, options)
+  // Loaded here, not at start: a standalone agent ([cluster].etcd empty) never holds etcd3 and its grpc-js client.
+  const { Etcd3, EtcdLeaseInvalidError } = yield* Effect.promise(() => import("etcd3"))
   const client = yield* Effect.acquireRelease(
     Effect.sync(() => new Etcd3(opts)),
     (c) => Effect.sync(() => c.close())
