@@ -2,7 +2,6 @@
  * The live NodeStatus layer: assembles NodeHealth from the engine, admission, drain, GPUs and metrics.
  * Its test double (a NodeStatus tests drive by hand) is src/testing/NodeStatus.ts.
  */
-import * as fs from "node:fs"
 import * as os from "node:os"
 import { Duration, Effect, Layer, Option, Ref, Schedule, Stream } from "effect"
 import type { Counter } from "prom-client"
@@ -19,6 +18,7 @@ import { type NodeState, NodeStatus } from "../../services/node/NodeStatus.ts"
 import { Nvml } from "../../services/node/Nvml.ts"
 import { ENGINE_STATES, Metrics, setCounter, setOptional, setStateGauge } from "../../services/observability/Metrics.ts"
 import { resolveAdvertiseAddr } from "../../services/registry/Advertise.ts"
+import { VERSION } from "../../version.ts"
 
 // ---------------------------------------------------------------------------------------------------------
 // Live layer: NodeHealth from Config, EngineProcess, EngineClient.load, Admission, Drain, Nvml and the
@@ -32,16 +32,8 @@ export interface NodeStatusOptions {
   readonly boundGrpcPort?: number
 }
 
-/** The version in the package.json next to src/ or dist/ ("0.0.0" if unreadable). */
-export const packageVersion = (): string => {
-  try {
-    const pkg = JSON.parse(fs.readFileSync(new URL("../../../package.json", import.meta.url), "utf8")) as unknown
-    const version = (pkg as { version?: unknown }).version
-    return typeof version === "string" ? version : "0.0.0"
-  } catch {
-    return "0.0.0"
-  }
-}
+/** The agent's release version (src/version.ts, kept equal to package.json's by test/programs/cli.test.ts). */
+export const packageVersion = (): string => VERSION
 
 const totalOf = (counter: Counter<"model">) =>
   Effect.promise(() => counter.get()).pipe(Effect.map((m) => m.values.reduce((sum, v) => sum + v.value, 0)))
