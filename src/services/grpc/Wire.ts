@@ -76,10 +76,18 @@ export class MessageReader {
 const lengthOf = (b: Uint8Array, at: number): number =>
   ((b[at + 1]! << 24) >>> 0) + (b[at + 2]! << 16) + (b[at + 3]! << 8) + b[at + 4]!
 
-/** `body` as one uncompressed message: the prefix and the body in one buffer (one write, one DATA frame). */
-export const frameMessage = (body: Uint8Array): Uint8Array => {
-  const out = new Uint8Array(PREFIX + body.length)
+/**
+ * `body` as one uncompressed message: the prefix and the body in one buffer (one write, one DATA frame), from
+ * `alloc` (the transport passes Node's pooled Buffer.allocUnsafe: a fresh ArrayBuffer per relayed token costs a
+ * native allocation each; the bytes need not be zeroed, every one is written here).
+ */
+export const frameMessage = (
+  body: Uint8Array,
+  alloc: (size: number) => Uint8Array = (size) => new Uint8Array(size)
+): Uint8Array => {
+  const out = alloc(PREFIX + body.length)
   const n = body.length
+  out[0] = 0
   out[1] = n >>> 24
   out[2] = (n >>> 16) & 0xff
   out[3] = (n >>> 8) & 0xff

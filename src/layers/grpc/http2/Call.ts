@@ -87,7 +87,7 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
   write(message: Res): boolean {
     if (this.#done) return false
     this.#respond()
-    const ok = this.#stream.write(frameMessage(this.#serialize(message)))
+    const ok = this.#stream.write(frameMessage(this.#serialize(message), Buffer.allocUnsafe))
     if (!ok) this.#stream.once("drain", this.#onDrain)
     return ok
   }
