@@ -63,7 +63,8 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
   const server = new Http2GrpcServer({
     // Leave room above max_request_bytes so the agent's own check answers with a precise message.
     maxReceiveMessageLength: config.agent.max_request_bytes + 1024 * 1024,
-    tls: options.tls
+    tls: options.tls,
+    onError: (e) => run(Effect.logError("gRPC listener error; still serving", { error: e.message }))
   })
   addAgent(server, {
     generate,

@@ -29,7 +29,11 @@ export const serve = (
 ): Effect.Effect<HealthListener, GrpcListenError, Scope.Scope> =>
   Effect.gen(function* () {
     // Health requests are a service name: grpc's default 4 MiB limit is far above any.
-    const server = new Http2GrpcServer({ maxReceiveMessageLength: 4 * 1024 * 1024 })
+    const run = Effect.runCallbackWith(yield* Effect.context<never>())
+    const server = new Http2GrpcServer({
+      maxReceiveMessageLength: 4 * 1024 * 1024,
+      onError: (e) => run(Effect.logError("gRPC health listener error; still serving", { error: e.message }))
+    })
     // Its Watch calls need no ending: the listener closes with destroy.
     addHealth(server, state)
     const port = yield* Effect.acquireRelease(

@@ -33,6 +33,11 @@ export interface Http2GrpcServerOptions {
   readonly maxReceiveMessageLength: number
   /** mTLS: client certificates must chain to the CA; plaintext (h2c) when absent. */
   readonly tls?: TlsSource | undefined
+  /**
+   * A listening socket's error after listen (a failed accept; libuv absorbs EMFILE itself): reported here, the
+   * server goes on. Without a listener Node would throw it and end the daemon.
+   */
+  readonly onError?: ((error: Error) => void) | undefined
 }
 
 /**
@@ -162,6 +167,7 @@ export class Http2GrpcServer {
       server.once("error", reject)
       server.listen({ host, port }, () => {
         server.off("error", reject)
+        server.on("error", (e) => this.#options.onError?.(e))
         resolve((server.address() as net.AddressInfo).port)
       })
     })
