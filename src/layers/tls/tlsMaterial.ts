@@ -84,6 +84,6 @@ export const readMaterial = (files: TlsFiles): Effect.Effect<TlsMaterial, TlsErr
     return { ca, cert, key }
   })
 
-/** True when a re-read found the same bytes (nothing to push to grpc-js). */
+/** True when a re-read found the same bytes (nothing to push to the server). */
 export const sameMaterial = (a: TlsMaterial, b: TlsMaterial) =>
   a.ca.equals(b.ca) && a.cert.equals(b.cert) && a.key.equals(b.key)

@@ -85,7 +85,8 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
 
   /** Writes one message; false when the stream's buffer is full (wait for 'drain') or the call is over. */
   write(message: Res): boolean {
-    if (this.#done) return false
+    // A stream the caller just reset is destroyed before its 'close' (next tick) makes the call cancelled.
+    if (this.#done || this.#stream.destroyed) return false
     this.#respond()
     const ok = this.#stream.write(frameMessage(this.#serialize(message), Buffer.allocUnsafe))
     if (!ok) this.#stream.once("drain", this.#onDrain)
