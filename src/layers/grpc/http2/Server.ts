@@ -162,6 +162,8 @@ export class Http2GrpcServer {
       session.on("error", () => {})
       session.once("close", () => this.#sessions.delete(session))
     })
+    // Each relayed token is a small write after one still unacknowledged: Nagle's algorithm would hold it back.
+    server.on("connection", (socket: net.Socket) => socket.setNoDelay(true))
     server.on("stream", (stream, headers) => this.#onStream(stream, headers))
     return new Promise((resolve, reject) => {
       server.once("error", reject)
