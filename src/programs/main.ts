@@ -36,6 +36,7 @@ import { Drain } from "../services/node/Drain.ts"
 import { EventLoopLag } from "../services/node/EventLoopLag.ts"
 import { HealthReporter, type RegistrationStatus } from "../services/registry/HealthReporter.ts"
 import { Tls } from "../services/tls/Tls.ts"
+import { VERSION } from "../version.ts"
 import { guardEntry } from "./guardEntry.ts"
 import { reloadOnHangup, type ShutdownSignals, shutdownSignals } from "./runMain.ts"
 
@@ -123,7 +124,7 @@ export const daemon = Effect.scoped(
     yield* reloadOnHangup(Effect.andThen(TlsLive.hangupReload, Logging.hangupReload(config.file)))
     const lag = yield* EventLoopLag
     yield* MetricsLive.mirrorEventLoopLag(lag.sample)
-    yield* MetricsLive.recordBuildInfo({ version: NodeStatusLive.packageVersion(), engine: config.engine.kind })
+    yield* MetricsLive.recordBuildInfo({ version: VERSION, engine: config.engine.kind })
 
     // /status reads the registration once the reporter exists (it is built after the servers).
     const reporterReady = yield* Deferred.make<Effect.Effect<RegistrationStatus>>()

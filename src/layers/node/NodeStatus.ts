@@ -32,9 +32,6 @@ export interface NodeStatusOptions {
   readonly boundGrpcPort?: number
 }
 
-/** The agent's release version (src/version.ts, kept equal to package.json's by test/programs/cli.test.ts). */
-export const packageVersion = (): string => VERSION
-
 const totalOf = (counter: Counter<"model">) =>
   Effect.promise(() => counter.get()).pipe(Effect.map((m) => m.values.reduce((sum, v) => sum + v.value, 0)))
 
@@ -66,7 +63,7 @@ export const layer = (
         return gateProblem(g) ?? stallProblem(s, stallIdle)
       })
       const heartbeat = config.agent.heartbeat
-      const agentVersion = options.agentVersion ?? packageVersion()
+      const agentVersion = options.agentVersion ?? VERSION
       const advertiseAddr = resolveAdvertiseAddr({
         advertiseAddr: config.agent.advertise_addr,
         listenGrpc: config.agent.listen_grpc,

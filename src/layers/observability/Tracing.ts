@@ -15,7 +15,7 @@ import { Effect, Layer } from "effect"
 import type { AgentConfig } from "../../services/config/Config.ts"
 import { type Env, otlpTraceSettings } from "../../services/observability/OtelSettings.ts"
 import { TracesExported } from "../../services/observability/TraceContext.ts"
-import { packageVersion } from "../node/NodeStatus.ts"
+import { VERSION } from "../../version.ts"
 
 /** The OTLP trace exporter the environment and config ask for, or no layer at all. */
 export const layer = (config: AgentConfig, env: Env = process.env): Layer.Layer<never> => {
@@ -31,7 +31,7 @@ export const layer = (config: AgentConfig, env: Env = process.env): Layer.Layer<
       return NodeSdk.layer(() => ({
         resource: {
           serviceName: settings.serviceName,
-          serviceVersion: packageVersion(),
+          serviceVersion: VERSION,
           attributes: { "service.instance.id": config.agent.node_id, "cgn.cluster": config.cluster.name }
         },
         spanProcessor: new BatchSpanProcessor(new OTLPTraceExporter({ url: settings.url }))
