@@ -1,8 +1,8 @@
 /**
  * Live Tls: reads and checks the PEM files (tlsMaterial.ts) and serves them as a cell (materialCell.ts) the
- * gRPC server subscribes to, applying each change with the HTTP/2 server's `setSecureContext`. Watches the files and their directories (debounced) and SIGHUP
- * (watchChanges.ts); an invalid new file is logged and the old material kept. Client credentials:
- * clientCredentials.ts.
+ * gRPC server subscribes to, applying each change with the HTTP/2 server's `setSecureContext`. Watches the
+ * files and their directories (debounced) and SIGHUP (watchChanges.ts); an invalid new file is logged and the
+ * old material kept. Client credentials: clientCredentials.ts.
  */
 import { type Duration, Effect, Layer, Queue, Stream } from "effect"
 import { Config } from "../../services/config/Config.ts"
@@ -33,10 +33,9 @@ export const make = (security: Security, options: TlsOptions = {}) =>
       })
     }
     const files = securityFiles(security)
-    let current = yield* readMaterial(files)
+    const cell = new MaterialCell(yield* readMaterial(files))
     let generation = 1
     let lastError: TlsError | undefined
-    const cell = new MaterialCell(current)
 
     const reload: TlsService["reload"] = readMaterial(files).pipe(
       Effect.tapError((e) =>
@@ -46,8 +45,7 @@ export const make = (security: Security, options: TlsOptions = {}) =>
       ),
       Effect.map((next) => {
         lastError = undefined
-        if (sameMaterial(current, next)) return false
-        current = next
+        if (sameMaterial(cell.current(), next)) return false
         generation++
         cell.update(next)
         return true
