@@ -4,6 +4,7 @@
 // default rapid-reset guard, 1000 resets, the other calls of the connection ended INTERNAL).
 
 import * as http2 from "node:http2"
+import * as net from "node:net"
 import * as zlib from "node:zlib"
 import * as grpc from "@grpc/grpc-js"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
@@ -37,7 +38,11 @@ const open = new Set<ServerCall<Buffer, Buffer>>()
 let cancelled = 0
 const seen: Array<Record<string, Array<string>>> = []
 
-const server = new Http2GrpcServer({ maxReceiveMessageLength: 1024 })
+const connectionErrors: Array<Error> = []
+const server = new Http2GrpcServer({
+  maxReceiveMessageLength: 1024,
+  onConnectionError: (e) => connectionErrors.push(e)
+})
 server.addService(service, {
   echo: (call: ServerCall<Buffer, Buffer>, done: Done) => {
     seen.push({ a: call.metadata.get("x-a").map(String), b: call.metadata.get("x-b-bin").map((v) => v.toString()) })
@@ -202,6 +207,16 @@ describe("the agent's gRPC server on node:http2", () => {
     }
   })
 
+  it("reports a connection that breaks HTTP/2 (not swallowed) and goes on serving", async () => {
+    const before = connectionErrors.length
+    const socket = net.connect(port, "127.0.0.1")
+    socket.on("error", () => {})
+    socket.write("this is not the HTTP/2 connection preface\r\n\r\n")
+    await pollUntil("the connection error reported", () => connectionErrors.length > before, 10_000, 10)
+    socket.destroy()
+    expect((await unary("/t.T/Echo", Buffer.from("after"))).value?.toString()).toBe("after")
+  })
+
   it("decodes gzip and deflate requests", async () => {
     for (const [encoding, how] of [
       ["gzip", zlib.gzipSync],
@@ -277,11 +292,9 @@ describe("the agent's gRPC server on node:http2", () => {
     const closing = s.close().then(() => {
       closed = true
     })
-    const late = await unary(
-      "/t.T/Hang",
-      Buffer.from("x"),
-      new grpc.Client(`127.0.0.1:${p}`, grpc.credentials.createInsecure())
-    )
+    const lateClient = new grpc.Client(`127.0.0.1:${p}`, grpc.credentials.createInsecure())
+    const late = await unary("/t.T/Hang", Buffer.from("x"), lateClient)
+    lateClient.close()
     expect(late.code).toBe(grpc.status.UNAVAILABLE)
     expect(closed).toBe(false)
     calls[0]!.end()

@@ -15,8 +15,8 @@ import {
   type NodeHealth
 } from "../../gen/cgn/agent/v1/agent.ts"
 import { AgentDefect } from "../../services/grpc/CallErrors.ts"
-import { type GrpcFailure, toGrpcFailure } from "../../services/grpc/GrpcStatus.ts"
-import type { ServerCall } from "./http2/Call.ts"
+import { toGrpcFailure } from "../../services/grpc/GrpcStatus.ts"
+import type { ServerCall, UnaryCallback } from "./http2/Call.ts"
 import type { Http2GrpcServer } from "./http2/Server.ts"
 
 /** A Generate call as its handler sees it. */
@@ -68,14 +68,12 @@ export interface AgentHandlers {
   readonly run: <A>(effect: Effect.Effect<A>, onExit: (exit: Exit.Exit<A>) => void) => () => void
 }
 
-type Done<A> = (error: GrpcFailure | null, value?: A) => void
-
 /** Adds the Agent service to `server`. */
 export const addAgent = (server: Http2GrpcServer, handlers: AgentHandlers): void => {
   server.addService(definition, {
     generate: handlers.generate,
-    listModels: (_call: ServerCall, done: Done<ListModelsResponse>) => done(null, handlers.models),
-    getNodeHealth: (call: ServerCall, done: Done<NodeHealth>) => {
+    listModels: (_call: ServerCall, done: UnaryCallback<ListModelsResponse>) => done(null, handlers.models),
+    getNodeHealth: (call: ServerCall, done: UnaryCallback<NodeHealth>) => {
       // A cancelled call interrupts the snapshot; a call already ended ignores the answer.
       const interrupt = handlers.run(handlers.nodeHealth, (exit) =>
         Exit.isSuccess(exit)

@@ -18,7 +18,7 @@ import { ActiveCalls } from "./ActiveCalls.ts"
 import { addAgent } from "./AgentService.ts"
 import * as GenerateCall from "./GenerateCall.ts"
 import { addHealth, HEALTH_SERVICE } from "./Health.ts"
-import { Http2GrpcServer } from "./http2/Server.ts"
+import { Http2GrpcServer, type Http2GrpcServerOptions } from "./http2/Server.ts"
 import { addReflection } from "./Reflection.ts"
 import * as ServingState from "./ServingState.ts"
 import * as StallWatchdog from "./StallWatchdog.ts"
@@ -49,6 +49,18 @@ export const bind = (server: Http2GrpcServer, address: string): Effect.Effect<nu
   })
 }
 
+/**
+ * Where a server's listener and connection errors go (`what` names the server in the log): a listener error
+ * at error level; a connection's at debug, so a misbehaving client cannot flood the log at the default level.
+ */
+export const errorLogging = (
+  run: (effect: Effect.Effect<void>) => unknown,
+  what: string
+): Pick<Http2GrpcServerOptions, "onError" | "onConnectionError"> => ({
+  onError: (e) => run(Effect.logError(`${what} listener error; still serving`, { error: e.message })),
+  onConnectionError: (e) => run(Effect.logDebug(`${what} connection closed on an error`, { error: e.message }))
+})
+
 /** Builds and starts the server; it stops when the scope closes. */
 export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}) {
   const config = yield* Config
@@ -64,7 +76,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     // Leave room above max_request_bytes so the agent's own check answers with a precise message.
     maxReceiveMessageLength: config.agent.max_request_bytes + 1024 * 1024,
     tls: options.tls,
-    onError: (e) => run(Effect.logError("gRPC listener error; still serving", { error: e.message }))
+    ...errorLogging(run, "gRPC")
   })
   addAgent(server, {
     generate,

@@ -8,7 +8,7 @@
 import { Effect, type Scope } from "effect"
 import type { HealthImplementation } from "grpc-health-check"
 import { joinHostPort, splitHostPort } from "../../services/registry/Advertise.ts"
-import { bind, type GrpcListenError } from "./GrpcServer.ts"
+import { bind, errorLogging, type GrpcListenError } from "./GrpcServer.ts"
 import { addHealth } from "./Health.ts"
 import { Http2GrpcServer } from "./http2/Server.ts"
 
@@ -28,11 +28,11 @@ export const serve = (
   state: HealthImplementation
 ): Effect.Effect<HealthListener, GrpcListenError, Scope.Scope> =>
   Effect.gen(function* () {
-    // Health requests are a service name: grpc's default 4 MiB limit is far above any.
     const run = Effect.runCallbackWith(yield* Effect.context<never>())
     const server = new Http2GrpcServer({
+      // Health requests are a service name: grpc's default 4 MiB limit is far above any.
       maxReceiveMessageLength: 4 * 1024 * 1024,
-      onError: (e) => run(Effect.logError("gRPC health listener error; still serving", { error: e.message }))
+      ...errorLogging(run, "gRPC health")
     })
     // Its Watch calls need no ending: the listener closes with destroy.
     addHealth(server, state)

@@ -169,12 +169,14 @@ export const okStatus: GrpcFailure = { code: Status.OK, message: "", trailers: {
  * An error a unary handler passes to its callback, as a status: a GrpcFailure as it is; a library handler's
  * (grpc-health-check) by grpc-js's convention, a `code` and `details`, UNKNOWN when it has no code.
  */
-export const handlerFailure = (e: {
+export interface HandlerError {
   readonly code?: number | undefined
   readonly details?: string | undefined
   readonly message?: string | undefined
   readonly trailers?: Readonly<Record<string, string>> | undefined
-}): GrpcFailure => ({
+}
+
+export const handlerFailure = (e: HandlerError): GrpcFailure => ({
   code: typeof e.code === "number" ? e.code : Status.UNKNOWN,
   message: e.details ?? e.message ?? "",
   trailers: e.trailers ?? {}

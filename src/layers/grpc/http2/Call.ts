@@ -7,7 +7,7 @@
  */
 import { EventEmitter } from "node:events"
 import type * as http2 from "node:http2"
-import { type GrpcFailure, okStatus } from "../../../services/grpc/GrpcStatus.ts"
+import { type GrpcFailure, type HandlerError, okStatus } from "../../../services/grpc/GrpcStatus.ts"
 import { encodeStatusMessage, frameMessage, reservedTrailer } from "../../../services/grpc/Wire.ts"
 
 /** The request's metadata as grpc-js's Metadata.get reads it: every value under a key, `-bin` ones decoded. */
@@ -27,6 +27,12 @@ export class RequestMetadata {
 }
 
 const noop = (): void => {}
+
+/**
+ * What a unary handler answers through: an error (a GrpcFailure, or a library handler's grpc-js-style
+ * `{ code, details }`) or the response.
+ */
+export type UnaryCallback<Res = unknown> = (error: HandlerError | null, value?: Res) => void
 
 export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
   /** The request message (unary and server-streaming methods). */
@@ -78,11 +84,6 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
     }, ms)
   }
 
-  getPeer(): string {
-    const s = this.#stream.session?.socket
-    return s === undefined ? "unknown" : `${s.remoteAddress}:${s.remotePort}`
-  }
-
   /** Writes one message; false when the stream's buffer is full (wait for 'drain') or the call is over. */
   write(message: Res): boolean {
     // A stream the caller just reset is destroyed before its 'close' (next tick) makes the call cancelled.
@@ -103,11 +104,11 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
     if (this.#done) return
     this.#done = true
     clearTimeout(this.#deadline)
+    const stream = this.#stream
+    if (stream.closed || stream.destroyed) return
     const trailers: http2.OutgoingHttpHeaders = { "grpc-status": String(status.code) }
     if (status.message !== "") trailers["grpc-message"] = encodeStatusMessage(status.message)
     for (const k in status.trailers) if (!reservedTrailer(k)) trailers[k] = status.trailers[k]
-    const stream = this.#stream
-    if (stream.closed || stream.destroyed) return
     if (!this.#headersSent) {
       // Trailers-only: the status in the one HEADERS frame, which ends the stream.
       this.#headersSent = true

@@ -26,7 +26,7 @@ import {
 } from "../../../services/grpc/TransportErrors.ts"
 import { MessageReader, parseTimeout, type WireMessage } from "../../../services/grpc/Wire.ts"
 import type { TlsSource } from "../../../services/tls/Tls.ts"
-import { ServerCall } from "./Call.ts"
+import { ServerCall, type UnaryCallback } from "./Call.ts"
 
 export interface Http2GrpcServerOptions {
   /** The largest request message accepted, decompressed (bytes); a larger one ends RESOURCE_EXHAUSTED. */
@@ -38,6 +38,11 @@ export interface Http2GrpcServerOptions {
    * server goes on. Without a listener Node would throw it and end the daemon.
    */
   readonly onError?: ((error: Error) => void) | undefined
+  /**
+   * One connection's error (a client breaking HTTP/2, a TLS handshake refused: no or an untrusted client
+   * certificate). The connection closes, its calls see 'cancelled'; the server goes on.
+   */
+  readonly onConnectionError?: ((error: Error) => void) | undefined
 }
 
 /**
@@ -108,8 +113,6 @@ const decode = (d: Decoder, m: WireMessage): Decoded => {
   }
 }
 
-type UnaryCallback = (error: Parameters<typeof handlerFailure>[0] | null, value?: unknown) => void
-
 export class Http2GrpcServer {
   readonly #routes = new Map<string, Route>()
   readonly #sessions = new Set<http2.ServerHttp2Session>()
@@ -156,19 +159,26 @@ export class Http2GrpcServer {
       this.#unsubscribe = tls.subscribe((m) => secure.setSecureContext({ ca: m.ca, cert: m.cert, key: m.key }))
     }
     this.#server = server
+    const connectionError = (e: Error): void => this.#options.onConnectionError?.(e)
     server.on("session", (session) => {
       this.#sessions.add(session)
       // Errors end the session, and 'close' follows: its streams see 'cancelled' there.
-      session.on("error", () => {})
+      session.on("error", connectionError)
       session.once("close", () => this.#sessions.delete(session))
     })
+    server.on("tlsClientError", connectionError)
     // Each relayed token is a small write after one still unacknowledged: Nagle's algorithm would hold it back.
     server.on("connection", (socket: net.Socket) => socket.setNoDelay(true))
     server.on("stream", (stream, headers) => this.#onStream(stream, headers))
     return new Promise((resolve, reject) => {
-      server.once("error", reject)
+      // Not listening: nothing will close this server, so its certificate subscription ends here.
+      const failed = (e: Error): void => {
+        this.#unsubscribe?.()
+        reject(e)
+      }
+      server.once("error", failed)
       server.listen({ host, port }, () => {
-        server.off("error", reject)
+        server.off("error", failed)
         server.on("error", (e) => this.#options.onError?.(e))
         resolve((server.address() as net.AddressInfo).port)
       })
