@@ -11,7 +11,11 @@
 // etcd) and with every layer of the product: its CPU and RSS are the product's. nginx runs as one process
 // (master_process off), see bench/nginx.ts.
 // Flags: --concurrency 1,64,256 --tokens 128 --rounds 4 --itl 5ms,0ms (one table per setting)
+//        --min-samples 32 (a level runs at least this many requests per path, more rounds at few streams: the
+//        TTFT p50 of 1 stream x 4 rounds was 4 samples, whose median moved by a millisecond run to run)
 //        --direct scan|parse (the client of the direct and nginx phases; default scan)
+//        --grpc-client lean|nice (the agent phase's client: bench/grpc-client.ts over node:http2, default, or
+//        nice-grpc over grpc-js, which costs the shared load-generator core more per call)
 //        --calls 200 (1-token requests per per-call measurement)
 //        --profile DIR (writes the agent's --cpu-prof, one file per setting)
 //        --agent-node-flags="..." (Node/V8 flags for the agent process; default: the image's, from the Dockerfile)
@@ -24,12 +28,13 @@ import * as path from "node:path"
 import { parseArgs } from "node:util"
 import { createChannel, createClient } from "nice-grpc"
 import { Agent, request } from "undici"
-import { AgentDefinition } from "../src/gen/cgn/agent/v1/agent.ts"
+import { AgentDefinition, GenerateRequest, type GenerateResponse } from "../src/gen/cgn/agent/v1/agent.ts"
 import { repoRoot, requireDist } from "../test/support/agent.ts"
 import { pollUntil } from "../test/support/poll.ts"
 import { freePorts } from "../test/support/ports.ts"
 import { startSim } from "../test/support/sim.ts"
 import { relayArgv } from "./agentArgv.ts"
+import { type LeanClient, leanClient } from "./grpc-client.ts"
 import { checkNginx, type NginxHandle, startNginx } from "./nginx.ts"
 
 /** The Node flags the image runs the agent with (the Dockerfile's last ENTRYPOINT): the bench runs the same. */
@@ -241,20 +246,37 @@ const directFor = (b: Baseline) => (b === "scan" ? directScan : directParse)
 
 type Client = ReturnType<typeof createClient<typeof AgentDefinition>>
 
-const viaAgent = async (client: Client, tokens: number): Promise<Sample> => {
+/** One Generate's sample from its responses, in order: TTFT at the first delta, the agent's own from the final. */
+const generateSample = () => {
   const started = performance.now()
   let ttftMs = -1
   let count = 0
   let messages = 0
   let agentTtftMs = Number.NaN
-  for await (const r of client.generate({ prompt: "bench", sampling: { maxTokens: tokens } })) {
-    if (r.delta !== undefined) {
-      if (ttftMs < 0) ttftMs = performance.now() - started
-      count += r.delta.tokens
-      messages++
-    } else if (r.final?.timings !== undefined) agentTtftMs = r.final.timings.timeToFirstTokenMs
+  return {
+    take: (r: GenerateResponse): void => {
+      if (r.delta !== undefined) {
+        if (ttftMs < 0) ttftMs = performance.now() - started
+        count += r.delta.tokens
+        messages++
+      } else if (r.final?.timings !== undefined) agentTtftMs = r.final.timings.timeToFirstTokenMs
+    },
+    sample: (): Sample => ({ ttftMs, tokens: count, messages, agentTtftMs })
   }
-  return { ttftMs, tokens: count, messages, agentTtftMs }
+}
+
+/** One Generate through the lean client (bench/grpc-client.ts). */
+const viaAgentLean = async (client: LeanClient, tokens: number): Promise<Sample> => {
+  const s = generateSample()
+  await client.generate(GenerateRequest.fromPartial({ prompt: "bench", sampling: { maxTokens: tokens } }), s.take)
+  return s.sample()
+}
+
+/** One Generate through nice-grpc (`--grpc-client nice`). */
+const viaAgent = async (client: Client, tokens: number): Promise<Sample> => {
+  const s = generateSample()
+  for await (const r of client.generate({ prompt: "bench", sampling: { maxTokens: tokens } })) s.take(r)
+  return s.sample()
 }
 
 const phase = async (
@@ -322,8 +344,10 @@ interface Options {
   readonly levels: ReadonlyArray<number>
   readonly tokens: number
   readonly rounds: number
+  readonly minSamples: number
   readonly calls: number
   readonly baseline: Baseline
+  readonly grpcClient: "lean" | "nice"
   readonly pins: Pins | undefined
   readonly profileDir: string | undefined
   /** Node flags for the agent process (e.g. V8 heap settings to try). */
@@ -331,6 +355,9 @@ interface Options {
   /** The checkout whose built agent (dist/main.js) runs, another tree's to compare two versions, or "floor". */
   readonly agentRoot: string
 }
+
+/** Requests per stream at `streams`: `--rounds`, or more where that gives fewer than `--min-samples` in all. */
+const roundsAt = (streams: number, o: Options): number => Math.max(o.rounds, Math.ceil(o.minSamples / streams))
 
 const rate = (p: PhaseResult) => (p.tokens * 1000) / p.wallMs
 const cores = (cpuS: number, wallMs: number) => cpuS / (wallMs / 1000)
@@ -395,15 +422,21 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
     const address = `127.0.0.1:${grpcPort}`
     const channel = createChannel(address, undefined, { "grpc.max_concurrent_streams": 1024 })
     const client = createClient(AgentDefinition, channel)
+    const lean = leanClient(address)
     const direct = directFor(o.baseline)
     const ng = nginx
     const paths = {
       direct: (n: number) => direct(sim.url, n),
       nginx: (n: number) => direct(ng.url, n),
-      agent: (n: number) => viaAgent(client, n)
+      agent: (n: number) => (o.grpcClient === "lean" ? viaAgentLean(lean, n) : viaAgent(client, n))
     }
-    // Warm all paths (JIT, connections).
-    for (const one of Object.values(paths)) await phase(sim.pid, undefined, 8, 4, () => one(o.tokens))
+    // Warm all paths (JIT, and connections up to the highest level: the direct client and nginx open one engine
+    // connection per stream, and a row's first round would otherwise pay their TCP set-up in its TTFT).
+    const widest = Math.max(8, ...o.levels)
+    for (const one of Object.values(paths)) {
+      await phase(sim.pid, undefined, 8, 4, () => one(o.tokens))
+      await phase(sim.pid, undefined, widest, 1, () => one(o.tokens))
+    }
     // The agent's own background CPU (timers, health fibers) over one idle second, to read the rows against.
     const idle0 = procCpuUs(agentPid)
     await new Promise((r) => setTimeout(r, 1000))
@@ -412,12 +445,13 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
     const pinned = o.pins !== undefined
     const rows: Array<Record<string, string>> = []
     for (const c of o.levels) {
-      const d = await phase(sim.pid, undefined, c, o.rounds, () => paths.direct(o.tokens))
+      const rounds = roundsAt(c, o)
+      const d = await phase(sim.pid, undefined, c, rounds, () => paths.direct(o.tokens))
       const nPeakReset = resetPeakRss(ng.pid)
-      const n = await phase(sim.pid, ng.pid, c, o.rounds, () => paths.nginx(o.tokens))
+      const n = await phase(sim.pid, ng.pid, c, rounds, () => paths.nginx(o.tokens))
       const nRss = peakRssKb(ng.pid)
       const aPeakReset = resetPeakRss(agentPid)
-      const ag = await phase(sim.pid, agentPid, c, o.rounds, () => paths.agent(o.tokens))
+      const ag = await phase(sim.pid, agentPid, c, rounds, () => paths.agent(o.tokens))
       const aRss = peakRssKb(agentPid)
       const p50 = (x: PhaseResult) => pct(x.ttft, 50)
       rows.push({
@@ -454,9 +488,10 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
     const pcN = await perCall("nginx", ng.pid)
     const pcA = await perCall("agent", agentPid)
     channel.close()
+    lean.close()
     const keys = Object.keys(rows[0] ?? {})
     console.log(
-      `\nrelay benchmark (agent: ${o.agentRoot === "floor" ? "bench/floor.ts" : path.join(o.agentRoot, "dist/main.js")} ${o.agentNodeFlags.join(" ")}): sim ITL ${itl}, ${o.tokens} tokens/request, ${o.rounds} requests per stream, direct client ${o.baseline}, ${cpus().length} cores, ` +
+      `\nrelay benchmark (agent: ${o.agentRoot === "floor" ? "bench/floor.ts" : path.join(o.agentRoot, "dist/main.js")} ${o.agentNodeFlags.join(" ")}): sim ITL ${itl}, ${o.tokens} tokens/request, ${o.rounds} requests per stream (at least ${o.minSamples} per row), direct client ${o.baseline}, gRPC client ${o.grpcClient}, ${cpus().length} cores, ` +
         `${pinned ? `agent+nginx on CPU ${o.pins?.relay}, sim+loadgen on CPU ${o.pins?.engine}` : "not pinned"}; agent idle ${f(idleAgentUs / 1000, 1)} ms CPU/s` +
         `${pinned ? "; ! = the sim+loadgen CPU was saturated" : ""}`
     )
@@ -496,8 +531,10 @@ const runBench = async (): Promise<void> => {
       concurrency: { type: "string", default: "1,64,256" },
       tokens: { type: "string", default: "128" },
       rounds: { type: "string", default: "4" },
+      "min-samples": { type: "string", default: "32" },
       itl: { type: "string", default: "5ms,0ms" },
       direct: { type: "string", default: "scan" },
+      "grpc-client": { type: "string", default: "lean" },
       calls: { type: "string", default: "200" },
       pin: { type: "string", default: "0,1" },
       profile: { type: "string" },
@@ -507,6 +544,9 @@ const runBench = async (): Promise<void> => {
   })
   const b = values.direct
   if (b !== "scan" && b !== "parse") throw new Error(`--direct: expected scan or parse; got ${b}`)
+  const grpcClient = values["grpc-client"]
+  if (grpcClient !== "lean" && grpcClient !== "nice")
+    throw new Error(`--grpc-client: expected lean or nice; got ${grpcClient}`)
   let pins: Pins | undefined
   if (values.pin !== "none") {
     const [relay, engine] = values.pin.split(",").map(Number)
@@ -521,8 +561,10 @@ const runBench = async (): Promise<void> => {
     levels: values.concurrency.split(",").map(Number),
     tokens: Number(values.tokens),
     rounds: Number(values.rounds),
+    minSamples: Number(values["min-samples"]),
     calls: Number(values.calls),
     baseline: b,
+    grpcClient,
     pins,
     profileDir: values.profile,
     agentNodeFlags: values["agent-node-flags"].split(" ").filter((f) => f !== ""),
