@@ -6,10 +6,10 @@
 // the simulator, and nice-grpc over grpc-js costs several times more per call than undici (docs/bench.md, fifth
 // session). `--grpc-client nice` keeps the library client to compare.
 import * as http2 from "node:http2"
-import { GenerateRequest, GenerateResponse } from "../src/gen/cgn/agent/v1/agent.ts"
+import { AgentDefinition, GenerateRequest, GenerateResponse } from "../src/gen/cgn/agent/v1/agent.ts"
 import { frameMessage, MessageReader } from "../src/services/grpc/Wire.ts"
 
-const PATH = "/cgn.agent.v1.Agent/Generate"
+const PATH = `/${AgentDefinition.fullName}/${AgentDefinition.methods.generate.name}`
 
 export interface LeanClient {
   /** One Generate call; `onMessage` sees each response in order; resolves at the trailers, rejects on a non-OK status. */
