@@ -13,6 +13,9 @@
 // Flags: --concurrency 1,64,256 --tokens 128 --rounds 4 --itl 5ms,0ms (one table per setting)
 //        --min-samples 32 (a level runs at least this many requests per path, more rounds at few streams: the
 //        TTFT p50 of 1 stream x 4 rounds was 4 samples, whose median moved by a millisecond run to run)
+//        --blocks 3 (a level's rounds are split into blocks; in each block direct, nginx and the agent run in
+//        turn, the order rotated per block, so a slow spell of the VM falls on all three paths alike; the table
+//        pools the blocks and shows the spread of what nginx and the agent add to direct's TTFT p50 between them)
 //        --direct scan|parse (the client of the direct and nginx phases; default scan)
 //        --grpc-client lean|nice (the agent phase's client: bench/grpc-client.ts over node:http2, default, or
 //        nice-grpc over grpc-js, which costs the shared load-generator core more per call)
@@ -326,6 +329,28 @@ const phase = async (
   }
 }
 
+/** The order the paths run in a level's first block; each later block starts one path further on. */
+const pathOrder = ["direct", "nginx", "agent"] as const
+
+/** One path's phases of a level (one per block) as one: samples pooled, CPU, wall time and counts summed. */
+const mergePhases = (ps: ReadonlyArray<PhaseResult>): PhaseResult => {
+  const sum = (
+    k: "tokens" | "messages" | "wallMs" | "errors" | "simCpuS" | "relayCpuUs" | "relayMainUs" | "loadCpuS"
+  ) => ps.reduce((acc, p) => acc + p[k], 0)
+  return {
+    tokens: sum("tokens"),
+    messages: sum("messages"),
+    wallMs: sum("wallMs"),
+    ttft: ps.flatMap((p) => p.ttft),
+    agentTtft: ps.flatMap((p) => p.agentTtft),
+    errors: sum("errors"),
+    simCpuS: sum("simCpuS"),
+    relayCpuUs: sum("relayCpuUs"),
+    relayMainUs: sum("relayMainUs"),
+    loadCpuS: sum("loadCpuS")
+  }
+}
+
 const pct = (xs: ReadonlyArray<number>, p: number): number => {
   const s = [...xs].sort((a, b) => a - b)
   return s.length === 0 ? Number.NaN : (s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] ?? Number.NaN)
@@ -344,6 +369,8 @@ interface Options {
   readonly levels: ReadonlyArray<number>
   readonly tokens: number
   readonly rounds: number
+  /** Blocks per level: the paths take turns this many times (rotated order), each with its share of the rounds. */
+  readonly blocks: number
   readonly minSamples: number
   readonly calls: number
   readonly baseline: Baseline
@@ -444,16 +471,39 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
 
     const pinned = o.pins !== undefined
     const rows: Array<Record<string, string>> = []
+    const relayPids = { direct: undefined, nginx: ng.pid, agent: agentPid }
     for (const c of o.levels) {
-      const rounds = roundsAt(c, o)
-      const d = await phase(sim.pid, undefined, c, rounds, () => paths.direct(o.tokens))
-      const nPeakReset = resetPeakRss(ng.pid)
-      const n = await phase(sim.pid, ng.pid, c, rounds, () => paths.nginx(o.tokens))
-      const nRss = peakRssKb(ng.pid)
-      const aPeakReset = resetPeakRss(agentPid)
-      const ag = await phase(sim.pid, agentPid, c, rounds, () => paths.agent(o.tokens))
-      const aRss = peakRssKb(agentPid)
+      // The three paths take turns in `--blocks` blocks, the order rotated per block, so a slow spell of the VM
+      // falls on all three alike instead of on whichever path ran then; the block's rounds are its share.
+      const rounds = Math.ceil(roundsAt(c, o) / o.blocks)
+      const runs = {
+        direct: [] as Array<PhaseResult>,
+        nginx: [] as Array<PhaseResult>,
+        agent: [] as Array<PhaseResult>
+      }
+      const peakKb = { nginx: 0, agent: 0 }
+      let peakReset = true
+      for (let b = 0; b < o.blocks; b++) {
+        for (let i = 0; i < 3; i++) {
+          const which = pathOrder[(b + i) % 3]!
+          const pid = relayPids[which]
+          if (pid !== undefined) peakReset = resetPeakRss(pid) && peakReset
+          runs[which].push(await phase(sim.pid, pid, c, rounds, () => paths[which](o.tokens)))
+          if (which !== "direct") peakKb[which] = Math.max(peakKb[which], peakRssKb(relayPids[which]))
+        }
+      }
+      const d = mergePhases(runs.direct)
+      const n = mergePhases(runs.nginx)
+      const ag = mergePhases(runs.agent)
+      const nRss = peakKb.nginx
+      const aRss = peakKb.agent
       const p50 = (x: PhaseResult) => pct(x.ttft, 50)
+      // What each relay adds to direct's TTFT p50 within each block: the spread says how far the pooled figure
+      // can be trusted on this VM.
+      const addedPerBlock = (x: ReadonlyArray<PhaseResult>) => {
+        const added = x.map((p, i) => p50(p) - p50(runs.direct[i]!))
+        return `${f(Math.min(...added), 1)}..${f(Math.max(...added), 1)}`
+      }
       rows.push({
         streams: String(c),
         "direct tok/s": f(rate(d), 0),
@@ -461,10 +511,11 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
         "vs direct nginx / agent": `${f(rate(n) / rate(d), 3)} / ${f(rate(ag) / rate(d), 3)}`,
         "TTFT p50 ms direct / nginx / agent": `${f(p50(d), 2)} / ${f(p50(n), 2)} / ${f(p50(ag), 2)}`,
         "added TTFT p50 ms nginx / agent (agent's own)": `${f(p50(n) - p50(d), 2)} / ${f(p50(ag) - p50(d), 2)} (${f(pct(ag.agentTtft, 50), 2)})`,
+        "added TTFT p50 ms per block nginx / agent": `${addedPerBlock(runs.nginx)} / ${addedPerBlock(runs.agent)}`,
         "agent TTFT p99 ms": f(pct(ag.ttft, 99), 1),
         "CPU µs/tok nginx / agent (agent main)": `${f(n.relayCpuUs / n.tokens, 1)} / ${f(ag.relayCpuUs / ag.tokens, 1)} (${f(ag.relayMainUs / ag.tokens, 1)})`,
         "cores nginx / agent": `${f(cores(n.relayCpuUs / 1e6, n.wallMs), 2)} / ${f(cores(ag.relayCpuUs / 1e6, ag.wallMs), 2)}`,
-        [`peak RSS MiB nginx / agent${nPeakReset && aPeakReset ? "" : " (lifetime)"}`]: `${f(nRss / 1024, 1)} / ${f(aRss / 1024, 0)}`,
+        [`peak RSS MiB nginx / agent${peakReset ? "" : " (lifetime)"}`]: `${f(nRss / 1024, 1)} / ${f(aRss / 1024, 0)}`,
         "sim+loadgen cores direct/nginx/agent": `${engineSide(d, pinned)}/${engineSide(n, pinned)}/${engineSide(ag, pinned)}`,
         "tok/gRPC msg": f(ag.tokens / Math.max(1, ag.messages), 2),
         "errors d/n/a": `${d.errors}/${n.errors}/${ag.errors}`
@@ -491,7 +542,7 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
     lean.close()
     const keys = Object.keys(rows[0] ?? {})
     console.log(
-      `\nrelay benchmark (agent: ${o.agentRoot === "floor" ? "bench/floor.ts" : path.join(o.agentRoot, "dist/main.js")} ${o.agentNodeFlags.join(" ")}): sim ITL ${itl}, ${o.tokens} tokens/request, ${o.rounds} requests per stream (at least ${o.minSamples} per row), direct client ${o.baseline}, gRPC client ${o.grpcClient}, ${cpus().length} cores, ` +
+      `\nrelay benchmark (agent: ${o.agentRoot === "floor" ? "bench/floor.ts" : path.join(o.agentRoot, "dist/main.js")} ${o.agentNodeFlags.join(" ")}): sim ITL ${itl}, ${o.tokens} tokens/request, ${o.rounds} requests per stream (at least ${o.minSamples} per row) over ${o.blocks} blocks (paths in turn, rotated; rounds per block rounded up), direct client ${o.baseline}, gRPC client ${o.grpcClient}, ${cpus().length} cores, ` +
         `${pinned ? `agent+nginx on CPU ${o.pins?.relay}, sim+loadgen on CPU ${o.pins?.engine}` : "not pinned"}; agent idle ${f(idleAgentUs / 1000, 1)} ms CPU/s` +
         `${pinned ? "; ! = the sim+loadgen CPU was saturated" : ""}`
     )
@@ -531,6 +582,7 @@ const runBench = async (): Promise<void> => {
       concurrency: { type: "string", default: "1,64,256" },
       tokens: { type: "string", default: "128" },
       rounds: { type: "string", default: "4" },
+      blocks: { type: "string", default: "3" },
       "min-samples": { type: "string", default: "32" },
       itl: { type: "string", default: "5ms,0ms" },
       direct: { type: "string", default: "scan" },
@@ -554,6 +606,9 @@ const runBench = async (): Promise<void> => {
       throw new Error(`--pin: expected RELAY_CPU,ENGINE_CPU (e.g. 0,1) or none; got ${values.pin}`)
     pins = { relay, engine }
   }
+  const blocks = Number(values.blocks)
+  if (!Number.isInteger(blocks) || blocks < 1)
+    throw new Error(`--blocks: expected a whole number >= 1; got ${values.blocks}`)
   console.log(checkNginx())
   // The load generator (this process, all its threads) shares the engine-side CPU with the simulator.
   if (pins !== undefined) pin(process.pid, pins.engine)
@@ -561,6 +616,7 @@ const runBench = async (): Promise<void> => {
     levels: values.concurrency.split(",").map(Number),
     tokens: Number(values.tokens),
     rounds: Number(values.rounds),
+    blocks,
     minSamples: Number(values["min-samples"]),
     calls: Number(values.calls),
     baseline: b,
