@@ -5,7 +5,6 @@
  * need `Authorization: Bearer <admin_token>` whenever a token is configured; off loopback a token is
  * mandatory and the server refuses to start without one.
  */
-import { createServer } from "node:http"
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer" // not the index, which loads NodeRedis
 import { Cause, Effect, Layer } from "effect"
 import {
@@ -33,6 +32,11 @@ import { Drain } from "../../services/node/Drain.ts"
 import { NodeStatus } from "../../services/node/NodeStatus.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import { splitHostPort } from "../../services/registry/Advertise.ts"
+
+// node:http as its CommonJS exports, not an ESM import: the ESM facade reads every export, and node:http's
+// WebSocket / MessageEvent / CloseEvent getters load Node's bundled copy of undici (behind fetch), ~14 MiB of RSS
+// and ~2.4 MiB of heap that the agent never uses (test/programs/lazy-modules.test.ts).
+const { createServer } = process.getBuiltinModule("node:http")
 
 export interface AdminOptions {
   /** Extra top-level sections of /status, e.g. `{ registration: reporter.status }`. */

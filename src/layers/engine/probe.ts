@@ -5,29 +5,39 @@
  * timeout interrupts the fetch, which aborts the request.
  */
 import { Effect, Option } from "effect"
+import { request } from "undici"
 import type { ReadinessProbe } from "../../services/engine/Engine.ts"
 import type { ProbeResult } from "../../services/engine/EngineHost.ts"
 
 export type { ProbeResult } from "../../services/engine/EngineHost.ts"
 
-const causeCode = (err: unknown): string | undefined => {
-  const cause = (err as { cause?: { code?: unknown } } | undefined)?.cause
-  return typeof cause?.code === "string" ? cause.code : undefined
+/** undici rejects with the socket's own error (`code` ECONNREFUSED, ECONNRESET...) or one of its UND_ERR_* errors. */
+const errorCode = (err: unknown): string | undefined => {
+  const code = (err as { code?: unknown } | undefined)?.code
+  return typeof code === "string" ? code : undefined
 }
 
+// The undici package (the EngineClient's HTTP client), not the global fetch: fetch would load Node's own second
+// copy of undici, with its own llhttp WebAssembly instance, ~8 MiB of RSS for one request every few seconds.
 const attempt = (probe: ReadinessProbe): Effect.Effect<ProbeResult> =>
   Effect.promise(async (signal): Promise<ProbeResult> => {
-    const init: RequestInit =
-      probe.kind === "http"
-        ? { method: "GET", signal }
-        : { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(probe.body), signal }
     try {
-      const res = await fetch(probe.url, init)
+      const res = await request(
+        probe.url,
+        probe.kind === "http"
+          ? { method: "GET", signal }
+          : {
+              method: "POST",
+              headers: { "content-type": "application/json" },
+              body: JSON.stringify(probe.body),
+              signal
+            }
+      )
       // Drain the body so the keep-alive connection is reusable (a hanging body is bounded by the timeout).
-      await res.arrayBuffer().catch(() => undefined)
-      return res.status === 200 ? { ok: true } : { ok: false, reason: `HTTP ${res.status}`, phase: "loading" }
+      await res.body.dump().catch(() => undefined)
+      return res.statusCode === 200 ? { ok: true } : { ok: false, reason: `HTTP ${res.statusCode}`, phase: "loading" }
     } catch (err) {
-      const code = causeCode(err)
+      const code = errorCode(err)
       if (code === "ECONNREFUSED") return { ok: false, reason: "connection refused", phase: "waiting for port" }
       return {
         ok: false,

@@ -1,0 +1,100 @@
+// The live readiness probe (layers/engine/probe.ts) against real loopback servers: each outcome the supervisor
+// acts on (ready, "not yet" with its phase, the attempt's own timeout), and the completion probe's POST.
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http"
+import type { AddressInfo } from "node:net"
+import { Effect } from "effect"
+import { afterEach, describe, expect, it } from "vitest"
+import { probeOnce } from "../../src/layers/engine/probe.ts"
+import { freePort } from "../support/ports.ts"
+
+const servers: Array<Server> = []
+afterEach(async () => {
+  for (const s of servers.splice(0)) {
+    s.closeAllConnections()
+    await new Promise((r) => s.close(r))
+  }
+})
+
+/** A loopback HTTP server with `handler`; resolves to its base URL. */
+const serve = async (handler: (req: IncomingMessage, res: ServerResponse) => void): Promise<string> => {
+  const s = createServer(handler)
+  servers.push(s)
+  await new Promise<void>((r) => s.listen(0, "127.0.0.1", r))
+  return `http://127.0.0.1:${(s.address() as AddressInfo).port}`
+}
+
+const run = (probe: Parameters<typeof probeOnce>[0], timeoutMs = 2_000) =>
+  Effect.runPromise(probeOnce(probe, timeoutMs))
+
+describe("probeOnce", () => {
+  it("200 is ready; 503 is 'loading' with the status; the body is drained so the connection is reused", async () => {
+    let status = 503
+    const sockets = new Set<unknown>()
+    const url = await serve((req, res) => {
+      sockets.add(req.socket)
+      res.writeHead(status).end("x".repeat(100_000))
+    })
+    // undici puts a socket back in its pool one event-loop turn after the body closed (fetch does the same);
+    // the supervisor's probes are seconds apart. An undrained body would keep it busy: a new socket each time.
+    const probe = async () => {
+      const r = await run({ kind: "http", url: `${url}/health` })
+      await new Promise((resolve) => setImmediate(resolve))
+      return r
+    }
+    expect(await probe()).toEqual({ ok: false, reason: "HTTP 503", phase: "loading" })
+    status = 200
+    expect(await probe()).toEqual({ ok: true })
+    expect(await probe()).toEqual({ ok: true })
+    expect(sockets.size).toBe(1)
+  })
+
+  it("a closed port is 'connection refused', waiting for the port", async () => {
+    const port = await freePort()
+    expect(await run({ kind: "http", url: `http://127.0.0.1:${port}/health` })).toEqual({
+      ok: false,
+      reason: "connection refused",
+      phase: "waiting for port"
+    })
+  })
+
+  it("a server that never answers is bounded by the attempt's timeout, and the request is aborted", async () => {
+    let closed: () => void = () => undefined
+    const aborted = new Promise<void>((r) => {
+      closed = r
+    })
+    const url = await serve((req) => {
+      req.socket.once("close", closed)
+    })
+    expect(await run({ kind: "http", url: `${url}/health` }, 200)).toEqual({
+      ok: false,
+      reason: "no answer within 200 ms",
+      phase: "probe timeout"
+    })
+    await aborted
+  })
+
+  it("a completion probe POSTs its JSON body", async () => {
+    let seen: { method: string | undefined; type: string | undefined; body: string } | undefined
+    const url = await serve((req, res) => {
+      let body = ""
+      req.setEncoding("utf8")
+      req.on("data", (c: string) => {
+        body += c
+      })
+      req.on("end", () => {
+        seen = { method: req.method, type: req.headers["content-type"], body }
+        res.writeHead(200).end("{}")
+      })
+    })
+    const body = { model: "m", prompt: "hi", max_tokens: 1 }
+    expect(await run({ kind: "completion", url: `${url}/v1/completions`, body })).toEqual({ ok: true })
+    expect(seen).toEqual({ method: "POST", type: "application/json", body: JSON.stringify(body) })
+  })
+
+  it("a connection closed before any answer is 'not yet' with undici's code", async () => {
+    const url = await serve((req) => req.socket.destroy())
+    const r = await run({ kind: "http", url: `${url}/health` })
+    expect(r).toMatchObject({ ok: false, phase: "waiting for port" })
+    expect(r.ok ? "" : r.reason).toMatch(/^UND_ERR_|^ECONNRESET$/)
+  })
+})
