@@ -46,7 +46,7 @@ describe("modules a standalone agent loads", () => {
       expect(own.some((u) => u.includes("/node_modules/prom-client/"))).toBe(true)
       expect(own.filter((u) => unused.some((p) => u.includes(p)))).toEqual([])
       // Node's own modules, listed at exit: its bundled undici (behind fetch, and behind node:http's WebSocket
-      // getters that an ESM `import ... from "node:http"` reads) is ~14 MiB of RSS the agent does not use.
+      // getters that an ESM `import ... from "node:http"` reads) is ~14 MB of RSS the agent does not use.
       expect(own.some((u) => u === "node:internal/http2/core")).toBe(true)
       expect(own.filter((u) => u.includes("internal/deps/undici"))).toEqual([])
     } finally {

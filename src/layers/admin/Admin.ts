@@ -34,8 +34,8 @@ import { Metrics } from "../../services/observability/Metrics.ts"
 import { splitHostPort } from "../../services/registry/Advertise.ts"
 
 // node:http as its CommonJS exports, not an ESM import: the ESM facade reads every export, and node:http's
-// WebSocket / MessageEvent / CloseEvent getters load Node's bundled copy of undici (behind fetch), ~14 MiB of RSS
-// and ~2.4 MiB of heap that the agent never uses (test/programs/lazy-modules.test.ts).
+// WebSocket / MessageEvent / CloseEvent getters load Node's bundled copy of undici (behind fetch), ~14 MB of RSS
+// and ~2.4 MB of heap that the agent never uses (test/programs/lazy-modules.test.ts).
 const { createServer } = process.getBuiltinModule("node:http")
 
 export interface AdminOptions {

@@ -18,7 +18,7 @@ const errorCode = (err: unknown): string | undefined => {
 }
 
 // The undici package (the EngineClient's HTTP client), not the global fetch: fetch would load Node's own second
-// copy of undici, with its own llhttp WebAssembly instance, ~8 MiB of RSS for one request every few seconds.
+// copy of undici, with its own llhttp WebAssembly instance, ~8 MB of RSS for one request every few seconds.
 const attempt = (probe: ReadinessProbe): Effect.Effect<ProbeResult> =>
   Effect.promise(async (signal): Promise<ProbeResult> => {
     try {
