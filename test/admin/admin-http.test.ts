@@ -1,5 +1,7 @@
 // Admin HTTP over real loopback with test layers: every endpoint, /metrics as Prometheus text, the
-// bearer-token rules, and the refusal to start on a non-loopback address without a token.
+// bearer-token rules, the refusal to start on a non-loopback address without a token, and a clear error when
+// the address is in use.
+import * as net from "node:net"
 import { Context, Effect, Exit, Layer, Scope } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
 import * as AdminLive from "../../src/layers/admin/Admin.ts"
@@ -172,6 +174,30 @@ describe("admin HTTP auth", () => {
     )
     expect(result._tag).toBe("AdminTokenRequired")
     expect(result.message).toContain('agent.listen_admin = "0.0.0.0:0" is not a loopback address')
+  })
+
+  it("an address in use fails with AdminListenError naming the key and the system's reason", async () => {
+    const taken = net.createServer()
+    await new Promise<void>((r) => taken.listen(0, "127.0.0.1", r))
+    const listen = `127.0.0.1:${(taken.address() as net.AddressInfo).port}`
+    try {
+      const config = ConfigLayer.layerFromObject({
+        models: { m: { hf_repo: "org/m" } },
+        agent: { listen_admin: listen }
+      })
+      const deps = Layer.mergeAll(MetricsLayer.layerTest, NodeStatusLayer.layerTest(), Drain.layer, fakeEngine).pipe(
+        Layer.provideMerge(config)
+      )
+      const result = await Effect.runPromise(
+        Effect.scoped(Layer.build(AdminLive.layer().pipe(Layer.provide(deps)))).pipe(Effect.flip)
+      )
+      expect(result._tag).toBe("AdminListenError")
+      expect(result.message).toBe(
+        `agent.listen_admin = "${listen}": listen EADDRINUSE: address already in use ${listen}`
+      )
+    } finally {
+      await new Promise((r) => taken.close(r))
+    }
   })
 
   it("pure rules: loopback hosts, token decisions, readiness reasons", () => {

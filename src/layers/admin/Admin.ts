@@ -11,12 +11,12 @@ import {
   HttpMiddleware,
   HttpRouter,
   HttpServer,
-  type HttpServerError,
   type HttpServerRequest,
   HttpServerResponse
 } from "effect/http"
 import { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
 import {
+  AdminListenError,
   AdminServer,
   AdminTokenRequired,
   authorize,
@@ -153,12 +153,15 @@ export const requireAdminToken = (agent: {
     : Effect.succeed(loopback)
 }
 
-/** The admin server; fails with AdminTokenRequired before binding when it would be open to the network. */
+/**
+ * The admin server; fails with AdminTokenRequired before binding when it would be open to the network, and with
+ * AdminListenError (naming the key and the system's reason) when it cannot listen.
+ */
 export const layer = (
   options: AdminOptions = {}
 ): Layer.Layer<
   AdminServer,
-  AdminTokenRequired | HttpServerError.ServeError,
+  AdminTokenRequired | AdminListenError,
   Config | Metrics | NodeStatus | EngineProcess | Drain
 > =>
   Layer.unwrap(
@@ -185,6 +188,20 @@ export const layer = (
           Layer.provide(Layer.succeed(HttpMiddleware.TracerDisabledWhen)(() => true))
         ),
         info
-      ).pipe(Layer.provide(server))
+      ).pipe(
+        Layer.provide(server),
+        // effect's ServeError carries the listen error only as its cause: its own message is empty.
+        Layer.catchTag("ServeError", (e) =>
+          Layer.effect(
+            AdminServer,
+            Effect.fail(
+              new AdminListenError({
+                listen: config.agent.listen_admin,
+                reason: e.cause instanceof Error ? e.cause.message : String(e.cause)
+              })
+            )
+          )
+        )
+      )
     })
   )

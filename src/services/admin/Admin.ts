@@ -19,6 +19,16 @@ export class AdminTokenRequired extends Schema.TaggedError<AdminTokenRequired>()
   }
 }
 
+/** The admin server could not listen on listen_admin (the address is in use, or not on this host). */
+export class AdminListenError extends Schema.TaggedError<AdminListenError>()("AdminListenError", {
+  listen: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `agent.listen_admin = "${this.listen}": ${this.reason}`
+  }
+}
+
 /** Where the admin server listens, once bound (port 0 resolved). */
 export interface AdminServerInfo {
   readonly host: string
