@@ -1,10 +1,34 @@
-// Free loopback TCP ports for tests: bind 127.0.0.1:0, read the port the kernel chose, release it.
-// A small race remains (another process may take the port before the caller binds it); tests accept it
-// because the kernel hands out ephemeral ports round-robin, so an immediate reuse is very unlikely.
+// Free loopback TCP ports for tests, chosen below the kernel's ephemeral range (ip_local_port_range) and checked
+// free by binding them. Why not bind(0): that hands out a port from the ephemeral range, which is also where
+// every outgoing connection's source port comes from; with etcd, engines and agents connecting in parallel test
+// files, one of those connections could take the port between the check and the agent's own bind (seen in CI
+// as an agent exiting at start with EADDRINUSE). Below the range only another explicit bind can collide, and a
+// random pick among ~20,000 ports, checked, makes that unlikely. Where the range cannot be read: bind(0).
+import * as fs from "node:fs"
 import * as net from "node:net"
 
-/** A TCP port on 127.0.0.1 that was free a moment ago. */
-export const freePort = (): Promise<number> =>
+const LOWEST = 10_000
+
+/** The first port of the kernel's ephemeral range, or undefined where /proc does not say. */
+const ephemeralLow = ((): number | undefined => {
+  try {
+    const low = Number(fs.readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8").trim().split(/\s+/)[0])
+    return Number.isInteger(low) && low > LOWEST + 1_000 ? low : undefined
+  } catch {
+    return undefined
+  }
+})()
+
+const isFree = (port: number): Promise<boolean> =>
+  new Promise((resolve) => {
+    const server = net.createServer()
+    server.unref()
+    server.once("error", () => resolve(false))
+    server.listen(port, "127.0.0.1", () => server.close(() => resolve(true)))
+  })
+
+/** A port the kernel picks (bind 0): in the ephemeral range. */
+const kernelPort = (): Promise<number> =>
   new Promise((resolve, reject) => {
     const server = net.createServer()
     server.unref()
@@ -16,20 +40,22 @@ export const freePort = (): Promise<number> =>
     })
   })
 
+/** A TCP port on 127.0.0.1 that was free a moment ago. */
+export const freePort = async (): Promise<number> => {
+  if (ephemeralLow === undefined) return kernelPort()
+  for (let tries = 0; tries < 100; tries++) {
+    const port = LOWEST + Math.floor(Math.random() * (ephemeralLow - LOWEST))
+    if (await isFree(port)) return port
+  }
+  return kernelPort()
+}
+
 /** `n` distinct free ports. */
 export const freePorts = async (n: number): Promise<Array<number>> => {
   const ports = new Set<number>()
   while (ports.size < n) ports.add(await freePort())
   return [...ports]
 }
-
-const isFree = (port: number): Promise<boolean> =>
-  new Promise((resolve) => {
-    const server = net.createServer()
-    server.unref()
-    server.once("error", () => resolve(false))
-    server.listen(port, "127.0.0.1", () => server.close(() => resolve(true)))
-  })
 
 /** The first of `n` consecutive free ports (engines put data-parallel rank r on port + r). */
 export const freePortRange = async (n: number): Promise<number> => {
