@@ -7,13 +7,7 @@
  */
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer" // not the index, which loads NodeRedis
 import { Cause, Effect, Layer } from "effect"
-import {
-  HttpMiddleware,
-  HttpRouter,
-  HttpServer,
-  type HttpServerRequest,
-  HttpServerResponse
-} from "effect/http"
+import { HttpMiddleware, HttpRouter, HttpServer, type HttpServerRequest, HttpServerResponse } from "effect/http"
 import { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
 import {
   AdminListenError,
