@@ -108,13 +108,14 @@ describe("the health-only listener", () => {
 })
 
 describe("binding", () => {
-  it("a listener on an address in use fails with GrpcListenError naming it", async () => {
+  it("a listener on an address in use fails with GrpcListenError naming the key, the address and the reason", async () => {
     const server = await rt.runPromise(GrpcServer)
     const exit = await rt.runPromiseExit(Effect.scoped(HealthListener.serve(mainAddress, server.healthState)))
-    expect(Exit.isFailure(exit) && Cause.squash(exit.cause)).toMatchObject({
-      _tag: "GrpcListenError",
-      address: mainAddress
-    })
+    const error = Exit.isFailure(exit) ? Cause.squash(exit.cause) : undefined
+    expect(error).toMatchObject({ _tag: "GrpcListenError", address: mainAddress })
+    expect((error as Error).message).toBe(
+      `agent.listen_health = "${mainAddress}": listen EADDRINUSE: address already in use ${mainAddress}`
+    )
   })
 })
 

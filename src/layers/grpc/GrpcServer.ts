@@ -40,12 +40,15 @@ export interface GrpcServerOptions {
   readonly shutdownGraceMs?: number
 }
 
-/** Listens on `address` (`host:port`, IPv6 hosts in brackets); succeeds with the bound port (the real one for 0). */
-export const bind = (server: Http2GrpcServer, address: string): Effect.Effect<number, GrpcListenError> => {
+/**
+ * Listens on `address` (`host:port`, IPv6 hosts in brackets), the value of config `key`; succeeds with the bound
+ * port (the real one for 0). A failure names the key, the address and the system's reason.
+ */
+export const bind = (server: Http2GrpcServer, address: string, key: string): Effect.Effect<number, GrpcListenError> => {
   const { host, port } = splitHostPort(address)
   return Effect.tryPromise({
     try: () => server.listen(host.replace(/^\[(.*)\]$/, "$1"), Number(port)),
-    catch: (e) => new GrpcListenError({ address, message: (e as Error).message })
+    catch: (e) => new GrpcListenError({ address, message: `${key} = "${address}": ${(e as Error).message}` })
   })
 }
 
@@ -98,7 +101,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
   addReflection(server, [AGENT_SERVICE, HEALTH_SERVICE])
 
   const grace = options.shutdownGraceMs ?? 5_000
-  const port = yield* Effect.acquireRelease(bind(server, address), () =>
+  const port = yield* Effect.acquireRelease(bind(server, address, "agent.listen_grpc"), () =>
     Effect.sync(() => {
       serving.setOverride("NOT_SERVING")
       endWatches()

@@ -37,7 +37,7 @@ export const serve = (
     // Its Watch calls need no ending: the listener closes with destroy.
     addHealth(server, state)
     const port = yield* Effect.acquireRelease(
-      bind(server, address),
+      bind(server, address, "agent.listen_health"),
       // Only probes and Watch streams here, nothing to let finish: close at once.
       () => Effect.sync(() => server.destroy())
     )
