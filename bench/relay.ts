@@ -20,6 +20,8 @@
 //        --grpc-client lean|nice (the agent phase's client: bench/grpc-client.ts over node:http2, default, or
 //        nice-grpc over grpc-js, which costs the shared load-generator core more per call)
 //        --calls 200 (1-token requests per per-call measurement)
+//        --warmup-calls 3000 (1-token requests per path at each level before measuring, so V8 has optimized the
+//        agent's per-call path, as in a daemon in service; 0: only the short warm-up, as before the eighth session)
 //        --profile DIR (writes the agent's --cpu-prof, one file per setting)
 //        --agent-node-flags="..." (Node/V8 flags for the agent process; default: the image's, from the Dockerfile)
 //        --agent-root DIR (run another checkout's built agent, DIR/dist/main.js, to compare two versions;
@@ -373,6 +375,8 @@ interface Options {
   readonly blocks: number
   readonly minSamples: number
   readonly calls: number
+  /** 1-token calls per path at each level before measuring (V8 optimizes the per-call path after thousands). */
+  readonly warmupCalls: number
   readonly baseline: Baseline
   readonly grpcClient: "lean" | "nice"
   readonly pins: Pins | undefined
@@ -381,6 +385,18 @@ interface Options {
   readonly agentNodeFlags: ReadonlyArray<string>
   /** The checkout whose built agent (dist/main.js) runs, another tree's to compare two versions, or "floor". */
   readonly agentRoot: string
+}
+
+/**
+ * Resolves once the process used under 1% of a core over a quarter second (its compiler and GC threads done with
+ * the warm-up's work), or after 10 s: a bound, reported by the idle figure printed next.
+ */
+const settled = async (pid: number): Promise<void> => {
+  for (let i = 0; i < 40; i++) {
+    const c0 = procCpuUs(pid)
+    await new Promise((r) => setTimeout(r, 250))
+    if (procCpuUs(pid) - c0 < 2_500) return
+  }
 }
 
 /** Requests per stream at `streams`: `--rounds`, or more where that gives fewer than `--min-samples` in all. */
@@ -464,6 +480,14 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
       await phase(sim.pid, undefined, 8, 4, () => one(o.tokens))
       await phase(sim.pid, undefined, widest, 1, () => one(o.tokens))
     }
+    // The per-call path to V8's steady state: `--warmup-calls` 1-token calls per path at every measured level
+    // (their patterns differ: calls in series reached code that bursts had not), then a bounded wait for the
+    // agent's compiler threads to finish what that queued. A daemon in service runs optimized code; right after a
+    // short warm-up the rows measured V8 still compiling on the agent's core (docs/bench.md, eighth session).
+    for (const c of o.levels)
+      for (const one of Object.values(paths))
+        await phase(sim.pid, undefined, c, Math.ceil(o.warmupCalls / c), () => one(1))
+    await settled(agentPid)
     // The agent's own background CPU (timers, health fibers) over one idle second, to read the rows against.
     const idle0 = procCpuUs(agentPid)
     await new Promise((r) => setTimeout(r, 1000))
@@ -542,7 +566,7 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
     lean.close()
     const keys = Object.keys(rows[0] ?? {})
     console.log(
-      `\nrelay benchmark (agent: ${o.agentRoot === "floor" ? "bench/floor.ts" : path.join(o.agentRoot, "dist/main.js")} ${o.agentNodeFlags.join(" ")}): sim ITL ${itl}, ${o.tokens} tokens/request, ${o.rounds} requests per stream (at least ${o.minSamples} per row) over ${o.blocks} blocks (paths in turn, rotated; rounds per block rounded up), direct client ${o.baseline}, gRPC client ${o.grpcClient}, ${cpus().length} cores, ` +
+      `\nrelay benchmark (agent: ${o.agentRoot === "floor" ? "bench/floor.ts" : path.join(o.agentRoot, "dist/main.js")} ${o.agentNodeFlags.join(" ")}): sim ITL ${itl}, ${o.tokens} tokens/request, ${o.rounds} requests per stream (at least ${o.minSamples} per row) over ${o.blocks} blocks (paths in turn, rotated; rounds per block rounded up), ${o.warmupCalls} warm-up calls per path and level, direct client ${o.baseline}, gRPC client ${o.grpcClient}, ${cpus().length} cores, ` +
         `${pinned ? `agent+nginx on CPU ${o.pins?.relay}, sim+loadgen on CPU ${o.pins?.engine}` : "not pinned"}; agent idle ${f(idleAgentUs / 1000, 1)} ms CPU/s` +
         `${pinned ? "; ! = the sim+loadgen CPU was saturated" : ""}`
     )
@@ -588,6 +612,7 @@ const runBench = async (): Promise<void> => {
       direct: { type: "string", default: "scan" },
       "grpc-client": { type: "string", default: "lean" },
       calls: { type: "string", default: "200" },
+      "warmup-calls": { type: "string", default: "3000" },
       pin: { type: "string", default: "0,1" },
       profile: { type: "string" },
       "agent-node-flags": { type: "string", default: imageNodeFlags().join(" ") },
@@ -609,6 +634,9 @@ const runBench = async (): Promise<void> => {
   const blocks = Number(values.blocks)
   if (!Number.isInteger(blocks) || blocks < 1)
     throw new Error(`--blocks: expected a whole number >= 1; got ${values.blocks}`)
+  const warmupCalls = Number(values["warmup-calls"])
+  if (!Number.isInteger(warmupCalls) || warmupCalls < 0)
+    throw new Error(`--warmup-calls: expected a whole number >= 0; got ${values["warmup-calls"]}`)
   console.log(checkNginx())
   // The load generator (this process, all its threads) shares the engine-side CPU with the simulator.
   if (pins !== undefined) pin(process.pid, pins.engine)
@@ -619,6 +647,7 @@ const runBench = async (): Promise<void> => {
     blocks,
     minSamples: Number(values["min-samples"]),
     calls: Number(values.calls),
+    warmupCalls,
     baseline: b,
     grpcClient,
     pins,

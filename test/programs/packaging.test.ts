@@ -32,12 +32,16 @@ describe("Dockerfile", () => {
     expect(dockerfile).not.toMatch(/:latest\b/)
   })
 
-  it("runs the agent with the same Node flags in both final images, a bounded young generation among them", () => {
+  it("runs the agent with the same Node flags in both final images, bounded young and old generations among them", async () => {
     const entries = [...dockerfile.matchAll(/^ENTRYPOINT (\[.*\])$/gm)].map((m) => JSON.parse(m[1]!) as Array<string>)
     expect(entries).toHaveLength(2)
     expect(entries[0]).toEqual(entries[1])
     const flags = entries[0]!.slice(entries[0]!.indexOf("node") + 1, entries[0]!.indexOf("/opt/cgn-agent/dist/main.js"))
     expect(flags.some((f) => /^--max-semi-space-size=\d+$/.test(f))).toBe(true)
+    expect(flags.some((f) => /^--heap-growing-percent=\d+$/.test(f))).toBe(true)
+    // --heap-growing-percent is a V8 flag: the pinned Node (the tests' own, by the test above) must still accept
+    // it, which it shows by exiting 0 (an unknown flag exits 9, "bad option").
+    await expect(run(process.execPath, [...flags, "-e", "0"])).resolves.toBeDefined()
   })
 
   it("labels both final images (OCI annotations) and copies the trimmed dependencies", () => {
