@@ -94,7 +94,7 @@ interface Collected {
 const collect = async (
   client: AgentClient,
   req: Parameters<typeof GenerateRequest.fromPartial>[0],
-  options: { signal?: AbortSignal; metadata?: Metadata } = {}
+  options: { signal?: AbortSignal; metadata?: Metadata; onHeader?: (header: Metadata) => void } = {}
 ): Promise<Collected> => {
   let text = ""
   let deltas = 0
@@ -531,6 +531,58 @@ describe("what the engine receives, and coalescing", () => {
     engine.closeAllConnections()
     const r = await collect(agent.client, { prompt: "a" })
     expect([statusOf(r), r.error?.details]).toEqual(["UNAVAILABLE", expect.stringMatching(/engine unreachable/)])
+  })
+})
+
+describe("response headers while the engine works", () => {
+  let engine: http.Server
+  let agent: Agent
+  // Requests the engine has read in full and not answered yet.
+  const held: Array<http.ServerResponse> = []
+
+  beforeAll(async () => {
+    engine = http.createServer((req, res) => {
+      req.resume()
+      req.on("end", () => held.push(res))
+    })
+    await new Promise<void>((resolve) => engine.listen(0, "127.0.0.1", resolve))
+    agent = await startAgent(`http://127.0.0.1:${(engine.address() as AddressInfo).port}`)
+  })
+  afterAll(async () => {
+    await agent?.close()
+    engine?.closeAllConnections()
+    await new Promise<void>((resolve) => engine?.close(() => resolve()))
+  })
+
+  it("the response headers reach the caller once the engine has the request, before its first token", async () => {
+    let header: Metadata | undefined
+    const call = collect(agent.client, { prompt: "a" }, { onHeader: (h) => (header = h) })
+    const res = await pollUntil(async () => held[0])
+    await pollUntil(async () => header)
+    expect(res.headersSent).toBe(false)
+    res.writeHead(200, { "content-type": "text/event-stream" })
+    res.end(
+      `data: {"choices":[{"index":0,"text":"t","finish_reason":"stop"}]}\n\n` +
+        `data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}\n\ndata: [DONE]\n\n`
+    )
+    const r = await call
+    expect([statusOf(r), r.text, r.final?.usage?.completionTokens]).toEqual(["OK", "t", 1])
+  })
+
+  it("an engine that refuses after the headers went out: the status still comes in the trailers", async () => {
+    held.length = 0
+    let header: Metadata | undefined
+    const call = collect(agent.client, { prompt: "a" }, { onHeader: (h) => (header = h) })
+    const res = await pollUntil(async () => held[0])
+    await pollUntil(async () => header)
+    res.writeHead(400, { "content-type": "application/json" })
+    res.end(JSON.stringify({ object: "error", message: "bad prompt", type: "BadRequestError", code: 400 }))
+    const r = await call
+    expect([statusOf(r), r.error?.details, r.text]).toEqual([
+      "INVALID_ARGUMENT",
+      expect.stringMatching(/bad prompt/),
+      ""
+    ])
   })
 })
 

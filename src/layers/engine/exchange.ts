@@ -135,6 +135,9 @@ export class StreamExchange implements Dispatcher.DispatchHandler {
     this.controller = controller
     if (this.closed) controller.abort(closedByClient())
   }
+  onRequestSent(): void {
+    this.sink.onSent?.()
+  }
   onResponseStart(_c: Dispatcher.DispatchController, statusCode: number): void {
     this.status = statusCode
     if (statusCode >= 400) this.errorBody = []

@@ -168,6 +168,9 @@ export const makeHandler = Effect.fnUntraced(function* (
       if (!ended) settle("CANCELLED")
     })
     relay.consumer = pump
+    // Built while the engine works on the request, not on the first token's path: the response headers
+    // (docs/bench.md, "Response headers while the engine thinks"). A call that fails first answers trailers-only.
+    relay.onSent = () => call.sendHeaders()
     const work = tracing
       ? traced(incoming, { requestId, leg: leg.success._tag }, (tp) =>
           runLeg(relay, plan, leg.success, { ...opts, traceparent: tp })

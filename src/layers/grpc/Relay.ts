@@ -30,6 +30,8 @@ export class Relay implements ChunkSink {
   done = false
   /** Why the call ends, once it is known (undefined: it ends OK, or the caller cancelled). */
   failure: GenerateError | undefined = undefined
+  /** Called once the engine request is written (the call sends its response headers then). */
+  onSent: () => void = () => undefined
   /** Called after every read and at the end; it drains `take` as far as the call can be written. */
   consumer: () => void = () => undefined
   private resumeProducer: (() => void) | undefined = undefined

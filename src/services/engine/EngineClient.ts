@@ -50,6 +50,8 @@ export class EngineError extends Schema.TaggedError<EngineError>()("EngineError"
 export interface ChunkSink {
   /** The objects of one read, in order, never empty. false pauses the engine read until `resume()`. */
   readonly onChunks: (chunks: ReadonlyArray<JsonObject>, resume: () => void) => boolean
+  /** The request is written: the engine is working on it (work that can wait for the answer is done now). */
+  readonly onSent?: () => void
 }
 
 /** How the engine answers: `stream: false` asks for one whole response object (default: an SSE stream). */

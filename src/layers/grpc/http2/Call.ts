@@ -3,7 +3,8 @@
  * @grpc/reflection run on it unchanged): `request`, `metadata.get`, `write` (false when the stream's buffer
  * is full, then 'drain'), `end`, 'cancelled' when the caller reset the stream, its deadline passed or the
  * connection went first, and for request streams 'data' and 'end'. Ending with a status is `sendStatus`.
- * Response headers go out with the first message; a call that ends before any message answers trailers-only.
+ * Response headers go out with the first message, or earlier through `sendHeaders`; a call that ends before
+ * either answers trailers-only.
  */
 import { EventEmitter } from "node:events"
 import type * as http2 from "node:http2"
@@ -92,6 +93,12 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
     const ok = this.#stream.write(frameMessage(this.#serialize(message), Buffer.allocUnsafe))
     if (!ok) this.#stream.once("drain", this.#onDrain)
     return ok
+  }
+
+  /** Sends the response headers now (else they go with the first message). */
+  sendHeaders(): void {
+    if (this.#done || this.#stream.destroyed) return
+    this.#respond()
   }
 
   /** Ends the call with OK. */
