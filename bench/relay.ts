@@ -26,6 +26,7 @@
 //        --agent-node-flags="..." (Node/V8 flags for the agent process; default: the image's, from the Dockerfile)
 //        --agent-root DIR (run another checkout's built agent, DIR/dist/main.js, to compare two versions;
 //        `floor`: bench/floor.ts in the agent's place, the least a Node gRPC->SSE relay does).
+//        --help (this list; a bad flag exits 2 with the flag and the reason)
 import { type ChildProcess, execFileSync, spawn } from "node:child_process"
 import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
 import { cpus, tmpdir } from "node:os"
@@ -34,6 +35,7 @@ import { parseArgs } from "node:util"
 import { createChannel, createClient } from "nice-grpc"
 import { Agent, request } from "undici"
 import { AgentDefinition, GenerateRequest, type GenerateResponse } from "../src/gen/cgn/agent/v1/agent.ts"
+import { parseDuration } from "../src/sim/commandLine.ts"
 import { repoRoot, requireDist } from "../test/support/agent.ts"
 import { pollUntil } from "../test/support/poll.ts"
 import { freePorts } from "../test/support/ports.ts"
@@ -600,9 +602,85 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
   }
 }
 
+/** A bad flag: reported in one line with exit 2, as the daemon reports a bad config. */
+class UsageError extends Error {}
+
+/** The flags part of this file's header comment: `--help` prints it, so it cannot drift from the code. */
+const usage = (): string => {
+  const lines = readFileSync(new URL(import.meta.url), "utf8").split("\n")
+  const from = lines.findIndex((l) => l.startsWith("// Flags:"))
+  const to = lines.findIndex((l) => l.startsWith("import "))
+  return ["usage: npm run bench -- [flags]  (or node bench/relay.ts [flags])", ...lines.slice(from, to)]
+    .map((l) => l.replace(/^\/\/ ?/, ""))
+    .join("\n")
+}
+
+const wholeNumber = (flag: string, value: string, min: number): number => {
+  const n = Number(value)
+  if (value.trim() === "" || !Number.isInteger(n) || n < min)
+    throw new UsageError(`--${flag}: expected a whole number >= ${min}; got ${JSON.stringify(value)}`)
+  return n
+}
+
 const runBench = async (): Promise<void> => {
-  const { values } = parseArgs({
+  let values: ReturnType<typeof parseFlags>["values"]
+  try {
+    values = parseFlags().values
+  } catch (e) {
+    throw new UsageError(e instanceof Error ? e.message : String(e))
+  }
+  if (values.help === true) {
+    console.log(usage())
+    return
+  }
+  requireDist()
+  const b = values.direct
+  if (b !== "scan" && b !== "parse") throw new UsageError(`--direct: expected scan or parse; got ${b}`)
+  const grpcClient = values["grpc-client"]
+  if (grpcClient !== "lean" && grpcClient !== "nice")
+    throw new UsageError(`--grpc-client: expected lean or nice; got ${grpcClient}`)
+  let pins: Pins | undefined
+  if (values.pin !== "none") {
+    const [relay, engine] = values.pin.split(",").map(Number)
+    if (relay === undefined || engine === undefined || !Number.isInteger(relay) || !Number.isInteger(engine))
+      throw new UsageError(`--pin: expected RELAY_CPU,ENGINE_CPU (e.g. 0,1) or none; got ${values.pin}`)
+    pins = { relay, engine }
+  }
+  const levels = values.concurrency.split(",").map((c) => wholeNumber("concurrency", c, 1))
+  const itls = values.itl.split(",")
+  for (const itl of itls) {
+    try {
+      parseDuration(itl)
+    } catch (e) {
+      throw new UsageError(`--itl: ${e instanceof Error ? e.message : String(e)} (e.g. 5ms,0ms)`)
+    }
+  }
+  const o: Options = {
+    levels,
+    tokens: wholeNumber("tokens", values.tokens, 1),
+    rounds: wholeNumber("rounds", values.rounds, 1),
+    blocks: wholeNumber("blocks", values.blocks, 1),
+    minSamples: wholeNumber("min-samples", values["min-samples"], 1),
+    calls: wholeNumber("calls", values.calls, 1),
+    warmupCalls: wholeNumber("warmup-calls", values["warmup-calls"], 0),
+    baseline: b,
+    grpcClient,
+    pins,
+    profileDir: values.profile,
+    agentNodeFlags: values["agent-node-flags"].split(" ").filter((f) => f !== ""),
+    agentRoot: values["agent-root"] === "floor" ? "floor" : path.resolve(values["agent-root"])
+  }
+  console.log(checkNginx())
+  // The load generator (this process, all its threads) shares the engine-side CPU with the simulator.
+  if (pins !== undefined) pin(process.pid, pins.engine)
+  for (const itl of itls) await runSetting(itl, o)
+  await pool.close()
+}
+
+const parseFlags = () =>
+  parseArgs({
     options: {
+      help: { type: "boolean", short: "h" },
       concurrency: { type: "string", default: "1,64,256" },
       tokens: { type: "string", default: "128" },
       rounds: { type: "string", default: "4" },
@@ -619,45 +697,11 @@ const runBench = async (): Promise<void> => {
       "agent-root": { type: "string", default: repoRoot }
     }
   })
-  const b = values.direct
-  if (b !== "scan" && b !== "parse") throw new Error(`--direct: expected scan or parse; got ${b}`)
-  const grpcClient = values["grpc-client"]
-  if (grpcClient !== "lean" && grpcClient !== "nice")
-    throw new Error(`--grpc-client: expected lean or nice; got ${grpcClient}`)
-  let pins: Pins | undefined
-  if (values.pin !== "none") {
-    const [relay, engine] = values.pin.split(",").map(Number)
-    if (relay === undefined || engine === undefined || !Number.isInteger(relay) || !Number.isInteger(engine))
-      throw new Error(`--pin: expected RELAY_CPU,ENGINE_CPU (e.g. 0,1) or none; got ${values.pin}`)
-    pins = { relay, engine }
-  }
-  const blocks = Number(values.blocks)
-  if (!Number.isInteger(blocks) || blocks < 1)
-    throw new Error(`--blocks: expected a whole number >= 1; got ${values.blocks}`)
-  const warmupCalls = Number(values["warmup-calls"])
-  if (!Number.isInteger(warmupCalls) || warmupCalls < 0)
-    throw new Error(`--warmup-calls: expected a whole number >= 0; got ${values["warmup-calls"]}`)
-  console.log(checkNginx())
-  // The load generator (this process, all its threads) shares the engine-side CPU with the simulator.
-  if (pins !== undefined) pin(process.pid, pins.engine)
-  const o: Options = {
-    levels: values.concurrency.split(",").map(Number),
-    tokens: Number(values.tokens),
-    rounds: Number(values.rounds),
-    blocks,
-    minSamples: Number(values["min-samples"]),
-    calls: Number(values.calls),
-    warmupCalls,
-    baseline: b,
-    grpcClient,
-    pins,
-    profileDir: values.profile,
-    agentNodeFlags: values["agent-node-flags"].split(" ").filter((f) => f !== ""),
-    agentRoot: values["agent-root"] === "floor" ? "floor" : path.resolve(values["agent-root"])
-  }
-  for (const itl of values.itl.split(",")) await runSetting(itl, o)
-  await pool.close()
-}
 
-requireDist()
-await runBench()
+try {
+  await runBench()
+} catch (e) {
+  if (!(e instanceof UsageError)) throw e
+  console.error(`bench/relay.ts: ${e.message} (--help lists the flags)`)
+  process.exit(2)
+}
