@@ -8,6 +8,7 @@
 import { randomUUID } from "node:crypto"
 import { Effect, Exit, Option, Result, Tracer } from "effect"
 import { Config } from "../../services/config/Config.ts"
+import { frameDelta } from "../../services/grpc/DeltaFrame.ts"
 import { GenerateRejected, planRequest } from "../../services/grpc/Generate.ts"
 import { type GenerateError, statusName, toGrpcFailure } from "../../services/grpc/GrpcStatus.ts"
 import { planLeg } from "../../services/grpc/Handoff.ts"
@@ -134,7 +135,7 @@ export const makeHandler = Effect.fnUntraced(function* (
       if (ended || blocked) return
       for (let d = relay.take(); d !== undefined; d = relay.take()) {
         relayed?.inc(d.tokens)
-        if (!call.write({ delta: { text: d.text, index: 0, tokens: d.tokens } })) {
+        if (!call.writeFrame(frameDelta(d.text, 0, d.tokens))) {
           blocked = true
           call.once("drain", onDrain)
           return

@@ -17,7 +17,8 @@ export interface OverLimit {
   readonly length: number
 }
 
-const PREFIX = 5
+/** The length prefix before every message: a compressed flag, then the body length as a big-endian uint32. */
+export const PREFIX = 5
 
 /**
  * Splits a byte stream into messages. A message longer than `maxLength` is refused on its prefix, so an

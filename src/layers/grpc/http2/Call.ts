@@ -87,10 +87,15 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
 
   /** Writes one message; false when the stream's buffer is full (wait for 'drain') or the call is over. */
   write(message: Res): boolean {
+    return this.writeFrame(frameMessage(this.#serialize(message), Buffer.allocUnsafe))
+  }
+
+  /** `write` for a message already framed (prefix and body), e.g. services/grpc/DeltaFrame.ts's. */
+  writeFrame(frame: Uint8Array): boolean {
     // A stream the caller just reset is destroyed before its 'close' (next tick) makes the call cancelled.
     if (this.#done || this.#stream.destroyed) return false
     this.#respond()
-    const ok = this.#stream.write(frameMessage(this.#serialize(message), Buffer.allocUnsafe))
+    const ok = this.#stream.write(frame)
     if (!ok) this.#stream.once("drain", this.#onDrain)
     return ok
   }
