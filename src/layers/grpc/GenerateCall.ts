@@ -85,6 +85,19 @@ export const makeHandler = Effect.fnUntraced(function* (
   // performance.now, as the call timings here: a sub-millisecond monotonic clock with no allocation per call.
   const pacer = new StartPacer({ budgetMs: START_BUDGET_MS, now: () => performance.now(), defer: setImmediate })
 
+  // Calls whose engine request is written, waiting for their response headers: one later turn sends them all,
+  // so that engine requests written in one turn are not spaced by each other's headers (sent one by one, at 256
+  // streams started together, they cost the median first token 1-2 ms: docs/bench.md, "Headers batched").
+  let awaitingHeaders: Array<GenerateCall> = []
+  const sendAwaitingHeaders = (): void => {
+    const calls = awaitingHeaders
+    awaitingHeaders = []
+    for (const c of calls) c.sendHeaders()
+  }
+  const headersAfterWrite = (call: GenerateCall): void => {
+    if (awaitingHeaders.push(call) === 1) setImmediate(sendAwaitingHeaders)
+  }
+
   const refuse = (call: GenerateCall, startedAt: number, e: GenerateError): void => {
     const f = toGrpcFailure(e)
     record(statusName(f.code), undefined, startedAt)
@@ -171,7 +184,7 @@ export const makeHandler = Effect.fnUntraced(function* (
     relay.consumer = pump
     // Built while the engine works on the request, not on the first token's path: the response headers
     // (docs/bench.md, "Response headers while the engine thinks"). A call that fails first answers trailers-only.
-    relay.onSent = () => call.sendHeaders()
+    relay.onSent = () => headersAfterWrite(call)
     const work = tracing
       ? traced(incoming, { requestId, leg: leg.success._tag }, (tp) =>
           runLeg(relay, plan, leg.success, { ...opts, traceparent: tp })
