@@ -1,11 +1,13 @@
 /**
  * The undici dispatch handlers behind the live EngineClient: `Exchange` buffers a whole answer for a pull
- * (a non-streamed completion, models, metrics), `StreamExchange` parses SSE inside undici's data callback and
- * hands each network read's objects to a sink (the relay's path). Both abort on close, so the engine sees
+ * (a non-streamed completion, models, metrics), `StreamExchange` parses SSE inside undici's data callback, decodes
+ * each event's JSON (services/engine/ChunkDecoder.ts: a token chunk by the one before it) and hands each network
+ * read's objects to a sink (the relay's path). Both abort on close, so the engine sees
  * the disconnect; transport failures become EngineErrors here.
  */
 import { Effect } from "effect"
 import type { Dispatcher } from "undici"
+import { ChunkDecoder } from "../../services/engine/ChunkDecoder.ts"
 import { type ChunkSink, EngineError, type JsonObject } from "../../services/engine/EngineClient.ts"
 import { httpError, isErrorChunk, sseErrorEvent, streamError } from "../../services/engine/EngineErrors.ts"
 import { makeSseParser, type SseEvent } from "../../services/engine/Sse.ts"
@@ -121,6 +123,7 @@ export class StreamExchange implements Dispatcher.DispatchHandler {
   private drainTimer: NodeJS.Timeout | undefined = undefined
   private errorBody: Array<Buffer> | undefined = undefined
   private readonly parser = makeSseParser()
+  private readonly decoder = new ChunkDecoder()
   private readonly sink: ChunkSink
   private readonly onEnd: (error: EngineError | undefined) => void
   private readonly resume = (): void => {
@@ -187,7 +190,7 @@ export class StreamExchange implements Dispatcher.DispatchHandler {
       }
       let v: unknown
       try {
-        v = JSON.parse(data)
+        v = this.decoder.decode(data)
       } catch {
         failure = protocolError("SSE data is not JSON", data)
         break
