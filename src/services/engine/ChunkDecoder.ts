@@ -127,7 +127,8 @@ export const matchTemplate = (t: ChunkTemplate, json: string): JsonObject | unde
 
 /**
  * One stream's decoder: `decode` returns what `JSON.parse(json)` returns, and throws where it throws. It learns
- * from the second whole chunk on, so that a call of one token pays nothing for it.
+ * from the second whole chunk on, so that a call of one token pays nothing for it. Values off the text's path
+ * (a `logprobs` object, say) are shared between the chunks one template decodes: chunks are read, never changed.
  */
 export class ChunkDecoder {
   private template: ChunkTemplate | undefined = undefined
