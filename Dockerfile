@@ -78,7 +78,11 @@ EXPOSE 7071 9091
 # default limit. A warmed agent peaked at 204-224 MiB RSS at 256 streams and 275 at 1,000 without it, 143-146 and
 # 167 with it; it costs ~15% CPU per token only where the agent's core is saturated (docs/bench.md, eighth
 # session). test/programs/packaging.test.ts checks that the pinned Node accepts these flags.
-ENTRYPOINT ["/usr/bin/tini", "--", "node", "--max-semi-space-size=4", "--heap-growing-percent=50", "/opt/cgn-agent/dist/main.js"]
+# MALLOC_ARENA_MAX=1, for the agent alone (set by `env`, and not passed on to the engine: see
+# src/services/engine/EngineEnvironment.ts): glibc gives every allocating thread (V8's GC and compiler workers) its
+# own arena, whose freed memory stays resident; one arena lowered the agent's peak RSS by 10-22 MiB in most bench
+# rows (docs/bench.md, eleventh session).
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/bin/env", "MALLOC_ARENA_MAX=1", "node", "--max-semi-space-size=4", "--heap-growing-percent=50", "/opt/cgn-agent/dist/main.js"]
 CMD ["run", "--config", "/etc/cgn-agent/agent.toml"]
 
 # ---- runtime: slim Node 24, tini, non-root ---------------------------------------------------------
@@ -109,6 +113,7 @@ RUN mkdir -p /var/lib/cgn-agent /etc/cgn-agent && chown node:node /var/lib/cgn-a
 USER node
 # 7071: gRPC (Agent, grpc.health.v1, reflection). 9091: admin HTTP (/metrics, /healthz, /readyz, /status, /drain).
 EXPOSE 7071 9091
-# The same Node flags as the vLLM stage's ENTRYPOINT (see there); npm run bench runs the agent with them too.
-ENTRYPOINT ["/usr/bin/tini", "--", "node", "--max-semi-space-size=4", "--heap-growing-percent=50", "/opt/cgn-agent/dist/main.js"]
+# The same Node flags and allocator setting as the vLLM stage's ENTRYPOINT (see there); npm run bench runs the
+# agent with them too.
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/bin/env", "MALLOC_ARENA_MAX=1", "node", "--max-semi-space-size=4", "--heap-growing-percent=50", "/opt/cgn-agent/dist/main.js"]
 CMD ["run", "--config", "/etc/cgn-agent/agent.toml"]

@@ -24,10 +24,12 @@
 //        agent's per-call path, as in a daemon in service; 0: only the short warm-up, as before the eighth session)
 //        --profile DIR (writes the agent's --cpu-prof, one file per setting)
 //        --agent-node-flags="..." (Node/V8 flags for the agent process; default: the image's, from the Dockerfile)
+//        --agent-env="NAME=VALUE ..." (variables set for the agent process alone; default: the image's, from the
+//        Dockerfile's ENTRYPOINT, e.g. MALLOC_ARENA_MAX=1; "" for none)
 //        --agent-root DIR (run another checkout's built agent, DIR/dist/main.js, to compare two versions;
 //        `floor`: bench/floor.ts in the agent's place, the least a Node gRPC->SSE relay does).
 //        --help (this list; a bad flag exits 2 with the flag and the reason)
-import { type ChildProcess, execFileSync, spawn } from "node:child_process"
+import { type ChildProcess, execFileSync, type SpawnOptions, spawn } from "node:child_process"
 import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
 import { cpus, tmpdir } from "node:os"
 import * as path from "node:path"
@@ -44,12 +46,36 @@ import { relayArgv } from "./agentArgv.ts"
 import { type LeanClient, leanClient } from "./grpc-client.ts"
 import { checkNginx, type NginxHandle, startNginx } from "./nginx.ts"
 
-/** The Node flags the image runs the agent with (the Dockerfile's last ENTRYPOINT): the bench runs the same. */
-const imageNodeFlags = (): Array<string> => {
+/** The image's command line up to the agent (the Dockerfile's last ENTRYPOINT): the bench runs the agent alike. */
+const imageEntrypoint = (): Array<string> => {
   const entry = [...readFileSync(path.join(repoRoot, "Dockerfile"), "utf8").matchAll(/^ENTRYPOINT (\[.*\])$/gm)].at(-1)
-  const argv = JSON.parse(entry?.[1] ?? "[]") as Array<string>
+  return JSON.parse(entry?.[1] ?? "[]") as Array<string>
+}
+
+/** The Node flags the image runs the agent with: the words between `node` and the agent's main.js. */
+const imageNodeFlags = (): Array<string> => {
+  const argv = imageEntrypoint()
   return argv.slice(argv.indexOf("node") + 1, argv.indexOf("/opt/cgn-agent/dist/main.js"))
 }
+
+/** The variables the image sets for the agent alone: the `NAME=VALUE` words `env` runs `node` with. */
+const imageAgentEnv = (): Array<string> => {
+  const argv = imageEntrypoint()
+  return argv.slice(argv.indexOf("/usr/bin/env") + 1, argv.indexOf("node")).filter((w) => w.includes("="))
+}
+
+/** `NAME=VALUE ...` words as an environment; a word without `=` is a usage error. */
+const envWords = (flag: string, words: string): Record<string, string> =>
+  Object.fromEntries(
+    words
+      .split(" ")
+      .filter((w) => w !== "")
+      .map((w) => {
+        const at = w.indexOf("=")
+        if (at < 1) throw new UsageError(`--${flag}: expected NAME=VALUE words; got ${JSON.stringify(w)}`)
+        return [w.slice(0, at), w.slice(at + 1)]
+      })
+  )
 
 /** Resolves once the agent's /readyz answers 200 (bounded: the agent is up in well under a minute). */
 const pollReady = (url: string): Promise<void> =>
@@ -385,6 +411,8 @@ interface Options {
   readonly profileDir: string | undefined
   /** Node flags for the agent process (e.g. V8 heap settings to try). */
   readonly agentNodeFlags: ReadonlyArray<string>
+  /** Variables added to the agent process's environment (e.g. glibc allocator settings to try). */
+  readonly agentEnv: Readonly<Record<string, string>>
   /** The checkout whose built agent (dist/main.js) runs, another tree's to compare two versions, or "floor". */
   readonly agentRoot: string
 }
@@ -452,12 +480,14 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
       })
     ]
     // taskset execs node: the child's pid is the agent's.
+    const spawnOptions: SpawnOptions = {
+      stdio: ["ignore", "inherit", "inherit"],
+      env: { ...process.env, ...o.agentEnv }
+    }
     const a =
       o.pins === undefined
-        ? spawn(process.execPath, agentArgs, { stdio: ["ignore", "inherit", "inherit"] })
-        : spawn("taskset", ["-c", String(o.pins.relay), process.execPath, ...agentArgs], {
-            stdio: ["ignore", "inherit", "inherit"]
-          })
+        ? spawn(process.execPath, agentArgs, spawnOptions)
+        : spawn("taskset", ["-c", String(o.pins.relay), process.execPath, ...agentArgs], spawnOptions)
     agent = a
     const agentPid = a.pid ?? -1
     const exited = new Promise<never>((_, reject) =>
@@ -567,8 +597,11 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
     channel.close()
     lean.close()
     const keys = Object.keys(rows[0] ?? {})
+    const agentEnvShown = Object.entries(o.agentEnv)
+      .map(([k, v]) => `${k}=${v} `)
+      .join("")
     console.log(
-      `\nrelay benchmark (agent: ${o.agentRoot === "floor" ? "bench/floor.ts" : path.join(o.agentRoot, "dist/main.js")} ${o.agentNodeFlags.join(" ")}): sim ITL ${itl}, ${o.tokens} tokens/request, ${o.rounds} requests per stream (at least ${o.minSamples} per row) over ${o.blocks} blocks (paths in turn, rotated; rounds per block rounded up), ${o.warmupCalls} warm-up calls per path and level, direct client ${o.baseline}, gRPC client ${o.grpcClient}, ${cpus().length} cores, ` +
+      `\nrelay benchmark (agent: ${agentEnvShown}${o.agentRoot === "floor" ? "bench/floor.ts" : path.join(o.agentRoot, "dist/main.js")} ${o.agentNodeFlags.join(" ")}): sim ITL ${itl}, ${o.tokens} tokens/request, ${o.rounds} requests per stream (at least ${o.minSamples} per row) over ${o.blocks} blocks (paths in turn, rotated; rounds per block rounded up), ${o.warmupCalls} warm-up calls per path and level, direct client ${o.baseline}, gRPC client ${o.grpcClient}, ${cpus().length} cores, ` +
         `${pinned ? `agent+nginx on CPU ${o.pins?.relay}, sim+loadgen on CPU ${o.pins?.engine}` : "not pinned"}; agent idle ${f(idleAgentUs / 1000, 1)} ms CPU/s` +
         `${pinned ? "; ! = the sim+loadgen CPU was saturated" : ""}`
     )
@@ -668,6 +701,7 @@ const runBench = async (): Promise<void> => {
     pins,
     profileDir: values.profile,
     agentNodeFlags: values["agent-node-flags"].split(" ").filter((f) => f !== ""),
+    agentEnv: envWords("agent-env", values["agent-env"]),
     agentRoot: values["agent-root"] === "floor" ? "floor" : path.resolve(values["agent-root"])
   }
   console.log(checkNginx())
@@ -694,6 +728,7 @@ const parseFlags = () =>
       pin: { type: "string", default: "0,1" },
       profile: { type: "string" },
       "agent-node-flags": { type: "string", default: imageNodeFlags().join(" ") },
+      "agent-env": { type: "string", default: imageAgentEnv().join(" ") },
       "agent-root": { type: "string", default: repoRoot }
     }
   })

@@ -280,6 +280,33 @@ describe("restarts", () => {
     assert.notInclude(line, "very-secret")
   })
 
+  it("the engine gets the agent's environment and [engine].env, not the agent's MALLOC_ARENA_MAX", async () => {
+    // The engine here is a script that writes its environment to a file and waits to be stopped.
+    const dump = `require("node:fs").writeFileSync(process.env.CGN_TEST_ENV_OUT, JSON.stringify(process.env)); setInterval(() => {}, 1000)`
+    const saved = process.env.MALLOC_ARENA_MAX
+    process.env.MALLOC_ARENA_MAX = "1"
+    cleanups.push(() => {
+      if (saved === undefined) delete process.env.MALLOC_ARENA_MAX
+      else process.env.MALLOC_ARENA_MAX = saved
+    })
+    const seen = async (engineEnv: Record<string, string>) => {
+      const out = path.join(tmpDir(), "env.json")
+      const s = await setup("vllm", {
+        engine: { command: [process.execPath, "-e", dump], env: { CGN_TEST_ENV_OUT: out, ...engineEnv } }
+      })
+      const h = await start(s.plan, s.settings)
+      const text = await waitFor("the engine's environment", () => fs.existsSync(out) && fs.readFileSync(out, "utf8"))
+      await h.close()
+      return JSON.parse(text) as Record<string, string>
+    }
+    const plain = await seen({ HF_HOME: "/cache" })
+    assert.strictEqual(plain.HF_HOME, "/cache")
+    assert.strictEqual(plain.PATH, process.env.PATH)
+    assert.notProperty(plain, "MALLOC_ARENA_MAX")
+    const chosen = await seen({ MALLOC_ARENA_MAX: "4" })
+    assert.strictEqual(chosen.MALLOC_ARENA_MAX, "4")
+  })
+
   it("an engine that cannot be spawned -> Restarting with the spawn error, failing from attempt 3, still retried", async () => {
     const s = await setup("vllm", {
       engine: { command: ["/nonexistent/engine-binary"], restart_backoff_max: "300ms" }

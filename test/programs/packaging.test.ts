@@ -32,10 +32,13 @@ describe("Dockerfile", () => {
     expect(dockerfile).not.toMatch(/:latest\b/)
   })
 
-  it("runs the agent with the same Node flags in both final images, bounded young and old generations among them", async () => {
+  it("runs the agent with the same Node flags in both final images, bounded young and old generations and one malloc arena among them", async () => {
     const entries = [...dockerfile.matchAll(/^ENTRYPOINT (\[.*\])$/gm)].map((m) => JSON.parse(m[1]!) as Array<string>)
     expect(entries).toHaveLength(2)
     expect(entries[0]).toEqual(entries[1])
+    // The allocator setting is the agent process's own (`env` before `node`), not the image's (no ENV line).
+    expect(entries[0]!.slice(0, 5)).toEqual(["/usr/bin/tini", "--", "/usr/bin/env", "MALLOC_ARENA_MAX=1", "node"])
+    expect(dockerfile).not.toMatch(/^ENV MALLOC_/m)
     const flags = entries[0]!.slice(entries[0]!.indexOf("node") + 1, entries[0]!.indexOf("/opt/cgn-agent/dist/main.js"))
     expect(flags.some((f) => /^--max-semi-space-size=\d+$/.test(f))).toBe(true)
     expect(flags.some((f) => /^--heap-growing-percent=\d+$/.test(f))).toBe(true)

@@ -11,6 +11,7 @@ import * as readline from "node:readline"
 import type { Readable } from "node:stream"
 import { Clock, Deferred, Effect, FiberSet, Ref, type Scope, Stream } from "effect"
 import type { LaunchPlan } from "../../services/engine/Engine.ts"
+import { engineEnvironment } from "../../services/engine/EngineEnvironment.ts"
 import { type EngineRun, type RunExit, type SpawnOptions, valueIfDone } from "../../services/engine/EngineHost.ts"
 import { buildGuardArgs, decodeReport, REPORT_FD, type StopOutcome } from "../../services/engine/GuardProtocol.ts"
 import { engineOutput } from "../observability/Logging.ts"
@@ -71,7 +72,7 @@ export const spawnRun =
           const child = spawn(
             process.execPath,
             [guardEntry, ...buildGuardArgs({ graceMs: options.graceMs, argv: plan.argv })],
-            { detached: true, stdio: ["pipe", "pipe", "pipe", "pipe"], env: { ...process.env, ...plan.env } }
+            { detached: true, stdio: ["pipe", "pipe", "pipe", "pipe"], env: engineEnvironment(process.env, plan.env) }
           )
           // Memoized: the supervisor's explicit stop and the scope's release share one teardown.
           const stop = yield* Effect.cached(

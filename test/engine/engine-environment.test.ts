@@ -1,0 +1,25 @@
+// The engine's environment: the agent's less its own process settings (MALLOC_ARENA_MAX), plus the plan's.
+import { describe, expect, it } from "vitest"
+import { AGENT_PROCESS_VARIABLES, engineEnvironment } from "../../src/services/engine/EngineEnvironment.ts"
+
+describe("engineEnvironment", () => {
+  it("passes the agent's environment on, less the agent process's allocator setting", () => {
+    const env = engineEnvironment({ PATH: "/usr/bin", HOME: "/home/a", MALLOC_ARENA_MAX: "1" }, {})
+    expect(env).toEqual({ PATH: "/usr/bin", HOME: "/home/a" })
+    expect(AGENT_PROCESS_VARIABLES).toContain("MALLOC_ARENA_MAX")
+  })
+
+  it("adds the plan's variables over the agent's, [engine].env's MALLOC_ARENA_MAX included", () => {
+    const env = engineEnvironment(
+      { PATH: "/usr/bin", CUDA_VISIBLE_DEVICES: "0,1", MALLOC_ARENA_MAX: "1" },
+      { CUDA_VISIBLE_DEVICES: "1", MALLOC_ARENA_MAX: "4" }
+    )
+    expect(env).toEqual({ PATH: "/usr/bin", CUDA_VISIBLE_DEVICES: "1", MALLOC_ARENA_MAX: "4" })
+  })
+
+  it("leaves the agent's environment object as it was", () => {
+    const agent = { MALLOC_ARENA_MAX: "1", A: "x" }
+    engineEnvironment(agent, { B: "y" })
+    expect(agent).toEqual({ MALLOC_ARENA_MAX: "1", A: "x" })
+  })
+})
