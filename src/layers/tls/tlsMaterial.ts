@@ -60,9 +60,9 @@ const pathOf = (file: { readonly path: string | undefined }) => (file.path === u
 /** Reads and checks the three files: parseable PEM, not expired, key matching the certificate. */
 export const readMaterial = (files: TlsFiles): Effect.Effect<TlsMaterial, TlsError> =>
   Effect.gen(function* () {
-    const [ca, cert, key] = yield* Effect.all([readOne(files.ca), readOne(files.cert), readOne(files.key)], {
-      concurrency: "unbounded"
-    })
+    // One after another: of several unreadable files the error names the first in this order, every time (read
+    // concurrently, whichever read failed first was reported, and `check` printed a different key run to run).
+    const [ca, cert, key] = yield* Effect.all([readOne(files.ca), readOne(files.cert), readOne(files.key)])
     const now = yield* Clock.currentTimeMillis
     yield* parseCert(ca, files.ca, now)
     const leaf = yield* parseCert(cert, files.cert, now)
