@@ -8,7 +8,7 @@ import { Command, Flag } from "effect/cli"
 import { requireAdminToken } from "../layers/admin/Admin.ts"
 import { resolvePlan } from "../layers/engine/backends/index.ts"
 import { etcdOptions } from "../layers/registry/etcdClient.ts"
-import { readMaterial, securityFiles } from "../layers/tls/tlsMaterial.ts"
+import { readMaterial, readOne, securityFiles } from "../layers/tls/tlsMaterial.ts"
 import { type AgentConfig, ConfigError } from "../services/config/Config.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
 
@@ -25,7 +25,14 @@ export const preflight = (c: AgentConfig, options: { readonly offline?: boolean 
       Effect.catch(Effect.asVoid(check), (e: E) => Effect.sync(() => void problems.push(e.message)))
     yield* collect(requireAdminToken(c.agent))
     if (!options.offline) {
-      if (c.security.require_mtls) yield* collect(readMaterial(securityFiles(c.security)))
+      if (c.security.require_mtls) {
+        // Every unreadable file on its own line first; the checks across the files (parse, expiry, key pair)
+        // need all three, so they run only once all three are read.
+        const files = securityFiles(c.security)
+        const before = problems.length
+        for (const file of [files.ca, files.cert, files.key]) yield* collect(readOne(file))
+        if (problems.length === before) yield* collect(readMaterial(files))
+      }
       if (c.cluster.etcd.length > 0) yield* collect(etcdOptions(c.cluster, { callTimeoutMs: 1, reconnectCapMs: 1 }))
     }
     if (problems.length > 0) return yield* new ConfigError({ file: c.file ?? "<inline>", problems })

@@ -160,7 +160,7 @@ describe("check makes every check run makes (exit 2)", () => {
     expect(ok.code).toBe(0)
   })
 
-  it("TLS files that do not exist, for the gRPC server and for etcd; --offline skips them", async () => {
+  it("TLS files that do not exist, each reported, for the gRPC server and for etcd; --offline skips them", async () => {
     const missing = path.join(dir, "nope")
     const file = await configFile(
       "missing-tls.toml",
@@ -177,7 +177,10 @@ describe("check makes every check run makes (exit 2)", () => {
     )
     const r = await cli(["check", "--config", file])
     expect(r.code).toBe(2)
+    // Every unreadable file, each on its own line.
     expect(r.stderr).toContain(`security.ca_file (${missing}/ca.crt): cannot read: ENOENT`)
+    expect(r.stderr).toContain(`security.cert_file (${missing}/tls.crt): cannot read: ENOENT`)
+    expect(r.stderr).toContain(`security.key_file (${missing}/tls.key): cannot read: ENOENT`)
     expect(r.stderr).toContain(`cluster.etcd_ca_file: cannot read ${missing}/ca.crt: ENOENT`)
     expect((await cli(["check", "--offline", "--config", file])).code).toBe(0)
   })
