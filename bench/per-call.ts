@@ -1,6 +1,7 @@
 // Per-call CPU of the agent, measured quietly (`node bench/per-call.ts [--calls 3000] [--agent-root DIR ...]`,
 // after `npm run build`). The built agent (DIR/dist/main.js run; openai_compat proxying the simulator, standalone)
-// runs pinned to CPU 0; this process (the client) and the simulator to CPU 1. After 500 warm-up calls, `--calls`
+// runs pinned to CPU 0 with the image's Node flags and environment, as `npm run bench` runs it (before the eleventh
+// session: with neither); this process (the client) and the simulator to CPU 1. After 500 warm-up calls, `--calls`
 // sequential 1-token Generate calls; the agent's CPU over them (all threads, /proc/PID/task/*/schedstat) divided by
 // the calls. Several `--agent-root`s are measured in turn, alternating, `--rounds` times: the way to compare two
 // versions of the per-call path when `npm run bench`'s 200-call figure is too noisy (its spread is ±20-40%).
@@ -16,7 +17,7 @@ import { repoRoot } from "../test/support/agent.ts"
 import { pollUntil } from "../test/support/poll.ts"
 import { freePorts } from "../test/support/ports.ts"
 import { startSim } from "../test/support/sim.ts"
-import { relayArgv } from "./agentArgv.ts"
+import { imageAgentEnv, imageNodeFlags, relayArgv } from "./agentArgv.ts"
 
 const { values } = parseArgs({
   options: {
@@ -62,8 +63,9 @@ const measure = async (root: string, engineUrl: string): Promise<{ cpuUs: number
     ].join("\n")
   )
   const argv = relayArgv({ root, config, grpcPort: grpcPort!, adminPort: adminPort!, engineUrl })
-  const agent: ChildProcess = spawn("taskset", ["-c", "0", process.execPath, ...argv], {
-    stdio: ["ignore", "inherit", "inherit"]
+  const agent: ChildProcess = spawn("taskset", ["-c", "0", process.execPath, ...imageNodeFlags(), ...argv], {
+    stdio: ["ignore", "inherit", "inherit"],
+    env: { ...process.env, ...imageAgentEnv() }
   })
   try {
     await pollUntil(

@@ -42,27 +42,9 @@ import { repoRoot, requireDist } from "../test/support/agent.ts"
 import { pollUntil } from "../test/support/poll.ts"
 import { freePorts } from "../test/support/ports.ts"
 import { startSim } from "../test/support/sim.ts"
-import { relayArgv } from "./agentArgv.ts"
+import { imageAgentEnv, imageNodeFlags, relayArgv } from "./agentArgv.ts"
 import { type LeanClient, leanClient } from "./grpc-client.ts"
 import { checkNginx, type NginxHandle, startNginx } from "./nginx.ts"
-
-/** The image's command line up to the agent (the Dockerfile's last ENTRYPOINT): the bench runs the agent alike. */
-const imageEntrypoint = (): Array<string> => {
-  const entry = [...readFileSync(path.join(repoRoot, "Dockerfile"), "utf8").matchAll(/^ENTRYPOINT (\[.*\])$/gm)].at(-1)
-  return JSON.parse(entry?.[1] ?? "[]") as Array<string>
-}
-
-/** The Node flags the image runs the agent with: the words between `node` and the agent's main.js. */
-const imageNodeFlags = (): Array<string> => {
-  const argv = imageEntrypoint()
-  return argv.slice(argv.indexOf("node") + 1, argv.indexOf("/opt/cgn-agent/dist/main.js"))
-}
-
-/** The variables the image sets for the agent alone: the `NAME=VALUE` words `env` runs `node` with. */
-const imageAgentEnv = (): Array<string> => {
-  const argv = imageEntrypoint()
-  return argv.slice(argv.indexOf("/usr/bin/env") + 1, argv.indexOf("node")).filter((w) => w.includes("="))
-}
 
 /** `NAME=VALUE ...` words as an environment; a word without `=` is a usage error. */
 const envWords = (flag: string, words: string): Record<string, string> =>
@@ -728,7 +710,12 @@ const parseFlags = () =>
       pin: { type: "string", default: "0,1" },
       profile: { type: "string" },
       "agent-node-flags": { type: "string", default: imageNodeFlags().join(" ") },
-      "agent-env": { type: "string", default: imageAgentEnv().join(" ") },
+      "agent-env": {
+        type: "string",
+        default: Object.entries(imageAgentEnv())
+          .map(([k, v]) => `${k}=${v}`)
+          .join(" ")
+      },
       "agent-root": { type: "string", default: repoRoot }
     }
   })
