@@ -375,13 +375,17 @@ describe("stop", () => {
   })
 
   it("a stop during startup ends the run at once and settles in Stopped", async () => {
-    const s = await setup("llama_cpp", { knobs: ["--sim-startup-delay", "30s"] })
+    // The engine would take two minutes to load: a stop that waited for the startup to end would take as long.
+    const s = await setup("llama_cpp", { knobs: ["--sim-startup-delay", "120s"] })
     const h = await start(s.plan, s.settings)
     await awaitState(h, "the engine spawned", (x) => x._tag === "Starting" && x.phase !== "spawning")
     const pid = (await pidRecord(s.stateDir))?.pgid
     assert.isNumber(pid)
     assert.isTrue(groupAlive(pid!))
+    const t0 = Date.now()
     await Effect.runPromise(h.engine.stop)
+    // The simulator exits on its first SIGTERM; the bound leaves a slow machine seconds to spare.
+    assert.isBelow(Date.now() - t0, 8_000, "the stop waited")
     assert.deepStrictEqual(
       h.states.slice(-2).map((x) => x._tag),
       ["Stopping", "Stopped"]

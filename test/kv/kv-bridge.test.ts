@@ -390,7 +390,8 @@ describe("data parallelism", () => {
     expect(argv("vllm")).toContain("--data-parallel-size 2")
     expect(argv("sglang")).toContain("--dp-size 2")
     const one = decode({ ...models({}) })
-    expect(one._tag === "Success" && engineFor("vllm").render(one.success).argv).not.toContain("--data-parallel-size")
+    if (one._tag === "Failure") throw new Error(one.failure.message)
+    expect(engineFor("vllm").render(one.success).argv).not.toContain("--data-parallel-size")
     for (const kind of ["llama_cpp", "mlx", "openai_compat"]) {
       const r = decode({ engine: { kind }, models: { m: { path: "/m.gguf", dp: 2 } } })
       expect(r._tag === "Failure" && r.failure.problems).toContain(

@@ -3,6 +3,7 @@
 import { Effect, Exit, Scope } from "effect"
 import { describe, expect, it } from "vitest"
 import * as MetricsLayer from "../../src/layers/observability/Metrics.ts"
+import type { LagSample } from "../../src/services/node/EventLoopLag.ts"
 import {
   ENGINE_STATES,
   Metrics,
@@ -90,29 +91,39 @@ describe("Metrics", () => {
     expect(types.filter((t) => t.name.endsWith("_total") && t.type !== "counter")).toEqual([])
   })
 
-  it("a scrape resets nothing: two scrapers read the same event-loop series", async () => {
+  it("a scrape resets nothing: two scrapers read the same event-loop lag, mirrored from its window", async () => {
+    // The lag service's last completed window (layers/node/EventLoopLag.ts rolls it on its own timer, never
+    // on a scrape): every scrape reads it as it is.
+    const window: LagSample = { currentMs: 3, p99Ms: 30, windowMaxMs: 42, maxMs: 42, windowMs: 5_000 }
+    let samples = 0
+    const lag = Effect.sync(() => {
+      samples++
+      return window
+    })
     const bodies = await run(
-      Effect.gen(function* () {
-        const m = yield* Metrics
-        // Block the loop so every lag histogram has a sample well above zero before the first scrape.
-        yield* Effect.sync(() => {
-          const until = performance.now() + 30
-          while (performance.now() < until) {}
+      Effect.scoped(
+        Effect.gen(function* () {
+          yield* MetricsLayer.mirrorEventLoopLag(lag)
+          const m = yield* Metrics
+          const first = (yield* m.render).body
+          const second = (yield* m.render).body
+          return [first, second] as const
         })
-        yield* Effect.promise(() => new Promise((r) => setTimeout(r, 20)))
-        const first = (yield* m.render).body
-        const second = (yield* m.render).body
-        return [first, second] as const
-      }),
+      ),
       MetricsLayer.layer
     )
-    // nodejs_eventloop_lag_seconds is measured afresh per scrape (a setImmediate delay), not a shared window.
     const lagLines = (body: string) =>
       body
         .split("\n")
         .filter((l) => /^\w*event_?loop_lag\w* /.test(l) && !l.startsWith("nodejs_eventloop_lag_seconds "))
+    expect(samples).toBe(2)
+    expect(lagLines(bodies[0])).toEqual(["cgn_agent_event_loop_lag_seconds 0.042"])
     expect(lagLines(bodies[1])).toEqual(lagLines(bodies[0]))
-    for (const name of MetricsLayer.DROPPED_DEFAULT_METRICS) expect(bodies[0]).not.toContain(`${name} `)
+    // prom-client's own lag series reset their histogram at every scrape: the production registry has none.
+    for (const name of MetricsLayer.DROPPED_DEFAULT_METRICS) {
+      expect(bodies[0]).not.toContain(`${name} `)
+      expect(bodies[1]).not.toContain(`${name} `)
+    }
   })
 
   it("a value that does not exist is a missing series, not a sentinel", async () => {

@@ -41,9 +41,19 @@ const serverArgs = (modelFile: string, port: number) => [
 const startReal = async (modelFile: string) => {
   const port = await freePort()
   const proc = spawn(engine.server, serverArgs(modelFile, port), { stdio: ["ignore", "ignore", "pipe"] })
+  // Killed if it never gets healthy (afterAll has no handle then) and, as a last resort, when this process exits.
+  const kill = (): void => {
+    proc.kill("SIGKILL")
+  }
+  process.once("exit", kill)
   followLines(proc.stderr)
   const url = `http://127.0.0.1:${port}`
-  await pollUntil("llama-server /health 200", async () => (await fetch(`${url}/health`)).status === 200, 60_000)
+  try {
+    await pollUntil("llama-server /health 200", async () => (await fetch(`${url}/health`)).status === 200, 60_000)
+  } catch (e) {
+    kill()
+    throw e
+  }
   return { url, proc }
 }
 
