@@ -186,6 +186,23 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
     ['engine.liveness_path: expected a path on the engine such as "/health_generate", got "health_generate"']
   ],
   [
+    "GPUs set by hand in engine.env (the agent would watch others)",
+    `[engine]\nenv = { CUDA_VISIBLE_DEVICES = "2,3" }\n${MODEL}tp = 2\n`,
+    [
+      'engine.env.CUDA_VISIBLE_DEVICES: the agent gives the engine its GPUs and watches those; list them as models."m".gpus (NVML indices or UUIDs) instead'
+    ]
+  ],
+  [
+    "gpus: not tp x dp of them, one twice",
+    `${MODEL}tp = 2\ngpus = [1, 1, 2]\n`,
+    ['models."m".gpus: lists 3 GPUs but the engine needs tp x dp = 2', 'models."m".gpus: GPU 1 is listed twice']
+  ],
+  [
+    "gpus on an engine that does not run on assigned GPUs",
+    `[engine]\nkind = "mlx"\n[models.m]\npath = "/m"\ngpus = [0]\n`,
+    ['models."m".gpus: mlx does not run on GPUs the agent assigns; remove gpus']
+  ],
+  [
     "engine combination: vLLM has no hicache",
     `[engine]\nkv_offload = "hicache"\n${MODEL}`,
     ['engine.kv_offload: vllm does not support "hicache"; vllm supports "none", "nixl", "lmcache", "kvbm"']

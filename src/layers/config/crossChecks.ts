@@ -113,7 +113,14 @@ const engineProblems = (c: ConfigFile): Array<string> => {
         `${formatPath(key)}: ${kind} cannot serve the name "${served}": it contains ${forbidden.map((ch) => `"${ch}"`).join(", ")} (${caps.servedNameForbids?.why}); set a served_name without it`
       )
     }
-    if (m.gpus.length > 0) problems.push(...gpuProblems(kind, caps.cudaGpus === true, name, m, c.engine.env))
+    if (m.gpus.length > 0) problems.push(...gpuProblems(kind, caps.cudaGpus === true, name, m))
+    // The agent gates each spawn on, watches and reports the GPUs it assigns: a device list set by hand would
+    // run the engine on GPUs the agent does not look at (it would watch the first healthy ones instead).
+    if (caps.cudaGpus === true && c.engine.env.CUDA_VISIBLE_DEVICES !== undefined) {
+      problems.push(
+        `${formatPath(["engine", "env", "CUDA_VISIBLE_DEVICES"])}: the agent gives the engine its GPUs and watches those; list them as ${formatPath(["models", name, "gpus"])} (NVML indices or UUIDs) instead`
+      )
+    }
     if (!caps.spawns && m.args.length > 0) {
       problems.push(
         `${formatPath(["models", name, "args"])}: ${kind} starts nothing, so args are never used; remove them`
@@ -153,13 +160,12 @@ const engineProblems = (c: ConfigFile): Array<string> => {
   return problems
 }
 
-/** `models.x.gpus`: one GPU per engine worker (tp x dp), each named once, and not also set by hand. */
+/** `models.x.gpus`: one GPU per engine worker (tp x dp), each named once. */
 const gpuProblems = (
   kind: string,
   cudaGpus: boolean,
   name: string,
-  m: { readonly tp: number; readonly dp: number; readonly gpus: ReadonlyArray<number | string> },
-  env: Readonly<Record<string, string>>
+  m: { readonly tp: number; readonly dp: number; readonly gpus: ReadonlyArray<number | string> }
 ): Array<string> => {
   const key = formatPath(["models", name, "gpus"])
   if (!cudaGpus) return [`${key}: ${kind} does not run on GPUs the agent assigns; remove gpus`]
@@ -172,9 +178,6 @@ const gpuProblems = (
   for (const g of m.gpus) {
     if (seen.has(String(g))) problems.push(`${key}: GPU ${JSON.stringify(g)} is listed twice`)
     seen.add(String(g))
-  }
-  if (env.CUDA_VISIBLE_DEVICES !== undefined) {
-    problems.push(`${key}: engine.env sets CUDA_VISIBLE_DEVICES too; give the GPUs in one place (gpus)`)
   }
   return problems
 }
