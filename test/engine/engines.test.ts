@@ -430,8 +430,20 @@ describe("rendering rules", () => {
     })
   })
 
-  it("the NIXL side-channel host: side_channel_host, else advertise_addr's host, else the engine host", () => {
+  it("the NIXL side-channel host: side_channel_host, else advertise_addr's host, else NODE_IP, else the engine host", () => {
     const host = (raw: Raw) => plan(raw).env.VLLM_NIXL_SIDE_CHANNEL_HOST
+    // A DaemonSet's ConfigMap names no host: each node's own address comes from NODE_IP.
+    const onNode = (raw: Raw, nodeIp: string) => {
+      const r = decodeConfigObject({ models: { m: { hf_repo: "org/m" } }, ...raw }, undefined, { NODE_IP: nodeIp })
+      if (Result.isFailure(r)) throw new Error(r.failure.message)
+      return engineFor("vllm").render(r.success).env.VLLM_NIXL_SIDE_CHANNEL_HOST
+    }
+    expect(onNode({ engine: { kv_offload: "nixl" } }, "10.2.3.4")).toBe("10.2.3.4")
+    expect(onNode({ engine: { kv_offload: "nixl" } }, " ")).toBe("127.0.0.1")
+    expect(onNode({ engine: { kv_offload: "nixl" }, agent: { advertise_addr: "10.0.0.5:7071" } }, "10.2.3.4")).toBe(
+      "10.0.0.5"
+    )
+    expect(onNode({ engine: { kv_offload: "nixl", side_channel_host: "10.9.9.9" } }, "10.2.3.4")).toBe("10.9.9.9")
     const base = { engine: { kv_offload: "nixl" }, agent: { role: "prefill", advertise_addr: "10.0.0.5:7071" } }
     expect(host(base)).toBe("10.0.0.5")
     expect(

@@ -12,6 +12,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { parseAllDocuments } from "yaml"
 import { HealthCheckResponse_ServingStatus } from "../../src/gen/grpc/health/v1/health.ts"
 import { decodeConfig } from "../../src/layers/config/Config.ts"
+import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import { preflight } from "../../src/programs/check.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"
 import { splitHostPort } from "../../src/services/registry/Advertise.ts"
@@ -99,6 +100,10 @@ describe("examples/k8s (kustomize overlay)", () => {
     const env = Object.fromEntries(agent.env.map((e: Doc) => [e.name, e.valueFrom]))
     expect(env.NODE_NAME).toEqual({ fieldRef: { fieldPath: "spec.nodeName" } })
     expect(env.NODE_IP).toEqual({ fieldRef: { fieldPath: "status.hostIP" } })
+    // One ConfigMap for every node: each engine's NIXL side channel listens on, and is advertised as, its own
+    // node's address (host networking), not the engine's loopback.
+    expect(pod.hostNetwork).toBe(true)
+    expect(engineFor(config.engine.kind).render(config).env.VLLM_NIXL_SIDE_CHANNEL_HOST).toBe(ENV.NODE_IP)
     const mounts: Array<string> = agent.volumeMounts.map((m: Doc) => m.mountPath)
     const files = [
       config.security.ca_file,

@@ -71,6 +71,7 @@ const resolve = (c: ConfigFile, file: string | undefined, env: Readonly<Record<s
     agent: {
       ...c.agent,
       node_id: c.agent.node_id ?? (env.NODE_NAME || os.hostname()),
+      node_ip: env.NODE_IP?.trim() || undefined,
       lease_ttl: c.agent.lease_ttl ?? Duration.times(c.agent.heartbeat, 3),
       // A token is a secret: Kubernetes hands it over as an env var from a Secret, not in the ConfigMap.
       ...(c.agent.admin_token === undefined && env.CGN_AGENT_ADMIN_TOKEN

@@ -67,7 +67,7 @@ export const layer = (
       const advertiseAddr = resolveAdvertiseAddr({
         advertiseAddr: config.agent.advertise_addr,
         listenGrpc: config.agent.listen_grpc,
-        nodeIp: process.env.NODE_IP,
+        nodeIp: config.agent.node_ip,
         interfaces: os.networkInterfaces(),
         boundPort: options.boundGrpcPort
       })

@@ -30,6 +30,11 @@ type Section<K extends keyof ConfigFile> = ConfigFile[K]
 
 export interface AgentSettings extends Omit<Section<"agent">, "node_id" | "lease_ttl" | "role"> {
   readonly node_id: string
+  /**
+   * This host's address from `NODE_IP` (Kubernetes' downward API, status.hostIP), read once with the config:
+   * the advertised gRPC host and vLLM's NIXL side-channel host where the file sets neither.
+   */
+  readonly node_ip?: string | undefined
   readonly lease_ttl: Duration.Duration
   readonly role: Role
 }

@@ -73,13 +73,17 @@ export const vllm: Engine = {
     const m = config.model
     const connector = connectors[config.engine.kv_offload]
     const events = kvEventsOf(config, "vllm")
-    // NIXL's handshake listener advertises this host to the peer, so it must be routable from it.
+    // NIXL's handshake listener advertises this host to the peer, so it must be routable from it: the host
+    // the node advertises (advertise_addr, else NODE_IP as in a DaemonSet on the host network), else the
+    // engine's own listen host.
     const nixlEnv: Record<string, string> =
       config.engine.kv_offload === "nixl"
         ? {
             VLLM_NIXL_SIDE_CHANNEL_HOST:
               config.engine.side_channel_host ??
-              (config.agent.advertise_addr !== undefined ? hostOfAddr(config.agent.advertise_addr) : listen.host),
+              (config.agent.advertise_addr !== undefined
+                ? hostOfAddr(config.agent.advertise_addr)
+                : (config.agent.node_ip ?? listen.host)),
             VLLM_NIXL_SIDE_CHANNEL_PORT: String(config.engine.side_channel_port)
           }
         : {}
