@@ -11,6 +11,7 @@ import {
   setOptional,
   setStateGauge
 } from "../../src/services/observability/Metrics.ts"
+import type { RegistrationStatus } from "../../src/services/registry/HealthReporter.ts"
 
 const run = <A>(eff: Effect.Effect<A, never, Metrics>, layer = MetricsLayer.layerTest) =>
   Effect.runPromise(eff.pipe(Effect.provide(layer)))
@@ -173,11 +174,15 @@ describe("mirrorRegistration", () => {
       leasesGranted: 1,
       leasesLost: 0
     } as const
-    const body = await run(
+    let current: RegistrationStatus = status
+    const { body, lost } = await run(
       Effect.scoped(
         Effect.gen(function* () {
-          yield* MetricsLayer.mirrorRegistration(Effect.succeed(status))
-          return (yield* (yield* Metrics).render).body
+          yield* MetricsLayer.mirrorRegistration(Effect.sync(() => current))
+          const m = yield* Metrics
+          const body = (yield* m.render).body
+          current = { ...status, state: "retrying", leaseAgeMs: undefined }
+          return { body, lost: (yield* m.render).body }
         })
       )
     )
@@ -185,5 +190,8 @@ describe("mirrorRegistration", () => {
     expect(body).toContain('cgn_agent_etcd_registration_state{state="registered"} 1')
     expect(body).toContain('cgn_agent_etcd_registration_state{state="retrying"} 0')
     expect(body).toContain("cgn_agent_etcd_lease_age_seconds 2.5")
+    // Without a lease the age is a missing series, not 0 (which would read as a lease granted just now).
+    expect(lost).toContain("cgn_agent_etcd_registered 0")
+    expect(lost).not.toMatch(/^cgn_agent_etcd_lease_age_seconds /m)
   })
 })

@@ -18,6 +18,7 @@ import {
   type MetricHandles,
   Metrics,
   type MetricsService,
+  setOptional,
   setStateGauge
 } from "../../services/observability/Metrics.ts"
 import { RegistrationStates, type RegistrationStatus } from "../../services/registry/HealthReporter.ts"
@@ -224,7 +225,8 @@ export const mirrorRegistration = (
       Effect.map(status, (s) => {
         m.etcdRegistered.set(s.state === "registered" ? 1 : 0)
         setStateGauge(m.etcdRegistrationState, RegistrationStates, s.state)
-        m.etcdLeaseAge.set(s.leaseAgeMs === undefined ? 0 : s.leaseAgeMs / 1000)
+        // No lease, no age: the series is absent (a 0 would read as a lease granted just now).
+        setOptional(m.etcdLeaseAge, s.leaseAgeMs === undefined ? undefined : s.leaseAgeMs / 1000)
       })
     )
   )
