@@ -27,7 +27,7 @@ describe("a burst of client cancels", () => {
   it("2,000 cancels at once on one connection: each counted CANCELLED, the connection's other streams go on", async () => {
     const cancelledN = 2000
     const keptN = 200
-    const { config, grpcPort } = await simAgentConfig({
+    const { config, grpcPort, engineUrl } = await simAgentConfig({
       agent: { max_inflight: 4096, max_queue: 0 },
       // Slow enough that no stream ends by itself during the test; --sim-max-seqs above the streams.
       simArgs: ["--sim-mode", "random", "--sim-itl", "200ms", "--sim-max-seqs", "4096"]
@@ -55,6 +55,17 @@ describe("a burst of client cancels", () => {
         100
       )
       expect(counted).toEqual({ CANCELLED: cancelledN })
+      // Each cancelled call's engine request was aborted, not left generating (the simulator counts aborts).
+      const aborted = await pollUntil(
+        "the engine to see every cancelled request aborted",
+        async () => {
+          const s = (await (await fetch(`${engineUrl}/sim/state`)).json()) as { aborted: number }
+          return s.aborted >= cancelledN ? s.aborted : undefined
+        },
+        60_000,
+        100
+      )
+      expect(aborted).toBe(cancelledN)
 
       // The kept streams are still open on the same connection and still receive text.
       const kept = calls.slice(cancelledN)

@@ -235,15 +235,14 @@ describe("the shipped config, probed the way the kubelet probes it", () => {
       ).rejects.toThrow()
       mtls.close()
 
-      // a drain turns the probe NOT_SERVING at once
+      // a drain turns the probe NOT_SERVING at once: a Watch opened while SERVING sees it before the agent exits
+      // (a Check polled after SIGTERM could not tell NOT_SERVING from a listener already closed).
+      const watch = health.watch({ service }, { signal: AbortSignal.timeout(20_000) })[Symbol.asyncIterator]()
+      expect((await watch.next()).value?.status).toBe(HealthCheckResponse_ServingStatus.SERVING)
       agent.stop("SIGTERM").catch(() => undefined)
-      await pollUntil(
-        "NOT_SERVING or closed after SIGTERM",
-        async () => {
-          const r = await health.check({ service }, { signal: AbortSignal.timeout(2_000) }).catch(() => undefined)
-          return r === undefined || r.status === HealthCheckResponse_ServingStatus.NOT_SERVING
-        },
-        10_000
+      const next = await watch.next()
+      expect(next.done ? "the Watch ended" : next.value.status, agent.tail()).toBe(
+        HealthCheckResponse_ServingStatus.NOT_SERVING
       )
       expect((await agent.exited).code).toBe(0)
     } finally {
