@@ -331,25 +331,29 @@ describe("cancellation, deadlines and health", () => {
     // Its own agent: tokens come every 20 ms, so 400 ms ends only a stalled stream (the shared agent keeps the
     // default, since the cancel test's burst queues calls in the engine longer than that).
     const agent = await startAgent(sim.url, {}, { stream_idle_timeout: "400ms" })
-    const base = await simState(sim)
-    await setFaults(sim, { stallAfterTokens: 3 })
     try {
-      // No caller deadline: only the idle timeout can end this call.
-      const r = await collect(agent.client, { prompt: "x", sampling: { maxTokens: 50 } })
-      expect(statusOf(r)).toBe("UNAVAILABLE")
-      expect(r.error?.details).toContain("engine.stream_idle_timeout")
-      expect(r.tokens).toBeGreaterThan(0)
+      const base = await simState(sim)
+      await setFaults(sim, { stallAfterTokens: 3 })
+      try {
+        // No caller deadline: only the idle timeout can end this call.
+        const r = await collect(agent.client, { prompt: "x", sampling: { maxTokens: 50 } })
+        expect(statusOf(r)).toBe("UNAVAILABLE")
+        expect(r.error?.details).toContain("engine.stream_idle_timeout")
+        expect(r.tokens).toBeGreaterThan(0)
+      } finally {
+        await setFaults(sim, { stallAfterTokens: null })
+      }
+      await pollUntil(async () => {
+        const st = await simState(sim)
+        return st.running === 0 && st.aborted > base.aborted ? st : undefined
+      })
+      expect(await agent.stalls()).toBe(1)
+      // A healthy stream afterwards is not cut short.
+      expect(statusOf(await collect(agent.client, { prompt: "x", sampling: { maxTokens: 30 } }))).toBe("OK")
     } finally {
-      await setFaults(sim, { stallAfterTokens: null })
+      // Its own agent goes whatever failed above, so the tests after it do not share the simulator with it.
+      await agent.close()
     }
-    await pollUntil(async () => {
-      const st = await simState(sim)
-      return st.running === 0 && st.aborted > base.aborted ? st : undefined
-    })
-    expect(await agent.stalls()).toBe(1)
-    // A healthy stream afterwards is not cut short.
-    expect(statusOf(await collect(agent.client, { prompt: "x", sampling: { maxTokens: 30 } }))).toBe("OK")
-    await agent.close()
   })
 
   it("awaitNoStreams (the drain's wait) completes only once the last stream has ended", async () => {
