@@ -13,6 +13,7 @@ import { VERSION } from "../../src/version.ts"
 import { agentEntry, requireDist, simDistEntry } from "../support/agent.ts"
 import { makeTestPki, type TestPki } from "../support/certs.ts"
 import { runCli } from "../support/cli.ts"
+import { freePort } from "../support/ports.ts"
 
 const ROOT = path.join(import.meta.dirname, "..", "..")
 const run = promisify(execFile)
@@ -229,9 +230,11 @@ describe("generate's arguments", () => {
   })
 
   it("a refused connection is one short line", async () => {
-    const r = await cli(["generate", "--addr", "127.0.0.1:1", "--prompt", "hi", "--timeout", "5"])
+    // A port just found free: nothing listens there (a fixed low port may be taken on some machine).
+    const port = await freePort()
+    const r = await cli(["generate", "--addr", `127.0.0.1:${port}`, "--prompt", "hi", "--timeout", "5"])
     expect(r.code).toBe(1)
-    expect(r.stderr.trim()).toBe("cgn-agent: UNAVAILABLE: cannot connect: connect ECONNREFUSED 127.0.0.1:1")
+    expect(r.stderr.trim()).toBe(`cgn-agent: UNAVAILABLE: cannot connect: connect ECONNREFUSED 127.0.0.1:${port}`)
   })
 })
 

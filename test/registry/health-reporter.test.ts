@@ -21,6 +21,7 @@ import {
 } from "../../src/services/registry/HealthReporter.ts"
 import { NodeStatusTest, layerTest as nodeStatusTest } from "../../src/testing/NodeStatus.ts"
 import { type EtcdHandle, pollUntil, startEtcd } from "../support/etcd.ts"
+import { freePort } from "../support/ports.ts"
 
 let unhandled = 0
 const onUnhandled = () => {
@@ -399,7 +400,8 @@ describe("HealthReporter against a real etcd", () => {
   }, 20_000)
 
   it("keeps running and reports retrying when etcd is unreachable from the start", async () => {
-    const r = await startReporter({ prefix: uniquePrefix(), etcd: ["http://127.0.0.1:9"] })
+    // A port just found free: no etcd (nor anything else) listens there.
+    const r = await startReporter({ prefix: uniquePrefix(), etcd: [`http://127.0.0.1:${await freePort()}`] })
     const st = await untilState(r, "retrying")
     expect(st.lastError).toBeDefined()
     const flushed = await r.flush()
