@@ -48,6 +48,9 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
   let enableMetrics = true
   let defaultMaxSeqs = 256
   let blockSize = 16
+  // A request without max_tokens: vLLM's CompletionRequest defaults to 16, which the simulator takes for every
+  // flavor but mlx-lm, whose default is its --max-tokens (below).
+  let defaultMaxTokens = 16
   if (flavor === "vllm") {
     const positional = p.positional[0] === "serve" ? p.positional[1] : p.positional[0]
     model = first("--model") ?? positional ?? "facebook/opt-125m"
@@ -83,6 +86,9 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     model = v("--model") ?? "mlx-community/model"
     servedName = model
     defaultMaxSeqs = num(v("--decode-concurrency"), "--decode-concurrency") ?? 32
+    // mlx-lm's completion length for a request that names none (max_completion_tokens, then max_tokens, then
+    // this; default 512): ml-explore/mlx-lm mlx_lm/server.py, do_POST and main's `--max-tokens`.
+    defaultMaxTokens = num(v("--max-tokens"), "--max-tokens") ?? 512
   }
   if (maxModelLen === 0) maxModelLen = undefined
 
@@ -139,7 +145,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     shutdownDelayMs: dur("--sim-shutdown-delay") ?? 200,
     blockSize: num(v("--sim-block-size"), "--sim-block-size") ?? blockSize,
     kvBlocks: num(v("--sim-kv-blocks"), "--sim-kv-blocks") ?? 4096,
-    defaultMaxTokens: num(v("--sim-default-max-tokens"), "--sim-default-max-tokens") ?? 16,
+    defaultMaxTokens: num(v("--sim-default-max-tokens"), "--sim-default-max-tokens") ?? defaultMaxTokens,
     crashAfterRequests: num(v("--sim-crash-after-requests"), "--sim-crash-after-requests"),
     crashAfterMs: dur("--sim-crash-after"),
     stallAfterTokens: num(v("--sim-stall-after-tokens"), "--sim-stall-after-tokens"),

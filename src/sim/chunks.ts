@@ -15,8 +15,16 @@ export interface StreamTemplate {
   /** The chat stream's opening role chunk (empty for completions). */
   readonly first: string
   token(text: string): string
-  /** The chunks that end the stream before `data: [DONE]`: the finish reason and, when asked, the usage. */
-  end(reason: string, u: Usage, includeUsage: boolean): string
+  /**
+   * Whether the engine sends the last token's text in the chunk that carries the finish reason (then the
+   * generator hands that text to `end` as `last` instead of to `token`), or the finish reason in a chunk of its own.
+   */
+  readonly finishWithLastToken: boolean
+  /**
+   * The chunks that end the stream before `data: [DONE]`: the finish reason (with `last`, the last token's
+   * text, when the engine merges them) and, when asked, the usage.
+   */
+  end(reason: string, u: Usage, includeUsage: boolean, last?: string): string
 }
 
 export const DONE = "data: [DONE]\n\n"
@@ -25,6 +33,19 @@ const owner = (f: Flavor): string => (f === "llama_cpp" ? "llamacpp" : f)
 
 /** SSE framing for one JSON text. */
 export const sse = (json: string): string => `data: ${json}\n\n`
+
+/**
+ * vLLM ends a stream with the last token's text and the finish reason in one chunk: the engine's last output
+ * carries both (vllm-project/vllm vllm/entrypoints/openai/completion/serving.py, CompletionResponseStreamChoice
+ * with `text=delta_text, finish_reason=...`; vllm/entrypoints/openai/chat_completion/serving.py, "if the model is
+ * finished generating": `delta=delta_message` with the finish reason). SGLang does the same for completions
+ * (sgl-project/sglang python/sglang/srt/entrypoints/openai/serving_completions.py, one chunk per output with
+ * `text=delta` and its finish reason), but ends a chat stream with a chunk of its own, `delta: {}`
+ * (serving_chat.py, "Send finish_reason chunks for each index that completed"). mlx-lm writes every token as
+ * it comes and then a finish chunk with the (empty) rest (ml-explore/mlx-lm mlx_lm/server.py, handle_completion).
+ */
+const mergesFinish = (endpoint: Endpoint, flavor: Flavor | undefined): boolean =>
+  flavor === "vllm" || (flavor === "sglang" && endpoint === "completion")
 
 export const streamTemplate = (
   endpoint: Endpoint,
@@ -36,15 +57,23 @@ export const streamTemplate = (
   if (flavor === "llama_cpp") return llamaStreamTemplate(endpoint, id, model, created)
   const object = endpoint === "chat" ? "chat.completion.chunk" : "text_completion"
   const head = `{"id":${JSON.stringify(id)},"object":"${object}","created":${created},"model":${JSON.stringify(model)},"choices":`
+  const usageChunk = (u: Usage, includeUsage: boolean) =>
+    includeUsage ? `data: ${head}[],"usage":${JSON.stringify(u)}}\n\n` : ""
+  const finishWithLastToken = mergesFinish(endpoint, flavor)
   if (endpoint === "chat") {
     const tokPre = `data: ${head}[{"index":0,"delta":{"content":`
     const tokPost = `},"logprobs":null,"finish_reason":null}]}\n\n`
     return {
       first: `data: ${head}[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n`,
       token: (t) => tokPre + JSON.stringify(t) + tokPost,
-      end: (r, u, includeUsage) =>
-        `data: ${head}[{"index":0,"delta":{},"logprobs":null,"finish_reason":${JSON.stringify(r)},"stop_reason":null}]}\n\n` +
-        (includeUsage ? `data: ${head}[],"usage":${JSON.stringify(u)}}\n\n` : "")
+      finishWithLastToken,
+      end: (r, u, includeUsage, last) => {
+        const delta = last === undefined ? "{}" : `{"content":${JSON.stringify(last)}}`
+        return (
+          `data: ${head}[{"index":0,"delta":${delta},"logprobs":null,"finish_reason":${JSON.stringify(r)},"stop_reason":null}]}\n\n` +
+          usageChunk(u, includeUsage)
+        )
+      }
     }
   }
   const tokPre = `data: ${head}[{"index":0,"text":`
@@ -52,9 +81,10 @@ export const streamTemplate = (
   return {
     first: "",
     token: (t) => tokPre + JSON.stringify(t) + tokPost,
-    end: (r, u, includeUsage) =>
-      `data: ${head}[{"index":0,"text":"","logprobs":null,"finish_reason":${JSON.stringify(r)},"stop_reason":null}]}\n\n` +
-      (includeUsage ? `data: ${head}[],"usage":${JSON.stringify(u)}}\n\n` : "")
+    finishWithLastToken,
+    end: (r, u, includeUsage, last) =>
+      `data: ${head}[{"index":0,"text":${JSON.stringify(last ?? "")},"logprobs":null,"finish_reason":${JSON.stringify(r)},"stop_reason":null}]}\n\n` +
+      usageChunk(u, includeUsage)
   }
 }
 
@@ -92,6 +122,7 @@ const llamaStreamTemplate = (endpoint: Endpoint, id: string, model: string, crea
     return {
       first: "",
       token: (t) => `data: {"choices":[{"text":${JSON.stringify(t)}${tokPost}`,
+      finishWithLastToken: false,
       end: (r, u) =>
         `data: {"choices":[{"text":"","index":0,"logprobs":null,"finish_reason":${JSON.stringify(r)}}],${tail},` +
         `"usage":${llamaUsage(u)},"id":${idJson},"timings":${llamaTimings(u)}}\n\n`
@@ -102,6 +133,7 @@ const llamaStreamTemplate = (endpoint: Endpoint, id: string, model: string, crea
   return {
     first: chunk(`{"finish_reason":null,"index":0,"delta":{"role":"assistant","content":null}}`),
     token: (t) => chunk(`{"finish_reason":null,"index":0,"delta":{"content":${JSON.stringify(t)}}}`),
+    finishWithLastToken: false,
     end: (r, u, includeUsage) => {
       const timings = `,"timings":${llamaTimings(u)}`
       const finish = `{"finish_reason":${JSON.stringify(r)},"index":0,"delta":{}}`

@@ -51,3 +51,25 @@ export const LLAMA_ERROR_FIELD = (message: string) => ({ code: 500, message, typ
 
 /** llama.cpp's answer to everything while the model loads. */
 export const LLAMA_LOADING = { error: { code: 503, message: "Loading model", type: "unavailable_error" } }
+
+/** Python's repr() of a str: single quotes unless the text has one and no double quote. */
+const pyRepr = (s: string): string => {
+  const escaped = s.replaceAll("\\", "\\\\").replaceAll("\n", "\\n")
+  if (s.includes("'") && !s.includes('"')) return `"${escaped}"`
+  return `'${escaped.replaceAll("'", "\\'")}'`
+}
+
+/**
+ * vLLM's 400 for a request its pydantic model rejects (a `model_validator` raising VLLMValidationError):
+ * FastAPI's RequestValidationError as vLLM's handler renders it, with type "Bad Request" (the HTTP phrase,
+ * not BadRequestError), `param` from the error and a message listing the errors, the body summarised as
+ * `<dict of N items>` (vllm-project/vllm vllm/entrypoints/serve/exception_handling/handlers/validation.py
+ * validation_exception_handler; VLLMValidationError.__str__ in vllm/exceptions.py adds `(parameter=...)`).
+ * A model-level validator's error sits at loc ('body',), which the handler prints as 'body'.
+ */
+export const vllmValidationError = (text: string, param: string, bodyKeys: number): unknown => {
+  const detail =
+    `{'type': 'value_error', 'loc': 'body', 'msg': ${pyRepr(`Value error, ${text} (parameter=${param})`)}, ` +
+    `'input': '<dict of ${bodyKeys} items>', 'ctx': {'error': VLLMValidationError(${pyRepr(text)})}}`
+  return { error: { message: `1 validation error:\n  ${detail}`, type: "Bad Request", param, code: 400 } }
+}

@@ -1,16 +1,42 @@
 // How a simulated engine fails in the middle of a request, in each engine's own wire form: an error event
-// in the SSE stream (with or without `data: [DONE]`), older llama.cpp's `error:` field line, or a reset.
+// in the SSE stream (with or without `data: [DONE]`), older llama.cpp's `error:` field line, a body that just
+// ends (mlx-lm), or a reset.
 import type * as http from "node:http"
 import { DONE, sse } from "./chunks.ts"
 import { type SimContext, sendError } from "./context.ts"
 import { errorBody, LLAMA_ERROR_FIELD } from "./errors.ts"
 
+const MESSAGE = "simulated mid-stream engine failure"
+
 /**
- * Mid-stream error or a connection reset. vLLM and SGLang send `data: {"error":...}` then `data: [DONE]`
- * (vllm/entrypoints/openai/serving_chat.py, python/sglang/srt/entrypoints/openai/serving_chat.py); current
- * llama.cpp sends `data: {"error":...}` and closes without [DONE]; older llama.cpp sent an `error: {...}` field
- * line (the flat code/message/type object) then `data: [DONE]` (tools/server/server.cpp, server_sent_event).
+ * The stream's last bytes after a mid-stream failure. vLLM and SGLang send `data: {"error":...}` then
+ * `data: [DONE]` (vllm-project/vllm vllm/entrypoints/openai/completion/serving.py, sgl-project/sglang
+ * python/sglang/srt/entrypoints/openai/serving_chat.py); current llama.cpp sends `data: {"error":...}` and
+ * closes without [DONE] (ggml-org/llama.cpp tools/server/server-context.cpp, "error received during
+ * streaming, terminating stream"); older llama.cpp sent an `error: {...}` field line (the flat
+ * code/message/type object) then `data: [DONE]` (tools/server/server.cpp, server_sent_event). mlx-lm has no
+ * error event (mlxFailure).
  */
+const streamTail = (ctx: SimContext, kind: "midstream" | "sse_error_field" | undefined): string => {
+  const body = sse(JSON.stringify(errorBody(ctx.cfg.flavor, 500, MESSAGE)))
+  if (ctx.cfg.flavor !== "llama_cpp") return body + DONE
+  return kind === "sse_error_field" ? `error: ${JSON.stringify(LLAMA_ERROR_FIELD(MESSAGE))}\n\n${DONE}` : body
+}
+
+/**
+ * mlx-lm generates inside APIHandler.handle_completion with no `except`: an exception that the generation
+ * thread hands over (ResponseGenerator.generate, `_inner` re-raises it) escapes do_POST, and Python's
+ * socketserver logs it and closes the connection (ml-explore/mlx-lm mlx_lm/server.py). A stream then ends
+ * with neither an error event nor `data: [DONE]`; the response is HTTP/1.0, so the client sees the body end
+ * cleanly (here: the last chunk of a chunked body). A whole response had its status line and headers only
+ * buffered (`_set_completion_headers` without `end_headers`), so nothing at all was sent before the close.
+ */
+const mlxFailure = (res: http.ServerResponse, streaming: boolean): void => {
+  if (streaming) res.end()
+  else res.socket?.end()
+}
+
+/** Mid-stream error or a connection reset, after `done` has settled the request's bookkeeping. */
 export const fault = (
   ctx: SimContext,
   res: http.ServerResponse,
@@ -24,16 +50,7 @@ export const fault = (
     res.socket?.resetAndDestroy()
     return
   }
-  const message = "simulated mid-stream engine failure"
-  const body = errorBody(ctx.cfg.flavor, 500, message)
-  if (streaming) {
-    // llama-server ends the stream on an error event without `data: [DONE]`
-    // (tools/server/server-context.cpp, "error received during streaming, terminating stream"); older builds
-    // sent an SSE `error:` field line, then `data: [DONE]`.
-    if (ctx.cfg.flavor !== "llama_cpp") res.end(sse(JSON.stringify(body)) + DONE)
-    else if (kind === "sse_error_field") res.end(`error: ${JSON.stringify(LLAMA_ERROR_FIELD(message))}\n\n${DONE}`)
-    else res.end(sse(JSON.stringify(body)))
-    return
-  }
+  if (ctx.cfg.flavor === "mlx") return void mlxFailure(res, streaming)
+  if (streaming) return void res.end(streamTail(ctx, kind))
   sendError(ctx, res, 500, "simulated engine failure")
 }

@@ -133,6 +133,7 @@ export const generate = async (
     const tpl = streamTemplate(gr.endpoint, id, model, created, cfg.flavor)
     res.writeHead(200, { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache" })
     let out = tpl.first
+    let last: string | undefined
     while (emitted < g.tokens.length) {
       if (stalled()) {
         if (out !== "") res.write(out)
@@ -148,7 +149,14 @@ export const generate = async (
           cleanup()
         })
       }
-      out += tpl.token(g.tokens[emitted] ?? "")
+      const piece = g.tokens[emitted] ?? ""
+      if (tpl.finishWithLastToken && emitted === g.tokens.length - 1) {
+        // The last token travels with the finish reason (chunks.ts, mergesFinish).
+        last = piece
+        onToken()
+        break
+      }
+      out += tpl.token(piece)
       onToken()
       if (cfg.itlMs > 0) {
         res.write(out)
@@ -163,7 +171,7 @@ export const generate = async (
       }
     }
     finish(g.finishReason)
-    out += tpl.end(g.finishReason, usage(), gr.includeUsage)
+    out += tpl.end(g.finishReason, usage(), gr.includeUsage, last)
     res.end(out + DONE)
     return
   }

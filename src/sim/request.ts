@@ -2,6 +2,7 @@
 // prompt words the simulator echoes. Returns either the normalised request or an HTTP status + message.
 
 import type { Endpoint } from "./chunks.ts"
+import { vllmValidationError } from "./errors.ts"
 import type { SimConfig } from "./simConfig.ts"
 import { words } from "./tokens.ts"
 
@@ -51,12 +52,37 @@ const promptText = (prompt: unknown): string | undefined => {
   return undefined
 }
 
+/** Python's truthiness of a JSON value, as the engines' validators test `data.get(...)`. */
+const truthy = (v: unknown): boolean => {
+  if (v === undefined || v === null || v === false || v === 0 || v === "") return false
+  if (Array.isArray(v)) return v.length > 0
+  if (typeof v === "object") return Object.keys(v).length > 0
+  return true
+}
+
+const STREAM_OPTIONS_TEXT = "Stream options can only be defined when `stream=True`."
+
+/**
+ * vLLM's completion and chat request models refuse `stream_options` (when truthy) unless `stream` is
+ * (validate_stream_options in vllm-project/vllm vllm/entrypoints/openai/completion/protocol.py and
+ * vllm/entrypoints/openai/chat_completion/protocol.py). It is a `mode="before"` model validator, so it answers
+ * before any field is checked. SGLang's models have no such validator and ignore the options
+ * (sgl-project/sglang python/sglang/srt/entrypoints/openai/protocol.py); neither does llama-server or mlx-lm.
+ */
+const streamOptionsWithoutStream = (cfg: SimConfig, b: Record<string, unknown>): Invalid | undefined => {
+  if (cfg.flavor !== "vllm" || !truthy(b.stream_options) || truthy(b.stream)) return undefined
+  const body = vllmValidationError(STREAM_OPTIONS_TEXT, "stream_options", Object.keys(b).length)
+  return { status: 400, message: STREAM_OPTIONS_TEXT, param: "stream_options", body }
+}
+
 /** Validates a parsed body; `rawBody` lets bootstrap_room (up to 2^63-1) be read without float rounding. */
 export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawBody: string): GenRequest | Invalid => {
   if (typeof body !== "object" || body === null || Array.isArray(body)) {
     return { status: 400, message: "request body must be a JSON object", param: null }
   }
   const b = body as Record<string, unknown>
+  const early = streamOptionsWithoutStream(cfg, b)
+  if (early !== undefined) return early
   const model = b.model
   if (model !== undefined && model !== null && typeof model === "string") {
     const known =

@@ -11,6 +11,7 @@ import { generate } from "./generate.ts"
 import { readBody, sendJson } from "./http.ts"
 import { renderMetrics } from "./metrics.ts"
 import { isInvalid, validate } from "./request.ts"
+import type { Flavor } from "./simConfig.ts"
 
 const notFound = (ctx: SimContext, res: http.ServerResponse) => {
   switch (ctx.cfg.flavor) {
@@ -19,8 +20,11 @@ const notFound = (ctx: SimContext, res: http.ServerResponse) => {
       return sendJson(res, 404, { detail: "Not Found" })
     case "llama_cpp":
       return sendJson(res, 404, { error: { code: 404, message: "File Not Found", type: "not_found_error" } })
-    case "mlx":
-      return sendJson(res, 404, { error: "Not Found" })
+    case "mlx": {
+      // mlx-lm writes the bare text under a JSON content type (ml-explore/mlx-lm mlx_lm/server.py, do_GET, do_POST).
+      res.writeHead(404, { "content-type": "application/json", "content-length": 9 })
+      return void res.end("Not Found")
+    }
   }
 }
 
@@ -60,7 +64,24 @@ const simState = (ctx: SimContext) => ({
   faults: { ...ctx.faults, stallAfterTokens: ctx.faults.stallAfterTokens ?? null }
 })
 
-const HEALTH_PATHS = new Set(["/health", "/health_generate", "/v1/health", "/ping"])
+/**
+ * The health paths each engine serves, GET unless said: vLLM `/health` (vllm-project/vllm
+ * vllm/entrypoints/serve/instrumentator/health.py) and SageMaker's `/ping`, GET and POST
+ * (vllm/entrypoints/sagemaker/api_router.py, earlier routes.py); SGLang `/health` and `/health_generate`
+ * (sgl-project/sglang python/sglang/srt/entrypoints/http_server.py); llama-server `/health` and `/v1/health`
+ * (ggml-org/llama.cpp tools/server/server.cpp); mlx-lm `/health` only (ml-explore/mlx-lm mlx_lm/server.py,
+ * do_GET). Any other path is the flavor's 404 (llama-server's 503 while it loads).
+ */
+const HEALTH_PATHS: Record<Flavor, ReadonlySet<string>> = {
+  vllm: new Set(["/health", "/ping"]),
+  sglang: new Set(["/health", "/health_generate"]),
+  llama_cpp: new Set(["/health", "/v1/health"]),
+  mlx: new Set(["/health"])
+}
+
+const isHealth = (flavor: Flavor, method: string | undefined, path: string): boolean =>
+  HEALTH_PATHS[flavor].has(path) && (method === "GET" || (flavor === "vllm" && path === "/ping" && method === "POST"))
+
 const LLAMA_MODEL_LISTS = new Set(["/models", "/v1/models", "/api/tags"])
 
 /** The request listener. Health requests held by --sim-hang-health are parked in `hung`. */
@@ -71,13 +92,13 @@ export const handler =
     const path = q >= 0 ? url.slice(0, q) : url
     const { flavor } = ctx.cfg
     if (path.startsWith("/sim/")) return controlPlane(ctx, path, req, res)
-    if (HEALTH_PATHS.has(path) && req.method === "GET") {
+    if (isHealth(flavor, req.method, path)) {
       if (ctx.faults.hangHealth) {
         hung.add(res)
         res.on("close", () => hung.delete(res))
         return
       }
-      return health(ctx, path, res)
+      return health(ctx, res)
     }
     // Newer llama-server builds let the model list through while loading, with `"meta": null`
     // (llama.cpp tools/server/server-http.cpp, middleware_server_state); the bundled one answers 503.
@@ -124,7 +145,7 @@ export const handler =
     notFound(ctx, res)
   }
 
-const health = (ctx: SimContext, path: string, res: http.ServerResponse) => {
+const health = (ctx: SimContext, res: http.ServerResponse) => {
   switch (ctx.cfg.flavor) {
     case "vllm":
       res.writeHead(200, { "content-length": 0 })
@@ -136,7 +157,7 @@ const health = (ctx: SimContext, path: string, res: http.ServerResponse) => {
     case "llama_cpp":
       return ctx.loaded ? sendJson(res, 200, { status: "ok" }) : sendJson(res, 503, LLAMA_LOADING)
     case "mlx":
-      return path === "/health" ? sendJson(res, 200, { status: "ok" }) : notFound(ctx, res)
+      return sendJson(res, 200, { status: "ok" })
   }
 }
 

@@ -528,7 +528,10 @@ for (const flavor of flavors) {
 
         await setFaults({ errorKind: "midstream" })
         const mid = failure(await run(plan, (c) => Stream.runCollect(c.stream("/v1/chat/completions", chat))))
-        expect([mid.reason, mid.message]).toEqual(["Stream", "simulated mid-stream engine failure"])
+        // mlx-lm has no error event: its stream just ends, without data: [DONE] (src/sim/faultReply.ts).
+        const midMessage =
+          flavor === "mlx" ? "stream truncated: body ended without [DONE]" : "simulated mid-stream engine failure"
+        expect([mid.reason, mid.message]).toEqual(["Stream", midMessage])
 
         await setFaults({ errorKind: "reset" })
         const reset = failure(await run(plan, (c) => Stream.runCollect(c.stream("/v1/chat/completions", chat))))

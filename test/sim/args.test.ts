@@ -46,6 +46,18 @@ describe("parseArgs", () => {
     expect(c.unmodelled).toEqual(["--weird", "--enforce-eager"])
   })
 
+  it("takes a request's default length from mlx-lm's --max-tokens (512), 16 elsewhere, --sim-default-max-tokens over both", () => {
+    expect(parseArgs(["--model", "mlx/m"]).defaultMaxTokens).toBe(512)
+    expect(parseArgs(["--model", "mlx/m", "--max-tokens", "40"])).toMatchObject({
+      defaultMaxTokens: 40,
+      unmodelled: []
+    })
+    expect(
+      parseArgs(["--model", "mlx/m", "--max-tokens", "40", "--sim-default-max-tokens", "7"]).defaultMaxTokens
+    ).toBe(7)
+    expect(parseArgs(["serve", "m"]).defaultMaxTokens).toBe(16)
+  })
+
   it("parses durations", () => {
     expect([parseDuration("0ms"), parseDuration("50ms"), parseDuration("1.5s"), parseDuration("2m")]).toEqual([
       0, 50, 1500, 120000
