@@ -189,10 +189,9 @@ const completion = async (
     req.resume()
     return sendJson(res, 411, { error: "Content-Length header is required" })
   }
-  if (!ctx.loaded && flavor === "sglang") {
-    req.resume()
-    return sendError(ctx, res, 503, "The server is starting up. Please retry later.")
-  }
+  // SGLang answers /health 503 while it warms up but takes completions all along (its routes call
+  // handle_request with no status check: sgl-project/sglang python/sglang/srt/entrypoints/http_server.py):
+  // a request that races readiness waits in generate for the load, as mlx-lm's does.
   let raw: string
   let body: unknown
   try {

@@ -185,12 +185,12 @@ describe("readiness per flavor", () => {
 
 describe("llama.cpp readiness", () => {
   it("not Ready while a newer llama-server answers /v1/models 200 during load: Ready only after /health", async () => {
-    const s = await setup("llama_cpp", { knobs: ["--sim-startup-delay", "1500ms", "--sim-models-while-loading"] })
+    const s = await setup("llama_cpp", { knobs: ["--sim-startup-delay", "3s", "--sim-models-while-loading"] })
     const h = await start(s.plan, s.settings)
     const base = `http://127.0.0.1:${s.port}`
     await waitFor("/v1/models 200 while loading", async () => (await fetch(`${base}/v1/models`)).status === 200)
     assert.strictEqual((await fetch(`${base}/health`)).status, 503, "the engine is still loading")
-    // The moment the agent says Ready, llama-server's own /health must already say so (loading lasts 1.5 s,
+    // The moment the agent says Ready, llama-server's own /health must already say so (loading lasts 3 s,
     // probes run every 100 ms: a /v1/models probe turns Ready while /health is still 503).
     await awaitState(h, "Ready", (x) => x._tag === "Ready")
     assert.strictEqual((await fetch(`${base}/health`)).status, 200, "Ready ahead of llama-server's /health")

@@ -14,7 +14,9 @@ let sglang: SimHandle
 let llama: SimHandle
 let llamaNoMetrics: SimHandle
 let mlx: SimHandle
-const DELAY = ["--sim-startup-delay", "1500ms"]
+// Long enough that the four simulators' starts, run together on a busy 2-core machine, all end before the first
+// of them has loaded: every "still loading" check below must land inside it.
+const DELAY = ["--sim-startup-delay", "5s"]
 
 beforeAll(async () => {
   ;[sglang, llama, mlx, llamaNoMetrics] = await Promise.all([
@@ -32,12 +34,11 @@ const waitReady = (s: SimHandle) =>
   pollUntil(async () => ((await getJson(`${s.url}/sim/state`)).json as { ready: boolean }).ready || undefined)
 
 describe("loading phases", () => {
-  // All three load concurrently (1.5 s), so every "still loading" check runs before any "loaded" wait.
-  it("SGLang 503s, llama.cpp answers Loading model, mlx is healthy while generation waits", async () => {
+  // All three load concurrently (5 s), so every "still loading" check runs before any "loaded" wait.
+  it("SGLang's /health 503s while a completion waits, llama.cpp answers Loading model, mlx is healthy while generation waits", async () => {
     expect((await fetch(`${sglang.url}/health`)).status).toBe(503)
-    const r = await postJson(`${sglang.url}/v1/completions`, { prompt: "a" })
-    expect(r.status).toBe(503)
-    expect(r.json).toMatchObject({ object: "error", code: 503 })
+    // Not refused: SGLang takes the request and it runs once the server is up.
+    const early = postJson(`${sglang.url}/v1/completions`, { prompt: "a b", max_tokens: 2 })
 
     const loading = { error: { code: 503, message: "Loading model", type: "unavailable_error" } }
     const h = await getJson(`${llama.url}/health`)
@@ -58,6 +59,7 @@ describe("loading phases", () => {
 
     await waitReady(sglang)
     expect((await fetch(`${sglang.url}/health`)).status).toBe(200)
+    expect(await early).toMatchObject({ status: 200, json: { choices: [{ text: "a b" }] } })
     await waitReady(llama)
     expect(await getJson(`${llama.url}/health`)).toMatchObject({ status: 200, json: { status: "ok" } })
   })
