@@ -79,7 +79,14 @@ export const spawnRun =
             Effect.gen(function* () {
               // The pid the guard reported by now; a stop never waits for it.
               const pgid = yield* valueIfDone(pid)
-              const outcome = yield* teardown(child, valueIfDone(pid), options.graceMs, Ref.get(guardOutcome))
+              // The guard's "stopped" report, read to the pipe's end: a poll can see the guard gone before its
+              // last report is read (under load the log said "stopped: gone" for an engine that was terminated).
+              const reported = Deferred.await(reportDone).pipe(
+                Effect.timeout(250),
+                Effect.ignore,
+                Effect.andThen(Ref.get(guardOutcome))
+              )
+              const outcome = yield* teardown(child, valueIfDone(pid), options.graceMs, reported)
               if (outcome === "survived") yield* Effect.logError(`engine group ${pgid} survived SIGKILL`)
               else if (pgid !== undefined) yield* Effect.logInfo(`engine group ${pgid} stopped: ${outcome}`)
               return outcome
