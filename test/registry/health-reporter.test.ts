@@ -4,9 +4,13 @@
  * a paused, killed or revoked etcd lease, duplicate node ids, SIGKILLed agent, clean stop, standalone.
  */
 import { spawn } from "node:child_process"
+import * as net from "node:net"
 import * as path from "node:path"
 import { Effect, Exit, Layer, ManagedRuntime } from "effect"
 import { Etcd3 } from "etcd3"
+// As the daemon's bundle does: nice-grpc, once loaded, bounds every grpc-js connection attempt in the process
+// (its connect-timeout patch, which reads grpc.min_reconnect_backoff_ms as that bound), etcd3's included.
+import "nice-grpc"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
 import { NodeHealth } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { layerFromObject } from "../../src/layers/config/Config.ts"
@@ -105,6 +109,44 @@ const startReporter = async (o: Opts) => {
     flush: () => runtime.runPromise(Effect.exit(Effect.flatMap(HealthReporter, (r) => r.flush))),
     markDraining: () => runtime.runPromise(Effect.exit(Effect.flatMap(HealthReporter, (r) => r.markDraining))),
     close
+  }
+}
+
+/**
+ * A TCP proxy to `endpoint` that holds every chunk `delayMs` in each direction (a distant etcd, or one behind a
+ * slow TLS terminator). Order is kept: chunks leave in the order they came.
+ */
+const slowProxy = async (endpoint: string, delayMs: number) => {
+  const target = new URL(endpoint)
+  const sockets = new Set<net.Socket>()
+  const later = (to: net.Socket) => (chunk: Buffer) => {
+    setTimeout(() => {
+      if (!to.destroyed) to.write(chunk)
+    }, delayMs)
+  }
+  const server = net.createServer((client) => {
+    const upstream = net.connect(Number(target.port), target.hostname)
+    for (const s of [client, upstream]) {
+      sockets.add(s)
+      s.on("error", () => {
+        client.destroy()
+        upstream.destroy()
+      })
+      s.on("close", () => sockets.delete(s))
+    }
+    client.on("data", later(upstream))
+    upstream.on("data", later(client))
+  })
+  const port = await new Promise<number>((resolve) =>
+    server.listen(0, "127.0.0.1", () => resolve((server.address() as net.AddressInfo).port))
+  )
+  return {
+    endpoint: `http://127.0.0.1:${port}`,
+    close: () =>
+      new Promise<void>((resolve) => {
+        for (const s of sockets) s.destroy()
+        server.close(() => resolve())
+      })
   }
 }
 
@@ -397,6 +439,14 @@ describe("HealthReporter against a real etcd", () => {
     const authed = new Etcd3({ hosts: etcd.endpoint, auth: { username: "root", password: "s3cret" } })
     cleanups.push(async () => authed.close())
     expect((await readRecord(authed, nodeKey(prefix, "c1", "n1")))?.nodeId).toBe("n1")
+  }, 20_000)
+
+  it("registers over a slow link to etcd (every chunk 150 ms late each way): a connection attempt has seconds", async () => {
+    const proxy = await slowProxy(shared.endpoint, 150)
+    cleanups.push(() => proxy.close())
+    const r = await startReporter({ prefix: uniquePrefix(), etcd: [proxy.endpoint], heartbeat: "1s", leaseTtl: "5s" })
+    const st = await untilState(r, "registered", 15_000)
+    expect(st.lastError).toBeUndefined()
   }, 20_000)
 
   it("keeps running and reports retrying when etcd is unreachable from the start", async () => {

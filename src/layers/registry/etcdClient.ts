@@ -147,7 +147,11 @@ export const etcdOptions = Effect.fnUntraced(function* (
     grpcOptions: {
       "grpc.initial_reconnect_backoff_ms": Math.min(100, options.reconnectCapMs),
       "grpc.max_reconnect_backoff_ms": options.reconnectCapMs,
-      "grpc.min_reconnect_backoff_ms": Math.min(100, options.reconnectCapMs)
+      // Not a backoff: the deadline of one connection attempt (TCP, TLS, the server's SETTINGS). grpc-js
+      // ignores it, but nice-grpc, loaded in this process, patches every grpc-js channel to read it as gRPC's
+      // MIN_CONNECT_TIMEOUT (nice-grpc lib/client/connectTimeoutPatch.js). At 100 ms an etcd a few round
+      // trips away never connected; a call's own deadline lets a slow one in and still fails a dead one.
+      "grpc.min_reconnect_backoff_ms": options.callTimeoutMs
     },
     defaultCallOptions: (ctx) => (ctx.isStream ? {} : { deadline: Date.now() + options.callTimeoutMs }),
     faultHandling: { host: () => passThrough(), global: passThrough() }
