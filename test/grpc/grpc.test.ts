@@ -39,6 +39,8 @@ interface Agent {
   abortActive(reason: string): Promise<void>
   /** The engine streams the stall watchdog ended (cgn_agent_engine_stream_stalls_total). */
   stalls(): Promise<number>
+  /** cgn_agent_requests_total by grpc_code. */
+  requests(): Promise<Record<string, number>>
   /** Resolves when no stream is being relayed (the drain's wait). */
   noStreams(): Promise<void>
   close(): Promise<void>
@@ -72,6 +74,19 @@ const startAgent = async (
       rt.runPromise(
         Effect.flatMap(Metrics, (m) =>
           Effect.promise(async () => (await m.engineStreamStalls.get()).values.reduce((n, v) => n + v.value, 0))
+        )
+      ),
+    requests: () =>
+      rt.runPromise(
+        Effect.flatMap(Metrics, (m) =>
+          Effect.promise(async () => {
+            const out: Record<string, number> = {}
+            for (const v of (await m.requests.get()).values) {
+              const code = String(v.labels.grpc_code)
+              out[code] = (out[code] ?? 0) + v.value
+            }
+            return out
+          })
         )
       ),
     noStreams: () => rt.runPromise(server.awaitNoStreams),
@@ -406,8 +421,9 @@ describe("cancellation, deadlines and health", () => {
     })
   })
 
-  it("a gRPC deadline (grpc-timeout) ends the call with DEADLINE_EXCEEDED and aborts the engine request", async () => {
+  it("a gRPC deadline (grpc-timeout) ends the call with DEADLINE_EXCEEDED, counted so, and aborts the engine request", async () => {
     const base = await simState(sim)
+    const counted = await agent.requests()
     const raw = new grpc.Client(agent.address, grpc.credentials.createInsecure())
     try {
       const code = await new Promise<number>((resolve) => {
@@ -432,6 +448,34 @@ describe("cancellation, deadlines and health", () => {
       return s.running === 0 && s.aborted > base.aborted ? s : undefined
     })
     expect(after.aborted).toBe(base.aborted + 1)
+    // Counted as the caller saw it (it was counted CANCELLED).
+    const now = await agent.requests()
+    expect(now.DEADLINE_EXCEEDED ?? 0).toBe((counted.DEADLINE_EXCEEDED ?? 0) + 1)
+    expect(now.CANCELLED ?? 0).toBe(counted.CANCELLED ?? 0)
+  })
+
+  it("a Generate the transport refuses before the handler (bytes that are not a request) is counted", async () => {
+    const counted = await agent.requests()
+    const raw = new grpc.Client(agent.address, grpc.credentials.createInsecure())
+    try {
+      const code = await new Promise<number>((resolve) => {
+        const call = raw.makeServerStreamRequest(
+          "/cgn.agent.v1.Agent/Generate",
+          () => Buffer.from([0xff, 0xff, 0xff]),
+          (b: Buffer) => b,
+          {},
+          new grpc.Metadata()
+        )
+        call.on("data", () => undefined)
+        call.on("error", (e: grpc.ServiceError) => resolve(e.code))
+        call.on("end", () => resolve(-1))
+      })
+      expect(Status[code]).toBe("INVALID_ARGUMENT")
+    } finally {
+      raw.close()
+    }
+    const now = await agent.requests()
+    expect(now.INVALID_ARGUMENT ?? 0).toBe((counted.INVALID_ARGUMENT ?? 0) + 1)
   })
 
   it("health Check and Watch follow the engine state and the drain", async () => {

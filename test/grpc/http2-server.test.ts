@@ -39,9 +39,12 @@ let cancelled = 0
 const seen: Array<Record<string, Array<string>>> = []
 
 const connectionErrors: Array<Error> = []
+/** [path, status] of each call the server ended before its handler ran. */
+const rejected: Array<[string, number]> = []
 const server = new Http2GrpcServer({
   maxReceiveMessageLength: 1024,
-  onConnectionError: (e) => connectionErrors.push(e)
+  onConnectionError: (e) => connectionErrors.push(e),
+  onRejected: (path, code) => rejected.push([path, code])
 })
 server.addService(service, {
   echo: (call: ServerCall<Buffer, Buffer>, done: Done) => {
@@ -158,6 +161,7 @@ describe("the agent's gRPC server on node:http2", () => {
   it("refuses what is not a gRPC call: unknown method, not POST, not application/grpc", async () => {
     const unknown = await rawCall({ ":path": "/t.T/Nope" }, [frameMessage(Buffer.from("x"))])
     expect(unknown).toMatchObject({ httpStatus: 200, grpcStatus: String(grpc.status.UNIMPLEMENTED) })
+    expect(rejected.at(-1)).toEqual(["/t.T/Nope", grpc.status.UNIMPLEMENTED])
     expect(unknown.grpcMessage).toContain("/t.T/Nope")
     expect((await rawCall({ ":path": "/t.T/Echo", ":method": "GET" }, [])).httpStatus).toBe(405)
     expect((await rawCall({ ":path": "/t.T/Echo", "content-type": "text/plain" }, [])).httpStatus).toBe(415)
@@ -201,10 +205,57 @@ describe("the agent's gRPC server on node:http2", () => {
       ]
     ]
     for (const [what, body, headers, code, text] of cases) {
+      const before = rejected.length
       const r = await rawCall({ ...echo, ...headers }, body)
       expect({ what, status: r.grpcStatus }).toEqual({ what, status: String(code) })
       expect(r.grpcMessage).toContain(text)
+      // Reported once, as no handler ran (the handler's own metrics never see it).
+      expect({ what, rejected: rejected.slice(before) }).toEqual({ what, rejected: [["/t.T/Echo", code]] })
     }
+  })
+
+  it("a deadline or a cancel while the request is still arriving is reported as rejected; a handled call is not", async () => {
+    const before = rejected.length
+    const partial = (headers: http2.OutgoingHttpHeaders, cancel: boolean) =>
+      new Promise<string | undefined>((resolve) => {
+        const session = http2.connect(`http://127.0.0.1:${port}`)
+        session.on("error", () => {})
+        const req = session.request({
+          ":method": "POST",
+          "content-type": "application/grpc",
+          te: "trailers",
+          ...headers
+        })
+        let status: string | undefined
+        req.on("response", (h) => {
+          status = h["grpc-status"] as string | undefined
+        })
+        req.on("trailers", (t) => {
+          status = t["grpc-status"] as string | undefined
+        })
+        req.on("error", () => {})
+        req.on("close", () => {
+          session.close()
+          resolve(status)
+        })
+        // Half a message, never ended: the handler cannot run.
+        req.write(frameMessage(Buffer.from("abcdef")).subarray(0, 7))
+        // Cancelled once the server has the stream: a PING's answer comes after it read the HEADERS sent before.
+        if (cancel) session.ping(() => req.close(http2.constants.NGHTTP2_CANCEL))
+      })
+    expect(await partial({ ":path": "/t.T/Echo", "grpc-timeout": "50m" }, false)).toBe(
+      String(grpc.status.DEADLINE_EXCEEDED)
+    )
+    await partial({ ":path": "/t.T/Echo" }, true)
+    await pollUntil("the cancel reported", () => rejected.length >= before + 2, 10_000, 10)
+    expect(rejected.slice(before)).toEqual([
+      ["/t.T/Echo", grpc.status.DEADLINE_EXCEEDED],
+      ["/t.T/Echo", grpc.status.CANCELLED]
+    ])
+    // Handled calls, ended by their handler or by a deadline after it ran, are the handler's to count.
+    expect((await unary("/t.T/Echo", Buffer.from("ok"))).code).toBe(0)
+    await rawCall({ ":path": "/t.T/Hang", "grpc-timeout": "50m" }, [frameMessage(Buffer.from("x"))])
+    expect(rejected.length).toBe(before + 2)
   })
 
   it("reports a connection that breaks HTTP/2 (not swallowed) and goes on serving", async () => {

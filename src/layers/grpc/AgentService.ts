@@ -54,6 +54,9 @@ const unaryMethod = <Req, Res>(m: UnaryDefinition<Req, Res>): grpc.MethodDefinit
   responseDeserialize: (b) => m.responseType.decode(b)
 })
 
+/** Generate's HTTP/2 path, `/cgn.agent.v1.Agent/Generate`. */
+export const GENERATE_PATH = generateMethod.path
+
 const definition = {
   generate: generateMethod,
   listModels: unaryMethod(AgentDefinition.methods.listModels),

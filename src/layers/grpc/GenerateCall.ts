@@ -13,6 +13,7 @@ import { GenerateRejected, planRequest } from "../../services/grpc/Generate.ts"
 import { type GenerateError, statusName, toGrpcFailure } from "../../services/grpc/GrpcStatus.ts"
 import { planLeg } from "../../services/grpc/Handoff.ts"
 import { StartPacer } from "../../services/grpc/StartPacer.ts"
+import { CallDeadlineExceeded } from "../../services/grpc/TransportErrors.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import {
   formatTraceparent,
@@ -52,6 +53,9 @@ const traced = <A, E>(
  * 5.6-9.9 ms; 0.1 and 0.25 ms helped as well, 0.5 kept the TTFT p99 lowest.
  */
 export const START_BUDGET_MS = 0.5
+
+/** The status name a call whose grpc-timeout passed ends with, from the one status table. */
+const DEADLINE_EXCEEDED = statusName(toGrpcFailure(new CallDeadlineExceeded()).code)
 
 /** The Generate handler over `serving` (refusals) and `active` (the drain's and the watchdog's view). */
 export const makeHandler = Effect.fnUntraced(function* (
@@ -104,7 +108,12 @@ export const makeHandler = Effect.fnUntraced(function* (
     call.sendStatus(f)
   }
 
-  return (call: GenerateCall): void => {
+  /** Counts a Generate call the server ended before this handler ran (http2/Server.ts onRejected). */
+  const rejected = (code: number): void => {
+    if (metrics !== undefined) metrics.requests.inc({ role, model, grpc_code: statusName(code) })
+  }
+
+  const handle = (call: GenerateCall): void => {
     const startedAt = performance.now()
     const req = call.request
     const plan = planRequest(req, config)
@@ -177,9 +186,10 @@ export const makeHandler = Effect.fnUntraced(function* (
       blocked = false
       pump()
     }
-    // Client cancel, deadline, or the connection gone (never after the call's own end).
-    call.on("cancelled", () => {
-      if (!ended) settle("CANCELLED")
+    // Client cancel, deadline, or the connection gone (never after the call's own end). The deadline's end is
+    // the one the caller sees: DEADLINE_EXCEEDED (http2/Call.ts endAt), not a cancel.
+    call.on("cancelled", (why: "cancelled" | "deadline") => {
+      if (!ended) settle(why === "deadline" ? DEADLINE_EXCEEDED : "CANCELLED")
     })
     relay.consumer = pump
     // Built while the engine works on the request, not on the first token's path: the response headers
@@ -201,4 +211,5 @@ export const makeHandler = Effect.fnUntraced(function* (
       }
     })
   }
+  return { handle, rejected }
 })

@@ -15,7 +15,7 @@ import { NodeStatus } from "../../services/node/NodeStatus.ts"
 import { joinHostPort, splitHostPort } from "../../services/registry/Advertise.ts"
 import type { TlsSource } from "../../services/tls/Tls.ts"
 import { ActiveCalls } from "./ActiveCalls.ts"
-import { addAgent } from "./AgentService.ts"
+import { addAgent, GENERATE_PATH } from "./AgentService.ts"
 import * as GenerateCall from "./GenerateCall.ts"
 import { addHealth, HEALTH_SERVICE } from "./Health.ts"
 import { Http2GrpcServer, type Http2GrpcServerOptions } from "./http2/Server.ts"
@@ -79,10 +79,15 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     // Leave room above max_request_bytes so the agent's own check answers with a precise message.
     maxReceiveMessageLength: config.agent.max_request_bytes + 1024 * 1024,
     tls: options.tls,
-    ...errorLogging(run, "gRPC")
+    ...errorLogging(run, "gRPC"),
+    // Generate calls the transport ended before the handler (a bad message or grpc-timeout, a deadline or cancel
+    // while the request arrived) count in requests_total like the handler's own.
+    onRejected: (path, code) => {
+      if (path === GENERATE_PATH) generate.rejected(code)
+    }
   })
   addAgent(server, {
-    generate,
+    generate: generate.handle,
     models: {
       models: [
         {

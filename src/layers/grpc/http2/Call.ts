@@ -7,7 +7,7 @@
  * either answers trailers-only.
  */
 import { EventEmitter } from "node:events"
-import type * as http2 from "node:http2"
+import * as http2 from "node:http2"
 import { type GrpcFailure, type HandlerError, okStatus } from "../../../services/grpc/GrpcStatus.ts"
 import { encodeStatusMessage, frameMessage, reservedTrailer } from "../../../services/grpc/Wire.ts"
 
@@ -125,6 +125,7 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
       // Trailers-only: the status in the one HEADERS frame, which ends the stream.
       this.#headersSent = true
       stream.respond({ ":status": 200, "content-type": "application/grpc", ...trailers }, { endStream: true })
+      this.#stopRequest()
       return
     }
     this.#trailers = trailers
@@ -146,6 +147,19 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
   }
 
   readonly #sendTrailers = (): void => {
-    if (this.#trailers !== undefined && !this.#stream.destroyed) this.#stream.sendTrailers(this.#trailers)
+    if (this.#trailers === undefined || this.#stream.destroyed) return
+    this.#stream.sendTrailers(this.#trailers)
+    this.#stopRequest()
+  }
+
+  /**
+   * After the status, a request the caller is still sending (a deadline or a bad message cut it short) is
+   * stopped with RST_STREAM NO_ERROR, queued behind the status (RFC 9113 8.1: a server that answered may ask
+   * the client to stop sending this way; grpc-go's server does the same). Else the stream, and what the
+   * caller sends on it, stays open until the caller gives up.
+   */
+  #stopRequest(): void {
+    const stream = this.#stream
+    if (!stream.readableEnded && !stream.destroyed) stream.close(http2.constants.NGHTTP2_NO_ERROR)
   }
 }

@@ -13,6 +13,7 @@ import * as http2 from "node:http2"
 import type * as net from "node:net"
 import * as zlib from "node:zlib"
 import type * as grpc from "@grpc/grpc-js"
+import { Status } from "nice-grpc-common"
 import { AgentDefect } from "../../../services/grpc/CallErrors.ts"
 import { type GrpcFailure, handlerFailure, toGrpcFailure } from "../../../services/grpc/GrpcStatus.ts"
 import {
@@ -43,6 +44,12 @@ export interface Http2GrpcServerOptions {
    * certificate). The connection closes, its calls see 'cancelled'; the server goes on.
    */
   readonly onConnectionError?: ((error: Error) => void) | undefined
+  /**
+   * A call that ended before its handler ran, with the status the server sent: no such method, a bad
+   * grpc-timeout or message, its deadline passed or the caller cancelled while the request was arriving.
+   * The handler's own metrics never see these calls; `code` is the status sent (CANCELLED for a cancel).
+   */
+  readonly onRejected?: ((path: string, code: number) => void) | undefined
 }
 
 /**
@@ -218,17 +225,28 @@ export class Http2GrpcServer {
     const path = headers[":path"] ?? ""
     const route = this.#routes.get(path)
     const call = new ServerCall<unknown, unknown>(stream, headers, route?.definition.responseSerialize ?? noBody)
+    // Until the handler runs, every end of the call is the server's: reported through onRejected.
+    let handled = false
+    const reject = (f: GrpcFailure): void => {
+      if (call.done) return
+      call.sendStatus(f)
+      this.#options.onRejected?.(path, f.code)
+    }
     if (route === undefined) {
-      call.sendStatus(failure(new UnknownMethod({ path })))
+      reject(failure(new UnknownMethod({ path })))
       return
     }
     const timeout = parseTimeout(headers["grpc-timeout"] as string | undefined)
     if (timeout === "invalid") {
       const detail = `invalid grpc-timeout "${headers["grpc-timeout"]}"`
-      call.sendStatus(failure(new ProtocolViolation({ detail })))
+      reject(failure(new ProtocolViolation({ detail })))
       return
     }
-    if (timeout !== undefined) call.endAt(timeout, failure(new CallDeadlineExceeded()))
+    const deadline = failure(new CallDeadlineExceeded())
+    if (timeout !== undefined) call.endAt(timeout, deadline)
+    call.once("cancelled", (why: "cancelled" | "deadline") => {
+      if (!handled) this.#options.onRejected?.(path, why === "deadline" ? deadline.code : Status.CANCELLED)
+    })
     const decoder: Decoder = {
       path,
       encoding: (headers["grpc-encoding"] as string | undefined) ?? "identity",
@@ -254,21 +272,28 @@ export class Http2GrpcServer {
       }
       return undefined
     }
+    // A failure after the handler runs (a second message on a stream it reads) is the handler's call to end.
+    const end = (f: GrpcFailure): void => (handled ? call.sendStatus(f) : reject(f))
     stream.on("data", (chunk: Buffer) => {
       if (call.done) return
       const f = onMessages(chunk)
-      if (f !== undefined) call.sendStatus(f)
+      if (f !== undefined) end(f)
     })
     stream.once("end", () => {
-      if (call.done) return
-      if (reader.pending > 0)
-        call.sendStatus(failure(new ProtocolViolation({ detail: "the request ended inside a message" })))
+      // A caller's reset ends the request too: that is its cancel ('cancelled' on close), not a short message.
+      if (call.done || stream.aborted) return
+      if (reader.pending > 0) end(failure(new ProtocolViolation({ detail: "the request ended inside a message" })))
       else if (streaming) call.emit("end")
-      else if (received === 0)
-        call.sendStatus(failure(new ProtocolViolation({ detail: "the request carried no message" })))
-      else this.#run(route, call)
+      else if (received === 0) reject(failure(new ProtocolViolation({ detail: "the request carried no message" })))
+      else {
+        handled = true
+        this.#run(route, call)
+      }
     })
-    if (streaming) this.#run(route, call)
+    if (streaming) {
+      handled = true
+      this.#run(route, call)
+    }
   }
 
   #run(route: Route, call: ServerCall<unknown, unknown>): void {
