@@ -25,6 +25,7 @@ import {
   CallDeadlineExceeded,
   MessageTooLarge,
   ProtocolViolation,
+  RequestsOverBudget,
   UndecodableRequest,
   UnknownMethod,
   UnsupportedEncoding
@@ -48,6 +49,7 @@ const samples: { readonly [T in GenerateErrorTag]: readonly [Extract<GenerateErr
   AgentDefect: [new AgentDefect({ detail: "bug" }), Status.INTERNAL],
   UnknownMethod: [new UnknownMethod({ path: "/x.Y/Z" }), Status.UNIMPLEMENTED],
   MessageTooLarge: [new MessageTooLarge({ length: 10, limit: 5 }), Status.RESOURCE_EXHAUSTED],
+  RequestsOverBudget: [new RequestsOverBudget({ limitBytes: 64 }), Status.RESOURCE_EXHAUSTED],
   UndecodableRequest: [new UndecodableRequest({ method: "/x.Y/Z", detail: "bad wire type" }), Status.INVALID_ARGUMENT],
   ProtocolViolation: [new ProtocolViolation({ detail: "no message" }), Status.INTERNAL],
   UnsupportedEncoding: [new UnsupportedEncoding({ encoding: "snappy" }), Status.UNIMPLEMENTED],

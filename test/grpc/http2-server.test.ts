@@ -268,6 +268,64 @@ describe("the agent's gRPC server on node:http2", () => {
     expect((await unary("/t.T/Echo", Buffer.from("after"))).value?.toString()).toBe("after")
   })
 
+  it("refuses requests past the arriving-bytes budget (RESOURCE_EXHAUSTED) and frees a request's share when it goes", async () => {
+    const small = new Http2GrpcServer({ maxReceiveMessageLength: 8192, maxArrivingBytes: 3000 })
+    small.addService({ echo: service.echo }, {
+      echo: (call: ServerCall<Buffer, Buffer>, done: Done) => done(null, call.request)
+    } as unknown as grpc.UntypedServiceImplementation)
+    const smallPort = await small.listen("127.0.0.1", 0)
+    const session = http2.connect(`http://127.0.0.1:${smallPort}`)
+    session.on("error", () => {})
+    /** A request that sends `n` bytes of a 4,000-byte message and waits; its status, once it has one. */
+    const partial = (n: number) => {
+      const req = session.request({
+        ":method": "POST",
+        ":path": "/t.T/Echo",
+        "content-type": "application/grpc",
+        te: "trailers"
+      })
+      req.on("error", () => {})
+      const status = new Promise<string | undefined>((resolve) => {
+        req.on("response", (h) => resolve(h["grpc-status"] as string | undefined))
+        req.on("close", () => resolve(undefined))
+      })
+      req.write(frameMessage(Buffer.alloc(4000)).subarray(0, n))
+      return { req, status }
+    }
+    const whole = () =>
+      new Promise<string | undefined>((resolve) => {
+        const req = session.request({
+          ":method": "POST",
+          ":path": "/t.T/Echo",
+          "content-type": "application/grpc",
+          te: "trailers"
+        })
+        req.on("error", () => {})
+        let status: string | undefined
+        req.on("trailers", (t) => {
+          status = t["grpc-status"] as string | undefined
+        })
+        req.on("response", (h) => {
+          status ??= h["grpc-status"] as string | undefined
+        })
+        req.on("close", () => resolve(status))
+        req.resume()
+        req.end(frameMessage(Buffer.alloc(2000)))
+      })
+    try {
+      const first = partial(2000)
+      // The server has read the first request's bytes once a PING sent after them is answered.
+      await new Promise<void>((resolve) => session.ping(() => resolve()))
+      expect(await partial(2000).status).toBe(String(grpc.status.RESOURCE_EXHAUSTED))
+      // The first one gone, its 2,000 bytes are free again: a whole 2,000-byte request is served.
+      first.req.close(http2.constants.NGHTTP2_CANCEL)
+      await pollUntil("a request served once the first is gone", async () => (await whole()) === "0", 10_000, 10)
+    } finally {
+      session.close()
+      small.destroy()
+    }
+  })
+
   it("decodes gzip and deflate requests", async () => {
     for (const [encoding, how] of [
       ["gzip", zlib.gzipSync],

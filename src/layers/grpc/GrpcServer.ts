@@ -78,6 +78,9 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
   const server = new Http2GrpcServer({
     // Leave room above max_request_bytes so the agent's own check answers with a precise message.
     maxReceiveMessageLength: config.agent.max_request_bytes + 1024 * 1024,
+    // Requests still arriving: room for 16 of the largest at once (64 MiB at the 4 MiB default) before
+    // more are refused RESOURCE_EXHAUSTED; calls under way hold nothing of it.
+    maxArrivingBytes: 16 * (config.agent.max_request_bytes + 1024 * 1024),
     tls: options.tls,
     ...errorLogging(run, "gRPC"),
     // Generate calls the transport ended before the handler (a bad message or grpc-timeout, a deadline or cancel

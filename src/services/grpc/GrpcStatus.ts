@@ -150,6 +150,8 @@ export const statusTable: { readonly [T in GenerateErrorTag]: Row<T> } = {
   // The transport's own endings (layers/grpc/http2), on any method.
   UnknownMethod: (e) => agent(Status.UNIMPLEMENTED, e),
   MessageTooLarge: (e) => agent(Status.RESOURCE_EXHAUSTED, e),
+  // Memory the agent will not spend, as an admission refusal: retryable once others' requests have arrived.
+  RequestsOverBudget: (e) => agent(Status.RESOURCE_EXHAUSTED, e),
   // The caller's bytes are not the message: its fault, as a field it got wrong would be.
   UndecodableRequest: (e) => agent(Status.INVALID_ARGUMENT, e),
   // gRPC's status-code guide: framing and flow-control violations are INTERNAL.

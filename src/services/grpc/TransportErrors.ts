@@ -59,8 +59,21 @@ export class CallDeadlineExceeded extends Schema.TaggedError<CallDeadlineExceede
   }
 }
 
+/**
+ * The requests still arriving on every connection (bytes received before their handlers run) would hold more
+ * than the server's budget: one more would let slow or stalled senders grow the agent's memory without bound.
+ */
+export class RequestsOverBudget extends Schema.TaggedError<RequestsOverBudget>()("RequestsOverBudget", {
+  limitBytes: Schema.Number
+}) {
+  override get message(): string {
+    return `requests still arriving hold more than ${this.limitBytes} bytes; retry`
+  }
+}
+
 export type TransportError =
   | UnknownMethod
+  | RequestsOverBudget
   | MessageTooLarge
   | UndecodableRequest
   | ProtocolViolation

@@ -20,6 +20,7 @@ import {
   CallDeadlineExceeded,
   MessageTooLarge,
   ProtocolViolation,
+  RequestsOverBudget,
   type TransportError,
   UndecodableRequest,
   UnknownMethod,
@@ -50,6 +51,12 @@ export interface Http2GrpcServerOptions {
    * The handler's own metrics never see these calls; `code` is the status sent (CANCELLED for a cancel).
    */
   readonly onRejected?: ((path: string, code: number) => void) | undefined
+  /**
+   * Bytes of requests still arriving, on all connections together (received before their handlers run), past
+   * which a request's next bytes end it RESOURCE_EXHAUSTED. Admission bounds the calls a handler runs; this
+   * bounds what callers that send slowly, or stop halfway, hold before that. Default: no limit.
+   */
+  readonly maxArrivingBytes?: number | undefined
 }
 
 /**
@@ -125,6 +132,8 @@ export class Http2GrpcServer {
   readonly #sessions = new Set<http2.ServerHttp2Session>()
   readonly #options: Http2GrpcServerOptions
   #server: http2.Http2Server | http2.Http2SecureServer | undefined
+  /** Bytes received on streams whose handler has not run yet (maxArrivingBytes). */
+  #arriving = 0
   #unsubscribe: (() => void) | undefined
 
   constructor(options: Http2GrpcServerOptions) {
@@ -274,8 +283,22 @@ export class Http2GrpcServer {
     }
     // A failure after the handler runs (a second message on a stream it reads) is the handler's call to end.
     const end = (f: GrpcFailure): void => (handled ? call.sendStatus(f) : reject(f))
+    // What this request holds of the arriving budget: every byte until its handler runs or the stream closes.
+    const budget = this.#options.maxArrivingBytes ?? Number.POSITIVE_INFINITY
+    let held = 0
+    const release = (): void => {
+      this.#arriving -= held
+      held = 0
+    }
+    stream.once("close", release)
     stream.on("data", (chunk: Buffer) => {
       if (call.done) return
+      if (!handled) {
+        if (this.#arriving + chunk.length > budget)
+          return reject(failure(new RequestsOverBudget({ limitBytes: budget })))
+        held += chunk.length
+        this.#arriving += chunk.length
+      }
       const f = onMessages(chunk)
       if (f !== undefined) end(f)
     })
@@ -287,6 +310,7 @@ export class Http2GrpcServer {
       else if (received === 0) reject(failure(new ProtocolViolation({ detail: "the request carried no message" })))
       else {
         handled = true
+        release()
         this.#run(route, call)
       }
     })
