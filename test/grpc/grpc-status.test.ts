@@ -22,6 +22,7 @@ import {
 } from "../../src/services/grpc/GrpcStatus.ts"
 import { InvalidHandoff } from "../../src/services/grpc/Handoff.ts"
 import {
+  CallCancelled,
   CallDeadlineExceeded,
   MessageTooLarge,
   ProtocolViolation,
@@ -50,6 +51,7 @@ const samples: { readonly [T in GenerateErrorTag]: readonly [Extract<GenerateErr
   UnknownMethod: [new UnknownMethod({ path: "/x.Y/Z" }), Status.UNIMPLEMENTED],
   MessageTooLarge: [new MessageTooLarge({ length: 10, limit: 5 }), Status.RESOURCE_EXHAUSTED],
   RequestsOverBudget: [new RequestsOverBudget({ limitBytes: 64 }), Status.RESOURCE_EXHAUSTED],
+  CallCancelled: [new CallCancelled(), Status.CANCELLED],
   UndecodableRequest: [new UndecodableRequest({ method: "/x.Y/Z", detail: "bad wire type" }), Status.INVALID_ARGUMENT],
   ProtocolViolation: [new ProtocolViolation({ detail: "no message" }), Status.INTERNAL],
   UnsupportedEncoding: [new UnsupportedEncoding({ encoding: "snappy" }), Status.UNIMPLEMENTED],

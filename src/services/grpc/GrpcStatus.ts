@@ -157,7 +157,8 @@ export const statusTable: { readonly [T in GenerateErrorTag]: Row<T> } = {
   // gRPC's status-code guide: framing and flow-control violations are INTERNAL.
   ProtocolViolation: (e) => agent(Status.INTERNAL, e),
   UnsupportedEncoding: (e) => agent(Status.UNIMPLEMENTED, e),
-  CallDeadlineExceeded: (e) => agent(Status.DEADLINE_EXCEEDED, e)
+  CallDeadlineExceeded: (e) => agent(Status.DEADLINE_EXCEEDED, e),
+  CallCancelled: (e) => agent(Status.CANCELLED, e)
 }
 
 /** The status a Generate call ends with for `e`. */

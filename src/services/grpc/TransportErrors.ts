@@ -71,8 +71,16 @@ export class RequestsOverBudget extends Schema.TaggedError<RequestsOverBudget>()
   }
 }
 
+/** The caller reset the stream before the call ended: a call the agent did not end, reported as the caller's. */
+export class CallCancelled extends Schema.TaggedError<CallCancelled>()("CallCancelled", {}) {
+  override get message(): string {
+    return "Cancelled by the caller"
+  }
+}
+
 export type TransportError =
   | UnknownMethod
+  | CallCancelled
   | RequestsOverBudget
   | MessageTooLarge
   | UndecodableRequest

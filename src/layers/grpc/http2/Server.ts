@@ -11,24 +11,22 @@
 
 import * as http2 from "node:http2"
 import type * as net from "node:net"
-import * as zlib from "node:zlib"
 import type * as grpc from "@grpc/grpc-js"
-import { Status } from "nice-grpc-common"
 import { AgentDefect } from "../../../services/grpc/CallErrors.ts"
 import { type GrpcFailure, handlerFailure, toGrpcFailure } from "../../../services/grpc/GrpcStatus.ts"
 import {
+  CallCancelled,
   CallDeadlineExceeded,
   MessageTooLarge,
   ProtocolViolation,
   RequestsOverBudget,
   type TransportError,
-  UndecodableRequest,
-  UnknownMethod,
-  UnsupportedEncoding
+  UnknownMethod
 } from "../../../services/grpc/TransportErrors.ts"
-import { MessageReader, parseTimeout, type WireMessage } from "../../../services/grpc/Wire.ts"
+import { MessageReader, parseTimeout } from "../../../services/grpc/Wire.ts"
 import type { TlsSource } from "../../../services/tls/Tls.ts"
 import { ServerCall, type UnaryCallback } from "./Call.ts"
+import { type Decoder, decode } from "./decodeMessage.ts"
 
 export interface Http2GrpcServerOptions {
   /** The largest request message accepted, decompressed (bytes); a larger one ends RESOURCE_EXHAUSTED. */
@@ -84,48 +82,8 @@ const failure = (e: TransportError): GrpcFailure => toGrpcFailure(e)
 
 const noBody = (): Buffer => Buffer.alloc(0)
 
-interface Decoder {
-  readonly path: string
-  /** The request's grpc-encoding. */
-  readonly encoding: string
-  readonly limit: number
-  readonly deserialize: (bytes: Buffer) => unknown
-}
-
-type Decoded = { readonly ok: true; readonly value: unknown } | { readonly ok: false; readonly failure: GrpcFailure }
-
-const fail = (e: TransportError): Decoded => ({ ok: false, failure: failure(e) })
-
-/** One message's body, decompressed when it is flagged compressed (gzip, deflate), within the limit. */
-const inflate = (d: Decoder, m: WireMessage): Buffer | Decoded => {
-  if (!m.compressed) return Buffer.from(m.body.buffer, m.body.byteOffset, m.body.byteLength)
-  if (d.encoding === "identity")
-    return fail(new ProtocolViolation({ detail: "compressed message with grpc-encoding identity" }))
-  if (d.encoding !== "gzip" && d.encoding !== "deflate") return fail(new UnsupportedEncoding({ encoding: d.encoding }))
-  try {
-    // maxOutputLength stops a small compressed message from inflating past the limit in memory.
-    const body = (d.encoding === "gzip" ? zlib.gunzipSync : zlib.inflateSync)(m.body, { maxOutputLength: d.limit + 1 })
-    return body.length > d.limit ? fail(new MessageTooLarge({ length: body.length, limit: d.limit })) : body
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === "ERR_BUFFER_TOO_LARGE") {
-      return fail(new MessageTooLarge({ length: d.limit + 1, limit: d.limit }))
-    }
-    return fail(
-      new ProtocolViolation({ detail: `cannot decompress the ${d.encoding} message: ${(e as Error).message}` })
-    )
-  }
-}
-
-/** One message as the method's request type. */
-const decode = (d: Decoder, m: WireMessage): Decoded => {
-  const body = inflate(d, m)
-  if (!Buffer.isBuffer(body)) return body
-  try {
-    return { ok: true, value: d.deserialize(body) }
-  } catch (e) {
-    return fail(new UndecodableRequest({ method: d.path, detail: (e as Error).message }))
-  }
-}
+/** The status of a call its caller cancelled, from the status table. */
+const CANCELLED = failure(new CallCancelled()).code
 
 export class Http2GrpcServer {
   readonly #routes = new Map<string, Route>()
@@ -254,7 +212,7 @@ export class Http2GrpcServer {
     const deadline = failure(new CallDeadlineExceeded())
     if (timeout !== undefined) call.endAt(timeout, deadline)
     call.once("cancelled", (why: "cancelled" | "deadline") => {
-      if (!handled) this.#options.onRejected?.(path, why === "deadline" ? deadline.code : Status.CANCELLED)
+      if (!handled) this.#options.onRejected?.(path, why === "deadline" ? deadline.code : CANCELLED)
     })
     const decoder: Decoder = {
       path,
