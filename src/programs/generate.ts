@@ -94,6 +94,18 @@ export const summaryLine = (s: {
   return parts.join(", ")
 }
 
+/** The most `--max-tokens` can say: `SamplingParams.max_tokens` is a uint32 (the agent caps it lower, max_tokens_limit). */
+const MAX_UINT32 = 4_294_967_295
+/** The longest `--timeout`, in seconds: AbortSignal.timeout takes at most 2^32 - 1 milliseconds. */
+const MAX_TIMEOUT_S = Math.floor(MAX_UINT32 / 1000)
+
+/** An integer flag's range: outside it, a one-line usage error (`Invalid value for flag --x: "v". Expected: ...`). */
+const inRange = (min: number, max: number, what: string) =>
+  Flag.filter(
+    (n: number) => n >= min && n <= max,
+    () => `${what} from ${min} to ${max}`
+  )
+
 const flags = {
   addr: Flag.String("addr").pipe(
     Flag.withMetavar("HOST:PORT"),
@@ -106,12 +118,20 @@ const flags = {
     Flag.withDescription("A chat message, repeatable, oldest first (/v1/chat/completions)"),
     Flag.atLeast(0)
   ),
-  maxTokens: Flag.Int("max-tokens").pipe(Flag.withDescription("Most tokens to generate"), Flag.optional),
+  maxTokens: Flag.Int("max-tokens").pipe(
+    inRange(1, MAX_UINT32, "a number of tokens"),
+    Flag.withDescription("Most tokens to generate"),
+    Flag.optional
+  ),
   model: Flag.String("model").pipe(
     Flag.withDescription("Served model name (default: the node's)"),
     Flag.withDefault("")
   ),
-  timeout: Flag.Int("timeout").pipe(Flag.withDescription("Deadline in seconds (default 300)"), Flag.withDefault(300)),
+  timeout: Flag.Int("timeout").pipe(
+    inRange(1, MAX_TIMEOUT_S, "a whole number of seconds"),
+    Flag.withDescription("Deadline in seconds (default 300)"),
+    Flag.withDefault(300)
+  ),
   ca: Flag.String("ca").pipe(Flag.withMetavar("FILE"), Flag.withDescription("CA certificate (TLS)"), Flag.optional),
   cert: Flag.String("cert").pipe(
     Flag.withMetavar("FILE"),

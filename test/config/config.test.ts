@@ -1,12 +1,12 @@
 // Config decoding: bad files with their exact messages (one line per problem, naming the key path), the
-// defaults of a minimal file, node_id resolution, and reading a file from disk.
+// defaults of a minimal file, node_id resolution, and reading a file from disk (UTF-8 only).
 import { execFile } from "node:child_process"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import { Duration, Effect, Exit, Result } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { configPathFrom, decodeConfig, loadConfigFile } from "../../src/layers/config/Config.ts"
+import { configPathFrom, decodeConfig, decodeConfigBytes, loadConfigFile } from "../../src/layers/config/Config.ts"
 import { knownKeys } from "../../src/services/config/ConfigSchema.ts"
 import { prng } from "../../src/sim/tokens.ts"
 import { agentEntry, requireDist } from "../support/agent.ts"
@@ -206,6 +206,111 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
     "engine combination: vLLM has no hicache",
     `[engine]\nkv_offload = "hicache"\n${MODEL}`,
     ['engine.kv_offload: vllm does not support "hicache"; vllm supports "none", "nixl", "lmcache", "kvbm"']
+  ],
+  [
+    "two listeners on one port, one of them a wildcard (the default listen_grpc is 0.0.0.0:7071)",
+    `[agent]\nlisten_admin = "127.0.0.1:7071"\n${MODEL}`,
+    [
+      'agent.listen_admin: "127.0.0.1:7071" overlaps agent.listen_grpc = "0.0.0.0:7071" (same port, and 0.0.0.0 is every address of this host); the second to bind would fail with EADDRINUSE: give each its own port'
+    ]
+  ],
+  [
+    "three listeners on one host:port (IPv6 written two ways; [::] is a wildcard too)",
+    `[agent]\nlisten_grpc = "[::1]:7071"\nlisten_admin = "[0:0::1]:7071"\nlisten_health = "[::]:7071"\n${MODEL}`,
+    [
+      'agent.listen_admin: "[0:0::1]:7071" overlaps agent.listen_grpc = "[::1]:7071" (same host and port); the second to bind would fail with EADDRINUSE: give each its own port',
+      'agent.listen_health: "[::]:7071" overlaps agent.listen_grpc = "[::1]:7071" (same port, and [::] is every address of this host); the second to bind would fail with EADDRINUSE: give each its own port',
+      'agent.listen_health: "[::]:7071" overlaps agent.listen_admin = "[0:0::1]:7071" (same port, and [::] is every address of this host); the second to bind would fail with EADDRINUSE: give each its own port'
+    ]
+  ],
+  [
+    "a spawned engine on the agent's gRPC port",
+    `[agent]\nlisten_grpc = "0.0.0.0:8000"\n${MODEL}`,
+    [
+      'engine.url: vllm is spawned by the agent on port 8000, which overlaps agent.listen_grpc = "0.0.0.0:8000" (same port, and 0.0.0.0 is every address of this host); the engine would fail with EADDRINUSE and be restarted again and again: give it another port'
+    ]
+  ],
+  [
+    "a spawned engine on the admin port, through the scheme's port (http: 80)",
+    `[agent]\nlisten_admin = "127.0.0.1:80"\n[engine]\nkind = "llama_cpp"\nurl = "http://127.0.0.1"\n${MODEL}`,
+    [
+      'engine.url: llama_cpp is spawned by the agent on port 80, which overlaps agent.listen_admin = "127.0.0.1:80" (same host and port); the engine would fail with EADDRINUSE and be restarted again and again: give it another port'
+    ]
+  ],
+  [
+    "a spawned engine on port 0",
+    `[engine]\nkind = "sglang"\nurl = "http://127.0.0.1:0"\n${MODEL}`,
+    [
+      'engine.url: sglang is spawned by the agent on this port and probed there; port 0 would start it with --port 0 and probe port 0 until engine.startup_timeout, got "http://127.0.0.1:0"; give a fixed port such as 8000'
+    ]
+  ],
+  [
+    "credentials in engine.url (never echoed)",
+    `[engine]\nurl = "http://admin:s3cret@127.0.0.1:8000"\n${MODEL}`,
+    [
+      "engine.url: credentials do not belong in the URL; the agent sends none to the engine (it has no engine password or API key setting): serve the engine unauthenticated where only the agent reaches it (loopback for an engine the agent spawns); secrets the engine itself needs go in engine.env"
+    ]
+  ],
+  [
+    "credentials in an etcd endpoint (never echoed)",
+    `[cluster]\netcd = ["https://etcd-0:2379", "https://root:s3cret@etcd-1:2379"]\n${MODEL}`,
+    [
+      "cluster.etcd[1]: credentials do not belong in the URL; set cluster.etcd_username and cluster.etcd_password instead"
+    ]
+  ],
+  [
+    "a URL that is not http, with a password: the password is not echoed",
+    `[cluster]\netcd = ["ftp://root:s3cret@etcd:2379"]\n${MODEL}`,
+    [
+      'cluster.etcd[0]: expected an http:// or https:// URL, got "ftp://root:***@etcd:2379"',
+      "cluster.etcd[0]: credentials do not belong in the URL; set cluster.etcd_username and cluster.etcd_password instead"
+    ]
+  ],
+  [
+    "etcd key parts: node_id and cluster.name with a / or a control character",
+    `[cluster]\nname = "prod/nodes/x"\n[agent]\nnode_id = "gpu-7\\n"\n${MODEL}`,
+    [
+      'cluster.name: expected a name without "/" or control characters (it is one part of the etcd key <etcd_prefix>/<name>/nodes/<node_id>), got "prod/nodes/x"',
+      'agent.node_id: expected a name without "/" or control characters (it is one part of the etcd key <etcd_prefix>/<name>/nodes/<node_id>), got "gpu-7\\n"'
+    ]
+  ],
+  [
+    "etcd_prefix not starting with /",
+    `[cluster]\netcd_prefix = "cgn"\n${MODEL}`,
+    ['cluster.etcd_prefix: expected a key prefix starting with "/", such as "/cgn", got "cgn"']
+  ],
+  [
+    "etcd_prefix / alone",
+    `[cluster]\netcd_prefix = "/"\n${MODEL}`,
+    [
+      'cluster.etcd_prefix: expected a key prefix such as "/cgn", got "/": it would put the node keys at the root of etcd (/<name>/nodes/...), among other applications\' keys'
+    ]
+  ],
+  [
+    "etcd_prefix ending with /",
+    `[cluster]\netcd_prefix = "/cgn/"\n${MODEL}`,
+    [
+      'cluster.etcd_prefix: expected no "/" at the end (keys are <etcd_prefix>/<name>/nodes/<node_id>), got "/cgn/"; write "/cgn"'
+    ]
+  ],
+  [
+    "etcd_prefix with an empty part",
+    `[cluster]\netcd_prefix = "/cgn//prod"\n${MODEL}`,
+    ['cluster.etcd_prefix: expected no empty part ("//"), got "/cgn//prod"']
+  ],
+  [
+    "advertise_addr a wildcard",
+    `[agent]\nadvertise_addr = "[::]:7071"\n${MODEL}`,
+    [
+      'agent.advertise_addr: expected an address the router can dial, got "[::]:7071": [::] is every address of this host, not one; give this host\'s IP or DNS name'
+    ]
+  ],
+  [
+    "advertise_addr on port 0",
+    `[agent]\nadvertise_addr = "10.0.0.7:0"\n${MODEL}`,
+    [
+      'agent.advertise_addr: expected an address the router can dial, got "10.0.0.7:0": port 0 is no port to dial; give listen_grpc\'s port, or leave advertise_addr unset to publish the port listen_grpc binds'
+    ]
   ]
 ]
 
@@ -215,6 +320,23 @@ describe("bad config files", () => {
   })
   it.each(bad)("%s", (_what, text, lines) => {
     expect(problemsOf(text)).toEqual(lines)
+  })
+  it("no problem line repeats a password written in a URL", () => {
+    for (const [, text] of bad) for (const p of problemsOf(text)) expect(p).not.toContain("s3cret")
+  })
+  it("what the new address and key rules still accept", () => {
+    const ok = [
+      // port 0: the OS picks a free port for each listener
+      `[agent]\nlisten_grpc = "0.0.0.0:0"\nlisten_admin = "127.0.0.1:0"\nlisten_health = "[::]:0"\n${MODEL}`,
+      // one port on two specific hosts
+      `[agent]\nlisten_grpc = "10.0.0.7:7071"\nlisten_admin = "127.0.0.1:7071"\n${MODEL}`,
+      // openai_compat spawns nothing: its server may use any port, even the agent's on another host
+      `[agent]\nlisten_grpc = "0.0.0.0:8000"\n[engine]\nkind = "openai_compat"\nurl = "http://10.0.3.7:8000"\n${MODEL}`,
+      // a spawned engine on the gRPC port number of another host
+      `[agent]\nlisten_grpc = "10.0.0.7:8000"\n${MODEL}`,
+      `[cluster]\nname = "prod us-east.1"\netcd_prefix = "/cgn/v1"\n[agent]\nnode_id = "gpu-7.example.com"\nadvertise_addr = "[fd00::7]:7071"\n${MODEL}`
+    ]
+    for (const text of ok) expect(problemsOf(text)).toEqual([])
   })
   it("the error names the file and lists one problem per line", () => {
     const r = decodeConfig(`[agent]\nrole = "x"\n${MODEL}`, "/etc/cgn/agent.toml", {})
@@ -279,6 +401,17 @@ describe("defaults", () => {
     expect(id(MODEL, {})).toBe(os.hostname())
   })
 
+  it("node_id from NODE_NAME or the hostname is checked as the key is, and the error says where it came from", () => {
+    expect(problemsOf(MODEL, { NODE_NAME: "rack-1/gpu-7" })).toEqual([
+      'agent.node_id: not set, so it comes from NODE_NAME: expected a name without "/" or control characters (it is one part of the etcd key <etcd_prefix>/<name>/nodes/<node_id>), got "rack-1/gpu-7"; set agent.node_id'
+    ])
+    expect(problemsOf(MODEL, { NODE_NAME: "gpu-7\n" })).toEqual([
+      'agent.node_id: not set, so it comes from NODE_NAME: expected a name without "/" or control characters (it is one part of the etcd key <etcd_prefix>/<name>/nodes/<node_id>), got "gpu-7\\n"; set agent.node_id'
+    ])
+    // the key in the file wins, so a bad NODE_NAME is never used
+    expect(problemsOf(`[agent]\nnode_id = "n-1"\n${MODEL}`, { NODE_NAME: "a/b" })).toEqual([])
+  })
+
   it("durations accept ms, s, m and h", () => {
     const r = decodeConfig(
       `[agent]\nheartbeat = "500ms"\nlease_ttl = "2m"\ndrain_timeout = "1h"\n[engine]\nstop_grace = "45s"\n${MODEL}`,
@@ -316,6 +449,37 @@ describe("reading the file", () => {
     const message = Exit.isFailure(exit) ? String(exit.cause) : ""
     expect(message).toContain(`invalid config ${file}`)
     expect(message).toContain("cannot read file: ENOENT")
+  })
+
+  it("bytes that are not UTF-8: a ConfigError naming the file, the line and the column (no U+FFFD in a value)", async () => {
+    const file = path.join(dir, "latin1.toml")
+    // "café" written in Latin-1 (0xe9), on line 2 after `node_id = "caf`: column 15
+    await fs.writeFile(
+      file,
+      Buffer.concat([Buffer.from('[agent]\nnode_id = "caf'), Buffer.from([0xe9]), Buffer.from(`"\n${MODEL}`)])
+    )
+    const exit = await Effect.runPromiseExit(loadConfigFile(file))
+    const message = Exit.isFailure(exit) ? String(exit.cause) : ""
+    expect(message).toContain(
+      `invalid config ${file}:\n  line 2, column 15: invalid UTF-8 (byte 0xe9 at offset 22); save the file as UTF-8`
+    )
+  })
+
+  it("UTF-8 errors: the column counts characters, a cut sequence is found where it starts, a BOM is allowed", () => {
+    const problems = (...parts: ReadonlyArray<string | ReadonlyArray<number>>) => {
+      const bytes = Buffer.concat(parts.map((p) => (typeof p === "string" ? Buffer.from(p) : Buffer.from(p))))
+      const r = decodeConfigBytes(bytes, "f.toml", {})
+      return Result.isFailure(r) ? r.failure.problems : []
+    }
+    // é (2 bytes) is one column; E2 82 is the start of a 3-byte "€" cut short by the quote
+    expect(problems('a = "é', [0xe2, 0x82], '"\n')).toEqual([
+      "line 1, column 7: invalid UTF-8 (byte 0xe2 at offset 7); save the file as UTF-8"
+    ])
+    // a lead byte at the end of the file
+    expect(problems('a = "x"\n', [0xc3])).toEqual([
+      "line 2, column 1: invalid UTF-8 (byte 0xc3 at offset 8); save the file as UTF-8"
+    ])
+    expect(problems([0xef, 0xbb, 0xbf], MODEL)).toEqual([])
   })
 
   it("the path comes from --config, else CGN_AGENT_CONFIG", () => {

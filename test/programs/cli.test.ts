@@ -1,6 +1,6 @@
 // The cgn-agent binary as a subprocess: `check` and `render` exit codes (0 ok, 2 bad config or no config,
 // 1 usage errors), the key path of a problem on stderr, `render --json` output, `--help`, `help` and
-// `version`, one-line usage errors, `generate`'s address check, the Node version check, the simulator's
+// `version`, one-line usage errors, `generate`'s address and number checks, the Node version check, the simulator's
 // --help/--version, and a real install of the packed package (`cgn-agent` on PATH).
 import { execFile, execFileSync } from "node:child_process"
 import * as fs from "node:fs/promises"
@@ -186,6 +186,28 @@ describe("check makes every check run makes (exit 2)", () => {
     expect((await cli(["check", "--offline", "--config", file])).code).toBe(0)
   })
 
+  it("a file that is not UTF-8: exit 2 with the file, line and column, no stack trace", async () => {
+    const file = path.join(dir, "latin1.toml")
+    await fs.writeFile(file, Buffer.concat([Buffer.from('[agent]\nnode_id = "caf'), Buffer.from([0xe9, 0x22, 0x0a])]))
+    const r = await cli(["check", "--config", file])
+    expect({ code: r.code, stdout: r.stdout }).toEqual({ code: 2, stdout: "" })
+    expect(r.stderr.trim()).toBe(
+      `invalid config ${file}:\n  line 2, column 15: invalid UTF-8 (byte 0xe9 at offset 22); save the file as UTF-8`
+    )
+  })
+
+  it("credentials in engine.url or an etcd URL: exit 2, and the password is printed nowhere", async () => {
+    const file = await configFile(
+      "url-credentials.toml",
+      '[cluster]\netcd = ["http://root:s3cret@127.0.0.1:2379"]\n[engine]\nurl = "http://admin:s3cret@127.0.0.1:8000"'
+    )
+    const r = await cli(["check", "--offline", "--config", file])
+    expect(r.code).toBe(2)
+    expect(r.stderr).toContain("cluster.etcd[0]: credentials do not belong in the URL; set cluster.etcd_username")
+    expect(r.stderr).toContain("engine.url: credentials do not belong in the URL;")
+    expect(`${r.stdout}${r.stderr}`).not.toContain("s3cret")
+  })
+
   it("a key that does not belong to the certificate; run refuses the same file with the same exit code", async () => {
     const file = await configFile(
       "mismatch.toml",
@@ -221,6 +243,39 @@ describe("generate's arguments", () => {
     expect(r.code).toBe(1)
     expect(r.stderr.trim().split("\n")).toEqual([expect.stringContaining('--max-tokens: "abc"')])
     expect(r.stdout).toBe("")
+  })
+
+  it("numbers out of range are refused before anything is sent: one line each, no stack trace", async () => {
+    const cases: ReadonlyArray<[ReadonlyArray<string>, string]> = [
+      // AbortSignal.timeout threw a RangeError with a stack trace
+      [
+        ["--timeout", "-5"],
+        'Invalid value for flag --timeout: "-5". Expected: a whole number of seconds from 1 to 4294967'
+      ],
+      [
+        ["--timeout", "0"],
+        'Invalid value for flag --timeout: "0". Expected: a whole number of seconds from 1 to 4294967'
+      ],
+      // max_tokens is a uint32: the call failed with "INTERNAL: Request message serialization failure"
+      [
+        ["--max-tokens", "-1"],
+        'Invalid value for flag --max-tokens: "-1". Expected: a number of tokens from 1 to 4294967295'
+      ],
+      [
+        ["--max-tokens", "99999999999"],
+        'Invalid value for flag --max-tokens: "99999999999". Expected: a number of tokens from 1 to 4294967295'
+      ]
+    ]
+    const port = await freePort()
+    const runs = await Promise.all(
+      cases.map(([flags]) => cli(["generate", "--addr", `127.0.0.1:${port}`, "--prompt", "hi", ...flags]))
+    )
+    for (const [i, r] of runs.entries()) {
+      expect({ code: r.code, stdout: r.stdout }).toEqual({ code: 1, stdout: "" })
+      expect(r.stderr.trim().split("\n")).toEqual([
+        `cgn-agent generate: ${cases[i]![1]} (see cgn-agent generate --help)`
+      ])
+    }
   })
 
   it("--addr without a port is refused before dialing (grpc-js would dial port 80)", async () => {

@@ -6,9 +6,9 @@
 import * as fs from "node:fs/promises"
 import { Effect, Layer, Result } from "effect"
 import { type AgentConfig, Config, ConfigError } from "../../services/config/Config.ts"
-import { decodeConfig, decodeConfigObject } from "./decodeConfig.ts"
+import { decodeConfigBytes, decodeConfigObject } from "./decodeConfig.ts"
 
-export { decodeConfig, decodeConfigObject } from "./decodeConfig.ts"
+export { decodeConfig, decodeConfigBytes, decodeConfigObject } from "./decodeConfig.ts"
 export { formatPath } from "./schemaProblems.ts"
 
 /** Where the config file is: `--config PATH` in argv, else CGN_AGENT_CONFIG. */
@@ -26,11 +26,11 @@ export const configPathFrom = (
 /** Reads and decodes a config file. */
 export const loadConfigFile = (file: string): Effect.Effect<AgentConfig, ConfigError> =>
   Effect.tryPromise({
-    try: () => fs.readFile(file, "utf8"),
+    try: () => fs.readFile(file),
     catch: (e) => new ConfigError({ file, problems: [`cannot read file: ${(e as Error).message}`] })
   }).pipe(
-    Effect.flatMap((text) =>
-      Result.match(decodeConfig(text, file), { onFailure: Effect.fail, onSuccess: Effect.succeed })
+    Effect.flatMap((bytes) =>
+      Result.match(decodeConfigBytes(bytes, file), { onFailure: Effect.fail, onSuccess: Effect.succeed })
     )
   )
 

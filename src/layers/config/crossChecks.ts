@@ -1,10 +1,11 @@
 /**
  * Checks across fields of a decoded config: exactly one model with one source, keys that go together,
- * lease against heartbeat, and everything the chosen engine's capabilities refuse (roles, KV offload,
- * parallelism, ports, GPUs, served names). Pure; no I/O.
+ * lease against heartbeat, listeners that would share a port, and everything the chosen engine's capabilities
+ * refuse (roles, KV offload, parallelism, ports, GPUs, served names). Pure; no I/O.
  */
 import { Duration } from "effect"
 import type { ConfigFile } from "../../services/config/ConfigSchema.ts"
+import { canonicalHost, isWildcardHost, splitHostPort } from "../../services/registry/Advertise.ts"
 import { engineFor } from "../engine/backends/index.ts"
 import { formatPath } from "./schemaProblems.ts"
 
@@ -41,7 +42,41 @@ export const crossChecks = (c: ConfigFile): Array<string> => {
     problems.push("agent.lease_ttl: must be longer than agent.heartbeat, or the lease expires between two heartbeats")
   }
   if (Duration.toMillis(c.agent.heartbeat) < 100) problems.push("agent.heartbeat: must be at least 100ms")
+  problems.push(...listenerProblems(c))
   problems.push(...engineProblems(c))
+  return problems
+}
+
+/** The agent's listeners that are set: [key under agent, host:port]. */
+const listeners = (c: ConfigFile): Array<readonly [string, string]> => [
+  ["listen_grpc", c.agent.listen_grpc],
+  ["listen_admin", c.agent.listen_admin],
+  ...(c.agent.listen_health === undefined ? [] : [["listen_health", c.agent.listen_health] as const])
+]
+
+/** Why listeners on hosts `a` and `b`, on one port, take the same socket; undefined when they do not. */
+const sameSocket = (a: string, b: string): string | undefined => {
+  for (const h of [a, b]) if (isWildcardHost(h)) return `same port, and ${h} is every address of this host`
+  return canonicalHost(a) === canonicalHost(b) ? "same host and port" : undefined
+}
+
+/** Two listeners on one host:port (a wildcard host meets every host): the second to bind fails with EADDRINUSE. */
+const listenerProblems = (c: ConfigFile): Array<string> => {
+  const problems: Array<string> = []
+  const all = listeners(c)
+  for (const [i, [key, addr]] of all.entries()) {
+    const { host, port } = splitHostPort(addr)
+    if (Number(port) === 0) continue // the OS picks a free port for each
+    for (const [otherKey, other] of all.slice(0, i)) {
+      const o = splitHostPort(other)
+      const why = Number(o.port) === Number(port) ? sameSocket(host, o.host) : undefined
+      if (why !== undefined) {
+        problems.push(
+          `agent.${key}: "${addr}" overlaps agent.${otherKey} = "${other}" (${why}); the second to bind would fail with EADDRINUSE: give each its own port`
+        )
+      }
+    }
+  }
   return problems
 }
 
@@ -142,6 +177,24 @@ const engineProblems = (c: ConfigFile): Array<string> => {
   }
   if (caps.spawns && url.protocol === "https:") {
     problems.push(`engine.url: ${kind} is spawned by the agent and serves plain HTTP on its host:port; use http://`)
+  }
+  if (caps.spawns) {
+    // The port the engine is started on, as listenOf (engine/backends/common.ts) reads it: none written is the scheme's.
+    const port = url.port !== "" ? Number(url.port) : url.protocol === "https:" ? 443 : 80
+    if (port === 0) {
+      problems.push(
+        `engine.url: ${kind} is spawned by the agent on this port and probed there; port 0 would start it with --port 0 and probe port 0 until engine.startup_timeout, got "${c.engine.url}"; give a fixed port such as 8000`
+      )
+    }
+    for (const [key, addr] of port === 0 ? [] : listeners(c)) {
+      const l = splitHostPort(addr)
+      const why = Number(l.port) === port ? sameSocket(url.hostname, l.host) : undefined
+      if (why !== undefined) {
+        problems.push(
+          `engine.url: ${kind} is spawned by the agent on port ${port}, which overlaps agent.${key} = "${addr}" (${why}); the engine would fail with EADDRINUSE and be restarted again and again: give it another port`
+        )
+      }
+    }
   }
   if (!caps.spawns && c.engine.command !== undefined) {
     problems.push(`engine.command: ${kind} proxies engine.url and starts nothing; remove engine.command`)

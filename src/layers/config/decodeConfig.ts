@@ -1,16 +1,57 @@
 /**
- * TOML text (or an already-parsed object) to the resolved AgentConfig: parse, decode with ConfigSchema,
- * cross-check, then fill defaults (node id, lease TTL, admin token from the environment). Pure apart from
- * reading the host name; nothing half-parsed escapes: either every check passes or a ConfigError lists
+ * A file's bytes (UTF-8 only), TOML text or an already-parsed object to the resolved AgentConfig: parse, decode
+ * with ConfigSchema, cross-check, then fill defaults (node id, lease TTL, admin token from the environment). Pure
+ * apart from reading the host name; nothing half-parsed escapes: either every check passes or a ConfigError lists
  * every problem.
  */
 import * as os from "node:os"
 import { Duration, Result, Schema } from "effect"
 import { parse as parseToml, TomlError } from "smol-toml"
 import { type AgentConfig, ConfigError, type ModelConfig } from "../../services/config/Config.ts"
-import { ConfigFile } from "../../services/config/ConfigSchema.ts"
+import { ConfigFile, keyPartProblem } from "../../services/config/ConfigSchema.ts"
 import { crossChecks } from "./crossChecks.ts"
 import { fieldProblems, unknownKeyProblems } from "./schemaProblems.ts"
+
+/**
+ * The file's text, or where its first byte that is not UTF-8 is (`line L, column C: ...`, the column in
+ * characters): decoding with replacement would put U+FFFD into a value silently.
+ */
+const utf8Text = (bytes: Uint8Array): Result.Result<string, string> => {
+  try {
+    return Result.succeed(new TextDecoder("utf-8", { fatal: true }).decode(bytes))
+  } catch {
+    // Byte by byte to the first error; `start` is where the sequence that holds it began.
+    const stream = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true })
+    let start = 0
+    for (let i = 0; i <= bytes.length; i++) {
+      try {
+        const out = i < bytes.length ? stream.decode(bytes.subarray(i, i + 1), { stream: true }) : stream.decode()
+        if (out !== "") start = i + 1
+      } catch {
+        break
+      }
+    }
+    const before = bytes.subarray(0, start)
+    const lineStart = before.lastIndexOf(0x0a) + 1
+    const line = before.filter((b) => b === 0x0a).length + 1
+    const column = [...new TextDecoder().decode(bytes.subarray(lineStart, start))].length + 1
+    const byte = bytes[start]!.toString(16).padStart(2, "0")
+    return Result.fail(
+      `line ${line}, column ${column}: invalid UTF-8 (byte 0x${byte} at offset ${start}); save the file as UTF-8`
+    )
+  }
+}
+
+/** Decodes the bytes of a file: UTF-8 (refused with where its first bad byte is), then as decodeConfig. */
+export const decodeConfigBytes = (
+  bytes: Uint8Array,
+  file: string | undefined,
+  env: Readonly<Record<string, string | undefined>> = process.env
+): Result.Result<AgentConfig, ConfigError> =>
+  Result.match(utf8Text(bytes), {
+    onFailure: (problem) => Result.fail(new ConfigError({ file: file ?? "<inline>", problems: [problem] })),
+    onSuccess: (text) => decodeConfig(text, file, env)
+  })
 
 /** Decodes TOML text into the resolved config, or every problem found, one line each. */
 export const decodeConfig = (
@@ -47,11 +88,23 @@ export const decodeConfigObject = (
   if (unknown.length > 0) return fail(unknown)
   const parsed = decoded.value
   const problems = crossChecks(parsed)
+  // The schema checked a node_id written in the file; one from the environment is checked the same way here.
+  const nodeId = parsed.agent.node_id ?? (env.NODE_NAME || os.hostname())
+  const badId = parsed.agent.node_id === undefined ? keyPartProblem(nodeId) : undefined
+  if (badId !== undefined) {
+    const from = env.NODE_NAME ? "NODE_NAME" : "the hostname"
+    problems.push(`agent.node_id: not set, so it comes from ${from}: ${badId}; set agent.node_id`)
+  }
   if (problems.length > 0) return fail(problems)
-  return Result.succeed(resolve(parsed, file, env))
+  return Result.succeed(resolve(parsed, nodeId, file, env))
 }
 
-const resolve = (c: ConfigFile, file: string | undefined, env: Readonly<Record<string, string | undefined>>) => {
+const resolve = (
+  c: ConfigFile,
+  nodeId: string,
+  file: string | undefined,
+  env: Readonly<Record<string, string | undefined>>
+) => {
   const [name, m] = Object.entries(c.models)[0]!
   const model: ModelConfig = {
     name,
@@ -70,7 +123,7 @@ const resolve = (c: ConfigFile, file: string | undefined, env: Readonly<Record<s
     security: c.security,
     agent: {
       ...c.agent,
-      node_id: c.agent.node_id ?? (env.NODE_NAME || os.hostname()),
+      node_id: nodeId,
       node_ip: env.NODE_IP?.trim() || undefined,
       lease_ttl: c.agent.lease_ttl ?? Duration.times(c.agent.heartbeat, 3),
       // A token is a secret: Kubernetes hands it over as an env var from a Secret, not in the ConfigMap.

@@ -4,6 +4,7 @@
  * Key names are snake_case exactly as written in TOML, so a key path in an error is the key in the file.
  */
 import { Duration, Effect, Option, Schema, SchemaIssue, SchemaTransformation } from "effect"
+import { isWildcardHost, splitHostPort } from "../registry/Advertise.ts"
 
 const UNIT: Record<string, Duration.Unit> = { ms: "millis", s: "seconds", m: "minutes", h: "hours", d: "days" }
 
@@ -60,6 +61,22 @@ export const HostPort = Schema.String.check(
   })
 )
 
+/** `advertise_addr`: a `host:port` the router can dial, so neither a wildcard host nor port 0. */
+export const DialableHostPort = HostPort.check(
+  Schema.makeFilter((s) => {
+    if (!HOST_PORT.test(s)) return undefined // HostPort says what is wrong
+    const { host, port } = splitHostPort(s)
+    if (isWildcardHost(host))
+      return `expected an address the router can dial, got "${s}": ${host} is every address of this host, not one; give this host's IP or DNS name`
+    if (Number(port) === 0)
+      return `expected an address the router can dial, got "${s}": port 0 is no port to dial; give listen_grpc's port, or leave advertise_addr unset to publish the port listen_grpc binds`
+    return undefined
+  })
+)
+
+/** A URL's `user:password@` replaced, for messages: a secret is never printed. */
+const withoutPassword = (s: string): string => s.replace(/^([a-z][a-z0-9+.-]*:\/\/[^/?#@]*?):[^/?#@]*@/i, "$1:***@")
+
 /** An absolute http(s) URL. */
 export const HttpUrl = Schema.String.check(
   Schema.makeFilter((s) => {
@@ -69,7 +86,50 @@ export const HttpUrl = Schema.String.check(
     } catch {
       // fall through to the message
     }
-    return `expected an http:// or https:// URL, got "${s}"`
+    return `expected an http:// or https:// URL, got "${withoutPassword(s)}"`
+  })
+)
+
+/** An http(s) URL without `user:password@`; `where` says where the credentials go instead. */
+const HttpUrlWithoutCredentials = (where: string) =>
+  HttpUrl.check(
+    Schema.makeFilter((s) => {
+      try {
+        const u = new URL(s)
+        if (u.username !== "" || u.password !== "") return `credentials do not belong in the URL; ${where}`
+      } catch {
+        // HttpUrl says what is wrong
+      }
+      return undefined
+    })
+  )
+
+/** Characters an etcd key part may not hold: "/" would move the key to another place, control characters break it. */
+const KEY_PART_FORBIDDEN = /[/\p{Cc}]/u
+
+/**
+ * Why `s` cannot be one part of the node's etcd key `<etcd_prefix>/<cluster.name>/nodes/<node_id>`, or undefined.
+ * Exported for node_id taken from NODE_NAME or the hostname, which the schema never sees.
+ */
+export const keyPartProblem = (s: string): string | undefined =>
+  KEY_PART_FORBIDDEN.test(s)
+    ? `expected a name without "/" or control characters (it is one part of the etcd key <etcd_prefix>/<name>/nodes/<node_id>), got ${JSON.stringify(s)}`
+    : undefined
+
+const KeyPart = Schema.NonEmptyString.check(Schema.makeFilter(keyPartProblem))
+
+/** `cluster.etcd_prefix`: "/a" or "/a/b", so `<prefix>/<name>/nodes/` is one well-formed key range of its own. */
+const EtcdPrefix = Schema.String.check(
+  Schema.makeFilter((s) => {
+    const got = `got ${JSON.stringify(s)}`
+    if (!s.startsWith("/")) return `expected a key prefix starting with "/", such as "/cgn", ${got}`
+    if (/^\/+$/.test(s))
+      return `expected a key prefix such as "/cgn", ${got}: it would put the node keys at the root of etcd (/<name>/nodes/...), among other applications' keys`
+    if (s.endsWith("/"))
+      return `expected no "/" at the end (keys are <etcd_prefix>/<name>/nodes/<node_id>), ${got}; write ${JSON.stringify(s.replace(/\/+$/, ""))}`
+    if (s.includes("//")) return `expected no empty part ("//"), ${got}`
+    if (/\p{Cc}/u.test(s)) return `expected no control characters, ${got}`
+    return undefined
   })
 )
 
@@ -87,9 +147,12 @@ export type Role = (typeof Roles)[number]
 export const LogLevels = ["trace", "debug", "info", "warn", "error"] as const
 
 export const ClusterSection = Schema.Struct({
-  name: withDefault(Schema.NonEmptyString, "default"),
-  etcd: withDefault(Schema.Array(HttpUrl), []),
-  etcd_prefix: withDefault(Schema.String, "/cgn"),
+  name: withDefault(KeyPart, "default"),
+  etcd: withDefault(
+    Schema.Array(HttpUrlWithoutCredentials("set cluster.etcd_username and cluster.etcd_password instead")),
+    []
+  ),
+  etcd_prefix: withDefault(EtcdPrefix, "/cgn"),
   etcd_ca_file: Schema.optionalKey(Schema.String),
   etcd_cert_file: Schema.optionalKey(Schema.String),
   etcd_key_file: Schema.optionalKey(Schema.String),
@@ -112,8 +175,8 @@ export const AgentSection = Schema.Struct({
   heartbeat: withDefault(ShortDuration, "5s"),
   ready_probe_url: Schema.optionalKey(HttpUrl),
   role: withDefault(Schema.Literals(Roles), "both"),
-  node_id: Schema.optionalKey(Schema.NonEmptyString),
-  advertise_addr: Schema.optionalKey(HostPort),
+  node_id: Schema.optionalKey(KeyPart),
+  advertise_addr: Schema.optionalKey(DialableHostPort),
   max_inflight: withDefault(PositiveInt, 256),
   max_queue: withDefault(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), 1024),
   max_tokens_limit: withDefault(PositiveInt, 32768),
@@ -130,7 +193,12 @@ export const AgentSection = Schema.Struct({
 
 export const EngineSection = Schema.Struct({
   kind: withDefault(Schema.Literals(EngineKinds), "vllm"),
-  url: withDefault(HttpUrl, "http://127.0.0.1:8000"),
+  url: withDefault(
+    HttpUrlWithoutCredentials(
+      "the agent sends none to the engine (it has no engine password or API key setting): serve the engine unauthenticated where only the agent reaches it (loopback for an engine the agent spawns); secrets the engine itself needs go in engine.env"
+    ),
+    "http://127.0.0.1:8000"
+  ),
   kv_offload: withDefault(Schema.Literals(KvOffloads), "none"),
   command: Schema.optionalKey(Schema.NonEmptyArray(Schema.NonEmptyString)),
   args: withDefault(Schema.Array(Schema.String), []),

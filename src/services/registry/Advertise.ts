@@ -32,6 +32,21 @@ export const splitHostPort = (hostPort: string): { readonly host: string; readon
   return { host: hostPort.slice(0, i), port: hostPort.slice(i + 1) }
 }
 
+/** Whether a host (IPv6 bracketed or not) is a wildcard: every address of this machine, none to dial. */
+export const isWildcardHost = (host: string): boolean => WILDCARDS.has(canonicalHost(host))
+
+/**
+ * A host as the URL parser writes it, so that equal addresses compare equal: names lowercased, IPv4 in dotted
+ * form ("127.1" gives "127.0.0.1"), IPv6 bracketed and compressed ("[0:0::0]" gives "[::]").
+ */
+export const canonicalHost = (host: string): string => {
+  try {
+    return new URL(`http://${host}/`).hostname
+  } catch {
+    return host.toLowerCase()
+  }
+}
+
 /** `host:port`, bracketing a bare IPv6 host. */
 export const joinHostPort = (host: string, port: string | number): string =>
   host.includes(":") && !host.startsWith("[") ? `[${host}]:${port}` : `${host}:${port}`
