@@ -84,6 +84,8 @@ const noBody = (): Buffer => Buffer.alloc(0)
 
 /** The status of a call its caller cancelled, from the status table. */
 const CANCELLED = failure(new CallCancelled()).code
+/** The end of a call whose grpc-timeout passed (made once: an error built per call costs every call). */
+const DEADLINE = failure(new CallDeadlineExceeded())
 
 export class Http2GrpcServer {
   readonly #routes = new Map<string, Route>()
@@ -192,10 +194,17 @@ export class Http2GrpcServer {
     const path = headers[":path"] ?? ""
     const route = this.#routes.get(path)
     const call = new ServerCall<unknown, unknown>(stream, headers, route?.definition.responseSerialize ?? noBody)
-    // Until the handler runs, every end of the call is the server's: reported through onRejected.
+    // Until the handler runs, every end of the call is the server's: reported through onRejected. What the
+    // request holds of the arriving budget (every byte until then) is given back at the handler or at that end.
     let handled = false
+    let held = 0
+    const release = (): void => {
+      this.#arriving -= held
+      held = 0
+    }
     const reject = (f: GrpcFailure): void => {
       if (call.done) return
+      release()
       call.sendStatus(f)
       this.#options.onRejected?.(path, f.code)
     }
@@ -209,10 +218,11 @@ export class Http2GrpcServer {
       reject(failure(new ProtocolViolation({ detail })))
       return
     }
-    const deadline = failure(new CallDeadlineExceeded())
-    if (timeout !== undefined) call.endAt(timeout, deadline)
+    if (timeout !== undefined) call.endAt(timeout, DEADLINE)
     call.once("cancelled", (why: "cancelled" | "deadline") => {
-      if (!handled) this.#options.onRejected?.(path, why === "deadline" ? deadline.code : CANCELLED)
+      if (handled) return
+      release()
+      this.#options.onRejected?.(path, why === "deadline" ? DEADLINE.code : CANCELLED)
     })
     const decoder: Decoder = {
       path,
@@ -241,14 +251,7 @@ export class Http2GrpcServer {
     }
     // A failure after the handler runs (a second message on a stream it reads) is the handler's call to end.
     const end = (f: GrpcFailure): void => (handled ? call.sendStatus(f) : reject(f))
-    // What this request holds of the arriving budget: every byte until its handler runs or the stream closes.
     const budget = this.#options.maxArrivingBytes ?? Number.POSITIVE_INFINITY
-    let held = 0
-    const release = (): void => {
-      this.#arriving -= held
-      held = 0
-    }
-    stream.once("close", release)
     stream.on("data", (chunk: Buffer) => {
       if (call.done) return
       if (!handled) {
