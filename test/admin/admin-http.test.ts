@@ -99,6 +99,14 @@ describe("admin HTTP on loopback", () => {
 
     expect((await get(`${url}/nope`)).status).toBe(404)
     expect((await get(`${url}/drain`)).status).toBe(405) // GET: only POST drains, and says so
+    for (const method of ["PUT", "PATCH", "DELETE"]) {
+      const r = await fetch(`${url}/drain`, { method })
+      expect({ method, status: r.status, allow: r.headers.get("allow") }).toEqual({
+        method,
+        status: 405,
+        allow: "POST"
+      })
+    }
   })
 
   it("answers /readyz from the node state and drain, /status with forensics and extras, /drain idempotently", async () => {

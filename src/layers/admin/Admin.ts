@@ -109,12 +109,14 @@ const routes = (options: AdminOptions, loopback: boolean) =>
           })
         ),
         HttpRouter.route("GET", "/status", guarded(Effect.map(statusBody, (body) => json(body)))),
-        // GET must not drain (a crawler or a misdirected probe would), and must say so rather than 404.
-        HttpRouter.route(
-          "GET",
-          "/drain",
-          Effect.succeed(
-            HttpServerResponse.jsonUnsafe({ error: "use POST /drain" }, { status: 405, headers: { allow: "POST" } })
+        // Only POST drains (a crawler or a misdirected probe must not); any other method is told so, not 404.
+        ...(["GET", "PUT", "PATCH", "DELETE"] as const).map((method) =>
+          HttpRouter.route(
+            method,
+            "/drain",
+            Effect.succeed(
+              HttpServerResponse.jsonUnsafe({ error: "use POST /drain" }, { status: 405, headers: { allow: "POST" } })
+            )
           )
         ),
         HttpRouter.route(
