@@ -6,7 +6,7 @@ import * as crypto from "node:crypto"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import * as tls from "node:tls"
-import { Effect, Exit, Scope } from "effect"
+import { Effect, Exit, Layer, Logger, References, Scope } from "effect"
 import { HealthImplementation } from "grpc-health-check"
 import { type Channel, type ChannelCredentials, createChannel, createClient } from "nice-grpc"
 import { HealthDefinition } from "nice-grpc-server-health"
@@ -206,6 +206,33 @@ describe("mTLS server credentials", () => {
     expect(Exit.isSuccess(await Effect.runPromiseExit(reload))).toBe(true)
     expect(await servedSerial(port)).toBe(serialOf(next.cert))
     expect(await Effect.runPromise(service.generation)).toBe(2)
+  })
+
+  it("a broken certificate is warned about once, however often its directory changes after", async () => {
+    const { dir, files } = copyIdentity("storm")
+    const lines: Array<string> = []
+    const logging = Layer.mergeAll(
+      Logger.layer([Logger.make(({ logLevel, message }) => lines.push(`${logLevel} ${[message].flat().join(" ")}`))]),
+      Layer.succeed(References.MinimumLogLevel, "Debug")
+    )
+    const scope = Effect.runSync(Scope.make())
+    cleanups.push(() => Effect.runPromise(Scope.close(scope, Exit.void)))
+    await Effect.runPromise(
+      Scope.provide(make(mtls(files), { debounce: "20 millis", sighup: false }), scope).pipe(Effect.provide(logging))
+    )
+    const about = (level: string) => lines.filter((l) => l.startsWith(level) && l.includes("keeping the previous"))
+    fs.writeFileSync(files.cert, "not a certificate")
+    await pollUntil("the first warning", () => about("Warn").length === 1, 10_000, 10)
+    // A log file kept next to the certificates: each line written is a change, and each change a reload.
+    for (let i = 1; i <= 3; i++) {
+      fs.appendFileSync(path.join(dir, "agent.log"), `line ${i}\n`)
+      await pollUntil(`reload ${i} after the warning`, () => about("Debug").length >= i, 10_000, 10)
+    }
+    expect(about("Warn").length).toBe(1)
+    // Fixed, then broken another way: a new problem is warned about again.
+    fs.copyFileSync(pki.server.certFile, files.cert)
+    fs.copyFileSync(pki.client.keyFile, files.key)
+    await pollUntil("the new problem's warning", () => about("Warn").length === 2, 10_000, 10)
   })
 
   it("an invalid new file is refused and the old certificate kept", async () => {

@@ -55,12 +55,23 @@ export const make = (security: Security, options: TlsOptions = {}) =>
     const paths = [files.ca.path, files.cert.path, files.key.path].filter((p): p is string => p !== undefined)
     const events = yield* Queue.sliding<void>(1)
     yield* watchChanges(paths, options, events)
+    // One warning per distinct problem: every change in the watched directories re-reads the files, and a log
+    // file kept there fed a broken certificate's warning back to itself (~10 lines a second).
+    let warned: string | undefined
     yield* Stream.fromQueue(events).pipe(
       Stream.debounce(options.debounce ?? "100 millis"),
       Stream.runForEach(() =>
         reload.pipe(
-          Effect.tap((changed) => (changed ? Effect.logInfo("tls: certificates reloaded") : Effect.void)),
-          Effect.catch((e) => Effect.logWarning(`tls: keeping the previous certificates: ${e.message}`))
+          Effect.tap((changed) => {
+            warned = undefined
+            return changed ? Effect.logInfo("tls: certificates reloaded") : Effect.void
+          }),
+          Effect.catch((e) => {
+            const repeated = e.message === warned
+            warned = e.message
+            const line = `tls: keeping the previous certificates: ${e.message}`
+            return repeated ? Effect.logDebug(line) : Effect.logWarning(line)
+          })
         )
       ),
       Effect.forkScoped
