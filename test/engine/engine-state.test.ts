@@ -45,7 +45,7 @@ const events = {
   LivenessLost: Event.LivenessLost({ reason: "r", at: 1000 }),
   StartupTimedOut: Event.StartupTimedOut({ budgetMs: 50, at: 1000 }),
   Exited: Event.Exited({ exit: exitOf(2), attempt: 2, nextAt: 2000 }),
-  RestartDue: Event.RestartDue({ run: 2, at: 1000 }),
+  RestartDue: Event.RestartDue({ run: 2, phase: "spawning", at: 1000 }),
   StopRequested: Event.StopRequested({ at: 1000 }),
   StopCompleted: Event.StopCompleted({ lastExit: exitOf(2) })
 } satisfies Record<SupervisorEvent["_tag"], SupervisorEvent>
@@ -154,7 +154,7 @@ describe("transition: guards on the run number and no-op changes", () => {
   it.each([
     ["Spawned of another run", states.Starting, Event.Spawned({ run: 3, pid: 1, at: 0 }), I],
     ["Exited of an older run", states.Ready, Event.Exited({ exit: exitOf(1), attempt: 1, nextAt: 0 }), I],
-    ["RestartDue skipping a run", states.Restarting, Event.RestartDue({ run: 3, at: 0 }), I],
+    ["RestartDue skipping a run", states.Restarting, Event.RestartDue({ run: 3, phase: "spawning", at: 0 }), I],
     ["Phase unchanged", states.Starting, Event.Phase({ phase: "loading", at: 5 }), "same"]
   ] as const)("%s", (_name, state, event, expected) => check(state, event, expected))
 })
@@ -211,7 +211,7 @@ describe("failing", () => {
     }
     const restarting = step(states.Starting, Event.Exited({ exit: exitOf(2), attempt: 3, nextAt: 9, failing }))
     assert.strictEqual(failingOf(restarting), failing)
-    const starting = step(restarting, Event.RestartDue({ run: 3, at: 10 }))
+    const starting = step(restarting, Event.RestartDue({ run: 3, phase: "spawning", at: 10 }))
     assert.deepStrictEqual(starting, State.Starting({ phase: "spawning", since: 10, run: 3, failing }))
     const loading = step(starting, Event.Spawned({ run: 3, pid: 5, at: 11 }))
     assert.strictEqual(failingOf(loading), failing)

@@ -91,10 +91,19 @@ describe("probeOnce", () => {
     expect(seen).toEqual({ method: "POST", type: "application/json", body: JSON.stringify(body) })
   })
 
-  it("a connection closed before any answer is 'not yet' with undici's code", async () => {
+  it("a connection closed before any answer is 'not yet', its phase naming undici's code", async () => {
     const url = await serve((req) => req.socket.destroy())
     const r = await run({ kind: "http", url: `${url}/health` })
-    expect(r).toMatchObject({ ok: false, phase: "waiting for port" })
-    expect(r.ok ? "" : r.reason).toMatch(/^UND_ERR_|^ECONNRESET$/)
+    if (r.ok) return expect.unreachable("a closed connection is not an answer")
+    expect(r.reason).toMatch(/^UND_ERR_|^ECONNRESET$/)
+    expect(r.phase).toBe(`unreachable (${r.reason})`)
+  })
+
+  it("a host that does not resolve is 'unreachable (...)', not a port still closed", async () => {
+    // .invalid never resolves (RFC 2606); a machine without a DNS server answers EAI_AGAIN instead.
+    const r = await run({ kind: "http", url: "http://engine.invalid:8000/health" })
+    if (r.ok) return expect.unreachable("engine.invalid resolved")
+    expect(r.reason).toMatch(/^(ENOTFOUND|EAI_AGAIN)$/)
+    expect(r.phase).toBe(`unreachable (${r.reason})`)
   })
 })

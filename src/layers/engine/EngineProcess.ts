@@ -55,9 +55,11 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
   if (plan.spawns) yield* reclaim(plan, settings.stateDir, settings.stopGraceMs)
   // optional: no gate in tests that do not build one, or on a host without NVML it is open anyway
   const gate = yield* Effect.serviceOption(GpuGate)
+  // A proxied server is not started, only probed: each run, the first included, begins there.
+  const firstPhase = plan.spawns ? "spawning" : "probing"
 
   const state = yield* SubscriptionRef.make<EngineState>(
-    State.Starting({ phase: plan.spawns ? "spawning" : "probing", since: yield* now, run: 0 })
+    State.Starting({ phase: firstPhase, since: yield* now, run: 0 })
   )
   const refs: RunRefs = {
     exits: yield* Ref.make<ReadonlyArray<ExitRecord>>([]),
@@ -97,7 +99,7 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
       yield* failing === undefined ? Effect.logWarning(line) : Effect.logError(line)
       yield* Effect.sleep(next.delayMs)
       yield* Ref.update(restarts, (n) => n + 1)
-      yield* publish(Event.RestartDue({ run: run + 1, at: yield* now }))
+      yield* publish(Event.RestartDue({ run: run + 1, phase: firstPhase, at: yield* now }))
     }
   })
 

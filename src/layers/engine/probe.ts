@@ -39,11 +39,9 @@ const attempt = (probe: ReadinessProbe): Effect.Effect<ProbeResult> =>
     } catch (err) {
       const code = errorCode(err)
       if (code === "ECONNREFUSED") return { ok: false, reason: "connection refused", phase: "waiting for port" }
-      return {
-        ok: false,
-        reason: code ?? (err instanceof Error ? err.message : String(err)),
-        phase: "waiting for port"
-      }
+      // Anything else (no such host, a TLS mismatch, a reset) is not an engine still binding: the phase says why.
+      const reason = code ?? (err instanceof Error ? err.message : String(err))
+      return { ok: false, reason, phase: `unreachable (${reason})` }
     }
   })
 

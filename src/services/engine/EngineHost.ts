@@ -39,7 +39,12 @@ export interface SpawnOptions {
 
 export type ProbeResult =
   | { readonly ok: true }
-  | { readonly ok: false; readonly reason: string; readonly phase: "waiting for port" | "loading" | "probe timeout" }
+  | {
+      readonly ok: false
+      readonly reason: string
+      /** "waiting for port", "loading", "probe timeout", or "unreachable (<why>)". */
+      readonly phase: string
+    }
 
 export interface EngineHostService {
   /** Spawns one run of the plan; closing the scope tears it down (the group stopped and confirmed gone). */

@@ -24,8 +24,8 @@ export type SupervisorEvent = Data.TaggedEnum<{
   StartupTimedOut: { readonly budgetMs: number; readonly at: number }
   /** The run ended (exit, or killed after Unhealthy); the next run waits until `nextAt`; `failing`: see `failingReason`. */
   Exited: { readonly exit: ExitRecord; readonly attempt: number; readonly nextAt: number; readonly failing?: string }
-  /** The backoff is over: start run `run`. */
-  RestartDue: { readonly run: number; readonly at: number }
+  /** The backoff is over: start run `run`, shown in `phase` ("spawning", or "probing" for a proxied server). */
+  RestartDue: { readonly run: number; readonly phase: string; readonly at: number }
   StopRequested: { readonly at: number }
   StopCompleted: { readonly lastExit: ExitRecord | undefined }
 }>
@@ -100,7 +100,7 @@ export const transition = (
     }
     case "RestartDue":
       return state._tag === "Restarting" && event.run === state.lastExit.run + 1
-        ? ok(State.Starting({ phase: "spawning", since: event.at, run: event.run, ...failingField(state.failing) }))
+        ? ok(State.Starting({ phase: event.phase, since: event.at, run: event.run, ...failingField(state.failing) }))
         : invalid()
     case "StopRequested":
       if (state._tag === "Stopping" || state._tag === "Stopped") return ok(state)
