@@ -34,6 +34,7 @@ import { GrpcServer } from "../services/grpc/GrpcServer.ts"
 import { KvBridge } from "../services/kv/KvBridge.ts"
 import { Drain } from "../services/node/Drain.ts"
 import { EventLoopLag } from "../services/node/EventLoopLag.ts"
+import { NodeStatus } from "../services/node/NodeStatus.ts"
 import { HealthReporter, type RegistrationStatus } from "../services/registry/HealthReporter.ts"
 import { Tls } from "../services/tls/Tls.ts"
 import { VERSION } from "../version.ts"
@@ -151,6 +152,7 @@ export const daemon = Effect.scoped(
     const reporter = Context.get(reporterContext, HealthReporter)
     yield* Deferred.succeed(reporterReady, reporter.status)
     yield* MetricsLive.mirrorRegistration(reporter.status)
+    yield* MetricsLive.mirrorNodeState((yield* NodeStatus).snapshot)
 
     yield* Effect.logInfo("cgn-agent serving", {
       node_id: config.agent.node_id,

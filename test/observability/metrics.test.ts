@@ -154,6 +154,28 @@ describe("Metrics", () => {
   })
 })
 
+describe("mirrorNodeState", () => {
+  it("sets the node state one-hot from the node's snapshot at every scrape", async () => {
+    let state = "ready"
+    const bodies = await run(
+      Effect.scoped(
+        Effect.gen(function* () {
+          yield* MetricsLayer.mirrorNodeState(Effect.sync(() => ({ state })))
+          const m = yield* Metrics
+          const ready = (yield* m.render).body
+          state = "unhealthy"
+          return { ready, unhealthy: (yield* m.render).body }
+        })
+      )
+    )
+    expect(bodies.ready).toContain('cgn_agent_node_state{state="ready"} 1')
+    expect(bodies.ready).toContain('cgn_agent_node_state{state="unhealthy"} 0')
+    expect(bodies.unhealthy).toContain('cgn_agent_node_state{state="unhealthy"} 1')
+    expect(bodies.unhealthy).toContain('cgn_agent_node_state{state="ready"} 0')
+    for (const s of ["starting", "draining"]) expect(bodies.unhealthy).toContain(`cgn_agent_node_state{state="${s}"} 0`)
+  })
+})
+
 describe("mirrorRegistration", () => {
   it("sets the etcd gauges from the reporter's status at scrape time", async () => {
     const status = {

@@ -181,6 +181,9 @@ describe("a running agent", () => {
     expect(kvUsage).toBeLessThanOrEqual(1)
     expect(value("cgn_agent_requests_total", { role: "both", model: "m", grpc_code: "OK" })).toBeGreaterThanOrEqual(3)
     expect(value("cgn_agent_engine_state", { state: "ready" })).toBe(1)
+    // The node's own state (what routers and /readyz go by), wired by the daemon.
+    expect(value("cgn_agent_node_state", { state: "ready" })).toBe(1)
+    expect(value("cgn_agent_node_state", { state: "unhealthy" })).toBe(0)
     expect(value("process_cpu_seconds_total")).toBeGreaterThan(0)
   })
 })

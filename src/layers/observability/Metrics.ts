@@ -13,6 +13,7 @@
 import { Cause, Effect, Layer, type Scope } from "effect"
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client"
 import type { LagSample } from "../../services/node/EventLoopLag.ts"
+import { NodeStates } from "../../services/node/NodeStatus.ts"
 import {
   METRIC_PREFIX,
   type MetricHandles,
@@ -89,6 +90,11 @@ const makeHandles = (registry: Registry): MetricHandles => {
       "state"
     ] as const),
     etcdLeaseAge: gauge("etcd_lease_age_seconds", "Seconds since the current etcd lease was granted"),
+    nodeState: gauge(
+      "node_state",
+      "1 for the node's current state as routers see it (NodeHealth.state; /readyz answers 200 only when ready)",
+      ["state"] as const
+    ),
     eventLoopLag: gauge(
       "event_loop_lag_seconds",
       "Worst event-loop delay in the last completed 5 s window (scrapes do not reset it)"
@@ -208,6 +214,21 @@ export const mirrorEventLoopLag = (lag: Effect.Effect<LagSample>): Effect.Effect
     m.onCollect(
       Effect.map(lag, (s) => {
         m.eventLoopLag.set(s.windowMaxMs / 1000)
+      })
+    )
+  )
+
+/**
+ * Fills `cgn_agent_node_state` at every scrape from the node's own view. The engine can be ready while the node
+ * is not (a stalled stream, a GPU fault, GPU memory held past its timeout): this is the state to alert on.
+ */
+export const mirrorNodeState = (
+  snapshot: Effect.Effect<{ readonly state: string }>
+): Effect.Effect<void, never, Metrics | Scope.Scope> =>
+  Effect.flatMap(Metrics, (m) =>
+    m.onCollect(
+      Effect.map(snapshot, (h) => {
+        setStateGauge(m.nodeState, NodeStates, h.state)
       })
     )
   )

@@ -9,7 +9,8 @@ import type { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
 export type { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
 
 /** The node states a router sees. */
-export type NodeState = "starting" | "ready" | "unhealthy" | "draining"
+export const NodeStates = ["starting", "ready", "unhealthy", "draining"] as const
+export type NodeState = (typeof NodeStates)[number]
 
 export interface NodeStatusService {
   /** NodeHealth computed now. */

@@ -43,6 +43,8 @@ export interface MetricHandles {
   readonly etcdRegistrationState: Gauge<"state">
   /** Seconds since the current lease was granted. */
   readonly etcdLeaseAge: Gauge
+  /** One-hot: the node's state as routers see it (NodeHealth.state). */
+  readonly nodeState: Gauge<"state">
   /**
    * Worst event-loop delay in the last completed fixed window of the EventLoopLag service (5 s): reading it
    * resets nothing, so any number of scrapers see the same value.
