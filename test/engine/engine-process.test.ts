@@ -15,7 +15,7 @@ import { engineFor, planLayer } from "../../src/layers/engine/backends/index.ts"
 import * as EngineHostLive from "../../src/layers/engine/EngineHost.ts"
 import * as EngineProcessLive from "../../src/layers/engine/EngineProcess.ts"
 import { layerFromPlan, type SupervisorSettings, settingsFromConfig } from "../../src/layers/engine/EngineProcess.ts"
-import { type PidRecord, pidFilePath, readPidFile, writePidFile } from "../../src/layers/engine/pidFile.ts"
+import { type PidRecord, pidFilePath, readPidFile, reclaim, writePidFile } from "../../src/layers/engine/pidFile.ts"
 import { groupAlive, pidAlive } from "../../src/layers/engine/processGroup.ts"
 import { guardEntry } from "../../src/programs/guardEntry.ts"
 import type { EngineKind } from "../../src/services/config/Config.ts"
@@ -181,6 +181,19 @@ describe("readiness per flavor", () => {
       )
     })
   }
+})
+
+describe("the state dir", () => {
+  // Node's recursive mkdir never settles under /proc (it spins on EEXIST/ENOENT); a start must still end, saying why.
+  it("a state dir that cannot be created in time refuses the start with the key's advice", async () => {
+    const exit = await Effect.runPromiseExit(
+      reclaim(EngineProcessLayer.testPlan(), `/proc/cgn-agent-test-${process.pid}/state`, 100)
+    )
+    if (Exit.isSuccess(exit)) return assert.fail("the start was not refused")
+    const message = String(Exit.isFailure(exit) ? JSON.stringify(exit.cause) : "")
+    assert.include(message, "StateDir")
+    assert.include(message, "set agent.state_dir to a writable local directory")
+  }, 30_000)
 })
 
 describe("llama.cpp readiness", () => {

@@ -74,6 +74,9 @@ export const portInUse = (host: string, port: number, timeoutMs = 1_000): Effect
   }).pipe(Effect.timeoutOption(timeoutMs), Effect.map(Option.getOrElse(() => false)))
 }
 
+/** How long creating agent.state_dir may take before the start is refused. */
+const STATE_DIR_TIMEOUT_MS = 10_000
+
 /** Prepares a start: state dir exists, a stale engine is stopped, the engine port is free. */
 export const reclaim = Effect.fn("EngineProcess.reclaim")(function* (
   plan: LaunchPlan,
@@ -84,7 +87,20 @@ export const reclaim = Effect.fn("EngineProcess.reclaim")(function* (
   yield* Effect.tryPromise({
     try: () => fs.mkdir(stateDir, { recursive: true }),
     catch: (err) => new EngineProcessError({ reason: "StateDir", detail: `cannot create ${stateDir}: ${String(err)}` })
-  })
+  }).pipe(
+    // Bounded: Node's recursive mkdir never settles on some paths (under /proc it spins), which hung the start
+    // with no word. A local directory takes milliseconds.
+    Effect.timeoutOrElse({
+      duration: STATE_DIR_TIMEOUT_MS,
+      orElse: () =>
+        Effect.fail(
+          new EngineProcessError({
+            reason: "StateDir",
+            detail: `cannot create ${stateDir}: no answer within ${STATE_DIR_TIMEOUT_MS / 1000} s; set agent.state_dir to a writable local directory`
+          })
+        )
+    })
+  )
   const stale = yield* readPidFile(file)
   if (stale !== undefined && groupAlive(stale.pgid)) {
     if (stale.agentPid !== process.pid && pidAlive(stale.agentPid)) {
