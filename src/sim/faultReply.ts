@@ -9,6 +9,15 @@ import { errorBody, LLAMA_ERROR_FIELD } from "./errors.ts"
 const MESSAGE = "simulated mid-stream engine failure"
 
 /**
+ * The error event's object. SGLang wraps its flat error in `{"error": ...}` there, with its default
+ * BadRequestError / 400 (create_streaming_error_response: `json.dumps({"error": error.model_dump()})`,
+ * sgl-project/sglang python/sglang/srt/entrypoints/openai/utils.py; serving_chat.py calls it with the message
+ * alone); the others send the same object as their HTTP errors.
+ */
+const midStreamError = (ctx: SimContext): unknown =>
+  ctx.cfg.flavor === "sglang" ? { error: errorBody("sglang", 400, MESSAGE) } : errorBody(ctx.cfg.flavor, 500, MESSAGE)
+
+/**
  * The stream's last bytes after a mid-stream failure. vLLM and SGLang send `data: {"error":...}` then
  * `data: [DONE]` (vllm-project/vllm vllm/entrypoints/openai/completion/serving.py, sgl-project/sglang
  * python/sglang/srt/entrypoints/openai/serving_chat.py); current llama.cpp sends `data: {"error":...}` and
@@ -18,7 +27,7 @@ const MESSAGE = "simulated mid-stream engine failure"
  * error event (mlxFailure).
  */
 const streamTail = (ctx: SimContext, kind: "midstream" | "sse_error_field" | undefined): string => {
-  const body = sse(JSON.stringify(errorBody(ctx.cfg.flavor, 500, MESSAGE)))
+  const body = sse(JSON.stringify(midStreamError(ctx)))
   if (ctx.cfg.flavor !== "llama_cpp") return body + DONE
   return kind === "sse_error_field" ? `error: ${JSON.stringify(LLAMA_ERROR_FIELD(MESSAGE))}\n\n${DONE}` : body
 }
