@@ -46,6 +46,31 @@ interface Agent {
   close(): Promise<void>
 }
 
+/**
+ * One Generate through grpc-js's own client (it sends grpc-timeout from a deadline, and any bytes as the request):
+ * its status code, -1 for OK.
+ */
+const rawGenerate = async (address: string, request: () => Buffer, options: grpc.CallOptions = {}): Promise<number> => {
+  const raw = new grpc.Client(address, grpc.credentials.createInsecure())
+  try {
+    return await new Promise<number>((resolve) => {
+      const call = raw.makeServerStreamRequest(
+        "/cgn.agent.v1.Agent/Generate",
+        request,
+        (b: Buffer) => b,
+        {},
+        new grpc.Metadata(),
+        options
+      )
+      call.on("data", () => undefined)
+      call.on("error", (e: grpc.ServiceError) => resolve(e.code))
+      call.on("end", () => resolve(-1))
+    })
+  } finally {
+    raw.close()
+  }
+}
+
 const ready = (): EngineState => State.Ready({ since: Date.now(), run: 0 })
 
 const startAgent = async (
@@ -424,25 +449,11 @@ describe("cancellation, deadlines and health", () => {
   it("a gRPC deadline (grpc-timeout) ends the call with DEADLINE_EXCEEDED, counted so, and aborts the engine request", async () => {
     const base = await simState(sim)
     const counted = await agent.requests()
-    const raw = new grpc.Client(agent.address, grpc.credentials.createInsecure())
-    try {
-      const code = await new Promise<number>((resolve) => {
-        const call = raw.makeServerStreamRequest(
-          "/cgn.agent.v1.Agent/Generate",
-          (m: GenerateRequest) => Buffer.from(GenerateRequest.encode(m).finish()),
-          (b: Buffer) => GenerateResponse.decode(b),
-          GenerateRequest.fromPartial({ prompt: "x", sampling: { maxTokens: 900 } }),
-          new grpc.Metadata(),
-          { deadline: Date.now() + 300 }
-        )
-        call.on("data", () => undefined)
-        call.on("error", (e: grpc.ServiceError) => resolve(e.code))
-        call.on("end", () => resolve(-1))
-      })
-      expect(Status[code]).toBe("DEADLINE_EXCEEDED")
-    } finally {
-      raw.close()
-    }
+    const request = GenerateRequest.fromPartial({ prompt: "x", sampling: { maxTokens: 900 } })
+    const code = await rawGenerate(agent.address, () => Buffer.from(GenerateRequest.encode(request).finish()), {
+      deadline: Date.now() + 300
+    })
+    expect(Status[code]).toBe("DEADLINE_EXCEEDED")
     const after = await pollUntil(async () => {
       const s = await simState(sim)
       return s.running === 0 && s.aborted > base.aborted ? s : undefined
@@ -456,24 +467,8 @@ describe("cancellation, deadlines and health", () => {
 
   it("a Generate the transport refuses before the handler (bytes that are not a request) is counted", async () => {
     const counted = await agent.requests()
-    const raw = new grpc.Client(agent.address, grpc.credentials.createInsecure())
-    try {
-      const code = await new Promise<number>((resolve) => {
-        const call = raw.makeServerStreamRequest(
-          "/cgn.agent.v1.Agent/Generate",
-          () => Buffer.from([0xff, 0xff, 0xff]),
-          (b: Buffer) => b,
-          {},
-          new grpc.Metadata()
-        )
-        call.on("data", () => undefined)
-        call.on("error", (e: grpc.ServiceError) => resolve(e.code))
-        call.on("end", () => resolve(-1))
-      })
-      expect(Status[code]).toBe("INVALID_ARGUMENT")
-    } finally {
-      raw.close()
-    }
+    const code = await rawGenerate(agent.address, () => Buffer.from([0xff, 0xff, 0xff]))
+    expect(Status[code]).toBe("INVALID_ARGUMENT")
     const now = await agent.requests()
     expect(now.INVALID_ARGUMENT ?? 0).toBe((counted.INVALID_ARGUMENT ?? 0) + 1)
   })

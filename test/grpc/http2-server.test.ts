@@ -276,14 +276,10 @@ describe("the agent's gRPC server on node:http2", () => {
     const smallPort = await small.listen("127.0.0.1", 0)
     const session = http2.connect(`http://127.0.0.1:${smallPort}`)
     session.on("error", () => {})
+    const echoPost = { ":method": "POST", ":path": "/t.T/Echo", "content-type": "application/grpc", te: "trailers" }
     /** A request that sends `n` bytes of a 4,000-byte message and waits; its status, once it has one. */
     const partial = (n: number) => {
-      const req = session.request({
-        ":method": "POST",
-        ":path": "/t.T/Echo",
-        "content-type": "application/grpc",
-        te: "trailers"
-      })
+      const req = session.request(echoPost)
       req.on("error", () => {})
       const status = new Promise<string | undefined>((resolve) => {
         req.on("response", (h) => resolve(h["grpc-status"] as string | undefined))
@@ -294,12 +290,7 @@ describe("the agent's gRPC server on node:http2", () => {
     }
     const whole = () =>
       new Promise<string | undefined>((resolve) => {
-        const req = session.request({
-          ":method": "POST",
-          ":path": "/t.T/Echo",
-          "content-type": "application/grpc",
-          te: "trailers"
-        })
+        const req = session.request(echoPost)
         req.on("error", () => {})
         let status: string | undefined
         req.on("trailers", (t) => {
