@@ -53,12 +53,13 @@ export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
     EngineClientLive.layer,
     AdmissionLive.layer,
     Drain.layer,
-    TlsLive.layer,
-    KvBridgeLive.layer
+    TlsLive.layer
   )
   // NVML before the plan: the plan's GPUs (CUDA_VISIBLE_DEVICES) come from it; the gate before the supervisor.
   return NodeStatusLive.layer().pipe(
     Layer.provideMerge(EngineStallLive.layer),
+    // Above the supervisor: the bridge follows its runs (a run that ends is retracted from kvcached).
+    Layer.provideMerge(KvBridgeLive.layer),
     Layer.provideMerge(services),
     Layer.provideMerge(GpuGateLive.layer),
     Layer.provideMerge(planLayer),

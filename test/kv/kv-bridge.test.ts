@@ -17,6 +17,7 @@ import * as KvBridgeLive from "../../src/layers/kv/KvBridge.ts"
 import * as ReceiverLive from "../../src/layers/kv/kvcachedReceiver.ts"
 import * as MetricsLive from "../../src/layers/observability/Metrics.ts"
 import { EnginePlan } from "../../src/services/engine/Engine.ts"
+import { State } from "../../src/services/engine/EngineState.ts"
 import { KvBridge, type KvBridgeStatus } from "../../src/services/kv/KvBridge.ts"
 import {
   checkSeq,
@@ -29,6 +30,7 @@ import {
 import { batchRecord, hello, resyncRecord } from "../../src/services/kv/KvWire.ts"
 import { buildNodeHealth } from "../../src/services/node/NodeHealthView.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
+import * as EngineProcessLayer from "../../src/testing/EngineProcess.ts"
 import { pollUntil } from "../support/poll.ts"
 import { freePort, freePortRange } from "../support/ports.ts"
 import { postJson, type SimHandle, startSim } from "../support/sim.ts"
@@ -328,10 +330,36 @@ const bridgeFromConfig = async (raw: Record<string, unknown>) => {
   const layer = KvBridgeLive.layer.pipe(
     Layer.provideMerge(planLayer),
     Layer.provideMerge(ConfigLive.layerFromObject(raw)),
-    Layer.provideMerge(MetricsLive.layerTest)
+    Layer.provideMerge(MetricsLive.layerTest),
+    Layer.provideMerge(EngineProcessLayer.layerTest())
   )
   const ctx = await Effect.runPromise(Layer.buildWithScope(layer, scope))
-  return { plan: Context.get(ctx, EnginePlan), status: () => Effect.runPromise(Context.get(ctx, KvBridge).status) }
+  const engine = Context.get(ctx, EngineProcessLayer.EngineProcessControl)
+  return {
+    plan: Context.get(ctx, EnginePlan),
+    status: () => Effect.runPromise(Context.get(ctx, KvBridge).status),
+    /** The supervisor's view: the engine run ended (as a crash or a stop shows it). */
+    engineExited: (run: number) =>
+      Effect.runPromise(
+        engine.set(
+          State.Restarting({
+            attempt: 1,
+            nextAt: Date.now() + 1_000,
+            lastExit: {
+              run,
+              pid: 1,
+              code: 1,
+              signal: null,
+              startedAt: 0,
+              endedAt: 1,
+              runtimeMs: 1,
+              reason: "exit",
+              lastLines: []
+            }
+          })
+        )
+      )
+  }
 }
 
 /** Runs the simulator with the plan's own command line (the launcher words are stripped by the simulator). */
@@ -354,7 +382,7 @@ describe("SGLang through the bridge", () => {
       models: { m: { hf_repo: "org/m" } },
       kv: { events: true, uds: sock, events_endpoint: `tcp://0.0.0.0:${port}`, block_size: 2 }
     }
-    const { plan, status } = await bridgeFromConfig(config)
+    const { plan, status, engineExited } = await bridgeFromConfig(config)
     expect(plan.kvEvents).toMatchObject({ endpoint: `tcp://0.0.0.0:${port}`, engineBinds: true })
     const sim = await simFromPlan(plan.argv)
     expect(sim.stderrLines.some((l) => l.includes('"mode":"bind"'))).toBe(true)
@@ -374,6 +402,16 @@ describe("SGLang through the bridge", () => {
     expect(st).toMatchObject({ subscribed: true, unknownEvents: 0, unknownKeys: 0 })
     const hashes = events(kc.batches()).flatMap((e) => (e.block_hashes as Array<string> | undefined) ?? [])
     expect(hashes.every((h) => /^-?\d+$/.test(h) && BigInt(h) >= -(1n << 63n) && BigInt(h) < 1n << 63n)).toBe(true)
+
+    // The engine run ends: kvcached hears at once that the run's blocks are gone (a restart Resync from the
+    // stream's next seq), not at the next run's first batch.
+    const next = BigInt((await status()).lastSeq ?? "0") + 1n
+    await engineExited(0)
+    const restart = await until(
+      () => kc.lines.find((l) => l.type === "Resync" && l.reason === "restart"),
+      "restart Resync"
+    )
+    expect(restart).toMatchObject({ dp_rank: 0, from_seq: Number(next), to_seq: 0 })
   })
 })
 
@@ -482,7 +520,8 @@ describe("KvBridge.layer from the config", () => {
             KvBridgeLive.layer.pipe(
               Layer.provide(planLayer),
               Layer.provide(ConfigLive.layerFromObject({ models: { m: { hf_repo: "org/m" } }, kv })),
-              Layer.provide(MetricsLive.layerTest)
+              Layer.provide(MetricsLive.layerTest),
+              Layer.provide(EngineProcessLayer.layerTest())
             )
           )
         )

@@ -29,6 +29,25 @@ const setup = (maxBytes = 1 << 20) => {
 }
 
 describe("rankSequencer", () => {
+  it("an engine run that ends is retracted at once (a restart Resync from the next seq), and the next run joins at 0", () => {
+    const { st, queue, sequencer, rank } = setup()
+    const idle: RankStream = { ...rank, rank: 4 }
+    for (const seq of [0n, 1n, 2n]) sequencer.onMessage(rank, [topic, seqFrame(seq), payload(seq)])
+    queue.take(10, 1 << 20, resyncOf)
+    sequencer.engineGone(rank)
+    sequencer.engineGone(idle) // saw nothing: nothing to retract
+    sequencer.engineGone(rank) // already retracted: once is enough
+    expect(queue.take(10, 1 << 20, resyncOf).map((s) => s.record)).toMatchObject([
+      { type: "Resync", dp_rank: 3, reason: "restart", from_seq: 3, to_seq: 0 }
+    ])
+    // The new run's first batch is a join, not a second restart.
+    sequencer.onMessage(rank, [topic, seqFrame(0n), payload(9n)])
+    expect(queue.take(10, 1 << 20, resyncOf, sequencer.materialize).map((s) => s.record)).toMatchObject([
+      { type: "Batch", dp_rank: 3, seq: 0 }
+    ])
+    expect(st.resyncs).toBe(1)
+  })
+
   it("queues the payload bytes as they came, and decodes a batch only when it is taken to be sent", () => {
     const { st, queue, sequencer, rank } = setup()
     const good = payload(7n)

@@ -5,9 +5,10 @@
  * (kvcachedClient.ts). This module wires them, keeps the status and builds the layers; the production
  * layer takes `[kv]` from Config and the event endpoints from the EnginePlan. Metrics: kvBridgeMetrics.ts.
  */
-import { Effect, Layer, type Scope } from "effect"
+import { Effect, Layer, type Scope, Stream } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import { EnginePlan, type KvEventsEndpoint } from "../../services/engine/Engine.ts"
+import { EngineProcess, type EngineProcessService } from "../../services/engine/EngineProcess.ts"
 import { KvBridge, type KvBridgeService, type KvBridgeStatus } from "../../services/kv/KvBridge.ts"
 import { rankEndpoint } from "../../services/kv/KvEvents.ts"
 import { hello, type NodeIdentity } from "../../services/kv/KvWire.ts"
@@ -54,7 +55,7 @@ export const disabledStatus = (epoch: string, reason: string): KvBridgeStatus =>
 })
 
 /** The running bridge; everything it opens is closed with the caller's scope. */
-export const make = (o: BridgeOptions): Effect.Effect<KvBridgeService, never, Scope.Scope> =>
+export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.Scope> =>
   Effect.gen(function* () {
     const st: MutableStatus = { ...disabledStatus(o.epoch, ""), enabled: true, disabledReason: undefined }
     const queue = new KvQueue<QueuedBody>(o.maxQueueBytes ?? DEFAULT_MAX_QUEUE_BYTES)
@@ -63,6 +64,8 @@ export const make = (o: BridgeOptions): Effect.Effect<KvBridgeService, never, Sc
     const sequencer = makeSequencer(st, queue, topic, o.replayTimeoutMs ?? 2_000)
 
     let subscribedRanks = 0
+    // Each rank's stream, once its reader has one: the engine's end (engineGone) retracts them all.
+    const streams: Array<RankStream> = []
     const readOneRank = (rank: number) =>
       Effect.gen(function* () {
         const at = rankEndpoint(endpoint, rank)
@@ -78,6 +81,7 @@ export const make = (o: BridgeOptions): Effect.Effect<KvBridgeService, never, Sc
           expected: undefined,
           holding: undefined
         }
+        streams.push(r)
         yield* readRank({
           rank,
           endpoint: at,
@@ -132,9 +136,27 @@ export const make = (o: BridgeOptions): Effect.Effect<KvBridgeService, never, Sc
         queued: queue.batches,
         queuedBytes: queue.bytes,
         dropped: queue.dropped + sequencer.decodeDrops()
-      }))
-    } satisfies KvBridgeService
+      })),
+      engineGone: Effect.sync(() => {
+        for (const r of streams) sequencer.engineGone(r)
+      })
+    } satisfies LiveBridge
   })
+
+/** The bridge and what its layer tells it: that the engine run ended. */
+export interface LiveBridge extends KvBridgeService {
+  /** The engine's run ended: a `restart` Resync for each rank that had a stream (rankSequencer engineGone). */
+  readonly engineGone: Effect.Effect<void>
+}
+
+/** Tells `bridge` each time an engine run ends (Restarting or Stopped after a run), for as long as the scope. */
+const followEngine = (bridge: LiveBridge, engine: EngineProcessService): Effect.Effect<void, never, Scope.Scope> =>
+  engine.changes.pipe(
+    Stream.filter((s) => s._tag === "Restarting" || s._tag === "Stopped"),
+    Stream.runForEach(() => bridge.engineGone),
+    Effect.forkScoped,
+    Effect.asVoid
+  )
 
 /** A bridge that does nothing and says why. */
 export const disabled = (reason: string): KvBridgeService => {
@@ -153,8 +175,11 @@ export const layerWith = (o: BridgeOptions): Layer.Layer<KvBridge, never, Metric
     })
   )
 
-/** Production: `[kv]` and the engine's plan decide; off unless `[kv].events`, an event source and `[kv].uds`. */
-export const layer: Layer.Layer<KvBridge, never, Config | EnginePlan | Metrics> = Layer.effect(
+/**
+ * Production: `[kv]` and the engine's plan decide; off unless `[kv].events`, an event source and `[kv].uds`.
+ * It follows the engine supervisor: a run that ends is retracted from kvcached at once.
+ */
+export const layer: Layer.Layer<KvBridge, never, Config | EnginePlan | Metrics | EngineProcess> = Layer.effect(
   KvBridge,
   Effect.gen(function* () {
     const config = yield* Config
@@ -179,6 +204,7 @@ export const layer: Layer.Layer<KvBridge, never, Config | EnginePlan | Metrics> 
       maxQueueBytes: config.kv.max_queue_bytes,
       epoch: globalThis.crypto.randomUUID()
     })
+    yield* followEngine(bridge, yield* EngineProcess)
     yield* registerMetrics(yield* Metrics, bridge.status)
     return bridge
   })

@@ -66,6 +66,13 @@ export interface Sequencer {
    * payload does not decode becomes a Resync of its seq (its events are lost; its seq still counts, so no gap).
    */
   readonly materialize: (body: QueuedBody) => QueuedBody
+  /**
+   * The engine run ended (it exited or was stopped): everything it held is gone, and the next run numbers its
+   * batches from 0. A `restart` Resync per rank that had a stream says so at once; without it kvcached kept
+   * the dead run's blocks until the next run's first batch (vLLM sends none until a request comes, and its
+   * block hashes are seeded per process, so those blocks never match again). The next batch is then a join.
+   */
+  readonly engineGone: (r: RankStream) => void
 }
 
 export const makeSequencer = (
@@ -151,6 +158,13 @@ export const makeSequencer = (
     }
   }
 
+  const engineGone = (r: RankStream) => {
+    // A replay in flight settles the old stream itself; a rank that saw nothing has nothing to retract.
+    if (r.expected === undefined || r.holding !== undefined) return
+    resync({ reason: "restart", dpRank: r.rank, fromSeq: r.expected, toSeq: 0n })
+    r.expected = undefined
+  }
+
   const onMessage = (r: RankStream, frames: ReadonlyArray<Uint8Array>) => {
     const d = splitMessage(frames)
     if (!d.ok) {
@@ -179,5 +193,5 @@ export const makeSequencer = (
     return resyncRecord({ reason: "decode", dpRank: body.raw.dpRank, fromSeq: seq, toSeq: seq + 1n })
   }
 
-  return { onMessage, runQueued, decodeDrops: () => decodeDrops, materialize }
+  return { onMessage, runQueued, decodeDrops: () => decodeDrops, materialize, engineGone }
 }
