@@ -85,7 +85,7 @@ export const generate = async (
   if (sglangPrefill && gr.bootstrap !== undefined) ctx.bootstrap?.complete(gr.bootstrap.room)
 
   const rand = gr.seed === undefined ? ctx.rand : prng(gr.seed)
-  const g = plan(cfg.mode, gr.promptWords, sglangPrefill ? 1 : gr.maxTokens, rand)
+  const g = plan(cfg.mode, gr.promptWords, sglangPrefill ? 1 : gr.maxTokens, rand, gr.ignoreEos)
   const model = cfg.servedName
   const created = Math.floor(Date.now() / 1000)
   let last = performance.now()
@@ -115,7 +115,7 @@ export const generate = async (
     const e2e = (performance.now() - t0) / 1000
     stats.e2e.observe(e2e)
     stats.finished(reason)
-    const kvParams = holdForDecode(ctx, gr, id, admission, promptIds.length)
+    const kvParams = holdForDecode(ctx, gr, id, admission, promptIds.length, reason)
     cleanup()
     if (cfg.crashAfterRequests !== undefined && stats.served >= cfg.crashAfterRequests) {
       res.once("finish", () => ctx.crash(`crash after ${cfg.crashAfterRequests} requests`))

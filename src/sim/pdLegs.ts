@@ -106,20 +106,25 @@ export const handoffBeforeGeneration = async (
 }
 
 /**
- * A vLLM prefill leg (`do_remote_decode`): keeps the prompt's blocks for the decode side to pull within the
- * lease, and returns the kv_transfer_params for the response; null for every other request.
+ * A vLLM prefill leg (`do_remote_decode`) that ended on its length: keeps the prompt's blocks for the decode
+ * side to pull within the lease, and returns the kv_transfer_params for the response; null for every other
+ * request, and for a prefill that ended any other way (a stop string, the end-of-sequence token), as the
+ * NixlConnector hands off only a request that finished LENGTH_CAPPED (`request_finished`,
+ * vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py).
  */
 export const holdForDecode = (
   ctx: SimContext,
   gr: GenRequest,
   id: string,
   admission: Admission,
-  promptTokens: number
+  promptTokens: number,
+  finishReason: string
 ): unknown => {
   const { cfg, kv } = ctx
   const kvp = gr.kvTransferParams
   const pd = cfg.flavor === "vllm" && hasPdConnector(cfg)
   if (!(pd && kvp?.do_remote_decode === true && ctx.sideChannel !== undefined)) return null
+  if (finishReason !== "length") return null
   const hashes = admission.hashes
   kv.retain(hashes)
   const extra = cfg.kvTransferConfig?.kv_connector_extra_config as Record<string, unknown> | undefined

@@ -16,6 +16,8 @@ export interface GenRequest {
   /** vLLM/SGLang `cache_salt`: the prompt's KV blocks hash apart from other salts'. */
   readonly cacheSalt: string | undefined
   readonly kvTransferParams: Record<string, unknown> | undefined
+  /** `ignore_eos` (vLLM, SGLang and llama.cpp sampling; mlx-lm has none): generate to max_tokens. */
+  readonly ignoreEos: boolean
   readonly bootstrap: { host: string; port: number; room: string } | undefined
 }
 
@@ -165,6 +167,7 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
     seed: typeof b.seed === "number" ? b.seed : undefined,
     cacheSalt: typeof b.cache_salt === "string" && b.cache_salt !== "" ? b.cache_salt : undefined,
     kvTransferParams: typeof kvp === "object" && kvp !== null ? (kvp as Record<string, unknown>) : undefined,
+    ignoreEos: cfg.flavor !== "mlx" && b.ignore_eos === true,
     bootstrap
   }
 }

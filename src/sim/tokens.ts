@@ -36,20 +36,26 @@ export interface Generation {
 }
 
 /**
- * Plans a generation: echo stops with "stop" when the prompt's words run out, "length" when max_tokens
- * is reached first; random always runs to max_tokens ("length").
+ * Plans a generation: echo stops with "stop" when the prompt's words run out (the end-of-sequence token),
+ * "length" when max_tokens is reached first; with `ignoreEos` (the engines' `ignore_eos`) it goes on, the
+ * prompt's words again, to max_tokens. Random always runs to max_tokens ("length").
  */
 export const plan = (
   mode: "echo" | "random",
   promptWords: ReadonlyArray<string>,
   maxTokens: number,
-  rand: () => number
+  rand: () => number,
+  ignoreEos = false
 ): Generation => {
   const tokens: Array<string> = []
   if (mode === "echo") {
-    const n = Math.min(promptWords.length, maxTokens)
-    for (let i = 0; i < n; i++) tokens.push(i === 0 ? (promptWords[i] ?? "") : ` ${promptWords[i] ?? ""}`)
-    return { tokens, finishReason: promptWords.length > maxTokens ? "length" : "stop" }
+    const n = ignoreEos && promptWords.length > 0 ? maxTokens : Math.min(promptWords.length, maxTokens)
+    for (let i = 0; i < n; i++) {
+      const w = promptWords[i % promptWords.length] ?? ""
+      tokens.push(i === 0 ? w : ` ${w}`)
+    }
+    const capped = promptWords.length > maxTokens || (ignoreEos && n === maxTokens)
+    return { tokens, finishReason: capped ? "length" : "stop" }
   }
   for (let i = 0; i < maxTokens; i++) {
     const w = WORDS[Math.floor(rand() * WORDS.length)] ?? "the"

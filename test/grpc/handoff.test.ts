@@ -48,6 +48,7 @@ describe("vLLM prefill body (toy proxy rules)", () => {
       {
         messages: [{ role: "user", content: "hi" }],
         max_tokens: 1,
+        ignore_eos: true,
         temperature: 0.5,
         kv_transfer_params: VLLM_PREFILL_KV_TRANSFER_PARAMS
       }
@@ -55,7 +56,13 @@ describe("vLLM prefill body (toy proxy rules)", () => {
     [
       "replaces kv_transfer_params the client sent",
       { prompt: "p", kv_transfer_params: { do_remote_prefill: true } },
-      { prompt: "p", max_tokens: 1, kv_transfer_params: VLLM_PREFILL_KV_TRANSFER_PARAMS }
+      { prompt: "p", max_tokens: 1, ignore_eos: true, kv_transfer_params: VLLM_PREFILL_KV_TRANSFER_PARAMS }
+    ],
+    [
+      // P hands off only a request that ends on its length: a stop string or EOS as the one token would not.
+      "leaves the caller's stop sequences out and ignores the end-of-sequence token",
+      { prompt: "p", stop: ["\n"], ignore_eos: false },
+      { prompt: "p", max_tokens: 1, ignore_eos: true, kv_transfer_params: VLLM_PREFILL_KV_TRANSFER_PARAMS }
     ]
   ])("%s", (_name, body, expected) => {
     const before = structuredClone(body)

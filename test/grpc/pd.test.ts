@@ -71,6 +71,15 @@ describe("vLLM prefill -> decode between two agents", () => {
     expect(await simState(p)).toMatchObject({ kvHeld: before.kvHeld, kvFetched: before.kvFetched! + 1 })
   })
 
+  it("a one-word prompt with a stop sequence still hands off: the prefill leg ends on its length, not EOS or stop", async () => {
+    // The engine hands off only a request that ends on its length (NixlConnector request_finished): the echo
+    // engine would end this one on its end-of-sequence at once, and the caller's stop would match its word.
+    const pr = await collect(pAgent.client, { prompt: "alpha", sampling: { maxTokens: 8, stop: ["alpha"] } })
+    expect([pr.status, pr.details]).toEqual(["OK", ""])
+    expect(pr.final?.finishReason).toBe("length")
+    expect(pr.final?.kvTransferParams).toMatchObject({ do_remote_prefill: true, remote_port: pSide })
+  })
+
   it("expired blocks: the decode engine's failed fetch is UNAVAILABLE with its message", async () => {
     const before = await simState(p)
     const pr = await prefill()

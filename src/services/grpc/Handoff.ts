@@ -40,14 +40,17 @@ export const VLLM_PREFILL_KV_TRANSFER_PARAMS: JsonObject = Object.freeze({
 })
 
 /**
- * The prefill leg's body: one token (P only hands off a request that ends LENGTH_CAPPED) and the params that
- * ask P to hold the blocks. The leg is sent whole, not streamed: the parameters come only in a whole response.
+ * The prefill leg's body: one token and the params that ask P to hold the blocks. P hands off only a request
+ * that ends LENGTH_CAPPED (NixlConnector `request_finished`, vllm/distributed/kv_transfer/kv_connector/v1/
+ * nixl_connector.py); one ended by a stop string or by the end-of-sequence token returns no params, and the
+ * call would fail. So the one token may end it no other way: the caller's stop sequences are left out and
+ * `ignore_eos` set (vLLM's sampling extension). The token itself is dropped; D makes the text. The leg is sent
+ * whole, not streamed: the parameters come only in a whole response.
  */
-export const vllmPrefillBody = (body: JsonObject): JsonObject => ({
-  ...body,
-  kv_transfer_params: { ...VLLM_PREFILL_KV_TRANSFER_PARAMS },
-  max_tokens: 1
-})
+export const vllmPrefillBody = (body: JsonObject): JsonObject => {
+  const { stop: _stop, ...rest } = body
+  return { ...rest, kv_transfer_params: { ...VLLM_PREFILL_KV_TRANSFER_PARAMS }, max_tokens: 1, ignore_eos: true }
+}
 
 /**
  * Fields D needs to pull; without any of them vLLM logs "Got invalid KVTransferParams" and recomputes.
