@@ -24,6 +24,8 @@ interface FakeRun {
   readonly pid: Deferred.Deferred<number | undefined>
   readonly exited: Deferred.Deferred<RunExit>
   readonly stops: Ref.Ref<number>
+  /** The supervisor's state (as the test's `observe` saw it) when this run's stop began. */
+  readonly stateAtStop: () => string | undefined
 }
 
 /** Pids no process has (above Linux's pid_max), so the real reclaim and group checks see nothing alive. */
@@ -32,20 +34,27 @@ const fakePid = (run: number) => 4_194_304 + 1_000 + run
 const makeFakeHost = Effect.gen(function* () {
   const runs = yield* Ref.make<ReadonlyArray<FakeRun>>([])
   const up = yield* Ref.make(false)
+  // What the test last saw of the supervisor's state (it sets `observe`), read when a run's stop begins.
+  const seen: { observe: () => string | undefined } = { observe: () => undefined }
   const host = EngineHost.of({
     spawn: (_plan, options) =>
       Effect.gen(function* () {
+        let atStop: string | undefined
         const run: FakeRun = {
           run: options.run,
           spawnedAt: yield* Clock.currentTimeMillis,
           pid: yield* Deferred.make<number | undefined>(),
           exited: yield* Deferred.make<RunExit>(),
-          stops: yield* Ref.make(0)
+          stops: yield* Ref.make(0),
+          stateAtStop: () => atStop
         }
         // Like the guard: a stop ends the engine on its TERM; memoized as the live stop is, so the supervisor's
         // explicit stop and the scope's release share one teardown.
         const stop = yield* Effect.cached(
-          Ref.update(run.stops, (n) => n + 1).pipe(
+          Effect.sync(() => {
+            atStop ??= seen.observe()
+          }).pipe(
+            Effect.andThen(Ref.update(run.stops, (n) => n + 1)),
             Effect.andThen(Deferred.succeed(run.exited, { code: null, signal: "SIGTERM", problem: undefined })),
             Effect.as("terminated" as const)
           )
@@ -69,7 +78,7 @@ const makeFakeHost = Effect.gen(function* () {
           : { ok: false as const, reason: "connection refused", phase: "waiting for port" as const }
       )
   })
-  return { host, runs, up }
+  return { host, runs, up, seen }
 })
 
 /** Lets every fiber (and real fs/socket I/O) run until `done` holds; a bounded poll, never a sleep. */
@@ -123,6 +132,7 @@ describe("EngineProcess on a TestClock", () => {
         Effect.forkScoped
       )
       const last = () => states[states.length - 1]
+      fake.seen.observe = () => last()?._tag
       const runAt = (i: number) => Effect.map(Ref.get(fake.runs), (xs) => xs[i])
       const stateIs = (pred: (s: EngineState) => boolean) => Effect.sync(() => last() !== undefined && pred(last()!))
 
@@ -163,6 +173,7 @@ describe("EngineProcess on a TestClock", () => {
       assert.strictEqual(restarting.lastExit.runtimeMs, 500)
       assert.deepStrictEqual(restarting.lastExit.lastLines, ["[stderr] run 0 output"])
       assert.strictEqual(yield* Ref.get(run0.stops), 1, "the crashed run was torn down once")
+      assert.strictEqual(run0.stateAtStop(), "Unhealthy", "not Ready when the crashed run's teardown began")
       assert.isFalse(fs.existsSync(pidFilePath(stateDir)), "pid file removed with the run")
 
       // 1 ms short of the backoff nothing happens; at the backoff run 1 is spawned
@@ -205,6 +216,8 @@ describe("EngineProcess on a TestClock", () => {
         "Starting(0, loading)",
         "Starting(0, waiting for port)",
         "Ready(0)",
+        // not Ready from the moment the engine exited, while its group was still being stopped
+        "Unhealthy",
         "Restarting",
         "Starting(1, spawning)",
         "Starting(1, loading)",

@@ -103,12 +103,23 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
         : Effect.void
     )
     const sp = s.plan.spawns ? yield* spawn(s, refs, gate, run, spawned) : undefined
-    const watching = watchRun(s, run, since, readyAt)
+    // engine.startup_timeout is the engine's own load budget: it runs from the spawn, not from before the
+    // wait for free GPUs (a long wait used up the budget and the run was killed as it began to load).
+    const spawnedAt = yield* Clock.currentTimeMillis
+    const watching = watchRun(s, run, spawnedAt, readyAt)
     const reason =
       sp === undefined
         ? yield* watching
         : yield* Effect.raceFirst(Deferred.await(sp.run.exited).pipe(Effect.as("exited")), watching)
     if (sp !== undefined) {
+      // The engine is gone once its leader exits: not Ready while the rest of its group is stopped (up to
+      // stop_grace and the kill's wait), or routers and /readyz would take a dead engine as ready meanwhile.
+      if (reason === "exited") {
+        const ex = yield* valueIfDone(sp.run.exited)
+        const how = ex?.signal != null ? `signal ${ex.signal}` : `code ${ex?.code ?? "unknown"}`
+        const at = yield* Clock.currentTimeMillis
+        yield* s.publish(Event.LivenessLost({ reason: `the engine exited (${how}); stopping its process group`, at }))
+      }
       yield* sp.run.stop
       yield* Deferred.await(sp.run.exited).pipe(Effect.timeout(2_000), Effect.ignore)
       yield* sp.run.drainOutput(250)
