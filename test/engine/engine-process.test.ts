@@ -493,6 +493,32 @@ describe("no orphans", () => {
     assert.isTrue(h.logs.some((l) => l.includes(`left by agent pid ${dead.pid}`)))
   })
 
+  it("a record whose group started at another time (a reused pid) is ignored: that group lives, the engine starts", async () => {
+    const s = await setup("vllm")
+    // Someone else's process in its own group, under the pid an old record names (as after a reboot).
+    const bystander = spawn("sleep", ["600"], { detached: true, stdio: "ignore" })
+    cleanups.push(() => {
+      bystander.kill("SIGKILL")
+    })
+    const dead = spawn("true")
+    await new Promise((r) => dead.once("exit", r))
+    await writeRecord(s.stateDir, {
+      agentPid: dead.pid!,
+      guardPid: undefined,
+      pgid: bystander.pid!,
+      host: "127.0.0.1",
+      port: s.port,
+      startedAt: Date.now() - 3_600_000
+    })
+    const h = await start(s.plan, s.settings)
+    await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
+    assert.isTrue(groupAlive(bystander.pid!), "the unrelated group was not signalled")
+    assert.isTrue(
+      h.logs.some((l) => l.includes("a reused pid; ignoring the record")),
+      h.logs.join("\n")
+    )
+  })
+
   it("a live agent still owning its engine refuses the start", async () => {
     const s = await setup("vllm")
     const other: SimHandle = await startSim({ flavor: "vllm", args: ["--port", String(s.port)] })

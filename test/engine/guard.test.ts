@@ -1,7 +1,7 @@
 // The orphan guard's pure parts: its command line, its fd-3 report lines, and the /proc stat parser the
 // zombie-aware group liveness relies on.
 import { assert, describe, it } from "@effect/vitest"
-import { parseProcStat } from "../../src/layers/engine/processGroup.ts"
+import { bootTimeOf, parseProcStat, processStartMs, startTicksOf } from "../../src/layers/engine/processGroup.ts"
 import { buildGuardArgs, decodeReport, encodeReport, parseGuardArgs } from "../../src/services/engine/GuardProtocol.ts"
 
 describe("guard command line", () => {
@@ -39,4 +39,22 @@ describe("parseProcStat", () => {
     ["9 (sleep 1000) R 8 9 9", { pid: 9, state: "R", ppid: 8, pgrp: 9 }]
   ])("%s", (text, expected) => assert.deepStrictEqual(parseProcStat(text), expected))
   it("rejects garbage", () => assert.strictEqual(parseProcStat("garbage"), undefined))
+})
+
+describe("a process's start time from /proc", () => {
+  const stat = (comm: string) =>
+    `4242 (${comm}) S 1 4242 4242 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 6158817 12345 67 18446744073709551615`
+  it("reads starttime (field 22) after any command name", () => {
+    assert.strictEqual(startTicksOf(stat("node")), 6158817)
+    assert.strictEqual(startTicksOf(stat("a) b (c")), 6158817)
+    assert.strictEqual(startTicksOf("garbage"), undefined)
+    assert.strictEqual(startTicksOf("1 (x) S 1 1"), undefined)
+  })
+  it("reads btime, and this process's own start is within a second of now", () => {
+    assert.strictEqual(bootTimeOf("cpu  1 2 3\nbtime 1796279875\nprocesses 9\n"), 1796279875)
+    assert.strictEqual(bootTimeOf("cpu 1 2 3\n"), undefined)
+    const started = processStartMs(process.pid)
+    assert.isDefined(started)
+    assert.isBelow(Math.abs(started! - (Date.now() - process.uptime() * 1000)), 1_000)
+  })
 })

@@ -11,7 +11,7 @@ import { Effect, Option } from "effect"
 import type { LaunchPlan } from "../../services/engine/Engine.ts"
 import { EngineProcessError } from "../../services/engine/EngineProcess.ts"
 import { pollUntil, stopGroup } from "./groupWait.ts"
-import { groupAlive, KILL_WAIT_MS, pidAlive } from "./processGroup.ts"
+import { groupAlive, KILL_WAIT_MS, pidAlive, processStartMs } from "./processGroup.ts"
 
 export interface PidRecord {
   readonly agentPid: number
@@ -74,6 +74,12 @@ export const portInUse = (host: string, port: number, timeoutMs = 1_000): Effect
   }).pipe(Effect.timeoutOption(timeoutMs), Effect.map(Option.getOrElse(() => false)))
 }
 
+/**
+ * How far a recorded engine's start (the agent's clock at the spawn) may be from its group leader's start as
+ * /proc tells it: the guard starts the engine within a moment of the spawn.
+ */
+const RECORD_MATCH_MS = 15_000
+
 /** How long creating agent.state_dir may take before the start is refused. */
 const STATE_DIR_TIMEOUT_MS = 10_000
 
@@ -101,7 +107,18 @@ export const reclaim = Effect.fn("EngineProcess.reclaim")(function* (
         )
     })
   )
-  const stale = yield* readPidFile(file)
+  const recorded = yield* readPidFile(file)
+  // The record's group must still be the engine it names: pids are reused, and state_dir outlives reboots, so a
+  // live group with another start time is someone else's (it was stopped, or the start refused, for good).
+  const startMs = recorded === undefined ? undefined : processStartMs(recorded.pgid)
+  const reused =
+    recorded !== undefined && startMs !== undefined && Math.abs(startMs - recorded.startedAt) > RECORD_MATCH_MS
+  if (reused) {
+    yield* Effect.logWarning(
+      `${file} names process group ${recorded.pgid}, which started at ${new Date(startMs).toISOString()}, not with the engine it recorded (${new Date(recorded.startedAt).toISOString()}): a reused pid; ignoring the record`
+    )
+  }
+  const stale = reused ? undefined : recorded
   if (stale !== undefined && groupAlive(stale.pgid)) {
     if (stale.agentPid !== process.pid && pidAlive(stale.agentPid)) {
       return yield* new EngineProcessError({
