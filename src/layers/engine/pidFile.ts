@@ -143,7 +143,7 @@ export const reclaim = Effect.fn("EngineProcess.reclaim")(function* (
     }
     yield* Effect.logWarning(`stale engine group ${stale.pgid}: ${outcome}`)
   }
-  if (stale !== undefined) yield* removePidFile(file)
+  if (recorded !== undefined) yield* removePidFile(file)
   if (yield* portInUse(plan.host, plan.port)) {
     return yield* new EngineProcessError({
       reason: "PortBusy",
