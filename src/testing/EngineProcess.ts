@@ -35,6 +35,19 @@ export const testPlan = (overrides: Partial<LaunchPlan> = {}): LaunchPlan => ({
   ...overrides
 })
 
+/** An ended run's record (code 1 after 1 ms) for tests that hand the supervisor's states around. */
+export const testExit = (run: number, reason = "exited"): ExitRecord => ({
+  run,
+  pid: 1,
+  code: 1,
+  signal: null,
+  startedAt: 0,
+  endedAt: 1,
+  runtimeMs: 1,
+  reason,
+  lastLines: []
+})
+
 export const layerTest = (
   options: { readonly plan?: LaunchPlan; readonly initial?: EngineState } = {}
 ): Layer.Layer<EngineProcess | EngineProcessControl> =>

@@ -574,17 +574,7 @@ describe("layerTest", () => {
       const ready = yield* Effect.forkChild(engine.awaitReady)
       yield* control.set(State.Ready({ since: 1, run: 0 }))
       yield* Fiber.join(ready)
-      const exit = {
-        run: 0,
-        pid: 1,
-        code: 1,
-        signal: null,
-        startedAt: 0,
-        endedAt: 1,
-        runtimeMs: 1,
-        reason: "exited",
-        lastLines: []
-      }
+      const exit = EngineProcessLayer.testExit(0)
       yield* control.recordExit(exit)
       yield* engine.stop
       return { state: yield* engine.state, restarts: yield* engine.restarts }

@@ -342,21 +342,7 @@ const bridgeFromConfig = async (raw: Record<string, unknown>) => {
     engineExited: (run: number) =>
       Effect.runPromise(
         engine.set(
-          State.Restarting({
-            attempt: 1,
-            nextAt: Date.now() + 1_000,
-            lastExit: {
-              run,
-              pid: 1,
-              code: 1,
-              signal: null,
-              startedAt: 0,
-              endedAt: 1,
-              runtimeMs: 1,
-              reason: "exit",
-              lastLines: []
-            }
-          })
+          State.Restarting({ attempt: 1, nextAt: Date.now() + 1_000, lastExit: EngineProcessLayer.testExit(run) })
         )
       )
   }
