@@ -199,6 +199,18 @@ describe("GPU-aware supervision (built agent, fake NVML through koffi)", () => {
     expect(lost.status).toBe(503)
     expect((await text(`${agent.adminUrl}/metrics`)).body).toMatch(/^cgn_agent_gpu_lost\{gpu="1",uuid=""\} 1$/m)
 
+    // the engine's GPU drops out of NVML's list (its handle query fails): not watched, so not taken as fine
+    state.write([free1, "gpu.1.handle_rc=999"])
+    const missing = await pollUntil(
+      "readyz says the GPU is not in NVML's list",
+      async () => {
+        const r = await text(`${agent.adminUrl}/readyz`)
+        return r.status === 503 && r.body.includes("not in NVML's list") ? r : undefined
+      },
+      BOUND
+    )
+    expect(missing.body).toContain("GPU 1 is not in NVML's list")
+
     state.write([])
     await pollUntil(
       "ready once the fault clears",

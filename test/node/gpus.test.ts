@@ -1,7 +1,14 @@
 // The pure GPU decisions (services/node/Gpus.ts): throttle reason names, assignment, CUDA env, the gate's verdict.
 import { describe, expect, it } from "vitest"
 import { gateProblem } from "../../src/services/engine/GpuGate.ts"
-import { assignGpus, cudaEnv, gateVerdict, gpuFault, throttleReasons } from "../../src/services/node/Gpus.ts"
+import {
+  assignGpus,
+  cudaEnv,
+  gateVerdict,
+  gpuFault,
+  missingGpu,
+  throttleReasons
+} from "../../src/services/node/Gpus.ts"
 import { gpuWith } from "../../src/services/node/Nvml.ts"
 
 const GiB = 2 ** 30
@@ -91,6 +98,12 @@ describe("gateVerdict", () => {
     expect(v._tag === "Held" && v.reason).toBe(
       "a process of an earlier engine run still holds GPU memory: pid 77 (earlier engine run) 0.2 GiB on GPU 0"
     )
+  })
+  it("an engine GPU missing from NVML's list is a fault, not free (its handle query failed)", () => {
+    const gpus = [gpuWith({ index: 0 }), gpuWith({ index: 2 })]
+    expect(gateVerdict(gpus, [0, 1], 1024 * MiB, none, noPgid)).toEqual({ _tag: "Faulty", reason: missingGpu(1) })
+    expect(gateVerdict([], [0], 1024 * MiB, none, noPgid)).toEqual({ _tag: "Faulty", reason: missingGpu(0) })
+    expect(gateVerdict(gpus, [0, 2], 1024 * MiB, none, noPgid)).toEqual({ _tag: "Free" })
   })
   it("other GPUs do not count; a faulty engine GPU does", () => {
     const gpus = [gpuWith({ index: 0 }), gpuWith({ index: 1, memoryUsedBytes: 80 * GiB })]

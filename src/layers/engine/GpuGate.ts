@@ -7,7 +7,7 @@ import { Clock, Duration, Effect, Layer, Ref, Schedule, Stream, SubscriptionRef 
 import { Config } from "../../services/config/Config.ts"
 import { EnginePlan } from "../../services/engine/Engine.ts"
 import { GpuGate, type GpuGateStatus, gateProblem } from "../../services/engine/GpuGate.ts"
-import { gateVerdict, gpuFault } from "../../services/node/Gpus.ts"
+import { gateVerdict, gpuFault, missingGpu } from "../../services/node/Gpus.ts"
 import { Nvml } from "../../services/node/Nvml.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import { readStat } from "./processGroup.ts"
@@ -31,10 +31,13 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
     const previousPgids = yield* Ref.make<ReadonlySet<number>>(new Set())
     const active = indices.length > 0 && nvml.unavailable === undefined
 
+    // Each assigned GPU, in order: missing from the sample (fail closed) or its own fault.
     const faultNow = Effect.map(nvml.gpus, (gpus) =>
-      gpus
-        .filter((g) => indices.includes(g.index))
-        .map(gpuFault)
+      indices
+        .map((i) => {
+          const g = gpus.find((x) => x.index === i)
+          return g === undefined ? missingGpu(i) : gpuFault(g)
+        })
         .find((f) => f !== undefined)
     )
     if (active) {

@@ -43,6 +43,10 @@ export const gpuFault = (gpu: Gpu): string | undefined => {
   return undefined
 }
 
+/** Why an assigned GPU absent from NVML's sample counts as a fault. */
+export const missingGpu = (index: number): string =>
+  `GPU ${index} is not in NVML's list (its handle query failed): it cannot be watched, so it is not used`
+
 export type Assignment =
   | { readonly _tag: "Assigned"; readonly indices: ReadonlyArray<number>; readonly automatic: boolean }
   /** NVML is absent and nothing is configured: the engine sees whatever the container gives it. */
@@ -126,6 +130,10 @@ export const gateVerdict = (
   pgidOf: (pid: number) => number | undefined
 ): GateVerdict => {
   const mine = gpus.filter((g) => indices.includes(g.index))
+  // An assigned GPU NVML did not list (its handle query failed, or the device count did) is not known to be
+  // free: the start waits, as for a fault, rather than put the engine on a GPU nobody can see.
+  const missing = indices.find((i) => !gpus.some((g) => g.index === i))
+  if (missing !== undefined) return { _tag: "Faulty", reason: missingGpu(missing) }
   for (const g of mine) {
     const fault = gpuFault(g)
     if (fault !== undefined) return { _tag: "Faulty", reason: fault }
