@@ -232,10 +232,10 @@ const fakeEngine = async () => {
     router.close()
   })
   let seq = 0n
-  const send = async (opts: { lose?: boolean; seq?: bigint; hashes?: Array<bigint> } = {}) => {
+  const send = async (opts: { lose?: boolean; seq?: bigint; hashes?: Array<bigint>; payload?: Uint8Array } = {}) => {
     if (opts.seq !== undefined) seq = opts.seq
     const s = seq++
-    const payload = enginePayload(opts.hashes ?? [s + 1n])
+    const payload = opts.payload ?? enginePayload(opts.hashes ?? [s + 1n])
     buffer.push([s, payload])
     if (!opts.lose) await pub.send(["kv", seqFrame(s), payload])
     return s
@@ -291,6 +291,29 @@ describe("KvBridge with a scripted publisher", () => {
     expect(seqs(kc.batches())).toEqual(Array.from({ length: Number(d) + 1 }, (_, i) => i))
     expect(kc.lines.some((l) => l.type === "Resync")).toBe(false)
     expect(await bridge.status()).toMatchObject({ gaps: 2, replayed: 2, resyncs: 0 })
+  })
+
+  it("an undecodable batch is one dropped batch (a decode Resync), not also a forwarded one", async () => {
+    const eng = await fakeEngine()
+    const sock = await tmpSock()
+    const kc = await kvcached(sock)
+    const bridge = await startBridge({ kvEvents: eng.endpoint(false), uds: sock })
+    const first = BigInt(await until(async () => (await bridge.status()).lastSeq ?? void (await eng.send()), "join"))
+    const bad = await eng.send({ payload: new Uint8Array([0xc1]) }) // never a valid msgpack byte
+    const last = await eng.send()
+    await until(() => kc.batches().some((b) => BigInt(b.seq as number) === last) || undefined, "last")
+    expect(kc.lines.filter((l) => l.type === "Resync")).toMatchObject([
+      { reason: "decode", from_seq: Number(bad), to_seq: Number(bad) + 1 }
+    ])
+    const received = Number(last - first) + 1
+    const st = await until(async () => {
+      const s = await bridge.status()
+      return s.queued === 0 ? s : undefined
+    }, "everything acknowledged")
+    // Every batch the reader took counts once: forwarded (applied by kvcached) or dropped.
+    expect(st).toMatchObject({ forwarded: received - 1, dropped: 1, resyncs: 1 })
+    expect(st.forwarded).toBe(kc.batches().filter((b) => BigInt(b.seq as number) >= first).length)
+    expect(await bridge.metrics()).toMatch(/cgn_agent_kv_events_dropped_total 1\n/)
   })
 
   it("overflow while kvcached is away: the reader keeps up, oldest dropped, Resync overflow", async () => {

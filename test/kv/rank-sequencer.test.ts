@@ -74,6 +74,24 @@ describe("rankSequencer", () => {
     expect(st.lastError).toContain("undecodable KV event message")
   })
 
+  it("an undecodable batch counts once, as dropped: not also as forwarded when kvcached acknowledges its Resync", () => {
+    const { queue, sequencer, rank } = setup()
+    sequencer.onMessage(rank, [topic, seqFrame(0n), payload(1n)])
+    sequencer.onMessage(rank, [topic, seqFrame(1n), new Uint8Array([0xc1])])
+    expect({ batches: queue.batches, dropped: queue.dropped }).toEqual({ batches: 2, dropped: 0 })
+    const sent = queue.take(10, 1 << 20, resyncOf, sequencer.materialize)
+    expect(sent.map((s) => s.record.type)).toEqual(["Batch", "Resync"])
+    // Lost when it was taken: from then on it is a dropped batch, and what waits for kvcached is the good one.
+    expect({ batches: queue.batches, dropped: queue.dropped }).toEqual({ batches: 1, dropped: 1 })
+    // kvcached applies both records: one batch forwarded, the other stays dropped.
+    expect(queue.ack(sent[1]!.n)).toBe(1)
+    expect({ batches: queue.batches, bytes: queue.bytes, dropped: queue.dropped }).toEqual({
+      batches: 0,
+      bytes: 0,
+      dropped: 1
+    })
+  })
+
   it("drops raw batches past the byte bound without decoding them, and says so with an overflow Resync", () => {
     const one = 96 + payload(1n).byteLength
     const { queue, sequencer, rank } = setup(3 * one)

@@ -135,7 +135,7 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
         ...st,
         queued: queue.batches,
         queuedBytes: queue.bytes,
-        dropped: queue.dropped + sequencer.decodeDrops()
+        dropped: queue.dropped
       })),
       engineGone: Effect.sync(() => {
         for (const r of streams) sequencer.engineGone(r)

@@ -14,7 +14,7 @@ import { RpcClient, RpcSerialization } from "effect/rpc"
 import { type HelloPayload, KvcachedRpcs, type KvRecord } from "../../services/kv/KvcachedRpc.ts"
 import type { Resync } from "../../services/kv/KvWire.ts"
 import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
-import type { KvQueue, QueuedRecord, SentRecord } from "./queue.ts"
+import type { KvQueue, Prepared, QueuedRecord, SentRecord } from "./queue.ts"
 import type { QueuedBody } from "./rankSequencer.ts"
 
 export interface LinkOptions {
@@ -23,8 +23,8 @@ export interface LinkOptions {
   readonly hello: HelloPayload
   /** Renders an overflow Resync for the queue (and counts it). */
   readonly resync: (r: Resync) => QueuedRecord<QueuedBody>
-  /** The wire record of a queued body (a raw batch is decoded here, when it is sent). */
-  readonly materialize: (body: QueuedBody) => QueuedBody
+  /** The wire record of a queued body (a raw batch is decoded here, when it is sent; one that fails is dropped). */
+  readonly materialize: (body: QueuedBody) => Prepared<QueuedBody>
   readonly backoffMaxMs: number
   readonly onConnected: (connected: boolean, error: string | undefined) => void
   /** Batches kvcached acknowledged. */

@@ -23,9 +23,20 @@ export interface QueuedRecord<R> {
   readonly bytes: number
 }
 
+/**
+ * What `take`'s preparation made of a record: the record to send and whether a batch was lost on the way (it
+ * could not be prepared and is sent as something else, e.g. a Resync of its seq): such a batch counts as
+ * dropped, never as forwarded when kvcached acknowledges what replaced it.
+ */
+export interface Prepared<R> {
+  readonly record: R
+  readonly dropped: boolean
+}
+
 export interface SentRecord<R> {
   readonly n: number
   readonly record: R
+  /** Still a batch once prepared (its acknowledgement counts it as forwarded). */
   readonly batch: boolean
   readonly bytes: number
 }
@@ -49,7 +60,7 @@ export class KvQueue<R> {
   bytes = 0
   /** Batches among them. */
   batches = 0
-  /** Batches dropped on overflow since the start. */
+  /** Batches dropped since the start: on overflow, or lost by `take`'s preparation. */
   dropped = 0
   readonly maxBytes: number
 
@@ -96,21 +107,27 @@ export class KvQueue<R> {
    * Moves up to `maxRecords` / `maxBytes` (at least one record) from the queue to the unacknowledged set,
    * numbering them, with the overflow Resyncs (rendered by `resync`) in front. Returns what was taken.
    * `prepare` turns a record into the one that is sent (and kept until acknowledged, so a resend after a
-   * reconnect sends the same record without preparing it again): the bridge decodes raw batches here.
+   * reconnect sends the same record without preparing it again): the bridge decodes raw batches here. A batch
+   * it reports dropped is counted so now (and no longer waits as a batch), so that it counts once.
    */
   take(
     maxRecords: number,
     maxBytes: number,
     resync: (r: Resync) => QueuedRecord<R>,
-    prepare: (record: R) => R = (r) => r
+    prepare: (record: R) => Prepared<R> = (record) => ({ record, dropped: false })
   ): ReadonlyArray<SentRecord<R>> {
     const out: Array<SentRecord<R>> = []
     let size = 0
     const add = (q: QueuedRecord<R>, counted: boolean) => {
-      const s: SentRecord<R> = { n: this.nextN++, record: prepare(q.record), batch: q.batch, bytes: q.bytes }
+      const p = prepare(q.record)
+      const lost = q.batch && p.dropped
+      const s: SentRecord<R> = { n: this.nextN++, record: p.record, batch: q.batch && !lost, bytes: q.bytes }
       if (!counted) {
         this.bytes += q.bytes
-        if (q.batch) this.batches++
+        if (s.batch) this.batches++
+      } else if (lost) {
+        this.batches--
+        this.dropped++
       }
       size += q.bytes
       out.push(s)

@@ -13,7 +13,7 @@ import { Effect, type Scope } from "effect"
 import type { KvBridgeStatus } from "../../services/kv/KvBridge.ts"
 import { checkSeq, decodeRaw, type KvBatch, type RawBatch, splitMessage } from "../../services/kv/KvEvents.ts"
 import { batchRecord, type KvRecordBody, type Resync, recordBytes, resyncRecord } from "../../services/kv/KvWire.ts"
-import type { KvQueue, QueuedRecord } from "./queue.ts"
+import type { KvQueue, Prepared, QueuedRecord } from "./queue.ts"
 import { fetchReplay } from "./replayFetch.ts"
 
 /** What the queue holds: records ready for the wire, or a batch as the engine sent it (decoded when sent). */
@@ -59,13 +59,12 @@ export interface Sequencer {
   readonly onMessage: (r: RankStream, frames: ReadonlyArray<Uint8Array>) => void
   /** Forks the replays messages have started since the last call. */
   readonly runQueued: Effect.Effect<void, never, Scope.Scope>
-  /** Batches lost to undecodable payloads. */
-  readonly decodeDrops: () => number
   /**
    * The record sent for a queued body: a raw batch decoded now (its counters go to the status); one whose
-   * payload does not decode becomes a Resync of its seq (its events are lost; its seq still counts, so no gap).
+   * payload does not decode becomes a Resync of its seq (its events are lost; its seq still counts, so no gap)
+   * and is reported dropped, so the queue counts it as dropped and never as forwarded.
    */
-  readonly materialize: (body: QueuedBody) => QueuedBody
+  readonly materialize: (body: QueuedBody) => Prepared<QueuedBody>
   /**
    * The engine run ended (it exited or was stopped): everything it held is gone, and the next run numbers its
    * batches from 0. A `restart` Resync per rank that had a stream says so at once; without it kvcached kept
@@ -89,19 +88,14 @@ export const makeSequencer = (
     return next === undefined ? Effect.void : Effect.andThen(Effect.forkScoped(next), runQueued)
   })
 
-  let decodeDrops = 0
-  const push = (q: QueuedRecord<QueuedBody>) => {
-    queue.push(q)
-    st.dropped = queue.dropped + decodeDrops
-  }
   const forward = (r: RankStream, b: Incoming) => {
     r.expected = b.seq + 1n
     const body: QueuedBody = "payload" in b ? { type: "Raw", raw: b } : batchRecord(b)
-    push(queuedRecord(body, r.rank, b.seq, b.seq + 1n))
+    queue.push(queuedRecord(body, r.rank, b.seq, b.seq + 1n))
   }
   const resync = (re: Resync) => {
     st.resyncs++
-    push(resyncOf(re))
+    queue.push(resyncOf(re))
   }
 
   // After a replay: forward it if it covers [from, until) exactly, else say the range is lost.
@@ -177,21 +171,20 @@ export const makeSequencer = (
     accept(r, { ...d.raw, dpRank: r.rank })
   }
 
-  const materialize = (body: QueuedBody): QueuedBody => {
-    if (body.type !== "Raw") return body
+  const materialize = (body: QueuedBody): Prepared<QueuedBody> => {
+    if (body.type !== "Raw") return { record: body, dropped: false }
     const d = decodeRaw(body.raw)
     if (d.ok) {
       st.unknownEvents += d.batch.unknownTypes
       st.unknownKeys += d.batch.unknownKeys
-      return batchRecord(d.batch)
+      return { record: batchRecord(d.batch), dropped: false }
     }
     st.lastError = `undecodable KV event message: ${d.error}`
     st.resyncs++
-    decodeDrops++
-    st.dropped = queue.dropped + decodeDrops
     const seq = body.raw.seq
-    return resyncRecord({ reason: "decode", dpRank: body.raw.dpRank, fromSeq: seq, toSeq: seq + 1n })
+    const record = resyncRecord({ reason: "decode", dpRank: body.raw.dpRank, fromSeq: seq, toSeq: seq + 1n })
+    return { record, dropped: true }
   }
 
-  return { onMessage, runQueued, decodeDrops: () => decodeDrops, materialize, engineGone }
+  return { onMessage, runQueued, materialize, engineGone }
 }
