@@ -52,8 +52,14 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
       }).pipe(Effect.repeat(Schedule.spaced(POLL)), Effect.forkScoped)
     }
 
-    const awaitFree = Effect.gen(function* () {
-      if (!active) return
+    // Whatever a wait publishes is withdrawn however it ends: a stop (drain, scope close) interrupts it, and the
+    // node must not stay "waiting for GPUs" (gauge 1, and unhealthy once overdue) for a start that is not coming.
+    const endWait = Effect.andThen(
+      Effect.sync(() => metrics.engineGpuWait.set(0)),
+      SubscriptionRef.update(status, (s) => ({ ...s, waiting: undefined }))
+    )
+
+    const wait = Effect.gen(function* () {
       const since = yield* Clock.currentTimeMillis
       let logged: "none" | "waiting" | "overdue" = "none"
       while (true) {
@@ -62,8 +68,6 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
         const verdict = gateVerdict(gpus, indices, maxUsedBytes, yield* Ref.get(previousPgids), pgidOf)
         const now = yield* Clock.currentTimeMillis
         if (verdict._tag === "Free") {
-          yield* SubscriptionRef.update(status, (s) => ({ ...s, waiting: undefined }))
-          metrics.engineGpuWait.set(0)
           if (logged !== "none") yield* Effect.logInfo("GPUs free; starting the engine", { waited_ms: now - since })
           return
         }
@@ -91,6 +95,7 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
         yield* Effect.sleep(POLL)
       }
     })
+    const awaitFree = active ? Effect.ensuring(wait, endWait) : Effect.void
 
     return GpuGate.of({
       awaitFree,

@@ -1,0 +1,60 @@
+// The live GpuGate (layers/engine/GpuGate.ts) on a TestClock with a scripted NVML: what a wait for the engine's
+// GPUs publishes (status, the node's problem, cgn_agent_engine_gpu_wait) is withdrawn when the wait ends, also
+// when a stop interrupts it (the supervisor's stop interrupts its loop, and with it the wait before a spawn).
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Fiber, Layer } from "effect"
+import { TestClock } from "effect/testing"
+import { layerFromObject } from "../../src/layers/config/Config.ts"
+import * as GpuGateLive from "../../src/layers/engine/GpuGate.ts"
+import * as MetricsLive from "../../src/layers/observability/Metrics.ts"
+import { EnginePlan } from "../../src/services/engine/Engine.ts"
+import { GpuGate, gateProblem } from "../../src/services/engine/GpuGate.ts"
+import { gpuWith, Nvml } from "../../src/services/node/Nvml.ts"
+import { Metrics } from "../../src/services/observability/Metrics.ts"
+import { testPlan } from "../../src/testing/EngineProcess.ts"
+
+const GiB = 2 ** 30
+
+/** GPU 0 with 75 GiB held by a process that is not the engine's: the gate waits while NVML says so. */
+const held = [gpuWith({ index: 0, memoryUsedBytes: 75 * GiB, processes: [{ pid: 4242, usedMemoryBytes: 75 * GiB }] })]
+
+const gateLayer = GpuGateLive.layer.pipe(
+  Layer.provideMerge(MetricsLive.layerTest),
+  Layer.provide(
+    Layer.succeed(
+      Nvml,
+      Nvml.of({ gpus: Effect.succeed(held), sampleNow: Effect.succeed(held), unavailable: undefined })
+    )
+  ),
+  Layer.provide(Layer.succeed(EnginePlan, testPlan({ gpus: [0] }))),
+  Layer.provide(
+    layerFromObject({ engine: { kind: "vllm", gpu_free_timeout: "2s" }, models: { m: { hf_repo: "org/m" } } })
+  )
+)
+
+const gaugeLine = Effect.gen(function* () {
+  const { body } = yield* (yield* Metrics).render
+  return body.split("\n").find((l) => l.startsWith("cgn_agent_engine_gpu_wait "))
+})
+
+describe("GpuGate", () => {
+  it.effect("a stop during the wait for GPUs withdraws the wait: status, the node's problem and the gauge", () =>
+    Effect.gen(function* () {
+      const gate = yield* GpuGate
+      const waiting = yield* Effect.forkChild(gate.awaitFree)
+      // past gpu_free_timeout: the wait is overdue, which makes the node unhealthy
+      yield* TestClock.adjust("3 seconds")
+      const during = yield* gate.status
+      assert.isTrue(during.waiting?.overdue, "waiting, overdue")
+      assert.match(gateProblem(during) ?? "", /^waiting for GPU memory: /)
+      assert.strictEqual(yield* gaugeLine, "cgn_agent_engine_gpu_wait 1")
+
+      yield* Fiber.interrupt(waiting)
+
+      const after = yield* gate.status
+      assert.isUndefined(after.waiting, "the wait is withdrawn")
+      assert.isUndefined(gateProblem(after), "the node is not left unhealthy for a start that is not coming")
+      assert.strictEqual(yield* gaugeLine, "cgn_agent_engine_gpu_wait 0")
+    }).pipe(Effect.provide(gateLayer))
+  )
+})
