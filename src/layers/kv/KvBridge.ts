@@ -120,9 +120,9 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
         },
         materialize: sequencer.materialize,
         backoffMaxMs: o.backoffMaxMs ?? 5_000,
-        onConnected: (up, err) => {
+        onConnected: (up, err, retryInMs) => {
           st.kvcachedConnected = up
-          if (err !== undefined) st.lastError = `kvcached ${o.uds}: ${err}`
+          if (err !== undefined) st.lastError = `kvcached ${o.uds}: ${err} (reconnecting in ${retryInMs} ms)`
         },
         onForwarded: (n) => {
           st.forwarded += n

@@ -13,9 +13,9 @@ import { Deferred, Effect, Layer, Schedule } from "effect"
 import { RpcClient, RpcSerialization } from "effect/rpc"
 import { type HelloPayload, KvcachedRpcs, type KvRecord } from "../../services/kv/KvcachedRpc.ts"
 import type { Resync } from "../../services/kv/KvWire.ts"
-import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
 import type { KvQueue, Prepared, QueuedRecord, SentRecord } from "./queue.ts"
 import type { QueuedBody } from "./rankSequencer.ts"
+import { retryForever } from "./retrying.ts"
 
 export interface LinkOptions {
   readonly path: string
@@ -26,7 +26,8 @@ export interface LinkOptions {
   /** The wire record of a queued body (a raw batch is decoded here, when it is sent; one that fails is dropped). */
   readonly materialize: (body: QueuedBody) => Prepared<QueuedBody>
   readonly backoffMaxMs: number
-  readonly onConnected: (connected: boolean, error: string | undefined) => void
+  /** Connected (Hello answered), or not: why, and in how long the next try is. */
+  readonly onConnected: (connected: boolean, error: string | undefined, retryInMs?: number) => void
   /** Batches kvcached acknowledged. */
   readonly onForwarded: (batches: number) => void
   /** Records per Push (default 512) and their bytes (default 1 MiB or a quarter of the bound; at least one record). */
@@ -71,8 +72,11 @@ const awaitWork = (queue: KvQueue<QueuedBody>, disconnected: Deferred.Deferred<v
     Effect.flatMap(Deferred.await(disconnected), () => Effect.fail(new Error("kvcached closed the connection")))
   )
 
-/** One connection: Hello, then Push until something breaks. Fails with why it ended. */
-const session = (o: LinkOptions, onUp: Effect.Effect<void>) =>
+/**
+ * One connection: Hello, then Push until something breaks. Fails with why it ended. `progressed` runs each
+ * time kvcached acknowledges a whole Push: only that, not an answered Hello, shows the peer really works.
+ */
+const session = (o: LinkOptions, onUp: Effect.Effect<void>, progressed: Effect.Effect<void>) =>
   Effect.gen(function* () {
     const disconnected = yield* Deferred.make<void>()
     const protocol = RpcClient.layerProtocolSocket({
@@ -112,30 +116,27 @@ const session = (o: LinkOptions, onUp: Effect.Effect<void>) =>
       if (r.applied === null || r.applied < last) {
         return yield* Effect.fail(new Error(`kvcached acknowledged up to ${r.applied} of ${last}`))
       }
+      yield* progressed
     }
   }).pipe(Effect.scoped)
 
 /** Runs until interrupted. */
 export const runLink = (o: LinkOptions): Effect.Effect<never> =>
   Effect.gen(function* () {
-    let failures = 0
     let connected: boolean | undefined
-    const setState = (up: boolean, error: string | undefined) =>
+    const setState = (up: boolean, error: string | undefined, retryInMs?: number) =>
       Effect.gen(function* () {
-        o.onConnected(up, error)
+        o.onConnected(up, error, retryInMs)
         if (connected === up) return
         connected = up
         if (up) yield* Effect.logInfo("kvcached connected", { uds: o.path })
         else yield* Effect.logWarning("kvcached unavailable; queueing KV events", { uds: o.path, error })
       })
-    const up = Effect.suspend(() => {
-      failures = 0
-      return setState(true, undefined)
+    // A kvcached that answers Hello and then fails each Push (or drops the connection) made no progress: its
+    // backoff keeps growing, where resetting it at Hello reconnected at the base delay forever.
+    return yield* retryForever({
+      capMs: o.backoffMaxMs,
+      attempt: (progressed) => session(o, setState(true, undefined), progressed),
+      onFailure: (err, _failures, retryInMs) => setState(false, message(err), retryInMs)
     })
-    for (;;) {
-      const err = yield* Effect.flip(session(o, up))
-      failures++
-      yield* setState(false, message(err))
-      yield* Effect.sleep(jitteredBackoffMs(failures, o.backoffMaxMs, Math.random()))
-    }
   })

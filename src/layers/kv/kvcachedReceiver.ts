@@ -11,7 +11,15 @@ import * as NodeSocketServer from "@effect/platform-node/NodeSocketServer"
 import { Effect, Layer } from "effect"
 import { RpcSerialization, RpcServer } from "effect/rpc"
 import { type ReceiverSink, ReceiverState, type RestoredStream } from "../../services/kv/KvcachedReceiver.ts"
-import { type HelloPayload, KvcachedRpcs, type KvRecord } from "../../services/kv/KvcachedRpc.ts"
+import {
+  type Applied,
+  type HelloPayload,
+  KvcachedRpcs,
+  type KvRecord,
+  type PushPayload,
+  type UnknownStream,
+  type UnsupportedVersion
+} from "../../services/kv/KvcachedRpc.ts"
 
 /** One journal line: a Hello, or a record applied for a node's epoch. */
 export type JournalEntry =
@@ -103,12 +111,21 @@ export const layer = (o: ReceiverOptions) =>
         }
       }
       const state = new ReceiverState(sink, restored)
-      const handlers = KvcachedRpcs.toLayer({ Hello: (h) => state.hello(h), Push: (p) => state.push(p) })
-      return RpcServer.layer(KvcachedRpcs).pipe(
-        Layer.provide(handlers),
-        Layer.provide(RpcServer.layerProtocolSocketServer),
-        Layer.provide(NodeSocketServer.layer({ path: o.path })),
-        Layer.provide(RpcSerialization.layerNdjson)
-      )
+      return serve(o.path, { Hello: (h) => state.hello(h), Push: (p) => state.push(p) })
     })
+  )
+
+/** What a receiver answers; the reference receiver's come from ReceiverState. */
+export interface KvcachedHandlers {
+  readonly Hello: (h: HelloPayload) => Effect.Effect<Applied, UnsupportedVersion>
+  readonly Push: (p: PushPayload) => Effect.Effect<Applied, UnknownStream>
+}
+
+/** The contract's RPC server on the Unix socket `path`, answering with `handlers` (tests give odd ones). */
+export const serve = (path: string, handlers: KvcachedHandlers) =>
+  RpcServer.layer(KvcachedRpcs).pipe(
+    Layer.provide(KvcachedRpcs.toLayer(handlers)),
+    Layer.provide(RpcServer.layerProtocolSocketServer),
+    Layer.provide(NodeSocketServer.layer({ path })),
+    Layer.provide(RpcSerialization.layerNdjson)
   )

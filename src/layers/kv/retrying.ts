@@ -1,0 +1,36 @@
+/**
+ * The KV bridge's reconnect loop, shared by the kvcached link and each rank's event reader: runs an attempt
+ * again and again with the agent's capped, jittered backoff (services/retry/Backoff.ts) between them. The
+ * backoff starts over only after an attempt made progress (it runs `progressed`: kvcached acknowledged a
+ * Push, the reader received a message), not because it merely connected: a peer that accepts and then fails
+ * at once is retried ever more slowly, up to the cap, instead of in a tight loop at the base delay.
+ */
+import { Cause, Effect } from "effect"
+import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
+
+export interface RetryOptions<E, R> {
+  readonly capMs: number
+  /** One attempt; it never succeeds, it ends when something breaks. */
+  readonly attempt: (progressed: Effect.Effect<void>) => Effect.Effect<never, E, R>
+  /** The `failures`-th attempt in a row without progress ended with `error`; the next starts in `retryInMs`. */
+  readonly onFailure: (error: unknown, failures: number, retryInMs: number) => Effect.Effect<void>
+}
+
+/**
+ * Never fails: an attempt's failure, and its defect too (a bug in one session must not stop the bridge for
+ * the life of the agent), is reported and retried. Only interruption ends it.
+ */
+export const retryForever = <E, R>(o: RetryOptions<E, R>): Effect.Effect<never, never, R> =>
+  Effect.gen(function* () {
+    let failures = 0
+    const progressed = Effect.sync(() => {
+      failures = 0
+    })
+    for (;;) {
+      const exit = yield* Effect.exit(o.attempt(progressed))
+      failures++
+      const retryInMs = jitteredBackoffMs(failures, o.capMs, Math.random())
+      yield* o.onFailure(exit._tag === "Failure" ? Cause.squash(exit.cause) : exit, failures, retryInMs)
+      yield* Effect.sleep(retryInMs)
+    }
+  })

@@ -1,0 +1,96 @@
+// The kvcached link's reconnect backoff (src/layers/kv/kvcachedClient.ts runLink, through retrying.ts) against
+// receivers on a temp Unix socket that answer Hello and then fail every Push: each session connects, so only
+// progress (a Push acknowledged) may start the backoff over, else the link reconnects at the base delay forever.
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Effect, Exit, Fiber, Layer, Scope } from "effect"
+import { afterEach, describe, expect, it } from "vitest"
+import { runLink } from "../../src/layers/kv/kvcachedClient.ts"
+import { serve } from "../../src/layers/kv/kvcachedReceiver.ts"
+import { KvQueue } from "../../src/layers/kv/queue.ts"
+import { type QueuedBody, resyncOf } from "../../src/layers/kv/rankSequencer.ts"
+import { type PushPayload, UnknownStream } from "../../src/services/kv/KvcachedRpc.ts"
+import { hello } from "../../src/services/kv/KvWire.ts"
+import { jitteredBackoffMs } from "../../src/services/retry/Backoff.ts"
+import { pollUntil } from "../support/poll.ts"
+
+const CAP = 400
+const cleanups: Array<() => Promise<unknown>> = []
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c().catch(() => undefined)
+})
+
+/** The link against a receiver whose Push does `broken` while `failing`, and acknowledges everything otherwise. */
+const setup = async (broken: (p: PushPayload) => Effect.Effect<never, UnknownStream>) => {
+  const dir = await fs.mkdtemp(path.join(os.tmpdir(), "kvbackoff-"))
+  cleanups.push(() => fs.rm(dir, { recursive: true, force: true }))
+  const sock = path.join(dir, "kvcached.sock")
+  const ctl = { failing: true }
+  const scope = await Effect.runPromise(Scope.make())
+  cleanups.push(() => Effect.runPromise(Scope.close(scope, Exit.void)))
+  const server = serve(sock, {
+    Hello: () => Effect.succeed({ applied: null }),
+    Push: (p) => (ctl.failing ? broken(p) : Effect.succeed({ applied: p.records.at(-1)?.n ?? null }))
+  })
+  await Effect.runPromise(Layer.buildWithScope(server, scope))
+
+  const queue = new KvQueue<QueuedBody>(1 << 20)
+  let ups = 0
+  const downs: Array<{ readonly error: string; readonly retryInMs: number }> = []
+  const fiber = Effect.runFork(
+    runLink({
+      path: sock,
+      queue,
+      hello: hello(
+        { node_id: "n1", cluster: "c", model: "m", engine: "vllm" },
+        { epoch: "e", blockSize: 4, dpSize: 1 }
+      ),
+      resync: resyncOf,
+      materialize: (record) => ({ record, dropped: false }),
+      backoffMaxMs: CAP,
+      onConnected: (up, error, retryInMs) => {
+        if (up) ups++
+        else downs.push({ error: error ?? "", retryInMs: retryInMs ?? -1 })
+      },
+      onForwarded: () => {}
+    })
+  )
+  cleanups.push(() => Effect.runPromise(Fiber.interrupt(fiber)))
+  let seq = 0n
+  const send = () => queue.push(resyncOf({ reason: "gap", dpRank: 0, fromSeq: seq, toSeq: ++seq }))
+  return { ctl, queue, downs, ups: () => ups, send }
+}
+
+/** "ok" for each delay within what `failures` in a row allow (50-100 % of 100 ms doubling, capped), else why not. */
+const checkDelays = (delays: ReadonlyArray<number>, firstFailure = 1) =>
+  delays.map((ms, i) => {
+    const [lo, hi] = [jitteredBackoffMs(firstFailure + i, CAP, 0), jitteredBackoffMs(firstFailure + i, CAP, 1)]
+    return ms >= lo && ms <= hi ? "ok" : `failure ${firstFailure + i}: ${ms} ms, not in ${lo}-${hi}`
+  })
+
+describe("the kvcached link's backoff", () => {
+  it.each([
+    ["fails every Push (UnknownStream)", (p: PushPayload) => Effect.fail(new UnknownStream(p))],
+    ["dies in every Push (its journal cannot be written)", () => Effect.die(new Error("journal: ENOSPC"))]
+  ])(
+    "grows to its cap against a kvcached that answers Hello and %s, and starts over after a Push is acknowledged",
+    async (_what, broken) => {
+      const link = await setup(broken)
+      link.send()
+      await pollUntil("6 sessions ended", () => link.downs.length >= 6, 10_000, 10)
+      // Every session got through Hello: connecting is not progress.
+      expect(link.ups()).toBeGreaterThanOrEqual(6)
+      expect(checkDelays(link.downs.slice(0, 6).map((d) => d.retryInMs))).toEqual(Array(6).fill("ok"))
+
+      // kvcached works again: the resent record is acknowledged, and the next failure is the first in a row.
+      link.ctl.failing = false
+      await pollUntil("acknowledged", () => link.queue.size === 0 && link.queue.unacked.length === 0, 10_000, 10)
+      link.ctl.failing = true
+      const before = link.downs.length
+      link.send()
+      await pollUntil("the next failure", () => link.downs.length > before, 10_000, 10)
+      expect(checkDelays([link.downs[before]?.retryInMs ?? -1])).toEqual(["ok"])
+    }
+  )
+})
