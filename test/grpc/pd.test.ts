@@ -169,10 +169,13 @@ describe("vLLM prefill -> decode with an older NixlConnector (before vLLM PR #29
 describe("SGLang prefill + decode with a bootstrap room", () => {
   let p: SimHandle
   let d: SimHandle
+  /** A decode engine at 200 ms a token, behind an agent with one admission slot. */
+  let dSlow: SimHandle
   let pAgent: Agent
   let pAgentShort: Agent
   let dAgent: Agent
   let dAgentShort: Agent
+  let dAgentOneSlot: Agent
   let bootPort: number
   const prompt = "one two three"
 
@@ -192,21 +195,29 @@ describe("SGLang prefill + decode with a bootstrap room", () => {
           ...extra
         ]
       })
-    ;[p, d] = await Promise.all([
+    ;[p, d, dSlow] = await Promise.all([
       sim("prefill", ["--disaggregation-bootstrap-port", String(bootPort), "--sim-ttft", "100ms"]),
-      sim("decode", [])
+      sim("decode", []),
+      sim("decode", ["--sim-itl", "200ms"])
     ])
-    await Promise.all([p, d].map((s) => s.waitForLine((l) => l.includes('"model loaded"'))))
-    ;[pAgent, pAgentShort, dAgent, dAgentShort] = await Promise.all([
+    await Promise.all([p, d, dSlow].map((s) => s.waitForLine((l) => l.includes('"model loaded"'))))
+    ;[pAgent, pAgentShort, dAgent, dAgentShort, dAgentOneSlot] = await Promise.all([
       startAgent(p.url, "sglang", { role: "prefill" }),
       startAgent(p.url, "sglang", { role: "prefill", handoff_timeout: "500ms" }),
       startAgent(d.url, "sglang", { role: "decode" }),
-      startAgent(d.url, "sglang", { role: "decode", handoff_timeout: "300ms" })
+      startAgent(d.url, "sglang", { role: "decode", handoff_timeout: "300ms" }),
+      startAgent(dSlow.url, "sglang", { role: "decode", handoff_timeout: "300ms", max_inflight: 1, max_queue: 1 })
     ])
   })
   afterAll(async () => {
-    await Promise.all([pAgent?.close(), pAgentShort?.close(), dAgent?.close(), dAgentShort?.close()])
-    await Promise.all([p?.stop(), d?.stop()])
+    await Promise.all([
+      pAgent?.close(),
+      pAgentShort?.close(),
+      dAgent?.close(),
+      dAgentShort?.close(),
+      dAgentOneSlot?.close()
+    ])
+    await Promise.all([p?.stop(), d?.stop(), dSlow?.stop()])
   })
 
   it("both legs with the same 63-bit room (an exact JSON integer): the decode agent streams the answer", async () => {
@@ -258,6 +269,30 @@ describe("SGLang prefill + decode with a bootstrap room", () => {
       return s.aborted! > before.aborted! && s.running === 0 && s.waiting === 0 ? s : undefined
     }, 10_000)
     expect(after.aborted).toBe(before.aborted! + 1)
+  })
+
+  it("a decode leg queued behind a full max_inflight counts the wait in handoff_timeout: it never reaches the engine", async () => {
+    const before = await simState(dSlow)
+    // The first call takes the one slot and streams for ~1 s (five tokens at 200 ms); the second, a decode leg
+    // whose prefill never comes, waits for admission meanwhile. Counted from admission, its 300 ms would start
+    // when the first ends and the engine would see (and abort) it; counted from its start, it ends in the queue.
+    const words = "a b c d e"
+    const room = { host: "127.0.0.1", port: bootPort, room: "5151" }
+    const req = { prompt: words, sampling: { maxTokens: 5, stop: [] }, bootstrap: room }
+    const first = Promise.all([collect(pAgent.client, req), collect(dAgentOneSlot.client, req)])
+    await pollUntil(async () => ((await simState(dSlow)).running! > before.running! ? true : undefined), 10_000)
+    const second = await collect(dAgentOneSlot.client, {
+      prompt,
+      bootstrap: { host: "127.0.0.1", port: bootPort, room: "5252" }
+    })
+    expect([second.status, second.details]).toEqual([
+      "DEADLINE_EXCEEDED",
+      expect.stringMatching(/decode leg did not start within 300ms .*waiting for admission/)
+    ])
+    const [pr, dr] = await first
+    expect([pr.status, dr.status, dr.text]).toEqual(["OK", "OK", words])
+    const after = await simState(dSlow)
+    expect([after.aborted, after.served]).toEqual([before.aborted, before.served! + 1])
   })
 
   it("prefill engine down: UNAVAILABLE", async () => {

@@ -29,13 +29,13 @@ export const make = Effect.fnUntraced(function* () {
   const client = yield* EngineClient
   const admission = Option.getOrUndefined(yield* Effect.serviceOption(Admission))
   const legTimeout = config.agent.handoff_timeout
-  const legDeadline = (leg: "prefill" | "decode") => new LegDeadline({ leg, timeout: Duration.format(legTimeout) })
+  const legDeadline = (leg: "prefill" | "decode", relay: Relay) =>
+    new LegDeadline({ leg, timeout: Duration.format(legTimeout), queued: !relay.admitted })
   const streamTo = client.streamTo
 
   // One non-streaming call; its answer is read for finish/usage only (the text comes from the decode leg).
   const prefillLeg = (relay: Relay, plan: EnginePlan, leg: LegPlan, opts: RequestOptions) =>
     client.complete(plan.path, leg.body, opts).pipe(
-      Effect.timeoutOrElse({ duration: legTimeout, orElse: () => Effect.fail(legDeadline("prefill")) }),
       Effect.flatMap((response) => {
         relay.reader.read(response)
         relay.reader.kvTransferParams = undefined
@@ -58,23 +58,34 @@ export const make = Effect.fnUntraced(function* () {
   // A decode leg waits for the KV transfer before its first chunk: that wait is what the deadline bounds.
   const decodeDeadline = (relay: Relay) =>
     Effect.sleep(legTimeout).pipe(
-      Effect.andThen(Effect.suspend(() => (relay.started ? Effect.never : Effect.fail(legDeadline("decode")))))
+      Effect.andThen(Effect.suspend(() => (relay.started ? Effect.never : Effect.fail(legDeadline("decode", relay)))))
     )
 
-  const runLeg: RunLeg = (relay, plan, leg, opts) => {
-    const relayAll: Effect.Effect<void, LegError> =
-      leg._tag === "VllmPrefill" || (leg._tag === "SglangLeg" && leg.leg === "prefill")
-        ? prefillLeg(relay, plan, leg, opts)
-        : leg._tag === "Normal"
-          ? engineStream(relay, plan, leg, opts)
-          : Effect.raceFirst(engineStream(relay, plan, leg, opts), decodeDeadline(relay))
-    if (admission === undefined) return relayAll
+  const admitted = (relay: Relay, engineSide: Effect.Effect<void, LegError>): Effect.Effect<void, LegError> => {
+    if (admission === undefined) {
+      relay.admitted = true
+      return engineSide
+    }
     return Effect.scoped(
       Effect.flatMap(admission.acquire, (permit) => {
         relay.queueMs = permit.queuedMs
-        return relayAll
+        relay.admitted = true
+        return engineSide
       })
     )
+  }
+
+  // A P/D leg's deadline counts its wait for admission too: the prefill engine holds the KV blocks, and the
+  // router the other leg, for the whole leg, so a leg queued behind busy ones must not get a fresh timeout
+  // once admitted.
+  const runLeg: RunLeg = (relay, plan, leg, opts) => {
+    if (leg._tag === "Normal") return admitted(relay, engineStream(relay, plan, leg, opts))
+    if (leg._tag === "VllmPrefill" || (leg._tag === "SglangLeg" && leg.leg === "prefill")) {
+      return admitted(relay, prefillLeg(relay, plan, leg, opts)).pipe(
+        Effect.timeoutOrElse({ duration: legTimeout, orElse: () => Effect.fail(legDeadline("prefill", relay)) })
+      )
+    }
+    return Effect.raceFirst(admitted(relay, engineStream(relay, plan, leg, opts)), decodeDeadline(relay))
   }
   return runLeg
 })

@@ -20,6 +20,8 @@ export class Relay implements ChunkSink {
   /** Any engine chunk seen (a decode leg's deadline ends there). */
   started = false
   queueMs = 0
+  /** Past admission (or none configured): the engine request can have been made. */
+  admitted = false
   /** Network reads so far; the stall watchdog compares it on a coarse interval (no timer per read). */
   reads = 0
   /** Set once the engine stream is requested (after admission): only then can the engine stall it. */

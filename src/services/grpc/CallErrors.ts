@@ -21,11 +21,16 @@ export class NotServing extends Schema.TaggedError<NotServing>()("NotServing", {
 export class LegDeadline extends Schema.TaggedError<LegDeadline>()("LegDeadline", {
   leg: Schema.Literals(["prefill", "decode"]),
   /** The timeout as configured, formatted ("30s"). */
-  timeout: Schema.String
+  timeout: Schema.String,
+  /** True when the leg was still waiting for admission ([agent].max_inflight): no engine request was made. */
+  queued: Schema.optional(Schema.Boolean)
 }) {
   override get message(): string {
     const what = this.leg === "prefill" ? "finish" : "start"
-    return `the ${this.leg} leg did not ${what} within ${this.timeout} ([agent].handoff_timeout); the engine request was aborted`
+    const after = this.queued
+      ? "it was still waiting for admission ([agent].max_inflight), so the engine never saw it"
+      : "the engine request was aborted"
+    return `the ${this.leg} leg did not ${what} within ${this.timeout} ([agent].handoff_timeout); ${after}`
   }
 }
 
