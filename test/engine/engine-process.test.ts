@@ -15,8 +15,9 @@ import { engineFor, planLayer } from "../../src/layers/engine/backends/index.ts"
 import * as EngineHostLive from "../../src/layers/engine/EngineHost.ts"
 import * as EngineProcessLive from "../../src/layers/engine/EngineProcess.ts"
 import { layerFromPlan, type SupervisorSettings, settingsFromConfig } from "../../src/layers/engine/EngineProcess.ts"
-import { type PidRecord, pidFilePath, readPidFile, reclaim, writePidFile } from "../../src/layers/engine/pidFile.ts"
-import { groupAlive, pidAlive } from "../../src/layers/engine/processGroup.ts"
+import { type PidRecord, pidFilePath, readPidFile, writePidFile } from "../../src/layers/engine/pidFile.ts"
+import { groupAlive, pidAlive, processStartMs } from "../../src/layers/engine/processGroup.ts"
+import { decodeLock, holdStateDir, type LockRecord, lockFilePath } from "../../src/layers/engine/stateLock.ts"
 import { guardEntry } from "../../src/programs/guardEntry.ts"
 import type { EngineKind } from "../../src/services/config/Config.ts"
 import type { LaunchPlan } from "../../src/services/engine/Engine.ts"
@@ -183,17 +184,119 @@ describe("readiness per flavor", () => {
   }
 })
 
+/** The stand-in agent (test/fixtures/supervise.ts) supervising `s` in a process of its own; `out` is its stdout so far. */
+const spawnAgent = (s: Setup) => {
+  const agent: ChildProcess = spawn(
+    process.execPath,
+    [path.join(here, "../fixtures/supervise.ts"), JSON.stringify({ plan: s.plan, settings: s.settings })],
+    { stdio: ["ignore", "pipe", "ignore"] }
+  )
+  cleanups.push(() => {
+    if (agent.exitCode === null && agent.signalCode === null) agent.kill("SIGKILL")
+  })
+  let out = ""
+  agent.stdout?.on("data", (c: Buffer) => {
+    out += c.toString()
+  })
+  return { agent, out: () => out }
+}
+
+/** Builds the supervisor of `s` (success or not); its scope is closed by the test's cleanup, or by `close`. */
+const tryStart = async (s: Setup) => {
+  const { exit, scope, logs } = await build(s.plan, s.settings)
+  let closed: Promise<void> | undefined
+  const close = () => (closed ??= Effect.runPromise(Scope.close(scope, Exit.void)))
+  cleanups.push(close)
+  return { exit, logs, close, cause: Exit.isFailure(exit) ? String(exit.cause) : "the start was not refused" }
+}
+
 describe("the state dir", () => {
   // Node's recursive mkdir never settles under /proc (it spins on EEXIST/ENOENT); a start must still end, saying why.
   it("a state dir that cannot be created in time refuses the start with the key's advice", async () => {
-    const exit = await Effect.runPromiseExit(
-      reclaim(EngineProcessLayer.testPlan(), `/proc/cgn-agent-test-${process.pid}/state`, 100)
-    )
+    const exit = await Effect.runPromiseExit(Effect.scoped(holdStateDir(`/proc/cgn-agent-test-${process.pid}/state`)))
     if (Exit.isSuccess(exit)) return assert.fail("the start was not refused")
     const message = String(Exit.isFailure(exit) ? JSON.stringify(exit.cause) : "")
     assert.include(message, "StateDir")
     assert.include(message, "set agent.state_dir to a writable local directory")
   }, 30_000)
+
+  it("a live agent holding the state_dir refuses a second one (AnotherAgent, its pid and the state_dir), even between its runs; its SIGTERM releases it", async () => {
+    // The first agent's engine cannot be spawned: it keeps restarting and never writes a pid record, so nothing
+    // but the lock says that the state_dir is taken.
+    const first = await setup("vllm", { engine: { command: ["/nonexistent/engine-binary"] } })
+    const { agent, out } = spawnAgent(first)
+    await waitFor("the first agent between runs", () => out().includes('"_tag":"Restarting"'), 20_000)
+    const lock = lockFilePath(first.stateDir)
+    assert.strictEqual(decodeLock(fs.readFileSync(lock, "utf8"))?.pid, agent.pid)
+    assert.isFalse(fs.existsSync(pidFilePath(first.stateDir)), "no pid record to refuse the start by")
+
+    const second = await setup("vllm")
+    const { cause } = await tryStart({ ...second, settings: { ...second.settings, stateDir: first.stateDir } })
+    assert.include(cause, "AnotherAgent")
+    assert.include(cause, `agent.state_dir ${first.stateDir} is held by agent pid ${agent.pid}`)
+
+    // SIGTERM interrupts the stand-in's main fiber, which closes the supervisor's scope: the lock goes with it.
+    const exited = new Promise((r) => agent.once("exit", r))
+    agent.kill("SIGTERM")
+    await exited
+    assert.isFalse(fs.existsSync(lock), "the lock is released when the agent stops")
+    const third = await tryStart({ ...second, settings: { ...second.settings, stateDir: first.stateDir } })
+    assert.isTrue(Exit.isSuccess(third.exit), third.cause)
+  }, 40_000)
+
+  it("a lock left by an agent that is gone, or naming a reused pid, is taken over; the holder's is refreshed and removed with its scope", async () => {
+    // An engine that only waits: these starts are closed before it matters.
+    const s = await setup("vllm", { engine: { command: [process.execPath, "-e", "setInterval(() => {}, 1000)"] } })
+    const lock = lockFilePath(s.stateDir)
+    const ours = { host: os.hostname(), pidNs: fs.readlinkSync("/proc/self/ns/pid"), token: "old" }
+    const writeLock = (record: Partial<LockRecord>) => fs.writeFileSync(lock, JSON.stringify({ ...ours, ...record }))
+    const held = () => decodeLock(fs.readFileSync(lock, "utf8"))
+
+    const dead = spawn("true")
+    await new Promise((r) => dead.once("exit", r))
+    writeLock({ pid: dead.pid!, startedAt: Date.now() })
+    const gone = await tryStart(s)
+    assert.isTrue(Exit.isSuccess(gone.exit), gone.cause)
+    assert.isTrue(
+      gone.logs.some((l) => l.includes(`taking over ${lock}: agent pid ${dead.pid} is gone`)),
+      gone.logs.join("\n")
+    )
+    assert.strictEqual(held()?.pid, process.pid)
+    assert.strictEqual(held()?.startedAt, processStartMs(process.pid))
+    // The heartbeat, for agents in other pid namespaces: an mtime set back is refreshed.
+    fs.utimesSync(lock, new Date(2000, 0, 1), new Date(2000, 0, 1))
+    await waitFor("the lock refreshed", () => Date.now() - fs.statSync(lock).mtimeMs < 60_000, 10_000)
+    await gone.close()
+    assert.isFalse(fs.existsSync(lock), "the lock is removed when the supervisor's scope closes")
+
+    // Someone else's process under the pid an old lock names (as after a reboot): left alone, the lock taken.
+    const bystander = spawn("sleep", ["600"], { stdio: "ignore" })
+    cleanups.push(() => {
+      bystander.kill("SIGKILL")
+    })
+    writeLock({ pid: bystander.pid!, startedAt: processStartMs(bystander.pid!)! - 3_600_000 })
+    const reused = await tryStart(s)
+    assert.isTrue(Exit.isSuccess(reused.exit), reused.cause)
+    assert.isTrue(
+      reused.logs.some((l) => l.includes("a reused pid")),
+      reused.logs.join("\n")
+    )
+    assert.isTrue(pidAlive(bystander.pid!), "the process now under that pid is not touched")
+    await reused.close()
+
+    // Another pid namespace (a restarted container, a pod sharing a hostPath): its heartbeat says if it is alive.
+    writeLock({ pid: 7, pidNs: "pid:[1]" })
+    const fresh = await tryStart(s)
+    assert.include(fresh.cause, "AnotherAgent")
+    assert.include(fresh.cause, "another pid namespace (pid:[1])")
+    fs.utimesSync(lock, new Date(Date.now() - 60_000), new Date(Date.now() - 60_000))
+    const silent = await tryStart(s)
+    assert.isTrue(Exit.isSuccess(silent.exit), silent.cause)
+    assert.isTrue(
+      silent.logs.some((l) => /silent for \d+ s/.test(l)),
+      silent.logs.join("\n")
+    )
+  }, 40_000)
 })
 
 describe("llama.cpp readiness", () => {
@@ -423,20 +526,9 @@ describe("no orphans", () => {
   /** Runs the stand-in agent (test/fixtures/supervise.ts) to Ready, SIGKILLs it, and waits for the guard's cleanup. */
   const killAgentTrial = async (knobs: ReadonlyArray<string>) => {
     const s = await setup("vllm", { knobs })
-    const agent: ChildProcess = spawn(
-      process.execPath,
-      [path.join(here, "../fixtures/supervise.ts"), JSON.stringify({ plan: s.plan, settings: s.settings })],
-      { stdio: ["ignore", "pipe", "ignore"] }
-    )
+    const { agent, out } = spawnAgent(s)
     const { pid, grandchildPid, guardPid } = await (async () => {
-      cleanups.push(() => {
-        if (agent.exitCode === null && agent.signalCode === null) agent.kill("SIGKILL")
-      })
-      let out = ""
-      agent.stdout?.on("data", (c: Buffer) => {
-        out += c.toString()
-      })
-      await waitFor("the supervised engine Ready", () => out.includes('"_tag":"Ready"'), 20_000)
+      await waitFor("the supervised engine Ready", () => out().includes('"_tag":"Ready"'), 20_000)
       const state = await simState(s.port)
       return { ...state, guardPid: (await pidRecord(s.stateDir))?.guardPid }
     })()

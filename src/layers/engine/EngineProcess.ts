@@ -29,6 +29,7 @@ import {
 import { GpuGate } from "../../services/engine/GpuGate.ts"
 import { reclaim } from "./pidFile.ts"
 import { keepExit, type RunRefs, runOnce } from "./runOnce.ts"
+import { holdStateDir } from "./stateLock.ts"
 import { type SupervisorSettings, settingsFromConfig } from "./supervisorSettings.ts"
 import type { Supervision } from "./watch.ts"
 
@@ -48,11 +49,16 @@ const stateFields = (state: EngineState): Record<string, unknown> => {
   return { ...fields, lastExit: exit }
 }
 
-/** Builds the supervisor for a plan; fails only when the start is refused (stale agent, busy port, state dir). */
+/** Builds the supervisor for a plan; fails only when the start is refused (another agent, busy port, state dir). */
 export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan, settings: SupervisorSettings) {
   const now = Clock.currentTimeMillis
   const host = yield* EngineHost
-  if (plan.spawns) yield* reclaim(plan, settings.stateDir, settings.stopGraceMs)
+  if (plan.spawns) {
+    // Held for the supervisor's lifetime and released last (acquired first): after the stop below has torn the
+    // engine down and removed its pid file. Only the holder may read and act on the pid file.
+    yield* holdStateDir(settings.stateDir)
+    yield* reclaim(plan, settings.stateDir, settings.stopGraceMs)
+  }
   // optional: no gate in tests that do not build one, or on a host without NVML it is open anyway
   const gate = yield* Effect.serviceOption(GpuGate)
   // A proxied server is not started, only probed: each run, the first included, begins there.

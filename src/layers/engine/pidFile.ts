@@ -11,7 +11,7 @@ import { Effect, Option } from "effect"
 import type { LaunchPlan } from "../../services/engine/Engine.ts"
 import { EngineProcessError } from "../../services/engine/EngineProcess.ts"
 import { pollUntil, stopGroup } from "./groupWait.ts"
-import { groupAlive, KILL_WAIT_MS, pidAlive, processStartMs } from "./processGroup.ts"
+import { groupAlive, KILL_WAIT_MS, pidAlive, processStartMs, startMatches } from "./processGroup.ts"
 
 export interface PidRecord {
   readonly agentPid: number
@@ -74,23 +74,12 @@ export const portInUse = (host: string, port: number, timeoutMs = 1_000): Effect
   }).pipe(Effect.timeoutOption(timeoutMs), Effect.map(Option.getOrElse(() => false)))
 }
 
-/**
- * How far a recorded engine's start (the agent's clock at the spawn) may be from its group leader's start as
- * /proc tells it: the guard starts the engine within a moment of the spawn.
- */
-const RECORD_MATCH_MS = 15_000
-
 /** How long creating agent.state_dir may take before the start is refused. */
 const STATE_DIR_TIMEOUT_MS = 10_000
 
-/** Prepares a start: state dir exists, a stale engine is stopped, the engine port is free. */
-export const reclaim = Effect.fn("EngineProcess.reclaim")(function* (
-  plan: LaunchPlan,
-  stateDir: string,
-  graceMs: number
-) {
-  const file = pidFilePath(stateDir)
-  yield* Effect.tryPromise({
+/** Creates agent.state_dir (and its parents) if need be; a failure, or no answer in time, refuses the start. */
+export const ensureStateDir = (stateDir: string): Effect.Effect<void, EngineProcessError> =>
+  Effect.tryPromise({
     try: () => fs.mkdir(stateDir, { recursive: true }),
     catch: (err) => new EngineProcessError({ reason: "StateDir", detail: `cannot create ${stateDir}: ${String(err)}` })
   }).pipe(
@@ -107,12 +96,22 @@ export const reclaim = Effect.fn("EngineProcess.reclaim")(function* (
         )
     })
   )
+
+/**
+ * Prepares a start in a state dir this agent holds (stateLock.ts): a stale engine is stopped, the engine port is
+ * free.
+ */
+export const reclaim = Effect.fn("EngineProcess.reclaim")(function* (
+  plan: LaunchPlan,
+  stateDir: string,
+  graceMs: number
+) {
+  const file = pidFilePath(stateDir)
   const recorded = yield* readPidFile(file)
   // The record's group must still be the engine it names: pids are reused, and state_dir outlives reboots, so a
   // live group with another start time is someone else's (it was stopped, or the start refused, for good).
   const startMs = recorded === undefined ? undefined : processStartMs(recorded.pgid)
-  const reused =
-    recorded !== undefined && startMs !== undefined && Math.abs(startMs - recorded.startedAt) > RECORD_MATCH_MS
+  const reused = recorded !== undefined && startMs !== undefined && !startMatches(startMs, recorded.startedAt)
   if (reused) {
     yield* Effect.logWarning(
       `${file} names process group ${recorded.pgid}, which started at ${new Date(startMs).toISOString()}, not with the engine it recorded (${new Date(recorded.startedAt).toISOString()}): a reused pid; ignoring the record`

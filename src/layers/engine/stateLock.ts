@@ -1,0 +1,209 @@
+/**
+ * The agent's lock on [agent].state_dir, held for the supervisor's lifetime (a resource of its scope). The engine
+ * pid file there is one agent's record: a second agent on the same state_dir (a copy started by mistake, a pod
+ * overlapping its predecessor) would start an engine while the first one waits between runs, overwrite its record
+ * and remove it when its own run ends (so a crash of the first agent would leave an engine nobody reclaims).
+ *
+ * `agent.lock` says who holds it: pid, that process's start (/proc), its pid namespace and host name. It appears
+ * complete or not at all: written to a file of its own, then hard-linked into place, which fails if a lock exists.
+ * An existing lock is judged by `lockVerdict`: its agent gone, or its pid now another process's, and it is taken
+ * over; alive, and the start is refused (AnotherAgent, exit 1, as the pid file's live agent is). A pid means
+ * nothing in another pid namespace (a restarted container, a pod sharing a hostPath), so such a lock is judged by
+ * its heartbeat: the holder refreshes its mtime every few seconds. The release removes the lock if it is still
+ * this holding's.
+ */
+import { randomUUID } from "node:crypto"
+import { readlinkSync } from "node:fs"
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Clock, Data, Effect, Schedule } from "effect"
+import { EngineProcessError } from "../../services/engine/EngineProcess.ts"
+import { ensureStateDir } from "./pidFile.ts"
+import { pidAlive, processStartMs, startMatches } from "./processGroup.ts"
+
+export interface LockRecord {
+  readonly pid: number
+  /** When that process started (epoch ms, /proc), or undefined where /proc cannot say. */
+  readonly startedAt: number | undefined
+  /** Its pid namespace (the link /proc/self/ns/pid, `pid:[inode]`): a pid names a process only within one. */
+  readonly pidNs: string | undefined
+  readonly host: string
+  /** Unique to one holding, so the release never removes a lock that is no longer this one. */
+  readonly token: string
+}
+
+export const lockFilePath = (stateDir: string): string => path.join(stateDir, "agent.lock")
+
+/** How often the holder refreshes the lock's mtime. */
+export const HEARTBEAT_MS = 3_000
+/** How long a lock from another pid namespace stays held without a refresh: far above any event-loop stall. */
+export const HEARTBEAT_STALE_MS = 15_000
+
+/** The record in a lock file's text; undefined when it is not one. */
+export const decodeLock = (text: string): LockRecord | undefined => {
+  try {
+    const v = JSON.parse(text) as Record<string, unknown>
+    if (typeof v.pid !== "number" || typeof v.host !== "string" || typeof v.token !== "string") return undefined
+    return {
+      pid: v.pid,
+      startedAt: typeof v.startedAt === "number" ? v.startedAt : undefined,
+      pidNs: typeof v.pidNs === "string" ? v.pidNs : undefined,
+      host: v.host,
+      token: v.token
+    }
+  } catch {
+    return undefined
+  }
+}
+
+/** What a contender sees of an existing lock's holder. */
+export interface LockSight {
+  /** The contender: its pid, pid namespace and host. */
+  readonly self: Pick<LockRecord, "pid" | "pidNs" | "host">
+  /** Whether the lock's pid is alive here, and when it started (/proc); meaningful in the same pid namespace only. */
+  readonly alive: boolean
+  readonly startMs: number | undefined
+  /** How long ago the lock's mtime was last refreshed. */
+  readonly ageMs: number
+}
+
+export type LockVerdict = Data.TaggedEnum<{
+  /** A live agent holds it: `by` names it. */
+  Held: { readonly by: string }
+  /** Nobody holds it any more: `why` says so, for the takeover's log line. */
+  Stale: { readonly why: string }
+}>
+const Verdict = Data.taggedEnum<LockVerdict>()
+
+/** Whether the agent that wrote `record` still holds the lock (pure: the contender's observations come in `seen`). */
+export const lockVerdict = (record: LockRecord | undefined, seen: LockSight): LockVerdict => {
+  if (record === undefined) return Verdict.Stale({ why: "it holds no lock record" })
+  const who = `agent pid ${record.pid}`
+  if (record.host !== seen.self.host || record.pidNs !== seen.self.pidNs) {
+    const where = `${who} on ${record.host}, another pid namespace (${record.pidNs ?? "unknown"})`
+    const secs = Math.round(seen.ageMs / 1000)
+    return seen.ageMs < HEARTBEAT_STALE_MS
+      ? Verdict.Held({ by: `${where}, alive ${secs} s ago` })
+      : Verdict.Stale({ why: `${where}, silent for ${secs} s` })
+  }
+  // Pids are unique in a namespace and this process takes the lock once: a lock naming its pid is a dead
+  // predecessor's whose pid was reused for this process (its start time may even match, within the bound).
+  if (record.pid === seen.self.pid) return Verdict.Stale({ why: `${who} (this process's pid) is an earlier agent` })
+  if (!seen.alive) return Verdict.Stale({ why: `${who} is gone` })
+  if (!startMatches(seen.startMs, record.startedAt))
+    return Verdict.Stale({ why: `pid ${record.pid} is now another process (started at another time): a reused pid` })
+  return Verdict.Held({ by: who })
+}
+
+const pidNamespace = (): string | undefined => {
+  try {
+    return readlinkSync("/proc/self/ns/pid")
+  } catch {
+    return undefined
+  }
+}
+
+const code = (err: unknown): string | undefined => (err as NodeJS.ErrnoException | undefined)?.code
+
+/** The lock's text and mtime now; undefined when there is none. */
+const readLock = (file: string) =>
+  Effect.promise(async () => {
+    try {
+      const [text, st] = await Promise.all([fs.readFile(file, "utf8"), fs.stat(file)])
+      return { text, mtimeMs: st.mtimeMs }
+    } catch {
+      return undefined
+    }
+  })
+
+/**
+ * Removes the stale lock whose text was `staleText`. Moved aside first and checked: had another contender
+ * replaced it meanwhile with its own lock, that one is put back, and the next look at the lock sees it held.
+ */
+const removeStale = (file: string, staleText: string, aside: string) =>
+  Effect.promise(async () => {
+    try {
+      await fs.rename(file, aside)
+    } catch {
+      return // gone already: another contender removed it
+    }
+    if ((await fs.readFile(aside, "utf8").catch(() => undefined)) !== staleText)
+      await fs.link(aside, file).catch(() => undefined)
+    await fs.rm(aside, { force: true }).catch(() => undefined)
+  })
+
+/** Takeovers tried before giving up (each one follows a lock judged stale that a contender replaced meanwhile). */
+const ATTEMPTS = 3
+
+const fail = (reason: "StateDir" | "AnotherAgent", detail: string) =>
+  Effect.fail(new EngineProcessError({ reason, detail }))
+
+/** Takes the lock (failing with AnotherAgent while a live agent holds it); the release removes it. */
+const take = (stateDir: string, file: string, text: string, token: string) =>
+  Effect.gen(function* () {
+    const own = `${file}.${token}`
+    yield* Effect.tryPromise({
+      try: () => fs.writeFile(own, text, { flag: "wx" }),
+      catch: (err) => new EngineProcessError({ reason: "StateDir", detail: `cannot write ${own}: ${String(err)}` })
+    })
+    for (let attempt = 1; ; attempt++) {
+      const linked = yield* Effect.promise(() =>
+        fs.link(own, file).then(
+          () => undefined,
+          (err: unknown) => err
+        )
+      )
+      if (linked === undefined) return
+      if (code(linked) !== "EEXIST") return yield* fail("StateDir", `cannot create ${file}: ${String(linked)}`)
+      const held = yield* readLock(file)
+      if (held === undefined) continue // released between the link and the read: try again
+      const record = decodeLock(held.text)
+      const pid = record?.pid ?? 0
+      const verdict = lockVerdict(record, {
+        self: { pid: process.pid, pidNs: pidNamespace(), host: os.hostname() },
+        alive: pidAlive(pid),
+        startMs: processStartMs(pid),
+        ageMs: (yield* Clock.currentTimeMillis) - held.mtimeMs
+      })
+      if (verdict._tag === "Held")
+        return yield* fail(
+          "AnotherAgent",
+          `agent.state_dir ${stateDir} is held by ${verdict.by} (${file}); two agents on one state_dir would stop each other's engine: stop that agent or give this one its own state_dir`
+        )
+      if (attempt >= ATTEMPTS)
+        return yield* fail("StateDir", `cannot take over ${file}: other agents keep replacing it`)
+      yield* Effect.logWarning(`taking over ${file}: ${verdict.why}`)
+      yield* removeStale(file, held.text, `${own}.stale`)
+    }
+  }).pipe(Effect.ensuring(Effect.promise(() => fs.rm(`${file}.${token}`, { force: true }).catch(() => undefined))))
+
+/** Removes the lock if it is still this holding's. */
+const release = (file: string, text: string) =>
+  Effect.promise(async () => {
+    if ((await fs.readFile(file, "utf8").catch(() => undefined)) === text) await fs.rm(file, { force: true })
+  }).pipe(Effect.ignore)
+
+/**
+ * Holds agent.state_dir (created if need be) for the scope's lifetime, refreshing the lock's mtime for agents in
+ * other pid namespaces; fails with AnotherAgent while another agent holds it.
+ */
+export const holdStateDir = Effect.fn("EngineProcess.holdStateDir")(function* (stateDir: string) {
+  yield* ensureStateDir(stateDir)
+  const file = lockFilePath(stateDir)
+  const token = randomUUID()
+  const record: LockRecord = {
+    pid: process.pid,
+    startedAt: processStartMs(process.pid),
+    pidNs: pidNamespace(),
+    host: os.hostname(),
+    token
+  }
+  const text = `${JSON.stringify(record)}\n`
+  yield* Effect.acquireRelease(take(stateDir, file, text, token), () => release(file, text))
+  const refresh = Effect.gen(function* () {
+    const now = new Date(yield* Clock.currentTimeMillis)
+    yield* Effect.promise(() => fs.utimes(file, now, now).catch(() => undefined))
+  })
+  yield* refresh.pipe(Effect.repeat(Schedule.spaced(HEARTBEAT_MS)), Effect.forkScoped)
+})

@@ -1,0 +1,69 @@
+// The state_dir lock's pure parts (layers/engine/stateLock.ts): reading a lock file, and whether its agent still
+// holds it from what a contender sees. The lock taken, refused, taken over and released for real is in
+// engine-process.test.ts ("the state dir").
+import { describe, expect, it } from "vitest"
+import { START_MATCH_MS } from "../../src/layers/engine/processGroup.ts"
+import {
+  decodeLock,
+  HEARTBEAT_STALE_MS,
+  type LockRecord,
+  type LockSight,
+  lockVerdict
+} from "../../src/layers/engine/stateLock.ts"
+
+const record: LockRecord = {
+  pid: 4242,
+  startedAt: 1_700_000_000_000,
+  pidNs: "pid:[4026531836]",
+  host: "gpu-7",
+  token: "t"
+}
+const sight = (over: Partial<LockSight> = {}): LockSight => ({
+  self: { pid: 100, pidNs: "pid:[4026531836]", host: "gpu-7" },
+  alive: true,
+  startMs: record.startedAt,
+  ageMs: 0,
+  ...over
+})
+
+describe("lockVerdict", () => {
+  it("held while its agent lives and started when the lock says", () => {
+    expect(lockVerdict(record, sight())).toEqual({ _tag: "Held", by: "agent pid 4242" })
+    expect(lockVerdict(record, sight({ startMs: record.startedAt! + START_MATCH_MS }))._tag).toBe("Held")
+    // where /proc cannot say when a process started, a live pid is taken as the holder
+    expect(lockVerdict({ ...record, startedAt: undefined }, sight({ startMs: undefined }))._tag).toBe("Held")
+  })
+
+  it("stale once its agent is gone, its pid is another process's, or it names this process's own pid", () => {
+    expect(lockVerdict(record, sight({ alive: false }))).toEqual({ _tag: "Stale", why: "agent pid 4242 is gone" })
+    expect(lockVerdict(record, sight({ startMs: record.startedAt! + START_MATCH_MS + 1 }))).toMatchObject({
+      _tag: "Stale",
+      why: expect.stringMatching(/a reused pid$/)
+    })
+    expect(lockVerdict(record, sight({ self: { ...sight().self, pid: 4242 } }))._tag).toBe("Stale")
+    expect(lockVerdict(undefined, sight())._tag).toBe("Stale")
+  })
+
+  it("from another pid namespace or host, a pid says nothing: held while its heartbeat is recent", () => {
+    for (const self of [
+      { pid: 1, pidNs: "pid:[4026532999]", host: "gpu-7" },
+      { pid: 1, pidNs: "pid:[4026531836]", host: "gpu-8" }
+    ]) {
+      // the pid is not looked at: alive or not here, it is another process
+      const fresh = lockVerdict(record, sight({ self, alive: false, ageMs: HEARTBEAT_STALE_MS - 1 }))
+      expect(fresh._tag).toBe("Held")
+      expect(lockVerdict(record, sight({ self, alive: true, ageMs: HEARTBEAT_STALE_MS }))._tag).toBe("Stale")
+    }
+  })
+})
+
+describe("decodeLock", () => {
+  it("reads what the holder writes; anything else is no record", () => {
+    expect(decodeLock(`${JSON.stringify(record)}\n`)).toEqual(record)
+    const { startedAt: _, pidNs: __, ...bare } = record
+    expect(decodeLock(JSON.stringify(bare))).toEqual({ ...bare, startedAt: undefined, pidNs: undefined })
+    for (const text of ["", "{", "null", '{"pid":"1","host":"h","token":"t"}', '{"pid":1}']) {
+      expect(decodeLock(text)).toBeUndefined()
+    }
+  })
+})
