@@ -8,7 +8,7 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { encode } from "@msgpack/msgpack"
 import { Context, Effect, Exit, Layer, Scope } from "effect"
-import { afterEach, describe, expect, it } from "vitest"
+import { afterEach, describe, expect, it, vi } from "vitest"
 import * as zmq from "zeromq"
 import * as ConfigLive from "../../src/layers/config/Config.ts"
 import { decodeConfigObject } from "../../src/layers/config/Config.ts"
@@ -30,10 +30,32 @@ import {
 import { batchRecord, hello, resyncRecord } from "../../src/services/kv/KvWire.ts"
 import { buildNodeHealth } from "../../src/services/node/NodeHealthView.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
+import { jitteredBackoffMs } from "../../src/services/retry/Backoff.ts"
 import * as EngineProcessLayer from "../../src/testing/EngineProcess.ts"
 import { pollUntil } from "../support/poll.ts"
 import { freePort, freePortRange } from "../support/ports.ts"
 import { postJson, type SimHandle, startSim } from "../support/sim.ts"
+
+/**
+ * Faults for the bridge's SUB sockets (the real zeromq otherwise): `next` receives take their message and then
+ * reject, as a socket error would lose it; while `always`, a receive rejects at once.
+ */
+const subFaults = vi.hoisted(() => ({ next: 0, always: false }))
+vi.mock("zeromq", async (importOriginal) => {
+  const real = await importOriginal<typeof import("zeromq")>()
+  class Subscriber extends real.Subscriber {
+    override async receive(): Promise<Array<Buffer>> {
+      if (subFaults.always) throw new Error("injected receive fault (always)")
+      const frames = await super.receive()
+      if (subFaults.next > 0) {
+        subFaults.next--
+        throw new Error("injected receive fault")
+      }
+      return frames
+    }
+  }
+  return { ...real, Subscriber }
+})
 
 const BIG = 15760518052499183552n
 const id = { node_id: "n1", cluster: "c1", model: "m", engine: "vllm" }
@@ -42,6 +64,8 @@ type Line = Record<string, unknown>
 const cleanups: Array<() => Promise<unknown>> = []
 afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c().catch(() => undefined)
+  subFaults.next = 0
+  subFaults.always = false
 })
 
 const until = <T>(f: () => T | undefined | false | Promise<T | undefined | false>, what: string, ms = 10_000) =>
@@ -249,6 +273,17 @@ const fakeEngine = async () => {
   return { send, endpoint, holdReplays }
 }
 
+/** The scripted engine, kvcached and a bridge (replaying from the engine's ROUTER or not), kvcached holding the join. */
+const joinedBridge = async (replay: boolean, o: Partial<KvBridgeLive.BridgeOptions> = {}) => {
+  const eng = await fakeEngine()
+  const sock = await tmpSock()
+  const kc = await kvcached(sock)
+  const bridge = await startBridge({ kvEvents: eng.endpoint(replay), uds: sock, ...o })
+  const joined = BigInt(await until(async () => (await bridge.status()).lastSeq ?? void (await eng.send()), "join"))
+  await until(() => kc.batches().some((b) => BigInt(b.seq as number) === joined) || undefined, "joined batch")
+  return { eng, kc, bridge, joined }
+}
+
 describe("KvBridge with a scripted publisher", () => {
   it("replay fills a lost batch; an engine restart gives Resync restart", async () => {
     const eng = await fakeEngine()
@@ -272,12 +307,7 @@ describe("KvBridge with a scripted publisher", () => {
   })
 
   it("a gap found in the batches held during a replay is replayed too, with no new message to wake the reader", async () => {
-    const eng = await fakeEngine()
-    const sock = await tmpSock()
-    const kc = await kvcached(sock)
-    const bridge = await startBridge({ kvEvents: eng.endpoint(true), uds: sock })
-    const joined = BigInt(await until(async () => (await bridge.status()).lastSeq ?? void (await eng.send()), "join"))
-    await until(() => kc.batches().some((b) => BigInt(b.seq as number) === joined) || undefined, "joined batch")
+    const { eng, kc, bridge, joined } = await joinedBridge(true)
     const open = eng.holdReplays()
     await eng.send({ lose: true })
     const b = await eng.send()
@@ -294,11 +324,7 @@ describe("KvBridge with a scripted publisher", () => {
   })
 
   it("an undecodable batch is one dropped batch (a decode Resync), not also a forwarded one", async () => {
-    const eng = await fakeEngine()
-    const sock = await tmpSock()
-    const kc = await kvcached(sock)
-    const bridge = await startBridge({ kvEvents: eng.endpoint(false), uds: sock })
-    const first = BigInt(await until(async () => (await bridge.status()).lastSeq ?? void (await eng.send()), "join"))
+    const { eng, kc, bridge, joined: first } = await joinedBridge(false)
     const bad = await eng.send({ payload: new Uint8Array([0xc1]) }) // never a valid msgpack byte
     const last = await eng.send()
     await until(() => kc.batches().some((b) => BigInt(b.seq as number) === last) || undefined, "last")
@@ -314,6 +340,71 @@ describe("KvBridge with a scripted publisher", () => {
     expect(st).toMatchObject({ forwarded: received - 1, dropped: 1, resyncs: 1 })
     expect(st.forwarded).toBe(kc.batches().filter((b) => BigInt(b.seq as number) >= first).length)
     expect(await bridge.metrics()).toMatch(/cgn_agent_kv_events_dropped_total 1\n/)
+  })
+
+  it("a rank reader that fails is resubscribed with growing backoff; what it missed is a gap, and the status says so meanwhile", async () => {
+    const { eng, kc, bridge, joined } = await joinedBridge(false, { backoffMaxMs: 1_000 })
+    expect(await bridge.status()).toMatchObject({ subscribed: true })
+
+    // The socket fails, losing the batch it was receiving, and fails again at once on every new socket.
+    subFaults.next = 1
+    subFaults.always = true
+    const lost = await eng.send()
+    const down = await until(async () => {
+      const s = await bridge.status()
+      return /failure 5\b/.test(s.lastError ?? "") ? s : undefined
+    }, "the 5th failure in a row")
+    expect(down.subscribed).toBe(false)
+    expect(await bridge.metrics()).toMatch(/cgn_agent_kv_events_subscribed 0\n/)
+    expect(down.lastError).toMatch(/^kv events reader of DP rank 0 stopped: .*injected receive fault/)
+    // No message came between the failures: the backoff grew to its cap (at the base it would be 50-100 ms).
+    const retryInMs = Number(/resubscribing in (\d+) ms/.exec(down.lastError ?? "")?.[1])
+    expect(retryInMs).toBeGreaterThanOrEqual(jitteredBackoffMs(5, 1_000, 0))
+    expect(retryInMs).toBeLessThanOrEqual(jitteredBackoffMs(5, 1_000, 1))
+
+    subFaults.always = false
+    const back = await until(async () => {
+      const s = await bridge.status()
+      if (s.lastSeq !== undefined && BigInt(s.lastSeq) > lost) return s
+      await eng.send()
+      return undefined
+    }, "batches after the resubscribe")
+    expect(back.subscribed).toBe(true)
+    expect(await bridge.metrics()).toMatch(/cgn_agent_kv_events_subscribed 1\n/)
+    const next = await until(() => kc.batches().find((b) => BigInt(b.seq as number) > lost), "the first batch after")
+    // kvcached hears that the batches the reader missed are lost, right before the first one it got again.
+    const resyncs = kc.lines.filter((l) => l.type === "Resync")
+    expect(resyncs).toMatchObject([{ reason: "gap", dp_rank: 0, from_seq: Number(lost), to_seq: next.seq }])
+    expect(kc.lines.indexOf(resyncs[0] as Line)).toBe(kc.lines.indexOf(next) - 1)
+    expect(seqs(kc.batches()).filter((x) => BigInt(x) < lost)).toEqual(
+      Array.from({ length: Number(lost - joined) }, (_, i) => Number(joined) + i)
+    )
+    expect(await bridge.status()).toMatchObject({ subscribed: true, gaps: 1, resyncs: 1 })
+  })
+
+  it("a replay in flight when its rank's reader fails still finishes, and the restarted reader's batches follow it", async () => {
+    const { eng, kc, bridge } = await joinedBridge(true)
+    const open = eng.holdReplays()
+    await eng.send({ lose: true })
+    await eng.send()
+    await until(async () => ((await bridge.status()).gaps === 1 ? true : undefined), "a gap, its replay held")
+    // The reader fails while that replay waits, losing the batch it was receiving.
+    subFaults.next = 1
+    const lost = await eng.send()
+    const last = await until(async () => {
+      const s = await bridge.status()
+      if (s.subscribed && s.lastSeq !== undefined && BigInt(s.lastSeq) > lost) return BigInt(s.lastSeq)
+      await eng.send()
+      return undefined
+    }, "the restarted reader's batches")
+    open()
+    await until(() => kc.batches().some((b) => BigInt(b.seq as number) === last) || undefined, "the last batch")
+    // The held replay ended (and a second one filled what the failing reader lost): nothing missing, no Resync.
+    expect(seqs(kc.batches())).toEqual(Array.from({ length: Number(last) + 1 }, (_, i) => i))
+    expect(kc.lines.some((l) => l.type === "Resync")).toBe(false)
+    const st = await bridge.status()
+    expect(st.gaps).toBeGreaterThanOrEqual(2)
+    expect(st).toMatchObject({ replayed: st.gaps, resyncs: 0, subscribed: true })
   })
 
   it("overflow while kvcached is away: the reader keeps up, oldest dropped, Resync overflow", async () => {

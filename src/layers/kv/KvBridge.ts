@@ -5,7 +5,7 @@
  * (kvcachedClient.ts). This module wires them, keeps the status and builds the layers; the production
  * layer takes `[kv]` from Config and the event endpoints from the EnginePlan. Metrics: kvBridgeMetrics.ts.
  */
-import { Effect, Layer, type Scope, Stream } from "effect"
+import { Effect, Layer, Scope, Stream } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import { EnginePlan, type KvEventsEndpoint } from "../../services/engine/Engine.ts"
 import { EngineProcess, type EngineProcessService } from "../../services/engine/EngineProcess.ts"
@@ -18,6 +18,7 @@ import { runLink } from "./kvcachedClient.ts"
 import { KvQueue } from "./queue.ts"
 import { type MutableStatus, makeSequencer, type QueuedBody, type RankStream, resyncOf } from "./rankSequencer.ts"
 import { connectAddress, readRank } from "./rankSubscriber.ts"
+import { retryForever } from "./retrying.ts"
 
 /** `kv.max_queue_bytes`'s default: minutes of a busy engine's events, a bounded share of the agent's memory. */
 export const DEFAULT_MAX_QUEUE_BYTES = 32 * 1024 * 1024
@@ -31,6 +32,7 @@ export interface BridgeOptions {
   readonly epoch: string
   /** Bytes of records held while kvcached is slow or away, acknowledged or not (default 32 MiB). */
   readonly maxQueueBytes?: number
+  /** The cap of the reconnect backoff, of the kvcached link and of each rank's reader (default 5 s). */
   readonly backoffMaxMs?: number
   readonly replayTimeoutMs?: number
 }
@@ -63,7 +65,16 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
     const dpSize = Math.max(1, o.kvEvents.dpSize ?? 1)
     const sequencer = makeSequencer(st, queue, topic, o.replayTimeoutMs ?? 2_000)
 
-    let subscribedRanks = 0
+    const backoffMaxMs = o.backoffMaxMs ?? 5_000
+    // Replays run in the bridge's scope, not in a reader's: a reader that fails and is restarted must not take
+    // a replay in flight with it (its rank would hold every later batch for good, waiting for it).
+    const runReplays = Scope.provide(sequencer.runQueued, yield* Effect.scope)
+    // Which ranks' readers are subscribed now; `subscribed` is all of them.
+    const up = new Array<boolean>(dpSize).fill(false)
+    const setUp = (rank: number, isUp: boolean) => {
+      up[rank] = isUp
+      st.subscribed = up.every((u) => u)
+    }
     // Each rank's stream, once its reader has one: the engine's end (engineGone) retracts them all.
     const streams: Array<RankStream> = []
     const readOneRank = (rank: number) =>
@@ -74,6 +85,9 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
           st.lastError = `kv events: cannot offset ${endpoint} for DP rank ${rank} (only tcp:// and inproc:// can be)`
           return
         }
+        // One stream per rank for the life of the bridge, across reader restarts: a new socket continues it, so
+        // the batches lost while the reader was down show as a gap (replayed, or a Resync), as after any
+        // reconnect. A fresh stream would take the next batch as a join and lose them without a word.
         const r: RankStream = {
           rank,
           endpoint: at,
@@ -82,31 +96,44 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
           holding: undefined
         }
         streams.push(r)
-        yield* readRank({
-          rank,
-          endpoint: at,
-          engineBinds,
-          topic,
-          onOpenFailed: (message) => {
-            st.lastError = message
-          },
-          onSubscribed: () => {
-            st.subscribed = ++subscribedRanks === dpSize
-          },
-          onFrames: (frames) =>
-            Effect.andThen(
-              Effect.sync(() => sequencer.onMessage(r, frames)),
-              sequencer.runQueued
-            )
+        return yield* retryForever({
+          capMs: backoffMaxMs,
+          attempt: (progressed) =>
+            Effect.scoped(
+              readRank({
+                rank,
+                endpoint: at,
+                engineBinds,
+                topic,
+                onOpenFailed: (message) => {
+                  st.lastError = message
+                },
+                onSubscribed: () => setUp(rank, true),
+                onFrames: (frames) =>
+                  Effect.andThen(
+                    progressed,
+                    Effect.andThen(
+                      Effect.sync(() => sequencer.onMessage(r, frames)),
+                      runReplays
+                    )
+                  )
+              })
+            ),
+          onFailure: (error, failures, retryInMs) =>
+            Effect.gen(function* () {
+              setUp(rank, false)
+              st.lastError = `kv events reader of DP rank ${rank} stopped: ${error} (failure ${failures} in a row; resubscribing in ${retryInMs} ms)`
+              // Once per outage: later failures of the same outage only grow the backoff.
+              if (failures === 1) {
+                yield* Effect.logWarning("kv events: the reader stopped; resubscribing", {
+                  endpoint: at,
+                  dpRank: rank,
+                  error
+                })
+              }
+            })
         })
-      }).pipe(
-        Effect.catch((e) =>
-          Effect.sync(() => {
-            st.subscribed = false
-            st.lastError = `kv events reader of DP rank ${rank} stopped: ${String(e)}`
-          })
-        )
-      )
+      })
     for (let rank = 0; rank < dpSize; rank++) yield* Effect.forkScoped(readOneRank(rank))
 
     yield* Effect.forkScoped(
@@ -119,7 +146,7 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
           return resyncOf(r)
         },
         materialize: sequencer.materialize,
-        backoffMaxMs: o.backoffMaxMs ?? 5_000,
+        backoffMaxMs,
         onConnected: (up, err, retryInMs) => {
           st.kvcachedConnected = up
           if (err !== undefined) st.lastError = `kvcached ${o.uds}: ${err} (reconnecting in ${retryInMs} ms)`

@@ -22,6 +22,7 @@ export const registerMetrics = (m: MetricsService, status: Effect.Effect<KvBridg
   const gaps = counter(r, "kv_event_gaps_total", "Sequence gaps on the engine's KV-event stream")
   const resyncs = counter(r, "kv_resyncs_total", "Resync records sent to cgn-kvcached")
   const connected = gauge(r, "kvcached_connected", "1 while connected to cgn-kvcached")
+  const subscribed = gauge(r, "kv_events_subscribed", "1 while every DP rank's KV-event reader is subscribed")
   const queued = gauge(r, "kv_events_queued", "KV-event batches waiting for cgn-kvcached")
   const queuedBytes = gauge(r, "kv_events_queued_bytes", "Bytes held for cgn-kvcached (unsent or unacknowledged)")
   return m.onCollect(
@@ -31,6 +32,7 @@ export const registerMetrics = (m: MetricsService, status: Effect.Effect<KvBridg
       setCounter(gaps, s.gaps)
       setCounter(resyncs, s.resyncs)
       connected.set(s.kvcachedConnected ? 1 : 0)
+      subscribed.set(s.subscribed ? 1 : 0)
       queued.set(s.queued)
       queuedBytes.set(s.queuedBytes)
     })

@@ -37,28 +37,6 @@ export interface LinkOptions {
   readonly pingIntervalMs?: number
 }
 
-/** What went wrong, down to the OS error (RpcClientError -> SocketError -> SocketOpenError -> ENOENT). */
-const message = (e: unknown): string => {
-  const parts: Array<string> = []
-  for (let x: unknown = e, depth = 0; x !== null && typeof x === "object" && depth < 6; depth++) {
-    const o = x as {
-      readonly _tag?: unknown
-      readonly message?: unknown
-      readonly reason?: unknown
-      readonly cause?: unknown
-    }
-    const text = typeof o.message === "string" && o.message !== "" ? o.message : undefined
-    const tag = typeof o._tag === "string" ? o._tag : undefined
-    if (o.reason === undefined && o.cause === undefined) {
-      parts.push(
-        tag !== undefined && text !== undefined && text !== tag ? `${tag} ${text}` : (text ?? tag ?? String(x))
-      )
-    } else if (tag !== undefined && o.reason === undefined) parts.push(tag)
-    x = o.reason ?? o.cause
-  }
-  return parts.join(": ") || String(e)
-}
-
 /** Taken records are prepared (`materialize`) when taken, so what is sent is always a wire record. */
 const toWire = (s: SentRecord<QueuedBody>): KvRecord => ({ ...s.record, n: s.n }) as KvRecord
 
@@ -137,6 +115,6 @@ export const runLink = (o: LinkOptions): Effect.Effect<never> =>
     return yield* retryForever({
       capMs: o.backoffMaxMs,
       attempt: (progressed) => session(o, setState(true, undefined), progressed),
-      onFailure: (err, _failures, retryInMs) => setState(false, message(err), retryInMs)
+      onFailure: (error, _failures, retryInMs) => setState(false, error, retryInMs)
     })
   })

@@ -13,7 +13,29 @@ export interface RetryOptions<E, R> {
   /** One attempt; it never succeeds, it ends when something breaks. */
   readonly attempt: (progressed: Effect.Effect<void>) => Effect.Effect<never, E, R>
   /** The `failures`-th attempt in a row without progress ended with `error`; the next starts in `retryInMs`. */
-  readonly onFailure: (error: unknown, failures: number, retryInMs: number) => Effect.Effect<void>
+  readonly onFailure: (error: string, failures: number, retryInMs: number) => Effect.Effect<void>
+}
+
+/** What went wrong, down to the OS error (RpcClientError -> SocketError -> SocketOpenError -> ENOENT). */
+const message = (e: unknown): string => {
+  const parts: Array<string> = []
+  for (let x: unknown = e, depth = 0; x !== null && typeof x === "object" && depth < 6; depth++) {
+    const o = x as {
+      readonly _tag?: unknown
+      readonly message?: unknown
+      readonly reason?: unknown
+      readonly cause?: unknown
+    }
+    const text = typeof o.message === "string" && o.message !== "" ? o.message : undefined
+    const tag = typeof o._tag === "string" ? o._tag : undefined
+    if (o.reason === undefined && o.cause === undefined) {
+      parts.push(
+        tag !== undefined && text !== undefined && text !== tag ? `${tag} ${text}` : (text ?? tag ?? String(x))
+      )
+    } else if (tag !== undefined && o.reason === undefined) parts.push(tag)
+    x = o.reason ?? o.cause
+  }
+  return parts.join(": ") || String(e)
 }
 
 /**
@@ -30,7 +52,7 @@ export const retryForever = <E, R>(o: RetryOptions<E, R>): Effect.Effect<never, 
       const exit = yield* Effect.exit(o.attempt(progressed))
       failures++
       const retryInMs = jitteredBackoffMs(failures, o.capMs, Math.random())
-      yield* o.onFailure(exit._tag === "Failure" ? Cause.squash(exit.cause) : exit, failures, retryInMs)
+      yield* o.onFailure(message(exit._tag === "Failure" ? Cause.squash(exit.cause) : exit), failures, retryInMs)
       yield* Effect.sleep(retryInMs)
     }
   })

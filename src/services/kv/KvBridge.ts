@@ -10,7 +10,7 @@ export interface KvBridgeStatus {
   readonly enabled: boolean
   /** Why the bridge is off (when `enabled` is false). */
   readonly disabledReason: string | undefined
-  /** The ZMQ subscriber is bound/connected. */
+  /** Every DP rank's ZMQ subscriber is bound/connected (false while one is failing and being resubscribed). */
   readonly subscribed: boolean
   readonly kvcachedConnected: boolean
   /** Batches kvcached acknowledged (applied). */
