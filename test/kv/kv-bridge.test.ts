@@ -158,7 +158,7 @@ describe("KvBridge with the simulator", () => {
     await pumpUntil(sim, bridge.status, 1)
     const before = await bridge.status()
     expect(before).toMatchObject({ enabled: true, subscribed: true, kvcachedConnected: false, forwarded: 0 })
-    expect(before.lastError).toMatch(/kvcached/)
+    expect(before.lastError).toMatch(/^kvcached .*ENOENT.* \(reconnecting in \d+ ms\)$/)
 
     const kc = await kvcached(sock)
     await until(() => kc.batches().length > 0 || undefined, "first batch")
@@ -184,6 +184,8 @@ describe("KvBridge with the simulator", () => {
 
     const st = await bridge.status()
     expect(st).toMatchObject({ kvcachedConnected: true, gaps: 1, resyncs: 1, dropped: 0 })
+    // kvcached is back: its connection error is not shown as if it were current.
+    expect(st.lastError).toBeUndefined()
     expect(await bridge.metrics()).toMatch(/cgn_agent_kv_events_forwarded_total [1-9]/)
     expect(await bridge.metrics()).toMatch(/cgn_agent_kvcached_connected 1/)
   })
@@ -337,7 +339,9 @@ describe("KvBridge with a scripted publisher", () => {
       return s.queued === 0 ? s : undefined
     }, "everything acknowledged")
     // Every batch the reader took counts once: forwarded (applied by kvcached) or dropped.
-    expect(st).toMatchObject({ forwarded: received - 1, dropped: 1, resyncs: 1 })
+    expect(st).toMatchObject({ forwarded: received - 1, dropped: 1, resyncs: 1, lastError: undefined })
+    // A batch that could not be used is history (lastBatchError), not a fault that is still there.
+    expect(st.lastBatchError).toMatch(new RegExp(`^DP rank 0 seq ${bad}: undecodable KV event batch: `))
     expect(st.forwarded).toBe(kc.batches().filter((b) => BigInt(b.seq as number) >= first).length)
     expect(await bridge.metrics()).toMatch(/cgn_agent_kv_events_dropped_total 1\n/)
   })
@@ -370,6 +374,8 @@ describe("KvBridge with a scripted publisher", () => {
       return undefined
     }, "batches after the resubscribe")
     expect(back.subscribed).toBe(true)
+    // Subscribed again: the reader's failure is over, and lastError no longer shows it.
+    expect(back.lastError).toBeUndefined()
     expect(await bridge.metrics()).toMatch(/cgn_agent_kv_events_subscribed 1\n/)
     const next = await until(() => kc.batches().find((b) => BigInt(b.seq as number) > lost), "the first batch after")
     // kvcached hears that the batches the reader missed are lost, right before the first one it got again.

@@ -179,6 +179,8 @@ describe("the kvcached link through a receiver that is killed and restarted", ()
     expect(a.batches).toBe(a.last - a.start + 1)
     expect(a.batches).toBeGreaterThanOrEqual(60)
     expect(st).toMatchObject({ forwarded: a.batches, dropped: 0, resyncs: 0, kvcachedConnected: true })
+    // Connected again: the failures of the killed receivers are not shown as current.
+    expect(st.lastError).toBeUndefined()
   }, 120_000)
 
   it("past the byte bound while the receiver is away, an overflow Resync names exactly what is missing", async () => {

@@ -71,7 +71,9 @@ describe("rankSequencer", () => {
       { type: "Resync", dp_rank: 3, reason: "decode", from_seq: 3, to_seq: 4 }
     ])
     expect(st.resyncs).toBe(1)
-    expect(st.lastError).toContain("undecodable KV event message")
+    // History of what could not be used, not a current fault: lastError stays for what is down.
+    expect(st.lastBatchError).toMatch(/^DP rank 3 seq 3: undecodable KV event batch: /)
+    expect(st.lastError).toBeUndefined()
   })
 
   it("an undecodable batch counts once, as dropped: not also as forwarded when kvcached acknowledges its Resync", () => {

@@ -53,6 +53,7 @@ export const disabledStatus = (epoch: string, reason: string): KvBridgeStatus =>
   unknownEvents: 0,
   unknownKeys: 0,
   lastError: undefined,
+  lastBatchError: undefined,
   epoch
 })
 
@@ -66,14 +67,22 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
     const sequencer = makeSequencer(st, queue, topic, o.replayTimeoutMs ?? 2_000)
 
     const backoffMaxMs = o.backoffMaxMs ?? 5_000
+    // lastError is what is failing now, per part (the kvcached link, each rank's reader): a part that recovers
+    // takes its error with it, so /status never shows an old failure as if it were current.
+    const faults = new Map<string, string>()
+    const fault = (part: string, error: string | undefined) => {
+      if (error === undefined) faults.delete(part)
+      else faults.set(part, error)
+      st.lastError = faults.size === 0 ? undefined : [...faults.values()].join("; ")
+    }
     // Replays run in the bridge's scope, not in a reader's: a reader that fails and is restarted must not take
     // a replay in flight with it (its rank would hold every later batch for good, waiting for it).
     const runReplays = Scope.provide(sequencer.runQueued, yield* Effect.scope)
     // Which ranks' readers are subscribed now; `subscribed` is all of them.
-    const up = new Array<boolean>(dpSize).fill(false)
+    const ranksUp = new Array<boolean>(dpSize).fill(false)
     const setUp = (rank: number, isUp: boolean) => {
-      up[rank] = isUp
-      st.subscribed = up.every((u) => u)
+      ranksUp[rank] = isUp
+      st.subscribed = ranksUp.every((u) => u)
     }
     // Each rank's stream, once its reader has one: the engine's end (engineGone) retracts them all.
     const streams: Array<RankStream> = []
@@ -82,7 +91,10 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
         const at = rankEndpoint(endpoint, rank)
         const replay = replayEndpoint === undefined ? undefined : rankEndpoint(replayEndpoint, rank)
         if (at === undefined || (replayEndpoint !== undefined && replay === undefined)) {
-          st.lastError = `kv events: cannot offset ${endpoint} for DP rank ${rank} (only tcp:// and inproc:// can be)`
+          fault(
+            `rank ${rank}`,
+            `kv events: cannot offset ${endpoint} for DP rank ${rank} (only tcp:// and inproc:// can be)`
+          )
           return
         }
         // One stream per rank for the life of the bridge, across reader restarts: a new socket continues it, so
@@ -105,10 +117,11 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
                 endpoint: at,
                 engineBinds,
                 topic,
-                onOpenFailed: (message) => {
-                  st.lastError = message
+                onOpenFailed: (message) => fault(`rank ${rank}`, message),
+                onSubscribed: () => {
+                  setUp(rank, true)
+                  fault(`rank ${rank}`, undefined)
                 },
-                onSubscribed: () => setUp(rank, true),
                 onFrames: (frames) =>
                   Effect.andThen(
                     progressed,
@@ -122,7 +135,10 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
           onFailure: (error, failures, retryInMs) =>
             Effect.gen(function* () {
               setUp(rank, false)
-              st.lastError = `kv events reader of DP rank ${rank} stopped: ${error} (failure ${failures} in a row; resubscribing in ${retryInMs} ms)`
+              fault(
+                `rank ${rank}`,
+                `kv events reader of DP rank ${rank} stopped: ${error} (failure ${failures} in a row; resubscribing in ${retryInMs} ms)`
+              )
               // Once per outage: later failures of the same outage only grow the backoff.
               if (failures === 1) {
                 yield* Effect.logWarning("kv events: the reader stopped; resubscribing", {
@@ -149,7 +165,7 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
         backoffMaxMs,
         onConnected: (up, err, retryInMs) => {
           st.kvcachedConnected = up
-          if (err !== undefined) st.lastError = `kvcached ${o.uds}: ${err} (reconnecting in ${retryInMs} ms)`
+          fault("kvcached", up ? undefined : `kvcached ${o.uds}: ${err} (reconnecting in ${retryInMs} ms)`)
         },
         onForwarded: (n) => {
           st.forwarded += n

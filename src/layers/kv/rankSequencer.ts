@@ -108,7 +108,7 @@ export const makeSequencer = (
         ? []
         : got.filter((b) => b.seq >= from && b.seq < until).map((b) => ({ ...b, dpRank: r.rank }))
     const complete = inRange.length === Number(until - from) && inRange.every((b, i) => b.seq === from + BigInt(i))
-    if (got instanceof Error) st.lastError = got.message
+    if (got instanceof Error) st.lastBatchError = `DP rank ${r.rank}: ${got.message}`
     if (complete) {
       for (const b of inRange) forward(r, b)
       if (gap) st.replayed++
@@ -163,7 +163,7 @@ export const makeSequencer = (
     const d = splitMessage(frames)
     if (!d.ok) {
       // No seq: nothing to account it to; the next batch's seq shows the gap.
-      st.lastError = `undecodable KV event message: ${d.error}`
+      st.lastBatchError = `DP rank ${r.rank}: undecodable KV event message: ${d.error}`
       return
     }
     st.lastSeq = d.raw.seq.toString()
@@ -179,7 +179,7 @@ export const makeSequencer = (
       st.unknownKeys += d.batch.unknownKeys
       return { record: batchRecord(d.batch), dropped: false }
     }
-    st.lastError = `undecodable KV event message: ${d.error}`
+    st.lastBatchError = `DP rank ${body.raw.dpRank} seq ${body.raw.seq}: undecodable KV event batch: ${d.error}`
     st.resyncs++
     const seq = body.raw.seq
     const record = resyncRecord({ reason: "decode", dpRank: body.raw.dpRank, fromSeq: seq, toSeq: seq + 1n })

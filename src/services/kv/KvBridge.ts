@@ -31,7 +31,17 @@ export interface KvBridgeStatus {
   /** Events of unknown types and unknown map keys skipped (newer engine versions). */
   readonly unknownEvents: number
   readonly unknownKeys: number
+  /**
+   * What is failing now, undefined when nothing is: the kvcached link or a DP rank's reader that is down (why,
+   * and when the next try is), or an endpoint that cannot be offset for a rank. Each part is cleared when what
+   * it describes recovers (kvcached answers Hello, the reader is subscribed again); several are joined by "; ".
+   */
   readonly lastError: string | undefined
+  /**
+   * The last batch the bridge could not use (an undecodable message or batch, a failed replay): history, never
+   * cleared, since nothing recovers from it; what it cost is already counted in `dropped`, `resyncs` and `gaps`.
+   */
+  readonly lastBatchError: string | undefined
   /** This agent run's id, sent in Hello. */
   readonly epoch: string
 }
