@@ -4,6 +4,7 @@
 // refusal on a foreign listener, and openai_compat (no process, same state machine).
 import { type ChildProcess, spawn } from "node:child_process"
 import * as fs from "node:fs"
+import * as http from "node:http"
 import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
@@ -297,6 +298,34 @@ describe("the state dir", () => {
       silent.logs.join("\n")
     )
   }, 40_000)
+})
+
+describe("the engine's port", () => {
+  // The port is checked free at the start only; the engine binds it after loading (minutes for a real model).
+  it("a server outside the engine's group answering on the engine's port does not make the engine Ready", async () => {
+    // The engine only waits, never listens; this process takes its port once the start-up check has passed.
+    const s = await setup("vllm", { engine: { command: [process.execPath, "-e", "setInterval(() => {}, 1000)"] } })
+    const h = await start(s.plan, s.settings)
+    const server = http.createServer((_req, res) => res.writeHead(200).end("{}"))
+    await new Promise<void>((r) => server.listen(s.port, "127.0.0.1", r))
+    cleanups.push(
+      () =>
+        new Promise<void>((r) => {
+          server.closeAllConnections()
+          server.close(() => r())
+        })
+    )
+    const seen = await awaitState(
+      h,
+      "Ready, or the foreign listener seen",
+      (x) => x._tag === "Ready" || (x._tag === "Starting" && x.phase === "port held by another process")
+    )
+    assert.strictEqual(seen._tag, "Starting", "Ready on another process's answer")
+    assert.isTrue(
+      h.logs.some((l) => l.includes(`port ${s.port} is answered by a process outside the engine's process group`)),
+      h.logs.join("\n")
+    )
+  })
 })
 
 describe("llama.cpp readiness", () => {

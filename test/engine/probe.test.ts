@@ -1,10 +1,15 @@
 // The live readiness probe (layers/engine/probe.ts) against real loopback servers: each outcome the supervisor
-// acts on (ready, "not yet" with its phase, the attempt's own timeout), and the completion probe's POST.
+// acts on (ready, "not yet" with its phase, the attempt's own timeout), and the completion probe's POST. Then who
+// holds the port that answers (layers/engine/portHolder.ts): the /proc tables read, and real listeners in this
+// process's group and in another's.
+import { spawn } from "node:child_process"
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http"
 import type { AddressInfo } from "node:net"
 import { Effect } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
+import { listenerInodes, portHolder, portHolderOf, socketInode } from "../../src/layers/engine/portHolder.ts"
 import { probeOnce } from "../../src/layers/engine/probe.ts"
+import { readStat } from "../../src/layers/engine/processGroup.ts"
 import { freePort } from "../support/ports.ts"
 
 const servers: Array<Server> = []
@@ -105,5 +110,65 @@ describe("probeOnce", () => {
     if (r.ok) return expect.unreachable("engine.invalid resolved")
     expect(r.reason).toMatch(/^(ENOTFOUND|EAI_AGAIN)$/)
     expect(r.phase).toBe(`unreachable (${r.reason})`)
+  })
+})
+
+describe("portHolder", () => {
+  const header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode"
+  // 8000 = 0x1F40: a listener (0A) on 0.0.0.0, a connection to it (01), and a listener on another port
+  const tcp = [
+    header,
+    "   0: 00000000:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 4711 1 0000000000000000 100 0 0 10 0",
+    "   1: 0100007F:1F40 0100007F:D2F0 01 00000000:00000000 00:00000000 00000000  1000        0 4712 1 0000000000000000 20 4 30 10 -1",
+    "   2: 0100007F:1F41 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 4713 1 0000000000000000 100 0 0 10 0"
+  ].join("\n")
+  const tcp6 = [
+    header,
+    "   0: 00000000000000000000000001000000:1F40 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 4714 1 0000000000000000 100 0 0 10 0"
+  ].join("\n")
+
+  it("reads the listeners on a port from /proc/net/tcp and tcp6, and socket inodes from fd links", () => {
+    expect(listenerInodes(tcp, 8000)).toEqual(["4711"])
+    expect(listenerInodes(tcp6, 8000)).toEqual(["4714"])
+    expect(listenerInodes(tcp, 8002)).toEqual([])
+    expect(listenerInodes("", 8000)).toEqual([])
+    expect(socketInode("socket:[4711]")).toBe("4711")
+    expect(socketInode("pipe:[4711]")).toBeUndefined()
+    expect(socketInode("/dev/null")).toBeUndefined()
+  })
+
+  it("the engine's when its group holds a listener; another's only when every member's sockets were read", () => {
+    expect(portHolderOf(["4711"], new Set(["9", "4711"]), true)).toBe("engine")
+    expect(portHolderOf(["4711"], new Set(["9"]), true)).toBe("other")
+    expect(portHolderOf(["4711"], new Set(["9"]), false)).toBe("unknown")
+    expect(portHolderOf([], new Set(["4711"]), true)).toBe("unknown")
+  })
+
+  it("a listener of this process's group is its own; one of another group is another's; none is unknown", async () => {
+    const ownGroup = readStat(process.pid)?.pgrp
+    if (ownGroup === undefined) return expect.unreachable("no /proc here")
+    const url = await serve((_req, res) => res.end())
+    const ownPort = Number(new URL(url).port)
+    expect(portHolder(ownPort, ownGroup)).toBe("engine")
+
+    // a listener in a process of its own group, as a service that took the engine's port
+    const other = spawn(
+      process.execPath,
+      [
+        "-e",
+        "const s = require('node:net').createServer().listen(0, '127.0.0.1', () => console.log(s.address().port))"
+      ],
+      { detached: true, stdio: ["ignore", "pipe", "ignore"] }
+    )
+    const exited = new Promise((r) => other.once("exit", r))
+    try {
+      const port = await new Promise<number>((resolve) => other.stdout?.once("data", (c: Buffer) => resolve(Number(c))))
+      expect(portHolder(port, ownGroup)).toBe("other")
+      expect(portHolder(port, other.pid!)).toBe("engine")
+    } finally {
+      other.kill("SIGKILL")
+      await exited
+    }
+    expect(portHolder(await freePort(), ownGroup)).toBe("unknown")
   })
 })

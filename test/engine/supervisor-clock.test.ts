@@ -68,7 +68,9 @@ const makeFakeHost = Effect.gen(function* () {
           exited: run.exited,
           lastLines: Effect.succeed([`[stderr] run ${options.run} output`]),
           stop,
-          drainOutput: () => Effect.void
+          drainOutput: () => Effect.void,
+          // no sockets: nothing to tell by, as where /proc cannot say
+          portHolder: () => Effect.succeed("unknown" as const)
         }
       }),
     probe: () =>

@@ -16,6 +16,7 @@ import { type EngineRun, type RunExit, type SpawnOptions, valueIfDone } from "..
 import { buildGuardArgs, decodeReport, REPORT_FD, type StopOutcome } from "../../services/engine/GuardProtocol.ts"
 import { engineOutput } from "../observability/Logging.ts"
 import { pollUntil } from "./groupWait.ts"
+import { portHolder } from "./portHolder.ts"
 import { groupAlive, KILL_WAIT_MS, pidAlive, signalGroup } from "./processGroup.ts"
 
 const lines = (input: Readable) =>
@@ -149,6 +150,8 @@ export const spawnRun =
         exited,
         stop,
         lastLines: Ref.get(ring),
-        drainOutput: drain
+        drainOutput: drain,
+        portHolder: (port) =>
+          Effect.map(valueIfDone(pid), (pgid) => (pgid === undefined ? "unknown" : portHolder(port, pgid)))
       } satisfies EngineRun
     })

@@ -106,7 +106,9 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
     // engine.startup_timeout is the engine's own load budget: it runs from the spawn, not from before the
     // wait for free GPUs (a long wait used up the budget and the run was killed as it began to load).
     const spawnedAt = yield* Clock.currentTimeMillis
-    const watching = watchRun(s, run, spawnedAt, readyAt)
+    // Nothing spawned (openai_compat), nothing to tell the engine's listener by.
+    const holder = sp === undefined ? Effect.succeed("unknown" as const) : sp.run.portHolder(s.plan.port)
+    const watching = watchRun(s, { run, since: spawnedAt, readyAt, holder })
     const reason =
       sp === undefined
         ? yield* watching

@@ -5,7 +5,7 @@
  */
 import { Clock, Deferred, Effect } from "effect"
 import type { LaunchPlan } from "../../services/engine/Engine.ts"
-import type { EngineHostService } from "../../services/engine/EngineHost.ts"
+import type { EngineHostService, PortHolder, ProbeResult } from "../../services/engine/EngineHost.ts"
 import { Event, livenessStep, type SupervisorEvent } from "../../services/engine/EngineState.ts"
 import type { SupervisorSettings } from "./supervisorSettings.ts"
 
@@ -19,19 +19,44 @@ export interface Supervision {
 
 const now = Clock.currentTimeMillis
 
+/** One run as its watch sees it. */
+export interface WatchedRun {
+  readonly run: number
+  /** When it was spawned: the startup budget runs from here. */
+  readonly since: number
+  /** Completed when it turns Ready. */
+  readonly readyAt: Deferred.Deferred<number>
+  /** Who listens on the engine's port: an answer from a listener outside the engine's group is not the engine's. */
+  readonly holder: Effect.Effect<PortHolder>
+}
+
 /** Probes until Ready (completing `readyAt`) or the startup budget is spent; false on a timeout. */
-const readiness = (s: Supervision, run: number, since: number, readyAt: Deferred.Deferred<number>) =>
+const readiness = (s: Supervision, { run, since, readyAt, holder }: WatchedRun) =>
   Effect.gen(function* () {
     const { plan, settings } = s
     const deadline = since + settings.startupTimeoutMs
     let lastLog = since
+    let warned = false
     for (;;) {
       const remaining = deadline - (yield* now)
       if (remaining <= 0) {
         yield* s.publish(Event.StartupTimedOut({ budgetMs: settings.startupTimeoutMs, at: yield* now }))
         return false
       }
-      const r = yield* s.host.probe(plan.probe, Math.min(remaining, 10_000))
+      let r: ProbeResult = yield* s.host.probe(plan.probe, Math.min(remaining, 10_000))
+      if (r.ok && (yield* holder) === "other") {
+        r = {
+          ok: false,
+          reason: `port ${plan.port} answers, but no process of the engine's group listens on it`,
+          phase: "port held by another process"
+        }
+        if (!warned) {
+          warned = true
+          yield* Effect.logWarning(
+            `engine run ${run}: port ${plan.port} is answered by a process outside the engine's process group (an engine left by an earlier run, or another service); not Ready while it holds the port`
+          )
+        }
+      }
       yield* Effect.logDebug("engine readiness probe", { run, url: plan.probe.url, ...r })
       if (r.ok) {
         const at = yield* now
@@ -76,7 +101,5 @@ const liveness = (s: Supervision) =>
   })
 
 /** Readiness, then liveness: completes only with the reason the run must end; `readyAt` says when it was Ready. */
-export const watchRun = (s: Supervision, run: number, since: number, readyAt: Deferred.Deferred<number>) =>
-  Effect.flatMap(readiness(s, run, since, readyAt), (ready) =>
-    ready ? liveness(s) : Effect.succeed("startup timeout")
-  )
+export const watchRun = (s: Supervision, w: WatchedRun) =>
+  Effect.flatMap(readiness(s, w), (ready) => (ready ? liveness(s) : Effect.succeed("startup timeout")))

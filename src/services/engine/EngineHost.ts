@@ -15,6 +15,12 @@ export interface RunExit {
   readonly problem: string | undefined
 }
 
+/**
+ * Who holds the listening socket on the engine's port: a process of the run's group, another process (its
+ * answers are not the engine's), or unknown (nothing to tell by: no /proc, the socket not visible).
+ */
+export type PortHolder = "engine" | "other" | "unknown"
+
 /** One spawned run, alive for the scope it was spawned in. */
 export interface EngineRun {
   /** When it was spawned (epoch ms, Effect Clock). */
@@ -29,6 +35,8 @@ export interface EngineRun {
   readonly stop: Effect.Effect<StopOutcome>
   /** Waits (bounded) for the output pipes to deliver what is buffered, so lastLines is complete. */
   readonly drainOutput: (ms: number) => Effect.Effect<void>
+  /** Who listens on `port` now; "unknown" until the pid is known. */
+  readonly portHolder: (port: number) => Effect.Effect<PortHolder>
 }
 
 export interface SpawnOptions {
