@@ -105,6 +105,7 @@ const settings = (stateDir: string): SupervisorSettings => ({
   livenessFailures: 3,
   backoff: { initialMs: 2_000, maxMs: 30_000, stableAfterMs: 600_000, crashLoopAfter: 3 },
   stateDir,
+  verifyListener: true,
   probeIntervalMs: 500,
   progressEveryMs: 5_000,
   linesKept: 50

@@ -106,8 +106,12 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
     // engine.startup_timeout is the engine's own load budget: it runs from the spawn, not from before the
     // wait for free GPUs (a long wait used up the budget and the run was killed as it began to load).
     const spawnedAt = yield* Clock.currentTimeMillis
-    // Nothing spawned (openai_compat), nothing to tell the engine's listener by.
-    const holder = sp === undefined ? Effect.succeed("unknown" as const) : sp.run.portHolder(s.plan.port)
+    // Nothing spawned (openai_compat), nothing to tell the engine's listener by; or an engine.command that runs the
+    // engine outside our process group (a container runtime), whose listener is never the group's: trust the probe.
+    const holder =
+      sp === undefined || !s.settings.verifyListener
+        ? Effect.succeed("unknown" as const)
+        : sp.run.portHolder(s.plan.port)
     const watching = watchRun(s, { run, since: spawnedAt, readyAt, holder })
     const reason =
       sp === undefined

@@ -11,6 +11,8 @@ export interface SupervisorSettings {
   readonly backoff: BackoffPolicy
   /** [agent].state_dir: where the engine pid file lives. */
   readonly stateDir: string
+  /** [engine].verify_listener: a readiness answer counts only from a listener of the engine's process group. */
+  readonly verifyListener: boolean
   readonly probeIntervalMs: number
   readonly progressEveryMs: number
   readonly linesKept: number
@@ -28,6 +30,7 @@ export const settingsFromConfig = (config: AgentConfig): SupervisorSettings => (
     crashLoopAfter: 3
   },
   stateDir: config.agent.state_dir,
+  verifyListener: config.engine.verify_listener,
   probeIntervalMs: 500,
   progressEveryMs: 5_000,
   linesKept: 50

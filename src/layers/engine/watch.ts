@@ -53,7 +53,7 @@ const readiness = (s: Supervision, { run, since, readyAt, holder }: WatchedRun) 
         if (!warned) {
           warned = true
           yield* Effect.logWarning(
-            `engine run ${run}: port ${plan.port} is answered by a process outside the engine's process group (an engine left by an earlier run, or another service); not Ready while it holds the port`
+            `engine run ${run}: port ${plan.port} is answered by a process outside the engine's process group (an engine left by an earlier run, or another service); not Ready while it holds the port (an engine.command that runs the engine outside the agent's process group, e.g. in a container, needs engine.verify_listener = false)`
           )
         }
       }

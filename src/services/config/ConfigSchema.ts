@@ -223,6 +223,7 @@ export const EngineSection = Schema.Struct({
     )
   ),
   stream_idle_timeout: withDefault(ShortDuration, "5m"),
+  verify_listener: withDefault(Schema.Boolean, true),
   gpu_free_timeout: withDefault(ShortDuration, "2m"),
   gpu_free_below_mib: withDefault(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), 1024)
 })
