@@ -221,7 +221,13 @@ describe("the built agent's own polling", () => {
     // Exactly the life cycle's steps (each once) and the call: a span per probe, scrape or engine poll would add
     // to the list.
     expect(mine.map((s) => s.name).sort()).toEqual(
-      ["Agent.drain", "EngineProcess.make", "EngineProcess.reclaim", "cgn.agent.Generate"].sort()
+      [
+        "Agent.drain",
+        "EngineProcess.holdStateDir",
+        "EngineProcess.make",
+        "EngineProcess.reclaim",
+        "cgn.agent.Generate"
+      ].sort()
     )
   })
 })
