@@ -22,7 +22,7 @@ afterEach(async () => {
 })
 
 /** The link against a receiver whose Push does `broken` while `failing`, and acknowledges everything otherwise. */
-const setup = async (broken: (p: PushPayload) => Effect.Effect<never, UnknownStream>) => {
+const setup = async (broken: (p: PushPayload) => Effect.Effect<never, UnknownStream>, callTimeoutMs?: number) => {
   const dir = await fs.mkdtemp(path.join(os.tmpdir(), "kvbackoff-"))
   cleanups.push(() => fs.rm(dir, { recursive: true, force: true }))
   const sock = path.join(dir, "kvcached.sock")
@@ -53,7 +53,8 @@ const setup = async (broken: (p: PushPayload) => Effect.Effect<never, UnknownStr
         if (up) ups++
         else downs.push({ error: error ?? "", retryInMs: retryInMs ?? -1 })
       },
-      onForwarded: () => {}
+      onForwarded: () => {},
+      ...(callTimeoutMs === undefined ? {} : { callTimeoutMs })
     })
   )
   cleanups.push(() => Effect.runPromise(Fiber.interrupt(fiber)))
@@ -93,4 +94,14 @@ describe("the kvcached link's backoff", () => {
       expect(checkDelays([link.downs[before]?.retryInMs ?? -1])).toEqual(["ok"])
     }
   )
+
+  it("drops a session whose Push is never answered (kvcached stuck, its pings still answered) and resends the chunk", async () => {
+    const link = await setup(() => Effect.never, 300)
+    link.send()
+    await pollUntil("the stuck Push given up", () => link.downs.length >= 1, 10_000, 10)
+    expect(link.downs[0]?.error).toMatch(/kvcached did not answer Push within 300 ms/)
+    // The unanswered chunk was kept: once kvcached answers, it is resent and acknowledged.
+    link.ctl.failing = false
+    await pollUntil("acknowledged", () => link.queue.size === 0 && link.queue.unacked.length === 0, 10_000, 10)
+  })
 })

@@ -35,7 +35,15 @@ export interface LinkOptions {
   readonly chunkBytes?: number
   /** A connection with no frame from kvcached for this long is dropped (default 5 s; RPC pings keep it busy). */
   readonly pingIntervalMs?: number
+  /**
+   * How long Hello or one Push may go unanswered before the session is dropped and retried (default 30 s). The
+   * pings only show that the connection is up: a kvcached that answers them but is stuck applying a chunk would
+   * otherwise hold the link, and with it every event after that chunk, for good.
+   */
+  readonly callTimeoutMs?: number
 }
+
+export const DEFAULT_CALL_TIMEOUT_MS = 30_000
 
 /** Taken records are prepared (`materialize`) when taken, so what is sent is always a wire record. */
 const toWire = (s: SentRecord<QueuedBody>): KvRecord => ({ ...s.record, n: s.n }) as KvRecord
@@ -73,7 +81,13 @@ const session = (o: LinkOptions, onUp: Effect.Effect<void>, progressed: Effect.E
     )
     // Built in this session's scope: the socket lives exactly as long as the session.
     const client = yield* RpcClient.make(KvcachedRpcs).pipe(Effect.provideContext(yield* Layer.build(protocol)))
-    const welcome = yield* client.Hello(o.hello)
+    const callTimeoutMs = o.callTimeoutMs ?? DEFAULT_CALL_TIMEOUT_MS
+    const answered = <A, E>(call: string, effect: Effect.Effect<A, E>) =>
+      Effect.timeoutOrElse(effect, {
+        duration: callTimeoutMs,
+        orElse: () => Effect.fail(new Error(`kvcached did not answer ${call} within ${callTimeoutMs} ms`))
+      })
+    const welcome = yield* answered("Hello", client.Hello(o.hello))
     if (welcome.applied !== null) o.onForwarded(o.queue.ack(welcome.applied))
     yield* onUp
     const { queue } = o
@@ -88,7 +102,10 @@ const session = (o: LinkOptions, onUp: Effect.Effect<void>, progressed: Effect.E
         if (chunk.length === 0) continue
       }
       const last = (chunk[chunk.length - 1] as SentRecord<QueuedBody>).n
-      const r = yield* client.Push({ node_id: o.hello.node_id, epoch: o.hello.epoch, records: chunk.map(toWire) })
+      const r = yield* answered(
+        "Push",
+        client.Push({ node_id: o.hello.node_id, epoch: o.hello.epoch, records: chunk.map(toWire) })
+      )
       if (r.applied !== null) o.onForwarded(queue.ack(r.applied))
       // A receiver that applies less than it was sent has lost the thread: start over with Hello.
       if (r.applied === null || r.applied < last) {
