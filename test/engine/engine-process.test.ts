@@ -18,7 +18,13 @@ import * as EngineProcessLive from "../../src/layers/engine/EngineProcess.ts"
 import { layerFromPlan, type SupervisorSettings, settingsFromConfig } from "../../src/layers/engine/EngineProcess.ts"
 import { type PidRecord, pidFilePath, readPidFile, writePidFile } from "../../src/layers/engine/pidFile.ts"
 import { groupAlive, pidAlive, processStartMs } from "../../src/layers/engine/processGroup.ts"
-import { decodeLock, holdStateDir, type LockRecord, lockFilePath } from "../../src/layers/engine/stateLock.ts"
+import {
+  decodeLock,
+  HEARTBEAT_STALE_MS,
+  holdStateDir,
+  type LockRecord,
+  lockFilePath
+} from "../../src/layers/engine/stateLock.ts"
 import { guardEntry } from "../../src/programs/guardEntry.ts"
 import type { EngineKind } from "../../src/services/config/Config.ts"
 import type { LaunchPlan } from "../../src/services/engine/Engine.ts"
@@ -286,10 +292,24 @@ describe("the state dir", () => {
     await reused.close()
 
     // Another pid namespace (a restarted container, a pod sharing a hostPath): its heartbeat says if it is alive.
+    // A holder that keeps refreshing it is refused...
     writeLock({ pid: 7, pidNs: "pid:[1]" })
-    const fresh = await tryStart(s)
+    const refresher = setInterval(() => fs.utimesSync(lock, new Date(), new Date()), 200)
+    const fresh = await tryStart(s).finally(() => clearInterval(refresher))
     assert.include(fresh.cause, "AnotherAgent")
     assert.include(fresh.cause, "another pid namespace (pid:[1])")
+    // ...and one whose refreshes stopped a moment ago (the container before this one, crashed) is waited out, not
+    // refused: the start goes on once the lock has been silent for the whole heartbeat.
+    const crashedAt = Date.now() - (HEARTBEAT_STALE_MS - 1_500)
+    fs.utimesSync(lock, new Date(crashedAt), new Date(crashedAt))
+    const restarted = await tryStart(s)
+    assert.isTrue(Exit.isSuccess(restarted.exit), restarted.cause)
+    assert.isTrue(
+      restarted.logs.some((l) => /another pid namespace \(pid:\[1\]\), silent for 1[56] s/.test(l)),
+      restarted.logs.join("\n")
+    )
+    await restarted.close()
+    writeLock({ pid: 7, pidNs: "pid:[1]" })
     fs.utimesSync(lock, new Date(Date.now() - 60_000), new Date(Date.now() - 60_000))
     const silent = await tryStart(s)
     assert.isTrue(Exit.isSuccess(silent.exit), silent.cause)
@@ -297,7 +317,16 @@ describe("the state dir", () => {
       silent.logs.some((l) => /silent for \d+ s/.test(l)),
       silent.logs.join("\n")
     )
-  }, 40_000)
+    await silent.close()
+
+    // Something that is not a lock file in its place (a directory, a dangling link, a file this user cannot
+    // read): the start fails at once, saying so, rather than retrying it for good.
+    fs.mkdirSync(lock)
+    const unreadable = await tryStart(s)
+    assert.include(unreadable.cause, "StateDir")
+    assert.include(unreadable.cause, `cannot read ${lock}`)
+    fs.rmdirSync(lock)
+  }, 60_000)
 })
 
 describe("the engine's port", () => {

@@ -2,7 +2,7 @@
 // holds it from what a contender sees. The lock taken, refused, taken over and released for real is in
 // engine-process.test.ts ("the state dir").
 import { describe, expect, it } from "vitest"
-import { START_MATCH_MS } from "../../src/layers/engine/processGroup.ts"
+import { pidAlive, START_MATCH_MS } from "../../src/layers/engine/processGroup.ts"
 import {
   decodeLock,
   HEARTBEAT_STALE_MS,
@@ -28,7 +28,7 @@ const sight = (over: Partial<LockSight> = {}): LockSight => ({
 
 describe("lockVerdict", () => {
   it("held while its agent lives and started when the lock says", () => {
-    expect(lockVerdict(record, sight())).toEqual({ _tag: "Held", by: "agent pid 4242" })
+    expect(lockVerdict(record, sight())).toEqual({ _tag: "Held", by: "agent pid 4242", heartbeat: false })
     expect(lockVerdict(record, sight({ startMs: record.startedAt! + START_MATCH_MS }))._tag).toBe("Held")
     // where /proc cannot say when a process started, a live pid is taken as the holder
     expect(lockVerdict({ ...record, startedAt: undefined }, sight({ startMs: undefined }))._tag).toBe("Held")
@@ -51,7 +51,7 @@ describe("lockVerdict", () => {
     ]) {
       // the pid is not looked at: alive or not here, it is another process
       const fresh = lockVerdict(record, sight({ self, alive: false, ageMs: HEARTBEAT_STALE_MS - 1 }))
-      expect(fresh._tag).toBe("Held")
+      expect(fresh).toMatchObject({ _tag: "Held", heartbeat: true })
       expect(lockVerdict(record, sight({ self, alive: true, ageMs: HEARTBEAT_STALE_MS }))._tag).toBe("Stale")
     }
   })
@@ -65,5 +65,13 @@ describe("decodeLock", () => {
     for (const text of ["", "{", "null", '{"pid":"1","host":"h","token":"t"}', '{"pid":1}']) {
       expect(decodeLock(text)).toBeUndefined()
     }
+  })
+})
+
+describe("pidAlive", () => {
+  it("pid 1 is a process (an agent without an init in its container is pid 1); 0 and below are not", () => {
+    expect(pidAlive(1)).toBe(true)
+    expect(pidAlive(process.pid)).toBe(true)
+    for (const pid of [0, -1, 1.5]) expect(pidAlive(pid)).toBe(false)
   })
 })

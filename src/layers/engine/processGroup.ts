@@ -114,7 +114,8 @@ export const groupAlive = (pgid: number): boolean => groupMembers(pgid).length >
 
 /** Whether one process is alive (not a zombie). */
 export const pidAlive = (pid: number): boolean => {
-  if (!Number.isInteger(pid) || pid <= 1 || !exists(pid)) return false
+  // pid 1 is a real process (the agent itself in a container without an init); 0 and below name groups.
+  if (!Number.isInteger(pid) || pid < 1 || !exists(pid)) return false
   if (!hasProc) return true
   const st = readStat(pid)
   return st !== undefined && st.state !== "Z" && st.state !== "X"

@@ -69,8 +69,11 @@ export interface LockSight {
 }
 
 export type LockVerdict = Data.TaggedEnum<{
-  /** A live agent holds it: `by` names it. */
-  Held: { readonly by: string }
+  /**
+   * A live agent holds it: `by` names it. `heartbeat`: judged by the lock's refreshes alone (another pid
+   * namespace or host), so only a refresh seen from here proves the holder is still there.
+   */
+  Held: { readonly by: string; readonly heartbeat: boolean }
   /** Nobody holds it any more: `why` says so, for the takeover's log line. */
   Stale: { readonly why: string }
 }>
@@ -84,7 +87,7 @@ export const lockVerdict = (record: LockRecord | undefined, seen: LockSight): Lo
     const where = `${who} on ${record.host}, another pid namespace (${record.pidNs ?? "unknown"})`
     const secs = Math.round(seen.ageMs / 1000)
     return seen.ageMs < HEARTBEAT_STALE_MS
-      ? Verdict.Held({ by: `${where}, alive ${secs} s ago` })
+      ? Verdict.Held({ by: `${where}, alive ${secs} s ago`, heartbeat: true })
       : Verdict.Stale({ why: `${where}, silent for ${secs} s` })
   }
   // Pids are unique in a namespace and this process takes the lock once: a lock naming its pid is a dead
@@ -93,7 +96,7 @@ export const lockVerdict = (record: LockRecord | undefined, seen: LockSight): Lo
   if (!seen.alive) return Verdict.Stale({ why: `${who} is gone` })
   if (!startMatches(seen.startMs, record.startedAt))
     return Verdict.Stale({ why: `pid ${record.pid} is now another process (started at another time): a reused pid` })
-  return Verdict.Held({ by: who })
+  return Verdict.Held({ by: who, heartbeat: false })
 }
 
 const pidNamespace = (): string | undefined => {
@@ -106,14 +109,52 @@ const pidNamespace = (): string | undefined => {
 
 const code = (err: unknown): string | undefined => (err as NodeJS.ErrnoException | undefined)?.code
 
-/** The lock's text and mtime now; undefined when there is none. */
+/**
+ * The lock's text and mtime now; undefined when there is none (removed between a look and the next). Any other
+ * failure (a directory or dangling link in its place, a file this user cannot read) fails the start: retrying it
+ * would spin for good.
+ */
 const readLock = (file: string) =>
-  Effect.promise(async () => {
-    try {
-      const [text, st] = await Promise.all([fs.readFile(file, "utf8"), fs.stat(file)])
-      return { text, mtimeMs: st.mtimeMs }
-    } catch {
-      return undefined
+  Effect.tryPromise({
+    try: async () => {
+      try {
+        const [text, st] = await Promise.all([fs.readFile(file, "utf8"), fs.stat(file)])
+        return { text, mtimeMs: st.mtimeMs }
+      } catch (err) {
+        if (code(err) === "ENOENT") return undefined
+        throw err
+      }
+    },
+    catch: (err) =>
+      new EngineProcessError({ reason: "StateDir", detail: `cannot read ${file}: ${String(err)}; remove it by hand` })
+  })
+
+/** The lock's mtime now, or undefined when it cannot be read (then the next look decides). */
+const lockMtime = (file: string) =>
+  Effect.promise(() =>
+    fs.stat(file).then(
+      (st) => st.mtimeMs,
+      () => undefined
+    )
+  )
+
+/** How often a contender looks for a refresh of a lock it judges by its heartbeat. */
+const REFRESH_POLL_MS = 500
+
+/**
+ * Waits until the lock last refreshed at `mtimeMs` is refreshed again (true: its holder lives) or has been silent
+ * for HEARTBEAT_STALE_MS (false). A container restarted after a crash finds its predecessor's lock refreshed a
+ * few seconds ago: waiting out the rest of the heartbeat takes it over then, where refusing at once would make
+ * the new container exit and crash-loop for nothing.
+ */
+const awaitRefresh = (file: string, mtimeMs: number) =>
+  Effect.gen(function* () {
+    for (;;) {
+      const now = yield* Clock.currentTimeMillis
+      const m = yield* lockMtime(file)
+      if (m !== undefined && m > mtimeMs) return true
+      if (m === undefined || now - mtimeMs >= HEARTBEAT_STALE_MS) return false
+      yield* Effect.sleep(Math.min(REFRESH_POLL_MS, HEARTBEAT_STALE_MS - (now - mtimeMs)))
     }
   })
 
@@ -122,15 +163,20 @@ const readLock = (file: string) =>
  * replaced it meanwhile with its own lock, that one is put back, and the next look at the lock sees it held.
  */
 const removeStale = (file: string, staleText: string, aside: string) =>
-  Effect.promise(async () => {
-    try {
-      await fs.rename(file, aside)
-    } catch {
-      return // gone already: another contender removed it
-    }
-    if ((await fs.readFile(aside, "utf8").catch(() => undefined)) !== staleText)
-      await fs.link(aside, file).catch(() => undefined)
-    await fs.rm(aside, { force: true }).catch(() => undefined)
+  Effect.tryPromise({
+    try: async () => {
+      try {
+        await fs.rename(file, aside)
+      } catch (err) {
+        if (code(err) === "ENOENT") return // gone already: another contender removed it
+        throw err
+      }
+      if ((await fs.readFile(aside, "utf8").catch(() => undefined)) !== staleText)
+        await fs.link(aside, file).catch(() => undefined)
+      await fs.rm(aside, { force: true }).catch(() => undefined)
+    },
+    catch: (err) =>
+      new EngineProcessError({ reason: "StateDir", detail: `cannot remove the stale ${file}: ${String(err)}` })
   })
 
 /** Takeovers tried before giving up (each one follows a lock judged stale that a contender replaced meanwhile). */
@@ -147,6 +193,19 @@ const take = (stateDir: string, file: string, text: string, token: string) =>
       try: () => fs.writeFile(own, text, { flag: "wx" }),
       catch: (err) => new EngineProcessError({ reason: "StateDir", detail: `cannot write ${own}: ${String(err)}` })
     })
+    const self = { pid: process.pid, pidNs: pidNamespace(), host: os.hostname() }
+    const judge = (held: { readonly text: string; readonly mtimeMs: number }) =>
+      Effect.map(Clock.currentTimeMillis, (now) => {
+        const record = decodeLock(held.text)
+        const pid = record?.pid ?? 0
+        return lockVerdict(record, {
+          self,
+          alive: pidAlive(pid),
+          startMs: processStartMs(pid),
+          ageMs: now - held.mtimeMs
+        })
+      })
+    // Each pass that finds the lock gone, or takes a stale one over, and then loses the race for it counts.
     for (let attempt = 1; ; attempt++) {
       const linked = yield* Effect.promise(() =>
         fs.link(own, file).then(
@@ -156,25 +215,24 @@ const take = (stateDir: string, file: string, text: string, token: string) =>
       )
       if (linked === undefined) return
       if (code(linked) !== "EEXIST") return yield* fail("StateDir", `cannot create ${file}: ${String(linked)}`)
-      const held = yield* readLock(file)
+      if (attempt > ATTEMPTS)
+        return yield* fail("StateDir", `cannot take ${file}: other agents keep taking and releasing it`)
+      let held = yield* readLock(file)
       if (held === undefined) continue // released between the link and the read: try again
-      const record = decodeLock(held.text)
-      const pid = record?.pid ?? 0
-      const verdict = lockVerdict(record, {
-        self: { pid: process.pid, pidNs: pidNamespace(), host: os.hostname() },
-        alive: pidAlive(pid),
-        startMs: processStartMs(pid),
-        ageMs: (yield* Clock.currentTimeMillis) - held.mtimeMs
-      })
+      let verdict = yield* judge(held)
+      if (verdict._tag === "Held" && verdict.heartbeat && !(yield* awaitRefresh(file, held.mtimeMs))) {
+        // Silent for the whole heartbeat: judged again now, so it is stale unless it was replaced meanwhile.
+        held = yield* readLock(file)
+        if (held === undefined) continue
+        verdict = yield* judge(held)
+      }
       if (verdict._tag === "Held")
         return yield* fail(
           "AnotherAgent",
           `agent.state_dir ${stateDir} is held by ${verdict.by} (${file}); two agents on one state_dir would stop each other's engine: stop that agent or give this one its own state_dir`
         )
-      if (attempt >= ATTEMPTS)
-        return yield* fail("StateDir", `cannot take over ${file}: other agents keep replacing it`)
-      yield* Effect.logWarning(`taking over ${file}: ${verdict.why}`)
       yield* removeStale(file, held.text, `${own}.stale`)
+      yield* Effect.logWarning(`taking over ${file}: ${verdict.why}`)
     }
   }).pipe(Effect.ensuring(Effect.promise(() => fs.rm(`${file}.${token}`, { force: true }).catch(() => undefined))))
 
