@@ -3,9 +3,11 @@
  * again and again with the agent's capped, jittered backoff (services/retry/Backoff.ts) between them. The
  * backoff starts over only after an attempt made progress (it runs `progressed`: kvcached acknowledged a
  * Push, the reader received a message), not because it merely connected: a peer that accepts and then fails
- * at once is retried ever more slowly, up to the cap, instead of in a tight loop at the base delay.
+ * at once is retried ever more slowly, up to the cap, instead of in a tight loop at the base delay. An attempt
+ * that lasted the whole cap counts as progress too: an idle link that kvcached drops after hours (a restart) is
+ * a new outage, retried from the base delay, not the next failure of a series that ended long ago.
  */
-import { Cause, Effect } from "effect"
+import { Cause, Clock, Effect } from "effect"
 import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
 
 export interface RetryOptions<E, R> {
@@ -49,7 +51,9 @@ export const retryForever = <E, R>(o: RetryOptions<E, R>): Effect.Effect<never, 
       failures = 0
     })
     for (;;) {
+      const startedAt = yield* Clock.currentTimeMillis
       const exit = yield* Effect.exit(o.attempt(progressed))
+      if ((yield* Clock.currentTimeMillis) - startedAt >= o.capMs) failures = 0
       failures++
       const retryInMs = jitteredBackoffMs(failures, o.capMs, Math.random())
       yield* o.onFailure(message(exit._tag === "Failure" ? Cause.squash(exit.cause) : exit), failures, retryInMs)

@@ -1,0 +1,40 @@
+// The KV bridge's reconnect loop (src/layers/kv/retrying.ts) on a TestClock: the delays between attempts, when
+// they grow and when they start over.
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Fiber } from "effect"
+import { TestClock } from "effect/testing"
+import { retryForever } from "../../src/layers/kv/retrying.ts"
+import { jitteredBackoffMs } from "../../src/services/retry/Backoff.ts"
+
+const CAP = 5_000
+
+/** Runs the loop over scripted attempts (each lasts `ms` of clock time, then fails) and collects each failure's count. */
+const run = (attemptsMs: ReadonlyArray<number>) =>
+  Effect.gen(function* () {
+    const seen: Array<{ failures: number; retryInMs: number }> = []
+    let i = 0
+    const fiber = yield* Effect.forkChild(
+      retryForever({
+        capMs: CAP,
+        attempt: () => Effect.andThen(Effect.sleep(attemptsMs[i++] ?? 0), Effect.fail("dropped")),
+        onFailure: (_error, failures, retryInMs) => Effect.sync(() => void seen.push({ failures, retryInMs }))
+      })
+    )
+    // Enough clock for every scripted attempt and the delays between them.
+    for (let k = 0; k < attemptsMs.length * 4; k++) yield* TestClock.adjust(CAP)
+    yield* Fiber.interrupt(fiber)
+    return seen.slice(0, attemptsMs.length)
+  })
+
+describe("retryForever", () => {
+  it.effect("attempts that fail at once count up to the cap; one that lasted the whole cap starts the count over", () =>
+    Effect.gen(function* () {
+      const seen = yield* run([0, 0, 0, 0, CAP, 0, CAP - 1])
+      expect(seen.map((s) => s.failures)).toEqual([1, 2, 3, 4, 1, 2, 3])
+      for (const s of seen) {
+        expect(s.retryInMs).toBeGreaterThanOrEqual(jitteredBackoffMs(s.failures, CAP, 0))
+        expect(s.retryInMs).toBeLessThanOrEqual(jitteredBackoffMs(s.failures, CAP, 1))
+      }
+    })
+  )
+})
