@@ -227,6 +227,29 @@ describe("the state dir", () => {
     assert.include(message, "set agent.state_dir to a writable local directory")
   }, 30_000)
 
+  it("a stop while the start waits out another namespace's lock heartbeat ends the wait at once", async () => {
+    const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-lockwait-"))
+    cleanups.push(async () => fs.rmSync(stateDir, { recursive: true, force: true }))
+    const lock = lockFilePath(stateDir)
+    fs.writeFileSync(lock, JSON.stringify({ pid: 7, pidNs: "pid:[1]", host: os.hostname(), token: "other" }))
+    // Refreshed just now and never again: the start would wait HEARTBEAT_STALE_MS before taking it over.
+    const logs: Array<string> = []
+    const fiber = Effect.runFork(Effect.scoped(holdStateDir(stateDir)).pipe(Effect.provide(quietLogger(logs))))
+    await waitFor("the start waiting out the lock", () => logs.some((l) => l.includes("waiting up to 15 s")), 10_000)
+    const stopped = await Effect.runPromise(
+      Fiber.interrupt(fiber).pipe(
+        Effect.as("stopped"),
+        Effect.timeoutOrElse({ duration: HEARTBEAT_STALE_MS / 3, orElse: () => Effect.succeed("still waiting") })
+      )
+    )
+    assert.strictEqual(stopped, "stopped")
+    assert.strictEqual(
+      decodeLock(fs.readFileSync(lock, "utf8"))?.token,
+      "other",
+      "the other agent's lock is left alone"
+    )
+  })
+
   it("a live agent holding the state_dir refuses a second one (AnotherAgent, its pid and the state_dir), even between its runs; its SIGTERM releases it", async () => {
     // The first agent's engine cannot be spawned: it keeps restarting and never writes a pid record, so nothing
     // but the lock says that the state_dir is taken.

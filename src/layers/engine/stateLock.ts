@@ -220,11 +220,18 @@ const take = (stateDir: string, file: string, text: string, token: string) =>
       let held = yield* readLock(file)
       if (held === undefined) continue // released between the link and the read: try again
       let verdict = yield* judge(held)
-      if (verdict._tag === "Held" && verdict.heartbeat && !(yield* awaitRefresh(file, held.mtimeMs))) {
-        // Silent for the whole heartbeat: judged again now, so it is stale unless it was replaced meanwhile.
-        held = yield* readLock(file)
-        if (held === undefined) continue
-        verdict = yield* judge(held)
+      // The wait (up to HEARTBEAT_STALE_MS, inside the uninterruptible acquire) may be interrupted: a drain during it
+      // ends the start at once.
+      if (verdict._tag === "Held" && verdict.heartbeat) {
+        yield* Effect.logWarning(
+          `${file} is held by ${verdict.by}: waiting up to ${HEARTBEAT_STALE_MS / 1000} s from its last refresh for it to go silent`
+        )
+        if (!(yield* Effect.interruptible(awaitRefresh(file, held.mtimeMs)))) {
+          // Silent for the whole heartbeat: judged again now, so it is stale unless it was replaced meanwhile.
+          held = yield* readLock(file)
+          if (held === undefined) continue
+          verdict = yield* judge(held)
+        }
       }
       if (verdict._tag === "Held")
         return yield* fail(
