@@ -325,6 +325,25 @@ describe("KvBridge with a scripted publisher", () => {
     expect(await bridge.status()).toMatchObject({ gaps: 2, replayed: 2, resyncs: 0 })
   })
 
+  it("a replay larger than kv.max_queue_bytes is not held: the gap is resynced and the stream goes on", async () => {
+    const { eng, kc, bridge, joined } = await joinedBridge(true, { maxQueueBytes: 4096 })
+    // 100 lost batches of ~80 bytes of frames each: the replay of the gap would pass the 4 KiB bound.
+    for (let i = 0; i < 100; i++) await eng.send({ lose: true })
+    const after = await eng.send()
+    await until(
+      () => kc.batches().some((x) => BigInt(x.seq as number) === after) || undefined,
+      "the batch after the gap"
+    )
+    expect(kc.lines.find((l) => l.type === "Resync")).toMatchObject({
+      reason: "gap",
+      from_seq: Number(joined) + 1,
+      to_seq: Number(after)
+    })
+    const st = await bridge.status()
+    expect(st).toMatchObject({ gaps: 1, replayed: 0 })
+    expect(st.lastBatchError).toMatch(/passed 4096 bytes \(kv.max_queue_bytes\); not replayed/)
+  })
+
   it("an undecodable batch is one dropped batch (a decode Resync), not also a forwarded one", async () => {
     const { eng, kc, bridge, joined: first } = await joinedBridge(false)
     const bad = await eng.send({ payload: new Uint8Array([0xc1]) }) // never a valid msgpack byte

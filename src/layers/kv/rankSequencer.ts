@@ -120,7 +120,7 @@ export const makeSequencer = (
   const startReplay = (r: RankStream, at: string, from: bigint, trigger: Incoming, gap: boolean) => {
     r.holding = [trigger]
     fibers.push(
-      fetchReplay(at, topic, from, replayTimeoutMs).pipe(
+      fetchReplay(at, topic, from, replayTimeoutMs, queue.maxBytes).pipe(
         Effect.catch((e: Error) => Effect.succeed(e)),
         Effect.flatMap((got) => Effect.sync(() => finishReplay(r, from, gap, got))),
         Effect.andThen(runQueued)

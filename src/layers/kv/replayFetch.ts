@@ -6,8 +6,12 @@
 import { Effect } from "effect"
 import { decodeReplayReply, type KvBatch, seqFrame } from "../../services/kv/KvEvents.ts"
 
-/** Every batch the replay ROUTER holds from `from` on, decoded. Fails on timeout or a bad frame. */
-export const fetchReplay = (endpoint: string, topic: string, from: bigint, timeoutMs: number) =>
+/**
+ * Every batch the replay ROUTER holds from `from` on, decoded. Fails on timeout, a bad frame, or once the replies
+ * pass `maxBytes`: an engine's replay buffer holds thousands of batches (a join from seq 0 on a busy engine asks
+ * for all of them), and they are held here until the range is complete, outside the queue's byte bound.
+ */
+export const fetchReplay = (endpoint: string, topic: string, from: bigint, timeoutMs: number, maxBytes: number) =>
   Effect.tryPromise({
     try: async (signal) => {
       // Loaded on use, as in rankSubscriber.ts (already loaded by then: a replay follows a subscription).
@@ -20,8 +24,13 @@ export const fetchReplay = (endpoint: string, topic: string, from: bigint, timeo
         dealer.connect(endpoint)
         await dealer.send([new Uint8Array(0), seqFrame(from)])
         const out: Array<KvBatch> = []
+        let bytes = 0
         for (;;) {
-          const r = decodeReplayReply(await dealer.receive(), topic)
+          const frames = await dealer.receive()
+          for (const f of frames) bytes += f.length
+          if (bytes > maxBytes)
+            throw new Error(`the replay from seq ${from} passed ${maxBytes} bytes (kv.max_queue_bytes); not replayed`)
+          const r = decodeReplayReply(frames, topic)
           if (r.end) return out
           if (r.ok) out.push(r.batch)
           else if (r.seq === undefined) throw new Error(r.error)
