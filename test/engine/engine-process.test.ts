@@ -352,6 +352,14 @@ describe("the state dir", () => {
   }, 60_000)
 })
 
+describe("the plan's warnings", () => {
+  it("are logged once at start (a valid config the backend sees a problem with, e.g. SGLang's loopback bootstrap)", async () => {
+    const s = await setup("vllm", { engine: { command: [process.execPath, "-e", "setInterval(() => {}, 1000)"] } })
+    const h = await start({ ...s.plan, warnings: ["the backend's advice"] }, s.settings)
+    assert.strictEqual(h.logs.filter((l) => l.includes("the backend's advice")).length, 1, h.logs.join("\n"))
+  })
+})
+
 describe("the engine's port", () => {
   // The engine only waits, never listens; this process takes its port once the start-up check has passed.
   const foreignListener = async (engine: Record<string, unknown>) => {

@@ -464,6 +464,17 @@ describe("rendering rules", () => {
     expect(argv.slice(-2)).toEqual(["--disaggregation-bootstrap-port", "9001"])
   })
 
+  it("SGLang prefill on a loopback engine.url: a warning that decode engines on other hosts cannot reach its bootstrap server", () => {
+    const warnings = (role: string, url?: string) =>
+      plan({ engine: { kind: "sglang", kv_offload: "nixl", ...(url ? { url } : {}) }, agent: { role } }).warnings
+    expect(warnings("prefill")).toEqual([
+      expect.stringMatching(/bootstrap server \(port 8998\) to --host 127\.0\.0\.1/)
+    ])
+    expect(warnings("prefill", "http://localhost:8000")).toHaveLength(1)
+    expect(warnings("prefill", "http://10.0.12.7:8000")).toBeUndefined()
+    expect(warnings("decode")).toBeUndefined()
+  })
+
   it("readiness: llama.cpp GET /health (newer builds answer /v1/models 200 while loading)", () => {
     const llama = (agent: Record<string, unknown>) =>
       plan({ engine: { kind: "llama_cpp" }, agent, models: { m: { hf_repo: "o/m" } } }).probe

@@ -53,6 +53,7 @@ const stateFields = (state: EngineState): Record<string, unknown> => {
 export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan, settings: SupervisorSettings) {
   const now = Clock.currentTimeMillis
   const host = yield* EngineHost
+  for (const warning of plan.warnings ?? []) yield* Effect.logWarning(warning)
   if (plan.spawns) {
     // Held for the supervisor's lifetime and released last (acquired first): after the stop below has torn the
     // engine down and removed its pid file. Only the holder may read and act on the pid file.

@@ -103,6 +103,8 @@ export interface LaunchPlan {
   readonly requestModel: string
   /** NVML indices of the engine's GPUs (also in env as CUDA_VISIBLE_DEVICES); undefined when not known. */
   readonly gpus?: ReadonlyArray<number>
+  /** What the backend sees wrong with a valid config for this engine, logged once at start (not refused). */
+  readonly warnings?: ReadonlyArray<string>
 }
 
 /** One backend. */

@@ -116,6 +116,7 @@ export interface PlanParts {
   readonly kvEvents?: KvEventsEndpoint | undefined
   /** Defaults to the served name. */
   readonly requestModel?: string
+  readonly warnings?: ReadonlyArray<string>
 }
 
 /**
@@ -146,8 +147,13 @@ export const assemble = (config: AgentConfig, listen: Listen, parts: PlanParts):
   metrics: parts.metrics,
   kvEvents: parts.kvEvents,
   servedModel: config.model.served_name,
-  requestModel: parts.requestModel ?? config.model.served_name
+  requestModel: parts.requestModel ?? config.model.served_name,
+  ...(parts.warnings !== undefined && parts.warnings.length > 0 ? { warnings: parts.warnings } : {})
 })
+
+/** Whether a host name or address is the loopback interface. */
+export const isLoopback = (host: string): boolean =>
+  host === "localhost" || host === "::1" || /^127\.\d+\.\d+\.\d+$/.test(host)
 
 /** `[flag, value]` when the value is set, else nothing: for optional model settings. */
 export const optionalFlag = (flag: string, value: number | string | undefined): ReadonlyArray<string> =>

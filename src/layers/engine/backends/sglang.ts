@@ -7,7 +7,7 @@
  */
 import type { AgentConfig } from "../../../services/config/Config.ts"
 import type { Engine } from "../../../services/engine/Engine.ts"
-import { assemble, httpProbeAt, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
+import { assemble, httpProbeAt, isLoopback, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
 
 /**
  * A decode server forces `disable_radix_cache` unless `--disaggregation-decode-enable-radix-cache` is given,
@@ -67,6 +67,15 @@ export const sglang: Engine = {
             ...(role === "prefill" ? ["--disaggregation-bootstrap-port", String(config.engine.bootstrap_port)] : []),
             ...decodeRadixCache(role, offload)
           ]
+    // SGLang binds the prefill's bootstrap server to --host (start_disagg_service, python/sglang/srt/
+    // disaggregation): on loopback, decode engines on other hosts cannot reach it. Not refused: prefill and
+    // decode on one host work so.
+    const warnings =
+      role === "prefill" && isLoopback(listen.host)
+        ? [
+            `SGLang binds its P/D bootstrap server (port ${config.engine.bootstrap_port}) to --host ${listen.host}, engine.url's host: decode engines on other hosts cannot reach it. For prefill and decode on different hosts, set engine.url to an address they can reach (the engine takes requests unauthenticated: keep its ports closed to everything but the agent and the decode hosts)`
+          ]
+        : []
     return assemble(config, listen, {
       executable: ["python", "-m", "sglang.launch_server"],
       args: [
@@ -104,7 +113,8 @@ export const sglang: Engine = {
         waiting: ["sglang:num_queue_reqs"],
         kvUsage: ["sglang:token_usage"]
       }),
-      kvEvents: events?.endpoint
+      kvEvents: events?.endpoint,
+      warnings
     })
   }
 }
