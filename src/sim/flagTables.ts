@@ -95,6 +95,11 @@ export const MODELLED: Record<Flavor, ReadonlyArray<string>> = {
     "--disaggregation-bootstrap-port",
     "--kv-events-config",
     "--enable-hierarchical-cache",
+    // Rendered by the agent for kv_offload = "hicache" / "lmcache"; nothing to simulate (the host-memory KV tier),
+    // listed so the renderers' flags are all checked against this table (sgl-project/sglang
+    // docs/advanced_features/server_arguments.md).
+    "--hicache-ratio",
+    "--enable-lmcache",
     "--disaggregation-decode-enable-radix-cache",
     "--page-size",
     "--max-running-requests"

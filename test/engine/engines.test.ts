@@ -11,6 +11,7 @@ import { REDACTED, redactPlan } from "../../src/layers/engine/backends/redact.ts
 import type { AgentConfig } from "../../src/services/config/Config.ts"
 import { EngineKinds, KvOffloads, Roles } from "../../src/services/config/ConfigSchema.ts"
 import type { LaunchPlan } from "../../src/services/engine/Engine.ts"
+import { parseArgs as parseSimArgs } from "../../src/sim/args.ts"
 
 const ENV = { NODE_NAME: "node-1" }
 
@@ -188,6 +189,21 @@ describe("golden plans: every valid engine x kv_offload x role", () => {
     expect(p.kind).toBe(kind)
     expect(p.spawns).toBe(kind !== "openai_compat")
     expect(p.baseUrl).toBe(urlFor[kind])
+  })
+
+  // The simulator accepts flags it does not model (an operator's engine.args), as a real engine would not
+  // accept an unknown one: so every flag the agent renders must be one the simulator models, each taken from the
+  // engine's own argument parser, or a renderer's typo would pass every test and fail on the real engine.
+  it("every flag a plan renders is one the simulator models for that engine", () => {
+    const unmodelled = golden
+      .filter(([kind]) => kind !== "openai_compat")
+      .flatMap(([kind, kv, role]) => {
+        const { argv, env } = plan(combo(kind, kv, role))
+        return parseSimArgs(["--flavor", kind, ...argv], { DYN_KVBM_CPU_CACHE_GB: "1", ...env }).unmodelled.map(
+          (flag) => `${kind}/${kv}/${role}: ${flag}`
+        )
+      })
+    expect(unmodelled).toEqual([])
   })
 
   it("the table covers every combination the config accepts, and no other", () => {
