@@ -4,6 +4,7 @@
 // while the reader keeps up, SGLang's tagged arrays with salt metadata and its 0.0.0.0 bind rule, one
 // stream per data-parallel rank, and the pure decoder/wire/queue pieces with msgpack built here.
 import * as fs from "node:fs/promises"
+import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
 import { encode } from "@msgpack/msgpack"
@@ -405,6 +406,43 @@ describe("KvBridge with a scripted publisher", () => {
       Array.from({ length: Number(lost - joined) }, (_, i) => Number(joined) + i)
     )
     expect(await bridge.status()).toMatchObject({ subscribed: true, gaps: 1, resyncs: 1 })
+  })
+
+  it("a bind that fails (the port taken) is retried with the bridge's backoff and cap, and shown until it succeeds", async () => {
+    const port = await freePort()
+    const holder = net.createServer()
+    await new Promise<void>((resolve) => holder.listen(port, "127.0.0.1", resolve))
+    cleanups.push(() => new Promise((resolve) => holder.close(resolve)))
+    const sock = await tmpSock()
+    await kvcached(sock) // so that the reader's is the only fault
+    const bridge = await startBridge({
+      kvEvents: { endpoint: `tcp://127.0.0.1:${port}`, engineBinds: false, replayEndpoint: undefined, topic: "t" },
+      uds: sock,
+      backoffMaxMs: 300
+    })
+    const down = await until(async () => {
+      const s = await bridge.status()
+      return /failure 4\b/.test(s.lastError ?? "") ? s : undefined
+    }, "the 4th failed bind in a row")
+    expect(down.subscribed).toBe(false)
+    expect(down.lastError).toMatch(
+      new RegExp(
+        `^kv events reader of DP rank 0 stopped: .*cannot bind tcp://127\\.0\\.0\\.1:${port}: .*resubscribing in \\d+ ms\\)$`
+      )
+    )
+    // The bridge's own cap (300 ms here), not a fixed one of the reader's.
+    const retryInMs = Number(/resubscribing in (\d+) ms/.exec(down.lastError ?? "")?.[1])
+    expect(retryInMs).toBeGreaterThanOrEqual(jitteredBackoffMs(4, 300, 0))
+    expect(retryInMs).toBeLessThanOrEqual(300)
+    expect(await bridge.metrics()).toMatch(/cgn_agent_kv_events_subscribed 0\n/)
+
+    await new Promise((resolve) => holder.close(resolve))
+    const up = await until(async () => {
+      const s = await bridge.status()
+      return s.subscribed ? s : undefined
+    }, "bound once the port is free")
+    expect(up.lastError).toBeUndefined()
+    expect(await bridge.metrics()).toMatch(/cgn_agent_kv_events_subscribed 1\n/)
   })
 
   it("a replay in flight when its rank's reader fails still finishes, and the restarted reader's batches follow it", async () => {

@@ -117,7 +117,6 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
                 endpoint: at,
                 engineBinds,
                 topic,
-                onOpenFailed: (message) => fault(`rank ${rank}`, message),
                 onSubscribed: () => {
                   setUp(rank, true)
                   fault(`rank ${rank}`, undefined)
@@ -165,7 +164,8 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
         backoffMaxMs,
         onConnected: (up, err, retryInMs) => {
           st.kvcachedConnected = up
-          fault("kvcached", up ? undefined : `kvcached ${o.uds}: ${err} (reconnecting in ${retryInMs} ms)`)
+          const retry = retryInMs === undefined ? "" : ` (reconnecting in ${retryInMs} ms)`
+          fault("kvcached", up ? undefined : `kvcached ${o.uds}: ${err}${retry}`)
         },
         onForwarded: (n) => {
           st.forwarded += n

@@ -1,10 +1,10 @@
 /**
  * The ZMQ side of one data-parallel rank's KV-event stream: a SUB socket on the rank's endpoint that
- * connects when the engine binds and binds when the engine connects, retrying a failed bind with the
- * shared jittered backoff, then hands every message to the caller. The socket is closed with the scope.
+ * connects when the engine binds and binds when the engine connects, then hands every message to the caller.
+ * The socket is closed with the scope. A failed bind fails the attempt like a failed receive: the caller's
+ * retry loop (retrying.ts) tries again with the bridge's backoff and its cap, and shows the failure meanwhile.
  */
 import { Effect, type Scope } from "effect"
-import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
 
 /** The address to connect to for an endpoint the engine binds (`tcp://*:P` -> `tcp://127.0.0.1:P`). */
 export const connectAddress = (endpoint: string): string =>
@@ -16,14 +16,12 @@ export interface RankSubscription {
   readonly endpoint: string
   readonly engineBinds: boolean
   readonly topic: string
-  /** A bind (or connect) failed; it is retried. */
-  readonly onOpenFailed: (message: string) => void
   readonly onSubscribed: () => void
   /** One message; the reader waits for it before receiving the next. */
   readonly onFrames: (frames: ReadonlyArray<Uint8Array>) => Effect.Effect<void, never, Scope.Scope>
 }
 
-/** Subscribes and reads until the socket fails or the scope closes; fails only with a receive error. */
+/** Subscribes and reads until the socket fails or the scope closes; fails with a bind (or connect) or receive error. */
 export const readRank = (o: RankSubscription): Effect.Effect<never, unknown, Scope.Scope> =>
   Effect.gen(function* () {
     const at = o.endpoint
@@ -34,16 +32,12 @@ export const readRank = (o: RankSubscription): Effect.Effect<never, unknown, Sco
       (s) => Effect.sync(() => s.close())
     )
     sub.subscribe(o.topic)
-    const open = o.engineBinds
-      ? Effect.sync(() => sub.connect(connectAddress(at)))
-      : Effect.tryPromise(() => sub.bind(at))
-    for (let failures = 1; ; failures++) {
-      const res = yield* Effect.result(open)
-      if (res._tag === "Success") break
-      o.onOpenFailed(`kv events ${at}: ${String(res.failure)}`)
-      if (failures === 1) yield* Effect.logError("kv events: cannot bind the endpoint; retrying", { endpoint: at })
-      yield* Effect.sleep(jitteredBackoffMs(failures, 5_000, Math.random()))
-    }
+    yield* o.engineBinds
+      ? Effect.try({
+          try: () => sub.connect(connectAddress(at)),
+          catch: (err) => new Error(`cannot connect to ${at}: ${String(err)}`)
+        })
+      : Effect.tryPromise({ try: () => sub.bind(at), catch: (err) => new Error(`cannot bind ${at}: ${String(err)}`) })
     o.onSubscribed()
     yield* Effect.logInfo("kv events: subscribed", {
       endpoint: at,
