@@ -22,7 +22,11 @@ afterEach(async () => {
 })
 
 /** The link against a receiver whose Push does `broken` while `failing`, and acknowledges everything otherwise. */
-const setup = async (broken: (p: PushPayload) => Effect.Effect<never, UnknownStream>, callTimeoutMs?: number) => {
+const setup = async (
+  broken: (p: PushPayload) => Effect.Effect<never, UnknownStream>,
+  callTimeoutMs?: number,
+  helloAnswer: Effect.Effect<{ readonly applied: null }> = Effect.succeed({ applied: null })
+) => {
   const dir = await fs.mkdtemp(path.join(os.tmpdir(), "kvbackoff-"))
   cleanups.push(() => fs.rm(dir, { recursive: true, force: true }))
   const sock = path.join(dir, "kvcached.sock")
@@ -30,14 +34,16 @@ const setup = async (broken: (p: PushPayload) => Effect.Effect<never, UnknownStr
   const scope = await Effect.runPromise(Scope.make())
   cleanups.push(() => Effect.runPromise(Scope.close(scope, Exit.void)))
   const server = serve(sock, {
-    Hello: () => Effect.succeed({ applied: null }),
+    Hello: () => helloAnswer,
     Push: (p) => (ctl.failing ? broken(p) : Effect.succeed({ applied: p.records.at(-1)?.n ?? null }))
   })
   await Effect.runPromise(Layer.buildWithScope(server, scope))
 
   const queue = new KvQueue<QueuedBody>(1 << 20)
   let ups = 0
+  /** Each failed session (with its retry delay), and every report in order (a try under way has no delay). */
   const downs: Array<{ readonly error: string; readonly retryInMs: number }> = []
+  const reports: Array<string> = []
   const fiber = Effect.runFork(
     runLink({
       path: sock,
@@ -50,8 +56,9 @@ const setup = async (broken: (p: PushPayload) => Effect.Effect<never, UnknownStr
       materialize: (record) => ({ record, dropped: false }),
       backoffMaxMs: CAP,
       onConnected: (up, error, retryInMs) => {
+        reports.push(up ? "up" : retryInMs === undefined ? `trying: ${error}` : `down: ${error}`)
         if (up) ups++
-        else downs.push({ error: error ?? "", retryInMs: retryInMs ?? -1 })
+        else if (retryInMs !== undefined) downs.push({ error: error ?? "", retryInMs })
       },
       onForwarded: () => {},
       ...(callTimeoutMs === undefined ? {} : { callTimeoutMs })
@@ -60,7 +67,7 @@ const setup = async (broken: (p: PushPayload) => Effect.Effect<never, UnknownStr
   cleanups.push(() => Effect.runPromise(Fiber.interrupt(fiber)))
   let seq = 0n
   const send = () => queue.push(resyncOf({ reason: "gap", dpRank: 0, fromSeq: seq, toSeq: ++seq }))
-  return { ctl, queue, downs, ups: () => ups, send }
+  return { ctl, queue, downs, reports, ups: () => ups, send }
 }
 
 /** "ok" for each delay within what `failures` in a row allow (50-100 % of 100 ms doubling, capped), else why not. */
@@ -103,5 +110,16 @@ describe("the kvcached link's backoff", () => {
     // The unanswered chunk was kept: once kvcached answers, it is resent and acknowledged.
     link.ctl.failing = false
     await pollUntil("acknowledged", () => link.queue.size === 0 && link.queue.unacked.length === 0, 10_000, 10)
+  })
+
+  it("once a retry has connected, the status says Hello is unanswered, not the last failure's retry delay", async () => {
+    const link = await setup(() => Effect.never, 300, Effect.never)
+    await pollUntil("two sessions given up", () => link.downs.length >= 2, 10_000, 10)
+    expect(link.downs[0]?.error).toMatch(/kvcached did not answer Hello within 300 ms/)
+    // Each session, the first included, reports its connection before Hello fails: what the status showed
+    // between a failure and the next one was the try under way, not "reconnecting in N ms" for 300 ms more.
+    // The polling stopped at the second failure or soon after: the first four reports are the two sessions.
+    expect(link.reports.slice(0, 4).map((r) => r.replace(/:.*/, ""))).toEqual(["trying", "down", "trying", "down"])
+    expect(link.reports[0]).toBe("trying: connected; Hello not answered yet")
   })
 })

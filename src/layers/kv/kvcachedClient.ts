@@ -26,7 +26,7 @@ export interface LinkOptions {
   /** The wire record of a queued body (a raw batch is decoded here, when it is sent; one that fails is dropped). */
   readonly materialize: (body: QueuedBody) => Prepared<QueuedBody>
   readonly backoffMaxMs: number
-  /** Connected (Hello answered), or not: why, and in how long the next try is. */
+  /** Connected (Hello answered), or not: why, and in how long the next try is (none while a try is under way). */
   readonly onConnected: (connected: boolean, error: string | undefined, retryInMs?: number) => void
   /** Batches kvcached acknowledged. */
   readonly onForwarded: (batches: number) => void
@@ -74,7 +74,9 @@ const session = (o: LinkOptions, onUp: Effect.Effect<void>, progressed: Effect.E
       Layer.provide(RpcSerialization.layerNdjson),
       Layer.provide(
         Layer.succeed(RpcClient.ConnectionHooks, {
-          onConnect: Effect.void,
+          // The last failure and its "reconnecting in N ms" are over once the socket is up; Hello may take up to
+          // callTimeoutMs to be answered (or not), and the status says that meanwhile.
+          onConnect: Effect.sync(() => o.onConnected(false, "connected; Hello not answered yet")),
           onDisconnect: Deferred.succeed(disconnected, undefined)
         })
       )
