@@ -22,6 +22,7 @@ import {
   decodeLock,
   HEARTBEAT_STALE_MS,
   holdStateDir,
+  LEFTOVER_MS,
   type LockRecord,
   lockFilePath
 } from "../../src/layers/engine/stateLock.ts"
@@ -341,6 +342,25 @@ describe("the state dir", () => {
       silent.logs.join("\n")
     )
     await silent.close()
+
+    // Contenders' own lock files that a SIGKILL left behind are removed by the next holder; a fresh one (a live
+    // contender's) is not.
+    const leftovers = [`${lock}.0f1e2d3c`, `${lock}.0f1e2d3c.stale`, `${lock}.fresh`]
+    for (const f of leftovers) fs.writeFileSync(f, "{}")
+    const old = new Date(Date.now() - LEFTOVER_MS - 5_000)
+    for (const f of leftovers.slice(0, 2)) fs.utimesSync(f, old, old)
+    const swept = await tryStart(s)
+    assert.isTrue(Exit.isSuccess(swept.exit), swept.cause)
+    assert.deepStrictEqual(
+      leftovers.map((f) => fs.existsSync(f)),
+      [false, false, true]
+    )
+    assert.isTrue(
+      swept.logs.some((l) => l.includes("removed lock files left by stopped agents: agent.lock.0f1e2d3c")),
+      swept.logs.join("\n")
+    )
+    await swept.close()
+    fs.rmSync(`${lock}.fresh`)
 
     // Something that is not a lock file in its place (a directory, a dangling link, a file this user cannot
     // read): the start fails at once, saying so, rather than retrying it for good.

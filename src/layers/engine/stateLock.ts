@@ -179,6 +179,35 @@ const removeStale = (file: string, staleText: string, aside: string) =>
       new EngineProcessError({ reason: "StateDir", detail: `cannot remove the stale ${file}: ${String(err)}` })
   })
 
+/**
+ * How old a contender's own lock file (`agent.lock.<token>`, or its `.stale` aside) must be to count as left over:
+ * a contender holds its own for at most the heartbeat wait, far less than this.
+ */
+export const LEFTOVER_MS = 60_000
+
+/**
+ * Removes contenders' own lock files that their process left behind (killed between writing one and removing
+ * it): nothing else would ever remove them. Run by the holder, so no live contender's file is that old.
+ */
+const sweepLeftovers = (stateDir: string, file: string) =>
+  Effect.gen(function* () {
+    const now = yield* Clock.currentTimeMillis
+    const prefix = `${path.basename(file)}.`
+    const removed = yield* Effect.promise(async () => {
+      const names = await fs.readdir(stateDir).catch(() => [] as Array<string>)
+      const gone: Array<string> = []
+      for (const name of names.filter((n) => n.startsWith(prefix))) {
+        const at = path.join(stateDir, name)
+        const st = await fs.lstat(at).catch(() => undefined)
+        if (!st?.isFile() || now - st.mtimeMs <= LEFTOVER_MS) continue
+        const rm = await fs.rm(at).catch((err: unknown) => err)
+        if (rm === undefined) gone.push(name)
+      }
+      return gone
+    })
+    if (removed.length > 0) yield* Effect.logInfo(`removed lock files left by stopped agents: ${removed.join(", ")}`)
+  })
+
 /** Takeovers tried before giving up (each one follows a lock judged stale that a contender replaced meanwhile). */
 const ATTEMPTS = 3
 
@@ -213,7 +242,7 @@ const take = (stateDir: string, file: string, text: string, token: string) =>
           (err: unknown) => err
         )
       )
-      if (linked === undefined) return
+      if (linked === undefined) return yield* sweepLeftovers(stateDir, file)
       if (code(linked) !== "EEXIST") return yield* fail("StateDir", `cannot create ${file}: ${String(linked)}`)
       if (attempt > ATTEMPTS)
         return yield* fail("StateDir", `cannot take ${file}: other agents keep taking and releasing it`)
