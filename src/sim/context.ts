@@ -7,7 +7,7 @@ import { sendJson } from "./http.ts"
 import { KvBlocks } from "./kvblocks.ts"
 import type { KvPublisher } from "./kvpublisher.ts"
 import { Bootstrap, SideChannel } from "./pd.ts"
-import { Scheduler } from "./scheduler.ts"
+import { Engines } from "./ranks.ts"
 import type { SimConfig } from "./simConfig.ts"
 import { Stats } from "./stats.ts"
 import { prng } from "./tokens.ts"
@@ -18,8 +18,10 @@ export type Log = (msg: string, fields?: Record<string, unknown>) => void
 export interface SimContext {
   readonly cfg: SimConfig
   readonly log: Log
+  /** Process-wide request counts (received, aborted, served); token counters and histograms are per rank. */
   readonly stats: Stats
-  readonly scheduler: Scheduler
+  /** The engine cores: one, or vLLM's `--data-parallel-size` ranks. */
+  readonly engines: Engines
   readonly kv: KvBlocks
   readonly faults: Faults
   readonly rand: () => number
@@ -34,7 +36,6 @@ export interface SimContext {
   loaded: boolean
   whenLoaded: Promise<void>
   grandchildPid: number | null
-  decodeBlocks: number
   localPrefills: number
   kvFetchFailures: number
 }
@@ -64,7 +65,7 @@ export const makeContext = (
     cfg,
     log,
     stats: new Stats(),
-    scheduler: new Scheduler(cfg.maxSeqs),
+    engines: new Engines(cfg.flavor === "vllm" ? cfg.dataParallel : 1, cfg.maxSeqs),
     kv: new KvBlocks(cfg.blockSize, cfg.kvBlocks, seedHash ^ 0x5bd1e9955bd1e995n),
     faults: initialFaults(cfg),
     rand: prng(cfg.seed),
@@ -79,7 +80,6 @@ export const makeContext = (
     loaded: false,
     whenLoaded: Promise.resolve(),
     grandchildPid: null,
-    decodeBlocks: 0,
     localPrefills: 0,
     kvFetchFailures: 0
   }

@@ -53,13 +53,17 @@ export const generate = async (
     return sendError(ctx, res, handoff.status, handoff.message)
   }
 
-  const ticket = ctx.scheduler.enter()
+  // The engine core (DP rank) that runs it: its slot, its blocks, its counters.
+  const rank = ctx.engines.pick()
+  const rs = rank.stats
+  const ticket = rank.scheduler.enter()
   let pinned: ReadonlyArray<bigint> = []
   let myDecodeBlocks = 0
   cleanup = () => {
     ticket.release()
     kv.release(pinned)
-    ctx.decodeBlocks -= myDecodeBlocks
+    rank.unpin(pinned)
+    rank.decodeBlocks -= myDecodeBlocks
     myDecodeBlocks = 0
     pinned = []
   }
@@ -69,15 +73,16 @@ export const generate = async (
   const promptIds = gr.promptWords.map(tokenId)
   const admission = kv.admit(promptIds, gr.cacheSalt)
   pinned = admission.hashes
+  rank.pin(pinned)
   ctx.publisher?.publish(admission.events)
-  stats.promptTokens += promptIds.length
-  stats.prefixQueries += promptIds.length
-  stats.prefixHits += admission.hitTokens
+  rs.promptTokens += promptIds.length
+  rs.prefixQueries += promptIds.length
+  rs.prefixHits += admission.hitTokens
   // Blocks beyond the pinned full prompt blocks: the partial prompt block, then one per filled decode block.
   const fullPrompt = Math.floor(promptIds.length / kv.blockSize)
   const extraBlocks = (generated: number) => Math.ceil((promptIds.length + generated) / kv.blockSize) - fullPrompt
   myDecodeBlocks = extraBlocks(0)
-  ctx.decodeBlocks += myDecodeBlocks
+  rank.decodeBlocks += myDecodeBlocks
 
   if (cfg.ttftMs > 0) await Promise.race([sleep(cfg.ttftMs), closed])
   if (gone()) return
@@ -92,14 +97,14 @@ export const generate = async (
   let emitted = 0
   const onToken = () => {
     const now = performance.now()
-    if (emitted === 0) stats.ttft.observe((now - t0) / 1000)
-    else stats.itl.observe((now - last) / 1000)
+    if (emitted === 0) rs.ttft.observe((now - t0) / 1000)
+    else rs.itl.observe((now - last) / 1000)
     last = now
     emitted++
-    stats.generationTokens++
+    rs.generationTokens++
     const extra = extraBlocks(emitted)
     if (extra !== myDecodeBlocks) {
-      ctx.decodeBlocks += extra - myDecodeBlocks
+      rank.decodeBlocks += extra - myDecodeBlocks
       myDecodeBlocks = extra
     }
   }
@@ -113,8 +118,9 @@ export const generate = async (
   const finish = (reason: string) => {
     state = "done"
     const e2e = (performance.now() - t0) / 1000
-    stats.e2e.observe(e2e)
-    stats.finished(reason)
+    rs.e2e.observe(e2e)
+    rs.finished(reason)
+    stats.served++
     const kvParams = holdForDecode(ctx, gr, id, admission, promptIds.length, reason)
     cleanup()
     if (cfg.crashAfterRequests !== undefined && stats.served >= cfg.crashAfterRequests) {
@@ -145,7 +151,8 @@ export const generate = async (
         if (out !== "") res.write(out)
         return fault(ctx, res, inject, true, () => {
           state = "done"
-          stats.finished("error")
+          rs.finished("error")
+          stats.served++
           cleanup()
         })
       }
@@ -185,7 +192,8 @@ export const generate = async (
     if (emitted >= faultAt) {
       return fault(ctx, res, inject, false, () => {
         state = "done"
-        stats.finished("error")
+        rs.finished("error")
+        stats.served++
         cleanup()
       })
     }

@@ -139,6 +139,17 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
       }
       return { status: 400, message, param: null, body: { error } }
     }
+  } else if (cfg.flavor === "vllm" && cfg.maxModelLen !== undefined && rawMax === undefined) {
+    // Without max_tokens vLLM needs room for at least one token: a prompt as long as the context is refused
+    // (vllm-project/vllm vllm/entrypoints/openai/serving_engine.py, OpenAIServing._validate_input:
+    // `if max_tokens is None: if token_num >= self.max_model_len: raise ValueError(...)`, answered 400).
+    if (promptWords.length >= cfg.maxModelLen) {
+      return {
+        status: 400,
+        message: `This model's maximum context length is ${cfg.maxModelLen} tokens. However, you requested ${promptWords.length} tokens in the messages, Please reduce the length of the messages.`,
+        param: null
+      }
+    }
   } else if (
     cfg.maxModelLen !== undefined &&
     promptWords.length + (rawMax === undefined ? 0 : maxTokens) > cfg.maxModelLen

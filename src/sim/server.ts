@@ -9,7 +9,8 @@ import { invalidJson, LLAMA_LOADING } from "./errors.ts"
 import { applyFaults } from "./faults.ts"
 import { generate } from "./generate.ts"
 import { readBody, sendJson } from "./http.ts"
-import { renderMetrics } from "./metrics.ts"
+import { type Gauges, type RankMetrics, renderMetrics } from "./metrics.ts"
+import type { Rank } from "./ranks.ts"
 import { isInvalid, validate } from "./request.ts"
 import type { Flavor } from "./simConfig.ts"
 
@@ -28,12 +29,17 @@ const notFound = (ctx: SimContext, res: http.ServerResponse) => {
   }
 }
 
-const gauges = (ctx: SimContext) => {
+/**
+ * One engine core's gauges. Each DP rank has a KV cache of its own, as large as a single engine's; with one
+ * rank the block table's pins also count blocks a vLLM prefill holds for its decode side after the request.
+ */
+const gauges = (ctx: SimContext, rank: Rank): Gauges => {
   const capacity = ctx.kv.capacity
-  const used = ctx.kv.pinnedBlocks + ctx.decodeBlocks
+  const pinned = ctx.engines.ranks.length === 1 ? ctx.kv.pinnedBlocks : rank.pinnedBlocks
+  const used = pinned + rank.decodeBlocks
   return {
-    running: ctx.scheduler.running,
-    waiting: ctx.scheduler.waiting,
+    running: rank.scheduler.running,
+    waiting: rank.scheduler.waiting,
     kvUsage: Math.min(1, used / capacity),
     usedTokens: used * ctx.kv.blockSize,
     maxTotalTokens: capacity * ctx.kv.blockSize,
@@ -41,17 +47,26 @@ const gauges = (ctx: SimContext) => {
   }
 }
 
+const perRank = (ctx: SimContext): Array<RankMetrics> =>
+  ctx.engines.ranks.map((r) => ({ stats: r.stats, gauges: gauges(ctx, r) }))
+
+/** KV usage over the ranks, averaged as usage fractions are. */
+const kvUsage = (ctx: SimContext): number => {
+  const all = ctx.engines.ranks.map((r) => gauges(ctx, r).kvUsage)
+  return all.reduce((a, b) => a + b, 0) / all.length
+}
+
 const simState = (ctx: SimContext) => ({
   flavor: ctx.cfg.flavor,
   ready: ctx.loaded,
-  running: ctx.scheduler.running,
-  waiting: ctx.scheduler.waiting,
+  running: ctx.engines.running,
+  waiting: ctx.engines.waiting,
   served: ctx.stats.served,
   aborted: ctx.stats.aborted,
   pid: process.pid,
   grandchildPid: ctx.grandchildPid,
   received: ctx.stats.received,
-  kvUsage: gauges(ctx).kvUsage,
+  kvUsage: kvUsage(ctx),
   kvCachedBlocks: ctx.kv.cachedBlocks,
   kvBlockSize: ctx.kv.blockSize,
   kvEventsSeq: ctx.publisher?.lastSeq ?? null,
@@ -114,7 +129,7 @@ export const handler =
       return sendJson(res, 200, modelsBody(flavor, ctx.cfg.servedName, ctx.cfg.model, ctx.cfg.maxModelLen, ctx.created))
     }
     if (req.method === "GET" && path === "/metrics") {
-      const text = ctx.cfg.enableMetrics ? renderMetrics(flavor, ctx.cfg.servedName, ctx.stats, gauges(ctx)) : undefined
+      const text = ctx.cfg.enableMetrics ? renderMetrics(flavor, ctx.cfg.servedName, perRank(ctx)) : undefined
       if (text === undefined) return notFound(ctx, res)
       res.writeHead(200, {
         "content-type": "text/plain; version=0.0.4; charset=utf-8",
@@ -130,7 +145,7 @@ export const handler =
         200,
         path === "/props"
           ? { total_slots: ctx.cfg.maxSeqs, default_generation_settings: { n_ctx: ctx.cfg.maxModelLen ?? 4096 } }
-          : Array.from({ length: ctx.cfg.maxSeqs }, (_, id) => ({ id, is_processing: id < ctx.scheduler.running }))
+          : Array.from({ length: ctx.cfg.maxSeqs }, (_, id) => ({ id, is_processing: id < ctx.engines.running }))
       )
     }
     if (req.method === "POST") {

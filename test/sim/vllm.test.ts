@@ -2,6 +2,7 @@
 // client-disconnect aborts, and startup (no listener until loaded).
 import * as http from "node:http"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { loadSignals } from "../../src/services/engine/PromText.ts"
 import { freePort } from "../support/ports.ts"
 import { getJson, pollUntil, postJson, type SimHandle, sseData, startSim } from "../support/sim.ts"
 
@@ -111,6 +112,14 @@ describe("vLLM flavor", () => {
     ["missing prompt", "/v1/completions", { model: "served" }, 400, "BadRequestError"],
     ["max_tokens 0", "/v1/completions", { prompt: "a", max_tokens: 0 }, 400, "BadRequestError"],
     ["over max-model-len", "/v1/completions", { prompt: "a", max_tokens: 100 }, 400, "BadRequestError"],
+    // No max_tokens: a prompt that fills the context leaves no room for a token (OpenAIServing._validate_input).
+    [
+      "a prompt filling max-model-len",
+      "/v1/chat/completions",
+      { messages: [{ role: "user", content: Array.from({ length: 64 }, (_, i) => `w${i}`).join(" ") }] },
+      400,
+      "BadRequestError"
+    ],
     ["unknown model", "/v1/completions", { model: "nope", prompt: "a" }, 404, "NotFoundError"]
   ])("rejects %s with vLLM's error body", async (_name, path, body, status, type) => {
     const r = await postJson(`${sim.url}${path}`, body)
@@ -135,9 +144,12 @@ describe("vLLM flavor", () => {
     }
     expect(text).toContain("# TYPE vllm:prompt_tokens_total counter")
     expect(text).toContain("# TYPE vllm:time_to_first_token_seconds histogram")
-    expect(text).toMatch(/^vllm:time_to_first_token_seconds_bucket\{engine="0",model_name="served",le="\+Inf"\} [1-9]/m)
+    // prometheus_client writes a sample's labels sorted by name (exposition.py, generate_latest).
+    expect(text).toMatch(/^vllm:time_to_first_token_seconds_bucket\{engine="0",le="\+Inf",model_name="served"\} [1-9]/m)
     expect(text).toMatch(/^vllm:inter_token_latency_seconds_count\{engine="0",model_name="served"\} [1-9]/m)
-    expect(text).toMatch(/^vllm:request_success_total\{engine="0",model_name="served",finished_reason="stop"\} [1-9]/m)
+    expect(text).toMatch(/^vllm:request_success_total\{engine="0",finished_reason="stop",model_name="served"\} [1-9]/m)
+    // Every finish reason has its child from the start (PrometheusStatLogger: `for reason in FinishReason`).
+    expect(text).toMatch(/^vllm:request_success_total\{engine="0",finished_reason="abort",model_name="served"\} 0\.0$/m)
     const gen = /^vllm:generation_tokens_total\{[^}]*\} (\d+)/m.exec(text)
     expect(Number(gen?.[1])).toBeGreaterThan(0)
   })
@@ -171,6 +183,57 @@ describe("vLLM flavor", () => {
     })
     expect(after.aborted).toBe(before + 3)
     await postJson(`${sim.url}/sim/faults`, { stallAfterTokens: null })
+  })
+})
+
+describe("vLLM data parallelism", () => {
+  it("routes to the least-loaded rank and exposes one series per rank, which the agent's reader sums", async () => {
+    const dp = await startSim({
+      args: ["serve", "m", "--data-parallel-size", "2", "--sim-max-seqs", "1", "--sim-stall-after-tokens", "1"]
+    })
+    const reqs: Array<http.ClientRequest> = []
+    try {
+      const open = () => {
+        const req = http.request(`${dp.url}/v1/completions`, {
+          method: "POST",
+          headers: { "content-type": "application/json" }
+        })
+        req.on("error", () => {})
+        req.end(JSON.stringify({ prompt: "a b c d e f g h", stream: true }))
+        reqs.push(req)
+      }
+      const settled = (running: number, waiting: number) =>
+        pollUntil(async () => {
+          const s = (await getJson(`${dp.url}/sim/state`)).json as Record<string, unknown>
+          return s.running === running && s.waiting === waiting ? s : undefined
+        })
+      // One at a time, so each choice sees the previous one: rank 0 (tie, first), rank 1 (score 0 < 1),
+      // rank 0 again (tie at 1), where it waits for the one slot.
+      open()
+      await settled(1, 0)
+      open()
+      await settled(2, 0)
+      open()
+      await settled(2, 1)
+      const text = await (await fetch(`${dp.url}/metrics`)).text()
+      const sample = (name: string, engine: number) =>
+        new RegExp(`^${name}\\{engine="${engine}",model_name="m"\\} (\\S+)$`, "m").exec(text)?.[1]
+      expect([0, 1].map((e) => sample("vllm:num_requests_running", e))).toEqual(["1.0", "1.0"])
+      expect([0, 1].map((e) => sample("vllm:num_requests_waiting", e))).toEqual(["1.0", "0.0"])
+      for (const e of [0, 1]) expect(Number(sample("vllm:kv_cache_usage_perc", e))).toBeGreaterThan(0)
+      expect(text.match(/^# TYPE vllm:num_requests_running gauge$/gm)).toHaveLength(1)
+      // Prompt tokens count once prefilled: the waiting request has none yet.
+      expect([0, 1].map((e) => sample("vllm:prompt_tokens_total", e))).toEqual(["8.0", "8.0"])
+      const load = loadSignals(text, {
+        running: ["vllm:num_requests_running"],
+        waiting: ["vllm:num_requests_waiting"],
+        kvUsage: ["vllm:kv_cache_usage_perc"]
+      })
+      expect(load).toMatchObject({ running: 2, waiting: 1 })
+    } finally {
+      for (const r of reqs) r.destroy()
+      await dp.stop()
+    }
   })
 })
 
