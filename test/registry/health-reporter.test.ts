@@ -449,6 +449,43 @@ describe("HealthReporter against a real etcd", () => {
     expect(st.lastError).toBeUndefined()
   }, 20_000)
 
+  it("keeps its lease with several endpoints of which some are dead: calls fail over to the live one", async () => {
+    // One endpoint refuses connections, one accepts them and never answers (a frozen or partitioned member).
+    const held = new Set<net.Socket>()
+    const blackHole = net.createServer((socket) => {
+      held.add(socket)
+      socket.on("error", () => undefined)
+      socket.on("close", () => held.delete(socket))
+    })
+    const holePort = await new Promise<number>((resolve) =>
+      blackHole.listen(0, "127.0.0.1", () => resolve((blackHole.address() as net.AddressInfo).port))
+    )
+    cleanups.push(
+      () =>
+        new Promise<void>((resolve) => {
+          for (const socket of held) socket.destroy()
+          blackHole.close(() => resolve())
+        })
+    )
+    const prefix = uniquePrefix()
+    const key = nodeKey(prefix, "c1", "n1")
+    const etcd = [`http://127.0.0.1:${await freePort()}`, shared.endpoint, `http://127.0.0.1:${holePort}`]
+    // TTL 2 s, so one failed call (deadline 1 s) cannot cost the lease; two in a row can.
+    const r = await startReporter({ prefix, etcd, heartbeat: "300ms", leaseTtl: "2s" })
+    const first = await untilState(r, "registered", 15_000)
+    // Ten heartbeats under the same lease. etcd3 picks a random endpoint per call, so before the failover
+    // two calls in three went to a dead endpoint: the lease was lost within a few heartbeats.
+    const later = await pollUntil("ten more writes", async () => {
+      const s = await r.status()
+      return s.writes >= first.writes + 10 || s.leasesLost > 0 ? s : undefined
+    })
+    expect(later.leasesLost).toBe(0)
+    expect(later.epoch).toBe(first.epoch)
+    // Each dead endpoint costs at most the call that found it dead (and the one that raced with it).
+    expect(later.writeFailures - first.writeFailures).toBeLessThanOrEqual(4)
+    expect((await readRecord(client, key))?.freshness?.epoch).toBe(first.epoch)
+  }, 30_000)
+
   it("keeps running and reports retrying when etcd is unreachable from the start", async () => {
     // A port just found free: no etcd (nor anything else) listens there.
     const r = await startReporter({ prefix: uniquePrefix(), etcd: [`http://127.0.0.1:${await freePort()}`] })

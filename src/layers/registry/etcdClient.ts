@@ -1,8 +1,8 @@
 /**
  * The few etcd operations the HealthReporter needs, as Effects with typed errors, over one etcd3 client
  * built from [cluster] (hosts, TLS, user/password). Every call has a deadline, etcd3's own retry and
- * circuit-breaker policies are replaced by pass-throughs (the reporter owns backoff: a 5 s open breaker
- * would delay re-registration past one heartbeat), and grpc-js reconnect backoff is capped likewise.
+ * circuit-breaker policies are replaced by faultPolicies.ts (the reporter owns backoff; a dead endpoint among
+ * several is skipped), and grpc-js reconnect backoff is capped likewise.
  */
 import { X509Certificate } from "node:crypto"
 import * as fs from "node:fs/promises"
@@ -11,6 +11,7 @@ import { Effect, type Scope } from "effect"
 import type { IKeyValue, IOptions } from "etcd3"
 import type { AgentConfig } from "../../services/config/Config.ts"
 import { EtcdTlsError, EtcdUnavailable, LeaseLost } from "../../services/registry/HealthReporter.ts"
+import { makeHostFailover, passThrough } from "./faultPolicies.ts"
 
 export interface Granted {
   readonly id: string
@@ -52,20 +53,6 @@ export interface EtcdClientOptions {
   readonly callTimeoutMs: number
   /** Cap of grpc-js reconnect backoff. */
   readonly reconnectCapMs: number
-}
-
-type Policy = NonNullable<NonNullable<IOptions["faultHandling"]>["global"]>
-
-/** A policy that runs the call once, as is: no retry, no breaker. */
-const passThrough = (): Policy => {
-  const never = new AbortController().signal
-  const noEvent = () => ({ dispose: () => undefined })
-  return {
-    onSuccess: noEvent,
-    onFailure: noEvent,
-    execute: async <T>(fn: (ctx: { signal: AbortSignal }) => PromiseLike<T> | T, signal?: AbortSignal) =>
-      fn({ signal: signal ?? never })
-  } as unknown as Policy
 }
 
 const reasonOf = (e: unknown): string => (e instanceof Error ? e.message : String(e))
@@ -153,8 +140,7 @@ export const etcdOptions = Effect.fnUntraced(function* (
       // trips away never connected; a call's own deadline lets a slow one in and still fails a dead one.
       "grpc.min_reconnect_backoff_ms": options.callTimeoutMs
     },
-    defaultCallOptions: (ctx) => (ctx.isStream ? {} : { deadline: Date.now() + options.callTimeoutMs }),
-    faultHandling: { host: () => passThrough(), global: passThrough() }
+    defaultCallOptions: (ctx) => (ctx.isStream ? {} : { deadline: Date.now() + options.callTimeoutMs })
   }
   return result
 })
@@ -171,9 +157,13 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
 ): Effect.fn.Return<EtcdOps, EtcdTlsError, Scope.Scope> {
   const opts = yield* etcdOptions(cluster, options)
   // Loaded here, not at start: a standalone agent ([cluster].etcd empty) never holds etcd3 and its grpc-js client.
-  const { Etcd3, EtcdLeaseInvalidError } = yield* Effect.promise(() => import("etcd3"))
+  const { Etcd3, EtcdLeaseInvalidError, isRecoverableError } = yield* Effect.promise(() => import("etcd3"))
+  const faultHandling = {
+    host: makeHostFailover(cluster.etcd, (e) => isRecoverableError(e as Error)),
+    global: passThrough()
+  }
   const client = yield* Effect.acquireRelease(
-    Effect.sync(() => new Etcd3(opts)),
+    Effect.sync(() => new Etcd3({ ...opts, faultHandling })),
     (c) => Effect.sync(() => c.close())
   )
   const call = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, EtcdUnavailable | LeaseLost> =>
