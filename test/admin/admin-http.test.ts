@@ -1,6 +1,6 @@
 // Admin HTTP over real loopback with test layers: every endpoint, /metrics as Prometheus text, the
-// bearer-token rules, the refusal to start on a non-loopback address without a token, and a clear error when
-// the address is in use.
+// bearer-token rules, the refusal to start on a non-loopback address without a token, a clear error when
+// the address is in use, and a release that clients stalled mid-request cannot hold up.
 import * as net from "node:net"
 import { Context, Effect, Exit, Layer, Scope } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
@@ -70,6 +70,36 @@ const start = async (agent: Record<string, unknown> = {}) => {
   const run = <A>(eff: Effect.Effect<A, never, Services>) => Effect.runPromise(Effect.provideContext(eff, ctx))
   const url = Context.get(ctx, AdminServer).url
   return { url, run }
+}
+
+/** A raw TCP client of the admin port: what a stalled or half-dead HTTP client looks like to the server. */
+const rawClient = async (url: string) => {
+  const socket = net.connect(Number(new URL(url).port), "127.0.0.1")
+  await new Promise<void>((resolve, reject) => {
+    socket.once("connect", () => resolve())
+    socket.once("error", reject)
+  })
+  socket.on("error", () => undefined)
+  let received = ""
+  const waiters: Array<() => void> = []
+  socket.on("data", (d: Buffer) => {
+    received += d.toString("latin1")
+    for (const w of waiters.splice(0)) w()
+  })
+  const closed = new Promise<void>((resolve) => socket.once("close", () => resolve()))
+  /** Resolves once the server's answers so far contain `text`. */
+  const seen = (text: string): Promise<void> =>
+    received.includes(text) ? Promise.resolve() : new Promise((resolve) => waiters.push(() => resolve(seen(text))))
+  return { socket, closed, seen }
+}
+
+/** Rejects when `p` takes longer than `ms`. */
+const within = <A>(what: string, ms: number, p: Promise<A>): Promise<A> => {
+  let timer: NodeJS.Timeout | undefined
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what} took longer than ${ms} ms`)), ms)
+  })
+  return Promise.race([p, late]).finally(() => clearTimeout(timer))
 }
 
 const get = async (url: string, init?: RequestInit) => {
@@ -148,6 +178,42 @@ describe("admin HTTP on loopback", () => {
     expect(await run(Effect.flatMap(Drain, (d) => d.draining))).toBe(true)
     expect(await get(`${url}/readyz`)).toMatchObject({ status: 503, text: "draining" })
     expect((await get(`${url}/healthz`)).status).toBe(200) // liveness stays up while draining
+  })
+})
+
+describe("admin HTTP release", () => {
+  it("drops clients stalled mid-request instead of waiting for them (the agent's exit after a drain)", async () => {
+    const { url } = await start({ listen_admin: "127.0.0.1:0" })
+    // A client that stalled halfway through its request headers (or whose host vanished): node:http's close
+    // waits for it until headersTimeout (60 s, checked every 30 s).
+    const headers = await rawClient(url)
+    headers.socket.write("GET /healthz HTTP/1.1\r\nHost: admin\r\n")
+    // A client answered while its body is still owed.
+    const body = await rawClient(url)
+    body.socket.write("POST /drain HTTP/1.1\r\nHost: admin\r\nContent-Length: 100\r\n\r\nabc")
+    await body.seen("HTTP/1.1 202")
+    // An idle keep-alive client. Connections are accepted in order, so once it is answered the server holds
+    // the two above.
+    const idle = await rawClient(url)
+    idle.socket.write("GET /readyz HTTP/1.1\r\nHost: admin\r\n\r\n")
+    await idle.seen("HTTP/1.1 503")
+
+    try {
+      const s = scope!
+      scope = undefined
+      const started = performance.now()
+      // Bounded well below node's 60 s, well above CLOSE_GRACE (1 s) on a loaded machine.
+      await within("closing the admin server", 10_000, Effect.runPromise(Scope.close(s, Exit.void)))
+      console.log(`admin server released in ${(performance.now() - started).toFixed(0)} ms`)
+      await within(
+        "the server closing the stalled connections",
+        5_000,
+        Promise.all([headers.closed, body.closed, idle.closed])
+      )
+      await expect(fetch(`${url}/healthz`)).rejects.toThrow() // not listening any more
+    } finally {
+      for (const c of [headers, body, idle]) c.socket.destroy()
+    }
   })
 })
 

@@ -6,7 +6,7 @@
  * mandatory and the server refuses to start without one.
  */
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer" // not the index, which loads NodeRedis
-import { Cause, Effect, Layer } from "effect"
+import { Cause, Duration, Effect, Layer } from "effect"
 import { HttpMiddleware, HttpRouter, HttpServer, type HttpServerRequest, HttpServerResponse } from "effect/http"
 import { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
 import {
@@ -31,6 +31,37 @@ import { splitHostPort } from "../../services/registry/Advertise.ts"
 // WebSocket / MessageEvent / CloseEvent getters load Node's bundled copy of undici (behind fetch), ~14 MB of RSS
 // and ~2.4 MB of heap that the agent never uses (test/programs/lazy-modules.test.ts).
 const { createServer } = process.getBuiltinModule("node:http")
+
+/**
+ * On release, how long requests already received may take to be answered before every connection left is
+ * dropped. Admin answers take milliseconds; what is left after this is a client stalled mid-request (headers
+ * or body half sent, a half-open connection), which node:http's close would otherwise wait for until its
+ * headersTimeout/requestTimeout (60 s to 5 min), holding the agent's exit after the drain.
+ */
+export const CLOSE_GRACE = Duration.seconds(1)
+
+type NodeHttpServerInstance = ReturnType<typeof createServer>
+
+/**
+ * Stops accepting, closes idle keep-alive connections, waits up to CLOSE_GRACE for the rest to end, then
+ * closes them all. Runs before NodeHttpServer's own close (which then finds the server closed).
+ */
+const closeOnRelease = (server: NodeHttpServerInstance) =>
+  Layer.effectDiscard(
+    Effect.addFinalizer(() =>
+      Effect.callback<void>((resume) => {
+        if (!server.listening) {
+          // Closed already (its graceful wait, bounded by CLOSE_GRACE too, is over): drop what is left.
+          server.closeAllConnections()
+          return resume(Effect.void)
+        }
+        server.close(() => resume(Effect.void))
+        server.closeIdleConnections()
+      }).pipe(
+        Effect.timeoutOrElse({ duration: CLOSE_GRACE, orElse: () => Effect.sync(() => server.closeAllConnections()) })
+      )
+    )
+  )
 
 export interface AdminOptions {
   /** Extra top-level sections of /status, e.g. `{ registration: reporter.status }`. */
@@ -165,7 +196,12 @@ export const layer = (
       const config = yield* Config
       const { host, port } = splitHostPort(config.agent.listen_admin)
       const loopback = yield* requireAdminToken(config.agent)
-      const server = NodeHttpServer.layer(() => createServer(), { host: unbracket(host), port: Number(port) })
+      const nodeServer = createServer()
+      const server = NodeHttpServer.layer(() => nodeServer, {
+        host: unbracket(host),
+        port: Number(port),
+        gracefulShutdownTimeout: CLOSE_GRACE
+      })
       const info = Layer.effect(
         AdminServer,
         Effect.gen(function* () {
@@ -178,13 +214,16 @@ export const layer = (
           return bound
         })
       )
-      return Layer.merge(
+      const served = Layer.merge(
         HttpRouter.serve(routes(options, loopback), { disableLogger: true, disableListenLog: true }).pipe(
           // Probes and scrapes every few seconds would be root spans named GET, drowning the real traces.
           Layer.provide(Layer.succeed(HttpMiddleware.TracerDisabledWhen)(() => true))
         ),
         info
-      ).pipe(
+      )
+      // Built after the routes, so released before them and before the server's own close.
+      return closeOnRelease(nodeServer).pipe(
+        Layer.provideMerge(served),
         Layer.provide(server),
         // effect's ServeError carries the listen error only as its cause: its own message is empty.
         Layer.catchTag("ServeError", (e) =>
