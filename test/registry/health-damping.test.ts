@@ -5,7 +5,7 @@ import type { NodeState } from "../../src/services/node/NodeStatus.ts"
 import { resolveAdvertiseAddr } from "../../src/services/registry/Advertise.ts"
 import { type DampingState, initialDamping, isFact, observe } from "../../src/services/registry/HealthDamping.ts"
 import { epochOf, nodeKey, nodesPrefix } from "../../src/services/registry/HealthReporter.ts"
-import { backoffMs, reporterTiming } from "../../src/services/registry/ReporterTiming.ts"
+import { afterLeaseLossMs, backoffMs, reporterTiming } from "../../src/services/registry/ReporterTiming.ts"
 
 const run = (seq: ReadonlyArray<NodeState>, threshold: number) => {
   let s: DampingState = initialDamping
@@ -134,6 +134,11 @@ describe("reporter timing, backoff, keys", () => {
   it("backoff doubles from 100 ms, is capped at one heartbeat and jittered down to half", () => {
     expect([1, 2, 3, 4, 10].map((n) => backoffMs(n, 500, 1))).toEqual([100, 200, 400, 500, 500])
     expect(backoffMs(10, 500, 0)).toBe(250)
+  })
+  it("a lost lease is re-granted at once; lost again before any write under it, the reporter backs off", () => {
+    expect(afterLeaseLossMs(1, 500, 1)).toBe(0)
+    expect([2, 3, 4, 5, 12].map((n) => afterLeaseLossMs(n, 500, 1))).toEqual([100, 200, 400, 500, 500])
+    expect(afterLeaseLossMs(12, 500, 0)).toBe(250)
   })
   it("key layout and epoch", () => {
     expect(nodeKey("/cgn", "prod", "gpu-1")).toBe("/cgn/prod/nodes/gpu-1")

@@ -16,7 +16,7 @@ import {
   type ReporterError,
   standaloneStatus
 } from "../../services/registry/HealthReporter.ts"
-import { backoffMs, reporterTiming } from "../../services/registry/ReporterTiming.ts"
+import { afterLeaseLossMs, backoffMs, reporterTiming } from "../../services/registry/ReporterTiming.ts"
 import { type EtcdOps, makeEtcdOps } from "./etcdClient.ts"
 import { makeRegistrationStep, type StepReason } from "./registrationStep.ts"
 import { initialReporterState, statusOf } from "./reporterState.ts"
@@ -60,9 +60,10 @@ const make = Effect.gen(function* () {
             if (e._tag === "LeaseLost") {
               s.session = undefined
               s.leasesLost++
+              s.leaseLossesInRow++
               s.failuresInRow = 0
               yield* setState("revoked")
-              return 0
+              return afterLeaseLossMs(s.leaseLossesInRow, timing.heartbeatMs, yield* Random.next)
             }
             if (e._tag === "RegistrationConflict") {
               const r = yield* Random.next
@@ -93,6 +94,7 @@ const make = Effect.gen(function* () {
           Effect.gen(function* () {
             s.session = undefined
             s.leasesLost++
+            s.leaseLossesInRow++
             yield* setState("revoked")
             return yield* Effect.fail(e)
           })

@@ -171,6 +171,7 @@ export const makeRegistrationStep = ({ s, ops, key, timing, agent, nodeStatus }:
       s.lastRecord = record
       s.writes++
       s.failuresInRow = 0
+      s.leaseLossesInRow = 0
       s.lastError = undefined
       s.conflict = undefined
       yield* setState("registered")

@@ -30,6 +30,8 @@ export interface ReporterState {
   lastError: string | undefined
   conflict: ConflictHolder | undefined
   failuresInRow: number
+  /** Leases lost since the last successful write (afterLeaseLossMs). */
+  leaseLossesInRow: number
   writes: number
   writeFailures: number
   leasesGranted: number
@@ -48,6 +50,7 @@ export const initialReporterState = (): ReporterState => ({
   lastError: undefined,
   conflict: undefined,
   failuresInRow: 0,
+  leaseLossesInRow: 0,
   writes: 0,
   writeFailures: 0,
   leasesGranted: 0,

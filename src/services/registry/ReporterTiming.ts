@@ -22,3 +22,12 @@ export type ReporterTiming = ReturnType<typeof reporterTiming>
 /** Retry delay after `failures` consecutive failures, capped at one heartbeat (the shared jittered backoff). */
 export const backoffMs = (failures: number, heartbeatMs: number, random: number): number =>
   jitteredBackoffMs(failures, heartbeatMs, random)
+
+/**
+ * Delay before re-registering after the lease was lost `lossesInRow` times with no write in between. The first
+ * loss (expired after a pause, revoked from outside) is re-granted at once; a lease lost again before a write
+ * under it (endpoints of two different clusters, a member that forgets leases) backs off like a failure, so the
+ * reporter does not grant lease after lease in a tight loop.
+ */
+export const afterLeaseLossMs = (lossesInRow: number, heartbeatMs: number, random: number): number =>
+  lossesInRow <= 1 ? 0 : backoffMs(lossesInRow - 1, heartbeatMs, random)
