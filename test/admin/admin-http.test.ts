@@ -8,7 +8,7 @@ import * as AdminLive from "../../src/layers/admin/Admin.ts"
 import * as ConfigLayer from "../../src/layers/config/Config.ts"
 import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import * as MetricsLayer from "../../src/layers/observability/Metrics.ts"
-import { AdminServer, authorize, isLoopbackHost, readiness } from "../../src/services/admin/Admin.ts"
+import { AdminServer, authorize, fromWebPage, isLoopbackHost, readiness } from "../../src/services/admin/Admin.ts"
 import { Config } from "../../src/services/config/Config.ts"
 import { EngineProcess, type EngineState, type ExitRecord } from "../../src/services/engine/EngineProcess.ts"
 import { parsePromText } from "../../src/services/engine/PromText.ts"
@@ -170,6 +170,13 @@ describe("admin HTTP on loopback", () => {
       }
     ])
 
+    // A web page in a browser on the host (a cross-site form POST needs no preflight) neither drains nor reads.
+    const fromPage = await get(`${url}/drain`, { method: "POST", headers: { origin: "http://evil.example" } })
+    expect(fromPage.status).toBe(403)
+    expect(fromPage.text).toMatch(/web page/)
+    expect((await get(`${url}/status`, { headers: { "sec-fetch-site": "cross-site" } })).status).toBe(403)
+    expect(await run(Effect.flatMap(Drain, (d) => d.draining))).toBe(false)
+
     const first = await get(`${url}/drain`, { method: "POST" })
     expect(first.status).toBe(202)
     expect(JSON.parse(first.text)).toEqual({ draining: true, alreadyDraining: false })
@@ -291,6 +298,19 @@ describe("admin HTTP auth", () => {
       [false, "t", "Token t", "missing"]
     ]
     for (const [loopback, token, header, want] of table) expect(authorize({ loopback, token, header })).toBe(want)
+    // A web page gets nothing from the open loopback listener; with a token, the token decides.
+    expect(authorize({ loopback: true, token: undefined, header: undefined, webPage: true })).toBe("browser")
+    expect(authorize({ loopback: true, token: "t", header: "Bearer t", webPage: true })).toBe("allowed")
+    expect(
+      [
+        [undefined, undefined],
+        [undefined, "none"],
+        ["http://evil.example", undefined],
+        ["null", undefined],
+        [undefined, "cross-site"],
+        [undefined, "same-origin"]
+      ].map(([origin, site]) => fromWebPage(origin, site))
+    ).toEqual([false, false, true, true, true, true])
     const h = NodeStatusLayer.testNodeHealth({
       state: "unhealthy",
       engine: { kind: "vllm", model: "m", phase: "unhealthy", restarts: 2, detail: "probe timeout" }

@@ -15,6 +15,7 @@ import {
   AdminTokenRequired,
   authorize,
   exitForensics,
+  fromWebPage,
   isLoopbackHost,
   readiness,
   type StatusExtras,
@@ -89,10 +90,24 @@ const routes = (options: AdminOptions, loopback: boolean) =>
       const guarded =
         (handler: Effect.Effect<HttpServerResponse.HttpServerResponse>) =>
         (request: HttpServerRequest.HttpServerRequest) => {
-          const decision = authorize({ loopback, token, header: request.headers.authorization })
-          if (decision === "missing") return Effect.succeed(unauthorized("missing bearer token"))
-          if (decision === "wrong") return Effect.succeed(unauthorized("invalid bearer token"))
-          return handler
+          const { authorization, origin } = request.headers
+          const webPage = fromWebPage(origin, request.headers["sec-fetch-site"])
+          switch (authorize({ loopback, token, header: authorization, webPage })) {
+            case "missing":
+              return Effect.succeed(unauthorized("missing bearer token"))
+            case "wrong":
+              return Effect.succeed(unauthorized("invalid bearer token"))
+            case "browser":
+              return Effect.succeed(
+                HttpServerResponse.jsonUnsafe(
+                  { error: "refused: a request from a web page (Origin or Sec-Fetch-Site); use curl or the CLI" },
+                  { status: 403 }
+                )
+              )
+            case "open":
+            case "allowed":
+              return handler
+          }
         }
 
       const draining = Effect.zipWith(status.draining, drain.draining, (a, b) => a || b)

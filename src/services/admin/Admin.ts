@@ -70,18 +70,30 @@ export const tokenMatches = (given: string, expected: string): boolean => {
 }
 
 /** The auth decision for a protected endpoint (/status, /drain). */
-export type AuthDecision = "open" | "allowed" | "missing" | "wrong"
+export type AuthDecision = "open" | "allowed" | "missing" | "wrong" | "browser"
+
+/**
+ * Whether a request was made by a web page: browsers send `Origin` with every POST and cross-origin request, and
+ * `Sec-Fetch-Site` with every request ("none" when a person typed the URL). curl, the agent's CLI and Node's
+ * fetch send neither.
+ */
+export const fromWebPage = (origin: string | undefined, secFetchSite: string | undefined): boolean =>
+  origin !== undefined || (secFetchSite !== undefined && secFetchSite !== "none")
 
 /**
  * A configured token is always required (on loopback too: whoever set one meant it). Without one, only a
  * loopback listener is open; a non-loopback one never starts (AdminTokenRequired), and is refused here too.
+ * The open loopback listener refuses web pages: any page in a browser on the host could otherwise drain the
+ * node with a plain cross-site POST (no CORS preflight for it). With a token a page cannot get in anyway: it
+ * cannot send the Authorization header cross-site without a preflight, which is never answered.
  */
 export const authorize = (options: {
   readonly loopback: boolean
   readonly token: string | undefined
   readonly header: string | undefined
+  readonly webPage?: boolean
 }): AuthDecision => {
-  if (options.token === undefined) return options.loopback ? "open" : "missing"
+  if (options.token === undefined) return !options.loopback ? "missing" : options.webPage ? "browser" : "open"
   const given = bearerToken(options.header)
   if (given === undefined) return "missing"
   return tokenMatches(given, options.token) ? "allowed" : "wrong"
