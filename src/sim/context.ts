@@ -4,10 +4,9 @@ import type * as http from "node:http"
 import { errorBody } from "./errors.ts"
 import { type Faults, initialFaults } from "./faults.ts"
 import { sendJson } from "./http.ts"
-import { KvBlocks } from "./kvblocks.ts"
 import type { KvPublisher } from "./kvpublisher.ts"
 import { Bootstrap, SideChannel } from "./pd.ts"
-import { Engines } from "./ranks.ts"
+import { Engines, KvCaches } from "./ranks.ts"
 import type { SimConfig } from "./simConfig.ts"
 import { Stats } from "./stats.ts"
 import { prng } from "./tokens.ts"
@@ -22,7 +21,8 @@ export interface SimContext {
   readonly stats: Stats
   /** The engine cores: one, or vLLM's `--data-parallel-size` ranks. */
   readonly engines: Engines
-  readonly kv: KvBlocks
+  /** The ranks' KV caches together (block size, totals, clearing all at load); a request uses its rank's `kv`. */
+  readonly kv: KvCaches
   readonly faults: Faults
   readonly rand: () => number
   readonly created: number
@@ -61,12 +61,20 @@ export const makeContext = (
 ): SimContext => {
   const seedHash = (BigInt(cfg.seed >>> 0) << 32n) | BigInt(Number(env.PYTHONHASHSEED ?? "0") >>> 0)
   const engineId = cfg.kvTransferConfig?.engine_id
+  const engines = new Engines({
+    dataParallel: cfg.flavor === "vllm" ? cfg.dataParallel : 1,
+    maxSeqs: cfg.maxSeqs,
+    blockSize: cfg.blockSize,
+    kvBlocks: cfg.kvBlocks,
+    seed: seedHash ^ 0x5bd1e9955bd1e995n,
+    sharedSeed: env.PYTHONHASHSEED !== undefined
+  })
   return {
     cfg,
     log,
     stats: new Stats(),
-    engines: new Engines(cfg.flavor === "vllm" ? cfg.dataParallel : 1, cfg.maxSeqs),
-    kv: new KvBlocks(cfg.blockSize, cfg.kvBlocks, seedHash ^ 0x5bd1e9955bd1e995n),
+    engines,
+    kv: new KvCaches(engines.ranks),
     faults: initialFaults(cfg),
     rand: prng(cfg.seed),
     created: Math.floor(Date.now() / 1000),

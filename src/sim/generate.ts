@@ -24,7 +24,7 @@ export const generate = async (
   res: http.ServerResponse,
   inject: "midstream" | "sse_error_field" | "reset" | undefined
 ): Promise<void> => {
-  const { cfg, stats, kv } = ctx
+  const { cfg, stats } = ctx
   const t0 = performance.now()
   const abort = new AbortController()
   let state: "active" | "done" | "aborted" = "active"
@@ -53,16 +53,15 @@ export const generate = async (
     return sendError(ctx, res, handoff.status, handoff.message)
   }
 
-  // The engine core (DP rank) that runs it: its slot, its blocks, its counters.
+  // The engine core (DP rank) that runs it: its slot, its prefix cache and KV events, its counters.
   const rank = ctx.engines.pick()
-  const rs = rank.stats
+  const { kv, stats: rs } = rank
   const ticket = rank.scheduler.enter()
   let pinned: ReadonlyArray<bigint> = []
   let myDecodeBlocks = 0
   cleanup = () => {
     ticket.release()
     kv.release(pinned)
-    rank.unpin(pinned)
     rank.decodeBlocks -= myDecodeBlocks
     myDecodeBlocks = 0
     pinned = []
@@ -73,8 +72,9 @@ export const generate = async (
   const promptIds = gr.promptWords.map(tokenId)
   const admission = kv.admit(promptIds, gr.cacheSalt)
   pinned = admission.hashes
-  rank.pin(pinned)
-  ctx.publisher?.publish(admission.events)
+  // vLLM's DP ranks each publish their own cache's events; other engines' --dp-size publishers take
+  // the one cache's batches in turn (kvpublisher.ts).
+  ctx.publisher?.publish(admission.events, ctx.engines.ranks.length > 1 ? rank.index : undefined)
   rs.promptTokens += promptIds.length
   rs.prefixQueries += promptIds.length
   rs.prefixHits += admission.hitTokens
@@ -121,7 +121,7 @@ export const generate = async (
     rs.e2e.observe(e2e)
     rs.finished(reason)
     stats.served++
-    const kvParams = holdForDecode(ctx, gr, id, admission, promptIds.length, reason)
+    const kvParams = holdForDecode(ctx, kv, gr, id, admission, promptIds.length, reason)
     cleanup()
     if (cfg.crashAfterRequests !== undefined && stats.served >= cfg.crashAfterRequests) {
       res.once("finish", () => ctx.crash(`crash after ${cfg.crashAfterRequests} requests`))

@@ -220,13 +220,17 @@ class RankPublisher {
 }
 
 /**
- * The engine's publishers, one per DP rank. Every engine step's events go out as one batch; with dp > 1
- * steps go to the ranks in turn (the simulator keeps one block table, so a rank may report a hit stored by
- * another: the wire per rank is what it models, not DP's separate caches).
+ * The engine's publishers, one per DP rank (vllm-project/vllm vllm/distributed/kv_events.py: "each DP rank
+ * runs its own EventPublisher instance", ZmqEventPublisher on offset_endpoint_port(endpoint,
+ * data_parallel_rank), its own replay ROUTER and `_seq_gen` from 0). Every engine step's events go out as
+ * one batch. vLLM's ranks are engine cores with caches of their own: each batch names the rank whose cache
+ * made it and goes out on that rank's publisher. Without a rank (SGLang's --dp-size, where the simulator
+ * keeps one block table) the steps go to the publishers in turn.
  */
 export class KvPublisher {
   private readonly ranks: ReadonlyArray<RankPublisher>
-  private pending: Array<KvEvent> = []
+  /** Events queued this tick: per rank, and (key -1) those that go to the next rank in turn. */
+  private readonly pending = new Map<number, Array<KvEvent>>()
   private flushScheduled = false
   private next = 0
   private last = 0
@@ -240,10 +244,19 @@ export class KvPublisher {
     for (const r of this.ranks) await r.start()
   }
 
-  /** Queues events; everything queued in one tick goes out as one batch (one engine step). */
-  publish(events: ReadonlyArray<KvEvent>): void {
+  /**
+   * Queues events; everything queued in one tick for one rank goes out as one batch (one engine step).
+   * `rank`: the DP rank whose cache made them; undefined: the next publisher in turn.
+   */
+  publish(events: ReadonlyArray<KvEvent>, rank?: number): void {
     if (events.length === 0 || this.closed) return
-    for (const e of events) this.pending.push(e)
+    const key = rank === undefined || this.ranks.length === 1 ? -1 : rank
+    let queued = this.pending.get(key)
+    if (queued === undefined) {
+      queued = []
+      this.pending.set(key, queued)
+    }
+    for (const e of events) queued.push(e)
     if (!this.flushScheduled) {
       this.flushScheduled = true
       setImmediate(() => this.flush())
@@ -261,14 +274,26 @@ export class KvPublisher {
     return (this.ranks[this.last] as RankPublisher).lastSeq
   }
 
+  /** The last seq rank `rank` published (-1: none yet). */
+  rankLastSeq(rank: number): number | null {
+    return this.ranks[rank]?.lastSeq ?? null
+  }
+
   private flush(): void {
     this.flushScheduled = false
-    const events = this.pending
-    this.pending = []
-    if (this.closed || events.length === 0) return
-    this.last = this.next
-    this.next = (this.next + 1) % this.ranks.length
-    ;(this.ranks[this.last] as RankPublisher).send(events)
+    const batches = [...this.pending]
+    this.pending.clear()
+    if (this.closed) return
+    for (const [key, events] of batches) {
+      if (events.length === 0) continue
+      if (key < 0) {
+        this.last = this.next
+        this.next = (this.next + 1) % this.ranks.length
+      } else {
+        this.last = key
+      }
+      ;(this.ranks[this.last] as RankPublisher).send(events)
+    }
   }
 
   close(): void {

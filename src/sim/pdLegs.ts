@@ -3,7 +3,7 @@
 // connects, a vLLM decode leg pulls the prefill engine's blocks over NIXL (or computes the prefill locally).
 // After: a vLLM prefill leg holds its blocks for the decode side and returns the kv_transfer_params to send.
 import { hasPdConnector, type SimContext } from "./context.ts"
-import type { Admission } from "./kvblocks.ts"
+import type { Admission, KvBlocks } from "./kvblocks.ts"
 import { fetchBlocks, waitForRoom } from "./pd.ts"
 import type { GenRequest } from "./request.ts"
 
@@ -114,13 +114,15 @@ export const handoffBeforeGeneration = async (
  */
 export const holdForDecode = (
   ctx: SimContext,
+  /** The block table of the rank that ran the prefill. */
+  kv: KvBlocks,
   gr: GenRequest,
   id: string,
   admission: Admission,
   promptTokens: number,
   finishReason: string
 ): unknown => {
-  const { cfg, kv } = ctx
+  const { cfg } = ctx
   const kvp = gr.kvTransferParams
   const pd = cfg.flavor === "vllm" && hasPdConnector(cfg)
   if (!(pd && kvp?.do_remote_decode === true && ctx.sideChannel !== undefined)) return null

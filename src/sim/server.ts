@@ -30,19 +30,18 @@ const notFound = (ctx: SimContext, res: http.ServerResponse) => {
 }
 
 /**
- * One engine core's gauges. Each DP rank has a KV cache of its own, as large as a single engine's; with one
- * rank the block table's pins also count blocks a vLLM prefill holds for its decode side after the request.
+ * One engine core's gauges. Each DP rank has a KV cache of its own, as large as a single engine's; its pins
+ * also count blocks a vLLM prefill holds for its decode side after the request.
  */
 const gauges = (ctx: SimContext, rank: Rank): Gauges => {
-  const capacity = ctx.kv.capacity
-  const pinned = ctx.engines.ranks.length === 1 ? ctx.kv.pinnedBlocks : rank.pinnedBlocks
-  const used = pinned + rank.decodeBlocks
+  const { capacity, blockSize } = rank.kv
+  const used = rank.usedBlocks
   return {
     running: rank.scheduler.running,
     waiting: rank.scheduler.waiting,
-    kvUsage: Math.min(1, used / capacity),
-    usedTokens: used * ctx.kv.blockSize,
-    maxTotalTokens: capacity * ctx.kv.blockSize,
+    kvUsage: rank.kvUsage,
+    usedTokens: used * blockSize,
+    maxTotalTokens: capacity * blockSize,
     maxSeqs: ctx.cfg.maxSeqs
   }
 }
@@ -52,7 +51,7 @@ const perRank = (ctx: SimContext): Array<RankMetrics> =>
 
 /** KV usage over the ranks, averaged as usage fractions are. */
 const kvUsage = (ctx: SimContext): number => {
-  const all = ctx.engines.ranks.map((r) => gauges(ctx, r).kvUsage)
+  const all = ctx.engines.ranks.map((r) => r.kvUsage)
   return all.reduce((a, b) => a + b, 0) / all.length
 }
 
@@ -66,10 +65,19 @@ const simState = (ctx: SimContext) => ({
   pid: process.pid,
   grandchildPid: ctx.grandchildPid,
   received: ctx.stats.received,
+  // Over all engine cores: usage averaged, cached blocks summed (each DP rank caches its own copy of a
+  // prefix it served), the events' seq of the rank that published last; `ranks` has each one's own.
   kvUsage: kvUsage(ctx),
   kvCachedBlocks: ctx.kv.cachedBlocks,
   kvBlockSize: ctx.kv.blockSize,
   kvEventsSeq: ctx.publisher?.lastSeq ?? null,
+  ranks: ctx.engines.ranks.map((r) => ({
+    running: r.scheduler.running,
+    waiting: r.scheduler.waiting,
+    kvUsage: r.kvUsage,
+    kvCachedBlocks: r.kv.cachedBlocks,
+    kvEventsSeq: ctx.publisher === undefined ? null : ctx.publisher.rankLastSeq(r.index)
+  })),
   kvHeld: ctx.sideChannel?.held ?? 0,
   kvFetched: ctx.sideChannel?.fetched ?? 0,
   kvExpired: ctx.sideChannel?.expired ?? 0,

@@ -656,6 +656,8 @@ describe("data parallelism", () => {
     expect(plan.kvEvents).toMatchObject({ dpSize: 2 })
     const sim = await simFromPlan(plan.argv)
     // Both ranks published seq 0 (AllBlocksCleared) before anyone listened: each join is filled by replay.
+    // Requests sent one after another alternate ranks (vLLM's API server counts its own picks between the
+    // DP coordinator's load reports), and each rank publishes what its own cache stored, on its own seq.
     const ranksAt = (seq: number) =>
       [0, 1].every((r) => kc.batches().some((b) => b.dp_rank === r && (b.seq as number) >= seq))
     await until(async () => {
