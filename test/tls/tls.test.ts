@@ -2,11 +2,13 @@
 // material; clients with a good certificate, none, one from another CA, and plaintext. Rotation: the
 // served certificate (read from a raw TLS handshake) changes without a restart, on a file write, on a
 // Kubernetes-style symlink swap, and on SIGHUP alone. Startup errors name the config key.
+import { execFileSync } from "node:child_process"
 import * as crypto from "node:crypto"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import * as tls from "node:tls"
 import { Effect, Exit, Layer, Logger, References, Scope } from "effect"
+import { TestClock } from "effect/testing"
 import { HealthImplementation } from "grpc-health-check"
 import { type Channel, type ChannelCredentials, createChannel, createClient } from "nice-grpc"
 import { HealthDefinition } from "nice-grpc-server-health"
@@ -15,7 +17,9 @@ import { addHealth } from "../../src/layers/grpc/Health.ts"
 import { Http2GrpcServer } from "../../src/layers/grpc/http2/Server.ts"
 import { clientCredentials, loadClientCredentials } from "../../src/layers/tls/clientCredentials.ts"
 import { hangupReload, make, type TlsOptions } from "../../src/layers/tls/Tls.ts"
+import { parseCaBundle, readMaterial, securityFiles, validityProblem } from "../../src/layers/tls/tlsMaterial.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"
+import { jitteredBackoffMs } from "../../src/services/retry/Backoff.ts"
 import { Tls, TlsError, type TlsService } from "../../src/services/tls/Tls.ts"
 import { makeTestPki, type TestPki } from "../support/certs.ts"
 import { pollUntil } from "../support/poll.ts"
@@ -290,5 +294,163 @@ describe("client credentials from files", () => {
     expect(half.message).toContain("--tls-key")
     const missing = await Effect.runPromise(Effect.flip(loadClientCredentials({ caFile: "/nonexistent/ca.pem" })))
     expect(missing.message).toContain("--tls-ca (/nonexistent/ca.pem)")
+  })
+})
+
+describe("rotation caught half-way", () => {
+  it("a new certificate with the old key is refused, the old pair kept, and retried until the key arrives", async () => {
+    // No watches and no SIGHUP: only the retry after the failed reload can pick up the key written later.
+    const { files } = copyIdentity("half-written")
+    const service = await startTls(mtls(files), { watch: false, sighup: false, retryInitial: "20 millis" })
+    const port = await startServer(service)
+    const next = pki.issueServer("half-rotated")
+    replaceFile(files.cert, next.cert)
+    const error = await Effect.runPromise(Effect.flip(service.reload))
+    expect(error.key).toBe("security.key_file")
+    expect(error.reason).toContain("does not belong")
+    expect((await Effect.runPromise(service.lastError))?.key).toBe("security.key_file")
+    expect(await servedSerial(port)).toBe(serialOf(pki.server.cert))
+    replaceFile(files.key, next.key)
+    await awaitServed(port, serialOf(next.cert))
+    expect(await Effect.runPromise(service.lastError)).toBeUndefined()
+    expect(await Effect.runPromise(service.generation)).toBe(2)
+  })
+
+  it("retries back off: the shared backoff from the TLS base (1 s) doubling up to the cap, jittered down to half", () => {
+    expect([1, 2, 3, 4, 8, 60].map((n) => jitteredBackoffMs(n, 60_000, 1, 1000))).toEqual([
+      1000, 2000, 4000, 8000, 60_000, 60_000
+    ])
+    expect(jitteredBackoffMs(3, 60_000, 0, 1000)).toBe(2000)
+  })
+})
+
+/** Runs `effect` with the clock at `at` (ms since the epoch). */
+const atTime = <A, E>(at: number, effect: Effect.Effect<A, E>) =>
+  Effect.runPromise(
+    Effect.flip(TestClock.setTime(at).pipe(Effect.andThen(effect), Effect.provide(TestClock.layer())))
+  ) as Promise<E>
+
+const openssl = (args: ReadonlyArray<string>, cwd: string) =>
+  execFileSync("/usr/bin/openssl", args, { cwd, stdio: ["ignore", "ignore", "pipe"] })
+
+/** A CA and a server certificate it signs, both valid for `days`, in a directory of their own. */
+const longLived = (name: string, days: number) => {
+  const dir = fs.mkdtempSync(path.join(pki.dir, `${name}-`))
+  const ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+  openssl(
+    ["req", "-x509", ...ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", `${days}`, "-subj", `/CN=${name}`].concat([
+      "-addext",
+      "basicConstraints=critical,CA:TRUE",
+      "-addext",
+      "keyUsage=critical,keyCertSign,cRLSign"
+    ]),
+    dir
+  )
+  fs.writeFileSync(path.join(dir, "server.ext"), "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n")
+  openssl(["req", ...ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=server"], dir)
+  openssl(
+    [
+      "x509",
+      "-req",
+      "-in",
+      "server.csr",
+      "-CA",
+      "ca.crt",
+      "-CAkey",
+      "ca.key",
+      "-set_serial",
+      "7",
+      "-days",
+      `${days}`
+    ].concat(["-out", "server.crt", "-extfile", "server.ext"]),
+    dir
+  )
+  return {
+    ca: fs.readFileSync(path.join(dir, "ca.crt")),
+    cert: path.join(dir, "server.crt"),
+    key: path.join(dir, "server.key"),
+    dir
+  }
+}
+
+describe("certificate validity", () => {
+  const server = () => new crypto.X509Certificate(pki.server.cert)
+  const files = () => securityFiles(mtls({ ca: pki.ca.certFile, cert: pki.server.certFile, key: pki.server.keyFile }))
+
+  it("refuses a certificate not yet valid, naming the key", async () => {
+    const error = await atTime(Date.parse(server().validFrom) - 3_600_000, readMaterial(files()))
+    expect(error.key).toBe("security.ca_file")
+    expect(error.reason).toContain("not valid before")
+  })
+
+  it("refuses an expired certificate", async () => {
+    const error = await atTime(Date.parse(server().validTo) + 1000, readMaterial(files()))
+    expect(error.key).toBe("security.ca_file")
+    expect(error.reason).toMatch(/^certificate expired on /)
+  })
+
+  it("the validity window (pure)", () => {
+    const text = { validFrom: "from", validTo: "to" }
+    expect(validityProblem(100, 200, 150, text)).toBeUndefined()
+    expect(validityProblem(100, 200, 100, text)).toBeUndefined()
+    expect(validityProblem(100, 200, 99, text)).toBe("certificate not valid before from")
+    expect(validityProblem(100, 200, 200, text)).toBe("certificate expired on to")
+    expect(validityProblem(100, 200, Number.NaN, text)).toBe("certificate expired on to")
+  })
+
+  it("a not-yet-valid certificate written while serving is refused and the old one kept", async () => {
+    const { files: copy } = copyIdentity("future-rotation")
+    const service = await startTls(mtls(copy), { watch: false, sighup: false, retryInitial: "1 hour" })
+    const port = await startServer(service)
+    // a pair from another, longer-lived CA: valid now, so the service's own check is on the clock alone
+    const later = longLived("later-ca", 3)
+    fs.writeFileSync(copy.ca, Buffer.concat([pki.ca.cert, later.ca]))
+    replaceFile(copy.key, fs.readFileSync(later.key))
+    replaceFile(copy.cert, fs.readFileSync(later.cert))
+    const laterCert = new crypto.X509Certificate(fs.readFileSync(later.cert))
+    const error = await atTime(Date.parse(laterCert.validFrom) - 60_000, service.reload)
+    expect(error.reason).toContain("not valid before")
+    expect(await servedSerial(port)).toBe(serialOf(pki.server.cert))
+  })
+})
+
+describe("CA bundles", () => {
+  const garbage = Buffer.from("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+  const where = { key: "security.ca_file", path: "/etc/ca.pem" }
+
+  it("accepts a bundle whose first CA expired while another is valid (a CA rotation's overlap)", async () => {
+    // pki.ca lives 1 day; `longer` 3 days. At +36 h only `longer` (and the server it signed) is valid.
+    const longer = longLived("longer-ca", 3)
+    const bundle = path.join(longer.dir, "bundle.crt")
+    fs.writeFileSync(bundle, Buffer.concat([pki.ca.cert, Buffer.from("# comment between blocks\n"), longer.ca]))
+    const at = Date.now() + 36 * 3_600_000
+    const files = securityFiles(mtls({ ca: bundle, cert: longer.cert, key: longer.key }))
+    const material = await Effect.runPromise(
+      TestClock.setTime(at).pipe(Effect.andThen(readMaterial(files)), Effect.provide(TestClock.layer()))
+    )
+    expect(material.ca.equals(fs.readFileSync(bundle))).toBe(true)
+    // every CA of the bundle expired: refused, each one's reason given
+    const expired = await atTime(at, parseCaBundle(Buffer.concat([pki.ca.cert, pki.otherCa.cert]), where, at))
+    expect(expired.reason).toMatch(/^none of the 2 certificates is valid now: 1: certificate expired on .*; 2: /)
+  })
+
+  it("refuses a bundle with a broken certificate after a good one", async () => {
+    const error = await Effect.runPromise(
+      Effect.flip(parseCaBundle(Buffer.concat([pki.ca.cert, garbage]), where, Date.now()))
+    )
+    expect(error.message).toMatch(/^security\.ca_file \(\/etc\/ca\.pem\): certificate 2 of 2 is not a PEM certificate/)
+    const none = await Effect.runPromise(Effect.flip(parseCaBundle(Buffer.from("hello"), where, Date.now())))
+    expect(none.reason).toContain("not a PEM certificate")
+  })
+
+  it("a bundle of two CAs: clients of either are accepted", async () => {
+    const { files } = copyIdentity("bundle")
+    fs.writeFileSync(files.ca, Buffer.concat([pki.otherCa.cert, pki.ca.cert]))
+    const service = await startTls(mtls(files))
+    const port = await startServer(service)
+    const mine = clientCredentials({ ca: pki.ca.cert, cert: pki.client.cert, key: pki.client.key })
+    const other = clientCredentials({ ca: pki.ca.cert, cert: pki.otherClient.cert, key: pki.otherClient.key })
+    expect(await check(port, mine)).toBe("ok")
+    expect(await check(port, other)).toBe("ok")
   })
 })

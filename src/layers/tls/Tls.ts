@@ -1,11 +1,13 @@
 /**
  * Live Tls: reads and checks the PEM files (tlsMaterial.ts) and serves them as a cell (materialCell.ts) the
  * gRPC server subscribes to, applying each change with the HTTP/2 server's `setSecureContext`. Watches the
- * files and their directories (debounced) and SIGHUP (watchChanges.ts); an invalid new file is logged and the
- * old material kept. Client credentials: clientCredentials.ts.
+ * files and their directories (debounced) and SIGHUP (watchChanges.ts); an invalid new file is logged, the
+ * old material kept, and the files read again with backoff until they are valid. Client credentials:
+ * clientCredentials.ts.
  */
-import { type Duration, Effect, Layer, Queue, Stream } from "effect"
+import { Duration, Effect, Layer, Queue, Random, Semaphore, Stream } from "effect"
 import { Config } from "../../services/config/Config.ts"
+import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
 import { Tls, type TlsError, type TlsService } from "../../services/tls/Tls.ts"
 import { MaterialCell } from "./materialCell.ts"
 import { readMaterial, type Security, sameMaterial, securityFiles } from "./tlsMaterial.ts"
@@ -18,6 +20,15 @@ export interface TlsOptions {
   readonly sighup?: boolean
   /** Quiet time after the last file event before re-reading (default 100 ms: writers touch files in bursts). */
   readonly debounce?: Duration.Input
+  /**
+   * After a failed reload, the files are read again after this delay (jittered down to half), doubling up to
+   * `retryMax` (default 1 s),
+   * until one succeeds: a rotation caught half-written (certificate new, key not yet), or a certificate issued a
+   * little ahead of this host's clock, is picked up without another file event or SIGHUP.
+   */
+  readonly retryInitial?: Duration.Input
+  /** The longest delay between those retries (default 1 minute). */
+  readonly retryMax?: Duration.Input
 }
 
 /** The Tls service for a `[security]` section; watchers and the SIGHUP handler live in the scope. */
@@ -36,20 +47,31 @@ export const make = (security: Security, options: TlsOptions = {}) =>
     const cell = new MaterialCell(yield* readMaterial(files))
     let generation = 1
     let lastError: TlsError | undefined
+    // failed reloads in a row: paces the retries
+    let failures = 0
+    const retryWanted = yield* Queue.sliding<void>(1)
+    // One reload at a time: a SIGHUP and a file event together would otherwise read concurrently, and the slower
+    // read (of older files) could be applied after the newer one, or leave lastError set while the new material
+    // is served.
+    const oneAtATime = yield* Semaphore.make(1)
 
     const reload: TlsService["reload"] = readMaterial(files).pipe(
       Effect.tapError((e) =>
         Effect.sync(() => {
           lastError = e
+          failures++
+          Queue.offerUnsafe(retryWanted, undefined)
         })
       ),
       Effect.map((next) => {
         lastError = undefined
+        failures = 0
         if (sameMaterial(cell.current(), next)) return false
         generation++
         cell.update(next)
         return true
-      })
+      }),
+      oneAtATime.withPermits(1)
     )
 
     const paths = [files.ca.path, files.cert.path, files.key.path].filter((p): p is string => p !== undefined)
@@ -72,6 +94,18 @@ export const make = (security: Security, options: TlsOptions = {}) =>
             const line = `tls: keeping the previous certificates: ${e.message}`
             return repeated ? Effect.logDebug(line) : Effect.logWarning(line)
           })
+        )
+      ),
+      Effect.forkScoped
+    )
+
+    // A failed reload (from a file event, SIGHUP or a caller) is tried again, with backoff, until one succeeds.
+    const initialMs = Duration.toMillis(Duration.fromInputUnsafe(options.retryInitial ?? "1 second"))
+    const maxMs = Duration.toMillis(Duration.fromInputUnsafe(options.retryMax ?? "1 minute"))
+    yield* Stream.fromQueue(retryWanted).pipe(
+      Stream.runForEach(() =>
+        Effect.flatMap(Random.next, (r) => Effect.sleep(jitteredBackoffMs(failures, maxMs, r, initialMs))).pipe(
+          Effect.andThen(Effect.suspend(() => (lastError === undefined ? Effect.void : Queue.offer(events, undefined))))
         )
       ),
       Effect.forkScoped

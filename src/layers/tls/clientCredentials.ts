@@ -6,7 +6,7 @@
 import { ChannelCredentials } from "@grpc/grpc-js"
 import { Clock, Effect } from "effect"
 import { TlsError, type TlsMaterial } from "../../services/tls/Tls.ts"
-import { parseCert, readMaterial, readOne } from "./tlsMaterial.ts"
+import { parseCaBundle, readMaterial, readOne } from "./tlsMaterial.ts"
 
 /** Client credentials: TLS trusting `ca`, presenting `cert`/`key` when given; plaintext without `ca`. */
 export const clientCredentials = (material?: Partial<TlsMaterial>): ChannelCredentials =>
@@ -46,7 +46,7 @@ export const loadClientCredentials = (
     const caFile = files.caFile
     if (files.certFile === undefined || files.keyFile === undefined) {
       const ca = yield* readOne({ key: keys.ca, path: caFile })
-      yield* parseCert(ca, { key: keys.ca, path: caFile }, yield* Clock.currentTimeMillis)
+      yield* parseCaBundle(ca, { key: keys.ca, path: caFile }, yield* Clock.currentTimeMillis)
       return clientCredentials({ ca })
     }
     if (caFile === undefined) {

@@ -1,7 +1,8 @@
 /**
  * The TLS material on disk: which files `[security]` names, and reading and checking them (parseable PEM,
- * certificate not expired, key matching the certificate, usable as a Node secure context). Every problem is
- * a TlsError naming the config key or CLI flag the file came from.
+ * certificates valid now: not expired, not yet to come, every certificate of a CA bundle parsed and one of them
+ * valid; key matching the certificate; usable as a Node secure context). Every problem is a TlsError naming the
+ * config key or CLI flag the file came from.
  */
 import * as crypto from "node:crypto"
 import * as fs from "node:fs"
@@ -39,7 +40,26 @@ export const readOne = (file: { readonly key: string; readonly path: string | un
     })
   })
 
-/** Parses a PEM certificate and refuses one that expired before `now` (ms). */
+/**
+ * Why a certificate valid from `notBefore` to `notAfter` (ms) cannot be used at `now`, or undefined when it can.
+ * A not-yet-valid certificate is refused like an expired one: peers refuse it as well ("certificate is not yet
+ * valid"), so serving it in place of a good one (a pre-issued certificate, an issuer's clock ahead) breaks mTLS.
+ */
+export const validityProblem = (
+  notBefore: number,
+  notAfter: number,
+  now: number,
+  text: { readonly validFrom: string; readonly validTo: string }
+): string | undefined => {
+  if (!(now < notAfter)) return `certificate expired on ${text.validTo}`
+  if (now < notBefore) return `certificate not valid before ${text.validFrom}`
+  return undefined
+}
+
+const problemAt = (x: crypto.X509Certificate, now: number): string | undefined =>
+  validityProblem(Date.parse(x.validFrom), Date.parse(x.validTo), now, x)
+
+/** Parses a PEM certificate (the first of the file: the leaf) and refuses one not valid at `now` (ms). */
 export const parseCert = (
   pem: Buffer,
   file: { readonly key: string; readonly path: string | undefined },
@@ -49,22 +69,63 @@ export const parseCert = (
     try: () => new crypto.X509Certificate(pem),
     catch: (e) => new TlsError({ key: file.key, ...pathOf(file), reason: `not a PEM certificate: ${String(e)}` })
   }).pipe(
-    Effect.filterOrFail(
-      (x) => Date.parse(x.validTo) > now,
-      (x) => new TlsError({ key: file.key, ...pathOf(file), reason: `certificate expired on ${x.validTo}` })
-    )
+    Effect.flatMap((x) => {
+      const problem = problemAt(x, now)
+      return problem === undefined
+        ? Effect.succeed(x)
+        : Effect.fail(new TlsError({ key: file.key, ...pathOf(file), reason: problem }))
+    })
   )
+
+const PEM_CERTIFICATE = /-----BEGIN CERTIFICATE-----[\s\S]*?-----END CERTIFICATE-----/g
+
+/**
+ * Checks a CA bundle: every certificate block in it parses, and at least one is valid at `now` (ms). A bundle
+ * during a CA rotation holds the old CA and the new one, and the old one may expire first: that is no reason to
+ * refuse the new one (before, only the first block was read, so such a bundle was refused outright, and a broken
+ * second block went unnoticed). Text between the blocks (comments, as in system bundles) is allowed.
+ */
+export const parseCaBundle = (
+  pem: Buffer,
+  file: { readonly key: string; readonly path: string | undefined },
+  now: number
+): Effect.Effect<ReadonlyArray<crypto.X509Certificate>, TlsError> =>
+  Effect.gen(function* () {
+    const fail = (reason: string) => new TlsError({ key: file.key, ...pathOf(file), reason })
+    const blocks = pem.toString("latin1").match(PEM_CERTIFICATE) ?? []
+    if (blocks.length === 0) return yield* fail("not a PEM certificate: no -----BEGIN CERTIFICATE----- block")
+    const certs: Array<crypto.X509Certificate> = []
+    for (const [i, block] of blocks.entries()) {
+      const cert = yield* Effect.try({
+        try: () => new crypto.X509Certificate(block),
+        catch: (e) =>
+          fail(
+            blocks.length === 1
+              ? `not a PEM certificate: ${String(e)}`
+              : `certificate ${i + 1} of ${blocks.length} is not a PEM certificate: ${String(e)}`
+          )
+      })
+      certs.push(cert)
+    }
+    const problems = certs.map((c) => problemAt(c, now))
+    if (problems.some((p) => p === undefined)) return certs
+    return yield* fail(
+      certs.length === 1
+        ? (problems[0] ?? "")
+        : `none of the ${certs.length} certificates is valid now: ${problems.map((p, i) => `${i + 1}: ${p}`).join("; ")}`
+    )
+  })
 
 const pathOf = (file: { readonly path: string | undefined }) => (file.path === undefined ? {} : { path: file.path })
 
-/** Reads and checks the three files: parseable PEM, not expired, key matching the certificate. */
+/** Reads and checks the three files: parseable PEM, valid now, key matching the certificate. */
 export const readMaterial = (files: TlsFiles): Effect.Effect<TlsMaterial, TlsError> =>
   Effect.gen(function* () {
     // One after another: of several unreadable files the error names the first in this order, every time (read
     // concurrently, whichever read failed first was reported, and `check` printed a different key run to run).
     const [ca, cert, key] = yield* Effect.all([readOne(files.ca), readOne(files.cert), readOne(files.key)])
     const now = yield* Clock.currentTimeMillis
-    yield* parseCert(ca, files.ca, now)
+    yield* parseCaBundle(ca, files.ca, now)
     const leaf = yield* parseCert(cert, files.cert, now)
     const privateKey = yield* Effect.try({
       try: () => crypto.createPrivateKey(key),

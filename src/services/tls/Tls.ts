@@ -36,7 +36,10 @@ export interface TlsService {
   readonly enabled: boolean
   /** For the gRPC server (GrpcServer `tls`): follows reloads for the life of the server; undefined in plaintext. */
   readonly serverTls: TlsSource | undefined
-  /** Re-read the files now. True when the material changed and was applied; fails (keeping the old) if invalid. */
+  /**
+   * Re-read the files now. True when the material changed and was applied; fails (keeping the old) if invalid,
+   * and the files are then read again with backoff until they are valid. One reload runs at a time.
+   */
   readonly reload: Effect.Effect<boolean, TlsError>
   /** How many times material was applied (1 after start with mTLS, 0 in plaintext). */
   readonly generation: Effect.Effect<number>
