@@ -2,6 +2,7 @@
 // pushed by hand, a counting fake EngineClient, fixed GPUs): snapshot, changes, scrape caching, tokens/s
 // and the gauges it mirrors into Metrics.
 import { Effect, Fiber, Layer, Stream } from "effect"
+import { TestClock } from "effect/testing"
 import { describe, expect, it } from "vitest"
 import * as ConfigLayer from "../../src/layers/config/Config.ts"
 import * as AdmissionLayer from "../../src/layers/grpc/Admission.ts"
@@ -180,6 +181,28 @@ describe("NodeStatus live layer", () => {
     )
     expect(rate).toBeGreaterThan(0)
     expect(rate).toBeLessThanOrEqual(500)
+  })
+})
+
+describe("NodeStatus on the Clock", () => {
+  it("ages the engine's phase by the Clock its states are stamped with (a TestClock here)", async () => {
+    const { layer } = build({ running: undefined, waiting: undefined, kvUsage: undefined })
+    const details = await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          yield* TestClock.setTime(1_000_000)
+          const status = yield* NodeStatus
+          const control = yield* EngineProcessControl
+          yield* control.set(State.Starting({ phase: "loading", since: 988_000, run: 0 }))
+          const loading = (yield* status.snapshot).engine?.detail
+          yield* control.set(State.Restarting({ attempt: 2, nextAt: 1_004_000, lastExit: exit }))
+          const restarting = (yield* status.snapshot).engine?.detail
+          return { loading, restarting }
+        })
+      ).pipe(Effect.provide(layer), Effect.provide(TestClock.layer()))
+    )
+    expect(details.loading).toBe("loading for 12s (run 0)")
+    expect(details.restarting).toMatch(/^restart 2 in 4s; /)
   })
 })
 

@@ -3,7 +3,7 @@
  * Its test double (a NodeStatus tests drive by hand) is src/testing/NodeStatus.ts.
  */
 import * as os from "node:os"
-import { Duration, Effect, Layer, Option, Ref, Schedule, Stream } from "effect"
+import { Clock, Duration, Effect, Layer, Option, Ref, Schedule, Stream } from "effect"
 import type { Counter } from "prom-client"
 import { Config } from "../../services/config/Config.ts"
 import { EngineClient, type LoadSignals } from "../../services/engine/EngineClient.ts"
@@ -85,9 +85,11 @@ export const layer = (
 
       // tokens/s over the last heartbeat interval: a reading of the counter per heartbeat.
       const rate = yield* Ref.make(0)
-      let previous = { total: yield* totalOf(metrics.relayedTokens), at: Date.now() }
+      // Time through the Clock, as the engine states' `since` and `nextAt` are (EngineProcess): a phase's age is
+      // the difference of the two, and read against Date.now() it was off by the whole epoch under a TestClock.
+      let previous = { total: yield* totalOf(metrics.relayedTokens), at: yield* Clock.currentTimeMillis }
       yield* Effect.gen(function* () {
-        const current = { total: yield* totalOf(metrics.relayedTokens), at: Date.now() }
+        const current = { total: yield* totalOf(metrics.relayedTokens), at: yield* Clock.currentTimeMillis }
         yield* Ref.set(rate, ratePerSecond(previous, current))
         previous = current
       }).pipe(Effect.repeat(Schedule.spaced(heartbeat)), Effect.delay(heartbeat), Effect.forkScoped)
@@ -112,17 +114,18 @@ export const layer = (
         return { state, restarts, draining, inflight, queued, gpus, tokensPerSecond, signals: load, gpuGate, problem }
       })
 
-      const snapshot = Effect.map(gather, (g) =>
-        buildNodeHealth({
+      const snapshot = Effect.gen(function* () {
+        const g = yield* gather
+        return buildNodeHealth({
           ...g,
           engine: g.state,
           engineGpus: g.gpuGate.gpus,
           config,
           agentVersion,
           advertiseAddr,
-          now: Date.now()
+          now: yield* Clock.currentTimeMillis
         })
-      )
+      })
 
       yield* metrics.onCollect(
         Effect.gen(function* () {

@@ -53,80 +53,97 @@ const processesOf = (nvml: Binding, device: unknown, note: (what: string, rc: nu
  */
 export const sample = (nvml: Binding, problems: Set<string>): ReadonlyArray<Gpu> => {
   const count = [0]
-  const rc = nvml.count(count)
+  let rc: number
+  try {
+    rc = nvml.count(count)
+  } catch (e) {
+    problems.add(`nvmlDeviceGetCount_v2 threw: ${e instanceof Error ? e.message : String(e)}`)
+    return []
+  }
   if (rc !== 0) {
     problems.add(`nvmlDeviceGetCount_v2: ${nvmlReturnName(rc)}`)
     return []
   }
   const gpus: Array<Gpu> = []
   for (let index = 0; index < (count[0] ?? 0); index++) {
-    let lost = false
-    const note = (what: string, code: number) => {
-      if (code === NVML_ERROR_GPU_IS_LOST) lost = true
-      else if (code !== NVML_ERROR_NOT_SUPPORTED) problems.add(`${what}(${index}): ${nvmlReturnName(code)}`)
+    // A throw out of the FFI (a value koffi cannot convert, a driver answering outside its contract) costs this
+    // GPU's record for this pass, as a failed handle query does, and is reported; it must not fail the sample:
+    // every reader of the GPUs (NodeStatus, the etcd heartbeat, /metrics, the GPU gate) would fail with it.
+    try {
+      const gpu = sampleOne(nvml, index, problems)
+      if (gpu !== undefined) gpus.push(gpu)
+    } catch (e) {
+      problems.add(`GPU ${index}: NVML call threw: ${e instanceof Error ? e.message : String(e)}`)
     }
-    const out: Array<unknown> = [null]
-    const hrc = nvml.handle(index, out)
-    if (hrc !== 0) {
-      note("nvmlDeviceGetHandleByIndex_v2", hrc)
-      if (lost) gpus.push(lostGpu(index))
-      continue
-    }
-    const device = out[0]
-    const text = (fn: Binding["name"], what: string) => {
-      const buf = new Uint8Array(STRING_BUFFER)
-      const r = fn(device, buf, STRING_BUFFER)
-      if (r !== 0) note(what, r)
-      return r === 0 ? cString(buf) : ""
-    }
-    const scalar = <T extends number | bigint>(
-      what: string,
-      call: ((out: Array<T>) => number) | undefined,
-      zero: T
-    ): number => {
-      if (call === undefined) return 0
-      const v: Array<T> = [zero]
-      const r = call(v)
-      if (r !== 0) note(what, r)
-      return r === 0 ? toNumber(v[0]) : 0
-    }
-    const mem: Record<string, unknown> = {}
-    const mrc = nvml.memory(device, mem)
-    if (mrc !== 0) note("nvmlDeviceGetMemoryInfo", mrc)
-    const util: Record<string, unknown> = {}
-    const urc = nvml.utilization(device, util)
-    if (urc !== 0) note("nvmlDeviceGetUtilizationRates", urc)
-    const { temperature, power, powerLimit, throttle, ecc } = nvml
-    const throttleMask: Array<number | bigint> = [0]
-    const trc = throttle === undefined ? NVML_ERROR_NOT_SUPPORTED : throttle(device, throttleMask)
-    if (trc !== 0) note("nvmlDeviceGetCurrentClocksEventReasons", trc)
-    const gpu: Gpu = {
-      index,
-      name: text(nvml.name, "nvmlDeviceGetName"),
-      uuid: text(nvml.uuid, "nvmlDeviceGetUUID"),
-      memoryTotalBytes: mrc === 0 ? toNumber(mem.total) : 0,
-      memoryUsedBytes: mrc === 0 ? toNumber(mem.used) : 0,
-      memoryFreeBytes: mrc === 0 ? toNumber(mem.free) : 0,
-      utilizationPercent: urc === 0 ? toNumber(util.gpu) : 0,
-      temperatureCelsius: scalar(
-        "nvmlDeviceGetTemperature",
-        temperature && ((o: Array<number>) => temperature(device, NVML_TEMPERATURE_GPU, o)),
-        0
-      ),
-      powerWatts: scalar("nvmlDeviceGetPowerUsage", power && ((o: Array<number>) => power(device, o)), 0) / 1000,
-      powerLimitWatts:
-        scalar("nvmlDeviceGetEnforcedPowerLimit", powerLimit && ((o: Array<number>) => powerLimit(device, o)), 0) /
-        1000,
-      throttleReasons: trc === 0 ? [...throttleReasons(throttleMask[0] ?? 0)] : [],
-      eccUncorrected: scalar(
-        "nvmlDeviceGetTotalEccErrors",
-        ecc && ((o: Array<number | bigint>) => ecc(device, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, o)),
-        0
-      ),
-      processes: processesOf(nvml, device, note),
-      lost: false
-    }
-    gpus.push(lost ? lostGpu(index) : gpu)
   }
   return gpus
+}
+
+/** One device's record; undefined when its handle query failed (other than lost). */
+const sampleOne = (nvml: Binding, index: number, problems: Set<string>): Gpu | undefined => {
+  let lost = false
+  const note = (what: string, code: number) => {
+    if (code === NVML_ERROR_GPU_IS_LOST) lost = true
+    else if (code !== NVML_ERROR_NOT_SUPPORTED) problems.add(`${what}(${index}): ${nvmlReturnName(code)}`)
+  }
+  const out: Array<unknown> = [null]
+  const hrc = nvml.handle(index, out)
+  if (hrc !== 0) {
+    note("nvmlDeviceGetHandleByIndex_v2", hrc)
+    return lost ? lostGpu(index) : undefined
+  }
+  const device = out[0]
+  const text = (fn: Binding["name"], what: string) => {
+    const buf = new Uint8Array(STRING_BUFFER)
+    const r = fn(device, buf, STRING_BUFFER)
+    if (r !== 0) note(what, r)
+    return r === 0 ? cString(buf) : ""
+  }
+  const scalar = <T extends number | bigint>(
+    what: string,
+    call: ((out: Array<T>) => number) | undefined,
+    zero: T
+  ): number => {
+    if (call === undefined) return 0
+    const v: Array<T> = [zero]
+    const r = call(v)
+    if (r !== 0) note(what, r)
+    return r === 0 ? toNumber(v[0]) : 0
+  }
+  const mem: Record<string, unknown> = {}
+  const mrc = nvml.memory(device, mem)
+  if (mrc !== 0) note("nvmlDeviceGetMemoryInfo", mrc)
+  const util: Record<string, unknown> = {}
+  const urc = nvml.utilization(device, util)
+  if (urc !== 0) note("nvmlDeviceGetUtilizationRates", urc)
+  const { temperature, power, powerLimit, throttle, ecc } = nvml
+  const throttleMask: Array<number | bigint> = [0]
+  const trc = throttle === undefined ? NVML_ERROR_NOT_SUPPORTED : throttle(device, throttleMask)
+  if (trc !== 0) note("nvmlDeviceGetCurrentClocksEventReasons", trc)
+  const gpu: Gpu = {
+    index,
+    name: text(nvml.name, "nvmlDeviceGetName"),
+    uuid: text(nvml.uuid, "nvmlDeviceGetUUID"),
+    memoryTotalBytes: mrc === 0 ? toNumber(mem.total) : 0,
+    memoryUsedBytes: mrc === 0 ? toNumber(mem.used) : 0,
+    memoryFreeBytes: mrc === 0 ? toNumber(mem.free) : 0,
+    utilizationPercent: urc === 0 ? toNumber(util.gpu) : 0,
+    temperatureCelsius: scalar(
+      "nvmlDeviceGetTemperature",
+      temperature && ((o: Array<number>) => temperature(device, NVML_TEMPERATURE_GPU, o)),
+      0
+    ),
+    powerWatts: scalar("nvmlDeviceGetPowerUsage", power && ((o: Array<number>) => power(device, o)), 0) / 1000,
+    powerLimitWatts:
+      scalar("nvmlDeviceGetEnforcedPowerLimit", powerLimit && ((o: Array<number>) => powerLimit(device, o)), 0) / 1000,
+    throttleReasons: trc === 0 ? [...throttleReasons(throttleMask[0] ?? 0)] : [],
+    eccUncorrected: scalar(
+      "nvmlDeviceGetTotalEccErrors",
+      ecc && ((o: Array<number | bigint>) => ecc(device, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, o)),
+      0
+    ),
+    processes: processesOf(nvml, device, note),
+    lost: false
+  }
+  return lost ? lostGpu(index) : gpu
 }
