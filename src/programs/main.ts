@@ -126,6 +126,7 @@ export const daemon = Effect.scoped(
     yield* reloadOnHangup(Effect.andThen(TlsLive.hangupReload, Logging.hangupReload(config.file)))
     const lag = yield* EventLoopLag
     yield* MetricsLive.mirrorEventLoopLag(lag.sample)
+    yield* MetricsLive.mirrorTls(tls.status)
     yield* MetricsLive.recordBuildInfo({ version: VERSION, engine: config.engine.kind })
 
     // /status reads the registration once the reporter exists (it is built after the servers).
@@ -141,7 +142,8 @@ export const daemon = Effect.scoped(
           admission: admission.stats,
           eventLoopLag: lag.sample,
           kv: bridge.status,
-          gpuGate: gpuGate.status
+          gpuGate: gpuGate.status,
+          tls: tls.status
         }
       })
     )

@@ -12,6 +12,7 @@ import {
   setStateGauge
 } from "../../src/services/observability/Metrics.ts"
 import type { RegistrationStatus } from "../../src/services/registry/HealthReporter.ts"
+import type { TlsStatus } from "../../src/services/tls/Tls.ts"
 
 const run = <A>(eff: Effect.Effect<A, never, Metrics>, layer = MetricsLayer.layerTest) =>
   Effect.runPromise(eff.pipe(Effect.provide(layer)))
@@ -215,5 +216,34 @@ describe("mirrorRegistration", () => {
     // Without a lease the age is a missing series, not 0 (which would read as a lease granted just now).
     expect(lost).toContain("cgn_agent_etcd_registered 0")
     expect(lost).not.toMatch(/^cgn_agent_etcd_lease_age_seconds /m)
+  })
+})
+
+describe("mirrorTls", () => {
+  it("sets the TLS gauges from the Tls status at scrape time; no expiry sample in plaintext", async () => {
+    let current: TlsStatus = { enabled: true, generation: 2, certificateNotAfter: "2027-01-02T03:04:05.000Z" }
+    const bodies = await run(
+      Effect.scoped(
+        Effect.gen(function* () {
+          yield* MetricsLayer.mirrorTls(Effect.sync(() => current))
+          const m = yield* Metrics
+          const fine = (yield* m.render).body
+          current = {
+            ...current,
+            reloadError: "security.key_file (/k.pem): the key does not belong to the certificate"
+          }
+          const failing = (yield* m.render).body
+          current = { enabled: false, generation: 0 }
+          return { fine, failing, plain: (yield* m.render).body }
+        })
+      )
+    )
+    expect(bodies.fine).toContain("cgn_agent_tls_reload_failing 0")
+    expect(bodies.fine).toContain(
+      `cgn_agent_tls_certificate_expiry_timestamp_seconds ${Date.UTC(2027, 0, 2, 3, 4, 5) / 1000}`
+    )
+    expect(bodies.failing).toContain("cgn_agent_tls_reload_failing 1")
+    expect(bodies.plain).toContain("cgn_agent_tls_reload_failing 0")
+    expect(bodies.plain).not.toMatch(/^cgn_agent_tls_certificate_expiry_timestamp_seconds /m)
   })
 })

@@ -148,8 +148,10 @@ describe("a running agent", () => {
       registration: { state: string; key: string }
       health: { state: string }
       engine: { state: { _tag: string }; restarts: number; pid: number }
+      tls: unknown
     }
     expect(status.registration).toMatchObject({ state: "registered", key })
+    expect(status.tls).toEqual({ enabled: false, generation: 0 }) // plaintext here; test/tls covers mTLS
     expect(status.health.state).toBe("ready")
     // The pid /status names is the engine's own (the simulator reports it), not the guard's.
     expect(status.engine).toMatchObject({ state: { _tag: "Ready" }, restarts: 0, pid: (await simState(engineUrl)).pid })

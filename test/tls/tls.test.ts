@@ -136,6 +136,7 @@ describe("mTLS server credentials", () => {
   it("plaintext when require_mtls is false", async () => {
     const service = await startTls({ require_mtls: false })
     expect(service.enabled).toBe(false)
+    expect(await Effect.runPromise(service.status)).toEqual({ enabled: false, generation: 0 })
     const port = await startServer(service)
     expect(await check(port, clientCredentials())).toBe("ok")
   })
@@ -310,10 +311,20 @@ describe("rotation caught half-way", () => {
     expect(error.reason).toContain("does not belong")
     expect((await Effect.runPromise(service.lastError))?.key).toBe("security.key_file")
     expect(await servedSerial(port)).toBe(serialOf(pki.server.cert))
+    const notAfterOf = (pem: Buffer) => new Date(new crypto.X509Certificate(pem).validTo).toISOString()
+    // What /status and the metrics show meanwhile: the old certificate, and why the new one is not served.
+    const failing = await Effect.runPromise(service.status)
+    expect(failing).toMatchObject({ enabled: true, generation: 1, certificateNotAfter: notAfterOf(pki.server.cert) })
+    expect(failing.reloadError).toMatch(/^security\.key_file .*does not belong/)
     replaceFile(files.key, next.key)
     await awaitServed(port, serialOf(next.cert))
     expect(await Effect.runPromise(service.lastError)).toBeUndefined()
     expect(await Effect.runPromise(service.generation)).toBe(2)
+    expect(await Effect.runPromise(service.status)).toEqual({
+      enabled: true,
+      generation: 2,
+      certificateNotAfter: notAfterOf(next.cert)
+    })
   })
 
   it("retries back off: the shared backoff from the TLS base (1 s) doubling up to the cap, jittered down to half", () => {

@@ -23,6 +23,7 @@ import {
   setStateGauge
 } from "../../services/observability/Metrics.ts"
 import { RegistrationStates, type RegistrationStatus } from "../../services/registry/HealthReporter.ts"
+import type { TlsStatus } from "../../services/tls/Tls.ts"
 
 const p = (name: string) => `${METRIC_PREFIX}${name}`
 
@@ -90,6 +91,14 @@ const makeHandles = (registry: Registry): MetricHandles => {
       "state"
     ] as const),
     etcdLeaseAge: gauge("etcd_lease_age_seconds", "Seconds since the current etcd lease was granted"),
+    tlsReloadFailing: gauge(
+      "tls_reload_failing",
+      "1 while the last certificate reload failed and the previous certificates are still served (retried with backoff)"
+    ),
+    tlsCertificateExpiry: gauge(
+      "tls_certificate_expiry_timestamp_seconds",
+      "When the served gRPC certificate stops being valid, Unix seconds (no sample in plaintext)"
+    ),
     nodeState: gauge(
       "node_state",
       "1 for the node's current state as routers see it (NodeHealth.state; /readyz answers 200 only when ready)",
@@ -229,6 +238,20 @@ export const mirrorNodeState = (
     m.onCollect(
       Effect.map(snapshot, (h) => {
         setStateGauge(m.nodeState, NodeStates, h.state)
+      })
+    )
+  )
+
+/** Fills the TLS gauges at every scrape from the Tls service's status (main wires `tls.status`). */
+export const mirrorTls = (status: Effect.Effect<TlsStatus>): Effect.Effect<void, never, Metrics | Scope.Scope> =>
+  Effect.flatMap(Metrics, (m) =>
+    m.onCollect(
+      Effect.map(status, (s) => {
+        m.tlsReloadFailing.set(s.reloadError === undefined ? 0 : 1)
+        setOptional(
+          m.tlsCertificateExpiry,
+          s.certificateNotAfter === undefined ? undefined : Date.parse(s.certificateNotAfter) / 1000
+        )
       })
     )
   )

@@ -10,7 +10,7 @@ import { Config } from "../../services/config/Config.ts"
 import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
 import { Tls, type TlsError, type TlsService } from "../../services/tls/Tls.ts"
 import { MaterialCell } from "./materialCell.ts"
-import { readMaterial, type Security, sameMaterial, securityFiles } from "./tlsMaterial.ts"
+import { certificateNotAfter, readMaterial, type Security, sameMaterial, securityFiles } from "./tlsMaterial.ts"
 import { watchChanges } from "./watchChanges.ts"
 
 export interface TlsOptions {
@@ -40,12 +40,14 @@ export const make = (security: Security, options: TlsOptions = {}) =>
         serverTls: undefined,
         reload: Effect.succeed(false),
         generation: Effect.succeed(0),
-        lastError: Effect.succeed(undefined)
+        lastError: Effect.succeed(undefined),
+        status: Effect.succeed({ enabled: false, generation: 0 })
       })
     }
     const files = securityFiles(security)
     const cell = new MaterialCell(yield* readMaterial(files))
     let generation = 1
+    let notAfter = certificateNotAfter(cell.current())
     let lastError: TlsError | undefined
     // failed reloads in a row: paces the retries
     let failures = 0
@@ -69,6 +71,7 @@ export const make = (security: Security, options: TlsOptions = {}) =>
         if (sameMaterial(cell.current(), next)) return false
         generation++
         cell.update(next)
+        notAfter = certificateNotAfter(next)
         return true
       }),
       oneAtATime.withPermits(1)
@@ -116,7 +119,13 @@ export const make = (security: Security, options: TlsOptions = {}) =>
       serverTls: cell,
       reload,
       generation: Effect.sync(() => generation),
-      lastError: Effect.sync(() => lastError)
+      lastError: Effect.sync(() => lastError),
+      status: Effect.sync(() => ({
+        enabled: true,
+        generation,
+        certificateNotAfter: notAfter,
+        ...(lastError === undefined ? {} : { reloadError: lastError.message })
+      }))
     })
   })
 

@@ -148,3 +148,7 @@ export const readMaterial = (files: TlsFiles): Effect.Effect<TlsMaterial, TlsErr
 /** True when a re-read found the same bytes (nothing to push to the server). */
 export const sameMaterial = (a: TlsMaterial, b: TlsMaterial) =>
   a.ca.equals(b.ca) && a.cert.equals(b.cert) && a.key.equals(b.key)
+
+/** When the served certificate (the leaf, first of the file; checked by readMaterial) stops being valid, ISO 8601. */
+export const certificateNotAfter = (material: TlsMaterial): string =>
+  new Date(new crypto.X509Certificate(material.cert).validTo).toISOString()

@@ -43,6 +43,10 @@ export interface MetricHandles {
   readonly etcdRegistrationState: Gauge<"state">
   /** Seconds since the current lease was granted. */
   readonly etcdLeaseAge: Gauge
+  /** 1 while the last certificate reload failed and the previous certificates are still served, else 0. */
+  readonly tlsReloadFailing: Gauge
+  /** The served certificate's end of validity, Unix seconds; no sample in plaintext. */
+  readonly tlsCertificateExpiry: Gauge
   /** One-hot: the node's state as routers see it (NodeHealth.state). */
   readonly nodeState: Gauge<"state">
   /**

@@ -31,6 +31,18 @@ export interface TlsSource {
   readonly subscribe: (listener: (material: TlsMaterial) => void) => () => void
 }
 
+/** What /status and the metrics show of the served certificates. */
+export interface TlsStatus {
+  /** True when the server requires mTLS. */
+  readonly enabled: boolean
+  /** How many times material was applied (1 after start with mTLS, 0 in plaintext). */
+  readonly generation: number
+  /** The served certificate's end of validity (ISO 8601); absent in plaintext. */
+  readonly certificateNotAfter?: string
+  /** Why the last reload failed, while the previous certificates are still served (retried with backoff). */
+  readonly reloadError?: string
+}
+
 export interface TlsService {
   /** True when the server requires mTLS; false: plaintext. */
   readonly enabled: boolean
@@ -45,6 +57,8 @@ export interface TlsService {
   readonly generation: Effect.Effect<number>
   /** The last reload failure, cleared by a successful reload. */
   readonly lastError: Effect.Effect<TlsError | undefined>
+  /** The above and the served certificate's expiry, for /status and the metrics. */
+  readonly status: Effect.Effect<TlsStatus>
 }
 
 export class Tls extends Context.Service<Tls, TlsService>()("cgn-agent/Tls") {}
