@@ -18,13 +18,13 @@ const GiB = 2 ** 30
 /** GPU 0 with 75 GiB held by a process that is not the engine's: the gate waits while NVML says so. */
 const held = [gpuWith({ index: 0, memoryUsedBytes: 75 * GiB, processes: [{ pid: 4242, usedMemoryBytes: 75 * GiB }] })]
 
+/** The gate over a scripted NVML: `nvml.down` set says NVML cannot be opened (its sample is then empty). */
+const nvml = { down: undefined as string | undefined }
+const sampled = Effect.sync(() => (nvml.down === undefined ? held : []))
 const gateLayer = GpuGateLive.layer.pipe(
   Layer.provideMerge(MetricsLive.layerTest),
   Layer.provide(
-    Layer.succeed(
-      Nvml,
-      Nvml.of({ gpus: Effect.succeed(held), sampleNow: Effect.succeed(held), unavailable: undefined })
-    )
+    Layer.succeed(Nvml, Nvml.of({ gpus: sampled, sampleNow: sampled, unavailable: Effect.sync(() => nvml.down) }))
   ),
   Layer.provide(Layer.succeed(EnginePlan, testPlan({ gpus: [0] }))),
   Layer.provide(
@@ -56,5 +56,40 @@ describe("GpuGate", () => {
       assert.isUndefined(gateProblem(after), "the node is not left unhealthy for a start that is not coming")
       assert.strictEqual(yield* gaugeLine, "cgn_agent_engine_gpu_wait 0")
     }).pipe(Effect.provide(gateLayer))
+  )
+
+  it.effect("NVML down (no driver yet, or gone): the gate neither holds the engine nor faults the node", () =>
+    Effect.gen(function* () {
+      const gate = yield* GpuGate
+      // Returns at once: with NVML up, these GPUs (75 GiB held by another process) would be waited for.
+      yield* gate.awaitFree
+      yield* TestClock.adjust("3 seconds")
+      const st = yield* gate.status
+      assert.isUndefined(st.waiting)
+      assert.isUndefined(st.fault, "no GPU missing from an NVML that is not there")
+      assert.isUndefined(gateProblem(st))
+
+      // NVML opened later (the driver installed after the agent started): the gate works from then on.
+      nvml.down = undefined
+      const waiting = yield* Effect.forkChild(gate.awaitFree)
+      yield* TestClock.adjust("1 second")
+      assert.match((yield* gate.status).waiting?.reason ?? "", /GPU 0/)
+      yield* Fiber.interrupt(waiting)
+    }).pipe(
+      Effect.provide(gateLayer),
+      // down before the gate is built, as on a host whose driver is not loaded yet when the agent starts
+      (test) =>
+        Effect.andThen(
+          Effect.sync(() => {
+            nvml.down = "nvmlInit_v2 failed: NVML_ERROR_DRIVER_NOT_LOADED (9)"
+          }),
+          test
+        ),
+      Effect.ensuring(
+        Effect.sync(() => {
+          nvml.down = undefined
+        })
+      )
+    )
   )
 })

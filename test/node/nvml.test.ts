@@ -4,11 +4,11 @@
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { Effect, Layer } from "effect"
+import { Effect, Layer, Schedule } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as NvmlLive from "../../src/layers/node/Nvml.ts"
 import * as MetricsLayer from "../../src/layers/observability/Metrics.ts"
-import { gpuWith, Nvml } from "../../src/services/node/Nvml.ts"
+import { type Gpu, gpuWith, Nvml } from "../../src/services/node/Nvml.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
 import { buildFakeNvml } from "../support/nvml.ts"
 
@@ -27,6 +27,17 @@ afterAll(() => {
 const withProbe = <A>(options: NvmlLive.NvmlOptions, use: Effect.Effect<A, never, Nvml | Metrics>) =>
   Effect.runPromise(use.pipe(Effect.provide(NvmlLive.layer(options).pipe(Layer.provideMerge(MetricsLayer.layerTest)))))
 
+/** Samples until NVML reports GPUs (bounded: 500 tries 10 ms apart), for the tests that wait for a re-open. */
+const untilGpus = (sampleNow: Effect.Effect<ReadonlyArray<Gpu>>) =>
+  sampleNow.pipe(
+    Effect.filterOrFail(
+      (gpus) => gpus.length > 0,
+      () => new Error("no GPUs yet")
+    ),
+    Effect.retry({ schedule: Schedule.spaced("10 millis"), times: 500 }),
+    Effect.orDie
+  )
+
 describe("Nvml live layer", () => {
   it("reads two GPUs through the FFI, fills the gauges and shuts NVML down at release", async () => {
     const shutdownFile = path.join(dir, "shutdown.log")
@@ -38,7 +49,7 @@ describe("Nvml live layer", () => {
           const nvml = yield* Nvml
           const gpus = yield* nvml.gpus
           const body = (yield* (yield* Metrics).render).body
-          return { gpus, unavailable: nvml.unavailable, body }
+          return { gpus, unavailable: yield* nvml.unavailable, body }
         })
       )
       expect(unavailable).toBeUndefined()
@@ -154,7 +165,11 @@ describe("Nvml live layer", () => {
       { library: missing },
       Effect.gen(function* () {
         const nvml = yield* Nvml
-        return { gpus: yield* nvml.gpus, unavailable: nvml.unavailable, body: (yield* (yield* Metrics).render).body }
+        return {
+          gpus: yield* nvml.gpus,
+          unavailable: yield* nvml.unavailable,
+          body: (yield* (yield* Metrics).render).body
+        }
       })
     )
     expect(result.gpus).toEqual([])
@@ -167,7 +182,9 @@ describe("Nvml live layer", () => {
     try {
       const result = await withProbe(
         { library },
-        Effect.flatMap(Nvml, (n) => Effect.map(n.gpus, (gpus) => ({ gpus, unavailable: n.unavailable })))
+        Effect.flatMap(Nvml, (n) =>
+          Effect.zipWith(n.gpus, n.unavailable, (gpus, unavailable) => ({ gpus, unavailable }))
+        )
       )
       expect(result.gpus).toEqual([])
       expect(result.unavailable).toBe("nvmlInit_v2 failed: NVML_ERROR_DRIVER_NOT_LOADED (9)")
@@ -176,10 +193,69 @@ describe("Nvml live layer", () => {
     }
   })
 
+  it("opens NVML once the driver answers (init failing at start), with backoff; nvml_up says which", async () => {
+    process.env.FAKE_NVML_INIT_RC = "9"
+    try {
+      const result = await withProbe(
+        { library, maxAge: 0, retryMax: "20 millis" },
+        Effect.gen(function* () {
+          const nvml = yield* Nvml
+          const metrics = yield* Metrics
+          const before = {
+            gpus: yield* nvml.sampleNow,
+            why: yield* nvml.unavailable,
+            body: (yield* metrics.render).body
+          }
+          delete process.env.FAKE_NVML_INIT_RC // the driver is loaded now
+          const gpus = yield* untilGpus(nvml.sampleNow)
+          return { before, gpus, why: yield* nvml.unavailable, body: (yield* metrics.render).body }
+        })
+      )
+      expect(result.before).toMatchObject({ gpus: [], why: "nvmlInit_v2 failed: NVML_ERROR_DRIVER_NOT_LOADED (9)" })
+      expect(result.before.body).toContain("cgn_agent_nvml_up 0")
+      expect(result.gpus.map((g) => g.index)).toEqual([0, 1])
+      expect(result.why).toBeUndefined()
+      expect(result.body).toContain("cgn_agent_nvml_up 1")
+    } finally {
+      delete process.env.FAKE_NVML_INIT_RC
+    }
+  })
+
+  it("NVML that stops answering under a running agent is shut down and opened again", async () => {
+    const shutdownFile = path.join(dir, "gone-shutdown.log")
+    process.env.FAKE_NVML_SHUTDOWN_FILE = shutdownFile
+    try {
+      const result = await withProbe(
+        { library, maxAge: 0, retryMax: "20 millis" },
+        Effect.gen(function* () {
+          const nvml = yield* Nvml
+          const first = yield* nvml.sampleNow
+          process.env.FAKE_NVML_COUNT_RC = "999" // "Unknown Error" after hours
+          const gone = { gpus: yield* nvml.sampleNow, why: yield* nvml.unavailable }
+          const shutdowns = fs.readFileSync(shutdownFile, "utf8")
+          delete process.env.FAKE_NVML_COUNT_RC
+          const back = yield* untilGpus(nvml.sampleNow)
+          return { first, gone, shutdowns, back, why: yield* nvml.unavailable }
+        })
+      )
+      expect(result.first).toHaveLength(2)
+      expect(result.gone).toEqual({
+        gpus: [],
+        why: "NVML stopped answering: nvmlDeviceGetCount_v2: NVML_ERROR_UNKNOWN (999)"
+      })
+      expect(result.shutdowns).toBe("shutdown\n")
+      expect(result.back).toHaveLength(2)
+      expect(result.why).toBeUndefined()
+    } finally {
+      delete process.env.FAKE_NVML_COUNT_RC
+      delete process.env.FAKE_NVML_SHUTDOWN_FILE
+    }
+  })
+
   it("can be switched off", async () => {
     const unavailable = await withProbe(
       { library: "none" },
-      Effect.map(Nvml, (n) => n.unavailable)
+      Effect.flatMap(Nvml, (n) => n.unavailable)
     )
     expect(unavailable).toContain("disabled")
   })

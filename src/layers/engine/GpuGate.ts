@@ -29,7 +29,10 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
     const maxUsedBytes = config.engine.gpu_free_below_mib * 2 ** 20
     const status = yield* SubscriptionRef.make<GpuGateStatus>({ gpus: indices, waiting: undefined, fault: undefined })
     const previousPgids = yield* Ref.make<ReadonlySet<number>>(new Set())
-    const active = indices.length > 0 && nvml.unavailable === undefined
+    // Gated only while NVML answers: without it there is nothing to wait on, and an NVML failure must not keep
+    // the engine from starting or the node from serving (it is shown as nvml_up 0 instead).
+    const gated = indices.length > 0
+    const nvmlUp = Effect.map(nvml.unavailable, (why) => why === undefined)
 
     // Each assigned GPU, in order: missing from the sample (fail closed) or its own fault.
     const faultNow = Effect.map(nvml.gpus, (gpus) =>
@@ -40,9 +43,9 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
         })
         .find((f) => f !== undefined)
     )
-    if (active) {
+    if (gated) {
       yield* Effect.gen(function* () {
-        const fault = yield* faultNow
+        const fault = (yield* nvmlUp) ? yield* faultNow : undefined
         const before = yield* SubscriptionRef.get(status)
         if (fault === before.fault) return
         yield* SubscriptionRef.update(status, (s) => ({ ...s, fault }))
@@ -65,6 +68,7 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
       while (true) {
         // never the cached sample: right after a crash it still shows the GPU as it was before
         const gpus = yield* nvml.sampleNow
+        if (!(yield* nvmlUp)) return
         const verdict = gateVerdict(gpus, indices, maxUsedBytes, yield* Ref.get(previousPgids), pgidOf)
         const now = yield* Clock.currentTimeMillis
         if (verdict._tag === "Free") {
@@ -95,7 +99,7 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
         yield* Effect.sleep(POLL)
       }
     })
-    const awaitFree = active ? Effect.ensuring(wait, endWait) : Effect.void
+    const awaitFree = gated ? Effect.ensuring(wait, endWait) : Effect.void
 
     return GpuGate.of({
       awaitFree,

@@ -12,7 +12,8 @@ export const mirrorToMetrics = (service: NvmlService) =>
   Effect.gen(function* () {
     const m = yield* Metrics
     yield* m.onCollect(
-      Effect.map(service.gpus, (gpus) => {
+      Effect.zipWith(service.gpus, service.unavailable, (gpus, unavailable) => {
+        m.nvmlUp.set(unavailable === undefined ? 1 : 0)
         // per-process series come and go with the processes; a lost GPU keeps only gpu_lost
         for (const g of [m.gpuUtilization, m.gpuMemoryUsed, m.gpuMemoryTotal, m.gpuTemperature, m.gpuPower]) g.reset()
         m.gpuPowerLimit.reset()

@@ -51,17 +51,22 @@ const processesOf = (nvml: Binding, device: unknown, note: (what: string, rc: nu
  * One pass over the devices. Per-field failures (e.g. utilization unsupported under MIG) leave zeros; a GPU
  * that answers NVML_ERROR_GPU_IS_LOST to any query is reported as lost.
  */
-export const sample = (nvml: Binding, problems: Set<string>): ReadonlyArray<Gpu> => {
+export const sample = (
+  nvml: Binding,
+  problems: Set<string>,
+  /** The device count was refused: NVML itself is not answering (its caller opens it again). */
+  onNvmlGone: (why: string) => void = (why) => problems.add(why)
+): ReadonlyArray<Gpu> => {
   const count = [0]
   let rc: number
   try {
     rc = nvml.count(count)
   } catch (e) {
-    problems.add(`nvmlDeviceGetCount_v2 threw: ${e instanceof Error ? e.message : String(e)}`)
+    onNvmlGone(`nvmlDeviceGetCount_v2 threw: ${e instanceof Error ? e.message : String(e)}`)
     return []
   }
   if (rc !== 0) {
-    problems.add(`nvmlDeviceGetCount_v2: ${nvmlReturnName(rc)}`)
+    onNvmlGone(`nvmlDeviceGetCount_v2: ${nvmlReturnName(rc)}`)
     return []
   }
   const gpus: Array<Gpu> = []

@@ -91,6 +91,10 @@ const makeHandles = (registry: Registry): MetricHandles => {
       "state"
     ] as const),
     etcdLeaseAge: gauge("etcd_lease_age_seconds", "Seconds since the current etcd lease was granted"),
+    nvmlUp: gauge(
+      "nvml_up",
+      "1 while NVML answers and the GPU series are current; 0 while it is off, cannot be opened or stopped answering (opened again with backoff)"
+    ),
     tlsReloadFailing: gauge(
       "tls_reload_failing",
       "1 while the last certificate reload failed and the previous certificates are still served (retried with backoff)"

@@ -2,7 +2,8 @@
  * Nvml: the GPUs of this host as NVML sees them (memory, utilization, temperature, power, throttling, ECC,
  * processes). Owns the service interface and the pure helpers around NVML return codes; the live layer is
  * layers/node/Nvml.ts (FFI binding: layers/node/nvmlBinding.ts). A host without NVML is a normal case:
- * `gpus` is then empty, never an error.
+ * `gpus` is then empty, never an error; and an NVML that fails (no driver yet, "Unknown Error" after hours, a
+ * driver upgraded underneath) is opened again with backoff, never a reason to stop serving.
  */
 import { Context, type Effect } from "effect"
 import { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
@@ -14,8 +15,11 @@ export interface NvmlService {
   readonly gpus: Effect.Effect<ReadonlyArray<Gpu>>
   /** A sample taken now, for decisions that must not act on an old one (the GPU wait before a spawn). */
   readonly sampleNow: Effect.Effect<ReadonlyArray<Gpu>>
-  /** Why NVML is not in use (library missing, init failed, disabled), or undefined when it is. */
-  readonly unavailable: string | undefined
+  /**
+   * Why NVML is not in use now (library missing, init failed, NVML gone from under a running agent, disabled), or
+   * undefined while it is. The live layer opens it again with backoff, so this changes over time.
+   */
+  readonly unavailable: Effect.Effect<string | undefined>
 }
 
 export class Nvml extends Context.Service<Nvml, NvmlService>()("cgn-agent/Nvml") {}

@@ -43,6 +43,8 @@ export interface MetricHandles {
   readonly etcdRegistrationState: Gauge<"state">
   /** Seconds since the current lease was granted. */
   readonly etcdLeaseAge: Gauge
+  /** 1 while NVML answers (the GPU series are current); 0 while it is off, cannot be opened or stopped answering. */
+  readonly nvmlUp: Gauge
   /** 1 while the last certificate reload failed and the previous certificates are still served, else 0. */
   readonly tlsReloadFailing: Gauge
   /** The served certificate's end of validity, Unix seconds; no sample in plaintext. */
