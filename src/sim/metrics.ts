@@ -65,6 +65,33 @@ export interface RankMetrics {
  */
 const VLLM_FINISH_REASONS = ["stop", "length", "abort"]
 
+/** vLLM's gauges and counters with one value per rank: kind, name, HELP text, the rank's value. */
+const VLLM_SERIES: ReadonlyArray<readonly ["gauge" | "counter", string, string, (r: RankMetrics) => number]> = [
+  ["gauge", "vllm:num_requests_running", "Number of requests in model execution batches.", (r) => r.gauges.running],
+  ["gauge", "vllm:num_requests_waiting", "Number of requests waiting to be processed.", (r) => r.gauges.waiting],
+  ["gauge", "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", (r) => r.gauges.kvUsage],
+  [
+    "counter",
+    "vllm:num_preemptions_total",
+    "Cumulative number of preemption from the engine.",
+    (r) => r.stats.preemptions
+  ],
+  [
+    "counter",
+    "vllm:prefix_cache_queries_total",
+    "Prefix cache queries, in terms of number of queried tokens.",
+    (r) => r.stats.prefixQueries
+  ],
+  [
+    "counter",
+    "vllm:prefix_cache_hits_total",
+    "Prefix cache hits, in terms of number of cached tokens.",
+    (r) => r.stats.prefixHits
+  ],
+  ["counter", "vllm:prompt_tokens_total", "Number of prefill tokens processed.", (r) => r.stats.promptTokens],
+  ["counter", "vllm:generation_tokens_total", "Number of generation tokens processed.", (r) => r.stats.generationTokens]
+]
+
 /**
  * vLLM's page: one child per engine core (DP rank) of every family, labelled `model_name` and `engine` (the
  * rank's index), as PrometheusStatLogger registers them (vllm-project/vllm vllm/v1/metrics/loggers.py:
@@ -76,46 +103,7 @@ const vllm = (model: string, ranks: ReadonlyArray<RankMetrics>): string => {
   const labels = (i: number): Labels => ({ model_name: model, engine: String(i) })
   const each = (f: (r: RankMetrics) => number) => ranks.map((r, i) => [labels(i), f(r)] as const)
   const hist = (f: (s: Stats) => Histogram) => ranks.map((r, i) => [labels(i), f(r.stats)] as const)
-  t.gauge(
-    "vllm:num_requests_running",
-    "Number of requests in model execution batches.",
-    each((r) => r.gauges.running)
-  )
-  t.gauge(
-    "vllm:num_requests_waiting",
-    "Number of requests waiting to be processed.",
-    each((r) => r.gauges.waiting)
-  )
-  t.gauge(
-    "vllm:kv_cache_usage_perc",
-    "KV-cache usage. 1 means 100 percent usage.",
-    each((r) => r.gauges.kvUsage)
-  )
-  t.counter(
-    "vllm:num_preemptions_total",
-    "Cumulative number of preemption from the engine.",
-    each((r) => r.stats.preemptions)
-  )
-  t.counter(
-    "vllm:prefix_cache_queries_total",
-    "Prefix cache queries, in terms of number of queried tokens.",
-    each((r) => r.stats.prefixQueries)
-  )
-  t.counter(
-    "vllm:prefix_cache_hits_total",
-    "Prefix cache hits, in terms of number of cached tokens.",
-    each((r) => r.stats.prefixHits)
-  )
-  t.counter(
-    "vllm:prompt_tokens_total",
-    "Number of prefill tokens processed.",
-    each((r) => r.stats.promptTokens)
-  )
-  t.counter(
-    "vllm:generation_tokens_total",
-    "Number of generation tokens processed.",
-    each((r) => r.stats.generationTokens)
-  )
+  for (const [kind, name, help, value] of VLLM_SERIES) t[kind](name, help, each(value))
   const reasons = [...VLLM_FINISH_REASONS]
   for (const r of ranks) for (const k of r.stats.success.keys()) if (!reasons.includes(k)) reasons.push(k)
   t.counter(
