@@ -231,7 +231,11 @@ describe("Nvml live layer", () => {
           const nvml = yield* Nvml
           const first = yield* nvml.sampleNow
           process.env.FAKE_NVML_COUNT_RC = "999" // "Unknown Error" after hours
-          const gone = { gpus: yield* nvml.sampleNow, why: yield* nvml.unavailable }
+          const gone = {
+            gpus: yield* nvml.sampleNow,
+            why: yield* nvml.unavailable,
+            body: (yield* (yield* Metrics).render).body
+          }
           const shutdowns = fs.readFileSync(shutdownFile, "utf8")
           delete process.env.FAKE_NVML_COUNT_RC
           const back = yield* untilGpus(nvml.sampleNow)
@@ -239,10 +243,13 @@ describe("Nvml live layer", () => {
         })
       )
       expect(result.first).toHaveLength(2)
-      expect(result.gone).toEqual({
+      expect(result.gone).toMatchObject({
         gpus: [],
         why: "NVML stopped answering: nvmlDeviceGetCount_v2: NVML_ERROR_UNKNOWN (999)"
       })
+      // No GPU series of the last good sample stays behind as if current, gpu_lost included.
+      expect(result.gone.body).toContain("cgn_agent_nvml_up 0")
+      expect(result.gone.body).not.toMatch(/^cgn_agent_gpu_\w+\{/m)
       expect(result.shutdowns).toBe("shutdown\n")
       expect(result.back).toHaveLength(2)
       expect(result.why).toBeUndefined()

@@ -14,8 +14,10 @@ export const mirrorToMetrics = (service: NvmlService) =>
     yield* m.onCollect(
       Effect.zipWith(service.gpus, service.unavailable, (gpus, unavailable) => {
         m.nvmlUp.set(unavailable === undefined ? 1 : 0)
-        // per-process series come and go with the processes; a lost GPU keeps only gpu_lost
+        // per-process series come and go with the processes; a lost GPU keeps only gpu_lost; a GPU no longer
+        // listed (NVML down, a GPU gone from the host) keeps nothing
         for (const g of [m.gpuUtilization, m.gpuMemoryUsed, m.gpuMemoryTotal, m.gpuTemperature, m.gpuPower]) g.reset()
+        m.gpuLost.reset()
         m.gpuPowerLimit.reset()
         m.gpuThrottled.reset()
         m.gpuEccUncorrected.reset()
