@@ -230,6 +230,7 @@ describe("Nvml live layer", () => {
         Effect.gen(function* () {
           const nvml = yield* Nvml
           const first = yield* nvml.sampleNow
+          const up = (yield* (yield* Metrics).render).body
           process.env.FAKE_NVML_COUNT_RC = "999" // "Unknown Error" after hours
           const gone = {
             gpus: yield* nvml.sampleNow,
@@ -239,10 +240,11 @@ describe("Nvml live layer", () => {
           const shutdowns = fs.readFileSync(shutdownFile, "utf8")
           delete process.env.FAKE_NVML_COUNT_RC
           const back = yield* untilGpus(nvml.sampleNow)
-          return { first, gone, shutdowns, back, why: yield* nvml.unavailable }
+          return { first, up, gone, shutdowns, back, why: yield* nvml.unavailable }
         })
       )
       expect(result.first).toHaveLength(2)
+      expect(result.up).toContain('cgn_agent_gpu_lost{gpu="1",uuid="GPU-55555555-6666-7777-8888-999999999999"} 0')
       expect(result.gone).toMatchObject({
         gpus: [],
         why: "NVML stopped answering: nvmlDeviceGetCount_v2: NVML_ERROR_UNKNOWN (999)"
