@@ -52,8 +52,13 @@ export const presenter = CliOutput.layerPresenter({
 })
 
 // Annotated: `help` runs the root, which lists `help` among its subcommands.
-const runRoot = (args: ReadonlyArray<string>): Effect.Effect<void, unknown, Command.Environment> =>
-  Command.runWith(cgnAgent, { version: VERSION })(args).pipe(Effect.provide(presenter))
+// A first word that names no subcommand is refused as a usage error, also with --help (`cgn-agent frob --help`,
+// `cgn-agent help frob`), where effect/cli would print the root's help and exit 0, so the typo would go unseen.
+const runRoot = (args: ReadonlyArray<string>): Effect.Effect<void, unknown, Command.Environment> => {
+  const word = args[0] === "help" ? args[1] : args[0]
+  const unknown = word !== undefined && !word.startsWith("-") && !subcommands.some((c) => c.name === word)
+  return Command.runWith(cgnAgent, { version: VERSION })(unknown ? [word] : args).pipe(Effect.provide(presenter))
+}
 
 /** Runs the CLI on `args` (argv without node and script) and yields the process exit code. */
 export const runCli = (args: ReadonlyArray<string>) =>

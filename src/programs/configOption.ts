@@ -18,7 +18,16 @@ export const configFlag = Flag.String("config").pipe(
 /** The path from the flag, else CGN_AGENT_CONFIG, else a ConfigError saying how to give one. */
 export const configPath = (flag: Option.Option<string>): Effect.Effect<string, ConfigError> =>
   Effect.suspend(() => {
-    const path = Option.getOrUndefined(flag) ?? (process.env.CGN_AGENT_CONFIG || undefined)
+    const given = Option.getOrUndefined(flag)
+    // `--config=` or `--config ""` (an unset shell variable, most often): say so, rather than fail to open "".
+    if (given !== undefined && given.trim() === "")
+      return Effect.fail(
+        new ConfigError({
+          file: JSON.stringify(given),
+          problems: ["--config: the path is empty; pass --config PATH (an unset variable in --config=$VAR?)"]
+        })
+      )
+    const path = given ?? (process.env.CGN_AGENT_CONFIG || undefined)
     if (path !== undefined) return Effect.succeed(path)
     return Effect.fail(
       new ConfigError({

@@ -68,7 +68,47 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
   [
     "bad host:port: port out of range",
     `[agent]\nlisten_admin = "127.0.0.1:99999"\n${MODEL}`,
-    ['agent.listen_admin: expected host:port such as "0.0.0.0:7071", got "127.0.0.1:99999"']
+    ['agent.listen_admin: expected host:port such as "0.0.0.0:7071", got "127.0.0.1:99999": the port is at most 65535']
+  ],
+  [
+    "bad host:port: an IPv4 address in brackets, four numbers that are no IPv4 address",
+    `[agent]\nlisten_grpc = "[10.0.0.7]:7071"\nlisten_admin = "999.0.0.1:9091"\n${MODEL}`,
+    [
+      'agent.listen_grpc: expected host:port such as "0.0.0.0:7071", got "[10.0.0.7]:7071": [10.0.0.7] is not an IPv6 address (brackets are for IPv6 only)',
+      'agent.listen_admin: expected host:port such as "0.0.0.0:7071", got "999.0.0.1:9091": 999.0.0.1 is not an IPv4 address'
+    ]
+  ],
+  [
+    "durations of 0 where 0 makes no sense (a timer that fires at once, every time)",
+    `[agent]\nhandoff_timeout = "0s"\n[engine]\nstartup_timeout = "0ms"\nrestart_backoff_initial = "0s"\nrestart_backoff_max = "0m"\nliveness_interval = "0s"\nstream_idle_timeout = "0h"\n${MODEL}`,
+    [
+      'agent.handoff_timeout: expected a duration above 0 such as "5s", got "0s": every prefill and decode leg would time out at once',
+      'engine.startup_timeout: expected a duration above 0 such as "5s", got "0ms": every engine start would time out before the engine could be ready',
+      'engine.restart_backoff_initial: expected a duration above 0 such as "5s", got "0s": a crashing engine would be restarted at once, over and over (the backoff doubles 0)',
+      'engine.restart_backoff_max: expected a duration above 0 such as "5s", got "0m": a crashing engine would be restarted at once, over and over (no delay is longer than 0)',
+      'engine.liveness_interval: expected a duration above 0 such as "5s", got "0s": a ready engine would be probed without pause, each probe given no time to answer',
+      'engine.stream_idle_timeout: expected a duration above 0 such as "5s", got "0h": every engine stream would be ended at its first pause between two chunks'
+    ]
+  ],
+  [
+    "KVBM cache-tier sizes of inf",
+    `[engine]\nkv_offload = "kvbm"\nkvbm_cpu_cache_gb = inf\n${MODEL}`,
+    ["engine.kvbm_cpu_cache_gb: Expected a finite number, got Infinity"]
+  ],
+  [
+    "KV event endpoints that are no ZMQ endpoint",
+    `[kv]\nevents = true\nevents_endpoint = "127.0.0.1:5557"\nreplay_endpoint = "tcp://127.0.0.1:70000"\n${MODEL}`,
+    [
+      'kv.events_endpoint: expected a ZMQ endpoint such as "tcp://127.0.0.1:5557", "tcp://*:5557" or "ipc:///run/kv.sock", got "127.0.0.1:5557"',
+      'kv.replay_endpoint: expected a ZMQ endpoint such as "tcp://127.0.0.1:5557", "tcp://*:5557" or "ipc:///run/kv.sock", got "tcp://127.0.0.1:70000": the port is at most 65535'
+    ]
+  ],
+  [
+    "a model table with an empty name (the served name would be empty)",
+    '[models.""]\nhf_repo = "a/b"\n',
+    [
+      'models."": the table\'s name is the model\'s name (and served_name\'s default); give it one, such as [models."llama-3-8b"]'
+    ]
   ],
   [
     "unknown engine kind",
@@ -334,9 +374,23 @@ describe("bad config files", () => {
       `[agent]\nlisten_grpc = "0.0.0.0:8000"\n[engine]\nkind = "openai_compat"\nurl = "http://10.0.3.7:8000"\n${MODEL}`,
       // a spawned engine on the gRPC port number of another host
       `[agent]\nlisten_grpc = "10.0.0.7:8000"\n${MODEL}`,
-      `[cluster]\nname = "prod us-east.1"\netcd_prefix = "/cgn/v1"\n[agent]\nnode_id = "gpu-7.example.com"\nadvertise_addr = "[fd00::7]:7071"\n${MODEL}`
+      `[cluster]\nname = "prod us-east.1"\netcd_prefix = "/cgn/v1"\n[agent]\nnode_id = "gpu-7.example.com"\nadvertise_addr = "[fd00::7]:7071"\n${MODEL}`,
+      // an IPv4-mapped IPv6 address in brackets; 0 where it means "at once" (drain, SIGKILL, every run stable)
+      `[agent]\nlisten_grpc = "[::ffff:10.0.0.7]:7071"\ndrain_timeout = "0s"\n[engine]\nstop_grace = "0s"\nrestart_stable_after = "0s"\ngpu_free_timeout = "0s"\n${MODEL}`,
+      // a cap below the first delay: every restart waits the cap (engine-process.test.ts relies on it)
+      `[engine]\nrestart_backoff_max = "300ms"\n${MODEL}`,
+      // the ZMQ endpoints engines bind or connect
+      `[kv]\nevents = true\nevents_endpoint = "tcp://*:5557"\nreplay_endpoint = "tcp://[::]:5600"\n${MODEL}`,
+      `[kv]\nevents = true\nevents_endpoint = "ipc:///run/cgn/kv.sock"\nreplay_endpoint = "inproc://replay"\n${MODEL}`
     ]
     for (const text of ok) expect(problemsOf(text)).toEqual([])
+  })
+  it("CGN_LOG_LEVEL that names no level is refused (it would be passed over silently); any case is a level", () => {
+    expect(problemsOf(MODEL, { CGN_LOG_LEVEL: "verbose" })).toEqual([
+      'CGN_LOG_LEVEL: expected "trace", "debug", "info", "warn", "error" (it overrides agent.log_level), got "verbose"; fix or unset it'
+    ])
+    expect(problemsOf(MODEL, { CGN_LOG_LEVEL: "DEBUG" })).toEqual([])
+    expect(problemsOf(MODEL, { CGN_LOG_LEVEL: "" })).toEqual([])
   })
   it("the error names the file and lists one problem per line", () => {
     const r = decodeConfig(`[agent]\nrole = "x"\n${MODEL}`, "/etc/cgn/agent.toml", {})

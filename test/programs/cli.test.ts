@@ -134,6 +134,34 @@ describe("cgn-agent CLI", () => {
     expect(r.stdout).toBe("")
   })
 
+  it("an unknown subcommand is a usage error also with --help and after `help`: exit 1, one line", async () => {
+    for (const args of [["frob"], ["frob", "--help"], ["help", "frob"]]) {
+      const r = await cli(args)
+      expect({ args, code: r.code, stdout: r.stdout, stderr: r.stderr.trim().split("\n") }).toEqual({
+        args,
+        code: 1,
+        stdout: "",
+        stderr: ['cgn-agent: Unknown subcommand "frob" for "cgn-agent" (see cgn-agent --help)']
+      })
+    }
+  })
+
+  it("an empty --config (an unset variable in --config=$VAR): exit 2 saying so, not ENOENT on ''", async () => {
+    for (const args of [["check", "--config="], ["render", "--config", ""], ["--config="]]) {
+      const r = await cli(args, { CGN_AGENT_CONFIG: "examples/dev.toml" })
+      expect(r.code).toBe(2)
+      expect(r.stderr).toContain("--config: the path is empty; pass --config PATH")
+      expect(r.stderr).not.toContain("ENOENT")
+    }
+  })
+
+  it("a bad CGN_LOG_LEVEL: exit 2 naming the variable (it was passed over silently)", async () => {
+    const r = await cli(["check", "--offline", "--config", "examples/dev.toml"], { CGN_LOG_LEVEL: "verbose" })
+    expect(r.code).toBe(2)
+    expect(r.stderr).toContain('CGN_LOG_LEVEL: expected "trace", "debug", "info", "warn", "error"')
+    expect(r.stderr).not.toMatch(/\n\s+at /)
+  })
+
   it("`help` and `version` subcommands print what --help and --version print", async () => {
     const help = await cli(["help", "render"])
     expect(help.code).toBe(0)

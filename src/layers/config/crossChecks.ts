@@ -22,6 +22,10 @@ export const crossChecks = (c: ConfigFile): Array<string> => {
   }
   for (const [name, m] of models) {
     const at = formatPath(["models", name])
+    if (name === "")
+      problems.push(
+        `${at}: the table's name is the model's name (and served_name's default); give it one, such as [models."llama-3-8b"]`
+      )
     if (m.hf_repo === undefined && m.path === undefined) problems.push(`${at}: set hf_repo or path`)
     if (m.hf_repo !== undefined && m.path !== undefined) problems.push(`${at}: set hf_repo or path, not both`)
   }

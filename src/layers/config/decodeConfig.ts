@@ -8,7 +8,7 @@ import * as os from "node:os"
 import { Duration, Result, Schema } from "effect"
 import { parse as parseToml, TomlError } from "smol-toml"
 import { type AgentConfig, ConfigError, type ModelConfig } from "../../services/config/Config.ts"
-import { ConfigFile, keyPartProblem } from "../../services/config/ConfigSchema.ts"
+import { ConfigFile, keyPartProblem, LogLevels } from "../../services/config/ConfigSchema.ts"
 import { crossChecks } from "./crossChecks.ts"
 import { fieldProblems, unknownKeyProblems } from "./schemaProblems.ts"
 
@@ -94,6 +94,14 @@ export const decodeConfigObject = (
   if (badId !== undefined) {
     const from = env.NODE_NAME ? "NODE_NAME" : "the hostname"
     problems.push(`agent.node_id: not set, so it comes from ${from}: ${badId}; set agent.node_id`)
+  }
+  // CGN_LOG_LEVEL overrides agent.log_level (layers/observability/Logging.ts); a value that names no level would
+  // be passed over without a word, leaving the level the operator meant to replace.
+  const envLevel = env.CGN_LOG_LEVEL
+  if (envLevel && !LogLevels.some((l) => l === envLevel.toLowerCase())) {
+    problems.push(
+      `CGN_LOG_LEVEL: expected ${LogLevels.map((l) => `"${l}"`).join(", ")} (it overrides agent.log_level), got ${JSON.stringify(envLevel)}; fix or unset it`
+    )
   }
   if (problems.length > 0) return fail(problems)
   return Result.succeed(resolve(parsed, nodeId, file, env))

@@ -3,12 +3,13 @@
  * Owns the shape of the config only; reading the file is layers/config/Config.ts, cross-field checks layers/config/crossChecks.ts.
  * Key names are snake_case exactly as written in TOML, so a key path in an error is the key in the file.
  */
+import * as net from "node:net"
 import { Duration, Effect, Option, Schema, SchemaIssue, SchemaTransformation } from "effect"
 import { isWildcardHost, splitHostPort } from "../registry/Advertise.ts"
 
 const UNIT: Record<string, Duration.Unit> = { ms: "millis", s: "seconds", m: "minutes", h: "hours", d: "days" }
 
-/** Parses `500ms`, `5s`, `2m`, `1h`, `1d` (and Effect's `5 seconds` form). */
+/** Parses `500ms`, `5s`, `2m`, `1h`, `1d` (blanks around the number and between it and the unit are allowed). */
 export const parseShortDuration = (text: string): Option.Option<Duration.Duration> => {
   const m = /^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$/.exec(text.trim())
   if (!m) return Option.none()
@@ -29,35 +30,64 @@ export const formatShortDuration = (d: Duration.Duration): string => {
   return `${ms}ms`
 }
 
-/** A duration written as a string such as `5s`. */
-export const ShortDuration = Schema.String.pipe(
-  Schema.decodeTo(
-    Schema.Duration,
-    SchemaTransformation.transformEffect({
-      decode: (s: string) =>
-        Option.match(parseShortDuration(s), {
-          onNone: () =>
-            Effect.fail(
-              new SchemaIssue.InvalidValue(
-                { message: `expected a duration such as "500ms", "5s", "2m" or "1h", got "${s}"` },
-                s
-              )
-            ),
-          onSome: Effect.succeed
-        }),
-      encode: (d: Duration.Duration) => Effect.succeed(formatShortDuration(d))
-    })
+/**
+ * A duration written as a string such as `5s`. With `zeroMeans`, a zero duration is refused, and the message
+ * says what 0 would do (a timer that fires at once, every time).
+ */
+const durationString = (zeroMeans?: string) =>
+  Schema.String.pipe(
+    Schema.decodeTo(
+      Schema.Duration,
+      SchemaTransformation.transformEffect({
+        decode: (s: string) =>
+          Option.match(parseShortDuration(s), {
+            onNone: () =>
+              Effect.fail(
+                new SchemaIssue.InvalidValue(
+                  { message: `expected a duration such as "500ms", "5s", "2m" or "1h", got "${s}"` },
+                  s
+                )
+              ),
+            onSome: (d) =>
+              zeroMeans !== undefined && Duration.toMillis(d) === 0
+                ? Effect.fail(
+                    new SchemaIssue.InvalidValue(
+                      { message: `expected a duration above 0 such as "5s", got "${s}": ${zeroMeans}` },
+                      s
+                    )
+                  )
+                : Effect.succeed(d)
+          }),
+        encode: (d: Duration.Duration) => Effect.succeed(formatShortDuration(d))
+      })
+    )
   )
-)
+
+/** A duration written as a string such as `5s`. */
+export const ShortDuration = durationString()
+
+/** A duration above 0: `zeroMeans` says what 0 would do instead. */
+const PositiveDuration = (zeroMeans: string) => durationString(zeroMeans)
 
 const HOST_PORT = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/
+
+/** Why the host of a `host:port` names no address (brackets hold an IPv6 address, four numbers an IPv4 one), or undefined. */
+const hostProblem = (host: string): string | undefined => {
+  if (host.startsWith("[") && !net.isIPv6(host.slice(1, -1)))
+    return `${host} is not an IPv6 address (brackets are for IPv6 only)`
+  if (/^\d+\.\d+\.\d+\.\d+$/.test(host) && !net.isIPv4(host)) return `${host} is not an IPv4 address`
+  return undefined
+}
 
 /** `host:port` (IPv6 in brackets); port 0 lets the OS choose, which tests use. */
 export const HostPort = Schema.String.check(
   Schema.makeFilter((s) => {
     const m = HOST_PORT.exec(s)
-    if (m && Number(m[2]) <= 65535) return undefined
-    return `expected host:port such as "0.0.0.0:7071", got "${s}"`
+    const expected = `expected host:port such as "0.0.0.0:7071", got "${s}"`
+    if (!m) return expected
+    if (Number(m[2]) > 65535) return `${expected}: the port is at most 65535`
+    const why = hostProblem(m[1]!)
+    return why === undefined ? undefined : `${expected}: ${why}`
   })
 )
 
@@ -184,7 +214,7 @@ export const AgentSection = Schema.Struct({
   lease_ttl: Schema.optionalKey(ShortDuration),
   health_damping: withDefault(PositiveInt, 2),
   drain_timeout: withDefault(ShortDuration, "30s"),
-  handoff_timeout: withDefault(ShortDuration, "30s"),
+  handoff_timeout: withDefault(PositiveDuration("every prefill and decode leg would time out at once"), "30s"),
   state_dir: withDefault(Schema.NonEmptyString, "/var/lib/cgn-agent"),
   log_level: withDefault(Schema.Literals(LogLevels), "info"),
   admin_token: Schema.optionalKey(Schema.NonEmptyString),
@@ -203,18 +233,30 @@ export const EngineSection = Schema.Struct({
   command: Schema.optionalKey(Schema.NonEmptyArray(Schema.NonEmptyString)),
   args: withDefault(Schema.Array(Schema.String), []),
   env: withDefault(Schema.Record(Schema.String, Schema.String), {}),
-  startup_timeout: withDefault(ShortDuration, "30m"),
+  startup_timeout: withDefault(
+    PositiveDuration("every engine start would time out before the engine could be ready"),
+    "30m"
+  ),
   stop_grace: withDefault(ShortDuration, "30s"),
-  restart_backoff_initial: withDefault(ShortDuration, "1s"),
-  restart_backoff_max: withDefault(ShortDuration, "5m"),
+  restart_backoff_initial: withDefault(
+    PositiveDuration("a crashing engine would be restarted at once, over and over (the backoff doubles 0)"),
+    "1s"
+  ),
+  restart_backoff_max: withDefault(
+    PositiveDuration("a crashing engine would be restarted at once, over and over (no delay is longer than 0)"),
+    "5m"
+  ),
   restart_stable_after: withDefault(ShortDuration, "10m"),
-  liveness_interval: withDefault(ShortDuration, "5s"),
+  liveness_interval: withDefault(
+    PositiveDuration("a ready engine would be probed without pause, each probe given no time to answer"),
+    "5s"
+  ),
   liveness_failures: withDefault(PositiveInt, 3),
   side_channel_host: Schema.optionalKey(Schema.NonEmptyString),
   side_channel_port: withDefault(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 65535 })), 5600),
   bootstrap_port: withDefault(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 65535 })), 8998),
-  kvbm_cpu_cache_gb: Schema.optionalKey(Schema.Number.check(Schema.isGreaterThan(0))),
-  kvbm_disk_cache_gb: Schema.optionalKey(Schema.Number.check(Schema.isGreaterThan(0))),
+  kvbm_cpu_cache_gb: Schema.optionalKey(Schema.Finite.check(Schema.isGreaterThan(0))),
+  kvbm_disk_cache_gb: Schema.optionalKey(Schema.Finite.check(Schema.isGreaterThan(0))),
   liveness_path: Schema.optionalKey(
     Schema.String.check(
       Schema.makeFilter((s) =>
@@ -222,7 +264,10 @@ export const EngineSection = Schema.Struct({
       )
     )
   ),
-  stream_idle_timeout: withDefault(ShortDuration, "5m"),
+  stream_idle_timeout: withDefault(
+    PositiveDuration("every engine stream would be ended at its first pause between two chunks"),
+    "5m"
+  ),
   verify_listener: withDefault(Schema.Boolean, true),
   gpu_free_timeout: withDefault(ShortDuration, "2m"),
   gpu_free_below_mib: withDefault(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), 1024)
@@ -245,14 +290,31 @@ export const ModelSection = Schema.Struct({
   )
 })
 
+/**
+ * A ZMQ endpoint of the engine's KV events: `tcp://HOST:PORT` (the port is offset by the DP rank),
+ * `ipc://PATH` or `inproc://NAME`; anything else would only fail once the KV bridge opens its socket.
+ */
+const ZmqEndpoint = Schema.String.check(
+  Schema.makeFilter((s) => {
+    const expected = `expected a ZMQ endpoint such as "tcp://127.0.0.1:5557", "tcp://*:5557" or "ipc:///run/kv.sock", got ${JSON.stringify(s)}`
+    const tcp = /^tcp:\/\/(\S+):(\d{1,5})$/.exec(s)
+    if (tcp !== null) {
+      if (Number(tcp[2]) > 65535) return `${expected}: the port is at most 65535`
+      const why = hostProblem(tcp[1]!)
+      return why === undefined ? undefined : `${expected}: ${why}`
+    }
+    return /^(ipc|inproc):\/\/\S+$/.test(s) ? undefined : expected
+  })
+)
+
 /** `[kv].block_size` when the file does not set it. */
 export const DEFAULT_KV_BLOCK_SIZE = 16
 
 export const KvSection = Schema.Struct({
   uds: Schema.optionalKey(Schema.NonEmptyString),
   events: withDefault(Schema.Boolean, false),
-  events_endpoint: withDefault(Schema.NonEmptyString, "tcp://127.0.0.1:5557"),
-  replay_endpoint: Schema.optionalKey(Schema.NonEmptyString),
+  events_endpoint: withDefault(ZmqEndpoint, "tcp://127.0.0.1:5557"),
+  replay_endpoint: Schema.optionalKey(ZmqEndpoint),
   topic: withDefault(Schema.String, "kv-events"),
   block_size: withDefault(PositiveInt, DEFAULT_KV_BLOCK_SIZE),
   max_queue_bytes: withDefault(PositiveInt, 32 * 1024 * 1024)
