@@ -2,8 +2,10 @@
 // (exact splits, resets, truncation, disconnect on abort), then against the engine simulator per flavor.
 // The controlled server picks its behaviour from the request's X-Request-Id (the client sends it verbatim).
 // First of all, `stream` and `complete` as derived from the one primitive, on the scripted test double.
+import { spawn } from "node:child_process"
 import * as http from "node:http"
 import type { AddressInfo } from "node:net"
+import * as net from "node:net"
 import { Cause, Effect, Exit, Fiber, Layer, Result, Stream } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { decodeConfigObject, layerFromObject } from "../../src/layers/config/Config.ts"
@@ -186,6 +188,24 @@ describe("EngineClient against a controlled server", () => {
         res.end(JSON.stringify({ id: "big", text: "y".repeat(1_000_000) }))
         return
       }
+      if (mode === "endless500" || mode === "endless200") {
+        // A body that never ends (a proxy's page, a wedged engine): the client must stop reading it.
+        openStreams++
+        res.writeHead(mode === "endless500" ? 500 : 200, { "content-type": "text/plain" })
+        let open = true
+        res.on("close", () => {
+          open = false
+          openStreams--
+          if (!res.writableFinished) closedEarly++
+        })
+        const piece = "z".repeat(64 * 1024)
+        const more = (): void => {
+          while (open && res.write(piece));
+          if (open) res.once("drain", more)
+        }
+        more()
+        return
+      }
       if (mode === "mlx404") {
         res.writeHead(404, { "content-type": "application/json" })
         res.end('{"error":"Model not found"}')
@@ -299,6 +319,35 @@ describe("EngineClient against a controlled server", () => {
     expect(failure(exit).reason).toBe("Timeout")
   })
 
+  // A listener whose process is blocked accepts nothing: with its accept queue full, the kernel drops further SYNs
+  // and a connect waits. No connection at all is an unreachable engine (UNAVAILABLE, retry elsewhere); it was
+  // Timeout, DEADLINE_EXCEEDED, as if the engine had taken the request and not answered in time.
+  it("no connection within the connect timeout is Connect, not Timeout", async () => {
+    const script =
+      "const s=require('net').createServer();s.listen({port:0,host:'127.0.0.1',backlog:1},()=>{" +
+      "console.log(s.address().port);setTimeout(()=>Atomics.wait(new Int32Array(new SharedArrayBuffer(4)),0,0,30000),100)})"
+    const child = spawn(process.execPath, ["-e", script], { stdio: ["ignore", "pipe", "ignore"] })
+    const fillers: Array<net.Socket> = []
+    try {
+      const port = await new Promise<number>((resolve) => child.stdout.once("data", (d) => resolve(Number(String(d)))))
+      await new Promise((r) => setTimeout(r, 300))
+      for (let i = 0; i < 4; i++) fillers.push(net.connect(port, "127.0.0.1").on("error", () => undefined))
+      await new Promise((r) => setTimeout(r, 200))
+      const exit = await Effect.runPromise(
+        Effect.exit(withClient((c) => Stream.runCollect(c.stream("/v1/chat/completions", {})))).pipe(
+          Effect.provide(layerFromPlan(planFor(`http://127.0.0.1:${port}`), { connectTimeoutMs: 300 }))
+        )
+      )
+      expect([failure(exit).reason, failure(exit).message]).toEqual([
+        "Connect",
+        expect.stringMatching(/^UND_ERR_CONNECT_TIMEOUT: /)
+      ])
+    } finally {
+      for (const f of fillers) f.destroy()
+      child.kill("SIGKILL")
+    }
+  }, 20_000)
+
   it("connection refused is Connect", async () => {
     const port = await freePort()
     const exit = await run(planFor(`http://127.0.0.1:${port}`), (c) =>
@@ -395,6 +444,37 @@ describe("EngineClient against a controlled server", () => {
   it("complete: an mlx-style error body", async () => {
     const e = failure(await run(planFor(base), (c) => c.complete("/v1/completions", {}, { requestId: "mlx404" })))
     expect([e.reason, e.status, e.message]).toEqual(["Http", 404, "Model not found"])
+  })
+
+  it("complete: a body that never ends is not read whole: an error status keeps its message, a 200 is Protocol", async () => {
+    const before = closedEarly
+    const e500 = failure(
+      await run(planFor(base), (c) => c.complete("/v1/completions", {}, { requestId: "endless500" }))
+    )
+    expect([e500.reason, e500.status, e500.message]).toEqual(["Http", 500, expect.stringMatching(/^z{500}…$/)])
+    const e200 = failure(
+      await run(planFor(base), (c) => c.complete("/v1/completions", {}, { requestId: "endless200" }))
+    )
+    expect([e200.reason, e200.message]).toEqual(["Protocol", expect.stringMatching(/larger than \d+ bytes/)])
+    await until(() => closedEarly === before + 2 && openStreams === 0)
+  }, 20_000)
+
+  it("a sink that throws ends the exchange Protocol with the reason (not a stream the engine broke off)", async () => {
+    const e = failure(
+      await run(planFor(base), (c) =>
+        c.streamTo(
+          "/v1/chat/completions",
+          {},
+          { requestId: "plain" },
+          {
+            onChunks: () => {
+              throw new TypeError("cannot read this")
+            }
+          }
+        )
+      )
+    )
+    expect([e.reason, e.message]).toEqual(["Protocol", "the engine's chunk could not be read: cannot read this"])
   })
 
   it("complete: interruption aborts the request", async () => {

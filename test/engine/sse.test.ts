@@ -1,7 +1,7 @@
 // The incremental SSE parser: table tests of the framing rules, then a seeded property test that any split
 // of a random event stream (bytes or text, LF/CR/CRLF endings, comments, multi-line data) gives the same events.
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { makeSseParser, parseSse, type SseEvent } from "../../src/services/engine/Sse.ts"
+import { makeSseParser, parseSse, type SseEvent, SseEventTooLarge } from "../../src/services/engine/Sse.ts"
 import { type Agent, collect, startAgent } from "../support/grpcAgent.ts"
 import { postJson, type SimHandle, startSim } from "../support/sim.ts"
 
@@ -63,6 +63,21 @@ describe("SSE framing", () => {
     const bytes = new TextEncoder().encode("data: héllo €\n\n")
     const at = bytes.indexOf(0xe2) + 1 // inside the euro sign
     expect(feedAll([bytes.subarray(0, at), bytes.subarray(at)])).toEqual([{ data: "héllo €" }])
+  })
+
+  it("an event past the limit throws SseEventTooLarge: an unfinished line, data lines, error lines", () => {
+    const p = makeSseParser(100)
+    expect(p.feed(`data: ${"x".repeat(90)}\n\n`)).toHaveLength(1)
+    expect(p.feed(`data: ${"x".repeat(60)}`)).toEqual([])
+    expect(() => p.feed("y".repeat(60))).toThrow(SseEventTooLarge)
+    const lines = makeSseParser(100)
+    expect(() => lines.feed(`data: ${"x".repeat(40)}\ndata: ${"x".repeat(40)}\ndata: ${"x".repeat(40)}\n`)).toThrow(
+      "SSE event over 100 bytes"
+    )
+    const errors = makeSseParser(100)
+    expect(() => errors.feed(`error: ${"e".repeat(60)}\nerror: ${"e".repeat(60)}\n`)).toThrow(SseEventTooLarge)
+    // Without a limit: as before.
+    expect(makeSseParser().feed(`data: ${"x".repeat(10_000)}`)).toEqual([])
   })
 
   it("events come out as soon as their blank line arrives", () => {

@@ -20,10 +20,20 @@ import {
 } from "../../services/engine/EngineClient.ts"
 import { httpError } from "../../services/engine/EngineErrors.ts"
 import { loadSignals } from "../../services/engine/PromText.ts"
-import { bodyText, Exchange, StreamExchange, transportError } from "./exchange.ts"
+import { bodyText, Exchange, MAX_ERROR_BODY_BYTES, MAX_WHOLE_BODY_BYTES, transportError } from "./exchange.ts"
+import { StreamExchange } from "./streamExchange.ts"
 
 const STREAM_OPTIONS = Object.freeze({ include_usage: true })
 const noop = (): void => undefined
+
+/** A whole answer past its bound: an error status with the part of its body read, else a Protocol error. */
+const overflowError = (ex: Exchange): EngineError =>
+  ex.status >= 400
+    ? httpError(ex.status, bodyText(ex.take()))
+    : new EngineError({
+        reason: "Protocol",
+        message: `the answer is larger than ${MAX_WHOLE_BODY_BYTES} bytes (an error body: ${MAX_ERROR_BODY_BYTES})`
+      })
 
 /** Tuning of the HTTP client; the defaults suit a local engine. */
 export interface ClientOptions {
@@ -86,6 +96,7 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
   /** The whole body of a finished exchange, or its failure. */
   const whole = (ex: Exchange): Effect.Effect<{ status: number; text: string }, EngineError> =>
     Effect.suspend(function loop(): Effect.Effect<{ status: number; text: string }, EngineError> {
+      if (ex.overflowed) return Effect.fail(overflowError(ex))
       if (ex.error !== undefined) return Effect.fail(transportError(ex.error, ex.status > 0))
       if (ex.ended) return Effect.succeed({ status: ex.status, text: bodyText(ex.take()) })
       return Effect.flatMap(ex.changed, loop)

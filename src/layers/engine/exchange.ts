@@ -1,19 +1,21 @@
 /**
- * The undici dispatch handlers behind the live EngineClient: `Exchange` buffers a whole answer for a pull
- * (a non-streamed completion, models, metrics), `StreamExchange` parses SSE inside undici's data callback, decodes
- * each event's JSON (services/engine/ChunkDecoder.ts: a token chunk by the one before it) and hands each network
- * read's objects to a sink (the relay's path). Both abort on close, so the engine sees
- * the disconnect; transport failures become EngineErrors here.
+ * The undici dispatch handler behind the live EngineClient's whole answers: `Exchange` buffers a bounded answer
+ * for a pull (a non-streamed completion, models, metrics); the streaming one is streamExchange.ts. Both abort on
+ * close, so the engine sees the disconnect; transport failures become EngineErrors here.
  */
 import { Effect } from "effect"
 import type { Dispatcher } from "undici"
-import { ChunkDecoder } from "../../services/engine/ChunkDecoder.ts"
-import { type ChunkSink, EngineError, type JsonObject } from "../../services/engine/EngineClient.ts"
-import { httpError, isErrorChunk, sseErrorEvent, streamError } from "../../services/engine/EngineErrors.ts"
-import { makeSseParser, type SseEvent } from "../../services/engine/Sse.ts"
+import { EngineError } from "../../services/engine/EngineClient.ts"
 // After [DONE] the engine normally ends the body at once; keep the connection for reuse if it does.
 export const DRAIN_AFTER_DONE_MS = 1_000
 
+/**
+ * What is kept of an answer read only for its message (an error status, a 200 that is no event stream): the
+ * message is cut to a few hundred characters anyway, and such a body may be an endless page from a proxy.
+ */
+export const MAX_ERROR_BODY_BYTES = 64 * 1024
+/** The largest whole answer read (a non-streamed completion, /v1/models, /metrics). */
+export const MAX_WHOLE_BODY_BYTES = 16 * 1024 * 1024
 export const closedByClient = () => new Error("request closed by the client")
 
 /** One HTTP exchange; the undici handler and the state the pull reads. */
@@ -26,6 +28,11 @@ export class Exchange implements Dispatcher.DispatchHandler {
   error: Error | undefined = undefined
   /** The stream saw `data: [DONE]`: nothing the engine sends after it matters. */
   sawDone = false
+  /** The body passed its bound (MAX_WHOLE_BODY_BYTES, MAX_ERROR_BODY_BYTES for an error status): aborted. */
+  overflowed = false
+  /** Bytes of the body so far; it is aborted past `limit`. */
+  private received = 0
+  private limit = MAX_WHOLE_BODY_BYTES
   private closed = false
   private discard = false
   /** Set while a drained body is given its last moment to end; cleared when it does. */
@@ -43,10 +50,20 @@ export class Exchange implements Dispatcher.DispatchHandler {
   }
   onResponseStart(_c: Dispatcher.DispatchController, statusCode: number): void {
     this.status = statusCode
+    if (statusCode >= 400) this.limit = MAX_ERROR_BODY_BYTES
     this.wake()
   }
   onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
     if (this.closed || this.discard) return
+    this.received += chunk.length
+    if (this.received > this.limit) {
+      // What came so far is kept (an error body's message); the rest is not read.
+      this.overflowed = true
+      this.closed = true
+      controller.abort(closedByClient())
+      this.wake()
+      return
+    }
     this.chunks.push(chunk)
     this.queued += chunk.length
     if (this.queued > this.pauseAt) controller.pause()
@@ -104,149 +121,21 @@ export class Exchange implements Dispatcher.DispatchHandler {
   }
 }
 
-export const protocolError = (message: string, data: string): EngineError =>
-  new EngineError({ reason: "Protocol", message: `${message}: ${data.slice(0, 200)}` })
-
-/**
- * One streaming exchange: parses SSE in the undici callbacks and hands each read's objects to the sink.
- * `onEnd` is called once: with undefined at `[DONE]`, or with the error that ended the stream.
- */
-export class StreamExchange implements Dispatcher.DispatchHandler {
-  controller: Dispatcher.DispatchController | undefined = undefined
-  status = 0
-  sawDone = false
-  private finished = false
-  private ended = false
-  private closed = false
-  private discard = false
-  /** Set while the body after [DONE] is given its last moment to end; cleared when it does. */
-  private drainTimer: NodeJS.Timeout | undefined = undefined
-  private errorBody: Array<Buffer> | undefined = undefined
-  private readonly parser = makeSseParser()
-  private readonly decoder = new ChunkDecoder()
-  private readonly sink: ChunkSink
-  private readonly onEnd: (error: EngineError | undefined) => void
-  private readonly resume = (): void => {
-    if (this.controller?.paused === true) this.controller.resume()
-  }
-  constructor(sink: ChunkSink, onEnd: (error: EngineError | undefined) => void) {
-    this.sink = sink
-    this.onEnd = onEnd
-  }
-
-  onRequestStart(controller: Dispatcher.DispatchController): void {
-    this.controller = controller
-    if (this.closed) controller.abort(closedByClient())
-  }
-  onRequestSent(): void {
-    this.sink.onSent?.()
-  }
-  onResponseStart(_c: Dispatcher.DispatchController, statusCode: number): void {
-    this.status = statusCode
-    if (statusCode >= 400) this.errorBody = []
-  }
-  onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
-    if (this.closed || this.discard) return
-    if (this.errorBody !== undefined) this.errorBody.push(chunk)
-    else if (!this.deliver(this.parser.feed(chunk))) controller.pause()
-  }
-  onResponseEnd(): void {
-    this.ended = true
-    clearTimeout(this.drainTimer)
-    if (this.finished) return
-    if (this.errorBody !== undefined) this.finish(httpError(this.status, bodyText(this.errorBody)))
-    else this.deliver(this.parser.end())
-    if (!this.finished)
-      this.finish(new EngineError({ reason: "Stream", message: "stream truncated: body ended without [DONE]" }))
-  }
-  onResponseError(_c: Dispatcher.DispatchController, error: Error): void {
-    this.ended = true
-    clearTimeout(this.drainTimer)
-    if (this.finished) return
-    const why = transportError(error, this.status > 0)
-    this.finish(
-      this.status === 0 || this.errorBody !== undefined
-        ? why
-        : new EngineError({ reason: "Stream", message: `stream truncated: ${why.message}` })
-    )
-  }
-
-  /** Parses and hands over one read's events; false when the sink asked for a pause. */
-  private deliver(events: ReadonlyArray<SseEvent>): boolean {
-    if (events.length === 0) return true
-    const out: Array<JsonObject> = []
-    let failure: EngineError | undefined
-    for (let i = 0; i < events.length; i++) {
-      const ev = events[i]!
-      // An error event in any form ends the call as a failure, even if `data: [DONE]` follows (older llama.cpp).
-      if (ev.error !== undefined || ev.event === "error") {
-        failure = sseErrorEvent(ev.error ?? ev.data)
-        break
-      }
-      const data = ev.data
-      if (data === "[DONE]") {
-        this.sawDone = true
-        break
-      }
-      let v: unknown
-      try {
-        v = this.decoder.decode(data)
-      } catch {
-        failure = protocolError("SSE data is not JSON", data)
-        break
-      }
-      if (typeof v !== "object" || v === null || Array.isArray(v)) {
-        failure = protocolError("SSE data is not an object", data)
-        break
-      }
-      if (isErrorChunk(v as JsonObject)) {
-        failure = streamError(v)
-        break
-      }
-      out.push(v as JsonObject)
-    }
-    // Objects before an error or [DONE] are delivered first, as the engine sent them.
-    const more = out.length === 0 || this.sink.onChunks(out, this.resume)
-    if (failure !== undefined) {
-      this.finish(failure)
-      this.close(false)
-    } else if (this.sawDone) {
-      this.finish(undefined)
-      this.close(true)
-    }
-    return more
-  }
-  private finish(error: EngineError | undefined): void {
-    if (this.finished) return
-    this.finished = true
-    this.onEnd(error)
-  }
-  /** Aborts unless the body ended; `drain` lets a body that is about to end finish, so the socket is reused. */
-  close(drain: boolean): void {
-    if (this.closed || this.ended) return
-    if (drain) {
-      if (this.discard) return
-      this.discard = true
-      this.controller?.resume()
-      this.drainTimer = setTimeout(() => this.close(false), DRAIN_AFTER_DONE_MS).unref()
-      return
-    }
-    this.closed = true
-    this.finished = true
-    this.controller?.abort(closedByClient())
-  }
-}
-
 export const errorCode = (e: Error): string => {
   const c = (e as { code?: unknown }).code
   const cause = (e as { cause?: { code?: unknown } }).cause
   return typeof c === "string" ? c : typeof cause?.code === "string" ? cause.code : ""
 }
 
-/** A transport failure; `inBody` when the response had begun (then it is a broken stream, not a refusal). */
+/**
+ * A transport failure; `inBody` when the response had begun (then it is a broken stream, not a refusal). No
+ * connection within the connect timeout is an unreachable engine (UNAVAILABLE: retry elsewhere), not one that
+ * did not answer in time.
+ */
 export const transportError = (e: Error, inBody: boolean): EngineError => {
   const code = errorCode(e)
-  if (code.endsWith("TIMEOUT")) return new EngineError({ reason: "Timeout", message: `${code}: ${e.message}` })
+  if (code.endsWith("TIMEOUT") && code !== "UND_ERR_CONNECT_TIMEOUT")
+    return new EngineError({ reason: "Timeout", message: `${code}: ${e.message}` })
   const message = `${code === "" ? "" : `${code}: `}${e.message}`
   return new EngineError({ reason: inBody ? "Stream" : "Connect", message })
 }

@@ -203,6 +203,11 @@ export const makeHandler = Effect.fnUntraced(function* (
     if (call.cancelled && !ended) settle("CANCELLED")
     pacer.start(() => {
       if (ended) return
+      // Aborted while its start waited (the drain's abortActive): it ends with that status, no engine request.
+      if (relay.failure !== undefined) {
+        relay.finish(Exit.void)
+        return
+      }
       try {
         relay.interrupt = run(work, { onExit: (exit) => relay.finish(exit) })
       } catch (e) {

@@ -26,10 +26,14 @@ const code = (v: unknown): number | string | undefined => {
   return undefined
 }
 
+/** An engine's words, bounded: they become a gRPC status message, which a caller's header limit must hold. */
+const cut = (text: string): string => (text.length > MAX_TEXT ? `${text.slice(0, MAX_TEXT)}…` : text)
+
 const detail = (message: string, type: unknown, c: unknown): ErrorDetail => {
-  const t = str(type)
+  const given = str(type)
+  const t = given === undefined ? undefined : cut(given)
   const k = code(c)
-  return { message, ...(t === undefined ? {} : { type: t }), ...(k === undefined ? {} : { code: k }) }
+  return { message: cut(message), ...(t === undefined ? {} : { type: t }), ...(k === undefined ? {} : { code: k }) }
 }
 
 const isRecord = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v)
@@ -81,7 +85,7 @@ export const errorDetailOfBody = (body: string, status: number | undefined): Err
     }
   }
   if (trimmed.length === 0) return { message: status === undefined ? "empty error body" : `HTTP ${status}` }
-  return { message: trimmed.length > MAX_TEXT ? `${trimmed.slice(0, MAX_TEXT)}…` : trimmed }
+  return { message: cut(trimmed) }
 }
 
 const codeFields = (d: ErrorDetail, status: number | undefined) => {

@@ -20,9 +20,24 @@ export interface SseEvent {
   readonly error?: string
 }
 
+/**
+ * Thrown by `feed` when one event (an unfinished line, or the data or error lines of one event) grows past the
+ * parser's limit: an engine that never ends a line must not grow the agent's memory without bound.
+ */
+export class SseEventTooLarge extends Error {
+  readonly limit: number
+  constructor(limit: number) {
+    super(`SSE event over ${limit} bytes`)
+    this.limit = limit
+  }
+}
+
 /** An incremental parser; keep one per response body. */
 export interface SseParser {
-  /** Feeds the next piece of the stream; returns the events it completed (often none or one). */
+  /**
+   * Feeds the next piece of the stream; returns the events it completed (often none or one). Throws
+   * SseEventTooLarge when an event grows past the parser's limit.
+   */
   readonly feed: (chunk: Uint8Array | string) => Array<SseEvent>
   /**
    * The stream has ended: a last line without its line break is taken as complete and an event
@@ -34,8 +49,12 @@ export interface SseParser {
 
 const LF = 10
 
-/** A new parser with empty state. */
-export const makeSseParser = (): SseParser => {
+/**
+ * A new parser with empty state. `maxEventChars` bounds what one event may hold while it is built (its
+ * unfinished line and its data lines, in UTF-16 units, about bytes for the JSON engines send): checked once
+ * per `feed` and on a multi-line event's second line, never per ordinary line.
+ */
+export const makeSseParser = (maxEventChars = Number.POSITIVE_INFINITY): SseParser => {
   const decoder = new TextDecoder("utf-8")
   // Text of an unfinished line carried to the next chunk.
   let pending = ""
@@ -86,7 +105,11 @@ export const makeSseParser = (): SseParser => {
     }
     switch (field) {
       case "data":
-        data = data === undefined ? value : `${data}\n${value}`
+        if (data === undefined) data = value
+        else {
+          data = `${data}\n${value}`
+          if (data.length > maxEventChars) throw new SseEventTooLarge(maxEventChars)
+        }
         return
       case "event":
         eventType = value
@@ -96,6 +119,7 @@ export const makeSseParser = (): SseParser => {
         return
       case "error":
         errorField = errorField === undefined ? value : `${errorField}\n${value}`
+        if (errorField.length > maxEventChars) throw new SseEventTooLarge(maxEventChars)
         return
       default:
         // `retry` and unknown fields carry nothing the agent uses.
@@ -136,6 +160,7 @@ export const makeSseParser = (): SseParser => {
     }
     const out: Array<SseEvent> = []
     scan(pending.length === 0 ? text : pending + text, out)
+    if (pending.length > maxEventChars) throw new SseEventTooLarge(maxEventChars)
     return out
   }
 

@@ -23,14 +23,18 @@ export class ChunkReader {
   /** The text this chunk adds ("" for none). */
   read(chunk: JsonObject): string {
     let text = ""
-    const choices = chunk.choices as ReadonlyArray<Record<string, unknown>> | undefined
-    if (choices !== undefined && choices.length > 0) {
-      const c = choices[0]!
-      const delta = c.delta as Record<string, unknown> | undefined
-      const t = delta !== undefined ? delta.content : c.text
-      if (typeof t === "string") text = t
-      const fr = c.finish_reason
-      if (typeof fr === "string" && fr !== "") this.finishReason = fr
+    // Junk in place of the choices, a choice or a delta (null, a number) carries no text; it must not throw here
+    // (`!= null` is all it takes: a property of any other value reads undefined).
+    const choices = chunk.choices as ReadonlyArray<Record<string, unknown> | null> | null | undefined
+    if (choices != null && choices.length > 0) {
+      const c = choices[0]
+      if (c != null) {
+        const delta = c.delta as Record<string, unknown> | null | undefined
+        const t = delta != null ? delta.content : c.text
+        if (typeof t === "string") text = t
+        const fr = c.finish_reason
+        if (typeof fr === "string" && fr !== "") this.finishReason = fr
+      }
     }
     const u = chunk.usage as Record<string, unknown> | null | undefined
     if (u !== undefined && u !== null) {
