@@ -14,7 +14,7 @@ import {
   type GenerateRequest
 } from "../gen/cgn/agent/v1/agent.ts"
 import { loadClientCredentials } from "../layers/tls/clientCredentials.ts"
-import { HostPort } from "../services/config/ConfigSchema.ts"
+import { HostPort } from "../services/config/ConfigValues.ts"
 import { statusName } from "../services/grpc/GrpcStatus.ts"
 
 /** The call failed with a gRPC status, or the flags do not make a request. */
