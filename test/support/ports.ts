@@ -40,14 +40,29 @@ const kernelPort = (): Promise<number> =>
     })
   })
 
-/** A TCP port on 127.0.0.1 that was free a moment ago. */
+/**
+ * Ports this test process has handed out: never handed out twice. A test that picks two ports before binding
+ * either (an engine's HTTP and KV-event ports) would otherwise get the same one now and then, and its process
+ * fail to start with EADDRINUSE on its own port (seen in CI).
+ */
+const handedOut = new Set<number>()
+
+/** A TCP port on 127.0.0.1 that was free a moment ago, and not handed out before by this process. */
 export const freePort = async (): Promise<number> => {
-  if (ephemeralLow === undefined) return kernelPort()
-  for (let tries = 0; tries < 100; tries++) {
-    const port = LOWEST + Math.floor(Math.random() * (ephemeralLow - LOWEST))
-    if (await isFree(port)) return port
+  if (ephemeralLow !== undefined) {
+    for (let tries = 0; tries < 100; tries++) {
+      const port = LOWEST + Math.floor(Math.random() * (ephemeralLow - LOWEST))
+      if (handedOut.has(port) || !(await isFree(port))) continue
+      handedOut.add(port)
+      return port
+    }
   }
-  return kernelPort()
+  for (;;) {
+    const port = await kernelPort()
+    if (handedOut.has(port)) continue
+    handedOut.add(port)
+    return port
+  }
 }
 
 /** `n` distinct free ports. */
@@ -63,7 +78,9 @@ export const freePortRange = async (n: number): Promise<number> => {
     const base = await freePort()
     if (base + n - 1 > 65535) continue
     let ok = true
-    for (let i = 1; i < n && ok; i++) ok = await isFree(base + i)
-    if (ok) return base
+    for (let i = 1; i < n && ok; i++) ok = !handedOut.has(base + i) && (await isFree(base + i))
+    if (!ok) continue
+    for (let i = 1; i < n; i++) handedOut.add(base + i)
+    return base
   }
 }
