@@ -57,7 +57,12 @@ const acquire = (library: string, maxAge: Duration.Input, retryMaxMs: number) =>
         nextTryAt = (yield* Clock.currentTimeMillis) + retryInMs
         if (logged.has(why)) return
         logged.add(why)
-        yield* Effect.logWarning("NVML not available; reporting no GPUs, retrying with backoff", { reason: why })
+        // No library at all is a host without the NVIDIA driver, often on purpose (CPU engines, a dev box): said,
+        // not warned about. NVML present but failing is a GPU host in trouble.
+        const line = "NVML not available; reporting no GPUs, retrying with backoff"
+        yield* why.startsWith("cannot load")
+          ? Effect.logInfo(line, { reason: why })
+          : Effect.logWarning(line, { reason: why })
       })
 
     /** Loads the library and inits NVML, unless the backoff says not yet. */
