@@ -385,6 +385,15 @@ describe("bad config files", () => {
     ]
     for (const text of ok) expect(problemsOf(text)).toEqual([])
   })
+  it("NODE_IP must be an address a router can dial: an IP (IPv6 with or without brackets) or a DNS name", () => {
+    for (const ok of ["10.0.0.7", "fd00::7", "[fd00::7]", "gpu-7.internal", " 10.0.0.7 ", ""])
+      expect(problemsOf(MODEL, { NODE_IP: ok }), ok).toEqual([])
+    for (const bad of ["0.0.0.0", "::", "10.0.0.7:7071", "999.0.0.1", "$(NODE_IP)", "10.0.0.7 10.0.0.8", "http://x"])
+      expect(problemsOf(MODEL, { NODE_IP: bad }), bad).toEqual([
+        `NODE_IP: expected this host's IP address or DNS name (Kubernetes: status.hostIP), got ${JSON.stringify(bad)}; fix or unset it`
+      ])
+  })
+
   it("CGN_LOG_LEVEL that names no level is refused (it would be passed over silently); any case is a level", () => {
     expect(problemsOf(MODEL, { CGN_LOG_LEVEL: "verbose" })).toEqual([
       'CGN_LOG_LEVEL: expected "trace", "debug", "info", "warn", "error" (it overrides agent.log_level), got "verbose"; fix or unset it'

@@ -9,7 +9,8 @@ import { Duration, Result, Schema } from "effect"
 import { parse as parseToml, TomlError } from "smol-toml"
 import { type AgentConfig, ConfigError, type ModelConfig } from "../../services/config/Config.ts"
 import { ConfigFile, LogLevels } from "../../services/config/ConfigSchema.ts"
-import { keyPartProblem } from "../../services/config/ConfigValues.ts"
+import { DialableHostPort, keyPartProblem } from "../../services/config/ConfigValues.ts"
+import { joinHostPort } from "../../services/registry/Advertise.ts"
 import { crossChecks } from "./crossChecks.ts"
 import { fieldProblems, unknownKeyProblems } from "./schemaProblems.ts"
 
@@ -104,9 +105,23 @@ export const decodeConfigObject = (
       `CGN_LOG_LEVEL: expected ${LogLevels.map((l) => `"${l}"`).join(", ")} (it overrides agent.log_level), got ${JSON.stringify(envLevel)}; fix or unset it`
     )
   }
+  // NODE_IP (the downward API's status.hostIP) is published as this node's address unless advertise_addr is set,
+  // and is vLLM's NIXL side-channel host: checked as advertise_addr is, or a router would dial a malformed one.
+  const nodeIp = nodeIpOf(env)
+  if (nodeIp !== undefined) {
+    const dialable = Schema.decodeUnknownExit(DialableHostPort)(joinHostPort(nodeIp, 1))
+    if (dialable._tag === "Failure") {
+      problems.push(
+        `NODE_IP: expected this host's IP address or DNS name (Kubernetes: status.hostIP), got ${JSON.stringify(nodeIp)}; fix or unset it`
+      )
+    }
+  }
   if (problems.length > 0) return fail(problems)
   return Result.succeed(resolve(parsed, nodeId, file, env))
 }
+
+const nodeIpOf = (env: Readonly<Record<string, string | undefined>>): string | undefined =>
+  env.NODE_IP?.trim() || undefined
 
 const resolve = (
   c: ConfigFile,
@@ -133,7 +148,7 @@ const resolve = (
     agent: {
       ...c.agent,
       node_id: nodeId,
-      node_ip: env.NODE_IP?.trim() || undefined,
+      node_ip: nodeIpOf(env),
       lease_ttl: c.agent.lease_ttl ?? Duration.times(c.agent.heartbeat, 3),
       // A token is a secret: Kubernetes hands it over as an env var from a Secret, not in the ConfigMap.
       ...(c.agent.admin_token === undefined && env.CGN_AGENT_ADMIN_TOKEN
