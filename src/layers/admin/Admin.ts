@@ -170,9 +170,11 @@ const routes = (options: AdminOptions, loopback: boolean) =>
           "/drain",
           guarded(
             Effect.gen(function* () {
-              const already = yield* draining
-              yield* drain.start
-              return json({ draining: true, alreadyDraining: already }, 202)
+              // the lever's own answer decides (atomic for two requests at once), and a drain the node status
+              // already shows counts as begun (read before the start, which would show it)
+              const shown = yield* status.draining
+              const began = yield* drain.start
+              return json({ draining: true, alreadyDraining: shown || !began }, 202)
             })
           )
         )

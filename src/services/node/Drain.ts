@@ -6,8 +6,12 @@
 import { Context, Deferred, Effect, Layer } from "effect"
 
 export interface DrainService {
-  /** Begins the drain and returns at once; idempotent (a second call changes nothing). */
-  readonly start: Effect.Effect<void>
+  /**
+   * Begins the drain and returns at once; idempotent (a second call changes nothing). True for the one call that
+   * began it: two POST /drain at once must not both answer `alreadyDraining: false`, which a read before the
+   * start could not rule out.
+   */
+  readonly start: Effect.Effect<boolean>
   /** True once a drain has begun. */
   readonly draining: Effect.Effect<boolean>
   /** Completes when a drain has begun (at once if it has): NodeStatus turns it into a `changes` event. */
@@ -18,7 +22,7 @@ export class Drain extends Context.Service<Drain, DrainService>()("cgn-agent/Dra
   static readonly layer: Layer.Layer<Drain> = Layer.effect(
     Drain,
     Effect.map(Deferred.make<void>(), (started) => ({
-      start: Effect.asVoid(Deferred.succeed(started, undefined)),
+      start: Deferred.succeed(started, undefined),
       draining: Deferred.isDone(started),
       awaitStarted: Deferred.await(started)
     }))
