@@ -7,7 +7,7 @@ import * as crypto from "node:crypto"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import * as tls from "node:tls"
-import { Effect, Exit, Layer, Logger, References, Scope } from "effect"
+import { Effect, Exit, Layer, Logger, Queue, References, Scope } from "effect"
 import { TestClock } from "effect/testing"
 import { HealthImplementation } from "grpc-health-check"
 import { type Channel, type ChannelCredentials, createChannel, createClient } from "nice-grpc"
@@ -18,6 +18,7 @@ import { Http2GrpcServer } from "../../src/layers/grpc/http2/Server.ts"
 import { clientCredentials, loadClientCredentials } from "../../src/layers/tls/clientCredentials.ts"
 import { hangupReload, make, type TlsOptions } from "../../src/layers/tls/Tls.ts"
 import { parseCaBundle, readMaterial, securityFiles, validityProblem } from "../../src/layers/tls/tlsMaterial.ts"
+import { watchChanges } from "../../src/layers/tls/watchChanges.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"
 import { jitteredBackoffMs } from "../../src/services/retry/Backoff.ts"
 import { Tls, TlsError, type TlsService } from "../../src/services/tls/Tls.ts"
@@ -193,6 +194,29 @@ describe("mTLS server credentials", () => {
     expect(await servedSerial(port)).toBe(serialOf(pki.server.cert))
     process.kill(process.pid, "SIGHUP")
     await awaitServed(port, serialOf(next.cert))
+  })
+
+  it("a rotation no watch saw (inotify's limit reached, NFS) is picked up by the periodic re-read", async () => {
+    const { files } = copyIdentity("recheck")
+    const service = await startTls(mtls(files), { watch: false, sighup: false, recheck: "50 millis" })
+    const port = await startServer(service)
+    const next = pki.issueServer("recheck-rotated")
+    replaceFile(files.key, next.key)
+    replaceFile(files.cert, next.cert)
+    await awaitServed(port, serialOf(next.cert))
+    expect(await Effect.runPromise(service.generation)).toBe(2)
+  })
+
+  it("watchChanges reports a directory it cannot watch, with why (so the caller can say it re-reads instead)", async () => {
+    const { files } = copyIdentity("unwatchable")
+    // fs.watch throws for a missing directory as it throws ENOSPC when inotify's watch limit is reached
+    const missing = path.join(pki.dir, "no-such-dir", "tls.crt")
+    const unwatched = await Effect.runPromise(
+      Effect.scoped(
+        Effect.flatMap(Queue.sliding<void>(1), (q) => watchChanges([files.cert, missing], { sighup: false }, q))
+      )
+    )
+    expect(unwatched).toEqual([{ path: path.dirname(missing), reason: expect.stringContaining("ENOENT") }])
   })
 
   // The daemon's SIGHUP route (programs/runMain.ts reloadOnHangup) runs hangupReload: it reloads in place and

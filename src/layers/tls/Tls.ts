@@ -29,6 +29,12 @@ export interface TlsOptions {
   readonly retryInitial?: Duration.Input
   /** The longest delay between those retries (default 1 minute). */
   readonly retryMax?: Duration.Input
+  /**
+   * The files are also re-read this often whatever the watches say (default 1 minute): a watch can be missing
+   * (inotify's limit reached, a filesystem without inotify such as NFS) or die silently, and a certificate that
+   * was rotated unseen would expire while being served. An unchanged read changes nothing.
+   */
+  readonly recheck?: Duration.Input
 }
 
 /** The Tls service for a `[security]` section; watchers and the SIGHUP handler live in the scope. */
@@ -79,7 +85,16 @@ export const make = (security: Security, options: TlsOptions = {}) =>
 
     const paths = [files.ca.path, files.cert.path, files.key.path].filter((p): p is string => p !== undefined)
     const events = yield* Queue.sliding<void>(1)
-    yield* watchChanges(paths, options, events)
+    const unwatched = yield* watchChanges(paths, options, events)
+    const recheck = Duration.fromInputUnsafe(options.recheck ?? "1 minute")
+    for (const { path, reason } of unwatched) {
+      yield* Effect.logWarning("tls: cannot watch the certificates' directory; re-reading it periodically", {
+        path,
+        reason,
+        every: Duration.format(recheck)
+      })
+    }
+    yield* Queue.offer(events, undefined).pipe(Effect.delay(recheck), Effect.forever, Effect.forkScoped)
     // One warning per distinct problem: every change in the watched directories re-reads the files, and a log
     // file kept there fed a broken certificate's warning back to itself (~10 lines a second).
     let warned: string | undefined
