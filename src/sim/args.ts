@@ -3,6 +3,7 @@
 // knobs of the brief, and picks the flavor from --flavor or the first words (commandLine.ts). Flags it does
 // not model are collected for one log line.
 import { detectFlavor, num, parseDuration, parseJsonFlag, tokenize } from "./commandLine.ts"
+import { resolveLoadBalanceMethod } from "./dpController.ts"
 import { DEFAULT_PORT, ERROR_KINDS, MODELLED } from "./flagTables.ts"
 import { ArgsError, type ErrorKind, type SimConfig } from "./simConfig.ts"
 
@@ -131,6 +132,8 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     slotContext,
     tensorParallel,
     dataParallel,
+    // argparse checks the choices whatever --dp-size is (python/sglang/srt/server_args.py).
+    loadBalanceMethod: flavor === "sglang" ? resolveLoadBalanceMethod(v("--load-balance-method"), disagg) : undefined,
     enableMetrics,
     kvTransferConfig,
     kvEventsConfig: flavor === "vllm" || flavor === "sglang" ? parseJsonFlag(p, "--kv-events-config") : undefined,

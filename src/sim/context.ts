@@ -1,13 +1,14 @@
 // Shared state of one simulator process (SimContext) and the response helpers every handler uses.
 import { randomUUID } from "node:crypto"
 import type * as http from "node:http"
+import { MODELLED_METHODS, SglangDpController } from "./dpController.ts"
 import { errorBody } from "./errors.ts"
 import { type Faults, initialFaults } from "./faults.ts"
 import { sendJson } from "./http.ts"
 import type { KvPublisher } from "./kvpublisher.ts"
 import { Bootstrap, SideChannel } from "./pd.ts"
-import { Engines, KvCaches } from "./ranks.ts"
-import type { SimConfig } from "./simConfig.ts"
+import { type Balancer, Engines, KvCaches } from "./ranks.ts"
+import type { Flavor, SimConfig } from "./simConfig.ts"
 import { Stats } from "./stats.ts"
 import { prng } from "./tokens.ts"
 
@@ -19,7 +20,7 @@ export interface SimContext {
   readonly log: Log
   /** Process-wide request counts (received, aborted, served); token counters and histograms are per rank. */
   readonly stats: Stats
-  /** The engine cores: one, or vLLM's `--data-parallel-size` ranks. */
+  /** The engine cores: one, or vLLM's `--data-parallel-size` / SGLang's `--dp-size` ranks. */
   readonly engines: Engines
   /** The ranks' KV caches together (block size, totals, clearing all at load); a request uses its rank's `kv`. */
   readonly kv: KvCaches
@@ -47,6 +48,21 @@ const OFFLOAD_ONLY = new Set([
   "SimpleCPUOffloadConnector"
 ])
 
+/**
+ * Each engine's data parallelism (none: one rank whatever the line says): how a request's rank is chosen
+ * (undefined: vLLM's API-server balancer, the Engines default) and whether the ranks hash a prompt alike
+ * without PYTHONHASHSEED (SGLang's page hashes are content hashes; vLLM's NONE_HASH is drawn per engine core).
+ */
+const DATA_PARALLEL: Record<
+  Flavor,
+  { balancer: (cfg: SimConfig) => Balancer | undefined; sameHashes: boolean } | undefined
+> = {
+  vllm: { balancer: () => undefined, sameHashes: false },
+  sglang: { balancer: (cfg) => new SglangDpController(cfg.loadBalanceMethod ?? "round_robin"), sameHashes: true },
+  llama_cpp: undefined,
+  mlx: undefined
+}
+
 /** Whether --kv-transfer-config configures a P/D connector (vLLM). */
 export const hasPdConnector = (cfg: SimConfig): boolean => {
   const c = cfg.kvTransferConfig?.kv_connector
@@ -61,13 +77,18 @@ export const makeContext = (
 ): SimContext => {
   const seedHash = (BigInt(cfg.seed >>> 0) << 32n) | BigInt(Number(env.PYTHONHASHSEED ?? "0") >>> 0)
   const engineId = cfg.kvTransferConfig?.engine_id
+  const dp = DATA_PARALLEL[cfg.flavor]
+  const method = cfg.loadBalanceMethod
+  if (dp !== undefined && cfg.dataParallel > 1 && method !== undefined && !MODELLED_METHODS.has(method))
+    log("load balance method not modelled; routing round robin", { loadBalanceMethod: method })
   const engines = new Engines({
-    dataParallel: cfg.flavor === "vllm" ? cfg.dataParallel : 1,
+    dataParallel: dp === undefined ? 1 : cfg.dataParallel,
     maxSeqs: cfg.maxSeqs,
     blockSize: cfg.blockSize,
     kvBlocks: cfg.kvBlocks,
     seed: seedHash ^ 0x5bd1e9955bd1e995n,
-    sharedSeed: env.PYTHONHASHSEED !== undefined
+    sharedSeed: dp?.sameHashes === true || env.PYTHONHASHSEED !== undefined,
+    balancer: dp?.balancer(cfg)
   })
   return {
     cfg,

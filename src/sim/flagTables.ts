@@ -86,6 +86,7 @@ export const MODELLED: Record<Flavor, ReadonlyArray<string>> = {
     "--dp-size",
     "--data-parallel-size",
     "--dp",
+    "--load-balance-method",
     "--served-model-name",
     "--context-length",
     "--mem-fraction-static",

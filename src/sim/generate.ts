@@ -54,7 +54,7 @@ export const generate = async (
   }
 
   // The engine core (DP rank) that runs it: its slot, its prefix cache and KV events, its counters.
-  const rank = ctx.engines.pick()
+  const rank = ctx.engines.pick({ bootstrapRoom: gr.bootstrap?.room })
   const { kv, stats: rs } = rank
   const ticket = rank.scheduler.enter()
   let pinned: ReadonlyArray<bigint> = []
@@ -72,9 +72,8 @@ export const generate = async (
   const promptIds = gr.promptWords.map(tokenId)
   const admission = kv.admit(promptIds, gr.cacheSalt)
   pinned = admission.hashes
-  // vLLM's DP ranks each publish their own cache's events; other engines' --dp-size publishers take
-  // the one cache's batches in turn (kvpublisher.ts).
-  ctx.publisher?.publish(admission.events, ctx.engines.ranks.length > 1 ? rank.index : undefined)
+  // Each DP rank publishes its own cache's events on its own publisher (kvpublisher.ts).
+  ctx.publisher?.publish(admission.events, rank.index)
   rs.promptTokens += promptIds.length
   rs.prefixQueries += promptIds.length
   rs.prefixHits += admission.hitTokens

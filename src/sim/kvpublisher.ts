@@ -220,19 +220,22 @@ class RankPublisher {
 }
 
 /**
- * The engine's publishers, one per DP rank (vllm-project/vllm vllm/distributed/kv_events.py: "each DP rank
- * runs its own EventPublisher instance", ZmqEventPublisher on offset_endpoint_port(endpoint,
- * data_parallel_rank), its own replay ROUTER and `_seq_gen` from 0). Every engine step's events go out as
- * one batch. vLLM's ranks are engine cores with caches of their own: each batch names the rank whose cache
- * made it and goes out on that rank's publisher. Without a rank (SGLang's --dp-size, where the simulator
- * keeps one block table) the steps go to the publishers in turn.
+ * The engine's publishers, one per DP rank, each with its own PUB on the endpoint offset by the rank, its own
+ * replay ROUTER and `_seq_gen` from 0, stamping the rank into its batches. vLLM: "each DP rank runs its own
+ * EventPublisher instance", ZmqEventPublisher on offset_endpoint_port(endpoint, data_parallel_rank)
+ * (vllm-project/vllm vllm/distributed/kv_events.py). SGLang: one ZmqEventPublisher per scheduler that owns a
+ * KV cache, offset by select_kv_publisher_dp_rank(), which is the replica's dp_rank under plain --dp-size and
+ * the attention-DP rank under --enable-dp-attention (sgl-project/sglang
+ * python/sglang/srt/disaggregation/kv_events.py). Older SGLang offset by attn_dp_rank alone, which is 0 for
+ * every plain-DP replica: the second replica failed to bind the same port (fixed upstream with a regression
+ * test; not modelled). Every engine step's events go out as one batch on the publisher of the rank whose
+ * cache made them.
  */
 export class KvPublisher {
   private readonly ranks: ReadonlyArray<RankPublisher>
-  /** Events queued this tick: per rank, and (key -1) those that go to the next rank in turn. */
+  /** Events queued this tick, per rank. */
   private readonly pending = new Map<number, Array<KvEvent>>()
   private flushScheduled = false
-  private next = 0
   private last = 0
   private closed = false
 
@@ -244,17 +247,13 @@ export class KvPublisher {
     for (const r of this.ranks) await r.start()
   }
 
-  /**
-   * Queues events; everything queued in one tick for one rank goes out as one batch (one engine step).
-   * `rank`: the DP rank whose cache made them; undefined: the next publisher in turn.
-   */
-  publish(events: ReadonlyArray<KvEvent>, rank?: number): void {
+  /** Queues events of DP rank `rank`'s cache; everything queued in one tick for one rank is one batch (one step). */
+  publish(events: ReadonlyArray<KvEvent>, rank: number): void {
     if (events.length === 0 || this.closed) return
-    const key = rank === undefined || this.ranks.length === 1 ? -1 : rank
-    let queued = this.pending.get(key)
+    let queued = this.pending.get(rank)
     if (queued === undefined) {
       queued = []
-      this.pending.set(key, queued)
+      this.pending.set(rank, queued)
     }
     for (const e of events) queued.push(e)
     if (!this.flushScheduled) {
@@ -284,15 +283,11 @@ export class KvPublisher {
     const batches = [...this.pending]
     this.pending.clear()
     if (this.closed) return
-    for (const [key, events] of batches) {
-      if (events.length === 0) continue
-      if (key < 0) {
-        this.last = this.next
-        this.next = (this.next + 1) % this.ranks.length
-      } else {
-        this.last = key
-      }
-      ;(this.ranks[this.last] as RankPublisher).send(events)
+    for (const [rank, events] of batches) {
+      const pub = this.ranks[rank]
+      if (events.length === 0 || pub === undefined) continue
+      this.last = rank
+      pub.send(events)
     }
   }
 

@@ -1,9 +1,10 @@
-// Data-parallel engines behind one API server (vLLM `--data-parallel-size`): each rank is an engine core
-// with its own scheduler (its own `--max-num-seqs`), its own KV cache manager (its own prefix cache, as
-// large as a single engine's, whose KV events go out on the rank's own publisher), and its own counters;
-// the API server routes each request to one rank from the load the DP coordinator last published. vLLM's
-// /metrics then carries one series per rank, told apart by the `engine` label (metrics.ts). Every other
-// flavor here runs one rank.
+// Data-parallel engines behind one API server: vLLM's `--data-parallel-size` and SGLang's `--dp-size`. Each
+// rank is an engine core (vLLM) or scheduler replica (SGLang) with its own scheduler (its own
+// `--max-num-seqs` / `--max-running-requests`), its own KV cache (its own prefix cache, as large as a single
+// engine's, whose KV events go out on the rank's own publisher) and its own counters. Which rank a request
+// goes to is the engine's balancer: vLLM's API server scores the load the DP coordinator last published
+// (VllmDpLb, below); SGLang's DataParallelController follows --load-balance-method (dpController.ts). The
+// /metrics page then carries one series per rank (metrics.ts). llama.cpp and mlx run one rank.
 import { blockHash, KvBlocks, type KvEvent } from "./kvblocks.ts"
 import { Scheduler } from "./scheduler.ts"
 import { Stats } from "./stats.ts"
@@ -35,6 +36,16 @@ export class Rank {
   }
 }
 
+/** What a balancer may route by besides the ranks' load: the request's P/D bootstrap room (SGLang prefill). */
+export interface PickHint {
+  readonly bootstrapRoom?: string | undefined
+}
+
+/** An engine's way of choosing the rank for a new request (called only with more than one rank). */
+export interface Balancer {
+  pick(ranks: ReadonlyArray<Rank>, hint: PickHint): number
+}
+
 /**
  * How often the DP coordinator publishes the engines' load to the API server while it changes
  * (vllm-project/vllm vllm/v1/engine/coordinator.py, DPCoordinator.__init__: `min_stats_update_interval_ms
@@ -57,28 +68,17 @@ export interface EnginesOptions {
    * from EngineCore.__init__ in vllm/v1/engine/core.py). Otherwise rank r > 0 gets a seed of its own.
    */
   readonly sharedSeed: boolean
-  /** Clock in ms (tests inject one); default performance.now. */
+  /** The engine's balancer; default vLLM's (VllmDpLb). */
+  readonly balancer?: Balancer | undefined
+  /** Clock in ms (tests inject one), for vLLM's balancer; default performance.now. */
   readonly now?: () => number
   /** The coordinator's publication period; default LB_STATS_INTERVAL_MS. */
   readonly statsIntervalMs?: number
 }
 
-/** What the API server knows of one engine: [waiting, running, kv_cache_usage] as last published. */
-interface LbCounts {
-  waiting: number
-  running: number
-  kvUsage: number
-}
-
 export class Engines {
   readonly ranks: ReadonlyArray<Rank>
-  private readonly now: () => number
-  private readonly interval: number
-  /** The coordinator's last publication (`lb_engines`), with this client's increments since. */
-  private lb: Array<LbCounts>
-  private lbAt = Number.NEGATIVE_INFINITY
-  /** `eng_start_index`: the client index scaled to the engines (0 for one API server), then rotated. */
-  private startIndex = 0
+  private readonly balancer: Balancer
 
   constructor(o: EnginesOptions) {
     const n = Math.max(1, o.dataParallel)
@@ -86,9 +86,8 @@ export class Engines {
       const seed = i === 0 || o.sharedSeed ? o.seed : blockHash(o.seed, [0x64700000 + i])
       return new Rank(i, o.maxSeqs, new KvBlocks(o.blockSize, o.kvBlocks, seed))
     })
-    this.now = o.now ?? (() => performance.now())
-    this.interval = o.statsIntervalMs ?? LB_STATS_INTERVAL_MS
-    this.lb = this.ranks.map(() => ({ waiting: 0, running: 0, kvUsage: 0 }))
+    this.balancer =
+      o.balancer ?? new VllmDpLb(n, o.now ?? (() => performance.now()), o.statsIntervalMs ?? LB_STATS_INTERVAL_MS)
   }
 
   get running(): number {
@@ -99,30 +98,53 @@ export class Engines {
     return this.ranks.reduce((n, r) => n + r.scheduler.waiting, 0)
   }
 
-  /**
-   * The rank a new request goes to, as vLLM's API server picks the engine core with the internal load
-   * balancer (vllm-project/vllm vllm/v1/engine/core_client.py, DPLBAsyncMPClient.get_core_engine_for_request):
-   * it scores `lb_engines`, the [waiting, running, kv_cache_usage] per engine that the DP coordinator
-   * publishes every 100 ms (DPAsyncMPClient._ensure_stats_update_task), never the live queues. The scan
-   * starts at `eng_start_index` (0 for one API server) and keeps the first lowest score, where a score is
-   * `max(client_count * inflight, waiting + running)` (inflight: this client's unfinished requests on that
-   * engine, exact) plus `waiting * 6 * max(0, kv_cache_usage - 0.5)` when requests wait. After choosing it
-   * adds `client_count` (1) to the chosen engine's local waiting count, so the requests between two
-   * publications spread, and rotates `eng_start_index` by one so ties do not always favour one engine.
-   * (Before vLLM PRs #47420 and #49204 the score was `waiting * 4 + running` from a fixed start.) Requests
-   * sent one after another within a period therefore alternate ranks. The snapshot is refreshed lazily:
-   * on a pick, when the last one is a period old.
-   */
-  pick(): Rank {
-    const n = this.ranks.length
-    if (n === 1) return this.ranks[0] as Rank
+  /** The rank a new request goes to (the only one when there is one). */
+  pick(hint: PickHint = {}): Rank {
+    if (this.ranks.length === 1) return this.ranks[0] as Rank
+    return this.ranks[this.balancer.pick(this.ranks, hint)] as Rank
+  }
+}
+
+/** What the API server knows of one engine: [waiting, running, kv_cache_usage] as last published. */
+interface LbCounts {
+  waiting: number
+  running: number
+  kvUsage: number
+}
+
+/**
+ * vLLM's API server picks the engine core with the internal load balancer (vllm-project/vllm
+ * vllm/v1/engine/core_client.py, DPLBAsyncMPClient.get_core_engine_for_request): it scores `lb_engines`, the
+ * [waiting, running, kv_cache_usage] per engine that the DP coordinator publishes every 100 ms
+ * (DPAsyncMPClient._ensure_stats_update_task), never the live queues. The scan starts at `eng_start_index`
+ * (0 for one API server) and keeps the first lowest score, where a score is `max(client_count * inflight,
+ * waiting + running)` (inflight: this client's unfinished requests on that engine, exact) plus
+ * `waiting * 6 * max(0, kv_cache_usage - 0.5)` when requests wait. After choosing it adds `client_count` (1)
+ * to the chosen engine's local waiting count, so the requests between two publications spread, and rotates
+ * `eng_start_index` by one so ties do not always favour one engine. (Before vLLM PRs #47420 and #49204 the
+ * score was `waiting * 4 + running` from a fixed start.) Requests sent one after another within a period
+ * therefore alternate ranks. The snapshot is refreshed lazily: on a pick, when the last one is a period old.
+ */
+export class VllmDpLb implements Balancer {
+  private readonly now: () => number
+  private readonly interval: number
+  /** The coordinator's last publication (`lb_engines`), with this client's increments since. */
+  private lb: Array<LbCounts>
+  private lbAt = Number.NEGATIVE_INFINITY
+  /** `eng_start_index`: the client index scaled to the engines (0 for one API server), then rotated. */
+  private startIndex = 0
+
+  constructor(n: number, now: () => number, intervalMs: number) {
+    this.now = now
+    this.interval = intervalMs
+    this.lb = Array.from({ length: n }, () => ({ waiting: 0, running: 0, kvUsage: 0 }))
+  }
+
+  pick(ranks: ReadonlyArray<Rank>): number {
+    const n = ranks.length
     const now = this.now()
     if (now - this.lbAt >= this.interval) {
-      this.lb = this.ranks.map((r) => ({
-        waiting: r.scheduler.waiting,
-        running: r.scheduler.running,
-        kvUsage: r.kvUsage
-      }))
+      this.lb = ranks.map((r) => ({ waiting: r.scheduler.waiting, running: r.scheduler.running, kvUsage: r.kvUsage }))
       this.lbAt = now
     }
     let chosen = 0
@@ -130,7 +152,7 @@ export class Engines {
     for (let i = 0; i < n; i++) {
       const idx = (this.startIndex + i) % n
       const c = this.lb[idx] as LbCounts
-      const r = this.ranks[idx] as Rank
+      const r = ranks[idx] as Rank
       // The sim's API server is the engines' only client: its unfinished requests on a rank are the
       // rank's live waiting + running (a request takes its place in the rank's queue when it is routed).
       const inflight = r.scheduler.waiting + r.scheduler.running
@@ -143,7 +165,7 @@ export class Engines {
     }
     ;(this.lb[chosen] as LbCounts).waiting += 1
     this.startIndex = (this.startIndex + 1) % n
-    return this.ranks[chosen] as Rank
+    return chosen
   }
 }
 

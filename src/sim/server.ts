@@ -137,7 +137,8 @@ export const handler =
       return sendJson(res, 200, modelsBody(flavor, ctx.cfg.servedName, ctx.cfg.model, ctx.cfg.maxModelLen, ctx.created))
     }
     if (req.method === "GET" && path === "/metrics") {
-      const text = ctx.cfg.enableMetrics ? renderMetrics(flavor, ctx.cfg.servedName, perRank(ctx)) : undefined
+      const page = { model: ctx.cfg.servedName, disaggregationMode: ctx.cfg.disaggregationMode }
+      const text = ctx.cfg.enableMetrics ? renderMetrics(flavor, page, perRank(ctx)) : undefined
       if (text === undefined) return notFound(ctx, res)
       res.writeHead(200, {
         "content-type": "text/plain; version=0.0.4; charset=utf-8",

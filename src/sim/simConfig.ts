@@ -1,5 +1,7 @@
 // What the engine simulator runs with: the flavor it imitates and every knob, as parsed from its command
 // line by args.ts (pure types; the one error parsing throws).
+import type { LoadBalanceMethod } from "./dpController.ts"
+
 export type Flavor = "vllm" | "sglang" | "llama_cpp" | "mlx"
 export type SimMode = "echo" | "random"
 /** `sse_error_field`: older llama.cpp's `error: {...}` line then `data: [DONE]` (other flavors: as midstream). */
@@ -20,8 +22,10 @@ export interface SimConfig {
    */
   readonly slotContext: number | undefined
   readonly tensorParallel: number
-  /** vLLM `--data-parallel-size`, SGLang `--dp-size`: one KV-event publisher per rank. */
+  /** vLLM `--data-parallel-size`, SGLang `--dp-size`: ranks, each with its scheduler, KV cache and publisher. */
   readonly dataParallel: number
+  /** SGLang: how its DataParallelController routes between the ranks (`--load-balance-method`, resolved). */
+  readonly loadBalanceMethod: LoadBalanceMethod | undefined
   readonly enableMetrics: boolean
   readonly kvTransferConfig: Record<string, unknown> | undefined
   readonly kvEventsConfig: Record<string, unknown> | undefined

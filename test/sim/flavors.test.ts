@@ -79,14 +79,14 @@ describe("SGLang flavor", () => {
     expect(data.at(-1)).toBe("[DONE]")
     expect(JSON.parse(data.at(-2) ?? "{}")).toMatchObject({ choices: [], usage: { prompt_tokens: 3 } })
     const text = await (await fetch(`${sglang.url}/metrics`)).text()
-    for (const n of [
-      "sglang:num_running_reqs",
-      "sglang:num_queue_reqs",
-      "sglang:token_usage",
-      "sglang:prompt_tokens_total"
-    ]) {
-      expect(text).toMatch(new RegExp(`^${n}\\{model_name="sg"\\} `, "m"))
+    // The scheduler's gauges carry its parallel ranks (no dp_rank without --dp-size); the tokenizer manager's
+    // counters only the model and engine type.
+    const scheduler = 'engine_type="unified",model_name="sg",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+    for (const n of ["sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage"]) {
+      expect(text).toMatch(new RegExp(`^${n}\\{${scheduler}\\} `, "m"))
     }
+    expect(text).toMatch(/^sglang:prompt_tokens_total\{engine_type="unified",model_name="sg"\} \d+\.0$/m)
+    expect(text).not.toContain("dp_rank")
     expect(text).toContain("# TYPE sglang:time_to_first_token_seconds histogram")
   })
 
