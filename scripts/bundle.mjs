@@ -9,7 +9,7 @@
 // The library entry points (dist/index.js, testing, kvcached) and the other programs (sim, guard, kvcached
 // receiver) stay tsc's output. The chunk layout keeps `import.meta.url` meaningful: src/main.ts only checks the
 // Node version and imports programs/entry.ts, so every other module lands in dist/programs/, next to guard.js
-// (programs/guardEntry.ts resolves the guard from there).
+// (programs/programPaths.ts resolves the guard and the NVML worker from there).
 import { readdirSync, rmSync } from "node:fs"
 import { build } from "rolldown"
 

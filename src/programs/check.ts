@@ -11,6 +11,7 @@ import { etcdOptions } from "../layers/registry/etcdClient.ts"
 import { readMaterial, readOne, securityFiles } from "../layers/tls/tlsMaterial.ts"
 import { type AgentConfig, ConfigError } from "../services/config/Config.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
+import { nvmlWorkerEntry } from "./programPaths.ts"
 
 /**
  * The checks `run` makes before it starts anything, beyond decoding the file: the admin port is not open to
@@ -78,7 +79,7 @@ export const check = Command.make(
       const c = yield* loadConfig(config)
       yield* preflight(c, { offline })
       // the plan too: with NVML on this host, a tp x dp it cannot hold (or a GPU it lacks) is refused here
-      if (!offline) yield* resolvePlan(c)
+      if (!offline) yield* resolvePlan(c, nvmlWorkerEntry())
       yield* Console.log(summarize(c))
     })
 ).pipe(

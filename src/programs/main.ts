@@ -38,7 +38,7 @@ import { NodeStatus } from "../services/node/NodeStatus.ts"
 import { HealthReporter, type RegistrationStatus } from "../services/registry/HealthReporter.ts"
 import { Tls } from "../services/tls/Tls.ts"
 import { VERSION } from "../version.ts"
-import { guardEntry } from "./guardEntry.ts"
+import { guardEntry, nvmlWorkerEntry } from "./programPaths.ts"
 import { reloadOnHangup, type ShutdownSignals, shutdownSignals } from "./runMain.ts"
 
 /**
@@ -63,7 +63,8 @@ export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
     Layer.provideMerge(services),
     Layer.provideMerge(GpuGateLive.layer),
     Layer.provideMerge(planLayer),
-    Layer.provideMerge(NvmlLive.layer()),
+    // NVML runs in a worker thread (a hung NVML call must not stall the relay): the program is handed in, too.
+    Layer.provideMerge(NvmlLive.layer(nvmlWorkerEntry())),
     Layer.provideMerge(base),
     Layer.provideMerge(Tracing.layer(config)),
     Layer.provideMerge(Logging.layer(config.agent.log_level, logLevel))

@@ -9,6 +9,7 @@ import { resolvePlan } from "../layers/engine/backends/index.ts"
 import { redactPlan } from "../layers/engine/backends/redact.ts"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
+import { nvmlWorkerEntry } from "./programPaths.ts"
 
 /** Quotes one word for a POSIX shell; plain words stay as they are. */
 export const shellQuote = (word: string): string =>
@@ -52,7 +53,7 @@ export const render = Command.make(
   ({ config, json }) =>
     Effect.gen(function* () {
       const c = yield* loadConfig(config)
-      const plan = redactPlan(yield* resolvePlan(c))
+      const plan = redactPlan(yield* resolvePlan(c, nvmlWorkerEntry()))
       yield* Console.log(json ? JSON.stringify(plan, null, 2) : formatPlan(plan))
     })
 ).pipe(

@@ -26,7 +26,7 @@ import {
   type LockRecord,
   lockFilePath
 } from "../../src/layers/engine/stateLock.ts"
-import { guardEntry } from "../../src/programs/guardEntry.ts"
+import { guardEntry } from "../../src/programs/programPaths.ts"
 import type { EngineKind } from "../../src/services/config/Config.ts"
 import type { LaunchPlan } from "../../src/services/engine/Engine.ts"
 import { EngineProcess, type EngineProcessService, type EngineState } from "../../src/services/engine/EngineProcess.ts"

@@ -45,7 +45,11 @@ const text = async (url: string) => {
 }
 
 interface Status {
-  health: { state: string; engine: { detail: string }; capacity: { engineGpus: Array<number> } }
+  health: {
+    state: string
+    engine: { detail: string }
+    capacity: { engineGpus: Array<number>; gpus: Array<{ index: number; lost: boolean; uuid: string }> }
+  }
   engine: { state: { _tag: string }; pid: number | null; restarts: number }
   gpuGate: { gpus: Array<number>; waiting?: { overdue: boolean; holders: Array<{ pid: number; bytes: number }> } }
 }
@@ -197,7 +201,16 @@ describe("GPU-aware supervision (built agent, fake NVML through koffi)", () => {
       BOUND
     )
     expect(lost.status).toBe(503)
-    expect((await text(`${agent.adminUrl}/metrics`)).body).toMatch(/^cgn_agent_gpu_lost\{gpu="1",uuid=""\} 1$/m)
+    // named by the UUID it had before it fell off the bus (a lost GPU answers no query): the board to replace
+    const lostUuid = "GPU-55555555-6666-7777-8888-999999999999"
+    expect((await text(`${agent.adminUrl}/metrics`)).body).toMatch(
+      new RegExp(`^cgn_agent_gpu_lost\\{gpu="1",uuid="${lostUuid}"\\} 1$`, "m")
+    )
+    expect((await status(agent.adminUrl)).health.capacity.gpus[1]).toMatchObject({
+      index: 1,
+      lost: true,
+      uuid: lostUuid
+    })
 
     // the engine's GPU drops out of NVML's list (its handle query fails): not watched, so not taken as fine
     state.write([free1, "gpu.1.handle_rc=999"])

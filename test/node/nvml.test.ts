@@ -1,16 +1,20 @@
 // The live Nvml layer (layers/node/Nvml.ts) through the real FFI: a fake libnvidia-ml.so compiled from
 // test/fixtures/fake_nvml.c with the system C compiler answers for two GPUs; a missing library and a failing
-// nvmlInit_v2 leave no GPUs.
+// nvmlInit_v2 leave no GPUs. NVML runs in a worker thread: a hung call (FAKE_NVML_BLOCK_FILE) leaves the event loop
+// free and readers get no GPUs after `callTimeout`.
+import { once } from "node:events"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { Effect, Layer, Schedule } from "effect"
+import type { Worker } from "node:worker_threads"
+import { Clock, Effect, Layer, Schedule } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as NvmlLive from "../../src/layers/node/Nvml.ts"
 import * as MetricsLayer from "../../src/layers/observability/Metrics.ts"
+import { nvmlWorkerEntry } from "../../src/programs/programPaths.ts"
 import { type Gpu, gpuWith, Nvml } from "../../src/services/node/Nvml.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
-import { buildFakeNvml } from "../support/nvml.ts"
+import { blockNvml, buildFakeNvml } from "../support/nvml.ts"
 
 let dir = ""
 let library = ""
@@ -25,7 +29,20 @@ afterAll(() => {
 })
 
 const withProbe = <A>(options: NvmlLive.NvmlOptions, use: Effect.Effect<A, never, Nvml | Metrics>) =>
-  Effect.runPromise(use.pipe(Effect.provide(NvmlLive.layer(options).pipe(Layer.provideMerge(MetricsLayer.layerTest)))))
+  Effect.runPromise(
+    use.pipe(
+      Effect.provide(NvmlLive.layer(nvmlWorkerEntry(), options).pipe(Layer.provideMerge(MetricsLayer.layerTest)))
+    )
+  )
+
+/** The worker threads a layer starts, each with a promise of its exit (bounded by the test's timeout). */
+const watchWorkers = () => {
+  const started: Array<{ readonly worker: Worker; readonly exit: Promise<unknown> }> = []
+  return {
+    started,
+    onWorker: (worker: Worker) => void started.push({ worker, exit: once(worker, "exit").then(([code]) => code) })
+  }
+}
 
 /** Samples until NVML reports GPUs (bounded: 500 tries 10 ms apart), for the tests that wait for a re-open. */
 const untilGpus = (sampleNow: Effect.Effect<ReadonlyArray<Gpu>>) =>
@@ -42,9 +59,10 @@ describe("Nvml live layer", () => {
   it("reads two GPUs through the FFI, fills the gauges and shuts NVML down at release", async () => {
     const shutdownFile = path.join(dir, "shutdown.log")
     process.env.FAKE_NVML_SHUTDOWN_FILE = shutdownFile
+    const workers = watchWorkers()
     try {
       const { gpus, unavailable, body } = await withProbe(
-        { library },
+        { library, onWorker: workers.onWorker },
         Effect.gen(function* () {
           const nvml = yield* Nvml
           const gpus = yield* nvml.gpus
@@ -104,7 +122,10 @@ describe("Nvml live layer", () => {
       expect(body).toContain(`cgn_agent_gpu_clock_throttled{${g1},reason="hw_slowdown"} 0`)
       expect(body).toContain(`cgn_agent_gpu_ecc_uncorrected_errors{${g1}} 0`)
       expect(body).toContain(`cgn_agent_gpu_lost{${g1}} 0`)
+      // released: NVML shut down in the worker, and the worker (the only one) gone
       expect(fs.readFileSync(shutdownFile, "utf8")).toBe("shutdown\n")
+      expect(workers.started).toHaveLength(1)
+      expect(await workers.started[0]?.exit).toBe(0)
     } finally {
       delete process.env.FAKE_NVML_SHUTDOWN_FILE
     }
@@ -161,8 +182,9 @@ describe("Nvml live layer", () => {
 
   it("runs on with no GPUs when the library is missing", async () => {
     const missing = path.join(dir, "no-such-libnvidia-ml.so.1")
+    const workers = watchWorkers()
     const result = await withProbe(
-      { library: missing },
+      { library: missing, onWorker: workers.onWorker },
       Effect.gen(function* () {
         const nvml = yield* Nvml
         return {
@@ -175,19 +197,25 @@ describe("Nvml live layer", () => {
     expect(result.gpus).toEqual([])
     expect(result.unavailable).toContain(`cannot load ${missing}`)
     expect(result.body).not.toMatch(/cgn_agent_gpu_memory_total_bytes\{/)
+    // the library is tried in the main thread first: a host without the driver pays for no worker thread
+    expect(workers.started).toEqual([])
   })
 
   it("runs on with no GPUs when nvmlInit_v2 fails (driver not loaded)", async () => {
     process.env.FAKE_NVML_INIT_RC = "9"
+    const workers = watchWorkers()
     try {
       const result = await withProbe(
-        { library },
+        { library, onWorker: workers.onWorker },
         Effect.flatMap(Nvml, (n) =>
           Effect.zipWith(n.gpus, n.unavailable, (gpus, unavailable) => ({ gpus, unavailable }))
         )
       )
       expect(result.gpus).toEqual([])
       expect(result.unavailable).toBe("nvmlInit_v2 failed: NVML_ERROR_DRIVER_NOT_LOADED (9)")
+      // the worker that failed to init is ended (terminated: exit code 1), not kept idle until the next try
+      expect(workers.started).toHaveLength(1)
+      expect(await workers.started[0]?.exit).toBe(1)
     } finally {
       delete process.env.FAKE_NVML_INIT_RC
     }
@@ -259,6 +287,153 @@ describe("Nvml live layer", () => {
       delete process.env.FAKE_NVML_COUNT_RC
       delete process.env.FAKE_NVML_SHUTDOWN_FILE
     }
+  })
+
+  it("a hung NVML call blocks only the worker: readers get no GPUs at the deadline, nvml_up 0, until it answers", async () => {
+    const shutdownFile = path.join(dir, "hung-shutdown.log")
+    process.env.FAKE_NVML_SHUTDOWN_FILE = shutdownFile
+    const workers = watchWorkers()
+    let ticks = 0
+    const ticker = setInterval(() => ticks++, 5)
+    let hang: ReturnType<typeof blockNvml> | undefined
+    try {
+      const result = await withProbe(
+        // a long maxAge: the cached list must follow the stall and the recovery at once all the same
+        { library, maxAge: "1 hour", callTimeout: "200 millis", onWorker: workers.onWorker },
+        Effect.gen(function* () {
+          const nvml = yield* Nvml
+          const metrics = yield* Metrics
+          const first = yield* nvml.gpus
+          hang = blockNvml(path.join(dir, "nvml.block")) // a GPU falls off the bus: NVML calls hang
+          const t0 = yield* Clock.currentTimeMillis
+          const ticksBefore = ticks
+          const stuck = yield* nvml.sampleNow
+          const waitedMs = (yield* Clock.currentTimeMillis) - t0
+          const ticked = ticks - ticksBefore
+          // the call is still stuck: the next reader does not wait, and no second request queues behind it
+          const t1 = yield* Clock.currentTimeMillis
+          const again = yield* nvml.sampleNow
+          const againMs = (yield* Clock.currentTimeMillis) - t1
+          const during = { gpus: yield* nvml.gpus, why: yield* nvml.unavailable, body: (yield* metrics.render).body }
+          hang.unblock()
+          const back = yield* untilGpus(nvml.sampleNow)
+          return {
+            first,
+            stuck,
+            waitedMs,
+            ticked,
+            again,
+            againMs,
+            during,
+            back,
+            gpus: yield* nvml.gpus,
+            why: yield* nvml.unavailable,
+            body: (yield* metrics.render).body
+          }
+        })
+      )
+      expect(result.first).toHaveLength(2)
+      expect(result.stuck).toEqual([])
+      expect(result.waitedMs).toBeGreaterThanOrEqual(190)
+      expect(result.waitedMs).toBeLessThan(2_000)
+      // the event loop ran on while the call was stuck (every 5 ms over ~200 ms; blocked, it could not tick at all)
+      expect(result.ticked).toBeGreaterThanOrEqual(5)
+      expect(result.again).toEqual([])
+      expect(result.againMs).toBeLessThan(200) // not a deadline: nothing was waited for
+      expect(result.during.gpus).toEqual([])
+      expect(result.during.why).toBe("NVML has not answered for 200ms (a GPU off the bus?)")
+      expect(result.during.body).toContain("cgn_agent_nvml_up 0")
+      expect(result.during.body).not.toMatch(/^cgn_agent_gpu_\w+\{/m)
+      // the stuck call answered: the same worker samples again, nothing was re-opened
+      expect(result.back).toHaveLength(2)
+      expect(result.gpus).toHaveLength(2)
+      expect(result.why).toBeUndefined()
+      expect(result.body).toContain("cgn_agent_nvml_up 1")
+      expect(workers.started).toHaveLength(1)
+      expect(fs.readFileSync(shutdownFile, "utf8")).toBe("shutdown\n")
+    } finally {
+      hang?.unblock()
+      clearInterval(ticker)
+      delete process.env.FAKE_NVML_SHUTDOWN_FILE
+    }
+  })
+
+  it("a GPU that falls off the bus keeps the UUID and name it had, so the operator knows which to replace", async () => {
+    const state = path.join(dir, "state-lost-later")
+    fs.writeFileSync(state, "")
+    process.env.FAKE_NVML_STATE = state
+    try {
+      const result = await withProbe(
+        { library, maxAge: 0, retryMax: "20 millis" },
+        Effect.gen(function* () {
+          const nvml = yield* Nvml
+          const before = yield* nvml.sampleNow
+          fs.writeFileSync(state, "gpu.1.lost=1\n")
+          const after = yield* nvml.sampleNow
+          const body = (yield* (yield* Metrics).render).body
+          // NVML opened again (a driver reloaded) enumerates anew: an index of the old session names nothing
+          process.env.FAKE_NVML_COUNT_RC = "999"
+          yield* nvml.sampleNow
+          delete process.env.FAKE_NVML_COUNT_RC
+          const reopened = yield* untilGpus(nvml.sampleNow)
+          return { before, after, body, reopened }
+        })
+      )
+      expect(result.before[1]?.lost).toBe(false)
+      expect(result.after[1]).toEqual(
+        gpuWith({
+          index: 1,
+          lost: true,
+          uuid: "GPU-55555555-6666-7777-8888-999999999999",
+          name: "NVIDIA H100 80GB HBM3"
+        })
+      )
+      expect(result.after[0]).toEqual(result.before[0])
+      expect(result.body).toContain('cgn_agent_gpu_lost{gpu="1",uuid="GPU-55555555-6666-7777-8888-999999999999"} 1')
+      expect(result.reopened[1]).toEqual(gpuWith({ index: 1, lost: true }))
+    } finally {
+      delete process.env.FAKE_NVML_COUNT_RC
+      delete process.env.FAKE_NVML_STATE
+    }
+  })
+
+  it("a worker thread that ends under a running agent is replaced at the next open, with backoff", async () => {
+    const workers = watchWorkers()
+    const result = await withProbe(
+      { library, maxAge: 0, retryMax: "20 millis", onWorker: workers.onWorker },
+      Effect.gen(function* () {
+        const nvml = yield* Nvml
+        const first = yield* nvml.sampleNow
+        yield* Effect.promise(() => workers.started[0]!.worker.terminate()) // as an exception in it would
+        const gone = { gpus: yield* nvml.sampleNow, why: yield* nvml.unavailable }
+        const back = yield* untilGpus(nvml.sampleNow)
+        return { first, gone, back, why: yield* nvml.unavailable }
+      })
+    )
+    expect(result.first).toHaveLength(2)
+    expect(result.gone).toEqual({ gpus: [], why: "NVML worker ended: exit code 1" })
+    expect(result.back).toHaveLength(2)
+    expect(result.why).toBeUndefined()
+    expect(workers.started).toHaveLength(2)
+  })
+
+  it("the worker thread's program loads koffi and nothing big (V8 keeps each module's source in the thread's heap)", () => {
+    // the modules it loads at run time: value imports, followed from programs/nvmlWorker.ts
+    const packages = new Set<string>()
+    const seen = new Set<string>()
+    const walk = (file: string) => {
+      if (seen.has(file)) return
+      seen.add(file)
+      const source = fs.readFileSync(file, "utf8")
+      for (const m of source.matchAll(/^\s*(?:import|export)\s+(?!type\s)[^"']*?from\s+["']([^"']+)["']/gm)) {
+        const spec = m[1]!
+        if (spec.startsWith(".")) walk(path.resolve(path.dirname(file), spec))
+        else packages.add(spec.startsWith("@") ? spec.split("/").slice(0, 2).join("/") : spec.split("/")[0]!)
+      }
+    }
+    walk(nvmlWorkerEntry())
+    expect(seen.size).toBeGreaterThan(3)
+    expect([...packages].sort()).toEqual(["koffi", "node:worker_threads"])
   })
 
   it("can be switched off", async () => {

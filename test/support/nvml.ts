@@ -1,6 +1,7 @@
 // The fake libnvidia-ml.so (test/fixtures/fake_nvml.c) compiled with the system C compiler, for the tests
 // that run NvmlProbe through the real FFI: in-process (test/node/nvml.test.ts) or in a built agent (CGN_NVML_LIBRARY).
-import { execFileSync } from "node:child_process"
+import { execFileSync, spawn } from "node:child_process"
+import * as fs from "node:fs"
 import * as path from "node:path"
 
 /** Compiles the fake into `dir` and returns the library's path. */
@@ -9,4 +10,26 @@ export const buildFakeNvml = (dir: string): string => {
   const source = path.join(import.meta.dirname, "..", "fixtures", "fake_nvml.c")
   execFileSync("cc", ["-shared", "-fPIC", "-O1", "-o", library, source], { stdio: "pipe" })
   return library
+}
+
+/**
+ * Hangs every NVML call of the fake (FAKE_NVML_BLOCK_FILE) until `unblock`. A separate process removes the file
+ * after `bound` ms whatever happens: code that made the call on the main thread would block the test's own timers
+ * (its `unblock` included), and the test could then never end.
+ */
+export const blockNvml = (file: string, bound = 5_000): { readonly unblock: () => void } => {
+  fs.writeFileSync(file, "")
+  process.env.FAKE_NVML_BLOCK_FILE = file
+  const watchdog = spawn(
+    process.execPath,
+    ["-e", `setTimeout(() => require("node:fs").rmSync(process.argv[1], { force: true }), ${bound})`, file],
+    { stdio: "ignore" }
+  )
+  return {
+    unblock: () => {
+      fs.rmSync(file, { force: true })
+      watchdog.kill()
+      delete process.env.FAKE_NVML_BLOCK_FILE
+    }
+  }
 }

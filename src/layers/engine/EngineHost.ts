@@ -1,7 +1,7 @@
 /**
  * The live EngineHost: runs spawned through the orphan guard (run.ts) and probes over HTTP (probe.ts). The guard
- * program's path comes from the caller (the daemon passes programs/guardEntry.ts), so no layer depends on a
- * program.
+ * program's path comes from the caller (the daemon passes guardEntry, programs/programPaths.ts), so no layer
+ * depends on a program.
  */
 import { Layer } from "effect"
 import { EngineHost } from "../../services/engine/EngineHost.ts"

@@ -1,20 +1,28 @@
 /**
- * Live Nvml service over libnvidia-ml (bindings: nvmlBinding.ts; one sample: nvmlSample.ts).
- * Loads the library and runs nvmlInit_v2 at acquire, nvmlShutdown at release; samples on demand, cached
- * for `maxAge`, and mirrors each sample and whether NVML is up into the gauges at scrape time (gpuMetrics.ts).
+ * Live Nvml service over libnvidia-ml, run in a worker thread (the program at `worker`: programs/nvmlWorker.ts;
+ * its side: nvmlSession.ts; one sample: nvmlSample.ts), so that a slow or hung NVML call (nvmlInit_v2 without
+ * persistence mode takes seconds on a multi-GPU host, a GPU fallen off the bus hangs NVML calls) never blocks the
+ * event loop that relays tokens and renews the etcd lease. This thread keeps the policy: samples on demand, cached
+ * for `maxAge`, mirrored with whether NVML is up into the gauges at scrape time (gpuMetrics.ts).
  * NVML that cannot be opened (no library or no driver yet: a GPU operator installs it after the agent starts)
  * or that fails under a running agent (the device count refused: "Unknown Error" after hours, a driver upgraded
  * underneath) leaves the agent running with no GPUs, and is opened again with backoff (from 1 s, capped at
  * `retryMax`) when a sample is next asked for: no timer of its own. Each distinct reason is logged once.
+ * Single flight with a deadline: one request at a time is in the worker; a reader waits for it at most
+ * `callTimeout`, then gets no GPUs and `unavailable` says NVML is not answering, and no further request is sent
+ * until that one answers (a stuck NVML call cannot be interrupted; more would only be stuck behind it).
+ * A worker is started only once the library loads here (a host without the driver starts none), and ended when
+ * NVML fails in it. A lost GPU is named by the UUID its index had earlier in the session (NvmlValues.ts).
  */
-import { Clock, Duration, Effect, Layer, Random } from "effect"
+import type { Worker } from "node:worker_threads"
+import { Clock, Deferred, Duration, Effect, Layer, Option, Random } from "effect"
 import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
-import { DEFAULT_NVML_LIBRARY, Nvml, type NvmlService, nvmlReturnName } from "../../services/node/Nvml.ts"
+import { DEFAULT_NVML_LIBRARY, type GpuIdentity, Nvml, type NvmlService } from "../../services/node/Nvml.ts"
+import { nameLostGpus } from "../../services/node/NvmlValues.ts"
 import type { Metrics } from "../../services/observability/Metrics.ts"
 import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
 import { mirrorToMetrics } from "./gpuMetrics.ts"
-import { type Binding, bind } from "./nvmlBinding.ts"
-import { sample } from "./nvmlSample.ts"
+import { type NvmlThread, spawnThread } from "./nvmlThread.ts"
 
 export interface NvmlOptions {
   /** Path or soname of the library; default: env CGN_NVML_LIBRARY, else libnvidia-ml.so.1. "" or "none": off. */
@@ -23,6 +31,10 @@ export interface NvmlOptions {
   readonly maxAge?: Duration.Input
   /** The longest wait between two tries to open NVML again (default 1 minute; the first is after ~1 s). */
   readonly retryMax?: Duration.Input
+  /** How long a reader waits for NVML (an open, a sample) before it reports no GPUs (default 10 seconds). */
+  readonly callTimeout?: Duration.Input
+  /** Sees each worker thread started (tests count and watch them). */
+  readonly onWorker?: (worker: Worker) => void
 }
 
 const RETRY_BASE_MS = 1_000
@@ -33,104 +45,212 @@ const unavailable = (reason: string): Effect.Effect<NvmlService> =>
     Effect.as({ gpus: Effect.succeed([]), sampleNow: Effect.succeed([]), unavailable: Effect.succeed(reason) })
   )
 
-const acquire = (library: string, maxAge: Duration.Input, retryMaxMs: number) =>
+const message = (e: unknown) => (e instanceof Error ? e.message : String(e))
+
+interface Settings {
+  readonly worker: string
+  readonly library: string
+  readonly maxAge: Duration.Input
+  readonly retryMaxMs: number
+  readonly callTimeout: Duration.Duration
+  readonly onWorker: ((worker: Worker) => void) | undefined
+}
+
+/** The request in the worker now: readers wait for `done` until `deadlineAt`, never longer. */
+interface Job {
+  readonly done: Deferred.Deferred<ReadonlyArray<Gpu>>
+  readonly deadlineAt: number
+  /** Set by the reader whose deadline passed: the request is stuck. */
+  stalled: boolean
+}
+
+const acquire = (s: Settings) =>
   Effect.gen(function* () {
     const koffi = yield* Effect.tryPromise(() => import("koffi")).pipe(Effect.option)
     if (koffi._tag === "None") return yield* unavailable("the koffi FFI module could not be loaded")
-    let nvml: Binding | undefined
+    const scope = yield* Effect.scope
+    /** The worker thread, from its start until it is ended; `ready` while NVML is open in it. */
+    let thread: NvmlThread | undefined
+    let ready = false
+    let job: Job | undefined
     let reason: string | undefined
     let failures = 0
     let nextTryAt = 0
     const logged = new Set<string>()
-    const close = () => {
-      nvml?.shutdown()
-      nvml?.unload()
-      nvml = undefined
-    }
-    yield* Effect.addFinalizer(() => Effect.sync(close))
+    /** What each GPU index was called in this NVML session, for naming a GPU once it is lost. */
+    const known = new Map<number, GpuIdentity>()
+    const callTimeoutMs = Duration.toMillis(s.callTimeout)
+    const stuckReason = `NVML has not answered for ${Duration.format(s.callTimeout)} (a GPU off the bus?)`
 
+    const logOnce = (why: string, log: Effect.Effect<void>) =>
+      Effect.suspend(() => {
+        if (logged.has(why)) return Effect.void
+        logged.add(why)
+        return log
+      })
+
+    /**
+     * NVML is not usable: the worker (if any; NVML failed in it or is already shut down there) is ended, and the
+     * next open, after the backoff, starts a new one.
+     */
     const down = (why: string) =>
       Effect.gen(function* () {
+        const t = thread
+        thread = undefined
+        ready = false
+        if (t !== undefined) yield* t.terminate
         reason = why
         failures++
-        const retryInMs = jitteredBackoffMs(failures, retryMaxMs, yield* Random.next, RETRY_BASE_MS)
+        const retryInMs = jitteredBackoffMs(failures, s.retryMaxMs, yield* Random.next, RETRY_BASE_MS)
         nextTryAt = (yield* Clock.currentTimeMillis) + retryInMs
-        if (logged.has(why)) return
-        logged.add(why)
         // No library at all is a host without the NVIDIA driver, often on purpose (CPU engines, a dev box): said,
         // not warned about. NVML present but failing is a GPU host in trouble.
         const line = "NVML not available; reporting no GPUs, retrying with backoff"
-        yield* why.startsWith("cannot load")
-          ? Effect.logInfo(line, { reason: why })
-          : Effect.logWarning(line, { reason: why })
+        yield* logOnce(
+          why,
+          why.startsWith("cannot load")
+            ? Effect.logInfo(line, { reason: why })
+            : Effect.logWarning(line, { reason: why })
+        )
       })
 
-    /** Loads the library and inits NVML, unless the backoff says not yet. */
+    /** Starts a worker and opens NVML in it, unless the backoff says not yet. */
     const open = Effect.gen(function* () {
       if ((yield* Clock.currentTimeMillis) < nextTryAt) return
-      let next: Binding
+      // dlopen here first, where a missing library fails fast: a host without the NVIDIA driver (CPU engines, dev
+      // boxes) pays for no worker thread, whose isolate costs a few MiB.
       try {
-        next = bind(koffi.value.default, library)
+        koffi.value.default.load(s.library).unload()
       } catch (e) {
-        return yield* down(`cannot load ${library}: ${e instanceof Error ? e.message : String(e)}`)
+        return yield* down(`cannot load ${s.library}: ${message(e)}`)
       }
-      const rc = next.init()
-      if (rc !== 0) {
-        next.unload()
-        return yield* down(`nvmlInit_v2 failed: ${nvmlReturnName(rc)}`)
-      }
-      nvml = next
+      const spawned = yield* Effect.result(spawnThread(s.worker, s.onWorker))
+      if (spawned._tag === "Failure") return yield* down(`cannot start the NVML worker: ${spawned.failure.message}`)
+      thread = spawned.success
+      const reply = yield* spawned.success.call({ op: "open", library: s.library })
+      if (reply.op !== "open") return yield* down(`NVML worker ended: ${reply.op === "exited" ? reply.why : reply.op}`)
+      if (reply.failed !== undefined) return yield* down(reply.failed)
+      ready = true
       reason = undefined
       failures = 0
-      yield* Effect.logInfo("NVML loaded", { library })
+      known.clear() // indices are this session's enumeration
+      yield* Effect.logInfo("NVML loaded", { library: s.library })
     })
 
-    const take = Effect.gen(function* () {
-      if (nvml === undefined) yield* open
-      const session = nvml
-      if (session === undefined) return []
-      const problems = new Set<string>()
-      let gone: string | undefined
-      const gpus = sample(session, problems, (why) => {
-        gone = why
-      })
-      if (gone !== undefined) {
-        // NVML itself answers no more: shut it down and open it again later, as after a failed start.
-        close()
-        yield* down(`NVML stopped answering: ${gone}`)
+    /** One exchange with the worker: open NVML if it is not, then sample. */
+    const exchange = Effect.gen(function* () {
+      if (!ready) yield* open
+      const t = thread
+      if (!ready || t === undefined) return []
+      const reply = yield* t.call({ op: "sample" })
+      if (reply.op !== "sample") {
+        yield* down(`NVML worker ended: ${reply.op === "exited" ? reply.why : reply.op}`)
         return []
       }
-      // each distinct problem once per process: a GPU without utilization support must not flood the log
-      for (const p of problems) {
-        if (logged.has(p)) continue
-        logged.add(p)
-        yield* Effect.logWarning("NVML query failed", { problem: p })
+      if (reply.gone !== undefined) {
+        // NVML itself answers no more (the worker has shut it down): open it again later, as after a failed start.
+        yield* down(`NVML stopped answering: ${reply.gone}`)
+        return []
       }
-      return gpus
+      reason = undefined // answering again, after a stall too
+      // each distinct problem once per process: a GPU without utilization support must not flood the log
+      for (const p of reply.problems) yield* logOnce(p, Effect.logWarning("NVML query failed", { problem: p }))
+      return nameLostGpus(reply.gpus, known)
     })
-    const gpus = yield* take.pipe(Effect.cachedWithTTL(maxAge))
+
+    /**
+     * Drops the cached list (`gpus`) when a call stalls and when it answers after all, so that the list a reader
+     * gets agrees with `unavailable` (and nvml_up with the GPU series) at once, not `maxAge` later.
+     */
+    let invalidate: Effect.Effect<void> = Effect.void
+
+    /** Joins the exchange in flight or starts one; waits for it until its deadline, then reports no GPUs. */
+    const take = Effect.gen(function* () {
+      const now = yield* Clock.currentTimeMillis
+      let current = job
+      if (current === undefined) {
+        const entry: Job = {
+          done: Deferred.makeUnsafe<ReadonlyArray<Gpu>>(),
+          deadlineAt: now + callTimeoutMs,
+          stalled: false
+        }
+        job = entry
+        current = entry
+        // Forked into the layer's scope, not the reader's: a reader that gives up leaves the exchange running, and
+        // its answer, however late, still updates the state (NVML up again, problems, identities).
+        yield* exchange.pipe(
+          Effect.tap(() =>
+            entry.stalled
+              ? Effect.andThen(invalidate, Effect.logInfo("NVML answered again", { reason: stuckReason }))
+              : Effect.void
+          ),
+          Effect.exit,
+          Effect.flatMap((exit) =>
+            Effect.sync(() => {
+              if (job === entry) job = undefined // before completing: a reader that sees it done sees no job
+              Deferred.doneUnsafe(entry.done, exit)
+            })
+          ),
+          Effect.forkIn(scope)
+        )
+      }
+      // past its deadline, the exchange in flight is stuck: no wait at all
+      if (current.deadlineAt > now) {
+        const answer = yield* Deferred.await(current.done).pipe(
+          Effect.timeoutOption(Duration.millis(current.deadlineAt - now))
+        )
+        if (Option.isSome(answer)) return answer.value
+      }
+      if (job === current && !current.stalled) {
+        current.stalled = true
+        reason = stuckReason
+        yield* invalidate
+        yield* logOnce(
+          stuckReason,
+          Effect.logWarning("NVML call stuck; reporting no GPUs until it answers", { reason: stuckReason })
+        )
+      }
+      return []
+    })
+
+    yield* Effect.addFinalizer(() =>
+      Effect.suspend(() => {
+        const t = thread
+        thread = undefined
+        ready = false
+        // Behind a stuck call the worker would not read the request to shut down: no wait for it then.
+        return t === undefined ? Effect.void : t.release(job?.stalled === true ? Duration.zero : s.callTimeout)
+      })
+    )
+    const [gpus, invalidateCache] = yield* Effect.cachedInvalidateWithTTL(take, s.maxAge)
+    invalidate = invalidateCache
     const first = yield* gpus
-    if (nvml !== undefined) yield* Effect.logInfo("NVML sampled", { gpus: first.length })
+    if (ready) yield* Effect.logInfo("NVML sampled", { gpus: first.length })
     return { gpus, sampleNow: take, unavailable: Effect.sync(() => reason) } satisfies NvmlService
   })
 
-const open = (options: NvmlOptions) => {
+const open = (worker: string, options: NvmlOptions) => {
   const library = options.library ?? process.env.CGN_NVML_LIBRARY ?? DEFAULT_NVML_LIBRARY
+  const millis = (d: Duration.Input) => Duration.toMillis(Duration.fromInputUnsafe(d))
   return library === "" || library === "none"
     ? unavailable("disabled (library set to none)")
-    : acquire(
+    : acquire({
+        worker,
         library,
-        options.maxAge ?? Duration.seconds(2),
-        Duration.toMillis(Duration.fromInputUnsafe(options.retryMax ?? Duration.minutes(1)))
-      )
+        maxAge: options.maxAge ?? Duration.seconds(2),
+        retryMaxMs: millis(options.retryMax ?? Duration.minutes(1)),
+        callTimeout: Duration.fromInputUnsafe(options.callTimeout ?? Duration.seconds(10)),
+        onWorker: options.onWorker
+      })
 }
 
-/** The live probe; needs Metrics for the GPU gauges. */
-export const layer = (options: NvmlOptions = {}): Layer.Layer<Nvml, never, Metrics> =>
-  Layer.effect(Nvml, Effect.tap(open(options), mirrorToMetrics))
+/** The live probe, NVML in the worker thread at `worker` (programs/programPaths.ts); needs Metrics for the gauges. */
+export const layer = (worker: string, options: NvmlOptions = {}): Layer.Layer<Nvml, never, Metrics> =>
+  Layer.effect(Nvml, Effect.tap(open(worker, options), mirrorToMetrics))
 
 /** The probe without gauges, for the CLI (`check`, `render`), which has no registry. */
-export const layerBare = (options: NvmlOptions = {}): Layer.Layer<Nvml> => Layer.effect(Nvml, open(options))
+export const layerBare = (worker: string, options: NvmlOptions = {}): Layer.Layer<Nvml> =>
+  Layer.effect(Nvml, open(worker, options))
 
 /** A fixed GPU list, for tests of the services that read GPUs. */
 export const layerFixed = (gpus: ReadonlyArray<Gpu>): Layer.Layer<Nvml> =>

@@ -1,11 +1,13 @@
 /**
  * One pass of NVML queries over every device into the agent's Gpu records: memory, utilization,
  * temperature, power, throttle reasons, uncorrected ECC errors and compute processes. Per-field failures
- * leave zeros and are collected as problems; a GPU that answers NVML_ERROR_GPU_IS_LOST is reported lost.
+ * leave zeros and are collected as problems; a GPU that answers NVML_ERROR_GPU_IS_LOST is reported lost (by index
+ * only: the main thread names it from earlier samples, NvmlValues.ts nameLostGpus). Runs in the NVML worker thread
+ * (programs/nvmlWorker.ts), synchronously, so it imports nothing that loads `effect`.
  */
 import type { Gpu, GpuProcess } from "../../gen/cgn/agent/v1/agent.ts"
 import { throttleReasons } from "../../services/node/Gpus.ts"
-import { cString, gpuWith, nvmlReturnName, toNumber } from "../../services/node/Nvml.ts"
+import { cString, gpuWith, nvmlReturnName, toNumber } from "../../services/node/NvmlValues.ts"
 import type { Binding } from "./nvmlBinding.ts"
 
 // nvml.h: NVML_DEVICE_NAME_V2_BUFFER_SIZE and NVML_DEVICE_UUID_V2_BUFFER_SIZE are both 96.

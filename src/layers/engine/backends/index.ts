@@ -54,10 +54,13 @@ export const planFor = (config: AgentConfig, gpus: ReadonlyArray<Gpu>): Effect.E
   })
 }
 
-/** The plan as `check` and `render` see it: GPUs from NVML when this host has it (no metrics, no daemon). */
-export const resolvePlan = (config: AgentConfig): Effect.Effect<LaunchPlan, ConfigError> =>
+/**
+ * The plan as `check` and `render` see it: GPUs from NVML when this host has it (no metrics, no daemon), read by
+ * the NVML worker thread at `nvmlWorker` (programs/programPaths.ts) as in the daemon.
+ */
+export const resolvePlan = (config: AgentConfig, nvmlWorker: string): Effect.Effect<LaunchPlan, ConfigError> =>
   planLayer.pipe(
-    Layer.provide(NvmlLive.layerBare()),
+    Layer.provide(NvmlLive.layerBare(nvmlWorker)),
     Layer.provide(Layer.succeed(Config, config)),
     Layer.build,
     Effect.map((context) => Context.get(context, EnginePlan)),

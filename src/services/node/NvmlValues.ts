@@ -1,0 +1,82 @@
+/**
+ * The pure values around NVML: return-code names, C strings, 64-bit counters, GPU records, and the identity a
+ * lost GPU keeps. Free of `effect` on purpose: the NVML worker thread (programs/nvmlWorker.ts) loads this module,
+ * and V8 keeps every loaded module's source in that thread's heap too (Effect's is large: docs/bench.md,
+ * "Bundled entry"). services/node/Nvml.ts re-exports it for everyone else.
+ */
+import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
+
+/** NVML return codes we may see, by number (nvml.h `nvmlReturn_t`). */
+const NVML_RETURN: Readonly<Record<number, string>> = {
+  0: "SUCCESS",
+  1: "ERROR_UNINITIALIZED",
+  2: "ERROR_INVALID_ARGUMENT",
+  3: "ERROR_NOT_SUPPORTED",
+  4: "ERROR_NO_PERMISSION",
+  6: "ERROR_NOT_FOUND",
+  7: "ERROR_INSUFFICIENT_SIZE",
+  9: "ERROR_DRIVER_NOT_LOADED",
+  12: "ERROR_LIBRARY_NOT_FOUND",
+  13: "ERROR_FUNCTION_NOT_FOUND",
+  15: "ERROR_GPU_IS_LOST",
+  17: "ERROR_OPERATING_SYSTEM",
+  18: "ERROR_LIB_RM_VERSION_MISMATCH",
+  999: "ERROR_UNKNOWN"
+}
+
+/** `NVML_ERROR_DRIVER_NOT_LOADED (9)`-style name of a return code, for log lines. */
+export const nvmlReturnName = (code: number): string => `NVML_${NVML_RETURN[code] ?? "RETURN"} (${code})`
+
+/** Decodes a NUL-terminated C string out of a fixed-size buffer. */
+export const cString = (buf: Uint8Array): string => {
+  const end = buf.indexOf(0)
+  return new TextDecoder().decode(end < 0 ? buf : buf.subarray(0, end))
+}
+
+/**
+ * A GPU record with every field not given zero (a lost GPU, test fixtures): proto3's defaults. Written out rather
+ * than `Gpu.fromPartial` so that the worker thread does not load the generated messages and the protobuf runtime
+ * (measured: 2.3 MiB of its RSS); typed `Gpu`, so a field added to the proto fails to compile until it is here.
+ */
+export const gpuWith = (fields: Partial<Gpu> & { readonly index: number }): Gpu => {
+  const zero: Gpu = {
+    index: 0,
+    name: "",
+    uuid: "",
+    memoryTotalBytes: 0,
+    memoryUsedBytes: 0,
+    utilizationPercent: 0,
+    memoryFreeBytes: 0,
+    temperatureCelsius: 0,
+    powerWatts: 0,
+    powerLimitWatts: 0,
+    throttleReasons: [],
+    eccUncorrected: 0,
+    processes: [],
+    lost: false
+  }
+  return { ...zero, ...fields }
+}
+
+/** NVML gives 64-bit counters as number or bigint depending on size; the proto field is a number. */
+export const toNumber = (v: unknown): number => (typeof v === "bigint" ? Number(v) : typeof v === "number" ? v : 0)
+
+/** What names a GPU to an operator: its UUID and model name. */
+export interface GpuIdentity {
+  readonly uuid: string
+  readonly name: string
+}
+
+/**
+ * A GPU fallen off the bus answers every query with NVML_ERROR_GPU_IS_LOST, its UUID and name included, yet it is
+ * the board an operator must replace: a lost GPU without a UUID gets the one its index had in an earlier sample.
+ * `known` (index -> identity) is updated from the GPUs that still answer; its holder keeps one per NVML session,
+ * since indices are NVML's enumeration at init and may differ after a re-open (a driver reloaded, a GPU gone).
+ */
+export const nameLostGpus = (gpus: ReadonlyArray<Gpu>, known: Map<number, GpuIdentity>): ReadonlyArray<Gpu> => {
+  for (const g of gpus) if (!g.lost && g.uuid !== "") known.set(g.index, { uuid: g.uuid, name: g.name })
+  return gpus.map((g) => {
+    const identity = g.lost && g.uuid === "" ? known.get(g.index) : undefined
+    return identity === undefined ? g : { ...g, uuid: identity.uuid, name: identity.name }
+  })
+}
