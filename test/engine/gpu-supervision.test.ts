@@ -3,7 +3,8 @@
 // (FAKE_NVML_STATE), and supervises the simulator. Covers: no spawn while the engine's GPU holds memory,
 // unhealthy with pids and bytes once gpu_free_timeout passes, the start once it is freed (with
 // CUDA_VISIBLE_DEVICES), a restart that waits the same way, a faulty GPU making the node unhealthy at once,
-// and `check` / `render` resolving GPUs through NVML.
+// a GPU whose memory NVML cannot report (judged by its processes, never taken as 0), and `check` / `render`
+// resolving GPUs through NVML.
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
@@ -48,7 +49,10 @@ interface Status {
   health: {
     state: string
     engine: { detail: string }
-    capacity: { engineGpus: Array<number>; gpus: Array<{ index: number; lost: boolean; uuid: string }> }
+    capacity: {
+      engineGpus: Array<number>
+      gpus: Array<{ index: number; lost: boolean; uuid: string; unreportedFields?: Array<string> }>
+    }
   }
   engine: { state: { _tag: string }; pid: number | null; restarts: number }
   gpuGate: { gpus: Array<number>; waiting?: { overdue: boolean; holders: Array<{ pid: number; bytes: number }> } }
@@ -227,6 +231,49 @@ describe("GPU-aware supervision (built agent, fake NVML through koffi)", () => {
     state.write([])
     await pollUntil(
       "ready once the fault clears",
+      async () => (await text(`${agent.adminUrl}/readyz`)).status === 200,
+      BOUND
+    )
+    expect((await agent.stop()).code).toBe(0)
+  }, 180_000)
+
+  it("a GPU whose memory NVML cannot report (unified memory, GB10) is judged by its processes, not taken as free", async () => {
+    const state = nvmlState("unified.state")
+    // nvmlDeviceGetMemoryInfo NOT_SUPPORTED, as on GB10; its process list works and shows a tenant
+    state.write(["gpu.0.memory_rc=3", `gpu.0.procs=4242:${40 * GiB}`])
+    const s = await simAgentConfig({ engine: { gpu_free_timeout: "1s" } })
+    const agent = await startAgent({
+      config: { ...s.config, models: { m: { hf_repo: "org/m", gpus: [0] } } },
+      awaitReady: false,
+      env: { CGN_NVML_LIBRARY: library, FAKE_NVML_STATE: state.file },
+      readyTimeoutMs: BOUND
+    })
+    const readyz = await pollUntil(
+      "readyz says the processes hold memory",
+      async () => {
+        const r = await text(`${agent.adminUrl}/readyz`)
+        return r.status === 503 && r.body.includes("waiting for GPU memory") ? r : undefined
+      },
+      BOUND
+    )
+    expect(readyz.body).toContain("GPU 0's processes hold 40.0 GiB (NVML reports no memory use for it")
+    const held = await status(agent.adminUrl)
+    expect(held.engine.pid).toBeNull()
+    // NodeHealth says the memory is unknown rather than 0 bytes in use
+    expect(held.health.capacity.gpus[0]?.unreportedFields).toEqual([
+      "memory_total_bytes",
+      "memory_used_bytes",
+      "memory_free_bytes"
+    ])
+    expect(held.health.capacity.gpus[1]).not.toHaveProperty("unreportedFields")
+    const metrics = (await text(`${agent.adminUrl}/metrics`)).body
+    expect(metrics).not.toMatch(/^cgn_agent_gpu_memory_(used|total)_bytes\{gpu="0",/m)
+    expect(metrics).toMatch(/^cgn_agent_gpu_memory_used_bytes\{gpu="1",[^}]*\} 4294967297$/m)
+
+    // the tenant is gone: nothing listed holds memory, so the engine starts
+    state.write(["gpu.0.memory_rc=3"])
+    await pollUntil(
+      "ready once the processes are gone",
       async () => (await text(`${agent.adminUrl}/readyz`)).status === 200,
       BOUND
     )

@@ -105,6 +105,44 @@ describe("gateVerdict", () => {
     expect(gateVerdict([], [0], 1024 * MiB, none, noPgid)).toEqual({ _tag: "Faulty", reason: missingGpu(0) })
     expect(gateVerdict(gpus, [0, 2], 1024 * MiB, none, noPgid)).toEqual({ _tag: "Free" })
   })
+  const MEMORY_UNKNOWN = ["memory_total_bytes", "memory_used_bytes", "memory_free_bytes"]
+  it("memory NVML cannot report is not 0: the listed processes' memory stands in (unified-memory boards)", () => {
+    const board = (processes: Array<{ pid: number; usedMemoryBytes: number }>) => [
+      gpuWith({ index: 0, unreportedFields: MEMORY_UNKNOWN, processes })
+    ]
+    expect(gateVerdict(board([{ pid: 9, usedMemoryBytes: 0.5 * GiB }]), [0], 1024 * MiB, none, noPgid)).toEqual({
+      _tag: "Free"
+    })
+    expect(gateVerdict(board([]), [0], 1024 * MiB, none, noPgid)).toEqual({ _tag: "Free" })
+    expect(gateVerdict(board([{ pid: 9, usedMemoryBytes: 40 * GiB }]), [0], 1024 * MiB, none, noPgid)).toEqual({
+      _tag: "Held",
+      reason:
+        "GPU 0's processes hold 40.0 GiB (NVML reports no memory use for it; free below 1.0 GiB): pid 9 40.0 GiB on GPU 0",
+      holders: [{ gpu: 0, pid: 9, bytes: 40 * GiB, previousRun: false }]
+    })
+  })
+  it("held: a GPU whose memory and processes NVML both cannot report cannot be judged free, and says so", () => {
+    const gpus = [
+      gpuWith({ index: 0, unreportedFields: [...MEMORY_UNKNOWN, "processes"] }),
+      gpuWith({ index: 1, memoryUsedBytes: 0.5 * GiB })
+    ]
+    const reason =
+      "GPU 0's memory use is unknown (NVML reports neither its memory nor its processes): it cannot be judged free"
+    expect(gateVerdict(gpus, [0, 1], 1024 * MiB, none, noPgid)).toEqual({ _tag: "Held", reason, holders: [] })
+    expect(gateVerdict(gpus, [1], 1024 * MiB, none, noPgid)).toEqual({ _tag: "Free" })
+    // with another GPU held as well, both are said
+    const full = [...gpus, gpuWith({ index: 2, memoryUsedBytes: 70 * GiB })]
+    expect(gateVerdict(full, [0, 2], 1024 * MiB, none, noPgid)).toEqual({
+      _tag: "Held",
+      reason: `GPU 2 has 70.0 GiB in use (free below 1.0 GiB): no process is listed (held by the driver or another container); ${reason}`,
+      holders: []
+    })
+  })
+  it("ECC that NVML cannot count (ECC off) is no fault", () => {
+    const gpu = gpuWith({ index: 0, unreportedFields: ["ecc_uncorrected"] })
+    expect(gpuFault(gpu)).toBeUndefined()
+    expect(gateVerdict([gpu], [0], 1024 * MiB, none, noPgid)).toEqual({ _tag: "Free" })
+  })
   it("other GPUs do not count; a faulty engine GPU does", () => {
     const gpus = [gpuWith({ index: 0 }), gpuWith({ index: 1, memoryUsedBytes: 80 * GiB })]
     expect(gateVerdict(gpus, [0], 1024 * MiB, none, noPgid)).toEqual({ _tag: "Free" })

@@ -1,5 +1,6 @@
-// One NVML pass (layers/node/nvmlSample.ts) over a Binding faked in JS, for what the C fake cannot script: a field
-// NOT_SUPPORTED on one board, a GPU lost half-way through its queries, and a call that throws out of the FFI.
+// One NVML pass (layers/node/nvmlSample.ts) over a Binding faked in JS, for what the C fake cannot script: entry
+// points missing from the driver, a GPU lost half-way through its queries, and a call that throws out of the FFI;
+// and which fields each failure leaves unknown (`unreportedFields`).
 import { describe, expect, it } from "vitest"
 import type { Binding } from "../../src/layers/node/nvmlBinding.ts"
 import { sample } from "../../src/layers/node/nvmlSample.ts"
@@ -70,6 +71,22 @@ const fakeBinding = (gpus: ReadonlyArray<FakeGpu>): Binding => {
   }
 }
 
+/** What a lost GPU lists in `unreportedFields`: everything but index and lost (proto field-number order). */
+const LOST_UNKNOWN = [
+  "name",
+  "uuid",
+  "memory_total_bytes",
+  "memory_used_bytes",
+  "utilization_percent",
+  "memory_free_bytes",
+  "temperature_celsius",
+  "power_watts",
+  "power_limit_watts",
+  "throttle_reasons",
+  "ecc_uncorrected",
+  "processes"
+]
+
 const healthy = (index: number, uuid: string) =>
   gpuWith({
     index,
@@ -106,22 +123,75 @@ describe("one NVML sample", () => {
     )
     expect(gpus).toEqual([
       healthy(0, "GPU-a"),
-      { ...healthy(1, "GPU-b"), temperatureCelsius: 0, powerWatts: 0, powerLimitWatts: 0 }
+      {
+        ...healthy(1, "GPU-b"),
+        temperatureCelsius: 0,
+        powerWatts: 0,
+        powerLimitWatts: 0,
+        // zeros that mean unknown, said so: not 0 C, not 0 W, not "no throttling", not "no ECC error"
+        unreportedFields: [
+          "temperature_celsius",
+          "power_watts",
+          "power_limit_watts",
+          "throttle_reasons",
+          "ecc_uncorrected",
+          "processes"
+        ]
+      }
     ])
     expect([...problems]).toEqual([]) // NOT_SUPPORTED is the board's nature, not a problem to log
+  })
+
+  it("a field whose entry point this driver lacks is unknown, silently (an old driver is no problem to log)", () => {
+    const problems = new Set<string>()
+    const binding = fakeBinding([{ uuid: "GPU-a" }])
+    const gpus = sample(
+      { ...binding, temperature: undefined, power: undefined, throttle: undefined, processes: undefined },
+      problems
+    )
+    expect(gpus).toEqual([
+      {
+        ...healthy(0, "GPU-a"),
+        temperatureCelsius: 0,
+        powerWatts: 0,
+        unreportedFields: ["temperature_celsius", "power_watts", "throttle_reasons", "processes"]
+      }
+    ])
+    expect([...problems]).toEqual([])
+  })
+
+  it("memory that NVML cannot report (unified-memory boards) leaves all three memory fields unknown", () => {
+    const gpus = sample(fakeBinding([{ uuid: "GPU-a", rc: { memory: NOT_SUPPORTED } }]), new Set())
+    expect(gpus).toEqual([
+      {
+        ...healthy(0, "GPU-a"),
+        memoryTotalBytes: 0,
+        memoryUsedBytes: 0,
+        memoryFreeBytes: 0,
+        unreportedFields: ["memory_total_bytes", "memory_used_bytes", "memory_free_bytes"]
+      }
+    ])
+  })
+
+  it("an empty process list is an answer, not an unknown; a failed name or UUID is unknown", () => {
+    const problems = new Set<string>()
+    const gpus = sample(fakeBinding([{ uuid: "GPU-a", rc: { name: 999, uuid: NOT_SUPPORTED } }]), problems)
+    expect(gpus).toEqual([{ ...healthy(0, "GPU-a"), name: "", uuid: "", unreportedFields: ["name", "uuid"] }])
+    expect([...problems]).toEqual(["nvmlDeviceGetName(0): NVML_ERROR_UNKNOWN (999)"])
   })
 
   it("a GPU lost half-way through its queries is reported lost; the others are untouched", () => {
     const problems = new Set<string>()
     const gpus = sample(fakeBinding([{ uuid: "GPU-a", rc: { memory: GPU_IS_LOST } }, { uuid: "GPU-b" }]), problems)
-    expect(gpus).toEqual([gpuWith({ index: 0, lost: true }), healthy(1, "GPU-b")])
+    // a lost GPU reports nothing: every field is unknown (the main thread names it from earlier samples)
+    expect(gpus).toEqual([gpuWith({ index: 0, lost: true, unreportedFields: [...LOST_UNKNOWN] }), healthy(1, "GPU-b")])
     expect([...problems]).toEqual([])
   })
 
   it("a query that fails otherwise leaves that field zero and is reported, naming the GPU", () => {
     const problems = new Set<string>()
     const gpus = sample(fakeBinding([{ uuid: "GPU-a", rc: { utilization: 999 } }]), problems)
-    expect(gpus).toEqual([{ ...healthy(0, "GPU-a"), utilizationPercent: 0 }])
+    expect(gpus).toEqual([{ ...healthy(0, "GPU-a"), utilizationPercent: 0, unreportedFields: ["utilization_percent"] }])
     expect([...problems]).toEqual(["nvmlDeviceGetUtilizationRates(0): NVML_ERROR_UNKNOWN (999)"])
   })
 

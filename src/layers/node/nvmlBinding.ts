@@ -14,7 +14,7 @@ export interface Binding {
   readonly uuid: (device: unknown, buf: Uint8Array, len: number) => number
   readonly memory: (device: unknown, out: Record<string, unknown>) => number
   readonly utilization: (device: unknown, out: Record<string, unknown>) => number
-  // Optional entry points: older drivers (or MIG, or a consumer board) may lack them; a missing one reads as 0.
+  // Optional entry points: older drivers (or MIG, or a consumer board) may lack them; a missing one is unreported.
   readonly temperature: ((device: unknown, sensor: number, out: Array<number>) => number) | undefined
   readonly power: ((device: unknown, out: Array<number>) => number) | undefined
   readonly powerLimit: ((device: unknown, out: Array<number>) => number) | undefined

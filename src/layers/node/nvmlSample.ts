@@ -1,13 +1,23 @@
 /**
  * One pass of NVML queries over every device into the agent's Gpu records: memory, utilization,
- * temperature, power, throttle reasons, uncorrected ECC errors and compute processes. Per-field failures
- * leave zeros and are collected as problems; a GPU that answers NVML_ERROR_GPU_IS_LOST is reported lost (by index
- * only: the main thread names it from earlier samples, NvmlValues.ts nameLostGpus). Runs in the NVML worker thread
+ * temperature, power, throttle reasons, uncorrected ECC errors and compute processes. A field NVML does not report
+ * (its query failed, NOT_SUPPORTED included, or its optional entry point is missing) reads 0 and is listed in the
+ * GPU's `unreportedFields`, so that no reader takes it for a real 0 ("idle", "0 W"); failures other than NOT_SUPPORTED
+ * are also collected as problems. A GPU that answers NVML_ERROR_GPU_IS_LOST is reported lost (by index only: the
+ * main thread names it from earlier samples, NvmlValues.ts nameLostGpus). Runs in the NVML worker thread
  * (programs/nvmlWorker.ts), synchronously, so it imports nothing that loads `effect`.
  */
 import type { Gpu, GpuProcess } from "../../gen/cgn/agent/v1/agent.ts"
 import { throttleReasons } from "../../services/node/Gpus.ts"
-import { cString, gpuWith, nvmlReturnName, toNumber } from "../../services/node/NvmlValues.ts"
+import {
+  cString,
+  type GpuField,
+  gpuFields,
+  gpuWith,
+  inFieldOrder,
+  nvmlReturnName,
+  toNumber
+} from "../../services/node/NvmlValues.ts"
 import type { Binding } from "./nvmlBinding.ts"
 
 // nvml.h: NVML_DEVICE_NAME_V2_BUFFER_SIZE and NVML_DEVICE_UUID_V2_BUFFER_SIZE are both 96.
@@ -23,17 +33,25 @@ const NVML_ERROR_GPU_IS_LOST = 15
 // nvml.h NVML_VALUE_NOT_AVAILABLE: usedGpuMemory when the driver cannot say (e.g. no permission).
 const VALUE_NOT_AVAILABLE = 0xffffffffffffffffn
 
-const lostGpu = (index: number): Gpu => gpuWith({ index, lost: true })
+// A lost GPU reports nothing: every field is unknown (name and uuid until the main thread fills them in).
+const lostGpu = (index: number): Gpu => gpuWith({ index, lost: true, unreportedFields: [...gpuFields] })
 
-/** The compute processes on one GPU, by NVML's two-call protocol (ask the count, then fill). */
-const processesOf = (nvml: Binding, device: unknown, note: (what: string, rc: number) => void): Array<GpuProcess> => {
-  if (nvml.processes === undefined) return []
+/**
+ * The compute processes on one GPU, by NVML's two-call protocol (ask the count, then fill); undefined when NVML
+ * did not say (an empty list is a real answer: no process).
+ */
+const processesOf = (
+  nvml: Binding,
+  device: unknown,
+  note: (what: string, rc: number) => void
+): Array<GpuProcess> | undefined => {
+  if (nvml.processes === undefined) return undefined
   const count = [0]
   let rc = nvml.processes(device, count, null)
   if (rc === 0) return []
   if (rc !== NVML_ERROR_INSUFFICIENT_SIZE) {
     note("nvmlDeviceGetComputeRunningProcesses_v3", rc)
-    return []
+    return undefined
   }
   // a process may start between the two calls: leave room for a few more
   const room = [(count[0] ?? 0) + 4]
@@ -41,7 +59,7 @@ const processesOf = (nvml: Binding, device: unknown, note: (what: string, rc: nu
   rc = nvml.processes(device, room, infos)
   if (rc !== 0) {
     note("nvmlDeviceGetComputeRunningProcesses_v3", rc)
-    return []
+    return undefined
   }
   return (infos.slice(0, room[0]) as Array<{ pid: number; usedGpuMemory: number | bigint }>).map((p) => ({
     pid: p.pid,
@@ -50,8 +68,8 @@ const processesOf = (nvml: Binding, device: unknown, note: (what: string, rc: nu
 }
 
 /**
- * One pass over the devices. Per-field failures (e.g. utilization unsupported under MIG) leave zeros; a GPU
- * that answers NVML_ERROR_GPU_IS_LOST to any query is reported as lost.
+ * One pass over the devices. A field NVML does not report (e.g. utilization unsupported under MIG) reads 0 and is
+ * listed in `unreportedFields`; a GPU that answers NVML_ERROR_GPU_IS_LOST to any query is reported as lost.
  */
 export const sample = (
   nvml: Binding,
@@ -100,57 +118,87 @@ const sampleOne = (nvml: Binding, index: number, problems: Set<string>): Gpu | u
     return lost ? lostGpu(index) : undefined
   }
   const device = out[0]
-  const text = (fn: Binding["name"], what: string) => {
+  // The fields NVML did not report: each query that did not succeed, each optional entry point this driver lacks.
+  const unknown: Array<GpuField> = []
+  /** Runs one query (absent: the driver lacks its entry point); false, with `fields` unknown, unless it succeeded. */
+  const query = (what: string, call: (() => number) | undefined, ...fields: Array<GpuField>): boolean => {
+    const r = call === undefined ? NVML_ERROR_NOT_SUPPORTED : call()
+    if (r === 0) return true
+    note(what, r)
+    unknown.push(...fields)
+    return false
+  }
+  const text = (fn: Binding["name"], what: string, field: GpuField): string => {
     const buf = new Uint8Array(STRING_BUFFER)
-    const r = fn(device, buf, STRING_BUFFER)
-    if (r !== 0) note(what, r)
-    return r === 0 ? cString(buf) : ""
+    return query(what, () => fn(device, buf, STRING_BUFFER), field) ? cString(buf) : ""
   }
   const scalar = <T extends number | bigint>(
     what: string,
+    field: GpuField,
     call: ((out: Array<T>) => number) | undefined,
     zero: T
   ): number => {
-    if (call === undefined) return 0
     const v: Array<T> = [zero]
-    const r = call(v)
-    if (r !== 0) note(what, r)
-    return r === 0 ? toNumber(v[0]) : 0
+    return query(what, call && (() => call(v)), field) ? toNumber(v[0]) : 0
   }
   const mem: Record<string, unknown> = {}
-  const mrc = nvml.memory(device, mem)
-  if (mrc !== 0) note("nvmlDeviceGetMemoryInfo", mrc)
+  const memoryKnown = query(
+    "nvmlDeviceGetMemoryInfo",
+    () => nvml.memory(device, mem),
+    "memory_total_bytes",
+    "memory_used_bytes",
+    "memory_free_bytes"
+  )
   const util: Record<string, unknown> = {}
-  const urc = nvml.utilization(device, util)
-  if (urc !== 0) note("nvmlDeviceGetUtilizationRates", urc)
+  const utilKnown = query("nvmlDeviceGetUtilizationRates", () => nvml.utilization(device, util), "utilization_percent")
   const { temperature, power, powerLimit, throttle, ecc } = nvml
   const throttleMask: Array<number | bigint> = [0]
-  const trc = throttle === undefined ? NVML_ERROR_NOT_SUPPORTED : throttle(device, throttleMask)
-  if (trc !== 0) note("nvmlDeviceGetCurrentClocksEventReasons", trc)
-  const gpu: Gpu = {
+  const throttleKnown = query(
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    throttle && (() => throttle(device, throttleMask)),
+    "throttle_reasons"
+  )
+  const name = text(nvml.name, "nvmlDeviceGetName", "name")
+  const uuid = text(nvml.uuid, "nvmlDeviceGetUUID", "uuid")
+  const temperatureCelsius = scalar(
+    "nvmlDeviceGetTemperature",
+    "temperature_celsius",
+    temperature && ((o: Array<number>) => temperature(device, NVML_TEMPERATURE_GPU, o)),
+    0
+  )
+  const powerWatts =
+    scalar("nvmlDeviceGetPowerUsage", "power_watts", power && ((o: Array<number>) => power(device, o)), 0) / 1000
+  const powerLimitWatts =
+    scalar(
+      "nvmlDeviceGetEnforcedPowerLimit",
+      "power_limit_watts",
+      powerLimit && ((o: Array<number>) => powerLimit(device, o)),
+      0
+    ) / 1000
+  const eccUncorrected = scalar(
+    "nvmlDeviceGetTotalEccErrors",
+    "ecc_uncorrected",
+    ecc && ((o: Array<number | bigint>) => ecc(device, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, o)),
+    0
+  )
+  const processes = processesOf(nvml, device, note)
+  if (processes === undefined) unknown.push("processes")
+  if (lost) return lostGpu(index)
+  return {
     index,
-    name: text(nvml.name, "nvmlDeviceGetName"),
-    uuid: text(nvml.uuid, "nvmlDeviceGetUUID"),
-    memoryTotalBytes: mrc === 0 ? toNumber(mem.total) : 0,
-    memoryUsedBytes: mrc === 0 ? toNumber(mem.used) : 0,
-    memoryFreeBytes: mrc === 0 ? toNumber(mem.free) : 0,
-    utilizationPercent: urc === 0 ? toNumber(util.gpu) : 0,
-    temperatureCelsius: scalar(
-      "nvmlDeviceGetTemperature",
-      temperature && ((o: Array<number>) => temperature(device, NVML_TEMPERATURE_GPU, o)),
-      0
-    ),
-    powerWatts: scalar("nvmlDeviceGetPowerUsage", power && ((o: Array<number>) => power(device, o)), 0) / 1000,
-    powerLimitWatts:
-      scalar("nvmlDeviceGetEnforcedPowerLimit", powerLimit && ((o: Array<number>) => powerLimit(device, o)), 0) / 1000,
-    throttleReasons: trc === 0 ? [...throttleReasons(throttleMask[0] ?? 0)] : [],
-    eccUncorrected: scalar(
-      "nvmlDeviceGetTotalEccErrors",
-      ecc && ((o: Array<number | bigint>) => ecc(device, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, o)),
-      0
-    ),
-    processes: processesOf(nvml, device, note),
-    lost: false
+    name,
+    uuid,
+    memoryTotalBytes: memoryKnown ? toNumber(mem.total) : 0,
+    memoryUsedBytes: memoryKnown ? toNumber(mem.used) : 0,
+    memoryFreeBytes: memoryKnown ? toNumber(mem.free) : 0,
+    utilizationPercent: utilKnown ? toNumber(util.gpu) : 0,
+    temperatureCelsius,
+    powerWatts,
+    powerLimitWatts,
+    throttleReasons: throttleKnown ? [...throttleReasons(throttleMask[0] ?? 0)] : [],
+    eccUncorrected,
+    processes: processes ?? [],
+    lost: false,
+    unreportedFields: inFieldOrder(unknown)
   }
-  return lost ? lostGpu(index) : gpu
 }

@@ -5,6 +5,7 @@
  * waiting is done by layers/engine/GpuGate.ts.
  */
 import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
+import { isUnknown } from "./NvmlValues.ts"
 
 /**
  * nvml.h `nvmlClocksEventReason*` bits (formerly `nvmlClocksThrottleReason*`), in snake_case. GpuIdle (0x1) is
@@ -36,7 +37,11 @@ export type GpuRef = number | string
 export const refMatches = (ref: GpuRef, gpu: Gpu): boolean =>
   typeof ref === "number" ? gpu.index === ref : gpu.uuid === ref
 
-/** A GPU the engine must not be started on: fallen off the bus, or uncorrected ECC errors since driver load. */
+/**
+ * A GPU the engine must not be started on: fallen off the bus, or uncorrected ECC errors since driver load. ECC that
+ * NVML cannot count (ECC off, a board without it: `ecc_uncorrected` unknown) is no fault: most such boards are fine,
+ * and refusing them would refuse every GPU without ECC.
+ */
 export const gpuFault = (gpu: Gpu): string | undefined => {
   if (gpu.lost) return `GPU ${gpu.index} is lost (NVML_ERROR_GPU_IS_LOST: fallen off the bus)`
   if (gpu.eccUncorrected > 0) return `GPU ${gpu.index} has ${gpu.eccUncorrected} uncorrected ECC errors`
@@ -118,8 +123,22 @@ export type GateVerdict =
 const gib = (bytes: number): string => `${(bytes / 2 ** 30).toFixed(1)} GiB`
 
 /**
+ * The memory in use on a GPU as far as NVML tells: its memory info; where NVML cannot report that (unified-memory
+ * boards such as GB10 answer nvmlDeviceGetMemoryInfo NOT_SUPPORTED for good, while their process list works:
+ * https://github.com/kubernetes-sigs/dra-driver-nvidia-gpu/issues/1073), what its listed processes hold; undefined
+ * when NVML reports neither.
+ */
+const usedMemory = (g: Gpu): { readonly bytes: number; readonly byProcesses: boolean } | undefined => {
+  if (!isUnknown(g, "memory_used_bytes")) return { bytes: g.memoryUsedBytes, byProcesses: false }
+  if (isUnknown(g, "processes")) return undefined
+  return { bytes: g.processes.reduce((sum, p) => sum + p.usedMemoryBytes, 0), byProcesses: true }
+}
+
+/**
  * Whether the engine's GPUs can take a new run: none faulty, none holding a process of an earlier run, and
  * used memory on each at most `maxUsedBytes` (driver and other tenants' small contexts stay under it).
+ * Memory NVML cannot report is never taken as 0: the listed processes' memory stands in for it, and a GPU that
+ * reports neither cannot be judged free (the start waits, as for a GPU missing from NVML's list).
  * `pgidOf` says which process group a pid is in (undefined when it is not visible from here).
  */
 export const gateVerdict = (
@@ -150,19 +169,28 @@ export const gateVerdict = (
     })
   )
   const leftovers = holders.filter((h) => h.previousRun)
-  const full = mine.filter((g) => g.memoryUsedBytes > maxUsedBytes)
-  if (leftovers.length === 0 && full.length === 0) return { _tag: "Free" }
+  const unjudged = mine.filter((g) => usedMemory(g) === undefined)
+  const full = mine.flatMap((g) => {
+    const used = usedMemory(g)
+    if (used === undefined || used.bytes <= maxUsedBytes) return []
+    return used.byProcesses
+      ? [
+          `GPU ${g.index}'s processes hold ${gib(used.bytes)} (NVML reports no memory use for it; free below ${gib(maxUsedBytes)})`
+        ]
+      : [`GPU ${g.index} has ${gib(used.bytes)} in use (free below ${gib(maxUsedBytes)})`]
+  })
+  const unknown = unjudged.map(
+    (g) =>
+      `GPU ${g.index}'s memory use is unknown (NVML reports neither its memory nor its processes): it cannot be judged free`
+  )
+  if (leftovers.length === 0 && full.length === 0 && unknown.length === 0) return { _tag: "Free" }
+  if (leftovers.length === 0 && full.length === 0) return { _tag: "Held", reason: unknown.join("; "), holders }
   const who =
     holders.length === 0
       ? "no process is listed (held by the driver or another container)"
       : holders
           .map((h) => `pid ${h.pid}${h.previousRun ? " (earlier engine run)" : ""} ${gib(h.bytes)} on GPU ${h.gpu}`)
           .join(", ")
-  const what =
-    full.length > 0
-      ? full
-          .map((g) => `GPU ${g.index} has ${gib(g.memoryUsedBytes)} in use (free below ${gib(maxUsedBytes)})`)
-          .join("; ")
-      : "a process of an earlier engine run still holds GPU memory"
-  return { _tag: "Held", reason: `${what}: ${who}`, holders }
+  const what = full.length > 0 ? full.join("; ") : "a process of an earlier engine run still holds GPU memory"
+  return { _tag: "Held", reason: [`${what}: ${who}`, ...unknown].join("; "), holders }
 }

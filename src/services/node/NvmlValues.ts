@@ -1,8 +1,8 @@
 /**
- * The pure values around NVML: return-code names, C strings, 64-bit counters, GPU records, and the identity a
- * lost GPU keeps. Free of `effect` on purpose: the NVML worker thread (programs/nvmlWorker.ts) loads this module,
- * and V8 keeps every loaded module's source in that thread's heap too (Effect's is large: docs/bench.md,
- * "Bundled entry"). services/node/Nvml.ts re-exports it for everyone else.
+ * The pure values around NVML: return-code names, C strings, 64-bit counters, GPU records, the fields a GPU may
+ * leave unknown, and the identity a lost GPU keeps. Free of `effect` on purpose: the NVML worker thread
+ * (programs/nvmlWorker.ts) loads this module, and V8 keeps every loaded module's source in that thread's heap too
+ * (Effect's is large: docs/bench.md, "Bundled entry"). services/node/Nvml.ts re-exports it for everyone else.
  */
 import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
 
@@ -33,6 +33,43 @@ export const cString = (buf: Uint8Array): string => {
   return new TextDecoder().decode(end < 0 ? buf : buf.subarray(0, end))
 }
 
+/** snake_case of a camelCase key: the proto field name a key of ts-proto's `Gpu` was made from. */
+type ProtoName<S extends string> = S extends `${infer H}${infer T}`
+  ? `${H extends Lowercase<H> ? H : `_${Lowercase<H>}`}${ProtoName<T>}`
+  : S
+
+/** A Gpu field NVML may be unable to report, by the proto field name `unreported_fields` lists it under. */
+export type GpuField = Exclude<ProtoName<keyof Gpu & string>, "index" | "lost" | "unreported_fields">
+
+// In proto field-number order (object keys keep it). A record, so that a field added to the proto fails to compile
+// until it is placed here (or excluded above).
+const FIELDS: Record<GpuField, true> = {
+  name: true,
+  uuid: true,
+  memory_total_bytes: true,
+  memory_used_bytes: true,
+  utilization_percent: true,
+  memory_free_bytes: true,
+  temperature_celsius: true,
+  power_watts: true,
+  power_limit_watts: true,
+  throttle_reasons: true,
+  ecc_uncorrected: true,
+  processes: true
+}
+
+/** Every field a GPU can leave unknown, in proto field-number order: what a lost GPU lists. */
+export const gpuFields: ReadonlyArray<GpuField> = Object.keys(FIELDS) as Array<GpuField>
+
+/** `unreported_fields` in one order (proto field numbers), whatever order the queries failed in. */
+export const inFieldOrder = (fields: Iterable<GpuField>): Array<GpuField> => {
+  const set = new Set(fields)
+  return gpuFields.filter((f) => set.has(f))
+}
+
+/** Whether NVML could not report `field` for this GPU in its sample (it then reads 0 and means unknown). */
+export const isUnknown = (gpu: Gpu, field: GpuField): boolean => gpu.unreportedFields.includes(field)
+
 /**
  * A GPU record with every field not given zero (a lost GPU, test fixtures): proto3's defaults. Written out rather
  * than `Gpu.fromPartial` so that the worker thread does not load the generated messages and the protobuf runtime
@@ -53,7 +90,8 @@ export const gpuWith = (fields: Partial<Gpu> & { readonly index: number }): Gpu 
     throttleReasons: [],
     eccUncorrected: 0,
     processes: [],
-    lost: false
+    lost: false,
+    unreportedFields: []
   }
   return { ...zero, ...fields }
 }
@@ -77,6 +115,9 @@ export const nameLostGpus = (gpus: ReadonlyArray<Gpu>, known: Map<number, GpuIde
   for (const g of gpus) if (!g.lost && g.uuid !== "") known.set(g.index, { uuid: g.uuid, name: g.name })
   return gpus.map((g) => {
     const identity = g.lost && g.uuid === "" ? known.get(g.index) : undefined
-    return identity === undefined ? g : { ...g, uuid: identity.uuid, name: identity.name }
+    if (identity === undefined) return g
+    // known after all: no longer listed as unknown
+    const unreportedFields = g.unreportedFields.filter((f) => f !== "uuid" && f !== "name")
+    return { ...g, uuid: identity.uuid, name: identity.name, unreportedFields }
   })
 }

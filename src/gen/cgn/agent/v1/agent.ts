@@ -261,15 +261,33 @@ export interface Gpu {
    * "sw_power_cap", "hw_slowdown", "hw_thermal_slowdown"; "gpu_idle" is left out.
    */
   throttleReasons: string[];
-  /** Uncorrected ECC errors since the driver loaded (NVML_VOLATILE_ECC); 0 where ECC is off or unsupported. */
+  /**
+   * Uncorrected ECC errors since the driver loaded (NVML_VOLATILE_ECC). Where ECC is off or unsupported NVML
+   * cannot count them: 0 here, with "ecc_uncorrected" in unreported_fields.
+   */
   eccUncorrected: number;
   /**
    * Compute processes holding memory on this GPU (nvmlDeviceGetComputeRunningProcesses_v3). Pids are in
    * the host's pid namespace: in a container they may not match the agent's view.
    */
   processes: GpuProcess[];
-  /** NVML answered NVML_ERROR_GPU_IS_LOST: the GPU has fallen off the bus; the other fields are zero. */
+  /**
+   * NVML answered NVML_ERROR_GPU_IS_LOST: the GPU has fallen off the bus. Its name and uuid are the ones its
+   * index had earlier in the agent's NVML session (empty, and listed in unreported_fields, when it was lost from the
+   * start); every other field is zero and listed in unreported_fields.
+   */
   lost: boolean;
+  /**
+   * The fields of this message, by proto field name (e.g. "utilization_percent", "power_watts"), that NVML could
+   * not report for this GPU in this sample: not supported on it (utilization under MIG, power on some boards,
+   * ECC with ECC off, memory on unified-memory boards such as GB10), no permission, the entry point missing from
+   * the driver, or the query failed. Such a field reads 0 (empty) and means unknown, not zero: "idle", "0 W",
+   * "0 C" must not be read into it. The names that can appear: name, uuid, memory_total_bytes,
+   * memory_used_bytes, memory_free_bytes, utilization_percent, temperature_celsius, power_watts,
+   * power_limit_watts, throttle_reasons, ecc_uncorrected, processes. index and lost are always known. Empty for a
+   * GPU that reported everything (and in records of agents older than this field: there 0 may mean unknown).
+   */
+  unreportedFields: string[];
 }
 
 export interface GpuProcess {
@@ -2439,6 +2457,7 @@ function createBaseGpu(): Gpu {
     eccUncorrected: 0,
     processes: [],
     lost: false,
+    unreportedFields: [],
   };
 }
 
@@ -2485,6 +2504,9 @@ export const Gpu: MessageFns<Gpu> = {
     }
     if (message.lost !== false) {
       writer.uint32(112).bool(message.lost);
+    }
+    for (const v of message.unreportedFields) {
+      writer.uint32(122).string(v!);
     }
     return writer;
   },
@@ -2614,6 +2636,14 @@ export const Gpu: MessageFns<Gpu> = {
             message.lost = reader.bool();
             continue;
           }
+          case 15: {
+            if (tag !== 122) {
+              break;
+            }
+
+            message.unreportedFields.push(reader.string());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2680,6 +2710,11 @@ export const Gpu: MessageFns<Gpu> = {
         ? object.processes.map((e: any) => GpuProcess.fromJSON(e))
         : [],
       lost: isSet(object.lost) ? globalThis.Boolean(object.lost) : false,
+      unreportedFields: globalThis.Array.isArray(object?.unreportedFields)
+        ? object.unreportedFields.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.unreported_fields)
+        ? object.unreported_fields.map((e: any) => globalThis.String(e))
+        : [],
     };
   },
 
@@ -2727,6 +2762,9 @@ export const Gpu: MessageFns<Gpu> = {
     if (message.lost !== false) {
       obj.lost = message.lost;
     }
+    if (message.unreportedFields?.length) {
+      obj.unreportedFields = message.unreportedFields;
+    }
     return obj;
   },
 
@@ -2749,6 +2787,7 @@ export const Gpu: MessageFns<Gpu> = {
     message.eccUncorrected = object.eccUncorrected ?? 0;
     message.processes = object.processes?.map((e) => GpuProcess.fromPartial(e)) || [];
     message.lost = object.lost ?? false;
+    message.unreportedFields = object.unreportedFields?.map((e) => e) || [];
     return message;
   },
 };
