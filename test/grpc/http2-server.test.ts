@@ -1,16 +1,20 @@
 // The agent's gRPC server (layers/grpc/http2) over real loopback connections, with a grpc-js client and raw
 // node:http2 requests: routing, the request's framing and decoding, compression, deadlines, status and
 // trailers, handler failures, graceful close, and a router's burst of cancels (issue #15 item 8: past Node's
-// default rapid-reset guard, 1000 resets, the other calls of the connection ended INTERNAL).
+// default rapid-reset guard, 1000 resets, the other calls of the connection ended INTERNAL). Also what a
+// caller must not be able to do to it: end the daemon with a reset, make it buffer answers without bound.
 
 import * as http2 from "node:http2"
 import * as net from "node:net"
+import { Duplex } from "node:stream"
+import * as tls from "node:tls"
 import * as zlib from "node:zlib"
 import * as grpc from "@grpc/grpc-js"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import type { ServerCall } from "../../src/layers/grpc/http2/Call.ts"
 import { Http2GrpcServer, STREAM_RESET_BURST } from "../../src/layers/grpc/http2/Server.ts"
 import { frameMessage } from "../../src/services/grpc/Wire.ts"
+import { makeTestPki } from "../support/certs.ts"
 import { pollUntil } from "../support/poll.ts"
 
 const raw = (b: Buffer) => b
@@ -30,13 +34,21 @@ const service = {
   echo: method("Echo", false),
   fail: method("Fail", false),
   boom: method("Boom", false),
-  hang: method("Hang", true)
+  hang: method("Hang", true),
+  // Answers each request message with 32 KiB: the second answer fills the stream's 64 KiB write buffer.
+  chat: { ...method("Chat", true), requestStream: true },
+  // Writes three 40 KiB messages at once (past the 64 KiB write buffer), ending the call at the first 'drain'.
+  burst: method("Burst", true)
 } satisfies grpc.ServiceDefinition
 
 type Done = (e: { code: number; details: string } | null, v?: Buffer) => void
 const open = new Set<ServerCall<Buffer, Buffer>>()
 let cancelled = 0
 const seen: Array<Record<string, Array<string>>> = []
+/** Request messages Chat's handler was given. */
+let chatHandled = 0
+/** The 'drain's each Burst call saw. */
+const burstDrains: Array<number> = []
 
 const connectionErrors: Array<Error> = []
 /** [path, status] of each call the server ended before its handler ran. */
@@ -62,6 +74,23 @@ server.addService(service, {
       cancelled++
     })
     call.write(Buffer.from("open"))
+  },
+  chat: (call: ServerCall<Buffer, Buffer>) => {
+    call.on("data", (m: Buffer) => {
+      chatHandled++
+      call.write(Buffer.alloc(32 * 1024, m[0]!))
+    })
+    call.on("end", () => call.end())
+  },
+  burst: (call: ServerCall<Buffer, Buffer>) => {
+    let drains = 0
+    call.on("drain", () => drains++)
+    call.once("drain", () => {
+      call.end()
+      // Read once the stream's 'drain' has run all its listeners (each emitted one 'drain' here).
+      queueMicrotask(() => burstDrains.push(drains))
+    })
+    for (let i = 0; i < 3; i++) call.write(Buffer.alloc(40 * 1024))
   }
 } as unknown as grpc.UntypedServiceImplementation)
 
@@ -85,6 +114,7 @@ const unary = (path: string, body: Buffer, c = client) =>
 
 interface RawAnswer {
   readonly httpStatus: number
+  readonly acceptEncoding: string | undefined
   readonly grpcStatus: string | undefined
   readonly grpcMessage: string | undefined
   readonly data: Buffer
@@ -117,6 +147,7 @@ const rawCall = (headers: http2.OutgoingHttpHeaders, body: Array<Uint8Array>): P
       const message = tail["grpc-message"] ?? head["grpc-message"]
       resolve({
         httpStatus: Number(head[":status"]),
+        acceptEncoding: head["grpc-accept-encoding"] as string | undefined,
         grpcStatus: status as string | undefined,
         grpcMessage: message === undefined ? undefined : decodeURIComponent(message as string),
         data: Buffer.concat(data)
@@ -125,6 +156,10 @@ const rawCall = (headers: http2.OutgoingHttpHeaders, body: Array<Uint8Array>): P
     for (const b of body) req.write(b)
     req.end()
   })
+
+/** A PING's round trip: the server has read every frame sent before it. */
+const roundTrip = (session: http2.ClientHttp2Session) =>
+  new Promise<void>((resolve, reject) => session.ping((e) => (e ? reject(e) : resolve())))
 
 const compressed = (body: Buffer, how: (b: Buffer) => Buffer) => {
   const f = frameMessage(how(body))
@@ -211,7 +246,117 @@ describe("the agent's gRPC server on node:http2", () => {
       expect(r.grpcMessage).toContain(text)
       // Reported once, as no handler ran (the handler's own metrics never see it).
       expect({ what, rejected: rejected.slice(before) }).toEqual({ what, rejected: [["/t.T/Echo", code]] })
+      // Trailers-only answers carry the response headers too: one refused for its compression names those the
+      // server reads (grpc/grpc doc/compression.md).
+      expect({ what, accept: r.acceptEncoding }).toEqual({ what, accept: "identity,deflate,gzip" })
     }
+  })
+
+  it("survives a caller resetting, with an error code, a request refused as no gRPC call (the 'error' Node raises for it, unheard, ended the daemon)", async () => {
+    const uncaught: Array<string> = []
+    const record = (e: Error) => uncaught.push(e.message)
+    process.on("uncaughtException", record)
+    const session = http2.connect(`http://127.0.0.1:${port}`)
+    session.on("error", () => {})
+    try {
+      for (const headers of [{ ":method": "GET" }, { ":method": "POST", "content-type": "text/plain" }]) {
+        const req = session.request({ ":path": "/t.T/Echo", ...headers }, { endStream: false })
+        req.on("error", () => {})
+        req.close(http2.constants.NGHTTP2_INTERNAL_ERROR)
+        await new Promise((resolve) => req.on("close", resolve))
+      }
+      // The server has read both resets, and raised what it raises for them, once a PING sent after them is answered.
+      await roundTrip(session)
+    } finally {
+      session.close()
+      process.off("uncaughtException", record)
+    }
+    expect(uncaught).toEqual([])
+    expect((await unary("/t.T/Echo", Buffer.from("still up"))).value?.toString()).toBe("still up")
+  })
+
+  it("a caller that sends many messages at once and reads none gets the handler's answers held to what fits the stream's buffer; once it reads, every one comes, in order, then the status", async () => {
+    const before = chatHandled
+    const session = http2.connect(`http://127.0.0.1:${port}`)
+    session.on("error", () => {})
+    await new Promise((resolve) => session.once("connect", resolve))
+    try {
+      const req = session.request({
+        ":method": "POST",
+        ":path": "/t.T/Chat",
+        "content-type": "application/grpc",
+        te: "trailers"
+      })
+      req.on("error", () => {})
+      // 100 messages in one write (one DATA frame, one chunk at the server) and the end, while reading nothing.
+      const n = 100
+      req.end(Buffer.concat(Array.from({ length: n }, (_, i) => frameMessage(Buffer.from([i])))))
+      // The server has read them once a PING sent after them is answered: the second PING (nghttp2 may send the
+      // first ahead of the DATA frame queued before it).
+      for (const _ of [1, 2]) await roundTrip(session)
+      // Without backpressure the handler had all 100 at once: 3 MB of answers buffered for a caller not reading.
+      expect(chatHandled - before).toBeLessThan(10)
+      const data: Array<Buffer> = []
+      let status: string | undefined
+      req.on("data", (c: Buffer) => data.push(c))
+      req.on("trailers", (t) => {
+        status = t["grpc-status"] as string | undefined
+      })
+      await new Promise((resolve) => req.on("close", resolve))
+      const all = Buffer.concat(data)
+      const firstBytes: Array<number> = []
+      for (let at = 0; at < all.length; at += 5 + 32 * 1024) firstBytes.push(all[at + 5]!)
+      expect(status).toBe("0")
+      expect(firstBytes).toEqual(Array.from({ length: n }, (_, i) => i))
+      expect(chatHandled - before).toBe(n)
+    } finally {
+      session.close()
+    }
+  })
+
+  it("a caller that keeps sending while its answers wait is stopped by HTTP/2 flow control (the server stops reading its request)", async () => {
+    const session = http2.connect(`http://127.0.0.1:${port}`)
+    session.on("error", () => {})
+    await new Promise((resolve) => session.once("connect", resolve))
+    const req = session.request({
+      ":method": "POST",
+      ":path": "/t.T/Chat",
+      "content-type": "application/grpc",
+      te: "trailers"
+    })
+    req.on("error", () => {})
+    // 300 KB in 1,000-byte messages, each written once the one before went out (its callback), reading nothing.
+    const n = 300
+    let sent = 0
+    let stop = false
+    void (async () => {
+      for (let i = 0; i < n && !stop; i++) {
+        await new Promise((resolve) => req.write(frameMessage(Buffer.alloc(1000, i % 200)), resolve))
+        sent = i + 1
+      }
+    })()
+    try {
+      // Stopped once no more goes out over five PING round trips; without the pause the server read it all.
+      let last = -1
+      for (let same = 0, pings = 0; same < 5 && sent < n && pings < 1000; pings++) {
+        await roundTrip(session)
+        same = sent === last ? same + 1 : 0
+        last = sent
+      }
+      expect(sent).toBeGreaterThan(0)
+      expect(sent).toBeLessThan(n)
+    } finally {
+      stop = true
+      req.close(http2.constants.NGHTTP2_CANCEL)
+      session.close()
+    }
+  })
+
+  it("one 'drain' per wait for a handler that writes on past a full buffer (a listener per write gave one per write)", async () => {
+    const before = burstDrains.length
+    expect((await rawCall({ ":path": "/t.T/Burst" }, [frameMessage(Buffer.from("x"))])).grpcStatus).toBe("0")
+    await pollUntil("the Burst call's drains counted", () => burstDrains.length > before, 10_000, 10)
+    expect(burstDrains.slice(before)).toEqual([1])
   })
 
   it("a deadline or a cancel while the request is still arriving is reported as rejected; a handled call is not", async () => {
@@ -404,5 +549,92 @@ describe("the agent's gRPC server on node:http2", () => {
     expect(await second.status).not.toBe(grpc.status.OK)
     expect(gone).toBe(1)
     c.close()
+  })
+  it("close(): a connection whose TLS handshake ends after close() began is closed too (it took new calls and held close() until destroy)", async () => {
+    const pki = makeTestPki()
+    const material = { ca: pki.ca.cert, cert: pki.server.cert, key: pki.server.key }
+    const s = new Http2GrpcServer({
+      maxReceiveMessageLength: 1024,
+      tls: { current: () => material, subscribe: () => () => {} }
+    })
+    s.addService({ echo: service.echo }, {
+      echo: (call: ServerCall<Buffer, Buffer>, done: Done) => done(null, call.request)
+    } as unknown as grpc.UntypedServiceImplementation)
+    const p = await s.listen("127.0.0.1", 0)
+    // The client's TLS bytes go through `pipe`: once the server has answered its hello (so the server has the
+    // connection), what the client sends next (its certificate, Finished, then HTTP/2) waits until close().
+    const socket = net.connect(p, "127.0.0.1")
+    socket.on("error", () => {})
+    const held: Array<Buffer> = []
+    let holding = false
+    const answered = new Promise<void>((resolve) => {
+      socket.once("data", () => {
+        holding = true
+        resolve()
+      })
+    })
+    const pipe = new Duplex({
+      write(chunk: Buffer, _encoding, callback) {
+        if (holding) held.push(chunk)
+        else socket.write(chunk)
+        callback()
+      },
+      read() {}
+    })
+    socket.on("data", (d) => pipe.push(d))
+    socket.on("end", () => pipe.push(null))
+    const release = () => {
+      holding = false
+      for (const c of held.splice(0)) socket.write(c)
+    }
+    const session = http2.connect(`https://127.0.0.1:${p}`, {
+      createConnection: () =>
+        tls.connect({
+          socket: pipe,
+          ca: pki.ca.cert,
+          cert: pki.client.cert,
+          key: pki.client.key,
+          servername: "localhost",
+          ALPNProtocols: ["h2"]
+        })
+    })
+    session.on("error", () => {})
+    try {
+      await answered
+      let closed = false
+      const closing = s.close().then(() => {
+        closed = true
+      })
+      release()
+      // A call on the late connection: refused (GOAWAY), not served.
+      const late = await new Promise<string>((resolve) => {
+        try {
+          const req = session.request({
+            ":method": "POST",
+            ":path": "/t.T/Echo",
+            "content-type": "application/grpc",
+            te: "trailers"
+          })
+          let status = "none"
+          req.on("trailers", (t) => {
+            status = String(t["grpc-status"])
+          })
+          req.on("error", () => {})
+          req.on("close", () => resolve(req.rstCode === http2.constants.NGHTTP2_NO_ERROR ? status : "refused"))
+          req.resume()
+          req.end(frameMessage(Buffer.from("late")))
+        } catch {
+          resolve("refused")
+        }
+      })
+      expect(late).toBe("refused")
+      // And close() ends with it, without destroy().
+      await closing
+      expect(closed).toBe(true)
+    } finally {
+      session.destroy()
+      s.destroy()
+      pki.cleanup()
+    }
   })
 })

@@ -2,7 +2,8 @@
  * One gRPC call on one HTTP/2 stream, in the shape grpc-js gives handlers (so grpc-health-check and
  * @grpc/reflection run on it unchanged): `request`, `metadata.get`, `write` (false when the stream's buffer
  * is full, then 'drain'), `end`, 'cancelled' when the caller reset the stream, its deadline passed or the
- * connection went first, and for request streams 'data' and 'end'. Ending with a status is `sendStatus`.
+ * connection went first, and for request streams 'data' (held while a write waits for 'drain') and 'end'.
+ * Ending with a status is `sendStatus`.
  * Response headers go out with the first message, or earlier through `sendHeaders`; a call that ends before
  * either answers trailers-only.
  */
@@ -30,6 +31,12 @@ export class RequestMetadata {
 const noop = (): void => {}
 
 /**
+ * The request encodings decodeMessage.ts reads, in every response's headers, trailers-only ones included: a
+ * call refused UNIMPLEMENTED for its compression must carry them (grpc/grpc doc/compression.md).
+ */
+const ACCEPT_ENCODING = "identity,deflate,gzip"
+
+/**
  * What a unary handler answers through: an error (a GrpcFailure, or a library handler's grpc-js-style
  * `{ code, details }`) or the response.
  */
@@ -44,6 +51,11 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
   readonly #stream: http2.ServerHttp2Stream
   readonly #serialize: (message: Res) => Buffer
   #headersSent = false
+  /** A write found the stream's buffer full; 'drain' not seen yet. */
+  #full = false
+  /** Request messages waiting for that 'drain' (request-streaming methods), and the request's end after them. */
+  #held: Array<Req> | undefined
+  #heldEnd = false
   #done = false
   #trailers: http2.OutgoingHttpHeaders | undefined
   #deadline: ReturnType<typeof setTimeout> | undefined
@@ -96,8 +108,33 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
     if (this.#done || this.#stream.destroyed) return false
     this.#respond()
     const ok = this.#stream.write(frame)
-    if (!ok) this.#stream.once("drain", this.#onDrain)
+    if (!ok && !this.#full) {
+      // One 'drain' listener per wait: a handler that writes on without waiting (reflection, Watch) would
+      // add one per write.
+      this.#full = true
+      this.#stream.once("drain", this.#onDrain)
+      // Until the caller reads, what it still sends waits as well (receive): paused, the request's HTTP/2
+      // flow-control window closes and the caller stops sending.
+      if (!this.#stream.readableEnded) this.#stream.pause()
+    }
     return ok
+  }
+
+  /**
+   * Hands the handler one request message ('data') of a request-streaming method, or holds it while a write
+   * waits for 'drain': a handler answering each message (reflection) would otherwise buffer answers without
+   * bound for a caller that sends many messages at once and never reads.
+   */
+  receive(message: Req): void {
+    if (this.#held !== undefined) this.#held.push(message)
+    else if (this.#full) this.#held = [message]
+    else if (!this.#done) this.emit("data", message)
+  }
+
+  /** The end of a request-streaming method's request ('end'), after the messages held. */
+  endRequest(): void {
+    if (this.#held === undefined) this.emit("end")
+    else this.#heldEnd = true
   }
 
   /** Sends the response headers now (else they go with the first message). */
@@ -122,9 +159,12 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
     if (status.message !== "") trailers["grpc-message"] = encodeStatusMessage(status.message)
     for (const k in status.trailers) if (!reservedTrailer(k)) trailers[k] = status.trailers[k]
     if (!this.#headersSent) {
-      // Trailers-only: the status in the one HEADERS frame, which ends the stream.
+      // Trailers-only: the response headers and the status in the one HEADERS frame, which ends the stream.
       this.#headersSent = true
-      stream.respond({ ":status": 200, "content-type": "application/grpc", ...trailers }, { endStream: true })
+      stream.respond(
+        { ":status": 200, "content-type": "application/grpc", "grpc-accept-encoding": ACCEPT_ENCODING, ...trailers },
+        { endStream: true }
+      )
       this.#stopRequest()
       return
     }
@@ -137,12 +177,22 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
     if (this.#headersSent) return
     this.#headersSent = true
     this.#stream.respond(
-      { ":status": 200, "content-type": "application/grpc", "grpc-accept-encoding": "identity,deflate,gzip" },
+      { ":status": 200, "content-type": "application/grpc", "grpc-accept-encoding": ACCEPT_ENCODING },
       { waitForTrailers: true }
     )
   }
 
   readonly #onDrain = (): void => {
+    this.#full = false
+    const held = this.#held
+    if (held !== undefined) {
+      // In order until a write fills the buffer again: the rest, and the request, wait for the next 'drain'.
+      while (held.length > 0 && !this.#full && !this.#done) this.emit("data", held.shift())
+      if (this.#full && !this.#done) return
+      this.#held = undefined
+      if (this.#heldEnd && !this.#done) this.emit("end")
+    }
+    if (this.#stream.isPaused()) this.#stream.resume()
     this.emit("drain")
   }
 

@@ -82,6 +82,16 @@ const failure = (e: TransportError): GrpcFailure => toGrpcFailure(e)
 
 const noBody = (): Buffer => Buffer.alloc(0)
 
+const noop = (): void => {}
+
+/** Answers a request that is no gRPC call (not POST, not application/grpc) with a bare HTTP status. */
+const refuse = (stream: http2.ServerHttp2Stream, status: number): void => {
+  // The caller may still reset the stream, with an error code Node raises as the stream's 'error': one
+  // nobody listens to would end the daemon (ServerCall listens on the streams it serves).
+  stream.on("error", noop)
+  stream.respond({ ":status": status }, { endStream: true })
+}
+
 /** The status of a call its caller cancelled, from the status table. */
 const CANCELLED = failure(new CallCancelled()).code
 /** The end of a call whose grpc-timeout passed (made once: an error built per call costs every call). */
@@ -95,6 +105,8 @@ export class Http2GrpcServer {
   /** Bytes received on streams whose handler has not run yet (maxArrivingBytes). */
   #arriving = 0
   #unsubscribe: (() => void) | undefined
+  /** Set by close() and destroy(): what a connection still in its TLS handshake then gets once it is one. */
+  #closing: "close" | "destroy" | undefined
 
   constructor(options: Http2GrpcServerOptions) {
     this.#options = options
@@ -141,6 +153,8 @@ export class Http2GrpcServer {
       // Errors end the session, and 'close' follows: its streams see 'cancelled' there.
       session.on("error", connectionError)
       session.once("close", () => this.#sessions.delete(session))
+      // Accepted before close() or destroy(), its handshake done after: it must not take calls, nor hold close().
+      if (this.#closing !== undefined) session[this.#closing]()
     })
     server.on("tlsClientError", connectionError)
     // Each relayed token is a small write after one still unacknowledged: Nagle's algorithm would hold it back.
@@ -169,6 +183,7 @@ export class Http2GrpcServer {
     const server = this.#server
     this.#unsubscribe?.()
     if (server === undefined || !server.listening) return Promise.resolve()
+    this.#closing = "close"
     const closed = new Promise<void>((resolve) => server.close(() => resolve()))
     for (const s of this.#sessions) s.close()
     return closed
@@ -177,18 +192,15 @@ export class Http2GrpcServer {
   /** Closes every connection now: their running calls see 'cancelled'. */
   destroy(): void {
     this.#unsubscribe?.()
+    this.#closing = "destroy"
     for (const s of this.#sessions) s.destroy()
     if (this.#server?.listening) this.#server.close()
   }
 
   #onStream(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders): void {
-    if (headers[":method"] !== "POST") {
-      stream.respond({ ":status": 405 }, { endStream: true })
-      return
-    }
     const contentType = headers["content-type"]
-    if (contentType === undefined || !contentType.startsWith("application/grpc")) {
-      stream.respond({ ":status": 415 }, { endStream: true })
+    if (headers[":method"] !== "POST" || contentType === undefined || !contentType.startsWith("application/grpc")) {
+      refuse(stream, headers[":method"] !== "POST" ? 405 : 415)
       return
     }
     const path = headers[":path"] ?? ""
@@ -230,7 +242,8 @@ export class Http2GrpcServer {
       limit: this.#options.maxReceiveMessageLength,
       deserialize: route.definition.requestDeserialize
     }
-    const reader = new MessageReader(decoder.limit)
+    // Unzeroed memory (Buffer.allocUnsafe) for a message gathered from several chunks: every byte is written.
+    const reader = new MessageReader(decoder.limit, Buffer.allocUnsafe)
     const streaming = route.kind === "bidi" || route.kind === "clientStream"
     let received = 0
     // Each chunk's messages, until the call is over; the first failure ends it.
@@ -242,7 +255,7 @@ export class Http2GrpcServer {
         const decoded = decode(decoder, m)
         if (!decoded.ok) return decoded.failure
         received++
-        if (streaming) call.emit("data", decoded.value)
+        if (streaming) call.receive(decoded.value)
         else if (received > 1)
           return failure(new ProtocolViolation({ detail: `${path} takes one request message, got more` }))
         else call.request = decoded.value
@@ -267,7 +280,7 @@ export class Http2GrpcServer {
       // A caller's reset ends the request too: that is its cancel ('cancelled' on close), not a short message.
       if (call.done || stream.aborted) return
       if (reader.pending > 0) end(failure(new ProtocolViolation({ detail: "the request ended inside a message" })))
-      else if (streaming) call.emit("end")
+      else if (streaming) call.endRequest()
       else if (received === 0) reject(failure(new ProtocolViolation({ detail: "the request carried no message" })))
       else {
         handled = true
