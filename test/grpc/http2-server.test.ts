@@ -200,6 +200,12 @@ describe("the agent's gRPC server on node:http2", () => {
     expect(unknown.grpcMessage).toContain("/t.T/Nope")
     expect((await rawCall({ ":path": "/t.T/Echo", ":method": "GET" }, [])).httpStatus).toBe(405)
     expect((await rawCall({ ":path": "/t.T/Echo", "content-type": "text/plain" }, [])).httpStatus).toBe(415)
+    // gRPC-Web is another protocol (trailers in the body): not answered as gRPC
+    expect((await rawCall({ ":path": "/t.T/Echo", "content-type": "application/grpc-web" }, [])).httpStatus).toBe(415)
+    const proto = await rawCall({ ":path": "/t.T/Echo", "content-type": "application/grpc+proto" }, [
+      frameMessage(Buffer.from("x"))
+    ])
+    expect(proto.httpStatus).toBe(200)
   })
 
   it("gives each broken request a precise status", async () => {

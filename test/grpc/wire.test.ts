@@ -4,6 +4,7 @@ import { describe, expect, it } from "vitest"
 import {
   encodeStatusMessage,
   frameMessage,
+  isGrpcContentType,
   MessageReader,
   parseTimeout,
   reservedTrailer
@@ -98,6 +99,27 @@ describe("MessageReader", () => {
     const reader = new MessageReader(1000)
     expect(reader.push(c.subarray(0, 100))).toEqual([])
     expect(reader.pending).toBe(100)
+  })
+})
+
+describe("isGrpcContentType", () => {
+  it("is application/grpc alone, with a +subtype or with parameters; not grpc-web or other types", () => {
+    for (const ok of [
+      "application/grpc",
+      "application/grpc+proto",
+      "application/grpc+json",
+      "application/grpc;charset=utf-8"
+    ])
+      expect(isGrpcContentType(ok), ok).toBe(true)
+    for (const no of [
+      undefined,
+      "",
+      "application/grpc-web",
+      "application/grpc-web+proto",
+      "application/grpcx",
+      "text/plain"
+    ])
+      expect(isGrpcContentType(no), String(no)).toBe(false)
   })
 })
 

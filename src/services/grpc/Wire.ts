@@ -127,6 +127,17 @@ export const frameMessage = (
 const UNIT_MS: Readonly<Record<string, number>> = { H: 3_600_000, M: 60_000, S: 1_000, m: 1, u: 0.001, n: 0.000_001 }
 
 /**
+ * Whether a request's content-type is gRPC's: "application/grpc", alone or followed by "+" (a subtype such as
+ * +proto) or ";" (parameters), as grpc/grpc doc/PROTOCOL-HTTP2.md defines it and grpc-go checks it. Not
+ * "application/grpc-web", another protocol (its trailers travel in the body), which a prefix match took for gRPC.
+ */
+export const isGrpcContentType = (value: string | undefined): boolean => {
+  if (value === undefined || !value.startsWith("application/grpc")) return false
+  const next = value.charCodeAt(16) // after "application/grpc"
+  return Number.isNaN(next) || next === 0x2b /* + */ || next === 0x3b /* ; */
+}
+
+/**
  * A `grpc-timeout` value in milliseconds (rounded up, so a positive timeout is never 0); undefined when
  * absent, "invalid" when it is not 1-8 digits and one of H M S m u n.
  */

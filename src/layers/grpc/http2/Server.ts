@@ -23,7 +23,7 @@ import {
   type TransportError,
   UnknownMethod
 } from "../../../services/grpc/TransportErrors.ts"
-import { MessageReader, parseTimeout } from "../../../services/grpc/Wire.ts"
+import { isGrpcContentType, MessageReader, parseTimeout } from "../../../services/grpc/Wire.ts"
 import type { TlsSource } from "../../../services/tls/Tls.ts"
 import { ServerCall, type UnaryCallback } from "./Call.ts"
 import { type Decoder, decode } from "./decodeMessage.ts"
@@ -198,8 +198,7 @@ export class Http2GrpcServer {
   }
 
   #onStream(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders): void {
-    const contentType = headers["content-type"]
-    if (headers[":method"] !== "POST" || contentType === undefined || !contentType.startsWith("application/grpc")) {
+    if (headers[":method"] !== "POST" || !isGrpcContentType(headers["content-type"])) {
       refuse(stream, headers[":method"] !== "POST" ? 405 : 415)
       return
     }
