@@ -91,7 +91,8 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
         }
         if (overdue && logged !== "overdue") {
           logged = "overdue"
-          yield* Effect.logError("GPU memory still held; the node is unhealthy until it is freed", {
+          // the reason says which: memory held, or memory NVML cannot report (the GPU cannot be judged free)
+          yield* Effect.logError("the engine's GPUs are not free in time; the node is unhealthy until they are", {
             reason: verdict.reason,
             gpu_free_timeout: Duration.format(config.engine.gpu_free_timeout)
           })

@@ -123,12 +123,28 @@ const makeHandles = (registry: Registry): MetricHandles => {
       "node_version",
       "engine"
     ] as const),
-    gpuUtilization: gauge("gpu_utilization_ratio", "GPU utilization 0..1 (NVML)", gpuLabels),
-    gpuMemoryUsed: gauge("gpu_memory_used_bytes", "GPU memory in use (NVML)", gpuLabels),
+    gpuUtilization: gauge(
+      "gpu_utilization_ratio",
+      "GPU utilization 0..1 (NVML; no series for a GPU that cannot report it, e.g. under MIG)",
+      gpuLabels
+    ),
+    gpuMemoryUsed: gauge(
+      "gpu_memory_used_bytes",
+      "GPU memory in use (NVML; no series for a GPU that cannot report it)",
+      gpuLabels
+    ),
     gpuMemoryTotal: gauge("gpu_memory_total_bytes", "GPU memory in total (NVML)", gpuLabels),
-    gpuTemperature: gauge("gpu_temperature_celsius", "GPU core temperature (NVML)", gpuLabels),
-    gpuPower: gauge("gpu_power_watts", "GPU power draw (NVML)", gpuLabels),
-    gpuPowerLimit: gauge("gpu_power_limit_watts", "GPU enforced power limit (NVML)", gpuLabels),
+    gpuTemperature: gauge(
+      "gpu_temperature_celsius",
+      "GPU core temperature (NVML; no series for a GPU that cannot report it)",
+      gpuLabels
+    ),
+    gpuPower: gauge("gpu_power_watts", "GPU power draw (NVML; no series for a GPU that cannot report it)", gpuLabels),
+    gpuPowerLimit: gauge(
+      "gpu_power_limit_watts",
+      "GPU enforced power limit (NVML; no series for a GPU that cannot report it)",
+      gpuLabels
+    ),
     gpuThrottled: gauge("gpu_clock_throttled", "1 while the GPU clocks are held down for this reason (NVML)", [
       ...gpuLabels,
       "reason"
