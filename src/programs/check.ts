@@ -6,10 +6,11 @@
 import { Console, Effect } from "effect"
 import { Command, Flag } from "effect/cli"
 import { requireAdminToken } from "../layers/admin/Admin.ts"
-import { resolvePlan } from "../layers/engine/backends/index.ts"
+import { engineFor, resolvePlan } from "../layers/engine/backends/index.ts"
 import { etcdOptions } from "../layers/registry/etcdClient.ts"
 import { readMaterial, readOne, securityFiles } from "../layers/tls/tlsMaterial.ts"
 import { type AgentConfig, ConfigError } from "../services/config/Config.ts"
+import type { LaunchPlan } from "../services/engine/Engine.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
 import { nvmlWorkerEntry } from "./programPaths.ts"
 
@@ -39,17 +40,43 @@ export const preflight = (c: AgentConfig, options: { readonly offline?: boolean 
     if (problems.length > 0) return yield* new ConfigError({ file: c.file ?? "<inline>", problems })
   })
 
-/** The summary `check` prints: one `key: value` line per fact an operator checks first. */
-export const summarize = (c: AgentConfig): string => {
+/**
+ * KV events as `run` will treat them: the engine publishes whenever `[kv].events` is on, but the agent forwards
+ * them only to a `[kv].uds` (without one, `run` logs a warning and the bridge stays off).
+ */
+const kvEventsSummary = (c: AgentConfig): string => {
+  if (!c.kv.events) return "off"
+  const to = c.kv.uds === undefined ? "not forwarded ([kv].uds is not set)" : `forwarded to ${c.kv.uds}`
+  return `on, ${c.kv.events_endpoint}, ${to}`
+}
+
+/**
+ * The engine's GPUs: as listed, else those NVML gave the plan on this host now (`run` picks them again at start),
+ * else automatic; an engine that takes no NVIDIA GPUs from the agent (mlx, openai_compat) gets none.
+ */
+const gpusSummary = (c: AgentConfig, plan: LaunchPlan | undefined): string => {
+  if (engineFor(c.engine.kind).capabilities.cudaGpus !== true) return `none handed out (${c.engine.kind})`
+  if (c.model.gpus.length > 0) return c.model.gpus.join(", ")
+  if (plan?.gpus !== undefined)
+    return `${plan.gpus.join(", ")} (automatic: the first tp x dp healthy GPUs now; picked again at start)`
+  return "automatic (the first tp x dp healthy GPUs at start)"
+}
+
+/**
+ * The summary `check` prints: one `key: value` line per fact an operator checks first. `plan`: the launch plan
+ * resolved on this host (with NVML, it names the GPUs an automatic assignment takes).
+ */
+export const summarize = (c: AgentConfig, plan?: LaunchPlan): string => {
   const m = c.model
   const lines: Array<[string, string]> = [
     ["engine", `${c.engine.kind} at ${c.engine.url}`],
     ["model", `${m.name} (${m.source.kind} ${m.source.value}), served as ${m.served_name}`],
     ["tp", String(m.tp)],
-    ["gpus", m.gpus.length > 0 ? m.gpus.join(", ") : "automatic (the first tp x dp healthy GPUs at start)"],
+    ["dp", String(m.dp)],
+    ["gpus", gpusSummary(c, plan)],
     ["role", c.agent.role],
     ["kv_offload", c.engine.kv_offload],
-    ["kv events", c.kv.events ? `on, ${c.kv.events_endpoint}` : "off"],
+    ["kv events", kvEventsSummary(c)],
     ["grpc", `${c.agent.listen_grpc}${c.security.require_mtls ? " (mTLS)" : ""}`],
     ["health", c.agent.listen_health === undefined ? "off" : `${c.agent.listen_health} (plaintext, health only)`],
     ["admin", c.agent.listen_admin],
@@ -69,7 +96,7 @@ export const check = Command.make(
     config: configFlag,
     offline: Flag.Boolean("offline").pipe(
       Flag.withDescription(
-        "Skip reading the files the config names (TLS certificates): for checking a config away from its host"
+        "Skip reading the files the config names (TLS certificates) and the GPU check: for checking a config away from its host"
       ),
       Flag.withDefault(false)
     )
@@ -79,8 +106,8 @@ export const check = Command.make(
       const c = yield* loadConfig(config)
       yield* preflight(c, { offline })
       // the plan too: with NVML on this host, a tp x dp it cannot hold (or a GPU it lacks) is refused here
-      if (!offline) yield* resolvePlan(c, nvmlWorkerEntry())
-      yield* Console.log(summarize(c))
+      const plan = offline ? undefined : yield* resolvePlan(c, nvmlWorkerEntry())
+      yield* Console.log(summarize(c, plan))
     })
 ).pipe(
   Command.withDescription(
