@@ -2,7 +2,7 @@
 import { Effect, Schedule } from "effect"
 import { expect, it } from "vitest"
 import { layer } from "../../src/layers/node/EventLoopLag.ts"
-import { EventLoopLag } from "../../src/services/node/EventLoopLag.ts"
+import { EventLoopLag, lagMs } from "../../src/services/node/EventLoopLag.ts"
 
 it("reports a blocked event loop as lag", async () => {
   const program = Effect.gen(function* () {
@@ -22,6 +22,24 @@ it("reports a blocked event loop as lag", async () => {
     )
   }).pipe(Effect.provide(layer({ resolutionMs: 10, window: "10 seconds" })))
   const sample = await Effect.runPromise(program)
-  expect(sample.maxMs).toBeGreaterThanOrEqual(100)
+  expect(sample.maxMs).toBeGreaterThanOrEqual(90) // the 150 ms block, less the 10 ms interval and the tick before
   expect(sample.windowMs).toBe(10_000)
+})
+
+it("an idle loop reads near 0, not the sampling interval (perf_hooks records the interval too)", async () => {
+  const program = Effect.gen(function* () {
+    const lag = yield* EventLoopLag
+    // idle on purpose over two 200 ms windows: the quantity measured is the idle loop's lag
+    yield* Effect.sleep("450 millis")
+    return yield* lag.sample
+  }).pipe(Effect.provide(layer({ resolutionMs: 50, window: "200 millis" })))
+  const sample = await Effect.runPromise(program)
+  // before: ~50 (the interval itself); a busy test machine may add a few ms
+  expect(sample.currentMs).toBeLessThan(25)
+})
+
+it("lagMs takes the interval off and never goes below 0", () => {
+  expect(lagMs(100_270_000, 100)).toBe(0.27)
+  expect(lagMs(99_000_000, 100)).toBe(0)
+  expect(lagMs(350_000_000, 100)).toBe(250)
 })

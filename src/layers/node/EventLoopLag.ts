@@ -5,7 +5,7 @@
  */
 import { monitorEventLoopDelay } from "node:perf_hooks"
 import { Duration, Effect, Layer, Ref, Schedule } from "effect"
-import { EventLoopLag, type LagSample, nsToMs } from "../../services/node/EventLoopLag.ts"
+import { EventLoopLag, type LagSample, lagMs } from "../../services/node/EventLoopLag.ts"
 
 export interface EventLoopLagOptions {
   /**
@@ -23,9 +23,11 @@ export const layer = (options: EventLoopLagOptions = {}): Layer.Layer<EventLoopL
     EventLoopLag,
     Effect.gen(function* () {
       const windowMs = Duration.toMillis(Duration.fromInputUnsafe(options.window ?? "5 seconds"))
+      const resolutionMs = options.resolutionMs ?? 100
+      const lag = (ns: number) => lagMs(ns, resolutionMs)
       const histogram = yield* Effect.acquireRelease(
         Effect.sync(() => {
-          const h = monitorEventLoopDelay({ resolution: options.resolutionMs ?? 100 })
+          const h = monitorEventLoopDelay({ resolution: resolutionMs })
           h.enable()
           return h
         }),
@@ -33,10 +35,10 @@ export const layer = (options: EventLoopLagOptions = {}): Layer.Layer<EventLoopL
       )
       const last = yield* Ref.make<LagSample>({ currentMs: 0, p99Ms: 0, windowMaxMs: 0, maxMs: 0, windowMs })
       const roll = Effect.gen(function* () {
-        const windowMax = histogram.count > 0 ? nsToMs(histogram.max) : 0
+        const windowMax = histogram.count > 0 ? lag(histogram.max) : 0
         const sample = {
-          currentMs: histogram.count > 0 ? nsToMs(histogram.mean) : 0,
-          p99Ms: histogram.count > 0 ? nsToMs(histogram.percentile(99)) : 0,
+          currentMs: histogram.count > 0 ? lag(histogram.mean) : 0,
+          p99Ms: histogram.count > 0 ? lag(histogram.percentile(99)) : 0,
           windowMaxMs: windowMax
         }
         histogram.reset()
@@ -50,7 +52,7 @@ export const layer = (options: EventLoopLagOptions = {}): Layer.Layer<EventLoopL
       // Between rolls, the running window's worst delay still counts toward the all-time max.
       const sample = Ref.get(last).pipe(
         Effect.map((s) => {
-          const running = histogram.count > 0 ? nsToMs(histogram.max) : 0
+          const running = histogram.count > 0 ? lag(histogram.max) : 0
           return { ...s, maxMs: Math.max(s.maxMs, running) }
         })
       )
