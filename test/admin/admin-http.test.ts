@@ -258,6 +258,7 @@ describe("admin HTTP auth", () => {
     )
     expect(result._tag).toBe("AdminTokenRequired")
     expect(result.message).toContain('agent.listen_admin = "0.0.0.0:0" is not a loopback address')
+    expect(result.message).toContain("CGN_AGENT_ADMIN_TOKEN") // the variable the k8s manifests set
   })
 
   it("an address in use fails with AdminListenError naming the key and the system's reason", async () => {

@@ -17,7 +17,7 @@ describe("SIGHUP", () => {
   it("without TLS: the agent reloads, keeps serving, then drains on SIGTERM with exit 0", async () => {
     const { config } = await simAgentConfig()
     const agent = await startAgent({ config, readyTimeoutMs: 45_000 })
-    const reloads = () => agent.stderrLines.filter((l) => l.includes("SIGHUP: nothing to reload")).length
+    const reloads = () => agent.stderrLines.filter((l) => l.includes("SIGHUP: no certificates to reload")).length
     const died = agent.exited.then((e) => {
       throw new Error(`the agent died after SIGHUP (${JSON.stringify(e)}):\n${agent.tail()}`)
     })

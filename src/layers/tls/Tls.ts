@@ -165,7 +165,7 @@ export const hangupReload: Effect.Effect<void, never, Tls> = Effect.flatMap(Tls,
         ),
         Effect.catch((e) => Effect.logWarning(`SIGHUP: keeping the previous certificates: ${e.message}`))
       )
-    : Effect.logInfo("SIGHUP: nothing to reload (security.require_mtls is off)")
+    : Effect.logInfo("SIGHUP: no certificates to reload (security.require_mtls is off)")
 )
 
 /** Tls for an explicit `[security]` section and options (tests). */

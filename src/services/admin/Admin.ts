@@ -14,7 +14,7 @@ export class AdminTokenRequired extends Schema.TaggedError<AdminTokenRequired>()
   override get message(): string {
     return (
       `agent.listen_admin = "${this.listen}" is not a loopback address, so /status and /drain would be open to ` +
-      `the network: set agent.admin_token, or listen on 127.0.0.1`
+      `the network: set agent.admin_token (or the CGN_AGENT_ADMIN_TOKEN variable), or listen on 127.0.0.1`
     )
   }
 }
