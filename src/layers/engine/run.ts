@@ -51,6 +51,22 @@ const teardown = (
 
 const noExit = (problem: string): RunExit => ({ code: null, signal: null, problem })
 
+/** A run whose guard could not be spawned: `pid` and `exited` are settled already, there is nothing to stop. */
+const notStarted = (
+  startedAt: number,
+  pid: Deferred.Deferred<number | undefined>,
+  exited: Deferred.Deferred<RunExit>
+): EngineRun => ({
+  startedAt,
+  guardPid: undefined,
+  pid,
+  exited,
+  stop: Effect.succeed("gone"),
+  lastLines: Effect.succeed([]),
+  drainOutput: () => Effect.void,
+  portHolder: () => Effect.succeed("unknown")
+})
+
 /** Spawns one run through the guard at `guardEntry`; the run lives until the caller's scope closes. */
 export const spawnRun =
   (guardEntry: string) =>
@@ -68,13 +84,25 @@ export const spawnRun =
       const runFork = yield* FiberSet.runtime(fibers)<never>()
       const drain = (ms: number) => FiberSet.awaitEmpty(fibers).pipe(Effect.timeout(ms), Effect.ignore)
 
-      const { child, stop } = yield* Effect.acquireRelease(
+      const settle = (exit: RunExit) =>
+        Deferred.succeed(pid, undefined).pipe(Effect.andThen(Deferred.succeed(exited, exit)), Effect.asVoid)
+      const launched = yield* Effect.acquireRelease(
         Effect.gen(function* () {
-          const child = spawn(
-            process.execPath,
-            [guardEntry, ...buildGuardArgs({ graceMs: options.graceMs, argv: plan.argv })],
-            { detached: true, stdio: ["pipe", "pipe", "pipe", "pipe"], env: engineEnvironment(process.env, plan.env) }
-          )
+          let child: ChildProcess
+          try {
+            child = spawn(
+              process.execPath,
+              [guardEntry, ...buildGuardArgs({ graceMs: options.graceMs, argv: plan.argv })],
+              { detached: true, stdio: ["pipe", "pipe", "pipe", "pipe"], env: engineEnvironment(process.env, plan.env) }
+            )
+          } catch (e) {
+            // Node emits 'error' for EACCES, EAGAIN, EMFILE, ENFILE and ENOENT only and throws the other spawn
+            // failures (nodejs/node lib/internal/child_process.js, ChildProcess.prototype.spawn): E2BIG for an
+            // engine argument past the kernel's MAX_ARG_STRLEN (128 KiB), ENOMEM. Thrown, it ended the supervisor's
+            // loop as a defect nobody awaited: the engine "spawning" for good, never retried, nothing logged.
+            yield* settle(noExit(`guard: ${e instanceof Error ? e.message : String(e)}`))
+            return undefined
+          }
           // Memoized: the supervisor's explicit stop and the scope's release share one teardown.
           const stop = yield* Effect.cached(
             Effect.gen(function* () {
@@ -95,11 +123,12 @@ export const spawnRun =
           )
           return { child, stop }
         }),
-        ({ stop }) => stop.pipe(Effect.andThen(drain(250)))
+        (l) => (l === undefined ? Effect.void : l.stop.pipe(Effect.andThen(drain(250))))
       )
+      // Not started: a run that ended at once, with why (the supervisor logs it and retries with backoff).
+      if (launched === undefined) return notStarted(startedAt, pid, exited)
+      const { child, stop } = launched
 
-      const settle = (exit: RunExit) =>
-        Deferred.succeed(pid, undefined).pipe(Effect.andThen(Deferred.succeed(exited, exit)), Effect.asVoid)
       child.once("error", (err) => runFork(settle(noExit(`guard: ${err.message}`))))
       child.once("exit", (code, signal) =>
         // The guard's last report may still be in the pipe: read it first (bounded) before falling back.

@@ -140,9 +140,24 @@ export const engineOutput = (line: string): readonly [string, Record<string, unk
   return Object.keys(rest).length === 0 ? [text] : [text, { engine_fields: rest }]
 }
 
+const dropLine = (): void => {}
+
+/**
+ * Keeps the daemon up when its log sink goes (the collector's end of the stderr pipe closed, a terminal hung up):
+ * every later write then fails (EPIPE for a pipe), raised as an 'error' event on process.stderr a tick later.
+ * Node's console listens only during the write call (nodejs/node lib/internal/console/constructor.js,
+ * kWriteToConsole), so nobody heard it: it was thrown and ended the agent at its next log line
+ * (test/programs/crash-vectors.test.ts). Serving matters more than the log, and there is nowhere left to
+ * report it: those lines are dropped. Once per process, never removed: the last lines are written after every
+ * layer is released.
+ */
+const survivePipeLoss = (): void => {
+  if (!process.stderr.listeners("error").includes(dropLine)) process.stderr.on("error", dropLine)
+}
+
 /**
  * JSON lines on stderr at the effective level, replacing the default logger, and the LogLevel service that
- * moves it (SIGHUP: `hangupReload`).
+ * moves it (SIGHUP: `hangupReload`). A write to a stderr that is gone is dropped (`survivePipeLoss`).
  */
 export const layer = (configured: ConfigLevel, flag?: LogLevel): Layer.Layer<LogLevelTag> => {
   const env = process.env.CGN_LOG_LEVEL
@@ -150,6 +165,7 @@ export const layer = (configured: ConfigLevel, flag?: LogLevel): Layer.Layer<Log
   const pinnedBy =
     flag !== undefined ? "--log-level" : LogLevels.some((l) => l === env?.toLowerCase()) ? "CGN_LOG_LEVEL" : undefined
   return Layer.mergeAll(
+    Layer.effectDiscard(Effect.sync(survivePipeLoss)),
     Logger.layer([jsonLines(() => threshold)]),
     Layer.succeed(References.MinimumLogLevel, "Trace"),
     Layer.succeed(LogLevelTag, {
