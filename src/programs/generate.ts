@@ -168,8 +168,15 @@ export const runGenerate = Effect.fn("generate")(function* (f: Flags) {
       let ttftMs: number | undefined
       let tokens = 0
       let final: GenerateFinal | undefined
+      // stdout's reader gone (`generate ... | head`): each write then fails (EPIPE, Node ignores SIGPIPE), raised as
+      // an 'error' on stdout that nobody heard, which ended the CLI with a stack trace. Now the call is cancelled
+      // (the agent stops the engine's work) and the CLI ends quietly, as `head` asked. The listener stays: a write
+      // already made can still fail later.
+      const outputGone = new AbortController()
+      process.stdout.on("error", (e) => outputGone.abort(e))
       // nice-grpc sends no grpc-timeout; the deadline is enforced here and seen by the agent as a cancel.
-      const callSignal = AbortSignal.any([signal, expired])
+      const callSignal = AbortSignal.any([signal, expired, outputGone.signal])
+      const line = () => summaryLine({ tokens, ttftMs, totalMs: performance.now() - started, final })
       try {
         for await (const r of client.generate(req, { signal: callSignal })) {
           if (r.delta !== undefined) {
@@ -178,11 +185,14 @@ export const runGenerate = Effect.fn("generate")(function* (f: Flags) {
             process.stdout.write(r.delta.text)
           } else if (r.final !== undefined) final = r.final
         }
+      } catch (e) {
+        if (outputGone.signal.aborted) return `${line()} (stdout closed by its reader: call cancelled)`
+        throw e
       } finally {
         // End the streamed text's line, also when the call fails half-way, so the shell prompt starts on its own line.
-        if (ttftMs !== undefined) process.stdout.write("\n")
+        if (ttftMs !== undefined && !outputGone.signal.aborted) process.stdout.write("\n")
       }
-      return summaryLine({ tokens, ttftMs, totalMs: performance.now() - started, final })
+      return line()
     },
     catch: (e) => {
       if (e instanceof ClientError)

@@ -2,13 +2,17 @@
 // 1 usage errors), the key path of a problem on stderr, `render --json` output, `--help`, `help` and
 // `version`, one-line usage errors, `generate`'s address and number checks, the Node version check, the simulator's
 // --help/--version, and a real install of the packed package (`cgn-agent` on PATH).
-import { execFile, execFileSync } from "node:child_process"
+import { execFile, execFileSync, spawn } from "node:child_process"
 import * as fs from "node:fs/promises"
+import * as http2 from "node:http2"
+import type { AddressInfo } from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
 import { promisify } from "node:util"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { GenerateResponse } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { nodeTooOld } from "../../src/programs/nodeVersion.ts"
+import { frameMessage } from "../../src/services/grpc/Wire.ts"
 import { VERSION } from "../../src/version.ts"
 import { agentEntry, requireDist, simDistEntry } from "../support/agent.ts"
 import { makeTestPki, type TestPki } from "../support/certs.ts"
@@ -318,6 +322,51 @@ describe("generate's arguments", () => {
     const r = await cli(["generate", "--addr", `127.0.0.1:${port}`, "--prompt", "hi", "--timeout", "5"])
     expect(r.code).toBe(1)
     expect(r.stderr.trim()).toBe(`cgn-agent: UNAVAILABLE: cannot connect: connect ECONNREFUSED 127.0.0.1:${port}`)
+  })
+})
+
+describe("generate into a closed pipe", () => {
+  it("`generate | head`: the reader leaving cancels the call and the CLI ends quietly, exit 0", async () => {
+    // A stand-in agent that streams a delta every 5 ms until the caller goes.
+    let cancelled!: () => void
+    const callerLeft = new Promise<void>((resolve) => {
+      cancelled = resolve
+    })
+    const server = http2.createServer((req, res) => {
+      req.resume()
+      res.writeHead(200, { "content-type": "application/grpc" })
+      const delta = frameMessage(
+        Buffer.from(GenerateResponse.encode({ delta: { text: "tok ", tokens: 1, index: 0 } }).finish())
+      )
+      const timer = setInterval(() => res.write(delta), 5)
+      res.on("close", () => {
+        clearInterval(timer)
+        cancelled()
+      })
+    })
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve))
+    try {
+      const port = (server.address() as AddressInfo).port
+      const child = spawn(
+        process.execPath,
+        [path.join(ROOT, "src", "main.ts"), "generate", "--addr", `127.0.0.1:${port}`, "--prompt", "hi"],
+        { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] }
+      )
+      let stderr = ""
+      child.stderr.on("data", (c: Buffer) => {
+        stderr += c.toString()
+      })
+      const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)))
+      // the first text arrives, then the reader goes (as `head -c` does)
+      await new Promise<void>((resolve) => child.stdout.once("data", () => resolve()))
+      child.stdout.destroy()
+      expect(await exited).toBe(0)
+      await callerLeft // the stand-in agent saw the call end: not left streaming
+      expect(stderr).not.toContain("Unhandled 'error' event")
+      expect(stderr).toContain("stdout closed by its reader: call cancelled")
+    } finally {
+      server.close()
+    }
   })
 })
 
