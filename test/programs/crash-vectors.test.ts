@@ -11,7 +11,15 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { stringify as stringifyToml } from "smol-toml"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
-import { agentEntry, killAllAgents, processAlive, requireDist, simAgentConfig, startAgent } from "../support/agent.ts"
+import {
+  agentEntry,
+  awaitEngineFailing,
+  killAllAgents,
+  processAlive,
+  requireDist,
+  simAgentConfig,
+  startAgent
+} from "../support/agent.ts"
 import { agentClient, generate } from "../support/generate.ts"
 import { followLines } from "../support/lines.ts"
 import { pollUntil } from "../support/poll.ts"
@@ -110,16 +118,7 @@ describe("an engine argument too long for exec (E2BIG: Node throws it from spawn
       engine: { restart_backoff_initial: "100ms", restart_backoff_max: "500ms" }
     })
     const agent = await startAgent({ config, awaitReady: false })
-    const readyz = await pollUntil(
-      "/readyz says the engine is failing",
-      async () => {
-        const res = await fetch(`${agent.adminUrl}/readyz`)
-        const text = await res.text()
-        return res.status === 503 && text.includes("engine failing") ? text : undefined
-      },
-      45_000,
-      200
-    )
+    const readyz = await awaitEngineFailing(agent)
     expect(readyz).toContain("E2BIG")
     expect(
       agent.logs().some((l) => l.level === "error" && String(l.msg).includes("E2BIG")),

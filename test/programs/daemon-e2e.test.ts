@@ -5,7 +5,7 @@
 // Requires dist/ (`npm run build`; `npm test` builds first).
 import * as fs from "node:fs"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
-import { killAllAgents, requireDist, simAgentConfig, startAgent } from "../support/agent.ts"
+import { awaitEngineFailing, killAllAgents, requireDist, simAgentConfig, startAgent } from "../support/agent.ts"
 import { agentClient, generate, grpcCode } from "../support/generate.ts"
 import { pollUntil } from "../support/poll.ts"
 
@@ -72,16 +72,7 @@ describe("an engine command that does not exist", () => {
       }
     })
     const agent = await startAgent({ config, awaitReady: false })
-    const readyz = await pollUntil(
-      "/readyz says the engine is failing",
-      async () => {
-        const res = await fetch(`${agent.adminUrl}/readyz`)
-        const text = await res.text()
-        return res.status === 503 && text.includes("engine failing") ? text : undefined
-      },
-      45_000,
-      200
-    )
+    const readyz = await awaitEngineFailing(agent)
     expect(readyz).toMatch(/^unhealthy \(engine (restarting|starting): engine failing: \d+ runs in a row/)
     expect(readyz).toContain("ENOENT")
     const metric = async (name: string) => {

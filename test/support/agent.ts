@@ -12,6 +12,7 @@ import * as path from "node:path"
 import { fileURLToPath } from "node:url"
 import { parse as parseToml, stringify as stringifyToml } from "smol-toml"
 import { followLines } from "./lines.ts"
+import { pollUntil } from "./poll.ts"
 import { freePorts } from "./ports.ts"
 
 export const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..")
@@ -286,3 +287,16 @@ export const simAgentConfig = async (o: SimAgentOptions = {}): Promise<SimAgentC
   }
   return { config, grpcPort, adminPort, enginePort, engineUrl }
 }
+
+/** Polls (bounded, 45 s) until the agent's /readyz answers 503 "engine failing"; resolves with that text. */
+export const awaitEngineFailing = (agent: Pick<AgentHandle, "adminUrl">): Promise<string> =>
+  pollUntil(
+    "/readyz says the engine is failing",
+    async () => {
+      const res = await fetch(`${agent.adminUrl}/readyz`)
+      const text = await res.text()
+      return res.status === 503 && text.includes("engine failing") ? text : undefined
+    },
+    45_000,
+    200
+  )
