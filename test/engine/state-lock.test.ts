@@ -1,13 +1,20 @@
 // The state_dir lock's pure parts (layers/engine/stateLock.ts): reading a lock file, and whether its agent still
 // holds it from what a contender sees. The lock taken, refused, taken over and released for real is in
-// engine-process.test.ts ("the state dir").
+// engine-process.test.ts ("the state dir"); here, a release that cannot remove the lock.
+import { execFileSync } from "node:child_process"
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Effect, Exit, Logger } from "effect"
 import { describe, expect, it } from "vitest"
 import { pidAlive, START_MATCH_MS } from "../../src/layers/engine/processGroup.ts"
 import {
   decodeLock,
   HEARTBEAT_STALE_MS,
+  holdStateDir,
   type LockRecord,
   type LockSight,
+  lockFilePath,
   lockVerdict
 } from "../../src/layers/engine/stateLock.ts"
 
@@ -74,4 +81,49 @@ describe("pidAlive", () => {
     expect(pidAlive(process.pid)).toBe(true)
     for (const pid of [0, -1, 1.5]) expect(pidAlive(pid)).toBe(false)
   })
+})
+
+describe("release", () => {
+  // chattr +i makes a file that even root cannot remove (ext4, xfs); where it cannot be set the case is skipped,
+  // named.
+  const canChattr = (() => {
+    const probe = path.join(os.tmpdir(), `cgn-chattr-${process.pid}`)
+    try {
+      fs.writeFileSync(probe, "")
+      execFileSync("chattr", ["+i", probe], { stdio: "ignore" })
+      execFileSync("chattr", ["-i", probe], { stdio: "ignore" })
+      return true
+    } catch {
+      return false
+    } finally {
+      fs.rmSync(probe, { force: true })
+    }
+  })()
+
+  it.skipIf(!canChattr)(
+    "a lock that cannot be removed is logged and left to the next agent, not a defect",
+    async () => {
+      const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-lock-release-"))
+      const lock = lockFilePath(dir)
+      const warnings: Array<string> = []
+      const logger = Logger.make(({ logLevel, message }) => {
+        if (logLevel === "Warn") warnings.push([message].flat().join(" "))
+      })
+      try {
+        const exit = await Effect.runPromiseExit(
+          Effect.scoped(
+            Effect.andThen(
+              holdStateDir(dir),
+              Effect.sync(() => execFileSync("chattr", ["+i", lock]))
+            )
+          ).pipe(Effect.provide(Logger.layer([logger])))
+        )
+        expect(Exit.isSuccess(exit), String(exit)).toBe(true)
+        expect(warnings.some((w) => w.includes(`could not remove ${lock}`))).toBe(true)
+      } finally {
+        execFileSync("chattr", ["-i", lock], { stdio: "ignore" })
+        fs.rmSync(dir, { recursive: true, force: true })
+      }
+    }
+  )
 })

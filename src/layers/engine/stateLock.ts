@@ -272,11 +272,19 @@ const take = (stateDir: string, file: string, text: string, token: string) =>
     }
   }).pipe(Effect.ensuring(Effect.promise(() => fs.rm(`${file}.${token}`, { force: true }).catch(() => undefined))))
 
-/** Removes the lock if it is still this holding's. */
+/**
+ * Removes the lock if it is still this holding's. A removal that fails (a read-only or busy state_dir) is logged
+ * and left to the next agent, which takes over a lock whose holder is gone: as a defect (Effect.promise) it made
+ * the end of a clean drain exit 1.
+ */
 const release = (file: string, text: string) =>
-  Effect.promise(async () => {
+  Effect.tryPromise(async () => {
     if ((await fs.readFile(file, "utf8").catch(() => undefined)) === text) await fs.rm(file, { force: true })
-  }).pipe(Effect.ignore)
+  }).pipe(
+    Effect.catch((e) =>
+      Effect.logWarning(`could not remove ${file}; the next agent takes it over`, { error: String(e.cause) })
+    )
+  )
 
 /**
  * Holds agent.state_dir (created if need be) for the scope's lifetime, refreshing the lock's mtime for agents in
