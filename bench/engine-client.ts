@@ -8,6 +8,7 @@ import { decodeConfigObject } from "../src/layers/config/Config.ts"
 import { engineFor } from "../src/layers/engine/backends/index.ts"
 import { layerFromPlan } from "../src/layers/engine/EngineClient.ts"
 import { EngineClient } from "../src/services/engine/EngineClient.ts"
+import { streamOf } from "../src/testing/EngineClient.ts"
 import { freePort } from "../test/support/ports.ts"
 import { startSim } from "../test/support/sim.ts"
 
@@ -70,7 +71,7 @@ const clientLoop = (count: () => boolean): Promise<void> =>
       const client = yield* EngineClient
       let stopped = false
       while (!stopped) {
-        yield* Stream.runForEach(client.stream("/v1/completions", body), (chunk) =>
+        yield* Stream.runForEach(streamOf(client)("/v1/completions", body), (chunk) =>
           Effect.sync(() => {
             if (Array.isArray(chunk.choices) && chunk.choices.length > 0 && count()) stopped = true
           })

@@ -1,17 +1,17 @@
 /**
  * A scripted in-memory EngineClient for tests of its callers (the gRPC relay, NodeStatus, embedders):
- * it implements only the transport primitive (`streamTo`), so `stream`, `complete` and the relay run the
- * production path. Every request answers from the script and is recorded (the body as the caller gave it:
+ * it implements only the transport primitive (`streamTo`), so `complete` and the relay run the production
+ * path; `streamOf` reads a client's stream as an Effect Stream, for tests of the client itself. Every request answers from the script and is recorded (the body as the caller gave it:
  * the live client adds `model`, `stream` and `stream_options` on the wire).
  * Nothing listens anywhere; for wire-level tests use the live client against the simulator.
  */
-import { Context, Effect, Layer, Ref } from "effect"
+import { type Array as Arr, Cause, Channel, Context, Effect, Layer, Ref, Stream } from "effect"
 import {
+  type ChunkSink,
   type CompletionPath,
   EngineClient,
+  type EngineClientService,
   type EngineError,
-  type EngineTransport,
-  fromTransport,
   type JsonObject,
   type LoadSignals,
   type RequestOptions
@@ -32,7 +32,6 @@ export interface EngineScript {
   readonly streamError?: EngineError
   /** The response object of a whole (`stream: false`) request, or its error. */
   readonly completion?: JsonObject | EngineError
-  readonly models?: ReadonlyArray<string>
   readonly load?: LoadSignals
 }
 
@@ -52,7 +51,7 @@ export const textChunk = (text: string, finishReason: string | null = null): Jso
  * `streamError` or the end; a whole one (`stream: false`) gets `completion` as its one object, or its error.
  */
 const scriptedStreamTo =
-  (script: EngineScript, record: (r: RecordedRequest) => Effect.Effect<void>): EngineTransport["streamTo"] =>
+  (script: EngineScript, record: (r: RecordedRequest) => Effect.Effect<void>): EngineClientService["streamTo"] =>
   (path, body, options, sink) => {
     const whole = options?.stream === false
     const { stream: _mode, ...requestOptions } = options ?? {}
@@ -103,15 +102,82 @@ export const layerTest = (script: EngineScript = {}): Layer.Layer<EngineClient |
     Effect.gen(function* () {
       const requests = yield* Ref.make<ReadonlyArray<RecordedRequest>>([])
       const record = (r: RecordedRequest) => Ref.update(requests, (all) => [...all, r])
-      const client = EngineClient.of(
-        fromTransport({
-          streamTo: scriptedStreamTo(script, record),
-          models: Effect.succeed(script.models ?? ["m"]),
-          load: Effect.succeed(script.load ?? { running: undefined, waiting: undefined, kvUsage: undefined })
-        })
-      )
+      const client = EngineClient.of({
+        streamTo: scriptedStreamTo(script, record),
+        load: Effect.succeed(script.load ?? { running: undefined, waiting: undefined, kvUsage: undefined })
+      })
       return Context.make(EngineClient, client).pipe(
         Context.add(EngineClientRecorder, EngineClientRecorder.of({ requests: Ref.get(requests) }))
       )
     })
   )
+
+// Parsed objects `streamOf` buffers before the engine read is paused: the consumer is slower than the engine.
+export const HIGH_WATER_OBJECTS = 1024
+
+/**
+ * A client's `streamTo` behind a Stream pull: each SSE object in order, ending at `[DONE]`. The sink buffers what
+ * the reads bring; the pull takes all of it at once and resumes a paused read. The daemon relays through a sink
+ * (layers/grpc/Relay.ts); this is how tests and the client bench read a stream with Stream's operators (take,
+ * interruption, a slow consumer).
+ */
+export const streamOf =
+  (client: EngineClientService) =>
+  (path: CompletionPath, body: JsonObject, options?: RequestOptions): Stream.Stream<JsonObject, EngineError> =>
+    Stream.fromChannel(
+      Channel.fromTransform((_upstream, scope) =>
+        Effect.gen(function* () {
+          let buffered: Array<JsonObject> = []
+          let resumeRead: (() => void) | undefined
+          // undefined while running, null at the end, else the failure.
+          let end: EngineError | null | undefined
+          let waiter: (() => void) | undefined
+          const wake = (): void => {
+            const w = waiter
+            waiter = undefined
+            w?.()
+          }
+          const sink: ChunkSink = {
+            onChunks: (chunks, resume) => {
+              for (let i = 0; i < chunks.length; i++) buffered.push(chunks[i]!)
+              wake()
+              if (buffered.length < HIGH_WATER_OBJECTS) return true
+              resumeRead = resume
+              return false
+            }
+          }
+          yield* client.streamTo(path, body, options, sink).pipe(
+            Effect.exit,
+            Effect.flatMap((exit) =>
+              Effect.sync(() => {
+                end = exit._tag === "Success" ? null : (Cause.squash(exit.cause) as EngineError)
+                wake()
+              })
+            ),
+            Effect.forkIn(scope)
+          )
+          const changed = Effect.callback<void>((resume) => {
+            waiter = () => resume(Effect.void)
+            return Effect.sync(() => {
+              waiter = undefined
+            })
+          })
+          return Effect.suspend(function loop(): Effect.Effect<
+            Arr.NonEmptyReadonlyArray<JsonObject>,
+            EngineError | Cause.Done
+          > {
+            if (buffered.length > 0) {
+              const out = buffered
+              buffered = []
+              const r = resumeRead
+              resumeRead = undefined
+              r?.()
+              return Effect.succeed(out as unknown as Arr.NonEmptyReadonlyArray<JsonObject>)
+            }
+            if (end === null) return Cause.done()
+            if (end !== undefined) return Effect.fail(end)
+            return Effect.flatMap(changed, loop)
+          })
+        })
+      )
+    )

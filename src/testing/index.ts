@@ -15,7 +15,7 @@ import * as EngineProcessTest from "./EngineProcess.ts"
 import * as HealthReporterTest from "./HealthReporter.ts"
 import * as NodeStatusTestLayers from "./NodeStatus.ts"
 
-export { EngineClientRecorder, type EngineScript, textChunk } from "./EngineClient.ts"
+export { EngineClientRecorder, type EngineScript, streamOf, textChunk } from "./EngineClient.ts"
 export { EngineProcessControl, testPlan } from "./EngineProcess.ts"
 export { NodeStatusTest, testNodeHealth } from "./NodeStatus.ts"
 
@@ -27,7 +27,7 @@ export const TestLayers = {
   Metrics: MetricsLive.layerTest,
   /** An engine whose state the test sets through EngineProcessControl; nothing is spawned. */
   EngineProcess: EngineProcessTest.layerTest,
-  /** A scripted engine transport (`streamTo` only; the rest derives as live); requests go to EngineClientRecorder. */
+  /** A scripted engine (`streamTo`; `complete` derives as live); requests go to EngineClientRecorder. */
   EngineClient: EngineClientTest.layerTest,
   /** Admission with explicit limits. */
   Admission: AdmissionLive.layerWith,

@@ -9,7 +9,7 @@ import type { AgentConfig } from "../../src/services/config/Config.ts"
 import { EngineError } from "../../src/services/engine/EngineClient.ts"
 import { AgentDefect } from "../../src/services/grpc/CallErrors.ts"
 import { ChunkReader, Coalescer } from "../../src/services/grpc/ChunkReader.ts"
-import { type EnginePlan, GenerateRejected, planRequest, utf8Bytes } from "../../src/services/grpc/Generate.ts"
+import { GenerateRejected, planRequest, type RequestPlan, utf8Bytes } from "../../src/services/grpc/Generate.ts"
 import {
   asciiTrailer,
   engineFailure,
@@ -39,7 +39,7 @@ const cfg = config()
 
 const req = (p: Parameters<typeof GenerateRequest.fromPartial>[0]): GenerateRequest => GenerateRequest.fromPartial(p)
 
-const plan = (p: Parameters<typeof GenerateRequest.fromPartial>[0], c: AgentConfig = cfg): EnginePlan => {
+const plan = (p: Parameters<typeof GenerateRequest.fromPartial>[0], c: AgentConfig = cfg): RequestPlan => {
   const r = planRequest(req(p), c)
   if (r instanceof GenerateRejected) throw new Error(`rejected: ${r.message}`)
   return r
@@ -259,7 +259,6 @@ describe("planRequest: OpenAI body", () => {
     expect(p.path).toBe("/v1/completions")
     // model, stream and stream_options are the EngineClient's, the handoff fields Handoff's
     expect(p.body).toEqual({ prompt: "hello" })
-    expect(p.model).toBe("served")
   })
 
   it("chat goes to /v1/chat/completions; empty model means the served one", () => {
@@ -277,7 +276,6 @@ describe("planRequest: OpenAI body", () => {
       { role: "system", content: "be brief" },
       { role: "user", content: "hi" }
     ])
-    expect(p.model).toBe("served")
   })
 
   it("sampling fields in OpenAI names; float32 noise removed; unset fields absent", () => {
@@ -351,13 +349,16 @@ describe("ChunkReader", () => {
     expect(f.usage).toEqual({ promptTokens: 0, completionTokens: 2, totalTokens: 2 })
   })
 
-  it("keeps kv_transfer_params of a prefill answer; tolerates junk", () => {
+  it("a chunk's kv_transfer_params never reach the final message, the prefill leg's do; tolerates junk", () => {
     const r = new ChunkReader()
     expect(r.read({ choices: "nope" as unknown as [] })).toBe("")
     r.read({ usage: null, choices: [{ text: 5 }] })
     r.read({ choices: [{ text: "", finish_reason: "length" }], kv_transfer_params: { remote_block_ids: [1] } })
-    const f = r.final({ ttftMs: 0, totalMs: 0, queueMs: 0, nodeId: "", requestId: "" })
-    expect(f.kvTransferParams).toEqual({ remote_block_ids: [1] })
+    const info = { ttftMs: 0, totalMs: 0, queueMs: 0, nodeId: "", requestId: "" }
+    expect(r.final(info).kvTransferParams).toBeUndefined()
+    // What the prefill leg sets after Handoff.extractKvTransferParams validated the answer.
+    r.kvTransferParams = { remote_block_ids: [2] }
+    expect(r.final(info).kvTransferParams).toEqual({ remote_block_ids: [2] })
   })
 })
 
@@ -365,17 +366,21 @@ describe("Coalescer", () => {
   it("merges pending tokens into one delta and reports room", () => {
     const c = new Coalescer(8)
     expect(c.take()).toBeUndefined()
-    expect(c.push("ab")).toBe(true)
-    expect(c.push("cd")).toBe(true)
+    c.push("ab")
+    c.push("cd")
+    expect(c.hasRoom).toBe(true)
     expect(c.take()).toEqual({ text: "abcd", tokens: 2 })
     expect(c.take()).toBeUndefined()
   })
 
-  it("stays bounded: push says stop at the cap, take makes room", () => {
+  it("stays bounded: no room once the cap is reached, take makes room", () => {
     const c = new Coalescer(8)
     let pushed = 0
-    while (c.push("xyz")) pushed++
-    expect(pushed).toBe(2)
+    while (c.hasRoom) {
+      c.push("xyz")
+      pushed++
+    }
+    expect(pushed).toBe(3)
     expect(c.pendingChars).toBe(9)
     expect(c.hasRoom).toBe(false)
     expect(c.take()).toEqual({ text: "xyzxyzxyz", tokens: 3 })

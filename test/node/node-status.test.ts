@@ -9,7 +9,7 @@ import * as AdmissionLayer from "../../src/layers/grpc/Admission.ts"
 import * as NodeStatusLayer from "../../src/layers/node/NodeStatus.ts"
 import * as NvmlLive from "../../src/layers/node/Nvml.ts"
 import * as MetricsLayer from "../../src/layers/observability/Metrics.ts"
-import { EngineClient, fromTransport, type LoadSignals } from "../../src/services/engine/EngineClient.ts"
+import { EngineClient, type LoadSignals } from "../../src/services/engine/EngineClient.ts"
 import type { EngineState, ExitRecord } from "../../src/services/engine/EngineProcess.ts"
 import { noStall, stallProblem } from "../../src/services/engine/EngineStall.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
@@ -76,17 +76,13 @@ const gpu = gpuWith({
 
 const build = (signals: LoadSignals) => {
   let scrapes = 0
-  const client = Layer.succeed(
-    EngineClient,
-    fromTransport({
-      streamTo: () => Effect.void,
-      models: Effect.succeed(["m"]),
-      load: Effect.sync(() => {
-        scrapes++
-        return signals
-      })
+  const client = Layer.succeed(EngineClient, {
+    streamTo: () => Effect.void,
+    load: Effect.sync(() => {
+      scrapes++
+      return signals
     })
-  )
+  })
   const config = ConfigLayer.layerFromObject({
     models: { m: { hf_repo: "org/m" } },
     cluster: { name: "c1" },

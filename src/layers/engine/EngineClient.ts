@@ -2,7 +2,7 @@
  * The live EngineClient: one undici Agent (keep-alive pool) to the engine, driven through `dispatch` with
  * handlers of our own. A stream's body bytes go straight from the socket into the SSE parser inside the
  * handler, and the parsed objects of each network read go to a sink at once (`streamTo`, the one primitive;
- * `stream` and `complete` derive from it in services/engine/EngineClient.ts). Interrupting aborts the
+ * `complete` derives from it in services/engine/EngineClient.ts). Interrupting aborts the
  * exchange: the socket is destroyed and the engine sees the disconnect. Errors are normalized by EngineErrors.
  */
 import { Effect, Layer } from "effect"
@@ -14,7 +14,6 @@ import {
   EngineClient,
   EngineError,
   type ExchangeOptions,
-  fromTransport,
   type JsonObject,
   type RequestOptions
 } from "../../services/engine/EngineClient.ts"
@@ -41,7 +40,7 @@ export interface ClientOptions {
   readonly connectTimeoutMs?: number
   /** Time to response headers for streams (default 60 s; engines send them before queueing ends). */
   readonly streamHeadersTimeoutMs?: number
-  /** Whole-exchange bound for /v1/models and /metrics (default 10 s). */
+  /** Whole-exchange bound for /metrics (default 10 s). */
   readonly controlTimeoutMs?: number
   /** Concurrent connections to the engine (default unbounded: one per in-flight stream). */
   readonly connections?: number
@@ -65,10 +64,9 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
     headers: Record<string, string>,
     body: string | null,
     headersTimeout: number,
-    bodyTimeout: number,
-    pauseAt = Number.POSITIVE_INFINITY
+    bodyTimeout: number
   ): Exchange => {
-    const ex = new Exchange(pauseAt)
+    const ex = new Exchange()
     agent.dispatch(
       { origin: url.origin, path: url.path, method, headers, body, headersTimeout, bodyTimeout, blocking: false },
       ex
@@ -100,7 +98,7 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
       if (ex.error !== undefined) return Effect.fail(transportError(ex.error, ex.status > 0))
       if (ex.ended) return Effect.succeed({ status: ex.status, text: bodyText(ex.take()) })
       return Effect.flatMap(ex.changed, loop)
-    }).pipe(Effect.onInterrupt(() => Effect.sync(() => ex.close(false))))
+    }).pipe(Effect.onInterrupt(() => Effect.sync(() => ex.close())))
 
   const json = (status: number, text: string): Effect.Effect<JsonObject, EngineError> => {
     if (status >= 400) return Effect.fail(httpError(status, text))
@@ -180,21 +178,6 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
       )
     })
 
-  const models = Effect.flatMap(control(`${origin}/v1/models`), (text) =>
-    Effect.flatMap(json(200, text), (obj) => {
-      const data = obj.data
-      if (!Array.isArray(data))
-        return Effect.fail(new EngineError({ reason: "Protocol", message: "/v1/models has no data array" }))
-      return Effect.succeed(
-        data.flatMap((m: unknown) =>
-          typeof m === "object" && m !== null && typeof (m as { id?: unknown }).id === "string"
-            ? [(m as { id: string }).id]
-            : []
-        )
-      )
-    })
-  ).pipe(Effect.withSpan("EngineClient.models"))
-
   const metrics = plan.metrics
   const load =
     metrics === undefined
@@ -203,7 +186,7 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
           Effect.withSpan("EngineClient.load")
         )
 
-  return EngineClient.of(fromTransport({ streamTo, models, load }))
+  return EngineClient.of({ streamTo, load })
 })
 
 /** The client for a given plan: the seam for tests and for callers that rendered the plan themselves. */

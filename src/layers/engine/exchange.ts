@@ -1,13 +1,11 @@
 /**
  * The undici dispatch handler behind the live EngineClient's whole answers: `Exchange` buffers a bounded answer
- * for a pull (a non-streamed completion, models, metrics); the streaming one is streamExchange.ts. Both abort on
+ * for a pull (a non-streamed completion, metrics); the streaming one is streamExchange.ts. Both abort on
  * close, so the engine sees the disconnect; transport failures become EngineErrors here.
  */
 import { Effect } from "effect"
 import type { Dispatcher } from "undici"
 import { EngineError } from "../../services/engine/EngineClient.ts"
-// After [DONE] the engine normally ends the body at once; keep the connection for reuse if it does.
-export const DRAIN_AFTER_DONE_MS = 1_000
 
 /**
  * What is kept of an answer read only for its message (an error status, a 200 that is no event stream): the
@@ -23,25 +21,14 @@ export class Exchange implements Dispatcher.DispatchHandler {
   controller: Dispatcher.DispatchController | undefined = undefined
   status = 0
   chunks: Array<Buffer> = []
-  queued = 0
   ended = false
   error: Error | undefined = undefined
-  /** The stream saw `data: [DONE]`: nothing the engine sends after it matters. */
-  sawDone = false
   /** The body passed its bound (MAX_WHOLE_BODY_BYTES, MAX_ERROR_BODY_BYTES for an error status): aborted. */
   overflowed = false
   /** Bytes of the body so far; it is aborted past `limit`. */
   private received = 0
   private limit = MAX_WHOLE_BODY_BYTES
   private closed = false
-  private discard = false
-  /** Set while a drained body is given its last moment to end; cleared when it does. */
-  private drainTimer: NodeJS.Timeout | undefined = undefined
-  /** Buffered bytes at which the socket is paused; Infinity for bodies that are read whole. */
-  private readonly pauseAt: number
-  constructor(pauseAt: number) {
-    this.pauseAt = pauseAt
-  }
   private waiter: (() => void) | undefined = undefined
 
   onRequestStart(controller: Dispatcher.DispatchController): void {
@@ -54,7 +41,7 @@ export class Exchange implements Dispatcher.DispatchHandler {
     this.wake()
   }
   onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
-    if (this.closed || this.discard) return
+    if (this.closed) return
     this.received += chunk.length
     if (this.received > this.limit) {
       // What came so far is kept (an error body's message); the rest is not read.
@@ -65,27 +52,21 @@ export class Exchange implements Dispatcher.DispatchHandler {
       return
     }
     this.chunks.push(chunk)
-    this.queued += chunk.length
-    if (this.queued > this.pauseAt) controller.pause()
     this.wake()
   }
   onResponseEnd(): void {
     this.ended = true
-    clearTimeout(this.drainTimer)
     this.wake()
   }
   onResponseError(_c: Dispatcher.DispatchController, error: Error): void {
     this.error = error
-    clearTimeout(this.drainTimer)
     this.wake()
   }
 
-  /** Everything buffered so far; resumes a paused socket. */
+  /** Everything buffered so far. */
   take(): Array<Buffer> {
     const out = this.chunks
     this.chunks = []
-    this.queued = 0
-    if (this.controller?.paused === true) this.controller.resume()
     return out
   }
   private wake(): void {
@@ -105,16 +86,9 @@ export class Exchange implements Dispatcher.DispatchHandler {
   get settled(): boolean {
     return this.ended || this.error !== undefined
   }
-  /** Aborts unless finished; `drain` lets a body that is about to end finish, so the socket is reused. */
-  close(drain: boolean): void {
+  /** Aborts unless finished. */
+  close(): void {
     if (this.closed || this.settled) return
-    if (drain) {
-      this.discard = true
-      this.chunks = []
-      this.controller?.resume()
-      this.drainTimer = setTimeout(() => this.close(false), DRAIN_AFTER_DONE_MS).unref()
-      return
-    }
     this.closed = true
     this.chunks = []
     this.controller?.abort(closedByClient())

@@ -15,7 +15,10 @@ import {
   streamError
 } from "../../services/engine/EngineErrors.ts"
 import { makeSseParser, type SseEvent, SseEventTooLarge } from "../../services/engine/Sse.ts"
-import { bodyText, closedByClient, DRAIN_AFTER_DONE_MS, MAX_ERROR_BODY_BYTES, transportError } from "./exchange.ts"
+import { bodyText, closedByClient, MAX_ERROR_BODY_BYTES, transportError } from "./exchange.ts"
+
+// After [DONE] the engine normally ends the body at once; keep the connection for reuse if it does.
+const DRAIN_AFTER_DONE_MS = 1_000
 
 /**
  * The largest SSE event (about bytes): a token chunk is a few hundred bytes, a usage or handoff chunk a few

@@ -6,10 +6,10 @@
  */
 import { Clock, Duration, Effect, Option } from "effect"
 import { Config } from "../../services/config/Config.ts"
-import { EngineClient, type EngineError, type RequestOptions } from "../../services/engine/EngineClient.ts"
+import { complete, EngineClient, type EngineError, type RequestOptions } from "../../services/engine/EngineClient.ts"
 import { Admission, type AdmissionError } from "../../services/grpc/Admission.ts"
 import { LegDeadline } from "../../services/grpc/CallErrors.ts"
-import type { EnginePlan } from "../../services/grpc/Generate.ts"
+import type { RequestPlan } from "../../services/grpc/Generate.ts"
 import { extractKvTransferParams, type InvalidHandoff, type LegPlan } from "../../services/grpc/Handoff.ts"
 import type { Relay } from "./Relay.ts"
 
@@ -19,7 +19,7 @@ export type LegError = EngineError | AdmissionError | InvalidHandoff | LegDeadli
 /** Runs one call's engine side into `relay`; it ends when the engine answer has been handed to the relay. */
 export type RunLeg = (
   relay: Relay,
-  plan: EnginePlan,
+  plan: RequestPlan,
   leg: LegPlan,
   opts: RequestOptions
 ) => Effect.Effect<void, LegError>
@@ -34,11 +34,10 @@ export const make = Effect.fnUntraced(function* () {
   const streamTo = client.streamTo
 
   // One non-streaming call; its answer is read for finish/usage only (the text comes from the decode leg).
-  const prefillLeg = (relay: Relay, plan: EnginePlan, leg: LegPlan, opts: RequestOptions) =>
-    client.complete(plan.path, leg.body, opts).pipe(
+  const prefillLeg = (relay: Relay, plan: RequestPlan, leg: LegPlan, opts: RequestOptions) =>
+    complete(client, plan.path, leg.body, opts).pipe(
       Effect.flatMap((response) => {
         relay.reader.read(response)
-        relay.reader.kvTransferParams = undefined
         if (leg._tag !== "VllmPrefill") return Effect.void
         return Effect.map(Effect.fromResult(extractKvTransferParams(response)), (params) => {
           relay.reader.kvTransferParams = params as Record<string, unknown>
@@ -47,7 +46,7 @@ export const make = Effect.fnUntraced(function* () {
     )
 
   // From here on the engine is asked for a stream: the stall watchdog counts idle time from now.
-  const engineStream = (relay: Relay, plan: EnginePlan, leg: LegPlan, opts: RequestOptions) =>
+  const engineStream = (relay: Relay, plan: RequestPlan, leg: LegPlan, opts: RequestOptions) =>
     Effect.flatMap(Clock.currentTimeMillis, (now) => {
       relay.idleSince = now
       relay.seenReads = relay.reads

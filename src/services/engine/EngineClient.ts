@@ -1,11 +1,11 @@
 /**
- * EngineClient: the agent's one HTTP client to the engine's OpenAI API, metrics and model list.
- * An implementation provides one primitive, `streamTo` (an engine request into a sink), and the control
- * reads; `fromTransport` derives the rest. The live client (layers/engine/EngineClient.ts) owns the wire:
+ * EngineClient: the agent's one HTTP client to the engine's OpenAI API and metrics.
+ * An implementation provides one primitive, `streamTo` (an engine request into a sink), and the load read;
+ * `complete` derives from it. The live client (layers/engine/EngineClient.ts) owns the wire:
  * keep-alive pool, SSE parsing, error-body normalization, the request fields `model` (the mlx rewrite),
  * `stream` and `stream_options`. Interrupting a call's fiber aborts its HTTP request, so the engine frees the slot.
  */
-import { type Array as Arr, Cause, Channel, Context, Effect, Schema, Stream } from "effect"
+import { Context, Effect, Schema } from "effect"
 
 /** The two OpenAI endpoints Generate uses. */
 export type CompletionPath = "/v1/chat/completions" | "/v1/completions"
@@ -60,11 +60,11 @@ export interface ExchangeOptions extends RequestOptions {
 }
 
 /**
- * What an EngineClient implements (the live client over HTTP, the test doubles in src/testing): one
- * primitive for the OpenAI endpoints, and the two control reads. `stream` and `complete` derive from
- * `streamTo` in `fromTransport`, so every caller, test doubles included, runs the same relay path.
+ * What an EngineClient implements (the live client over HTTP, the test doubles in src/testing): one primitive for
+ * the OpenAI endpoints, and the load read. Whole answers (`complete`) derive from `streamTo` below, so every
+ * caller, test doubles included, runs the same path.
  */
-export interface EngineTransport {
+export interface EngineClientService {
   /**
    * POST `body` to `path` and hand the answer's objects to `sink` as each network read brings them:
    * every SSE `data:` object up to `[DONE]`, or with `stream: false` the one response object. Succeeds at
@@ -78,121 +78,30 @@ export interface EngineTransport {
     options: ExchangeOptions | undefined,
     sink: ChunkSink
   ) => Effect.Effect<void, EngineError>
-  /** GET /v1/models: the served model ids. */
-  readonly models: Effect.Effect<ReadonlyArray<string>, EngineError>
   /** Scrapes the engine's /metrics into load signals (all undefined when the engine has no metrics). */
   readonly load: Effect.Effect<LoadSignals, EngineError>
 }
 
-export interface EngineClientService extends EngineTransport {
-  /** `streamTo` behind a Stream pull: each SSE object in order, ending at `[DONE]`. */
-  readonly stream: (
-    path: CompletionPath,
-    body: JsonObject,
-    options?: RequestOptions
-  ) => Stream.Stream<JsonObject, EngineError>
-  /** `streamTo` with `stream: false`: the whole response object. */
-  readonly complete: (
-    path: CompletionPath,
-    body: JsonObject,
-    options?: RequestOptions
-  ) => Effect.Effect<JsonObject, EngineError>
-}
-
 export class EngineClient extends Context.Service<EngineClient, EngineClientService>()("cgn-agent/EngineClient") {}
 
-// Parsed objects `stream` buffers before the engine read is paused: the consumer is slower than the engine.
-export const HIGH_WATER_OBJECTS = 1024
-
-/** The whole client from its transport: the one place `stream` and `complete` are made. */
-export const fromTransport = (transport: EngineTransport): EngineClientService => {
-  const { streamTo } = transport
-
-  const complete = (
-    path: CompletionPath,
-    body: JsonObject,
-    options?: RequestOptions
-  ): Effect.Effect<JsonObject, EngineError> =>
-    Effect.suspend(() => {
-      let answer: JsonObject | undefined
-      const sink: ChunkSink = {
-        onChunks: (chunks) => {
-          answer = chunks[chunks.length - 1]
-          return true
-        }
+/** `streamTo` with `stream: false`: the whole response object (a prefill leg's answer). */
+export const complete = (
+  client: EngineClientService,
+  path: CompletionPath,
+  body: JsonObject,
+  options?: RequestOptions
+): Effect.Effect<JsonObject, EngineError> =>
+  Effect.suspend(() => {
+    let answer: JsonObject | undefined
+    const sink: ChunkSink = {
+      onChunks: (chunks) => {
+        answer = chunks[chunks.length - 1]
+        return true
       }
-      return Effect.flatMap(streamTo(path, body, { ...options, stream: false }, sink), () =>
-        answer === undefined
-          ? Effect.fail(
-              new EngineError({ reason: "Protocol", message: "the engine answered without a response object" })
-            )
-          : Effect.succeed(answer)
-      )
-    }).pipe(Effect.withSpan("EngineClient.complete"))
-
-  // The sink buffers what the reads bring; the pull takes all of it at once and resumes a paused read.
-  const stream = (
-    path: CompletionPath,
-    body: JsonObject,
-    options?: RequestOptions
-  ): Stream.Stream<JsonObject, EngineError> =>
-    Stream.fromChannel(
-      Channel.fromTransform((_upstream, scope) =>
-        Effect.gen(function* () {
-          let buffered: Array<JsonObject> = []
-          let resumeRead: (() => void) | undefined
-          // undefined while running, null at the end, else the failure.
-          let end: EngineError | null | undefined
-          let waiter: (() => void) | undefined
-          const wake = (): void => {
-            const w = waiter
-            waiter = undefined
-            w?.()
-          }
-          const sink: ChunkSink = {
-            onChunks: (chunks, resume) => {
-              for (let i = 0; i < chunks.length; i++) buffered.push(chunks[i]!)
-              wake()
-              if (buffered.length < HIGH_WATER_OBJECTS) return true
-              resumeRead = resume
-              return false
-            }
-          }
-          yield* streamTo(path, body, options, sink).pipe(
-            Effect.exit,
-            Effect.flatMap((exit) =>
-              Effect.sync(() => {
-                end = exit._tag === "Success" ? null : (Cause.squash(exit.cause) as EngineError)
-                wake()
-              })
-            ),
-            Effect.forkIn(scope)
-          )
-          const changed = Effect.callback<void>((resume) => {
-            waiter = () => resume(Effect.void)
-            return Effect.sync(() => {
-              waiter = undefined
-            })
-          })
-          return Effect.suspend(function loop(): Effect.Effect<
-            Arr.NonEmptyReadonlyArray<JsonObject>,
-            EngineError | Cause.Done
-          > {
-            if (buffered.length > 0) {
-              const out = buffered
-              buffered = []
-              const r = resumeRead
-              resumeRead = undefined
-              r?.()
-              return Effect.succeed(out as unknown as Arr.NonEmptyReadonlyArray<JsonObject>)
-            }
-            if (end === null) return Cause.done()
-            if (end !== undefined) return Effect.fail(end)
-            return Effect.flatMap(changed, loop)
-          })
-        })
-      )
+    }
+    return Effect.flatMap(client.streamTo(path, body, { ...options, stream: false }, sink), () =>
+      answer === undefined
+        ? Effect.fail(new EngineError({ reason: "Protocol", message: "the engine answered without a response object" }))
+        : Effect.succeed(answer)
     )
-
-  return { ...transport, stream, complete }
-}
+  }).pipe(Effect.withSpan("EngineClient.complete"))

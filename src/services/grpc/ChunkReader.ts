@@ -17,7 +17,11 @@ export class ChunkReader {
   usage: Usage | undefined = undefined
   /** Chunks that carried text, the agent's own token count. */
   textChunks = 0
-  /** Engine handoff parameters (vLLM prefill leg), when the final chunk has them. */
+  /**
+   * The handoff parameters of a vLLM prefill leg, validated and set by that leg (layers/grpc/EngineLegs.ts, through
+   * Handoff.extractKvTransferParams); `read` never takes them from a chunk, so a streamed answer cannot put
+   * unchecked engine fields into the final message.
+   */
   kvTransferParams: Record<string, unknown> | undefined = undefined
 
   /** The text this chunk adds ("" for none). */
@@ -46,8 +50,6 @@ export class ChunkReader {
         totalTokens: u.total_tokens === undefined ? prompt + completion : num(u.total_tokens)
       }
     }
-    const kv = chunk.kv_transfer_params
-    if (kv !== undefined && kv !== null && typeof kv === "object") this.kvTransferParams = kv as Record<string, unknown>
     if (text !== "") this.textChunks++
     return text
   }
@@ -76,9 +78,9 @@ export class ChunkReader {
 const num = (v: unknown): number => (typeof v === "number" && Number.isFinite(v) && v >= 0 ? Math.floor(v) : 0)
 
 /**
- * Merges text that arrives while the caller is not reading into one pending delta. `push` reports
- * whether there is room for more; the producer stops reading the engine until `take` makes room,
- * so memory per stream stays at most `maxPendingChars` plus one chunk.
+ * Merges text that arrives while the caller is not reading into one pending delta. After each network read the
+ * relay asks `hasRoom`; without room the producer stops reading the engine until `take` makes room, so memory per
+ * stream stays at most `maxPendingChars` plus one read's text.
  */
 export class Coalescer {
   private text = ""
@@ -90,17 +92,13 @@ export class Coalescer {
   get pendingChars(): number {
     return this.text.length
   }
-  get pendingTokens(): number {
-    return this.tokens
-  }
   get hasRoom(): boolean {
     return this.text.length < this.maxPendingChars
   }
-  /** Appends one token's text; false when the producer should wait for `take`. */
-  push(text: string): boolean {
+  /** Appends one token's text. */
+  push(text: string): void {
     this.text += text
     this.tokens++
-    return this.text.length < this.maxPendingChars
   }
   /** Everything pending as one delta, or undefined when nothing is. */
   take(): { readonly text: string; readonly tokens: number } | undefined {

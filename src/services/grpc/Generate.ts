@@ -33,16 +33,14 @@ export class GenerateRejected extends Schema.TaggedError<GenerateRejected>()("Ge
   field: Schema.optionalKey(Schema.String)
 }) {}
 
-/** What the engine call needs, derived from a valid request. */
-export interface EnginePlan {
+/** What the engine call needs, derived from a valid request (not services/engine's EnginePlan, the launch plan). */
+export interface RequestPlan {
   readonly path: CompletionPath
   /**
    * The input and sampling fields, which this module owns. The handoff fields are Handoff's (planLeg), and
    * `model`, `stream`, `stream_options` the EngineClient's (it writes the engine's name for the model).
    */
   readonly body: JsonObject
-  /** The served model name the request was checked against. */
-  readonly model: string
 }
 
 export const CHAT_ROLES: ReadonlySet<string> = new Set(["system", "user", "assistant", "tool", "developer"])
@@ -180,7 +178,7 @@ const samplingBody = (
 const REQUEST_ID = /^[\x20-\x7e]{0,256}$/
 
 /** Validates a request against this node and builds the engine call, or says precisely what is wrong. */
-export const planRequest = (req: GenerateRequest, config: AgentConfig): EnginePlan | GenerateRejected => {
+export const planRequest = (req: GenerateRequest, config: AgentConfig): RequestPlan | GenerateRejected => {
   const served = config.model.served_name
   if (req.model !== "" && req.model !== served)
     return reject("NOT_FOUND", `model "${req.model}" is not served here; this node serves "${served}"`, "model")
@@ -230,5 +228,5 @@ export const planRequest = (req: GenerateRequest, config: AgentConfig): EnginePl
     const bad = samplingBody(req.sampling, config, body)
     if (bad !== undefined) return bad
   }
-  return { path, body, model: served }
+  return { path, body }
 }
