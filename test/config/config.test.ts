@@ -4,9 +4,10 @@ import { execFile } from "node:child_process"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
-import { Duration, Effect, Exit, Result } from "effect"
+import { Duration, Effect, Exit, Option, Result } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { configPathFrom, decodeConfig, decodeConfigBytes, loadConfigFile } from "../../src/layers/config/Config.ts"
+import { decodeConfig, decodeConfigBytes, loadConfigFile } from "../../src/layers/config/Config.ts"
+import { configPath } from "../../src/programs/configOption.ts"
 import { knownKeys } from "../../src/services/config/ConfigSchema.ts"
 import { prng } from "../../src/sim/tokens.ts"
 import { agentEntry, requireDist } from "../support/agent.ts"
@@ -545,11 +546,28 @@ describe("reading the file", () => {
     expect(problems([0xef, 0xbb, 0xbf], MODEL)).toEqual([])
   })
 
-  it("the path comes from --config, else CGN_AGENT_CONFIG", () => {
-    expect(configPathFrom(["run", "--config", "a.toml"], { CGN_AGENT_CONFIG: "b.toml" })).toBe("a.toml")
-    expect(configPathFrom(["--config=c.toml"], {})).toBe("c.toml")
-    expect(configPathFrom(["run"], { CGN_AGENT_CONFIG: "b.toml" })).toBe("b.toml")
-    expect(configPathFrom(["run"], {})).toBeUndefined()
+  it("the path comes from --config, else CGN_AGENT_CONFIG; none or an empty one is a ConfigError", () => {
+    const saved = process.env.CGN_AGENT_CONFIG
+    const path = (flag: Option.Option<string>, env: string | undefined) => {
+      if (env === undefined) delete process.env.CGN_AGENT_CONFIG
+      else process.env.CGN_AGENT_CONFIG = env
+      return Effect.runSync(Effect.result(configPath(flag)))
+    }
+    try {
+      expect(path(Option.some("a.toml"), "b.toml")).toEqual(Result.succeed("a.toml"))
+      expect(path(Option.none(), "b.toml")).toEqual(Result.succeed("b.toml"))
+      for (const [flag, env] of [
+        [Option.none(), undefined],
+        [Option.none(), ""],
+        [Option.some(""), "b.toml"]
+      ] as const) {
+        const r = path(flag, env)
+        expect(Result.isFailure(r) && r.failure._tag).toBe("ConfigError")
+      }
+    } finally {
+      if (saved === undefined) delete process.env.CGN_AGENT_CONFIG
+      else process.env.CGN_AGENT_CONFIG = saved
+    }
   })
 })
 

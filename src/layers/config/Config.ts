@@ -1,6 +1,6 @@
 /**
- * Config layers: find the file (`--config` or CGN_AGENT_CONFIG), read it and decode it with
- * decodeConfig.ts; the layers only add I/O. Re-exports the decoders and `formatPath`, which tests,
+ * Config layers: read a config file and decode it with decodeConfig.ts (which file: programs/configOption.ts,
+ * `--config` or CGN_AGENT_CONFIG); the layers only add I/O. Re-exports the decoders and `formatPath`, which tests,
  * embedders and the engine backends import from here.
  */
 import * as fs from "node:fs/promises"
@@ -10,18 +10,6 @@ import { decodeConfigBytes, decodeConfigObject } from "./decodeConfig.ts"
 
 export { decodeConfig, decodeConfigBytes, decodeConfigObject } from "./decodeConfig.ts"
 export { formatPath } from "./schemaProblems.ts"
-
-/** Where the config file is: `--config PATH` in argv, else CGN_AGENT_CONFIG. */
-export const configPathFrom = (
-  argv: ReadonlyArray<string>,
-  env: Readonly<Record<string, string | undefined>>
-): string | undefined => {
-  const i = argv.indexOf("--config")
-  if (i >= 0 && argv[i + 1] !== undefined) return argv[i + 1]
-  const eq = argv.find((a) => a.startsWith("--config="))
-  if (eq !== undefined) return eq.slice("--config=".length)
-  return env.CGN_AGENT_CONFIG || undefined
-}
 
 /** Reads and decodes a config file. */
 export const loadConfigFile = (file: string): Effect.Effect<AgentConfig, ConfigError> =>
@@ -34,7 +22,7 @@ export const loadConfigFile = (file: string): Effect.Effect<AgentConfig, ConfigE
     )
   )
 
-/** The live layer: the file named by `--config` or CGN_AGENT_CONFIG. */
+/** The live layer from a file (for embedders; the daemon loads the file in programs/configOption.ts). */
 export const layerFile = (file: string): Layer.Layer<Config, ConfigError> => Layer.effect(Config, loadConfigFile(file))
 
 /** The test layer: a config built from an object, validated exactly like a file. */

@@ -13,7 +13,7 @@ import { failingOf } from "../../services/engine/EngineState.ts"
 import { GpuGate, type GpuGateStatus, gateProblem } from "../../services/engine/GpuGate.ts"
 import { Admission } from "../../services/grpc/Admission.ts"
 import { Drain } from "../../services/node/Drain.ts"
-import { buildNodeHealth, nodeState, ratePerSecond } from "../../services/node/NodeHealthView.ts"
+import { buildNodeHealth, enginePhase, nodeState, ratePerSecond } from "../../services/node/NodeHealthView.ts"
 import { type NodeState, NodeStatus } from "../../services/node/NodeStatus.ts"
 import { Nvml } from "../../services/node/Nvml.ts"
 import { ENGINE_STATES, Metrics, setCounter, setOptional, setStateGauge } from "../../services/observability/Metrics.ts"
@@ -133,7 +133,7 @@ export const layer = (
           const [last] = yield* engine.exits
           metrics.inflight.set(g.inflight)
           metrics.queued.set(g.queued)
-          setStateGauge(metrics.engineState, ENGINE_STATES, g.state._tag.toLowerCase())
+          setStateGauge(metrics.engineState, ENGINE_STATES, enginePhase(g.state))
           setCounter(metrics.engineRestarts, g.restarts)
           setOptional(metrics.engineLastExitCode, last?.code ?? undefined)
           metrics.engineFailing.set(failingOf(g.state) === undefined ? 0 : 1)

@@ -10,6 +10,7 @@ import {
   type HelloPayload,
   KV_WIRE_VERSION,
   type KvEventRecord,
+  type ResyncReason as ResyncReasonSchema,
   type ResyncRecord
 } from "./KvcachedRpc.ts"
 import type { BlockHash, KvBatch, KvEvent } from "./KvEvents.ts"
@@ -22,7 +23,8 @@ export interface NodeIdentity {
   readonly engine: string
 }
 
-export type ResyncReason = "gap" | "restart" | "overflow" | "decode"
+/** The wire schema's reasons (KvcachedRpc.ResyncReason): one list, so a reason cannot exist on one side only. */
+export type ResyncReason = typeof ResyncReasonSchema.Type
 
 export interface Resync {
   readonly reason: ResyncReason

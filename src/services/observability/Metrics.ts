@@ -6,6 +6,7 @@
  */
 import { Context, type Effect, type Scope } from "effect"
 import type { Counter, Gauge, Histogram, Registry } from "prom-client"
+import type { EngineState } from "../engine/EngineProcess.ts"
 
 /** Every metric name starts with this. */
 export const METRIC_PREFIX = "cgn_agent_"
@@ -119,5 +120,15 @@ export const setStateGauge = (gauge: Gauge<"state">, states: ReadonlyArray<strin
   if (!states.includes(current)) gauge.set({ state: current }, 1)
 }
 
-/** The EngineState tags as metric label values. */
-export const ENGINE_STATES = ["starting", "ready", "unhealthy", "restarting", "stopping", "stopped"] as const
+// Every EngineState tag, checked by the compiler both ways: a state added to the supervisor must be added here.
+const ENGINE_STATE_TAGS: Record<EngineState["_tag"], true> = {
+  Starting: true,
+  Ready: true,
+  Unhealthy: true,
+  Restarting: true,
+  Stopping: true,
+  Stopped: true
+}
+
+/** The EngineState tags as metric label values (NodeHealthView.enginePhase spells a state so). */
+export const ENGINE_STATES: ReadonlyArray<string> = Object.keys(ENGINE_STATE_TAGS).map((t) => t.toLowerCase())
