@@ -1,8 +1,9 @@
 // Admin HTTP over real loopback with test layers: every endpoint, /metrics as Prometheus text, the
 // bearer-token rules, the refusal to start on a non-loopback address without a token, a clear error when
 // the address is in use, and a release that clients stalled mid-request cannot hold up.
+import * as http from "node:http"
 import * as net from "node:net"
-import { Context, Effect, Exit, Layer, Scope } from "effect"
+import { Context, Effect, Exit, Layer, Logger, Scope } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
 import * as AdminLive from "../../src/layers/admin/Admin.ts"
 import * as ConfigLayer from "../../src/layers/config/Config.ts"
@@ -54,7 +55,8 @@ afterEach(async () => {
   scope = undefined
 })
 
-const start = async (agent: Record<string, unknown> = {}) => {
+/** Starts the admin server; with `logs`, its log lines go there ("<level> <message> <fields>"). */
+const start = async (agent: Record<string, unknown> = {}, logs?: Array<string>) => {
   const config = ConfigLayer.layerFromObject({ models: { m: { hf_repo: "org/m" } }, agent })
   const deps = Layer.mergeAll(
     MetricsLayer.layerTest,
@@ -62,8 +64,17 @@ const start = async (agent: Record<string, unknown> = {}) => {
     Drain.layer,
     fakeEngine
   ).pipe(Layer.provideMerge(config))
+  const logger = Logger.make(({ logLevel, message }) =>
+    logs?.push(
+      `${logLevel} ${[message]
+        .flat()
+        .map((m) => (typeof m === "string" ? m : JSON.stringify(m)))
+        .join(" ")}`
+    )
+  )
   const app = AdminLive.layer({ extras: { registration: Effect.succeed({ state: "standalone" }) } }).pipe(
-    Layer.provideMerge(deps)
+    Layer.provideMerge(deps),
+    Layer.provide(logs === undefined ? Layer.empty : Logger.layer([logger]))
   )
   scope = await Effect.runPromise(Scope.make())
   const ctx = await Effect.runPromise(Layer.buildWithScope(app, scope))
@@ -224,6 +235,29 @@ describe("admin HTTP release", () => {
     } finally {
       for (const c of [headers, body, idle]) c.socket.destroy()
     }
+  })
+})
+
+describe("admin HTTP listener errors", () => {
+  it("an error the listening socket emits after listen (a failed accept) is logged and the server goes on serving", async () => {
+    const logs: Array<string> = []
+    const { url } = await start({ listen_admin: "127.0.0.1:0" }, logs)
+    const port = Number(new URL(url).port)
+    // The layer's node:http server, as Node lists it among the handles that keep the process alive.
+    const handles = (process as unknown as { _getActiveHandles(): Array<unknown> })._getActiveHandles()
+    const server = handles.find(
+      (h): h is http.Server => h instanceof http.Server && (h.address() as net.AddressInfo | null)?.port === port
+    )
+    expect(server).toBeDefined()
+    // What node:net's onconnection emits when accept(2) fails (lib/net.js): ENFILE, ENOBUFS, or EMFILE once
+    // libuv's reserve fd is gone. Unheard, emit() throws it: in the daemon, an uncaught exception that ends it.
+    const error = Object.assign(new Error("accept ENFILE"), { code: "ENFILE", errno: -23, syscall: "accept" })
+    expect(() => server!.emit("error", error)).not.toThrow()
+    expect(logs).toContainEqual(
+      expect.stringMatching(/^Error admin HTTP listener error; still serving .*accept ENFILE/)
+    )
+    expect(await get(`${url}/healthz`)).toMatchObject({ status: 200, text: "ok" })
+    expect(server!.listening).toBe(true)
   })
 })
 

@@ -223,6 +223,14 @@ export const layer = (
         AdminServer,
         Effect.gen(function* () {
           const url = new URL(HttpServer.formatAddress((yield* HttpServer.HttpServer).address))
+          // Listening now, and effect's NodeHttpServer has taken its own 'error' listener off (it listens only
+          // for the listen's failure). An error the listening socket emits later (a failed accept: ENFILE,
+          // ENOBUFS, EMFILE once libuv's reserve fd is gone) with no listener is thrown by Node and ends the
+          // daemon; the socket itself goes on accepting (nodejs/node lib/net.js onconnection). Never removed.
+          const run = Effect.runCallbackWith(yield* Effect.context<never>())
+          nodeServer.on("error", (e) =>
+            run(Effect.logError("admin HTTP listener error; still serving", { error: e.message }))
+          )
           const bound = { host: unbracket(url.hostname), port: Number(url.port), url: url.origin }
           yield* Effect.logInfo("admin HTTP listening", {
             url: bound.url,

@@ -123,7 +123,20 @@ export const spawnRun =
           )
           return { child, stop }
         }),
-        (l) => (l === undefined ? Effect.void : l.stop.pipe(Effect.andThen(drain(250))))
+        (l) =>
+          l === undefined
+            ? Effect.void
+            : l.stop.pipe(
+                Effect.andThen(drain(250)),
+                // A process that left the engine's group (setsid) with its stdout/stderr outlives the stop and
+                // holds the pipes' write ends: no end of file comes, and the agent's ends stayed open for as long
+                // as it lived, two fds per restart. The drain had its chance; what it left is closed here.
+                Effect.andThen(
+                  Effect.sync(() => {
+                    for (const s of l.child.stdio) s?.destroy()
+                  })
+                )
+              )
       )
       // Not started: a run that ended at once, with why (the supervisor logs it and retries with backoff).
       if (launched === undefined) return notStarted(startedAt, pid, exited)

@@ -27,6 +27,7 @@ import { isGrpcContentType, MessageReader, parseTimeout } from "../../../service
 import type { TlsSource } from "../../../services/tls/Tls.ts"
 import { ServerCall, type UnaryCallback } from "./Call.ts"
 import { type Decoder, decode } from "./decodeMessage.ts"
+import { MAX_HEADER_LIST_BYTES, MAX_HEADER_LIST_PAIRS } from "./headerLimits.ts"
 
 export interface Http2GrpcServerOptions {
   /** The largest request message accepted, decompressed (bytes); a larger one ends RESOURCE_EXHAUSTED. */
@@ -129,7 +130,10 @@ export class Http2GrpcServer {
       maxSessionMemory: Number.MAX_SAFE_INTEGER,
       maxSendHeaderBlockLength: Number.MAX_SAFE_INTEGER,
       streamResetBurst: STREAM_RESET_BURST,
-      streamResetRate: STREAM_RESET_RATE
+      streamResetRate: STREAM_RESET_RATE,
+      // Metadata is limited on bytes, not on Node's default count of 128 fields (headerLimits.ts).
+      maxHeaderListPairs: MAX_HEADER_LIST_PAIRS,
+      settings: { maxHeaderListSize: MAX_HEADER_LIST_BYTES }
     }
     const tls = this.#options.tls
     const server =

@@ -1,0 +1,93 @@
+// One engine run's output pipes against a grandchild that escapes the engine's process group (setsid) and keeps
+// the engine's stdout and stderr: the guard stops the group, the grandchild lives on and holds the pipes' write
+// ends, so no end of file ever comes. The run's release must still close the agent's side of the pipes; it
+// left them open for as long as the grandchild lived, two fds per engine restart.
+import { execFileSync } from "node:child_process"
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Effect, Exit, Scope } from "effect"
+import { afterEach, describe, expect, it } from "vitest"
+import { pidAlive } from "../../src/layers/engine/processGroup.ts"
+import { spawnRun } from "../../src/layers/engine/run.ts"
+import { guardEntry } from "../../src/programs/programPaths.ts"
+import type { LaunchPlan } from "../../src/services/engine/Engine.ts"
+import { pollUntil } from "../support/poll.ts"
+
+const cleanups: Array<() => void> = []
+afterEach(() => {
+  for (const c of cleanups.splice(0).reverse()) c()
+})
+
+/** This process's open fds, each with what it points to (`socket:[inode]`, `pipe:[inode]`, a path). */
+const openFds = (): Map<string, string> => {
+  const fds = new Map<string, string>()
+  for (const fd of fs.readdirSync("/proc/self/fd")) {
+    try {
+      fds.set(fd, fs.readlinkSync(`/proc/self/fd/${fd}`))
+    } catch {
+      // The directory's own fd, closed once listed.
+    }
+  }
+  return fds
+}
+
+const setsidAvailable = (() => {
+  try {
+    execFileSync("setsid", ["true"])
+    return true
+  } catch {
+    return false
+  }
+})()
+
+describe("an engine run's output pipes", () => {
+  it.skipIf(!setsidAvailable || !fs.existsSync("/proc/self/fd"))(
+    "are closed when the run's scope closes, even while a grandchild that left the group (setsid) holds them",
+    async () => {
+      const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-pipes-"))
+      cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }))
+      // The engine: a grandchild in its own session, with the engine's stdout and stderr, writes its pid; the
+      // engine itself serves on until the guard stops its group.
+      const engine = path.join(dir, "engine.sh")
+      fs.writeFileSync(engine, `#!/bin/sh\nsetsid sh -c 'echo $$ > "$1"; exec sleep 1000' sh "$1" &\nexec sleep 1000\n`)
+      const grandchildren: Array<number> = []
+      cleanups.push(() => {
+        for (const pid of grandchildren) if (pidAlive(pid)) process.kill(pid, "SIGKILL")
+      })
+      for (let run = 1; run <= 3; run++) {
+        const pidFile = path.join(dir, `grandchild-${run}`)
+        const plan = { argv: ["/bin/sh", engine, pidFile], env: {} } as unknown as LaunchPlan
+        const before = openFds()
+        const scope = await Effect.runPromise(Scope.make())
+        await Effect.runPromise(
+          Scope.provide(scope)(spawnRun(guardEntry())(plan, { run, graceMs: 200, linesKept: 10 }))
+        )
+        // The run's pipes: what this process opened for it (stdin, stdout, stderr, the guard's report pipe).
+        const opened = [...openFds()].filter(([fd, target]) => before.get(fd) !== target)
+        expect(opened.length).toBeGreaterThanOrEqual(3)
+        const grandchild = await pollUntil(
+          `run ${run}'s grandchild pid`,
+          () => {
+            const text = fs.existsSync(pidFile) ? fs.readFileSync(pidFile, "utf8").trim() : ""
+            return text === "" ? undefined : Number(text)
+          },
+          10_000,
+          10
+        )
+        grandchildren.push(grandchild)
+        await Effect.runPromise(Scope.close(scope, Exit.void))
+        // The grandchild outlived the run (its own session), holding the write ends: no end of file comes.
+        expect(pidAlive(grandchild)).toBe(true)
+        const stillOpen = () => {
+          const now = openFds()
+          return opened.filter(([fd, target]) => now.get(fd) === target)
+        }
+        await pollUntil(`run ${run}'s pipes closed`, () => stillOpen().length === 0, 2_000, 10).catch(() => {
+          throw new Error(`run ${run}: still open after its release: ${JSON.stringify(stillOpen())}`)
+        })
+      }
+    },
+    30_000
+  )
+})
