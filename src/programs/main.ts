@@ -40,6 +40,7 @@ import { Tls } from "../services/tls/Tls.ts"
 import { VERSION } from "../version.ts"
 import { guardEntry, nvmlWorkerEntry } from "./programPaths.ts"
 import { reloadOnHangup, type ShutdownSignals, shutdownSignals } from "./runMain.ts"
+import { GRPC_CLOSE_GRACE, NVML_CALL_TIMEOUT, shutdownBound } from "./shutdownBound.ts"
 
 /**
  * The core services, built before any server listens: config, metrics, the engine supervisor (which
@@ -64,7 +65,7 @@ export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
     Layer.provideMerge(GpuGateLive.layer),
     Layer.provideMerge(planLayer),
     // NVML runs in a worker thread (a hung NVML call must not stall the relay): the program is handed in, too.
-    Layer.provideMerge(NvmlLive.layer(nvmlWorkerEntry())),
+    Layer.provideMerge(NvmlLive.layer(nvmlWorkerEntry(), { callTimeout: NVML_CALL_TIMEOUT })),
     Layer.provideMerge(base),
     Layer.provideMerge(Tracing.layer(config)),
     Layer.provideMerge(Logging.layer(config.agent.log_level, logLevel))
@@ -85,7 +86,12 @@ const orderedDrain = Effect.fn("Agent.drain")(function* (why: string, signals: S
   const admission = yield* Admission
   const engine = yield* EngineProcess
   const timeout = config.agent.drain_timeout
-  yield* Effect.logInfo("drain: started", { why, drain_timeout: Duration.format(timeout) })
+  // The worst case from here to the exit, every peer hung (shutdownBound.ts): what terminationGracePeriodSeconds needs.
+  yield* Effect.logInfo("drain: started", {
+    why,
+    drain_timeout: Duration.format(timeout),
+    exit_within: Duration.format(shutdownBound(config))
+  })
 
   yield* drain.start
   yield* grpc.setHealthOverride("NOT_SERVING")
@@ -148,7 +154,9 @@ export const daemon = Effect.scoped(
         }
       })
     )
-    const grpc = yield* Layer.build(GrpcServerLive.layerWith({ tls: tls.serverTls }))
+    const grpc = yield* Layer.build(
+      GrpcServerLive.layerWith({ tls: tls.serverTls, shutdownGraceMs: Duration.toMillis(GRPC_CLOSE_GRACE) })
+    )
     // Plaintext health for the kubelet's gRPC probe, which cannot do mTLS (layers/grpc/HealthListener.ts).
     if (config.agent.listen_health !== undefined)
       yield* HealthListener.serve(config.agent.listen_health, Context.get(grpc, GrpcServer).healthState)

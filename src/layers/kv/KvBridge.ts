@@ -65,6 +65,18 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
     const { endpoint, engineBinds, replayEndpoint, topic } = o.kvEvents
     const dpSize = Math.max(1, o.kvEvents.dpSize ?? 1)
     const sequencer = makeSequencer(st, queue, topic, o.replayTimeoutMs ?? 2_000)
+    // Added before the link is forked, so it runs after the link is interrupted (a wedged kvcached cannot hold
+    // that up): what kvcached never acknowledged ends with this agent run, and the log says how much.
+    yield* Effect.addFinalizer(() =>
+      queue.batches === 0
+        ? Effect.void
+        : Effect.logWarning("kv events: stopping with batches kvcached never acknowledged; they are dropped", {
+            uds: o.uds,
+            batches: queue.batches,
+            bytes: queue.bytes,
+            kvcachedConnected: st.kvcachedConnected
+          })
+    )
 
     const backoffMaxMs = o.backoffMaxMs ?? 5_000
     // lastError is what is failing now, per part (the kvcached link, each rank's reader): a part that recovers

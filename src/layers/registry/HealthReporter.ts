@@ -3,10 +3,11 @@
  * absent, keeps the lease alive and rewrites the NodeHealth JSON every heartbeat (one round:
  * registrationStep.ts); recovers from etcd outages (backoff with jitter, capped at one heartbeat) and from
  * lost leases (new lease, new epoch); refuses a node id held by another live lease. On release it writes
- * state=draining, then revokes the lease as the very last step so the key disappears at once. Nothing it
- * does can stop the agent. This module holds the loop, the out-of-band writes and the shutdown.
+ * state=draining (unless etcd left the drain's draining write unanswered), then revokes the lease as the very
+ * last step so the key disappears at once; each call is bounded (etcdClient.ts). Nothing it does can stop the
+ * agent. This module holds the loop, the out-of-band writes and the shutdown.
  */
-import { Clock, Duration, Effect, Fiber, Layer, Random, Semaphore, Stream } from "effect"
+import { Clock, Duration, Effect, Exit, Fiber, Layer, Random, Semaphore, Stream } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import { NodeStatus } from "../../services/node/NodeStatus.ts"
 import {
@@ -107,9 +108,16 @@ const make = Effect.gen(function* () {
     const session = s.session
     if (session === undefined) return
     if (session.registered && s.lastRecord?.state !== "draining") {
-      yield* step("shutdown").pipe(
-        Effect.catch((e) => Effect.logWarning(`etcd: could not write state=draining before revoking: ${e.message}`))
-      )
+      // etcd left the drain's own draining write unanswered (partitioned, paused): a second try would cost one
+      // more call deadline before the revoke, on every hung shutdown, and the revoke removes the key anyway.
+      if (s.drainWriteFailed)
+        yield* Effect.logWarning(
+          "etcd: state=draining was never written (etcd did not answer during the drain); revoking the lease without retrying it"
+        )
+      else
+        yield* step("shutdown").pipe(
+          Effect.catch((e) => Effect.logWarning(`etcd: could not write state=draining before revoking: ${e.message}`))
+        )
     }
     // Last step: the key goes with the lease, at once.
     yield* ops.revoke(session.id).pipe(
@@ -141,7 +149,14 @@ const make = Effect.gen(function* () {
     lastRecord: Effect.sync(() => s.lastRecord),
     markDraining: Effect.suspend(() => {
       s.forcedDraining = true
-      return writeNow("drain")
+      // A failure, or the caller's deadline interrupting it, tells the shutdown that etcd is not answering.
+      return writeNow("drain").pipe(
+        Effect.onExit((exit) =>
+          Effect.sync(() => {
+            s.drainWriteFailed = Exit.isFailure(exit)
+          })
+        )
+      )
     }),
     flush: writeNow("flush")
   }

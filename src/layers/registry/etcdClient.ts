@@ -55,6 +55,12 @@ export interface EtcdClientOptions {
   readonly reconnectCapMs: number
 }
 
+/**
+ * What every call may take past its gRPC deadline before it fails here anyway ("timed out"): one etcd call is
+ * bounded by `callTimeoutMs` + this, whatever grpc-js does (programs/shutdownBound.ts counts on it).
+ */
+export const CALL_DEADLINE_SLACK_MS = 500
+
 const reasonOf = (e: unknown): string => (e instanceof Error ? e.message : String(e))
 
 /**
@@ -176,7 +182,7 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
     }).pipe(
       // belt and braces: the gRPC deadline should fire first
       Effect.timeoutOrElse({
-        duration: options.callTimeoutMs + 500,
+        duration: options.callTimeoutMs + CALL_DEADLINE_SLACK_MS,
         orElse: () => Effect.fail(new EtcdUnavailable({ operation, reason: "timed out" }))
       })
     )
@@ -233,7 +239,7 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
         )
     }).pipe(
       Effect.timeoutOrElse({
-        duration: options.callTimeoutMs + 500,
+        duration: options.callTimeoutMs + CALL_DEADLINE_SLACK_MS,
         orElse: () => Effect.fail(new EtcdUnavailable({ operation: "lease keepalive", reason: "timed out" }))
       })
     )

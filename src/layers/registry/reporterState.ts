@@ -26,6 +26,8 @@ export interface ReporterState {
   lastRecord: NodeHealth | undefined
   damping: DampingState
   forcedDraining: boolean
+  /** The drain's own state=draining write failed or was cut short (etcd did not answer it); see shutdown. */
+  drainWriteFailed: boolean
   stopping: boolean
   lastError: string | undefined
   conflict: ConflictHolder | undefined
@@ -46,6 +48,7 @@ export const initialReporterState = (): ReporterState => ({
   lastRecord: undefined,
   damping: initialDamping,
   forcedDraining: false,
+  drainWriteFailed: false,
   stopping: false,
   lastError: undefined,
   conflict: undefined,

@@ -1,0 +1,80 @@
+/**
+ * The longest a shutdown (SIGTERM, SIGINT or POST /drain) can take, from the signal to the process's exit, with
+ * every peer hung: etcd partitioned, an engine that ignores SIGTERM, a router that holds its streams, kvcached and
+ * the OTLP collector silent, NVML slow. Each step of the ordered drain and of the release after it is bounded on
+ * its own (the module named at each term); this adds them up, so that an operator can set Kubernetes'
+ * terminationGracePeriodSeconds from the config (README "Running the daemon", examples/k8s). The drain logs it
+ * (`exit_within`), and test/programs/k8s-manifests.test.ts holds the shipped DaemonSet to it.
+ *
+ * kvcached and the KV-event readers add nothing: their fibers are interrupted, which a wedged peer cannot hold
+ * up. A thread stuck inside an NVML call in the kernel (a GPU off the bus) is the one wait nothing in-process can
+ * bound (layers/node/nvmlThread.ts): not even process.exit() returns before it.
+ */
+import { Duration } from "effect"
+import { CLOSE_GRACE as ADMIN_CLOSE_GRACE } from "../layers/admin/Admin.ts"
+import { KILL_WAIT_MS } from "../layers/engine/processGroup.ts"
+import { SDK_SHUTDOWN_TIMEOUT, TRACE_FLUSH_TIMEOUT } from "../layers/observability/Tracing.ts"
+import { CALL_DEADLINE_SLACK_MS } from "../layers/registry/etcdClient.ts"
+import type { AgentConfig } from "../services/config/Config.ts"
+import { type Env, otlpTraceSettings } from "../services/observability/OtelSettings.ts"
+import { reporterTiming } from "../services/registry/ReporterTiming.ts"
+
+/** How long the gRPC server's close waits for calls still open (a router that stopped reading) before it cuts them. */
+export const GRPC_CLOSE_GRACE = Duration.seconds(5)
+
+/** How long the NVML worker may take to answer, and so to shut down when a call is in flight (layers/node/Nvml.ts). */
+export const NVML_CALL_TIMEOUT = Duration.seconds(10)
+
+/**
+ * Past `engine.stop_grace`, the engine's stop (layers/engine/run.ts teardown): the guard's SIGKILL and its
+ * confirmation (KILL_WAIT_MS) plus 1 s for the guard to report; a guard that hangs is SIGKILLed (1 s), then the
+ * group itself (KILL_WAIT_MS); then 250 ms for the engine's last output lines.
+ */
+export const ENGINE_STOP_SLACK_MS = 2 * KILL_WAIT_MS + 2_000 + 250
+
+/** Room for the event loop of a loaded host between the steps. */
+export const MARGIN_MS = 1_000
+
+export interface ShutdownTerm {
+  readonly step: string
+  readonly ms: number
+}
+
+/**
+ * Each step's bound, in the order a shutdown runs them; a step the config does not have (no etcd, no traces) is
+ * left out.
+ */
+export const shutdownTerms = (config: AgentConfig, env: Env = process.env): ReadonlyArray<ShutdownTerm> => {
+  const { agent, engine, cluster } = config
+  const etcd = cluster.etcd.length > 0
+  const callMs = reporterTiming(agent.heartbeat, agent.lease_ttl).callTimeoutMs + CALL_DEADLINE_SLACK_MS
+  const traces = otlpTraceSettings(agent.otlp_endpoint, env) !== undefined
+  const terms: Array<ShutdownTerm | undefined> = [
+    // programs/main.ts orderedDrain: the draining write is given one heartbeat
+    etcd
+      ? { step: "state=draining written to etcd (agent.heartbeat)", ms: Duration.toMillis(agent.heartbeat) }
+      : undefined,
+    { step: "in-flight streams (agent.drain_timeout)", ms: Duration.toMillis(agent.drain_timeout) },
+    {
+      step: "engine stopped (engine.stop_grace + kill and confirm)",
+      ms: Duration.toMillis(engine.stop_grace) + ENGINE_STOP_SLACK_MS
+    },
+    // layers/registry/HealthReporter.ts shutdown: the revoke alone once etcd left the drain's write unanswered
+    etcd ? { step: "etcd lease revoked (one etcd call)", ms: callMs } : undefined,
+    { step: "gRPC server closed", ms: Duration.toMillis(GRPC_CLOSE_GRACE) },
+    { step: "admin server closed", ms: Duration.toMillis(ADMIN_CLOSE_GRACE) },
+    traces
+      ? {
+          step: "last spans flushed",
+          ms: Duration.toMillis(TRACE_FLUSH_TIMEOUT) + Duration.toMillis(SDK_SHUTDOWN_TIMEOUT)
+        }
+      : undefined,
+    { step: "NVML shut down", ms: Duration.toMillis(NVML_CALL_TIMEOUT) },
+    { step: "margin", ms: MARGIN_MS }
+  ]
+  return terms.filter((t): t is ShutdownTerm => t !== undefined)
+}
+
+/** The worst-case time from the signal to the exit. */
+export const shutdownBound = (config: AgentConfig, env: Env = process.env): Duration.Duration =>
+  Duration.millis(shutdownTerms(config, env).reduce((sum, t) => sum + t.ms, 0))
