@@ -126,8 +126,6 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
 
   return GrpcServer.of({
     address: bound,
-    port,
-    health: Effect.sync(serving.current),
     healthState: serving.health.implementation,
     setHealthOverride: (s) => Effect.sync(() => serving.setOverride(s)),
     activeStreams: Effect.sync(() => active.size),

@@ -12,9 +12,8 @@ import { NodeStatus } from "../../services/node/NodeStatus.ts"
 import { PublishedHealth } from "./Health.ts"
 
 export interface ServingState {
+  /** The status, published for "" and the Agent service alike. */
   readonly health: PublishedHealth
-  /** The status now (for "" and the Agent service alike). */
-  readonly current: () => ServingStatus
   readonly setOverride: (status: ServingStatus | undefined) => void
   /** Why a new Generate call is refused now (node draining, engine not ready), or undefined. */
   readonly refusal: () => NotServing | undefined
@@ -46,7 +45,6 @@ export const make: Effect.Effect<ServingState, never, EngineProcess | NodeStatus
     ).pipe(Effect.forkScoped)
     return {
       health,
-      current,
       setOverride: (status) => {
         override = status
         publish()

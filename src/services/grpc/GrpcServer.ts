@@ -15,9 +15,6 @@ export type ServingStatus = "SERVING" | "NOT_SERVING"
 export interface GrpcServerService {
   /** The bound address, `host:port` (the real port when listen_grpc asked for port 0). */
   readonly address: string
-  readonly port: number
-  /** The health status now (for "" and for cgn.agent.v1.Agent alike). */
-  readonly health: Effect.Effect<ServingStatus>
   /**
    * The grpc.health.v1 state this server serves, for another listener to serve the same one (the plaintext
    * health listener): one state, so a change reaches Check and Watch on both at once.
