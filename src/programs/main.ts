@@ -133,6 +133,7 @@ export const daemon = Effect.scoped(
     yield* reloadOnHangup(Effect.andThen(TlsLive.hangupReload, Logging.hangupReload(config.file)))
     const lag = yield* EventLoopLag
     yield* MetricsLive.mirrorEventLoopLag(lag.sample)
+    yield* MetricsLive.mirrorLogDrops(Logging.droppedLogLines)
     yield* MetricsLive.mirrorTls(tls.status)
     yield* MetricsLive.recordBuildInfo({ version: VERSION, engine: config.engine.kind })
 

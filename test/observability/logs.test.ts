@@ -2,12 +2,19 @@
 // are `{msg, engine, stream, run}`; `--log-level` on the command line wins over CGN_LOG_LEVEL and the config,
 // and at debug the engine probes and admission decisions show. The e2e case runs the built agent
 // (`dist/main.js run`) with the simulator and parses every line it wrote, stdout and stderr.
-import { Effect } from "effect"
+import { Console, Effect, Logger } from "effect"
 import { createChannel, createClient } from "nice-grpc"
 import { afterAll, describe, expect, it } from "vitest"
 import { AgentDefinition } from "../../src/gen/cgn/agent/v1/agent.ts"
 import * as Logging from "../../src/layers/observability/Logging.ts"
-import { effectiveLevel, engineOutput, logRecord } from "../../src/layers/observability/Logging.ts"
+import {
+  droppedLogLines,
+  effectiveLevel,
+  engineOutput,
+  jsonLines,
+  logRecord,
+  MAX_LOG_BACKLOG_BYTES
+} from "../../src/layers/observability/Logging.ts"
 import { LogLevel } from "../../src/services/observability/LogLevel.ts"
 import { killAllAgents, simAgentConfig, startAgent } from "../support/agent.ts"
 
@@ -130,6 +137,44 @@ const lineProblems = (line: string): Array<string> => {
   }
   return problems
 }
+
+describe("a stderr reader that stalls (bytes written and not read)", () => {
+  it("past the bound lines are dropped and counted; the next line written is preceded by the count", () => {
+    const written: Array<Record<string, unknown>> = []
+    const console: Console.Console = Object.assign(Object.create(globalThis.console), {
+      error: (line: string) => written.push(JSON.parse(line))
+    })
+    let backlog = 0
+    const logger = jsonLines(
+      () => "Info",
+      () => backlog
+    )
+    const log = (msg: string) =>
+      Effect.runSync(
+        Effect.logInfo(msg).pipe(
+          Effect.provide(Logger.layer([logger])),
+          Effect.provideService(Console.Console, console)
+        )
+      )
+    const before = droppedLogLines()
+    log("one")
+    backlog = MAX_LOG_BACKLOG_BYTES + 1
+    log("two")
+    log("three")
+    expect(written.map((l) => l.msg)).toEqual(["one"])
+    expect(droppedLogLines() - before).toBe(2)
+    backlog = MAX_LOG_BACKLOG_BYTES
+    log("four")
+    expect(written.map((l) => [l.level, l.msg, l.dropped])).toEqual([
+      ["info", "one", undefined],
+      ["warn", "log: lines dropped, stderr was not being read", 2],
+      ["info", "four", undefined]
+    ])
+    log("five")
+    expect(written.at(-1)?.msg).toBe("five")
+    expect(written).toHaveLength(4)
+  })
+})
 
 describe("the LogLevel service (what SIGHUP moves)", () => {
   const run = (flag: "Warn" | undefined, next: "debug" | "error") =>

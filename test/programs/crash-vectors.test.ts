@@ -2,6 +2,7 @@
 // to (Node throws it: an uncaught exception, and the agent installs no handler for those on purpose), and a
 // spawn failure Node throws instead of emitting it as 'error'.
 // - its log pipe closed: the EPIPE of a log line written after that ended the agent (uncaught, exit 1);
+// - its log reader stalled without closing: every line waited in the agent's memory, without bound;
 // - an engine argument too long for exec (E2BIG): the supervisor's loop died, the engine "spawning" for good.
 // Requires dist/ (`npm run build`; `npm test` builds first).
 import { type ChildProcess, spawn } from "node:child_process"
@@ -18,6 +19,7 @@ import {
   processAlive,
   requireDist,
   simAgentConfig,
+  simDistEntry,
   startAgent
 } from "../support/agent.ts"
 import { agentClient, generate } from "../support/generate.ts"
@@ -105,6 +107,54 @@ describe("the agent's log pipe closes (the log collector gone)", () => {
     // SIGHUP logs its reload at info; the drain logs every step and still ends in exit 0.
     process.kill(proc.pid as number, "SIGHUP")
     expect(await alive(readyz())).toBe(200)
+    proc.kill("SIGTERM")
+    expect(await exited).toEqual({ code: 0, signal: null })
+  }, 90_000)
+})
+
+describe("the agent's log reader stalls (a pipe nobody reads, not closed)", () => {
+  it("keeps at most MAX_LOG_BACKLOG_BYTES waiting: later lines are dropped, counted, and reported once read again", async () => {
+    // An engine that prints ~3 MB of output lines before it starts: the agent logs each one (~300 bytes of JSON).
+    const noisy = `yes "$(printf '%0200d' 0)" | head -n 10000; exec "$@"`
+    const { config, adminPort } = await simAgentConfig({
+      engine: { command: ["sh", "-c", noisy, "sh", process.execPath, simDistEntry, "--flavor", "vllm"] }
+    })
+    const dir = await fsp.mkdtemp(path.join(os.tmpdir(), "cgn-crash-"))
+    const configPath = path.join(dir, "agent.toml")
+    await fsp.writeFile(configPath, stringifyToml(config))
+    // stderr piped and not read: the pipe fills, then the agent's own stream buffers what it writes.
+    const proc = spawn(process.execPath, [agentEntry, "run", "--config", configPath], {
+      cwd: dir,
+      stdio: ["ignore", "ignore", "pipe"]
+    })
+    const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+      proc.once("exit", (code, signal) => resolve({ code, signal }))
+    )
+    spawned.push({ proc, exited, dir, enginePids: new Set() })
+    const admin = `http://127.0.0.1:${adminPort}`
+    await pollUntil("the agent ready", async () => (await fetch(`${admin}/readyz`)).status === 200, 45_000)
+    const droppedNow = async () => {
+      const text = await (await fetch(`${admin}/metrics`)).text()
+      const line = text.split("\n").find((l) => l.startsWith("cgn_agent_log_lines_dropped_total "))
+      return line === undefined ? undefined : Number(line.split(" ")[1])
+    }
+    const dropped = await droppedNow()
+    // 10,000 engine lines of ~300 bytes each is ~3 MB: past the 1 MiB bound, most of them are dropped.
+    expect(dropped).toBeGreaterThan(5_000)
+    // Read again: the next line the agent writes (SIGHUP's) is preceded by the count.
+    const log = followLines(proc.stderr)
+    process.kill(proc.pid as number, "SIGHUP")
+    const warning = JSON.parse(
+      await log.waitFor((l) => l.includes("log: lines dropped"), 20_000, "the dropped-lines warning")
+    ) as Record<string, unknown>
+    expect(warning.level).toBe("warn")
+    expect(warning.dropped).toBeGreaterThanOrEqual(dropped as number)
+    // What waited was bounded: the lines read before the warning are the pipe's 64 KiB plus at most 1 MiB.
+    const before = log.lines.slice(
+      0,
+      log.lines.findIndex((l) => l.includes("log: lines dropped"))
+    )
+    expect(before.reduce((n, l) => n + l.length + 1, 0)).toBeLessThan(1024 * 1024 + 256 * 1024)
     proc.kill("SIGTERM")
     expect(await exited).toEqual({ code: 0, signal: null })
   }, 90_000)

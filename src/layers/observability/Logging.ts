@@ -101,14 +101,53 @@ const toJson = (record: Record<string, unknown>): string => {
 }
 
 /**
+ * Bytes of log lines written and not yet taken by the stderr reader past which new lines are dropped. Node writes
+ * a pipe without blocking (libuv makes it non-blocking, uv_pipe_open): what the reader has not taken waits in
+ * process.stderr's memory. A log collector that stalls without closing the pipe (journald under load, a stuck
+ * container log driver) grew the agent's memory without bound, an engine's whole output with it (measured: the
+ * backlog at 2 MB a second of lines, for as long as the stall lasted). Files and terminals are written
+ * synchronously and never have a backlog.
+ */
+export const MAX_LOG_BACKLOG_BYTES = 1024 * 1024
+
+/** Lines dropped since the last one written, and since the start (cgn_agent_log_lines_dropped_total). */
+const drops = { pending: 0, total: 0 }
+
+/** Log lines dropped since the process started because stderr's reader did not take them. */
+export const droppedLogLines = (): number => drops.total
+
+/**
  * The logger: `logRecord` of each call at or above `threshold()`, one JSON line on stderr; nothing for the
  * others. The threshold is read per call so a SIGHUP can move it (fibers keep the MinimumLogLevel they started
- * with, so that reference stays at its lowest and this is the filter).
+ * with, so that reference stays at its lowest and this is the filter). While `backlog()` (bytes written and not
+ * yet read) is past MAX_LOG_BACKLOG_BYTES a line is dropped and counted; the next line written is preceded by a
+ * warning with the count.
  */
-export const jsonLines = (threshold: () => LogLevel): Logger.Logger<unknown, void> =>
+export const jsonLines = (
+  threshold: () => LogLevel,
+  backlog: () => number = () => process.stderr.writableLength
+): Logger.Logger<unknown, void> =>
   Logger.make(({ date, logLevel, message, cause, fiber }) => {
     if (LogLevelModule.isGreaterThan(threshold(), logLevel)) return
-    fiber.getRef(Console.Console).error(
+    if (backlog() > MAX_LOG_BACKLOG_BYTES) {
+      drops.pending++
+      drops.total++
+      return
+    }
+    const console = fiber.getRef(Console.Console)
+    if (drops.pending > 0) {
+      console.error(
+        toJson({
+          ts: date.toISOString(),
+          level: "warn",
+          msg: "log: lines dropped, stderr was not being read",
+          dropped: drops.pending,
+          backlog_limit_bytes: MAX_LOG_BACKLOG_BYTES
+        })
+      )
+      drops.pending = 0
+    }
+    console.error(
       toJson(
         logRecord({
           date,

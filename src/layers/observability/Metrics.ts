@@ -19,6 +19,7 @@ import {
   type MetricHandles,
   Metrics,
   type MetricsService,
+  setCounter,
   setOptional,
   setStateGauge
 } from "../../services/observability/Metrics.ts"
@@ -112,6 +113,11 @@ const makeHandles = (registry: Registry): MetricHandles => {
       "event_loop_lag_seconds",
       "Worst event-loop delay in the last completed 5 s window (scrapes do not reset it)"
     ),
+    logLinesDropped: new Counter({
+      name: p("log_lines_dropped_total"),
+      help: "Log lines dropped because the stderr reader did not take them (more than 1 MiB written and not read)",
+      registers
+    }),
     engineRunningRequests: gauge("engine_running_requests", "Requests running in the engine (engine metrics)"),
     engineWaitingRequests: gauge("engine_waiting_requests", "Requests waiting in the engine (engine metrics)"),
     engineKvCacheUsage: gauge(
@@ -246,6 +252,10 @@ export const mirrorEventLoopLag = (lag: Effect.Effect<LagSample>): Effect.Effect
       })
     )
   )
+
+/** Fills `cgn_agent_log_lines_dropped_total` at every scrape from Logging's count. */
+export const mirrorLogDrops = (dropped: () => number): Effect.Effect<void, never, Metrics | Scope.Scope> =>
+  Effect.flatMap(Metrics, (m) => m.onCollect(Effect.sync(() => setCounter(m.logLinesDropped, dropped()))))
 
 /**
  * Fills `cgn_agent_node_state` at every scrape from the node's own view. The engine can be ready while the node

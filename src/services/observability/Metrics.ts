@@ -57,6 +57,8 @@ export interface MetricHandles {
    * resets nothing, so any number of scrapers see the same value.
    */
   readonly eventLoopLag: Gauge
+  /** Mirrored from Logging's count of lines dropped while stderr was not read: set it with `setCounter`. */
+  readonly logLinesDropped: Counter
   readonly engineRunningRequests: Gauge
   readonly engineWaitingRequests: Gauge
   /** 0..1; no sample when the engine does not report it. */
