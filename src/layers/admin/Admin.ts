@@ -16,17 +16,15 @@ import {
   authorize,
   exitForensics,
   fromWebPage,
-  isLoopbackHost,
   readiness,
-  type StatusExtras,
-  unbracket
+  type StatusExtras
 } from "../../services/admin/Admin.ts"
 import { Config } from "../../services/config/Config.ts"
 import { EngineProcess } from "../../services/engine/EngineProcess.ts"
+import { isLoopbackHost, splitHostPort, unbracket } from "../../services/net/HostPort.ts"
 import { Drain } from "../../services/node/Drain.ts"
 import { NodeStatus } from "../../services/node/NodeStatus.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
-import { splitHostPort } from "../../services/registry/Advertise.ts"
 
 // node:http as its CommonJS exports, not an ESM import: the ESM facade reads every export, and node:http's
 // WebSocket / MessageEvent / CloseEvent getters load Node's bundled copy of undici (behind fetch), ~14 MB of RSS

@@ -5,7 +5,7 @@
  */
 import { Duration } from "effect"
 import type { ConfigFile } from "../../services/config/ConfigSchema.ts"
-import { canonicalHost, isWildcardHost, splitHostPort } from "../../services/registry/Advertise.ts"
+import { canonicalHost, isWildcardHost, splitHostPort } from "../../services/net/HostPort.ts"
 import { engineFor } from "../engine/backends/index.ts"
 import { formatPath } from "./schemaProblems.ts"
 

@@ -10,7 +10,7 @@ import { parse as parseToml, TomlError } from "smol-toml"
 import { type AgentConfig, ConfigError, type ModelConfig } from "../../services/config/Config.ts"
 import { ConfigFile, LogLevels } from "../../services/config/ConfigSchema.ts"
 import { DialableHostPort, keyPartProblem } from "../../services/config/ConfigValues.ts"
-import { joinHostPort } from "../../services/registry/Advertise.ts"
+import { joinHostPort } from "../../services/net/HostPort.ts"
 import { crossChecks } from "./crossChecks.ts"
 import { fieldProblems, unknownKeyProblems } from "./schemaProblems.ts"
 

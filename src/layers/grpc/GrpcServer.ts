@@ -11,8 +11,8 @@ import type { EngineClient } from "../../services/engine/EngineClient.ts"
 import type { EngineProcess } from "../../services/engine/EngineProcess.ts"
 import { StreamAborted } from "../../services/grpc/CallErrors.ts"
 import { AGENT_SERVICE, GrpcServer, type GrpcServerService } from "../../services/grpc/GrpcServer.ts"
+import { joinHostPort, splitHostPort, unbracket } from "../../services/net/HostPort.ts"
 import { NodeStatus } from "../../services/node/NodeStatus.ts"
-import { joinHostPort, splitHostPort } from "../../services/registry/Advertise.ts"
 import type { TlsSource } from "../../services/tls/Tls.ts"
 import { ActiveCalls } from "./ActiveCalls.ts"
 import { addAgent, GENERATE_PATH } from "./AgentService.ts"
@@ -47,7 +47,7 @@ export interface GrpcServerOptions {
 export const bind = (server: Http2GrpcServer, address: string, key: string): Effect.Effect<number, GrpcListenError> => {
   const { host, port } = splitHostPort(address)
   return Effect.tryPromise({
-    try: () => server.listen(host.replace(/^\[(.*)\]$/, "$1"), Number(port)),
+    try: () => server.listen(unbracket(host), Number(port)),
     catch: (e) => new GrpcListenError({ address, message: `${key} = "${address}": ${(e as Error).message}` })
   })
 }

@@ -7,7 +7,7 @@
  */
 import { Effect, type Scope } from "effect"
 import type { HealthImplementation } from "grpc-health-check"
-import { joinHostPort, splitHostPort } from "../../services/registry/Advertise.ts"
+import { joinHostPort, splitHostPort } from "../../services/net/HostPort.ts"
 import { bind, errorLogging, type GrpcListenError } from "./GrpcServer.ts"
 import { addHealth } from "./Health.ts"
 import { Http2GrpcServer } from "./http2/Server.ts"

@@ -42,18 +42,6 @@ export class AdminServer extends Context.Service<AdminServer, AdminServerInfo>()
 /** Extra top-level sections of /status, each computed per request (e.g. `registration` from the etcd reporter). */
 export type StatusExtras = Readonly<Record<string, Effect.Effect<unknown>>>
 
-/** `host` of listen_admin without IPv6 brackets. */
-export const unbracket = (host: string): string =>
-  host.startsWith("[") && host.endsWith("]") ? host.slice(1, -1) : host
-
-/** 127.0.0.0/8, ::1, ::ffff:127.x and `localhost` are loopback; wildcards and everything else are not. */
-export const isLoopbackHost = (host: string): boolean => {
-  const h = unbracket(host).toLowerCase()
-  if (h === "localhost" || h === "::1" || h === "0:0:0:0:0:0:0:1") return true
-  const v4 = h.startsWith("::ffff:") ? h.slice(7) : h
-  return /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(v4)
-}
-
 /** The bearer token of an Authorization header, or undefined. */
 export const bearerToken = (header: string | undefined): string | undefined => {
   const m = header === undefined ? null : /^Bearer\s+(\S+)\s*$/i.exec(header)

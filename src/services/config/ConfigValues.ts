@@ -3,7 +3,7 @@
  * Each refuses a bad value with a message that says what was expected; the sections are ConfigSchema.ts.
  */
 import { Duration, Effect, Option, Schema, SchemaIssue, SchemaTransformation } from "effect"
-import { isWildcardHost, splitHostPort } from "../registry/Advertise.ts"
+import { isWildcardHost, splitHostPort } from "../net/HostPort.ts"
 
 const UNIT: Record<string, Duration.Unit> = { ms: "millis", s: "seconds", m: "minutes", h: "hours", d: "days" }
 

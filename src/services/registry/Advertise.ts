@@ -4,6 +4,7 @@
  * else the host's first non-internal IPv4 address, always with the port of `[agent].listen_grpc`.
  * The caller passes `os.networkInterfaces()` in, so this module does no I/O and is tested with tables.
  */
+import { isWildcardHost, joinHostPort, splitHostPort } from "../net/HostPort.ts"
 
 /** The shape of `os.networkInterfaces()` this needs. */
 export type Interfaces = Readonly<
@@ -23,34 +24,6 @@ export interface AdvertiseInput {
   readonly boundPort?: number | undefined
 }
 
-const WILDCARDS = new Set(["0.0.0.0", "::", "[::]", ""])
-
-/** Splits `host:port` (IPv6 in brackets) into its parts. */
-export const splitHostPort = (hostPort: string): { readonly host: string; readonly port: string } => {
-  const i = hostPort.lastIndexOf(":")
-  if (i < 0) return { host: hostPort, port: "" }
-  return { host: hostPort.slice(0, i), port: hostPort.slice(i + 1) }
-}
-
-/** Whether a host (IPv6 bracketed or not) is a wildcard: every address of this machine, none to dial. */
-export const isWildcardHost = (host: string): boolean => WILDCARDS.has(canonicalHost(host))
-
-/**
- * A host as the URL parser writes it, so that equal addresses compare equal: names lowercased, IPv4 in dotted
- * form ("127.1" gives "127.0.0.1"), IPv6 bracketed and compressed ("[0:0::0]" gives "[::]").
- */
-export const canonicalHost = (host: string): string => {
-  try {
-    return new URL(`http://${host}/`).hostname
-  } catch {
-    return host.toLowerCase()
-  }
-}
-
-/** `host:port`, bracketing a bare IPv6 host. */
-export const joinHostPort = (host: string, port: string | number): string =>
-  host.includes(":") && !host.startsWith("[") ? `[${host}]:${port}` : `${host}:${port}`
-
 /** The first non-internal IPv4 address, in the order the interfaces are listed; undefined if none. */
 export const firstExternalIpv4 = (interfaces: Interfaces): string | undefined => {
   for (const list of Object.values(interfaces)) {
@@ -68,6 +41,6 @@ export const resolveAdvertiseAddr = (input: AdvertiseInput): string => {
   const port = listen.port === "0" && input.boundPort !== undefined ? String(input.boundPort) : listen.port
   const nodeIp = input.nodeIp?.trim()
   if (nodeIp !== undefined && nodeIp !== "") return joinHostPort(nodeIp, port)
-  if (!WILDCARDS.has(listen.host)) return joinHostPort(listen.host, port)
+  if (!isWildcardHost(listen.host)) return joinHostPort(listen.host, port)
   return joinHostPort(firstExternalIpv4(input.interfaces) ?? "127.0.0.1", port)
 }

@@ -6,6 +6,7 @@
  */
 import type { AgentConfig } from "../../../services/config/Config.ts"
 import type { KvEventsEndpoint, LaunchPlan, MetricNames, ReadinessProbe } from "../../../services/engine/Engine.ts"
+import { unbracket } from "../../../services/net/HostPort.ts"
 
 /** Where the engine's HTTP server is, taken from `[engine].url`. */
 export interface Listen {
@@ -23,9 +24,6 @@ export const listenOf = (config: AgentConfig): Listen => {
   const path = u.pathname.replace(/\/+$/, "")
   return { baseUrl: `${u.protocol}//${u.host}${path}`, host: unbracket(u.hostname), port }
 }
-
-/** The host part of `host:port` (`[::1]:7071` gives `::1`). */
-export const hostOfAddr = (addr: string): string => unbracket(addr.slice(0, addr.lastIndexOf(":")))
 
 /** `[agent].ready_probe_url` when set, else GET `/v1/models` (answers only once the model is loaded). */
 export const httpProbe = (config: AgentConfig, listen: Listen): ReadinessProbe => ({
@@ -151,14 +149,6 @@ export const assemble = (config: AgentConfig, listen: Listen, parts: PlanParts):
   ...(parts.warnings !== undefined && parts.warnings.length > 0 ? { warnings: parts.warnings } : {})
 })
 
-/** Whether a host name or address is the loopback interface. */
-export const isLoopback = (host: string): boolean =>
-  host === "localhost" || host === "::1" || /^127\.\d+\.\d+\.\d+$/.test(host)
-
 /** `[flag, value]` when the value is set, else nothing: for optional model settings. */
 export const optionalFlag = (flag: string, value: number | string | undefined): ReadonlyArray<string> =>
   value === undefined ? [] : [flag, String(value)]
-
-// Internal
-
-const unbracket = (host: string) => (host.startsWith("[") && host.endsWith("]") ? host.slice(1, -1) : host)

@@ -7,7 +7,8 @@
  */
 import type { AgentConfig } from "../../../services/config/Config.ts"
 import type { Engine } from "../../../services/engine/Engine.ts"
-import { assemble, httpProbeAt, isLoopback, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
+import { isLoopbackHost } from "../../../services/net/HostPort.ts"
+import { assemble, httpProbeAt, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
 
 /**
  * A decode server forces `disable_radix_cache` unless `--disaggregation-decode-enable-radix-cache` is given,
@@ -71,7 +72,7 @@ export const sglang: Engine = {
     // disaggregation): on loopback, decode engines on other hosts cannot reach it. Not refused: prefill and
     // decode on one host work so.
     const warnings =
-      role === "prefill" && isLoopback(listen.host)
+      role === "prefill" && isLoopbackHost(listen.host)
         ? [
             `SGLang binds its P/D bootstrap server (port ${config.engine.bootstrap_port}) to --host ${listen.host}, engine.url's host: decode engines on other hosts cannot reach it. For prefill and decode on different hosts, set engine.url to an address they can reach (the engine takes requests unauthenticated: keep its ports closed to everything but the agent and the decode hosts)`
           ]

@@ -7,7 +7,8 @@
 import type { AgentConfig, KvOffload } from "../../../services/config/Config.ts"
 import { DEFAULT_KV_BLOCK_SIZE } from "../../../services/config/ConfigSchema.ts"
 import type { Engine } from "../../../services/engine/Engine.ts"
-import { assemble, hostOfAddr, httpProbe, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
+import { hostOfAddr } from "../../../services/net/HostPort.ts"
+import { assemble, httpProbe, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
 
 /**
  * The `--kv-transfer-config` body per kv_offload: NixlConnector and LMCacheConnectorV1 as in vLLM's
