@@ -9,7 +9,7 @@ import { describe, expect, it } from "vitest"
 import { GenerateRequest } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { layerFromObject } from "../../src/layers/config/Config.ts"
 import { ActiveCalls } from "../../src/layers/grpc/ActiveCalls.ts"
-import type { GenerateCall } from "../../src/layers/grpc/AgentService.ts"
+import type { GenerateServerCall } from "../../src/layers/grpc/AgentService.ts"
 import { makeHandler } from "../../src/layers/grpc/GenerateCall.ts"
 import type { ServingState } from "../../src/layers/grpc/ServingState.ts"
 import { StreamAborted } from "../../src/services/grpc/CallErrors.ts"
@@ -60,7 +60,7 @@ describe("GenerateCall", () => {
     )
     // A burst in one turn: far more than one turn's start budget (0.5 ms), so most starts wait for later turns.
     const calls = Array.from({ length: 3000 }, () => new FakeCall())
-    for (const c of calls) handler.handle(c as unknown as GenerateCall)
+    for (const c of calls) handler.handle(c as unknown as GenerateServerCall)
     const waiting = active.size
     expect(waiting).toBeGreaterThan(0)
     // The drain's last step, in the same turn: every call still active is aborted.

@@ -20,7 +20,8 @@ import type { ServerCall, UnaryCallback } from "./http2/Call.ts"
 import type { Http2GrpcServer } from "./http2/Server.ts"
 
 /** A Generate call as its handler sees it. */
-export type GenerateCall = ServerCall<GenerateRequest, GenerateResponse>
+/** One Generate call as the handler sees it (the module GenerateCall.ts is the handler). */
+export type GenerateServerCall = ServerCall<GenerateRequest, GenerateResponse>
 
 const bytes = (u: Uint8Array): Buffer => Buffer.from(u.buffer, u.byteOffset, u.byteLength)
 
@@ -64,7 +65,7 @@ const definition = {
 } satisfies grpc.ServiceDefinition
 
 export interface AgentHandlers {
-  readonly generate: (call: GenerateCall) => void
+  readonly generate: (call: GenerateServerCall) => void
   readonly models: ListModelsResponse
   readonly nodeHealth: Effect.Effect<NodeHealth>
   /** Runs an effect to its exit; the function it returns interrupts it. */

@@ -23,7 +23,7 @@ import {
 } from "../../services/observability/TraceContext.ts"
 import { engineFor } from "../engine/backends/index.ts"
 import type { ActiveCalls } from "./ActiveCalls.ts"
-import type { GenerateCall } from "./AgentService.ts"
+import type { GenerateServerCall } from "./AgentService.ts"
 import * as EngineLegs from "./EngineLegs.ts"
 import { Relay } from "./Relay.ts"
 import type { ServingState } from "./ServingState.ts"
@@ -85,24 +85,25 @@ export const makeHandler = Effect.fnUntraced(function* (
       metrics.timeToFirstToken.observe({ role, model }, (relay.firstTextAt - startedAt) / 1000)
   }
 
-  // Calls that arrive together start START_BUDGET_MS of them per event-loop turn (services/grpc/StartPacer.ts).
+  // Calls that arrive together start for at most START_BUDGET_MS of each event-loop turn; the rest start in the
+  // turns after (services/grpc/StartPacer.ts).
   // performance.now, as the call timings here: a sub-millisecond monotonic clock with no allocation per call.
   const pacer = new StartPacer({ budgetMs: START_BUDGET_MS, now: () => performance.now(), defer: setImmediate })
 
   // Calls whose engine request is written, waiting for their response headers: one later turn sends them all,
   // so that engine requests written in one turn are not spaced by each other's headers (sent one by one, at 256
   // streams started together, they cost the median first token 1-2 ms: docs/bench.md, "Headers batched").
-  let awaitingHeaders: Array<GenerateCall> = []
+  let awaitingHeaders: Array<GenerateServerCall> = []
   const sendAwaitingHeaders = (): void => {
     const calls = awaitingHeaders
     awaitingHeaders = []
     for (const c of calls) c.sendHeaders()
   }
-  const headersAfterWrite = (call: GenerateCall): void => {
+  const headersAfterWrite = (call: GenerateServerCall): void => {
     if (awaitingHeaders.push(call) === 1) setImmediate(sendAwaitingHeaders)
   }
 
-  const refuse = (call: GenerateCall, startedAt: number, e: GenerateError): void => {
+  const refuse = (call: GenerateServerCall, startedAt: number, e: GenerateError): void => {
     const f = toGrpcFailure(e)
     record(statusName(f.code), undefined, startedAt)
     call.sendStatus(f)
@@ -113,7 +114,7 @@ export const makeHandler = Effect.fnUntraced(function* (
     if (metrics !== undefined) metrics.requests.inc({ role, model, grpc_code: statusName(code) })
   }
 
-  const handle = (call: GenerateCall): void => {
+  const handle = (call: GenerateServerCall): void => {
     const startedAt = performance.now()
     const req = call.request
     const plan = planRequest(req, config)

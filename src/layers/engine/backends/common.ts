@@ -17,12 +17,14 @@ export interface Listen {
   readonly port: number
 }
 
-/** Host and port of `[engine].url`; a URL without a port uses the scheme's (80/443). */
+/**
+ * Host and port of `[engine].url`; a URL without a port uses the scheme's (80/443). The URL is a server root: a
+ * path or query is refused by the config's cross-checks.
+ */
 export const listenOf = (config: AgentConfig): Listen => {
   const u = new URL(config.engine.url)
   const port = u.port !== "" ? Number(u.port) : u.protocol === "https:" ? 443 : 80
-  const path = u.pathname.replace(/\/+$/, "")
-  return { baseUrl: `${u.protocol}//${u.host}${path}`, host: unbracket(u.hostname), port }
+  return { baseUrl: `${u.protocol}//${u.host}`, host: unbracket(u.hostname), port }
 }
 
 /** `[agent].ready_probe_url` when set, else GET `/v1/models` (answers only once the model is loaded). */
