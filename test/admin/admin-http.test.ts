@@ -195,9 +195,10 @@ describe("admin HTTP on loopback", () => {
     const second = await get(`${url}/drain`, { method: "POST" })
     expect(JSON.parse(second.text)).toEqual({ draining: true, alreadyDraining: true })
     expect(await run(Effect.flatMap(Drain, (d) => d.draining))).toBe(true)
-    // The lever says which call began the drain: one, however many ask at once.
+    // Starts after the drain began, two at once, answer false: the POST above began it (one true of eight starts
+    // at once: test/node/drain.test.ts).
     const [a, b] = await run(Effect.flatMap(Drain, (d) => Effect.all([d.start, d.start], { concurrency: 2 })))
-    expect([a, b]).toEqual([false, false]) // begun above
+    expect([a, b]).toEqual([false, false])
     expect(await get(`${url}/readyz`)).toMatchObject({ status: 503, text: "draining" })
     expect((await get(`${url}/healthz`)).status).toBe(200) // liveness stays up while draining
   })

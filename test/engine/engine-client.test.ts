@@ -4,6 +4,7 @@
 // First of all, `complete` as derived from the one primitive, and the tests' Stream reader (streamOf), on the
 // scripted test double.
 import { spawn } from "node:child_process"
+import * as fs from "node:fs"
 import * as http from "node:http"
 import type { AddressInfo } from "node:net"
 import * as net from "node:net"
@@ -336,16 +337,29 @@ describe("EngineClient against a controlled server", () => {
   // and a connect waits. No connection at all is an unreachable engine (UNAVAILABLE, retry elsewhere); it was
   // Timeout, DEADLINE_EXCEEDED, as if the engine had taken the request and not answered in time.
   it("no connection within the connect timeout is Connect, not Timeout", async () => {
+    // Blocks at once in the listen callback, its port printed first (a write to a pipe is synchronous on Linux).
     const script =
       "const s=require('net').createServer();s.listen({port:0,host:'127.0.0.1',backlog:1},()=>{" +
-      "console.log(s.address().port);setTimeout(()=>Atomics.wait(new Int32Array(new SharedArrayBuffer(4)),0,0,30000),100)})"
+      "console.log(s.address().port);Atomics.wait(new Int32Array(new SharedArrayBuffer(4)),0,0,30000)})"
     const child = spawn(process.execPath, ["-e", script], { stdio: ["ignore", "pipe", "ignore"] })
+    const exited = new Promise((resolve) => child.once("exit", resolve))
     const fillers: Array<net.Socket> = []
     try {
       const port = await new Promise<number>((resolve) => child.stdout.once("data", (d) => resolve(Number(String(d)))))
-      await new Promise((r) => setTimeout(r, 300))
       for (let i = 0; i < 4; i++) fillers.push(net.connect(port, "127.0.0.1").on("error", () => undefined))
-      await new Promise((r) => setTimeout(r, 200))
+      // Full once it holds more than its backlog (Linux include/net/sock.h sk_acceptq_is_full: ack_backlog >
+      // max_ack_backlog); /proc/net/tcp shows a listener's accept queue as its rx_queue (net/ipv4/tcp_ipv4.c
+      // get_tcp4_sock). From then on every SYN to it is dropped, the client's below included.
+      const local = `0100007F:${port.toString(16).toUpperCase().padStart(4, "0")}`
+      await pollUntil("the listener's accept queue full", () =>
+        fs
+          .readFileSync("/proc/net/tcp", "utf8")
+          .split("\n")
+          .map((l) => l.trim().split(/\s+/))
+          .some(
+            ([, addr, , st, queues]) => addr === local && st === "0A" && Number.parseInt(queues!.split(":")[1]!, 16) > 1
+          )
+      )
       const exit = await Effect.runPromise(
         Effect.exit(withClient((c) => Stream.runCollect(c.stream("/v1/chat/completions", {})))).pipe(
           Effect.provide(layerFromPlan(planFor(`http://127.0.0.1:${port}`), { connectTimeoutMs: 300 }))
@@ -358,6 +372,7 @@ describe("EngineClient against a controlled server", () => {
     } finally {
       for (const f of fillers) f.destroy()
       child.kill("SIGKILL")
+      await exited
     }
   }, 20_000)
 

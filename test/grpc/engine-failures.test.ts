@@ -7,7 +7,7 @@
 import * as http from "node:http"
 import type { AddressInfo } from "node:net"
 import * as grpc from "@grpc/grpc-js"
-import { Layer, ManagedRuntime } from "effect"
+import { Effect, Layer, ManagedRuntime } from "effect"
 import { ClientError, createChannel, createClient, type Metadata, Status } from "nice-grpc"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import {
@@ -20,6 +20,7 @@ import {
 import { layer as admissionLayer } from "../../src/layers/grpc/Admission.ts"
 import { GENERATE_PATH } from "../../src/layers/grpc/AgentService.ts"
 import { layerWith as grpcLayerWith } from "../../src/layers/grpc/GrpcServer.ts"
+import { Admission } from "../../src/services/grpc/Admission.ts"
 import { GrpcServer } from "../../src/services/grpc/GrpcServer.ts"
 import { agentDeps } from "../support/agentDeps.ts"
 import { pollUntil } from "../support/poll.ts"
@@ -27,6 +28,8 @@ import { pollUntil } from "../support/poll.ts"
 interface Agent {
   readonly address: string
   readonly client: AgentClient
+  /** Calls waiting in admission for a slot. */
+  queued(): Promise<number>
   close(): Promise<void>
 }
 
@@ -43,6 +46,7 @@ const startAgent = async (engineUrl: string, agent: Record<string, unknown> = {}
   return {
     address: server.address,
     client: createClient(AgentDefinition, channel),
+    queued: () => rt.runPromise(Effect.flatMap(Admission, (a) => a.queued)),
     close: async () => {
       channel.close()
       await rt.dispose()
@@ -97,6 +101,10 @@ const endless = (res: http.ServerResponse, piece: string): void => {
   more()
 }
 let closed = 0
+/** Sends the rest of the splitUtf8 answer. */
+let releaseSplit = (): void => {
+  throw new Error("no splitUtf8 answer is waiting")
+}
 
 type Script = (res: http.ServerResponse) => void
 const scripts: Record<string, Script> = {
@@ -172,12 +180,13 @@ const scripts: Record<string, Script> = {
   error200: (res) =>
     res.writeHead(200, JSON_TYPE).end(JSON.stringify({ error: { message: "context overflow", code: 400 } })),
   // UTF-8: a character split across two reads arrives whole; a byte that is not UTF-8 is replaced, not fatal.
+  // Sent up to the first byte of "€"; the rest once the test calls releaseSplit (when the caller has the "a").
   splitUtf8: (res) => {
-    const b = Buffer.from(chunk("é€") + chunk("z") + finish)
+    const b = Buffer.from(chunk("a") + chunk("é€") + chunk("z") + finish)
     const at = b.indexOf(0xe2) + 1
     res.writeHead(200, SSE)
     res.write(b.subarray(0, at))
-    setTimeout(() => res.end(b.subarray(at)), 20)
+    releaseSplit = () => res.end(b.subarray(at))
   },
   invalidUtf8: (res) =>
     res
@@ -315,7 +324,18 @@ describe("engine failure shapes end Generate with the table's status and the eng
   })
 
   it("UTF-8 split across reads arrives whole; a byte that is not UTF-8 becomes U+FFFD", async () => {
-    expect(await collect(agent.client, { prompt: "splitUtf8" })).toMatchObject({ status: "OK", text: "é€z" })
+    // The caller has the "a" before the engine sends the rest: the agent has read the first byte of "€" by then,
+    // and reads the other two later.
+    const call = agent.client.generate({ prompt: "splitUtf8" })[Symbol.asyncIterator]()
+    expect((await call.next()).value?.delta?.text).toBe("a")
+    releaseSplit()
+    let text = ""
+    let final: GenerateFinal | undefined
+    for (let r = await call.next(); !r.done; r = await call.next()) {
+      text += r.value.delta?.text ?? ""
+      final ??= r.value.final
+    }
+    expect({ text, finishReason: final?.finishReason }).toEqual({ text: "é€z", finishReason: "stop" })
     expect(await collect(agent.client, { prompt: "invalidUtf8" })).toMatchObject({ status: "OK", text: "x\ufffdy" })
   })
 
@@ -342,7 +362,7 @@ describe("engine failure shapes end Generate with the table's status and the eng
 const rawGenerate = (
   address: string,
   prompt: string,
-  options: grpc.CallOptions & { cancelAfterMs?: number } = {}
+  options: grpc.CallOptions & { cancelWhen?: Promise<unknown> } = {}
 ): Promise<[string, string]> => {
   const raw = new grpc.Client(address, grpc.credentials.createInsecure())
   return new Promise<[string, string]>((resolve) => {
@@ -357,7 +377,11 @@ const rawGenerate = (
     call.on("data", () => undefined)
     call.on("error", () => undefined)
     call.on("status", (st: grpc.StatusObject) => resolve([Status[st.code] ?? String(st.code), st.details]))
-    if (options.cancelAfterMs !== undefined) setTimeout(() => call.cancel(), options.cancelAfterMs)
+    // Cancelled also when what it waits for fails (the test fails on that): the call must end either way.
+    options.cancelWhen?.then(
+      () => call.cancel(),
+      () => call.cancel()
+    )
   }).finally(() => raw.close())
 }
 
@@ -403,14 +427,16 @@ describe("the caller cancelling, or its deadline passing, in each phase of a cal
   it("cancelled while streaming: the engine request is aborted", async () => {
     const before = closed
     const ac = new AbortController()
-    const call = collect(agent.client, { prompt: "hold" }, { signal: ac.signal })
+    const call = agent.client.generate({ prompt: "hold" }, { signal: ac.signal })[Symbol.asyncIterator]()
+    const first = call.next()
     await pollUntil("the engine to hold the request", () => held.length === 1)
     const res = held.splice(0)[0]!
     res.writeHead(200, SSE)
     res.write(chunk("first"))
-    await new Promise((r) => setTimeout(r, 50))
+    // Streaming: the engine's first text has reached the caller, and the engine's answer is still open.
+    expect((await first).value?.delta?.text).toBe("first")
     ac.abort()
-    await expect(call).rejects.toThrow(/abort/i)
+    await expect(call.next()).rejects.toThrow(/abort/i)
     await pollUntil("the engine to see the disconnect", () => closed > before)
   })
 
@@ -418,13 +444,19 @@ describe("the caller cancelling, or its deadline passing, in each phase of a cal
     const first = collect(agent.client, { prompt: "hold" })
     await pollUntil("the engine to hold the first request", () => held.length === 1)
     const seen = requests
-    // Cancelled in the queue.
-    expect(await rawGenerate(address, "hold", { cancelAfterMs: 150 })).toEqual(["CANCELLED", expect.any(String)])
-    // A deadline shorter than the wait for admission.
-    expect(await rawGenerate(address, "hold", { deadline: Date.now() + 200 })).toEqual([
-      "DEADLINE_EXCEEDED",
-      expect.any(String)
-    ])
+    const inQueue = () => pollUntil("the call waiting in admission", async () => (await agent.queued()) === 1)
+    // Cancelled in the queue, once it waits there.
+    const waiting = inQueue()
+    const cancelled = rawGenerate(address, "hold", { cancelWhen: waiting })
+    await waiting
+    expect(await cancelled).toEqual(["CANCELLED", expect.any(String)])
+    const leftQueue = () => pollUntil("the call out of the queue", async () => (await agent.queued()) === 0)
+    await leftQueue()
+    // A deadline shorter than the wait for admission: it passes while the call waits there.
+    const late = rawGenerate(address, "hold", { deadline: Date.now() + 1_500 })
+    await inQueue()
+    expect(await late).toEqual(["DEADLINE_EXCEEDED", expect.any(String)])
+    await leftQueue()
     expect(requests).toBe(seen)
     releaseHeld()
     expect(await first).toMatchObject({ status: "OK", text: "ok" })

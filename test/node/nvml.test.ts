@@ -431,7 +431,8 @@ describe("Nvml live layer", () => {
       if (seen.has(file)) return
       seen.add(file)
       const source = fs.readFileSync(file, "utf8")
-      for (const m of source.matchAll(/^\s*(?:import|export)\s+(?!type\s)[^"']*?from\s+["']([^"']+)["']/gm)) {
+      // `import x from "m"`, `export * from "m"`, and `import "m"` (loaded for its side effects, no `from`)
+      for (const m of source.matchAll(/^\s*(?:import|export)\s+(?!type\s)(?:[^"']*?\bfrom\s+)?["']([^"']+)["']/gm)) {
         const spec = m[1]!
         if (spec.startsWith(".")) walk(path.resolve(path.dirname(file), spec))
         else packages.add(spec.startsWith("@") ? spec.split("/").slice(0, 2).join("/") : spec.split("/")[0]!)
