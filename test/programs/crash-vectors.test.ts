@@ -54,6 +54,26 @@ afterEach(async () => {
   }
 })
 
+/**
+ * The built agent on `config`, its stderr piped to this test and nothing else (stdout ignored), registered for
+ * cleanup. Nothing reads the pipe until the test does.
+ */
+const spawnPipedAgent = async (config: Record<string, unknown>): Promise<Spawned> => {
+  const dir = await fsp.mkdtemp(path.join(os.tmpdir(), "cgn-crash-"))
+  const configPath = path.join(dir, "agent.toml")
+  await fsp.writeFile(configPath, stringifyToml(config))
+  const proc = spawn(process.execPath, [agentEntry, "run", "--config", configPath], {
+    cwd: dir,
+    stdio: ["ignore", "ignore", "pipe"]
+  })
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+    proc.once("exit", (code, signal) => resolve({ code, signal }))
+  )
+  const s: Spawned = { proc, exited, dir, enginePids: new Set() }
+  spawned.push(s)
+  return s
+}
+
 /** Sends HTTP/1.1 to the gRPC port (a bad HTTP/2 preface: the agent logs the connection's error at debug). */
 const badHttp2Client = (port: number): Promise<void> =>
   new Promise((resolve) => {
@@ -67,18 +87,8 @@ describe("the agent's log pipe closes (the log collector gone)", () => {
   it("keeps serving, and still drains to exit 0: its log writes fail with EPIPE, which must not end it", async () => {
     // debug: a connection that breaks HTTP/2 is logged at debug, a write to the closed pipe while serving.
     const { config, grpcPort, adminPort } = await simAgentConfig({ agent: { log_level: "debug" } })
-    const dir = await fsp.mkdtemp(path.join(os.tmpdir(), "cgn-crash-"))
-    const configPath = path.join(dir, "agent.toml")
-    await fsp.writeFile(configPath, stringifyToml(config))
-    const proc = spawn(process.execPath, [agentEntry, "run", "--config", configPath], {
-      cwd: dir,
-      stdio: ["ignore", "ignore", "pipe"]
-    })
-    const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
-      proc.once("exit", (code, signal) => resolve({ code, signal }))
-    )
-    const s: Spawned = { proc, exited, dir, enginePids: new Set() }
-    spawned.push(s)
+    const s = await spawnPipedAgent(config)
+    const { proc, exited } = s
     const log = followLines(proc.stderr, (line) => {
       for (const m of line.matchAll(/"pid":(\d+)/g)) s.enginePids.add(Number(m[1]))
     })
@@ -119,18 +129,8 @@ describe("the agent's log reader stalls (a pipe nobody reads, not closed)", () =
     const { config, adminPort } = await simAgentConfig({
       engine: { command: ["sh", "-c", noisy, "sh", process.execPath, simDistEntry, "--flavor", "vllm"] }
     })
-    const dir = await fsp.mkdtemp(path.join(os.tmpdir(), "cgn-crash-"))
-    const configPath = path.join(dir, "agent.toml")
-    await fsp.writeFile(configPath, stringifyToml(config))
     // stderr piped and not read: the pipe fills, then the agent's own stream buffers what it writes.
-    const proc = spawn(process.execPath, [agentEntry, "run", "--config", configPath], {
-      cwd: dir,
-      stdio: ["ignore", "ignore", "pipe"]
-    })
-    const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
-      proc.once("exit", (code, signal) => resolve({ code, signal }))
-    )
-    spawned.push({ proc, exited, dir, enginePids: new Set() })
+    const { proc, exited } = await spawnPipedAgent(config)
     const admin = `http://127.0.0.1:${adminPort}`
     await pollUntil("the agent ready", async () => (await fetch(`${admin}/readyz`)).status === 200, 45_000)
     const droppedNow = async () => {
