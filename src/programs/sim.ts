@@ -91,8 +91,13 @@ const main = async (): Promise<void> => {
   if (cfg.forkGrandchild) ctx.grandchildPid = await forkGrandchild(cfg)
 
   const hung = new Set<http.ServerResponse>()
-  const server = http.createServer({ keepAliveTimeout: 30_000, noDelay: true }, handler(ctx, hung))
+  // llama-server (cpp-httplib) keeps an idle connection 5 s and for at most 100 requests
+  // (CPPHTTPLIB_KEEPALIVE_TIMEOUT_SECOND, CPPHTTPLIB_KEEPALIVE_MAX_COUNT in ggml-org/llama.cpp
+  // vendor/cpp-httplib/httplib.h); the simulator keeps the others' 30 s.
+  const llama = cfg.flavor === "llama_cpp"
+  const server = http.createServer({ keepAliveTimeout: llama ? 5_000 : 30_000, noDelay: true }, handler(ctx, hung))
   server.maxHeadersCount = 200
+  if (llama) server.maxRequestsPerSocket = 100
 
   // Signals as the engines take them: the first SIGTERM/SIGINT starts a graceful shutdown, which takes a moment
   // (workers joined, memory freed: --sim-shutdown-delay); a second one during it means "exit now". llama-server:

@@ -44,6 +44,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
   let servedName: string
   let maxModelLen: number | undefined
   let slotContext: number | undefined
+  let ssePingMs: number | undefined
   let tensorParallel = 1
   let dataParallel = 1
   let enableMetrics = true
@@ -83,6 +84,9 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     defaultMaxSeqs = np ?? 4
     if (maxModelLen !== undefined && maxModelLen > 0)
       slotContext = np === undefined ? maxModelLen : Math.floor(maxModelLen / np)
+    // common/common.h sse_ping_interval = 30 (seconds; -1 disables), common/arg.cpp --sse-ping-interval.
+    const ping = num(v("--sse-ping-interval"), "--sse-ping-interval") ?? 30
+    ssePingMs = ping > 0 ? ping * 1000 : undefined
   } else {
     model = v("--model") ?? "mlx-community/model"
     servedName = model
@@ -152,6 +156,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     crashAfterRequests: num(v("--sim-crash-after-requests"), "--sim-crash-after-requests"),
     crashAfterMs: dur("--sim-crash-after"),
     stallAfterTokens: num(v("--sim-stall-after-tokens"), "--sim-stall-after-tokens"),
+    ssePingMs,
     ignoreSigterm: p.flags.has("--sim-ignore-sigterm"),
     forkGrandchild: p.flags.has("--sim-fork-grandchild"),
     errorRate: num(v("--sim-error-rate"), "--sim-error-rate") ?? 0,

@@ -1,6 +1,7 @@
 // OpenAI response shapes (pure): SSE chunk templates for streams and whole bodies for non-streaming calls.
 // A stream's constant JSON prefix/suffix is built once per request, so each token costs one small
 // JSON.stringify of the token text and a string concatenation, never a stringify of a big object.
+import { llamaStreamTemplate } from "./llamaChunks.ts"
 import type { Flavor } from "./simConfig.ts"
 
 export type Endpoint = "chat" | "completion"
@@ -11,10 +12,23 @@ export interface Usage {
   readonly total_tokens: number
 }
 
+/** Where a token falls, for an engine whose chunks say more than its text (llama.cpp: llamaChunks.ts). */
+export interface TokenAt {
+  /** The choice it belongs to (llama.cpp answers `n` and several prompts in one stream). */
+  readonly index: number
+  /** Its sequence's first token. */
+  readonly first: boolean
+  /** A stop string ended the sequence at this token. */
+  readonly stopped: boolean
+  /** The sequence's counts so far, this token included. */
+  readonly usage: Usage
+}
+
 export interface StreamTemplate {
-  /** The chat stream's opening role chunk (empty for completions). */
+  /** The chat stream's opening role chunk (empty for completions, and for llama.cpp, which opens each choice). */
   readonly first: string
-  token(text: string): string
+  /** The chunk(s) of one token's text; llama.cpp's chat stream sends none for an empty text. */
+  token(text: string, at?: TokenAt): string
   /**
    * Whether the engine sends the last token's text in the chunk that carries the finish reason (then the
    * generator hands that text to `end` as `last` instead of to `token`), or the finish reason in a chunk of its own.
@@ -24,7 +38,7 @@ export interface StreamTemplate {
    * The chunks that end the stream before `data: [DONE]`: the finish reason (with `last`, the last token's
    * text, when the engine merges them) and, when asked, the usage.
    */
-  end(reason: string, u: Usage, includeUsage: boolean, last?: string): string
+  end(reason: string, u: Usage, includeUsage: boolean, last?: string, index?: number): string
 }
 
 export const DONE = "data: [DONE]\n\n"
@@ -85,62 +99,6 @@ export const streamTemplate = (
     end: (r, u, includeUsage, last) =>
       `data: ${head}[{"index":0,"text":${JSON.stringify(last ?? "")},"logprobs":null,"finish_reason":${JSON.stringify(r)},"stop_reason":null}]}\n\n` +
       usageChunk(u, includeUsage)
-  }
-}
-
-/** What llama-server's builds name themselves in `system_fingerprint` (llama_build_info(): "b<n>-<commit>"). */
-const LLAMA_FINGERPRINT = "b0-cgnsim"
-
-/** llama-server's `timings` (tools/server/server-common.cpp, server_slot_stats::to_json); the simulator takes no time. */
-const llamaTimings = (u: Usage): string =>
-  JSON.stringify({
-    cache_n: 0,
-    prompt_n: u.prompt_tokens,
-    prompt_ms: 0,
-    prompt_per_token_ms: 0,
-    prompt_per_second: 0,
-    predicted_n: u.completion_tokens,
-    predicted_ms: 0,
-    predicted_per_token_ms: 0,
-    predicted_per_second: 0
-  })
-
-const llamaUsage = (u: Usage): string => JSON.stringify({ ...u, prompt_tokens_details: { cached_tokens: 0 } })
-
-/**
- * llama-server's stream chunks (tools/server/server-task.cpp, server_task_result_cmpl_partial/final): a
- * `system_fingerprint`; completions end with one chunk carrying the finish reason, the usage (asked for
- * or not) and `timings`; chat opens with a role chunk whose content is null and ends with the finish chunk,
- * then the usage chunk (`choices: []`) when asked, `timings` on the last.
- */
-const llamaStreamTemplate = (endpoint: Endpoint, id: string, model: string, created: number): StreamTemplate => {
-  const idJson = JSON.stringify(id)
-  const modelJson = JSON.stringify(model)
-  if (endpoint === "completion") {
-    const tail = `"created":${created},"model":${modelJson},"system_fingerprint":"${LLAMA_FINGERPRINT}","object":"text_completion"`
-    const tokPost = `,"index":0,"logprobs":null,"finish_reason":null}],${tail},"id":${idJson}}\n\n`
-    return {
-      first: "",
-      token: (t) => `data: {"choices":[{"text":${JSON.stringify(t)}${tokPost}`,
-      finishWithLastToken: false,
-      end: (r, u) =>
-        `data: {"choices":[{"text":"","index":0,"logprobs":null,"finish_reason":${JSON.stringify(r)}}],${tail},` +
-        `"usage":${llamaUsage(u)},"id":${idJson},"timings":${llamaTimings(u)}}\n\n`
-    }
-  }
-  const tail = `"created":${created},"id":${idJson},"model":${modelJson},"system_fingerprint":"${LLAMA_FINGERPRINT}","object":"chat.completion.chunk"`
-  const chunk = (choice: string, extra = "") => `data: {"choices":[${choice}],${tail}${extra}}\n\n`
-  return {
-    first: chunk(`{"finish_reason":null,"index":0,"delta":{"role":"assistant","content":null}}`),
-    token: (t) => chunk(`{"finish_reason":null,"index":0,"delta":{"content":${JSON.stringify(t)}}}`),
-    finishWithLastToken: false,
-    end: (r, u, includeUsage) => {
-      const timings = `,"timings":${llamaTimings(u)}`
-      const finish = `{"finish_reason":${JSON.stringify(r)},"index":0,"delta":{}}`
-      return includeUsage
-        ? `${chunk(finish)}data: {"choices":[],${tail},"usage":${llamaUsage(u)}${timings}}\n\n`
-        : chunk(finish, timings)
-    }
   }
 }
 

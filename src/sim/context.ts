@@ -114,10 +114,32 @@ export const makeContext = (
   }
 }
 
+/**
+ * The headers of a JSON answer beyond the defaults. llama-server (cpp-httplib) says `application/json;
+ * charset=utf-8` and closes the connection after any status from 400 on ("Don't leave connections open after
+ * errors", vendor/cpp-httplib/httplib.cpp Server::write_response_core; tools/server/server-http.cpp).
+ */
+export const jsonHeaders = (flavor: Flavor, status = 200): Record<string, string> => {
+  if (flavor !== "llama_cpp") return {}
+  const h: Record<string, string> = { "content-type": "application/json; charset=utf-8" }
+  if (status >= 400) h.connection = "close"
+  return h
+}
+
+/** An SSE answer's headers: llama-server's bare `text/event-stream` and X-Accel-Buffering (server-http.cpp). */
+export const sseHeaders = (flavor: Flavor): Record<string, string> =>
+  flavor === "llama_cpp"
+    ? { "content-type": "text/event-stream", "x-accel-buffering": "no" }
+    : { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache" }
+
+/** A JSON answer in the flavor's headers. */
+export const reply = (ctx: SimContext, res: http.ServerResponse, status: number, body: unknown): void =>
+  sendJson(res, status, body, jsonHeaders(ctx.cfg.flavor, status))
+
 export const sendError = (
   ctx: SimContext,
   res: http.ServerResponse,
   status: number,
   message: string,
   param: string | null = null
-) => sendJson(res, status, errorBody(ctx.cfg.flavor, status, message, param))
+) => reply(ctx, res, status, errorBody(ctx.cfg.flavor, status, message, param))

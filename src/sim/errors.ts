@@ -41,16 +41,28 @@ export const errorBody = (flavor: Flavor, status: number, message: string, param
  * parse error comes back as 500 `server_error` (tools/server/server-http.cpp ex_wrapper; seen on the real server);
  * the Python servers answer 400.
  */
-export const invalidJson = (flavor: Flavor, detail: string): { readonly status: number; readonly message: string } =>
-  flavor === "llama_cpp"
-    ? { status: 500, message: `[json.exception.parse_error.101] parse error: ${detail}` }
-    : { status: 400, message: `Invalid JSON body: ${detail}` }
+export const invalidJson = (
+  flavor: Flavor,
+  detail: string,
+  raw: string
+): { readonly status: number; readonly message: string } => {
+  if (flavor !== "llama_cpp") return { status: 400, message: `Invalid JSON body: ${detail}` }
+  // nlohmann's own words for an empty body; other syntax errors keep its prefix and JSON.parse's detail.
+  const text =
+    raw === ""
+      ? "parse error at line 1, column 1: attempting to parse an empty input; check that your input string or stream contains the expected JSON"
+      : `parse error: ${detail}`
+  return { status: 500, message: `[json.exception.parse_error.101] ${text}` }
+}
 
 /** What older llama.cpp put on its `error:` SSE line: format_error_response's flat object. */
 export const LLAMA_ERROR_FIELD = (message: string) => ({ code: 500, message, type: "server_error" })
 
-/** llama.cpp's answer to everything while the model loads. */
-export const LLAMA_LOADING = { error: { code: 503, message: "Loading model", type: "unavailable_error" } }
+/** llama.cpp's answer to everything while the model loads (tools/server/server-http.cpp middleware_server_state). */
+export const LLAMA_LOADING = { error: { message: "Loading model", type: "unavailable_error", code: 503 } }
+
+/** llama.cpp's 404 for a path (or method) it has no route for (server-http.cpp, the error handler). */
+export const LLAMA_NOT_FOUND = { error: { message: "File Not Found", type: "not_found_error", code: 404 } }
 
 /** Python's repr() of a str: single quotes unless the text has one and no double quote. */
 const pyRepr = (s: string): string => {

@@ -120,7 +120,8 @@ export const MODELLED: Record<Flavor, ReadonlyArray<string>> = {
     "--parallel",
     "-ngl",
     "--n-gpu-layers",
-    "--metrics"
+    "--metrics",
+    "--sse-ping-interval"
   ],
   mlx: ["--host", "--port", "--model", "--max-tokens", "--decode-concurrency"]
 }

@@ -3,15 +3,37 @@
 // (streamed as SSE or collected), faults (stall; mid-stream error and reset: faultReply.ts), then release of
 // the slot and the blocks. A client that disconnects at any point aborts the request and frees its slot.
 import type * as http from "node:http"
-import { DONE, fullBody, streamTemplate } from "./chunks.ts"
-import { type SimContext, sendError } from "./context.ts"
+import { DONE, fullBody, streamTemplate, type Usage } from "./chunks.ts"
+import { jsonHeaders, type SimContext, sendError, sseHeaders } from "./context.ts"
 import { fault } from "./faultReply.ts"
+import { sendJson } from "./http.ts"
+import { llamaFullBody } from "./llamaChunks.ts"
 import { handoffBeforeGeneration, holdForDecode } from "./pdLegs.ts"
 import type { GenRequest } from "./request.ts"
+import { sequenceEvents } from "./sequences.ts"
 import { plan, prng, tokenId } from "./tokens.ts"
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
 const tick = (): Promise<void> => new Promise((r) => setImmediate(r))
+
+/**
+ * A stream with nothing more to send: llama-server writes an SSE comment every `pingMs` of silence so that
+ * clients and proxies do not time it out (tools/server/server-context.cpp handle_completions_impl, "sending
+ * SSE ping"); the others write nothing. Until the client goes.
+ */
+const pingUntil = async (
+  res: http.ServerResponse,
+  pingMs: number | undefined,
+  gone: () => boolean,
+  closed: Promise<void>
+): Promise<void> => {
+  if (pingMs === undefined) return closed
+  for (;;) {
+    await Promise.race([sleep(pingMs), closed])
+    if (gone()) return
+    res.write(":\n\n")
+  }
+}
 
 /** Tokens written per event-loop turn when there is no inter-token latency. */
 const BATCH = 32
@@ -53,20 +75,21 @@ export const generate = async (
     return sendError(ctx, res, handoff.status, handoff.message)
   }
 
-  // The engine core (DP rank) that runs it: its slot, its prefix cache and KV events, its counters.
+  // The engine core (DP rank) that runs it: its slot, its prefix cache and KV events, its counters. Each of
+  // llama.cpp's sequences (n, several prompts) takes a slot of its own, at most all of them.
   const rank = ctx.engines.pick({ bootstrapRoom: gr.bootstrap?.room })
   const { kv, stats: rs } = rank
-  const ticket = rank.scheduler.enter()
+  const tickets = gr.sequences.slice(0, Math.max(1, cfg.maxSeqs)).map(() => rank.scheduler.enter())
   let pinned: ReadonlyArray<bigint> = []
   let myDecodeBlocks = 0
   cleanup = () => {
-    ticket.release()
+    for (const t of tickets) t.release()
     kv.release(pinned)
     rank.decodeBlocks -= myDecodeBlocks
     myDecodeBlocks = 0
     pinned = []
   }
-  await ticket.admitted
+  await Promise.all(tickets.map((t) => t.admitted))
   if (gone()) return
 
   const promptIds = gr.promptWords.map(tokenId)
@@ -88,8 +111,16 @@ export const generate = async (
   const sglangPrefill = cfg.flavor === "sglang" && cfg.disaggregationMode === "prefill" && gr.bootstrap !== undefined
   if (sglangPrefill && gr.bootstrap !== undefined) ctx.bootstrap?.complete(gr.bootstrap.room)
 
-  const rand = gr.seed === undefined ? ctx.rand : prng(gr.seed)
-  const g = plan(cfg.mode, gr.promptWords, sglangPrefill ? 1 : gr.maxTokens, rand, gr.ignoreEos)
+  const plans = gr.sequences.map((q) =>
+    plan(
+      cfg.mode,
+      q.words,
+      sglangPrefill ? 1 : q.maxTokens,
+      q.seed === undefined ? ctx.rand : prng(q.seed),
+      gr.ignoreEos
+    )
+  )
+  const total = plans.reduce((n, g) => n + g.tokens.length, 0)
   const model = cfg.servedName
   const created = Math.floor(Date.now() / 1000)
   let last = performance.now()
@@ -112,7 +143,7 @@ export const generate = async (
     const s = stallAt()
     return s !== undefined && emitted >= s
   }
-  const faultAt = inject === undefined ? Number.POSITIVE_INFINITY : Math.min(1, g.tokens.length)
+  const faultAt = inject === undefined ? Number.POSITIVE_INFINITY : Math.min(1, total)
 
   const finish = (reason: string) => {
     state = "done"
@@ -127,43 +158,47 @@ export const generate = async (
     }
     return kvParams
   }
+  const failed = () => {
+    state = "done"
+    rs.finished("error")
+    stats.served++
+    cleanup()
+  }
 
-  const usage = () => ({
-    prompt_tokens: promptIds.length,
-    total_tokens: promptIds.length + emitted,
-    completion_tokens: emitted
-  })
+  const usage = (index: number, generated: number): Usage => {
+    const p = gr.sequences[index]?.promptTokens ?? 0
+    return { prompt_tokens: p, total_tokens: p + generated, completion_tokens: generated }
+  }
+  const events = sequenceEvents(plans, gr.stop)
+  const ends: Array<{ reason: string; content: string; generated: number }> = []
 
   if (gr.stream) {
     const tpl = streamTemplate(gr.endpoint, id, model, created, cfg.flavor)
-    res.writeHead(200, { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache" })
+    res.writeHead(200, sseHeaders(cfg.flavor))
     let out = tpl.first
-    let last: string | undefined
-    while (emitted < g.tokens.length) {
+    let held: string | undefined
+    for (const ev of events) {
+      if (ev.kind === "end") {
+        ends[ev.index] = ev
+        if (ends.filter((e) => e !== undefined).length === plans.length) finish(ev.reason)
+        out += tpl.end(ev.reason, usage(ev.index, ev.generated), gr.includeUsage, held, ev.index)
+        held = undefined
+        continue
+      }
       if (stalled()) {
         if (out !== "") res.write(out)
-        out = ""
-        await closed
+        // llama-server pings only once its first chunk is out (the first result is awaited without).
+        await pingUntil(res, emitted > 0 ? gr.ssePingMs : undefined, gone, closed)
         return
       }
       if (emitted >= faultAt) {
         if (out !== "") res.write(out)
-        return fault(ctx, res, inject, true, () => {
-          state = "done"
-          rs.finished("error")
-          stats.served++
-          cleanup()
-        })
+        return fault(ctx, res, inject, true, failed)
       }
-      const piece = g.tokens[emitted] ?? ""
-      if (tpl.finishWithLastToken && emitted === g.tokens.length - 1) {
-        // The last token travels with the finish reason (chunks.ts, mergesFinish).
-        last = piece
-        onToken()
-        break
-      }
-      out += tpl.token(piece)
       onToken()
+      // The last token travels with the finish reason (chunks.ts, mergesFinish).
+      if (tpl.finishWithLastToken && ev.last) held = ev.text
+      else out += tpl.token(ev.text, { ...ev, usage: usage(ev.index, ev.generated) })
       if (cfg.itlMs > 0) {
         res.write(out)
         out = ""
@@ -176,36 +211,38 @@ export const generate = async (
         if (gone()) return
       }
     }
-    finish(g.finishReason)
-    out += tpl.end(g.finishReason, usage(), gr.includeUsage, last)
     res.end(out + DONE)
     return
   }
 
-  let text = ""
-  while (emitted < g.tokens.length) {
+  for (const ev of events) {
+    if (ev.kind === "end") {
+      ends[ev.index] = ev
+      continue
+    }
     if (stalled()) {
       await closed
       return
     }
-    if (emitted >= faultAt) {
-      return fault(ctx, res, inject, false, () => {
-        state = "done"
-        rs.finished("error")
-        stats.served++
-        cleanup()
-      })
-    }
-    text += g.tokens[emitted] ?? ""
+    if (emitted >= faultAt) return fault(ctx, res, inject, false, failed)
     onToken()
     if (cfg.itlMs > 0) {
       await Promise.race([sleep(cfg.itlMs), closed])
       if (gone()) return
     }
   }
-  const kvParams = finish(g.finishReason)
-  const body = fullBody(cfg.flavor, gr.endpoint, id, model, created, text, g.finishReason, usage(), kvParams)
-  const json = JSON.stringify(body)
-  res.writeHead(200, { "content-type": "application/json", "content-length": Buffer.byteLength(json) })
-  res.end(json)
+  const e0 = ends[0] ?? { reason: "length", content: "", generated: 0 }
+  const kvParams = finish(e0.reason)
+  const body =
+    cfg.flavor === "llama_cpp"
+      ? llamaFullBody(
+          gr.endpoint,
+          id,
+          model,
+          created,
+          ends.map((e) => ({ text: e.content, finishReason: e.reason })),
+          usage(0, e0.generated)
+        )
+      : fullBody(cfg.flavor, gr.endpoint, id, model, created, e0.content, e0.reason, usage(0, e0.generated), kvParams)
+  sendJson(res, 200, body, jsonHeaders(cfg.flavor))
 }

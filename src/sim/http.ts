@@ -14,9 +14,21 @@ export const readBody = (req: http.IncomingMessage): Promise<string> =>
     req.on("error", reject)
   })
 
-/** A JSON answer with an exact content-length; `undefined` sends an empty body. */
-export const sendJson = (res: http.ServerResponse, status: number, body: unknown): void => {
+/**
+ * A JSON answer with an exact content-length; `undefined` sends an empty body. `headers` add to or replace
+ * the defaults (an engine's own content-type, `connection: close`).
+ */
+export const sendJson = (
+  res: http.ServerResponse,
+  status: number,
+  body: unknown,
+  headers: Record<string, string> = {}
+): void => {
   const text = body === undefined ? "" : JSON.stringify(body)
-  res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(text) })
+  res.writeHead(status, {
+    "content-type": "application/json",
+    "content-length": Buffer.byteLength(text),
+    ...headers
+  })
   res.end(text)
 }

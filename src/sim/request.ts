@@ -3,8 +3,18 @@
 
 import type { Endpoint } from "./chunks.ts"
 import { vllmValidationError } from "./errors.ts"
+import { type LlamaInvalid, type LlamaPrompt, llamaMessages, llamaParams, llamaPrompts } from "./llamaRequest.ts"
 import type { SimConfig } from "./simConfig.ts"
 import { words } from "./tokens.ts"
+
+/** One sequence the request generates: llama-server makes one per prompt and per `n`; the others one. */
+export interface Sequence {
+  readonly words: ReadonlyArray<string>
+  /** The prompt's length in tokens as the engine reports it (llama-server: with its BOS). */
+  readonly promptTokens: number
+  readonly maxTokens: number
+  readonly seed: number | undefined
+}
 
 export interface GenRequest {
   readonly endpoint: Endpoint
@@ -19,6 +29,12 @@ export interface GenRequest {
   /** `ignore_eos` (vLLM, SGLang and llama.cpp sampling; mlx-lm has none): generate to max_tokens. */
   readonly ignoreEos: boolean
   readonly bootstrap: { host: string; port: number; room: string } | undefined
+  /** What is generated: one sequence, or (llama.cpp) prompts × `n`, answered as choices 0, 1, ... */
+  readonly sequences: ReadonlyArray<Sequence>
+  /** Stop strings (llama.cpp; not modelled for the other flavors): the text ends before the first one found. */
+  readonly stop: ReadonlyArray<string>
+  /** llama.cpp: SSE comment pings while a started stream has nothing to send (ms; undefined: none). */
+  readonly ssePingMs?: number | undefined
 }
 
 export type Invalid = {
@@ -79,6 +95,7 @@ const streamOptionsWithoutStream = (cfg: SimConfig, b: Record<string, unknown>):
 
 /** Validates a parsed body; `rawBody` lets bootstrap_room (up to 2^63-1) be read without float rounding. */
 export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawBody: string): GenRequest | Invalid => {
+  if (cfg.flavor === "llama_cpp") return validateLlama(cfg, endpoint, body)
   if (typeof body !== "object" || body === null || Array.isArray(body)) {
     return { status: 400, message: "request body must be a JSON object", param: null }
   }
@@ -88,7 +105,6 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
   const model = b.model
   if (model !== undefined && model !== null && typeof model === "string") {
     const known =
-      cfg.flavor === "llama_cpp" ||
       model === cfg.servedName ||
       (cfg.flavor === "mlx" && (model === cfg.model || model === "default_model")) ||
       (cfg.flavor === "sglang" && (model === cfg.model || model === "default"))
@@ -124,22 +140,7 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
     maxTokens = rawMax
   }
   const promptWords = words(text)
-  if (cfg.flavor === "llama_cpp") {
-    // llama-server checks only the prompt (with its BOS) against a slot's context; generation that reaches
-    // the end of the context stops with "length" (tools/server/server-context.cpp, ERROR_TYPE_EXCEED_CONTEXT_SIZE).
-    const n = promptWords.length + 1
-    if (cfg.slotContext !== undefined && n >= cfg.slotContext) {
-      const message = `request (${n} tokens) exceeds the available context size (${cfg.slotContext} tokens), try increasing it`
-      const error = {
-        code: 400,
-        message,
-        type: "exceed_context_size_error",
-        n_prompt_tokens: n,
-        n_ctx: cfg.slotContext
-      }
-      return { status: 400, message, param: null, body: { error } }
-    }
-  } else if (cfg.flavor === "vllm" && cfg.maxModelLen !== undefined && rawMax === undefined) {
+  if (cfg.flavor === "vllm" && cfg.maxModelLen !== undefined && rawMax === undefined) {
     // Without max_tokens vLLM needs room for at least one token: a prompt as long as the context is refused
     // (vllm-project/vllm vllm/entrypoints/openai/serving_engine.py, OpenAIServing._validate_input:
     // `if max_tokens is None: if token_num >= self.max_model_len: raise ValueError(...)`, answered 400).
@@ -169,17 +170,88 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
   if (typeof b.bootstrap_host === "string" && b.bootstrap_port !== undefined && roomMatch !== null) {
     bootstrap = { host: b.bootstrap_host, port: Number(b.bootstrap_port), room: roomMatch[1] ?? "" }
   }
+  const seed = typeof b.seed === "number" ? b.seed : undefined
   return {
     endpoint,
     promptWords,
     maxTokens,
     stream: b.stream === true,
     includeUsage,
-    seed: typeof b.seed === "number" ? b.seed : undefined,
+    seed,
     cacheSalt: typeof b.cache_salt === "string" && b.cache_salt !== "" ? b.cache_salt : undefined,
     kvTransferParams: typeof kvp === "object" && kvp !== null ? (kvp as Record<string, unknown>) : undefined,
     ignoreEos: cfg.flavor !== "mlx" && b.ignore_eos === true,
-    bootstrap
+    bootstrap,
+    sequences: [{ words: promptWords, promptTokens: promptWords.length, maxTokens, seed }],
+    stop: []
+  }
+}
+
+/**
+ * llama-server's context when -c is not given is the model's own. The simulator has none: it checks no prompt
+ * then, and ends generation at this many tokens (what its /props reports).
+ */
+const LLAMA_DEFAULT_CTX = 4096
+
+const invalid = (e: LlamaInvalid): Invalid => ({ status: e.status, message: e.message, param: null })
+
+/**
+ * llama-server: the prompts (or messages), then every field of the schema (llamaRequest.ts), then, per
+ * prompt, its length against a slot's context (with its BOS; tools/server/server-context.cpp,
+ * ERROR_TYPE_EXCEED_CONTEXT_SIZE). The request's `model` is not looked at. Generation stops at `n_predict`
+ * (0 still makes one token: the budget is checked after a token, server-context.cpp process_token) or when
+ * prompt and output fill the slot's context ("length"), whichever comes first; -1 or none: the latter.
+ */
+const validateLlama = (cfg: SimConfig, endpoint: Endpoint, body: unknown): GenRequest | Invalid => {
+  let prompts: Array<LlamaPrompt>
+  if (endpoint === "chat") {
+    const m = llamaMessages(body)
+    if (!Array.isArray(m)) return invalid(m)
+    prompts = [{ words: m, bos: true }]
+  } else {
+    const p = llamaPrompts(body)
+    if (!Array.isArray(p)) return invalid(p)
+    prompts = p
+  }
+  const params = llamaParams(body as Record<string, unknown>, cfg.maxSeqs)
+  if ("status" in params) return invalid(params)
+  const ctxLen = cfg.slotContext ?? LLAMA_DEFAULT_CTX
+  const sequences: Array<Sequence> = []
+  for (const p of prompts) {
+    const n = p.words.length + (p.bos ? 1 : 0)
+    if (cfg.slotContext !== undefined && n >= ctxLen) {
+      const message = `request (${n} tokens) exceeds the available context size (${ctxLen} tokens), try increasing it`
+      const error = { code: 400, message, type: "exceed_context_size_error", n_prompt_tokens: n, n_ctx: ctxLen }
+      return { status: 400, message, param: null, body: { error } }
+    }
+    const room = Math.max(1, ctxLen - n)
+    const maxTokens = params.nPredict < 0 ? room : Math.min(Math.max(1, params.nPredict), room)
+    // Each further completion of a prompt samples with the seed + its number (server-task.h add_child).
+    for (let j = 0; j < params.nCmpl; j++) {
+      const seed = params.seed === undefined ? undefined : (params.seed + j) >>> 0
+      sequences.push({ words: p.words, promptTokens: n, maxTokens, seed })
+    }
+  }
+  const first = sequences[0] as Sequence
+  return {
+    endpoint,
+    promptWords: first.words,
+    maxTokens: first.maxTokens,
+    stream: params.stream,
+    includeUsage: params.includeUsage,
+    seed: params.seed,
+    cacheSalt: undefined,
+    kvTransferParams: undefined,
+    ignoreEos: params.ignoreEos,
+    bootstrap: undefined,
+    sequences,
+    stop: params.stop,
+    ssePingMs:
+      params.ssePingInterval === undefined
+        ? cfg.ssePingMs
+        : params.ssePingInterval > 0
+          ? params.ssePingInterval * 1000
+          : undefined
   }
 }
 

@@ -4,11 +4,12 @@
 import { randomUUID } from "node:crypto"
 import type * as http from "node:http"
 import { modelsBody } from "./chunks.ts"
-import { type SimContext, sendError } from "./context.ts"
-import { invalidJson, LLAMA_LOADING } from "./errors.ts"
+import { reply, type SimContext, sendError } from "./context.ts"
+import { invalidJson, LLAMA_LOADING, LLAMA_NOT_FOUND } from "./errors.ts"
 import { applyFaults } from "./faults.ts"
 import { generate } from "./generate.ts"
 import { readBody, sendJson } from "./http.ts"
+import { llamaId } from "./llamaChunks.ts"
 import { type Gauges, type RankMetrics, renderMetrics } from "./metrics.ts"
 import type { Rank } from "./ranks.ts"
 import { isInvalid, validate } from "./request.ts"
@@ -20,7 +21,7 @@ const notFound = (ctx: SimContext, res: http.ServerResponse) => {
     case "sglang":
       return sendJson(res, 404, { detail: "Not Found" })
     case "llama_cpp":
-      return sendJson(res, 404, { error: { code: 404, message: "File Not Found", type: "not_found_error" } })
+      return reply(ctx, res, 404, LLAMA_NOT_FOUND)
     case "mlx": {
       // mlx-lm writes the bare text under a JSON content type (ml-explore/mlx-lm mlx_lm/server.py, do_GET, do_POST).
       res.writeHead(404, { "content-type": "application/json", "content-length": 9 })
@@ -107,6 +108,33 @@ const isHealth = (flavor: Flavor, method: string | undefined, path: string): boo
 
 const LLAMA_MODEL_LISTS = new Set(["/models", "/v1/models", "/api/tags"])
 
+/**
+ * llama-server's OpenAI routes (tools/server/server.cpp): chat also without the /v1 prefix, completions at
+ * /v1/completions (its /completions and /completion answer llama.cpp's own format, not modelled).
+ */
+const endpointOf = (flavor: Flavor, path: string): "chat" | "completion" | undefined => {
+  if (path === "/v1/chat/completions") return "chat"
+  if (path === "/chat/completions" && (flavor === "mlx" || flavor === "llama_cpp")) return "chat"
+  return path === "/v1/completions" ? "completion" : undefined
+}
+
+/**
+ * llama-server answers an OPTIONS request to any path with the CORS headers and nothing else, before it
+ * looks at the path or the model's state (tools/server/server-http.cpp, the pre-routing handler; defaults
+ * of --cors-* in common/arg.cpp). cpp-httplib adds the origin header to every answer.
+ */
+const llamaOptions = (res: http.ServerResponse): void => {
+  res.writeHead(200, {
+    "access-control-allow-origin": "",
+    "access-control-allow-credentials": "true",
+    "access-control-allow-methods": "GET, POST, DELETE, OPTIONS",
+    "access-control-allow-headers": "*",
+    "content-type": "text/html",
+    "content-length": 0
+  })
+  res.end()
+}
+
 /** The request listener. Health requests held by --sim-hang-health are parked in `hung`. */
 export const handler =
   (ctx: SimContext, hung: Set<http.ServerResponse>) => (req: http.IncomingMessage, res: http.ServerResponse) => {
@@ -115,7 +143,10 @@ export const handler =
     const path = q >= 0 ? url.slice(0, q) : url
     const { flavor } = ctx.cfg
     if (path.startsWith("/sim/")) return controlPlane(ctx, path, req, res)
-    if (isHealth(flavor, req.method, path)) {
+    if (flavor === "llama_cpp" && req.method === "OPTIONS") return llamaOptions(res)
+    // cpp-httplib answers HEAD with the GET route's headers (node:http sends no body for HEAD).
+    const method = flavor === "llama_cpp" && req.method === "HEAD" ? "GET" : req.method
+    if (isHealth(flavor, method, path)) {
       if (ctx.faults.hangHealth) {
         hung.add(res)
         res.on("close", () => hung.delete(res))
@@ -130,13 +161,19 @@ export const handler =
         data: Array<Record<string, unknown>>
       }
       for (const entry of body.data) entry.meta = null
-      return sendJson(res, 200, body)
+      return reply(ctx, res, 200, body)
     }
-    if (!ctx.loaded && flavor === "llama_cpp") return sendJson(res, 503, LLAMA_LOADING)
-    if (req.method === "GET" && path === "/v1/models") {
-      return sendJson(res, 200, modelsBody(flavor, ctx.cfg.servedName, ctx.cfg.model, ctx.cfg.maxModelLen, ctx.created))
+    if (!ctx.loaded && flavor === "llama_cpp") return reply(ctx, res, 503, LLAMA_LOADING)
+    const models = path === "/v1/models" || (flavor === "llama_cpp" && path === "/models")
+    if (method === "GET" && models) {
+      return reply(
+        ctx,
+        res,
+        200,
+        modelsBody(flavor, ctx.cfg.servedName, ctx.cfg.model, ctx.cfg.maxModelLen, ctx.created)
+      )
     }
-    if (req.method === "GET" && path === "/metrics") {
+    if (method === "GET" && path === "/metrics") {
       const page = { model: ctx.cfg.servedName, disaggregationMode: ctx.cfg.disaggregationMode }
       const text = ctx.cfg.enableMetrics ? renderMetrics(flavor, page, perRank(ctx)) : undefined
       if (text === undefined) return notFound(ctx, res)
@@ -148,8 +185,9 @@ export const handler =
     }
     if (flavor === "vllm" && req.method === "GET" && path === "/version")
       return sendJson(res, 200, { version: "0.26.0-sim" })
-    if (flavor === "llama_cpp" && req.method === "GET" && (path === "/props" || path === "/slots")) {
-      return sendJson(
+    if (flavor === "llama_cpp" && method === "GET" && (path === "/props" || path === "/slots")) {
+      return reply(
+        ctx,
         res,
         200,
         path === "/props"
@@ -158,12 +196,7 @@ export const handler =
       )
     }
     if (req.method === "POST") {
-      const endpoint =
-        path === "/v1/chat/completions" || (flavor === "mlx" && path === "/chat/completions")
-          ? "chat"
-          : path === "/v1/completions"
-            ? "completion"
-            : undefined
+      const endpoint = endpointOf(flavor, path)
       if (endpoint !== undefined) return void completion(ctx, endpoint, req, res)
     }
     notFound(ctx, res)
@@ -179,7 +212,7 @@ const health = (ctx: SimContext, res: http.ServerResponse) => {
       res.writeHead(200, { "content-length": 0 })
       return void res.end()
     case "llama_cpp":
-      return ctx.loaded ? sendJson(res, 200, { status: "ok" }) : sendJson(res, 503, LLAMA_LOADING)
+      return ctx.loaded ? reply(ctx, res, 200, { status: "ok" }) : reply(ctx, res, 503, LLAMA_LOADING)
     case "mlx":
       return sendJson(res, 200, { status: "ok" })
   }
@@ -216,18 +249,18 @@ const completion = async (
   // SGLang answers /health 503 while it warms up but takes completions all along (its routes call
   // handle_request with no status check: sgl-project/sglang python/sglang/srt/entrypoints/http_server.py):
   // a request that races readiness waits in generate for the load, as mlx-lm's does.
-  let raw: string
+  let raw: string | undefined
   let body: unknown
   try {
     raw = await readBody(req)
     body = JSON.parse(raw)
   } catch (err) {
-    const bad = invalidJson(flavor, err instanceof Error ? err.message : String(err))
+    const bad = invalidJson(flavor, err instanceof Error ? err.message : String(err), raw ?? "")
     return sendError(ctx, res, bad.status, bad.message)
   }
   const parsed = validate(ctx.cfg, endpoint, body, raw)
   if (isInvalid(parsed)) {
-    if (parsed.body !== undefined) return sendJson(res, parsed.status, parsed.body)
+    if (parsed.body !== undefined) return reply(ctx, res, parsed.status, parsed.body)
     return sendError(ctx, res, parsed.status, parsed.message, parsed.param)
   }
   ctx.stats.received++
@@ -242,6 +275,9 @@ const completion = async (
     }
   }
   const requestId = req.headers["x-request-id"]
-  const id = `${endpoint === "chat" ? "chatcmpl" : "cmpl"}-${typeof requestId === "string" ? requestId : randomUUID().replaceAll("-", "")}`
+  const id =
+    flavor === "llama_cpp"
+      ? llamaId()
+      : `${endpoint === "chat" ? "chatcmpl" : "cmpl"}-${typeof requestId === "string" ? requestId : randomUUID().replaceAll("-", "")}`
   await generate(ctx, parsed, id, req, res, inject)
 }

@@ -45,6 +45,11 @@ export interface SimConfig {
   readonly crashAfterRequests: number | undefined
   readonly crashAfterMs: number | undefined
   readonly stallAfterTokens: number | undefined
+  /**
+   * llama_cpp: `--sse-ping-interval` in ms (default 30 s; -1 or 0: off): a stream that has sent its first chunk
+   * and then has nothing to send for this long gets an SSE comment (`:`) instead.
+   */
+  readonly ssePingMs: number | undefined
   readonly ignoreSigterm: boolean
   readonly forkGrandchild: boolean
   readonly errorRate: number

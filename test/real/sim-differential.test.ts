@@ -1,10 +1,16 @@
 // Differential check of the simulator: the same requests to `cgn-engine-sim --flavor llama_cpp` and to the
 // real llama-server (built by `npm run real-engine:build`, the tiny model of test/support/ggufModel.ts),
-// comparing what the agent relies on: status codes, body and error shapes, SSE framing (event fields,
-// the [DONE] end, the usage chunk), health and metric names. Text differs (the simulator echoes), the
-// wire does not.
+// comparing what the agent and any OpenAI client rely on: status codes, content types, body and error shapes
+// (key order included where llama-server's is fixed) and error texts, SSE framing (event fields, the [DONE]
+// end, the usage chunk, `timings`), sampling fields and their limits, stop strings, `n`, routes, keep-alive,
+// a client that goes away, health and metric names. Where they differ the simulator is wrong. What cannot
+// match: the generated text (the tiny model's words against the simulator's), and with it the number of tokens
+// before a stop string hits and chunk boundaries; a chat prompt's token count (llama-server renders the chat
+// template, the simulator counts words); `timings` values and `cached_tokens` (the simulator takes no time and
+// caches nothing); nlohmann's wording of a JSON syntax error other than an empty body.
 import { type ChildProcess, spawn } from "node:child_process"
 import * as fs from "node:fs"
+import * as http from "node:http"
 import * as os from "node:os"
 import * as path from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
@@ -13,7 +19,7 @@ import { followLines } from "../support/lines.ts"
 import { pollUntil } from "../support/poll.ts"
 import { freePort } from "../support/ports.ts"
 import { type SimHandle, startSim } from "../support/sim.ts"
-import { type RealEngine, realEngine, SERVER_ARGS, tinyModel } from "./engine.ts"
+import { engineMetric, type RealEngine, realEngine, SERVER_ARGS, tinyModel } from "./engine.ts"
 
 let engine: RealEngine
 let dir: string
@@ -62,8 +68,10 @@ beforeAll(async () => {
   dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-real-diff-"))
   const model = tinyModel(engine, dir, "words")
   real = await startReal(model)
-  // Random words up to max_tokens, as the tiny model does (echo would stop at the prompt's length).
-  sim = await startSim({ flavor: "llama_cpp", args: [...serverArgs(model, await freePort()), "--sim-mode", "random"] })
+  // Random words up to max_tokens, as the tiny model does (echo would stop at the prompt's length); a token a
+  // millisecond, so that a client can leave mid-stream (the real one makes about one a millisecond too).
+  const simArgs = [...serverArgs(model, await freePort()), "--sim-mode", "random", "--sim-itl", "1ms"]
+  sim = await startSim({ flavor: "llama_cpp", args: simArgs })
 }, 30 * 60_000)
 
 afterAll(async () => {
@@ -74,27 +82,31 @@ afterAll(async () => {
 
 interface Answer {
   readonly status: number
+  /** The media type alone. */
   readonly contentType: string
+  readonly headers: Headers
   readonly text: string
 }
 
-const ask = async (base: string, p: string, body?: unknown, rawBody?: string): Promise<Answer> => {
+const ask = async (base: string, p: string, body?: unknown, rawBody?: string, init?: RequestInit): Promise<Answer> => {
   const payload = rawBody ?? (body === undefined ? undefined : JSON.stringify(body))
   const res = await fetch(
     `${base}${p}`,
-    payload === undefined ? {} : { method: "POST", headers: { "content-type": "application/json" }, body: payload }
+    init ??
+      (payload === undefined ? {} : { method: "POST", headers: { "content-type": "application/json" }, body: payload })
   )
 
   return {
     status: res.status,
     contentType: (res.headers.get("content-type") ?? "").split(";")[0]!,
+    headers: res.headers,
     text: await res.text()
   }
 }
 
 /** Both servers' answers to one request. */
-const both = async (p: string, body?: unknown, rawBody?: string) => {
-  const [r, s] = await Promise.all([ask(real.url, p, body, rawBody), ask(sim.url, p, body, rawBody)])
+const both = async (p: string, body?: unknown, rawBody?: string, init?: RequestInit) => {
+  const [r, s] = await Promise.all([ask(real.url, p, body, rawBody, init), ask(sim.url, p, body, rawBody, init)])
   return { real: r, sim: s }
 }
 
@@ -108,6 +120,16 @@ const shape = (v: unknown): unknown => {
         .sort()
         .map((k) => [k, shape((v as Record<string, unknown>)[k])])
     )
+  }
+  return typeof v
+}
+
+/** `shape` with the keys in the server's order (llama-server writes ordered JSON). */
+const orderedShape = (v: unknown): unknown => {
+  if (Array.isArray(v)) return v.length === 0 ? [] : [orderedShape(v[0])]
+  if (v === null) return "null"
+  if (typeof v === "object") {
+    return Object.entries(v as object).map(([k, x]) => [k, orderedShape(x)])
   }
   return typeof v
 }
@@ -212,5 +234,334 @@ describe("the llama_cpp simulator against the real llama-server", () => {
     const names = async (base: string) =>
       [...new Set(parsePromText(await (await fetch(`${base}/metrics`)).text()).map((x) => x.name))].sort()
     expect(await names(sim.url)).toEqual(await names(real.url))
+  })
+})
+
+type Chunk = Record<string, unknown>
+type Choice = Record<string, unknown>
+
+const C = "/v1/completions"
+const H = "/v1/chat/completions"
+const input = (endpoint: string) =>
+  endpoint === C ? { prompt: "the quick" } : { messages: [{ role: "user", content: "hi there" }] }
+/** 500 words: 501 tokens with the BOS, leaving 11 of a slot's 512 (-c 1024 over -np 2). */
+const LONG = Array.from({ length: 500 }, () => "hello").join(" ")
+
+const chunksOf = (a: Answer): Array<Chunk> => events(a.text).map((e) => e.json as Chunk)
+const choices = (c: Chunk): Array<Choice> => (c.choices ?? []) as Array<Choice>
+const json = (a: Answer) => JSON.parse(a.text) as Record<string, unknown> & { choices: Array<Choice>; usage: Usage }
+interface Usage {
+  readonly completion_tokens: number
+  readonly prompt_tokens: number
+}
+/** A stream's text, per choice index (completions' `text`, chat's `delta.content`). */
+const streamText = (cs: ReadonlyArray<Chunk>): Map<number, string> => {
+  const out = new Map<number, string>()
+  for (const ch of cs.flatMap(choices)) {
+    const piece = (ch.text ?? (ch.delta as { content?: string } | undefined)?.content ?? "") as string
+    out.set(ch.index as number, (out.get(ch.index as number) ?? "") + piece)
+  }
+  return out
+}
+
+describe("llama-server's OpenAI API as clients meet it: the simulator against the real server", () => {
+  for (const endpoint of [C, H]) {
+    it(`${endpoint} not streamed: the whole body key for key, in llama-server's order; id, object, model, usage`, async () => {
+      const r = await both(endpoint, { model: "tiny", ...input(endpoint), max_tokens: 3 })
+      expect([r.sim.status, r.real.status]).toEqual([200, 200])
+      expect(r.sim.headers.get("content-type")).toBe(r.real.headers.get("content-type"))
+      const [rj, sj] = [json(r.real), json(r.sim)]
+      expect(orderedShape(sj)).toEqual(orderedShape(rj))
+      for (const j of [rj, sj]) expect(j.id).toMatch(/^chatcmpl-[A-Za-z0-9]{32}$/)
+      for (const k of ["object", "model", "system_fingerprint"] as const) expect(typeof sj[k]).toBe(typeof rj[k])
+      expect([sj.object, sj.model]).toEqual([rj.object, rj.model])
+      expect(sj.choices[0]?.finish_reason).toBe(rj.choices[0]?.finish_reason)
+      expect(sj.usage.completion_tokens).toBe(rj.usage.completion_tokens)
+      // "the quick" is 2 tokens and the BOS for both; a chat prompt is the template's rendering (not matched).
+      if (endpoint === C) expect(sj.usage.prompt_tokens).toBe(rj.usage.prompt_tokens)
+    })
+
+    for (const includeUsage of [false, true]) {
+      it(`${endpoint} streamed ${includeUsage ? "with" : "without"} stream_options.include_usage: the same chunk sequence`, async () => {
+        const so = includeUsage ? { stream_options: { include_usage: true } } : {}
+        const r = await both(endpoint, { model: "tiny", ...input(endpoint), max_tokens: 3, stream: true, ...so })
+        expect(r.sim.headers.get("content-type")).toBe(r.real.headers.get("content-type"))
+        expect(r.real.headers.get("content-type")).toBe("text/event-stream")
+        // Each chunk's shape (keys in order), one after the other: where the usage and `timings` come, and
+        // (completions) that the usage comes asked for or not.
+        const kinds = (a: Answer) => chunksOf(a).map((c) => JSON.stringify(orderedShape(c)))
+        expect(kinds(r.sim)).toEqual(kinds(r.real))
+        const usage = (a: Answer) => chunksOf(a).filter((c) => c.usage !== undefined).length
+        expect(usage(r.real)).toBe(endpoint === C || includeUsage ? 1 : 0)
+      })
+    }
+  }
+
+  it("max_tokens: 0 makes one token, 1.5 and true read as 1, -1 or none run to the end of the slot's context; n_predict wins", async () => {
+    const cases: Array<Record<string, unknown>> = [
+      { prompt: "the quick", max_tokens: 0 },
+      { prompt: "the quick", max_tokens: 1.5 },
+      { prompt: "the quick", max_tokens: true },
+      { prompt: LONG, max_tokens: -1 },
+      { prompt: LONG },
+      { prompt: LONG, max_tokens: 100 },
+      { prompt: "the quick", n_predict: 2, max_tokens: 5 },
+      { prompt: "the quick", max_completion_tokens: 2, max_tokens: 5 }
+    ]
+    for (const body of cases) {
+      const r = await both(C, { model: "tiny", ...body })
+      const [rj, sj] = [json(r.real), json(r.sim)]
+      const got = (j: typeof rj) => [j.choices[0]?.finish_reason, j.usage.completion_tokens, j.usage.prompt_tokens]
+      expect([{ ...body, prompt: "" }, got(sj)]).toEqual([{ ...body, prompt: "" }, got(rj)])
+    }
+  })
+
+  it("n: a choice per completion, indexed, each with its own end in a stream; several prompts times n", async () => {
+    for (const endpoint of [C, H]) {
+      const whole = await both(endpoint, { ...input(endpoint), max_tokens: 2, n: 2 })
+      const idx = (a: Answer) => json(a).choices.map((c) => c.index)
+      expect(idx(whole.sim)).toEqual(idx(whole.real))
+      expect(orderedShape(json(whole.sim))).toEqual(orderedShape(json(whole.real)))
+      const body = { ...input(endpoint), max_tokens: 2, n: 2, stream: true, stream_options: { include_usage: true } }
+      const streamed = await both(endpoint, body)
+      // Per index: its chunk kinds in order (how the choices interleave is the servers' scheduling).
+      const perIndex = (a: Answer) => {
+        const cs = chunksOf(a).slice(0, -1)
+        const byIndex = (i: number) =>
+          cs.filter((c) => choices(c)[0]?.index === i).map((c) => JSON.stringify(orderedShape(c)))
+        return [byIndex(0), byIndex(1), cs.filter((c) => choices(c).length === 0).length]
+      }
+      expect(perIndex(streamed.sim)).toEqual(perIndex(streamed.real))
+    }
+    const multi = await both(C, { prompt: ["the quick", "brown fox"], max_tokens: 2, n: 2 })
+    expect(json(multi.sim).choices.map((c) => c.index)).toEqual(json(multi.real).choices.map((c) => c.index))
+    expect(json(multi.real).choices).toHaveLength(4)
+  })
+
+  it("the sampling fields the agent sends, at their edges: taken alike (llama-server clamps numbers, never refuses one)", async () => {
+    const edges: Array<Record<string, unknown>> = [
+      { temperature: 0, top_p: 1, top_k: -1, presence_penalty: -2, frequency_penalty: 2, repetition_penalty: 1e-6 },
+      { temperature: 2, top_p: 1e-7, top_k: 1, presence_penalty: 2, frequency_penalty: -2, repetition_penalty: 1e6 },
+      { temperature: -1, top_p: 0, top_k: 0, seed: 0 },
+      { seed: 4294967295, stop: ["zzzz"] }
+    ]
+    for (const e of edges) {
+      const r = await both(C, { model: "tiny", prompt: "the quick", max_tokens: 2, ...e })
+      expect([e, r.sim.status]).toEqual([e, r.real.status])
+      expect([e, orderedShape(json(r.sim))]).toEqual([e, orderedShape(json(r.real))])
+    }
+    // The agent writes a uint64 seed digit for digit; llama-server reads it as a uint32 and takes it.
+    const raw = '{"model":"tiny","prompt":"the quick","max_tokens":2,"seed":18446744073709551615}'
+    const big = await both(C, undefined, raw)
+    expect([big.sim.status, big.real.status]).toEqual([200, 200])
+  })
+
+  for (const endpoint of [C, H]) {
+    for (const stream of [false, true]) {
+      it(`stop strings on ${endpoint}${stream ? ", streamed" : ""}: finish "stop", the text ends before the stop, timings on the stopped chunk`, async () => {
+        // " " ends the real model's first token (every one starts with a space) and the simulator's second;
+        // the vowels hit within a token or two on both.
+        for (const stop of [" ", ["a", "e", "i", "o", "u"]]) {
+          const so = stream ? { stream: true, stream_options: { include_usage: true } } : {}
+          const r = await both(endpoint, { ...input(endpoint), max_tokens: 40, stop, ...so })
+          const stops = typeof stop === "string" ? [stop] : stop
+          for (const a of [r.real, r.sim]) {
+            expect(a.status).toBe(200)
+            if (!stream) {
+              const c = json(a).choices[0] as Choice
+              expect(c.finish_reason).toBe("stop")
+              const text = (endpoint === C ? c.text : (c.message as { content: string }).content) as string
+              for (const w of stops) expect(text).not.toContain(w)
+              continue
+            }
+            const cs = chunksOf(a).slice(0, -1)
+            const finishAt = cs.findIndex((c) => choices(c)[0]?.finish_reason !== null && choices(c).length > 0)
+            expect(choices(cs[finishAt] as Chunk)[0]?.finish_reason).toBe("stop")
+            // The chunk of the token that stopped (the last before the finish) carries the timings, as does the
+            // last one. A chat stream sends no chunk for a token whose text the stop cut to nothing (no diff),
+            // unless it opens the choice: which token stops there is the model's text.
+            if (endpoint === C) expect(cs[finishAt - 1]?.timings).toBeDefined()
+            expect(cs.at(-1)?.timings).toBeDefined()
+            for (const w of stops) expect(streamText(cs).get(0)).not.toContain(w)
+          }
+          if (stream) {
+            const tail = (a: Answer) =>
+              chunksOf(a)
+                .slice(-3)
+                .map((c) => JSON.stringify(orderedShape(c)))
+            expect(tail(r.sim)).toEqual(tail(r.real))
+          } else expect(orderedShape(json(r.sim))).toEqual(orderedShape(json(r.real)))
+        }
+      })
+    }
+  }
+
+  it("refusals: the same status, error body word for word, content type, and the connection closed after it", async () => {
+    const cases: Array<[string, string]> = [
+      [C, ""],
+      [H, ""],
+      [C, "[1,2]"],
+      [C, "null"],
+      [H, '"x"'],
+      [C, "{}"],
+      [C, '{"prompt":5}'],
+      [C, '{"prompt":[]}'],
+      [H, "{}"],
+      [H, '{"messages":"hi"}'],
+      [H, '{"messages":[{"role":"user"}]}'],
+      [H, '{"messages":[{"content":"hi"}]}'],
+      [H, '{"messages":[{"role":5,"content":"hi"}]}'],
+      [H, '{"messages":[{"role":"user","content":5}]}'],
+      [H, '{"messages":[{"role":"user","content":[{"type":"text"}]}]}'],
+      [
+        H,
+        '{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,AA"}}]}]}'
+      ],
+      [
+        H,
+        '{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"assistant","content":"c"}]}'
+      ],
+      [C, '{"prompt":"a","stream":"yes"}'],
+      [C, '{"prompt":"a","max_tokens":"3"}'],
+      [C, '{"prompt":"a","max_tokens":-5}'],
+      [C, '{"prompt":"a","n":3}'],
+      [H, '{"messages":[{"role":"user","content":"a"}],"n":0}'],
+      [C, '{"prompt":"a","temperature":{}}'],
+      [C, '{"prompt":"a","top_k":"5"}'],
+      [C, '{"prompt":"a","seed":"42"}'],
+      [C, '{"prompt":"a","stop":["x",1]}'],
+      [C, '{"prompt":"a","stream":true,"stream_options":{"include_usage":"yes"}}'],
+      [H, '{"messages":[{"role":"user","content":"a"}],"ignore_eos":1}']
+    ]
+    for (const [p, raw] of cases) {
+      const r = await both(p, undefined, raw)
+      const seen = (a: Answer) => [p, raw, a.status, a.text, a.headers.get("content-type"), a.headers.get("connection")]
+      expect(seen(r.sim)).toEqual(seen(r.real))
+      expect(r.real.headers.get("connection")).toBe("close")
+    }
+    // A syntax error: nlohmann's words for where it failed are not matched, its prefix and the status are.
+    const bad = await both(C, undefined, "{not json")
+    for (const a of [bad.real, bad.sim]) {
+      expect(a.status).toBe(500)
+      expect(JSON.parse(a.text).error).toMatchObject({ code: 500, type: "server_error" })
+      expect(JSON.parse(a.text).error.message).toMatch(/^\[json\.exception\.parse_error\.101\] parse error/)
+    }
+  })
+
+  it("taken alike: any content type, unknown fields, unknown roles, no messages, a system message alone, any model name", async () => {
+    const text = { method: "POST", body: JSON.stringify({ prompt: "the quick", max_tokens: 2 }) }
+    const cases: Array<[string, RequestInit | Record<string, unknown>]> = [
+      [C, { ...text, headers: { "content-type": "text/plain" } }],
+      [C, text],
+      [C, { prompt: "the quick", max_tokens: 2, foo: 1, user: "u", logit_bias: {}, best_of: 1 }],
+      [
+        H,
+        { messages: [{ role: "wizard", content: "hi" }], max_tokens: 2, tools: [], response_format: { type: "text" } }
+      ],
+      [H, { messages: [], max_tokens: 2 }],
+      [H, { messages: [{ role: "system", content: "be brief" }], max_tokens: 2 }],
+      [H, { messages: [{ role: "user", content: [{ type: "text", text: "hi" }] }], max_tokens: 2 }],
+      [H, { model: "gpt-4o", messages: [{ role: "user", content: null }], max_tokens: 2 }],
+      [C, { model: 5, prompt: [1, 2, 3], max_tokens: 2 }]
+    ]
+    for (const [p, b] of cases) {
+      const init = "method" in b ? (b as RequestInit) : undefined
+      const r = await both(p, init === undefined ? b : undefined, undefined, init)
+      expect([p, b, r.sim.status]).toEqual([p, b, r.real.status])
+      expect([p, b, orderedShape(json(r.sim))]).toEqual([p, b, orderedShape(json(r.real))])
+      expect(json(r.sim).model).toBe("tiny")
+      expect(json(r.real).model).toBe("tiny")
+    }
+  })
+
+  it("routes: 404 for unknown paths and methods (byte for byte), chat without /v1, /models, HEAD, OPTIONS", async () => {
+    const notFound: Array<[string, string]> = [
+      ["GET", "/v1/nothing"],
+      ["POST", "/v1/nothing"],
+      ["GET", C],
+      ["GET", H],
+      ["PUT", H],
+      ["DELETE", C],
+      ["POST", "/v1/models"],
+      ["POST", "/health"]
+    ]
+    for (const [method, p] of notFound) {
+      const r = await both(p, undefined, undefined, { method, ...(method === "GET" ? {} : { body: "{}" }) })
+      const seen = (a: Answer) => [method, p, a.status, a.text, a.headers.get("content-type")]
+      expect(seen(r.sim)).toEqual(seen(r.real))
+    }
+    const chat = await both("/chat/completions", { messages: [{ role: "user", content: "hi" }], max_tokens: 2 })
+    expect(orderedShape(json(chat.sim))).toEqual(orderedShape(json(chat.real)))
+    const models = await both("/models")
+    expect([models.sim.status, Object.keys(JSON.parse(models.sim.text))]).toEqual([
+      models.real.status,
+      Object.keys(JSON.parse(models.real.text))
+    ])
+    const head = await both("/health", undefined, undefined, { method: "HEAD" })
+    const headSeen = (a: Answer) => [a.status, a.text, a.headers.get("content-length"), a.headers.get("content-type")]
+    expect(headSeen(head.sim)).toEqual(headSeen(head.real))
+    const options = await both(H, undefined, undefined, { method: "OPTIONS" })
+    const cors = (a: Answer) => [
+      a.status,
+      ...[...a.headers.keys()].filter((k) => k.startsWith("access-control-")).sort()
+    ]
+    expect(cors(options.sim)).toEqual(cors(options.real))
+    expect(options.sim.headers.get("access-control-allow-methods")).toBe(
+      options.real.headers.get("access-control-allow-methods")
+    )
+  })
+
+  it("keep-alive: requests share a connection (5 s, 100 requests), an error answer closes it", async () => {
+    const run = async (base: string) => {
+      const agent = new http.Agent({ keepAlive: true, maxSockets: 1 })
+      const send = (p: string, body?: string) =>
+        new Promise<Array<unknown>>((resolve, reject) => {
+          const req = http.request(
+            `${base}${p}`,
+            { agent, method: body === undefined ? "GET" : "POST", headers: { "content-type": "application/json" } },
+            (res) => {
+              res.resume()
+              res.on("end", () => resolve([p, res.statusCode, req.reusedSocket, res.headers["keep-alive"] ?? null]))
+            }
+          )
+          req.on("error", reject)
+          req.end(body)
+        })
+      try {
+        return [
+          await send("/health"),
+          await send(C, JSON.stringify({ prompt: "the quick", max_tokens: 2 })),
+          await send("/v1/nothing"),
+          await send("/health")
+        ]
+      } finally {
+        agent.destroy()
+      }
+    }
+    const [r, s] = [await run(real.url), await run(sim.url)]
+    expect(s).toEqual(r)
+    expect(r.map((x) => x[2])).toEqual([false, true, true, false])
+  })
+
+  it("a client that leaves mid-stream frees its slot at once: /slots idle, requests_processing 0, generation cut short", async () => {
+    for (const base of [real.url, sim.url]) {
+      const before = await engineMetric(base, "llamacpp:tokens_predicted_total")
+      const ac = new AbortController()
+      const res = await fetch(`${base}${C}`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ prompt: "the quick", max_tokens: -1, stream: true }),
+        signal: ac.signal
+      })
+      await res.body?.getReader().read()
+      ac.abort()
+      await pollUntil(`${base}: every slot idle`, async () => {
+        const slots = (await (await fetch(`${base}/slots`)).json()) as Array<{ id: number; is_processing: boolean }>
+        return slots.length === 2 && slots.every((x) => x.is_processing === false)
+      })
+      expect(await engineMetric(base, "llamacpp:requests_processing")).toBe(0)
+      // Left alone it would make 509 tokens (the slot's 512 less the prompt); both stop within a few.
+      expect((await engineMetric(base, "llamacpp:tokens_predicted_total")) - before).toBeLessThan(100)
+    }
   })
 })

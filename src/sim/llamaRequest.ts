@@ -1,0 +1,308 @@
+// How llama-server reads an OpenAI request body (pure), so the llama_cpp flavor refuses and accepts what the
+// real server does (checked against it by test/real/sim-differential.test.ts). Sources, ggml-org/llama.cpp:
+// tools/server/server-schema.cpp (every request field: its type, its limits, its aliases), tools/server/
+// server-common.cpp (tokenize_input_prompts for `prompt`, oaicompat_chat_params_parse for `messages`),
+// common/chat.cpp (common_chat_msgs_parse_oaicompat) and tools/server/server-context.cpp (the order of it all).
+// Errors keep llama-server's wording, nlohmann::json's exception texts included.
+import { words } from "./tokens.ts"
+
+export interface LlamaInvalid {
+  readonly status: number
+  readonly message: string
+}
+
+/** One prompt: its words and whether llama-server puts a BOS token before it (text yes, token ids no). */
+export interface LlamaPrompt {
+  readonly words: ReadonlyArray<string>
+  readonly bos: boolean
+}
+
+/** The fields of the schema that the simulator acts on. */
+export interface LlamaParams {
+  /** `n_predict` (aliases max_completion_tokens, max_tokens): -1 (the default) runs to the end of the context. */
+  readonly nPredict: number
+  /** `n_cmpl` (alias n): completions per prompt, 1..-np. */
+  readonly nCmpl: number
+  readonly stream: boolean
+  readonly includeUsage: boolean
+  readonly ignoreEos: boolean
+  readonly seed: number | undefined
+  readonly stop: ReadonlyArray<string>
+  /** `sse_ping_interval` (seconds, -1 off) when the request sets it. */
+  readonly ssePingInterval: number | undefined
+}
+
+/** nlohmann::json's type_name(). */
+const typeName = (v: unknown): string => {
+  if (v === null) return "null"
+  if (Array.isArray(v)) return "array"
+  if (typeof v === "object") return "object"
+  return typeof v === "string" ? "string" : typeof v === "boolean" ? "boolean" : "number"
+}
+
+const typeError = (want: string, v: unknown): string =>
+  `[json.exception.type_error.302] type must be ${want}, but is ${typeName(v)}`
+
+const I32 = 2147483647
+/** INT64_MAX as a double (2^63): no JSON number past it reaches the check as an integer anyway. */
+const I64 = 2 ** 63
+
+interface Field {
+  /** The field, then its aliases: the first one present (and not null) is read. */
+  readonly names: ReadonlyArray<string>
+  readonly kind: "bool" | "num"
+  /** Hard limits (set_hard_limits): outside them the request is refused; other numbers are clamped or taken. */
+  readonly hard?: readonly [number, number | "n_parallel"]
+  /** The C++ type's kind: integers are truncated (nlohmann's get<int> of 1.5 is 1), floats printed with %f. */
+  readonly float?: boolean
+}
+
+const bool = (name: string): Field => ({ names: [name], kind: "bool" })
+const num = (names: ReadonlyArray<string>, hard?: Field["hard"], float = false): Field => ({
+  names,
+  kind: "num",
+  ...(hard === undefined ? {} : { hard }),
+  float
+})
+
+/**
+ * make_llama_cmpl_schema's typed fields in its order (the first bad one is the one reported). Fields read by
+ * custom handlers that the simulator does not model (lora, grammar, logit_bias, ...) are left out; `stop`
+ * and `stream_options` are read apart (llamaParams).
+ */
+const FIELDS: ReadonlyArray<Field> = [
+  bool("verbose"),
+  bool("timings_per_token"),
+  bool("stream"),
+  bool("cache_prompt"),
+  bool("return_tokens"),
+  bool("return_progress"),
+  num(["sse_ping_interval"], [-1, I32]),
+  num(["n_predict", "max_completion_tokens", "max_tokens"], [-1, I32]),
+  num(["n_indent"], [0, I32]),
+  num(["n_keep"], [-1, I32]),
+  num(["n_discard"], [0, I32]),
+  num(["n_cmpl", "n"], [1, "n_parallel"]),
+  num(["n_cache_reuse"], [0, I32]),
+  num(["t_max_predict_ms"], [-1, I64]),
+  ...["top_k", "top_p", "min_p", "top_n_sigma", "xtc_probability", "xtc_threshold", "typical_p", "temperature"].map(
+    (n) => num([n])
+  ),
+  num(["dynatemp_range"]),
+  num(["dynatemp_exponent"]),
+  num(["repeat_last_n"], [0, I32]),
+  ...["repeat_penalty", "frequency_penalty", "presence_penalty", "dry_multiplier", "dry_base"].map((n) => num([n])),
+  num(["dry_allowed_length"], [0, I32]),
+  num(["dry_penalty_last_n"], [0, I32]),
+  ...["mirostat", "mirostat_tau", "mirostat_eta", "adaptive_target"].map((n) => num([n])),
+  num(["adaptive_decay"], [0, 0.99], true),
+  num(["seed"]),
+  num(["n_probs", "logprobs"]),
+  num(["min_keep"], [0, I32]),
+  bool("backend_sampling"),
+  bool("post_sampling_probs"),
+  bool("grammar_lazy"),
+  bool("parse_tool_calls"),
+  bool("echo"),
+  bool("reasoning_control"),
+  num(["reasoning_budget_tokens"], [-1, I32]),
+  bool("ignore_eos")
+]
+
+/** A null counts as absent ("clients can send null to request the server default", server-schema.cpp has_value). */
+const present = (b: Record<string, unknown>, n: string): boolean => n in b && b[n] !== null
+
+/** std::to_string of the limit or value: integers as such, floats with six decimals. */
+const cpp = (v: number, float: boolean): string =>
+  v === I64 ? "9223372036854775807" : float ? v.toFixed(6) : String(v)
+
+/** A number field's value as the C++ type reads it: booleans are 0/1 to nlohmann, integers truncate. */
+const numberValue = (v: unknown, float: boolean): number => {
+  const n = typeof v === "boolean" ? Number(v) : (v as number)
+  return float ? n : Math.trunc(n)
+}
+
+/** Reads the schema's fields; a wrong type or a value past a hard limit is 400 `Field '<name>': ...`. */
+export const llamaParams = (b: Record<string, unknown>, nParallel: number): LlamaParams | LlamaInvalid => {
+  const values = new Map<string, unknown>()
+  for (const f of FIELDS) {
+    const name = f.names.find((n) => present(b, n))
+    if (name === undefined) continue
+    const v = b[name]
+    const bad = (text: string): LlamaInvalid => ({ status: 400, message: `Field '${name}': ${text}` })
+    if (f.kind === "bool") {
+      if (typeof v !== "boolean") return bad(typeError("boolean", v))
+      values.set(f.names[0] ?? name, v)
+      continue
+    }
+    if (typeof v !== "number" && typeof v !== "boolean") return bad(typeError("number", v))
+    const x = numberValue(v, f.float === true)
+    if (f.hard !== undefined) {
+      const [min, maxSpec] = f.hard
+      const max = maxSpec === "n_parallel" ? nParallel : maxSpec
+      if (x < min || x > max) {
+        const range = `${cpp(min, f.float === true)} <= value <= ${cpp(max, f.float === true)}`
+        return bad(`Value must be between ${range}, but got ${cpp(x, f.float === true)}`)
+      }
+    }
+    values.set(f.names[0] ?? name, x)
+  }
+  // `stream_options` is a nested field: only an object is looked into (server-schema.cpp field_nested).
+  let includeUsage = false
+  const so = b.stream_options
+  if (typeof so === "object" && so !== null && !Array.isArray(so)) {
+    const iu = (so as Record<string, unknown>).include_usage
+    if (iu !== undefined && iu !== null) {
+      if (typeof iu !== "boolean") return { status: 400, message: `Field 'include_usage': ${typeError("boolean", iu)}` }
+      includeUsage = iu
+    }
+  }
+  const stop = stopStrings(b.stop)
+  if (typeof stop === "string") return { status: 400, message: `Field 'stop': ${stop}` }
+  const seed = values.get("seed")
+  return {
+    nPredict: (values.get("n_predict") as number | undefined) ?? -1,
+    nCmpl: (values.get("n_cmpl") as number | undefined) ?? 1,
+    stream: values.get("stream") === true,
+    includeUsage,
+    ignoreEos: values.get("ignore_eos") === true,
+    seed: typeof seed === "number" ? seed >>> 0 : undefined,
+    stop,
+    ssePingInterval: values.get("sse_ping_interval") as number | undefined
+  }
+}
+
+/**
+ * `stop`: a string is one stop string, an array's strings each one (an element nlohmann calls empty, null or
+ * [] or {}, is skipped; "" is not), anything else is ignored; an array element of another type is refused.
+ */
+const stopStrings = (stop: unknown): Array<string> | string => {
+  if (typeof stop === "string") return [stop]
+  if (!Array.isArray(stop)) return []
+  const out: Array<string> = []
+  for (const w of stop) {
+    if (typeof w === "string") out.push(w)
+    else if (w === null || (typeof w === "object" && Object.keys(w).length === 0)) continue
+    else return typeError("string", w)
+  }
+  return out
+}
+
+const PROMPT_ELEMENTS =
+  '"prompt" elements must be a string, a list of tokens, a JSON object containing a prompt string, or a list of mixed strings & tokens.'
+
+const isInt = (v: unknown): boolean => typeof v === "number" && Number.isInteger(v)
+
+/** One sub-prompt (tokenize_input_subprompt): a string, token ids, strings and ids mixed, or {prompt_string}. */
+const subPrompt = (p: unknown): LlamaPrompt | undefined => {
+  if (typeof p === "string") return { words: words(p), bos: true }
+  if (Array.isArray(p)) {
+    if (p.length > 0 && p.every(isInt)) return { words: p.map(String), bos: false }
+    const mixed =
+      p.every((x) => isInt(x) || typeof x === "string") && p.some(isInt) && p.some((x) => typeof x === "string")
+    if (mixed)
+      return {
+        words: p.flatMap((x) => (typeof x === "string" ? words(x) : [String(x)])),
+        bos: typeof p[0] === "string"
+      }
+    if (p.length === 0) return { words: [], bos: false }
+  }
+  if (typeof p === "object" && p !== null && !Array.isArray(p) && "prompt_string" in p) {
+    const s = (p as { prompt_string: unknown }).prompt_string
+    return typeof s === "string" ? { words: words(s), bos: true } : undefined
+  }
+  return undefined
+}
+
+/**
+ * /v1/completions' prompts (tokenize_input_prompts): an array with no integer in it is several prompts, each
+ * answered (times `n`) as its own choice; anything else is one. A body that is no object fails at
+ * `data.at("prompt")`, as nlohmann words it.
+ */
+export const llamaPrompts = (body: unknown): Array<LlamaPrompt> | LlamaInvalid => {
+  if (typeof body !== "object" || body === null || Array.isArray(body)) {
+    return { status: 400, message: `[json.exception.type_error.304] cannot use at() with ${typeName(body)}` }
+  }
+  if (!("prompt" in body)) return { status: 400, message: "[json.exception.out_of_range.403] key 'prompt' not found" }
+  const prompt = (body as { prompt: unknown }).prompt
+  const many = Array.isArray(prompt) && !prompt.some(isInt)
+  const out: Array<LlamaPrompt> = []
+  for (const p of many ? (prompt as Array<unknown>) : [prompt]) {
+    const one = subPrompt(p)
+    if (one === undefined) return { status: 400, message: PROMPT_ELEMENTS }
+    out.push(one)
+  }
+  if (out.length === 0) return { status: 400, message: '"prompt" must not be empty' }
+  return out
+}
+
+const PART_TYPES_500: Record<string, string> = {
+  image_url: "image",
+  input_audio: "audio",
+  input_video: "video"
+}
+
+/** A message's text parts, or the error common_chat_msgs_parse_oaicompat throws (as a string) for one. */
+const messageText = (m: Record<string, unknown>): string | { readonly error: string } => {
+  if (!("role" in m)) return { error: `Missing 'role' in message: ${JSON.stringify(m)}` }
+  if (typeof m.role !== "string") return { error: typeError("string", m.role) }
+  const c = m.content
+  if (typeof c === "string") return c
+  if (!Array.isArray(c)) return ""
+  const texts: Array<string> = []
+  for (const part of c as Array<Record<string, unknown>>) {
+    if (!("text" in part)) return { error: "[json.exception.out_of_range.403] key 'text' not found" }
+    if (typeof part.text !== "string") return { error: typeError("string", part.text) }
+    texts.push(part.text)
+  }
+  return texts.join(" ")
+}
+
+/**
+ * /v1/chat/completions' messages: oaicompat_chat_params_parse's checks (400s), then the parse into chat
+ * messages, whose errors llama-server answers 500 ("Failed to parse messages: ..."). Unknown roles, an empty
+ * list and a conversation of one system message all pass: the chat template renders what it is given.
+ * Returns the words of the rendered conversation (the simulator's stand-in for the template).
+ */
+export const llamaMessages = (body: unknown): Array<string> | LlamaInvalid => {
+  const b = typeof body === "object" && body !== null && !Array.isArray(body) ? (body as Record<string, unknown>) : {}
+  if (!("messages" in b)) return { status: 400, message: "'messages' is required" }
+  const messages = b.messages
+  if (!Array.isArray(messages)) return { status: 400, message: "Expected 'messages' to be an array" }
+  for (const raw of messages) {
+    const m = typeof raw === "object" && raw !== null && !Array.isArray(raw) ? (raw as Record<string, unknown>) : {}
+    const role = typeof m.role === "string" ? m.role : ""
+    if (role !== "assistant" && !("content" in m)) {
+      return { status: 400, message: "All non-assistant messages must contain 'content'" }
+    }
+    if (role === "assistant" && !("content" in m) && !("tool_calls" in m)) {
+      return { status: 400, message: "Assistant message must contain either 'content' or 'tool_calls'!" }
+    }
+    const c = m.content
+    if (c === undefined || c === null || typeof c === "string") continue
+    if (!Array.isArray(c)) return { status: 400, message: "Expected 'content' to be a string or an array" }
+    for (const p of c) {
+      const type = typeof p === "object" && p !== null && typeof p.type === "string" ? (p.type as string) : ""
+      const media = PART_TYPES_500[type]
+      if (media !== undefined) {
+        const hint = "hint: if this is unexpected, you may need to provide the mmproj"
+        return { status: 500, message: `${media} input is not supported - ${hint}` }
+      }
+      if (type !== "text") return { status: 400, message: "unsupported content[].type" }
+    }
+  }
+  const texts: Array<string> = []
+  for (const m of messages as Array<Record<string, unknown>>) {
+    const t = messageText(m)
+    if (typeof t !== "string") return { status: 500, message: `Failed to parse messages: ${t.error}` }
+    texts.push(t)
+  }
+  const n = messages.length
+  const last = messages[n - 1] as { role?: unknown } | undefined
+  const before = messages[n - 2] as { role?: unknown } | undefined
+  if (last?.role === "assistant" && before?.role === "assistant") {
+    // --prefill-assistant (on by default) continues a trailing assistant message, but not two.
+    return { status: 400, message: "Cannot have 2 or more assistant messages at the end of the list." }
+  }
+  return words(texts.join(" "))
+}

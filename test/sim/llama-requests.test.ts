@@ -1,0 +1,140 @@
+// The llama_cpp flavor's request reading and stop strings, as pure functions, and its SSE pings: the paths the
+// differential test (test/real/sim-differential.test.ts) cannot reach on purpose, since which text a model
+// makes is its own and a real server does not stall on demand. The rules are llama-server's (ggml-org/llama.cpp
+// tools/server/server-schema.cpp, server-context.cpp process_token and handle_completions_impl,
+// common/common.h string_find_partial_stop).
+import { describe, expect, it } from "vitest"
+import { llamaMessages, llamaParams, llamaPrompts } from "../../src/sim/llamaRequest.ts"
+import { type SeqEvent, sequenceEvents } from "../../src/sim/sequences.ts"
+import type { Generation } from "../../src/sim/tokens.ts"
+import { getJson, pollUntil, startSim } from "../support/sim.ts"
+
+const gen = (tokens: Array<string>, finishReason: Generation["finishReason"] = "length"): Generation => ({
+  tokens,
+  finishReason
+})
+const sent = (evs: Array<SeqEvent>) => evs.filter((e) => e.kind === "token").map((e) => e.text)
+const end = (evs: Array<SeqEvent>) => evs.find((e) => e.kind === "end")
+
+describe("stop strings (llama-server's process_token)", () => {
+  it("cut the text where the first stop begins, in the token that completes it, and end with stop", () => {
+    const evs = [...sequenceEvents([gen([" hel", "lo wor", "ld"])], ["o w", "xyz"])]
+    expect(sent(evs)).toEqual([" hel", "l"])
+    expect(end(evs)).toMatchObject({ reason: "stop", content: " hell", generated: 2 })
+    expect(evs.find((e) => e.kind === "token" && e.stopped)).toMatchObject({ index: 0, last: true })
+  })
+
+  it("hold back text that may start a stop string; a later token without it releases it", () => {
+    const evs = [...sequenceEvents([gen([" ab", "c", "d", " e"])], ["cx"])]
+    // " abc" ends with "c", the start of "cx": held; "d" shows it is not one.
+    expect(sent(evs)).toEqual([" ab", "", "cd", " e"])
+    expect(end(evs)).toMatchObject({ reason: "length", content: " abcd e" })
+  })
+
+  it("a held-back start is lost from the stream at max_tokens but kept in the whole answer; released at end of text", () => {
+    const capped = [...sequenceEvents([gen([" ab", "c"], "length")], ["cx"])]
+    expect(sent(capped)).toEqual([" ab", ""])
+    expect(end(capped)).toMatchObject({ reason: "length", content: " abc" })
+    const eos = [...sequenceEvents([gen([" ab", "c"], "stop")], ["cx"])]
+    expect(sent(eos)).toEqual([" ab", "c"])
+  })
+
+  it('"" stops at once, with the first token cut to nothing', () => {
+    const evs = [...sequenceEvents([gen([" a", " b"])], [""])]
+    expect(sent(evs)).toEqual([""])
+    expect(end(evs)).toMatchObject({ reason: "stop", content: "", generated: 1 })
+  })
+
+  it("several sequences take turns, each ending right after its last token", () => {
+    const evs = [...sequenceEvents([gen([" a", " b"]), gen([" c"])], [])]
+    expect(evs.map((e) => `${e.kind}${e.index}`)).toEqual(["token0", "token1", "end1", "token0", "end0"])
+  })
+})
+
+describe("request fields (llama-server's schema)", () => {
+  it("reads aliases in order, truncates integers, takes booleans as numbers, clamps soft limits", () => {
+    const p = llamaParams({ n_predict: 3, max_tokens: 9, n: 2.9, temperature: -5, top_k: -1, seed: -1 }, 4)
+    expect(p).toMatchObject({ nPredict: 3, nCmpl: 2, seed: 4294967295 })
+    expect(llamaParams({ max_tokens: true }, 4)).toMatchObject({ nPredict: 1 })
+    expect(llamaParams({ max_tokens: null }, 4)).toMatchObject({ nPredict: -1 })
+  })
+
+  it("refuses a wrong type or a value past a hard limit, naming the field as sent", () => {
+    expect(llamaParams({ max_completion_tokens: -2 }, 4)).toEqual({
+      status: 400,
+      message: "Field 'max_completion_tokens': Value must be between -1 <= value <= 2147483647, but got -2"
+    })
+    expect(llamaParams({ n: 5 }, 4)).toMatchObject({
+      message: "Field 'n': Value must be between 1 <= value <= 4, but got 5"
+    })
+    expect(llamaParams({ adaptive_decay: 1 }, 4)).toMatchObject({
+      message: "Field 'adaptive_decay': Value must be between 0.000000 <= value <= 0.990000, but got 1.000000"
+    })
+    expect(llamaParams({ cache_prompt: 1 }, 4)).toMatchObject({
+      message: "Field 'cache_prompt': [json.exception.type_error.302] type must be boolean, but is number"
+    })
+    expect(llamaParams({ stop: ["a", [1]] }, 4)).toMatchObject({
+      message: "Field 'stop': [json.exception.type_error.302] type must be string, but is array"
+    })
+    expect(llamaParams({ stop: ["a", null, {}, ""] }, 4)).toMatchObject({ stop: ["a", ""] })
+    expect(llamaParams({ stop: 5 }, 4)).toMatchObject({ stop: [] })
+  })
+
+  it("prompts: strings, token ids, mixed, {prompt_string}; an array without ids is several", () => {
+    expect(llamaPrompts({ prompt: "a b" })).toEqual([{ words: ["a", "b"], bos: true }])
+    expect(llamaPrompts({ prompt: [1, 2] })).toEqual([{ words: ["1", "2"], bos: false }])
+    expect(llamaPrompts({ prompt: [1, "a b"] })).toEqual([{ words: ["1", "a", "b"], bos: false }])
+    expect(llamaPrompts({ prompt: ["a", [1], { prompt_string: "b" }] })).toHaveLength(3)
+    expect(llamaPrompts({ prompt: [] })).toEqual({ status: 400, message: '"prompt" must not be empty' })
+    expect(llamaPrompts({ prompt: [1, {}] })).toMatchObject({ status: 400 })
+  })
+
+  it("messages: an assistant message may go without content, two at the end may not", () => {
+    expect(llamaMessages({ messages: [{ role: "assistant", tool_calls: [] }] })).toEqual([])
+    expect(llamaMessages({ messages: [{ role: "assistant" }] })).toEqual({
+      status: 400,
+      message: "Assistant message must contain either 'content' or 'tool_calls'!"
+    })
+    expect(llamaMessages({ messages: [{ role: "user", content: [{ type: "input_audio" }] }] })).toMatchObject({
+      status: 500,
+      message: expect.stringMatching(/^audio input is not supported/)
+    })
+  })
+})
+
+describe("a stalled stream", () => {
+  it("gets an SSE comment each --sse-ping-interval once its first chunk is out, until the client goes", async () => {
+    const sim = await startSim({
+      flavor: "llama_cpp",
+      args: ["-m", "/m.gguf", "--sse-ping-interval", "1", "--sim-stall-after-tokens", "1"]
+    })
+    try {
+      const ac = new AbortController()
+      const res = await fetch(`${sim.url}/v1/completions`, {
+        method: "POST",
+        body: JSON.stringify({ prompt: "a b c", stream: true }),
+        signal: ac.signal
+      })
+      const reader = (res.body as ReadableStream<Uint8Array>).getReader()
+      const decoder = new TextDecoder()
+      let text = ""
+      // Bounded: with no ping the read would wait for the client to give up.
+      const deadline = Date.now() + 10_000
+      while (!text.includes(":\n\n")) {
+        let timer: NodeJS.Timeout | undefined
+        const late = new Promise<never>((_, reject) => {
+          timer = setTimeout(() => reject(new Error(`no SSE ping; got ${JSON.stringify(text)}`)), deadline - Date.now())
+        })
+        const { value, done } = await Promise.race([reader.read(), late]).finally(() => clearTimeout(timer))
+        if (done) break
+        text += decoder.decode(value, { stream: true })
+      }
+      // One token, then the ping: a comment line, which SSE clients skip.
+      expect(text).toMatch(/^data: \{.*"text":"a".*\}\n\n:\n\n$/s)
+      ac.abort()
+      await pollUntil(async () => ((await getJson(`${sim.url}/sim/state`)).json as { running: number }).running === 0)
+    } finally {
+      await sim.stop()
+    }
+  })
+})
