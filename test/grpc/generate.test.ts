@@ -5,6 +5,7 @@ import { Status } from "nice-grpc-common"
 import { describe, expect, it } from "vitest"
 import { GenerateRequest } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { decodeConfigObject } from "../../src/layers/config/Config.ts"
+import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"
 import { EngineError } from "../../src/services/engine/EngineClient.ts"
 import { AgentDefect } from "../../src/services/grpc/CallErrors.ts"
@@ -237,6 +238,29 @@ describe("planRequest: validation", () => {
       const body = JSON.stringify(plan({ prompt: "a", sampling: { seed } }).body)
       expect(body).toMatch(new RegExp(`"seed":${seed}[,}]`))
     }
+  })
+
+  it("llama.cpp's spelling (its backend's requestDialect): repeat_penalty, and a seed that fits its 32 bits", () => {
+    const llama = config({}, {}, { kind: "llama_cpp" })
+    const dialect = engineFor("llama_cpp").capabilities.requestDialect
+    const planned = (p: Parameters<typeof GenerateRequest.fromPartial>[0]) => planRequest(req(p), llama, dialect)
+    const body = planned({ prompt: "a", sampling: { repetitionPenalty: 1.3, seed: "4294967294" } })
+    expect(body).not.toBeInstanceOf(GenerateRejected)
+    expect((body as RequestPlan).body).toEqual({ prompt: "a", repeat_penalty: 1.3, seed: 4294967294 })
+    for (const seed of ["4294967295", "4294967296", "18446744073709551615"]) {
+      const r = planned({ prompt: "a", sampling: { seed } })
+      expect(r).toBeInstanceOf(GenerateRejected)
+      expect((r as GenerateRejected).message).toBe(
+        `sampling.seed must be in [0, 4294967294] on llama_cpp: llama-server keeps a 32-bit seed, and 4294967295 means a random one; got ${seed}`
+      )
+    }
+    // Every other engine: the OpenAI names and the whole uint64 range.
+    for (const kind of ["vllm", "sglang", "mlx", "openai_compat"] as const)
+      expect(engineFor(kind).capabilities.requestDialect, kind).toBeUndefined()
+    expect(plan({ prompt: "a", sampling: { repetitionPenalty: 1.3 } }).body).toEqual({
+      prompt: "a",
+      repetition_penalty: 1.3
+    })
   })
 
   it("max_tokens above the model's context length", () => {

@@ -143,6 +143,26 @@ describe("an agent on a real llama-server", () => {
     expect(r.final?.usage?.promptTokens).toBe(direct.json.usage.prompt_tokens)
   })
 
+  it("sampling reaches llama-server in its own names: the repetition penalty and the seed its slot ran with", async () => {
+    // llama-server reads `repeat_penalty` (a `repetition_penalty` field is ignored) and keeps a 32-bit seed; its
+    // /slots shows the sampling parameters each slot's last task ran with (tools/server/server-context.cpp).
+    const r = await generate(s.client, {
+      prompt: PROMPT,
+      sampling: { maxTokens: 4, repetitionPenalty: 1.7, seed: "4000000000" }
+    }).done
+    expect(r.error, s.agent.tail()).toBeUndefined()
+    const slots = (await (await fetch(`${s.engineUrl}/slots`)).json()) as Array<{
+      params?: { repeat_penalty?: number; seed?: number }
+    }>
+    const ran = slots.map((slot) => slot.params).filter((p) => p?.seed === 4_000_000_000)
+    expect(ran, JSON.stringify(slots)).toHaveLength(1)
+    expect(ran[0]?.repeat_penalty).toBeCloseTo(1.7, 5)
+    // A seed llama-server would cut to its low 32 bits (or take as "random") is refused, naming why.
+    const big = await generate(s.client, { prompt: PROMPT, sampling: { maxTokens: 1, seed: "4294967296" } }).done
+    expect(grpcCode(big.error)).toBe("INVALID_ARGUMENT")
+    expect(String((big.error as Error).message)).toContain("32-bit seed")
+  })
+
   it("a prompt longer than the context: INVALID_ARGUMENT (or OUT_OF_RANGE) with llama-server's message", async () => {
     // 4096 over 2 slots: 2048 tokens per slot; each word is at least one token.
     const long = Array.from({ length: 2600 }, () => "hello").join(" ")

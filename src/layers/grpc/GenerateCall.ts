@@ -72,8 +72,9 @@ export const makeHandler = Effect.fnUntraced(function* (
   const model = config.model.served_name
   const role = config.agent.role
   const nodeId = config.agent.node_id
-  // How this engine hands a request from prefill to decode: the backend's capability, looked up once.
-  const handoff = engineFor(config.engine.kind).capabilities.handoff
+  // How this engine hands a request from prefill to decode, and how it spells the request: the backend's
+  // capabilities, looked up once.
+  const { handoff, requestDialect } = engineFor(config.engine.kind).capabilities
   // One model per agent: bind the label once, not per call.
   const relayed = metrics?.relayedTokens.labels({ model })
 
@@ -117,7 +118,7 @@ export const makeHandler = Effect.fnUntraced(function* (
   const handle = (call: GenerateServerCall): void => {
     const startedAt = performance.now()
     const req = call.request
-    const plan = planRequest(req, config)
+    const plan = planRequest(req, config, requestDialect)
     if (plan instanceof GenerateRejected) {
       refuse(call, startedAt, plan)
       return

@@ -50,6 +50,16 @@ export interface EngineCapabilities {
   readonly modelSettings?: ReadonlyArray<"max_model_len" | "gpu_memory_utilization">
   /** Characters the served model name may not contain on this engine's command line; `why` ends the message. */
   readonly servedNameForbids?: { readonly chars: string; readonly why: string }
+  /** Where the engine's OpenAI request differs from the names and ranges the agent writes; absent means none. */
+  readonly requestDialect?: RequestDialect
+}
+
+/** An engine's own spelling of the OpenAI request (services/grpc/Generate.ts writes the body through it). */
+export interface RequestDialect {
+  /** Body fields the engine reads under another name (llama-server: `repeat_penalty`), by the agent's name. */
+  readonly fieldNames?: Readonly<Record<string, string>>
+  /** The largest `seed` the engine keeps as given; a larger one is refused with `why`. */
+  readonly maxSeed?: { readonly value: bigint; readonly why: string }
 }
 
 /** How readiness is decided. */

@@ -8,6 +8,7 @@
 import { Schema } from "effect"
 import type { GenerateRequest, Sampling } from "../../gen/cgn/agent/v1/agent.ts"
 import type { AgentConfig } from "../config/Config.ts"
+import type { RequestDialect } from "../engine/Engine.ts"
 import type { CompletionPath, JsonObject } from "../engine/EngineClient.ts"
 import { roomJson as exactIntegerJson } from "./Handoff.ts"
 
@@ -107,6 +108,7 @@ const RANGES: ReadonlyArray<Range & { readonly key: keyof Sampling; readonly bod
 const samplingBody = (
   s: Sampling,
   config: AgentConfig,
+  dialect: RequestDialect,
   body: Record<string, unknown>
 ): GenerateRejected | undefined => {
   if (s.maxTokens !== undefined) {
@@ -135,7 +137,7 @@ const samplingBody = (
     const low = r.minOpen === true ? v <= r.min : v < r.min
     if (Number.isNaN(v) || low || v > r.max)
       return reject("INVALID_ARGUMENT", `${r.field} must be in ${r.text}, got ${v}`, r.field)
-    body[r.body] = v
+    body[dialect.fieldNames?.[r.body] ?? r.body] = v
   }
   if (s.topK !== undefined) {
     if (s.topK !== -1 && s.topK < 1)
@@ -169,6 +171,13 @@ const samplingBody = (
         `sampling.seed must be an integer in [0, 2^64-1], got ${s.seed}`,
         "sampling.seed"
       )
+    const max = dialect.maxSeed
+    if (max !== undefined && seed > max.value)
+      return reject(
+        "INVALID_ARGUMENT",
+        `sampling.seed must be in [0, ${max.value}] on ${config.engine.kind}: ${max.why}; got ${s.seed}`,
+        "sampling.seed"
+      )
     body.seed = exactIntegerJson(seed)
   }
   return undefined
@@ -177,8 +186,15 @@ const samplingBody = (
 /** A request id goes to the engine as the X-Request-Id header: printable ASCII only (no line break to inject). */
 const REQUEST_ID = /^[\x20-\x7e]{0,256}$/
 
-/** Validates a request against this node and builds the engine call, or says precisely what is wrong. */
-export const planRequest = (req: GenerateRequest, config: AgentConfig): RequestPlan | GenerateRejected => {
+/**
+ * Validates a request against this node and builds the engine call, or says precisely what is wrong. `dialect` is
+ * the engine backend's spelling of the request (`capabilities.requestDialect`).
+ */
+export const planRequest = (
+  req: GenerateRequest,
+  config: AgentConfig,
+  dialect: RequestDialect = {}
+): RequestPlan | GenerateRejected => {
   const served = config.model.served_name
   if (req.model !== "" && req.model !== served)
     return reject("NOT_FOUND", `model "${req.model}" is not served here; this node serves "${served}"`, "model")
@@ -225,7 +241,7 @@ export const planRequest = (req: GenerateRequest, config: AgentConfig): RequestP
       req.chat !== undefined ? "chat" : "prompt"
     )
   if (req.sampling !== undefined) {
-    const bad = samplingBody(req.sampling, config, body)
+    const bad = samplingBody(req.sampling, config, dialect, body)
     if (bad !== undefined) return bad
   }
   return { path, body }

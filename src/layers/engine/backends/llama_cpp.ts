@@ -23,7 +23,17 @@ export const llamaCpp: Engine = {
     sources: ["hf_repo", "path"],
     modelSettings: ["max_model_len"],
     // `-a` is a comma-separated list of aliases (llama.cpp `common/arg.cpp`, `--alias`).
-    servedNameForbids: { chars: ",", why: "llama-server splits -a on commas into several aliases" }
+    servedNameForbids: { chars: ",", why: "llama-server splits -a on commas into several aliases" },
+    // llama-server's request schema (tools/server/server-schema.cpp): the repetition penalty is `repeat_penalty`
+    // (a `repetition_penalty` field is ignored, silently), and `seed` is a uint32_t whose 0xFFFFFFFF is
+    // LLAMA_DEFAULT_SEED, "use a random seed" (include/llama.h); larger values keep only their low 32 bits.
+    requestDialect: {
+      fieldNames: { repetition_penalty: "repeat_penalty" },
+      maxSeed: {
+        value: 4_294_967_294n,
+        why: "llama-server keeps a 32-bit seed, and 4294967295 means a random one"
+      }
+    }
   },
   render: (config: AgentConfig) => {
     const listen = listenOf(config)
