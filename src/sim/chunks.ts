@@ -3,6 +3,7 @@
 // JSON.stringify of the token text and a string concatenation, never a stringify of a big object.
 import { llamaStreamTemplate } from "./llamaChunks.ts"
 import type { Flavor } from "./simConfig.ts"
+import { SIM_EOS_TOKEN_ID } from "./stopRules.ts"
 
 export type Endpoint = "chat" | "completion"
 
@@ -38,7 +39,7 @@ export interface StreamTemplate {
    * The chunks that end the stream before `data: [DONE]`: the finish reason (with `last`, the last token's
    * text, when the engine merges them) and, when asked, the usage.
    */
-  end(reason: string, u: Usage, includeUsage: boolean, last?: string, index?: number): string
+  end(reason: string, u: Usage, includeUsage: boolean, last?: string, index?: number, matched?: string): string
 }
 
 export const DONE = "data: [DONE]\n\n"
@@ -61,69 +62,118 @@ export const sse = (json: string): string => `data: ${json}\n\n`
 const mergesFinish = (endpoint: Endpoint, flavor: Flavor | undefined): boolean =>
   flavor === "vllm" || (flavor === "sglang" && endpoint === "completion")
 
+/**
+ * How a flavor's choices name what stopped them and which token chunks it sends, where the engines differ.
+ * vLLM: `stop_reason`, the stop string (or stop token id), null otherwise; on every completion chunk, on a
+ * chat chunk only with the finish (vllm/entrypoints/openai/completion/protocol.py CompletionResponseStreamChoice;
+ * chat_completion/serving.py sets it on the finishing choice, dumped with exclude_unset); a chunk per token even
+ * when its text is "" (the detokenizer holding back a possible stop). SGLang: `matched_stop`, the stop string or,
+ * for an end of sequence, the EOS token id (schedule_batch.py FINISH_MATCHED_STR / FINISH_MATCHED_TOKEN), null on
+ * "length", on every chunk (python/sglang/srt/entrypoints/openai/protocol.py, dumped whole); its chat stream sends
+ * no content chunk for an empty delta (serving_chat.py, `if delta:`), its completion stream one per output.
+ * mlx-lm: no such field, and a chunk only for text gathered (mlx_lm/server.py, `elif segment ...`).
+ */
+interface StopShape {
+  readonly field: "stop_reason" | "matched_stop" | undefined
+  /** On token chunks of completions / of chat, not only on the finish. */
+  readonly onTokens: { readonly completion: boolean; readonly chat: boolean }
+  readonly emptyChunks: { readonly completion: boolean; readonly chat: boolean }
+}
+
+const STOP_SHAPES: Record<Exclude<Flavor, "llama_cpp">, StopShape> = {
+  vllm: {
+    field: "stop_reason",
+    onTokens: { completion: true, chat: false },
+    emptyChunks: { completion: true, chat: true }
+  },
+  sglang: {
+    field: "matched_stop",
+    onTokens: { completion: true, chat: true },
+    emptyChunks: { completion: true, chat: false }
+  },
+  mlx: {
+    field: undefined,
+    onTokens: { completion: false, chat: false },
+    emptyChunks: { completion: false, chat: false }
+  }
+}
+
+/** The stop field's value for a finished choice. */
+const stopValue = (flavor: Flavor, reason: string, matched: string | undefined): string | number | null => {
+  if (matched !== undefined) return matched
+  return flavor === "sglang" && reason === "stop" ? SIM_EOS_TOKEN_ID : null
+}
+
 export const streamTemplate = (
   endpoint: Endpoint,
   id: string,
   model: string,
   created: number,
-  flavor?: Flavor
+  flavor: Flavor = "vllm"
 ): StreamTemplate => {
   if (flavor === "llama_cpp") return llamaStreamTemplate(endpoint, id, model, created)
+  const shape = STOP_SHAPES[flavor]
   const object = endpoint === "chat" ? "chat.completion.chunk" : "text_completion"
   const head = `{"id":${JSON.stringify(id)},"object":"${object}","created":${created},"model":${JSON.stringify(model)},"choices":`
   const usageChunk = (u: Usage, includeUsage: boolean) =>
     includeUsage ? `data: ${head}[],"usage":${JSON.stringify(u)}}\n\n` : ""
   const finishWithLastToken = mergesFinish(endpoint, flavor)
+  const stopOf = (value: string | number | null) =>
+    shape.field === undefined ? "" : `,"${shape.field}":${JSON.stringify(value)}`
+  const tokenStop = shape.onTokens[endpoint] ? stopOf(null) : ""
+  const skipEmpty = !shape.emptyChunks[endpoint]
   if (endpoint === "chat") {
     const tokPre = `data: ${head}[{"index":0,"delta":{"content":`
-    const tokPost = `},"logprobs":null,"finish_reason":null}]}\n\n`
+    const tokPost = `},"logprobs":null,"finish_reason":null${tokenStop}}]}\n\n`
     return {
       first: `data: ${head}[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n`,
-      token: (t) => tokPre + JSON.stringify(t) + tokPost,
+      token: (t) => (t === "" && skipEmpty ? "" : tokPre + JSON.stringify(t) + tokPost),
       finishWithLastToken,
-      end: (r, u, includeUsage, last) => {
+      end: (r, u, includeUsage, last, _index, matched) => {
         const delta = last === undefined ? "{}" : `{"content":${JSON.stringify(last)}}`
         return (
-          `data: ${head}[{"index":0,"delta":${delta},"logprobs":null,"finish_reason":${JSON.stringify(r)},"stop_reason":null}]}\n\n` +
+          `data: ${head}[{"index":0,"delta":${delta},"logprobs":null,"finish_reason":${JSON.stringify(r)}${stopOf(stopValue(flavor, r, matched))}}]}\n\n` +
           usageChunk(u, includeUsage)
         )
       }
     }
   }
   const tokPre = `data: ${head}[{"index":0,"text":`
-  const tokPost = `,"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n`
+  const tokPost = `,"logprobs":null,"finish_reason":null${tokenStop}}]}\n\n`
   return {
     first: "",
-    token: (t) => tokPre + JSON.stringify(t) + tokPost,
+    token: (t) => (t === "" && skipEmpty ? "" : tokPre + JSON.stringify(t) + tokPost),
     finishWithLastToken,
-    end: (r, u, includeUsage, last) =>
-      `data: ${head}[{"index":0,"text":${JSON.stringify(last ?? "")},"logprobs":null,"finish_reason":${JSON.stringify(r)},"stop_reason":null}]}\n\n` +
+    end: (r, u, includeUsage, last, _index, matched) =>
+      `data: ${head}[{"index":0,"text":${JSON.stringify(last ?? "")},"logprobs":null,"finish_reason":${JSON.stringify(r)}${stopOf(stopValue(flavor, r, matched))}}]}\n\n` +
       usageChunk(u, includeUsage)
   }
 }
 
 /** The non-streaming response object. */
 export const fullBody = (
-  flavor: Flavor,
+  flavor: Exclude<Flavor, "llama_cpp">,
   endpoint: Endpoint,
   id: string,
   model: string,
   created: number,
-  text: string,
-  finishReason: string,
+  end: { readonly content: string; readonly reason: string; readonly matched: string | undefined },
   usage: Usage,
   kvTransferParams: unknown
 ): Record<string, unknown> => {
+  const field = STOP_SHAPES[flavor].field
+  const stop = field === undefined ? {} : { [field]: stopValue(flavor, end.reason, end.matched) }
+  const text = end.content
   const choice =
     endpoint === "chat"
       ? {
           index: 0,
           message: { role: "assistant", content: text, tool_calls: [] },
           logprobs: null,
-          finish_reason: finishReason,
-          stop_reason: null
+          finish_reason: end.reason,
+          ...stop
         }
-      : { index: 0, text, logprobs: null, finish_reason: finishReason, stop_reason: null }
+      : { index: 0, text, logprobs: null, finish_reason: end.reason, ...stop }
   const body: Record<string, unknown> = {
     id,
     object: endpoint === "chat" ? "chat.completion" : "text_completion",

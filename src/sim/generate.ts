@@ -11,6 +11,7 @@ import { llamaFullBody } from "./llamaChunks.ts"
 import { handoffBeforeGeneration, holdForDecode } from "./pdLegs.ts"
 import type { GenRequest } from "./request.ts"
 import { sequenceEvents } from "./sequences.ts"
+import { stopMatcher } from "./stopRules.ts"
 import { plan, prng, tokenId } from "./tokens.ts"
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
@@ -169,8 +170,9 @@ export const generate = async (
     const p = gr.sequences[index]?.promptTokens ?? 0
     return { prompt_tokens: p, total_tokens: p + generated, completion_tokens: generated }
   }
-  const events = sequenceEvents(plans, gr.stop)
-  const ends: Array<{ reason: string; content: string; generated: number }> = []
+  const flavor = cfg.flavor
+  const events = sequenceEvents(plans, flavor === "llama_cpp" ? gr.stop : () => stopMatcher(flavor, gr))
+  const ends: Array<{ reason: string; content: string; generated: number; matched: string | undefined }> = []
 
   if (gr.stream) {
     const tpl = streamTemplate(gr.endpoint, id, model, created, cfg.flavor)
@@ -181,7 +183,9 @@ export const generate = async (
       if (ev.kind === "end") {
         ends[ev.index] = ev
         if (ends.filter((e) => e !== undefined).length === plans.length) finish(ev.reason)
-        out += tpl.end(ev.reason, usage(ev.index, ev.generated), gr.includeUsage, held, ev.index)
+        // What the engine held back goes with the finish (mlx-lm's held stop prefix at max_tokens).
+        const last = held !== undefined ? held + ev.rest : ev.rest !== "" ? ev.rest : undefined
+        out += tpl.end(ev.reason, usage(ev.index, ev.generated), gr.includeUsage, last, ev.index, ev.matched)
         held = undefined
         continue
       }
@@ -231,10 +235,10 @@ export const generate = async (
       if (gone()) return
     }
   }
-  const e0 = ends[0] ?? { reason: "length", content: "", generated: 0 }
+  const e0 = ends[0] ?? { reason: "length", content: "", generated: 0, matched: undefined }
   const kvParams = finish(e0.reason)
   const body =
-    cfg.flavor === "llama_cpp"
+    flavor === "llama_cpp"
       ? llamaFullBody(
           gr.endpoint,
           id,
@@ -243,6 +247,6 @@ export const generate = async (
           ends.map((e) => ({ text: e.content, finishReason: e.reason })),
           usage(0, e0.generated)
         )
-      : fullBody(cfg.flavor, gr.endpoint, id, model, created, e0.content, e0.reason, usage(0, e0.generated), kvParams)
+      : fullBody(flavor, gr.endpoint, id, model, created, e0, usage(0, e0.generated), kvParams)
   sendJson(res, 200, body, jsonHeaders(cfg.flavor))
 }

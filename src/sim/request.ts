@@ -31,8 +31,12 @@ export interface GenRequest {
   readonly bootstrap: { host: string; port: number; room: string } | undefined
   /** What is generated: one sequence, or (llama.cpp) prompts × `n`, answered as choices 0, 1, ... */
   readonly sequences: ReadonlyArray<Sequence>
-  /** Stop strings (llama.cpp; not modelled for the other flavors): the text ends before the first one found. */
+  /** Stop strings; each engine finds and cuts them its own way (stopRules.ts, llama.cpp: sequences.ts). */
   readonly stop: ReadonlyArray<string>
+  /** vLLM `include_stop_str_in_output`: the stop string stays in the text. */
+  readonly includeStopStr?: boolean
+  /** SGLang `no_stop_trim`: the stop string stays in the text. */
+  readonly noStopTrim?: boolean
   /** llama.cpp: SSE comment pings while a started stream has nothing to send (ms; undefined: none). */
   readonly ssePingMs?: number | undefined
 }
@@ -77,6 +81,8 @@ const truthy = (v: unknown): boolean => {
   if (typeof v === "object") return Object.keys(v).length > 0
   return true
 }
+
+const isString = (v: unknown): v is string => typeof v === "string"
 
 const STREAM_OPTIONS_TEXT = "Stream options can only be defined when `stream=True`."
 
@@ -161,6 +167,12 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
       param: null
     }
   }
+  // `stop` is a string or a list of strings for all three (vLLM and SGLang protocol.py, mlx_lm/server.py
+  // do_POST). vLLM refuses an empty one (vllm/sampling_params.py SamplingParams._verify_args, answered 400).
+  const stop = typeof b.stop === "string" ? [b.stop] : Array.isArray(b.stop) ? b.stop.filter(isString) : []
+  if (cfg.flavor === "vllm" && stop.includes("")) {
+    return { status: 400, message: "stop cannot contain an empty string.", param: null }
+  }
   const so = b.stream_options
   const includeUsage =
     typeof so === "object" && so !== null && (so as { include_usage?: unknown }).include_usage === true
@@ -183,7 +195,9 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
     ignoreEos: cfg.flavor !== "mlx" && b.ignore_eos === true,
     bootstrap,
     sequences: [{ words: promptWords, promptTokens: promptWords.length, maxTokens, seed }],
-    stop: []
+    stop,
+    includeStopStr: cfg.flavor === "vllm" && b.include_stop_str_in_output === true,
+    noStopTrim: cfg.flavor === "sglang" && b.no_stop_trim === true
   }
 }
 

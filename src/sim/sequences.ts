@@ -1,6 +1,8 @@
 // The order in which a request's sequences produce their tokens (pure), and stop strings. One sequence for
 // most requests; llama-server runs `n` per prompt, each in a slot of its own, and streams them interleaved:
-// here one token of each running sequence in turn, a sequence's end right after its last token.
+// here one token of each running sequence in turn, a sequence's end right after its last token. Each sequence's
+// text goes through its engine's stop-string matcher (stopRules.ts; llama-server's is LlamaStops below).
+import type { StopMatcher, TokenAt } from "./stopRules.ts"
 import type { Generation } from "./tokens.ts"
 
 export type SeqEvent =
@@ -21,8 +23,13 @@ export type SeqEvent =
       readonly kind: "end"
       readonly index: number
       readonly reason: string
+      /** The stop string that ended it, if one did. */
+      readonly matched: string | undefined
       /** The whole text (a non-streamed answer's): everything generated up to the stop string. */
       readonly content: string
+      /** Text the engine held back until the end, for its finish chunk. */
+      readonly rest: string
+      /** Tokens the engine counts in its usage. */
       readonly generated: number
     }
 
@@ -35,8 +42,9 @@ const partialStop = (text: string, stop: string): number => {
 }
 
 /** One sequence's text, fed a token at a time: llama-server's process_token (tools/server/server-context.cpp). */
-class StopText {
+export class LlamaStops implements StopMatcher {
   text = ""
+  readonly uncounted = 0
   private sent = 0
   private readonly stops: ReadonlyArray<string>
   constructor(stops: ReadonlyArray<string>) {
@@ -44,44 +52,58 @@ class StopText {
   }
 
   /**
-   * Adds a token: the text to send now and whether a stop string ended the sequence. A stop string is looked
-   * for in the unsent text, from the token's start less the stop's length on (find_stopping_strings, full
+   * Adds a token: the text to send now and the stop string that ended the sequence, if one did. A stop string is
+   * looked for in the unsent text, from the token's start less the stop's length on (find_stopping_strings, full
    * stop); the text is cut where the earliest one begins. Otherwise unsent text that ends with the start of
-   * a stop string is held back (partial stop), except on the sequence's end of text.
+   * a stop string is held back (partial stop), except on the sequence's end of text (llama-server skips that
+   * check for an EOG token).
    */
-  add(piece: string, eos: boolean): { readonly send: string; readonly stopped: boolean } {
+  add(piece: string, at: TokenAt): { readonly send: string; readonly matched?: string | undefined } {
     this.text += piece
-    if (this.stops.length === 0) return { send: piece, stopped: false }
+    if (this.stops.length === 0) return { send: piece }
     const unsent = this.text.slice(this.sent)
     let cut = -1
+    let matched: string | undefined
     for (const w of this.stops) {
       const from = Math.max(0, unsent.length - (w.length + piece.length))
-      const at = unsent.indexOf(w, from)
-      if (at >= 0 && (cut < 0 || at < cut)) cut = at
+      const found = unsent.indexOf(w, from)
+      if (found >= 0 && (cut < 0 || found < cut)) {
+        cut = found
+        matched = w
+      }
     }
     if (cut >= 0) {
       this.text = this.text.slice(0, this.sent + cut)
       const send = this.text.slice(this.sent)
       this.sent += send.length
-      return { send, stopped: true }
+      return { send, matched }
     }
-    if (!eos && this.stops.some((w) => partialStop(unsent, w) >= 0)) return { send: "", stopped: false }
+    if (!at.eos && this.stops.some((w) => partialStop(unsent, w) >= 0)) return { send: "" }
     this.sent += unsent.length
-    return { send: unsent, stopped: false }
+    return { send: unsent }
+  }
+
+  /** What a partial stop held when the sequence ran out of tokens is not sent. */
+  rest(): string {
+    return ""
   }
 }
 
 /**
- * The events of the sequences `plans` (choices 0, 1, ... in order), with `stops` applied to each. A sequence
- * whose plan ends with "stop" ends on its end of text, which llama-server does not hold back.
+ * The events of the sequences `plans` (choices 0, 1, ... in order), each through a matcher of its own: from
+ * `stops`, or llama-server's for a list of stop strings. A sequence whose plan ends with "stop" ends on its end
+ * of text (the end-of-sequence token right after its last word): a stop string met on that word still wins.
  */
 export function* sequenceEvents(
   plans: ReadonlyArray<Generation>,
-  stops: ReadonlyArray<string>
+  stops: ReadonlyArray<string> | (() => StopMatcher)
 ): Generator<SeqEvent, void, undefined> {
-  const state = plans.map((g) => ({ g, text: new StopText(stops), n: 0, done: g.tokens.length === 0 }))
+  const matcher = typeof stops === "function" ? stops : () => new LlamaStops(stops)
+  const state = plans.map((g) => ({ g, text: matcher(), n: 0, done: g.tokens.length === 0 }))
   for (const [index, s] of state.entries()) {
-    if (s.done) yield { kind: "end", index, reason: s.g.finishReason, content: "", generated: 0 }
+    if (s.done) {
+      yield { kind: "end", index, reason: s.g.finishReason, matched: undefined, content: "", rest: "", generated: 0 }
+    }
   }
   while (state.some((s) => !s.done)) {
     for (const [index, s] of state.entries()) {
@@ -89,14 +111,21 @@ export function* sequenceEvents(
       const piece = s.g.tokens[s.n] ?? ""
       s.n++
       const lastOfPlan = s.n >= s.g.tokens.length
-      // The end of text releases what a partial stop held back (llama-server skips that check for an EOG token).
-      const { send, stopped } = s.text.add(piece, lastOfPlan && s.g.finishReason === "stop")
+      const at = {
+        last: lastOfPlan,
+        eos: lastOfPlan && s.g.finishReason === "stop",
+        cap: lastOfPlan && s.g.finishReason === "length"
+      }
+      const { send, matched } = s.text.add(piece, at)
+      const stopped = matched !== undefined
       const last = stopped || lastOfPlan
       yield { kind: "token", index, text: send, first: s.n === 1, last, stopped, generated: s.n }
       if (last) {
         s.done = true
         const reason = stopped ? "stop" : s.g.finishReason
-        yield { kind: "end", index, reason, content: s.text.text, generated: s.n }
+        const content = s.text.text
+        const generated = s.n - s.text.uncounted
+        yield { kind: "end", index, reason, matched, content, rest: s.text.rest(), generated }
       }
     }
   }

@@ -1,0 +1,49 @@
+// Generate with `sampling.stop` through the built agent (`node dist/main.js run`) to the built simulator, no
+// etcd: the agent relays the stop strings, and the engine's answer (its text cut before the stop, finish
+// "stop", its own field naming the stop: vLLM `stop_reason`, SGLang `matched_stop`, mlx-lm none) reaches the
+// caller as the text before the stop and finish_reason "stop". Requires dist/ (`npm run build`).
+import type { Channel } from "nice-grpc"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { killAllAgents, requireDist, simAgentConfig, simDistEntry, startAgent } from "../support/agent.ts"
+import { agentClient, generate } from "../support/generate.ts"
+
+const channels: Array<Channel> = []
+beforeAll(() => requireDist())
+afterAll(async () => {
+  for (const c of channels) c.close()
+  await killAllAgents()
+})
+
+const PROMPT = "one two three four five"
+
+/** Tokens the engine counts up to the stop: vLLM and SGLang count the stopping token, mlx-lm drops the stop's. */
+describe.each([
+  ["vllm", 3],
+  ["sglang", 3],
+  ["mlx", 2]
+] as const)("%s", (kind, completionTokens) => {
+  let client: ReturnType<typeof agentClient>["client"]
+  beforeAll(async () => {
+    const engine = { kind, command: [process.execPath, simDistEntry, "--flavor", kind] }
+    const c = await simAgentConfig({ engine })
+    const agent = await startAgent({ config: c.config, readyTimeoutMs: 30_000 })
+    const ac = agentClient(agent.grpcAddress)
+    channels.push(ac.channel)
+    client = ac.client
+  })
+
+  it("a prompt with sampling.stop ends with finish_reason stop and the text before the stop", async () => {
+    const r = await generate(client, { prompt: PROMPT, sampling: { maxTokens: 20, stop: [" three"] } }).done
+    expect(r.error).toBeUndefined()
+    expect(r.text()).toBe("one two")
+    expect(r.final?.finishReason).toBe("stop")
+    expect(r.final?.usage?.completionTokens).toBe(completionTokens)
+  })
+
+  it("chat too, with several stop strings", async () => {
+    const messages = [{ role: "user", content: PROMPT }]
+    const r = await generate(client, { chat: { messages }, sampling: { maxTokens: 20, stop: ["zzz", " four"] } }).done
+    expect(r.error).toBeUndefined()
+    expect([r.text(), r.final?.finishReason]).toEqual(["one two three", "stop"])
+  })
+})
