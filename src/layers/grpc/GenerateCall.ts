@@ -77,6 +77,7 @@ export const makeHandler = Effect.fnUntraced(function* (
   const { handoff, requestDialect } = engineFor(config.engine.kind).capabilities
   // One model per agent: bind the label once, not per call.
   const relayed = metrics?.relayedTokens.labels({ model })
+  relayed?.inc(0) // a series from the start, so rate() sees the first tokens (StallWatchdog.ts says why)
 
   const record = (status: string, relay: Relay | undefined, startedAt: number): void => {
     if (metrics === undefined) return

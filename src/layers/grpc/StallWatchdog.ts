@@ -21,6 +21,9 @@ export const fork = Effect.fnUntraced(function* (
   const stall = Option.getOrUndefined(yield* Effect.serviceOption(EngineStall))
   const idleMs = Duration.toMillis(config.engine.stream_idle_timeout)
   const stalls = metrics?.engineStreamStalls.labels({ model: config.model.served_name })
+  // A 0 sample from the start: prom-client writes a labelled series only once it is incremented, and increase()
+  // over a series that appears at 1 sees no increase, so the first stall of a process would never alert.
+  stalls?.inc(0)
   const stalledError = new EngineStalled({ idleTimeout: Duration.format(config.engine.stream_idle_timeout) })
   const tick = Effect.flatMap(Clock.currentTimeMillis, (now) => {
     let stalled = 0
