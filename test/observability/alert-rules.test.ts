@@ -1,31 +1,21 @@
 // The shipped Prometheus rules, examples/prometheus/cgn-agent-rules.yaml and the PrometheusRule the Kustomize overlay
 // renders from examples/k8s/base: promtool accepts both (`check rules`), the two carry the same groups, the unit tests
 // next to the file pass (`test rules`: each alert fires when it should and stays silent on a drain, a start, a
-// restart), and every metric a rule reads is one a real agent's /metrics has.
+// restart). That every metric a rule reads is on a real agent's /metrics: test/observability/promtool.test.ts, which
+// scrapes one.
 import { execFileSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { parse, parseAllDocuments, stringify } from "yaml"
-import { killAllAgents, repoRoot } from "../support/agent.ts"
-import { metricNamesOn, promtool, scrapeRealRun } from "../support/promtool.ts"
+import { repoRoot } from "../support/agent.ts"
+import { metricNamesIn, promtool, RULES_FILE, shippedRules } from "../support/promtool.ts"
 
-const RULES = path.join(repoRoot, "examples", "prometheus", "cgn-agent-rules.yaml")
+const RULES = RULES_FILE
 const RULE_TESTS = path.join(repoRoot, "examples", "prometheus", "cgn-agent-rules.test.yaml")
 const OVERLAY = path.join(repoRoot, "examples", "k8s", "overlays", "example")
 
-interface Rule {
-  readonly alert?: string
-  readonly record?: string
-  readonly expr: string
-  readonly for?: string
-  readonly labels?: Record<string, string>
-  readonly annotations?: Record<string, string>
-}
-interface RuleFile {
-  readonly groups: ReadonlyArray<{ readonly name: string; readonly rules: ReadonlyArray<Rule> }>
-}
 interface RuleTests {
   readonly rule_files: ReadonlyArray<string>
   readonly tests: ReadonlyArray<{
@@ -36,28 +26,9 @@ interface RuleTests {
   }>
 }
 
-const rulesFile = parse(fs.readFileSync(RULES, "utf8")) as RuleFile
+const rulesFile = shippedRules()
 const rules = rulesFile.groups.flatMap((g) => g.rules)
 const alerts = rules.filter((r) => r.alert !== undefined)
-
-// PromQL words that are not metric names (operators, modifiers, the float literals).
-const KEYWORDS = new Set(["and", "or", "unless", "bool", "offset", "group_left", "group_right", "inf", "nan"])
-
-/**
- * The metric names an expression selects (recording-rule names included): what is left of it without strings, label
- * matchers, label lists (`by (...)`, `on (...)`), ranges and function calls. promtool's own parser does not print
- * the selectors it read, hence this reading.
- */
-const metricNamesIn = (expr: string): Array<string> => {
-  const bare = expr
-    .replace(/"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`/g, '""')
-    .replace(/\{[^}]*\}/g, " ")
-    .replace(/\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)/g, " ")
-    .replace(/\[[^\]]*\]/g, " ")
-  // A whole identifier (not the tail of a number or a duration such as 15m), not followed by "(" (a function).
-  const words = [...bare.matchAll(/(?<![\w:.])[a-zA-Z_:][\w:]*(?![\w:])(?!\s*\()/g)].map((m) => m[0])
-  return [...new Set(words.filter((w) => !KEYWORDS.has(w.toLowerCase())))]
-}
 
 interface Doc {
   readonly kind: string
@@ -150,36 +121,5 @@ describe("the shipped Prometheus rules", () => {
     expect(
       metricNamesIn("cgn_agent:a:rate5m / ignoring (x) group_left histogram_quantile(0.95, b_bucket) < 7 * 86400")
     ).toEqual(["cgn_agent:a:rate5m", "b_bucket"])
-  })
-
-  describe("against a real agent's /metrics", () => {
-    let page = ""
-    beforeAll(async () => {
-      page = await scrapeRealRun()
-    }, 120_000)
-    afterAll(async () => {
-      await killAllAgents()
-    })
-
-    it("read only metrics the agent has, or the file records, or Prometheus' own `up`", () => {
-      // Every family is declared at start whatever the host (GPU, TLS and etcd series without samples on this
-      // GPU-less, plaintext, standalone run); the KV bridge's only while it is on, as scrapeRealRun has it.
-      const present = metricNamesOn(page)
-      expect(present.has("cgn_agent_gpu_lost")).toBe(true)
-      expect(present.has("cgn_agent_kvcached_connected")).toBe(true)
-      const recorded = new Set(rules.flatMap((r) => (r.record === undefined ? [] : [r.record])))
-      const read = [...new Set(rules.flatMap((r) => metricNamesIn(r.expr)))]
-      expect(read.length).toBeGreaterThan(20)
-      const unknown = read.filter((name) =>
-        name.includes(":") ? !recorded.has(name) : !present.has(name) && name !== "up"
-      )
-      expect(unknown).toEqual([])
-    })
-
-    it("have a 0 sample of the per-model counters from the start, so increase() sees the first stall or token", () => {
-      // A series that first appears at 1 shows no increase: the stall alert would miss a process's first stall.
-      expect(page).toMatch(/^cgn_agent_engine_stream_stalls_total\{model="m"\} 0$/m)
-      expect(page).toMatch(/^cgn_agent_relayed_tokens_total\{model="m"\} [1-9]/m)
-    })
   })
 })

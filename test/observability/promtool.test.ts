@@ -1,11 +1,12 @@
 // /metrics of a real run (the built agent, the simulator as its vLLM engine, the KV bridge on) passes
 // `promtool check metrics` (Prometheus' own linter: Debian package `prometheus`), and every metric the
-// shipped Grafana dashboard (examples/grafana/cgn-agent.json) queries exists on that page.
+// shipped Grafana dashboard (examples/grafana/cgn-agent.json) and the shipped rules
+// (examples/prometheus/cgn-agent-rules.yaml) read exists on that page.
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { killAllAgents, repoRoot } from "../support/agent.ts"
-import { metricNamesOn, promtool, scrapeRealRun } from "../support/promtool.ts"
+import { metricNamesIn, metricNamesOn, promtool, scrapeRealRun, shippedRules } from "../support/promtool.ts"
 
 let page = ""
 
@@ -40,5 +41,27 @@ describe("/metrics of a real run", () => {
     expect(queried.size).toBeGreaterThan(20)
     const present = metricNamesOn(page)
     expect([...queried].filter((name) => !present.has(name))).toEqual([])
+  })
+
+  it("has every metric the shipped rules read (or they record, or Prometheus' own `up`)", () => {
+    // Every family is declared at start whatever the host (GPU, TLS and etcd series without samples on this
+    // GPU-less, plaintext, standalone run); the KV bridge's only while it is on, as scrapeRealRun has it.
+    const present = metricNamesOn(page)
+    expect(present.has("cgn_agent_gpu_lost")).toBe(true)
+    expect(present.has("cgn_agent_kvcached_connected")).toBe(true)
+    const rules = shippedRules().groups.flatMap((g) => g.rules)
+    const recorded = new Set(rules.flatMap((r) => (r.record === undefined ? [] : [r.record])))
+    const read = [...new Set(rules.flatMap((r) => metricNamesIn(r.expr)))]
+    expect(read.length).toBeGreaterThan(20)
+    const unknown = read.filter((name) =>
+      name.includes(":") ? !recorded.has(name) : !present.has(name) && name !== "up"
+    )
+    expect(unknown).toEqual([])
+  })
+
+  it("has a 0 sample of the per-model counters from the start, so increase() sees the first stall or token", () => {
+    // A series that first appears at 1 shows no increase: the stall alert would miss a process's first stall.
+    expect(page).toMatch(/^cgn_agent_engine_stream_stalls_total\{model="m"\} 0$/m)
+    expect(page).toMatch(/^cgn_agent_relayed_tokens_total\{model="m"\} [1-9]/m)
   })
 })

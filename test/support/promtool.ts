@@ -7,9 +7,10 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { createChannel, createClient } from "nice-grpc"
+import { parse } from "yaml"
 import { AgentDefinition } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { parsePromText } from "../../src/services/engine/PromText.ts"
-import { simAgentConfig, startAgent } from "./agent.ts"
+import { repoRoot, simAgentConfig, startAgent } from "./agent.ts"
 import { freePorts } from "./ports.ts"
 
 export const PROMTOOL = process.env.PROMTOOL ?? "promtool"
@@ -69,4 +70,41 @@ export const metricNamesOn = (page: string): Set<string> => {
     if (type === "histogram") for (const suffix of ["_bucket", "_sum", "_count"]) names.add(`${family}${suffix}`)
   }
   return names
+}
+
+/** The shipped rules file (examples/prometheus), for promtool and for the tests that read its expressions. */
+export const RULES_FILE = path.join(repoRoot, "examples", "prometheus", "cgn-agent-rules.yaml")
+
+export interface Rule {
+  readonly alert?: string
+  readonly record?: string
+  readonly expr: string
+  readonly for?: string
+  readonly labels?: Record<string, string>
+  readonly annotations?: Record<string, string>
+}
+export interface RuleFile {
+  readonly groups: ReadonlyArray<{ readonly name: string; readonly rules: ReadonlyArray<Rule> }>
+}
+
+/** The shipped rules file, parsed. */
+export const shippedRules = (): RuleFile => parse(fs.readFileSync(RULES_FILE, "utf8")) as RuleFile
+
+// PromQL words that are not metric names (operators, modifiers, the float literals).
+const KEYWORDS = new Set(["and", "or", "unless", "bool", "offset", "group_left", "group_right", "inf", "nan"])
+
+/**
+ * The metric names an expression selects (recording-rule names included): what is left of it without strings, label
+ * matchers, label lists (`by (...)`, `on (...)`), ranges and function calls. promtool's own parser does not print
+ * the selectors it read, hence this reading.
+ */
+export const metricNamesIn = (expr: string): Array<string> => {
+  const bare = expr
+    .replace(/"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`/g, '""')
+    .replace(/\{[^}]*\}/g, " ")
+    .replace(/\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)/g, " ")
+    .replace(/\[[^\]]*\]/g, " ")
+  // A whole identifier (not the tail of a number or a duration such as 15m), not followed by "(" (a function).
+  const words = [...bare.matchAll(/(?<![\w:.])[a-zA-Z_:][\w:]*(?![\w:])(?!\s*\()/g)].map((m) => m[0])
+  return [...new Set(words.filter((w) => !KEYWORDS.has(w.toLowerCase())))]
 }
