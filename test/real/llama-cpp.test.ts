@@ -143,6 +143,16 @@ describe("an agent on a real llama-server", () => {
     expect(r.final?.usage?.promptTokens).toBe(direct.json.usage.prompt_tokens)
   })
 
+  it("a stop string ends the call with finish_reason stop and the text before it, as llama-server cuts it", async () => {
+    // The model writes " word word ...": every word is preceded by a space, so a stop of " " matches the first
+    // token; the text before it is empty. Without a stop the same call runs to its length (the first test).
+    const r = await generate(s.client, { prompt: PROMPT, sampling: { maxTokens: 24, stop: [" "] } }).done
+    expect(r.error, s.agent.tail()).toBeUndefined()
+    expect(r.final?.finishReason).toBe("stop")
+    expect(r.text()).toBe("")
+    expect(r.final?.usage?.completionTokens).toBeLessThan(24)
+  })
+
   it("sampling reaches llama-server in its own names: the repetition penalty and the seed its slot ran with", async () => {
     // llama-server reads `repeat_penalty` (a `repetition_penalty` field is ignored) and keeps a 32-bit seed; its
     // /slots shows the sampling parameters each slot's last task ran with (tools/server/server-context.cpp).
