@@ -35,6 +35,7 @@ import { KvBridge } from "../services/kv/KvBridge.ts"
 import { Drain } from "../services/node/Drain.ts"
 import { EventLoopLag } from "../services/node/EventLoopLag.ts"
 import { NodeStatus } from "../services/node/NodeStatus.ts"
+import { TraceExportStatus } from "../services/observability/TraceExports.ts"
 import { HealthReporter, type RegistrationStatus } from "../services/registry/HealthReporter.ts"
 import { Tls } from "../services/tls/Tls.ts"
 import { VERSION } from "../version.ts"
@@ -134,6 +135,9 @@ export const daemon = Effect.scoped(
     const lag = yield* EventLoopLag
     yield* MetricsLive.mirrorEventLoopLag(lag.sample)
     yield* MetricsLive.mirrorLogDrops(Logging.droppedLogLines)
+    // Undefined when traces are not exported: no series, no /status section.
+    const traceExports = yield* TraceExportStatus
+    yield* MetricsLive.mirrorTraceExports(traceExports)
     yield* MetricsLive.mirrorTls(tls.status)
     yield* MetricsLive.recordBuildInfo({ version: VERSION, engine: config.engine.kind })
 
@@ -151,7 +155,8 @@ export const daemon = Effect.scoped(
           eventLoopLag: lag.sample,
           kv: bridge.status,
           gpuGate: gpuGate.status,
-          tls: tls.status
+          tls: tls.status,
+          ...(traceExports === undefined ? {} : { tracing: traceExports })
         }
       })
     )

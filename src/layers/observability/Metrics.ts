@@ -20,9 +20,11 @@ import {
   Metrics,
   type MetricsService,
   setCounter,
+  setCounters,
   setOptional,
   setStateGauge
 } from "../../services/observability/Metrics.ts"
+import type { TraceExportView } from "../../services/observability/TraceExports.ts"
 import { RegistrationStates, type RegistrationStatus } from "../../services/registry/HealthReporter.ts"
 import type { TlsStatus } from "../../services/tls/Tls.ts"
 
@@ -37,14 +39,15 @@ const makeHandles = (registry: Registry): MetricHandles => {
   const registers = [registry]
   const gauge = <L extends string = never>(name: string, help: string, labelNames: ReadonlyArray<L> = []) =>
     new Gauge<L>({ name: p(name), help, labelNames, registers })
+  const counter = <L extends string = never>(name: string, help: string, labelNames: ReadonlyArray<L> = []) =>
+    new Counter<L>({ name: p(name), help, labelNames, registers })
   const gpuLabels = ["gpu", "uuid"] as const
   return {
-    requests: new Counter({
-      name: p("requests_total"),
-      help: "Generate calls finished, by role, model and gRPC status code name",
-      labelNames: ["role", "model", "grpc_code"] as const,
-      registers
-    }),
+    requests: counter("requests_total", "Generate calls finished, by role, model and gRPC status code name", [
+      "role",
+      "model",
+      "grpc_code"
+    ] as const),
     timeToFirstToken: new Histogram({
       name: p("time_to_first_token_seconds"),
       help: "Time from receiving a Generate call to its first generated text",
@@ -59,26 +62,16 @@ const makeHandles = (registry: Registry): MetricHandles => {
       buckets: DURATION_BUCKETS,
       registers
     }),
-    relayedTokens: new Counter({
-      name: p("relayed_tokens_total"),
-      help: "Engine tokens relayed to callers",
-      labelNames: ["model"] as const,
-      registers
-    }),
-    engineStreamStalls: new Counter({
-      name: p("engine_stream_stalls_total"),
-      help: "Engine streams ended because the engine sent nothing for engine.stream_idle_timeout",
-      labelNames: ["model"] as const,
-      registers
-    }),
+    relayedTokens: counter("relayed_tokens_total", "Engine tokens relayed to callers", ["model"] as const),
+    engineStreamStalls: counter(
+      "engine_stream_stalls_total",
+      "Engine streams ended because the engine sent nothing for engine.stream_idle_timeout",
+      ["model"] as const
+    ),
     inflight: gauge("inflight_requests", "Generate calls running through the agent"),
     queued: gauge("queued_requests", "Generate calls waiting for an admission slot"),
     engineState: gauge("engine_state", "1 for the engine supervisor's current state", ["state"] as const),
-    engineRestarts: new Counter({
-      name: p("engine_restarts_total"),
-      help: "Engine restarts since the agent started",
-      registers
-    }),
+    engineRestarts: counter("engine_restarts_total", "Engine restarts since the agent started"),
     engineLastExitCode: gauge(
       "engine_last_exit_code",
       "Exit code of the last engine run (no sample until a run exits with a code)"
@@ -113,11 +106,15 @@ const makeHandles = (registry: Registry): MetricHandles => {
       "event_loop_lag_seconds",
       "Worst event-loop delay in the last completed 5 s window (scrapes do not reset it)"
     ),
-    logLinesDropped: new Counter({
-      name: p("log_lines_dropped_total"),
-      help: "Log lines dropped because the stderr reader did not take them (more than 1 MiB written and not read)",
-      registers
-    }),
+    logLinesDropped: counter(
+      "log_lines_dropped_total",
+      "Log lines dropped because the stderr reader did not take them (more than 1 MiB written and not read)"
+    ),
+    traceSpans: counter(
+      "trace_spans_total",
+      "Spans of the OTLP trace export: exported, failed (export failed, dropped), queue_full (dropped unsent); no samples without export",
+      ["outcome"] as const
+    ),
     engineRunningRequests: gauge("engine_running_requests", "Requests running in the engine (engine metrics)"),
     engineWaitingRequests: gauge("engine_waiting_requests", "Requests waiting in the engine (engine metrics)"),
     engineKvCacheUsage: gauge(
@@ -256,6 +253,16 @@ export const mirrorEventLoopLag = (lag: Effect.Effect<LagSample>): Effect.Effect
 /** Fills `cgn_agent_log_lines_dropped_total` at every scrape from Logging's count. */
 export const mirrorLogDrops = (dropped: () => number): Effect.Effect<void, never, Metrics | Scope.Scope> =>
   Effect.flatMap(Metrics, (m) => m.onCollect(Effect.sync(() => setCounter(m.logLinesDropped, dropped()))))
+
+/** Fills `cgn_agent_trace_spans_total` at every scrape while traces are exported (main wires TraceExportStatus). */
+export const mirrorTraceExports = (
+  status: Effect.Effect<TraceExportView> | undefined
+): Effect.Effect<void, never, Metrics | Scope.Scope> =>
+  status === undefined
+    ? Effect.void
+    : Effect.flatMap(Metrics, (m) =>
+        m.onCollect(Effect.map(status, (s) => setCounters(m.traceSpans, "outcome", s.spans)))
+      )
 
 /**
  * Fills `cgn_agent_node_state` at every scrape from the node's own view. The engine can be ready while the node

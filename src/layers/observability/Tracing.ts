@@ -5,18 +5,24 @@
  * end of shutdown, within TRACE_FLUSH_TIMEOUT: a collector that accepts and never answers (black-holed) costs
  * the shutdown that long, and a warning says the buffered spans were dropped. The agent's own polling (probes,
  * scrapes, the admin endpoints) makes no spans: see layers/admin/Admin.ts and layers/node/NodeStatus.ts.
+ * A failing collector is counted and logged (TraceExportMonitor.ts): spans exported, failed and dropped on the batch
+ * processor's full queue are `cgn_agent_trace_spans_total{outcome}` and the `tracing` section of /status
+ * (TraceExportStatus, which main mirrors).
  *
  * Why not @opentelemetry/sdk-node's NodeSDK, which reads the same environment: it pulls in every exporter
  * (gRPC, protobuf, Zipkin, Prometheus) and the auto-instrumentation loader, many megabytes the agent never
- * loads; the few variables that decide whether and where to export are read here, and the OTLP exporter
- * reads its own (headers, timeout, compression, TLS files). The SDK is imported only when traces are exported:
+ * loads; the few variables that decide whether and where to export, the export timeout and the batch settings
+ * (OTEL_BSP_*) are read here (services/observability/OtelSettings.ts), and the OTLP exporter reads its own (headers,
+ * compression, TLS files). The SDK is imported only when traces are exported:
  * an agent without an endpoint never loads it (several MiB of heap).
  */
-import type { SpanProcessor } from "@opentelemetry/sdk-trace-base"
+import type { MeterProvider } from "@opentelemetry/api"
+import type { BufferConfig, SpanProcessor } from "@opentelemetry/sdk-trace-base"
 import { Duration, Effect, Layer, Option } from "effect"
 import type { AgentConfig } from "../../services/config/Config.ts"
 import { type Env, otlpTraceSettings } from "../../services/observability/OtelSettings.ts"
 import { TracesExported } from "../../services/observability/TraceContext.ts"
+import { TraceExportStatus } from "../../services/observability/TraceExports.ts"
 import { VERSION } from "../../version.ts"
 
 /** How long the spans still buffered at shutdown may take to reach the collector; past it they are dropped. */
@@ -63,13 +69,29 @@ export const layer = (config: AgentConfig, env: Env = process.env): Layer.Layer<
   const settings = otlpTraceSettings(config.agent.otlp_endpoint, env)
   if (settings === undefined) return Layer.empty
   const sdk = Layer.unwrap(
-    Effect.promise(async () => {
-      const [NodeSdk, { OTLPTraceExporter }, { BatchSpanProcessor }] = await Promise.all([
-        import("@effect/opentelemetry/NodeSdk"),
-        import("@opentelemetry/exporter-trace-otlp-http"),
-        import("@opentelemetry/sdk-trace-base")
-      ])
-      const processor = new BatchSpanProcessor(new OTLPTraceExporter({ url: settings.url }))
+    Effect.gen(function* () {
+      const [NodeSdk, { OTLPTraceExporter }, { BatchSpanProcessor }, TraceExportMonitor] = yield* Effect.promise(() =>
+        Promise.all([
+          import("@effect/opentelemetry/NodeSdk"),
+          import("@opentelemetry/exporter-trace-otlp-http"),
+          import("@opentelemetry/sdk-trace-base"),
+          import("./TraceExportMonitor.ts")
+        ])
+      )
+      const monitor = yield* TraceExportMonitor.make(settings.url)
+      const exporter = new OTLPTraceExporter({
+        url: settings.url,
+        ...(settings.timeoutMillis === undefined ? {} : { timeoutMillis: settings.timeoutMillis })
+      })
+      // selfObsMeterProvider is a BatchSpanProcessorOptions field of @opentelemetry/sdk-trace, which sdk-trace-base's
+      // BatchSpanProcessor passes on with the rest of its config but does not declare (github.com/open-telemetry/
+      // opentelemetry-js, packages/opentelemetry-sdk-trace-base/src/BatchSpanProcessor-shim.ts). The queue_full test
+      // in test/observability/tracing.test.ts fails if an upgrade stops passing it.
+      const buffer: BufferConfig & { readonly selfObsMeterProvider: MeterProvider } = {
+        ...settings.batch,
+        selfObsMeterProvider: monitor.meterProvider
+      }
+      const processor = new BatchSpanProcessor(monitor.exporter(exporter), buffer)
       const provider = NodeSdk.layer(() => ({
         resource: {
           serviceName: settings.serviceName,
@@ -80,7 +102,10 @@ export const layer = (config: AgentConfig, env: Env = process.env): Layer.Layer<
         shutdownTimeout: SDK_SHUTDOWN_TIMEOUT
       }))
       // Built after the provider, so its flush runs before the provider's release.
-      return flushOnRelease(processor, settings.url).pipe(Layer.provideMerge(provider))
+      return flushOnRelease(processor, settings.url).pipe(
+        Layer.provideMerge(provider),
+        Layer.merge(Layer.succeed(TraceExportStatus)(monitor.status))
+      )
     })
   )
   const warn = Layer.effectDiscard(

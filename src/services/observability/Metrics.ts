@@ -59,6 +59,11 @@ export interface MetricHandles {
   readonly eventLoopLag: Gauge
   /** Mirrored from Logging's count of lines dropped while stderr was not read: set it with `setCounter`. */
   readonly logLinesDropped: Counter
+  /**
+   * Spans of the OTLP trace export by outcome (TraceExports.ts TraceSpanOutcome), mirrored from TraceExportStatus:
+   * set it with `setCounters`. No samples while traces are not exported.
+   */
+  readonly traceSpans: Counter<"outcome">
   readonly engineRunningRequests: Gauge
   readonly engineWaitingRequests: Gauge
   /** 0..1; no sample when the engine does not report it. */
@@ -105,6 +110,19 @@ export class Metrics extends Context.Service<Metrics, MetricsService>()("cgn-age
 export const setCounter = (counter: Counter, value: number): void => {
   counter.reset()
   if (value > 0) counter.inc(value)
+}
+
+/**
+ * Sets a counter with one label that mirrors totals kept elsewhere, a sample for each value, 0 included: a series
+ * that first appears at 1 shows no increase() for that first 1.
+ */
+export const setCounters = <L extends string>(
+  counter: Counter<L>,
+  label: L,
+  totals: Readonly<Record<string, number>>
+): void => {
+  counter.reset()
+  for (const [value, total] of Object.entries(totals)) counter.inc({ [label]: value } as Record<L, string>, total)
 }
 
 /**

@@ -7,8 +7,9 @@
  * - The endpoint: `[agent].otlp_endpoint` + `/v1/traces`, else OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as it is,
  *   else OTEL_EXPORTER_OTLP_ENDPOINT + `/v1/traces`; none of them: no export (no span is recorded).
  * - The service name: OTEL_SERVICE_NAME, else `service.name` in OTEL_RESOURCE_ATTRIBUTES, else `cgn-agent`.
- * Headers, timeout, compression and TLS files (OTEL_EXPORTER_OTLP_[TRACES_]HEADERS, ...) are read by the
- * OTLP exporter itself.
+ * - The exporter's timeout (OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT) and the batch processor's settings (OTEL_BSP_*):
+ *   read here too, so the environment handed in decides them (the SDK would read process.env).
+ * Headers, compression and TLS files (OTEL_EXPORTER_OTLP_[TRACES_]HEADERS, ...) are read by the OTLP exporter itself.
  */
 
 export type Env = Readonly<Record<string, string | undefined>>
@@ -19,7 +20,27 @@ export interface OtlpTraceSettings {
   readonly serviceName: string
   /** Settings the agent cannot honour, to log once at start. */
   readonly warnings: ReadonlyArray<string>
+  /** Milliseconds per export, retries included; absent: the exporter's default (10 s). */
+  readonly timeoutMillis?: number
+  /** The BatchSpanProcessor's settings that are set; an absent one keeps the SDK's default. */
+  readonly batch: BatchSettings
 }
+
+/** The BatchSpanProcessor's options, named as the SDK names them (BufferConfig). */
+export interface BatchSettings {
+  readonly maxQueueSize?: number
+  readonly maxExportBatchSize?: number
+  readonly scheduledDelayMillis?: number
+  readonly exportTimeoutMillis?: number
+}
+
+/** The OTEL_BSP_* variable of each BatchSpanProcessor option (the specification's "Batch Span Processor"). */
+const BATCH_ENV: ReadonlyArray<readonly [keyof BatchSettings, string]> = [
+  ["maxQueueSize", "OTEL_BSP_MAX_QUEUE_SIZE"],
+  ["maxExportBatchSize", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"],
+  ["scheduledDelayMillis", "OTEL_BSP_SCHEDULE_DELAY"],
+  ["exportTimeoutMillis", "OTEL_BSP_EXPORT_TIMEOUT"]
+]
 
 export const DEFAULT_SERVICE_NAME = "cgn-agent"
 
@@ -30,6 +51,16 @@ const get = (env: Env, name: string): string | undefined => {
 }
 
 const tracesUrl = (base: string): string => `${base.replace(/\/+$/, "")}/v1/traces`
+
+/**
+ * A millisecond or count setting: a number > 0, else undefined, and then the SDK reads the variable itself and
+ * handles a malformed one as it would without the agent (the OTLP exporter throws on a timeout <= 0 passed to it).
+ */
+const getNumber = (env: Env, name: string): number | undefined => {
+  const v = get(env, name)
+  const n = v === undefined ? Number.NaN : Number(v)
+  return Number.isFinite(n) && n > 0 ? n : undefined
+}
 
 /** `service.name` from an OTEL_RESOURCE_ATTRIBUTES list (`k=v,k=v`, percent-encoded values). */
 const serviceNameFromResource = (attributes: string | undefined): string | undefined => {
@@ -69,5 +100,12 @@ export const otlpTraceSettings = (configEndpoint: string | undefined, env: Env):
     get(env, "OTEL_SERVICE_NAME") ??
     serviceNameFromResource(get(env, "OTEL_RESOURCE_ATTRIBUTES")) ??
     DEFAULT_SERVICE_NAME
-  return { url, serviceName, warnings }
+  const timeoutMillis =
+    getNumber(env, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") ?? getNumber(env, "OTEL_EXPORTER_OTLP_TIMEOUT")
+  const batch: Record<string, number> = {}
+  for (const [option, name] of BATCH_ENV) {
+    const n = getNumber(env, name)
+    if (n !== undefined) batch[option] = n
+  }
+  return { url, serviceName, warnings, ...(timeoutMillis === undefined ? {} : { timeoutMillis }), batch }
 }
