@@ -3,7 +3,7 @@
  * (`preflight`, which `run` calls too), and prints a short summary of what would run. A bad file or a failed
  * check fails with a ConfigError (cli.ts prints it and exits 2); nothing is started.
  */
-import { Console, Effect } from "effect"
+import { Console, Duration, Effect } from "effect"
 import { Command, Flag } from "effect/cli"
 import { requireAdminToken } from "../layers/admin/Admin.ts"
 import { engineFor, resolvePlan } from "../layers/engine/backends/index.ts"
@@ -13,6 +13,7 @@ import { type AgentConfig, ConfigError } from "../services/config/Config.ts"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
 import { nvmlWorkerEntry } from "./programPaths.ts"
+import { shutdownBound } from "./shutdownBound.ts"
 
 /**
  * The checks `run` makes before it starts anything, beyond decoding the file: the admin port is not open to
@@ -62,6 +63,13 @@ const gpusSummary = (c: AgentConfig, plan: LaunchPlan | undefined): string => {
   return "automatic (the first tp x dp healthy GPUs at start)"
 }
 
+/** The worst case of a shutdown (shutdownBound.ts), in the unit Kubernetes' terminationGracePeriodSeconds takes. */
+const shutdownSummary = (c: AgentConfig): string => {
+  const bound = shutdownBound(c)
+  const seconds = Math.ceil(Duration.toMillis(bound) / 1000)
+  return `within ${Duration.format(bound)}, every peer hung (terminationGracePeriodSeconds: at least ${seconds})`
+}
+
 /**
  * The summary `check` prints: one `key: value` line per fact an operator checks first. `plan`: the launch plan
  * resolved on this host (with NVML, it names the GPUs an automatic assignment takes).
@@ -84,7 +92,8 @@ export const summarize = (c: AgentConfig, plan?: LaunchPlan): string => {
     [
       "cluster",
       c.cluster.etcd.length > 0 ? `${c.cluster.name} via etcd ${c.cluster.etcd.join(", ")}` : "standalone (no etcd)"
-    ]
+    ],
+    ["shutdown", shutdownSummary(c)]
   ]
   const width = Math.max(...lines.map(([k]) => k.length)) + 1
   return [`${c.file ?? "<inline>"}: ok`, ...lines.map(([k, v]) => `  ${`${k}:`.padEnd(width)} ${v}`)].join("\n")
