@@ -65,7 +65,7 @@ const relayTo = (out: Out): Sink => {
       if (tokens > 0) out.write({ delta: { text, index: 0, tokens } })
     },
     end() {
-      out.write({ final: { finishReason: finish, nodeId: "floor", requestId: "" } })
+      out.write({ final: { finishReason: finish, nodeId: "floor", requestId: "", stopSequence: "" } })
       out.end()
     },
     error: (e) => out.fail(e)

@@ -359,7 +359,8 @@ describe("ChunkReader", () => {
       usage: { promptTokens: 3, completionTokens: 2, totalTokens: 5 },
       timings: { timeToFirstTokenMs: 1, totalMs: 2, queueMs: 0 },
       nodeId: "n",
-      requestId: "r"
+      requestId: "r",
+      stopSequence: ""
     })
   })
 
@@ -383,6 +384,32 @@ describe("ChunkReader", () => {
     // What the prefill leg sets after Handoff.extractKvTransferParams validated the answer.
     r.kvTransferParams = { remote_block_ids: [2] }
     expect(r.final(info).kvTransferParams).toEqual({ remote_block_ids: [2] })
+  })
+})
+
+describe("ChunkReader: the stop sequence the engine names", () => {
+  const info = { ttftMs: 0, totalMs: 0, queueMs: 0, nodeId: "", requestId: "" }
+  it("is read from the backend's field on the finishing chunk; a token id or another field is not a stop string", () => {
+    const vllm = new ChunkReader("stop_reason")
+    vllm.read({ choices: [{ index: 0, text: "a", finish_reason: null, stop_reason: "early" }] })
+    expect(vllm.final(info).stopSequence).toBe("")
+    vllm.read({ choices: [{ index: 0, text: "", finish_reason: "stop", stop_reason: "</s>" }] })
+    expect(vllm.final(info).stopSequence).toBe("</s>")
+    const sglang = new ChunkReader("matched_stop")
+    sglang.read({ choices: [{ index: 0, text: "", finish_reason: "stop", matched_stop: 2 }] })
+    expect(sglang.final(info).stopSequence).toBe("")
+    sglang.read({ choices: [{ index: 0, text: "", finish_reason: "stop", stop_reason: "x" }] })
+    expect(sglang.final(info).stopSequence).toBe("")
+    const none = new ChunkReader()
+    none.read({ choices: [{ index: 0, text: "", finish_reason: "stop", stop_reason: "x" }] })
+    expect(none.final(info).stopSequence).toBe("")
+  })
+
+  it("each backend names its field: vLLM stop_reason, SGLang matched_stop, the others none", () => {
+    expect(engineFor("vllm").capabilities.stopSequenceField).toBe("stop_reason")
+    expect(engineFor("sglang").capabilities.stopSequenceField).toBe("matched_stop")
+    for (const kind of ["llama_cpp", "mlx", "openai_compat"] as const)
+      expect(engineFor(kind).capabilities.stopSequenceField, kind).toBeUndefined()
   })
 })
 

@@ -16,12 +16,15 @@ afterAll(async () => {
 
 const PROMPT = "one two three four five"
 
-/** Tokens the engine counts up to the stop: vLLM and SGLang count the stopping token, mlx-lm drops the stop's. */
+/**
+ * Tokens the engine counts up to the stop (vLLM and SGLang count the stopping token, mlx-lm drops the stop's), and
+ * whether the engine names the stop string (vLLM stop_reason, SGLang matched_stop), which the final message carries.
+ */
 describe.each([
-  ["vllm", 3],
-  ["sglang", 3],
-  ["mlx", 2]
-] as const)("%s", (kind, completionTokens) => {
+  ["vllm", 3, true],
+  ["sglang", 3, true],
+  ["mlx", 2, false]
+] as const)("%s", (kind, completionTokens, named) => {
   let client: ReturnType<typeof agentClient>["client"]
   beforeAll(async () => {
     const engine = { kind, command: [process.execPath, simDistEntry, "--flavor", kind] }
@@ -38,12 +41,22 @@ describe.each([
     expect(r.text()).toBe("one two")
     expect(r.final?.finishReason).toBe("stop")
     expect(r.final?.usage?.completionTokens).toBe(completionTokens)
+    expect(r.final?.stopSequence).toBe(named ? " three" : "")
   })
 
   it("chat too, with several stop strings", async () => {
     const messages = [{ role: "user", content: PROMPT }]
     const r = await generate(client, { chat: { messages }, sampling: { maxTokens: 20, stop: ["zzz", " four"] } }).done
     expect(r.error).toBeUndefined()
-    expect([r.text(), r.final?.finishReason]).toEqual(["one two three", "stop"])
+    expect([r.text(), r.final?.finishReason, r.final?.stopSequence]).toEqual([
+      "one two three",
+      "stop",
+      named ? " four" : ""
+    ])
+  })
+
+  it("a call that runs to its length names no stop sequence", async () => {
+    const r = await generate(client, { prompt: PROMPT, sampling: { maxTokens: 2, stop: ["zzz"] } }).done
+    expect([r.final?.finishReason, r.final?.stopSequence]).toEqual(["length", ""])
   })
 })

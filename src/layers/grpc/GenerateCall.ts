@@ -74,7 +74,7 @@ export const makeHandler = Effect.fnUntraced(function* (
   const nodeId = config.agent.node_id
   // How this engine hands a request from prefill to decode, and how it spells the request: the backend's
   // capabilities, looked up once.
-  const { handoff, requestDialect } = engineFor(config.engine.kind).capabilities
+  const { handoff, requestDialect, stopSequenceField } = engineFor(config.engine.kind).capabilities
   // One model per agent: bind the label once, not per call.
   const relayed = metrics?.relayedTokens.labels({ model })
   relayed?.inc(0) // a series from the start, so rate() sees the first tokens (StallWatchdog.ts says why)
@@ -144,7 +144,7 @@ export const makeHandler = Effect.fnUntraced(function* (
     const opts: { requestId: string; traceparent?: string } = { requestId }
     const incoming = parseTraceparent(call.metadata.get("traceparent")[0])
     if (incoming !== undefined) opts.traceparent = formatTraceparent(incoming)
-    const relay = new Relay(maxPendingChars)
+    const relay = new Relay(maxPendingChars, stopSequenceField)
     active.add(relay)
     let ended = false
     let blocked = false

@@ -15,7 +15,7 @@ import type { GenerateError } from "../../services/grpc/GrpcStatus.ts"
 /** One Generate call's hand-off between the engine fiber (producer) and the gRPC call (consumer). */
 export class Relay implements ChunkSink {
   readonly coalescer: Coalescer
-  readonly reader = new ChunkReader()
+  readonly reader: ChunkReader
   firstTextAt = 0
   /** Any engine chunk seen (a decode leg's deadline ends there). */
   started = false
@@ -37,8 +37,9 @@ export class Relay implements ChunkSink {
   /** Called after every read and at the end; it drains `take` as far as the call can be written. */
   consumer: () => void = () => undefined
   private resumeProducer: (() => void) | undefined = undefined
-  constructor(maxPendingChars: number) {
+  constructor(maxPendingChars: number, stopSequenceField?: string) {
     this.coalescer = new Coalescer(maxPendingChars)
+    this.reader = new ChunkReader(stopSequenceField)
   }
   /** Producer side, once per network read: false when the producer must wait for room. */
   readonly onChunks = (chunks: ReadonlyArray<JsonObject>, resume: () => void): boolean => {

@@ -52,6 +52,11 @@ export interface EngineCapabilities {
   readonly servedNameForbids?: { readonly chars: string; readonly why: string }
   /** Where the engine's OpenAI request differs from the names and ranges the agent writes; absent means none. */
   readonly requestDialect?: RequestDialect
+  /**
+   * The field of a finished choice that names the stop string which ended it (vLLM `stop_reason`, SGLang
+   * `matched_stop`; a token id there is not a stop string and is left out); absent: the engine does not say.
+   */
+  readonly stopSequenceField?: string
 }
 
 /** An engine's own spelling of the OpenAI request (services/grpc/Generate.ts writes the body through it). */

@@ -14,6 +14,8 @@ import type { JsonObject } from "../engine/EngineClient.ts"
  */
 export class ChunkReader {
   finishReason = ""
+  /** The stop string the engine named when it finished (the backend's `stopSequenceField`), else "". */
+  stopSequence = ""
   usage: Usage | undefined = undefined
   /** Chunks that carried text, the agent's own token count. */
   textChunks = 0
@@ -23,6 +25,12 @@ export class ChunkReader {
    * unchecked engine fields into the final message.
    */
   kvTransferParams: Record<string, unknown> | undefined = undefined
+
+  /** Where the engine names the stop string that ended a choice (Engine.ts capabilities), if it does. */
+  private readonly stopSequenceField: string | undefined
+  constructor(stopSequenceField?: string) {
+    this.stopSequenceField = stopSequenceField
+  }
 
   /** The text this chunk adds ("" for none). */
   read(chunk: JsonObject): string {
@@ -37,7 +45,12 @@ export class ChunkReader {
         const t = delta != null ? delta.content : c.text
         if (typeof t === "string") text = t
         const fr = c.finish_reason
-        if (typeof fr === "string" && fr !== "") this.finishReason = fr
+        if (typeof fr === "string" && fr !== "") {
+          this.finishReason = fr
+          // Read only on the finishing chunk: nothing per token. A token id there is no stop string.
+          const stop = this.stopSequenceField === undefined ? undefined : c[this.stopSequenceField]
+          if (typeof stop === "string") this.stopSequence = stop
+        }
       }
     }
     const u = chunk.usage as Record<string, unknown> | null | undefined
@@ -68,7 +81,8 @@ export class ChunkReader {
       usage,
       timings: { timeToFirstTokenMs: info.ttftMs, totalMs: info.totalMs, queueMs: info.queueMs },
       nodeId: info.nodeId,
-      requestId: info.requestId
+      requestId: info.requestId,
+      stopSequence: this.stopSequence
     }
     if (this.kvTransferParams !== undefined) final.kvTransferParams = this.kvTransferParams
     return final

@@ -43,7 +43,10 @@ export const sglang: Engine = {
     kvEvents: true,
     tensorParallel: true,
     dataParallel: true,
-    sources: ["hf_repo", "path"]
+    sources: ["hf_repo", "path"],
+    // A finished choice's matched_stop: the stop string, or the token id (EOS too) that ended it
+    // (python/sglang/srt/entrypoints/openai/protocol.py, serving_completions.py / serving_chat.py).
+    stopSequenceField: "matched_stop"
   },
   render: (config: AgentConfig) => {
     const listen = listenOf(config)

@@ -67,7 +67,10 @@ export const vllm: Engine = {
     kvEvents: true,
     tensorParallel: true,
     dataParallel: true,
-    sources: ["hf_repo", "path"]
+    sources: ["hf_repo", "path"],
+    // A finished choice's stop_reason: the stop string, a stop token id, or null (vllm/entrypoints/openai
+    // protocol.py, CompletionResponseStreamChoice and ChatCompletionResponseStreamChoice).
+    stopSequenceField: "stop_reason"
   },
   render: (config: AgentConfig) => {
     const listen = listenOf(config)

@@ -162,6 +162,12 @@ export interface GenerateFinal {
   nodeId: string;
   /** The request id used (the caller's or the one the agent made). */
   requestId: string;
+  /**
+   * The stop sequence (one of sampling.stop) that ended generation, when the engine names it: vLLM's stop_reason,
+   * SGLang's matched_stop. Empty when generation ended otherwise (length, end of sequence) or the engine does not
+   * say (llama.cpp, mlx-lm).
+   */
+  stopSequence: string;
 }
 
 export interface GenerateResponse {
@@ -1352,6 +1358,7 @@ function createBaseGenerateFinal(): GenerateFinal {
     kvTransferParams: undefined,
     nodeId: "",
     requestId: "",
+    stopSequence: "",
   };
 }
 
@@ -1374,6 +1381,9 @@ export const GenerateFinal: MessageFns<GenerateFinal> = {
     }
     if (message.requestId !== "") {
       writer.uint32(50).string(message.requestId);
+    }
+    if (message.stopSequence !== "") {
+      writer.uint32(58).string(message.stopSequence);
     }
     return writer;
   },
@@ -1439,6 +1449,14 @@ export const GenerateFinal: MessageFns<GenerateFinal> = {
             message.requestId = reader.string();
             continue;
           }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.stopSequence = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1475,6 +1493,11 @@ export const GenerateFinal: MessageFns<GenerateFinal> = {
         : isSet(object.request_id)
         ? globalThis.String(object.request_id)
         : "",
+      stopSequence: isSet(object.stopSequence)
+        ? globalThis.String(object.stopSequence)
+        : isSet(object.stop_sequence)
+        ? globalThis.String(object.stop_sequence)
+        : "",
     };
   },
 
@@ -1498,6 +1521,9 @@ export const GenerateFinal: MessageFns<GenerateFinal> = {
     if (message.requestId !== "") {
       obj.requestId = message.requestId;
     }
+    if (message.stopSequence !== "") {
+      obj.stopSequence = message.stopSequence;
+    }
     return obj;
   },
 
@@ -1514,6 +1540,7 @@ export const GenerateFinal: MessageFns<GenerateFinal> = {
     message.kvTransferParams = object.kvTransferParams ?? undefined;
     message.nodeId = object.nodeId ?? "";
     message.requestId = object.requestId ?? "";
+    message.stopSequence = object.stopSequence ?? "";
     return message;
   },
 };
