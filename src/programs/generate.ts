@@ -35,6 +35,7 @@ export interface GenerateFlags {
   readonly prompt: Option.Option<string>
   readonly message: ReadonlyArray<string>
   readonly maxTokens: Option.Option<number>
+  readonly stop: ReadonlyArray<string>
   readonly model: string
 }
 
@@ -55,7 +56,8 @@ export const requestFromFlags = (f: GenerateFlags): GenerateRequest | GenerateFa
     req.chat = { messages }
   }
   const maxTokens = Option.getOrUndefined(f.maxTokens)
-  if (maxTokens !== undefined) req.sampling = { maxTokens, stop: [] }
+  if (maxTokens !== undefined || f.stop.length > 0)
+    req.sampling = maxTokens === undefined ? { stop: [...f.stop] } : { maxTokens, stop: [...f.stop] }
   return req
 }
 
@@ -90,7 +92,11 @@ export const summaryLine = (s: {
     `${rate.toFixed(1)} tokens/s`,
     `total ${s.totalMs.toFixed(1)} ms`
   ]
-  if (s.final !== undefined) parts.push(`finish ${s.final.finishReason}`, `request ${s.final.requestId}`)
+  if (s.final !== undefined) {
+    parts.push(`finish ${s.final.finishReason}`)
+    if (s.final.stopSequence !== "") parts.push(`at stop ${JSON.stringify(s.final.stopSequence)}`)
+    parts.push(`request ${s.final.requestId}`)
+  }
   return parts.join(", ")
 }
 
@@ -122,6 +128,11 @@ const flags = {
     inRange(1, MAX_UINT32, "a number of tokens"),
     Flag.withDescription("Most tokens to generate"),
     Flag.optional
+  ),
+  stop: Flag.String("stop").pipe(
+    Flag.withMetavar("TEXT"),
+    Flag.withDescription("A stop sequence, repeatable: generation ends before it"),
+    Flag.atLeast(0)
   ),
   model: Flag.String("model").pipe(
     Flag.withDescription("Served model name (default: the node's)"),

@@ -5,6 +5,7 @@
 import type { Channel } from "nice-grpc"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { killAllAgents, requireDist, simAgentConfig, simDistEntry, startAgent } from "../support/agent.ts"
+import { runCli } from "../support/cli.ts"
 import { agentClient, generate } from "../support/generate.ts"
 
 const channels: Array<Channel> = []
@@ -26,10 +27,12 @@ describe.each([
   ["mlx", 2, false]
 ] as const)("%s", (kind, completionTokens, named) => {
   let client: ReturnType<typeof agentClient>["client"]
+  let address = ""
   beforeAll(async () => {
     const engine = { kind, command: [process.execPath, simDistEntry, "--flavor", kind] }
     const c = await simAgentConfig({ engine })
     const agent = await startAgent({ config: c.config, readyTimeoutMs: 30_000 })
+    address = agent.grpcAddress
     const ac = agentClient(agent.grpcAddress)
     channels.push(ac.channel)
     client = ac.client
@@ -58,5 +61,23 @@ describe.each([
   it("a call that runs to its length names no stop sequence", async () => {
     const r = await generate(client, { prompt: PROMPT, sampling: { maxTokens: 2, stop: ["zzz"] } }).done
     expect([r.final?.finishReason, r.final?.stopSequence]).toEqual(["length", ""])
+  })
+
+  it("cgn-agent generate --stop: the text before the stop on stdout, the stop named in the summary", async () => {
+    const r = await runCli([
+      "generate",
+      "--addr",
+      address,
+      "--prompt",
+      PROMPT,
+      "--max-tokens",
+      "20",
+      "--stop",
+      " three"
+    ])
+    expect(r.code, r.stderr).toBe(0)
+    expect(r.stdout).toBe("one two\n")
+    expect(r.stderr).toContain("finish stop")
+    expect(r.stderr.includes('at stop " three"')).toBe(named)
   })
 })
