@@ -23,8 +23,10 @@ const root = path.resolve(path.dirname(bridgePath), "../../..")
 
 // Typed as this checkout's modules; `--bridge` may load another checkout's (same shape where it matters).
 const KvBridgeLive: typeof import("../src/layers/kv/KvBridge.ts") = await import(bridgePath)
-const MetricsLive: typeof import("../src/layers/observability/Metrics.ts") = await import(
-  path.join(root, "src/layers/observability/Metrics.ts")
+// A bare registry: src/testing/Metrics.ts (an older checkout: the live module's layerTest).
+const testMetrics = path.join(root, "src/testing/Metrics.ts")
+const MetricsTest: typeof import("../src/testing/Metrics.ts") = await import(
+  fs.existsSync(testMetrics) ? testMetrics : path.join(root, "src/layers/observability/Metrics.ts")
 )
 const { KvBridge }: typeof import("../src/services/kv/KvBridge.ts") = await import(
   path.join(root, "src/services/kv/KvBridge.ts")
@@ -63,7 +65,7 @@ const options = {
   backoffMaxMs: 1_000,
   ...(process.argv.includes("--max-queue-bytes") ? { maxQueueBytes: Number(arg("--max-queue-bytes", "0")) } : {})
 }
-const layer = KvBridgeLive.layerWith(options).pipe(Layer.provideMerge(MetricsLive.layerTest))
+const layer = KvBridgeLive.layerWith(options).pipe(Layer.provideMerge(MetricsTest.layerTest))
 
 await Effect.runPromise(
   Effect.scoped(

@@ -148,5 +148,12 @@ describe("architecture invariants", () => {
   it("test doubles live in src/testing, not among the live layers", () => {
     const doubles = sources.filter((f) => within(f, "src/layers") && /Test\.ts$|Fake|Stub/.test(path.basename(f)))
     expect(doubles).toEqual([])
+    // Nor a test layer exported by a live module (Nvml's fixed GPU list and the bare Metrics registry were).
+    const testExports = sources
+      .filter((f) => within(f, "src/layers"))
+      .flatMap((f) =>
+        [...text.get(f)!.matchAll(/^export const (layer(?:Test|Fixed|Fake|Stub)\w*)/gm)].map((m) => `${f}: ${m[1]}`)
+      )
+    expect(testExports).toEqual([])
   })
 })

@@ -6,14 +6,14 @@
 
 import * as ConfigLive from "../layers/config/Config.ts"
 import * as AdmissionLive from "../layers/grpc/Admission.ts"
-import * as NvmlLive from "../layers/node/Nvml.ts"
-import * as MetricsLive from "../layers/observability/Metrics.ts"
 import * as TlsLive from "../layers/tls/Tls.ts"
 import { Drain } from "../services/node/Drain.ts"
 import * as EngineClientTest from "./EngineClient.ts"
 import * as EngineProcessTest from "./EngineProcess.ts"
 import * as HealthReporterTest from "./HealthReporter.ts"
+import * as MetricsTest from "./Metrics.ts"
 import * as NodeStatusTestLayers from "./NodeStatus.ts"
+import * as NvmlTest from "./Nvml.ts"
 
 export { EngineClientRecorder, type EngineScript, streamOf, textChunk } from "./EngineClient.ts"
 export { EngineProcessControl, testPlan } from "./EngineProcess.ts"
@@ -24,7 +24,7 @@ export const TestLayers = {
   /** Config from an object, validated exactly like a file: `Config({ models: { m: { hf_repo: "org/m" } } })`. */
   Config: ConfigLive.layerFromObject,
   /** A fresh, empty Prometheus registry. */
-  Metrics: MetricsLive.layerTest,
+  Metrics: MetricsTest.layerTest,
   /** An engine whose state the test sets through EngineProcessControl; nothing is spawned. */
   EngineProcess: EngineProcessTest.layerTest,
   /** A scripted engine (`streamTo`; `complete` derives as live); requests go to EngineClientRecorder. */
@@ -36,7 +36,7 @@ export const TestLayers = {
   /** An in-memory reporter (needs NodeStatus): records flushes and the drain mark, never talks to etcd. */
   HealthReporter: HealthReporterTest.layerTest,
   /** A fixed GPU list instead of NVML. */
-  Nvml: NvmlLive.layerFixed,
+  Nvml: NvmlTest.layerFixed,
   /** The drain lever (a deferred; the same in tests as live). */
   Drain: Drain.layer,
   /** TLS from explicit [security] settings (plaintext when require_mtls is false). */

@@ -8,7 +8,6 @@ import { afterEach, describe, expect, it } from "vitest"
 import * as AdminLive from "../../src/layers/admin/Admin.ts"
 import * as ConfigLayer from "../../src/layers/config/Config.ts"
 import { engineFor } from "../../src/layers/engine/backends/index.ts"
-import * as MetricsLayer from "../../src/layers/observability/Metrics.ts"
 import { AdminServer, authorize, fromWebPage, readiness } from "../../src/services/admin/Admin.ts"
 import { Config } from "../../src/services/config/Config.ts"
 import { EngineProcess, type EngineState, type ExitRecord } from "../../src/services/engine/EngineProcess.ts"
@@ -16,6 +15,7 @@ import { parsePromText } from "../../src/services/engine/PromText.ts"
 import { isLoopbackHost } from "../../src/services/net/HostPort.ts"
 import { Drain } from "../../src/services/node/Drain.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
+import * as MetricsTest from "../../src/testing/Metrics.ts"
 import * as NodeStatusLayer from "../../src/testing/NodeStatus.ts"
 import { NodeStatusTest } from "../../src/testing/NodeStatus.ts"
 
@@ -60,7 +60,7 @@ afterEach(async () => {
 const start = async (agent: Record<string, unknown> = {}, logs?: Array<string>) => {
   const config = ConfigLayer.layerFromObject({ models: { m: { hf_repo: "org/m" } }, agent })
   const deps = Layer.mergeAll(
-    MetricsLayer.layerTest,
+    MetricsTest.layerTest,
     NodeStatusLayer.layerTest({ nodeId: "node-a" }),
     Drain.layer,
     fakeEngine
@@ -286,7 +286,7 @@ describe("admin HTTP auth", () => {
       models: { m: { hf_repo: "org/m" } },
       agent: { listen_admin: "0.0.0.0:0" }
     })
-    const deps = Layer.mergeAll(MetricsLayer.layerTest, NodeStatusLayer.layerTest(), Drain.layer, fakeEngine).pipe(
+    const deps = Layer.mergeAll(MetricsTest.layerTest, NodeStatusLayer.layerTest(), Drain.layer, fakeEngine).pipe(
       Layer.provideMerge(config)
     )
     const result = await Effect.runPromise(
@@ -306,7 +306,7 @@ describe("admin HTTP auth", () => {
         models: { m: { hf_repo: "org/m" } },
         agent: { listen_admin: listen }
       })
-      const deps = Layer.mergeAll(MetricsLayer.layerTest, NodeStatusLayer.layerTest(), Drain.layer, fakeEngine).pipe(
+      const deps = Layer.mergeAll(MetricsTest.layerTest, NodeStatusLayer.layerTest(), Drain.layer, fakeEngine).pipe(
         Layer.provideMerge(config)
       )
       const result = await Effect.runPromise(

@@ -6,12 +6,12 @@ import { Effect, Fiber, Layer } from "effect"
 import { TestClock } from "effect/testing"
 import { layerFromObject } from "../../src/layers/config/Config.ts"
 import * as GpuGateLive from "../../src/layers/engine/GpuGate.ts"
-import * as MetricsLive from "../../src/layers/observability/Metrics.ts"
 import { EnginePlan } from "../../src/services/engine/Engine.ts"
 import { GpuGate, gateProblem } from "../../src/services/engine/GpuGate.ts"
 import { gpuWith, Nvml } from "../../src/services/node/Nvml.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
 import { testPlan } from "../../src/testing/EngineProcess.ts"
+import * as MetricsTest from "../../src/testing/Metrics.ts"
 
 const GiB = 2 ** 30
 
@@ -22,7 +22,7 @@ const held = [gpuWith({ index: 0, memoryUsedBytes: 75 * GiB, processes: [{ pid: 
 const nvml = { down: undefined as string | undefined }
 const sampled = Effect.sync(() => (nvml.down === undefined ? held : []))
 const gateLayer = GpuGateLive.layer.pipe(
-  Layer.provideMerge(MetricsLive.layerTest),
+  Layer.provideMerge(MetricsTest.layerTest),
   Layer.provide(
     Layer.succeed(Nvml, Nvml.of({ gpus: sampled, sampleNow: sampled, unavailable: Effect.sync(() => nvml.down) }))
   ),

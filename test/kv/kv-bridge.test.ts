@@ -16,7 +16,6 @@ import { decodeConfigObject } from "../../src/layers/config/Config.ts"
 import { engineFor, planLayer } from "../../src/layers/engine/backends/index.ts"
 import * as KvBridgeLive from "../../src/layers/kv/KvBridge.ts"
 import * as ReceiverLive from "../../src/layers/kv/kvcachedReceiver.ts"
-import * as MetricsLive from "../../src/layers/observability/Metrics.ts"
 import { EnginePlan } from "../../src/services/engine/Engine.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
 import { KvBridge, type KvBridgeStatus } from "../../src/services/kv/KvBridge.ts"
@@ -33,6 +32,7 @@ import { buildNodeHealth } from "../../src/services/node/NodeHealthView.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
 import { jitteredBackoffMs } from "../../src/services/retry/Backoff.ts"
 import * as EngineProcessLayer from "../../src/testing/EngineProcess.ts"
+import * as MetricsTest from "../../src/testing/Metrics.ts"
 import { pollUntil } from "../support/poll.ts"
 import { freePort, freePortRange } from "../support/ports.ts"
 import { postJson, type SimHandle, startSim } from "../support/sim.ts"
@@ -96,7 +96,7 @@ const startBridge = async (o: Omit<KvBridgeLive.BridgeOptions, "identity" | "blo
   const scope = await Effect.runPromise(Scope.make())
   cleanups.push(() => Effect.runPromise(Scope.close(scope, Exit.void)))
   const layer = KvBridgeLive.layerWith({ identity: id, blockSize: 4, epoch: "e1", backoffMaxMs: 200, ...o }).pipe(
-    Layer.provideMerge(MetricsLive.layerTest)
+    Layer.provideMerge(MetricsTest.layerTest)
   )
   const ctx = await Effect.runPromise(Layer.buildWithScope(layer, scope))
   const status = () => Effect.runPromise(Context.get(ctx, KvBridge).status)
@@ -507,7 +507,7 @@ const bridgeFromConfig = async (raw: Record<string, unknown>) => {
   const layer = KvBridgeLive.layer.pipe(
     Layer.provideMerge(planLayer),
     Layer.provideMerge(ConfigLive.layerFromObject(raw)),
-    Layer.provideMerge(MetricsLive.layerTest),
+    Layer.provideMerge(MetricsTest.layerTest),
     Layer.provideMerge(EngineProcessLayer.layerTest())
   )
   const ctx = await Effect.runPromise(Layer.buildWithScope(layer, scope))
@@ -685,7 +685,7 @@ describe("KvBridge.layer from the config", () => {
             KvBridgeLive.layer.pipe(
               Layer.provide(planLayer),
               Layer.provide(ConfigLive.layerFromObject({ models: { m: { hf_repo: "org/m" } }, kv })),
-              Layer.provide(MetricsLive.layerTest),
+              Layer.provide(MetricsTest.layerTest),
               Layer.provide(EngineProcessLayer.layerTest())
             )
           )

@@ -12,9 +12,9 @@ import { Context, Effect, Exit, Layer, Scope } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
 import * as KvBridgeLive from "../../src/layers/kv/KvBridge.ts"
 import { type JournalEntry, readJournal } from "../../src/layers/kv/kvcachedReceiver.ts"
-import * as MetricsLive from "../../src/layers/observability/Metrics.ts"
 import { KvBridge, type KvBridgeStatus } from "../../src/services/kv/KvBridge.ts"
 import type { KvRecord } from "../../src/services/kv/KvcachedRpc.ts"
+import * as MetricsTest from "../../src/testing/Metrics.ts"
 import { followLines } from "../support/lines.ts"
 import { pollUntil } from "../support/poll.ts"
 import { freePort } from "../support/ports.ts"
@@ -100,7 +100,7 @@ const setup = async (maxQueueBytes?: number) => {
     epoch: "e1",
     backoffMaxMs: 200,
     ...(maxQueueBytes !== undefined ? { maxQueueBytes } : {})
-  }).pipe(Layer.provideMerge(MetricsLive.layerTest))
+  }).pipe(Layer.provideMerge(MetricsTest.layerTest))
   const ctx = await Effect.runPromise(Layer.buildWithScope(layer, scope))
   const status = () => Effect.runPromise(Context.get(ctx, KvBridge).status)
   const cfg = {

@@ -7,8 +7,6 @@ import { describe, expect, it } from "vitest"
 import * as ConfigLayer from "../../src/layers/config/Config.ts"
 import * as AdmissionLayer from "../../src/layers/grpc/Admission.ts"
 import * as NodeStatusLayer from "../../src/layers/node/NodeStatus.ts"
-import * as NvmlLive from "../../src/layers/node/Nvml.ts"
-import * as MetricsLayer from "../../src/layers/observability/Metrics.ts"
 import { EngineClient, type LoadSignals } from "../../src/services/engine/EngineClient.ts"
 import type { EngineState, ExitRecord } from "../../src/services/engine/EngineProcess.ts"
 import { noStall, stallProblem } from "../../src/services/engine/EngineStall.ts"
@@ -20,6 +18,8 @@ import { NodeStatus } from "../../src/services/node/NodeStatus.ts"
 import { gpuWith } from "../../src/services/node/Nvml.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
 import { EngineProcessControl, layerTest as engineLayerTest } from "../../src/testing/EngineProcess.ts"
+import * as MetricsTest from "../../src/testing/Metrics.ts"
+import * as NvmlTest from "../../src/testing/Nvml.ts"
 
 const exit: ExitRecord = {
   run: 0,
@@ -93,8 +93,8 @@ const build = (signals: LoadSignals) => {
     client,
     AdmissionLayer.layerWith({ maxInflight: 4, maxQueue: 2 }),
     Drain.layer,
-    NvmlLive.layerFixed([gpu]),
-    MetricsLayer.layerTest
+    NvmlTest.layerFixed([gpu]),
+    MetricsTest.layerTest
   ).pipe(Layer.provideMerge(config))
   const layer = NodeStatusLayer.layer({ agentVersion: "9.9.9" }).pipe(Layer.provideMerge(deps))
   return { layer, scrapes: () => scrapes }

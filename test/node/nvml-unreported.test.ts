@@ -10,10 +10,10 @@ import { Effect, Layer } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { Gpu } from "../../src/gen/cgn/agent/v1/agent.ts"
 import * as NvmlLive from "../../src/layers/node/Nvml.ts"
-import * as MetricsLayer from "../../src/layers/observability/Metrics.ts"
 import { nvmlWorkerEntry } from "../../src/programs/programPaths.ts"
 import { Nvml } from "../../src/services/node/Nvml.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
+import * as MetricsTest from "../../src/testing/Metrics.ts"
 import { buildFakeNvml } from "../support/nvml.ts"
 
 const PROMTOOL = process.env.PROMTOOL ?? "promtool"
@@ -65,7 +65,7 @@ describe("a GPU field NVML cannot report", () => {
           return { unsupported, back }
         }).pipe(
           Effect.provide(
-            NvmlLive.layer(nvmlWorkerEntry(), { library, maxAge: 0 }).pipe(Layer.provideMerge(MetricsLayer.layerTest))
+            NvmlLive.layer(nvmlWorkerEntry(), { library, maxAge: 0 }).pipe(Layer.provideMerge(MetricsTest.layerTest))
           )
         )
       )

@@ -10,11 +10,11 @@ import type { Worker } from "node:worker_threads"
 import { Clock, Effect, Layer, Schedule } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as NvmlLive from "../../src/layers/node/Nvml.ts"
-import * as MetricsLayer from "../../src/layers/observability/Metrics.ts"
 import { nvmlWorkerEntry } from "../../src/programs/programPaths.ts"
 import { type Gpu, gpuWith, Nvml } from "../../src/services/node/Nvml.ts"
 import { gpuFields } from "../../src/services/node/NvmlValues.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
+import * as MetricsTest from "../../src/testing/Metrics.ts"
 import { blockNvml, buildFakeNvml } from "../support/nvml.ts"
 
 let dir = ""
@@ -31,9 +31,7 @@ afterAll(() => {
 
 const withProbe = <A>(options: NvmlLive.NvmlOptions, use: Effect.Effect<A, never, Nvml | Metrics>) =>
   Effect.runPromise(
-    use.pipe(
-      Effect.provide(NvmlLive.layer(nvmlWorkerEntry(), options).pipe(Layer.provideMerge(MetricsLayer.layerTest)))
-    )
+    use.pipe(Effect.provide(NvmlLive.layer(nvmlWorkerEntry(), options).pipe(Layer.provideMerge(MetricsTest.layerTest))))
   )
 
 /** The worker threads a layer starts, each with a promise of its exit (bounded by the test's timeout). */

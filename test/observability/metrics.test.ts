@@ -13,8 +13,9 @@ import {
 } from "../../src/services/observability/Metrics.ts"
 import type { RegistrationStatus } from "../../src/services/registry/HealthReporter.ts"
 import type { TlsStatus } from "../../src/services/tls/Tls.ts"
+import * as MetricsTest from "../../src/testing/Metrics.ts"
 
-const run = <A>(eff: Effect.Effect<A, never, Metrics>, layer = MetricsLayer.layerTest) =>
+const run = <A>(eff: Effect.Effect<A, never, Metrics>, layer = MetricsTest.layerTest) =>
   Effect.runPromise(eff.pipe(Effect.provide(layer)))
 
 describe("Metrics", () => {

@@ -20,6 +20,7 @@ import { DEFAULT_SERVICE_NAME, type Env, otlpTraceSettings } from "../../src/ser
 import { parseTraceparent } from "../../src/services/observability/TraceContext.ts"
 import { TraceExportStatus } from "../../src/services/observability/TraceExports.ts"
 import { EngineClientRecorder, TestLayers, textChunk } from "../../src/testing/index.ts"
+import * as MetricsTest from "../../src/testing/Metrics.ts"
 import { killAllAgents, simAgentConfig, startAgent } from "../support/agent.ts"
 import { pollUntil } from "../support/poll.ts"
 
@@ -205,7 +206,7 @@ const monitored = (endpoint: string, env: Env) => {
   })
   const rt = ManagedRuntime.make(
     Layer.effectDiscard(Effect.flatMap(TraceExportStatus, MetricsLive.mirrorTraceExports)).pipe(
-      Layer.provideMerge(MetricsLive.layerTest),
+      Layer.provideMerge(MetricsTest.layerTest),
       Layer.provideMerge(Tracing.layer(decoded.success, env)),
       Layer.provide(Logger.layer([logger]))
     )
@@ -346,7 +347,7 @@ describe("a failing collector", () => {
     if (decoded._tag === "Failure") throw decoded.failure
     const rt = ManagedRuntime.make(
       Layer.effectDiscard(Effect.flatMap(TraceExportStatus, MetricsLive.mirrorTraceExports)).pipe(
-        Layer.provideMerge(MetricsLive.layerTest),
+        Layer.provideMerge(MetricsTest.layerTest),
         Layer.provideMerge(Tracing.layer(decoded.success, {}))
       )
     )

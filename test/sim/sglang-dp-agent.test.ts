@@ -13,11 +13,11 @@ import { decodeConfigObject } from "../../src/layers/config/Config.ts"
 import { engineFor, planLayer } from "../../src/layers/engine/backends/index.ts"
 import * as KvBridgeLive from "../../src/layers/kv/KvBridge.ts"
 import * as ReceiverLive from "../../src/layers/kv/kvcachedReceiver.ts"
-import * as MetricsLive from "../../src/layers/observability/Metrics.ts"
 import { EnginePlan } from "../../src/services/engine/Engine.ts"
 import { loadSignals } from "../../src/services/engine/PromText.ts"
 import { KvBridge } from "../../src/services/kv/KvBridge.ts"
 import * as EngineProcessLayer from "../../src/testing/EngineProcess.ts"
+import * as MetricsTest from "../../src/testing/Metrics.ts"
 import { freePort, freePortRange } from "../support/ports.ts"
 import { getJson, pollUntil, postJson, type SimHandle, startSim } from "../support/sim.ts"
 
@@ -93,7 +93,7 @@ const bridgeFromConfig = async (raw: Record<string, unknown>) => {
   const layer = KvBridgeLive.layer.pipe(
     Layer.provideMerge(planLayer),
     Layer.provideMerge(ConfigLive.layerFromObject(raw)),
-    Layer.provideMerge(MetricsLive.layerTest),
+    Layer.provideMerge(MetricsTest.layerTest),
     Layer.provideMerge(EngineProcessLayer.layerTest())
   )
   const ctx = await Effect.runPromise(Layer.buildWithScope(layer, scope))

@@ -251,11 +251,3 @@ export const layer = (worker: string, options: NvmlOptions = {}): Layer.Layer<Nv
 /** The probe without gauges, for the CLI (`check`, `render`), which has no registry. */
 export const layerBare = (worker: string, options: NvmlOptions = {}): Layer.Layer<Nvml> =>
   Layer.effect(Nvml, open(worker, options))
-
-/** A fixed GPU list, for tests of the services that read GPUs. */
-export const layerFixed = (gpus: ReadonlyArray<Gpu>): Layer.Layer<Nvml> =>
-  Layer.succeed(Nvml, {
-    gpus: Effect.succeed(gpus),
-    sampleNow: Effect.succeed(gpus),
-    unavailable: Effect.succeed(gpus.length === 0 ? "fixed: none" : undefined)
-  })

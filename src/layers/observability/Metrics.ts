@@ -2,8 +2,8 @@
  * Metrics layers: build the registry and every handle named in services/observability/Metrics.ts.
  * `layer` adds prom-client's default process metrics under their stock names (`process_*`, `nodejs_*`, no
  * prefix, so stock Node.js dashboards read them), less the ones that break Prometheus conventions (below);
- * event-loop lag is mirrored from the EventLoopLag service by `mirrorEventLoopLag`; `layerTest` is a bare
- * fresh registry, so tests can assert exact series.
+ * event-loop lag is mirrored from the EventLoopLag service by `mirrorEventLoopLag`. `fromRegistry` builds the
+ * service over any registry (src/testing/Metrics.ts gives tests a bare one, so they can assert exact series).
  *
  * Naming rules for every agent series (other modules adding metrics follow them; `promtool check metrics`
  * enforces most): prefix `cgn_agent_`; base units in the name (`_seconds`, `_bytes`, `_ratio` for 0..1);
@@ -166,7 +166,8 @@ const makeHandles = (registry: Registry): MetricHandles => {
   }
 }
 
-const make = (registry: Registry): Effect.Effect<MetricsService> =>
+/** The service over `registry`: every agent handle registered there, scrape callbacks run before each render. */
+export const fromRegistry = (registry: Registry): Effect.Effect<MetricsService> =>
   Effect.sync(() => {
     const handles = makeHandles(registry)
     const callbacks = new Set<Effect.Effect<void>>()
@@ -197,12 +198,6 @@ const make = (registry: Registry): Effect.Effect<MetricsService> =>
     } satisfies MetricsService
   })
 
-/** A fresh registry with the agent's series only (no process metrics, no timers). */
-export const layerTest: Layer.Layer<Metrics> = Layer.effect(
-  Metrics,
-  Effect.suspend(() => make(new Registry()))
-)
-
 /**
  * prom-client defaults left out: the `nodejs_active_*_total` series are gauges named like counters
  * (promtool rejects them; `nodejs_active_{handles,requests,resources}{type}` carry the same counts), and the
@@ -230,7 +225,7 @@ export const layer: Layer.Layer<Metrics> = Layer.effect(
     // precision leaves that timer all but still.
     collectDefaultMetrics({ register: registry, eventLoopMonitoringPrecision: 3_600_000 })
     for (const name of DROPPED_DEFAULT_METRICS) registry.removeSingleMetric(name)
-    return yield* make(registry)
+    return yield* fromRegistry(registry)
   })
 )
 
