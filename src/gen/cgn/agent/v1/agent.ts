@@ -124,7 +124,12 @@ export interface GenerateDelta {
   text: string;
   /** Choice index (always 0 in this version). */
   index: number;
-  /** Engine tokens this delta carries (>= 1). */
+  /**
+   * Engine stream chunks whose text this delta carries (>= 1): one per decode step, usually one token each.
+   * Not an exact token count: a step may carry several tokens (speculative decoding), and a step whose text the
+   * engine holds back (vLLM while a stop string may be matching) counts for nothing, its text coming later.
+   * GenerateFinal.usage.completion_tokens is the exact count.
+   */
   tokens: number;
 }
 
