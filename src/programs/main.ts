@@ -41,7 +41,7 @@ import { Tls } from "../services/tls/Tls.ts"
 import { VERSION } from "../version.ts"
 import { guardEntry, nvmlWorkerEntry } from "./programPaths.ts"
 import { reloadOnHangup, type ShutdownSignals, shutdownSignals } from "./runMain.ts"
-import { GRPC_CLOSE_GRACE, NVML_CALL_TIMEOUT, shutdownBound } from "./shutdownBound.ts"
+import { shutdownBound } from "./shutdownBound.ts"
 
 /**
  * The core services, built before any server listens: config, metrics, the engine supervisor (which
@@ -66,7 +66,7 @@ export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
     Layer.provideMerge(GpuGateLive.layer),
     Layer.provideMerge(planLayer),
     // NVML runs in a worker thread (a hung NVML call must not stall the relay): the program is handed in, too.
-    Layer.provideMerge(NvmlLive.layer(nvmlWorkerEntry(), { callTimeout: NVML_CALL_TIMEOUT })),
+    Layer.provideMerge(NvmlLive.layer(nvmlWorkerEntry())),
     Layer.provideMerge(base),
     Layer.provideMerge(Tracing.layer(config)),
     Layer.provideMerge(Logging.layer(config.agent.log_level, logLevel))
@@ -161,7 +161,7 @@ export const daemon = Effect.scoped(
       })
     )
     const grpc = yield* Layer.build(
-      GrpcServerLive.layerWith({ tls: tls.serverTls, shutdownGraceMs: Duration.toMillis(GRPC_CLOSE_GRACE) })
+      GrpcServerLive.layerWith({ tls: tls.serverTls })
     )
     // Plaintext health for the kubelet's gRPC probe, which cannot do mTLS (layers/grpc/HealthListener.ts).
     if (config.agent.listen_health !== undefined)

@@ -13,17 +13,13 @@
 import { Duration } from "effect"
 import { CLOSE_GRACE as ADMIN_CLOSE_GRACE } from "../layers/admin/Admin.ts"
 import { KILL_WAIT_MS } from "../layers/engine/processGroup.ts"
+import { CLOSE_GRACE as GRPC_CLOSE_GRACE } from "../layers/grpc/GrpcServer.ts"
+import { CALL_TIMEOUT as NVML_CALL_TIMEOUT } from "../layers/node/Nvml.ts"
 import { SDK_SHUTDOWN_TIMEOUT, TRACE_FLUSH_TIMEOUT } from "../layers/observability/Tracing.ts"
 import { CALL_DEADLINE_SLACK_MS } from "../layers/registry/etcdClient.ts"
 import type { AgentConfig } from "../services/config/Config.ts"
 import { type Env, otlpTraceSettings } from "../services/observability/OtelSettings.ts"
 import { reporterTiming } from "../services/registry/ReporterTiming.ts"
-
-/** How long the gRPC server's close waits for calls still open (a router that stopped reading) before it cuts them. */
-export const GRPC_CLOSE_GRACE = Duration.seconds(5)
-
-/** How long the NVML worker may take to answer, and so to shut down when a call is in flight (layers/node/Nvml.ts). */
-export const NVML_CALL_TIMEOUT = Duration.seconds(10)
 
 /**
  * Past `engine.stop_grace`, the engine's stop (layers/engine/run.ts teardown): the guard's SIGKILL and its

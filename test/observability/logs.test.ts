@@ -13,7 +13,7 @@ import {
   engineOutput,
   jsonLines,
   logRecord,
-  MAX_LOG_BACKLOG_BYTES
+  MAX_LOG_BACKLOG_CHARS
 } from "../../src/layers/observability/Logging.ts"
 import { LogLevel } from "../../src/services/observability/LogLevel.ts"
 import { killAllAgents, simAgentConfig, startAgent } from "../support/agent.ts"
@@ -158,12 +158,12 @@ describe("a stderr reader that stalls (bytes written and not read)", () => {
       )
     const before = droppedLogLines()
     log("one")
-    backlog = MAX_LOG_BACKLOG_BYTES + 1
+    backlog = MAX_LOG_BACKLOG_CHARS + 1
     log("two")
     log("three")
     expect(written.map((l) => l.msg)).toEqual(["one"])
     expect(droppedLogLines() - before).toBe(2)
-    backlog = MAX_LOG_BACKLOG_BYTES
+    backlog = MAX_LOG_BACKLOG_CHARS
     log("four")
     expect(written.map((l) => [l.level, l.msg, l.dropped])).toEqual([
       ["info", "one", undefined],

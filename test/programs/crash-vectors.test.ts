@@ -123,7 +123,7 @@ describe("the agent's log pipe closes (the log collector gone)", () => {
 })
 
 describe("the agent's log reader stalls (a pipe nobody reads, not closed)", () => {
-  it("keeps at most MAX_LOG_BACKLOG_BYTES waiting: later lines are dropped, counted, and reported once read again", async () => {
+  it("keeps at most MAX_LOG_BACKLOG_CHARS waiting: later lines are dropped, counted, and reported once read again", async () => {
     // An engine that prints ~3 MB of output lines before it starts: the agent logs each one (~300 bytes of JSON).
     const noisy = `yes "$(printf '%0200d' 0)" | head -n 10000; exec "$@"`
     const { config, adminPort } = await simAgentConfig({
@@ -139,7 +139,7 @@ describe("the agent's log reader stalls (a pipe nobody reads, not closed)", () =
       return line === undefined ? undefined : Number(line.split(" ")[1])
     }
     const dropped = await droppedNow()
-    // 10,000 engine lines of ~300 bytes each is ~3 MB: past the 1 MiB bound, most of them are dropped.
+    // 10,000 engine lines of ~300 bytes each is ~3 MB: past the bound of 1 Mi characters (ASCII here), most of them are dropped.
     expect(dropped).toBeGreaterThan(5_000)
     // Read again: the next line the agent writes (SIGHUP's) is preceded by the count.
     const log = followLines(proc.stderr)
@@ -149,7 +149,7 @@ describe("the agent's log reader stalls (a pipe nobody reads, not closed)", () =
     ) as Record<string, unknown>
     expect(warning.level).toBe("warn")
     expect(warning.dropped).toBeGreaterThanOrEqual(dropped as number)
-    // What waited was bounded: the lines read before the warning are the pipe's 64 KiB plus at most 1 MiB.
+    // What waited was bounded: the lines read before the warning are the pipe's 64 KiB plus at most 1 Mi characters.
     const before = log.lines.slice(
       0,
       log.lines.findIndex((l) => l.includes("log: lines dropped"))

@@ -36,9 +36,12 @@ export interface GrpcServerOptions {
   readonly tls?: TlsSource | undefined
   /** Pending text per stream before the engine read pauses (default 64 Ki chars). */
   readonly maxPendingChars?: number
-  /** How long shutdown waits for running calls before cancelling them (default 5 s). */
+  /** How long shutdown waits for running calls before cancelling them (default CLOSE_GRACE). */
   readonly shutdownGraceMs?: number
 }
+
+/** How long the server's close waits for calls still open (a router that stopped reading) before it cuts them. */
+export const CLOSE_GRACE = Duration.seconds(5)
 
 /**
  * Listens on `address` (`host:port`, IPv6 hosts in brackets), the value of config `key`; succeeds with the bound
@@ -108,7 +111,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
   const endWatches = addHealth(server, serving.health.implementation)
   addReflection(server, [AGENT_SERVICE, HEALTH_SERVICE])
 
-  const grace = options.shutdownGraceMs ?? 5_000
+  const grace = options.shutdownGraceMs ?? Duration.toMillis(CLOSE_GRACE)
   const port = yield* Effect.acquireRelease(bind(server, address, "agent.listen_grpc"), () =>
     Effect.sync(() => {
       serving.setOverride("NOT_SERVING")

@@ -24,6 +24,9 @@ import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
 import { mirrorToMetrics } from "./gpuMetrics.ts"
 import { type NvmlThread, spawnThread } from "./nvmlThread.ts"
 
+/** How long NVML may take to answer, and so to shut down when a call is in flight (the shutdown bound counts it). */
+export const CALL_TIMEOUT = Duration.seconds(10)
+
 export interface NvmlOptions {
   /** Path or soname of the library; default: env CGN_NVML_LIBRARY, else libnvidia-ml.so.1. "" or "none": off. */
   readonly library?: string
@@ -31,7 +34,7 @@ export interface NvmlOptions {
   readonly maxAge?: Duration.Input
   /** The longest wait between two tries to open NVML again (default 1 minute; the first is after ~1 s). */
   readonly retryMax?: Duration.Input
-  /** How long a reader waits for NVML (an open, a sample) before it reports no GPUs (default 10 seconds). */
+  /** How long a reader waits for NVML (an open, a sample) before it reports no GPUs (default CALL_TIMEOUT). */
   readonly callTimeout?: Duration.Input
   /** Sees each worker thread started (tests count and watch them). */
   readonly onWorker?: (worker: Worker) => void
@@ -239,7 +242,7 @@ const open = (worker: string, options: NvmlOptions) => {
         library,
         maxAge: options.maxAge ?? Duration.seconds(2),
         retryMaxMs: millis(options.retryMax ?? Duration.minutes(1)),
-        callTimeout: Duration.fromInputUnsafe(options.callTimeout ?? Duration.seconds(10)),
+        callTimeout: Duration.fromInputUnsafe(options.callTimeout ?? CALL_TIMEOUT),
         onWorker: options.onWorker
       })
 }

@@ -101,14 +101,16 @@ const toJson = (record: Record<string, unknown>): string => {
 }
 
 /**
- * Bytes of log lines written and not yet taken by the stderr reader past which new lines are dropped. Node writes
+ * Characters of log lines written and not yet taken by the stderr reader past which new lines are dropped: UTF-16
+ * code units, what process.stderr.writableLength counts for string writes (not UTF-8 bytes: 1 Mi of them is at most
+ * 2 MiB of string memory, 3 MiB once encoded, with non-ASCII engine output such as CJK text). Node writes
  * a pipe without blocking (libuv makes it non-blocking, uv_pipe_open): what the reader has not taken waits in
  * process.stderr's memory. A log collector that stalls without closing the pipe (journald under load, a stuck
  * container log driver) grew the agent's memory without bound, an engine's whole output with it (measured: the
  * backlog at 2 MB a second of lines, for as long as the stall lasted). Files and terminals are written
  * synchronously and never have a backlog.
  */
-export const MAX_LOG_BACKLOG_BYTES = 1024 * 1024
+export const MAX_LOG_BACKLOG_CHARS = 1024 * 1024
 
 /** Lines dropped since the last one written, and since the start (cgn_agent_log_lines_dropped_total). */
 const drops = { pending: 0, total: 0 }
@@ -119,8 +121,8 @@ export const droppedLogLines = (): number => drops.total
 /**
  * The logger: `logRecord` of each call at or above `threshold()`, one JSON line on stderr; nothing for the
  * others. The threshold is read per call so a SIGHUP can move it (fibers keep the MinimumLogLevel they started
- * with, so that reference stays at its lowest and this is the filter). While `backlog()` (bytes written and not
- * yet read) is past MAX_LOG_BACKLOG_BYTES a line is dropped and counted; the next line written is preceded by a
+ * with, so that reference stays at its lowest and this is the filter). While `backlog()` (characters written and not
+ * yet read) is past MAX_LOG_BACKLOG_CHARS a line is dropped and counted; the next line written is preceded by a
  * warning with the count.
  */
 export const jsonLines = (
@@ -129,7 +131,7 @@ export const jsonLines = (
 ): Logger.Logger<unknown, void> =>
   Logger.make(({ date, logLevel, message, cause, fiber }) => {
     if (LogLevelModule.isGreaterThan(threshold(), logLevel)) return
-    if (backlog() > MAX_LOG_BACKLOG_BYTES) {
+    if (backlog() > MAX_LOG_BACKLOG_CHARS) {
       drops.pending++
       drops.total++
       return
@@ -142,7 +144,7 @@ export const jsonLines = (
           level: "warn",
           msg: "log: lines dropped, stderr was not being read",
           dropped: drops.pending,
-          backlog_limit_bytes: MAX_LOG_BACKLOG_BYTES
+          backlog_limit_chars: MAX_LOG_BACKLOG_CHARS
         })
       )
       drops.pending = 0

@@ -17,6 +17,12 @@
  * 9 frames (~144 KiB; "Too many CONTINUATION frames", its CVE-2024-27316 guard). 64 KiB is the most that no list
  * within the limit can reach either, so a client that keeps to the advertised limit never ends the connection.
  *
+ * The limit holds from the client's acknowledgement of the server's SETTINGS on (nghttp2 applies a local setting
+ * once it is acknowledged, RFC 9113 section 6.5.3): a request in a connection's first flight, sent before that,
+ * is taken whatever its size (measured: a raw client's first call with 80 KB of metadata served, the same call
+ * next on that connection reset; grpc-js waits for the server's SETTINGS, so its first call is refused too). Such
+ * a list is still bounded by nghttp2's own limits above (~144 KiB).
+ *
  * Past it Node resets that one stream with ENHANCE_YOUR_CALM, which gRPC maps to RESOURCE_EXHAUSTED
  * (PROTOCOL-HTTP2.md "Errors"; grpc-js src/subchannel-call.ts, grpc-go internal/transport/http_util.go). The limit
  * goes to the client in SETTINGS, and grpc-go's client checks it before sending: the call fails there, INTERNAL
