@@ -7,10 +7,12 @@ import { Console, Duration, Effect } from "effect"
 import { Command, Flag } from "effect/cli"
 import { requireAdminToken } from "../layers/admin/Admin.ts"
 import { engineFor, resolvePlan } from "../layers/engine/backends/index.ts"
+import * as MemoryCgroupLive from "../layers/node/MemoryCgroup.ts"
 import { etcdOptions } from "../layers/registry/etcdClient.ts"
 import { readMaterial, readOne, securityFiles } from "../layers/tls/tlsMaterial.ts"
 import { type AgentConfig, ConfigError } from "../services/config/Config.ts"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
+import { type CgroupVersion, formatBytes, type MemoryLimit } from "../services/node/MemoryCgroup.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
 import { nvmlWorkerEntry } from "./programPaths.ts"
 import { shutdownBound } from "./shutdownBound.ts"
@@ -70,11 +72,41 @@ const shutdownSummary = (c: AgentConfig): string => {
   return `within ${Duration.format(bound)}, every peer hung (terminationGracePeriodSeconds: at least ${seconds})`
 }
 
+/** The agent's memory cgroup as check read it on this host: its hierarchy and limit (undefined: not known). */
+export interface MemoryReading {
+  readonly version: CgroupVersion | undefined
+  readonly limit: MemoryLimit | undefined
+}
+
+/** The memory cgroup's limit (the engine runs in the agent's cgroup: one container, one limit). */
+const memorySummary = (m: MemoryReading | undefined): string => {
+  if (m === undefined) return "not read (--offline)"
+  if (m.version === undefined) return "unknown (no memory cgroup found)"
+  if (m.limit === undefined) return `unknown (cgroup ${m.version}: the limit is unreadable)`
+  return `${m.limit === "none" ? "none" : formatBytes(m.limit)} (cgroup ${m.version})`
+}
+
+/**
+ * A warning when engine.kvbm_cpu_cache_gb (KVBM's GB: 10^9 bytes, ai-dynamo/dynamo kvbm leader
+ * `cache_size_gb * 1_000_000_000`) is at or above the memory cgroup's limit: the CPU cache tier alone would take
+ * the engine over it, and the kernel's OOM killer would end every run. Undefined otherwise.
+ */
+export const memoryWarning = (c: AgentConfig, m: MemoryReading | undefined): string | undefined => {
+  const gb = c.engine.kvbm_cpu_cache_gb
+  if (gb === undefined || typeof m?.limit !== "number" || gb * 1e9 < m.limit) return undefined
+  return (
+    `warning: engine.kvbm_cpu_cache_gb = ${gb} (${formatBytes(gb * 1e9)}) is at or above the memory limit of the ` +
+    `agent's cgroup (${formatBytes(m.limit)}), which the engine shares: the CPU cache tier alone would be killed by ` +
+    "the kernel's OOM killer. Raise the container's memory limit or lower engine.kvbm_cpu_cache_gb"
+  )
+}
+
 /**
  * The summary `check` prints: one `key: value` line per fact an operator checks first. `plan`: the launch plan
- * resolved on this host (with NVML, it names the GPUs an automatic assignment takes).
+ * resolved on this host (with NVML, it names the GPUs an automatic assignment takes); `memory`: the agent's memory
+ * cgroup on this host (undefined with --offline).
  */
-export const summarize = (c: AgentConfig, plan?: LaunchPlan): string => {
+export const summarize = (c: AgentConfig, plan?: LaunchPlan, memory?: MemoryReading): string => {
   const m = c.model
   const lines: Array<[string, string]> = [
     ["engine", `${c.engine.kind} at ${c.engine.url}`],
@@ -84,6 +116,7 @@ export const summarize = (c: AgentConfig, plan?: LaunchPlan): string => {
     ["gpus", gpusSummary(c, plan)],
     ["role", c.agent.role],
     ["kv_offload", c.engine.kv_offload],
+    ["memory limit", memorySummary(memory)],
     ["kv events", kvEventsSummary(c)],
     ["grpc", `${c.agent.listen_grpc}${c.security.require_mtls ? " (mTLS)" : ""}`],
     ["health", c.agent.listen_health === undefined ? "off" : `${c.agent.listen_health} (plaintext, health only)`],
@@ -98,6 +131,12 @@ export const summarize = (c: AgentConfig, plan?: LaunchPlan): string => {
   const width = Math.max(...lines.map(([k]) => k.length)) + 1
   return [`${c.file ?? "<inline>"}: ok`, ...lines.map(([k, v]) => `  ${`${k}:`.padEnd(width)} ${v}`)].join("\n")
 }
+
+/** The agent's memory cgroup on this host, read as the daemon reads it (layers/node/MemoryCgroup.ts). */
+const readMemory: Effect.Effect<MemoryReading> = Effect.gen(function* () {
+  const cgroup = yield* MemoryCgroupLive.make
+  return { version: cgroup.version, limit: yield* cgroup.limit }
+})
 
 export const check = Command.make(
   "check",
@@ -116,7 +155,11 @@ export const check = Command.make(
       yield* preflight(c, { offline })
       // the plan too: with NVML on this host, a tp x dp it cannot hold (or a GPU it lacks) is refused here
       const plan = offline ? undefined : yield* resolvePlan(c, nvmlWorkerEntry())
-      yield* Console.log(summarize(c, plan))
+      const memory = offline ? undefined : yield* readMemory
+      yield* Console.log(summarize(c, plan, memory))
+      // A warning, not a problem: the limit is the host's, and may be raised before the engine's cache fills.
+      const warning = memoryWarning(c, memory)
+      if (warning !== undefined) yield* Console.error(warning)
     })
 ).pipe(
   Command.withDescription(

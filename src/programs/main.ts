@@ -18,6 +18,7 @@ import * as GrpcServerLive from "../layers/grpc/GrpcServer.ts"
 import * as HealthListener from "../layers/grpc/HealthListener.ts"
 import * as KvBridgeLive from "../layers/kv/KvBridge.ts"
 import * as EventLoopLagLive from "../layers/node/EventLoopLag.ts"
+import * as MemoryCgroupLive from "../layers/node/MemoryCgroup.ts"
 import * as NodeStatusLive from "../layers/node/NodeStatus.ts"
 import * as NvmlLive from "../layers/node/Nvml.ts"
 import * as Logging from "../layers/observability/Logging.ts"
@@ -48,7 +49,13 @@ import { shutdownBound } from "./shutdownBound.ts"
  * spawns the engine at once), the engine client, admission, GPUs, TLS material, drain lever, NodeStatus.
  */
 export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
-  const base = Layer.mergeAll(Layer.succeed(Config, config), MetricsLive.layer, EventLoopLagLive.layer())
+  // The memory cgroup before the supervisor: each engine run's exit says whether the kernel's OOM killer ended it.
+  const base = Layer.mergeAll(
+    Layer.succeed(Config, config),
+    MetricsLive.layer,
+    EventLoopLagLive.layer(),
+    MemoryCgroupLive.layer
+  )
   const services = Layer.mergeAll(
     // The supervisor spawns engine runs through the orphan guard program; a layer never computes a program's path.
     EngineProcessLive.layer.pipe(Layer.provide(EngineHostLive.layer(guardEntry()))),
@@ -160,9 +167,7 @@ export const daemon = Effect.scoped(
         }
       })
     )
-    const grpc = yield* Layer.build(
-      GrpcServerLive.layerWith({ tls: tls.serverTls })
-    )
+    const grpc = yield* Layer.build(GrpcServerLive.layerWith({ tls: tls.serverTls }))
     // Plaintext health for the kubelet's gRPC probe, which cannot do mTLS (layers/grpc/HealthListener.ts).
     if (config.agent.listen_health !== undefined)
       yield* HealthListener.serve(config.agent.listen_health, Context.get(grpc, GrpcServer).healthState)

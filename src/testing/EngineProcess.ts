@@ -45,7 +45,9 @@ export const testExit = (run: number, reason = "exited"): ExitRecord => ({
   endedAt: 1,
   runtimeMs: 1,
   reason,
-  lastLines: []
+  lastLines: [],
+  oomKills: undefined,
+  memoryLimitBytes: undefined
 })
 
 export const layerTest = (

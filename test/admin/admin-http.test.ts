@@ -28,7 +28,20 @@ const exit: ExitRecord = {
   endedAt: Date.parse("2025-01-01T00:00:05Z"),
   runtimeMs: 5000,
   reason: "exited",
-  lastLines: ["[stderr] CUDA out of memory"]
+  lastLines: ["[stderr] CUDA out of memory"],
+  oomKills: undefined,
+  memoryLimitBytes: undefined
+}
+/** A later run the kernel's OOM killer ended: its kills in the agent's memory cgroup and the cgroup's limit. */
+const oomExit: ExitRecord = {
+  ...exit,
+  run: 1,
+  code: null,
+  signal: "SIGKILL",
+  startedAt: exit.endedAt,
+  endedAt: exit.endedAt + 5000,
+  oomKills: 2,
+  memoryLimitBytes: 8 * 2 ** 30
 }
 
 const fakeEngine = Layer.effect(
@@ -41,7 +54,7 @@ const fakeEngine = Layer.effect(
       changes: Effect.never as never,
       awaitReady: Effect.void,
       restarts: Effect.succeed(1),
-      exits: Effect.succeed([exit]),
+      exits: Effect.succeed([oomExit, exit]),
       pid: Effect.succeed(4321),
       stop: Effect.void
     }
@@ -170,6 +183,19 @@ describe("admin HTTP on loopback", () => {
     expect(body.engine.pid).toBe(4321)
     expect(body.engine.exits).toEqual([
       {
+        run: 1,
+        pid: 4242,
+        code: null,
+        signal: "SIGKILL",
+        reason: "exited",
+        startedAt: "2025-01-01T00:00:05.000Z",
+        endedAt: "2025-01-01T00:00:10.000Z",
+        runtimeMs: 5000,
+        oomKills: 2,
+        memoryLimitBytes: 8589934592,
+        lastLines: ["[stderr] CUDA out of memory"]
+      },
+      {
         run: 0,
         pid: 4242,
         code: 1,
@@ -178,6 +204,9 @@ describe("admin HTTP on loopback", () => {
         startedAt: "2025-01-01T00:00:00.000Z",
         endedAt: "2025-01-01T00:00:05.000Z",
         runtimeMs: 5000,
+        // unknown: null, not left out, so a reader tells "not known" from "no such field"
+        oomKills: null,
+        memoryLimitBytes: null,
         lastLines: ["[stderr] CUDA out of memory"]
       }
     ])

@@ -7,6 +7,7 @@ import {
   type BackoffPolicy,
   backoffDelay,
   describeExit,
+  describeStatus,
   Event,
   failingOf,
   failingReason,
@@ -26,7 +27,9 @@ const exitOf = (run: number): ExitRecord => ({
   endedAt: 1500,
   runtimeMs: 1500,
   reason: "exited",
-  lastLines: ["[stderr] boom"]
+  lastLines: ["[stderr] boom"],
+  oomKills: undefined,
+  memoryLimitBytes: undefined
 })
 
 const states = {
@@ -242,6 +245,60 @@ describe("describeExit", () => {
     assert.strictEqual(
       describeExit({ ...exitOf(0), pid: undefined, code: null, signal: "SIGKILL", reason: "stopped" }),
       "run 0 (pid -) ended: stopped, signal SIGKILL, after 1.5 s"
+    )
+  })
+})
+
+// The kernel's OOM killer, from the kills it made in the agent's memory cgroup during the run (ExitRecord.oomKills):
+// said where the exit is told (the restart log line, the crash-loop reason, NodeHealth's engine detail), only when
+// the count rose.
+describe("OOM kills in an exit", () => {
+  const gib8 = 8 * 2 ** 30
+  it.each([
+    [
+      "SIGKILL, the count rose: killed by the OOM killer",
+      { code: null, signal: "SIGKILL", reason: "exited", oomKills: 1, memoryLimitBytes: gib8 },
+      "signal SIGKILL, killed by the kernel's OOM killer (1 kill in the agent's memory cgroup, limit 8.0 GiB)"
+    ],
+    [
+      "several kills, no limit known",
+      { code: null, signal: "SIGKILL", reason: "exited", oomKills: 3, memoryLimitBytes: undefined },
+      "signal SIGKILL, killed by the kernel's OOM killer (3 kills in the agent's memory cgroup)"
+    ],
+    [
+      "an exit code (a worker killed, the leader exited after it): kills during the run",
+      { code: 1, signal: null, reason: "exited", oomKills: 2, memoryLimitBytes: gib8 },
+      "exit code 1, 2 OOM kills in the agent's memory cgroup during this run (limit 8.0 GiB)"
+    ],
+    [
+      "SIGKILL from the agent's own stop of an unhealthy engine: kills during the run, not the killer",
+      { code: null, signal: "SIGKILL", reason: "unhealthy: probe timeout", oomKills: 1, memoryLimitBytes: gib8 },
+      "signal SIGKILL, 1 OOM kill in the agent's memory cgroup during this run (limit 8.0 GiB)"
+    ],
+    [
+      "SIGKILL, the count did not rise",
+      { code: null, signal: "SIGKILL", reason: "exited", oomKills: 0, memoryLimitBytes: gib8 },
+      "signal SIGKILL"
+    ],
+    [
+      "SIGKILL, the count unknown (no cgroup: macOS)",
+      { code: null, signal: "SIGKILL", reason: "exited", oomKills: undefined, memoryLimitBytes: undefined },
+      "signal SIGKILL"
+    ]
+  ] as const)("%s", (_, exit, text) => assert.strictEqual(describeStatus(exit), text))
+
+  it("reaches the exit's log line and the crash-loop reason", () => {
+    const killed = { ...exitOf(4), code: null, signal: "SIGKILL", oomKills: 1, memoryLimitBytes: 2 ** 29 }
+    assert.strictEqual(
+      describeExit(killed),
+      "run 4 (pid 4242) ended: exited, signal SIGKILL, killed by the kernel's OOM killer (1 kill in the agent's " +
+        "memory cgroup, limit 512.0 MiB), after 1.5 s"
+    )
+    const policy: BackoffPolicy = { initialMs: 100, maxMs: 1000, stableAfterMs: 10_000, crashLoopAfter: 1 }
+    assert.strictEqual(
+      failingReason(nextRestart(policy, 0, undefined, 1), killed),
+      "engine failing: 1 runs in a row ended before being stable, the last: exited (signal SIGKILL, killed by the " +
+        "kernel's OOM killer (1 kill in the agent's memory cgroup, limit 512.0 MiB)); still retrying with backoff"
     )
   })
 })

@@ -15,6 +15,7 @@ import type { SupervisorSettings } from "../../src/layers/engine/supervisorSetti
 import { EngineHost, type RunExit } from "../../src/services/engine/EngineHost.ts"
 import { EngineProcess, type EngineState } from "../../src/services/engine/EngineProcess.ts"
 import { testPlan } from "../../src/testing/EngineProcess.ts"
+import { settle } from "../support/poll.ts"
 import { freePort } from "../support/ports.ts"
 
 /** A spawned fake run: the test reports its pid and ends it; `stops` counts the supervisor's teardowns. */
@@ -82,16 +83,6 @@ const makeFakeHost = Effect.gen(function* () {
   })
   return { host, runs, up, seen }
 })
-
-/** Lets every fiber (and real fs/socket I/O) run until `done` holds; a bounded poll, never a sleep. */
-const settle = (what: string, done: Effect.Effect<boolean>) =>
-  Effect.gen(function* () {
-    for (let i = 0; i < 5_000; i++) {
-      if (yield* done) return
-      yield* Effect.promise(() => new Promise((resolve) => setImmediate(resolve)))
-    }
-    return yield* Effect.die(new Error(`did not settle: ${what}`))
-  })
 
 /** Lets everything runnable run (a fixed number of rounds), for asserting that nothing happened. */
 const quiesce = Effect.gen(function* () {

@@ -30,7 +30,9 @@ const exit: ExitRecord = {
   endedAt: 3000,
   runtimeMs: 3000,
   reason: "exited",
-  lastLines: []
+  lastLines: [],
+  oomKills: undefined,
+  memoryLimitBytes: undefined
 }
 
 describe("NodeHealthView (pure)", () => {
@@ -58,6 +60,11 @@ describe("NodeHealthView (pure)", () => {
     expect(
       engineDetail(State.Restarting({ attempt: 3, nextAt: 5000, lastExit: exit, failing: "engine failing: x" }), 1000)
     ).toMatch(/^engine failing: x; restart 3 in 4s; run 0/)
+    // the OOM killer's part of the exit, as every reader of NodeHealth (routers, /readyz) sees it
+    const oom = { ...exit, code: 1, oomKills: 1, memoryLimitBytes: 256 * 2 ** 30 }
+    expect(engineDetail(State.Restarting({ attempt: 1, nextAt: 5000, lastExit: oom }), 1000)).toContain(
+      "ended: exited, exit code 1, 1 OOM kill in the agent's memory cgroup during this run (limit 256.0 GiB)"
+    )
     expect(ratePerSecond({ total: 10, at: 0 }, { total: 60, at: 500 })).toBe(100)
     expect(ratePerSecond({ total: 10, at: 0 }, { total: 5, at: 500 })).toBe(0) // counter reset
     expect(ratePerSecond({ total: 10, at: 100 }, { total: 20, at: 100 })).toBe(0)

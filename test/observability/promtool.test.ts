@@ -1,7 +1,7 @@
 // /metrics of a real run (the built agent, the simulator as its vLLM engine, the KV bridge on) passes
 // `promtool check metrics` (Prometheus' own linter: Debian package `prometheus`), and every metric the
 // shipped Grafana dashboard (examples/grafana/cgn-agent.json) and the shipped rules
-// (examples/prometheus/cgn-agent-rules.yaml) read exists on that page.
+// (examples/prometheus/cgn-agent-rules.yaml) read exists on that page, and README names every agent series on it.
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
@@ -63,5 +63,17 @@ describe("/metrics of a real run", () => {
     // A series that first appears at 1 shows no increase: the stall alert would miss a process's first stall.
     expect(page).toMatch(/^cgn_agent_engine_stream_stalls_total\{model="m"\} 0$/m)
     expect(page).toMatch(/^cgn_agent_relayed_tokens_total\{model="m"\} [1-9]/m)
+    // and of the engine's OOM kills (CgnAgentEngineOomKilled fires on its first increase)
+    expect(page).toMatch(/^cgn_agent_engine_oom_kills_total 0$/m)
+  })
+
+  it("has only agent series README's Metrics paragraph names (a new series needs its words there)", () => {
+    const readme = fs.readFileSync(path.join(repoRoot, "README.md"), "utf8")
+    const start = readme.indexOf("Metrics (prefix `cgn_agent_`)")
+    const paragraph = readme.slice(start, readme.indexOf("\nNaming rules", start))
+    const named = new Set([...paragraph.matchAll(/`([a-z_]+)(?:\{[^`]*\})?`/g)].map((m) => m[1]))
+    const families = [...page.matchAll(/^# TYPE cgn_agent_(\S+) /gm)].map((m) => m[1]!)
+    expect(families.length).toBeGreaterThan(40)
+    expect(families.filter((f) => !named.has(f))).toEqual([])
   })
 })

@@ -1,6 +1,7 @@
 // `cgn-agent check`'s summary: it shows dp next to tp; the GPUs an automatic assignment takes on this host (check
 // resolves them through NVML, as run does), and none for an engine the agent hands no GPUs (mlx, openai_compat);
-// and whether the KV events the engine publishes reach cgn-kvcached (`run` forwards them only to a `[kv].uds`).
+// and whether the KV events the engine publishes reach cgn-kvcached (`run` forwards them only to a `[kv].uds`); the
+// memory limit of the agent's cgroup, which the engine shares, and a warning when KVBM's CPU tier alone reaches it.
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
@@ -8,9 +9,10 @@ import { Result } from "effect"
 import { afterAll, describe, expect, it } from "vitest"
 import { decodeConfig } from "../../src/layers/config/Config.ts"
 import { engineFor } from "../../src/layers/engine/backends/index.ts"
-import { summarize } from "../../src/programs/check.ts"
+import { memoryWarning, summarize } from "../../src/programs/check.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"
 import { runCli } from "../support/cli.ts"
+import { canCreateMemoryCgroup, createMemoryCgroup } from "../support/memoryCgroup.ts"
 import { buildFakeNvml } from "../support/nvml.ts"
 
 const load = (text: string): AgentConfig => {
@@ -86,4 +88,66 @@ describe("check on a host with NVML (a fake libnvidia-ml.so with two GPUs)", () 
     const rendered = await runCli(["render", "--config", "examples/dev.toml"], env)
     expect(rendered.stdout).toContain("CUDA_VISIBLE_DEVICES=0")
   })
+})
+
+describe("check and the memory cgroup", () => {
+  const kvbm = (gb: number) =>
+    load(`[engine]\nkv_offload = "kvbm"\nkvbm_cpu_cache_gb = ${gb}\n[models.m]\nhf_repo = "a/b"\n`)
+  const plain = load('[models.m]\nhf_repo = "a/b"\n')
+
+  it("prints the limit and where it was read; none, unknown, not read offline", () => {
+    expect(line(summarize(plain, undefined, { version: "v2", limit: 256 * 2 ** 30 }), "memory limit")).toBe(
+      "256.0 GiB (cgroup v2)"
+    )
+    expect(line(summarize(plain, undefined, { version: "v1", limit: "none" }), "memory limit")).toBe("none (cgroup v1)")
+    expect(line(summarize(plain, undefined, { version: "v2", limit: undefined }), "memory limit")).toBe(
+      "unknown (cgroup v2: the limit is unreadable)"
+    )
+    expect(line(summarize(plain, undefined, { version: undefined, limit: undefined }), "memory limit")).toBe(
+      "unknown (no memory cgroup found)"
+    )
+    expect(line(summarize(plain), "memory limit")).toBe("not read (--offline)")
+  })
+
+  it("warns when engine.kvbm_cpu_cache_gb (10^9 bytes) is at or above the limit, and only then", () => {
+    const limit = { version: "v2" as const, limit: 256 * 2 ** 30 }
+    expect(memoryWarning(kvbm(300), limit)).toBe(
+      "warning: engine.kvbm_cpu_cache_gb = 300 (279.4 GiB) is at or above the memory limit of the agent's cgroup " +
+        "(256.0 GiB), which the engine shares: the CPU cache tier alone would be killed by the kernel's OOM killer. " +
+        "Raise the container's memory limit or lower engine.kvbm_cpu_cache_gb"
+    )
+    // 274.877906944 GB is 256 GiB exactly: at the limit
+    expect(memoryWarning(kvbm(274.877906944), limit)).toMatch(/^warning: /)
+    expect(memoryWarning(kvbm(274.8), limit)).toBeUndefined()
+    expect(memoryWarning(kvbm(300), { version: "v2", limit: "none" })).toBeUndefined()
+    expect(memoryWarning(kvbm(300), { version: undefined, limit: undefined })).toBeUndefined()
+    expect(memoryWarning(kvbm(300), undefined)).toBeUndefined()
+    expect(memoryWarning(plain, limit)).toBeUndefined()
+  })
+
+  it.skipIf(!canCreateMemoryCgroup)(
+    "inside a 512 MiB cgroup: the limit, and the warning on stderr with exit 0 (needs a memory cgroup it can create)",
+    async () => {
+      const cgroup = createMemoryCgroup(`cgn-check-${process.pid}`, 512 * 2 ** 20)
+      const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-check-memory-"))
+      try {
+        const file = path.join(dir, "kvbm.toml")
+        fs.writeFileSync(file, '[engine]\nkv_offload = "kvbm"\nkvbm_cpu_cache_gb = 1\n[models.m]\nhf_repo = "a/b"\n')
+        const r = await runCli(["check", "--config", file], {}, cgroup.enter)
+        expect(r.code, r.stderr).toBe(0)
+        expect(line(r.stdout, "memory limit")).toBe(`512.0 MiB (cgroup ${cgroup.version})`)
+        expect(r.stderr).toContain(
+          "warning: engine.kvbm_cpu_cache_gb = 1 (953.7 MiB) is at or above the memory limit of the agent's cgroup " +
+            "(512.0 MiB)"
+        )
+        const offline = await runCli(["check", "--offline", "--config", file], {}, cgroup.enter)
+        expect(offline.code).toBe(0)
+        expect(line(offline.stdout, "memory limit")).toBe("not read (--offline)")
+        expect(offline.stderr).not.toContain("warning")
+      } finally {
+        await cgroup.remove()
+        fs.rmSync(dir, { recursive: true, force: true })
+      }
+    }
+  )
 })

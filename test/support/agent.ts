@@ -41,6 +41,11 @@ export interface StartAgentOptions {
   readonly awaitReady?: boolean
   /** Readiness bound, default 20 s. */
   readonly readyTimeoutMs?: number
+  /**
+   * A command that runs the agent's command line after it (it must exec it, so the pid is the agent's): e.g. a shell
+   * that enters a cgroup first (support/memoryCgroup.ts `enter`).
+   */
+  readonly launcher?: ReadonlyArray<string>
 }
 
 export interface AgentHandle {
@@ -147,7 +152,9 @@ export const startAgent = async (options: StartAgentOptions): Promise<AgentHandl
   const grpcAddress = String(agent.listen_grpc ?? "0.0.0.0:7071")
   const adminUrl = `http://${String(agent.listen_admin ?? "127.0.0.1:9091")}`
 
-  const proc = spawn(process.execPath, [agentEntry, "run", "--config", configPath, ...(options.args ?? [])], {
+  const argv = [process.execPath, agentEntry, "run", "--config", configPath, ...(options.args ?? [])]
+  const [command, ...args] = [...(options.launcher ?? []), ...argv] as [string, ...Array<string>]
+  const proc = spawn(command, args, {
     cwd: dir,
     env: { ...process.env, ...options.env },
     stdio: ["ignore", "pipe", "pipe"]

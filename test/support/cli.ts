@@ -12,18 +12,21 @@ export interface CliRun {
   readonly stderr: string
 }
 
-/** Runs `cgn-agent ARGS`; CGN_AGENT_CONFIG is cleared unless `env` sets it, so the caller's shell cannot leak in. */
-export const runCli = (args: ReadonlyArray<string>, env: Record<string, string> = {}): Promise<CliRun> =>
+/**
+ * Runs `cgn-agent ARGS`; CGN_AGENT_CONFIG is cleared unless `env` sets it, so the caller's shell cannot leak in.
+ * `launcher`: a command that execs the command line after it (e.g. into a cgroup: support/memoryCgroup.ts `enter`).
+ */
+export const runCli = (
+  args: ReadonlyArray<string>,
+  env: Record<string, string> = {},
+  launcher: ReadonlyArray<string> = []
+): Promise<CliRun> =>
   new Promise((resolve) => {
     const childEnv: Record<string, string | undefined> = { ...process.env, ...env }
     if (!("CGN_AGENT_CONFIG" in env)) delete childEnv.CGN_AGENT_CONFIG
-    execFile(
-      process.execPath,
-      [MAIN, ...args],
-      { cwd: ROOT, env: childEnv, timeout: 30_000 },
-      (error, stdout, stderr) => {
-        const code = error === null ? 0 : typeof error.code === "number" ? error.code : -1
-        resolve({ code, stdout, stderr })
-      }
-    )
+    const [command, ...argv] = [...launcher, process.execPath, MAIN, ...args] as [string, ...Array<string>]
+    execFile(command, argv, { cwd: ROOT, env: childEnv, timeout: 30_000 }, (error, stdout, stderr) => {
+      const code = error === null ? 0 : typeof error.code === "number" ? error.code : -1
+      resolve({ code, stdout, stderr })
+    })
   })

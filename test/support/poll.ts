@@ -1,6 +1,8 @@
-// The one bounded poll the tests use to wait for a condition they cannot await as an event (a process
+// The bounded polls the tests use (settle: the same inside an Effect test) to wait for a condition they cannot await as an event (a process
 // gone, a key written, a counter reached). Failing fast on a deadline, with what was awaited and the
 // last error in the message, beats a sleep: a slow CI machine only makes the poll take longer.
+
+import { Effect } from "effect"
 
 /**
  * Calls `check` every `intervalMs` until it gives a value other than undefined or false, and resolves
@@ -26,3 +28,16 @@ export const pollUntil = async <A>(
   }
   throw new Error(`timed out after ${timeoutMs}ms waiting for ${what}${lastError ? `: ${String(lastError)}` : ""}`)
 }
+
+/**
+ * Inside an Effect test: lets every fiber (and real fs/socket I/O, one event-loop turn per step) run until `done`
+ * holds; a bounded poll, never a sleep. Dies with `what` past the bound.
+ */
+export const settle = (what: string, done: Effect.Effect<boolean>) =>
+  Effect.gen(function* () {
+    for (let i = 0; i < 5_000; i++) {
+      if (yield* done) return
+      yield* Effect.promise(() => new Promise((resolve) => setImmediate(resolve)))
+    }
+    return yield* Effect.die(new Error(`did not settle: ${what}`))
+  })

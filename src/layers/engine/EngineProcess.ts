@@ -27,6 +27,8 @@ import {
   transition
 } from "../../services/engine/EngineState.ts"
 import { GpuGate } from "../../services/engine/GpuGate.ts"
+import { MemoryCgroup } from "../../services/node/MemoryCgroup.ts"
+import { Metrics } from "../../services/observability/Metrics.ts"
 import { reclaim } from "./pidFile.ts"
 import { keepExit, type RunRefs, runOnce } from "./runOnce.ts"
 import { holdStateDir } from "./stateLock.ts"
@@ -62,6 +64,9 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
   }
   // optional: no gate in tests that do not build one, or on a host without NVML it is open anyway
   const gate = yield* Effect.serviceOption(GpuGate)
+  // optional too: without them (tests, a host without cgroups) exits say nothing about the OOM killer
+  const memory = Option.getOrUndefined(yield* Effect.serviceOption(MemoryCgroup))
+  const metrics = Option.getOrUndefined(yield* Effect.serviceOption(Metrics))
   // A proxied server is not started, only probed: each run, the first included, begins there.
   const firstPhase = plan.spawns ? "spawning" : "probing"
 
@@ -70,7 +75,8 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
   )
   const refs: RunRefs = {
     exits: yield* Ref.make<ReadonlyArray<ExitRecord>>([]),
-    currentPid: yield* Ref.make<number | undefined>(undefined)
+    currentPid: yield* Ref.make<number | undefined>(undefined),
+    oomKillsTotal: metrics?.engineOomKills
   }
   const restarts = yield* Ref.make(0)
   const stopRequested = yield* Deferred.make<void>()
@@ -87,13 +93,13 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
         log === undefined ? Effect.void : typeof log === "string" ? Effect.logDebug(log) : Effect.logInfo(...log)
       )
     )
-  const supervision: Supervision = { plan, settings, host, publish }
+  const supervision: Supervision = { plan, settings, host, publish, memory }
 
   const loop = Effect.gen(function* () {
     let attempt = 0
     for (let run = 0; ; run++) {
       const { record, readyAt } = yield* Effect.scoped(runOnce(supervision, refs, gate, run))
-      yield* keepExit(refs.exits, record)
+      yield* keepExit(refs, record)
       const next = nextRestart(settings.backoff, attempt, readyAt, record.endedAt)
       attempt = next.attempt
       const failing = failingReason(next, record)

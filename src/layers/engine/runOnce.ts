@@ -5,10 +5,12 @@
  */
 import * as process from "node:process"
 import { Clock, Deferred, Effect, Option, Ref } from "effect"
+import type { Counter } from "prom-client"
 import { type EngineRun, valueIfDone } from "../../services/engine/EngineHost.ts"
 import type { ExitRecord } from "../../services/engine/EngineProcess.ts"
 import { Event } from "../../services/engine/EngineState.ts"
 import type { GpuGateService } from "../../services/engine/GpuGate.ts"
+import { type MemoryCgroupService, oomKillsDuring } from "../../services/node/MemoryCgroup.ts"
 import { redactArgv, redactEnv } from "./backends/redact.ts"
 import { pidFileOfRun, pidFilePath } from "./pidFile.ts"
 import { type Supervision, watchRun } from "./watch.ts"
@@ -19,18 +21,46 @@ const EXITS_KEPT = 20
 export interface RunRefs {
   readonly exits: Ref.Ref<ReadonlyArray<ExitRecord>>
   readonly currentPid: Ref.Ref<number | undefined>
+  /** cgn_agent_engine_oom_kills_total, when the agent has metrics. */
+  readonly oomKillsTotal: Counter | undefined
 }
 
 interface Spawned {
   readonly run: EngineRun
   readonly pid: number | undefined
+  /** The memory cgroup's OOM kill count just before the spawn. */
+  readonly oomKillsBefore: number | undefined
 }
 
-export const keepExit = (exits: RunRefs["exits"], record: ExitRecord) =>
-  Ref.update(exits, (xs) => [record, ...xs].slice(0, EXITS_KEPT))
+/** Keeps an ended run's record (bounded) and counts the OOM kills made during it. */
+export const keepExit = (refs: RunRefs, record: ExitRecord) =>
+  Ref.update(refs.exits, (xs) => [record, ...xs].slice(0, EXITS_KEPT)).pipe(
+    Effect.andThen(
+      Effect.sync(() => {
+        if (record.oomKills !== undefined && record.oomKills > 0) refs.oomKillsTotal?.inc(record.oomKills)
+      })
+    )
+  )
+
+/** The OOM kills in the memory cgroup since the spawn (read now, the run being over), and the cgroup's limit. */
+const memoryForensics = (memory: MemoryCgroupService | undefined, spawned: Spawned | undefined) =>
+  Effect.gen(function* () {
+    if (memory === undefined || spawned === undefined) return { oomKills: undefined, memoryLimitBytes: undefined }
+    const [after, limit] = yield* Effect.all([memory.oomKills, memory.limit])
+    return {
+      oomKills: oomKillsDuring(spawned.oomKillsBefore, after),
+      memoryLimitBytes: typeof limit === "number" ? limit : undefined
+    }
+  })
 
 /** How a run ended, from what its host reported by now (a run that never spawned has no status). */
-const exitRecord = (run: number, since: number, spawned: Spawned | undefined, reason: string) =>
+const exitRecord = (
+  run: number,
+  since: number,
+  spawned: Spawned | undefined,
+  reason: string,
+  memory: MemoryCgroupService | undefined
+) =>
   Effect.gen(function* () {
     const ex = spawned === undefined ? undefined : yield* valueIfDone(spawned.run.exited)
     const startedAt = spawned?.run.startedAt ?? since
@@ -44,7 +74,8 @@ const exitRecord = (run: number, since: number, spawned: Spawned | undefined, re
       endedAt,
       runtimeMs: endedAt - startedAt,
       reason: reason === "exited" && ex?.problem !== undefined ? ex.problem : reason,
-      lastLines: spawned === undefined ? [] : yield* spawned.run.lastLines
+      lastLines: spawned === undefined ? [] : yield* spawned.run.lastLines,
+      ...(yield* memoryForensics(memory, spawned))
     }
     return record
   })
@@ -65,15 +96,17 @@ const spawn = (
     yield* Effect.logInfo(`engine run ${run}: spawning`, { argv: redactArgv(plan.argv), env: redactEnv(plan.env) })
     // Acquired before the run, so removed after the run's teardown has confirmed the group gone.
     const pidFile = yield* pidFileOfRun(pidFilePath(settings.stateDir))
+    // The OOM kill count at the spawn, read just before it: a kill in the run's first moments counts too.
+    const oomKillsBefore = s.memory === undefined ? undefined : yield* s.memory.oomKills
     // Known to the stop record at once: a stop while the pid is awaited still reports this run.
     const er = yield* s.host.spawn(plan, { run, graceMs: settings.stopGraceMs, linesKept: settings.linesKept }).pipe(
-      Effect.tap((er) => Ref.set(spawned, { run: er, pid: undefined })),
+      Effect.tap((er) => Ref.set(spawned, { run: er, pid: undefined, oomKillsBefore })),
       Effect.uninterruptible
     )
     const pid = yield* Deferred.await(er.pid).pipe(
       Effect.timeoutOrElse({ duration: 10_000, orElse: () => Effect.undefined })
     )
-    yield* Ref.set(spawned, { run: er, pid })
+    yield* Ref.set(spawned, { run: er, pid, oomKillsBefore })
     if (pid !== undefined) {
       const record = { agentPid: process.pid, guardPid: er.guardPid, pgid: pid, host: plan.host, port: plan.port }
       yield* pidFile.write({ ...record, startedAt: er.startedAt })
@@ -81,7 +114,7 @@ const spawn = (
       if (Option.isSome(gate)) yield* gate.value.spawned(pid)
       yield* s.publish(Event.Spawned({ run, pid, at: yield* Clock.currentTimeMillis }))
     }
-    return { run: er, pid } satisfies Spawned
+    return { run: er, pid, oomKillsBefore } satisfies Spawned
   })
 
 /** One run, to be run in its own scope: how it ended, and when it was Ready (undefined if never). */
@@ -98,7 +131,7 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
             const sp = yield* Ref.get(spawned)
             // The guard's exit report can trail the group's death by a moment.
             if (sp !== undefined) yield* Deferred.await(sp.run.exited).pipe(Effect.timeout(1_000), Effect.ignore)
-            yield* keepExit(refs.exits, yield* exitRecord(run, since, sp, "stopped"))
+            yield* keepExit(refs, yield* exitRecord(run, since, sp, "stopped", s.memory))
           })
         : Effect.void
     )
@@ -130,5 +163,5 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
       yield* Deferred.await(sp.run.exited).pipe(Effect.timeout(2_000), Effect.ignore)
       yield* sp.run.drainOutput(250)
     }
-    return { record: yield* exitRecord(run, since, sp, reason), readyAt: yield* valueIfDone(readyAt) }
+    return { record: yield* exitRecord(run, since, sp, reason, s.memory), readyAt: yield* valueIfDone(readyAt) }
   })

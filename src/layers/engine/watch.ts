@@ -7,6 +7,7 @@ import { Clock, Deferred, Effect } from "effect"
 import type { LaunchPlan } from "../../services/engine/Engine.ts"
 import type { EngineHostService, PortHolder, ProbeResult } from "../../services/engine/EngineHost.ts"
 import { Event, livenessStep, type SupervisorEvent } from "../../services/engine/EngineState.ts"
+import type { MemoryCgroupService } from "../../services/node/MemoryCgroup.ts"
 import type { SupervisorSettings } from "./supervisorSettings.ts"
 
 /** What the supervisor's parts share: the plan, the settings, the host seam and the one state writer. */
@@ -15,6 +16,8 @@ export interface Supervision {
   readonly settings: SupervisorSettings
   readonly host: EngineHostService
   readonly publish: (event: SupervisorEvent) => Effect.Effect<void>
+  /** The agent's memory cgroup, read at each run's spawn and end (OOM kills); undefined: not known. */
+  readonly memory: MemoryCgroupService | undefined
 }
 
 const now = Clock.currentTimeMillis

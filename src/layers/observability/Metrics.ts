@@ -72,6 +72,10 @@ const makeHandles = (registry: Registry): MetricHandles => {
     queued: gauge("queued_requests", "Generate calls waiting for an admission slot"),
     engineState: gauge("engine_state", "1 for the engine supervisor's current state", ["state"] as const),
     engineRestarts: counter("engine_restarts_total", "Engine restarts since the agent started"),
+    engineOomKills: counter(
+      "engine_oom_kills_total",
+      "Kills by the kernel's OOM killer in the agent's memory cgroup, where the engine runs, during engine runs"
+    ),
     engineLastExitCode: gauge(
       "engine_last_exit_code",
       "Exit code of the last engine run (no sample until a run exits with a code)"

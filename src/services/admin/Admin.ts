@@ -109,5 +109,9 @@ export const exitForensics = (exit: ExitRecord) => ({
   startedAt: new Date(exit.startedAt).toISOString(),
   endedAt: new Date(exit.endedAt).toISOString(),
   runtimeMs: exit.runtimeMs,
+  /** Kills by the kernel's OOM killer in the agent's memory cgroup during the run; null when unknown. */
+  oomKills: exit.oomKills ?? null,
+  /** The memory cgroup's limit, bytes; null when none or unknown. */
+  memoryLimitBytes: exit.memoryLimitBytes ?? null,
   lastLines: exit.lastLines
 })

@@ -20,6 +20,13 @@ export interface ExitRecord {
   readonly reason: string
   /** The last lines the engine printed (stdout and stderr, tagged). */
   readonly lastLines: ReadonlyArray<string>
+  /**
+   * The kills the kernel's OOM killer made in the agent's memory cgroup (the engine's too) from the run's spawn to
+   * its end; undefined when unknown (no cgroup found, the count unreadable) or nothing was spawned.
+   */
+  readonly oomKills: number | undefined
+  /** The memory cgroup's limit at the run's end, bytes; undefined when there is none or it is unknown. */
+  readonly memoryLimitBytes: number | undefined
 }
 
 /** Why the supervisor cannot start (or keep) the engine; only layer construction fails with it. */

@@ -5,6 +5,7 @@
  * and the liveness failure counter. No I/O and no clock: every time comes in on an event.
  */
 import { Data, Result } from "effect"
+import { formatBytes } from "../node/MemoryCgroup.ts"
 import type { EngineState, ExitRecord } from "./EngineProcess.ts"
 
 /** Constructors and matchers for the states. */
@@ -169,9 +170,30 @@ export const livenessStep = (
   return { failures: next, lost: next >= threshold }
 }
 
-/** "exit code 1" / "signal SIGKILL" / "no exit status". */
-export const describeStatus = (exit: Pick<ExitRecord, "code" | "signal">): string =>
-  exit.signal !== null ? `signal ${exit.signal}` : exit.code !== null ? `exit code ${exit.code}` : "no exit status"
+/**
+ * "exit code 1" / "signal SIGKILL" / "no exit status", and the OOM killer's part when its count in the agent's
+ * memory cgroup rose during the run: an engine that exited on a SIGKILL was killed by it; any other end (a worker
+ * killed and the leader exiting after it, a stop of a wedged engine) says only that kills happened. Nothing when
+ * the count did not rise or is unknown.
+ */
+export const describeStatus = (
+  exit: Pick<ExitRecord, "code" | "signal" | "reason" | "oomKills" | "memoryLimitBytes">
+): string => {
+  const status =
+    exit.signal !== null ? `signal ${exit.signal}` : exit.code !== null ? `exit code ${exit.code}` : "no exit status"
+  const kills = exit.oomKills ?? 0
+  if (kills === 0) return status
+  const limit = exit.memoryLimitBytes === undefined ? "" : `limit ${formatBytes(exit.memoryLimitBytes)}`
+  if (exit.signal === "SIGKILL" && exit.reason === "exited")
+    return (
+      `${status}, killed by the kernel's OOM killer ` +
+      `(${kills} ${kills === 1 ? "kill" : "kills"} in the agent's memory cgroup${limit === "" ? "" : `, ${limit}`})`
+    )
+  return (
+    `${status}, ${kills} OOM ${kills === 1 ? "kill" : "kills"} in the agent's memory cgroup during this run` +
+    (limit === "" ? "" : ` (${limit})`)
+  )
+}
 
 /** One log line for an ended run: reason, status, runtime. */
 export const describeExit = (exit: ExitRecord): string =>

@@ -34,6 +34,11 @@ export interface MetricHandles {
   readonly engineState: Gauge<"state">
   /** Mirrored from EngineProcess.restarts: set it with `setCounter`. */
   readonly engineRestarts: Counter
+  /**
+   * Kills by the kernel's OOM killer in the agent's memory cgroup (where the engine runs) during engine runs, added
+   * as each run ends. Unlabelled: a 0 sample from the start, so increase() sees the first kill.
+   */
+  readonly engineOomKills: Counter
   /** Exit code of the last engine run; no sample while none has exited with a code (see `setOptional`). */
   readonly engineLastExitCode: Gauge
   /** 1 while the engine is failing (several runs in a row ended before being stable; still retried), else 0. */

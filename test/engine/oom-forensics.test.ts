@@ -1,0 +1,170 @@
+// The supervisor's engine-run forensics for the OOM killer (layers/engine/runOnce.ts): the agent's memory cgroup's
+// kill count is read at each run's spawn and at its end, and the run's ExitRecord carries the difference and the
+// cgroup's limit; cgn_agent_engine_oom_kills_total adds each run's kills. The production EngineProcess with a fake
+// EngineHost (nothing spawned) and a MemoryCgroup whose count the test moves, on a TestClock. The real kernel's OOM
+// kill, through the built agent: test/engine/oom-kill.test.ts.
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { assert, describe, it } from "@effect/vitest"
+import { Clock, Context, Deferred, Effect, Layer, Logger, Ref } from "effect"
+import { TestClock } from "effect/testing"
+import { layerFromPlan } from "../../src/layers/engine/EngineProcess.ts"
+import type { SupervisorSettings } from "../../src/layers/engine/supervisorSettings.ts"
+import { EngineHost, type RunExit } from "../../src/services/engine/EngineHost.ts"
+import { EngineProcess, type ExitRecord } from "../../src/services/engine/EngineProcess.ts"
+import { MemoryCgroup, type MemoryLimit } from "../../src/services/node/MemoryCgroup.ts"
+import { Metrics } from "../../src/services/observability/Metrics.ts"
+import { testPlan } from "../../src/testing/EngineProcess.ts"
+import * as MetricsTest from "../../src/testing/Metrics.ts"
+import { settle } from "../support/poll.ts"
+
+/** Runs the test ends one by one; each is spawned at once, its pid above Linux's pid_max (nothing alive). */
+const fakeHost = Effect.gen(function* () {
+  const runs = yield* Ref.make<ReadonlyArray<Deferred.Deferred<RunExit>>>([])
+  const host = EngineHost.of({
+    spawn: (_plan, options) =>
+      Effect.gen(function* () {
+        const pid = yield* Deferred.make<number | undefined>()
+        yield* Deferred.succeed(pid, 4_194_304 + 1_000 + options.run)
+        const exited = yield* Deferred.make<RunExit>()
+        const stop = Deferred.succeed(exited, { code: null, signal: "SIGTERM", problem: undefined }).pipe(
+          Effect.as("terminated" as const)
+        )
+        yield* Effect.addFinalizer(() => stop)
+        yield* Ref.update(runs, (xs) => [...xs, exited])
+        return {
+          startedAt: yield* Clock.currentTimeMillis,
+          guardPid: undefined,
+          pid,
+          exited,
+          lastLines: Effect.succeed([]),
+          stop,
+          drainOutput: () => Effect.void,
+          portHolder: () => Effect.succeed("unknown" as const)
+        }
+      }),
+    probe: () => Effect.succeed({ ok: false as const, reason: "connection refused", phase: "waiting for port" })
+  })
+  return { host, runs }
+})
+
+const settings = (stateDir: string): SupervisorSettings => ({
+  startupTimeoutMs: 600_000,
+  stopGraceMs: 500,
+  livenessIntervalMs: 1_000,
+  livenessFailures: 3,
+  backoff: { initialMs: 1_000, maxMs: 1_000, stableAfterMs: 600_000, crashLoopAfter: 10 },
+  stateDir,
+  verifyListener: false,
+  probeIntervalMs: 500,
+  progressEveryMs: 60_000,
+  linesKept: 10
+})
+
+/**
+ * The supervisor over the fake host, with a MemoryCgroup reading `count` and `limit` (none: no MemoryCgroup at
+ * all) and the test Metrics; `end(exit, kills)` adds `kills` to the count and ends the current run with `exit`.
+ */
+const supervise = (cgroup: { readonly count: Ref.Ref<number | undefined>; readonly limit: MemoryLimit } | "none") =>
+  Effect.gen(function* () {
+    const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-oom-"))
+    yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(stateDir, { recursive: true, force: true })))
+    const fake = yield* fakeHost
+    const memory =
+      cgroup === "none"
+        ? Layer.empty
+        : Layer.succeed(
+            MemoryCgroup,
+            MemoryCgroup.of({ version: "v2", oomKills: Ref.get(cgroup.count), limit: Effect.succeed(cgroup.limit) })
+          )
+    const context = yield* Layer.build(
+      layerFromPlan(testPlan({ port: 1 }), settings(stateDir)).pipe(
+        Layer.provideMerge(Layer.mergeAll(Layer.succeed(EngineHost, fake.host), memory, MetricsTest.layerTest)),
+        Layer.provide(Logger.layer([]))
+      )
+    )
+    const engine = Context.get(context, EngineProcess)
+    const metrics = Context.get(context, Metrics)
+    const end = (n: number, exit: Omit<RunExit, "problem">, kills = 0) =>
+      Effect.gen(function* () {
+        yield* settle(
+          `run ${n} spawned`,
+          Effect.map(Ref.get(fake.runs), (xs) => xs.length > n)
+        )
+        if (cgroup !== "none" && kills > 0) yield* Ref.update(cgroup.count, (c) => (c ?? 0) + kills)
+        yield* Deferred.succeed((yield* Ref.get(fake.runs))[n]!, { ...exit, problem: undefined })
+        yield* settle(
+          `run ${n} recorded`,
+          Effect.map(engine.exits, (xs) => xs.length > n)
+        )
+        yield* TestClock.adjust(1_000)
+        return (yield* engine.exits)[0]!
+      })
+    const oomCounter = Effect.promise(() => metrics.engineOomKills.get()).pipe(
+      Effect.map((m) => m.values.map((v) => v.value))
+    )
+    return { engine, end, oomCounter }
+  })
+
+const forensics = (x: ExitRecord) => ({
+  signal: x.signal,
+  code: x.code,
+  oomKills: x.oomKills,
+  limit: x.memoryLimitBytes
+})
+
+describe("engine runs and the OOM killer", () => {
+  it.effect("each run's exit carries the kills made during it and the limit; the counter adds them up", () =>
+    Effect.gen(function* () {
+      const count = yield* Ref.make<number | undefined>(5)
+      const s = yield* supervise({ count, limit: 8 * 2 ** 30 })
+      // 0 from the start: increase() sees the first kill
+      assert.deepStrictEqual(yield* s.oomCounter, [0])
+
+      const killed = yield* s.end(0, { code: null, signal: "SIGKILL" }, 1)
+      assert.deepStrictEqual(forensics(killed), { signal: "SIGKILL", code: null, oomKills: 1, limit: 8 * 2 ** 30 })
+      assert.deepStrictEqual(yield* s.oomCounter, [1])
+
+      // a worker killed twice, the leader exiting with a code: the kills are the run's all the same
+      const worker = yield* s.end(1, { code: 1, signal: null }, 2)
+      assert.deepStrictEqual(forensics(worker), { signal: null, code: 1, oomKills: 2, limit: 8 * 2 ** 30 })
+      assert.deepStrictEqual(yield* s.oomCounter, [3])
+
+      // a SIGKILL from elsewhere: the count did not move
+      const other = yield* s.end(2, { code: null, signal: "SIGKILL" })
+      assert.deepStrictEqual(forensics(other), { signal: "SIGKILL", code: null, oomKills: 0, limit: 8 * 2 ** 30 })
+
+      // the count unreadable at the end: unknown, not 0, and nothing counted
+      yield* Ref.set(count, undefined)
+      const unknown = yield* s.end(3, { code: null, signal: "SIGKILL" }, 1)
+      assert.strictEqual(unknown.oomKills, undefined)
+      assert.deepStrictEqual(yield* s.oomCounter, [3])
+      yield* s.engine.stop
+    })
+  )
+
+  it.effect("no limit on the cgroup: the kills without one", () =>
+    Effect.gen(function* () {
+      const s = yield* supervise({ count: yield* Ref.make<number | undefined>(0), limit: "none" })
+      const killed = yield* s.end(0, { code: null, signal: "SIGKILL" }, 1)
+      assert.deepStrictEqual(forensics(killed), { signal: "SIGKILL", code: null, oomKills: 1, limit: undefined })
+      yield* s.engine.stop
+    })
+  )
+
+  it.effect("no memory cgroup (macOS, a laptop): unknown, and the counter stays 0", () =>
+    Effect.gen(function* () {
+      const s = yield* supervise("none")
+      const killed = yield* s.end(0, { code: null, signal: "SIGKILL" })
+      assert.deepStrictEqual(forensics(killed), {
+        signal: "SIGKILL",
+        code: null,
+        oomKills: undefined,
+        limit: undefined
+      })
+      assert.deepStrictEqual(yield* s.oomCounter, [0])
+      yield* s.engine.stop
+    })
+  )
+})
