@@ -12,7 +12,7 @@ import { etcdOptions } from "../layers/registry/etcdClient.ts"
 import { readMaterial, readOne, securityFiles } from "../layers/tls/tlsMaterial.ts"
 import { type AgentConfig, ConfigError } from "../services/config/Config.ts"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
-import { type CgroupVersion, formatBytes, type MemoryLimit } from "../services/node/MemoryCgroup.ts"
+import { type CgroupVersion, cpuCacheOverLimit, formatBytes, type MemoryLimit } from "../services/node/MemoryCgroup.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
 import { nvmlWorkerEntry } from "./programPaths.ts"
 import { shutdownBound } from "./shutdownBound.ts"
@@ -87,21 +87,6 @@ const memorySummary = (m: MemoryReading | undefined): string => {
 }
 
 /**
- * A warning when engine.kvbm_cpu_cache_gb (KVBM's GB: 10^9 bytes, ai-dynamo/dynamo kvbm leader
- * `cache_size_gb * 1_000_000_000`) is at or above the memory cgroup's limit: the CPU cache tier alone would take
- * the engine over it, and the kernel's OOM killer would end every run. Undefined otherwise.
- */
-export const memoryWarning = (c: AgentConfig, m: MemoryReading | undefined): string | undefined => {
-  const gb = c.engine.kvbm_cpu_cache_gb
-  if (gb === undefined || typeof m?.limit !== "number" || gb * 1e9 < m.limit) return undefined
-  return (
-    `warning: engine.kvbm_cpu_cache_gb = ${gb} (${formatBytes(gb * 1e9)}) is at or above the memory limit of the ` +
-    `agent's cgroup (${formatBytes(m.limit)}), which the engine shares: the CPU cache tier alone would be killed by ` +
-    "the kernel's OOM killer. Raise the container's memory limit or lower engine.kvbm_cpu_cache_gb"
-  )
-}
-
-/**
  * The summary `check` prints: one `key: value` line per fact an operator checks first. `plan`: the launch plan
  * resolved on this host (with NVML, it names the GPUs an automatic assignment takes); `memory`: the agent's memory
  * cgroup on this host (undefined with --offline).
@@ -158,8 +143,8 @@ export const check = Command.make(
       const memory = offline ? undefined : yield* readMemory
       yield* Console.log(summarize(c, plan, memory))
       // A warning, not a problem: the limit is the host's, and may be raised before the engine's cache fills.
-      const warning = memoryWarning(c, memory)
-      if (warning !== undefined) yield* Console.error(warning)
+      const warning = cpuCacheOverLimit(plan?.cpuCache, memory?.limit)
+      if (warning !== undefined) yield* Console.error(`warning: ${warning}`)
     })
 ).pipe(
   Command.withDescription(

@@ -679,3 +679,26 @@ describe("redactPlan", () => {
     expect(p.argv).toContain("sk-1")
   })
 })
+
+// The CPU KV-cache tier's size as the engine will see it (LaunchPlan.cpuCache): the memory cgroup's limit is checked
+// against it at start and by `check` (services/node/MemoryCgroup.ts cpuCacheOverLimit).
+describe("the engine's CPU KV-cache tier in the plan", () => {
+  const kvbm = (engine: Record<string, unknown> = {}) =>
+    plan({ engine: { kv_offload: "kvbm", kvbm_cpu_cache_gb: 300, ...engine } })
+  it("KVBM: engine.kvbm_cpu_cache_gb in KVBM's GB (10^9 bytes), [engine].env winning, a block count making it unknown", () => {
+    expect(kvbm().cpuCache).toEqual({ setting: "DYN_KVBM_CPU_CACHE_GB=300", bytes: 300e9 })
+    expect(kvbm({ env: { DYN_KVBM_CPU_CACHE_GB: "2.5" } }).cpuCache).toEqual({
+      setting: "DYN_KVBM_CPU_CACHE_GB=2.5",
+      bytes: 2.5e9
+    })
+    expect(kvbm({ env: { DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS: "1000" } }).cpuCache).toBeUndefined()
+    expect(kvbm({ env: { DYN_KVBM_CPU_CACHE_GB: "lots" } }).cpuCache).toBeUndefined()
+    expect(plan({ engine: { kv_offload: "kvbm", kvbm_disk_cache_gb: 10 } }).cpuCache).toBeUndefined()
+  })
+  it("no tier sized by the plan: none for other offloads and engines", () => {
+    expect(plan({ engine: { kv_offload: "lmcache" } }).cpuCache).toBeUndefined()
+    expect(plan({ engine: { kind: "sglang" } }).cpuCache).toBeUndefined()
+    // the variable means nothing without KVBM
+    expect(plan({ engine: { env: { DYN_KVBM_CPU_CACHE_GB: "300" } } }).cpuCache).toBeUndefined()
+  })
+})

@@ -168,3 +168,57 @@ describe("engine runs and the OOM killer", () => {
     })
   )
 })
+
+describe("the engine's CPU KV-cache tier against the memory limit, at start", () => {
+  /** The warnings the supervisor logs while it is built with `plan` and a cgroup limited to 8 GiB. */
+  const startWarnings = (cpuCache: { readonly setting: string; readonly bytes: number } | undefined) =>
+    Effect.gen(function* () {
+      const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-oom-"))
+      yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(stateDir, { recursive: true, force: true })))
+      const warnings: Array<string> = []
+      const collect = Logger.make<unknown, void>(({ logLevel, message }) => {
+        if (logLevel === "Warn") warnings.push(String(Array.isArray(message) ? message[0] : message))
+      })
+      const fake = yield* fakeHost
+      const cgroup = MemoryCgroup.of({ version: "v2", oomKills: Effect.succeed(0), limit: Effect.succeed(8 * 2 ** 30) })
+      const context = yield* Layer.build(
+        layerFromPlan({ ...testPlan({ port: 1 }), ...(cpuCache ? { cpuCache } : {}) }, settings(stateDir)).pipe(
+          Layer.provideMerge(
+            Layer.mergeAll(
+              Layer.succeed(EngineHost, fake.host),
+              Layer.succeed(MemoryCgroup, cgroup),
+              MetricsTest.layerTest
+            )
+          ),
+          Layer.provide(Logger.layer([collect]))
+        )
+      )
+      yield* Context.get(context, EngineProcess).stop
+      return warnings
+    })
+
+  it.effect("a tier at or above the limit is logged once as a warning; one below it, or none, is not", () =>
+    Effect.gen(function* () {
+      const over = yield* startWarnings({ setting: "DYN_KVBM_CPU_CACHE_GB=10", bytes: 10e9 })
+      assert.deepStrictEqual(
+        over.filter((w) => w.includes("CPU KV-cache tier")),
+        [
+          "the engine's CPU KV-cache tier (DYN_KVBM_CPU_CACHE_GB=10: 9.3 GiB) is at or above the memory limit of the " +
+            "agent's cgroup (8.0 GiB), which the engine shares: the kernel's OOM killer would end the engine as the " +
+            "tier fills. Raise the container's memory limit or lower the tier (engine.kvbm_cpu_cache_gb, or the " +
+            "variable in [engine].env)"
+        ]
+      )
+      const under = yield* startWarnings({ setting: "DYN_KVBM_CPU_CACHE_GB=4", bytes: 4e9 })
+      assert.deepStrictEqual(
+        under.filter((w) => w.includes("CPU KV-cache tier")),
+        []
+      )
+      const none = yield* startWarnings(undefined)
+      assert.deepStrictEqual(
+        none.filter((w) => w.includes("CPU KV-cache tier")),
+        []
+      )
+    })
+  )
+})

@@ -11,6 +11,7 @@ import { Effect, Result } from "effect"
 import { afterAll, describe, expect, it } from "vitest"
 import { fromFiles, locate } from "../../src/layers/node/MemoryCgroup.ts"
 import {
+  cpuCacheOverLimit,
   formatBytes,
   locateMemoryCgroup,
   type MemoryCgroupFiles,
@@ -298,5 +299,26 @@ describe("the live reader", () => {
     expect(fs.existsSync(found.success.limitFile)).toBe(true)
     const reader = fromFiles(found.success)
     expect(typeof (await Effect.runPromise(reader.limit))).toMatch(/number|string/)
+  })
+})
+
+describe("cpuCacheOverLimit: the engine's CPU KV-cache tier against the cgroup's limit", () => {
+  const tier = (gb: number) => ({ setting: `DYN_KVBM_CPU_CACHE_GB=${gb}`, bytes: gb * 1e9 })
+  const limit = 256 * 2 ** 30
+  it("says so at or above the limit, with the setting, both sizes and what to do", () => {
+    expect(cpuCacheOverLimit(tier(300), limit)).toBe(
+      "the engine's CPU KV-cache tier (DYN_KVBM_CPU_CACHE_GB=300: 279.4 GiB) is at or above the memory limit of the " +
+        "agent's cgroup (256.0 GiB), which the engine shares: the kernel's OOM killer would end the engine as the tier " +
+        "fills. Raise the container's memory limit or lower the tier (engine.kvbm_cpu_cache_gb, or the variable in " +
+        "[engine].env)"
+    )
+    // 274.877906944 GB is 256 GiB exactly: at the limit
+    expect(cpuCacheOverLimit(tier(274.877906944), limit)).toBeDefined()
+  })
+  it("nothing below the limit, without a limit, or without a tier", () => {
+    expect(cpuCacheOverLimit(tier(274.8), limit)).toBeUndefined()
+    expect(cpuCacheOverLimit(tier(300), "none")).toBeUndefined()
+    expect(cpuCacheOverLimit(tier(300), undefined)).toBeUndefined()
+    expect(cpuCacheOverLimit(undefined, limit)).toBeUndefined()
   })
 })

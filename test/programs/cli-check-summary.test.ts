@@ -9,7 +9,7 @@ import { Result } from "effect"
 import { afterAll, describe, expect, it } from "vitest"
 import { decodeConfig } from "../../src/layers/config/Config.ts"
 import { engineFor } from "../../src/layers/engine/backends/index.ts"
-import { memoryWarning, summarize } from "../../src/programs/check.ts"
+import { summarize } from "../../src/programs/check.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"
 import { runCli } from "../support/cli.ts"
 import { canCreateMemoryCgroup, createMemoryCgroup } from "../support/memoryCgroup.ts"
@@ -91,8 +91,6 @@ describe("check on a host with NVML (a fake libnvidia-ml.so with two GPUs)", () 
 })
 
 describe("check and the memory cgroup", () => {
-  const kvbm = (gb: number) =>
-    load(`[engine]\nkv_offload = "kvbm"\nkvbm_cpu_cache_gb = ${gb}\n[models.m]\nhf_repo = "a/b"\n`)
   const plain = load('[models.m]\nhf_repo = "a/b"\n')
 
   it("prints the limit and where it was read; none, unknown, not read offline", () => {
@@ -109,22 +107,6 @@ describe("check and the memory cgroup", () => {
     expect(line(summarize(plain), "memory limit")).toBe("not read (--offline)")
   })
 
-  it("warns when engine.kvbm_cpu_cache_gb (10^9 bytes) is at or above the limit, and only then", () => {
-    const limit = { version: "v2" as const, limit: 256 * 2 ** 30 }
-    expect(memoryWarning(kvbm(300), limit)).toBe(
-      "warning: engine.kvbm_cpu_cache_gb = 300 (279.4 GiB) is at or above the memory limit of the agent's cgroup " +
-        "(256.0 GiB), which the engine shares: the CPU cache tier alone would be killed by the kernel's OOM killer. " +
-        "Raise the container's memory limit or lower engine.kvbm_cpu_cache_gb"
-    )
-    // 274.877906944 GB is 256 GiB exactly: at the limit
-    expect(memoryWarning(kvbm(274.877906944), limit)).toMatch(/^warning: /)
-    expect(memoryWarning(kvbm(274.8), limit)).toBeUndefined()
-    expect(memoryWarning(kvbm(300), { version: "v2", limit: "none" })).toBeUndefined()
-    expect(memoryWarning(kvbm(300), { version: undefined, limit: undefined })).toBeUndefined()
-    expect(memoryWarning(kvbm(300), undefined)).toBeUndefined()
-    expect(memoryWarning(plain, limit)).toBeUndefined()
-  })
-
   it.skipIf(!canCreateMemoryCgroup)(
     "inside a 512 MiB cgroup: the limit, and the warning on stderr with exit 0 (needs a memory cgroup it can create)",
     async () => {
@@ -137,8 +119,8 @@ describe("check and the memory cgroup", () => {
         expect(r.code, r.stderr).toBe(0)
         expect(line(r.stdout, "memory limit")).toBe(`512.0 MiB (cgroup ${cgroup.version})`)
         expect(r.stderr).toContain(
-          "warning: engine.kvbm_cpu_cache_gb = 1 (953.7 MiB) is at or above the memory limit of the agent's cgroup " +
-            "(512.0 MiB)"
+          "warning: the engine's CPU KV-cache tier (DYN_KVBM_CPU_CACHE_GB=1: 953.7 MiB) is at or above the memory " +
+            "limit of the agent's cgroup (512.0 MiB)"
         )
         const offline = await runCli(["check", "--offline", "--config", file], {}, cgroup.enter)
         expect(offline.code).toBe(0)

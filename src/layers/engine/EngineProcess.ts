@@ -27,7 +27,7 @@ import {
   transition
 } from "../../services/engine/EngineState.ts"
 import { GpuGate } from "../../services/engine/GpuGate.ts"
-import { MemoryCgroup } from "../../services/node/MemoryCgroup.ts"
+import { cpuCacheOverLimit, MemoryCgroup } from "../../services/node/MemoryCgroup.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import { reclaim } from "./pidFile.ts"
 import { keepExit, type RunRefs, runOnce } from "./runOnce.ts"
@@ -66,6 +66,11 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
   const gate = yield* Effect.serviceOption(GpuGate)
   // optional too: without them (tests, a host without cgroups) exits say nothing about the OOM killer
   const memory = Option.getOrUndefined(yield* Effect.serviceOption(MemoryCgroup))
+  // Said once at start, as `cgn-agent check` says it: a tier that outgrows the shared limit is killed every run.
+  if (memory !== undefined && plan.cpuCache !== undefined) {
+    const warning = cpuCacheOverLimit(plan.cpuCache, yield* memory.limit)
+    if (warning !== undefined) yield* Effect.logWarning(warning)
+  }
   const metrics = Option.getOrUndefined(yield* Effect.serviceOption(Metrics))
   // A proxied server is not started, only probed: each run, the first included, begins there.
   const firstPhase = plan.spawns ? "spawning" : "probing"

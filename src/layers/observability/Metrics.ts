@@ -112,7 +112,7 @@ const makeHandles = (registry: Registry): MetricHandles => {
     ),
     logLinesDropped: counter(
       "log_lines_dropped_total",
-      "Log lines dropped because the stderr reader did not take them (more than 1 MiB written and not read)"
+      "Log lines dropped because the stderr reader did not take them (more than 1 Mi characters written and not read)"
     ),
     traceSpans: counter(
       "trace_spans_total",

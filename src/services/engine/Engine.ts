@@ -120,6 +120,12 @@ export interface LaunchPlan {
   readonly gpus?: ReadonlyArray<number>
   /** What the backend sees wrong with a valid config for this engine, logged once at start (not refused). */
   readonly warnings?: ReadonlyArray<string>
+  /**
+   * Host memory the engine's CPU KV-cache tier takes once full, as the final environment sizes it (`[engine].env`
+   * included, which wins), and the setting that says so; absent when the plan sizes none (the agent's memory cgroup
+   * is checked against it: services/node/MemoryCgroup.ts cpuCacheOverLimit).
+   */
+  readonly cpuCache?: { readonly setting: string; readonly bytes: number }
 }
 
 /** One backend. */

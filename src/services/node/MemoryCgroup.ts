@@ -175,6 +175,22 @@ export const oomKillsDuring = (atSpawn: number | undefined, atEnd: number | unde
 export const formatBytes = (bytes: number): string =>
   bytes >= 2 ** 30 ? `${(bytes / 2 ** 30).toFixed(1)} GiB` : `${(bytes / 2 ** 20).toFixed(1)} MiB`
 
+/**
+ * What to tell an operator when the engine's CPU KV-cache tier, once full, reaches the memory limit of the agent's
+ * cgroup, which the engine shares: the kernel's OOM killer would end the engine as the tier fills, every run.
+ * Undefined when it does not, or either side is unknown (no tier, no limit).
+ */
+export const cpuCacheOverLimit = (
+  cpuCache: { readonly setting: string; readonly bytes: number } | undefined,
+  limit: MemoryLimit | undefined
+): string | undefined =>
+  cpuCache === undefined || typeof limit !== "number" || cpuCache.bytes < limit
+    ? undefined
+    : `the engine's CPU KV-cache tier (${cpuCache.setting}: ${formatBytes(cpuCache.bytes)}) is at or above the ` +
+      `memory limit of the agent's cgroup (${formatBytes(limit)}), which the engine shares: the kernel's OOM killer ` +
+      "would end the engine as the tier fills. Raise the container's memory limit or lower the tier " +
+      "(engine.kvbm_cpu_cache_gb, or the variable in [engine].env)"
+
 /** The reads, each made when asked (nothing is cached: the count moves, the limit can be changed). */
 export interface MemoryCgroupService {
   /** Which hierarchy the agent's memory cgroup is on; undefined when none was found. */

@@ -117,6 +117,26 @@ export interface PlanParts {
   /** Defaults to the served name. */
   readonly requestModel?: string
   readonly warnings?: ReadonlyArray<string>
+  /**
+   * The variable that sizes the engine's CPU KV-cache tier, its unit in bytes, and a variable that sizes the tier
+   * another way when set (a block count: the size is then unknown here) (LaunchPlan.cpuCache).
+   */
+  readonly cpuCacheVariable?:
+    | { readonly name: string; readonly bytesPerUnit: number; readonly unlessSet?: string }
+    | undefined
+}
+
+/** LaunchPlan.cpuCache from the final environment: the variable's value when it is a positive number. */
+const cpuCacheOf = (
+  env: Readonly<Record<string, string>>,
+  variable: PlanParts["cpuCacheVariable"]
+): LaunchPlan["cpuCache"] => {
+  const overridden = variable?.unlessSet !== undefined && (env[variable.unlessSet] ?? "").trim() !== ""
+  const value = variable === undefined || overridden ? undefined : env[variable.name]
+  const units = value === undefined || value.trim() === "" ? Number.NaN : Number(value)
+  return variable !== undefined && Number.isFinite(units) && units > 0
+    ? { setting: `${variable.name}=${value}`, bytes: units * variable.bytesPerUnit }
+    : undefined
 }
 
 /**
@@ -127,29 +147,34 @@ export const resolveCommand = (command: ReadonlyArray<string>, execPath: string)
   command[0] === "node" ? [execPath, ...command.slice(1)] : command
 
 /** Builds the LaunchPlan of a spawned engine. */
-export const assemble = (config: AgentConfig, listen: Listen, parts: PlanParts): LaunchPlan => ({
-  kind: config.engine.kind,
-  spawns: true,
-  argv: [
-    ...(config.engine.command === undefined
-      ? parts.executable
-      : resolveCommand(config.engine.command, process.execPath)),
-    ...parts.args,
-    ...config.model.args,
-    ...config.engine.args
-  ],
-  env: { ...parts.env, ...config.engine.env },
-  baseUrl: listen.baseUrl,
-  host: listen.host,
-  port: listen.port,
-  probe: parts.probe,
-  liveness: livenessOf(config, listen, parts.liveness, parts.probe),
-  metrics: parts.metrics,
-  kvEvents: parts.kvEvents,
-  servedModel: config.model.served_name,
-  requestModel: parts.requestModel ?? config.model.served_name,
-  ...(parts.warnings !== undefined && parts.warnings.length > 0 ? { warnings: parts.warnings } : {})
-})
+export const assemble = (config: AgentConfig, listen: Listen, parts: PlanParts): LaunchPlan => {
+  const env = { ...parts.env, ...config.engine.env }
+  const cpuCache = cpuCacheOf(env, parts.cpuCacheVariable)
+  return {
+    kind: config.engine.kind,
+    spawns: true,
+    argv: [
+      ...(config.engine.command === undefined
+        ? parts.executable
+        : resolveCommand(config.engine.command, process.execPath)),
+      ...parts.args,
+      ...config.model.args,
+      ...config.engine.args
+    ],
+    env,
+    baseUrl: listen.baseUrl,
+    host: listen.host,
+    port: listen.port,
+    probe: parts.probe,
+    liveness: livenessOf(config, listen, parts.liveness, parts.probe),
+    metrics: parts.metrics,
+    kvEvents: parts.kvEvents,
+    servedModel: config.model.served_name,
+    requestModel: parts.requestModel ?? config.model.served_name,
+    ...(parts.warnings !== undefined && parts.warnings.length > 0 ? { warnings: parts.warnings } : {}),
+    ...(cpuCache !== undefined ? { cpuCache } : {})
+  }
+}
 
 /** `[flag, value]` when the value is set, else nothing: for optional model settings. */
 export const optionalFlag = (flag: string, value: number | string | undefined): ReadonlyArray<string> =>

@@ -113,6 +113,12 @@ export const vllm: Engine = {
         ...blockSizeArgs(config, events !== undefined)
       ],
       env: { ...nixlEnv, ...kvbmEnv },
+      // KVBM's GB is 10^9 bytes, and a block count set instead wins (ai-dynamo/dynamo
+      // lib/llm/src/block_manager/distributed/leader.rs compute_num_blocks: cache_size_in_gb * 1_000_000_000.0)
+      cpuCacheVariable:
+        config.engine.kv_offload === "kvbm"
+          ? { name: "DYN_KVBM_CPU_CACHE_GB", bytesPerUnit: 1e9, unlessSet: "DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS" }
+          : undefined,
       probe: httpProbe(config, listen),
       metrics: metricsAt(listen, {
         running: ["vllm:num_requests_running"],
