@@ -141,12 +141,21 @@ describe("the agent's log reader stalls (a pipe nobody reads, not closed)", () =
     const dropped = await droppedNow()
     // 10,000 engine lines of ~300 bytes each is ~3 MB: past the bound of 1 Mi characters (ASCII here), most of them are dropped.
     expect(dropped).toBeGreaterThan(5_000)
-    // Read again: the next line the agent writes (SIGHUP's) is preceded by the count.
+    // Read again: the next line the agent writes (SIGHUP's) is preceded by the count. A SIGHUP that arrives while
+    // the reader is still taking the backlog has its line dropped too, and the warning waits for a later line: so a
+    // SIGHUP every 250 ms until the warning comes (bounded by the wait), not one (that was a flaky race).
     const log = followLines(proc.stderr)
-    process.kill(proc.pid as number, "SIGHUP")
-    const warning = JSON.parse(
-      await log.waitFor((l) => l.includes("log: lines dropped"), 20_000, "the dropped-lines warning")
-    ) as Record<string, unknown>
+    const warned = log.waitFor((l) => l.includes("log: lines dropped"), 20_000, "the dropped-lines warning")
+    let seen = false
+    void warned.then(
+      () => (seen = true),
+      () => (seen = true)
+    )
+    for (let i = 0; i < 80 && !seen; i++) {
+      process.kill(proc.pid as number, "SIGHUP")
+      await Promise.race([warned.catch(() => undefined), new Promise((r) => setTimeout(r, 250))])
+    }
+    const warning = JSON.parse(await warned) as Record<string, unknown>
     expect(warning.level).toBe("warn")
     expect(warning.dropped).toBeGreaterThanOrEqual(dropped as number)
     // What waited was bounded: the lines read before the warning are the pipe's 64 KiB plus at most 1 Mi characters.
