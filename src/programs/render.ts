@@ -54,7 +54,9 @@ export const render = Command.make(
     Effect.gen(function* () {
       const c = yield* loadConfig(config)
       const plan = redactPlan(yield* resolvePlan(c, nvmlWorkerEntry()))
-      yield* Console.log(json ? JSON.stringify(plan, null, 2) : formatPlan(plan))
+      // An exit hint's pattern may be a RegExp, which JSON would print as {}: printed as its /source/flags.
+      const replacer = (_k: string, v: unknown) => (v instanceof RegExp ? String(v) : v)
+      yield* Console.log(json ? JSON.stringify(plan, replacer, 2) : formatPlan(plan))
     })
 ).pipe(
   Command.withDescription(

@@ -10,6 +10,7 @@ import { makeContext } from "../sim/context.ts"
 import { KvPublisher, kvEventsSettings } from "../sim/kvpublisher.ts"
 import { handler } from "../sim/server.ts"
 import { ArgsError, type SimConfig } from "../sim/simConfig.ts"
+import { type StartFailure, startDeath } from "../sim/startFailures.ts"
 import { VERSION } from "../version.ts"
 
 const USAGE = `cgn-engine-sim ${VERSION}: an engine-shaped process for tests and laptops (no GPU, no weights).
@@ -21,7 +22,8 @@ ENGINE-ARGS are the engine's own command line, as cgn-agent renders it (see \`cg
 Knobs: --sim-mode echo|random, --sim-seed N, --sim-ttft DUR, --sim-itl DUR, --sim-max-seqs N,
   --sim-startup-delay DUR, --sim-block-size N, --sim-kv-blocks N, --sim-default-max-tokens N,
   --sim-error-rate X, --sim-error-kind KIND, --sim-crash-after DUR, --sim-crash-after-requests N,
-  --sim-stall-after-tokens N, --sim-ignore-sigterm, --sim-fork-grandchild, --sim-hang-health, ...
+  --sim-stall-after-tokens N, --sim-crash-at-start CAUSE, --sim-ignore-sigterm, --sim-fork-grandchild,
+  --sim-hang-health, ...
   (src/sim/args.ts lists them all). Logs JSON lines on stderr.
 `
 
@@ -56,6 +58,18 @@ const forkGrandchild = (cfg: SimConfig): Promise<number | null> => {
   })
 }
 
+// --sim-crash-at-start: the engine's own last lines, each on the stream the engine prints it on, then the engine's
+// own end (sim/startFailures.ts). Writes to pipes are synchronous on Linux, so nothing is lost to the exit.
+const crashAtStart = async (cfg: SimConfig, cause: StartFailure): Promise<void> => {
+  await new Promise((resolve) => setTimeout(resolve, cfg.startupDelayMs))
+  log("crash at start", { cause })
+  const now = new Date()
+  const death = startDeath(cfg.flavor, cause, { model: cfg.model, maxModelLen: cfg.maxModelLen, pid: process.pid, now })
+  for (const l of death.lines) (l.stream === "stdout" ? process.stdout : process.stderr).write(`${l.text}\n`)
+  if ("signal" in death.exit) process.kill(process.pid, death.exit.signal)
+  else process.exit(death.exit.code)
+}
+
 const main = async (): Promise<void> => {
   // As the engines' own CLIs (argparse): --help and --version answer and exit, whatever else is given.
   const argv = process.argv.slice(2)
@@ -86,6 +100,7 @@ const main = async (): Promise<void> => {
     mode: cfg.mode
   })
   if (cfg.unmodelled.length > 0) log("unmodelled flags (accepted, ignored)", { flags: cfg.unmodelled })
+  if (cfg.crashAtStart !== undefined) return crashAtStart(cfg, cfg.crashAtStart)
 
   const ctx = makeContext(cfg, log, (reason) => exit(1, reason), process.env)
   if (cfg.forkGrandchild) ctx.grandchildPid = await forkGrandchild(cfg)

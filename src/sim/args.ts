@@ -5,7 +5,8 @@
 import { detectFlavor, num, parseDuration, parseJsonFlag, tokenize } from "./commandLine.ts"
 import { resolveLoadBalanceMethod } from "./dpController.ts"
 import { DEFAULT_PORT, ERROR_KINDS, MODELLED } from "./flagTables.ts"
-import { ArgsError, type ErrorKind, type SimConfig } from "./simConfig.ts"
+import { ArgsError, type ErrorKind, type Flavor, type SimConfig } from "./simConfig.ts"
+import { START_FAILURES, type StartFailure } from "./startFailures.ts"
 
 const KVBM_TIERS = [
   "DYN_KVBM_CPU_CACHE_GB",
@@ -27,6 +28,15 @@ const checkKvbmTiers = (env: Record<string, string | undefined>): void => {
     throw new ArgsError(
       `KVBM Configuration Error: At least one cache tier must be configured (${KVBM_TIERS.join(", ")})`
     )
+}
+
+/** --sim-crash-at-start: one of the causes the flavor's engine is known to die of at start. */
+const crashAtStartOf = (flavor: Flavor, cause: string | undefined): StartFailure | undefined => {
+  if (cause === undefined) return undefined
+  const known = Object.keys(START_FAILURES[flavor])
+  if (!known.includes(cause))
+    throw new ArgsError(`--sim-crash-at-start: ${cause}; ${flavor} knows ${known.join(", ") || "none"}`)
+  return cause as StartFailure
 }
 
 /** Parses the simulator's command line. Throws ArgsError on malformed knobs. */
@@ -155,6 +165,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     defaultMaxTokens: num(v("--sim-default-max-tokens"), "--sim-default-max-tokens") ?? defaultMaxTokens,
     crashAfterRequests: num(v("--sim-crash-after-requests"), "--sim-crash-after-requests"),
     crashAfterMs: dur("--sim-crash-after"),
+    crashAtStart: crashAtStartOf(flavor, v("--sim-crash-at-start")),
     stallAfterTokens: num(v("--sim-stall-after-tokens"), "--sim-stall-after-tokens"),
     ssePingMs,
     ignoreSigterm: p.flags.has("--sim-ignore-sigterm"),

@@ -1,6 +1,7 @@
 // What the engine simulator runs with: the flavor it imitates and every knob, as parsed from its command
 // line by args.ts (pure types; the one error parsing throws).
 import type { LoadBalanceMethod } from "./dpController.ts"
+import type { StartFailure } from "./startFailures.ts"
 
 export type Flavor = "vllm" | "sglang" | "llama_cpp" | "mlx"
 export type SimMode = "echo" | "random"
@@ -44,6 +45,8 @@ export interface SimConfig {
   readonly defaultMaxTokens: number
   readonly crashAfterRequests: number | undefined
   readonly crashAfterMs: number | undefined
+  /** Dies while loading (after --sim-startup-delay) of this cause, as the flavor's engine does (startFailures.ts). */
+  readonly crashAtStart: StartFailure | undefined
   readonly stallAfterTokens: number | undefined
   /**
    * llama_cpp: `--sse-ping-interval` in ms (default 30 s; -1 or 0: off): a stream that has sent its first chunk

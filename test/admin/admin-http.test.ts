@@ -30,7 +30,8 @@ const exit: ExitRecord = {
   reason: "exited",
   lastLines: ["[stderr] CUDA out of memory"],
   oomKills: undefined,
-  memoryLimitBytes: undefined
+  memoryLimitBytes: undefined,
+  hint: "the engine ran out of GPU memory while loading"
 }
 /** A later run the kernel's OOM killer ended: its kills in the agent's memory cgroup and the cgroup's limit. */
 const oomExit: ExitRecord = {
@@ -41,7 +42,8 @@ const oomExit: ExitRecord = {
   startedAt: exit.endedAt,
   endedAt: exit.endedAt + 5000,
   oomKills: 2,
-  memoryLimitBytes: 8 * 2 ** 30
+  memoryLimitBytes: 8 * 2 ** 30,
+  hint: undefined
 }
 
 const fakeEngine = Layer.effect(
@@ -193,6 +195,8 @@ describe("admin HTTP on loopback", () => {
         runtimeMs: 5000,
         oomKills: 2,
         memoryLimitBytes: 8589934592,
+        // none known: null, as oomKills
+        hint: null,
         lastLines: ["[stderr] CUDA out of memory"]
       },
       {
@@ -207,6 +211,7 @@ describe("admin HTTP on loopback", () => {
         // unknown: null, not left out, so a reader tells "not known" from "no such field"
         oomKills: null,
         memoryLimitBytes: null,
+        hint: "the engine ran out of GPU memory while loading",
         lastLines: ["[stderr] CUDA out of memory"]
       }
     ])

@@ -6,7 +6,7 @@ import { execFileSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { Effect, Exit, Scope } from "effect"
+import { Deferred, Effect, Exit, Scope } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
 import { pidAlive } from "../../src/layers/engine/processGroup.ts"
 import { spawnRun } from "../../src/layers/engine/run.ts"
@@ -90,4 +90,36 @@ describe("an engine run's output pipes", () => {
     },
     30_000
   )
+})
+
+describe("an engine run's last lines", () => {
+  it("keep the line naming a known cause (the plan's exit hints) past a traceback longer than the lines kept", async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-lines-"))
+    cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }))
+    // The cause on stdout, then 60 lines of a traceback on stderr (vLLM's API server prints ~40 after it), exit 1.
+    const engine = path.join(dir, "engine.sh")
+    fs.writeFileSync(
+      engine,
+      "#!/bin/sh\necho 'ValueError: No available memory for the cache blocks.'\n" +
+        'i=0; while [ $i -lt 60 ]; do echo "  File x.py, line $i" >&2; i=$((i+1)); done\nexit 1\n'
+    )
+    const plan = {
+      argv: ["/bin/sh", engine],
+      env: {},
+      exitHints: [{ patterns: ["No available memory for the cache blocks"], hint: "raise gpu_memory_utilization" }]
+    } as unknown as LaunchPlan
+    const lines = await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const run = yield* spawnRun(guardEntry())(plan, { run: 0, graceMs: 200, linesKept: 10 })
+          yield* Deferred.await(run.exited)
+          yield* run.drainOutput(2_000)
+          return yield* run.lastLines
+        })
+      )
+    )
+    expect(lines).toHaveLength(10)
+    expect(lines[0]).toBe("[stdout] ValueError: No available memory for the cache blocks.")
+    expect(lines.at(-1)).toBe("[stderr]   File x.py, line 59")
+  }, 30_000)
 })

@@ -13,6 +13,7 @@ import { Clock, Deferred, Effect, FiberSet, Ref, type Scope, Stream } from "effe
 import type { LaunchPlan } from "../../services/engine/Engine.ts"
 import { engineEnvironment } from "../../services/engine/EngineEnvironment.ts"
 import { type EngineRun, type RunExit, type SpawnOptions, valueIfDone } from "../../services/engine/EngineHost.ts"
+import { type KeptLine, keepLine } from "../../services/engine/ExitHints.ts"
 import { buildGuardArgs, decodeReport, REPORT_FD, type StopOutcome } from "../../services/engine/GuardProtocol.ts"
 import { engineOutput } from "../observability/Logging.ts"
 import { pollUntil } from "./groupWait.ts"
@@ -77,7 +78,7 @@ export const spawnRun =
       const exited = yield* Deferred.make<RunExit>()
       const reportDone = yield* Deferred.make<void>()
       const guardOutcome = yield* Ref.make<StopOutcome | undefined>(undefined)
-      const ring = yield* Ref.make<ReadonlyArray<string>>([])
+      const ring = yield* Ref.make<ReadonlyArray<KeptLine>>([])
       // Acquired before the child, so released after its teardown: the pumps still log what the engine prints
       // while it stops. Node's event handlers complete the run's Deferreds as fibers of this set.
       const fibers = yield* FiberSet.make<unknown>()
@@ -175,7 +176,7 @@ export const spawnRun =
           ? Effect.void
           : lines(input).pipe(
               Stream.runForEach((line) =>
-                Ref.update(ring, (xs) => [...xs, `[${stream}] ${line}`].slice(-options.linesKept)).pipe(
+                Ref.update(ring, (xs) => keepLine(xs, `[${stream}] ${line}`, options.linesKept, plan.exitHints)).pipe(
                   Effect.andThen(Effect.logInfo(...engineOutput(line))),
                   Effect.annotateLogs({ stream, run: options.run })
                 )
@@ -191,7 +192,7 @@ export const spawnRun =
         pid,
         exited,
         stop,
-        lastLines: Ref.get(ring),
+        lastLines: Effect.map(Ref.get(ring), (xs) => xs.map((l) => l.text)),
         drainOutput: drain,
         portHolder: (port) =>
           Effect.map(valueIfDone(pid), (pgid) => (pgid === undefined ? "unknown" : portHolder(port, pgid)))

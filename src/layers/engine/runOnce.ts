@@ -9,6 +9,7 @@ import type { Counter } from "prom-client"
 import { type EngineRun, valueIfDone } from "../../services/engine/EngineHost.ts"
 import type { ExitRecord } from "../../services/engine/EngineProcess.ts"
 import { Event } from "../../services/engine/EngineState.ts"
+import { exitHint } from "../../services/engine/ExitHints.ts"
 import type { GpuGateService } from "../../services/engine/GpuGate.ts"
 import { type MemoryCgroupService, oomKillsDuring } from "../../services/node/MemoryCgroup.ts"
 import { redactArgv, redactEnv } from "./backends/redact.ts"
@@ -53,29 +54,38 @@ const memoryForensics = (memory: MemoryCgroupService | undefined, spawned: Spawn
     }
   })
 
-/** How a run ended, from what its host reported by now (a run that never spawned has no status). */
+/**
+ * How a run ended, from what its host reported by now (a run that never spawned has no status), with the backend's
+ * hint when the engine died of one of its well-known start failures.
+ */
 const exitRecord = (
   run: number,
   since: number,
   spawned: Spawned | undefined,
   reason: string,
-  memory: MemoryCgroupService | undefined
+  s: Pick<Supervision, "plan" | "memory">
 ) =>
   Effect.gen(function* () {
     const ex = spawned === undefined ? undefined : yield* valueIfDone(spawned.run.exited)
     const startedAt = spawned?.run.startedAt ?? since
     const endedAt = yield* Clock.currentTimeMillis
+    const code = ex?.code ?? null
+    const signal = ex?.signal ?? null
+    const lastLines = spawned === undefined ? [] : yield* spawned.run.lastLines
+    // Read from the reason as the watch gave it: "exited" means the engine ended by itself.
+    const hint = exitHint(s.plan.exitHints, { reason, code, signal, lastLines })
     const record: ExitRecord = {
       run,
       pid: spawned?.pid,
-      code: ex?.code ?? null,
-      signal: ex?.signal ?? null,
+      code,
+      signal,
       startedAt,
       endedAt,
       runtimeMs: endedAt - startedAt,
       reason: reason === "exited" && ex?.problem !== undefined ? ex.problem : reason,
-      lastLines: spawned === undefined ? [] : yield* spawned.run.lastLines,
-      ...(yield* memoryForensics(memory, spawned))
+      lastLines,
+      ...(yield* memoryForensics(s.memory, spawned)),
+      ...(hint === undefined ? {} : { hint })
     }
     return record
   })
@@ -131,7 +141,7 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
             const sp = yield* Ref.get(spawned)
             // The guard's exit report can trail the group's death by a moment.
             if (sp !== undefined) yield* Deferred.await(sp.run.exited).pipe(Effect.timeout(1_000), Effect.ignore)
-            yield* keepExit(refs, yield* exitRecord(run, since, sp, "stopped", s.memory))
+            yield* keepExit(refs, yield* exitRecord(run, since, sp, "stopped", s))
           })
         : Effect.void
     )
@@ -161,7 +171,10 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
       }
       yield* sp.run.stop
       yield* Deferred.await(sp.run.exited).pipe(Effect.timeout(2_000), Effect.ignore)
-      yield* sp.run.drainOutput(250)
+      // The exit record's last lines are what its hint is read from, and an engine dying at start prints its cause
+      // just before it exits: give the output pumps, which may lag on a loaded host, up to a second to reach the
+      // pipes' end (it comes as soon as the group is gone; only an escaped process holding a pipe waits it out).
+      yield* sp.run.drainOutput(1_000)
     }
-    return { record: yield* exitRecord(run, since, sp, reason, s.memory), readyAt: yield* valueIfDone(readyAt) }
+    return { record: yield* exitRecord(run, since, sp, reason, s), readyAt: yield* valueIfDone(readyAt) }
   })

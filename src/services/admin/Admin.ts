@@ -113,5 +113,7 @@ export const exitForensics = (exit: ExitRecord) => ({
   oomKills: exit.oomKills ?? null,
   /** The memory cgroup's limit, bytes; null when none or unknown. */
   memoryLimitBytes: exit.memoryLimitBytes ?? null,
+  /** The config key that fixes a well-known start failure the engine died of; null when none is known. */
+  hint: exit.hint ?? null,
   lastLines: exit.lastLines
 })

@@ -67,6 +67,16 @@ export interface RequestDialect {
   readonly maxSeed?: { readonly value: bigint; readonly why: string }
 }
 
+/**
+ * One well-known way the engine dies at start, as data: lines it prints when it does (substrings, matched as
+ * written, or regexes), and what to change in the agent's config, naming the keys. Matched newest line first over
+ * a failed run's last lines (services/engine/ExitHints.ts) and told with the exit.
+ */
+export interface ExitHint {
+  readonly patterns: ReadonlyArray<string | RegExp>
+  readonly hint: string
+}
+
 /** How readiness is decided. */
 export type ReadinessProbe =
   /** GET `url`; 200 means ready; connection refused or 503 mean "not yet". */
@@ -126,6 +136,8 @@ export interface LaunchPlan {
    * is checked against it: services/node/MemoryCgroup.ts cpuCacheOverLimit).
    */
   readonly cpuCache?: { readonly setting: string; readonly bytes: number }
+  /** The engine's well-known start failures and their fixes (the newest matching line decides); absent: none known. */
+  readonly exitHints?: ReadonlyArray<ExitHint>
 }
 
 /** One backend. */

@@ -27,6 +27,11 @@ export interface ExitRecord {
   readonly oomKills: number | undefined
   /** The memory cgroup's limit at the run's end, bytes; undefined when there is none or it is unknown. */
   readonly memoryLimitBytes: number | undefined
+  /**
+   * What to change in the agent's config when the engine died of one of its well-known start failures (the backend's
+   * LaunchPlan.exitHints matched a last line); undefined when none matched or the run did not end by itself.
+   */
+  readonly hint?: string | undefined
 }
 
 /** Why the supervisor cannot start (or keep) the engine; only layer construction fails with it. */

@@ -149,6 +149,9 @@ export const nextRestart = (
   return { attempt, delayMs: backoffDelay(policy, attempt), crashLoop: attempt >= policy.crashLoopAfter }
 }
 
+/** "; hint: ..." when the run's exit has one (services/engine/ExitHints.ts), else nothing. */
+const hintOf = (exit: Pick<ExitRecord, "hint">): string => (exit.hint === undefined ? "" : `; hint: ${exit.hint}`)
+
 /**
  * Why the engine counts as failed after a run ended, or undefined: from the crash-loop threshold on (that many
  * runs in a row ended before being stable), so an engine that cannot be started (ENOENT) or keeps crashing is
@@ -157,7 +160,7 @@ export const nextRestart = (
 export const failingReason = (plan: RestartPlan, exit: ExitRecord): string | undefined =>
   plan.crashLoop
     ? `engine failing: ${plan.attempt} runs in a row ended before being stable, the last: ${exit.reason} ` +
-      `(${describeStatus(exit)}); still retrying with backoff`
+      `(${describeStatus(exit)})${hintOf(exit)}; still retrying with backoff`
     : undefined
 
 /** One liveness probe result folded into the consecutive-failure count. */
@@ -195,6 +198,7 @@ export const describeStatus = (
   )
 }
 
-/** One log line for an ended run: reason, status, runtime. */
+/** One log line for an ended run: reason, status, runtime, and the config key that fixes it when one is known. */
 export const describeExit = (exit: ExitRecord): string =>
-  `run ${exit.run} (pid ${exit.pid ?? "-"}) ended: ${exit.reason}, ${describeStatus(exit)}, after ${(exit.runtimeMs / 1000).toFixed(1)} s`
+  `run ${exit.run} (pid ${exit.pid ?? "-"}) ended: ${exit.reason}, ${describeStatus(exit)}, after ${(exit.runtimeMs / 1000).toFixed(1)} s` +
+  hintOf(exit)

@@ -5,7 +5,13 @@
  * Pure: no I/O, no `node:*` imports. Engine-specific flags stay in the engine's own module.
  */
 import type { AgentConfig } from "../../../services/config/Config.ts"
-import type { KvEventsEndpoint, LaunchPlan, MetricNames, ReadinessProbe } from "../../../services/engine/Engine.ts"
+import type {
+  ExitHint,
+  KvEventsEndpoint,
+  LaunchPlan,
+  MetricNames,
+  ReadinessProbe
+} from "../../../services/engine/Engine.ts"
 import { unbracket } from "../../../services/net/HostPort.ts"
 
 /** Where the engine's HTTP server is, taken from `[engine].url`. */
@@ -124,6 +130,8 @@ export interface PlanParts {
   readonly cpuCacheVariable?:
     | { readonly name: string; readonly bytesPerUnit: number; readonly unlessSet?: string }
     | undefined
+  /** The engine's well-known start failures and the config keys that fix them (LaunchPlan.exitHints). */
+  readonly exitHints?: ReadonlyArray<ExitHint>
 }
 
 /** LaunchPlan.cpuCache from the final environment: the variable's value when it is a positive number. */
@@ -172,7 +180,8 @@ export const assemble = (config: AgentConfig, listen: Listen, parts: PlanParts):
     servedModel: config.model.served_name,
     requestModel: parts.requestModel ?? config.model.served_name,
     ...(parts.warnings !== undefined && parts.warnings.length > 0 ? { warnings: parts.warnings } : {}),
-    ...(cpuCache !== undefined ? { cpuCache } : {})
+    ...(cpuCache !== undefined ? { cpuCache } : {}),
+    ...(parts.exitHints !== undefined && parts.exitHints.length > 0 ? { exitHints: parts.exitHints } : {})
   }
 }
 

@@ -8,8 +8,32 @@
  * `tools/server/server-http.cpp`, `middleware_server_state`).
  */
 import type { AgentConfig } from "../../../services/config/Config.ts"
-import type { Engine } from "../../../services/engine/Engine.ts"
+import type { Engine, ExitHint } from "../../../services/engine/Engine.ts"
 import { assemble, listenOf, metricsAt, optionalFlag } from "./common.ts"
+import { modelKey, nowValue, sourceKey } from "./hints.ts"
+
+/**
+ * How llama-server dies at start of a cause the config fixes, newest line first (services/engine/ExitHints.ts). Its
+ * last line is always "exiting due to model loading error" (tools/server/server.cpp), whatever the cause, so the
+ * table names the lines above it that tell the causes apart.
+ */
+const exitHints = (config: AgentConfig): ReadonlyArray<ExitHint> => [
+  {
+    // ggml/src/gguf.cpp: gguf_init_from_file "failed to open GGUF file '%s'" (newer builds add " (strerror)"), and
+    // the header check "invalid magic characters: '%c%c%c%c', expected 'GGUF'". Seen from the real llama-server
+    // (test/real/llama-cpp-start-failure.test.ts).
+    patterns: ["failed to open GGUF file", "invalid magic characters"],
+    hint: `llama-server could not read the model file ${sourceKey(config)} names: it must be an existing, readable GGUF file on this host`
+  },
+  {
+    // ggml/src/ggml-cuda/ggml-cuda.cu, ggml_backend_cuda_buffer_type_alloc_buffer: "allocating %.2f MiB on device
+    // %d: cudaMalloc failed: %s", CUDA's text for cudaErrorMemoryAllocation being "out of memory".
+    patterns: ["cudaMalloc failed: out of memory"],
+    hint:
+      `llama-server ran out of GPU memory: lower ${modelKey(config, "max_model_len")}${nowValue(config.model.max_model_len)} ` +
+      "(its -c, whose KV cache it allocates at start) or use a smaller quantization of the model"
+  }
+]
 
 export const llamaCpp: Engine = {
   kind: "llama_cpp",
@@ -59,7 +83,8 @@ export const llamaCpp: Engine = {
         running: ["llamacpp:requests_processing"],
         waiting: ["llamacpp:requests_deferred"],
         kvUsage: []
-      })
+      }),
+      exitHints: exitHints(config)
     })
   }
 }

@@ -6,9 +6,10 @@
  * (KVEventsConfig, whose `publisher` defaults to "null").
  */
 import type { AgentConfig } from "../../../services/config/Config.ts"
-import type { Engine } from "../../../services/engine/Engine.ts"
+import type { Engine, ExitHint } from "../../../services/engine/Engine.ts"
 import { isLoopbackHost } from "../../../services/net/HostPort.ts"
 import { assemble, httpProbeAt, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
+import { HUB_REFUSALS, hubHint, modelKey, nowValue, TORCH_CUDA_OOM } from "./hints.ts"
 
 /**
  * A decode server forces `disable_radix_cache` unless `--disaggregation-decode-enable-radix-cache` is given,
@@ -18,6 +19,38 @@ import { assemble, httpProbeAt, kvEventsOf, listenOf, metricsAt, optionalFlag } 
  */
 const decodeRadixCache = (role: string, offload: string): ReadonlyArray<string> =>
   role === "decode" && offload === "hicache" ? ["--disaggregation-decode-enable-radix-cache"] : []
+
+/**
+ * How SGLang dies at start of a cause the config fixes, newest line first (services/engine/ExitHints.ts). The
+ * scheduler logs its traceback ("Scheduler hit an exception: ..."), SIGQUITs the launcher, which logs "Received
+ * sigquit from a child process" and SIGKILLs its own process tree (python/sglang/srt/managers/scheduler.py,
+ * run_scheduler_process; python/sglang/srt/entrypoints/engine.py; python/sglang/srt/utils/common.py,
+ * kill_process_tree): the run ends on SIGKILL, the cause a few lines up.
+ */
+const exitHints = (config: AgentConfig): ReadonlyArray<ExitHint> => {
+  const gmu = modelKey(config, "gpu_memory_utilization")
+  const tp = modelKey(config, "tp")
+  const now = nowValue(config.model.gpu_memory_utilization)
+  return [
+    {
+      // python/sglang/srt/model_executor/pool_configurator.py, MemoryPoolConfig.__post_init__ (before it:
+      // model_runner.py, init_memory_pool): "Not enough memory. Please try to increase --mem-fraction-static."
+      patterns: ["Not enough memory. Please try to increase --mem-fraction-static"],
+      hint:
+        `SGLang has no GPU memory left for its KV cache once the weights are loaded: raise ${gmu}${now} ` +
+        `(SGLang's --mem-fraction-static) or spread the model over more GPUs (${tp})`
+    },
+    {
+      // SGLang's own advice for CUDA out of memory: reduce --mem-fraction-static, which sizes the KV pool and
+      // leaves the rest to activations and CUDA graphs (sgl-project/sglang docs/references/troubleshooting.md).
+      patterns: [TORCH_CUDA_OOM],
+      hint:
+        `SGLang ran out of GPU memory: lower ${gmu}${now} (SGLang's --mem-fraction-static) to leave more room ` +
+        `outside the KV cache, or spread the model over more GPUs (${tp})`
+    },
+    hubHint(config, HUB_REFUSALS)
+  ]
+}
 
 export const sglang: Engine = {
   kind: "sglang",
@@ -118,7 +151,8 @@ export const sglang: Engine = {
         kvUsage: ["sglang:token_usage"]
       }),
       kvEvents: events?.endpoint,
-      warnings
+      warnings,
+      exitHints: exitHints(config)
     })
   }
 }

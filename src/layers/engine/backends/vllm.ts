@@ -6,9 +6,10 @@
  */
 import type { AgentConfig, KvOffload } from "../../../services/config/Config.ts"
 import { DEFAULT_KV_BLOCK_SIZE } from "../../../services/config/ConfigSchema.ts"
-import type { Engine } from "../../../services/engine/Engine.ts"
+import type { Engine, ExitHint } from "../../../services/engine/Engine.ts"
 import { hostOfAddr } from "../../../services/net/HostPort.ts"
 import { assemble, httpProbe, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
+import { HUB_REFUSALS, hubHint, modelKey, nowValue, TORCH_CUDA_OOM } from "./hints.ts"
 
 /**
  * The `--kv-transfer-config` body per kv_offload: NixlConnector and LMCacheConnectorV1 as in vLLM's
@@ -53,6 +54,60 @@ const kvbmTiers = (config: AgentConfig): Record<string, string> => {
     ...(e.kvbm_cpu_cache_gb !== undefined ? { DYN_KVBM_CPU_CACHE_GB: String(e.kvbm_cpu_cache_gb) } : {}),
     ...(e.kvbm_disk_cache_gb !== undefined ? { DYN_KVBM_DISK_CACHE_GB: String(e.kvbm_disk_cache_gb) } : {})
   }
+}
+
+/**
+ * How vLLM dies at start of a cause the config fixes, newest line first (services/engine/ExitHints.ts). The root
+ * cause is the EngineCore's exception; the API server's last line only says "Engine core initialization failed.
+ * See root cause above." (vllm/v1/engine/utils.py, wait_for_engine_startup), which matches nothing here.
+ */
+const exitHints = (config: AgentConfig): ReadonlyArray<ExitHint> => {
+  const m = config.model
+  const gmu = modelKey(config, "gpu_memory_utilization")
+  const len = modelKey(config, "max_model_len")
+  const tp = modelKey(config, "tp")
+  return [
+    {
+      // vllm/v1/core/kv_cache_utils.py, _check_enough_kv_cache_memory (before V1: vllm/worker/worker.py,
+      // raise_if_cache_size_invalid): "No available memory for the cache blocks. Try increasing
+      // `gpu_memory_utilization` when initializing the engine."
+      patterns: ["No available memory for the cache blocks"],
+      hint:
+        `vLLM has no GPU memory left for its KV cache once the weights are loaded: raise ${gmu}${nowValue(m.gpu_memory_utilization)}` +
+        ` (vLLM's default is 0.9) or spread the model over more GPUs (${tp})`
+    },
+    {
+      // The same function: "To serve at least one request with the models's max seq len (N), (X GiB KV cache is
+      // needed, which is larger than the available KV cache memory (Y GiB). ... Try increasing
+      // `gpu_memory_utilization` or decreasing `max_model_len`"; before V1 (vllm/worker/worker.py,
+      // raise_if_cache_size_invalid): "The model's max seq len (N) is larger than the maximum number of tokens that
+      // can be stored in KV cache (M)."
+      patterns: [
+        "KV cache is needed, which is larger than the available KV cache memory",
+        "is larger than the maximum number of tokens that can be stored in KV cache"
+      ],
+      hint:
+        `vLLM's KV cache cannot hold one sequence of the model's max length: lower ${len}${nowValue(m.max_model_len)}` +
+        ` (vLLM's line names the largest that fits) or raise ${gmu}`
+    },
+    {
+      // vllm/v1/worker/utils.py, request_memory: "Free memory on device ... on startup is less than desired GPU
+      // memory utilization (U, X GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes."
+      patterns: ["on startup is less than desired GPU memory utilization"],
+      hint:
+        `the GPUs have less free memory than ${gmu} asks vLLM to take: another process holds GPU memory ` +
+        `(engine.gpu_free_below_mib is what the agent waits for), or lower ${gmu}${nowValue(m.gpu_memory_utilization)}`
+    },
+    {
+      patterns: [TORCH_CUDA_OOM],
+      hint:
+        `the engine ran out of GPU memory while loading: spread the weights over more GPUs (${tp}), lower ${len}, ` +
+        "or free the GPUs of other processes"
+    },
+    // vllm/transformers_utils/config.py, get_config: "Invalid repository ID or local directory specified: 'M'." is
+    // raised from the Hub's refusal (a gated repo) or for a repo or directory without a config.
+    hubHint(config, ["Invalid repository ID or local directory specified", ...HUB_REFUSALS])
+  ]
 }
 
 export const vllm: Engine = {
@@ -125,7 +180,8 @@ export const vllm: Engine = {
         waiting: ["vllm:num_requests_waiting"],
         kvUsage: ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]
       }),
-      kvEvents: events?.endpoint
+      kvEvents: events?.endpoint,
+      exitHints: exitHints(config)
     })
   }
 }

@@ -1,0 +1,48 @@
+/**
+ * What the engine backends' exit-hint tables (LaunchPlan.exitHints) share: the served model's config keys, spelled
+ * as the agent's own error messages spell them, and the Hugging Face Hub's refusals, which vLLM and SGLang both
+ * print through huggingface_hub and transformers. Each pattern is a line the upstream code prints, cited where it
+ * is written. Pure.
+ */
+import type { AgentConfig } from "../../../services/config/Config.ts"
+import type { ExitHint } from "../../../services/engine/Engine.ts"
+import { formatPath } from "../../config/Config.ts"
+
+/** `models."name".key` of the configured model. */
+export const modelKey = (config: AgentConfig, key: string): string => formatPath(["models", config.model.name, key])
+
+/** The key the weights come from: `models."name".hf_repo` or `models."name".path`. */
+export const sourceKey = (config: AgentConfig): string => modelKey(config, config.model.source.kind)
+
+/**
+ * The Hub's refusals as the Python engines print them:
+ * - huggingface/huggingface_hub src/huggingface_hub/utils/_http.py, hf_raise_for_status: GatedRepoError "Cannot
+ *   access gated repo for url ..." and RepositoryNotFoundError "Repository Not Found for url: ..." (also what the
+ *   Hub answers, 401, for a private or gated repo asked without a token);
+ * - huggingface/transformers src/transformers/utils/hub.py, cached_files, which wraps them: "You are trying to access
+ *   a gated repo." and "... is not a local folder and is not a valid model identifier listed on
+ *   'https://huggingface.co/models'" (a local path that does not exist is looked up on the Hub as a repo id).
+ */
+export const HUB_REFUSALS: ReadonlyArray<string> = [
+  "Cannot access gated repo for url",
+  "Repository Not Found for url",
+  "You are trying to access a gated repo",
+  "is not a local folder and is not a valid model identifier"
+]
+
+/** The fix for a model the engine could not fetch or find, by where the config says the weights come from. */
+export const hubHint = (config: AgentConfig, patterns: ReadonlyArray<string>): ExitHint => ({
+  patterns,
+  hint:
+    config.model.source.kind === "hf_repo"
+      ? `the Hugging Face Hub refused ${sourceKey(config)}: a gated or private repo needs a token with access to it ` +
+        "(HF_TOKEN in [engine].env, its account granted access on the model's page); otherwise check the repo id"
+      : `${sourceKey(config)} is not a model directory on this host (the engine then asked the Hugging Face Hub ` +
+        "for it as a repo id): check the path"
+})
+
+/** torch.OutOfMemoryError's message (pytorch/pytorch c10/cuda/CUDACachingAllocator.cpp, DeviceCachingAllocator::malloc). */
+export const TORCH_CUDA_OOM = "CUDA out of memory"
+
+/** `(now X)` when the config sets the value, for a hint that asks to raise or lower it. */
+export const nowValue = (value: number | undefined): string => (value === undefined ? "" : ` (now ${value})`)

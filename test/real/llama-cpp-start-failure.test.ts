@@ -1,0 +1,85 @@
+// The llama.cpp exit hint against the real engine: the built agent (dist/main.js) spawns the real llama-server
+// (built by `npm run real-engine:build`, test/real/engine.ts) on a models.<name>.path that does not exist, then on a
+// file that is not GGUF. llama-server dies at load (exit 1, its last line "exiting due to model loading error"), and
+// the agent's exit carries the llama.cpp backend's hint, matched on the lines the real server printed: this is what
+// holds the backend's patterns to the real engine's words.
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
+import { type AgentHandle, killAllAgents, requireDist, startAgent } from "../support/agent.ts"
+import { pollUntil } from "../support/poll.ts"
+import { llamaAgentConfig, type RealEngine, realEngine } from "./engine.ts"
+
+interface Exit {
+  readonly run: number
+  readonly code: number | null
+  readonly signal: string | null
+  readonly hint: string | null
+  readonly lastLines: ReadonlyArray<string>
+}
+
+const HINT = 'llama-server could not read the model file models."tiny".path names'
+
+let engine: RealEngine
+let dir: string
+let agent: AgentHandle | undefined
+
+beforeAll(() => {
+  requireDist()
+  engine = realEngine()
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-real-fail-"))
+}, 30 * 60_000)
+afterEach(async () => {
+  try {
+    if (agent !== undefined) expect((await agent.stop("SIGTERM", 30_000)).code).toBe(0)
+  } finally {
+    agent = undefined
+    await killAllAgents()
+  }
+})
+afterAll(() => {
+  if (dir) fs.rmSync(dir, { recursive: true, force: true })
+})
+
+/** The agent on the real llama-server with `model` as models.tiny.path; the first restart a minute away. */
+const firstExit = async (model: string): Promise<Exit> => {
+  const c = await llamaAgentConfig({
+    engine,
+    model,
+    engineSection: { restart_backoff_initial: "60s", restart_backoff_max: "60s" }
+  })
+  const a = await startAgent({ config: c.config, awaitReady: false })
+  agent = a
+  return pollUntil(
+    "the real llama-server's first exit in /status",
+    async () => {
+      const body = (await (await fetch(`${a.adminUrl}/status`)).json()) as {
+        readonly engine: { readonly exits: ReadonlyArray<Exit> }
+      }
+      return body.engine.exits.find((x) => x.run === 0)
+    },
+    60_000,
+    100
+  )
+}
+
+describe("the real llama-server dies at load, and the agent names the key", () => {
+  it("a models.<name>.path that does not exist", async () => {
+    const missing = path.join(dir, "no-such-model.gguf")
+    const exit = await firstExit(missing)
+    expect({ code: exit.code, signal: exit.signal }).toEqual({ code: 1, signal: null })
+    const lines = exit.lastLines.join("\n")
+    expect(lines).toContain(`failed to open GGUF file '${missing}'`)
+    expect(exit.hint).toContain(HINT)
+  }, 120_000)
+
+  it("a models.<name>.path that is not a GGUF file", async () => {
+    const notGguf = path.join(dir, "notes.gguf")
+    fs.writeFileSync(notGguf, "not a model\n")
+    const exit = await firstExit(notGguf)
+    expect(exit.code).toBe(1)
+    expect(exit.lastLines.join("\n")).toContain("invalid magic characters")
+    expect(exit.hint).toContain(HINT)
+  }, 120_000)
+})
