@@ -17,6 +17,7 @@ import * as AdmissionLive from "../layers/grpc/Admission.ts"
 import * as GrpcServerLive from "../layers/grpc/GrpcServer.ts"
 import * as HealthListener from "../layers/grpc/HealthListener.ts"
 import * as KvBridgeLive from "../layers/kv/KvBridge.ts"
+import * as CordonLive from "../layers/node/Cordon.ts"
 import * as EventLoopLagLive from "../layers/node/EventLoopLag.ts"
 import * as MemoryCgroupLive from "../layers/node/MemoryCgroup.ts"
 import * as NodeStatusLive from "../layers/node/NodeStatus.ts"
@@ -46,7 +47,7 @@ import { shutdownBound } from "./shutdownBound.ts"
 
 /**
  * The core services, built before any server listens: config, metrics, the engine supervisor (which
- * spawns the engine at once), the engine client, admission, GPUs, TLS material, drain lever, NodeStatus.
+ * spawns the engine at once), the engine client, admission, GPUs, TLS material, drain and cordon levers, NodeStatus.
  */
 export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
   // The memory cgroup before the supervisor: each engine run's exit says whether the kernel's OOM killer ended it.
@@ -62,6 +63,8 @@ export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
     EngineClientLive.layer,
     AdmissionLive.layer,
     Drain.layer,
+    // read at start: a cordon persisted in state_dir keeps the node out of traffic across restarts
+    CordonLive.layer,
     TlsLive.layer
   )
   // NVML before the plan: the plan's GPUs (CUDA_VISIBLE_DEVICES) come from it; the gate before the supervisor.

@@ -54,7 +54,8 @@ export const layerTest = (initial: Partial<NodeHealth> = {}): Layer.Layer<NodeSt
       const status = NodeStatus.of({
         snapshot: Ref.updateAndGet(reads, (n) => n + 1).pipe(Effect.andThen(Ref.get(current))),
         changes: Stream.fromPubSub(pubsub),
-        draining: Ref.get(draining)
+        draining: Ref.get(draining),
+        cordoned: Effect.map(Ref.get(current), (h) => h.state === "cordoned")
       })
       const controls = NodeStatusTest.of({
         setState: (state) => update((h) => ({ ...h, state })),

@@ -13,8 +13,10 @@ import { Config } from "../../src/services/config/Config.ts"
 import { EngineProcess, type EngineState, type ExitRecord } from "../../src/services/engine/EngineProcess.ts"
 import { parsePromText } from "../../src/services/engine/PromText.ts"
 import { isLoopbackHost } from "../../src/services/net/HostPort.ts"
+import { Cordon, CordonPersistError, make as makeCordon } from "../../src/services/node/Cordon.ts"
 import { Drain } from "../../src/services/node/Drain.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
+import * as CordonTest from "../../src/testing/Cordon.ts"
 import * as MetricsTest from "../../src/testing/Metrics.ts"
 import * as NodeStatusLayer from "../../src/testing/NodeStatus.ts"
 import { NodeStatusTest } from "../../src/testing/NodeStatus.ts"
@@ -63,7 +65,7 @@ const fakeEngine = Layer.effect(
   })
 )
 
-type Services = AdminServer | Metrics | Drain | NodeStatusTest
+type Services = AdminServer | Metrics | Drain | Cordon | NodeStatusTest
 
 let scope: Scope.Closeable | undefined
 afterEach(async () => {
@@ -72,12 +74,17 @@ afterEach(async () => {
 })
 
 /** Starts the admin server; with `logs`, its log lines go there ("<level> <message> <fields>"). */
-const start = async (agent: Record<string, unknown> = {}, logs?: Array<string>) => {
+const start = async (
+  agent: Record<string, unknown> = {},
+  logs?: Array<string>,
+  cordon: Layer.Layer<Cordon> = CordonTest.layerMemory
+) => {
   const config = ConfigLayer.layerFromObject({ models: { m: { hf_repo: "org/m" } }, agent })
   const deps = Layer.mergeAll(
     MetricsTest.layerTest,
     NodeStatusLayer.layerTest({ nodeId: "node-a" }),
     Drain.layer,
+    cordon,
     fakeEngine
   ).pipe(Layer.provideMerge(config))
   const logger = Logger.make(({ logLevel, message }) =>
@@ -320,9 +327,13 @@ describe("admin HTTP auth", () => {
       models: { m: { hf_repo: "org/m" } },
       agent: { listen_admin: "0.0.0.0:0" }
     })
-    const deps = Layer.mergeAll(MetricsTest.layerTest, NodeStatusLayer.layerTest(), Drain.layer, fakeEngine).pipe(
-      Layer.provideMerge(config)
-    )
+    const deps = Layer.mergeAll(
+      MetricsTest.layerTest,
+      NodeStatusLayer.layerTest(),
+      Drain.layer,
+      CordonTest.layerMemory,
+      fakeEngine
+    ).pipe(Layer.provideMerge(config))
     const result = await Effect.runPromise(
       Effect.scoped(Layer.build(AdminLive.layer().pipe(Layer.provide(deps)))).pipe(Effect.flip)
     )
@@ -340,9 +351,13 @@ describe("admin HTTP auth", () => {
         models: { m: { hf_repo: "org/m" } },
         agent: { listen_admin: listen }
       })
-      const deps = Layer.mergeAll(MetricsTest.layerTest, NodeStatusLayer.layerTest(), Drain.layer, fakeEngine).pipe(
-        Layer.provideMerge(config)
-      )
+      const deps = Layer.mergeAll(
+        MetricsTest.layerTest,
+        NodeStatusLayer.layerTest(),
+        Drain.layer,
+        CordonTest.layerMemory,
+        fakeEngine
+      ).pipe(Layer.provideMerge(config))
       const result = await Effect.runPromise(
         Effect.scoped(Layer.build(AdminLive.layer().pipe(Layer.provide(deps)))).pipe(Effect.flip)
       )
@@ -391,5 +406,79 @@ describe("admin HTTP auth", () => {
     })
     expect(readiness(h, false)).toEqual({ ready: false, reason: "unhealthy (engine unhealthy: probe timeout)" })
     expect(readiness({ ...h, state: "ready" }, true)).toEqual({ ready: false, reason: "draining" })
+  })
+})
+
+describe("admin HTTP cordon", () => {
+  const post = (url: string, body?: string, headers: Record<string, string> = {}) =>
+    get(url, { method: "POST", headers: { "content-type": "application/json", ...headers }, ...(body ? { body } : {}) })
+
+  it("POST /cordon and /uncordon: idempotent answers, the reason in /status, 409 under a drain, 405 for GET", async () => {
+    const { url, run } = await start()
+    for (const path of ["/cordon", "/uncordon"]) {
+      const wrong = await get(`${url}${path}`)
+      expect(wrong.status).toBe(405)
+      expect(wrong.res.headers.get("allow")).toBe("POST")
+    }
+    expect((await post(`${url}/cordon`, "{not json")).status).toBe(400)
+    expect((await post(`${url}/cordon`, JSON.stringify({ reason: "a\nb" }))).status).toBe(400)
+    expect((await post(`${url}/cordon`, JSON.stringify({ reason: "x".repeat(257) }))).status).toBe(400)
+    expect(await run(Effect.flatMap(Cordon, (c) => c.cordoned))).toBe(false)
+
+    const first = await post(`${url}/cordon`, JSON.stringify({ reason: "GPU 3 Xid 79" }))
+    expect(first.status).toBe(202)
+    expect(JSON.parse(first.text)).toMatchObject({ cordoned: true, alreadyCordoned: false })
+    const again = await post(`${url}/cordon`)
+    expect(JSON.parse(again.text)).toMatchObject({ cordoned: true, alreadyCordoned: true })
+    const status = JSON.parse((await get(`${url}/status`)).text)
+    expect(status.cordon).toMatchObject({ reason: "GPU 3 Xid 79" })
+    expect(Date.parse(status.cordon.since)).not.toBeNaN()
+
+    expect(JSON.parse((await post(`${url}/uncordon`)).text)).toEqual({ cordoned: false, wasCordoned: true })
+    expect(JSON.parse((await post(`${url}/uncordon`)).text)).toEqual({ cordoned: false, wasCordoned: false })
+    expect(JSON.parse((await get(`${url}/status`)).text).cordon).toBeNull()
+
+    await post(`${url}/cordon`)
+    await post(`${url}/drain`)
+    const refused = await post(`${url}/uncordon`)
+    expect(refused.status).toBe(409)
+    expect(refused.text).toMatch(/draining/)
+    expect(await run(Effect.flatMap(Cordon, (c) => c.cordoned))).toBe(true)
+  })
+
+  it("needs the bearer token when one is set, and refuses web pages on open loopback", async () => {
+    const { url, run } = await start({ listen_admin: "127.0.0.1:0", admin_token: "s3cret" })
+    for (const path of ["/cordon", "/uncordon"]) {
+      expect((await post(`${url}${path}`)).status).toBe(401)
+      expect((await post(`${url}${path}`, undefined, { authorization: "Bearer wrong" })).status).toBe(401)
+    }
+    expect(await run(Effect.flatMap(Cordon, (c) => c.cordoned))).toBe(false)
+    expect((await post(`${url}/cordon`, undefined, { authorization: "Bearer s3cret" })).status).toBe(202)
+    expect(await run(Effect.flatMap(Cordon, (c) => c.cordoned))).toBe(true)
+    expect((await post(`${url}/uncordon`, undefined, { authorization: "Bearer s3cret" })).status).toBe(202)
+    expect(await run(Effect.flatMap(Cordon, (c) => c.cordoned))).toBe(false)
+    await Effect.runPromise(Scope.close(scope!, Exit.void))
+    scope = undefined
+
+    const open = await start()
+    const fromPage = await post(`${open.url}/cordon`, undefined, { origin: "http://evil.example" })
+    expect(fromPage.status).toBe(403)
+    expect(await open.run(Effect.flatMap(Cordon, (c) => c.cordoned))).toBe(false)
+  })
+
+  it("a cordon that cannot be persisted is a 500 that says why, and the node stays as it was", async () => {
+    const failing = Layer.effect(
+      Cordon,
+      makeCordon(undefined, {
+        write: () => Effect.fail(new CordonPersistError({ file: "/s/cordon.json", reason: "EROFS: read-only" })),
+        remove: Effect.void
+      })
+    )
+    const { url, run } = await start({}, undefined, failing)
+    const res = await post(`${url}/cordon`)
+    expect(res.status).toBe(500)
+    expect(JSON.parse(res.text).error).toMatch(/EROFS: read-only/)
+    expect(await run(Effect.flatMap(Cordon, (c) => c.cordoned))).toBe(false)
+    expect((await get(`${url}/healthz`)).status).toBe(200)
   })
 })

@@ -8,6 +8,7 @@ import {
   AgentDefect,
   EngineStalled,
   LegDeadline,
+  NodeCordoned,
   NotServing,
   ServerShuttingDown,
   StreamAborted
@@ -40,6 +41,7 @@ const samples: { readonly [T in GenerateErrorTag]: readonly [Extract<GenerateErr
     Status.FAILED_PRECONDITION
   ],
   NotServing: [new NotServing({ reason: "node is draining" }), Status.UNAVAILABLE],
+  NodeCordoned: [new NodeCordoned(), Status.UNAVAILABLE],
   Overloaded: [new Overloaded({ maxInflight: 1, maxQueue: 0 }), Status.RESOURCE_EXHAUSTED],
   Draining: [new Draining(), Status.UNAVAILABLE],
   EngineError: [new EngineError({ reason: "Connect", message: "ECONNREFUSED" }), Status.UNAVAILABLE],

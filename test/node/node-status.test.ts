@@ -17,6 +17,7 @@ import { engineDetail, nodeState, ratePerSecond } from "../../src/services/node/
 import { NodeStatus } from "../../src/services/node/NodeStatus.ts"
 import { gpuWith } from "../../src/services/node/Nvml.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
+import * as CordonTest from "../../src/testing/Cordon.ts"
 import { EngineProcessControl, layerTest as engineLayerTest } from "../../src/testing/EngineProcess.ts"
 import * as MetricsTest from "../../src/testing/Metrics.ts"
 import * as NvmlTest from "../../src/testing/Nvml.ts"
@@ -100,6 +101,7 @@ const build = (signals: LoadSignals) => {
     client,
     AdmissionLayer.layerWith({ maxInflight: 4, maxQueue: 2 }),
     Drain.layer,
+    CordonTest.layerMemory,
     NvmlTest.layerFixed([gpu]),
     MetricsTest.layerTest
   ).pipe(Layer.provideMerge(config))

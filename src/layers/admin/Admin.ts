@@ -1,12 +1,12 @@
 /**
  * Live AdminServer: the admin HTTP server on `[agent].listen_admin` (effect HttpRouter over node:http):
- * GET /metrics, /healthz, /readyz, /status and POST /drain. Owns routing and the auth gate only; the
- * decisions (loopback, token, readiness, forensics shape) are pure in services/admin/Admin.ts. /status and /drain
- * need `Authorization: Bearer <admin_token>` whenever a token is configured; off loopback a token is
+ * GET /metrics, /healthz, /readyz, /status and POST /drain, /cordon, /uncordon. Owns routing and the auth gate
+ * only; the decisions (loopback, token, readiness, forensics shape, the cordon's reason) are pure in
+ * services/admin/Admin.ts and services/node/Cordon.ts. /status and the POST levers need `Authorization: Bearer <admin_token>` whenever a token is configured; off loopback a token is
  * mandatory and the server refuses to start without one.
  */
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer" // not the index, which loads NodeRedis
-import { Cause, Duration, Effect, Layer } from "effect"
+import { Cause, Duration, Effect, Layer, Result } from "effect"
 import { HttpMiddleware, HttpRouter, HttpServer, type HttpServerRequest, HttpServerResponse } from "effect/http"
 import { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
 import {
@@ -22,6 +22,7 @@ import {
 import { Config } from "../../services/config/Config.ts"
 import { EngineProcess } from "../../services/engine/EngineProcess.ts"
 import { isLoopbackHost, splitHostPort, unbracket } from "../../services/net/HostPort.ts"
+import { Cordon, cordonView, parseCordonBody } from "../../services/node/Cordon.ts"
 import { Drain } from "../../services/node/Drain.ts"
 import { NodeStatus } from "../../services/node/NodeStatus.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
@@ -83,6 +84,7 @@ const routes = (options: AdminOptions, loopback: boolean) =>
       const status = yield* NodeStatus
       const engine = yield* EngineProcess
       const drain = yield* Drain
+      const cordon = yield* Cordon
       const token = config.agent.admin_token
 
       const guarded =
@@ -121,13 +123,14 @@ const routes = (options: AdminOptions, loopback: boolean) =>
       )
 
       const statusBody = Effect.gen(function* () {
-        const [health, state, pid, restarts, exits, more] = yield* Effect.all(
-          [status.snapshot, engine.state, engine.pid, engine.restarts, engine.exits, extras],
+        const [health, state, pid, restarts, exits, more, cordoned] = yield* Effect.all(
+          [status.snapshot, engine.state, engine.pid, engine.restarts, engine.exits, extras, cordon.current],
           { concurrency: "unbounded" }
         )
         return {
           ...Object.fromEntries(more),
           health: NodeHealth.toJSON(health),
+          cordon: cordonView(cordoned),
           engine: { state, pid: pid ?? null, restarts, exits: exits.map(exitForensics) }
         }
       })
@@ -153,13 +156,18 @@ const routes = (options: AdminOptions, loopback: boolean) =>
           })
         ),
         HttpRouter.route("GET", "/status", guarded(Effect.map(statusBody, (body) => json(body)))),
-        // Only POST drains (a crawler or a misdirected probe must not); any other method is told so, not 404.
-        ...(["GET", "PUT", "PATCH", "DELETE"] as const).map((method) =>
-          HttpRouter.route(
-            method,
-            "/drain",
-            Effect.succeed(
-              HttpServerResponse.jsonUnsafe({ error: "use POST /drain" }, { status: 405, headers: { allow: "POST" } })
+        // Only POST pulls a lever (a crawler or a misdirected probe must not); any other method is told so, not 404.
+        ...(["/drain", "/cordon", "/uncordon"] as const).flatMap((path) =>
+          (["GET", "PUT", "PATCH", "DELETE"] as const).map((method) =>
+            HttpRouter.route(
+              method,
+              path,
+              Effect.succeed(
+                HttpServerResponse.jsonUnsafe(
+                  { error: `use POST ${path}` },
+                  { status: 405, headers: { allow: "POST" } }
+                )
+              )
             )
           )
         ),
@@ -175,6 +183,33 @@ const routes = (options: AdminOptions, loopback: boolean) =>
               return json({ draining: true, alreadyDraining: shown || !began }, 202)
             })
           )
+        ),
+        HttpRouter.route("POST", "/cordon", (request) =>
+          guarded(
+            Effect.gen(function* () {
+              const text = yield* request.text.pipe(Effect.orElseSucceed(() => ""))
+              const reason = parseCordonBody(text)
+              if (Result.isFailure(reason)) return json({ error: reason.failure.message }, 400)
+              const done = yield* cordon.cordon(reason.success)
+              if (!done.already) {
+                yield* Effect.logWarning("cordoned: new Generate calls are refused until POST /uncordon", {
+                  reason: done.record.reason
+                })
+              }
+              return json({ cordoned: true, alreadyCordoned: done.already, cordon: cordonView(done.record) }, 202)
+            }).pipe(Effect.catchTag("CordonPersistError", (e) => Effect.succeed(json({ error: e.message }, 500))))
+          )(request)
+        ),
+        HttpRouter.route("POST", "/uncordon", (request) =>
+          guarded(
+            Effect.gen(function* () {
+              // a drain is final: uncordoning under it would promise a return to traffic that cannot happen
+              if (yield* draining) return json({ error: "the node is draining; a drain cannot be undone" }, 409)
+              const done = yield* cordon.uncordon
+              if (done.was) yield* Effect.logInfo("uncordoned: the node takes new Generate calls when ready")
+              return json({ cordoned: false, wasCordoned: done.was }, 202)
+            }).pipe(Effect.catchTag("CordonPersistError", (e) => Effect.succeed(json({ error: e.message }, 500))))
+          )(request)
         )
       ] as const
     })
@@ -204,7 +239,7 @@ export const layer = (
 ): Layer.Layer<
   AdminServer,
   AdminTokenRequired | AdminListenError,
-  Config | Metrics | NodeStatus | EngineProcess | Drain
+  Config | Metrics | NodeStatus | EngineProcess | Drain | Cordon
 > =>
   Layer.unwrap(
     Effect.gen(function* () {

@@ -1,12 +1,12 @@
 /**
- * Whether this node serves: SERVING only while the engine is Ready and the node is not draining, unless an
- * override (the drain's NOT_SERVING at its start, shutdown) says otherwise. Followed from the engine's and
- * the node's change streams; every change is published to grpc.health.v1 at once. Generate refuses a call
- * while the engine is not Ready or the node drains (`refusal`).
+ * Whether this node serves: SERVING only while the engine is Ready and the node is neither draining nor cordoned,
+ * unless an override (the drain's NOT_SERVING at its start, shutdown) says otherwise. Followed from the engine's
+ * and the node's change streams; every change is published to grpc.health.v1 at once. Generate refuses a call
+ * while the engine is not Ready, the node drains or is cordoned (`refusal`): flags read per call, no I/O.
  */
 import { Effect, type Scope, Stream } from "effect"
 import { EngineProcess } from "../../services/engine/EngineProcess.ts"
-import { NotServing } from "../../services/grpc/CallErrors.ts"
+import { NodeCordoned, NotServing } from "../../services/grpc/CallErrors.ts"
 import type { ServingStatus } from "../../services/grpc/GrpcServer.ts"
 import { NodeStatus } from "../../services/node/NodeStatus.ts"
 import { PublishedHealth } from "./Health.ts"
@@ -15,8 +15,8 @@ export interface ServingState {
   /** The status, published for "" and the Agent service alike. */
   readonly health: PublishedHealth
   readonly setOverride: (status: ServingStatus | undefined) => void
-  /** Why a new Generate call is refused now (node draining, engine not ready), or undefined. */
-  readonly refusal: () => NotServing | undefined
+  /** Why a new Generate call is refused now (node draining, cordoned, engine not ready), or undefined. */
+  readonly refusal: () => NotServing | NodeCordoned | undefined
 }
 
 /** Follows the engine and the node until the scope closes. */
@@ -27,8 +27,10 @@ export const make: Effect.Effect<ServingState, never, EngineProcess | NodeStatus
     const health = new PublishedHealth()
     let engineTag: string = (yield* engine.state)._tag
     let draining = yield* nodeStatus.draining
+    let cordoned = yield* nodeStatus.cordoned
     let override: ServingStatus | undefined
-    const current = (): ServingStatus => override ?? (engineTag === "Ready" && !draining ? "SERVING" : "NOT_SERVING")
+    const current = (): ServingStatus =>
+      override ?? (engineTag === "Ready" && !draining && !cordoned ? "SERVING" : "NOT_SERVING")
     const publish = (): void => health.publish(current())
     publish()
     yield* Stream.runForEach(engine.changes, (s) =>
@@ -38,11 +40,14 @@ export const make: Effect.Effect<ServingState, never, EngineProcess | NodeStatus
       })
     ).pipe(Effect.forkScoped)
     yield* Stream.runForEach(nodeStatus.changes, (state) =>
-      Effect.map(nodeStatus.draining, (d) => {
+      Effect.zipWith(nodeStatus.draining, nodeStatus.cordoned, (d, c) => {
         draining = d || state === "draining"
+        // the flag, not the state: under a drain the state says "draining" whether or not the node is cordoned
+        cordoned = c || state === "cordoned"
         publish()
       })
     ).pipe(Effect.forkScoped)
+    const cordonedRefusal = new NodeCordoned()
     return {
       health,
       setOverride: (status) => {
@@ -51,6 +56,8 @@ export const make: Effect.Effect<ServingState, never, EngineProcess | NodeStatus
       },
       refusal: () => {
         if (draining) return new NotServing({ reason: "node is draining" })
+        // made once: the cordon's refusal per call is a flag read, nothing allocated
+        if (cordoned) return cordonedRefusal
         if (engineTag === "Ready") return undefined
         return new NotServing({ reason: `engine is not ready (${engineTag.toLowerCase()})` })
       }

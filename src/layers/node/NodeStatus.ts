@@ -1,5 +1,5 @@
 /**
- * The live NodeStatus layer: assembles NodeHealth from the engine, admission, drain, GPUs and metrics.
+ * The live NodeStatus layer: assembles NodeHealth from the engine, admission, drain, cordon, GPUs and metrics.
  * Its test double (a NodeStatus tests drive by hand) is src/testing/NodeStatus.ts.
  */
 import * as os from "node:os"
@@ -12,6 +12,7 @@ import { EngineStall, noStall, stallProblem } from "../../services/engine/Engine
 import { failingOf } from "../../services/engine/EngineState.ts"
 import { GpuGate, type GpuGateStatus, gateProblem } from "../../services/engine/GpuGate.ts"
 import { Admission } from "../../services/grpc/Admission.ts"
+import { Cordon } from "../../services/node/Cordon.ts"
 import { Drain } from "../../services/node/Drain.ts"
 import { buildNodeHealth, enginePhase, nodeState, ratePerSecond } from "../../services/node/NodeHealthView.ts"
 import { type NodeState, NodeStatus } from "../../services/node/NodeStatus.ts"
@@ -37,7 +38,11 @@ const totalOf = (counter: Counter<"model">) =>
 
 export const layer = (
   options: NodeStatusOptions = {}
-): Layer.Layer<NodeStatus, never, Config | EngineProcess | EngineClient | Admission | Drain | Nvml | Metrics> =>
+): Layer.Layer<
+  NodeStatus,
+  never,
+  Config | EngineProcess | EngineClient | Admission | Drain | Cordon | Nvml | Metrics
+> =>
   Layer.effect(
     NodeStatus,
     Effect.gen(function* () {
@@ -46,6 +51,7 @@ export const layer = (
       const client = yield* EngineClient
       const admission = yield* Admission
       const drain = yield* Drain
+      const cordon = yield* Cordon
       const nvml = yield* Nvml
       const metrics = yield* Metrics
       // optional: tests and hosts without a GPU engine run without a gate
@@ -95,12 +101,13 @@ export const layer = (
       }).pipe(Effect.repeat(Schedule.spaced(heartbeat)), Effect.delay(heartbeat), Effect.forkScoped)
 
       const gather = Effect.gen(function* () {
-        const [state, restarts, draining, inflight, queued, gpus, tokensPerSecond, gpuGate, problem] =
+        const [state, restarts, draining, cordoned, inflight, queued, gpus, tokensPerSecond, gpuGate, problem] =
           yield* Effect.all(
             [
               engine.state,
               engine.restarts,
               drain.draining,
+              cordon.cordoned,
               admission.inflight,
               admission.queued,
               nvml.gpus,
@@ -111,7 +118,19 @@ export const layer = (
             { concurrency: "unbounded" }
           )
         const load = state._tag === "Ready" ? yield* signals : undefined
-        return { state, restarts, draining, inflight, queued, gpus, tokensPerSecond, signals: load, gpuGate, problem }
+        return {
+          state,
+          restarts,
+          draining,
+          cordoned,
+          inflight,
+          queued,
+          gpus,
+          tokensPerSecond,
+          signals: load,
+          gpuGate,
+          problem
+        }
       })
 
       const snapshot = Effect.gen(function* () {
@@ -146,8 +165,8 @@ export const layer = (
       // a GPU fault, memory held past gpu_free_timeout or a stalled engine is a fact: it reaches etcd at once,
       // not at the next heartbeat
       const stateNow = Effect.gen(function* () {
-        const [s, d, p] = yield* Effect.all([engine.state, drain.draining, problemNow])
-        return nodeState(s, d, p)
+        const [s, d, p, c] = yield* Effect.all([engine.state, drain.draining, problemNow, cordon.cordoned])
+        return nodeState(s, d, p, c)
       })
       const gpuChanges: Stream.Stream<unknown> = Option.match(gate, {
         onNone: () => Stream.empty,
@@ -162,11 +181,12 @@ export const layer = (
           engine.changes.pipe(Stream.mapEffect(() => stateNow)),
           gpuChanges.pipe(Stream.mapEffect(() => stateNow)),
           stallChanges.pipe(Stream.mapEffect(() => stateNow)),
+          cordon.changes.pipe(Stream.mapEffect(() => stateNow)),
           Stream.fromEffect(drain.awaitStarted).pipe(Stream.as("draining" as const))
         ],
         { concurrency: "unbounded" }
       ).pipe(Stream.changes)
 
-      return NodeStatus.of({ snapshot, changes, draining: drain.draining })
+      return NodeStatus.of({ snapshot, changes, draining: drain.draining, cordoned: cordon.cordoned })
     })
   )

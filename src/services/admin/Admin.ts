@@ -87,12 +87,13 @@ export const authorize = (options: {
   return tokenMatches(given, options.token) ? "allowed" : "wrong"
 }
 
-/** /readyz: ready only when the node state is ready and no drain has begun. */
+/** /readyz: ready only when the node state is ready and no drain has begun; a cordon says just "cordoned". */
 export const readiness = (
   health: NodeHealth,
   draining: boolean
 ): { readonly ready: boolean; readonly reason: string } => {
   if (draining || health.state === "draining") return { ready: false, reason: "draining" }
+  if (health.state === "cordoned") return { ready: false, reason: "cordoned" }
   if (health.state === "ready") return { ready: true, reason: "ready" }
   const engine = health.engine
   const phase = engine ? `engine ${engine.phase}${engine.detail ? `: ${engine.detail}` : ""}` : "no engine state"

@@ -1,7 +1,7 @@
 /**
  * CallErrors: how the agent itself ends a Generate call it had accepted for checking, apart from request
  * validation (GenerateRejected), the handoff (InvalidHandoff) and admission (Overloaded, Draining): the node
- * is not serving, a P/D leg ran out of time, the engine stalled, the drain cut the stream, the server shut
+ * is not serving or cordoned, a P/D leg ran out of time, the engine stalled, the drain cut the stream, the server shut
  * down under an open call (a health Watch), or the agent broke.
  * Their gRPC statuses are rows of GrpcStatus.ts's table.
  */
@@ -14,6 +14,13 @@ export class NotServing extends Schema.TaggedError<NotServing>()("NotServing", {
 }) {
   override get message(): string {
     return `${this.reason}; retry on another node`
+  }
+}
+
+/** An operator cordoned the node (POST /cordon): it takes no new calls until POST /uncordon; the engine still runs. */
+export class NodeCordoned extends Schema.TaggedError<NodeCordoned>()("NodeCordoned", {}) {
+  override get message(): string {
+    return "node is cordoned (out of traffic by an operator's POST /cordon); retry on another node"
   }
 }
 

@@ -12,6 +12,7 @@ import type {
   AgentDefect,
   EngineStalled,
   LegDeadline,
+  NodeCordoned,
   NotServing,
   ServerShuttingDown,
   StreamAborted
@@ -25,6 +26,7 @@ export type GenerateError =
   | GenerateRejected
   | InvalidHandoff
   | NotServing
+  | NodeCordoned
   | Overloaded
   | Draining
   | EngineError
@@ -140,6 +142,8 @@ export const statusTable: { readonly [T in GenerateErrorTag]: Row<T> } = {
   InvalidHandoff: (e) => agent(Status.FAILED_PRECONDITION, e),
   // Retryable elsewhere: this node is not taking calls now.
   NotServing: (e) => agent(Status.UNAVAILABLE, e),
+  // Retryable elsewhere too: an operator took the node out of traffic, the engine behind it still runs.
+  NodeCordoned: (e) => agent(Status.UNAVAILABLE, e),
   Overloaded: (e) => agent(Status.RESOURCE_EXHAUSTED, e),
   Draining: (e) => agent(Status.UNAVAILABLE, e),
   LegDeadline: (e) => agent(Status.DEADLINE_EXCEEDED, e),

@@ -12,11 +12,14 @@ import type { NodeState } from "./NodeStatus.ts"
 
 /**
  * Ready -> ready; Starting/Restarting -> starting, unhealthy once failing (several runs in a row failed);
- * Unhealthy -> unhealthy; a drain wins over all, then a problem outside the engine's state (a faulty GPU, GPU
- * memory held past gpu_free_timeout, a stalled engine) makes the node unhealthy whatever the engine says.
+ * Unhealthy -> unhealthy; a drain wins over all (it is final), then an operator's cordon (the node is out of
+ * traffic whatever else is true; the engine's detail still says what is wrong with it), then a problem outside the
+ * engine's state (a faulty GPU, GPU memory held past gpu_free_timeout, a stalled engine) makes the node unhealthy
+ * whatever the engine says.
  */
-export const nodeState = (engine: EngineState, draining: boolean, problem?: string): NodeState => {
+export const nodeState = (engine: EngineState, draining: boolean, problem?: string, cordoned = false): NodeState => {
   if (draining) return "draining"
+  if (cordoned) return "cordoned"
   if (problem !== undefined) return "unhealthy"
   switch (engine._tag) {
     case "Ready":
@@ -79,6 +82,8 @@ export interface NodeHealthInputs {
   readonly engine: EngineState
   readonly restarts: number
   readonly draining: boolean
+  /** An operator's cordon (POST /cordon); absent: not cordoned. */
+  readonly cordoned?: boolean
   /** Undefined when the engine could not be scraped (not ready, no metrics, error). */
   readonly signals: LoadSignals | undefined
   readonly inflight: number
@@ -102,7 +107,7 @@ export const buildNodeHealth = (i: NodeHealthInputs): NodeHealth => ({
   agentVersion: i.agentVersion,
   advertiseAddr: i.advertiseAddr,
   role: i.config.agent.role,
-  state: nodeState(i.engine, i.draining, i.problem),
+  state: nodeState(i.engine, i.draining, i.problem, i.cordoned),
   engine: {
     kind: i.config.engine.kind,
     model: i.config.model.served_name,

@@ -8,17 +8,19 @@ import type { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
 
 export type { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
 
-/** The node states a router sees. */
-export const NodeStates = ["starting", "ready", "unhealthy", "draining"] as const
+/** The node states a router sees; "cordoned": an operator took the node out of traffic (services/node/Cordon.ts). */
+export const NodeStates = ["starting", "ready", "unhealthy", "draining", "cordoned"] as const
 export type NodeState = (typeof NodeStates)[number]
 
 export interface NodeStatusService {
   /** NodeHealth computed now. */
   readonly snapshot: Effect.Effect<NodeHealth>
-  /** Emits whenever the node state may have changed (engine transition, drain), so writers need not wait a heartbeat. */
+  /** Emits whenever the node state may have changed (engine transition, drain, cordon), so writers need not wait a heartbeat. */
   readonly changes: Stream.Stream<NodeState>
   /** True once a drain has begun. */
   readonly draining: Effect.Effect<boolean>
+  /** True while an operator has the node cordoned (a flag read, for gRPC health and the per-call refusal). */
+  readonly cordoned: Effect.Effect<boolean>
 }
 
 export class NodeStatus extends Context.Service<NodeStatus, NodeStatusService>()("cgn-agent/NodeStatus") {}

@@ -39,12 +39,14 @@ export const observe = (
 
 /**
  * Whether an observed state is a fact to publish at once rather than a probe verdict to damp, given the
- * engine phase behind it (NodeHealth.engine.phase) and what the cluster sees now. Facts: draining; the engine
+ * engine phase behind it (NodeHealth.engine.phase) and what the cluster sees now. Facts: draining; an operator's
+ * cordon and uncordon (leaving "cordoned" is one too: a router must not wait heartbeats to learn of it); the engine
  * exited or is (re)starting; the engine stopped (unhealthy while stopping/stopped); the engine became ready
  * after a start. Flaps: unhealthy while the engine runs (the liveness probe) and ready again after it.
  */
 export const isFact = (observed: NodeState, enginePhase: string, published: NodeState | undefined): boolean => {
-  if (observed === "draining" || observed === "starting") return true
+  if (observed === "draining" || observed === "starting" || observed === "cordoned") return true
+  if (published === "cordoned") return true
   if (observed === "unhealthy") return enginePhase !== "unhealthy"
   return published !== "unhealthy"
 }

@@ -216,7 +216,10 @@ export interface NodeHealth {
   advertiseAddr: string;
   /** "prefill", "decode" or "both". */
   role: string;
-  /** "starting", "ready", "unhealthy" or "draining". */
+  /**
+   * "starting", "ready", "unhealthy", "draining" or "cordoned" (an operator took the node out of traffic with
+   * POST /cordon; the engine still runs). Routers send new calls only to "ready".
+   */
   state: string;
   engine?: EngineHealth | undefined;
   load?: Load | undefined;

@@ -1,0 +1,80 @@
+/**
+ * The live Cordon: the cordon persisted as `cordon.json` in agent.state_dir, so an operator's cordon outlives an
+ * agent restart (OOM, upgrade, crash) until POST /uncordon. Read once at start; written atomically (temp file +
+ * rename, as the engine pid file is: layers/engine/pidFile.ts) before the state changes, removed before the
+ * uncordon takes effect. A failed write or removal is the request's error (500), never the daemon's.
+ */
+import * as fs from "node:fs/promises"
+import * as path from "node:path"
+import { Clock, Effect, Layer } from "effect"
+import { Config } from "../../services/config/Config.ts"
+import {
+  Cordon,
+  CordonPersistError,
+  type CordonRecord,
+  decodeRecord,
+  encodeRecord,
+  make
+} from "../../services/node/Cordon.ts"
+
+export const cordonFilePath = (stateDir: string): string => path.join(stateDir, "cordon.json")
+
+const errorText = (e: unknown): string => (e instanceof Error ? e.message : String(e))
+
+/**
+ * The record at start. No file: not cordoned. A file that cannot be read or parsed still means an operator
+ * cordoned the node (only a cordon writes it), so the node starts cordoned rather than back in traffic.
+ */
+const readAtStart = (file: string) =>
+  Effect.gen(function* () {
+    const text = yield* Effect.promise(() =>
+      fs.readFile(file, "utf8").then(
+        (t): string | { readonly error: unknown } => t,
+        (error: unknown) => ({ error })
+      )
+    )
+    if (typeof text !== "string") {
+      // no state_dir yet, or a path through a file: no cordon can have been recorded there
+      const code = (text.error as NodeJS.ErrnoException).code
+      if (code === "ENOENT" || code === "ENOTDIR") return undefined
+      yield* Effect.logError(`cannot read the cordon record ${file}; starting cordoned to be safe`, {
+        error: errorText(text.error)
+      })
+      return { since: yield* Clock.currentTimeMillis, reason: "unreadable cordon record" }
+    }
+    const record = decodeRecord(text)
+    if (record !== undefined) return record
+    yield* Effect.logError(`the cordon record ${file} is not one; starting cordoned to be safe`)
+    return { since: yield* Clock.currentTimeMillis, reason: "unreadable cordon record" }
+  })
+
+export const layer: Layer.Layer<Cordon, never, Config> = Layer.effect(
+  Cordon,
+  Effect.gen(function* () {
+    const stateDir = (yield* Config).agent.state_dir
+    const file = cordonFilePath(stateDir)
+    const fail = (e: unknown) => new CordonPersistError({ file, reason: errorText(e) })
+    const initial: CordonRecord | undefined = yield* readAtStart(file)
+    if (initial !== undefined) {
+      yield* Effect.logWarning("starting cordoned: new Generate calls are refused until POST /uncordon", {
+        since: new Date(initial.since).toISOString(),
+        reason: initial.reason,
+        file
+      })
+    }
+    return yield* make(initial, {
+      write: (record) =>
+        Effect.tryPromise({
+          try: async () => {
+            // The supervisor creates state_dir too, but a cordon may come first (an engine still reclaiming).
+            await fs.mkdir(stateDir, { recursive: true })
+            const tmp = `${file}.${process.pid}.tmp`
+            await fs.writeFile(tmp, encodeRecord(record))
+            await fs.rename(tmp, file)
+          },
+          catch: fail
+        }),
+      remove: Effect.tryPromise({ try: () => fs.rm(file, { force: true }), catch: fail })
+    })
+  })
+)
