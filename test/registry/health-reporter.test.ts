@@ -4,6 +4,7 @@
  * a paused, killed or revoked etcd lease, duplicate node ids, SIGKILLed agent, clean stop, standalone.
  */
 import { spawn } from "node:child_process"
+import * as fs from "node:fs/promises"
 import * as net from "node:net"
 import * as path from "node:path"
 import { Effect, Exit, Layer, ManagedRuntime } from "effect"
@@ -382,6 +383,32 @@ describe("HealthReporter against a real etcd", () => {
       return x?.freshness?.epoch === up.epoch ? x : undefined
     })
     expect(rec.freshness!.sequence).toBeGreaterThan(down.sequence)
+  }, 30_000)
+
+  it("registers again under a new lease after etcd comes back without its data (a wiped data dir)", async () => {
+    const etcd = await startEtcd()
+    cleanups.push(() => etcd.dispose())
+    const prefix = uniquePrefix()
+    const key = nodeKey(prefix, "c1", "n1")
+    const r = await startReporter({ prefix, endpoint: etcd.endpoint })
+    const before = await untilState(r, "registered")
+    await etcd.kill()
+    const down = await untilState(r, "retrying")
+    // etcd restarted with an empty data dir (a lost volume, a re-created member): our lease and key are gone.
+    await fs.rm(path.join(etcd.dataDir, "data"), { recursive: true, force: true })
+    await etcd.restart()
+    const up = await untilState(r, "registered", 10_000, (s) => s.writes > down.writes && s.epoch !== before.epoch)
+    const local = new Etcd3({ hosts: etcd.endpoint })
+    cleanups.push(async () => local.close())
+    const rec = await pollUntil("record under the new lease", async () => {
+      const x = await readRecord(local, key)
+      return x?.freshness?.epoch === up.epoch ? x : undefined
+    })
+    expect(rec.nodeId).toBe("n1")
+    expect(up.epoch).not.toBe(before.epoch)
+    // one lease in the fresh etcd: ours, the one the record names
+    const leases = await local.leaseClient.leaseLeases({})
+    expect(leases.leases.map((l) => BigInt(l.ID).toString(16))).toEqual([up.epoch])
   }, 30_000)
 
   it("a SIGKILLed agent's key disappears after the lease TTL", async () => {
