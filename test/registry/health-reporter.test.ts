@@ -316,6 +316,21 @@ describe("HealthReporter against a real etcd", () => {
     expect(rec.freshness!.sequence).toBeGreaterThan(before.sequence)
   }, 20_000)
 
+  it("a key written by hand, with no lease: refused, the error says it never expires and how to remove it", async () => {
+    const prefix = uniquePrefix()
+    const key = nodeKey(prefix, "c1", "n1")
+    await client.put(key).value(JSON.stringify({ nodeId: "n1", advertiseAddr: "10.0.0.9:7071" }))
+    const r = await startReporter({ prefix })
+    const s = await untilState(r, "conflict")
+    expect(s.conflict?.lease).toBe("none")
+    expect(s.lastError).toContain("with no lease")
+    expect(s.lastError).toContain(`etcdctl del ${key}`)
+    expect(s.lastError).not.toContain("until that lease ends")
+    // deleted: the agent takes the key
+    await client.delete().key(key)
+    await untilState(r, "registered")
+  }, 20_000)
+
   it("refuses a duplicate node id, naming the holder, and takes over once the holder leaves", async () => {
     const prefix = uniquePrefix()
     const key = nodeKey(prefix, "c1", "n1")

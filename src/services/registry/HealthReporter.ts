@@ -95,6 +95,9 @@ export class RegistrationConflict extends Schema.TaggedError<RegistrationConflic
 }) {
   override get message(): string {
     const addr = this.holderAdvertiseAddr === "" ? "unknown address" : `advertising ${this.holderAdvertiseAddr}`
+    // A key written without a lease (by hand, by a tool) never expires: only its removal ends the conflict.
+    if (this.holderLease === "none")
+      return `node id "${this.nodeId}" is already registered at ${this.key} with no lease (${addr}): written by hand or by another tool, it never expires; refusing to overwrite it, retrying until the key is deleted (etcdctl del ${this.key}). If another agent needs this id, give this one a distinct [agent].node_id`
     return `node id "${this.nodeId}" is already registered at ${this.key} by another live agent (lease ${this.holderLease}, ${addr}); refusing to overwrite it, retrying until that lease ends. Give this agent a distinct [agent].node_id`
   }
 }
