@@ -141,7 +141,14 @@ export const daemon = Effect.scoped(
     const signals = yield* shutdownSignals
     const drain = yield* Drain
     const tls = yield* Tls
-    yield* reloadOnHangup(Effect.andThen(TlsLive.hangupReload, Logging.hangupReload(config.file)))
+    // The reporter (and its etcd client) is built after the servers: a SIGHUP before then has no etcd TLS to reload.
+    const etcdTlsReload = yield* Deferred.make<Effect.Effect<void>>()
+    const reloadEtcdTls = Effect.flatMap(Deferred.poll(etcdTlsReload), (done) =>
+      Option.isSome(done) ? Effect.flatten(done.value) : Effect.void
+    )
+    yield* reloadOnHangup(
+      Effect.andThen(TlsLive.hangupReload, Logging.hangupReload(config.file)).pipe(Effect.andThen(reloadEtcdTls))
+    )
     const lag = yield* EventLoopLag
     yield* MetricsLive.mirrorEventLoopLag(lag.sample)
     yield* MetricsLive.mirrorLogDrops(Logging.droppedLogLines)
@@ -177,6 +184,7 @@ export const daemon = Effect.scoped(
     const reporterContext = yield* Layer.build(HealthReporterLive.layer)
     const reporter = Context.get(reporterContext, HealthReporter)
     yield* Deferred.succeed(reporterReady, reporter.status)
+    yield* Deferred.succeed(etcdTlsReload, reporter.reloadTls)
     yield* MetricsLive.mirrorRegistration(reporter.status)
     yield* MetricsLive.mirrorNodeState((yield* NodeStatus).snapshot)
 

@@ -29,7 +29,8 @@ export const layerTest: Layer.Layer<HealthReporter, never, NodeStatus> = Layer.e
       status: Ref.get(status),
       lastRecord: Ref.get(last),
       markDraining: write("draining"),
-      flush: write()
+      flush: write(),
+      reloadTls: Effect.void
     })
   })
 )

@@ -4,8 +4,12 @@
 // An engine command that does not exist is reported as failing (/readyz, metric) while it is still retried.
 // Requires dist/ (`npm run build`; `npm test` builds first).
 import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
 import { awaitEngineFailing, killAllAgents, requireDist, simAgentConfig, startAgent } from "../support/agent.ts"
+import { makeTestPki } from "../support/certs.ts"
+import { startEtcd } from "../support/etcd.ts"
 import { agentClient, generate, grpcCode } from "../support/generate.ts"
 import { pollUntil } from "../support/poll.ts"
 
@@ -31,6 +35,57 @@ describe("SIGHUP", () => {
     const exit = await agent.stop("SIGTERM")
     expect(exit, agent.tail()).toEqual({ code: 0, signal: null })
     expect(agent.stderrLines.some((l) => l.includes("drain: started"))).toBe(true)
+  }, 90_000)
+})
+
+describe("SIGHUP and the etcd client certificate", () => {
+  it("a pair etcd refuses, fixed on disk: SIGHUP takes it and the agent registers, no restart", async () => {
+    const pki = makeTestPki()
+    const etcd = await startEtcd({
+      tls: {
+        certFile: pki.server.certFile,
+        keyFile: pki.server.keyFile,
+        caFile: pki.ca.certFile,
+        clientCertAuth: true,
+        clientCertFile: pki.client.certFile,
+        clientKeyFile: pki.client.keyFile
+      }
+    })
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-etcd-sighup-"))
+    try {
+      // a client pair signed by a CA etcd does not trust: a rotation gone wrong
+      const cert = path.join(dir, "client.crt")
+      const key = path.join(dir, "client.key")
+      fs.copyFileSync(pki.otherClient.certFile, cert)
+      fs.copyFileSync(pki.otherClient.keyFile, key)
+      const { config } = await simAgentConfig({ etcd: [etcd.endpoint] })
+      const withTls = {
+        ...config,
+        cluster: { ...config.cluster, etcd_ca_file: pki.ca.certFile, etcd_cert_file: cert, etcd_key_file: key },
+        agent: { ...config.agent, heartbeat: "500ms", lease_ttl: "2s" }
+      }
+      const agent = await startAgent({ config: withTls, awaitReady: false })
+      const registration = async () =>
+        ((await (await fetch(`${agent.adminUrl}/status`)).json()) as { registration?: { state?: string } }).registration
+          ?.state
+      await pollUntil("refused by etcd", async () => ((await registration()) === "retrying" ? true : undefined), 20_000)
+      fs.copyFileSync(pki.client.certFile, cert)
+      fs.copyFileSync(pki.client.keyFile, key)
+      process.kill(agent.pid, "SIGHUP")
+      await pollUntil(
+        "registered after SIGHUP",
+        async () => ((await registration()) === "registered" ? true : undefined),
+        20_000
+      ).catch((e) => {
+        throw new Error(`${(e as Error).message}\n${agent.tail()}`)
+      })
+      expect(agent.stderrLines.some((l) => l.includes("SIGHUP: etcd TLS files reloaded"))).toBe(true)
+      expect(await agent.stop("SIGTERM")).toEqual({ code: 0, signal: null })
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true })
+      await etcd.dispose()
+      pki.cleanup()
+    }
   }, 90_000)
 })
 

@@ -4,6 +4,9 @@
  * with the wrong CA (retrying with a clear error, never a crash), and an unreadable TLS file failing the
  * layer at start with EtcdTlsError naming the [cluster] key.
  */
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
 import { Cause, Effect, Exit, Layer, ManagedRuntime } from "effect"
 import { Etcd3 } from "etcd3"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
@@ -85,7 +88,10 @@ const startReporter = async (prefix: string, tls: Tls, endpoint?: string) => {
   const runtime = ManagedRuntime.make(layerFor(prefix, tls, endpoint))
   cleanups.push(() => runtime.dispose())
   await runtime.runPromise(Effect.asVoid(HealthReporter))
-  return { status: () => runtime.runPromise(Effect.flatMap(HealthReporter, (r) => r.status)) }
+  return {
+    status: () => runtime.runPromise(Effect.flatMap(HealthReporter, (r) => r.status)),
+    reloadTls: () => runtime.runPromise(Effect.flatMap(HealthReporter, (r) => r.reloadTls))
+  }
 }
 
 const untilState = (r: { status: () => Promise<RegistrationStatus> }, state: RegistrationStatus["state"]) =>
@@ -122,6 +128,46 @@ describe("HealthReporter over TLS against a real etcd", () => {
       (await r.status()).writeFailures > st.writeFailures ? true : undefined
     )
   }, 15_000)
+
+  it("a client certificate replaced on disk is taken on reloadTls (SIGHUP): from refused to registered, no restart", async () => {
+    // The agent's files start as a pair etcd does not trust (signed by another CA), as after a botched rotation.
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-etcd-rotate-"))
+    cleanups.push(async () => fs.rmSync(dir, { recursive: true, force: true }))
+    const cert = path.join(dir, "client.crt")
+    const key = path.join(dir, "client.key")
+    fs.copyFileSync(pki.otherClient.certFile, cert)
+    fs.copyFileSync(pki.otherClient.keyFile, key)
+    const r = await startReporter(uniquePrefix(), { ca: pki.ca.certFile, cert, key })
+    const refused = await untilState(r, "retrying")
+    expect(refused.lastError).toContain("TLS handshake refused by etcd")
+    // unchanged files: nothing to do, still refused
+    await r.reloadTls()
+    expect((await r.status()).state).toBe("retrying")
+    // the rotation fixed on disk, then SIGHUP's reload: registered with the new pair
+    fs.copyFileSync(pki.client.certFile, cert)
+    fs.copyFileSync(pki.client.keyFile, key)
+    await r.reloadTls()
+    const st = await untilState(r, "registered")
+    expect(st.writes).toBeGreaterThan(0)
+  }, 20_000)
+
+  it("a reload with a file that is no longer PEM keeps the working client: still registered", async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-etcd-rotate-"))
+    cleanups.push(async () => fs.rmSync(dir, { recursive: true, force: true }))
+    const cert = path.join(dir, "client.crt")
+    const key = path.join(dir, "client.key")
+    fs.copyFileSync(pki.client.certFile, cert)
+    fs.copyFileSync(pki.client.keyFile, key)
+    const r = await startReporter(uniquePrefix(), { ca: pki.ca.certFile, cert, key })
+    const before = await untilState(r, "registered")
+    fs.writeFileSync(cert, "not a certificate\n")
+    await r.reloadTls()
+    const after = await pollUntil("more writes", async () => {
+      const s = await r.status()
+      return s.writes > before.writes + 2 ? s : undefined
+    })
+    expect(after.state).toBe("registered")
+  }, 20_000)
 
   it("a server certificate from another CA: retrying with a clear error", async () => {
     const r = await startReporter(uniquePrefix(), {

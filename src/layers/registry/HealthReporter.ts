@@ -31,7 +31,8 @@ const standalone = (nodeId: string): Effect.Effect<HealthReporterService> =>
       status: Effect.succeed(standaloneStatus),
       lastRecord: Effect.succeed(undefined),
       markDraining: Effect.void,
-      flush: Effect.void
+      flush: Effect.void,
+      reloadTls: Effect.void
     }
   })
 
@@ -158,7 +159,21 @@ const make = Effect.gen(function* () {
         )
       )
     }),
-    flush: writeNow("flush")
+    flush: writeNow("flush"),
+    reloadTls:
+      cluster.etcd_ca_file === undefined && cluster.etcd_cert_file === undefined
+        ? Effect.void
+        : ops.reloadTls.pipe(
+            Effect.flatMap((changed) =>
+              Effect.logInfo(
+                changed
+                  ? "SIGHUP: etcd TLS files reloaded (connections to etcd made from now on use them)"
+                  : "SIGHUP: etcd TLS files unchanged"
+              )
+            ),
+            Effect.catch((e) => Effect.logWarning(`SIGHUP: keeping the previous etcd TLS files: ${e.message}`)),
+            Effect.annotateLogs({ component: "HealthReporter" })
+          )
   }
   return service
 })

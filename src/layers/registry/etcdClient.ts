@@ -46,6 +46,11 @@ export interface EtcdOps {
     leaseId: string
   ) => Effect.Effect<WriteOutcome, EtcdUnavailable | LeaseLost>
   readonly revoke: (leaseId: string) => Effect.Effect<void, EtcdUnavailable>
+  /**
+   * Reads the [cluster] TLS files again; when they changed, the next calls go through a new client with them (the
+   * lease and key are etcd's, so nothing is re-registered). False when unchanged. A bad file fails and changes nothing.
+   */
+  readonly reloadTls: Effect.Effect<boolean, EtcdTlsError>
 }
 
 export interface EtcdClientOptions {
@@ -168,10 +173,28 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
     host: makeHostFailover(cluster.etcd, (e) => isRecoverableError(e as Error)),
     global: passThrough()
   }
-  const client = yield* Effect.acquireRelease(
-    Effect.sync(() => new Etcd3({ ...opts, faultHandling })),
-    (c) => Effect.sync(() => c.close())
-  )
+  // Replaced by reloadTls (a rotated client certificate is used only by connections made after the swap, and a
+  // connection lives until etcd or the network drops it); the scope closes whichever client is current.
+  let client = new Etcd3({ ...opts, faultHandling })
+  let tlsFiles = opts.credentials
+  yield* Effect.addFinalizer(() => Effect.sync(() => client.close()))
+  const sameBytes = (a: Buffer | null | undefined, b: Buffer | null | undefined) =>
+    a === b || (a != null && b != null && a.equals(b))
+  const reloadTls = Effect.gen(function* () {
+    const next = yield* etcdOptions(cluster, options)
+    const [was, now] = [tlsFiles, next.credentials]
+    const unchanged =
+      sameBytes(was?.rootCertificate, now?.rootCertificate) &&
+      sameBytes(was?.certChain, now?.certChain) &&
+      sameBytes(was?.privateKey, now?.privateKey)
+    if (unchanged) return false
+    const old = client
+    client = new Etcd3({ ...next, faultHandling })
+    tlsFiles = now
+    // A call still on the old client fails (EtcdUnavailable) and the reporter's next round uses the new one.
+    old.close()
+    return true
+  })
   const call = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, EtcdUnavailable | LeaseLost> =>
     Effect.tryPromise({
       try: f,
@@ -287,5 +310,5 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
       Effect.catchTag("LeaseLost", () => Effect.void)
     )
 
-  return { grant, keepAlive, create, write, revoke } satisfies EtcdOps
+  return { grant, keepAlive, create, write, revoke, reloadTls } satisfies EtcdOps
 })

@@ -147,6 +147,11 @@ export interface HealthReporterService {
   readonly markDraining: Effect.Effect<void, ReporterError>
   /** Writes the current NodeHealth at once (registering first if needed). No-op when standalone. */
   readonly flush: Effect.Effect<void, ReporterError>
+  /**
+   * SIGHUP: reads the [cluster] etcd TLS files again and, when they changed, talks to etcd with them from then on
+   * (a rotated client certificate, a new CA bundle); logs what it did, never fails. No-op without etcd TLS files.
+   */
+  readonly reloadTls: Effect.Effect<void>
 }
 
 export class HealthReporter extends Context.Service<HealthReporter, HealthReporterService>()(
