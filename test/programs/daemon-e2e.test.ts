@@ -58,13 +58,12 @@ describe("SIGHUP and the etcd client certificate", () => {
       const key = path.join(dir, "client.key")
       fs.copyFileSync(pki.otherClient.certFile, cert)
       fs.copyFileSync(pki.otherClient.keyFile, key)
-      const { config } = await simAgentConfig({ etcd: [etcd.endpoint] })
-      const withTls = {
-        ...config,
-        cluster: { ...config.cluster, etcd_ca_file: pki.ca.certFile, etcd_cert_file: cert, etcd_key_file: key },
-        agent: { ...config.agent, heartbeat: "500ms", lease_ttl: "2s" }
-      }
-      const agent = await startAgent({ config: withTls, awaitReady: false })
+      const { config } = await simAgentConfig({
+        etcd: [etcd.endpoint],
+        cluster: { etcd_ca_file: pki.ca.certFile, etcd_cert_file: cert, etcd_key_file: key },
+        agent: { heartbeat: "500ms", lease_ttl: "2s" }
+      })
+      const agent = await startAgent({ config, awaitReady: false })
       const registration = async () =>
         ((await (await fetch(`${agent.adminUrl}/status`)).json()) as { registration?: { state?: string } }).registration
           ?.state

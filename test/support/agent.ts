@@ -243,6 +243,8 @@ export interface SimAgentOptions {
   /** etcd endpoints; empty: standalone. */
   readonly etcd?: ReadonlyArray<string>
   readonly etcdPrefix?: string
+  /** Merged over the [cluster] section (etcd TLS files, credentials). */
+  readonly cluster?: Record<string, unknown>
   readonly nodeId?: string
   /** Extra simulator knobs (`--sim-itl`, ...). */
   readonly simArgs?: ReadonlyArray<string>
@@ -271,7 +273,8 @@ export const simAgentConfig = async (o: SimAgentOptions = {}): Promise<SimAgentC
     cluster: {
       name: "e2e",
       etcd: [...(o.etcd ?? [])],
-      etcd_prefix: o.etcdPrefix ?? "/cgn"
+      etcd_prefix: o.etcdPrefix ?? "/cgn",
+      ...o.cluster
     },
     agent: {
       listen_grpc: `127.0.0.1:${grpcPort}`,
