@@ -8,14 +8,17 @@ import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
 import { encode } from "@msgpack/msgpack"
-import { Context, Effect, Exit, Layer, Scope } from "effect"
+import { Context, Effect, Exit, Fiber, Layer, Scope } from "effect"
 import { afterEach, describe, expect, it, vi } from "vitest"
 import * as zmq from "zeromq"
 import * as ConfigLive from "../../src/layers/config/Config.ts"
 import { decodeConfigObject } from "../../src/layers/config/Config.ts"
 import { engineFor, planLayer } from "../../src/layers/engine/backends/index.ts"
 import * as KvBridgeLive from "../../src/layers/kv/KvBridge.ts"
+import { runLink } from "../../src/layers/kv/kvcachedClient.ts"
 import * as ReceiverLive from "../../src/layers/kv/kvcachedReceiver.ts"
+import { KvQueue } from "../../src/layers/kv/queue.ts"
+import { type QueuedBody, queuedRecord, resyncOf } from "../../src/layers/kv/rankSequencer.ts"
 import { EnginePlan } from "../../src/services/engine/Engine.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
 import { KvBridge, type KvBridgeStatus } from "../../src/services/kv/KvBridge.ts"
@@ -364,6 +367,78 @@ describe("KvBridge with a scripted publisher", () => {
     expect(st.lastBatchError).toMatch(new RegExp(`^DP rank 0 seq ${bad}: undecodable KV event batch: `))
     expect(st.forwarded).toBe(kc.batches().filter((b) => BigInt(b.seq as number) >= first).length)
     expect(await bridge.metrics()).toMatch(/cgn_agent_kv_events_dropped_total 1\n/)
+  })
+
+  it("a batch the wire schema refuses (float token id, corrupt seq) is a decode Resync: the link goes on and says why", async () => {
+    const { eng, kc, bridge, joined } = await joinedBridge(false)
+    const ev = { type: "BlockStored", block_hashes: [7n], parent_block_hash: null, token_ids: [1.5], block_size: 1 }
+    await eng.send({ seq: 1n << 60n }) // a corrupt seq frame (joined + 1): no seq at all, the next batch shows the gap
+    const bad = await eng.send({ seq: joined + 2n, payload: encode([1.5, [ev], 0], { useBigInt64: true }) })
+    const after = await eng.send()
+    await until(() => kc.batches().some((b) => BigInt(b.seq as number) === after) || undefined, "the batch after")
+    expect(kc.lines.filter((l) => l.type === "Resync")).toMatchObject([
+      { reason: "gap", from_seq: Number(joined) + 1, to_seq: Number(bad) },
+      { reason: "decode", from_seq: Number(bad), to_seq: Number(bad) + 1 }
+    ])
+    const st = await bridge.status()
+    expect(st).toMatchObject({ kvcachedConnected: true, lastError: undefined, dropped: 1 })
+    expect(st.lastBatchError).toMatch(
+      /^DP rank 0 seq \d+: .*schema refuses: Expected an integer at \["events"\]\[0\]\["token_ids"\]\[0\]/
+    )
+  })
+
+  it("whatever let it through, a record kvcached's client cannot encode becomes a decode Resync, never resent", async () => {
+    const sock = await tmpSock()
+    const kc = await kvcached(sock)
+    const queue = new KvQueue<QueuedBody>(1 << 20)
+    const rec = (seq: number, tok: number) =>
+      queuedRecord(
+        {
+          ...batchRecord({
+            topic: "kv",
+            seq: BigInt(seq),
+            ts: 1,
+            dpRank: 0,
+            events: [],
+            unknownTypes: 0,
+            unknownKeys: 0
+          }),
+          events: [{ ..._stored(["1"]), token_ids: [tok] }]
+        },
+        0,
+        BigInt(seq),
+        BigInt(seq + 1)
+      )
+    for (const [seq, tok] of [
+      [0, 1],
+      [1, 2 ** 60],
+      [2, 1]
+    ] as const)
+      queue.push(rec(seq, tok))
+    const errors: Array<string> = []
+    const link = Effect.runFork(
+      runLink({
+        path: sock,
+        queue,
+        hello: hello(id, { epoch: "e1", blockSize: 4 }),
+        resync: resyncOf,
+        materialize: (record) => ({ record, dropped: false }), // no check on the way: the link's own must hold
+        backoffMaxMs: 200,
+        onConnected: () => undefined,
+        onForwarded: () => undefined,
+        onUnencodable: (e) => void errors.push(e)
+      })
+    )
+    cleanups.push(() => Effect.runPromise(Fiber.interrupt(link)))
+    await until(() => kc.lines.some((l) => l.seq === 2) || undefined, "the batch after")
+    expect(kc.lines.filter((l) => l.type !== "Hello").map((l) => [l.n, l.type, l.seq ?? l.reason])).toEqual([
+      [0, "Batch", 0],
+      [1, "Resync", "decode"],
+      [2, "Batch", 2]
+    ])
+    expect(kc.lines.filter((l) => l.type === "Hello")).toHaveLength(1)
+    expect(errors.join()).toMatch(/DP rank 0 seq 1: Expected an integer at \["events"\]\[0\]\["token_ids"\]\[0\]/)
+    expect({ batches: queue.batches, dropped: queue.dropped }).toEqual({ batches: 0, dropped: 1 })
   })
 
   it("a rank reader that fails is resubscribed with growing backoff; what it missed is a gap, and the status says so meanwhile", async () => {

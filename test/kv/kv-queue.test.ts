@@ -124,6 +124,41 @@ describe("KvQueue", () => {
     q.onPush(() => woke++)
     expect(woke).toBe(2)
   })
+
+  it("one record larger than the whole bound is the only one dropped: an overflow Resync in its place, the rest kept", () => {
+    const q = new KvQueue<Rec>(1_000)
+    for (let i = 0n; i < 5n; i++) q.push(batch(i, 100, Number(i % 2n)))
+    expect(q.push(batch(5n, 5_000, 1))).toBe(true)
+    q.push(batch(6n, 5_000, 1)) // the next one of the same rank too: one Resync covers both
+    q.push(batch(7n, 100, 1))
+    expect({ batches: q.batches, dropped: q.dropped }).toEqual({ batches: 6, dropped: 2 })
+    expect(tags(q.take(100, 1 << 20, resync))).toEqual([
+      "batch-0-0",
+      "batch-1-1",
+      "batch-0-2",
+      "batch-1-3",
+      "batch-0-4",
+      "resync-overflow-1-5-7",
+      "batch-1-7"
+    ])
+    expect(q.ack(6)).toBe(6)
+    expect({ bytes: q.bytes, batches: q.batches }).toEqual({ bytes: 0, batches: 0 })
+  })
+
+  it("rewriteUnacked replaces or removes unsent records and numbers what remains again, without holes", () => {
+    const q = new KvQueue<Rec>(1_000)
+    for (let i = 0n; i < 3n; i++) q.push(batch(i, 100))
+    q.take(1, 1_000, resync)
+    q.ack(0)
+    q.take(10, 1_000, resync)
+    q.rewriteUnacked((s) =>
+      s.fromSeq === 1n ? undefined : { ...s, record: { tag: `resync-decode-${s.fromSeq}` }, batch: false }
+    )
+    expect(q.unacked.map((s) => [s.n, s.record.tag])).toEqual([[1, "resync-decode-2"]])
+    expect({ bytes: q.bytes, batches: q.batches, dropped: q.dropped }).toEqual({ bytes: 100, batches: 0, dropped: 2 })
+    q.push(batch(3n, 100))
+    expect(q.take(10, 1_000, resync).map((s) => s.n)).toEqual([2])
+  })
 })
 
 describe("ReceiverState", () => {

@@ -2,11 +2,15 @@
 // the engine's payload as it came (the same bytes, not decoded), and the decode happens when the link takes a
 // record to send it, so batches dropped while kvcached is away never become events in the heap.
 import { encode } from "@msgpack/msgpack"
+import { Effect, Exit } from "effect"
 import { describe, expect, it } from "vitest"
+import * as zmq from "zeromq"
 import { disabledStatus } from "../../src/layers/kv/KvBridge.ts"
 import { KvQueue } from "../../src/layers/kv/queue.ts"
 import { makeSequencer, type QueuedBody, type RankStream, resyncOf } from "../../src/layers/kv/rankSequencer.ts"
-import { seqFrame } from "../../src/services/kv/KvEvents.ts"
+import { fetchReplay } from "../../src/layers/kv/replayFetch.ts"
+import { seqFrame, splitMessage } from "../../src/services/kv/KvEvents.ts"
+import { freePort } from "../support/ports.ts"
 
 const topic = new TextEncoder().encode("kv")
 const payload = (hash: bigint): Uint8Array =>
@@ -14,14 +18,14 @@ const payload = (hash: bigint): Uint8Array =>
     useBigInt64: true
   })
 
-const setup = (maxBytes = 1 << 20) => {
+const setup = (maxBytes = 1 << 20, replayAt?: string, replayTimeoutMs = 1_000) => {
   const st = { ...disabledStatus("e", ""), enabled: true, disabledReason: undefined }
   const queue = new KvQueue<QueuedBody>(maxBytes)
-  const sequencer = makeSequencer(st, queue, "kv", 1_000)
+  const sequencer = makeSequencer(st, queue, "kv", replayTimeoutMs)
   const rank: RankStream = {
     rank: 3,
     endpoint: "tcp://x",
-    replayAt: undefined,
+    replayAt,
     expected: undefined,
     holding: undefined
   }
@@ -106,5 +110,117 @@ describe("rankSequencer", () => {
     const sent = queue.take(10, 1 << 20, resyncOf, sequencer.materialize)
     expect(sent.map((s) => s.record.type)).toEqual(["Resync", "Batch", "Batch", "Batch"])
     expect(sent[0]!.record).toMatchObject({ reason: "overflow", dp_rank: 3, from_seq: 0, to_seq: 7 })
+  })
+
+  it("a batch the wire schema refuses (float token id, float block_size) is a decode Resync naming why; a seq past 2^53 is no seq", () => {
+    const { st, queue, sequencer, rank } = setup()
+    const ev = (tok: number, blockSize = 4) => ({
+      type: "BlockStored",
+      block_hashes: [1n],
+      parent_block_hash: null,
+      token_ids: [tok],
+      block_size: blockSize
+    })
+    const msg = (seq: bigint, e: object) => [topic, seqFrame(seq), encode([1.5, [e]], { useBigInt64: true })]
+    sequencer.onMessage(rank, msg(0n, ev(1)))
+    sequencer.onMessage(rank, msg(1n, ev(1.5)))
+    sequencer.onMessage(rank, msg(2n, ev(1, 16.5)))
+    sequencer.onMessage(rank, msg(3n, ev(2)))
+    const sent = queue.take(10, 1 << 20, resyncOf, sequencer.materialize)
+    expect(sent.map((s) => s.record)).toMatchObject([
+      { type: "Batch", seq: 0 },
+      { type: "Resync", reason: "decode", from_seq: 1, to_seq: 2 },
+      { type: "Resync", reason: "decode", from_seq: 2, to_seq: 3 },
+      { type: "Batch", seq: 3 }
+    ])
+    expect(st.lastBatchError).toMatch(/^DP rank 3 seq 2: .*schema.*Expected an integer.*block_size/)
+    expect(queue.dropped).toBe(2)
+    // A corrupt seq frame is not the stream's position (it would be in every Resync after it).
+    expect(splitMessage([topic, seqFrame(1n << 60n), new Uint8Array()]).ok).toBe(false)
+    sequencer.onMessage(rank, [topic, seqFrame(1n << 60n), payload(1n)])
+    sequencer.onMessage(rank, [topic, seqFrame(5n), payload(1n)])
+    expect(queue.take(10, 1 << 20, resyncOf, sequencer.materialize).map((s) => s.record)).toMatchObject([
+      { type: "Resync", reason: "gap", from_seq: 4, to_seq: 5 },
+      { type: "Batch", seq: 5 }
+    ])
+  })
+
+  it("batches held during a replay count against the byte bound: past it the replay is given up (a gap Resync) and they go on", async () => {
+    const one = 96 + payload(1n).byteLength
+    // A replay endpoint where nothing listens, and a deadline far away: only the bound can end the wait.
+    const { st, queue, sequencer, rank } = setup(8 * one, `tcp://127.0.0.1:${await freePort()}`, 60_000)
+    sequencer.onMessage(rank, [topic, seqFrame(0n), payload(0n)])
+    queue.take(10, 1 << 20, resyncOf)
+    sequencer.onMessage(rank, [topic, seqFrame(2n), payload(2n)]) // seq 1 lost: a replay starts, 2 is held
+    for (let s = 3n; s < 9n; s++) sequencer.onMessage(rank, [topic, seqFrame(s), payload(s)])
+    // Held, and shown: 7 batches (with the unacknowledged seq 0, 8 of the bound).
+    expect(sequencer.held).toEqual({ batches: 7, bytes: 7 * one })
+    expect(queue.take(10, 1 << 20, resyncOf)).toEqual([])
+    sequencer.onMessage(rank, [topic, seqFrame(9n), payload(9n)])
+    expect(sequencer.held).toEqual({ batches: 0, bytes: 0 })
+    // They went on to the queue under its own bound: with seq 0 still unacknowledged, the gap's Resync and seq 2
+    // were the oldest unsent, so one overflow Resync covers both; nothing is waiting on the replay any more.
+    expect(queue.take(20, 1 << 20, resyncOf, sequencer.materialize).map((s) => s.record)).toMatchObject([
+      { type: "Resync", reason: "overflow", from_seq: 1, to_seq: 3 },
+      ...[3, 4, 5, 6, 7, 8, 9].map((seq) => ({ type: "Batch", seq }))
+    ])
+    expect(st.lastBatchError).toMatch(/held during the replay passed \d+ bytes \(kv.max_queue_bytes\)/)
+    // The replay fiber, started late, sees it was given up and does nothing.
+    await Effect.runPromise(Effect.scoped(sequencer.runQueued))
+    expect(rank.holding).toBeUndefined()
+  })
+
+  it("a replay that fails lets the held batches go at once (their gaps resynced, not replayed again); an engine end during it follows them", async () => {
+    const { queue, sequencer, rank } = setup(1 << 20, `tcp://127.0.0.1:${await freePort()}`, 100)
+    for (const seq of [0n, 2n, 4n]) sequencer.onMessage(rank, [topic, seqFrame(seq), payload(seq)])
+    sequencer.engineGone(rank)
+    // The replay (nobody answers) fails at its 100 ms deadline; then everything held is queued in the same step.
+    await Effect.runPromise(
+      Effect.scoped(
+        Effect.andThen(
+          sequencer.runQueued,
+          Effect.sleep(20).pipe(Effect.repeat({ until: () => queue.size > 1 }), Effect.timeout(10_000))
+        )
+      )
+    )
+    expect(queue.take(10, 1 << 20, resyncOf, sequencer.materialize).map((s) => s.record)).toMatchObject([
+      { type: "Batch", seq: 0 },
+      { type: "Resync", reason: "gap", from_seq: 1, to_seq: 2 },
+      { type: "Batch", seq: 2 },
+      { type: "Resync", reason: "gap", from_seq: 3, to_seq: 4 },
+      { type: "Batch", seq: 4 },
+      { type: "Resync", reason: "restart", from_seq: 5, to_seq: 0 }
+    ])
+    expect({ expected: rank.expected, holding: rank.holding, held: sequencer.held }).toEqual({
+      expected: undefined,
+      holding: undefined,
+      held: { batches: 0, bytes: 0 }
+    })
+  })
+
+  it("a replay has one deadline for the whole of it: a ROUTER that trickles replies forever cannot hold a rank", async () => {
+    const router = new zmq.Router({ linger: 0 })
+    const port = await freePort()
+    await router.bind(`tcp://127.0.0.1:${port}`)
+    let open = true
+    void (async () => {
+      try {
+        const [ident] = await router.receive()
+        // One batch every 50 ms, each well within the receive timeout, and never the end marker.
+        for (let seq = 0n; open; seq++) {
+          await router.send([ident as Buffer, "", seqFrame(seq), payload(seq)])
+          await new Promise((r) => setTimeout(r, 50))
+        }
+      } catch {
+        // closed
+      }
+    })()
+    try {
+      const exit = await Effect.runPromise(Effect.exit(fetchReplay(`tcp://127.0.0.1:${port}`, "kv", 0n, 300, 1 << 30)))
+      expect(Exit.isFailure(exit) && String(exit.cause)).toMatch(/no complete replay within 300 ms/)
+    } finally {
+      open = false
+      router.close()
+    }
   })
 })

@@ -1,7 +1,7 @@
 // The KV bridge's reconnect loop (src/layers/kv/retrying.ts) on a TestClock: the delays between attempts, when
 // they grow and when they start over.
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Fiber } from "effect"
+import { Cause, Effect, Exit, Fiber, Schema } from "effect"
 import { TestClock } from "effect/testing"
 import { retryForever } from "../../src/layers/kv/retrying.ts"
 import { jitteredBackoffMs } from "../../src/services/retry/Backoff.ts"
@@ -35,6 +35,25 @@ describe("retryForever", () => {
         expect(s.retryInMs).toBeGreaterThanOrEqual(jitteredBackoffMs(s.failures, CAP, 0))
         expect(s.retryInMs).toBeLessThanOrEqual(jitteredBackoffMs(s.failures, CAP, 1))
       }
+    })
+  )
+
+  it.effect("a schema failure is reported with what was wrong and where, not as its issue's tag (Composite)", () =>
+    Effect.gen(function* () {
+      // What the RPC client fails with when it cannot encode a Push: an Error whose cause is the issue tree.
+      const exit = Schema.encodeUnknownExit(Schema.Struct({ records: Schema.Array(Schema.Int) }))({ records: [1.5] })
+      const issue = Exit.isFailure(exit) ? (Cause.squash(exit.cause) as Schema.SchemaError).issue : undefined
+      const errors: Array<string> = []
+      const fiber = yield* Effect.forkChild(
+        retryForever({
+          capMs: CAP,
+          attempt: () => Effect.fail(new Error("Schema validation failed", { cause: issue })),
+          onFailure: (error) => Effect.sync(() => void errors.push(error))
+        })
+      )
+      yield* TestClock.adjust(1)
+      yield* Fiber.interrupt(fiber)
+      expect(errors[0]).toBe('Schema validation failed: Expected an integer at ["records"][0]')
     })
   )
 })

@@ -181,6 +181,9 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
         },
         onForwarded: (n) => {
           st.forwarded += n
+        },
+        onUnencodable: (error) => {
+          st.lastBatchError = error
         }
       })
     )
@@ -188,8 +191,9 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
     return {
       status: Effect.sync(() => ({
         ...st,
-        queued: queue.batches,
-        queuedBytes: queue.bytes,
+        // Batches held while their rank's replay runs are waiting for kvcached too, under the same bound.
+        queued: queue.batches + sequencer.held.batches,
+        queuedBytes: queue.bytes + sequencer.held.bytes,
         dropped: queue.dropped
       })),
       engineGone: Effect.sync(() => {

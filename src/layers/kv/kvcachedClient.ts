@@ -6,13 +6,15 @@
  * stays in the queue and is resent first on the next connection (the receiver skips `n` it has applied),
  * so nothing in flight is lost silently: it arrives, or the queue's byte bound drops older unsent records
  * and an overflow Resync says so. One connection per session (the RPC protocol's own retry is off), so
- * reconnects follow our capped, jittered backoff and every one starts with Hello. Never fails.
+ * reconnects follow our capped, jittered backoff and every one starts with Hello. A chunk the client cannot
+ * encode (a record the wire schema refuses) is never resent as it is: it would fail the same way every time and
+ * hold back everything after it, so its bad records become decode Resyncs first. Never fails.
  */
 import * as NodeSocket from "@effect/platform-node/NodeSocket"
-import { Deferred, Effect, Layer, Schedule } from "effect"
+import { Deferred, Effect, Exit, Layer, Schedule } from "effect"
 import { RpcClient, RpcSerialization } from "effect/rpc"
 import { type HelloPayload, KvcachedRpcs, type KvRecord } from "../../services/kv/KvcachedRpc.ts"
-import type { Resync } from "../../services/kv/KvWire.ts"
+import { type Resync, wireError } from "../../services/kv/KvWire.ts"
 import type { KvQueue, Prepared, QueuedRecord, SentRecord } from "./queue.ts"
 import type { QueuedBody } from "./rankSequencer.ts"
 import { retryForever } from "./retrying.ts"
@@ -30,6 +32,8 @@ export interface LinkOptions {
   readonly onConnected: (connected: boolean, error: string | undefined, retryInMs?: number) => void
   /** Batches kvcached acknowledged. */
   readonly onForwarded: (batches: number) => void
+  /** A record the client could not encode was replaced by a decode Resync (or, itself a Resync, removed): why. */
+  readonly onUnencodable?: (error: string) => void
   /** Records per Push (default 512) and their bytes (default 1 MiB or a quarter of the bound; at least one record). */
   readonly chunkRecords?: number
   readonly chunkBytes?: number
@@ -47,6 +51,29 @@ export const DEFAULT_CALL_TIMEOUT_MS = 30_000
 
 /** Taken records are prepared (`materialize`) when taken, so what is sent is always a wire record. */
 const toWire = (s: SentRecord<QueuedBody>): KvRecord => ({ ...s.record, n: s.n }) as KvRecord
+
+/**
+ * After a failed Push: if the client could not encode the chunk (so none of it was delivered), each record it
+ * refuses becomes a decode Resync of its range, or is removed when even that cannot be encoded, and the chunk is
+ * numbered again (queue.rewriteUnacked). Returns why, or undefined when the chunk encodes (the failure was
+ * elsewhere). Rendering is validated here too: what materialize let through must still never wedge the link.
+ */
+const repairUnencodable = (o: LinkOptions): string | undefined => {
+  const reasons: Array<string> = []
+  o.queue.rewriteUnacked((s) => {
+    const why = wireError(toWire(s))
+    if (why === undefined) return s
+    reasons.push(`DP rank ${s.dpRank} seq ${s.fromSeq}: ${why}`)
+    if (!s.batch) return undefined
+    const r = o.resync({ reason: "decode", dpRank: s.dpRank, fromSeq: s.fromSeq, toSeq: s.nextSeq }).record
+    const resync = { ...s, record: r, batch: false }
+    return wireError(toWire(resync)) === undefined ? resync : undefined
+  })
+  if (reasons.length === 0) return undefined
+  const error = `kvcached's client refused to encode ${reasons.length} record(s), not resent: ${reasons.join("; ")}`
+  o.onUnencodable?.(error)
+  return error
+}
 
 /** Waits for a queue push, or fails when the connection drops meanwhile (so a dead peer is noticed early). */
 const awaitWork = (queue: KvQueue<QueuedBody>, disconnected: Deferred.Deferred<void>) =>
@@ -104,10 +131,17 @@ const session = (o: LinkOptions, onUp: Effect.Effect<void>, progressed: Effect.E
         if (chunk.length === 0) continue
       }
       const last = (chunk[chunk.length - 1] as SentRecord<QueuedBody>).n
-      const r = yield* answered(
-        "Push",
-        client.Push({ node_id: o.hello.node_id, epoch: o.hello.epoch, records: chunk.map(toWire) })
+      const pushed = yield* Effect.exit(
+        answered("Push", client.Push({ node_id: o.hello.node_id, epoch: o.hello.epoch, records: chunk.map(toWire) }))
       )
+      if (Exit.isFailure(pushed)) {
+        const repaired = repairUnencodable(o)
+        if (repaired === undefined) return yield* Effect.failCause(pushed.cause)
+        // Nothing was sent and the connection is fine: send the repaired chunk on it.
+        yield* Effect.logWarning("kv events: records kvcached's client cannot encode were dropped", { error: repaired })
+        continue
+      }
+      const r = pushed.value
       if (r.applied !== null) o.onForwarded(queue.ack(r.applied))
       // A receiver that applies less than it was sent has lost the thread: start over with Hello.
       if (r.applied === null || r.applied < last) {

@@ -1,7 +1,9 @@
 /**
  * The byte-bounded queue between the KV-event reader and the kvcached link. `push` never blocks: past
  * `maxBytes` it drops the oldest unsent records and remembers, per DP rank, which seq range went, and
- * `take` then puts one overflow Resync per rank in front of what survived. Taken records stay here,
+ * `take` then puts one overflow Resync per rank in front of what survived. A record larger than the whole bound
+ * is the only one dropped (the oldest would all go and it still would not fit), and an overflow Resync takes its
+ * place in the queue, so the records before it are sent first. Taken records stay here,
  * numbered (`n`), until kvcached acknowledges them (`ack`), so a reconnect can resend exactly those
  * (`unacked`). Memory is released as soon as a record is acknowledged or dropped: slots are cleared, not
  * just skipped, and the backing array is compacted. Pure data structure (the writer's wake-up is a plain
@@ -39,7 +41,26 @@ export interface SentRecord<R> {
   /** Still a batch once prepared (its acknowledgement counts it as forwarded). */
   readonly batch: boolean
   readonly bytes: number
+  /** The rank and seq range it covers (as queued): what a Resync says is lost if it cannot be sent. */
+  readonly dpRank: number
+  readonly fromSeq: bigint
+  readonly nextSeq: bigint
 }
+
+/** Where a record too large for the whole bound was dropped: an overflow Resync of its range, rendered at `take`. */
+interface LostHere {
+  readonly lostHere: true
+  readonly batch: false
+  readonly dpRank: number
+  readonly fromSeq: bigint
+  nextSeq: bigint
+  readonly bytes: number
+}
+
+type Pending<R> = QueuedRecord<R> | LostHere
+
+/** What a LostHere costs (a Resync record's estimate, as KvWire.recordBytes counts it). */
+const LOST_HERE_BYTES = 96
 
 interface Lost {
   readonly fromSeq: bigint
@@ -50,7 +71,7 @@ interface Lost {
 const COMPACT_AT = 1024
 
 export class KvQueue<R> {
-  private pending: Array<QueuedRecord<R> | undefined> = []
+  private pending: Array<Pending<R> | undefined> = []
   private head = 0
   private sent: Array<SentRecord<R>> = []
   private readonly lost = new Map<number, Lost>()
@@ -78,15 +99,22 @@ export class KvQueue<R> {
     return this.sent
   }
 
-  /** Appends; returns true when older records had to go to stay within `maxBytes`. */
+  /** Appends; returns true when records had to go to stay within `maxBytes` (older ones, or this one alone). */
   push(item: QueuedRecord<R>): boolean {
-    this.pending.push(item)
-    this.bytes += item.bytes
-    if (item.batch) this.batches++
     let overflowed = false
+    if (item.bytes > this.maxBytes) {
+      // It cannot fit even alone: dropping everything before it to make room would lose those and it as well.
+      if (item.batch) this.dropped++
+      this.markLost(item)
+      overflowed = true
+    } else {
+      this.pending.push(item)
+      this.bytes += item.bytes
+      if (item.batch) this.batches++
+    }
     // Sent records stay (they may already be applied); only unsent ones are dropped, oldest first.
     while (this.bytes > this.maxBytes && this.head < this.pending.length) {
-      const old = this.pending[this.head] as QueuedRecord<R>
+      const old = this.pending[this.head] as Pending<R>
       this.pending[this.head] = undefined
       this.head++
       this.release(old.bytes, old.batch)
@@ -121,7 +149,15 @@ export class KvQueue<R> {
     const add = (q: QueuedRecord<R>, counted: boolean) => {
       const p = prepare(q.record)
       const lost = q.batch && p.dropped
-      const s: SentRecord<R> = { n: this.nextN++, record: p.record, batch: q.batch && !lost, bytes: q.bytes }
+      const s: SentRecord<R> = {
+        n: this.nextN++,
+        record: p.record,
+        batch: q.batch && !lost,
+        bytes: q.bytes,
+        dpRank: q.dpRank,
+        fromSeq: q.fromSeq,
+        nextSeq: q.nextSeq
+      }
       if (!counted) {
         this.bytes += q.bytes
         if (s.batch) this.batches++
@@ -138,11 +174,14 @@ export class KvQueue<R> {
     }
     this.lost.clear()
     while (out.length < maxRecords && this.head < this.pending.length) {
-      const q = this.pending[this.head] as QueuedRecord<R>
+      const q = this.pending[this.head] as Pending<R>
       if (out.length > 0 && size + q.bytes > maxBytes) break
       this.pending[this.head] = undefined
       this.head++
-      add(q, true)
+      if ("lostHere" in q) {
+        this.release(q.bytes, false)
+        add(resync({ reason: "overflow", dpRank: q.dpRank, fromSeq: q.fromSeq, toSeq: q.nextSeq }), false)
+      } else add(q, true)
     }
     this.compact()
     return out
@@ -162,6 +201,27 @@ export class KvQueue<R> {
     return batches
   }
 
+  /**
+   * Rewrites the unacknowledged records: `fix` keeps or replaces each (a replacement that is no longer a batch
+   * counts as a dropped batch) or removes it (undefined), and what remains is numbered again from the first `n`.
+   * Only for records never delivered: the link calls it for a chunk kvcached's client refused to encode, so
+   * kvcached has applied none of it and renumbering cannot collide with what it holds.
+   */
+  rewriteUnacked(fix: (s: SentRecord<R>) => SentRecord<R> | undefined): void {
+    const first = this.sent[0]
+    if (first === undefined) return
+    const kept: Array<SentRecord<R>> = []
+    for (const s of this.sent) {
+      const f = fix(s)
+      if (f === undefined) this.release(s.bytes, s.batch)
+      else if (s.batch && !f.batch) this.batches--
+      if (s.batch && (f === undefined || !f.batch)) this.dropped++
+      if (f !== undefined) kept.push({ ...f, n: first.n + kept.length, bytes: s.bytes })
+    }
+    this.sent = kept
+    this.nextN = first.n + kept.length
+  }
+
   /** Calls `wake` once, at the next push (at once if something is waiting). Replaces an earlier waker. */
   onPush(wake: () => void): void {
     if (this.size > 0 || this.lost.size > 0) wake()
@@ -170,6 +230,25 @@ export class KvQueue<R> {
 
   cancelWake(): void {
     this.waker = undefined
+  }
+
+  /** Drops `item` where it stands: a LostHere for its range, merged into one just before it of the same rank. */
+  private markLost(item: QueuedRecord<R>): void {
+    const last = this.head < this.pending.length ? this.pending[this.pending.length - 1] : undefined
+    if (last !== undefined && "lostHere" in last && last.dpRank === item.dpRank && last.nextSeq === item.fromSeq) {
+      last.nextSeq = item.nextSeq
+      return
+    }
+    const mark: LostHere = {
+      lostHere: true,
+      batch: false,
+      dpRank: item.dpRank,
+      fromSeq: item.fromSeq,
+      nextSeq: item.nextSeq,
+      bytes: LOST_HERE_BYTES
+    }
+    this.pending.push(mark)
+    this.bytes += mark.bytes
   }
 
   private release(bytes: number, batch: boolean): void {

@@ -5,14 +5,23 @@
  * dropped while kvcached is away is never decoded at all. A gap (or, on joining, batches from before we
  * listened) starts a replay through the rank's replay ROUTER when one is configured, while later batches
  * of that rank are held; a replay that covers the range is forwarded in order, else a Resync says the
- * range is lost. Batches are tagged with the rank of the endpoint they came from, so 2-element batches
+ * range is lost. What is held counts against `kv.max_queue_bytes` with the queue: past it the replay is
+ * abandoned (a `gap` Resync) and what was held goes on to the queue. Batches are tagged with the rank of the endpoint they came from, so 2-element batches
  * (no rank inside) stay apart. Every call here is a synchronous push: replays run as forked fibers
  * (`runQueued`), so neither kvcached nor a replay can stall the reader.
  */
 import { Effect, type Scope } from "effect"
 import type { KvBridgeStatus } from "../../services/kv/KvBridge.ts"
+import type { BatchRecord } from "../../services/kv/KvcachedRpc.ts"
 import { checkSeq, decodeRaw, type KvBatch, type RawBatch, splitMessage } from "../../services/kv/KvEvents.ts"
-import { batchRecord, type KvRecordBody, type Resync, recordBytes, resyncRecord } from "../../services/kv/KvWire.ts"
+import {
+  batchRecord,
+  type KvRecordBody,
+  type Resync,
+  recordBytes,
+  resyncRecord,
+  wireError
+} from "../../services/kv/KvWire.ts"
 import type { KvQueue, Prepared, QueuedRecord } from "./queue.ts"
 import { fetchReplay } from "./replayFetch.ts"
 
@@ -25,14 +34,29 @@ type Incoming = KvBatch | RawBatch
 /** The bridge's status as its parts write it. */
 export type MutableStatus = { -readonly [K in keyof KvBridgeStatus]: KvBridgeStatus[K] }
 
+/** Where, among the batches held during a replay, the engine run ended (engineGone is applied there). */
+const ENGINE_GONE = Symbol("engineGone")
+type Held = Incoming | typeof ENGINE_GONE
+
+/** The replay a rank waits for: its range's start, whether a gap (not a join) started it, how to abandon it. */
+interface InFlight {
+  readonly from: bigint
+  readonly gap: boolean
+  cancel: () => void
+}
+
 /** One rank's stream: its endpoints, the seq it owes next, the batches held while its replay runs. */
 export interface RankStream {
   readonly rank: number
   readonly endpoint: string
   readonly replayAt: string | undefined
   expected: bigint | undefined
-  holding: Array<Incoming> | undefined
+  holding: Array<Held> | undefined
+  replay?: InFlight | undefined
 }
+
+/** What a batch costs held or queued (as `queuedRecord` counts it). */
+const costOf = (b: Incoming): number => ("payload" in b ? 96 + b.payload.byteLength : recordBytes(batchRecord(b)))
 
 /** A queue entry for a record covering [fromSeq, nextSeq) of one rank. */
 export const queuedRecord = (
@@ -47,7 +71,7 @@ export const queuedRecord = (
   fromSeq,
   nextSeq,
   // A raw batch costs its payload (plus the record around it): the bound is on what is really held.
-  bytes: record.type === "Raw" ? 96 + record.raw.payload.byteLength : recordBytes(record)
+  bytes: record.type === "Raw" ? costOf(record.raw) : recordBytes(record)
 })
 
 /** A queue entry for a Resync. */
@@ -60,9 +84,9 @@ export interface Sequencer {
   /** Forks the replays messages have started since the last call. */
   readonly runQueued: Effect.Effect<void, never, Scope.Scope>
   /**
-   * The record sent for a queued body: a raw batch decoded now (its counters go to the status); one whose
-   * payload does not decode becomes a Resync of its seq (its events are lost; its seq still counts, so no gap)
-   * and is reported dropped, so the queue counts it as dropped and never as forwarded.
+   * The record sent for a queued body: a raw batch decoded now (its counters go to the status); a batch whose
+   * payload does not decode, or that the wire schema refuses, becomes a Resync of its seq (its events are lost;
+   * its seq still counts, so no gap) and is reported dropped, so the queue counts it dropped, never forwarded.
    */
   readonly materialize: (body: QueuedBody) => Prepared<QueuedBody>
   /**
@@ -72,6 +96,8 @@ export interface Sequencer {
    * block hashes are seeded per process, so those blocks never match again). The next batch is then a join.
    */
   readonly engineGone: (r: RankStream) => void
+  /** Batches held by replays in flight, and their bytes (the status counts them as queued). */
+  readonly held: { readonly batches: number; readonly bytes: number }
 }
 
 export const makeSequencer = (
@@ -98,11 +124,27 @@ export const makeSequencer = (
     queue.push(resyncOf(re))
   }
 
-  // After a replay: forward it if it covers [from, until) exactly, else say the range is lost.
-  const finishReplay = (r: RankStream, from: bigint, gap: boolean, got: ReadonlyArray<KvBatch> | Error) => {
-    const held = r.holding ?? []
+  const held = { batches: 0, bytes: 0 }
+  const hold = (r: RankStream, b: Held) => {
+    ;(r.holding as Array<Held>).push(b)
+    if (b === ENGINE_GONE) return
+    held.batches++
+    held.bytes += costOf(b)
+  }
+
+  // After a replay: forward it if it covers [from, until) exactly, else say the range is lost. `replay` false:
+  // what was held goes on without starting another replay (it was abandoned for memory; see accept).
+  const finishReplay = (r: RankStream, got: ReadonlyArray<KvBatch> | Error, replay = true) => {
+    const { from, gap } = r.replay as InFlight
+    const wasHeld = r.holding ?? []
     r.holding = undefined
-    const until = (held[0] as Incoming).seq
+    r.replay = undefined
+    for (const b of wasHeld) {
+      if (b === ENGINE_GONE) continue
+      held.batches--
+      held.bytes -= costOf(b)
+    }
+    const until = (wasHeld[0] as Incoming).seq
     const inRange =
       got instanceof Error
         ? []
@@ -114,24 +156,52 @@ export const makeSequencer = (
       if (gap) st.replayed++
     } else if (gap) resync({ reason: "gap", dpRank: r.rank, fromSeq: from, toSeq: until })
     r.expected = until
-    for (const b of held) accept(r, b)
+    // A replay that failed (no answer by its deadline, too large) would fail again for a gap among the batches
+    // held meanwhile, holding the rest again: one deadline per gap, and a backlog that grows when gaps come
+    // faster. Those gaps get their Resync at once; the next live gap tries the endpoint again.
+    const again = replay && !(got instanceof Error)
+    for (const b of wasHeld) {
+      if (b === ENGINE_GONE) engineGone(r)
+      else accept(r, b, again)
+    }
   }
 
   const startReplay = (r: RankStream, at: string, from: bigint, trigger: Incoming, gap: boolean) => {
-    r.holding = [trigger]
+    r.holding = []
+    hold(r, trigger)
+    const me: InFlight = { from, gap, cancel: () => undefined }
+    r.replay = me
+    // Abandoned (accept, over the byte bound): the fetch stops at once, closing its dealer.
+    const cancelled = Effect.callback<never, Error>((resume) => {
+      me.cancel = () => resume(Effect.fail(new Error("abandoned")))
+    })
     fibers.push(
-      fetchReplay(at, topic, from, replayTimeoutMs, queue.maxBytes).pipe(
-        Effect.catch((e: Error) => Effect.succeed(e)),
-        Effect.flatMap((got) => Effect.sync(() => finishReplay(r, from, gap, got))),
-        Effect.andThen(runQueued)
-      )
+      Effect.suspend(() =>
+        r.replay !== me
+          ? Effect.void
+          : Effect.raceFirst(fetchReplay(at, topic, from, replayTimeoutMs, queue.maxBytes), cancelled).pipe(
+              Effect.catch((e: Error) => Effect.succeed(e)),
+              // A replay abandoned meanwhile was settled by accept; its late result is void.
+              Effect.flatMap((got) => Effect.sync(() => r.replay === me && finishReplay(r, got)))
+            )
+      ).pipe(Effect.andThen(runQueued))
     )
   }
 
-  const accept = (r: RankStream, b: Incoming) => {
+  const accept = (r: RankStream, b: Incoming, replay = true) => {
     if (r.holding !== undefined) {
-      r.holding.push(b)
-      return
+      // Held batches are memory like the queue's, under the same bound: when they and the queue would pass it,
+      // the replay is given up (its range becomes a gap Resync) and the batches go on to the queue, whose own
+      // overflow then drops the oldest, so a replay endpoint that never answers cannot grow them for good.
+      if (queue.bytes + held.bytes + costOf(b) <= queue.maxBytes) return hold(r, b)
+      const inFlight = r.replay as InFlight
+      inFlight.cancel()
+      finishReplay(
+        r,
+        new Error(`batches held during the replay passed ${queue.maxBytes} bytes (kv.max_queue_bytes)`),
+        false
+      )
+      return accept(r, b, false)
     }
     const v = checkSeq(r.expected, b.seq)
     switch (v.kind) {
@@ -139,11 +209,11 @@ export const makeSequencer = (
         return forward(r, b)
       case "join":
         // Hello already tells kvcached to start over, so batches from before we listened are only a bonus.
-        if (v.missed && r.replayAt !== undefined) return startReplay(r, r.replayAt, 0n, b, false)
+        if (v.missed && replay && r.replayAt !== undefined) return startReplay(r, r.replayAt, 0n, b, false)
         return forward(r, b)
       case "gap":
         st.gaps++
-        if (r.replayAt !== undefined) return startReplay(r, r.replayAt, v.from, b, true)
+        if (replay && r.replayAt !== undefined) return startReplay(r, r.replayAt, v.from, b, true)
         resync({ reason: "gap", dpRank: r.rank, fromSeq: v.from, toSeq: v.to })
         return forward(r, b)
       case "restart":
@@ -153,8 +223,11 @@ export const makeSequencer = (
   }
 
   const engineGone = (r: RankStream) => {
-    // A replay in flight settles the old stream itself; a rank that saw nothing has nothing to retract.
-    if (r.expected === undefined || r.holding !== undefined) return
+    // During a replay the old run's batches are still held: the retraction goes after them, when they are let go
+    // (finishReplay), and before any of the next run's; dropping it would leave the dead run's blocks in kvcached.
+    if (r.holding !== undefined) return void r.holding.push(ENGINE_GONE)
+    // A rank that saw nothing has nothing to retract.
+    if (r.expected === undefined) return
     resync({ reason: "restart", dpRank: r.rank, fromSeq: r.expected, toSeq: 0n })
     r.expected = undefined
   }
@@ -171,20 +244,32 @@ export const makeSequencer = (
     accept(r, { ...d.raw, dpRank: r.rank })
   }
 
-  const materialize = (body: QueuedBody): Prepared<QueuedBody> => {
-    if (body.type !== "Raw") return { record: body, dropped: false }
-    const d = decodeRaw(body.raw)
-    if (d.ok) {
-      st.unknownEvents += d.batch.unknownTypes
-      st.unknownKeys += d.batch.unknownKeys
-      return { record: batchRecord(d.batch), dropped: false }
-    }
-    st.lastBatchError = `DP rank ${body.raw.dpRank} seq ${body.raw.seq}: undecodable KV event batch: ${d.error}`
+  // A batch that cannot go to kvcached as it is: its events are lost, a decode Resync of its seq goes instead.
+  const lost = (dpRank: number, seq: bigint, why: string): Prepared<QueuedBody> => {
+    st.lastBatchError = `DP rank ${dpRank} seq ${seq}: ${why}`
     st.resyncs++
-    const seq = body.raw.seq
-    const record = resyncRecord({ reason: "decode", dpRank: body.raw.dpRank, fromSeq: seq, toSeq: seq + 1n })
-    return { record, dropped: true }
+    return { record: resyncRecord({ reason: "decode", dpRank, fromSeq: seq, toSeq: seq + 1n }), dropped: true }
   }
 
-  return { onMessage, runQueued, materialize, engineGone }
+  const materialize = (body: QueuedBody): Prepared<QueuedBody> => {
+    if (body.type === "Resync") return { record: body, dropped: false }
+    let record = body
+    let unknown = { unknownTypes: 0, unknownKeys: 0 }
+    if (body.type === "Raw") {
+      const d = decodeRaw(body.raw)
+      if (!d.ok) return lost(body.raw.dpRank, body.raw.seq, `undecodable KV event batch: ${d.error}`)
+      record = batchRecord(d.batch)
+      unknown = d.batch
+    }
+    // The decoder takes any number where the wire wants a safe integer (a float token id or block_size, a
+    // 64-bit value): kvcached's client would refuse the whole Push that carries it, again at every resend.
+    const bad = wireError(record as KvRecordBody)
+    const b = record as Omit<BatchRecord, "n">
+    if (bad !== undefined) return lost(b.dp_rank, BigInt(b.seq), `KV event batch the wire schema refuses: ${bad}`)
+    st.unknownEvents += unknown.unknownTypes
+    st.unknownKeys += unknown.unknownKeys
+    return { record, dropped: false }
+  }
+
+  return { onMessage, runQueued, materialize, engineGone, held }
 }

@@ -7,11 +7,19 @@ import { Effect } from "effect"
 import { decodeReplayReply, type KvBatch, seqFrame } from "../../services/kv/KvEvents.ts"
 
 /**
- * Every batch the replay ROUTER holds from `from` on, decoded. Fails on timeout, a bad frame, or once the replies
- * pass `maxBytes`: an engine's replay buffer holds thousands of batches (a join from seq 0 on a busy engine asks
- * for all of them), and they are held here until the range is complete, outside the queue's byte bound.
+ * Every batch the replay ROUTER holds from `from` on, decoded. Fails on a bad frame, once the replies pass
+ * `maxBytes` (an engine's replay buffer holds thousands of batches: a join from seq 0 on a busy engine asks for
+ * all of them, held here until the range is complete), or when the whole replay took longer than `timeoutMs`:
+ * its rank's live batches are held meanwhile, so a ROUTER that trickles replies (each within the receive
+ * timeout) must not hold them for longer than one deadline.
  */
 export const fetchReplay = (endpoint: string, topic: string, from: bigint, timeoutMs: number, maxBytes: number) =>
+  Effect.timeoutOrElse(receiveAll(endpoint, topic, from, timeoutMs, maxBytes), {
+    duration: timeoutMs,
+    orElse: () => Effect.fail(new Error(`replay from ${endpoint}: no complete replay within ${timeoutMs} ms`))
+  })
+
+const receiveAll = (endpoint: string, topic: string, from: bigint, timeoutMs: number, maxBytes: number) =>
   Effect.tryPromise({
     try: async (signal) => {
       // Loaded on use, as in rankSubscriber.ts (already loaded by then: a replay follows a subscription).

@@ -7,7 +7,7 @@
  * that lasted the whole cap counts as progress too: an idle link that kvcached drops after hours (a restart) is
  * a new outage, retried from the base delay, not the next failure of a series that ended long ago.
  */
-import { Cause, Clock, Effect } from "effect"
+import { Cause, Clock, Effect, SchemaIssue } from "effect"
 import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
 
 export interface RetryOptions<E, R> {
@@ -18,10 +18,18 @@ export interface RetryOptions<E, R> {
   readonly onFailure: (error: string, failures: number, retryInMs: number) => Effect.Effect<void>
 }
 
+const formatIssue = SchemaIssue.makeFormatterDefault()
+
 /** What went wrong, down to the OS error (RpcClientError -> SocketError -> SocketOpenError -> ENOENT). */
 const message = (e: unknown): string => {
   const parts: Array<string> = []
   for (let x: unknown = e, depth = 0; x !== null && typeof x === "object" && depth < 6; depth++) {
+    // A schema failure's cause is its issue tree, whose own tag ("Composite") says nothing: render it, with
+    // the path to what was wrong (e.g. the RPC client refusing to encode a Push).
+    if (SchemaIssue.isIssue(x)) {
+      parts.push(formatIssue(x).replace(/\s*\n\s*/g, " "))
+      break
+    }
     const o = x as {
       readonly _tag?: unknown
       readonly message?: unknown
@@ -35,6 +43,7 @@ const message = (e: unknown): string => {
         tag !== undefined && text !== undefined && text !== tag ? `${tag} ${text}` : (text ?? tag ?? String(x))
       )
     } else if (tag !== undefined && o.reason === undefined) parts.push(tag)
+    else if (tag === undefined && text !== undefined) parts.push(text)
     x = o.reason ?? o.cause
   }
   return parts.join(": ") || String(e)

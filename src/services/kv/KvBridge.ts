@@ -21,12 +21,13 @@ export interface KvBridgeStatus {
   readonly gaps: number
   /** Gaps filled completely by the replay endpoint. */
   readonly replayed: number
+  /** Resync records queued for kvcached (an overflow may drop some of them before they are sent). */
   readonly resyncs: number
-  /** Batches waiting for kvcached: unsent, or sent and not yet acknowledged. */
+  /** Batches waiting for kvcached: unsent, held while their rank's replay runs, or sent and not yet acknowledged. */
   readonly queued: number
-  /** Bytes those hold (bounded by `kv.max_queue_bytes`). */
+  /** Bytes those hold (bounded by `kv.max_queue_bytes`: a replay whose held batches would pass it is abandoned). */
   readonly queuedBytes: number
-  /** Last engine seq seen (as a decimal string; undefined before the first batch). */
+  /** Last engine seq seen on any DP rank, whichever wrote last (a decimal string; undefined before the first batch). */
   readonly lastSeq: string | undefined
   /** Events of unknown types and unknown map keys skipped (newer engine versions). */
   readonly unknownEvents: number

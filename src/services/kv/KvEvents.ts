@@ -204,12 +204,18 @@ export type SplitResult =
   | { readonly ok: true; readonly raw: Omit<RawBatch, "dpRank"> }
   | { readonly ok: false; readonly seq: undefined; readonly error: string }
 
+/** Seqs from here on cannot be sent (the wire's seq and seq + 1 must be safe integers). */
+const MAX_WIRE_SEQ = BigInt(Number.MAX_SAFE_INTEGER)
+
 /** One ZMQ message (3 frames: topic, seq, payload) split without decoding the payload. */
 export const splitMessage = (frames: ReadonlyArray<Uint8Array>): SplitResult => {
   if (frames.length !== 3) return { ok: false, seq: undefined, error: `expected 3 frames, got ${frames.length}` }
   const [topicF, seqF, payload] = frames as [Uint8Array, Uint8Array, Uint8Array]
   const seq = readSeq(seqF)
   if (seq === undefined) return { ok: false, seq: undefined, error: `seq frame has ${seqF.length} bytes, not 8` }
+  // An engine counts batches from 0 and never gets near 2^53; a seq up there is a corrupt frame, and one taken as
+  // the stream's position would put it into every Resync after it, which the wire (a JSON number) cannot carry.
+  if (seq >= MAX_WIRE_SEQ) return { ok: false, seq: undefined, error: `seq ${seq} is not below 2^53 - 1` }
   return { ok: true, raw: { topic: new TextDecoder().decode(topicF), seq, payload } }
 }
 

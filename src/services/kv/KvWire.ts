@@ -5,11 +5,13 @@
  * only builds records (without their link seq `n`, which the queue gives). Pure: no I/O.
  */
 
+import { Cause, Exit, Schema } from "effect"
 import {
   type BatchRecord,
   type HelloPayload,
   KV_WIRE_VERSION,
   type KvEventRecord,
+  KvRecord,
   type ResyncReason as ResyncReasonSchema,
   type ResyncRecord
 } from "./KvcachedRpc.ts"
@@ -36,7 +38,7 @@ export interface Resync {
 }
 
 const h = (x: BlockHash): string => (typeof x === "bigint" ? x.toString(10) : x)
-// seq counts batches from 0: it stays far below 2^53, so a JSON number is exact.
+// seq counts batches from 0, far below 2^53 (KvEvents.splitMessage refuses a seq frame from 2^53 - 1 on): exact.
 const n = (x: bigint): number => Number(x)
 
 const eventRecord = (e: KvEvent): KvEventRecord => {
@@ -114,4 +116,18 @@ export const recordBytes = (r: KvRecordBody): number => {
     }
   }
   return bytes
+}
+
+const encodeRecord = Schema.encodeUnknownExit(KvRecord)
+
+/**
+ * Why kvcached's RPC client would refuse to encode `r` (the wire schema wants safe integers where the engine's
+ * msgpack may carry floats or 64-bit values), or undefined when it encodes. The client refuses a whole Push for
+ * one such record, so each record is checked before it is sent (`n` is the queue's and always valid).
+ */
+export const wireError = (r: KvRecordBody | KvRecord): string | undefined => {
+  const exit = encodeRecord({ n: 0, ...r })
+  if (Exit.isSuccess(exit)) return undefined
+  const e = Cause.squash(exit.cause)
+  return (e instanceof Error ? e.message : String(e)).replace(/\s*\n\s*/g, " ")
 }
