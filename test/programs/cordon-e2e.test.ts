@@ -1,7 +1,7 @@
 // End-to-end cordon through the built agent (`node dist/main.js run`) on the built simulator, with a real etcd:
-// POST /cordon mid-stream lets the stream finish, refuses new calls (UNAVAILABLE naming the cordon), turns gRPC
-// health NOT_SERVING, /readyz 503 "cordoned" and the etcd record "cordoned", and leaves the engine running (same
-// pid); POST /uncordon puts the node back; SIGTERM while cordoned drains and exits 0; a restart on the same
+// POST /cordon mid-stream lets the stream finish, refuses new calls (UNAVAILABLE naming the cordon), turns the
+// Agent service's gRPC health NOT_SERVING (the server's, which the kubelet probes, stays SERVING), /readyz 503
+// "cordoned" and the etcd record "cordoned", and leaves the engine running (same pid); POST /uncordon puts the node back; SIGTERM while cordoned drains and exits 0; a restart on the same
 // state_dir starts cordoned. Requires dist/ (`npm run build`).
 import * as fs from "node:fs"
 import * as os from "node:os"
@@ -92,7 +92,9 @@ describe("cordon and uncordon on a running agent", () => {
     const refused = await generate(s.client, { prompt: "q", sampling: { maxTokens: 4 } }).done
     expect(grpcCode(refused.error)).toBe("UNAVAILABLE")
     expect((refused.error as ClientError).details).toMatch(/cordoned/)
-    expect((await s.health.check({ service: "" })).status).toBe(2) // NOT_SERVING
+    // routers' view (the Agent service) NOT_SERVING; the kubelet's ("", the probes) SERVING: a working pod
+    expect((await s.health.check({ service: "cgn.agent.v1.Agent" })).status).toBe(2) // NOT_SERVING
+    expect((await s.health.check({ service: "" })).status).toBe(1) // SERVING
     expect(await readyz(s.agent.adminUrl)).toEqual({ status: 503, text: "cordoned" })
     expect((await published("cordoned")).engine?.phase).toBe("ready")
     const metrics = await (await fetch(`${s.agent.adminUrl}/metrics`)).text()
@@ -109,6 +111,7 @@ describe("cordon and uncordon on a running agent", () => {
     })
     await published("ready")
     expect(await readyz(s.agent.adminUrl)).toEqual({ status: 200, text: "ready" })
+    expect((await s.health.check({ service: "cgn.agent.v1.Agent" })).status).toBe(1) // SERVING
     expect((await s.health.check({ service: "" })).status).toBe(1) // SERVING
     const ok = await generate(s.client, { prompt: "hello there", sampling: { maxTokens: 4 } }).done
     expect(ok.error).toBeUndefined()
@@ -136,7 +139,9 @@ describe("cordon and uncordon on a running agent", () => {
     )
     expect(await readyz(again.agent.adminUrl)).toEqual({ status: 503, text: "cordoned" })
     await published("cordoned")
-    expect((await again.health.check({ service: "" })).status).toBe(2)
+    expect((await again.health.check({ service: "cgn.agent.v1.Agent" })).status).toBe(2)
+    // the kubelet's probes pass on a cordoned pod whose engine is ready: it is not restarted nor held back in a rollout
+    expect((await again.health.check({ service: "" })).status).toBe(1)
     const status = (await (await fetch(`${again.agent.adminUrl}/status`)).json()) as { cordon: unknown }
     expect(status.cordon).toMatchObject({ reason: "upgrade" })
     const stillRefused = await generate(again.client, { prompt: "q", sampling: { maxTokens: 4 } }).done

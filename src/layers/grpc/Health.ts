@@ -23,12 +23,17 @@ export const HEALTH_SERVICE = "grpc.health.v1.Health"
  */
 export class PublishedHealth {
   readonly implementation = new HealthImplementation()
-  #last: ServingStatus | undefined
-  publish(status: ServingStatus): void {
-    if (status === this.#last) return
-    this.#last = status
-    this.implementation.setStatus("", status)
-    this.implementation.setStatus(AGENT_SERVICE, status)
+  #server: ServingStatus | undefined
+  #agent: ServingStatus | undefined
+  /**
+   * `server` for "" (what the kubelet's probes read: the engine and the drain), `agent` for the Agent service (what
+   * a router's health check reads: also NOT_SERVING while an operator has the node cordoned).
+   */
+  publish(server: ServingStatus, agent: ServingStatus = server): void {
+    if (server !== this.#server) this.implementation.setStatus("", server)
+    if (agent !== this.#agent) this.implementation.setStatus(AGENT_SERVICE, agent)
+    this.#server = server
+    this.#agent = agent
   }
 }
 

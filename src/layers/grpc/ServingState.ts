@@ -1,6 +1,7 @@
 /**
- * Whether this node serves: SERVING only while the engine is Ready and the node is neither draining nor cordoned,
- * unless an override (the drain's NOT_SERVING at its start, shutdown) says otherwise. Followed from the engine's
+ * Whether this node serves: SERVING only while the engine is Ready and the node is not draining, unless an override
+ * (the drain's NOT_SERVING at its start, shutdown) says otherwise; the Agent service is also NOT_SERVING while the
+ * node is cordoned (the server's own status, which the kubelet probes, is not). Followed from the engine's
  * and the node's change streams; every change is published to grpc.health.v1 at once. Generate refuses a call
  * while the engine is not Ready, the node drains or is cordoned (`refusal`): flags read per call, no I/O.
  */
@@ -29,9 +30,12 @@ export const make: Effect.Effect<ServingState, never, EngineProcess | NodeStatus
     let draining = yield* nodeStatus.draining
     let cordoned = yield* nodeStatus.cordoned
     let override: ServingStatus | undefined
-    const current = (): ServingStatus =>
-      override ?? (engineTag === "Ready" && !draining && !cordoned ? "SERVING" : "NOT_SERVING")
-    const publish = (): void => health.publish(current())
+    // The server's status ("", the kubelet's startup and readiness probes) leaves the cordon out: a cordoned pod is
+    // still a working pod, and NOT_SERVING there failed its startup probe after a container restart (kubelet kills
+    // it) and made a rollout replace it first; the Agent service's status (routers) is NOT_SERVING while cordoned.
+    const server = (): ServingStatus => override ?? (engineTag === "Ready" && !draining ? "SERVING" : "NOT_SERVING")
+    const current = (): ServingStatus => (server() === "SERVING" && cordoned ? "NOT_SERVING" : server())
+    const publish = (): void => health.publish(server(), current())
     publish()
     yield* Stream.runForEach(engine.changes, (s) =>
       Effect.sync(() => {
