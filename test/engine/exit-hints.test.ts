@@ -63,8 +63,9 @@ describe("exitHint: only a run that ended by itself with a failure", () => {
     readonly code: number | null
     readonly signal: string | null
     readonly lastLines: ReadonlyArray<string>
+    readonly wasReady: boolean
   }
-  const run: Run = { reason: "exited", code: 1, signal: null, lastLines: [NO_KV, WRAPPER] }
+  const run: Run = { reason: "exited", code: 1, signal: null, lastLines: [NO_KV, WRAPPER], wasReady: false }
   it.each<[string, Partial<Run>, string | undefined]>([
     ["exit code 1", {}, "raise gpu_memory_utilization"],
     [
@@ -76,7 +77,9 @@ describe("exitHint: only a run that ended by itself with a failure", () => {
     ["a clean exit 0", { code: 0 }, undefined],
     ["stopped by the agent", { reason: "stopped", code: null, signal: "SIGTERM" }, undefined],
     ["killed after a startup timeout", { reason: "startup timeout", code: null, signal: "SIGKILL" }, undefined],
-    ["killed as unhealthy", { reason: "unhealthy: 3 liveness probes failed in a row", code: 0 }, undefined]
+    ["killed as unhealthy", { reason: "unhealthy: 3 liveness probes failed in a row", code: 0 }, undefined],
+    // a cause line kept from its start (keepLine) must not be told as the cause of a crash hours into serving
+    ["a run that was ready, then crashed", { wasReady: true }, undefined]
   ])("%s", (_name, over, want) => {
     expect(exitHint(TABLE, { ...run, ...over })).toBe(want)
   })

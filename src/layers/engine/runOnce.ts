@@ -63,7 +63,9 @@ const exitRecord = (
   since: number,
   spawned: Spawned | undefined,
   reason: string,
-  s: Pick<Supervision, "plan" | "memory">
+  s: Pick<Supervision, "plan" | "memory">,
+  /** The run became ready at some point: no start-failure hint then (ExitHints.exitHint). */
+  wasReady = false
 ) =>
   Effect.gen(function* () {
     const ex = spawned === undefined ? undefined : yield* valueIfDone(spawned.run.exited)
@@ -73,7 +75,7 @@ const exitRecord = (
     const signal = ex?.signal ?? null
     const lastLines = spawned === undefined ? [] : yield* spawned.run.lastLines
     // Read from the reason as the watch gave it: "exited" means the engine ended by itself.
-    const hint = exitHint(s.plan.exitHints, { reason, code, signal, lastLines })
+    const hint = exitHint(s.plan.exitHints, { reason, code, signal, lastLines, wasReady })
     const record: ExitRecord = {
       run,
       pid: spawned?.pid,
@@ -176,5 +178,6 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
       // pipes' end (it comes as soon as the group is gone; only an escaped process holding a pipe waits it out).
       yield* sp.run.drainOutput(1_000)
     }
-    return { record: yield* exitRecord(run, since, sp, reason, s), readyAt: yield* valueIfDone(readyAt) }
+    const readyAtMs = yield* valueIfDone(readyAt)
+    return { record: yield* exitRecord(run, since, sp, reason, s, readyAtMs !== undefined), readyAt: readyAtMs }
   })
