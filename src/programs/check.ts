@@ -11,7 +11,8 @@ import * as MemoryCgroupLive from "../layers/node/MemoryCgroup.ts"
 import { etcdOptions } from "../layers/registry/etcdClient.ts"
 import { readMaterial, readOne, securityFiles } from "../layers/tls/tlsMaterial.ts"
 import { type AgentConfig, ConfigError } from "../services/config/Config.ts"
-import type { LaunchPlan } from "../services/engine/Engine.ts"
+import { cpuCacheOf, type LaunchPlan } from "../services/engine/Engine.ts"
+import { engineEnvironment } from "../services/engine/EngineEnvironment.ts"
 import { type CgroupVersion, cpuCacheOverLimit, formatBytes, type MemoryLimit } from "../services/node/MemoryCgroup.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
 import { nvmlWorkerEntry } from "./programPaths.ts"
@@ -143,7 +144,9 @@ export const check = Command.make(
       const memory = offline ? undefined : yield* readMemory
       yield* Console.log(summarize(c, plan, memory))
       // A warning, not a problem: the limit is the host's, and may be raised before the engine's cache fills.
-      const warning = cpuCacheOverLimit(plan?.cpuCache, memory?.limit)
+      // the engine's environment as run would give it: this process's (a container's env:), the plan's, [engine].env
+      const cpuCache = plan && cpuCacheOf(engineEnvironment(process.env, plan.env), plan.cpuCacheVariable)
+      const warning = cpuCacheOverLimit(cpuCache, memory?.limit)
       if (warning !== undefined) yield* Console.error(`warning: ${warning}`)
     })
 ).pipe(

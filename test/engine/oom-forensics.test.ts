@@ -170,8 +170,8 @@ describe("engine runs and the OOM killer", () => {
 })
 
 describe("the engine's CPU KV-cache tier against the memory limit, at start", () => {
-  /** The warnings the supervisor logs while it is built with `plan` and a cgroup limited to 8 GiB. */
-  const startWarnings = (cpuCache: { readonly setting: string; readonly bytes: number } | undefined) =>
+  /** The warnings the supervisor logs while it is built with KVBM's CPU tier at `gb` and a cgroup limited to 8 GiB. */
+  const startWarnings = (gb: string | undefined) =>
     Effect.gen(function* () {
       const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-oom-"))
       yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(stateDir, { recursive: true, force: true })))
@@ -182,7 +182,18 @@ describe("the engine's CPU KV-cache tier against the memory limit, at start", ()
       const fake = yield* fakeHost
       const cgroup = MemoryCgroup.of({ version: "v2", oomKills: Effect.succeed(0), limit: Effect.succeed(8 * 2 ** 30) })
       const context = yield* Layer.build(
-        layerFromPlan({ ...testPlan({ port: 1 }), ...(cpuCache ? { cpuCache } : {}) }, settings(stateDir)).pipe(
+        layerFromPlan(
+          {
+            ...testPlan({ port: 1 }),
+            env: gb === undefined ? {} : { DYN_KVBM_CPU_CACHE_GB: gb },
+            cpuCacheVariable: {
+              name: "DYN_KVBM_CPU_CACHE_GB",
+              bytesPerUnit: 1e9,
+              unlessSet: "DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS"
+            }
+          },
+          settings(stateDir)
+        ).pipe(
           Layer.provideMerge(
             Layer.mergeAll(
               Layer.succeed(EngineHost, fake.host),
@@ -199,7 +210,7 @@ describe("the engine's CPU KV-cache tier against the memory limit, at start", ()
 
   it.effect("a tier at or above the limit is logged once as a warning; one below it, or none, is not", () =>
     Effect.gen(function* () {
-      const over = yield* startWarnings({ setting: "DYN_KVBM_CPU_CACHE_GB=10", bytes: 10e9 })
+      const over = yield* startWarnings("10")
       assert.deepStrictEqual(
         over.filter((w) => w.includes("CPU KV-cache tier")),
         [
@@ -209,9 +220,19 @@ describe("the engine's CPU KV-cache tier against the memory limit, at start", ()
             "variable in [engine].env)"
         ]
       )
-      const under = yield* startWarnings({ setting: "DYN_KVBM_CPU_CACHE_GB=4", bytes: 4e9 })
+      const under = yield* startWarnings("4")
       assert.deepStrictEqual(
         under.filter((w) => w.includes("CPU KV-cache tier")),
+        []
+      )
+      // the agent's own environment reaches the engine (a container's env:): a block count set there sizes the
+      // tier instead, so the GB value says nothing and no warning is given
+      process.env.DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS = "1000"
+      const overridden = yield* startWarnings("10").pipe(
+        Effect.ensuring(Effect.sync(() => delete process.env.DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS))
+      )
+      assert.deepStrictEqual(
+        overridden.filter((w) => w.includes("CPU KV-cache tier")),
         []
       )
       const none = yield* startWarnings(undefined)

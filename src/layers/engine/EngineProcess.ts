@@ -6,9 +6,11 @@
  * down and settles in Stopped. openai_compat (plan.spawns = false) runs the same loop with nothing spawned.
  * Every time is Effect's Clock and every wait Effect.sleep: with a fake EngineHost a TestClock drives it all.
  */
+import * as process from "node:process"
 import { Clock, Deferred, Effect, Fiber, Layer, Option, Ref, Result, SubscriptionRef } from "effect"
 import { Config } from "../../services/config/Config.ts"
-import { EnginePlan, type LaunchPlan } from "../../services/engine/Engine.ts"
+import { cpuCacheOf, EnginePlan, type LaunchPlan } from "../../services/engine/Engine.ts"
+import { engineEnvironment } from "../../services/engine/EngineEnvironment.ts"
 import { EngineHost } from "../../services/engine/EngineHost.ts"
 import {
   EngineProcess,
@@ -67,8 +69,9 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
   // optional too: without them (tests, a host without cgroups) exits say nothing about the OOM killer
   const memory = Option.getOrUndefined(yield* Effect.serviceOption(MemoryCgroup))
   // Said once at start, as `cgn-agent check` says it: a tier that outgrows the shared limit is killed every run.
-  if (memory !== undefined && plan.cpuCache !== undefined) {
-    const warning = cpuCacheOverLimit(plan.cpuCache, yield* memory.limit)
+  const cpuCache = cpuCacheOf(engineEnvironment(process.env, plan.env), plan.cpuCacheVariable)
+  if (memory !== undefined && cpuCache !== undefined) {
+    const warning = cpuCacheOverLimit(cpuCache, yield* memory.limit)
     if (warning !== undefined) yield* Effect.logWarning(warning)
   }
   const metrics = Option.getOrUndefined(yield* Effect.serviceOption(Metrics))

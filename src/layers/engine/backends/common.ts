@@ -6,6 +6,7 @@
  */
 import type { AgentConfig } from "../../../services/config/Config.ts"
 import type {
+  CpuCacheVariable,
   ExitHint,
   KvEventsEndpoint,
   LaunchPlan,
@@ -123,28 +124,10 @@ export interface PlanParts {
   /** Defaults to the served name. */
   readonly requestModel?: string
   readonly warnings?: ReadonlyArray<string>
-  /**
-   * The variable that sizes the engine's CPU KV-cache tier, its unit in bytes, and a variable that sizes the tier
-   * another way when set (a block count: the size is then unknown here) (LaunchPlan.cpuCache).
-   */
-  readonly cpuCacheVariable?:
-    | { readonly name: string; readonly bytesPerUnit: number; readonly unlessSet?: string }
-    | undefined
+  /** The variable that sizes the engine's CPU KV-cache tier (LaunchPlan.cpuCacheVariable). */
+  readonly cpuCacheVariable?: CpuCacheVariable | undefined
   /** The engine's well-known start failures and the config keys that fix them (LaunchPlan.exitHints). */
   readonly exitHints?: ReadonlyArray<ExitHint>
-}
-
-/** LaunchPlan.cpuCache from the final environment: the variable's value when it is a positive number. */
-const cpuCacheOf = (
-  env: Readonly<Record<string, string>>,
-  variable: PlanParts["cpuCacheVariable"]
-): LaunchPlan["cpuCache"] => {
-  const overridden = variable?.unlessSet !== undefined && (env[variable.unlessSet] ?? "").trim() !== ""
-  const value = variable === undefined || overridden ? undefined : env[variable.name]
-  const units = value === undefined || value.trim() === "" ? Number.NaN : Number(value)
-  return variable !== undefined && Number.isFinite(units) && units > 0
-    ? { setting: `${variable.name}=${value}`, bytes: units * variable.bytesPerUnit }
-    : undefined
 }
 
 /**
@@ -157,7 +140,6 @@ export const resolveCommand = (command: ReadonlyArray<string>, execPath: string)
 /** Builds the LaunchPlan of a spawned engine. */
 export const assemble = (config: AgentConfig, listen: Listen, parts: PlanParts): LaunchPlan => {
   const env = { ...parts.env, ...config.engine.env }
-  const cpuCache = cpuCacheOf(env, parts.cpuCacheVariable)
   return {
     kind: config.engine.kind,
     spawns: true,
@@ -180,7 +162,7 @@ export const assemble = (config: AgentConfig, listen: Listen, parts: PlanParts):
     servedModel: config.model.served_name,
     requestModel: parts.requestModel ?? config.model.served_name,
     ...(parts.warnings !== undefined && parts.warnings.length > 0 ? { warnings: parts.warnings } : {}),
-    ...(cpuCache !== undefined ? { cpuCache } : {}),
+    ...(parts.cpuCacheVariable !== undefined ? { cpuCacheVariable: parts.cpuCacheVariable } : {}),
     ...(parts.exitHints !== undefined && parts.exitHints.length > 0 ? { exitHints: parts.exitHints } : {})
   }
 }
