@@ -163,7 +163,8 @@ const make = Effect.gen(function* () {
     reloadTls:
       cluster.etcd_ca_file === undefined && cluster.etcd_cert_file === undefined
         ? Effect.void
-        : ops.reloadTls.pipe(
+        : // not once the shutdown has begun: its finalizer closes the client, and a new one would be left open
+          Effect.suspend(() => (s.stopping ? Effect.succeed(false) : ops.reloadTls)).pipe(
             Effect.flatMap((changed) =>
               Effect.logInfo(
                 changed

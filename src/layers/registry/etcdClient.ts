@@ -191,7 +191,7 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
     const old = client
     client = new Etcd3({ ...next, faultHandling })
     tlsFiles = now
-    // A call still on the old client fails (EtcdUnavailable) and the reporter's next round uses the new one.
+    // close() lets calls already in flight on the old client finish (a revoke, a write); new calls use the new one.
     old.close()
     return true
   })
