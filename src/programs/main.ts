@@ -34,6 +34,7 @@ import { GpuGate } from "../services/engine/GpuGate.ts"
 import { Admission } from "../services/grpc/Admission.ts"
 import { GrpcServer } from "../services/grpc/GrpcServer.ts"
 import { KvBridge } from "../services/kv/KvBridge.ts"
+import { Cordon } from "../services/node/Cordon.ts"
 import { Drain } from "../services/node/Drain.ts"
 import { EventLoopLag } from "../services/node/EventLoopLag.ts"
 import { NodeStatus } from "../services/node/NodeStatus.ts"
@@ -186,7 +187,7 @@ export const daemon = Effect.scoped(
     yield* Deferred.succeed(reporterReady, reporter.status)
     yield* Deferred.succeed(etcdTlsReload, reporter.reloadTls)
     yield* MetricsLive.mirrorRegistration(reporter.status)
-    yield* MetricsLive.mirrorNodeState((yield* NodeStatus).snapshot)
+    yield* MetricsLive.mirrorNodeState((yield* NodeStatus).snapshot, (yield* Cordon).current)
 
     yield* Effect.logInfo("cgn-agent serving", {
       node_id: config.agent.node_id,

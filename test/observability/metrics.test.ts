@@ -178,6 +178,28 @@ describe("mirrorNodeState", () => {
   })
 })
 
+describe("mirrorNodeState and the cordon", () => {
+  it("cordoned_since is the cordon's persisted since, in seconds, and absent when not cordoned", async () => {
+    let cordon: { readonly since: number } | undefined = { since: 1_764_000_000_000 }
+    const bodies = await run(
+      Effect.scoped(
+        Effect.gen(function* () {
+          yield* MetricsLayer.mirrorNodeState(
+            Effect.succeed({ state: "cordoned" }),
+            Effect.sync(() => cordon)
+          )
+          const m = yield* Metrics
+          const cordoned = (yield* m.render).body
+          cordon = undefined
+          return { cordoned, uncordoned: (yield* m.render).body }
+        })
+      )
+    )
+    expect(bodies.cordoned).toContain("cgn_agent_node_cordoned_since_seconds 1764000000")
+    expect(bodies.uncordoned).not.toMatch(/^cgn_agent_node_cordoned_since_seconds /m)
+  })
+})
+
 describe("mirrorRegistration", () => {
   it("sets the etcd gauges from the reporter's status at scrape time", async () => {
     const status = {

@@ -106,6 +106,10 @@ const makeHandles = (registry: Registry): MetricHandles => {
       "1 for the node's current state as routers see it (NodeHealth.state; /readyz answers 200 only when ready)",
       ["state"] as const
     ),
+    nodeCordonedSince: gauge(
+      "node_cordoned_since_seconds",
+      "When an operator cordoned the node (POST /cordon), Unix seconds; no sample when it is not cordoned"
+    ),
     eventLoopLag: gauge(
       "event_loop_lag_seconds",
       "Worst event-loop delay in the last completed 5 s window (scrapes do not reset it)"
@@ -241,13 +245,7 @@ export const recordBuildInfo = (info: { readonly version: string; readonly engin
 
 /** Fills `cgn_agent_event_loop_lag_seconds` at every scrape with the worst lag of the last window. */
 export const mirrorEventLoopLag = (lag: Effect.Effect<LagSample>): Effect.Effect<void, never, Metrics | Scope.Scope> =>
-  Effect.flatMap(Metrics, (m) =>
-    m.onCollect(
-      Effect.map(lag, (s) => {
-        m.eventLoopLag.set(s.windowMaxMs / 1000)
-      })
-    )
-  )
+  Effect.flatMap(Metrics, (m) => m.onCollect(Effect.map(lag, (s) => m.eventLoopLag.set(s.windowMaxMs / 1000))))
 
 /** Fills `cgn_agent_log_lines_dropped_total` at every scrape from Logging's count. */
 export const mirrorLogDrops = (dropped: () => number): Effect.Effect<void, never, Metrics | Scope.Scope> =>
@@ -264,16 +262,19 @@ export const mirrorTraceExports = (
       )
 
 /**
- * Fills `cgn_agent_node_state` at every scrape from the node's own view. The engine can be ready while the node
- * is not (a stalled stream, a GPU fault, GPU memory held past its timeout): this is the state to alert on.
+ * Fills `cgn_agent_node_state` at every scrape from the node's own view, and `cgn_agent_node_cordoned_since_seconds`
+ * from the cordon's record. The engine can be ready while the node is not (a stalled stream, a GPU fault, GPU memory
+ * held past its timeout): this is the state to alert on.
  */
 export const mirrorNodeState = (
-  snapshot: Effect.Effect<{ readonly state: string }>
+  snapshot: Effect.Effect<{ readonly state: string }>,
+  cordon: Effect.Effect<{ readonly since: number } | undefined> = Effect.undefined
 ): Effect.Effect<void, never, Metrics | Scope.Scope> =>
   Effect.flatMap(Metrics, (m) =>
     m.onCollect(
-      Effect.map(snapshot, (h) => {
+      Effect.zipWith(snapshot, cordon, (h, c) => {
         setStateGauge(m.nodeState, NodeStates, h.state)
+        setOptional(m.nodeCordonedSince, c === undefined ? undefined : c.since / 1000)
       })
     )
   )

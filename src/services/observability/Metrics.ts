@@ -58,6 +58,11 @@ export interface MetricHandles {
   /** One-hot: the node's state as routers see it (NodeHealth.state). */
   readonly nodeState: Gauge<"state">
   /**
+   * Since when an operator has the node cordoned, Unix seconds (the persisted cordon's `since`, so it survives agent
+   * restarts, where a `for:` over node_state would start again); no sample when not cordoned.
+   */
+  readonly nodeCordonedSince: Gauge
+  /**
    * Worst event-loop delay in the last completed fixed window of the EventLoopLag service (5 s): reading it
    * resets nothing, so any number of scrapers see the same value.
    */
