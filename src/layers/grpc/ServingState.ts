@@ -5,10 +5,11 @@
  * and the node's change streams; every change is published to grpc.health.v1 at once. Generate refuses a call
  * while the engine is not Ready, the node drains or is cordoned (`refusal`): flags read per call, no I/O.
  */
-import { Effect, type Scope, Stream } from "effect"
+import { Effect, Option, type Scope, Stream } from "effect"
 import { EngineProcess } from "../../services/engine/EngineProcess.ts"
 import { NodeCordoned, NotServing } from "../../services/grpc/CallErrors.ts"
 import type { ServingStatus } from "../../services/grpc/GrpcServer.ts"
+import { Cordon } from "../../services/node/Cordon.ts"
 import { NodeStatus } from "../../services/node/NodeStatus.ts"
 import { PublishedHealth } from "./Health.ts"
 
@@ -25,6 +26,9 @@ export const make: Effect.Effect<ServingState, never, EngineProcess | NodeStatus
   function* () {
     const engine = yield* EngineProcess
     const nodeStatus = yield* NodeStatus
+    // The cordon itself when present: a call right after POST /cordon (or /uncordon) has answered is decided by it,
+    // not by the flag below, which the node's change stream sets a moment later. Absent (tests): the flag.
+    const cordon = Option.getOrUndefined(yield* Effect.serviceOption(Cordon))
     const health = new PublishedHealth()
     let engineTag: string = (yield* engine.state)._tag
     let draining = yield* nodeStatus.draining
@@ -61,7 +65,7 @@ export const make: Effect.Effect<ServingState, never, EngineProcess | NodeStatus
       refusal: () => {
         if (draining) return new NotServing({ reason: "node is draining" })
         // made once: the cordon's refusal per call is a flag read, nothing allocated
-        if (cordoned) return cordonedRefusal
+        if (cordon === undefined ? cordoned : cordon.isCordoned()) return cordonedRefusal
         if (engineTag === "Ready") return undefined
         return new NotServing({ reason: `engine is not ready (${engineTag.toLowerCase()})` })
       }

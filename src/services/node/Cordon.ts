@@ -104,6 +104,11 @@ export interface CordonService {
   readonly current: Effect.Effect<CordonRecord | undefined>
   /** Whether the node is cordoned now. */
   readonly cordoned: Effect.Effect<boolean>
+  /**
+   * The same, read without an effect: for the per-call refusal, which must see a cordon as soon as POST /cordon has
+   * answered (the change streams that health follows arrive a moment later).
+   */
+  readonly isCordoned: () => boolean
   /** Cordons (persisted first); idempotent: a cordoned node keeps its record and answers `already: true`. */
   readonly cordon: (
     reason: string
@@ -120,6 +125,8 @@ export class Cordon extends Context.Service<Cordon, CordonService>()("cgn-agent/
 export const make = (initial: CordonRecord | undefined, store: CordonStore): Effect.Effect<CordonService> =>
   Effect.gen(function* () {
     const state = yield* Ref.make(initial)
+    // mirrors `state` for isCordoned: written with it, under the lock
+    let cordonedNow = initial !== undefined
     const lock = yield* Semaphore.make(1)
     const pubsub = yield* PubSub.unbounded<boolean>()
     const cordon = (reason: string) =>
@@ -129,6 +136,7 @@ export const make = (initial: CordonRecord | undefined, store: CordonStore): Eff
         const record: CordonRecord = { since: yield* Clock.currentTimeMillis, reason }
         yield* store.write(record)
         yield* Ref.set(state, record)
+        cordonedNow = true
         yield* PubSub.publish(pubsub, true)
         return { already: false, record }
       }).pipe(Semaphore.withPermit(lock))
@@ -136,12 +144,14 @@ export const make = (initial: CordonRecord | undefined, store: CordonStore): Eff
       if ((yield* Ref.get(state)) === undefined) return { was: false }
       yield* store.remove
       yield* Ref.set(state, undefined)
+      cordonedNow = false
       yield* PubSub.publish(pubsub, false)
       return { was: true }
     }).pipe(Semaphore.withPermit(lock))
     return Cordon.of({
       current: Ref.get(state),
       cordoned: Effect.map(Ref.get(state), (r) => r !== undefined),
+      isCordoned: () => cordonedNow,
       cordon,
       uncordon,
       changes: Stream.fromPubSub(pubsub)
