@@ -9,7 +9,7 @@ import * as path from "node:path"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
 import { awaitEngineFailing, killAllAgents, requireDist, simAgentConfig, startAgent } from "../support/agent.ts"
 import { makeTestPki } from "../support/certs.ts"
-import { startEtcd } from "../support/etcd.ts"
+import { startMtlsEtcd } from "../support/etcd.ts"
 import { agentClient, generate, grpcCode } from "../support/generate.ts"
 import { pollUntil } from "../support/poll.ts"
 
@@ -41,16 +41,7 @@ describe("SIGHUP", () => {
 describe("SIGHUP and the etcd client certificate", () => {
   it("a pair etcd refuses, fixed on disk: SIGHUP takes it and the agent registers, no restart", async () => {
     const pki = makeTestPki()
-    const etcd = await startEtcd({
-      tls: {
-        certFile: pki.server.certFile,
-        keyFile: pki.server.keyFile,
-        caFile: pki.ca.certFile,
-        clientCertAuth: true,
-        clientCertFile: pki.client.certFile,
-        clientKeyFile: pki.client.keyFile
-      }
-    })
+    const etcd = await startMtlsEtcd(pki)
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-etcd-sighup-"))
     try {
       // a client pair signed by a CA etcd does not trust: a rotation gone wrong

@@ -16,7 +16,7 @@ import { layer as healthReporterLayer } from "../../src/layers/registry/HealthRe
 import { HealthReporter, nodeKey, type RegistrationStatus } from "../../src/services/registry/HealthReporter.ts"
 import { layerTest as nodeStatusTest } from "../../src/testing/NodeStatus.ts"
 import { makeTestPki, type TestPki } from "../support/certs.ts"
-import { type EtcdHandle, pollUntil, startEtcd } from "../support/etcd.ts"
+import { type EtcdHandle, pollUntil, startEtcd, startMtlsEtcd } from "../support/etcd.ts"
 
 let unhandled = 0
 const onUnhandled = () => {
@@ -32,16 +32,7 @@ const cleanups: Array<() => Promise<unknown>> = []
 
 beforeAll(async () => {
   pki = makeTestPki()
-  etcd = await startEtcd({
-    tls: {
-      certFile: pki.server.certFile,
-      keyFile: pki.server.keyFile,
-      caFile: pki.ca.certFile,
-      clientCertAuth: true,
-      clientCertFile: pki.client.certFile,
-      clientKeyFile: pki.client.keyFile
-    }
-  })
+  etcd = await startMtlsEtcd(pki)
   admin = new Etcd3({
     hosts: etcd.endpoint,
     credentials: { rootCertificate: pki.ca.cert, certChain: pki.client.cert, privateKey: pki.client.key }

@@ -225,5 +225,25 @@ export const startEtcd = async (options: StartEtcdOptions = {}): Promise<EtcdHan
   return handle
 }
 
+/**
+ * etcd over mTLS with `pki` (test/support/certs.ts): its server pair, clients must present a certificate its CA
+ * signed; the readiness poll presents `pki.client`.
+ */
+export const startMtlsEtcd = (pki: {
+  readonly ca: { readonly certFile: string }
+  readonly server: { readonly certFile: string; readonly keyFile: string }
+  readonly client: { readonly certFile: string; readonly keyFile: string }
+}): Promise<EtcdHandle> =>
+  startEtcd({
+    tls: {
+      certFile: pki.server.certFile,
+      keyFile: pki.server.keyFile,
+      caFile: pki.ca.certFile,
+      clientCertAuth: true,
+      clientCertFile: pki.client.certFile,
+      clientKeyFile: pki.client.keyFile
+    }
+  })
+
 /** Re-exported for the etcd tests; the implementation is test/support/poll.ts. */
 export { pollUntil } from "./poll.ts"
