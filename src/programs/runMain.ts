@@ -8,6 +8,7 @@
  * ignored.
  */
 import { Deferred, Effect, Queue, Runtime, type Scope } from "effect"
+import { exitProcess } from "../layers/node/threadExit.ts"
 
 type Handler = (count: number, signal: NodeJS.Signals) => void
 let handler: Handler | undefined
@@ -73,7 +74,8 @@ export const runMain = Runtime.makeRunMain(({ fiber, teardown }) => {
     process.removeListener("SIGINT", onSignal)
     process.removeListener("SIGTERM", onSignal)
     process.removeListener("SIGHUP", onHangup)
-    teardown(exit, (code) => process.exit(code))
+    // not process.exit: it would wait for an NVML worker stuck in a native call (layers/node/threadExit.ts)
+    teardown(exit, exitProcess)
   })
   process.on("SIGINT", onSignal)
   process.on("SIGTERM", onSignal)

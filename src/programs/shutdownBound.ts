@@ -7,8 +7,9 @@
  * (`exit_within`), and test/programs/k8s-manifests.test.ts holds the shipped DaemonSet to it.
  *
  * kvcached and the KV-event readers add nothing: their fibers are interrupted, which a wedged peer cannot hold
- * up. A thread stuck inside an NVML call in the kernel (a GPU off the bus) is the one wait nothing in-process can
- * bound (layers/node/nvmlThread.ts): not even process.exit() returns before it.
+ * up. An NVML worker still inside a call past its term does not hold the exit either (layers/node/threadExit.ts
+ * exits without joining it); only a call stuck in an uninterruptible kernel wait (D state) keeps the process,
+ * which not even SIGKILL ends.
  */
 import { Duration } from "effect"
 import { CLOSE_GRACE as ADMIN_CLOSE_GRACE } from "../layers/admin/Admin.ts"

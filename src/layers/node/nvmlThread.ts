@@ -4,8 +4,9 @@
  * every policy (deadlines, backoff, logging).
  */
 import { Worker } from "node:worker_threads"
-import { type Duration, Effect } from "effect"
+import { Duration, Effect, Option } from "effect"
 import type { NvmlReply, NvmlRequest } from "./nvmlSession.ts"
+import { endWorker } from "./threadExit.ts"
 
 /** A reply, or the thread gone before it answered (an exception in it, or terminated). */
 export type ThreadReply = NvmlReply | { readonly op: "exited"; readonly why: string }
@@ -13,7 +14,10 @@ export type ThreadReply = NvmlReply | { readonly op: "exited"; readonly why: str
 export interface NvmlThread {
   /** Sends `request` and waits for its reply; an interrupted wait leaves the request running in the thread. */
   readonly call: (request: NvmlRequest) => Effect.Effect<ThreadReply>
-  /** Ends the thread now, without waiting (an NVML call it is inside still runs to its end: see `release`). */
+  /**
+   * Ends the thread now, without waiting. An NVML call it is inside still runs to its end, and until then the
+   * process exits through threadExit.ts, which does not wait for it.
+   */
   readonly terminate: Effect.Effect<void>
   /** Asks the thread to shut NVML down and end, waits up to `wait` for that, then terminates it. */
   readonly release: (wait: Duration.Duration) => Effect.Effect<void>
@@ -53,7 +57,7 @@ export const spawnThread = (program: string, onWorker?: (worker: Worker) => void
         worker.once("exit", onExit)
         return Effect.sync(() => void worker.off("exit", onExit))
       })
-      const terminate = Effect.sync(() => void worker.terminate())
+      const terminate = Effect.sync(() => endWorker(worker))
       return {
         call: (request) =>
           Effect.callback<ThreadReply>((resume) => {
@@ -69,14 +73,18 @@ export const spawnThread = (program: string, onWorker?: (worker: Worker) => void
           Effect.gen(function* () {
             if (exited !== undefined) return
             worker.postMessage({ op: "close" } satisfies NvmlRequest)
-            yield* Effect.timeoutOption(ended, wait)
+            const closed = yield* Effect.timeoutOption(ended, wait)
             // terminate() cannot stop a thread inside a native call: V8 interrupts JavaScript only, so a thread stuck
-            // in NVML ends only when that call returns, and process exit (process.exit() too) waits for it (measured
-            // with the fake library's FAKE_NVML_BLOCK_FILE; a koffi call on libuv's threadpool holds exit the same
-            // way, and a subprocess would not help against a call stuck in the kernel's D state, which not even
-            // SIGKILL ends). Nothing in-process can do better. The Nvml layer is released after the drain and the
-            // lease revoke (programs/main.ts builds those inside the daemon's scope), so nothing waits on this
+            // in NVML ends only when that call returns (measured with the fake library's FAKE_NVML_BLOCK_FILE; a
+            // koffi call on libuv's threadpool would hold the same way). process.exit() would wait for it, so the
+            // program exits through threadExit.ts, which does not. The Nvml layer is released after the drain and
+            // the lease revoke (programs/main.ts builds those inside the daemon's scope), so nothing waits on this
             // before then.
+            if (Option.isNone(closed)) {
+              yield* Effect.logWarning("NVML worker still inside a call; the agent exits without waiting for it", {
+                waited: Duration.format(wait)
+              })
+            }
             yield* terminate
           })
       }

@@ -1,0 +1,54 @@
+// A GPU off the bus hangs NVML calls: the built agent (dist/main.js) with the fake libnvidia-ml.so
+// (CGN_NVML_LIBRARY) whose calls block while FAKE_NVML_BLOCK_FILE exists. A scrape waits out the call's deadline
+// (no GPUs, nvml_up 0), and on SIGTERM the agent drains, says the NVML worker is still inside its call, and exits
+// 0 while that call still hangs (layers/node/threadExit.ts); process.exit() would have waited for the call.
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
+import { killAllAgents, requireDist, simAgentConfig, startAgent } from "../support/agent.ts"
+import { buildFakeNvml } from "../support/nvml.ts"
+
+let dir = ""
+let library = ""
+beforeAll(() => {
+  requireDist()
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-nvml-exit-"))
+  library = buildFakeNvml(dir)
+})
+afterEach(async () => {
+  // unblock first: a worker left inside the call holds nothing of the test, but its process must end too
+  fs.rmSync(path.join(dir, "block"), { force: true })
+  await killAllAgents()
+})
+afterAll(() => {
+  if (dir) fs.rmSync(dir, { recursive: true, force: true })
+})
+
+describe("an NVML call that never returns (built agent, fake NVML)", () => {
+  it("does not hold the agent's exit after a drain", async () => {
+    const block = path.join(dir, "block")
+    // GPUs free enough for the engine to start on (the fake's GPUs hold 20 GiB otherwise)
+    const state = path.join(dir, "state")
+    fs.writeFileSync(state, "gpu.0.used=268435456\ngpu.1.used=268435456\n")
+    const { config } = await simAgentConfig({ agent: { drain_timeout: "1s" } })
+    const agent = await startAgent({
+      config,
+      env: { CGN_NVML_LIBRARY: library, FAKE_NVML_BLOCK_FILE: block, FAKE_NVML_STATE: state }
+    })
+    const scrape = async () => (await fetch(`${agent.adminUrl}/metrics`)).text()
+    expect(await scrape()).toContain("cgn_agent_nvml_up 1")
+
+    // from now on every NVML call hangs; the scrape after the cached sample waits out the call's deadline (10 s)
+    fs.writeFileSync(block, "")
+    void scrape().catch(() => undefined)
+    await agent.waitForLine((l) => l.includes("NVML call stuck"), 60_000)
+    const exit = await agent.stop("SIGTERM", 60_000)
+    expect(exit).toEqual({ code: 0, signal: null })
+    // the call was still hanging when the process ended
+    expect(fs.existsSync(block)).toBe(true)
+    expect(
+      agent.logs().some((l) => l.msg === "NVML worker still inside a call; the agent exits without waiting for it")
+    ).toBe(true)
+  }, 120_000)
+})
