@@ -1,8 +1,8 @@
 /**
  * The live Cordon: the cordon persisted as `cordon.json` in agent.state_dir, so an operator's cordon outlives an
- * agent restart (OOM, upgrade, crash) until POST /uncordon. Read once at start; written atomically (temp file +
- * rename, as the engine pid file is: layers/engine/pidFile.ts) before the state changes, removed before the
- * uncordon takes effect. A failed write or removal is the request's error (500), never the daemon's.
+ * agent restart (OOM, upgrade, crash) and a node's reboot until POST /uncordon. Read once at start; written
+ * atomically and durably (durableFile.ts) before the state changes, removed (durably too) before the uncordon
+ * takes effect. A failed write or removal is the request's error (500), never the daemon's.
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
@@ -16,6 +16,7 @@ import {
   encodeRecord,
   make
 } from "../../services/node/Cordon.ts"
+import { removeDurably, writeDurably } from "./durableFile.ts"
 
 export const cordonFilePath = (stateDir: string): string => path.join(stateDir, "cordon.json")
 
@@ -63,18 +64,10 @@ export const layer: Layer.Layer<Cordon, never, Config> = Layer.effect(
       })
     }
     return yield* make(initial, {
-      write: (record) =>
-        Effect.tryPromise({
-          try: async () => {
-            // The supervisor creates state_dir too, but a cordon may come first (an engine still reclaiming).
-            await fs.mkdir(stateDir, { recursive: true })
-            const tmp = `${file}.${process.pid}.tmp`
-            await fs.writeFile(tmp, encodeRecord(record))
-            await fs.rename(tmp, file)
-          },
-          catch: fail
-        }),
-      remove: Effect.tryPromise({ try: () => fs.rm(file, { force: true }), catch: fail })
+      // The supervisor creates state_dir too, but a cordon may come first (an engine still reclaiming): the write
+      // creates it.
+      write: (record) => Effect.tryPromise({ try: () => writeDurably(file, encodeRecord(record)), catch: fail }),
+      remove: Effect.tryPromise({ try: () => removeDurably(file), catch: fail })
     })
   })
 )
