@@ -21,14 +21,18 @@ const program = (ending: boolean) => `
 import { Worker } from "node:worker_threads"
 import { writeSync } from "node:fs"
 import { endWorker, exitProcess, workersHoldingExit } from ${JSON.stringify(path.join(repo, "src/layers/node/threadExit.ts"))}
+// loaded first, as the NVML layer has loaded it before its worker is ended
+await import(${JSON.stringify(path.join(repo, "node_modules/koffi/index.js"))})
 const worker = new Worker(\`
   const koffi = require(\${JSON.stringify(${JSON.stringify(path.join(repo, "node_modules/koffi"))})})
   const sleep = koffi.load(null).func("unsigned int sleep(unsigned int)")
   require("node:worker_threads").parentPort.postMessage("asleep")
   sleep(60)
 \`, { eval: true })
-worker.once("message", () => {
+worker.once("message", async () => {
   ${ending ? "endWorker(worker)" : ""}
+  // the exit comes turns after the release, as the daemon's does after its layers' finalizers
+  await new Promise((resolve) => setImmediate(resolve))
   process.on("exit", (code) => writeSync(1, \`exit event \${code}, holding \${workersHoldingExit()}\\n\`))
   exitProcess(3)
 })
