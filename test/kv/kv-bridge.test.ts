@@ -25,10 +25,10 @@ import { KvBridge, type KvBridgeStatus } from "../../src/services/kv/KvBridge.ts
 import {
   checkSeq,
   decodeMessage,
-  decodeReplayReply,
   END_OF_REPLAY,
   rankEndpoint,
-  seqFrame
+  seqFrame,
+  splitReplayReply
 } from "../../src/services/kv/KvEvents.ts"
 import { batchRecord, hello, resyncRecord } from "../../src/services/kv/KvWire.ts"
 import { buildNodeHealth } from "../../src/services/node/NodeHealthView.ts"
@@ -45,6 +45,11 @@ import { postJson, type SimHandle, startSim } from "../support/sim.ts"
  * reject, as a socket error would lose it; while `always`, a receive rejects at once.
  */
 const subFaults = vi.hoisted(() => ({ next: 0, always: false }))
+/**
+ * What the bridge's replay DEALER holds, measured outside the bridge: the frame bytes received by the one open now
+ * (a replay keeps every reply until the range is complete), and the most it had kept while waiting for the next.
+ */
+const dealerBytes = vi.hoisted(() => ({ live: 0, maxKept: 0 }))
 vi.mock("zeromq", async (importOriginal) => {
   const real = await importOriginal<typeof import("zeromq")>()
   class Subscriber extends real.Subscriber {
@@ -58,7 +63,19 @@ vi.mock("zeromq", async (importOriginal) => {
       return frames
     }
   }
-  return { ...real, Subscriber }
+  class Dealer extends real.Dealer {
+    override async receive(): Promise<Array<Buffer>> {
+      dealerBytes.maxKept = Math.max(dealerBytes.maxKept, dealerBytes.live)
+      const frames = await super.receive()
+      for (const f of frames) dealerBytes.live += f.length
+      return frames
+    }
+    override close(): void {
+      dealerBytes.live = 0
+      super.close()
+    }
+  }
+  return { ...real, Subscriber, Dealer }
 })
 
 const BIG = 15760518052499183552n
@@ -70,6 +87,8 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c().catch(() => undefined)
   subFaults.next = 0
   subFaults.always = false
+  dealerBytes.live = 0
+  dealerBytes.maxKept = 0
 })
 
 const until = <T>(f: () => T | undefined | false | Promise<T | undefined | false>, what: string, ms = 10_000) =>
@@ -125,11 +144,15 @@ let n = 0
 const complete = (sim: SimHandle) =>
   postJson(`${sim.url}/v1/completions`, { prompt: `a${n} b${n} c${n} d${n} e${n} f${n} g${++n} h`, max_tokens: 1 })
 
+/** The last seq the bridge saw on a DP rank (its status, per rank). */
+const lastSeq = (s: KvBridgeStatus, rank = 0) => s.ranks[rank]?.lastSeq
+
 /** Sends completions until the bridge has seen a batch with seq >= `seq` (the first ones may be lost to ZMQ's join). */
 const pumpUntil = async (sim: SimHandle, status: () => Promise<KvBridgeStatus>, seq: number) => {
   await until(async () => {
     const s = await status()
-    if (s.lastSeq !== undefined && BigInt(s.lastSeq) >= BigInt(seq)) return true
+    const at = lastSeq(s)
+    if (at !== undefined && BigInt(at) >= BigInt(seq)) return true
     await complete(sim)
     return undefined
   }, `seq ${seq}`)
@@ -186,7 +209,11 @@ describe("KvBridge with the simulator", () => {
     expect(hashes.every((h) => typeof h === "string" && /^\d+$/.test(h))).toBe(true)
     expect(hashes.some((h) => BigInt(h) >= 1n << 63n)).toBe(true)
 
-    const st = await bridge.status()
+    // resyncs counts what kvcached acknowledged: the Resync's Push may still be answering.
+    const st = await until(async () => {
+      const s = await bridge.status()
+      return s.resyncs === 1 ? s : undefined
+    }, "the Resync acknowledged")
     expect(st).toMatchObject({ kvcachedConnected: true, gaps: 1, resyncs: 1, dropped: 0 })
     // kvcached is back: its connection error is not shown as if it were current.
     expect(st.lastError).toBeUndefined()
@@ -245,12 +272,29 @@ const fakeEngine = async () => {
     })
     return open
   }
+  let pause: { readonly after: number; readonly gate: Promise<void> } | undefined
+  /** The next replay sends `after` replies, then waits until the returned function is called. */
+  const holdReplayAfter = (after: number) => {
+    let open = () => {}
+    const gate = new Promise<void>((r) => {
+      open = r
+    })
+    pause = { after, gate }
+    return open
+  }
   void (async () => {
     try {
       for await (const [ident, , start] of router) {
         await gate
         const from = (start as Buffer).readBigUInt64BE()
-        for (const [s, p] of buffer) if (s >= from) await router.send([ident as Buffer, "", seqFrame(s), p])
+        const paused = pause
+        pause = undefined
+        let sent = 0
+        for (const [s, p] of buffer) {
+          if (s < from) continue
+          if (sent++ === paused?.after) await paused.gate
+          await router.send([ident as Buffer, "", seqFrame(s), p])
+        }
         await router.send([ident as Buffer, "", seqFrame(0xffffffffffffffffn), ""])
       }
     } catch {
@@ -276,7 +320,7 @@ const fakeEngine = async () => {
     replayEndpoint: replay ? `tcp://127.0.0.1:${rport}` : undefined,
     topic: "kv"
   })
-  return { send, endpoint, holdReplays }
+  return { send, endpoint, holdReplays, holdReplayAfter }
 }
 
 /** The scripted engine, kvcached and a bridge (replaying from the engine's ROUTER or not), kvcached holding the join. */
@@ -285,7 +329,7 @@ const joinedBridge = async (replay: boolean, o: Partial<KvBridgeLive.BridgeOptio
   const sock = await tmpSock()
   const kc = await kvcached(sock)
   const bridge = await startBridge({ kvEvents: eng.endpoint(replay), uds: sock, ...o })
-  const joined = BigInt(await until(async () => (await bridge.status()).lastSeq ?? void (await eng.send()), "join"))
+  const joined = BigInt(await until(async () => lastSeq(await bridge.status()) ?? void (await eng.send()), "join"))
   await until(() => kc.batches().some((b) => BigInt(b.seq as number) === joined) || undefined, "joined batch")
   return { eng, kc, bridge, joined }
 }
@@ -296,7 +340,7 @@ describe("KvBridge with a scripted publisher", () => {
     const sock = await tmpSock()
     const kc = await kvcached(sock)
     const bridge = await startBridge({ kvEvents: eng.endpoint(true), uds: sock })
-    await until(async () => (await bridge.status()).lastSeq ?? void (await eng.send()), "join")
+    await until(async () => lastSeq(await bridge.status()) ?? void (await eng.send()), "join")
     await eng.send({ lose: true })
     const last = await eng.send({ hashes: [BIG] })
     await until(() => kc.batches().some((b) => BigInt(b.seq as number) === last) || undefined, "last")
@@ -320,7 +364,7 @@ describe("KvBridge with a scripted publisher", () => {
     await until(async () => ((await bridge.status()).gaps === 1 ? true : undefined), "first gap")
     await eng.send({ lose: true })
     const d = await eng.send()
-    await until(async () => ((await bridge.status()).lastSeq === String(d) ? true : undefined), "d held")
+    await until(async () => (lastSeq(await bridge.status()) === String(d) ? true : undefined), "d held")
     expect(b).toBe(joined + 2n)
     open()
     await until(() => kc.batches().some((x) => BigInt(x.seq as number) === d) || undefined, "d forwarded")
@@ -345,7 +389,90 @@ describe("KvBridge with a scripted publisher", () => {
     })
     const st = await bridge.status()
     expect(st).toMatchObject({ gaps: 1, replayed: 0 })
-    expect(st.lastBatchError).toMatch(/passed 4096 bytes \(kv.max_queue_bytes\); not replayed/)
+    expect(st.lastBatchError).toMatch(
+      /passed 4096 bytes \(kv.max_queue_bytes\) with what the bridge holds; not replayed/
+    )
+  })
+
+  it("a replay's replies count against kv.max_queue_bytes as they arrive, with the queue and the held batches: the bound holds, and the status shows them", async () => {
+    const eng = await fakeEngine()
+    const sock = await tmpSock() // kvcached stays away until the end: nothing leaves the queue meanwhile
+    const max = 48 * 1024
+    const bridge = await startBridge({ kvEvents: eng.endpoint(true), uds: sock, maxQueueBytes: max })
+    await until(async () => lastSeq(await bridge.status()) ?? void (await eng.send()), "join")
+    // Batches of ~1 KB: 20 queued, then 40 lost that the replay brings back (alone within the bound, not with the rest).
+    const big = enginePayload(Array.from({ length: 100 }, (_, i) => BIG + BigInt(i)))
+    const [one, frames] = [96 + big.byteLength, 8 + big.byteLength] // held; as the DEALER receives it
+    let queuedLast = 0n
+    for (let i = 0; i < 20; i++) queuedLast = await eng.send({ payload: big })
+    const base = await until(async () => {
+      const s = await bridge.status()
+      const at = String(queuedLast)
+      return lastSeq(s) === at && !s.ranks[0]?.replaying && s.queued === Number(at) + 1 ? s : undefined
+    }, "the join's replay over, every batch queued")
+    const lost = 40
+    expect(lost * frames).toBeLessThan(max)
+    expect(base.queuedBytes + one + lost * frames).toBeGreaterThan(max)
+    const open = eng.holdReplayAfter(3)
+    for (let i = 0; i < lost; i++) await eng.send({ lose: true, payload: big })
+    const trigger = await eng.send({ payload: big })
+
+    // The ROUTER sent 3 replies and waits: the bridge holds them beside the held batch, and says so.
+    await until(() => dealerBytes.live === 3 * frames || undefined, "3 replies received")
+    const during = await bridge.status()
+    expect(during.ranks[0]).toMatchObject({ replaying: true, lastSeq: String(trigger) })
+    expect(during).toMatchObject({ queued: base.queued + 4, queuedBytes: base.queuedBytes + 4 * one })
+    expect(await bridge.metrics()).toMatch(`cgn_agent_kv_events_queued_bytes ${base.queuedBytes + 4 * one}\n`)
+    open()
+    const after = await until(async () => {
+      const s = await bridge.status()
+      return s.ranks[0]?.replaying === false ? s : undefined
+    }, "the replay over")
+    // What the replay kept, with the queue and the batch held, never passed the bound: it stopped there.
+    expect(base.queuedBytes + one + dealerBytes.maxKept).toBeLessThanOrEqual(max)
+    expect(after.lastBatchError).toMatch(`passed ${max} bytes (kv.max_queue_bytes) with what the bridge holds`)
+    expect(after).toMatchObject({ gaps: 1, replayed: 0, queuedBytes: base.queuedBytes + 96 + one })
+    const kc = await kvcached(sock)
+    await until(() => kc.batches().some((b) => BigInt(b.seq as number) === trigger) || undefined, "the batch after")
+    expect(kc.lines.filter((l) => l.type === "Resync")).toMatchObject([
+      { reason: "gap", from_seq: Number(trigger) - lost, to_seq: Number(trigger) }
+    ])
+  })
+
+  it("resyncs counts the Resyncs kvcached acknowledged: none while it is away, none an overflow dropped unsent", async () => {
+    const eng = await fakeEngine()
+    const sock = await tmpSock()
+    const one = 96 + enginePayload([BIG]).byteLength
+    const bridge = await startBridge({ kvEvents: eng.endpoint(false), uds: sock, maxQueueBytes: 5 * one })
+    const send = () => eng.send({ hashes: [BIG] })
+    await until(async () => lastSeq(await bridge.status()) ?? void (await send()), "join")
+    await eng.send({ lose: true, hashes: [BIG] })
+    await send()
+    // A gap Resync is queued; kvcached has not received it.
+    const gapped = await until(async () => {
+      const s = await bridge.status()
+      return s.gaps === 1 ? s : undefined
+    }, "the gap")
+    expect(gapped.resyncs).toBe(0)
+    let last = 0n
+    for (let i = 0; i < 10; i++) last = await send()
+    // The overflow dropped it (the oldest) unsent: the overflow Resync that replaces it is the one kvcached gets.
+    const full = await until(async () => {
+      const s = await bridge.status()
+      return lastSeq(s) === String(last) ? s : undefined
+    }, "reader caught up")
+    expect(full.dropped).toBeGreaterThan(0)
+    expect(full.resyncs).toBe(0)
+    const kc = await kvcached(sock)
+    await until(() => kc.batches().some((b) => BigInt(b.seq as number) === last) || undefined, "the last batch")
+    const st = await until(async () => {
+      const s = await bridge.status()
+      return s.queued === 0 ? s : undefined
+    }, "everything acknowledged")
+    const received = kc.lines.filter((l) => l.type === "Resync")
+    expect(received).toMatchObject([{ reason: "overflow" }])
+    expect(st.resyncs).toBe(received.length)
+    expect(await bridge.metrics()).toMatch(/cgn_agent_kv_resyncs_total 1\n/)
   })
 
   it("an undecodable batch is one dropped batch (a decode Resync), not also a forwarded one", async () => {
@@ -464,7 +591,8 @@ describe("KvBridge with a scripted publisher", () => {
     subFaults.always = false
     const back = await until(async () => {
       const s = await bridge.status()
-      if (s.lastSeq !== undefined && BigInt(s.lastSeq) > lost) return s
+      const at = lastSeq(s)
+      if (at !== undefined && BigInt(at) > lost) return s
       await eng.send()
       return undefined
     }, "batches after the resubscribe")
@@ -480,6 +608,7 @@ describe("KvBridge with a scripted publisher", () => {
     expect(seqs(kc.batches()).filter((x) => BigInt(x) < lost)).toEqual(
       Array.from({ length: Number(lost - joined) }, (_, i) => Number(joined) + i)
     )
+    await until(async () => ((await bridge.status()).resyncs === 1 ? true : undefined), "the Resync acknowledged")
     expect(await bridge.status()).toMatchObject({ subscribed: true, gaps: 1, resyncs: 1 })
   })
 
@@ -531,7 +660,8 @@ describe("KvBridge with a scripted publisher", () => {
     const lost = await eng.send()
     const last = await until(async () => {
       const s = await bridge.status()
-      if (s.subscribed && s.lastSeq !== undefined && BigInt(s.lastSeq) > lost) return BigInt(s.lastSeq)
+      const at = lastSeq(s)
+      if (s.subscribed && at !== undefined && BigInt(at) > lost) return BigInt(at)
       await eng.send()
       return undefined
     }, "the restarted reader's batches")
@@ -553,10 +683,10 @@ describe("KvBridge with a scripted publisher", () => {
     const one = 96 + enginePayload([BIG]).byteLength
     const bridge = await startBridge({ kvEvents: eng.endpoint(false), uds: sock, maxQueueBytes: 5 * one })
     const send = () => eng.send({ hashes: [BIG] })
-    const first = BigInt(await until(async () => (await bridge.status()).lastSeq ?? void (await send()), "join"))
+    const first = BigInt(await until(async () => lastSeq(await bridge.status()) ?? void (await send()), "join"))
     let last = 0n
     for (let i = 0; i < 50; i++) last = await send()
-    await until(async () => ((await bridge.status()).lastSeq === String(last) ? true : undefined), "reader caught up")
+    await until(async () => (lastSeq(await bridge.status()) === String(last) ? true : undefined), "reader caught up")
     const st = await bridge.status()
     const received = Number(last - first) + 1
     expect(st).toMatchObject({ queued: 5, queuedBytes: 5 * one, dropped: received - 5, forwarded: 0 })
@@ -625,7 +755,7 @@ describe("SGLang through the bridge", () => {
     const sim = await simFromPlan(plan.argv)
     expect(sim.stderrLines.some((l) => l.includes('"mode":"bind"'))).toBe(true)
     await until(async () => {
-      if ((await status()).lastSeq !== undefined) return true
+      if (lastSeq(await status()) !== undefined) return true
       await postJson(`${sim.url}/v1/completions`, { prompt: `w${++n} x y z`, max_tokens: 1 })
       return undefined
     }, "first batch")
@@ -643,7 +773,7 @@ describe("SGLang through the bridge", () => {
 
     // The engine run ends: kvcached hears at once that the run's blocks are gone (a restart Resync from the
     // stream's next seq), not at the next run's first batch.
-    const next = BigInt((await status()).lastSeq ?? "0") + 1n
+    const next = BigInt(lastSeq(await status()) ?? "0") + 1n
     await engineExited(0)
     const restart = await until(
       () => kc.lines.find((l) => l.type === "Resync" && l.reason === "restart"),
@@ -735,11 +865,21 @@ describe("data parallelism", () => {
     // DP coordinator's load reports), and each rank publishes what its own cache stored, on its own seq.
     const ranksAt = (seq: number) =>
       [0, 1].every((r) => kc.batches().some((b) => b.dp_rank === r && (b.seq as number) >= seq))
+    const lastOf = (r: number) => Math.max(...seqs(kc.batches().filter((b) => b.dp_rank === r)))
+    // Until the ranks' streams stand at different seqs, so that one lastSeq for both could not be right.
     await until(async () => {
-      if (ranksAt(3)) return true
+      if (ranksAt(3) && lastOf(0) !== lastOf(1)) return true
       await postJson(`${sim.url}/v1/completions`, { prompt: `r${++n} s t u`, max_tokens: 1 })
       return undefined
     }, "batches from both ranks")
+    // /status kv says where each rank's stream is.
+    const byRank = await until(async () => {
+      const s = await status()
+      return s.ranks.every((r) => r.lastSeq === String(lastOf(r.rank))) ? s.ranks : undefined
+    }, "each rank's last seq in the status")
+    expect(byRank).toEqual(
+      [0, 1].map((rank) => ({ rank, subscribed: true, lastSeq: String(lastOf(rank)), replaying: false }))
+    )
     expect(kc.lines[0]).toMatchObject({ type: "Hello", dp_size: 2 })
     for (const r of [0, 1]) {
       const s = seqs(kc.batches().filter((b) => b.dp_rank === r))
@@ -835,20 +975,21 @@ describe("pure pieces", () => {
     const empty = new Uint8Array(0)
     const payload = encode([1.5, [{ type: "AllBlocksCleared" }], 0], { useBigInt64: true })
     const topic = new TextEncoder().encode("kv")
-    expect(decodeReplayReply([empty, topic, seqFrame(4n), payload], "ignored")).toMatchObject({
+    // Split, not decoded: the payload is decoded when the batch is sent, as the live stream's.
+    expect(splitReplayReply([empty, topic, seqFrame(4n), payload], "ignored")).toEqual({
       end: false,
       ok: true,
-      batch: { topic: "kv", seq: 4n, events: [{ type: "AllBlocksCleared" }] }
+      raw: { topic: "kv", seq: 4n, payload }
     })
-    expect(decodeReplayReply([empty, seqFrame(4n), payload], "kv")).toMatchObject({
+    expect(splitReplayReply([empty, seqFrame(4n), payload], "kv")).toEqual({
       end: false,
       ok: true,
-      batch: { topic: "kv", seq: 4n }
+      raw: { topic: "kv", seq: 4n, payload }
     })
-    expect(decodeReplayReply([empty, empty, seqFrame(END_OF_REPLAY), empty], "kv")).toEqual({ end: true })
-    expect(decodeReplayReply([empty, seqFrame(END_OF_REPLAY), empty], "kv")).toEqual({ end: true })
-    expect(decodeReplayReply([empty, seqFrame(1n)], "kv")).toMatchObject({ end: false, ok: false, seq: undefined })
-    expect(decodeReplayReply([empty, topic, seqFrame(2n), encode("bad")], "kv")).toMatchObject({ ok: false, seq: 2n })
+    expect(splitReplayReply([empty, empty, seqFrame(END_OF_REPLAY), empty], "kv")).toEqual({ end: true })
+    expect(splitReplayReply([empty, seqFrame(END_OF_REPLAY), empty], "kv")).toEqual({ end: true })
+    expect(splitReplayReply([empty, seqFrame(1n)], "kv")).toMatchObject({ end: false, ok: false })
+    expect(splitReplayReply([empty, topic, new Uint8Array(3), payload], "kv")).toMatchObject({ ok: false })
   })
 
   it("reads SGLang's salted BlockStored: metadata in array slot 7 (not lora_name), negative int64 hashes", () => {

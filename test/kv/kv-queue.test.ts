@@ -99,6 +99,35 @@ describe("KvQueue", () => {
     expect({ bytes: q.bytes, batches: q.batches }).toEqual({ bytes: 0, batches: 0 })
   })
 
+  it("bytes held outside it (a replay's batches and replies) share the bound: pushes drop the oldest to keep the sum within it", () => {
+    const q = new KvQueue<Rec>(1_000)
+    for (let s = 0n; s < 5n; s++) q.push(batch(s, 100))
+    q.outside = 600
+    expect([q.fits(0), q.fits(1)]).toEqual([false, false])
+    q.push(batch(5n, 100))
+    // 600 held outside: the queue keeps 400 bytes, the newest.
+    expect({ bytes: q.bytes, size: q.size, dropped: q.dropped }).toEqual({ bytes: 400, size: 4, dropped: 2 })
+    expect(q.fits(0)).toBe(true)
+    q.outside = 0
+    expect(q.fits(600)).toBe(true)
+    expect(tags(q.take(10, 10_000, resync))).toEqual([
+      "resync-overflow-0-0-2",
+      ...[2, 3, 4, 5].map((s) => `batch-0-${s}`)
+    ])
+  })
+
+  it("counts the Resyncs kvcached acknowledged, not those taken and unacknowledged, nor those dropped unsent", () => {
+    const q = new KvQueue<Rec>(300)
+    q.push(resync({ reason: "gap", dpRank: 0, fromSeq: 0n, toSeq: 1n }))
+    for (let s = 1n; s < 5n; s++) q.push(batch(s, 100))
+    // The gap Resync and seq 1 were dropped unsent; one overflow Resync says so.
+    const sent = q.take(10, 10_000, resync)
+    expect(tags(sent)).toEqual(["resync-overflow-0-0-2", "batch-0-2", "batch-0-3", "batch-0-4"])
+    expect(q.resyncs).toBe(0)
+    q.ack(sent[1]!.n)
+    expect(q.resyncs).toBe(1)
+  })
+
   it("holds nothing of a long run it dropped: memory follows the bound, not the history", () => {
     const q = new KvQueue<Rec>(100 * 100)
     for (let s = 0n; s < 50_000n; s++) q.push(batch(s))

@@ -142,7 +142,7 @@ const pump = (sim: SimHandle) => {
   }
 }
 
-const seqOf = (s: KvBridgeStatus) => (s.lastSeq === undefined ? -1 : Number(s.lastSeq))
+const seqOf = (s: KvBridgeStatus) => Number(s.ranks[0]?.lastSeq ?? -1)
 const batchesIn = (journal: string) => records(journal).filter((r) => r.type === "Batch").length
 
 /** After the pump stopped: everything the bridge saw is applied and acknowledged. */

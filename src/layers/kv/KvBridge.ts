@@ -49,7 +49,7 @@ export const disabledStatus = (epoch: string, reason: string): KvBridgeStatus =>
   resyncs: 0,
   queued: 0,
   queuedBytes: 0,
-  lastSeq: undefined,
+  ranks: [],
   unknownEvents: 0,
   unknownKeys: 0,
   lastError: undefined,
@@ -96,8 +96,8 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
       ranksUp[rank] = isUp
       st.subscribed = ranksUp.every((u) => u)
     }
-    // Each rank's stream, once its reader has one: the engine's end (engineGone) retracts them all.
-    const streams: Array<RankStream> = []
+    // Each rank's stream, once its reader has one (by rank): the engine's end (engineGone) retracts them all.
+    const streams: Array<RankStream | undefined> = new Array(dpSize).fill(undefined)
     const readOneRank = (rank: number) =>
       Effect.gen(function* () {
         const at = rankEndpoint(endpoint, rank)
@@ -119,7 +119,7 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
           expected: undefined,
           holding: undefined
         }
-        streams.push(r)
+        streams[rank] = r
         return yield* retryForever({
           capMs: backoffMaxMs,
           attempt: (progressed) =>
@@ -168,10 +168,7 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
         path: o.uds,
         queue,
         hello: hello(o.identity, { epoch: o.epoch, blockSize: o.blockSize, dpSize }),
-        resync: (r) => {
-          st.resyncs++
-          return resyncOf(r)
-        },
+        resync: resyncOf,
         materialize: sequencer.materialize,
         backoffMaxMs,
         onConnected: (up, err, retryInMs) => {
@@ -191,13 +188,19 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
     return {
       status: Effect.sync(() => ({
         ...st,
-        // Batches held while their rank's replay runs are waiting for kvcached too, under the same bound.
+        // Batches held while their rank's replay runs (live ones and the replay's replies so far) are waiting for
+        // kvcached too, under the same bound (queue.outside).
         queued: queue.batches + sequencer.held.batches,
-        queuedBytes: queue.bytes + sequencer.held.bytes,
-        dropped: queue.dropped
+        queuedBytes: queue.bytes + queue.outside,
+        dropped: queue.dropped,
+        resyncs: queue.resyncs,
+        ranks: ranksUp.map((subscribed, rank) => {
+          const r = streams[rank]
+          return { rank, subscribed, lastSeq: r?.lastSeq?.toString(), replaying: r?.replay !== undefined }
+        })
       })),
       engineGone: Effect.sync(() => {
-        for (const r of streams) sequencer.engineGone(r)
+        for (const r of streams) if (r !== undefined) sequencer.engineGone(r)
       })
     } satisfies LiveBridge
   })

@@ -20,11 +20,19 @@ export const registerMetrics = (m: MetricsService, status: Effect.Effect<KvBridg
   const forwarded = counter(r, "kv_events_forwarded_total", "KV-event batches cgn-kvcached acknowledged")
   const dropped = counter(r, "kv_events_dropped_total", "KV-event batches lost (queue overflow, undecodable)")
   const gaps = counter(r, "kv_event_gaps_total", "Sequence gaps on the engine's KV-event stream")
-  const resyncs = counter(r, "kv_resyncs_total", "Resync records queued for cgn-kvcached (an overflow may drop some)")
+  const resyncs = counter(
+    r,
+    "kv_resyncs_total",
+    "Resync records cgn-kvcached acknowledged (each drops a rank's blocks)"
+  )
   const connected = gauge(r, "kvcached_connected", "1 while connected to cgn-kvcached")
   const subscribed = gauge(r, "kv_events_subscribed", "1 while every DP rank's KV-event reader is subscribed")
   const queued = gauge(r, "kv_events_queued", "KV-event batches waiting for cgn-kvcached")
-  const queuedBytes = gauge(r, "kv_events_queued_bytes", "Bytes held for cgn-kvcached (unsent or unacknowledged)")
+  const queuedBytes = gauge(
+    r,
+    "kv_events_queued_bytes",
+    "Bytes held for cgn-kvcached (unsent, unacknowledged, or held with a running replay's replies)"
+  )
   return m.onCollect(
     Effect.map(status, (s) => {
       setCounter(forwarded, s.forwarded)

@@ -23,7 +23,7 @@ export interface LinkOptions {
   readonly path: string
   readonly queue: KvQueue<QueuedBody>
   readonly hello: HelloPayload
-  /** Renders an overflow Resync for the queue (and counts it). */
+  /** Renders an overflow (or decode) Resync for the queue; the queue counts it when kvcached acknowledges it. */
   readonly resync: (r: Resync) => QueuedRecord<QueuedBody>
   /** The wire record of a queued body (a raw batch is decoded here, when it is sent; one that fails is dropped). */
   readonly materialize: (body: QueuedBody) => Prepared<QueuedBody>

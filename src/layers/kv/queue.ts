@@ -83,6 +83,13 @@ export class KvQueue<R> {
   batches = 0
   /** Batches dropped since the start: on overflow, or lost by `take`'s preparation. */
   dropped = 0
+  /** Resync records kvcached acknowledged since the start (one it never got, dropped or unacknowledged, is not one). */
+  resyncs = 0
+  /**
+   * Bytes held outside the queue under the same bound (a rank's batches held and its replay's replies while the
+   * replay runs: rankSequencer.ts): `push` drops the oldest unsent records to keep `bytes + outside` within it.
+   */
+  outside = 0
   readonly maxBytes: number
 
   constructor(maxBytes: number) {
@@ -113,7 +120,7 @@ export class KvQueue<R> {
       if (item.batch) this.batches++
     }
     // Sent records stay (they may already be applied); only unsent ones are dropped, oldest first.
-    while (this.bytes > this.maxBytes && this.head < this.pending.length) {
+    while (this.bytes + this.outside > this.maxBytes && this.head < this.pending.length) {
       const old = this.pending[this.head] as Pending<R>
       this.pending[this.head] = undefined
       this.head++
@@ -187,7 +194,12 @@ export class KvQueue<R> {
     return out
   }
 
-  /** Forgets every sent record with `n <= upTo`; returns how many batches that acknowledged. */
+  /** Whether `bytes` more fit within the bound beside what is held, in the queue and outside it. */
+  fits(bytes: number): boolean {
+    return this.bytes + this.outside + bytes <= this.maxBytes
+  }
+
+  /** Forgets every sent record with `n <= upTo` (counting the Resyncs); returns how many batches that acknowledged. */
   ack(upTo: number): number {
     let i = 0
     let batches = 0
@@ -195,6 +207,7 @@ export class KvQueue<R> {
       const s = this.sent[i] as SentRecord<R>
       this.release(s.bytes, s.batch)
       if (s.batch) batches++
+      else this.resyncs++
       i++
     }
     if (i > 0) this.sent = this.sent.slice(i)

@@ -5,15 +5,16 @@
  * dropped while kvcached is away is never decoded at all. A gap (or, on joining, batches from before we
  * listened) starts a replay through the rank's replay ROUTER when one is configured, while later batches
  * of that rank are held; a replay that covers the range is forwarded in order, else a Resync says the
- * range is lost. What is held counts against `kv.max_queue_bytes` with the queue: past it the replay is
- * abandoned (a `gap` Resync) and what was held goes on to the queue. Batches are tagged with the rank of the endpoint they came from, so 2-element batches
- * (no rank inside) stay apart. Every call here is a synchronous push: replays run as forked fibers
+ * range is lost. What is held (the live batches and the replay's replies as they arrive) counts against
+ * `kv.max_queue_bytes` with the queue: past it the replay is abandoned (a `gap` Resync) and what was held goes
+ * on to the queue. A replay's batches stay undecoded too, until sent. Batches are tagged with the rank of the
+ * endpoint they came from, so 2-element batches (no rank inside) stay apart. Every call here is a synchronous push: replays run as forked fibers
  * (`runQueued`), so neither kvcached nor a replay can stall the reader.
  */
 import { Effect, type Scope } from "effect"
 import type { KvBridgeStatus } from "../../services/kv/KvBridge.ts"
 import type { BatchRecord } from "../../services/kv/KvcachedRpc.ts"
-import { checkSeq, decodeRaw, type KvBatch, type RawBatch, splitMessage } from "../../services/kv/KvEvents.ts"
+import { checkSeq, decodeRaw, type RawBatch, splitMessage } from "../../services/kv/KvEvents.ts"
 import {
   batchRecord,
   type KvRecordBody,
@@ -23,13 +24,13 @@ import {
   wireError
 } from "../../services/kv/KvWire.ts"
 import type { KvQueue, Prepared, QueuedRecord } from "./queue.ts"
-import { fetchReplay } from "./replayFetch.ts"
+import { fetchReplay, rawCost } from "./replayFetch.ts"
 
 /** What the queue holds: records ready for the wire, or a batch as the engine sent it (decoded when sent). */
 export type QueuedBody = KvRecordBody | { readonly type: "Raw"; readonly raw: RawBatch }
 
-/** A batch in hand: decoded (a replay's) or raw (the live stream's). */
-type Incoming = KvBatch | RawBatch
+/** A batch in hand, live or replayed, as the engine sent it. */
+type Incoming = RawBatch
 
 /** The bridge's status as its parts write it. */
 export type MutableStatus = { -readonly [K in keyof KvBridgeStatus]: KvBridgeStatus[K] }
@@ -38,11 +39,16 @@ export type MutableStatus = { -readonly [K in keyof KvBridgeStatus]: KvBridgeSta
 const ENGINE_GONE = Symbol("engineGone")
 type Held = Incoming | typeof ENGINE_GONE
 
-/** The replay a rank waits for: its range's start, whether a gap (not a join) started it, how to abandon it. */
+/**
+ * The replay a rank waits for: its range's start, whether a gap (not a join) started it, how to abandon it, and
+ * the replies it holds so far (counted with the held batches, under the bound).
+ */
 interface InFlight {
   readonly from: bigint
   readonly gap: boolean
   cancel: () => void
+  batches: number
+  bytes: number
 }
 
 /** One rank's stream: its endpoints, the seq it owes next, the batches held while its replay runs. */
@@ -53,10 +59,12 @@ export interface RankStream {
   expected: bigint | undefined
   holding: Array<Held> | undefined
   replay?: InFlight | undefined
+  /** The last seq a message of this rank carried (for the status; rendered only when it is read). */
+  lastSeq?: bigint | undefined
 }
 
 /** What a batch costs held or queued (as `queuedRecord` counts it). */
-const costOf = (b: Incoming): number => ("payload" in b ? 96 + b.payload.byteLength : recordBytes(batchRecord(b)))
+const costOf = rawCost
 
 /** A queue entry for a record covering [fromSeq, nextSeq) of one rank. */
 export const queuedRecord = (
@@ -96,7 +104,10 @@ export interface Sequencer {
    * block hashes are seeded per process, so those blocks never match again). The next batch is then a join.
    */
   readonly engineGone: (r: RankStream) => void
-  /** Batches held by replays in flight, and their bytes (the status counts them as queued). */
+  /**
+   * Batches held while replays run (live ones and replies received so far), and their bytes: the queue's
+   * `outside` (the status counts them as queued).
+   */
   readonly held: { readonly batches: number; readonly bytes: number }
 }
 
@@ -116,33 +127,34 @@ export const makeSequencer = (
 
   const forward = (r: RankStream, b: Incoming) => {
     r.expected = b.seq + 1n
-    const body: QueuedBody = "payload" in b ? { type: "Raw", raw: b } : batchRecord(b)
-    queue.push(queuedRecord(body, r.rank, b.seq, b.seq + 1n))
+    queue.push(queuedRecord({ type: "Raw", raw: b }, r.rank, b.seq, b.seq + 1n))
   }
-  const resync = (re: Resync) => {
-    st.resyncs++
-    queue.push(resyncOf(re))
-  }
+  // Counted (status `resyncs`) when kvcached acknowledges it (queue.ts): one dropped on the way never reached it.
+  const resync = (re: Resync) => queue.push(resyncOf(re))
 
-  const held = { batches: 0, bytes: 0 }
+  // Held bytes live in queue.outside, so that the queue's own bound counts them (and the replies) too.
+  let heldBatches = 0
   const hold = (r: RankStream, b: Held) => {
     ;(r.holding as Array<Held>).push(b)
     if (b === ENGINE_GONE) return
-    held.batches++
-    held.bytes += costOf(b)
+    heldBatches++
+    queue.outside += costOf(b)
   }
 
   // After a replay: forward it if it covers [from, until) exactly, else say the range is lost. `replay` false:
   // what was held goes on without starting another replay (it was abandoned for memory; see accept).
-  const finishReplay = (r: RankStream, got: ReadonlyArray<KvBatch> | Error, replay = true) => {
-    const { from, gap } = r.replay as InFlight
+  const finishReplay = (r: RankStream, got: ReadonlyArray<Omit<RawBatch, "dpRank">> | Error, replay = true) => {
+    const { from, gap, batches, bytes } = r.replay as InFlight
     const wasHeld = r.holding ?? []
     r.holding = undefined
     r.replay = undefined
+    // Its replies are let go (or queued below, counted there): the budget no longer holds them here.
+    heldBatches -= batches
+    queue.outside -= bytes
     for (const b of wasHeld) {
       if (b === ENGINE_GONE) continue
-      held.batches--
-      held.bytes -= costOf(b)
+      heldBatches--
+      queue.outside -= costOf(b)
     }
     const until = (wasHeld[0] as Incoming).seq
     const inRange =
@@ -169,8 +181,21 @@ export const makeSequencer = (
   const startReplay = (r: RankStream, at: string, from: bigint, trigger: Incoming, gap: boolean) => {
     r.holding = []
     hold(r, trigger)
-    const me: InFlight = { from, gap, cancel: () => undefined }
+    const me: InFlight = { from, gap, cancel: () => undefined, batches: 0, bytes: 0 }
     r.replay = me
+    // Each reply is taken into the bound as it arrives, with the queue and every held batch: a replay that would
+    // pass it stops there (a failed replay: a gap Resync). Once given up, it takes nothing more.
+    const budget = {
+      maxBytes: queue.maxBytes,
+      take: (bytes: number) => {
+        if (r.replay !== me || !queue.fits(bytes)) return false
+        me.batches++
+        me.bytes += bytes
+        heldBatches++
+        queue.outside += bytes
+        return true
+      }
+    }
     // Abandoned (accept, over the byte bound): the fetch stops at once, closing its dealer.
     const cancelled = Effect.callback<never, Error>((resume) => {
       me.cancel = () => resume(Effect.fail(new Error("abandoned")))
@@ -179,7 +204,10 @@ export const makeSequencer = (
       Effect.suspend(() =>
         r.replay !== me
           ? Effect.void
-          : Effect.raceFirst(fetchReplay(at, topic, from, replayTimeoutMs, queue.maxBytes), cancelled).pipe(
+          : Effect.raceFirst(
+              fetchReplay(at, topic, { from, until: trigger.seq }, replayTimeoutMs, budget),
+              cancelled
+            ).pipe(
               Effect.catch((e: Error) => Effect.succeed(e)),
               // A replay abandoned meanwhile was settled by accept; its late result is void.
               Effect.flatMap((got) => Effect.sync(() => r.replay === me && finishReplay(r, got)))
@@ -193,7 +221,7 @@ export const makeSequencer = (
       // Held batches are memory like the queue's, under the same bound: when they and the queue would pass it,
       // the replay is given up (its range becomes a gap Resync) and the batches go on to the queue, whose own
       // overflow then drops the oldest, so a replay endpoint that never answers cannot grow them for good.
-      if (queue.bytes + held.bytes + costOf(b) <= queue.maxBytes) return hold(r, b)
+      if (queue.fits(costOf(b))) return hold(r, b)
       const inFlight = r.replay as InFlight
       inFlight.cancel()
       finishReplay(
@@ -239,7 +267,7 @@ export const makeSequencer = (
       st.lastBatchError = `DP rank ${r.rank}: undecodable KV event message: ${d.error}`
       return
     }
-    st.lastSeq = d.raw.seq.toString()
+    r.lastSeq = d.raw.seq
     // The endpoint says which rank this is; a 2-element batch carries no rank of its own.
     accept(r, { ...d.raw, dpRank: r.rank })
   }
@@ -247,7 +275,6 @@ export const makeSequencer = (
   // A batch that cannot go to kvcached as it is: its events are lost, a decode Resync of its seq goes instead.
   const lost = (dpRank: number, seq: bigint, why: string): Prepared<QueuedBody> => {
     st.lastBatchError = `DP rank ${dpRank} seq ${seq}: ${why}`
-    st.resyncs++
     return { record: resyncRecord({ reason: "decode", dpRank, fromSeq: seq, toSeq: seq + 1n }), dropped: true }
   }
 
@@ -271,5 +298,13 @@ export const makeSequencer = (
     return { record, dropped: false }
   }
 
-  return { onMessage, runQueued, materialize, engineGone, held }
+  return {
+    onMessage,
+    runQueued,
+    materialize,
+    engineGone,
+    get held() {
+      return { batches: heldBatches, bytes: queue.outside }
+    }
+  }
 }

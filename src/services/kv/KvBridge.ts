@@ -6,6 +6,17 @@
  */
 import { Context, type Effect } from "effect"
 
+/** One data-parallel rank's event stream (each rank is its own publisher, with its own `seq`). */
+export interface KvRankStatus {
+  readonly rank: number
+  /** This rank's reader is bound/connected. */
+  readonly subscribed: boolean
+  /** The last engine seq this rank sent (a decimal string; undefined before its first batch). */
+  readonly lastSeq: string | undefined
+  /** A replay for this rank is running (its live batches are held meanwhile). */
+  readonly replaying: boolean
+}
+
 export interface KvBridgeStatus {
   readonly enabled: boolean
   /** Why the bridge is off (when `enabled` is false). */
@@ -21,14 +32,23 @@ export interface KvBridgeStatus {
   readonly gaps: number
   /** Gaps filled completely by the replay endpoint. */
   readonly replayed: number
-  /** Resync records queued for kvcached (an overflow may drop some of them before they are sent). */
+  /**
+   * Resync records kvcached acknowledged: each made it drop a rank's blocks. One dropped before it was sent (an
+   * overflow, whose own Resync covers its range) or never acknowledged is not counted.
+   */
   readonly resyncs: number
-  /** Batches waiting for kvcached: unsent, held while their rank's replay runs, or sent and not yet acknowledged. */
+  /**
+   * Batches waiting for kvcached: unsent, held while their rank's replay runs (the replay's replies received so far
+   * too), or sent and not yet acknowledged.
+   */
   readonly queued: number
-  /** Bytes those hold (bounded by `kv.max_queue_bytes`: a replay whose held batches would pass it is abandoned). */
+  /**
+   * Bytes held for kvcached: those batches and the Resyncs, plus a running replay's replies so far (bounded by
+   * `kv.max_queue_bytes`: a replay whose held batches or replies would pass it is abandoned).
+   */
   readonly queuedBytes: number
-  /** Last engine seq seen on any DP rank, whichever wrote last (a decimal string; undefined before the first batch). */
-  readonly lastSeq: string | undefined
+  /** Each DP rank's stream, by rank (0 to dp - 1). */
+  readonly ranks: ReadonlyArray<KvRankStatus>
   /** Events of unknown types and unknown map keys skipped (newer engine versions). */
   readonly unknownEvents: number
   readonly unknownKeys: number

@@ -232,25 +232,29 @@ export const decodeMessage = (frames: ReadonlyArray<Uint8Array>): DecodeResult =
   return decodeParts(new TextDecoder().decode(topicF), seqF, payload)
 }
 
-/** What a replay DEALER reads: a batch, the end marker, or a reply it cannot use. */
-export type ReplayReply = { readonly end: true } | ({ readonly end: false } & DecodeResult)
+/** What a replay DEALER reads: a batch (its payload not decoded yet, as the live stream's), the end, or neither. */
+export type ReplayReply =
+  | { readonly end: true }
+  | { readonly end: false; readonly ok: true; readonly raw: Omit<RawBatch, "dpRank"> }
+  | { readonly end: false; readonly ok: false; readonly error: string }
 
 /**
  * One replay ROUTER reply as a DEALER receives it (identity stripped). vLLM >= 0.26 sends the topic too:
  * `["", topic, seq8, payload]`, end marker `["", "", 0xFF..FF, ""]` (vllm-project/vllm PR #45177); older
  * vLLM and SGLang send `["", seq8, payload]`, end marker `["", 0xFF..FF, ""]`. `topic` names the
- * batches of the 3-frame layout, which carries none.
+ * batches of the 3-frame layout, which carries none. The payload is decoded when the batch is sent (decodeRaw).
  */
-export const decodeReplayReply = (frames: ReadonlyArray<Uint8Array>, topic: string): ReplayReply => {
+export const splitReplayReply = (frames: ReadonlyArray<Uint8Array>, topic: string): ReplayReply => {
   const n = frames.length
   if ((n !== 3 && n !== 4) || (frames[0] as Uint8Array).length !== 0) {
-    return { end: false, ok: false, seq: undefined, error: `unexpected replay reply of ${n} frames` }
+    return { end: false, ok: false, error: `unexpected replay reply of ${n} frames` }
   }
   const seqF = frames[n - 2] as Uint8Array
   const seq = readSeq(seqF)
   if (seq === END_OF_REPLAY) return { end: true }
+  if (seq === undefined) return { end: false, ok: false, error: `seq frame has ${seqF.length} bytes, not 8` }
   const name = n === 4 ? new TextDecoder().decode(frames[1]) : topic
-  return { end: false, ...decodeParts(name, seqF, frames[n - 1] as Uint8Array) }
+  return { end: false, ok: true, raw: { topic: name, seq, payload: frames[n - 1] as Uint8Array } }
 }
 
 const decodeParts = (topic: string, seqF: Uint8Array | bigint, payload: Uint8Array): DecodeResult => {
