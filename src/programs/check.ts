@@ -7,13 +7,13 @@ import { Console, Duration, Effect } from "effect"
 import { Command, Flag } from "effect/cli"
 import { requireAdminToken } from "../layers/admin/Admin.ts"
 import { engineFor, resolvePlan } from "../layers/engine/backends/index.ts"
+import { type CpuCacheReport, cpuCacheReport } from "../layers/engine/cpuCache.ts"
 import * as MemoryCgroupLive from "../layers/node/MemoryCgroup.ts"
 import { etcdOptions } from "../layers/registry/etcdClient.ts"
 import { readMaterial, readOne, securityFiles } from "../layers/tls/tlsMaterial.ts"
 import { type AgentConfig, ConfigError } from "../services/config/Config.ts"
-import { cpuCacheOf, type LaunchPlan } from "../services/engine/Engine.ts"
-import { engineEnvironment } from "../services/engine/EngineEnvironment.ts"
-import { type CgroupVersion, cpuCacheOverLimit, formatBytes, type MemoryLimit } from "../services/node/MemoryCgroup.ts"
+import type { LaunchPlan } from "../services/engine/Engine.ts"
+import { type CgroupVersion, formatBytes, type MemoryLimit } from "../services/node/MemoryCgroup.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
 import { nvmlWorkerEntry } from "./programPaths.ts"
 import { shutdownBound } from "./shutdownBound.ts"
@@ -87,12 +87,25 @@ const memorySummary = (m: MemoryReading | undefined): string => {
   return `${m.limit === "none" ? "none" : formatBytes(m.limit)} (cgroup ${m.version})`
 }
 
+/** The engine's CPU KV-cache tier as sized on this host (undefined: not read, with --offline). */
+const cpuCacheSummary = (report: CpuCacheReport | undefined): string => {
+  if (report === undefined) return "not read (--offline)"
+  const size = report.size
+  if (size === undefined) return "none"
+  return size.kind === "known" ? `${formatBytes(size.bytes)} (${size.setting})` : `unknown (${size.why})`
+}
+
 /**
  * The summary `check` prints: one `key: value` line per fact an operator checks first. `plan`: the launch plan
  * resolved on this host (with NVML, it names the GPUs an automatic assignment takes); `memory`: the agent's memory
- * cgroup on this host (undefined with --offline).
+ * cgroup on this host (undefined with --offline); `cpuCache`: the engine's CPU KV-cache tier sized on this host.
  */
-export const summarize = (c: AgentConfig, plan?: LaunchPlan, memory?: MemoryReading): string => {
+export const summarize = (
+  c: AgentConfig,
+  plan?: LaunchPlan,
+  memory?: MemoryReading,
+  cpuCache?: CpuCacheReport
+): string => {
   const m = c.model
   const lines: Array<[string, string]> = [
     ["engine", `${c.engine.kind} at ${c.engine.url}`],
@@ -103,6 +116,7 @@ export const summarize = (c: AgentConfig, plan?: LaunchPlan, memory?: MemoryRead
     ["role", c.agent.role],
     ["kv_offload", c.engine.kv_offload],
     ["memory limit", memorySummary(memory)],
+    ["cpu kv cache", cpuCacheSummary(cpuCache)],
     ["kv events", kvEventsSummary(c)],
     ["grpc", `${c.agent.listen_grpc}${c.security.require_mtls ? " (mTLS)" : ""}`],
     ["health", c.agent.listen_health === undefined ? "off" : `${c.agent.listen_health} (plaintext, health only)`],
@@ -142,12 +156,12 @@ export const check = Command.make(
       // the plan too: with NVML on this host, a tp x dp it cannot hold (or a GPU it lacks) is refused here
       const plan = offline ? undefined : yield* resolvePlan(c, nvmlWorkerEntry())
       const memory = offline ? undefined : yield* readMemory
-      yield* Console.log(summarize(c, plan, memory))
+      // sized as run sizes it at start (layers/engine/cpuCache.ts), from this process's environment (a container's
+      // env:), the plan's and [engine].env, and a connector config file they name
+      const cpuCache = plan && (yield* cpuCacheReport(plan, memory?.limit))
+      yield* Console.log(summarize(c, plan, memory, cpuCache))
       // A warning, not a problem: the limit is the host's, and may be raised before the engine's cache fills.
-      // the engine's environment as run would give it: this process's (a container's env:), the plan's, [engine].env
-      const cpuCache = plan && cpuCacheOf(engineEnvironment(process.env, plan.env), plan.cpuCacheVariable)
-      const warning = cpuCacheOverLimit(cpuCache, memory?.limit)
-      if (warning !== undefined) yield* Console.error(`warning: ${warning}`)
+      if (cpuCache?.warning !== undefined) yield* Console.error(`warning: ${cpuCache.warning}`)
     })
 ).pipe(
   Command.withDescription(

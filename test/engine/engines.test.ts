@@ -10,8 +10,7 @@ import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import { REDACTED, redactPlan } from "../../src/layers/engine/backends/redact.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"
 import { EngineKinds, KvOffloads, Roles } from "../../src/services/config/ConfigSchema.ts"
-import { cpuCacheOf, type LaunchPlan } from "../../src/services/engine/Engine.ts"
-import { engineEnvironment } from "../../src/services/engine/EngineEnvironment.ts"
+import type { LaunchPlan } from "../../src/services/engine/Engine.ts"
 import { parseArgs as parseSimArgs } from "../../src/sim/args.ts"
 
 const ENV = { NODE_NAME: "node-1" }
@@ -678,39 +677,5 @@ describe("redactPlan", () => {
     ])
     expect(p.env.HF_TOKEN).toBe("hf_x")
     expect(p.argv).toContain("sk-1")
-  })
-})
-
-// The CPU KV-cache tier's size as the engine will see it: the plan names the variable (LaunchPlan.cpuCacheVariable),
-// the size comes from the engine's whole environment (the agent's own, e.g. a container's env:, then the plan's, then
-// [engine].env: engineEnvironment); the memory cgroup's limit is checked against it at start and by `check`.
-describe("the engine's CPU KV-cache tier", () => {
-  const tier = (engine: Record<string, unknown> = {}, agentEnv: Record<string, string> = {}) => {
-    const p = plan({ engine: { kv_offload: "kvbm", kvbm_cpu_cache_gb: 300, ...engine } })
-    return cpuCacheOf(engineEnvironment(agentEnv, p.env), p.cpuCacheVariable)
-  }
-  it("KVBM: engine.kvbm_cpu_cache_gb in KVBM's GB (10^9 bytes), [engine].env winning, a block count making it unknown", () => {
-    expect(tier()).toEqual({ setting: "DYN_KVBM_CPU_CACHE_GB=300", bytes: 300e9 })
-    expect(tier({ env: { DYN_KVBM_CPU_CACHE_GB: "2.5" } })).toEqual({
-      setting: "DYN_KVBM_CPU_CACHE_GB=2.5",
-      bytes: 2.5e9
-    })
-    expect(tier({ env: { DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS: "1000" } })).toBeUndefined()
-    expect(tier({ env: { DYN_KVBM_CPU_CACHE_GB: "lots" } })).toBeUndefined()
-  })
-  it("the agent's own environment (a container's env:) counts: a block count there makes it unknown", () => {
-    expect(tier({}, { DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS: "1000" })).toBeUndefined()
-    // only the disk tier configured, the CPU tier's size from the container's env
-    const p = plan({ engine: { kv_offload: "kvbm", kvbm_disk_cache_gb: 10 } })
-    expect(cpuCacheOf(engineEnvironment({}, p.env), p.cpuCacheVariable)).toBeUndefined()
-    expect(cpuCacheOf(engineEnvironment({ DYN_KVBM_CPU_CACHE_GB: "64" }, p.env), p.cpuCacheVariable)).toEqual({
-      setting: "DYN_KVBM_CPU_CACHE_GB=64",
-      bytes: 64e9
-    })
-  })
-  it("no tier without KVBM: other offloads and engines name no variable", () => {
-    expect(plan({ engine: { kv_offload: "lmcache" } }).cpuCacheVariable).toBeUndefined()
-    expect(plan({ engine: { kind: "sglang" } }).cpuCacheVariable).toBeUndefined()
-    expect(plan({ engine: { env: { DYN_KVBM_CPU_CACHE_GB: "300" } } }).cpuCacheVariable).toBeUndefined()
   })
 })

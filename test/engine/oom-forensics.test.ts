@@ -7,10 +7,14 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { assert, describe, it } from "@effect/vitest"
-import { Clock, Context, Deferred, Effect, Layer, Logger, Ref } from "effect"
+import { Clock, Context, Deferred, Effect, Layer, Logger, Ref, Result } from "effect"
 import { TestClock } from "effect/testing"
+import { decodeConfigObject } from "../../src/layers/config/Config.ts"
+import { kvbmTier } from "../../src/layers/engine/backends/cpuCacheTiers.ts"
+import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import { layerFromPlan } from "../../src/layers/engine/EngineProcess.ts"
 import type { SupervisorSettings } from "../../src/layers/engine/supervisorSettings.ts"
+import type { LaunchPlan } from "../../src/services/engine/Engine.ts"
 import { EngineHost, type RunExit } from "../../src/services/engine/EngineHost.ts"
 import { EngineProcess, type ExitRecord } from "../../src/services/engine/EngineProcess.ts"
 import { MemoryCgroup, type MemoryLimit } from "../../src/services/node/MemoryCgroup.ts"
@@ -170,30 +174,19 @@ describe("engine runs and the OOM killer", () => {
 })
 
 describe("the engine's CPU KV-cache tier against the memory limit, at start", () => {
-  /** The warnings the supervisor logs while it is built with KVBM's CPU tier at `gb` and a cgroup limited to 8 GiB. */
-  const startWarnings = (gb: string | undefined) =>
+  /** What the supervisor logs at `level` while it is built with the plan's CPU tier and a cgroup limited to 8 GiB. */
+  const startLogs = (plan: Partial<LaunchPlan>, level: "Warn" | "Info" = "Warn") =>
     Effect.gen(function* () {
       const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-oom-"))
       yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(stateDir, { recursive: true, force: true })))
       const warnings: Array<string> = []
       const collect = Logger.make<unknown, void>(({ logLevel, message }) => {
-        if (logLevel === "Warn") warnings.push(String(Array.isArray(message) ? message[0] : message))
+        if (logLevel === level) warnings.push(String(Array.isArray(message) ? message[0] : message))
       })
       const fake = yield* fakeHost
       const cgroup = MemoryCgroup.of({ version: "v2", oomKills: Effect.succeed(0), limit: Effect.succeed(8 * 2 ** 30) })
       const context = yield* Layer.build(
-        layerFromPlan(
-          {
-            ...testPlan({ port: 1 }),
-            env: gb === undefined ? {} : { DYN_KVBM_CPU_CACHE_GB: gb },
-            cpuCacheVariable: {
-              name: "DYN_KVBM_CPU_CACHE_GB",
-              bytesPerUnit: 1e9,
-              unlessSet: "DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS"
-            }
-          },
-          settings(stateDir)
-        ).pipe(
+        layerFromPlan({ ...testPlan({ port: 1 }), ...plan }, settings(stateDir)).pipe(
           Layer.provideMerge(
             Layer.mergeAll(
               Layer.succeed(EngineHost, fake.host),
@@ -205,41 +198,80 @@ describe("the engine's CPU KV-cache tier against the memory limit, at start", ()
         )
       )
       yield* Context.get(context, EngineProcess).stop
-      return warnings
+      return warnings.filter((w) => w.includes("CPU KV-cache tier"))
     })
+  /** KVBM's CPU tier at `gb`. */
+  const startWarnings = (gb: string | undefined) =>
+    startLogs({ env: gb === undefined ? {} : { DYN_KVBM_CPU_CACHE_GB: gb }, cpuCache: kvbmTier })
 
   it.effect("a tier at or above the limit is logged once as a warning; one below it, or none, is not", () =>
     Effect.gen(function* () {
       const over = yield* startWarnings("10")
-      assert.deepStrictEqual(
-        over.filter((w) => w.includes("CPU KV-cache tier")),
-        [
-          "the engine's CPU KV-cache tier (DYN_KVBM_CPU_CACHE_GB=10: 9.3 GiB) is at or above the memory limit of the " +
-            "agent's cgroup (8.0 GiB), which the engine shares: the kernel's OOM killer would end the engine as the " +
-            "tier fills. Raise the container's memory limit or lower the tier (engine.kvbm_cpu_cache_gb, or the " +
-            "variable in [engine].env)"
-        ]
-      )
+      assert.deepStrictEqual(over, [
+        "the engine's CPU KV-cache tier (DYN_KVBM_CPU_CACHE_GB=10: 9.3 GiB) is at or above the memory limit of the " +
+          "agent's cgroup (8.0 GiB), which the engine shares: the kernel's OOM killer would end the engine as the " +
+          "tier fills. Raise the container's memory limit or lower the tier (engine.kvbm_cpu_cache_gb, or the " +
+          "variable in [engine].env)"
+      ])
       const under = yield* startWarnings("4")
-      assert.deepStrictEqual(
-        under.filter((w) => w.includes("CPU KV-cache tier")),
-        []
-      )
+      assert.deepStrictEqual(under, [])
       // the agent's own environment reaches the engine (a container's env:): a block count set there sizes the
       // tier instead, so the GB value says nothing and no warning is given
       process.env.DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS = "1000"
       const overridden = yield* startWarnings("10").pipe(
         Effect.ensuring(Effect.sync(() => delete process.env.DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS))
       )
-      assert.deepStrictEqual(
-        overridden.filter((w) => w.includes("CPU KV-cache tier")),
-        []
-      )
+      assert.deepStrictEqual(overridden, [])
       const none = yield* startWarnings(undefined)
-      assert.deepStrictEqual(
-        none.filter((w) => w.includes("CPU KV-cache tier")),
-        []
-      )
+      assert.deepStrictEqual(none, [])
     })
+  )
+
+  /** The argv and CPU tier the vLLM (or SGLang) backend renders for `engine` and `tp`. */
+  const tierOf = (engine: Record<string, unknown>, tp: number) => {
+    const r = decodeConfigObject({ engine, models: { m: { hf_repo: "org/m", tp } } }, undefined, { NODE_NAME: "n" })
+    if (Result.isFailure(r)) throw new Error(r.failure.message)
+    const { argv, cpuCache } = engineFor(r.success.engine.kind).render(r.success)
+    if (cpuCache === undefined) throw new Error("no CPU tier rendered")
+    return { argv, cpuCache }
+  }
+
+  it.effect("LMCache: the size in the file LMCACHE_CONFIG_FILE names, once per GPU worker, against the limit", () =>
+    Effect.gen(function* () {
+      const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-lmcache-"))
+      yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(dir, { recursive: true, force: true })))
+      const file = path.join(dir, "lmcache.yaml")
+      fs.writeFileSync(file, "chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 3.0  # GiB\n")
+      const plan = (tp: number) => ({
+        env: { LMCACHE_CONFIG_FILE: file },
+        cpuCache: tierOf({ kv_offload: "lmcache" }, tp).cpuCache
+      })
+      // 3 GiB per worker: 6 GiB with tp 2 is below the 8 GiB limit, 12 GiB with tp 4 is not
+      assert.deepStrictEqual(yield* startLogs(plan(2)), [])
+      assert.deepStrictEqual(yield* startLogs(plan(4)), [
+        `the engine's CPU KV-cache tier (max_local_cpu_size: 3.0 in ${file} (LMCACHE_CONFIG_FILE) per GPU worker x 4 ` +
+          "(tp 4): 12.0 GiB) is at or above the memory limit of the agent's cgroup (8.0 GiB), which the engine shares: " +
+          "the kernel's OOM killer would end the engine as the tier fills. Raise the container's memory limit or lower " +
+          "the tier (LMCACHE_MAX_LOCAL_CPU_SIZE (GiB per GPU worker) in [engine].env, which wins over the " +
+          "max_local_cpu_size of a LMCACHE_CONFIG_FILE)"
+      ])
+    })
+  )
+
+  it.effect(
+    "SGLang HiCache: --hicache-size counted per GPU worker; only a ratio: said to be unchecked, no warning",
+    () =>
+      Effect.gen(function* () {
+        const sized = tierOf({ kind: "sglang", kv_offload: "hicache", args: ["--hicache-size", "5"] }, 2)
+        const [warning] = yield* startLogs({ argv: sized.argv, cpuCache: sized.cpuCache })
+        assert.include(warning, "(--hicache-size 5 per GPU worker x 2 (tp 2): 9.3 GiB) is at or above")
+        const ratio = tierOf({ kind: "sglang", kv_offload: "hicache" }, 2)
+        assert.deepStrictEqual(yield* startLogs({ argv: ratio.argv, cpuCache: ratio.cpuCache }), [])
+        assert.deepStrictEqual(yield* startLogs({ argv: ratio.argv, cpuCache: ratio.cpuCache }, "Info"), [
+          "the engine's CPU KV-cache tier is not checked against the memory limit: SGLang sizes its host pool as " +
+            "--hicache-ratio times its GPU KV pool, known only once it has started (--hicache-size N in engine.args " +
+            "sizes it in GB per GPU worker instead)"
+        ])
+      })
   )
 })

@@ -303,7 +303,11 @@ describe("the live reader", () => {
 })
 
 describe("cpuCacheOverLimit: the engine's CPU KV-cache tier against the cgroup's limit", () => {
-  const tier = (gb: number) => ({ setting: `DYN_KVBM_CPU_CACHE_GB=${gb}`, bytes: gb * 1e9 })
+  const tier = (gb: number) => ({
+    setting: `DYN_KVBM_CPU_CACHE_GB=${gb}`,
+    bytes: gb * 1e9,
+    lower: "engine.kvbm_cpu_cache_gb, or the variable in [engine].env"
+  })
   const limit = 256 * 2 ** 30
   it("says so at or above the limit, with the setting, both sizes and what to do", () => {
     expect(cpuCacheOverLimit(tier(300), limit)).toBe(

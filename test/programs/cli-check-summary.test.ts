@@ -122,6 +122,15 @@ describe("check and the memory cgroup", () => {
           "warning: the engine's CPU KV-cache tier (DYN_KVBM_CPU_CACHE_GB=1: 953.7 MiB) is at or above the memory " +
             "limit of the agent's cgroup (512.0 MiB)"
         )
+        // LMCache with nothing set: its default 5 GiB per GPU worker (one here)
+        const lmcache = path.join(dir, "lmcache.toml")
+        fs.writeFileSync(lmcache, '[engine]\nkv_offload = "lmcache"\n[models.m]\nhf_repo = "a/b"\n')
+        const byDefault = await runCli(["check", "--config", lmcache], {}, cgroup.enter)
+        expect(byDefault.code, byDefault.stderr).toBe(0)
+        expect(byDefault.stderr).toContain(
+          "warning: the engine's CPU KV-cache tier (LMCache's default max_local_cpu_size of 5 (GiB): 5.0 GiB) is at " +
+            "or above the memory limit of the agent's cgroup (512.0 MiB)"
+        )
         const offline = await runCli(["check", "--offline", "--config", file], {}, cgroup.enter)
         expect(offline.code).toBe(0)
         expect(line(offline.stdout, "memory limit")).toBe("not read (--offline)")
@@ -132,4 +141,39 @@ describe("check and the memory cgroup", () => {
       }
     }
   )
+})
+
+describe("check and the engine's CPU KV-cache tier", () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-check-cpu-cache-"))
+  afterAll(() => fs.rmSync(dir, { recursive: true, force: true }))
+  const config = (name: string, engine: string) => {
+    const file = path.join(dir, name)
+    fs.writeFileSync(file, `[engine]\n${engine}\n[models.m]\nhf_repo = "a/b"\ntp = 2\n`)
+    return file
+  }
+
+  it("LMCache's from the file a container's env names, per GPU worker; HiCache's ratio unknown; none; offline", async () => {
+    const yaml = path.join(dir, "lmcache.yaml")
+    fs.writeFileSync(yaml, "chunk_size: 256\nmax_local_cpu_size: 20\n")
+    const lmcache = config("lmcache.toml", 'kv_offload = "lmcache"')
+    const r = await runCli(["check", "--config", lmcache], { LMCACHE_CONFIG_FILE: yaml })
+    expect(r.code, r.stderr).toBe(0)
+    expect(line(r.stdout, "cpu kv cache")).toBe(
+      `40.0 GiB (max_local_cpu_size: 20 in ${yaml} (LMCACHE_CONFIG_FILE) per GPU worker x 2 (tp 2))`
+    )
+    const hicache = await runCli([
+      "check",
+      "--config",
+      config("hicache.toml", 'kind = "sglang"\nkv_offload = "hicache"')
+    ])
+    expect(line(hicache.stdout, "cpu kv cache")).toMatch(/^unknown \(SGLang sizes its host pool as --hicache-ratio/)
+    const none = await runCli([
+      "check",
+      "--config",
+      config("none.toml", 'kv_offload = "nixl"\n[agent]\nrole = "prefill"')
+    ])
+    expect(line(none.stdout, "cpu kv cache"), none.stderr).toBe("none")
+    const offline = await runCli(["check", "--offline", "--config", lmcache], { LMCACHE_CONFIG_FILE: yaml })
+    expect(line(offline.stdout, "cpu kv cache")).toBe("not read (--offline)")
+  })
 })

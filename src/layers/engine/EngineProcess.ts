@@ -6,11 +6,9 @@
  * down and settles in Stopped. openai_compat (plan.spawns = false) runs the same loop with nothing spawned.
  * Every time is Effect's Clock and every wait Effect.sleep: with a fake EngineHost a TestClock drives it all.
  */
-import * as process from "node:process"
 import { Clock, Deferred, Effect, Fiber, Layer, Option, Ref, Result, SubscriptionRef } from "effect"
 import { Config } from "../../services/config/Config.ts"
-import { cpuCacheOf, EnginePlan, type LaunchPlan } from "../../services/engine/Engine.ts"
-import { engineEnvironment } from "../../services/engine/EngineEnvironment.ts"
+import { EnginePlan, type LaunchPlan } from "../../services/engine/Engine.ts"
 import { EngineHost } from "../../services/engine/EngineHost.ts"
 import {
   EngineProcess,
@@ -29,8 +27,9 @@ import {
   transition
 } from "../../services/engine/EngineState.ts"
 import { GpuGate } from "../../services/engine/GpuGate.ts"
-import { cpuCacheOverLimit, MemoryCgroup } from "../../services/node/MemoryCgroup.ts"
+import { MemoryCgroup } from "../../services/node/MemoryCgroup.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
+import { cpuCacheReport } from "./cpuCache.ts"
 import { reclaim } from "./pidFile.ts"
 import { keepExit, type RunRefs, runOnce } from "./runOnce.ts"
 import { holdStateDir } from "./stateLock.ts"
@@ -69,10 +68,12 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
   // optional too: without them (tests, a host without cgroups) exits say nothing about the OOM killer
   const memory = Option.getOrUndefined(yield* Effect.serviceOption(MemoryCgroup))
   // Said once at start, as `cgn-agent check` says it: a tier that outgrows the shared limit is killed every run.
-  const cpuCache = cpuCacheOf(engineEnvironment(process.env, plan.env), plan.cpuCacheVariable)
-  if (memory !== undefined && cpuCache !== undefined) {
-    const warning = cpuCacheOverLimit(cpuCache, yield* memory.limit)
+  if (memory !== undefined && plan.cpuCache !== undefined) {
+    const limit = yield* memory.limit
+    const { size, warning } = yield* cpuCacheReport(plan, limit)
     if (warning !== undefined) yield* Effect.logWarning(warning)
+    else if (size?.kind === "unknown" && typeof limit === "number")
+      yield* Effect.logInfo(`the engine's CPU KV-cache tier is not checked against the memory limit: ${size.why}`)
   }
   const metrics = Option.getOrUndefined(yield* Effect.serviceOption(Metrics))
   // A proxied server is not started, only probed: each run, the first included, begins there.

@@ -5,6 +5,7 @@
  */
 import { Context } from "effect"
 import type { AgentConfig, EngineKind, KvOffload, Role } from "../config/Config.ts"
+import type { CpuCacheTier } from "./CpuCache.ts"
 
 /**
  * How a prefill engine hands a request's KV cache to a decode engine, as the agent sees it on the wire
@@ -77,28 +78,6 @@ export interface ExitHint {
   readonly hint: string
 }
 
-/** The variable that sizes a CPU KV-cache tier, its unit in bytes, and a variable that, set, sizes it another way. */
-export interface CpuCacheVariable {
-  readonly name: string
-  readonly bytesPerUnit: number
-  /** Set (a block count): the size is not known from `name`. */
-  readonly unlessSet?: string
-}
-
-/** The tier's size in `env` (the engine's whole environment): the variable's value when it is a positive number. */
-export const cpuCacheOf = (
-  env: Readonly<Record<string, string | undefined>>,
-  variable: CpuCacheVariable | undefined
-): { readonly setting: string; readonly bytes: number } | undefined => {
-  if (variable === undefined) return undefined
-  if (variable.unlessSet !== undefined && (env[variable.unlessSet] ?? "").trim() !== "") return undefined
-  const value = env[variable.name]
-  const units = value === undefined || value.trim() === "" ? Number.NaN : Number(value)
-  return Number.isFinite(units) && units > 0
-    ? { setting: `${variable.name}=${value}`, bytes: units * variable.bytesPerUnit }
-    : undefined
-}
-
 /** How readiness is decided. */
 export type ReadinessProbe =
   /** GET `url`; 200 means ready; connection refused or 503 mean "not yet". */
@@ -153,11 +132,12 @@ export interface LaunchPlan {
   /** What the backend sees wrong with a valid config for this engine, logged once at start (not refused). */
   readonly warnings?: ReadonlyArray<string>
   /**
-   * The variable that sizes the engine's CPU KV-cache tier, as data: the size is read from the environment the engine
-   * really gets (the agent's own, the plan's, `[engine].env`: cpuCacheOf), where a container's `env:` counts too;
-   * absent when the engine has no such tier. The agent's memory cgroup limit is checked against it.
+   * Where the engine's CPU KV-cache tier takes its size from, as data (services/engine/CpuCache.ts): variables of the
+   * environment the engine really gets (the agent's own, the plan's, `[engine].env`), where a container's `env:`
+   * counts too, a config file one names, an argv flag, the connector's default; absent when the engine has no such
+   * tier. The agent's memory cgroup limit is checked against it, at start and by `check`.
    */
-  readonly cpuCacheVariable?: CpuCacheVariable
+  readonly cpuCache?: CpuCacheTier
   /** The engine's well-known start failures and their fixes (the newest matching line decides); absent: none known. */
   readonly exitHints?: ReadonlyArray<ExitHint>
 }

@@ -181,15 +181,14 @@ export const formatBytes = (bytes: number): string =>
  * Undefined when it does not, or either side is unknown (no tier, no limit).
  */
 export const cpuCacheOverLimit = (
-  cpuCache: { readonly setting: string; readonly bytes: number } | undefined,
+  cpuCache: { readonly setting: string; readonly bytes: number; readonly lower: string } | undefined,
   limit: MemoryLimit | undefined
 ): string | undefined =>
   cpuCache === undefined || typeof limit !== "number" || cpuCache.bytes < limit
     ? undefined
     : `the engine's CPU KV-cache tier (${cpuCache.setting}: ${formatBytes(cpuCache.bytes)}) is at or above the ` +
       `memory limit of the agent's cgroup (${formatBytes(limit)}), which the engine shares: the kernel's OOM killer ` +
-      "would end the engine as the tier fills. Raise the container's memory limit or lower the tier " +
-      "(engine.kvbm_cpu_cache_gb, or the variable in [engine].env)"
+      `would end the engine as the tier fills. Raise the container's memory limit or lower the tier (${cpuCache.lower})`
 
 /** The reads, each made when asked (nothing is cached: the count moves, the limit can be changed). */
 export interface MemoryCgroupService {

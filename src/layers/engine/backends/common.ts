@@ -5,8 +5,8 @@
  * Pure: no I/O, no `node:*` imports. Engine-specific flags stay in the engine's own module.
  */
 import type { AgentConfig } from "../../../services/config/Config.ts"
+import type { CpuCacheTier } from "../../../services/engine/CpuCache.ts"
 import type {
-  CpuCacheVariable,
   ExitHint,
   KvEventsEndpoint,
   LaunchPlan,
@@ -124,8 +124,8 @@ export interface PlanParts {
   /** Defaults to the served name. */
   readonly requestModel?: string
   readonly warnings?: ReadonlyArray<string>
-  /** The variable that sizes the engine's CPU KV-cache tier (LaunchPlan.cpuCacheVariable). */
-  readonly cpuCacheVariable?: CpuCacheVariable | undefined
+  /** Where the engine's CPU KV-cache tier takes its size from (LaunchPlan.cpuCache). */
+  readonly cpuCache?: CpuCacheTier | undefined
   /** The engine's well-known start failures and the config keys that fix them (LaunchPlan.exitHints). */
   readonly exitHints?: ReadonlyArray<ExitHint>
 }
@@ -162,7 +162,7 @@ export const assemble = (config: AgentConfig, listen: Listen, parts: PlanParts):
     servedModel: config.model.served_name,
     requestModel: parts.requestModel ?? config.model.served_name,
     ...(parts.warnings !== undefined && parts.warnings.length > 0 ? { warnings: parts.warnings } : {}),
-    ...(parts.cpuCacheVariable !== undefined ? { cpuCacheVariable: parts.cpuCacheVariable } : {}),
+    ...(parts.cpuCache !== undefined ? { cpuCache: parts.cpuCache } : {}),
     ...(parts.exitHints !== undefined && parts.exitHints.length > 0 ? { exitHints: parts.exitHints } : {})
   }
 }

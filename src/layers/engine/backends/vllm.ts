@@ -6,9 +6,11 @@
  */
 import type { AgentConfig, KvOffload } from "../../../services/config/Config.ts"
 import { DEFAULT_KV_BLOCK_SIZE } from "../../../services/config/ConfigSchema.ts"
+import type { CpuCacheTier } from "../../../services/engine/CpuCache.ts"
 import type { Engine, ExitHint } from "../../../services/engine/Engine.ts"
 import { hostOfAddr } from "../../../services/net/HostPort.ts"
 import { assemble, httpProbe, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
+import { kvbmTier, lmcacheTier } from "./cpuCacheTiers.ts"
 import { HUB_REFUSALS, hubHint, modelKey, nowValue, TORCH_CUDA_OOM } from "./hints.ts"
 
 /**
@@ -25,6 +27,15 @@ const connectors: Readonly<Record<KvOffload, Readonly<Record<string, string>> | 
     kv_role: "kv_both",
     kv_connector_module_path: "kvbm.vllm_integration.connector"
   },
+  hicache: undefined
+}
+
+/** The CPU KV-cache tier each kv_offload puts in host RAM (cpuCacheTiers.ts); NIXL only transfers. */
+const cpuCaches: Readonly<Record<KvOffload, ((config: AgentConfig) => CpuCacheTier) | undefined>> = {
+  none: undefined,
+  nixl: undefined,
+  lmcache: lmcacheTier,
+  kvbm: () => kvbmTier,
   hicache: undefined
 }
 
@@ -168,12 +179,7 @@ export const vllm: Engine = {
         ...blockSizeArgs(config, events !== undefined)
       ],
       env: { ...nixlEnv, ...kvbmEnv },
-      // KVBM's GB is 10^9 bytes, and a block count set instead wins (ai-dynamo/dynamo
-      // lib/llm/src/block_manager/distributed/leader.rs compute_num_blocks: cache_size_in_gb * 1_000_000_000.0)
-      cpuCacheVariable:
-        config.engine.kv_offload === "kvbm"
-          ? { name: "DYN_KVBM_CPU_CACHE_GB", bytesPerUnit: 1e9, unlessSet: "DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS" }
-          : undefined,
+      cpuCache: cpuCaches[config.engine.kv_offload]?.(config),
       probe: httpProbe(config, listen),
       metrics: metricsAt(listen, {
         running: ["vllm:num_requests_running"],
