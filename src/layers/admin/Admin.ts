@@ -1,9 +1,10 @@
 /**
  * Live AdminServer: the admin HTTP server on `[agent].listen_admin` (effect HttpRouter over node:http):
- * GET /metrics, /healthz, /readyz, /status and POST /drain, /cordon, /uncordon. Owns routing and the auth gate
- * only; the decisions (loopback, token, readiness, forensics shape, the cordon's reason) are pure in
- * services/admin/Admin.ts and services/node/Cordon.ts. /status and the POST levers need `Authorization: Bearer <admin_token>` whenever a token is configured; off loopback a token is
- * mandatory and the server refuses to start without one.
+ * GET /metrics, /healthz, /readyz, /status and POST /drain, /cordon, /uncordon, /debug/cpu-profile (cpuProfile.ts).
+ * Owns routing and the auth gate only; the decisions (loopback, token, readiness, forensics shape, the cordon's
+ * reason) are pure in services/admin/Admin.ts and services/node/Cordon.ts. /status and the POST levers need
+ * `Authorization: Bearer <admin_token>` whenever a token is configured; off loopback a token is mandatory and the
+ * server refuses to start without one.
  */
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer" // not the index, which loads NodeRedis
 import { Cause, Duration, Effect, Layer, Result } from "effect"
@@ -26,6 +27,7 @@ import { Cordon, cordonView, parseCordonBody } from "../../services/node/Cordon.
 import { Drain } from "../../services/node/Drain.ts"
 import { NodeStatus } from "../../services/node/NodeStatus.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
+import { cpuProfileRoute } from "./cpuProfile.ts"
 
 // node:http as its CommonJS exports, not an ESM import: the ESM facade reads every export, and node:http's
 // WebSocket / MessageEvent / CloseEvent getters load Node's bundled copy of undici (behind fetch), ~14 MB of RSS
@@ -110,6 +112,8 @@ const routes = (options: AdminOptions, loopback: boolean) =>
           }
         }
 
+      const cpuProfile = yield* cpuProfileRoute({ guarded, nodeId: config.agent.node_id })
+
       const draining = Effect.zipWith(status.draining, drain.draining, (a, b) => a || b)
 
       const extras = Effect.forEach(
@@ -157,7 +161,7 @@ const routes = (options: AdminOptions, loopback: boolean) =>
         ),
         HttpRouter.route("GET", "/status", guarded(Effect.map(statusBody, (body) => json(body)))),
         // Only POST pulls a lever (a crawler or a misdirected probe must not); any other method is told so, not 404.
-        ...(["/drain", "/cordon", "/uncordon"] as const).flatMap((path) =>
+        ...(["/drain", "/cordon", "/uncordon", "/debug/cpu-profile"] as const).flatMap((path) =>
           (["GET", "PUT", "PATCH", "DELETE"] as const).map((method) =>
             HttpRouter.route(
               method,
@@ -210,7 +214,8 @@ const routes = (options: AdminOptions, loopback: boolean) =>
               return json({ cordoned: false, wasCordoned: done.was }, 202)
             }).pipe(Effect.catchTag("CordonPersistError", (e) => Effect.succeed(json({ error: e.message }, 500))))
           )(request)
-        )
+        ),
+        cpuProfile
       ] as const
     })
   )
