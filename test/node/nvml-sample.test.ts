@@ -3,73 +3,17 @@
 // and which fields each failure leaves unknown (`unreportedFields`).
 import { describe, expect, it } from "vitest"
 import type { Binding } from "../../src/layers/node/nvmlBinding.ts"
-import { sample } from "../../src/layers/node/nvmlSample.ts"
+import { xidWatch } from "../../src/layers/node/nvmlEvents.ts"
+import { sample as samplePass } from "../../src/layers/node/nvmlSample.ts"
 import { gpuWith } from "../../src/services/node/Nvml.ts"
+import { fakeBinding } from "../support/nvmlBinding.ts"
 
 const NOT_SUPPORTED = 3
 const GPU_IS_LOST = 15
 
-interface FakeGpu {
-  readonly uuid: string
-  /** Return code per entry point (by Binding key); absent: success. */
-  readonly rc?: Partial<Record<keyof Binding, number>>
-  /** Entry points that throw, as koffi does on a value it cannot convert. */
-  readonly throws?: ReadonlyArray<keyof Binding>
-}
-
-const fakeBinding = (gpus: ReadonlyArray<FakeGpu>): Binding => {
-  const answer = (key: keyof Binding, device: unknown, fill: () => void): number => {
-    const g = gpus[device as number]
-    if (g === undefined) return 2
-    if (g.throws?.includes(key)) throw new TypeError(`${String(key)}: unexpected value`)
-    const rc = g.rc?.[key] ?? 0
-    if (rc === 0) fill()
-    return rc
-  }
-  const put = (buf: Uint8Array, text: string) => buf.set(new TextEncoder().encode(`${text}\0`))
-  return {
-    init: () => 0,
-    shutdown: () => 0,
-    count: (out) => {
-      out[0] = gpus.length
-      return 0
-    },
-    handle: (index, out) =>
-      answer("handle", index, () => {
-        out[0] = index
-      }),
-    name: (d, buf) => answer("name", d, () => put(buf, "Fake GPU")),
-    uuid: (d, buf) => answer("uuid", d, () => put(buf, gpus[d as number]?.uuid ?? "")),
-    memory: (d, out) =>
-      answer("memory", d, () => Object.assign(out, { total: 80n * 2n ** 30n, used: 2n ** 30n, free: 79n * 2n ** 30n })),
-    utilization: (d, out) => answer("utilization", d, () => Object.assign(out, { gpu: 40, memory: 20 })),
-    temperature: (d, _sensor, out) =>
-      answer("temperature", d, () => {
-        out[0] = 60
-      }),
-    power: (d, out) =>
-      answer("power", d, () => {
-        out[0] = 250_000
-      }),
-    powerLimit: (d, out) =>
-      answer("powerLimit", d, () => {
-        out[0] = 700_000
-      }),
-    throttle: (d, out) =>
-      answer("throttle", d, () => {
-        out[0] = 0n
-      }),
-    ecc: (d, _type, _counter, out) =>
-      answer("ecc", d, () => {
-        out[0] = 0n
-      }),
-    processes: (d, count) =>
-      answer("processes", d, () => {
-        count[0] = 0
-      }),
-    unload: () => undefined
-  }
-}
+/** One pass as the worker makes it: with the session's Xid watch (fresh here: no Xid seen). */
+const sample = (binding: Binding, problems: Set<string>) =>
+  samplePass(binding, problems, (why) => problems.add(why), xidWatch(binding))
 
 /** What a lost GPU lists in `unreportedFields`: everything but index and lost (proto field-number order). */
 const LOST_UNKNOWN = [
@@ -84,7 +28,10 @@ const LOST_UNKNOWN = [
   "power_limit_watts",
   "throttle_reasons",
   "ecc_uncorrected",
-  "processes"
+  "processes",
+  "critical_xids",
+  "row_remap_pending",
+  "row_remap_failure"
 ]
 
 const healthy = (index: number, uuid: string) =>
@@ -102,7 +49,7 @@ const healthy = (index: number, uuid: string) =>
   })
 
 describe("one NVML sample", () => {
-  it("keeps a GPU whose board does not support power, temperature, ECC or throttle reasons", () => {
+  it("keeps a GPU whose board does not support power, temperature, ECC, throttle reasons, Xid events or row remapping", () => {
     const problems = new Set<string>()
     const gpus = sample(
       fakeBinding([
@@ -115,8 +62,11 @@ describe("one NVML sample", () => {
             temperature: NOT_SUPPORTED,
             ecc: NOT_SUPPORTED,
             throttle: NOT_SUPPORTED,
-            processes: NOT_SUPPORTED
-          }
+            processes: NOT_SUPPORTED,
+            remappedRows: NOT_SUPPORTED
+          },
+          // no Xid critical-error events (0x8) on this board
+          eventTypes: 0x3n
         }
       ]),
       problems
@@ -135,7 +85,10 @@ describe("one NVML sample", () => {
           "power_limit_watts",
           "throttle_reasons",
           "ecc_uncorrected",
-          "processes"
+          "processes",
+          "critical_xids",
+          "row_remap_pending",
+          "row_remap_failure"
         ]
       }
     ])
@@ -146,7 +99,15 @@ describe("one NVML sample", () => {
     const problems = new Set<string>()
     const binding = fakeBinding([{ uuid: "GPU-a" }])
     const gpus = sample(
-      { ...binding, temperature: undefined, power: undefined, throttle: undefined, processes: undefined },
+      {
+        ...binding,
+        temperature: undefined,
+        power: undefined,
+        throttle: undefined,
+        processes: undefined,
+        remappedRows: undefined,
+        events: undefined
+      },
       problems
     )
     expect(gpus).toEqual([
@@ -154,7 +115,15 @@ describe("one NVML sample", () => {
         ...healthy(0, "GPU-a"),
         temperatureCelsius: 0,
         powerWatts: 0,
-        unreportedFields: ["temperature_celsius", "power_watts", "throttle_reasons", "processes"]
+        unreportedFields: [
+          "temperature_celsius",
+          "power_watts",
+          "throttle_reasons",
+          "processes",
+          "critical_xids",
+          "row_remap_pending",
+          "row_remap_failure"
+        ]
       }
     ])
     expect([...problems]).toEqual([])

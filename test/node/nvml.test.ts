@@ -86,7 +86,10 @@ describe("Nvml live layer", () => {
           eccUncorrected: 0,
           processes: [],
           lost: false,
-          unreportedFields: []
+          unreportedFields: [],
+          criticalXids: [],
+          rowRemapPending: false,
+          rowRemapFailure: false
         },
         {
           index: 1,
@@ -103,7 +106,10 @@ describe("Nvml live layer", () => {
           eccUncorrected: 0,
           processes: [],
           lost: false,
-          unreportedFields: []
+          unreportedFields: [],
+          criticalXids: [],
+          rowRemapPending: false,
+          rowRemapFailure: false
         }
       ])
       expect(body).toContain(
@@ -124,7 +130,7 @@ describe("Nvml live layer", () => {
       expect(body).toContain(`cgn_agent_gpu_ecc_uncorrected_errors{${g1}} 0`)
       expect(body).toContain(`cgn_agent_gpu_lost{${g1}} 0`)
       // released: NVML shut down in the worker, and the worker (the only one) gone
-      expect(fs.readFileSync(shutdownFile, "utf8")).toBe("shutdown\n")
+      expect(fs.readFileSync(shutdownFile, "utf8")).toBe("event_set_free\nshutdown\n")
       expect(workers.started).toHaveLength(1)
       expect(await workers.started[0]?.exit).toBe(0)
     } finally {
@@ -281,7 +287,7 @@ describe("Nvml live layer", () => {
       // No GPU series of the last good sample stays behind as if current, gpu_lost included.
       expect(result.gone.body).toContain("cgn_agent_nvml_up 0")
       expect(result.gone.body).not.toMatch(/^cgn_agent_gpu_\w+\{/m)
-      expect(result.shutdowns).toBe("shutdown\n")
+      expect(result.shutdowns).toBe("event_set_free\nshutdown\n")
       expect(result.back).toHaveLength(2)
       expect(result.why).toBeUndefined()
     } finally {
@@ -352,7 +358,7 @@ describe("Nvml live layer", () => {
       expect(result.why).toBeUndefined()
       expect(result.body).toContain("cgn_agent_nvml_up 1")
       expect(workers.started).toHaveLength(1)
-      expect(fs.readFileSync(shutdownFile, "utf8")).toBe("shutdown\n")
+      expect(fs.readFileSync(shutdownFile, "utf8")).toBe("event_set_free\nshutdown\n")
     } finally {
       hang?.unblock()
       clearInterval(ticker)
@@ -388,8 +394,8 @@ describe("Nvml live layer", () => {
           lost: true,
           uuid: "GPU-55555555-6666-7777-8888-999999999999",
           name: "NVIDIA H100 80GB HBM3",
-          // its identity is known from before; nothing else is
-          unreportedFields: gpuFields.filter((f) => f !== "name" && f !== "uuid")
+          // its identity is known from before, and its Xids (none) since it was registered for them; nothing else is
+          unreportedFields: gpuFields.filter((f) => f !== "name" && f !== "uuid" && f !== "critical_xids")
         })
       )
       expect(result.after[0]).toEqual(result.before[0])

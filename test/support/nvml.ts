@@ -4,11 +4,16 @@ import { execFileSync, spawn } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
 
-/** Compiles the fake into `dir` and returns the library's path. */
-export const buildFakeNvml = (dir: string): string => {
-  const library = path.join(dir, "libnvidia-ml.so.1")
+/**
+ * Compiles the fake into `dir` and returns the library's path. `defines` (e.g. FAKE_NVML_NO_EVENTS) build a variant,
+ * under a name of its own: a driver without some entry points (the header of fake_nvml.c lists them).
+ */
+export const buildFakeNvml = (dir: string, defines: ReadonlyArray<string> = []): string => {
+  const variant = defines.map((d) => `-${d.toLowerCase()}`).join("")
+  const library = path.join(dir, variant === "" ? "libnvidia-ml.so.1" : `libnvidia-ml${variant}.so.1`)
   const source = path.join(import.meta.dirname, "..", "fixtures", "fake_nvml.c")
-  execFileSync("cc", ["-shared", "-fPIC", "-O1", "-o", library, source], { stdio: "pipe" })
+  const flags = defines.map((d) => `-D${d}`)
+  execFileSync("cc", ["-shared", "-fPIC", "-O1", ...flags, "-o", library, source], { stdio: "pipe" })
   return library
 }
 

@@ -1,21 +1,58 @@
 /**
  * The GPU gauges: the Nvml service's GPU list mirrored into the shared Metrics registry at every scrape
- * (per-process series come and go with the processes; a lost GPU keeps only gpu_lost). A field NVML could not
- * report for a GPU (`unreportedFields`: utilization under MIG, power on some boards, ECC with ECC off) has no series
- * for that GPU, as dcgm-exporter leaves out what a GPU cannot report: a 0 would read as idle, 0 W, 0 errors.
+ * (per-process series come and go with the processes; a lost GPU keeps only gpu_lost and its Xids). A field NVML
+ * could not report for a GPU (`unreportedFields`: utilization under MIG, power on some boards, ECC with ECC off) has
+ * no series for that GPU, as dcgm-exporter leaves out what a GPU cannot report: a 0 would read as idle, 0 W, 0 errors.
+ * The Xid counter and the row-remapping gauges are registered here, on the shared registry, once per registry.
  */
 import { Effect } from "effect"
-import type { Gauge } from "prom-client"
+import { Counter, Gauge, type Registry } from "prom-client"
 import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
 import { throttleReasonNames } from "../../services/node/Gpus.ts"
 import type { NvmlService } from "../../services/node/Nvml.ts"
 import { type GpuField, isUnknown } from "../../services/node/NvmlValues.ts"
-import { Metrics } from "../../services/observability/Metrics.ts"
+import { applicationXids } from "../../services/node/Xid.ts"
+import { METRIC_PREFIX, Metrics } from "../../services/observability/Metrics.ts"
+
+/** The Xid and row-remapping series of `registry`, made at its first use (a second Nvml layer shares them). */
+const faultSeries = (registry: Registry) => {
+  const gpuLabels = ["gpu", "uuid"] as const
+  const existing = <T>(name: string): T | undefined => registry.getSingleMetric(`${METRIC_PREFIX}${name}`) as T
+  return {
+    xidErrors:
+      existing<Counter<"gpu" | "uuid" | "xid">>("gpu_xid_errors_total") ??
+      new Counter({
+        name: `${METRIC_PREFIX}gpu_xid_errors_total`,
+        help:
+          "Xid errors NVML delivered as critical-error events since the agent opened NVML, by Xid; all but the " +
+          `application errors (${applicationXids.join(", ")}) make the node unhealthy (no series where unsupported)`,
+        labelNames: [...gpuLabels, "xid"] as const,
+        registers: [registry]
+      }),
+    remapPending:
+      existing<Gauge<"gpu" | "uuid">>("gpu_row_remap_pending") ??
+      new Gauge({
+        name: `${METRIC_PREFIX}gpu_row_remap_pending`,
+        help: "1 while a row remapping waits for a GPU reset (NVML; the node is unhealthy; no series where unsupported)",
+        labelNames: gpuLabels,
+        registers: [registry]
+      }),
+    remapFailure:
+      existing<Gauge<"gpu" | "uuid">>("gpu_row_remap_failure") ??
+      new Gauge({
+        name: `${METRIC_PREFIX}gpu_row_remap_failure`,
+        help: "1 once a row remapping has failed: replace the GPU (NVML; no series where unsupported)",
+        labelNames: gpuLabels,
+        registers: [registry]
+      })
+  }
+}
 
 /** Mirrors the GPU list into the gauges at every scrape. */
 export const mirrorToMetrics = (service: NvmlService) =>
   Effect.gen(function* () {
     const m = yield* Metrics
+    const faults = faultSeries(m.registry)
     // one gauge per field, each set only where the field is known
     const scalars: ReadonlyArray<readonly [GpuField, Gauge<"gpu" | "uuid">, (g: Gpu) => number]> = [
       ["utilization_percent", m.gpuUtilization, (g) => g.utilizationPercent / 100],
@@ -24,13 +61,15 @@ export const mirrorToMetrics = (service: NvmlService) =>
       ["temperature_celsius", m.gpuTemperature, (g) => g.temperatureCelsius],
       ["power_watts", m.gpuPower, (g) => g.powerWatts],
       ["power_limit_watts", m.gpuPowerLimit, (g) => g.powerLimitWatts],
-      ["ecc_uncorrected", m.gpuEccUncorrected, (g) => g.eccUncorrected]
+      ["ecc_uncorrected", m.gpuEccUncorrected, (g) => g.eccUncorrected],
+      ["row_remap_pending", faults.remapPending, (g) => (g.rowRemapPending ? 1 : 0)],
+      ["row_remap_failure", faults.remapFailure, (g) => (g.rowRemapFailure ? 1 : 0)]
     ]
     yield* m.onCollect(
       Effect.zipWith(service.gpus, service.unavailable, (gpus, unavailable) => {
         m.nvmlUp.set(unavailable === undefined ? 1 : 0)
         // Every GPU series is rebuilt from this sample: per-process series come and go with the processes; a lost
-        // GPU keeps only gpu_lost; a field that became unknown loses its series; a GPU no longer listed (NVML down,
+        // GPU keeps only gpu_lost and its Xids; a field that became unknown loses its series; a GPU no longer listed (NVML down,
         // a GPU gone from the host) keeps nothing.
         for (const g of [m.gpuUtilization, m.gpuMemoryUsed, m.gpuMemoryTotal, m.gpuTemperature, m.gpuPower]) g.reset()
         m.gpuLost.reset()
@@ -38,9 +77,14 @@ export const mirrorToMetrics = (service: NvmlService) =>
         m.gpuThrottled.reset()
         m.gpuEccUncorrected.reset()
         m.gpuProcessMemory.reset()
+        faults.xidErrors.reset()
+        faults.remapPending.reset()
+        faults.remapFailure.reset()
         for (const g of gpus) {
           const labels = { gpu: String(g.index), uuid: g.uuid }
           m.gpuLost.set(labels, g.lost ? 1 : 0)
+          // a counter mirrored from the session's totals (they start again with a new NVML session: a reset)
+          for (const x of g.criticalXids) faults.xidErrors.inc({ ...labels, xid: String(x.xid) }, x.events)
           if (g.lost) continue
           for (const [field, gauge, value] of scalars) if (!isUnknown(g, field)) gauge.set(labels, value(g))
           if (!isUnknown(g, "throttle_reasons")) {

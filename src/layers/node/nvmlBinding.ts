@@ -23,7 +23,34 @@ export interface Binding {
     | ((device: unknown, errorType: number, counter: number, out: Array<number | bigint>) => number)
     | undefined
   readonly processes: ((device: unknown, count: Array<number>, infos: Array<unknown> | null) => number) | undefined
+  /** nvmlDeviceGetRemappedRows: rows remapped for correctable and uncorrectable errors, isPending, failureOccurred. */
+  readonly remappedRows:
+    | ((
+        device: unknown,
+        corrected: Array<number>,
+        uncorrected: Array<number>,
+        pending: Array<number>,
+        failure: Array<number>
+      ) => number)
+    | undefined
+  /** The event-set entry points, all or none (Xid events: nvmlEvents.ts). */
+  readonly events: EventBinding | undefined
   readonly unload: () => void
+}
+
+/**
+ * NVML's event sets (nvml.h "Event Handling Methods"): create a set, register devices on it for event types, wait on
+ * it (timeout in ms; 0 returns at once), free it.
+ */
+export interface EventBinding {
+  readonly create: (out: Array<unknown>) => number
+  readonly supported: (device: unknown, out: Array<number | bigint>) => number
+  readonly register: (device: unknown, types: bigint, set: unknown) => number
+  /** Fills `data` as nvmlEventData_t: device (its address), eventType, eventData (the Xid), gpuInstanceId... */
+  readonly wait: (set: unknown, data: Record<string, unknown>, timeoutMs: number) => number
+  readonly free: (set: unknown) => number
+  /** A device handle's address, as nvmlEventData_t.device reads: the same GPU gives the same address. */
+  readonly address: (device: unknown) => bigint
 }
 
 /** Loads `library` and binds the entry points; throws when the library or a required symbol is missing. */
@@ -40,6 +67,16 @@ export const bind = (koffi: Koffi, library: string): Binding => {
     gpuInstanceId: "unsigned int",
     computeInstanceId: "unsigned int"
   })
+  // nvmlEventData_t (nvml.h; the layout of NVIDIA/go-nvml gen/nvml/nvml.h). `device` is read as an address, to be
+  // matched with the handles' (koffi.address): koffi gives each pointer it returns a new object.
+  const eventData = koffi.struct({
+    device: "uintptr_t",
+    eventType: "unsigned long long",
+    eventData: "unsigned long long",
+    gpuInstanceId: "unsigned int",
+    computeInstanceId: "unsigned int"
+  })
+  const eventSet = koffi.pointer(koffi.opaque())
   const uint = koffi.out(koffi.pointer("unsigned int"))
   const ull = koffi.out(koffi.pointer("unsigned long long"))
   const optional = <F>(make: () => F): F | undefined => {
@@ -49,6 +86,8 @@ export const bind = (koffi: Koffi, library: string): Binding => {
       return undefined // symbol not exported by this driver
     }
   }
+  const waitOn = (name: string): EventBinding["wait"] =>
+    lib.func(name, "int", [eventSet, koffi.out(koffi.pointer(eventData)), "unsigned int"])
   return {
     init: lib.func("nvmlInit_v2", "int", []),
     shutdown: lib.func("nvmlShutdown", "int", []),
@@ -73,6 +112,17 @@ export const bind = (koffi: Koffi, library: string): Binding => {
         koffi.out(koffi.pointer(processInfo))
       ])
     ),
+    remappedRows: optional(() => lib.func("nvmlDeviceGetRemappedRows", "int", [device, uint, uint, uint, uint])),
+    events: optional(() => ({
+      create: lib.func("nvmlEventSetCreate", "int", [koffi.out(koffi.pointer(eventSet))]),
+      supported: lib.func("nvmlDeviceGetSupportedEventTypes", "int", [device, ull]),
+      register: lib.func("nvmlDeviceRegisterEvents", "int", [device, "unsigned long long", eventSet]),
+      // nvml.h maps nvmlEventSetWait to _v2 (go-nvml pkg/nvml/nvml.go #undef's it); an older driver has only the
+      // first, which fills the same leading fields of the struct
+      wait: optional(() => waitOn("nvmlEventSetWait_v2")) ?? waitOn("nvmlEventSetWait"),
+      free: lib.func("nvmlEventSetFree", "int", [eventSet]),
+      address: (d: unknown) => koffi.address(d)
+    })),
     unload: () => lib.unload()
   }
 }

@@ -1,9 +1,10 @@
 /**
  * One pass of NVML queries over every device into the agent's Gpu records: memory, utilization,
- * temperature, power, throttle reasons, uncorrected ECC errors and compute processes. A field NVML does not report
- * (its query failed, NOT_SUPPORTED included, or its optional entry point is missing) reads 0 and is listed in the
- * GPU's `unreportedFields`, so that no reader takes it for a real 0 ("idle", "0 W"); failures other than NOT_SUPPORTED
- * are also collected as problems. A GPU that answers NVML_ERROR_GPU_IS_LOST is reported lost (by index only: the
+ * temperature, power, throttle reasons, uncorrected ECC errors, compute processes, row remapping, and the Xid events
+ * of the session (nvmlEvents.ts: each GPU registered at its first pass, pending events taken after the last). A field
+ * NVML does not report (its query failed, NOT_SUPPORTED included, or its optional entry point is missing) reads 0 and
+ * is listed in the GPU's `unreportedFields`, so that no reader takes it for a real 0 ("idle", "0 W"); failures other
+ * than NOT_SUPPORTED are also collected as problems. A GPU that answers NVML_ERROR_GPU_IS_LOST is reported lost (by index only: the
  * main thread names it from earlier samples, NvmlValues.ts nameLostGpus). Runs in the NVML worker thread
  * (programs/nvmlWorker.ts), synchronously, so it imports nothing that loads `effect`.
  */
@@ -19,6 +20,7 @@ import {
   toNumber
 } from "../../services/node/NvmlValues.ts"
 import type { Binding } from "./nvmlBinding.ts"
+import type { XidWatch } from "./nvmlEvents.ts"
 
 // nvml.h: NVML_DEVICE_NAME_V2_BUFFER_SIZE and NVML_DEVICE_UUID_V2_BUFFER_SIZE are both 96.
 const STRING_BUFFER = 96
@@ -75,7 +77,9 @@ export const sample = (
   nvml: Binding,
   problems: Set<string>,
   /** The device count was refused: NVML itself is not answering (its caller opens it again). */
-  onNvmlGone: (why: string) => void = (why) => problems.add(why)
+  onNvmlGone: (why: string) => void = (why) => problems.add(why),
+  /** The session's Xid events; without it no GPU's Xids are known (`critical_xids` unreported). */
+  xids?: XidWatch
 ): ReadonlyArray<Gpu> => {
   const count = [0]
   let rc: number
@@ -95,17 +99,37 @@ export const sample = (
     // GPU's record for this pass, as a failed handle query does, and is reported; it must not fail the sample:
     // every reader of the GPUs (NodeStatus, the etcd heartbeat, /metrics, the GPU gate) would fail with it.
     try {
-      const gpu = sampleOne(nvml, index, problems)
+      const gpu = sampleOne(nvml, index, problems, xids)
       if (gpu !== undefined) gpus.push(gpu)
     } catch (e) {
       problems.add(`GPU ${index}: NVML call threw: ${e instanceof Error ? e.message : String(e)}`)
     }
   }
-  return gpus
+  if (xids === undefined) return gpus
+  try {
+    xids.drain(problems)
+  } catch (e) {
+    problems.add(`nvmlEventSetWait_v2 threw: ${e instanceof Error ? e.message : String(e)}`)
+  }
+  // A lost GPU keeps the Xids it reported (its Xid 79 says why it is lost): they are facts of the session.
+  return gpus.map((g) =>
+    xids.watched(g.index)
+      ? {
+          ...g,
+          criticalXids: xids.xidsOf(g.index),
+          unreportedFields: g.unreportedFields.filter((f) => f !== "critical_xids")
+        }
+      : g
+  )
 }
 
 /** One device's record; undefined when its handle query failed (other than lost). */
-const sampleOne = (nvml: Binding, index: number, problems: Set<string>): Gpu | undefined => {
+const sampleOne = (
+  nvml: Binding,
+  index: number,
+  problems: Set<string>,
+  xids: XidWatch | undefined
+): Gpu | undefined => {
   let lost = false
   const note = (what: string, code: number) => {
     if (code === NVML_ERROR_GPU_IS_LOST) lost = true
@@ -183,6 +207,19 @@ const sampleOne = (nvml: Binding, index: number, problems: Set<string>): Gpu | u
   )
   const processes = processesOf(nvml, device, note)
   if (processes === undefined) unknown.push("processes")
+  const { remappedRows } = nvml
+  // isPending and failureOccurred; the counts of rows remapped (corrected, uncorrected) are not reported
+  const pending = [0]
+  const failure = [0]
+  const remapKnown = query(
+    "nvmlDeviceGetRemappedRows",
+    remappedRows && (() => remappedRows(device, [0], [0], pending, failure)),
+    "row_remap_pending",
+    "row_remap_failure"
+  )
+  // the Xids themselves are filled in once the pass has taken the pending events (`sample`); a GPU lost by now
+  // answers nothing, registration included (one registered before keeps its Xids)
+  if (lost || xids?.watch(index, device, note) !== true) unknown.push("critical_xids")
   if (lost) return lostGpu(index)
   return {
     index,
@@ -199,6 +236,9 @@ const sampleOne = (nvml: Binding, index: number, problems: Set<string>): Gpu | u
     eccUncorrected,
     processes: processes ?? [],
     lost: false,
-    unreportedFields: inFieldOrder(unknown)
+    unreportedFields: inFieldOrder(unknown),
+    criticalXids: [],
+    rowRemapPending: remapKnown && pending[0] !== 0,
+    rowRemapFailure: remapKnown && failure[0] !== 0
   }
 }

@@ -1,11 +1,13 @@
 /**
  * The NVML worker thread's side of the conversation (programs/nvmlWorker.ts is the message loop around it): one
- * NVML session at most, and one reply per request. The main thread (layers/node/Nvml.ts) keeps every policy:
- * backoff, deadlines, logging, caching. Free of `effect`, as everything the worker loads.
+ * NVML session at most, with its Xid event set (nvmlEvents.ts), and one reply per request. The main thread
+ * (layers/node/Nvml.ts) keeps every policy: backoff, deadlines, logging, caching. Free of `effect`, as everything the
+ * worker loads.
  */
 import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
 import { nvmlReturnName } from "../../services/node/NvmlValues.ts"
 import { type Binding, bind } from "./nvmlBinding.ts"
+import { type XidWatch, xidWatch } from "./nvmlEvents.ts"
 import { sample } from "./nvmlSample.ts"
 
 type Koffi = typeof import("koffi")["default"]
@@ -33,7 +35,15 @@ const message = (e: unknown) => (e instanceof Error ? e.message : String(e))
 /** The request handler of one worker: binds and inits on "open", samples, shuts NVML down on "close". */
 export const nvmlSession = (koffi: Koffi): ((request: NvmlRequest) => NvmlReply) => {
   let nvml: Binding | undefined
+  /** The Xid events of this NVML session (a new session starts with none: its event set is new). */
+  let xids: XidWatch | undefined
   const close = () => {
+    try {
+      xids?.free()
+    } catch {
+      // a driver that throws here must not keep NVML from being shut down
+    }
+    xids = undefined
     nvml?.shutdown()
     nvml?.unload()
     nvml = undefined
@@ -54,15 +64,21 @@ export const nvmlSession = (koffi: Koffi): ((request: NvmlRequest) => NvmlReply)
           return { op: "open", failed: `nvmlInit_v2 failed: ${nvmlReturnName(rc)}` }
         }
         nvml = next
+        xids = xidWatch(next)
         return { op: "open", failed: undefined }
       }
       case "sample": {
         if (nvml === undefined) return { op: "sample", gpus: [], problems: [], gone: "NVML is not open" }
         const problems = new Set<string>()
         let gone: string | undefined
-        const gpus = sample(nvml, problems, (why) => {
-          gone = why
-        })
+        const gpus = sample(
+          nvml,
+          problems,
+          (why) => {
+            gone = why
+          },
+          xids
+        )
         // NVML answers no more: shut it down here, where it lives (the main thread opens it again later).
         if (gone !== undefined) close()
         return { op: "sample", gpus: gone === undefined ? gpus : [], problems: [...problems], gone }

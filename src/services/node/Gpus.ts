@@ -6,6 +6,7 @@
  */
 import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
 import { isUnknown } from "./NvmlValues.ts"
+import { describeXid, xidIsFault } from "./Xid.ts"
 
 /**
  * nvml.h `nvmlClocksEventReason*` bits (formerly `nvmlClocksThrottleReason*`), in snake_case. GpuIdle (0x1) is
@@ -38,13 +39,22 @@ export const refMatches = (ref: GpuRef, gpu: Gpu): boolean =>
   typeof ref === "number" ? gpu.index === ref : gpu.uuid === ref
 
 /**
- * A GPU the engine must not be started on: fallen off the bus, or uncorrected ECC errors since driver load. ECC that
- * NVML cannot count (ECC off, a board without it: `ecc_uncorrected` unknown) is no fault: most such boards are fine,
- * and refusing them would refuse every GPU without ECC.
+ * A GPU the engine must not be started on: fallen off the bus, a critical Xid other than an application error this
+ * NVML session (Xid.ts), a failed or pending row remapping, or uncorrected ECC errors since driver load. What NVML
+ * cannot report is no fault: ECC it cannot count (ECC off, a board without it), Xid events or row remapping a board
+ * does not support. Most such boards are fine, and refusing them would refuse every GPU without the feature.
  */
 export const gpuFault = (gpu: Gpu): string | undefined => {
   if (gpu.lost) return `GPU ${gpu.index} is lost (NVML_ERROR_GPU_IS_LOST: fallen off the bus)`
+  const xids = gpu.criticalXids.filter((x) => xidIsFault(x.xid))
+  if (xids.length > 0) {
+    return `GPU ${gpu.index} reported ${xids.map((x) => describeXid(x.xid)).join(", ")}: it needs a GPU reset or a reboot`
+  }
+  // NVML's row-remapping documentation: a failure means the GPU should be replaced; a pending remap is applied only
+  // by a GPU reset (https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/, "Row-Remapping").
+  if (gpu.rowRemapFailure) return `GPU ${gpu.index} has a failed row remapping: it needs replacing`
   if (gpu.eccUncorrected > 0) return `GPU ${gpu.index} has ${gpu.eccUncorrected} uncorrected ECC errors`
+  if (gpu.rowRemapPending) return `GPU ${gpu.index} has a row remapping pending: it needs a GPU reset`
   return undefined
 }
 

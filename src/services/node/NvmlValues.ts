@@ -16,6 +16,7 @@ const NVML_RETURN: Readonly<Record<number, string>> = {
   6: "ERROR_NOT_FOUND",
   7: "ERROR_INSUFFICIENT_SIZE",
   9: "ERROR_DRIVER_NOT_LOADED",
+  10: "ERROR_TIMEOUT",
   12: "ERROR_LIBRARY_NOT_FOUND",
   13: "ERROR_FUNCTION_NOT_FOUND",
   15: "ERROR_GPU_IS_LOST",
@@ -55,7 +56,10 @@ const FIELDS: Record<GpuField, true> = {
   power_limit_watts: true,
   throttle_reasons: true,
   ecc_uncorrected: true,
-  processes: true
+  processes: true,
+  critical_xids: true,
+  row_remap_pending: true,
+  row_remap_failure: true
 }
 
 /** Every field a GPU can leave unknown, in proto field-number order: what a lost GPU lists. */
@@ -91,7 +95,10 @@ export const gpuWith = (fields: Partial<Gpu> & { readonly index: number }): Gpu 
     eccUncorrected: 0,
     processes: [],
     lost: false,
-    unreportedFields: []
+    unreportedFields: [],
+    criticalXids: [],
+    rowRemapPending: false,
+    rowRemapFailure: false
   }
   return { ...zero, ...fields }
 }

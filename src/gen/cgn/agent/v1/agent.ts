@@ -298,10 +298,40 @@ export interface Gpu {
    * the driver, or the query failed. Such a field reads 0 (empty) and means unknown, not zero: "idle", "0 W",
    * "0 C" must not be read into it. The names that can appear: name, uuid, memory_total_bytes,
    * memory_used_bytes, memory_free_bytes, utilization_percent, temperature_celsius, power_watts,
-   * power_limit_watts, throttle_reasons, ecc_uncorrected, processes. index and lost are always known. Empty for a
-   * GPU that reported everything (and in records of agents older than this field: there 0 may mean unknown).
+   * power_limit_watts, throttle_reasons, ecc_uncorrected, processes, critical_xids, row_remap_pending,
+   * row_remap_failure. index and lost are always known. Empty for a GPU that reported everything (and in records of
+   * agents older than this field: there 0 may mean unknown).
    */
   unreportedFields: string[];
+  /**
+   * The Xid errors NVML delivered for this GPU as critical-error events (nvmlEventTypeXidCriticalError, polled at
+   * each sample) since the agent opened NVML: each distinct Xid once, first seen first, with its event count (at
+   * most 16 Xids). Every Xid but the application errors 13, 31, 43, 45, 68 and 109 (NVIDIA k8s-device-plugin's
+   * skip list) makes the GPU faulty for as long as the agent's NVML session lasts: those need a GPU reset or a
+   * reboot. Where the GPU cannot deliver these events (event type not supported, the entry points missing from the
+   * driver) it is empty, with "critical_xids" in unreported_fields.
+   */
+  criticalXids: GpuXid[];
+  /**
+   * A row remapping is pending: it takes effect at the next GPU reset (nvmlDeviceGetRemappedRows isPending; A100,
+   * H100 and later). The GPU counts as faulty until then. Unsupported (older boards, MIG with active instances):
+   * false, with "row_remap_pending" in unreported_fields.
+   */
+  rowRemapPending: boolean;
+  /**
+   * A row remapping has failed on this GPU (nvmlDeviceGetRemappedRows failureOccurred): its memory has no spare
+   * rows left where needed, and the GPU needs replacing. Faulty for good. Unsupported: false, with
+   * "row_remap_failure" in unreported_fields.
+   */
+  rowRemapFailure: boolean;
+}
+
+/** One Xid NVML delivered for a GPU as a critical-error event (catalog: https://docs.nvidia.com/deploy/xid-errors/). */
+export interface GpuXid {
+  /** The Xid; 999 where the driver did not know it (nvml.h nvmlEventData_t.eventData). */
+  xid: number;
+  /** Events with this Xid since the agent opened NVML. */
+  events: number;
 }
 
 export interface GpuProcess {
@@ -2493,6 +2523,9 @@ function createBaseGpu(): Gpu {
     processes: [],
     lost: false,
     unreportedFields: [],
+    criticalXids: [],
+    rowRemapPending: false,
+    rowRemapFailure: false,
   };
 }
 
@@ -2542,6 +2575,15 @@ export const Gpu: MessageFns<Gpu> = {
     }
     for (const v of message.unreportedFields) {
       writer.uint32(122).string(v!);
+    }
+    for (const v of message.criticalXids) {
+      GpuXid.encode(v!, writer.uint32(130).fork()).join();
+    }
+    if (message.rowRemapPending !== false) {
+      writer.uint32(136).bool(message.rowRemapPending);
+    }
+    if (message.rowRemapFailure !== false) {
+      writer.uint32(144).bool(message.rowRemapFailure);
     }
     return writer;
   },
@@ -2679,6 +2721,30 @@ export const Gpu: MessageFns<Gpu> = {
             message.unreportedFields.push(reader.string());
             continue;
           }
+          case 16: {
+            if (tag !== 130) {
+              break;
+            }
+
+            message.criticalXids.push(GpuXid.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 17: {
+            if (tag !== 136) {
+              break;
+            }
+
+            message.rowRemapPending = reader.bool();
+            continue;
+          }
+          case 18: {
+            if (tag !== 144) {
+              break;
+            }
+
+            message.rowRemapFailure = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2750,6 +2816,21 @@ export const Gpu: MessageFns<Gpu> = {
         : globalThis.Array.isArray(object?.unreported_fields)
         ? object.unreported_fields.map((e: any) => globalThis.String(e))
         : [],
+      criticalXids: globalThis.Array.isArray(object?.criticalXids)
+        ? object.criticalXids.map((e: any) => GpuXid.fromJSON(e))
+        : globalThis.Array.isArray(object?.critical_xids)
+        ? object.critical_xids.map((e: any) => GpuXid.fromJSON(e))
+        : [],
+      rowRemapPending: isSet(object.rowRemapPending)
+        ? globalThis.Boolean(object.rowRemapPending)
+        : isSet(object.row_remap_pending)
+        ? globalThis.Boolean(object.row_remap_pending)
+        : false,
+      rowRemapFailure: isSet(object.rowRemapFailure)
+        ? globalThis.Boolean(object.rowRemapFailure)
+        : isSet(object.row_remap_failure)
+        ? globalThis.Boolean(object.row_remap_failure)
+        : false,
     };
   },
 
@@ -2800,6 +2881,15 @@ export const Gpu: MessageFns<Gpu> = {
     if (message.unreportedFields?.length) {
       obj.unreportedFields = message.unreportedFields;
     }
+    if (message.criticalXids?.length) {
+      obj.criticalXids = message.criticalXids.map((e) => GpuXid.toJSON(e));
+    }
+    if (message.rowRemapPending !== false) {
+      obj.rowRemapPending = message.rowRemapPending;
+    }
+    if (message.rowRemapFailure !== false) {
+      obj.rowRemapFailure = message.rowRemapFailure;
+    }
     return obj;
   },
 
@@ -2823,6 +2913,94 @@ export const Gpu: MessageFns<Gpu> = {
     message.processes = object.processes?.map((e) => GpuProcess.fromPartial(e)) || [];
     message.lost = object.lost ?? false;
     message.unreportedFields = object.unreportedFields?.map((e) => e) || [];
+    message.criticalXids = object.criticalXids?.map((e) => GpuXid.fromPartial(e)) || [];
+    message.rowRemapPending = object.rowRemapPending ?? false;
+    message.rowRemapFailure = object.rowRemapFailure ?? false;
+    return message;
+  },
+};
+
+function createBaseGpuXid(): GpuXid {
+  return { xid: 0, events: 0 };
+}
+
+export const GpuXid: MessageFns<GpuXid> = {
+  encode(message: GpuXid, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.xid !== 0) {
+      writer.uint32(8).uint32(message.xid);
+    }
+    if (message.events !== 0) {
+      writer.uint32(16).uint32(message.events);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GpuXid {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGpuXid();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.xid = reader.uint32();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.events = reader.uint32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GpuXid {
+    return {
+      xid: isSet(object.xid) ? globalThis.Number(object.xid) : 0,
+      events: isSet(object.events) ? globalThis.Number(object.events) : 0,
+    };
+  },
+
+  toJSON(message: GpuXid): unknown {
+    const obj: any = {};
+    if (message.xid !== 0) {
+      obj.xid = Math.round(message.xid);
+    }
+    if (message.events !== 0) {
+      obj.events = Math.round(message.events);
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<GpuXid>): GpuXid {
+    return GpuXid.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<GpuXid>): GpuXid {
+    const message = createBaseGpuXid();
+    message.xid = object.xid ?? 0;
+    message.events = object.events ?? 0;
     return message;
   },
 };

@@ -1,0 +1,97 @@
+// A critical Xid end to end: the built agent (dist/main.js) loads the fake libnvidia-ml.so through koffi
+// (CGN_NVML_LIBRARY), which delivers the lines of FAKE_NVML_XID_FILE as Xid events. An application Xid (13) on the
+// engine's GPU changes nothing; Xid 79 makes the node unhealthy at once, with the reason in /readyz and /status, the
+// Xid in NodeHealth's GPU record, and the counter on /metrics, which passes promtool check metrics.
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
+import { killAllAgents, requireDist, simAgentConfig, startAgent } from "../support/agent.ts"
+import { buildFakeNvml } from "../support/nvml.ts"
+import { pollUntil } from "../support/poll.ts"
+import { promtool } from "../support/promtool.ts"
+
+const GiB = 2 ** 30
+// Bounds, not waits: each poll returns as soon as its condition holds; a loaded machine only takes longer.
+const BOUND = 60_000
+const G1 = 'gpu="1",uuid="GPU-55555555-6666-7777-8888-999999999999"'
+
+let dir = ""
+let library = ""
+
+beforeAll(() => {
+  requireDist()
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-xid-"))
+  library = buildFakeNvml(dir)
+})
+afterEach(killAllAgents)
+afterAll(() => {
+  if (dir) fs.rmSync(dir, { recursive: true, force: true })
+})
+
+const text = async (url: string) => {
+  const res = await fetch(url)
+  return { status: res.status, body: await res.text() }
+}
+
+interface Status {
+  health: {
+    state: string
+    engine: { detail: string }
+    capacity: { gpus: Array<{ index: number; criticalXids?: Array<{ xid: number; events: number }> }> }
+  }
+}
+
+describe("a critical Xid on the engine's GPU (built agent, fake NVML through koffi)", () => {
+  it("an application Xid changes nothing; Xid 79 makes the node unhealthy at once, with the reason", async () => {
+    const state = path.join(dir, "xid.state")
+    const xids = path.join(dir, "xid.events")
+    // the fake's GPU 1 holds 4 GiB by default: free it, so only the Xid keeps the engine from it
+    fs.writeFileSync(state, `gpu.1.used=${GiB / 4}\n`)
+    fs.writeFileSync(xids, "")
+    const s = await simAgentConfig({ engine: { gpu_free_timeout: "1m" } })
+    const agent = await startAgent({
+      config: { ...s.config, models: { m: { hf_repo: "org/m", gpus: [1] } } },
+      env: { CGN_NVML_LIBRARY: library, FAKE_NVML_STATE: state, FAKE_NVML_XID_FILE: xids },
+      readyTimeoutMs: BOUND
+    })
+    // an engine's own fault (a kernel's illegal access): counted, no fault
+    fs.appendFileSync(xids, "1 13\n")
+    await pollUntil(
+      "Xid 13 counted",
+      async () =>
+        (await text(`${agent.adminUrl}/metrics`)).body.includes(`cgn_agent_gpu_xid_errors_total{${G1},xid="13"} 1`),
+      BOUND
+    )
+    expect((await text(`${agent.adminUrl}/readyz`)).status).toBe(200)
+
+    fs.appendFileSync(xids, "1 79\n")
+    const readyz = await pollUntil(
+      "readyz says Xid 79",
+      async () => {
+        const r = await text(`${agent.adminUrl}/readyz`)
+        return r.status === 503 && r.body.includes("Xid 79") ? r : undefined
+      },
+      BOUND
+    )
+    expect(readyz.body).toContain("GPU 1 reported Xid 79 (fallen off the bus): it needs a GPU reset or a reboot")
+    const st = (await (await fetch(`${agent.adminUrl}/status`)).json()) as Status
+    expect(st.health.state).toBe("unhealthy")
+    expect(st.health.engine.detail).toContain("GPU 1 reported Xid 79 (fallen off the bus)")
+    expect(st.health.capacity.gpus[1]?.criticalXids).toEqual([
+      { xid: 13, events: 1 },
+      { xid: 79, events: 1 }
+    ])
+
+    const page = (await text(`${agent.adminUrl}/metrics`)).body
+    expect(page).toContain(`cgn_agent_gpu_xid_errors_total{${G1},xid="79"} 1`)
+    expect(page).toContain(`cgn_agent_gpu_row_remap_pending{${G1}} 0`)
+    expect(page).toContain(`cgn_agent_gpu_row_remap_failure{${G1}} 0`)
+    const lint = promtool(["check", "metrics"], page)
+    expect(lint.output).toBe("")
+    expect(lint.status).toBe(0)
+    // a fault for the NVML session: later samples do not clear it
+    expect((await text(`${agent.adminUrl}/readyz`)).status).toBe(503)
+    expect((await agent.stop()).code).toBe(0)
+  }, 180_000)
+})

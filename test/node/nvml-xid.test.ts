@@ -1,0 +1,142 @@
+// The Xid events of an NVML session (layers/node/nvmlEvents.ts) as one sample after another takes them
+// (nvmlSample.ts), over a Binding faked in JS: each event counted once, every wait with timeout 0 (never blocking the
+// worker), GPUs or drivers without Xid events unreported (no fault, nothing logged), failures said and tried again,
+// and the per-GPU bound.
+import { describe, expect, it } from "vitest"
+import type { Binding } from "../../src/layers/node/nvmlBinding.ts"
+import { MAX_XIDS, xidWatch } from "../../src/layers/node/nvmlEvents.ts"
+import { sample } from "../../src/layers/node/nvmlSample.ts"
+import type { Gpu } from "../../src/services/node/Nvml.ts"
+import { type FakeEvents, fakeBinding, fakeEvents } from "../support/nvmlBinding.ts"
+
+/** The waits that could block: any with a timeout other than 0. */
+const blockingWaits = (events: FakeEvents) => events.waits.filter((t) => t !== 0)
+
+/** A session over `binding`: one watch, a pass at each call, the problems of each pass. */
+const session = (binding: Binding) => {
+  const watch = xidWatch(binding)
+  return (): { readonly gpus: ReadonlyArray<Gpu>; readonly problems: Array<string> } => {
+    const problems = new Set<string>()
+    const gpus = sample(binding, problems, (why) => problems.add(why), watch)
+    return { gpus, problems: [...problems] }
+  }
+}
+
+const xidsOf = (gpus: ReadonlyArray<Gpu>) => gpus.map((g) => g.criticalXids)
+
+describe("Xid events, sample by sample", () => {
+  it("delivers each event once, counted per Xid in first-seen order, kept for the session; every wait has timeout 0", () => {
+    const events = fakeEvents()
+    const pass = session(fakeBinding([{ uuid: "GPU-a" }, { uuid: "GPU-b" }], events))
+    events.queue.push([1, 79])
+    const first = pass()
+    expect(xidsOf(first.gpus)).toEqual([[], [{ xid: 79, events: 1 }]])
+    expect(first.gpus.map((g) => g.unreportedFields)).toEqual([[], []])
+    // nothing new: the same list, not counted again
+    expect(xidsOf(pass().gpus)).toEqual([[], [{ xid: 79, events: 1 }]])
+    events.queue.push([1, 13], [1, 79], [0, 31])
+    const third = pass()
+    expect(xidsOf(third.gpus)).toEqual([
+      [{ xid: 31, events: 1 }],
+      [
+        { xid: 79, events: 2 },
+        { xid: 13, events: 1 }
+      ]
+    ])
+    expect(third.problems).toEqual([])
+    // one wait per event and one that finds none per pass, none of them blocking
+    expect(events.waits).toHaveLength(1 + 1 + 1 + 3 + 1)
+    expect(blockingWaits(events)).toEqual([])
+    expect(events.log).toEqual(["create"]) // one set for the session
+  })
+
+  it("a GPU without the Xid event type is unreported and gets no events; the others are watched", () => {
+    const events = fakeEvents()
+    const pass = session(fakeBinding([{ uuid: "GPU-a" }, { uuid: "GPU-b", eventTypes: 0x3n }], events))
+    events.queue.push([1, 79], [0, 48])
+    const { gpus, problems } = pass()
+    expect(gpus[1]).toMatchObject({ criticalXids: [], unreportedFields: ["critical_xids"] })
+    expect(gpus[0]).toMatchObject({ criticalXids: [{ xid: 48, events: 1 }], unreportedFields: [] })
+    expect(problems).toEqual([]) // the board's nature, not a problem to log
+  })
+
+  it("a driver without the event-set entry points leaves every GPU's Xids unreported, silently", () => {
+    const pass = session({ ...fakeBinding([{ uuid: "GPU-a" }]), events: undefined })
+    const { gpus, problems } = pass()
+    expect(gpus[0]).toMatchObject({ criticalXids: [], unreportedFields: ["critical_xids"] })
+    expect(problems).toEqual([])
+  })
+
+  it("an event set NVML does not support leaves the Xids unreported; one that fails is said and tried again", () => {
+    const unsupported = session(fakeBinding([{ uuid: "GPU-a", rc: { create: 3 } }]))
+    expect(unsupported()).toMatchObject({ gpus: [{ unreportedFields: ["critical_xids"] }], problems: [] })
+    const rc: Record<string, number> = { create: 999 }
+    const events = fakeEvents()
+    const pass = session(fakeBinding([{ uuid: "GPU-a", rc }], events))
+    expect(pass()).toMatchObject({
+      gpus: [{ unreportedFields: ["critical_xids"] }],
+      problems: ["nvmlEventSetCreate(0): NVML_ERROR_UNKNOWN (999)"]
+    })
+    delete rc.create
+    events.queue.push([0, 94])
+    expect(pass()).toMatchObject({ gpus: [{ criticalXids: [{ xid: 94, events: 1 }], unreportedFields: [] }] })
+  })
+
+  it("a registration that fails other than NOT_SUPPORTED is said and tried again at the next sample", () => {
+    const rc: Record<string, number> = { register: 999 }
+    const pass = session(fakeBinding([{ uuid: "GPU-a", rc }]))
+    expect(pass()).toMatchObject({
+      gpus: [{ unreportedFields: ["critical_xids"] }],
+      problems: ["nvmlDeviceRegisterEvents(0): NVML_ERROR_UNKNOWN (999)"]
+    })
+    delete rc.register
+    expect(pass()).toMatchObject({ gpus: [{ criticalXids: [], unreportedFields: [] }], problems: [] })
+  })
+
+  it("a wait that fails is said, and the Xids seen so far stay", () => {
+    const rc: Record<string, number> = {}
+    const events = fakeEvents()
+    const pass = session(fakeBinding([{ uuid: "GPU-a", rc }], events))
+    events.queue.push([0, 79])
+    expect(xidsOf(pass().gpus)).toEqual([[{ xid: 79, events: 1 }]])
+    rc.wait = 999
+    expect(pass()).toMatchObject({
+      gpus: [{ criticalXids: [{ xid: 79, events: 1 }], unreportedFields: [] }],
+      problems: ["nvmlEventSetWait_v2: NVML_ERROR_UNKNOWN (999)"]
+    })
+  })
+
+  it(`keeps at most ${MAX_XIDS} distinct Xids per GPU, saying which it left out`, () => {
+    const events = fakeEvents()
+    const pass = session(fakeBinding([{ uuid: "GPU-a" }], events))
+    for (let xid = 100; xid < 100 + MAX_XIDS + 2; xid++) events.queue.push([0, xid])
+    const { gpus, problems } = pass()
+    expect(gpus[0]?.criticalXids.map((x) => x.xid)).toEqual(Array.from({ length: MAX_XIDS }, (_, i) => 100 + i))
+    expect(problems).toEqual([
+      `GPU 0: Xid ${100 + MAX_XIDS} not listed: more than ${MAX_XIDS} distinct Xids this session`,
+      `GPU 0: Xid ${101 + MAX_XIDS} not listed: more than ${MAX_XIDS} distinct Xids this session`
+    ])
+  })
+
+  it("a GPU lost after it was registered keeps its Xids (its Xid 79 says why); one lost from the start has none", () => {
+    const rc: Record<string, number> = {}
+    const events = fakeEvents()
+    const pass = session(
+      fakeBinding(
+        [
+          { uuid: "GPU-a", rc },
+          { uuid: "GPU-b", rc: { handle: 15 } }
+        ],
+        events
+      )
+    )
+    pass()
+    events.queue.push([0, 79])
+    rc.memory = 15 // NVML_ERROR_GPU_IS_LOST
+    const { gpus } = pass()
+    expect(gpus[0]).toMatchObject({ lost: true, criticalXids: [{ xid: 79, events: 1 }] })
+    expect(gpus[0]?.unreportedFields).not.toContain("critical_xids")
+    expect(gpus[1]).toMatchObject({ lost: true, criticalXids: [] })
+    expect(gpus[1]?.unreportedFields).toContain("critical_xids")
+  })
+})

@@ -1,0 +1,77 @@
+// Which Xids and row-remapping states make a GPU faulty (services/node/Xid.ts, Gpus.ts gpuFault): the table follows
+// NVIDIA k8s-device-plugin (internal/rm/health.go: every Xid but the application errors 13, 31, 43, 45, 68, 109),
+// the reasons name the Xid and what it means, what a board cannot report is no fault, and the shipped alert skips
+// the same Xids as the table.
+import { describe, expect, it } from "vitest"
+import { assignGpus, gateVerdict, gpuFault } from "../../src/services/node/Gpus.ts"
+import { gpuWith } from "../../src/services/node/Nvml.ts"
+import { applicationXids, describeXid, xidIsFault } from "../../src/services/node/Xid.ts"
+import { shippedRules } from "../support/promtool.ts"
+
+const xids = (...list: ReadonlyArray<number>) => list.map((xid) => ({ xid, events: 1 }))
+
+describe("the Xid table", () => {
+  it("skips exactly the device plugin's application errors; every other Xid, unnamed ones too, is a fault", () => {
+    expect(applicationXids).toEqual([13, 31, 43, 45, 68, 109])
+    for (const xid of applicationXids) expect(xidIsFault(xid)).toBe(false)
+    for (const xid of [48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 999, 150, 1]) expect(xidIsFault(xid)).toBe(true)
+  })
+
+  it("names the well-known Xids after NVIDIA's catalog, and the others by number", () => {
+    expect(describeXid(79)).toBe("Xid 79 (fallen off the bus)")
+    expect(describeXid(48)).toBe("Xid 48 (double-bit ECC error)")
+    expect(describeXid(95)).toBe("Xid 95 (uncontained ECC error)")
+    expect(describeXid(119)).toBe("Xid 119 (GSP RPC timeout)")
+    expect(describeXid(150)).toBe("Xid 150")
+  })
+
+  it("is the one the shipped alert skips (its regex lists the same application Xids)", () => {
+    const alert = shippedRules()
+      .groups.flatMap((g) => g.rules)
+      .find((r) => r.alert === "CgnAgentGpuXidError")
+    const skipped = /xid!~"([^"]+)"/.exec(alert?.expr ?? "")?.[1]
+    expect(skipped?.split("|").map(Number)).toEqual([...applicationXids])
+  })
+})
+
+describe("gpuFault: Xids and row remapping", () => {
+  it("a critical Xid is a fault naming it; an application Xid is not", () => {
+    expect(gpuFault(gpuWith({ index: 0, criticalXids: xids(79) }))).toBe(
+      "GPU 0 reported Xid 79 (fallen off the bus): it needs a GPU reset or a reboot"
+    )
+    expect(gpuFault(gpuWith({ index: 2, criticalXids: xids(13, 31) }))).toBeUndefined()
+    // application errors are left out of the reason; every fault Xid is in it, first seen first
+    expect(gpuFault(gpuWith({ index: 1, criticalXids: xids(13, 94, 150) }))).toBe(
+      "GPU 1 reported Xid 94 (contained ECC error), Xid 150: it needs a GPU reset or a reboot"
+    )
+  })
+
+  it("a failed row remapping and a pending one are faults; unreported (false) ones are not", () => {
+    expect(gpuFault(gpuWith({ index: 3, rowRemapFailure: true }))).toBe(
+      "GPU 3 has a failed row remapping: it needs replacing"
+    )
+    expect(gpuFault(gpuWith({ index: 3, rowRemapPending: true }))).toBe(
+      "GPU 3 has a row remapping pending: it needs a GPU reset"
+    )
+    const unsupported = gpuWith({
+      index: 0,
+      unreportedFields: ["critical_xids", "row_remap_pending", "row_remap_failure"]
+    })
+    expect(gpuFault(unsupported)).toBeUndefined()
+  })
+
+  it("a lost GPU says lost first (its Xid 79 is why); a failed remap outranks the ECC count it comes with", () => {
+    expect(gpuFault(gpuWith({ index: 0, lost: true, criticalXids: xids(79) }))).toContain("is lost")
+    expect(gpuFault(gpuWith({ index: 0, eccUncorrected: 2, rowRemapFailure: true }))).toContain("failed row remapping")
+    expect(gpuFault(gpuWith({ index: 0, eccUncorrected: 2, rowRemapPending: true }))).toContain("2 uncorrected ECC")
+  })
+
+  it("a GPU with a critical Xid is not given to the engine, and holds its (re)start", () => {
+    const host = [gpuWith({ index: 0, criticalXids: xids(48) }), gpuWith({ index: 1 }), gpuWith({ index: 2 })]
+    expect(assignGpus([], 2, host)).toEqual({ _tag: "Assigned", indices: [1, 2], automatic: true })
+    expect(gateVerdict(host, [0], 2 ** 30, new Set(), () => undefined)).toEqual({
+      _tag: "Faulty",
+      reason: "GPU 0 reported Xid 48 (double-bit ECC error): it needs a GPU reset or a reboot"
+    })
+  })
+})
