@@ -8,7 +8,7 @@
  * ignored.
  */
 import { Deferred, Effect, Queue, Runtime, type Scope } from "effect"
-import { exitProcess } from "../layers/node/threadExit.ts"
+import { exitWhenFlushed } from "../layers/node/processExit.ts"
 
 type Handler = (count: number, signal: NodeJS.Signals) => void
 let handler: Handler | undefined
@@ -74,8 +74,9 @@ export const runMain = Runtime.makeRunMain(({ fiber, teardown }) => {
     process.removeListener("SIGINT", onSignal)
     process.removeListener("SIGTERM", onSignal)
     process.removeListener("SIGHUP", onHangup)
-    // not process.exit: it would wait for an NVML worker stuck in a native call (layers/node/threadExit.ts)
-    teardown(exit, exitProcess)
+    // not process.exit: the last log lines still in a pipe would be lost, and an NVML worker stuck in a native call
+    // would hold the exit (layers/node/processExit.ts)
+    teardown(exit, exitWhenFlushed)
   })
   process.on("SIGINT", onSignal)
   process.on("SIGTERM", onSignal)

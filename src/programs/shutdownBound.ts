@@ -7,7 +7,7 @@
  * (`exit_within`), and test/programs/k8s-manifests.test.ts holds the shipped DaemonSet to it.
  *
  * kvcached and the KV-event readers add nothing: their fibers are interrupted, which a wedged peer cannot hold
- * up. An NVML worker still inside a call past its term does not hold the exit either (layers/node/threadExit.ts
+ * up. An NVML worker still inside a call past its term does not hold the exit either (layers/node/processExit.ts
  * exits without joining it); only a call stuck in an uninterruptible kernel wait (D state) keeps the process,
  * which not even SIGKILL ends.
  */
@@ -16,6 +16,7 @@ import { CLOSE_GRACE as ADMIN_CLOSE_GRACE } from "../layers/admin/Admin.ts"
 import { KILL_WAIT_MS } from "../layers/engine/processGroup.ts"
 import { CLOSE_GRACE as GRPC_CLOSE_GRACE } from "../layers/grpc/GrpcServer.ts"
 import { CALL_TIMEOUT as NVML_CALL_TIMEOUT } from "../layers/node/Nvml.ts"
+import { FLUSH_WAIT_MS } from "../layers/node/processExit.ts"
 import { SDK_SHUTDOWN_TIMEOUT, TRACE_FLUSH_TIMEOUT } from "../layers/observability/Tracing.ts"
 import { CALL_DEADLINE_SLACK_MS } from "../layers/registry/etcdClient.ts"
 import type { AgentConfig } from "../services/config/Config.ts"
@@ -67,6 +68,7 @@ export const shutdownTerms = (config: AgentConfig, env: Env = process.env): Read
         }
       : undefined,
     { step: "NVML shut down", ms: Duration.toMillis(NVML_CALL_TIMEOUT) },
+    { step: "last log lines taken by stdout's and stderr's readers", ms: FLUSH_WAIT_MS },
     { step: "margin", ms: MARGIN_MS }
   ]
   return terms.filter((t): t is ShutdownTerm => t !== undefined)

@@ -1,12 +1,13 @@
 // A GPU off the bus hangs NVML calls: the built agent (dist/main.js) with the fake libnvidia-ml.so
 // (CGN_NVML_LIBRARY) whose calls block while FAKE_NVML_BLOCK_FILE exists. A scrape waits out the call's deadline
 // (no GPUs, nvml_up 0), and on SIGTERM the agent drains, says the NVML worker is still inside its call, and exits
-// 0 while that call still hangs (layers/node/threadExit.ts); process.exit() would have waited for the call.
+// 0 while that call still hangs (layers/node/processExit.ts); process.exit() would have waited for the call.
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
 import { killAllAgents, requireDist, simAgentConfig, startAgent } from "../support/agent.ts"
+import { runCli } from "../support/cli.ts"
 import { buildFakeNvml } from "../support/nvml.ts"
 
 let dir = ""
@@ -51,4 +52,20 @@ describe("an NVML call that never returns (built agent, fake NVML)", () => {
       agent.logs().some((l) => l.msg === "NVML worker still inside a call; the agent exits without waiting for it")
     ).toBe(true)
   }, 120_000)
+
+  it("does not hold `render`'s exit either, NVML hung from its first call", async () => {
+    // render's release and exit follow each other in one turn: the way out must be bound before the worker starts
+    const block = path.join(dir, "block")
+    fs.writeFileSync(block, "")
+    const config = path.join(dir, "render.toml")
+    fs.writeFileSync(config, '[models.m]\nhf_repo = "org/m"\n')
+    // runCli's own bound is 30 s; the NVML open waits out its 10 s deadline, then render goes on without GPUs
+    const run = await runCli(["render", "--config", config], {
+      CGN_NVML_LIBRARY: library,
+      FAKE_NVML_BLOCK_FILE: block
+    })
+    expect(run.code).toBe(0)
+    expect(run.stdout).toContain("vllm serve")
+    expect(fs.existsSync(block)).toBe(true)
+  }, 60_000)
 })

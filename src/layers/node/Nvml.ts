@@ -23,6 +23,7 @@ import type { Metrics } from "../../services/observability/Metrics.ts"
 import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
 import { mirrorToMetrics } from "./gpuMetrics.ts"
 import { type NvmlThread, spawnThread } from "./nvmlThread.ts"
+import { bindHardExit } from "./processExit.ts"
 
 /** How long NVML may take to answer, and so to shut down when a call is in flight (the shutdown bound counts it). */
 export const CALL_TIMEOUT = Duration.seconds(10)
@@ -127,6 +128,8 @@ const acquire = (s: Settings) =>
       } catch (e) {
         return yield* down(`cannot load ${s.library}: ${message(e)}`)
       }
+      // A worker stuck in an NVML call must not hold the process's exit: its way out needs koffi, loaded here.
+      bindHardExit(koffi.value.default)
       const spawned = yield* Effect.result(spawnThread(s.worker, s.onWorker))
       if (spawned._tag === "Failure") return yield* down(`cannot start the NVML worker: ${spawned.failure.message}`)
       thread = spawned.success

@@ -6,7 +6,7 @@
 import { Worker } from "node:worker_threads"
 import { Duration, Effect, Option } from "effect"
 import type { NvmlReply, NvmlRequest } from "./nvmlSession.ts"
-import { endWorker } from "./threadExit.ts"
+import { endWorker } from "./processExit.ts"
 
 /** A reply, or the thread gone before it answered (an exception in it, or terminated). */
 export type ThreadReply = NvmlReply | { readonly op: "exited"; readonly why: string }
@@ -16,7 +16,7 @@ export interface NvmlThread {
   readonly call: (request: NvmlRequest) => Effect.Effect<ThreadReply>
   /**
    * Ends the thread now, without waiting. An NVML call it is inside still runs to its end, and until then the
-   * process exits through threadExit.ts, which does not wait for it.
+   * process exits through processExit.ts, which does not wait for it.
    */
   readonly terminate: Effect.Effect<void>
   /** Asks the thread to shut NVML down and end, waits up to `wait` for that, then terminates it. */
@@ -57,7 +57,8 @@ export const spawnThread = (program: string, onWorker?: (worker: Worker) => void
         worker.once("exit", onExit)
         return Effect.sync(() => void worker.off("exit", onExit))
       })
-      const terminate = Effect.sync(() => endWorker(worker))
+      // a worker that has exited holds nothing: it is not ended again (down() after the worker's own end)
+      const terminate = Effect.sync(() => exited === undefined && endWorker(worker))
       return {
         call: (request) =>
           Effect.callback<ThreadReply>((resume) => {
@@ -77,7 +78,7 @@ export const spawnThread = (program: string, onWorker?: (worker: Worker) => void
             // terminate() cannot stop a thread inside a native call: V8 interrupts JavaScript only, so a thread stuck
             // in NVML ends only when that call returns (measured with the fake library's FAKE_NVML_BLOCK_FILE; a
             // koffi call on libuv's threadpool would hold the same way). process.exit() would wait for it, so the
-            // program exits through threadExit.ts, which does not. The Nvml layer is released after the drain and
+            // program exits through processExit.ts, which does not. The Nvml layer is released after the drain and
             // the lease revoke (programs/main.ts builds those inside the daemon's scope), so nothing waits on this
             // before then.
             if (Option.isNone(closed)) {
