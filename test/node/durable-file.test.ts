@@ -16,8 +16,8 @@ afterAll(() => {
   if (dir) fs.rmSync(dir, { recursive: true, force: true })
 })
 
-/** The real calls, each recorded as `call name` (file names relative to the test's directory). */
-const recording = () => {
+/** The real calls, each recorded as `call name` (file names relative to the test's directory); `fail` names a call that fails with EIO. */
+const recording = (fail?: string) => {
   const calls: Array<string> = []
   const rel = (p: unknown) => path.relative(dir, String(p)).replace(/\.\d+\.tmp$/, ".tmp") || "."
   const ops: DurableFs = {
@@ -36,7 +36,9 @@ const recording = () => {
         },
         sync: () => {
           calls.push(`sync ${name}`)
-          return handle.sync()
+          return fail === `sync ${name}`
+            ? Promise.reject(Object.assign(new Error("EIO: i/o error"), { code: "EIO" }))
+            : handle.sync()
         },
         close: () => {
           calls.push(`close ${name}`)
@@ -83,5 +85,23 @@ describe("writeDurably / removeDurably", () => {
 
   it("removes from a directory that does not exist without an error (nothing was recorded there)", async () => {
     await expect(removeDurably(path.join(dir, "absent", "cordon.json"))).resolves.toBeUndefined()
+  })
+
+  it("a write that fails before the rename throws, leaves the old record and no temp file", async () => {
+    const file = path.join(dir, "failing", "cordon.json")
+    await writeDurably(file, "old")
+    await expect(writeDurably(file, "new", recording("sync failing/cordon.json.tmp").ops)).rejects.toThrow(/EIO/)
+    expect(fs.readFileSync(file, "utf8")).toBe("old")
+    expect(fs.readdirSync(path.dirname(file))).toEqual(["cordon.json"])
+  })
+
+  it("a directory that cannot be synced after the rename or removal is said, not thrown: the change happened", async () => {
+    const file = path.join(dir, "unsynced", "cordon.json")
+    const written = await writeDurably(file, "new", recording("sync unsynced").ops)
+    expect(written).toMatch(/unsynced could not be synced \(EIO: i\/o error\): the change may not outlive a crash/)
+    expect(fs.readFileSync(file, "utf8")).toBe("new")
+    const removed = await removeDurably(file, recording("sync unsynced").ops)
+    expect(removed).toMatch(/could not be synced/)
+    expect(fs.existsSync(file)).toBe(false)
   })
 })

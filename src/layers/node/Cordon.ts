@@ -2,7 +2,8 @@
  * The live Cordon: the cordon persisted as `cordon.json` in agent.state_dir, so an operator's cordon outlives an
  * agent restart (OOM, upgrade, crash) and a node's reboot until POST /uncordon. Read once at start; written
  * atomically and durably (durableFile.ts) before the state changes, removed (durably too) before the uncordon
- * takes effect. A failed write or removal is the request's error (500), never the daemon's.
+ * takes effect. A write or removal that did not happen is the request's error (500), never the daemon's; one that
+ * happened but whose directory could not be synced after it is logged, and the state follows the disk.
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
@@ -55,6 +56,9 @@ export const layer: Layer.Layer<Cordon, never, Config> = Layer.effect(
     const stateDir = (yield* Config).agent.state_dir
     const file = cordonFilePath(stateDir)
     const fail = (e: unknown) => new CordonPersistError({ file, reason: errorText(e) })
+    // the record is as asked on disk, the state follows it; only its durability across a crash is in doubt
+    const warn = (warning: string | undefined) =>
+      warning === undefined ? Effect.void : Effect.logWarning(`cordon record: ${warning}`)
     const initial: CordonRecord | undefined = yield* readAtStart(file)
     if (initial !== undefined) {
       yield* Effect.logWarning("starting cordoned: new Generate calls are refused until POST /uncordon", {
@@ -66,8 +70,11 @@ export const layer: Layer.Layer<Cordon, never, Config> = Layer.effect(
     return yield* make(initial, {
       // The supervisor creates state_dir too, but a cordon may come first (an engine still reclaiming): the write
       // creates it.
-      write: (record) => Effect.tryPromise({ try: () => writeDurably(file, encodeRecord(record)), catch: fail }),
-      remove: Effect.tryPromise({ try: () => removeDurably(file), catch: fail })
+      write: (record) =>
+        Effect.tryPromise({ try: () => writeDurably(file, encodeRecord(record)), catch: fail }).pipe(
+          Effect.flatMap(warn)
+        ),
+      remove: Effect.tryPromise({ try: () => removeDurably(file), catch: fail }).pipe(Effect.flatMap(warn))
     })
   })
 )

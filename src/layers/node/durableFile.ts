@@ -11,36 +11,60 @@ import * as path from "node:path"
 /** The file system calls used, so a test can see their order. */
 export type DurableFs = Pick<typeof fsp, "open" | "rename" | "rm" | "mkdir">
 
-const syncDir = async (dir: string, fs: DurableFs) => {
-  const handle = await fs.open(dir, "r")
+/**
+ * Syncs `dir`. Its failure comes after the change it was to make durable (a rename, a removal), which has happened
+ * and cannot be taken back safely: it is said, not thrown, so that the caller acts on what is on disk.
+ */
+const syncDir = async (dir: string, fs: DurableFs): Promise<string | undefined> => {
   try {
-    await handle.sync()
-  } finally {
-    await handle.close()
+    const handle = await fs.open(dir, "r")
+    try {
+      await handle.sync()
+    } finally {
+      await handle.close()
+    }
+    return undefined
+  } catch (e) {
+    return `${dir} could not be synced (${e instanceof Error ? e.message : String(e)}): the change may not outlive a crash`
   }
 }
 
-/** Replaces `file` with `data` atomically and durably (creating its directory when missing). */
-export const writeDurably = async (file: string, data: string, fs: DurableFs = fsp): Promise<void> => {
+/**
+ * Replaces `file` with `data` atomically and durably (creating its directory when missing). Throws when the file
+ * was not replaced (its temp file removed); resolves with a warning when it was but its directory could not be
+ * synced.
+ */
+export const writeDurably = async (file: string, data: string, fs: DurableFs = fsp): Promise<string | undefined> => {
   const dir = path.dirname(file)
   await fs.mkdir(dir, { recursive: true })
   const tmp = `${file}.${process.pid}.tmp`
-  const handle = await fs.open(tmp, "w")
   try {
-    await handle.writeFile(data)
-    await handle.sync()
-  } finally {
-    await handle.close()
+    const handle = await fs.open(tmp, "w")
+    try {
+      await handle.writeFile(data)
+      await handle.sync()
+    } finally {
+      await handle.close()
+    }
+    await fs.rename(tmp, file)
+  } catch (e) {
+    await fs.rm(tmp, { force: true }).catch(() => undefined)
+    throw e
   }
-  await fs.rename(tmp, file)
-  await syncDir(dir, fs)
+  return syncDir(dir, fs)
 }
 
-/** Removes `file` (none is no error) and syncs its directory, so the removal outlives a crash too. */
-export const removeDurably = async (file: string, fs: DurableFs = fsp): Promise<void> => {
-  await fs.rm(file, { force: true })
-  await syncDir(path.dirname(file), fs).catch((e: NodeJS.ErrnoException) => {
-    // no directory: nothing was there to remove
-    if (e.code !== "ENOENT") throw e
-  })
+/**
+ * Removes `file` (none is no error) and syncs its directory, so the removal outlives a crash too. Throws when the
+ * file is still there; resolves with a warning when it is gone but its directory could not be synced.
+ */
+export const removeDurably = async (file: string, fs: DurableFs = fsp): Promise<string | undefined> => {
+  try {
+    await fs.rm(file)
+  } catch (e) {
+    // no file, or no directory: nothing was there to remove, and nothing to sync
+    if ((e as NodeJS.ErrnoException).code === "ENOENT") return undefined
+    throw e
+  }
+  return syncDir(path.dirname(file), fs)
 }
