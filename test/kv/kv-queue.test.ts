@@ -116,6 +116,32 @@ describe("KvQueue", () => {
     ])
   })
 
+  it("a push that would drop while bytes are held outside calls reclaim first, once: what it pushes goes in ahead, and the drop comes after", () => {
+    const q = new KvQueue<Rec>(1_000)
+    const calls: Array<number> = []
+    q.reclaim = () => {
+      // The owner lets go of what it held (here still counted while it pushes, as a second replay's would be):
+      // these pushes only append, neither dropping nor calling reclaim again.
+      for (let s = 10n; s < 13n; s++) q.push(batch(s, 200, 1))
+      calls.push(q.dropped)
+      q.outside = 0
+    }
+    for (let s = 0n; s < 4n; s++) q.push(batch(s, 100))
+    q.outside = 500
+    q.push(batch(4n, 100)) // fits exactly: nothing to reclaim
+    expect(calls).toEqual([])
+    q.push(batch(5n, 100))
+    expect(calls).toEqual([0])
+    // 1,200 bytes once everything is in: the oldest 200 go (seqs 0 and 1), the held batches ahead of seq 5.
+    expect({ bytes: q.bytes, outside: q.outside, dropped: q.dropped }).toEqual({ bytes: 1_000, outside: 0, dropped: 2 })
+    expect(tags(q.take(20, 10_000, resync))).toEqual([
+      "resync-overflow-0-0-2",
+      ...[2, 3, 4].map((s) => `batch-0-${s}`),
+      ...[10, 11, 12].map((s) => `batch-1-${s}`),
+      "batch-0-5"
+    ])
+  })
+
   it("counts the Resyncs kvcached acknowledged, not those taken and unacknowledged, nor those dropped unsent", () => {
     const q = new KvQueue<Rec>(300)
     q.push(resync({ reason: "gap", dpRank: 0, fromSeq: 0n, toSeq: 1n }))

@@ -172,6 +172,94 @@ describe("rankSequencer", () => {
     expect(rank.holding).toBeUndefined()
   })
 
+  it("a replay given up while its fetch runs is settled once: the fetch, stopped, finds it settled", async () => {
+    const one = 96 + payload(1n).byteLength
+    // Nothing listens at the replay endpoint: the fetch runs (and waits) until it is stopped.
+    const { st, queue, sequencer, rank } = setup(4 * one, `tcp://127.0.0.1:${await freePort()}`, 60_000)
+    sequencer.onMessage(rank, [topic, seqFrame(0n), payload(0n)])
+    queue.ack(queue.take(10, 1 << 20, resyncOf)[0]!.n)
+    sequencer.onMessage(rank, [topic, seqFrame(2n), payload(2n)]) // seq 1 lost: a replay starts, 2 is held
+    const idle = rank.replay!.cancel
+    await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          yield* sequencer.runQueued
+          // Its fetch is running once it can be stopped.
+          yield* Effect.sleep(10).pipe(
+            Effect.repeat({ until: () => rank.replay?.cancel !== idle }),
+            Effect.timeout(10_000)
+          )
+          for (let s = 3n; s < 7n; s++) sequencer.onMessage(rank, [topic, seqFrame(s), payload(s)])
+        })
+      )
+    )
+    // Seq 6 did not fit beside the 4 held: they went on to the queue, whose bound then dropped the oldest (the
+    // gap's Resync and seq 2). Before, stopping the fetch first settled the replay from its fiber, as a failed one.
+    expect(queue.take(20, 1 << 20, resyncOf, sequencer.materialize).map((s) => s.record)).toMatchObject([
+      { type: "Resync", reason: "overflow", from_seq: 1, to_seq: 3 },
+      ...[3, 4, 5, 6].map((seq) => ({ type: "Batch", seq }))
+    ])
+    expect(st.lastBatchError).toMatch(/held during the replay passed \d+ bytes \(kv.max_queue_bytes\)/)
+    expect({ held: sequencer.held, expected: rank.expected }).toEqual({ held: { batches: 0, bytes: 0 }, expected: 7n })
+  })
+
+  it("a replay gives its room up to another rank's live batches: a push that would drop while it holds replies ends it instead", async () => {
+    const one = 96 + payload(1n).byteLength
+    const router = new zmq.Router({ linger: 0 })
+    const port = await freePort()
+    await router.bind(`tcp://127.0.0.1:${port}`)
+    void (async () => {
+      try {
+        const [ident] = await router.receive()
+        // Seqs 1 to 7, then nothing more (no end marker): with the batch that started it, the whole bound is held.
+        for (let seq = 1n; seq <= 7n; seq++) await router.send([ident as Buffer, "", seqFrame(seq), payload(seq)])
+      } catch {
+        // closed
+      }
+    })()
+    const { st, queue, sequencer, rank } = setup(8 * one, `tcp://127.0.0.1:${port}`, 60_000)
+    const other: RankStream = { ...rank, rank: 4, replayAt: undefined }
+    try {
+      sequencer.onMessage(rank, [topic, seqFrame(0n), payload(0n)])
+      queue.ack(queue.take(10, 1 << 20, resyncOf)[0]!.n)
+      sequencer.onMessage(rank, [topic, seqFrame(20n), payload(20n)]) // seqs 1 to 19 lost: a replay starts
+      await Effect.runPromise(
+        Effect.scoped(
+          Effect.gen(function* () {
+            yield* sequencer.runQueued
+            yield* Effect.sleep(10).pipe(
+              Effect.repeat({ until: () => sequencer.held.bytes === 8 * one }),
+              Effect.timeout(10_000)
+            )
+            expect(sequencer.held).toEqual({ batches: 8, bytes: 8 * one })
+            // Another rank's batches and its engine's end, while the replay holds the whole bound and still runs.
+            sequencer.onMessage(other, [topic, seqFrame(0n), payload(100n)])
+            sequencer.onMessage(other, [topic, seqFrame(1n), payload(101n)])
+            sequencer.engineGone(other)
+          })
+        )
+      )
+    } finally {
+      router.close()
+    }
+    // None of rank 4's records was dropped (before: each went at once, an overflow Resync for all of them); the
+    // replay was given up instead: its range a gap Resync, its held batch queued ahead of rank 4's.
+    expect(queue.dropped).toBe(0)
+    expect(queue.take(20, 1 << 20, resyncOf, sequencer.materialize).map((s) => s.record)).toMatchObject([
+      { type: "Resync", reason: "gap", dp_rank: 3, from_seq: 1, to_seq: 20 },
+      { type: "Batch", dp_rank: 3, seq: 20 },
+      { type: "Batch", dp_rank: 4, seq: 0 },
+      { type: "Batch", dp_rank: 4, seq: 1 },
+      { type: "Resync", reason: "restart", dp_rank: 4, from_seq: 2, to_seq: 0 }
+    ])
+    expect(st.lastBatchError).toMatch(/another rank's batch with what the replay holds passed \d+ bytes/)
+    expect({ held: sequencer.held, holding: rank.holding, expected: rank.expected }).toEqual({
+      held: { batches: 0, bytes: 0 },
+      holding: undefined,
+      expected: 21n
+    })
+  })
+
   it("a replay that fails lets the held batches go at once (their gaps resynced, not replayed again); an engine end during it follows them", async () => {
     const { queue, sequencer, rank } = setup(1 << 20, `tcp://127.0.0.1:${await freePort()}`, 100)
     for (const seq of [0n, 2n, 4n]) sequencer.onMessage(rank, [topic, seqFrame(seq), payload(seq)])

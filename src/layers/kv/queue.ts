@@ -90,6 +90,14 @@ export class KvQueue<R> {
    * replay runs: rankSequencer.ts): `push` drops the oldest unsent records to keep `bytes + outside` within it.
    */
   outside = 0
+  /**
+   * Called before a push would drop records while `outside` holds bytes: its owner lets go of what it holds there
+   * (rankSequencer.ts gives its running replays up, pushing their held batches in here), so that the records a
+   * drop hits are the oldest of all, as without a replay. Pushes made meanwhile only append (it is not re-entered);
+   * the push that called it then drops what must go, once.
+   */
+  reclaim: (() => void) | undefined = undefined
+  private reclaiming = false
   readonly maxBytes: number
 
   constructor(maxBytes: number) {
@@ -106,8 +114,19 @@ export class KvQueue<R> {
     return this.sent
   }
 
-  /** Appends; returns true when records had to go to stay within `maxBytes` (older ones, or this one alone). */
+  /**
+   * Appends; returns true when records had to go to stay within `maxBytes` (older ones, or this one alone). One that
+   * does not fit beside what is held outside first has `reclaim` called: a live record comes before a replay's.
+   */
   push(item: QueuedRecord<R>): boolean {
+    if (this.outside > 0 && !this.reclaiming && !this.fits(item.bytes > this.maxBytes ? LOST_HERE_BYTES : item.bytes)) {
+      this.reclaiming = true
+      try {
+        this.reclaim?.()
+      } finally {
+        this.reclaiming = false
+      }
+    }
     let overflowed = false
     if (item.bytes > this.maxBytes) {
       // It cannot fit even alone: dropping everything before it to make room would lose those and it as well.
@@ -119,6 +138,7 @@ export class KvQueue<R> {
       this.bytes += item.bytes
       if (item.batch) this.batches++
     }
+    if (this.reclaiming) return overflowed
     // Sent records stay (they may already be applied); only unsent ones are dropped, oldest first.
     while (this.bytes + this.outside > this.maxBytes && this.head < this.pending.length) {
       const old = this.pending[this.head] as Pending<R>

@@ -6,10 +6,11 @@
  * listened) starts a replay through the rank's replay ROUTER when one is configured, while later batches
  * of that rank are held; a replay that covers the range is forwarded in order, else a Resync says the
  * range is lost. What is held (the live batches and the replay's replies as they arrive) counts against
- * `kv.max_queue_bytes` with the queue: past it the replay is abandoned (a `gap` Resync) and what was held goes
- * on to the queue. A replay's batches stay undecoded too, until sent. Batches are tagged with the rank of the
- * endpoint they came from, so 2-element batches (no rank inside) stay apart. Every call here is a synchronous push: replays run as forked fibers
- * (`runQueued`), so neither kvcached nor a replay can stall the reader.
+ * `kv.max_queue_bytes` with the queue: past it the replay is abandoned (a `gap` Resync) and what was held goes on
+ * to the queue, and so it is when another rank's batch would not fit (live batches first: the queue's `reclaim`).
+ * A replay's batches stay undecoded too, until sent. Batches are tagged with the rank of the endpoint they came
+ * from, so 2-element batches (no rank inside) stay apart. Every call here is a synchronous push: replays run as
+ * forked fibers (`runQueued`), so neither kvcached nor a replay can stall the reader.
  */
 import { Effect, type Scope } from "effect"
 import type { KvBridgeStatus } from "../../services/kv/KvBridge.ts"
@@ -104,10 +105,7 @@ export interface Sequencer {
    * block hashes are seeded per process, so those blocks never match again). The next batch is then a join.
    */
   readonly engineGone: (r: RankStream) => void
-  /**
-   * Batches held while replays run (live ones and replies received so far), and their bytes: the queue's
-   * `outside` (the status counts them as queued).
-   */
+  /** Batches held while replays run (live ones, replies so far) and their bytes: queue.outside (status: queued). */
   readonly held: { readonly batches: number; readonly bytes: number }
 }
 
@@ -134,6 +132,7 @@ export const makeSequencer = (
 
   // Held bytes live in queue.outside, so that the queue's own bound counts them (and the replies) too.
   let heldBatches = 0
+  const replaying = new Set<RankStream>()
   const hold = (r: RankStream, b: Held) => {
     ;(r.holding as Array<Held>).push(b)
     if (b === ENGINE_GONE) return
@@ -148,6 +147,7 @@ export const makeSequencer = (
     const wasHeld = r.holding ?? []
     r.holding = undefined
     r.replay = undefined
+    replaying.delete(r)
     // Its replies are let go (or queued below, counted there): the budget no longer holds them here.
     heldBatches -= batches
     queue.outside -= bytes
@@ -183,6 +183,7 @@ export const makeSequencer = (
     hold(r, trigger)
     const me: InFlight = { from, gap, cancel: () => undefined, batches: 0, bytes: 0 }
     r.replay = me
+    replaying.add(r)
     // Each reply is taken into the bound as it arrives, with the queue and every held batch: a replay that would
     // pass it stops there (a failed replay: a gap Resync). Once given up, it takes nothing more.
     const budget = {
@@ -196,7 +197,7 @@ export const makeSequencer = (
         return true
       }
     }
-    // Abandoned (accept, over the byte bound): the fetch stops at once, closing its dealer.
+    // Abandoned (abandon, below): the fetch stops at once, closing its dealer.
     const cancelled = Effect.callback<never, Error>((resume) => {
       me.cancel = () => resume(Effect.fail(new Error("abandoned")))
     })
@@ -216,19 +217,27 @@ export const makeSequencer = (
     )
   }
 
+  // Given up for memory, settled before its fetch is stopped: cancel resumes the fiber at once, which must find it so.
+  const abandon = (r: RankStream, what: string) => {
+    const inFlight = r.replay as InFlight
+    finishReplay(r, new Error(`${what} passed ${queue.maxBytes} bytes (kv.max_queue_bytes)`), false)
+    inFlight.cancel()
+  }
+  // A replay saves one rank a Resync; the room it holds must not cost other ranks' live batches theirs: a push
+  // that would drop while replays hold bytes gives them all up first, so a drop hits the oldest of all, as without
+  // a replay (held batches go in ahead of the new record, replies are let go). Not half the bound for replays: the
+  // held live batches, which push can never drop, would still crowd the other ranks out.
+  queue.reclaim = () => {
+    for (const r of [...replaying]) abandon(r, "another rank's batch with what the replay holds")
+  }
+
   const accept = (r: RankStream, b: Incoming, replay = true) => {
     if (r.holding !== undefined) {
       // Held batches are memory like the queue's, under the same bound: when they and the queue would pass it,
       // the replay is given up (its range becomes a gap Resync) and the batches go on to the queue, whose own
       // overflow then drops the oldest, so a replay endpoint that never answers cannot grow them for good.
       if (queue.fits(costOf(b))) return hold(r, b)
-      const inFlight = r.replay as InFlight
-      inFlight.cancel()
-      finishReplay(
-        r,
-        new Error(`batches held during the replay passed ${queue.maxBytes} bytes (kv.max_queue_bytes)`),
-        false
-      )
+      abandon(r, "batches held during the replay")
       return accept(r, b, false)
     }
     const v = checkSeq(r.expected, b.seq)
