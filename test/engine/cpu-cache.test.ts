@@ -43,6 +43,11 @@ describe("KVBM (vLLM): DYN_KVBM_CPU_CACHE_GB in KVBM's GB (10^9 bytes), for the 
       why: "DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS=1000 sizes it instead"
     })
     expect(sizeOf(kvbm({ env: { DYN_KVBM_CPU_CACHE_GB: "lots" } }))?.kind).toBe("unknown")
+    // KVBM parses the value as it is (no quotes stripped, unlike LMCache): a quoted one is no size of 300 GB
+    expect(sizeOf(kvbm({ env: { DYN_KVBM_CPU_CACHE_GB: '"300"' } }))).toEqual({
+      kind: "unknown",
+      why: 'DYN_KVBM_CPU_CACHE_GB="300" is not a size'
+    })
   })
   it("the agent's own environment (a container's env:) counts; only a disk tier: none", () => {
     expect(sizeOf(kvbm(), { DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS: "1000" })?.kind).toBe("unknown")
@@ -80,6 +85,19 @@ describe("LMCache (vLLM): max_local_cpu_size in GiB, per GPU worker; the environ
       setting: "LMCACHE_MAX_LOCAL_CPU_SIZE=1.5",
       bytes: 1.5 * GIB
     })
+  })
+
+  it("LMCACHE_MAX_LOCAL_CPU_SIZE in quotes reads as the number inside, as LMCache strips them from its environment", () => {
+    for (const value of ['"5"', "'5'", ' "5" ']) {
+      expect(sizeOf(lmcache({}, { tp: 1 }), { LMCACHE_MAX_LOCAL_CPU_SIZE: value })).toEqual({
+        kind: "known",
+        setting: `LMCACHE_MAX_LOCAL_CPU_SIZE=${value}`,
+        bytes: 5 * GIB
+      })
+    }
+    // Quotes that do not match are kept (LMCache too): not a size. Empty quotes: not set, the default decides.
+    expect(sizeOf(lmcache({}, { tp: 1 }), { LMCACHE_MAX_LOCAL_CPU_SIZE: `"5'` })?.kind).toBe("unknown")
+    expect(sizeOf(lmcache({}, { tp: 1 }), { LMCACHE_MAX_LOCAL_CPU_SIZE: '""' })).toMatchObject({ bytes: 5 * GIB })
   })
 
   it("nothing set: LMCache's default of 5 GiB per worker; local_cpu false does not shrink the buffer", () => {
@@ -140,8 +158,9 @@ describe("SGLang HiCache: --hicache-size in GB per GPU worker; only --hicache-ra
   const hicache = (args: ReadonlyArray<string> = [], model: Record<string, unknown> = {}) =>
     plan({ kind: "sglang", kv_offload: "hicache", args }, model)
 
-  it("the agent's --hicache-ratio 2 alone (or --hicache-size 0, SGLang's unset): unknown before start", () => {
-    for (const p of [hicache(), hicache(["--hicache-size", "0"])]) {
+  it("the agent's --hicache-ratio 2 alone (or a --hicache-size at or below 0, SGLang's unset): unknown before start", () => {
+    const unset = [["--hicache-size", "0"], ["--hicache-size", "-1"], ["--hicache-size=-5"], ["--hicache-size", " 0 "]]
+    for (const p of [hicache(), ...unset.map((args) => hicache(args))]) {
       const size = sizeOf(p)
       expect(size?.kind).toBe("unknown")
       expect(size?.kind === "unknown" && size.why).toContain("--hicache-ratio times its GPU KV pool")
@@ -162,6 +181,10 @@ describe("SGLang HiCache: --hicache-size in GB per GPU worker; only --hicache-ra
     expect(sizeOf(hicache(["--hicache-size=50"]))).toMatchObject({
       setting: "--hicache-size 50 per GPU worker x 2 (tp 2)"
     })
+    expect(sizeOf(hicache(["--hicache-size", "lots"]))).toEqual({
+      kind: "unknown",
+      why: "--hicache-size lots is not a size"
+    })
   })
 
   it("the hierarchical cache turned on through args counts too; other offloads and engines have no tier", () => {
@@ -172,8 +195,9 @@ describe("SGLang HiCache: --hicache-size in GB per GPU worker; only --hicache-ra
       bytes: 16e9
     })
     expect(plan({ kind: "sglang" }).cpuCache).toBeUndefined()
-    // SGLang's LMCache (MP mode: a separate `lmcache server` holds the store) is not sized
-    expect(plan({ kind: "sglang", kv_offload: "lmcache" }).cpuCache).toBeUndefined()
+    // SGLang's LMCache (MP mode: a separate `lmcache server` holds the store) is not sized: said as unknown, not none
+    const sglangLmcache = sizeOf(plan({ kind: "sglang", kv_offload: "lmcache" }))
+    expect(sglangLmcache?.kind === "unknown" && sglangLmcache.why).toMatch(/^SGLang's LMCache is not sized here: /)
     expect(plan({ kv_offload: "nixl" }, {}).cpuCache).toBeUndefined()
     expect(plan({ env: { DYN_KVBM_CPU_CACHE_GB: "300" } }).cpuCache).toBeUndefined()
   })

@@ -173,6 +173,15 @@ describe("check and the engine's CPU KV-cache tier", () => {
       config("none.toml", 'kv_offload = "nixl"\n[agent]\nrole = "prefill"')
     ])
     expect(line(none.stdout, "cpu kv cache"), none.stderr).toBe("none")
+    // SGLang's LMCache is deliberately not sized: unknown, saying why (not "none": it may well hold host memory)
+    const sglangLmcache = await runCli([
+      "check",
+      "--config",
+      config("sglang-lmcache.toml", 'kind = "sglang"\nkv_offload = "lmcache"')
+    ])
+    expect(line(sglangLmcache.stdout, "cpu kv cache"), sglangLmcache.stderr).toMatch(
+      /^unknown \(SGLang's LMCache is not sized here: /
+    )
     const offline = await runCli(["check", "--offline", "--config", lmcache], { LMCACHE_CONFIG_FILE: yaml })
     expect(line(offline.stdout, "cpu kv cache")).toBe("not read (--offline)")
   })

@@ -17,12 +17,24 @@ export const GIB: CpuCacheUnit = { name: "GiB", bytes: 2 ** 30 }
 
 /** One place the size may come from; the first that is set decides, the next ones are not looked at. */
 export type CpuCacheSource =
-  /** A variable in `unit`s; `unlessSet`, set, sizes the tier another way (a block count): the size is unknown. */
-  | { readonly kind: "env"; readonly name: string; readonly unit: CpuCacheUnit; readonly unlessSet?: string }
+  /**
+   * A variable in `unit`s; `unlessSet`, set, sizes the tier another way (a block count): the size is unknown.
+   * `unquote`: the connector strips one pair of matching quotes around the value first (`"5"` reads as 5).
+   */
+  | {
+      readonly kind: "env"
+      readonly name: string
+      readonly unit: CpuCacheUnit
+      readonly unlessSet?: string
+      readonly unquote?: boolean
+    }
   /** The top-level `key: value` of a YAML file the variable names; a file that does not set the key: next. */
   | { readonly kind: "file"; readonly variable: string; readonly key: string; readonly unit: CpuCacheUnit }
-  /** A flag's last value in argv (`--f V` or `--f=V`, argparse's last wins); `unset` (e.g. "0") means not set. */
-  | { readonly kind: "flag"; readonly flag: string; readonly unit: CpuCacheUnit; readonly unset?: string }
+  /**
+   * A flag's last value in argv (`--f V` or `--f=V`, argparse's last wins); a number at or below `unsetAtOrBelow`
+   * means not set (the next source decides), as the engine reads it.
+   */
+  | { readonly kind: "flag"; readonly flag: string; readonly unit: CpuCacheUnit; readonly unsetAtOrBelow?: number }
   /** The connector's own default, said as `setting`. */
   | { readonly kind: "default"; readonly setting: string; readonly units: number; readonly unit: CpuCacheUnit }
   /** The engine sizes it from what only it knows (a ratio of its GPU KV pool): `why`. */
@@ -64,11 +76,27 @@ export const cpuCacheFiles = (
     return file === "" ? [] : [file]
   })
 
-/** A size setting's value as a number of units (Python's float() of it, as both connectors convert), or undefined. */
-const unitsOf = (value: string): number | undefined => {
+/** A setting's value as a number (Python's float() or int() of it, as the connectors convert), or undefined. */
+const numberOf = (value: string): number | undefined => {
   const t = value.trim()
   const n = t === "" ? Number.NaN : Number(t)
-  return Number.isFinite(n) && n >= 0 ? n : undefined
+  return Number.isFinite(n) ? n : undefined
+}
+
+/** A size setting's value as a number of units, or undefined (not a number, or below 0). */
+const unitsOf = (value: string): number | undefined => {
+  const n = numberOf(value)
+  return n !== undefined && n >= 0 ? n : undefined
+}
+
+/**
+ * The value inside one pair of matching quotes around it (after trimming), else the value: LMCache's reading of its
+ * environment (LMCache/LMCache lmcache/v1/config_base.py, commit 082c5012, `_parse_quoted_string`, applied by
+ * from_env and update_config_from_env before the converter; its escape sequences aside).
+ */
+const unquoted = (value: string): string => {
+  const t = value.trim()
+  return t.length >= 2 && t[0] === t[t.length - 1] && (t[0] === '"' || t[0] === "'") ? t.slice(1, -1) : value
 }
 
 const known = (setting: string, units: number, unit: CpuCacheUnit): CpuCacheSize => ({
@@ -109,10 +137,11 @@ const fromSource = (source: CpuCacheSource, inputs: CpuCacheInputs): CpuCacheSiz
     case "env": {
       const other = source.unlessSet === undefined ? "" : (inputs.env[source.unlessSet] ?? "").trim()
       if (other !== "") return { kind: "unknown", why: `${source.unlessSet}=${other} sizes it instead` }
-      const value = inputs.env[source.name]
+      const raw = inputs.env[source.name]
+      const value = raw !== undefined && source.unquote === true ? unquoted(raw) : raw
       if (value === undefined || value.trim() === "") return undefined
       const units = unitsOf(value)
-      const setting = `${source.name}=${value}`
+      const setting = `${source.name}=${raw}`
       return units === undefined ? notANumber(setting) : known(setting, units, source.unit)
     }
     case "file": {
@@ -134,7 +163,9 @@ const fromSource = (source: CpuCacheSource, inputs: CpuCacheInputs): CpuCacheSiz
     }
     case "flag": {
       const value = flagValue(inputs.argv, source.flag)
-      if (value === undefined || value.trim() === source.unset) return undefined
+      if (value === undefined) return undefined
+      const n = numberOf(value)
+      if (n !== undefined && source.unsetAtOrBelow !== undefined && n <= source.unsetAtOrBelow) return undefined
       const units = unitsOf(value)
       const setting = `${source.flag} ${value}`
       return units === undefined ? notANumber(setting) : known(setting, units, source.unit)

@@ -15,7 +15,8 @@ const perWorker = (config: AgentConfig): NonNullable<CpuCacheTier["perWorker"]> 
 /**
  * KVBM (vLLM): sized by env only (ai-dynamo/dynamo KVBM docs: DYN_KVBM_CPU_CACHE_GB); KVBM's GB is 10^9 bytes, and a
  * block count set instead wins (lib/llm/src/block_manager/distributed/leader.rs compute_num_blocks:
- * cache_size_in_gb * 1_000_000_000.0). Unset: no CPU tier (a disk tier only).
+ * cache_size_in_gb * 1_000_000_000.0). Unset: no CPU tier (a disk tier only). Its value is not unquoted (as LMCache's
+ * is): lib/bindings/kvbm/src/block_manager/distributed/leader.rs read_cache_size_float parses it as an f64 as it is.
  */
 export const kvbmTier: CpuCacheTier = {
   sources: [
@@ -42,7 +43,8 @@ export const kvbmTier: CpuCacheTier = {
  */
 export const lmcacheTier = (config: AgentConfig): CpuCacheTier => ({
   sources: [
-    { kind: "env", name: "LMCACHE_MAX_LOCAL_CPU_SIZE", unit: GIB },
+    // Unquoted first, as LMCache reads its environment (config_base.py _parse_quoted_string): "5" is 5.
+    { kind: "env", name: "LMCACHE_MAX_LOCAL_CPU_SIZE", unit: GIB, unquote: true },
     { kind: "file", variable: "LMCACHE_CONFIG_FILE", key: "max_local_cpu_size", unit: GIB },
     { kind: "default", setting: "LMCache's default max_local_cpu_size of 5 (GiB)", units: 5, unit: GIB }
   ],
@@ -56,13 +58,14 @@ export const lmcacheTier = (config: AgentConfig): CpuCacheTier => ({
  * SGLang HiCache (sgl-project/sglang python/sglang/srt/server_args.py: `--hicache-size`, int, default 0, "The size
  * of host KV cache memory pool in gigabytes, which will override the hicache_ratio if set"; the host pool:
  * python/sglang/srt/mem_cache/memory_pool_host.py, since moved to mem_cache/pool_host/base.py, HostKVCache:
- * host_size * 1e9 bytes when above 0, else device_pool.size * hicache_ratio, allocated pinned at start). Each
+ * host_size * 1e9 bytes when `host_size > 0`, else device_pool.size * hicache_ratio, so any size at or below 0, -1
+ * too, leaves it to the ratio; allocated pinned at start). Each
  * scheduler process (one per GPU, tp x dp) holds its own host pool. Without a size, the pool is a multiple of the
  * GPU KV pool, which SGLang sizes at start from free GPU memory: not known before.
  */
 export const hicacheTier = (config: AgentConfig): CpuCacheTier => ({
   sources: [
-    { kind: "flag", flag: "--hicache-size", unit: GB, unset: "0" },
+    { kind: "flag", flag: "--hicache-size", unit: GB, unsetAtOrBelow: 0 },
     {
       kind: "unknown",
       why:
@@ -73,3 +76,21 @@ export const hicacheTier = (config: AgentConfig): CpuCacheTier => ({
   perWorker: perWorker(config),
   lower: "--hicache-size (GB per GPU worker) in engine.args"
 })
+
+/**
+ * SGLang's `--enable-lmcache`: deliberately not sized. Newer SGLang runs LMCache in MP mode, where a separate
+ * `lmcache server` (its own --l1-size-gb) holds the CPU store, older SGLang in process (sgl-project/sglang
+ * python/sglang/srt/mem_cache/storage/lmcache/README.md and lmc_radix_cache.py, `_mode`): which one runs is not known
+ * from the config. Said as unknown, so that `check` and the start say it is not checked rather than that there is none.
+ */
+export const sglangLmcacheTier: CpuCacheTier = {
+  sources: [
+    {
+      kind: "unknown",
+      why:
+        "SGLang's LMCache is not sized here: newer SGLang keeps its CPU store in a separate `lmcache server` " +
+        "(--l1-size-gb), older SGLang in the engine (LMCACHE_MAX_LOCAL_CPU_SIZE, GiB per GPU worker)"
+    }
+  ],
+  lower: "the LMCache store's own size (the lmcache server's --l1-size-gb, or LMCACHE_MAX_LOCAL_CPU_SIZE)"
+}

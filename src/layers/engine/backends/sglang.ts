@@ -9,7 +9,7 @@ import type { AgentConfig } from "../../../services/config/Config.ts"
 import type { Engine, ExitHint } from "../../../services/engine/Engine.ts"
 import { isLoopbackHost } from "../../../services/net/HostPort.ts"
 import { assemble, httpProbeAt, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
-import { hicacheTier } from "./cpuCacheTiers.ts"
+import { hicacheTier, sglangLmcacheTier } from "./cpuCacheTiers.ts"
 import { HUB_REFUSALS, hubHint, modelKey, nowValue, TORCH_CUDA_OOM } from "./hints.ts"
 
 /**
@@ -94,10 +94,8 @@ export const sglang: Engine = {
         : offload === "lmcache"
           ? ["--enable-lmcache"]
           : []
-    // HiCache's host pool, also when the operator turns it on through args. `--enable-lmcache` is not sized: newer
-    // SGLang runs LMCache in MP mode, where a separate `lmcache server` (its own --l1-size-gb) holds the CPU store,
-    // older SGLang in process (sgl-project/sglang python/sglang/srt/mem_cache/storage/lmcache/README.md and
-    // lmc_radix_cache.py, `_mode`): which one runs is not known from the config.
+    // HiCache's host pool, also when the operator turns it on through args. `--enable-lmcache` is not sized, but
+    // said to be unknown (cpuCacheTiers.ts sglangLmcacheTier: which LMCache mode runs is not known from the config).
     const hierarchical =
       offload === "hicache" || [...m.args, ...config.engine.args].includes("--enable-hierarchical-cache")
     const disaggregation =
@@ -159,7 +157,7 @@ export const sglang: Engine = {
       }),
       kvEvents: events?.endpoint,
       warnings,
-      cpuCache: hierarchical ? hicacheTier(config) : undefined,
+      cpuCache: hierarchical ? hicacheTier(config) : offload === "lmcache" ? sglangLmcacheTier : undefined,
       exitHints: exitHints(config)
     })
   }
