@@ -23,7 +23,7 @@ afterAll(() => {
 })
 
 /** A program with one worker inside a 60 s native sleep; `ending` says whether it is told to end first. */
-const stuckWorker = (ending: boolean) => `
+const stuckWorker = (ending: boolean, onExit = "") => `
 import { Worker } from "node:worker_threads"
 import { writeSync } from "node:fs"
 import koffi from ${koffi}
@@ -39,6 +39,7 @@ const worker = new Worker(\`
 worker.once("message", () => {
   ${ending ? "endWorker(worker)" : ""}
   process.on("exit", (code) => writeSync(1, \`exit event \${code}, holding \${workersHoldingExit()}\\n\`))
+  ${onExit}
   exitProcess(3)
 })
 `
@@ -78,6 +79,11 @@ describe("exitProcess", () => {
     const { code, out } = await run(stuckWorker(true), 30_000)
     expect(code).toBe(3)
     expect(out).toBe("exit event 3, holding 1\n")
+  })
+
+  it("exits with the code an 'exit' listener sets, as process.exit does", async () => {
+    const { code } = await run(stuckWorker(true, 'process.on("exit", () => { process.exitCode = 7 })'), 30_000)
+    expect(code).toBe(7)
   })
 
   it("leaves a worker nobody told to end to Node's own exit, which waits for its native call (control)", async () => {

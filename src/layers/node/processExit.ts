@@ -64,10 +64,15 @@ export const workersHoldingExit = (): number => ending.size
 /** Exits with `code` now: through `_exit` while a worker told to end is still held in a native call. */
 export const exitProcess = (code: number): never => {
   if (ending.size > 0 && hardExit !== undefined) {
-    // what process.exit does before it ends the process, which `_exit` then does without joining the workers
+    const end = hardExit
+    // what process.exit does before it ends the process (an 'exit' listener may change the code, or throw), which
+    // `_exit` then does without joining the workers
     process.exitCode = code
-    process.emit("exit", code)
-    hardExit(code)
+    try {
+      process.emit("exit", code)
+    } finally {
+      end(typeof process.exitCode === "number" ? process.exitCode : code)
+    }
   }
   return process.exit(code)
 }
@@ -78,10 +83,11 @@ const pendingOutput = (): number => process.stdout.writableLength + process.stde
 export const exitWhenFlushed = (code: number): void => {
   process.exitCode = code
   if (pendingOutput() === 0) return void exitProcess(code)
-  const deadline = Date.now() + FLUSH_WAIT_MS
+  // performance.now: a wall clock stepped back must not stretch the wait
+  const deadline = performance.now() + FLUSH_WAIT_MS
   // a poll: 'drain' comes only after a write that returned false, and a short backlog never makes one
   const timer = setInterval(() => {
-    if (pendingOutput() > 0 && Date.now() < deadline) return
+    if (pendingOutput() > 0 && performance.now() < deadline) return
     clearInterval(timer)
     exitProcess(code)
   }, FLUSH_POLL_MS)
