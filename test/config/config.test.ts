@@ -352,6 +352,24 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
     [
       'agent.advertise_addr: expected an address the router can dial, got "10.0.0.7:0": port 0 is no port to dial; give listen_grpc\'s port, or leave advertise_addr unset to publish the port listen_grpc binds'
     ]
+  ],
+  [
+    "Xids outside 1..999, not integers, not a list",
+    `[engine]\nignore_xids = [0, 92]\nfault_xids = [1000, 1.5, "13"]\n${MODEL}`,
+    [
+      "engine.ignore_xids[0]: expected an Xid from 1 to 999 (NVIDIA's Xid catalog numbers them), got 0",
+      "engine.fault_xids[0]: expected an Xid from 1 to 999 (NVIDIA's Xid catalog numbers them), got 1000",
+      "engine.fault_xids[1]: Expected an integer, got 1.5",
+      'engine.fault_xids[2]: Expected number, got "13"'
+    ]
+  ],
+  ["Xids not a list", `[engine]\nignore_xids = 92\n${MODEL}`, ["engine.ignore_xids: Expected array, got 92"]],
+  [
+    "an Xid both ignored and a fault",
+    `[engine]\nignore_xids = [92, 13, 92]\nfault_xids = [13, 48, 92]\n${MODEL}`,
+    [
+      "engine.fault_xids: 13, 92 also listed in engine.ignore_xids; an Xid is either a fault or ignored: keep each in one list"
+    ]
   ]
 ]
 
@@ -444,6 +462,7 @@ describe("defaults", () => {
     })
     expect(Duration.toMillis(c.engine.gpu_free_timeout)).toBe(2 * 60_000)
     expect(c.engine.gpu_free_below_mib).toBe(1024)
+    expect([c.engine.ignore_xids, c.engine.fault_xids]).toEqual([[], []])
     expect(c.kv).toEqual({
       events: false,
       events_endpoint: "tcp://127.0.0.1:5557",

@@ -1,7 +1,8 @@
 // Xid events and row remapping through the real FFI: the fake libnvidia-ml.so (test/fixtures/fake_nvml.c) delivers
 // the lines of FAKE_NVML_XID_FILE as nvmlEventSetWait_v2 events and scripts nvmlDeviceGetRemappedRows per GPU
 // (FAKE_NVML_STATE). The worker's session (layers/node/nvmlSession.ts) takes each event once, never waits with a
-// timeout, leaves what a board or driver lacks unreported; the live layer's /metrics page carries the Xid counter and
+// timeout, leaves what a board or driver lacks unreported, tells each event's GPU by nvmlDeviceGetIndex (else by its
+// handle's address; else every watched GPU's, fail closed); the live layer's /metrics page carries the Xid counter and
 // the row-remapping gauges, and passes promtool.
 import { spawnSync } from "node:child_process"
 import * as fs from "node:fs"
@@ -26,11 +27,13 @@ const KNOBS = ["FAKE_NVML_XID_FILE", "FAKE_NVML_WAIT_LOG", "FAKE_NVML_STATE", "F
 let dir = ""
 let library = ""
 let bare = ""
+let noIndex = ""
 
 beforeAll(() => {
   dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-nvml-xid-"))
   library = buildFakeNvml(dir)
   bare = buildFakeNvml(dir, ["FAKE_NVML_NO_EVENTS", "FAKE_NVML_NO_REMAP"])
+  noIndex = buildFakeNvml(dir, ["FAKE_NVML_NO_INDEX"])
 })
 afterEach(() => {
   for (const k of KNOBS) delete process.env[k]
@@ -135,6 +138,49 @@ describe("Xid events and row remapping through the FFI", () => {
     }
     expect(gpusOf(reply)).toEqual([unknown, unknown])
     expect(k.shutdown()).toBe("shutdown\n") // no set to free
+  })
+
+  it("an event is the GPU nvmlDeviceGetIndex names; one NVML cannot name counts against every watched GPU, said", () => {
+    const k = knobs("attribution")
+    const s = openSession(library)
+    s.sample()
+    // the event's device is not GPU 1's handle, and NVML's index still names GPU 1
+    k.xid("1 79 alias")
+    const named = s.sample()
+    expect(named.problems).toEqual([])
+    expect(named.gpus.map((g) => g.criticalXids)).toEqual([[], [{ xid: 79, events: 1 }]])
+    k.xid("-1 48")
+    const unnamed = s.sample()
+    s.close()
+    expect(unnamed.gpus.map((g) => g.criticalXids)).toEqual([
+      [{ xid: 48, events: 1 }],
+      [
+        { xid: 79, events: 1 },
+        { xid: 48, events: 1 }
+      ]
+    ])
+    expect(unnamed.problems).toEqual([
+      "an Xid event's GPU cannot be told (nvmlDeviceGetIndex: NVML_ERROR_INVALID_ARGUMENT (2); its device is no watched GPU's handle): it counts against every watched GPU"
+    ])
+  })
+
+  it("a driver without nvmlDeviceGetIndex: the handle's address tells the GPU, and an event no handle has fails closed", () => {
+    const k = knobs("no-index")
+    k.xid("0 13", "1 79 alias")
+    const s = openSession(noIndex)
+    // the pass registers each GPU, then takes the pending events
+    const reply = s.sample()
+    s.close()
+    expect(reply.gpus.map((g) => g.criticalXids)).toEqual([
+      [
+        { xid: 13, events: 1 },
+        { xid: 79, events: 1 }
+      ],
+      [{ xid: 79, events: 1 }]
+    ])
+    expect(reply.problems).toEqual([
+      "an Xid event's GPU cannot be told (nvmlDeviceGetIndex missing from the driver; its device is no watched GPU's handle): it counts against every watched GPU"
+    ])
   })
 
   it("the live layer's page carries the Xid counter and the row-remapping gauges, and passes promtool", async () => {

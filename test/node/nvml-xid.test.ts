@@ -1,11 +1,13 @@
 // The Xid events of an NVML session (layers/node/nvmlEvents.ts) as one sample after another takes them
 // (nvmlSample.ts), over a Binding faked in JS: each event counted once, every wait with timeout 0 (never blocking the
 // worker), GPUs or drivers without Xid events unreported (no fault, nothing logged), failures said and tried again,
-// and the per-GPU bound.
+// the per-GPU bound, and each event's GPU told by NVML's index (nvmlDeviceGetIndex), else by its handle's address, else
+// every watched GPU's (fail closed, as NVIDIA k8s-device-plugin marks every device unhealthy).
 import { describe, expect, it } from "vitest"
 import type { Binding } from "../../src/layers/node/nvmlBinding.ts"
 import { MAX_XIDS, xidWatch } from "../../src/layers/node/nvmlEvents.ts"
 import { sample } from "../../src/layers/node/nvmlSample.ts"
+import { gpuFault } from "../../src/services/node/Gpus.ts"
 import type { Gpu } from "../../src/services/node/Nvml.ts"
 import { type FakeEvents, fakeBinding, fakeEvents } from "../support/nvmlBinding.ts"
 
@@ -138,5 +140,55 @@ describe("Xid events, sample by sample", () => {
     expect(gpus[0]?.unreportedFields).not.toContain("critical_xids")
     expect(gpus[1]).toMatchObject({ lost: true, criticalXids: [] })
     expect(gpus[1]?.unreportedFields).toContain("critical_xids")
+  })
+
+  it("an event is its GPU's by NVML's index (nvmlDeviceGetIndex), also when its device address is not the handle's", () => {
+    const events = fakeEvents()
+    const pass = session(fakeBinding([{ uuid: "GPU-a" }, { uuid: "GPU-b", eventAlias: true }], events))
+    events.queue.push([1, 79], [0, 48])
+    const { gpus, problems } = pass()
+    expect(xidsOf(gpus)).toEqual([[{ xid: 48, events: 1 }], [{ xid: 79, events: 1 }]])
+    expect(problems).toEqual([])
+  })
+
+  it("an event whose GPU cannot be told counts against every watched GPU (fail closed), said once per cause", () => {
+    const events = fakeEvents()
+    const binding = fakeBinding([{ uuid: "GPU-a" }, { uuid: "GPU-b", eventTypes: 0x3n }, { uuid: "GPU-c" }], events)
+    const pass = session(binding)
+    pass()
+    events.queue.push([-1, 79], [-1, 79], [-1, 13])
+    const { gpus, problems } = pass()
+    const both = [
+      { xid: 79, events: 2 },
+      { xid: 13, events: 1 }
+    ]
+    // GPU b delivers no Xid events: unreported, as before; a and c each get every event
+    expect(xidsOf(gpus)).toEqual([both, [], both])
+    expect(gpus.map((g) => gpuFault(g))).toEqual([
+      "GPU 0 reported Xid 79 (fallen off the bus): it needs a GPU reset or a reboot",
+      undefined,
+      "GPU 2 reported Xid 79 (fallen off the bus): it needs a GPU reset or a reboot"
+    ])
+    expect(problems).toEqual([
+      "an Xid event's GPU cannot be told (nvmlDeviceGetIndex: NVML_ERROR_INVALID_ARGUMENT (2); its device is no watched GPU's handle): it counts against every watched GPU"
+    ])
+  })
+
+  it("a driver without nvmlDeviceGetIndex: the handle's address tells the GPU; an event no handle has fails closed", () => {
+    const events = fakeEvents()
+    const binding = fakeBinding([{ uuid: "GPU-a" }, { uuid: "GPU-b", eventAlias: true }], events)
+    const pass = session({ ...binding, events: binding.events && { ...binding.events, index: undefined } })
+    events.queue.push([0, 48], [1, 79])
+    const { gpus, problems } = pass()
+    expect(xidsOf(gpus)).toEqual([
+      [
+        { xid: 48, events: 1 },
+        { xid: 79, events: 1 }
+      ],
+      [{ xid: 79, events: 1 }]
+    ])
+    expect(problems).toEqual([
+      "an Xid event's GPU cannot be told (nvmlDeviceGetIndex missing from the driver; its device is no watched GPU's handle): it counts against every watched GPU"
+    ])
   })
 })

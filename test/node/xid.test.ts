@@ -5,7 +5,7 @@
 import { describe, expect, it } from "vitest"
 import { assignGpus, gateVerdict, gpuFault } from "../../src/services/node/Gpus.ts"
 import { gpuWith } from "../../src/services/node/Nvml.ts"
-import { applicationXids, describeXid, xidIsFault } from "../../src/services/node/Xid.ts"
+import { applicationXids, defaultXidRule, describeXid, xidIsFault } from "../../src/services/node/Xid.ts"
 import { shippedRules } from "../support/promtool.ts"
 
 const xids = (...list: ReadonlyArray<number>) => list.map((xid) => ({ xid, events: 1 }))
@@ -15,6 +15,23 @@ describe("the Xid table", () => {
     expect(applicationXids).toEqual([13, 31, 43, 45, 68, 109])
     for (const xid of applicationXids) expect(xidIsFault(xid)).toBe(false)
     for (const xid of [48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 999, 150, 1]) expect(xidIsFault(xid)).toBe(true)
+  })
+
+  it("takes the operator's lists: ignored Xids are no fault, listed faults are, application errors included", () => {
+    const rule = { ignore: [92, 150], fault: [13] }
+    expect(xidIsFault(92, rule)).toBe(false)
+    expect(xidIsFault(150, rule)).toBe(false)
+    expect(xidIsFault(13, rule)).toBe(true)
+    // the rest of the table as it is
+    expect(xidIsFault(31, rule)).toBe(false)
+    expect(xidIsFault(79, rule)).toBe(true)
+    // a fault listed wins over the same Xid ignored (the config refuses both; the device plugin's order)
+    expect(xidIsFault(92, { ignore: [92], fault: [92] })).toBe(true)
+    expect(defaultXidRule).toEqual({ ignore: [], fault: [] })
+    expect(gpuFault(gpuWith({ index: 0, criticalXids: xids(13, 92) }), rule)).toBe(
+      "GPU 0 reported Xid 13 (graphics engine exception): it needs a GPU reset or a reboot"
+    )
+    expect(gpuFault(gpuWith({ index: 0, criticalXids: xids(92) }), rule)).toBeUndefined()
   })
 
   it("names the well-known Xids after NVIDIA's catalog, and the others by number", () => {

@@ -13,9 +13,22 @@ export interface FakeGpu {
   readonly remap?: { readonly pending?: boolean; readonly failure?: boolean }
   /** nvmlDeviceGetSupportedEventTypes' mask (default 0x1f: Xid critical errors, 0x8, among them). */
   readonly eventTypes?: bigint
+  /**
+   * Its events carry a device address other than its handle's (ALIAS + index), which nvmlDeviceGetIndex still
+   * names: only NVML's index attributes them.
+   */
+  readonly eventAlias?: boolean
 }
 
-/** The event side of the fake: Xids to deliver (GPU index, Xid) and the timeout of every wait made. */
+/** Where an aliased GPU's event device addresses start (eventAlias). */
+export const ALIAS = 100
+/** The device address of an event NVML cannot name (queued as GPU -1): no handle has it, nvmlDeviceGetIndex fails. */
+export const STRANGER = 0xdead
+
+/**
+ * The event side of the fake: Xids to deliver (GPU index, Xid; index -1: a device NVML cannot name, delivered while
+ * any GPU is registered) and the timeout of every wait made.
+ */
 export interface FakeEvents {
   readonly queue: Array<readonly [number, number]>
   readonly waits: Array<number>
@@ -103,17 +116,28 @@ export const fakeBinding = (gpus: ReadonlyArray<FakeGpu>, events: FakeEvents = f
         const failed = gpus[0]?.rc?.wait
         if (failed !== undefined) return failed
         // as NVML: events of GPUs not registered on the set are not delivered
+        const delivered = (gpu: number) => (gpu === -1 ? registered.size > 0 : registered.has(gpu))
         let next = events.queue.shift()
-        while (next !== undefined && !registered.has(next[0])) next = events.queue.shift()
+        while (next !== undefined && !delivered(next[0])) next = events.queue.shift()
         if (set !== "set" || next === undefined) return 10 // NVML_ERROR_TIMEOUT
-        Object.assign(data, { device: next[0], eventType: 0x8n, eventData: BigInt(next[1]) })
+        const [gpu, xid] = next
+        const device = gpu === -1 ? STRANGER : gpus[gpu]?.eventAlias === true ? ALIAS + gpu : gpu
+        Object.assign(data, { device, eventType: 0x8n, eventData: BigInt(xid) })
         return 0
       },
       free: () => {
         events.log.push("free")
         return 0
       },
-      address: (d) => BigInt(d as number)
+      address: (d) => BigInt(d as number),
+      // nvmlDeviceGetIndex: a handle (its index) or an aliased GPU's event address; INVALID_ARGUMENT otherwise
+      index: (address, out) => {
+        const n = Number(address)
+        const gpu = n >= ALIAS && gpus[n - ALIAS]?.eventAlias === true ? n - ALIAS : n
+        if (gpus[gpu] === undefined) return 2
+        out[0] = gpu
+        return 0
+      }
     },
     unload: () => undefined
   }

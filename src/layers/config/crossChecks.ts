@@ -46,6 +46,12 @@ export const crossChecks = (c: ConfigFile): Array<string> => {
     problems.push("agent.lease_ttl: must be longer than agent.heartbeat, or the lease expires between two heartbeats")
   }
   if (Duration.toMillis(c.agent.heartbeat) < 100) problems.push("agent.heartbeat: must be at least 100ms")
+  const both = [...new Set(c.engine.fault_xids.filter((x) => c.engine.ignore_xids.includes(x)))]
+  if (both.length > 0) {
+    problems.push(
+      `engine.fault_xids: ${both.join(", ")} also listed in engine.ignore_xids; an Xid is either a fault or ignored: keep each in one list`
+    )
+  }
   problems.push(...listenerProblems(c))
   problems.push(...engineProblems(c))
   return problems

@@ -9,6 +9,7 @@ import { EnginePlan } from "../../services/engine/Engine.ts"
 import { GpuGate, type GpuGateStatus, gateProblem } from "../../services/engine/GpuGate.ts"
 import { gateVerdict, gpuFault, missingGpu } from "../../services/node/Gpus.ts"
 import { Nvml } from "../../services/node/Nvml.ts"
+import { xidRuleOf } from "../../services/node/Xid.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import { readStat } from "./processGroup.ts"
 
@@ -27,6 +28,8 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
     const indices = plan.gpus ?? []
     const timeoutMs = Duration.toMillis(config.engine.gpu_free_timeout)
     const maxUsedBytes = config.engine.gpu_free_below_mib * 2 ** 20
+    // the operator's changes to which Xids are faults ([engine].ignore_xids, fault_xids)
+    const xidRule = xidRuleOf(config.engine)
     const status = yield* SubscriptionRef.make<GpuGateStatus>({ gpus: indices, waiting: undefined, fault: undefined })
     const previousPgids = yield* Ref.make<ReadonlySet<number>>(new Set())
     // Gated only while NVML answers: without it there is nothing to wait on, and an NVML failure must not keep
@@ -39,7 +42,7 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
       indices
         .map((i) => {
           const g = gpus.find((x) => x.index === i)
-          return g === undefined ? missingGpu(i) : gpuFault(g)
+          return g === undefined ? missingGpu(i) : gpuFault(g, xidRule)
         })
         .find((f) => f !== undefined)
     )
@@ -69,7 +72,7 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
         // never the cached sample: right after a crash it still shows the GPU as it was before
         const gpus = yield* nvml.sampleNow
         if (!(yield* nvmlUp)) return
-        const verdict = gateVerdict(gpus, indices, maxUsedBytes, yield* Ref.get(previousPgids), pgidOf)
+        const verdict = gateVerdict(gpus, indices, maxUsedBytes, yield* Ref.get(previousPgids), pgidOf, xidRule)
         const now = yield* Clock.currentTimeMillis
         if (verdict._tag === "Free") {
           if (logged !== "none") yield* Effect.logInfo("GPUs free; starting the engine", { waited_ms: now - since })

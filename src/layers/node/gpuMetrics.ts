@@ -25,7 +25,8 @@ const faultSeries = (registry: Registry) => {
         name: `${METRIC_PREFIX}gpu_xid_errors_total`,
         help:
           "Xid errors NVML delivered as critical-error events since the agent opened NVML, by Xid; all but the " +
-          `application errors (${applicationXids.join(", ")}) make the node unhealthy (no series where unsupported)`,
+          `application errors (${applicationXids.join(", ")}) make the node unhealthy, as engine.ignore_xids and ` +
+          "fault_xids change that (no series where unsupported)",
         labelNames: [...gpuLabels, "xid"] as const,
         registers: [registry]
       }),

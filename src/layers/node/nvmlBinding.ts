@@ -49,8 +49,13 @@ export interface EventBinding {
   /** Fills `data` as nvmlEventData_t: device (its address), eventType, eventData (the Xid), gpuInstanceId... */
   readonly wait: (set: unknown, data: Record<string, unknown>, timeoutMs: number) => number
   readonly free: (set: unknown) => number
-  /** A device handle's address, as nvmlEventData_t.device reads: the same GPU gives the same address. */
+  /** A device handle's address, as nvmlEventData_t.device reads it (the fallback to `index`: nvmlEvents.ts). */
   readonly address: (device: unknown) => bigint
+  /**
+   * nvmlDeviceGetIndex on an event's device as read (its address): NVML's own index of the GPU an event came from.
+   * Absent where the driver lacks it.
+   */
+  readonly index: ((device: bigint, out: Array<number>) => number) | undefined
 }
 
 /** Loads `library` and binds the entry points; throws when the library or a required symbol is missing. */
@@ -121,7 +126,10 @@ export const bind = (koffi: Koffi, library: string): Binding => {
       // first, which fills the same leading fields of the struct
       wait: optional(() => waitOn("nvmlEventSetWait_v2")) ?? waitOn("nvmlEventSetWait"),
       free: lib.func("nvmlEventSetFree", "int", [eventSet]),
-      address: (d: unknown) => koffi.address(d)
+      address: (d: unknown) => koffi.address(d),
+      // the handle taken as the address nvmlEventData_t.device was read as: a pointer and a uintptr_t are passed
+      // alike in the C ABI, and koffi makes no pointer object of an address
+      index: optional(() => lib.func("nvmlDeviceGetIndex", "int", ["uintptr_t", uint]))
     })),
     unload: () => lib.unload()
   }

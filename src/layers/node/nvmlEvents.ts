@@ -4,7 +4,10 @@
  * timeout 0, never a blocking one: the worker answers one request at a time, and a wait would hold every reader of
  * the GPUs behind it. What each GPU reported is kept for the session (services/node/Xid.ts says which make a fault).
  * The pattern is NVIDIA k8s-device-plugin's (internal/rm/health.go: nvmlEventSetCreate, GetSupportedEventTypes,
- * RegisterEvents, nvmlEventSetWait), polled here instead of waited on in a thread of its own.
+ * RegisterEvents, nvmlEventSetWait), polled here instead of waited on in a thread of its own. An event's GPU is the
+ * one NVML names for its device (nvmlDeviceGetIndex; the plugin asks GetUUID), else the registered handle with the
+ * event's device address; an event neither names counts against every watched GPU, as the plugin marks every device
+ * unhealthy when it cannot name the event's: failing open would let an engine start on the GPU that reported it.
  * Free of `effect`, as everything the worker loads.
  */
 import type { GpuXid } from "../../gen/cgn/agent/v1/agent.ts"
@@ -86,6 +89,27 @@ export const xidWatch = (nvml: Binding): XidWatch => {
     return false
   }
 
+  /** The watched GPU nvmlDeviceGetIndex names for an event's device (its address), or why it names none. */
+  const namedByNvml = (address: bigint): number | string => {
+    if (events?.index === undefined) return "nvmlDeviceGetIndex missing from the driver"
+    const out = [0]
+    try {
+      const rc = events.index(address, out)
+      if (rc !== 0) return `nvmlDeviceGetIndex: ${nvmlReturnName(rc)}`
+    } catch (e) {
+      return `nvmlDeviceGetIndex threw: ${e instanceof Error ? e.message : String(e)}`
+    }
+    const index = out[0] ?? -1
+    return indices.has(index) ? index : `nvmlDeviceGetIndex names GPU ${index}, which is not watched`
+  }
+
+  /** The watched GPU an event's device is: the one NVML names, else the handle at its address; or why none is. */
+  const attribute = (address: bigint): number | string => {
+    const named = namedByNvml(address)
+    if (typeof named === "number") return named
+    return registered.get(address) ?? `${named}; its device is no watched GPU's handle`
+  }
+
   const record = (index: number, xid: number, problems: Set<string>) => {
     const seen = tallies.get(index) ?? new Map<number, number>()
     tallies.set(index, seen)
@@ -107,9 +131,14 @@ export const xidWatch = (nvml: Binding): XidWatch => {
       }
       if ((BigInt((data.eventType as number | bigint | undefined) ?? 0) & XID_CRITICAL_ERROR) === 0n) continue
       const xid = Number(data.eventData ?? 0)
-      const index = registered.get(BigInt((data.device as number | bigint | undefined) ?? 0))
-      if (index === undefined) problems.add(`Xid ${xid} reported for a device not registered (address unknown)`)
-      else record(index, xid, problems)
+      const gpu = attribute(BigInt((data.device as number | bigint | undefined) ?? 0))
+      if (typeof gpu === "number") {
+        record(gpu, xid, problems)
+        continue
+      }
+      // fail closed: the GPU that reported it is one of these, and which one cannot be told (logged once per cause)
+      problems.add(`an Xid event's GPU cannot be told (${gpu}): it counts against every watched GPU`)
+      for (const index of indices) record(index, xid, problems)
     }
   }
 

@@ -18,6 +18,16 @@ import {
 
 const PositiveInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))
 
+/**
+ * An Xid, as NVIDIA's catalog numbers them (https://docs.nvidia.com/deploy/xid-errors/); 999 is the driver's "unknown
+ * Xid" (nvml.h nvmlEventData_t). For `[engine].ignore_xids` and `fault_xids` (services/node/Xid.ts XidRule).
+ */
+const XidNumber = Schema.Int.check(
+  Schema.makeFilter((n) =>
+    n >= 1 && n <= 999 ? undefined : `expected an Xid from 1 to 999 (NVIDIA's Xid catalog numbers them), got ${n}`
+  )
+)
+
 const withDefault = <S extends Schema.Top>(schema: S, value: S["Encoded"]) =>
   schema.pipe(Schema.withDecodingDefaultKey(Effect.succeed(value)))
 
@@ -123,7 +133,11 @@ export const EngineSection = Schema.Struct({
   ),
   verify_listener: withDefault(Schema.Boolean, true),
   gpu_free_timeout: withDefault(ShortDuration, "2m"),
-  gpu_free_below_mib: withDefault(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), 1024)
+  gpu_free_below_mib: withDefault(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), 1024),
+  // Xids that make no GPU faulty on top of the application errors, and Xids that do even so (NVIDIA k8s-device-plugin's
+  // DP_DISABLE_HEALTHCHECKS and DP_ENABLE_HEALTHCHECKS); crossChecks refuses an Xid in both.
+  ignore_xids: withDefault(Schema.Array(XidNumber), []),
+  fault_xids: withDefault(Schema.Array(XidNumber), [])
 })
 
 export const ModelSection = Schema.Struct({

@@ -6,7 +6,7 @@
  */
 import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
 import { isUnknown } from "./NvmlValues.ts"
-import { describeXid, xidIsFault } from "./Xid.ts"
+import { defaultXidRule, describeXid, type XidRule, xidIsFault } from "./Xid.ts"
 
 /**
  * nvml.h `nvmlClocksEventReason*` bits (formerly `nvmlClocksThrottleReason*`), in snake_case. GpuIdle (0x1) is
@@ -43,10 +43,11 @@ export const refMatches = (ref: GpuRef, gpu: Gpu): boolean =>
  * NVML session (Xid.ts), a failed or pending row remapping, or uncorrected ECC errors since driver load. What NVML
  * cannot report is no fault: ECC it cannot count (ECC off, a board without it), Xid events or row remapping a board
  * does not support. Most such boards are fine, and refusing them would refuse every GPU without the feature.
+ * `rule`: the operator's changes to which Xids are faults (`[engine].ignore_xids`, `[engine].fault_xids`).
  */
-export const gpuFault = (gpu: Gpu): string | undefined => {
+export const gpuFault = (gpu: Gpu, rule: XidRule = defaultXidRule): string | undefined => {
   if (gpu.lost) return `GPU ${gpu.index} is lost (NVML_ERROR_GPU_IS_LOST: fallen off the bus)`
-  const xids = gpu.criticalXids.filter((x) => xidIsFault(x.xid))
+  const xids = gpu.criticalXids.filter((x) => xidIsFault(x.xid, rule))
   if (xids.length > 0) {
     return `GPU ${gpu.index} reported ${xids.map((x) => describeXid(x.xid)).join(", ")}: it needs a GPU reset or a reboot`
   }
@@ -71,9 +72,14 @@ export type Assignment =
 /**
  * The engine's GPUs. Configured refs must all exist (when NVML lists GPUs); otherwise the first `needed`
  * healthy GPUs in index order. `gpus` empty means NVML is absent: configured indices are taken on trust,
- * UUIDs too (they go into CUDA_VISIBLE_DEVICES as written).
+ * UUIDs too (they go into CUDA_VISIBLE_DEVICES as written). `rule` says which Xids are faults (gpuFault).
  */
-export const assignGpus = (configured: ReadonlyArray<GpuRef>, needed: number, gpus: ReadonlyArray<Gpu>): Assignment => {
+export const assignGpus = (
+  configured: ReadonlyArray<GpuRef>,
+  needed: number,
+  gpus: ReadonlyArray<Gpu>,
+  rule: XidRule = defaultXidRule
+): Assignment => {
   if (gpus.length === 0) {
     if (configured.length === 0) return { _tag: "Unknown" }
     const indices = configured.filter((r): r is number => typeof r === "number")
@@ -93,7 +99,7 @@ export const assignGpus = (configured: ReadonlyArray<GpuRef>, needed: number, gp
     }
     return { _tag: "Assigned", indices, automatic: false }
   }
-  const healthy = gpus.filter((g) => gpuFault(g) === undefined)
+  const healthy = gpus.filter((g) => gpuFault(g, rule) === undefined)
   if (healthy.length < needed) {
     return {
       _tag: "Impossible",
@@ -149,14 +155,16 @@ const usedMemory = (g: Gpu): { readonly bytes: number; readonly byProcesses: boo
  * used memory on each at most `maxUsedBytes` (driver and other tenants' small contexts stay under it).
  * Memory NVML cannot report is never taken as 0: the listed processes' memory stands in for it, and a GPU that
  * reports neither cannot be judged free (the start waits, as for a GPU missing from NVML's list).
- * `pgidOf` says which process group a pid is in (undefined when it is not visible from here).
+ * `pgidOf` says which process group a pid is in (undefined when it is not visible from here); `rule` which Xids are
+ * faults (gpuFault).
  */
 export const gateVerdict = (
   gpus: ReadonlyArray<Gpu>,
   indices: ReadonlyArray<number>,
   maxUsedBytes: number,
   previousPgids: ReadonlySet<number>,
-  pgidOf: (pid: number) => number | undefined
+  pgidOf: (pid: number) => number | undefined,
+  rule: XidRule = defaultXidRule
 ): GateVerdict => {
   const mine = gpus.filter((g) => indices.includes(g.index))
   // An assigned GPU NVML did not list (its handle query failed, or the device count did) is not known to be
@@ -164,7 +172,7 @@ export const gateVerdict = (
   const missing = indices.find((i) => !gpus.some((g) => g.index === i))
   if (missing !== undefined) return { _tag: "Faulty", reason: missingGpu(missing) }
   for (const g of mine) {
-    const fault = gpuFault(g)
+    const fault = gpuFault(g, rule)
     if (fault !== undefined) return { _tag: "Faulty", reason: fault }
   }
   const holders: Array<Holder> = mine.flatMap((g) =>

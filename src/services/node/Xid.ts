@@ -6,6 +6,9 @@
  * hard-coded application errors 13, 31, 43, 45, 68 and 109, which it ignores ("the GPU should still be healthy").
  * A fault Xid stays a fault for the agent's NVML session: the GPU needs a reset (nvidia-smi -r) or a reboot, which
  * an event does not announce, and the device plugin too keeps the device unhealthy until it restarts.
+ * The operator can move Xids either way (`[engine].ignore_xids`, `[engine].fault_xids`: XidRule below), as the device
+ * plugin's DP_DISABLE_HEALTHCHECKS (more Xids to ignore) and DP_ENABLE_HEALTHCHECKS (Xids that are faults even when
+ * skipped; they win over the skip list) allow.
  * Free of `effect` and of node:*, as everything the NVML worker may load.
  */
 
@@ -48,8 +51,32 @@ export const applicationXids: ReadonlyArray<number> = Object.keys(XIDS)
   .filter((xid) => XIDS[xid]?.application === true)
   .sort((a, b) => a - b)
 
-/** Whether an Xid makes its GPU faulty: every one but the application errors. */
-export const xidIsFault = (xid: number): boolean => XIDS[xid]?.application !== true
+/**
+ * The operator's changes to the table (`[engine].ignore_xids`, `[engine].fault_xids`; the config refuses an Xid in
+ * both). `fault` wins, as DP_ENABLE_HEALTHCHECKS does over DP_DISABLE_HEALTHCHECKS in the device plugin.
+ */
+export interface XidRule {
+  /** Xids that are no fault, on top of the application errors. */
+  readonly ignore: ReadonlyArray<number>
+  /** Xids that are faults, application errors among them. */
+  readonly fault: ReadonlyArray<number>
+}
+
+/** The rule an engine config sets (`[engine].ignore_xids`, `[engine].fault_xids`). */
+export const xidRuleOf = (engine: {
+  readonly ignore_xids: ReadonlyArray<number>
+  readonly fault_xids: ReadonlyArray<number>
+}): XidRule => ({ ignore: engine.ignore_xids, fault: engine.fault_xids })
+
+/** The table as it is: no Xid moved. */
+export const defaultXidRule: XidRule = { ignore: [], fault: [] }
+
+/** Whether an Xid makes its GPU faulty: every one but the application errors, as `rule` changes that. */
+export const xidIsFault = (xid: number, rule: XidRule = defaultXidRule): boolean => {
+  if (rule.fault.includes(xid)) return true
+  if (rule.ignore.includes(xid)) return false
+  return XIDS[xid]?.application !== true
+}
 
 /** `Xid 79 (fallen off the bus)`; `Xid 150` for one without a name here. */
 export const describeXid = (xid: number): string => {

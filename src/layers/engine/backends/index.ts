@@ -8,6 +8,7 @@ import { type AgentConfig, Config, ConfigError, type EngineKind } from "../../..
 import { type Engine, EnginePlan, type LaunchPlan } from "../../../services/engine/Engine.ts"
 import { assignGpus, cudaEnv } from "../../../services/node/Gpus.ts"
 import { Nvml } from "../../../services/node/Nvml.ts"
+import { xidRuleOf } from "../../../services/node/Xid.ts"
 import { formatPath } from "../../config/Config.ts"
 import * as NvmlLive from "../../node/Nvml.ts"
 import * as Logging from "../../observability/Logging.ts"
@@ -37,7 +38,9 @@ export const planFor = (config: AgentConfig, gpus: ReadonlyArray<Gpu>): Effect.E
   const plan = engine.render(config)
   if (engine.capabilities.cudaGpus !== true) return Effect.succeed(plan)
   const m = config.model
-  const assignment = assignGpus(m.gpus, m.tp * m.dp, gpus)
+  // the same Xid rule as the gate's (GpuGate.ts): a GPU given to the engine is one the gate lets it start on
+  const xidRule = xidRuleOf(config.engine)
+  const assignment = assignGpus(m.gpus, m.tp * m.dp, gpus, xidRule)
   if (assignment._tag === "Impossible") {
     return Effect.fail(
       new ConfigError({
