@@ -6,35 +6,28 @@
 // a GPU whose memory NVML cannot report (judged by its processes, never taken as 0), and `check` / `render`
 // resolving GPUs through NVML.
 import * as fs from "node:fs"
-import * as os from "node:os"
 import * as path from "node:path"
 import { Etcd3 } from "etcd3"
-import { afterAll, afterEach, beforeAll, describe, expect, it, onTestFinished } from "vitest"
+import { afterEach, beforeAll, describe, expect, it, onTestFinished } from "vitest"
 import { NodeHealth } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { nodeKey } from "../../src/services/registry/HealthReporter.ts"
 import { killAllAgents, processAlive, requireDist, simAgentConfig, startAgent } from "../support/agent.ts"
 import { runCli } from "../support/cli.ts"
 import { startEtcd } from "../support/etcd.ts"
-import { buildFakeNvml } from "../support/nvml.ts"
+import { useFakeNvml } from "../support/nvml.ts"
 import { pollUntil } from "../support/poll.ts"
 
 const GiB = 2 ** 30
-let dir = ""
-let library = ""
 
+const nvml = useFakeNvml("cgn-gpu-")
 beforeAll(() => {
   requireDist()
-  dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-gpu-"))
-  library = buildFakeNvml(dir)
 })
 afterEach(killAllAgents)
-afterAll(() => {
-  if (dir) fs.rmSync(dir, { recursive: true, force: true })
-})
 
 /** A state file for the fake NVML; `write` replaces what the GPUs report from the next sample on. */
 const nvmlState = (name: string) => {
-  const file = path.join(dir, name)
+  const file = path.join(nvml.dir, name)
   const write = (lines: ReadonlyArray<string>) => fs.writeFileSync(file, `${lines.join("\n")}\n`)
   write([])
   return { file, write }
@@ -74,7 +67,7 @@ describe("GPU-aware supervision (built agent, fake NVML through koffi)", () => {
     const agent = await startAgent({
       config,
       awaitReady: false,
-      env: { CGN_NVML_LIBRARY: library, FAKE_NVML_STATE: state.file },
+      env: { CGN_NVML_LIBRARY: nvml.library, FAKE_NVML_STATE: state.file },
       readyTimeoutMs: BOUND
     })
     const spawnLogs = () => agent.logs().filter((l) => String(l.msg).includes(": spawning"))
@@ -163,7 +156,7 @@ describe("GPU-aware supervision (built agent, fake NVML through koffi)", () => {
     })
     const agent = await startAgent({
       config: { ...s.config, models: { m: { hf_repo: "org/m", gpus: [1] } } },
-      env: { CGN_NVML_LIBRARY: library, FAKE_NVML_STATE: state.file },
+      env: { CGN_NVML_LIBRARY: nvml.library, FAKE_NVML_STATE: state.file },
       readyTimeoutMs: BOUND
     })
     // a fault on a GPU the engine does not use changes nothing
@@ -245,7 +238,7 @@ describe("GPU-aware supervision (built agent, fake NVML through koffi)", () => {
     const agent = await startAgent({
       config: { ...s.config, models: { m: { hf_repo: "org/m", gpus: [0] } } },
       awaitReady: false,
-      env: { CGN_NVML_LIBRARY: library, FAKE_NVML_STATE: state.file },
+      env: { CGN_NVML_LIBRARY: nvml.library, FAKE_NVML_STATE: state.file },
       readyTimeoutMs: BOUND
     })
     const readyz = await pollUntil(
@@ -282,11 +275,11 @@ describe("GPU-aware supervision (built agent, fake NVML through koffi)", () => {
 
   it("check and render resolve the GPUs through NVML: automatic assignment shown, a tp the host cannot hold refused", async () => {
     const file = (name: string, tp: number) => {
-      const f = path.join(dir, name)
+      const f = path.join(nvml.dir, name)
       fs.writeFileSync(f, `[models."m"]\nhf_repo = "org/m"\ntp = ${tp}\n`)
       return f
     }
-    const env = { CGN_NVML_LIBRARY: library, FAKE_NVML_STATE: path.join(dir, "none.state") }
+    const env = { CGN_NVML_LIBRARY: nvml.library, FAKE_NVML_STATE: path.join(nvml.dir, "none.state") }
     const render = await runCli(["render", "--config", file("tp2.toml", 2)], env)
     expect(render.code).toBe(0)
     expect(render.stdout).toContain("CUDA_VISIBLE_DEVICES=0,1")

@@ -3,11 +3,10 @@
 // engine's GPU changes nothing; Xid 79 makes the node unhealthy at once, with the reason in /readyz and /status, the
 // Xid in NodeHealth's GPU record, and the counter on /metrics, which passes promtool check metrics.
 import * as fs from "node:fs"
-import * as os from "node:os"
 import * as path from "node:path"
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
+import { afterEach, beforeAll, describe, expect, it } from "vitest"
 import { killAllAgents, requireDist, simAgentConfig, startAgent } from "../support/agent.ts"
-import { buildFakeNvml } from "../support/nvml.ts"
+import { useFakeNvml } from "../support/nvml.ts"
 import { pollUntil } from "../support/poll.ts"
 import { promtool } from "../support/promtool.ts"
 
@@ -16,18 +15,11 @@ const GiB = 2 ** 30
 const BOUND = 60_000
 const G1 = 'gpu="1",uuid="GPU-55555555-6666-7777-8888-999999999999"'
 
-let dir = ""
-let library = ""
-
+const nvml = useFakeNvml("cgn-xid-")
 beforeAll(() => {
   requireDist()
-  dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-xid-"))
-  library = buildFakeNvml(dir)
 })
 afterEach(killAllAgents)
-afterAll(() => {
-  if (dir) fs.rmSync(dir, { recursive: true, force: true })
-})
 
 const text = async (url: string) => {
   const res = await fetch(url)
@@ -44,15 +36,15 @@ interface Status {
 
 describe("a critical Xid on the engine's GPU (built agent, fake NVML through koffi)", () => {
   it("an application Xid changes nothing; Xid 79 makes the node unhealthy at once, with the reason", async () => {
-    const state = path.join(dir, "xid.state")
-    const xids = path.join(dir, "xid.events")
+    const state = path.join(nvml.dir, "xid.state")
+    const xids = path.join(nvml.dir, "xid.events")
     // the fake's GPU 1 holds 4 GiB by default: free it, so only the Xid keeps the engine from it
     fs.writeFileSync(state, `gpu.1.used=${GiB / 4}\n`)
     fs.writeFileSync(xids, "")
     const s = await simAgentConfig({ engine: { gpu_free_timeout: "1m" } })
     const agent = await startAgent({
       config: { ...s.config, models: { m: { hf_repo: "org/m", gpus: [1] } } },
-      env: { CGN_NVML_LIBRARY: library, FAKE_NVML_STATE: state, FAKE_NVML_XID_FILE: xids },
+      env: { CGN_NVML_LIBRARY: nvml.library, FAKE_NVML_STATE: state, FAKE_NVML_XID_FILE: xids },
       readyTimeoutMs: BOUND
     })
     // an engine's own fault (a kernel's illegal access): counted, no fault

@@ -3,39 +3,32 @@
 // (no GPUs, nvml_up 0), and on SIGTERM the agent drains, says the NVML worker is still inside its call, and exits
 // 0 while that call still hangs (layers/node/processExit.ts); process.exit() would have waited for the call.
 import * as fs from "node:fs"
-import * as os from "node:os"
 import * as path from "node:path"
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
+import { afterEach, beforeAll, describe, expect, it } from "vitest"
 import { killAllAgents, requireDist, simAgentConfig, startAgent } from "../support/agent.ts"
 import { runCli } from "../support/cli.ts"
-import { buildFakeNvml } from "../support/nvml.ts"
+import { useFakeNvml } from "../support/nvml.ts"
 
-let dir = ""
-let library = ""
+const nvml = useFakeNvml("cgn-nvml-exit-")
 beforeAll(() => {
   requireDist()
-  dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-nvml-exit-"))
-  library = buildFakeNvml(dir)
 })
 afterEach(async () => {
   // unblock first: a worker left inside the call holds nothing of the test, but its process must end too
-  fs.rmSync(path.join(dir, "block"), { force: true })
+  fs.rmSync(path.join(nvml.dir, "block"), { force: true })
   await killAllAgents()
-})
-afterAll(() => {
-  if (dir) fs.rmSync(dir, { recursive: true, force: true })
 })
 
 describe("an NVML call that never returns (built agent, fake NVML)", () => {
   it("does not hold the agent's exit after a drain", async () => {
-    const block = path.join(dir, "block")
+    const block = path.join(nvml.dir, "block")
     // GPUs free enough for the engine to start on (the fake's GPUs hold 20 GiB otherwise)
-    const state = path.join(dir, "state")
+    const state = path.join(nvml.dir, "state")
     fs.writeFileSync(state, "gpu.0.used=268435456\ngpu.1.used=268435456\n")
     const { config } = await simAgentConfig({ agent: { drain_timeout: "1s" } })
     const agent = await startAgent({
       config,
-      env: { CGN_NVML_LIBRARY: library, FAKE_NVML_BLOCK_FILE: block, FAKE_NVML_STATE: state }
+      env: { CGN_NVML_LIBRARY: nvml.library, FAKE_NVML_BLOCK_FILE: block, FAKE_NVML_STATE: state }
     })
     const scrape = async () => (await fetch(`${agent.adminUrl}/metrics`)).text()
     expect(await scrape()).toContain("cgn_agent_nvml_up 1")
@@ -55,13 +48,13 @@ describe("an NVML call that never returns (built agent, fake NVML)", () => {
 
   it("does not hold `render`'s exit either, NVML hung from its first call", async () => {
     // render's release and exit follow each other in one turn: the way out must be bound before the worker starts
-    const block = path.join(dir, "block")
+    const block = path.join(nvml.dir, "block")
     fs.writeFileSync(block, "")
-    const config = path.join(dir, "render.toml")
+    const config = path.join(nvml.dir, "render.toml")
     fs.writeFileSync(config, '[models.m]\nhf_repo = "org/m"\n')
     // runCli's own bound is 30 s; the NVML open waits out its 10 s deadline, then render goes on without GPUs
     const run = await runCli(["render", "--config", config], {
-      CGN_NVML_LIBRARY: library,
+      CGN_NVML_LIBRARY: nvml.library,
       FAKE_NVML_BLOCK_FILE: block
     })
     expect(run.code).toBe(0)

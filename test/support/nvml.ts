@@ -2,7 +2,9 @@
 // that run NvmlProbe through the real FFI: in-process (test/node/nvml.test.ts) or in a built agent (CGN_NVML_LIBRARY).
 import { execFileSync, spawn } from "node:child_process"
 import * as fs from "node:fs"
+import * as os from "node:os"
 import * as path from "node:path"
+import { afterAll, beforeAll } from "vitest"
 
 /**
  * Compiles the fake into `dir` and returns the library's path. `defines` (e.g. FAKE_NVML_NO_EVENTS) build a variant,
@@ -37,4 +39,20 @@ export const blockNvml = (file: string, bound = 5_000): { readonly unblock: () =
       delete process.env.FAKE_NVML_BLOCK_FILE
     }
   }
+}
+
+/**
+ * For a test file that runs agents on the fake: builds it in a temp dir (named `prefix`...) before the file's
+ * tests, removes the dir after them. `dir` and `library` are read once the tests run.
+ */
+export const useFakeNvml = (prefix: string): { readonly dir: string; readonly library: string } => {
+  const at = { dir: "", library: "" }
+  beforeAll(() => {
+    at.dir = fs.mkdtempSync(path.join(os.tmpdir(), prefix))
+    at.library = buildFakeNvml(at.dir)
+  })
+  afterAll(() => {
+    if (at.dir) fs.rmSync(at.dir, { recursive: true, force: true })
+  })
+  return at
 }
