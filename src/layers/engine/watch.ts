@@ -80,14 +80,21 @@ const readiness = (s: Supervision, { run, since, readyAt, holder }: WatchedRun) 
     }
   })
 
-/** Probes every liveness interval; completes when `livenessFailures` probes in a row failed. */
+/**
+ * Probes every liveness interval, start to start, as the kubelet's prober does (a ticker of periodSeconds:
+ * kubernetes/kubernetes pkg/kubelet/prober/worker.go `run`); completes when `livenessFailures` probes in a row
+ * failed. Each probe is bounded by min(interval, 5 s), so it ends before the next is due: a hung engine fails
+ * one probe per interval (3 × 5 s), not one per interval plus timeout (3 × 10 s, as when the wait followed it).
+ */
 const liveness = (s: Supervision) =>
   Effect.gen(function* () {
     const { plan, settings } = s
     const live = plan.liveness ?? plan.probe
     let failures = 0
+    let next = (yield* now) + settings.livenessIntervalMs
     for (;;) {
-      yield* Effect.sleep(settings.livenessIntervalMs)
+      yield* Effect.sleep(Math.max(0, next - (yield* now)))
+      next = (yield* now) + settings.livenessIntervalMs
       const r = yield* s.host.probe(live, Math.min(settings.livenessIntervalMs, 5_000))
       yield* Effect.logDebug("engine liveness probe", { url: live.url, ...r })
       const step = livenessStep(failures, r.ok, settings.livenessFailures)

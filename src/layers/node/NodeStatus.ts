@@ -6,7 +6,7 @@ import * as os from "node:os"
 import { Clock, Duration, Effect, Layer, Option, Ref, Schedule, Stream } from "effect"
 import type { Counter } from "prom-client"
 import { Config } from "../../services/config/Config.ts"
-import { EngineClient, type LoadSignals } from "../../services/engine/EngineClient.ts"
+import { EngineClient } from "../../services/engine/EngineClient.ts"
 import { EngineProcess } from "../../services/engine/EngineProcess.ts"
 import { EngineStall, noStall, stallProblem } from "../../services/engine/EngineStall.ts"
 import { failingOf } from "../../services/engine/EngineState.ts"
@@ -20,6 +20,7 @@ import { Nvml } from "../../services/node/Nvml.ts"
 import { ENGINE_STATES, Metrics, setCounter, setOptional, setStateGauge } from "../../services/observability/Metrics.ts"
 import { resolveAdvertiseAddr } from "../../services/registry/Advertise.ts"
 import { VERSION } from "../../version.ts"
+import { sampleEngineLoad } from "./engineLoad.ts"
 
 // ---------------------------------------------------------------------------------------------------------
 // Live layer: NodeHealth from Config, EngineProcess, EngineClient.load, Admission, Drain, Nvml and the
@@ -78,16 +79,14 @@ export const layer = (
         boundPort: options.boundGrpcPort
       })
 
-      // One engine scrape per heartbeat at most, however many readers (etcd writer, gRPC, /status, /metrics).
-      // Polling, not a request: no span (it would be a root span per heartbeat in every trace backend).
-      const signals = yield* client.load.pipe(
-        Effect.withTracerEnabled(false),
-        Effect.map((s): LoadSignals | undefined => s),
-        Effect.catch((e) =>
-          Effect.logDebug("engine load scrape failed", { error: e.message }).pipe(Effect.as(undefined))
-        ),
-        Effect.cachedWithTTL(heartbeat)
-      )
+      // One engine scrape per heartbeat, in a fiber of its own (engineLoad.ts), however many readers (etcd writer,
+      // gRPC, /status, /metrics): readers take the last sample and never wait on the engine's I/O.
+      const engineLoad = yield* sampleEngineLoad({
+        load: client.load,
+        state: engine.state,
+        changes: engine.changes,
+        heartbeatMs: Duration.toMillis(heartbeat)
+      })
 
       // tokens/s over the last heartbeat interval: a reading of the counter per heartbeat.
       const rate = yield* Ref.make(0)
@@ -117,7 +116,7 @@ export const layer = (
             ],
             { concurrency: "unbounded" }
           )
-        const load = state._tag === "Ready" ? yield* signals : undefined
+        const load = yield* engineLoad.latest(state)
         return {
           state,
           restarts,

@@ -1,0 +1,164 @@
+// The engine-load sampler (src/layers/node/engineLoad.ts) under the live NodeStatus, on a TestClock: the engine's
+// metrics endpoint hangs and NodeHealth (what the etcd heartbeat writes, /status and GetNodeHealth return) and
+// the admin /metrics render still answer at once; the last sample is shown for three heartbeats, then left out;
+// a hung scrape is cut at half a heartbeat (its request interrupted); a new Ready period is sampled at once.
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, type Fiber, Layer, Logger } from "effect"
+import { TestClock } from "effect/testing"
+import * as ConfigLayer from "../../src/layers/config/Config.ts"
+import * as AdmissionLayer from "../../src/layers/grpc/Admission.ts"
+import { maxAgeMs, scrapeTimeoutMs } from "../../src/layers/node/engineLoad.ts"
+import * as NodeStatusLayer from "../../src/layers/node/NodeStatus.ts"
+import { EngineClient, EngineError, type LoadSignals } from "../../src/services/engine/EngineClient.ts"
+import { State } from "../../src/services/engine/EngineState.ts"
+import { Drain } from "../../src/services/node/Drain.ts"
+import { NodeStatus } from "../../src/services/node/NodeStatus.ts"
+import { Metrics } from "../../src/services/observability/Metrics.ts"
+import * as CordonTest from "../../src/testing/Cordon.ts"
+import { EngineProcessControl, layerTest as engineLayerTest } from "../../src/testing/EngineProcess.ts"
+import * as MetricsTest from "../../src/testing/Metrics.ts"
+import * as NvmlTest from "../../src/testing/Nvml.ts"
+import { settle } from "../support/poll.ts"
+
+const HEARTBEAT_MS = 1_000
+const signals: LoadSignals = { running: 3, waiting: 1, kvUsage: 0.25 }
+
+/** The engine's /metrics as the test sets it: answering, hanging (until interrupted) or refusing. */
+const makeEngine = () => {
+  const engine = { mode: "ok" as "ok" | "hang" | "fail", scrapes: 0, interrupted: 0 }
+  const load = Effect.suspend(() => {
+    engine.scrapes++
+    if (engine.mode === "ok") return Effect.succeed(signals)
+    if (engine.mode === "fail")
+      return Effect.fail(new EngineError({ reason: "Connect", message: "connect ECONNREFUSED 127.0.0.1:8000" }))
+    return Effect.never.pipe(Effect.onInterrupt(() => Effect.sync(() => engine.interrupted++)))
+  })
+  const client = Layer.succeed(EngineClient, { streamTo: () => Effect.void, load })
+  const config = ConfigLayer.layerFromObject({
+    models: { m: { hf_repo: "org/m" } },
+    agent: { node_id: "n1", heartbeat: `${HEARTBEAT_MS}ms`, advertise_addr: "10.1.2.3:7071" }
+  })
+  const deps = Layer.mergeAll(
+    engineLayerTest(),
+    client,
+    AdmissionLayer.layerWith({ maxInflight: 4, maxQueue: 2 }),
+    Drain.layer,
+    CordonTest.layerMemory,
+    NvmlTest.layerFixed([]),
+    MetricsTest.layerTest
+  ).pipe(Layer.provideMerge(config))
+  const layer = NodeStatusLayer.layer({ agentVersion: "9.9.9" }).pipe(Layer.provideMerge(deps))
+  const logs: Array<string> = []
+  const logger = Logger.make(({ logLevel, message }) => {
+    const [msg, fields] = [message].flat() as [string, { reason?: string } | undefined]
+    logs.push(`${logLevel} ${msg}${fields?.reason === undefined ? "" : ` (${fields.reason})`}`)
+  })
+  return { engine, logs, layer: layer.pipe(Layer.provide(Logger.layer([logger]))) }
+}
+
+/** Runs `effect` in a fiber and lets everything runnable run, the clock standing still: it must be done by then. */
+const atOnce = <A>(what: string, effect: Effect.Effect<A>) =>
+  Effect.gen(function* () {
+    const fiber: Fiber.Fiber<A> = yield* Effect.forkChild(effect)
+    yield* settle(
+      `${what} answers with the clock standing still`,
+      Effect.sync(() => fiber.pollUnsafe() !== undefined)
+    )
+    const exit = fiber.pollUnsafe()!
+    if (exit._tag === "Failure") return yield* Effect.die(new Error(`${what} failed`))
+    return exit.value
+  })
+
+describe("engine load sampler", () => {
+  it("bounds: half a heartbeat per scrape (at most 10 s), three heartbeats of age", () => {
+    assert.strictEqual(scrapeTimeoutMs(1_000), 500)
+    assert.strictEqual(scrapeTimeoutMs(100), 50)
+    assert.strictEqual(scrapeTimeoutMs(60_000), 10_000)
+    assert.strictEqual(maxAgeMs(5_000), 15_000)
+  })
+
+  it.effect("NodeHealth and /metrics answer at once while the engine's /metrics hangs; a sample ages out", () => {
+    const { engine, logs, layer } = makeEngine()
+    return Effect.gen(function* () {
+      const status = yield* NodeStatus
+      const metrics = yield* Metrics
+      const control = yield* EngineProcessControl
+      const load = Effect.map(status.snapshot, (h) => h.load!)
+
+      // Ready at t=0: sampled at once (a new Ready period), not a heartbeat later
+      yield* control.set(State.Ready({ since: 0, run: 0 }))
+      yield* settle(
+        "the first sample shown",
+        Effect.map(load, (l) => l.kvUsage === 0.25)
+      )
+      assert.deepInclude(yield* atOnce("snapshot", load), { engineRunning: 3, engineWaiting: 1, kvUsage: 0.25 })
+      assert.strictEqual(engine.scrapes, 1)
+
+      // the engine hangs: the scrape of t=1000 never answers, and readers do not wait for it
+      engine.mode = "hang"
+      yield* TestClock.adjust(HEARTBEAT_MS)
+      const during = yield* atOnce("snapshot during a hung scrape", load)
+      assert.deepInclude(during, { engineRunning: 3, kvUsage: 0.25 }, "the last sample (1 s old) is still shown")
+      const body = (yield* atOnce("/metrics during a hung scrape", metrics.render)).body
+      assert.include(body, "cgn_agent_engine_kv_cache_usage_ratio 0.25")
+      assert.strictEqual(engine.scrapes, 2, "the scrape at t=1000, made by the sampler")
+
+      // half a heartbeat later the scrape is given up: its request interrupted, nothing piles up
+      yield* TestClock.adjust(scrapeTimeoutMs(HEARTBEAT_MS))
+      yield* settle(
+        "the hung scrape interrupted",
+        Effect.sync(() => engine.interrupted === 1)
+      )
+
+      // t=3000: the sample (t=0) is three heartbeats old, still shown; 1 ms later it is not
+      yield* TestClock.adjust(3 * HEARTBEAT_MS - scrapeTimeoutMs(HEARTBEAT_MS) - HEARTBEAT_MS)
+      yield* settle(
+        "the scrape at t=3000",
+        Effect.sync(() => engine.scrapes === 4)
+      )
+      assert.strictEqual(engine.interrupted, 2, "one scrape in flight at a time")
+      assert.strictEqual((yield* atOnce("snapshot", load)).kvUsage, 0.25)
+      yield* TestClock.adjust(1)
+      // no sample: as for an engine that reports none (running falls back to the agent's in-flight count)
+      assert.deepInclude(yield* atOnce("snapshot", load), { engineRunning: 0, engineWaiting: 0, kvUsage: -1 })
+      const stale = (yield* atOnce("/metrics", metrics.render)).body
+      assert.notMatch(stale, /^cgn_agent_engine_kv_cache_usage_ratio /m)
+
+      // the engine refuses, then answers again: shown again from the next heartbeat's sample
+      engine.mode = "fail"
+      yield* TestClock.adjust(HEARTBEAT_MS - 1)
+      yield* settle(
+        "the refused scrape",
+        Effect.sync(() => engine.scrapes === 5)
+      )
+      assert.strictEqual((yield* atOnce("snapshot", load)).kvUsage, -1)
+      engine.mode = "ok"
+      yield* TestClock.adjust(HEARTBEAT_MS)
+      yield* settle(
+        "the scrape at t=5000",
+        Effect.sync(() => engine.scrapes === 6)
+      )
+      assert.strictEqual((yield* atOnce("snapshot", load)).kvUsage, 0.25)
+
+      // a restarted engine's Ready period shows none of the last run's sample, and is sampled at once
+      engine.mode = "hang"
+      yield* control.set(State.Ready({ since: 5_000, run: 1 }))
+      assert.strictEqual((yield* atOnce("snapshot", load)).kvUsage, -1)
+      yield* settle(
+        "the new Ready period sampled",
+        Effect.sync(() => engine.scrapes === 7)
+      )
+
+      // each reason once per failing spell (three timeouts, one line), and the recovery once
+      const scrapeLines = logs.filter((l) => l.includes("engine metrics scrape"))
+      assert.deepStrictEqual(
+        scrapeLines.map((l) => l.replace(/;.*\(/, " (")),
+        [
+          "Warn engine metrics scrape failed (no answer within 500 ms)",
+          "Warn engine metrics scrape failed (connect ECONNREFUSED 127.0.0.1:8000)",
+          "Info engine metrics scrape answers again"
+        ]
+      )
+    }).pipe(Effect.provide(layer))
+  })
+})
