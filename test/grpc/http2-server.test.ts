@@ -12,7 +12,8 @@ import * as zlib from "node:zlib"
 import * as grpc from "@grpc/grpc-js"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import type { ServerCall } from "../../src/layers/grpc/http2/Call.ts"
-import { Http2GrpcServer, STREAM_RESET_BURST } from "../../src/layers/grpc/http2/Server.ts"
+import { STREAM_RESET_BURST } from "../../src/layers/grpc/http2/Connections.ts"
+import { Http2GrpcServer } from "../../src/layers/grpc/http2/Server.ts"
 import { frameMessage } from "../../src/services/grpc/Wire.ts"
 import { makeTestPki } from "../support/certs.ts"
 import { pollUntil } from "../support/poll.ts"
@@ -558,7 +559,7 @@ describe("the agent's gRPC server on node:http2", () => {
     expect(gone).toBe(1)
     c.close()
   })
-  it("close(): a connection whose TLS handshake ends after close() began is closed too (it took new calls and held close() until destroy)", async () => {
+  it("close(): a connection still in its TLS handshake is closed at once (ended after close() began, it took new calls and held close() until destroy)", async () => {
     const pki = makeTestPki()
     const material = { ca: pki.ca.cert, cert: pki.server.cert, key: pki.server.key }
     const s = new Http2GrpcServer({
@@ -591,6 +592,7 @@ describe("the agent's gRPC server on node:http2", () => {
     })
     socket.on("data", (d) => pipe.push(d))
     socket.on("end", () => pipe.push(null))
+    socket.on("close", () => pipe.destroy())
     const release = () => {
       holding = false
       for (const c of held.splice(0)) socket.write(c)
@@ -614,7 +616,7 @@ describe("the agent's gRPC server on node:http2", () => {
         closed = true
       })
       release()
-      // A call on the late connection: refused (GOAWAY), not served.
+      // A call on that connection: refused (the connection closed), not served.
       const late = await new Promise<string>((resolve) => {
         try {
           const req = session.request({

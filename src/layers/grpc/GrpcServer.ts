@@ -3,7 +3,7 @@
  * GenerateCall.ts), grpc.health.v1 (Health.ts, status from ServingState.ts) and server reflection
  * (Reflection.ts); the stall watchdog (StallWatchdog.ts) over the active calls (ActiveCalls.ts). Binds on
  * [agent].listen_grpc; when the scope closes it publishes NOT_SERVING, ends Watch streams and gives running
- * calls `shutdownGraceMs` before cancelling them.
+ * calls `shutdownGraceMs` before cancelling them (connections with none close at once), logging what it cut.
  */
 import { Duration, Effect, Layer, Schema } from "effect"
 import { Config } from "../../services/config/Config.ts"
@@ -42,6 +42,18 @@ export interface GrpcServerOptions {
 
 /** How long the server's close waits for calls still open (a router that stopped reading) before it cuts them. */
 export const CLOSE_GRACE = Duration.seconds(5)
+
+/** Cuts what `server`'s close left open after `graceMs`, and says what (README: each step cut short is logged). */
+const cut = (server: Http2GrpcServer, graceMs: number): Effect.Effect<void> =>
+  Effect.suspend(() => {
+    const { sessions, calls } = server.open
+    server.destroy()
+    return Effect.logWarning("gRPC close: connections still open after the grace; cut", {
+      grace_ms: graceMs,
+      sessions,
+      calls
+    })
+  })
 
 /**
  * Listens on `address` (`host:port`, IPv6 hosts in brackets), the value of config `key`; succeeds with the bound
@@ -118,10 +130,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
       endWatches()
     }).pipe(
       Effect.andThen(Effect.promise(() => server.close())),
-      Effect.timeoutOrElse({
-        duration: Duration.millis(grace),
-        orElse: () => Effect.sync(() => server.destroy())
-      })
+      Effect.timeoutOrElse({ duration: Duration.millis(grace), orElse: () => cut(server, grace) })
     )
   )
   const bound = joinHostPort(splitHostPort(address).host, port)

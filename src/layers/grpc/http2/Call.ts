@@ -11,6 +11,7 @@ import { EventEmitter } from "node:events"
 import * as http2 from "node:http2"
 import { type GrpcFailure, type HandlerError, okStatus } from "../../../services/grpc/GrpcStatus.ts"
 import { encodeStatusMessage, frameMessage, reservedTrailer } from "../../../services/grpc/Wire.ts"
+import type { CallTally } from "./Connections.ts"
 
 /** The request's metadata as grpc-js's Metadata.get reads it: every value under a key, `-bin` ones decoded. */
 export class RequestMetadata {
@@ -63,15 +64,19 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
   constructor(
     stream: http2.ServerHttp2Stream,
     headers: http2.IncomingHttpHeaders,
-    serialize: (message: Res) => Buffer
+    serialize: (message: Res) => Buffer,
+    /** The connection's count of open calls (close() closes one with none at once); this one in until 'close'. */
+    tally: CallTally
   ) {
     super()
     this.#stream = stream
     this.#serialize = serialize
     this.metadata = new RequestMetadata(headers)
+    tally.open++
     // Stream errors (a reset, a session torn down) also close the stream: 'close' is where they are handled.
     stream.on("error", noop)
     stream.once("close", () => {
+      tally.open--
       if (this.#done) return
       this.#done = true
       clearTimeout(this.#deadline)

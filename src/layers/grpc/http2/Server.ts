@@ -6,7 +6,7 @@
  * HTTP/2 settings grpc-js does not expose: Node's rapid-reset guard (streamResetBurst/Rate) cut a router's
  * burst of cancels short with INTERNAL.
  * Routing, the request's framing and decoding, deadlines and the listener's lifecycle live here; one call's
- * responses in Call.ts.
+ * responses in Call.ts; the connections (handshake deadline, what close() closes at once) in Connections.ts.
  */
 
 import * as http2 from "node:http2"
@@ -26,8 +26,8 @@ import {
 import { isGrpcContentType, MessageReader, parseTimeout } from "../../../services/grpc/Wire.ts"
 import type { TlsSource } from "../../../services/tls/Tls.ts"
 import { ServerCall, type UnaryCallback } from "./Call.ts"
+import { Connections, HANDSHAKE_TIMEOUT_MS, type OpenConnections, SESSION_SETTINGS } from "./Connections.ts"
 import { type Decoder, decode } from "./decodeMessage.ts"
-import { MAX_HEADER_LIST_BYTES, MAX_HEADER_LIST_PAIRS } from "./headerLimits.ts"
 
 export interface Http2GrpcServerOptions {
   /** The largest request message accepted, decompressed (bytes); a larger one ends RESOURCE_EXHAUSTED. */
@@ -56,17 +56,9 @@ export interface Http2GrpcServerOptions {
    * bounds what callers that send slowly, or stop halfway, hold before that. Default: no limit.
    */
   readonly maxArrivingBytes?: number | undefined
+  /** How long a connection has to complete its handshake (default HANDSHAKE_TIMEOUT_MS; tests shorten it). */
+  readonly handshakeTimeoutMs?: number | undefined
 }
-
-/**
- * Node's guard against HTTP/2 rapid reset (CVE-2023-44487) closes a connection whose client reset more than
- * `streamResetBurst` streams, refilled at `streamResetRate` per second; its defaults (1000, 33/s) end a
- * router's cancel of 2000 hedged calls with INTERNAL on every call of the connection. A cancel costs the
- * agent an aborted engine request, and admission bounds the calls in flight, so the guard is kept but sized
- * for a router: 10x the burst, 30x the rate.
- */
-export const STREAM_RESET_BURST = 10_000
-export const STREAM_RESET_RATE = 1_000
 
 type Kind = "unary" | "serverStream" | "clientStream" | "bidi"
 
@@ -98,19 +90,29 @@ const CANCELLED = failure(new CallCancelled()).code
 /** The end of a call whose grpc-timeout passed (made once: an error built per call costs every call). */
 const DEADLINE = failure(new CallDeadlineExceeded())
 
+/**
+ * How long a request that ended inside a message, or with none, waits for a reset before it is answered
+ * INTERNAL. node:http2's client (so grpc-js) cancels a call whose request is still open by ending it (an
+ * empty DATA frame with END_STREAM) and then resetting it (RST_STREAM CANCEL), in two writes
+ * (nodejs/node lib/internal/http2/core.js, closeStream): the server reads the end first and sees no reset yet,
+ * and its INTERNAL answer then closed the stream before the reset came. Only broken requests wait.
+ */
+export const RESET_AFTER_END_MS = 100
+
 export class Http2GrpcServer {
   readonly #routes = new Map<string, Route>()
-  readonly #sessions = new Set<http2.ServerHttp2Session>()
   readonly #options: Http2GrpcServerOptions
+  readonly #connections: Connections
   #server: http2.Http2Server | http2.Http2SecureServer | undefined
   /** Bytes received on streams whose handler has not run yet (maxArrivingBytes). */
   #arriving = 0
   #unsubscribe: (() => void) | undefined
-  /** Set by close() and destroy(): what a connection still in its TLS handshake then gets once it is one. */
-  #closing: "close" | "destroy" | undefined
 
   constructor(options: Http2GrpcServerOptions) {
     this.#options = options
+    this.#connections = new Connections(options.handshakeTimeoutMs ?? HANDSHAKE_TIMEOUT_MS, (e) =>
+      options.onConnectionError?.(e)
+    )
   }
 
   /** Adds a service's methods (grpc-js's `Server.addService` shape). */
@@ -125,16 +127,7 @@ export class Http2GrpcServer {
 
   /** Listens on `host`:`port`; resolves with the bound port (the real one for port 0). */
   listen(host: string, port: number): Promise<number> {
-    const settings: http2.ServerOptions = {
-      // As grpc-js: Node's 10 MB session memory cap degrades badly when reached; admission bounds calls instead.
-      maxSessionMemory: Number.MAX_SAFE_INTEGER,
-      maxSendHeaderBlockLength: Number.MAX_SAFE_INTEGER,
-      streamResetBurst: STREAM_RESET_BURST,
-      streamResetRate: STREAM_RESET_RATE,
-      // Metadata is limited on bytes, not on Node's default count of 128 fields (headerLimits.ts).
-      maxHeaderListPairs: MAX_HEADER_LIST_PAIRS,
-      settings: { maxHeaderListSize: MAX_HEADER_LIST_BYTES }
-    }
+    const settings = SESSION_SETTINGS
     const tls = this.#options.tls
     const server =
       tls === undefined
@@ -151,18 +144,7 @@ export class Http2GrpcServer {
       this.#unsubscribe = tls.subscribe((m) => secure.setSecureContext({ ca: m.ca, cert: m.cert, key: m.key }))
     }
     this.#server = server
-    const connectionError = (e: Error): void => this.#options.onConnectionError?.(e)
-    server.on("session", (session) => {
-      this.#sessions.add(session)
-      // Errors end the session, and 'close' follows: its streams see 'cancelled' there.
-      session.on("error", connectionError)
-      session.once("close", () => this.#sessions.delete(session))
-      // Accepted before close() or destroy(), its handshake done after: it must not take calls, nor hold close().
-      if (this.#closing !== undefined) session[this.#closing]()
-    })
-    server.on("tlsClientError", connectionError)
-    // Each relayed token is a small write after one still unacknowledged: Nagle's algorithm would hold it back.
-    server.on("connection", (socket: net.Socket) => socket.setNoDelay(true))
+    this.#connections.attach(server)
     server.on("stream", (stream, headers) => this.#onStream(stream, headers))
     return new Promise((resolve, reject) => {
       // Not listening: nothing will close this server, so its certificate subscription ends here.
@@ -181,23 +163,27 @@ export class Http2GrpcServer {
 
   /**
    * Stops taking connections and sends GOAWAY on each, so running calls finish and new ones go elsewhere;
-   * resolves when every connection has closed.
+   * connections with no call running (or still in their handshake) close at once. Resolves when every
+   * connection has closed.
    */
   close(): Promise<void> {
     const server = this.#server
     this.#unsubscribe?.()
     if (server === undefined || !server.listening) return Promise.resolve()
-    this.#closing = "close"
-    const closed = new Promise<void>((resolve) => server.close(() => resolve()))
-    for (const s of this.#sessions) s.close()
-    return closed
+    // First: the server's own close closes every session gracefully, which waits on the client (Connections.ts).
+    this.#connections.close()
+    return new Promise<void>((resolve) => server.close(() => resolve()))
+  }
+
+  /** The connections open now and the calls running on them: what destroy() would cut. */
+  get open(): OpenConnections {
+    return this.#connections.open
   }
 
   /** Closes every connection now: their running calls see 'cancelled'. */
   destroy(): void {
     this.#unsubscribe?.()
-    this.#closing = "destroy"
-    for (const s of this.#sessions) s.destroy()
+    this.#connections.destroy()
     if (this.#server?.listening) this.#server.close()
   }
 
@@ -208,7 +194,8 @@ export class Http2GrpcServer {
     }
     const path = headers[":path"] ?? ""
     const route = this.#routes.get(path)
-    const call = new ServerCall<unknown, unknown>(stream, headers, route?.definition.responseSerialize ?? noBody)
+    const serialize = route?.definition.responseSerialize ?? noBody
+    const call = new ServerCall<unknown, unknown>(stream, headers, serialize, this.#connections.tallyOf(stream.session))
     // Until the handler runs, every end of the call is the server's: reported through onRejected. What the
     // request holds of the arriving budget (every byte until then) is given back at the handler or at that end.
     let handled = false
@@ -282,9 +269,15 @@ export class Http2GrpcServer {
     stream.once("end", () => {
       // A caller's reset ends the request too: that is its cancel ('cancelled' on close), not a short message.
       if (call.done || stream.aborted) return
-      if (reader.pending > 0) end(failure(new ProtocolViolation({ detail: "the request ended inside a message" })))
+      const broken =
+        reader.pending > 0
+          ? "the request ended inside a message"
+          : !streaming && received === 0
+            ? "the request carried no message"
+            : undefined
+      // Answered once a reset had time to come (RESET_AFTER_END_MS): a reset makes the call done, cancelled.
+      if (broken !== undefined) setTimeout(end, RESET_AFTER_END_MS, failure(new ProtocolViolation({ detail: broken })))
       else if (streaming) call.endRequest()
-      else if (received === 0) reject(failure(new ProtocolViolation({ detail: "the request carried no message" })))
       else {
         handled = true
         release()
