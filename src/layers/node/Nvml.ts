@@ -4,13 +4,18 @@
  * persistence mode takes seconds on a multi-GPU host, a GPU fallen off the bus hangs NVML calls) never blocks the
  * event loop that relays tokens and renews the etcd lease. This thread keeps the policy: samples on demand, cached
  * for `maxAge`, mirrored with whether NVML is up into the gauges at scrape time (gpuMetrics.ts).
+ * `gpus` never waits on NVML (stale-while-revalidate): it is read on the status path (the etcd heartbeat's record,
+ * built under the reporter's lock; admin /status and /metrics; gRPC GetNodeHealth), where a wait for a stuck call
+ * (up to `callTimeout`) or an on-demand re-open (nvmlInit: seconds) would hold the next lease keepalive, as the
+ * engine's /metrics scrape did (engineLoad.ts). It answers the last published answer at once and, once that is
+ * `maxAge` old, starts a new sample that publishes when it answers. Only the layer's start waits, for the first.
  * NVML that cannot be opened (no library or no driver yet: a GPU operator installs it after the agent starts)
  * or that fails under a running agent (the device count refused: "Unknown Error" after hours, a driver upgraded
  * underneath) leaves the agent running with no GPUs, and is opened again with backoff (from 1 s, capped at
  * `retryMax`) when a sample is next asked for: no timer of its own. Each distinct reason is logged once.
- * Single flight with a deadline: one request at a time is in the worker; a reader waits for it at most
- * `callTimeout`, then gets no GPUs and `unavailable` says NVML is not answering, and no further request is sent
- * until that one answers (a stuck NVML call cannot be interrupted; more would only be stuck behind it).
+ * Single flight with a deadline: one request at a time is in the worker; once it is `callTimeout` old, readers get
+ * no GPUs and `unavailable` says NVML is not answering (`sampleNow` waits for it until then), and no further request
+ * is sent until that one answers (a stuck NVML call cannot be interrupted; more would only be stuck behind it).
  * A worker is started only once the library loads here (a host without the driver starts none), and ended when
  * NVML fails in it. A lost GPU is named by the UUID its index had earlier in the session (NvmlValues.ts).
  */
@@ -35,7 +40,7 @@ export interface NvmlOptions {
   readonly maxAge?: Duration.Input
   /** The longest wait between two tries to open NVML again (default 1 minute; the first is after ~1 s). */
   readonly retryMax?: Duration.Input
-  /** How long a reader waits for NVML (an open, a sample) before it reports no GPUs (default CALL_TIMEOUT). */
+  /** How long NVML (an open, a sample) may take before it counts as stuck: no GPUs (default CALL_TIMEOUT). */
   readonly callTimeout?: Duration.Input
   /** Sees each worker thread started (tests count and watch them). */
   readonly onWorker?: (worker: Worker) => void
@@ -54,18 +59,25 @@ const message = (e: unknown) => (e instanceof Error ? e.message : String(e))
 interface Settings {
   readonly worker: string
   readonly library: string
-  readonly maxAge: Duration.Input
+  readonly maxAgeMs: number
   readonly retryMaxMs: number
   readonly callTimeout: Duration.Duration
   readonly onWorker: ((worker: Worker) => void) | undefined
 }
 
-/** The request in the worker now: readers wait for `done` until `deadlineAt`, never longer. */
+/** The request in the worker now: `sampleNow` waits for `done` until `deadlineAt`, never longer. */
 interface Job {
   readonly done: Deferred.Deferred<ReadonlyArray<Gpu>>
   readonly deadlineAt: number
-  /** Set by the reader whose deadline passed: the request is stuck. */
+  /** Set by the first reader that sees `deadlineAt` passed: the request is stuck. */
   stalled: boolean
+}
+
+/** What readers get: the last answer, and why NVML was not in use as of it (one value, so the two always agree). */
+interface Published {
+  readonly gpus: ReadonlyArray<Gpu>
+  readonly reason: string | undefined
+  readonly at: number
 }
 
 const acquire = (s: Settings) =>
@@ -164,31 +176,43 @@ const acquire = (s: Settings) =>
       return nameLostGpus(reply.gpus, known)
     })
 
-    /**
-     * Drops the cached list (`gpus`) when a call stalls and when it answers after all, so that the list a reader
-     * gets agrees with `unavailable` (and nvml_up with the GPU series) at once, not `maxAge` later.
-     */
-    let invalidate: Effect.Effect<void> = Effect.void
+    /** The answer readers get; replaced by the layer's first sample before any reader exists. */
+    let published: Published = { gpus: [], reason: "NVML not sampled yet", at: Number.NEGATIVE_INFINITY }
+    const publish = (gpus: ReadonlyArray<Gpu>) =>
+      Effect.map(Clock.currentTimeMillis, (at) => {
+        published = { gpus, reason, at }
+      })
 
-    /** Joins the exchange in flight or starts one; waits for it until its deadline, then reports no GPUs. */
-    const take = Effect.gen(function* () {
-      const now = yield* Clock.currentTimeMillis
-      let current = job
-      if (current === undefined) {
-        const entry: Job = {
-          done: Deferred.makeUnsafe<ReadonlyArray<Gpu>>(),
-          deadlineAt: now + callTimeoutMs,
-          stalled: false
-        }
+    /** The exchange in flight once its deadline has passed: marked stuck, no GPUs published (each reader checks). */
+    const stall = (current: Job) =>
+      Effect.gen(function* () {
+        if (job !== current || current.stalled) return
+        current.stalled = true
+        reason = stuckReason
+        yield* publish([])
+        yield* logOnce(
+          stuckReason,
+          Effect.logWarning("NVML call stuck; reporting no GPUs until it answers", { reason: stuckReason })
+        )
+      })
+
+    /** Marks the exchange in flight stuck if its deadline has passed: what a reader sees is then as at the deadline. */
+    const settle = Effect.gen(function* () {
+      const current = job
+      if (current !== undefined && (yield* Clock.currentTimeMillis) >= current.deadlineAt) yield* stall(current)
+    })
+
+    /** Starts an exchange, forked into the layer's scope: however late it answers, its answer is published. */
+    const start = (now: number) =>
+      Effect.gen(function* () {
+        const entry: Job = { done: Deferred.makeUnsafe(), deadlineAt: now + callTimeoutMs, stalled: false }
         job = entry
-        current = entry
-        // Forked into the layer's scope, not the reader's: a reader that gives up leaves the exchange running, and
-        // its answer, however late, still updates the state (NVML up again, problems, identities).
         yield* exchange.pipe(
-          Effect.tap(() =>
-            entry.stalled
-              ? Effect.andThen(invalidate, Effect.logInfo("NVML answered again", { reason: stuckReason }))
-              : Effect.void
+          Effect.tap((gpus) =>
+            Effect.andThen(
+              publish(gpus),
+              entry.stalled ? Effect.logInfo("NVML answered again", { reason: stuckReason }) : Effect.void
+            )
           ),
           Effect.exit,
           Effect.flatMap((exit) =>
@@ -199,7 +223,13 @@ const acquire = (s: Settings) =>
           ),
           Effect.forkIn(scope)
         )
-      }
+        return entry
+      })
+
+    /** Joins the exchange in flight or starts one; waits for it until its deadline, then reports no GPUs. */
+    const take = Effect.gen(function* () {
+      const now = yield* Clock.currentTimeMillis
+      const current = job ?? (yield* start(now))
       // past its deadline, the exchange in flight is stuck: no wait at all
       if (current.deadlineAt > now) {
         const answer = yield* Deferred.await(current.done).pipe(
@@ -207,32 +237,32 @@ const acquire = (s: Settings) =>
         )
         if (Option.isSome(answer)) return answer.value
       }
-      if (job === current && !current.stalled) {
-        current.stalled = true
-        reason = stuckReason
-        yield* invalidate
-        yield* logOnce(
-          stuckReason,
-          Effect.logWarning("NVML call stuck; reporting no GPUs until it answers", { reason: stuckReason })
-        )
-      }
+      yield* stall(current)
       return []
     })
 
+    /** The last answer at once; once it is `maxAge` old, a new sample is started (none while one is in flight). */
+    const gpus = Effect.gen(function* () {
+      yield* settle
+      const now = yield* Clock.currentTimeMillis
+      if (job === undefined && now - published.at >= s.maxAgeMs) yield* start(now)
+      return published.gpus
+    })
+
     yield* Effect.addFinalizer(() =>
-      Effect.suspend(() => {
+      Effect.gen(function* () {
+        yield* settle
         const t = thread
         thread = undefined
         ready = false
         // Behind a stuck call the worker would not read the request to shut down: no wait for it then.
-        return t === undefined ? Effect.void : t.release(job?.stalled === true ? Duration.zero : s.callTimeout)
+        if (t !== undefined) yield* t.release(job?.stalled === true ? Duration.zero : s.callTimeout)
       })
     )
-    const [gpus, invalidateCache] = yield* Effect.cachedInvalidateWithTTL(take, s.maxAge)
-    invalidate = invalidateCache
-    const first = yield* gpus
+    // The start waits for the first answer (until its deadline): the plan's GPUs come from it.
+    const first = yield* take
     if (ready) yield* Effect.logInfo("NVML sampled", { gpus: first.length })
-    return { gpus, sampleNow: take, unavailable: Effect.sync(() => reason) } satisfies NvmlService
+    return { gpus, sampleNow: take, unavailable: Effect.map(settle, () => published.reason) } satisfies NvmlService
   })
 
 const open = (worker: string, options: NvmlOptions) => {
@@ -243,7 +273,7 @@ const open = (worker: string, options: NvmlOptions) => {
     : acquire({
         worker,
         library,
-        maxAge: options.maxAge ?? Duration.seconds(2),
+        maxAgeMs: millis(options.maxAge ?? Duration.seconds(2)),
         retryMaxMs: millis(options.retryMax ?? Duration.minutes(1)),
         callTimeout: Duration.fromInputUnsafe(options.callTimeout ?? CALL_TIMEOUT),
         onWorker: options.onWorker

@@ -12,9 +12,16 @@ import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
 export type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
 
 export interface NvmlService {
-  /** The GPUs now (a sample at most `maxAge` old); empty on a host without NVML. */
+  /**
+   * The GPUs as last sampled; empty on a host without NVML. Never waits on NVML: it is read on the status path (the
+   * heartbeat's record, /status, /metrics, GetNodeHealth); a sample older than `maxAge` is answered all the same,
+   * while a newer one is taken, and a call stuck past its deadline answers empty.
+   */
   readonly gpus: Effect.Effect<ReadonlyArray<Gpu>>
-  /** A sample taken now, for decisions that must not act on an old one (the GPU wait before a spawn). */
+  /**
+   * A sample taken now (waits for it, up to the call's deadline), for decisions that must not act on an old one
+   * (the GPU wait before a spawn). Not for the status path.
+   */
   readonly sampleNow: Effect.Effect<ReadonlyArray<Gpu>>
   /**
    * Why NVML is not in use now (library missing, init failed, NVML gone from under a running agent, a call that has
