@@ -1,13 +1,14 @@
 // The engine-load sampler (src/layers/node/engineLoad.ts) under the live NodeStatus, on a TestClock: the engine's
 // metrics endpoint hangs and NodeHealth (what the etcd heartbeat writes, /status and GetNodeHealth return) and
 // the admin /metrics render still answer at once; the last sample is shown for three heartbeats, then left out;
-// a hung scrape is cut at half a heartbeat (its request interrupted); a new Ready period is sampled at once.
+// a hung scrape is cut at 0.9 of a heartbeat (its request interrupted), a slow one that ends before that is
+// shown; a new Ready period is sampled at once; a flapping engine or a varying error text logs O(1) lines.
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, type Fiber, Layer, Logger } from "effect"
 import { TestClock } from "effect/testing"
 import * as ConfigLayer from "../../src/layers/config/Config.ts"
 import * as AdmissionLayer from "../../src/layers/grpc/Admission.ts"
-import { maxAgeMs, scrapeTimeoutMs } from "../../src/layers/node/engineLoad.ts"
+import { maxAgeMs, RECOVERED_AFTER, scrapeTimeoutMs } from "../../src/layers/node/engineLoad.ts"
 import * as NodeStatusLayer from "../../src/layers/node/NodeStatus.ts"
 import { EngineClient, EngineError, type LoadSignals } from "../../src/services/engine/EngineClient.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
@@ -23,14 +24,22 @@ import { settle } from "../support/poll.ts"
 const HEARTBEAT_MS = 1_000
 const signals: LoadSignals = { running: 3, waiting: 1, kvUsage: 0.25 }
 
-/** The engine's /metrics as the test sets it: answering, hanging (until interrupted) or refusing. */
+/**
+ * The engine's /metrics as the test sets it: answering, answering after `slowMs` (on the Clock), hanging (until
+ * interrupted), refusing, or answering HTTP 503 with a body that differs per scrape (a request id).
+ */
 const makeEngine = () => {
-  const engine = { mode: "ok" as "ok" | "hang" | "fail", scrapes: 0, interrupted: 0 }
+  const engine = { mode: "ok" as "ok" | "slow" | "hang" | "fail" | "503", slowMs: 0, scrapes: 0, interrupted: 0 }
   const load = Effect.suspend(() => {
     engine.scrapes++
     if (engine.mode === "ok") return Effect.succeed(signals)
+    if (engine.mode === "slow") return Effect.as(Effect.sleep(engine.slowMs), signals)
     if (engine.mode === "fail")
       return Effect.fail(new EngineError({ reason: "Connect", message: "connect ECONNREFUSED 127.0.0.1:8000" }))
+    if (engine.mode === "503")
+      return Effect.fail(
+        new EngineError({ reason: "Http", status: 503, message: `HTTP 503: {"request_id":"r${engine.scrapes}"}` })
+      )
     return Effect.never.pipe(Effect.onInterrupt(() => Effect.sync(() => engine.interrupted++)))
   })
   const client = Layer.succeed(EngineClient, { streamTo: () => Effect.void, load })
@@ -56,6 +65,10 @@ const makeEngine = () => {
   return { engine, logs, layer: layer.pipe(Layer.provide(Logger.layer([logger]))) }
 }
 
+/** The sampler's log lines, the warning's tail (how long samples are kept) left out. */
+const scrapeLines = (logs: ReadonlyArray<string>) =>
+  logs.filter((l) => l.includes("engine metrics scrape")).map((l) => l.replace(/;.*\(/, " ("))
+
 /** Runs `effect` in a fiber and lets everything runnable run, the clock standing still: it must be done by then. */
 const atOnce = <A>(what: string, effect: Effect.Effect<A>) =>
   Effect.gen(function* () {
@@ -70,9 +83,10 @@ const atOnce = <A>(what: string, effect: Effect.Effect<A>) =>
   })
 
 describe("engine load sampler", () => {
-  it("bounds: half a heartbeat per scrape (at most 10 s), three heartbeats of age", () => {
-    assert.strictEqual(scrapeTimeoutMs(1_000), 500)
-    assert.strictEqual(scrapeTimeoutMs(100), 50)
+  it("bounds: 0.9 of a heartbeat per scrape (at most 10 s), three heartbeats of age", () => {
+    assert.strictEqual(scrapeTimeoutMs(1_000), 900)
+    assert.strictEqual(scrapeTimeoutMs(100), 90)
+    assert.strictEqual(scrapeTimeoutMs(5_000), 4_500)
     assert.strictEqual(scrapeTimeoutMs(60_000), 10_000)
     assert.strictEqual(maxAgeMs(5_000), 15_000)
   })
@@ -103,7 +117,7 @@ describe("engine load sampler", () => {
       assert.include(body, "cgn_agent_engine_kv_cache_usage_ratio 0.25")
       assert.strictEqual(engine.scrapes, 2, "the scrape at t=1000, made by the sampler")
 
-      // half a heartbeat later the scrape is given up: its request interrupted, nothing piles up
+      // 0.9 of a heartbeat later the scrape is given up: its request interrupted, nothing piles up
       yield* TestClock.adjust(scrapeTimeoutMs(HEARTBEAT_MS))
       yield* settle(
         "the hung scrape interrupted",
@@ -123,6 +137,9 @@ describe("engine load sampler", () => {
       assert.deepInclude(yield* atOnce("snapshot", load), { engineRunning: 0, engineWaiting: 0, kvUsage: -1 })
       const stale = (yield* atOnce("/metrics", metrics.render)).body
       assert.notMatch(stale, /^cgn_agent_engine_kv_cache_usage_ratio /m)
+      // unknown is not 0: no waiting sample either (it read 0 before, like an idle engine)
+      assert.notMatch(stale, /^cgn_agent_engine_waiting_requests /m)
+      assert.match(stale, /^cgn_agent_engine_running_requests 0$/m, "the agent's in-flight count, as the proto says")
 
       // the engine refuses, then answers again: shown again from the next heartbeat's sample
       engine.mode = "fail"
@@ -149,16 +166,67 @@ describe("engine load sampler", () => {
         Effect.sync(() => engine.scrapes === 7)
       )
 
-      // each reason once per failing spell (three timeouts, one line), and the recovery once
-      const scrapeLines = logs.filter((l) => l.includes("engine metrics scrape"))
-      assert.deepStrictEqual(
-        scrapeLines.map((l) => l.replace(/;.*\(/, " (")),
-        [
-          "Warn engine metrics scrape failed (no answer within 500 ms)",
-          "Warn engine metrics scrape failed (connect ECONNREFUSED 127.0.0.1:8000)",
-          "Info engine metrics scrape answers again"
-        ]
+      // each kind once per failing spell (three timeouts, one line); one good scrape does not end the spell
+      assert.deepStrictEqual(scrapeLines(logs), [
+        "Warn engine metrics scrape failed (no answer within 900 ms)",
+        "Warn engine metrics scrape failed (connect ECONNREFUSED 127.0.0.1:8000)"
+      ])
+    }).pipe(Effect.provide(layer))
+  })
+
+  it.effect("a /metrics slower than half a heartbeat, under 0.9 of one, is shown, not cut off", () => {
+    const { engine, layer } = makeEngine()
+    return Effect.gen(function* () {
+      const status = yield* NodeStatus
+      engine.mode = "slow"
+      engine.slowMs = 800
+      yield* (yield* EngineProcessControl).set(State.Ready({ since: 0, run: 0 }))
+      yield* settle(
+        "the slow scrape started",
+        Effect.sync(() => engine.scrapes === 1)
       )
+      yield* TestClock.adjust(engine.slowMs)
+      yield* settle(
+        "the slow scrape's sample shown",
+        Effect.map(status.snapshot, (h) => h.load?.kvUsage === 0.25)
+      )
+      assert.strictEqual(engine.interrupted, 0)
+    }).pipe(Effect.provide(layer))
+  })
+
+  it.effect("a flapping engine and a varying error text log O(1) lines; the recovery once, after it holds", () => {
+    const { engine, logs, layer } = makeEngine()
+    return Effect.gen(function* () {
+      yield* (yield* EngineProcessControl).set(State.Ready({ since: 0, run: 0 }))
+      yield* settle(
+        "the first scrape",
+        Effect.sync(() => engine.scrapes === 1)
+      )
+      const heartbeatWith = (mode: typeof engine.mode) =>
+        Effect.gen(function* () {
+          const before = engine.scrapes
+          engine.mode = mode
+          yield* TestClock.adjust(HEARTBEAT_MS)
+          yield* settle(
+            `the scrape after ${before}`,
+            Effect.sync(() => engine.scrapes === before + 1)
+          )
+        })
+      // 40 heartbeats alternating refused / answered: one warning, no recovery (it never holds)
+      for (let i = 0; i < 40; i++) yield* heartbeatWith(i % 2 === 0 ? "fail" : "ok")
+      // 20 heartbeats of 503s, each body with its own request id: one line for the kind, not one per body
+      for (let i = 0; i < 20; i++) yield* heartbeatWith(i % 3 === 2 ? "ok" : "503")
+      assert.deepStrictEqual(scrapeLines(logs), [
+        "Warn engine metrics scrape failed (connect ECONNREFUSED 127.0.0.1:8000)",
+        'Warn engine metrics scrape failed (HTTP 503: {"request_id":"r42"})'
+      ])
+      // answered RECOVERED_AFTER times in a row: the spell ends, logged once
+      for (let i = 0; i < RECOVERED_AFTER + 5; i++) yield* heartbeatWith("ok")
+      assert.strictEqual(scrapeLines(logs).length, 3)
+      assert.strictEqual(scrapeLines(logs)[2], "Info engine metrics scrape answers again")
+      // a new spell logs its kind again
+      yield* heartbeatWith("fail")
+      assert.strictEqual(scrapeLines(logs).length, 4)
     }).pipe(Effect.provide(layer))
   })
 })

@@ -127,6 +127,7 @@ describe("NodeStatus live layer", () => {
           // bounded wait until the watcher has subscribed (it sees the current state first)
           for (let i = 0; i < 500 && seen.length === 0; i++) yield* Effect.sleep("2 millis")
           const starting = yield* status.snapshot
+          const startingBody = (yield* (yield* Metrics).render).body
           yield* control.set(State.Ready({ since: Date.now(), run: 0 }))
           // the engine's load comes from the sampler's fiber (engineLoad.ts), which scrapes a new Ready period at once
           let ready = yield* status.snapshot
@@ -142,7 +143,17 @@ describe("NodeStatus live layer", () => {
           yield* (yield* Drain).start
           yield* Fiber.join(watcher).pipe(Effect.timeout("5 seconds"))
           const draining = yield* status.snapshot
-          return { starting, ready, again, busy, body, seen, draining, isDraining: yield* status.draining }
+          return {
+            starting,
+            startingBody,
+            ready,
+            again,
+            busy,
+            body,
+            seen,
+            draining,
+            isDraining: yield* status.draining
+          }
         })
       ).pipe(Effect.provide(layer))
     )
@@ -164,6 +175,12 @@ describe("NodeStatus live layer", () => {
     expect(scrapes()).toBeLessThanOrEqual(2) // the sampler's, not one per reader; one more if a heartbeat passed
     expect(result.body).toContain('cgn_agent_engine_state{state="ready"} 1')
     expect(result.body).toContain("cgn_agent_engine_kv_cache_usage_ratio 0.25")
+    expect(result.body).toMatch(/^cgn_agent_engine_waiting_requests 1$/m)
+    // not Ready, so no sample: unknown, not a 0 that reads as an idle engine (NodeHealth's proto field has no
+    // presence, so engineWaiting stays 0 there)
+    expect(result.startingBody).toContain("# TYPE cgn_agent_engine_waiting_requests gauge")
+    expect(result.startingBody).not.toMatch(/^cgn_agent_engine_waiting_requests /m)
+    expect(result.startingBody).toMatch(/^cgn_agent_engine_running_requests 0$/m)
     // No run has exited yet: the series has no sample (no -1 sentinel), only its HELP and TYPE.
     expect(result.body).toContain("# TYPE cgn_agent_engine_last_exit_code gauge")
     expect(result.body).not.toMatch(/^cgn_agent_engine_last_exit_code /m)

@@ -156,7 +156,8 @@ export const layer = (
           setOptional(metrics.engineLastExitCode, last?.code ?? undefined)
           metrics.engineFailing.set(failingOf(g.state) === undefined ? 0 : 1)
           metrics.engineRunningRequests.set(g.signals?.running ?? g.inflight)
-          metrics.engineWaitingRequests.set(g.signals?.waiting ?? 0)
+          // no (fresh) sample, or an engine that does not report it: no sample rather than a 0 that reads as idle
+          setOptional(metrics.engineWaitingRequests, g.signals?.waiting)
           setOptional(metrics.engineKvCacheUsage, g.signals?.kvUsage)
         })
       )

@@ -5,19 +5,34 @@
  * A hung engine (SIGSTOPped, a wedged API server) used to hold every reader for the client's 10 s timeout, and
  * the next lease keepalive behind the heartbeat's write: a 3 s lease was lost while /status said `registered`.
  *
- * One scrape per heartbeat, start to start, while the engine is Ready, each bounded by `scrapeTimeoutMs` (half a
- * heartbeat: a late answer is useless to the record it was for); a new Ready period is scraped at once. Readers
+ * One scrape per heartbeat, start to start, while the engine is Ready, each bounded by `scrapeTimeoutMs` (0.9 of
+ * a heartbeat: readers never wait on it, so it only has to end before the next is due; half a heartbeat cut a busy
+ * engine's slow /metrics off exactly when its load mattered most); a new Ready period is scraped at once. Readers
  * take the last sample of the engine's current Ready period while it is at most `maxAgeMs` (three heartbeats)
- * old; older, the engine's signals count as not reported, as for an engine that does not export them. A failing
- * scrape is logged once per distinct reason while it fails, and its recovery once.
+ * old; older, the engine's signals count as not reported, as for an engine that does not export them.
+ *
+ * Logging: a failing spell starts at a failed scrape and ends only once `RECOVERED_AFTER` scrapes in a row have
+ * answered, so a flapping engine logs one warning per kind of failure (`failureKind`: timeout, connect, HTTP
+ * status, protocol...; the full message goes in the line's fields) and one recovery line, not two lines per two
+ * heartbeats; an error text that varies (an HTTP body with a request id) does not make a new line per scrape.
  */
 import { Clock, Effect, Option, Stream } from "effect"
 import type { EngineError, LoadSignals } from "../../services/engine/EngineClient.ts"
 import type { EngineState } from "../../services/engine/EngineProcess.ts"
 
-/** The bound of one scrape: half a heartbeat, at most the EngineClient's own 10 s. */
+/** The bound of one scrape: 0.9 of a heartbeat (it ends before the next is due), at most the EngineClient's 10 s. */
 export const scrapeTimeoutMs = (heartbeatMs: number): number =>
-  Math.max(1, Math.min(Math.floor(heartbeatMs / 2), 10_000))
+  Math.max(1, Math.min(Math.floor(heartbeatMs * 0.9), 10_000))
+
+/** Answered scrapes in a row that end a failing spell (and log its recovery). */
+export const RECOVERED_AFTER = 3
+
+/** Kinds of failure logged per spell at most: the set stays bounded whatever the engine answers. */
+const MAX_KINDS = 8
+
+/** A failure's kind, the key it is logged once by: bounded, unlike its message (an HTTP body, an address). */
+export const failureKind = (e: EngineError): string =>
+  e.reason === "Http" ? `HTTP ${e.status ?? "error"}` : e.reason.toLowerCase()
 
 /** The oldest sample a reader takes: three heartbeats (two missed scrapes and a late one). */
 export const maxAgeMs = (heartbeatMs: number): number => 3 * heartbeatMs
@@ -54,7 +69,9 @@ interface Sample {
   readonly readySince: number
 }
 
-type Outcome = { readonly ok: true; readonly signals: LoadSignals } | { readonly ok: false; readonly reason: string }
+type Outcome =
+  | { readonly ok: true; readonly signals: LoadSignals }
+  | { readonly ok: false; readonly kind: string; readonly reason: string }
 
 /** Starts the sampler in the current scope; its fiber ends with the scope. */
 export const sampleEngineLoad = (o: EngineLoadOptions) =>
@@ -64,8 +81,10 @@ export const sampleEngineLoad = (o: EngineLoadOptions) =>
     let sample: Sample | undefined
     let failing: string | undefined
     let scrapes = 0
-    // the reasons logged in this failing spell: each once, however long the engine keeps failing
+    // the failing spell: the kinds logged in it (each once, however long it lasts), its failed scrapes, and the
+    // answered scrapes in a row since its last failure (RECOVERED_AFTER of them end it)
     const logged = new Set<string>()
+    let spell: { failures: number; answered: number } | undefined
 
     // Polling, not a request: no span (it would be a root span per heartbeat in every trace backend).
     const scrape: Effect.Effect<Outcome> = o.load.pipe(
@@ -73,11 +92,11 @@ export const sampleEngineLoad = (o: EngineLoadOptions) =>
       Effect.timeoutOption(timeoutMs),
       Effect.map(
         Option.match({
-          onNone: (): Outcome => ({ ok: false, reason: `no answer within ${timeoutMs} ms` }),
+          onNone: (): Outcome => ({ ok: false, kind: "timeout", reason: `no answer within ${timeoutMs} ms` }),
           onSome: (signals): Outcome => ({ ok: true, signals })
         })
       ),
-      Effect.catch((e) => Effect.succeed<Outcome>({ ok: false, reason: e.message }))
+      Effect.catch((e) => Effect.succeed<Outcome>({ ok: false, kind: failureKind(e), reason: e.message }))
     )
 
     const sampleOnce = (readySince: number) =>
@@ -87,18 +106,24 @@ export const sampleEngineLoad = (o: EngineLoadOptions) =>
         const at = yield* Clock.currentTimeMillis
         if (outcome.ok) {
           sample = { signals: outcome.signals, at, readySince }
-          if (failing !== undefined) yield* Effect.logInfo("engine metrics scrape answers again")
           failing = undefined
+          if (spell === undefined || ++spell.answered < RECOVERED_AFTER) return
+          yield* Effect.logInfo("engine metrics scrape answers again", {
+            failedScrapes: spell.failures,
+            answeredInARow: spell.answered
+          })
+          spell = undefined
           logged.clear()
           return
         }
         // The last good sample stays, for readers to judge by its age.
         failing = outcome.reason
-        if (logged.has(outcome.reason)) return
-        logged.add(outcome.reason)
+        spell = { failures: (spell?.failures ?? 0) + 1, answered: 0 }
+        if (logged.has(outcome.kind) || logged.size >= MAX_KINDS) return
+        logged.add(outcome.kind)
         yield* Effect.logWarning(
           `engine metrics scrape failed; the engine's load signals are left out once the last sample is older than ${oldestMs} ms`,
-          { reason: outcome.reason }
+          { kind: outcome.kind, reason: outcome.reason }
         )
       })
 
@@ -112,6 +137,7 @@ export const sampleEngineLoad = (o: EngineLoadOptions) =>
           // not Ready: nothing is scraped (as before), and a failing spell ends with the Ready period
           sample = undefined
           failing = undefined
+          spell = undefined
           logged.clear()
         }
         // A new Ready period (a start, a restart, a recovered probe) is sampled at once, not up to a heartbeat late.
