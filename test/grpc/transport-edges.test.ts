@@ -39,7 +39,11 @@ const hangingEngine = async () => {
   return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, received }
 }
 
-const startAgent = async (engineUrl: string, shutdownGraceMs: number) => {
+const startAgent = async (
+  engineUrl: string,
+  shutdownGraceMs: number,
+  agent?: { readonly max_inflight: number; readonly max_queue: number }
+) => {
   const logs: Array<string> = []
   const logger = Logger.make(({ logLevel, message }) =>
     logs.push(
@@ -49,7 +53,7 @@ const startAgent = async (engineUrl: string, shutdownGraceMs: number) => {
         .join(" ")}`
     )
   )
-  const { deps } = agentDeps(engineUrl)
+  const { deps } = agentDeps(engineUrl, agent ? { agent } : {})
   const rt = ManagedRuntime.make(
     grpcLayerWith({ address: "127.0.0.1:0", shutdownGraceMs }).pipe(
       Layer.provideMerge(Layer.mergeAll(deps, metricsLayerTest)),
@@ -136,6 +140,18 @@ describe("a caller's cancel before its request is complete", () => {
     })
     expect(status).toBe(String(grpc.status.INTERNAL))
     expect(await agent.requests()).toEqual({ INTERNAL: 1 })
+  })
+})
+
+describe("the gRPC server's connections", () => {
+  it("advertise a concurrent-stream limit of twice what admission holds (max_inflight + max_queue), at least 4096", async () => {
+    const engine = await hangingEngine()
+    const agent = await startAgent(engine.url, 1_000, { max_inflight: 1500, max_queue: 1000 })
+    const session = http2.connect(`http://127.0.0.1:${agent.port}`)
+    session.on("error", () => {})
+    cleanups.push(() => session.destroy())
+    await new Promise((resolve) => session.once("remoteSettings", resolve))
+    expect(session.remoteSettings.maxConcurrentStreams).toBe(5000)
   })
 })
 

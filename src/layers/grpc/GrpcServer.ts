@@ -18,6 +18,7 @@ import { ActiveCalls } from "./ActiveCalls.ts"
 import { addAgent, GENERATE_PATH } from "./AgentService.ts"
 import * as GenerateCall from "./GenerateCall.ts"
 import { addHealth, HEALTH_SERVICE } from "./Health.ts"
+import { concurrentStreams } from "./http2/Connections.ts"
 import { Http2GrpcServer, type Http2GrpcServerOptions } from "./http2/Server.ts"
 import { addReflection } from "./Reflection.ts"
 import * as ServingState from "./ServingState.ts"
@@ -96,6 +97,9 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     // Requests still arriving: room for 16 of the largest at once (64 MiB at the 4 MiB default) before
     // more are refused RESOURCE_EXHAUSTED; calls under way hold nothing of it.
     maxArrivingBytes: 16 * (config.agent.max_request_bytes + 1024 * 1024),
+    // Streams admission does not count yet (requests still arriving) are bounded per connection, with room for
+    // every call admission would hold, twice over.
+    maxConcurrentStreams: concurrentStreams(config.agent.max_inflight, config.agent.max_queue),
     tls: options.tls,
     ...errorLogging(run, "gRPC"),
     // Generate calls the transport ended before the handler (a bad message or grpc-timeout, a deadline or cancel

@@ -6,15 +6,16 @@
 
 import type * as http2 from "node:http2"
 import type * as net from "node:net"
+import * as tls from "node:tls"
 import { MAX_HEADER_LIST_BYTES, MAX_HEADER_LIST_PAIRS } from "./headerLimits.ts"
 
 /**
- * How long an accepted connection has to complete its handshake: TLS when served with TLS, then the HTTP/2
- * client preface (the magic and the client's SETTINGS). One that has not is closed. Node bounds neither for
- * h2c: a plaintext connection gets its session at once and waits for the preface as long as the client waits;
- * over TLS, `handshakeTimeout` (120 s) bounds the TLS part only and `unknownProtocolTimeout` only connections
- * that negotiated no `h2` by ALPN (nodejs/node doc/api/http2.md, doc/api/tls.md). Routers open a connection
- * and speak at once; a connection past its handshake is never closed for being idle (routers keep them).
+ * How long an accepted connection has for each part of its handshake: TLS when served with TLS (node:tls's
+ * `handshakeTimeout`, 120 s by default, given this instead), then the HTTP/2 client preface (the magic and the
+ * client's SETTINGS) from its session's start. One that has not is closed. Node bounds no preface: a session waits
+ * for it as long as the client waits (`unknownProtocolTimeout` bounds only TLS connections that negotiated no `h2`
+ * by ALPN; nodejs/node doc/api/http2.md, doc/api/tls.md). Routers open a connection and speak at once; a
+ * connection past its handshake is never closed for being idle (routers keep them).
  */
 export const HANDSHAKE_TIMEOUT_MS = 10_000
 
@@ -28,8 +29,21 @@ export const HANDSHAKE_TIMEOUT_MS = 10_000
 export const STREAM_RESET_BURST = 10_000
 export const STREAM_RESET_RATE = 1_000
 
-/** Each connection's HTTP/2 settings. */
-export const SESSION_SETTINGS: http2.ServerOptions = {
+/**
+ * The fewest streams one connection may hold open at once (SETTINGS_MAX_CONCURRENT_STREAMS; Node's default is
+ * 2^32 - 1). Admission counts calls from their handler on: streams whose request is still arriving (or never
+ * ends) are not counted there, so without this one client could hold any number. Room for a router's 2000
+ * hedged calls on one connection, twice over (its other calls ride the same connection); a client past the limit
+ * queues its requests itself. A server takes `concurrentStreams` of its admission limits.
+ */
+export const MIN_CONCURRENT_STREAMS = 4096
+
+/** Twice what admission holds (running and queued), at least MIN_CONCURRENT_STREAMS. */
+export const concurrentStreams = (maxInflight: number, maxQueue: number): number =>
+  Math.max(MIN_CONCURRENT_STREAMS, 2 * (maxInflight + maxQueue))
+
+/** Each connection's HTTP/2 settings, with at most `maxConcurrentStreams` streams open at once. */
+export const sessionSettings = (maxConcurrentStreams = MIN_CONCURRENT_STREAMS): http2.ServerOptions => ({
   // As grpc-js: Node's 10 MB session memory cap degrades badly when reached; admission bounds calls instead.
   maxSessionMemory: Number.MAX_SAFE_INTEGER,
   maxSendHeaderBlockLength: Number.MAX_SAFE_INTEGER,
@@ -37,8 +51,9 @@ export const SESSION_SETTINGS: http2.ServerOptions = {
   streamResetRate: STREAM_RESET_RATE,
   // Metadata is limited on bytes, not on Node's default count of 128 fields (headerLimits.ts).
   maxHeaderListPairs: MAX_HEADER_LIST_PAIRS,
-  settings: { maxHeaderListSize: MAX_HEADER_LIST_BYTES }
-}
+  // A stream past the limit is refused (RST_STREAM REFUSED_STREAM, safe to retry) by nghttp2 itself.
+  settings: { maxHeaderListSize: MAX_HEADER_LIST_BYTES, maxConcurrentStreams }
+})
 
 /** The sessions open and the calls running on them (what destroy() would cut). */
 export interface OpenConnections {
@@ -55,18 +70,26 @@ export interface CallTally {
 const untracked: CallTally = { open: 0 }
 
 /**
- * A session's socket is a proxy of the accepted one (node:http2 hides it), so the two are matched by the
- * client's address, unique among a listener's open connections.
+ * A TCP connection's four addresses: unique among the open ones, so they tie a TLS socket ('secureConnection') to
+ * the accepted socket it wraps through public properties only (both report the same four).
  */
-const peer = (socket: { readonly remoteAddress?: string | undefined; readonly remotePort?: number | undefined }) =>
-  `${socket.remoteAddress}|${socket.remotePort}`
+const connectionKey = (socket: net.Socket): string =>
+  `${socket.localAddress}|${socket.localPort}|${socket.remoteAddress}|${socket.remotePort}`
+
+/** The calls on a session, and its preface deadline until the client's SETTINGS come. */
+interface Tracked extends CallTally {
+  deadline: NodeJS.Timeout | undefined
+}
 
 export class Connections {
   /** Every session, with the calls open on it. */
-  readonly #sessions = new Map<http2.Http2Session, CallTally>()
-  /** Accepted connections still in their handshake, with their deadline: none can carry a call yet. */
-  readonly #handshaking = new Map<net.Socket, { readonly key: string; readonly deadline: NodeJS.Timeout }>()
-  readonly #byPeer = new Map<string, net.Socket>()
+  readonly #sessions = new Map<http2.Http2Session, Tracked>()
+  /**
+   * Accepted TLS connections still in their TLS handshake (node:tls's deadline bounds it): no session, so no call,
+   * yet. A plaintext connection gets its session in its 'connection' event (nodejs/node lib/internal/http2/core.js,
+   * connectionListener), so is never here.
+   */
+  readonly #inTls = new Map<string, net.Socket>()
   readonly #handshakeMs: number
   readonly #onError: (error: Error) => void
   /** Set by close() and destroy(): what a connection accepted before and past its handshake after then gets. */
@@ -79,21 +102,34 @@ export class Connections {
 
   /** Follows `server`'s connections from their accept (before node:http2 makes their session). */
   attach(server: http2.Http2Server | http2.Http2SecureServer): void {
+    const secure = server instanceof tls.Server
     server.prependListener("connection", (socket: net.Socket) => {
       // Each relayed token is a small write after one still unacknowledged: Nagle's algorithm would hold it back.
       socket.setNoDelay(true)
-      const key = peer(socket)
-      this.#handshaking.set(socket, { key, deadline: setTimeout(this.#expire, this.#handshakeMs, socket) })
-      this.#byPeer.set(key, socket)
-      socket.once("close", () => this.#settle(socket))
+      if (!secure) return
+      const key = connectionKey(socket)
+      this.#inTls.set(key, socket)
+      // Also when the TLS socket over it closes (it destroys the socket it wraps).
+      socket.once("close", () => {
+        if (this.#inTls.get(key) === socket) this.#inTls.delete(key)
+      })
     })
+    // Before node:http2's own listener makes the session. One that negotiated no h2 gets none: node:http2 answers
+    // it 403 and closes it within `unknownProtocolTimeout`, so it stays here for close() until it closes.
+    if (secure)
+      server.prependListener("secureConnection", (socket: tls.TLSSocket) => {
+        if (socket.alpnProtocol === "h2") this.#inTls.delete(connectionKey(socket))
+      })
     server.on("session", (session) => {
-      this.#sessions.set(session, { open: 0 })
+      const tracked: Tracked = { open: 0, deadline: setTimeout(this.#expire, this.#handshakeMs, session) }
+      this.#sessions.set(session, tracked)
       // Errors end the session, and 'close' follows: its streams see 'cancelled' there.
       session.on("error", this.#onError)
-      session.once("close", () => this.#sessions.delete(session))
-      const socket = this.#byPeer.get(peer(session.socket))
-      if (socket !== undefined) session.once("remoteSettings", () => this.#settle(socket))
+      session.once("remoteSettings", () => clearTimeout(tracked.deadline))
+      session.once("close", () => {
+        clearTimeout(tracked.deadline)
+        this.#sessions.delete(session)
+      })
       // Past its TLS handshake after close() or destroy(): it must not take calls, nor hold close().
       if (this.#closing !== undefined) session.destroy()
     })
@@ -114,7 +150,7 @@ export class Connections {
    */
   close(): void {
     this.#closing = "close"
-    for (const socket of this.#handshaking.keys()) socket.destroy()
+    for (const socket of this.#inTls.values()) socket.destroy()
     // destroy() still sends GOAWAY (NO_ERROR), then closes the socket once it is written.
     for (const [s, tally] of this.#sessions) if (tally.open === 0) s.destroy()
     for (const [s, tally] of this.#sessions) if (tally.open > 0) s.close()
@@ -129,23 +165,13 @@ export class Connections {
   /** Closes every connection now: their running calls see 'cancelled'. */
   destroy(): void {
     this.#closing = "destroy"
-    for (const socket of this.#handshaking.keys()) socket.destroy()
+    for (const socket of this.#inTls.values()) socket.destroy()
     for (const s of this.#sessions.keys()) s.destroy()
   }
 
-  readonly #expire = (socket: net.Socket): void => {
-    this.#settle(socket)
-    if (socket.destroyed) return
+  /** No client SETTINGS within the deadline (the timer is cleared at them, and at the session's close). */
+  readonly #expire = (session: http2.Http2Session): void => {
     this.#onError(new Error(`no HTTP/2 handshake within ${this.#handshakeMs} ms; connection closed`))
-    socket.destroy()
-  }
-
-  /** The connection is past its handshake, or gone. */
-  #settle(socket: net.Socket): void {
-    const h = this.#handshaking.get(socket)
-    if (h === undefined) return
-    clearTimeout(h.deadline)
-    this.#handshaking.delete(socket)
-    if (this.#byPeer.get(h.key) === socket) this.#byPeer.delete(h.key)
+    session.destroy()
   }
 }

@@ -26,7 +26,7 @@ import {
 import { isGrpcContentType, MessageReader, parseTimeout } from "../../../services/grpc/Wire.ts"
 import type { TlsSource } from "../../../services/tls/Tls.ts"
 import { ServerCall, type UnaryCallback } from "./Call.ts"
-import { Connections, HANDSHAKE_TIMEOUT_MS, type OpenConnections, SESSION_SETTINGS } from "./Connections.ts"
+import { Connections, HANDSHAKE_TIMEOUT_MS, type OpenConnections, sessionSettings } from "./Connections.ts"
 import { type Decoder, decode } from "./decodeMessage.ts"
 
 export interface Http2GrpcServerOptions {
@@ -58,6 +58,8 @@ export interface Http2GrpcServerOptions {
   readonly maxArrivingBytes?: number | undefined
   /** How long a connection has to complete its handshake (default HANDSHAKE_TIMEOUT_MS; tests shorten it). */
   readonly handshakeTimeoutMs?: number | undefined
+  /** The most streams one connection holds open at once; more are refused (default MIN_CONCURRENT_STREAMS). */
+  readonly maxConcurrentStreams?: number | undefined
 }
 
 type Kind = "unary" | "serverStream" | "clientStream" | "bidi"
@@ -127,7 +129,7 @@ export class Http2GrpcServer {
 
   /** Listens on `host`:`port`; resolves with the bound port (the real one for port 0). */
   listen(host: string, port: number): Promise<number> {
-    const settings = SESSION_SETTINGS
+    const settings = sessionSettings(this.#options.maxConcurrentStreams)
     const tls = this.#options.tls
     const server =
       tls === undefined
@@ -137,7 +139,9 @@ export class Http2GrpcServer {
             ...tls.current(),
             requestCert: true,
             rejectUnauthorized: true,
-            ALPNProtocols: ["h2"]
+            ALPNProtocols: ["h2"],
+            // Past it node:tls destroys the socket and emits 'tlsClientError' ERR_TLS_HANDSHAKE_TIMEOUT (logged).
+            handshakeTimeout: this.#options.handshakeTimeoutMs ?? HANDSHAKE_TIMEOUT_MS
           })
     if (tls !== undefined) {
       const secure = server as http2.Http2SecureServer
