@@ -7,18 +7,14 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect, type Fiber, Layer, Logger } from "effect"
 import { TestClock } from "effect/testing"
 import * as ConfigLayer from "../../src/layers/config/Config.ts"
-import * as AdmissionLayer from "../../src/layers/grpc/Admission.ts"
 import { maxAgeMs, RECOVERED_AFTER, scrapeTimeoutMs } from "../../src/layers/node/engineLoad.ts"
 import * as NodeStatusLayer from "../../src/layers/node/NodeStatus.ts"
 import { EngineClient, EngineError, type LoadSignals } from "../../src/services/engine/EngineClient.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
-import { Drain } from "../../src/services/node/Drain.ts"
 import { NodeStatus } from "../../src/services/node/NodeStatus.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
-import * as CordonTest from "../../src/testing/Cordon.ts"
-import { EngineProcessControl, layerTest as engineLayerTest } from "../../src/testing/EngineProcess.ts"
-import * as MetricsTest from "../../src/testing/Metrics.ts"
-import * as NvmlTest from "../../src/testing/Nvml.ts"
+import { EngineProcessControl } from "../../src/testing/EngineProcess.ts"
+import { nodeStatusDeps } from "../support/nodeStatus.ts"
 import { settle } from "../support/poll.ts"
 
 const HEARTBEAT_MS = 1_000
@@ -47,15 +43,7 @@ const makeEngine = () => {
     models: { m: { hf_repo: "org/m" } },
     agent: { node_id: "n1", heartbeat: `${HEARTBEAT_MS}ms`, advertise_addr: "10.1.2.3:7071" }
   })
-  const deps = Layer.mergeAll(
-    engineLayerTest(),
-    client,
-    AdmissionLayer.layerWith({ maxInflight: 4, maxQueue: 2 }),
-    Drain.layer,
-    CordonTest.layerMemory,
-    NvmlTest.layerFixed([]),
-    MetricsTest.layerTest
-  ).pipe(Layer.provideMerge(config))
+  const deps = nodeStatusDeps(config, client)
   const layer = NodeStatusLayer.layer({ agentVersion: "9.9.9" }).pipe(Layer.provideMerge(deps))
   const logs: Array<string> = []
   const logger = Logger.make(({ logLevel, message }) => {

@@ -5,7 +5,6 @@ import { Effect, Fiber, Layer, Stream } from "effect"
 import { TestClock } from "effect/testing"
 import { describe, expect, it } from "vitest"
 import * as ConfigLayer from "../../src/layers/config/Config.ts"
-import * as AdmissionLayer from "../../src/layers/grpc/Admission.ts"
 import * as NodeStatusLayer from "../../src/layers/node/NodeStatus.ts"
 import { EngineClient, type LoadSignals } from "../../src/services/engine/EngineClient.ts"
 import type { EngineState, ExitRecord } from "../../src/services/engine/EngineProcess.ts"
@@ -17,10 +16,9 @@ import { engineDetail, nodeState, ratePerSecond } from "../../src/services/node/
 import { NodeStatus } from "../../src/services/node/NodeStatus.ts"
 import { gpuWith } from "../../src/services/node/Nvml.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
-import * as CordonTest from "../../src/testing/Cordon.ts"
-import { EngineProcessControl, layerTest as engineLayerTest } from "../../src/testing/EngineProcess.ts"
-import * as MetricsTest from "../../src/testing/Metrics.ts"
+import { EngineProcessControl } from "../../src/testing/EngineProcess.ts"
 import * as NvmlTest from "../../src/testing/Nvml.ts"
+import { nodeStatusDeps } from "../support/nodeStatus.ts"
 
 const exit: ExitRecord = {
   run: 0,
@@ -96,15 +94,7 @@ const build = (signals: LoadSignals) => {
     cluster: { name: "c1" },
     agent: { node_id: "n1", heartbeat: "200ms", advertise_addr: "10.1.2.3:7071", max_inflight: 4, max_queue: 2 }
   })
-  const deps = Layer.mergeAll(
-    engineLayerTest(),
-    client,
-    AdmissionLayer.layerWith({ maxInflight: 4, maxQueue: 2 }),
-    Drain.layer,
-    CordonTest.layerMemory,
-    NvmlTest.layerFixed([gpu]),
-    MetricsTest.layerTest
-  ).pipe(Layer.provideMerge(config))
+  const deps = nodeStatusDeps(config, client, NvmlTest.layerFixed([gpu]))
   const layer = NodeStatusLayer.layer({ agentVersion: "9.9.9" }).pipe(Layer.provideMerge(deps))
   return { layer, scrapes: () => scrapes }
 }

@@ -15,17 +15,13 @@ import { afterAll, beforeAll, expect, it } from "vitest"
 import { NodeHealth } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { layerFromObject } from "../../src/layers/config/Config.ts"
 import * as EngineClientLive from "../../src/layers/engine/EngineClient.ts"
-import * as AdmissionLayer from "../../src/layers/grpc/Admission.ts"
 import * as NodeStatusLayer from "../../src/layers/node/NodeStatus.ts"
 import { layer as healthReporterLayer } from "../../src/layers/registry/HealthReporter.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
-import { Drain } from "../../src/services/node/Drain.ts"
 import { HealthReporter, nodeKey } from "../../src/services/registry/HealthReporter.ts"
-import * as CordonTest from "../../src/testing/Cordon.ts"
-import { EngineProcessControl, layerTest as engineLayerTest, testPlan } from "../../src/testing/EngineProcess.ts"
-import * as MetricsTest from "../../src/testing/Metrics.ts"
-import * as NvmlTest from "../../src/testing/Nvml.ts"
+import { EngineProcessControl, testPlan } from "../../src/testing/EngineProcess.ts"
 import { type EtcdHandle, pollUntil, startEtcd } from "../support/etcd.ts"
+import { nodeStatusDeps } from "../support/nodeStatus.ts"
 
 let etcd: EtcdHandle
 let client: Etcd3
@@ -71,15 +67,7 @@ it("a hung engine neither delays the heartbeat's record nor costs the lease (1 s
   const plan = testPlan({
     metrics: { url: engine.url, names: { running: ["running"], waiting: ["waiting"], kvUsage: ["kv"] } }
   })
-  const deps = Layer.mergeAll(
-    engineLayerTest(),
-    EngineClientLive.layerFromPlan(plan),
-    AdmissionLayer.layerWith({ maxInflight: 4, maxQueue: 2 }),
-    Drain.layer,
-    CordonTest.layerMemory,
-    NvmlTest.layerFixed([]),
-    MetricsTest.layerTest
-  ).pipe(Layer.provideMerge(config))
+  const deps = nodeStatusDeps(config, EngineClientLive.layerFromPlan(plan))
   const live = healthReporterLayer.pipe(
     Layer.provideMerge(NodeStatusLayer.layer().pipe(Layer.provideMerge(deps))),
     Layer.provide(Logger.layer([]))
