@@ -10,6 +10,7 @@ import * as tls from "node:tls"
 import type * as grpc from "@grpc/grpc-js"
 import { afterEach, describe, expect, it } from "vitest"
 import type { ServerCall } from "../../src/layers/grpc/http2/Call.ts"
+import { concurrentStreams } from "../../src/layers/grpc/http2/Connections.ts"
 import { Http2GrpcServer } from "../../src/layers/grpc/http2/Server.ts"
 import { makeTestPki } from "../support/certs.ts"
 import { pollUntil } from "../support/poll.ts"
@@ -168,6 +169,14 @@ describe("the gRPC server's connections", () => {
     expect(await within(later.closed, 5_000)).not.toBe("pending")
     for (const s of sessions) expect(s.closed || s.destroyed).toBe(false)
     expect(await Promise.all(sessions.map((s) => echoOn(s)))).toEqual(["0", "0"])
+  })
+
+  it("serves a connection with the largest limit admission's limits can give (2^32 - 1, what the setting can say)", async () => {
+    // admission's limits are only bounded below by the config: twice their sum may pass the setting's 32 bits
+    const max = concurrentStreams(256, 2 ** 31)
+    expect(max).toBe(2 ** 32 - 1)
+    const { port } = await start({ maxConcurrentStreams: max })
+    expect((await established(port)).remoteSettings.maxConcurrentStreams).toBe(max)
   })
 
   it("advertises its concurrent-stream limit (4096 by default) and refuses the streams past it, REFUSED_STREAM", async () => {

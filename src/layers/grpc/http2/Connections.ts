@@ -38,9 +38,15 @@ export const STREAM_RESET_RATE = 1_000
  */
 export const MIN_CONCURRENT_STREAMS = 4096
 
-/** Twice what admission holds (running and queued), at least MIN_CONCURRENT_STREAMS. */
+/** The most SETTINGS_MAX_CONCURRENT_STREAMS can say (RFC 9113 6.5.2: a 32-bit value); Node throws past it. */
+const MAX_SETTING = 2 ** 32 - 1
+
+/**
+ * Twice what admission holds (running and queued), at least MIN_CONCURRENT_STREAMS, at most what the setting can
+ * say: a larger value made node:http2 throw at each connection's set-up, uncaught.
+ */
 export const concurrentStreams = (maxInflight: number, maxQueue: number): number =>
-  Math.max(MIN_CONCURRENT_STREAMS, 2 * (maxInflight + maxQueue))
+  Math.min(MAX_SETTING, Math.max(MIN_CONCURRENT_STREAMS, 2 * (maxInflight + maxQueue)))
 
 /** Each connection's HTTP/2 settings, with at most `maxConcurrentStreams` streams open at once. */
 export const sessionSettings = (maxConcurrentStreams = MIN_CONCURRENT_STREAMS): http2.ServerOptions => ({
