@@ -19,7 +19,9 @@ import { Effect } from ${JSON.stringify(path.join(repo, "node_modules/effect/dis
 import { runMain } from ${JSON.stringify(path.join(repo, "src/programs/runMain.ts"))}
 runMain(Effect.sync(() => {
   process.stdout.write(("x".repeat(1023) + "\\n").repeat(4096))
-  process.stderr.write("written\\n")
+  // said once the program has ended and its exit waits for the reader (that wait lasts up to 1 s): the signal
+  // must land in it, not before runMain's own set-up, when any program dies of it
+  setTimeout(() => process.stderr.write("waiting\\n"), 50)
 }))
 `
   )
@@ -28,7 +30,7 @@ afterAll(() => {
   if (dir) fs.rmSync(dir, { recursive: true, force: true })
 })
 
-/** Runs the program, sends `signal` once it has written, reads stdout only 400 ms later. */
+/** Runs the program, sends `signal` once it says its exit is waiting, reads stdout only 400 ms later. */
 const run = (signal: NodeJS.Signals) =>
   new Promise<{ code: number | null; signal: NodeJS.Signals | null; bytes: number }>((resolve, reject) => {
     const child = spawn(process.execPath, [path.join(dir, "program.mts")], {
@@ -38,7 +40,7 @@ const run = (signal: NodeJS.Signals) =>
     let bytes = 0
     child.stdout.pause()
     child.stderr.on("data", (b: Buffer) => {
-      if (!b.toString().includes("written")) return
+      if (!b.toString().includes("waiting")) return
       child.kill(signal)
       setTimeout(() => {
         child.stdout.on("data", (chunk: Buffer) => {
