@@ -38,6 +38,7 @@ import { Cordon } from "../services/node/Cordon.ts"
 import { Drain } from "../services/node/Drain.ts"
 import { EventLoopLag } from "../services/node/EventLoopLag.ts"
 import { NodeStatus } from "../services/node/NodeStatus.ts"
+import { xidRuleOf } from "../services/node/Xid.ts"
 import { TraceExportStatus } from "../services/observability/TraceExports.ts"
 import { HealthReporter, type RegistrationStatus } from "../services/registry/HealthReporter.ts"
 import { Tls } from "../services/tls/Tls.ts"
@@ -77,7 +78,10 @@ export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
     Layer.provideMerge(GpuGateLive.layer),
     Layer.provideMerge(planLayer),
     // NVML runs in a worker thread (a hung NVML call must not stall the relay): the program is handed in, too.
-    Layer.provideMerge(NvmlLive.layer(nvmlWorkerEntry())),
+    // Its Xid memory in state_dir: a GPU's fault Xid outlives an agent restart, as the GPU's need for a reset does.
+    Layer.provideMerge(
+      NvmlLive.layer(nvmlWorkerEntry(), { stateDir: config.agent.state_dir, xidRule: xidRuleOf(config.engine) })
+    ),
     Layer.provideMerge(base),
     Layer.provideMerge(Tracing.layer(config)),
     Layer.provideMerge(Logging.layer(config.agent.log_level, logLevel))

@@ -8,5 +8,6 @@ export const layerFixed = (gpus: ReadonlyArray<Gpu>): Layer.Layer<Nvml> =>
   Layer.succeed(Nvml, {
     gpus: Effect.succeed(gpus),
     sampleNow: Effect.succeed(gpus),
-    unavailable: Effect.succeed(gpus.length === 0 ? "fixed: none" : undefined)
+    unavailable: Effect.succeed(gpus.length === 0 ? "fixed: none" : undefined),
+    clearXids: () => Effect.succeed([])
   })

@@ -20,6 +20,7 @@ import * as CordonTest from "../../src/testing/Cordon.ts"
 import * as MetricsTest from "../../src/testing/Metrics.ts"
 import * as NodeStatusLayer from "../../src/testing/NodeStatus.ts"
 import { NodeStatusTest } from "../../src/testing/NodeStatus.ts"
+import * as NvmlTest from "../../src/testing/Nvml.ts"
 
 const exit: ExitRecord = {
   run: 0,
@@ -84,6 +85,7 @@ const start = async (
     MetricsTest.layerTest,
     NodeStatusLayer.layerTest({ nodeId: "node-a" }),
     Drain.layer,
+    NvmlTest.layerFixed([]),
     cordon,
     fakeEngine
   ).pipe(Layer.provideMerge(config))
@@ -331,6 +333,7 @@ describe("admin HTTP auth", () => {
       MetricsTest.layerTest,
       NodeStatusLayer.layerTest(),
       Drain.layer,
+      NvmlTest.layerFixed([]),
       CordonTest.layerMemory,
       fakeEngine
     ).pipe(Layer.provideMerge(config))
@@ -355,6 +358,7 @@ describe("admin HTTP auth", () => {
         MetricsTest.layerTest,
         NodeStatusLayer.layerTest(),
         Drain.layer,
+        NvmlTest.layerFixed([]),
         CordonTest.layerMemory,
         fakeEngine
       ).pipe(Layer.provideMerge(config))

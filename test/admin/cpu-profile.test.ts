@@ -15,6 +15,7 @@ import * as CordonTest from "../../src/testing/Cordon.ts"
 import * as EngineTest from "../../src/testing/EngineProcess.ts"
 import * as MetricsTest from "../../src/testing/Metrics.ts"
 import * as NodeStatusLayer from "../../src/testing/NodeStatus.ts"
+import * as NvmlTest from "../../src/testing/Nvml.ts"
 
 let scope: Scope.Closeable | undefined
 let post: MockInstance<Session["post"]>
@@ -36,6 +37,7 @@ const start = async (agent: Record<string, unknown> = {}) => {
     MetricsTest.layerTest,
     NodeStatusLayer.layerTest({ nodeId: "node-a" }),
     Drain.layer,
+    NvmlTest.layerFixed([]),
     CordonTest.layerMemory,
     EngineTest.layerTest()
   ).pipe(Layer.provideMerge(config))

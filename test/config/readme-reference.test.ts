@@ -117,7 +117,8 @@ const promises = (type: string): { readonly ok: Array<unknown>; readonly bad: Ar
   if (type.startsWith("ZMQ endpoint"))
     return { ok: ["tcp://127.0.0.1:5557", "tcp://*:5557", "ipc:///run/kv.sock", "inproc://x"], bad: ["127.0.0.1:5557"] }
   if (type === "array of ints 1-999") return { ok: [[], [1, 92, 999]], bad: [[0], [1000], [1.5], ["13"], 13] }
-  if (type.startsWith("array of NVML indices")) return { ok: [[], [0, 3, "GPU-x", "MIG-y"]], bad: [[-1], [1.5]] }
+  if (type.startsWith("array of NVML indices"))
+    return { ok: [[], [0, 3, "GPU-x", "MIG-y", "MIG-GPU-x/1/0"]], bad: [[-1], [1.5], ["nonsense"], ["gpu-x"], [""]] }
   return undefined
 }
 

@@ -24,7 +24,15 @@ const sampled = Effect.sync(() => (nvml.down === undefined ? held : []))
 const gateLayer = GpuGateLive.layer.pipe(
   Layer.provideMerge(MetricsTest.layerTest),
   Layer.provide(
-    Layer.succeed(Nvml, Nvml.of({ gpus: sampled, sampleNow: sampled, unavailable: Effect.sync(() => nvml.down) }))
+    Layer.succeed(
+      Nvml,
+      Nvml.of({
+        gpus: sampled,
+        sampleNow: sampled,
+        unavailable: Effect.sync(() => nvml.down),
+        clearXids: () => Effect.succeed([])
+      })
+    )
   ),
   Layer.provide(Layer.succeed(EnginePlan, testPlan({ gpus: [0] }))),
   Layer.provide(

@@ -1,7 +1,8 @@
 // A critical Xid end to end: the built agent (dist/main.js) loads the fake libnvidia-ml.so through koffi
 // (CGN_NVML_LIBRARY), which delivers the lines of FAKE_NVML_XID_FILE as Xid events. An application Xid (13) on the
 // engine's GPU changes nothing; Xid 79 makes the node unhealthy at once, with the reason in /readyz and /status, the
-// Xid in NodeHealth's GPU record, and the counter on /metrics, which passes promtool check metrics.
+// Xid in NodeHealth's GPU record, and the counter on /metrics, which passes promtool check metrics. The agent started
+// again (NVML delivers no past event) still holds the GPU faulty, from state_dir, until POST /gpus/clear-xids.
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { afterEach, beforeAll, describe, expect, it } from "vitest"
@@ -41,18 +42,21 @@ describe("a critical Xid on the engine's GPU (built agent, fake NVML through kof
     // the fake's GPU 1 holds 4 GiB by default: free it, so only the Xid keeps the engine from it
     fs.writeFileSync(state, `gpu.1.used=${GiB / 4}\n`)
     fs.writeFileSync(xids, "")
-    const s = await simAgentConfig({ engine: { gpu_free_timeout: "1m" } })
-    const agent = await startAgent({
-      config: { ...s.config, models: { m: { hf_repo: "org/m", gpus: [1] } } },
-      env: { CGN_NVML_LIBRARY: nvml.library, FAKE_NVML_STATE: state, FAKE_NVML_XID_FILE: xids },
-      readyTimeoutMs: BOUND
+    const s = await simAgentConfig({
+      engine: { gpu_free_timeout: "1m" },
+      agent: { state_dir: path.join(nvml.dir, "state") }
     })
+    const config = { ...s.config, models: { m: { hf_repo: "org/m", gpus: [1] } } }
+    const env = { CGN_NVML_LIBRARY: nvml.library, FAKE_NVML_STATE: state, FAKE_NVML_XID_FILE: xids }
+    const agent = await startAgent({ config, env, readyTimeoutMs: BOUND })
     // an engine's own fault (a kernel's illegal access): counted, no fault
     fs.appendFileSync(xids, "1 13\n")
     await pollUntil(
       "Xid 13 counted",
       async () =>
-        (await text(`${agent.adminUrl}/metrics`)).body.includes(`cgn_agent_gpu_xid_errors_total{${G1},xid="13"} 1`),
+        (await text(`${agent.adminUrl}/metrics`)).body.includes(
+          `cgn_agent_gpu_xid_errors_total{${G1},xid="13",fault="false"} 1`
+        ),
       BOUND
     )
     expect((await text(`${agent.adminUrl}/readyz`)).status).toBe(200)
@@ -76,7 +80,7 @@ describe("a critical Xid on the engine's GPU (built agent, fake NVML through kof
     ])
 
     const page = (await text(`${agent.adminUrl}/metrics`)).body
-    expect(page).toContain(`cgn_agent_gpu_xid_errors_total{${G1},xid="79"} 1`)
+    expect(page).toContain(`cgn_agent_gpu_xid_errors_total{${G1},xid="79",fault="true"} 1`)
     expect(page).toContain(`cgn_agent_gpu_row_remap_pending{${G1}} 0`)
     expect(page).toContain(`cgn_agent_gpu_row_remap_failure{${G1}} 0`)
     const lint = promtool(["check", "metrics"], page)
@@ -85,5 +89,37 @@ describe("a critical Xid on the engine's GPU (built agent, fake NVML through kof
     // a fault for the NVML session: later samples do not clear it
     expect((await text(`${agent.adminUrl}/readyz`)).status).toBe(503)
     expect((await agent.stop()).code).toBe(0)
-  }, 180_000)
+
+    // the agent again (a rollout, a crash): its NVML session delivers no past event, the GPU still needs its reset
+    fs.writeFileSync(xids, "")
+    const again = await startAgent({ config, env, awaitReady: false })
+    await pollUntil(
+      "readyz says Xid 79 after the restart",
+      async () => {
+        const r = await text(`${again.adminUrl}/readyz`).catch(() => undefined)
+        return r?.status === 503 && r.body.includes("Xid 79") ? r : undefined
+      },
+      BOUND
+    )
+    expect((await text(`${again.adminUrl}/metrics`)).body).toContain(
+      `cgn_agent_gpu_xid_errors_total{${G1},xid="79",fault="true"} 1`
+    )
+    // the operator reset the GPU: the engine starts on it again
+    const cleared = await fetch(`${again.adminUrl}/gpus/clear-xids?gpu=1`, { method: "POST" })
+    expect(cleared.status).toBe(200)
+    expect(await cleared.json()).toEqual({
+      cleared: [
+        {
+          gpu: 1,
+          uuid: "GPU-55555555-6666-7777-8888-999999999999",
+          xids: [
+            { xid: 13, events: 1, name: "Xid 13 (graphics engine exception)" },
+            { xid: 79, events: 1, name: "Xid 79 (fallen off the bus)" }
+          ]
+        }
+      ]
+    })
+    await pollUntil("ready once cleared", async () => (await text(`${again.adminUrl}/readyz`)).status === 200, BOUND)
+    expect((await again.stop()).code).toBe(0)
+  }, 240_000)
 })

@@ -194,14 +194,19 @@ describe("Xid events and row remapping through the FFI", () => {
         // a second scrape: the counter mirrors the session's totals, it does not add them up again
         return (yield* (yield* Metrics).render).body
       }).pipe(
-        Effect.provide(NvmlLive.layer(nvmlWorkerEntry(), { library }).pipe(Layer.provideMerge(MetricsTest.layerTest)))
+        // the operator's rule turned round (engine.ignore_xids = [79], fault_xids = [13]): the fault label follows it
+        Effect.provide(
+          NvmlLive.layer(nvmlWorkerEntry(), { library, xidRule: { ignore: [79], fault: [13] } }).pipe(
+            Layer.provideMerge(MetricsTest.layerTest)
+          )
+        )
       )
     )
     const lines = body.split("\n").filter((l) => /^cgn_agent_gpu_(xid|row_remap)/.test(l))
     expect(lines.sort()).toEqual(
       [
-        `cgn_agent_gpu_xid_errors_total{${G0},xid="79"} 2`,
-        `cgn_agent_gpu_xid_errors_total{${G0},xid="13"} 1`,
+        `cgn_agent_gpu_xid_errors_total{${G0},xid="79",fault="false"} 2`,
+        `cgn_agent_gpu_xid_errors_total{${G0},xid="13",fault="true"} 1`,
         // GPU 0 cannot report row remapping, GPU 1 cannot deliver Xids: no series for either, not a 0
         `cgn_agent_gpu_row_remap_pending{${G1}} 1`,
         `cgn_agent_gpu_row_remap_failure{${G1}} 0`

@@ -32,7 +32,15 @@ const gate = (gpus: ReadonlyArray<number>, xids: Parameters<typeof engine>[0]) =
   return GpuGateLive.layer.pipe(
     Layer.provide(MetricsTest.layerTest),
     Layer.provide(
-      Layer.succeed(Nvml, Nvml.of({ gpus: sampled, sampleNow: sampled, unavailable: Effect.succeed(undefined) }))
+      Layer.succeed(
+        Nvml,
+        Nvml.of({
+          gpus: sampled,
+          sampleNow: sampled,
+          unavailable: Effect.succeed(undefined),
+          clearXids: () => Effect.succeed([])
+        })
+      )
     ),
     Layer.provide(Layer.succeed(EnginePlan, testPlan({ gpus }))),
     Layer.provide(layerFromObject(engine(xids)))

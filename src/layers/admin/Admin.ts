@@ -1,6 +1,7 @@
 /**
  * Live AdminServer: the admin HTTP server on `[agent].listen_admin` (effect HttpRouter over node:http):
- * GET /metrics, /healthz, /readyz, /status and POST /drain, /cordon, /uncordon, /debug/cpu-profile (cpuProfile.ts).
+ * GET /metrics, /healthz, /readyz, /status and POST /drain, /cordon, /uncordon, /debug/cpu-profile (cpuProfile.ts),
+ * /gpus/clear-xids (clearXidsRoute.ts).
  * Owns routing and the auth gate only; the decisions (loopback, token, readiness, forensics shape, the cordon's
  * reason) are pure in services/admin/Admin.ts and services/node/Cordon.ts. /status and the POST levers need
  * `Authorization: Bearer <admin_token>` whenever a token is configured; off loopback a token is mandatory and the
@@ -26,7 +27,9 @@ import { isLoopbackHost, splitHostPort, unbracket } from "../../services/net/Hos
 import { Cordon, cordonView, parseCordonBody } from "../../services/node/Cordon.ts"
 import { Drain } from "../../services/node/Drain.ts"
 import { NodeStatus } from "../../services/node/NodeStatus.ts"
+import type { Nvml } from "../../services/node/Nvml.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
+import { clearXidsRoute } from "./clearXidsRoute.ts"
 import { cpuProfileRoute } from "./cpuProfile.ts"
 
 // node:http as its CommonJS exports, not an ESM import: the ESM facade reads every export, and node:http's
@@ -113,6 +116,7 @@ const routes = (options: AdminOptions, loopback: boolean) =>
         }
 
       const cpuProfile = yield* cpuProfileRoute({ guarded, nodeId: config.agent.node_id })
+      const clearXids = yield* clearXidsRoute({ guarded })
 
       const draining = Effect.zipWith(status.draining, drain.draining, (a, b) => a || b)
 
@@ -161,7 +165,7 @@ const routes = (options: AdminOptions, loopback: boolean) =>
         ),
         HttpRouter.route("GET", "/status", guarded(Effect.map(statusBody, (body) => json(body)))),
         // Only POST pulls a lever (a crawler or a misdirected probe must not); any other method is told so, not 404.
-        ...(["/drain", "/cordon", "/uncordon", "/debug/cpu-profile"] as const).flatMap((path) =>
+        ...(["/drain", "/cordon", "/uncordon", "/debug/cpu-profile", "/gpus/clear-xids"] as const).flatMap((path) =>
           (["GET", "PUT", "PATCH", "DELETE"] as const).map((method) =>
             HttpRouter.route(
               method,
@@ -215,7 +219,8 @@ const routes = (options: AdminOptions, loopback: boolean) =>
             }).pipe(Effect.catchTag("CordonPersistError", (e) => Effect.succeed(json({ error: e.message }, 500))))
           )(request)
         ),
-        cpuProfile
+        cpuProfile,
+        clearXids
       ] as const
     })
   )
@@ -244,7 +249,7 @@ export const layer = (
 ): Layer.Layer<
   AdminServer,
   AdminTokenRequired | AdminListenError,
-  Config | Metrics | NodeStatus | EngineProcess | Drain | Cordon
+  Config | Metrics | NodeStatus | EngineProcess | Drain | Cordon | Nvml
 > =>
   Layer.unwrap(
     Effect.gen(function* () {

@@ -22,13 +22,15 @@
 import type { Worker } from "node:worker_threads"
 import { Clock, Deferred, Duration, Effect, Layer, Option, Random } from "effect"
 import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
-import { DEFAULT_NVML_LIBRARY, type GpuIdentity, Nvml, type NvmlService } from "../../services/node/Nvml.ts"
+import { DEFAULT_NVML_LIBRARY, type GpuIdentity, Nvml, type NvmlSampler } from "../../services/node/Nvml.ts"
 import { nameLostGpus } from "../../services/node/NvmlValues.ts"
+import type { XidRule } from "../../services/node/Xid.ts"
 import type { Metrics } from "../../services/observability/Metrics.ts"
 import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
 import { mirrorToMetrics } from "./gpuMetrics.ts"
 import { type NvmlThread, spawnThread } from "./nvmlThread.ts"
 import { bindHardExit } from "./processExit.ts"
+import { remembering } from "./xidMemory.ts"
 
 /** How long NVML may take to answer, and so to shut down when a call is in flight (the shutdown bound counts it). */
 export const CALL_TIMEOUT = Duration.seconds(10)
@@ -44,12 +46,18 @@ export interface NvmlOptions {
   readonly callTimeout?: Duration.Input
   /** Sees each worker thread started (tests count and watch them). */
   readonly onWorker?: (worker: Worker) => void
+  /** agent.state_dir, where the GPUs' Xids of this boot are kept across restarts (xidMemory.ts); none: in memory. */
+  readonly stateDir?: string
+  /** Where the boot id is read (default /proc/sys/kernel/random/boot_id; tests give their own). */
+  readonly bootIdFile?: string
+  /** Which Xids are faults ([engine].ignore_xids, fault_xids): the Xid counter's `fault` label. */
+  readonly xidRule?: XidRule
 }
 
 const RETRY_BASE_MS = 1_000
 
 /** NVML off for good (disabled, or the FFI module missing from the build): nothing to retry. */
-const unavailable = (reason: string): Effect.Effect<NvmlService> =>
+const unavailable = (reason: string): Effect.Effect<NvmlSampler> =>
   Effect.logInfo("NVML not available; reporting no GPUs", { reason }).pipe(
     Effect.as({ gpus: Effect.succeed([]), sampleNow: Effect.succeed([]), unavailable: Effect.succeed(reason) })
   )
@@ -262,27 +270,33 @@ const acquire = (s: Settings) =>
     // The start waits for the first answer (until its deadline): the plan's GPUs come from it.
     const first = yield* take
     if (ready) yield* Effect.logInfo("NVML sampled", { gpus: first.length })
-    return { gpus, sampleNow: take, unavailable: Effect.map(settle, () => published.reason) } satisfies NvmlService
+    return { gpus, sampleNow: take, unavailable: Effect.map(settle, () => published.reason) } satisfies NvmlSampler
   })
 
 const open = (worker: string, options: NvmlOptions) => {
   const library = options.library ?? process.env.CGN_NVML_LIBRARY ?? DEFAULT_NVML_LIBRARY
   const millis = (d: Duration.Input) => Duration.toMillis(Duration.fromInputUnsafe(d))
-  return library === "" || library === "none"
-    ? unavailable("disabled (library set to none)")
-    : acquire({
-        worker,
-        library,
-        maxAgeMs: millis(options.maxAge ?? Duration.seconds(2)),
-        retryMaxMs: millis(options.retryMax ?? Duration.minutes(1)),
-        callTimeout: Duration.fromInputUnsafe(options.callTimeout ?? CALL_TIMEOUT),
-        onWorker: options.onWorker
-      })
+  const sampler =
+    library === "" || library === "none"
+      ? unavailable("disabled (library set to none)")
+      : acquire({
+          worker,
+          library,
+          maxAgeMs: millis(options.maxAge ?? Duration.seconds(2)),
+          retryMaxMs: millis(options.retryMax ?? Duration.minutes(1)),
+          callTimeout: Duration.fromInputUnsafe(options.callTimeout ?? CALL_TIMEOUT),
+          onWorker: options.onWorker
+        })
+  // every sample through the Xid memory: an NVML opened again (or an agent restarted) must not forget a GPU's Xids
+  return Effect.flatMap(sampler, (s) => remembering(s, { stateDir: options.stateDir, bootIdFile: options.bootIdFile }))
 }
 
 /** The live probe, NVML in the worker thread at `worker` (programs/programPaths.ts); needs Metrics for the gauges. */
 export const layer = (worker: string, options: NvmlOptions = {}): Layer.Layer<Nvml, never, Metrics> =>
-  Layer.effect(Nvml, Effect.tap(open(worker, options), mirrorToMetrics))
+  Layer.effect(
+    Nvml,
+    Effect.tap(open(worker, options), (service) => mirrorToMetrics(service, options.xidRule))
+  )
 
 /** The probe without gauges, for the CLI (`check`, `render`), which has no registry. */
 export const layerBare = (worker: string, options: NvmlOptions = {}): Layer.Layer<Nvml> =>

@@ -11,7 +11,7 @@ import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
 import { throttleReasonNames } from "../../services/node/Gpus.ts"
 import type { NvmlService } from "../../services/node/Nvml.ts"
 import { type GpuField, isUnknown } from "../../services/node/NvmlValues.ts"
-import { applicationXids } from "../../services/node/Xid.ts"
+import { applicationXids, defaultXidRule, type XidRule, xidIsFault } from "../../services/node/Xid.ts"
 import { METRIC_PREFIX, Metrics } from "../../services/observability/Metrics.ts"
 
 /** The Xid and row-remapping series of `registry`, made at its first use (a second Nvml layer shares them). */
@@ -20,14 +20,15 @@ const faultSeries = (registry: Registry) => {
   const existing = <T>(name: string): T | undefined => registry.getSingleMetric(`${METRIC_PREFIX}${name}`) as T
   return {
     xidErrors:
-      existing<Counter<"gpu" | "uuid" | "xid">>("gpu_xid_errors_total") ??
+      existing<Counter<"gpu" | "uuid" | "xid" | "fault">>("gpu_xid_errors_total") ??
       new Counter({
         name: `${METRIC_PREFIX}gpu_xid_errors_total`,
         help:
-          "Xid errors NVML delivered as critical-error events since the agent opened NVML, by Xid; all but the " +
-          `application errors (${applicationXids.join(", ")}) make the node unhealthy, as engine.ignore_xids and ` +
+          "Xid errors NVML delivered as critical-error events this boot, by Xid, kept across agent restarts in " +
+          'agent.state_dir until POST /gpus/clear-xids; fault="true" where the Xid makes the GPU faulty and the node ' +
+          `unhealthy: all but the application errors (${applicationXids.join(", ")}), as engine.ignore_xids and ` +
           "fault_xids change that (no series where unsupported)",
-        labelNames: [...gpuLabels, "xid"] as const,
+        labelNames: [...gpuLabels, "xid", "fault"] as const,
         registers: [registry]
       }),
     remapPending:
@@ -50,7 +51,7 @@ const faultSeries = (registry: Registry) => {
 }
 
 /** Mirrors the GPU list into the gauges at every scrape. */
-export const mirrorToMetrics = (service: NvmlService) =>
+export const mirrorToMetrics = (service: NvmlService, rule: XidRule = defaultXidRule) =>
   Effect.gen(function* () {
     const m = yield* Metrics
     const faults = faultSeries(m.registry)
@@ -84,8 +85,11 @@ export const mirrorToMetrics = (service: NvmlService) =>
         for (const g of gpus) {
           const labels = { gpu: String(g.index), uuid: g.uuid }
           m.gpuLost.set(labels, g.lost ? 1 : 0)
-          // a counter mirrored from the session's totals (they start again with a new NVML session: a reset)
-          for (const x of g.criticalXids) faults.xidErrors.inc({ ...labels, xid: String(x.xid) }, x.events)
+          // a counter mirrored from the boot's totals (xidMemory.ts): it goes down only when the operator clears it
+          for (const x of g.criticalXids) {
+            const fault = String(xidIsFault(x.xid, rule))
+            faults.xidErrors.inc({ ...labels, xid: String(x.xid), fault }, x.events)
+          }
           if (g.lost) continue
           for (const [field, gauge, value] of scalars) if (!isUnknown(g, field)) gauge.set(labels, value(g))
           if (!isUnknown(g, "throttle_reasons")) {

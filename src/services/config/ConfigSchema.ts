@@ -28,6 +28,19 @@ const XidNumber = Schema.Int.check(
   )
 )
 
+/**
+ * A GPU by UUID, as NVML and `nvidia-smi -L` name it: `GPU-<uuid>`, or a MIG instance's `MIG-<uuid>` (older drivers:
+ * `MIG-GPU-<uuid>/<gi>/<ci>`). Anything else would reach CUDA_VISIBLE_DEVICES as written where NVML is absent (and
+ * CUDA ignores the devices from an invalid entry on), so it is refused here rather than at the GPU gate.
+ */
+const GpuUuid = Schema.String.check(
+  Schema.makeFilter((s) =>
+    /^(GPU|MIG)-[0-9A-Za-z/-]+$/.test(s)
+      ? undefined
+      : `expected an NVML index or a GPU UUID such as "GPU-8b6d1a3c-..." or "MIG-..." (nvidia-smi -L), got "${s}"`
+  )
+)
+
 const withDefault = <S extends Schema.Top>(schema: S, value: S["Encoded"]) =>
   schema.pipe(Schema.withDecodingDefaultKey(Effect.succeed(value)))
 
@@ -151,10 +164,7 @@ export const ModelSection = Schema.Struct({
     Schema.Number.check(Schema.isGreaterThan(0), Schema.isLessThanOrEqualTo(1))
   ),
   args: withDefault(Schema.Array(Schema.String), []),
-  gpus: withDefault(
-    Schema.Array(Schema.Union([Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), Schema.NonEmptyString])),
-    []
-  )
+  gpus: withDefault(Schema.Array(Schema.Union([Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), GpuUuid])), [])
 })
 
 /** `[kv].block_size` when the file does not set it. */

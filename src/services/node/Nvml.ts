@@ -6,12 +6,30 @@
  * normal case: `gpus` is then empty, never an error; and an NVML that fails (no driver yet, "Unknown Error" after
  * hours, a driver upgraded underneath) is opened again with backoff, never a reason to stop serving.
  */
-import { Context, type Effect } from "effect"
-import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
+import { Context, type Effect, Schema } from "effect"
+import type { Gpu, GpuXid } from "../../gen/cgn/agent/v1/agent.ts"
+import type { GpuRef } from "./Gpus.ts"
 
 export type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
 
-export interface NvmlService {
+/** The GPUs whose Xids `clearXids` forgot, with what each had (its index when NVML lists it now). */
+export type ClearedXids = ReadonlyArray<{
+  readonly uuid: string
+  readonly index: number | undefined
+  readonly xids: ReadonlyArray<GpuXid>
+}>
+
+/** `clearXids` was asked for a GPU that is neither listed by NVML nor remembered. */
+export class UnknownGpu extends Schema.TaggedError<UnknownGpu>()("UnknownGpu", {
+  ref: Schema.Union([Schema.Number, Schema.String])
+}) {
+  override get message(): string {
+    return `no GPU ${JSON.stringify(this.ref)} on this host (neither listed by NVML nor with Xids remembered)`
+  }
+}
+
+/** What an NVML sampler answers: the live one (layers/node/Nvml.ts) before its Xid memory is added. */
+export interface NvmlSampler {
   /**
    * The GPUs as last sampled; empty on a host without NVML. Never waits on NVML: it is read on the status path (the
    * heartbeat's record, /status, /metrics, GetNodeHealth); a sample older than `maxAge` is answered all the same,
@@ -29,6 +47,14 @@ export interface NvmlService {
    * backoff, so this changes over time.
    */
   readonly unavailable: Effect.Effect<string | undefined>
+}
+
+export interface NvmlService extends NvmlSampler {
+  /**
+   * Forgets the Xids of GPU `gpu` (an index or UUID; every GPU when undefined) kept for this boot
+   * (layers/node/xidMemory.ts): the operator has reset it (nvidia-smi -r). Later Xids count again.
+   */
+  readonly clearXids: (gpu?: GpuRef) => Effect.Effect<ClearedXids, UnknownGpu>
 }
 
 export class Nvml extends Context.Service<Nvml, NvmlService>()("cgn-agent/Nvml") {}

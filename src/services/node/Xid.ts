@@ -4,8 +4,9 @@
  * illegal memory access (Xid 31) or an engine exception (Xid 13) kills that process, and the GPU is fine. The rule is
  * NVIDIA k8s-device-plugin's (internal/rm/health.go, getDisabledHealthCheckXids): every Xid is a fault but its
  * hard-coded application errors 13, 31, 43, 45, 68 and 109, which it ignores ("the GPU should still be healthy").
- * A fault Xid stays a fault for the agent's NVML session: the GPU needs a reset (nvidia-smi -r) or a reboot, which
- * an event does not announce, and the device plugin too keeps the device unhealthy until it restarts.
+ * A fault Xid stays a fault until the GPU is reset (nvidia-smi -r) or the host reboots, which no event announces: the
+ * agent keeps the boot's Xids across NVML sessions and its own restarts (XidLedger.ts) until the operator clears them.
+ * The device plugin keeps the device unhealthy until the plugin restarts.
  * The operator can move Xids either way (`[engine].ignore_xids`, `[engine].fault_xids`: XidRule below), as the device
  * plugin's DP_DISABLE_HEALTHCHECKS (more Xids to ignore) and DP_ENABLE_HEALTHCHECKS (Xids that are faults even when
  * skipped; they win over the skip list) allow.

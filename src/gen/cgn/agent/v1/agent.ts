@@ -305,12 +305,11 @@ export interface Gpu {
   unreportedFields: string[];
   /**
    * The Xid errors NVML delivered for this GPU as critical-error events (nvmlEventTypeXidCriticalError, polled at
-   * each sample) since the agent opened NVML: each distinct Xid once, first seen first, with its event count (at
-   * most 16 Xids). Every Xid but the application errors 13, 31, 43, 45, 68 and 109 (NVIDIA k8s-device-plugin's
-   * skip list; [engine].ignore_xids and fault_xids move Xids either way) makes the GPU faulty for as long as the
-   * agent's NVML session lasts: those need a GPU reset or a reboot. An agent restart (a DaemonSet rollout, say) or
-   * NVML opened again forgets them, though the GPU still needs its reset: the kernel log keeps them (dmesg, "NVRM:
-   * Xid"). An event NVML does not tie to one GPU (nvmlDeviceGetIndex, else the handle's address) is listed on every
+   * each sample) this boot: each distinct Xid once, first seen first, with its event count (at most 16 Xids).
+   * Every Xid but the application errors 13, 31, 43, 45, 68 and 109 (NVIDIA k8s-device-plugin's skip list;
+   * [engine].ignore_xids and fault_xids move Xids either way) makes the GPU faulty: those need a GPU reset or a
+   * reboot. The agent keeps them in its state_dir across NVML sessions and its own restarts until the host reboots
+   * or the operator clears them after a reset (admin POST /gpus/clear-xids). An event NVML does not tie to one GPU (nvmlDeviceGetIndex, else the handle's address) is listed on every
    * watched GPU. Under MIG an agent without the privileges for instance-level events (the shipped DaemonSet's: uid
    * 1000, no capabilities) gets only whole-device ones (nvml.h nvmlEventSetWait_v2), and an instance-level Xid it
    * does get (e.g. 94, 95) is listed on, and faults, the whole GPU. Where the GPU cannot deliver these events (event
@@ -336,7 +335,7 @@ export interface Gpu {
 export interface GpuXid {
   /** The Xid; 999 where the driver did not know it (nvml.h nvmlEventData_t.eventData). */
   xid: number;
-  /** Events with this Xid since the agent opened NVML. */
+  /** Events with this Xid this boot (as the agent kept them: since the last clear of the GPU). */
   events: number;
 }
 

@@ -1,0 +1,38 @@
+/**
+ * `POST /gpus/clear-xids[?gpu=N|UUID]`: forgets the Xids kept for the boot of one GPU (or all) once the operator has
+ * reset it, so that its engine can start again without an agent restart, which no longer forgets them
+ * (layers/node/xidMemory.ts). Answers what was cleared; 404 for a GPU the host does not have. The query is pure in
+ * services/admin/ClearXids.ts; the route sits behind the admin server's auth gate (Admin.ts `guarded`).
+ */
+import { Effect, Result } from "effect"
+import { HttpRouter, HttpServerResponse } from "effect/http"
+import { CLEAR_XIDS_PATH, parseClearXidsQuery } from "../../services/admin/ClearXids.ts"
+import { Nvml } from "../../services/node/Nvml.ts"
+import { describeXid } from "../../services/node/Xid.ts"
+import type { Guard } from "./cpuProfile.ts"
+
+const json = (body: unknown, status: number) => HttpServerResponse.jsonUnsafe(body, { status })
+
+export const clearXidsRoute = (options: { readonly guarded: Guard }) =>
+  Effect.map(Nvml, (nvml) =>
+    HttpRouter.route("POST", CLEAR_XIDS_PATH, (request) =>
+      options.guarded(
+        Effect.gen(function* () {
+          // request.url is the path and query as received; the base only lets URL parse it
+          const gpu = parseClearXidsQuery(new URL(request.url, "http://admin").search)
+          if (Result.isFailure(gpu)) return json({ error: gpu.failure }, 400)
+          const cleared = yield* nvml.clearXids(gpu.success)
+          return json(
+            {
+              cleared: cleared.map((c) => ({
+                gpu: c.index ?? null,
+                uuid: c.uuid,
+                xids: c.xids.map((x) => ({ ...x, name: describeXid(x.xid) }))
+              }))
+            },
+            200
+          )
+        }).pipe(Effect.catchTag("UnknownGpu", (e) => Effect.succeed(json({ error: e.message }, 404))))
+      )(request)
+    )
+  )

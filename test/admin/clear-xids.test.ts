@@ -1,0 +1,109 @@
+// POST /gpus/clear-xids over real loopback, on the live Xid memory (layers/node/xidMemory.ts, in memory here) over a
+// fixed GPU list: what it clears and answers, the query's refusals, a GPU the host does not have, the method, and
+// the admin auth rules. The built agent's restart and clear: test/node/gpu-xid.test.ts.
+import { Effect, Exit, Layer, Result, Scope } from "effect"
+import { afterEach, describe, expect, it } from "vitest"
+import * as AdminLive from "../../src/layers/admin/Admin.ts"
+import * as ConfigLayer from "../../src/layers/config/Config.ts"
+import { remembering } from "../../src/layers/node/xidMemory.ts"
+import { AdminServer } from "../../src/services/admin/Admin.ts"
+import { parseClearXidsQuery } from "../../src/services/admin/ClearXids.ts"
+import { Drain } from "../../src/services/node/Drain.ts"
+import { Nvml } from "../../src/services/node/Nvml.ts"
+import { gpuWith } from "../../src/services/node/NvmlValues.ts"
+import * as CordonTest from "../../src/testing/Cordon.ts"
+import * as EngineTest from "../../src/testing/EngineProcess.ts"
+import * as MetricsTest from "../../src/testing/Metrics.ts"
+import * as NodeStatusLayer from "../../src/testing/NodeStatus.ts"
+
+const U0 = "GPU-aaaa"
+const U1 = "GPU-bbbb"
+const host = [
+  gpuWith({ index: 0, uuid: U0, criticalXids: [{ xid: 13, events: 2 }] }),
+  gpuWith({ index: 1, uuid: U1, criticalXids: [{ xid: 79, events: 1 }] })
+]
+
+let scope: Scope.Closeable | undefined
+afterEach(async () => {
+  if (scope) await Effect.runPromise(Scope.close(scope, Exit.void))
+  scope = undefined
+})
+
+const start = async (agent: Record<string, unknown> = {}) => {
+  const config = ConfigLayer.layerFromObject({
+    models: { m: { hf_repo: "org/m" } },
+    agent: { listen_admin: "127.0.0.1:0", ...agent }
+  })
+  const sampled = Effect.succeed(host)
+  const nvml = Layer.effect(
+    Nvml,
+    remembering({ gpus: sampled, sampleNow: sampled, unavailable: Effect.succeed(undefined) }, {})
+  )
+  const deps = Layer.mergeAll(
+    MetricsTest.layerTest,
+    NodeStatusLayer.layerTest({ nodeId: "node-a" }),
+    Drain.layer,
+    nvml,
+    CordonTest.layerMemory,
+    EngineTest.layerTest()
+  ).pipe(Layer.provideMerge(config))
+  scope = await Effect.runPromise(Scope.make())
+  const ctx = await Effect.runPromise(Layer.buildWithScope(AdminLive.layer().pipe(Layer.provideMerge(deps)), scope))
+  const gpus = () => Effect.runPromise(Effect.flatMap(Nvml, (n) => n.gpus).pipe(Effect.provideContext(ctx)))
+  return { url: `${ctx.mapUnsafe.get(AdminServer.key).url}/gpus/clear-xids`, gpus }
+}
+
+const post = async (url: string, init: RequestInit = {}) => {
+  const res = await fetch(url, { method: "POST", ...init })
+  return { status: res.status, body: (await res.json()) as Record<string, unknown> }
+}
+
+describe("POST /gpus/clear-xids", () => {
+  it("clears one GPU by index or UUID, or every GPU, and answers what each had", async () => {
+    const { url, gpus } = await start()
+    expect(await post(`${url}?gpu=1`)).toEqual({
+      status: 200,
+      body: { cleared: [{ gpu: 1, uuid: U1, xids: [{ xid: 79, events: 1, name: "Xid 79 (fallen off the bus)" }] }] }
+    })
+    expect((await gpus()).map((g) => g.criticalXids.length)).toEqual([1, 0])
+    // nothing left on GPU 1: cleared again, nothing listed
+    expect(await post(`${url}?gpu=${U1}`)).toEqual({ status: 200, body: { cleared: [] } })
+    expect((await post(url)).body).toEqual({
+      cleared: [{ gpu: 0, uuid: U0, xids: [{ xid: 13, events: 2, name: "Xid 13 (graphics engine exception)" }] }]
+    })
+    expect((await gpus()).map((g) => g.criticalXids.length)).toEqual([0, 0])
+  })
+
+  it("a GPU the host does not have is 404; a query that is not one is 400; another method is 405", async () => {
+    const { url } = await start()
+    expect(await post(`${url}?gpu=7`)).toEqual({
+      status: 404,
+      body: { error: "no GPU 7 on this host (neither listed by NVML nor with Xids remembered)" }
+    })
+    expect((await post(`${url}?gpus=1`)).status).toBe(400)
+    expect((await post(`${url}?gpu=one`)).status).toBe(400)
+    const get = await fetch(url)
+    expect(get.status).toBe(405)
+    expect(get.headers.get("allow")).toBe("POST")
+  })
+
+  it("needs the admin token when one is set", async () => {
+    const { url, gpus } = await start({ admin_token: "s3cret" })
+    expect((await post(url)).status).toBe(401)
+    expect((await gpus()).map((g) => g.criticalXids.length)).toEqual([1, 1])
+    expect((await post(url, { headers: { authorization: "Bearer s3cret" } })).status).toBe(200)
+  })
+})
+
+describe("the query (pure)", () => {
+  it("an index, a UUID, or nothing for every GPU; anything else says why", () => {
+    expect(parseClearXidsQuery("")).toEqual(Result.succeed(undefined))
+    expect(parseClearXidsQuery("?gpu=3")).toEqual(Result.succeed(3))
+    expect(parseClearXidsQuery("?gpu=MIG-1b2c-3d")).toEqual(Result.succeed("MIG-1b2c-3d"))
+    expect(parseClearXidsQuery("?gpu=1&gpu=2")).toEqual(Result.fail("gpu given 2 times; give it once"))
+    expect(parseClearXidsQuery("?gpu=-1")).toEqual(
+      Result.fail('gpu must be an NVML index or a GPU UUID (GPU-...), got "-1"')
+    )
+    expect(parseClearXidsQuery("?all=1")).toEqual(Result.fail('unknown parameter "all"; the one known is gpu'))
+  })
+})
