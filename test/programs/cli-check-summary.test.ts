@@ -88,6 +88,32 @@ describe("check on a host with NVML (a fake libnvidia-ml.so with two GPUs)", () 
     const rendered = await runCli(["render", "--config", "examples/dev.toml"], env)
     expect(rendered.stdout).toContain("CUDA_VISIBLE_DEVICES=0")
   })
+
+  it("skips a GPU whose Xid the daemon kept for this boot in state_dir, as the daemon does, and writes nothing", async () => {
+    const env = { CGN_NVML_LIBRARY: buildFakeNvml(dir) }
+    const stateDir = path.join(dir, "state")
+    const record = path.join(stateDir, "gpu-xids.json")
+    fs.mkdirSync(stateDir, { recursive: true })
+    const bootId = fs.readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim()
+    const text = `${JSON.stringify({
+      bootId,
+      gpus: [{ uuid: "GPU-00000000-1111-2222-3333-444444444444", xids: [{ xid: 79, events: 1 }] }]
+    })}\n`
+    fs.writeFileSync(record, text)
+    const config = path.join(dir, "dev.toml")
+    fs.writeFileSync(
+      config,
+      fs
+        .readFileSync("examples/dev.toml", "utf8")
+        .replace('state_dir = ".cgn-agent/state"', `state_dir = "${stateDir}"`)
+    )
+    const r = await runCli(["check", "--config", config], env)
+    expect(r.code, r.stderr).toBe(0)
+    expect(line(r.stdout, "gpus")).toBe("1 (automatic: the first tp x dp healthy GPUs now; picked again at start)")
+    expect(r.stderr).toContain("a GPU reported Xids earlier in this boot")
+    expect((await runCli(["render", "--config", config], env)).stdout).toContain("CUDA_VISIBLE_DEVICES=1")
+    expect(fs.readFileSync(record, "utf8")).toBe(text)
+  })
 })
 
 describe("check and the memory cgroup", () => {

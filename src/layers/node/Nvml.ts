@@ -50,6 +50,8 @@ export interface NvmlOptions {
   readonly stateDir?: string
   /** Where the boot id is read (default /proc/sys/kernel/random/boot_id; tests give their own). */
   readonly bootIdFile?: string
+  /** The Xid record read, never written (the CLI: the daemon owns it). */
+  readonly readOnly?: boolean
   /** Which Xids are faults ([engine].ignore_xids, fault_xids): the Xid counter's `fault` label. */
   readonly xidRule?: XidRule
 }
@@ -288,7 +290,9 @@ const open = (worker: string, options: NvmlOptions) => {
           onWorker: options.onWorker
         })
   // every sample through the Xid memory: an NVML opened again (or an agent restarted) must not forget a GPU's Xids
-  return Effect.flatMap(sampler, (s) => remembering(s, { stateDir: options.stateDir, bootIdFile: options.bootIdFile }))
+  return Effect.flatMap(sampler, (s) =>
+    remembering(s, { stateDir: options.stateDir, bootIdFile: options.bootIdFile, readOnly: options.readOnly })
+  )
 }
 
 /** The live probe, NVML in the worker thread at `worker` (programs/programPaths.ts); needs Metrics for the gauges. */

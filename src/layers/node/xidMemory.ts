@@ -38,6 +38,8 @@ export interface XidMemoryOptions {
   readonly stateDir?: string | undefined
   /** Default BOOT_ID_FILE. */
   readonly bootIdFile?: string | undefined
+  /** Read the record, never write it (`check`, `render`: the daemon on this host owns the file). */
+  readonly readOnly?: boolean | undefined
 }
 
 const errorText = (e: unknown): string => (e instanceof Error ? e.message : String(e))
@@ -140,7 +142,7 @@ export const remembering = (
       )
     )
     const persist = Effect.suspend(() => {
-      if (file === undefined || writing) return Effect.void
+      if (file === undefined || options.readOnly === true || writing) return Effect.void
       writing = true
       return Effect.asVoid(Effect.forkIn(writeLoop, scope))
     })

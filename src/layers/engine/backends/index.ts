@@ -59,11 +59,12 @@ export const planFor = (config: AgentConfig, gpus: ReadonlyArray<Gpu>): Effect.E
 
 /**
  * The plan as `check` and `render` see it: GPUs from NVML when this host has it (no metrics, no daemon), read by
- * the NVML worker thread at `nvmlWorker` (programs/programPaths.ts) as in the daemon.
+ * the NVML worker thread at `nvmlWorker` (programs/programPaths.ts) as in the daemon, with the Xids the daemon kept
+ * for this boot in state_dir (read only), so that an automatic assignment skips the GPUs the daemon would.
  */
 export const resolvePlan = (config: AgentConfig, nvmlWorker: string): Effect.Effect<LaunchPlan, ConfigError> =>
   planLayer.pipe(
-    Layer.provide(NvmlLive.layerBare(nvmlWorker)),
+    Layer.provide(NvmlLive.layerBare(nvmlWorker, { stateDir: config.agent.state_dir, readOnly: true })),
     Layer.provide(Layer.succeed(Config, config)),
     Layer.build,
     Effect.map((context) => Context.get(context, EnginePlan)),
