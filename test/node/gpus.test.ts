@@ -35,6 +35,23 @@ describe("gpuFault", () => {
     expect(gpuFault(host[1]!)).toBe("GPU 1 has 2 uncorrected ECC errors")
     expect(gpuFault(gpuWith({ index: 0, throttleReasons: ["hw_slowdown"] }))).toBeUndefined()
   })
+
+  // dynamic page retirement (V100, T4): what row remapping is on A100 and later
+  it("a pending page retirement is a fault until a reset, as a pending row remapping; unsupported, it is none", () => {
+    const pending = gpuWith({ index: 2, retiredPagesPending: true })
+    expect(gpuFault(pending)).toBe("GPU 2 has retired memory pages pending: it needs a GPU reset or a reboot")
+    // the double-bit ECC error that marked the page says more, and a pending row remapping comes first as before
+    expect(gpuFault({ ...pending, eccUncorrected: 1 })).toBe("GPU 2 has 1 uncorrected ECC errors")
+    expect(gpuFault({ ...pending, rowRemapPending: true })).toContain("row remapping pending")
+    expect(gpuFault(gpuWith({ index: 2, unreportedFields: ["retired_pages_pending"] }))).toBeUndefined()
+    // no new run on it: automatic assignment skips it, and the gate holds a start on it
+    const gpus = [gpuWith({ index: 0 }), pending, gpuWith({ index: 1 })]
+    expect(assignGpus([], 2, gpus)).toEqual({ _tag: "Assigned", indices: [0, 1], automatic: true })
+    expect(gateVerdict(gpus, [2], 2 ** 30, new Set(), () => undefined)).toEqual({
+      _tag: "Faulty",
+      reason: "GPU 2 has retired memory pages pending: it needs a GPU reset or a reboot"
+    })
+  })
 })
 
 describe("assignGpus", () => {

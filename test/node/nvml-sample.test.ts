@@ -31,7 +31,8 @@ const LOST_UNKNOWN = [
   "processes",
   "critical_xids",
   "row_remap_pending",
-  "row_remap_failure"
+  "row_remap_failure",
+  "retired_pages_pending"
 ]
 
 const healthy = (index: number, uuid: string) =>
@@ -49,7 +50,7 @@ const healthy = (index: number, uuid: string) =>
   })
 
 describe("one NVML sample", () => {
-  it("keeps a GPU whose board does not support power, temperature, ECC, throttle reasons, Xid events or row remapping", () => {
+  it("keeps a GPU whose board supports none of power, temperature, ECC, throttling, Xids, row remapping, page retirement", () => {
     const problems = new Set<string>()
     const gpus = sample(
       fakeBinding([
@@ -63,7 +64,8 @@ describe("one NVML sample", () => {
             ecc: NOT_SUPPORTED,
             throttle: NOT_SUPPORTED,
             processes: NOT_SUPPORTED,
-            remappedRows: NOT_SUPPORTED
+            remappedRows: NOT_SUPPORTED,
+            retiredPagesPending: NOT_SUPPORTED
           },
           // no Xid critical-error events (0x8) on this board
           eventTypes: 0x3n
@@ -88,7 +90,8 @@ describe("one NVML sample", () => {
           "processes",
           "critical_xids",
           "row_remap_pending",
-          "row_remap_failure"
+          "row_remap_failure",
+          "retired_pages_pending"
         ]
       }
     ])
@@ -106,6 +109,7 @@ describe("one NVML sample", () => {
         throttle: undefined,
         processes: undefined,
         remappedRows: undefined,
+        retiredPagesPending: undefined,
         events: undefined
       },
       problems
@@ -122,11 +126,32 @@ describe("one NVML sample", () => {
           "processes",
           "critical_xids",
           "row_remap_pending",
-          "row_remap_failure"
+          "row_remap_failure",
+          "retired_pages_pending"
         ]
       }
     ])
     expect([...problems]).toEqual([])
+  })
+
+  it("reads a pending page retirement (a V100: row remapping NOT_SUPPORTED there); a failed query is a problem", () => {
+    const problems = new Set<string>()
+    const gpus = sample(
+      fakeBinding([
+        { uuid: "GPU-a", retiredPagesPending: true, rc: { remappedRows: NOT_SUPPORTED } },
+        { uuid: "GPU-b", rc: { retiredPagesPending: 999 } }
+      ]),
+      problems
+    )
+    expect(gpus).toEqual([
+      {
+        ...healthy(0, "GPU-a"),
+        retiredPagesPending: true,
+        unreportedFields: ["row_remap_pending", "row_remap_failure"]
+      },
+      { ...healthy(1, "GPU-b"), unreportedFields: ["retired_pages_pending"] }
+    ])
+    expect([...problems]).toEqual(["nvmlDeviceGetRetiredPagesPendingStatus(1): NVML_ERROR_UNKNOWN (999)"])
   })
 
   it("memory that NVML cannot report (unified-memory boards) leaves all three memory fields unknown", () => {

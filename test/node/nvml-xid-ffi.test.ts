@@ -1,9 +1,10 @@
-// Xid events and row remapping through the real FFI: the fake libnvidia-ml.so (test/fixtures/fake_nvml.c) delivers
-// the lines of FAKE_NVML_XID_FILE as nvmlEventSetWait_v2 events and scripts nvmlDeviceGetRemappedRows per GPU
-// (FAKE_NVML_STATE). The worker's session (layers/node/nvmlSession.ts) takes each event once, never waits with a
-// timeout, leaves what a board or driver lacks unreported, tells each event's GPU by nvmlDeviceGetIndex (else by its
-// handle's address; else every watched GPU's, fail closed); the live layer's /metrics page carries the Xid counter and
-// the row-remapping gauges, and passes promtool.
+// Xid events, row remapping and page retirement through the real FFI: the fake libnvidia-ml.so
+// (test/fixtures/fake_nvml.c) delivers the lines of FAKE_NVML_XID_FILE as nvmlEventSetWait_v2 events and scripts
+// nvmlDeviceGetRemappedRows and nvmlDeviceGetRetiredPagesPendingStatus per GPU (FAKE_NVML_STATE). The worker's
+// session (layers/node/nvmlSession.ts) takes each event once, never waits with a timeout, leaves what a board or
+// driver lacks unreported, tells each event's GPU by nvmlDeviceGetIndex (else by its handle's address; else every
+// watched GPU's, fail closed); the live layer's /metrics page carries the Xid counter, the row-remapping and the
+// page-retirement gauges, and passes promtool.
 import { spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
@@ -32,7 +33,7 @@ let noIndex = ""
 beforeAll(() => {
   dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-nvml-xid-"))
   library = buildFakeNvml(dir)
-  bare = buildFakeNvml(dir, ["FAKE_NVML_NO_EVENTS", "FAKE_NVML_NO_REMAP"])
+  bare = buildFakeNvml(dir, ["FAKE_NVML_NO_EVENTS", "FAKE_NVML_NO_REMAP", "FAKE_NVML_NO_PAGE_RETIREMENT"])
   noIndex = buildFakeNvml(dir, ["FAKE_NVML_NO_INDEX"])
 })
 afterEach(() => {
@@ -76,25 +77,26 @@ const gpusOf = (reply: { readonly gpus: ReadonlyArray<Gpu> }) =>
     xids: g.criticalXids,
     pending: g.rowRemapPending,
     failure: g.rowRemapFailure,
+    pages: g.retiredPagesPending,
     unreported: g.unreportedFields
   }))
 
-describe("Xid events and row remapping through the FFI", () => {
-  it("takes each Xid once, with waits of timeout 0 only; reads row remapping; frees the set before shutdown", () => {
+describe("Xid events, row remapping and page retirement through the FFI", () => {
+  it("takes each Xid once, with waits of timeout 0 only; reads remapping and page retirement; frees the set before shutdown", () => {
     const k = knobs("once")
     const s = openSession(library)
-    const none = { xids: [], pending: false, failure: false, unreported: [] }
+    const none = { xids: [], pending: false, failure: false, pages: false, unreported: [] }
     expect(gpusOf(s.sample())).toEqual([none, none])
     k.xid("1 79")
     expect(gpusOf(s.sample())[1]?.xids).toEqual([{ xid: 79, events: 1 }])
     expect(gpusOf(s.sample())[1]?.xids).toEqual([{ xid: 79, events: 1 }]) // taken once
     k.xid("1 79", "0 13")
-    k.state("gpu.0.remap_pending=1", "gpu.1.remap_failure=1")
+    k.state("gpu.0.remap_pending=1", "gpu.1.remap_failure=1", "gpu.1.pages_pending=1")
     const reply = s.sample()
     expect(reply.problems).toEqual([])
     expect(gpusOf(reply)).toEqual([
       { ...none, xids: [{ xid: 13, events: 1 }], pending: true },
-      { ...none, xids: [{ xid: 79, events: 2 }], failure: true }
+      { ...none, xids: [{ xid: 79, events: 2 }], failure: true, pages: true }
     ])
     // the GPU then falls off the bus: lost, with the Xid that says so
     k.state("gpu.1.lost=1")
@@ -104,9 +106,10 @@ describe("Xid events and row remapping through the FFI", () => {
     expect(k.shutdown()).toBe("event_set_free\nshutdown\n")
   })
 
-  it("a GPU without the Xid event type or row remapping has them unreported, silently; its Xids are not delivered", () => {
+  it("a GPU without the Xid event type, row remapping or page retirement has them unreported, silently; no Xid delivered", () => {
     const k = knobs("unsupported")
-    k.state("gpu.1.events=0x3", "gpu.0.remap_rc=3")
+    // GPU 0 as a V100 (page retirement, no row remapping), GPU 1 as an A100 (the other way round: NOT_SUPPORTED)
+    k.state("gpu.1.events=0x3", "gpu.0.remap_rc=3", "gpu.1.pages_rc=3")
     k.xid("1 79", "0 48")
     const s = openSession(library)
     const reply = s.sample()
@@ -117,13 +120,14 @@ describe("Xid events and row remapping through the FFI", () => {
         xids: [{ xid: 48, events: 1 }],
         pending: false,
         failure: false,
+        pages: false,
         unreported: ["row_remap_pending", "row_remap_failure"]
       },
-      { xids: [], pending: false, failure: false, unreported: ["critical_xids"] }
+      { xids: [], pending: false, failure: false, pages: false, unreported: ["critical_xids", "retired_pages_pending"] }
     ])
   })
 
-  it("a driver without the event-set entry points and nvmlDeviceGetRemappedRows reports them unknown, silently", () => {
+  it("a driver without the event-set entry points, remapped rows and retired pages reports them unknown, silently", () => {
     const k = knobs("bare")
     k.xid("0 79")
     const s = openSession(bare)
@@ -134,7 +138,8 @@ describe("Xid events and row remapping through the FFI", () => {
       xids: [],
       pending: false,
       failure: false,
-      unreported: ["critical_xids", "row_remap_pending", "row_remap_failure"]
+      pages: false,
+      unreported: ["critical_xids", "row_remap_pending", "row_remap_failure", "retired_pages_pending"]
     }
     expect(gpusOf(reply)).toEqual([unknown, unknown])
     expect(k.shutdown()).toBe("shutdown\n") // no set to free
@@ -183,10 +188,16 @@ describe("Xid events and row remapping through the FFI", () => {
     ])
   })
 
-  it("the live layer's page carries the Xid counter and the row-remapping gauges, and passes promtool", async () => {
+  it("the live layer's page carries the Xid counter, the remapping and page-retirement gauges, and passes promtool", async () => {
     const k = knobs("metrics")
     k.xid("0 79", "0 13", "0 79")
-    k.state("gpu.1.remap_pending=1", "gpu.1.events=0x3", "gpu.0.remap_rc=3")
+    k.state(
+      "gpu.1.remap_pending=1",
+      "gpu.1.events=0x3",
+      "gpu.0.remap_rc=3",
+      "gpu.0.pages_pending=1",
+      "gpu.1.pages_rc=3"
+    )
     const body = await Effect.runPromise(
       Effect.gen(function* () {
         yield* (yield* Nvml).gpus
@@ -202,14 +213,16 @@ describe("Xid events and row remapping through the FFI", () => {
         )
       )
     )
-    const lines = body.split("\n").filter((l) => /^cgn_agent_gpu_(xid|row_remap)/.test(l))
+    const lines = body.split("\n").filter((l) => /^cgn_agent_gpu_(xid|row_remap|retired_pages)/.test(l))
     expect(lines.sort()).toEqual(
       [
         `cgn_agent_gpu_xid_errors_total{${G0},xid="79",fault="false"} 2`,
         `cgn_agent_gpu_xid_errors_total{${G0},xid="13",fault="true"} 1`,
-        // GPU 0 cannot report row remapping, GPU 1 cannot deliver Xids: no series for either, not a 0
+        // GPU 0 cannot report row remapping, GPU 1 cannot deliver Xids nor report page retirement: no series for
+        // either, not a 0
         `cgn_agent_gpu_row_remap_pending{${G1}} 1`,
-        `cgn_agent_gpu_row_remap_failure{${G1}} 0`
+        `cgn_agent_gpu_row_remap_failure{${G1}} 0`,
+        `cgn_agent_gpu_retired_pages_pending{${G0}} 1`
       ].sort()
     )
     const r = spawnSync(PROMTOOL, ["check", "metrics"], { input: body, encoding: "utf8" })

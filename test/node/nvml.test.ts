@@ -89,7 +89,8 @@ describe("Nvml live layer", () => {
           unreportedFields: [],
           criticalXids: [],
           rowRemapPending: false,
-          rowRemapFailure: false
+          rowRemapFailure: false,
+          retiredPagesPending: false
         },
         {
           index: 1,
@@ -109,7 +110,8 @@ describe("Nvml live layer", () => {
           unreportedFields: [],
           criticalXids: [],
           rowRemapPending: false,
-          rowRemapFailure: false
+          rowRemapFailure: false,
+          retiredPagesPending: false
         }
       ])
       expect(body).toContain(

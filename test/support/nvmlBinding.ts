@@ -11,6 +11,8 @@ export interface FakeGpu {
   readonly throws?: ReadonlyArray<keyof Binding>
   /** nvmlDeviceGetRemappedRows' isPending and failureOccurred. */
   readonly remap?: { readonly pending?: boolean; readonly failure?: boolean }
+  /** nvmlDeviceGetRetiredPagesPendingStatus' isPending (dynamic page retirement, boards before Ampere). */
+  readonly retiredPagesPending?: boolean
   /** nvmlDeviceGetSupportedEventTypes' mask (default 0x1f: Xid critical errors, 0x8, among them). */
   readonly eventTypes?: bigint
   /**
@@ -95,6 +97,10 @@ export const fakeBinding = (gpus: ReadonlyArray<FakeGpu>, events: FakeEvents = f
         const remap = gpus[d as number]?.remap
         pending[0] = remap?.pending === true ? 1 : 0
         failure[0] = remap?.failure === true ? 1 : 0
+      }),
+    retiredPagesPending: (d, isPending) =>
+      answer("retiredPagesPending", d, () => {
+        isPending[0] = gpus[d as number]?.retiredPagesPending === true ? 1 : 0
       }),
     events: {
       create: (out) => {

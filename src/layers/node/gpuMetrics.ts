@@ -3,7 +3,8 @@
  * (per-process series come and go with the processes; a lost GPU keeps only gpu_lost and its Xids). A field NVML
  * could not report for a GPU (`unreportedFields`: utilization under MIG, power on some boards, ECC with ECC off) has
  * no series for that GPU, as dcgm-exporter leaves out what a GPU cannot report: a 0 would read as idle, 0 W, 0 errors.
- * The Xid counter and the row-remapping gauges are registered here, on the shared registry, once per registry.
+ * The Xid counter, the row-remapping and the page-retirement gauges are registered here, on the shared registry, once
+ * per registry.
  */
 import { Effect } from "effect"
 import { Counter, Gauge, type Registry } from "prom-client"
@@ -14,7 +15,10 @@ import { type GpuField, isUnknown } from "../../services/node/NvmlValues.ts"
 import { applicationXids, defaultXidRule, type XidRule, xidIsFault } from "../../services/node/Xid.ts"
 import { METRIC_PREFIX, Metrics } from "../../services/observability/Metrics.ts"
 
-/** The Xid and row-remapping series of `registry`, made at its first use (a second Nvml layer shares them). */
+/**
+ * The Xid, row-remapping and page-retirement series of `registry`, made at its first use (a second Nvml layer shares
+ * them).
+ */
 const faultSeries = (registry: Registry) => {
   const gpuLabels = ["gpu", "uuid"] as const
   const existing = <T>(name: string): T | undefined => registry.getSingleMetric(`${METRIC_PREFIX}${name}`) as T
@@ -46,6 +50,16 @@ const faultSeries = (registry: Registry) => {
         help: "1 once a row remapping has failed: replace the GPU (NVML; no series where unsupported)",
         labelNames: gpuLabels,
         registers: [registry]
+      }),
+    retiredPagesPending:
+      existing<Gauge<"gpu" | "uuid">>("gpu_retired_pages_pending") ??
+      new Gauge({
+        name: `${METRIC_PREFIX}gpu_retired_pages_pending`,
+        help:
+          "1 while retired memory pages wait for a GPU reset or a reboot (NVML dynamic page retirement, boards " +
+          "before Ampere; the node is unhealthy; no series where unsupported)",
+        labelNames: gpuLabels,
+        registers: [registry]
       })
   }
 }
@@ -65,7 +79,8 @@ export const mirrorToMetrics = (service: NvmlService, rule: XidRule = defaultXid
       ["power_limit_watts", m.gpuPowerLimit, (g) => g.powerLimitWatts],
       ["ecc_uncorrected", m.gpuEccUncorrected, (g) => g.eccUncorrected],
       ["row_remap_pending", faults.remapPending, (g) => (g.rowRemapPending ? 1 : 0)],
-      ["row_remap_failure", faults.remapFailure, (g) => (g.rowRemapFailure ? 1 : 0)]
+      ["row_remap_failure", faults.remapFailure, (g) => (g.rowRemapFailure ? 1 : 0)],
+      ["retired_pages_pending", faults.retiredPagesPending, (g) => (g.retiredPagesPending ? 1 : 0)]
     ]
     yield* m.onCollect(
       Effect.zipWith(service.gpus, service.unavailable, (gpus, unavailable) => {
@@ -82,6 +97,7 @@ export const mirrorToMetrics = (service: NvmlService, rule: XidRule = defaultXid
         faults.xidErrors.reset()
         faults.remapPending.reset()
         faults.remapFailure.reset()
+        faults.retiredPagesPending.reset()
         for (const g of gpus) {
           const labels = { gpu: String(g.index), uuid: g.uuid }
           m.gpuLost.set(labels, g.lost ? 1 : 0)

@@ -33,6 +33,12 @@ export interface Binding {
         failure: Array<number>
       ) => number)
     | undefined
+  /**
+   * nvmlDeviceGetRetiredPagesPendingStatus: whether memory pages wait for a GPU reset to be retired
+   * (nvmlEnableState_t, 0 or 1). Dynamic page retirement, the boards before Ampere; NOT_SUPPORTED where rows are
+   * remapped instead.
+   */
+  readonly retiredPagesPending: ((device: unknown, isPending: Array<number>) => number) | undefined
   /** The event-set entry points, all or none (Xid events: nvmlEvents.ts). */
   readonly events: EventBinding | undefined
   readonly unload: () => void
@@ -118,6 +124,10 @@ export const bind = (koffi: Koffi, library: string): Binding => {
       ])
     ),
     remappedRows: optional(() => lib.func("nvmlDeviceGetRemappedRows", "int", [device, uint, uint, uint, uint])),
+    // nvmlEnableState_t is a C enum: an int
+    retiredPagesPending: optional(() =>
+      lib.func("nvmlDeviceGetRetiredPagesPendingStatus", "int", [device, koffi.out(koffi.pointer("int"))])
+    ),
     events: optional(() => ({
       create: lib.func("nvmlEventSetCreate", "int", [koffi.out(koffi.pointer(eventSet))]),
       supported: lib.func("nvmlDeviceGetSupportedEventTypes", "int", [device, ull]),

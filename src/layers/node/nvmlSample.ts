@@ -1,12 +1,13 @@
 /**
  * One pass of NVML queries over every device into the agent's Gpu records: memory, utilization,
- * temperature, power, throttle reasons, uncorrected ECC errors, compute processes, row remapping, and the Xid events
- * of the session (nvmlEvents.ts: each GPU registered at its first pass, pending events taken after the last). A field
- * NVML does not report (its query failed, NOT_SUPPORTED included, or its optional entry point is missing) reads 0 and
- * is listed in the GPU's `unreportedFields`, so that no reader takes it for a real 0 ("idle", "0 W"); failures other
- * than NOT_SUPPORTED are also collected as problems. A GPU that answers NVML_ERROR_GPU_IS_LOST is reported lost (by index only: the
- * main thread names it from earlier samples, NvmlValues.ts nameLostGpus). Runs in the NVML worker thread
- * (programs/nvmlWorker.ts), synchronously, so it imports nothing that loads `effect`.
+ * temperature, power, throttle reasons, uncorrected ECC errors, compute processes, row remapping, pending page
+ * retirement, and the Xid events of the session (nvmlEvents.ts: each GPU registered at its first pass, pending events
+ * taken after the last). A field NVML does not report (its query failed, NOT_SUPPORTED included, or its optional entry
+ * point is missing) reads 0 and is listed in the GPU's `unreportedFields`, so that no reader takes it for a real 0
+ * ("idle", "0 W"); failures other than NOT_SUPPORTED are also collected as problems. A GPU that answers
+ * NVML_ERROR_GPU_IS_LOST is reported lost (by index only: the main thread names it from earlier samples, NvmlValues.ts
+ * nameLostGpus). Runs in the NVML worker thread (programs/nvmlWorker.ts), synchronously, so it imports nothing that
+ * loads `effect`.
  */
 import type { Gpu, GpuProcess } from "../../gen/cgn/agent/v1/agent.ts"
 import { throttleReasons } from "../../services/node/Gpus.ts"
@@ -217,6 +218,14 @@ const sampleOne = (
     "row_remap_pending",
     "row_remap_failure"
   )
+  // dynamic page retirement (boards before Ampere); NOT_SUPPORTED where rows are remapped instead: unreported, silently
+  const { retiredPagesPending } = nvml
+  const pagesPending = [0]
+  const pagesKnown = query(
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+    retiredPagesPending && (() => retiredPagesPending(device, pagesPending)),
+    "retired_pages_pending"
+  )
   // the Xids themselves are filled in once the pass has taken the pending events (`sample`); a GPU lost by now
   // answers nothing, registration included (one registered before keeps its Xids)
   if (lost || xids?.watch(index, device, note) !== true) unknown.push("critical_xids")
@@ -239,6 +248,7 @@ const sampleOne = (
     unreportedFields: inFieldOrder(unknown),
     criticalXids: [],
     rowRemapPending: remapKnown && pending[0] !== 0,
-    rowRemapFailure: remapKnown && failure[0] !== 0
+    rowRemapFailure: remapKnown && failure[0] !== 0,
+    retiredPagesPending: pagesKnown && pagesPending[0] !== 0
   }
 }

@@ -40,9 +40,10 @@ export const refMatches = (ref: GpuRef, gpu: Gpu): boolean =>
 
 /**
  * A GPU the engine must not be started on: fallen off the bus, a critical Xid other than an application error this
- * NVML session (Xid.ts), a failed or pending row remapping, or uncorrected ECC errors since driver load. What NVML
- * cannot report is no fault: ECC it cannot count (ECC off, a board without it), Xid events or row remapping a board
- * does not support. Most such boards are fine, and refusing them would refuse every GPU without the feature.
+ * NVML session (Xid.ts), a failed or pending row remapping, a pending page retirement, or uncorrected ECC errors since
+ * driver load. What NVML cannot report is no fault: ECC it cannot count (ECC off, a board without it), Xid events,
+ * row remapping or page retirement a board does not support. Most such boards are fine, and refusing them would
+ * refuse every GPU without the feature.
  * `rule`: the operator's changes to which Xids are faults (`[engine].ignore_xids`, `[engine].fault_xids`).
  */
 export const gpuFault = (gpu: Gpu, rule: XidRule = defaultXidRule): string | undefined => {
@@ -56,6 +57,14 @@ export const gpuFault = (gpu: Gpu, rule: XidRule = defaultXidRule): string | und
   if (gpu.rowRemapFailure) return `GPU ${gpu.index} has a failed row remapping: it needs replacing`
   if (gpu.eccUncorrected > 0) return `GPU ${gpu.index} has ${gpu.eccUncorrected} uncorrected ECC errors`
   if (gpu.rowRemapPending) return `GPU ${gpu.index} has a row remapping pending: it needs a GPU reset`
+  // Dynamic page retirement, row remapping's forerunner on the boards before Ampere (V100, T4): a page marked for
+  // retirement is retired only at the next GPU reset or reboot
+  // (https://docs.nvidia.com/deploy/dynamic-page-retirement/); DCGM's memory health watch flags it (NVIDIA/DCGM
+  // modules/health/DcgmHealthWatch.cpp, DCGM_FR_PENDING_PAGE_RETIREMENTS) and its diagnostics skip such a GPU, as
+  // one with a row remapping pending.
+  if (gpu.retiredPagesPending) {
+    return `GPU ${gpu.index} has retired memory pages pending: it needs a GPU reset or a reboot`
+  }
   return undefined
 }
 

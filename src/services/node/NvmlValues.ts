@@ -59,7 +59,8 @@ const FIELDS: Record<GpuField, true> = {
   processes: true,
   critical_xids: true,
   row_remap_pending: true,
-  row_remap_failure: true
+  row_remap_failure: true,
+  retired_pages_pending: true
 }
 
 /** Every field a GPU can leave unknown, in proto field-number order: what a lost GPU lists. */
@@ -98,7 +99,8 @@ export const gpuWith = (fields: Partial<Gpu> & { readonly index: number }): Gpu 
     unreportedFields: [],
     criticalXids: [],
     rowRemapPending: false,
-    rowRemapFailure: false
+    rowRemapFailure: false,
+    retiredPagesPending: false
   }
   return { ...zero, ...fields }
 }

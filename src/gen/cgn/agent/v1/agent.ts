@@ -299,8 +299,8 @@ export interface Gpu {
    * "0 C" must not be read into it. The names that can appear: name, uuid, memory_total_bytes,
    * memory_used_bytes, memory_free_bytes, utilization_percent, temperature_celsius, power_watts,
    * power_limit_watts, throttle_reasons, ecc_uncorrected, processes, critical_xids, row_remap_pending,
-   * row_remap_failure. index and lost are always known. Empty for a GPU that reported everything (and in records of
-   * agents older than this field: there 0 may mean unknown).
+   * row_remap_failure, retired_pages_pending. index and lost are always known. Empty for a GPU that reported
+   * everything (and in records of agents older than this field: there 0 may mean unknown).
    */
   unreportedFields: string[];
   /**
@@ -329,6 +329,15 @@ export interface Gpu {
    * "row_remap_failure" in unreported_fields.
    */
   rowRemapFailure: boolean;
+  /**
+   * A page retirement is pending: memory pages marked for retirement (after a double-bit ECC error, or two
+   * single-bit ones at one address) are retired only at the next GPU reset or reboot
+   * (nvmlDeviceGetRetiredPagesPendingStatus; dynamic page retirement, on the boards before Ampere such as V100 and
+   * T4: https://docs.nvidia.com/deploy/dynamic-page-retirement/). The GPU counts as faulty until then, as with
+   * row_remap_pending. Unsupported (boards that remap rows instead, A100 and later; drivers without the entry
+   * point): false, with "retired_pages_pending" in unreported_fields.
+   */
+  retiredPagesPending: boolean;
 }
 
 /** One Xid NVML delivered for a GPU as a critical-error event (catalog: https://docs.nvidia.com/deploy/xid-errors/). */
@@ -2531,6 +2540,7 @@ function createBaseGpu(): Gpu {
     criticalXids: [],
     rowRemapPending: false,
     rowRemapFailure: false,
+    retiredPagesPending: false,
   };
 }
 
@@ -2589,6 +2599,9 @@ export const Gpu: MessageFns<Gpu> = {
     }
     if (message.rowRemapFailure !== false) {
       writer.uint32(144).bool(message.rowRemapFailure);
+    }
+    if (message.retiredPagesPending !== false) {
+      writer.uint32(152).bool(message.retiredPagesPending);
     }
     return writer;
   },
@@ -2750,6 +2763,14 @@ export const Gpu: MessageFns<Gpu> = {
             message.rowRemapFailure = reader.bool();
             continue;
           }
+          case 19: {
+            if (tag !== 152) {
+              break;
+            }
+
+            message.retiredPagesPending = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2836,6 +2857,11 @@ export const Gpu: MessageFns<Gpu> = {
         : isSet(object.row_remap_failure)
         ? globalThis.Boolean(object.row_remap_failure)
         : false,
+      retiredPagesPending: isSet(object.retiredPagesPending)
+        ? globalThis.Boolean(object.retiredPagesPending)
+        : isSet(object.retired_pages_pending)
+        ? globalThis.Boolean(object.retired_pages_pending)
+        : false,
     };
   },
 
@@ -2895,6 +2921,9 @@ export const Gpu: MessageFns<Gpu> = {
     if (message.rowRemapFailure !== false) {
       obj.rowRemapFailure = message.rowRemapFailure;
     }
+    if (message.retiredPagesPending !== false) {
+      obj.retiredPagesPending = message.retiredPagesPending;
+    }
     return obj;
   },
 
@@ -2921,6 +2950,7 @@ export const Gpu: MessageFns<Gpu> = {
     message.criticalXids = object.criticalXids?.map((e) => GpuXid.fromPartial(e)) || [];
     message.rowRemapPending = object.rowRemapPending ?? false;
     message.rowRemapFailure = object.rowRemapFailure ?? false;
+    message.retiredPagesPending = object.retiredPagesPending ?? false;
     return message;
   },
 };
