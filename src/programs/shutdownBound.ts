@@ -17,6 +17,7 @@ import { KILL_WAIT_MS } from "../layers/engine/processGroup.ts"
 import { CLOSE_GRACE as GRPC_CLOSE_GRACE } from "../layers/grpc/GrpcServer.ts"
 import { CALL_TIMEOUT as NVML_CALL_TIMEOUT } from "../layers/node/Nvml.ts"
 import { FLUSH_WAIT_MS } from "../layers/node/processExit.ts"
+import { FLUSH_MS as XID_FLUSH_MS } from "../layers/node/xidRecordWriter.ts"
 import { SDK_SHUTDOWN_TIMEOUT, TRACE_FLUSH_TIMEOUT } from "../layers/observability/Tracing.ts"
 import { CALL_DEADLINE_SLACK_MS } from "../layers/registry/etcdClient.ts"
 import type { AgentConfig } from "../services/config/Config.ts"
@@ -67,6 +68,8 @@ export const shutdownTerms = (config: AgentConfig, env: Env = process.env): Read
           ms: Duration.toMillis(TRACE_FLUSH_TIMEOUT) + Duration.toMillis(SDK_SHUTDOWN_TIMEOUT)
         }
       : undefined,
+    // layers/node/xidRecordWriter.ts: an in-flight write of the GPU Xid record, and the last change
+    { step: "GPU Xid record written", ms: XID_FLUSH_MS },
     { step: "NVML shut down", ms: Duration.toMillis(NVML_CALL_TIMEOUT) },
     { step: "last log lines taken by stdout's and stderr's readers", ms: FLUSH_WAIT_MS },
     { step: "margin", ms: MARGIN_MS }

@@ -9,7 +9,7 @@ import { remembering } from "../../src/layers/node/xidMemory.ts"
 import { AdminServer } from "../../src/services/admin/Admin.ts"
 import { parseClearXidsQuery } from "../../src/services/admin/ClearXids.ts"
 import { Drain } from "../../src/services/node/Drain.ts"
-import { Nvml } from "../../src/services/node/Nvml.ts"
+import { type Gpu, Nvml } from "../../src/services/node/Nvml.ts"
 import { gpuWith } from "../../src/services/node/NvmlValues.ts"
 import * as CordonTest from "../../src/testing/Cordon.ts"
 import * as EngineTest from "../../src/testing/EngineProcess.ts"
@@ -23,18 +23,17 @@ const host = [
   gpuWith({ index: 1, uuid: U1, criticalXids: [{ xid: 79, events: 1 }] })
 ]
 
-let scope: Scope.Closeable | undefined
+const scopes: Array<Scope.Closeable> = []
 afterEach(async () => {
-  if (scope) await Effect.runPromise(Scope.close(scope, Exit.void))
-  scope = undefined
+  for (const scope of scopes.splice(0)) await Effect.runPromise(Scope.close(scope, Exit.void))
 })
 
-const start = async (agent: Record<string, unknown> = {}) => {
+const start = async (agent: Record<string, unknown> = {}, gpus: ReadonlyArray<Gpu> = host) => {
   const config = ConfigLayer.layerFromObject({
     models: { m: { hf_repo: "org/m" } },
     agent: { listen_admin: "127.0.0.1:0", ...agent }
   })
-  const sampled = Effect.succeed(host)
+  const sampled = Effect.succeed(gpus)
   const nvml = Layer.effect(
     Nvml,
     remembering({ gpus: sampled, sampleNow: sampled, unavailable: Effect.succeed(undefined) }, {})
@@ -47,10 +46,11 @@ const start = async (agent: Record<string, unknown> = {}) => {
     CordonTest.layerMemory,
     EngineTest.layerTest()
   ).pipe(Layer.provideMerge(config))
-  scope = await Effect.runPromise(Scope.make())
+  const scope = await Effect.runPromise(Scope.make())
+  scopes.push(scope)
   const ctx = await Effect.runPromise(Layer.buildWithScope(AdminLive.layer().pipe(Layer.provideMerge(deps)), scope))
-  const gpus = () => Effect.runPromise(Effect.flatMap(Nvml, (n) => n.gpus).pipe(Effect.provideContext(ctx)))
-  return { url: `${ctx.mapUnsafe.get(AdminServer.key).url}/gpus/clear-xids`, gpus }
+  const read = () => Effect.runPromise(Effect.flatMap(Nvml, (n) => n.gpus).pipe(Effect.provideContext(ctx)))
+  return { url: `${ctx.mapUnsafe.get(AdminServer.key).url}/gpus/clear-xids`, gpus: read }
 }
 
 const post = async (url: string, init: RequestInit = {}) => {
@@ -87,6 +87,18 @@ describe("POST /gpus/clear-xids", () => {
     expect(get.headers.get("allow")).toBe("POST")
   })
 
+  it("a GPU that cannot be named by UUID now is 409 with why; a remembered one is still cleared by UUID", async () => {
+    const { url } = await start({}, [gpuWith({ index: 0, uuid: "", unreportedFields: ["uuid"] })])
+    expect(await post(`${url}?gpu=0`)).toEqual({
+      status: 409,
+      body: { error: "GPU 0 cannot be told by its UUID: NVML cannot read its UUID now; try again" }
+    })
+    const down = await start({}, [])
+    expect((await post(`${down.url}?gpu=0`)).body).toEqual({
+      error: "GPU 0 cannot be told by its UUID: NVML lists no GPUs now; give the GPU's UUID"
+    })
+  })
+
   it("needs the admin token when one is set", async () => {
     const { url, gpus } = await start({ admin_token: "s3cret" })
     expect((await post(url)).status).toBe(401)
@@ -99,7 +111,10 @@ describe("the query (pure)", () => {
   it("an index, a UUID, or nothing for every GPU; anything else says why", () => {
     expect(parseClearXidsQuery("")).toEqual(Result.succeed(undefined))
     expect(parseClearXidsQuery("?gpu=3")).toEqual(Result.succeed(3))
-    expect(parseClearXidsQuery("?gpu=MIG-1b2c-3d")).toEqual(Result.succeed("MIG-1b2c-3d"))
+    expect(parseClearXidsQuery("?gpu=GPU-1b2c-3d")).toEqual(Result.succeed("GPU-1b2c-3d"))
+    expect(parseClearXidsQuery("?gpu=MIG-1b2c-3d")).toEqual(
+      Result.fail("a MIG instance's Xids are its GPU's: give the GPU's index or UUID")
+    )
     expect(parseClearXidsQuery("?gpu=1&gpu=2")).toEqual(Result.fail("gpu given 2 times; give it once"))
     expect(parseClearXidsQuery("?gpu=-1")).toEqual(
       Result.fail('gpu must be an NVML index or a GPU UUID (GPU-...), got "-1"')

@@ -86,7 +86,7 @@ describe("a critical Xid on the engine's GPU (built agent, fake NVML through kof
     const lint = promtool(["check", "metrics"], page)
     expect(lint.output).toBe("")
     expect(lint.status).toBe(0)
-    // a fault for the NVML session: later samples do not clear it
+    // a fault until the GPU is reset: later samples do not clear it
     expect((await text(`${agent.adminUrl}/readyz`)).status).toBe(503)
     expect((await agent.stop()).code).toBe(0)
 

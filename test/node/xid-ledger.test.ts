@@ -12,15 +12,15 @@ const gpu = (index: number, uuid: string, xids: ReadonlyArray<GpuXid>, more: Par
 const xidsOf = (gpus: ReadonlyArray<Gpu>) => gpus.map((g) => g.criticalXids)
 
 describe("observe", () => {
-  it("passes a session's Xids through and says when the ledger moved", () => {
+  it("passes a session's Xids through and says how the ledger moved: an Xid, counts, nothing", () => {
     const ledger = ledgerOf()
     const first = observe(ledger, [gpu(0, U0, []), gpu(1, U1, [{ xid: 79, events: 1 }])])
     expect(xidsOf(first.gpus)).toEqual([[], [{ xid: 79, events: 1 }]])
-    expect(first.changed).toBe(true)
+    expect(first.change).toBe("xids")
     // the same sample again: nothing moved
-    expect(observe(ledger, [gpu(0, U0, []), gpu(1, U1, [{ xid: 79, events: 1 }])]).changed).toBe(false)
+    expect(observe(ledger, [gpu(0, U0, []), gpu(1, U1, [{ xid: 79, events: 1 }])]).change).toBe("none")
     const more = observe(ledger, [gpu(1, U1, [{ xid: 79, events: 3 }])])
-    expect(more.changed).toBe(true)
+    expect(more.change).toBe("counts")
     expect(xidsOf(more.gpus)).toEqual([[{ xid: 79, events: 3 }]])
   })
 
@@ -34,7 +34,8 @@ describe("observe", () => {
     ])
     // NVML opened again: the session counts from nothing
     const reopened = observe(ledger, [gpu(0, U0, [])])
-    expect(reopened.changed).toBe(true)
+    // carried: what is shown is the same, the record needs no write for it
+    expect(reopened.change).toBe("counts")
     expect(xidsOf(reopened.gpus)).toEqual([
       [
         { xid: 13, events: 2 },
@@ -60,7 +61,7 @@ describe("observe", () => {
     const ledger = ledgerOf()
     observe(ledger, [gpu(0, U0, [{ xid: 79, events: 1 }])])
     const lost = observe(ledger, [gpu(0, U0, [], { lost: true, unreportedFields: ["critical_xids"] })])
-    expect(lost.changed).toBe(false)
+    expect(lost.change).toBe("none")
     expect(xidsOf(lost.gpus)).toEqual([[{ xid: 79, events: 1 }]])
     // watched again in the same session: no double count
     expect(xidsOf(observe(ledger, [gpu(0, U0, [{ xid: 79, events: 1 }])]).gpus)).toEqual([[{ xid: 79, events: 1 }]])
@@ -73,12 +74,31 @@ describe("observe", () => {
     expect(ledger.entries.size).toBe(0)
   })
 
-  it("keeps at most 16 distinct Xids per GPU, as a session does", () => {
+  it("keeps at most 16 distinct Xids per GPU, as a session does: a fault takes a harmless Xid's place", () => {
     const carried = Array.from({ length: 16 }, (_, i) => ({ xid: 100 + i, events: 1 }))
-    const ledger = ledgerOf({ bootId: "b", gpus: [{ uuid: U0, xids: carried }] })
-    const out = observe(ledger, [gpu(0, U0, [{ xid: 79, events: 1 }])])
+    const faults = ledgerOf({ bootId: "b", gpus: [{ uuid: U0, xids: carried }] })
+    const out = observe(faults, [gpu(0, U0, [{ xid: 79, events: 1 }])])
     expect(out.gpus[0]?.criticalXids).toHaveLength(16)
     expect(out.gpus[0]?.criticalXids.some((x) => x.xid === 79)).toBe(false)
+    // the same 16 carried, all ignored by the operator's rule: the fault Xid 79 is kept, the first of them goes
+    const ignored = ledgerOf({ bootId: "b", gpus: [{ uuid: U0, xids: carried }] }, (xid) => xid < 100)
+    const kept = observe(ignored, [
+      gpu(0, U0, [
+        { xid: 79, events: 1 },
+        { xid: 13, events: 1 }
+      ])
+    ]).gpus[0]?.criticalXids
+    expect(kept).toHaveLength(16)
+    expect(kept?.map((x) => x.xid)).toContain(79)
+    expect(kept?.map((x) => x.xid)).not.toContain(100)
+  })
+
+  it("a record past the caps keeps its first 64 GPUs and 16 Xids each", () => {
+    const xids = Array.from({ length: 20 }, (_, i) => ({ xid: 100 + i, events: 1 }))
+    const gpus = Array.from({ length: 70 }, (_, i) => ({ uuid: `GPU-${i}`, xids }))
+    const ledger = ledgerOf({ bootId: "b", gpus })
+    expect(ledger.entries.size).toBe(64)
+    expect(recordOf(ledger, "b").gpus[0]?.xids).toHaveLength(16)
   })
 })
 
@@ -86,7 +106,7 @@ describe("clear", () => {
   it("forgets what a GPU had, carried and this session's, and counts the session's later events", () => {
     const ledger = ledgerOf({ bootId: "b", gpus: [{ uuid: U0, xids: [{ xid: 48, events: 1 }] }] })
     observe(ledger, [gpu(0, U0, [{ xid: 79, events: 2 }]), gpu(1, U1, [{ xid: 94, events: 1 }])])
-    expect(clear(ledger, [U0])).toEqual([
+    expect(clear(ledger, [U0]).gpus).toEqual([
       {
         uuid: U0,
         xids: [
@@ -100,8 +120,22 @@ describe("clear", () => {
     // the same Xid again after the reset: one event, not three
     expect(xidsOf(observe(ledger, [gpu(0, U0, [{ xid: 79, events: 3 }])]).gpus)).toEqual([[{ xid: 79, events: 1 }]])
     // every GPU when none is named; a GPU with nothing is not listed
-    expect(clear(ledger).map((c) => c.uuid)).toEqual([U0, U1])
-    expect(clear(ledger)).toEqual([])
+    expect(clear(ledger).gpus.map((c) => c.uuid)).toEqual([U0, U1])
+    expect(clear(ledger).gpus).toEqual([])
+  })
+
+  it("undo takes a clear back (its write failed), counting what the session added meanwhile", () => {
+    const ledger = ledgerOf({ bootId: "b", gpus: [{ uuid: U0, xids: [{ xid: 48, events: 1 }] }] })
+    observe(ledger, [gpu(0, U0, [{ xid: 79, events: 1 }])])
+    const cleared = clear(ledger)
+    observe(ledger, [gpu(0, U0, [{ xid: 79, events: 2 }])])
+    cleared.undo()
+    expect(xidsOf(observe(ledger, [gpu(0, U0, [{ xid: 79, events: 2 }])]).gpus)).toEqual([
+      [
+        { xid: 48, events: 1 },
+        { xid: 79, events: 2 }
+      ]
+    ])
   })
 
   it("a cleared GPU's next NVML session starts from nothing", () => {

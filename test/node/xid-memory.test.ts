@@ -108,15 +108,49 @@ describe("the Xid record in state_dir", () => {
     const first = await start(stateDir, sample)
     expect(xidsOf(await first.run(first.service.gpus))[1]).toEqual([{ xid: 79, events: 1 }])
     await pollUntil("the failure said", () => first.logs.some((l) => l.includes("cannot write the GPU Xid record")))
-    // the state_dir can be made now: the next change writes the whole ledger
+    // the state_dir can be made now: the next Xid writes the whole ledger
     fs.rmSync(blocked)
-    sample.current = host([{ xid: 79, events: 2 }])
+    sample.current = host([
+      { xid: 79, events: 2 },
+      { xid: 48, events: 1 }
+    ])
     await first.run(first.service.gpus)
     await pollUntil("written again", () => first.logs.some((l) => l.includes("GPU Xid record written again")))
     expect(JSON.parse(fs.readFileSync(xidRecordPath(stateDir), "utf8")).gpus).toEqual([
-      { uuid: U1, xids: [{ xid: 79, events: 2 }] }
+      {
+        uuid: U1,
+        xids: [
+          { xid: 79, events: 2 },
+          { xid: 48, events: 1 }
+        ]
+      }
     ])
     expect(first.logs.filter((l) => l.includes("cannot write the GPU Xid record"))).toHaveLength(1)
     await first.stop()
+  })
+
+  it("a clear the record cannot hold is refused and undone: the Xid stays, as the disk has it", async () => {
+    // a state_dir under a file: no write can land there (root ignores modes, so a read-only directory would not do)
+    const stateFile = path.join(dir, "a-file")
+    fs.writeFileSync(stateFile, "")
+    const sample = { current: host([{ xid: 79, events: 1 }]) }
+    const blocked = await start(path.join(stateFile, "state"), sample)
+    await blocked.run(blocked.service.gpus)
+    const failure = await blocked.run(Effect.flip(blocked.service.clearXids(1)))
+    expect(failure._tag).toBe("XidRecordError")
+    expect(failure.message).toContain("cannot write the GPU Xid record")
+    expect(xidsOf(await blocked.run(blocked.service.gpus))[1]).toEqual([{ xid: 79, events: 1 }])
+    await blocked.stop()
+  })
+
+  it("the last change is written when the scope ends, counts included", async () => {
+    const sample = { current: host([{ xid: 79, events: 1 }]) }
+    const first = await start(dir, sample)
+    await first.run(first.service.gpus)
+    // counts alone are written at most every 30 s, and the scope ends at once: the flush writes them
+    sample.current = host([{ xid: 79, events: 5 }])
+    await first.run(first.service.gpus)
+    await first.stop()
+    expect(JSON.parse(recordText()).gpus).toEqual([{ uuid: U1, xids: [{ xid: 79, events: 5 }] }])
   })
 })

@@ -46,8 +46,10 @@ describe("the Xid table", () => {
     const alert = shippedRules()
       .groups.flatMap((g) => g.rules)
       .find((r) => r.alert === "CgnAgentGpuXidError")
-    expect(alert?.expr).toBe('cgn_agent_gpu_xid_errors_total{fault="true"} > 0')
-    expect(applicationXids).toEqual([13, 31, 43, 45, 68, 109])
+    expect(alert?.expr).toMatch(/^cgn_agent_gpu_xid_errors_total\{fault="true"\} > 0 or /)
+    // agents older than the label: the application Xids left out by the regex, the same as the table's
+    const skipped = /fault="",xid!~"([^"]+)"/.exec(alert?.expr ?? "")?.[1]
+    expect(skipped?.split("|").map(Number)).toEqual([...applicationXids])
   })
 })
 

@@ -44,12 +44,12 @@ describe("check's summary", () => {
     expect(line(s, "kv events")).toBe("on, tcp://127.0.0.1:5557, forwarded to /run/cgn/kvcached.sock")
   })
 
-  it("the shutdown's worst case, in terminationGracePeriodSeconds' unit (the example DaemonSet sets 180 for 154.75 s)", () => {
+  it("the shutdown's worst case, in terminationGracePeriodSeconds' unit (the example DaemonSet sets 180 for 155.75 s)", () => {
     const etcd = load(
       '[cluster]\netcd = ["http://etcd:2379"]\n[agent]\ndrain_timeout = "60s"\n[engine]\nstop_grace = "60s"\n[models.m]\nhf_repo = "a/b"\n'
     )
     expect(line(summarize(etcd), "shutdown")).toBe(
-      "within 2m 34s 750ms, every peer hung (terminationGracePeriodSeconds: at least 155)"
+      "within 2m 35s 750ms, every peer hung (terminationGracePeriodSeconds: at least 156)"
     )
   })
 

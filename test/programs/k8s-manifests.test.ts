@@ -138,13 +138,21 @@ describe("examples/k8s (kustomize overlay)", () => {
     const env = Object.fromEntries(agent.env.map((e: Doc) => [e.name, e.value]))
     for (const name of ["HF_HOME", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME"])
       expect(env[name], name).toMatch(new RegExp(`^${cacheMount.mountPath}/`))
-    // kubelet creates the hostPath root-owned: the init container hands it to the agent's user
+    // state_dir on the host too: a cordon and a GPU's remembered Xids outlive the pod (a rollout)
+    const stateMount = agent.volumeMounts.find((m: Doc) => m.name === "state")
+    const stateVolume = pod.volumes.find((v: Doc) => v.name === "state")
+    expect(stateVolume.hostPath.type).toBe("DirectoryOrCreate")
+    // kubelet creates the hostPaths root-owned: the init container hands them to the agent's user
     const init = pod.initContainers.find((c: Doc) => c.name === "cache-owner")
     expect(init.command).toEqual([
       "chown",
       `${pod.securityContext.runAsUser}:${pod.securityContext.runAsGroup}`,
-      cacheMount.mountPath
+      cacheMount.mountPath,
+      stateMount.mountPath
     ])
+    expect(init.volumeMounts.map((m: Doc) => m.mountPath).sort()).toEqual(
+      [cacheMount.mountPath, stateMount.mountPath].sort()
+    )
     expect(init.securityContext.capabilities).toEqual({ drop: ["ALL"], add: ["CHOWN"] })
   })
 

@@ -1,7 +1,9 @@
 /**
  * `POST /gpus/clear-xids[?gpu=N|UUID]`: forgets the Xids kept for the boot of one GPU (or all) once the operator has
  * reset it, so that its engine can start again without an agent restart, which no longer forgets them
- * (layers/node/xidMemory.ts). Answers what was cleared; 404 for a GPU the host does not have. The query is pure in
+ * (layers/node/xidMemory.ts). Answers what was cleared once the record in state_dir holds it; 404 for a GPU the host
+ * does not have, 409 for one that cannot be named by UUID now, 500 (nothing cleared) when the record cannot be
+ * written. The query is pure in
  * services/admin/ClearXids.ts; the route sits behind the admin server's auth gate (Admin.ts `guarded`).
  */
 import { Effect, Result } from "effect"
@@ -32,7 +34,15 @@ export const clearXidsRoute = (options: { readonly guarded: Guard }) =>
             },
             200
           )
-        }).pipe(Effect.catchTag("UnknownGpu", (e) => Effect.succeed(json({ error: e.message }, 404))))
+        }).pipe(
+          Effect.catchTags({
+            UnknownGpu: (e) => Effect.succeed(json({ error: e.message }, 404)),
+            // the GPU is there but cannot be named now: the same request may succeed later, or by UUID
+            GpuNotIdentified: (e) => Effect.succeed(json({ error: e.message }, 409)),
+            // nothing cleared: a clear the disk does not hold would come back at the next restart
+            XidRecordError: (e) => Effect.succeed(json({ error: `${e.message}; nothing was cleared` }, 500))
+          })
+        )
       )(request)
     )
   )

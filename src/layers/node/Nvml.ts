@@ -52,7 +52,7 @@ export interface NvmlOptions {
   readonly bootIdFile?: string
   /** The Xid record read, never written (the CLI: the daemon owns it). */
   readonly readOnly?: boolean
-  /** Which Xids are faults ([engine].ignore_xids, fault_xids): the Xid counter's `fault` label. */
+  /** Which Xids are faults ([engine].ignore_xids, fault_xids): the Xid counter's `fault` label, the ledger's cap. */
   readonly xidRule?: XidRule
 }
 
@@ -291,7 +291,12 @@ const open = (worker: string, options: NvmlOptions) => {
         })
   // every sample through the Xid memory: an NVML opened again (or an agent restarted) must not forget a GPU's Xids
   return Effect.flatMap(sampler, (s) =>
-    remembering(s, { stateDir: options.stateDir, bootIdFile: options.bootIdFile, readOnly: options.readOnly })
+    remembering(s, {
+      stateDir: options.stateDir,
+      bootIdFile: options.bootIdFile,
+      readOnly: options.readOnly,
+      xidRule: options.xidRule
+    })
   )
 }
 

@@ -29,6 +29,8 @@ const syncDir = async (dir: string, fs: DurableFs): Promise<string | undefined> 
   }
 }
 
+let tmpSeq = 0
+
 /**
  * Replaces `file` with `data` atomically and durably (creating its directory when missing). Throws when the file
  * was not replaced (its temp file removed); resolves with a warning when it was but its directory could not be
@@ -37,7 +39,8 @@ const syncDir = async (dir: string, fs: DurableFs): Promise<string | undefined> 
 export const writeDurably = async (file: string, data: string, fs: DurableFs = fsp): Promise<string | undefined> => {
   const dir = path.dirname(file)
   await fs.mkdir(dir, { recursive: true })
-  const tmp = `${file}.${process.pid}.tmp`
+  // one temp file per write: a write whose waiter gave up (a timeout) may still be running under a later one
+  const tmp = `${file}.${process.pid}.${++tmpSeq}.tmp`
   try {
     const handle = await fs.open(tmp, "w")
     try {

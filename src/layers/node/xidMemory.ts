@@ -1,19 +1,24 @@
 /**
  * The GPUs' Xids of this boot, across NVML sessions and agent restarts (services/node/XidLedger.ts): every sample the
- * Nvml layer publishes passes through the ledger, and the ledger is kept as `gpu-xids.json` in agent.state_dir,
- * written durably (durableFile.ts) whenever it moves, and read at start when it names this boot
- * (/proc/sys/kernel/random/boot_id, the host's even in a container: a reboot resets the GPUs). POST /gpus/clear-xids
- * (`clearXids`) forgets a GPU's Xids once the operator has reset it (nvidia-smi -r).
- * A record that cannot be read or written costs the memory across restarts only, never the daemon: it is logged,
- * and the write is tried again at the next change (or the next sample, at most every RETRY_MS).
+ * Nvml layer publishes passes through the ledger, and the ledger is kept as `gpu-xids.json` in agent.state_dir
+ * (xidRecordWriter.ts writes it), read at start when it names this boot (/proc/sys/kernel/random/boot_id, the host's
+ * even in a container: a reboot resets the GPUs). POST /gpus/clear-xids (`clearXids`) forgets a GPU's Xids once the
+ * operator has reset it (nvidia-smi -r); the clear is answered once it is on disk, and undone when it cannot be.
+ * A record that cannot be read or written costs the memory across restarts only, never the daemon: it is logged.
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
-import { Clock, Effect, type Scope } from "effect"
+import { Duration, Effect, type Scope } from "effect"
 import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
 import { type GpuRef, refMatches } from "../../services/node/Gpus.ts"
-import { type ClearedXids, type NvmlSampler, type NvmlService, UnknownGpu } from "../../services/node/Nvml.ts"
-import { describeXid } from "../../services/node/Xid.ts"
+import {
+  type ClearedXids,
+  GpuNotIdentified,
+  type NvmlSampler,
+  type NvmlService,
+  UnknownGpu
+} from "../../services/node/Nvml.ts"
+import { defaultXidRule, describeXid, type XidRule, xidIsFault } from "../../services/node/Xid.ts"
 import {
   clear,
   decodeRecord,
@@ -21,15 +26,16 @@ import {
   ledgerOf,
   observe,
   recordOf,
-  type XidLedger,
   type XidRecord
 } from "../../services/node/XidLedger.ts"
-import { writeDurably } from "./durableFile.ts"
+import { recordWriter } from "./xidRecordWriter.ts"
 
 /** Where Linux says which boot this is (proc(5): a random UUID made at each boot). */
 export const BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
-/** A failed write is tried again no sooner than this after it. */
-const RETRY_MS = 10_000
+/** A record larger than this is no record the agent wrote (64 GPUs x 16 Xids is ~60 KB). */
+const MAX_RECORD_BYTES = 1024 * 1024
+/** How long the start waits for state_dir to answer (a hung network mount must not hold the agent's start). */
+const READ_TIMEOUT = Duration.seconds(5)
 
 export const xidRecordPath = (stateDir: string): string => path.join(stateDir, "gpu-xids.json")
 
@@ -40,15 +46,25 @@ export interface XidMemoryOptions {
   readonly bootIdFile?: string | undefined
   /** Read the record, never write it (`check`, `render`: the daemon on this host owns the file). */
   readonly readOnly?: boolean | undefined
+  /** Which Xids are faults ([engine].ignore_xids, fault_xids): at the ledger's cap, faults are kept first. */
+  readonly xidRule?: XidRule | undefined
 }
 
 const errorText = (e: unknown): string => (e instanceof Error ? e.message : String(e))
 
+/** The file's text; an error (or a file past MAX_RECORD_BYTES, or no answer in READ_TIMEOUT) as `{ error }`. */
 const readText = (file: string) =>
-  Effect.promise(() =>
-    fs.readFile(file, "utf8").then(
-      (text): string | { readonly error: unknown } => text,
-      (error: unknown) => ({ error })
+  Effect.tryPromise(async () => {
+    const stat = await fs.stat(file)
+    if (stat.size > MAX_RECORD_BYTES) throw new Error(`${stat.size} bytes, more than a record holds`)
+    return await fs.readFile(file, "utf8")
+  }).pipe(
+    Effect.timeoutOrElse({
+      duration: READ_TIMEOUT,
+      orElse: () => Effect.fail(new Error(`no answer within ${Duration.format(READ_TIMEOUT)}`))
+    }),
+    Effect.catch((e) =>
+      Effect.succeed({ error: e instanceof Error && "cause" in e && e.cause !== undefined ? e.cause : e })
     )
   )
 
@@ -87,15 +103,14 @@ const readAtStart = (file: string, bootId: string) =>
   })
 
 /**
- * `sampler`'s GPUs with this boot's Xids, and `clearXids` to forget them; the record's writes run in the scope.
- * Without a state_dir (or a boot id) the ledger still carries Xids across NVML sessions, in memory.
+ * `sampler`'s GPUs with this boot's Xids, and `clearXids` to forget them; the last change is written at the scope's
+ * end. Without a state_dir (or a boot id) the ledger still carries Xids across NVML sessions, in memory.
  */
 export const remembering = (
   sampler: NvmlSampler,
   options: XidMemoryOptions
 ): Effect.Effect<NvmlService, never, Scope.Scope> =>
   Effect.gen(function* () {
-    const scope = yield* Effect.scope
     const bootText = options.stateDir === undefined ? undefined : yield* readText(options.bootIdFile ?? BOOT_ID_FILE)
     const bootId = typeof bootText === "string" ? bootText.trim() : undefined
     if (options.stateDir !== undefined && (bootId === undefined || bootId === "")) {
@@ -104,69 +119,46 @@ export const remembering = (
       })
     }
     const file = options.stateDir !== undefined && bootId ? xidRecordPath(options.stateDir) : undefined
-    const ledger: XidLedger = ledgerOf(file !== undefined && bootId ? yield* readAtStart(file, bootId) : undefined)
-
-    // single flight: one write at a time; a change during it is written after it
-    let writing = false
-    let dirty = false
-    let retryAt = Number.POSITIVE_INFINITY
-    let lastFailure: string | undefined
-    const writeLoop = Effect.gen(function* () {
-      while (dirty && file !== undefined && bootId !== undefined) {
-        dirty = false
-        const text = encodeRecord(recordOf(ledger, bootId))
-        const result = yield* Effect.tryPromise(() => writeDurably(file, text)).pipe(Effect.result)
-        if (result._tag === "Success") {
-          retryAt = Number.POSITIVE_INFINITY
-          if (lastFailure !== undefined) yield* Effect.logInfo("GPU Xid record written again", { file })
-          lastFailure = undefined
-          if (result.success !== undefined) yield* Effect.logWarning(`GPU Xid record: ${result.success}`)
-          continue
-        }
-        dirty = true
-        retryAt = (yield* Clock.currentTimeMillis) + RETRY_MS
-        const why = errorText(result.failure.cause)
-        if (why !== lastFailure) {
-          yield* Effect.logWarning(`cannot write the GPU Xid record ${file}: an agent restart would forget its Xids`, {
-            error: why
-          })
-        }
-        lastFailure = why
-        return
-      }
-    }).pipe(
-      Effect.ensuring(
-        Effect.sync(() => {
-          writing = false
-        })
-      )
-    )
-    const persist = Effect.suspend(() => {
-      if (file === undefined || options.readOnly === true || writing) return Effect.void
-      writing = true
-      return Effect.asVoid(Effect.forkIn(writeLoop, scope))
-    })
+    const rule = options.xidRule ?? defaultXidRule
+    const record = file !== undefined && bootId ? yield* readAtStart(file, bootId) : undefined
+    const ledger = ledgerOf(record, (xid) => xidIsFault(xid, rule))
+    const writer =
+      file === undefined || bootId === undefined || options.readOnly === true
+        ? undefined
+        : recordWriter(file, () => encodeRecord(recordOf(ledger, bootId)))
+    if (writer !== undefined) yield* Effect.addFinalizer(() => writer.flush)
 
     const take = (gpus: ReadonlyArray<Gpu>) =>
       Effect.gen(function* () {
         const taken = observe(ledger, gpus)
-        if (taken.changed) dirty = true
-        if (dirty && (taken.changed || (yield* Clock.currentTimeMillis) >= retryAt)) yield* persist
+        if (writer !== undefined) yield* writer.note(taken.change)
         return taken.gpus
       })
+
+    /** The UUID `ref` names: a listed GPU's, else one the ledger keeps; or why none can be told. */
+    const uuidOf = (ref: GpuRef, gpus: ReadonlyArray<Gpu>) => {
+      const listed = gpus.find((g) => refMatches(ref, g))
+      if (listed !== undefined && listed.uuid !== "") return Effect.succeed(listed.uuid)
+      if (listed !== undefined) {
+        return Effect.fail(new GpuNotIdentified({ ref, reason: "NVML cannot read its UUID now; try again" }))
+      }
+      if (typeof ref === "string" && ledger.entries.has(ref)) return Effect.succeed(ref)
+      if (gpus.length === 0) {
+        return Effect.fail(new GpuNotIdentified({ ref, reason: "NVML lists no GPUs now; give the GPU's UUID" }))
+      }
+      return Effect.fail(new UnknownGpu({ ref }))
+    }
 
     const clearXids = (ref?: GpuRef) =>
       Effect.gen(function* () {
         const gpus = yield* Effect.flatMap(sampler.gpus, take)
-        let uuids: ReadonlyArray<string> | undefined
-        if (ref !== undefined) {
-          const uuid =
-            gpus.find((g) => refMatches(ref, g))?.uuid ?? (ledger.entries.has(String(ref)) ? String(ref) : "")
-          if (uuid === "") return yield* new UnknownGpu({ ref })
-          uuids = [uuid]
-        }
+        const uuids = ref === undefined ? undefined : [yield* uuidOf(ref, gpus)]
         const cleared = clear(ledger, uuids)
-        const result: ClearedXids = cleared.map((c) => ({
+        if (cleared.gpus.length > 0 && writer !== undefined) {
+          // answered once on disk: a clear a restart would undo must not be reported done
+          yield* writer.writeNow.pipe(Effect.tapError(() => Effect.sync(cleared.undo)))
+        }
+        const result: ClearedXids = cleared.gpus.map((c) => ({
           ...c,
           index: gpus.find((g) => g.uuid === c.uuid)?.index
         }))
@@ -175,10 +167,6 @@ export const remembering = (
             uuid: c.uuid,
             xids: c.xids.map((x) => describeXid(x.xid)).join(", ")
           })
-        }
-        if (cleared.length > 0) {
-          dirty = true
-          yield* persist
         }
         return result
       })

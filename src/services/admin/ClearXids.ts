@@ -23,7 +23,9 @@ export const parseClearXidsQuery = (search: string): Result.Result<GpuRef | unde
   if (values.length > 1) return Result.fail(`gpu given ${values.length} times; give it once`)
   const text = values[0]!
   if (/^\d{1,4}$/.test(text)) return Result.succeed(Number(text))
-  // nvidia-smi -L prints them so: GPU-<uuid>, MIG-<uuid>
-  if (/^(GPU|MIG)-[0-9A-Za-z-]{1,80}$/.test(text)) return Result.succeed(text)
+  // nvidia-smi -L prints them so: GPU-<uuid>
+  if (/^GPU-[0-9A-Za-z-]{1,80}$/.test(text)) return Result.succeed(text)
+  // NVML delivers Xids per physical GPU, and the agent keeps them so: a MIG instance's are its GPU's
+  if (text.startsWith("MIG-")) return Result.fail("a MIG instance's Xids are its GPU's: give the GPU's index or UUID")
   return Result.fail(`gpu must be an NVML index or a GPU UUID (GPU-...), got ${JSON.stringify(text)}`)
 }

@@ -40,7 +40,7 @@ export const refMatches = (ref: GpuRef, gpu: Gpu): boolean =>
 
 /**
  * A GPU the engine must not be started on: fallen off the bus, a critical Xid other than an application error this
- * NVML session (Xid.ts), a failed or pending row remapping, a pending page retirement, or uncorrected ECC errors since
+ * boot (Xid.ts; kept across NVML sessions and agent restarts, XidLedger.ts), a failed or pending row remapping, a pending page retirement, or uncorrected ECC errors since
  * driver load. What NVML cannot report is no fault: ECC it cannot count (ECC off, a board without it), Xid events,
  * row remapping or page retirement a board does not support. Most such boards are fine, and refusing them would
  * refuse every GPU without the feature.

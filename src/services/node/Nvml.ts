@@ -28,6 +28,26 @@ export class UnknownGpu extends Schema.TaggedError<UnknownGpu>()("UnknownGpu", {
   }
 }
 
+/** `clearXids` was asked for a GPU NVML lists but cannot name now (its UUID unreadable, or no GPU listed). */
+export class GpuNotIdentified extends Schema.TaggedError<GpuNotIdentified>()("GpuNotIdentified", {
+  ref: Schema.Union([Schema.Number, Schema.String]),
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `GPU ${JSON.stringify(this.ref)} cannot be told by its UUID: ${this.reason}`
+  }
+}
+
+/** The Xid record in agent.state_dir could not be written (or not in time): a clear is refused and undone. */
+export class XidRecordError extends Schema.TaggedError<XidRecordError>()("XidRecordError", {
+  file: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `cannot write the GPU Xid record ${this.file}: ${this.reason} (check agent.state_dir)`
+  }
+}
+
 /** What an NVML sampler answers: the live one (layers/node/Nvml.ts) before its Xid memory is added. */
 export interface NvmlSampler {
   /**
@@ -52,9 +72,10 @@ export interface NvmlSampler {
 export interface NvmlService extends NvmlSampler {
   /**
    * Forgets the Xids of GPU `gpu` (an index or UUID; every GPU when undefined) kept for this boot
-   * (layers/node/xidMemory.ts): the operator has reset it (nvidia-smi -r). Later Xids count again.
+   * (layers/node/xidMemory.ts): the operator has reset it (nvidia-smi -r). Later Xids count again. Answered once the
+   * record in state_dir says so (XidRecordError, and nothing cleared, when it cannot).
    */
-  readonly clearXids: (gpu?: GpuRef) => Effect.Effect<ClearedXids, UnknownGpu>
+  readonly clearXids: (gpu?: GpuRef) => Effect.Effect<ClearedXids, UnknownGpu | GpuNotIdentified | XidRecordError>
 }
 
 export class Nvml extends Context.Service<Nvml, NvmlService>()("cgn-agent/Nvml") {}

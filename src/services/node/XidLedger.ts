@@ -31,6 +31,8 @@ interface Entry {
 
 export interface XidLedger {
   readonly entries: Map<string, Entry>
+  /** Which Xids make a GPU faulty (the operator's rule): at the cap, a fault Xid takes a harmless one's place. */
+  readonly isFault: (xid: number) => boolean
 }
 
 /** The record of one boot: what `agent.state_dir` keeps, events per Xid per GPU UUID. */
@@ -41,16 +43,24 @@ export interface XidRecord {
 
 const tallyOf = (xids: ReadonlyArray<GpuXid>): Tally => new Map(xids.map((x) => [x.xid, x.events]))
 
-/** A ledger carrying `record`'s Xids (the record of this boot; none: an empty ledger). */
-export const ledgerOf = (record?: XidRecord): XidLedger => {
+/**
+ * A ledger carrying `record`'s Xids (the record of this boot; none: an empty ledger), within the caps a ledger keeps
+ * (a record grown past them by hand keeps its first GPUs and Xids). `isFault`: which Xids make a GPU faulty.
+ */
+export const ledgerOf = (record?: XidRecord, isFault: (xid: number) => boolean = () => true): XidLedger => {
   const entries = new Map<string, Entry>()
-  for (const g of record?.gpus ?? [])
-    entries.set(g.uuid, { carried: tallyOf(g.xids), seen: new Map(), base: new Map() })
-  return { entries }
+  for (const g of (record?.gpus ?? []).slice(0, MAX_GPUS)) {
+    entries.set(g.uuid, { carried: tallyOf(g.xids.slice(0, MAX_XIDS)), seen: new Map(), base: new Map() })
+  }
+  return { entries, isFault }
 }
 
-/** An entry's Xids as shown: carried first, then this session's beyond its base, capped as a session is. */
-const shown = (entry: Entry): Array<GpuXid> => {
+/**
+ * An entry's Xids as shown: carried first, then this session's beyond its base, at most MAX_XIDS. At the cap a new
+ * fault Xid takes the place of the first one that is no fault (an operator's long ignore_xids must not hide a
+ * fault); a new Xid that is no fault is left out.
+ */
+const shown = (entry: Entry, isFault: (xid: number) => boolean): Array<GpuXid> => {
   const total = new Map(entry.carried)
   for (const [xid, events] of entry.seen) {
     const fresh = events - (entry.base.get(xid) ?? 0)
@@ -58,6 +68,12 @@ const shown = (entry: Entry): Array<GpuXid> => {
     const before = total.get(xid)
     if (before !== undefined) total.set(xid, Math.min(before + fresh, MAX_COUNT))
     else if (total.size < MAX_XIDS) total.set(xid, fresh)
+    else if (isFault(xid)) {
+      const harmless = [...total.keys()].find((x) => !isFault(x))
+      if (harmless === undefined) continue
+      total.delete(harmless)
+      total.set(xid, fresh)
+    }
   }
   return [...total].map(([xid, events]) => ({ xid, events }))
 }
@@ -70,44 +86,49 @@ const restarted = (prev: Tally, next: Tally): boolean => {
 
 const sameTally = (a: Tally, b: Tally): boolean => a.size === b.size && [...a].every(([k, v]) => b.get(k) === v)
 
+/** The Xids shown, without their counts: what changes only when an Xid comes or goes. */
+const xidsKey = (xids: ReadonlyArray<GpuXid>): string => xids.map((x) => x.xid).join(",")
+
+/** How a sample moved the ledger: not at all, event counts only, or an Xid that came (or went). */
+export type LedgerChange = "none" | "counts" | "xids"
+
 /**
  * Takes a sample's GPUs into the ledger and returns them with their Xids of this boot. A GPU whose session tallies
  * went down is in a new NVML session: what the last one showed is carried (a new session first sampled with more of
- * an Xid than the last one had would read as the same session: its events undercounted, its Xid kept all the same). A GPU whose Xids are unreported this
- * sample (no event set, a lost GPU not watched) changes nothing and shows what the ledger has. `changed`: the ledger
- * moved (the record is to be written again).
+ * an Xid than the last one had would read as the same session: its events undercounted, its Xid kept all the same).
+ * A GPU whose Xids are unreported this sample (no event set, a lost GPU not watched) changes nothing and shows what
+ * the ledger has.
  */
 export const observe = (
   ledger: XidLedger,
   gpus: ReadonlyArray<Gpu>
-): { readonly gpus: ReadonlyArray<Gpu>; readonly changed: boolean } => {
-  let changed = false
+): { readonly gpus: ReadonlyArray<Gpu>; readonly change: LedgerChange } => {
+  let change: LedgerChange = "none"
   const out = gpus.map((g) => {
     if (g.uuid === "") return g // no identity to keep it under (its UUID query failed): as sampled
     let entry = ledger.entries.get(g.uuid)
-    const reported = !isUnknown(g, "critical_xids")
-    if (reported) {
+    if (!isUnknown(g, "critical_xids")) {
       const next = tallyOf(g.criticalXids)
       if (entry === undefined) {
         if (next.size === 0) return g
         entry = { carried: new Map(), seen: new Map(), base: new Map() }
         ledger.entries.set(g.uuid, entry)
       }
-      if (restarted(entry.seen, next)) {
-        entry.carried = tallyOf(shown(entry))
-        entry.base = new Map()
-        entry.seen = new Map()
-        changed = true
-      }
       if (!sameTally(entry.seen, next)) {
+        const before = xidsKey(shown(entry, ledger.isFault))
+        if (restarted(entry.seen, next)) {
+          entry.carried = tallyOf(shown(entry, ledger.isFault))
+          entry.base = new Map()
+        }
         entry.seen = next
-        changed = true
+        if (xidsKey(shown(entry, ledger.isFault)) !== before) change = "xids"
+        else if (change === "none") change = "counts"
       }
     }
-    return entry === undefined ? g : { ...g, criticalXids: shown(entry) }
+    return entry === undefined ? g : { ...g, criticalXids: shown(entry, ledger.isFault) }
   })
   trim(ledger)
-  return { gpus: out, changed }
+  return { gpus: out, change }
 }
 
 /** Drops the oldest entries past MAX_GPUS (a Map keeps insertion order). */
@@ -118,31 +139,47 @@ const trim = (ledger: XidLedger) => {
   }
 }
 
+/** What `clear` forgot, and how to take it back (its write failed: the disk still has it). */
+export interface Cleared {
+  readonly gpus: ReadonlyArray<{ readonly uuid: string; readonly xids: ReadonlyArray<GpuXid> }>
+  readonly undo: () => void
+}
+
 /**
  * Forgets the Xids of the GPUs `uuids` (all the ledger has when undefined): the operator reset them. Events the
- * current session counted up to now no longer count; later ones do. Returns what each cleared GPU had.
+ * current session counted up to now no longer count; later ones do.
  */
-export const clear = (
-  ledger: XidLedger,
-  uuids?: ReadonlyArray<string>
-): ReadonlyArray<{ readonly uuid: string; readonly xids: ReadonlyArray<GpuXid> }> => {
-  const cleared: Array<{ readonly uuid: string; readonly xids: ReadonlyArray<GpuXid> }> = []
+export const clear = (ledger: XidLedger, uuids?: ReadonlyArray<string>): Cleared => {
+  const gpus: Array<Cleared["gpus"][number]> = []
+  const undos: Array<() => void> = []
   for (const uuid of uuids ?? [...ledger.entries.keys()]) {
     const entry = ledger.entries.get(uuid)
     if (entry === undefined) continue
-    const xids = shown(entry)
+    const xids = shown(entry, ledger.isFault)
     if (xids.length === 0) continue
+    const { carried, base } = entry
+    undos.push(() => {
+      entry.carried = carried
+      entry.base = base
+    })
     entry.carried = new Map()
     entry.base = new Map(entry.seen)
-    cleared.push({ uuid, xids })
+    gpus.push({ uuid, xids })
   }
-  return cleared
+  return {
+    gpus,
+    undo: () => {
+      for (const undo of undos) undo()
+    }
+  }
 }
 
 /** The ledger as the record of boot `bootId`: GPUs with at least one Xid. */
 export const recordOf = (ledger: XidLedger, bootId: string): XidRecord => ({
   bootId,
-  gpus: [...ledger.entries].map(([uuid, entry]) => ({ uuid, xids: shown(entry) })).filter((g) => g.xids.length > 0)
+  gpus: [...ledger.entries]
+    .map(([uuid, entry]) => ({ uuid, xids: shown(entry, ledger.isFault) }))
+    .filter((g) => g.xids.length > 0)
 })
 
 export const encodeRecord = (record: XidRecord): string => `${JSON.stringify(record)}\n`
