@@ -525,7 +525,7 @@ describe("rendering rules", () => {
     expect([m.servedModel, m.requestModel]).toEqual(["m", "mlx-community/x"])
   })
 
-  it("SGLang: ready on /health (503 during warm-up), liveness on /health unless [engine].liveness_path", () => {
+  it("liveness: SGLang and vLLM on /health unless [engine].liveness_path (SGLang ready on /health too)", () => {
     const sgl = (engine: Record<string, unknown>, agent: Record<string, unknown> = {}) =>
       plan({ engine: { kind: "sglang", ...engine }, agent, models: { m: { hf_repo: "o/m" } } })
     const health = { kind: "http", url: "http://127.0.0.1:8000/health" }
@@ -536,12 +536,15 @@ describe("rendering rules", () => {
     })
     const custom = { kind: "http", url: "http://127.0.0.1:8000/ready" }
     expect(sgl({}, { ready_probe_url: custom.url })).toMatchObject({ probe: custom, liveness: health })
-    // Other engines keep liveness on the readiness probe unless the key is set.
-    expect(plan({}).liveness).toEqual(plan({}).probe)
-    expect(plan({ engine: { liveness_path: "/health" } }).liveness).toEqual({
+    // vLLM: liveness on /health (503 once the engine core is dead; /v1/models stays 200 without it)
+    expect(plan({})).toMatchObject({ probe: { url: "http://127.0.0.1:8000/v1/models" }, liveness: health })
+    expect(plan({ engine: { liveness_path: "/ping" } }).liveness).toEqual({
       kind: "http",
-      url: "http://127.0.0.1:8000/health"
+      url: "http://127.0.0.1:8000/ping"
     })
+    // Other engines keep liveness on the readiness probe unless the key is set.
+    const llama = plan({ engine: { kind: "llama_cpp" }, models: { m: { path: "/m.gguf" } } })
+    expect(llama.liveness).toEqual(llama.probe)
   })
 
   it("metrics: the engine's series names, none for mlx and openai_compat", () => {

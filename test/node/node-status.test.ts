@@ -224,14 +224,14 @@ describe("NodeStatus on the Clock", () => {
 })
 
 describe("stallProblem", () => {
-  it("unhealthy from a stall until a stream makes progress; progress in the same tick clears it", () => {
+  it("unhealthy from a stall until a call completes; a completion in the same tick clears it", () => {
     expect(stallProblem(noStall, "5m")).toBeUndefined()
-    const stalled = { lastStallAt: 2_000, lastProgressAt: 1_000, stalledStreams: 2 }
+    const stalled = { lastStallAt: 2_000, lastCompletedAt: 1_000, stalledStreams: 2 }
     expect(stallProblem(stalled, "5m")).toBe(
-      "engine stalled: 2 stream(s) sent nothing for 5m (engine.stream_idle_timeout) and no stream has made progress since"
+      "engine stalled: 2 stream(s) sent nothing for 5m (engine.stream_idle_timeout) and no call has completed since"
     )
-    expect(stallProblem({ ...stalled, lastProgressAt: undefined }, "5m")).toContain("engine stalled")
-    expect(stallProblem({ ...stalled, lastProgressAt: 2_000 }, "5m")).toBeUndefined()
+    expect(stallProblem({ ...stalled, lastCompletedAt: undefined }, "5m")).toContain("engine stalled")
+    expect(stallProblem({ ...stalled, lastCompletedAt: 2_000 }, "5m")).toBeUndefined()
     expect(nodeState({ _tag: "Ready", since: 0, run: 0 }, false, stallProblem(stalled, "5m"))).toBe("unhealthy")
     expect(nodeState({ _tag: "Ready", since: 0, run: 0 }, true, stallProblem(stalled, "5m"))).toBe("draining")
   })

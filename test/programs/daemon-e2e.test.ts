@@ -139,9 +139,9 @@ describe("an engine command that does not exist", () => {
 
 describe("a stalled engine", () => {
   // The simulator stops sending after 3 tokens but keeps the connection open: only engine.stream_idle_timeout
-  // ends the call. Once it has, and no stream has moved since, the node is unhealthy with the reason, until the
-  // engine makes progress again.
-  it("ends the stalled call UNAVAILABLE, then /readyz says the engine stalled until a stream makes progress", async () => {
+  // ends the call. Once it has, and no call has completed since, the node is unhealthy with the reason, until a
+  // call completes again.
+  it("ends the stalled call UNAVAILABLE, then /readyz says the engine stalled until a call completes", async () => {
     const { config, engineUrl, grpcPort } = await simAgentConfig({ engine: { stream_idle_timeout: "500ms" } })
     const agent = await startAgent({ config, readyTimeoutMs: 45_000 })
     const { client, channel } = agentClient(`127.0.0.1:${grpcPort}`)
@@ -170,7 +170,7 @@ describe("a stalled engine", () => {
       const status = (await (await fetch(`${agent.adminUrl}/status`)).json()) as { health: { state: string } }
       expect(status.health.state).toBe("unhealthy")
 
-      // the engine recovers: a stream that makes progress clears it
+      // the engine recovers: a call that completes clears it
       await faults({ stallAfterTokens: null })
       const ok = await generate(client, { prompt, sampling: { maxTokens: 40 } }).done
       expect(ok.error).toBeUndefined()

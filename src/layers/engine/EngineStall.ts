@@ -17,11 +17,11 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess> = Layer.effec
     return EngineStall.of({
       stalled: (now) =>
         SubscriptionRef.update(ref, (s) => ({ ...s, lastStallAt: now, stalledStreams: s.stalledStreams + 1 })),
-      // only a change when it clears a stall: progress alone must not wake every subscriber on each tick
-      progressed: (now) =>
+      // only a change when it clears a stall: completions alone must not wake every subscriber on each tick
+      completed: (now) =>
         Effect.flatMap(SubscriptionRef.get(ref), (s) =>
-          s.lastStallAt !== undefined && (s.lastProgressAt ?? 0) <= s.lastStallAt
-            ? SubscriptionRef.set(ref, { lastStallAt: s.lastStallAt, lastProgressAt: now, stalledStreams: 0 })
+          s.lastStallAt !== undefined && (s.lastCompletedAt ?? 0) <= s.lastStallAt
+            ? SubscriptionRef.set(ref, { lastStallAt: s.lastStallAt, lastCompletedAt: now, stalledStreams: 0 })
             : Effect.void
         ),
       state: SubscriptionRef.get(ref),

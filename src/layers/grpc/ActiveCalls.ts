@@ -7,8 +7,8 @@ import type { Relay } from "./Relay.ts"
 
 export class ActiveCalls {
   readonly relays = new Set<Relay>()
-  /** Calls that ended with reads the watchdog did not see yet (a short call between two ticks): its progress. */
-  endedWithProgress = 0
+  /** Calls that completed (their engine stream ended as the engine ends one) since the watchdog last looked. */
+  completed = 0
   readonly #idle = Latch.makeUnsafe(true)
 
   add(relay: Relay): void {
@@ -18,7 +18,7 @@ export class ActiveCalls {
 
   delete(relay: Relay): void {
     if (!this.relays.delete(relay)) return
-    if (relay.reads !== relay.seenReads) this.endedWithProgress++
+    if (relay.completed) this.completed++
     if (this.relays.size === 0) this.#idle.openUnsafe()
   }
 

@@ -30,6 +30,8 @@ export class Relay implements ChunkSink {
   seenReads = 0
   idleSince = 0
   done = false
+  /** The engine stream ended as the engine ends one (not failed, not cancelled): the engine is not wedged. */
+  completed = false
   /** Why the call ends, once it is known (undefined: it ends OK, or the caller cancelled). */
   failure: GenerateError | undefined = undefined
   /** Called once the engine request is written (the call sends its response headers then). */
@@ -80,6 +82,7 @@ export class Relay implements ChunkSink {
   }
   finish(exit: Exit.Exit<unknown, GenerateError>): void {
     this.done = true
+    this.completed = this.failure === undefined && Exit.isSuccess(exit)
     if (this.failure === undefined && Exit.isFailure(exit) && !Cause.hasInterruptsOnly(exit.cause)) {
       // A typed failure as is; a defect (a bug) becomes AgentDefect, whose row is INTERNAL.
       this.failure = Option.getOrElse(Cause.findErrorOption(exit.cause), () => {

@@ -3,7 +3,7 @@
  * read count has not moved for engine.stream_idle_timeout, while the caller is not the one holding it back (a
  * paused producer), ends with EngineStalled; the abort interrupts its fiber, which aborts the
  * engine request. Each tick's verdict also goes to EngineStall (when present), which tells health that the
- * engine is wedged: stalls first, since progress in the same tick means the engine is not wedged.
+ * engine is wedged: stalls first, since a call completed in the same tick means the engine is not wedged.
  */
 import { Clock, Duration, Effect, Option, Schedule, type Scope } from "effect"
 import { Config } from "../../services/config/Config.ts"
@@ -27,12 +27,11 @@ export const fork = Effect.fnUntraced(function* (
   const stalledError = new EngineStalled({ idleTimeout: Duration.format(config.engine.stream_idle_timeout) })
   const tick = Effect.flatMap(Clock.currentTimeMillis, (now) => {
     let stalled = 0
-    let progressed = active.endedWithProgress > 0
-    active.endedWithProgress = 0
+    const completed = active.completed > 0
+    active.completed = 0
     for (const relay of active.relays) {
       if (!relay.streaming || relay.done) continue
       if (relay.reads !== relay.seenReads || relay.paused) {
-        progressed ||= relay.reads !== relay.seenReads
         relay.seenReads = relay.reads
         relay.idleSince = now
       } else if (now - relay.idleSince >= idleMs) {
@@ -45,7 +44,7 @@ export const fork = Effect.fnUntraced(function* (
     if (stall === undefined) return Effect.void
     return Effect.andThen(
       stalled > 0 ? Effect.replicateEffect(stall.stalled(now), stalled, { discard: true }) : Effect.void,
-      progressed ? stall.progressed(now) : Effect.void
+      completed ? stall.completed(now) : Effect.void
     )
   })
   yield* tick.pipe(

@@ -181,6 +181,10 @@ export const vllm: Engine = {
       env: { ...nixlEnv, ...kvbmEnv },
       cpuCache: cpuCaches[config.engine.kv_offload]?.(config),
       probe: httpProbe(config, listen),
+      // Liveness on /health: 503 once the engine core is dead (EngineDeadError;
+      // vllm/entrypoints/serve/instrumentator/health.py), while /v1/models answers from the API server alone and
+      // stays 200 under an API server kept up without its engine (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH).
+      liveness: { kind: "http", url: `${listen.baseUrl}/health` },
       metrics: metricsAt(listen, {
         running: ["vllm:num_requests_running"],
         waiting: ["vllm:num_requests_waiting"],

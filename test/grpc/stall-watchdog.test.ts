@@ -1,0 +1,104 @@
+// The stall watchdog (layers/grpc/StallWatchdog.ts) on a TestClock, over relays of its own making: a stream that
+// sends nothing for engine.stream_idle_timeout is aborted and reported stalled; the stall is cleared only by a call
+// that completes, not by streams that move: an engine that stalls every stream after a few tokens moves each new
+// one, and every call on it still fails (it read healthy between stalls).
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Exit, Layer } from "effect"
+import { TestClock } from "effect/testing"
+import { layerFromObject } from "../../src/layers/config/Config.ts"
+import * as EngineStallLive from "../../src/layers/engine/EngineStall.ts"
+import { ActiveCalls } from "../../src/layers/grpc/ActiveCalls.ts"
+import { Relay } from "../../src/layers/grpc/Relay.ts"
+import * as StallWatchdog from "../../src/layers/grpc/StallWatchdog.ts"
+import { EngineStall, stallProblem } from "../../src/services/engine/EngineStall.ts"
+import { EngineStalled, StreamAborted } from "../../src/services/grpc/CallErrors.ts"
+import * as EngineTest from "../../src/testing/EngineProcess.ts"
+
+const IDLE_MS = 800 // the watchdog ticks every idle / 8 = 100 ms
+
+const layer = Layer.mergeAll(
+  layerFromObject({ models: { m: { hf_repo: "org/m" } }, engine: { stream_idle_timeout: `${IDLE_MS}ms` } }),
+  EngineStallLive.layer.pipe(Layer.provide(EngineTest.layerTest()))
+)
+
+/** A relay streaming from the engine, as GenerateCall starts one; `aborted` says whether the watchdog ended it. */
+const streaming = (active: ActiveCalls) => {
+  const relay = new Relay(1024)
+  relay.streaming = true
+  const state = { aborted: false }
+  relay.interrupt = () => {
+    state.aborted = true
+  }
+  active.add(relay)
+  return { relay, state }
+}
+
+const stalledFailure = new EngineStalled({ idleTimeout: "800ms" })
+
+/** The stream read a chunk from the engine. */
+const read = (relay: Relay) => {
+  relay.reads++
+}
+
+const problem = Effect.map(
+  Effect.flatMap(EngineStall, (s) => s.state),
+  (s) => stallProblem(s, "800ms")
+)
+
+describe("the stall watchdog", () => {
+  it.effect("a stall holds while streams only move, and clears when a call completes", () =>
+    Effect.gen(function* () {
+      const active = new ActiveCalls()
+      yield* StallWatchdog.fork(active)
+      const first = streaming(active)
+      read(first.relay)
+      yield* TestClock.adjust(IDLE_MS + 200)
+      assert.isTrue(first.state.aborted, "the idle stream is aborted")
+      first.relay.abort(stalledFailure)
+      first.relay.finish(Exit.interrupt())
+      active.delete(first.relay)
+      assert.match((yield* problem) ?? "", /^engine stalled: 1 stream\(s\)/)
+
+      // the next stream moves (a few tokens) and stalls in turn: the node never reads healthy in between
+      const second = streaming(active)
+      for (let i = 0; i < 5; i++) {
+        read(second.relay)
+        yield* TestClock.adjust(100)
+        assert.isDefined(yield* problem, `still stalled while the stream moves (tick ${i})`)
+      }
+      yield* TestClock.adjust(IDLE_MS + 200)
+      assert.isTrue(second.state.aborted)
+      active.delete(second.relay)
+      assert.match((yield* problem) ?? "", /^engine stalled: 2 stream\(s\)/)
+
+      // a call that completes (its engine stream ended as the engine ends one) clears it at the next tick
+      const third = streaming(active)
+      read(third.relay)
+      third.relay.finish(Exit.succeed(undefined))
+      active.delete(third.relay)
+      yield* TestClock.adjust(100)
+      assert.isUndefined(yield* problem)
+    }).pipe(Effect.scoped, Effect.provide(layer))
+  )
+
+  it.effect("a call the caller cancelled does not clear a stall", () =>
+    Effect.gen(function* () {
+      const active = new ActiveCalls()
+      yield* StallWatchdog.fork(active)
+      const first = streaming(active)
+      yield* TestClock.adjust(IDLE_MS + 200)
+      active.delete(first.relay)
+      const cancelled = streaming(active)
+      read(cancelled.relay)
+      cancelled.relay.finish(Exit.interrupt())
+      active.delete(cancelled.relay)
+      // nor does one the engine broke off (a truncated stream)
+      const broken = streaming(active)
+      read(broken.relay)
+      broken.relay.finish(Exit.fail(new StreamAborted({ reason: "stream truncated" })))
+      active.delete(broken.relay)
+      yield* TestClock.adjust(200)
+      assert.isDefined(yield* problem)
+    }).pipe(Effect.scoped, Effect.provide(layer))
+  )
+})
