@@ -8,6 +8,12 @@ import * as fs from "node:fs"
 import * as net from "node:net"
 
 const LOWEST = 10_000
+/**
+ * The Fetch standard's "bad ports" at or above LOWEST (https://fetch.spec.whatwg.org/#bad-port): Node's fetch
+ * (undici) refuses them ("bad port"), so an agent whose admin port is one never reads ready to a test (seen once in
+ * a full run, with 10080).
+ */
+const FETCH_BAD_PORTS = new Set([10080])
 
 /** The first port of the kernel's ephemeral range, or undefined where /proc does not say. */
 const ephemeralLow = ((): number | undefined => {
@@ -52,7 +58,7 @@ export const freePort = async (): Promise<number> => {
   if (ephemeralLow !== undefined) {
     for (let tries = 0; tries < 100; tries++) {
       const port = LOWEST + Math.floor(Math.random() * (ephemeralLow - LOWEST))
-      if (handedOut.has(port) || !(await isFree(port))) continue
+      if (handedOut.has(port) || FETCH_BAD_PORTS.has(port) || !(await isFree(port))) continue
       handedOut.add(port)
       return port
     }

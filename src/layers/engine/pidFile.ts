@@ -44,7 +44,14 @@ export const writePidFile = (file: string, record: PidRecord): Effect.Effect<voi
     const tmp = `${file}.${process.pid}.tmp`
     await fs.writeFile(tmp, `${JSON.stringify(record)}\n`)
     await fs.rename(tmp, file)
-  }).pipe(Effect.catch((e) => Effect.logError(`cannot write the engine pid file ${file}`, { error: String(e) })))
+  }).pipe(
+    // the system's reason (EROFS, ENOSPC) is the cause: the error's own text says only that a promise failed
+    Effect.catch((e) =>
+      Effect.logError(`cannot write the engine pid file ${file}`, {
+        error: e.cause instanceof Error ? e.cause.message : String(e.cause ?? e)
+      })
+    )
+  )
 
 export const removePidFile = (file: string): Effect.Effect<void> =>
   Effect.promise(() => fs.rm(file, { force: true }).catch(() => undefined))
