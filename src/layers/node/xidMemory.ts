@@ -28,7 +28,7 @@ import {
   recordOf,
   type XidRecord
 } from "../../services/node/XidLedger.ts"
-import { recordWriter } from "./xidRecordWriter.ts"
+import { recordWriter, sweepTemps } from "./xidRecordWriter.ts"
 
 /** Where Linux says which boot this is (proc(5): a random UUID made at each boot). */
 export const BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
@@ -126,7 +126,10 @@ export const remembering = (
       file === undefined || bootId === undefined || options.readOnly === true
         ? undefined
         : recordWriter(file, () => encodeRecord(recordOf(ledger, bootId)))
-    if (writer !== undefined) yield* Effect.addFinalizer(() => writer.flush)
+    if (writer !== undefined && file !== undefined) {
+      yield* sweepTemps(file)
+      yield* Effect.addFinalizer(() => writer.flush)
+    }
 
     const take = (gpus: ReadonlyArray<Gpu>) =>
       Effect.gen(function* () {

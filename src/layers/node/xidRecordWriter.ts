@@ -1,13 +1,17 @@
 /**
- * Writes the GPU Xid record (xidMemory.ts) durably (durableFile.ts), one write at a time. A new Xid or a clear is
- * written at once; event counts alone at most every COUNT_WRITE_MS (an application Xid storm must not fsync at every
- * sample); a failed write is logged once per reason and tried again no sooner than RETRY_MS after it. A clear waits
- * for its write (`writeNow`, bounded), so that its answer says whether it outlives a restart; at the scope's end the
- * last change is written (`flush`, bounded by FLUSH_MS: a term of the shutdown bound). Background writes run detached
- * from the scope: interrupting one would leave its promise writing the same file under a later one; the flush waits
- * for it instead, within its bound, and a hung file system holds nothing past the bounds.
+ * Writes the GPU Xid record (xidMemory.ts) durably (durableFile.ts). Writes are chained promises, one after the
+ * other, each taking the record as it is when it starts: two never run at once and an older record never lands
+ * after a newer one, whoever stops waiting for them. A timeout only ends a wait (a clear's, the flush's), never a
+ * write, which settles in its own time and is taken in by a detached fiber (its log line, its time).
+ * A new Xid (or a clear) is written at once; event counts alone at most every COUNT_WRITE_MS (an application Xid
+ * storm must not fsync at every sample); a failed write is logged once per reason (its errno code) and tried again
+ * no sooner than RETRY_MS after it, a new Xid at once. A clear waits for its write (`writeNow`, bounded), so that its
+ * answer says whether it outlives a restart; at the scope's end the last change is written (`flush`, bounded by
+ * FLUSH_MS: a term of the shutdown bound). A hung file system holds nothing past those bounds.
  */
-import { Clock, Duration, Effect, Semaphore } from "effect"
+import * as fs from "node:fs/promises"
+import * as path from "node:path"
+import { Clock, Duration, Effect } from "effect"
 import { XidRecordError } from "../../services/node/Nvml.ts"
 import { writeDurably } from "./durableFile.ts"
 
@@ -17,93 +21,149 @@ export const COUNT_WRITE_MS = 30_000
 const RETRY_MS = 10_000
 /** How long a clear waits for its write before it is refused. */
 export const CLEAR_WRITE_TIMEOUT = Duration.seconds(5)
-/** How long the scope's end may wait for an in-flight write and the last change (programs/shutdownBound.ts). */
+/** How long the scope's end may wait for the writes in flight and the last change (programs/shutdownBound.ts). */
 export const FLUSH_MS = 1_000
 
 export interface RecordWriter {
-  /** The ledger moved (`urgent`: a new Xid), or a sample passed (`"none"`): writes when due, in the background. */
+  /** The ledger moved (`"xids"`: an Xid came or went), or a sample passed (`"none"`): writes when due. */
   readonly note: (change: "none" | "counts" | "xids") => Effect.Effect<void>
-  /** Writes now and waits for it (CLEAR_WRITE_TIMEOUT at most). */
+  /** Writes now and waits for it (CLEAR_WRITE_TIMEOUT at most); a failure leaves the next write due at once. */
   readonly writeNow: Effect.Effect<void, XidRecordError>
-  /** Waits for an in-flight write and writes what is left, FLUSH_MS at most; never fails. */
+  /** Waits for the writes in flight and writes what is left, FLUSH_MS at most; never fails. */
   readonly flush: Effect.Effect<void>
 }
 
-const errorText = (e: unknown): string => (e instanceof Error ? e.message : String(e))
+type Outcome =
+  | { readonly ok: true; readonly warning: string | undefined }
+  | { readonly ok: false; readonly error: unknown }
 
-/** The writer of `file`, whose content is `text()` at each write. */
-export const recordWriter = (file: string, text: () => string): RecordWriter => {
-  const lock = Semaphore.makeUnsafe(1)
+const errorText = (e: unknown): string => (e instanceof Error ? e.message : String(e))
+/** What a failure is, for saying it once: the errno code (a message names the write's own temp file). */
+const failureKey = (e: unknown): string => (e as NodeJS.ErrnoException)?.code ?? errorText(e)
+
+/** The writer of `file`, whose content is `text()` at the start of each write (`writeFile`: tests slow it down). */
+export const recordWriter = (
+  file: string,
+  text: () => string,
+  writeFile: (file: string, data: string) => Promise<string | undefined> = writeDurably
+): RecordWriter => {
+  let chain: Promise<unknown> = Promise.resolve()
+  let queued = 0
+  /** The record on disk may be older than the ledger. */
   let dirty = false
-  let background = false
+  /** ... by an Xid that came or went (or a clear): written without waiting for COUNT_WRITE_MS. */
+  let urgent = false
   let lastWriteAt = Number.NEGATIVE_INFINITY
   let retryAt = Number.NEGATIVE_INFINITY
   let lastFailure: string | undefined
 
-  /** One write of the current content; a change while it runs leaves `dirty` set for the next. */
-  const writeOnce = lock.withPermits(1)(
-    Effect.gen(function* () {
+  /** Queues one write after those queued; its promise never rejects. */
+  const enqueue = (): Promise<Outcome> => {
+    queued++
+    const run = chain.then(async (): Promise<Outcome> => {
       dirty = false
-      const content = text()
-      const result = yield* Effect.tryPromise(() => writeDurably(file, content)).pipe(Effect.result)
+      urgent = false
+      try {
+        return { ok: true, warning: await writeFile(file, text()) }
+      } catch (error) {
+        dirty = true
+        return { ok: false, error }
+      } finally {
+        queued--
+      }
+    })
+    chain = run
+    return run
+  }
+
+  /** Takes in a settled write: its log line and its time; a change that came meanwhile is written next. */
+  const settle = (outcome: Outcome): Effect.Effect<void> =>
+    Effect.gen(function* () {
       const now = yield* Clock.currentTimeMillis
-      if (result._tag === "Success") {
+      if (outcome.ok) {
         lastWriteAt = now
         if (lastFailure !== undefined) yield* Effect.logInfo("GPU Xid record written again", { file })
         lastFailure = undefined
-        if (result.success !== undefined) yield* Effect.logWarning(`GPU Xid record: ${result.success}`)
-        return
+        if (outcome.warning !== undefined) yield* Effect.logWarning(`GPU Xid record: ${outcome.warning}`)
+      } else {
+        retryAt = now + RETRY_MS
+        const key = failureKey(outcome.error)
+        if (key !== lastFailure) {
+          yield* Effect.logWarning(`cannot write the GPU Xid record ${file}: a restart would act on an older one`, {
+            error: errorText(outcome.error)
+          })
+        }
+        lastFailure = key
       }
-      dirty = true
-      retryAt = now + RETRY_MS
-      const why = errorText(result.failure.cause)
-      if (why !== lastFailure) {
-        yield* Effect.logWarning(`cannot write the GPU Xid record ${file}: a restart would act on an older one`, {
-          error: why
-        })
-      }
-      lastFailure = why
-      return yield* new XidRecordError({ file, reason: why })
+      yield* note("none")
     })
-  )
 
-  const drain: Effect.Effect<void> = Effect.suspend(() =>
-    dirty ? Effect.flatMap(Effect.result(writeOnce), (r) => (r._tag === "Success" ? drain : Effect.void)) : Effect.void
-  ).pipe(
-    Effect.ensuring(
-      Effect.sync(() => {
-        background = false
-      })
+  /** Starts a write, its outcome taken in by a detached fiber (however long it takes, whoever waits for it). */
+  const write = Effect.suspend(() => {
+    const run = enqueue()
+    return Effect.as(
+      Effect.forkDetach(
+        Effect.flatMap(
+          Effect.promise(() => run),
+          settle
+        )
+      ),
+      run
     )
-  )
+  })
 
   const note: RecordWriter["note"] = (change) =>
     Effect.gen(function* () {
       if (change !== "none") dirty = true
-      if (!dirty || background) return
+      if (change === "xids") urgent = true
+      if (!dirty || queued > 0) return
       const now = yield* Clock.currentTimeMillis
       // a new Xid is tried at once, even after a failure; counts (and a failed write's retry) wait their turn
-      const due = change === "xids" || (now >= retryAt && now - lastWriteAt >= COUNT_WRITE_MS)
-      if (!due) return
-      background = true
-      yield* Effect.forkDetach(drain)
+      if (urgent || (now >= retryAt && now - lastWriteAt >= COUNT_WRITE_MS)) yield* write
     })
 
-  const writeNow = Effect.suspend(() => {
+  const writeNow = Effect.gen(function* () {
     dirty = true
-    return writeOnce
-  }).pipe(
-    Effect.timeoutOrElse({
-      duration: CLEAR_WRITE_TIMEOUT,
-      orElse: () =>
-        Effect.fail(new XidRecordError({ file, reason: `no answer within ${Duration.format(CLEAR_WRITE_TIMEOUT)}` }))
-    })
-  )
+    urgent = true
+    const run = yield* write
+    const outcome = yield* Effect.promise(() => run).pipe(Effect.timeoutOption(CLEAR_WRITE_TIMEOUT))
+    const failure =
+      outcome._tag === "None"
+        ? `no answer within ${Duration.format(CLEAR_WRITE_TIMEOUT)}`
+        : outcome.value.ok
+          ? undefined
+          : errorText(outcome.value.error)
+    if (failure === undefined) return
+    // the caller undoes its change: whatever this write put down, the next one writes the ledger as it is then
+    dirty = true
+    urgent = true
+    return yield* new XidRecordError({ file, reason: failure })
+  })
 
-  const flush = Effect.suspend(() => (dirty ? Effect.ignore(writeOnce) : lock.withPermits(1)(Effect.void))).pipe(
-    Effect.timeoutOption(Duration.millis(FLUSH_MS)),
-    Effect.asVoid
-  )
+  const flush = Effect.gen(function* () {
+    // after the writes in flight: the ledger as it is now, if any change is not on disk yet
+    if (dirty) yield* write
+    const last = chain
+    yield* Effect.promise(() => last)
+  }).pipe(Effect.timeoutOption(Duration.millis(FLUSH_MS)), Effect.asVoid)
 
   return { note, writeNow, flush }
+}
+
+/**
+ * Removes the temp files writes of earlier processes left next to `file` (killed mid-write, or a write whose wait
+ * timed out at the end): durableFile.ts names them `<file>.<pid>.<n>.tmp`. Never fails; a hung directory is left.
+ */
+export const sweepTemps = (file: string): Effect.Effect<void> => {
+  const dir = path.dirname(file)
+  const prefix = `${path.basename(file)}.`
+  return Effect.promise(async () => {
+    const names = await fs.readdir(dir).catch(() => [] as Array<string>)
+    for (const name of names) {
+      const pid = /^(\d+)\.\d+\.tmp$/.exec(name.slice(prefix.length))?.[1]
+      if (name.startsWith(prefix) && pid !== undefined && Number(pid) !== process.pid) {
+        await fs.rm(path.join(dir, name), { force: true }).catch(() => undefined)
+      }
+    }
+  }).pipe(Effect.timeoutOption(Duration.seconds(5)), Effect.asVoid)
 }
