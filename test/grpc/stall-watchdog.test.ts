@@ -1,7 +1,9 @@
 // The stall watchdog (layers/grpc/StallWatchdog.ts) on a TestClock, over relays of its own making: a stream that
 // sends nothing for engine.stream_idle_timeout is aborted and reported stalled; the stall is cleared only by a call
 // that completes, not by streams that move: an engine that stalls every stream after a few tokens moves each new
-// one, and every call on it still fails (it read healthy between stalls).
+// one, and every call on it still fails (it read healthy between stalls). Stalled with no call in flight, the
+// watchdog asks the engine for a test completion (layers/grpc/stallProbe.ts), which clears the stall when it
+// completes.
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit, Layer } from "effect"
 import { TestClock } from "effect/testing"
@@ -10,6 +12,8 @@ import * as EngineStallLive from "../../src/layers/engine/EngineStall.ts"
 import { ActiveCalls } from "../../src/layers/grpc/ActiveCalls.ts"
 import { Relay } from "../../src/layers/grpc/Relay.ts"
 import * as StallWatchdog from "../../src/layers/grpc/StallWatchdog.ts"
+import { PROBE_TOKENS } from "../../src/layers/grpc/stallProbe.ts"
+import { EngineClient, EngineError, type JsonObject } from "../../src/services/engine/EngineClient.ts"
 import { EngineStall, stallProblem } from "../../src/services/engine/EngineStall.ts"
 import { EngineStalled, StreamAborted } from "../../src/services/grpc/CallErrors.ts"
 import * as EngineTest from "../../src/testing/EngineProcess.ts"
@@ -101,4 +105,52 @@ describe("the stall watchdog", () => {
       assert.isDefined(yield* problem)
     }).pipe(Effect.scoped, Effect.provide(layer))
   )
+
+  /** An engine client whose whole answers the test scripts: each request recorded, answered by `answer`. */
+  const probed = () => {
+    const requests: Array<JsonObject> = []
+    const engine = { answer: "ok" as "ok" | "fail" }
+    const client = EngineClient.of({
+      streamTo: (_path, body, _options, sink) =>
+        Effect.suspend(() => {
+          requests.push(body)
+          if (engine.answer === "fail") return Effect.fail(new EngineError({ reason: "Http", message: "HTTP 500" }))
+          sink.onChunks([{ choices: [{ text: "pong", finish_reason: "length" }] }], () => undefined)
+          return Effect.void
+        }),
+      load: Effect.succeed({ running: undefined, waiting: undefined, kvUsage: undefined })
+    })
+    return { requests, engine, layer: Layer.merge(layer, Layer.succeed(EngineClient, client)) }
+  }
+
+  it.effect("stalled and idle: a test completion that fails leaves the stall, one that completes clears it", () => {
+    const p = probed()
+    return Effect.gen(function* () {
+      const active = new ActiveCalls()
+      yield* StallWatchdog.fork(active)
+      p.engine.answer = "fail"
+      const first = streaming(active)
+      yield* TestClock.adjust(IDLE_MS + 200)
+      assert.isTrue(first.state.aborted)
+      // while the stalled call is still in flight: no probe
+      assert.strictEqual(p.requests.length, 0)
+      active.delete(first.relay)
+      yield* TestClock.adjust(100)
+      // vLLM (the config's engine) takes ignore_eos: the model cannot end the test early
+      assert.deepStrictEqual(p.requests, [
+        { prompt: "ping", max_tokens: PROBE_TOKENS, temperature: 0, ignore_eos: true }
+      ])
+      assert.isDefined(yield* problem, "a failed probe leaves the stall")
+      // the next one an idle timeout later, not at every tick
+      yield* TestClock.adjust(IDLE_MS - 200)
+      assert.strictEqual(p.requests.length, 1)
+      p.engine.answer = "ok"
+      yield* TestClock.adjust(200)
+      assert.strictEqual(p.requests.length, 2)
+      assert.isUndefined(yield* problem, "a completed probe clears it")
+      // not stalled: no more probes
+      yield* TestClock.adjust(3 * IDLE_MS)
+      assert.strictEqual(p.requests.length, 2)
+    }).pipe(Effect.scoped, Effect.provide(p.layer))
+  })
 })

@@ -140,7 +140,7 @@ describe("an engine command that does not exist", () => {
 describe("a stalled engine", () => {
   // The simulator stops sending after 3 tokens but keeps the connection open: only engine.stream_idle_timeout
   // ends the call. Once it has, and no call has completed since, the node is unhealthy with the reason, until a
-  // call completes again.
+  // call completes again: with none coming, the agent's own test completion.
   it("ends the stalled call UNAVAILABLE, then /readyz says the engine stalled until a call completes", async () => {
     const { config, engineUrl, grpcPort } = await simAgentConfig({ engine: { stream_idle_timeout: "500ms" } })
     const agent = await startAgent({ config, readyTimeoutMs: 45_000 })
@@ -170,11 +170,16 @@ describe("a stalled engine", () => {
       const status = (await (await fetch(`${agent.adminUrl}/status`)).json()) as { health: { state: string } }
       expect(status.health.state).toBe("unhealthy")
 
-      // the engine recovers: a call that completes clears it
+      // stalled and idle, the agent asks the engine for a test completion, which the stalling engine fails too
+      await agent.waitForLine((l) => l.includes("the engine failed a test request while stalled and idle"), 30_000)
+      expect((await fetch(`${agent.adminUrl}/readyz`)).status).toBe(503)
+
+      // the engine recovers: with no call coming, the next test completion clears it
       await faults({ stallAfterTokens: null })
+      await pollUntil("ready again", async () => (await fetch(`${agent.adminUrl}/readyz`)).status === 200, 30_000)
+      await agent.waitForLine((l) => l.includes("the engine completed a test request while stalled and idle"), 1_000)
       const ok = await generate(client, { prompt, sampling: { maxTokens: 40 } }).done
       expect(ok.error).toBeUndefined()
-      await pollUntil("ready again", async () => (await fetch(`${agent.adminUrl}/readyz`)).status === 200, 30_000)
     } finally {
       channel.close()
     }

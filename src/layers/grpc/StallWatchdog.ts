@@ -3,14 +3,18 @@
  * read count has not moved for engine.stream_idle_timeout, while the caller is not the one holding it back (a
  * paused producer), ends with EngineStalled; the abort interrupts its fiber, which aborts the
  * engine request. Each tick's verdict also goes to EngineStall (when present), which tells health that the
- * engine is wedged: stalls first, since a call completed in the same tick means the engine is not wedged.
+ * engine is wedged: stalls first, since a call completed in the same tick means the engine is not wedged. While
+ * stalled with no call in flight, the engine is asked for a short test completion (stallProbe.ts).
  */
 import { Clock, Duration, Effect, Option, Schedule, type Scope } from "effect"
 import { Config } from "../../services/config/Config.ts"
-import { EngineStall } from "../../services/engine/EngineStall.ts"
+import { EngineClient } from "../../services/engine/EngineClient.ts"
+import { EngineStall, isStalled } from "../../services/engine/EngineStall.ts"
 import { EngineStalled } from "../../services/grpc/CallErrors.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
+import { engineFor } from "../engine/backends/index.ts"
 import type { ActiveCalls } from "./ActiveCalls.ts"
+import { stallProbe } from "./stallProbe.ts"
 
 /** Runs the watchdog over `active` until the scope closes. */
 export const fork = Effect.fnUntraced(function* (
@@ -19,7 +23,18 @@ export const fork = Effect.fnUntraced(function* (
   const config = yield* Config
   const metrics = Option.getOrUndefined(yield* Effect.serviceOption(Metrics))
   const stall = Option.getOrUndefined(yield* Effect.serviceOption(EngineStall))
+  const client = Option.getOrUndefined(yield* Effect.serviceOption(EngineClient))
   const idleMs = Duration.toMillis(config.engine.stream_idle_timeout)
+  const probe =
+    stall === undefined || client === undefined
+      ? undefined
+      : stallProbe(
+          client,
+          stall,
+          idleMs,
+          engineFor(config.engine.kind).capabilities.ignoreEos === true,
+          yield* Effect.scope
+        )
   const stalls = metrics?.engineStreamStalls.labels({ model: config.model.served_name })
   // A 0 sample from the start: prom-client writes a labelled series only once it is incremented, and increase()
   // over a series that appears at 1 sees no increase, so the first stall of a process would never alert.
@@ -45,6 +60,12 @@ export const fork = Effect.fnUntraced(function* (
     return Effect.andThen(
       stalled > 0 ? Effect.replicateEffect(stall.stalled(now), stalled, { discard: true }) : Effect.void,
       completed ? stall.completed(now) : Effect.void
+    ).pipe(
+      Effect.andThen(
+        probe === undefined || active.size > 0
+          ? Effect.void
+          : Effect.flatMap(stall.state, (s) => (isStalled(s) ? probe.run(now) : Effect.void))
+      )
     )
   })
   yield* tick.pipe(

@@ -58,6 +58,11 @@ export interface EngineCapabilities {
    * `matched_stop`; a token id there is not a stop string and is left out); absent: the engine does not say.
    */
   readonly stopSequenceField?: string
+  /**
+   * Whether the completions endpoint takes `ignore_eos` (generate to max_tokens whatever the model says): the stall
+   * watchdog's test completion asks for it, so a model's early end-of-sequence cannot pass for a working engine.
+   */
+  readonly ignoreEos?: boolean
 }
 
 /** An engine's own spelling of the OpenAI request (services/grpc/Generate.ts writes the body through it). */

@@ -19,9 +19,13 @@ export interface StallState {
 
 export const noStall: StallState = { lastStallAt: undefined, lastCompletedAt: undefined, stalledStreams: 0 }
 
+/** Whether a stream stalled and no call has completed since. */
+export const isStalled = (s: StallState): boolean =>
+  s.lastStallAt !== undefined && (s.lastCompletedAt === undefined || s.lastStallAt > s.lastCompletedAt)
+
 /** The reason the node is unhealthy, or undefined while the engine is not known to be stalled. */
 export const stallProblem = (s: StallState, idleTimeout: string): string | undefined =>
-  s.lastStallAt !== undefined && (s.lastCompletedAt === undefined || s.lastStallAt > s.lastCompletedAt)
+  isStalled(s)
     ? `engine stalled: ${s.stalledStreams} stream(s) sent nothing for ${idleTimeout} (engine.stream_idle_timeout) and no call has completed since`
     : undefined
 

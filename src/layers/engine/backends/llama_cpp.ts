@@ -57,7 +57,9 @@ export const llamaCpp: Engine = {
         value: 4_294_967_294n,
         why: "llama-server keeps a 32-bit seed, and 4294967295 means a random one"
       }
-    }
+    },
+    // `ignore_eos` in the request (tools/server/server-schema.cpp, params_from_json_cmpl)
+    ignoreEos: true
   },
   render: (config: AgentConfig) => {
     const listen = listenOf(config)

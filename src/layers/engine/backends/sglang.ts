@@ -80,7 +80,9 @@ export const sglang: Engine = {
     sources: ["hf_repo", "path"],
     // A finished choice's matched_stop: the stop string, or the token id (EOS too) that ended it
     // (python/sglang/srt/entrypoints/openai/protocol.py, serving_completions.py / serving_chat.py).
-    stopSequenceField: "matched_stop"
+    stopSequenceField: "matched_stop",
+    // CompletionRequest.ignore_eos (python/sglang/srt/entrypoints/openai/protocol.py)
+    ignoreEos: true
   },
   render: (config: AgentConfig) => {
     const listen = listenOf(config)

@@ -136,7 +136,9 @@ export const vllm: Engine = {
     sources: ["hf_repo", "path"],
     // A finished choice's stop_reason: the stop string, a stop token id, or null (vllm/entrypoints/openai
     // protocol.py, CompletionResponseStreamChoice and ChatCompletionResponseStreamChoice).
-    stopSequenceField: "stop_reason"
+    stopSequenceField: "stop_reason",
+    // SamplingParams.ignore_eos, taken by the OpenAI completions endpoint (vllm/entrypoints/openai/protocol.py)
+    ignoreEos: true
   },
   render: (config: AgentConfig) => {
     const listen = listenOf(config)

@@ -1,0 +1,82 @@
+/**
+ * The way back from a stall when no call comes to show it: while the engine is taken as stalled (EngineStall) and no
+ * Generate call is in flight, the stall watchdog asks the engine itself for a short completion, at most once per
+ * engine.stream_idle_timeout and one at a time. One that completes clears the stall as a call would; one that fails
+ * or does not finish within the idle timeout leaves it. Without it, a node taken out of traffic by its own stall
+ * (routers that read NodeHealth send it nothing) could never see a call complete, and would stay out until its
+ * engine was restarted, however soon the engine recovered. PROBE_TOKENS is above the few tokens an engine that
+ * stalls every stream early still sends, so such an engine fails the probe. SGLang's /health_generate does the same
+ * with one token (python/sglang/srt/entrypoints/http_server.py health_generate).
+ */
+import { Clock, Duration, Effect, type Scope } from "effect"
+import { complete, type EngineClientService, EngineError } from "../../services/engine/EngineClient.ts"
+import type { EngineStallService } from "../../services/engine/EngineStall.ts"
+
+/** Tokens the probe asks for: more than an early-stalling engine sends, few enough to cost the engine nothing. */
+export const PROBE_TOKENS = 16
+
+/**
+ * The probe's request; the client adds the model (and `stream: false`). `ignoreEos`: the engine takes `ignore_eos`
+ * (Engine.capabilities.ignoreEos), so it generates all PROBE_TOKENS and a model's early end cannot pass for a
+ * working engine; elsewhere the request carries only OpenAI fields.
+ */
+export const probeBody = (ignoreEos: boolean) => ({
+  prompt: "ping",
+  max_tokens: PROBE_TOKENS,
+  temperature: 0,
+  ...(ignoreEos ? { ignore_eos: true } : {})
+})
+
+/** The probe runner of one watchdog: `run(now)` starts a probe when one is due (the caller checks stalled and idle). */
+export const stallProbe = (
+  client: EngineClientService,
+  stall: EngineStallService,
+  idleMs: number,
+  ignoreEos: boolean,
+  scope: Scope.Scope
+) => {
+  let inFlight = false
+  let nextAt = Number.NEGATIVE_INFINITY
+  let lastFailure: string | undefined
+  const noAnswer = new EngineError({
+    reason: "Timeout",
+    message: `no answer within ${Duration.format(Duration.millis(idleMs))}`
+  })
+
+  const probe = complete(client, "/v1/completions", probeBody(ignoreEos)).pipe(
+    Effect.timeoutOrElse({ duration: Duration.millis(idleMs), orElse: () => Effect.fail(noAnswer) }),
+    Effect.matchEffect({
+      onSuccess: () =>
+        Effect.gen(function* () {
+          lastFailure = undefined
+          yield* stall.completed(yield* Clock.currentTimeMillis)
+          yield* Effect.logInfo("the engine completed a test request while stalled and idle: the stall is cleared", {
+            max_tokens: PROBE_TOKENS
+          })
+        }),
+      onFailure: (e) => {
+        if (e.message === lastFailure) return Effect.void
+        lastFailure = e.message
+        return Effect.logWarning("the engine failed a test request while stalled and idle: still stalled", {
+          error: e.message,
+          next_try_in: Duration.format(Duration.millis(idleMs))
+        })
+      }
+    }),
+    Effect.ensuring(
+      Effect.sync(() => {
+        inFlight = false
+      })
+    )
+  )
+
+  return {
+    run: (now: number): Effect.Effect<void> =>
+      Effect.suspend(() => {
+        if (inFlight || now < nextAt) return Effect.void
+        inFlight = true
+        nextAt = now + idleMs
+        return Effect.asVoid(Effect.forkIn(probe, scope))
+      })
+  }
+}
