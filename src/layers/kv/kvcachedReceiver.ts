@@ -7,7 +7,6 @@
  */
 import * as fs from "node:fs"
 import * as net from "node:net"
-import * as NodeSocketServer from "@effect/platform-node/NodeSocketServer"
 import { Effect, Layer } from "effect"
 import { RpcSerialization, RpcServer } from "effect/rpc"
 import { type ReceiverSink, ReceiverState, type RestoredStream } from "../../services/kv/KvcachedReceiver.ts"
@@ -20,6 +19,7 @@ import {
   type UnknownStream,
   type UnsupportedVersion
 } from "../../services/kv/KvcachedRpc.ts"
+import * as ReceiverSocketServer from "./receiverSocketServer.ts"
 
 /** One journal line: a Hello, or a record applied for a node's epoch. */
 export type JournalEntry =
@@ -121,11 +121,14 @@ export interface KvcachedHandlers {
   readonly Push: (p: PushPayload) => Effect.Effect<Applied, UnknownStream>
 }
 
-/** The contract's RPC server on the Unix socket `path`, answering with `handlers` (tests give odd ones). */
+/**
+ * The contract's RPC server on the Unix socket `path`, answering with `handlers` (tests give odd ones). Its socket
+ * server's writes to a closed connection fail instead of hanging: see receiverSocketServer.ts.
+ */
 export const serve = (path: string, handlers: KvcachedHandlers) =>
   RpcServer.layer(KvcachedRpcs).pipe(
     Layer.provide(KvcachedRpcs.toLayer(handlers)),
     Layer.provide(RpcServer.layerProtocolSocketServer),
-    Layer.provide(NodeSocketServer.layer({ path })),
+    Layer.provide(ReceiverSocketServer.layer({ path })),
     Layer.provide(RpcSerialization.layerNdjson)
   )
