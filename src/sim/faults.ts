@@ -6,13 +6,19 @@ export interface Faults {
   errorRate: number
   errorKind: ErrorKind
   hangHealth: boolean
+  /**
+   * vLLM's engine core dead under a live API server: /health answers 503 (EngineDeadError;
+   * vllm/entrypoints/serve/instrumentator/health.py) while /v1/models still lists the model.
+   */
+  engineDead: boolean
 }
 
 export const initialFaults = (cfg: SimConfig): Faults => ({
   stallAfterTokens: cfg.stallAfterTokens,
   errorRate: cfg.errorRate,
   errorKind: cfg.errorKind,
-  hangHealth: cfg.hangHealth
+  hangHealth: cfg.hangHealth,
+  engineDead: false
 })
 
 const KINDS = new Set(["http400", "http404", "http429", "http500", "midstream", "sse_error_field", "reset"])
@@ -36,5 +42,6 @@ export const applyFaults = (faults: Faults, body: unknown): { error?: string; cr
     faults.errorKind = b.errorKind as ErrorKind
   }
   if ("hangHealth" in b) faults.hangHealth = b.hangHealth === true
+  if ("engineDead" in b) faults.engineDead = b.engineDead === true
   return { crashNow: b.crashNow === true }
 }

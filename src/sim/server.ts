@@ -205,7 +205,7 @@ export const handler =
 const health = (ctx: SimContext, res: http.ServerResponse) => {
   switch (ctx.cfg.flavor) {
     case "vllm":
-      res.writeHead(200, { "content-length": 0 })
+      res.writeHead(ctx.faults.engineDead ? 503 : 200, { "content-length": 0 })
       return void res.end()
     case "sglang":
       if (!ctx.loaded) return sendJson(res, 503, undefined)

@@ -492,6 +492,20 @@ describe("restarts", () => {
     )
   })
 
+  it("vLLM's engine core dead under a live API server (/health 503, /v1/models 200): restarted on the default liveness probe", async () => {
+    const s = await setup("vllm")
+    const port = s.port
+    const h = await start(s.plan, s.settings)
+    await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
+    const before = await simState(port)
+    await postFaults(port, { engineDead: true })
+    assert.strictEqual((await fetch(`http://127.0.0.1:${port}/v1/models`)).status, 200)
+    const r = await awaitState(h, "Restarting", (x) => x._tag === "Restarting")
+    if (r._tag === "Restarting") assert.match(r.lastExit.reason, /^unhealthy: 3 liveness probes failed/)
+    await awaitState(h, "Ready of run 1", (x) => x._tag === "Ready" && x.run === 1)
+    assert.notStrictEqual((await simState(port)).pid, before.pid)
+  })
+
   it("a stalled engine -> Unhealthy -> restarted and Ready again", async () => {
     const s = await setup("vllm", { healthProbe: true })
     const port = s.port
