@@ -6,8 +6,10 @@
  * terminationGracePeriodSeconds from the config (README "Running the daemon", examples/k8s). The drain logs it
  * (`exit_within`), and test/programs/k8s-manifests.test.ts holds the shipped DaemonSet to it.
  *
- * kvcached and the KV-event readers add nothing: their fibers are interrupted, which a wedged peer cannot hold
- * up. An NVML worker still inside a call past its term does not hold the exit either (layers/node/processExit.ts
+ * The KV-event readers add nothing: their fibers are interrupted, which a wedged peer cannot hold up. The kvcached
+ * link adds at most 1 s: a call it is making when interrupted is cancelled with a message to kvcached, which
+ * effect's RpcClient writes uninterruptibly with a 1 s timeout (effect/src/rpc/RpcClient.ts, `sendInterrupt`), and a
+ * kvcached that stopped reading with the agent's socket buffer full takes all of it. An NVML worker still inside a call past its term does not hold the exit either (layers/node/processExit.ts
  * exits without joining it); only a call stuck in an uninterruptible kernel wait (D state) keeps the process,
  * which not even SIGKILL ends.
  */
@@ -62,6 +64,10 @@ export const shutdownTerms = (config: AgentConfig, env: Env = process.env): Read
     etcd ? { step: "etcd lease revoked (one etcd call)", ms: callMs } : undefined,
     { step: "gRPC server closed", ms: Duration.toMillis(GRPC_CLOSE_GRACE) },
     { step: "admin server closed", ms: Duration.toMillis(ADMIN_CLOSE_GRACE) },
+    // layers/kv/kvcachedClient.ts: the last call's cancel message to a kvcached that does not read (see above)
+    config.kv.events && config.kv.uds !== undefined
+      ? { step: "kvcached told of the last call's end", ms: 1_000 }
+      : undefined,
     traces
       ? {
           step: "last spans flushed",

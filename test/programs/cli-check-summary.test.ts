@@ -53,6 +53,16 @@ describe("check's summary", () => {
     )
   })
 
+  it("KV events to kvcached add 1 s: the last call's cancel message, which effect's RpcClient waits 1 s for", () => {
+    const kv = load(
+      '[cluster]\netcd = ["http://etcd:2379"]\n[agent]\ndrain_timeout = "60s"\n[engine]\nstop_grace = "60s"\n' +
+        '[kv]\nevents = true\nuds = "/run/cgn/kvcached.sock"\n[models.m]\nhf_repo = "a/b"\n'
+    )
+    expect(line(summarize(kv), "shutdown")).toBe(
+      "within 2m 36s 750ms, every peer hung (terminationGracePeriodSeconds: at least 157)"
+    )
+  })
+
   it("KV events off", () => {
     expect(line(summarize(load('[models.m]\nhf_repo = "a/b"\n')), "kv events")).toBe("off")
   })
