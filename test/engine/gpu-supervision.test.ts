@@ -14,6 +14,7 @@ import { nodeKey } from "../../src/services/registry/HealthReporter.ts"
 import { killAllAgents, processAlive, requireDist, simAgentConfig, startAgent } from "../support/agent.ts"
 import { runCli } from "../support/cli.ts"
 import { startEtcd } from "../support/etcd.ts"
+import { fetchText } from "../support/http.ts"
 import { useFakeNvml } from "../support/nvml.ts"
 import { pollUntil } from "../support/poll.ts"
 
@@ -33,10 +34,7 @@ const nvmlState = (name: string) => {
   return { file, write }
 }
 
-const text = async (url: string) => {
-  const res = await fetch(url)
-  return { status: res.status, body: await res.text() }
-}
+const text = fetchText
 
 interface Status {
   health: {

@@ -7,7 +7,6 @@ import { type ChildProcess, spawn } from "node:child_process"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
-import { fileURLToPath } from "node:url"
 import { Context, Effect, Exit, Layer, Scope } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
 import * as KvBridgeLive from "../../src/layers/kv/KvBridge.ts"
@@ -15,15 +14,12 @@ import { type JournalEntry, readJournal } from "../../src/layers/kv/kvcachedRece
 import { KvBridge, type KvBridgeStatus } from "../../src/services/kv/KvBridge.ts"
 import type { KvRecord } from "../../src/services/kv/KvcachedRpc.ts"
 import * as MetricsTest from "../../src/testing/Metrics.ts"
+import { receiverEntry } from "../support/kvcached.ts"
 import { followLines } from "../support/lines.ts"
 import { pollUntil } from "../support/poll.ts"
 import { freePort } from "../support/ports.ts"
 import { postJson, type SimHandle, startSim } from "../support/sim.ts"
 
-const receiverEntry = path.resolve(
-  path.dirname(fileURLToPath(import.meta.url)),
-  "../../src/programs/kvcachedReceiver.ts"
-)
 const id = { node_id: "n1", cluster: "c1", model: "m", engine: "vllm" }
 
 const cleanups: Array<() => Promise<unknown>> = []

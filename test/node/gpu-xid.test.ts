@@ -7,6 +7,7 @@ import * as fs from "node:fs"
 import * as path from "node:path"
 import { afterEach, beforeAll, describe, expect, it } from "vitest"
 import { killAllAgents, requireDist, simAgentConfig, startAgent } from "../support/agent.ts"
+import { fetchText } from "../support/http.ts"
 import { useFakeNvml } from "../support/nvml.ts"
 import { pollUntil } from "../support/poll.ts"
 import { promtool } from "../support/promtool.ts"
@@ -22,10 +23,7 @@ beforeAll(() => {
 })
 afterEach(killAllAgents)
 
-const text = async (url: string) => {
-  const res = await fetch(url)
-  return { status: res.status, body: await res.text() }
-}
+const text = fetchText
 
 interface Status {
   health: {

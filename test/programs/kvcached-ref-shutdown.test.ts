@@ -8,15 +8,10 @@ import * as fs from "node:fs"
 import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
-import { fileURLToPath } from "node:url"
 import { afterEach, describe, expect, it } from "vitest"
 import { KV_WIRE_VERSION } from "../../src/services/kv/KvcachedRpc.ts"
+import { receiverEntry } from "../support/kvcached.ts"
 import { followLines } from "../support/lines.ts"
-
-const receiverEntry = path.resolve(
-  path.dirname(fileURLToPath(import.meta.url)),
-  "../../src/programs/kvcachedReceiver.ts"
-)
 
 const cleanups: Array<() => unknown> = []
 afterEach(async () => {
