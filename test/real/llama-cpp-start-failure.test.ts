@@ -70,7 +70,9 @@ describe("the real llama-server dies at load, and the agent names the key", () =
     const exit = await firstExit(missing)
     expect({ code: exit.code, signal: exit.signal }).toEqual({ code: 1, signal: null })
     const lines = exit.lastLines.join("\n")
-    expect(lines).toContain(`failed to open GGUF file '${missing}'`)
+    // on failure, the agent's own log of the run: what llama-server printed, as the agent read it (a CI run once
+    // had only llama-server's first three lines in the exit record)
+    expect(lines, agent?.tail(120)).toContain(`failed to open GGUF file '${missing}'`)
     expect(exit.hint).toContain(HINT)
   }, 120_000)
 
@@ -79,7 +81,7 @@ describe("the real llama-server dies at load, and the agent names the key", () =
     fs.writeFileSync(notGguf, "not a model\n")
     const exit = await firstExit(notGguf)
     expect(exit.code).toBe(1)
-    expect(exit.lastLines.join("\n")).toContain("invalid magic characters")
+    expect(exit.lastLines.join("\n"), agent?.tail(120)).toContain("invalid magic characters")
     expect(exit.hint).toContain(HINT)
   }, 120_000)
 })
