@@ -368,6 +368,28 @@ describe("Nvml live layer", () => {
     }
   })
 
+  it("a GPU whose UUID query fails keeps the UUID its index had this session (what is kept by UUID stays with it)", async () => {
+    const state = path.join(dir, "state-uuid-later")
+    fs.writeFileSync(state, "")
+    process.env.FAKE_NVML_STATE = state
+    try {
+      const result = await withProbe(
+        { library, maxAge: 0 },
+        Effect.gen(function* () {
+          const nvml = yield* Nvml
+          const before = yield* nvml.sampleNow
+          fs.writeFileSync(state, "gpu.1.uuid_rc=999\n")
+          const after = yield* nvml.sampleNow
+          return { before, after }
+        })
+      )
+      expect(result.before[1]?.uuid).toBe("GPU-55555555-6666-7777-8888-999999999999")
+      expect(result.after[1]).toEqual(result.before[1])
+    } finally {
+      delete process.env.FAKE_NVML_STATE
+    }
+  })
+
   it("a GPU that falls off the bus keeps the UUID and name it had, so the operator knows which to replace", async () => {
     const state = path.join(dir, "state-lost-later")
     fs.writeFileSync(state, "")

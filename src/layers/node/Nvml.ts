@@ -17,13 +17,14 @@
  * no GPUs and `unavailable` says NVML is not answering (`sampleNow` waits for it until then), and no further request
  * is sent until that one answers (a stuck NVML call cannot be interrupted; more would only be stuck behind it).
  * A worker is started only once the library loads here (a host without the driver starts none), and ended when
- * NVML fails in it. A lost GPU is named by the UUID its index had earlier in the session (NvmlValues.ts).
+ * NVML fails in it. A lost GPU, or one whose UUID query failed, is named by the UUID its index had earlier in the
+ * session (NvmlValues.ts nameGpus).
  */
 import type { Worker } from "node:worker_threads"
 import { Clock, Deferred, Duration, Effect, Layer, Option, Random } from "effect"
 import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
 import { DEFAULT_NVML_LIBRARY, type GpuIdentity, Nvml, type NvmlSampler } from "../../services/node/Nvml.ts"
-import { nameLostGpus } from "../../services/node/NvmlValues.ts"
+import { nameGpus } from "../../services/node/NvmlValues.ts"
 import type { XidRule } from "../../services/node/Xid.ts"
 import type { Metrics } from "../../services/observability/Metrics.ts"
 import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
@@ -183,7 +184,7 @@ const acquire = (s: Settings) =>
       reason = undefined // answering again, after a stall too
       // each distinct problem once per process: a GPU without utilization support must not flood the log
       for (const p of reply.problems) yield* logOnce(p, Effect.logWarning("NVML query failed", { problem: p }))
-      return nameLostGpus(reply.gpus, known)
+      return nameGpus(reply.gpus, known)
     })
 
     /** The answer readers get; replaced by the layer's first sample before any reader exists. */

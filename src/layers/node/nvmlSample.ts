@@ -6,7 +6,7 @@
  * point is missing) reads 0 and is listed in the GPU's `unreportedFields`, so that no reader takes it for a real 0
  * ("idle", "0 W"); failures other than NOT_SUPPORTED are also collected as problems. A GPU that answers
  * NVML_ERROR_GPU_IS_LOST is reported lost (by index only: the main thread names it from earlier samples, NvmlValues.ts
- * nameLostGpus). Runs in the NVML worker thread (programs/nvmlWorker.ts), synchronously, so it imports nothing that
+ * nameGpus). Runs in the NVML worker thread (programs/nvmlWorker.ts), synchronously, so it imports nothing that
  * loads `effect`.
  */
 import type { Gpu, GpuProcess } from "../../gen/cgn/agent/v1/agent.ts"

@@ -87,7 +87,7 @@ export {
   cString,
   type GpuIdentity,
   gpuWith,
-  nameLostGpus,
+  nameGpus,
   nvmlReturnName,
   toNumber
 } from "./NvmlValues.ts"

@@ -116,17 +116,20 @@ export interface GpuIdentity {
 
 /**
  * A GPU fallen off the bus answers every query with NVML_ERROR_GPU_IS_LOST, its UUID and name included, yet it is
- * the board an operator must replace: a lost GPU without a UUID gets the one its index had in an earlier sample.
- * `known` (index -> identity) is updated from the GPUs that still answer; its holder keeps one per NVML session,
- * since indices are NVML's enumeration at init and may differ after a re-open (a driver reloaded, a GPU gone).
+ * the board an operator must replace; a GPU whose UUID query failed this sample (a transient error) is still the
+ * board its index named. Either, without a UUID, gets the identity its index had in an earlier sample, so that what
+ * is kept by UUID (the Xids of the boot: XidLedger.ts) and the series labelled by it stay with the board.
+ * `known` (index -> identity) is updated from the GPUs that answer; its holder keeps one per NVML session, since
+ * indices are NVML's enumeration at init and may differ after a re-open (a driver reloaded, a GPU gone).
  */
-export const nameLostGpus = (gpus: ReadonlyArray<Gpu>, known: Map<number, GpuIdentity>): ReadonlyArray<Gpu> => {
+export const nameGpus = (gpus: ReadonlyArray<Gpu>, known: Map<number, GpuIdentity>): ReadonlyArray<Gpu> => {
   for (const g of gpus) if (!g.lost && g.uuid !== "") known.set(g.index, { uuid: g.uuid, name: g.name })
   return gpus.map((g) => {
-    const identity = g.lost && g.uuid === "" ? known.get(g.index) : undefined
+    const identity = g.uuid === "" ? known.get(g.index) : undefined
     if (identity === undefined) return g
-    // known after all: no longer listed as unknown
-    const unreportedFields = g.unreportedFields.filter((f) => f !== "uuid" && f !== "name")
-    return { ...g, uuid: identity.uuid, name: identity.name, unreportedFields }
+    const name = g.name === "" ? identity.name : g.name
+    // known after all: no longer listed as unknown (a name this sample did report stays as reported)
+    const unreportedFields = g.unreportedFields.filter((f) => f !== "uuid" && !(f === "name" && g.name === ""))
+    return { ...g, uuid: identity.uuid, name, unreportedFields }
   })
 }
