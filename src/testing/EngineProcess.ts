@@ -15,6 +15,8 @@ export class EngineProcessControl extends Context.Service<
     readonly set: (state: EngineState) => Effect.Effect<void>
     /** Records an ended run (newest first in `exits`) and counts a restart. */
     readonly recordExit: (exit: ExitRecord) => Effect.Effect<void>
+    /** The reasons of the restarts requested while Ready, oldest first (a request does not change the state). */
+    readonly restartRequests: Effect.Effect<ReadonlyArray<string>>
   }
 >()("cgn-agent/EngineProcessControl") {}
 
@@ -68,11 +70,23 @@ export const layerTest = (
         const [last] = yield* Ref.get(exits)
         yield* SubscriptionRef.set(state, State.Stopped({ lastExit: last }))
       })
-      const engine = EngineProcess.of(fromRefs({ plan: options.plan ?? testPlan(), state, restarts, exits, pid, stop }))
+      const plan = options.plan ?? testPlan()
+      const requests = yield* Ref.make<ReadonlyArray<string>>([])
+      const restart = (reason: string) =>
+        Effect.gen(function* () {
+          if (!plan.spawns) return "not-spawned" as const
+          if ((yield* SubscriptionRef.get(state))._tag !== "Ready") return "not-ready" as const
+          yield* Ref.update(requests, (xs) => [...xs, reason])
+          return "restarting" as const
+        })
+      const engine = EngineProcess.of(fromRefs({ plan, state, restarts, exits, pid, restart, stop }))
       const control = EngineProcessControl.of({
         set: (s) => SubscriptionRef.set(state, s),
         recordExit: (exit) =>
-          Ref.update(exits, (xs) => [exit, ...xs].slice(0, 20)).pipe(Effect.andThen(Ref.update(restarts, (n) => n + 1)))
+          Ref.update(exits, (xs) => [exit, ...xs].slice(0, 20)).pipe(
+            Effect.andThen(Ref.update(restarts, (n) => n + 1))
+          ),
+        restartRequests: Ref.get(requests)
       })
       return Context.make(EngineProcess, engine).pipe(Context.add(EngineProcessControl, control))
     })

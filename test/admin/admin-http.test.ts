@@ -61,6 +61,7 @@ const fakeEngine = Layer.effect(
       restarts: Effect.succeed(1),
       exits: Effect.succeed([oomExit, exit]),
       pid: Effect.succeed(4321),
+      restart: () => Effect.succeed("restarting" as const),
       stop: Effect.void
     }
   })

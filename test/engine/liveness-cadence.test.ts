@@ -4,7 +4,7 @@
 // one timeout: with the defaults (5 s, 3) 20 s after Ready here, probes starting at 5, 10 and 15 s; the wait
 // used to follow each probe, so the probes of a hung engine came every 10 s and took 30 s.
 import { assert, describe, it } from "@effect/vitest"
-import { Clock, Deferred, Effect, Fiber, Logger } from "effect"
+import { Clock, Deferred, Effect, Fiber, Logger, Ref } from "effect"
 import { TestClock } from "effect/testing"
 import type { SupervisorSettings } from "../../src/layers/engine/supervisorSettings.ts"
 import { watchRun } from "../../src/layers/engine/watch.ts"
@@ -46,7 +46,8 @@ describe("liveness cadence", () => {
         settings,
         host,
         publish: (e: SupervisorEvent) => Effect.sync(() => void events.push(e)),
-        memory: undefined
+        memory: undefined,
+        endReadyRun: yield* Ref.make<Deferred.Deferred<string> | undefined>(undefined)
       }
       const readyAt = yield* Deferred.make<number>()
       const watch = yield* Effect.forkChild(

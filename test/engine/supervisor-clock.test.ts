@@ -105,30 +105,36 @@ const settings = (stateDir: string): SupervisorSettings => ({
 const label = (s: EngineState): string =>
   s._tag === "Starting" ? `Starting(${s.run}, ${s.phase})` : s._tag === "Ready" ? `Ready(${s.run})` : s._tag
 
+/** The production supervisor over a fake host in a temporary state dir, with every state it publishes recorded. */
+const boot = Effect.gen(function* () {
+  const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-clock-"))
+  yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(stateDir, { recursive: true, force: true })))
+  const port = yield* Effect.promise(freePort)
+  const plan = testPlan({ port, probe: { kind: "http", url: `http://127.0.0.1:${port}/health` } })
+  const fake = yield* makeFakeHost
+  const context = yield* Layer.build(
+    layerFromPlan(plan, settings(stateDir)).pipe(
+      Layer.provide(Layer.succeed(EngineHost, fake.host)),
+      Layer.provide(Logger.layer([]))
+    )
+  )
+  const engine = Context.get(context, EngineProcess)
+  const states: Array<EngineState> = []
+  yield* engine.changes.pipe(
+    Stream.runForEach((s) => Effect.sync(() => states.push(s))),
+    Effect.forkScoped
+  )
+  const last = () => states[states.length - 1]
+  fake.seen.observe = () => last()?._tag
+  const runAt = (i: number) => Effect.map(Ref.get(fake.runs), (xs) => xs[i])
+  const stateIs = (pred: (s: EngineState) => boolean) => Effect.sync(() => last() !== undefined && pred(last()!))
+  return { stateDir, fake, engine, states, last, runAt, stateIs }
+})
+
 describe("EngineProcess on a TestClock", () => {
   it.effect("start -> Ready -> crash -> backoff -> restart -> Ready -> stop", () =>
     Effect.gen(function* () {
-      const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-clock-"))
-      yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(stateDir, { recursive: true, force: true })))
-      const port = yield* Effect.promise(freePort)
-      const plan = testPlan({ port, probe: { kind: "http", url: `http://127.0.0.1:${port}/health` } })
-      const fake = yield* makeFakeHost
-      const context = yield* Layer.build(
-        layerFromPlan(plan, settings(stateDir)).pipe(
-          Layer.provide(Layer.succeed(EngineHost, fake.host)),
-          Layer.provide(Logger.layer([]))
-        )
-      )
-      const engine = Context.get(context, EngineProcess)
-      const states: Array<EngineState> = []
-      yield* engine.changes.pipe(
-        Stream.runForEach((s) => Effect.sync(() => states.push(s))),
-        Effect.forkScoped
-      )
-      const last = () => states[states.length - 1]
-      fake.seen.observe = () => last()?._tag
-      const runAt = (i: number) => Effect.map(Ref.get(fake.runs), (xs) => xs[i])
-      const stateIs = (pred: (s: EngineState) => boolean) => Effect.sync(() => last() !== undefined && pred(last()!))
+      const { stateDir, fake, engine, states, last, runAt, stateIs } = yield* boot
 
       // run 0: spawned at t=0; the guard reports its pid; the engine loads
       yield* settle(
@@ -228,5 +234,52 @@ describe("EngineProcess on a TestClock", () => {
         ]
       )
     })
+  )
+
+  it.effect(
+    "restart(): refused until Ready, then ends the Ready run with the reason; the next run follows the backoff",
+    () =>
+      Effect.gen(function* () {
+        const { fake, engine, states, last, runAt, stateIs } = yield* boot
+        yield* settle(
+          "run 0 spawned",
+          Effect.map(runAt(0), (r) => r !== undefined)
+        )
+        const run0 = (yield* runAt(0))!
+        yield* Deferred.succeed(run0.pid, fakePid(0))
+        // starting: the run has its startup budget; a restart now would only start it again
+        assert.strictEqual(yield* engine.restart("wedged"), "not-ready")
+        yield* Ref.set(fake.up, true)
+        yield* TestClock.adjust(500)
+        yield* settle(
+          "run 0 Ready",
+          stateIs((s) => s._tag === "Ready")
+        )
+        assert.strictEqual(yield* engine.restart("engine stalled"), "restarting")
+        yield* settle(
+          "Restarting",
+          stateIs((s) => s._tag === "Restarting")
+        )
+        assert.strictEqual(yield* Ref.get(run0.stops), 1, "the run was stopped as any run is")
+        assert.strictEqual(run0.stateAtStop(), "Unhealthy", "not Ready while its teardown ran")
+        const restarting = last()
+        if (restarting?._tag !== "Restarting") return assert.fail("expected Restarting")
+        assert.strictEqual(restarting.lastExit.reason, "restarted: engine stalled")
+        assert.strictEqual(restarting.nextAt, 2_500, "the first backoff after a run Ready for 0.5 s")
+        // a second request while the run is ending or waiting out the backoff does nothing
+        assert.strictEqual(yield* engine.restart("again"), "not-ready")
+        yield* TestClock.adjust(2_000)
+        yield* settle(
+          "run 1 spawned",
+          Effect.map(runAt(1), (r) => r !== undefined)
+        )
+        assert.strictEqual(yield* engine.restarts, 1)
+        const unhealthy = states.find((s) => s._tag === "Unhealthy")
+        assert.strictEqual(
+          unhealthy?._tag === "Unhealthy" ? unhealthy.reason : undefined,
+          "restart requested: engine stalled"
+        )
+        assert.strictEqual(yield* runAt(2), undefined, "one restart for one request")
+      })
   )
 })

@@ -20,9 +20,10 @@ import * as EngineTest from "../../src/testing/EngineProcess.ts"
 
 const IDLE_MS = 800 // the watchdog ticks every idle / 8 = 100 ms
 
+const config = layerFromObject({ models: { m: { hf_repo: "org/m" } }, engine: { stream_idle_timeout: `${IDLE_MS}ms` } })
 const layer = Layer.mergeAll(
-  layerFromObject({ models: { m: { hf_repo: "org/m" } }, engine: { stream_idle_timeout: `${IDLE_MS}ms` } }),
-  EngineStallLive.layer.pipe(Layer.provide(EngineTest.layerTest()))
+  config,
+  EngineStallLive.layer.pipe(Layer.provide(EngineTest.layerTest()), Layer.provide(config))
 )
 
 /** A relay streaming from the engine, as GenerateCall starts one; `aborted` says whether the watchdog ended it. */

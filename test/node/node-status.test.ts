@@ -226,7 +226,7 @@ describe("NodeStatus on the Clock", () => {
 describe("stallProblem", () => {
   it("unhealthy from a stall until a call completes; a completion in the same tick clears it", () => {
     expect(stallProblem(noStall, "5m")).toBeUndefined()
-    const stalled = { lastStallAt: 2_000, lastCompletedAt: 1_000, stalledStreams: 2 }
+    const stalled = { lastStallAt: 2_000, lastCompletedAt: 1_000, stalledStreams: 2, stalledSince: 1_500 }
     expect(stallProblem(stalled, "5m")).toBe(
       "engine stalled: 2 stream(s) sent nothing for 5m (engine.stream_idle_timeout) and no call has completed since"
     )

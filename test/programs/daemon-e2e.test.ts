@@ -185,4 +185,45 @@ describe("a stalled engine", () => {
     }
     expect((await agent.stop()).code).toBe(0)
   }, 120_000)
+
+  // A wedged engine that still answers its health endpoint: liveness never ends it, stall_restart_after does.
+  it("restarts an engine still stalled after engine.stall_restart_after, and the new run serves", async () => {
+    const { config, engineUrl, grpcPort } = await simAgentConfig({
+      engine: { stream_idle_timeout: "500ms", stall_restart_after: "1s", restart_backoff_initial: "100ms" }
+    })
+    const agent = await startAgent({ config, readyTimeoutMs: 45_000 })
+    const { client, channel } = agentClient(`127.0.0.1:${grpcPort}`)
+    try {
+      const res = await fetch(`${engineUrl}/sim/faults`, {
+        method: "POST",
+        body: JSON.stringify({ stallAfterTokens: 3 })
+      })
+      expect(res.status).toBe(200)
+      const prompt = Array.from({ length: 40 }, (_, i) => `w${i}`).join(" ")
+      expect(grpcCode((await generate(client, { prompt, sampling: { maxTokens: 50 } }).done).error)).toBe("UNAVAILABLE")
+      const exit = await pollUntil(
+        "the stalled run's exit in /status",
+        async () => {
+          const status = (await (await fetch(`${agent.adminUrl}/status`)).json()) as {
+            engine: { exits: ReadonlyArray<{ run: number; reason: string }> }
+          }
+          return status.engine.exits[0]
+        },
+        30_000
+      )
+      expect(exit.run).toBe(0)
+      expect(exit.reason).toMatch(
+        /^restarted: engine stalled: 1 stream\(s\) sent nothing for 500ms .*, for 1s \(engine.stall_restart_after\)$/
+      )
+      // the new run is a fresh simulator, without the fault: ready, and it serves
+      await pollUntil("ready again", async () => (await fetch(`${agent.adminUrl}/readyz`)).status === 200, 45_000)
+      const ok = await generate(client, { prompt, sampling: { maxTokens: 40 } }).done
+      expect(ok.error).toBeUndefined()
+      const metrics = await (await fetch(`${agent.adminUrl}/metrics`)).text()
+      expect(metrics).toMatch(/^cgn_agent_engine_restarts_total 1$/m)
+    } finally {
+      channel.close()
+    }
+    expect((await agent.stop()).code).toBe(0)
+  }, 120_000)
 })

@@ -15,7 +15,8 @@ import {
   type EngineProcessError,
   type EngineState,
   type ExitRecord,
-  fromRefs
+  fromRefs,
+  type RestartOutcome
 } from "../../services/engine/EngineProcess.ts"
 import {
   describeExit,
@@ -102,7 +103,14 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
         log === undefined ? Effect.void : typeof log === "string" ? Effect.logDebug(log) : Effect.logInfo(...log)
       )
     )
-  const supervision: Supervision = { plan, settings, host, publish, memory }
+  const endReadyRun = yield* Ref.make<Deferred.Deferred<string> | undefined>(undefined)
+  const supervision: Supervision = { plan, settings, host, publish, memory, endReadyRun }
+  const restart = (reason: string): Effect.Effect<RestartOutcome> =>
+    plan.spawns
+      ? Effect.flatMap(Ref.get(endReadyRun), (end) =>
+          end === undefined ? Effect.succeed("not-ready") : Effect.as(Deferred.succeed(end, reason), "restarting")
+        )
+      : Effect.succeed("not-spawned")
 
   const loop = Effect.gen(function* () {
     let attempt = 0
@@ -142,7 +150,7 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
   const stop = Deferred.succeed(stopRequested, undefined).pipe(Effect.andThen(Deferred.await(stopped)))
   yield* Effect.addFinalizer(() => stop)
 
-  return EngineProcess.of(fromRefs({ plan, state, restarts, exits: refs.exits, pid: refs.currentPid, stop }))
+  return EngineProcess.of(fromRefs({ plan, state, restarts, exits: refs.exits, pid: refs.currentPid, restart, stop }))
 })
 
 /** The supervisor for a hand-built plan on the given host: the test seam, and what `layer` uses once rendered. */

@@ -3,7 +3,7 @@
  * threshold. Each publishes what it sees and completes only with the reason the run must end. Every time is
  * Effect's Clock and every wait Effect.sleep, so a TestClock drives them.
  */
-import { Clock, Deferred, Effect } from "effect"
+import { Clock, Deferred, Effect, Ref } from "effect"
 import type { LaunchPlan } from "../../services/engine/Engine.ts"
 import type { EngineHostService, PortHolder, ProbeResult } from "../../services/engine/EngineHost.ts"
 import { Event, livenessStep, type SupervisorEvent } from "../../services/engine/EngineState.ts"
@@ -18,6 +18,11 @@ export interface Supervision {
   readonly publish: (event: SupervisorEvent) => Effect.Effect<void>
   /** The agent's memory cgroup, read at each run's spawn and end (OOM kills); undefined: not known. */
   readonly memory: MemoryCgroupService | undefined
+  /**
+   * Set while a run is Ready and watched for liveness: completing it (EngineProcess.restart) ends that run with the
+   * given reason. Undefined otherwise, so a request never reaches a run that is starting or already ending.
+   */
+  readonly endReadyRun: Ref.Ref<Deferred.Deferred<string> | undefined>
 }
 
 const now = Clock.currentTimeMillis
@@ -110,6 +115,19 @@ const liveness = (s: Supervision) =>
     }
   })
 
+/** Liveness, or an end requested while Ready (EngineProcess.restart), published as the loss of the Ready state. */
+const readyUntilEnd = (s: Supervision) =>
+  Effect.gen(function* () {
+    const requested = yield* Deferred.make<string>()
+    yield* Ref.set(s.endReadyRun, requested)
+    const ended = Effect.gen(function* () {
+      const reason = yield* Deferred.await(requested)
+      yield* s.publish(Event.LivenessLost({ reason: `restart requested: ${reason}`, at: yield* now }))
+      return `restarted: ${reason}`
+    })
+    return yield* Effect.raceFirst(liveness(s), ended)
+  }).pipe(Effect.ensuring(Ref.set(s.endReadyRun, undefined)))
+
 /** Readiness, then liveness: completes only with the reason the run must end; `readyAt` says when it was Ready. */
 export const watchRun = (s: Supervision, w: WatchedRun) =>
-  Effect.flatMap(readiness(s, w), (ready) => (ready ? liveness(s) : Effect.succeed("startup timeout")))
+  Effect.flatMap(readiness(s, w), (ready) => (ready ? readyUntilEnd(s) : Effect.succeed("startup timeout")))

@@ -144,6 +144,8 @@ export const EngineSection = Schema.Struct({
     PositiveDuration("every engine stream would be ended at its first pause between two chunks"),
     "5m"
   ),
+  // How long the engine may stay stalled (see stream_idle_timeout) before it is restarted; "0s": never.
+  stall_restart_after: withDefault(ShortDuration, "5m"),
   verify_listener: withDefault(Schema.Boolean, true),
   gpu_free_timeout: withDefault(ShortDuration, "2m"),
   gpu_free_below_mib: withDefault(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), 1024),

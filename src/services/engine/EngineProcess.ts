@@ -86,9 +86,22 @@ export interface EngineProcessService {
   readonly pid: Effect.Effect<number | undefined>
   /** The most recent runs' exits, newest first (bounded). */
   readonly exits: Effect.Effect<ReadonlyArray<ExitRecord>>
+  /**
+   * Ends the Ready run (stopped as any run is: TERM to the group, KILL after stop_grace) with `reason` as its exit
+   * reason; the supervisor starts the next run as after any exit, with the restart backoff. For an engine that is
+   * there but no longer answering (wedged): a new run is the only cure the agent has.
+   */
+  readonly restart: (reason: string) => Effect.Effect<RestartOutcome>
   /** Stops the engine (TERM to the group, KILL after stop_grace) and confirms the group is gone; idempotent. */
   readonly stop: Effect.Effect<void>
 }
+
+/**
+ * What a restart request did: `restarting`: the Ready run is being ended (this request or one just before it);
+ * `not-ready`: no run is Ready (starting, already ending, restarting, stopping): nothing was done; `not-spawned`:
+ * a proxied server (openai_compat), which the agent cannot restart.
+ */
+export type RestartOutcome = "restarting" | "not-ready" | "not-spawned"
 
 /**
  * The service over the supervisor's refs: the one writer (live supervisor or test control) owns `state`,
@@ -100,6 +113,7 @@ export const fromRefs = (refs: {
   readonly restarts: Ref.Ref<number>
   readonly exits: Ref.Ref<ReadonlyArray<ExitRecord>>
   readonly pid: Ref.Ref<number | undefined>
+  readonly restart: (reason: string) => Effect.Effect<RestartOutcome>
   readonly stop: Effect.Effect<void>
 }): EngineProcessService => ({
   plan: refs.plan,
@@ -113,6 +127,7 @@ export const fromRefs = (refs: {
   restarts: Ref.get(refs.restarts),
   exits: Ref.get(refs.exits),
   pid: Ref.get(refs.pid),
+  restart: refs.restart,
   stop: refs.stop
 })
 

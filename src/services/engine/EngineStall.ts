@@ -15,13 +15,44 @@ export interface StallState {
   readonly lastCompletedAt: number | undefined
   /** Streams ended for sending nothing since a call last completed. */
   readonly stalledStreams: number
+  /** When the engine was taken as stalled (the first stall since a call last completed), or undefined. */
+  readonly stalledSince: number | undefined
 }
 
-export const noStall: StallState = { lastStallAt: undefined, lastCompletedAt: undefined, stalledStreams: 0 }
+export const noStall: StallState = {
+  lastStallAt: undefined,
+  lastCompletedAt: undefined,
+  stalledStreams: 0,
+  stalledSince: undefined
+}
 
 /** Whether a stream stalled and no call has completed since. */
 export const isStalled = (s: StallState): boolean =>
   s.lastStallAt !== undefined && (s.lastCompletedAt === undefined || s.lastStallAt > s.lastCompletedAt)
+
+/** A stream ended at `now` for sending nothing. */
+export const onStall = (s: StallState, now: number): StallState => ({
+  lastStallAt: now,
+  lastCompletedAt: s.lastCompletedAt,
+  stalledStreams: s.stalledStreams + 1,
+  stalledSince: isStalled(s) ? s.stalledSince : now
+})
+
+/**
+ * A call completed at `now`: the new state when that clears a stall, else undefined (nothing changes: completions
+ * alone must not wake every subscriber on each watchdog tick).
+ */
+export const onCompleted = (s: StallState, now: number): StallState | undefined =>
+  s.lastStallAt !== undefined && (s.lastCompletedAt ?? 0) <= s.lastStallAt
+    ? { lastStallAt: s.lastStallAt, lastCompletedAt: now, stalledStreams: 0, stalledSince: undefined }
+    : undefined
+
+/**
+ * When a stalled engine is due for a restart (epoch ms): `afterMs` (engine.stall_restart_after) past the moment it
+ * was taken as stalled; undefined while it is not stalled, or with `afterMs` 0 (never).
+ */
+export const stallRestartAt = (s: StallState, afterMs: number): number | undefined =>
+  afterMs > 0 && isStalled(s) && s.stalledSince !== undefined ? s.stalledSince + afterMs : undefined
 
 /** The reason the node is unhealthy, or undefined while the engine is not known to be stalled. */
 export const stallProblem = (s: StallState, idleTimeout: string): string | undefined =>

@@ -1,0 +1,140 @@
+// EngineStall: the pure state (when a stall began, what clears it, when a restart is due) and the live layer on a
+// TestClock over the test supervisor: an engine still stalled engine.stall_restart_after after it was taken as
+// stalled is restarted, once; a completion, a new run or "0s" means no restart; a proxied server is never restarted.
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Layer } from "effect"
+import { TestClock } from "effect/testing"
+import { layerFromObject } from "../../src/layers/config/Config.ts"
+import * as EngineStallLive from "../../src/layers/engine/EngineStall.ts"
+import {
+  EngineStall,
+  isStalled,
+  noStall,
+  onCompleted,
+  onStall,
+  stallRestartAt
+} from "../../src/services/engine/EngineStall.ts"
+import { State } from "../../src/services/engine/EngineState.ts"
+import * as EngineTest from "../../src/testing/EngineProcess.ts"
+
+describe("the stall state", () => {
+  it("a stall begins at the first stalled stream since a completion and ends at the next completion", () => {
+    const a = onStall(noStall, 1_000)
+    const b = onStall(a, 4_000)
+    assert.deepStrictEqual(b, {
+      lastStallAt: 4_000,
+      lastCompletedAt: undefined,
+      stalledStreams: 2,
+      stalledSince: 1_000
+    })
+    const cleared = onCompleted(b, 5_000)
+    assert.isDefined(cleared)
+    assert.isFalse(isStalled(cleared!))
+    assert.strictEqual(stallRestartAt(cleared!, 60_000), undefined)
+    // a completion that clears nothing changes nothing
+    assert.strictEqual(onCompleted(cleared!, 6_000), undefined)
+    // the next stall starts its own clock
+    assert.strictEqual(onStall(cleared!, 9_000).stalledSince, 9_000)
+  })
+
+  it("a restart is due stall_restart_after past the stall's start; 0 means never", () => {
+    const s = onStall(onStall(noStall, 1_000), 30_000)
+    assert.strictEqual(stallRestartAt(s, 60_000), 61_000)
+    assert.strictEqual(stallRestartAt(s, 0), undefined)
+    assert.strictEqual(stallRestartAt(noStall, 60_000), undefined)
+  })
+})
+
+const AFTER_MS = 60_000
+
+const setup = (options: { readonly after?: string; readonly spawns?: boolean } = {}) => {
+  const config = layerFromObject({
+    models: { m: { hf_repo: "org/m" } },
+    engine: { stall_restart_after: options.after ?? `${AFTER_MS}ms` }
+  })
+  const engine = EngineTest.layerTest({
+    initial: State.Ready({ since: 0, run: 0 }),
+    plan: EngineTest.testPlan({ spawns: options.spawns ?? true })
+  })
+  return Layer.mergeAll(engine, EngineStallLive.layer.pipe(Layer.provide(engine), Layer.provide(config)))
+}
+
+/** Lets the layer's fibers see the changes made so far. */
+const yieldMany = Effect.gen(function* () {
+  for (let i = 0; i < 20; i++) yield* Effect.yieldNow
+})
+
+const requests = Effect.flatMap(EngineTest.EngineProcessControl, (c) => c.restartRequests)
+
+describe("the stall restart", () => {
+  it.effect("an engine still stalled stall_restart_after after the stall began is restarted, once", () =>
+    Effect.gen(function* () {
+      const stall = yield* EngineStall
+      yield* stall.stalled(0)
+      yield* yieldMany
+      yield* TestClock.adjust(30_000)
+      // more stalled streams do not move the deadline
+      yield* stall.stalled(30_000)
+      yield* TestClock.adjust(AFTER_MS - 30_000 - 1)
+      yield* yieldMany
+      assert.deepStrictEqual(yield* requests, [], "not a millisecond early")
+      yield* TestClock.adjust(1)
+      yield* yieldMany
+      const [reason, ...more] = yield* requests
+      assert.deepStrictEqual(more, [])
+      assert.match(
+        reason ?? "",
+        /^engine stalled: 2 stream\(s\) sent nothing for 5m .*, for 1m \(engine.stall_restart_after\)$/
+      )
+      yield* TestClock.adjust(10 * AFTER_MS)
+      yield* yieldMany
+      assert.strictEqual((yield* requests).length, 1, "one request per stall")
+    }).pipe(Effect.provide(setup()))
+  )
+
+  it.effect("a call that completes before the deadline cancels the restart", () =>
+    Effect.gen(function* () {
+      const stall = yield* EngineStall
+      yield* stall.stalled(0)
+      yield* yieldMany
+      yield* TestClock.adjust(AFTER_MS - 1)
+      yield* stall.completed(AFTER_MS - 1)
+      yield* yieldMany
+      yield* TestClock.adjust(10 * AFTER_MS)
+      yield* yieldMany
+      assert.deepStrictEqual(yield* requests, [])
+    }).pipe(Effect.provide(setup()))
+  )
+
+  it.effect("a new engine run cancels the restart", () =>
+    Effect.gen(function* () {
+      const stall = yield* EngineStall
+      const control = yield* EngineTest.EngineProcessControl
+      yield* stall.stalled(0)
+      yield* yieldMany
+      yield* control.set(State.Starting({ phase: "spawning", since: 1_000, run: 1 }))
+      yield* yieldMany
+      yield* control.set(State.Ready({ since: 2_000, run: 1 }))
+      yield* TestClock.adjust(10 * AFTER_MS)
+      yield* yieldMany
+      assert.deepStrictEqual(yield* requests, [])
+      assert.isFalse(isStalled(yield* stall.state))
+    }).pipe(Effect.provide(setup()))
+  )
+
+  it.effect('"0s" never restarts, nor is a proxied server restarted', () =>
+    Effect.gen(function* () {
+      for (const layer of [setup({ after: "0s" }), setup({ spawns: false })]) {
+        yield* Effect.gen(function* () {
+          const stall = yield* EngineStall
+          yield* stall.stalled(0)
+          yield* yieldMany
+          yield* TestClock.adjust(10 * AFTER_MS)
+          yield* yieldMany
+          assert.deepStrictEqual(yield* requests, [])
+          assert.isTrue(isStalled(yield* stall.state), "still shown as stalled")
+        }).pipe(Effect.provide(layer))
+      }
+    })
+  )
+})
