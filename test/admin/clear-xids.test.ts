@@ -1,20 +1,13 @@
 // POST /gpus/clear-xids over real loopback, on the live Xid memory (layers/node/xidMemory.ts, in memory here) over a
 // fixed GPU list: what it clears and answers, the query's refusals, a GPU the host does not have, the method, and
 // the admin auth rules. The built agent's restart and clear: test/node/gpu-xid.test.ts.
-import { Effect, Exit, Layer, Result, Scope } from "effect"
+import { Effect, Layer, Result } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
-import * as AdminLive from "../../src/layers/admin/Admin.ts"
-import * as ConfigLayer from "../../src/layers/config/Config.ts"
 import { remembering } from "../../src/layers/node/xidMemory.ts"
-import { AdminServer } from "../../src/services/admin/Admin.ts"
 import { parseClearXidsQuery } from "../../src/services/admin/ClearXids.ts"
-import { Drain } from "../../src/services/node/Drain.ts"
 import { type Gpu, Nvml } from "../../src/services/node/Nvml.ts"
 import { gpuWith } from "../../src/services/node/NvmlValues.ts"
-import * as CordonTest from "../../src/testing/Cordon.ts"
-import * as EngineTest from "../../src/testing/EngineProcess.ts"
-import * as MetricsTest from "../../src/testing/Metrics.ts"
-import * as NodeStatusLayer from "../../src/testing/NodeStatus.ts"
+import { startAdmin } from "../support/admin.ts"
 
 const U0 = "GPU-aaaa"
 const U1 = "GPU-bbbb"
@@ -23,34 +16,21 @@ const host = [
   gpuWith({ index: 1, uuid: U1, criticalXids: [{ xid: 79, events: 1 }] })
 ]
 
-const scopes: Array<Scope.Closeable> = []
+const closes: Array<() => Promise<void>> = []
 afterEach(async () => {
-  for (const scope of scopes.splice(0)) await Effect.runPromise(Scope.close(scope, Exit.void))
+  for (const close of closes.splice(0)) await close()
 })
 
 const start = async (agent: Record<string, unknown> = {}, gpus: ReadonlyArray<Gpu> = host) => {
-  const config = ConfigLayer.layerFromObject({
-    models: { m: { hf_repo: "org/m" } },
-    agent: { listen_admin: "127.0.0.1:0", ...agent }
-  })
   const sampled = Effect.succeed(gpus)
   const nvml = Layer.effect(
     Nvml,
     remembering({ gpus: sampled, sampleNow: sampled, unavailable: Effect.succeed(undefined) }, {})
   )
-  const deps = Layer.mergeAll(
-    MetricsTest.layerTest,
-    NodeStatusLayer.layerTest({ nodeId: "node-a" }),
-    Drain.layer,
-    nvml,
-    CordonTest.layerMemory,
-    EngineTest.layerTest()
-  ).pipe(Layer.provideMerge(config))
-  const scope = await Effect.runPromise(Scope.make())
-  scopes.push(scope)
-  const ctx = await Effect.runPromise(Layer.buildWithScope(AdminLive.layer().pipe(Layer.provideMerge(deps)), scope))
-  const read = () => Effect.runPromise(Effect.flatMap(Nvml, (n) => n.gpus).pipe(Effect.provideContext(ctx)))
-  return { url: `${ctx.mapUnsafe.get(AdminServer.key).url}/gpus/clear-xids`, gpus: read }
+  const admin = await startAdmin({ agent, nvml })
+  closes.push(admin.close)
+  const read = () => Effect.runPromise(Effect.flatMap(Nvml, (n) => n.gpus).pipe(Effect.provideContext(admin.ctx)))
+  return { url: `${admin.url}/gpus/clear-xids`, gpus: read }
 }
 
 const post = async (url: string, init: RequestInit = {}) => {

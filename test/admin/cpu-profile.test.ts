@@ -4,46 +4,26 @@
 // stops mid-profile. Session.prototype is spied on to see which protocol calls each session got: V8 keeps a
 // profiler per session, so another session starting one would say nothing about a session left recording.
 import { Session } from "node:inspector/promises"
-import { Effect, Exit, Layer, Result, Scope } from "effect"
+import { Result } from "effect"
 import { afterEach, describe, expect, it, type MockInstance, vi } from "vitest"
-import * as AdminLive from "../../src/layers/admin/Admin.ts"
-import * as ConfigLayer from "../../src/layers/config/Config.ts"
-import { AdminServer } from "../../src/services/admin/Admin.ts"
 import { cpuProfileFileName, parseCpuProfileQuery } from "../../src/services/admin/CpuProfile.ts"
-import { Drain } from "../../src/services/node/Drain.ts"
-import * as CordonTest from "../../src/testing/Cordon.ts"
-import * as EngineTest from "../../src/testing/EngineProcess.ts"
-import * as MetricsTest from "../../src/testing/Metrics.ts"
-import * as NodeStatusLayer from "../../src/testing/NodeStatus.ts"
-import * as NvmlTest from "../../src/testing/Nvml.ts"
+import { startAdmin } from "../support/admin.ts"
 
-let scope: Scope.Closeable | undefined
+let close: (() => Promise<void>) | undefined
 let post: MockInstance<Session["post"]>
 let disconnect: MockInstance<Session["disconnect"]>
 afterEach(async () => {
-  if (scope) await Effect.runPromise(Scope.close(scope, Exit.void))
-  scope = undefined
+  await close?.()
+  close = undefined
   vi.restoreAllMocks()
 })
 
 const start = async (agent: Record<string, unknown> = {}) => {
   post = vi.spyOn(Session.prototype, "post")
   disconnect = vi.spyOn(Session.prototype, "disconnect")
-  const config = ConfigLayer.layerFromObject({
-    models: { m: { hf_repo: "org/m" } },
-    agent: { listen_admin: "127.0.0.1:0", node_id: "node-a", ...agent }
-  })
-  const deps = Layer.mergeAll(
-    MetricsTest.layerTest,
-    NodeStatusLayer.layerTest({ nodeId: "node-a" }),
-    Drain.layer,
-    NvmlTest.layerFixed([]),
-    CordonTest.layerMemory,
-    EngineTest.layerTest()
-  ).pipe(Layer.provideMerge(config))
-  scope = await Effect.runPromise(Scope.make())
-  const ctx = await Effect.runPromise(Layer.buildWithScope(AdminLive.layer().pipe(Layer.provide(deps)), scope))
-  return `${ctx.mapUnsafe.get(AdminServer.key).url}/debug/cpu-profile`
+  const admin = await startAdmin({ agent: { node_id: "node-a", ...agent } })
+  close = admin.close
+  return `${admin.url}/debug/cpu-profile`
 }
 
 /** The inspector methods each session was sent, in order, and whether it was disconnected. */
@@ -179,10 +159,10 @@ describe("POST /debug/cpu-profile release", () => {
     const url = await start()
     const cut = request(`${url}?seconds=60`).catch((e: Error) => e.name)
     await recording()
-    const s = scope!
-    scope = undefined
+    const stop = close!
+    close = undefined
     const started = performance.now()
-    await Effect.runPromise(Scope.close(s, Exit.void))
+    await stop()
     // bounded by the server's CLOSE_GRACE (1 s) for requests in flight, not by the profile's 60 s
     expect(performance.now() - started).toBeLessThan(10_000)
     expect(await cut).toBe("TypeError") // fetch failed: the connection was dropped

@@ -1,7 +1,7 @@
 /**
  * Live AdminServer: the admin HTTP server on `[agent].listen_admin` (effect HttpRouter over node:http):
  * GET /metrics, /healthz, /readyz, /status and POST /drain, /cordon, /uncordon, /debug/cpu-profile (cpuProfile.ts),
- * /gpus/clear-xids (clearXidsRoute.ts).
+ * /gpus/clear-xids (clearXidsRoute.ts), /engine/restart (engineRestartRoute.ts).
  * Owns routing and the auth gate only; the decisions (loopback, token, readiness, forensics shape, the cordon's
  * reason) are pure in services/admin/Admin.ts and services/node/Cordon.ts. /status and the POST levers need
  * `Authorization: Bearer <admin_token>` whenever a token is configured; off loopback a token is mandatory and the
@@ -31,6 +31,7 @@ import type { Nvml } from "../../services/node/Nvml.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import { clearXidsRoute } from "./clearXidsRoute.ts"
 import { cpuProfileRoute } from "./cpuProfile.ts"
+import { engineRestartRoute } from "./engineRestartRoute.ts"
 
 // node:http as its CommonJS exports, not an ESM import: the ESM facade reads every export, and node:http's
 // WebSocket / MessageEvent / CloseEvent getters load Node's bundled copy of undici (behind fetch), ~14 MB of RSS
@@ -117,8 +118,8 @@ const routes = (options: AdminOptions, loopback: boolean) =>
 
       const cpuProfile = yield* cpuProfileRoute({ guarded, nodeId: config.agent.node_id })
       const clearXids = yield* clearXidsRoute({ guarded })
-
       const draining = Effect.zipWith(status.draining, drain.draining, (a, b) => a || b)
+      const engineRestart = yield* engineRestartRoute({ guarded, draining })
 
       const extras = Effect.forEach(
         Object.entries(options.extras ?? {}),
@@ -165,7 +166,9 @@ const routes = (options: AdminOptions, loopback: boolean) =>
         ),
         HttpRouter.route("GET", "/status", guarded(Effect.map(statusBody, (body) => json(body)))),
         // Only POST pulls a lever (a crawler or a misdirected probe must not); any other method is told so, not 404.
-        ...(["/drain", "/cordon", "/uncordon", "/debug/cpu-profile", "/gpus/clear-xids"] as const).flatMap((path) =>
+        ...(
+          ["/drain", "/cordon", "/uncordon", "/debug/cpu-profile", "/gpus/clear-xids", "/engine/restart"] as const
+        ).flatMap((path) =>
           (["GET", "PUT", "PATCH", "DELETE"] as const).map((method) =>
             HttpRouter.route(
               method,
@@ -220,7 +223,8 @@ const routes = (options: AdminOptions, loopback: boolean) =>
           )(request)
         ),
         cpuProfile,
-        clearXids
+        clearXids,
+        engineRestart
       ] as const
     })
   )

@@ -1,0 +1,25 @@
+/**
+ * `POST /engine/restart`: ends the Ready engine run (EngineProcess.restart) so that the supervisor starts a new one,
+ * logged with who asked. The answers are pure in services/admin/EngineRestart.ts; the route sits behind the admin
+ * server's auth gate (Admin.ts `guarded`).
+ */
+import { Effect } from "effect"
+import { HttpRouter, HttpServerResponse } from "effect/http"
+import { ADMIN_RESTART_REASON, ENGINE_RESTART_PATH, restartAnswer } from "../../services/admin/EngineRestart.ts"
+import { EngineProcess } from "../../services/engine/EngineProcess.ts"
+import type { Guard } from "./cpuProfile.ts"
+
+export const engineRestartRoute = (options: { readonly guarded: Guard; readonly draining: Effect.Effect<boolean> }) =>
+  Effect.map(EngineProcess, (engine) =>
+    HttpRouter.route("POST", ENGINE_RESTART_PATH, (request) =>
+      options.guarded(
+        Effect.gen(function* () {
+          // the drain stops the engine itself once the calls are done; a restart now would only cut them short
+          const outcome = (yield* options.draining) ? "draining" : yield* engine.restart(ADMIN_RESTART_REASON)
+          if (outcome === "restarting") yield* Effect.logWarning(`restarting the engine: ${ADMIN_RESTART_REASON}`)
+          const answer = restartAnswer(outcome, (yield* engine.state)._tag)
+          return HttpServerResponse.jsonUnsafe(answer.body, { status: answer.status })
+        })
+      )(request)
+    )
+  )

@@ -1,0 +1,72 @@
+// POST /engine/restart over real loopback, on the test supervisor (src/testing/EngineProcess.ts records the restarts
+// asked of it): a Ready engine is restarted (202), one starting is not (409), nor one under a drain or a proxied
+// server (409); the method and the admin token. The live supervisor's restart(): test/engine/supervisor-clock.test.ts.
+import { Context, Effect } from "effect"
+import { afterEach, describe, expect, it } from "vitest"
+import { ADMIN_RESTART_REASON } from "../../src/services/admin/EngineRestart.ts"
+import { State } from "../../src/services/engine/EngineState.ts"
+import * as EngineTest from "../../src/testing/EngineProcess.ts"
+import { startAdmin } from "../support/admin.ts"
+
+const closes: Array<() => Promise<void>> = []
+afterEach(async () => {
+  for (const close of closes.splice(0)) await close()
+})
+
+const start = async (options: { agent?: Record<string, unknown>; ready?: boolean; spawns?: boolean } = {}) => {
+  const engine = EngineTest.layerTest({
+    plan: EngineTest.testPlan({ spawns: options.spawns ?? true }),
+    ...(options.ready === false ? {} : { initial: State.Ready({ since: 0, run: 0 }) })
+  })
+  const admin = await startAdmin({ ...(options.agent ? { agent: options.agent } : {}), engine })
+  closes.push(admin.close)
+  const requests = () => Effect.runPromise(Context.get(admin.ctx, EngineTest.EngineProcessControl).restartRequests)
+  return { base: admin.url, url: `${admin.url}/engine/restart`, requests }
+}
+
+const post = async (url: string, init: RequestInit = {}) => {
+  const res = await fetch(url, { method: "POST", ...init })
+  return { status: res.status, body: (await res.json()) as Record<string, unknown> }
+}
+
+describe("POST /engine/restart", () => {
+  it("restarts a Ready engine with the admin reason; GET is 405", async () => {
+    const { url, requests } = await start()
+    expect(await post(url)).toEqual({ status: 202, body: { restarting: true } })
+    expect(await requests()).toEqual([ADMIN_RESTART_REASON])
+    const get = await fetch(url)
+    expect(get.status).toBe(405)
+    expect(get.headers.get("allow")).toBe("POST")
+  })
+
+  it("an engine that is not Ready, a draining node and a proxied server are 409 with why, and nothing is asked", async () => {
+    const starting = await start({ ready: false })
+    expect(await post(starting.url)).toEqual({
+      status: 409,
+      body: {
+        error: "the engine is not ready (Starting): nothing was done; a run that is starting or ending is not restarted"
+      }
+    })
+    expect(await starting.requests()).toEqual([])
+
+    const draining = await start()
+    expect((await post(`${draining.base}/drain`)).status).toBe(202)
+    expect(await post(draining.url)).toEqual({
+      status: 409,
+      body: { error: "the node is draining: the engine is stopped at the drain's end" }
+    })
+    expect(await draining.requests()).toEqual([])
+
+    const proxied = await start({ spawns: false })
+    const answer = await post(proxied.url)
+    expect(answer.status).toBe(409)
+    expect(answer.body.error).toMatch(/^engine.kind = openai_compat: the agent does not run that server/)
+  })
+
+  it("needs the admin token when one is set", async () => {
+    const { url, requests } = await start({ agent: { admin_token: "s3cret" } })
+    expect((await post(url)).status).toBe(401)
+    expect(await requests()).toEqual([])
+    expect((await post(url, { headers: { authorization: "Bearer s3cret" } })).status).toBe(202)
+  })
+})
