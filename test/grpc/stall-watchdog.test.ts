@@ -107,21 +107,28 @@ describe("the stall watchdog", () => {
     }).pipe(Effect.scoped, Effect.provide(layer))
   )
 
-  /** An engine client whose whole answers the test scripts: each request recorded, answered by `answer`. */
+  /**
+   * An engine client whose whole answers the test scripts: each request recorded (its path in `paths`), answered by
+   * `answer`, or 404 on a path in `missing` (a server without that endpoint).
+   */
   const probed = () => {
     const requests: Array<JsonObject> = []
-    const engine = { answer: "ok" as "ok" | "fail" }
+    const paths: Array<string> = []
+    const engine = { answer: "ok" as "ok" | "fail", missing: [] as Array<string> }
     const client = EngineClient.of({
-      streamTo: (_path, body, _options, sink) =>
+      streamTo: (path, body, _options, sink) =>
         Effect.suspend(() => {
           requests.push(body)
+          paths.push(path)
+          if (engine.missing.includes(path))
+            return Effect.fail(new EngineError({ reason: "Http", message: "HTTP 404", status: 404 }))
           if (engine.answer === "fail") return Effect.fail(new EngineError({ reason: "Http", message: "HTTP 500" }))
           sink.onChunks([{ choices: [{ text: "pong", finish_reason: "length" }] }], () => undefined)
           return Effect.void
         }),
       load: Effect.succeed({ running: undefined, waiting: undefined, kvUsage: undefined })
     })
-    return { requests, engine, layer: Layer.merge(layer, Layer.succeed(EngineClient, client)) }
+    return { requests, paths, engine, layer: Layer.merge(layer, Layer.succeed(EngineClient, client)) }
   }
 
   it.effect("stalled and idle: a test completion that fails leaves the stall, one that completes clears it", () => {
@@ -152,6 +159,32 @@ describe("the stall watchdog", () => {
       // not stalled: no more probes
       yield* TestClock.adjust(3 * IDLE_MS)
       assert.strictEqual(p.requests.length, 2)
+    }).pipe(Effect.scoped, Effect.provide(p.layer))
+  })
+
+  it.effect("a server without /v1/completions (chat only) is asked on /v1/chat/completions, at once and after", () => {
+    const p = probed()
+    return Effect.gen(function* () {
+      const active = new ActiveCalls()
+      yield* StallWatchdog.fork(active)
+      p.engine.missing = ["/v1/completions"]
+      p.engine.answer = "fail"
+      const first = streaming(active)
+      yield* TestClock.adjust(IDLE_MS + 200)
+      active.delete(first.relay)
+      yield* TestClock.adjust(100)
+      assert.deepStrictEqual(p.paths, ["/v1/completions", "/v1/chat/completions"])
+      assert.deepStrictEqual(p.requests[1], {
+        messages: [{ role: "user", content: "ping" }],
+        max_tokens: PROBE_TOKENS,
+        temperature: 0,
+        ignore_eos: true
+      })
+      assert.isDefined(yield* problem, "the chat answer failed too")
+      p.engine.answer = "ok"
+      yield* TestClock.adjust(IDLE_MS)
+      assert.deepStrictEqual(p.paths.slice(2), ["/v1/chat/completions"], "the endpoint that exists, from then on")
+      assert.isUndefined(yield* problem)
     }).pipe(Effect.scoped, Effect.provide(p.layer))
   })
 })

@@ -6,26 +6,39 @@
  * (routers that read NodeHealth send it nothing) could never see a call complete, and would stay out until its
  * engine was restarted, however soon the engine recovered. PROBE_TOKENS is above the few tokens an engine that
  * stalls every stream early still sends, so such an engine fails the probe. SGLang's /health_generate does the same
- * with one token (python/sglang/srt/entrypoints/http_server.py health_generate).
+ * with one token (python/sglang/srt/entrypoints/http_server.py health_generate). A server without one of the two
+ * OpenAI endpoints (a chat-only openai_compat server answers /v1/completions 404) is asked on the other: a 404, 405
+ * or 501 switches the probe's endpoint for the next probes, and the probe tries the other one at once.
  */
 import { Clock, Duration, Effect, type Scope } from "effect"
-import { complete, type EngineClientService, EngineError } from "../../services/engine/EngineClient.ts"
+import {
+  type CompletionPath,
+  complete,
+  type EngineClientService,
+  EngineError
+} from "../../services/engine/EngineClient.ts"
 import type { EngineStallService } from "../../services/engine/EngineStall.ts"
 
 /** Tokens the probe asks for: more than an early-stalling engine sends, few enough to cost the engine nothing. */
 export const PROBE_TOKENS = 16
 
 /**
- * The probe's request; the client adds the model (and `stream: false`). `ignoreEos`: the engine takes `ignore_eos`
- * (Engine.capabilities.ignoreEos), so it generates all PROBE_TOKENS and a model's early end cannot pass for a
- * working engine; elsewhere the request carries only OpenAI fields.
+ * The probe's request on `path`; the client adds the model (and `stream: false`). `ignoreEos`: the engine takes
+ * `ignore_eos` (Engine.capabilities.ignoreEos), so it generates all PROBE_TOKENS and a model's early end cannot pass
+ * for a working engine; elsewhere the request carries only OpenAI fields.
  */
-export const probeBody = (ignoreEos: boolean) => ({
-  prompt: "ping",
+export const probeBody = (path: CompletionPath, ignoreEos: boolean) => ({
+  ...(path === "/v1/completions" ? { prompt: "ping" } : { messages: [{ role: "user", content: "ping" }] }),
   max_tokens: PROBE_TOKENS,
   temperature: 0,
   ...(ignoreEos ? { ignore_eos: true } : {})
 })
+
+/** The engine has no such endpoint (or not for POST): the other one may serve. */
+const noEndpoint = (e: EngineError) => e.reason === "Http" && (e.status === 404 || e.status === 405 || e.status === 501)
+
+const otherPath = (path: CompletionPath): CompletionPath =>
+  path === "/v1/completions" ? "/v1/chat/completions" : "/v1/completions"
 
 /** The probe runner of one watchdog: `run(now)` starts a probe when one is due (the caller checks stalled and idle). */
 export const stallProbe = (
@@ -38,12 +51,22 @@ export const stallProbe = (
   let inFlight = false
   let nextAt = Number.NEGATIVE_INFINITY
   let lastFailure: string | undefined
+  let path: CompletionPath = "/v1/completions"
   const noAnswer = new EngineError({
     reason: "Timeout",
     message: `no answer within ${Duration.format(Duration.millis(idleMs))}`
   })
 
-  const probe = complete(client, "/v1/completions", probeBody(ignoreEos)).pipe(
+  const ask = Effect.suspend(() => complete(client, path, probeBody(path, ignoreEos)))
+  const probe = ask.pipe(
+    Effect.catchIf(noEndpoint, () =>
+      Effect.andThen(
+        Effect.sync(() => {
+          path = otherPath(path)
+        }),
+        ask
+      )
+    ),
     Effect.timeoutOrElse({ duration: Duration.millis(idleMs), orElse: () => Effect.fail(noAnswer) }),
     Effect.matchEffect({
       onSuccess: () =>
@@ -51,7 +74,8 @@ export const stallProbe = (
           lastFailure = undefined
           yield* stall.completed(yield* Clock.currentTimeMillis)
           yield* Effect.logInfo("the engine completed a test request while stalled and idle: the stall is cleared", {
-            max_tokens: PROBE_TOKENS
+            max_tokens: PROBE_TOKENS,
+            path
           })
         }),
       onFailure: (e) => {
