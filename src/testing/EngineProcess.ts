@@ -5,8 +5,20 @@
  */
 import { Clock, Context, Effect, Layer, Ref, SubscriptionRef } from "effect"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
-import { EngineProcess, type EngineState, type ExitRecord, fromRefs } from "../services/engine/EngineProcess.ts"
+import {
+  EngineProcess,
+  type EngineState,
+  type ExitRecord,
+  fromRefs,
+  type RestartSource
+} from "../services/engine/EngineProcess.ts"
 import { State } from "../services/engine/EngineState.ts"
+
+/** A restart asked of the test supervisor while Ready. */
+export interface RestartRequest {
+  readonly source: RestartSource
+  readonly reason: string
+}
 
 export class EngineProcessControl extends Context.Service<
   EngineProcessControl,
@@ -16,7 +28,7 @@ export class EngineProcessControl extends Context.Service<
     /** Records an ended run (newest first in `exits`) and counts a restart. */
     readonly recordExit: (exit: ExitRecord) => Effect.Effect<void>
     /** The reasons of the restarts requested while Ready, oldest first (a request does not change the state). */
-    readonly restartRequests: Effect.Effect<ReadonlyArray<string>>
+    readonly restartRequests: Effect.Effect<ReadonlyArray<RestartRequest>>
   }
 >()("cgn-agent/EngineProcessControl") {}
 
@@ -71,12 +83,12 @@ export const layerTest = (
         yield* SubscriptionRef.set(state, State.Stopped({ lastExit: last }))
       })
       const plan = options.plan ?? testPlan()
-      const requests = yield* Ref.make<ReadonlyArray<string>>([])
-      const restart = (reason: string) =>
+      const requests = yield* Ref.make<ReadonlyArray<RestartRequest>>([])
+      const restart = (source: RestartSource, reason: string) =>
         Effect.gen(function* () {
           if (!plan.spawns) return "not-spawned" as const
           if ((yield* SubscriptionRef.get(state))._tag !== "Ready") return "not-ready" as const
-          yield* Ref.update(requests, (xs) => [...xs, reason])
+          yield* Ref.update(requests, (xs) => [...xs, { source, reason }])
           return "restarting" as const
         })
       const engine = EngineProcess.of(fromRefs({ plan, state, restarts, exits, pid, restart, stop }))

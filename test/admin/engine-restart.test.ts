@@ -33,7 +33,7 @@ describe("POST /engine/restart", () => {
   it("restarts a Ready engine with the admin reason; GET is 405", async () => {
     const { url, requests } = await start()
     expect(await post(url)).toEqual({ status: 202, body: { restarting: true } })
-    expect(await requests()).toEqual([ADMIN_RESTART_REASON])
+    expect(await requests()).toEqual([{ source: "admin", reason: ADMIN_RESTART_REASON }])
     const get = await fetch(url)
     expect(get.status).toBe(405)
     expect(get.headers.get("allow")).toBe("POST")

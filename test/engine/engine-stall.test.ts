@@ -80,10 +80,11 @@ describe("the stall restart", () => {
       assert.deepStrictEqual(yield* requests, [], "not a millisecond early")
       yield* TestClock.adjust(1)
       yield* yieldMany
-      const [reason, ...more] = yield* requests
+      const [request, ...more] = yield* requests
       assert.deepStrictEqual(more, [])
+      assert.strictEqual(request?.source, "stall")
       assert.match(
-        reason ?? "",
+        request?.reason ?? "",
         /^engine stalled: 2 stream\(s\) sent nothing for 5m .*, for 1m \(engine.stall_restart_after\)$/
       )
       yield* TestClock.adjust(10 * AFTER_MS)

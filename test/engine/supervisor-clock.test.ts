@@ -14,7 +14,9 @@ import { pidFilePath, readPidFile } from "../../src/layers/engine/pidFile.ts"
 import type { SupervisorSettings } from "../../src/layers/engine/supervisorSettings.ts"
 import { EngineHost, type RunExit } from "../../src/services/engine/EngineHost.ts"
 import { EngineProcess, type EngineState } from "../../src/services/engine/EngineProcess.ts"
+import { Metrics } from "../../src/services/observability/Metrics.ts"
 import { testPlan } from "../../src/testing/EngineProcess.ts"
+import * as MetricsTest from "../../src/testing/Metrics.ts"
 import { settle } from "../support/poll.ts"
 import { freePort } from "../support/ports.ts"
 
@@ -114,11 +116,13 @@ const boot = Effect.gen(function* () {
   const fake = yield* makeFakeHost
   const context = yield* Layer.build(
     layerFromPlan(plan, settings(stateDir)).pipe(
+      Layer.provideMerge(MetricsTest.layerTest),
       Layer.provide(Layer.succeed(EngineHost, fake.host)),
       Layer.provide(Logger.layer([]))
     )
   )
   const engine = Context.get(context, EngineProcess)
+  const metrics = Context.get(context, Metrics)
   const states: Array<EngineState> = []
   yield* engine.changes.pipe(
     Stream.runForEach((s) => Effect.sync(() => states.push(s))),
@@ -128,7 +132,7 @@ const boot = Effect.gen(function* () {
   fake.seen.observe = () => last()?._tag
   const runAt = (i: number) => Effect.map(Ref.get(fake.runs), (xs) => xs[i])
   const stateIs = (pred: (s: EngineState) => boolean) => Effect.sync(() => last() !== undefined && pred(last()!))
-  return { stateDir, fake, engine, states, last, runAt, stateIs }
+  return { stateDir, fake, engine, metrics, states, last, runAt, stateIs }
 })
 
 describe("EngineProcess on a TestClock", () => {
@@ -240,7 +244,7 @@ describe("EngineProcess on a TestClock", () => {
     "restart(): refused until Ready, then ends the Ready run with the reason; the next run follows the backoff",
     () =>
       Effect.gen(function* () {
-        const { fake, engine, states, last, runAt, stateIs } = yield* boot
+        const { fake, engine, metrics, states, last, runAt, stateIs } = yield* boot
         yield* settle(
           "run 0 spawned",
           Effect.map(runAt(0), (r) => r !== undefined)
@@ -248,14 +252,14 @@ describe("EngineProcess on a TestClock", () => {
         const run0 = (yield* runAt(0))!
         yield* Deferred.succeed(run0.pid, fakePid(0))
         // starting: the run has its startup budget; a restart now would only start it again
-        assert.strictEqual(yield* engine.restart("wedged"), "not-ready")
+        assert.strictEqual(yield* engine.restart("stall", "wedged"), "not-ready")
         yield* Ref.set(fake.up, true)
         yield* TestClock.adjust(500)
         yield* settle(
           "run 0 Ready",
           stateIs((s) => s._tag === "Ready")
         )
-        assert.strictEqual(yield* engine.restart("engine stalled"), "restarting")
+        assert.strictEqual(yield* engine.restart("stall", "engine stalled"), "restarting")
         yield* settle(
           "Restarting",
           stateIs((s) => s._tag === "Restarting")
@@ -267,7 +271,7 @@ describe("EngineProcess on a TestClock", () => {
         assert.strictEqual(restarting.lastExit.reason, "restarted: engine stalled")
         assert.strictEqual(restarting.nextAt, 2_500, "the first backoff after a run Ready for 0.5 s")
         // a second request while the run is ending or waiting out the backoff does nothing
-        assert.strictEqual(yield* engine.restart("again"), "not-ready")
+        assert.strictEqual(yield* engine.restart("admin", "again"), "not-ready")
         yield* TestClock.adjust(2_000)
         yield* settle(
           "run 1 spawned",

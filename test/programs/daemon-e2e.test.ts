@@ -221,6 +221,7 @@ describe("a stalled engine", () => {
       expect(ok.error).toBeUndefined()
       const metrics = await (await fetch(`${agent.adminUrl}/metrics`)).text()
       expect(metrics).toMatch(/^cgn_agent_engine_restarts_total 1$/m)
+      expect(metrics).toMatch(/^cgn_agent_engine_restart_requests_total\{source="stall"\} 1$/m)
     } finally {
       channel.close()
     }

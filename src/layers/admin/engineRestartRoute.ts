@@ -15,7 +15,7 @@ export const engineRestartRoute = (options: { readonly guarded: Guard; readonly 
       options.guarded(
         Effect.gen(function* () {
           // the drain stops the engine itself once the calls are done; a restart now would only cut them short
-          const outcome = (yield* options.draining) ? "draining" : yield* engine.restart(ADMIN_RESTART_REASON)
+          const outcome = (yield* options.draining) ? "draining" : yield* engine.restart("admin", ADMIN_RESTART_REASON)
           if (outcome === "restarting") yield* Effect.logWarning(`restarting the engine: ${ADMIN_RESTART_REASON}`)
           const answer = restartAnswer(outcome, (yield* engine.state)._tag)
           return HttpServerResponse.jsonUnsafe(answer.body, { status: answer.status })

@@ -16,7 +16,9 @@ import {
   type EngineState,
   type ExitRecord,
   fromRefs,
-  type RestartOutcome
+  type RestartOutcome,
+  type RestartSource,
+  RestartSources
 } from "../../services/engine/EngineProcess.ts"
 import {
   describeExit,
@@ -105,10 +107,22 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
     )
   const endReadyRun = yield* Ref.make<Deferred.Deferred<string> | undefined>(undefined)
   const supervision: Supervision = { plan, settings, host, publish, memory, endReadyRun }
-  const restart = (reason: string): Effect.Effect<RestartOutcome> =>
+  const requested = metrics?.engineRestartRequests
+  // 0 samples from the start, so that increase() sees the first request (prom-client writes a labelled series only
+  // once it is incremented)
+  for (const source of RestartSources) requested?.labels({ source }).inc(0)
+  const restart = (source: RestartSource, reason: string): Effect.Effect<RestartOutcome> =>
     plan.spawns
       ? Effect.flatMap(Ref.get(endReadyRun), (end) =>
-          end === undefined ? Effect.succeed("not-ready") : Effect.as(Deferred.succeed(end, reason), "restarting")
+          end === undefined
+            ? Effect.succeed("not-ready")
+            : Effect.flatMap(Deferred.succeed(end, reason), (first) =>
+                Effect.sync(() => {
+                  // counted once per ended run: a second request before the run ends changes nothing
+                  if (first) requested?.labels({ source }).inc()
+                  return "restarting" as const
+                })
+              )
         )
       : Effect.succeed("not-spawned")
 

@@ -39,7 +39,7 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
         Effect.gen(function* () {
           yield* Effect.sleep(Math.max(0, at - (yield* Clock.currentTimeMillis)))
           const reason = `${stallProblem(s, idleTimeout)}, for ${Duration.format(config.engine.stall_restart_after)} (engine.stall_restart_after)`
-          const outcome = yield* engine.restart(reason)
+          const outcome = yield* engine.restart("stall", reason)
           if (outcome === "restarting") yield* Effect.logError(`restarting the engine: ${reason}`)
         })
       )

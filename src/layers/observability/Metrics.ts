@@ -72,6 +72,11 @@ const makeHandles = (registry: Registry): MetricHandles => {
     queued: gauge("queued_requests", "Generate calls waiting for an admission slot"),
     engineState: gauge("engine_state", "1 for the engine supervisor's current state", ["state"] as const),
     engineRestarts: counter("engine_restarts_total", "Engine restarts since the agent started"),
+    engineRestartRequests: counter(
+      "engine_restart_requests_total",
+      "Ready engine runs ended on request, by source: stall (engine.stall_restart_after) or admin (POST /engine/restart)",
+      ["source"] as const
+    ),
     engineOomKills: counter(
       "engine_oom_kills_total",
       "Kills by the kernel's OOM killer in the agent's memory cgroup, where the engine runs, during engine runs"

@@ -91,7 +91,7 @@ export interface EngineProcessService {
    * reason; the supervisor starts the next run as after any exit, with the restart backoff. For an engine that is
    * there but no longer answering (wedged): a new run is the only cure the agent has.
    */
-  readonly restart: (reason: string) => Effect.Effect<RestartOutcome>
+  readonly restart: (source: RestartSource, reason: string) => Effect.Effect<RestartOutcome>
   /** Stops the engine (TERM to the group, KILL after stop_grace) and confirms the group is gone; idempotent. */
   readonly stop: Effect.Effect<void>
 }
@@ -103,6 +103,10 @@ export interface EngineProcessService {
  */
 export type RestartOutcome = "restarting" | "not-ready" | "not-spawned"
 
+/** Who asked for a restart: the stall restart (engine.stall_restart_after) or an operator (POST /engine/restart). */
+export const RestartSources = ["stall", "admin"] as const
+export type RestartSource = (typeof RestartSources)[number]
+
 /**
  * The service over the supervisor's refs: the one writer (live supervisor or test control) owns `state`,
  * `restarts` and `exits`; readers get snapshots and the change stream.
@@ -113,7 +117,7 @@ export const fromRefs = (refs: {
   readonly restarts: Ref.Ref<number>
   readonly exits: Ref.Ref<ReadonlyArray<ExitRecord>>
   readonly pid: Ref.Ref<number | undefined>
-  readonly restart: (reason: string) => Effect.Effect<RestartOutcome>
+  readonly restart: (source: RestartSource, reason: string) => Effect.Effect<RestartOutcome>
   readonly stop: Effect.Effect<void>
 }): EngineProcessService => ({
   plan: refs.plan,

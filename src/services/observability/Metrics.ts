@@ -34,6 +34,8 @@ export interface MetricHandles {
   readonly engineState: Gauge<"state">
   /** Mirrored from EngineProcess.restarts: set it with `setCounter`. */
   readonly engineRestarts: Counter
+  /** Ready engine runs ended on request (EngineProcess.restart), by who asked: stall or admin. */
+  readonly engineRestartRequests: Counter<"source">
   /**
    * Kills by the kernel's OOM killer in the agent's memory cgroup (where the engine runs) during engine runs, added
    * as each run ends. Unlabelled: a 0 sample from the start, so increase() sees the first kill.
