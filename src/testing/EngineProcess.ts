@@ -10,15 +10,10 @@ import {
   type EngineState,
   type ExitRecord,
   fromRefs,
+  type RestartRequest,
   type RestartSource
 } from "../services/engine/EngineProcess.ts"
 import { State } from "../services/engine/EngineState.ts"
-
-/** A restart asked of the test supervisor while Ready. */
-export interface RestartRequest {
-  readonly source: RestartSource
-  readonly reason: string
-}
 
 export class EngineProcessControl extends Context.Service<
   EngineProcessControl,

@@ -15,6 +15,7 @@ import {
   stallRestartAt
 } from "../../src/services/engine/EngineStall.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
+import { Drain } from "../../src/services/node/Drain.ts"
 import * as EngineTest from "../../src/testing/EngineProcess.ts"
 
 describe("the stall state", () => {
@@ -42,21 +43,31 @@ describe("the stall state", () => {
     assert.strictEqual(stallRestartAt(s, 60_000), 61_000)
     assert.strictEqual(stallRestartAt(s, 0), undefined)
     assert.strictEqual(stallRestartAt(noStall, 60_000), undefined)
+    // a stream older than the stall moved at 70 s: not before a whole idle timeout (5 s here) after that
+    assert.strictEqual(stallRestartAt(s, 60_000, 5_000, 70_000), 75_000)
+    assert.strictEqual(stallRestartAt(s, 60_000, 5_000, 30_000), 61_000, "moved long before the deadline")
+    assert.strictEqual(stallRestartAt(s, 60_000, 5_000, 500), 61_000, "a move from before this stall")
   })
 })
 
 const AFTER_MS = 60_000
 
+const IDLE_MS = 10_000
+
 const setup = (options: { readonly after?: string; readonly spawns?: boolean } = {}) => {
   const config = layerFromObject({
     models: { m: { hf_repo: "org/m" } },
-    engine: { stall_restart_after: options.after ?? `${AFTER_MS}ms` }
+    engine: { stall_restart_after: options.after ?? `${AFTER_MS}ms`, stream_idle_timeout: `${IDLE_MS}ms` }
   })
   const engine = EngineTest.layerTest({
     initial: State.Ready({ since: 0, run: 0 }),
     plan: EngineTest.testPlan({ spawns: options.spawns ?? true })
   })
-  return Layer.mergeAll(engine, EngineStallLive.layer.pipe(Layer.provide(engine), Layer.provide(config)))
+  return Layer.mergeAll(
+    engine,
+    Drain.layer,
+    EngineStallLive.layer.pipe(Layer.provide(engine), Layer.provide(config), Layer.provide(Drain.layer))
+  )
 }
 
 /** Lets the layer's fibers see the changes made so far. */
@@ -85,7 +96,7 @@ describe("the stall restart", () => {
       assert.strictEqual(request?.source, "stall")
       assert.match(
         request?.reason ?? "",
-        /^engine stalled: 2 stream\(s\) sent nothing for 5m .*, for 1m \(engine.stall_restart_after\)$/
+        /^engine stalled: 2 stream\(s\) sent nothing for 10s .*, for 1m \(engine.stall_restart_after\)$/
       )
       yield* TestClock.adjust(10 * AFTER_MS)
       yield* yieldMany
@@ -137,5 +148,37 @@ describe("the stall restart", () => {
         }).pipe(Effect.provide(layer))
       }
     })
+  )
+
+  it.effect("a stream older than the stall that still reads waits the restart out; newer streams do not", () =>
+    Effect.gen(function* () {
+      const stall = yield* EngineStall
+      yield* stall.stalled(0)
+      yield* yieldMany
+      // a stream begun after the stall (an engine that stalls every stream after a few tokens moves each new one)
+      yield* stall.moved(AFTER_MS - 100, 1_000)
+      // one begun before it, still generating
+      yield* stall.moved(AFTER_MS - 50, -5_000)
+      yield* TestClock.adjust(AFTER_MS)
+      yield* yieldMany
+      assert.deepStrictEqual(yield* requests, [], "a long generation from before the stall still moves")
+      yield* TestClock.adjust(IDLE_MS - 51)
+      yield* yieldMany
+      assert.deepStrictEqual(yield* requests, [])
+      yield* TestClock.adjust(1)
+      yield* yieldMany
+      assert.strictEqual((yield* requests).length, 1, "an idle timeout after it last moved")
+    }).pipe(Effect.provide(setup()))
+  )
+
+  it.effect("no stall restart during a drain", () =>
+    Effect.gen(function* () {
+      const stall = yield* EngineStall
+      yield* stall.stalled(0)
+      yield* Effect.flatMap(Drain, (d) => d.start)
+      yield* TestClock.adjust(10 * AFTER_MS)
+      yield* yieldMany
+      assert.deepStrictEqual(yield* requests, [])
+    }).pipe(Effect.provide(setup()))
   )
 })

@@ -9,6 +9,7 @@ import { TestClock } from "effect/testing"
 import type { SupervisorSettings } from "../../src/layers/engine/supervisorSettings.ts"
 import { watchRun } from "../../src/layers/engine/watch.ts"
 import type { EngineHostService, ProbeResult } from "../../src/services/engine/EngineHost.ts"
+import type { RestartRequest, RestartSource } from "../../src/services/engine/EngineProcess.ts"
 import type { SupervisorEvent } from "../../src/services/engine/EngineState.ts"
 import { testPlan } from "../../src/testing/EngineProcess.ts"
 import { settle } from "../support/poll.ts"
@@ -47,7 +48,8 @@ describe("liveness cadence", () => {
         host,
         publish: (e: SupervisorEvent) => Effect.sync(() => void events.push(e)),
         memory: undefined,
-        endReadyRun: yield* Ref.make<Deferred.Deferred<string> | undefined>(undefined)
+        endReadyRun: yield* Ref.make<Deferred.Deferred<RestartRequest> | undefined>(undefined),
+        endedBy: yield* Ref.make<RestartSource | undefined>(undefined)
       }
       const readyAt = yield* Deferred.make<number>()
       const watch = yield* Effect.forkChild(

@@ -37,6 +37,7 @@ const fakePid = (run: number) => 4_194_304 + 1_000 + run
 const makeFakeHost = Effect.gen(function* () {
   const runs = yield* Ref.make<ReadonlyArray<FakeRun>>([])
   const up = yield* Ref.make(false)
+  const holdStops = yield* Ref.make<Deferred.Deferred<void> | undefined>(undefined)
   // What the test last saw of the supervisor's state (it sets `observe`), read when a run's stop begins.
   const seen: { observe: () => string | undefined } = { observe: () => undefined }
   const host = EngineHost.of({
@@ -57,6 +58,8 @@ const makeFakeHost = Effect.gen(function* () {
           Effect.sync(() => {
             atStop ??= seen.observe()
           }).pipe(
+            // a test can hold the teardown to look at the supervisor mid-stop
+            Effect.andThen(Effect.flatMap(Ref.get(holdStops), (hold) => (hold ? Deferred.await(hold) : Effect.void))),
             Effect.andThen(Ref.update(run.stops, (n) => n + 1)),
             Effect.andThen(Deferred.succeed(run.exited, { code: null, signal: "SIGTERM", problem: undefined })),
             Effect.as("terminated" as const)
@@ -83,7 +86,7 @@ const makeFakeHost = Effect.gen(function* () {
           : { ok: false as const, reason: "connection refused", phase: "waiting for port" as const }
       )
   })
-  return { host, runs, up, seen }
+  return { host, runs, up, seen, holdStops }
 })
 
 /** Lets everything runnable run (a fixed number of rounds), for asserting that nothing happened. */
@@ -241,7 +244,7 @@ describe("EngineProcess on a TestClock", () => {
   )
 
   it.effect(
-    "restart(): refused until Ready, then ends the Ready run with the reason; the next run follows the backoff",
+    "restart(): refused until Ready, then ends the Ready run with the reason, once; the next run follows the backoff",
     () =>
       Effect.gen(function* () {
         const { fake, engine, metrics, states, last, runAt, stateIs } = yield* boot
@@ -259,7 +262,18 @@ describe("EngineProcess on a TestClock", () => {
           "run 0 Ready",
           stateIs((s) => s._tag === "Ready")
         )
+        const hold = yield* Deferred.make<void>()
+        yield* Ref.set(fake.holdStops, hold)
+        // released first on a failure too: the layer's release would wait for the held teardown
+        yield* Effect.addFinalizer(() => Deferred.succeed(hold, undefined))
         assert.strictEqual(yield* engine.restart("stall", "engine stalled"), "restarting")
+        yield* settle(
+          "Unhealthy while the run is torn down",
+          stateIs((s) => s._tag === "Unhealthy")
+        )
+        assert.strictEqual(yield* engine.restart("admin", "again"), "not-ready", "a request while the run ends")
+        yield* Ref.set(fake.holdStops, undefined)
+        yield* Deferred.succeed(hold, undefined)
         yield* settle(
           "Restarting",
           stateIs((s) => s._tag === "Restarting")
@@ -270,20 +284,91 @@ describe("EngineProcess on a TestClock", () => {
         if (restarting?._tag !== "Restarting") return assert.fail("expected Restarting")
         assert.strictEqual(restarting.lastExit.reason, "restarted: engine stalled")
         assert.strictEqual(restarting.nextAt, 2_500, "the first backoff after a run Ready for 0.5 s")
-        // a second request while the run is ending or waiting out the backoff does nothing
-        assert.strictEqual(yield* engine.restart("admin", "again"), "not-ready")
+        assert.strictEqual(yield* engine.restart("admin", "in the backoff"), "not-ready")
         yield* TestClock.adjust(2_000)
         yield* settle(
           "run 1 spawned",
           Effect.map(runAt(1), (r) => r !== undefined)
         )
+        yield* Deferred.succeed((yield* runAt(1))!.pid, fakePid(1))
+        yield* TestClock.adjust(500)
+        yield* settle(
+          "run 1 Ready",
+          stateIs((s) => s._tag === "Ready" && s.run === 1)
+        )
+        // long past any backoff: nothing left of the refused requests
+        yield* TestClock.adjust(60_000)
+        yield* quiesce
+        assert.strictEqual((yield* Ref.get(fake.runs)).length, 2, "one restart for the requests")
         assert.strictEqual(yield* engine.restarts, 1)
         const unhealthy = states.find((s) => s._tag === "Unhealthy")
         assert.strictEqual(
           unhealthy?._tag === "Unhealthy" ? unhealthy.reason : undefined,
           "restart requested: engine stalled"
         )
-        assert.strictEqual(yield* runAt(2), undefined, "one restart for one request")
+        const requested = yield* Effect.promise(() => metrics.engineRestartRequests.get())
+        assert.deepStrictEqual(
+          requested.values.map((v) => [v.labels.source, v.value]),
+          [
+            ["stall", 1],
+            ["admin", 0]
+          ],
+          "counted once, by the request that ended the run, from 0"
+        )
       })
+  )
+
+  it.effect("an operator's restarts never count toward the crash loop; the stall restarts of a young run do", () =>
+    Effect.gen(function* () {
+      const { fake, engine, last, runAt, stateIs } = yield* boot
+      yield* Ref.set(fake.up, true)
+      const readyRun = (i: number) =>
+        Effect.gen(function* () {
+          yield* settle(
+            `run ${i} spawned`,
+            Effect.map(runAt(i), (r) => r !== undefined)
+          )
+          yield* Deferred.succeed((yield* runAt(i))!.pid, fakePid(i))
+          yield* TestClock.adjust(500)
+          yield* settle(
+            `run ${i} Ready`,
+            stateIs((s) => s._tag === "Ready" && s.run === i)
+          )
+        })
+      /** Ends the Ready run on a request a minute after Ready; the Restarting state that follows (then waited out). */
+      const endBy = (source: "stall" | "admin") =>
+        Effect.gen(function* () {
+          yield* TestClock.adjust(60_000)
+          assert.strictEqual(yield* engine.restart(source, `by ${source}`), "restarting")
+          yield* settle(
+            "Restarting",
+            stateIs((s) => s._tag === "Restarting")
+          )
+          const r = last()
+          if (r?._tag !== "Restarting") return assert.fail("expected Restarting")
+          yield* TestClock.adjust(r.nextAt - (yield* Clock.currentTimeMillis))
+          return { attempt: r.attempt, failing: r.failing }
+        })
+      const seen: Array<{ attempt: number; failing: string | undefined }> = []
+      for (let i = 0; i < 3; i++) {
+        yield* readyRun(i)
+        seen.push(yield* endBy("admin"))
+      }
+      assert.deepStrictEqual(seen, [
+        { attempt: 1, failing: undefined },
+        { attempt: 1, failing: undefined },
+        { attempt: 1, failing: undefined }
+      ])
+      seen.length = 0
+      for (let i = 3; i < 6; i++) {
+        yield* readyRun(i)
+        seen.push(yield* endBy("stall"))
+      }
+      assert.deepStrictEqual(
+        seen.map((x) => x.attempt),
+        [2, 3, 4]
+      )
+      assert.match(seen[2]?.failing ?? "", /^engine failing: 4 runs in a row ended before being stable/)
+    })
   )
 })

@@ -5,7 +5,7 @@
 // watchdog asks the engine for a test completion (layers/grpc/stallProbe.ts), which clears the stall when it
 // completes.
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Exit, Layer } from "effect"
+import { Effect, Exit, Layer, Stream } from "effect"
 import { TestClock } from "effect/testing"
 import { layerFromObject } from "../../src/layers/config/Config.ts"
 import * as EngineStallLive from "../../src/layers/engine/EngineStall.ts"
@@ -14,7 +14,7 @@ import { Relay } from "../../src/layers/grpc/Relay.ts"
 import * as StallWatchdog from "../../src/layers/grpc/StallWatchdog.ts"
 import { PROBE_TOKENS } from "../../src/layers/grpc/stallProbe.ts"
 import { EngineClient, EngineError, type JsonObject } from "../../src/services/engine/EngineClient.ts"
-import { EngineStall, stallProblem } from "../../src/services/engine/EngineStall.ts"
+import { EngineStall, noStall, stallProblem } from "../../src/services/engine/EngineStall.ts"
 import { EngineStalled, StreamAborted } from "../../src/services/grpc/CallErrors.ts"
 import * as EngineTest from "../../src/testing/EngineProcess.ts"
 
@@ -162,29 +162,68 @@ describe("the stall watchdog", () => {
     }).pipe(Effect.scoped, Effect.provide(p.layer))
   })
 
-  it.effect("a server without /v1/completions (chat only) is asked on /v1/chat/completions, at once and after", () => {
-    const p = probed()
-    return Effect.gen(function* () {
-      const active = new ActiveCalls()
-      yield* StallWatchdog.fork(active)
-      p.engine.missing = ["/v1/completions"]
-      p.engine.answer = "fail"
-      const first = streaming(active)
-      yield* TestClock.adjust(IDLE_MS + 200)
-      active.delete(first.relay)
-      yield* TestClock.adjust(100)
-      assert.deepStrictEqual(p.paths, ["/v1/completions", "/v1/chat/completions"])
-      assert.deepStrictEqual(p.requests[1], {
-        messages: [{ role: "user", content: "ping" }],
-        max_tokens: PROBE_TOKENS,
-        temperature: 0,
-        ignore_eos: true
+  it.effect(
+    "a server without /v1/completions (chat only) is asked on /v1/chat/completions, kept once it completed there",
+    () => {
+      const p = probed()
+      return Effect.gen(function* () {
+        const active = new ActiveCalls()
+        yield* StallWatchdog.fork(active)
+        const stallOnce = Effect.gen(function* () {
+          const s = streaming(active)
+          yield* TestClock.adjust(IDLE_MS + 200)
+          active.delete(s.relay)
+        })
+        p.engine.missing = ["/v1/completions"]
+        p.engine.answer = "fail"
+        yield* stallOnce
+        yield* TestClock.adjust(100)
+        assert.deepStrictEqual(p.paths, ["/v1/completions", "/v1/chat/completions"])
+        assert.deepStrictEqual(p.requests[1], {
+          messages: [{ role: "user", content: "ping" }],
+          max_tokens: PROBE_TOKENS,
+          temperature: 0,
+          ignore_eos: true
+        })
+        assert.isDefined(yield* problem, "the chat answer failed too")
+        // it never completed on chat: the next probe starts on /v1/completions again (a stray 404 moves nothing)
+        p.engine.answer = "ok"
+        yield* TestClock.adjust(IDLE_MS)
+        assert.deepStrictEqual(p.paths.slice(2), ["/v1/completions", "/v1/chat/completions"])
+        assert.isUndefined(yield* problem)
+        // completed there: the probes of the next stall go to chat alone
+        yield* stallOnce
+        yield* TestClock.adjust(100)
+        assert.deepStrictEqual(p.paths.slice(4), ["/v1/chat/completions"])
+      }).pipe(Effect.scoped, Effect.provide(p.layer))
+    }
+  )
+
+  it.effect("each tick tells EngineStall when the oldest stream that read something was requested", () =>
+    Effect.gen(function* () {
+      const moves: Array<readonly [number, number]> = []
+      const recording = EngineStall.of({
+        stalled: () => Effect.void,
+        completed: () => Effect.void,
+        moved: (now, oldestSince) => Effect.sync(() => void moves.push([now, oldestSince])),
+        state: Effect.succeed(noStall),
+        changes: Stream.empty
       })
-      assert.isDefined(yield* problem, "the chat answer failed too")
-      p.engine.answer = "ok"
-      yield* TestClock.adjust(IDLE_MS)
-      assert.deepStrictEqual(p.paths.slice(2), ["/v1/chat/completions"], "the endpoint that exists, from then on")
-      assert.isUndefined(yield* problem)
-    }).pipe(Effect.scoped, Effect.provide(p.layer))
-  })
+      yield* Effect.gen(function* () {
+        const active = new ActiveCalls()
+        yield* StallWatchdog.fork(active)
+        const [a, b, c] = [streaming(active), streaming(active), streaming(active)]
+        a.relay.streamingSince = 100
+        b.relay.streamingSince = 50
+        c.relay.streamingSince = 10 // older, but it reads nothing
+        read(a.relay)
+        read(b.relay)
+        yield* TestClock.adjust(100)
+        assert.deepStrictEqual(moves, [[0, 50]], "the first tick, at the watchdog's start")
+        // nothing read since: nothing told
+        yield* TestClock.adjust(100)
+        assert.strictEqual(moves.length, 1)
+      }).pipe(Effect.scoped, Effect.provide(Layer.merge(config, Layer.succeed(EngineStall, recording))))
+    })
+  )
 })

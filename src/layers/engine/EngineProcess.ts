@@ -17,6 +17,7 @@ import {
   type ExitRecord,
   fromRefs,
   type RestartOutcome,
+  type RestartRequest,
   type RestartSource,
   RestartSources
 } from "../../services/engine/EngineProcess.ts"
@@ -105,8 +106,9 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
         log === undefined ? Effect.void : typeof log === "string" ? Effect.logDebug(log) : Effect.logInfo(...log)
       )
     )
-  const endReadyRun = yield* Ref.make<Deferred.Deferred<string> | undefined>(undefined)
-  const supervision: Supervision = { plan, settings, host, publish, memory, endReadyRun }
+  const endReadyRun = yield* Ref.make<Deferred.Deferred<RestartRequest> | undefined>(undefined)
+  const endedBy = yield* Ref.make<RestartSource | undefined>(undefined)
+  const supervision: Supervision = { plan, settings, host, publish, memory, endReadyRun, endedBy }
   const requested = metrics?.engineRestartRequests
   // 0 samples from the start, so that increase() sees the first request (prom-client writes a labelled series only
   // once it is incremented)
@@ -116,13 +118,7 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
       ? Effect.flatMap(Ref.get(endReadyRun), (end) =>
           end === undefined
             ? Effect.succeed("not-ready")
-            : Effect.flatMap(Deferred.succeed(end, reason), (first) =>
-                Effect.sync(() => {
-                  // counted once per ended run: a second request before the run ends changes nothing
-                  if (first) requested?.labels({ source }).inc()
-                  return "restarting" as const
-                })
-              )
+            : Effect.as(Deferred.succeed(end, { source, reason }), "restarting")
         )
       : Effect.succeed("not-spawned")
 
@@ -131,7 +127,10 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
     for (let run = 0; ; run++) {
       const { record, readyAt } = yield* Effect.scoped(runOnce(supervision, refs, gate, run))
       yield* keepExit(refs, record)
-      const next = nextRestart(settings.backoff, attempt, readyAt, record.endedAt)
+      // counted here, once the request has ended the run (not when the engine's own exit or liveness won the race)
+      const by = yield* Ref.getAndSet(endedBy, undefined)
+      if (by !== undefined) requested?.labels({ source: by }).inc()
+      const next = nextRestart(settings.backoff, attempt, readyAt, record.endedAt, by === "admin")
       attempt = next.attempt
       const failing = failingReason(next, record)
       const nextAt = (yield* now) + next.delayMs

@@ -6,6 +6,7 @@
 import { Clock, Deferred, Effect, Ref } from "effect"
 import type { LaunchPlan } from "../../services/engine/Engine.ts"
 import type { EngineHostService, PortHolder, ProbeResult } from "../../services/engine/EngineHost.ts"
+import type { RestartRequest, RestartSource } from "../../services/engine/EngineProcess.ts"
 import { Event, livenessStep, type SupervisorEvent } from "../../services/engine/EngineState.ts"
 import type { MemoryCgroupService } from "../../services/node/MemoryCgroup.ts"
 import type { SupervisorSettings } from "./supervisorSettings.ts"
@@ -22,7 +23,9 @@ export interface Supervision {
    * Set while a run is Ready and watched for liveness: completing it (EngineProcess.restart) ends that run with the
    * given reason. Undefined otherwise, so a request never reaches a run that is starting or already ending.
    */
-  readonly endReadyRun: Ref.Ref<Deferred.Deferred<string> | undefined>
+  readonly endReadyRun: Ref.Ref<Deferred.Deferred<RestartRequest> | undefined>
+  /** Who asked for the end of the run that just ended, when a request ended it (read and cleared by the loop). */
+  readonly endedBy: Ref.Ref<RestartSource | undefined>
 }
 
 const now = Clock.currentTimeMillis
@@ -118,11 +121,12 @@ const liveness = (s: Supervision) =>
 /** Liveness, or an end requested while Ready (EngineProcess.restart), published as the loss of the Ready state. */
 const readyUntilEnd = (s: Supervision) =>
   Effect.gen(function* () {
-    const requested = yield* Deferred.make<string>()
+    const requested = yield* Deferred.make<RestartRequest>()
     yield* Ref.set(s.endReadyRun, requested)
     const ended = Effect.gen(function* () {
-      const reason = yield* Deferred.await(requested)
+      const { source, reason } = yield* Deferred.await(requested)
       yield* s.publish(Event.LivenessLost({ reason: `restart requested: ${reason}`, at: yield* now }))
+      yield* Ref.set(s.endedBy, source)
       return `restarted: ${reason}`
     })
     return yield* Effect.raceFirst(liveness(s), ended)

@@ -49,6 +49,7 @@ export const make = Effect.fnUntraced(function* () {
   const engineStream = (relay: Relay, plan: RequestPlan, leg: LegPlan, opts: RequestOptions) =>
     Effect.flatMap(Clock.currentTimeMillis, (now) => {
       relay.idleSince = now
+      relay.streamingSince = now
       relay.seenReads = relay.reads
       relay.streaming = true
       return streamTo(plan.path, leg.body, opts, relay)

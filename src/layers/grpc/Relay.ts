@@ -29,6 +29,8 @@ export class Relay implements ChunkSink {
   /** Watchdog bookkeeping: `reads` when it last looked, and since when (Clock ms) it has not moved. */
   seenReads = 0
   idleSince = 0
+  /** When (Clock ms) the engine stream was requested: a stall restart waits for streams older than the stall. */
+  streamingSince = 0
   done = false
   /** The engine stream ended as the engine ends one (not failed, not cancelled): the engine is not wedged. */
   completed = false

@@ -42,11 +42,15 @@ export const fork = Effect.fnUntraced(function* (
   const stalledError = new EngineStalled({ idleTimeout: Duration.format(config.engine.stream_idle_timeout) })
   const tick = Effect.flatMap(Clock.currentTimeMillis, (now) => {
     let stalled = 0
+    // the oldest stream that read something since the last tick (a stall restart waits while one older than the stall
+    // still moves)
+    let oldestMoving = Number.POSITIVE_INFINITY
     const completed = active.completed > 0
     active.completed = 0
     for (const relay of active.relays) {
       if (!relay.streaming || relay.done) continue
       if (relay.reads !== relay.seenReads || relay.paused) {
+        if (relay.reads !== relay.seenReads) oldestMoving = Math.min(oldestMoving, relay.streamingSince)
         relay.seenReads = relay.reads
         relay.idleSince = now
       } else if (now - relay.idleSince >= idleMs) {
@@ -61,6 +65,7 @@ export const fork = Effect.fnUntraced(function* (
       stalled > 0 ? Effect.replicateEffect(stall.stalled(now), stalled, { discard: true }) : Effect.void,
       completed ? stall.completed(now) : Effect.void
     ).pipe(
+      Effect.andThen(oldestMoving === Number.POSITIVE_INFINITY ? Effect.void : stall.moved(now, oldestMoving)),
       Effect.andThen(
         probe === undefined || active.size > 0
           ? Effect.void

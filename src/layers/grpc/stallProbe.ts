@@ -7,8 +7,10 @@
  * engine was restarted, however soon the engine recovered. PROBE_TOKENS is above the few tokens an engine that
  * stalls every stream early still sends, so such an engine fails the probe. SGLang's /health_generate does the same
  * with one token (python/sglang/srt/entrypoints/http_server.py health_generate). A server without one of the two
- * OpenAI endpoints (a chat-only openai_compat server answers /v1/completions 404) is asked on the other: a 404, 405
- * or 501 switches the probe's endpoint for the next probes, and the probe tries the other one at once.
+ * OpenAI endpoints (a chat-only openai_compat server answers /v1/completions 404) is asked on the other: after a 404,
+ * 405 or 501 the probe tries the other one at once, and keeps to it once it has completed there. Not before: vLLM
+ * answers 404 for an unknown model too (vllm/entrypoints/openai/serving_engine.py _check_model), and a stray 404
+ * must not move the probe to an endpoint the server does not serve.
  */
 import { Clock, Duration, Effect, type Scope } from "effect"
 import {
@@ -57,15 +59,17 @@ export const stallProbe = (
     message: `no answer within ${Duration.format(Duration.millis(idleMs))}`
   })
 
-  const ask = Effect.suspend(() => complete(client, path, probeBody(path, ignoreEos)))
-  const probe = ask.pipe(
+  const ask = (on: CompletionPath) => complete(client, on, probeBody(on, ignoreEos))
+  const probe = Effect.suspend(() => ask(path)).pipe(
     Effect.catchIf(noEndpoint, () =>
-      Effect.andThen(
-        Effect.sync(() => {
-          path = otherPath(path)
-        }),
-        ask
-      )
+      Effect.suspend(() => {
+        const other = otherPath(path)
+        return Effect.tap(ask(other), () =>
+          Effect.sync(() => {
+            path = other
+          })
+        )
+      })
     ),
     Effect.timeoutOrElse({ duration: Duration.millis(idleMs), orElse: () => Effect.fail(noAnswer) }),
     Effect.matchEffect({

@@ -107,6 +107,12 @@ export type RestartOutcome = "restarting" | "not-ready" | "not-spawned"
 export const RestartSources = ["stall", "admin"] as const
 export type RestartSource = (typeof RestartSources)[number]
 
+/** A restart asked for: by whom, and the reason the run's exit record and the log give. */
+export interface RestartRequest {
+  readonly source: RestartSource
+  readonly reason: string
+}
+
 /**
  * The service over the supervisor's refs: the one writer (live supervisor or test control) owns `state`,
  * `restarts` and `exits`; readers get snapshots and the change stream.

@@ -49,10 +49,24 @@ export const onCompleted = (s: StallState, now: number): StallState | undefined 
 
 /**
  * When a stalled engine is due for a restart (epoch ms): `afterMs` (engine.stall_restart_after) past the moment it
- * was taken as stalled; undefined while it is not stalled, or with `afterMs` 0 (never).
+ * was taken as stalled, and no sooner than `idleMs` (engine.stream_idle_timeout) after a stream older than the stall
+ * last moved (`preStallMovedAt`): such a stream proves the engine generates (a request queued behind long
+ * generations stalls while they go on), and the restart would cut it. Streams begun since the stall do not count: an
+ * engine that stalls every stream after a few tokens moves each new one. Undefined while it is not stalled, or with
+ * `afterMs` 0 (never).
  */
-export const stallRestartAt = (s: StallState, afterMs: number): number | undefined =>
-  afterMs > 0 && isStalled(s) && s.stalledSince !== undefined ? s.stalledSince + afterMs : undefined
+export const stallRestartAt = (
+  s: StallState,
+  afterMs: number,
+  idleMs = 0,
+  preStallMovedAt: number | undefined = undefined
+): number | undefined => {
+  if (afterMs <= 0 || !isStalled(s) || s.stalledSince === undefined) return undefined
+  const due = s.stalledSince + afterMs
+  return preStallMovedAt === undefined || preStallMovedAt < s.stalledSince
+    ? due
+    : Math.max(due, preStallMovedAt + idleMs)
+}
 
 /** The reason the node is unhealthy, or undefined while the engine is not known to be stalled. */
 export const stallProblem = (s: StallState, idleTimeout: string): string | undefined =>
@@ -63,6 +77,8 @@ export const stallProblem = (s: StallState, idleTimeout: string): string | undef
 export interface EngineStallService {
   readonly stalled: (now: number) => Effect.Effect<void>
   readonly completed: (now: number) => Effect.Effect<void>
+  /** Some stream read from the engine at `now`; `oldestSince`: when the oldest of them was requested. */
+  readonly moved: (now: number, oldestSince: number) => Effect.Effect<void>
   readonly state: Effect.Effect<StallState>
   /** Every change of state, for prompt health writes. */
   readonly changes: Stream.Stream<StallState>

@@ -143,9 +143,14 @@ export const nextRestart = (
   policy: BackoffPolicy,
   previousAttempt: number,
   readyAt: number | undefined,
-  endedAt: number
+  endedAt: number,
+  /**
+   * An operator ended the run (POST /engine/restart): no failure of the engine's, so it counts as a stable end (the
+   * first delay, no crash loop), however soon after Ready it came. A stall restart is the engine's failure: counted.
+   */
+  operatorAsked = false
 ): RestartPlan => {
-  const attempt = wasStable(policy, readyAt, endedAt) ? 1 : previousAttempt + 1
+  const attempt = operatorAsked || wasStable(policy, readyAt, endedAt) ? 1 : previousAttempt + 1
   return { attempt, delayMs: backoffDelay(policy, attempt), crashLoop: attempt >= policy.crashLoopAfter }
 }
 
