@@ -14,6 +14,7 @@ import { readMaterial, readOne, securityFiles } from "../layers/tls/tlsMaterial.
 import { type AgentConfig, ConfigError } from "../services/config/Config.ts"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
 import { type CgroupVersion, formatBytes, type MemoryLimit } from "../services/node/MemoryCgroup.ts"
+import { migRef } from "../services/node/Mig.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
 import { nvmlWorkerEntry } from "./programPaths.ts"
 import { shutdownBound } from "./shutdownBound.ts"
@@ -55,11 +56,18 @@ const kvEventsSummary = (c: AgentConfig): string => {
 }
 
 /**
- * The engine's GPUs: as listed, else those NVML gave the plan on this host now (`run` picks them again at start),
- * else automatic; an engine that takes no NVIDIA GPUs from the agent (mlx, openai_compat) gets none.
+ * The engine's GPUs: as listed (a MIG device with the GPU NVML finds it on), else those NVML gave the plan on this
+ * host now (`run` picks them again at start), else automatic; an engine that takes no NVIDIA GPUs from the agent (mlx,
+ * openai_compat) gets none.
  */
 const gpusSummary = (c: AgentConfig, plan: LaunchPlan | undefined): string => {
   if (engineFor(c.engine.kind).capabilities.cudaGpus !== true) return `none handed out (${c.engine.kind})`
+  const mig = migRef(c.model.gpus)
+  if (mig !== undefined) {
+    // the board it is on, as NVML lists it now; the engine sees the MIG device alone
+    const on = plan?.gpus?.[0]
+    return `${mig} (a MIG device${on === undefined ? "" : ` on GPU ${on}`}; CUDA_VISIBLE_DEVICES=${mig})`
+  }
   if (c.model.gpus.length > 0) return c.model.gpus.join(", ")
   if (plan?.gpus !== undefined)
     return `${plan.gpus.join(", ")} (automatic: the first tp x dp healthy GPUs now; picked again at start)`

@@ -32,7 +32,9 @@ const LOST_UNKNOWN = [
   "critical_xids",
   "row_remap_pending",
   "row_remap_failure",
-  "retired_pages_pending"
+  "retired_pages_pending",
+  "mig_enabled",
+  "mig_devices"
 ]
 
 const healthy = (index: number, uuid: string) =>

@@ -90,7 +90,9 @@ describe("Nvml live layer", () => {
           criticalXids: [],
           rowRemapPending: false,
           rowRemapFailure: false,
-          retiredPagesPending: false
+          retiredPagesPending: false,
+          migEnabled: false,
+          migDevices: []
         },
         {
           index: 1,
@@ -111,7 +113,9 @@ describe("Nvml live layer", () => {
           criticalXids: [],
           rowRemapPending: false,
           rowRemapFailure: false,
-          retiredPagesPending: false
+          retiredPagesPending: false,
+          migEnabled: false,
+          migDevices: []
         }
       ])
       expect(body).toContain(

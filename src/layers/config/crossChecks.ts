@@ -6,6 +6,7 @@
 import { Duration } from "effect"
 import type { ConfigFile } from "../../services/config/ConfigSchema.ts"
 import { canonicalHost, isWildcardHost, splitHostPort } from "../../services/net/HostPort.ts"
+import { migRefProblem } from "../../services/node/Mig.ts"
 import { engineFor } from "../engine/backends/index.ts"
 import { formatPath } from "./schemaProblems.ts"
 
@@ -223,7 +224,7 @@ const engineProblems = (c: ConfigFile): Array<string> => {
   return problems
 }
 
-/** `models.x.gpus`: one GPU per engine worker (tp x dp), each named once. */
+/** `models.x.gpus`: one GPU per engine worker (tp x dp), each named once; a MIG device alone, for one worker. */
 const gpuProblems = (
   kind: string,
   cudaGpus: boolean,
@@ -234,7 +235,10 @@ const gpuProblems = (
   if (!cudaGpus) return [`${key}: ${kind} does not run on GPUs the agent assigns; remove gpus`]
   const problems: Array<string> = []
   const needed = m.tp * m.dp
-  if (m.gpus.length !== needed) {
+  // a MIG device is one CUDA device, and CUDA enumerates one per process: say so rather than count GPUs
+  const mig = migRefProblem(m.gpus, needed)
+  if (mig !== undefined) problems.push(`${key}: ${mig}`)
+  else if (m.gpus.length !== needed) {
     problems.push(`${key}: lists ${m.gpus.length} GPUs but the engine needs tp x dp = ${needed}`)
   }
   const seen = new Set<string>()

@@ -7,7 +7,8 @@ import { Clock, Duration, Effect, Layer, Ref, Schedule, Stream, SubscriptionRef 
 import { Config } from "../../services/config/Config.ts"
 import { EnginePlan } from "../../services/engine/Engine.ts"
 import { GpuGate, type GpuGateStatus, gateProblem } from "../../services/engine/GpuGate.ts"
-import { gateVerdict, gpuFault, missingGpu } from "../../services/node/Gpus.ts"
+import { engineFault, gateVerdict } from "../../services/node/Gpus.ts"
+import { migRef } from "../../services/node/Mig.ts"
 import { Nvml } from "../../services/node/Nvml.ts"
 import { xidRuleOf } from "../../services/node/Xid.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
@@ -26,26 +27,28 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
     const nvml = yield* Nvml
     const metrics = yield* Metrics
     const indices = plan.gpus ?? []
+    // The engine's MIG device: the plan's GPU is the one that listed it (backends/index.ts, Gpus.ts assignGpus), and
+    // the gate judges the device, not the whole board other tenants' MIG devices share.
+    const mig = indices.length > 0 ? migRef(config.model.gpus) : undefined
     const timeoutMs = Duration.toMillis(config.engine.gpu_free_timeout)
     const maxUsedBytes = config.engine.gpu_free_below_mib * 2 ** 20
     // the operator's changes to which Xids are faults ([engine].ignore_xids, fault_xids)
     const xidRule = xidRuleOf(config.engine)
-    const status = yield* SubscriptionRef.make<GpuGateStatus>({ gpus: indices, waiting: undefined, fault: undefined })
+    const status = yield* SubscriptionRef.make<GpuGateStatus>({
+      gpus: indices,
+      ...(mig === undefined ? {} : { mig }),
+      waiting: undefined,
+      fault: undefined
+    })
     const previousPgids = yield* Ref.make<ReadonlySet<number>>(new Set())
     // Gated only while NVML answers: without it there is nothing to wait on, and an NVML failure must not keep
     // the engine from starting or the node from serving (it is shown as nvml_up 0 instead).
     const gated = indices.length > 0
     const nvmlUp = Effect.map(nvml.unavailable, (why) => why === undefined)
 
-    // Each assigned GPU, in order: missing from the sample (fail closed) or its own fault.
-    const faultNow = Effect.map(nvml.gpus, (gpus) =>
-      indices
-        .map((i) => {
-          const g = gpus.find((x) => x.index === i)
-          return g === undefined ? missingGpu(i) : gpuFault(g, xidRule)
-        })
-        .find((f) => f !== undefined)
-    )
+    // An assigned GPU missing from the sample (fail closed) or its fault; a MIG device: its GPU's fault, or the device
+    // gone from the sample.
+    const faultNow = Effect.map(nvml.gpus, (gpus) => engineFault(gpus, indices, xidRule, mig))
     if (gated) {
       yield* Effect.gen(function* () {
         const fault = (yield* nvmlUp) ? yield* faultNow : undefined
@@ -72,7 +75,7 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
         // never the cached sample: right after a crash it still shows the GPU as it was before
         const gpus = yield* nvml.sampleNow
         if (!(yield* nvmlUp)) return
-        const verdict = gateVerdict(gpus, indices, maxUsedBytes, yield* Ref.get(previousPgids), pgidOf, xidRule)
+        const verdict = gateVerdict(gpus, indices, maxUsedBytes, yield* Ref.get(previousPgids), pgidOf, xidRule, mig)
         const now = yield* Clock.currentTimeMillis
         if (verdict._tag === "Free") {
           if (logged !== "none") yield* Effect.logInfo("GPUs free; starting the engine", { waited_ms: now - since })
@@ -89,7 +92,8 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
           logged = "waiting"
           yield* Effect.logWarning("waiting for the engine's GPUs before starting it", {
             reason: verdict.reason,
-            gpus: indices.join(",")
+            gpus: indices.join(","),
+            ...(mig === undefined ? {} : { mig })
           })
         }
         if (overdue && logged !== "overdue") {

@@ -41,6 +41,8 @@ export interface Binding {
   readonly retiredPagesPending: ((device: unknown, isPending: Array<number>) => number) | undefined
   /** The event-set entry points, all or none (Xid events: nvmlEvents.ts). */
   readonly events: EventBinding | undefined
+  /** The MIG entry points, all or none (nvmlMig.ts); absent on a driver before R450, which has no MIG. */
+  readonly mig?: MigBinding | undefined
   readonly unload: () => void
 }
 
@@ -62,6 +64,22 @@ export interface EventBinding {
    * Absent where the driver lacks it.
    */
   readonly index: ((device: bigint, out: Array<number>) => number) | undefined
+}
+
+/**
+ * NVML's MIG queries (nvml.h "Multi Instance GPU Management"; signatures as in NVIDIA/go-nvml gen/nvml/nvml.h). A MIG
+ * handle answers nvmlDeviceGetUUID and nvmlDeviceGetMemoryInfo as a GPU handle does (the Binding's `uuid`, `memory`).
+ */
+export interface MigBinding {
+  /** nvmlDeviceGetMigMode: currentMode and pendingMode, NVML_DEVICE_MIG_DISABLE (0) or NVML_DEVICE_MIG_ENABLE (1). */
+  readonly mode: (device: unknown, current: Array<number>, pending: Array<number>) => number
+  /** nvmlDeviceGetMaxMigDeviceCount: the MIG device slots under a GPU (0 when MIG is off). */
+  readonly maxCount: (device: unknown, out: Array<number>) => number
+  /** nvmlDeviceGetMigDeviceHandleByIndex: NVML_ERROR_NOT_FOUND for a slot with no MIG device. */
+  readonly handle: (device: unknown, index: number, out: Array<unknown>) => number
+  /** nvmlDeviceGetGpuInstanceId and nvmlDeviceGetComputeInstanceId of a MIG handle. */
+  readonly gpuInstanceId: (migDevice: unknown, out: Array<number>) => number
+  readonly computeInstanceId: (migDevice: unknown, out: Array<number>) => number
 }
 
 /** Loads `library` and binds the entry points; throws when the library or a required symbol is missing. */
@@ -140,6 +158,17 @@ export const bind = (koffi: Koffi, library: string): Binding => {
       // the handle taken as the address nvmlEventData_t.device was read as: a pointer and a uintptr_t are passed
       // alike in the C ABI, and koffi makes no pointer object of an address
       index: optional(() => lib.func("nvmlDeviceGetIndex", "int", ["uintptr_t", uint]))
+    })),
+    mig: optional(() => ({
+      mode: lib.func("nvmlDeviceGetMigMode", "int", [device, uint, uint]),
+      maxCount: lib.func("nvmlDeviceGetMaxMigDeviceCount", "int", [device, uint]),
+      handle: lib.func("nvmlDeviceGetMigDeviceHandleByIndex", "int", [
+        device,
+        "unsigned int",
+        koffi.out(koffi.pointer(device))
+      ]),
+      gpuInstanceId: lib.func("nvmlDeviceGetGpuInstanceId", "int", [device, uint]),
+      computeInstanceId: lib.func("nvmlDeviceGetComputeInstanceId", "int", [device, uint])
     })),
     unload: () => lib.unload()
   }

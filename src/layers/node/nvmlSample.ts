@@ -1,10 +1,12 @@
 /**
  * One pass of NVML queries over every device into the agent's Gpu records: memory, utilization,
- * temperature, power, throttle reasons, uncorrected ECC errors, compute processes, row remapping, pending page
- * retirement, and the Xid events of the session (nvmlEvents.ts: each GPU registered at its first pass, pending events
- * taken after the last). A field NVML does not report (its query failed, NOT_SUPPORTED included, or its optional entry
- * point is missing) reads 0 and is listed in the GPU's `unreportedFields`, so that no reader takes it for a real 0
- * ("idle", "0 W"); failures other than NOT_SUPPORTED are also collected as problems. A GPU that answers
+ * temperature, power, throttle reasons, uncorrected ECC errors, compute processes (with their MIG instance), row
+ * remapping, pending page retirement, MIG mode and MIG devices (nvmlMig.ts), and the Xid events of the session
+ * (nvmlEvents.ts: each GPU registered at its first pass, pending events taken after the last). A field NVML does not
+ * report (its query failed, NOT_SUPPORTED included, or its optional entry point is missing) reads 0 and is listed in
+ * the GPU's `unreportedFields`, so that no reader takes it for a real 0 ("idle", "0 W"); MIG mode is the exception,
+ * off (known) on a board or driver without MIG (nvmlMig.ts). Failures other than NOT_SUPPORTED are also collected as
+ * problems. A GPU that answers
  * NVML_ERROR_GPU_IS_LOST is reported lost (by index only: the main thread names it from earlier samples, NvmlValues.ts
  * nameGpus). Runs in the NVML worker thread (programs/nvmlWorker.ts), synchronously, so it imports nothing that
  * loads `effect`.
@@ -22,6 +24,7 @@ import {
 } from "../../services/node/NvmlValues.ts"
 import type { Binding } from "./nvmlBinding.ts"
 import type { XidWatch } from "./nvmlEvents.ts"
+import { migOf } from "./nvmlMig.ts"
 
 // nvml.h: NVML_DEVICE_NAME_V2_BUFFER_SIZE and NVML_DEVICE_UUID_V2_BUFFER_SIZE are both 96.
 const STRING_BUFFER = 96
@@ -35,6 +38,8 @@ const NVML_ERROR_INSUFFICIENT_SIZE = 7
 const NVML_ERROR_GPU_IS_LOST = 15
 // nvml.h NVML_VALUE_NOT_AVAILABLE: usedGpuMemory when the driver cannot say (e.g. no permission).
 const VALUE_NOT_AVAILABLE = 0xffffffffffffffffn
+// nvml.h nvmlProcessInfo_v2_t: gpuInstanceId and computeInstanceId of a process not on a MIG instance.
+const NOT_ON_MIG = 0xffffffff
 
 // A lost GPU reports nothing: every field is unknown (name and uuid until the main thread fills them in).
 const lostGpu = (index: number): Gpu => gpuWith({ index, lost: true, unreportedFields: [...gpuFields] })
@@ -64,9 +69,13 @@ const processesOf = (
     note("nvmlDeviceGetComputeRunningProcesses_v3", rc)
     return undefined
   }
-  return (infos.slice(0, room[0]) as Array<{ pid: number; usedGpuMemory: number | bigint }>).map((p) => ({
+  type Info = { pid: number; usedGpuMemory: number | bigint; gpuInstanceId: number; computeInstanceId: number }
+  return (infos.slice(0, room[0]) as Array<Info>).map((p) => ({
     pid: p.pid,
-    usedMemoryBytes: BigInt(p.usedGpuMemory) === VALUE_NOT_AVAILABLE ? 0 : toNumber(p.usedGpuMemory)
+    usedMemoryBytes: BigInt(p.usedGpuMemory) === VALUE_NOT_AVAILABLE ? 0 : toNumber(p.usedGpuMemory),
+    // the MIG instance it runs on (the GPU gate tells an engine's instance from its neighbours' by them)
+    ...(p.gpuInstanceId === NOT_ON_MIG ? {} : { gpuInstanceId: p.gpuInstanceId }),
+    ...(p.computeInstanceId === NOT_ON_MIG ? {} : { computeInstanceId: p.computeInstanceId })
   }))
 }
 
@@ -226,6 +235,8 @@ const sampleOne = (
     retiredPagesPending && (() => retiredPagesPending(device, pagesPending)),
     "retired_pages_pending"
   )
+  const mig = migOf(nvml, device, note)
+  unknown.push(...mig.unknown)
   // the Xids themselves are filled in once the pass has taken the pending events (`sample`); a GPU lost by now
   // answers nothing, registration included (one registered before keeps its Xids)
   if (lost || xids?.watch(index, device, note) !== true) unknown.push("critical_xids")
@@ -249,6 +260,8 @@ const sampleOne = (
     criticalXids: [],
     rowRemapPending: remapKnown && pending[0] !== 0,
     rowRemapFailure: remapKnown && failure[0] !== 0,
-    retiredPagesPending: pagesKnown && pagesPending[0] !== 0
+    retiredPagesPending: pagesKnown && pagesPending[0] !== 0,
+    migEnabled: mig.enabled,
+    migDevices: [...mig.devices]
   }
 }

@@ -21,6 +21,8 @@ export interface GpuWait {
 export interface GpuGateStatus {
   /** NVML indices the engine is given; empty when unknown (no NVML) or not a GPU engine. */
   readonly gpus: ReadonlyArray<number>
+  /** The MIG device the engine is given (its UUID), on the GPU in `gpus`; absent: whole GPUs. */
+  readonly mig?: string
   /** A (re)start waiting for its GPUs, or undefined. */
   readonly waiting: GpuWait | undefined
   /** A fault on one of the engine's GPUs in the latest sample (lost, uncorrected ECC), or undefined. */

@@ -1,10 +1,11 @@
 /**
  * Gpus: the pure decisions about the host's GPUs. Which GPUs the engine gets (configured or the first
- * healthy ones), the CUDA environment that says so, which GPU faults make the node unhealthy, and whether
- * the engine's GPUs are free enough to (re)start it. No I/O: NVML is read by layers/node/Nvml.ts and the
- * waiting is done by layers/engine/GpuGate.ts.
+ * healthy ones, or one MIG device: Mig.ts), the CUDA environment that says so, which GPU faults make the node
+ * unhealthy, and whether the engine's GPUs are free enough to (re)start it. No I/O: NVML is read by
+ * layers/node/Nvml.ts and the waiting is done by layers/engine/GpuGate.ts.
  */
-import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
+import type { Gpu, GpuProcess } from "../../gen/cgn/agent/v1/agent.ts"
+import { findMig, holdsMigMemory, listedMigs, migRef, migRefProblem, migUsedMemory, missingMig } from "./Mig.ts"
 import { isUnknown } from "./NvmlValues.ts"
 import { defaultXidRule, describeXid, type XidRule, xidIsFault } from "./Xid.ts"
 
@@ -73,15 +74,23 @@ export const missingGpu = (index: number): string =>
   `GPU ${index} is not in NVML's list (its handle query failed): it cannot be watched, so it is not used`
 
 export type Assignment =
-  | { readonly _tag: "Assigned"; readonly indices: ReadonlyArray<number>; readonly automatic: boolean }
+  | {
+      readonly _tag: "Assigned"
+      readonly indices: ReadonlyArray<number>
+      readonly automatic: boolean
+      /** The MIG device given to the engine (its UUID), on the GPU `indices` names; absent: whole GPUs. */
+      readonly mig?: string
+    }
   /** NVML is absent and nothing is configured: the engine sees whatever the container gives it. */
   | { readonly _tag: "Unknown" }
   | { readonly _tag: "Impossible"; readonly reason: string }
 
 /**
  * The engine's GPUs. Configured refs must all exist (when NVML lists GPUs); otherwise the first `needed`
- * healthy GPUs in index order. `gpus` empty means NVML is absent: configured indices are taken on trust,
- * UUIDs too (they go into CUDA_VISIBLE_DEVICES as written). `rule` says which Xids are faults (gpuFault).
+ * healthy GPUs in index order, skipping GPUs in MIG mode (CUDA cannot use one whole). A configured MIG device
+ * (`MIG-...`) must be the only ref, for one worker (Mig.ts migRefProblem), and resolves to the GPU that lists it.
+ * `gpus` empty means NVML is absent: configured indices are taken on trust, UUIDs too (they go into
+ * CUDA_VISIBLE_DEVICES as written). `rule` says which Xids are faults (gpuFault).
  */
 export const assignGpus = (
   configured: ReadonlyArray<GpuRef>,
@@ -89,10 +98,19 @@ export const assignGpus = (
   gpus: ReadonlyArray<Gpu>,
   rule: XidRule = defaultXidRule
 ): Assignment => {
+  const migProblem = migRefProblem(configured, needed)
+  if (migProblem !== undefined) return { _tag: "Impossible", reason: migProblem }
   if (gpus.length === 0) {
     if (configured.length === 0) return { _tag: "Unknown" }
     const indices = configured.filter((r): r is number => typeof r === "number")
     return indices.length === configured.length ? { _tag: "Assigned", indices, automatic: false } : { _tag: "Unknown" }
+  }
+  const mig = migRef(configured)
+  if (mig !== undefined) {
+    const found = findMig(gpus, mig)
+    if (found === undefined)
+      return { _tag: "Impossible", reason: `MIG device ${mig} is not on this host (${listedMigs(gpus)})` }
+    return { _tag: "Assigned", indices: [found.gpu.index], automatic: false, mig }
   }
   if (configured.length > 0) {
     const indices: Array<number> = []
@@ -108,11 +126,17 @@ export const assignGpus = (
     }
     return { _tag: "Assigned", indices, automatic: false }
   }
-  const healthy = gpus.filter((g) => gpuFault(g, rule) === undefined)
+  // A GPU in MIG mode is not usable whole by CUDA (it enumerates its MIG devices instead): never picked.
+  const inMig = gpus.filter((g) => g.migEnabled)
+  const healthy = gpus.filter((g) => !g.migEnabled && gpuFault(g, rule) === undefined)
   if (healthy.length < needed) {
+    const skipped =
+      inMig.length === 0
+        ? ""
+        : `; GPU ${inMig.map((g) => g.index).join(", ")} in MIG mode, not counted (CUDA cannot use a GPU in MIG mode whole: name one of its MIG devices in gpus)`
     return {
       _tag: "Impossible",
-      reason: `the engine needs ${needed} GPUs (tp x dp) but this host has ${healthy.length} healthy of ${gpus.length}`
+      reason: `the engine needs ${needed} GPUs (tp x dp) but this host has ${healthy.length} healthy of ${gpus.length}${skipped}`
     }
   }
   return { _tag: "Assigned", indices: healthy.slice(0, needed).map((g) => g.index), automatic: true }
@@ -125,7 +149,10 @@ export const assignGpus = (
  */
 export const cudaEnv = (configured: ReadonlyArray<GpuRef>, assignment: Assignment): Record<string, string> => {
   if (assignment._tag === "Assigned") {
-    return { CUDA_DEVICE_ORDER: "PCI_BUS_ID", CUDA_VISIBLE_DEVICES: assignment.indices.join(",") }
+    // a MIG device is named by its UUID, the only way CUDA_VISIBLE_DEVICES takes one (CUDA Programming Guide, "CUDA
+    // Environment Variables")
+    const visible = assignment.mig ?? assignment.indices.join(",")
+    return { CUDA_DEVICE_ORDER: "PCI_BUS_ID", CUDA_VISIBLE_DEVICES: visible }
   }
   // UUIDs without NVML to resolve them: CUDA accepts them as they are.
   if (configured.length > 0) return { CUDA_VISIBLE_DEVICES: configured.join(",") }
@@ -134,6 +161,8 @@ export const cudaEnv = (configured: ReadonlyArray<GpuRef>, assignment: Assignmen
 
 export interface Holder {
   readonly gpu: number
+  /** The MIG device whose memory it holds (its GPU instance's), for an engine given one. */
+  readonly mig?: string
   readonly pid: number
   readonly bytes: number
   /** The process belongs to an earlier run of this agent's engine (its process group). */
@@ -159,11 +188,50 @@ const usedMemory = (g: Gpu): { readonly bytes: number; readonly byProcesses: boo
   return { bytes: g.processes.reduce((sum, p) => sum + p.usedMemoryBytes, 0), byProcesses: true }
 }
 
+/** What the gate judges: a whole GPU, or the MIG device the engine is given with the GPU it is on. */
+interface Unit {
+  readonly label: string
+  readonly gpu: number
+  readonly mig: string | undefined
+  /** The processes holding this unit's memory. */
+  readonly processes: ReadonlyArray<GpuProcess>
+  readonly used: { readonly bytes: number; readonly byProcesses: boolean } | undefined
+}
+
+/**
+ * Why the engine's devices cannot take a run whatever their memory, or undefined: an assigned GPU missing from NVML's
+ * list (its handle query failed, or the device count did: not known to be free, so the start waits rather than put the
+ * engine on a GPU nobody can see), a fault of one (gpuFault), or the assigned MIG device gone from its GPU's list
+ * (`mig`: its instance destroyed, MIG mode turned off). A MIG device's faults are its GPU's: a lost board, its ECC
+ * errors and row remapping are the whole board's, and its Xids are not told apart by instance here (NVIDIA
+ * k8s-device-plugin internal/rm/health.go does, by the event's GpuInstanceId and ComputeInstanceId): conservative,
+ * any Xid of the board holds the engine.
+ */
+export const engineFault = (
+  gpus: ReadonlyArray<Gpu>,
+  indices: ReadonlyArray<number>,
+  rule: XidRule = defaultXidRule,
+  mig?: string
+): string | undefined => {
+  // the GPU that lists the MIG device now (NVML's indices stay put within a session), else the one assigned
+  const at = mig === undefined ? undefined : findMig(gpus, mig)?.gpu.index
+  const mine = at === undefined ? indices : [at]
+  const missing = mine.find((i) => !gpus.some((g) => g.index === i))
+  if (missing !== undefined) return missingGpu(missing)
+  for (const g of gpus.filter((x) => mine.includes(x.index))) {
+    const fault = gpuFault(g, rule)
+    if (fault !== undefined) return fault
+  }
+  return mig !== undefined && at === undefined ? missingMig(mig, indices[0]) : undefined
+}
+
 /**
  * Whether the engine's GPUs can take a new run: none faulty, none holding a process of an earlier run, and
  * used memory on each at most `maxUsedBytes` (driver and other tenants' small contexts stay under it).
  * Memory NVML cannot report is never taken as 0: the listed processes' memory stands in for it, and a GPU that
  * reports neither cannot be judged free (the start waits, as for a GPU missing from NVML's list).
+ * With `mig` (the engine's MIG device) what is judged is that device: its memory, the processes of its GPU instance;
+ * other tenants' MIG devices on the same board do not hold the start (faults: engineFault).
  * `pgidOf` says which process group a pid is in (undefined when it is not visible from here); `rule` which Xids are
  * faults (gpuFault).
  */
@@ -173,22 +241,38 @@ export const gateVerdict = (
   maxUsedBytes: number,
   previousPgids: ReadonlySet<number>,
   pgidOf: (pid: number) => number | undefined,
-  rule: XidRule = defaultXidRule
+  rule: XidRule = defaultXidRule,
+  mig?: string
 ): GateVerdict => {
-  const mine = gpus.filter((g) => indices.includes(g.index))
-  // An assigned GPU NVML did not list (its handle query failed, or the device count did) is not known to be
-  // free: the start waits, as for a fault, rather than put the engine on a GPU nobody can see.
-  const missing = indices.find((i) => !gpus.some((g) => g.index === i))
-  if (missing !== undefined) return { _tag: "Faulty", reason: missingGpu(missing) }
-  for (const g of mine) {
-    const fault = gpuFault(g, rule)
-    if (fault !== undefined) return { _tag: "Faulty", reason: fault }
-  }
-  const holders: Array<Holder> = mine.flatMap((g) =>
-    g.processes.map((p) => {
+  const fault = engineFault(gpus, indices, rule, mig)
+  if (fault !== undefined) return { _tag: "Faulty", reason: fault }
+  const found = mig === undefined ? undefined : findMig(gpus, mig)
+  const units: ReadonlyArray<Unit> =
+    found !== undefined
+      ? [
+          {
+            label: `MIG device ${found.device.uuid} (GPU ${found.gpu.index})`,
+            gpu: found.gpu.index,
+            mig: found.device.uuid,
+            processes: found.gpu.processes.filter((p) => holdsMigMemory(p, found.device)),
+            used: migUsedMemory(found.gpu, found.device)
+          }
+        ]
+      : gpus
+          .filter((g) => indices.includes(g.index))
+          .map((g) => ({
+            label: `GPU ${g.index}`,
+            gpu: g.index,
+            mig: undefined,
+            processes: g.processes,
+            used: usedMemory(g)
+          }))
+  const holders: Array<Holder> = units.flatMap((u) =>
+    u.processes.map((p) => {
       const pgid = pgidOf(p.pid)
       return {
-        gpu: g.index,
+        gpu: u.gpu,
+        ...(u.mig === undefined ? {} : { mig: u.mig }),
         pid: p.pid,
         bytes: p.usedMemoryBytes,
         previousRun: pgid !== undefined && previousPgids.has(pgid)
@@ -196,27 +280,30 @@ export const gateVerdict = (
     })
   )
   const leftovers = holders.filter((h) => h.previousRun)
-  const unjudged = mine.filter((g) => usedMemory(g) === undefined)
-  const full = mine.flatMap((g) => {
-    const used = usedMemory(g)
-    if (used === undefined || used.bytes <= maxUsedBytes) return []
-    return used.byProcesses
+  const full = units.flatMap((u) => {
+    if (u.used === undefined || u.used.bytes <= maxUsedBytes) return []
+    return u.used.byProcesses
       ? [
-          `GPU ${g.index}'s processes hold ${gib(used.bytes)} (NVML reports no memory use for it; free below ${gib(maxUsedBytes)})`
+          `${u.label}'s processes hold ${gib(u.used.bytes)} (NVML reports no memory use for it; free below ${gib(maxUsedBytes)})`
         ]
-      : [`GPU ${g.index} has ${gib(used.bytes)} in use (free below ${gib(maxUsedBytes)})`]
+      : [`${u.label} has ${gib(u.used.bytes)} in use (free below ${gib(maxUsedBytes)})`]
   })
-  const unknown = unjudged.map(
-    (g) =>
-      `GPU ${g.index}'s memory use is unknown (NVML reports neither its memory nor its processes): it cannot be judged free`
-  )
+  const unknown = units
+    .filter((u) => u.used === undefined)
+    .map(
+      (u) =>
+        `${u.label}'s memory use is unknown (NVML reports neither its memory nor its processes): it cannot be judged free`
+    )
   if (leftovers.length === 0 && full.length === 0 && unknown.length === 0) return { _tag: "Free" }
   if (leftovers.length === 0 && full.length === 0) return { _tag: "Held", reason: unknown.join("; "), holders }
   const who =
     holders.length === 0
       ? "no process is listed (held by the driver or another container)"
       : holders
-          .map((h) => `pid ${h.pid}${h.previousRun ? " (earlier engine run)" : ""} ${gib(h.bytes)} on GPU ${h.gpu}`)
+          .map(
+            (h) =>
+              `pid ${h.pid}${h.previousRun ? " (earlier engine run)" : ""} ${gib(h.bytes)} on ${h.mig ?? `GPU ${h.gpu}`}`
+          )
           .join(", ")
   const what = full.length > 0 ? full.join("; ") : "a process of an earlier engine run still holds GPU memory"
   return { _tag: "Held", reason: [`${what}: ${who}`, ...unknown].join("; "), holders }

@@ -60,7 +60,9 @@ const FIELDS: Record<GpuField, true> = {
   critical_xids: true,
   row_remap_pending: true,
   row_remap_failure: true,
-  retired_pages_pending: true
+  retired_pages_pending: true,
+  mig_enabled: true,
+  mig_devices: true
 }
 
 /** Every field a GPU can leave unknown, in proto field-number order: what a lost GPU lists. */
@@ -100,7 +102,9 @@ export const gpuWith = (fields: Partial<Gpu> & { readonly index: number }): Gpu 
     criticalXids: [],
     rowRemapPending: false,
     rowRemapFailure: false,
-    retiredPagesPending: false
+    retiredPagesPending: false,
+    migEnabled: false,
+    migDevices: []
   }
   return { ...zero, ...fields }
 }

@@ -299,7 +299,7 @@ export interface Gpu {
    * "0 C" must not be read into it. The names that can appear: name, uuid, memory_total_bytes,
    * memory_used_bytes, memory_free_bytes, utilization_percent, temperature_celsius, power_watts,
    * power_limit_watts, throttle_reasons, ecc_uncorrected, processes, critical_xids, row_remap_pending,
-   * row_remap_failure, retired_pages_pending. index and lost are always known. Empty for a GPU that reported
+   * row_remap_failure, retired_pages_pending, mig_enabled, mig_devices. index and lost are always known. Empty for a GPU that reported
    * everything (and in records of agents older than this field: there 0 may mean unknown).
    */
   unreportedFields: string[];
@@ -338,6 +338,43 @@ export interface Gpu {
    * point): false, with "retired_pages_pending" in unreported_fields.
    */
   retiredPagesPending: boolean;
+  /**
+   * MIG (Multi-Instance GPU) mode is currently enabled on this GPU (nvmlDeviceGetMigMode currentMode; a pending
+   * change takes effect only at the next GPU reset and is not reported). A GPU in MIG mode is not usable whole by CUDA:
+   * an engine runs on one of its MIG devices (models.<name>.gpus = ["MIG-..."]), and the automatic assignment skips
+   * it. False on boards without MIG (NOT_SUPPORTED) and on drivers without the entry point (before R450, which have
+   * no MIG); "mig_enabled" in unreported_fields when the query failed otherwise.
+   */
+  migEnabled: boolean;
+  /**
+   * The MIG devices of a GPU in MIG mode (nvmlDeviceGetMaxMigDeviceCount, nvmlDeviceGetMigDeviceHandleByIndex; the
+   * empty slots skipped), in slot order; empty when MIG is off. "mig_devices" in unreported_fields when the list may
+   * be incomplete (a slot or a MIG device's UUID or instance ids could not be read: that device is left out).
+   */
+  migDevices: MigDevice[];
+}
+
+/**
+ * One MIG device: a compute instance within a GPU instance of a GPU in MIG mode, what CUDA sees as one device
+ * (CUDA_VISIBLE_DEVICES=MIG-<uuid>).
+ */
+export interface MigDevice {
+  /** nvmlDeviceGetUUID of the MIG handle: "MIG-<uuid>" (drivers R470 and later; "MIG-GPU-<uuid>/<gi>/<ci>" before). */
+  uuid: string;
+  /**
+   * nvmlDeviceGetGpuInstanceId and nvmlDeviceGetComputeInstanceId: the ids GpuProcess.gpu_instance_id and
+   * compute_instance_id name.
+   */
+  gpuInstanceId: number;
+  computeInstanceId: number;
+  /** nvmlDeviceGetMemoryInfo of the MIG handle: the GPU instance's memory, shared by its compute instances. */
+  memoryTotalBytes: number;
+  memoryUsedBytes: number;
+  /**
+   * As Gpu.unreported_fields, for this device's memory: "memory_total_bytes", "memory_used_bytes". Such a field
+   * reads 0 and means unknown.
+   */
+  unreportedFields: string[];
 }
 
 /** One Xid NVML delivered for a GPU as a critical-error event (catalog: https://docs.nvidia.com/deploy/xid-errors/). */
@@ -352,6 +389,13 @@ export interface GpuProcess {
   pid: number;
   /** 0 where NVML cannot say (NVML_VALUE_NOT_AVAILABLE, e.g. without permission). */
   usedMemoryBytes: number;
+  /**
+   * The MIG instance the process runs on (nvmlProcessInfo_v2_t gpuInstanceId, computeInstanceId): the ids of one of
+   * the GPU's mig_devices. Absent for a process on a GPU not in MIG mode (NVML's 0xFFFFFFFF) and in records of agents
+   * older than these fields.
+   */
+  gpuInstanceId?: number | undefined;
+  computeInstanceId?: number | undefined;
 }
 
 export interface Capacity {
@@ -2541,6 +2585,8 @@ function createBaseGpu(): Gpu {
     rowRemapPending: false,
     rowRemapFailure: false,
     retiredPagesPending: false,
+    migEnabled: false,
+    migDevices: [],
   };
 }
 
@@ -2602,6 +2648,12 @@ export const Gpu: MessageFns<Gpu> = {
     }
     if (message.retiredPagesPending !== false) {
       writer.uint32(152).bool(message.retiredPagesPending);
+    }
+    if (message.migEnabled !== false) {
+      writer.uint32(160).bool(message.migEnabled);
+    }
+    for (const v of message.migDevices) {
+      MigDevice.encode(v!, writer.uint32(170).fork()).join();
     }
     return writer;
   },
@@ -2771,6 +2823,22 @@ export const Gpu: MessageFns<Gpu> = {
             message.retiredPagesPending = reader.bool();
             continue;
           }
+          case 20: {
+            if (tag !== 160) {
+              break;
+            }
+
+            message.migEnabled = reader.bool();
+            continue;
+          }
+          case 21: {
+            if (tag !== 170) {
+              break;
+            }
+
+            message.migDevices.push(MigDevice.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2862,6 +2930,16 @@ export const Gpu: MessageFns<Gpu> = {
         : isSet(object.retired_pages_pending)
         ? globalThis.Boolean(object.retired_pages_pending)
         : false,
+      migEnabled: isSet(object.migEnabled)
+        ? globalThis.Boolean(object.migEnabled)
+        : isSet(object.mig_enabled)
+        ? globalThis.Boolean(object.mig_enabled)
+        : false,
+      migDevices: globalThis.Array.isArray(object?.migDevices)
+        ? object.migDevices.map((e: any) => MigDevice.fromJSON(e))
+        : globalThis.Array.isArray(object?.mig_devices)
+        ? object.mig_devices.map((e: any) => MigDevice.fromJSON(e))
+        : [],
     };
   },
 
@@ -2924,6 +3002,12 @@ export const Gpu: MessageFns<Gpu> = {
     if (message.retiredPagesPending !== false) {
       obj.retiredPagesPending = message.retiredPagesPending;
     }
+    if (message.migEnabled !== false) {
+      obj.migEnabled = message.migEnabled;
+    }
+    if (message.migDevices?.length) {
+      obj.migDevices = message.migDevices.map((e) => MigDevice.toJSON(e));
+    }
     return obj;
   },
 
@@ -2951,6 +3035,184 @@ export const Gpu: MessageFns<Gpu> = {
     message.rowRemapPending = object.rowRemapPending ?? false;
     message.rowRemapFailure = object.rowRemapFailure ?? false;
     message.retiredPagesPending = object.retiredPagesPending ?? false;
+    message.migEnabled = object.migEnabled ?? false;
+    message.migDevices = object.migDevices?.map((e) => MigDevice.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseMigDevice(): MigDevice {
+  return {
+    uuid: "",
+    gpuInstanceId: 0,
+    computeInstanceId: 0,
+    memoryTotalBytes: 0,
+    memoryUsedBytes: 0,
+    unreportedFields: [],
+  };
+}
+
+export const MigDevice: MessageFns<MigDevice> = {
+  encode(message: MigDevice, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.uuid !== "") {
+      writer.uint32(10).string(message.uuid);
+    }
+    if (message.gpuInstanceId !== 0) {
+      writer.uint32(16).uint32(message.gpuInstanceId);
+    }
+    if (message.computeInstanceId !== 0) {
+      writer.uint32(24).uint32(message.computeInstanceId);
+    }
+    if (message.memoryTotalBytes !== 0) {
+      writer.uint32(32).uint64(message.memoryTotalBytes);
+    }
+    if (message.memoryUsedBytes !== 0) {
+      writer.uint32(40).uint64(message.memoryUsedBytes);
+    }
+    for (const v of message.unreportedFields) {
+      writer.uint32(50).string(v!);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): MigDevice {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseMigDevice();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.uuid = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.gpuInstanceId = reader.uint32();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.computeInstanceId = reader.uint32();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.memoryTotalBytes = longToNumber(reader.uint64());
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.memoryUsedBytes = longToNumber(reader.uint64());
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.unreportedFields.push(reader.string());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): MigDevice {
+    return {
+      uuid: isSet(object.uuid) ? globalThis.String(object.uuid) : "",
+      gpuInstanceId: isSet(object.gpuInstanceId)
+        ? globalThis.Number(object.gpuInstanceId)
+        : isSet(object.gpu_instance_id)
+        ? globalThis.Number(object.gpu_instance_id)
+        : 0,
+      computeInstanceId: isSet(object.computeInstanceId)
+        ? globalThis.Number(object.computeInstanceId)
+        : isSet(object.compute_instance_id)
+        ? globalThis.Number(object.compute_instance_id)
+        : 0,
+      memoryTotalBytes: isSet(object.memoryTotalBytes)
+        ? globalThis.Number(object.memoryTotalBytes)
+        : isSet(object.memory_total_bytes)
+        ? globalThis.Number(object.memory_total_bytes)
+        : 0,
+      memoryUsedBytes: isSet(object.memoryUsedBytes)
+        ? globalThis.Number(object.memoryUsedBytes)
+        : isSet(object.memory_used_bytes)
+        ? globalThis.Number(object.memory_used_bytes)
+        : 0,
+      unreportedFields: globalThis.Array.isArray(object?.unreportedFields)
+        ? object.unreportedFields.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.unreported_fields)
+        ? object.unreported_fields.map((e: any) => globalThis.String(e))
+        : [],
+    };
+  },
+
+  toJSON(message: MigDevice): unknown {
+    const obj: any = {};
+    if (message.uuid !== "") {
+      obj.uuid = message.uuid;
+    }
+    if (message.gpuInstanceId !== 0) {
+      obj.gpuInstanceId = Math.round(message.gpuInstanceId);
+    }
+    if (message.computeInstanceId !== 0) {
+      obj.computeInstanceId = Math.round(message.computeInstanceId);
+    }
+    if (message.memoryTotalBytes !== 0) {
+      obj.memoryTotalBytes = Math.round(message.memoryTotalBytes);
+    }
+    if (message.memoryUsedBytes !== 0) {
+      obj.memoryUsedBytes = Math.round(message.memoryUsedBytes);
+    }
+    if (message.unreportedFields?.length) {
+      obj.unreportedFields = message.unreportedFields;
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<MigDevice>): MigDevice {
+    return MigDevice.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<MigDevice>): MigDevice {
+    const message = createBaseMigDevice();
+    message.uuid = object.uuid ?? "";
+    message.gpuInstanceId = object.gpuInstanceId ?? 0;
+    message.computeInstanceId = object.computeInstanceId ?? 0;
+    message.memoryTotalBytes = object.memoryTotalBytes ?? 0;
+    message.memoryUsedBytes = object.memoryUsedBytes ?? 0;
+    message.unreportedFields = object.unreportedFields?.map((e) => e) || [];
     return message;
   },
 };
@@ -3041,7 +3303,7 @@ export const GpuXid: MessageFns<GpuXid> = {
 };
 
 function createBaseGpuProcess(): GpuProcess {
-  return { pid: 0, usedMemoryBytes: 0 };
+  return { pid: 0, usedMemoryBytes: 0, gpuInstanceId: undefined, computeInstanceId: undefined };
 }
 
 export const GpuProcess: MessageFns<GpuProcess> = {
@@ -3051,6 +3313,12 @@ export const GpuProcess: MessageFns<GpuProcess> = {
     }
     if (message.usedMemoryBytes !== 0) {
       writer.uint32(16).uint64(message.usedMemoryBytes);
+    }
+    if (message.gpuInstanceId !== undefined) {
+      writer.uint32(24).uint32(message.gpuInstanceId);
+    }
+    if (message.computeInstanceId !== undefined) {
+      writer.uint32(32).uint32(message.computeInstanceId);
     }
     return writer;
   },
@@ -3084,6 +3352,22 @@ export const GpuProcess: MessageFns<GpuProcess> = {
             message.usedMemoryBytes = longToNumber(reader.uint64());
             continue;
           }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.gpuInstanceId = reader.uint32();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.computeInstanceId = reader.uint32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3104,6 +3388,16 @@ export const GpuProcess: MessageFns<GpuProcess> = {
         : isSet(object.used_memory_bytes)
         ? globalThis.Number(object.used_memory_bytes)
         : 0,
+      gpuInstanceId: isSet(object.gpuInstanceId)
+        ? globalThis.Number(object.gpuInstanceId)
+        : isSet(object.gpu_instance_id)
+        ? globalThis.Number(object.gpu_instance_id)
+        : undefined,
+      computeInstanceId: isSet(object.computeInstanceId)
+        ? globalThis.Number(object.computeInstanceId)
+        : isSet(object.compute_instance_id)
+        ? globalThis.Number(object.compute_instance_id)
+        : undefined,
     };
   },
 
@@ -3115,6 +3409,12 @@ export const GpuProcess: MessageFns<GpuProcess> = {
     if (message.usedMemoryBytes !== 0) {
       obj.usedMemoryBytes = Math.round(message.usedMemoryBytes);
     }
+    if (message.gpuInstanceId !== undefined) {
+      obj.gpuInstanceId = Math.round(message.gpuInstanceId);
+    }
+    if (message.computeInstanceId !== undefined) {
+      obj.computeInstanceId = Math.round(message.computeInstanceId);
+    }
     return obj;
   },
 
@@ -3125,6 +3425,8 @@ export const GpuProcess: MessageFns<GpuProcess> = {
     const message = createBaseGpuProcess();
     message.pid = object.pid ?? 0;
     message.usedMemoryBytes = object.usedMemoryBytes ?? 0;
+    message.gpuInstanceId = object.gpuInstanceId ?? undefined;
+    message.computeInstanceId = object.computeInstanceId ?? undefined;
     return message;
   },
 };

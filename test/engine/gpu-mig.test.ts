@@ -1,0 +1,109 @@
+// An engine on a MIG device through the real processes: the built agent (dist/main.js) on the fake libnvidia-ml.so
+// (CGN_NVML_LIBRARY, FAKE_NVML_STATE scripting GPU 1 in MIG mode) supervises the simulator. Covers: models.gpus =
+// ["MIG-..."] starts the engine with CUDA_VISIBLE_DEVICES set to the MIG device while another tenant's MIG device on
+// the same board holds most of its memory; the MIG device gone (instance destroyed) holds a restart, naming it;
+// `check` shows the MIG device and refuses two (exit 2, the key and the reason).
+import * as fs from "node:fs"
+import * as path from "node:path"
+import { afterEach, beforeAll, describe, expect, it } from "vitest"
+import { killAllAgents, requireDist, simAgentConfig, startAgent } from "../support/agent.ts"
+import { runCli } from "../support/cli.ts"
+import { fetchText } from "../support/http.ts"
+import { useFakeNvml } from "../support/nvml.ts"
+import { pollUntil } from "../support/poll.ts"
+
+const GiB = 2 ** 30
+const BOUND = 60_000
+const MINE = "MIG-0a0a0a0a-1111-2222-3333-000000000001"
+const THEIRS = "MIG-0a0a0a0a-1111-2222-3333-000000000002"
+
+const nvml = useFakeNvml("cgn-gpu-mig-")
+beforeAll(() => {
+  requireDist()
+})
+afterEach(killAllAgents)
+
+/** GPU 1 in MIG mode: my MIG device nearly empty, another tenant's holding 60 GiB (the board: 60.25 GiB in use). */
+const board = (withMine: boolean) => [
+  "gpu.1.mig=1",
+  `gpu.1.used=${60.25 * GiB}`,
+  `gpu.1.mig_devices=${[
+    ...(withMine ? [`0:${MINE}:1:0:${GiB / 4}:${40 * GiB}`] : []),
+    `1:${THEIRS}:2:0:${60 * GiB}:${40 * GiB}`
+  ].join(",")}`,
+  `gpu.1.procs=4242:${60 * GiB}:2:0`
+]
+
+interface Status {
+  health: { capacity: { engineGpus: Array<number>; gpus: Array<{ index: number; migEnabled?: boolean }> } }
+  engine: { state: { _tag: string }; pid: number | null; restarts: number }
+  gpuGate: { gpus: Array<number>; mig?: string; fault?: string }
+}
+const status = async (adminUrl: string) => (await (await fetch(`${adminUrl}/status`)).json()) as Status
+
+describe("an engine on a MIG device (built agent, fake NVML through koffi)", () => {
+  it("starts on the MIG device while another tenant's fills the board; waits, naming it, once it is gone", async () => {
+    const state = path.join(nvml.dir, "mig.state")
+    const write = (lines: ReadonlyArray<string>) => fs.writeFileSync(state, `${lines.join("\n")}\n`)
+    write(board(true))
+    const s = await simAgentConfig({ engine: { restart_backoff_initial: "100ms" } })
+    const config = { ...s.config, models: { m: { hf_repo: "org/m", gpus: [MINE] } } }
+    const agent = await startAgent({
+      config,
+      env: { CGN_NVML_LIBRARY: nvml.library, FAKE_NVML_STATE: state },
+      readyTimeoutMs: BOUND
+    })
+    const spawnLogs = () => agent.logs().filter((l) => String(l.msg).includes(": spawning"))
+    const [spawn] = spawnLogs()
+    expect(JSON.stringify(spawn)).toContain(`"CUDA_VISIBLE_DEVICES":"${MINE}"`)
+    expect(JSON.stringify(spawn)).toContain('"CUDA_DEVICE_ORDER":"PCI_BUS_ID"')
+    const ready = await status(agent.adminUrl)
+    expect(ready.gpuGate).toMatchObject({ gpus: [1], mig: MINE })
+    expect(ready.health.capacity.engineGpus).toEqual([1])
+    expect(ready.health.capacity.gpus[1]?.migEnabled).toBe(true)
+
+    // the instance destroyed under the engine, which then dies: the restart waits, and the node says why
+    write(board(false))
+    process.kill(ready.engine.pid as number, "SIGKILL")
+    const readyz = await pollUntil(
+      "readyz names the missing MIG device",
+      async () => {
+        const r = await fetchText(`${agent.adminUrl}/readyz`)
+        return r.status === 503 && r.body.includes(MINE) ? r : undefined
+      },
+      BOUND
+    )
+    expect(readyz.body).toContain(`MIG device ${MINE} is not in NVML's list`)
+    expect(spawnLogs()).toHaveLength(1)
+    // recreated: the engine starts again
+    write(board(true))
+    await pollUntil(
+      "ready again once the MIG device is back",
+      async () => (await status(agent.adminUrl)).engine.state._tag === "Ready",
+      BOUND
+    )
+    expect(spawnLogs()).toHaveLength(2)
+    expect((await agent.stop()).code).toBe(0)
+  }, 240_000)
+
+  it("check shows the MIG device and the GPU it is on; two MIG devices exit 2 with the key and the reason", async () => {
+    const state = path.join(nvml.dir, "check.state")
+    fs.writeFileSync(state, `${board(true).join("\n")}\n`)
+    const env = { CGN_NVML_LIBRARY: nvml.library, FAKE_NVML_STATE: state }
+    const file = (name: string, gpus: ReadonlyArray<string>, tp: number) => {
+      const f = path.join(nvml.dir, name)
+      fs.writeFileSync(f, `[models."m"]\nhf_repo = "org/m"\ntp = ${tp}\ngpus = ${JSON.stringify(gpus)}\n`)
+      return f
+    }
+    const one = await runCli(["check", "--config", file("one.toml", [MINE], 1)], env)
+    expect(one.code).toBe(0)
+    expect(one.stdout).toContain(`gpus:`)
+    expect(one.stdout).toContain(`${MINE} (a MIG device on GPU 1; CUDA_VISIBLE_DEVICES=${MINE})`)
+    const two = await runCli(["check", "--config", file("two.toml", [MINE, THEIRS], 2)], env)
+    expect(two.code).toBe(2)
+    expect(two.stderr).toContain('models."m".gpus: lists 2 MIG devices, but CUDA enumerates only one MIG device')
+    const absent = await runCli(["check", "--config", file("absent.toml", ["MIG-absent"], 1)], env)
+    expect(absent.code).toBe(2)
+    expect(absent.stderr).toContain('models."m".gpus: MIG device MIG-absent is not on this host')
+  }, 120_000)
+})
