@@ -537,8 +537,9 @@ describe("restarts", () => {
   })
 
   it("the engine gets the agent's environment and [engine].env, not the agent's MALLOC_ARENA_MAX", async () => {
-    // The engine here is a script that writes its environment to a file and waits to be stopped.
-    const dump = `require("node:fs").writeFileSync(process.env.CGN_TEST_ENV_OUT, JSON.stringify(process.env)); setInterval(() => {}, 1000)`
+    // The engine here is a script that writes its environment to a file and waits to be stopped. Written whole, then
+    // renamed: a poll that read the file mid-write (seen once in a full run on a loaded host) parsed half a JSON.
+    const dump = `const fs = require("node:fs"), out = process.env.CGN_TEST_ENV_OUT; fs.writeFileSync(out + ".tmp", JSON.stringify(process.env)); fs.renameSync(out + ".tmp", out); setInterval(() => {}, 1000)`
     const saved = process.env.MALLOC_ARENA_MAX
     process.env.MALLOC_ARENA_MAX = "1"
     cleanups.push(() => {
