@@ -64,9 +64,11 @@ const gpusSummary = (c: AgentConfig, plan: LaunchPlan | undefined): string => {
   if (engineFor(c.engine.kind).capabilities.cudaGpus !== true) return `none handed out (${c.engine.kind})`
   const mig = migRef(c.model.gpus)
   if (mig !== undefined) {
-    // the board it is on, as NVML lists it now; the engine sees the MIG device alone
-    const on = plan?.gpus?.[0]
-    return `${mig} (a MIG device${on === undefined ? "" : ` on GPU ${on}`}; CUDA_VISIBLE_DEVICES=${mig})`
+    // the board it is on, as NVML lists it now; the engine sees the MIG device alone, named as NVML names it (a name
+    // of the form before R470, MIG-GPU-<uuid>/<gi>/<ci>, is handed over as MIG-<uuid>: Mig.ts assignMig)
+    const on = plan?.gpus ?? []
+    const visible = plan?.env.CUDA_VISIBLE_DEVICES ?? mig
+    return `${mig} (a MIG device${on.length === 0 ? "" : ` on GPU ${on.join(", ")}`}; CUDA_VISIBLE_DEVICES=${visible})`
   }
   if (c.model.gpus.length > 0) return c.model.gpus.join(", ")
   if (plan?.gpus !== undefined)

@@ -15,8 +15,13 @@ const B = "MIG-4b4ec5d8-0000-1111-2222-444444444444"
 const ONE = "CUDA enumerates only one MIG device per process (NVIDIA MIG User Guide, CUDA device enumeration)"
 
 describe("models.<name>.gpus with a MIG device", () => {
-  it("one MIG device for one worker is accepted", () => {
+  it("one MIG device for one worker is accepted, also by its name before R470 (MIG-GPU-<uuid>/<gi>/<ci>)", () => {
     expect(problemsOf(`${MODEL}gpus = ["${A}"]\n`)).toEqual([])
+    expect(problemsOf(`${MODEL}gpus = ["MIG-GPU-4b4ec5d8-0000-1111-2222-555555555555/1/0"]\n`)).toEqual([])
+    // that name is a MIG device too: not two of them
+    expect(problemsOf(`${MODEL}tp = 2\ngpus = ["${A}", "MIG-GPU-4b4ec5d8-0000-1111-2222-555555555555/1/0"]\n`)).toEqual(
+      [`models."m".gpus: lists 2 MIG devices, but ${ONE}: give the engine one`]
+    )
   })
   it.each([
     ["two MIG devices", `tp = 2\ngpus = ["${A}", "${B}"]\n`, `lists 2 MIG devices, but ${ONE}: give the engine one`],

@@ -8,7 +8,7 @@ import { Config } from "../../services/config/Config.ts"
 import { EnginePlan } from "../../services/engine/Engine.ts"
 import { GpuGate, type GpuGateStatus, gateProblem } from "../../services/engine/GpuGate.ts"
 import { engineFault, gateVerdict } from "../../services/node/Gpus.ts"
-import { migRef } from "../../services/node/Mig.ts"
+import { findMig, migRef } from "../../services/node/Mig.ts"
 import { Nvml } from "../../services/node/Nvml.ts"
 import { xidRuleOf } from "../../services/node/Xid.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
@@ -27,16 +27,19 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
     const nvml = yield* Nvml
     const metrics = yield* Metrics
     const indices = plan.gpus ?? []
-    // The engine's MIG device: the plan's GPU is the one that listed it (backends/index.ts, Gpus.ts assignGpus), and
-    // the gate judges the device, not the whole board other tenants' MIG devices share.
+    // The engine's MIG device as configured: the plan's GPU is the one that listed it (backends/index.ts, Gpus.ts
+    // assignGpus), and the gate judges the device, not the whole board other tenants' MIG devices share.
     const mig = indices.length > 0 ? migRef(config.model.gpus) : undefined
+    // ... and as NVML names it (`MIG-<uuid>`, also for a configured name of the form before R470: Mig.ts findMig), for
+    // the status and NodeHealth capacity.engine_mig_device; the configured name until NVML lists it
+    const named = (ref: string, gpus: Parameters<typeof findMig>[0]): string => findMig(gpus, ref)?.device.uuid ?? ref
     const timeoutMs = Duration.toMillis(config.engine.gpu_free_timeout)
     const maxUsedBytes = config.engine.gpu_free_below_mib * 2 ** 20
     // the operator's changes to which Xids are faults ([engine].ignore_xids, fault_xids)
     const xidRule = xidRuleOf(config.engine)
     const status = yield* SubscriptionRef.make<GpuGateStatus>({
       gpus: indices,
-      ...(mig === undefined ? {} : { mig }),
+      ...(mig === undefined ? {} : { mig: named(mig, yield* nvml.gpus) }),
       waiting: undefined,
       fault: undefined
     })
@@ -51,8 +54,13 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
     const faultNow = Effect.map(nvml.gpus, (gpus) => engineFault(gpus, indices, xidRule, mig))
     if (gated) {
       yield* Effect.gen(function* () {
-        const fault = (yield* nvmlUp) ? yield* faultNow : undefined
+        const up = yield* nvmlUp
+        const fault = up ? yield* faultNow : undefined
         const before = yield* SubscriptionRef.get(status)
+        if (up && mig !== undefined) {
+          const name = named(mig, yield* nvml.gpus)
+          if (name !== before.mig) yield* SubscriptionRef.update(status, (s) => ({ ...s, mig: name }))
+        }
         if (fault === before.fault) return
         yield* SubscriptionRef.update(status, (s) => ({ ...s, fault }))
         yield* fault === undefined

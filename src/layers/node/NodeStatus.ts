@@ -138,6 +138,7 @@ export const layer = (
           ...g,
           engine: g.state,
           engineGpus: g.gpuGate.gpus,
+          engineMigDevice: g.gpuGate.mig,
           config,
           agentVersion,
           advertiseAddr,

@@ -11,7 +11,7 @@
  * nameGpus). Runs in the NVML worker thread (programs/nvmlWorker.ts), synchronously, so it imports nothing that
  * loads `effect`.
  */
-import type { Gpu, GpuProcess } from "../../gen/cgn/agent/v1/agent.ts"
+import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
 import { throttleReasons } from "../../services/node/Gpus.ts"
 import {
   cString,
@@ -25,6 +25,7 @@ import {
 import type { Binding } from "./nvmlBinding.ts"
 import type { XidWatch } from "./nvmlEvents.ts"
 import { migOf } from "./nvmlMig.ts"
+import { processesOf } from "./nvmlProcesses.ts"
 
 // nvml.h: NVML_DEVICE_NAME_V2_BUFFER_SIZE and NVML_DEVICE_UUID_V2_BUFFER_SIZE are both 96.
 const STRING_BUFFER = 96
@@ -34,50 +35,10 @@ const NVML_TEMPERATURE_GPU = 0
 const NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 const NVML_VOLATILE_ECC = 0
 const NVML_ERROR_NOT_SUPPORTED = 3
-const NVML_ERROR_INSUFFICIENT_SIZE = 7
 const NVML_ERROR_GPU_IS_LOST = 15
-// nvml.h NVML_VALUE_NOT_AVAILABLE: usedGpuMemory when the driver cannot say (e.g. no permission).
-const VALUE_NOT_AVAILABLE = 0xffffffffffffffffn
-// nvml.h nvmlProcessInfo_v2_t: gpuInstanceId and computeInstanceId of a process not on a MIG instance.
-const NOT_ON_MIG = 0xffffffff
 
 // A lost GPU reports nothing: every field is unknown (name and uuid until the main thread fills them in).
 const lostGpu = (index: number): Gpu => gpuWith({ index, lost: true, unreportedFields: [...gpuFields] })
-
-/**
- * The compute processes on one GPU, by NVML's two-call protocol (ask the count, then fill); undefined when NVML
- * did not say (an empty list is a real answer: no process).
- */
-const processesOf = (
-  nvml: Binding,
-  device: unknown,
-  note: (what: string, rc: number) => void
-): Array<GpuProcess> | undefined => {
-  if (nvml.processes === undefined) return undefined
-  const count = [0]
-  let rc = nvml.processes(device, count, null)
-  if (rc === 0) return []
-  if (rc !== NVML_ERROR_INSUFFICIENT_SIZE) {
-    note("nvmlDeviceGetComputeRunningProcesses_v3", rc)
-    return undefined
-  }
-  // a process may start between the two calls: leave room for a few more
-  const room = [(count[0] ?? 0) + 4]
-  const infos: Array<unknown> = Array.from({ length: room[0]! }, () => ({}))
-  rc = nvml.processes(device, room, infos)
-  if (rc !== 0) {
-    note("nvmlDeviceGetComputeRunningProcesses_v3", rc)
-    return undefined
-  }
-  type Info = { pid: number; usedGpuMemory: number | bigint; gpuInstanceId: number; computeInstanceId: number }
-  return (infos.slice(0, room[0]) as Array<Info>).map((p) => ({
-    pid: p.pid,
-    usedMemoryBytes: BigInt(p.usedGpuMemory) === VALUE_NOT_AVAILABLE ? 0 : toNumber(p.usedGpuMemory),
-    // the MIG instance it runs on (the GPU gate tells an engine's instance from its neighbours' by them)
-    ...(p.gpuInstanceId === NOT_ON_MIG ? {} : { gpuInstanceId: p.gpuInstanceId }),
-    ...(p.computeInstanceId === NOT_ON_MIG ? {} : { computeInstanceId: p.computeInstanceId })
-  }))
-}
 
 /**
  * One pass over the devices. A field NVML does not report (e.g. utilization unsupported under MIG) reads 0 and is

@@ -5,7 +5,19 @@
  * layers/node/Nvml.ts and the waiting is done by layers/engine/GpuGate.ts.
  */
 import type { Gpu, GpuProcess } from "../../gen/cgn/agent/v1/agent.ts"
-import { findMig, holdsMigMemory, listedMigs, migRef, migRefProblem, migUsedMemory, missingMig } from "./Mig.ts"
+import {
+  absentMig,
+  assignMig,
+  findMig,
+  type MemoryUse,
+  migProcesses,
+  migRef,
+  migRefProblem,
+  migUsedMemory,
+  notCounted,
+  wholeMigProblem,
+  wholeUsable
+} from "./Mig.ts"
 import { isUnknown } from "./NvmlValues.ts"
 import { defaultXidRule, describeXid, type XidRule, xidIsFault } from "./Xid.ts"
 
@@ -86,9 +98,10 @@ export type Assignment =
   | { readonly _tag: "Impossible"; readonly reason: string }
 
 /**
- * The engine's GPUs. Configured refs must all exist (when NVML lists GPUs); otherwise the first `needed`
- * healthy GPUs in index order, skipping GPUs in MIG mode (CUDA cannot use one whole). A configured MIG device
- * (`MIG-...`) must be the only ref, for one worker (Mig.ts migRefProblem), and resolves to the GPU that lists it.
+ * The engine's GPUs. Configured refs must all exist (when NVML lists GPUs) and none be in MIG mode (CUDA cannot use
+ * one whole); otherwise the first `needed` healthy GPUs in index order, skipping GPUs in MIG mode and those whose MIG
+ * mode NVML could not read. A configured MIG device (`MIG-...`) must be the only ref, for one worker (Mig.ts
+ * migRefProblem), and resolves to the GPU that lists it (Mig.ts assignMig).
  * `gpus` empty means NVML is absent: configured indices are taken on trust, UUIDs too (they go into
  * CUDA_VISIBLE_DEVICES as written). `rule` says which Xids are faults (gpuFault).
  */
@@ -106,12 +119,7 @@ export const assignGpus = (
     return indices.length === configured.length ? { _tag: "Assigned", indices, automatic: false } : { _tag: "Unknown" }
   }
   const mig = migRef(configured)
-  if (mig !== undefined) {
-    const found = findMig(gpus, mig)
-    if (found === undefined)
-      return { _tag: "Impossible", reason: `MIG device ${mig} is not on this host (${listedMigs(gpus)})` }
-    return { _tag: "Assigned", indices: [found.gpu.index], automatic: false, mig }
-  }
+  if (mig !== undefined) return assignMig(mig, gpus)
   if (configured.length > 0) {
     const indices: Array<number> = []
     for (const ref of configured) {
@@ -122,21 +130,18 @@ export const assignGpus = (
           reason: `GPU ${JSON.stringify(ref)} is not on this host (NVML lists ${gpus.map((g) => `${g.index} ${g.uuid}`).join(", ")})`
         }
       }
+      const whole = wholeMigProblem(ref, gpu)
+      if (whole !== undefined) return { _tag: "Impossible", reason: whole }
       indices.push(gpu.index)
     }
     return { _tag: "Assigned", indices, automatic: false }
   }
-  // A GPU in MIG mode is not usable whole by CUDA (it enumerates its MIG devices instead): never picked.
-  const inMig = gpus.filter((g) => g.migEnabled)
-  const healthy = gpus.filter((g) => !g.migEnabled && gpuFault(g, rule) === undefined)
+  // A GPU in MIG mode (or maybe in it) is not usable whole by CUDA: never picked (Mig.ts wholeUsable).
+  const healthy = gpus.filter((g) => wholeUsable(g) && gpuFault(g, rule) === undefined)
   if (healthy.length < needed) {
-    const skipped =
-      inMig.length === 0
-        ? ""
-        : `; GPU ${inMig.map((g) => g.index).join(", ")} in MIG mode, not counted (CUDA cannot use a GPU in MIG mode whole: name one of its MIG devices in gpus)`
     return {
       _tag: "Impossible",
-      reason: `the engine needs ${needed} GPUs (tp x dp) but this host has ${healthy.length} healthy of ${gpus.length}${skipped}`
+      reason: `the engine needs ${needed} GPUs (tp x dp) but this host has ${healthy.length} healthy of ${gpus.length}${notCounted(gpus)}`
     }
   }
   return { _tag: "Assigned", indices: healthy.slice(0, needed).map((g) => g.index), automatic: true }
@@ -179,12 +184,12 @@ const gib = (bytes: number): string => `${(bytes / 2 ** 30).toFixed(1)} GiB`
 /**
  * The memory in use on a GPU as far as NVML tells: its memory info; where NVML cannot report that (unified-memory
  * boards such as GB10 answer nvmlDeviceGetMemoryInfo NOT_SUPPORTED for good, while their process list works:
- * https://github.com/kubernetes-sigs/dra-driver-nvidia-gpu/issues/1073), what its listed processes hold; undefined
- * when NVML reports neither.
+ * https://github.com/kubernetes-sigs/dra-driver-nvidia-gpu/issues/1073), what its listed processes hold; unknown
+ * (never free) when NVML reports neither.
  */
-const usedMemory = (g: Gpu): { readonly bytes: number; readonly byProcesses: boolean } | undefined => {
+const usedMemory = (g: Gpu): MemoryUse => {
   if (!isUnknown(g, "memory_used_bytes")) return { bytes: g.memoryUsedBytes, byProcesses: false }
-  if (isUnknown(g, "processes")) return undefined
+  if (isUnknown(g, "processes")) return { unknown: "NVML reports neither its memory nor its processes" }
   return { bytes: g.processes.reduce((sum, p) => sum + p.usedMemoryBytes, 0), byProcesses: true }
 }
 
@@ -195,15 +200,16 @@ interface Unit {
   readonly mig: string | undefined
   /** The processes holding this unit's memory. */
   readonly processes: ReadonlyArray<GpuProcess>
-  readonly used: { readonly bytes: number; readonly byProcesses: boolean } | undefined
+  readonly used: MemoryUse
 }
 
 /**
  * Why the engine's devices cannot take a run whatever their memory, or undefined: an assigned GPU missing from NVML's
  * list (its handle query failed, or the device count did: not known to be free, so the start waits rather than put the
- * engine on a GPU nobody can see), a fault of one (gpuFault), or the assigned MIG device gone from its GPU's list
- * (`mig`: its instance destroyed, MIG mode turned off). A MIG device's faults are its GPU's: a lost board, its ECC
- * errors and row remapping are the whole board's, and its Xids are not told apart by instance here (NVIDIA
+ * engine on a GPU nobody can see), a fault of one (gpuFault), or the assigned MIG device `mig` not in NVML's list
+ * (Mig.ts absentMig: a list NVML could not read, or the device gone: its instance destroyed, MIG mode turned off). A
+ * MIG device's faults are its GPU's: a lost board, its ECC errors and row remapping are the whole board's, and its
+ * Xids are not told apart by instance here (NVIDIA
  * k8s-device-plugin internal/rm/health.go does, by the event's GpuInstanceId and ComputeInstanceId): conservative,
  * any Xid of the board holds the engine.
  */
@@ -222,7 +228,7 @@ export const engineFault = (
     const fault = gpuFault(g, rule)
     if (fault !== undefined) return fault
   }
-  return mig !== undefined && at === undefined ? missingMig(mig, indices[0]) : undefined
+  return mig !== undefined && at === undefined ? absentMig(gpus, mig, indices) : undefined
 }
 
 /**
@@ -230,8 +236,9 @@ export const engineFault = (
  * used memory on each at most `maxUsedBytes` (driver and other tenants' small contexts stay under it).
  * Memory NVML cannot report is never taken as 0: the listed processes' memory stands in for it, and a GPU that
  * reports neither cannot be judged free (the start waits, as for a GPU missing from NVML's list).
- * With `mig` (the engine's MIG device) what is judged is that device: its memory, the processes of its GPU instance;
- * other tenants' MIG devices on the same board do not hold the start (faults: engineFault).
+ * With `mig` (the engine's MIG device) what is judged is that device: its memory, the processes of its GPU instance
+ * (Mig.ts migProcesses: its own per-instance lists, the GPU's aggregate list only where those are unreported); other
+ * tenants' MIG devices on the same board do not hold the start (faults: engineFault).
  * `pgidOf` says which process group a pid is in (undefined when it is not visible from here); `rule` which Xids are
  * faults (gpuFault).
  */
@@ -254,7 +261,7 @@ export const gateVerdict = (
             label: `MIG device ${found.device.uuid} (GPU ${found.gpu.index})`,
             gpu: found.gpu.index,
             mig: found.device.uuid,
-            processes: found.gpu.processes.filter((p) => holdsMigMemory(p, found.device)),
+            processes: migProcesses(found.gpu, found.device) ?? [],
             used: migUsedMemory(found.gpu, found.device)
           }
         ]
@@ -281,19 +288,16 @@ export const gateVerdict = (
   )
   const leftovers = holders.filter((h) => h.previousRun)
   const full = units.flatMap((u) => {
-    if (u.used === undefined || u.used.bytes <= maxUsedBytes) return []
+    if ("unknown" in u.used || u.used.bytes <= maxUsedBytes) return []
     return u.used.byProcesses
       ? [
           `${u.label}'s processes hold ${gib(u.used.bytes)} (NVML reports no memory use for it; free below ${gib(maxUsedBytes)})`
         ]
       : [`${u.label} has ${gib(u.used.bytes)} in use (free below ${gib(maxUsedBytes)})`]
   })
-  const unknown = units
-    .filter((u) => u.used === undefined)
-    .map(
-      (u) =>
-        `${u.label}'s memory use is unknown (NVML reports neither its memory nor its processes): it cannot be judged free`
-    )
+  const unknown = units.flatMap((u) =>
+    "unknown" in u.used ? [`${u.label}'s memory use is unknown (${u.used.unknown}): it cannot be judged free`] : []
+  )
   if (leftovers.length === 0 && full.length === 0 && unknown.length === 0) return { _tag: "Free" }
   if (leftovers.length === 0 && full.length === 0) return { _tag: "Held", reason: unknown.join("; "), holders }
   const who =

@@ -92,6 +92,8 @@ export interface NodeHealthInputs {
   readonly gpus: ReadonlyArray<Gpu>
   /** The engine's GPUs (NVML indices); empty when unknown. */
   readonly engineGpus: ReadonlyArray<number>
+  /** The MIG device the engine is given (its UUID as NVML reports it), on the GPU in `engineGpus`; absent: none. */
+  readonly engineMigDevice?: string | undefined
   /**
    * A fact outside the engine's state that makes the node unhealthy (services/engine/GpuGate.ts `gateProblem`,
    * services/engine/EngineStall.ts `stallProblem`), or undefined.
@@ -129,7 +131,8 @@ export const buildNodeHealth = (i: NodeHealthInputs): NodeHealth => ({
     maxQueue: i.config.agent.max_queue,
     gpus: [...i.gpus],
     dp: i.config.model.dp,
-    engineGpus: [...i.engineGpus]
+    engineGpus: [...i.engineGpus],
+    engineMigDevice: i.engineMigDevice ?? ""
   },
   freshness: { epoch: "", sequence: 0, writtenAt: "" }
 })

@@ -371,10 +371,19 @@ export interface MigDevice {
   memoryTotalBytes: number;
   memoryUsedBytes: number;
   /**
-   * As Gpu.unreported_fields, for this device's memory: "memory_total_bytes", "memory_used_bytes". Such a field
-   * reads 0 and means unknown.
+   * As Gpu.unreported_fields, for this device: "memory_total_bytes", "memory_used_bytes", "processes". Such a field
+   * reads 0 (empty) and means unknown.
    */
   unreportedFields: string[];
+  /**
+   * nvmlDeviceGetComputeRunningProcesses_v3 of the MIG handle: the compute processes on this MIG device. nvml.h: "In
+   * MIG mode, if device handle is provided, the API returns aggregate information, only if the caller has appropriate
+   * privileges. Per-instance information can be queried by using specific MIG device handles." Without those
+   * privileges (CAP_SYS_ADMIN and the mig/monitor capability: NVIDIA/nvidia-container-runtime README,
+   * NVIDIA_MIG_MONITOR_DEVICES) the GPU's own list is refused or empty while this one answers. Empty, with
+   * "processes" in unreported_fields, when the query failed.
+   */
+  processes: GpuProcess[];
 }
 
 /** One Xid NVML delivered for a GPU as a critical-error event (catalog: https://docs.nvidia.com/deploy/xid-errors/). */
@@ -410,8 +419,16 @@ export interface Capacity {
    * and KV events name it as dp_rank 0..dp-1.
    */
   dp: number;
-  /** Indices of the GPUs the engine is given (CUDA_VISIBLE_DEVICES, PCI bus order); empty when not known. */
+  /**
+   * Indices of the GPUs the engine is given, whole (CUDA_VISIBLE_DEVICES, PCI bus order), or, for an engine given a MIG
+   * device (engine_mig_device), the GPU that device is on; empty when not known.
+   */
   engineGpus: number[];
+  /**
+   * The MIG device the engine is given (CUDA_VISIBLE_DEVICES=MIG-<uuid>, as NVML names it), on the GPU engine_gpus
+   * lists; empty when the engine is given whole GPUs (or none).
+   */
+  engineMigDevice: string;
 }
 
 export interface Freshness {
@@ -3049,6 +3066,7 @@ function createBaseMigDevice(): MigDevice {
     memoryTotalBytes: 0,
     memoryUsedBytes: 0,
     unreportedFields: [],
+    processes: [],
   };
 }
 
@@ -3071,6 +3089,9 @@ export const MigDevice: MessageFns<MigDevice> = {
     }
     for (const v of message.unreportedFields) {
       writer.uint32(50).string(v!);
+    }
+    for (const v of message.processes) {
+      GpuProcess.encode(v!, writer.uint32(58).fork()).join();
     }
     return writer;
   },
@@ -3136,6 +3157,14 @@ export const MigDevice: MessageFns<MigDevice> = {
             message.unreportedFields.push(reader.string());
             continue;
           }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.processes.push(GpuProcess.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3176,6 +3205,9 @@ export const MigDevice: MessageFns<MigDevice> = {
         : globalThis.Array.isArray(object?.unreported_fields)
         ? object.unreported_fields.map((e: any) => globalThis.String(e))
         : [],
+      processes: globalThis.Array.isArray(object?.processes)
+        ? object.processes.map((e: any) => GpuProcess.fromJSON(e))
+        : [],
     };
   },
 
@@ -3199,6 +3231,9 @@ export const MigDevice: MessageFns<MigDevice> = {
     if (message.unreportedFields?.length) {
       obj.unreportedFields = message.unreportedFields;
     }
+    if (message.processes?.length) {
+      obj.processes = message.processes.map((e) => GpuProcess.toJSON(e));
+    }
     return obj;
   },
 
@@ -3213,6 +3248,7 @@ export const MigDevice: MessageFns<MigDevice> = {
     message.memoryTotalBytes = object.memoryTotalBytes ?? 0;
     message.memoryUsedBytes = object.memoryUsedBytes ?? 0;
     message.unreportedFields = object.unreportedFields?.map((e) => e) || [];
+    message.processes = object.processes?.map((e) => GpuProcess.fromPartial(e)) || [];
     return message;
   },
 };
@@ -3432,7 +3468,7 @@ export const GpuProcess: MessageFns<GpuProcess> = {
 };
 
 function createBaseCapacity(): Capacity {
-  return { maxInflight: 0, maxQueue: 0, gpus: [], dp: 0, engineGpus: [] };
+  return { maxInflight: 0, maxQueue: 0, gpus: [], dp: 0, engineGpus: [], engineMigDevice: "" };
 }
 
 export const Capacity: MessageFns<Capacity> = {
@@ -3455,6 +3491,9 @@ export const Capacity: MessageFns<Capacity> = {
         writer.uint32(v);
       }
       writer.join();
+    }
+    if (message.engineMigDevice !== "") {
+      writer.uint32(50).string(message.engineMigDevice);
     }
     return writer;
   },
@@ -3522,6 +3561,14 @@ export const Capacity: MessageFns<Capacity> = {
 
             break;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.engineMigDevice = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3553,6 +3600,11 @@ export const Capacity: MessageFns<Capacity> = {
         : globalThis.Array.isArray(object?.engine_gpus)
         ? object.engine_gpus.map((e: any) => globalThis.Number(e))
         : [],
+      engineMigDevice: isSet(object.engineMigDevice)
+        ? globalThis.String(object.engineMigDevice)
+        : isSet(object.engine_mig_device)
+        ? globalThis.String(object.engine_mig_device)
+        : "",
     };
   },
 
@@ -3573,6 +3625,9 @@ export const Capacity: MessageFns<Capacity> = {
     if (message.engineGpus?.length) {
       obj.engineGpus = message.engineGpus.map((e) => Math.round(e));
     }
+    if (message.engineMigDevice !== "") {
+      obj.engineMigDevice = message.engineMigDevice;
+    }
     return obj;
   },
 
@@ -3586,6 +3641,7 @@ export const Capacity: MessageFns<Capacity> = {
     message.gpus = object.gpus?.map((e) => Gpu.fromPartial(e)) || [];
     message.dp = object.dp ?? 0;
     message.engineGpus = object.engineGpus?.map((e) => e) || [];
+    message.engineMigDevice = object.engineMigDevice ?? "";
     return message;
   },
 };
