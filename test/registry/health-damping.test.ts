@@ -26,7 +26,26 @@ describe("HealthDamping.isFact: engine exits and starts are facts, probe verdict
     ["liveness probe failing", "unhealthy", "unhealthy", "ready", false],
     ["liveness probe recovered", "ready", "ready", "unhealthy", false]
   ] as const)("%s", (_name, observed, phase, published, fact) => {
-    expect(isFact(observed, phase, published)).toBe(fact)
+    expect(isFact(observed, phase, published, published === "unhealthy" ? "unhealthy" : "ready")).toBe(fact)
+  })
+
+  it.each([
+    // the crash loop: unhealthy (failing) while the engine was restarting or starting
+    ["ready after a crash loop", "restarting", true],
+    ["ready after a crash loop's start", "starting", true],
+    // a fault outside the probe, the engine ready all along: a stall cleared by a completed call, a GPU cleared
+    ["a stall or a GPU fault cleared", "ready", true],
+    ["the liveness probe recovered", "unhealthy", false]
+  ] as const)("ready after unhealthy: %s", (_name, publishedPhase, fact) => {
+    expect(isFact("ready", "ready", "unhealthy", publishedPhase)).toBe(fact)
+  })
+
+  it("observe keeps the engine's phase with what it publishes", () => {
+    const a = observe(initialDamping, "unhealthy", 2, false, "restarting")
+    expect(a.publishedPhase).toBe("restarting")
+    const b = observe(a, "ready", 2, false, "ready")
+    expect(b).toMatchObject({ published: "unhealthy", publishedPhase: "restarting", candidate: "ready" })
+    expect(observe(b, "ready", 2, false, "ready")).toMatchObject({ published: "ready", publishedPhase: "ready" })
   })
 })
 

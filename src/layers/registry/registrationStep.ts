@@ -93,9 +93,10 @@ export const makeRegistrationStep = ({ s, ops, key, timing, agent, nodeStatus }:
       const observed: NodeState = draining ? "draining" : (snapshot.state as NodeState)
       // Heartbeats count as observations; a fact (engine exit, engine ready, draining) is published by any
       // write at once, while a probe verdict waits for health_damping heartbeats.
-      const fact = isFact(observed, snapshot.engine?.phase ?? "", s.damping.published)
+      const phase = snapshot.engine?.phase ?? ""
+      const fact = isFact(observed, phase, s.damping.published, s.damping.publishedPhase)
       if (reason === "tick" || fact) {
-        s.damping = observe(s.damping, observed, agent.health_damping, reason === "shutdown" || fact)
+        s.damping = observe(s.damping, observed, agent.health_damping, reason === "shutdown" || fact, phase)
       }
       const state = s.damping.published ?? observed
       s.sequence++
