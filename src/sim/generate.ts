@@ -215,7 +215,10 @@ export const generate = async (
         if (gone()) return
       }
     }
-    res.end(out + DONE)
+    // llama-server closes a streamed answer's connection after its last chunk (a half-close), though its headers
+    // say keep-alive; a whole answer's it keeps (measured: test/real/sim-differential.test.ts)
+    const socket = res.socket
+    res.end(out + DONE, flavor === "llama_cpp" ? () => socket?.end() : undefined)
     return
   }
 

@@ -423,6 +423,24 @@ describe("EngineClient against a controlled server", () => {
     expect(sockets.size - connectionsBefore).toBeLessThanOrEqual(2)
   })
 
+  it("to an engine that closes streamed connections (llama-server), streams ask for none and each gets its own", async () => {
+    const plan = { ...planFor(base), kind: "llama_cpp" as const }
+    const connectionsBefore = sockets.size
+    const exit = await run(plan, (c) =>
+      Effect.forEach([1, 2, 3], () => Stream.runCollect(c.stream("/v1/chat/completions", {}, { requestId: "own" })))
+    )
+    expect(success(exit)).toHaveLength(3)
+    expect(seen.filter((s) => s.headers["x-request-id"] === "own").map((s) => s.headers.connection)).toEqual([
+      "close",
+      "close",
+      "close"
+    ])
+    expect(sockets.size - connectionsBefore).toBe(3)
+    // vLLM keeps them
+    await run(planFor(base), (c) => Stream.runCollect(c.stream("/v1/chat/completions", {}, { requestId: "kept" })))
+    expect(seen.findLast((s) => s.headers["x-request-id"] === "kept")?.headers.connection).toBe("keep-alive")
+  })
+
   it("complete: the whole object; body rewritten with stream false", async () => {
     const exit = await run(planFor(base), (c) =>
       c.complete("/v1/completions", { model: "x", prompt: "p" }, { requestId: "c1" })

@@ -11,6 +11,7 @@
 import { type ChildProcess, spawn } from "node:child_process"
 import * as fs from "node:fs"
 import * as http from "node:http"
+import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
@@ -541,6 +542,38 @@ describe("llama-server's OpenAI API as clients meet it: the simulator against th
     const [r, s] = [await run(real.url), await run(sim.url)]
     expect(s).toEqual(r)
     expect(r.map((x) => x[2])).toEqual([false, true, true, false])
+  })
+
+  it("a streamed answer's connection is closed after its last chunk, though its headers say keep-alive", async () => {
+    // One raw keep-alive request; what follows the terminating chunk: the server's end of the connection, or nothing
+    // within 2 s (kept alive).
+    const run = (base: string) =>
+      new Promise<Array<unknown>>((resolve, reject) => {
+        const url = new URL(base)
+        const socket = net.connect(Number(url.port), url.hostname)
+        const body = JSON.stringify({ prompt: "the quick", max_tokens: 2, stream: true })
+        let received = ""
+        let timer: NodeJS.Timeout | undefined
+        const done = (closed: boolean) => {
+          clearTimeout(timer)
+          socket.destroy()
+          const keepAlive = /\r\nkeep-alive: ([^\r]*)/i.exec(received)?.[1] ?? null
+          resolve([received.endsWith("0\r\n\r\n"), keepAlive, closed])
+        }
+        socket.on("error", reject)
+        socket.on("data", (d: Buffer) => {
+          received += d.toString("latin1")
+          if (received.endsWith("0\r\n\r\n") && timer === undefined) timer = setTimeout(() => done(false), 2_000)
+        })
+        socket.on("end", () => done(true))
+        socket.write(
+          `POST ${C} HTTP/1.1\r\nhost: ${url.host}\r\nconnection: keep-alive\r\ncontent-type: application/json\r\n` +
+            `content-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`
+        )
+      })
+    const [r, s] = [await run(real.url), await run(sim.url)]
+    expect(s).toEqual(r)
+    expect(r).toEqual([true, "timeout=5, max=100", true])
   })
 
   it("a client that leaves mid-stream frees its slot at once: /slots idle, requests_processing 0, generation cut short", async () => {

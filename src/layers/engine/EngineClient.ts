@@ -19,6 +19,7 @@ import {
 } from "../../services/engine/EngineClient.ts"
 import { httpError } from "../../services/engine/EngineErrors.ts"
 import { loadSignals } from "../../services/engine/PromText.ts"
+import { engineFor } from "./backends/index.ts"
 import { bodyText, Exchange, MAX_ERROR_BODY_BYTES, MAX_WHOLE_BODY_BYTES, transportError } from "./exchange.ts"
 import { StreamExchange } from "./streamExchange.ts"
 
@@ -56,6 +57,8 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
   yield* Effect.addFinalizer(() => Effect.promise(() => agent.destroy().catch(() => undefined)))
   const origin = new URL(plan.baseUrl).origin
   const controlTimeout = options.controlTimeoutMs ?? 10_000
+  // `reset`: undici sends `connection: close` and never reuses the connection (an engine that closes it anyway)
+  const streamReset = engineFor(plan.kind).capabilities.closesStreamedConnections === true
   const streamHeadersTimeout = options.streamHeadersTimeoutMs ?? 60_000
 
   const start = (
@@ -147,7 +150,8 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
           body: encode(body, true),
           headersTimeout: streamHeadersTimeout,
           bodyTimeout: 0,
-          blocking: false
+          blocking: false,
+          reset: streamReset
         },
         ex
       )

@@ -47,6 +47,13 @@ export interface EngineCapabilities {
    * openai_compat starts nothing).
    */
   readonly cudaGpus?: boolean
+  /**
+   * The engine closes the connection right after a streamed answer, though its headers say keep-alive (llama-server:
+   * its last chunk, then a half-close): the client asks for no keep-alive on streams, so no call is sent on a
+   * connection the engine is closing (one was, about 1 in 100 at three concurrent callers, and failed "other side
+   * closed"). Absent means the engine keeps streamed connections alive.
+   */
+  readonly closesStreamedConnections?: boolean
   /** `[models.x]` settings the command line can express; absent means both. */
   readonly modelSettings?: ReadonlyArray<"max_model_len" | "gpu_memory_utilization">
   /** Characters the served model name may not contain on this engine's command line; `why` ends the message. */

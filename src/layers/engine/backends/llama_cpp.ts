@@ -59,7 +59,10 @@ export const llamaCpp: Engine = {
       }
     },
     // `ignore_eos` in the request (tools/server/server-schema.cpp, params_from_json_cmpl)
-    ignoreEos: true
+    ignoreEos: true,
+    // measured on the real server (test/real/sim-differential.test.ts): a streamed answer's connection is closed
+    // after its last chunk, a whole answer's kept
+    closesStreamedConnections: true
   },
   render: (config: AgentConfig) => {
     const listen = listenOf(config)
