@@ -110,7 +110,8 @@ export const generate = async (
   if (cfg.ttftMs > 0) await Promise.race([sleep(cfg.ttftMs), closed])
   if (gone()) return
   const sglangPrefill = cfg.flavor === "sglang" && cfg.disaggregationMode === "prefill" && gr.bootstrap !== undefined
-  if (sglangPrefill && gr.bootstrap !== undefined) ctx.bootstrap?.complete(gr.bootstrap.room)
+  // The fake sender (SGLang's own warm-up) hands nothing to the bootstrap server.
+  if (sglangPrefill && gr.bootstrap?.fake === false) ctx.bootstrap?.complete(gr.bootstrap.room)
 
   const plans = gr.sequences.map((q) =>
     plan(

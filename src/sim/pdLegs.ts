@@ -24,7 +24,6 @@ export const handoffBeforeGeneration = async (
   gone: () => boolean
 ): Promise<HandoffOutcome> => {
   const { cfg } = ctx
-  // SGLang decode: wait (bounded) for the prefill engine to finish this bootstrap room.
   if (cfg.flavor === "sglang" && cfg.disaggregationMode !== undefined && gr.bootstrap === undefined) {
     return {
       kind: "error",
@@ -32,7 +31,11 @@ export const handoffBeforeGeneration = async (
       message: `bootstrap_host, bootstrap_port and bootstrap_room are required in ${cfg.disaggregationMode} mode`
     }
   }
-  if (cfg.flavor === "sglang" && cfg.disaggregationMode === "decode" && gr.bootstrap !== undefined) {
+  // SGLang's fake bootstrap host (request.ts FAKE_BOOTSTRAP_HOST): the fake KV receiver or sender, no peer, no
+  // wait; a prefill server still answers its one token (generate.ts).
+  if (cfg.flavor === "sglang" && gr.bootstrap?.fake === true) return { kind: "proceed" }
+  // SGLang decode: wait (bounded) for the prefill engine to finish this bootstrap room.
+  if (cfg.flavor === "sglang" && cfg.disaggregationMode === "decode" && gr.bootstrap?.fake === false) {
     const b = gr.bootstrap
     const r = await waitForRoom(b.host, b.port, b.room, cfg.bootstrapTimeoutMs ?? 300_000, signal)
     if (gone()) return GONE
@@ -43,7 +46,7 @@ export const handoffBeforeGeneration = async (
   }
 
   // SGLang prefill: held in the bootstrap queue until the decode side has connected for the room.
-  if (cfg.flavor === "sglang" && cfg.disaggregationMode === "prefill" && gr.bootstrap !== undefined) {
+  if (cfg.flavor === "sglang" && cfg.disaggregationMode === "prefill" && gr.bootstrap?.fake === false) {
     const room = gr.bootstrap.room
     const timeoutMs = cfg.bootstrapTimeoutMs ?? 300_000
     const connected = await (ctx.bootstrap?.waitForDecode(room, timeoutMs, signal) ?? Promise.resolve(false))

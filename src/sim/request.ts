@@ -7,6 +7,14 @@ import { type LlamaInvalid, type LlamaPrompt, llamaMessages, llamaParams, llamaP
 import type { SimConfig } from "./simConfig.ts"
 import { words } from "./tokens.ts"
 
+/**
+ * The bootstrap host SGLang's own warm-up and /health_generate send a prefill or decode server for a request with
+ * no peer: it gets the fake KV sender or receiver, which report the hand-off done at once
+ * (FAKE_BOOTSTRAP_HOST, python/sglang/srt/disaggregation/utils.py; http_server.py _execute_server_warmup and
+ * health_generate; decode.py and prefill.py, the bootstrap queues' `add`; fake/conn.py).
+ */
+export const FAKE_BOOTSTRAP_HOST = "2.2.2.2"
+
 /** One sequence the request generates: llama-server makes one per prompt and per `n`; the others one. */
 export interface Sequence {
   readonly words: ReadonlyArray<string>
@@ -28,7 +36,14 @@ export interface GenRequest {
   readonly kvTransferParams: Record<string, unknown> | undefined
   /** `ignore_eos` (vLLM, SGLang and llama.cpp sampling; mlx-lm has none): generate to max_tokens. */
   readonly ignoreEos: boolean
-  readonly bootstrap: { host: string; port: number; room: string } | undefined
+  /**
+   * SGLang P/D bootstrap fields. `fake`: the bootstrap host is SGLang's FAKE_BOOTSTRAP_HOST (a port is then not
+   * needed), which its own warm-up and /health_generate send: served with no peer (pdLegs.ts).
+   */
+  readonly bootstrap:
+    | { readonly fake: false; readonly host: string; readonly port: number; readonly room: string }
+    | { readonly fake: true; readonly room: string }
+    | undefined
   /** What is generated: one sequence, or (llama.cpp) prompts × `n`, answered as choices 0, 1, ... */
   readonly sequences: ReadonlyArray<Sequence>
   /** Stop strings; each engine finds and cuts them its own way (stopRules.ts, llama.cpp: sequences.ts). */
@@ -179,8 +194,10 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
   const kvp = b.kv_transfer_params
   let bootstrap: GenRequest["bootstrap"]
   const roomMatch = /"bootstrap_room"\s*:\s*(\d+)/.exec(rawBody)
-  if (typeof b.bootstrap_host === "string" && b.bootstrap_port !== undefined && roomMatch !== null) {
-    bootstrap = { host: b.bootstrap_host, port: Number(b.bootstrap_port), room: roomMatch[1] ?? "" }
+  if (b.bootstrap_host === FAKE_BOOTSTRAP_HOST && roomMatch !== null) {
+    bootstrap = { fake: true, room: roomMatch[1] ?? "" }
+  } else if (typeof b.bootstrap_host === "string" && b.bootstrap_port !== undefined && roomMatch !== null) {
+    bootstrap = { fake: false, host: b.bootstrap_host, port: Number(b.bootstrap_port), room: roomMatch[1] ?? "" }
   }
   const seed = typeof b.seed === "number" ? b.seed : undefined
   return {

@@ -12,9 +12,8 @@ import { EngineClient } from "../../services/engine/EngineClient.ts"
 import { EngineStall, isStalled } from "../../services/engine/EngineStall.ts"
 import { EngineStalled } from "../../services/grpc/CallErrors.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
-import { engineFor } from "../engine/backends/index.ts"
 import type { ActiveCalls } from "./ActiveCalls.ts"
-import { stallProbe } from "./stallProbe.ts"
+import { probeShape, stallProbe } from "./stallProbe.ts"
 
 /** Runs the watchdog over `active` until the scope closes. */
 export const fork = Effect.fnUntraced(function* (
@@ -28,13 +27,7 @@ export const fork = Effect.fnUntraced(function* (
   const probe =
     stall === undefined || client === undefined
       ? undefined
-      : stallProbe(
-          client,
-          stall,
-          idleMs,
-          engineFor(config.engine.kind).capabilities.ignoreEos === true,
-          yield* Effect.scope
-        )
+      : stallProbe(client, stall, idleMs, probeShape(config.engine.kind, config.agent.role), yield* Effect.scope)
   const stalls = metrics?.engineStreamStalls.labels({ model: config.model.served_name })
   // A 0 sample from the start: prom-client writes a labelled series only once it is incremented, and increase()
   // over a series that appears at 1 sees no increase, so the first stall of a process would never alert.

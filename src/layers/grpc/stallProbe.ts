@@ -10,9 +10,12 @@
  * OpenAI endpoints (a chat-only openai_compat server answers /v1/completions 404) is asked on the other: after a 404,
  * 405 or 501 the probe tries the other one at once, and keeps to it once it has completed there. Not before: vLLM
  * answers 404 for an unknown model too (vllm/entrypoints/openai/serving_engine.py _check_model), and a stray 404
- * must not move the probe to an endpoint the server does not serve.
+ * must not move the probe to an endpoint the server does not serve. On a prefill or decode node the request carries
+ * what the engine needs to serve it with no peer (Engine.capabilities.peerlessFields: SGLang's fake bootstrap host,
+ * as its own warm-up sends); an SGLang prefill server answers such a request with one token, as every prefill leg.
  */
 import { Clock, Duration, Effect, type Scope } from "effect"
+import type { EngineKind, Role } from "../../services/config/Config.ts"
 import {
   type CompletionPath,
   complete,
@@ -20,20 +23,35 @@ import {
   EngineError
 } from "../../services/engine/EngineClient.ts"
 import type { EngineStallService } from "../../services/engine/EngineStall.ts"
+import { engineFor } from "../engine/backends/index.ts"
 
 /** Tokens the probe asks for: more than an early-stalling engine sends, few enough to cost the engine nothing. */
 export const PROBE_TOKENS = 16
 
+/** What the probe's request adds to the OpenAI fields for one engine kind in one role. */
+export interface ProbeShape {
+  /** The engine takes `ignore_eos` (Engine.capabilities.ignoreEos). */
+  readonly ignoreEos: boolean
+  /** The fields that let the engine serve it with no P/D peer (Engine.capabilities.peerlessFields). */
+  readonly fields: Readonly<Record<string, string | number>>
+}
+
+export const probeShape = (kind: EngineKind, role: Role): ProbeShape => {
+  const caps = engineFor(kind).capabilities
+  return { ignoreEos: caps.ignoreEos === true, fields: caps.peerlessFields?.[role] ?? {} }
+}
+
 /**
- * The probe's request on `path`; the client adds the model (and `stream: false`). `ignoreEos`: the engine takes
- * `ignore_eos` (Engine.capabilities.ignoreEos), so it generates all PROBE_TOKENS and a model's early end cannot pass
- * for a working engine; elsewhere the request carries only OpenAI fields.
+ * The probe's request on `path`; the client adds the model (and `stream: false`). With `ignore_eos` the engine
+ * generates all PROBE_TOKENS, so a model's early end cannot pass for a working engine; elsewhere the request carries
+ * only OpenAI fields, and the shape's P/D fields.
  */
-export const probeBody = (path: CompletionPath, ignoreEos: boolean) => ({
+export const probeBody = (path: CompletionPath, shape: ProbeShape) => ({
   ...(path === "/v1/completions" ? { prompt: "ping" } : { messages: [{ role: "user", content: "ping" }] }),
   max_tokens: PROBE_TOKENS,
   temperature: 0,
-  ...(ignoreEos ? { ignore_eos: true } : {})
+  ...(shape.ignoreEos ? { ignore_eos: true } : {}),
+  ...shape.fields
 })
 
 /** The engine has no such endpoint (or not for POST): the other one may serve. */
@@ -47,7 +65,7 @@ export const stallProbe = (
   client: EngineClientService,
   stall: EngineStallService,
   idleMs: number,
-  ignoreEos: boolean,
+  shape: ProbeShape,
   scope: Scope.Scope
 ) => {
   let inFlight = false
@@ -59,7 +77,7 @@ export const stallProbe = (
     message: `no answer within ${Duration.format(Duration.millis(idleMs))}`
   })
 
-  const ask = (on: CompletionPath) => complete(client, on, probeBody(on, ignoreEos))
+  const ask = (on: CompletionPath) => complete(client, on, probeBody(on, shape))
   const probe = Effect.suspend(() => ask(path)).pipe(
     Effect.catchIf(noEndpoint, () =>
       Effect.suspend(() => {

@@ -70,6 +70,12 @@ export interface EngineCapabilities {
    * watchdog's test completion asks for it, so a model's early end-of-sequence cannot pass for a working engine.
    */
   readonly ignoreEos?: boolean
+  /**
+   * Body fields, by role, that let the engine serve a request of the agent's own with no P/D peer (the stall
+   * watchdog's test completion); a role not listed needs none. SGLang refuses a prefill or decode request without
+   * its bootstrap fields, and serves one naming its fake bootstrap host without a peer.
+   */
+  readonly peerlessFields?: Partial<Record<Role, Readonly<Record<string, string | number>>>>
 }
 
 /** An engine's own spelling of the OpenAI request (services/grpc/Generate.ts writes the body through it). */

@@ -13,6 +13,16 @@ import { hicacheTier, sglangLmcacheTier } from "./cpuCacheTiers.ts"
 import { HUB_REFUSALS, hubHint, modelKey, nowValue, TORCH_CUDA_OOM } from "./hints.ts"
 
 /**
+ * What SGLang's own warm-up and /health_generate add to a prefill or decode server's request that has no peer: the
+ * fake bootstrap host and a room, no port (python/sglang/srt/entrypoints/http_server.py, _execute_server_warmup and
+ * health_generate; FAKE_BOOTSTRAP_HOST = "2.2.2.2", python/sglang/srt/disaggregation/utils.py). Such a request gets
+ * the fake KV sender (prefill) or receiver (decode), which report the hand-off done at once
+ * (python/sglang/srt/disaggregation/prefill.py and decode.py, the bootstrap queues' `add`; fake/conn.py): a decode
+ * server generates on its own, a prefill server answers its one token.
+ */
+const PEERLESS = { bootstrap_host: "2.2.2.2", bootstrap_room: 0 } as const
+
+/**
  * A decode server forces `disable_radix_cache` unless `--disaggregation-decode-enable-radix-cache` is given,
  * and the hierarchical cache with the radix cache disabled is refused at start as mutually exclusive
  * (python/sglang/srt/server_args.py). With the flag the scheduler runs the decode-side HiCache
@@ -82,7 +92,10 @@ export const sglang: Engine = {
     // (python/sglang/srt/entrypoints/openai/protocol.py, serving_completions.py / serving_chat.py).
     stopSequenceField: "matched_stop",
     // CompletionRequest.ignore_eos (python/sglang/srt/entrypoints/openai/protocol.py)
-    ignoreEos: true
+    ignoreEos: true,
+    // CompletionRequest and ChatCompletionRequest take the bootstrap fields (python/sglang/srt/entrypoints/openai/
+    // protocol.py); without them a prefill or decode server refuses the request.
+    peerlessFields: { prefill: PEERLESS, decode: PEERLESS }
   },
   render: (config: AgentConfig) => {
     const listen = listenOf(config)

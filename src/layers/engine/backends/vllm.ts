@@ -139,6 +139,9 @@ export const vllm: Engine = {
     stopSequenceField: "stop_reason",
     // SamplingParams.ignore_eos, taken by the OpenAI completions endpoint (vllm/entrypoints/openai/protocol.py)
     ignoreEos: true
+    // No peerlessFields: the NixlConnector serves a request without kv_transfer_params as a local one on either
+    // role (get_num_new_matched_tokens, update_state_after_alloc and request_finished return early,
+    // vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py).
   },
   render: (config: AgentConfig) => {
     const listen = listenOf(config)
