@@ -4,12 +4,13 @@
  * outside its group, another service. Its 200 must not make our engine Ready. On Linux, /proc/net/tcp{,6} give the
  * inode of each listening socket and /proc/<pid>/fd links each open socket as `socket:[inode]`: the listener is
  * the engine's when a process of its group holds it. Where /proc cannot say (no /proc, no listener in this network
- * namespace, a member's fds unreadable, e.g. an engine run as another user) the answer is "unknown" and the probe
- * is trusted as before. Plain synchronous reads of /proc, as processGroup.ts does; one look per readiness answer.
+ * namespace, a live member's fds unreadable, e.g. an engine run as another user) the answer is "unknown" and the
+ * probe is trusted as before. Plain synchronous reads of /proc, as processGroup.ts does; one look per readiness
+ * answer.
  */
 import * as fs from "node:fs"
 import type { PortHolder } from "../../services/engine/EngineHost.ts"
-import { groupMembers } from "./processGroup.ts"
+import { groupMembers, parseProcStat } from "./processGroup.ts"
 
 /** TCP_LISTEN in the `st` column of /proc/net/tcp{,6}. */
 const LISTEN = "0A"
@@ -30,46 +31,113 @@ export const listenerInodes = (table: string, port: number): ReadonlyArray<strin
 export const socketInode = (link: string): string | undefined => /^socket:\[(\d+)\]$/.exec(link)?.[1]
 
 /**
- * The verdict: "unknown" without a listener to judge or with a member whose sockets could not be read, "engine"
+ * The verdict: "unknown" without a listener to judge or with a member whose sockets are not known, "engine"
  * when the group holds one of the listeners, else "other".
  */
 export const portHolderOf = (
   listeners: ReadonlyArray<string>,
   groupSockets: ReadonlySet<string>,
-  allRead: boolean
+  allKnown: boolean
 ): PortHolder => {
   if (listeners.length === 0) return "unknown"
   if (listeners.some((inode) => groupSockets.has(inode))) return "engine"
-  return allRead ? "other" : "unknown"
+  return allKnown ? "other" : "unknown"
 }
 
-const readOr = <A>(read: () => A, fallback: A): A => {
+/** PF_EXITING (torvalds/linux include/linux/sched.h): set by exit_signals() as do_exit() begins, never cleared. */
+const PF_EXITING = 0x4
+
+/** A read that failed: the errno code (ENOENT, EACCES, ...), or undefined for a failure without one. */
+export interface Failed {
+  readonly failed: string | undefined
+}
+
+/**
+ * Whether a member of group `pgid` whose /proc/<pid>/fd could not be read (`fdError`) holds no socket, from its
+ * /proc/<pid>/stat read after that failure. An engine that cannot bind exits, and a look at its group can catch it
+ * exiting; counted as "sockets not known", that made the verdict "unknown" and a foreign listener's answer Ready
+ * (chaos soak: a run Ready for ~11 ms while llama-server printed "couldn't bind HTTP server socket"). What Linux
+ * does (torvalds/linux fs/proc/fd.c, fs/proc/base.c, kernel/exit.c):
+ * - reaped: the fd directory is ENOENT (proc_readfd_common finds no task), and so is the stat;
+ * - exiting or a zombie: do_exit() sets PF_EXITING (stat field 9, fs/proc/array.c do_task_stat), then exit_mm()
+ *   drops the mm, and task_dump_owner() makes a task without an mm owned by root, so proc_fd_permission() answers
+ *   EACCES to anyone but root (root reads an empty directory once exit_files() ran, and no error); a zombie's
+ *   state is Z;
+ * - alive but not ours to read (another user, a non-dumpable engine): EACCES too, with none of the above. Only
+ *   that one keeps its sockets unknown.
+ * These states only move forward (exiting, zombie, reaped), so a stat read after the failed fd read is not stale.
+ * A member that changed group (setsid, or its pid reused) is no longer the group's either.
+ */
+export const holdsNothing = (fdError: string | undefined, stat: string | Failed, pgid: number): boolean => {
+  if (fdError === "ENOENT" || fdError === "ESRCH") return true
+  if (typeof stat !== "string") return stat.failed === "ENOENT" || stat.failed === "ESRCH"
+  const st = parseProcStat(stat)
+  // flags: field 9, the 7th word after the command name (state, ppid, pgrp, session, tty_nr, tpgid, flags)
+  const flags = Number(
+    stat
+      .slice(stat.lastIndexOf(")") + 2)
+      .trim()
+      .split(" ")[6]
+  )
+  if (st === undefined || !Number.isInteger(flags)) return false
+  return st.pgrp !== pgid || st.state === "Z" || st.state === "X" || (flags & PF_EXITING) !== 0
+}
+
+/** The /proc reads portHolder makes, each throwing as node:fs does (tests give their own). */
+export interface ProcReads {
+  readonly text: (path: string) => string
+  readonly dir: (path: string) => ReadonlyArray<string>
+  readonly link: (path: string) => string
+}
+
+const nodeReads: ProcReads = {
+  text: (p) => fs.readFileSync(p, "utf8"),
+  dir: (p) => fs.readdirSync(p),
+  link: (p) => fs.readlinkSync(p)
+}
+
+const attempt = <A>(read: () => A): A | Failed => {
   try {
     return read()
-  } catch {
-    return fallback
+  } catch (err) {
+    return { failed: (err as NodeJS.ErrnoException).code }
   }
 }
 
-/** Who holds the listener on `port`: the process group `pgid`, another process, or unknown (see above). */
-export const portHolder = (port: number, pgid: number): PortHolder => {
-  const listeners = ["/proc/net/tcp", "/proc/net/tcp6"].flatMap((table) =>
-    readOr(() => listenerInodes(fs.readFileSync(table, "utf8"), port), [])
-  )
+const isFailed = (r: unknown): r is Failed => typeof r === "object" && r !== null && "failed" in r
+
+/** portHolder over given reads and group members: the verdict for `port` and the process group `pgid`. */
+export const portHolderFrom = (
+  reads: ProcReads,
+  port: number,
+  pgid: number,
+  members: ReadonlyArray<number>
+): PortHolder => {
+  const listeners = ["/proc/net/tcp", "/proc/net/tcp6"].flatMap((table) => {
+    const text = attempt(() => reads.text(table))
+    return isFailed(text) ? [] : listenerInodes(text, port)
+  })
   if (listeners.length === 0) return "unknown"
   const sockets = new Set<string>()
-  let allRead = true
-  for (const pid of groupMembers(pgid)) {
-    const fds = readOr(() => fs.readdirSync(`/proc/${pid}/fd`), undefined)
-    if (fds === undefined) {
-      // exited meanwhile, or not ours to read: either way its sockets are not known
-      allRead = false
+  let allKnown = true
+  for (const pid of members) {
+    const fds = attempt(() => reads.dir(`/proc/${pid}/fd`))
+    if (isFailed(fds)) {
+      // Read after the failure, so a member caught exiting is seen as such (see holdsNothing).
+      const stat = attempt(() => reads.text(`/proc/${pid}/stat`))
+      if (!holdsNothing(fds.failed, stat, pgid)) allKnown = false
       continue
     }
     for (const fd of fds) {
-      const inode = socketInode(readOr(() => fs.readlinkSync(`/proc/${pid}/fd/${fd}`), ""))
+      // An fd closed since the listing (or by an exit meanwhile) is ENOENT: it holds nothing any more.
+      const link = attempt(() => reads.link(`/proc/${pid}/fd/${fd}`))
+      const inode = isFailed(link) ? undefined : socketInode(link)
       if (inode !== undefined) sockets.add(inode)
     }
   }
-  return portHolderOf(listeners, sockets, allRead)
+  return portHolderOf(listeners, sockets, allKnown)
 }
+
+/** Who holds the listener on `port`: the process group `pgid`, another process, or unknown (see above). */
+export const portHolder = (port: number, pgid: number): PortHolder =>
+  portHolderFrom(nodeReads, port, pgid, groupMembers(pgid))

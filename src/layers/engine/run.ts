@@ -194,7 +194,10 @@ export const spawnRun =
         stop,
         lastLines: Effect.map(Ref.get(ring), (xs) => xs.map((l) => l.text)),
         drainOutput: drain,
+        // Waits for the guard's pid report (runOnce stops waiting for it after 10 s, readiness does not): while
+        // the group is not known, an answer on the port cannot be told from a foreign listener's, and "unknown"
+        // (trust the probe) let one make the run Ready. No pid at all means no engine: nothing on the port is its.
         portHolder: (port) =>
-          Effect.map(valueIfDone(pid), (pgid) => (pgid === undefined ? "unknown" : portHolder(port, pgid)))
+          Effect.map(Deferred.await(pid), (pgid) => (pgid === undefined ? "other" : portHolder(port, pgid)))
       } satisfies EngineRun
     })

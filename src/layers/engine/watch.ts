@@ -55,7 +55,15 @@ const readiness = (s: Supervision, { run, since, readyAt, holder }: WatchedRun) 
         return false
       }
       let r: ProbeResult = yield* s.host.probe(plan.probe, Math.min(remaining, 10_000))
-      if (r.ok && (yield* holder) === "other") {
+      // The holder waits until the engine's pid is known (run.ts): not Ready meanwhile, and never past the budget.
+      const who = r.ok
+        ? yield* holder.pipe(
+            Effect.timeoutOrElse({ duration: Math.max(1, deadline - (yield* now)), orElse: () => Effect.undefined })
+          )
+        : undefined
+      if (r.ok && who === undefined) {
+        r = { ok: false, reason: "the engine's pid is not known yet", phase: "waiting for the engine's pid" }
+      } else if (r.ok && who === "other") {
         r = {
           ok: false,
           reason: `port ${plan.port} answers, but no process of the engine's group listens on it`,
