@@ -40,6 +40,15 @@ describe("HealthDamping.isFact: engine exits and starts are facts, probe verdict
     expect(isFact("ready", "ready", "unhealthy", publishedPhase)).toBe(fact)
   })
 
+  it("a stall's unhealthy that the liveness probe then gives too is damped when both clear", () => {
+    let s = observe(initialDamping, "ready", 2, false, "ready")
+    s = observe(s, "unhealthy", 2, true, "ready") // the stall: a fact, at once
+    expect(s).toMatchObject({ published: "unhealthy", publishedPhase: "ready" })
+    s = observe(s, "unhealthy", 2, false, "unhealthy") // a heartbeat while the probe fails too
+    expect(s.publishedPhase).toBe("unhealthy")
+    expect(isFact("ready", "ready", s.published, s.publishedPhase)).toBe(false)
+  })
+
   it("observe keeps the engine's phase with what it publishes", () => {
     const a = observe(initialDamping, "unhealthy", 2, false, "restarting")
     expect(a.publishedPhase).toBe("restarting")

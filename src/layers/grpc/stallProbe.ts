@@ -12,7 +12,8 @@
  * answers 404 for an unknown model too (vllm/entrypoints/openai/serving_engine.py _check_model), and a stray 404
  * must not move the probe to an endpoint the server does not serve. On a prefill or decode node the request carries
  * what the engine needs to serve it with no peer (Engine.capabilities.peerlessFields: SGLang's fake bootstrap host,
- * as its own warm-up sends); an SGLang prefill server answers such a request with one token, as every prefill leg.
+ * and room 0, as its own /health_generate sends: with dp > 1 a prefill server routes room 0 to rank 0 only); an
+ * SGLang prefill server answers such a request with one token, as every prefill leg.
  */
 import { Clock, Duration, Effect, type Scope } from "effect"
 import type { EngineKind, Role } from "../../services/config/Config.ts"

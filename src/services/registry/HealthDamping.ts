@@ -37,8 +37,13 @@ export const observe = (
   if (state.published === undefined || immediate || isImmediate(observed) || threshold <= 1) {
     return { published: observed, publishedPhase: phase, candidate: undefined, count: 0 }
   }
-  if (observed === state.published)
-    return { published: state.published, publishedPhase: state.publishedPhase, candidate: undefined, count: 0 }
+  if (observed === state.published) {
+    // An unhealthy published for another reason (a stall, a GPU fault) that the liveness probe now also gives is the
+    // probe's from here: when both clear, ready again is the probe's recovery, damped (not a fact published at once).
+    const probeUnhealthy = observed === "unhealthy" && phase === "unhealthy"
+    const publishedPhase = probeUnhealthy ? phase : state.publishedPhase
+    return { published: state.published, publishedPhase, candidate: undefined, count: 0 }
+  }
   const count = state.candidate === observed ? state.count + 1 : 1
   if (count >= threshold) return { published: observed, publishedPhase: phase, candidate: undefined, count: 0 }
   return { published: state.published, publishedPhase: state.publishedPhase, candidate: observed, count }
