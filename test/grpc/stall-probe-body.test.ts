@@ -46,4 +46,18 @@ describe("the stall probe's request", () => {
       }
     }
   })
+
+  it("SGLang with dp > 1: one request per rank, rooms 0 to dp - 1 (a prefill server routes room r to rank r mod dp)", () => {
+    const shape = probeShape("sglang", "prefill", 3)
+    expect(shape.requests).toEqual([0, 1, 2].map((room) => ({ bootstrap_host: "2.2.2.2", bootstrap_room: room })))
+    expect(probeBody("/v1/completions", shape, shape.requests[2])).toEqual({
+      ...plain,
+      ignore_eos: true,
+      bootstrap_host: "2.2.2.2",
+      bootstrap_room: 2
+    })
+    // no rank field to pick: one request whatever dp
+    expect(probeShape("vllm", "prefill", 3).requests).toEqual([{}])
+    expect(probeShape("sglang", "both", 3).requests).toEqual([{}])
+  })
 })

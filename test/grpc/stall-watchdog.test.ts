@@ -13,6 +13,7 @@ import { ActiveCalls } from "../../src/layers/grpc/ActiveCalls.ts"
 import { Relay } from "../../src/layers/grpc/Relay.ts"
 import * as StallWatchdog from "../../src/layers/grpc/StallWatchdog.ts"
 import { PROBE_TOKENS } from "../../src/layers/grpc/stallProbe.ts"
+import type { Config, ConfigError } from "../../src/services/config/Config.ts"
 import { EngineClient, EngineError, type JsonObject } from "../../src/services/engine/EngineClient.ts"
 import { EngineStall, noStall, stallProblem } from "../../src/services/engine/EngineStall.ts"
 import { EngineStalled, StreamAborted } from "../../src/services/grpc/CallErrors.ts"
@@ -111,10 +112,14 @@ describe("the stall watchdog", () => {
    * An engine client whose whole answers the test scripts: each request recorded (its path in `paths`), answered by
    * `answer`, or 404 on a path in `missing` (a server without that endpoint).
    */
-  const probed = () => {
+  const probed = (base: Layer.Layer<Config | EngineStall, ConfigError> = layer) => {
     const requests: Array<JsonObject> = []
     const paths: Array<string> = []
-    const engine = { answer: "ok" as "ok" | "fail", missing: [] as Array<string> }
+    const engine = {
+      answer: "ok" as "ok" | "fail",
+      missing: [] as Array<string>,
+      failRoom: undefined as number | undefined
+    }
     const client = EngineClient.of({
       streamTo: (path, body, _options, sink) =>
         Effect.suspend(() => {
@@ -122,13 +127,14 @@ describe("the stall watchdog", () => {
           paths.push(path)
           if (engine.missing.includes(path))
             return Effect.fail(new EngineError({ reason: "Http", message: "HTTP 404", status: 404 }))
-          if (engine.answer === "fail") return Effect.fail(new EngineError({ reason: "Http", message: "HTTP 500" }))
+          if (engine.answer === "fail" || (engine.failRoom !== undefined && body.bootstrap_room === engine.failRoom))
+            return Effect.fail(new EngineError({ reason: "Http", message: "HTTP 500" }))
           sink.onChunks([{ choices: [{ text: "pong", finish_reason: "length" }] }], () => undefined)
           return Effect.void
         }),
       load: Effect.succeed({ running: undefined, waiting: undefined, kvUsage: undefined })
     })
-    return { requests, paths, engine, layer: Layer.merge(layer, Layer.succeed(EngineClient, client)) }
+    return { requests, paths, engine, layer: Layer.merge(base, Layer.succeed(EngineClient, client)) }
   }
 
   it.effect("stalled and idle: a test completion that fails leaves the stall, one that completes clears it", () => {
@@ -226,4 +232,33 @@ describe("the stall watchdog", () => {
       }).pipe(Effect.scoped, Effect.provide(Layer.merge(config, Layer.succeed(EngineStall, recording))))
     })
   )
+
+  it.effect("an SGLang prefill node with dp 2: a probe per rank, and a rank that fails leaves the stall", () => {
+    const sglang = layerFromObject({
+      agent: { role: "prefill" },
+      engine: { kind: "sglang", stream_idle_timeout: `${IDLE_MS}ms` },
+      models: { m: { hf_repo: "org/m", dp: 2 } }
+    })
+    const p = probed(
+      Layer.mergeAll(sglang, EngineStallLive.layer.pipe(Layer.provide(EngineTest.layerTest()), Layer.provide(sglang)))
+    )
+    return Effect.gen(function* () {
+      const active = new ActiveCalls()
+      yield* StallWatchdog.fork(active)
+      p.engine.failRoom = 1 // rank 1 wedged, rank 0 fine
+      const first = streaming(active)
+      yield* TestClock.adjust(IDLE_MS + 200)
+      active.delete(first.relay)
+      yield* TestClock.adjust(100)
+      assert.deepStrictEqual(
+        p.requests.map((r) => r.bootstrap_room),
+        [0, 1]
+      )
+      assert.isDefined(yield* problem, "rank 0 answering does not clear it")
+      p.engine.failRoom = undefined
+      yield* TestClock.adjust(IDLE_MS)
+      assert.strictEqual(p.requests.length, 4)
+      assert.isUndefined(yield* problem)
+    }).pipe(Effect.scoped, Effect.provide(p.layer))
+  })
 })

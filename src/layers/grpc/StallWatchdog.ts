@@ -27,7 +27,13 @@ export const fork = Effect.fnUntraced(function* (
   const probe =
     stall === undefined || client === undefined
       ? undefined
-      : stallProbe(client, stall, idleMs, probeShape(config.engine.kind, config.agent.role), yield* Effect.scope)
+      : stallProbe(
+          client,
+          stall,
+          idleMs,
+          probeShape(config.engine.kind, config.agent.role, config.model.dp),
+          yield* Effect.scope
+        )
   const stalls = metrics?.engineStreamStalls.labels({ model: config.model.served_name })
   // A 0 sample from the start: prom-client writes a labelled series only once it is incremented, and increase()
   // over a series that appears at 1 sees no increase, so the first stall of a process would never alert.

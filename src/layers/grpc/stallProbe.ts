@@ -12,8 +12,8 @@
  * answers 404 for an unknown model too (vllm/entrypoints/openai/serving_engine.py _check_model), and a stray 404
  * must not move the probe to an endpoint the server does not serve. On a prefill or decode node the request carries
  * what the engine needs to serve it with no peer (Engine.capabilities.peerlessFields: SGLang's fake bootstrap host,
- * and room 0, as its own /health_generate sends: with dp > 1 a prefill server routes room 0 to rank 0 only); an
- * SGLang prefill server answers such a request with one token, as every prefill leg.
+ * and room 0, as its own /health_generate sends; with dp > 1, one request per rank, rooms 0 to dp - 1, all of which
+ * must complete); an SGLang prefill server answers such a request with one token, as every prefill leg.
  */
 import { Clock, Duration, Effect, type Scope } from "effect"
 import type { EngineKind, Role } from "../../services/config/Config.ts"
@@ -29,17 +29,28 @@ import { engineFor } from "../engine/backends/index.ts"
 /** Tokens the probe asks for: more than an early-stalling engine sends, few enough to cost the engine nothing. */
 export const PROBE_TOKENS = 16
 
-/** What the probe's request adds to the OpenAI fields for one engine kind in one role. */
+/** What the probe's requests add to the OpenAI fields for one engine kind in one role. */
 export interface ProbeShape {
   /** The engine takes `ignore_eos` (Engine.capabilities.ignoreEos). */
   readonly ignoreEos: boolean
-  /** The fields that let the engine serve it with no P/D peer (Engine.capabilities.peerlessFields). */
-  readonly fields: Readonly<Record<string, string | number>>
+  /**
+   * The fields that let the engine serve a request with no P/D peer (Engine.capabilities.peerlessFields), one set per
+   * request the probe sends: one per data-parallel rank where a field picks the rank (peerlessRankField), else one.
+   */
+  readonly requests: ReadonlyArray<Readonly<Record<string, string | number>>>
 }
 
-export const probeShape = (kind: EngineKind, role: Role): ProbeShape => {
+export const probeShape = (kind: EngineKind, role: Role, dp = 1): ProbeShape => {
   const caps = engineFor(kind).capabilities
-  return { ignoreEos: caps.ignoreEos === true, fields: caps.peerlessFields?.[role] ?? {} }
+  const fields = caps.peerlessFields?.[role]
+  const rank = caps.peerlessRankField
+  const requests =
+    fields === undefined
+      ? [{}]
+      : rank === undefined || dp <= 1
+        ? [fields]
+        : Array.from({ length: dp }, (_, i) => ({ ...fields, [rank]: i }))
+  return { ignoreEos: caps.ignoreEos === true, requests }
 }
 
 /**
@@ -47,12 +58,16 @@ export const probeShape = (kind: EngineKind, role: Role): ProbeShape => {
  * generates all PROBE_TOKENS, so a model's early end cannot pass for a working engine; elsewhere the request carries
  * only OpenAI fields, and the shape's P/D fields.
  */
-export const probeBody = (path: CompletionPath, shape: ProbeShape) => ({
+export const probeBody = (
+  path: CompletionPath,
+  shape: ProbeShape,
+  fields: Readonly<Record<string, string | number>> = shape.requests[0] ?? {}
+) => ({
   ...(path === "/v1/completions" ? { prompt: "ping" } : { messages: [{ role: "user", content: "ping" }] }),
   max_tokens: PROBE_TOKENS,
   temperature: 0,
   ...(shape.ignoreEos ? { ignore_eos: true } : {}),
-  ...shape.fields
+  ...fields
 })
 
 /** The engine has no such endpoint (or not for POST): the other one may serve. */
@@ -78,7 +93,12 @@ export const stallProbe = (
     message: `no answer within ${Duration.format(Duration.millis(idleMs))}`
   })
 
-  const ask = (on: CompletionPath) => complete(client, on, probeBody(on, shape))
+  // every request must complete (one per data-parallel rank where the engine lets the probe pick it)
+  const ask = (on: CompletionPath) =>
+    Effect.forEach(shape.requests, (fields) => complete(client, on, probeBody(on, shape, fields)), {
+      concurrency: "unbounded",
+      discard: true
+    })
   const probe = Effect.suspend(() => ask(path)).pipe(
     Effect.catchIf(noEndpoint, () =>
       Effect.suspend(() => {

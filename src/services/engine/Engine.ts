@@ -76,6 +76,12 @@ export interface EngineCapabilities {
    * its bootstrap fields, and serves one naming its fake bootstrap host without a peer.
    */
   readonly peerlessFields?: Partial<Record<Role, Readonly<Record<string, string | number>>>>
+  /**
+   * The field of `peerlessFields` that picks the data-parallel rank a request runs on (SGLang's prefill server sends
+   * each request to rank `bootstrap_room % dp`): with dp > 1 the probe sends one request per rank, the field set to
+   * the rank, so a wedged rank other than the first cannot hide behind a working one.
+   */
+  readonly peerlessRankField?: string
 }
 
 /** An engine's own spelling of the OpenAI request (services/grpc/Generate.ts writes the body through it). */

@@ -95,7 +95,11 @@ export const sglang: Engine = {
     ignoreEos: true,
     // CompletionRequest and ChatCompletionRequest take the bootstrap fields (python/sglang/srt/entrypoints/openai/
     // protocol.py); without them a prefill or decode server refuses the request.
-    peerlessFields: { prefill: PEERLESS, decode: PEERLESS }
+    peerlessFields: { prefill: PEERLESS, decode: PEERLESS },
+    // A prefill server's default load balancing, follow_bootstrap_room, sends a request to rank bootstrap_room % dp
+    // (python/sglang/srt/managers/data_parallel_controller.py); a decode server's round robin takes dp requests to
+    // each rank in turn.
+    peerlessRankField: "bootstrap_room"
   },
   render: (config: AgentConfig) => {
     const listen = listenOf(config)
