@@ -302,9 +302,10 @@ describe("EngineProcess on a TestClock", () => {
         assert.strictEqual((yield* Ref.get(fake.runs)).length, 2, "one restart for the requests")
         assert.strictEqual(yield* engine.restarts, 1)
         const unhealthy = states.find((s) => s._tag === "Unhealthy")
-        assert.strictEqual(
-          unhealthy?._tag === "Unhealthy" ? unhealthy.reason : undefined,
-          "restart requested: engine stalled"
+        assert.deepStrictEqual(
+          unhealthy?._tag === "Unhealthy" ? [unhealthy.reason, unhealthy.ending] : undefined,
+          ["restart requested: engine stalled", "requested"],
+          "a run being torn down for certain, not a probe's verdict"
         )
         const requested = yield* Effect.promise(() => metrics.engineRestartRequests.get())
         assert.deepStrictEqual(

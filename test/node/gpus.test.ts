@@ -131,6 +131,9 @@ describe("gateVerdict", () => {
       _tag: "Free"
     })
     expect(gateVerdict(board([]), [0], 1024 * MiB, none, noPgid)).toEqual({ _tag: "Free" })
+    // a process whose memory NVML does not have (N/A, read as 0) is not taken as holding none
+    const na = gateVerdict(board([{ pid: 9, usedMemoryBytes: 0 }]), [0], 1024 * MiB, none, noPgid)
+    expect(na).toMatchObject({ _tag: "Held", reason: expect.stringContaining("what pid 9 on it holds") })
     expect(gateVerdict(board([{ pid: 9, usedMemoryBytes: 40 * GiB }]), [0], 1024 * MiB, none, noPgid)).toEqual({
       _tag: "Held",
       reason:

@@ -12,10 +12,11 @@ import { noStall, stallProblem } from "../../src/services/engine/EngineStall.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
 import { Admission } from "../../src/services/grpc/Admission.ts"
 import { Drain } from "../../src/services/node/Drain.ts"
-import { engineDetail, nodeState, ratePerSecond } from "../../src/services/node/NodeHealthView.ts"
+import { engineDetail, enginePhase, nodeState, ratePerSecond } from "../../src/services/node/NodeHealthView.ts"
 import { NodeStatus } from "../../src/services/node/NodeStatus.ts"
 import { gpuWith } from "../../src/services/node/Nvml.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
+import { isFact } from "../../src/services/registry/HealthDamping.ts"
 import { EngineProcessControl } from "../../src/testing/EngineProcess.ts"
 import * as NvmlTest from "../../src/testing/Nvml.ts"
 import { nodeStatusDeps } from "../support/nodeStatus.ts"
@@ -35,6 +36,17 @@ const exit: ExitRecord = {
 }
 
 describe("NodeHealthView (pure)", () => {
+  it("a run torn down for certain (the engine exited, a restart asked for) is phase stopping, a fact for etcd", () => {
+    const probe = State.Unhealthy({ reason: "3 liveness probes failed", since: 0, run: 0 })
+    expect(enginePhase(probe)).toBe("unhealthy")
+    expect(isFact(nodeState(probe, false), enginePhase(probe), "ready")).toBe(false)
+    for (const ending of ["exited", "requested"] as const) {
+      const torn = State.Unhealthy({ reason: "restart requested: x", since: 0, run: 0, ending })
+      expect(enginePhase(torn)).toBe("stopping")
+      expect(isFact(nodeState(torn, false), enginePhase(torn), "ready")).toBe(true)
+    }
+  })
+
   it("maps engine states to node states, a drain winning", () => {
     const table: Array<[EngineState, boolean, string]> = [
       [State.Starting({ phase: "loading", since: 0, run: 0 }), false, "starting"],

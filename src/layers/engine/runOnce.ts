@@ -169,7 +169,9 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
         const ex = yield* valueIfDone(sp.run.exited)
         const how = ex?.signal != null ? `signal ${ex.signal}` : `code ${ex?.code ?? "unknown"}`
         const at = yield* Clock.currentTimeMillis
-        yield* s.publish(Event.LivenessLost({ reason: `the engine exited (${how}); stopping its process group`, at }))
+        yield* s.publish(
+          Event.LivenessLost({ reason: `the engine exited (${how}); stopping its process group`, at, ending: "exited" })
+        )
       }
       yield* sp.run.stop
       yield* Deferred.await(sp.run.exited).pipe(Effect.timeout(2_000), Effect.ignore)

@@ -133,7 +133,9 @@ const readyUntilEnd = (s: Supervision) =>
     yield* Ref.set(s.endReadyRun, requested)
     const ended = Effect.gen(function* () {
       const { source, reason } = yield* Deferred.await(requested)
-      yield* s.publish(Event.LivenessLost({ reason: `restart requested: ${reason}`, at: yield* now }))
+      yield* s.publish(
+        Event.LivenessLost({ reason: `restart requested: ${reason}`, at: yield* now, ending: "requested" })
+      )
       yield* Ref.set(s.endedBy, source)
       return `restarted: ${reason}`
     })

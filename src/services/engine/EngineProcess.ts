@@ -59,8 +59,16 @@ export type EngineState = Data.TaggedEnum<{
     readonly failing?: string
   }
   Ready: { readonly since: number; readonly run: number }
-  /** Ready before, now failing liveness; a restart follows unless it recovers. */
-  Unhealthy: { readonly reason: string; readonly since: number; readonly run: number }
+  /**
+   * Ready before, now failing liveness; a restart follows unless it recovers. `ending`: not a probe's verdict but
+   * a run being torn down for certain: the engine exited, or a restart was asked for (EngineProcess.restart).
+   */
+  Unhealthy: {
+    readonly reason: string
+    readonly since: number
+    readonly run: number
+    readonly ending?: UnhealthyEnding
+  }
   /** Waiting out the backoff before the next run. */
   Restarting: {
     readonly attempt: number
@@ -71,6 +79,9 @@ export type EngineState = Data.TaggedEnum<{
   Stopping: { readonly since: number }
   Stopped: { readonly lastExit: ExitRecord | undefined }
 }>
+
+/** Why a Ready run is being torn down when no probe said so: the engine exited, or a restart was asked for. */
+export type UnhealthyEnding = "exited" | "requested"
 
 export interface EngineProcessService {
   readonly plan: LaunchPlan

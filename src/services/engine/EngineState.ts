@@ -6,7 +6,7 @@
  */
 import { Data, Result } from "effect"
 import { formatBytes } from "../node/MemoryCgroup.ts"
-import type { EngineState, ExitRecord } from "./EngineProcess.ts"
+import type { EngineState, ExitRecord, UnhealthyEnding } from "./EngineProcess.ts"
 
 /** Constructors and matchers for the states. */
 export const State = Data.taggedEnum<EngineState>()
@@ -20,7 +20,7 @@ export type SupervisorEvent = Data.TaggedEnum<{
   /** Readiness or liveness probe answered. */
   ProbeOk: { readonly at: number }
   /** Liveness failed `threshold` times in a row. */
-  LivenessLost: { readonly reason: string; readonly at: number }
+  LivenessLost: { readonly reason: string; readonly at: number; readonly ending?: UnhealthyEnding }
   /** Not ready within the startup budget. */
   StartupTimedOut: { readonly budgetMs: number; readonly at: number }
   /** The run ended (exit, or killed after Unhealthy); the next run waits until `nextAt`; `failing`: see `failingReason`. */
@@ -80,7 +80,14 @@ export const transition = (
         : invalid()
     case "LivenessLost":
       return state._tag === "Ready"
-        ? ok(State.Unhealthy({ reason: event.reason, since: event.at, run: state.run }))
+        ? ok(
+            State.Unhealthy({
+              reason: event.reason,
+              since: event.at,
+              run: state.run,
+              ...(event.ending === undefined ? {} : { ending: event.ending })
+            })
+          )
         : invalid()
     case "StartupTimedOut":
       return state._tag === "Starting"

@@ -9,6 +9,7 @@ import {
   absentMig,
   assignMig,
   findMig,
+  heldByProcesses,
   type MemoryUse,
   migProcesses,
   migRef,
@@ -189,8 +190,7 @@ const gib = (bytes: number): string => `${(bytes / 2 ** 30).toFixed(1)} GiB`
  */
 const usedMemory = (g: Gpu): MemoryUse => {
   if (!isUnknown(g, "memory_used_bytes")) return { bytes: g.memoryUsedBytes, byProcesses: false }
-  if (isUnknown(g, "processes")) return { unknown: "NVML reports neither its memory nor its processes" }
-  return { bytes: g.processes.reduce((sum, p) => sum + p.usedMemoryBytes, 0), byProcesses: true }
+  return heldByProcesses(isUnknown(g, "processes") ? undefined : g.processes)
 }
 
 /** What the gate judges: a whole GPU, or the MIG device the engine is given with the GPU it is on. */

@@ -210,7 +210,15 @@ export type MemoryUse = { readonly bytes: number; readonly byProcesses: boolean 
 export const migUsedMemory = (gpu: Gpu, device: MigDevice): MemoryUse => {
   if (!device.unreportedFields.includes("memory_used_bytes"))
     return { bytes: device.memoryUsedBytes, byProcesses: false }
-  const held = migProcesses(gpu, device)
+  return heldByProcesses(migProcesses(gpu, device))
+}
+
+/**
+ * The memory in use as the processes listed hold it, where NVML does not report the memory itself (a MIG device, a
+ * unified-memory board); unknown when the list is unreported, or when a process's memory reads 0: NVML's "not
+ * available" (on MIG-enabled GPUs among others), which must never pass for free memory.
+ */
+export const heldByProcesses = (held: ReadonlyArray<GpuProcess> | undefined): MemoryUse => {
   if (held === undefined) return { unknown: "NVML reports neither its memory nor its processes" }
   const na = held.filter((p) => p.usedMemoryBytes === 0)
   if (na.length > 0) {

@@ -35,8 +35,13 @@ export const nodeState = (engine: EngineState, draining: boolean, problem?: stri
   }
 }
 
-/** The supervisor phase as the proto spells it. */
-export const enginePhase = (engine: EngineState): string => engine._tag.toLowerCase()
+/**
+ * The supervisor phase as the proto spells it. A run torn down for certain (the engine exited, a restart asked for) is
+ * "stopping", not "unhealthy": a fact the etcd record carries at once (services/registry/HealthDamping.ts isFact),
+ * where a liveness probe's verdict waits out the flap damping.
+ */
+export const enginePhase = (engine: EngineState): string =>
+  engine._tag === "Unhealthy" && engine.ending !== undefined ? "stopping" : engine._tag.toLowerCase()
 
 /** One line on the phase: why it is failing, the probe phase, the liveness failure, the next restart, the last exit. */
 export const engineDetail = (engine: EngineState, now: number): string => {
