@@ -16,6 +16,7 @@ import { PROBE_TOKENS } from "../../src/layers/grpc/stallProbe.ts"
 import type { Config, ConfigError } from "../../src/services/config/Config.ts"
 import { EngineClient, EngineError, type JsonObject } from "../../src/services/engine/EngineClient.ts"
 import { EngineStall, noStall, stallProblem } from "../../src/services/engine/EngineStall.ts"
+import { State } from "../../src/services/engine/EngineState.ts"
 import { EngineStalled, StreamAborted } from "../../src/services/grpc/CallErrors.ts"
 import * as EngineTest from "../../src/testing/EngineProcess.ts"
 
@@ -260,5 +261,24 @@ describe("the stall watchdog", () => {
       assert.strictEqual(p.requests.length, 4)
       assert.isUndefined(yield* problem)
     }).pipe(Effect.scoped, Effect.provide(p.layer))
+  })
+
+  it.effect("no test request while the engine is not Ready (being stopped or restarted)", () => {
+    const engine = EngineTest.layerTest({
+      initial: State.Unhealthy({ reason: "restart requested: x", since: 0, run: 0 })
+    })
+    const p = probed()
+    return Effect.gen(function* () {
+      const active = new ActiveCalls()
+      yield* StallWatchdog.fork(active)
+      const first = streaming(active)
+      yield* TestClock.adjust(IDLE_MS + 200)
+      active.delete(first.relay)
+      yield* TestClock.adjust(2 * IDLE_MS)
+      assert.strictEqual(p.requests.length, 0, "none while Unhealthy")
+      yield* Effect.flatMap(EngineTest.EngineProcessControl, (c) => c.set(State.Ready({ since: 0, run: 0 })))
+      yield* TestClock.adjust(IDLE_MS)
+      assert.strictEqual(p.requests.length, 1, "asked once Ready")
+    }).pipe(Effect.scoped, Effect.provide(Layer.merge(p.layer, engine)))
   })
 })

@@ -9,6 +9,7 @@
 import { Clock, Duration, Effect, Option, Schedule, type Scope } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import { EngineClient } from "../../services/engine/EngineClient.ts"
+import { EngineProcess } from "../../services/engine/EngineProcess.ts"
 import { EngineStall, isStalled } from "../../services/engine/EngineStall.ts"
 import { EngineStalled } from "../../services/grpc/CallErrors.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
@@ -23,6 +24,10 @@ export const fork = Effect.fnUntraced(function* (
   const metrics = Option.getOrUndefined(yield* Effect.serviceOption(Metrics))
   const stall = Option.getOrUndefined(yield* Effect.serviceOption(EngineStall))
   const client = Option.getOrUndefined(yield* Effect.serviceOption(EngineClient))
+  // The probe asks only a Ready engine: from a restart's request to the next run's start the engine is being stopped or
+  // is absent, and a test request there fails for that alone (a soak saw warnings of "still stalled" all through it).
+  const engine = Option.getOrUndefined(yield* Effect.serviceOption(EngineProcess))
+  const engineReady = engine === undefined ? Effect.succeed(true) : Effect.map(engine.state, (s) => s._tag === "Ready")
   const idleMs = Duration.toMillis(config.engine.stream_idle_timeout)
   const probe =
     stall === undefined || client === undefined
@@ -68,7 +73,9 @@ export const fork = Effect.fnUntraced(function* (
       Effect.andThen(
         probe === undefined || active.size > 0
           ? Effect.void
-          : Effect.flatMap(stall.state, (s) => (isStalled(s) ? probe.run(now) : Effect.void))
+          : Effect.flatMap(Effect.zip(stall.state, engineReady), ([s, ready]) =>
+              isStalled(s) && ready ? probe.run(now) : Effect.void
+            )
       )
     )
   })
