@@ -6,26 +6,15 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Clock, Deferred, Effect, Fiber, Logger, Ref } from "effect"
 import { TestClock } from "effect/testing"
-import type { SupervisorSettings } from "../../src/layers/engine/supervisorSettings.ts"
 import { watchRun } from "../../src/layers/engine/watch.ts"
 import type { EngineHostService, ProbeResult } from "../../src/services/engine/EngineHost.ts"
 import type { RestartRequest, RestartSource } from "../../src/services/engine/EngineProcess.ts"
 import type { SupervisorEvent } from "../../src/services/engine/EngineState.ts"
 import { testPlan } from "../../src/testing/EngineProcess.ts"
 import { settle } from "../support/poll.ts"
+import { testSettings } from "../support/supervisor.ts"
 
-const settings: SupervisorSettings = {
-  startupTimeoutMs: 60_000,
-  stopGraceMs: 500,
-  livenessIntervalMs: 5_000,
-  livenessFailures: 3,
-  backoff: { initialMs: 1_000, maxMs: 30_000, stableAfterMs: 600_000, crashLoopAfter: 3 },
-  stateDir: "/nonexistent",
-  verifyListener: true,
-  probeIntervalMs: 500,
-  progressEveryMs: 5_000,
-  linesKept: 50
-}
+const settings = testSettings()
 
 describe("liveness cadence", () => {
   it.effect("a hung engine: probes start every interval, unhealthy after 3 intervals and one timeout", () =>

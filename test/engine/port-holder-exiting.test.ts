@@ -15,7 +15,6 @@ import { afterEach, describe, expect, it } from "vitest"
 import { holdsNothing, type ProcReads, portHolderFrom } from "../../src/layers/engine/portHolder.ts"
 import { readStat } from "../../src/layers/engine/processGroup.ts"
 import { spawnRun } from "../../src/layers/engine/run.ts"
-import type { SupervisorSettings } from "../../src/layers/engine/supervisorSettings.ts"
 import { watchRun } from "../../src/layers/engine/watch.ts"
 import { guardEntry } from "../../src/programs/programPaths.ts"
 import type { LaunchPlan } from "../../src/services/engine/Engine.ts"
@@ -24,6 +23,7 @@ import type { RestartRequest, RestartSource } from "../../src/services/engine/En
 import type { SupervisorEvent } from "../../src/services/engine/EngineState.ts"
 import { testPlan } from "../../src/testing/EngineProcess.ts"
 import { pollUntil, settle } from "../support/poll.ts"
+import { testSettings } from "../support/supervisor.ts"
 
 const cleanups: Array<() => Promise<void> | void> = []
 afterEach(async () => {
@@ -163,18 +163,7 @@ describe("an engine run's port holder before the guard reports the pid", () => {
 })
 
 describe("readiness while the holder waits", () => {
-  const settings: SupervisorSettings = {
-    startupTimeoutMs: 60_000,
-    stopGraceMs: 500,
-    livenessIntervalMs: 5_000,
-    livenessFailures: 3,
-    backoff: { initialMs: 1_000, maxMs: 30_000, stableAfterMs: 600_000, crashLoopAfter: 3 },
-    stateDir: "/nonexistent",
-    verifyListener: true,
-    probeIntervalMs: 500,
-    progressEveryMs: 5_000,
-    linesKept: 50
-  }
+  const settings = testSettings()
   const supervise = (events: Array<SupervisorEvent>) =>
     Effect.gen(function* () {
       return {
