@@ -3,14 +3,19 @@
  * A normal or decode leg streams: EngineClient.streamTo puts each network read straight into the relay (no
  * Effect step per read), and the relay's consumer writes it to the call. A prefill leg is one non-streaming
  * engine call whose handoff parameters go in the final message. Each P/D leg has [agent].handoff_timeout.
+ * The stall watchdog sees streams only: a prefill leg the engine got and did not answer in time is reported to
+ * EngineStall here, on an engine whose prefill answer does not wait for its peer (Engine.capabilities
+ * .prefillAnswersAlone); a wedged prefill engine that still answers its health endpoint showed nothing else.
  */
 import { Clock, Duration, Effect, Option } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import { complete, EngineClient, type EngineError, type RequestOptions } from "../../services/engine/EngineClient.ts"
+import { EngineStall } from "../../services/engine/EngineStall.ts"
 import { Admission, type AdmissionError } from "../../services/grpc/Admission.ts"
 import { LegDeadline } from "../../services/grpc/CallErrors.ts"
 import type { RequestPlan } from "../../services/grpc/Generate.ts"
 import { extractKvTransferParams, type InvalidHandoff, type LegPlan } from "../../services/grpc/Handoff.ts"
+import { engineFor } from "../engine/backends/index.ts"
 import type { Relay } from "./Relay.ts"
 
 /** How the engine side of a call can fail (all of them members of GrpcStatus's GenerateError). */
@@ -32,6 +37,17 @@ export const make = Effect.fnUntraced(function* () {
   const legDeadline = (leg: "prefill" | "decode", relay: Relay) =>
     new LegDeadline({ leg, timeout: Duration.format(legTimeout), queued: !relay.admitted })
   const streamTo = client.streamTo
+  // optional, as in the stall watchdog: tests run legs without one
+  const stall = Option.getOrUndefined(yield* Effect.serviceOption(EngineStall))
+  const prefillStalls = stall !== undefined && engineFor(config.engine.kind).capabilities.prefillAnswersAlone === true
+  // Past its deadline: a stall of the engine's own when the engine got the leg (admitted) and answers alone.
+  const prefillDeadline = (relay: Relay) =>
+    prefillStalls && relay.admitted
+      ? Effect.andThen(
+          Effect.flatMap(Clock.currentTimeMillis, (now) => stall.stalled(now, "prefill")),
+          Effect.fail(legDeadline("prefill", relay))
+        )
+      : Effect.fail(legDeadline("prefill", relay))
 
   // One non-streaming call; its answer is read for finish/usage only (the text comes from the decode leg).
   const prefillLeg = (relay: Relay, plan: RequestPlan, leg: LegPlan, opts: RequestOptions) =>
@@ -82,7 +98,7 @@ export const make = Effect.fnUntraced(function* () {
     if (leg._tag === "Normal") return admitted(relay, engineStream(relay, plan, leg, opts))
     if (leg._tag === "VllmPrefill" || (leg._tag === "SglangLeg" && leg.leg === "prefill")) {
       return admitted(relay, prefillLeg(relay, plan, leg, opts)).pipe(
-        Effect.timeoutOrElse({ duration: legTimeout, orElse: () => Effect.fail(legDeadline("prefill", relay)) })
+        Effect.timeoutOrElse({ duration: legTimeout, orElse: () => prefillDeadline(relay) })
       )
     }
     return Effect.raceFirst(admitted(relay, engineStream(relay, plan, leg, opts)), decodeDeadline(relay))

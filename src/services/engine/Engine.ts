@@ -54,6 +54,14 @@ export interface EngineCapabilities {
    * closed"). Absent means the engine keeps streamed connections alive.
    */
   readonly closesStreamedConnections?: boolean
+  /**
+   * The prefill leg's answer does not wait for the decode peer (vLLM: the one token, then the blocks are held for the
+   * decode side to pull): a prefill leg the engine got and did not answer within [agent].handoff_timeout is the
+   * engine's own stall, and is reported as one (EngineStall). Absent where the answer waits for the peer (SGLang's
+   * prefill server holds a request until the decode server connects to its bootstrap room): a dead decode node would
+   * make the prefill node read stalled.
+   */
+  readonly prefillAnswersAlone?: boolean
   /** `[models.x]` settings the command line can express; absent means both. */
   readonly modelSettings?: ReadonlyArray<"max_model_len" | "gpu_memory_utilization">
   /** Characters the served model name may not contain on this engine's command line; `why` ends the message. */
