@@ -6,6 +6,7 @@ import { EngineError } from "../../src/services/engine/EngineClient.ts"
 import { Draining, Overloaded } from "../../src/services/grpc/Admission.ts"
 import {
   AgentDefect,
+  EngineRunEnded,
   EngineStalled,
   LegDeadline,
   NodeCordoned,
@@ -47,6 +48,14 @@ const samples: { readonly [T in GenerateErrorTag]: readonly [Extract<GenerateErr
   EngineError: [new EngineError({ reason: "Connect", message: "ECONNREFUSED" }), Status.UNAVAILABLE],
   LegDeadline: [new LegDeadline({ leg: "decode", timeout: "30s" }), Status.DEADLINE_EXCEEDED],
   EngineStalled: [new EngineStalled({ idleTimeout: "30s" }), Status.UNAVAILABLE],
+  EngineRunEnded: [
+    new EngineRunEnded({
+      by: "restart",
+      why: "the engine is being restarted (POST /engine/restart by an operator)",
+      engine: new EngineError({ reason: "Stream", message: "stream truncated: UND_ERR_SOCKET: other side closed" })
+    }),
+    Status.UNAVAILABLE
+  ],
   StreamAborted: [new StreamAborted({ reason: "node drained" }), Status.UNAVAILABLE],
   ServerShuttingDown: [new ServerShuttingDown(), Status.UNAVAILABLE],
   AgentDefect: [new AgentDefect({ detail: "bug" }), Status.INTERNAL],
@@ -85,5 +94,29 @@ describe("the status table", () => {
     expect(toGrpcFailure(samples.EngineStalled[0]).message).toMatch(
       /sent nothing for 30s \(engine.stream_idle_timeout\)/
     )
+    expect(toGrpcFailure(samples.EngineRunEnded[0]).message).toBe(
+      "the engine is being restarted (POST /engine/restart by an operator): stream truncated: UND_ERR_SOCKET: other side closed; retry on another node"
+    )
+  })
+
+  it("an engine run that ended under the call keeps the engine's trailers; its source is the engine only when it exited", () => {
+    const engine = new EngineError({ reason: "Connect", message: "ECONNREFUSED: connect ECONNREFUSED 127.0.0.1:1" })
+    const exited = toGrpcFailure(new EngineRunEnded({ by: "exit", why: "the engine exited (signal SIGKILL)", engine }))
+    expect(exited).toEqual({
+      code: Status.UNAVAILABLE,
+      message:
+        "the engine exited (signal SIGKILL): ECONNREFUSED: connect ECONNREFUSED 127.0.0.1:1; retry on another node",
+      trailers: {
+        "cgn-error-source": "engine",
+        "cgn-engine-reason": "Connect",
+        "cgn-engine-message": "ECONNREFUSED: connect ECONNREFUSED 127.0.0.1:1"
+      }
+    })
+    const restarted = toGrpcFailure(samples.EngineRunEnded[0])
+    expect(restarted.trailers).toEqual({
+      "cgn-error-source": "agent",
+      "cgn-engine-reason": "Stream",
+      "cgn-engine-message": "stream truncated: UND_ERR_SOCKET: other side closed"
+    })
   })
 })

@@ -7,7 +7,7 @@ import * as process from "node:process"
 import { Clock, Deferred, Effect, Option, Ref } from "effect"
 import type { Counter } from "prom-client"
 import { type EngineRun, valueIfDone } from "../../services/engine/EngineHost.ts"
-import type { ExitRecord } from "../../services/engine/EngineProcess.ts"
+import { type ExitRecord, RunEndWords } from "../../services/engine/EngineProcess.ts"
 import { Event } from "../../services/engine/EngineState.ts"
 import { exitHint } from "../../services/engine/ExitHints.ts"
 import type { GpuGateService } from "../../services/engine/GpuGate.ts"
@@ -170,7 +170,7 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
         const how = ex?.signal != null ? `signal ${ex.signal}` : `code ${ex?.code ?? "unknown"}`
         const at = yield* Clock.currentTimeMillis
         yield* s.publish(
-          Event.LivenessLost({ reason: `the engine exited (${how}); stopping its process group`, at, ending: "exited" })
+          Event.LivenessLost({ reason: `the engine exited (${how})${RunEndWords.stoppingGroup}`, at, ending: "exited" })
         )
       }
       yield* sp.run.stop

@@ -6,7 +6,7 @@
 import { Clock, Deferred, Effect, Ref } from "effect"
 import type { LaunchPlan } from "../../services/engine/Engine.ts"
 import type { EngineHostService, PortHolder, ProbeResult } from "../../services/engine/EngineHost.ts"
-import type { RestartRequest, RestartSource } from "../../services/engine/EngineProcess.ts"
+import { type RestartRequest, type RestartSource, RunEndWords } from "../../services/engine/EngineProcess.ts"
 import { Event, livenessStep, type SupervisorEvent } from "../../services/engine/EngineState.ts"
 import type { MemoryCgroupService } from "../../services/node/MemoryCgroup.ts"
 import type { SupervisorSettings } from "./supervisorSettings.ts"
@@ -121,7 +121,7 @@ const liveness = (s: Supervision) =>
       if (step.lost && !r.ok) {
         const reason = `${failures} liveness probes failed in a row, last: ${r.reason}`
         yield* s.publish(Event.LivenessLost({ reason, at: yield* now }))
-        return `unhealthy: ${reason}`
+        return `${RunEndWords.unhealthy}${reason}`
       }
     }
   })
@@ -134,10 +134,10 @@ const readyUntilEnd = (s: Supervision) =>
     const ended = Effect.gen(function* () {
       const { source, reason } = yield* Deferred.await(requested)
       yield* s.publish(
-        Event.LivenessLost({ reason: `restart requested: ${reason}`, at: yield* now, ending: "requested" })
+        Event.LivenessLost({ reason: `${RunEndWords.restartRequested}${reason}`, at: yield* now, ending: "requested" })
       )
       yield* Ref.set(s.endedBy, source)
-      return `restarted: ${reason}`
+      return `${RunEndWords.restarted}${reason}`
     })
     return yield* Effect.raceFirst(liveness(s), ended)
   }).pipe(Effect.ensuring(Ref.set(s.endReadyRun, undefined)))

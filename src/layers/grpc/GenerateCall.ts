@@ -2,7 +2,8 @@
  * Agent.Generate, one call: checks and plans the request, then forks the engine side (EngineLegs) into a
  * Relay whose consumer is this call's writer: each engine read is written to the call inside the read's own
  * callback (coalesced only while the call is not writable), and the end writes the final message or the
- * status. Cancel or deadline ('cancelled') interrupts the engine fiber, which aborts the engine request.
+ * status. Cancel or deadline ('cancelled') interrupts the engine fiber, which aborts the engine request. An engine
+ * request that broke off because the engine run ended under it (a restart, an exit) ends with why (EngineCut.ts).
  * See docs/bench.md "Relay".
  */
 import { randomUUID } from "node:crypto"
@@ -24,6 +25,7 @@ import {
 import { engineFor } from "../engine/backends/index.ts"
 import type { ActiveCalls } from "./ActiveCalls.ts"
 import type { GenerateServerCall } from "./AgentService.ts"
+import * as EngineCut from "./EngineCut.ts"
 import * as EngineLegs from "./EngineLegs.ts"
 import { Relay } from "./Relay.ts"
 import type { ServingState } from "./ServingState.ts"
@@ -67,7 +69,13 @@ export const makeHandler = Effect.fnUntraced(function* (
   const metrics = Option.getOrUndefined(yield* Effect.serviceOption(Metrics))
   // Spans only when traces are exported: otherwise the caller's traceparent goes to the engine unchanged.
   const tracing = yield* TracesExported
-  const runLeg = yield* EngineLegs.make()
+  const legs = yield* EngineLegs.make()
+  // A failed engine request is explained by the engine run's end when one cut it: its error path only.
+  const explainCut = yield* EngineCut.make
+  const runLeg: (...args: Parameters<EngineLegs.RunLeg>) => Effect.Effect<void, GenerateError> =
+    explainCut === undefined
+      ? legs
+      : (relay, plan, leg, opts) => Effect.catchTag(legs(relay, plan, leg, opts), "EngineError", explainCut)
   const run = Effect.runCallbackWith(yield* Effect.context<never>())
   const model = config.model.served_name
   const role = config.agent.role

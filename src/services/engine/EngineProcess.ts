@@ -7,6 +7,22 @@ import { Context, type Data, type Effect, Ref, Schema, Stream, SubscriptionRef }
 import type { LaunchPlan } from "./Engine.ts"
 
 /** How one run of the engine ended; kept for forensics (/status) and crash-loop logs. */
+/**
+ * The words of a run's end: the supervisor writes them (layers/engine/watch.ts, runOnce.ts) into ExitRecord.reason
+ * and the Unhealthy state's reason, and services/grpc/EngineCut.ts reads them back to tell a caller why its engine
+ * request broke off. One place for both sides.
+ */
+export const RunEndWords = {
+  /** ExitRecord.reason of a run ended on request (EngineProcess.restart): this, then the request's reason. */
+  restarted: "restarted: ",
+  /** ExitRecord.reason of a run ended for failed liveness: this, then the probes' verdict. */
+  unhealthy: "unhealthy: ",
+  /** The Unhealthy reason while a requested restart ends the run: this, then the request's reason. */
+  restartRequested: "restart requested: ",
+  /** The Unhealthy reason while an exited engine's group is stopped: "the engine exited (how)", then this. */
+  stoppingGroup: "; stopping its process group"
+} as const
+
 export interface ExitRecord {
   /** 0 for the first run, +1 per restart. */
   readonly run: number

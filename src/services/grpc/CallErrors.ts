@@ -1,11 +1,13 @@
 /**
  * CallErrors: how the agent itself ends a Generate call it had accepted for checking, apart from request
  * validation (GenerateRejected), the handoff (InvalidHandoff) and admission (Overloaded, Draining): the node
- * is not serving or cordoned, a P/D leg ran out of time, the engine stalled, the drain cut the stream, the server shut
- * down under an open call (a health Watch), or the agent broke.
+ * is not serving or cordoned, a P/D leg ran out of time, the engine stalled, the engine run ended under the call (a
+ * restart, its exit, its stop), the drain cut the stream, the server shut down under an open call (a health Watch),
+ * or the agent broke.
  * Their gRPC statuses are rows of GrpcStatus.ts's table.
  */
 import { Schema } from "effect"
+import { EngineError } from "../engine/EngineClient.ts"
 
 /** The engine is not Ready or the node drains: the call is refused before it reaches the engine. */
 export class NotServing extends Schema.TaggedError<NotServing>()("NotServing", {
@@ -48,6 +50,26 @@ export class EngineStalled extends Schema.TaggedError<EngineStalled>()("EngineSt
 }) {
   override get message(): string {
     return `the engine sent nothing for ${this.idleTimeout} (engine.stream_idle_timeout); the engine request was aborted, retry on another node`
+  }
+}
+
+/** Who ended the engine run under a call: the agent restarting it, the engine exiting, the agent stopping it. */
+export const RunEndedBy = Schema.Literals(["restart", "exit", "stop"])
+export type RunEndedBy = typeof RunEndedBy.Type
+
+/**
+ * The engine request broke off because the engine run it went to is ending or ended (services/grpc/EngineCut.ts):
+ * the transport's words ("other side closed") kept after the reason the supervisor's state gives.
+ */
+export class EngineRunEnded extends Schema.TaggedError<EngineRunEnded>()("EngineRunEnded", {
+  by: RunEndedBy,
+  /** "the engine is being restarted (POST /engine/restart by an operator)", "the engine exited (signal SIGKILL)". */
+  why: Schema.String,
+  /** The engine failure as the transport saw it. */
+  engine: EngineError
+}) {
+  override get message(): string {
+    return `${this.why}: ${this.engine.message}; retry on another node`
   }
 }
 

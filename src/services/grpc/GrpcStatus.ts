@@ -10,6 +10,7 @@ import type { EngineError } from "../engine/EngineClient.ts"
 import type { Draining, Overloaded } from "./Admission.ts"
 import type {
   AgentDefect,
+  EngineRunEnded,
   EngineStalled,
   LegDeadline,
   NodeCordoned,
@@ -32,6 +33,7 @@ export type GenerateError =
   | EngineError
   | LegDeadline
   | EngineStalled
+  | EngineRunEnded
   | StreamAborted
   | ServerShuttingDown
   | AgentDefect
@@ -91,6 +93,9 @@ export const engineErrorCode = (e: EngineError): Status => {
   }
 }
 
+/** Whether an engine failure ends the call UNAVAILABLE (retry on another node). */
+export const endsUnavailable = (e: EngineError): boolean => engineErrorCode(e) === Status.UNAVAILABLE
+
 const engineWhat = (e: EngineError): string => {
   switch (e.reason) {
     case "Http":
@@ -148,6 +153,13 @@ export const statusTable: { readonly [T in GenerateErrorTag]: Row<T> } = {
   Draining: (e) => agent(Status.UNAVAILABLE, e),
   LegDeadline: (e) => agent(Status.DEADLINE_EXCEEDED, e),
   EngineStalled: (e) => agent(Status.UNAVAILABLE, e),
+  // The engine run ended under the call (services/grpc/EngineCut.ts): UNAVAILABLE as the transport failure was, its
+  // engine trailers kept; the agent's doing unless the engine exited by itself.
+  EngineRunEnded: (e) => ({
+    code: Status.UNAVAILABLE,
+    message: e.message,
+    trailers: { ...engineFailure(e.engine).trailers, "cgn-error-source": e.by === "exit" ? "engine" : "agent" }
+  }),
   StreamAborted: (e) => agent(Status.UNAVAILABLE, e),
   ServerShuttingDown: (e) => agent(Status.UNAVAILABLE, e),
   AgentDefect: (e) => agent(Status.INTERNAL, e),

@@ -1,0 +1,84 @@
+/**
+ * EngineCut: why a Generate call's engine request broke off, when the engine run it went to is ending or has ended
+ * under it: the agent restarts the engine (an operator's POST /engine/restart, a stall restart, failed liveness),
+ * the engine exited, or the agent stops it. The transport only sees a closed socket ("other side closed", "socket
+ * hang up"); the supervisor's state says why, so the call's status can say it too (CallErrors.EngineRunEnded).
+ * Decided from the engine's state and run numbers, never from when things happened: the supervisor publishes a
+ * restart's ending (Unhealthy with `ending`) before it signals the engine (layers/engine/watch.ts, runOnce.ts), so a
+ * socket the restart closes is seen after it; an engine that died by itself closes its sockets before its exit is
+ * reported, which layers/grpc/EngineCut.ts waits for (bounded) while the run still shows Ready. Pure.
+ */
+import { ADMIN_RESTART_REASON } from "../admin/EngineRestart.ts"
+import type { EngineError } from "../engine/EngineClient.ts"
+import { type EngineState, type ExitRecord, RunEndWords } from "../engine/EngineProcess.ts"
+import { describeStatus } from "../engine/EngineState.ts"
+import { EngineRunEnded, type RunEndedBy } from "./CallErrors.ts"
+
+/** Why the engine run is ending or ended, as the call's status says it. */
+export interface RunEnding {
+  readonly by: RunEndedBy
+  /** "the engine is being restarted (POST /engine/restart by an operator)", "the engine exited (signal SIGKILL)". */
+  readonly why: string
+}
+
+const withoutPrefix = (s: string, prefix: string): string => (s.startsWith(prefix) ? s.slice(prefix.length) : s)
+const withoutSuffix = (s: string, suffix: string): string => (s.endsWith(suffix) ? s.slice(0, -suffix.length) : s)
+
+/** The reason a restart was asked for, as a caller reads it (the admin API's is the operator's). */
+const restartWhy = (reason: string): RunEnding => ({
+  by: "restart",
+  why: `the engine is being restarted (${reason === ADMIN_RESTART_REASON ? "POST /engine/restart by an operator" : reason})`
+})
+
+/** An ended run's record (its reason as runOnce.ts and watch.ts write it) as a caller reads it. */
+const fromExit = (exit: ExitRecord): RunEnding => {
+  if (exit.reason === "exited") return { by: "exit", why: `the engine exited (${describeStatus(exit)})` }
+  if (exit.reason.startsWith(RunEndWords.restarted))
+    return restartWhy(withoutPrefix(exit.reason, RunEndWords.restarted))
+  if (exit.reason.startsWith(RunEndWords.unhealthy))
+    return {
+      by: "restart",
+      why: `the engine is being restarted (${withoutPrefix(exit.reason, RunEndWords.unhealthy)})`
+    }
+  if (exit.reason === "stopped") return { by: "stop", why: "the agent stopped the engine" }
+  return { by: "restart", why: `the engine run ended (${exit.reason})` }
+}
+
+/**
+ * Why the engine run a call went to is ending or has ended, from the supervisor's state now, or undefined while it
+ * is Ready (a run ends only through Unhealthy, so a call, made while some run was Ready, was cut by the ending of
+ * the run the state names, or of the one before a Starting run). `exits`: the runs' exit records, newest first.
+ */
+export const runEnding = (state: EngineState, exits: ReadonlyArray<ExitRecord>): RunEnding | undefined => {
+  switch (state._tag) {
+    case "Ready":
+      return undefined
+    case "Unhealthy":
+      if (state.ending === "requested") return restartWhy(withoutPrefix(state.reason, RunEndWords.restartRequested))
+      if (state.ending === "exited") return { by: "exit", why: withoutSuffix(state.reason, RunEndWords.stoppingGroup) }
+      // failed liveness: the supervisor ends the run (a probe's verdict that the engine no longer answers)
+      return { by: "restart", why: `the engine is being restarted (${state.reason})` }
+    case "Restarting":
+      return fromExit(state.lastExit)
+    case "Starting": {
+      const previous = exits.find((x) => x.run === state.run - 1)
+      return previous === undefined ? undefined : fromExit(previous)
+    }
+    case "Stopping":
+      return { by: "stop", why: "the agent is stopping the engine" }
+    case "Stopped":
+      return { by: "stop", why: "the agent stopped the engine" }
+  }
+}
+
+/**
+ * The connection broke (refused, reset, closed mid-stream) with no word of the engine's: what an engine that died
+ * leaves. Its exit reaches the supervisor through the orphan guard's report, which can trail the closed socket.
+ */
+export const connectionBroke = (e: EngineError): boolean =>
+  e.reason === "Connect" ||
+  (e.reason === "Stream" && e.status === undefined && e.engineType === undefined && e.engineCode === undefined)
+
+/** The engine failure `e` as the run's end explains it, or `e` when the run is not ending. */
+export const explainCut = (e: EngineError, ending: RunEnding | undefined): EngineError | EngineRunEnded =>
+  ending === undefined ? e : new EngineRunEnded({ by: ending.by, why: ending.why, engine: e })

@@ -1,0 +1,263 @@
+// A Generate call cut by the end of the engine run under it ends UNAVAILABLE with why (services/grpc/EngineCut.ts,
+// layers/grpc/EngineCut.ts), not with the transport's words alone: the run's end read from the supervisor's state for
+// each state a cut call can meet; then through the real gRPC server and the live EngineClient against a scripted
+// engine that holds a stream open until the test breaks its connection, with the test supervisor in the state a
+// restart (published before the engine is signalled) or an exit (reported after the socket closed) leaves.
+import * as http from "node:http"
+import type { AddressInfo } from "node:net"
+import { Effect, Layer, ManagedRuntime } from "effect"
+import { ClientError, createChannel, createClient, type Metadata, Status } from "nice-grpc"
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest"
+import { type AgentClient, AgentDefinition } from "../../src/gen/cgn/agent/v1/agent.ts"
+import { layerFromPlan } from "../../src/layers/engine/EngineClient.ts"
+import { layerWith as grpcLayerWith } from "../../src/layers/grpc/GrpcServer.ts"
+import { ADMIN_RESTART_REASON } from "../../src/services/admin/EngineRestart.ts"
+import { EngineError } from "../../src/services/engine/EngineClient.ts"
+import type { EngineState } from "../../src/services/engine/EngineProcess.ts"
+import { State } from "../../src/services/engine/EngineState.ts"
+import { connectionBroke, runEnding } from "../../src/services/grpc/EngineCut.ts"
+import { GrpcServer } from "../../src/services/grpc/GrpcServer.ts"
+import { endsUnavailable } from "../../src/services/grpc/GrpcStatus.ts"
+import {
+  EngineProcessControl,
+  layerTest as engineLayerTest,
+  testExit,
+  testPlan
+} from "../../src/testing/EngineProcess.ts"
+import { layerTest as nodeStatusLayerTest } from "../../src/testing/NodeStatus.ts"
+import { agentDeps } from "../support/agentDeps.ts"
+
+const STALL_REASON =
+  "engine stalled: 1 stream(s) sent nothing for 500ms (engine.stream_idle_timeout) and no call has completed since, for 1s (engine.stall_restart_after)"
+
+describe("runEnding: why the run under a cut call ended, from the supervisor's state", () => {
+  const killed = { ...testExit(0), code: null, signal: "SIGKILL" }
+  const cases: ReadonlyArray<[string, EngineState, ReadonlyArray<ReturnType<typeof testExit>>, unknown]> = [
+    ["Ready: not ending", State.Ready({ since: 0, run: 0 }), [], undefined],
+    [
+      "an operator's restart",
+      State.Unhealthy({ reason: `restart requested: ${ADMIN_RESTART_REASON}`, since: 0, run: 0, ending: "requested" }),
+      [],
+      { by: "restart", why: "the engine is being restarted (POST /engine/restart by an operator)" }
+    ],
+    [
+      "a stall restart",
+      State.Unhealthy({ reason: `restart requested: ${STALL_REASON}`, since: 0, run: 0, ending: "requested" }),
+      [],
+      { by: "restart", why: `the engine is being restarted (${STALL_REASON})` }
+    ],
+    [
+      "an exit",
+      State.Unhealthy({
+        reason: "the engine exited (code 137); stopping its process group",
+        since: 0,
+        run: 0,
+        ending: "exited"
+      }),
+      [],
+      { by: "exit", why: "the engine exited (code 137)" }
+    ],
+    [
+      "failed liveness",
+      State.Unhealthy({ reason: "3 liveness probes failed in a row, last: timeout", since: 0, run: 0 }),
+      [],
+      { by: "restart", why: "the engine is being restarted (3 liveness probes failed in a row, last: timeout)" }
+    ],
+    [
+      "restarting after an exit",
+      State.Restarting({ attempt: 1, nextAt: 0, lastExit: killed }),
+      [],
+      { by: "exit", why: "the engine exited (signal SIGKILL)" }
+    ],
+    [
+      "restarting after a requested restart",
+      State.Restarting({ attempt: 1, nextAt: 0, lastExit: testExit(0, `restarted: ${STALL_REASON}`) }),
+      [],
+      { by: "restart", why: `the engine is being restarted (${STALL_REASON})` }
+    ],
+    [
+      "the next run starting: the previous run's exit",
+      State.Starting({ phase: "loading", since: 0, run: 1 }),
+      [testExit(1), testExit(0, `restarted: ${ADMIN_RESTART_REASON}`)],
+      { by: "restart", why: "the engine is being restarted (POST /engine/restart by an operator)" }
+    ],
+    ["the first run starting: nothing ended", State.Starting({ phase: "loading", since: 0, run: 0 }), [], undefined],
+    ["stopping", State.Stopping({ since: 0 }), [], { by: "stop", why: "the agent is stopping the engine" }]
+  ]
+  it.each(cases)("%s", (_, state, exits, ending) => {
+    expect(runEnding(state, exits)).toEqual(ending)
+  })
+
+  it("explains only failures that end the call UNAVAILABLE, and waits for an exit only after a broken connection", () => {
+    const broke = new EngineError({ reason: "Stream", message: "stream truncated: UND_ERR_SOCKET: other side closed" })
+    const refused = new EngineError({ reason: "Connect", message: "ECONNREFUSED" })
+    const http503 = new EngineError({ reason: "Http", message: "Loading model", status: 503 })
+    const http400 = new EngineError({ reason: "Http", message: "bad", status: 400 })
+    const event = new EngineError({ reason: "Stream", message: "boom", engineType: "server_error" })
+    expect([broke, refused, http503, http400, event].map(endsUnavailable)).toEqual([true, true, true, false, true])
+    expect([broke, refused, http503, http400, event].map(connectionBroke)).toEqual([true, true, false, false, false])
+  })
+})
+
+/** Streams one chunk and holds the rest; `cut()` breaks the held connections as a dying engine does. */
+const held: Array<http.ServerResponse> = []
+const startEngine = async (): Promise<{ server: http.Server; url: string }> => {
+  const server = http.createServer((req, res) => {
+    req.resume()
+    req.on("end", () => {
+      res.writeHead(200, { "content-type": "text/event-stream" })
+      res.write(`data: {"choices":[{"index":0,"text":"a"}]}\n\n`)
+      held.push(res)
+    })
+  })
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve))
+  return { server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}` }
+}
+const cut = (): void => {
+  for (const res of held.splice(0)) res.socket?.destroy()
+}
+
+interface Ended {
+  readonly status: string
+  readonly details: string
+  readonly text: string
+  readonly trailer: Metadata | undefined
+}
+
+/** One call held by the engine, once its first delta came (the engine request is streaming); `ended`: its end. */
+const holdCall = async (client: AgentClient): Promise<{ readonly ended: Promise<Ended> }> => {
+  let first: () => void = () => {}
+  const streaming = new Promise<void>((resolve) => (first = resolve))
+  let text = ""
+  let trailer: Metadata | undefined
+  const ended = (async (): Promise<Ended> => {
+    try {
+      for await (const r of client.generate({ prompt: "p" }, { onTrailer: (t) => (trailer = t) })) {
+        if (r.delta !== undefined) text += r.delta.text
+        first()
+      }
+      return { status: "OK", details: "", text, trailer }
+    } catch (e) {
+      if (!(e instanceof ClientError)) throw e
+      return { status: Status[e.code] ?? String(e.code), details: e.details, text, trailer }
+    } finally {
+      first()
+    }
+  })()
+  await streaming
+  return { ended }
+}
+
+describe("a Generate call whose engine connection breaks", () => {
+  let engine: { server: http.Server; url: string }
+  const agents: Array<{ close: () => Promise<void> }> = []
+  beforeAll(async () => {
+    engine = await startEngine()
+  })
+  beforeEach(() => {
+    held.length = 0
+  })
+  afterAll(async () => {
+    for (const a of agents.splice(0)) await a.close()
+    engine?.server.closeAllConnections()
+    await new Promise<void>((resolve) => (engine === undefined ? resolve() : engine.server.close(() => resolve())))
+  })
+
+  const startAgent = async (options: { spawns?: boolean } = {}) => {
+    const { config, deps } = agentDeps(engine.url, { agent: { max_tokens_limit: 1000 } })
+    const port = Number(new URL(engine.url).port)
+    // agentDeps' test supervisor spawns; a proxied server's plan does not (openai_compat)
+    const plan = testPlan({ baseUrl: engine.url, port, servedModel: "m", requestModel: "m", spawns: false })
+    const engineDeps =
+      options.spawns === false
+        ? Layer.mergeAll(
+            config,
+            layerFromPlan(plan),
+            engineLayerTest({ plan, initial: State.Ready({ since: 0, run: 0 }) }),
+            nodeStatusLayerTest({ state: "ready" })
+          )
+        : deps
+    const rt = ManagedRuntime.make(
+      grpcLayerWith({ address: "127.0.0.1:0", shutdownGraceMs: 500 }).pipe(Layer.provideMerge(engineDeps))
+    )
+    const server = await rt.runPromise(GrpcServer)
+    const channel = createChannel(server.address)
+    const agent = {
+      client: createClient(AgentDefinition, channel),
+      set: (s: EngineState) => rt.runPromise(Effect.flatMap(EngineProcessControl, (c) => c.set(s))),
+      close: async () => {
+        channel.close()
+        await rt.dispose()
+      }
+    }
+    agents.push(agent)
+    return agent
+  }
+
+  it("cut by an operator's restart (published before the engine is signalled): UNAVAILABLE, with why", async () => {
+    const agent = await startAgent()
+    const call = await holdCall(agent.client)
+    await agent.set(
+      State.Unhealthy({ reason: `restart requested: ${ADMIN_RESTART_REASON}`, since: 0, run: 0, ending: "requested" })
+    )
+    cut()
+    const r = await call.ended
+    expect([r.status, r.text]).toEqual(["UNAVAILABLE", "a"])
+    expect(r.details).toMatch(
+      /^the engine is being restarted \(POST \/engine\/restart by an operator\): stream truncated: .+; retry on another node$/
+    )
+    expect(r.trailer?.get("cgn-error-source")).toBe("agent")
+    expect(r.trailer?.get("cgn-engine-reason")).toBe("Stream")
+  })
+
+  it("cut by the engine's exit, reported after the socket closed: UNAVAILABLE, the exit's status", async () => {
+    const agent = await startAgent()
+    const call = await holdCall(agent.client)
+    cut()
+    // the exit as the orphan guard's report brings it: after the connection broke, well within EXIT_NOTICE_MS
+    await agent.set(
+      State.Unhealthy({
+        reason: "the engine exited (signal SIGKILL); stopping its process group",
+        since: 0,
+        run: 0,
+        ending: "exited"
+      })
+    )
+    const r = await call.ended
+    expect(r.status).toBe("UNAVAILABLE")
+    expect(r.details).toMatch(/^the engine exited \(signal SIGKILL\): stream truncated: .+; retry on another node$/)
+    expect(r.trailer?.get("cgn-error-source")).toBe("engine")
+  })
+
+  it("broken while the run stays Ready: the transport's words, as before", async () => {
+    const agent = await startAgent()
+    const call = await holdCall(agent.client)
+    cut()
+    const r = await call.ended
+    expect(r.status).toBe("UNAVAILABLE")
+    expect(r.details).toMatch(/^engine failed mid-stream: stream truncated: /)
+    expect(r.trailer?.get("cgn-error-source")).toBe("engine")
+  })
+
+  it("a proxied server (openai_compat) is not the agent's: its state never explains a cut", async () => {
+    const agent = await startAgent({ spawns: false })
+    const call = await holdCall(agent.client)
+    await agent.set(State.Unhealthy({ reason: "3 liveness probes failed in a row, last: timeout", since: 0, run: 0 }))
+    cut()
+    const r = await call.ended
+    expect(r.status).toBe("UNAVAILABLE")
+    expect(r.details).toMatch(/^engine failed mid-stream: stream truncated: /)
+  })
+
+  it("broken after the run ended (Restarting): the run's exit record says why", async () => {
+    const agent = await startAgent()
+    const call = await holdCall(agent.client)
+    await agent.set(State.Restarting({ attempt: 1, nextAt: 0, lastExit: testExit(0, `restarted: ${STALL_REASON}`) }))
+    cut()
+    const r = await call.ended
+    expect(r.status).toBe("UNAVAILABLE")
+    expect(r.details).toBe(
+      `the engine is being restarted (${STALL_REASON}): ${r.details.slice(r.details.indexOf("stream truncated"))}`
+    )
+  })
+})
