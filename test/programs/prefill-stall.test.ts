@@ -22,8 +22,9 @@ const status = async (adminUrl: string) =>
 
 describe("a prefill node whose engine takes legs and never answers", () => {
   it("vLLM: the leg ends DEADLINE_EXCEEDED, the node is unhealthy as stalled, and the engine is restarted", async () => {
+    // 2 s: the restarted (cold) simulator must answer a leg within it on a loaded CI machine
     const { config, engineUrl, grpcPort } = await simAgentConfig({
-      agent: { role: "prefill", handoff_timeout: "500ms" },
+      agent: { role: "prefill", handoff_timeout: "2s" },
       engine: {
         kv_offload: "nixl",
         stream_idle_timeout: "500ms",
@@ -49,7 +50,7 @@ describe("a prefill node whose engine takes legs and never answers", () => {
       )
       expect(exit.run).toBe(0)
       expect(exit.reason).toMatch(
-        /^restarted: engine stalled: 1 prefill leg\(s\) did not finish within 500ms \(\[agent\]\.handoff_timeout\) and no call has completed since, for 1s \(engine\.stall_restart_after\)$/
+        /^restarted: engine stalled: 1 prefill leg\(s\) did not finish within 2s \(\[agent\]\.handoff_timeout\) and no call has completed since, for 1s \(engine\.stall_restart_after\)$/
       )
       // the new run is a fresh simulator, without the fault: ready, and its prefill legs complete
       await pollUntil("ready again", async () => (await fetch(`${agent.adminUrl}/readyz`)).status === 200, 45_000)

@@ -56,8 +56,8 @@ export interface EngineCapabilities {
   readonly closesStreamedConnections?: boolean
   /**
    * The prefill leg's answer does not wait for the decode peer (vLLM: the one token, then the blocks are held for the
-   * decode side to pull): a prefill leg the engine got and did not answer within [agent].handoff_timeout is the
-   * engine's own stall, and is reported as one (EngineStall). Absent where the answer waits for the peer (SGLang's
+   * decode side to pull): a prefill leg the engine held past [agent].handoff_timeout can be the engine's own stall,
+   * and is reported as one (layers/grpc/EngineLegs.ts says when). Absent where the answer waits for the peer (SGLang's
    * prefill server holds a request until the decode server connects to its bootstrap room): a dead decode node would
    * make the prefill node read stalled.
    */

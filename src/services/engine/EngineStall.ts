@@ -5,9 +5,9 @@
  * completed since a stream stalled: the engine is wedged, and the node says so (unhealthy, with the reason) instead
  * of taking more calls. A new engine run clears it. Completion, not progress: an engine that stalls every stream
  * after a few tokens moves each new stream, and every call on it still fails (a chaos soak's finding).
- * A prefill leg is one non-streaming request the watchdog cannot see move: on an engine whose prefill answers without
- * its decode peer (Engine.capabilities.prefillAnswersAlone), one the engine got and did not answer within
- * [agent].handoff_timeout is a stall too (EngineLegs.ts reports it); a wedged prefill engine showed nothing else.
+ * A prefill leg is one non-streaming request the watchdog cannot see move: one past [agent].handoff_timeout that
+ * only the engine can be blamed for is a stall too (layers/grpc/EngineLegs.ts reports it); a wedged prefill engine
+ * showed nothing else.
  */
 import { Context, Duration, type Effect, type Stream } from "effect"
 import type { AgentConfig } from "../config/Config.ts"
