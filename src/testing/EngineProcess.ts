@@ -3,7 +3,7 @@
  * state (and records exits) by hand through EngineProcessControl and observes what its subject does.
  * `stop` behaves like the live one (Stopping, then Stopped with the last exit) and is idempotent.
  */
-import { Clock, Context, Effect, Layer, Ref, SubscriptionRef } from "effect"
+import { Clock, Context, Effect, Layer, Ref, Stream, SubscriptionRef } from "effect"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
 import {
   EngineProcess,
@@ -24,6 +24,14 @@ export class EngineProcessControl extends Context.Service<
     readonly recordExit: (exit: ExitRecord) => Effect.Effect<void>
     /** The reasons of the restarts requested while Ready, oldest first (a request does not change the state). */
     readonly restartRequests: Effect.Effect<ReadonlyArray<RestartRequest>>
+    /** How many times `changes` has been subscribed to so far (read it before what makes the subject subscribe). */
+    readonly subscriptions: Effect.Effect<number>
+    /**
+     * Until `changes` has been subscribed to `n` times: a subject now waits on the supervisor's next state, so a
+     * state set after this is one it learns from `changes`, not from reading `state` (the latest is replayed to a
+     * new subscriber, so one set while it subscribes is seen too). No sleeps: a test sets its state at this point.
+     */
+    readonly awaitSubscriptions: (n: number) => Effect.Effect<void>
   }
 >()("cgn-agent/EngineProcessControl") {}
 
@@ -86,14 +94,31 @@ export const layerTest = (
           yield* Ref.update(requests, (xs) => [...xs, { source, reason }])
           return "restarting" as const
         })
-      const engine = EngineProcess.of(fromRefs({ plan, state, restarts, exits, pid, restart, stop }))
+      const subscribed = yield* SubscriptionRef.make(0)
+      const engine = EngineProcess.of({
+        ...fromRefs({ plan, state, restarts, exits, pid, restart, stop }),
+        // counted, so a test can act once its subject waits on the next state (awaitSubscriptions)
+        changes: Stream.unwrap(
+          Effect.as(
+            SubscriptionRef.update(subscribed, (n) => n + 1),
+            SubscriptionRef.changes(state)
+          )
+        )
+      })
       const control = EngineProcessControl.of({
         set: (s) => SubscriptionRef.set(state, s),
         recordExit: (exit) =>
           Ref.update(exits, (xs) => [exit, ...xs].slice(0, 20)).pipe(
             Effect.andThen(Ref.update(restarts, (n) => n + 1))
           ),
-        restartRequests: Ref.get(requests)
+        restartRequests: Ref.get(requests),
+        subscriptions: SubscriptionRef.get(subscribed),
+        awaitSubscriptions: (n) =>
+          SubscriptionRef.changes(subscribed).pipe(
+            Stream.filter((count) => count >= n),
+            Stream.take(1),
+            Stream.runDrain
+          )
       })
       return Context.make(EngineProcess, engine).pipe(Context.add(EngineProcessControl, control))
     })

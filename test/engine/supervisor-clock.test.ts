@@ -14,6 +14,7 @@ import { pidFilePath, readPidFile } from "../../src/layers/engine/pidFile.ts"
 import type { SupervisorSettings } from "../../src/layers/engine/supervisorSettings.ts"
 import { EngineHost, type RunExit } from "../../src/services/engine/EngineHost.ts"
 import { EngineProcess, type EngineState } from "../../src/services/engine/EngineProcess.ts"
+import { runEnding } from "../../src/services/grpc/EngineCut.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
 import { testPlan } from "../../src/testing/EngineProcess.ts"
 import * as MetricsTest from "../../src/testing/Metrics.ts"
@@ -178,6 +179,10 @@ describe("EngineProcess on a TestClock", () => {
         { attempt: 1, nextAt: 2_500, code: 1 }
       )
       assert.strictEqual(restarting.lastExit.runtimeMs, 500)
+      // a call cut while the run was ending and one cut once it ended are told the same (services/grpc/EngineCut.ts)
+      const ending = states.find((s) => s._tag === "Unhealthy")
+      assert.deepStrictEqual(ending && runEnding(ending, []), { by: "exit", why: "the engine exited (exit code 1)" })
+      assert.deepStrictEqual(runEnding(restarting, []), ending && runEnding(ending, []))
       assert.deepStrictEqual(restarting.lastExit.lastLines, ["[stderr] run 0 output"])
       assert.strictEqual(yield* Ref.get(run0.stops), 1, "the crashed run was torn down once")
       assert.strictEqual(run0.stateAtStop(), "Unhealthy", "not Ready when the crashed run's teardown began")

@@ -2,19 +2,25 @@
 // layers/grpc/EngineCut.ts), not with the transport's words alone: the run's end read from the supervisor's state for
 // each state a cut call can meet; then through the real gRPC server and the live EngineClient against a scripted
 // engine that holds a stream open until the test breaks its connection, with the test supervisor in the state a
-// restart (published before the engine is signalled) or an exit (reported after the socket closed) leaves.
+// restart (published before the engine is signalled) or an exit (reported after the socket closed) leaves. The wait
+// for an exit's report is checked where the subject waits: a test sets the exit only once the handler subscribed to
+// the supervisor's states (EngineProcessControl.awaitSubscriptions), and its bound runs on a TestClock.
 import * as http from "node:http"
 import type { AddressInfo } from "node:net"
-import { Effect, Layer, ManagedRuntime } from "effect"
+import { assert, it as effectIt } from "@effect/vitest"
+import { Effect, Fiber, Layer, ManagedRuntime } from "effect"
+import { TestClock } from "effect/testing"
 import { ClientError, createChannel, createClient, type Metadata, Status } from "nice-grpc"
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest"
 import { type AgentClient, AgentDefinition } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { layerFromPlan } from "../../src/layers/engine/EngineClient.ts"
+import { EXIT_NOTICE_MS, make } from "../../src/layers/grpc/EngineCut.ts"
 import { layerWith as grpcLayerWith } from "../../src/layers/grpc/GrpcServer.ts"
 import { ADMIN_RESTART_REASON } from "../../src/services/admin/EngineRestart.ts"
 import { EngineError } from "../../src/services/engine/EngineClient.ts"
 import type { EngineState } from "../../src/services/engine/EngineProcess.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
+import { EngineRunEnded } from "../../src/services/grpc/CallErrors.ts"
 import { connectionBroke, runEnding } from "../../src/services/grpc/EngineCut.ts"
 import { GrpcServer } from "../../src/services/grpc/GrpcServer.ts"
 import { endsUnavailable } from "../../src/services/grpc/GrpcStatus.ts"
@@ -49,13 +55,13 @@ describe("runEnding: why the run under a cut call ended, from the supervisor's s
     [
       "an exit",
       State.Unhealthy({
-        reason: "the engine exited (code 137); stopping its process group",
+        reason: "the engine exited (exit code 137); stopping its process group",
         since: 0,
         run: 0,
         ending: "exited"
       }),
       [],
-      { by: "exit", why: "the engine exited (code 137)" }
+      { by: "exit", why: "the engine exited (exit code 137)" }
     ],
     [
       "failed liveness",
@@ -68,6 +74,12 @@ describe("runEnding: why the run under a cut call ended, from the supervisor's s
       State.Restarting({ attempt: 1, nextAt: 0, lastExit: killed }),
       [],
       { by: "exit", why: "the engine exited (signal SIGKILL)" }
+    ],
+    [
+      "restarting after an exit with a code: worded as while the run was ending",
+      State.Restarting({ attempt: 1, nextAt: 0, lastExit: { ...testExit(0), code: 137 } }),
+      [],
+      { by: "exit", why: "the engine exited (exit code 137)" }
     ],
     [
       "restarting after a requested restart",
@@ -97,6 +109,55 @@ describe("runEnding: why the run under a cut call ended, from the supervisor's s
     expect([broke, refused, http503, http400, event].map(endsUnavailable)).toEqual([true, true, true, false, true])
     expect([broke, refused, http503, http400, event].map(connectionBroke)).toEqual([true, true, false, false, false])
   })
+})
+
+describe("the layer: a connection broken while the run shows Ready waits, bounded, for the supervisor's word", () => {
+  const broke = new EngineError({ reason: "Stream", message: "stream truncated: UND_ERR_SOCKET: other side closed" })
+  const ready = engineLayerTest({ initial: State.Ready({ since: 0, run: 0 }) })
+  /** One failed request being explained, once the explainer waits on the supervisor's states (not before). */
+  const explaining = Effect.gen(function* () {
+    const control = yield* EngineProcessControl
+    const explain = yield* make
+    if (explain === undefined) return yield* Effect.die("a spawning plan has an explainer")
+    const before = yield* control.subscriptions
+    const fiber = yield* Effect.forkChild(Effect.flip(explain(broke)))
+    const first = yield* Effect.raceFirst(
+      Effect.as(control.awaitSubscriptions(before + 1), "waiting"),
+      Effect.as(Fiber.await(fiber), "ended")
+    )
+    assert.strictEqual(first, "waiting", "the explainer waits on the states")
+    return { control, fiber }
+  })
+
+  effectIt.effect("the exit reported while it waits: the exit's words, no time passed", () =>
+    Effect.gen(function* () {
+      const { control, fiber } = yield* explaining
+      yield* control.set(
+        State.Unhealthy({
+          reason: "the engine exited (signal SIGKILL); stopping its process group",
+          since: 0,
+          run: 0,
+          ending: "exited"
+        })
+      )
+      const e = yield* Fiber.join(fiber)
+      assert.instanceOf(e, EngineRunEnded)
+      assert.deepStrictEqual([e.by, e.why, e.engine], ["exit", "the engine exited (signal SIGKILL)", broke])
+    }).pipe(Effect.provide(ready))
+  )
+
+  effectIt.effect("the run stays Ready past EXIT_NOTICE_MS: the transport's words, not before the bound", () =>
+    Effect.gen(function* () {
+      const { control, fiber } = yield* explaining
+      // the same run Ready again (a state republished) is no word of its end
+      yield* control.set(State.Ready({ since: 5, run: 0 }))
+      yield* TestClock.adjust(EXIT_NOTICE_MS - 1)
+      assert.isUndefined(fiber.pollUnsafe(), "still waiting before the bound")
+      // the timer may have been set a little after the subscription; a second bound ends it for certain
+      yield* TestClock.adjust(EXIT_NOTICE_MS)
+      assert.strictEqual(yield* Fiber.join(fiber), broke)
+    }).pipe(Effect.provide(ready))
+  )
 })
 
 /** Streams one chunk and holds the rest; `cut()` breaks the held connections as a dying engine does. */
@@ -185,6 +246,15 @@ describe("a Generate call whose engine connection breaks", () => {
     const agent = {
       client: createClient(AgentDefinition, channel),
       set: (s: EngineState) => rt.runPromise(Effect.flatMap(EngineProcessControl, (c) => c.set(s))),
+      subscriptions: () => rt.runPromise(Effect.flatMap(EngineProcessControl, (c) => c.subscriptions)),
+      /** "waiting" once the handler subscribed to the states since `before` was read, "ended" if the call ended first. */
+      waiting: (before: number, call: { readonly ended: Promise<Ended> }) =>
+        Promise.race([
+          rt
+            .runPromise(Effect.flatMap(EngineProcessControl, (c) => c.awaitSubscriptions(before + 1)))
+            .then(() => "waiting"),
+          call.ended.then(() => "ended")
+        ]),
       close: async () => {
         channel.close()
         await rt.dispose()
@@ -213,8 +283,11 @@ describe("a Generate call whose engine connection breaks", () => {
   it("cut by the engine's exit, reported after the socket closed: UNAVAILABLE, the exit's status", async () => {
     const agent = await startAgent()
     const call = await holdCall(agent.client)
+    const before = await agent.subscriptions()
     cut()
-    // the exit as the orphan guard's report brings it: after the connection broke, well within EXIT_NOTICE_MS
+    // the exit as the orphan guard's report brings it: after the connection broke, once the handler, seeing the run
+    // still Ready, waits on the supervisor's states for it (EXIT_NOTICE_MS)
+    expect(await agent.waiting(before, call)).toBe("waiting")
     await agent.set(
       State.Unhealthy({
         reason: "the engine exited (signal SIGKILL); stopping its process group",
@@ -229,10 +302,12 @@ describe("a Generate call whose engine connection breaks", () => {
     expect(r.trailer?.get("cgn-error-source")).toBe("engine")
   })
 
-  it("broken while the run stays Ready: the transport's words, as before", async () => {
+  it("broken while the run stays Ready: the transport's words, as before, after the wait", async () => {
     const agent = await startAgent()
     const call = await holdCall(agent.client)
+    const before = await agent.subscriptions()
     cut()
+    expect(await agent.waiting(before, call)).toBe("waiting")
     const r = await call.ended
     expect(r.status).toBe("UNAVAILABLE")
     expect(r.details).toMatch(/^engine failed mid-stream: stream truncated: /)

@@ -8,7 +8,7 @@ import { Clock, Deferred, Effect, Option, Ref } from "effect"
 import type { Counter } from "prom-client"
 import { type EngineRun, valueIfDone } from "../../services/engine/EngineHost.ts"
 import { type ExitRecord, RunEndWords } from "../../services/engine/EngineProcess.ts"
-import { Event } from "../../services/engine/EngineState.ts"
+import { describeStatus, Event } from "../../services/engine/EngineState.ts"
 import { exitHint } from "../../services/engine/ExitHints.ts"
 import type { GpuGateService } from "../../services/engine/GpuGate.ts"
 import { type MemoryCgroupService, oomKillsDuring } from "../../services/node/MemoryCgroup.ts"
@@ -167,11 +167,17 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
       // stop_grace and the kill's wait), or routers and /readyz would take a dead engine as ready meanwhile.
       if (reason === "exited") {
         const ex = yield* valueIfDone(sp.run.exited)
-        const how = ex?.signal != null ? `signal ${ex.signal}` : `code ${ex?.code ?? "unknown"}`
+        // the OOM killer's part is read once the group is gone (exitRecord); the status is worded as there
+        const how = describeStatus({
+          code: ex?.code ?? null,
+          signal: ex?.signal ?? null,
+          reason: "exited",
+          oomKills: undefined,
+          memoryLimitBytes: undefined
+        })
         const at = yield* Clock.currentTimeMillis
-        yield* s.publish(
-          Event.LivenessLost({ reason: `the engine exited (${how})${RunEndWords.stoppingGroup}`, at, ending: "exited" })
-        )
+        const words = `${RunEndWords.exited(how)}${RunEndWords.stoppingGroup}`
+        yield* s.publish(Event.LivenessLost({ reason: words, at, ending: "exited" }))
       }
       yield* sp.run.stop
       yield* Deferred.await(sp.run.exited).pipe(Effect.timeout(2_000), Effect.ignore)

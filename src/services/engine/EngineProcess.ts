@@ -19,7 +19,13 @@ export const RunEndWords = {
   unhealthy: "unhealthy: ",
   /** The Unhealthy reason while a requested restart ends the run: this, then the request's reason. */
   restartRequested: "restart requested: ",
-  /** The Unhealthy reason while an exited engine's group is stopped: "the engine exited (how)", then this. */
+  /**
+   * An engine that ended by itself, its status as EngineState.describeStatus words it ("exit code 137", "signal
+   * SIGKILL", and the OOM killer's part when known): the Unhealthy reason while its group is stopped (then
+   * stoppingGroup) and a cut call's words once the run's record is kept, so both read the same.
+   */
+  exited: (status: string): string => `the engine exited (${status})`,
+  /** The Unhealthy reason while an exited engine's group is stopped: exited(status), then this. */
   stoppingGroup: "; stopping its process group"
 } as const
 

@@ -32,7 +32,7 @@ const restartWhy = (reason: string): RunEnding => ({
 
 /** An ended run's record (its reason as runOnce.ts and watch.ts write it) as a caller reads it. */
 const fromExit = (exit: ExitRecord): RunEnding => {
-  if (exit.reason === "exited") return { by: "exit", why: `the engine exited (${describeStatus(exit)})` }
+  if (exit.reason === "exited") return { by: "exit", why: RunEndWords.exited(describeStatus(exit)) }
   if (exit.reason.startsWith(RunEndWords.restarted))
     return restartWhy(withoutPrefix(exit.reason, RunEndWords.restarted))
   if (exit.reason.startsWith(RunEndWords.unhealthy))
