@@ -22,9 +22,11 @@ const journal = arg("--journal")
 // Its one log line goes to stderr, and Node ignores SIGPIPE: written after the reader closed the pipe (a log
 // collector gone), it fails with EPIPE, raised a tick later as an 'error' on process.stderr that nobody heard,
 // so Node threw it and the receiver died at start, exit 1, never serving. The line is dropped instead (as
-// layers/observability/Logging.ts does for the agent). stdout gets only Effect's error logs of a receiver that
-// has stopped serving (a failed start, its socket server failed), so it needs no listener.
+// layers/observability/Logging.ts does for the agent). stdout gets Effect's log lines (a failed start, its socket
+// server failed, its socket path left at exit to a newer receiver): the console does not catch that 'error' either,
+// so those lines are dropped the same way.
 process.stderr.on("error", () => {})
+process.stdout.on("error", () => {})
 
 const listening = Layer.effectDiscard(
   Effect.sync(() => process.stderr.write(`${JSON.stringify({ msg: "listening", uds: path })}\n`))

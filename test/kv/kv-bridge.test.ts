@@ -8,7 +8,7 @@ import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
 import { encode } from "@msgpack/msgpack"
-import { Context, Effect, Exit, Fiber, Layer, Scope } from "effect"
+import { Context, Effect, Exit, Fiber, Layer, Logger, Scope } from "effect"
 import { afterEach, describe, expect, it, vi } from "vitest"
 import * as zmq from "zeromq"
 import * as ConfigLive from "../../src/layers/config/Config.ts"
@@ -114,11 +114,17 @@ const kvcached = async (sockPath: string) => {
   return { lines, close, batches: () => lines.filter((l) => l.type === "Batch") }
 }
 
-const startBridge = async (o: Omit<KvBridgeLive.BridgeOptions, "identity" | "blockSize" | "epoch">) => {
+/** The bridge; with `logs`, each line it logs goes there as "level message" (the default logger's otherwise). */
+const startBridge = async (
+  o: Omit<KvBridgeLive.BridgeOptions, "identity" | "blockSize" | "epoch">,
+  logs?: Array<string>
+) => {
   const scope = await Effect.runPromise(Scope.make())
   cleanups.push(() => Effect.runPromise(Scope.close(scope, Exit.void)))
+  const logger = Logger.make(({ logLevel, message }) => logs?.push(`${logLevel} ${[message].flat()[0]}`))
   const layer = KvBridgeLive.layerWith({ identity: id, blockSize: 4, epoch: "e1", backoffMaxMs: 200, ...o }).pipe(
-    Layer.provideMerge(MetricsTest.layerTest)
+    Layer.provideMerge(MetricsTest.layerTest),
+    Layer.provide(logs === undefined ? Layer.empty : Logger.layer([logger]))
   )
   const ctx = await Effect.runPromise(Layer.buildWithScope(layer, scope))
   const status = () => Effect.runPromise(Context.get(ctx, KvBridge).status)
@@ -681,7 +687,8 @@ describe("KvBridge with a scripted publisher", () => {
     // Room for exactly 5 of these equal-sized batches. The queue holds them as the engine sent them (decoded
     // only when sent): each costs its payload plus a fixed 96 bytes of record around it.
     const one = 96 + enginePayload([BIG]).byteLength
-    const bridge = await startBridge({ kvEvents: eng.endpoint(false), uds: sock, maxQueueBytes: 5 * one })
+    const logs: Array<string> = []
+    const bridge = await startBridge({ kvEvents: eng.endpoint(false), uds: sock, maxQueueBytes: 5 * one }, logs)
     const send = () => eng.send({ hashes: [BIG] })
     const first = BigInt(await until(async () => lastSeq(await bridge.status()) ?? void (await send()), "join"))
     let last = 0n
@@ -702,6 +709,13 @@ describe("KvBridge with a scripted publisher", () => {
     })
     expect(seqs(kc.batches())).toEqual([4, 3, 2, 1, 0].map((d) => Number(last) - d))
     expect(await bridge.metrics()).toMatch(new RegExp(`cgn_agent_kv_events_dropped_total ${received - 5}`))
+    // The log says so too: once when the drops started (all within a minute), once when kvcached drained the queue.
+    const full = /queue for cgn-kvcached is (full|still full|below half)/
+    await until(() => logs.filter((l) => full.test(l)).length === 2 || undefined, "the drained queue's line")
+    expect(logs.filter((l) => full.test(l))).toEqual([
+      "Warn kv events: the queue for cgn-kvcached is full (kv.max_queue_bytes); the oldest batches are dropped",
+      "Info kv events: the queue for cgn-kvcached is below half of kv.max_queue_bytes again"
+    ])
   })
 })
 

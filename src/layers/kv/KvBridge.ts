@@ -15,6 +15,7 @@ import { hello, type NodeIdentity } from "../../services/kv/KvWire.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import { registerMetrics } from "./kvBridgeMetrics.ts"
 import { runLink } from "./kvcachedClient.ts"
+import * as OverflowLog from "./overflowLog.ts"
 import { KvQueue } from "./queue.ts"
 import { type MutableStatus, makeSequencer, type QueuedBody, type RankStream, resyncOf } from "./rankSequencer.ts"
 import { connectAddress, readRank } from "./rankSubscriber.ts"
@@ -65,6 +66,9 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
     const { endpoint, engineBinds, replayEndpoint, topic } = o.kvEvents
     const dpSize = Math.max(1, o.kvEvents.dpSize ?? 1)
     const sequencer = makeSequencer(st, queue, topic, o.replayTimeoutMs ?? 2_000)
+    // Drops were only counted (status, metric): the log says when they start, go on, and end.
+    const overflow = yield* OverflowLog.make(queue, () => ({ uds: o.uds, kvcachedConnected: st.kvcachedConnected }))
+    queue.onOverflow = overflow.dropped
     // Added before the link is forked, so it runs after the link is interrupted (a wedged kvcached cannot hold
     // that up): what kvcached never acknowledged ends with this agent run, and the log says how much.
     yield* Effect.addFinalizer(() =>
@@ -178,6 +182,7 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
         },
         onForwarded: (n) => {
           st.forwarded += n
+          overflow.acked()
         },
         onUnencodable: (error) => {
           st.lastBatchError = error

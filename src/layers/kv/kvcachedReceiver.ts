@@ -123,12 +123,13 @@ export interface KvcachedHandlers {
 
 /**
  * The contract's RPC server on the Unix socket `path`, answering with `handlers` (tests give odd ones). Its socket
- * server's writes to a closed connection fail instead of hanging: see receiverSocketServer.ts.
+ * server's writes to a closed connection fail instead of hanging, a peer's dropped connection is no error, and `path`
+ * is removed at the end only while it is still this server's: see receiverSocketServer.ts.
  */
 export const serve = (path: string, handlers: KvcachedHandlers) =>
   RpcServer.layer(KvcachedRpcs).pipe(
     Layer.provide(KvcachedRpcs.toLayer(handlers)),
     Layer.provide(RpcServer.layerProtocolSocketServer),
-    Layer.provide(ReceiverSocketServer.layer({ path })),
+    Layer.provide(ReceiverSocketServer.layer(path)),
     Layer.provide(RpcSerialization.layerNdjson)
   )

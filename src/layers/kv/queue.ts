@@ -98,6 +98,8 @@ export class KvQueue<R> {
    */
   reclaim: (() => void) | undefined = undefined
   private reclaiming = false
+  /** Told how many batches a push dropped to stay within the bound, when it dropped any (overflowLog.ts logs it). */
+  onOverflow: ((batches: number) => void) | undefined = undefined
   readonly maxBytes: number
 
   constructor(maxBytes: number) {
@@ -119,6 +121,15 @@ export class KvQueue<R> {
    * does not fit beside what is held outside first has `reclaim` called: a live record comes before a replay's.
    */
   push(item: QueuedRecord<R>): boolean {
+    // A push made by `reclaim` is counted in the one that called it.
+    if (this.reclaiming) return this.pushWithin(item)
+    const before = this.dropped
+    const overflowed = this.pushWithin(item)
+    if (this.dropped > before) this.onOverflow?.(this.dropped - before)
+    return overflowed
+  }
+
+  private pushWithin(item: QueuedRecord<R>): boolean {
     if (this.outside > 0 && !this.reclaiming && !this.fits(item.bytes > this.maxBytes ? LOST_HERE_BYTES : item.bytes)) {
       this.reclaiming = true
       try {

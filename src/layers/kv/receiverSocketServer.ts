@@ -13,14 +13,49 @@
  * waits for them (`Fiber.runIn` on the server's scope), so the receiver's SIGTERM/SIGINT never finished and only
  * SIGKILL ended it. It took a peer that closed a connection with a request and a Ping still unanswered: what the
  * agent does on its ping timeout to a receiver that was paused (SIGSTOP) and resumed.
+ *
+ * A connection its peer dropped (reset, or closed with data unread) ends quietly, with one debug line: upstream logs
+ * every connection handler's failure as "Unhandled error in SocketServer" with a stack trace, at error level
+ * (packages/platform/node-shared/src/NodeSocketServer.ts, `makeNetServer`'s `run`: `Effect.ignoreCause({ log:
+ * "Unhandled" })`), and effect's RpcServer turns a read error other than a close into a defect (packages/effect/src/
+ * rpc/RpcServer.ts, `makeSocketProtocol`'s `onSocket`: `Effect.orDie`). An agent that gave up on a paused receiver
+ * left one such trace per reconnect attempt. Any other failure still reaches upstream's log.
+ *
+ * Its Unix socket path is removed at the end only while it is still this receiver's: ownedSocketPath.ts.
  */
 import type * as net from "node:net"
 import * as NodeSocket from "@effect/platform-node/NodeSocket"
-import * as NodeSocketServer from "@effect/platform-node/NodeSocketServer"
-import { Effect, Layer, Option } from "effect"
+import { Cause, Effect, Layer, Option } from "effect"
 import { Socket, SocketServer } from "effect/socket"
+import * as OwnedSocketPath from "./ownedSocketPath.ts"
 
+/** A write to a connection that can take no more: its peer is gone (code as Node's for a write after destroy). */
 const closedError = (cause: unknown) => new Socket.SocketError({ reason: new Socket.SocketWriteError({ cause }) })
+const socketClosed = () => Object.assign(new Error("socket closed"), { code: "ERR_SOCKET_CLOSED" })
+
+/** Error codes of a read or write on a connection whose peer went away (reset it, or closed it unread). */
+const PEER_GONE = new Set(["ECONNRESET", "EPIPE", "ECONNABORTED", "ERR_STREAM_DESTROYED", "ERR_SOCKET_CLOSED"])
+
+/** The error code behind a SocketError's read or write failure; undefined for anything else. */
+const peerGoneCode = (error: unknown): string | undefined => {
+  if (!Socket.isSocketError(error)) return undefined
+  const reason = error.reason
+  if (reason._tag !== "SocketReadError" && reason._tag !== "SocketWriteError") return undefined
+  const code = (reason.cause as { readonly code?: unknown } | undefined)?.code
+  return typeof code === "string" && PEER_GONE.has(code) ? code : undefined
+}
+
+/** The code when every failure and defect of `cause` (at least one) is the peer going away; else undefined. */
+export const peerDropped = (cause: Cause.Cause<unknown>): string | undefined => {
+  let code: string | undefined
+  for (const reason of cause.reasons) {
+    if (Cause.isInterruptReason(reason)) continue
+    const c = peerGoneCode(Cause.isFailReason(reason) ? reason.error : reason.defect)
+    if (c === undefined) return undefined
+    code = c
+  }
+  return code
+}
 
 /**
  * Writes `chunk` to `conn` with the upstream writer's backpressure (wait for 'drain'), but fails at once on a socket
@@ -30,7 +65,7 @@ const closedError = (cause: unknown) => new Socket.SocketError({ reason: new Soc
 const writeTo = (conn: net.Socket, chunk: Uint8Array | string) =>
   Effect.callback<void, Socket.SocketError>((resume) => {
     if (conn.destroyed || !conn.writable) {
-      resume(Effect.fail(closedError(new Error("socket closed"))))
+      resume(Effect.fail(closedError(socketClosed())))
       return
     }
     let needsDrain: boolean
@@ -59,7 +94,7 @@ const writeTo = (conn: net.Socket, chunk: Uint8Array | string) =>
     }
     const onClose = () => {
       cleanup()
-      resume(Effect.fail(closedError(new Error("socket closed"))))
+      resume(Effect.fail(closedError(socketClosed())))
     }
     conn.on("drain", onDrain)
     conn.on("error", onError)
@@ -77,10 +112,19 @@ const guardWrites = (socket: Socket.Socket, conn: net.Socket): Socket.Socket =>
     }))
   })
 
-/** NodeSocketServer.layer on `options`, each connection's writes guarded (see the module comment). */
-export const layer = (options: net.ServerOpts & net.ListenOptions) =>
+/** A connection handler's end: quiet (one debug line) when its peer dropped it, else as it was for upstream to log. */
+const quietPeerDrops = <A, E, R>(handled: Effect.Effect<A, E, R>): Effect.Effect<void, E, R> =>
+  Effect.catchCause(Effect.asVoid(handled), (cause) => {
+    const code = peerDropped(cause)
+    return code === undefined
+      ? Effect.failCause(cause)
+      : Effect.logDebug("kvcached receiver: a peer dropped its connection", { code })
+  })
+
+/** The receiver's SocketServer on the Unix socket `path`: each connection's writes guarded (see the module comment). */
+export const layer = (path: string, options: net.ServerOpts = {}) =>
   Layer.effect(SocketServer.SocketServer)(
-    Effect.map(NodeSocketServer.make(options), (server) =>
+    Effect.map(OwnedSocketPath.make(path, options), (server) =>
       SocketServer.SocketServer.of({
         address: server.address,
         run: (handler) =>
@@ -88,7 +132,7 @@ export const layer = (options: net.ServerOpts & net.ListenOptions) =>
             // NodeSocketServer runs each connection's handler with its net.Socket as NetSocket (packages/platform/
             // node-shared/src/NodeSocketServer.ts, `makeNetServer`'s `run`); without it, the socket as it is.
             Effect.flatMap(Effect.serviceOption(NodeSocket.NetSocket), (conn) =>
-              handler(Option.isSome(conn) ? guardWrites(socket, conn.value) : socket)
+              quietPeerDrops(handler(Option.isSome(conn) ? guardWrites(socket, conn.value) : socket))
             )
           )
       })
