@@ -240,7 +240,10 @@ describe("HealthReporter over TLS against a real etcd", () => {
     const badCa = await buildError({ ca: pki.client.keyFile, cert: pki.client.certFile, key: pki.client.keyFile })
     expect(badCa.key).toBe("etcd_ca_file")
     const mismatch = await buildError({ ca: pki.ca.certFile, cert: pki.client.certFile, key: pki.server.keyFile })
-    expect(mismatch.key).toBe("etcd_cert_file")
+    expect(mismatch.key).toBe("etcd_key_file")
+    expect(mismatch.message).toBe(
+      `cluster.etcd_key_file (${pki.server.keyFile}): does not belong to the certificate in cluster.etcd_cert_file`
+    )
   })
 
   it("raised no unhandled rejections", () => {

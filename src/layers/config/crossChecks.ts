@@ -1,14 +1,28 @@
 /**
  * Checks across fields of a decoded config: exactly one model with one source, keys that go together,
- * lease against heartbeat, listeners that would share a port, and everything the chosen engine's capabilities
- * refuse (roles, KV offload, parallelism, ports, GPUs, served names). Pure; no I/O.
+ * lease against heartbeat and etcd's longest lease, listeners that would share a port and ports past 65535
+ * (portChecks.ts), and everything the chosen engine's capabilities refuse (roles, KV offload, parallelism, ports,
+ * GPUs, served names). Pure; no I/O.
  */
 import { Duration } from "effect"
 import type { ConfigFile } from "../../services/config/ConfigSchema.ts"
-import { canonicalHost, isWildcardHost, splitHostPort } from "../../services/net/HostPort.ts"
+import { splitHostPort } from "../../services/net/HostPort.ts"
 import { migRefProblem } from "../../services/node/Mig.ts"
+import { reporterTiming } from "../../services/registry/ReporterTiming.ts"
 import { engineFor } from "../engine/backends/index.ts"
+import { listenerProblems, listeners, rankedPortProblems, sameSocket, tcpPort } from "./portChecks.ts"
 import { formatPath } from "./schemaProblems.ts"
+
+/** The etcd lease's TTL: agent.lease_ttl, else 3 heartbeats. */
+export const leaseTtlOf = (agent: ConfigFile["agent"]): Duration.Duration =>
+  agent.lease_ttl ?? Duration.times(agent.heartbeat, 3)
+
+/**
+ * etcd's longest lease, in seconds: its lessor refuses a longer TTL (Grant returns ErrLeaseTTLTooLarge, "etcdserver:
+ * too large lease TTL"), so the node would never register. MaxLeaseTTL in etcd's server/lease/lessor.go
+ * (https://github.com/etcd-io/etcd/blob/main/server/lease/lessor.go).
+ */
+const ETCD_MAX_LEASE_TTL_S = 9_000_000_000
 
 /** Combinations the schema cannot see: one model, paired keys, timing, and what the engine kind can run. */
 export const crossChecks = (c: ConfigFile): Array<string> => {
@@ -47,6 +61,7 @@ export const crossChecks = (c: ConfigFile): Array<string> => {
     problems.push("agent.lease_ttl: must be longer than agent.heartbeat, or the lease expires between two heartbeats")
   }
   if (Duration.toMillis(c.agent.heartbeat) < 100) problems.push("agent.heartbeat: must be at least 100ms")
+  problems.push(...leaseProblems(c))
   const both = [...new Set(c.engine.fault_xids.filter((x) => c.engine.ignore_xids.includes(x)))]
   if (both.length > 0) {
     problems.push(
@@ -58,37 +73,18 @@ export const crossChecks = (c: ConfigFile): Array<string> => {
   return problems
 }
 
-/** The agent's listeners that are set: [key under agent, host:port]. */
-const listeners = (c: ConfigFile): Array<readonly [string, string]> => [
-  ["listen_grpc", c.agent.listen_grpc],
-  ["listen_admin", c.agent.listen_admin],
-  ...(c.agent.listen_health === undefined ? [] : [["listen_health", c.agent.listen_health] as const])
-]
-
-/** Why listeners on hosts `a` and `b`, on one port, take the same socket; undefined when they do not. */
-const sameSocket = (a: string, b: string): string | undefined => {
-  for (const h of [a, b]) if (isWildcardHost(h)) return `same port, and ${h} is every address of this host`
-  return canonicalHost(a) === canonicalHost(b) ? "same host and port" : undefined
-}
-
-/** Two listeners on one host:port (a wildcard host meets every host): the second to bind fails with EADDRINUSE. */
-const listenerProblems = (c: ConfigFile): Array<string> => {
-  const problems: Array<string> = []
-  const all = listeners(c)
-  for (const [i, [key, addr]] of all.entries()) {
-    const { host, port } = splitHostPort(addr)
-    if (Number(port) === 0) continue // the OS picks a free port for each
-    for (const [otherKey, other] of all.slice(0, i)) {
-      const o = splitHostPort(other)
-      const why = Number(o.port) === Number(port) ? sameSocket(host, o.host) : undefined
-      if (why !== undefined) {
-        problems.push(
-          `agent.${key}: "${addr}" overlaps agent.${otherKey} = "${other}" (${why}); the second to bind would fail with EADDRINUSE: give each its own port`
-        )
-      }
-    }
-  }
-  return problems
+/** A lease etcd would refuse (with etcd only: a standalone agent holds none), naming the key that sets its TTL. */
+const leaseProblems = (c: ConfigFile): Array<string> => {
+  if (c.cluster.etcd.length === 0) return []
+  // in whole seconds, rounded up, as the reporter grants it
+  const ttl = reporterTiming(c.agent.heartbeat, leaseTtlOf(c.agent)).ttlSeconds
+  if (ttl <= ETCD_MAX_LEASE_TTL_S) return []
+  const longest = `etcd's longest lease, ${ETCD_MAX_LEASE_TTL_S}s (MaxLeaseTTL): etcd refuses to grant it, so the node would never register`
+  return [
+    c.agent.lease_ttl !== undefined
+      ? `agent.lease_ttl: ${ttl}s is longer than ${longest}`
+      : `agent.heartbeat: the lease TTL (agent.lease_ttl unset: 3 x heartbeat = ${ttl}s) is longer than ${longest}; set a shorter heartbeat`
+  ]
 }
 
 const engineProblems = (c: ConfigFile): Array<string> => {
@@ -146,6 +142,7 @@ const engineProblems = (c: ConfigFile): Array<string> => {
         `kv.replay_endpoint: with ${formatPath(["models", name, "dp"])} = ${m.dp} the KV events use ports ${events}-${events + m.dp - 1} and replay ports ${replay}-${replay + m.dp - 1}; they overlap, move replay_endpoint to port ${events + m.dp} or above`
       )
     }
+    problems.push(...rankedPortProblems(c, name, m.dp))
     for (const k of ["max_model_len", "gpu_memory_utilization"] as const) {
       if (m[k] !== undefined && caps.modelSettings !== undefined && !caps.modelSettings.includes(k)) {
         problems.push(`${formatPath(["models", name, k])}: ${kind} has no command-line setting for ${k}; remove it`)
@@ -247,12 +244,6 @@ const gpuProblems = (
     seen.add(String(g))
   }
   return problems
-}
-
-/** The port of a `tcp://host:port` ZMQ endpoint, else undefined. */
-const tcpPort = (endpoint: string): number | undefined => {
-  const m = /^tcp:\/\/.*:(\d+)$/.exec(endpoint)
-  return m === null ? undefined : Number(m[1])
 }
 
 const orList = (items: ReadonlyArray<string>): string => {

@@ -1,17 +1,18 @@
 /**
- * A file's bytes (UTF-8 only), TOML text or an already-parsed object to the resolved AgentConfig: parse, decode
- * with ConfigSchema, cross-check, then fill defaults (node id, lease TTL, admin token from the environment). Pure
- * apart from reading the host name; nothing half-parsed escapes: either every check passes or a ConfigError lists
- * every problem.
+ * A file's bytes (UTF-8 only), TOML text or an already-parsed object to the resolved AgentConfig: parse, check the
+ * values as written (rawValues.ts), decode with ConfigSchema, cross-check, then fill defaults (node id, lease TTL,
+ * admin token from the environment). Pure apart from reading the host name; nothing half-parsed escapes: either
+ * every check passes or a ConfigError lists every problem.
  */
 import * as os from "node:os"
-import { Duration, Result, Schema } from "effect"
+import { Result, Schema } from "effect"
 import { parse as parseToml, TomlError } from "smol-toml"
 import { type AgentConfig, ConfigError, type ModelConfig } from "../../services/config/Config.ts"
 import { ConfigFile, LogLevels } from "../../services/config/ConfigSchema.ts"
 import { DialableHostPort, keyPartProblem } from "../../services/config/ConfigValues.ts"
 import { joinHostPort } from "../../services/net/HostPort.ts"
-import { crossChecks } from "./crossChecks.ts"
+import { crossChecks, leaseTtlOf } from "./crossChecks.ts"
+import { type CheckedValues, checkValues } from "./rawValues.ts"
 import { fieldProblems, unknownKeyProblems } from "./schemaProblems.ts"
 
 /**
@@ -64,7 +65,8 @@ export const decodeConfig = (
   const name = file ?? "<inline>"
   let raw: unknown
   try {
-    raw = parseToml(text)
+    // Integers as bigint, so that a float (`tp = 1.0`) is told from an integer; rawValues.ts makes them numbers.
+    raw = parseToml(text, { integersAsBigInt: true })
   } catch (e) {
     if (e instanceof TomlError) {
       const first = e.message.split("\n")[0] ?? e.message
@@ -72,7 +74,7 @@ export const decodeConfig = (
     }
     throw e
   }
-  return decodeConfigObject(raw, file, env)
+  return decodeChecked(checkValues(raw, true), file, env)
 }
 
 /** Decodes an already-parsed object (the test layer and embedders use this). */
@@ -80,14 +82,27 @@ export const decodeConfigObject = (
   raw: unknown,
   file: string | undefined,
   env: Readonly<Record<string, string | undefined>> = process.env
+): Result.Result<AgentConfig, ConfigError> => decodeChecked(checkValues(raw, false), file, env)
+
+/** A NUL printed raw would cut or garble the line it is in (and a terminal's): every problem shows it escaped. */
+const escapeNul = (line: string): string => line.replaceAll("\0", "\\u0000")
+
+const decodeChecked = (
+  checked: CheckedValues,
+  file: string | undefined,
+  env: Readonly<Record<string, string | undefined>>
 ): Result.Result<AgentConfig, ConfigError> => {
   const name = file ?? "<inline>"
   const fail = (problems: ReadonlyArray<string>) =>
-    Result.fail(new ConfigError({ file: name, problems: [...problems] }))
+    Result.fail(new ConfigError({ file: name, problems: problems.map(escapeNul) }))
+  const raw = checked.value
   const unknown = unknownKeyProblems(raw)
   const decoded = Schema.decodeUnknownExit(ConfigFile)(raw, { errors: "all" })
-  if (decoded._tag === "Failure") return fail([...unknown, ...fieldProblems(raw)])
-  if (unknown.length > 0) return fail(unknown)
+  // The schema's words on a key rawValues.ts refused say less (a NUL or a float it cannot see): left out.
+  const onOtherKeys = (p: string) => ![...checked.keys].some((k) => [": ", ".", "["].some((s) => p.startsWith(k + s)))
+  if (decoded._tag === "Failure")
+    return fail([...unknown, ...checked.problems, ...fieldProblems(raw).filter(onOtherKeys)])
+  if (unknown.length > 0 || checked.problems.length > 0) return fail([...unknown, ...checked.problems])
   const parsed = decoded.value
   const problems = crossChecks(parsed)
   // The schema checked a node_id written in the file; one from the environment is checked the same way here.
@@ -149,7 +164,7 @@ const resolve = (
       ...c.agent,
       node_id: nodeId,
       node_ip: nodeIpOf(env),
-      lease_ttl: c.agent.lease_ttl ?? Duration.times(c.agent.heartbeat, 3),
+      lease_ttl: leaseTtlOf(c.agent),
       // A token is a secret: Kubernetes hands it over as an env var from a Secret, not in the ConfigMap.
       ...(c.agent.admin_token === undefined && env.CGN_AGENT_ADMIN_TOKEN
         ? { admin_token: env.CGN_AGENT_ADMIN_TOKEN }

@@ -4,13 +4,13 @@
  * circuit-breaker policies are replaced by faultPolicies.ts (the reporter owns backoff; a dead endpoint among
  * several is skipped), and grpc-js reconnect backoff is capped likewise.
  */
-import { X509Certificate } from "node:crypto"
 import * as fs from "node:fs/promises"
-import * as tls from "node:tls"
-import { Effect, type Scope } from "effect"
+import { Clock, Effect, type Scope } from "effect"
 import type { IKeyValue, IOptions } from "etcd3"
 import type { AgentConfig } from "../../services/config/Config.ts"
 import { EtcdTlsError, EtcdUnavailable, LeaseLost } from "../../services/registry/HealthReporter.ts"
+import type { TlsError } from "../../services/tls/Tls.ts"
+import { checkKeyPair, parseCaBundle } from "../tls/tlsMaterial.ts"
 import { makeHostFailover, passThrough } from "./faultPolicies.ts"
 
 export interface Granted {
@@ -96,7 +96,11 @@ const readTls = (key: string, file: string | undefined): Effect.Effect<Buffer | 
         catch: (e) => new EtcdTlsError({ key, file, reason: reasonOf(e) })
       })
 
-/** Parses the PEM material now, so a bad file fails the layer at start instead of dying inside grpc-js. */
+/**
+ * Checks the PEM material now, as [security]'s is (layers/tls/tlsMaterial.ts: every CA parses and one is valid, the
+ * client certificate valid now, the key its own), so a bad file fails the layer at start (and `check`) instead of
+ * every TLS handshake failing, or dying inside grpc-js.
+ */
 const checkTls = (
   cluster: AgentConfig["cluster"],
   ca: Buffer | undefined,
@@ -104,17 +108,22 @@ const checkTls = (
   key: Buffer | undefined
 ): Effect.Effect<void, EtcdTlsError> =>
   Effect.gen(function* () {
+    const now = yield* Clock.currentTimeMillis
+    const file = (name: "etcd_ca_file" | "etcd_cert_file" | "etcd_key_file") => ({
+      key: `cluster.${name}`,
+      path: cluster[name]
+    })
+    // Node's secure context silently skips a CA bundle without certificates; parseCaBundle does not.
+    if (ca !== undefined) yield* parseCaBundle(ca, file("etcd_ca_file"), now)
     // Half a client pair is refused by the config decoder (src/layers/config/crossChecks.ts), so both or neither here.
-    const parse = (name: string, file: string | undefined, check: () => unknown) =>
-      Effect.try({
-        try: check,
-        catch: (e) => new EtcdTlsError({ key: name, file: file ?? "", reason: `not a usable PEM: ${reasonOf(e)}` })
-      })
-    // Node's secure context silently skips a CA bundle without certificates; X509Certificate does not.
-    if (ca !== undefined) yield* parse("etcd_ca_file", cluster.etcd_ca_file, () => new X509Certificate(ca))
     if (cert !== undefined && key !== undefined)
-      yield* parse("etcd_cert_file", cluster.etcd_cert_file, () => tls.createSecureContext({ cert, key }))
-  })
+      yield* checkKeyPair({ ca, cert, key }, { cert: file("etcd_cert_file"), key: file("etcd_key_file") }, now)
+  }).pipe(
+    Effect.mapError(
+      (e: TlsError) =>
+        new EtcdTlsError({ key: e.key.replace(/^cluster\./, ""), file: e.path ?? "", reason: e.reason, unusable: true })
+    )
+  )
 
 /** The etcd3 options for [cluster]; reads the TLS files. */
 export const etcdOptions = Effect.fnUntraced(function* (

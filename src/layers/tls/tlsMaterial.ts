@@ -2,7 +2,8 @@
  * The TLS material on disk: which files `[security]` names, and reading and checking them (parseable PEM,
  * certificates valid now: not expired, not yet to come, every certificate of a CA bundle parsed and one of them
  * valid; key matching the certificate; usable as a Node secure context). Every problem is a TlsError naming the
- * config key or CLI flag the file came from.
+ * config key or CLI flag the file came from. parseCaBundle and checkKeyPair check [cluster]'s etcd files too
+ * (layers/registry/etcdClient.ts).
  */
 import * as crypto from "node:crypto"
 import * as fs from "node:fs"
@@ -118,17 +119,20 @@ export const parseCaBundle = (
 
 const pathOf = (file: { readonly path: string | undefined }) => (file.path === undefined ? {} : { path: file.path })
 
-/** Reads and checks the three files: parseable PEM, valid now, key matching the certificate. */
-export const readMaterial = (files: TlsFiles): Effect.Effect<TlsMaterial, TlsError> =>
+/**
+ * Checks a certificate and its private key, read from `files.cert` and `files.key`: the certificate parses and is
+ * valid at `now` (ms), the key parses and belongs to it (a mismatch names the key file), and Node can make a
+ * secure context of them with `ca` (when given). For the server's files and for etcd's client pair alike.
+ */
+export const checkKeyPair = (
+  pem: { readonly ca?: Buffer | undefined; readonly cert: Buffer; readonly key: Buffer },
+  files: Pick<TlsFiles, "cert" | "key">,
+  now: number
+): Effect.Effect<void, TlsError> =>
   Effect.gen(function* () {
-    // One after another: of several unreadable files the error names the first in this order, every time (read
-    // concurrently, whichever read failed first was reported, and `check` printed a different key run to run).
-    const [ca, cert, key] = yield* Effect.all([readOne(files.ca), readOne(files.cert), readOne(files.key)])
-    const now = yield* Clock.currentTimeMillis
-    yield* parseCaBundle(ca, files.ca, now)
-    const leaf = yield* parseCert(cert, files.cert, now)
+    const leaf = yield* parseCert(pem.cert, files.cert, now)
     const privateKey = yield* Effect.try({
-      try: () => crypto.createPrivateKey(key),
+      try: () => crypto.createPrivateKey(pem.key),
       catch: (e) => new TlsError({ key: files.key.key, ...pathOf(files.key), reason: `not a PEM private key: ${e}` })
     })
     if (!leaf.checkPrivateKey(privateKey)) {
@@ -139,9 +143,20 @@ export const readMaterial = (files: TlsFiles): Effect.Effect<TlsMaterial, TlsErr
       })
     }
     yield* Effect.try({
-      try: () => tls.createSecureContext({ ca, cert, key }),
+      try: () => tls.createSecureContext(pem.ca === undefined ? { cert: pem.cert, key: pem.key } : pem),
       catch: (e) => new TlsError({ key: files.cert.key, ...pathOf(files.cert), reason: `unusable: ${e}` })
     })
+  })
+
+/** Reads and checks the three files: parseable PEM, valid now, key matching the certificate. */
+export const readMaterial = (files: TlsFiles): Effect.Effect<TlsMaterial, TlsError> =>
+  Effect.gen(function* () {
+    // One after another: of several unreadable files the error names the first in this order, every time (read
+    // concurrently, whichever read failed first was reported, and `check` printed a different key run to run).
+    const [ca, cert, key] = yield* Effect.all([readOne(files.ca), readOne(files.cert), readOne(files.key)])
+    const now = yield* Clock.currentTimeMillis
+    yield* parseCaBundle(ca, files.ca, now)
+    yield* checkKeyPair({ ca, cert, key }, files, now)
     return { ca, cert, key }
   })
 

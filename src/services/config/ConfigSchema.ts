@@ -6,6 +6,7 @@
 import { Effect, Schema } from "effect"
 import {
   DialableHostPort,
+  EtcdEndpoint,
   EtcdPrefix,
   HostPort,
   HttpUrl,
@@ -54,10 +55,7 @@ export const LogLevels = ["trace", "debug", "info", "warn", "error"] as const
 
 export const ClusterSection = Schema.Struct({
   name: withDefault(KeyPart, "default"),
-  etcd: withDefault(
-    Schema.Array(HttpUrlWithoutCredentials("set cluster.etcd_username and cluster.etcd_password instead")),
-    []
-  ),
+  etcd: withDefault(Schema.Array(EtcdEndpoint), []),
   etcd_prefix: withDefault(EtcdPrefix, "/cgn"),
   etcd_ca_file: Schema.optionalKey(Schema.String),
   etcd_cert_file: Schema.optionalKey(Schema.String),

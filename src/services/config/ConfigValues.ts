@@ -133,6 +133,21 @@ export const HttpUrlWithoutCredentials = (where: string) =>
     })
   )
 
+/**
+ * A `cluster.etcd` endpoint: `http(s)://host:port` and nothing after the port. The etcd3 client strips the
+ * scheme and hands the rest to grpc-js as its target as written (etcd3 lib/connection-pool.js removeProtocolPrefix),
+ * which reads a path, a "/" alone, a query or a fragment as part of the port, and no call ever connects.
+ */
+export const EtcdEndpoint = HttpUrlWithoutCredentials(
+  "set cluster.etcd_username and cluster.etcd_password instead"
+).check(
+  Schema.makeFilter((s) =>
+    !/^https?:$/.test(URL.parse(s)?.protocol ?? "") || /^https?:\/\/[^/?#\s]+$/.test(s)
+      ? undefined // HttpUrl says what is wrong with anything but an http(s) URL
+      : `expected an etcd endpoint such as "https://10.0.0.5:2379": scheme, host and port, nothing after the port (the etcd client dials what follows the scheme as written), got "${withoutPassword(s)}"`
+  )
+)
+
 /** Characters an etcd key part may not hold: "/" would move the key to another place, control characters break it. */
 const KEY_PART_FORBIDDEN = /[/\p{Cc}]/u
 
@@ -169,10 +184,18 @@ export const EtcdPrefix = Schema.String.check(
 export const ZmqEndpoint = Schema.String.check(
   Schema.makeFilter((s) => {
     const expected = `expected a ZMQ endpoint such as "tcp://127.0.0.1:5557", "tcp://*:5557" or "ipc:///run/kv.sock", got ${JSON.stringify(s)}`
-    const tcp = /^tcp:\/\/(\S+):(\d{1,5})$/.exec(s)
+    const tcp = /^tcp:\/\/(\S+):(\d+)$/.exec(s)
     if (tcp !== null) {
-      if (Number(tcp[2]) > 65535) return `${expected}: the port is at most 65535`
-      const why = hostProblem(tcp[1]!)
+      // A fixed port both sides know: libzmq takes 0 (or *) as "any free port", which the other side cannot find.
+      const port = Number(tcp[2])
+      if (port > 65535) return `${expected}: the port is at most 65535`
+      if (port === 0) return `${expected}: port 0 is no port the other side can find; give a fixed port`
+      // `*`, an IPv4 address, an IPv6 one in brackets, or a name (DNS, or an interface such as eth0 to bind);
+      // anything else ("a:b") names no host, and the side that binds it retries forever.
+      const host = tcp[1]!
+      if (host !== "*" && !HOST_PORT.test(`${host}:${port}`))
+        return `${expected}: ${host} is no host (an IPv6 address goes in brackets: "tcp://[::1]:5557")`
+      const why = hostProblem(host)
       return why === undefined ? undefined : `${expected}: ${why}`
     }
     return /^(ipc|inproc):\/\/\S+$/.test(s) ? undefined : expected

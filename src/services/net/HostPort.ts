@@ -3,6 +3,7 @@
  * (pure). Every listen and advertise key goes through here: config checks, the gRPC and admin servers, the engine
  * backends and the advertised address.
  */
+import { isIP, isIPv6 } from "node:net"
 
 const WILDCARDS = new Set(["0.0.0.0", "::", "[::]", ""])
 
@@ -28,6 +29,32 @@ export const canonicalHost = (host: string): string => {
   }
 }
 
+/**
+ * The address a host names, for comparing listeners (pure, no DNS): canonicalHost of it (a bare IPv6 host
+ * bracketed first), an IPv4-mapped IPv6 address as its IPv4 one ("[::ffff:127.0.0.1]" gives "127.0.0.1": a socket
+ * bound to either takes the other's port), a name without the root's dot ("localhost." gives "localhost").
+ */
+export const canonicalAddress = (host: string): string => {
+  const bare = unbracket(host)
+  const c = canonicalHost(isIPv6(bare) ? `[${bare}]` : bare)
+  const mapped = /^\[::ffff:([0-9a-f]{1,4}):([0-9a-f]{1,4})\]$/.exec(c)
+  if (mapped !== null) {
+    const [hi, lo] = [Number.parseInt(mapped[1]!, 16), Number.parseInt(mapped[2]!, 16)]
+    return `${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`
+  }
+  return c.endsWith(".") && isIP(c) === 0 ? c.slice(0, -1) : c
+}
+
+/**
+ * The addresses a listener on `host` may take, canonical: `localhost` is whichever of 127.0.0.1 and ::1 the
+ * resolver gives first (Node binds the first address dns.lookup returns), so it may take either; any other host
+ * is its one canonicalAddress.
+ */
+export const listenAddresses = (host: string): ReadonlyArray<string> => {
+  const c = canonicalAddress(host)
+  return c === "localhost" ? ["127.0.0.1", "[::1]"] : [c]
+}
+
 /** `host:port`, bracketing a bare IPv6 host. */
 export const joinHostPort = (host: string, port: string | number): string =>
   host.includes(":") && !host.startsWith("[") ? `[${host}]:${port}` : `${host}:${port}`
@@ -36,13 +63,12 @@ export const joinHostPort = (host: string, port: string | number): string =>
 export const unbracket = (host: string): string =>
   host.startsWith("[") && host.endsWith("]") ? host.slice(1, -1) : host
 
-/** 127.0.0.0/8, ::1, ::ffff:127.x and `localhost` are loopback; wildcards and everything else are not. */
-export const isLoopbackHost = (host: string): boolean => {
-  const h = unbracket(host).toLowerCase()
-  if (h === "localhost" || h === "::1" || h === "0:0:0:0:0:0:0:1") return true
-  const v4 = h.startsWith("::ffff:") ? h.slice(7) : h
-  return /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(v4)
-}
+/**
+ * 127.0.0.0/8, ::1, ::ffff:127.x and `localhost` are loopback in any spelling the resolver binds the same
+ * (`127.1`, `localhost.`, `[0:0::1]`: canonicalAddress); wildcards and everything else are not.
+ */
+export const isLoopbackHost = (host: string): boolean =>
+  listenAddresses(host).every((a) => a === "[::1]" || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(a))
 
 /** The host part of `host:port`, without brackets (`[::1]:7071` gives `::1`). */
 export const hostOfAddr = (addr: string): string => unbracket(splitHostPort(addr).host)

@@ -122,14 +122,21 @@ export class LeaseLost extends Schema.TaggedError<LeaseLost>()("LeaseLost", {
   }
 }
 
-/** A TLS file named in [cluster] cannot be read (fails the layer at start, like a config error). */
+/**
+ * A TLS file named in [cluster] cannot be read, or (`unusable`) was read and cannot be used: not PEM, expired or not
+ * yet valid, a key of another certificate. Fails the layer at start, like a config error.
+ */
 export class EtcdTlsError extends Schema.TaggedError<EtcdTlsError>()("EtcdTlsError", {
   key: Schema.String,
   file: Schema.String,
-  reason: Schema.String
+  reason: Schema.String,
+  unusable: Schema.optionalKey(Schema.Boolean)
 }) {
   override get message(): string {
-    return `cluster.${this.key}: cannot read ${this.file}: ${this.reason}`
+    // an unusable file in [security]'s words (layers/tls/tlsMaterial.ts): `key (path): reason`
+    return this.unusable === true
+      ? `cluster.${this.key} (${this.file}): ${this.reason}`
+      : `cluster.${this.key}: cannot read ${this.file}: ${this.reason}`
   }
 }
 
