@@ -233,7 +233,7 @@ describe("ports: tcp://host:port endpoints, and port + the last DP rank at most 
       'kv.replay_endpoint: with models."m".dp = 2, rank r answers replays on port 65535 + r, up to 65536, past 65535; use a port of at most 65534'
     ])
     expect(problemsOf(`[engine]\nkv_offload = "nixl"\nside_channel_port = 65535\n${dp2}`)).toEqual([
-      'engine.side_channel_port: with models."m".dp = 2, vLLM\'s NIXL rank r listens for handshakes on port 65535 + r, up to 65536, past 65535; use a port of at most 65534'
+      'engine.side_channel_port: with models."m".dp = 2, the engine\'s rank r listens for KV-transfer handshakes on port 65535 + r, up to 65536, past 65535; use a port of at most 65534'
     ])
     // unused: events off, no nixl; or dp = 1
     expect(

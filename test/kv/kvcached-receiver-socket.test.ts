@@ -5,7 +5,6 @@
 // "Unhandled error in SocketServer" per connection.
 import { type ChildProcess, spawn } from "node:child_process"
 import * as fs from "node:fs"
-import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
 import { Cause, Effect, Exit, Layer, Scope } from "effect"
@@ -14,8 +13,7 @@ import { afterEach, describe, expect, it } from "vitest"
 import * as ReceiverLive from "../../src/layers/kv/kvcachedReceiver.ts"
 import * as OwnedSocketPath from "../../src/layers/kv/ownedSocketPath.ts"
 import { peerDropped } from "../../src/layers/kv/receiverSocketServer.ts"
-import { KV_WIRE_VERSION } from "../../src/services/kv/KvcachedRpc.ts"
-import { receiverEntry } from "../support/kvcached.ts"
+import { answerHello, connectUds, helloLine, receiverEntry } from "../support/kvcached.ts"
 import { followLines } from "../support/lines.ts"
 
 const cleanups: Array<() => unknown> = []
@@ -27,40 +25,6 @@ const tmpDir = () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "kvsock-"))
   cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }))
   return dir
-}
-
-const hello = (id: number) =>
-  `${JSON.stringify({
-    _tag: "Request",
-    id,
-    tag: "Hello",
-    payload: {
-      version: KV_WIRE_VERSION,
-      node_id: "n1",
-      cluster: "c1",
-      model: "m",
-      engine: "vllm",
-      block_size: 16,
-      dp_size: 1,
-      epoch: "e1"
-    },
-    headers: []
-  })}\n`
-
-const connect = (uds: string): Promise<net.Socket> =>
-  new Promise((resolve, reject) => {
-    const socket = net.connect(uds)
-    socket.once("error", reject)
-    socket.once("connect", () => resolve(socket))
-  })
-
-/** The first answer line of whoever listens on `uds` to a Hello. */
-const answer = async (uds: string, id: number): Promise<unknown> => {
-  const socket = await connect(uds)
-  cleanups.push(() => socket.destroy())
-  const line = followLines(socket).waitFor(() => true, 20_000, `the answer to Hello ${id}`)
-  socket.write(hello(id))
-  return JSON.parse(await line)
 }
 
 const answered = (id: number) => ({ _tag: "Exit", requestId: id, exit: { _tag: "Success", value: { applied: null } } })
@@ -82,11 +46,11 @@ describe("the reference receiver's socket path", () => {
     const stopA = await receiver(uds)
     fs.rmSync(uds) // an operator or a tmp cleaner
     const stopB = await receiver(uds)
-    expect(await answer(uds, 1)).toEqual(answered(1))
+    expect(await answerHello(uds, 1, cleanups)).toEqual(answered(1))
 
     await stopA()
     expect(isSocket(uds)).toBe(true)
-    expect(await answer(uds, 2)).toEqual(answered(2))
+    expect(await answerHello(uds, 2, cleanups)).toEqual(answered(2))
 
     await stopB()
     expect(fs.existsSync(uds)).toBe(false)
@@ -97,7 +61,7 @@ describe("the reference receiver's socket path", () => {
     const uds = path.join(dir, "k.sock")
     const stop = await receiver(uds)
     expect(fs.readdirSync(dir)).toEqual(["k.sock"])
-    expect(await answer(uds, 1)).toEqual(answered(1))
+    expect(await answerHello(uds, 1, cleanups)).toEqual(answered(1))
     await stop()
     expect(fs.readdirSync(dir)).toEqual([])
   })
@@ -156,10 +120,10 @@ describe("a connection's end in the reference receiver", () => {
     // What the agent does on its ping timeout to a paused receiver: a Hello and a Ping, then it closes (3 times).
     proc.kill("SIGSTOP")
     for (let i = 0; i < 3; i++) {
-      const gone = await connect(uds)
+      const gone = await connectUds(uds)
       gone.on("error", () => {})
       await new Promise<void>((resolve, reject) =>
-        gone.write(`${hello(i)}{"_tag":"Ping"}\n`, (e) => (e ? reject(e) : resolve()))
+        gone.write(`${helloLine(i)}{"_tag":"Ping"}\n`, (e) => (e ? reject(e) : resolve()))
       )
       const closed = new Promise((resolve) => gone.once("close", resolve))
       gone.destroy()
@@ -167,7 +131,7 @@ describe("a connection's end in the reference receiver", () => {
     }
     proc.kill("SIGCONT")
     // Resumed, it reads those connections (their events come first) and answers into them, then this one.
-    expect(await answer(uds, 9)).toEqual(answered(9))
+    expect(await answerHello(uds, 9, cleanups)).toEqual(answered(9))
     proc.kill("SIGTERM")
     expect(await exited).toBe(130)
 

@@ -5,53 +5,16 @@
 // (and every signal after it) left the receiver alive, only SIGKILL ended it (src/layers/kv/receiverSocketServer.ts).
 import { type ChildProcess, spawn } from "node:child_process"
 import * as fs from "node:fs"
-import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
 import { afterEach, describe, expect, it } from "vitest"
-import { KV_WIRE_VERSION } from "../../src/services/kv/KvcachedRpc.ts"
-import { receiverEntry } from "../support/kvcached.ts"
+import { answerHello, connectUds, helloLine, receiverEntry } from "../support/kvcached.ts"
 import { followLines } from "../support/lines.ts"
 
 const cleanups: Array<() => unknown> = []
 afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c()
 })
-
-const hello = (id: number) =>
-  `${JSON.stringify({
-    _tag: "Request",
-    id,
-    tag: "Hello",
-    payload: {
-      version: KV_WIRE_VERSION,
-      node_id: "n1",
-      cluster: "c1",
-      model: "m",
-      engine: "vllm",
-      block_size: 16,
-      dp_size: 1,
-      epoch: "e1"
-    },
-    headers: []
-  })}\n`
-
-/** Connects to `uds` and resolves with the socket once connected (a stopped receiver's kernel still accepts). */
-const connect = (uds: string): Promise<net.Socket> =>
-  new Promise((resolve, reject) => {
-    const socket = net.connect(uds)
-    socket.once("error", reject)
-    socket.once("connect", () => resolve(socket))
-  })
-
-/** The receiver's first answer line on a fresh connection to a Hello. */
-const answer = async (uds: string, id: number): Promise<unknown> => {
-  const socket = await connect(uds)
-  cleanups.push(() => socket.destroy())
-  const line = followLines(socket).waitFor(() => true, 20_000, `the answer to Hello ${id}`)
-  socket.write(hello(id))
-  return JSON.parse(await line)
-}
 
 describe("cgn-kvcached-ref answering a connection its peer closed while the receiver was stopped", () => {
   it("keeps serving, and SIGTERM still ends it", async () => {
@@ -75,11 +38,11 @@ describe("cgn-kvcached-ref answering a connection its peer closed while the rece
     await followLines(proc.stderr).waitFor((l) => l.includes('"msg":"listening"'), 60_000, "the receiver listening")
 
     proc.kill("SIGSTOP")
-    const gone = await connect(uds)
+    const gone = await connectUds(uds)
     gone.on("error", () => {})
     // both in the receiver's socket buffer before the peer closes (the write callback: handed to the kernel)
     await new Promise<void>((resolve, reject) =>
-      gone.write(`${hello(1)}{"_tag":"Ping"}\n`, (e) => (e ? reject(e) : resolve()))
+      gone.write(`${helloLine(1)}{"_tag":"Ping"}\n`, (e) => (e ? reject(e) : resolve()))
     )
     const closed = new Promise((resolve) => gone.once("close", resolve))
     gone.destroy()
@@ -88,7 +51,7 @@ describe("cgn-kvcached-ref answering a connection its peer closed while the rece
 
     // Resumed, it reads the Hello and the Ping and answers both into the closed connection: the read then fails, a
     // routine dropped peer (no error log); it still serves the next connection.
-    expect(await answer(uds, 2)).toEqual({
+    expect(await answerHello(uds, 2, cleanups)).toEqual({
       _tag: "Exit",
       requestId: 2,
       exit: { _tag: "Success", value: { applied: null } }

@@ -5,6 +5,7 @@
  */
 import type { ConfigFile } from "../../services/config/ConfigSchema.ts"
 import { canonicalHost, isWildcardHost, listenAddresses, splitHostPort } from "../../services/net/HostPort.ts"
+import { engineFor } from "../engine/backends/index.ts"
 import { formatPath } from "./schemaProblems.ts"
 
 /** The agent's listeners that are set: [key under agent, host:port]. */
@@ -56,8 +57,8 @@ export const tcpPort = (endpoint: string): number | undefined => {
 /**
  * The ports a DP engine uses once per rank, as [key, first port, who takes port + r]; undefined where the key is
  * not used. KV events and replay: each rank's publisher and ROUTER (README, models.<name>.dp); NIXL's side
- * channel: vLLM's handshake listener on VLLM_NIXL_SIDE_CHANNEL_PORT + the DP rank (layers/engine/backends/vllm.ts
- * sets it for kv_offload = "nixl" only).
+ * channel: the engine's handshake listener on side_channel_port + the DP rank (Engine.capabilities
+ * .sideChannelOffloads: vLLM with NIXL).
  */
 const rankedPorts = (c: ConfigFile): ReadonlyArray<readonly [string, number | undefined, string]> => [
   ["kv.events_endpoint", c.kv.events ? tcpPort(c.kv.events_endpoint) : undefined, "rank r publishes KV events"],
@@ -68,8 +69,10 @@ const rankedPorts = (c: ConfigFile): ReadonlyArray<readonly [string, number | un
   ],
   [
     "engine.side_channel_port",
-    c.engine.kind === "vllm" && c.engine.kv_offload === "nixl" ? c.engine.side_channel_port : undefined,
-    "vLLM's NIXL rank r listens for handshakes"
+    engineFor(c.engine.kind).capabilities.sideChannelOffloads?.includes(c.engine.kv_offload) === true
+      ? c.engine.side_channel_port
+      : undefined,
+    "the engine's rank r listens for KV-transfer handshakes"
   ]
 ]
 

@@ -96,11 +96,7 @@ const readTls = (key: string, file: string | undefined): Effect.Effect<Buffer | 
         catch: (e) => new EtcdTlsError({ key, file, reason: reasonOf(e) })
       })
 
-/**
- * Checks the PEM material now, as [security]'s is (layers/tls/tlsMaterial.ts: every CA parses and one is valid, the
- * client certificate valid now, the key its own), so a bad file fails the layer at start (and `check`) instead of
- * every TLS handshake failing, or dying inside grpc-js.
- */
+/** Checks the PEM material now as [security]'s is (tlsMaterial.ts), so a bad file fails at start and in `check`. */
 const checkTls = (
   cluster: AgentConfig["cluster"],
   ca: Buffer | undefined,

@@ -62,6 +62,11 @@ export interface EngineCapabilities {
    * make the prefill node read stalled.
    */
   readonly prefillAnswersAlone?: boolean
+  /**
+   * The `kv_offload` values with which the engine listens on `engine.side_channel_port` + its DP rank (vLLM's NIXL
+   * handshake, VLLM_NIXL_SIDE_CHANNEL_PORT); absent means it never does (config checks the last rank's port).
+   */
+  readonly sideChannelOffloads?: ReadonlyArray<KvOffload>
   /** `[models.x]` settings the command line can express; absent means both. */
   readonly modelSettings?: ReadonlyArray<"max_model_len" | "gpu_memory_utilization">
   /** Characters the served model name may not contain on this engine's command line; `why` ends the message. */

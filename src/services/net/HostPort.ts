@@ -3,7 +3,6 @@
  * (pure). Every listen and advertise key goes through here: config checks, the gRPC and admin servers, the engine
  * backends and the advertised address.
  */
-import { isIP, isIPv6 } from "node:net"
 
 const WILDCARDS = new Set(["0.0.0.0", "::", "[::]", ""])
 
@@ -36,13 +35,15 @@ export const canonicalHost = (host: string): string => {
  */
 export const canonicalAddress = (host: string): string => {
   const bare = unbracket(host)
-  const c = canonicalHost(isIPv6(bare) ? `[${bare}]` : bare)
+  // a colon is no name's: a bare host with one is an IPv6 address
+  const c = canonicalHost(bare.includes(":") ? `[${bare}]` : bare)
   const mapped = /^\[::ffff:([0-9a-f]{1,4}):([0-9a-f]{1,4})\]$/.exec(c)
   if (mapped !== null) {
     const [hi, lo] = [Number.parseInt(mapped[1]!, 16), Number.parseInt(mapped[2]!, 16)]
     return `${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`
   }
-  return c.endsWith(".") && isIP(c) === 0 ? c.slice(0, -1) : c
+  // the URL parser already drops an IPv4 address's trailing dot: one left ends a name
+  return c.endsWith(".") ? c.slice(0, -1) : c
 }
 
 /**

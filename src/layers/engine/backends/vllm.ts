@@ -142,7 +142,10 @@ export const vllm: Engine = {
     // The prefill request finishes with its one token; NixlConnector.request_finished keeps the blocks for the
     // decode side to read (freed on its read or after VLLM_NIXL_ABORT_REQUEST_TIMEOUT), so the answer never waits
     // for the peer (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py).
-    prefillAnswersAlone: true
+    prefillAnswersAlone: true,
+    // VLLM_NIXL_SIDE_CHANNEL_PORT, rendered for NIXL only; each DP rank listens on it + its rank
+    // (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py)
+    sideChannelOffloads: ["nixl"]
     // No peerlessFields: the NixlConnector serves a request without kv_transfer_params as a local one on either
     // role (get_num_new_matched_tokens, update_state_after_alloc and request_finished return early,
     // vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py).
