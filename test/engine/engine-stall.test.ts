@@ -26,7 +26,6 @@ describe("the stall state", () => {
       lastStallAt: 4_000,
       lastCompletedAt: undefined,
       stalledStreams: 2,
-      stalledPrefills: 0,
       stalledSince: 1_000
     })
     const cleared = onCompleted(b, 5_000)
@@ -37,19 +36,6 @@ describe("the stall state", () => {
     assert.strictEqual(onCompleted(cleared!, 6_000), undefined)
     // the next stall starts its own clock
     assert.strictEqual(onStall(cleared!, 9_000).stalledSince, 9_000)
-  })
-
-  it("a prefill leg past its deadline is a stall of its own kind, on the same clock, cleared the same way", () => {
-    const s = onStall(onStall(noStall, 1_000, "prefill"), 2_000)
-    assert.deepStrictEqual(s, {
-      lastStallAt: 2_000,
-      lastCompletedAt: undefined,
-      stalledStreams: 1,
-      stalledPrefills: 1,
-      stalledSince: 1_000
-    })
-    assert.strictEqual(stallRestartAt(s, 60_000), 61_000)
-    assert.strictEqual(onCompleted(s, 3_000)?.stalledPrefills, 0)
   })
 
   it("a restart is due stall_restart_after past the stall's start; 0 means never", () => {

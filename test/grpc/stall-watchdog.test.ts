@@ -49,7 +49,7 @@ const read = (relay: Relay) => {
 
 const problem = Effect.map(
   Effect.flatMap(EngineStall, (s) => s.state),
-  (s) => stallProblem(s, { streamIdle: "800ms", handoff: "30s" })
+  (s) => stallProblem(s, "800ms")
 )
 
 describe("the stall watchdog", () => {

@@ -236,38 +236,15 @@ describe("NodeStatus on the Clock", () => {
 })
 
 describe("stallProblem", () => {
-  const timeouts = { streamIdle: "5m", handoff: "30s" }
   it("unhealthy from a stall until a call completes; a completion in the same tick clears it", () => {
-    expect(stallProblem(noStall, timeouts)).toBeUndefined()
-    const stalled = {
-      lastStallAt: 2_000,
-      lastCompletedAt: 1_000,
-      stalledStreams: 2,
-      stalledPrefills: 0,
-      stalledSince: 1_500
-    }
-    expect(stallProblem(stalled, timeouts)).toBe(
+    expect(stallProblem(noStall, "5m")).toBeUndefined()
+    const stalled = { lastStallAt: 2_000, lastCompletedAt: 1_000, stalledStreams: 2, stalledSince: 1_500 }
+    expect(stallProblem(stalled, "5m")).toBe(
       "engine stalled: 2 stream(s) sent nothing for 5m (engine.stream_idle_timeout) and no call has completed since"
     )
-    expect(stallProblem({ ...stalled, lastCompletedAt: undefined }, timeouts)).toContain("engine stalled")
-    expect(stallProblem({ ...stalled, lastCompletedAt: 2_000 }, timeouts)).toBeUndefined()
-    expect(nodeState({ _tag: "Ready", since: 0, run: 0 }, false, stallProblem(stalled, timeouts))).toBe("unhealthy")
-    expect(nodeState({ _tag: "Ready", since: 0, run: 0 }, true, stallProblem(stalled, timeouts))).toBe("draining")
-  })
-
-  it("names each kind of stall with its own deadline: streams, prefill legs, or both", () => {
-    const prefills = {
-      lastStallAt: 2_000,
-      lastCompletedAt: 1_000,
-      stalledStreams: 0,
-      stalledPrefills: 3,
-      stalledSince: 1_500
-    }
-    expect(stallProblem(prefills, timeouts)).toBe(
-      "engine stalled: 3 prefill leg(s) did not finish within 30s ([agent].handoff_timeout) and no call has completed since"
-    )
-    expect(stallProblem({ ...prefills, stalledStreams: 1 }, timeouts)).toBe(
-      "engine stalled: 1 stream(s) sent nothing for 5m (engine.stream_idle_timeout), 3 prefill leg(s) did not finish within 30s ([agent].handoff_timeout) and no call has completed since"
-    )
+    expect(stallProblem({ ...stalled, lastCompletedAt: undefined }, "5m")).toContain("engine stalled")
+    expect(stallProblem({ ...stalled, lastCompletedAt: 2_000 }, "5m")).toBeUndefined()
+    expect(nodeState({ _tag: "Ready", since: 0, run: 0 }, false, stallProblem(stalled, "5m"))).toBe("unhealthy")
+    expect(nodeState({ _tag: "Ready", since: 0, run: 0 }, true, stallProblem(stalled, "5m"))).toBe("draining")
   })
 })

@@ -18,8 +18,7 @@ import {
   onStall,
   type StallState,
   stallProblem,
-  stallRestartAt,
-  stallTimeouts
+  stallRestartAt
 } from "../../services/engine/EngineStall.ts"
 import { Drain } from "../../services/node/Drain.ts"
 
@@ -35,7 +34,7 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
 
     const afterMs = Duration.toMillis(config.engine.stall_restart_after)
     const idleMs = Duration.toMillis(config.engine.stream_idle_timeout)
-    const timeouts = stallTimeouts(config)
+    const idleTimeout = Duration.format(config.engine.stream_idle_timeout)
     // optional: a drain stops the engine itself once its calls are done; a restart would only cut them short
     const drain = Option.getOrUndefined(yield* Effect.serviceOption(Drain))
     // When a stream older than the stall last read from the engine (a plain variable: it changes every watchdog tick
@@ -45,7 +44,7 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
     const restart = (s: StallState) =>
       Effect.gen(function* () {
         if (drain !== undefined && (yield* drain.draining)) return
-        const reason = `${stallProblem(s, timeouts)}, for ${Duration.format(config.engine.stall_restart_after)} (engine.stall_restart_after)`
+        const reason = `${stallProblem(s, idleTimeout)}, for ${Duration.format(config.engine.stall_restart_after)} (engine.stall_restart_after)`
         if ((yield* engine.restart("stall", reason)) === "restarting")
           yield* Effect.logError(`restarting the engine: ${reason}`)
       }).pipe(Effect.uninterruptible) // the request and its log line together: a state change now must not split them
@@ -68,7 +67,7 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
       yield* SubscriptionRef.changes(ref).pipe(Stream.switchMap(restartWhenDue), Stream.runDrain, Effect.forkScoped)
 
     return EngineStall.of({
-      stalled: (now, kind) => SubscriptionRef.update(ref, (s) => onStall(s, now, kind)),
+      stalled: (now) => SubscriptionRef.update(ref, (s) => onStall(s, now)),
       completed: (now) =>
         Effect.flatMap(SubscriptionRef.get(ref), (s) => {
           const next = onCompleted(s, now)

@@ -9,8 +9,6 @@ export class ActiveCalls {
   readonly relays = new Set<Relay>()
   /** Calls that completed (their engine stream ended as the engine ends one) since the watchdog last looked. */
   completed = 0
-  /** Calls that completed since the agent started: a prefill leg's deadline asks whether any did while it waited. */
-  completedTotal = 0
   readonly #idle = Latch.makeUnsafe(true)
 
   add(relay: Relay): void {
@@ -20,10 +18,7 @@ export class ActiveCalls {
 
   delete(relay: Relay): void {
     if (!this.relays.delete(relay)) return
-    if (relay.completed) {
-      this.completed++
-      this.completedTotal++
-    }
+    if (relay.completed) this.completed++
     if (this.relays.size === 0) this.#idle.openUnsafe()
   }
 

@@ -3,20 +3,14 @@
  * A normal or decode leg streams: EngineClient.streamTo puts each network read straight into the relay (no
  * Effect step per read), and the relay's consumer writes it to the call. A prefill leg is one non-streaming
  * engine call whose handoff parameters go in the final message. Each P/D leg has [agent].handoff_timeout.
- * The stall watchdog sees streams only: a prefill leg past its deadline is reported to EngineStall here when the
- * engine alone can be blamed (prefillDeadline); a wedged prefill engine that still answers its health endpoint
- * showed nothing else.
  */
 import { Clock, Duration, Effect, Option } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import { complete, EngineClient, type EngineError, type RequestOptions } from "../../services/engine/EngineClient.ts"
-import { EngineStall } from "../../services/engine/EngineStall.ts"
 import { Admission, type AdmissionError } from "../../services/grpc/Admission.ts"
 import { LegDeadline } from "../../services/grpc/CallErrors.ts"
 import type { RequestPlan } from "../../services/grpc/Generate.ts"
 import { extractKvTransferParams, type InvalidHandoff, type LegPlan } from "../../services/grpc/Handoff.ts"
-import { engineFor } from "../engine/backends/index.ts"
-import type { ActiveCalls } from "./ActiveCalls.ts"
 import type { Relay } from "./Relay.ts"
 
 /** How the engine side of a call can fail (all of them members of GrpcStatus's GenerateError). */
@@ -30,7 +24,7 @@ export type RunLeg = (
   opts: RequestOptions
 ) => Effect.Effect<void, LegError>
 
-export const make = Effect.fnUntraced(function* (active: ActiveCalls) {
+export const make = Effect.fnUntraced(function* () {
   const config = yield* Config
   const client = yield* EngineClient
   const admission = Option.getOrUndefined(yield* Effect.serviceOption(Admission))
@@ -38,32 +32,10 @@ export const make = Effect.fnUntraced(function* (active: ActiveCalls) {
   const legDeadline = (leg: "prefill" | "decode", relay: Relay) =>
     new LegDeadline({ leg, timeout: Duration.format(legTimeout), queued: !relay.admitted })
   const streamTo = client.streamTo
-  // optional, as in the stall watchdog: tests run legs without one
-  const stall = Option.getOrUndefined(yield* Effect.serviceOption(EngineStall))
-  const prefillStalls = stall !== undefined && engineFor(config.engine.kind).capabilities.prefillAnswersAlone === true
-  const legTimeoutMs = Duration.toMillis(legTimeout)
-  // A prefill leg past its deadline is the engine's own stall only where nothing else can be blamed: the engine
-  // answers without its decode peer (Engine.capabilities.prefillAnswersAlone; SGLang's waits for it), it held the leg
-  // for at least half the deadline (the deadline counts the wait for admission: a leg that spent it queued behind busy
-  // ones was barely given to the engine), and no call completed meanwhile (an engine that still completes calls is
-  // busy, not wedged; a review's repro had a healthy node read stalled without these two).
-  const prefillDeadline = (relay: Relay) => {
-    const failed = Effect.fail(legDeadline("prefill", relay))
-    if (!prefillStalls || !relay.admitted) return failed
-    return Effect.flatMap(Clock.currentTimeMillis, (now) =>
-      now - relay.prefillSince >= legTimeoutMs / 2 && active.completedTotal === relay.completedBeforePrefill
-        ? Effect.andThen(stall.stalled(now, "prefill"), failed)
-        : failed
-    )
-  }
 
   // One non-streaming call; its answer is read for finish/usage only (the text comes from the decode leg).
   const prefillLeg = (relay: Relay, plan: RequestPlan, leg: LegPlan, opts: RequestOptions) =>
-    Effect.flatMap(Clock.currentTimeMillis, (now) => {
-      relay.prefillSince = now
-      relay.completedBeforePrefill = active.completedTotal
-      return complete(client, plan.path, leg.body, opts)
-    }).pipe(
+    complete(client, plan.path, leg.body, opts).pipe(
       Effect.flatMap((response) => {
         relay.reader.read(response)
         if (leg._tag !== "VllmPrefill") return Effect.void
@@ -110,7 +82,7 @@ export const make = Effect.fnUntraced(function* (active: ActiveCalls) {
     if (leg._tag === "Normal") return admitted(relay, engineStream(relay, plan, leg, opts))
     if (leg._tag === "VllmPrefill" || (leg._tag === "SglangLeg" && leg.leg === "prefill")) {
       return admitted(relay, prefillLeg(relay, plan, leg, opts)).pipe(
-        Effect.timeoutOrElse({ duration: legTimeout, orElse: () => prefillDeadline(relay) })
+        Effect.timeoutOrElse({ duration: legTimeout, orElse: () => Effect.fail(legDeadline("prefill", relay)) })
       )
     }
     return Effect.raceFirst(admitted(relay, engineStream(relay, plan, leg, opts)), decodeDeadline(relay))

@@ -69,7 +69,7 @@ export const makeHandler = Effect.fnUntraced(function* (
   const metrics = Option.getOrUndefined(yield* Effect.serviceOption(Metrics))
   // Spans only when traces are exported: otherwise the caller's traceparent goes to the engine unchanged.
   const tracing = yield* TracesExported
-  const legs = yield* EngineLegs.make(active)
+  const legs = yield* EngineLegs.make()
   // A failed engine request is explained by the engine run's end when one cut it: its error path only.
   const explainCut = yield* EngineCut.make
   const runLeg: (...args: Parameters<EngineLegs.RunLeg>) => Effect.Effect<void, GenerateError> =

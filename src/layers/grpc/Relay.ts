@@ -31,9 +31,6 @@ export class Relay implements ChunkSink {
   idleSince = 0
   /** When (Clock ms) the engine stream was requested: a stall restart waits for streams older than the stall. */
   streamingSince = 0
-  /** A prefill leg's request: when (Clock ms) it was made, and ActiveCalls.completedTotal then. */
-  prefillSince = 0
-  completedBeforePrefill = 0
   done = false
   /** The engine stream ended as the engine ends one (not failed, not cancelled): the engine is not wedged. */
   completed = false

@@ -8,7 +8,7 @@ import type { Counter } from "prom-client"
 import { Config } from "../../services/config/Config.ts"
 import { EngineClient } from "../../services/engine/EngineClient.ts"
 import { EngineProcess } from "../../services/engine/EngineProcess.ts"
-import { EngineStall, noStall, stallProblem, stallTimeouts } from "../../services/engine/EngineStall.ts"
+import { EngineStall, noStall, stallProblem } from "../../services/engine/EngineStall.ts"
 import { failingOf } from "../../services/engine/EngineState.ts"
 import { GpuGate, type GpuGateStatus, gateProblem } from "../../services/engine/GpuGate.ts"
 import { Admission } from "../../services/grpc/Admission.ts"
@@ -62,12 +62,12 @@ export const layer = (
         onSome: (g) => g.status
       })
       const stall = yield* Effect.serviceOption(EngineStall)
-      const stallLimits = stallTimeouts(config)
+      const stallIdle = Duration.format(config.engine.stream_idle_timeout)
       // why the node is unhealthy whatever the engine's state says: its GPUs, or the engine stalled
       const problemNow = Effect.gen(function* () {
         const g = yield* gateStatus
         const s = Option.isSome(stall) ? yield* stall.value.state : noStall
-        return gateProblem(g) ?? stallProblem(s, stallLimits)
+        return gateProblem(g) ?? stallProblem(s, stallIdle)
       })
       const heartbeat = config.agent.heartbeat
       const agentVersion = options.agentVersion ?? VERSION

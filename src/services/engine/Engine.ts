@@ -55,14 +55,6 @@ export interface EngineCapabilities {
    */
   readonly closesStreamedConnections?: boolean
   /**
-   * The prefill leg's answer does not wait for the decode peer (vLLM: the one token, then the blocks are held for the
-   * decode side to pull): a prefill leg the engine held past [agent].handoff_timeout can be the engine's own stall,
-   * and is reported as one (layers/grpc/EngineLegs.ts says when). Absent where the answer waits for the peer (SGLang's
-   * prefill server holds a request until the decode server connects to its bootstrap room): a dead decode node would
-   * make the prefill node read stalled.
-   */
-  readonly prefillAnswersAlone?: boolean
-  /**
    * The `kv_offload` values with which the engine listens on `engine.side_channel_port` + its DP rank (vLLM's NIXL
    * handshake, VLLM_NIXL_SIDE_CHANNEL_PORT); absent means it never does (config checks the last rank's port).
    */

@@ -139,10 +139,6 @@ export const vllm: Engine = {
     stopSequenceField: "stop_reason",
     // SamplingParams.ignore_eos, taken by the OpenAI completions endpoint (vllm/entrypoints/openai/protocol.py)
     ignoreEos: true,
-    // The prefill request finishes with its one token; NixlConnector.request_finished keeps the blocks for the
-    // decode side to read (freed on its read or after VLLM_NIXL_ABORT_REQUEST_TIMEOUT), so the answer never waits
-    // for the peer (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py).
-    prefillAnswersAlone: true,
     // VLLM_NIXL_SIDE_CHANNEL_PORT, rendered for NIXL only; each DP rank listens on it + its rank
     // (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py)
     sideChannelOffloads: ["nixl"]
