@@ -24,9 +24,13 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
   [
     "TOML syntax: unterminated string",
     '[agent]\nlisten_grpc = "0.0.0.0:7071\n',
-    ["line 2, column 28: Invalid TOML document: control characters are not allowed in strings"]
+    ["agent.listen_grpc: line 2, column 28: Invalid TOML document: control characters are not allowed in strings"]
   ],
-  ["TOML syntax: doubled =", `${MODEL}tp = = 2\n`, ["line 3, column 6: Invalid TOML document: invalid value"]],
+  [
+    "TOML syntax: doubled =",
+    `${MODEL}tp = = 2\n`,
+    ['models."m".tp: line 3, column 6: Invalid TOML document: invalid value']
+  ],
   [
     "wrong type: string for an integer",
     `[agent]\nmax_inflight = "many"\n${MODEL}`,
@@ -532,6 +536,29 @@ describe("reading the file", () => {
     const message = Exit.isFailure(exit) ? String(exit.cause) : ""
     expect(message).toContain(`invalid config ${file}`)
     expect(message).toContain("cannot read file: ENOENT")
+  })
+
+  it("only a regular file is read: a FIFO (whose open would block for ever), a directory, a huge file", async () => {
+    const fifo = path.join(dir, "config.fifo")
+    await new Promise<void>((resolve, reject) =>
+      execFile("mkfifo", [fifo], (error) => (error === null ? resolve() : reject(error)))
+    )
+    const huge = path.join(dir, "huge.toml")
+    await fs.writeFile(huge, `# ${"x".repeat(1024 * 1024)}\n${MODEL}`)
+    const problemOf = async (file: string) => {
+      const exit = await Effect.runPromiseExit(loadConfigFile(file))
+      return Exit.isFailure(exit) ? String(exit.cause) : "read"
+    }
+    expect(await problemOf(fifo)).toContain(
+      "cannot read file: a FIFO (named pipe), not a regular file; --config takes the path of a TOML file"
+    )
+    expect(await problemOf(dir)).toContain("cannot read file: a directory, not a regular file")
+    expect(await problemOf(huge)).toContain("more than a config's 1048576 (1 MiB); is it the right file?")
+    // a symbolic link to a regular file (a Kubernetes ConfigMap's mount) is read
+    const link = path.join(dir, "link.toml")
+    await fs.writeFile(path.join(dir, "target.toml"), MODEL)
+    await fs.symlink("target.toml", link)
+    expect(await problemOf(link)).toBe("read")
   })
 
   it("bytes that are not UTF-8: a ConfigError naming the file, the line and the column (no U+FFFD in a value)", async () => {

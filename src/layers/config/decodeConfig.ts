@@ -14,6 +14,7 @@ import { joinHostPort } from "../../services/net/HostPort.ts"
 import { crossChecks, leaseTtlOf } from "./crossChecks.ts"
 import { type CheckedValues, checkValues } from "./rawValues.ts"
 import { fieldProblems, unknownKeyProblems } from "./schemaProblems.ts"
+import { syntaxErrorKey } from "./syntaxErrorKey.ts"
 
 /**
  * The file's text, or where its first byte that is not UTF-8 is (`line L, column C: ...`, the column in
@@ -70,7 +71,14 @@ export const decodeConfig = (
   } catch (e) {
     if (e instanceof TomlError) {
       const first = e.message.split("\n")[0] ?? e.message
-      return Result.fail(new ConfigError({ file: name, problems: [`line ${e.line}, column ${e.column}: ${first}`] }))
+      const key = syntaxErrorKey(text, e.line)
+      const where = `line ${e.line}, column ${e.column}`
+      return Result.fail(
+        new ConfigError({
+          file: name,
+          problems: [key === undefined ? `${where}: ${first}` : `${key}: ${where}: ${first}`]
+        })
+      )
     }
     throw e
   }

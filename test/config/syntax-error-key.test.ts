@@ -1,0 +1,43 @@
+// Which key a TOML syntax error is in (layers/config/syntaxErrorKey.ts): smol-toml gives a line and a column only,
+// so the decoder names the key path from the text around the error. A line it cannot place names no key.
+import { Result } from "effect"
+import { describe, expect, it } from "vitest"
+import { decodeConfig } from "../../src/layers/config/Config.ts"
+import { syntaxErrorKey } from "../../src/layers/config/syntaxErrorKey.ts"
+
+/** [what, the text, the error's line, the key named]. */
+const cases: ReadonlyArray<[string, string, number, string | undefined]> = [
+  ["a key in a table", '[engine]\nkind = "vllm"\nurl = http://x\n', 3, "engine.url"],
+  ["a top-level key", "max_inflight = = 1\n", 1, "max_inflight"],
+  ["a model's key, quoted as other problems quote it", '[models."m"]\nhf_repo = "a/b"\ntp = = 2\n', 3, 'models."m".tp'],
+  ["a dotted key and a quoted part", "[engine]\nenv.'A B' = x\n", 2, 'engine.env."A B"'],
+  ["a table header with spaces and a comment", "[ agent ]  # the agent\nheartbeat = 5s\n", 2, "agent.heartbeat"],
+  ["an array of tables' header", "[[engine.extra]]\nx = ?\n", 2, "engine.extra.x"],
+  ["a multi-line array the error is inside", '[cluster]\netcd = [\n  "a",\n  "b"\n,,]\n', 5, "cluster.etcd"],
+  ["an inline table spanning lines", '[engine]\nenv = {\n  A = "1",\n  B = ?\n}\n', 4, "engine.env.B"],
+  ["a closed value above is not the key of a stray line", '[agent]\nnode_id = "a"\n}}}\n', 3, undefined],
+  ["a bracket inside a string does not leave a value open", '[agent]\nnode_id = "a[b"\n)\n', 3, undefined],
+  ["an error in a header names no key", '[engine\nkind = "x"\n', 1, undefined],
+  ["CRLF line ends", "[agent]\r\nheartbeat = 5s\r\n", 2, "agent.heartbeat"],
+  ["a line out of range", "a = 1\n", 9, undefined]
+]
+
+describe("syntaxErrorKey", () => {
+  it.each(cases)("%s", (_what, text, line, key) => {
+    expect(syntaxErrorKey(text, line)).toBe(key)
+  })
+
+  it("the decoder's problem line: the key, then smol-toml's line and column and reason", () => {
+    const r = decodeConfig('[engine]\nkind = "vllm"\nurl = http://x\n', "bad.toml", {})
+    expect(Result.isFailure(r) ? r.failure.problems : []).toEqual([
+      "engine.url: line 3, column 7: Invalid TOML document: invalid value"
+    ])
+  })
+
+  it("where no key can be placed the problem keeps its line and column alone", () => {
+    const r = decodeConfig('[engine\nkind = "x"\n', "bad.toml", {})
+    expect(Result.isFailure(r) ? r.failure.problems : []).toEqual([
+      "line 1, column 8: Invalid TOML document: illegal character in key"
+    ])
+  })
+})
