@@ -25,6 +25,8 @@ const recording = (fail?: string) => {
       calls.push(`mkdir ${rel(p)}`)
       return fsp.mkdir(p, o as fs.MakeDirectoryOptions)
     }) as DurableFs["mkdir"],
+    stat: fsp.stat,
+    lstat: fsp.lstat,
     open: (async (p: string, flags: string) => {
       const handle = await fsp.open(p, flags)
       const name = rel(p)

@@ -10,6 +10,7 @@ import * as path from "node:path"
 import { Effect, Option } from "effect"
 import type { LaunchPlan } from "../../services/engine/Engine.ts"
 import { EngineProcessError } from "../../services/engine/EngineProcess.ts"
+import { makeDirs } from "../node/makeDirs.ts"
 import { pollUntil, stopGroup } from "./groupWait.ts"
 import { groupAlive, KILL_WAIT_MS, pidAlive, processStartMs, startMatches } from "./processGroup.ts"
 
@@ -87,11 +88,15 @@ const STATE_DIR_TIMEOUT_MS = 10_000
 /** Creates agent.state_dir (and its parents) if need be; a failure, or no answer in time, refuses the start. */
 export const ensureStateDir = (stateDir: string): Effect.Effect<void, EngineProcessError> =>
   Effect.tryPromise({
-    try: () => fs.mkdir(stateDir, { recursive: true }),
-    catch: (err) => new EngineProcessError({ reason: "StateDir", detail: `cannot create ${stateDir}: ${String(err)}` })
+    try: () => makeDirs(stateDir),
+    catch: (err) =>
+      new EngineProcessError({
+        reason: "StateDir",
+        detail: `cannot create ${stateDir}: ${err instanceof Error ? err.message : String(err)}; set agent.state_dir to a writable local directory`
+      })
   }).pipe(
-    // Bounded: Node's recursive mkdir never settles on some paths (under /proc it spins), which hung the start
-    // with no word. A local directory takes milliseconds.
+    // Bounded: a hung network mount must not hold the start with no word (makeDirs.ts ends where Node's
+    // recursive mkdir spun). A local directory takes milliseconds.
     Effect.timeoutOrElse({
       duration: STATE_DIR_TIMEOUT_MS,
       orElse: () =>

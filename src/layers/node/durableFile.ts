@@ -7,9 +7,10 @@
  */
 import * as fsp from "node:fs/promises"
 import * as path from "node:path"
+import { type MakeDirsFs, makeDirs } from "./makeDirs.ts"
 
 /** The file system calls used, so a test can see their order. */
-export type DurableFs = Pick<typeof fsp, "open" | "rename" | "rm" | "mkdir">
+export type DurableFs = Pick<typeof fsp, "open" | "rename" | "rm"> & MakeDirsFs
 
 /**
  * Syncs `dir`. Its failure comes after the change it was to make durable (a rename, a removal), which has happened
@@ -38,7 +39,7 @@ let tmpSeq = 0
  */
 export const writeDurably = async (file: string, data: string, fs: DurableFs = fsp): Promise<string | undefined> => {
   const dir = path.dirname(file)
-  await fs.mkdir(dir, { recursive: true })
+  await makeDirs(dir, fs)
   // one temp file per write: a write whose waiter gave up (a timeout) may still be running under a later one
   const tmp = `${file}.${process.pid}.${++tmpSeq}.tmp`
   try {
