@@ -28,8 +28,8 @@ const run = (steps: ReadonlyArray<readonly [number, ExportOutcome]>, from: Trace
   return { state, notices }
 }
 
-const ok = (spans: number): ExportOutcome => ({ spans })
-const fail = (spans: number, error = "HTTP 503"): ExportOutcome => ({ spans, error })
+const ok = (spans: number): ExportOutcome => ({ items: spans })
+const fail = (spans: number, error = "HTTP 503"): ExportOutcome => ({ items: spans, error })
 
 describe("trace export outcomes", () => {
   it("warns once when exports start failing, not at each failed export within the minute", () => {
@@ -41,7 +41,7 @@ describe("trace export outcomes", () => {
       [64 * s, fail(1)]
     ])
     expect(notices.map((n) => n._tag)).toEqual(["Quiet", "StartedFailing", "Quiet", "Quiet", "Quiet"])
-    expect(notices[1]).toEqual({ _tag: "StartedFailing", error: "HTTP 503", spans: 2 })
+    expect(notices[1]).toEqual({ _tag: "StartedFailing", error: "HTTP 503", items: 2 })
   })
 
   it("repeats the warning at most once a minute while exports keep failing, with the count since the last one", () => {
@@ -64,9 +64,9 @@ describe("trace export outcomes", () => {
       "StillFailing"
     ])
     // Since the first warning (at 0): the exports at 20, 40 and 60 s; the last error.
-    expect(notices[3]).toEqual({ _tag: "StillFailing", error: "HTTP 500", exports: 3, spans: 15, failingForMs: 60 * s })
+    expect(notices[3]).toEqual({ _tag: "StillFailing", error: "HTTP 500", exports: 3, items: 15, failingForMs: 60 * s })
     // Since the second (at 60 s): 61, 119 and 120 s.
-    expect(notices[6]).toEqual({ _tag: "StillFailing", error: "HTTP 502", exports: 3, spans: 4, failingForMs: 120 * s })
+    expect(notices[6]).toEqual({ _tag: "StillFailing", error: "HTTP 502", exports: 3, items: 4, failingForMs: 120 * s })
   })
 
   it("says once that exports work again, with the spell's failed exports, spans and length; then a new spell warns", () => {
@@ -78,11 +78,11 @@ describe("trace export outcomes", () => {
       [55 * s, fail(6, "HTTP 400 Bad Request")]
     ])
     expect(notices).toEqual([
-      { _tag: "StartedFailing", error: "HTTP 503", spans: 2 },
+      { _tag: "StartedFailing", error: "HTTP 503", items: 2 },
       { _tag: "Quiet" },
-      { _tag: "Recovered", exports: 2, spans: 5, failedForMs: 45 * s },
+      { _tag: "Recovered", exports: 2, items: 5, failedForMs: 45 * s },
       { _tag: "Quiet" },
-      { _tag: "StartedFailing", error: "HTTP 400 Bad Request", spans: 6 }
+      { _tag: "StartedFailing", error: "HTTP 400 Bad Request", items: 6 }
     ])
     expect(state).toMatchObject({ exported: 5, failed: 11, queueFull: 0 })
   })

@@ -32,19 +32,19 @@ const logNotice = (notice: ExportNotice, fields: Record<string, unknown>): Effec
     case "StartedFailing":
       return Effect.logWarning(
         "kv events: the queue for cgn-kvcached is full (kv.max_queue_bytes); the oldest batches are dropped",
-        { ...fields, droppedBatches: notice.spans }
+        { ...fields, droppedBatches: notice.items }
       )
     case "StillFailing":
       return Effect.logWarning("kv events: the queue for cgn-kvcached is still full; batches are still dropped", {
         ...fields,
         droppingFor: Duration.format(Duration.millis(notice.failingForMs)),
-        droppedSinceLastWarning: notice.spans
+        droppedSinceLastWarning: notice.items
       })
     case "Recovered":
       return Effect.logInfo("kv events: the queue for cgn-kvcached is below half of kv.max_queue_bytes again", {
         ...fields,
         droppedFor: Duration.format(Duration.millis(notice.failedForMs)),
-        droppedBatches: notice.spans
+        droppedBatches: notice.items
       })
   }
 }
@@ -66,7 +66,7 @@ export const make = (
           Effect.flatMap(Clock.currentTimeMillis, (now) => {
             const [next, notice] = recordExport(
               state,
-              batches === undefined ? { spans: 0 } : { spans: batches, error: QUEUE_FULL },
+              batches === undefined ? { items: 0 } : { items: batches, error: QUEUE_FULL },
               now
             )
             state = next

@@ -56,7 +56,7 @@ const logNotice = (notice: ExportNotice, url: string): Effect.Effect<void> => {
       return Effect.logWarning("tracing: exports to the collector are failing; their spans are dropped", {
         url,
         error: notice.error,
-        spans: notice.spans
+        spans: notice.items
       })
     case "StillFailing":
       return Effect.logWarning("tracing: exports to the collector are still failing", {
@@ -64,14 +64,14 @@ const logNotice = (notice: ExportNotice, url: string): Effect.Effect<void> => {
         error: notice.error,
         failing_for: Duration.format(Duration.millis(notice.failingForMs)),
         exports_since_last_warning: notice.exports,
-        spans_since_last_warning: notice.spans
+        spans_since_last_warning: notice.items
       })
     case "Recovered":
       return Effect.logInfo("tracing: exports to the collector work again", {
         url,
         failed_for: Duration.format(Duration.millis(notice.failedForMs)),
         failed_exports: notice.exports,
-        dropped_spans: notice.spans
+        dropped_spans: notice.items
       })
   }
 }
@@ -96,7 +96,7 @@ export const make = (url: string): Effect.Effect<TraceExportMonitor> =>
         inner.export(spans, (result: ExportResult) => {
           try {
             const failed = result.code !== SUCCESS
-            run(record({ spans: spans.length, error: failed ? describeExportError(result.error) : undefined }))
+            run(record({ items: spans.length, error: failed ? describeExportError(result.error) : undefined }))
           } catch {
             // Only a defect (a logger that throws) lands here. The processor waits on the callback below, and a
             // throw would reach the exporter's promise chain instead: the count is lost, the export is not.

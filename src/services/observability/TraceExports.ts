@@ -20,9 +20,9 @@ export interface FailingSpell {
   readonly lastWarningAt: number
   readonly error: string
   readonly exports: number
-  readonly spans: number
+  readonly items: number
   readonly exportsSinceWarning: number
-  readonly spansSinceWarning: number
+  readonly itemsSinceWarning: number
 }
 
 export interface TraceExportState {
@@ -39,23 +39,24 @@ export const initialState: TraceExportState = { exported: 0, failed: 0, queueFul
 
 /** One export's result: `error` set when it failed. */
 export interface ExportOutcome {
-  readonly spans: number
+  /** What the export carried: spans here; the KV queue's overflow log (layers/kv/overflowLog.ts) counts batches. */
+  readonly items: number
   readonly error?: string | undefined
 }
 
 /** What to log after an export. */
 export type ExportNotice =
   | { readonly _tag: "Quiet" }
-  | { readonly _tag: "StartedFailing"; readonly error: string; readonly spans: number }
+  | { readonly _tag: "StartedFailing"; readonly error: string; readonly items: number }
   | {
       readonly _tag: "StillFailing"
       readonly error: string
       /** Since the previous warning. */
       readonly exports: number
-      readonly spans: number
+      readonly items: number
       readonly failingForMs: number
     }
-  | { readonly _tag: "Recovered"; readonly exports: number; readonly spans: number; readonly failedForMs: number }
+  | { readonly _tag: "Recovered"; readonly exports: number; readonly items: number; readonly failedForMs: number }
 
 const quiet: ExportNotice = { _tag: "Quiet" }
 
@@ -67,50 +68,49 @@ export const recordExport = (
 ): readonly [TraceExportState, ExportNotice] => {
   const spell = state.failing
   if (outcome.error === undefined) {
-    const next = { ...state, exported: state.exported + outcome.spans, failing: undefined }
+    const next = { ...state, exported: state.exported + outcome.items, failing: undefined }
     if (spell === undefined) return [next, quiet]
     return [
       next,
-      { _tag: "Recovered", exports: spell.exports, spans: spell.spans, failedForMs: Math.max(0, now - spell.since) }
+      { _tag: "Recovered", exports: spell.exports, items: spell.items, failedForMs: Math.max(0, now - spell.since) }
     ]
   }
-  const failed = state.failed + outcome.spans
+  const failed = state.failed + outcome.items
   if (spell === undefined) {
     const started: FailingSpell = {
       since: now,
       lastWarningAt: now,
       error: outcome.error,
       exports: 1,
-      spans: outcome.spans,
+      items: outcome.items,
       exportsSinceWarning: 0,
-      spansSinceWarning: 0
+      itemsSinceWarning: 0
     }
     return [
       { ...state, failed, failing: started },
-      { _tag: "StartedFailing", error: outcome.error, spans: outcome.spans }
+      { _tag: "StartedFailing", error: outcome.error, items: outcome.items }
     ]
   }
   const counted: FailingSpell = {
     ...spell,
     error: outcome.error,
     exports: spell.exports + 1,
-    spans: spell.spans + outcome.spans,
+    items: spell.items + outcome.items,
     exportsSinceWarning: spell.exportsSinceWarning + 1,
-    spansSinceWarning: spell.spansSinceWarning + outcome.spans
+    itemsSinceWarning: spell.itemsSinceWarning + outcome.items
   }
   if (now - spell.lastWarningAt < REPEAT_MS) return [{ ...state, failed, failing: counted }, quiet]
   return [
-    { ...state, failed, failing: { ...counted, lastWarningAt: now, exportsSinceWarning: 0, spansSinceWarning: 0 } },
+    { ...state, failed, failing: { ...counted, lastWarningAt: now, exportsSinceWarning: 0, itemsSinceWarning: 0 } },
     {
       _tag: "StillFailing",
       error: outcome.error,
       exports: counted.exportsSinceWarning,
-      spans: counted.spansSinceWarning,
+      items: counted.itemsSinceWarning,
       failingForMs: now - spell.since
     }
   ]
 }
-
 /** The state after the batch processor dropped `spans` on a full queue (no log line: the failing exports say why). */
 export const recordQueueFull = (state: TraceExportState, spans: number): TraceExportState => ({
   ...state,
