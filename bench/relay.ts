@@ -30,7 +30,7 @@
 //        `floor`: bench/floor.ts in the agent's place, the least a Node gRPC->SSE relay does).
 //        --help (this list; a bad flag exits 2 with the flag and the reason)
 import { type ChildProcess, execFileSync, type SpawnOptions, spawn } from "node:child_process"
-import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { cpus, tmpdir } from "node:os"
 import * as path from "node:path"
 import { parseArgs } from "node:util"
@@ -443,12 +443,14 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
   })
   let nginx: NginxHandle | undefined
   let agent: ChildProcess | undefined
+  let configDir: string | undefined
   try {
     if (o.pins !== undefined) pin(sim.pid, o.pins.engine)
     nginx = await startNginx(sim.url, o.pins?.relay)
     const profile = o.profileDir === undefined ? [] : ["--cpu-prof", `--cpu-prof-dir=${o.profileDir}`]
     const [grpcPort, adminPort] = await freePorts(2)
-    const configPath = path.join(mkdtempSync(path.join(tmpdir(), "cgn-bench-")), "agent.toml")
+    configDir = mkdtempSync(path.join(tmpdir(), "cgn-bench-"))
+    const configPath = path.join(configDir, "agent.toml")
     writeFileSync(configPath, agentConfig(sim.url, grpcPort!, adminPort!))
     const agentArgs = [
       ...profile,
@@ -612,6 +614,7 @@ const runSetting = async (itl: string, o: Options): Promise<void> => {
         await nginx?.stop()
       } finally {
         await sim.stop()
+        if (configDir !== undefined) rmSync(configDir, { recursive: true, force: true })
       }
     }
   }
