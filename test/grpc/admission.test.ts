@@ -66,7 +66,9 @@ describe("AdmissionLedger (pure)", () => {
       draining: true,
       admitted: 3,
       refusedOverloaded: 2,
-      refusedDraining: 1
+      refusedDraining: 1,
+      shedAtArrival: 0,
+      shedAtSlot: 0
     })
   })
 
@@ -193,8 +195,8 @@ describe("Admission (live)", () => {
       yield* settle(Effect.map(a.queued, (q) => q === 1))
       yield* TestClock.adjust("250 millis")
       yield* Scope.close(holder, Exit.void)
-      assert.deepStrictEqual(yield* Fiber.join(waiter), { queuedMs: 250 })
-      assert.deepStrictEqual(yield* Effect.scoped(a.acquire), { queuedMs: 0 })
+      assert.deepStrictEqual(yield* Fiber.join(waiter), { queuedMs: 250, at: 250 })
+      assert.deepStrictEqual(yield* Effect.scoped(a.acquire), { queuedMs: 0, at: 250 })
     })
   )
 
@@ -212,7 +214,7 @@ describe("Admission (live)", () => {
       yield* Effect.yieldNow
       assert.isUndefined(idle.pollUnsafe(), "not idle while a slot is held")
       yield* Scope.close(holder, Exit.void)
-      assert.deepStrictEqual(yield* Fiber.join(queued), { queuedMs: 0 })
+      assert.deepStrictEqual(yield* Fiber.join(queued), { queuedMs: 0, at: 0 })
       yield* Fiber.join(idle)
       const s = yield* a.stats
       assert.deepStrictEqual([s.draining, s.inflight, s.queued, s.refusedDraining, s.admitted], [true, 0, 0, 1, 2])

@@ -3,7 +3,7 @@
 import { Status } from "nice-grpc-common"
 import { describe, expect, expectTypeOf, it } from "vitest"
 import { EngineError } from "../../src/services/engine/EngineClient.ts"
-import { Draining, Overloaded } from "../../src/services/grpc/Admission.ts"
+import { Draining, Overloaded, ShedAtArrival, ShedAtSlot } from "../../src/services/grpc/Admission.ts"
 import {
   AgentDefect,
   EngineRunEnded,
@@ -45,6 +45,20 @@ const samples: { readonly [T in GenerateErrorTag]: readonly [Extract<GenerateErr
   NodeCordoned: [new NodeCordoned(), Status.UNAVAILABLE],
   Overloaded: [new Overloaded({ maxInflight: 1, maxQueue: 0 }), Status.RESOURCE_EXHAUSTED],
   Draining: [new Draining(), Status.UNAVAILABLE],
+  ShedAtArrival: [
+    new ShedAtArrival({ kind: "normal", leftMs: 300, needMs: 900, deadline: "the caller's deadline", maxInflight: 2 }),
+    Status.RESOURCE_EXHAUSTED
+  ],
+  ShedAtSlot: [
+    new ShedAtSlot({
+      kind: "prefill",
+      leftMs: 120.4,
+      needMs: 900,
+      deadline: "agent.handoff_timeout = 4s",
+      queuedMs: 3880
+    }),
+    Status.DEADLINE_EXCEEDED
+  ],
   EngineError: [new EngineError({ reason: "Connect", message: "ECONNREFUSED" }), Status.UNAVAILABLE],
   LegDeadline: [new LegDeadline({ leg: "decode", timeout: "30s" }), Status.DEADLINE_EXCEEDED],
   EngineStalled: [new EngineStalled({ idleTimeout: "30s" }), Status.UNAVAILABLE],
@@ -90,6 +104,12 @@ describe("the status table", () => {
     expect(toGrpcFailure(samples.NotServing[0]).message).toBe("node is draining; retry on another node")
     expect(toGrpcFailure(samples.LegDeadline[0]).message).toBe(
       "the decode leg did not start within 30s ([agent].handoff_timeout); the engine request was aborted"
+    )
+    expect(toGrpcFailure(samples.ShedAtSlot[0]).message).toBe(
+      "~120 ms left of its deadline (agent.handoff_timeout = 4s) after 3880 ms waiting for a slot (agent.max_inflight); prefill legs here need ~900 ms from a slot to their answer; not sent to the engine"
+    )
+    expect(toGrpcFailure(samples.ShedAtArrival[0]).message).toBe(
+      "not queued: all 2 slots are busy (agent.max_inflight) and the call has ~300 ms left of its deadline (the caller's deadline); calls here need ~900 ms from a slot to their first token; not sent to the engine, retry on another node"
     )
     expect(toGrpcFailure(samples.EngineStalled[0]).message).toMatch(
       /sent nothing for 30s \(engine.stream_idle_timeout\)/

@@ -16,6 +16,8 @@ import { agentDeps } from "./agentDeps.ts"
 
 export interface Agent {
   readonly client: AgentClient
+  /** host:port of its gRPC server (for a grpc-js client: nice-grpc sends no grpc-timeout). */
+  readonly address: string
   close(): Promise<void>
 }
 
@@ -37,6 +39,7 @@ export const startAgent = async (
   const channel: Channel = createChannel(server.address)
   return {
     client: createClient(AgentDefinition, channel),
+    address: server.address,
     close: async () => {
       channel.close()
       await rt.dispose()

@@ -1,23 +1,35 @@
 /**
  * Live Admission: drives the pure AdmissionLedger with fibers. A queued caller waits on its own Deferred; a
- * releasing holder hands its slot to the oldest waiter and completes that Deferred. All ledger updates run
- * synchronously inside uninterruptible regions, so an interruption at any point leaks neither a slot nor a
- * queue entry. `layer` reads `[agent].max_inflight` / `max_queue`; `layerWith` takes the limits (tests).
+ * releasing holder hands its slot to the oldest waiter and completes that Deferred, after failing at once each
+ * older waiter whose deadline can no longer be met (ShedAtSlot; ServiceTimes.ts says what calls here need). All
+ * ledger updates run synchronously inside uninterruptible regions, so an interruption at any point leaks neither a
+ * slot nor a queue entry. Time is the Clock's. `layer` reads `[agent].max_inflight` / `max_queue` and, with
+ * Metrics, counts refusals by reason (admissionMetrics.ts); `layerWith` takes the limits (tests).
  */
 import { Clock, Deferred, Effect, Layer, Scope } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import {
   Admission,
+  type AdmissionError,
   AdmissionLedger,
   type AdmissionService,
+  type CallDeadline,
   Draining,
-  Overloaded
+  Overloaded,
+  ShedAtArrival,
+  ShedAtSlot
 } from "../../services/grpc/Admission.ts"
+import { cannotFinish, ServiceTimes } from "../../services/grpc/ServiceTimes.ts"
+import { Metrics } from "../../services/observability/Metrics.ts"
+import { registerMetrics } from "./admissionMetrics.ts"
 
 interface Waiter {
-  readonly wake: Deferred.Deferred<void, Draining>
+  readonly wake: Deferred.Deferred<void, Draining | ShedAtSlot>
   /** Set by whoever takes the waiter out of the queue, read by the waiter when it is interrupted. */
   outcome: "queued" | "admitted" | "rejected"
+  /** Clock ms of its arrival, and its deadline if it has one. */
+  readonly start: number
+  readonly deadline: CallDeadline | undefined
 }
 
 export interface AdmissionLimits {
@@ -28,6 +40,7 @@ export interface AdmissionLimits {
 /** An Admission service over fresh counters. */
 export const make = (limits: AdmissionLimits): AdmissionService => {
   const ledger = new AdmissionLedger<Waiter>(limits.maxInflight, limits.maxQueue)
+  const times = new ServiceTimes()
   let idleWaiters: Array<Deferred.Deferred<void>> = []
 
   const notifyIfIdle = (): void => {
@@ -37,9 +50,28 @@ export const make = (limits: AdmissionLimits): AdmissionService => {
     for (const d of waiting) Deferred.doneUnsafe(d, Effect.void)
   }
 
+  // A waiter reaching a slot with less time left than calls of its kind need is failed at once (it would hold an
+  // engine slot until its deadline aborted it, while the waiters behind it ran out of time in turn).
+  const shedAt = (clock: Clock.Clock) => {
+    let now: number | undefined
+    return (w: Waiter): boolean => {
+      if (w.deadline === undefined) return false
+      const needMs = times.need(w.deadline.kind)
+      if (needMs === undefined) return false
+      now ??= clock.currentTimeMillisUnsafe()
+      const leftMs = w.start + w.deadline.ms - now
+      if (!cannotFinish(leftMs, needMs)) return false
+      w.outcome = "rejected"
+      const { kind, source } = w.deadline
+      const e = new ShedAtSlot({ kind, leftMs, needMs, deadline: source, queuedMs: now - w.start })
+      Deferred.doneUnsafe(w.wake, Effect.fail(e))
+      return true
+    }
+  }
+
   // Synchronous so that no interruption can fall between the ledger update and the wake-up.
-  const releaseSlot = (): void => {
-    const next = ledger.release()
+  const releaseSlot = (clock: Clock.Clock): void => {
+    const next = ledger.queued === 0 ? ledger.release() : ledger.release(shedAt(clock))
     if (next === undefined) {
       notifyIfIdle()
       return
@@ -47,13 +79,15 @@ export const make = (limits: AdmissionLimits): AdmissionService => {
     next.outcome = "admitted"
     Deferred.doneUnsafe(next.wake, Effect.void)
   }
+  // One finalizer for every holder (no allocation per call).
+  const release: Effect.Effect<void> = Clock.clockWith((clock) => Effect.sync(() => releaseSlot(clock)))
 
   // The common case, a free slot, is one synchronous step: no generator and no log event per call (measured
   // with bench/per-call.ts: ~6% of the agent's CPU per call). Queueing and refusals are logged at debug.
   const logged = (outcome: string) =>
     Effect.logDebug("admission", { outcome, inflight: ledger.inflight, queued: ledger.queued })
-  const admittedAt = (scope: Scope.Scope) =>
-    Effect.as(Scope.addFinalizer(scope, Effect.sync(releaseSlot)), { queuedMs: 0 })
+  const admittedAt = (scope: Scope.Scope, at: number) =>
+    Effect.as(Scope.addFinalizer(scope, release), { queuedMs: 0, at })
 
   const waitInQueue = (
     restore: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>,
@@ -63,37 +97,44 @@ export const make = (limits: AdmissionLimits): AdmissionService => {
   ) =>
     restore(Deferred.await(waiter.wake)).pipe(
       Effect.onInterrupt(() =>
-        Effect.sync(() => {
+        Effect.suspend(() => {
           if (ledger.cancel(waiter)) notifyIfIdle()
-          else if (waiter.outcome === "admitted") releaseSlot()
+          else if (waiter.outcome === "admitted") return release
+          return Effect.void
         })
       ),
-      Effect.andThen(Scope.addFinalizer(scope, Effect.sync(releaseSlot))),
+      Effect.andThen(Scope.addFinalizer(scope, release)),
       Effect.andThen(Clock.currentTimeMillis),
-      Effect.map((now) => ({ queuedMs: now - start }))
+      Effect.map((now) => ({ queuedMs: now - start, at: now }))
     )
 
-  const acquire: AdmissionService["acquire"] = Effect.uninterruptibleMask((restore) =>
-    Effect.flatMap(Scope.Scope, (scope) =>
-      Effect.flatMap(Clock.currentTimeMillis, (start): Effect.Effect<{ queuedMs: number }, Overloaded | Draining> => {
-        const waiter: Waiter = { wake: Deferred.makeUnsafe<void, Draining>(), outcome: "queued" }
-        const entered = ledger.enter(waiter)
-        switch (entered) {
-          case "admitted":
-            return admittedAt(scope)
-          case "overloaded":
-            return Effect.andThen(
-              logged(entered),
-              Effect.fail(new Overloaded({ maxInflight: ledger.maxInflight, maxQueue: ledger.maxQueue }))
-            )
-          case "draining":
-            return Effect.andThen(logged(entered), Effect.fail(new Draining()))
-          case "queued":
-            return Effect.andThen(logged(entered), waitInQueue(restore, scope, waiter, start))
-        }
-      })
+  const refuse = (outcome: string, e: AdmissionError) => Effect.andThen(logged(outcome), Effect.fail(e))
+
+  const acquireWithin = (deadline: CallDeadline | undefined): ReturnType<AdmissionService["acquireWithin"]> =>
+    Effect.uninterruptibleMask((restore) =>
+      Effect.flatMap(Scope.Scope, (scope) =>
+        Effect.flatMap(Clock.currentTimeMillis, (start): ReturnType<AdmissionService["acquireWithin"]> => {
+          const waiter: Waiter = { wake: Deferred.makeUnsafe(), outcome: "queued", start, deadline }
+          const needMs = deadline === undefined ? undefined : times.need(deadline.kind)
+          const entered = ledger.enter(waiter, cannotFinish(deadline?.ms, needMs))
+          switch (entered) {
+            case "admitted":
+              return admittedAt(scope, start)
+            case "overloaded":
+              return refuse(entered, new Overloaded({ maxInflight: ledger.maxInflight, maxQueue: ledger.maxQueue }))
+            case "draining":
+              return refuse(entered, new Draining())
+            case "shed": {
+              const { kind, ms, source } = deadline!
+              const fields = { kind, leftMs: ms, needMs: needMs!, deadline: source, maxInflight: ledger.maxInflight }
+              return refuse(entered, new ShedAtArrival(fields))
+            }
+            case "queued":
+              return Effect.andThen(logged(entered), waitInQueue(restore, scope, waiter, start))
+          }
+        })
+      )
     )
-  )
 
   const close: AdmissionService["close"] = (options) =>
     Effect.sync(() => {
@@ -119,10 +160,12 @@ export const make = (limits: AdmissionLimits): AdmissionService => {
   })
 
   return Admission.of({
-    acquire,
+    acquire: acquireWithin(undefined),
+    acquireWithin,
+    observe: (kind, ms) => times.record(kind, ms),
     inflight: Effect.sync(() => ledger.inflight),
     queued: Effect.sync(() => ledger.queued),
-    stats: Effect.sync(() => ledger.stats()),
+    stats: Effect.sync(() => ({ ...ledger.stats(), needMs: times.snapshot() })),
     close,
     awaitIdle
   })
@@ -131,8 +174,14 @@ export const make = (limits: AdmissionLimits): AdmissionService => {
 /** Admission with explicit limits (tests, embedding). */
 export const layerWith = (limits: AdmissionLimits): Layer.Layer<Admission> => Layer.sync(Admission, () => make(limits))
 
-/** Admission from `[agent].max_inflight` and `[agent].max_queue`. */
+/** Admission from `[agent].max_inflight` and `[agent].max_queue`; its refusals in /metrics when Metrics is there. */
 export const layer: Layer.Layer<Admission, never, Config> = Layer.effect(
   Admission,
-  Effect.map(Config, (config) => make({ maxInflight: config.agent.max_inflight, maxQueue: config.agent.max_queue }))
+  Effect.gen(function* () {
+    const config = yield* Config
+    const admission = make({ maxInflight: config.agent.max_inflight, maxQueue: config.agent.max_queue })
+    const metrics = yield* Effect.serviceOption(Metrics)
+    if (metrics._tag === "Some") yield* registerMetrics(metrics.value, admission.stats)
+    return admission
+  })
 )

@@ -3,32 +3,66 @@
  * A normal or decode leg streams: EngineClient.streamTo puts each network read straight into the relay (no
  * Effect step per read), and the relay's consumer writes it to the call. A prefill leg is one non-streaming
  * engine call whose handoff parameters go in the final message. Each P/D leg has [agent].handoff_timeout.
+ * Admission gets the call's deadline (the leg's handoff_timeout or the caller's grpc-timeout, the nearer) and learns
+ * what calls here need from each one served: a prefill leg's time from its slot to its answer, the others' to their
+ * first chunk (services/grpc/ServiceTimes.ts).
  */
 import { Clock, Duration, Effect, Option } from "effect"
 import { Config } from "../../services/config/Config.ts"
-import { complete, EngineClient, type EngineError, type RequestOptions } from "../../services/engine/EngineClient.ts"
-import { Admission, type AdmissionError } from "../../services/grpc/Admission.ts"
+import {
+  type ChunkSink,
+  complete,
+  EngineClient,
+  type EngineError,
+  type RequestOptions
+} from "../../services/engine/EngineClient.ts"
+import { Admission, type AdmissionError, type CallDeadline } from "../../services/grpc/Admission.ts"
 import { LegDeadline } from "../../services/grpc/CallErrors.ts"
 import type { RequestPlan } from "../../services/grpc/Generate.ts"
 import { extractKvTransferParams, type InvalidHandoff, type LegPlan } from "../../services/grpc/Handoff.ts"
+import type { ServiceKind } from "../../services/grpc/ServiceTimes.ts"
 import type { Relay } from "./Relay.ts"
 
 /** How the engine side of a call can fail (all of them members of GrpcStatus's GenerateError). */
 export type LegError = EngineError | AdmissionError | InvalidHandoff | LegDeadline
 
-/** Runs one call's engine side into `relay`; it ends when the engine answer has been handed to the relay. */
+/**
+ * Runs one call's engine side into `relay`; it ends when the engine answer has been handed to the relay.
+ * `callerMs`: the caller's grpc-timeout in ms, when it sent one (counted from its headers, so what is left is a
+ * little less: admission then sheds a little later, never earlier).
+ */
 export type RunLeg = (
   relay: Relay,
   plan: RequestPlan,
   leg: LegPlan,
-  opts: RequestOptions
+  opts: RequestOptions,
+  callerMs?: number | undefined
 ) => Effect.Effect<void, LegError>
+
+const kindOf = (leg: LegPlan): ServiceKind => {
+  if (leg._tag === "Normal") return "normal"
+  if (leg._tag === "VllmPrefill" || (leg._tag === "SglangLeg" && leg.leg === "prefill")) return "prefill"
+  return "decode"
+}
+
+const CALLER = "the caller's deadline"
+
+/** One admitted call's slot, for ServiceTimes: since when (Clock ms), and whether it was measured yet. */
+interface Held {
+  readonly kind: ServiceKind
+  readonly at: number
+  measured: boolean
+}
 
 export const make = Effect.fnUntraced(function* () {
   const config = yield* Config
   const client = yield* EngineClient
   const admission = Option.getOrUndefined(yield* Effect.serviceOption(Admission))
   const legTimeout = config.agent.handoff_timeout
+  const legMs = Duration.toMillis(legTimeout)
+  const legSource = `agent.handoff_timeout = ${Duration.format(legTimeout)}`
+  // Read synchronously in the first chunk's callback (no Effect step per read).
+  const clock = yield* Clock.clockWith(Effect.succeed)
   const legDeadline = (leg: "prefill" | "decode", relay: Relay) =>
     new LegDeadline({ leg, timeout: Duration.format(legTimeout), queued: !relay.admitted })
   const streamTo = client.streamTo
@@ -46,13 +80,13 @@ export const make = Effect.fnUntraced(function* () {
     )
 
   // From here on the engine is asked for a stream: the stall watchdog counts idle time from now.
-  const engineStream = (relay: Relay, plan: RequestPlan, leg: LegPlan, opts: RequestOptions) =>
+  const engineStream = (relay: Relay, plan: RequestPlan, leg: LegPlan, opts: RequestOptions, sink: ChunkSink) =>
     Effect.flatMap(Clock.currentTimeMillis, (now) => {
       relay.idleSince = now
       relay.streamingSince = now
       relay.seenReads = relay.reads
       relay.streaming = true
-      return streamTo(plan.path, leg.body, opts, relay)
+      return streamTo(plan.path, leg.body, opts, sink)
     })
 
   // A decode leg waits for the KV transfer before its first chunk: that wait is what the deadline bounds.
@@ -61,16 +95,45 @@ export const make = Effect.fnUntraced(function* () {
       Effect.andThen(Effect.suspend(() => (relay.started ? Effect.never : Effect.fail(legDeadline("decode", relay)))))
     )
 
-  const admitted = (relay: Relay, engineSide: Effect.Effect<void, LegError>): Effect.Effect<void, LegError> => {
+  // The nearer of the leg's handoff_timeout (P/D legs) and the caller's deadline; none: never shed.
+  const deadlineOf = (kind: ServiceKind, callerMs: number | undefined): CallDeadline | undefined => {
+    if (kind !== "normal" && (callerMs === undefined || legMs <= callerMs))
+      return { ms: legMs, kind, source: legSource }
+    return callerMs === undefined ? undefined : { ms: callerMs, kind, source: CALLER }
+  }
+
+  // What a call needed from its slot, told to admission once it got it: a prefill leg its answer, the others their
+  // first chunk. A call cut off before (its deadline, a cancel) tells nothing (ServiceTimes.ts says why).
+  const measure = (held: Held): void => {
+    if (held.measured) return
+    held.measured = true
+    admission?.observe(held.kind, clock.currentTimeMillisUnsafe() - held.at)
+  }
+
+  // The relay as the engine stream's sink, measuring at the first chunk.
+  const timedSink = (relay: Relay, held: Held): ChunkSink => ({
+    onChunks: (chunks, resume) => {
+      measure(held)
+      return relay.onChunks(chunks, resume)
+    },
+    onSent: () => relay.onSent()
+  })
+
+  const admitted = (
+    relay: Relay,
+    kind: ServiceKind,
+    deadline: CallDeadline | undefined,
+    engineSide: (held: Held) => Effect.Effect<void, LegError>
+  ): Effect.Effect<void, LegError> => {
     if (admission === undefined) {
       relay.admitted = true
-      return engineSide
+      return engineSide({ kind, at: 0, measured: true })
     }
     return Effect.scoped(
-      Effect.flatMap(admission.acquire, (permit) => {
+      Effect.flatMap(deadline === undefined ? admission.acquire : admission.acquireWithin(deadline), (permit) => {
         relay.queueMs = permit.queuedMs
         relay.admitted = true
-        return engineSide
+        return engineSide({ kind, at: permit.at, measured: false })
       })
     )
   }
@@ -78,14 +141,18 @@ export const make = Effect.fnUntraced(function* () {
   // A P/D leg's deadline counts its wait for admission too: the prefill engine holds the KV blocks, and the
   // router the other leg, for the whole leg, so a leg queued behind busy ones must not get a fresh timeout
   // once admitted.
-  const runLeg: RunLeg = (relay, plan, leg, opts) => {
-    if (leg._tag === "Normal") return admitted(relay, engineStream(relay, plan, leg, opts))
-    if (leg._tag === "VllmPrefill" || (leg._tag === "SglangLeg" && leg.leg === "prefill")) {
-      return admitted(relay, prefillLeg(relay, plan, leg, opts)).pipe(
+  const runLeg: RunLeg = (relay, plan, leg, opts, callerMs) => {
+    const kind = kindOf(leg)
+    const deadline = deadlineOf(kind, callerMs)
+    const stream = (held: Held) => engineStream(relay, plan, leg, opts, held.measured ? relay : timedSink(relay, held))
+    if (kind === "normal") return admitted(relay, kind, deadline, stream)
+    if (kind === "prefill") {
+      const prefill = (held: Held) => Effect.map(prefillLeg(relay, plan, leg, opts), () => measure(held))
+      return admitted(relay, kind, deadline, prefill).pipe(
         Effect.timeoutOrElse({ duration: legTimeout, orElse: () => Effect.fail(legDeadline("prefill", relay)) })
       )
     }
-    return Effect.raceFirst(admitted(relay, engineStream(relay, plan, leg, opts)), decodeDeadline(relay))
+    return Effect.raceFirst(admitted(relay, kind, deadline, stream), decodeDeadline(relay))
   }
   return runLeg
 })

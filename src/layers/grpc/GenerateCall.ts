@@ -75,7 +75,8 @@ export const makeHandler = Effect.fnUntraced(function* (
   const runLeg: (...args: Parameters<EngineLegs.RunLeg>) => Effect.Effect<void, GenerateError> =
     explainCut === undefined
       ? legs
-      : (relay, plan, leg, opts) => Effect.catchTag(legs(relay, plan, leg, opts), "EngineError", explainCut)
+      : (relay, plan, leg, opts, callerMs) =>
+          Effect.catchTag(legs(relay, plan, leg, opts, callerMs), "EngineError", explainCut)
   const run = Effect.runCallbackWith(yield* Effect.context<never>())
   const model = config.model.served_name
   const role = config.agent.role
@@ -151,6 +152,8 @@ export const makeHandler = Effect.fnUntraced(function* (
     const requestId = req.requestId === "" ? randomUUID() : req.requestId
     const opts: { requestId: string; traceparent?: string } = { requestId }
     const incoming = parseTraceparent(call.metadata.get("traceparent")[0])
+    // The caller's deadline (parsed by the server), for admission to shed a call that can no longer meet it.
+    const callerMs = call.timeoutMs
     if (incoming !== undefined) opts.traceparent = formatTraceparent(incoming)
     const relay = new Relay(maxPendingChars, stopSequenceField)
     active.add(relay)
@@ -208,9 +211,9 @@ export const makeHandler = Effect.fnUntraced(function* (
     relay.onSent = () => headersAfterWrite(call)
     const work = tracing
       ? traced(incoming, { requestId, leg: leg.success._tag }, (tp) =>
-          runLeg(relay, plan, leg.success, { ...opts, traceparent: tp })
+          runLeg(relay, plan, leg.success, { ...opts, traceparent: tp }, callerMs)
         )
-      : runLeg(relay, plan, leg.success, opts)
+      : runLeg(relay, plan, leg.success, opts, callerMs)
     if (call.cancelled && !ended) settle("CANCELLED")
     pacer.start(() => {
       if (ended) return

@@ -1,11 +1,14 @@
 /**
  * Admission: at most `[agent].max_inflight` Generate calls run at once, at most `[agent].max_queue` wait in
- * FIFO order, everything beyond is refused at once (never an unbounded pile-up). Owns the service interface,
- * its two typed errors (their gRPC statuses are rows of GrpcStatus.ts's table), and the pure slot/queue ledger
- * the live layer drives.
+ * FIFO order, everything beyond is refused at once (never an unbounded pile-up). A call with a deadline that must
+ * wait is shed once its time left is below what calls here need (ServiceTimes.ts): at arrival (RESOURCE_EXHAUSTED,
+ * try another node) or when a slot is handed to it (DEADLINE_EXCEEDED), never sent to the engine. Owns the service
+ * interface, its typed errors (their gRPC statuses are rows of GrpcStatus.ts's table), and the pure slot/queue
+ * ledger the live layer drives.
  * The ledger does no I/O and knows nothing of fibers: a waiter is any object the caller gives it.
  */
 import { Context, type Effect, Schema, type Scope } from "effect"
+import type { ServiceKind } from "./ServiceTimes.ts"
 
 /** Both the slots and the queue are full. Maps to RESOURCE_EXHAUSTED; the router should try another node. */
 export class Overloaded extends Schema.TaggedError<Overloaded>()("Overloaded", {
@@ -27,16 +30,80 @@ export class Draining extends Schema.TaggedError<Draining>()("Draining", {}) {
   }
 }
 
-export type AdmissionError = Overloaded | Draining
+const ServiceKindSchema = Schema.Literals(["prefill", "decode", "normal"])
+
+/** What calls of a kind need, in words: "prefill legs here need ~900 ms to finish". */
+const needs = (kind: ServiceKind, needMs: number): string => {
+  const ms = `~${Math.round(needMs)} ms`
+  if (kind === "prefill") return `prefill legs here need ${ms} from a slot to their answer`
+  return `${kind === "decode" ? "decode legs" : "calls"} here need ${ms} from a slot to their first token`
+}
+
+const shedFields = {
+  kind: ServiceKindSchema,
+  /** Time left of the call's deadline when it was shed, ms. */
+  leftMs: Schema.Number,
+  /** What calls of its kind need here (ServiceTimes' estimate), ms. */
+  needMs: Schema.Number,
+  /** Whose deadline: "[agent].handoff_timeout = 4s", "the caller's deadline". */
+  deadline: Schema.String
+}
+
+/**
+ * All slots were busy and the call's deadline was already below what calls here need: it is refused at once
+ * instead of queued. Maps to RESOURCE_EXHAUSTED: another node, less loaded, may still answer in time.
+ */
+export class ShedAtArrival extends Schema.TaggedError<ShedAtArrival>()("ShedAtArrival", {
+  ...shedFields,
+  maxInflight: Schema.Number
+}) {
+  override get message(): string {
+    return (
+      `not queued: all ${this.maxInflight} slots are busy (agent.max_inflight) and the call has ` +
+      `~${Math.round(this.leftMs)} ms left of its deadline (${this.deadline}); ${needs(this.kind, this.needMs)}; ` +
+      "not sent to the engine, retry on another node"
+    )
+  }
+}
+
+/**
+ * A queued call reached a slot with less time left than calls here need: it fails at once and the slot goes to
+ * the next waiter. Maps to DEADLINE_EXCEEDED (its deadline could not be met here).
+ */
+export class ShedAtSlot extends Schema.TaggedError<ShedAtSlot>()("ShedAtSlot", {
+  ...shedFields,
+  /** How long it waited for the slot, ms. */
+  queuedMs: Schema.Number
+}) {
+  override get message(): string {
+    return (
+      `~${Math.round(this.leftMs)} ms left of its deadline (${this.deadline}) after ${Math.round(this.queuedMs)} ms ` +
+      `waiting for a slot (agent.max_inflight); ${needs(this.kind, this.needMs)}; not sent to the engine`
+    )
+  }
+}
+
+export type AdmissionError = Overloaded | Draining | ShedAtArrival | ShedAtSlot
+
+/** A call's deadline as admission sees it: shedding compares it with what calls of its kind need. */
+export interface CallDeadline {
+  /** Time left, in ms from the acquire. */
+  readonly ms: number
+  readonly kind: ServiceKind
+  /** Whose deadline, for the message: "[agent].handoff_timeout = 4s", "the caller's deadline". */
+  readonly source: string
+}
 
 /** What a caller holds while admitted. */
 export interface Permit {
   /** How long the caller waited in the queue, in milliseconds (0 when a slot was free at once). */
   readonly queuedMs: number
+  /** When the slot was taken (Clock ms): what the call needs from there is measured from it (`observe`). */
+  readonly at: number
 }
 
-/** Counters for NodeHealth and /metrics; all readable at any time. */
-export interface AdmissionStats {
+/** The ledger's counters. */
+export interface LedgerStats {
   readonly inflight: number
   readonly queued: number
   readonly maxInflight: number
@@ -46,6 +113,15 @@ export interface AdmissionStats {
   readonly admitted: number
   readonly refusedOverloaded: number
   readonly refusedDraining: number
+  /** Calls shed for their deadline (ShedAtArrival, ShedAtSlot). */
+  readonly shedAtArrival: number
+  readonly shedAtSlot: number
+}
+
+/** Counters for /status and /metrics; all readable at any time. */
+export interface AdmissionStats extends LedgerStats {
+  /** What calls of each kind measured so far need from a slot, ms (ServiceTimes' estimate; none: never shed). */
+  readonly needMs: Partial<Record<ServiceKind, number>>
 }
 
 export interface AdmissionService {
@@ -54,6 +130,14 @@ export interface AdmissionService {
    * Interrupting a queued caller removes it from the queue (or returns the slot it was just handed).
    */
   readonly acquire: Effect.Effect<Permit, AdmissionError, Scope.Scope>
+  /** `acquire` for a call with a deadline: shed (ShedAtArrival, ShedAtSlot) once it cannot finish in time. */
+  readonly acquireWithin: (deadline: CallDeadline) => Effect.Effect<Permit, AdmissionError, Scope.Scope>
+  /**
+   * A call of `kind` got what it needed (a prefill leg its answer, others their first chunk) `ms` after its slot
+   * (Permit.at). Calls cut off before then tell nothing (ServiceTimes.ts says why). Synchronous: it is called from
+   * the engine read's callback.
+   */
+  readonly observe: (kind: ServiceKind, ms: number) => void
   readonly inflight: Effect.Effect<number>
   readonly queued: Effect.Effect<number>
   readonly stats: Effect.Effect<AdmissionStats>
@@ -72,7 +156,7 @@ export class Admission extends Context.Service<Admission, AdmissionService>()("c
 // Pure ledger
 
 /** The outcome of `AdmissionLedger.enter`. */
-export type EnterResult = "admitted" | "queued" | "overloaded" | "draining"
+export type EnterResult = "admitted" | "queued" | "overloaded" | "draining" | "shed"
 
 /**
  * Slot and queue accounting. `W` is the caller's waiter object; the ledger hands a freed slot directly to the
@@ -88,6 +172,8 @@ export class AdmissionLedger<W> {
   #admitted = 0
   #refusedOverloaded = 0
   #refusedDraining = 0
+  #shedAtArrival = 0
+  #shedAtSlot = 0
 
   constructor(maxInflight: number, maxQueue: number) {
     if (!Number.isInteger(maxInflight) || maxInflight < 1) throw new RangeError("maxInflight must be an integer >= 1")
@@ -109,8 +195,12 @@ export class AdmissionLedger<W> {
     return this.#inflight === 0 && this.#queue.size === 0
   }
 
-  /** A new caller: a free slot, a place in the queue, or a refusal. */
-  enter(waiter: W): EnterResult {
+  /**
+   * A new caller: a free slot, a place in the queue, or a refusal. `tooLateToWait`: its deadline is already below
+   * what calls here need, so it is shed rather than queued (a free slot still takes it: nobody waits for that slot,
+   * and calls that go straight to the engine keep the estimate current).
+   */
+  enter(waiter: W, tooLateToWait = false): EnterResult {
     if (this.#draining) {
       this.#refusedDraining++
       return "draining"
@@ -121,6 +211,10 @@ export class AdmissionLedger<W> {
       return "admitted"
     }
     if (this.#queue.size < this.maxQueue) {
+      if (tooLateToWait) {
+        this.#shedAtArrival++
+        return "shed"
+      }
       this.#queue.add(waiter)
       return "queued"
     }
@@ -130,15 +224,19 @@ export class AdmissionLedger<W> {
 
   /**
    * A holder gives its slot back. Returns the waiter that now owns it (the caller must wake it), or
-   * undefined when the slot became free.
+   * undefined when the slot became free. Each waiter is offered to `shed` first, oldest first: true takes it out
+   * of the queue (the caller fails it) and the slot goes on to the next one.
    */
-  release(): W | undefined {
+  release(shed?: (waiter: W) => boolean): W | undefined {
     if (this.#inflight === 0) throw new Error("AdmissionLedger.release without a held slot")
-    const next = this.#queue.values().next()
-    if (!next.done) {
-      this.#queue.delete(next.value)
+    for (const next of this.#queue) {
+      this.#queue.delete(next)
+      if (shed?.(next) === true) {
+        this.#shedAtSlot++
+        continue
+      }
       this.#admitted++
-      return next.value
+      return next
     }
     this.#inflight--
     return undefined
@@ -159,7 +257,7 @@ export class AdmissionLedger<W> {
     return rejected
   }
 
-  stats(): AdmissionStats {
+  stats(): LedgerStats {
     return {
       inflight: this.#inflight,
       queued: this.#queue.size,
@@ -168,7 +266,9 @@ export class AdmissionLedger<W> {
       draining: this.#draining,
       admitted: this.#admitted,
       refusedOverloaded: this.#refusedOverloaded,
-      refusedDraining: this.#refusedDraining
+      refusedDraining: this.#refusedDraining,
+      shedAtArrival: this.#shedAtArrival,
+      shedAtSlot: this.#shedAtSlot
     }
   }
 }

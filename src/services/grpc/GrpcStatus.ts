@@ -7,7 +7,7 @@
  */
 import { Status } from "nice-grpc-common"
 import type { EngineError } from "../engine/EngineClient.ts"
-import type { Draining, Overloaded } from "./Admission.ts"
+import type { Draining, Overloaded, ShedAtArrival, ShedAtSlot } from "./Admission.ts"
 import type {
   AgentDefect,
   EngineRunEnded,
@@ -30,6 +30,8 @@ export type GenerateError =
   | NodeCordoned
   | Overloaded
   | Draining
+  | ShedAtArrival
+  | ShedAtSlot
   | EngineError
   | LegDeadline
   | EngineStalled
@@ -151,6 +153,11 @@ export const statusTable: { readonly [T in GenerateErrorTag]: Row<T> } = {
   NodeCordoned: (e) => agent(Status.UNAVAILABLE, e),
   Overloaded: (e) => agent(Status.RESOURCE_EXHAUSTED, e),
   Draining: (e) => agent(Status.UNAVAILABLE, e),
+  // A call that would have to wait with less time left than calls here need: refused at once, as Overloaded is, so
+  // the router retries on another node while there is still time.
+  ShedAtArrival: (e) => agent(Status.RESOURCE_EXHAUSTED, e),
+  // A queued call that reached its slot too late to finish before its deadline: failed there, never sent.
+  ShedAtSlot: (e) => agent(Status.DEADLINE_EXCEEDED, e),
   LegDeadline: (e) => agent(Status.DEADLINE_EXCEEDED, e),
   EngineStalled: (e) => agent(Status.UNAVAILABLE, e),
   // The engine run ended under the call (services/grpc/EngineCut.ts): UNAVAILABLE as the transport failure was, its

@@ -90,8 +90,12 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
     return this.#done
   }
 
+  /** The caller's grpc-timeout in ms, counted from the request's headers; undefined: it sent none. */
+  timeoutMs: number | undefined = undefined
+
   /** Ends the call with `failure` at `ms` from now unless it ended before (the caller's grpc-timeout). */
   endAt(ms: number, failure: GrpcFailure): void {
+    this.timeoutMs = ms
     // setTimeout's limit is 2^31-1 ms (~24.8 days); a longer deadline is no deadline in practice.
     if (ms > 2_147_483_647) return
     this.#deadline = setTimeout(() => {
