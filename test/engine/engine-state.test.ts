@@ -13,6 +13,7 @@ import {
   failingReason,
   livenessStep,
   nextRestart,
+  noRestartYet,
   State,
   type SupervisorEvent,
   transition
@@ -174,15 +175,35 @@ describe("backoff", () => {
     [2000, 1000]
   ])("attempt %i waits %i ms", (attempt, ms) => assert.strictEqual(backoffDelay(policy, attempt), ms))
 
+  const prior = (attempt: number, unstableRuns: number) => ({ attempt, unstableRuns })
   it.each([
-    ["first crash, never ready", 0, undefined, 5_000, { attempt: 1, delayMs: 100, crashLoop: false }],
-    ["second quick crash", 1, undefined, 5_000, { attempt: 2, delayMs: 200, crashLoop: false }],
-    ["third quick crash is a crash loop", 2, undefined, 5_000, { attempt: 3, delayMs: 400, crashLoop: true }],
-    ["ready but not long enough", 4, 0, 9_999, { attempt: 5, delayMs: 1000, crashLoop: true }],
-    ["stable run resets the backoff", 6, 0, 10_000, { attempt: 1, delayMs: 100, crashLoop: false }]
-  ] as const)("%s", (_name, previous, readyAt, endedAt, expected) =>
-    assert.deepStrictEqual(nextRestart(policy, previous, readyAt, endedAt), expected)
+    ["first crash, never ready", prior(0, 0), undefined, 5_000, [1, 1, 100, false]],
+    ["second quick crash", prior(1, 1), undefined, 5_000, [2, 2, 200, false]],
+    ["third quick crash is a crash loop", prior(2, 2), undefined, 5_000, [3, 3, 400, true]],
+    ["ready but not long enough", prior(4, 4), 0, 9_999, [5, 5, 1000, true]],
+    ["stable run resets the backoff and the count", prior(6, 6), 0, 10_000, [1, 0, 100, false]],
+    // after a stable run's end (attempt 1, no unstable run) two quick crashes are two, not a crash loop
+    ["first crash after a stable run", prior(1, 0), undefined, 5_000, [2, 1, 200, false]],
+    ["second crash after a stable run", prior(2, 1), undefined, 5_000, [3, 2, 400, false]],
+    ["third crash after a stable run is a crash loop", prior(3, 2), undefined, 5_000, [4, 3, 800, true]]
+  ] as const)("%s", (_name, previous, readyAt, endedAt, [attempt, unstableRuns, delayMs, crashLoop]) =>
+    assert.deepStrictEqual(nextRestart(policy, previous, readyAt, endedAt), {
+      attempt,
+      unstableRuns,
+      delayMs,
+      crashLoop
+    })
   )
+
+  it("counts from a stable end as from the start: the crash loop after the same number of failed runs", () => {
+    let plan = nextRestart(policy, noRestartYet, 0, 10_000)
+    const loops: Array<boolean> = []
+    for (let i = 0; i < 3; i++) {
+      plan = nextRestart(policy, plan, undefined, 5_000)
+      loops.push(plan.crashLoop)
+    }
+    assert.deepStrictEqual(loops, [false, false, true])
+  })
 })
 
 // An engine that cannot be started (its command does not exist) or keeps crashing is shown as failing from the
@@ -193,7 +214,9 @@ describe("failing", () => {
   const enoent = { ...exitOf(2), pid: undefined, code: null, reason: "spawn failed: spawn /x/vllm ENOENT" }
 
   it("is set from the crash-loop threshold on, naming the last exit", () => {
-    const attempts = [0, 1, 2, 3].map((previous) => failingReason(nextRestart(policy, previous, undefined, 1), enoent))
+    const attempts = [0, 1, 2, 3].map((n) =>
+      failingReason(nextRestart(policy, { attempt: n, unstableRuns: n }, undefined, 1), enoent)
+    )
     assert.deepStrictEqual(
       attempts.map((f) => f !== undefined),
       [false, false, true, true]
@@ -296,7 +319,7 @@ describe("OOM kills in an exit", () => {
     )
     const policy: BackoffPolicy = { initialMs: 100, maxMs: 1000, stableAfterMs: 10_000, crashLoopAfter: 1 }
     assert.strictEqual(
-      failingReason(nextRestart(policy, 0, undefined, 1), killed),
+      failingReason(nextRestart(policy, noRestartYet, undefined, 1), killed),
       "engine failing: 1 runs in a row ended before being stable, the last: exited (signal SIGKILL, killed by the " +
         "kernel's OOM killer (1 kill in the agent's memory cgroup, limit 512.0 MiB)); still retrying with backoff"
     )

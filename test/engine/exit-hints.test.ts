@@ -113,7 +113,7 @@ describe("the hint where an exit is told", () => {
   })
 
   it("failingReason (the crash-loop reason) carries it", () => {
-    const plan = { attempt: 3, delayMs: 4000, crashLoop: true }
+    const plan = { attempt: 3, unstableRuns: 3, delayMs: 4000, crashLoop: true }
     expect(failingReason(plan, exit(HINT))).toBe(
       `engine failing: 3 runs in a row ended before being stable, the last: exited (exit code 1); hint: ${HINT}; ` +
         "still retrying with backoff"

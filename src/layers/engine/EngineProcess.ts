@@ -26,6 +26,7 @@ import {
   Event,
   failingReason,
   nextRestart,
+  noRestartYet,
   State,
   type SupervisorEvent,
   transition
@@ -123,15 +124,16 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
       : Effect.succeed("not-spawned")
 
   const loop = Effect.gen(function* () {
-    let attempt = 0
+    let previous = noRestartYet
     for (let run = 0; ; run++) {
       const { record, readyAt } = yield* Effect.scoped(runOnce(supervision, refs, gate, run))
       yield* keepExit(refs, record)
       // counted here, once the request has ended the run (not when the engine's own exit or liveness won the race)
       const by = yield* Ref.getAndSet(endedBy, undefined)
       if (by !== undefined) requested?.labels({ source: by }).inc()
-      const next = nextRestart(settings.backoff, attempt, readyAt, record.endedAt, by === "admin")
-      attempt = next.attempt
+      const next = nextRestart(settings.backoff, previous, readyAt, record.endedAt, by === "admin")
+      previous = next
+      const attempt = next.attempt
       const failing = failingReason(next, record)
       const nextAt = (yield* now) + next.delayMs
       yield* publish(Event.Exited({ exit: record, attempt, nextAt, ...(failing ? { failing } : {}) }))

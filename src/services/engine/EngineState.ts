@@ -129,11 +129,20 @@ export interface BackoffPolicy {
 }
 
 export interface RestartPlan {
-  /** 1 for the first restart after a stable run, +1 for each unstable run after it. */
+  /** The backoff's step: 1 for the first restart after a stable run, +1 for each unstable run after it. */
   readonly attempt: number
+  /**
+   * Runs in a row that ended before being stable (0 when this one was stable): the crash loop's count. Not the
+   * attempt, which is already 1 after a stable run, so the third restart after one counted three runs where two
+   * had failed (a soak against llama-server reported the crash loop one crash early).
+   */
+  readonly unstableRuns: number
   readonly delayMs: number
   readonly crashLoop: boolean
 }
+
+/** Before the first restart. */
+export const noRestartYet: Pick<RestartPlan, "attempt" | "unstableRuns"> = { attempt: 0, unstableRuns: 0 }
 
 /** Whether a run counts as stable: it was Ready for at least stableAfterMs before it ended. */
 export const wasStable = (policy: BackoffPolicy, readyAt: number | undefined, endedAt: number): boolean =>
@@ -145,10 +154,10 @@ export const backoffDelay = (policy: BackoffPolicy, attempt: number): number => 
   return Math.min(policy.initialMs * 2 ** exp, policy.maxMs)
 }
 
-/** The next restart after a run ended; `previousAttempt` is 0 before the first restart. */
+/** The next restart after a run ended; `previous` is the last plan (noRestartYet before the first restart). */
 export const nextRestart = (
   policy: BackoffPolicy,
-  previousAttempt: number,
+  previous: Pick<RestartPlan, "attempt" | "unstableRuns">,
   readyAt: number | undefined,
   endedAt: number,
   /**
@@ -157,8 +166,15 @@ export const nextRestart = (
    */
   operatorAsked = false
 ): RestartPlan => {
-  const attempt = operatorAsked || wasStable(policy, readyAt, endedAt) ? 1 : previousAttempt + 1
-  return { attempt, delayMs: backoffDelay(policy, attempt), crashLoop: attempt >= policy.crashLoopAfter }
+  const stable = operatorAsked || wasStable(policy, readyAt, endedAt)
+  const attempt = stable ? 1 : previous.attempt + 1
+  const unstableRuns = stable ? 0 : previous.unstableRuns + 1
+  return {
+    attempt,
+    unstableRuns,
+    delayMs: backoffDelay(policy, attempt),
+    crashLoop: unstableRuns >= policy.crashLoopAfter
+  }
 }
 
 /** "; hint: ..." when the run's exit has one (services/engine/ExitHints.ts), else nothing. */
@@ -171,7 +187,7 @@ const hintOf = (exit: Pick<ExitRecord, "hint">): string => (exit.hint === undefi
  */
 export const failingReason = (plan: RestartPlan, exit: ExitRecord): string | undefined =>
   plan.crashLoop
-    ? `engine failing: ${plan.attempt} runs in a row ended before being stable, the last: ${exit.reason} ` +
+    ? `engine failing: ${plan.unstableRuns} runs in a row ended before being stable, the last: ${exit.reason} ` +
       `(${describeStatus(exit)})${hintOf(exit)}; still retrying with backoff`
     : undefined
 
