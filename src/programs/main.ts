@@ -7,6 +7,7 @@
 import { Context, Deferred, Duration, Effect, Layer, Option } from "effect"
 import type { LogLevel } from "effect/LogLevel"
 import * as AdminLive from "../layers/admin/Admin.ts"
+import { hangupNotice } from "../layers/config/configChanges.ts"
 import { planLayer } from "../layers/engine/backends/index.ts"
 import * as EngineClientLive from "../layers/engine/EngineClient.ts"
 import * as EngineHostLive from "../layers/engine/EngineHost.ts"
@@ -152,7 +153,10 @@ export const daemon = Effect.scoped(
       Option.isSome(done) ? Effect.flatten(done.value) : Effect.void
     )
     yield* reloadOnHangup(
-      Effect.andThen(TlsLive.hangupReload, Logging.hangupReload(config.file)).pipe(Effect.andThen(reloadEtcdTls))
+      Effect.andThen(TlsLive.hangupReload, Logging.hangupReload(config.file)).pipe(
+        Effect.andThen(reloadEtcdTls),
+        Effect.andThen(hangupNotice(config))
+      )
     )
     const lag = yield* EventLoopLag
     yield* MetricsLive.mirrorEventLoopLag(lag.sample)
