@@ -11,6 +11,7 @@ import { type Balancer, Engines, KvCaches } from "./ranks.ts"
 import type { Flavor, SimConfig } from "./simConfig.ts"
 import { Stats } from "./stats.ts"
 import { prng } from "./tokens.ts"
+import { Core } from "./wedge.ts"
 
 export type Log = (msg: string, fields?: Record<string, unknown>) => void
 
@@ -25,6 +26,8 @@ export interface SimContext {
   /** The ranks' KV caches together (block size, totals, clearing all at load); a request uses its rank's `kv`. */
   readonly kv: KvCaches
   readonly faults: Faults
+  /** Whether the engine core runs or hangs (the `wedged` fault). */
+  readonly core: Core
   readonly rand: () => number
   readonly created: number
   readonly engineId: string
@@ -97,6 +100,7 @@ export const makeContext = (
     engines,
     kv: new KvCaches(engines.ranks),
     faults: initialFaults(cfg),
+    core: new Core(),
     rand: prng(cfg.seed),
     created: Math.floor(Date.now() / 1000),
     engineId: typeof engineId === "string" ? engineId : randomUUID(),

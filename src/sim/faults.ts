@@ -11,6 +11,8 @@ export interface Faults {
    * vllm/entrypoints/serve/instrumentator/health.py) while /v1/models still lists the model.
    */
   engineDead: boolean
+  /** The engine core hangs while its API server answers (wedge.ts). */
+  wedged: boolean
 }
 
 export const initialFaults = (cfg: SimConfig): Faults => ({
@@ -18,7 +20,8 @@ export const initialFaults = (cfg: SimConfig): Faults => ({
   errorRate: cfg.errorRate,
   errorKind: cfg.errorKind,
   hangHealth: cfg.hangHealth,
-  engineDead: false
+  engineDead: false,
+  wedged: false
 })
 
 const KINDS = new Set(["http400", "http404", "http429", "http500", "midstream", "sse_error_field", "reset"])
@@ -43,5 +46,6 @@ export const applyFaults = (faults: Faults, body: unknown): { error?: string; cr
   }
   if ("hangHealth" in b) faults.hangHealth = b.hangHealth === true
   if ("engineDead" in b) faults.engineDead = b.engineDead === true
+  if ("wedged" in b) faults.wedged = b.wedged === true
   return { crashNow: b.crashNow === true }
 }

@@ -1,7 +1,8 @@
 // One request's life in the simulator: wait for the model (mlx lazy load), P/D hand-off (pdLegs.ts), queue
 // for a slot, prefix-cache admission (KV events), time to first token, tokens at the inter-token latency
-// (streamed as SSE or collected), faults (stall; mid-stream error and reset: faultReply.ts), then release of
-// the slot and the blocks. A client that disconnects at any point aborts the request and frees its slot.
+// (streamed as SSE or collected), faults (stall; mid-stream error and reset: faultReply.ts; the wedged core:
+// wedge.ts), then release of the slot and the blocks. A client that disconnects at any point aborts the request and
+// frees its slot (once the core runs: a wedged one never sees the abort).
 import type * as http from "node:http"
 import { DONE, fullBody, streamTemplate, type Usage } from "./chunks.ts"
 import { jsonHeaders, type SimContext, sendError, sseHeaders } from "./context.ts"
@@ -58,13 +59,18 @@ export const generate = async (
         state = "aborted"
         stats.aborted++
         abort.abort()
-        cleanup()
+        ctx.core.whenRunning(() => cleanup())
       }
       resolve()
     })
   })
   void req
   const gone = () => state !== "active"
+  /** Waits while the core is wedged; false once the client has gone meanwhile. */
+  const coreRuns = async (): Promise<boolean> => {
+    await Promise.race([ctx.core.running(), closed])
+    return !gone()
+  }
 
   if (!ctx.loaded) await Promise.race([ctx.whenLoaded, closed])
   if (gone()) return
@@ -91,14 +97,13 @@ export const generate = async (
     pinned = []
   }
   await Promise.all(tickets.map((t) => t.admitted))
-  if (gone()) return
+  if (gone() || (ctx.core.wedged && !(await coreRuns()))) return
 
   const promptIds = gr.promptWords.map(tokenId)
   const admission = kv.admit(promptIds, gr.cacheSalt)
   pinned = admission.hashes
   // Each DP rank publishes its own cache's events on its own publisher (kvpublisher.ts).
   ctx.publisher?.publish(admission.events, rank.index)
-  rs.promptTokens += promptIds.length
   rs.prefixQueries += promptIds.length
   rs.prefixHits += admission.hitTokens
   // Blocks beyond the pinned full prompt blocks: the partial prompt block, then one per filled decode block.
@@ -129,8 +134,12 @@ export const generate = async (
   let emitted = 0
   const onToken = () => {
     const now = performance.now()
-    if (emitted === 0) rs.ttft.observe((now - t0) / 1000)
-    else rs.itl.observe((now - last) / 1000)
+    if (emitted === 0) {
+      rs.ttft.observe((now - t0) / 1000)
+      // the prompt counts as prefilled with its first token (Stats)
+      rs.promptTokens += promptIds.length
+      rs.prefilledHits += admission.hitTokens
+    } else rs.itl.observe((now - last) / 1000)
     last = now
     emitted++
     rs.generationTokens++
@@ -152,6 +161,9 @@ export const generate = async (
     const e2e = (performance.now() - t0) / 1000
     rs.e2e.observe(e2e)
     rs.finished(reason)
+    rs.finishedPromptTokens += promptIds.length
+    rs.finishedGenerationTokens += emitted
+    rs.finishedCachedTokens += admission.hitTokens
     stats.served++
     const kvParams = holdForDecode(ctx, kv, gr, id, admission, promptIds.length, reason)
     cleanup()
@@ -181,6 +193,12 @@ export const generate = async (
     let out = tpl.first
     let held: string | undefined
     for (const ev of events) {
+      if (ctx.core.wedged) {
+        // what the core sent before it hung is on the wire
+        if (out !== "") res.write(out)
+        out = ""
+        if (!(await coreRuns())) return
+      }
       if (ev.kind === "end") {
         ends[ev.index] = ev
         if (ends.filter((e) => e !== undefined).length === plans.length) finish(ev.reason)
@@ -224,6 +242,7 @@ export const generate = async (
   }
 
   for (const ev of events) {
+    if (ctx.core.wedged && !(await coreRuns())) return
     if (ev.kind === "end") {
       ends[ev.index] = ev
       continue

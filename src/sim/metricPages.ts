@@ -182,19 +182,24 @@ const SGLANG: Page = {
       children: ({ stats: s }) =>
         (
           [
-            [{ mode: "prefill_compute" }, s.promptTokens - s.prefixHits],
-            [{ mode: "prefill_cache" }, s.prefixHits],
+            [{ mode: "prefill_compute" }, s.promptTokens - s.prefilledHits],
+            [{ mode: "prefill_cache" }, s.prefilledHits],
             [{ mode: "decode" }, s.generationTokens]
           ] as const
         ).filter(([, v]) => v > 0)
     },
-    serverCounter("sglang:prompt_tokens_total", "Number of prefill tokens processed.", (r) => r.stats.promptTokens),
+    // the tokenizer manager's: a request's tokens once it finishes
+    serverCounter(
+      "sglang:prompt_tokens_total",
+      "Number of prefill tokens processed.",
+      (r) => r.stats.finishedPromptTokens
+    ),
     serverCounter(
       "sglang:generation_tokens_total",
       "Number of generation tokens processed.",
-      (r) => r.stats.generationTokens
+      (r) => r.stats.finishedGenerationTokens
     ),
-    serverCounter("sglang:cached_tokens_total", "Number of cached prompt tokens.", (r) => r.stats.prefixHits),
+    serverCounter("sglang:cached_tokens_total", "Number of cached prompt tokens.", (r) => r.stats.finishedCachedTokens),
     serverCounter("sglang:num_requests_total", "Number of requests processed.", (r) => r.stats.served),
     hist("server", "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", (s) => s.ttft),
     hist("server", "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", (s) => s.itl),
@@ -218,9 +223,10 @@ const LLAMA: Page = {
     counter(
       "llamacpp:tokens_predicted_total",
       "Number of generation tokens processed.",
-      (r) => r.stats.generationTokens
+      (r) => r.stats.finishedGenerationTokens
     ),
     counter("llamacpp:tokens_predicted_seconds_total", "Predict process time", () => 0),
+    // one llama_decode() per token (the first one's is the prompt batch's), as the real server counts a lone request
     counter("llamacpp:n_decode_total", "Total number of llama_decode() calls", (r) => r.stats.generationTokens),
     counter("llamacpp:n_tokens_max", "Largest observed n_tokens.", (r) => r.gauges.usedTokens),
     // tools/server/server-task.cpp exports the speculative-decoding counters even with no draft model.

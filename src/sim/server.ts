@@ -173,16 +173,7 @@ export const handler =
         modelsBody(flavor, ctx.cfg.servedName, ctx.cfg.model, ctx.cfg.maxModelLen, ctx.created)
       )
     }
-    if (method === "GET" && path === "/metrics") {
-      const page = { model: ctx.cfg.servedName, disaggregationMode: ctx.cfg.disaggregationMode }
-      const text = ctx.cfg.enableMetrics ? renderMetrics(flavor, page, perRank(ctx)) : undefined
-      if (text === undefined) return notFound(ctx, res)
-      res.writeHead(200, {
-        "content-type": "text/plain; version=0.0.4; charset=utf-8",
-        "content-length": Buffer.byteLength(text)
-      })
-      return void res.end(text)
-    }
+    if (method === "GET" && path === "/metrics") return void metrics(ctx, res)
     if (flavor === "vllm" && req.method === "GET" && path === "/version")
       return sendJson(res, 200, { version: "0.26.0-sim" })
     if (flavor === "llama_cpp" && method === "GET" && (path === "/props" || path === "/slots")) {
@@ -201,6 +192,23 @@ export const handler =
     }
     notFound(ctx, res)
   }
+
+const metricsText = (ctx: SimContext): string | undefined => {
+  const page = { model: ctx.cfg.servedName, disaggregationMode: ctx.cfg.disaggregationMode }
+  return ctx.cfg.enableMetrics ? renderMetrics(ctx.cfg.flavor, page, perRank(ctx)) : undefined
+}
+
+/** /metrics: what a wedged core last published, or (llama-server, whose loop answers it) once the core runs again. */
+const metrics = async (ctx: SimContext, res: http.ServerResponse): Promise<void> => {
+  if (ctx.core.wedged && ctx.cfg.flavor === "llama_cpp") await ctx.core.running()
+  const text = ctx.core.wedged ? ctx.core.frozenMetrics : metricsText(ctx)
+  if (text === undefined) return notFound(ctx, res)
+  res.writeHead(200, {
+    "content-type": "text/plain; version=0.0.4; charset=utf-8",
+    "content-length": Buffer.byteLength(text)
+  })
+  res.end(text)
+}
 
 const health = (ctx: SimContext, res: http.ServerResponse) => {
   switch (ctx.cfg.flavor) {
@@ -225,6 +233,8 @@ const controlPlane = (ctx: SimContext, path: string, req: http.IncomingMessage, 
       .then((text) => {
         const out = applyFaults(ctx.faults, JSON.parse(text === "" ? "{}" : text))
         if (out.error !== undefined) return sendJson(res, 400, { error: out.error })
+        if (ctx.faults.wedged) ctx.core.wedge(metricsText(ctx))
+        else ctx.core.unwedge()
         ctx.log("faults changed", { faults: ctx.faults, crashNow: out.crashNow })
         sendJson(res, 200, { faults: ctx.faults })
         if (out.crashNow) res.on("finish", () => ctx.crash("crashNow via /sim/faults"))

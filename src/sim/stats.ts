@@ -35,9 +35,24 @@ export const E2E_BUCKETS = [
   7680.0
 ]
 
+/**
+ * One engine core's figures. Each token counter moves when its engine moves its own (the agent's stall rule reads
+ * them as proof of progress, so a counter that moved early would hide a wedge): prompts once prefilled, at the
+ * request's first token (vllm/v1/metrics/stats.py IterationStats.update_from_output; llama.cpp
+ * tools/server/server-context.cpp server_metrics::on_prompt_eval; SGLang's scheduler counts a prefill batch as it
+ * runs); generated tokens one by one; the `finished*` ones as a request finishes, as SGLang's tokenizer manager
+ * counts its prompt, generation and cached tokens (TokenizerMetricsCollector.observe_one_finished_request) and
+ * llama-server its predicted tokens (server_metrics::on_prediction). Prefix-cache queries and hits count at
+ * scheduling, as vLLM's do.
+ */
 export class Stats {
   promptTokens = 0
+  /** The cached part of the prefilled prompts (SGLang's realtime prefill_cache tokens). */
+  prefilledHits = 0
   generationTokens = 0
+  finishedPromptTokens = 0
+  finishedGenerationTokens = 0
+  finishedCachedTokens = 0
   prefixQueries = 0
   prefixHits = 0
   preemptions = 0

@@ -2,10 +2,11 @@
 // TestClock over the test supervisor: an engine still stalled engine.stall_restart_after after it was taken as
 // stalled is restarted, once; a completion, a new run or "0s" means no restart; a proxied server is never restarted.
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Layer } from "effect"
+import { Effect, Layer, Logger } from "effect"
 import { TestClock } from "effect/testing"
 import { layerFromObject } from "../../src/layers/config/Config.ts"
 import * as EngineStallLive from "../../src/layers/engine/EngineStall.ts"
+import type { ProgressReading } from "../../src/services/engine/EngineProgress.ts"
 import {
   EngineStall,
   isStalled,
@@ -179,6 +180,103 @@ describe("the stall restart", () => {
       yield* TestClock.adjust(10 * AFTER_MS)
       yield* yieldMany
       assert.deepStrictEqual(yield* requests, [])
+    }).pipe(Effect.provide(setup()))
+  )
+})
+
+/** A scrape of an engine holding 2 requests (the agent's 1 in flight) with its counters at `tokens`. */
+const scrape = (at: number, tokens: number): ProgressReading => ({
+  at,
+  counters: { "vllm:prompt_tokens_total": tokens, "vllm:generation_tokens_total": tokens },
+  held: 2,
+  inflight: 1
+})
+
+/** setup() with its log lines (level and message) recorded. */
+const logged = () => {
+  const lines: Array<string> = []
+  const logger = Logger.make(({ logLevel, message }) => {
+    lines.push(`${logLevel} ${[message].flat()[0]}`)
+  })
+  return { lines, layer: setup().pipe(Layer.provide(Logger.layer([logger]))) }
+}
+
+describe("the progress counters as a stall source", () => {
+  const stallLines = (lines: ReadonlyArray<string>) => lines.filter((l) => /stalled|unhealthy/.test(l))
+
+  it.effect(
+    "work held and no counter moved for the idle timeout: stalled, logged, restarted after the deadline",
+    () => {
+      const { lines, layer } = logged()
+      return Effect.gen(function* () {
+        const stall = yield* EngineStall
+        for (const at of [0, 5_000, IDLE_MS]) yield* stall.scraped(scrape(at, 7))
+        yield* yieldMany
+        assert.isFalse(isStalled(yield* stall.state), "still for 5 s of the 10 s window")
+        yield* stall.scraped(undefined) // a failed scrape says nothing
+        yield* stall.scraped(scrape(IDLE_MS + 5_000, 7))
+        yield* yieldMany
+        const s = yield* stall.state
+        assert.deepStrictEqual(s.noProgress, {
+          since: IDLE_MS + 5_000,
+          held: 2,
+          counters: ["vllm:prompt_tokens_total", "vllm:generation_tokens_total"]
+        })
+        assert.deepStrictEqual(stallLines(lines), [
+          "Warn the node is unhealthy: engine stalled: it made no progress for 10s (engine.stream_idle_timeout) " +
+            "with 2 request(s) held (vllm:prompt_tokens_total and vllm:generation_tokens_total unchanged)"
+        ])
+        yield* TestClock.adjust(IDLE_MS + 5_000 + AFTER_MS)
+        yield* yieldMany
+        const [request, ...more] = yield* requests
+        assert.deepStrictEqual(more, [])
+        assert.strictEqual(request?.source, "stall")
+        assert.match(
+          request?.reason ?? "",
+          /^engine stalled: it made no progress .* unchanged\), for 1m \(engine.stall_restart_after\)$/
+        )
+      }).pipe(Effect.provide(layer))
+    }
+  )
+
+  it.effect("a counter that moves clears it (logged once) and cancels the restart", () => {
+    const { lines, layer } = logged()
+    return Effect.gen(function* () {
+      const stall = yield* EngineStall
+      for (const at of [0, 5_000, 15_000]) yield* stall.scraped(scrape(at, 7))
+      yield* yieldMany
+      assert.isTrue(isStalled(yield* stall.state))
+      yield* TestClock.adjust(30_000)
+      yield* stall.scraped(scrape(30_000, 8))
+      yield* yieldMany
+      assert.isFalse(isStalled(yield* stall.state))
+      yield* TestClock.adjust(10 * AFTER_MS)
+      yield* yieldMany
+      assert.deepStrictEqual(yield* requests, [])
+      assert.deepStrictEqual(
+        stallLines(lines).map((l) => l.slice(0, 40)),
+        ["Warn the node is unhealthy: engine stall", "Info the engine is no longer stalled: th"]
+      )
+      assert.include(lines.at(-1) ?? "", "the engine's progress counters moved")
+    }).pipe(Effect.provide(layer))
+  })
+
+  it.effect("a new engine run starts the counters' watch over", () =>
+    Effect.gen(function* () {
+      const stall = yield* EngineStall
+      const control = yield* EngineTest.EngineProcessControl
+      for (const at of [0, 5_000]) yield* stall.scraped(scrape(at, 7))
+      yield* control.set(State.Starting({ phase: "spawning", since: 6_000, run: 1 }))
+      yield* yieldMany
+      yield* control.set(State.Ready({ since: 7_000, run: 1 }))
+      yield* yieldMany
+      // the new run's counters happen to read the same: the first reading of a run only sets the baseline
+      for (const at of [8_000, 15_000, 17_999]) yield* stall.scraped(scrape(at, 7))
+      yield* yieldMany
+      assert.isFalse(isStalled(yield* stall.state))
+      yield* stall.scraped(scrape(25_000, 7))
+      yield* yieldMany
+      assert.isTrue(isStalled(yield* stall.state))
     }).pipe(Effect.provide(setup()))
   )
 })

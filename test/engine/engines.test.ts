@@ -554,18 +554,26 @@ describe("rendering rules", () => {
       names: {
         running: ["vllm:num_requests_running"],
         waiting: ["vllm:num_requests_waiting"],
-        kvUsage: ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]
+        kvUsage: ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+        progress: [
+          "vllm:prompt_tokens_total",
+          "vllm:generation_tokens_total",
+          "vllm:prefix_cache_queries_total",
+          "vllm:gpu_prefix_cache_queries_total"
+        ]
       }
     })
     expect(names("sglang")?.names).toEqual({
       running: ["sglang:num_running_reqs"],
       waiting: ["sglang:num_queue_reqs"],
-      kvUsage: ["sglang:token_usage"]
+      kvUsage: ["sglang:token_usage"],
+      progress: ["sglang:realtime_tokens_total"]
     })
     expect(names("llama_cpp")?.names).toEqual({
       running: ["llamacpp:requests_processing"],
       waiting: ["llamacpp:requests_deferred"],
-      kvUsage: []
+      kvUsage: [],
+      progress: ["llamacpp:n_decode_total"]
     })
     expect(names("mlx")).toBeUndefined()
     expect(names("openai_compat")).toBeUndefined()

@@ -80,6 +80,30 @@ describe("loadSignals", () => {
     const text = "# HELP llamacpp:requests_processing x\nllamacpp:requests_processing 2\nllamacpp:requests_deferred 0\n"
     expect(loadSignals(text, names)).toEqual({ running: 2, waiting: 0, kvUsage: undefined })
   })
+  it("progress counters: each one present, summed over its label sets; absent ones left out", () => {
+    const names: MetricNames = {
+      ...vllmNames,
+      progress: ["vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:not_there_total"]
+    }
+    const text = [
+      'vllm:num_requests_running{engine="0",model_name="m"} 1.0',
+      'vllm:prompt_tokens_total{engine="0",model_name="m"} 120.0',
+      'vllm:prompt_tokens_total{engine="1",model_name="m"} 30.0',
+      'vllm:generation_tokens_total{engine="0",model_name="m"} 0.0'
+    ].join("\n")
+    expect(loadSignals(text, names).progress).toEqual({
+      "vllm:prompt_tokens_total": 150,
+      "vllm:generation_tokens_total": 0
+    })
+    expect(loadSignals("", names).progress).toEqual({})
+    // SGLang's realtime counter: every mode's child counts
+    const sglang =
+      'sglang:realtime_tokens_total{mode="prefill_compute"} 7\nsglang:realtime_tokens_total{mode="decode"} 5\n'
+    expect(
+      loadSignals(sglang, { running: [], waiting: [], kvUsage: [], progress: ["sglang:realtime_tokens_total"] })
+        .progress
+    ).toEqual({ "sglang:realtime_tokens_total": 12 })
+  })
   it("an empty page gives undefined everywhere", () => {
     expect(loadSignals("", vllmNames)).toEqual({ running: undefined, waiting: undefined, kvUsage: undefined })
   })

@@ -213,6 +213,7 @@ describe("the stall watchdog", () => {
         stalled: () => Effect.void,
         completed: () => Effect.void,
         moved: (now, oldestSince) => Effect.sync(() => void moves.push([now, oldestSince])),
+        scraped: () => Effect.void,
         state: Effect.succeed(noStall),
         changes: Stream.empty
       })

@@ -248,6 +248,41 @@ describe("the llama_cpp simulator against the real llama-server", () => {
       [...new Set(parsePromText(await (await fetch(`${base}/metrics`)).text()).map((x) => x.name))].sort()
     expect(await names(sim.url)).toEqual(await names(real.url))
   })
+
+  it("/metrics: the token counters move when the real ones do (the agent's stall rule reads them as progress)", async () => {
+    const counters = async (base: string) => {
+      const samples = parsePromText(await (await fetch(`${base}/metrics`)).text())
+      const v = (n: string) => samples.find((s) => s.name === n)?.value ?? Number.NaN
+      return {
+        prompt: v("llamacpp:prompt_tokens_total"),
+        predicted: v("llamacpp:tokens_predicted_total"),
+        decodes: v("llamacpp:n_decode_total")
+      }
+    }
+    for (const base of [real.url, sim.url]) {
+      const before = await counters(base)
+      const res = await fetch(`${base}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ prompt: "the quick", max_tokens: 500, stream: true })
+      })
+      const reader = res.body!.getReader()
+      let text = ""
+      while ((text.match(/^data: /gm)?.length ?? 0) < 10) text += new TextDecoder().decode((await reader.read()).value)
+      // mid-generation: the prompt and each decode counted, the predicted tokens not before the request ends
+      // (tools/server/server-context.cpp server_metrics: on_prompt_eval, on_decoded, on_prediction)
+      const during = await counters(base)
+      expect(during.prompt - before.prompt, base).toBeGreaterThan(0)
+      expect(during.decodes - before.decodes, base).toBeGreaterThan(0)
+      expect(during.predicted - before.predicted, base).toBe(0)
+      while (!(await reader.read()).done);
+      const after = await pollUntil(`${base}: the predicted tokens counted`, async () => {
+        const c = await counters(base)
+        return c.predicted > before.predicted ? c : undefined
+      })
+      expect(after.predicted - before.predicted, base).toBe(500)
+    }
+  })
 })
 
 type Chunk = Record<string, unknown>

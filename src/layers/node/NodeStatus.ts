@@ -8,6 +8,7 @@ import type { Counter } from "prom-client"
 import { Config } from "../../services/config/Config.ts"
 import { EngineClient } from "../../services/engine/EngineClient.ts"
 import { EngineProcess } from "../../services/engine/EngineProcess.ts"
+import { progressReading } from "../../services/engine/EngineProgress.ts"
 import { EngineStall, noStall, stallProblem } from "../../services/engine/EngineStall.ts"
 import { failingOf } from "../../services/engine/EngineState.ts"
 import { GpuGate, type GpuGateStatus, gateProblem } from "../../services/engine/GpuGate.ts"
@@ -80,12 +81,19 @@ export const layer = (
       })
 
       // One engine scrape per heartbeat, in a fiber of its own (engineLoad.ts), however many readers (etcd writer,
-      // gRPC, /status, /metrics): readers take the last sample and never wait on the engine's I/O.
+      // gRPC, /status, /metrics): readers take the last sample and never wait on the engine's I/O. Each one also
+      // goes to EngineStall for the engine's progress counters, with the agent's own calls in flight (the work the
+      // engine holds must be the agent's: EngineProgress.ts).
       const engineLoad = yield* sampleEngineLoad({
         load: client.load,
         state: engine.state,
         changes: engine.changes,
-        heartbeatMs: Duration.toMillis(heartbeat)
+        heartbeatMs: Duration.toMillis(heartbeat),
+        onSample: Option.match(stall, {
+          onNone: () => undefined,
+          onSome: (s) => (signals, at) =>
+            Effect.flatMap(admission.inflight, (inflight) => s.scraped(progressReading(signals, at, inflight)))
+        })
       })
 
       // tokens/s over the last heartbeat interval: a reading of the counter per heartbeat.

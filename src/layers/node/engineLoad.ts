@@ -44,6 +44,11 @@ export interface EngineLoadOptions {
   /** The engine's states, the current one first (SubscriptionRef.changes). */
   readonly changes: Stream.Stream<EngineState>
   readonly heartbeatMs: number
+  /**
+   * Each scrape of a Ready engine as it ends, at its time: the signals, or undefined when it failed (the engine's
+   * progress counters go to EngineStall from here: one scrape serves both).
+   */
+  readonly onSample?: ((signals: LoadSignals | undefined, at: number) => Effect.Effect<void>) | undefined
 }
 
 /** What the sampler knows now, for tests and status views. */
@@ -104,6 +109,7 @@ export const sampleEngineLoad = (o: EngineLoadOptions) =>
         scrapes++
         const outcome = yield* scrape
         const at = yield* Clock.currentTimeMillis
+        if (o.onSample !== undefined) yield* o.onSample(outcome.ok ? outcome.signals : undefined, at)
         if (outcome.ok) {
           sample = { signals: outcome.signals, at, readySince }
           failing = undefined

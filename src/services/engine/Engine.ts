@@ -120,6 +120,13 @@ export interface MetricNames {
   readonly waiting: ReadonlyArray<string>
   /** KV-cache usage as a 0..1 fraction; empty when the engine does not export one (llama.cpp). */
   readonly kvUsage: ReadonlyArray<string>
+  /**
+   * Counters that move whenever the engine computes (a forward pass, a prompt prefilled, a token generated), each
+   * summed over its label sets: the stall rule's proof of no progress (EngineProgress.ts). Only counters that move
+   * while a request is still running: one that counts a request's tokens as it finishes stands still through a long
+   * generation on a healthy engine. Absent or empty: the engine is not watched for progress.
+   */
+  readonly progress?: ReadonlyArray<string>
 }
 
 /** The KV-event stream the engine publishes when `[kv].events` is on. */

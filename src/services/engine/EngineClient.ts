@@ -26,6 +26,8 @@ export interface LoadSignals {
   readonly waiting: number | undefined
   /** 0..1 */
   readonly kvUsage: number | undefined
+  /** The progress counters present in the scrape (MetricNames.progress), each summed; absent: none asked for. */
+  readonly progress?: Readonly<Record<string, number>>
 }
 
 /** Every engine failure in one shape, whatever the engine's error body looked like. */

@@ -1,12 +1,27 @@
 /**
- * EngineStall: whether the engine has stopped producing. The Generate stall watchdog (layers/grpc/StallWatchdog.ts)
- * reports each stream it ends for engine.stream_idle_timeout and each tick in which some call completed (its engine
- * stream ended as the engine ends one); while the last stall is newer than the last completion, no call has
- * completed since a stream stalled: the engine is wedged, and the node says so (unhealthy, with the reason) instead
- * of taking more calls. A new engine run clears it. Completion, not progress: an engine that stalls every stream
- * after a few tokens moves each new stream, and every call on it still fails (a chaos soak's finding).
+ * EngineStall: whether the engine has stopped producing, from two sources. The Generate stall watchdog
+ * (layers/grpc/StallWatchdog.ts) reports each stream it ends for engine.stream_idle_timeout and each tick in which
+ * some call completed (its engine stream ended as the engine ends one); while the last stall is newer than the last
+ * completion, no call has completed since a stream stalled. Completion, not progress: an engine that stalls every
+ * stream after a few tokens moves each new stream, and every call on it still fails (a chaos soak's finding). And
+ * the engine's own progress counters (EngineProgress.ts, at each metrics scrape): work held and no counter moved for
+ * engine.stream_idle_timeout. That one sees what no stream shows: a wedged vLLM prefill engine, whose legs are
+ * single non-streaming requests. Either way the engine is wedged, and the node says so (unhealthy, with the reason)
+ * instead of taking more calls. A completed call clears both (it is progress); a counter that moves clears the
+ * second; a new engine run clears all.
  */
 import { Context, type Effect, type Stream } from "effect"
+import type { ProgressReading } from "./EngineProgress.ts"
+
+/** The engine's counters stood still with work held (EngineProgress.ts, verdict Stuck). */
+export interface NoProgress {
+  /** When the engine was taken as not progressing (epoch ms): the scrape that completed the window. */
+  readonly since: number
+  /** Requests the engine held at that scrape (running + waiting). */
+  readonly held: number
+  /** The progress counters that stood still. */
+  readonly counters: ReadonlyArray<string>
+}
 
 export interface StallState {
   /** When a stream last ended for sending nothing (epoch ms), or undefined. */
@@ -17,6 +32,8 @@ export interface StallState {
   readonly stalledStreams: number
   /** When the engine was taken as stalled (the first stall since a call last completed), or undefined. */
   readonly stalledSince: number | undefined
+  /** The engine's counters say it makes no progress on the work it holds; absent or undefined: not so. */
+  readonly noProgress?: NoProgress | undefined
 }
 
 export const noStall: StallState = {
@@ -27,25 +44,46 @@ export const noStall: StallState = {
 }
 
 /** Whether a stream stalled and no call has completed since. */
-export const isStalled = (s: StallState): boolean =>
+const streamsStalled = (s: StallState): boolean =>
   s.lastStallAt !== undefined && (s.lastCompletedAt === undefined || s.lastStallAt > s.lastCompletedAt)
+
+/** Whether the engine is taken as stalled, by either source. */
+export const isStalled = (s: StallState): boolean => streamsStalled(s) || s.noProgress !== undefined
+
+/** When the engine was taken as stalled: the earlier of the two sources' starts; undefined while it is not. */
+export const stallStart = (s: StallState): number | undefined => {
+  const streams = streamsStalled(s) ? s.stalledSince : undefined
+  const counters = s.noProgress?.since
+  return streams === undefined ? counters : counters === undefined ? streams : Math.min(streams, counters)
+}
 
 /** A stream ended at `now` for sending nothing. */
 export const onStall = (s: StallState, now: number): StallState => ({
+  ...s,
   lastStallAt: now,
-  lastCompletedAt: s.lastCompletedAt,
   stalledStreams: s.stalledStreams + 1,
-  stalledSince: isStalled(s) ? s.stalledSince : now
+  stalledSince: streamsStalled(s) ? s.stalledSince : now
 })
 
 /**
- * A call completed at `now`: the new state when that clears a stall, else undefined (nothing changes: completions
- * alone must not wake every subscriber on each watchdog tick).
+ * A call completed at `now`: the new state when that clears a stall (of either source: a completion is progress),
+ * else undefined (nothing changes: completions alone must not wake every subscriber on each watchdog tick).
  */
 export const onCompleted = (s: StallState, now: number): StallState | undefined =>
-  s.lastStallAt !== undefined && (s.lastCompletedAt ?? 0) <= s.lastStallAt
+  (s.lastStallAt !== undefined && (s.lastCompletedAt ?? 0) <= s.lastStallAt) || s.noProgress !== undefined
     ? { lastStallAt: s.lastStallAt, lastCompletedAt: now, stalledStreams: 0, stalledSince: undefined }
     : undefined
+
+/** The counters stood still with work held: the new state, or undefined when the engine is already so taken. */
+export const onNoProgress = (s: StallState, np: NoProgress): StallState | undefined =>
+  s.noProgress === undefined ? { ...s, noProgress: np } : undefined
+
+/** A progress counter moved: the new state when that clears the counters' stall, else undefined. */
+export const onProgress = (s: StallState): StallState | undefined => {
+  if (s.noProgress === undefined) return undefined
+  const { noProgress: _, ...rest } = s
+  return rest
+}
 
 /**
  * When a stalled engine is due for a restart (epoch ms): `afterMs` (engine.stall_restart_after) past the moment it
@@ -61,24 +99,36 @@ export const stallRestartAt = (
   idleMs = 0,
   preStallMovedAt: number | undefined = undefined
 ): number | undefined => {
-  if (afterMs <= 0 || !isStalled(s) || s.stalledSince === undefined) return undefined
-  const due = s.stalledSince + afterMs
-  return preStallMovedAt === undefined || preStallMovedAt < s.stalledSince
-    ? due
-    : Math.max(due, preStallMovedAt + idleMs)
+  const start = stallStart(s)
+  if (afterMs <= 0 || start === undefined) return undefined
+  const due = start + afterMs
+  return preStallMovedAt === undefined || preStallMovedAt < start ? due : Math.max(due, preStallMovedAt + idleMs)
 }
 
-/** The reason the node is unhealthy, or undefined while the engine is not known to be stalled. */
-export const stallProblem = (s: StallState, idleTimeout: string): string | undefined =>
-  isStalled(s)
-    ? `engine stalled: ${s.stalledStreams} stream(s) sent nothing for ${idleTimeout} (engine.stream_idle_timeout) and no call has completed since`
-    : undefined
+/** `a`, `a and b`, `a, b and c`. */
+const names = (all: ReadonlyArray<string>): string =>
+  all.length <= 1 ? (all[0] ?? "") : `${all.slice(0, -1).join(", ")} and ${all.at(-1)}`
+
+/**
+ * The reason the node is unhealthy, or undefined while the engine is not known to be stalled. The streams' reason
+ * first when both hold (it names the calls that failed).
+ */
+export const stallProblem = (s: StallState, idleTimeout: string): string | undefined => {
+  if (streamsStalled(s))
+    return `engine stalled: ${s.stalledStreams} stream(s) sent nothing for ${idleTimeout} (engine.stream_idle_timeout) and no call has completed since`
+  const np = s.noProgress
+  return np === undefined
+    ? undefined
+    : `engine stalled: it made no progress for ${idleTimeout} (engine.stream_idle_timeout) with ${np.held} request(s) held (${names(np.counters)} unchanged)`
+}
 
 export interface EngineStallService {
   readonly stalled: (now: number) => Effect.Effect<void>
   readonly completed: (now: number) => Effect.Effect<void>
   /** Some stream read from the engine at `now`; `oldestSince`: when the oldest of them was requested. */
   readonly moved: (now: number, oldestSince: number) => Effect.Effect<void>
+  /** One metrics scrape of the engine, for its progress counters (undefined: the scrape failed). */
+  readonly scraped: (reading: ProgressReading | undefined) => Effect.Effect<void>
   readonly state: Effect.Effect<StallState>
   /** Every change of state, for prompt health writes. */
   readonly changes: Stream.Stream<StallState>

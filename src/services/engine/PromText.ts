@@ -2,7 +2,8 @@
  * PromText: the Prometheus text exposition format (0.0.4, and the OpenMetrics subset engines emit) read into
  * samples, and the engine's load signals picked out of them. Pure, no I/O.
  * Which series mean "running", "waiting" and "KV usage" is the engine's business (MetricNames, newest first);
- * this module only applies the rule: the first name present wins, summed over its label sets.
+ * this module only applies the rule: the first name present wins, summed over its label sets. Progress counters
+ * are read each on its own (every one present, summed over its label sets).
  */
 
 import type { MetricNames } from "./Engine.ts"
@@ -133,14 +134,26 @@ export const pickMean = (samples: ReadonlyArray<PromSample>, names: ReadonlyArra
 
 /** All names MetricNames mentions, for parsePromText's filter. */
 export const metricNameSet = (names: MetricNames): ReadonlySet<string> =>
-  new Set([...names.running, ...names.waiting, ...names.kvUsage])
+  new Set([...names.running, ...names.waiting, ...names.kvUsage, ...(names.progress ?? [])])
 
-/** The normalized load signals of one scrape. */
+/** Each of `names` present in the scrape, summed over its label sets (every one counts, not the first). */
+const pickEach = (samples: ReadonlyArray<PromSample>, names: ReadonlyArray<string>): Record<string, number> => {
+  const out: Record<string, number> = {}
+  for (const n of names) {
+    const v = pickSum(samples, [n])
+    if (v !== undefined) out[n] = v
+  }
+  return out
+}
+
+/** The normalized load signals of one scrape (and its progress counters, when the engine names any). */
 export const loadSignals = (text: string, names: MetricNames): LoadSignals => {
   const samples = parsePromText(text, metricNameSet(names))
-  return {
+  const signals = {
     running: pickSum(samples, names.running),
     waiting: pickSum(samples, names.waiting),
     kvUsage: pickMean(samples, names.kvUsage)
   }
+  const progress = names.progress ?? []
+  return progress.length === 0 ? signals : { ...signals, progress: pickEach(samples, progress) }
 }

@@ -87,7 +87,13 @@ export const llamaCpp: Engine = {
       metrics: metricsAt(listen, {
         running: ["llamacpp:requests_processing"],
         waiting: ["llamacpp:requests_deferred"],
-        kvUsage: []
+        kvUsage: [],
+        // One per llama_decode() call: each prompt batch and each generated token (tools/server/server-context.cpp
+        // server_metrics::on_decoded). Not llamacpp:tokens_predicted_total: a request's tokens are added as it
+        // finishes (on_prediction), so it stands still through a long generation (measured on the real
+        // llama-server). Its /metrics is answered by the server loop itself (a SERVER_TASK_TYPE_METRICS task), so
+        // a hung loop fails the scrape: unknown, never "no progress".
+        progress: ["llamacpp:n_decode_total"]
       }),
       exitHints: exitHints(config)
     })

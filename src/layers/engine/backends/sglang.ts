@@ -172,7 +172,13 @@ export const sglang: Engine = {
       metrics: metricsAt(listen, {
         running: ["sglang:num_running_reqs"],
         waiting: ["sglang:num_queue_reqs"],
-        kvUsage: ["sglang:token_usage"]
+        kvUsage: ["sglang:token_usage"],
+        // The scheduler's counter, moved as its batches run (prefill_compute, prefill_cache, decode tokens:
+        // python/sglang/srt/observability/metrics_collector.py SchedulerMetricsCollector.increment_realtime_tokens).
+        // Not sglang:prompt_tokens_total and generation_tokens_total: the tokenizer manager adds a request's tokens
+        // only when it finishes (TokenizerMetricsCollector.observe_one_finished_request), so they stand still
+        // through long generations on a healthy server. Older servers without it are not watched for progress.
+        progress: ["sglang:realtime_tokens_total"]
       }),
       kvEvents: events?.endpoint,
       warnings,

@@ -196,7 +196,21 @@ export const vllm: Engine = {
       metrics: metricsAt(listen, {
         running: ["vllm:num_requests_running"],
         waiting: ["vllm:num_requests_waiting"],
-        kvUsage: ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]
+        kvUsage: ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+        // The token counters move at each engine step that outputs something (vllm/v1/metrics/stats.py
+        // IterationStats.update_from_output: a request's prompt once its whole prefill is done, each generated
+        // token; recorded per output batch by vllm/v1/metrics/loggers.py PrometheusStatLogger.record, one child per
+        // engine core): a prefill leg (max_tokens 1) moves both as its prefill ends. The prefix-cache queries move
+        // as the scheduler takes up a waiting request (vllm/v1/core/kv_cache_manager.py get_computed_blocks, in
+        // every step's SchedulerStats; the old name before 0.9): under FIFO overload legs can be aborted mid-prefill
+        // one after another, so that no prompt completes for a while on a busy engine, but each one the scheduler
+        // starts in a freed slot counts there. A hung step (a collective, a stuck scheduler) moves none of them.
+        progress: [
+          "vllm:prompt_tokens_total",
+          "vllm:generation_tokens_total",
+          "vllm:prefix_cache_queries_total",
+          "vllm:gpu_prefix_cache_queries_total"
+        ]
       }),
       kvEvents: events?.endpoint,
       exitHints: exitHints(config)

@@ -1,0 +1,50 @@
+// The wedge fault (POST /sim/faults {"wedged": true}): the engine core hangs while its API server still answers, as
+// a hung collective or a scheduler stuck in a loop leaves vLLM or SGLang. No request moves (no first token, no next
+// one, no answer), an abort never reaches the core (the request stays counted as running or waiting), /metrics
+// answers what the core last published (vLLM's and SGLang's gauges and counters come from the core's own reports:
+// they stay as they were when it hung), and health stays green. llama-server answers /metrics from its server loop
+// (a SERVER_TASK_TYPE_METRICS task, ggml-org/llama.cpp tools/server/server-context.cpp), so there the answer waits
+// for the loop. {"wedged": false} lets the core go on: every request resumes where it stopped, and those abandoned
+// meanwhile are let go.
+
+export class Core {
+  #resumed: Promise<void> | undefined
+  #resume: () => void = () => {}
+  /** The /metrics text of the moment the core hung (vLLM, SGLang), or undefined. */
+  #frozen: string | undefined
+
+  get wedged(): boolean {
+    return this.#resumed !== undefined
+  }
+
+  get frozenMetrics(): string | undefined {
+    return this.#frozen
+  }
+
+  /** Hangs the core; `metrics`: its /metrics text at this moment (undefined where the engine has none). */
+  wedge(metrics: string | undefined): void {
+    if (this.#resumed !== undefined) return
+    this.#frozen = metrics
+    this.#resumed = new Promise<void>((resolve) => {
+      this.#resume = resolve
+    })
+  }
+
+  unwedge(): void {
+    if (this.#resumed === undefined) return
+    this.#resumed = undefined
+    this.#frozen = undefined
+    this.#resume()
+  }
+
+  /** Resolves at once while the core runs, else once it runs again. */
+  running(): Promise<void> {
+    return this.#resumed ?? Promise.resolve()
+  }
+
+  /** Runs `f` now while the core runs, else once it runs again (an abort reaches a hung core only then). */
+  whenRunning(f: () => void): void {
+    if (this.#resumed === undefined) f()
+    else void this.#resumed.then(f)
+  }
+}

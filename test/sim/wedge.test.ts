@@ -1,0 +1,102 @@
+// The simulator's progress counters move when the engines' do, and its wedge fault (POST /sim/faults
+// {"wedged": true}) hangs the engine core as a hung real engine's: requests stay counted, counters stand still,
+// aborts do not reach the core, /metrics answers what the core last published (llama-server's waits for its loop),
+// and {"wedged": false} lets every request go on. What the agent's progress rule reads (EngineProgress.ts).
+import * as http from "node:http"
+import { afterEach, describe, expect, it } from "vitest"
+import { loadSignals } from "../../src/services/engine/PromText.ts"
+import { getJson, pollUntil, postJson, type SimHandle, startSim } from "../support/sim.ts"
+
+let sim: SimHandle | undefined
+afterEach(() => sim?.stop())
+
+const VLLM = {
+  running: ["vllm:num_requests_running"],
+  waiting: ["vllm:num_requests_waiting"],
+  kvUsage: [],
+  progress: ["vllm:prompt_tokens_total", "vllm:generation_tokens_total"]
+}
+
+const signals = async (url: string) => loadSignals(await (await fetch(`${url}/metrics`)).text(), VLLM)
+const state = async (url: string) => (await getJson(`${url}/sim/state`)).json as Record<string, number>
+
+/** A completion request left open (its answer never read to the end); `close()` abandons it. */
+const open = (url: string, body: Record<string, unknown>) => {
+  const req = http.request(`${url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" } })
+  req.on("error", () => {})
+  const answered = new Promise<string>((resolve) => {
+    req.on("response", (res) => {
+      let text = ""
+      res.on("data", (d: Buffer) => {
+        text += d.toString()
+      })
+      res.on("end", () => resolve(text))
+    })
+  })
+  req.end(JSON.stringify({ prompt: "a b c d", ...body }))
+  return { answered, close: () => req.destroy() }
+}
+
+describe("the simulator's progress counters", () => {
+  it("vLLM: a prompt counts once prefilled (its first token), so a request stuck before it moves nothing", async () => {
+    sim = await startSim({ args: ["serve", "m", "--sim-stall-after-tokens", "0"] })
+    const stuck = open(sim.url, { max_tokens: 8 })
+    await pollUntil(async () => ((await state(sim!.url)).running === 1 ? true : undefined))
+    expect(await signals(sim.url)).toMatchObject({
+      running: 1,
+      progress: { "vllm:prompt_tokens_total": 0, "vllm:generation_tokens_total": 0 }
+    })
+    stuck.close()
+    await postJson(`${sim.url}/sim/faults`, { stallAfterTokens: null })
+    expect((await postJson(`${sim.url}/v1/completions`, { prompt: "a b c d", max_tokens: 3 })).status).toBe(200)
+    expect((await signals(sim.url)).progress).toEqual({
+      "vllm:prompt_tokens_total": 4,
+      "vllm:generation_tokens_total": 3
+    })
+  })
+})
+
+describe("the wedge fault", () => {
+  it("vLLM: requests stay counted, counters still, aborts unseen; unwedged, every request goes on", async () => {
+    sim = await startSim({ args: ["serve", "m", "--sim-itl", "5ms", "--sim-mode", "random"] })
+    const url = sim.url
+    const long = open(url, { max_tokens: 100_000, stream: true, ignore_eos: true })
+    const abandoned = open(url, { max_tokens: 100_000, stream: true, ignore_eos: true })
+    await pollUntil(async () => ((await signals(url)).progress?.["vllm:generation_tokens_total"] ?? 0) > 0 || undefined)
+    expect((await postJson(`${url}/sim/faults`, { wedged: true })).status).toBe(200)
+    const frozen = await (await fetch(`${url}/metrics`)).text()
+    expect(loadSignals(frozen, VLLM).running).toBe(2)
+    // a new request is taken and gets nothing; one abandoned stays counted: the core never saw the abort
+    const late = open(url, { max_tokens: 2, ignore_eos: true })
+    abandoned.close()
+    await pollUntil(async () => ((await state(url)).aborted === 1 ? true : undefined))
+    const s = await state(url)
+    expect(s.running).toBe(3)
+    expect(s.served).toBe(0)
+    expect(await (await fetch(`${url}/metrics`)).text(), "what the core last published").toBe(frozen)
+    expect((await getJson(`${url}/health`)).status, "the API server answers").toBe(200)
+
+    expect((await postJson(`${url}/sim/faults`, { wedged: false })).status).toBe(200)
+    expect(await late.answered).toContain('"completion_tokens":2')
+    await pollUntil(async () => ((await state(url)).running === 1 ? true : undefined))
+    const after = await signals(url)
+    expect(after.progress?.["vllm:generation_tokens_total"]).toBeGreaterThan(
+      loadSignals(frozen, VLLM).progress?.["vllm:generation_tokens_total"] ?? 0
+    )
+    long.close()
+  })
+
+  it("llama.cpp: /metrics is the server loop's, so it answers only once the loop runs again", async () => {
+    sim = await startSim({ flavor: "llama_cpp", args: ["-m", "/m.gguf", "--metrics"] })
+    const url = sim.url
+    expect((await postJson(`${url}/sim/faults`, { wedged: true })).status).toBe(200)
+    const scrape = fetch(`${url}/metrics`).then((r) => r.text())
+    const early = await fetch(`${url}/metrics`, { signal: AbortSignal.timeout(300) }).then(
+      () => "answered",
+      (e: Error) => e.name
+    )
+    expect(early).toBe("TimeoutError")
+    expect((await postJson(`${url}/sim/faults`, { wedged: false })).status).toBe(200)
+    expect(await scrape).toContain("llamacpp:n_decode_total")
+  })
+})
