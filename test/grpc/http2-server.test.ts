@@ -11,7 +11,7 @@ import * as tls from "node:tls"
 import * as zlib from "node:zlib"
 import * as grpc from "@grpc/grpc-js"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import type { ServerCall } from "../../src/layers/grpc/http2/Call.ts"
+import { resetWhy, type ServerCall } from "../../src/layers/grpc/http2/Call.ts"
 import { STREAM_RESET_BURST } from "../../src/layers/grpc/http2/Connections.ts"
 import { Http2GrpcServer } from "../../src/layers/grpc/http2/Server.ts"
 import { frameMessage } from "../../src/services/grpc/Wire.ts"
@@ -45,6 +45,8 @@ const service = {
 type Done = (e: { code: number; details: string } | null, v?: Buffer) => void
 const open = new Set<ServerCall<Buffer, Buffer>>()
 let cancelled = 0
+/** Why each Hang call was cancelled: "cancelled" or "deadline". */
+const hangEnds: Array<string> = []
 const seen: Array<Record<string, Array<string>>> = []
 /** Request messages Chat's handler was given. */
 let chatHandled = 0
@@ -70,9 +72,10 @@ server.addService(service, {
   },
   hang: (call: ServerCall<Buffer, Buffer>) => {
     open.add(call)
-    call.on("cancelled", () => {
+    call.on("cancelled", (why: string) => {
       open.delete(call)
       cancelled++
+      hangEnds.push(why)
     })
     call.write(Buffer.from("open"))
   },
@@ -410,6 +413,51 @@ describe("the agent's gRPC server on node:http2", () => {
     expect((await unary("/t.T/Echo", Buffer.from("ok"))).code).toBe(0)
     await rawCall({ ":path": "/t.T/Hang", "grpc-timeout": "50m" }, [frameMessage(Buffer.from("x"))])
     expect(rejected.length).toBe(before + 2)
+  })
+
+  it("a caller's reset just before the grpc-timeout it sent is its deadline, not a cancel", async () => {
+    // The caller resets at 270 ms of a 300 ms grpc-timeout, as a client whose own deadline timer fires before the
+    // server's does; and at once, with the same timeout: a cancel.
+    const hang = (resetAfterMs: number) =>
+      new Promise<void>((resolve) => {
+        const session = http2.connect(`http://127.0.0.1:${port}`)
+        session.on("error", () => {})
+        const req = session.request({
+          ":method": "POST",
+          ":path": "/t.T/Hang",
+          "content-type": "application/grpc",
+          te: "trailers",
+          "grpc-timeout": "300m"
+        })
+        req.on("error", () => {})
+        req.on("close", () => {
+          session.close()
+          resolve()
+        })
+        req.end(frameMessage(Buffer.from("x")))
+        // the handler has the call once its first message comes back
+        req.once("data", () => setTimeout(() => req.close(http2.constants.NGHTTP2_CANCEL), resetAfterMs))
+      })
+    const before = hangEnds.length
+    await hang(270)
+    await hang(0)
+    await pollUntil("both ends seen", () => hangEnds.length >= before + 2, 10_000, 10)
+    expect(hangEnds.slice(before)).toEqual(["deadline", "cancelled"])
+  })
+
+  it.each([
+    [0, 300, "cancelled"],
+    [249, 300, "cancelled"],
+    [250, 300, "deadline"],
+    [400, 300, "deadline"],
+    [5000, undefined, "cancelled"],
+    // 1% of 60 s is 600 ms; of 10 min 6 s, held to 1 s
+    [59_399, 60_000, "cancelled"],
+    [59_400, 60_000, "deadline"],
+    [598_999, 600_000, "cancelled"],
+    [599_000, 600_000, "deadline"]
+  ] as const)("resetWhy(%i ms after the headers, timeout %s ms) = %s", (elapsed, timeout, why) => {
+    expect(resetWhy(elapsed, timeout)).toBe(why)
   })
 
   it("reports a connection that breaks HTTP/2 (not swallowed) and goes on serving", async () => {

@@ -13,6 +13,20 @@ import { type GrpcFailure, type HandlerError, okStatus } from "../../../services
 import { encodeStatusMessage, frameMessage, reservedTrailer } from "../../../services/grpc/Wire.ts"
 import type { CallTally } from "./Connections.ts"
 
+/**
+ * Why the caller reset a call `elapsedMs` after its headers: its own deadline ("deadline") when that reset came at
+ * most DEADLINE_SLACK before the grpc-timeout it sent would end the call here, else a cancel. A client's deadline
+ * timer starts before its headers leave and its reset (RST_STREAM CANCEL, the same code as a cancel) arrives a
+ * network trip later, so a client whose deadline passed most often resets the call just before the server's own
+ * timer fires: counted as CANCELLED, half of a soak's expired deadlines were missing from
+ * cgn_agent_requests_total{code="DEADLINE_EXCEEDED"}, which the error-ratio alert reads. The slack: 50 ms or 1% of
+ * the timeout, at most 1 s (a cancel that close to a deadline is near enough to it).
+ */
+export const resetWhy = (elapsedMs: number, timeoutMs: number | undefined): "cancelled" | "deadline" =>
+  timeoutMs !== undefined && elapsedMs >= timeoutMs - Math.min(Math.max(50, timeoutMs * 0.01), 1000)
+    ? "deadline"
+    : "cancelled"
+
 /** The request's metadata as grpc-js's Metadata.get reads it: every value under a key, `-bin` ones decoded. */
 export class RequestMetadata {
   readonly #headers: http2.IncomingHttpHeaders
@@ -60,6 +74,8 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
   #done = false
   #trailers: http2.OutgoingHttpHeaders | undefined
   #deadline: ReturnType<typeof setTimeout> | undefined
+  /** When the request's headers came (performance.now()): what its grpc-timeout counts from. */
+  readonly #startedAt = performance.now()
 
   constructor(
     stream: http2.ServerHttp2Stream,
@@ -81,7 +97,7 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
       this.#done = true
       clearTimeout(this.#deadline)
       this.cancelled = true
-      this.emit("cancelled", "cancelled")
+      this.emit("cancelled", resetWhy(performance.now() - this.#startedAt, this.timeoutMs))
     })
   }
 
