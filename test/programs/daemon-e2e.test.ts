@@ -115,6 +115,15 @@ describe("SIGHUP and the log level", () => {
           `SIGHUP: a change to agent.max_inflight in ${agent.configPath} takes effect at the next start (a SIGHUP applies agent.log_level and re-reads the TLS files only)`
         ]
       ])
+
+      // A file that no longer decodes keeps the level, and says which (its own field, not the line's `level`).
+      fs.writeFileSync(agent.configPath, "[agent\n")
+      process.kill(agent.pid, "SIGHUP")
+      const invalid = (l: Record<string, unknown>) => String(l.msg).startsWith("SIGHUP: the config file is invalid")
+      await pollUntil("the invalid file said", () => agent.logs().some(invalid), 30_000)
+      const line = agent.logs().find(invalid)
+      expect(line).toMatchObject({ level: "warn", log_level: "debug" })
+      expect(line).not.toHaveProperty("level_")
     } finally {
       channel.close()
     }

@@ -231,8 +231,9 @@ export const hangupReload = (file: string | undefined): Effect.Effect<void, neve
     const before = yield* control.current
     const read = yield* Effect.result(loadConfigFile(file))
     if (read._tag === "Failure") {
-      return yield* Effect.logWarning("SIGHUP: config unreadable; log level kept", {
-        level: before.toLowerCase(),
+      // `log_level`, not `level`: the line's own level is written under that name
+      return yield* Effect.logWarning("SIGHUP: the config file is invalid or unreadable; log level kept", {
+        log_level: before.toLowerCase(),
         problem: read.failure.message
       })
     }
