@@ -160,8 +160,12 @@ describe("the layer: a connection broken while the run shows Ready waits, bounde
   )
 })
 
-/** Streams one chunk and holds the rest; `cut()` breaks the held connections as a dying engine does. */
+/**
+ * Streams one chunk and holds the rest; `cut()` breaks the held connections as a dying engine does. `closed`: one
+ * promise per held request, settled when its connection closes (whoever closed it).
+ */
 const held: Array<http.ServerResponse> = []
+const closed: Array<Promise<void>> = []
 const startEngine = async (): Promise<{ server: http.Server; url: string }> => {
   const server = http.createServer((req, res) => {
     req.resume()
@@ -169,6 +173,7 @@ const startEngine = async (): Promise<{ server: http.Server; url: string }> => {
       res.writeHead(200, { "content-type": "text/event-stream" })
       res.write(`data: {"choices":[{"index":0,"text":"a"}]}\n\n`)
       held.push(res)
+      closed.push(new Promise((resolve) => res.on("close", () => resolve())))
     })
   })
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve))
@@ -217,6 +222,7 @@ describe("a Generate call whose engine connection breaks", () => {
   })
   beforeEach(() => {
     held.length = 0
+    closed.length = 0
   })
   afterAll(async () => {
     for (const a of agents.splice(0)) await a.close()
@@ -264,20 +270,55 @@ describe("a Generate call whose engine connection breaks", () => {
     return agent
   }
 
-  it("cut by an operator's restart (published before the engine is signalled): UNAVAILABLE, with why", async () => {
+  // The engine keeps every connection open here (no cut()): only the agent can end these calls, and the engine sees
+  // its connection close, as llama-server must before it exits on SIGTERM.
+  it("an operator's restart published (before the engine is signalled): the calls end at once with why, their engine requests aborted", async () => {
     const agent = await startAgent()
-    const call = await holdCall(agent.client)
+    const calls = [await holdCall(agent.client), await holdCall(agent.client)]
     await agent.set(
       State.Unhealthy({ reason: `restart requested: ${ADMIN_RESTART_REASON}`, since: 0, run: 0, ending: "requested" })
     )
-    cut()
+    for (const call of calls) {
+      const r = await call.ended
+      expect([r.status, r.text]).toEqual(["UNAVAILABLE", "a"])
+      expect(r.details).toBe(
+        "the engine is being restarted (POST /engine/restart by an operator): the engine request was aborted; retry on another node"
+      )
+      expect(r.trailer?.get("cgn-error-source")).toBe("agent")
+      // nothing of the engine's: it never failed
+      expect(r.trailer?.get("cgn-engine-reason")).toBeUndefined()
+    }
+    expect(held).toHaveLength(2)
+    await Promise.all(closed)
+  })
+
+  const ending: ReadonlyArray<[string, EngineState, string]> = [
+    [
+      "failed liveness",
+      State.Unhealthy({ reason: "3 liveness probes failed in a row, last: timeout", since: 0, run: 0 }),
+      "the engine is being restarted (3 liveness probes failed in a row, last: timeout)"
+    ],
+    [
+      "a stall restart",
+      State.Unhealthy({ reason: `restart requested: ${STALL_REASON}`, since: 0, run: 0, ending: "requested" }),
+      `the engine is being restarted (${STALL_REASON})`
+    ],
+    [
+      "a stall restart, first seen once the run ended (Restarting)",
+      State.Restarting({ attempt: 1, nextAt: 0, lastExit: testExit(0, `restarted: ${STALL_REASON}`) }),
+      `the engine is being restarted (${STALL_REASON})`
+    ],
+    ["the agent stopping the engine", State.Stopping({ since: 0 }), "the agent is stopping the engine"]
+  ]
+  it.each(ending)("%s: the call ends at once with why, its engine request aborted", async (_, state, why) => {
+    const agent = await startAgent()
+    const call = await holdCall(agent.client)
+    await agent.set(state)
     const r = await call.ended
-    expect([r.status, r.text]).toEqual(["UNAVAILABLE", "a"])
-    expect(r.details).toMatch(
-      /^the engine is being restarted \(POST \/engine\/restart by an operator\): stream truncated: .+; retry on another node$/
-    )
+    expect(r.status).toBe("UNAVAILABLE")
+    expect(r.details).toBe(`${why}: the engine request was aborted; retry on another node`)
     expect(r.trailer?.get("cgn-error-source")).toBe("agent")
-    expect(r.trailer?.get("cgn-engine-reason")).toBe("Stream")
+    await Promise.all(closed)
   })
 
   it("cut by the engine's exit, reported after the socket closed: UNAVAILABLE, the exit's status", async () => {
@@ -324,15 +365,14 @@ describe("a Generate call whose engine connection breaks", () => {
     expect(r.details).toMatch(/^engine failed mid-stream: stream truncated: /)
   })
 
-  it("broken after the run ended (Restarting): the run's exit record says why", async () => {
+  it("broken after the run ended by itself (Restarting): the run's exit record says why", async () => {
     const agent = await startAgent()
     const call = await holdCall(agent.client)
-    await agent.set(State.Restarting({ attempt: 1, nextAt: 0, lastExit: testExit(0, `restarted: ${STALL_REASON}`) }))
+    const killed = { ...testExit(0), code: null, signal: "SIGKILL" }
+    await agent.set(State.Restarting({ attempt: 1, nextAt: 0, lastExit: killed }))
     cut()
     const r = await call.ended
     expect(r.status).toBe("UNAVAILABLE")
-    expect(r.details).toBe(
-      `the engine is being restarted (${STALL_REASON}): ${r.details.slice(r.details.indexOf("stream truncated"))}`
-    )
+    expect(r.details).toMatch(/^the engine exited \(signal SIGKILL\): stream truncated: .+; retry on another node$/)
   })
 })

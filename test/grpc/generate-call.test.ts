@@ -56,7 +56,7 @@ describe("GenerateCall", () => {
     const { handler, recorder } = await Effect.runPromise(
       Effect.gen(function* () {
         return { handler: yield* makeHandler(serving, active, 1024), recorder: yield* EngineClientRecorder }
-      }).pipe(Effect.provide(deps))
+      }).pipe(Effect.scoped, Effect.provide(deps))
     )
     // A burst in one turn: far more than one turn's start budget (0.5 ms), so most starts wait for later turns.
     const calls = Array.from({ length: 3000 }, () => new FakeCall())

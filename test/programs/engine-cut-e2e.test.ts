@@ -1,7 +1,8 @@
 // The built agent (`node dist/main.js run`) on the simulator: a Generate call streaming when the engine run under it
 // ends is cut, UNAVAILABLE as before, and its status says why instead of the HTTP client's "other side closed": an
-// operator's POST /engine/restart (the simulator closes its connections on the SIGTERM), and an engine killed under
-// the call (SIGKILL: its sockets close before the orphan guard reports the exit). Requires dist/ (`npm run build`).
+// operator's POST /engine/restart (the agent cuts the call as it publishes the run's end, before the engine is
+// signalled), and an engine killed under the call (SIGKILL: its sockets close before the orphan guard reports the
+// exit). Requires dist/ (`npm run build`).
 import type { Channel } from "nice-grpc"
 import { ClientError } from "nice-grpc"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"

@@ -1,8 +1,10 @@
 /**
- * The Generate calls being relayed now: what the drain counts, waits for and aborts, and what the stall
- * watchdog looks at. The "no call left" signal is a Latch, open exactly while the set is empty.
+ * The Generate calls being relayed now: what the drain counts, waits for and aborts, what the stall watchdog looks
+ * at, and what the end of the engine run under them cuts (EngineCut.ts cutOnRunEnd). The "no call left" signal is a
+ * Latch, open exactly while the set is empty.
  */
 import { Effect, Latch } from "effect"
+import type { GenerateError } from "../../services/grpc/GrpcStatus.ts"
 import type { Relay } from "./Relay.ts"
 
 export class ActiveCalls {
@@ -10,10 +12,15 @@ export class ActiveCalls {
   /** Calls that completed (their engine stream ended as the engine ends one) since the watchdog last looked. */
   completed = 0
   readonly #idle = Latch.makeUnsafe(true)
+  /** While set, the agent is ending the engine run: a call added now ends with it at once (see `cutWhile`). */
+  #cut: GenerateError | undefined = undefined
 
   add(relay: Relay): void {
     this.relays.add(relay)
     this.#idle.closeUnsafe()
+    // A call that got past the serving check in the moment between the run's ending being published and that check
+    // learning of it would go to an engine being stopped: it ends as the calls in flight did.
+    if (this.#cut !== undefined) relay.abort(this.#cut)
   }
 
   delete(relay: Relay): void {
@@ -24,6 +31,20 @@ export class ActiveCalls {
 
   get size(): number {
     return this.relays.size
+  }
+
+  /** Ends every call in flight with `failure` (a call already ending keeps its own reason: Relay.abort). */
+  abortAll(failure: GenerateError): void {
+    for (const relay of this.relays) relay.abort(failure)
+  }
+
+  /**
+   * `failure` while the agent ends the engine run (every call in flight and every call added meanwhile ends with it,
+   * its engine request aborted), undefined once a run is Ready again.
+   */
+  cutWhile(failure: GenerateError | undefined): void {
+    this.#cut = failure
+    if (failure !== undefined) this.abortAll(failure)
   }
 
   /** Completes when no call is being relayed (at once if none is). */

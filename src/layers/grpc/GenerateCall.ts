@@ -3,7 +3,8 @@
  * Relay whose consumer is this call's writer: each engine read is written to the call inside the read's own
  * callback (coalesced only while the call is not writable), and the end writes the final message or the
  * status. Cancel or deadline ('cancelled') interrupts the engine fiber, which aborts the engine request. An engine
- * request that broke off because the engine run ended under it (a restart, an exit) ends with why (EngineCut.ts).
+ * request that broke off because the engine run ended under it (a restart, an exit) ends with why (EngineCut.ts); a
+ * run the agent ends itself (a restart, its stop) cuts its calls at once, with why (EngineCut.ts cutOnRunEnd).
  * See docs/bench.md "Relay".
  */
 import { randomUUID } from "node:crypto"
@@ -70,8 +71,10 @@ export const makeHandler = Effect.fnUntraced(function* (
   // Spans only when traces are exported: otherwise the caller's traceparent goes to the engine unchanged.
   const tracing = yield* TracesExported
   const legs = yield* EngineLegs.make()
-  // A failed engine request is explained by the engine run's end when one cut it: its error path only.
+  // A failed engine request is explained by the engine run's end when one cut it: its error path only. A run the
+  // agent itself ends cuts the calls in flight at once (aborting their engine requests), so the engine can exit.
   const explainCut = yield* EngineCut.make
+  yield* EngineCut.cutOnRunEnd(active)
   const runLeg: (...args: Parameters<EngineLegs.RunLeg>) => Effect.Effect<void, GenerateError> =
     explainCut === undefined
       ? legs

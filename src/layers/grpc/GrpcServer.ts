@@ -146,10 +146,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     setHealthOverride: (s) => Effect.sync(() => serving.setOverride(s)),
     activeStreams: Effect.sync(() => active.size),
     awaitNoStreams: active.awaitEmpty,
-    abortActive: (reason) =>
-      Effect.sync(() => {
-        for (const relay of active.relays) relay.abort(new StreamAborted({ reason }))
-      })
+    abortActive: (reason) => Effect.sync(() => active.abortAll(new StreamAborted({ reason })))
   } satisfies GrpcServerService)
 })
 

@@ -76,9 +76,12 @@ export class Relay implements ChunkSink {
   }
   /** Interrupts the producer fiber (set once it is forked). */
   interrupt: () => void = () => undefined
-  /** Ends the call with `failure` whatever the engine does next. */
+  /**
+   * Ends the call with `failure` whatever the engine does next. The first reason stays: a call the drain or the stall
+   * watchdog ended keeps its words when the engine run's end (EngineCut.ts cutOnRunEnd) reaches it after them.
+   */
   abort(failure: GenerateError): void {
-    if (this.done) return
+    if (this.done || this.failure !== undefined) return
     this.failure = failure
     this.interrupt()
   }

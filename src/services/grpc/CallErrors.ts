@@ -59,17 +59,21 @@ export type RunEndedBy = typeof RunEndedBy.Type
 
 /**
  * The engine request broke off because the engine run it went to is ending or ended (services/grpc/EngineCut.ts):
- * the transport's words ("other side closed") kept after the reason the supervisor's state gives.
+ * the transport's words ("other side closed") kept after the reason the supervisor's state gives; or, with no
+ * `engine`, the agent aborted it the moment it began ending the run itself (a restart, its stop), so the engine sees
+ * its connections close and can exit on SIGTERM (layers/grpc/EngineCut.ts cutOnRunEnd).
  */
 export class EngineRunEnded extends Schema.TaggedError<EngineRunEnded>()("EngineRunEnded", {
   by: RunEndedBy,
   /** "the engine is being restarted (POST /engine/restart by an operator)", "the engine exited (signal SIGKILL)". */
   why: Schema.String,
-  /** The engine failure as the transport saw it. */
-  engine: EngineError
+  /** The engine failure as the transport saw it; absent when the agent aborted the request as it ended the run. */
+  engine: Schema.optional(EngineError)
 }) {
   override get message(): string {
-    return `${this.why}: ${this.engine.message}; retry on another node`
+    return this.engine === undefined
+      ? `${this.why}: the engine request was aborted; retry on another node`
+      : `${this.why}: ${this.engine.message}; retry on another node`
   }
 }
 

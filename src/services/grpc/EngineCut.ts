@@ -6,7 +6,10 @@
  * Decided from the engine's state and run numbers, never from when things happened: the supervisor publishes a
  * restart's ending (Unhealthy with `ending`) before it signals the engine (layers/engine/watch.ts, runOnce.ts), so a
  * socket the restart closes is seen after it; an engine that died by itself closes its sockets before its exit is
- * reported, which layers/grpc/EngineCut.ts waits for (bounded) while the run still shows Ready. Pure.
+ * reported, which layers/grpc/EngineCut.ts waits for (bounded) while the run still shows Ready. When the agent ends
+ * the run itself (`agentCut`), the calls in flight are not left for the engine to close: they are cut the moment the
+ * ending is published (layers/grpc/EngineCut.ts cutOnRunEnd), since an engine with open streams may not exit on
+ * SIGTERM (llama-server's connection threads wait for results its stopped task loop never sends). Pure.
  */
 import { ADMIN_RESTART_REASON } from "../admin/EngineRestart.ts"
 import type { EngineError } from "../engine/EngineClient.ts"
@@ -69,6 +72,19 @@ export const runEnding = (state: EngineState, exits: ReadonlyArray<ExitRecord>):
     case "Stopped":
       return { by: "stop", why: "the agent stopped the engine" }
   }
+}
+
+/**
+ * The ending the calls in flight get at once, because the agent itself is ending the run they went to (a restart
+ * asked for, a stall restart, failed liveness, its stop), or undefined: the run is Ready, or it ended by itself (the
+ * engine exited: its sockets are closed already, and each call keeps the transport's words after the exit's,
+ * `explainCut`). The same decision and words as a cut call's (`runEnding`). `exits` as there.
+ */
+export const agentCut = (state: EngineState, exits: ReadonlyArray<ExitRecord>): EngineRunEnded | undefined => {
+  const ending = runEnding(state, exits)
+  return ending === undefined || ending.by === "exit"
+    ? undefined
+    : new EngineRunEnded({ by: ending.by, why: ending.why })
 }
 
 /**

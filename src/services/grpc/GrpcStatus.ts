@@ -161,11 +161,15 @@ export const statusTable: { readonly [T in GenerateErrorTag]: Row<T> } = {
   LegDeadline: (e) => agent(Status.DEADLINE_EXCEEDED, e),
   EngineStalled: (e) => agent(Status.UNAVAILABLE, e),
   // The engine run ended under the call (services/grpc/EngineCut.ts): UNAVAILABLE as the transport failure was, its
-  // engine trailers kept; the agent's doing unless the engine exited by itself.
+  // engine trailers kept (none when the agent aborted the request as it ended the run); the agent's doing unless the
+  // engine exited by itself.
   EngineRunEnded: (e) => ({
     code: Status.UNAVAILABLE,
     message: e.message,
-    trailers: { ...engineFailure(e.engine).trailers, "cgn-error-source": e.by === "exit" ? "engine" : "agent" }
+    trailers: {
+      ...(e.engine === undefined ? {} : engineFailure(e.engine).trailers),
+      "cgn-error-source": e.by === "exit" ? "engine" : "agent"
+    }
   }),
   StreamAborted: (e) => agent(Status.UNAVAILABLE, e),
   ServerShuttingDown: (e) => agent(Status.UNAVAILABLE, e),
