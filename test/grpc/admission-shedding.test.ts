@@ -72,6 +72,31 @@ describe("Admission sheds calls that cannot meet their deadline", () => {
     })
   )
 
+  // Waking a waiter runs its fiber in the same call (Effect's Deferred resumes it at once): a shed waiter's exit
+  // code that throws must find the ledger settled, not stop the release half-way (a slot lost for good, the drain's
+  // awaitIdle waiting for ever).
+  it.effect("a shed waiter whose exit code throws leaves the ledger settled and the slot free", () =>
+    Effect.gen(function* () {
+      const a = AdmissionLive.make({ maxInflight: 1, maxQueue: 5 })
+      learn(a, "prefill", 500)
+      const holder = yield* hold(a)
+      const run = Effect.runCallbackWith(yield* Effect.context<never>())
+      let exited = false
+      run(Effect.scoped(a.acquireWithin(prefillWithin(600))), {
+        onExit: () => {
+          exited = true
+          throw new Error("a bug in the call's exit code")
+        }
+      })
+      yield* queuedCount(a, 1)
+      yield* TestClock.adjust("200 millis")
+      yield* Effect.exit(Scope.close(holder, Exit.void))
+      assert.isTrue(exited)
+      assert.deepInclude(yield* a.stats, { inflight: 0, queued: 0, shedAtSlot: 1 })
+      yield* a.awaitIdle
+    })
+  )
+
   it.effect("never sheds without an estimate, nor a call without a deadline", () =>
     Effect.gen(function* () {
       const a = AdmissionLive.make({ maxInflight: 1, maxQueue: 5 })

@@ -51,33 +51,47 @@ export const make = (limits: AdmissionLimits): AdmissionService => {
   }
 
   // A waiter reaching a slot with less time left than calls of its kind need is failed at once (it would hold an
-  // engine slot until its deadline aborted it, while the waiters behind it ran out of time in turn).
-  const shedAt = (clock: Clock.Clock) => {
-    let now: number | undefined
-    return (w: Waiter): boolean => {
-      if (w.deadline === undefined) return false
-      const needMs = times.need(w.deadline.kind)
-      if (needMs === undefined) return false
-      now ??= clock.currentTimeMillisUnsafe()
-      const leftMs = w.start + w.deadline.ms - now
-      if (!cannotFinish(leftMs, needMs)) return false
-      w.outcome = "rejected"
-      const { kind, source } = w.deadline
-      const e = new ShedAtSlot({ kind, leftMs, needMs, deadline: source, queuedMs: now - w.start })
-      Deferred.doneUnsafe(w.wake, Effect.fail(e))
-      return true
-    }
+  // engine slot until its deadline aborted it, while the waiters behind it ran out of time in turn). Only decided
+  // here: the ledger is updated before any waiter is woken, since waking one runs its fiber in this very call.
+  const shedError = (w: Waiter, now: number): ShedAtSlot | undefined => {
+    if (w.deadline === undefined) return undefined
+    const needMs = times.need(w.deadline.kind)
+    const leftMs = w.start + w.deadline.ms - now
+    if (!cannotFinish(leftMs, needMs)) return undefined
+    const { kind, source } = w.deadline
+    return new ShedAtSlot({
+      kind,
+      leftMs: Math.max(0, leftMs),
+      needMs: needMs!,
+      deadline: source,
+      queuedMs: now - w.start
+    })
   }
 
   // Synchronous so that no interruption can fall between the ledger update and the wake-up.
   const releaseSlot = (clock: Clock.Clock): void => {
-    const next = ledger.queued === 0 ? ledger.release() : ledger.release(shedAt(clock))
-    if (next === undefined) {
-      notifyIfIdle()
-      return
+    let next: Waiter | undefined
+    let shed: Array<[Waiter, ShedAtSlot]> | undefined
+    if (ledger.queued === 0) next = ledger.release()
+    else {
+      const now = clock.currentTimeMillisUnsafe()
+      shed = []
+      const found = shed
+      next = ledger.release((w) => {
+        const e = shedError(w, now)
+        if (e !== undefined) found.push([w, e])
+        return e !== undefined
+      })
     }
-    next.outcome = "admitted"
-    Deferred.doneUnsafe(next.wake, Effect.void)
+    // The ledger is settled: mark everyone, then wake them (a woken fiber may come back into the ledger at once).
+    if (shed !== undefined) for (const [w] of shed) w.outcome = "rejected"
+    if (next !== undefined) next.outcome = "admitted"
+    try {
+      if (shed !== undefined) for (const [w, e] of shed) Deferred.doneUnsafe(w.wake, Effect.fail(e))
+    } finally {
+      if (next === undefined) notifyIfIdle()
+      else Deferred.doneUnsafe(next.wake, Effect.void)
+    }
   }
   // One finalizer for every holder (no allocation per call).
   const release: Effect.Effect<void> = Clock.clockWith((clock) => Effect.sync(() => releaseSlot(clock)))

@@ -224,14 +224,15 @@ export class AdmissionLedger<W> {
 
   /**
    * A holder gives its slot back. Returns the waiter that now owns it (the caller must wake it), or
-   * undefined when the slot became free. Each waiter is offered to `shed` first, oldest first: true takes it out
-   * of the queue (the caller fails it) and the slot goes on to the next one.
+   * undefined when the slot became free. Each waiter is offered to `tooLate` first, oldest first: true takes it
+   * out of the queue (the caller fails it, once this returns) and the slot goes on to the next one. `tooLate` only
+   * decides: it must not wake anyone, whose fiber would then run inside this loop.
    */
-  release(shed?: (waiter: W) => boolean): W | undefined {
+  release(tooLate?: (waiter: W) => boolean): W | undefined {
     if (this.#inflight === 0) throw new Error("AdmissionLedger.release without a held slot")
     for (const next of this.#queue) {
       this.#queue.delete(next)
-      if (shed?.(next) === true) {
+      if (tooLate?.(next) === true) {
         this.#shedAtSlot++
         continue
       }
