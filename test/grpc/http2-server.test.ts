@@ -416,7 +416,7 @@ describe("the agent's gRPC server on node:http2", () => {
   })
 
   it("a caller's reset just before the grpc-timeout it sent is its deadline, not a cancel", async () => {
-    // The caller resets at 270 ms of a 300 ms grpc-timeout, as a client whose own deadline timer fires before the
+    // The caller resets at 285 ms of a 300 ms grpc-timeout, as a client whose own deadline timer fires before the
     // server's does; and at once, with the same timeout: a cancel.
     const hang = (resetAfterMs: number) =>
       new Promise<void>((resolve) => {
@@ -439,16 +439,23 @@ describe("the agent's gRPC server on node:http2", () => {
         req.once("data", () => setTimeout(() => req.close(http2.constants.NGHTTP2_CANCEL), resetAfterMs))
       })
     const before = hangEnds.length
-    await hang(270)
+    await hang(285)
     await hang(0)
     await pollUntil("both ends seen", () => hangEnds.length >= before + 2, 10_000, 10)
     expect(hangEnds.slice(before)).toEqual(["deadline", "cancelled"])
   })
 
   it.each([
+    // a tenth of 300 ms is 30: the slack's cap
     [0, 300, "cancelled"],
-    [249, 300, "cancelled"],
-    [250, 300, "deadline"],
+    [269, 300, "cancelled"],
+    [270, 300, "deadline"],
+    [0, 50, "cancelled"],
+    [44, 50, "cancelled"],
+    [45, 50, "deadline"],
+    [1000, 2000, "cancelled"],
+    [1949, 2000, "cancelled"],
+    [1950, 2000, "deadline"],
     [400, 300, "deadline"],
     [5000, undefined, "cancelled"],
     // 1% of 60 s is 600 ms; of 10 min 6 s, held to 1 s

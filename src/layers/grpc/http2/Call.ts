@@ -14,16 +14,16 @@ import { encodeStatusMessage, frameMessage, reservedTrailer } from "../../../ser
 import type { CallTally } from "./Connections.ts"
 
 /**
- * Why the caller reset a call `elapsedMs` after its headers: its own deadline ("deadline") when that reset came at
- * most DEADLINE_SLACK before the grpc-timeout it sent would end the call here, else a cancel. A client's deadline
+ * Why the caller reset a call `elapsedMs` after its headers: its own deadline ("deadline") when that reset came
+ * within a slack of the grpc-timeout it sent ending the call here, else a cancel. A client's deadline
  * timer starts before its headers leave and its reset (RST_STREAM CANCEL, the same code as a cancel) arrives a
  * network trip later, so a client whose deadline passed most often resets the call just before the server's own
  * timer fires: counted as CANCELLED, half of a soak's expired deadlines were missing from
  * cgn_agent_requests_total{code="DEADLINE_EXCEEDED"}, which the error-ratio alert reads. The slack: 50 ms or 1% of
- * the timeout, at most 1 s (a cancel that close to a deadline is near enough to it).
+ * the timeout, at most 1 s, and at most a tenth of the timeout (a call of 50 ms cancelled at once is a cancel).
  */
 export const resetWhy = (elapsedMs: number, timeoutMs: number | undefined): "cancelled" | "deadline" =>
-  timeoutMs !== undefined && elapsedMs >= timeoutMs - Math.min(Math.max(50, timeoutMs * 0.01), 1000)
+  timeoutMs !== undefined && elapsedMs >= timeoutMs - Math.min(Math.max(50, timeoutMs * 0.01), 1000, timeoutMs / 10)
     ? "deadline"
     : "cancelled"
 
