@@ -118,13 +118,36 @@ describe("observeProgress", () => {
     expect(verdicts([noCounters, noCounters])).toEqual(["Unknown", "Unknown"])
   })
 
+  // One long chunked prefill alone: vLLM's counters stand still until it is done, but its KV-cache usage grows with
+  // each chunk; a hung core freezes both (a review's case: the counters alone read a healthy engine as stuck).
+  it("a gauge that moves is progress; the verdict names only the counters", () => {
+    const scrape = (at: number, kv: number) =>
+      progressReading({ running: 1, waiting: 0, kvUsage: kv, progress: { [P]: 100, [G]: 50 } }, at, 1)
+    let w = noWatch
+    const verdicts: Array<string> = []
+    for (const [at, kv] of [
+      [0, 0.1],
+      [6_000, 0.2],
+      [12_000, 0.3],
+      [18_000, 0.3],
+      [30_000, 0.3]
+    ] as const) {
+      const [next, v] = observeProgress(w, scrape(at, kv), WINDOW)
+      w = next
+      verdicts.push(v._tag === "Stuck" ? `Stuck ${v.counters.join(",")}` : v._tag)
+    }
+    expect(verdicts).toEqual(["Unknown", "Moved", "Moved", "Still", `Stuck ${P},${G}`])
+  })
+
   it("progressReading: running + waiting held, a failed scrape undefined", () => {
-    expect(progressReading({ running: 2, waiting: 1, progress: { [P]: 7 } }, 9, 4)).toEqual({
+    expect(progressReading({ running: 2, waiting: 1, kvUsage: 0.25, progress: { [P]: 7 } }, 9, 4)).toEqual({
       at: 9,
-      counters: { [P]: 7 },
+      counters: { [P]: 7, "gauge:running": 2, "gauge:waiting": 1, "gauge:kv_usage": 0.25 },
       held: 3,
       inflight: 4
     })
+    // gauges alone (no progress counters) never start the rule
+    expect(progressReading({ running: 2, waiting: 1, kvUsage: 0.25 }, 9, 4)?.counters).toEqual({})
     expect(progressReading({ running: undefined, waiting: undefined }, 9, 4)).toEqual({
       at: 9,
       counters: {},

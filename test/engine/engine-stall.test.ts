@@ -261,6 +261,29 @@ describe("the progress counters as a stall source", () => {
     }).pipe(Effect.provide(layer))
   })
 
+  // Without it the node flaps: a completion clears the counters' stall, and the next scrape, its counters the same
+  // as the baseline, would find the old stillness and take the engine as stuck again at once (a review's case).
+  it.effect("a completion clears it and starts the stillness over, its cause in the log line", () => {
+    const { lines, layer } = logged()
+    return Effect.gen(function* () {
+      const stall = yield* EngineStall
+      for (const at of [0, 5_000, 15_000]) yield* stall.scraped(scrape(at, 7))
+      yield* yieldMany
+      assert.isTrue(isStalled(yield* stall.state))
+      yield* stall.completed(16_000, "the engine completed a test request")
+      yield* yieldMany
+      assert.isFalse(isStalled(yield* stall.state))
+      assert.include(lines.at(-1) ?? "", "the engine is no longer stalled: the engine completed a test request")
+      yield* stall.scraped(scrape(17_000, 7))
+      yield* stall.scraped(scrape(26_000, 7))
+      yield* yieldMany
+      assert.isFalse(isStalled(yield* stall.state), "still for 9 s since the completion, of the 10 s window")
+      yield* stall.scraped(scrape(27_000, 7))
+      yield* yieldMany
+      assert.isTrue(isStalled(yield* stall.state))
+    }).pipe(Effect.provide(layer))
+  })
+
   it.effect("a new engine run starts the counters' watch over", () =>
     Effect.gen(function* () {
       const stall = yield* EngineStall

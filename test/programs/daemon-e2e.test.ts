@@ -201,7 +201,11 @@ describe("a stalled engine", () => {
       // the engine recovers: with no call coming, the next test completion clears it
       await faults({ stallAfterTokens: null })
       await pollUntil("ready again", async () => (await fetch(`${agent.adminUrl}/readyz`)).status === 200, 30_000)
-      await agent.waitForLine((l) => l.includes("the engine completed a test request while stalled and idle"), 1_000)
+      await agent.waitForLine(
+        (l) =>
+          l.includes("the engine is no longer stalled: the engine completed a test request while stalled and idle"),
+        1_000
+      )
       const ok = await generate(client, { prompt, sampling: { maxTokens: 40 } }).done
       expect(ok.error).toBeUndefined()
     } finally {

@@ -90,7 +90,11 @@ describe("a stalled SGLang decode node", () => {
       ).catch((e: unknown) => {
         throw new Error(`${String(e)}\n${agent.tail()}`)
       })
-      await agent.waitForLine((l) => l.includes("the engine completed a test request while stalled and idle"), 1_000)
+      await agent.waitForLine(
+        (l) =>
+          l.includes("the engine is no longer stalled: the engine completed a test request while stalled and idle"),
+        1_000
+      )
       expect((await agent.stop()).code).toBe(0)
     } finally {
       channel.close()

@@ -117,13 +117,13 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
 
     return EngineStall.of({
       stalled: (now) => SubscriptionRef.update(ref, (s) => onStall(s, now)),
-      completed: (now) =>
+      completed: (now, cause) =>
         change((s) => {
           const next = onCompleted(s, now)
           // a completion is progress: the counters' run of stillness starts over
           if (next !== undefined) watch = { baseline: watch.baseline, stillSince: undefined }
           return next
-        }, "a call completed"),
+        }, cause ?? "a call completed"),
       moved: (at, oldestSince) =>
         Effect.flatMap(SubscriptionRef.get(ref), (s) =>
           Effect.sync(() => {

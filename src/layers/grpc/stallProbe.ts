@@ -115,11 +115,11 @@ export const stallProbe = (
       onSuccess: () =>
         Effect.gen(function* () {
           lastFailure = undefined
-          yield* stall.completed(yield* Clock.currentTimeMillis)
-          yield* Effect.logInfo("the engine completed a test request while stalled and idle: the stall is cleared", {
-            max_tokens: PROBE_TOKENS,
-            path
-          })
+          // the stall's end is logged once, by EngineStall, with this as its cause
+          yield* stall.completed(
+            yield* Clock.currentTimeMillis,
+            `the engine completed a test request while stalled and idle (max_tokens ${PROBE_TOKENS}, ${path})`
+          )
         }),
       onFailure: (e) => {
         if (e.message === lastFailure) return Effect.void

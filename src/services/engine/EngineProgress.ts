@@ -15,13 +15,22 @@
  * that failed, or that lacks the counters or the gauges, says nothing either way: it neither extends nor ends the
  * run, and the counters are compared with the last scrape that had them (they are cumulative, so no move is missed).
  * A scrape that shows no work held ends the run (an idle engine has nothing to progress on).
+ * The engine's own gauges (running, waiting, KV-cache usage) count as counters here: a change in them is the
+ * scheduler at work. vLLM adds to prompt_tokens_total only once a prompt's whole prefill is done, so one long
+ * chunked prefill alone would stand every counter still past a short window; its KV-cache usage grows with each
+ * chunk (the scheduler's stats go out every step, output or not: vllm/v1/core/sched/scheduler.py). A hung core
+ * freezes the gauges as it does the counters, so a wedge still reads as one. Only with counters present: gauges
+ * alone never start the rule.
  */
 
 /** One answered scrape, as the rule reads it. */
 export interface ProgressReading {
   /** When it answered (epoch ms, from the Clock). */
   readonly at: number
-  /** The progress counters present in it, each summed over its label sets (data-parallel ranks). */
+  /**
+   * The progress counters present in it, each summed over its label sets (data-parallel ranks), and the engine's
+   * gauges under GAUGE-prefixed names (compared, never named in a verdict).
+   */
   readonly counters: Readonly<Record<string, number>>
   /** Requests the engine says it holds (running + waiting), or undefined when it reports neither. */
   readonly held: number | undefined
@@ -60,6 +69,9 @@ export type ProgressVerdict =
 
 const unknown: ProgressVerdict = { _tag: "Unknown" }
 
+/** The prefix of a gauge's entry among the counters. */
+const GAUGE = "gauge:"
+
 const moved = (before: Readonly<Record<string, number>>, now: Readonly<Record<string, number>>): boolean => {
   const names = Object.keys(now)
   if (names.length !== Object.keys(before).length) return true
@@ -81,8 +93,24 @@ export const observeProgress = (
   const since = watch.stillSince ?? at
   const next: ProgressWatch = { baseline: counters, stillSince: since }
   return at - since >= windowMs
-    ? [next, { _tag: "Stuck", since, held, counters: Object.keys(counters) }]
+    ? [next, { _tag: "Stuck", since, held, counters: Object.keys(counters).filter((n) => !n.startsWith(GAUGE)) }]
     : [next, { _tag: "Still", since }]
+}
+
+/** The progress counters and, when there are any, the gauges that move with them (see the header). */
+const withGauges = (signals: {
+  readonly running: number | undefined
+  readonly waiting: number | undefined
+  readonly kvUsage?: number | undefined
+  readonly progress?: Readonly<Record<string, number>> | undefined
+}): Readonly<Record<string, number>> => {
+  const counters = signals.progress ?? {}
+  if (Object.keys(counters).length === 0) return counters
+  const out: Record<string, number> = { ...counters }
+  if (signals.running !== undefined) out[`${GAUGE}running`] = signals.running
+  if (signals.waiting !== undefined) out[`${GAUGE}waiting`] = signals.waiting
+  if (signals.kvUsage !== undefined) out[`${GAUGE}kv_usage`] = signals.kvUsage
+  return out
 }
 
 /** The rule's reading of one scrape's load signals (undefined: the scrape failed). */
@@ -91,6 +119,7 @@ export const progressReading = (
     | {
         readonly running: number | undefined
         readonly waiting: number | undefined
+        readonly kvUsage?: number | undefined
         readonly progress?: Readonly<Record<string, number>> | undefined
       }
     | undefined,
@@ -101,7 +130,7 @@ export const progressReading = (
     ? undefined
     : {
         at,
-        counters: signals.progress ?? {},
+        counters: withGauges(signals),
         held:
           signals.running === undefined && signals.waiting === undefined
             ? undefined

@@ -124,7 +124,8 @@ export const stallProblem = (s: StallState, idleTimeout: string): string | undef
 
 export interface EngineStallService {
   readonly stalled: (now: number) => Effect.Effect<void>
-  readonly completed: (now: number) => Effect.Effect<void>
+  /** A call completed at `now`; `cause` says what, for the log line of a stall it ends ("a call completed"). */
+  readonly completed: (now: number, cause?: string) => Effect.Effect<void>
   /** Some stream read from the engine at `now`; `oldestSince`: when the oldest of them was requested. */
   readonly moved: (now: number, oldestSince: number) => Effect.Effect<void>
   /** One metrics scrape of the engine, for its progress counters (undefined: the scrape failed). */
