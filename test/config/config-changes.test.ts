@@ -20,6 +20,17 @@ describe("unappliedChanges", () => {
     ["nothing changed", BASE, []],
     ["the log level alone: applied, so not named", BASE.replace('"info"', '"debug"'), []],
     ["an int", BASE.replace("max_inflight = 4", "max_inflight = 2"), ["agent.max_inflight"]],
+    // lease_ttl's default is 3 x heartbeat: the operator changed only the heartbeat
+    [
+      "a key another's default derives from",
+      BASE.replace("max_inflight = 4", 'max_inflight = 4\nheartbeat = "2s"'),
+      ["agent.heartbeat"]
+    ],
+    [
+      "the derived key written itself",
+      BASE.replace("max_inflight = 4", 'max_inflight = 4\nlease_ttl = "20s"'),
+      ["agent.lease_ttl"]
+    ],
     ["a duration, written another way but equal", BASE.replace('"5s"', '"5000ms"'), []],
     ["a duration that differs", BASE.replace('"5s"', '"6s"'), ["engine.stop_grace"]],
     ["a key in a table the file did not have", `${BASE}[kv]\nmax_queue_bytes = 1\n`, ["kv.max_queue_bytes"]],

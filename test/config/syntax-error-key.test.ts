@@ -19,7 +19,10 @@ const cases: ReadonlyArray<[string, string, number, string | undefined]> = [
   ["a bracket inside a string does not leave a value open", '[agent]\nnode_id = "a[b"\n)\n', 3, undefined],
   ["an error in a header names no key", '[engine\nkind = "x"\n', 1, undefined],
   ["CRLF line ends", "[agent]\r\nheartbeat = 5s\r\n", 2, "agent.heartbeat"],
-  ["a line out of range", "a = 1\n", 9, undefined]
+  ["a line out of range", "a = 1\n", 9, undefined],
+  // a header-like line inside a multi-line string above: no key rather than agent.url
+  ["after a multi-line string", '[engine]\nnote = """\n[agent]\n"""\nurl = http://x\n', 5, undefined],
+  ["after a literal multi-line string", "[engine]\nnote = '''\nfoo = [\n'''\nurl = ?\n", 5, undefined]
 ]
 
 describe("syntaxErrorKey", () => {

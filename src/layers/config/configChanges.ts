@@ -13,6 +13,12 @@ import { formatPath } from "./schemaProblems.ts"
 /** Keys a SIGHUP applies (layers/observability/Logging.ts hangupReload). */
 const RELOADED = new Set(["agent.log_level"])
 
+/**
+ * Resolved keys whose default derives from another key: named only when that one did not change too (a new
+ * heartbeat moves the default lease_ttl, 3 x heartbeat, which the operator never wrote).
+ */
+const DERIVED: Readonly<Record<string, string>> = { "agent.lease_ttl": "agent.heartbeat" }
+
 const isPlainObject = (v: unknown): v is Record<string, unknown> =>
   typeof v === "object" &&
   v !== null &&
@@ -37,7 +43,7 @@ const differences = (a: unknown, b: unknown, path: ReadonlyArray<string>, out: A
 
 /**
  * The TOML key paths whose values differ between the running config and one read again, that a SIGHUP does not
- * apply, in file order. The resolved `model` is the file's `models."<name>"` table (a renamed model: `models`).
+ * apply, in the resolved config's order (cluster, security, agent, engine, models, kv), not the file's. The resolved `model` is the file's `models."<name>"` table (a renamed model: `models`).
  */
 export const unappliedChanges = (running: AgentConfig, reread: AgentConfig): ReadonlyArray<string> => {
   const { file: _a, model: modelA, ...restA } = running
@@ -51,7 +57,7 @@ export const unappliedChanges = (running: AgentConfig, reread: AgentConfig): Rea
     differences(modelA, modelB, [], modelPaths)
     for (const p of modelPaths) keys.push(formatPath(["models", modelA.name, ...p]))
   }
-  return keys.filter((k) => !RELOADED.has(k))
+  return keys.filter((k) => !RELOADED.has(k) && !(DERIVED[k] !== undefined && keys.includes(DERIVED[k])))
 }
 
 /** On SIGHUP: a warning naming the changed keys left for the next start; nothing when there are none or the file no longer decodes (the log level's reload says so). */

@@ -49,6 +49,9 @@ const openBrackets = (text: string): number => {
 export const syntaxErrorKey = (text: string, line: number): string | undefined => {
   const lines = text.split(/\r?\n/)
   if (line < 1 || line > lines.length || /^\s*\[/.test(lines[line - 1]!)) return undefined
+  // Inside or after a multi-line string a line's text may be the string's, not a key or a header: no key, rather
+  // than a wrong one (configs seldom have them).
+  if (lines.slice(0, line).some((l) => l.includes('"""') || l.includes("'''"))) return undefined
   const keys: Array<ReadonlyArray<string>> = []
   let table: ReadonlyArray<string> = []
   for (let i = line - 1; i >= 0; i--) {
