@@ -9,13 +9,7 @@
  */
 import { Clock, Duration, Effect, Option } from "effect"
 import { Config } from "../../services/config/Config.ts"
-import {
-  type ChunkSink,
-  complete,
-  EngineClient,
-  type EngineError,
-  type RequestOptions
-} from "../../services/engine/EngineClient.ts"
+import { complete, EngineClient, type EngineError, type RequestOptions } from "../../services/engine/EngineClient.ts"
 import { Admission, type AdmissionError, type CallDeadline } from "../../services/grpc/Admission.ts"
 import { LegDeadline } from "../../services/grpc/CallErrors.ts"
 import type { RequestPlan } from "../../services/grpc/Generate.ts"
@@ -47,13 +41,6 @@ const kindOf = (leg: LegPlan): ServiceKind => {
 
 const CALLER = "the caller's deadline"
 
-/** One admitted call's slot, for ServiceTimes: since when (Clock ms), and whether it was measured yet. */
-interface Held {
-  readonly kind: ServiceKind
-  readonly at: number
-  measured: boolean
-}
-
 export const make = Effect.fnUntraced(function* () {
   const config = yield* Config
   const client = yield* EngineClient
@@ -80,13 +67,13 @@ export const make = Effect.fnUntraced(function* () {
     )
 
   // From here on the engine is asked for a stream: the stall watchdog counts idle time from now.
-  const engineStream = (relay: Relay, plan: RequestPlan, leg: LegPlan, opts: RequestOptions, sink: ChunkSink) =>
+  const engineStream = (relay: Relay, plan: RequestPlan, leg: LegPlan, opts: RequestOptions) =>
     Effect.flatMap(Clock.currentTimeMillis, (now) => {
       relay.idleSince = now
       relay.streamingSince = now
       relay.seenReads = relay.reads
       relay.streaming = true
-      return streamTo(plan.path, leg.body, opts, sink)
+      return streamTo(plan.path, leg.body, opts, relay)
     })
 
   // A decode leg waits for the KV transfer before its first chunk: that wait is what the deadline bounds.
@@ -103,37 +90,29 @@ export const make = Effect.fnUntraced(function* () {
   }
 
   // What a call needed from its slot, told to admission once it got it: a prefill leg its answer, the others their
-  // first chunk. A call cut off before (its deadline, a cancel) tells nothing (ServiceTimes.ts says why).
-  const measure = (held: Held): void => {
-    if (held.measured) return
-    held.measured = true
-    admission?.observe(held.kind, clock.currentTimeMillisUnsafe() - held.at)
-  }
-
-  // The relay as the engine stream's sink, measuring at the first chunk.
-  const timedSink = (relay: Relay, held: Held): ChunkSink => ({
-    onChunks: (chunks, resume) => {
-      measure(held)
-      return relay.onChunks(chunks, resume)
-    },
-    onSent: () => relay.onSent()
-  })
+  // first chunk (Relay.onFirstChunk: one function for all calls). A call cut off before (its deadline, a cancel)
+  // tells nothing (ServiceTimes.ts says why).
+  const measure = (kind: ServiceKind) => (relay: Relay) =>
+    admission?.observe(kind, clock.currentTimeMillisUnsafe() - relay.slotAt)
+  const measured = { prefill: measure("prefill"), decode: measure("decode"), normal: measure("normal") }
 
   const admitted = (
     relay: Relay,
     kind: ServiceKind,
     deadline: CallDeadline | undefined,
-    engineSide: (held: Held) => Effect.Effect<void, LegError>
+    engineSide: Effect.Effect<void, LegError>
   ): Effect.Effect<void, LegError> => {
     if (admission === undefined) {
       relay.admitted = true
-      return engineSide({ kind, at: 0, measured: true })
+      return engineSide
     }
     return Effect.scoped(
       Effect.flatMap(deadline === undefined ? admission.acquire : admission.acquireWithin(deadline), (permit) => {
         relay.queueMs = permit.queuedMs
         relay.admitted = true
-        return engineSide({ kind, at: permit.at, measured: false })
+        relay.slotAt = permit.at
+        if (kind !== "prefill") relay.onFirstChunk = measured[kind]
+        return engineSide
       })
     )
   }
@@ -144,15 +123,17 @@ export const make = Effect.fnUntraced(function* () {
   const runLeg: RunLeg = (relay, plan, leg, opts, callerMs) => {
     const kind = kindOf(leg)
     const deadline = deadlineOf(kind, callerMs)
-    const stream = (held: Held) => engineStream(relay, plan, leg, opts, held.measured ? relay : timedSink(relay, held))
-    if (kind === "normal") return admitted(relay, kind, deadline, stream)
+    if (kind === "normal") return admitted(relay, kind, deadline, engineStream(relay, plan, leg, opts))
     if (kind === "prefill") {
-      const prefill = (held: Held) => Effect.map(prefillLeg(relay, plan, leg, opts), () => measure(held))
+      const prefill = Effect.map(prefillLeg(relay, plan, leg, opts), () => measured.prefill(relay))
       return admitted(relay, kind, deadline, prefill).pipe(
         Effect.timeoutOrElse({ duration: legTimeout, orElse: () => Effect.fail(legDeadline("prefill", relay)) })
       )
     }
-    return Effect.raceFirst(admitted(relay, kind, deadline, stream), decodeDeadline(relay))
+    return Effect.raceFirst(
+      admitted(relay, kind, deadline, engineStream(relay, plan, leg, opts)),
+      decodeDeadline(relay)
+    )
   }
   return runLeg
 })

@@ -22,6 +22,13 @@ export class Relay implements ChunkSink {
   queueMs = 0
   /** Past admission (or none configured): the engine request can have been made. */
   admitted = false
+  /**
+   * Told once, at the first engine chunk: EngineLegs measures there what a call needs from its slot (ServiceTimes).
+   * One function for every call, reading the relay: no closure or wrapper sink per call on the relay path.
+   */
+  onFirstChunk: ((relay: Relay) => void) | undefined = undefined
+  /** When the call got its admission slot (Clock ms), for `onFirstChunk`. */
+  slotAt = 0
   /** Network reads so far; the stall watchdog compares it on a coarse interval (no timer per read). */
   reads = 0
   /** Set once the engine stream is requested (after admission): only then can the engine stall it. */
@@ -47,7 +54,10 @@ export class Relay implements ChunkSink {
   }
   /** Producer side, once per network read: false when the producer must wait for room. */
   readonly onChunks = (chunks: ReadonlyArray<JsonObject>, resume: () => void): boolean => {
-    this.started = true
+    if (!this.started) {
+      this.started = true
+      this.onFirstChunk?.(this)
+    }
     this.reads++
     for (let i = 0; i < chunks.length; i++) {
       const text = this.reader.read(chunks[i]!)
