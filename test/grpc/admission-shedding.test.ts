@@ -23,23 +23,7 @@ import { MIN_SAMPLES } from "../../src/services/grpc/ServiceTimes.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
 import { EngineClientRecorder, layerTest as engineTest, textChunk } from "../../src/testing/EngineClient.ts"
 import { layerTest as metricsTest } from "../../src/testing/Metrics.ts"
-
-/** Yield until `done` holds, with a bound. */
-const settle = (done: Effect.Effect<boolean>) =>
-  Effect.gen(function* () {
-    for (let i = 0; i < 10_000; i++) {
-      if (yield* done) return
-      yield* Effect.yieldNow
-    }
-    return yield* Effect.die(new Error("state did not settle"))
-  })
-
-const hold = (a: AdmissionService) =>
-  Effect.gen(function* () {
-    const scope = yield* Scope.make()
-    yield* Scope.provide(a.acquire, scope)
-    return scope
-  })
+import { hold, settle } from "../support/admission.ts"
 
 const prefillWithin = (ms: number): CallDeadline => ({ ms, kind: "prefill", source: "agent.handoff_timeout = 1s" })
 const learn = (a: AdmissionService, kind: "prefill" | "normal", ms: number, n = MIN_SAMPLES) => {

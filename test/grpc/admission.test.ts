@@ -15,26 +15,9 @@ import {
   Overloaded
 } from "../../src/services/grpc/Admission.ts"
 import { toGrpcFailure } from "../../src/services/grpc/GrpcStatus.ts"
-
-/** Yield until `done` holds; fails after a bound so a broken implementation cannot hang the suite. */
-const settle = (done: Effect.Effect<boolean>) =>
-  Effect.gen(function* () {
-    for (let i = 0; i < 100_000; i++) {
-      if (yield* done) return
-      yield* Effect.yieldNow
-    }
-    return yield* Effect.die(new Error("state did not settle"))
-  })
+import { hold, settle } from "../support/admission.ts"
 
 const counts = (a: AdmissionService) => Effect.map(a.stats, (s) => ({ inflight: s.inflight, queued: s.queued }))
-
-/** Holds a slot until the returned scope is closed. */
-const hold = (a: AdmissionService) =>
-  Effect.gen(function* () {
-    const scope = yield* Scope.make()
-    yield* Scope.provide(a.acquire, scope)
-    return scope
-  })
 
 describe("AdmissionLedger (pure)", () => {
   it("enter: slot, queue, refusal, drain", () => {
