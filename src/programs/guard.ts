@@ -43,6 +43,10 @@ const pollUntil = async (gone: () => boolean, ms: number, everyMs = 25): Promise
 const stopGroup = async (pgid: number, graceMs: number): Promise<StopOutcome> => {
   if (!groupAlive(pgid)) return "gone"
   signalGroup(pgid, "SIGTERM")
+  // A stopped process (SIGSTOP, a debugger's stop) keeps the TERM pending until it runs again: continued, it takes
+  // it now instead of sitting out the grace to be killed. A running one ignores SIGCONT. systemd does the same
+  // (systemd.kill(5), KillSignal=: "right after sending the signal ... systemd will always send SIGCONT").
+  signalGroup(pgid, "SIGCONT")
   if (await pollUntil(() => !groupAlive(pgid), graceMs)) return "terminated"
   signalGroup(pgid, "SIGKILL")
   return (await pollUntil(() => !groupAlive(pgid), KILL_WAIT_MS)) ? "killed" : "survived"

@@ -608,6 +608,21 @@ describe("stop", () => {
     assert.isFalse(groupAlive(pid))
   })
 
+  // A stopped engine (SIGSTOP: a liveness restart of a frozen engine, a debugger) keeps SIGTERM pending until it
+  // runs again; without the SIGCONT that follows the TERM it sat out stop_grace and was killed (a llama-server soak).
+  it("a stopped engine is continued after its SIGTERM and exits on it, not killed after stop_grace", async () => {
+    const s = await setup("vllm", { engine: { stop_grace: "20s" } })
+    const h = await start(s.plan, s.settings)
+    await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
+    const { pid } = await simState(s.port)
+    process.kill(pid, "SIGSTOP")
+    await Effect.runPromise(h.engine.stop.pipe(Effect.timeout(15_000)))
+    const last = current(h)
+    if (last?._tag !== "Stopped") return assert.fail(`expected Stopped, got ${last?._tag}`)
+    assert.notStrictEqual(last.lastExit?.signal, "SIGKILL", h.logs.join("\n"))
+    assert.isFalse(groupAlive(pid))
+  })
+
   // Engines take a second SIGTERM as "exit now" (the simulator too: exit 1 and "Received second interrupt"),
   // so a stop must send exactly one: the engine then finishes its graceful shutdown and exits 0.
   it("stop sends exactly one SIGTERM: the engine's graceful shutdown runs to its end (exit 0)", async () => {

@@ -24,6 +24,8 @@ export const stopGroup = (pgid: number, graceMs: number, killWaitMs = KILL_WAIT_
   Effect.gen(function* () {
     if (!groupAlive(pgid)) return "gone"
     signalGroup(pgid, "SIGTERM")
+    // continued, a stopped member takes the TERM now (programs/guard.ts stopGroup says why)
+    signalGroup(pgid, "SIGCONT")
     if (yield* pollUntil(() => !groupAlive(pgid), graceMs)) return "terminated"
     signalGroup(pgid, "SIGKILL")
     return (yield* pollUntil(() => !groupAlive(pgid), killWaitMs)) ? "killed" : "survived"
