@@ -103,7 +103,10 @@ it("a hung engine neither delays the heartbeat's record nor costs the lease (1 s
     expect(last?.freshness?.epoch).toBe(before.epoch)
     // the last sample is over three heartbeats old: left out, as for an engine that reports none
     expect(last?.load?.kvUsage).toBe(-1)
-    expect(engine.state.requests).toBeGreaterThanOrEqual(6)
+    // scrapes went on through the hang, one per heartbeat on the sampler's own schedule (a blocked sampler would
+    // show 2: the last answered one and one hung); under a loaded CI machine it can run a scrape or two behind the
+    // writer's six heartbeats (a run read 5), so at least 4
+    expect(engine.state.requests).toBeGreaterThanOrEqual(4)
     // each hung scrape was given up (its request aborted): none piles up behind the others
     await pollUntil("the hung scrapes aborted", () => engine.state.open <= 1)
   } finally {
