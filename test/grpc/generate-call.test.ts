@@ -21,6 +21,10 @@ import { pollUntil } from "../support/poll.ts"
 class FakeCall extends EventEmitter {
   readonly request = GenerateRequest.fromPartial({ prompt: "a" })
   readonly metadata = { get: (): Array<string> => [] }
+  /** No grpc-timeout sent. */
+  remainingMs(): number | undefined {
+    return undefined
+  }
   cancelled = false
   frames = 0
   status: GrpcFailure | undefined = undefined

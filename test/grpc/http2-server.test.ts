@@ -45,6 +45,8 @@ const service = {
 type Done = (e: { code: number; details: string } | null, v?: Buffer) => void
 const open = new Set<ServerCall<Buffer, Buffer>>()
 let cancelled = 0
+/** What each Echo call had left of its grpc-timeout when its handler ran (ms; undefined: none sent). */
+const echoLeft: Array<number | undefined> = []
 /** Why each Hang call was cancelled: "cancelled" or "deadline". */
 const hangEnds: Array<string> = []
 const seen: Array<Record<string, Array<string>>> = []
@@ -63,6 +65,7 @@ const server = new Http2GrpcServer({
 })
 server.addService(service, {
   echo: (call: ServerCall<Buffer, Buffer>, done: Done) => {
+    echoLeft.push(call.remainingMs())
     seen.push({ a: call.metadata.get("x-a").map(String), b: call.metadata.get("x-b-bin").map((v) => v.toString()) })
     done(null, call.request)
   },
@@ -443,6 +446,27 @@ describe("the agent's gRPC server on node:http2", () => {
     await hang(0)
     await pollUntil("both ends seen", () => hangEnds.length >= before + 2, 10_000, 10)
     expect(hangEnds.slice(before)).toEqual(["deadline", "cancelled"])
+  })
+
+  it("remainingMs: what is left of the caller's grpc-timeout when the handler runs; undefined without one", async () => {
+    const before = echoLeft.length
+    const withDeadline = await new Promise<number>((resolve) =>
+      client.makeUnaryRequest(
+        "/t.T/Echo",
+        raw,
+        raw,
+        Buffer.from("x"),
+        new grpc.Metadata(),
+        { deadline: Date.now() + 10_000 },
+        (err) => resolve(err ? err.code : 0)
+      )
+    )
+    expect(withDeadline).toBe(0)
+    expect((await unary("/t.T/Echo", Buffer.from("y"))).code).toBe(0)
+    const [left, none] = echoLeft.slice(before)
+    expect(left).toBeGreaterThan(5_000)
+    expect(left).toBeLessThanOrEqual(10_000)
+    expect(none).toBeUndefined()
   })
 
   it.each([

@@ -22,8 +22,8 @@ export type LegError = EngineError | AdmissionError | InvalidHandoff | LegDeadli
 
 /**
  * Runs one call's engine side into `relay`; it ends when the engine answer has been handed to the relay.
- * `callerMs`: the caller's grpc-timeout in ms, when it sent one (counted from its headers, so what is left is a
- * little less: admission then sheds a little later, never earlier).
+ * `callerMs`: what was left of the caller's grpc-timeout, in ms, when the call was handled, if it sent one (a start
+ * the pacer delays leaves a little less: admission then sheds a little later, never earlier).
  */
 export type RunLeg = (
   relay: Relay,

@@ -155,8 +155,9 @@ export const makeHandler = Effect.fnUntraced(function* (
     const requestId = req.requestId === "" ? randomUUID() : req.requestId
     const opts: { requestId: string; traceparent?: string } = { requestId }
     const incoming = parseTraceparent(call.metadata.get("traceparent")[0])
-    // The caller's deadline (parsed by the server), for admission to shed a call that can no longer meet it.
-    const callerMs = call.timeoutMs
+    // What is left of the caller's deadline (its grpc-timeout, from the headers), for admission to shed a call that
+    // can no longer meet it: a large request that took long to arrive has less than the whole timeout.
+    const callerMs = call.remainingMs()
     if (incoming !== undefined) opts.traceparent = formatTraceparent(incoming)
     const relay = new Relay(maxPendingChars, stopSequenceField)
     active.add(relay)

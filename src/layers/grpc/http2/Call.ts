@@ -109,6 +109,13 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
   /** The caller's grpc-timeout in ms, counted from the request's headers; undefined: it sent none. */
   timeoutMs: number | undefined = undefined
 
+  /** What is left of the caller's grpc-timeout now, in ms (at least 0); undefined: it sent none. */
+  remainingMs(): number | undefined {
+    return this.timeoutMs === undefined
+      ? undefined
+      : Math.max(0, this.timeoutMs - (performance.now() - this.#startedAt))
+  }
+
   /** Ends the call with `failure` at `ms` from now unless it ended before (the caller's grpc-timeout). */
   endAt(ms: number, failure: GrpcFailure): void {
     this.timeoutMs = ms
