@@ -12,8 +12,12 @@ import {
   isStalled,
   noStall,
   onCompleted,
+  onIdleProbeFailed,
+  onNoProgress,
   onStall,
-  stallRestartAt
+  stallProblem,
+  stallRestartAt,
+  stallStart
 } from "../../src/services/engine/EngineStall.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
 import { Drain } from "../../src/services/node/Drain.ts"
@@ -48,6 +52,28 @@ describe("the stall state", () => {
     assert.strictEqual(stallRestartAt(s, 60_000, 5_000, 70_000), 75_000)
     assert.strictEqual(stallRestartAt(s, 60_000, 5_000, 30_000), 61_000, "moved long before the deadline")
     assert.strictEqual(stallRestartAt(s, 60_000, 5_000, 500), 61_000, "a move from before this stall")
+  })
+
+  it("the idle test completion that got no answer: a stall of its own, with its reason, cleared by a completion", () => {
+    const s = onIdleProbeFailed(noStall, { since: 7_000, idleFor: "2m" })
+    assert.isDefined(s)
+    assert.isTrue(isStalled(s!))
+    assert.strictEqual(stallStart(s!), 7_000)
+    assert.strictEqual(stallRestartAt(s!, 60_000), 67_000)
+    assert.strictEqual(
+      stallProblem(s!, "5m"),
+      "engine stalled: a test completion sent after 2m without calls (engine.idle_probe_after) got no answer within 5m (engine.stream_idle_timeout)"
+    )
+    assert.strictEqual(onIdleProbeFailed(s!, { since: 9_000, idleFor: "2m" }), undefined, "already so taken")
+    // the earliest source starts the stall; a stream's reason comes first
+    const both = onStall(s!, 3_000)
+    assert.strictEqual(stallStart(both), 3_000)
+    assert.match(stallProblem(both, "5m")!, /stream\(s\) sent nothing/)
+    const counters = onNoProgress(s!, { since: 8_000, held: 2, counters: ["c"] })!
+    assert.match(stallProblem(counters, "5m")!, /made no progress/)
+    const cleared = onCompleted(s!, 10_000)
+    assert.isDefined(cleared)
+    assert.isFalse(isStalled(cleared!))
   })
 })
 

@@ -117,7 +117,7 @@ describe("the stall watchdog", () => {
     const requests: Array<JsonObject> = []
     const paths: Array<string> = []
     const engine = {
-      answer: "ok" as "ok" | "fail",
+      answer: "ok" as "ok" | "fail" | "hang",
       missing: [] as Array<string>,
       failRoom: undefined as number | undefined
     }
@@ -128,6 +128,7 @@ describe("the stall watchdog", () => {
           paths.push(path)
           if (engine.missing.includes(path))
             return Effect.fail(new EngineError({ reason: "Http", message: "HTTP 404", status: 404 }))
+          if (engine.answer === "hang") return Effect.never
           if (engine.answer === "fail" || (engine.failRoom !== undefined && body.bootstrap_room === engine.failRoom))
             return Effect.fail(new EngineError({ reason: "Http", message: "HTTP 500" }))
           sink.onChunks([{ choices: [{ text: "pong", finish_reason: "length" }] }], () => undefined)
@@ -212,6 +213,7 @@ describe("the stall watchdog", () => {
       const recording = EngineStall.of({
         stalled: () => Effect.void,
         completed: () => Effect.void,
+        idleProbeFailed: () => Effect.void,
         moved: (now, oldestSince) => Effect.sync(() => void moves.push([now, oldestSince])),
         scraped: () => Effect.void,
         state: Effect.succeed(noStall),
@@ -281,5 +283,101 @@ describe("the stall watchdog", () => {
       yield* TestClock.adjust(IDLE_MS)
       assert.strictEqual(p.requests.length, 1, "asked once Ready")
     }).pipe(Effect.scoped, Effect.provide(Layer.merge(p.layer, engine)))
+  })
+
+  describe("an engine with no call for engine.idle_probe_after", () => {
+    const quiet = layerFromObject({
+      models: { m: { hf_repo: "org/m" } },
+      engine: { stream_idle_timeout: `${IDLE_MS}ms`, idle_probe_after: "2s" }
+    })
+    const quietLayer = Layer.mergeAll(
+      quiet,
+      EngineStallLive.layer.pipe(Layer.provide(EngineTest.layerTest()), Layer.provide(quiet))
+    )
+
+    it.effect("is sent a test completion; one that gets no answer takes it as stalled, until one completes", () => {
+      const p = probed(quietLayer)
+      return Effect.gen(function* () {
+        const active = new ActiveCalls()
+        yield* StallWatchdog.fork(active)
+        yield* TestClock.adjust(1900)
+        assert.strictEqual(p.requests.length, 0, "not before idle_probe_after")
+        yield* TestClock.adjust(200)
+        assert.deepStrictEqual(p.requests, [
+          { prompt: "ping", max_tokens: PROBE_TOKENS, temperature: 0, ignore_eos: true }
+        ])
+        assert.isUndefined(yield* problem, "it completed: not stalled")
+        // the next one idle_probe_after later
+        yield* TestClock.adjust(1800)
+        assert.strictEqual(p.requests.length, 1)
+        p.engine.answer = "hang"
+        yield* TestClock.adjust(300)
+        assert.strictEqual(p.requests.length, 2)
+        assert.isUndefined(yield* problem, "not before stream_idle_timeout without an answer")
+        yield* TestClock.adjust(IDLE_MS)
+        assert.strictEqual(
+          yield* problem,
+          "engine stalled: a test completion sent after 2s without calls (engine.idle_probe_after) got no answer within 800ms (engine.stream_idle_timeout)"
+        )
+        // stalled and idle: the stall's own probe follows, one per idle timeout start to start, and the first that
+        // completes clears it
+        assert.strictEqual(p.requests.length, 3)
+        yield* TestClock.adjust(IDLE_MS)
+        assert.strictEqual(p.requests.length, 4)
+        assert.isDefined(yield* problem)
+        p.engine.answer = "ok"
+        yield* TestClock.adjust(IDLE_MS)
+        assert.strictEqual(p.requests.length, 5)
+        assert.isUndefined(yield* problem)
+      }).pipe(Effect.scoped, Effect.provide(p.layer))
+    })
+
+    it.effect("an error the engine answers with is not a wedge, and calls in flight put the test off", () => {
+      const p = probed(quietLayer)
+      return Effect.gen(function* () {
+        const active = new ActiveCalls()
+        yield* StallWatchdog.fork(active)
+        p.engine.answer = "fail"
+        yield* TestClock.adjust(2100)
+        assert.strictEqual(p.requests.length, 1)
+        yield* TestClock.adjust(IDLE_MS)
+        assert.isUndefined(yield* problem, "an HTTP 500 is an answer")
+        // a call in flight from here on: no test while it lasts, nor until idle_probe_after after it
+        const call = streaming(active)
+        const reading = Effect.sync(() => read(call.relay))
+        for (let i = 0; i < 30; i++) yield* Effect.andThen(reading, TestClock.adjust(100))
+        assert.strictEqual(p.requests.length, 1, "none while a call is in flight")
+        active.delete(call.relay)
+        yield* TestClock.adjust(1900)
+        assert.strictEqual(p.requests.length, 1)
+        yield* TestClock.adjust(200)
+        assert.strictEqual(p.requests.length, 2)
+      }).pipe(Effect.scoped, Effect.provide(p.layer))
+    })
+
+    it.effect('"0s" sends none, nor does the default before its two minutes', () => {
+      const off = layerFromObject({
+        models: { m: { hf_repo: "org/m" } },
+        engine: { stream_idle_timeout: `${IDLE_MS}ms`, idle_probe_after: "0s" }
+      })
+      const none = probed(
+        Layer.mergeAll(off, EngineStallLive.layer.pipe(Layer.provide(EngineTest.layerTest()), Layer.provide(off)))
+      )
+      const byDefault = probed()
+      return Effect.gen(function* () {
+        yield* Effect.gen(function* () {
+          yield* StallWatchdog.fork(new ActiveCalls())
+          yield* TestClock.adjust(600_000)
+          assert.strictEqual(none.requests.length, 0)
+        }).pipe(Effect.scoped, Effect.provide(none.layer))
+        yield* Effect.gen(function* () {
+          yield* StallWatchdog.fork(new ActiveCalls())
+          yield* TestClock.adjust(119_900)
+          assert.strictEqual(byDefault.requests.length, 0)
+          yield* TestClock.adjust(200)
+          assert.strictEqual(byDefault.requests.length, 1)
+        }).pipe(Effect.scoped, Effect.provide(byDefault.layer))
+      })
+    })
   })
 })

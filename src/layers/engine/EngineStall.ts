@@ -1,6 +1,6 @@
 /**
- * The live EngineStall: a SubscriptionRef written by the Generate stall watchdog and by the engine's metrics scrapes
- * (their progress counters: EngineProgress.ts), cleared when the supervisor starts a new engine run (a restarted
+ * The live EngineStall: a SubscriptionRef written by the Generate stall watchdog (its streams, and its test completion
+ * of an idle engine) and by the engine's metrics scrapes (their progress counters: EngineProgress.ts), cleared when the supervisor starts a new engine run (a restarted
  * engine has not stalled). The node's becoming stalled is logged (a warning with the reason) and so is its end (info,
  * with what ended it). An engine still stalled engine.stall_restart_after after it was taken as stalled is restarted
  * through EngineProcess.restart: a wedged engine (a hung collective, a scheduler stuck in a loop) often still answers
@@ -18,6 +18,7 @@ import {
   isStalled,
   noStall,
   onCompleted,
+  onIdleProbeFailed,
   onNoProgress,
   onProgress,
   onStall,
@@ -131,6 +132,7 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
             if (start !== undefined && oldestSince < start) preStallMovedAt = at
           })
         ),
+      idleProbeFailed: (failure) => change((s) => onIdleProbeFailed(s, failure)),
       scraped: (reading) =>
         Effect.suspend(() => {
           const [next, verdict] = observeProgress(watch, reading, idleMs)

@@ -4,7 +4,8 @@
  * paused producer), ends with EngineStalled; the abort interrupts its fiber, which aborts the
  * engine request. Each tick's verdict also goes to EngineStall (when present), which tells health that the
  * engine is wedged: stalls first, since a call completed in the same tick means the engine is not wedged. While
- * stalled with no call in flight, the engine is asked for a short test completion (stallProbe.ts).
+ * stalled with no call in flight, the engine is asked for a short test completion (stallProbe.ts); so is a Ready
+ * engine that has had no call for engine.idle_probe_after, since nothing else would show it wedged while idle.
  */
 import { Clock, Duration, Effect, Option, Schedule, type Scope } from "effect"
 import { Config } from "../../services/config/Config.ts"
@@ -29,6 +30,7 @@ export const fork = Effect.fnUntraced(function* (
   const engine = Option.getOrUndefined(yield* Effect.serviceOption(EngineProcess))
   const engineReady = engine === undefined ? Effect.succeed(true) : Effect.map(engine.state, (s) => s._tag === "Ready")
   const idleMs = Duration.toMillis(config.engine.stream_idle_timeout)
+  const quietMs = Duration.toMillis(config.engine.idle_probe_after)
   const probe =
     stall === undefined || client === undefined
       ? undefined
@@ -37,13 +39,17 @@ export const fork = Effect.fnUntraced(function* (
           stall,
           idleMs,
           probeShape(config.engine.kind, config.agent.role, config.model.dp),
-          yield* Effect.scope
+          yield* Effect.scope,
+          Duration.format(config.engine.idle_probe_after)
         )
   const stalls = metrics?.engineStreamStalls.labels({ model: config.model.served_name })
   // A 0 sample from the start: prom-client writes a labelled series only once it is incremented, and increase()
   // over a series that appears at 1 sees no increase, so the first stall of a process would never alert.
   stalls?.inc(0)
   const stalledError = new EngineStalled({ idleTimeout: Duration.format(config.engine.stream_idle_timeout) })
+  // Since when the engine has had no call in flight, not Ready or stalled counting as not quiet: the idle test waits
+  // idle_probe_after from a run's start, and from the end of a stall.
+  let quietSince: number | undefined
   const tick = Effect.flatMap(Clock.currentTimeMillis, (now) => {
     let stalled = 0
     // the oldest stream that read something since the last tick (a stall restart waits while one older than the stall
@@ -72,10 +78,19 @@ export const fork = Effect.fnUntraced(function* (
       Effect.andThen(oldestMoving === Number.POSITIVE_INFINITY ? Effect.void : stall.moved(now, oldestMoving)),
       Effect.andThen(
         probe === undefined || active.size > 0
-          ? Effect.void
-          : Effect.flatMap(Effect.zip(stall.state, engineReady), ([s, ready]) =>
-              isStalled(s) && ready ? probe.run(now) : Effect.void
-            )
+          ? Effect.sync(() => {
+              quietSince = undefined
+            })
+          : Effect.flatMap(Effect.zip(stall.state, engineReady), ([s, ready]) => {
+              if (!ready || isStalled(s)) {
+                quietSince = undefined
+                return ready ? probe.stalled(now) : Effect.void
+              }
+              if (completed || quietSince === undefined) quietSince = now
+              if (quietMs <= 0 || now - quietSince < quietMs) return Effect.void
+              quietSince = now // the next test another idle_probe_after on
+              return probe.idle(now)
+            })
       )
     )
   })

@@ -76,13 +76,19 @@ const noEndpoint = (e: EngineError) => e.reason === "Http" && (e.status === 404 
 const otherPath = (path: CompletionPath): CompletionPath =>
   path === "/v1/completions" ? "/v1/chat/completions" : "/v1/completions"
 
-/** The probe runner of one watchdog: `run(now)` starts a probe when one is due (the caller checks stalled and idle). */
+/**
+ * The probe runner of one watchdog. `stalled(now)` starts a probe when one is due while the engine is taken as stalled
+ * (its completion clears the stall); `idle(now)` sends the same test to an engine that has had no call for
+ * `idleFor` (engine.idle_probe_after), and one that gets no answer in time takes the engine as stalled
+ * (EngineStall.idleProbeFailed). The caller checks stalled, idle and Ready; one probe at a time.
+ */
 export const stallProbe = (
   client: EngineClientService,
   stall: EngineStallService,
   idleMs: number,
   shape: ProbeShape,
-  scope: Scope.Scope
+  scope: Scope.Scope,
+  idleFor = "0s"
 ) => {
   let inFlight = false
   let nextAt = Number.NEGATIVE_INFINITY
@@ -99,7 +105,7 @@ export const stallProbe = (
       concurrency: "unbounded",
       discard: true
     })
-  const probe = Effect.suspend(() => ask(path)).pipe(
+  const request = Effect.suspend(() => ask(path)).pipe(
     Effect.catchIf(noEndpoint, () =>
       Effect.suspend(() => {
         const other = otherPath(path)
@@ -110,7 +116,19 @@ export const stallProbe = (
         )
       })
     ),
-    Effect.timeoutOrElse({ duration: Duration.millis(idleMs), orElse: () => Effect.fail(noAnswer) }),
+    Effect.timeoutOrElse({ duration: Duration.millis(idleMs), orElse: () => Effect.fail(noAnswer) })
+  )
+  /** A warning per new reason a test failed for (the same one each time would fill the log). */
+  const failed = (e: EngineError, message: string) => {
+    if (e.message === lastFailure) return Effect.void
+    lastFailure = e.message
+    return Effect.logWarning(message, { error: e.message, next_try_in: Duration.format(Duration.millis(idleMs)) })
+  }
+  const done = Effect.sync(() => {
+    inFlight = false
+  })
+
+  const whileStalled = request.pipe(
     Effect.matchEffect({
       onSuccess: () =>
         Effect.gen(function* () {
@@ -121,29 +139,37 @@ export const stallProbe = (
             `the engine completed a test request while stalled and idle (max_tokens ${PROBE_TOKENS}, ${path})`
           )
         }),
-      onFailure: (e) => {
-        if (e.message === lastFailure) return Effect.void
-        lastFailure = e.message
-        return Effect.logWarning("the engine failed a test request while stalled and idle: still stalled", {
-          error: e.message,
-          next_try_in: Duration.format(Duration.millis(idleMs))
-        })
-      }
+      onFailure: (e) => failed(e, "the engine failed a test request while stalled and idle: still stalled")
     }),
-    Effect.ensuring(
-      Effect.sync(() => {
-        inFlight = false
-      })
-    )
+    Effect.ensuring(done)
   )
 
+  // Only no answer at all is a wedge: an error the engine answers with (a 4xx for a request it will not take, a 5xx of
+  // a dead core, which liveness sees) or a refused connection says it is not hung, and is logged instead.
+  const whileIdle = request.pipe(
+    Effect.matchEffect({
+      onSuccess: () =>
+        Effect.sync(() => {
+          lastFailure = undefined
+        }),
+      onFailure: (e) =>
+        e.reason === "Timeout"
+          ? Effect.flatMap(Clock.currentTimeMillis, (now) => stall.idleProbeFailed({ since: now, idleFor }))
+          : failed(e, "the engine failed a test request sent while idle (not taken as stalled: it answered)")
+    }),
+    Effect.ensuring(done)
+  )
+
+  const start = (now: number, probe: Effect.Effect<void>): Effect.Effect<void> =>
+    Effect.suspend(() => {
+      if (inFlight || now < nextAt) return Effect.void
+      inFlight = true
+      nextAt = now + idleMs
+      return Effect.asVoid(Effect.forkIn(probe, scope))
+    })
+
   return {
-    run: (now: number): Effect.Effect<void> =>
-      Effect.suspend(() => {
-        if (inFlight || now < nextAt) return Effect.void
-        inFlight = true
-        nextAt = now + idleMs
-        return Effect.asVoid(Effect.forkIn(probe, scope))
-      })
+    stalled: (now: number): Effect.Effect<void> => start(now, whileStalled),
+    idle: (now: number): Effect.Effect<void> => start(now, whileIdle)
   }
 }

@@ -144,6 +144,8 @@ export const EngineSection = Schema.Struct({
   ),
   // How long the engine may stay stalled (see stream_idle_timeout) before it is restarted; "0s": never.
   stall_restart_after: withDefault(ShortDuration, "5m"),
+  // How long a Ready engine may have no call before the agent sends it a test completion; "0s": never.
+  idle_probe_after: withDefault(ShortDuration, "2m"),
   verify_listener: withDefault(Schema.Boolean, true),
   gpu_free_timeout: withDefault(ShortDuration, "2m"),
   gpu_free_below_mib: withDefault(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), 1024),

@@ -6,9 +6,12 @@
  * stream after a few tokens moves each new stream, and every call on it still fails (a chaos soak's finding). And
  * the engine's own progress counters (EngineProgress.ts, at each metrics scrape): work held and no counter moved for
  * engine.stream_idle_timeout. That one sees what no stream shows: a wedged vLLM prefill engine, whose legs are
- * single non-streaming requests. Either way the engine is wedged, and the node says so (unhealthy, with the reason)
- * instead of taking more calls. A completed call clears both (it is progress); a counter that moves clears the
- * second; a new engine run clears all.
+ * single non-streaming requests. And the agent's own test completion, sent to an engine that has had no call for
+ * engine.idle_probe_after, that got no answer within engine.stream_idle_timeout: an engine that wedged while idle
+ * (its counters have no work to stand still on) or a llama-server whose loop hangs (its /metrics, served by that
+ * loop, then fails, so the counters say nothing). Any of the three: the engine is wedged, and the node says so
+ * (unhealthy, with the reason) instead of taking more calls. A completed call clears all (it is progress); a counter
+ * that moves clears the second; a new engine run clears all.
  */
 import { Context, type Effect, type Stream } from "effect"
 import type { ProgressReading } from "./EngineProgress.ts"
@@ -23,6 +26,14 @@ export interface NoProgress {
   readonly counters: ReadonlyArray<string>
 }
 
+/** The test completion sent to an idle engine got no answer (layers/grpc/stallProbe.ts). */
+export interface IdleProbeFailure {
+  /** When the engine was taken as stalled (epoch ms): the moment the answer was overdue. */
+  readonly since: number
+  /** How long the engine had had no call when the test was sent (engine.idle_probe_after), for the reason. */
+  readonly idleFor: string
+}
+
 export interface StallState {
   /** When a stream last ended for sending nothing (epoch ms), or undefined. */
   readonly lastStallAt: number | undefined
@@ -34,6 +45,8 @@ export interface StallState {
   readonly stalledSince: number | undefined
   /** The engine's counters say it makes no progress on the work it holds; absent or undefined: not so. */
   readonly noProgress?: NoProgress | undefined
+  /** The test completion sent while idle got no answer; absent or undefined: not so. */
+  readonly idleProbe?: IdleProbeFailure | undefined
 }
 
 export const noStall: StallState = {
@@ -47,14 +60,16 @@ export const noStall: StallState = {
 const streamsStalled = (s: StallState): boolean =>
   s.lastStallAt !== undefined && (s.lastCompletedAt === undefined || s.lastStallAt > s.lastCompletedAt)
 
-/** Whether the engine is taken as stalled, by either source. */
-export const isStalled = (s: StallState): boolean => streamsStalled(s) || s.noProgress !== undefined
+/** Whether the engine is taken as stalled, by any source. */
+export const isStalled = (s: StallState): boolean =>
+  streamsStalled(s) || s.noProgress !== undefined || s.idleProbe !== undefined
 
-/** When the engine was taken as stalled: the earlier of the two sources' starts; undefined while it is not. */
+/** When the engine was taken as stalled: the earliest of the sources' starts; undefined while it is not. */
 export const stallStart = (s: StallState): number | undefined => {
-  const streams = streamsStalled(s) ? s.stalledSince : undefined
-  const counters = s.noProgress?.since
-  return streams === undefined ? counters : counters === undefined ? streams : Math.min(streams, counters)
+  const starts = [streamsStalled(s) ? s.stalledSince : undefined, s.noProgress?.since, s.idleProbe?.since].filter(
+    (t) => t !== undefined
+  )
+  return starts.length === 0 ? undefined : Math.min(...starts)
 }
 
 /** A stream ended at `now` for sending nothing. */
@@ -66,17 +81,23 @@ export const onStall = (s: StallState, now: number): StallState => ({
 })
 
 /**
- * A call completed at `now`: the new state when that clears a stall (of either source: a completion is progress),
+ * A call completed at `now`: the new state when that clears a stall (of any source: a completion is progress),
  * else undefined (nothing changes: completions alone must not wake every subscriber on each watchdog tick).
  */
 export const onCompleted = (s: StallState, now: number): StallState | undefined =>
-  (s.lastStallAt !== undefined && (s.lastCompletedAt ?? 0) <= s.lastStallAt) || s.noProgress !== undefined
+  (s.lastStallAt !== undefined && (s.lastCompletedAt ?? 0) <= s.lastStallAt) ||
+  s.noProgress !== undefined ||
+  s.idleProbe !== undefined
     ? { lastStallAt: s.lastStallAt, lastCompletedAt: now, stalledStreams: 0, stalledSince: undefined }
     : undefined
 
 /** The counters stood still with work held: the new state, or undefined when the engine is already so taken. */
 export const onNoProgress = (s: StallState, np: NoProgress): StallState | undefined =>
   s.noProgress === undefined ? { ...s, noProgress: np } : undefined
+
+/** The idle engine's test completion got no answer: the new state, or undefined when it is already so taken. */
+export const onIdleProbeFailed = (s: StallState, f: IdleProbeFailure): StallState | undefined =>
+  s.idleProbe === undefined ? { ...s, idleProbe: f } : undefined
 
 /** A progress counter moved: the new state when that clears the counters' stall, else undefined. */
 export const onProgress = (s: StallState): StallState | undefined => {
@@ -111,15 +132,18 @@ const names = (all: ReadonlyArray<string>): string =>
 
 /**
  * The reason the node is unhealthy, or undefined while the engine is not known to be stalled. The streams' reason
- * first when both hold (it names the calls that failed).
+ * first when more than one holds (it names the calls that failed), then the counters'.
  */
 export const stallProblem = (s: StallState, idleTimeout: string): string | undefined => {
   if (streamsStalled(s))
     return `engine stalled: ${s.stalledStreams} stream(s) sent nothing for ${idleTimeout} (engine.stream_idle_timeout) and no call has completed since`
   const np = s.noProgress
-  return np === undefined
+  if (np !== undefined)
+    return `engine stalled: it made no progress for ${idleTimeout} (engine.stream_idle_timeout) with ${np.held} request(s) held (${names(np.counters)} unchanged)`
+  const ip = s.idleProbe
+  return ip === undefined
     ? undefined
-    : `engine stalled: it made no progress for ${idleTimeout} (engine.stream_idle_timeout) with ${np.held} request(s) held (${names(np.counters)} unchanged)`
+    : `engine stalled: a test completion sent after ${ip.idleFor} without calls (engine.idle_probe_after) got no answer within ${idleTimeout} (engine.stream_idle_timeout)`
 }
 
 export interface EngineStallService {
@@ -128,6 +152,8 @@ export interface EngineStallService {
   readonly completed: (now: number, cause?: string) => Effect.Effect<void>
   /** Some stream read from the engine at `now`; `oldestSince`: when the oldest of them was requested. */
   readonly moved: (now: number, oldestSince: number) => Effect.Effect<void>
+  /** The test completion sent to the idle engine got no answer in time. */
+  readonly idleProbeFailed: (failure: IdleProbeFailure) => Effect.Effect<void>
   /** One metrics scrape of the engine, for its progress counters (undefined: the scrape failed). */
   readonly scraped: (reading: ProgressReading | undefined) => Effect.Effect<void>
   readonly state: Effect.Effect<StallState>
