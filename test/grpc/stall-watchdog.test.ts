@@ -332,6 +332,23 @@ describe("the stall watchdog", () => {
       }).pipe(Effect.scoped, Effect.provide(p.layer))
     })
 
+    it.effect("a test that the end of the engine run cut short is no wedge", () => {
+      const engine = EngineTest.layerTest({ initial: State.Ready({ since: 0, run: 0 }) })
+      const p = probed(quietLayer)
+      return Effect.gen(function* () {
+        yield* StallWatchdog.fork(new ActiveCalls())
+        p.engine.answer = "hang"
+        yield* TestClock.adjust(2100)
+        assert.strictEqual(p.requests.length, 1)
+        // the run is being restarted while the test waits: its missing answer says nothing of the engine
+        yield* Effect.flatMap(EngineTest.EngineProcessControl, (c) =>
+          c.set(State.Unhealthy({ reason: "restart requested: x", since: 0, run: 0 }))
+        )
+        yield* TestClock.adjust(IDLE_MS)
+        assert.isUndefined(yield* problem)
+      }).pipe(Effect.scoped, Effect.provide(Layer.merge(p.layer, engine)))
+    })
+
     it.effect("an error the engine answers with is not a wedge, and calls in flight put the test off", () => {
       const p = probed(quietLayer)
       return Effect.gen(function* () {

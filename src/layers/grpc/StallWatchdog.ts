@@ -40,7 +40,8 @@ export const fork = Effect.fnUntraced(function* (
           idleMs,
           probeShape(config.engine.kind, config.agent.role, config.model.dp),
           yield* Effect.scope,
-          Duration.format(config.engine.idle_probe_after)
+          Duration.format(config.engine.idle_probe_after),
+          engineReady
         )
   const stalls = metrics?.engineStreamStalls.labels({ model: config.model.served_name })
   // A 0 sample from the start: prom-client writes a labelled series only once it is incremented, and increase()

@@ -88,7 +88,8 @@ export const stallProbe = (
   idleMs: number,
   shape: ProbeShape,
   scope: Scope.Scope,
-  idleFor = "0s"
+  idleFor = "0s",
+  ready: Effect.Effect<boolean> = Effect.succeed(true)
 ) => {
   let inFlight = false
   let nextAt = Number.NEGATIVE_INFINITY
@@ -118,12 +119,16 @@ export const stallProbe = (
     ),
     Effect.timeoutOrElse({ duration: Duration.millis(idleMs), orElse: () => Effect.fail(noAnswer) })
   )
-  /** A warning per new reason a test failed for (the same one each time would fill the log). */
-  const failed = (e: EngineError, message: string) => {
-    if (e.message === lastFailure) return Effect.void
-    lastFailure = e.message
-    return Effect.logWarning(message, { error: e.message, next_try_in: Duration.format(Duration.millis(idleMs)) })
-  }
+  /**
+   * A warning per new reason a test failed for (the same one each time would fill the log); none when the engine is no
+   * longer Ready: a run ended under the test (a restart, a drain's stop) broke it, which says nothing of the engine.
+   */
+  const failed = (e: EngineError, message: string) =>
+    Effect.flatMap(ready, (stillReady) => {
+      if (!stillReady || e.message === lastFailure) return Effect.void
+      lastFailure = e.message
+      return Effect.logWarning(message, { error: e.message, next_try_in: Duration.format(Duration.millis(idleMs)) })
+    })
   const done = Effect.sync(() => {
     inFlight = false
   })
@@ -154,8 +159,10 @@ export const stallProbe = (
         }),
       onFailure: (e) =>
         e.reason === "Timeout"
-          ? Effect.flatMap(Clock.currentTimeMillis, (now) => stall.idleProbeFailed({ since: now, idleFor }))
-          : failed(e, "the engine failed a test request sent while idle (not taken as stalled: it answered)")
+          ? Effect.flatMap(Effect.zip(ready, Clock.currentTimeMillis), ([stillReady, now]) =>
+              stillReady ? stall.idleProbeFailed({ since: now, idleFor }) : Effect.void
+            )
+          : failed(e, "the engine failed a test request sent while idle: not taken as stalled (only no answer is)")
     }),
     Effect.ensuring(done)
   )
