@@ -13,6 +13,8 @@ export interface Faults {
   engineDead: boolean
   /** The engine core hangs while its API server answers (wedge.ts). */
   wedged: boolean
+  /** One data-parallel rank's core hangs alone (wedge.ts), or undefined. */
+  wedgedRank: number | undefined
 }
 
 export const initialFaults = (cfg: SimConfig): Faults => ({
@@ -21,7 +23,8 @@ export const initialFaults = (cfg: SimConfig): Faults => ({
   errorKind: cfg.errorKind,
   hangHealth: cfg.hangHealth,
   engineDead: false,
-  wedged: false
+  wedged: false,
+  wedgedRank: undefined
 })
 
 const KINDS = new Set(["http400", "http404", "http429", "http500", "midstream", "sse_error_field", "reset"])
@@ -47,5 +50,11 @@ export const applyFaults = (faults: Faults, body: unknown): { error?: string; cr
   if ("hangHealth" in b) faults.hangHealth = b.hangHealth === true
   if ("engineDead" in b) faults.engineDead = b.engineDead === true
   if ("wedged" in b) faults.wedged = b.wedged === true
+  if ("wedged_rank" in b) {
+    const v = b.wedged_rank
+    if (v !== null && !(typeof v === "number" && Number.isInteger(v) && v >= 0))
+      return { error: "wedged_rank: a rank number or null", crashNow: false }
+    faults.wedgedRank = v === null ? undefined : v
+  }
   return { crashNow: b.crashNow === true }
 }

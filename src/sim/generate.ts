@@ -14,6 +14,7 @@ import type { GenRequest } from "./request.ts"
 import { sequenceEvents } from "./sequences.ts"
 import { stopMatcher } from "./stopRules.ts"
 import { plan, prng, tokenId } from "./tokens.ts"
+import type { Core } from "./wedge.ts"
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
 const tick = (): Promise<void> => new Promise((r) => setImmediate(r))
@@ -37,6 +38,21 @@ const pingUntil = async (
   }
 }
 
+/**
+ * The data-parallel rank a vLLM client pinned with the `X-data-parallel-rank` header (vllm-project/vllm
+ * vllm/entrypoints/openai/serving_engine.py `_get_data_parallel_rank`: not an integer, ignored), refused out of
+ * range as vLLM's input processor does (vllm/v1/engine/processor.py: a ValueError, answered 400); undefined: none.
+ * The other engines here do not read it.
+ */
+const pinnedRank = (ctx: SimContext, req: http.IncomingMessage): number | string | undefined => {
+  if (ctx.cfg.flavor !== "vllm") return undefined
+  const text = req.headers["x-data-parallel-rank"]
+  if (typeof text !== "string" || !/^\s*[+-]?\d+\s*$/.test(text)) return undefined
+  const rank = Number.parseInt(text, 10)
+  const size = ctx.engines.ranks.length
+  return rank >= 0 && rank < size ? rank : `data_parallel_rank ${rank} is out of range [0, ${size}).`
+}
+
 /** Tokens written per event-loop turn when there is no inter-token latency. */
 const BATCH = 32
 
@@ -53,27 +69,35 @@ export const generate = async (
   const abort = new AbortController()
   let state: "active" | "done" | "aborted" = "active"
   let cleanup = () => {}
+  /** The core of the rank that runs it, once picked: it can hang alone (wedge.ts, `wedged_rank`). */
+  let rankCore: Core<unknown> | undefined
+  const wedged = () => ctx.core.wedged || rankCore?.wedged === true
   const closed = new Promise<void>((resolve) => {
     res.on("close", () => {
       if (state === "active" && !res.writableFinished) {
         state = "aborted"
         stats.aborted++
         abort.abort()
-        ctx.core.whenRunning(() => cleanup())
+        ctx.core.whenRunning(() => (rankCore === undefined ? cleanup() : rankCore.whenRunning(() => cleanup())))
       }
       resolve()
     })
   })
-  void req
   const gone = () => state !== "active"
   /** Waits while the core is wedged; false once the client has gone meanwhile. */
   const coreRuns = async (): Promise<boolean> => {
-    await Promise.race([ctx.core.running(), closed])
+    while (wedged() && !gone())
+      await Promise.race([(ctx.core.wedged ? ctx.core : (rankCore as Core<unknown>)).running(), closed])
     return !gone()
   }
 
   if (!ctx.loaded) await Promise.race([ctx.whenLoaded, closed])
   if (gone()) return
+  const pinnedTo = pinnedRank(ctx, req)
+  if (typeof pinnedTo === "string") {
+    state = "done"
+    return sendError(ctx, res, 400, pinnedTo)
+  }
 
   const handoff = await handoffBeforeGeneration(ctx, gr, id, abort.signal, gone)
   if (handoff.kind === "gone") return
@@ -84,7 +108,8 @@ export const generate = async (
 
   // The engine core (DP rank) that runs it: its slot, its prefix cache and KV events, its counters. Each of
   // llama.cpp's sequences (n, several prompts) takes a slot of its own, at most all of them.
-  const rank = ctx.engines.pick({ bootstrapRoom: gr.bootstrap?.room })
+  const rank = ctx.engines.pick({ bootstrapRoom: gr.bootstrap?.room }, pinnedTo)
+  rankCore = rank.core
   const { kv, stats: rs } = rank
   const tickets = gr.sequences.slice(0, Math.max(1, cfg.maxSeqs)).map(() => rank.scheduler.enter())
   let pinned: ReadonlyArray<bigint> = []
@@ -97,7 +122,7 @@ export const generate = async (
     pinned = []
   }
   await Promise.all(tickets.map((t) => t.admitted))
-  if (gone() || (ctx.core.wedged && !(await coreRuns()))) return
+  if (gone() || (wedged() && !(await coreRuns()))) return
 
   const promptIds = gr.promptWords.map(tokenId)
   const admission = kv.admit(promptIds, gr.cacheSalt)
@@ -193,7 +218,7 @@ export const generate = async (
     let out = tpl.first
     let held: string | undefined
     for (const ev of events) {
-      if (ctx.core.wedged) {
+      if (wedged()) {
         // what the core sent before it hung is on the wire
         if (out !== "") res.write(out)
         out = ""
@@ -242,7 +267,7 @@ export const generate = async (
   }
 
   for (const ev of events) {
-    if (ctx.core.wedged && !(await coreRuns())) return
+    if (wedged() && !(await coreRuns())) return
     if (ev.kind === "end") {
       ends[ev.index] = ev
       continue

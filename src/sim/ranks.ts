@@ -6,8 +6,10 @@
 // (VllmDpLb, below); SGLang's DataParallelController follows --load-balance-method (dpController.ts). The
 // /metrics page then carries one series per rank (metrics.ts). llama.cpp and mlx run one rank.
 import { blockHash, KvBlocks, type KvEvent } from "./kvblocks.ts"
+import type { Gauges } from "./metricPages.ts"
 import { Scheduler } from "./scheduler.ts"
 import { Stats } from "./stats.ts"
+import { Core } from "./wedge.ts"
 
 /** One engine core: its scheduler, its KV blocks and counters. */
 export class Rank {
@@ -18,6 +20,8 @@ export class Rank {
   readonly kv: KvBlocks
   /** Blocks past the pinned full prompt blocks (partial prompt block, decode blocks) of its running requests. */
   decodeBlocks = 0
+  /** Whether this rank's core runs or hangs alone (the `wedged_rank` fault), with its gauges as it hung. */
+  readonly core = new Core<Gauges>()
 
   constructor(index: number, maxSeqs: number, kv: KvBlocks) {
     this.index = index
@@ -98,8 +102,9 @@ export class Engines {
     return this.ranks.reduce((n, r) => n + r.scheduler.waiting, 0)
   }
 
-  /** The rank a new request goes to (the only one when there is one). */
-  pick(hint: PickHint = {}): Rank {
+  /** The rank a new request goes to (the only one when there is one); `pinned`: the one the client named. */
+  pick(hint: PickHint = {}, pinned?: number): Rank {
+    if (pinned !== undefined) return this.ranks[pinned] as Rank
     if (this.ranks.length === 1) return this.ranks[0] as Rank
     return this.ranks[this.balancer.pick(this.ranks, hint)] as Rank
   }

@@ -35,6 +35,8 @@ const notFound = (ctx: SimContext, res: http.ServerResponse) => {
  * also count blocks a vLLM prefill holds for its decode side after the request.
  */
 const gauges = (ctx: SimContext, rank: Rank): Gauges => {
+  const frozen = rank.core.frozenMetrics
+  if (frozen !== undefined) return frozen
   const { capacity, blockSize } = rank.kv
   const used = rank.usedBlocks
   return {
@@ -235,6 +237,9 @@ const controlPlane = (ctx: SimContext, path: string, req: http.IncomingMessage, 
         if (out.error !== undefined) return sendJson(res, 400, { error: out.error })
         if (ctx.faults.wedged) ctx.core.wedge(metricsText(ctx))
         else ctx.core.unwedge()
+        for (const r of ctx.engines.ranks)
+          if (r.index === ctx.faults.wedgedRank) r.core.wedge(gauges(ctx, r))
+          else r.core.unwedge()
         ctx.log("faults changed", { faults: ctx.faults, crashNow: out.crashNow })
         sendJson(res, 200, { faults: ctx.faults })
         if (out.crashNow) res.on("finish", () => ctx.crash("crashNow via /sim/faults"))

@@ -5,24 +5,28 @@
 // they stay as they were when it hung), and health stays green. llama-server answers /metrics from its server loop
 // (a SERVER_TASK_TYPE_METRICS task, ggml-org/llama.cpp tools/server/server-context.cpp), so there the answer waits
 // for the loop. {"wedged": false} lets the core go on: every request resumes where it stopped, and those abandoned
-// meanwhile are let go.
+// meanwhile are let go. One data-parallel rank can hang alone ({"wedged_rank": 1}; null lets it go on): vLLM runs a
+// dense model's DP ranks as independent engine cores (vllm-project/vllm vllm/v1/engine/core.py run_engine_core:
+// "Non-MoE DP ranks are completely independent"), so one can hang while the others serve; its series on /metrics
+// keep what it last published (its gauges frozen here, its counters still since it makes nothing).
 
-export class Core {
+/** An engine core's run state; `Snapshot`: what it last published, kept while it hangs. */
+export class Core<Snapshot = string> {
   #resumed: Promise<void> | undefined
   #resume: () => void = () => {}
-  /** The /metrics text of the moment the core hung (vLLM, SGLang), or undefined. */
-  #frozen: string | undefined
+  /** What the core had published when it hung (the /metrics text, or a rank's gauges), or undefined. */
+  #frozen: Snapshot | undefined
 
   get wedged(): boolean {
     return this.#resumed !== undefined
   }
 
-  get frozenMetrics(): string | undefined {
+  get frozenMetrics(): Snapshot | undefined {
     return this.#frozen
   }
 
-  /** Hangs the core; `metrics`: its /metrics text at this moment (undefined where the engine has none). */
-  wedge(metrics: string | undefined): void {
+  /** Hangs the core; `metrics`: what it published at this moment (undefined where the engine has none). */
+  wedge(metrics: Snapshot | undefined): void {
     if (this.#resumed !== undefined) return
     this.#frozen = metrics
     this.#resumed = new Promise<void>((resolve) => {

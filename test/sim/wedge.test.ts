@@ -99,4 +99,36 @@ describe("the wedge fault", () => {
     expect((await postJson(`${url}/sim/faults`, { wedged: false })).status).toBe(200)
     expect(await scrape).toContain("llamacpp:n_decode_total")
   })
+
+  it("vLLM, two DP ranks: one rank hangs alone; a client pins a rank with X-data-parallel-rank", async () => {
+    sim = await startSim({ args: ["serve", "m", "--data-parallel-size", "2", "--sim-mode", "random"] })
+    const url = sim.url
+    const pinned = (rank: string) =>
+      postJson(`${url}/v1/completions`, { prompt: "a b", max_tokens: 2 }, { "X-data-parallel-rank": rank })
+    // vLLM's range check, and a header that is not a number is no pin
+    const out = await pinned("2")
+    expect(out.status).toBe(400)
+    expect(out.text).toContain("data_parallel_rank 2 is out of range [0, 2).")
+    expect((await pinned("one")).status).toBe(200)
+    expect((await postJson(`${url}/sim/faults`, { wedged_rank: 1.5 })).status).toBe(400)
+
+    expect((await postJson(`${url}/sim/faults`, { wedged_rank: 1 })).status).toBe(200)
+    const before = await (await fetch(`${url}/metrics`)).text()
+    const hung = fetch(`${url}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", "x-data-parallel-rank": "1" },
+      body: JSON.stringify({ prompt: "a b", max_tokens: 2 })
+    }).then((r) => r.text())
+    // rank 0 serves on
+    expect((await pinned("0")).status).toBe(200)
+    const early = await Promise.race([hung, new Promise((r) => setTimeout(() => r("no answer"), 300))])
+    expect(early).toBe("no answer")
+    // rank 1's series are what it last published: its gauges do not count the request it holds
+    const rank1 = (page: string) => page.split("\n").filter((l) => l.startsWith("vllm:") && l.includes('engine="1"'))
+    expect(rank1(await (await fetch(`${url}/metrics`)).text())).toEqual(rank1(before))
+    expect((await state(url)).running + (await state(url)).waiting).toBe(1)
+
+    expect((await postJson(`${url}/sim/faults`, { wedged_rank: null })).status).toBe(200)
+    expect(await hung).toContain('"completion_tokens":2')
+  })
 })
