@@ -293,6 +293,19 @@ describe("EngineClient against a controlled server", () => {
     })
   })
 
+  it("pins a data-parallel rank in the engine's header for it (vLLM: X-data-parallel-rank); others send none", async () => {
+    const pinned = (plan: LaunchPlan, id: string) =>
+      run(plan, (c) =>
+        Stream.runCollect(c.stream("/v1/chat/completions", { messages: [] }, { requestId: id, dataParallelRank: 1 }))
+      )
+    success(await pinned(planFor(base), "rank-vllm"))
+    expect(seen.findLast((s) => s.headers["x-request-id"] === "rank-vllm")?.headers["x-data-parallel-rank"]).toBe("1")
+    success(await pinned({ ...planFor(base), kind: "llama_cpp" }, "rank-llama"))
+    const llama = seen.findLast((s) => s.headers["x-request-id"] === "rank-llama")
+    expect(llama).toBeDefined()
+    expect(llama?.headers["x-data-parallel-rank"]).toBeUndefined()
+  })
+
   it("survives a byte-by-byte split with CRLF and comment lines", async () => {
     const chunks = success(await collect("split")) as ReadonlyArray<JsonObject>
     expect(chunks).toHaveLength(2)

@@ -12,9 +12,9 @@ import {
   isStalled,
   noStall,
   onCompleted,
-  onIdleProbeFailed,
   onNoProgress,
   onStall,
+  onTestFailed,
   stallProblem,
   stallRestartAt,
   stallStart
@@ -54,8 +54,9 @@ describe("the stall state", () => {
     assert.strictEqual(stallRestartAt(s, 60_000, 5_000, 500), 61_000, "a move from before this stall")
   })
 
-  it("the idle test completion that got no answer: a stall of its own, with its reason, cleared by a completion", () => {
-    const s = onIdleProbeFailed(noStall, { since: 7_000, idleFor: "2m" })
+  it("the test completion that got no answer: a stall of its own, with its reason, cleared by a completion", () => {
+    const idle = { since: 7_000, sentAfter: "after 2m without calls (engine.idle_probe_after)" }
+    const s = onTestFailed(noStall, idle)
     assert.isDefined(s)
     assert.isTrue(isStalled(s!))
     assert.strictEqual(stallStart(s!), 7_000)
@@ -64,7 +65,7 @@ describe("the stall state", () => {
       stallProblem(s!, "5m"),
       "engine stalled: a test completion sent after 2m without calls (engine.idle_probe_after) got no answer within 5m (engine.stream_idle_timeout)"
     )
-    assert.strictEqual(onIdleProbeFailed(s!, { since: 9_000, idleFor: "2m" }), undefined, "already so taken")
+    assert.strictEqual(onTestFailed(s!, { ...idle, since: 9_000 }), undefined, "already so taken")
     // the earliest source starts the stall; a stream's reason comes first
     const both = onStall(s!, 3_000)
     assert.strictEqual(stallStart(both), 3_000)
@@ -74,6 +75,19 @@ describe("the stall state", () => {
     const cleared = onCompleted(s!, 10_000)
     assert.isDefined(cleared)
     assert.isFalse(isStalled(cleared!))
+  })
+
+  it("a data-parallel rank's test that got no answer: calls other ranks complete do not clear it, a test of all does", () => {
+    const s = onTestFailed(onStall(noStall, 1_000), { since: 5_000, sentAfter: "after a stream stalled", rank: 1 })!
+    assert.strictEqual(
+      stallProblem(onCompleted(s, 6_000)!, "5m"),
+      "engine stalled: a test completion sent after a stream stalled got no answer from data-parallel rank 1 within 5m (engine.stream_idle_timeout)",
+      "the stream's stall cleared, the rank's kept"
+    )
+    const kept = onCompleted(s, 6_000)!
+    assert.isTrue(isStalled(kept))
+    assert.strictEqual(onCompleted(kept, 7_000), undefined, "nothing more a call can clear")
+    assert.isFalse(isStalled(onCompleted(kept, 8_000, true)!))
   })
 })
 

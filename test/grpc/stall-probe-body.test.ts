@@ -49,15 +49,27 @@ describe("the stall probe's request", () => {
 
   it("SGLang with dp > 1: one request per rank, rooms 0 to dp - 1 (a prefill server routes room r to rank r mod dp)", () => {
     const shape = probeShape("sglang", "prefill", 3)
-    expect(shape.requests).toEqual([0, 1, 2].map((room) => ({ bootstrap_host: "2.2.2.2", bootstrap_room: room })))
-    expect(probeBody("/v1/completions", shape, shape.requests[2])).toEqual({
+    expect(shape.requests).toEqual(
+      [0, 1, 2].map((room) => ({ fields: { bootstrap_host: "2.2.2.2", bootstrap_room: room }, rank: room }))
+    )
+    expect(probeBody("/v1/completions", shape, shape.requests[2]?.fields)).toEqual({
       ...plain,
       ignore_eos: true,
       bootstrap_host: "2.2.2.2",
       bootstrap_room: 2
     })
-    // no rank field to pick: one request whatever dp
-    expect(probeShape("vllm", "prefill", 3).requests).toEqual([{}])
-    expect(probeShape("sglang", "both", 3).requests).toEqual([{}])
+    // neither a rank field nor a rank header: one request whatever dp
+    expect(probeShape("sglang", "both", 3).requests).toEqual([{ fields: {} }])
+    expect(probeShape("llama_cpp", "both", 3).requests).toEqual([{ fields: {} }])
+  })
+
+  it("vLLM with dp > 1: one request per rank, pinned by the X-data-parallel-rank header, plain body", () => {
+    for (const role of Roles) {
+      expect(probeShape("vllm", role, 2).requests).toEqual([
+        { fields: {}, rank: 0 },
+        { fields: {}, rank: 1 }
+      ])
+      expect(probeShape("vllm", role, 1).requests).toEqual([{ fields: {} }])
+    }
   })
 })

@@ -119,24 +119,38 @@ describe("the stall watchdog", () => {
     const engine = {
       answer: "ok" as "ok" | "fail" | "hang",
       missing: [] as Array<string>,
-      failRoom: undefined as number | undefined
+      failRoom: undefined as number | undefined,
+      /** A data-parallel rank that never answers (the X-data-parallel-rank pin). */
+      hangRank: undefined as number | undefined,
+      /** A data-parallel rank that answers HTTP 500 at once. */
+      failRank: undefined as number | undefined
     }
+    const ranks: Array<number | undefined> = []
     const client = EngineClient.of({
-      streamTo: (path, body, _options, sink) =>
+      streamTo: (path, body, options, sink) =>
         Effect.suspend(() => {
           requests.push(body)
           paths.push(path)
+          ranks.push(options?.dataParallelRank)
           if (engine.missing.includes(path))
             return Effect.fail(new EngineError({ reason: "Http", message: "HTTP 404", status: 404 }))
-          if (engine.answer === "hang") return Effect.never
-          if (engine.answer === "fail" || (engine.failRoom !== undefined && body.bootstrap_room === engine.failRoom))
+          if (
+            engine.answer === "hang" ||
+            (engine.hangRank !== undefined && options?.dataParallelRank === engine.hangRank)
+          )
+            return Effect.never
+          if (
+            engine.answer === "fail" ||
+            (engine.failRoom !== undefined && body.bootstrap_room === engine.failRoom) ||
+            (engine.failRank !== undefined && options?.dataParallelRank === engine.failRank)
+          )
             return Effect.fail(new EngineError({ reason: "Http", message: "HTTP 500" }))
           sink.onChunks([{ choices: [{ text: "pong", finish_reason: "length" }] }], () => undefined)
           return Effect.void
         }),
       load: Effect.succeed({ running: undefined, waiting: undefined, kvUsage: undefined })
     })
-    return { requests, paths, engine, layer: Layer.merge(base, Layer.succeed(EngineClient, client)) }
+    return { requests, paths, ranks, engine, layer: Layer.merge(base, Layer.succeed(EngineClient, client)) }
   }
 
   it.effect("stalled and idle: a test completion that fails leaves the stall, one that completes clears it", () => {
@@ -213,7 +227,7 @@ describe("the stall watchdog", () => {
       const recording = EngineStall.of({
         stalled: () => Effect.void,
         completed: () => Effect.void,
-        idleProbeFailed: () => Effect.void,
+        testFailed: () => Effect.void,
         moved: (now, oldestSince) => Effect.sync(() => void moves.push([now, oldestSince])),
         scraped: () => Effect.void,
         state: Effect.succeed(noStall),
@@ -395,6 +409,81 @@ describe("the stall watchdog", () => {
           assert.strictEqual(byDefault.requests.length, 1)
         }).pipe(Effect.scoped, Effect.provide(byDefault.layer))
       })
+    })
+  })
+
+  describe("vLLM with two data-parallel ranks (a dense model's ranks are independent: one can hang alone)", () => {
+    const dp2 = layerFromObject({
+      models: { m: { hf_repo: "org/m", dp: 2 } },
+      engine: { stream_idle_timeout: `${IDLE_MS}ms`, idle_probe_after: "2s" }
+    })
+    const dp2Layer = Layer.mergeAll(
+      dp2,
+      EngineStallLive.layer.pipe(Layer.provide(EngineTest.layerTest()), Layer.provide(dp2))
+    )
+
+    it.effect(
+      "a stream that stalls while calls are in flight has each rank tested; the hung one keeps the node stalled",
+      () => {
+        const p = probed(dp2Layer)
+        return Effect.gen(function* () {
+          const active = new ActiveCalls()
+          yield* StallWatchdog.fork(active)
+          p.engine.hangRank = 1
+          const stuck = streaming(active)
+          const other = streaming(active)
+          const reading = Effect.sync(() => read(other.relay))
+          for (let i = 0; i < 10; i++) yield* Effect.andThen(reading, TestClock.adjust(100))
+          assert.isTrue(stuck.state.aborted)
+          // tested at once, the other call still in flight: one request per rank, pinned by the header
+          assert.deepStrictEqual(p.ranks, [0, 1])
+          // a call that another rank completes ends the stream's stall, not the rank's test
+          active.delete(stuck.relay)
+          active.completed++
+          for (let i = 0; i < 8; i++) yield* Effect.andThen(reading, TestClock.adjust(100))
+          assert.strictEqual(
+            yield* problem,
+            "engine stalled: a test completion sent after a stream stalled got no answer from data-parallel rank 1 within 800ms (engine.stream_idle_timeout)"
+          )
+          active.completed++
+          yield* Effect.andThen(reading, TestClock.adjust(100))
+          assert.isDefined(yield* problem, "calls rank 0 completes do not clear it")
+          // the node out of traffic: its calls end, the stall's test goes to both ranks, and clears it once both answer
+          active.delete(other.relay)
+          p.engine.hangRank = undefined
+          yield* TestClock.adjust(IDLE_MS)
+          assert.deepStrictEqual(p.ranks.slice(-2), [0, 1])
+          assert.isUndefined(yield* problem)
+        }).pipe(Effect.scoped, Effect.provide(p.layer))
+      }
+    )
+
+    it.effect("the idle test goes to each rank: one that does not answer takes the engine as stalled, named", () => {
+      const p = probed(dp2Layer)
+      return Effect.gen(function* () {
+        yield* StallWatchdog.fork(new ActiveCalls())
+        p.engine.hangRank = 0
+        yield* TestClock.adjust(2100 + IDLE_MS)
+        assert.deepStrictEqual(p.ranks.slice(0, 2), [0, 1])
+        assert.strictEqual(
+          yield* problem,
+          "engine stalled: a test completion sent after 2s without calls (engine.idle_probe_after) got no answer from data-parallel rank 0 within 800ms (engine.stream_idle_timeout)"
+        )
+      }).pipe(Effect.scoped, Effect.provide(p.layer))
+    })
+
+    it.effect("one rank that answers an error at once does not hide one that hangs", () => {
+      const p = probed(dp2Layer)
+      return Effect.gen(function* () {
+        yield* StallWatchdog.fork(new ActiveCalls())
+        p.engine.failRoom = undefined
+        p.engine.hangRank = 1
+        p.engine.answer = "ok"
+        // rank 0 fails at once (HTTP 500), rank 1 hangs: the hang is what counts
+        p.engine.failRank = 0
+        yield* TestClock.adjust(2100 + IDLE_MS)
+        assert.match((yield* problem) ?? "", /no answer from data-parallel rank 1/)
+      }).pipe(Effect.scoped, Effect.provide(p.layer))
     })
   })
 })

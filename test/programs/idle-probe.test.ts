@@ -63,4 +63,26 @@ describe("a vLLM engine that wedges with no call in flight", () => {
     expect(status.engine.exits).toEqual([])
     expect((await agent.stop()).code).toBe(0)
   }, 120_000)
+
+  it("with two data-parallel ranks, one that hangs alone is named, and both must answer to clear it", async () => {
+    const { config, engineUrl } = await simAgentConfig({
+      agent: { heartbeat: "200ms" },
+      engine: { idle_probe_after: "1s", stream_idle_timeout: "2s", stall_restart_after: "0s" }
+    })
+    const agent = await startAgent({ config: { ...config, models: { m: { hf_repo: "org/m", dp: 2 } } } })
+    await faults(engineUrl, { wedged_rank: 1 })
+    const stalled = await pollUntil(
+      "/readyz names the rank",
+      async () => {
+        const r = await readyz(agent.adminUrl)
+        return r.status === 503 && r.text.includes("test completion") ? r.text : undefined
+      },
+      20_000
+    )
+    expect(stalled).toContain("got no answer from data-parallel rank 1 within 2s (engine.stream_idle_timeout)")
+    await faults(engineUrl, { wedged_rank: null })
+    await pollUntil("ready again", async () => (await readyz(agent.adminUrl)).status === 200 || undefined, 20_000)
+    await agent.waitForLine((l) => l.includes("on each of its 2 data-parallel ranks"), 5_000)
+    expect((await agent.stop()).code).toBe(0)
+  }, 120_000)
 })

@@ -126,7 +126,8 @@ describe("the wedge fault", () => {
     // rank 1's series are what it last published: its gauges do not count the request it holds
     const rank1 = (page: string) => page.split("\n").filter((l) => l.startsWith("vllm:") && l.includes('engine="1"'))
     expect(rank1(await (await fetch(`${url}/metrics`)).text())).toEqual(rank1(before))
-    expect((await state(url)).running + (await state(url)).waiting).toBe(1)
+    const held = await state(url)
+    expect((held.running ?? 0) + (held.waiting ?? 0)).toBe(1)
 
     expect((await postJson(`${url}/sim/faults`, { wedged_rank: null })).status).toBe(200)
     expect(await hung).toContain('"completion_tokens":2')

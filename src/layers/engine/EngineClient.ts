@@ -77,10 +77,12 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
     return ex
   }
 
+  const rankHeader = engineFor(plan.kind).capabilities.rankHeader
   const postHeaders = (accept: string, opts: RequestOptions | undefined): Record<string, string> => {
     const h: Record<string, string> = { "content-type": "application/json", accept }
     if (opts?.requestId !== undefined) h["x-request-id"] = opts.requestId
     if (opts?.traceparent !== undefined) h.traceparent = opts.traceparent
+    if (opts?.dataParallelRank !== undefined && rankHeader !== undefined) h[rankHeader] = String(opts.dataParallelRank)
     return h
   }
 

@@ -18,10 +18,10 @@ import {
   isStalled,
   noStall,
   onCompleted,
-  onIdleProbeFailed,
   onNoProgress,
   onProgress,
   onStall,
+  onTestFailed,
   type StallState,
   stallProblem,
   stallRestartAt,
@@ -118,9 +118,9 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
 
     return EngineStall.of({
       stalled: (now) => SubscriptionRef.update(ref, (s) => onStall(s, now)),
-      completed: (now, cause) =>
+      completed: (now, cause, everyRank) =>
         change((s) => {
-          const next = onCompleted(s, now)
+          const next = onCompleted(s, now, everyRank)
           // a completion is progress: the counters' run of stillness starts over
           if (next !== undefined) watch = { baseline: watch.baseline, stillSince: undefined }
           return next
@@ -132,7 +132,7 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
             if (start !== undefined && oldestSince < start) preStallMovedAt = at
           })
         ),
-      idleProbeFailed: (failure) => change((s) => onIdleProbeFailed(s, failure)),
+      testFailed: (failure) => change((s) => onTestFailed(s, failure)),
       scraped: (reading) =>
         Effect.suspend(() => {
           const [next, verdict] = observeProgress(watch, reading, idleMs)

@@ -51,6 +51,8 @@ export const fork = Effect.fnUntraced(function* (
   // Since when the engine has had no call in flight, not Ready or stalled counting as not quiet: the idle test waits
   // idle_probe_after from a run's start, and from the end of a stall.
   let quietSince: number | undefined
+  // A stream stalled and its ranks are still to be tested (stallProbe.ts streamStalled), once the probe is free.
+  let rankTestOwed = false
   const tick = Effect.flatMap(Clock.currentTimeMillis, (now) => {
     let stalled = 0
     // the oldest stream that read something since the last tick (a stall restart waits while one older than the stall
@@ -78,19 +80,30 @@ export const fork = Effect.fnUntraced(function* (
     ).pipe(
       Effect.andThen(oldestMoving === Number.POSITIVE_INFINITY ? Effect.void : stall.moved(now, oldestMoving)),
       Effect.andThen(
-        probe === undefined || active.size > 0
-          ? Effect.sync(() => {
-              quietSince = undefined
-            })
+        probe === undefined
+          ? Effect.void
           : Effect.flatMap(Effect.zip(stall.state, engineReady), ([s, ready]) => {
-              if (!ready || isStalled(s)) {
+              if (stalled > 0) rankTestOwed = true
+              if (!ready) {
+                // a run that ends takes its streams' stalls with it (the next one starts clear)
                 quietSince = undefined
-                return ready ? probe.stalled(now) : Effect.void
+                rankTestOwed = false
+                return Effect.void
+              }
+              // a rank that hangs alone: tested after a stream stalled, calls in flight or not
+              const rankTest = rankTestOwed
+                ? Effect.map(probe.streamStalled(now), (started) => {
+                    if (started) rankTestOwed = false
+                  })
+                : Effect.void
+              if (active.size > 0 || isStalled(s)) {
+                quietSince = undefined
+                return active.size > 0 ? rankTest : Effect.andThen(rankTest, probe.stalled(now))
               }
               if (completed || quietSince === undefined) quietSince = now
-              if (quietMs <= 0 || now - quietSince < quietMs) return Effect.void
+              if (quietMs <= 0 || now - quietSince < quietMs) return rankTest
               quietSince = now // the next test another idle_probe_after on
-              return probe.idle(now)
+              return Effect.andThen(rankTest, probe.idle(now))
             })
       )
     )

@@ -15,7 +15,7 @@
  * and room 0, as its own /health_generate sends; with dp > 1, one request per rank, rooms 0 to dp - 1, all of which
  * must complete); an SGLang prefill server answers such a request with one token, as every prefill leg.
  */
-import { Clock, Duration, Effect, type Scope } from "effect"
+import { Clock, Duration, Effect, Result, type Scope } from "effect"
 import type { EngineKind, Role } from "../../services/config/Config.ts"
 import {
   type CompletionPath,
@@ -29,27 +29,37 @@ import { engineFor } from "../engine/backends/index.ts"
 /** Tokens the probe asks for: more than an early-stalling engine sends, few enough to cost the engine nothing. */
 export const PROBE_TOKENS = 16
 
+/** One request of the probe: the fields it adds, and the data-parallel rank it runs on (undefined: the engine picks). */
+export interface ProbeRequest {
+  readonly fields: Readonly<Record<string, string | number>>
+  readonly rank?: number | undefined
+}
+
 /** What the probe's requests add to the OpenAI fields for one engine kind in one role. */
 export interface ProbeShape {
   /** The engine takes `ignore_eos` (Engine.capabilities.ignoreEos). */
   readonly ignoreEos: boolean
   /**
-   * The fields that let the engine serve a request with no P/D peer (Engine.capabilities.peerlessFields), one set per
-   * request the probe sends: one per data-parallel rank where a field picks the rank (peerlessRankField), else one.
+   * The requests the probe sends, each with the fields that let the engine serve it with no P/D peer
+   * (Engine.capabilities.peerlessFields): with dp > 1, one per rank where a field (peerlessRankField) or a header
+   * (rankHeader) picks the rank, else one.
    */
-  readonly requests: ReadonlyArray<Readonly<Record<string, string | number>>>
+  readonly requests: ReadonlyArray<ProbeRequest>
 }
 
 export const probeShape = (kind: EngineKind, role: Role, dp = 1): ProbeShape => {
   const caps = engineFor(kind).capabilities
-  const fields = caps.peerlessFields?.[role]
-  const rank = caps.peerlessRankField
-  const requests =
-    fields === undefined
-      ? [{}]
-      : rank === undefined || dp <= 1
-        ? [fields]
-        : Array.from({ length: dp }, (_, i) => ({ ...fields, [rank]: i }))
+  const fields = caps.peerlessFields?.[role] ?? {}
+  const rankField = caps.peerlessFields?.[role] === undefined ? undefined : caps.peerlessRankField
+  const ranks = Array.from({ length: dp }, (_, i) => i)
+  const requests: ReadonlyArray<ProbeRequest> =
+    dp <= 1
+      ? [{ fields }]
+      : rankField !== undefined
+        ? ranks.map((i) => ({ fields: { ...fields, [rankField]: i }, rank: i }))
+        : caps.rankHeader !== undefined
+          ? ranks.map((i) => ({ fields, rank: i }))
+          : [{ fields }]
   return { ignoreEos: caps.ignoreEos === true, requests }
 }
 
@@ -61,7 +71,7 @@ export const probeShape = (kind: EngineKind, role: Role, dp = 1): ProbeShape => 
 export const probeBody = (
   path: CompletionPath,
   shape: ProbeShape,
-  fields: Readonly<Record<string, string | number>> = shape.requests[0] ?? {}
+  fields: Readonly<Record<string, string | number>> = shape.requests[0]?.fields ?? {}
 ) => ({
   ...(path === "/v1/completions" ? { prompt: "ping" } : { messages: [{ role: "user", content: "ping" }] }),
   max_tokens: PROBE_TOKENS,
@@ -70,17 +80,27 @@ export const probeBody = (
   ...fields
 })
 
+/** A request of the probe that failed, with the rank it went to. */
+interface Failed {
+  readonly error: EngineError
+  readonly rank: number | undefined
+}
+
 /** The engine has no such endpoint (or not for POST): the other one may serve. */
-const noEndpoint = (e: EngineError) => e.reason === "Http" && (e.status === 404 || e.status === 405 || e.status === 501)
+const noEndpoint = ({ error: e }: Failed) =>
+  e.reason === "Http" && (e.status === 404 || e.status === 405 || e.status === 501)
 
 const otherPath = (path: CompletionPath): CompletionPath =>
   path === "/v1/completions" ? "/v1/chat/completions" : "/v1/completions"
 
 /**
- * The probe runner of one watchdog. `stalled(now)` starts a probe when one is due while the engine is taken as stalled
- * (its completion clears the stall); `idle(now)` sends the same test to an engine that has had no call for
- * `idleFor` (engine.idle_probe_after), and one that gets no answer in time takes the engine as stalled
- * (EngineStall.idleProbeFailed). The caller checks stalled, idle and Ready; one probe at a time.
+ * The probe runner of one watchdog, one probe at a time (the caller checks stalled, idle and Ready):
+ * - `stalled(now)` while the engine is taken as stalled: one that completes (every request) clears the stall;
+ * - `idle(now)` for an engine that has had no call for `idleFor` (engine.idle_probe_after), and
+ * - `streamStalled(now)` after a stream stalled, to each data-parallel rank (only where the probe has one request per
+ *   rank: a rank that hangs alone stalls its streams while the others complete calls, which would clear the stall);
+ *   in these two a request that gets no answer in time takes the engine as stalled (EngineStall.testFailed).
+ * At most once per `idleMs` (engine.stream_idle_timeout), start to start.
  */
 export const stallProbe = (
   client: EngineClientService,
@@ -100,12 +120,28 @@ export const stallProbe = (
     message: `no answer within ${Duration.format(Duration.millis(idleMs))}`
   })
 
-  // every request must complete (one per data-parallel rank where the engine lets the probe pick it)
-  const ask = (on: CompletionPath) =>
-    Effect.forEach(shape.requests, (fields) => complete(client, on, probeBody(on, shape, fields)), {
-      concurrency: "unbounded",
-      discard: true
-    })
+  const askOne = (on: CompletionPath, r: ProbeRequest) =>
+    complete(
+      client,
+      on,
+      probeBody(on, shape, r.fields),
+      r.rank === undefined ? undefined : { dataParallelRank: r.rank }
+    ).pipe(
+      Effect.timeoutOrElse({ duration: Duration.millis(idleMs), orElse: () => Effect.fail(noAnswer) }),
+      Effect.mapError((error): Failed => ({ error, rank: r.rank })),
+      Effect.result
+    )
+  // Every request must complete. All are awaited, and no answer comes first among the failures: a rank that answers
+  // an error at once must not hide one that hangs.
+  const ask = (on: CompletionPath): Effect.Effect<void, Failed> =>
+    Effect.flatMap(
+      Effect.forEach(shape.requests, (r) => askOne(on, r), { concurrency: "unbounded" }),
+      (results) => {
+        const failures = results.filter(Result.isFailure).map((r) => r.failure)
+        const first = failures.find((f) => f.error.reason === "Timeout") ?? failures[0]
+        return first === undefined ? Effect.void : Effect.fail(first)
+      }
+    )
   const request = Effect.suspend(() => ask(path)).pipe(
     Effect.catchIf(noEndpoint, () =>
       Effect.suspend(() => {
@@ -116,18 +152,21 @@ export const stallProbe = (
           })
         )
       })
-    ),
-    Effect.timeoutOrElse({ duration: Duration.millis(idleMs), orElse: () => Effect.fail(noAnswer) })
+    )
   )
   /**
    * A warning per new reason a test failed for (the same one each time would fill the log); none when the engine is no
    * longer Ready: a run ended under the test (a restart, a drain's stop) broke it, which says nothing of the engine.
    */
-  const failed = (e: EngineError, message: string) =>
+  const failed = ({ error: e, rank }: Failed, message: string) =>
     Effect.flatMap(ready, (stillReady) => {
       if (!stillReady || e.message === lastFailure) return Effect.void
       lastFailure = e.message
-      return Effect.logWarning(message, { error: e.message, next_try_in: Duration.format(Duration.millis(idleMs)) })
+      return Effect.logWarning(message, {
+        error: e.message,
+        ...(rank === undefined ? {} : { data_parallel_rank: rank }),
+        next_try_in: Duration.format(Duration.millis(idleMs))
+      })
     })
   const done = Effect.sync(() => {
     inFlight = false
@@ -141,42 +180,52 @@ export const stallProbe = (
           // the stall's end is logged once, by EngineStall, with this as its cause
           yield* stall.completed(
             yield* Clock.currentTimeMillis,
-            `the engine completed a test request while stalled and idle (max_tokens ${PROBE_TOKENS}, ${path})`
+            `the engine completed a test request while stalled and idle (max_tokens ${PROBE_TOKENS}, ${path}${
+              shape.requests.length > 1 ? `, on each of its ${shape.requests.length} data-parallel ranks` : ""
+            })`,
+            true
           )
         }),
-      onFailure: (e) => failed(e, "the engine failed a test request while stalled and idle: still stalled")
+      onFailure: (f) => failed(f, "the engine failed a test request while stalled and idle: still stalled")
     }),
     Effect.ensuring(done)
   )
 
   // Only no answer at all is a wedge: an error the engine answers with (a 4xx for a request it will not take, a 5xx of
   // a dead core, which liveness sees) or a refused connection says it is not hung, and is logged instead.
-  const whileIdle = request.pipe(
-    Effect.matchEffect({
-      onSuccess: () =>
-        Effect.sync(() => {
-          lastFailure = undefined
-        }),
-      onFailure: (e) =>
-        e.reason === "Timeout"
-          ? Effect.flatMap(Effect.zip(ready, Clock.currentTimeMillis), ([stillReady, now]) =>
-              stillReady ? stall.idleProbeFailed({ since: now, idleFor }) : Effect.void
-            )
-          : failed(e, "the engine failed a test request sent while idle: not taken as stalled (only no answer is)")
-    }),
-    Effect.ensuring(done)
-  )
+  const testing = (sentAfter: string) =>
+    request.pipe(
+      Effect.matchEffect({
+        onSuccess: () =>
+          Effect.sync(() => {
+            lastFailure = undefined
+          }),
+        onFailure: (f) =>
+          f.error.reason === "Timeout"
+            ? Effect.flatMap(Effect.zip(ready, Clock.currentTimeMillis), ([stillReady, now]) =>
+                stillReady ? stall.testFailed({ since: now, sentAfter, rank: f.rank }) : Effect.void
+              )
+            : failed(f, `the engine failed a test request sent ${sentAfter}: not taken as stalled (only no answer is)`)
+      }),
+      Effect.ensuring(done)
+    )
+  const whileIdle = testing(`after ${idleFor} without calls (engine.idle_probe_after)`)
+  const afterStreamStall = testing("after a stream stalled")
 
-  const start = (now: number, probe: Effect.Effect<void>): Effect.Effect<void> =>
+  /** Starts `probe` when none is in flight and the last began `idleMs` ago or more; whether it started. */
+  const start = (now: number, probe: Effect.Effect<void>): Effect.Effect<boolean> =>
     Effect.suspend(() => {
-      if (inFlight || now < nextAt) return Effect.void
+      if (inFlight || now < nextAt) return Effect.succeed(false)
       inFlight = true
       nextAt = now + idleMs
-      return Effect.asVoid(Effect.forkIn(probe, scope))
+      return Effect.as(Effect.forkIn(probe, scope), true)
     })
 
   return {
-    stalled: (now: number): Effect.Effect<void> => start(now, whileStalled),
-    idle: (now: number): Effect.Effect<void> => start(now, whileIdle)
+    stalled: (now: number): Effect.Effect<boolean> => start(now, whileStalled),
+    idle: (now: number): Effect.Effect<boolean> => start(now, whileIdle),
+    /** Nothing to do (true at once) where the probe has a single request: the stall itself says it all. */
+    streamStalled: (now: number): Effect.Effect<boolean> =>
+      shape.requests.length > 1 ? start(now, afterStreamStall) : Effect.succeed(true)
   }
 }

@@ -87,6 +87,12 @@ export interface EngineCapabilities {
    * the rank, so a wedged rank other than the first cannot hide behind a working one.
    */
   readonly peerlessRankField?: string
+  /**
+   * The request header that pins a request to a data-parallel rank, where the engine takes one: with dp > 1 (and no
+   * `peerlessRankField` for the role) the stall watchdog's test completion is sent once per rank with it, so a rank
+   * that hangs alone cannot hide behind the others.
+   */
+  readonly rankHeader?: string
 }
 
 /** An engine's own spelling of the OpenAI request (services/grpc/Generate.ts writes the body through it). */

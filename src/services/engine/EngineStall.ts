@@ -6,12 +6,14 @@
  * stream after a few tokens moves each new stream, and every call on it still fails (a chaos soak's finding). And
  * the engine's own progress counters (EngineProgress.ts, at each metrics scrape): work held and no counter moved for
  * engine.stream_idle_timeout. That one sees what no stream shows: a wedged vLLM prefill engine, whose legs are
- * single non-streaming requests. And the agent's own test completion, sent to an engine that has had no call for
- * engine.idle_probe_after, that got no answer within engine.stream_idle_timeout: an engine that wedged while idle
- * (its counters have no work to stand still on) or a llama-server whose loop hangs (its /metrics, served by that
- * loop, then fails, so the counters say nothing). Any of the three: the engine is wedged, and the node says so
- * (unhealthy, with the reason) instead of taking more calls. A completed call clears all (it is progress); a counter
- * that moves clears the second; a new engine run clears all.
+ * single non-streaming requests. And the agent's own test completion that got no answer within
+ * engine.stream_idle_timeout: sent to an engine that has had no call for engine.idle_probe_after, it finds one that
+ * wedged while idle (its counters have no work to stand still on) or a llama-server whose loop hangs (its /metrics,
+ * served by that loop, then fails, so the counters say nothing); sent to each data-parallel rank after a stream
+ * stalled, it finds the rank that hangs alone while the others complete calls. Any of the three: the engine is
+ * wedged, and the node says so (unhealthy, with the reason) instead of taking more calls. A completed call clears
+ * all (it is progress) but a hung rank's test, which only a test every rank completes clears; a counter that moves
+ * clears the second; a new engine run clears all.
  */
 import { Context, type Effect, type Stream } from "effect"
 import type { ProgressReading } from "./EngineProgress.ts"
@@ -26,12 +28,17 @@ export interface NoProgress {
   readonly counters: ReadonlyArray<string>
 }
 
-/** The test completion sent to an idle engine got no answer (layers/grpc/stallProbe.ts). */
-export interface IdleProbeFailure {
+/** The agent's test completion got no answer (layers/grpc/stallProbe.ts). */
+export interface TestFailure {
   /** When the engine was taken as stalled (epoch ms): the moment the answer was overdue. */
   readonly since: number
-  /** How long the engine had had no call when the test was sent (engine.idle_probe_after), for the reason. */
-  readonly idleFor: string
+  /** Why it was sent, for the reason: "after 2m without calls (engine.idle_probe_after)", "after a stream stalled". */
+  readonly sentAfter: string
+  /**
+   * The data-parallel rank that did not answer, where the test went to each rank: a call completed by another rank
+   * says nothing of this one. Undefined: the engine as a whole.
+   */
+  readonly rank?: number | undefined
 }
 
 export interface StallState {
@@ -45,8 +52,8 @@ export interface StallState {
   readonly stalledSince: number | undefined
   /** The engine's counters say it makes no progress on the work it holds; absent or undefined: not so. */
   readonly noProgress?: NoProgress | undefined
-  /** The test completion sent while idle got no answer; absent or undefined: not so. */
-  readonly idleProbe?: IdleProbeFailure | undefined
+  /** The agent's test completion got no answer; absent or undefined: not so. */
+  readonly testFailed?: TestFailure | undefined
 }
 
 export const noStall: StallState = {
@@ -62,11 +69,11 @@ const streamsStalled = (s: StallState): boolean =>
 
 /** Whether the engine is taken as stalled, by any source. */
 export const isStalled = (s: StallState): boolean =>
-  streamsStalled(s) || s.noProgress !== undefined || s.idleProbe !== undefined
+  streamsStalled(s) || s.noProgress !== undefined || s.testFailed !== undefined
 
 /** When the engine was taken as stalled: the earliest of the sources' starts; undefined while it is not. */
 export const stallStart = (s: StallState): number | undefined => {
-  const starts = [streamsStalled(s) ? s.stalledSince : undefined, s.noProgress?.since, s.idleProbe?.since].filter(
+  const starts = [streamsStalled(s) ? s.stalledSince : undefined, s.noProgress?.since, s.testFailed?.since].filter(
     (t) => t !== undefined
   )
   return starts.length === 0 ? undefined : Math.min(...starts)
@@ -81,23 +88,32 @@ export const onStall = (s: StallState, now: number): StallState => ({
 })
 
 /**
- * A call completed at `now`: the new state when that clears a stall (of any source: a completion is progress),
- * else undefined (nothing changes: completions alone must not wake every subscriber on each watchdog tick).
+ * A call completed at `now` (`everyRank`: the agent's test, on every data-parallel rank): the new state when that
+ * clears a stall (a completion is progress; a hung rank's test failure only for `everyRank`), else undefined
+ * (nothing changes: completions alone must not wake every subscriber on each watchdog tick).
  */
-export const onCompleted = (s: StallState, now: number): StallState | undefined =>
-  (s.lastStallAt !== undefined && (s.lastCompletedAt ?? 0) <= s.lastStallAt) ||
-  s.noProgress !== undefined ||
-  s.idleProbe !== undefined
-    ? { lastStallAt: s.lastStallAt, lastCompletedAt: now, stalledStreams: 0, stalledSince: undefined }
+export const onCompleted = (s: StallState, now: number, everyRank = false): StallState | undefined => {
+  const keep = s.testFailed?.rank !== undefined && !everyRank ? s.testFailed : undefined
+  return (s.lastStallAt !== undefined && (s.lastCompletedAt ?? 0) <= s.lastStallAt) ||
+    s.noProgress !== undefined ||
+    (s.testFailed !== undefined && keep === undefined)
+    ? {
+        lastStallAt: s.lastStallAt,
+        lastCompletedAt: now,
+        stalledStreams: 0,
+        stalledSince: undefined,
+        ...(keep === undefined ? {} : { testFailed: keep })
+      }
     : undefined
+}
 
 /** The counters stood still with work held: the new state, or undefined when the engine is already so taken. */
 export const onNoProgress = (s: StallState, np: NoProgress): StallState | undefined =>
   s.noProgress === undefined ? { ...s, noProgress: np } : undefined
 
-/** The idle engine's test completion got no answer: the new state, or undefined when it is already so taken. */
-export const onIdleProbeFailed = (s: StallState, f: IdleProbeFailure): StallState | undefined =>
-  s.idleProbe === undefined ? { ...s, idleProbe: f } : undefined
+/** The agent's test completion got no answer: the new state, or undefined when it is already so taken. */
+export const onTestFailed = (s: StallState, f: TestFailure): StallState | undefined =>
+  s.testFailed === undefined ? { ...s, testFailed: f } : undefined
 
 /** A progress counter moved: the new state when that clears the counters' stall, else undefined. */
 export const onProgress = (s: StallState): StallState | undefined => {
@@ -140,20 +156,23 @@ export const stallProblem = (s: StallState, idleTimeout: string): string | undef
   const np = s.noProgress
   if (np !== undefined)
     return `engine stalled: it made no progress for ${idleTimeout} (engine.stream_idle_timeout) with ${np.held} request(s) held (${names(np.counters)} unchanged)`
-  const ip = s.idleProbe
-  return ip === undefined
-    ? undefined
-    : `engine stalled: a test completion sent after ${ip.idleFor} without calls (engine.idle_probe_after) got no answer within ${idleTimeout} (engine.stream_idle_timeout)`
+  const t = s.testFailed
+  if (t === undefined) return undefined
+  const from = t.rank === undefined ? "" : ` from data-parallel rank ${t.rank}`
+  return `engine stalled: a test completion sent ${t.sentAfter} got no answer${from} within ${idleTimeout} (engine.stream_idle_timeout)`
 }
 
 export interface EngineStallService {
   readonly stalled: (now: number) => Effect.Effect<void>
-  /** A call completed at `now`; `cause` says what, for the log line of a stall it ends ("a call completed"). */
-  readonly completed: (now: number, cause?: string) => Effect.Effect<void>
+  /**
+   * A call completed at `now`; `cause` says what, for the log line of a stall it ends ("a call completed");
+   * `everyRank`: the agent's test, completed on every data-parallel rank.
+   */
+  readonly completed: (now: number, cause?: string, everyRank?: boolean) => Effect.Effect<void>
   /** Some stream read from the engine at `now`; `oldestSince`: when the oldest of them was requested. */
   readonly moved: (now: number, oldestSince: number) => Effect.Effect<void>
-  /** The test completion sent to the idle engine got no answer in time. */
-  readonly idleProbeFailed: (failure: IdleProbeFailure) => Effect.Effect<void>
+  /** The agent's test completion got no answer in time. */
+  readonly testFailed: (failure: TestFailure) => Effect.Effect<void>
   /** One metrics scrape of the engine, for its progress counters (undefined: the scrape failed). */
   readonly scraped: (reading: ProgressReading | undefined) => Effect.Effect<void>
   readonly state: Effect.Effect<StallState>

@@ -141,7 +141,11 @@ export const vllm: Engine = {
     ignoreEos: true,
     // VLLM_NIXL_SIDE_CHANNEL_PORT, rendered for NIXL only; each DP rank listens on it + its rank
     // (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py)
-    sideChannelOffloads: ["nixl"]
+    sideChannelOffloads: ["nixl"],
+    // The API server routes a request to the rank this header names (vllm/entrypoints/openai/serving_engine.py
+    // _get_data_parallel_rank; out of range: a 400 from the input processor, vllm/v1/engine/processor.py). A dense
+    // model's DP ranks are independent engine cores (vllm/v1/engine/core.py run_engine_core), so one can hang alone.
+    rankHeader: "X-data-parallel-rank"
     // No peerlessFields: the NixlConnector serves a request without kv_transfer_params as a local one on either
     // role (get_num_new_matched_tokens, update_state_after_alloc and request_finished return early,
     // vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py).
