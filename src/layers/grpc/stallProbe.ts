@@ -29,7 +29,7 @@ import { engineFor } from "../engine/backends/index.ts"
 /** Tokens the probe asks for: more than an early-stalling engine sends, few enough to cost the engine nothing. */
 export const PROBE_TOKENS = 16
 
-/** One request of the probe: the fields it adds, and the data-parallel rank it runs on (undefined: the engine picks). */
+/** One request of the probe: the fields it adds, and the data-parallel rank it runs on (undefined: any). */
 export interface ProbeRequest {
   readonly fields: Readonly<Record<string, string | number>>
   readonly rank?: number | undefined
