@@ -35,6 +35,7 @@ import { GpuGate } from "../services/engine/GpuGate.ts"
 import { Admission } from "../services/grpc/Admission.ts"
 import { GrpcServer } from "../services/grpc/GrpcServer.ts"
 import { KvBridge } from "../services/kv/KvBridge.ts"
+import { splitHostPort } from "../services/net/HostPort.ts"
 import { Cordon } from "../services/node/Cordon.ts"
 import { Drain } from "../services/node/Drain.ts"
 import { EventLoopLag } from "../services/node/EventLoopLag.ts"
@@ -187,6 +188,8 @@ export const daemon = Effect.scoped(
       })
     )
     const grpc = yield* Layer.build(GrpcServerLive.layerWith({ tls: tls.serverTls }))
+    // before the registration: with listen_grpc's port 0 the node advertises the port the OS picked
+    yield* (yield* NodeStatus).grpcBound(Number(splitHostPort(Context.get(grpc, GrpcServer).address).port))
     // Plaintext health for the kubelet's gRPC probe, which cannot do mTLS (layers/grpc/HealthListener.ts).
     if (config.agent.listen_health !== undefined)
       yield* HealthListener.serve(config.agent.listen_health, Context.get(grpc, GrpcServer).healthState)

@@ -55,7 +55,8 @@ export const layerTest = (initial: Partial<NodeHealth> = {}): Layer.Layer<NodeSt
         snapshot: Ref.updateAndGet(reads, (n) => n + 1).pipe(Effect.andThen(Ref.get(current))),
         changes: Stream.fromPubSub(pubsub),
         draining: Ref.get(draining),
-        cordoned: Effect.map(Ref.get(current), (h) => h.state === "cordoned")
+        cordoned: Effect.map(Ref.get(current), (h) => h.state === "cordoned"),
+        grpcBound: () => Effect.void
       })
       const controls = NodeStatusTest.of({
         setState: (state) => update((h) => ({ ...h, state })),

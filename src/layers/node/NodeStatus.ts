@@ -31,8 +31,6 @@ import { sampleEngineLoad } from "./engineLoad.ts"
 export interface NodeStatusOptions {
   /** Overrides the version read from package.json. */
   readonly agentVersion?: string
-  /** The bound gRPC port, when listen_grpc asks for port 0 (otherwise the configured port is advertised). */
-  readonly boundGrpcPort?: number
 }
 
 const totalOf = (counter: Counter<"model">) =>
@@ -72,13 +70,16 @@ export const layer = (
       })
       const heartbeat = config.agent.heartbeat
       const agentVersion = options.agentVersion ?? VERSION
-      const advertiseAddr = resolveAdvertiseAddr({
-        advertiseAddr: config.agent.advertise_addr,
-        listenGrpc: config.agent.listen_grpc,
-        nodeIp: config.agent.node_ip,
-        interfaces: os.networkInterfaces(),
-        boundPort: options.boundGrpcPort
-      })
+      const advertise = (boundPort: number | undefined) =>
+        resolveAdvertiseAddr({
+          advertiseAddr: config.agent.advertise_addr,
+          listenGrpc: config.agent.listen_grpc,
+          nodeIp: config.agent.node_ip,
+          interfaces: os.networkInterfaces(),
+          boundPort
+        })
+      // resolved again once the gRPC server has bound (grpcBound): listen_grpc's port 0 is the OS's pick
+      let advertiseAddr = advertise(undefined)
 
       // One engine scrape per heartbeat, in a fiber of its own (engineLoad.ts), however many readers (etcd writer,
       // gRPC, /status, /metrics): readers take the last sample and never wait on the engine's I/O. Each one also
@@ -196,6 +197,10 @@ export const layer = (
         { concurrency: "unbounded" }
       ).pipe(Stream.changes)
 
-      return NodeStatus.of({ snapshot, changes, draining: drain.draining, cordoned: cordon.cordoned })
+      const grpcBound = (port: number) =>
+        Effect.sync(() => {
+          advertiseAddr = advertise(port)
+        })
+      return NodeStatus.of({ snapshot, changes, draining: drain.draining, cordoned: cordon.cordoned, grpcBound })
     })
   )

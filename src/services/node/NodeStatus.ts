@@ -21,6 +21,11 @@ export interface NodeStatusService {
   readonly draining: Effect.Effect<boolean>
   /** True while an operator has the node cordoned (a flag read, for gRPC health and the per-call refusal). */
   readonly cordoned: Effect.Effect<boolean>
+  /**
+   * The port the gRPC server bound: advertised from then on where listen_grpc asks for port 0 (the OS picks it, and
+   * port 0 is no address a router can dial). Called once the server listens, before the node is registered.
+   */
+  readonly grpcBound: (port: number) => Effect.Effect<void>
 }
 
 export class NodeStatus extends Context.Service<NodeStatus, NodeStatusService>()("cgn-agent/NodeStatus") {}
