@@ -446,6 +446,25 @@ describe("rendering rules", () => {
     })
   })
 
+  it("the NIXL side-channel host of a loopback engine with no address configured: the host the node advertises", () => {
+    const raw = decodeConfigObject(
+      { models: { m: { hf_repo: "org/m" } }, engine: { kv_offload: "nixl" } },
+      undefined,
+      {}
+    )
+    if (Result.isFailure(raw)) throw new Error(raw.failure.message)
+    const config = raw.success
+    // a peer on another host cannot dial 127.0.0.1: the advertised host (this host's external IPv4) instead
+    expect(engineFor("vllm").render(config, { advertiseHost: "192.0.2.7" }).env.VLLM_NIXL_SIDE_CHANNEL_HOST).toBe(
+      "192.0.2.7"
+    )
+    // an engine that listens on a routable address keeps it
+    const routable = { ...config, engine: { ...config.engine, url: "http://10.1.1.1:8000" } }
+    expect(engineFor("vllm").render(routable, { advertiseHost: "192.0.2.7" }).env.VLLM_NIXL_SIDE_CHANNEL_HOST).toBe(
+      "10.1.1.1"
+    )
+  })
+
   it("the NIXL side-channel host: side_channel_host, else advertise_addr's host, else NODE_IP, else the engine host", () => {
     const host = (raw: Raw) => plan(raw).env.VLLM_NIXL_SIDE_CHANNEL_HOST
     // A DaemonSet's ConfigMap names no host: each node's own address comes from NODE_IP.

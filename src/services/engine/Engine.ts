@@ -95,6 +95,15 @@ export interface EngineCapabilities {
   readonly rankHeader?: string
 }
 
+/** What a render may need of this host beyond the config (absent: the config alone, as in pure tests). */
+export interface RenderHost {
+  /**
+   * The host this node advertises to its peers (services/registry/Advertise.ts: advertise_addr, NODE_IP, listen_grpc's
+   * host, else this host's first external IPv4), for what an engine must publish to a peer on another host.
+   */
+  readonly advertiseHost?: string
+}
+
 /** An engine's own spelling of the OpenAI request (services/grpc/Generate.ts writes the body through it). */
 export interface RequestDialect {
   /** Body fields the engine reads under another name (llama-server: `repeat_penalty`), by the agent's name. */
@@ -189,7 +198,7 @@ export interface Engine {
   readonly kind: EngineKind
   readonly capabilities: EngineCapabilities
   /** Renders the plan; the config has already been validated against `capabilities`. */
-  readonly render: (config: AgentConfig) => LaunchPlan
+  readonly render: (config: AgentConfig, host?: RenderHost) => LaunchPlan
 }
 
 /**

@@ -2,13 +2,16 @@
  * The engine registry: one backend per `[engine].kind`. The only place that maps a kind to its module,
  * so no `if (kind === ...)` is needed anywhere else.
  */
+import * as os from "node:os"
 import { Context, Effect, Layer, Option } from "effect"
 import type { Gpu } from "../../../gen/cgn/agent/v1/agent.ts"
 import { type AgentConfig, Config, ConfigError, type EngineKind } from "../../../services/config/Config.ts"
-import { type Engine, EnginePlan, type LaunchPlan } from "../../../services/engine/Engine.ts"
+import { type Engine, EnginePlan, type LaunchPlan, type RenderHost } from "../../../services/engine/Engine.ts"
+import { hostOfAddr } from "../../../services/net/HostPort.ts"
 import { assignGpus, cudaEnv } from "../../../services/node/Gpus.ts"
 import { Nvml } from "../../../services/node/Nvml.ts"
 import { xidRuleOf } from "../../../services/node/Xid.ts"
+import { resolveAdvertiseAddr } from "../../../services/registry/Advertise.ts"
 import { formatPath } from "../../config/Config.ts"
 import * as NvmlLive from "../../node/Nvml.ts"
 import * as Logging from "../../observability/Logging.ts"
@@ -33,9 +36,13 @@ export const engineFor = (kind: EngineKind): Engine => engines[kind]
  * The plan with the engine's GPUs: `models.x.gpus`, or the first tp x dp healthy GPUs of `gpus` (NVML's list,
  * empty without NVML), given as CUDA_VISIBLE_DEVICES. Fails when the host cannot hold the engine.
  */
-export const planFor = (config: AgentConfig, gpus: ReadonlyArray<Gpu>): Effect.Effect<LaunchPlan, ConfigError> => {
+export const planFor = (
+  config: AgentConfig,
+  gpus: ReadonlyArray<Gpu>,
+  host?: RenderHost
+): Effect.Effect<LaunchPlan, ConfigError> => {
   const engine = engineFor(config.engine.kind)
-  const plan = engine.render(config)
+  const plan = engine.render(config, host)
   if (engine.capabilities.cudaGpus !== true) return Effect.succeed(plan)
   const m = config.model
   // the same Xid rule as the gate's (GpuGate.ts): a GPU given to the engine is one the gate lets it start on
@@ -83,6 +90,12 @@ export const planLayer: Layer.Layer<EnginePlan, ConfigError, Config> = Layer.eff
     const config = yield* Config
     const nvml = yield* Effect.serviceOption(Nvml)
     const gpus = Option.isSome(nvml) ? yield* nvml.value.gpus : []
-    return yield* planFor(config, gpus)
+    const advertised = resolveAdvertiseAddr({
+      advertiseAddr: config.agent.advertise_addr,
+      listenGrpc: config.agent.listen_grpc,
+      nodeIp: config.agent.node_ip,
+      interfaces: os.networkInterfaces()
+    })
+    return yield* planFor(config, gpus, { advertiseHost: hostOfAddr(advertised) })
   })
 )

@@ -7,8 +7,8 @@
 import type { AgentConfig, KvOffload } from "../../../services/config/Config.ts"
 import { DEFAULT_KV_BLOCK_SIZE } from "../../../services/config/ConfigSchema.ts"
 import type { CpuCacheTier } from "../../../services/engine/CpuCache.ts"
-import type { Engine, ExitHint } from "../../../services/engine/Engine.ts"
-import { hostOfAddr } from "../../../services/net/HostPort.ts"
+import type { Engine, ExitHint, RenderHost } from "../../../services/engine/Engine.ts"
+import { hostOfAddr, isLoopbackHost, isWildcardHost } from "../../../services/net/HostPort.ts"
 import { assemble, httpProbe, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
 import { kvbmTier, lmcacheTier } from "./cpuCacheTiers.ts"
 import { HUB_REFUSALS, hubHint, modelKey, nowValue, TORCH_CUDA_OOM } from "./hints.ts"
@@ -150,14 +150,19 @@ export const vllm: Engine = {
     // role (get_num_new_matched_tokens, update_state_after_alloc and request_finished return early,
     // vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py).
   },
-  render: (config: AgentConfig) => {
+  render: (config: AgentConfig, host?: RenderHost) => {
     const listen = listenOf(config)
     const m = config.model
     const connector = connectors[config.engine.kv_offload]
     const events = kvEventsOf(config, "vllm")
     // NIXL's handshake listener advertises this host to the peer, so it must be routable from it: the host
     // the node advertises (advertise_addr, else NODE_IP as in a DaemonSet on the host network), else the
-    // engine's own listen host.
+    // engine's own listen host where a peer can reach it, else the host the node advertises by default (a loopback
+    // engine's host is no address for a peer on another host).
+    const engineHost =
+      (isLoopbackHost(listen.host) || isWildcardHost(listen.host)) && host?.advertiseHost !== undefined
+        ? host.advertiseHost
+        : listen.host
     const nixlEnv: Record<string, string> =
       config.engine.kv_offload === "nixl"
         ? {
@@ -165,7 +170,7 @@ export const vllm: Engine = {
               config.engine.side_channel_host ??
               (config.agent.advertise_addr !== undefined
                 ? hostOfAddr(config.agent.advertise_addr)
-                : (config.agent.node_ip ?? listen.host)),
+                : (config.agent.node_ip ?? engineHost)),
             VLLM_NIXL_SIDE_CHANNEL_PORT: String(config.engine.side_channel_port)
           }
         : {}
