@@ -1,7 +1,8 @@
 # cgn-agent container image. Not built in this repository's CI (no container engine there); the stages
 # are plain npm + Debian steps, checked by reading and by `npm run build` outside a container.
 #
-#   docker build -t cgn-agent .                      # the agent alone (openai_compat, or the simulator)
+#   docker build -t cgn-agent .                      # the agent alone (openai_compat, or the simulator:
+#                                                    # node /opt/cgn-agent/dist/programs/sim.js, README "Container image")
 #   docker build --target vllm -t cgn-agent:vllm .   # the agent inside the vLLM image, which it supervises
 #
 # PID 1 is tini: the agent runs the engine as a process group and kills it on shutdown, but a container
@@ -111,7 +112,9 @@ COPY examples ./examples
 # state_dir holds the engine pid file (orphan reclaim after an agent crash): writable by the agent user.
 RUN mkdir -p /var/lib/cgn-agent /etc/cgn-agent && chown node:node /var/lib/cgn-agent
 USER node
-# 7071: gRPC (Agent, grpc.health.v1, reflection). 9091: admin HTTP (/metrics, /healthz, /readyz, /status, /drain).
+# 7071: gRPC (Agent, grpc.health.v1, reflection). 9091: admin HTTP (/metrics, /healthz, /readyz, /status, /drain),
+# on 127.0.0.1 unless agent.listen_admin says otherwise. No health port: agent.listen_health has no default (the
+# examples/k8s config puts it on 7072, which its DaemonSet declares; with hostNetwork, EXPOSE changes nothing).
 EXPOSE 7071 9091
 # The same Node flags and allocator setting as the vLLM stage's ENTRYPOINT (see there); npm run bench runs the
 # agent with them too.

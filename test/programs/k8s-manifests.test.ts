@@ -102,7 +102,9 @@ describe("examples/k8s (kustomize overlay)", () => {
   })
 
   it("agrees with the config on GPUs, node identity, files and state", () => {
-    expect(agent.resources.limits["nvidia.com/gpu"]).toBe(config.model.tp)
+    // the engine takes tp x dp GPUs (layers/engine/backends/index.ts planFor); extended resources: requests = limits
+    expect(agent.resources.limits["nvidia.com/gpu"]).toBe(config.model.tp * config.model.dp)
+    expect(agent.resources.requests["nvidia.com/gpu"]).toBe(config.model.tp * config.model.dp)
     expect(pod.tolerations).toContainEqual({ key: "nvidia.com/gpu", operator: "Exists", effect: "NoSchedule" })
     expect(Object.keys(pod.nodeSelector)).toContain("nvidia.com/gpu.present")
     const env = Object.fromEntries(agent.env.map((e: Doc) => [e.name, e.valueFrom]))
