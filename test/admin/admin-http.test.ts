@@ -6,6 +6,7 @@ import * as net from "node:net"
 import { Context, Effect, Exit, Layer, Logger, Scope } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
 import * as AdminLive from "../../src/layers/admin/Admin.ts"
+import { ADMIN_METHODS } from "../../src/layers/admin/methods.ts"
 import * as ConfigLayer from "../../src/layers/config/Config.ts"
 import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import { AdminServer, authorize, fromWebPage, readiness } from "../../src/services/admin/Admin.ts"
@@ -174,6 +175,41 @@ describe("admin HTTP on loopback", () => {
         allow: "POST"
       })
     }
+  })
+
+  it("a method a known path does not serve is 405 with Allow, from one table; unknown paths stay 404", async () => {
+    const { url, run } = await start({ listen_admin: "127.0.0.1:0", admin_token: "s3cret" })
+    const wrong = async (method: string, path: string, headers: Record<string, string> = {}) => {
+      const r = await fetch(`${url}${path}`, { method, headers })
+      return { method, path, status: r.status, allow: r.headers.get("allow"), body: await r.text() }
+    }
+    for (const path of ["/healthz", "/readyz", "/metrics", "/status"]) {
+      for (const method of ["POST", "PUT", "PATCH", "DELETE"]) {
+        expect(await wrong(method, path)).toEqual({
+          method,
+          path,
+          status: 405,
+          allow: "GET",
+          body: JSON.stringify({ error: `use GET ${path}` })
+        })
+      }
+    }
+    // every path of the table, both ways: the served method is never 405, any other answered method is
+    for (const [path, allowed] of Object.entries(ADMIN_METHODS)) {
+      const other = allowed === "GET" ? "POST" : "GET"
+      expect(await wrong(other, path)).toMatchObject({ status: 405, allow: allowed })
+    }
+    // a POST to a GET path from a web page pulls nothing either way; the gate still answers the served method
+    expect((await wrong("POST", "/status", { origin: "http://evil.example" })).status).toBe(405)
+    expect((await wrong("GET", "/status")).status).toBe(401)
+    expect(await run(Effect.flatMap(Drain, (d) => d.draining))).toBe(false)
+    for (const method of ["GET", "POST", "DELETE"]) expect((await wrong(method, "/nope")).status).toBe(404)
+    // probes and scrapes stay open with a token set, HEAD too (the router's fallback to GET)
+    for (const path of ["/healthz", "/metrics"]) {
+      expect((await wrong("GET", path)).status).toBe(200)
+      expect((await wrong("HEAD", path)).status).toBe(200)
+    }
+    expect((await wrong("HEAD", "/drain")).status).toBe(405)
   })
 
   it("answers /readyz from the node state and drain, /status with forensics and extras, /drain idempotently", async () => {

@@ -2,6 +2,7 @@
  * Live AdminServer: the admin HTTP server on `[agent].listen_admin` (effect HttpRouter over node:http):
  * GET /metrics, /healthz, /readyz, /status and POST /drain, /cordon, /uncordon, /debug/cpu-profile (cpuProfile.ts),
  * /gpus/clear-xids (clearXidsRoute.ts), /engine/restart (engineRestartRoute.ts).
+ * Which method each path takes, and the 405 for any other, is the one table in methods.ts.
  * Owns routing and the auth gate only; the decisions (loopback, token, readiness, forensics shape, the cordon's
  * reason) are pure in services/admin/Admin.ts and services/node/Cordon.ts. /status and the POST levers need
  * `Authorization: Bearer <admin_token>` whenever a token is configured; off loopback a token is mandatory and the
@@ -32,6 +33,7 @@ import { Metrics } from "../../services/observability/Metrics.ts"
 import { clearXidsRoute } from "./clearXidsRoute.ts"
 import { cpuProfileRoute } from "./cpuProfile.ts"
 import { engineRestartRoute } from "./engineRestartRoute.ts"
+import { adminRoute, wrongMethodRoutes } from "./methods.ts"
 
 // node:http as its CommonJS exports, not an ESM import: the ESM facade reads every export, and node:http's
 // WebSocket / MessageEvent / CloseEvent getters load Node's bundled copy of undici (behind fetch), ~14 MB of RSS
@@ -145,45 +147,25 @@ const routes = (options: AdminOptions, loopback: boolean) =>
       })
 
       return [
-        HttpRouter.route(
-          "GET",
+        adminRoute(
           "/metrics",
           Effect.map(metrics.render, ({ body, contentType }) => HttpServerResponse.text(body, { contentType }))
         ),
         // Liveness answers from the event loop alone: a hung engine must not get the agent restarted.
-        HttpRouter.route(
-          "GET",
+        adminRoute(
           "/healthz",
           Effect.sync(() => HttpServerResponse.text("ok"))
         ),
-        HttpRouter.route(
-          "GET",
+        adminRoute(
           "/readyz",
           Effect.zipWith(status.snapshot, draining, (health, isDraining) => {
             const r = readiness(health, isDraining)
             return HttpServerResponse.text(r.reason, { status: r.ready ? 200 : 503 })
           })
         ),
-        HttpRouter.route("GET", "/status", guarded(Effect.map(statusBody, (body) => json(body)))),
-        // Only POST pulls a lever (a crawler or a misdirected probe must not); any other method is told so, not 404.
-        ...(
-          ["/drain", "/cordon", "/uncordon", "/debug/cpu-profile", "/gpus/clear-xids", "/engine/restart"] as const
-        ).flatMap((path) =>
-          (["GET", "PUT", "PATCH", "DELETE"] as const).map((method) =>
-            HttpRouter.route(
-              method,
-              path,
-              Effect.succeed(
-                HttpServerResponse.jsonUnsafe(
-                  { error: `use POST ${path}` },
-                  { status: 405, headers: { allow: "POST" } }
-                )
-              )
-            )
-          )
-        ),
-        HttpRouter.route(
-          "POST",
+        adminRoute("/status", guarded(Effect.map(statusBody, (body) => json(body)))),
+        ...wrongMethodRoutes(),
+        adminRoute(
           "/drain",
           guarded(
             Effect.gen(function* () {
@@ -195,7 +177,7 @@ const routes = (options: AdminOptions, loopback: boolean) =>
             })
           )
         ),
-        HttpRouter.route("POST", "/cordon", (request) =>
+        adminRoute("/cordon", (request) =>
           guarded(
             Effect.gen(function* () {
               const text = yield* request.text.pipe(Effect.orElseSucceed(() => ""))
@@ -211,7 +193,7 @@ const routes = (options: AdminOptions, loopback: boolean) =>
             }).pipe(Effect.catchTag("CordonPersistError", (e) => Effect.succeed(json({ error: e.message }, 500))))
           )(request)
         ),
-        HttpRouter.route("POST", "/uncordon", (request) =>
+        adminRoute("/uncordon", (request) =>
           guarded(
             Effect.gen(function* () {
               // a drain is final: uncordoning under it would promise a return to traffic that cannot happen

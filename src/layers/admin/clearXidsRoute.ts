@@ -7,17 +7,18 @@
  * services/admin/ClearXids.ts; the route sits behind the admin server's auth gate (Admin.ts `guarded`).
  */
 import { Effect, Result } from "effect"
-import { HttpRouter, HttpServerResponse } from "effect/http"
+import { HttpServerResponse } from "effect/http"
 import { CLEAR_XIDS_PATH, parseClearXidsQuery } from "../../services/admin/ClearXids.ts"
 import { Nvml } from "../../services/node/Nvml.ts"
 import { describeXid } from "../../services/node/Xid.ts"
 import type { Guard } from "./cpuProfile.ts"
+import { adminRoute } from "./methods.ts"
 
 const json = (body: unknown, status: number) => HttpServerResponse.jsonUnsafe(body, { status })
 
 export const clearXidsRoute = (options: { readonly guarded: Guard }) =>
   Effect.map(Nvml, (nvml) =>
-    HttpRouter.route("POST", CLEAR_XIDS_PATH, (request) =>
+    adminRoute(CLEAR_XIDS_PATH, (request) =>
       options.guarded(
         Effect.gen(function* () {
           // request.url is the path and query as received; the base only lets URL parse it

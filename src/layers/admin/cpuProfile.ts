@@ -10,7 +10,7 @@
  */
 import type { Session } from "node:inspector/promises" // types only: the module is loaded on the first profile
 import { Clock, Data, Duration, Effect, Option, Result, Semaphore } from "effect"
-import { HttpRouter, type HttpServerRequest, HttpServerResponse } from "effect/http"
+import { type HttpServerRequest, HttpServerResponse } from "effect/http"
 import {
   CPU_PROFILE_PATH,
   type CpuProfileRequest,
@@ -18,6 +18,7 @@ import {
   cpuProfileFileName,
   parseCpuProfileQuery
 } from "../../services/admin/CpuProfile.ts"
+import { adminRoute } from "./methods.ts"
 
 /** The admin server's auth gate (Admin.ts): the handler runs only for an authorized request. */
 export type Guard = (
@@ -81,7 +82,7 @@ const json = (body: unknown, status: number) => HttpServerResponse.jsonUnsafe(bo
  */
 export const cpuProfileRoute = (options: { readonly guarded: Guard; readonly nodeId: string }) =>
   Effect.map(Semaphore.make(1), (lock) =>
-    HttpRouter.route("POST", CPU_PROFILE_PATH, (request) =>
+    adminRoute(CPU_PROFILE_PATH, (request) =>
       options.guarded(
         Effect.gen(function* () {
           // request.url is the path and query as received; the base only lets URL parse it

@@ -4,14 +4,15 @@
  * server's auth gate (Admin.ts `guarded`).
  */
 import { Effect } from "effect"
-import { HttpRouter, HttpServerResponse } from "effect/http"
+import { HttpServerResponse } from "effect/http"
 import { ADMIN_RESTART_REASON, ENGINE_RESTART_PATH, restartAnswer } from "../../services/admin/EngineRestart.ts"
 import { EngineProcess } from "../../services/engine/EngineProcess.ts"
 import type { Guard } from "./cpuProfile.ts"
+import { adminRoute } from "./methods.ts"
 
 export const engineRestartRoute = (options: { readonly guarded: Guard; readonly draining: Effect.Effect<boolean> }) =>
   Effect.map(EngineProcess, (engine) =>
-    HttpRouter.route("POST", ENGINE_RESTART_PATH, (request) =>
+    adminRoute(ENGINE_RESTART_PATH, (request) =>
       options.guarded(
         Effect.gen(function* () {
           // the drain stops the engine itself once the calls are done; a restart now would only cut them short
