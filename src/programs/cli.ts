@@ -8,6 +8,7 @@ import { Argument, CliError, CliOutput, Command } from "effect/cli"
 import { ConfigError } from "../services/config/Config.ts"
 import { VERSION } from "../version.ts"
 import { check } from "./check.ts"
+import { FatalLogged } from "./fatal.ts"
 import { generate } from "./generate.ts"
 import { render } from "./render.ts"
 import { run } from "./run.ts"
@@ -65,6 +66,8 @@ export const runCli = (args: ReadonlyArray<string>) =>
   runRoot(args).pipe(
     Effect.as(0),
     Effect.catch((e: unknown) => {
+      // `run` has written it as its last JSON log line already (fatal.ts)
+      if (e instanceof FatalLogged) return Effect.succeed(e.exitCode)
       if (e instanceof ConfigError) return Effect.as(Console.error(e.message), 2)
       // effect/cli has already printed usage errors with the command's help.
       if (CliError.isCliError(e)) return Effect.succeed(1)

@@ -9,14 +9,18 @@ import type { AddressInfo } from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
 import { promisify } from "node:util"
+import { Cause, Effect, Exit } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { GenerateResponse } from "../../src/gen/cgn/agent/v1/agent.ts"
+import { FatalLogged, fatalMessage, logFatal } from "../../src/programs/fatal.ts"
 import { nodeTooOld } from "../../src/programs/nodeVersion.ts"
+import { ConfigError } from "../../src/services/config/Config.ts"
 import { frameMessage } from "../../src/services/grpc/Wire.ts"
 import { VERSION } from "../../src/version.ts"
 import { agentEntry, requireDist, simDistEntry } from "../support/agent.ts"
 import { makeTestPki, type TestPki } from "../support/certs.ts"
 import { runCli } from "../support/cli.ts"
+import { engineBinEnv } from "../support/engineBin.ts"
 import { freePort } from "../support/ports.ts"
 
 const ROOT = path.join(import.meta.dirname, "..", "..")
@@ -183,13 +187,16 @@ describe("cgn-agent CLI", () => {
 
 describe("check makes every check run makes (exit 2)", () => {
   it("admin off loopback without a token", async () => {
-    const file = await configFile("open-admin.toml", '[agent]\nlisten_admin = "0.0.0.0:9091"')
+    const file = await configFile(
+      "open-admin.toml",
+      `[agent]\nlisten_admin = "0.0.0.0:9091"\nstate_dir = "${dir}/open-admin-state"`
+    )
     const r = await cli(["check", "--config", file])
     expect(r.code).toBe(2)
     expect(r.stderr).toContain(`invalid config ${file}:`)
     expect(r.stderr).toContain('agent.listen_admin = "0.0.0.0:9091" is not a loopback address')
-    // the token from the environment (a Kubernetes Secret) satisfies it, as it does for run
-    const ok = await cli(["check", "--config", file], { CGN_AGENT_ADMIN_TOKEN: "t" })
+    // the token from the environment (a Kubernetes Secret) satisfies it, as it does for run (vllm on PATH)
+    const ok = await cli(["check", "--config", file], { CGN_AGENT_ADMIN_TOKEN: "t", ...engineBinEnv(dir) })
     expect(ok.code).toBe(0)
   })
 
@@ -266,6 +273,53 @@ describe("check makes every check run makes (exit 2)", () => {
     expect(ran.code).toBe(2)
     expect(ran.stderr).toContain("does not belong to the certificate")
     expect(ran.stderr).not.toContain("listening")
+  })
+})
+
+describe("run's fatal errors", () => {
+  it("a ConfigError found once logging started (the GPUs NVML lists at start) keeps exit 2, its problems on one line", async () => {
+    const e = new ConfigError({ file: "f.toml", problems: ['models."m".gpus: a GPU it lacks', "second"] })
+    expect(fatalMessage(e)).toBe('invalid config f.toml: models."m".gpus: a GPU it lacks; second')
+    // "None": the line is not written here
+    const exit = await Effect.runPromiseExit(Effect.fail(e).pipe(logFatal("info", "None")))
+    expect(Exit.isFailure(exit) && Cause.squash(exit.cause)).toEqual(new FatalLogged({ exitCode: 2 }))
+    const other = await Effect.runPromiseExit(Effect.fail(new Error("x")).pipe(logFatal("info", "None")))
+    expect(Exit.isFailure(other) && Cause.squash(other.cause)).toEqual(new FatalLogged({ exitCode: 1 }))
+  })
+
+  it("an error after logging started is the last JSON log line (level fatal, the key and the reason), exit 1", async () => {
+    // the admin port held by someone else: the daemon has logged its start, then cannot listen
+    const holder = http2.createServer()
+    await new Promise<void>((resolve) => holder.listen(0, "127.0.0.1", resolve))
+    const port = (holder.address() as AddressInfo).port
+    try {
+      const file = await configFile(
+        "admin-in-use.toml",
+        [
+          "[agent]",
+          `state_dir = "${dir}/fatal-state"`,
+          'listen_grpc = "127.0.0.1:0"',
+          `listen_admin = "127.0.0.1:${port}"`,
+          "[engine]",
+          'kind = "openai_compat"',
+          'url = "http://127.0.0.1:9"'
+        ].join("\n")
+      )
+      const r = await cli(["run", "--config", file])
+      expect(r.code, r.stderr).toBe(1)
+      const lines = r.stderr.trim().split("\n")
+      // every line of stderr is one JSON object: no plain `cgn-agent: ...` line after the log
+      const records = lines.map((l) => JSON.parse(l) as Record<string, unknown>)
+      expect(records.length).toBeGreaterThan(1)
+      expect(records.at(-1)).toMatchObject({
+        level: "fatal",
+        msg: expect.stringMatching(new RegExp(`^agent\\.listen_admin = "127\\.0\\.0\\.1:${port}": .*EADDRINUSE`)),
+        exit_code: 1
+      })
+      expect(Object.keys(records.at(-1) ?? {}).slice(0, 3)).toEqual(["ts", "level", "msg"])
+    } finally {
+      await new Promise<void>((resolve) => holder.close(() => resolve()))
+    }
   })
 })
 

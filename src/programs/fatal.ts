@@ -1,0 +1,44 @@
+/**
+ * How `run` ends on an error once its logging is configured: the error is written as one log line of the agent's
+ * shape (layers/observability/Logging.ts: `{"ts","level":"fatal","msg",...}`, the message naming the key and the
+ * reason as the plain line did), not as plain text after the JSON lines, so a log collector that parses every line
+ * keeps the one that says why the agent is gone. The exit code stays the one cli.ts gives that error (2 for a
+ * ConfigError, 1 for any other); cli.ts prints nothing more for it.
+ *
+ * Errors before logging is configured (the config file, `check`'s preflight) stay the plain lines the README
+ * documents under the exit codes: there is no level or shape to match yet.
+ */
+import { Data, Effect } from "effect"
+import type { LogLevel } from "effect/LogLevel"
+import * as Logging from "../layers/observability/Logging.ts"
+import { ConfigError } from "../services/config/Config.ts"
+import type { LogLevels } from "../services/config/ConfigSchema.ts"
+
+/** An error `run` has already written as its last log line: cli.ts exits with `exitCode`, printing nothing. */
+export class FatalLogged extends Data.TaggedError("FatalLogged")<{ readonly exitCode: number }> {}
+
+/** The process's exit code for an error that ends a command: 2 for an invalid config, 1 for anything else. */
+export const exitCodeOf = (e: unknown): number => (e instanceof ConfigError ? 2 : 1)
+
+/** The error as one line: a ConfigError's problems joined (its own message is one line per problem). */
+export const fatalMessage = (e: unknown): string => {
+  if (e instanceof ConfigError) return `invalid config ${e.file}: ${e.problems.join("; ")}`
+  return e instanceof Error ? e.message : String(e)
+}
+
+/**
+ * Runs `self` under the daemon's logging (the same level rules as its own), and writes a failure as a `fatal` log
+ * line with the exit code it gets, failing with FatalLogged. Interruptions and defects pass through as they were.
+ */
+export const logFatal =
+  (configured: (typeof LogLevels)[number], flag: LogLevel | undefined) =>
+  <A, E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<A, FatalLogged, R> =>
+    self.pipe(
+      Effect.catch((e: E) => {
+        const exitCode = exitCodeOf(e)
+        return Effect.logFatal(fatalMessage(e), { exit_code: exitCode }).pipe(
+          Effect.andThen(Effect.fail(new FatalLogged({ exitCode })))
+        )
+      }),
+      Effect.provide(Logging.layer(configured, flag))
+    )
