@@ -118,11 +118,17 @@ const boot = Effect.gen(function* () {
   const port = yield* Effect.promise(freePort)
   const plan = testPlan({ port, probe: { kind: "http", url: `http://127.0.0.1:${port}/health` } })
   const fake = yield* makeFakeHost
+  // the text of every line the supervisor logs (its message, without the fields)
+  const logs: Array<string> = []
+  const capture = Logger.make(({ message }) => {
+    const first = [message].flat()[0]
+    if (typeof first === "string") logs.push(first)
+  })
   const context = yield* Layer.build(
     layerFromPlan(plan, settings(stateDir)).pipe(
       Layer.provideMerge(MetricsTest.layerTest),
       Layer.provide(Layer.succeed(EngineHost, fake.host)),
-      Layer.provide(Logger.layer([]))
+      Layer.provide(Logger.layer([capture]))
     )
   )
   const engine = Context.get(context, EngineProcess)
@@ -136,7 +142,7 @@ const boot = Effect.gen(function* () {
   fake.seen.observe = () => last()?._tag
   const runAt = (i: number) => Effect.map(Ref.get(fake.runs), (xs) => xs[i])
   const stateIs = (pred: (s: EngineState) => boolean) => Effect.sync(() => last() !== undefined && pred(last()!))
-  return { stateDir, fake, engine, metrics, states, last, runAt, stateIs }
+  return { stateDir, fake, engine, metrics, states, last, runAt, stateIs, logs }
 })
 
 describe("EngineProcess on a TestClock", () => {
@@ -326,7 +332,7 @@ describe("EngineProcess on a TestClock", () => {
 
   it.effect("an operator's restarts never count toward the crash loop; the stall restarts of a young run do", () =>
     Effect.gen(function* () {
-      const { fake, engine, last, runAt, stateIs } = yield* boot
+      const { fake, engine, last, runAt, stateIs, logs } = yield* boot
       yield* Ref.set(fake.up, true)
       const readyRun = (i: number) =>
         Effect.gen(function* () {
@@ -365,6 +371,17 @@ describe("EngineProcess on a TestClock", () => {
         { attempt: 1, failing: undefined },
         { attempt: 1, failing: undefined }
       ])
+      // the log says why the Ready run ends (not a bare "Ready -> Unhealthy", read as a fault), and a new start-up
+      // phase names the phases (not "Starting -> Starting")
+      const changes = logs.filter((l) => l.startsWith("engine "))
+      assert.include(changes, "engine Ready -> Unhealthy: restart requested: by admin")
+      assert.include(changes, "engine Starting: phase spawning -> loading")
+      assert.notInclude(changes, "engine Ready -> Unhealthy")
+      assert.isFalse(
+        changes.some((l) => l.startsWith("engine Starting -> Starting")),
+        changes.join("\n")
+      )
+      assert.include(changes, "engine Starting -> Ready")
       seen.length = 0
       for (let i = 3; i < 6; i++) {
         yield* readyRun(i)

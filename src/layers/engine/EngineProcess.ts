@@ -29,6 +29,7 @@ import {
   noRestartYet,
   State,
   type SupervisorEvent,
+  stateChangeMessage,
   transition
 } from "../../services/engine/EngineState.ts"
 import { GpuGate } from "../../services/engine/GpuGate.ts"
@@ -101,7 +102,7 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
       const r = transition(s, event)
       if (Result.isFailure(r)) return [`ignored: ${r.failure.message}`, Option.none()]
       if (r.success === s) return [undefined, Option.none()]
-      return [[`engine ${s._tag} -> ${r.success._tag}`, stateFields(r.success)] as const, Option.some(r.success)]
+      return [[stateChangeMessage(s, r.success), stateFields(r.success)] as const, Option.some(r.success)]
     }).pipe(
       Effect.flatMap((log) =>
         log === undefined ? Effect.void : typeof log === "string" ? Effect.logDebug(log) : Effect.logInfo(...log)

@@ -119,6 +119,19 @@ export const transition = (
   }
 }
 
+/**
+ * The log line of a state change. The tags alone read an operator's `POST /engine/restart` as a fault
+ * (`engine Ready -> Unhealthy`) and a new start-up phase as no change (`engine Starting -> Starting`), so an
+ * Unhealthy state says why (its reason: `restart requested: ...`, `the engine exited (...)`, a liveness failure),
+ * and a change within Starting names the phases (`engine Starting: phase loading -> waiting for port`). The other
+ * lines stay the tags alone: their why is the next line (an exit's) or needs no words (`engine Starting -> Ready`).
+ */
+export const stateChangeMessage = (from: EngineState, to: EngineState): string => {
+  if (from._tag === "Starting" && to._tag === "Starting") return `engine Starting: phase ${from.phase} -> ${to.phase}`
+  const line = `engine ${from._tag} -> ${to._tag}`
+  return to._tag === "Unhealthy" ? `${line}: ${to.reason}` : line
+}
+
 /** Restart policy, from [engine].restart_backoff_initial / restart_backoff_max / restart_stable_after. */
 export interface BackoffPolicy {
   readonly initialMs: number
