@@ -1,8 +1,11 @@
 /**
  * `cgn-agent check --config F`: validates the file, makes every check `run` makes before it starts anything
- * (`preflight`, which `run` calls too), and prints a short summary of what would run. A bad file or a failed
- * check fails with a ConfigError (cli.ts prints it and exits 2); nothing is started.
+ * (`preflight`, which `run` calls too) and, on the host, what `run` would find only by failing once started
+ * (hostChecks.ts: the engine's executable, state_dir, a KVBM tier), then prints a short summary of what would run.
+ * Every problem found fails in one ConfigError (cli.ts prints it and exits 2); nothing is started or created.
  */
+import * as os from "node:os"
+import * as path from "node:path"
 import { Console, Duration, Effect } from "effect"
 import { Command, Flag } from "effect/cli"
 import { requireAdminToken } from "../layers/admin/Admin.ts"
@@ -13,9 +16,12 @@ import { etcdOptions } from "../layers/registry/etcdClient.ts"
 import { readMaterial, readOne, securityFiles } from "../layers/tls/tlsMaterial.ts"
 import { type AgentConfig, ConfigError } from "../services/config/Config.ts"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
+import { isWildcardHost, splitHostPort } from "../services/net/HostPort.ts"
 import { type CgroupVersion, formatBytes, type MemoryLimit } from "../services/node/MemoryCgroup.ts"
 import { migRef } from "../services/node/Mig.ts"
+import { firstExternalIpv4, type Interfaces, resolveAdvertiseAddr } from "../services/registry/Advertise.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
+import { hostFindings } from "./hostChecks.ts"
 import { nvmlWorkerEntry } from "./programPaths.ts"
 import { shutdownBound } from "./shutdownBound.ts"
 
@@ -76,6 +82,37 @@ const gpusSummary = (c: AgentConfig, plan: LaunchPlan | undefined): string => {
   return "automatic (the first tp x dp healthy GPUs at start)"
 }
 
+/**
+ * The address the router is given for this node, resolved as NodeStatus resolves it (services/registry/Advertise.ts),
+ * and what decided it: from this process's NODE_IP and this host's interfaces (with --offline, not the node's).
+ */
+const advertiseSummary = (c: AgentConfig, interfaces: Interfaces): string => {
+  const { advertise_addr, listen_grpc, node_ip } = c.agent
+  const addr = resolveAdvertiseAddr({
+    advertiseAddr: advertise_addr,
+    listenGrpc: listen_grpc,
+    nodeIp: node_ip,
+    interfaces
+  })
+  if (advertise_addr !== undefined && advertise_addr !== "") return `${addr} (agent.advertise_addr)`
+  const listen = splitHostPort(listen_grpc)
+  const from =
+    node_ip !== undefined && node_ip.trim() !== ""
+      ? "NODE_IP"
+      : !isWildcardHost(listen.host)
+        ? "listen_grpc's host"
+        : firstExternalIpv4(interfaces) !== undefined
+          ? "the first external IPv4 address of this host"
+          : "no external IPv4 address on this host"
+  return `${addr} (${from}${listen.port === "0" ? "; port 0: the port listen_grpc binds at start" : ""})`
+}
+
+/** state_dir, and where it is when given relative to the working directory (run's, too). */
+const stateDirSummary = (c: AgentConfig): string => {
+  const absolute = path.resolve(c.agent.state_dir)
+  return absolute === c.agent.state_dir ? absolute : `${c.agent.state_dir} (${absolute})`
+}
+
 /** The worst case of a shutdown (shutdownBound.ts), in the unit Kubernetes' terminationGracePeriodSeconds takes. */
 const shutdownSummary = (c: AgentConfig): string => {
   const bound = shutdownBound(c)
@@ -108,13 +145,15 @@ const cpuCacheSummary = (report: CpuCacheReport | undefined): string => {
 /**
  * The summary `check` prints: one `key: value` line per fact an operator checks first. `plan`: the launch plan
  * resolved on this host (with NVML, it names the GPUs an automatic assignment takes); `memory`: the agent's memory
- * cgroup on this host (undefined with --offline); `cpuCache`: the engine's CPU KV-cache tier sized on this host.
+ * cgroup on this host (undefined with --offline); `cpuCache`: the engine's CPU KV-cache tier sized on this host;
+ * `interfaces`: this host's network interfaces, for the advertised address when nothing else decides it.
  */
 export const summarize = (
   c: AgentConfig,
   plan?: LaunchPlan,
   memory?: MemoryReading,
-  cpuCache?: CpuCacheReport
+  cpuCache?: CpuCacheReport,
+  interfaces: Interfaces = os.networkInterfaces()
 ): string => {
   const m = c.model
   const lines: Array<[string, string]> = [
@@ -131,7 +170,9 @@ export const summarize = (
     ["grpc", `${c.agent.listen_grpc}${c.security.require_mtls ? " (mTLS)" : ""}`],
     ["health", c.agent.listen_health === undefined ? "off" : `${c.agent.listen_health} (plaintext, health only)`],
     ["admin", c.agent.listen_admin],
+    ["advertise", advertiseSummary(c, interfaces)],
     ["node id", c.agent.node_id],
+    ["state dir", stateDirSummary(c)],
     [
       "cluster",
       c.cluster.etcd.length > 0 ? `${c.cluster.name} via etcd ${c.cluster.etcd.join(", ")}` : "standalone (no etcd)"
@@ -162,9 +203,20 @@ export const check = Command.make(
   ({ config, offline }) =>
     Effect.gen(function* () {
       const c = yield* loadConfig(config)
-      yield* preflight(c, { offline })
+      // every problem at once, one ConfigError (exit 2): the preflight's, the GPUs', the host's
+      const problems: Array<string> = []
+      const keep = (e: ConfigError) => Effect.sync(() => void problems.push(...e.problems))
+      yield* preflight(c, { offline }).pipe(Effect.catchTag("ConfigError", keep))
       // the plan too: with NVML on this host, a tp x dp it cannot hold (or a GPU it lacks) is refused here
-      const plan = offline ? undefined : yield* resolvePlan(c, nvmlWorkerEntry())
+      const plan = offline
+        ? undefined
+        : yield* resolvePlan(c, nvmlWorkerEntry()).pipe(
+            Effect.catchTag("ConfigError", (e) => Effect.as(keep(e), undefined))
+          )
+      // what run would find only by failing once started: the engine's executable, state_dir, a KVBM tier
+      const host = yield* hostFindings(c, plan ?? engineFor(c.engine.kind).render(c), { offline })
+      problems.push(...host.errors)
+      if (problems.length > 0) return yield* new ConfigError({ file: c.file ?? "<inline>", problems })
       const memory = offline ? undefined : yield* readMemory
       // sized as run sizes it at start (layers/engine/cpuCache.ts), from this process's environment (a container's
       // env:), the plan's and [engine].env, and a connector config file they name
@@ -172,6 +224,7 @@ export const check = Command.make(
       yield* Console.log(summarize(c, plan, memory, cpuCache))
       // A warning, not a problem: the limit is the host's, and may be raised before the engine's cache fills.
       if (cpuCache?.warning !== undefined) yield* Console.error(`warning: ${cpuCache.warning}`)
+      for (const warning of host.warnings) yield* Console.error(`warning: ${warning}`)
     })
 ).pipe(
   Command.withDescription(

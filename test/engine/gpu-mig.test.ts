@@ -11,6 +11,7 @@ import * as path from "node:path"
 import { afterEach, beforeAll, describe, expect, it } from "vitest"
 import { killAllAgents, requireDist, simAgentConfig, startAgent } from "../support/agent.ts"
 import { runCli } from "../support/cli.ts"
+import { engineBinEnv } from "../support/engineBin.ts"
 import { fetchText } from "../support/http.ts"
 import { useFakeNvml } from "../support/nvml.ts"
 import { pollUntil } from "../support/poll.ts"
@@ -165,10 +166,15 @@ describe("an engine on a MIG device (built agent, fake NVML through koffi)", () 
   it("check shows the MIG device and the GPU it is on; two MIG devices exit 2 with the key and the reason", async () => {
     const state = path.join(nvml.dir, "check.state")
     fs.writeFileSync(state, `${board(true).join("\n")}\n`)
-    const env = { CGN_NVML_LIBRARY: nvml.library, FAKE_NVML_STATE: state }
+    // vllm on PATH: check refuses an engine it cannot find (src/programs/hostChecks.ts)
+    const env = { CGN_NVML_LIBRARY: nvml.library, FAKE_NVML_STATE: state, ...engineBinEnv(nvml.dir) }
     const file = (name: string, gpus: ReadonlyArray<string>, tp: number) => {
       const f = path.join(nvml.dir, name)
-      fs.writeFileSync(f, `[models."m"]\nhf_repo = "org/m"\ntp = ${tp}\ngpus = ${JSON.stringify(gpus)}\n`)
+      // a state_dir check can use as any user (the default, /var/lib/cgn-agent, needs root)
+      fs.writeFileSync(
+        f,
+        `[agent]\nstate_dir = "${nvml.dir}/state"\n[models."m"]\nhf_repo = "org/m"\ntp = ${tp}\ngpus = ${JSON.stringify(gpus)}\n`
+      )
       return f
     }
     const one = await runCli(["check", "--config", file("one.toml", [MINE], 1)], env)

@@ -13,6 +13,7 @@ import { NodeHealth } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { nodeKey } from "../../src/services/registry/HealthReporter.ts"
 import { killAllAgents, processAlive, requireDist, simAgentConfig, startAgent } from "../support/agent.ts"
 import { runCli } from "../support/cli.ts"
+import { engineBinEnv } from "../support/engineBin.ts"
 import { startEtcd } from "../support/etcd.ts"
 import { fetchText } from "../support/http.ts"
 import { useFakeNvml } from "../support/nvml.ts"
@@ -272,12 +273,14 @@ describe("GPU-aware supervision (built agent, fake NVML through koffi)", () => {
   }, 180_000)
 
   it("check and render resolve the GPUs through NVML: automatic assignment shown, a tp the host cannot hold refused", async () => {
+    // a state_dir any user can use, and vllm on PATH: check refuses what run could not start (hostChecks.ts)
     const file = (name: string, tp: number) => {
       const f = path.join(nvml.dir, name)
-      fs.writeFileSync(f, `[models."m"]\nhf_repo = "org/m"\ntp = ${tp}\n`)
+      fs.writeFileSync(f, `[agent]\nstate_dir = "${nvml.dir}/state"\n[models."m"]\nhf_repo = "org/m"\ntp = ${tp}\n`)
       return f
     }
-    const env = { CGN_NVML_LIBRARY: nvml.library, FAKE_NVML_STATE: path.join(nvml.dir, "none.state") }
+    const bin = engineBinEnv(nvml.dir)
+    const env = { CGN_NVML_LIBRARY: nvml.library, FAKE_NVML_STATE: path.join(nvml.dir, "none.state"), ...bin }
     const render = await runCli(["render", "--config", file("tp2.toml", 2)], env)
     expect(render.code).toBe(0)
     expect(render.stdout).toContain("CUDA_VISIBLE_DEVICES=0,1")
@@ -287,7 +290,7 @@ describe("GPU-aware supervision (built agent, fake NVML through koffi)", () => {
       'models."m".gpus: the engine needs 4 GPUs (tp x dp) but this host has 2 healthy of 2'
     )
     // without NVML the same file passes: nothing says the host is too small
-    const noNvml = await runCli(["check", "--config", file("tp4b.toml", 4)], { CGN_NVML_LIBRARY: "none" })
-    expect(noNvml.code).toBe(0)
+    const noNvml = await runCli(["check", "--config", file("tp4b.toml", 4)], { CGN_NVML_LIBRARY: "none", ...bin })
+    expect(noNvml.code, noNvml.stderr).toBe(0)
   }, 180_000)
 })

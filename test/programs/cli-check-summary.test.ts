@@ -12,6 +12,7 @@ import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import { summarize } from "../../src/programs/check.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"
 import { runCli } from "../support/cli.ts"
+import { engineBinEnv } from "../support/engineBin.ts"
 import { canCreateMemoryCgroup, createMemoryCgroup } from "../support/memoryCgroup.ts"
 import { buildFakeNvml } from "../support/nvml.ts"
 
@@ -150,8 +151,13 @@ describe("check and the memory cgroup", () => {
       const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-check-memory-"))
       try {
         const file = path.join(dir, "kvbm.toml")
-        fs.writeFileSync(file, '[engine]\nkv_offload = "kvbm"\nkvbm_cpu_cache_gb = 1\n[models.m]\nhf_repo = "a/b"\n')
-        const r = await runCli(["check", "--config", file], {}, cgroup.enter)
+        const agent = `[agent]\nstate_dir = "${dir}/state"\n`
+        const engines = engineBinEnv(dir)
+        fs.writeFileSync(
+          file,
+          `${agent}[engine]\nkv_offload = "kvbm"\nkvbm_cpu_cache_gb = 1\n[models.m]\nhf_repo = "a/b"\n`
+        )
+        const r = await runCli(["check", "--config", file], engines, cgroup.enter)
         expect(r.code, r.stderr).toBe(0)
         expect(line(r.stdout, "memory limit")).toBe(`512.0 MiB (cgroup ${cgroup.version})`)
         expect(r.stderr).toContain(
@@ -160,8 +166,8 @@ describe("check and the memory cgroup", () => {
         )
         // LMCache with nothing set: its default 5 GiB per GPU worker (one here)
         const lmcache = path.join(dir, "lmcache.toml")
-        fs.writeFileSync(lmcache, '[engine]\nkv_offload = "lmcache"\n[models.m]\nhf_repo = "a/b"\n')
-        const byDefault = await runCli(["check", "--config", lmcache], {}, cgroup.enter)
+        fs.writeFileSync(lmcache, `${agent}[engine]\nkv_offload = "lmcache"\n[models.m]\nhf_repo = "a/b"\n`)
+        const byDefault = await runCli(["check", "--config", lmcache], engines, cgroup.enter)
         expect(byDefault.code, byDefault.stderr).toBe(0)
         expect(byDefault.stderr).toContain(
           "warning: the engine's CPU KV-cache tier (LMCache's default max_local_cpu_size of 5 (GiB): 5.0 GiB) is at " +
@@ -182,43 +188,170 @@ describe("check and the memory cgroup", () => {
 describe("check and the engine's CPU KV-cache tier", () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-check-cpu-cache-"))
   afterAll(() => fs.rmSync(dir, { recursive: true, force: true }))
-  const config = (name: string, engine: string) => {
+  const config = (name: string, engine: string, agent = "") => {
     const file = path.join(dir, name)
-    fs.writeFileSync(file, `[engine]\n${engine}\n[models.m]\nhf_repo = "a/b"\ntp = 2\n`)
+    fs.writeFileSync(
+      file,
+      `[agent]\nstate_dir = "${dir}/state"\n${agent}\n[engine]\n${engine}\n[models.m]\nhf_repo = "a/b"\ntp = 2\n`
+    )
     return file
   }
+  // the engines' executables on PATH: check refuses an engine it cannot find
+  const engines = engineBinEnv(dir)
 
   it("LMCache's from the file a container's env names, per GPU worker; HiCache's ratio unknown; none; offline", async () => {
     const yaml = path.join(dir, "lmcache.yaml")
     fs.writeFileSync(yaml, "chunk_size: 256\nmax_local_cpu_size: 20\n")
     const lmcache = config("lmcache.toml", 'kv_offload = "lmcache"')
-    const r = await runCli(["check", "--config", lmcache], { LMCACHE_CONFIG_FILE: yaml })
+    const r = await runCli(["check", "--config", lmcache], { LMCACHE_CONFIG_FILE: yaml, ...engines })
     expect(r.code, r.stderr).toBe(0)
     expect(line(r.stdout, "cpu kv cache")).toBe(
       `40.0 GiB (max_local_cpu_size: 20 in ${yaml} (LMCACHE_CONFIG_FILE) per GPU worker x 2 (tp 2))`
     )
-    const hicache = await runCli([
-      "check",
-      "--config",
-      config("hicache.toml", 'kind = "sglang"\nkv_offload = "hicache"')
-    ])
+    const hicache = await runCli(
+      ["check", "--config", config("hicache.toml", 'kind = "sglang"\nkv_offload = "hicache"')],
+      engines
+    )
     expect(line(hicache.stdout, "cpu kv cache")).toMatch(/^unknown \(SGLang sizes its host pool as --hicache-ratio/)
-    const none = await runCli([
-      "check",
-      "--config",
-      config("none.toml", 'kv_offload = "nixl"\n[agent]\nrole = "prefill"')
-    ])
+    const none = await runCli(
+      ["check", "--config", config("none.toml", 'kv_offload = "nixl"', 'role = "prefill"')],
+      engines
+    )
     expect(line(none.stdout, "cpu kv cache"), none.stderr).toBe("none")
     // SGLang's LMCache is deliberately not sized: unknown, saying why (not "none": it may well hold host memory)
-    const sglangLmcache = await runCli([
-      "check",
-      "--config",
-      config("sglang-lmcache.toml", 'kind = "sglang"\nkv_offload = "lmcache"')
-    ])
+    const sglangLmcache = await runCli(
+      ["check", "--config", config("sglang-lmcache.toml", 'kind = "sglang"\nkv_offload = "lmcache"')],
+      engines
+    )
     expect(line(sglangLmcache.stdout, "cpu kv cache"), sglangLmcache.stderr).toMatch(
       /^unknown \(SGLang's LMCache is not sized here: /
     )
     const offline = await runCli(["check", "--offline", "--config", lmcache], { LMCACHE_CONFIG_FILE: yaml })
     expect(line(offline.stdout, "cpu kv cache")).toBe("not read (--offline)")
+  })
+})
+
+describe("check finds on the host what run would find only by failing", () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-check-host-"))
+  afterAll(() => fs.rmSync(dir, { recursive: true, force: true }))
+  const engines = engineBinEnv(dir)
+  const config = (name: string, body: string, stateDir = `${dir}/state`) => {
+    const file = path.join(dir, name)
+    fs.writeFileSync(file, `[agent]\nstate_dir = "${stateDir}"\n${body}\n[models.m]\nhf_repo = "a/b"\n`)
+    return file
+  }
+
+  it("an engine executable that is not there: exit 2 with the key, as spawn would find it; not for openai_compat", async () => {
+    const missing = await runCli([
+      "check",
+      "--config",
+      config("missing.toml", '[engine]\ncommand = ["/nonexistent/vllm"]')
+    ])
+    expect(missing.code).toBe(2)
+    expect(missing.stderr).toContain(
+      'engine.command[0] = "/nonexistent/vllm": /nonexistent/vllm does not exist; run could not spawn the engine'
+    )
+    // the default executable, searched in the engine's PATH (here one without it)
+    const empty = path.join(dir, "empty-bin")
+    fs.mkdirSync(empty, { recursive: true })
+    const bare = config("default.toml", "")
+    const notOnPath = await runCli(["check", "--config", bare], { PATH: empty })
+    expect(notOnPath.code).toBe(2)
+    expect(notOnPath.stderr).toContain(
+      `engine.kind = "vllm" runs "vllm" (engine.command is unset): not found on the engine's PATH (${empty})`
+    )
+    // [engine].env's PATH is the engine's: it finds it there
+    const viaEnv = config("env-path.toml", `[engine.env]\nPATH = "${engines.PATH}"`)
+    expect((await runCli(["check", "--config", viaEnv], { PATH: empty })).code).toBe(0)
+    const found = await runCli(["check", "--config", bare], engines)
+    expect(found.code, found.stderr).toBe(0)
+    // a file that is not executable is refused too
+    const plain = path.join(dir, "not-executable")
+    fs.writeFileSync(plain, "#!/bin/sh\n", { mode: 0o644 })
+    const notExec = await runCli(["check", "--config", config("plain.toml", `[engine]\ncommand = ["${plain}"]`)])
+    // (root too: an execute bit is needed for X_OK, access(2))
+    expect(notExec.code).toBe(2)
+    expect(notExec.stderr).toContain(`${plain} is not executable`)
+    // a proxied server starts nothing; --offline checks a config away from its host
+    const proxied = config("proxied.toml", '[engine]\nkind = "openai_compat"\nurl = "http://10.0.0.1:8000"')
+    expect((await runCli(["check", "--config", proxied], { PATH: empty })).code).toBe(0)
+    expect((await runCli(["check", "--offline", "--config", bare], { PATH: empty })).code).toBe(0)
+  })
+
+  it("a state_dir that cannot be made (under /proc, below a file) is exit 2; one that can is not made by check", async () => {
+    const proc = await runCli(["check", "--config", config("proc.toml", "", "/proc/cgn-agent/state")], engines)
+    expect(proc.code).toBe(2)
+    expect(proc.stderr).toContain(
+      'agent.state_dir = "/proc/cgn-agent/state": /proc is on procfs (a kernel filesystem): nothing can be kept there'
+    )
+    const file = path.join(dir, "a-file")
+    fs.writeFileSync(file, "")
+    const below = await runCli(["check", "--config", config("below.toml", "", `${file}/state`)], engines)
+    expect(below.code).toBe(2)
+    expect(below.stderr).toContain(`${file} is not a directory, so ${file}/state cannot be made`)
+    const fresh = path.join(dir, "not-yet", "state")
+    const ok = await runCli(["check", "--config", config("fresh.toml", "", fresh)], engines)
+    expect(ok.code, ok.stderr).toBe(0)
+    expect(line(ok.stdout, "state dir")).toBe(fresh)
+    expect(fs.existsSync(path.join(dir, "not-yet"))).toBe(false)
+    // a proxied server keeps only the cordon there: a warning
+    const proxied = await runCli([
+      "check",
+      "--config",
+      config("proxied-proc.toml", '[engine]\nkind = "openai_compat"\nurl = "http://10.0.0.1:8000"', "/proc/x")
+    ])
+    expect(proxied.code).toBe(0)
+    expect(proxied.stderr).toContain('warning: agent.state_dir = "/proc/x": /proc is on procfs')
+  })
+
+  it('kv_offload = "kvbm" with no cache tier: exit 2 naming the keys; a tier in [engine].env will do', async () => {
+    const none = await runCli(["check", "--config", config("kvbm.toml", '[engine]\nkv_offload = "kvbm"')], engines)
+    expect(none.code).toBe(2)
+    expect(none.stderr).toContain('engine.kv_offload = "kvbm" with no cache tier: KVBM refuses to start without one')
+    expect(none.stderr).toContain("set engine.kvbm_cpu_cache_gb or engine.kvbm_disk_cache_gb")
+    const disk = config("kvbm-disk.toml", '[engine]\nkv_offload = "kvbm"\nkvbm_disk_cache_gb = 50')
+    expect((await runCli(["check", "--config", disk], engines)).code).toBe(0)
+    const env = config("kvbm-env.toml", '[engine]\nkv_offload = "kvbm"\n[engine.env]\nDYN_KVBM_CPU_CACHE_GB = "8"')
+    expect((await runCli(["check", "--config", env], engines)).code).toBe(0)
+    // the agent's own environment (a container's env:) is the engine's too
+    const fromAgent = await runCli(["check", "--config", config("kvbm-bare.toml", '[engine]\nkv_offload = "kvbm"')], {
+      ...engines,
+      DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS: "1000"
+    })
+    expect(fromAgent.code, fromAgent.stderr).toBe(0)
+    // away from the host, the host's environment may still set one: a warning
+    const offline = await runCli([
+      "check",
+      "--offline",
+      "--config",
+      config("kvbm-off.toml", '[engine]\nkv_offload = "kvbm"')
+    ])
+    expect(offline.code).toBe(0)
+    expect(offline.stderr).toContain('warning: engine.kv_offload = "kvbm" with no cache tier')
+  })
+
+  it("the summary shows the advertised address with what decided it, and state_dir", () => {
+    const interfaces = { eth0: [{ address: "10.9.8.7", family: "IPv4", internal: false }] }
+    const text = '[agent]\nlisten_grpc = "0.0.0.0:7071"\nstate_dir = "rel/state"\n[models.m]\nhf_repo = "a/b"\n'
+    const wildcard = summarize(load(text), undefined, undefined, undefined, interfaces)
+    expect(line(wildcard, "advertise")).toBe("10.9.8.7:7071 (the first external IPv4 address of this host)")
+    expect(line(wildcard, "state dir")).toBe(`rel/state (${path.resolve("rel/state")})`)
+    expect(line(summarize(load(text), undefined, undefined, undefined, {}), "advertise")).toBe(
+      "127.0.0.1:7071 (no external IPv4 address on this host)"
+    )
+    const fromNodeIp = decodeConfig(text, "summary.toml", { NODE_IP: "10.1.2.3" })
+    if (Result.isFailure(fromNodeIp)) throw new Error(fromNodeIp.failure.message)
+    expect(line(summarize(fromNodeIp.success, undefined, undefined, undefined, interfaces), "advertise")).toBe(
+      "10.1.2.3:7071 (NODE_IP)"
+    )
+    const set = load('[agent]\nadvertise_addr = "node-7.example:7071"\n[models.m]\nhf_repo = "a/b"\n')
+    expect(line(summarize(set, undefined, undefined, undefined, interfaces), "advertise")).toBe(
+      "node-7.example:7071 (agent.advertise_addr)"
+    )
+    const port0 = load('[agent]\nlisten_grpc = "127.0.0.1:0"\n[models.m]\nhf_repo = "a/b"\n')
+    expect(line(summarize(port0, undefined, undefined, undefined, interfaces), "advertise")).toBe(
+      "127.0.0.1:0 (listen_grpc's host; port 0: the port listen_grpc binds at start)"
+    )
+    expect(line(summarize(port0), "state dir")).toBe("/var/lib/cgn-agent")
   })
 })

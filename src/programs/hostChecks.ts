@@ -1,0 +1,184 @@
+/**
+ * `cgn-agent check`'s checks of the host beyond `preflight` (check.ts): what `run` would only find out by failing
+ * after it started. Nothing is created or started: each check reads.
+ * - The engine's executable (a spawned engine only), found as its spawn finds it: a path with a slash from the
+ *   working directory, else the first executable file of that name in the engine's PATH. `run` would fail to spawn it
+ *   (ENOENT) and restart it for ever, the node unhealthy.
+ * - `agent.state_dir`: the directory itself, else its first existing ancestor, must be a writable directory, not on a
+ *   kernel filesystem (procfs, sysfs: mkdir there fails, and as root every permission check passes). `run` of a
+ *   spawned engine cannot start without it (the state lock and the pid file); with none it keeps the cordon and
+ *   the GPUs' Xids there only.
+ * - `engine.kv_offload = "kvbm"` with no cache tier in the engine's environment: KVBM refuses to start
+ *   (ai-dynamo/dynamo lib/llm/src/block_manager/distributed/leader.rs, KvbmLeaderConfig::sanity_check: "At least
+ *   one cache tier must be configured"), so vLLM exits at every start.
+ * Each finding is an error (check exits 2: `run` would not serve) or a warning (the exit stays 0).
+ */
+import { constants } from "node:fs"
+import * as fsp from "node:fs/promises"
+import * as path from "node:path"
+import { Effect } from "effect"
+import type { AgentConfig } from "../services/config/Config.ts"
+import type { LaunchPlan } from "../services/engine/Engine.ts"
+import { engineEnvironment } from "../services/engine/EngineEnvironment.ts"
+
+export interface HostFindings {
+  readonly errors: ReadonlyArray<string>
+  readonly warnings: ReadonlyArray<string>
+}
+
+type Env = Readonly<Record<string, string | undefined>>
+
+/** The search path when the engine's environment has no PATH: libuv's default (src/unix/process.c _PATH_DEFPATH). */
+const DEFAULT_PATH = "/usr/bin:/bin"
+
+const codeOf = (e: unknown): string => (e as NodeJS.ErrnoException).code ?? String(e)
+
+/** Why `file` cannot be executed, or undefined when it can (a regular file with an execute bit for us). */
+const notExecutable = async (file: string): Promise<string | undefined> => {
+  try {
+    if (!(await fsp.stat(file)).isFile()) return `${file} is not a file`
+    await fsp.access(file, constants.X_OK)
+    return undefined
+  } catch (e) {
+    const code = codeOf(e)
+    if (code === "ENOENT" || code === "ENOTDIR") return `${file} does not exist`
+    if (code === "EACCES") return `${file} is not executable`
+    return `${file}: ${code}`
+  }
+}
+
+/**
+ * Why `command` would not start, or undefined when it is found. Resolved as libuv's spawn resolves it (Node's
+ * child_process.spawn, no shell; src/unix/process.c uv__spawn_resolve_and_spawn / execvp): a name with a slash is
+ * a path (relative to `cwd`), any other is searched in the PATH of the environment the engine gets, an empty entry
+ * being the working directory.
+ */
+export const commandProblem = async (command: string, env: Env, cwd: string): Promise<string | undefined> => {
+  if (command === "") return "the command is empty"
+  if (command.includes("/")) return notExecutable(path.resolve(cwd, command))
+  const search = env.PATH ?? DEFAULT_PATH
+  for (const dir of search.split(":")) {
+    if ((await notExecutable(path.join(dir === "" ? cwd : dir, command))) === undefined) return undefined
+  }
+  return `not found on the engine's PATH (${search})`
+}
+
+/** Kernel filesystems nothing can be created in (statfs f_type, linux/magic.h). */
+const KERNEL_FS: ReadonlyMap<number, string> = new Map([
+  [0x9fa0, "procfs"],
+  [0x62656572, "sysfs"]
+])
+
+/**
+ * Why `stateDir` could not be used (created, locked, written) by `run`, or undefined. Reads only: the directory if
+ * it exists, else the first ancestor that does, which must be a writable directory off procfs and sysfs.
+ */
+export const stateDirProblem = async (stateDir: string, cwd: string): Promise<string | undefined> => {
+  const target = path.resolve(cwd, stateDir)
+  let dir = target
+  for (;;) {
+    try {
+      const st = await fsp.stat(dir)
+      if (!st.isDirectory())
+        return dir === target ? `${dir} is not a directory` : `${dir} is not a directory, so ${target} cannot be made`
+      break
+    } catch (e) {
+      const code = codeOf(e)
+      const parent = path.dirname(dir)
+      if ((code !== "ENOENT" && code !== "ENOTDIR") || parent === dir) return `${dir}: ${code}`
+      dir = parent
+    }
+  }
+  const real = await fsp.realpath(dir).catch(() => dir)
+  const kind = await fsp.statfs(real).then(
+    (s) => KERNEL_FS.get(Number(s.type)),
+    () => undefined
+  )
+  const under = ["/proc", "/sys"].find((k) => real === k || real.startsWith(`${k}/`))
+  if (kind !== undefined || under !== undefined)
+    return `${real} is on ${kind ?? under} (a kernel filesystem): nothing can be kept there`
+  try {
+    await fsp.access(dir, constants.W_OK | constants.X_OK)
+  } catch (e) {
+    return dir === target
+      ? `${dir} is not writable (${codeOf(e)})`
+      : `${target} cannot be made in ${dir} (${codeOf(e)})`
+  }
+  return undefined
+}
+
+/** KVBM's cache tiers, each set by a size or a block count (leader.rs KvbmLeaderConfig::sanity_check). */
+const KVBM_TIER_VARIABLES = [
+  "DYN_KVBM_CPU_CACHE_GB",
+  "DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS",
+  "DYN_KVBM_DISK_CACHE_GB",
+  "DYN_KVBM_DISK_CACHE_OVERRIDE_NUM_BLOCKS"
+] as const
+
+const positive = (v: string | undefined): boolean => v !== undefined && Number(v) > 0
+
+/** Whether the engine's environment gives KVBM a tier: a size or block count > 0, or object storage with blocks. */
+export const kvbmHasTier = (env: Env): boolean =>
+  KVBM_TIER_VARIABLES.some((name) => positive(env[name])) ||
+  (["1", "true"].includes(env.DYN_KVBM_USE_OBJECT_OFFLOAD?.toLowerCase() ?? "") &&
+    positive(env.DYN_KVBM_OBJECT_NUM_BLOCKS))
+
+const KVBM_NO_TIER =
+  'engine.kv_offload = "kvbm" with no cache tier: KVBM refuses to start without one ("At least one cache tier must ' +
+  'be configured"), so the engine would exit at every start; set engine.kvbm_cpu_cache_gb or ' +
+  "engine.kvbm_disk_cache_gb (or DYN_KVBM_CPU_CACHE_GB / DYN_KVBM_DISK_CACHE_GB in [engine].env)"
+
+/** How long the host's filesystems get to answer (a hung network mount must not hold check). */
+const READ_TIMEOUT_MS = 10_000
+
+/**
+ * The findings on this host. `plan`: the launch plan as `run` renders it; `offline`: away from the host, where only
+ * the file is read (the engine's executable and the state dir are skipped, and a KVBM tier the host's environment
+ * may still set is a warning).
+ */
+export const hostFindings = (
+  c: AgentConfig,
+  plan: LaunchPlan,
+  options: { readonly offline: boolean; readonly env?: Env; readonly cwd?: string }
+): Effect.Effect<HostFindings> =>
+  Effect.promise(async (): Promise<HostFindings> => {
+    const errors: Array<string> = []
+    const warnings: Array<string> = []
+    const cwd = options.cwd ?? process.cwd()
+    const env = engineEnvironment(options.offline ? {} : (options.env ?? process.env), plan.env)
+    if (c.engine.kv_offload === "kvbm" && !kvbmHasTier(env)) {
+      ;(options.offline ? warnings : errors).push(
+        options.offline ? `${KVBM_NO_TIER}, unless the host's environment sets one` : KVBM_NO_TIER
+      )
+    }
+    if (options.offline) return { errors, warnings }
+    const command = plan.argv[0]
+    if (plan.spawns && command !== undefined) {
+      const problem = await commandProblem(command, env, cwd)
+      const key =
+        c.engine.command === undefined
+          ? `engine.kind = "${c.engine.kind}" runs "${command}" (engine.command is unset)`
+          : `engine.command[0] = "${command}"`
+      if (problem !== undefined)
+        errors.push(`${key}: ${problem}; run could not spawn the engine and would restart it again and again`)
+    }
+    const dir = await stateDirProblem(c.agent.state_dir, cwd)
+    if (dir !== undefined) {
+      const line = `agent.state_dir = "${c.agent.state_dir}": ${dir}; set agent.state_dir to a writable local directory`
+      // a spawned engine's start needs it (lock, pid file); a proxied server's run keeps only the cordon there
+      if (plan.spawns) errors.push(line)
+      else warnings.push(`${line} (a cordon and the GPUs' Xids could not be kept across restarts)`)
+    }
+    return { errors, warnings }
+  }).pipe(
+    Effect.timeoutOrElse({
+      duration: READ_TIMEOUT_MS,
+      orElse: () =>
+        Effect.succeed({
+          errors: [
+            `the host's filesystems gave no answer within ${READ_TIMEOUT_MS / 1000} s (engine command, state_dir)`
+          ],
+          warnings: []
+        })
+    })
+  )
