@@ -458,6 +458,36 @@ describe("the stall watchdog", () => {
       }
     )
 
+    it.effect(
+      "stalled with no call: the stall's test goes to each rank, and a rank it finds hung outlasts a call",
+      () => {
+        const p = probed(dp2Layer)
+        return Effect.gen(function* () {
+          const active = new ActiveCalls()
+          yield* StallWatchdog.fork(active)
+          const stuck = streaming(active)
+          yield* TestClock.adjust(IDLE_MS + 100)
+          assert.isTrue(stuck.state.aborted)
+          // the ranks' test after the stream stalled: both answer (the stream's stall stands: no call completed)
+          assert.deepStrictEqual(p.ranks, [0, 1])
+          active.delete(stuck.relay)
+          p.engine.hangRank = 1
+          // stalled with no call: the stall's own test, to both ranks, an idle timeout after the last
+          yield* TestClock.adjust(IDLE_MS)
+          assert.deepStrictEqual(p.ranks, [0, 1, 0, 1])
+          yield* TestClock.adjust(IDLE_MS)
+          assert.match((yield* problem) ?? "", /^engine stalled: 1 stream\(s\) sent nothing/)
+          // a call completes (on rank 0): the streams' stall ends, rank 1's missing answer keeps the node stalled
+          active.completed++
+          yield* TestClock.adjust(100)
+          assert.strictEqual(
+            yield* problem,
+            "engine stalled: a test completion sent while the engine was stalled with no call got no answer from data-parallel rank 1 within 800ms (engine.stream_idle_timeout)"
+          )
+        }).pipe(Effect.scoped, Effect.provide(p.layer))
+      }
+    )
+
     it.effect("the idle test goes to each rank: one that does not answer takes the engine as stalled, named", () => {
       const p = probed(dp2Layer)
       return Effect.gen(function* () {

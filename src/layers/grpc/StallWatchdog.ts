@@ -96,9 +96,16 @@ export const fork = Effect.fnUntraced(function* (
                     if (started) rankTestOwed = false
                   })
                 : Effect.void
-              if (active.size > 0 || isStalled(s)) {
+              if (active.size > 0) {
                 quietSince = undefined
-                return active.size > 0 ? rankTest : Effect.andThen(rankTest, probe.stalled(now))
+                return rankTest
+              }
+              // stalled with no call: the stall's own test, which goes to every rank too (and clears the stall)
+              if (isStalled(s)) {
+                quietSince = undefined
+                return Effect.map(probe.stalled(now), (started) => {
+                  if (started) rankTestOwed = false
+                })
               }
               if (completed || quietSince === undefined) quietSince = now
               if (quietMs <= 0 || now - quietSince < quietMs) return rankTest

@@ -172,6 +172,14 @@ export const stallProbe = (
     inFlight = false
   })
 
+  /** A rank (or the engine) that gave no answer: the engine is taken as stalled, unless the run ended under the test. */
+  const noAnswerFrom = (f: Failed, sentAfter: string) =>
+    Effect.flatMap(Effect.zip(ready, Clock.currentTimeMillis), ([stillReady, now]) =>
+      stillReady ? stall.testFailed({ since: now, sentAfter, rank: f.rank }) : Effect.void
+    )
+
+  // While stalled: one that completes on every rank clears the stall; one that a rank does not answer also keeps
+  // that rank's failure (a call another rank completes later must not clear the stall: EngineStall.onCompleted).
   const whileStalled = request.pipe(
     Effect.matchEffect({
       onSuccess: () =>
@@ -186,7 +194,13 @@ export const stallProbe = (
             true
           )
         }),
-      onFailure: (f) => failed(f, "the engine failed a test request while stalled and idle: still stalled")
+      onFailure: (f) =>
+        Effect.andThen(
+          f.error.reason === "Timeout" && f.rank !== undefined
+            ? noAnswerFrom(f, "while the engine was stalled with no call")
+            : Effect.void,
+          failed(f, "the engine failed a test request while stalled and idle: still stalled")
+        )
     }),
     Effect.ensuring(done)
   )
@@ -202,9 +216,7 @@ export const stallProbe = (
           }),
         onFailure: (f) =>
           f.error.reason === "Timeout"
-            ? Effect.flatMap(Effect.zip(ready, Clock.currentTimeMillis), ([stillReady, now]) =>
-                stillReady ? stall.testFailed({ since: now, sentAfter, rank: f.rank }) : Effect.void
-              )
+            ? noAnswerFrom(f, sentAfter)
             : failed(f, `the engine failed a test request sent ${sentAfter}: not taken as stalled (only no answer is)`)
       }),
       Effect.ensuring(done)
