@@ -66,7 +66,8 @@ describe("agentCut: the states in which the agent itself ends the run", () => {
     assert.deepStrictEqual(f, {
       code: 14,
       message: `${OPERATOR}: the engine request was aborted; retry on another node`,
-      trailers: { "cgn-error-source": "agent" }
+      trailers: { "cgn-error-source": "agent", "cgn-reason": "engine_run_ended" },
+      retryElsewhere: true
     })
   })
 })

@@ -492,7 +492,9 @@ describe("GrpcStatus", () => {
     expect(f).toEqual({
       code: Status.NOT_FOUND,
       message: "m",
-      trailers: { "cgn-error-source": "agent", "cgn-field": "model" }
+      trailers: { "cgn-error-source": "agent", "cgn-reason": "model_not_served", "cgn-field": "model" },
+      // another node may serve the model
+      retryElsewhere: true
     })
     expect(toGrpcFailure(new AgentDefect({ detail: "x" }))).toMatchObject({
       code: Status.INTERNAL,

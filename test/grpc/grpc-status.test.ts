@@ -100,6 +100,50 @@ describe("the status table", () => {
     expect(f.trailers["cgn-error-source"]).toBe(e._tag === "EngineError" ? "engine" : "agent")
   })
 
+  it("every row names its reason (cgn-reason) and whether another node may take the call", () => {
+    const reasons = new Map<string, string>()
+    for (const [tag, [e]] of Object.entries(samples)) {
+      const f = toGrpcFailure(e)
+      const reason = f.trailers["cgn-reason"] ?? ""
+      expect(reason, tag).toMatch(/^[a-z]+(_[a-z]+)*$/)
+      expect(typeof f.retryElsewhere, tag).toBe("boolean")
+      // one reason per agent ending (a router tells them apart without reading the message)
+      if (e._tag !== "EngineError" && e._tag !== "GenerateRejected") {
+        expect(reasons.get(reason), `${tag} and ${reasons.get(reason)} share ${reason}`).toBeUndefined()
+        reasons.set(reason, tag)
+      }
+    }
+    // this node's state: another may take the call; the request's own fault or the caller's end: no
+    const retry = (e: GenerateError) => toGrpcFailure(e).retryElsewhere
+    for (const tag of [
+      "Overloaded",
+      "NodeCordoned",
+      "Draining",
+      "NotServing",
+      "ShedAtArrival",
+      "EngineStalled"
+    ] as const)
+      expect(retry(samples[tag][0]), tag).toBe(true)
+    for (const tag of ["InvalidHandoff", "MessageTooLarge", "UndecodableRequest", "CallDeadlineExceeded"] as const)
+      expect(retry(samples[tag][0]), tag).toBe(false)
+    expect(retry(new GenerateRejected({ code: "INVALID_ARGUMENT", message: "m", field: "prompt" }))).toBe(false)
+    expect(retry(new GenerateRejected({ code: "RESOURCE_EXHAUSTED", message: "m", field: "prompt" }))).toBe(false)
+    // the engine: down, slow or overloaded here may not be so elsewhere; a request it refuses would be refused there
+    const http = (status: number) => new EngineError({ reason: "Http", message: "x", status })
+    expect([400, 404, 413, 422, 429, 500, 501, 503].map((s) => retry(http(s)))).toEqual([
+      false,
+      false,
+      false,
+      false,
+      true,
+      true,
+      false,
+      true
+    ])
+    expect(toGrpcFailure(http(500)).trailers["cgn-reason"]).toBe("engine_http")
+    expect(retry(new EngineError({ reason: "Connect", message: "x" }))).toBe(true)
+  })
+
   it("keeps the messages callers see", () => {
     expect(toGrpcFailure(samples.NotServing[0]).message).toBe("node is draining; retry on another node")
     expect(toGrpcFailure(samples.LegDeadline[0]).message).toBe(
@@ -128,13 +172,16 @@ describe("the status table", () => {
         "the engine exited (signal SIGKILL): ECONNREFUSED: connect ECONNREFUSED 127.0.0.1:1; retry on another node",
       trailers: {
         "cgn-error-source": "engine",
+        "cgn-reason": "engine_run_ended",
         "cgn-engine-reason": "Connect",
         "cgn-engine-message": "ECONNREFUSED: connect ECONNREFUSED 127.0.0.1:1"
-      }
+      },
+      retryElsewhere: true
     })
     const restarted = toGrpcFailure(samples.EngineRunEnded[0])
     expect(restarted.trailers).toEqual({
       "cgn-error-source": "agent",
+      "cgn-reason": "engine_run_ended",
       "cgn-engine-reason": "Stream",
       "cgn-engine-message": "stream truncated: UND_ERR_SOCKET: other side closed"
     })

@@ -273,6 +273,9 @@ describe("gRPC Agent against the simulator", () => {
       expect(r.final).toBeUndefined()
       expect(r.error?.details).toMatch(/engine failed mid-stream/)
       expect(r.trailer?.get("cgn-engine-reason")).toBe("Stream")
+      // text went out before the failure: a retry elsewhere would repeat it to the client
+      expect(r.deltas).toBeGreaterThan(0)
+      expect([r.trailer?.get("cgn-reason"), r.trailer?.get("cgn-retryable")]).toEqual(["engine_stream", "false"])
     } finally {
       await setFaults(sim, { errorRate: 0 })
     }
@@ -291,6 +294,9 @@ describe("gRPC Agent against the simulator", () => {
     const r2 = await collect(agent.client, { prompt: "a" })
     expect([statusOf(r2), r2.error?.details]).toEqual(["UNAVAILABLE", expect.stringMatching(/draining/)])
     expect((await simState(sim)).served).toBe(before)
+    // nothing sent, this node's state the cause: another node may take the call
+    expect([r1.trailer?.get("cgn-reason"), r1.trailer?.get("cgn-retryable")]).toEqual(["not_serving", "true"])
+    expect(r2.trailer?.get("cgn-retryable")).toBe("true")
   })
 })
 

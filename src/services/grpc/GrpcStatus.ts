@@ -48,6 +48,12 @@ export interface GrpcFailure {
   readonly code: Status
   readonly message: string
   readonly trailers: Readonly<Record<string, string>>
+  /**
+   * Whether the call may go to another node, provided it sent nothing (the call adds `cgn-retryable`, true only
+   * when no message went out: a client that has text would see a retry's repeated). Absent: no opinion (a library
+   * handler's status).
+   */
+  readonly retryElsewhere?: boolean
 }
 
 /** The engine's HTTP status as a gRPC code (also used for a mid-stream error that carries a numeric code). */
@@ -62,14 +68,15 @@ export const httpStatusToGrpc = (status: number): Status => {
   return Status.INTERNAL
 }
 
-const rejectCode: Readonly<Record<RejectCode, Status>> = {
-  INVALID_ARGUMENT: Status.INVALID_ARGUMENT,
-  NOT_FOUND: Status.NOT_FOUND,
-  RESOURCE_EXHAUSTED: Status.RESOURCE_EXHAUSTED,
-  UNAVAILABLE: Status.UNAVAILABLE,
-  FAILED_PRECONDITION: Status.FAILED_PRECONDITION,
-  DEADLINE_EXCEEDED: Status.DEADLINE_EXCEEDED,
-  CANCELLED: Status.CANCELLED
+/** A refusal's status, its `cgn-reason`, and whether another node may take the call (a model it serves). */
+const rejectCode: Readonly<Record<RejectCode, readonly [Status, string, boolean]>> = {
+  INVALID_ARGUMENT: [Status.INVALID_ARGUMENT, "invalid_argument", false],
+  NOT_FOUND: [Status.NOT_FOUND, "model_not_served", true],
+  RESOURCE_EXHAUSTED: [Status.RESOURCE_EXHAUSTED, "request_too_large", false],
+  UNAVAILABLE: [Status.UNAVAILABLE, "unavailable", true],
+  FAILED_PRECONDITION: [Status.FAILED_PRECONDITION, "failed_precondition", false],
+  DEADLINE_EXCEEDED: [Status.DEADLINE_EXCEEDED, "deadline_exceeded", false],
+  CANCELLED: [Status.CANCELLED, "cancelled", false]
 }
 
 /** Metadata values must be printable ASCII; the full text is in the status message anyway. */
@@ -113,9 +120,21 @@ const engineWhat = (e: EngineError): string => {
   }
 }
 
+/**
+ * Engine failures another node may well not have: its engine down, slow, overloaded (429) or broken. Not the
+ * request's own faults (400, 404, 413, 422) nor what the engine does not do (501): another engine would refuse
+ * them too.
+ */
+const engineRetryable = (code: Status): boolean =>
+  code === Status.UNAVAILABLE ||
+  code === Status.DEADLINE_EXCEEDED ||
+  code === Status.INTERNAL ||
+  code === Status.RESOURCE_EXHAUSTED
+
 export const engineFailure = (e: EngineError): GrpcFailure => {
   const trailers: Record<string, string> = {
     "cgn-error-source": "engine",
+    "cgn-reason": `engine_${e.reason.toLowerCase()}`,
     "cgn-engine-reason": e.reason,
     "cgn-engine-message": asciiTrailer(e.message)
   }
@@ -123,21 +142,30 @@ export const engineFailure = (e: EngineError): GrpcFailure => {
   if (e.engineType !== undefined) trailers["cgn-engine-type"] = asciiTrailer(e.engineType)
   if (e.engineCode !== undefined) trailers["cgn-engine-code"] = asciiTrailer(e.engineCode)
   const type = e.engineType === undefined ? "" : ` (${e.engineType})`
-  return { code: engineErrorCode(e), message: `${engineWhat(e)}${type}: ${e.message}`, trailers }
+  const code = engineErrorCode(e)
+  const retryElsewhere = engineRetryable(code) && e.status !== 413
+  return { code, message: `${engineWhat(e)}${type}: ${e.message}`, trailers, retryElsewhere }
 }
 
 export const rejectedFailure = (e: GenerateRejected): GrpcFailure => {
-  const trailers: Record<string, string> = { "cgn-error-source": "agent" }
+  const [code, reason, retryElsewhere] = rejectCode[e.code]
+  const trailers: Record<string, string> = { "cgn-error-source": "agent", "cgn-reason": reason }
   if (e.field !== undefined) trailers["cgn-field"] = e.field
-  return { code: rejectCode[e.code], message: e.message, trailers }
+  return { code, message: e.message, trailers, retryElsewhere }
 }
 
-/** A refusal or ending decided by the agent: its message, marked as the agent's. */
-const agent = (code: Status, e: { readonly message: string }): GrpcFailure => ({
-  code,
-  message: e.message,
-  trailers: { "cgn-error-source": "agent" }
-})
+/**
+ * A refusal or ending decided by the agent: its message, marked as the agent's, with its `cgn-reason` and whether
+ * another node may take the call (this node's state, not the request, was the cause).
+ */
+const agent =
+  (code: Status, reason: string, retryElsewhere: boolean) =>
+  (e: { readonly message: string }): GrpcFailure => ({
+    code,
+    message: e.message,
+    trailers: { "cgn-error-source": "agent", "cgn-reason": reason },
+    retryElsewhere
+  })
 
 type Row<T extends GenerateErrorTag> = (e: Extract<GenerateError, { readonly _tag: T }>) => GrpcFailure
 
@@ -146,20 +174,20 @@ export const statusTable: { readonly [T in GenerateErrorTag]: Row<T> } = {
   GenerateRejected: rejectedFailure,
   EngineError: engineFailure,
   // The handoff cannot happen as asked: the caller (router) must fix the leg's inputs.
-  InvalidHandoff: (e) => agent(Status.FAILED_PRECONDITION, e),
+  InvalidHandoff: agent(Status.FAILED_PRECONDITION, "invalid_handoff", false),
   // Retryable elsewhere: this node is not taking calls now.
-  NotServing: (e) => agent(Status.UNAVAILABLE, e),
+  NotServing: agent(Status.UNAVAILABLE, "not_serving", true),
   // Retryable elsewhere too: an operator took the node out of traffic, the engine behind it still runs.
-  NodeCordoned: (e) => agent(Status.UNAVAILABLE, e),
-  Overloaded: (e) => agent(Status.RESOURCE_EXHAUSTED, e),
-  Draining: (e) => agent(Status.UNAVAILABLE, e),
+  NodeCordoned: agent(Status.UNAVAILABLE, "cordoned", true),
+  Overloaded: agent(Status.RESOURCE_EXHAUSTED, "overloaded", true),
+  Draining: agent(Status.UNAVAILABLE, "draining", true),
   // A call that would have to wait with less time left than calls here need: refused at once, as Overloaded is, so
   // the router retries on another node while there is still time.
-  ShedAtArrival: (e) => agent(Status.RESOURCE_EXHAUSTED, e),
+  ShedAtArrival: agent(Status.RESOURCE_EXHAUSTED, "shed_at_arrival", true),
   // A queued call that reached its slot too late to finish before its deadline: failed there, never sent.
-  ShedAtSlot: (e) => agent(Status.DEADLINE_EXCEEDED, e),
-  LegDeadline: (e) => agent(Status.DEADLINE_EXCEEDED, e),
-  EngineStalled: (e) => agent(Status.UNAVAILABLE, e),
+  ShedAtSlot: agent(Status.DEADLINE_EXCEEDED, "shed_at_slot", true),
+  LegDeadline: agent(Status.DEADLINE_EXCEEDED, "leg_deadline", true),
+  EngineStalled: agent(Status.UNAVAILABLE, "engine_stalled", true),
   // The engine run ended under the call (services/grpc/EngineCut.ts): UNAVAILABLE as the transport failure was, its
   // engine trailers kept (none when the agent aborted the request as it ended the run); the agent's doing unless the
   // engine exited by itself.
@@ -168,24 +196,26 @@ export const statusTable: { readonly [T in GenerateErrorTag]: Row<T> } = {
     message: e.message,
     trailers: {
       ...(e.engine === undefined ? {} : engineFailure(e.engine).trailers),
-      "cgn-error-source": e.by === "exit" ? "engine" : "agent"
-    }
+      "cgn-error-source": e.by === "exit" ? "engine" : "agent",
+      "cgn-reason": "engine_run_ended"
+    },
+    retryElsewhere: true
   }),
-  StreamAborted: (e) => agent(Status.UNAVAILABLE, e),
-  ServerShuttingDown: (e) => agent(Status.UNAVAILABLE, e),
-  AgentDefect: (e) => agent(Status.INTERNAL, e),
+  StreamAborted: agent(Status.UNAVAILABLE, "stream_aborted", true),
+  ServerShuttingDown: agent(Status.UNAVAILABLE, "shutting_down", true),
+  AgentDefect: agent(Status.INTERNAL, "agent_defect", true),
   // The transport's own endings (layers/grpc/http2), on any method.
-  UnknownMethod: (e) => agent(Status.UNIMPLEMENTED, e),
-  MessageTooLarge: (e) => agent(Status.RESOURCE_EXHAUSTED, e),
+  UnknownMethod: agent(Status.UNIMPLEMENTED, "unknown_method", false),
+  MessageTooLarge: agent(Status.RESOURCE_EXHAUSTED, "message_too_large", false),
   // Memory the agent will not spend, as an admission refusal: retryable once others' requests have arrived.
-  RequestsOverBudget: (e) => agent(Status.RESOURCE_EXHAUSTED, e),
+  RequestsOverBudget: agent(Status.RESOURCE_EXHAUSTED, "requests_over_budget", true),
   // The caller's bytes are not the message: its fault, as a field it got wrong would be.
-  UndecodableRequest: (e) => agent(Status.INVALID_ARGUMENT, e),
+  UndecodableRequest: agent(Status.INVALID_ARGUMENT, "undecodable_request", false),
   // gRPC's status-code guide: framing and flow-control violations are INTERNAL.
-  ProtocolViolation: (e) => agent(Status.INTERNAL, e),
-  UnsupportedEncoding: (e) => agent(Status.UNIMPLEMENTED, e),
-  CallDeadlineExceeded: (e) => agent(Status.DEADLINE_EXCEEDED, e),
-  CallCancelled: (e) => agent(Status.CANCELLED, e)
+  ProtocolViolation: agent(Status.INTERNAL, "protocol_violation", false),
+  UnsupportedEncoding: agent(Status.UNIMPLEMENTED, "unsupported_encoding", false),
+  CallDeadlineExceeded: agent(Status.DEADLINE_EXCEEDED, "deadline_exceeded", false),
+  CallCancelled: agent(Status.CANCELLED, "cancelled", false)
 }
 
 /** The status a Generate call ends with for `e`. */

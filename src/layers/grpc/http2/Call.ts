@@ -72,6 +72,8 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
   #held: Array<Req> | undefined
   #heldEnd = false
   #done = false
+  /** A message went out: a failure after it is no longer the caller's to retry elsewhere (`cgn-retryable`). */
+  #wrote = false
   #trailers: http2.OutgoingHttpHeaders | undefined
   #deadline: ReturnType<typeof setTimeout> | undefined
   /** When the request's headers came (performance.now()): what its grpc-timeout counts from. */
@@ -139,6 +141,7 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
     // A stream the caller just reset is destroyed before its 'close' (next tick) makes the call cancelled.
     if (this.#done || this.#stream.destroyed) return false
     this.#respond()
+    this.#wrote = true
     const ok = this.#stream.write(frame)
     if (!ok && !this.#full) {
       // One 'drain' listener per wait: a handler that writes on without waiting (reflection, Watch) would
@@ -190,6 +193,7 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
     const trailers: http2.OutgoingHttpHeaders = { "grpc-status": String(status.code) }
     if (status.message !== "") trailers["grpc-message"] = encodeStatusMessage(status.message)
     for (const k in status.trailers) if (!reservedTrailer(k)) trailers[k] = status.trailers[k]
+    if (status.retryElsewhere !== undefined) trailers["cgn-retryable"] = String(status.retryElsewhere && !this.#wrote)
     if (!this.#headersSent) {
       // Trailers-only: the response headers and the status in the one HEADERS frame, which ends the stream.
       this.#headersSent = true
