@@ -4,8 +4,9 @@
  * acquisition: the etcd lease first (after the drain), then the gRPC and admin servers, then the core
  * services (engine process group, sockets, timers). There is no hand-kept cleanup list.
  */
-import { Context, Deferred, Duration, Effect, Layer, Option } from "effect"
+import { Context, Deferred, Duration, Effect, Layer, Option, Ref } from "effect"
 import type { LogLevel } from "effect/LogLevel"
+import type { NodeHealth } from "../gen/cgn/agent/v1/agent.ts"
 import * as AdminLive from "../layers/admin/Admin.ts"
 import { hangupNotice } from "../layers/config/configChanges.ts"
 import { planLayer } from "../layers/engine/backends/index.ts"
@@ -187,7 +188,12 @@ export const daemon = Effect.scoped(
         }
       })
     )
-    const grpc = yield* Layer.build(GrpcServerLive.layerWith({ tls: tls.serverTls }))
+    // GetNodeHealth answers with the freshness of the last etcd write, once the reporter (built after the servers)
+    // has one
+    const lastWritten = yield* Ref.make<Effect.Effect<NodeHealth | undefined>>(Effect.succeed(undefined))
+    const grpc = yield* Layer.build(
+      GrpcServerLive.layerWith({ tls: tls.serverTls, lastWritten: Effect.flatten(Ref.get(lastWritten)) })
+    )
     // before the registration: with listen_grpc's port 0 the node advertises the port the OS picked
     yield* (yield* NodeStatus).grpcBound(Number(splitHostPort(Context.get(grpc, GrpcServer).address).port))
     // Plaintext health for the kubelet's gRPC probe, which cannot do mTLS (layers/grpc/HealthListener.ts).
@@ -196,6 +202,7 @@ export const daemon = Effect.scoped(
     const reporterContext = yield* Layer.build(HealthReporterLive.layer)
     const reporter = Context.get(reporterContext, HealthReporter)
     yield* Deferred.succeed(reporterReady, reporter.status)
+    yield* Ref.set(lastWritten, reporter.lastRecord)
     yield* Deferred.succeed(etcdTlsReload, reporter.reloadTls)
     yield* MetricsLive.mirrorRegistration(reporter.status)
     yield* MetricsLive.mirrorNodeState((yield* NodeStatus).snapshot, (yield* Cordon).current)

@@ -144,6 +144,11 @@ describe("a running agent", () => {
     expect(Number(ttl.grantedTTL)).toBe(3)
     expect(Number(ttl.TTL)).toBeGreaterThan(0)
 
+    // GetNodeHealth carries the freshness of the last record written: the same epoch, a sequence at least the one read
+    const answered = await client.getNodeHealth({})
+    expect(answered.freshness?.epoch).toBe(second.freshness?.epoch)
+    expect(answered.freshness?.sequence).toBeGreaterThanOrEqual(Number(second.freshness?.sequence))
+
     const status = (await (await fetch(`${agent.adminUrl}/status`)).json()) as {
       registration: { state: string; key: string }
       health: { state: string }

@@ -6,6 +6,7 @@
  * calls `shutdownGraceMs` before cancelling them (connections with none close at once), logging what it cut.
  */
 import { Duration, Effect, Layer, Schema } from "effect"
+import type { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
 import { Config } from "../../services/config/Config.ts"
 import type { EngineClient } from "../../services/engine/EngineClient.ts"
 import type { EngineProcess } from "../../services/engine/EngineProcess.ts"
@@ -39,6 +40,12 @@ export interface GrpcServerOptions {
   readonly maxPendingChars?: number
   /** How long shutdown waits for running calls before cancelling them (default CLOSE_GRACE). */
   readonly shutdownGraceMs?: number
+  /**
+   * The last NodeHealth written to etcd (HealthReporter.lastRecord), read at each GetNodeHealth for its freshness:
+   * the router that compares the answer with the node's etcd record sees the same epoch and sequence. Absent or
+   * undefined (standalone, before the first write): freshness stays empty.
+   */
+  readonly lastWritten?: Effect.Effect<NodeHealth | undefined>
 }
 
 /** How long the server's close waits for calls still open (a router that stopped reading) before it cuts them. */
@@ -120,7 +127,12 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
         }
       ]
     },
-    nodeHealth: nodeStatus.snapshot,
+    nodeHealth:
+      options.lastWritten === undefined
+        ? nodeStatus.snapshot
+        : Effect.zipWith(nodeStatus.snapshot, options.lastWritten, (now, written) =>
+            written?.freshness === undefined ? now : { ...now, freshness: written.freshness }
+          ),
     run: (effect, onExit) => run(effect, { onExit })
   })
   // Watch streams never end by themselves; shutdown ends them so the server can close.
