@@ -114,6 +114,24 @@ const streamOptionsWithoutStream = (cfg: SimConfig, b: Record<string, unknown>):
   return { status: 400, message: STREAM_OPTIONS_TEXT, param: "stream_options", body }
 }
 
+const INT64_MAX = 2n ** 63n - 1n
+const INT64_MIN = -(2n ** 63n)
+
+/**
+ * vLLM bounds `seed` to torch.long: `seed: int | None = Field(None, ge=_LONG_INFO.min, le=_LONG_INFO.max)` on its
+ * completion and chat request models (vllm-project/vllm vllm/entrypoints/openai/protocol.py), so pydantic refuses a
+ * larger one, answered 400 as vLLM answers every validation error. Read from the raw body: JSON.parse rounds it.
+ */
+const seedOutOfRange = (cfg: SimConfig, rawBody: string): Invalid | undefined => {
+  if (cfg.flavor !== "vllm") return undefined
+  const m = /"seed"\s*:\s*(-?\d+)\s*[,}]/.exec(rawBody)
+  if (m === null) return undefined
+  const seed = BigInt(m[1] ?? "0")
+  if (seed >= INT64_MIN && seed <= INT64_MAX) return undefined
+  const [bound, limit] = seed > INT64_MAX ? ["less", INT64_MAX] : ["greater", INT64_MIN]
+  return { status: 400, message: `seed: Input should be ${bound} than or equal to ${limit}`, param: "seed" }
+}
+
 /** Validates a parsed body; `rawBody` lets bootstrap_room (up to 2^63-1) be read without float rounding. */
 export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawBody: string): GenRequest | Invalid => {
   if (cfg.flavor === "llama_cpp") return validateLlama(cfg, endpoint, body)
@@ -121,7 +139,7 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
     return { status: 400, message: "request body must be a JSON object", param: null }
   }
   const b = body as Record<string, unknown>
-  const early = streamOptionsWithoutStream(cfg, b)
+  const early = streamOptionsWithoutStream(cfg, b) ?? seedOutOfRange(cfg, rawBody)
   if (early !== undefined) return early
   const model = b.model
   if (model !== undefined && model !== null && typeof model === "string") {

@@ -92,6 +92,21 @@ describe("vLLM flavor", () => {
     expect(noUsage.some((d) => d.includes('"usage"'))).toBe(false)
   })
 
+  it("refuses a seed outside int64 with 400, as vLLM's request model bounds it (a uint64 that fits passes)", async () => {
+    const ask = (seed: string) =>
+      fetch(`${sim.url}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: `{"prompt":"a b","max_tokens":1,"seed":${seed}}`
+      })
+    const over = await ask("18446744073709551615")
+    expect(over.status).toBe(400)
+    expect(await over.text()).toContain("less than or equal to 9223372036854775807")
+    expect((await ask("-9223372036854775809")).status).toBe(400)
+    expect((await ask("9223372036854775807")).status).toBe(200)
+    expect((await ask("-1")).status).toBe(200)
+  })
+
   it("random mode is deterministic for a request seed", async () => {
     // The shared simulator is in echo mode; random mode is covered by a second one.
     const rnd = await startSim({ args: ["serve", "m", "--sim-mode", "random", "--sim-seed", "7"] })
