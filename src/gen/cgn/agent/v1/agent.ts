@@ -20,7 +20,7 @@ export const protobufFileName = "cgn/agent/v1/agent.proto";
 
 /** One chat message, OpenAI style. */
 export interface ChatMessage {
-  /** "system", "user", "assistant" or "tool". */
+  /** "system", "user", "assistant", "tool" or "developer" (else INVALID_ARGUMENT); passed to the engine as given. */
   role: string;
   /** The message text. */
   content: string;
@@ -33,7 +33,11 @@ export interface ChatMessages {
 
 /** Sampling parameters. Unset fields take the engine's defaults. */
 export interface Sampling {
-  /** Most tokens to generate; 1..[agent].max_tokens_limit. Unset: the engine's default. */
+  /**
+   * Most tokens to generate; 1..[agent].max_tokens_limit, and at most the model's context
+   * ([models.<name>].max_model_len, where set). Unset: the engine's default. Checked on a prefill leg too, although
+   * the agent sends a vLLM prefill leg to the engine with max_tokens 1.
+   */
   maxTokens?:
     | number
     | undefined;
@@ -70,15 +74,26 @@ export interface Sampling {
   repetitionPenalty?: number | undefined;
 }
 
-/** SGLang's prefill/decode rendezvous: the same three values go to the prefill and the decode engine. */
+/**
+ * SGLang's prefill/decode rendezvous: the same three values go to the prefill and the decode engine. The decode
+ * engine connects to host:port. NodeHealth publishes neither the host nor the port (a known gap): the router takes
+ * both from the prefill node's configuration.
+ */
 export interface SglangBootstrap {
-  /** Host of the prefill engine's bootstrap server. */
+  /**
+   * Host of the prefill engine's bootstrap server, as the decode engine reaches it. SGLang binds that server to its
+   * --host, which is [engine].url's host on the prefill node: that host (any address of the prefill host the decode
+   * engine reaches, when it is a wildcard such as 0.0.0.0). A loopback [engine].url (the default) serves only decode
+   * engines on the same host: for prefill and decode on different hosts the prefill node's [engine].url must not be
+   * loopback.
+   */
   host: string;
-  /** Port of the prefill engine's bootstrap server ([engine].bootstrap_port on the prefill node). */
+  /** Port of the prefill engine's bootstrap server: [engine].bootstrap_port on the prefill node (default 8998). */
   port: number;
   /**
    * Rendezvous id, a random integer in [0, 2^63-1] chosen by the router, the same on both legs. Above 2^53,
-   * so it is a decimal string in JavaScript (jstype JS_STRING) and exact in every language.
+   * so it is a decimal string in JavaScript (jstype JS_STRING) and exact in every language. One room serves one
+   * pair of legs: a failed pair is retried as a new pair with a new room.
    */
   room: string;
 }
@@ -103,11 +118,20 @@ export interface GenerateRequest {
   /**
    * Disaggregated serving, vLLM/NIXL: on a decode node, the `kv_transfer_params` returned in the
    * prefill leg's GenerateFinal, passed through unchanged. Ignored on a node with role "both".
+   * The decode leg carries the same `chat` or `prompt` as its prefill leg (without one: INVALID_ARGUMENT "no
+   * input") and should carry the same sampling. The agent does not check that they match: on a real engine a
+   * mismatch can give wrong text. One handoff serves one decode: once a decode has read the blocks, the prefill
+   * engine frees them, and a second decode with the same params fails (UNAVAILABLE, the engine's KV load failed) or,
+   * on vLLM, may read blocks since reused. So a failed decode leg is retried by running the prefill leg again too.
    */
   kvTransferParams?:
     | { [key: string]: any }
     | undefined;
-  /** Disaggregated serving, SGLang: the rendezvous, sent to both legs. */
+  /**
+   * Disaggregated serving, SGLang: the rendezvous, sent to both legs at once. Both legs carry the same input and
+   * should carry the same sampling (SGLang's decode engine continues from the first token its prefill engine
+   * sampled); the agent does not check that they match.
+   */
   bootstrap?:
     | SglangBootstrap
     | undefined;
@@ -151,7 +175,11 @@ export interface Timings {
 export interface GenerateFinal {
   /** The engine's finish reason: "stop", "length", "abort", ... ("length" for a prefill leg). */
   finishReason: string;
-  /** Token counts as reported by the engine (counted by the agent when the engine reports none). */
+  /**
+   * Token counts as reported by the engine (counted by the agent when the engine reports none). P/D: the
+   * prefill leg's counts the prompt (and its one completion token), the decode leg's the prompt again and the
+   * whole completion. The request's usage is the decode leg's: do not add the prefill leg's prompt tokens to it.
+   */
   usage?:
     | Usage
     | undefined;
@@ -203,7 +231,10 @@ export interface GetNodeHealthRequest {
 
 /**
  * NodeHealth: what this node tells the cluster. Stored in etcd at <prefix>/<cluster>/nodes/<node_id>
- * as the proto3 JSON mapping of this message, under a lease, rewritten every heartbeat.
+ * as the proto3 JSON mapping of this message, under a lease, rewritten every [agent].heartbeat (and at once on the
+ * changes README "Registration in etcd" lists). Neither the heartbeat nor the lease TTL is in the record. The key
+ * itself is the liveness signal: it is deleted when the agent stops, or when its lease expires (after
+ * [agent].lease_ttl, default three heartbeats) once the agent is dead or cut off from etcd.
  */
 export interface NodeHealth {
   /** Stable node id ([agent].node_id, NODE_NAME, or the hostname). */
@@ -431,12 +462,25 @@ export interface Capacity {
   engineMigDevice: string;
 }
 
+/**
+ * Order a node's records by the etcd key's mod_revision (a new create_revision: a new registration), not by
+ * epoch or sequence (README "Registration in etcd"). GetNodeHealth's answer carries the last written record's.
+ */
 export interface Freshness {
-  /** Changes with every new etcd lease (lease id in hex); empty when standalone. */
+  /**
+   * The etcd lease id in hex: changes with every new lease (an agent restart, a lost lease). Lease ids are not
+   * ordered: an epoch says nothing of which record is newer. Empty when standalone.
+   */
   epoch: string;
-  /** Grows with every write of this record. */
+  /**
+   * Grows with every write of this record by one agent process, across its leases (not by one each: a failed
+   * write uses a number too); starts over when the agent restarts.
+   */
   sequence: number;
-  /** When this record was written, RFC 3339. */
+  /**
+   * When this record was written, RFC 3339, by the node's clock. Judge its age against the node's own
+   * [agent].heartbeat (not in the record), allowing for clock skew.
+   */
   writtenAt: string;
 }
 
@@ -3779,7 +3823,11 @@ export const AgentDefinition = {
       responseStream: false,
       options: {},
     },
-    /** GetNodeHealth returns the same NodeHealth this node writes to etcd, computed now. */
+    /**
+     * GetNodeHealth returns the NodeHealth this node writes to etcd, computed now, with the `freshness` of the last
+     * record written to etcd (empty when standalone or before the first write). Its `state` is the live one: the etcd
+     * record publishes a liveness-probe verdict only after [agent].health_damping heartbeats.
+     */
     getNodeHealth: {
       name: "GetNodeHealth",
       requestType: GetNodeHealthRequest as typeof GetNodeHealthRequest,
@@ -3806,7 +3854,11 @@ export interface AgentServiceImplementation<CallContextExt = {}> {
     request: ListModelsRequest,
     context: CallContext & CallContextExt,
   ): Promise<DeepPartial<ListModelsResponse>>;
-  /** GetNodeHealth returns the same NodeHealth this node writes to etcd, computed now. */
+  /**
+   * GetNodeHealth returns the NodeHealth this node writes to etcd, computed now, with the `freshness` of the last
+   * record written to etcd (empty when standalone or before the first write). Its `state` is the live one: the etcd
+   * record publishes a liveness-probe verdict only after [agent].health_damping heartbeats.
+   */
   getNodeHealth(request: GetNodeHealthRequest, context: CallContext & CallContextExt): Promise<DeepPartial<NodeHealth>>;
 }
 
@@ -3825,7 +3877,11 @@ export interface AgentClient<CallOptionsExt = {}> {
     request: DeepPartial<ListModelsRequest>,
     options?: CallOptions & CallOptionsExt,
   ): Promise<ListModelsResponse>;
-  /** GetNodeHealth returns the same NodeHealth this node writes to etcd, computed now. */
+  /**
+   * GetNodeHealth returns the NodeHealth this node writes to etcd, computed now, with the `freshness` of the last
+   * record written to etcd (empty when standalone or before the first write). Its `state` is the live one: the etcd
+   * record publishes a liveness-probe verdict only after [agent].health_damping heartbeats.
+   */
   getNodeHealth(
     request: DeepPartial<GetNodeHealthRequest>,
     options?: CallOptions & CallOptionsExt,
