@@ -112,6 +112,41 @@ const build = (signals: LoadSignals) => {
 }
 
 describe("NodeStatus live layer", () => {
+  it("an SGLang prefill node publishes its engine's bootstrap server; no other node does", async () => {
+    const client = Layer.succeed(EngineClient, {
+      streamTo: () => Effect.void,
+      load: Effect.succeed({ running: undefined, waiting: undefined, kvUsage: undefined })
+    })
+    const snapshot = (engine: Record<string, unknown>, role: string) =>
+      Effect.runPromise(
+        Effect.scoped(
+          Effect.flatMap(NodeStatus, (s) => s.snapshot).pipe(
+            Effect.provide(
+              NodeStatusLayer.layer().pipe(
+                Layer.provideMerge(
+                  nodeStatusDeps(
+                    ConfigLayer.layerFromObject({
+                      models: { m: { hf_repo: "org/m" } },
+                      agent: { role, advertise_addr: "10.1.2.3:7071" },
+                      engine
+                    }),
+                    client
+                  )
+                )
+              )
+            )
+          )
+        )
+      )
+    // a wildcard engine host is no address a decode engine can dial: the node's advertised host instead
+    const wildcard = { kind: "sglang", url: "http://0.0.0.0:30000", bootstrap_port: 9001 }
+    expect((await snapshot(wildcard, "prefill")).bootstrap).toEqual({ host: "10.1.2.3", port: 9001 })
+    const routable = { kind: "sglang", url: "http://10.9.9.9:30000" }
+    expect((await snapshot(routable, "prefill")).bootstrap).toEqual({ host: "10.9.9.9", port: 8998 })
+    expect((await snapshot(routable, "decode")).bootstrap).toBeUndefined()
+    expect((await snapshot({ kind: "vllm", kv_offload: "nixl" }, "prefill")).bootstrap).toBeUndefined()
+  })
+
   it("assembles NodeHealth, samples the engine once per heartbeat, and emits changes", async () => {
     const { layer, scrapes } = build({ running: 3, waiting: 1, kvUsage: 0.25 })
     const result = await Effect.runPromise(

@@ -13,14 +13,23 @@ import { EngineStall, noStall, stallProblem } from "../../services/engine/Engine
 import { failingOf } from "../../services/engine/EngineState.ts"
 import { GpuGate, type GpuGateStatus, gateProblem } from "../../services/engine/GpuGate.ts"
 import { Admission } from "../../services/grpc/Admission.ts"
+import { hostOfAddr } from "../../services/net/HostPort.ts"
 import { Cordon } from "../../services/node/Cordon.ts"
 import { Drain } from "../../services/node/Drain.ts"
-import { buildNodeHealth, enginePhase, nodeState, ratePerSecond } from "../../services/node/NodeHealthView.ts"
+import {
+  bootstrapServer,
+  buildNodeHealth,
+  enginePhase,
+  nodeState,
+  ratePerSecond
+} from "../../services/node/NodeHealthView.ts"
 import { type NodeState, NodeStatus } from "../../services/node/NodeStatus.ts"
 import { Nvml } from "../../services/node/Nvml.ts"
 import { ENGINE_STATES, Metrics, setCounter, setOptional, setStateGauge } from "../../services/observability/Metrics.ts"
 import { resolveAdvertiseAddr } from "../../services/registry/Advertise.ts"
 import { VERSION } from "../../version.ts"
+import { listenOf } from "../engine/backends/common.ts"
+import { engineFor } from "../engine/backends/index.ts"
 import { sampleEngineLoad } from "./engineLoad.ts"
 
 // ---------------------------------------------------------------------------------------------------------
@@ -80,6 +89,11 @@ export const layer = (
         })
       // resolved again once the gRPC server has bound (grpcBound): listen_grpc's port 0 is the OS's pick
       let advertiseAddr = advertise(undefined)
+      // An SGLang prefill node publishes its engine's bootstrap server: the router copies it into both legs.
+      const bootstrap =
+        engineFor(config.engine.kind).capabilities.handoff === "bootstrap" && config.agent.role === "prefill"
+          ? bootstrapServer(listenOf(config).host, hostOfAddr(advertiseAddr), config.engine.bootstrap_port)
+          : undefined
 
       // One engine scrape per heartbeat, in a fiber of its own (engineLoad.ts), however many readers (etcd writer,
       // gRPC, /status, /metrics): readers take the last sample and never wait on the engine's I/O. Each one also
@@ -151,6 +165,7 @@ export const layer = (
           config,
           agentVersion,
           advertiseAddr,
+          bootstrap,
           now: yield* Clock.currentTimeMillis
         })
       })

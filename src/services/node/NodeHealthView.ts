@@ -3,11 +3,12 @@
  * node state, engine phase and detail; engine load signals with agent-side fallbacks; the tokens/s rate
  * between two readings of the relayed-tokens counter. No I/O: layers/node/NodeStatus.ts gathers the inputs.
  */
-import type { Gpu, NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
+import type { BootstrapServer, Gpu, NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
 import type { AgentConfig } from "../config/Config.ts"
 import type { LoadSignals } from "../engine/EngineClient.ts"
 import type { EngineState } from "../engine/EngineProcess.ts"
 import { describeExit, failingOf } from "../engine/EngineState.ts"
+import { isWildcardHost } from "../net/HostPort.ts"
 import type { NodeState } from "./NodeStatus.ts"
 
 /**
@@ -105,7 +106,18 @@ export interface NodeHealthInputs {
    */
   readonly problem: string | undefined
   readonly now: number
+  /** An SGLang prefill node's engine bootstrap server (bootstrapServer below); absent elsewhere. */
+  readonly bootstrap?: BootstrapServer | undefined
 }
+
+/**
+ * Where decode engines reach a prefill engine's bootstrap server: the engine's listen host (SGLang binds the server
+ * to its --host), or the node's advertised host where that is a wildcard (an address no peer can dial).
+ */
+export const bootstrapServer = (engineHost: string, advertisedHost: string, port: number): BootstrapServer => ({
+  host: isWildcardHost(engineHost) ? advertisedHost : engineHost,
+  port
+})
 
 /** The NodeHealth message, freshness left empty (only the etcd writer knows epoch and sequence). */
 export const buildNodeHealth = (i: NodeHealthInputs): NodeHealth => ({
@@ -139,5 +151,6 @@ export const buildNodeHealth = (i: NodeHealthInputs): NodeHealth => ({
     engineGpus: [...i.engineGpus],
     engineMigDevice: i.engineMigDevice ?? ""
   },
-  freshness: { epoch: "", sequence: 0, writtenAt: "" }
+  freshness: { epoch: "", sequence: 0, writtenAt: "" },
+  ...(i.bootstrap === undefined ? {} : { bootstrap: i.bootstrap })
 })

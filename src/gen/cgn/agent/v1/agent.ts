@@ -76,8 +76,8 @@ export interface Sampling {
 
 /**
  * SGLang's prefill/decode rendezvous: the same three values go to the prefill and the decode engine. The decode
- * engine connects to host:port. NodeHealth publishes neither the host nor the port (a known gap): the router takes
- * both from the prefill node's configuration.
+ * engine connects to host:port. The prefill node publishes both in its NodeHealth (`bootstrap`): the router copies
+ * them into both legs with a room of its choosing.
  */
 export interface SglangBootstrap {
   /**
@@ -255,7 +255,26 @@ export interface NodeHealth {
   engine?: EngineHealth | undefined;
   load?: Load | undefined;
   capacity?: Capacity | undefined;
-  freshness?: Freshness | undefined;
+  freshness?:
+    | Freshness
+    | undefined;
+  /**
+   * On an SGLang prefill node: its engine's P/D bootstrap server, the `host` and `port` a router puts in both legs'
+   * SglangBootstrap. Unset on every other node.
+   */
+  bootstrap?: BootstrapServer | undefined;
+}
+
+/** Where decode engines reach a prefill engine's bootstrap server (SGLang). */
+export interface BootstrapServer {
+  /**
+   * [engine].url's host on the prefill node (SGLang binds the server to its --host), or this node's advertised host
+   * where that is a wildcard (0.0.0.0, ::). A loopback host (the default [engine].url) reaches only decode engines
+   * on the same host.
+   */
+  host: string;
+  /** [engine].bootstrap_port (default 8998). */
+  port: number;
 }
 
 export interface EngineHealth {
@@ -2097,6 +2116,7 @@ function createBaseNodeHealth(): NodeHealth {
     load: undefined,
     capacity: undefined,
     freshness: undefined,
+    bootstrap: undefined,
   };
 }
 
@@ -2131,6 +2151,9 @@ export const NodeHealth: MessageFns<NodeHealth> = {
     }
     if (message.freshness !== undefined) {
       Freshness.encode(message.freshness, writer.uint32(82).fork()).join();
+    }
+    if (message.bootstrap !== undefined) {
+      BootstrapServer.encode(message.bootstrap, writer.uint32(90).fork()).join();
     }
     return writer;
   },
@@ -2228,6 +2251,14 @@ export const NodeHealth: MessageFns<NodeHealth> = {
             message.freshness = Freshness.decode(reader, reader.uint32());
             continue;
           }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.bootstrap = BootstrapServer.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2264,6 +2295,7 @@ export const NodeHealth: MessageFns<NodeHealth> = {
       load: isSet(object.load) ? Load.fromJSON(object.load) : undefined,
       capacity: isSet(object.capacity) ? Capacity.fromJSON(object.capacity) : undefined,
       freshness: isSet(object.freshness) ? Freshness.fromJSON(object.freshness) : undefined,
+      bootstrap: isSet(object.bootstrap) ? BootstrapServer.fromJSON(object.bootstrap) : undefined,
     };
   },
 
@@ -2299,6 +2331,9 @@ export const NodeHealth: MessageFns<NodeHealth> = {
     if (message.freshness !== undefined) {
       obj.freshness = Freshness.toJSON(message.freshness);
     }
+    if (message.bootstrap !== undefined) {
+      obj.bootstrap = BootstrapServer.toJSON(message.bootstrap);
+    }
     return obj;
   },
 
@@ -2323,6 +2358,94 @@ export const NodeHealth: MessageFns<NodeHealth> = {
     message.freshness = (object.freshness !== undefined && object.freshness !== null)
       ? Freshness.fromPartial(object.freshness)
       : undefined;
+    message.bootstrap = (object.bootstrap !== undefined && object.bootstrap !== null)
+      ? BootstrapServer.fromPartial(object.bootstrap)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseBootstrapServer(): BootstrapServer {
+  return { host: "", port: 0 };
+}
+
+export const BootstrapServer: MessageFns<BootstrapServer> = {
+  encode(message: BootstrapServer, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.host !== "") {
+      writer.uint32(10).string(message.host);
+    }
+    if (message.port !== 0) {
+      writer.uint32(16).uint32(message.port);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): BootstrapServer {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseBootstrapServer();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.host = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.port = reader.uint32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): BootstrapServer {
+    return {
+      host: isSet(object.host) ? globalThis.String(object.host) : "",
+      port: isSet(object.port) ? globalThis.Number(object.port) : 0,
+    };
+  },
+
+  toJSON(message: BootstrapServer): unknown {
+    const obj: any = {};
+    if (message.host !== "") {
+      obj.host = message.host;
+    }
+    if (message.port !== 0) {
+      obj.port = Math.round(message.port);
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<BootstrapServer>): BootstrapServer {
+    return BootstrapServer.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<BootstrapServer>): BootstrapServer {
+    const message = createBaseBootstrapServer();
+    message.host = object.host ?? "";
+    message.port = object.port ?? 0;
     return message;
   },
 };
