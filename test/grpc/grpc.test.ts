@@ -276,6 +276,8 @@ describe("gRPC Agent against the simulator", () => {
       // text went out before the failure: a retry elsewhere would repeat it to the client
       expect(r.deltas).toBeGreaterThan(0)
       expect([r.trailer?.get("cgn-reason"), r.trailer?.get("cgn-retryable")]).toEqual(["engine_stream", "false"])
+      // the id the agent made for the call (the caller gave none), to find it in the agent's and the engine's logs
+      expect(r.trailer?.get("cgn-request-id")).toMatch(/^[0-9a-f-]{36}$/)
     } finally {
       await setFaults(sim, { errorRate: 0 })
     }

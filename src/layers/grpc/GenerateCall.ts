@@ -185,7 +185,8 @@ export const makeHandler = Effect.fnUntraced(function* (
       if (relay.failure !== undefined) {
         const f = toGrpcFailure(relay.failure)
         settle(statusName(f.code))
-        call.sendStatus(f)
+        // the id the engine and the agent's logs and spans know the call by (the agent's own when the caller gave none)
+        call.sendStatus({ ...f, trailers: { ...f.trailers, "cgn-request-id": requestId } })
         return
       }
       const now = performance.now()
