@@ -221,6 +221,31 @@ describe("the stall watchdog", () => {
     }
   )
 
+  it.effect("a stall in a tick in which a call completed is not noted (it logged unhealthy and clear at once)", () =>
+    Effect.gen(function* () {
+      const noted: Array<string> = []
+      const recording = EngineStall.of({
+        stalled: () => Effect.sync(() => void noted.push("stalled")),
+        completed: () => Effect.sync(() => void noted.push("completed")),
+        testFailed: () => Effect.void,
+        moved: () => Effect.void,
+        scraped: () => Effect.void,
+        state: Effect.succeed(noStall),
+        changes: Stream.empty
+      })
+      yield* Effect.gen(function* () {
+        const active = new ActiveCalls()
+        yield* StallWatchdog.fork(active)
+        const stuck = streaming(active)
+        yield* TestClock.adjust(IDLE_MS - 50)
+        active.completed++
+        yield* TestClock.adjust(100)
+        assert.isTrue(stuck.state.aborted, "the stream is still ended")
+        assert.deepStrictEqual(noted, ["completed"])
+      }).pipe(Effect.scoped, Effect.provide(Layer.merge(config, Layer.succeed(EngineStall, recording))))
+    })
+  )
+
   it.effect("each tick tells EngineStall when the oldest stream that read something was requested", () =>
     Effect.gen(function* () {
       const moves: Array<readonly [number, number]> = []
@@ -465,12 +490,15 @@ describe("the stall watchdog", () => {
         return Effect.gen(function* () {
           const active = new ActiveCalls()
           yield* StallWatchdog.fork(active)
+          // the ranks' test after the stream stalls: rank 0 answers an error (neither a completion nor a wedge), so
+          // the stream's stall stands
+          p.engine.failRank = 0
           const stuck = streaming(active)
           yield* TestClock.adjust(IDLE_MS + 100)
           assert.isTrue(stuck.state.aborted)
-          // the ranks' test after the stream stalled: both answer (the stream's stall stands: no call completed)
           assert.deepStrictEqual(p.ranks, [0, 1])
           active.delete(stuck.relay)
+          p.engine.failRank = undefined
           p.engine.hangRank = 1
           // stalled with no call: the stall's own test, to both ranks, an idle timeout after the last
           yield* TestClock.adjust(IDLE_MS)
@@ -487,6 +515,47 @@ describe("the stall watchdog", () => {
         }).pipe(Effect.scoped, Effect.provide(p.layer))
       }
     )
+
+    it.effect(
+      "under load, a rank taken as hung is tested again until every rank answers, which clears the stall",
+      () => {
+        const p = probed(dp2Layer)
+        return Effect.gen(function* () {
+          const active = new ActiveCalls()
+          yield* StallWatchdog.fork(active)
+          p.engine.hangRank = 1
+          const stuck = streaming(active)
+          const other = streaming(active)
+          const reading = Effect.sync(() => read(other.relay))
+          for (let i = 0; i < 10; i++) yield* Effect.andThen(reading, TestClock.adjust(100))
+          active.delete(stuck.relay)
+          for (let i = 0; i < 9; i++) yield* Effect.andThen(reading, TestClock.adjust(100))
+          // calls rank 0 completes end the stream's stall, not the rank's
+          active.completed++
+          yield* Effect.andThen(reading, TestClock.adjust(100))
+          assert.match((yield* problem) ?? "", /no answer from data-parallel rank 1 within/)
+          // the rank comes back while calls keep running (never idle): the next test, every rank answering, clears it
+          p.engine.hangRank = undefined
+          for (let i = 0; i < 10 && (yield* problem) !== undefined; i++)
+            yield* Effect.andThen(reading, TestClock.adjust(100))
+          assert.isUndefined(yield* problem)
+          assert.deepStrictEqual(p.ranks.slice(-2), [0, 1])
+        }).pipe(Effect.scoped, Effect.provide(p.layer))
+      }
+    )
+
+    it.effect("a test that no rank answers is the engine's, not a rank's", () => {
+      const p = probed(dp2Layer)
+      return Effect.gen(function* () {
+        yield* StallWatchdog.fork(new ActiveCalls())
+        p.engine.answer = "hang"
+        yield* TestClock.adjust(2100 + IDLE_MS)
+        assert.strictEqual(
+          yield* problem,
+          "engine stalled: a test completion sent after 2s without calls (engine.idle_probe_after) got no answer within 800ms (engine.stream_idle_timeout)"
+        )
+      }).pipe(Effect.scoped, Effect.provide(p.layer))
+    })
 
     it.effect("the idle test goes to each rank: one that does not answer takes the engine as stalled, named", () => {
       const p = probed(dp2Layer)

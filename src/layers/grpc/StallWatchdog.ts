@@ -3,7 +3,7 @@
  * read count has not moved for engine.stream_idle_timeout, while the caller is not the one holding it back (a
  * paused producer), ends with EngineStalled; the abort interrupts its fiber, which aborts the
  * engine request. Each tick's verdict also goes to EngineStall (when present), which tells health that the
- * engine is wedged: stalls first, since a call completed in the same tick means the engine is not wedged. While
+ * engine is wedged, unless a call completed in the same tick (then the engine is not wedged). While
  * stalled with no call in flight, the engine is asked for a short test completion (stallProbe.ts); so is a Ready
  * engine that has had no call for engine.idle_probe_after, since nothing else would show it wedged while idle.
  */
@@ -75,7 +75,9 @@ export const fork = Effect.fnUntraced(function* (
     }
     if (stall === undefined) return Effect.void
     return Effect.andThen(
-      stalled > 0 ? Effect.replicateEffect(stall.stalled(now), stalled, { discard: true }) : Effect.void,
+      // a call completed in the same tick: the engine is not wedged, and the stall is not even noted (noted and
+      // cleared at once, it logged "unhealthy" and "no longer stalled" in the same millisecond)
+      stalled > 0 && !completed ? Effect.replicateEffect(stall.stalled(now), stalled, { discard: true }) : Effect.void,
       completed ? stall.completed(now) : Effect.void
     ).pipe(
       Effect.andThen(oldestMoving === Number.POSITIVE_INFINITY ? Effect.void : stall.moved(now, oldestMoving)),
@@ -83,7 +85,9 @@ export const fork = Effect.fnUntraced(function* (
         probe === undefined
           ? Effect.void
           : Effect.flatMap(Effect.zip(stall.state, engineReady), ([s, ready]) => {
-              if (stalled > 0) rankTestOwed = true
+              // a stream stalled, or a rank is taken as hung (tested again until every rank answers, calls in flight
+              // or not: under load the stall's own test never runs)
+              if (stalled > 0 || s.testFailed?.ranks !== undefined) rankTestOwed = true
               if (!ready) {
                 // a run that ends takes its streams' stalls with it (the next one starts clear)
                 quietSince = undefined

@@ -84,6 +84,11 @@ export const probeBody = (
 interface Failed {
   readonly error: EngineError
   readonly rank: number | undefined
+  /**
+   * A probe's failure: the ranks that gave no answer where others did (a rank that hangs alone); undefined when no
+   * request named a rank or none answered (the engine as a whole).
+   */
+  readonly silent?: ReadonlyArray<number> | undefined
 }
 
 /** The engine has no such endpoint (or not for POST): the other one may serve. */
@@ -139,7 +144,10 @@ export const stallProbe = (
       (results) => {
         const failures = results.filter(Result.isFailure).map((r) => r.failure)
         const first = failures.find((f) => f.error.reason === "Timeout") ?? failures[0]
-        return first === undefined ? Effect.void : Effect.fail(first)
+        if (first === undefined) return Effect.void
+        const silent = failures.filter((f) => f.error.reason === "Timeout" && f.rank !== undefined)
+        const some = silent.length > 0 && silent.length < results.length
+        return Effect.fail(some ? { ...first, silent: silent.map((f) => f.rank as number) } : first)
       }
     )
   const request = Effect.suspend(() => ask(path)).pipe(
@@ -175,7 +183,7 @@ export const stallProbe = (
   /** A rank (or the engine) that gave no answer: the engine is taken as stalled, unless the run ended under the test. */
   const noAnswerFrom = (f: Failed, sentAfter: string) =>
     Effect.flatMap(Effect.zip(ready, Clock.currentTimeMillis), ([stillReady, now]) =>
-      stillReady ? stall.testFailed({ since: now, sentAfter, rank: f.rank }) : Effect.void
+      stillReady ? stall.testFailed({ since: now, sentAfter, ranks: f.silent }) : Effect.void
     )
 
   // While stalled: one that completes on every rank clears the stall; one that a rank does not answer also keeps
@@ -196,7 +204,7 @@ export const stallProbe = (
         }),
       onFailure: (f) =>
         Effect.andThen(
-          f.error.reason === "Timeout" && f.rank !== undefined
+          f.silent !== undefined
             ? noAnswerFrom(f, "while the engine was stalled with no call")
             : Effect.void,
           failed(f, "the engine failed a test request while stalled and idle: still stalled")
@@ -207,12 +215,20 @@ export const stallProbe = (
 
   // Only no answer at all is a wedge: an error the engine answers with (a 4xx for a request it will not take, a 5xx of
   // a dead core, which liveness sees) or a refused connection says it is not hung, and is logged instead.
+  // One that every rank completes ends a stall a hung rank's test began (EngineStall.onCompleted, everyRank): under
+  // load the node is never idle, so the stall's own test never runs, and the rank came back.
   const testing = (sentAfter: string) =>
     request.pipe(
       Effect.matchEffect({
         onSuccess: () =>
-          Effect.sync(() => {
+          Effect.gen(function* () {
             lastFailure = undefined
+            if (shape.requests.length > 1)
+              yield* stall.completed(
+                yield* Clock.currentTimeMillis,
+                `each of its ${shape.requests.length} data-parallel ranks completed a test request`,
+                true
+              )
           }),
         onFailure: (f) =>
           f.error.reason === "Timeout"

@@ -35,10 +35,10 @@ export interface TestFailure {
   /** Why it was sent, for the reason: "after 2m without calls (engine.idle_probe_after)", "after a stream stalled". */
   readonly sentAfter: string
   /**
-   * The data-parallel rank that did not answer, where the test went to each rank: a call completed by another rank
-   * says nothing of this one. Undefined: the engine as a whole.
+   * The data-parallel ranks that did not answer, where the test went to each rank and some answered: a call another
+   * rank completed says nothing of these. Undefined: the engine as a whole (no rank, or none answered).
    */
-  readonly rank?: number | undefined
+  readonly ranks?: ReadonlyArray<number> | undefined
 }
 
 export interface StallState {
@@ -93,7 +93,7 @@ export const onStall = (s: StallState, now: number): StallState => ({
  * (nothing changes: completions alone must not wake every subscriber on each watchdog tick).
  */
 export const onCompleted = (s: StallState, now: number, everyRank = false): StallState | undefined => {
-  const keep = s.testFailed?.rank !== undefined && !everyRank ? s.testFailed : undefined
+  const keep = s.testFailed?.ranks !== undefined && !everyRank ? s.testFailed : undefined
   return (s.lastStallAt !== undefined && (s.lastCompletedAt ?? 0) <= s.lastStallAt) ||
     s.noProgress !== undefined ||
     (s.testFailed !== undefined && keep === undefined)
@@ -158,7 +158,8 @@ export const stallProblem = (s: StallState, idleTimeout: string): string | undef
     return `engine stalled: it made no progress for ${idleTimeout} (engine.stream_idle_timeout) with ${np.held} request(s) held (${names(np.counters)} unchanged)`
   const t = s.testFailed
   if (t === undefined) return undefined
-  const from = t.rank === undefined ? "" : ` from data-parallel rank ${t.rank}`
+  const from =
+    t.ranks === undefined ? "" : ` from data-parallel rank${t.ranks.length === 1 ? "" : "s"} ${names(t.ranks.map(String))}`
   return `engine stalled: a test completion sent ${t.sentAfter} got no answer${from} within ${idleTimeout} (engine.stream_idle_timeout)`
 }
 
