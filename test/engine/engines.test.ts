@@ -579,7 +579,8 @@ describe("rendering rules", () => {
           "vllm:generation_tokens_total",
           "vllm:prefix_cache_queries_total",
           "vllm:gpu_prefix_cache_queries_total"
-        ]
+        ],
+        rankLabel: "engine"
       }
     })
     expect(names("sglang")?.names).toEqual({

@@ -104,6 +104,24 @@ describe("loadSignals", () => {
         .progress
     ).toEqual({ "sglang:realtime_tokens_total": 12 })
   })
+  it("per rank (vLLM's engine label): one figure of its counters and KV usage, which moves when any of them does", () => {
+    const names: MetricNames = { ...vllmNames, progress: ["vllm:generation_tokens_total"], rankLabel: "engine" }
+    const page = (gen0: number, kv1: number) =>
+      [
+        `vllm:generation_tokens_total{engine="0",model_name="m"} ${gen0}`,
+        'vllm:generation_tokens_total{engine="1",model_name="m"} 30',
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5',
+        `vllm:kv_cache_usage_perc{engine="1",model_name="m"} ${kv1}`,
+        'vllm:num_requests_running{engine="1",model_name="m"} 3'
+      ].join("\n")
+    expect(loadSignals(page(100, 0.25), names).rankProgress).toEqual({ "0": 100.5, "1": 30.25 })
+    expect(loadSignals(page(101, 0.25), names).rankProgress?.["0"]).not.toBe(100.5)
+    expect(loadSignals(page(100, 0.3), names).rankProgress?.["1"]).not.toBe(30.25)
+    // no rank label named: no per-rank figure
+    const { rankLabel: _, ...unlabelled } = names
+    expect(loadSignals(page(100, 0.25), unlabelled).rankProgress).toBeUndefined()
+  })
+
   it("an empty page gives undefined everywhere", () => {
     expect(loadSignals("", vllmNames)).toEqual({ running: undefined, waiting: undefined, kvUsage: undefined })
   })

@@ -228,6 +228,7 @@ describe("the stall watchdog", () => {
         stalled: () => Effect.sync(() => void noted.push("stalled")),
         completed: () => Effect.sync(() => void noted.push("completed")),
         testFailed: () => Effect.void,
+        rankMoved: () => Effect.succeed(false),
         moved: () => Effect.void,
         scraped: () => Effect.void,
         state: Effect.succeed(noStall),
@@ -253,6 +254,7 @@ describe("the stall watchdog", () => {
         stalled: () => Effect.void,
         completed: () => Effect.void,
         testFailed: () => Effect.void,
+        rankMoved: () => Effect.succeed(false),
         moved: (now, oldestSince) => Effect.sync(() => void moves.push([now, oldestSince])),
         scraped: () => Effect.void,
         state: Effect.succeed(noStall),
@@ -543,6 +545,30 @@ describe("the stall watchdog", () => {
         }).pipe(Effect.scoped, Effect.provide(p.layer))
       }
     )
+
+    it.effect("a silent rank whose own counters moved meanwhile is busy, not hung", () => {
+      const p = probed(dp2Layer)
+      return Effect.gen(function* () {
+        const stall = yield* EngineStall
+        const scrape = (at: number, rank1: number) =>
+          stall.scraped({ at, counters: {}, held: undefined, inflight: 0, ranks: { "0": 5, "1": rank1 } })
+        yield* StallWatchdog.fork(new ActiveCalls())
+        yield* TestClock.adjust(100) // the run's start (which forgets the ranks' figures) seen first
+        yield* scrape(100, 10)
+        p.engine.hangRank = 1
+        yield* TestClock.adjust(2000)
+        assert.strictEqual(p.ranks.length, 2, "the idle test, at 2000")
+        // rank 1's queue holds the test, but its counters move: it works
+        yield* scrape(2300, 11)
+        yield* TestClock.adjust(IDLE_MS)
+        assert.isUndefined(yield* problem, "busy, not hung")
+        // the next test: rank 1 silent and still, a hang
+        yield* TestClock.adjust(2000)
+        yield* scrape(4500, 11)
+        yield* TestClock.adjust(IDLE_MS)
+        assert.match((yield* problem) ?? "", /no answer from data-parallel rank 1 within/)
+      }).pipe(Effect.scoped, Effect.provide(p.layer))
+    })
 
     it.effect("a test that no rank answers is the engine's, not a rank's", () => {
       const p = probed(dp2Layer)

@@ -39,10 +39,13 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
     // they change with every scrape or clear and must not wake the state's subscribers.
     let watch: ProgressWatch = noWatch
     let clearedBy = "a call completed"
+    // Per data-parallel rank: its last figure (ProgressReading.ranks) and the scrape that last saw it change.
+    const ranks = new Map<string, { readonly value: number; readonly changedAt: number | undefined }>()
     yield* Stream.runForEach(engine.changes, (s) =>
       s._tag === "Starting"
         ? Effect.suspend(() => {
             watch = noWatch
+            ranks.clear()
             clearedBy = "a new engine run started"
             return SubscriptionRef.set(ref, noStall)
           })
@@ -133,8 +136,14 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
           })
         ),
       testFailed: (failure) => change((s) => onTestFailed(s, failure)),
+      rankMoved: (rank, since) => Effect.sync(() => (ranks.get(String(rank))?.changedAt ?? -1) >= since),
       scraped: (reading) =>
         Effect.suspend(() => {
+          for (const [rank, value] of Object.entries(reading?.ranks ?? {})) {
+            const last = ranks.get(rank)
+            if (last === undefined || last.value !== value)
+              ranks.set(rank, { value, changedAt: last === undefined ? undefined : reading?.at })
+          }
           const [next, verdict] = observeProgress(watch, reading, idleMs)
           watch = next
           switch (verdict._tag) {

@@ -118,6 +118,8 @@ export const stallProbe = (
 ) => {
   let inFlight = false
   let nextAt = Number.NEGATIVE_INFINITY
+  /** When the test in flight (or the last) began. */
+  let startedAt = Number.NEGATIVE_INFINITY
   let lastFailure: string | undefined
   let path: CompletionPath = "/v1/completions"
   const noAnswer = new EngineError({
@@ -180,11 +182,24 @@ export const stallProbe = (
     inFlight = false
   })
 
-  /** A rank (or the engine) that gave no answer: the engine is taken as stalled, unless the run ended under the test. */
+  /**
+   * A rank (or the engine) that gave no answer: the engine is taken as stalled, unless the run ended under the test.
+   * A silent rank whose own counters moved meanwhile is at work, its queue holding the test: not hung (a long queue on
+   * one rank while another answered read as a hung rank, and a soak's working engine was restarted for it).
+   */
   const noAnswerFrom = (f: Failed, sentAfter: string) =>
-    Effect.flatMap(Effect.zip(ready, Clock.currentTimeMillis), ([stillReady, now]) =>
-      stillReady ? stall.testFailed({ since: now, sentAfter, ranks: f.silent }) : Effect.void
-    )
+    Effect.gen(function* () {
+      const now = yield* Clock.currentTimeMillis
+      if (!(yield* ready)) return
+      if (f.silent === undefined) return yield* stall.testFailed({ since: now, sentAfter })
+      const busy = yield* Effect.filter(f.silent, (r) => stall.rankMoved(r, startedAt))
+      const hung = f.silent.filter((r) => !busy.includes(r))
+      if (hung.length > 0) return yield* stall.testFailed({ since: now, sentAfter, ranks: hung })
+      yield* Effect.logInfo("data-parallel ranks gave no answer to a test in time, but their counters moved: busy", {
+        ranks: busy.join(","),
+        sent: sentAfter
+      })
+    })
 
   // While stalled: one that completes on every rank clears the stall; one that a rank does not answer also keeps
   // that rank's failure (a call another rank completes later must not clear the stall: EngineStall.onCompleted).
@@ -245,6 +260,7 @@ export const stallProbe = (
     Effect.suspend(() => {
       if (inFlight || now < nextAt) return Effect.succeed(false)
       inFlight = true
+      startedAt = now
       nextAt = now + idleMs
       return Effect.as(Effect.forkIn(probe, scope), true)
     })

@@ -142,6 +142,12 @@ export interface MetricNames {
    * generation on a healthy engine. Absent or empty: the engine is not watched for progress.
    */
   readonly progress?: ReadonlyArray<string>
+  /**
+   * The label that names the data-parallel rank on those series (vLLM's `engine`), where they have one: a rank whose
+   * own counters or KV-cache usage move is at work, so a test it is slow to answer (queued behind its calls) does not
+   * read as a rank that hangs (layers/grpc/stallProbe.ts).
+   */
+  readonly rankLabel?: string
 }
 
 /** The KV-event stream the engine publishes when `[kv].events` is on. */

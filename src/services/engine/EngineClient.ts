@@ -30,6 +30,11 @@ export interface LoadSignals {
   readonly kvUsage: number | undefined
   /** The progress counters present in the scrape (MetricNames.progress), each summed; absent: none asked for. */
   readonly progress?: Readonly<Record<string, number>>
+  /**
+   * Per data-parallel rank (MetricNames.rankLabel's value), one figure of its progress counters and KV-cache usage
+   * together: it changes whenever one of them does. Absent: the engine names no rank.
+   */
+  readonly rankProgress?: Readonly<Record<string, number>>
 }
 
 /** Every engine failure in one shape, whatever the engine's error body looked like. */

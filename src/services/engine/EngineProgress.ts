@@ -36,6 +36,8 @@ export interface ProgressReading {
   readonly held: number | undefined
   /** The agent's own calls in flight to the engine. */
   readonly inflight: number
+  /** Per data-parallel rank, one figure of its counters and KV-cache usage (LoadSignals.rankProgress); absent: none. */
+  readonly ranks?: Readonly<Record<string, number>> | undefined
 }
 
 /** What the rule keeps between scrapes. */
@@ -121,6 +123,7 @@ export const progressReading = (
         readonly waiting: number | undefined
         readonly kvUsage?: number | undefined
         readonly progress?: Readonly<Record<string, number>> | undefined
+        readonly rankProgress?: Readonly<Record<string, number>> | undefined
       }
     | undefined,
   at: number,
@@ -130,6 +133,7 @@ export const progressReading = (
     ? undefined
     : {
         at,
+        ranks: signals.rankProgress,
         counters: withGauges(signals),
         held:
           signals.running === undefined && signals.waiting === undefined

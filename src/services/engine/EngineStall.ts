@@ -174,6 +174,11 @@ export interface EngineStallService {
   readonly moved: (now: number, oldestSince: number) => Effect.Effect<void>
   /** The agent's test completion got no answer in time. */
   readonly testFailed: (failure: TestFailure) => Effect.Effect<void>
+  /**
+   * Whether a data-parallel rank's own counters or KV-cache usage changed at a scrape at or after `since` (epoch ms):
+   * it is at work. False where the engine names no rank.
+   */
+  readonly rankMoved: (rank: number, since: number) => Effect.Effect<boolean>
   /** One metrics scrape of the engine, for its progress counters (undefined: the scrape failed). */
   readonly scraped: (reading: ProgressReading | undefined) => Effect.Effect<void>
   readonly state: Effect.Effect<StallState>

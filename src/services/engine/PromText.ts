@@ -155,5 +155,25 @@ export const loadSignals = (text: string, names: MetricNames): LoadSignals => {
     kvUsage: pickMean(samples, names.kvUsage)
   }
   const progress = names.progress ?? []
-  return progress.length === 0 ? signals : { ...signals, progress: pickEach(samples, progress) }
+  if (progress.length === 0) return signals
+  const withProgress = { ...signals, progress: pickEach(samples, progress) }
+  return names.rankLabel === undefined
+    ? withProgress
+    : { ...withProgress, rankProgress: perRank(samples, [...progress, ...names.kvUsage], names.rankLabel) }
+}
+
+/** Per value of `label`, the sum of the `names` samples that carry it (one figure that moves when any of them does). */
+const perRank = (
+  samples: ReadonlyArray<PromSample>,
+  names: ReadonlyArray<string>,
+  label: string
+): Record<string, number> => {
+  const wanted = new Set(names)
+  const out: Record<string, number> = {}
+  for (const s of samples) {
+    const rank = s.labels[label]
+    if (rank === undefined || !wanted.has(s.name) || Number.isNaN(s.value)) continue
+    out[rank] = (out[rank] ?? 0) + s.value
+  }
+  return out
 }

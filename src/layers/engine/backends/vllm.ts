@@ -219,7 +219,10 @@ export const vllm: Engine = {
           "vllm:generation_tokens_total",
           "vllm:prefix_cache_queries_total",
           "vllm:gpu_prefix_cache_queries_total"
-        ]
+        ],
+        // every vLLM family has a child per engine core, labelled with its index (PrometheusStatLogger, labelnames
+        // ["model_name", "engine"])
+        rankLabel: "engine"
       }),
       kvEvents: events?.endpoint,
       exitHints: exitHints(config)
