@@ -219,9 +219,7 @@ export const stallProbe = (
         }),
       onFailure: (f) =>
         Effect.andThen(
-          f.silent !== undefined
-            ? noAnswerFrom(f, "while the engine was stalled with no call")
-            : Effect.void,
+          f.silent !== undefined ? noAnswerFrom(f, "while the engine was stalled with no call") : Effect.void,
           failed(f, "the engine failed a test request while stalled and idle: still stalled")
         )
     }),

@@ -159,7 +159,9 @@ export const stallProblem = (s: StallState, idleTimeout: string): string | undef
   const t = s.testFailed
   if (t === undefined) return undefined
   const from =
-    t.ranks === undefined ? "" : ` from data-parallel rank${t.ranks.length === 1 ? "" : "s"} ${names(t.ranks.map(String))}`
+    t.ranks === undefined
+      ? ""
+      : ` from data-parallel rank${t.ranks.length === 1 ? "" : "s"} ${names(t.ranks.map(String))}`
   return `engine stalled: a test completion sent ${t.sentAfter} got no answer${from} within ${idleTimeout} (engine.stream_idle_timeout)`
 }
 
