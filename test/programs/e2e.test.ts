@@ -132,6 +132,8 @@ describe("a running agent", () => {
       return r !== undefined && Number(r.freshness?.sequence) > seq1 ? r : undefined
     })
     expect(second.freshness?.epoch).toBe(first.freshness?.epoch)
+    // the writer's heartbeat, to judge the record's age by
+    expect(second.freshness?.heartbeatMs).toBe(300)
     const writtenAt = Date.parse(second.freshness?.writtenAt ?? "")
     expect(Math.abs(Date.now() - writtenAt)).toBeLessThan(3_000)
 

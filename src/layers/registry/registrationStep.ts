@@ -5,7 +5,7 @@
  * live lease is a RegistrationConflict; a key deleted by hand is created again. Callers hold the
  * reporter's write lock.
  */
-import { Clock, Effect } from "effect"
+import { Clock, Duration, Effect } from "effect"
 import { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
 import type { AgentConfig } from "../../services/config/Config.ts"
 import type { NodeState, NodeStatusService } from "../../services/node/NodeStatus.ts"
@@ -103,7 +103,12 @@ export const makeRegistrationStep = ({ s, ops, key, timing, agent, nodeStatus }:
       return NodeHealth.fromPartial({
         ...snapshot,
         state,
-        freshness: { epoch: session.epoch, sequence: s.sequence, writtenAt: new Date(now).toISOString() }
+        freshness: {
+          epoch: session.epoch,
+          sequence: s.sequence,
+          writtenAt: new Date(now).toISOString(),
+          heartbeatMs: Duration.toMillis(agent.heartbeat)
+        }
       })
     })
 

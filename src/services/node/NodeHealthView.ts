@@ -151,6 +151,6 @@ export const buildNodeHealth = (i: NodeHealthInputs): NodeHealth => ({
     engineGpus: [...i.engineGpus],
     engineMigDevice: i.engineMigDevice ?? ""
   },
-  freshness: { epoch: "", sequence: 0, writtenAt: "" },
+  freshness: { epoch: "", sequence: 0, writtenAt: "", heartbeatMs: 0 },
   ...(i.bootstrap === undefined ? {} : { bootstrap: i.bootstrap })
 })

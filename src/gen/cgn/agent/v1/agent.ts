@@ -497,10 +497,16 @@ export interface Freshness {
    */
   sequence: number;
   /**
-   * When this record was written, RFC 3339, by the node's clock. Judge its age against the node's own
-   * [agent].heartbeat (not in the record), allowing for clock skew.
+   * When this record was written, RFC 3339, by the node's clock. Judge its age against heartbeat_ms, allowing for
+   * clock skew.
    */
   writtenAt: string;
+  /**
+   * The writer's [agent].heartbeat in milliseconds: it rewrites the record this often, so one older than a few of
+   * these (with no key deleted yet: the lease lasts [agent].lease_ttl) is from a node that stopped writing. 0 when
+   * standalone.
+   */
+  heartbeatMs: number;
 }
 
 function createBaseChatMessage(): ChatMessage {
@@ -3814,7 +3820,7 @@ export const Capacity: MessageFns<Capacity> = {
 };
 
 function createBaseFreshness(): Freshness {
-  return { epoch: "", sequence: 0, writtenAt: "" };
+  return { epoch: "", sequence: 0, writtenAt: "", heartbeatMs: 0 };
 }
 
 export const Freshness: MessageFns<Freshness> = {
@@ -3827,6 +3833,9 @@ export const Freshness: MessageFns<Freshness> = {
     }
     if (message.writtenAt !== "") {
       writer.uint32(26).string(message.writtenAt);
+    }
+    if (message.heartbeatMs !== 0) {
+      writer.uint32(32).uint32(message.heartbeatMs);
     }
     return writer;
   },
@@ -3868,6 +3877,14 @@ export const Freshness: MessageFns<Freshness> = {
             message.writtenAt = reader.string();
             continue;
           }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.heartbeatMs = reader.uint32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3889,6 +3906,11 @@ export const Freshness: MessageFns<Freshness> = {
         : isSet(object.written_at)
         ? globalThis.String(object.written_at)
         : "",
+      heartbeatMs: isSet(object.heartbeatMs)
+        ? globalThis.Number(object.heartbeatMs)
+        : isSet(object.heartbeat_ms)
+        ? globalThis.Number(object.heartbeat_ms)
+        : 0,
     };
   },
 
@@ -3903,6 +3925,9 @@ export const Freshness: MessageFns<Freshness> = {
     if (message.writtenAt !== "") {
       obj.writtenAt = message.writtenAt;
     }
+    if (message.heartbeatMs !== 0) {
+      obj.heartbeatMs = Math.round(message.heartbeatMs);
+    }
     return obj;
   },
 
@@ -3914,6 +3939,7 @@ export const Freshness: MessageFns<Freshness> = {
     message.epoch = object.epoch ?? "";
     message.sequence = object.sequence ?? 0;
     message.writtenAt = object.writtenAt ?? "";
+    message.heartbeatMs = object.heartbeatMs ?? 0;
     return message;
   },
 };
