@@ -13,7 +13,11 @@
  * must not move the probe to an endpoint the server does not serve. On a prefill or decode node the request carries
  * what the engine needs to serve it with no peer (Engine.capabilities.peerlessFields: SGLang's fake bootstrap host,
  * and room 0, as its own /health_generate sends; with dp > 1, one request per rank, rooms 0 to dp - 1, all of which
- * must complete); an SGLang prefill server answers such a request with one token, as every prefill leg.
+ * must complete); an SGLang prefill server answers such a request with one token, as every prefill leg. On vLLM
+ * with dp > 1 the requests go one to each rank through its X-data-parallel-rank header.
+ * The same test is also how the watchdog finds what nothing else shows: an engine that wedged while idle (sent after
+ * engine.idle_probe_after with no call) and a data-parallel rank that hangs alone while the others serve (sent to
+ * each rank once a stream stalls); there no answer within the idle timeout takes the engine as stalled.
  */
 import { Clock, Duration, Effect, Result, type Scope } from "effect"
 import type { EngineKind, Role } from "../../services/config/Config.ts"
