@@ -570,6 +570,27 @@ describe("the stall watchdog", () => {
       }).pipe(Effect.scoped, Effect.provide(p.layer))
     })
 
+    it.effect("a test no rank answers while calls complete is a queue, not a wedge: nothing noted", () => {
+      const p = probed(dp2Layer)
+      return Effect.gen(function* () {
+        const active = new ActiveCalls()
+        yield* StallWatchdog.fork(active)
+        p.engine.answer = "hang" // both ranks' queues hold the test
+        const stuck = streaming(active)
+        const other = streaming(active)
+        const reading = Effect.sync(() => read(other.relay))
+        for (let i = 0; i < 10; i++) yield* Effect.andThen(reading, TestClock.adjust(100))
+        assert.isTrue(stuck.state.aborted)
+        assert.strictEqual(p.ranks.length, 2, "the ranks' test, after the stream stalled")
+        active.delete(stuck.relay)
+        // a call completes while the test waits (the queue moves), after the stream's stall was noted
+        yield* Effect.andThen(reading, TestClock.adjust(100))
+        active.completed++
+        for (let i = 0; i < 8; i++) yield* Effect.andThen(reading, TestClock.adjust(100))
+        assert.isUndefined(yield* problem)
+      }).pipe(Effect.scoped, Effect.provide(p.layer))
+    })
+
     it.effect("a test that no rank answers is the engine's, not a rank's", () => {
       const p = probed(dp2Layer)
       return Effect.gen(function* () {

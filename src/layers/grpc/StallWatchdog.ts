@@ -31,6 +31,8 @@ export const fork = Effect.fnUntraced(function* (
   const engineReady = engine === undefined ? Effect.succeed(true) : Effect.map(engine.state, (s) => s._tag === "Ready")
   const idleMs = Duration.toMillis(config.engine.stream_idle_timeout)
   const quietMs = Duration.toMillis(config.engine.idle_probe_after)
+  // when a call last completed: a test the engine-wide queue held while calls completed is no wedge (stallProbe.ts)
+  let lastCompletedAt = Number.NEGATIVE_INFINITY
   const probe =
     stall === undefined || client === undefined
       ? undefined
@@ -41,7 +43,8 @@ export const fork = Effect.fnUntraced(function* (
           probeShape(config.engine.kind, config.agent.role, config.model.dp),
           yield* Effect.scope,
           Duration.format(config.engine.idle_probe_after),
-          engineReady
+          engineReady,
+          () => lastCompletedAt
         )
   const stalls = metrics?.engineStreamStalls.labels({ model: config.model.served_name })
   // A 0 sample from the start: prom-client writes a labelled series only once it is incremented, and increase()
@@ -60,6 +63,7 @@ export const fork = Effect.fnUntraced(function* (
     let oldestMoving = Number.POSITIVE_INFINITY
     const completed = active.completed > 0
     active.completed = 0
+    if (completed) lastCompletedAt = now
     for (const relay of active.relays) {
       if (!relay.streaming || relay.done) continue
       if (relay.reads !== relay.seenReads || relay.paused) {

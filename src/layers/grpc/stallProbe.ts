@@ -118,7 +118,9 @@ export const stallProbe = (
   shape: ProbeShape,
   scope: Scope.Scope,
   idleFor = "0s",
-  ready: Effect.Effect<boolean> = Effect.succeed(true)
+  ready: Effect.Effect<boolean> = Effect.succeed(true),
+  /** When a Generate call last completed (epoch ms; the watchdog's tick records it). */
+  lastCompletedAt: () => number = () => Number.NEGATIVE_INFINITY
 ) => {
   let inFlight = false
   let nextAt = Number.NEGATIVE_INFINITY
@@ -152,8 +154,10 @@ export const stallProbe = (
         const first = failures.find((f) => f.error.reason === "Timeout") ?? failures[0]
         if (first === undefined) return Effect.void
         const silent = failures.filter((f) => f.error.reason === "Timeout" && f.rank !== undefined)
-        const some = silent.length > 0 && silent.length < results.length
-        return Effect.fail(some ? { ...first, silent: silent.map((f) => f.rank as number) } : first)
+        if (silent.length > 0 && silent.length < results.length)
+          return Effect.fail({ ...first, silent: silent.map((f) => f.rank as number) })
+        // every rank silent: the engine's, no rank to name (in the log either)
+        return Effect.fail(silent.length === results.length ? { ...first, rank: undefined } : first)
       }
     )
   const request = Effect.suspend(() => ask(path)).pipe(
@@ -195,7 +199,12 @@ export const stallProbe = (
     Effect.gen(function* () {
       const now = yield* Clock.currentTimeMillis
       if (!(yield* ready)) return
-      if (f.silent === undefined) return yield* stall.testFailed({ since: now, sentAfter })
+      if (f.silent === undefined) {
+        // calls completed while it waited: the engine works, a queue held the test (it logged unhealthy, and clear
+        // at the next completion, for nothing)
+        if (lastCompletedAt() >= startedAt) return
+        return yield* stall.testFailed({ since: now, sentAfter })
+      }
       const busy = yield* Effect.filter(f.silent, (r) => stall.rankMoved(r, startedAt))
       const hung = f.silent.filter((r) => !busy.includes(r))
       if (hung.length > 0) return yield* stall.testFailed({ since: now, sentAfter, ranks: hung })
