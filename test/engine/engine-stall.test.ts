@@ -79,6 +79,7 @@ describe("the stall state", () => {
 
   it("a data-parallel rank's test that got no answer: calls other ranks complete do not clear it, a test of all does", () => {
     const s = onTestFailed(onStall(noStall, 1_000), { since: 5_000, sentAfter: "after a stream stalled", ranks: [1] })!
+    assert.match(stallProblem(s, "5m")!, /from data-parallel rank 1/, "a hung rank's reason before the streams'")
     assert.strictEqual(
       stallProblem(onCompleted(s, 6_000)!, "5m"),
       "engine stalled: a test completion sent after a stream stalled got no answer from data-parallel rank 1 within 5m (engine.stream_idle_timeout)",

@@ -147,22 +147,28 @@ const names = (all: ReadonlyArray<string>): string =>
   all.length <= 1 ? (all[0] ?? "") : `${all.slice(0, -1).join(", ")} and ${all.at(-1)}`
 
 /**
- * The reason the node is unhealthy, or undefined while the engine is not known to be stalled. The streams' reason
- * first when more than one holds (it names the calls that failed), then the counters'.
+ * The reason the node is unhealthy, or undefined while the engine is not known to be stalled. A hung rank's first,
+ * then the streams' (it names the calls that failed), the counters', and the engine-wide test's.
  */
 export const stallProblem = (s: StallState, idleTimeout: string): string | undefined => {
+  const t = s.testFailed
+  const test =
+    t === undefined
+      ? undefined
+      : `engine stalled: a test completion sent ${t.sentAfter} got no answer${
+          t.ranks === undefined
+            ? ""
+            : ` from data-parallel rank${t.ranks.length === 1 ? "" : "s"} ${names(t.ranks.map(String))}`
+        } within ${idleTimeout} (engine.stream_idle_timeout)`
+  // a hung rank's reason first: it lasts until every rank answers, where the streams' comes and goes with each
+  // stalled stream and each completion on the other ranks (/readyz flipped between the two)
+  if (t?.ranks !== undefined) return test
   if (streamsStalled(s))
     return `engine stalled: ${s.stalledStreams} stream(s) sent nothing for ${idleTimeout} (engine.stream_idle_timeout) and no call has completed since`
   const np = s.noProgress
   if (np !== undefined)
     return `engine stalled: it made no progress for ${idleTimeout} (engine.stream_idle_timeout) with ${np.held} request(s) held (${names(np.counters)} unchanged)`
-  const t = s.testFailed
-  if (t === undefined) return undefined
-  const from =
-    t.ranks === undefined
-      ? ""
-      : ` from data-parallel rank${t.ranks.length === 1 ? "" : "s"} ${names(t.ranks.map(String))}`
-  return `engine stalled: a test completion sent ${t.sentAfter} got no answer${from} within ${idleTimeout} (engine.stream_idle_timeout)`
+  return test
 }
 
 export interface EngineStallService {
