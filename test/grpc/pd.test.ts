@@ -2,7 +2,11 @@
 // the test plays the router (prefill agent, then its final's kv_transfer_params to the decode agent; for
 // SGLang both legs at once with the same bootstrap room). Failure cases: expired blocks, prefill engine
 // down, missing or invalid handoff, a leg past [agent].handoff_timeout (the engine request is aborted).
+// A vLLM decode leg whose input is not its prefill leg's (kv_transfer_params.cgn_input_digest) is refused before
+// its engine sees it; a matching one reaches the engine without the agent's field (a recording proxy in front of D).
 // Also a burst above max_inflight + max_queue through the real server: exact OK / RESOURCE_EXHAUSTED counts.
+import * as http from "node:http"
+import type { AddressInfo } from "node:net"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { type Agent, collect, startAgent } from "../support/grpcAgent.ts"
 import { freePort } from "../support/ports.ts"
@@ -10,11 +14,41 @@ import { getJson, pollUntil, type SimHandle, startSim } from "../support/sim.ts"
 
 const simState = async (sim: SimHandle) => (await getJson(`${sim.url}/sim/state`)).json as Record<string, number>
 
+/** An HTTP proxy in front of `target` that keeps the JSON body of every request it forwards. */
+const recordingProxy = async (target: string) => {
+  const bodies: Array<Record<string, unknown>> = []
+  const server = http.createServer((req, res) => {
+    const chunks: Array<Buffer> = []
+    req.on("data", (c: Buffer) => chunks.push(c))
+    req.on("end", () => {
+      const raw = Buffer.concat(chunks)
+      if (raw.length > 0) bodies.push(JSON.parse(raw.toString("utf8")) as Record<string, unknown>)
+      const up = http.request(`${target}${req.url}`, { method: req.method, headers: req.headers }, (r) => {
+        res.writeHead(r.statusCode ?? 502, r.headers)
+        r.pipe(res)
+      })
+      up.on("error", () => res.destroy())
+      res.on("close", () => up.destroy())
+      up.end(raw)
+    })
+  })
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve))
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    bodies,
+    close: () => {
+      server.closeAllConnections()
+      return new Promise<void>((resolve) => server.close(() => resolve()))
+    }
+  }
+}
+
 describe("vLLM prefill -> decode between two agents", () => {
   let p: SimHandle
   let d: SimHandle
   let pAgent: Agent
   let dAgent: Agent
+  let dEngine: Awaited<ReturnType<typeof recordingProxy>>
   let pSide: number
   const kvCfg = JSON.stringify({ kv_connector: "NixlConnector", kv_role: "kv_both", kv_load_failure_policy: "fail" })
   const prompt = "alpha beta gamma delta epsilon"
@@ -28,13 +62,15 @@ describe("vLLM prefill -> decode between two agents", () => {
         env: { VLLM_NIXL_SIDE_CHANNEL_HOST: "127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT: String(side) }
       })
     ;[p, d] = await Promise.all([sim(pSide, ["--sim-kv-lease", "1s", "--sim-block-size", "2"]), sim(dSide, [])])
+    dEngine = await recordingProxy(d.url)
     ;[pAgent, dAgent] = await Promise.all([
       startAgent(p.url, "vllm", { role: "prefill" }),
-      startAgent(d.url, "vllm", { role: "decode" })
+      startAgent(dEngine.url, "vllm", { role: "decode" })
     ])
   })
   afterAll(async () => {
     await Promise.all([pAgent?.close(), dAgent?.close()])
+    await dEngine?.close()
     await Promise.all([p?.stop(), d?.stop()])
   })
 
@@ -56,9 +92,12 @@ describe("vLLM prefill -> decode between two agents", () => {
       remote_engine_id: expect.any(String),
       remote_request_id: expect.any(String),
       remote_host: "127.0.0.1",
-      remote_port: pSide
+      remote_port: pSide,
+      // P's agent adds its digest of the leg's input; D's agent checks it and takes it out.
+      cgn_input_digest: expect.stringMatching(/^v1:/)
     })
     expect((await simState(p)).kvHeld).toBe(before.kvHeld! + 1)
+    const sent = dEngine.bodies.length
     const dr = await collect(dAgent.client, {
       requestId: "pd-1",
       prompt,
@@ -69,6 +108,33 @@ describe("vLLM prefill -> decode between two agents", () => {
     expect(dr.deltas).toBeGreaterThan(0)
     expect(dr.final?.kvTransferParams).toBeUndefined()
     expect(await simState(p)).toMatchObject({ kvHeld: before.kvHeld, kvFetched: before.kvFetched! + 1 })
+    // D's engine got exactly the params P's engine returned.
+    const { cgn_input_digest: _digest, ...engines } = pr.final!.kvTransferParams!
+    expect(dEngine.bodies.slice(sent).map((b) => b.kv_transfer_params)).toStrictEqual([engines])
+  })
+
+  it("a decode leg whose input is not its prefill leg's: FAILED_PRECONDITION, never sent to the engine", async () => {
+    const sampling = { maxTokens: 4, stop: [] }
+    const chat = (role: string, content: string) => ({ messages: [{ role, content }] })
+    const pr = await collect(pAgent.client, { chat: chat("user", prompt), sampling })
+    expect([pr.status, pr.final?.kvTransferParams?.cgn_input_digest]).toEqual(["OK", expect.stringMatching(/^v1:/)])
+    const kvTransferParams = pr.final?.kvTransferParams
+    const [served, sent] = [(await simState(d)).served, dEngine.bodies.length]
+    // Another text, another role, the same text as a prompt (sent to /v1/completions).
+    for (const other of [{ chat: chat("user", `${prompt} zeta`) }, { chat: chat("system", prompt) }, { prompt }]) {
+      const r = await collect(dAgent.client, { ...other, sampling, kvTransferParams })
+      expect([r.status, r.details]).toEqual([
+        "FAILED_PRECONDITION",
+        expect.stringMatching(
+          /^the decode leg's input differs from its prefill leg's \(kv_transfer_params\.cgn_input_digest\)/
+        )
+      ])
+      expect(r.trailer?.get("cgn-reason")).toBe("invalid_handoff")
+    }
+    expect([(await simState(d)).served, dEngine.bodies.length]).toEqual([served, sent])
+    // The refusals left the handoff alone: the leg with the prefill leg's input still takes it.
+    const dr = await collect(dAgent.client, { chat: chat("user", prompt), sampling, kvTransferParams })
+    expect([dr.status, dr.details, dr.text]).toEqual(["OK", "", "alpha beta gamma delta"])
   })
 
   it("a one-word prompt with a stop sequence still hands off: the prefill leg ends on its length, not EOS or stop", async () => {

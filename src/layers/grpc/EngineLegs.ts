@@ -14,6 +14,7 @@ import { Admission, type AdmissionError, type CallDeadline } from "../../service
 import { LegDeadline } from "../../services/grpc/CallErrors.ts"
 import type { RequestPlan } from "../../services/grpc/Generate.ts"
 import { extractKvTransferParams, type InvalidHandoff, type LegPlan } from "../../services/grpc/Handoff.ts"
+import { withInputDigest } from "../../services/grpc/InputDigest.ts"
 import type { ServiceKind } from "../../services/grpc/ServiceTimes.ts"
 import type { Relay } from "./Relay.ts"
 
@@ -61,7 +62,9 @@ export const make = Effect.fnUntraced(function* () {
         relay.reader.read(response)
         if (leg._tag !== "VllmPrefill") return Effect.void
         return Effect.map(Effect.fromResult(extractKvTransferParams(response)), (params) => {
-          relay.reader.kvTransferParams = params as Record<string, unknown>
+          // The agent's digest of the leg's input goes with the engine's params: D's agent checks it (InputDigest.ts).
+          const digest = leg.inputDigest
+          relay.reader.kvTransferParams = digest === undefined ? params : withInputDigest(params, digest)
         })
       })
     )

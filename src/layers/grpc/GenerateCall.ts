@@ -7,13 +7,14 @@
  * run the agent ends itself (a restart, its stop) cuts its calls at once, with why (EngineCut.ts cutOnRunEnd).
  * See docs/bench.md "Relay".
  */
-import { randomUUID } from "node:crypto"
+import { hash, randomUUID } from "node:crypto"
 import { Effect, Exit, Option, Result, Tracer } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import { frameDelta } from "../../services/grpc/DeltaFrame.ts"
 import { GenerateRejected, planRequest } from "../../services/grpc/Generate.ts"
 import { type GenerateError, statusName, toGrpcFailure } from "../../services/grpc/GrpcStatus.ts"
 import { planLeg } from "../../services/grpc/Handoff.ts"
+import { inputDigest, type Sha256 } from "../../services/grpc/InputDigest.ts"
 import { StartPacer } from "../../services/grpc/StartPacer.ts"
 import { CallDeadlineExceeded } from "../../services/grpc/TransportErrors.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
@@ -56,6 +57,8 @@ const traced = <A, E>(
  * 5.6-9.9 ms; 0.1 and 0.25 ms helped as well, 0.5 kept the TTFT p99 lowest.
  */
 export const START_BUDGET_MS = 0.5
+
+const sha256: Sha256 = (text) => hash("sha256", text, "base64url")
 
 /** The status name a call whose grpc-timeout passed ends with, from the one status table. */
 const DEADLINE_EXCEEDED = statusName(toGrpcFailure(new CallDeadlineExceeded()).code)
@@ -141,7 +144,8 @@ export const makeHandler = Effect.fnUntraced(function* (
       handoff,
       body: plan.body,
       kvTransferParams: req.kvTransferParams,
-      bootstrap: req.bootstrap
+      bootstrap: req.bootstrap,
+      inputDigest: () => inputDigest(sha256, model, req)
     })
     if (Result.isFailure(leg)) {
       refuse(call, startedAt, leg.failure)

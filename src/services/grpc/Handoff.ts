@@ -12,6 +12,7 @@ import { Result, Schema } from "effect"
 import type { Role } from "../config/ConfigSchema.ts"
 import type { HandoffProtocol } from "../engine/Engine.ts"
 import type { JsonObject } from "../engine/EngineClient.ts"
+import { INPUT_DIGEST_FIELD, ownInputDigest } from "./InputDigest.ts"
 
 /**
  * The handoff cannot happen as asked; `missing` names the absent fields. Its gRPC status (FAILED_PRECONDITION)
@@ -181,8 +182,11 @@ export const sglangLegBody = (body: JsonObject, bootstrap: Bootstrap): JsonObjec
 export type LegPlan =
   /** Role "both": the client's body as is. */
   | { readonly _tag: "Normal"; readonly body: JsonObject }
-  /** Send whole (not streamed); answer with `extractKvTransferParams(response)` in the final message. */
-  | { readonly _tag: "VllmPrefill"; readonly body: JsonObject }
+  /**
+   * Send whole (not streamed); answer with `extractKvTransferParams(response)` in the final message, with
+   * `inputDigest` added (InputDigest.ts withInputDigest) when there is one.
+   */
+  | { readonly _tag: "VllmPrefill"; readonly body: JsonObject; readonly inputDigest?: string | undefined }
   /** Stream D's answer. */
   | { readonly _tag: "VllmDecode"; readonly body: JsonObject }
   /** Prefill: send whole and finish; decode: stream D's answer. */
@@ -197,10 +201,33 @@ export interface PlanInput {
   readonly kvTransferParams?: unknown
   /** GenerateRequest.bootstrap (both legs over "bootstrap"). */
   readonly bootstrap?: BootstrapInput | undefined
+  /**
+   * This leg's input digest (InputDigest.ts inputDigest), computed only for a vLLM P/D leg: a prefill leg adds it
+   * to the params it returns, a decode leg checks the params' against it. Absent: neither (embedders, tests); a
+   * decode leg's engine still gets the params without the field.
+   */
+  readonly inputDigest?: (() => string) | undefined
 }
 
+const differs = (): InvalidHandoff =>
+  new InvalidHandoff({
+    reason: `the decode leg's input differs from its prefill leg's (kv_transfer_params.${INPUT_DIGEST_FIELD}): send a decode leg the same chat or prompt, for the same model name, as the prefill leg that returned its kv_transfer_params`,
+    missing: []
+  })
+
+const malformed = (value: unknown): InvalidHandoff =>
+  new InvalidHandoff({
+    reason: `kv_transfer_params.${INPUT_DIGEST_FIELD} must be the string the prefill leg's agent wrote, got ${JSON.stringify(value)?.slice(0, 64)}`,
+    missing: []
+  })
+
 const kvTransferLeg = (input: PlanInput, role: "prefill" | "decode"): Result.Result<LegPlan, InvalidHandoff> => {
-  if (role === "prefill") return Result.succeed({ _tag: "VllmPrefill", body: vllmPrefillBody(input.body) })
+  if (role === "prefill")
+    return Result.succeed({
+      _tag: "VllmPrefill",
+      body: vllmPrefillBody(input.body),
+      inputDigest: input.inputDigest?.()
+    })
   if (input.kvTransferParams === undefined || input.kvTransferParams === null) {
     return Result.fail(
       new InvalidHandoff({
@@ -209,7 +236,11 @@ const kvTransferLeg = (input: PlanInput, role: "prefill" | "decode"): Result.Res
       })
     )
   }
-  return Result.map(vllmDecodeBody(input.body, input.kvTransferParams), (body) => ({ _tag: "VllmDecode", body }))
+  // Checked before the params themselves: the engine gets them without the agent's field either way.
+  const own = ownInputDigest(input.kvTransferParams, input.inputDigest)
+  if (own._tag === "Differs") return Result.fail(differs())
+  if (own._tag === "Malformed") return Result.fail(malformed(own.value))
+  return Result.map(vllmDecodeBody(input.body, own.params), (body) => ({ _tag: "VllmDecode", body }))
 }
 
 const bootstrapLeg = (input: PlanInput, leg: "prefill" | "decode"): Result.Result<LegPlan, InvalidHandoff> =>

@@ -119,10 +119,15 @@ export interface GenerateRequest {
    * Disaggregated serving, vLLM/NIXL: on a decode node, the `kv_transfer_params` returned in the
    * prefill leg's GenerateFinal, passed through unchanged. Ignored on a node with role "both".
    * The decode leg carries the same `chat` or `prompt` as its prefill leg (without one: INVALID_ARGUMENT "no
-   * input") and should carry the same sampling. The agent does not check that they match: on a real engine a
-   * mismatch can give wrong text. One handoff serves one decode: once a decode has read the blocks, the prefill
-   * engine frees them, and a second decode with the same params fails (UNAVAILABLE, the engine's KV load failed) or,
-   * on vLLM, may read blocks since reused. So a failed decode leg is retried by running the prefill leg again too.
+   * input") and should carry the same sampling; both nodes serve the model under the same name. The agent checks
+   * the input: the params carry the prefill agent's digest of its leg's served model name and chat or prompt
+   * (`cgn_input_digest`, see GenerateFinal), and a decode leg whose own digest differs fails FAILED_PRECONDITION
+   * "the decode leg's input differs from its prefill leg's" before its engine is called (the engine would read
+   * blocks computed for another prompt: wrong text). The engine gets the params without that field. Params
+   * without it (built by the router, or returned by an older agent) are taken unchecked; sampling is never
+   * checked. One handoff serves one decode: once a decode has read the blocks, the prefill engine frees them, and
+   * a second decode with the same params fails (UNAVAILABLE, the engine's KV load failed) or, on vLLM, may read
+   * blocks since reused. So a failed decode leg is retried by running the prefill leg again too.
    */
   kvTransferParams?:
     | { [key: string]: any }
@@ -187,7 +192,11 @@ export interface GenerateFinal {
   timings?:
     | Timings
     | undefined;
-  /** Prefill leg on vLLM/NIXL: the engine's handoff parameters, to pass to the decode leg unchanged. */
+  /**
+   * Prefill leg on vLLM/NIXL: the engine's handoff parameters, to pass to the decode leg unchanged, plus the agent's
+   * `cgn_input_digest` (a string): the digest of the leg's model name and input that the decode node checks its own
+   * leg against (see GenerateRequest.kv_transfer_params). Opaque to the router.
+   */
   kvTransferParams?:
     | { [key: string]: any }
     | undefined;
