@@ -65,8 +65,9 @@ export const MODELLED_METHODS: ReadonlySet<LoadBalanceMethod> = new Set(["round_
 /**
  * The controller's dispatch for one request. round_robin: `workers[round_robin_counter]`, the counter
  * advancing by one per request whatever the replicas' load, from 0 at start. follow_bootstrap_room:
- * `bootstrap_room % len(workers)`, so a PD prefill replica is found again from the room alone. (A request
- * naming its replica, `routed_dp_rank`, is not modelled.)
+ * `bootstrap_room % len(workers)`, so a PD prefill replica is found again from the room alone. A request
+ * naming its replica (`routed_dp_rank`, dpPin.ts) goes there before any of this, the counter left as it was
+ * (maybe_external_dp_rank_routing): Engines.pick never asks the balancer for it.
  */
 export class SglangDpController implements Balancer {
   readonly method: LoadBalanceMethod

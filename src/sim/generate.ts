@@ -6,6 +6,7 @@
 import type * as http from "node:http"
 import { DONE, fullBody, streamTemplate, type Usage } from "./chunks.ts"
 import { jsonHeaders, type SimContext, sendError, sseHeaders } from "./context.ts"
+import { dpPin } from "./dpPin.ts"
 import { fault } from "./faultReply.ts"
 import { sendJson } from "./http.ts"
 import { llamaFullBody } from "./llamaChunks.ts"
@@ -36,21 +37,6 @@ const pingUntil = async (
     if (gone()) return
     res.write(":\n\n")
   }
-}
-
-/**
- * The data-parallel rank a vLLM client pinned with the `X-data-parallel-rank` header (vllm-project/vllm
- * vllm/entrypoints/openai/serving_engine.py `_get_data_parallel_rank`: not an integer, ignored), refused out of
- * range as vLLM's input processor does (vllm/v1/engine/processor.py: a ValueError, answered 400); undefined: none.
- * The other engines here do not read it.
- */
-const pinnedRank = (ctx: SimContext, req: http.IncomingMessage): number | string | undefined => {
-  if (ctx.cfg.flavor !== "vllm") return undefined
-  const text = req.headers["x-data-parallel-rank"]
-  if (typeof text !== "string" || !/^\s*[+-]?\d+\s*$/.test(text)) return undefined
-  const rank = Number.parseInt(text, 10)
-  const size = ctx.engines.ranks.length
-  return rank >= 0 && rank < size ? rank : `data_parallel_rank ${rank} is out of range [0, ${size}).`
 }
 
 /** Tokens written per event-loop turn when there is no inter-token latency. */
@@ -93,10 +79,11 @@ export const generate = async (
 
   if (!ctx.loaded) await Promise.race([ctx.whenLoaded, closed])
   if (gone()) return
-  const pinnedTo = pinnedRank(ctx, req)
-  if (typeof pinnedTo === "string") {
+  // the rank a client named (dpPin.ts), refused out of range before anything else runs
+  const pinnedTo = dpPin(cfg.flavor, req.headers, gr.routedDpRank, ctx.engines.ranks.length)
+  if (typeof pinnedTo === "object") {
     state = "done"
-    return sendError(ctx, res, 400, pinnedTo)
+    return sendError(ctx, res, 400, pinnedTo.refused)
   }
 
   const handoff = await handoffBeforeGeneration(ctx, gr, id, abort.signal, gone)

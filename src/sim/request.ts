@@ -2,6 +2,7 @@
 // prompt words the simulator echoes. Returns either the normalised request or an HTTP status + message.
 
 import type { Endpoint } from "./chunks.ts"
+import { bodyDpRank } from "./dpPin.ts"
 import { vllmValidationError } from "./errors.ts"
 import { type LlamaInvalid, type LlamaPrompt, llamaMessages, llamaParams, llamaPrompts } from "./llamaRequest.ts"
 import type { SimConfig } from "./simConfig.ts"
@@ -44,6 +45,11 @@ export interface GenRequest {
     | { readonly fake: false; readonly host: string; readonly port: number; readonly room: string }
     | { readonly fake: true; readonly room: string }
     | undefined
+  /**
+   * SGLang `routed_dp_rank` (or the deprecated `data_parallel_rank` in its stead): the data-parallel rank the client
+   * names (dpPin.ts). An integer or a string of one, as pydantic's int takes it; any other value is not modelled.
+   */
+  readonly routedDpRank?: number | undefined
   /** What is generated: one sequence, or (llama.cpp) prompts × `n`, answered as choices 0, 1, ... */
   readonly sequences: ReadonlyArray<Sequence>
   /** Stop strings; each engine finds and cuts them its own way (stopRules.ts, llama.cpp: sequences.ts). */
@@ -232,7 +238,8 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
     sequences: [{ words: promptWords, promptTokens: promptWords.length, maxTokens, seed }],
     stop,
     includeStopStr: cfg.flavor === "vllm" && b.include_stop_str_in_output === true,
-    noStopTrim: cfg.flavor === "sglang" && b.no_stop_trim === true
+    noStopTrim: cfg.flavor === "sglang" && b.no_stop_trim === true,
+    routedDpRank: bodyDpRank(cfg.flavor, b)
   }
 }
 

@@ -587,7 +587,8 @@ describe("rendering rules", () => {
       running: ["sglang:num_running_reqs"],
       waiting: ["sglang:num_queue_reqs"],
       kvUsage: ["sglang:token_usage"],
-      progress: ["sglang:realtime_tokens_total"]
+      progress: ["sglang:realtime_tokens_total"],
+      rankLabel: "dp_rank"
     })
     expect(names("llama_cpp")?.names).toEqual({
       running: ["llamacpp:requests_processing"],

@@ -1,5 +1,8 @@
 // Prometheus text parsing and load-signal extraction: per-engine pages, old vLLM names, label sums, oddities.
+import { Result } from "effect"
 import { describe, expect, it } from "vitest"
+import { decodeConfigObject } from "../../src/layers/config/Config.ts"
+import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import type { MetricNames } from "../../src/services/engine/Engine.ts"
 import { loadSignals, parsePromText, pickSum } from "../../src/services/engine/PromText.ts"
 
@@ -120,6 +123,40 @@ describe("loadSignals", () => {
     // no rank label named: no per-rank figure
     const { rankLabel: _, ...unlabelled } = names
     expect(loadSignals(page(100, 0.25), unlabelled).rankProgress).toBeUndefined()
+  })
+
+  it("per rank on SGLang's page (its dp_rank label, with --dp-size > 1): each replica's own figure", () => {
+    // the names the SGLang backend reads; the page as SGLang's schedulers label it (python/sglang/srt/observability/
+    // scheduler_metrics_mixin.py init_metrics), the tokenizer manager's counters server-wide, without dp_rank
+    const c = decodeConfigObject(
+      { engine: { kind: "sglang" }, models: { m: { hf_repo: "org/m", dp: 2 } } },
+      undefined,
+      {}
+    )
+    if (Result.isFailure(c)) throw new Error(c.failure.message)
+    const names = engineFor("sglang").render(c.success).metrics?.names as MetricNames
+    const labels = (r: number) =>
+      `model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0",dp_rank="${r}"`
+    const page = (decode1: number) =>
+      [
+        `sglang:realtime_tokens_total{${labels(0)},mode="prefill_compute"} 70`,
+        `sglang:realtime_tokens_total{${labels(0)},mode="decode"} 30`,
+        `sglang:realtime_tokens_total{${labels(1)},mode="decode"} ${decode1}`,
+        `sglang:token_usage{${labels(0)}} 0.5`,
+        `sglang:token_usage{${labels(1)}} 0.25`,
+        `sglang:num_queue_reqs{${labels(1)}} 9`,
+        'sglang:prompt_tokens_total{model_name="m",engine_type="unified"} 1000'
+      ].join("\n")
+    const signals = loadSignals(page(40), names)
+    expect(signals.rankProgress).toEqual({ "0": 100.5, "1": 40.25 })
+    expect(signals.progress).toEqual({ "sglang:realtime_tokens_total": 140 })
+    expect(signals.kvUsage).toBe(0.375)
+    // replica 1 at work (its queue holding a test): its own figure moves, replica 0's does not
+    const next = loadSignals(page(41), names).rankProgress
+    expect(next?.["1"]).not.toBe(40.25)
+    expect(next?.["0"]).toBe(100.5)
+    // without --dp-size SGLang adds no dp_rank: no rank to read
+    expect(loadSignals(page(40).replaceAll(/,dp_rank="\d"/g, ""), names).rankProgress).toEqual({})
   })
 
   it("an empty page gives undefined everywhere", () => {

@@ -47,19 +47,39 @@ describe("the stall probe's request", () => {
     }
   })
 
-  it("SGLang with dp > 1: one request per rank, rooms 0 to dp - 1 (a prefill server routes room r to rank r mod dp)", () => {
-    const shape = probeShape("sglang", "prefill", 3)
-    expect(shape.requests).toEqual(
-      [0, 1, 2].map((room) => ({ fields: { bootstrap_host: "2.2.2.2", bootstrap_room: room }, rank: room }))
-    )
-    expect(probeBody("/v1/completions", shape, shape.requests[2]?.fields)).toEqual({
-      ...plain,
+  it.each(["prefill", "decode"] as const)(
+    "SGLang %s with dp > 1: one request per rank, room r and routed_dp_rank r (a prefill server also routes room r to rank r mod dp)",
+    (role) => {
+      const shape = probeShape("sglang", role, 3)
+      expect(shape.requests).toEqual(
+        [0, 1, 2].map((r) => ({
+          fields: { bootstrap_host: "2.2.2.2", bootstrap_room: r, routed_dp_rank: r },
+          rank: r
+        }))
+      )
+      expect(probeBody("/v1/completions", shape, shape.requests[2]?.fields)).toEqual({
+        ...plain,
+        ignore_eos: true,
+        bootstrap_host: "2.2.2.2",
+        bootstrap_room: 2,
+        routed_dp_rank: 2
+      })
+    }
+  )
+
+  it("SGLang without P/D and dp > 1: one request per rank, named by routed_dp_rank alone", () => {
+    const shape = probeShape("sglang", "both", 3)
+    expect(shape.requests).toEqual([0, 1, 2].map((r) => ({ fields: { routed_dp_rank: r }, rank: r })))
+    expect(probeBody("/v1/chat/completions", shape, shape.requests[1]?.fields)).toEqual({
+      messages: [{ role: "user", content: "ping" }],
+      max_tokens: PROBE_TOKENS,
+      temperature: 0,
       ignore_eos: true,
-      bootstrap_host: "2.2.2.2",
-      bootstrap_room: 2
+      routed_dp_rank: 1
     })
+    // one rank: no field (SGLang ignores rank 0 there, and refuses any other)
+    expect(probeShape("sglang", "both", 1).requests).toEqual([{ fields: {} }])
     // neither a rank field nor a rank header: one request whatever dp
-    expect(probeShape("sglang", "both", 3).requests).toEqual([{ fields: {} }])
     expect(probeShape("llama_cpp", "both", 3).requests).toEqual([{ fields: {} }])
   })
 

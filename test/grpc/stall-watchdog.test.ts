@@ -5,18 +5,21 @@
 // watchdog asks the engine for a test completion (layers/grpc/stallProbe.ts), which clears the stall when it
 // completes.
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Exit, Layer, Stream } from "effect"
+import { Effect, Exit, Layer, Result, Stream } from "effect"
 import { TestClock } from "effect/testing"
-import { layerFromObject } from "../../src/layers/config/Config.ts"
+import { decodeConfigObject, layerFromObject } from "../../src/layers/config/Config.ts"
+import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import * as EngineStallLive from "../../src/layers/engine/EngineStall.ts"
 import { ActiveCalls } from "../../src/layers/grpc/ActiveCalls.ts"
 import { Relay } from "../../src/layers/grpc/Relay.ts"
 import * as StallWatchdog from "../../src/layers/grpc/StallWatchdog.ts"
 import { PROBE_TOKENS } from "../../src/layers/grpc/stallProbe.ts"
 import type { Config, ConfigError } from "../../src/services/config/Config.ts"
+import type { MetricNames } from "../../src/services/engine/Engine.ts"
 import { EngineClient, EngineError, type JsonObject } from "../../src/services/engine/EngineClient.ts"
 import { EngineStall, noStall, stallProblem } from "../../src/services/engine/EngineStall.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
+import { loadSignals } from "../../src/services/engine/PromText.ts"
 import { EngineStalled, StreamAborted } from "../../src/services/grpc/CallErrors.ts"
 import * as EngineTest from "../../src/testing/EngineProcess.ts"
 
@@ -113,14 +116,19 @@ describe("the stall watchdog", () => {
    * An engine client whose whole answers the test scripts: each request recorded (its path in `paths`), answered by
    * `answer`, or 404 on a path in `missing` (a server without that endpoint).
    */
-  const probed = (base: Layer.Layer<Config | EngineStall, ConfigError> = layer) => {
+  const probed = (
+    base: Layer.Layer<Config | EngineStall, ConfigError> = layer,
+    /** The rank the engine runs a request on: vLLM's, the header's (the client's dataParallelRank option). */
+    rankOf: (body: JsonObject, options?: { readonly dataParallelRank?: number }) => unknown = (_, o) =>
+      o?.dataParallelRank
+  ) => {
     const requests: Array<JsonObject> = []
     const paths: Array<string> = []
     const engine = {
       answer: "ok" as "ok" | "fail" | "hang",
       missing: [] as Array<string>,
       failRoom: undefined as number | undefined,
-      /** A data-parallel rank that never answers (the X-data-parallel-rank pin). */
+      /** A data-parallel rank that never answers (where `rankOf` runs the request). */
       hangRank: undefined as number | undefined,
       /** A data-parallel rank that answers HTTP 500 at once. */
       failRank: undefined as number | undefined
@@ -134,10 +142,7 @@ describe("the stall watchdog", () => {
           ranks.push(options?.dataParallelRank)
           if (engine.missing.includes(path))
             return Effect.fail(new EngineError({ reason: "Http", message: "HTTP 404", status: 404 }))
-          if (
-            engine.answer === "hang" ||
-            (engine.hangRank !== undefined && options?.dataParallelRank === engine.hangRank)
-          )
+          if (engine.answer === "hang" || (engine.hangRank !== undefined && rankOf(body, options) === engine.hangRank))
             return Effect.never
           if (
             engine.answer === "fail" ||
@@ -630,6 +635,66 @@ describe("the stall watchdog", () => {
         p.engine.failRank = 0
         yield* TestClock.adjust(2100 + IDLE_MS)
         assert.match((yield* problem) ?? "", /no answer from data-parallel rank 1/)
+      }).pipe(Effect.scoped, Effect.provide(p.layer))
+    })
+  })
+  describe.each([
+    ["both", "routed_dp_rank"],
+    ["prefill", "bootstrap_room"]
+  ] as const)("SGLang in role %s with two data-parallel replicas, the test routed by %s", (role, field) => {
+    const raw = {
+      agent: { role },
+      models: { m: { hf_repo: "org/m", dp: 2 } },
+      engine: { kind: "sglang", stream_idle_timeout: `${IDLE_MS}ms`, idle_probe_after: "2s" }
+    }
+    const dp2 = layerFromObject(raw)
+    const dp2Layer = Layer.mergeAll(
+      dp2,
+      EngineStallLive.layer.pipe(Layer.provide(EngineTest.layerTest()), Layer.provide(dp2))
+    )
+    // the replicas' figures as the agent reads them: SGLang's page through the SGLang backend's metric names
+    const decoded = decodeConfigObject(raw, undefined, {})
+    if (Result.isFailure(decoded)) throw new Error(decoded.failure.message)
+    const names = engineFor("sglang").render(decoded.success).metrics?.names as MetricNames
+    const page = (decode1: number) =>
+      [0, 1]
+        .map((r) => {
+          const labels = `model_name="m",engine_type="${role === "both" ? "unified" : role}",tp_rank="0",pp_rank="0",moe_ep_rank="0",dp_rank="${r}"`
+          return `sglang:realtime_tokens_total{${labels},mode="decode"} ${r === 0 ? 5 : decode1}\nsglang:token_usage{${labels}} 0.5`
+        })
+        .join("\n")
+
+    it.effect("a silent replica whose own series moved meanwhile is busy, not hung", () => {
+      const p = probed(dp2Layer, (body) => body[field])
+      return Effect.gen(function* () {
+        const stall = yield* EngineStall
+        const scrape = (at: number, decode1: number) =>
+          stall.scraped({
+            at,
+            counters: {},
+            held: undefined,
+            inflight: 0,
+            ranks: loadSignals(page(decode1), names).rankProgress
+          })
+        yield* StallWatchdog.fork(new ActiveCalls())
+        yield* TestClock.adjust(100)
+        yield* scrape(100, 10)
+        p.engine.hangRank = 1
+        yield* TestClock.adjust(2000)
+        assert.deepStrictEqual(
+          p.requests.map((r) => r[field]),
+          [0, 1],
+          "the idle test, one request per replica"
+        )
+        // replica 1's queue holds the test, but its scheduler's counter moves: it works
+        yield* scrape(2300, 11)
+        yield* TestClock.adjust(IDLE_MS)
+        assert.isUndefined(yield* problem, "busy, not hung")
+        // the next test: replica 1 silent and still, a hang
+        yield* TestClock.adjust(2000)
+        yield* scrape(4500, 11)
+        yield* TestClock.adjust(IDLE_MS)
+        assert.match((yield* problem) ?? "", /no answer from data-parallel rank 1 within/)
       }).pipe(Effect.scoped, Effect.provide(p.layer))
     })
   })

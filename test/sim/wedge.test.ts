@@ -132,4 +132,45 @@ describe("the wedge fault", () => {
     expect((await postJson(`${url}/sim/faults`, { wedged_rank: null })).status).toBe(200)
     expect(await hung).toContain('"completion_tokens":2')
   })
+
+  it("SGLang, two DP replicas: one hangs alone; a client names one with routed_dp_rank (or the header)", async () => {
+    sim = await startSim({
+      flavor: "sglang",
+      args: ["--model-path", "m", "--dp-size", "2", "--enable-metrics", "--sim-mode", "random"]
+    })
+    const url = sim.url
+    const ask = (body: Record<string, unknown>, headers: Record<string, string> = {}) =>
+      postJson(`${url}/v1/completions`, { prompt: "a b", max_tokens: 2, ...body }, headers)
+    // TokenizerManager's range check, and the header's own
+    const out = await ask({ routed_dp_rank: 2 })
+    expect(out.status).toBe(400)
+    expect(out.text).toContain("routed_dp_rank=2 out of range [0, 2)")
+    expect((await ask({}, { "X-Data-Parallel-Rank": "2" })).text).toContain("routed_dp_rank=2 out of range [0, 2)")
+    const bad = await ask({ routed_dp_rank: 0 }, { "X-Data-Parallel-Rank": "one" })
+    expect(bad.status).toBe(400)
+    expect(bad.text).toContain("Invalid X-Data-Parallel-Rank header: must be an integer, got 'one'")
+
+    expect((await postJson(`${url}/sim/faults`, { wedged_rank: 1 })).status).toBe(200)
+    const before = await (await fetch(`${url}/metrics`)).text()
+    const hang = (body: Record<string, unknown>, headers: Record<string, string> = {}) => {
+      const answer = ask(body, headers).then((r) => r.text)
+      return { answer, early: Promise.race([answer, new Promise((r) => setTimeout(() => r("no answer"), 300))]) }
+    }
+    const hung = [
+      hang({ routed_dp_rank: 1 }),
+      hang({ data_parallel_rank: 1 }), // the deprecated name
+      hang({ routed_dp_rank: 0 }, { "X-Data-Parallel-Rank": "1" }) // the header wins
+    ]
+    // replica 0 serves on, named or not
+    expect((await ask({ routed_dp_rank: 0 })).status).toBe(200)
+    expect((await ask({}, { "X-Data-Parallel-Rank": "0" })).status).toBe(200)
+    for (const h of hung) expect(await h.early).toBe("no answer")
+    // replica 1's series (dp_rank="1") are what its scheduler last published
+    const rank1 = (page: string) => page.split("\n").filter((l) => l.startsWith("sglang:") && l.includes('dp_rank="1"'))
+    expect(rank1(before).length).toBeGreaterThan(0)
+    expect(rank1(await (await fetch(`${url}/metrics`)).text())).toEqual(rank1(before))
+
+    expect((await postJson(`${url}/sim/faults`, { wedged_rank: null })).status).toBe(200)
+    for (const h of hung) expect(await h.answer).toContain('"completion_tokens":2')
+  })
 })

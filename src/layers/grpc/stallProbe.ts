@@ -14,7 +14,8 @@
  * what the engine needs to serve it with no peer (Engine.capabilities.peerlessFields: SGLang's fake bootstrap host,
  * and room 0, as its own /health_generate sends; with dp > 1, one request per rank, rooms 0 to dp - 1, all of which
  * must complete); an SGLang prefill server answers such a request with one token, as every prefill leg. On vLLM
- * with dp > 1 the requests go one to each rank through its X-data-parallel-rank header.
+ * with dp > 1 the requests go one to each rank through its X-data-parallel-rank header, on SGLang through its
+ * routed_dp_rank field (in every role; on a P/D node beside the room).
  * The same test is also how the watchdog finds what nothing else shows: an engine that wedged while idle (sent after
  * engine.idle_probe_after with no call) and a data-parallel rank that hangs alone while the others serve (sent to
  * each rank once a stream stalls); there no answer within the idle timeout takes the engine as stalled.
@@ -45,8 +46,8 @@ export interface ProbeShape {
   readonly ignoreEos: boolean
   /**
    * The requests the probe sends, each with the fields that let the engine serve it with no P/D peer
-   * (Engine.capabilities.peerlessFields): with dp > 1, one per rank where a field (peerlessRankField) or a header
-   * (rankHeader) picks the rank, else one.
+   * (Engine.capabilities.peerlessFields): with dp > 1, one per rank where a field (rankField, or peerlessRankField
+   * on a P/D node) or a header (rankHeader) picks the rank, else one.
    */
   readonly requests: ReadonlyArray<ProbeRequest>
 }
@@ -54,16 +55,22 @@ export interface ProbeShape {
 export const probeShape = (kind: EngineKind, role: Role, dp = 1): ProbeShape => {
   const caps = engineFor(kind).capabilities
   const fields = caps.peerlessFields?.[role] ?? {}
-  const rankField = caps.peerlessFields?.[role] === undefined ? undefined : caps.peerlessRankField
-  const ranks = Array.from({ length: dp }, (_, i) => i)
+  // every field that picks the rank, set to it: on an SGLang P/D node both the room (the prefill server's
+  // follow_bootstrap_room) and routed_dp_rank (which servers that take it follow first, in every role)
+  const rankFields = [
+    ...(caps.peerlessFields?.[role] === undefined || caps.peerlessRankField === undefined
+      ? []
+      : [caps.peerlessRankField]),
+    ...(caps.rankField === undefined ? [] : [caps.rankField])
+  ]
+  const pinned = rankFields.length > 0 || caps.rankHeader !== undefined
   const requests: ReadonlyArray<ProbeRequest> =
-    dp <= 1
+    dp <= 1 || !pinned
       ? [{ fields }]
-      : rankField !== undefined
-        ? ranks.map((i) => ({ fields: { ...fields, [rankField]: i }, rank: i }))
-        : caps.rankHeader !== undefined
-          ? ranks.map((i) => ({ fields, rank: i }))
-          : [{ fields }]
+      : Array.from({ length: dp }, (_, i) => ({
+          fields: { ...fields, ...Object.fromEntries(rankFields.map((f) => [f, i])) },
+          rank: i
+        }))
   return { ignoreEos: caps.ignoreEos === true, requests }
 }
 

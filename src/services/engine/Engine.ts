@@ -88,9 +88,14 @@ export interface EngineCapabilities {
    */
   readonly peerlessRankField?: string
   /**
-   * The request header that pins a request to a data-parallel rank, where the engine takes one: with dp > 1 (and no
-   * `peerlessRankField` for the role) the stall watchdog's test completion is sent once per rank with it, so a rank
-   * that hangs alone cannot hide behind the others.
+   * The body field that pins a request to a data-parallel rank in every role, where the engine takes one (SGLang's
+   * `routed_dp_rank`): with dp > 1 the stall watchdog's test completion is sent once per rank with it (beside
+   * `peerlessRankField` on a P/D node), so a rank that hangs alone cannot hide behind the others.
+   */
+  readonly rankField?: string
+  /**
+   * The request header that pins a request to a data-parallel rank, where the engine takes one: with dp > 1 the stall
+   * watchdog's test completion is sent once per rank with it, so a rank that hangs alone cannot hide behind the others.
    */
   readonly rankHeader?: string
 }
@@ -143,7 +148,8 @@ export interface MetricNames {
    */
   readonly progress?: ReadonlyArray<string>
   /**
-   * The label that names the data-parallel rank on those series (vLLM's `engine`), where they have one: a rank whose
+   * The label that names the data-parallel rank on those series (vLLM's `engine`, SGLang's `dp_rank`), where they
+   * have one, its value the rank the test completion names (rankHeader, rankField, peerlessRankField): a rank whose
    * own counters or KV-cache usage move is at work, so a test it is slow to answer (queued behind its calls) does not
    * read as a rank that hangs (layers/grpc/stallProbe.ts).
    */

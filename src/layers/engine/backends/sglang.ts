@@ -99,7 +99,15 @@ export const sglang: Engine = {
     // A prefill server's default load balancing, follow_bootstrap_room, sends a request to rank bootstrap_room % dp
     // (python/sglang/srt/managers/data_parallel_controller.py); a decode server's round robin takes dp requests to
     // each rank in turn.
-    peerlessRankField: "bootstrap_room"
+    peerlessRankField: "bootstrap_room",
+    // A request naming its rank goes to that replica whatever the load-balance method, in every role
+    // (DataParallelController.maybe_external_dp_rank_routing, before the room; CompletionRequest and
+    // ChatCompletionRequest routed_dp_rank, python/sglang/srt/entrypoints/openai/protocol.py, passed on by
+    // serving_completions.py / serving_chat.py). Out of range: 400 "routed_dp_rank=r out of range [0, dp)"
+    // (TokenizerManager.generate_request, python/sglang/srt/managers/tokenizer_manager.py). Named so since
+    // sgl-project/sglang#19268, which renamed data_parallel_rank (still taken as a deprecated alias); a server
+    // without the field ignores it and balances the tests as any request (a P/D prefill server still by room).
+    rankField: "routed_dp_rank"
   },
   render: (config: AgentConfig) => {
     const listen = listenOf(config)
@@ -178,7 +186,14 @@ export const sglang: Engine = {
         // Not sglang:prompt_tokens_total and generation_tokens_total: the tokenizer manager adds a request's tokens
         // only when it finishes (TokenizerMetricsCollector.observe_one_finished_request), so they stand still
         // through long generations on a healthy server. Older servers without it are not watched for progress.
-        progress: ["sglang:realtime_tokens_total"]
+        progress: ["sglang:realtime_tokens_total"],
+        // With --dp-size > 1 each replica's scheduler labels its series dp_rank, the replica's index in the
+        // DataParallelController's workers, the rank routed_dp_rank and bootstrap_room % dp pick (with
+        // --enable-dp-attention too, its attention-DP rank: python/sglang/srt/managers/data_parallel_controller.py
+        // launch_tensor_parallel_group); schedulers with attn_tp_rank 0 report, one per replica
+        // (python/sglang/srt/observability/scheduler_metrics_mixin.py init_metrics, later metrics_collector.py
+        // SchedulerMetricsCollector.init_new; labels since sgl-project/sglang#7597). Without --dp-size: no label.
+        rankLabel: "dp_rank"
       }),
       kvEvents: events?.endpoint,
       warnings,
