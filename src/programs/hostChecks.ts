@@ -8,6 +8,8 @@
  *   kernel filesystem (procfs, sysfs: mkdir there fails, and as root every permission check passes). `run` of a
  *   spawned engine cannot start without it (the state lock and the pid file); with none it keeps the cordon and
  *   the GPUs' Xids there only.
+ * - `models."name".path` (a spawned engine only): what the engine needs it to be, a GGUF file for llama.cpp, a model
+ *   directory (or GGUF file) for vLLM and SGLang (modelPath.ts). `run` would spawn an engine that exits at every start.
  * - `engine.kv_offload = "kvbm"` with no cache tier in the engine's environment: KVBM refuses to start
  *   (ai-dynamo/dynamo lib/llm/src/block_manager/distributed/leader.rs, KvbmLeaderConfig::sanity_check: "At least
  *   one cache tier must be configured"), so vLLM exits at every start.
@@ -20,6 +22,7 @@ import { Effect } from "effect"
 import type { AgentConfig } from "../services/config/Config.ts"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
 import { engineEnvironment } from "../services/engine/EngineEnvironment.ts"
+import { modelPathFinding } from "./modelPath.ts"
 
 export interface HostFindings {
   readonly errors: ReadonlyArray<string>
@@ -162,6 +165,8 @@ export const hostFindings = (
       if (problem !== undefined)
         errors.push(`${key}: ${problem}; run could not spawn the engine and would restart it again and again`)
     }
+    const model = plan.spawns ? await modelPathFinding(c, cwd) : undefined
+    if (model !== undefined) (model.error ? errors : warnings).push(model.line)
     const dir = await stateDirProblem(c.agent.state_dir, cwd)
     if (dir !== undefined) {
       const line = `agent.state_dir = "${c.agent.state_dir}": ${dir}; set agent.state_dir to a writable local directory`
@@ -176,7 +181,7 @@ export const hostFindings = (
       orElse: () =>
         Effect.succeed({
           errors: [
-            `the host's filesystems gave no answer within ${READ_TIMEOUT_MS / 1000} s (engine command, state_dir)`
+            `the host's filesystems gave no answer within ${READ_TIMEOUT_MS / 1000} s (engine command, model path, state_dir)`
           ],
           warnings: []
         })

@@ -90,9 +90,12 @@ export const layerTest = (
       const restart = (source: RestartSource, reason: string) =>
         Effect.gen(function* () {
           if (!plan.spawns) return "not-spawned" as const
-          if ((yield* SubscriptionRef.get(state))._tag !== "Ready") return "not-ready" as const
+          const tag = (yield* SubscriptionRef.get(state))._tag
+          // as the live supervisor: an operator's request in a restart backoff ends the wait
+          const backoff = tag === "Restarting" && source === "admin"
+          if (tag !== "Ready" && !backoff) return "not-ready" as const
           yield* Ref.update(requests, (xs) => [...xs, { source, reason }])
-          return "restarting" as const
+          return backoff ? ("backoff-ended" as const) : ("restarting" as const)
         })
       const subscribed = yield* SubscriptionRef.make(0)
       const engine = EngineProcess.of({

@@ -1,9 +1,10 @@
 // POST /engine/restart over real loopback, on the test supervisor (src/testing/EngineProcess.ts records the restarts
-// asked of it): a Ready engine is restarted (202), one starting is not (409), nor one under a drain or a proxied
-// server (409); the method and the admin token. The live supervisor's restart(): test/engine/supervisor-clock.test.ts.
+// asked of it): a Ready engine is restarted (202), one waiting out a restart backoff has the wait ended (202), one
+// starting is not (409), nor one under a drain or a proxied server (409); the method and the admin token. The live supervisor's restart(): test/engine/supervisor-clock.test.ts.
 import { Context, Effect } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
 import { ADMIN_RESTART_REASON } from "../../src/services/admin/EngineRestart.ts"
+import type { EngineState } from "../../src/services/engine/EngineProcess.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
 import * as EngineTest from "../../src/testing/EngineProcess.ts"
 import { startAdmin } from "../support/admin.ts"
@@ -13,10 +14,13 @@ afterEach(async () => {
   for (const close of closes.splice(0)) await close()
 })
 
-const start = async (options: { agent?: Record<string, unknown>; ready?: boolean; spawns?: boolean } = {}) => {
+const start = async (
+  options: { agent?: Record<string, unknown>; ready?: boolean; spawns?: boolean; initial?: EngineState } = {}
+) => {
+  const initial = options.initial ?? (options.ready === false ? undefined : State.Ready({ since: 0, run: 0 }))
   const engine = EngineTest.layerTest({
     plan: EngineTest.testPlan({ spawns: options.spawns ?? true }),
-    ...(options.ready === false ? {} : { initial: State.Ready({ since: 0, run: 0 }) })
+    ...(initial === undefined ? {} : { initial })
   })
   const admin = await startAdmin({ ...(options.agent ? { agent: options.agent } : {}), engine })
   closes.push(admin.close)
@@ -37,6 +41,26 @@ describe("POST /engine/restart", () => {
     const get = await fetch(url)
     expect(get.status).toBe(405)
     expect(get.headers.get("allow")).toBe("POST")
+  })
+
+  it("in a crash loop's restart backoff, ends the wait (202, backoffEnded) with the admin reason", async () => {
+    const lastExit = {
+      run: 4,
+      pid: 123,
+      code: 1,
+      signal: null,
+      startedAt: 0,
+      endedAt: 100,
+      runtimeMs: 100,
+      reason: "exited",
+      lastLines: [],
+      oomKills: undefined,
+      memoryLimitBytes: undefined
+    }
+    const initial = State.Restarting({ attempt: 5, nextAt: 300_000, lastExit, failing: "engine failing: ..." })
+    const { url, requests } = await start({ initial })
+    expect(await post(url)).toEqual({ status: 202, body: { restarting: true, backoffEnded: true } })
+    expect(await requests()).toEqual([{ source: "admin", reason: ADMIN_RESTART_REASON }])
   })
 
   it("an engine that is not Ready, a draining node and a proxied server are 409 with why, and nothing is asked", async () => {

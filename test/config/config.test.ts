@@ -24,7 +24,21 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
   [
     "TOML syntax: unterminated string",
     '[agent]\nlisten_grpc = "0.0.0.0:7071\n',
-    ["agent.listen_grpc: line 2, column 28: Invalid TOML document: control characters are not allowed in strings"]
+    [
+      "agent.listen_grpc: line 2, column 28: Invalid TOML document: control characters are not allowed in strings (a string not closed on its line?)"
+    ]
+  ],
+  [
+    "TOML syntax: unterminated string, CRLF line ends",
+    '[agent]\r\nnode_id = "oncall-1\r\nmax_inflight = 2\r\n',
+    [
+      "agent.node_id: line 2, column 20: Invalid TOML document: control characters are not allowed in strings (a string not closed on its line?)"
+    ]
+  ],
+  [
+    "TOML syntax: a control character inside a closed string is not an unclosed one",
+    '[agent]\nnode_id = "a\u0001b"\n',
+    ["agent.node_id: line 2, column 13: Invalid TOML document: control characters are not allowed in strings"]
   ],
   [
     "TOML syntax: doubled =",
@@ -34,12 +48,26 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
   [
     "wrong type: string for an integer",
     `[agent]\nmax_inflight = "many"\n${MODEL}`,
-    ['agent.max_inflight: Expected number, got "many"']
+    ['agent.max_inflight: expected an integer, got "many"']
+  ],
+  [
+    "a number in quotes: said so, with the number as the example (an integer, a number)",
+    `[agent]\nmax_inflight = "256"\n${MODEL}gpu_memory_utilization = "0.9"\ntp = "0"\n`,
+    [
+      'agent.max_inflight: expected an integer such as 256 (a TOML number, without quotes), got "256"',
+      'models."m".tp: expected an integer (a TOML number, without quotes), got "0"',
+      'models."m".gpu_memory_utilization: expected a number such as 0.9 (a TOML number, without quotes), got "0.9"'
+    ]
+  ],
+  [
+    "a model name with dots, unquoted: TOML splits it; the hint says to quote it",
+    '[models.qwen2.5-0.5b]\nhf_repo = "Qwen/Qwen2.5-0.5B-Instruct"\n',
+    ['models."qwen2".5-0: unknown key; a model name with dots must be quoted: [models."qwen2.5-0.5b"]']
   ],
   [
     "wrong types: string for a boolean, float for an integer",
     `[security]\nrequire_mtls = "yes"\n${MODEL}tp = 1.5\n`,
-    ['security.require_mtls: Expected boolean, got "yes"', 'models."m".tp: Expected an integer, got 1.5']
+    ['security.require_mtls: expected true or false, got "yes"', 'models."m".tp: Expected an integer, got 1.5']
   ],
   ["wrong type inside a table", `[engine]\nenv = { A = 1 }\n${MODEL}`, ["engine.env.A: Expected string, got 1"]],
   [
@@ -364,7 +392,7 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
       "engine.ignore_xids[0]: expected an Xid from 1 to 999 (NVIDIA's Xid catalog numbers them), got 0",
       "engine.fault_xids[0]: expected an Xid from 1 to 999 (NVIDIA's Xid catalog numbers them), got 1000",
       "engine.fault_xids[1]: Expected an integer, got 1.5",
-      'engine.fault_xids[2]: Expected number, got "13"'
+      'engine.fault_xids[2]: expected an integer such as 13 (a TOML number, without quotes), got "13"'
     ]
   ],
   ["Xids not a list", `[engine]\nignore_xids = 92\n${MODEL}`, ["engine.ignore_xids: Expected array, got 92"]],

@@ -118,11 +118,14 @@ const boot = Effect.gen(function* () {
   const port = yield* Effect.promise(freePort)
   const plan = testPlan({ port, probe: { kind: "http", url: `http://127.0.0.1:${port}/health` } })
   const fake = yield* makeFakeHost
-  // the text of every line the supervisor logs (its message, without the fields)
+  // the text of every line the supervisor logs (its message, without the fields), and each line's fields
   const logs: Array<string> = []
+  const fieldsOf: Array<Record<string, unknown>> = []
   const capture = Logger.make(({ message }) => {
-    const first = [message].flat()[0]
-    if (typeof first === "string") logs.push(first)
+    const [first, fields] = [message].flat()
+    if (typeof first !== "string") return
+    logs.push(first)
+    fieldsOf.push(typeof fields === "object" && fields !== null ? (fields as Record<string, unknown>) : {})
   })
   const context = yield* Layer.build(
     layerFromPlan(plan, settings(stateDir)).pipe(
@@ -142,7 +145,7 @@ const boot = Effect.gen(function* () {
   fake.seen.observe = () => last()?._tag
   const runAt = (i: number) => Effect.map(Ref.get(fake.runs), (xs) => xs[i])
   const stateIs = (pred: (s: EngineState) => boolean) => Effect.sync(() => last() !== undefined && pred(last()!))
-  return { stateDir, fake, engine, metrics, states, last, runAt, stateIs, logs }
+  return { stateDir, fake, engine, metrics, states, last, runAt, stateIs, logs, fieldsOf }
 })
 
 describe("EngineProcess on a TestClock", () => {
@@ -295,7 +298,8 @@ describe("EngineProcess on a TestClock", () => {
         if (restarting?._tag !== "Restarting") return assert.fail("expected Restarting")
         assert.strictEqual(restarting.lastExit.reason, "restarted: engine stalled")
         assert.strictEqual(restarting.nextAt, 2_500, "the first backoff after a run Ready for 0.5 s")
-        assert.strictEqual(yield* engine.restart("admin", "in the backoff"), "not-ready")
+        // a stall restart never ends a backoff (an operator's does: the crash-loop test below)
+        assert.strictEqual(yield* engine.restart("stall", "in the backoff"), "not-ready")
         yield* TestClock.adjust(2_000)
         yield* settle(
           "run 1 spawned",
@@ -398,5 +402,114 @@ describe("EngineProcess on a TestClock", () => {
       )
       assert.match(seen[2]?.failing ?? "", /^engine failing: 3 runs in a row ended before being stable/)
     })
+  )
+  it.effect(
+    "an operator's restart in a crash loop's backoff starts the next run now, the backoff's count kept; its end is logged once",
+    () =>
+      Effect.gen(function* () {
+        const { fake, engine, metrics, states, last, runAt, stateIs, logs, fieldsOf } = yield* boot
+        /** Runs run `i` until it exits at start (code 1, never Ready): the Restarting state that follows. */
+        const failAtStart = (i: number) =>
+          Effect.gen(function* () {
+            yield* settle(
+              `run ${i} spawned`,
+              Effect.map(runAt(i), (r) => r !== undefined)
+            )
+            const r = (yield* runAt(i))!
+            yield* Deferred.succeed(r.pid, fakePid(i))
+            yield* settle(
+              `probing run ${i}`,
+              stateIs((s) => s._tag === "Starting" && s.run === i && s.phase === "waiting for port")
+            )
+            yield* Deferred.succeed(r.exited, { code: 1, signal: null, problem: undefined })
+            yield* settle(
+              `run ${i} Restarting`,
+              stateIs((s) => s._tag === "Restarting" && s.lastExit.run === i)
+            )
+            const restarting = last()
+            if (restarting?._tag !== "Restarting") return assert.fail("expected Restarting")
+            return restarting
+          })
+        const seen: Array<{ attempt: number; wait: number; failing: boolean }> = []
+        for (let i = 0; i < 3; i++) {
+          const r = yield* failAtStart(i)
+          seen.push({ attempt: r.attempt, wait: r.nextAt - (yield* Clock.currentTimeMillis), failing: !!r.failing })
+          // only an operator's request ends the wait
+          assert.strictEqual(yield* engine.restart("stall", "wedged"), "not-ready")
+          assert.strictEqual(yield* engine.restart("admin", "the model file is in place"), "backoff-ended")
+          const at = yield* Clock.currentTimeMillis
+          // the next run starts at once: the clock never moves
+          yield* settle(
+            `run ${i + 1} spawned at once`,
+            Effect.map(runAt(i + 1), (x) => x !== undefined)
+          )
+          assert.strictEqual((yield* runAt(i + 1))!.spawnedAt, at)
+        }
+        // the backoff's count went on: a manual retry of a still-broken engine keeps backing off and stays failing
+        assert.deepStrictEqual(seen, [
+          { attempt: 1, wait: 2_000, failing: false },
+          { attempt: 2, wait: 4_000, failing: false },
+          { attempt: 3, wait: 8_000, failing: true }
+        ])
+        assert.include(logs, "restart backoff ended 8000 ms early: the model file is in place; run 3 starts now")
+        // run 3 (the fix in place) becomes Ready: one line ends the crash loop
+        yield* Deferred.succeed((yield* runAt(3))!.pid, fakePid(3))
+        yield* Ref.set(fake.up, true)
+        yield* TestClock.adjust(500)
+        yield* settle(
+          "run 3 Ready",
+          stateIs((s) => s._tag === "Ready" && s.run === 3)
+        )
+        yield* quiesce
+        assert.deepStrictEqual(
+          logs.filter((l) => l.includes("crash loop is over")),
+          ["engine run 3 ready after 3 failed runs in a row; the crash loop is over"]
+        )
+        // `failing` is still the state's while run 3 starts (/readyz, /status), but not repeated on its log lines
+        assert.isTrue(states.some((s) => s._tag === "Starting" && s.run === 3 && s.failing !== undefined))
+        const lines = logs.map((l, i) => ({ l, fields: fieldsOf[i]! }))
+        const starting = lines.filter(
+          ({ l }) => l.startsWith("engine Restarting -> Starting") || l.startsWith("engine Starting:")
+        )
+        assert.isAtLeast(starting.length, 6)
+        assert.isTrue(
+          starting.every(({ fields }) => !("failing" in fields)),
+          "no Starting line carries failing"
+        )
+        // where it is the news, the change to Restarting after the third failed run, it is
+        assert.match(
+          String(lines.filter(({ l }) => l.endsWith("-> Restarting")).at(-1)?.fields.failing),
+          /^engine failing: 3 runs in a row/
+        )
+        // no Ready run was ended: not a restart request; the restarts are counted as any
+        const requested = yield* Effect.promise(() => metrics.engineRestartRequests.get())
+        assert.deepStrictEqual(
+          requested.values.map((v) => [v.labels.source, v.value]),
+          [
+            ["stall", 0],
+            ["admin", 0]
+          ]
+        )
+        assert.strictEqual(yield* engine.restarts, 3)
+        // a second Ready (after a stable end) says nothing more
+        assert.strictEqual(yield* engine.restart("admin", "again"), "restarting")
+        yield* settle(
+          "Restarting after the operator's restart",
+          stateIs((s) => s._tag === "Restarting" && s.lastExit.run === 3)
+        )
+        assert.strictEqual(yield* engine.restart("admin", "now"), "backoff-ended")
+        yield* settle(
+          "run 4 spawned",
+          Effect.map(runAt(4), (x) => x !== undefined)
+        )
+        yield* Deferred.succeed((yield* runAt(4))!.pid, fakePid(4))
+        yield* TestClock.adjust(500)
+        yield* settle(
+          "run 4 Ready",
+          stateIs((s) => s._tag === "Ready" && s.run === 4)
+        )
+        yield* quiesce
+        assert.isFalse(logs.some((l) => l.startsWith("engine run 4 ready after")))
+      })
   )
 })

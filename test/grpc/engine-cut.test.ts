@@ -23,7 +23,7 @@ import { State } from "../../src/services/engine/EngineState.ts"
 import { EngineRunEnded } from "../../src/services/grpc/CallErrors.ts"
 import { connectionBroke, runEnding } from "../../src/services/grpc/EngineCut.ts"
 import { GrpcServer } from "../../src/services/grpc/GrpcServer.ts"
-import { endsUnavailable } from "../../src/services/grpc/GrpcStatus.ts"
+import { endsUnavailable, STREAMED_ADVICE } from "../../src/services/grpc/GrpcStatus.ts"
 import {
   EngineProcessControl,
   layerTest as engineLayerTest,
@@ -33,6 +33,8 @@ import {
 import { layerTest as nodeStatusLayerTest } from "../../src/testing/NodeStatus.ts"
 import { agentDeps } from "../support/agentDeps.ts"
 
+/** How a cut call's message ends: every call here had streamed text first, so no "retry on another node". */
+const STREAMED = STREAMED_ADVICE.slice(2)
 const STALL_REASON =
   "engine stalled: 1 stream(s) sent nothing for 500ms (engine.stream_idle_timeout) and no call has completed since, for 1s (engine.stall_restart_after)"
 
@@ -282,8 +284,10 @@ describe("a Generate call whose engine connection breaks", () => {
       const r = await call.ended
       expect([r.status, r.text]).toEqual(["UNAVAILABLE", "a"])
       expect(r.details).toBe(
-        "the engine is being restarted (POST /engine/restart by an operator): the engine request was aborted; retry on another node"
+        `the engine is being restarted (POST /engine/restart by an operator): the engine request was aborted; ${STREAMED}`
       )
+      // it had streamed "a": the advice and the trailer agree (GrpcStatus.ts asSent)
+      expect(r.trailer?.get("cgn-retryable")).toBe("false")
       expect(r.trailer?.get("cgn-error-source")).toBe("agent")
       // nothing of the engine's: it never failed
       expect(r.trailer?.get("cgn-engine-reason")).toBeUndefined()
@@ -316,7 +320,7 @@ describe("a Generate call whose engine connection breaks", () => {
     await agent.set(state)
     const r = await call.ended
     expect(r.status).toBe("UNAVAILABLE")
-    expect(r.details).toBe(`${why}: the engine request was aborted; retry on another node`)
+    expect(r.details).toBe(`${why}: the engine request was aborted; ${STREAMED}`)
     expect(r.trailer?.get("cgn-error-source")).toBe("agent")
     await Promise.all(closed)
   })
@@ -339,7 +343,7 @@ describe("a Generate call whose engine connection breaks", () => {
     )
     const r = await call.ended
     expect(r.status).toBe("UNAVAILABLE")
-    expect(r.details).toMatch(/^the engine exited \(signal SIGKILL\): stream truncated: .+; retry on another node$/)
+    expect(r.details).toMatch(/^the engine exited \(signal SIGKILL\): stream truncated: .+; do not retry elsewhere: /)
     expect(r.trailer?.get("cgn-error-source")).toBe("engine")
   })
 
@@ -373,6 +377,6 @@ describe("a Generate call whose engine connection breaks", () => {
     cut()
     const r = await call.ended
     expect(r.status).toBe("UNAVAILABLE")
-    expect(r.details).toMatch(/^the engine exited \(signal SIGKILL\): stream truncated: .+; retry on another node$/)
+    expect(r.details).toMatch(/^the engine exited \(signal SIGKILL\): stream truncated: .+; do not retry elsewhere: /)
   })
 })

@@ -16,8 +16,10 @@ import {
 } from "../../src/services/grpc/CallErrors.ts"
 import { GenerateRejected } from "../../src/services/grpc/Generate.ts"
 import {
+  asSent,
   type GenerateError,
   type GenerateErrorTag,
+  STREAMED_ADVICE,
   statusName,
   statusTable,
   toGrpcFailure
@@ -41,7 +43,7 @@ const samples: { readonly [T in GenerateErrorTag]: readonly [Extract<GenerateErr
     new InvalidHandoff({ reason: "no params", missing: ["kv_transfer_params"] }),
     Status.FAILED_PRECONDITION
   ],
-  NotServing: [new NotServing({ reason: "node is draining" }), Status.UNAVAILABLE],
+  NotServing: [new NotServing({ reason: "engine is not ready (starting)" }), Status.UNAVAILABLE],
   NodeCordoned: [new NodeCordoned(), Status.UNAVAILABLE],
   Overloaded: [new Overloaded({ maxInflight: 1, maxQueue: 0 }), Status.RESOURCE_EXHAUSTED],
   Draining: [new Draining(), Status.UNAVAILABLE],
@@ -145,7 +147,7 @@ describe("the status table", () => {
   })
 
   it("keeps the messages callers see", () => {
-    expect(toGrpcFailure(samples.NotServing[0]).message).toBe("node is draining; retry on another node")
+    expect(toGrpcFailure(samples.NotServing[0]).message).toBe("engine is not ready (starting); retry on another node")
     expect(toGrpcFailure(samples.LegDeadline[0]).message).toBe(
       "the decode leg did not start within 30s ([agent].handoff_timeout); the engine request was aborted"
     )
@@ -184,6 +186,39 @@ describe("the status table", () => {
       "cgn-reason": "engine_run_ended",
       "cgn-engine-reason": "Stream",
       "cgn-engine-message": "stream truncated: UND_ERR_SOCKET: other side closed"
+    })
+  })
+})
+
+// The soak's engine killed mid-stream: "...; retry on another node" beside cgn-retryable false. What went out decides
+// both, in one place (asSent, which the call's sendStatus uses).
+describe("a failure as sent: cgn-retryable and the message's advice agree", () => {
+  const engine = new EngineError({ reason: "Stream", message: "stream truncated: UND_ERR_SOCKET: other side closed" })
+  const died = toGrpcFailure(new EngineRunEnded({ by: "exit", why: "the engine exited (signal SIGKILL)", engine }))
+
+  it("before any message: retryable, the advice kept", () => {
+    expect(asSent(died, false)).toEqual({ message: died.message, retryable: true })
+  })
+
+  it("after a delta: not retryable, and the message says so instead of 'retry on another node'", () => {
+    expect(asSent(died, true)).toEqual({
+      message:
+        "the engine exited (signal SIGKILL): stream truncated: UND_ERR_SOCKET: other side closed; do not retry " +
+        "elsewhere: the call had already streamed output",
+      retryable: false
+    })
+    const stalled = asSent(toGrpcFailure(samples.EngineStalled[0]), true)
+    expect([stalled.message.endsWith(STREAMED_ADVICE), stalled.retryable]).toEqual([true, false])
+  })
+
+  it("a status that never advised a retry keeps its words; one with no opinion gets no trailer", () => {
+    const midStream = toGrpcFailure(new EngineError({ reason: "Stream", message: "boom", status: 500 }))
+    expect(asSent(midStream, true).message).toBe(midStream.message)
+    const invalid = toGrpcFailure(samples.GenerateRejected[0])
+    expect(asSent(invalid, true)).toEqual({ message: invalid.message, retryable: false })
+    expect(asSent({ code: Status.UNKNOWN, message: "x", trailers: {} }, true)).toEqual({
+      message: "x",
+      retryable: undefined
     })
   })
 })

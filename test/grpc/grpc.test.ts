@@ -298,7 +298,8 @@ describe("gRPC Agent against the simulator", () => {
     expect((await simState(sim)).served).toBe(before)
     // nothing sent, this node's state the cause: another node may take the call
     expect([r1.trailer?.get("cgn-reason"), r1.trailer?.get("cgn-retryable")]).toEqual(["not_serving", "true"])
-    expect(r2.trailer?.get("cgn-retryable")).toBe("true")
+    // the drain's own reason (README's cgn-reason list), not not_serving
+    expect([r2.trailer?.get("cgn-reason"), r2.trailer?.get("cgn-retryable")]).toEqual(["draining", "true"])
   })
 })
 
@@ -434,12 +435,18 @@ describe("cancellation, deadlines and health", () => {
     const base = await simState(sim)
     let text = ""
     let error: unknown
+    let trailer: Metadata | undefined
     try {
-      for await (const r of agent.client.generate({ prompt: "x", sampling: { maxTokens: 900 } })) {
+      const call = agent.client.generate(
+        { prompt: "x", sampling: { maxTokens: 900 } },
+        { onTrailer: (t) => (trailer = t) }
+      )
+      for await (const r of call) {
         if (r.delta !== undefined) text += r.delta.text
         if (text.length > 0 && error === undefined) {
           error = null
-          await agent.abortActive("node drained before the stream finished")
+          // the drain's words (programs/main.ts)
+          await agent.abortActive("node drained before the stream finished; retry on another node")
         }
       }
     } catch (e) {
@@ -447,7 +454,11 @@ describe("cancellation, deadlines and health", () => {
     }
     expect(error).toBeInstanceOf(ClientError)
     expect(Status[(error as ClientError).code]).toBe("UNAVAILABLE")
-    expect((error as ClientError).details).toBe("node drained before the stream finished")
+    // text had gone out: the message's advice agrees with cgn-retryable, not "retry on another node" beside false
+    expect([(error as ClientError).details, trailer?.get("cgn-retryable")]).toEqual([
+      "node drained before the stream finished; do not retry elsewhere: the call had already streamed output",
+      "false"
+    ])
     await pollUntil(async () => {
       const s = await simState(sim)
       return s.running === 0 && s.aborted > base.aborted ? s : undefined

@@ -3,8 +3,12 @@
 // NodeStatus never emits the cordon at all, so only the direct read can see it).
 import { assert, describe, it } from "@effect/vitest"
 import { Clock, Effect, Layer } from "effect"
+import { Status } from "nice-grpc-common"
+import * as AdmissionLive from "../../src/layers/grpc/Admission.ts"
 import * as ServingState from "../../src/layers/grpc/ServingState.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
+import { Admission } from "../../src/services/grpc/Admission.ts"
+import { toGrpcFailure } from "../../src/services/grpc/GrpcStatus.ts"
 import { Cordon } from "../../src/services/node/Cordon.ts"
 import * as CordonTest from "../../src/testing/Cordon.ts"
 import { layerTest as engineLayerTest } from "../../src/testing/EngineProcess.ts"
@@ -23,6 +27,35 @@ describe("ServingState.refusal and the cordon", () => {
         assert.strictEqual(serving.refusal()?._tag, "NodeCordoned")
         yield* cordon.uncordon
         assert.strictEqual(serving.refusal(), undefined)
+      }).pipe(Effect.scoped, Effect.provide(deps))
+    })
+  )
+})
+
+// The drain refuses new calls here from its start (before it closes admission): with admission's Draining, so the
+// caller reads cgn-reason `draining` (README's list, the one status table) and the refusal is counted where /status
+// and admission_refusals_total{reason="draining"} read it. The soak saw `not_serving` and both counts at 0.
+describe("ServingState.refusal and the drain", () => {
+  it.effect("refuses with Draining, cgn-reason draining, counted in admission's refusedDraining", () =>
+    Effect.gen(function* () {
+      const ready = State.Ready({ since: yield* Clock.currentTimeMillis, run: 0 })
+      const deps = Layer.mergeAll(
+        engineLayerTest({ initial: ready }),
+        nodeStatusLayerTest({ state: "draining" }),
+        AdmissionLive.layerWith({ maxInflight: 4, maxQueue: 4 })
+      )
+      yield* Effect.gen(function* () {
+        const serving = yield* ServingState.make
+        const admission = yield* Admission
+        const refused = serving.refusal()
+        assert.strictEqual(refused?._tag, "Draining")
+        const f = toGrpcFailure(refused!)
+        assert.deepStrictEqual(
+          [f.code, f.trailers["cgn-reason"], f.retryElsewhere],
+          [Status.UNAVAILABLE, "draining", true]
+        )
+        serving.refusal()
+        assert.strictEqual((yield* admission.stats).refusedDraining, 2)
       }).pipe(Effect.scoped, Effect.provide(deps))
     })
   )

@@ -201,7 +201,7 @@ describe("mirrorNodeState and the cordon", () => {
 })
 
 describe("mirrorRegistration", () => {
-  it("sets the etcd gauges from the reporter's status at scrape time", async () => {
+  it("sets the etcd gauges and the lost-lease counter from the reporter's status at scrape time", async () => {
     const status = {
       state: "registered",
       key: "/cgn/c/nodes/n",
@@ -227,7 +227,7 @@ describe("mirrorRegistration", () => {
           yield* MetricsLayer.mirrorRegistration(Effect.sync(() => current))
           const m = yield* Metrics
           const body = (yield* m.render).body
-          current = { ...status, state: "retrying", leaseAgeMs: undefined }
+          current = { ...status, state: "revoked", leaseAgeMs: undefined, leasesLost: 1 }
           return { body, lost: (yield* m.render).body }
         })
       )
@@ -239,6 +239,8 @@ describe("mirrorRegistration", () => {
     // Without a lease the age is a missing series, not 0 (which would read as a lease granted just now).
     expect(lost).toContain("cgn_agent_etcd_registered 0")
     expect(lost).not.toMatch(/^cgn_agent_etcd_lease_age_seconds /m)
+    // a lost lease (the key gone until the next keepalive) counted, not only in /status: 0 from the start, then 1
+    expect([body, lost].map((b) => /^cgn_agent_etcd_leases_lost_total (\d+)$/m.exec(b)?.[1])).toEqual(["0", "1"])
   })
 })
 

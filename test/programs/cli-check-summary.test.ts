@@ -278,6 +278,56 @@ describe("check finds on the host what run would find only by failing", () => {
     expect((await runCli(["check", "--offline", "--config", bare], { PATH: empty })).code).toBe(0)
   })
 
+  it("a models path the engine cannot load is exit 2 naming the key: a GGUF file for llama.cpp, a model directory (or GGUF) for vLLM", async () => {
+    const model = (name: string, kind: string, modelPath: string, engine = "") => {
+      const file = path.join(dir, name)
+      const body = `[agent]\nstate_dir = "${dir}/state"\n[engine]\nkind = "${kind}"\n${engine}\n[models."m.1"]\npath = "${modelPath}"\n`
+      fs.writeFileSync(file, body)
+      return file
+    }
+    const models = path.join(dir, "models")
+    fs.mkdirSync(path.join(models, "hf"), { recursive: true })
+    fs.writeFileSync(path.join(models, "tiny.gguf"), "GGUF\u0003")
+    fs.writeFileSync(path.join(models, "weights.bin"), "not gguf")
+    fs.writeFileSync(path.join(models, "named-oddly"), "GGUF\u0003")
+    const check = (file: string) => runCli(["check", "--config", file], engines)
+    // llama.cpp: the crash loop of the on-call walkthrough (a GGUF file not there yet), found before run
+    const absent = await check(model("llama-absent.toml", "llama_cpp", `${models}/absent.gguf`))
+    expect(absent.code).toBe(2)
+    expect(absent.stderr).toContain(
+      `models."m.1".path = "${models}/absent.gguf": ${models}/absent.gguf does not exist; llama-server needs an existing, readable GGUF file on this host and would exit at every start`
+    )
+    const dirForLlama = await check(model("llama-dir.toml", "llama_cpp", `${models}/hf`))
+    expect(dirForLlama.code).toBe(2)
+    expect(dirForLlama.stderr).toContain(`${models}/hf is a directory, not a file`)
+    const llama = await check(model("llama-ok.toml", "llama_cpp", `${models}/tiny.gguf`))
+    expect(llama.code, llama.stderr).toBe(0)
+    // vLLM: a model directory, or one GGUF file (by its name or its magic); a path that is not there is refused
+    const vllmAbsent = await check(model("vllm-absent.toml", "vllm", `${models}/Qwen2.5-0.5B`))
+    expect(vllmAbsent.code).toBe(2)
+    expect(vllmAbsent.stderr).toContain(
+      `models."m.1".path = "${models}/Qwen2.5-0.5B": ${models}/Qwen2.5-0.5B does not exist; vLLM needs an existing, readable model directory (or one GGUF file)`
+    )
+    const notGguf = await check(model("vllm-bin.toml", "vllm", `${models}/weights.bin`))
+    expect(notGguf.code).toBe(2)
+    expect(notGguf.stderr).toContain(`${models}/weights.bin is a file but not a GGUF file`)
+    for (const ok of [`${models}/hf`, `${models}/tiny.gguf`, `${models}/named-oddly`]) {
+      const r = await check(model("vllm-ok.toml", "vllm", ok))
+      expect(r.code, `${ok}: ${r.stderr}`).toBe(0)
+    }
+    // an engine.command may run the engine where the path is another (a container): a warning then
+    const wrapped = await check(
+      model("llama-wrapped.toml", "llama_cpp", "/models/in-the-container.gguf", 'command = ["llama-server"]')
+    )
+    expect(wrapped.code, wrapped.stderr).toBe(0)
+    expect(wrapped.stderr).toContain(
+      'warning: models."m.1".path = "/models/in-the-container.gguf": /models/in-the-container.gguf does not exist'
+    )
+    // away from the host nothing is read
+    const offline = await runCli(["check", "--offline", "--config", model("off.toml", "llama_cpp", "/nope.gguf")])
+    expect(offline.code, offline.stderr).toBe(0)
+  })
+
   it("a state_dir that cannot be made (under /proc, below a file) is exit 2; one that can is not made by check", async () => {
     const proc = await runCli(["check", "--config", config("proc.toml", "", "/proc/cgn-agent/state")], engines)
     expect(proc.code).toBe(2)

@@ -29,17 +29,22 @@ const streamingCall = async () => {
   const agent = await startAgent({ config, readyTimeoutMs: 45_000 })
   const { client, channel } = agentClient(`127.0.0.1:${grpcPort}`)
   channels.push(channel)
-  const call = generate(client, { prompt: words(400), sampling: { maxTokens: 400 } })
+  const trailer: { retryable?: string | undefined } = {}
+  const call = generate(
+    client,
+    { prompt: words(400), sampling: { maxTokens: 400 } },
+    { onTrailer: (t) => (trailer.retryable = t.get("cgn-retryable")) }
+  )
   await call.firstDelta
   const sim = (await (await fetch(`${engineUrl}/sim/state`)).json()) as { pid: number }
-  return { agent, call, simPid: sim.pid }
+  return { agent, call: { ...call, trailer }, simPid: sim.pid }
 }
 
 const ended = async (call: Awaited<ReturnType<typeof streamingCall>>["call"]) => {
   const r = await call.done
   expect(r.tokens()).toBeLessThan(400)
   expect(r.error).toBeInstanceOf(ClientError)
-  return { code: grpcCode(r.error), details: (r.error as ClientError).details }
+  return { code: grpcCode(r.error), details: (r.error as ClientError).details, retryable: call.trailer.retryable }
 }
 
 describe("a call cut by the end of the engine run under it", () => {
@@ -50,8 +55,9 @@ describe("a call cut by the end of the engine run under it", () => {
     const r = await ended(call)
     expect(r.code, agent.tail()).toBe("UNAVAILABLE")
     expect(r.details).toMatch(
-      /^the engine is being restarted \(POST \/engine\/restart by an operator\): .+; retry on another node$/
+      /^the engine is being restarted \(POST \/engine\/restart by an operator\): .+; do not retry elsewhere: the call had already streamed output$/
     )
+    expect(r.retryable).toBe("false")
     expect((await agent.stop()).code).toBe(0)
   }, 90_000)
 
@@ -60,7 +66,11 @@ describe("a call cut by the end of the engine run under it", () => {
     process.kill(simPid, "SIGKILL")
     const r = await ended(call)
     expect(r.code, agent.tail()).toBe("UNAVAILABLE")
-    expect(r.details, agent.tail()).toMatch(/^the engine exited \(signal SIGKILL\): .+; retry on another node$/)
+    // deltas had gone out: the advice agrees with cgn-retryable false (the soak saw "retry on another node" beside it)
+    expect(r.details, agent.tail()).toMatch(
+      /^the engine exited \(signal SIGKILL\): .+; do not retry elsewhere: the call had already streamed output$/
+    )
+    expect(r.retryable).toBe("false")
     // the supervisor restarts it as after any exit
     await pollUntil("ready again", async () => (await fetch(`${agent.adminUrl}/readyz`)).status === 200, 45_000)
     expect((await agent.stop()).code).toBe(0)

@@ -57,6 +57,18 @@ export const decodeConfigBytes = (
     onSuccess: (text) => decodeConfig(text, file, env)
   })
 
+/**
+ * A string left open (`node_id = "oncall-1` with no closing quote) runs into its line's end, which smol-toml reports
+ * as the newline it met: "control characters are not allowed in strings", at the column just past the line's text
+ * (squirrelchat/smol-toml src/primitive.ts parseString). Said so when the error sits there; a control character
+ * inside a closed string is at another column and gets no hint.
+ */
+const unclosedStringHint = (text: string, line: number, column: number, message: string): string => {
+  if (!message.endsWith("control characters are not allowed in strings")) return ""
+  const at = text.split("\n")[line - 1]?.[column - 1]
+  return at === undefined || at === "\r" ? " (a string not closed on its line?)" : ""
+}
+
 /** Decodes TOML text into the resolved config, or every problem found, one line each. */
 export const decodeConfig = (
   text: string,
@@ -70,7 +82,8 @@ export const decodeConfig = (
     raw = parseToml(text, { integersAsBigInt: true })
   } catch (e) {
     if (e instanceof TomlError) {
-      const first = e.message.split("\n")[0] ?? e.message
+      const said = e.message.split("\n")[0] ?? e.message
+      const first = `${said}${unclosedStringHint(text, e.line, e.column, said)}`
       const key = syntaxErrorKey(text, e.line)
       const where = `line ${e.line}, column ${e.column}`
       return Result.fail(

@@ -75,6 +75,40 @@ const unknownIn = (table: Record<string, unknown>, prefix: ReadonlyArray<string>
     .filter((k) => !valid.includes(k))
     .map((k) => `${formatPath([...prefix, k])}: unknown key${suggestion(k, valid)}`)
 
+/**
+ * The name `[models.qwen2.5-0.5b]` meant: TOML splits a bare key at its dots (models → qwen2 → 5-0 → 5b), so the
+ * model's keys sit tables below a model "qwen2" whose key "5-0" is unknown. No model key holds a table, so an unknown
+ * key holding one is such a split: its name is the parts down to the table that holds the model's keys.
+ */
+const splitModelName = (model: string, key: string, value: unknown): string | undefined => {
+  if (!isTable(value)) return undefined
+  const parts = [model, key]
+  let table = value
+  for (;;) {
+    const keys = Object.keys(table)
+    const only = keys.length === 1 ? table[keys[0]!] : undefined
+    if (!isTable(only) || knownKeys.model!.includes(keys[0]!)) break
+    parts.push(keys[0]!)
+    table = only
+  }
+  return parts.join(".")
+}
+
+/** Unknown keys of a models entry, with the quoting hint where a dotted name was split. */
+const unknownInModel = (table: Record<string, unknown>, model: string) => {
+  const valid = knownKeys.model!
+  return Object.keys(table)
+    .filter((k) => !valid.includes(k))
+    .map((k) => {
+      const name = splitModelName(model, k, table[k])
+      const why =
+        name === undefined
+          ? suggestion(k, valid)
+          : `; a model name with dots must be quoted: [models.${JSON.stringify(name)}]`
+      return `${formatPath(["models", model, k])}: unknown key${why}`
+    })
+}
+
 /** `key: unknown key` for every key no schema names, with the nearest valid key when one is close. */
 export const unknownKeyProblems = (raw: unknown): Array<string> => {
   if (!isTable(raw)) return []
@@ -86,7 +120,7 @@ export const unknownKeyProblems = (raw: unknown): Array<string> => {
   const models = raw.models
   if (isTable(models)) {
     for (const [m, t] of Object.entries(models)) {
-      if (isTable(t)) problems.push(...unknownIn(t, ["models", m], knownKeys.model!))
+      if (isTable(t)) problems.push(...unknownInModel(t, m))
     }
   }
   return problems
@@ -111,6 +145,37 @@ const describe = (v: unknown): string => {
   return typeof v
 }
 
+/** `raw` with the value at `path` replaced by `x` (copies along the path; `raw` is not changed). */
+const setAt = (raw: unknown, path: ReadonlyArray<PropertyKey>, x: unknown): unknown => {
+  const [k, ...rest] = path
+  if (k === undefined) return x
+  if (Array.isArray(raw)) return raw.map((v, i) => (i === k ? setAt(v, rest, x) : v))
+  return isTable(raw) ? { ...raw, [k]: setAt((raw as Record<PropertyKey, unknown>)[k], rest, x) } : raw
+}
+
+/**
+ * A number or boolean written as a string (`max_inflight = "256"`), which the schema words `Expected number, got
+ * "256"` (capitalised, "number" for an integer, no example): said as the duration message says it (ConfigValues.ts,
+ * "expected a duration such as ..."), the quotes named as the fault when the string holds the value. `retry`: this
+ * key's problems with another value in its place, to tell an integer field (0.5 refused as not an integer) and to
+ * take the string's own number as the example when the field takes it. Undefined for any other message.
+ */
+const quotedValueWords = (
+  message: string,
+  got: string,
+  retry: (x: unknown) => ReadonlyArray<string>
+): string | undefined => {
+  const shown = JSON.stringify(got)
+  if (message === "Expected boolean")
+    return `expected true or false${/^(true|false)$/i.test(got.trim()) ? " (a TOML boolean, without quotes)" : ""}, got ${shown}`
+  if (message !== "Expected number") return undefined
+  const integer = retry(0.5).some((p) => p.endsWith(": Expected an integer, got 0.5"))
+  const n = got.trim() === "" ? Number.NaN : Number(got)
+  const unquoted = Number.isFinite(n) ? " (a TOML number, without quotes)" : ""
+  const example = Number.isFinite(n) && retry(n).length === 0 ? ` such as ${n}` : ""
+  return `expected ${integer ? "an integer" : "a number"}${example}${unquoted}, got ${shown}`
+}
+
 /** Problems of one schema against one value, each prefixed with where the value sits in the file. */
 const schemaProblems = (
   schema: Schema.Top,
@@ -130,6 +195,17 @@ const schemaProblems = (
     // A non-empty array reports its empty form as a missing element 0.
     if (i.message === "Missing key" && path.at(-1) === 0)
       return `${formatPath(path.slice(0, -1))}: expected a non-empty list`
+    const held = valueAt(value, path.slice(at.length))
+    const words =
+      typeof held === "string"
+        ? quotedValueWords(i.message, held, (x) =>
+            // this key's problems only: its neighbours (other elements of a list) may have their own
+            schemaProblems(schema, setAt(value, path.slice(at.length), x), at, key).filter((p) =>
+              p.startsWith(`${formatPath(path)}: `)
+            )
+          )
+        : undefined
+    if (words !== undefined) return `${formatPath(path)}: ${words}`
     const got = i.message.startsWith("Expected") ? `, got ${describe(valueAt(value, path.slice(at.length)))}` : ""
     return `${formatPath(path)}: ${i.message}${got}`
   })

@@ -27,6 +27,7 @@ import {
   failingReason,
   nextRestart,
   noRestartYet,
+  readyAfterFailuresMessage,
   State,
   type SupervisorEvent,
   stateChangeMessage,
@@ -46,12 +47,19 @@ export { type SupervisorSettings, settingsFromConfig } from "./supervisorSetting
 
 const LOG_TAIL = 10
 
-/** A transition's log line: a string for an ignored event (debug), else the message and the new state's fields. */
-type StateLog = string | readonly [string, Record<string, unknown>]
+/** A transition to log: a string for an ignored event (debug), else the states before and after. */
+type StateLog = string | { readonly from: EngineState; readonly to: EngineState }
 
-/** The state's fields as log fields: nested values stay JSON, the exit's last lines (already logged) are left out. */
+/**
+ * The state's fields as log fields: nested values stay JSON, the exit's last lines (already logged) are left out, and
+ * so is a Starting state's `failing`: it is news on the change to Restarting, logged beside each failed run's error
+ * line; on the Starting lines of every attempt (spawning, loading, waiting for port) it was the same ~400 characters
+ * again, three times per attempt of a crash loop.
+ */
 const stateFields = (state: EngineState): Record<string, unknown> => {
-  const { _tag, ...fields } = state as EngineState & Record<string, unknown>
+  const { _tag, ...all } = state as EngineState & Record<string, unknown>
+  const { failing: _failing, ...rest } = all
+  const fields = _tag === "Starting" ? rest : all
   const lastExit = fields.lastExit as Record<string, unknown> | undefined
   if (lastExit === undefined) return fields
   const { lastLines: _, ...exit } = lastExit
@@ -94,6 +102,8 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
     oomKillsTotal: metrics?.engineOomKills
   }
   const restarts = yield* Ref.make(0)
+  // The runs in a row that ended before being stable when the current run began: its Ready ends that series (logged).
+  const failedInARow = yield* Ref.make(0)
   const stopRequested = yield* Deferred.make<void>()
   const stopped = yield* Deferred.make<void>()
 
@@ -102,31 +112,52 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
       const r = transition(s, event)
       if (Result.isFailure(r)) return [`ignored: ${r.failure.message}`, Option.none()]
       if (r.success === s) return [undefined, Option.none()]
-      return [[stateChangeMessage(s, r.success), stateFields(r.success)] as const, Option.some(r.success)]
-    }).pipe(
-      Effect.flatMap((log) =>
-        log === undefined ? Effect.void : typeof log === "string" ? Effect.logDebug(log) : Effect.logInfo(...log)
+      return [{ from: s, to: r.success }, Option.some(r.success)]
+    }).pipe(Effect.flatMap(logChange))
+  const logChange = (log: StateLog | undefined): Effect.Effect<void> => {
+    if (log === undefined) return Effect.void
+    if (typeof log === "string") return Effect.logDebug(log)
+    const { from, to } = log
+    const line = Effect.logInfo(stateChangeMessage(from, to), stateFields(to))
+    // The one line that says a series of failed runs (a crash loop) is over: the state line alone only stops
+    // carrying `failing`. Read and cleared here, so it is said once, by the run that made it.
+    if (from._tag !== "Starting" || to._tag !== "Ready") return line
+    return Effect.andThen(
+      line,
+      Effect.flatMap(Ref.getAndSet(failedInARow, 0), (failed) =>
+        failed === 0
+          ? Effect.void
+          : Effect.logInfo(readyAfterFailuresMessage(to.run, failed, settings.backoff.crashLoopAfter))
       )
     )
+  }
   const endReadyRun = yield* Ref.make<Deferred.Deferred<RestartRequest> | undefined>(undefined)
   const endedBy = yield* Ref.make<RestartSource | undefined>(undefined)
+  // Set while the loop waits out a restart backoff: completing it (an operator's restart) ends the wait.
+  const endBackoff = yield* Ref.make<Deferred.Deferred<RestartRequest> | undefined>(undefined)
   const supervision: Supervision = { plan, settings, host, publish, memory, endReadyRun, endedBy }
   const requested = metrics?.engineRestartRequests
   // 0 samples from the start, so that increase() sees the first request (prom-client writes a labelled series only
   // once it is incremented)
   for (const source of RestartSources) requested?.labels({ source }).inc(0)
   const restart = (source: RestartSource, reason: string): Effect.Effect<RestartOutcome> =>
-    plan.spawns
-      ? Effect.flatMap(Ref.get(endReadyRun), (end) =>
-          end === undefined
-            ? Effect.succeed("not-ready")
-            : Effect.as(Deferred.succeed(end, { source, reason }), "restarting")
-        )
-      : Effect.succeed("not-spawned")
+    Effect.gen(function* () {
+      if (!plan.spawns) return "not-spawned" as const
+      const end = yield* Ref.get(endReadyRun)
+      if (end !== undefined) return yield* Effect.as(Deferred.succeed(end, { source, reason }), "restarting" as const)
+      // An operator who fixed a crash-looping engine (the model file put in place) retries now instead of waiting
+      // out up to restart_backoff_max. Only an operator's: a stall restart is about a Ready run, never a backoff. A
+      // run that is starting is not ended: it is already the attempt that picks the fix up.
+      const wait = source === "admin" ? yield* Ref.get(endBackoff) : undefined
+      if (wait !== undefined)
+        return yield* Effect.as(Deferred.succeed(wait, { source, reason }), "backoff-ended" as const)
+      return "not-ready" as const
+    })
 
   const loop = Effect.gen(function* () {
     let previous = noRestartYet
     for (let run = 0; ; run++) {
+      yield* Ref.set(failedInARow, previous.unstableRuns)
       const { record, readyAt } = yield* Effect.scoped(runOnce(supervision, refs, gate, run))
       yield* keepExit(refs, record)
       // counted here, once the request has ended the run (not when the engine's own exit or liveness won the race)
@@ -137,13 +168,26 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
       const attempt = next.attempt
       const failing = failingReason(next, record)
       const nextAt = (yield* now) + next.delayMs
+      // Set before the state says Restarting: a request from an operator who sees it finds the wait to end.
+      const asked = yield* Deferred.make<RestartRequest>()
+      yield* Ref.set(endBackoff, asked)
       yield* publish(Event.Exited({ exit: record, attempt, nextAt, ...(failing ? { failing } : {}) }))
       const tail = record.lastLines.slice(-LOG_TAIL).join("\n")
       const line =
         `${describeExit(record)}; restart attempt ${attempt} in ${next.delayMs} ms` +
         `${next.crashLoop ? " (crash loop)" : ""}${tail === "" ? "" : `; last lines:\n${tail}`}`
       yield* failing === undefined ? Effect.logWarning(line) : Effect.logError(line)
-      yield* Effect.sleep(next.delayMs)
+      // `previous` is kept: the next run's end counts on from this attempt, so retrying a still-broken engine does
+      // not reset its backoff or its crash-loop count (only a stable run does). Not a restart request either (no run
+      // was ended): engine_restart_requests_total stays as it is.
+      const early = yield* Effect.raceFirst(
+        Effect.as(Effect.sleep(next.delayMs), undefined),
+        Deferred.await(asked)
+      ).pipe(Effect.ensuring(Ref.set(endBackoff, undefined)))
+      if (early !== undefined)
+        yield* Effect.logInfo(
+          `restart backoff ended ${Math.max(0, nextAt - (yield* now))} ms early: ${early.reason}; run ${run + 1} starts now`
+        )
       yield* Ref.update(restarts, (n) => n + 1)
       yield* publish(Event.RestartDue({ run: run + 1, phase: firstPhase, at: yield* now }))
     }

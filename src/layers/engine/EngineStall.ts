@@ -8,6 +8,10 @@
  * forward pass hangs (python/sglang/srt/server_args.py watchdog_timeout, 300 s). Not while a stream older than the
  * stall still moves (stallRestartAt), nor during a drain, which stops the engine itself. A proxied server
  * (openai_compat) is not the agent's to restart.
+ * The same holds for an engine taken as failing calls (services/engine/FailedCalls.ts): the watchdog reports the calls
+ * the engine failed each tick, counted here in a row (a plain variable: it changes with every call) until a call or
+ * the agent's test completes; the run reaching engine.failed_calls_unhealthy is a new source of the state, counted in
+ * cgn_agent_engine_call_failure_streaks_total.
  */
 import { Clock, Duration, Effect, Layer, Option, Stream, SubscriptionRef } from "effect"
 import { Config } from "../../services/config/Config.ts"
@@ -18,6 +22,7 @@ import {
   isStalled,
   noStall,
   onCompleted,
+  onFailing,
   onNoProgress,
   onProgress,
   onStall,
@@ -27,7 +32,9 @@ import {
   stallRestartAt,
   stallStart
 } from "../../services/engine/EngineStall.ts"
+import { addFailed, type FailedRun, failingProblem } from "../../services/engine/FailedCalls.ts"
 import { Drain } from "../../services/node/Drain.ts"
+import { Metrics } from "../../services/observability/Metrics.ts"
 
 export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = Layer.effect(
   EngineStall,
@@ -41,11 +48,14 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
     let clearedBy = "a call completed"
     // Per data-parallel rank: its last figure (ProgressReading.ranks) and the scrape that last saw it change.
     const ranks = new Map<string, { readonly value: number; readonly changedAt: number | undefined }>()
+    // Calls the engine failed since a call (or the agent's test) last completed (FailedCalls.ts).
+    let failedRun: FailedRun | undefined
     yield* Stream.runForEach(engine.changes, (s) =>
       s._tag === "Starting"
         ? Effect.suspend(() => {
             watch = noWatch
             ranks.clear()
+            failedRun = undefined
             clearedBy = "a new engine run started"
             return SubscriptionRef.set(ref, noStall)
           })
@@ -62,23 +72,38 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
     // while streams move, and must not wake the state's subscribers).
     let preStallMovedAt: number | undefined
     const now = Clock.currentTimeMillis
+    const failedCallsUnhealthy = config.engine.failed_calls_unhealthy
+    const metrics = Option.getOrUndefined(yield* Effect.serviceOption(Metrics))
+    const streaks = metrics?.engineCallFailureStreaks.labels({ model: config.model.served_name })
+    streaks?.inc(0) // a series from the start, so increase() sees the first streak (StallWatchdog.ts says why)
 
-    // One line when the node becomes stalled (from either source) and one when that ends; /readyz and NodeHealth say
-    // it all along, but an operator reading the log saw nothing until the restart.
+    // One line when the node becomes stalled (from any source) and one when that ends; /readyz and NodeHealth say
+    // it all along, but an operator reading the log saw nothing until the restart. Failing calls that begin while the
+    // engine is already stalled get their own line; the end says "failing calls" when no stall source took part.
     let stalledAt: number | undefined
+    let wasFailing = false
+    let wedged = false
     yield* SubscriptionRef.changes(ref).pipe(
       Stream.runForEach((s) =>
         Effect.gen(function* () {
           const stalled = isStalled(s)
+          const failing = s.failing
           if (stalled && stalledAt === undefined) {
             stalledAt = yield* now
             yield* Effect.logWarning(`the node is unhealthy: ${stallProblem(s, idleTimeout)}`, {
               restart_after: restartIn
             })
-          } else if (!stalled && stalledAt !== undefined) {
+          } else if (failing !== undefined && !wasFailing) {
+            yield* Effect.logWarning(`the node is unhealthy: ${failingProblem(failing)}`, { restart_after: restartIn })
+          }
+          wasFailing = failing !== undefined
+          if (stalled) wedged ||= isStalled({ ...s, failing: undefined })
+          else if (stalledAt !== undefined) {
             const lasted = Duration.format(Duration.millis((yield* now) - stalledAt))
             stalledAt = undefined
-            yield* Effect.logInfo(`the engine is no longer stalled: ${clearedBy}`, { stalled_for: lasted })
+            const what = wedged ? "stalled" : "failing calls"
+            wedged = false
+            yield* Effect.logInfo(`the engine is no longer ${what}: ${clearedBy}`, { stalled_for: lasted })
           }
         })
       ),
@@ -120,9 +145,11 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
       })
 
     return EngineStall.of({
-      stalled: (now) => SubscriptionRef.update(ref, (s) => onStall(s, now)),
+      stalled: (now, streams) => SubscriptionRef.update(ref, (s) => onStall(s, now, streams)),
       completed: (now, cause, everyRank) =>
         change((s) => {
+          // a completion ends the run of failed calls, whether or not it clears anything
+          failedRun = undefined
           const next = onCompleted(s, now, everyRank)
           // a completion is progress: the counters' run of stillness starts over
           if (next !== undefined) watch = { baseline: watch.baseline, stillSince: undefined }
@@ -136,6 +163,17 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
           })
         ),
       testFailed: (failure) => change((s) => onTestFailed(s, failure)),
+      callsFailed: (at, calls, last) =>
+        Effect.suspend(() => {
+          const [run, failing] = addFailed(failedRun, calls, last, failedCallsUnhealthy, at)
+          failedRun = run
+          if (failing === undefined) return Effect.void
+          return change((s) => {
+            const next = onFailing(s, failing)
+            if (next !== undefined) streaks?.inc()
+            return next
+          })
+        }),
       rankMoved: (rank, since) => Effect.sync(() => (ranks.get(String(rank))?.changedAt ?? -1) >= since),
       scraped: (reading) =>
         Effect.suspend(() => {

@@ -4,13 +4,20 @@
  * Latch, open exactly while the set is empty.
  */
 import { Effect, Latch } from "effect"
-import type { GenerateError } from "../../services/grpc/GrpcStatus.ts"
+import { engineFailedCall, type GenerateError } from "../../services/grpc/GrpcStatus.ts"
 import type { Relay } from "./Relay.ts"
 
 export class ActiveCalls {
   readonly relays = new Set<Relay>()
   /** Calls that completed (their engine stream ended as the engine ends one) since the watchdog last looked. */
   completed = 0
+  /**
+   * Calls the engine failed (GrpcStatus.engineFailedCall) since the later of the last completion and the watchdog's
+   * last look, and the last one's status message: the watchdog reports them after this look's completions, so the
+   * run EngineStall counts keeps the calls' order across a tick.
+   */
+  engineFailed = 0
+  lastEngineFailure = ""
   readonly #idle = Latch.makeUnsafe(true)
   /** While set, the agent is ending the engine run: a call added now ends with it at once (see `cutWhile`). */
   #cut: GenerateError | undefined = undefined
@@ -25,7 +32,16 @@ export class ActiveCalls {
 
   delete(relay: Relay): void {
     if (!this.relays.delete(relay)) return
-    if (relay.completed) this.completed++
+    if (relay.completed) {
+      this.completed++
+      this.engineFailed = 0
+    } else if (relay.failure !== undefined) {
+      const failed = engineFailedCall(relay.failure)
+      if (failed !== undefined) {
+        this.engineFailed++
+        this.lastEngineFailure = failed
+      }
+    }
     if (this.relays.size === 0) this.#idle.openUnsafe()
   }
 

@@ -181,6 +181,10 @@ export const make = (limits: AdmissionLimits): AdmissionService => {
     queued: Effect.sync(() => ledger.queued),
     stats: Effect.sync(() => ({ ...ledger.stats(), needMs: times.snapshot() })),
     close,
+    refuseDraining: () => {
+      ledger.refuseDraining()
+      return new Draining()
+    },
     awaitIdle
   })
 }

@@ -3,10 +3,13 @@
  * (the drain's NOT_SERVING at its start, shutdown) says otherwise; the Agent service is also NOT_SERVING while the
  * node is cordoned (the server's own status, which the kubelet probes, is not). Followed from the engine's
  * and the node's change streams; every change is published to grpc.health.v1 at once. Generate refuses a call
- * while the engine is not Ready, the node drains or is cordoned (`refusal`): flags read per call, no I/O.
+ * while the engine is not Ready, the node drains or is cordoned (`refusal`): flags read per call, no I/O. A drain's
+ * refusal is admission's Draining (cgn-reason `draining`), counted by Admission when it is there: the drain
+ * refuses calls here from its start, before it closes admission (programs/main.ts orderedDrain).
  */
 import { Effect, Option, type Scope, Stream } from "effect"
 import { EngineProcess } from "../../services/engine/EngineProcess.ts"
+import { Admission, Draining } from "../../services/grpc/Admission.ts"
 import { NodeCordoned, NotServing } from "../../services/grpc/CallErrors.ts"
 import type { ServingStatus } from "../../services/grpc/GrpcServer.ts"
 import { Cordon } from "../../services/node/Cordon.ts"
@@ -18,7 +21,7 @@ export interface ServingState {
   readonly health: PublishedHealth
   readonly setOverride: (status: ServingStatus | undefined) => void
   /** Why a new Generate call is refused now (node draining, cordoned, engine not ready), or undefined. */
-  readonly refusal: () => NotServing | NodeCordoned | undefined
+  readonly refusal: () => NotServing | NodeCordoned | Draining | undefined
 }
 
 /** Follows the engine and the node until the scope closes. */
@@ -29,6 +32,8 @@ export const make: Effect.Effect<ServingState, never, EngineProcess | NodeStatus
     // The cordon itself when present: a call right after POST /cordon (or /uncordon) has answered is decided by it,
     // not by the flag below, which the node's change stream sets a moment later. Absent (tests): the flag.
     const cordon = Option.getOrUndefined(yield* Effect.serviceOption(Cordon))
+    // Counts the drain's refusals with its own (absent in tests that build the server without it).
+    const admission = Option.getOrUndefined(yield* Effect.serviceOption(Admission))
     const health = new PublishedHealth()
     let engineTag: string = (yield* engine.state)._tag
     let draining = yield* nodeStatus.draining
@@ -63,7 +68,7 @@ export const make: Effect.Effect<ServingState, never, EngineProcess | NodeStatus
         publish()
       },
       refusal: () => {
-        if (draining) return new NotServing({ reason: "node is draining" })
+        if (draining) return admission === undefined ? new Draining() : admission.refuseDraining()
         // made once: the cordon's refusal per call is a flag read, nothing allocated
         if (cordon === undefined ? cordoned : cordon.isCordoned()) return cordonedRefusal
         if (engineTag === "Ready") return undefined

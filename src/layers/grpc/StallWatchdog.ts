@@ -6,6 +6,9 @@
  * engine is wedged, unless a call completed in the same tick (then the engine is not wedged). While
  * stalled with no call in flight, the engine is asked for a short test completion (stallProbe.ts); so is a Ready
  * engine that has had no call for engine.idle_probe_after, since nothing else would show it wedged while idle.
+ * Each tick also reports the calls the engine failed since its completions (ActiveCalls.engineFailed), which
+ * EngineStall counts in a row (engine.failed_calls_unhealthy); an engine newly taken as failing calls is tested at
+ * once, not an idle timeout after the last test: input-specific errors from a sound engine clear within one test.
  */
 import { Clock, Duration, Effect, Option, Schedule, type Scope } from "effect"
 import { Config } from "../../services/config/Config.ts"
@@ -56,6 +59,8 @@ export const fork = Effect.fnUntraced(function* (
   let quietSince: number | undefined
   // A stream stalled and its ranks are still to be tested (stallProbe.ts streamStalled), once the probe is free.
   let rankTestOwed = false
+  // The failing-calls episode (EngineStall's `failing.since`) whose test was put forward.
+  let testedFailingSince: number | undefined
   const tick = Effect.flatMap(Clock.currentTimeMillis, (now) => {
     let stalled = 0
     // the oldest stream that read something since the last tick (a stall restart waits while one older than the stall
@@ -63,6 +68,8 @@ export const fork = Effect.fnUntraced(function* (
     let oldestMoving = Number.POSITIVE_INFINITY
     const completed = active.completed > 0
     active.completed = 0
+    const engineFailed = active.engineFailed
+    active.engineFailed = 0
     if (completed) lastCompletedAt = now
     for (const relay of active.relays) {
       if (!relay.streaming || relay.done) continue
@@ -81,9 +88,11 @@ export const fork = Effect.fnUntraced(function* (
     return Effect.andThen(
       // a call completed in the same tick: the engine is not wedged, and the stall is not even noted (noted and
       // cleared at once, it logged "unhealthy" and "no longer stalled" in the same millisecond)
-      stalled > 0 && !completed ? Effect.replicateEffect(stall.stalled(now), stalled, { discard: true }) : Effect.void,
+      stalled > 0 && !completed ? stall.stalled(now, stalled) : Effect.void,
       completed ? stall.completed(now) : Effect.void
     ).pipe(
+      // after the completions: these failed after the last of them (ActiveCalls.engineFailed)
+      Effect.andThen(engineFailed > 0 ? stall.callsFailed(now, engineFailed, active.lastEngineFailure) : Effect.void),
       Effect.andThen(oldestMoving === Number.POSITIVE_INFINITY ? Effect.void : stall.moved(now, oldestMoving)),
       Effect.andThen(
         probe === undefined
@@ -104,6 +113,11 @@ export const fork = Effect.fnUntraced(function* (
                     if (started) rankTestOwed = false
                   })
                 : Effect.void
+              // newly failing calls: its first test as soon as no call is in flight
+              if (s.failing !== undefined && s.failing.since !== testedFailingSince) {
+                testedFailingSince = s.failing.since
+                probe.soon()
+              }
               if (active.size > 0) {
                 quietSince = undefined
                 return rankTest

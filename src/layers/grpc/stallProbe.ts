@@ -285,6 +285,10 @@ export const stallProbe = (
 
   return {
     stalled: (now: number): Effect.Effect<boolean> => start(now, whileStalled),
+    /** The next test may start at once, however recently the last began (an engine newly failing calls). */
+    soon: (): void => {
+      nextAt = Number.NEGATIVE_INFINITY
+    },
     idle: (now: number): Effect.Effect<boolean> => start(now, whileIdle),
     /** Nothing to do (true at once) where the probe has a single request: the stall itself says it all. */
     streamStalled: (now: number): Effect.Effect<boolean> =>

@@ -10,23 +10,15 @@
  * `_total` on counters only; no sentinel values (a value that does not exist is a missing series, see
  * `setOptional`); one-hot `{state}` gauges for enumerations; label `grpc_code` for gRPC status code names.
  */
-import { Cause, Effect, Layer, type Scope } from "effect"
+import { Cause, Effect, Layer } from "effect"
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client"
-import type { LagSample } from "../../services/node/EventLoopLag.ts"
-import { NodeStates } from "../../services/node/NodeStatus.ts"
 import {
+  CALL_FAILURE_STREAKS,
   METRIC_PREFIX,
   type MetricHandles,
   Metrics,
-  type MetricsService,
-  setCounter,
-  setCounters,
-  setOptional,
-  setStateGauge
+  type MetricsService
 } from "../../services/observability/Metrics.ts"
-import type { TraceExportView } from "../../services/observability/TraceExports.ts"
-import { RegistrationStates, type RegistrationStatus } from "../../services/registry/HealthReporter.ts"
-import type { TlsStatus } from "../../services/tls/Tls.ts"
 
 const p = (name: string) => `${METRIC_PREFIX}${name}`
 
@@ -68,6 +60,7 @@ const makeHandles = (registry: Registry): MetricHandles => {
       "Engine streams ended because the engine sent nothing for engine.stream_idle_timeout",
       ["model"] as const
     ),
+    engineCallFailureStreaks: counter("engine_call_failure_streaks_total", CALL_FAILURE_STREAKS, ["model"] as const),
     inflight: gauge("inflight_requests", "Generate calls running through the agent"),
     queued: gauge("queued_requests", "Generate calls waiting for an admission slot"),
     engineState: gauge("engine_state", "1 for the engine supervisor's current state", ["state"] as const),
@@ -94,6 +87,7 @@ const makeHandles = (registry: Registry): MetricHandles => {
       "state"
     ] as const),
     etcdLeaseAge: gauge("etcd_lease_age_seconds", "Seconds since the current etcd lease was granted"),
+    etcdLeasesLost: counter("etcd_leases_lost_total", "etcd leases found expired or revoked (the key was gone)"),
     nvmlUp: gauge(
       "nvml_up",
       "1 while NVML answers and the GPU series are current; 0 while it is off, cannot be opened or stopped answering (opened again with backoff)"
@@ -242,77 +236,5 @@ export const layer: Layer.Layer<Metrics> = Layer.effect(
   })
 )
 
-/** Sets `cgn_agent_build_info` (1) for this agent's version, the running Node and the engine kind. */
-export const recordBuildInfo = (info: { readonly version: string; readonly engine: string }) =>
-  Effect.flatMap(Metrics, (m) =>
-    Effect.sync(() => m.buildInfo.set({ version: info.version, node_version: process.version, engine: info.engine }, 1))
-  )
-
-/** Fills `cgn_agent_event_loop_lag_seconds` at every scrape with the worst lag of the last window. */
-export const mirrorEventLoopLag = (lag: Effect.Effect<LagSample>): Effect.Effect<void, never, Metrics | Scope.Scope> =>
-  Effect.flatMap(Metrics, (m) => m.onCollect(Effect.map(lag, (s) => m.eventLoopLag.set(s.windowMaxMs / 1000))))
-
-/** Fills `cgn_agent_log_lines_dropped_total` at every scrape from Logging's count. */
-export const mirrorLogDrops = (dropped: () => number): Effect.Effect<void, never, Metrics | Scope.Scope> =>
-  Effect.flatMap(Metrics, (m) => m.onCollect(Effect.sync(() => setCounter(m.logLinesDropped, dropped()))))
-
-/** Fills `cgn_agent_trace_spans_total` at every scrape while traces are exported (main wires TraceExportStatus). */
-export const mirrorTraceExports = (
-  status: Effect.Effect<TraceExportView> | undefined
-): Effect.Effect<void, never, Metrics | Scope.Scope> =>
-  status === undefined
-    ? Effect.void
-    : Effect.flatMap(Metrics, (m) =>
-        m.onCollect(Effect.map(status, (s) => setCounters(m.traceSpans, "outcome", s.spans)))
-      )
-
-/**
- * Fills `cgn_agent_node_state` at every scrape from the node's own view, and `cgn_agent_node_cordoned_since_seconds`
- * from the cordon's record. The engine can be ready while the node is not (a stalled stream, a GPU fault, GPU memory
- * held past its timeout): this is the state to alert on.
- */
-export const mirrorNodeState = (
-  snapshot: Effect.Effect<{ readonly state: string }>,
-  cordon: Effect.Effect<{ readonly since: number } | undefined> = Effect.undefined
-): Effect.Effect<void, never, Metrics | Scope.Scope> =>
-  Effect.flatMap(Metrics, (m) =>
-    m.onCollect(
-      Effect.zipWith(snapshot, cordon, (h, c) => {
-        setStateGauge(m.nodeState, NodeStates, h.state)
-        setOptional(m.nodeCordonedSince, c === undefined ? undefined : c.since / 1000)
-      })
-    )
-  )
-
-/** Fills the TLS gauges at every scrape from the Tls service's status (main wires `tls.status`). */
-export const mirrorTls = (status: Effect.Effect<TlsStatus>): Effect.Effect<void, never, Metrics | Scope.Scope> =>
-  Effect.flatMap(Metrics, (m) =>
-    m.onCollect(
-      Effect.map(status, (s) => {
-        m.tlsReloadFailing.set(s.reloadError === undefined ? 0 : 1)
-        setOptional(
-          m.tlsCertificateExpiry,
-          s.certificateNotAfter === undefined ? undefined : Date.parse(s.certificateNotAfter) / 1000
-        )
-      })
-    )
-  )
-
-/**
- * Mirrors the etcd reporter's registration status into the etcd gauges at every scrape. Takes the status
- * effect rather than the HealthReporter service, so Metrics stays free of dependencies; main wires it:
- * `yield* mirrorRegistration(reporter.status)`.
- */
-export const mirrorRegistration = (
-  status: Effect.Effect<RegistrationStatus>
-): Effect.Effect<void, never, Metrics | Scope.Scope> =>
-  Effect.flatMap(Metrics, (m) =>
-    m.onCollect(
-      Effect.map(status, (s) => {
-        m.etcdRegistered.set(s.state === "registered" ? 1 : 0)
-        setStateGauge(m.etcdRegistrationState, RegistrationStates, s.state)
-        // No lease, no age: the series is absent (a 0 would read as a lease granted just now).
-        setOptional(m.etcdLeaseAge, s.leaseAgeMs === undefined ? undefined : s.leaseAgeMs / 1000)
-      })
-    )
-  )
+// The scrape-time mirrors of other services' state (node, etcd, TLS, traces, logs, event loop) live beside this.
+export * from "./mirrors.ts"

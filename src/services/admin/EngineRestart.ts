@@ -2,7 +2,8 @@
  * EngineRestart: the pure part of `POST /engine/restart` (layers/admin/engineRestartRoute.ts), the operator's lever
  * for an engine the agent cannot see is wrong (new weights on disk, a wedge no probe catches) without restarting the
  * agent or its pod: the Ready run is stopped as any run is and the next one starts after the restart backoff. Calls in
- * flight end with the engine (UNAVAILABLE); cordon first and wait for them for a quiet restart.
+ * flight end with the engine (UNAVAILABLE); cordon first and wait for them for a quiet restart. During a crash loop's
+ * backoff it ends the wait, so a fix (the model file put in place) is tried now, not up to restart_backoff_max later.
  */
 import type { RestartOutcome } from "../engine/EngineProcess.ts"
 
@@ -19,6 +20,9 @@ export const restartAnswer = (
   switch (outcome) {
     case "restarting":
       return { status: 202, body: { restarting: true } }
+    case "backoff-ended":
+      // a crash loop's wait cut short: the next run starts now (the backoff's count is kept)
+      return { status: 202, body: { restarting: true, backoffEnded: true } }
     case "not-ready":
       return {
         status: 409,

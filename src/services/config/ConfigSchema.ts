@@ -146,6 +146,8 @@ export const EngineSection = Schema.Struct({
   stall_restart_after: withDefault(ShortDuration, "5m"),
   // How long a Ready engine may have no call before the agent sends it a test completion; "0s": never.
   idle_probe_after: withDefault(ShortDuration, "2m"),
+  // Calls in a row the engine fails (services/engine/FailedCalls.ts) before the node is unhealthy; 0: never.
+  failed_calls_unhealthy: withDefault(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), 5),
   verify_listener: withDefault(Schema.Boolean, true),
   gpu_free_timeout: withDefault(ShortDuration, "2m"),
   gpu_free_below_mib: withDefault(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), 1024),

@@ -122,7 +122,8 @@ export interface EngineProcessService {
   /**
    * Ends the Ready run (stopped as any run is: TERM to the group, KILL after stop_grace) with `reason` as its exit
    * reason; the supervisor starts the next run as after any exit, with the restart backoff. For an engine that is
-   * there but no longer answering (wedged): a new run is the only cure the agent has.
+   * there but no longer answering (wedged): a new run is the only cure the agent has. An operator's request while
+   * the supervisor waits out a backoff ends the wait instead (the fix of a crash loop tried at once).
    */
   readonly restart: (source: RestartSource, reason: string) => Effect.Effect<RestartOutcome>
   /** Stops the engine (TERM to the group, KILL after stop_grace) and confirms the group is gone; idempotent. */
@@ -131,10 +132,12 @@ export interface EngineProcessService {
 
 /**
  * What a restart request did: `restarting`: the Ready run is being ended (this request or one just before it);
- * `not-ready`: no run is Ready (starting, already ending, restarting, stopping): nothing was done; `not-spawned`:
- * a proxied server (openai_compat), which the agent cannot restart.
+ * `backoff-ended`: an operator's request (source `admin`) while the supervisor waited out a restart backoff (a crash
+ * loop): the wait is over and the next run starts now, the backoff's count kept (a still-broken engine keeps backing
+ * off); `not-ready`: no run is Ready and none is waited for (starting, already ending, stopping), or a stall restart
+ * in a backoff: nothing was done; `not-spawned`: a proxied server (openai_compat), which the agent cannot restart.
  */
-export type RestartOutcome = "restarting" | "not-ready" | "not-spawned"
+export type RestartOutcome = "restarting" | "backoff-ended" | "not-ready" | "not-spawned"
 
 /** Who asked for a restart: the stall restart (engine.stall_restart_after) or an operator (POST /engine/restart). */
 export const RestartSources = ["stall", "admin"] as const

@@ -11,12 +11,15 @@
  * wedged while idle (its counters have no work to stand still on) or a llama-server whose loop hangs (its /metrics,
  * served by that loop, then fails, so the counters say nothing); sent to each data-parallel rank after a stream
  * stalled, it finds the rank that hangs alone while the others complete calls. Any of the three: the engine is
- * wedged, and the node says so (unhealthy, with the reason) instead of taking more calls. A completed call clears
- * all (it is progress) but a hung rank's test, which only a test every rank completes clears; a counter that moves
- * clears the second; a new engine run clears all.
+ * wedged, and the node says so (unhealthy, with the reason) instead of taking more calls. A fourth source is not a
+ * wedge but is shown and healed as one: engine.failed_calls_unhealthy calls in a row that the engine failed
+ * (FailedCalls.ts), an engine that answers every call with an error. A completed call clears all (it is progress) but
+ * a hung rank's test, which only a test every rank completes clears; a counter that moves clears the second; a new
+ * engine run clears all.
  */
 import { Context, type Effect, type Stream } from "effect"
 import type { ProgressReading } from "./EngineProgress.ts"
+import { type FailingCalls, failingProblem } from "./FailedCalls.ts"
 
 /** The engine's counters stood still with work held (EngineProgress.ts, verdict Stuck). */
 export interface NoProgress {
@@ -54,6 +57,8 @@ export interface StallState {
   readonly noProgress?: NoProgress | undefined
   /** The agent's test completion got no answer; absent or undefined: not so. */
   readonly testFailed?: TestFailure | undefined
+  /** engine.failed_calls_unhealthy calls in a row failed in the engine (FailedCalls.ts); absent or undefined: not so. */
+  readonly failing?: FailingCalls | undefined
 }
 
 export const noStall: StallState = {
@@ -69,21 +74,24 @@ const streamsStalled = (s: StallState): boolean =>
 
 /** Whether the engine is taken as stalled, by any source. */
 export const isStalled = (s: StallState): boolean =>
-  streamsStalled(s) || s.noProgress !== undefined || s.testFailed !== undefined
+  streamsStalled(s) || s.noProgress !== undefined || s.testFailed !== undefined || s.failing !== undefined
 
 /** When the engine was taken as stalled: the earliest of the sources' starts; undefined while it is not. */
 export const stallStart = (s: StallState): number | undefined => {
-  const starts = [streamsStalled(s) ? s.stalledSince : undefined, s.noProgress?.since, s.testFailed?.since].filter(
-    (t) => t !== undefined
-  )
+  const starts = [
+    streamsStalled(s) ? s.stalledSince : undefined,
+    s.noProgress?.since,
+    s.testFailed?.since,
+    s.failing?.since
+  ].filter((t) => t !== undefined)
   return starts.length === 0 ? undefined : Math.min(...starts)
 }
 
-/** A stream ended at `now` for sending nothing. */
-export const onStall = (s: StallState, now: number): StallState => ({
+/** `streams` streams ended at `now` for sending nothing (one watchdog tick's, together). */
+export const onStall = (s: StallState, now: number, streams = 1): StallState => ({
   ...s,
   lastStallAt: now,
-  stalledStreams: s.stalledStreams + 1,
+  stalledStreams: s.stalledStreams + streams,
   stalledSince: streamsStalled(s) ? s.stalledSince : now
 })
 
@@ -96,6 +104,7 @@ export const onCompleted = (s: StallState, now: number, everyRank = false): Stal
   const keep = s.testFailed?.ranks !== undefined && !everyRank ? s.testFailed : undefined
   return (s.lastStallAt !== undefined && (s.lastCompletedAt ?? 0) <= s.lastStallAt) ||
     s.noProgress !== undefined ||
+    s.failing !== undefined ||
     (s.testFailed !== undefined && keep === undefined)
     ? {
         lastStallAt: s.lastStallAt,
@@ -114,6 +123,10 @@ export const onNoProgress = (s: StallState, np: NoProgress): StallState | undefi
 /** The agent's test completion got no answer: the new state, or undefined when it is already so taken. */
 export const onTestFailed = (s: StallState, f: TestFailure): StallState | undefined =>
   s.testFailed === undefined ? { ...s, testFailed: f } : undefined
+
+/** The engine is taken as failing calls: the new state, or undefined when it is already so taken. */
+export const onFailing = (s: StallState, f: FailingCalls): StallState | undefined =>
+  s.failing === undefined ? { ...s, failing: f } : undefined
 
 /** A progress counter moved: the new state when that clears the counters' stall, else undefined. */
 export const onProgress = (s: StallState): StallState | undefined => {
@@ -148,7 +161,7 @@ const names = (all: ReadonlyArray<string>): string =>
 
 /**
  * The reason the node is unhealthy, or undefined while the engine is not known to be stalled. A hung rank's first,
- * then the streams' (it names the calls that failed), the counters', and the engine-wide test's.
+ * then the streams' (it names the calls that failed), the failed calls', the counters', and the engine-wide test's.
  */
 export const stallProblem = (s: StallState, idleTimeout: string): string | undefined => {
   const t = s.testFailed
@@ -165,6 +178,7 @@ export const stallProblem = (s: StallState, idleTimeout: string): string | undef
   if (t?.ranks !== undefined) return test
   if (streamsStalled(s))
     return `engine stalled: ${s.stalledStreams} stream(s) sent nothing for ${idleTimeout} (engine.stream_idle_timeout) and no call has completed since`
+  if (s.failing !== undefined) return failingProblem(s.failing)
   const np = s.noProgress
   if (np !== undefined)
     return `engine stalled: it made no progress for ${idleTimeout} (engine.stream_idle_timeout) with ${np.held} request(s) held (${names(np.counters)} unchanged)`
@@ -172,7 +186,11 @@ export const stallProblem = (s: StallState, idleTimeout: string): string | undef
 }
 
 export interface EngineStallService {
-  readonly stalled: (now: number) => Effect.Effect<void>
+  /**
+   * `streams` streams (1 when absent) ended at `now` for sending nothing: a watchdog tick's all at once, so the line
+   * logged as the node becomes stalled counts them all (one at a time, it said "1 stream(s)" where /readyz said 11).
+   */
+  readonly stalled: (now: number, streams?: number) => Effect.Effect<void>
   /**
    * A call completed at `now`; `cause` says what, for the log line of a stall it ends ("a call completed");
    * `everyRank`: the agent's test, completed on every data-parallel rank.
@@ -182,6 +200,11 @@ export interface EngineStallService {
   readonly moved: (now: number, oldestSince: number) => Effect.Effect<void>
   /** The agent's test completion got no answer in time. */
   readonly testFailed: (failure: TestFailure) => Effect.Effect<void>
+  /**
+   * `calls` calls the engine failed (GrpcStatus.engineFailedCall) at `now`, after any completion reported with it,
+   * `last` the last one's status message: counted in a row toward engine.failed_calls_unhealthy.
+   */
+  readonly callsFailed: (now: number, calls: number, last: string) => Effect.Effect<void>
   /**
    * Whether a data-parallel rank's own counters or KV-cache usage changed at a scrape at or after `since` (epoch ms):
    * it is at work. False where the engine names no rank.

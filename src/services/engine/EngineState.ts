@@ -132,6 +132,15 @@ export const stateChangeMessage = (from: EngineState, to: EngineState): string =
   return to._tag === "Unhealthy" ? `${line}: ${to.reason}` : line
 }
 
+/**
+ * The line that ends a series of failed runs: run `run` became Ready after `failed` runs in a row that ended before
+ * being stable (a crash loop from `crashLoopAfter` on, which this run ends). Without it the end of a crash loop showed
+ * only as a `Starting -> Ready` line that no longer carried `failing`.
+ */
+export const readyAfterFailuresMessage = (run: number, failed: number, crashLoopAfter: number): string =>
+  `engine run ${run} ready after ${failed} failed ${failed === 1 ? "run" : "runs"} in a row` +
+  (failed >= crashLoopAfter ? "; the crash loop is over" : "")
+
 /** Restart policy, from [engine].restart_backoff_initial / restart_backoff_max / restart_stable_after. */
 export interface BackoffPolicy {
   readonly initialMs: number

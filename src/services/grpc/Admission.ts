@@ -146,6 +146,13 @@ export interface AdmissionService {
    * order, unless `rejectQueued`, which fails them with Draining at once. Idempotent.
    */
   readonly close: (options?: { readonly rejectQueued?: boolean }) => Effect.Effect<void>
+  /**
+   * A new call the node's drain refused before it reached a slot (ServingState: from the drain's first moment,
+   * while admission is closed only after the `draining` write to etcd): counted with admission's own drain
+   * refusals, so `refusedDraining` and `admission_refusals_total{reason="draining"}` count every call the drain
+   * refused. Synchronous (the per-call refusal is a flag read); returns the error to end the call with.
+   */
+  readonly refuseDraining: () => Draining
   /** Completes once nothing is in flight or queued (at once if so now). Drain uses it with a timeout. */
   readonly awaitIdle: Effect.Effect<void>
 }
@@ -241,6 +248,11 @@ export class AdmissionLedger<W> {
     }
     this.#inflight--
     return undefined
+  }
+
+  /** A caller refused for the drain before it entered (see AdmissionService.refuseDraining). */
+  refuseDraining(): void {
+    this.#refusedDraining++
   }
 
   /** A queued waiter gives up. False when it is not queued (it was already handed a slot, or rejected). */

@@ -9,9 +9,9 @@
 import { Schema } from "effect"
 import { EngineError } from "../engine/EngineClient.ts"
 
-/** The engine is not Ready or the node drains: the call is refused before it reaches the engine. */
+/** The engine is not Ready: the call is refused before it reaches the engine (a drain's refusal is Draining). */
 export class NotServing extends Schema.TaggedError<NotServing>()("NotServing", {
-  /** "node is draining", "engine is not ready (starting)". */
+  /** "engine is not ready (starting)". */
   reason: Schema.String
 }) {
   override get message(): string {

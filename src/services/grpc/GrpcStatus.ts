@@ -222,6 +222,41 @@ export const statusTable: { readonly [T in GenerateErrorTag]: Row<T> } = {
 export const toGrpcFailure = (e: GenerateError): GrpcFailure =>
   (statusTable[e._tag] as (e: GenerateError) => GrpcFailure)(e)
 
+/**
+ * The status message of a call the engine itself failed, undefined for any other ending: the engine's own error
+ * (its row marks it `cgn-error-source: engine`) that the row ends UNAVAILABLE, an HTTP 5xx, a refused or reset
+ * connection, a stream broken off. Not what the request caused (4xx, 501), an engine too busy (429), no answer in time
+ * (the stall watchdog's), nor the agent's own endings; nor an engine run that ended under the call (EngineRunEnded:
+ * the supervisor's state already says so). EngineStall counts these in a row (engine.failed_calls_unhealthy).
+ */
+export const engineFailedCall = (e: GenerateError): string | undefined => {
+  if (e._tag !== "EngineError") return undefined
+  const f = engineFailure(e)
+  return f.trailers["cgn-error-source"] === "engine" && f.code === Status.UNAVAILABLE ? f.message : undefined
+}
+
+/** The advice the messages of failures retryable elsewhere end with (CallErrors.ts, Admission.ts, the drain's abort). */
+const RETRY_ADVICE = /[;,] retry on another node$/
+
+/** What replaces that advice once the call had sent a message. */
+export const STREAMED_ADVICE = "; do not retry elsewhere: the call had already streamed output"
+
+/**
+ * A failure as the call sends it, given whether a message went out first (`wrote`): the one decision of
+ * `cgn-retryable` (retryElsewhere, and nothing sent: a client that has text would see a retry's repeated; undefined:
+ * no opinion), and the message's advice made to agree with it: a message ending "retry on another node" ends
+ * STREAMED_ADVICE instead when the call is not retryable for what it sent (an engine that died mid-stream said "retry
+ * on another node" beside `cgn-retryable: false`).
+ */
+export const asSent = (
+  status: GrpcFailure,
+  wrote: boolean
+): { readonly message: string; readonly retryable: boolean | undefined } => {
+  if (status.retryElsewhere === undefined) return { message: status.message, retryable: undefined }
+  if (!status.retryElsewhere || !wrote) return { message: status.message, retryable: status.retryElsewhere }
+  return { message: status.message.replace(RETRY_ADVICE, STREAMED_ADVICE), retryable: false }
+}
+
 /** A call's normal end. */
 export const okStatus: GrpcFailure = { code: Status.OK, message: "", trailers: {} }
 

@@ -17,6 +17,10 @@ export const METRIC_PREFIX = "cgn_agent_"
  */
 export type RequestLabels = "role" | "model" | "grpc_code"
 
+/** `cgn_agent_engine_call_failure_streaks_total`'s help (services/engine/FailedCalls.ts). */
+export const CALL_FAILURE_STREAKS =
+  "Times engine.failed_calls_unhealthy Generate calls in a row failed in the engine (HTTP 5xx, connection refused or reset, a stream broken off) with none completed, making the node unhealthy"
+
 export interface MetricHandles {
   /** Generate calls finished, by role, model and gRPC status code name. */
   readonly requests: Counter<RequestLabels>
@@ -28,6 +32,11 @@ export interface MetricHandles {
   readonly relayedTokens: Counter<"model">
   /** Engine streams ended because the engine sent nothing for engine.stream_idle_timeout. */
   readonly engineStreamStalls: Counter<"model">
+  /**
+   * Times engine.failed_calls_unhealthy Generate calls in a row failed in the engine with none completed, which took
+   * the engine as failing calls (services/engine/FailedCalls.ts). A 0 sample from the start.
+   */
+  readonly engineCallFailureStreaks: Counter<"model">
   readonly inflight: Gauge
   readonly queued: Gauge
   /** 1 for the current EngineState tag (lower-case: starting, ready, ...), 0 for the others. */
@@ -51,6 +60,11 @@ export interface MetricHandles {
   readonly etcdRegistrationState: Gauge<"state">
   /** Seconds since the current lease was granted. */
   readonly etcdLeaseAge: Gauge
+  /**
+   * Leases etcd reported expired or revoked (HealthReporter's `leasesLost`), mirrored at every scrape: set it with
+   * `setCounter`. Each one leaves the key absent until the next keepalive, up to one agent.heartbeat.
+   */
+  readonly etcdLeasesLost: Counter
   /** 1 while NVML answers (the GPU series are current); 0 while it is off, cannot be opened or stopped answering. */
   readonly nvmlUp: Gauge
   /** 1 while the last certificate reload failed and the previous certificates are still served, else 0. */

@@ -9,7 +9,7 @@
  */
 import { EventEmitter } from "node:events"
 import * as http2 from "node:http2"
-import { type GrpcFailure, type HandlerError, okStatus } from "../../../services/grpc/GrpcStatus.ts"
+import { asSent, type GrpcFailure, type HandlerError, okStatus } from "../../../services/grpc/GrpcStatus.ts"
 import { encodeStatusMessage, frameMessage, reservedTrailer } from "../../../services/grpc/Wire.ts"
 import type { CallTally } from "./Connections.ts"
 
@@ -191,9 +191,11 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
     const stream = this.#stream
     if (stream.closed || stream.destroyed) return
     const trailers: http2.OutgoingHttpHeaders = { "grpc-status": String(status.code) }
-    if (status.message !== "") trailers["grpc-message"] = encodeStatusMessage(status.message)
+    // cgn-retryable and the message's advice, decided together by what went out (GrpcStatus.ts asSent)
+    const { message, retryable } = asSent(status, this.#wrote)
+    if (message !== "") trailers["grpc-message"] = encodeStatusMessage(message)
     for (const k in status.trailers) if (!reservedTrailer(k)) trailers[k] = status.trailers[k]
-    if (status.retryElsewhere !== undefined) trailers["cgn-retryable"] = String(status.retryElsewhere && !this.#wrote)
+    if (retryable !== undefined) trailers["cgn-retryable"] = String(retryable)
     if (!this.#headersSent) {
       // Trailers-only: the response headers and the status in the one HEADERS frame, which ends the stream.
       this.#headersSent = true

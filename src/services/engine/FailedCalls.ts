@@ -1,0 +1,48 @@
+/**
+ * FailedCalls: an engine that fails every call (HTTP 500 to each request, a refused connection, every stream broken
+ * off) while its health endpoint answers. Each call's own status says so, but the node read `ready`: a node that
+ * fails 100% of calls in milliseconds, lowest latency and no load, drew the routers' traffic. Calls the engine failed
+ * (services/grpc/GrpcStatus.ts engineFailedCall: the one table decides which) are counted in a row; a call that
+ * completes ends the run. At engine.failed_calls_unhealthy in a row the engine is taken as failing calls, a source of
+ * EngineStall's state beside the stalled streams, the progress counters and the test completion: the node unhealthy
+ * with the reason, the agent's test completion sent to clear it, and a restart after engine.stall_restart_after.
+ * Calls that end otherwise (4xx, the caller's cancel or deadline, the agent's refusals) neither count nor end the run.
+ * Pure: the live EngineStall keeps the run between the watchdog's ticks.
+ */
+
+/** Calls the engine failed in a row since a call last completed, and the status message of the last of them. */
+export interface FailedRun {
+  readonly calls: number
+  readonly last: string
+}
+
+/** The engine taken as failing calls (EngineStall's `failing`). */
+export interface FailingCalls {
+  /** When it was so taken (epoch ms): the tick that saw the run reach the threshold. */
+  readonly since: number
+  /** The run then. */
+  readonly calls: number
+  /** The last failed call's status message ("engine answered HTTP 500 (InternalServerError): ..."). */
+  readonly last: string
+}
+
+/**
+ * `calls` more calls the engine failed after `run` (undefined: none since the last completion), the last of them
+ * with `last`: the run, and the engine as failing calls when the run reaches `threshold` (engine.failed_calls_unhealthy;
+ * 0: never) at `now`.
+ */
+export const addFailed = (
+  run: FailedRun | undefined,
+  calls: number,
+  last: string,
+  threshold: number,
+  now: number
+): readonly [FailedRun | undefined, FailingCalls | undefined] => {
+  if (calls <= 0) return [run, undefined]
+  const next = { calls: (run?.calls ?? 0) + calls, last }
+  return [next, threshold > 0 && next.calls >= threshold ? { since: now, ...next } : undefined]
+}
+
+/** The node's reason while the engine is taken as failing calls. */
+export const failingProblem = (f: FailingCalls): string =>
+  `engine failing calls: the last ${f.calls} calls failed in the engine with none completed (engine.failed_calls_unhealthy), the last with: ${f.last}`

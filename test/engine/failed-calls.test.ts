@@ -1,0 +1,103 @@
+// Calls the engine failed, counted in a row (services/engine/FailedCalls.ts), what counts as the engine's failure (the
+// one status table, services/grpc/GrpcStatus.ts engineFailedCall), and the engine taken as failing calls as a source
+// of EngineStall's state: its reason, its start for the restart, what clears it.
+import { assert, describe, it } from "@effect/vitest"
+import { EngineError } from "../../src/services/engine/EngineClient.ts"
+import {
+  isStalled,
+  noStall,
+  onCompleted,
+  onFailing,
+  onNoProgress,
+  onStall,
+  stallProblem,
+  stallRestartAt,
+  stallStart
+} from "../../src/services/engine/EngineStall.ts"
+import { addFailed, failingProblem } from "../../src/services/engine/FailedCalls.ts"
+import { Draining, Overloaded } from "../../src/services/grpc/Admission.ts"
+import { EngineRunEnded, EngineStalled, NotServing } from "../../src/services/grpc/CallErrors.ts"
+import { engineFailedCall } from "../../src/services/grpc/GrpcStatus.ts"
+import { CallDeadlineExceeded } from "../../src/services/grpc/TransportErrors.ts"
+
+const http = (status: number) => new EngineError({ reason: "Http", status, message: `HTTP ${status}` })
+
+describe("the run of failed calls", () => {
+  it("trips at the threshold, counting across reports, naming the last failure; 0 never trips", () => {
+    const [a, none] = addFailed(undefined, 3, "first", 5, 1_000)
+    assert.deepStrictEqual(a, { calls: 3, last: "first" })
+    assert.isUndefined(none)
+    const [b, failing] = addFailed(a, 2, "second", 5, 2_000)
+    assert.deepStrictEqual(b, { calls: 5, last: "second" })
+    assert.deepStrictEqual(failing, { since: 2_000, calls: 5, last: "second" })
+    assert.deepStrictEqual(addFailed(undefined, 7, "x", 5, 3_000)[1], { since: 3_000, calls: 7, last: "x" })
+    assert.isUndefined(addFailed(undefined, 1_000, "x", 0, 3_000)[1], "0: off")
+    assert.deepStrictEqual(addFailed(a, 0, "y", 5, 3_000), [a, undefined], "nothing failed: nothing changes")
+    assert.strictEqual(
+      failingProblem({ since: 0, calls: 5, last: "engine answered HTTP 500: boom" }),
+      "engine failing calls: the last 5 calls failed in the engine with none completed (engine.failed_calls_unhealthy), the last with: engine answered HTTP 500: boom"
+    )
+  })
+})
+
+describe("what counts as a call the engine failed (the status table's engine rows that end UNAVAILABLE)", () => {
+  it("5xx, a refused or reset connection, a broken-off stream", () => {
+    assert.strictEqual(
+      engineFailedCall(
+        new EngineError({ reason: "Http", status: 500, message: "boom", engineType: "InternalServerError" })
+      ),
+      "engine answered HTTP 500 (InternalServerError): boom"
+    )
+    assert.isDefined(engineFailedCall(http(502)))
+    assert.isDefined(engineFailedCall(http(503)))
+    assert.isDefined(engineFailedCall(new EngineError({ reason: "Connect", message: "ECONNREFUSED" })))
+    assert.isDefined(engineFailedCall(new EngineError({ reason: "Stream", message: "stream truncated: reset" })))
+    assert.isDefined(engineFailedCall(new EngineError({ reason: "Stream", status: 500, message: "error event" })))
+  })
+
+  it("not what the request caused, an engine too busy, no answer in time, nor the agent's own endings", () => {
+    for (const e of [
+      http(400),
+      http(404),
+      http(413),
+      http(422),
+      http(429),
+      http(501),
+      new EngineError({ reason: "Stream", status: 400, message: "bad input mid-stream" }),
+      new EngineError({ reason: "Timeout", message: "no answer" }),
+      new EngineError({ reason: "Protocol", message: "not JSON" }),
+      new EngineStalled({ idleTimeout: "5m" }),
+      new EngineRunEnded({ by: "exit", why: "the engine exited (signal SIGKILL)", engine: http(500) }),
+      new NotServing({ reason: "engine is not ready (starting)" }),
+      new Overloaded({ maxInflight: 1, maxQueue: 1 }),
+      new Draining({}),
+      new CallDeadlineExceeded()
+    ])
+      assert.isUndefined(engineFailedCall(e), e._tag)
+  })
+})
+
+describe("failing calls in the stall state", () => {
+  const failing = { since: 5_000, calls: 5, last: "engine answered HTTP 500: boom" }
+
+  it("takes the engine as failing until a call completes; the restart counts from its start", () => {
+    const s = onFailing(noStall, failing)!
+    assert.isTrue(isStalled(s))
+    assert.strictEqual(stallStart(s), 5_000)
+    assert.strictEqual(stallRestartAt(s, 60_000), 65_000)
+    assert.strictEqual(stallProblem(s, "5m"), failingProblem(failing))
+    assert.isUndefined(onFailing(s, { ...failing, since: 9_000 }), "already so taken")
+    const cleared = onCompleted(s, 6_000)
+    assert.isDefined(cleared)
+    assert.isFalse(isStalled(cleared!))
+  })
+
+  it("a stalled stream's reason comes first, the counters' after; the earliest start counts", () => {
+    const both = onFailing(onStall(noStall, 3_000), failing)!
+    assert.match(stallProblem(both, "5m")!, /^engine stalled: 1 stream\(s\)/)
+    assert.strictEqual(stallStart(both), 3_000)
+    const counters = onFailing(onNoProgress(noStall, { since: 1_000, held: 1, counters: ["c"] })!, failing)!
+    assert.strictEqual(stallProblem(counters, "5m"), failingProblem(failing))
+    assert.strictEqual(stallStart(counters), 1_000)
+  })
+})

@@ -1,0 +1,220 @@
+// An engine that fails every call (services/engine/FailedCalls.ts), through the stall watchdog and the live EngineStall
+// on a TestClock: engine.failed_calls_unhealthy calls in a row that the engine failed, none completed, take the engine
+// as failing calls (the node's reason, a metric); the agent's test completion goes at once and clears it when it
+// completes, as a completed call does; calls that failed for other reasons neither count nor end the run; an engine
+// still failing after engine.stall_restart_after is restarted as a stalled one is.
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Exit, Layer } from "effect"
+import { TestClock } from "effect/testing"
+import { Registry } from "prom-client"
+import { layerFromObject } from "../../src/layers/config/Config.ts"
+import * as EngineStallLive from "../../src/layers/engine/EngineStall.ts"
+import { ActiveCalls } from "../../src/layers/grpc/ActiveCalls.ts"
+import { Relay } from "../../src/layers/grpc/Relay.ts"
+import * as StallWatchdog from "../../src/layers/grpc/StallWatchdog.ts"
+import { fromRegistry } from "../../src/layers/observability/Metrics.ts"
+import { EngineClient, EngineError } from "../../src/services/engine/EngineClient.ts"
+import { EngineStall, stallProblem } from "../../src/services/engine/EngineStall.ts"
+import { State } from "../../src/services/engine/EngineState.ts"
+import { Overloaded } from "../../src/services/grpc/Admission.ts"
+import type { GenerateError } from "../../src/services/grpc/GrpcStatus.ts"
+import { Metrics } from "../../src/services/observability/Metrics.ts"
+import * as EngineTest from "../../src/testing/EngineProcess.ts"
+
+const IDLE_MS = 800 // the watchdog ticks every idle / 8 = 100 ms
+
+const http500 = new EngineError({
+  reason: "Http",
+  status: 500,
+  message: "simulated error (http500)",
+  engineType: "InternalServerError"
+})
+const REASON =
+  "engine failing calls: the last 5 calls failed in the engine with none completed (engine.failed_calls_unhealthy), " +
+  "the last with: engine answered HTTP 500 (InternalServerError): simulated error (http500)"
+
+/**
+ * The watchdog over the live EngineStall, a test supervisor (Ready) and an engine client whose test completion answers
+ * as `engine.answer` says; `requests` counts the tests.
+ */
+const setup = (engineKeys: Record<string, unknown> = {}) => {
+  const config = layerFromObject({
+    models: { m: { hf_repo: "org/m" } },
+    engine: { stream_idle_timeout: `${IDLE_MS}ms`, stall_restart_after: "0s", ...engineKeys }
+  })
+  const supervisor = EngineTest.layerTest({ initial: State.Ready({ since: 0, run: 0 }) })
+  const engine = { answer: "fail" as "ok" | "fail", requests: 0 }
+  const client = EngineClient.of({
+    streamTo: (_path, _body, _options, sink) =>
+      Effect.suspend(() => {
+        engine.requests++
+        if (engine.answer === "fail") return Effect.fail(http500)
+        sink.onChunks([{ choices: [{ text: "pong", finish_reason: "length" }] }], () => undefined)
+        return Effect.void
+      }),
+    load: Effect.succeed({ running: undefined, waiting: undefined, kvUsage: undefined })
+  })
+  const registry = new Registry()
+  const metrics = Layer.effect(Metrics, fromRegistry(registry))
+  const layer = Layer.mergeAll(
+    config,
+    supervisor,
+    metrics,
+    Layer.succeed(EngineClient, client),
+    EngineStallLive.layer.pipe(Layer.provide(supervisor), Layer.provide(config), Layer.provide(metrics))
+  )
+  return { engine, registry, layer }
+}
+
+/** A call that ended: completed (undefined) or failed with `failure`, as GenerateCall settles one. */
+const ended = (active: ActiveCalls, failure?: GenerateError) => {
+  const relay = new Relay(1024)
+  relay.streaming = true
+  active.add(relay)
+  relay.finish(failure === undefined ? Exit.succeed(undefined) : Exit.fail(failure))
+  active.delete(relay)
+}
+
+const problem = Effect.map(
+  Effect.flatMap(EngineStall, (s) => s.state),
+  (s) => stallProblem(s, "800ms")
+)
+
+const streaks = async (registry: Registry) =>
+  (await registry.getSingleMetric("cgn_agent_engine_call_failure_streaks_total")?.get())?.values[0]?.value
+
+describe("an engine that fails every call", () => {
+  it.effect("five calls in a row that it failed make the node unhealthy; the test completion clears it", () => {
+    const t = setup()
+    return Effect.gen(function* () {
+      const active = new ActiveCalls()
+      yield* StallWatchdog.fork(active)
+      yield* TestClock.adjust(100)
+      for (let i = 0; i < 4; i++) ended(active, http500)
+      yield* TestClock.adjust(100)
+      assert.isUndefined(yield* problem, "four are not enough")
+      const busy = new Relay(1024) // a call still in flight: the test waits for it
+      active.add(busy)
+      ended(active, http500)
+      yield* TestClock.adjust(100)
+      assert.strictEqual(yield* problem, REASON)
+      assert.strictEqual(yield* Effect.promise(() => streaks(t.registry)), 1)
+      assert.strictEqual(t.engine.requests, 0, "no test while a call is in flight")
+      active.delete(busy)
+      yield* TestClock.adjust(100)
+      assert.strictEqual(t.engine.requests, 1, "the test at once once no call is in flight")
+      assert.strictEqual(yield* problem, REASON, "a test that fails leaves it")
+      // more failed calls neither move the reason nor count another streak
+      for (let i = 0; i < 3; i++) ended(active, http500)
+      yield* TestClock.adjust(100)
+      assert.strictEqual(yield* problem, REASON)
+      assert.strictEqual(yield* Effect.promise(() => streaks(t.registry)), 1)
+      // then once per engine.stream_idle_timeout; the first that completes clears it
+      t.engine.answer = "ok"
+      yield* TestClock.adjust(IDLE_MS - 300)
+      assert.strictEqual(t.engine.requests, 1)
+      yield* TestClock.adjust(200)
+      assert.strictEqual(t.engine.requests, 2)
+      assert.isUndefined(yield* problem)
+      // the run starts over after the test: four more failures do not trip it again
+      for (let i = 0; i < 4; i++) ended(active, http500)
+      yield* TestClock.adjust(100)
+      assert.isUndefined(yield* problem)
+    }).pipe(Effect.scoped, Effect.provide(t.layer))
+  })
+
+  it.effect("newly failing, the test goes at once even just after an idle test", () => {
+    const t = setup({ idle_probe_after: "1s" })
+    return Effect.gen(function* () {
+      const active = new ActiveCalls()
+      yield* StallWatchdog.fork(active)
+      t.engine.answer = "ok"
+      yield* TestClock.adjust(1100)
+      assert.strictEqual(t.engine.requests, 1, "the idle test")
+      // a burst of 500s for some inputs of a sound engine: cleared by one test, not an idle timeout later
+      for (let i = 0; i < 5; i++) ended(active, http500)
+      yield* TestClock.adjust(100)
+      assert.strictEqual(t.engine.requests, 2)
+      assert.isUndefined(yield* problem)
+    }).pipe(Effect.scoped, Effect.provide(t.layer))
+  })
+
+  it.effect("a completed call ends the run, in the order the calls ended within a tick", () => {
+    const t = setup()
+    return Effect.gen(function* () {
+      const active = new ActiveCalls()
+      yield* StallWatchdog.fork(active)
+      for (let i = 0; i < 4; i++) ended(active, http500)
+      ended(active)
+      for (let i = 0; i < 4; i++) ended(active, http500)
+      yield* TestClock.adjust(100)
+      assert.isUndefined(yield* problem, "4, a completion, 4")
+      // the run goes on across ticks: one more
+      ended(active, http500)
+      yield* TestClock.adjust(100)
+      assert.strictEqual(yield* problem, REASON)
+      // a call that completes clears it
+      ended(active)
+      yield* TestClock.adjust(100)
+      assert.isUndefined(yield* problem)
+    }).pipe(Effect.scoped, Effect.provide(t.layer))
+  })
+
+  it.effect("what the request or the agent caused neither counts nor ends the run", () => {
+    const t = setup()
+    return Effect.gen(function* () {
+      const active = new ActiveCalls()
+      yield* StallWatchdog.fork(active)
+      const others: ReadonlyArray<GenerateError> = [
+        new EngineError({ reason: "Http", status: 400, message: "bad request" }),
+        new EngineError({ reason: "Http", status: 429, message: "too many" }),
+        new Overloaded({ maxInflight: 1, maxQueue: 1 })
+      ]
+      for (let i = 0; i < 4; i++) ended(active, http500)
+      for (const e of others) ended(active, e)
+      // the caller's cancel: no failure recorded on the relay
+      const cancelled = new Relay(1024)
+      active.add(cancelled)
+      cancelled.finish(Exit.interrupt())
+      active.delete(cancelled)
+      yield* TestClock.adjust(100)
+      assert.isUndefined(yield* problem)
+      ended(active, new EngineError({ reason: "Connect", message: "connect ECONNREFUSED 127.0.0.1:8000" }))
+      yield* TestClock.adjust(100)
+      assert.match((yield* problem) ?? "", /the last 5 calls .* engine unreachable: connect ECONNREFUSED/)
+    }).pipe(Effect.scoped, Effect.provide(t.layer))
+  })
+
+  it.effect('"0" turns it off', () => {
+    const t = setup({ failed_calls_unhealthy: 0 })
+    return Effect.gen(function* () {
+      const active = new ActiveCalls()
+      yield* StallWatchdog.fork(active)
+      for (let i = 0; i < 100; i++) ended(active, http500)
+      yield* TestClock.adjust(100)
+      assert.isUndefined(yield* problem)
+      assert.strictEqual(yield* Effect.promise(() => streaks(t.registry)), 0)
+    }).pipe(Effect.scoped, Effect.provide(t.layer))
+  })
+
+  it.effect("still failing after engine.stall_restart_after: restarted as a stalled engine is, once", () => {
+    const t = setup({ stall_restart_after: "5s" })
+    return Effect.gen(function* () {
+      const active = new ActiveCalls()
+      yield* StallWatchdog.fork(active)
+      yield* TestClock.adjust(100)
+      for (let i = 0; i < 5; i++) ended(active, http500)
+      yield* TestClock.adjust(100) // taken as failing at 200
+      yield* TestClock.adjust(4_999)
+      const control = yield* EngineTest.EngineProcessControl
+      assert.deepStrictEqual(yield* control.restartRequests, [], "not a millisecond early")
+      yield* TestClock.adjust(1)
+      const [request, ...more] = yield* control.restartRequests
+      assert.deepStrictEqual(more, [])
+      assert.strictEqual(request?.source, "stall")
+      assert.strictEqual(request?.reason, `${REASON}, for 5s (engine.stall_restart_after)`)
+      yield* TestClock.adjust(60_000)
+      assert.strictEqual((yield* control.restartRequests).length, 1, "one request per episode")
+    }).pipe(Effect.scoped, Effect.provide(t.layer))
+  })
+})
