@@ -49,7 +49,7 @@ describe("what counts as a call the engine failed (the status table's engine row
       "engine answered HTTP 500 (InternalServerError): boom"
     )
     assert.isDefined(engineFailedCall(http(502)))
-    assert.isDefined(engineFailedCall(http(503)))
+    assert.isDefined(engineFailedCall(http(504)))
     assert.isDefined(engineFailedCall(new EngineError({ reason: "Connect", message: "ECONNREFUSED" })))
     assert.isDefined(engineFailedCall(new EngineError({ reason: "Stream", message: "stream truncated: reset" })))
     assert.isDefined(engineFailedCall(new EngineError({ reason: "Stream", status: 500, message: "error event" })))
@@ -63,6 +63,9 @@ describe("what counts as a call the engine failed (the status table's engine row
       http(422),
       http(429),
       http(501),
+      // vLLM's full request queue (--max-queued-requests), llama-server loading: busy, not broken
+      http(503),
+      new EngineError({ reason: "Stream", status: 503, message: "The request queue is full." }),
       new EngineError({ reason: "Stream", status: 400, message: "bad input mid-stream" }),
       new EngineError({ reason: "Timeout", message: "no answer" }),
       new EngineError({ reason: "Protocol", message: "not JSON" }),

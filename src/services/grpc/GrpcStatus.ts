@@ -225,12 +225,15 @@ export const toGrpcFailure = (e: GenerateError): GrpcFailure =>
 /**
  * The status message of a call the engine itself failed, undefined for any other ending: the engine's own error
  * (its row marks it `cgn-error-source: engine`) that the row ends UNAVAILABLE, an HTTP 5xx, a refused or reset
- * connection, a stream broken off. Not what the request caused (4xx, 501), an engine too busy (429), no answer in time
+ * connection, a stream broken off. Not what the request caused (4xx, 501), an engine too busy (429, 503), no answer in time
  * (the stall watchdog's), nor the agent's own endings; nor an engine run that ended under the call (EngineRunEnded:
  * the supervisor's state already says so). EngineStall counts these in a row (engine.failed_calls_unhealthy).
  */
 export const engineFailedCall = (e: GenerateError): string | undefined => {
-  if (e._tag !== "EngineError") return undefined
+  // 503 is an engine turning calls away for now, not one that is broken: vLLM's admission with
+  // --max-queued-requests ("The request queue is full.", HTTP 503, or a stream's first error event with code 503),
+  // llama-server while it loads. Counted, a busy engine's refusals between two completions would flap the node.
+  if (e._tag !== "EngineError" || e.status === 503) return undefined
   const f = engineFailure(e)
   return f.trailers["cgn-error-source"] === "engine" && f.code === Status.UNAVAILABLE ? f.message : undefined
 }
