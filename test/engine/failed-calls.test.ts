@@ -14,7 +14,7 @@ import {
   stallRestartAt,
   stallStart
 } from "../../src/services/engine/EngineStall.ts"
-import { addFailed, failingProblem } from "../../src/services/engine/FailedCalls.ts"
+import { addFailed, failingCleared, failingProblem } from "../../src/services/engine/FailedCalls.ts"
 import { Draining, Overloaded } from "../../src/services/grpc/Admission.ts"
 import { EngineRunEnded, EngineStalled, NotServing } from "../../src/services/grpc/CallErrors.ts"
 import { engineFailedCall } from "../../src/services/grpc/GrpcStatus.ts"
@@ -93,6 +93,18 @@ describe("failing calls in the stall state", () => {
     const cleared = onCompleted(s, 6_000)
     assert.isDefined(cleared)
     assert.isFalse(isStalled(cleared!))
+    // too few calls completed in a row yet: kept, and nothing else to clear, so nothing changes
+    assert.isUndefined(onCompleted(s, 6_000, false, true))
+    // kept beside a stalled stream the completion does clear
+    const both = onCompleted(onStall(s, 5_500), 6_000, false, true)
+    assert.deepStrictEqual(both?.failing, failing)
+    assert.strictEqual(both?.stalledStreams, 0)
+  })
+
+  it("calls clear it once as many completed in a row as made it", () => {
+    assert.isFalse(failingCleared(4, 5))
+    assert.isTrue(failingCleared(5, 5))
+    assert.isTrue(failingCleared(12, 5))
   })
 
   it("a stalled stream's reason comes first, the counters' after; the earliest start counts", () => {

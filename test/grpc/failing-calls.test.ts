@@ -153,10 +153,40 @@ describe("an engine that fails every call", () => {
       ended(active, http500)
       yield* TestClock.adjust(100)
       assert.strictEqual(yield* problem, REASON)
-      // a call that completes clears it
+      // calls clear it only once as many complete in a row as made it (5): 4, then a failure starts the count over
+      for (let i = 0; i < 4; i++) ended(active)
+      yield* TestClock.adjust(100)
+      assert.strictEqual(yield* problem, REASON, "4 completed")
+      ended(active, http500)
+      yield* TestClock.adjust(100)
+      for (let i = 0; i < 4; i++) ended(active)
+      yield* TestClock.adjust(100)
+      assert.isDefined(yield* problem, "a failure, then 4 completed")
       ended(active)
       yield* TestClock.adjust(100)
-      assert.isUndefined(yield* problem)
+      assert.isUndefined(yield* problem, "5 completed in a row")
+    }).pipe(Effect.scoped, Effect.provide(t.layer))
+  })
+
+  it.effect("calls clear it by their order within a tick: five in a row, whatever failed after them", () => {
+    const t = setup()
+    return Effect.gen(function* () {
+      const active = new ActiveCalls()
+      yield* StallWatchdog.fork(active)
+      for (let i = 0; i < 5; i++) ended(active, http500)
+      yield* TestClock.adjust(100)
+      assert.strictEqual(yield* problem, REASON)
+      // 3 completed, a failure, 3 completed: never 5 in a row
+      for (let i = 0; i < 3; i++) ended(active)
+      ended(active, http500)
+      for (let i = 0; i < 3; i++) ended(active)
+      yield* TestClock.adjust(100)
+      assert.isDefined(yield* problem, "at most 3 in a row")
+      // the run goes on across ticks: 2 more make 5, then 2 failures (not enough to take it again)
+      for (let i = 0; i < 2; i++) ended(active)
+      for (let i = 0; i < 2; i++) ended(active, http500)
+      yield* TestClock.adjust(100)
+      assert.isUndefined(yield* problem, "5 in a row, then 2 failed")
     }).pipe(Effect.scoped, Effect.provide(t.layer))
   })
 

@@ -32,7 +32,7 @@ import {
   stallRestartAt,
   stallStart
 } from "../../services/engine/EngineStall.ts"
-import { addFailed, type FailedRun, failingProblem } from "../../services/engine/FailedCalls.ts"
+import { addFailed, type FailedRun, failingCleared, failingProblem } from "../../services/engine/FailedCalls.ts"
 import { Drain } from "../../services/node/Drain.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 
@@ -146,11 +146,13 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
 
     return EngineStall.of({
       stalled: (now, streams) => SubscriptionRef.update(ref, (s) => onStall(s, now, streams)),
-      completed: (now, cause, everyRank) =>
+      completed: (now, cause, everyRank, inRow) =>
         change((s) => {
           // a completion ends the run of failed calls, whether or not it clears anything
           failedRun = undefined
-          const next = onCompleted(s, now, everyRank)
+          // calls (no cause: not the agent's test) clear failing calls only once enough completed in a row
+          const keepFailing = cause === undefined && inRow !== undefined && !failingCleared(inRow, failedCallsUnhealthy)
+          const next = onCompleted(s, now, everyRank, keepFailing)
           // a completion is progress: the counters' run of stillness starts over
           if (next !== undefined) watch = { baseline: watch.baseline, stillSince: undefined }
           return next

@@ -18,6 +18,12 @@ export class ActiveCalls {
    */
   engineFailed = 0
   lastEngineFailure = ""
+  /**
+   * Calls completed in a row since the engine last failed one (in the order the calls ended), and the most it reached
+   * since the watchdog's last look: what clears an engine taken as failing calls (FailedCalls.ts failingCleared).
+   */
+  completedInRow = 0
+  completedInRowBest = 0
   readonly #idle = Latch.makeUnsafe(true)
   /** While set, the agent is ending the engine run: a call added now ends with it at once (see `cutWhile`). */
   #cut: GenerateError | undefined = undefined
@@ -35,11 +41,13 @@ export class ActiveCalls {
     if (relay.completed) {
       this.completed++
       this.engineFailed = 0
+      if (++this.completedInRow > this.completedInRowBest) this.completedInRowBest = this.completedInRow
     } else if (relay.failure !== undefined) {
       const failed = engineFailedCall(relay.failure)
       if (failed !== undefined) {
         this.engineFailed++
         this.lastEngineFailure = failed
+        this.completedInRow = 0
       }
     }
     if (this.relays.size === 0) this.#idle.openUnsafe()

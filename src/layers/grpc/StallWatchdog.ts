@@ -68,6 +68,8 @@ export const fork = Effect.fnUntraced(function* (
     let oldestMoving = Number.POSITIVE_INFINITY
     const completed = active.completed > 0
     active.completed = 0
+    const inRow = active.completedInRowBest
+    active.completedInRowBest = active.completedInRow
     const engineFailed = active.engineFailed
     active.engineFailed = 0
     if (completed) lastCompletedAt = now
@@ -89,7 +91,7 @@ export const fork = Effect.fnUntraced(function* (
       // a call completed in the same tick: the engine is not wedged, and the stall is not even noted (noted and
       // cleared at once, it logged "unhealthy" and "no longer stalled" in the same millisecond)
       stalled > 0 && !completed ? stall.stalled(now, stalled) : Effect.void,
-      completed ? stall.completed(now) : Effect.void
+      completed ? stall.completed(now, undefined, false, inRow) : Effect.void
     ).pipe(
       // after the completions: these failed after the last of them (ActiveCalls.engineFailed)
       Effect.andThen(engineFailed > 0 ? stall.callsFailed(now, engineFailed, active.lastEngineFailure) : Effect.void),

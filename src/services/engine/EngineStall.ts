@@ -98,20 +98,28 @@ export const onStall = (s: StallState, now: number, streams = 1): StallState => 
 /**
  * A call completed at `now` (`everyRank`: the agent's test, on every data-parallel rank): the new state when that
  * clears a stall (a completion is progress; a hung rank's test failure only for `everyRank`), else undefined
- * (nothing changes: completions alone must not wake every subscriber on each watchdog tick).
+ * (nothing changes: completions alone must not wake every subscriber on each watchdog tick). `keepFailing`: the
+ * engine stays taken as failing calls (FailedCalls.ts failingCleared: too few calls completed in a row yet).
  */
-export const onCompleted = (s: StallState, now: number, everyRank = false): StallState | undefined => {
+export const onCompleted = (
+  s: StallState,
+  now: number,
+  everyRank = false,
+  keepFailing = false
+): StallState | undefined => {
   const keep = s.testFailed?.ranks !== undefined && !everyRank ? s.testFailed : undefined
+  const failing = keepFailing ? s.failing : undefined
   return (s.lastStallAt !== undefined && (s.lastCompletedAt ?? 0) <= s.lastStallAt) ||
     s.noProgress !== undefined ||
-    s.failing !== undefined ||
+    (s.failing !== undefined && failing === undefined) ||
     (s.testFailed !== undefined && keep === undefined)
     ? {
         lastStallAt: s.lastStallAt,
         lastCompletedAt: now,
         stalledStreams: 0,
         stalledSince: undefined,
-        ...(keep === undefined ? {} : { testFailed: keep })
+        ...(keep === undefined ? {} : { testFailed: keep }),
+        ...(failing === undefined ? {} : { failing })
       }
     : undefined
 }
@@ -192,10 +200,13 @@ export interface EngineStallService {
    */
   readonly stalled: (now: number, streams?: number) => Effect.Effect<void>
   /**
-   * A call completed at `now`; `cause` says what, for the log line of a stall it ends ("a call completed");
-   * `everyRank`: the agent's test, completed on every data-parallel rank.
+   * A call completed at `now`; `cause` says what, for the log line of a stall it ends ("a call completed"), and is
+   * given for the agent's test completion only; `everyRank`: that test, completed on every data-parallel rank;
+   * `inRow`: the most calls completed in a row (none failed by the engine between them) since the last report, which
+   * clear an engine taken as failing calls only once enough (FailedCalls.ts failingCleared; absent: enough), where the
+   * test clears it at once.
    */
-  readonly completed: (now: number, cause?: string, everyRank?: boolean) => Effect.Effect<void>
+  readonly completed: (now: number, cause?: string, everyRank?: boolean, inRow?: number) => Effect.Effect<void>
   /** Some stream read from the engine at `now`; `oldestSince`: when the oldest of them was requested. */
   readonly moved: (now: number, oldestSince: number) => Effect.Effect<void>
   /** The agent's test completion got no answer in time. */

@@ -6,6 +6,9 @@
  * completes ends the run. At engine.failed_calls_unhealthy in a row the engine is taken as failing calls, a source of
  * EngineStall's state beside the stalled streams, the progress counters and the test completion: the node unhealthy
  * with the reason, the agent's test completion sent to clear it, and a restart after engine.stall_restart_after.
+ * Calls clear it only once as many complete in a row (failingCleared): cleared by any one, an engine failing most of
+ * the calls a router still sends took the node in and out of traffic many times a minute (16 episodes a minute at 80%
+ * errors in a soak); the test, sent when no call is in flight (a router stopped sending), clears it at once.
  * Calls that end otherwise (4xx, the caller's cancel or deadline, the agent's refusals) neither count nor end the run.
  * Pure: the live EngineStall keeps the run between the watchdog's ticks.
  */
@@ -46,3 +49,10 @@ export const addFailed = (
 /** The node's reason while the engine is taken as failing calls. */
 export const failingProblem = (f: FailingCalls): string =>
   `engine failing calls: the last ${f.calls} calls failed in the engine with none completed (engine.failed_calls_unhealthy), the last with: ${f.last}`
+
+/**
+ * Whether calls completed in a row (none failed by the engine after them: `completedInRow`) clear an engine taken as
+ * failing calls: as many as made it failing (`threshold`, engine.failed_calls_unhealthy). The agent's test completion
+ * clears it at once, not through this.
+ */
+export const failingCleared = (completedInRow: number, threshold: number): boolean => completedInRow >= threshold
