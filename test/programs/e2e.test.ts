@@ -290,7 +290,7 @@ describe("stopping the agent", () => {
     })
     await untilPublished(s.key, "ready")
     const sim = await simState(s.engineUrl)
-    const stream = generate(s.client, { prompt: words(30), sampling: { maxTokens: 20 } })
+    const stream = generate(s.client, { prompt: words(60), sampling: { maxTokens: 40 } })
     await stream.firstDelta
 
     const res = await fetch(`${s.agent.adminUrl}/drain`, { method: "POST" })
@@ -298,10 +298,24 @@ describe("stopping the agent", () => {
     expect(await res.json()).toEqual({ draining: true, alreadyDraining: false })
     const again = await fetch(`${s.agent.adminUrl}/drain`, { method: "POST" })
     expect(await again.json()).toEqual({ draining: true, alreadyDraining: true })
+    // a new call is refused for the drain, as the router's retry rule reads it, and counted (the walkthrough saw
+    // cgn-reason not_serving and the drain's counter at 0)
+    const trailer: { reason?: string | undefined; retryable?: string | undefined } = {}
+    const refused = await generate(
+      s.client,
+      { prompt: words(3), sampling: { maxTokens: 2 } },
+      { onTrailer: (t) => Object.assign(trailer, { reason: t.get("cgn-reason"), retryable: t.get("cgn-retryable") }) }
+    ).done
+    expect(grpcCode(refused.error)).toBe("UNAVAILABLE")
+    expect(trailer).toEqual({ reason: "draining", retryable: "true" })
+    const refusals = parsePromText(await (await fetch(`${s.agent.adminUrl}/metrics`)).text()).find(
+      (m) => m.name === "cgn_agent_admission_refusals_total" && m.labels.reason === "draining"
+    )
+    expect(refusals?.value).toBe(1)
 
     const r = await stream.done
     expect(r.error).toBeUndefined()
-    expect(r.tokens()).toBe(20)
+    expect(r.tokens()).toBe(40)
     expect(r.final?.finishReason).toBe("length")
     const exit = await s.agent.exited
     expect(exit, s.agent.tail()).toEqual({ code: 0, signal: null })
