@@ -11,7 +11,9 @@ import { Command, Flag } from "effect/cli"
 import { requireAdminToken } from "../layers/admin/Admin.ts"
 import { engineFor, resolvePlan } from "../layers/engine/backends/index.ts"
 import { type CpuCacheReport, cpuCacheReport } from "../layers/engine/cpuCache.ts"
+import { stateDirRefusal } from "../layers/engine/pidFile.ts"
 import * as MemoryCgroupLive from "../layers/node/MemoryCgroup.ts"
+import { stateDirDistrust } from "../layers/node/stateFiles.ts"
 import { etcdOptions } from "../layers/registry/etcdClient.ts"
 import { readMaterial, readOne, securityFiles } from "../layers/tls/tlsMaterial.ts"
 import { type AgentConfig, ConfigError } from "../services/config/Config.ts"
@@ -21,6 +23,7 @@ import { type CgroupVersion, formatBytes, type MemoryLimit } from "../services/n
 import { migRef } from "../services/node/Mig.ts"
 import { firstExternalIpv4, type Interfaces, resolveAdvertiseAddr } from "../services/registry/Advertise.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
+import { plaintextGrpcWarning } from "./grpcExposure.ts"
 import { hostFindings } from "./hostChecks.ts"
 import { nvmlWorkerEntry } from "./programPaths.ts"
 import { shutdownBound } from "./shutdownBound.ts"
@@ -29,7 +32,9 @@ import { shutdownBound } from "./shutdownBound.ts"
  * The checks `run` makes before it starts anything, beyond decoding the file: the admin port is not open to
  * the network without a token, and (unless `offline`) the TLS files of [security] and [cluster] are readable,
  * parse, match and have not expired. They read the very functions the servers use (the admin layer, Tls,
- * etcdClient), so check and run cannot disagree. All problems come back in one ConfigError.
+ * etcdClient), so check and run cannot disagree. On the host, agent.state_dir must be the agent's own
+ * (layers/node/stateFiles.ts: owner the agent's user or root, writable by its owner only), as the supervisor checks
+ * it again once made. All problems come back in one ConfigError.
  */
 export const preflight = (c: AgentConfig, options: { readonly offline?: boolean } = {}) =>
   Effect.gen(function* () {
@@ -47,6 +52,8 @@ export const preflight = (c: AgentConfig, options: { readonly offline?: boolean 
         if (problems.length === before) yield* collect(readMaterial(files))
       }
       if (c.cluster.etcd.length > 0) yield* collect(etcdOptions(c.cluster, { callTimeoutMs: 1, reconnectCapMs: 1 }))
+      const distrust = yield* Effect.promise(() => stateDirDistrust(c.agent.state_dir))
+      if (distrust !== undefined) problems.push(stateDirRefusal(c.agent.state_dir, distrust))
     }
     if (problems.length > 0) return yield* new ConfigError({ file: c.file ?? "<inline>", problems })
   })
@@ -225,6 +232,8 @@ export const check = Command.make(
       // A warning, not a problem: the limit is the host's, and may be raised before the engine's cache fills.
       if (cpuCache?.warning !== undefined) yield* Console.error(`warning: ${cpuCache.warning}`)
       for (const warning of host.warnings) yield* Console.error(`warning: ${warning}`)
+      const grpc = plaintextGrpcWarning(c)
+      if (grpc !== undefined) yield* Console.error(`warning: ${grpc}`)
     })
 ).pipe(
   Command.withDescription(

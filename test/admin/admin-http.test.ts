@@ -290,15 +290,15 @@ describe("admin HTTP release", () => {
     // A client that stalled halfway through its request headers (or whose host vanished): node:http's close
     // waits for it until headersTimeout (60 s, checked every 30 s).
     const headers = await rawClient(url)
-    headers.socket.write("GET /healthz HTTP/1.1\r\nHost: admin\r\n")
+    headers.socket.write("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
     // A client answered while its body is still owed.
     const body = await rawClient(url)
-    body.socket.write("POST /drain HTTP/1.1\r\nHost: admin\r\nContent-Length: 100\r\n\r\nabc")
+    body.socket.write("POST /drain HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\nabc")
     await body.seen("HTTP/1.1 202")
     // An idle keep-alive client. Connections are accepted in order, so once it is answered the server holds
     // the two above.
     const idle = await rawClient(url)
-    idle.socket.write("GET /readyz HTTP/1.1\r\nHost: admin\r\n\r\n")
+    idle.socket.write("GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     await idle.seen("HTTP/1.1 503")
 
     try {

@@ -1,4 +1,4 @@
-// The engine's environment: the agent's less its own process settings (MALLOC_ARENA_MAX), plus the plan's.
+// The engine's environment: the agent's less its own settings (MALLOC_ARENA_MAX, CGN_AGENT_*), plus the plan's.
 import { describe, expect, it } from "vitest"
 import { AGENT_PROCESS_VARIABLES, engineEnvironment } from "../../src/services/engine/EngineEnvironment.ts"
 
@@ -15,6 +15,17 @@ describe("engineEnvironment", () => {
       { CUDA_VISIBLE_DEVICES: "1", MALLOC_ARENA_MAX: "4" }
     )
     expect(env).toEqual({ PATH: "/usr/bin", CUDA_VISIBLE_DEVICES: "1", MALLOC_ARENA_MAX: "4" })
+  })
+
+  it("does not pass on the agent's own settings (CGN_AGENT_*: the admin token), unless the plan sets one", () => {
+    const agent = { PATH: "/usr/bin", CGN_AGENT_ADMIN_TOKEN: "adm", CGN_AGENT_CONFIG: "/etc/a.toml", CGN_AGENTX: "k" }
+    expect(engineEnvironment(agent, {})).toEqual({ PATH: "/usr/bin", CGN_AGENTX: "k" })
+    expect(engineEnvironment(agent, { CGN_AGENT_CONFIG: "/e.toml" })).toEqual({
+      PATH: "/usr/bin",
+      CGN_AGENTX: "k",
+      CGN_AGENT_CONFIG: "/e.toml"
+    })
+    expect(AGENT_PROCESS_VARIABLES).toContain("CGN_AGENT_*")
   })
 
   it("leaves the agent's environment object as it was", () => {

@@ -17,7 +17,7 @@ import * as EngineHostLive from "../../src/layers/engine/EngineHost.ts"
 import * as EngineProcessLive from "../../src/layers/engine/EngineProcess.ts"
 import { layerFromPlan, type SupervisorSettings, settingsFromConfig } from "../../src/layers/engine/EngineProcess.ts"
 import { type PidRecord, pidFilePath, readPidFile, writePidFile } from "../../src/layers/engine/pidFile.ts"
-import { groupAlive, pidAlive, processStartMs } from "../../src/layers/engine/processGroup.ts"
+import { groupAlive, pidAlive, processExe, processStartMs } from "../../src/layers/engine/processGroup.ts"
 import {
   decodeLock,
   HEARTBEAT_STALE_MS,
@@ -176,6 +176,10 @@ describe("readiness per flavor", () => {
       const record = await pidRecord(s.stateDir)
       assert.strictEqual(record?.pgid, pid)
       assert.strictEqual(record?.agentPid, process.pid)
+      // the executable a later reclaim checks the group against (the simulator runs on node)
+      assert.strictEqual(record?.exe, processExe(pid))
+      assert.strictEqual(record?.exe, fs.realpathSync(process.execPath))
+      assert.strictEqual(fs.statSync(pidFilePath(s.stateDir)).mode & 0o777, 0o600)
 
       await Effect.runPromise(h.engine.stop)
       const last = current(h)
@@ -735,7 +739,8 @@ describe("no orphans", () => {
       pgid: stale.pid,
       host: "127.0.0.1",
       port: s.port,
-      startedAt: Date.now()
+      startedAt: Date.now(),
+      exe: processExe(stale.pid)
     })
     const h = await start(s.plan, s.settings)
     await stale.exited
@@ -768,6 +773,34 @@ describe("no orphans", () => {
       h.logs.some((l) => l.includes("a reused pid; ignoring the record")),
       h.logs.join("\n")
     )
+  })
+
+  // The security review's attack (FINDINGS.md, item 3a): a hand-written record naming an unrelated `setsid sleep`
+  // with its real start time (/proc/<pid>/stat is world-readable) got that group killed at start.
+  it("a record naming a live group that runs no recorded engine executable leaves that group alone", async () => {
+    const s = await setup("vllm")
+    const bystander = spawn("sleep", ["600"], { detached: true, stdio: "ignore" })
+    cleanups.push(() => {
+      bystander.kill("SIGKILL")
+    })
+    const dead = spawn("true")
+    await new Promise((r) => dead.once("exit", r))
+    const pid = bystander.pid!
+    await pollUntil("the sleep exec'd", () => processExe(pid)?.endsWith("sleep"), 5_000, 10)
+    const forged = { agentPid: dead.pid!, guardPid: undefined, pgid: pid, host: "127.0.0.1", port: s.port }
+    // as the review wrote it (no executable), then naming an executable the group does not run
+    for (const exe of [undefined, process.execPath]) {
+      fs.writeFileSync(pidFilePath(s.stateDir), JSON.stringify({ ...forged, startedAt: processStartMs(pid), exe }))
+      const h = await start(s.plan, s.settings)
+      await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
+      assert.isTrue(groupAlive(pid), "the unrelated group was not signalled")
+      assert.isTrue(
+        h.logs.some((l) => l.includes(`names process group ${pid}, but`) && l.includes("the group is left alone")),
+        h.logs.join("\n")
+      )
+      assert.isFalse(h.logs.some((l) => l.includes(`stopping engine group ${pid}`)))
+      await h.close()
+    }
   })
 
   it("a live agent still owning its engine refuses the start", async () => {

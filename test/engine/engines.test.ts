@@ -684,9 +684,25 @@ describe("redactPlan", () => {
           DB_PASSWORD: "p",
           AWS_SECRET_ACCESS_KEY: "s",
           SSH_KEY: "k",
+          WANDB_CRED: "w",
+          TOKENIZERS_PARALLELISM: "false",
           UCX_TLS: "rc"
         },
-        args: ["--api-key", "sk-1", "--hf-token=hf_y", "--token", "t", "--port-offset", "1"]
+        args: [
+          "--api-key",
+          "sk-1",
+          "--hf-token=hf_y",
+          "--token",
+          "t",
+          "--admin-api-key",
+          "a",
+          "-hft",
+          "h",
+          "--long-prefill-token-threshold",
+          "8",
+          "--port-offset",
+          "1"
+        ]
       }
     })
     const r = redactPlan(p)
@@ -696,14 +712,22 @@ describe("redactPlan", () => {
       DB_PASSWORD: REDACTED,
       AWS_SECRET_ACCESS_KEY: REDACTED,
       SSH_KEY: REDACTED,
+      WANDB_CRED: REDACTED,
+      TOKENIZERS_PARALLELISM: "false",
       UCX_TLS: "rc"
     })
-    expect(r.argv.slice(-7)).toEqual([
+    expect(r.argv.slice(-13)).toEqual([
       "--api-key",
       REDACTED,
       `--hf-token=${REDACTED}`,
       "--token",
       REDACTED,
+      "--admin-api-key",
+      REDACTED,
+      "-hft",
+      REDACTED,
+      "--long-prefill-token-threshold",
+      "8",
       "--port-offset",
       "1"
     ])

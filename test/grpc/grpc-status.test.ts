@@ -6,6 +6,7 @@ import { EngineError } from "../../src/services/engine/EngineClient.ts"
 import { Draining, Overloaded, ShedAtArrival, ShedAtSlot } from "../../src/services/grpc/Admission.ts"
 import {
   AgentDefect,
+  ClientNotReading,
   EngineRunEnded,
   EngineStalled,
   LegDeadline,
@@ -73,6 +74,7 @@ const samples: { readonly [T in GenerateErrorTag]: readonly [Extract<GenerateErr
     Status.UNAVAILABLE
   ],
   StreamAborted: [new StreamAborted({ reason: "node drained" }), Status.UNAVAILABLE],
+  ClientNotReading: [new ClientNotReading({ timeout: "1m" }), Status.CANCELLED],
   ServerShuttingDown: [new ServerShuttingDown(), Status.UNAVAILABLE],
   AgentDefect: [new AgentDefect({ detail: "bug" }), Status.INTERNAL],
   UnknownMethod: [new UnknownMethod({ path: "/x.Y/Z" }), Status.UNIMPLEMENTED],
@@ -126,8 +128,19 @@ describe("the status table", () => {
       "EngineStalled"
     ] as const)
       expect(retry(samples[tag][0]), tag).toBe(true)
-    for (const tag of ["InvalidHandoff", "MessageTooLarge", "UndecodableRequest", "CallDeadlineExceeded"] as const)
+    for (const tag of [
+      "InvalidHandoff",
+      "MessageTooLarge",
+      "UndecodableRequest",
+      "CallDeadlineExceeded",
+      "ClientNotReading"
+    ] as const)
       expect(retry(samples[tag][0]), tag).toBe(false)
+    // a caller that is not reading gets only a reset (RST_STREAM CANCEL, read as CANCELLED): the one row sent so
+    const resets = Object.values(samples).filter(([e]) => toGrpcFailure(e).reset === true)
+    expect(resets.map(([e]) => [e._tag, statusName(toGrpcFailure(e).code)])).toEqual([
+      ["ClientNotReading", "CANCELLED"]
+    ])
     expect(retry(new GenerateRejected({ code: "INVALID_ARGUMENT", message: "m", field: "prompt" }))).toBe(false)
     expect(retry(new GenerateRejected({ code: "RESOURCE_EXHAUSTED", message: "m", field: "prompt" }))).toBe(false)
     // the engine: down, slow or overloaded here may not be so elsewhere; a request it refuses would be refused there

@@ -19,7 +19,7 @@ afterAll(() => {
 /** The real calls, each recorded as `call name` (file names relative to the test's directory); `fail` names a call that fails with EIO. */
 const recording = (fail?: string) => {
   const calls: Array<string> = []
-  const rel = (p: unknown) => path.relative(dir, String(p)).replace(/\.\d+\.\d+\.tmp$/, ".tmp") || "."
+  const rel = (p: unknown) => path.relative(dir, String(p)).replace(/\.\d+\.[0-9a-f]+\.tmp$/, ".tmp") || "."
   const ops: DurableFs = {
     mkdir: ((p: string, o: unknown) => {
       calls.push(`mkdir ${rel(p)}`)

@@ -100,6 +100,18 @@ describe("the Xid record in state_dir", () => {
     await first.stop()
   })
 
+  it("a record that is a link is not followed: said, and no byte of its target reaches the log", async () => {
+    const secret = path.join(dir, "secret.txt")
+    fs.writeFileSync(secret, "TOPSECRET-do-not-log")
+    fs.symlinkSync(secret, xidRecordPath(dir))
+    const first = await start(dir, { current: host([]) })
+    expect(xidsOf(await first.run(first.service.gpus))[1]).toEqual([])
+    const logs = first.logs.join("\n")
+    expect(logs).toContain(`cannot read the GPU Xid record ${xidRecordPath(dir)}`)
+    expect(logs).not.toContain("TOPSECRET")
+    await first.stop()
+  })
+
   it("a state_dir that cannot be written is said, the Xids count in memory, and a later change is written", async () => {
     const blocked = path.join(dir, "a-file")
     fs.writeFileSync(blocked, "")

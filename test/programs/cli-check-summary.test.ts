@@ -10,6 +10,7 @@ import { afterAll, describe, expect, it } from "vitest"
 import { decodeConfig } from "../../src/layers/config/Config.ts"
 import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import { summarize } from "../../src/programs/check.ts"
+import { plaintextGrpcWarning } from "../../src/programs/grpcExposure.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"
 import { runCli } from "../support/cli.ts"
 import { engineBinEnv } from "../support/engineBin.ts"
@@ -176,7 +177,7 @@ describe("check and the memory cgroup", () => {
         const offline = await runCli(["check", "--offline", "--config", file], {}, cgroup.enter)
         expect(offline.code).toBe(0)
         expect(line(offline.stdout, "memory limit")).toBe("not read (--offline)")
-        expect(offline.stderr).not.toContain("warning")
+        expect(offline.stderr).not.toContain("CPU KV-cache")
       } finally {
         await cgroup.remove()
         fs.rmSync(dir, { recursive: true, force: true })
@@ -352,6 +353,52 @@ describe("check finds on the host what run would find only by failing", () => {
     ])
     expect(proxied.code).toBe(0)
     expect(proxied.stderr).toContain('warning: agent.state_dir = "/proc/x": /proc is on procfs')
+  })
+
+  // The security review (FINDINGS.md, item 3d): a 0777 state_dir was used without a word, and as root the agent
+  // trusts what is there (the engine pid file names a group it stops).
+  it("a state_dir others can write is refused by check and by run (exit 2, naming the key and why)", async () => {
+    const open = path.join(dir, "open-state")
+    fs.mkdirSync(open)
+    fs.chmodSync(open, 0o777)
+    const file = config("open.toml", "", open)
+    const refusal = `agent.state_dir = "${open}" is not the agent's own: ${open} is writable by its group (mode 0777)`
+    const checked = await runCli(["check", "--config", file], engines)
+    expect(checked.code).toBe(2)
+    expect(checked.stderr).toContain(refusal)
+    expect(checked.stderr).toContain("writable by its owner only (chmod 700)")
+    // run makes the same preflight before it starts anything (loopback ports: nothing listens if it did start)
+    const runFile = path.join(dir, "open-run.toml")
+    fs.writeFileSync(
+      runFile,
+      `[agent]\nstate_dir = "${open}"\nlisten_grpc = "127.0.0.1:0"\nlisten_admin = "127.0.0.1:0"\n[models.m]\nhf_repo = "a/b"\n`
+    )
+    const ran = await runCli(["run", "--config", runFile], engines)
+    expect(ran.code, ran.stderr).toBe(2)
+    expect(ran.stderr).toContain(refusal)
+    fs.chmodSync(open, 0o700)
+    const ok = await runCli(["check", "--config", file], engines)
+    expect(ok.code, ok.stderr).toBe(0)
+  })
+
+  it("gRPC in plaintext off loopback: a warning (the default runs), none on loopback or with mTLS", async () => {
+    const open = await runCli(["check", "--offline", "--config", config("grpc-open.toml", "")])
+    expect(open.code, open.stderr).toBe(0)
+    expect(open.stderr).toContain(
+      "warning: gRPC listens on 0.0.0.0:7071 (agent.listen_grpc) without TLS: anyone who reaches the port can run Generate"
+    )
+    const loopback = path.join(dir, "grpc-loopback.toml")
+    fs.writeFileSync(
+      loopback,
+      `[agent]\nlisten_grpc = "127.0.0.1:7071"\nstate_dir = "${dir}/state"\n[models.m]\nhf_repo = "a/b"\n`
+    )
+    const quiet = await runCli(["check", "--offline", "--config", loopback])
+    expect(quiet.code, quiet.stderr).toBe(0)
+    expect(quiet.stderr).not.toContain("gRPC listens")
+    const mtls = load(
+      '[security]\nrequire_mtls = true\nca_file = "/ca.pem"\ncert_file = "/c.pem"\nkey_file = "/k.pem"\n[models.m]\nhf_repo = "a/b"\n'
+    )
+    expect(plaintextGrpcWarning(mtls)).toBeUndefined()
   })
 
   it('kv_offload = "kvbm" with no cache tier: exit 2 naming the keys; a tier in [engine].env will do', async () => {

@@ -6,7 +6,8 @@
  * Owns routing and the auth gate only; the decisions (loopback, token, readiness, forensics shape, the cordon's
  * reason) are pure in services/admin/Admin.ts and services/node/Cordon.ts. /status and the POST levers need
  * `Authorization: Bearer <admin_token>` whenever a token is configured; off loopback a token is mandatory and the
- * server refuses to start without one.
+ * server refuses to start without one. Bodies are read through body.ts (capped); on loopback, hostCheck.ts refuses
+ * a Host that is not loopback (DNS rebinding).
  */
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer" // not the index, which loads NodeRedis
 import { Cause, Duration, Effect, Layer, Result } from "effect"
@@ -30,9 +31,11 @@ import { Drain } from "../../services/node/Drain.ts"
 import { NodeStatus } from "../../services/node/NodeStatus.ts"
 import type { Nvml } from "../../services/node/Nvml.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
+import { withBody } from "./body.ts"
 import { clearXidsRoute } from "./clearXidsRoute.ts"
 import { cpuProfileRoute } from "./cpuProfile.ts"
 import { engineRestartRoute } from "./engineRestartRoute.ts"
+import { loopbackHostCheck } from "./hostCheck.ts"
 import { adminRoute, wrongMethodRoutes } from "./methods.ts"
 
 // node:http as its CommonJS exports, not an ESM import: the ESM facade reads every export, and node:http's
@@ -179,18 +182,19 @@ const routes = (options: AdminOptions, loopback: boolean) =>
         ),
         adminRoute("/cordon", (request) =>
           guarded(
-            Effect.gen(function* () {
-              const text = yield* request.text.pipe(Effect.orElseSucceed(() => ""))
-              const reason = parseCordonBody(text)
-              if (Result.isFailure(reason)) return json({ error: reason.failure.message }, 400)
-              const done = yield* cordon.cordon(reason.success)
-              if (!done.already) {
-                yield* Effect.logWarning("cordoned: new Generate calls are refused until POST /uncordon", {
-                  reason: done.record.reason
-                })
-              }
-              return json({ cordoned: true, alreadyCordoned: done.already, cordon: cordonView(done.record) }, 202)
-            }).pipe(Effect.catchTag("CordonPersistError", (e) => Effect.succeed(json({ error: e.message }, 500))))
+            withBody((text) =>
+              Effect.gen(function* () {
+                const reason = parseCordonBody(text)
+                if (Result.isFailure(reason)) return json({ error: reason.failure.message }, 400)
+                const done = yield* cordon.cordon(reason.success)
+                if (!done.already) {
+                  yield* Effect.logWarning("cordoned: new Generate calls are refused until POST /uncordon", {
+                    reason: done.record.reason
+                  })
+                }
+                return json({ cordoned: true, alreadyCordoned: done.already, cordon: cordonView(done.record) }, 202)
+              }).pipe(Effect.catchTag("CordonPersistError", (e) => Effect.succeed(json({ error: e.message }, 500))))
+            )(request)
           )(request)
         ),
         adminRoute("/uncordon", (request) =>
@@ -269,7 +273,11 @@ export const layer = (
         })
       )
       const served = Layer.merge(
-        HttpRouter.serve(routes(options, loopback), { disableLogger: true, disableListenLog: true }).pipe(
+        // on loopback, the Host check against DNS rebinding (hostCheck.ts) wraps every route
+        HttpRouter.serve(
+          loopback ? Layer.merge(routes(options, loopback), loopbackHostCheck) : routes(options, loopback),
+          { disableLogger: true, disableListenLog: true }
+        ).pipe(
           // Probes and scrapes every few seconds would be root spans named GET, drowning the real traces.
           Layer.provide(Layer.succeed(HttpMiddleware.TracerDisabledWhen)(() => true))
         ),

@@ -11,8 +11,18 @@ import { Effect, Option } from "effect"
 import type { LaunchPlan } from "../../services/engine/Engine.ts"
 import { EngineProcessError } from "../../services/engine/EngineProcess.ts"
 import { makeDirs } from "../node/makeDirs.ts"
+import { DIR_MODE, readNoFollow, stateDirDistrust, tempNameFor, writeNew } from "../node/stateFiles.ts"
 import { pollUntil, stopGroup } from "./groupWait.ts"
-import { groupAlive, KILL_WAIT_MS, pidAlive, processStartMs, startMatches } from "./processGroup.ts"
+import {
+  groupAlive,
+  groupMembers,
+  hasProc,
+  KILL_WAIT_MS,
+  pidAlive,
+  processExe,
+  processStartMs,
+  startMatches
+} from "./processGroup.ts"
 
 export interface PidRecord {
   readonly agentPid: number
@@ -22,29 +32,59 @@ export interface PidRecord {
   readonly host: string
   readonly port: number
   readonly startedAt: number
+  /**
+   * The executable the engine's leader ran at the spawn (/proc/<pgid>/exe). A reclaim stops only a group that runs
+   * it: a record without it (an older agent's, or one written by hand) never gets a group killed.
+   */
+  readonly exe?: string | undefined
 }
+
+/** A pid record is a few hundred bytes: anything larger is not one. */
+const MAX_RECORD_BYTES = 64 * 1024
 
 export const pidFilePath = (stateDir: string): string => path.join(stateDir, "engine.pid")
 
-/** The record in the file; undefined when there is none or it is not a record (never fails). */
+/**
+ * The record in the file; undefined when there is none or it is not a record (never fails). Read without following
+ * a link (stateFiles.ts): a link there is said in a warning and counts as no record.
+ */
 export const readPidFile = (file: string): Effect.Effect<PidRecord | undefined> =>
-  Effect.promise(() => fs.readFile(file, "utf8").catch(() => undefined)).pipe(
-    Effect.map((text) => {
-      try {
-        const v = JSON.parse(text ?? "") as Partial<PidRecord>
-        return typeof v.pgid === "number" && typeof v.agentPid === "number" ? (v as PidRecord) : undefined
-      } catch {
-        return undefined
-      }
-    })
+  Effect.promise(() =>
+    readNoFollow(file, MAX_RECORD_BYTES).then(
+      (text): string | { readonly error: NodeJS.ErrnoException } => text,
+      (error: NodeJS.ErrnoException) => ({ error })
+    )
+  ).pipe(
+    Effect.flatMap((text) =>
+      typeof text !== "string"
+        ? text.error.code === "ENOENT" || text.error.code === "ENOTDIR"
+          ? Effect.undefined
+          : Effect.as(Effect.logWarning(`ignoring the engine pid file: ${text.error.message}`), undefined)
+        : Effect.sync(() => {
+            try {
+              const v = JSON.parse(text) as Partial<PidRecord>
+              return typeof v.pgid === "number" && typeof v.agentPid === "number" ? (v as PidRecord) : undefined
+            } catch {
+              return undefined
+            }
+          })
+    )
   )
 
-/** Written atomically (temp file + rename), so a crash never leaves half a record; a failure is logged. */
+/**
+ * Written atomically (a new temp file under a random name, mode 0600, then a rename: stateFiles.ts), so a crash
+ * never leaves half a record and no planted link is written through; a failure is logged.
+ */
 export const writePidFile = (file: string, record: PidRecord): Effect.Effect<void> =>
   Effect.tryPromise(async () => {
-    const tmp = `${file}.${process.pid}.tmp`
-    await fs.writeFile(tmp, `${JSON.stringify(record)}\n`)
-    await fs.rename(tmp, file)
+    const tmp = tempNameFor(file)
+    try {
+      await writeNew(tmp, `${JSON.stringify(record)}\n`)
+      await fs.rename(tmp, file)
+    } catch (e) {
+      await fs.rm(tmp, { force: true }).catch(() => undefined)
+      throw e
+    }
   }).pipe(
     // the system's reason (EROFS, ENOSPC) is the cause: the error's own text says only that a promise failed
     Effect.catch((e) =>
@@ -59,11 +99,15 @@ export const removePidFile = (file: string): Effect.Effect<void> =>
 
 /**
  * The pid file of one run as a resource: acquired before the run is spawned, so its release (the removal) runs
- * after the run's teardown has confirmed the group gone; `write` records the group once its pid is known.
+ * after the run's teardown has confirmed the group gone; `write` records the group once its pid is known, with the
+ * executable its leader runs (read now, the spawn having exec'd it).
  */
 export const pidFileOfRun = (file: string) =>
-  Effect.acquireRelease(Effect.succeed({ write: (record: PidRecord) => writePidFile(file, record) }), () =>
-    removePidFile(file)
+  Effect.acquireRelease(
+    Effect.succeed({
+      write: (record: PidRecord) => writePidFile(file, { ...record, exe: record.exe ?? processExe(record.pgid) })
+    }),
+    () => removePidFile(file)
   )
 
 /** Whether something accepts TCP connections on host:port (wildcard hosts are checked on loopback). */
@@ -85,16 +129,26 @@ export const portInUse = (host: string, port: number, timeoutMs = 1_000): Effect
 /** How long creating agent.state_dir may take before the start is refused. */
 const STATE_DIR_TIMEOUT_MS = 10_000
 
-/** Creates agent.state_dir (and its parents) if need be; a failure, or no answer in time, refuses the start. */
+/**
+ * Creates agent.state_dir (mode 0700, and its parents) if need be and checks that it is the agent's own
+ * (stateFiles.ts; `check`'s preflight said so before the start, this holds for the directory as made); a failure,
+ * or no answer in time, refuses the start.
+ */
 export const ensureStateDir = (stateDir: string): Effect.Effect<void, EngineProcessError> =>
   Effect.tryPromise({
-    try: () => makeDirs(stateDir),
+    try: () => makeDirs(stateDir, fs, DIR_MODE),
     catch: (err) =>
       new EngineProcessError({
         reason: "StateDir",
         detail: `cannot create ${stateDir}: ${err instanceof Error ? err.message : String(err)}; set agent.state_dir to a writable local directory`
       })
   }).pipe(
+    Effect.andThen(Effect.promise(() => stateDirDistrust(stateDir))),
+    Effect.flatMap((why) =>
+      why === undefined
+        ? Effect.void
+        : Effect.fail(new EngineProcessError({ reason: "StateDir", detail: stateDirRefusal(stateDir, why) }))
+    ),
     // Bounded: a hung network mount must not hold the start with no word (makeDirs.ts ends where Node's
     // recursive mkdir spun). A local directory takes milliseconds.
     Effect.timeoutOrElse({
@@ -108,6 +162,43 @@ export const ensureStateDir = (stateDir: string): Effect.Effect<void, EngineProc
         )
     })
   )
+
+/** Why agent.state_dir is refused, with the remedy (the preflight, programs/check.ts, says the same). */
+export const stateDirRefusal = (stateDir: string, why: string): string =>
+  `agent.state_dir = "${stateDir}" is not the agent's own: ${why}; the agent trusts what it finds there (the engine pid file names a process group it stops), so it must be owned by the agent's user or root and writable by its owner only (chmod 700), and not shared with less-trusted pods or users`
+
+/**
+ * Why the live group `record` names is not an engine this agent started, or undefined when it is: one of its
+ * members runs the executable recorded at the spawn. The start time alone proves nothing (/proc/<pid>/stat is
+ * world-readable), so a record naming anyone's group with its real start would get it killed.
+ */
+const notTheEngine = (record: PidRecord): string | undefined => {
+  if (!hasProc) return undefined
+  if (record.exe === undefined) return "the record does not say which executable the engine ran"
+  if (groupMembers(record.pgid).some((pid) => processExe(pid) === record.exe)) return undefined
+  return `no process in it runs ${record.exe}, the engine's executable at its spawn`
+}
+
+/** Stops the stale engine group `stale` names (its guard given the time to finish first); fails if it survives. */
+const stopStale = (stale: PidRecord, file: string, graceMs: number) =>
+  Effect.gen(function* () {
+    // The dead agent's guard may still be stopping that group (its TERM, grace, KILL): let it finish rather than
+    // send the engine a second SIGTERM, which engines take as "exit now" (see stopGroup).
+    const guardPid = stale.guardPid
+    if (guardPid !== undefined && pidAlive(guardPid)) {
+      yield* Effect.logWarning(`waiting for guard pid ${guardPid} to stop engine group ${stale.pgid} (${file})`)
+      yield* pollUntil(() => !groupAlive(stale.pgid), graceMs + KILL_WAIT_MS + 1_000)
+    }
+    yield* Effect.logWarning(`stopping engine group ${stale.pgid} left by agent pid ${stale.agentPid} (${file})`)
+    const outcome = yield* stopGroup(stale.pgid, graceMs)
+    if (outcome === "survived") {
+      return yield* new EngineProcessError({
+        reason: "StaleEngine",
+        detail: `engine group ${stale.pgid} left by a previous agent survived SIGKILL`
+      })
+    }
+    yield* Effect.logWarning(`stale engine group ${stale.pgid}: ${outcome}`)
+  })
 
 /**
  * Prepares a start in a state dir this agent holds (stateLock.ts): a stale engine is stopped, the engine port is
@@ -137,22 +228,14 @@ export const reclaim = Effect.fn("EngineProcess.reclaim")(function* (
         detail: `agent pid ${stale.agentPid} still runs engine group ${stale.pgid} (${file}); stop it first`
       })
     }
-    // The dead agent's guard may still be stopping that group (its TERM, grace, KILL): let it finish rather than
-    // send the engine a second SIGTERM, which engines take as "exit now" (see stopGroup).
-    const guardPid = stale.guardPid
-    if (guardPid !== undefined && pidAlive(guardPid)) {
-      yield* Effect.logWarning(`waiting for guard pid ${guardPid} to stop engine group ${stale.pgid} (${file})`)
-      yield* pollUntil(() => !groupAlive(stale.pgid), graceMs + KILL_WAIT_MS + 1_000)
+    const foreign = notTheEngine(stale)
+    if (foreign !== undefined) {
+      yield* Effect.logWarning(
+        `${file} names process group ${stale.pgid}, but ${foreign}: not an engine this agent started; ignoring the record, the group is left alone`
+      )
+    } else {
+      yield* stopStale(stale, file, graceMs)
     }
-    yield* Effect.logWarning(`stopping engine group ${stale.pgid} left by agent pid ${stale.agentPid} (${file})`)
-    const outcome = yield* stopGroup(stale.pgid, graceMs)
-    if (outcome === "survived") {
-      return yield* new EngineProcessError({
-        reason: "StaleEngine",
-        detail: `engine group ${stale.pgid} left by a previous agent survived SIGKILL`
-      })
-    }
-    yield* Effect.logWarning(`stale engine group ${stale.pgid}: ${outcome}`)
   }
   if (recorded !== undefined) yield* removePidFile(file)
   if (yield* portInUse(plan.host, plan.port)) {

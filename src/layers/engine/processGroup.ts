@@ -75,7 +75,21 @@ export const START_MATCH_MS = 15_000
 export const startMatches = (actualMs: number | undefined, recordedMs: number | undefined): boolean =>
   actualMs === undefined || recordedMs === undefined || Math.abs(actualMs - recordedMs) <= START_MATCH_MS
 
-const hasProc = fs.existsSync("/proc/self/stat")
+/** Whether this host has procfs (Linux): without it, a process's start and executable cannot be told. */
+export const hasProc = fs.existsSync("/proc/self/stat")
+
+/**
+ * The executable process `pid` runs (the link /proc/<pid>/exe, without the " (deleted)" of a replaced binary), or
+ * undefined where it cannot be read: gone, no /proc, or another user's process for an agent that is not root
+ * (proc(5): the link needs ptrace access). A title a process sets for itself (setproctitle) does not change it.
+ */
+export const processExe = (pid: number): string | undefined => {
+  try {
+    return fs.readlinkSync(`/proc/${pid}/exe`).replace(/ \(deleted\)$/, "")
+  } catch {
+    return undefined
+  }
+}
 
 /** /proc/<pid>/stat parsed, or undefined when that process is not visible here. */
 export const readStat = (pid: number): ProcStat | undefined => {

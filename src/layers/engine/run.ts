@@ -15,6 +15,7 @@ import { engineEnvironment } from "../../services/engine/EngineEnvironment.ts"
 import { type EngineRun, type RunExit, type SpawnOptions, valueIfDone } from "../../services/engine/EngineHost.ts"
 import { type KeptLine, keepLine } from "../../services/engine/ExitHints.ts"
 import { buildGuardArgs, decodeReport, REPORT_FD, type StopOutcome } from "../../services/engine/GuardProtocol.ts"
+import { lineRedactor, secretValues } from "../../services/engine/Secrets.ts"
 import { engineOutput } from "../observability/Logging.ts"
 import { pollUntil } from "./groupWait.ts"
 import { portHolder } from "./portHolder.ts"
@@ -84,6 +85,10 @@ export const spawnRun =
       const fibers = yield* FiberSet.make<unknown>()
       const runFork = yield* FiberSet.runtime(fibers)<never>()
       const drain = (ms: number) => FiberSet.awaitEmpty(fibers).pipe(Effect.timeout(ms), Effect.ignore)
+      const env = engineEnvironment(process.env, plan.env)
+      // The engine may print its secrets (vLLM logs its non-default args, `api_key` and `hf_token` among them):
+      // each line is scrubbed of the run's secret values before it is logged or kept for /status.
+      const redact = lineRedactor(secretValues(env, plan.argv))
 
       const settle = (exit: RunExit) =>
         Deferred.succeed(pid, undefined).pipe(Effect.andThen(Deferred.succeed(exited, exit)), Effect.asVoid)
@@ -94,7 +99,7 @@ export const spawnRun =
             child = spawn(
               process.execPath,
               [guardEntry, ...buildGuardArgs({ graceMs: options.graceMs, argv: plan.argv })],
-              { detached: true, stdio: ["pipe", "pipe", "pipe", "pipe"], env: engineEnvironment(process.env, plan.env) }
+              { detached: true, stdio: ["pipe", "pipe", "pipe", "pipe"], env }
             )
           } catch (e) {
             // Node emits 'error' for EACCES, EAGAIN, EMFILE, ENFILE and ENOENT only and throws the other spawn
@@ -175,12 +180,15 @@ export const spawnRun =
         input === null
           ? Effect.void
           : lines(input).pipe(
-              Stream.runForEach((line) =>
-                Ref.update(ring, (xs) => keepLine(xs, `[${stream}] ${line}`, options.linesKept, plan.exitHints)).pipe(
+              Stream.runForEach((raw) => {
+                const line = redact(raw)
+                return Ref.update(ring, (xs) =>
+                  keepLine(xs, `[${stream}] ${line}`, options.linesKept, plan.exitHints)
+                ).pipe(
                   Effect.andThen(Effect.logInfo(...engineOutput(line))),
                   Effect.annotateLogs({ stream, run: options.run })
                 )
-              ),
+              }),
               Effect.ignore
             )
       yield* FiberSet.run(fibers, pump("stdout", child.stdout))

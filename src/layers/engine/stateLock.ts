@@ -19,6 +19,7 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { Clock, Data, Effect, Schedule } from "effect"
 import { EngineProcessError } from "../../services/engine/EngineProcess.ts"
+import { readNoFollow, writeNew } from "../node/stateFiles.ts"
 import { ensureStateDir } from "./pidFile.ts"
 import { pidAlive, processStartMs, startMatches } from "./processGroup.ts"
 
@@ -107,6 +108,9 @@ const pidNamespace = (): string | undefined => {
   }
 }
 
+/** A lock record is a few hundred bytes: anything larger is not one. */
+const MAX_LOCK_BYTES = 64 * 1024
+
 const code = (err: unknown): string | undefined => (err as NodeJS.ErrnoException | undefined)?.code
 
 /**
@@ -118,7 +122,7 @@ const readLock = (file: string) =>
   Effect.tryPromise({
     try: async () => {
       try {
-        const [text, st] = await Promise.all([fs.readFile(file, "utf8"), fs.stat(file)])
+        const [text, st] = await Promise.all([readNoFollow(file, MAX_LOCK_BYTES), fs.stat(file)])
         return { text, mtimeMs: st.mtimeMs }
       } catch (err) {
         if (code(err) === "ENOENT") return undefined
@@ -171,7 +175,7 @@ const removeStale = (file: string, staleText: string, aside: string) =>
         if (code(err) === "ENOENT") return // gone already: another contender removed it
         throw err
       }
-      if ((await fs.readFile(aside, "utf8").catch(() => undefined)) !== staleText)
+      if ((await readNoFollow(aside, MAX_LOCK_BYTES).catch(() => undefined)) !== staleText)
         await fs.link(aside, file).catch(() => undefined)
       await fs.rm(aside, { force: true }).catch(() => undefined)
     },
@@ -219,7 +223,8 @@ const take = (stateDir: string, file: string, text: string, token: string) =>
   Effect.gen(function* () {
     const own = `${file}.${token}`
     yield* Effect.tryPromise({
-      try: () => fs.writeFile(own, text, { flag: "wx" }),
+      // new, mode 0600, never through a link (stateFiles.ts); the name has a random UUID
+      try: () => writeNew(own, text),
       catch: (err) => new EngineProcessError({ reason: "StateDir", detail: `cannot write ${own}: ${String(err)}` })
     })
     const self = { pid: process.pid, pidNs: pidNamespace(), host: os.hostname() }
@@ -279,7 +284,7 @@ const take = (stateDir: string, file: string, text: string, token: string) =>
  */
 const release = (file: string, text: string) =>
   Effect.tryPromise(async () => {
-    if ((await fs.readFile(file, "utf8").catch(() => undefined)) === text) await fs.rm(file, { force: true })
+    if ((await readNoFollow(file, MAX_LOCK_BYTES).catch(() => undefined)) === text) await fs.rm(file, { force: true })
   }).pipe(
     Effect.catch((e) =>
       Effect.logWarning(`could not remove ${file}; the next agent takes it over`, { error: String(e.cause) })

@@ -164,6 +164,7 @@ export const makeHandler = Effect.fnUntraced(function* (
     const callerMs = call.remainingMs()
     if (incoming !== undefined) opts.traceparent = formatTraceparent(incoming)
     const relay = new Relay(maxPendingChars, stopSequenceField)
+    relay.requestId = requestId
     active.add(relay)
     let ended = false
     let blocked = false
@@ -175,22 +176,32 @@ export const makeHandler = Effect.fnUntraced(function* (
       record(status, relay, startedAt)
     }
     // Runs inside the producer's read callback: everything pending goes out now unless the call's buffer is full.
+    const fail = (failure: GenerateError): void => {
+      const f = toGrpcFailure(failure)
+      settle(statusName(f.code))
+      // the id the engine and the agent's logs and spans know the call by (the agent's own when the caller gave none)
+      call.sendStatus({ ...f, trailers: { ...f.trailers, "cgn-request-id": requestId } })
+    }
     const pump = (): void => {
-      if (ended || blocked) return
+      if (ended) return
+      if (blocked) {
+        // a call ended for not reading (the watchdog's ClientNotReading) ends now: its reset waits for no 'drain'
+        if (relay.done && relay.failure?._tag === "ClientNotReading") fail(relay.failure)
+        return
+      }
       for (let d = relay.take(); d !== undefined; d = relay.take()) {
         relayed?.inc(d.tokens)
         if (!call.writeFrame(frameDelta(d.text, 0, d.tokens))) {
           blocked = true
+          relay.held = true
+          relay.holds++
           call.once("drain", onDrain)
           return
         }
       }
       if (!relay.done) return
       if (relay.failure !== undefined) {
-        const f = toGrpcFailure(relay.failure)
-        settle(statusName(f.code))
-        // the id the engine and the agent's logs and spans know the call by (the agent's own when the caller gave none)
-        call.sendStatus({ ...f, trailers: { ...f.trailers, "cgn-request-id": requestId } })
+        fail(relay.failure)
         return
       }
       const now = performance.now()
@@ -207,6 +218,7 @@ export const makeHandler = Effect.fnUntraced(function* (
     }
     const onDrain = (): void => {
       blocked = false
+      relay.held = false
       pump()
     }
     // Client cancel, deadline, or the connection gone (never after the call's own end). The deadline's end is

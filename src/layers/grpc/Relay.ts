@@ -8,7 +8,7 @@
  */
 import { Cause, Exit, Option } from "effect"
 import type { ChunkSink, JsonObject } from "../../services/engine/EngineClient.ts"
-import { AgentDefect } from "../../services/grpc/CallErrors.ts"
+import { AgentDefect, type ClientNotReading } from "../../services/grpc/CallErrors.ts"
 import { ChunkReader, Coalescer } from "../../services/grpc/ChunkReader.ts"
 import type { GenerateError } from "../../services/grpc/GrpcStatus.ts"
 
@@ -38,6 +38,17 @@ export class Relay implements ChunkSink {
   idleSince = 0
   /** When (Clock ms) the engine stream was requested: a stall restart waits for streams older than the stall. */
   streamingSince = 0
+  /**
+   * The call's writes wait for the caller's flow control (its buffer full, no 'drain' since), set by the call; `holds`
+   * counts such waits. The watchdog ends a call held for agent.client_send_timeout (one wait, `holds` unchanged).
+   */
+  held = false
+  holds = 0
+  /** Watchdog bookkeeping: `holds` when it last looked, and since when (Clock ms) the call has been held. */
+  seenHolds = 0
+  heldSince = 0
+  /** The call's request id, for the watchdog's log line. */
+  requestId = ""
   done = false
   /** The engine stream ended as the engine ends one (not failed, not cancelled): the engine is not wedged. */
   completed = false
@@ -94,6 +105,15 @@ export class Relay implements ChunkSink {
     if (this.done || this.failure !== undefined) return
     this.failure = failure
     this.interrupt()
+  }
+  /**
+   * Ends a call its caller holds back (the watchdog's ClientNotReading), whatever reason it had: that caller reads no
+   * status, only the reset. Still running, its engine request is aborted; already done, the output waiting is dropped.
+   */
+  cut(failure: ClientNotReading): void {
+    this.failure = failure
+    if (this.done) this.wake()
+    else this.interrupt()
   }
   finish(exit: Exit.Exit<unknown, GenerateError>): void {
     this.done = true

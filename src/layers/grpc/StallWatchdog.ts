@@ -9,13 +9,16 @@
  * Each tick also reports the calls the engine failed since its completions (ActiveCalls.engineFailed), which
  * EngineStall counts in a row (engine.failed_calls_unhealthy); an engine newly taken as failing calls is tested at
  * once, not an idle timeout after the last test: input-specific errors from a sound engine clear within one test.
+ * The same tick ends a call whose caller held it back (its flow control, Relay.held) for agent.client_send_timeout
+ * with ClientNotReading, as nginx's send_timeout does: its engine request is aborted (freeing the engine and the
+ * admission slot) and the stream reset; else max_inflight callers that never read would hold the node for ever.
  */
 import { Clock, Duration, Effect, Option, Schedule, type Scope } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import { EngineClient } from "../../services/engine/EngineClient.ts"
 import { EngineProcess } from "../../services/engine/EngineProcess.ts"
 import { EngineStall, isStalled } from "../../services/engine/EngineStall.ts"
-import { EngineStalled } from "../../services/grpc/CallErrors.ts"
+import { ClientNotReading, EngineStalled } from "../../services/grpc/CallErrors.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import type { ActiveCalls } from "./ActiveCalls.ts"
 import { probeShape, stallProbe } from "./stallProbe.ts"
@@ -54,6 +57,10 @@ export const fork = Effect.fnUntraced(function* (
   // over a series that appears at 1 sees no increase, so the first stall of a process would never alert.
   stalls?.inc(0)
   const stalledError = new EngineStalled({ idleTimeout: Duration.format(config.engine.stream_idle_timeout) })
+  const sendMs = Duration.toMillis(config.agent.client_send_timeout) // 0: never
+  const notReading = new ClientNotReading({ timeout: Duration.format(config.agent.client_send_timeout) })
+  const notReadingCount = metrics?.clientSendTimeouts.labels({ model: config.model.served_name })
+  notReadingCount?.inc(0) // a series from the start (see `stalls`)
   // Since when the engine has had no call in flight, not Ready or stalled counting as not quiet: the idle test waits
   // idle_probe_after from a run's start, and from the end of a stall.
   let quietSince: number | undefined
@@ -73,7 +80,22 @@ export const fork = Effect.fnUntraced(function* (
     const engineFailed = active.engineFailed
     active.engineFailed = 0
     if (completed) lastCompletedAt = now
+    let cut: Array<string> | undefined
     for (const relay of active.relays) {
+      // held since the tick that first saw this wait (`holds` moves with each new one): ended past the timeout, done
+      // or not (a done call's output may still wait for the caller)
+      if (relay.held && sendMs > 0) {
+        if (relay.holds !== relay.seenHolds) {
+          relay.seenHolds = relay.holds
+          relay.heldSince = now
+        } else if (now - relay.heldSince >= sendMs && relay.failure !== notReading) {
+          notReadingCount?.inc()
+          if (cut === undefined) cut = []
+          cut.push(relay.requestId)
+          relay.cut(notReading)
+          continue
+        }
+      }
       if (!relay.streaming || relay.done) continue
       if (relay.reads !== relay.seenReads || relay.paused) {
         if (relay.reads !== relay.seenReads) oldestMoving = Math.min(oldestMoving, relay.streamingSince)
@@ -86,8 +108,16 @@ export const fork = Effect.fnUntraced(function* (
         relay.abort(stalledError)
       }
     }
-    if (stall === undefined) return Effect.void
-    return Effect.andThen(
+    const logCut =
+      cut === undefined
+        ? Effect.void
+        : Effect.forEach(cut, (id) =>
+            Effect.logWarning(
+              `the caller read nothing for ${notReading.timeout} (agent.client_send_timeout) while output waited: call ended, its engine request aborted, its stream reset`
+            ).pipe(Effect.annotateLogs({ request_id: id }))
+          )
+    if (stall === undefined) return logCut
+    const noted = Effect.andThen(
       // a call completed in the same tick: the engine is not wedged, and the stall is not even noted (noted and
       // cleared at once, it logged "unhealthy" and "no longer stalled" in the same millisecond)
       stalled > 0 && !completed ? stall.stalled(now, stalled) : Effect.void,
@@ -138,9 +168,12 @@ export const fork = Effect.fnUntraced(function* (
             })
       )
     )
+    return Effect.andThen(logCut, noted)
   })
+  // the shorter timeout's eighth: a call held back is ended at most that late
+  const watchedMs = sendMs > 0 ? Math.min(idleMs, sendMs) : idleMs
   yield* tick.pipe(
-    Effect.repeat(Schedule.spaced(Duration.millis(Math.min(1000, Math.max(25, idleMs / 8))))),
+    Effect.repeat(Schedule.spaced(Duration.millis(Math.min(1000, Math.max(25, watchedMs / 8))))),
     Effect.forkScoped
   )
 })

@@ -5,7 +5,6 @@
  * takes effect. A write or removal that did not happen is the request's error (500), never the daemon's; one that
  * happened but whose directory could not be synced after it is logged, and the state follows the disk.
  */
-import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { Clock, Effect, Layer } from "effect"
 import { Config } from "../../services/config/Config.ts"
@@ -18,19 +17,24 @@ import {
   make
 } from "../../services/node/Cordon.ts"
 import { removeDurably, writeDurably } from "./durableFile.ts"
+import { readNoFollow } from "./stateFiles.ts"
 
 export const cordonFilePath = (stateDir: string): string => path.join(stateDir, "cordon.json")
+
+/** A cordon record is a reason of 256 characters at most and a time: anything larger is not one. */
+const MAX_RECORD_BYTES = 64 * 1024
 
 const errorText = (e: unknown): string => (e instanceof Error ? e.message : String(e))
 
 /**
  * The record at start. No file: not cordoned. A file that cannot be read or parsed still means an operator
- * cordoned the node (only a cordon writes it), so the node starts cordoned rather than back in traffic.
+ * cordoned the node (only a cordon writes it), so the node starts cordoned rather than back in traffic. A link is
+ * not followed (stateFiles.ts): unreadable.
  */
 const readAtStart = (file: string) =>
   Effect.gen(function* () {
     const text = yield* Effect.promise(() =>
-      fs.readFile(file, "utf8").then(
+      readNoFollow(file, MAX_RECORD_BYTES).then(
         (t): string | { readonly error: unknown } => t,
         (error: unknown) => ({ error })
       )

@@ -8,6 +8,7 @@
 import * as fsp from "node:fs/promises"
 import * as path from "node:path"
 import { type MakeDirsFs, makeDirs } from "./makeDirs.ts"
+import { CREATE_FLAGS, DIR_MODE, FILE_MODE, tempNameFor } from "./stateFiles.ts"
 
 /** The file system calls used, so a test can see their order. */
 export type DurableFs = Pick<typeof fsp, "open" | "rename" | "rm"> & MakeDirsFs
@@ -30,20 +31,19 @@ const syncDir = async (dir: string, fs: DurableFs): Promise<string | undefined> 
   }
 }
 
-let tmpSeq = 0
-
 /**
- * Replaces `file` with `data` atomically and durably (creating its directory when missing). Throws when the file
- * was not replaced (its temp file removed); resolves with a warning when it was but its directory could not be
- * synced.
+ * Replaces `file` with `data` atomically and durably (creating its directory when missing, mode 0700). Throws when
+ * the file was not replaced (its temp file removed); resolves with a warning when it was but its directory could
+ * not be synced. The temp file is new (O_EXCL|O_NOFOLLOW, 0600) under a random name (stateFiles.ts): a link
+ * planted in the directory is never written through, and the rename replaces a link at `file` itself.
  */
 export const writeDurably = async (file: string, data: string, fs: DurableFs = fsp): Promise<string | undefined> => {
   const dir = path.dirname(file)
-  await makeDirs(dir, fs)
+  await makeDirs(dir, fs, DIR_MODE)
   // one temp file per write: a write whose waiter gave up (a timeout) may still be running under a later one
-  const tmp = `${file}.${process.pid}.${++tmpSeq}.tmp`
+  const tmp = tempNameFor(file)
   try {
-    const handle = await fs.open(tmp, "w")
+    const handle = await fs.open(tmp, CREATE_FLAGS, FILE_MODE)
     try {
       await handle.writeFile(data)
       await handle.sync()

@@ -25,11 +25,14 @@ const existing = async (dir: string, fs: MakeDirsFs): Promise<void> => {
   throw new Error(`${dir} exists and is not a directory`)
 }
 
-/** Creates `dir` and its missing parents (mode as mkdir's default); a directory already there is no error. */
-export const makeDirs = async (dir: string, fs: MakeDirsFs = fsp): Promise<void> => {
+/**
+ * Creates `dir` and its missing parents (mode as mkdir's default; `mode`, when given, for `dir` itself, as
+ * `mkdir -p -m`); a directory already there is no error.
+ */
+export const makeDirs = async (dir: string, fs: MakeDirsFs = fsp, mode?: number): Promise<void> => {
   const once = async (): Promise<void> => {
     try {
-      await fs.mkdir(dir)
+      await (mode === undefined ? fs.mkdir(dir) : fs.mkdir(dir, { mode }))
     } catch (e) {
       if (codeOf(e) === "EEXIST") return existing(dir, fs)
       throw e

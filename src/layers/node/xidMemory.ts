@@ -6,7 +6,6 @@
  * operator has reset it (nvidia-smi -r); the clear is answered once it is on disk, and undone when it cannot be.
  * A record that cannot be read or written costs the memory across restarts only, never the daemon: it is logged.
  */
-import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { Duration, Effect, type Scope } from "effect"
 import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
@@ -28,6 +27,7 @@ import {
   recordOf,
   type XidRecord
 } from "../../services/node/XidLedger.ts"
+import { readNoFollow } from "./stateFiles.ts"
 import { recordWriter, sweepTemps } from "./xidRecordWriter.ts"
 
 /** Where Linux says which boot this is (proc(5): a random UUID made at each boot). */
@@ -52,13 +52,12 @@ export interface XidMemoryOptions {
 
 const errorText = (e: unknown): string => (e instanceof Error ? e.message : String(e))
 
-/** The file's text; an error (or a file past MAX_RECORD_BYTES, or no answer in READ_TIMEOUT) as `{ error }`. */
+/**
+ * The file's text; an error (a link, which is not followed: stateFiles.ts; a file past MAX_RECORD_BYTES; no answer
+ * in READ_TIMEOUT) as `{ error }`.
+ */
 const readText = (file: string) =>
-  Effect.tryPromise(async () => {
-    const stat = await fs.stat(file)
-    if (stat.size > MAX_RECORD_BYTES) throw new Error(`${stat.size} bytes, more than a record holds`)
-    return await fs.readFile(file, "utf8")
-  }).pipe(
+  Effect.tryPromise(() => readNoFollow(file, MAX_RECORD_BYTES)).pipe(
     Effect.timeoutOrElse({
       duration: READ_TIMEOUT,
       orElse: () => Effect.fail(new Error(`no answer within ${Duration.format(READ_TIMEOUT)}`))

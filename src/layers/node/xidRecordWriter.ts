@@ -152,7 +152,7 @@ export const recordWriter = (
 
 /**
  * Removes the temp files writes of earlier processes left next to `file` (killed mid-write, or a write whose wait
- * timed out at the end): durableFile.ts names them `<file>.<pid>.<n>.tmp`. Never fails; a hung directory is left.
+ * timed out at the end): durableFile.ts names them `<file>.<pid>.<random hex>.tmp`. Never fails; a hung directory is left.
  */
 export const sweepTemps = (file: string): Effect.Effect<void> => {
   const dir = path.dirname(file)
@@ -160,7 +160,7 @@ export const sweepTemps = (file: string): Effect.Effect<void> => {
   return Effect.promise(async () => {
     const names = await fs.readdir(dir).catch(() => [] as Array<string>)
     for (const name of names) {
-      const pid = /^(\d+)\.\d+\.tmp$/.exec(name.slice(prefix.length))?.[1]
+      const pid = /^(\d+)\.[0-9a-f]+\.tmp$/.exec(name.slice(prefix.length))?.[1]
       if (name.startsWith(prefix) && pid !== undefined && Number(pid) !== process.pid) {
         await fs.rm(path.join(dir, name), { force: true }).catch(() => undefined)
       }

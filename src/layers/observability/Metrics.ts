@@ -60,6 +60,11 @@ const makeHandles = (registry: Registry): MetricHandles => {
       "Engine streams ended because the engine sent nothing for engine.stream_idle_timeout",
       ["model"] as const
     ),
+    clientSendTimeouts: counter(
+      "client_send_timeouts_total",
+      "Generate calls ended because the caller read nothing for agent.client_send_timeout while output waited",
+      ["model"] as const
+    ),
     engineCallFailureStreaks: counter("engine_call_failure_streaks_total", CALL_FAILURE_STREAKS, ["model"] as const),
     inflight: gauge("inflight_requests", "Generate calls running through the agent"),
     queued: gauge("queued_requests", "Generate calls waiting for an admission slot"),

@@ -88,6 +88,8 @@ export const AgentSection = Schema.Struct({
   lease_ttl: Schema.optionalKey(ShortDuration),
   health_damping: withDefault(PositiveInt, 2),
   drain_timeout: withDefault(ShortDuration, "30s"),
+  // 0s: never (a caller may hold a stream back for ever, keeping its admission slot and its engine request).
+  client_send_timeout: withDefault(ShortDuration, "1m"),
   handoff_timeout: withDefault(PositiveDuration("every prefill and decode leg would time out at once"), "30s"),
   state_dir: withDefault(Schema.NonEmptyString, "/var/lib/cgn-agent"),
   log_level: withDefault(Schema.Literals(LogLevels), "info"),

@@ -1,6 +1,10 @@
 /**
- * The engine's environment (pure): the agent's own, less the variables that tune the agent process itself, plus
- * the plan's (rendered by the backend, then `[engine].env`, which wins over both).
+ * The engine's environment (pure): the agent's own, less the variables that are the agent's alone, plus the plan's
+ * (rendered by the backend, then `[engine].env`, which wins over both, so a variable set there is passed even when
+ * the table below leaves it out).
+ *
+ * The agent's own settings (`CGN_AGENT_*`: the admin token, the config path) are not the engine's business, and the
+ * admin token would let whatever the engine runs (a model's remote code) drain or restart the node.
  *
  * The image starts the agent with `MALLOC_ARENA_MAX=1`: glibc otherwise gives each thread that allocates (V8's
  * GC and compiler workers) its own arena, whose freed memory stays resident; capping the agent's arenas at one
@@ -9,14 +13,23 @@
  * the engine does not inherit it; an operator who wants it for the engine sets it in `[engine].env`.
  */
 
-/** Variables of the agent's environment that are settings of the agent process, not passed to the engine. */
-export const AGENT_PROCESS_VARIABLES: ReadonlyArray<string> = ["MALLOC_ARENA_MAX"]
+/**
+ * Variables of the agent's environment that the engine does not inherit: exact names, and prefixes (ending in
+ * `*`) for a family.
+ */
+export const AGENT_PROCESS_VARIABLES: ReadonlyArray<string> = ["MALLOC_ARENA_MAX", "CGN_AGENT_*"]
+
+const exact = new Set(AGENT_PROCESS_VARIABLES.filter((n) => !n.endsWith("*")))
+const prefixes = AGENT_PROCESS_VARIABLES.filter((n) => n.endsWith("*")).map((n) => n.slice(0, -1))
+
+/** Whether the engine does not inherit the agent's variable of this name. */
+export const notInherited = (name: string): boolean => exact.has(name) || prefixes.some((p) => name.startsWith(p))
 
 export const engineEnvironment = (
   agent: Readonly<Record<string, string | undefined>>,
   plan: Readonly<Record<string, string>>
 ): Record<string, string | undefined> => {
-  const env: Record<string, string | undefined> = { ...agent }
-  for (const name of AGENT_PROCESS_VARIABLES) delete env[name]
+  const env: Record<string, string | undefined> = {}
+  for (const [name, value] of Object.entries(agent)) if (!notInherited(name)) env[name] = value
   return Object.assign(env, plan)
 }

@@ -3,7 +3,7 @@
  * validation (GenerateRejected), the handoff (InvalidHandoff) and admission (Overloaded, Draining): the node
  * is not serving or cordoned, a P/D leg ran out of time, the engine stalled, the engine run ended under the call (a
  * restart, its exit, its stop), the drain cut the stream, the server shut down under an open call (a health Watch),
- * or the agent broke.
+ * the caller stopped reading (ClientNotReading), or the agent broke.
  * Their gRPC statuses are rows of GrpcStatus.ts's table.
  */
 import { Schema } from "effect"
@@ -74,6 +74,20 @@ export class EngineRunEnded extends Schema.TaggedError<EngineRunEnded>()("Engine
     return this.engine === undefined
       ? `${this.why}: the engine request was aborted; retry on another node`
       : `${this.why}: ${this.engine.message}; retry on another node`
+  }
+}
+
+/**
+ * The caller read nothing for agent.client_send_timeout while output waited for it (its HTTP/2 flow control held the
+ * stream back): the engine request is aborted, freeing the engine and the admission slot, and the stream is reset
+ * (its row in GrpcStatus.ts says how: a status would wait behind the output the caller does not read).
+ */
+export class ClientNotReading extends Schema.TaggedError<ClientNotReading>()("ClientNotReading", {
+  /** The timeout as configured, formatted ("1m"). */
+  timeout: Schema.String
+}) {
+  override get message(): string {
+    return `the caller read nothing for ${this.timeout} (agent.client_send_timeout) while output waited; the engine request was aborted`
   }
 }
 

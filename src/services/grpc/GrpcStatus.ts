@@ -10,6 +10,7 @@ import type { EngineError } from "../engine/EngineClient.ts"
 import type { Draining, Overloaded, ShedAtArrival, ShedAtSlot } from "./Admission.ts"
 import type {
   AgentDefect,
+  ClientNotReading,
   EngineRunEnded,
   EngineStalled,
   LegDeadline,
@@ -37,6 +38,7 @@ export type GenerateError =
   | EngineStalled
   | EngineRunEnded
   | StreamAborted
+  | ClientNotReading
   | ServerShuttingDown
   | AgentDefect
   | TransportError
@@ -54,6 +56,11 @@ export interface GrpcFailure {
    * handler's status).
    */
   readonly retryElsewhere?: boolean
+  /**
+   * Sent as RST_STREAM CANCEL instead of trailers (which would wait behind output the caller is not reading); a gRPC
+   * client reads it as CANCELLED (grpc/grpc doc/PROTOCOL-HTTP2.md, "Errors"), so the row's code must be CANCELLED.
+   */
+  readonly reset?: true
 }
 
 /** The engine's HTTP status as a gRPC code (also used for a mid-stream error that carries a numeric code). */
@@ -202,6 +209,9 @@ export const statusTable: { readonly [T in GenerateErrorTag]: Row<T> } = {
     retryElsewhere: true
   }),
   StreamAborted: agent(Status.UNAVAILABLE, "stream_aborted", true),
+  // The caller held the stream back past agent.client_send_timeout: the stream is reset (CANCEL), which is all a caller
+  // that is not reading can still receive; the code is what a gRPC client makes of that reset. Its own doing: no retry.
+  ClientNotReading: (e) => ({ ...agent(Status.CANCELLED, "client_not_reading", false)(e), reset: true }),
   ServerShuttingDown: agent(Status.UNAVAILABLE, "shutting_down", true),
   AgentDefect: agent(Status.INTERNAL, "agent_defect", true),
   // The transport's own endings (layers/grpc/http2), on any method.

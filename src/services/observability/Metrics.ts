@@ -32,6 +32,8 @@ export interface MetricHandles {
   readonly relayedTokens: Counter<"model">
   /** Engine streams ended because the engine sent nothing for engine.stream_idle_timeout. */
   readonly engineStreamStalls: Counter<"model">
+  /** Generate calls ended because the caller read nothing for agent.client_send_timeout while output waited. */
+  readonly clientSendTimeouts: Counter<"model">
   /**
    * Times engine.failed_calls_unhealthy Generate calls in a row failed in the engine with none completed, which took
    * the engine as failing calls (services/engine/FailedCalls.ts). A 0 sample from the start.

@@ -3,7 +3,7 @@
  * @grpc/reflection run on it unchanged): `request`, `metadata.get`, `write` (false when the stream's buffer
  * is full, then 'drain'), `end`, 'cancelled' when the caller reset the stream, its deadline passed or the
  * connection went first, and for request streams 'data' (held while a write waits for 'drain') and 'end'.
- * Ending with a status is `sendStatus`.
+ * Ending with a status is `sendStatus` (or, for a status marked `reset`, RST_STREAM CANCEL).
  * Response headers go out with the first message, or earlier through `sendHeaders`; a call that ends before
  * either answers trailers-only.
  */
@@ -190,6 +190,12 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
     clearTimeout(this.#deadline)
     const stream = this.#stream
     if (stream.closed || stream.destroyed) return
+    // A caller that stopped reading would never get trailers queued behind what it did not read: the stream is reset,
+    // which frees it at once (GrpcFailure.reset).
+    if (status.reset === true) {
+      stream.close(http2.constants.NGHTTP2_CANCEL)
+      return
+    }
     const trailers: http2.OutgoingHttpHeaders = { "grpc-status": String(status.code) }
     // cgn-retryable and the message's advice, decided together by what went out (GrpcStatus.ts asSent)
     const { message, retryable } = asSent(status, this.#wrote)

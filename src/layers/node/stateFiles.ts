@@ -1,0 +1,112 @@
+/**
+ * How the agent touches agent.state_dir: the one place that creates and reads its files, and the check that the
+ * directory is the agent's own. The agent often runs as root and trusts what it finds there (the engine pid file
+ * names a process group it kills), so, as sshd's StrictModes does for ~/.ssh (openssh-portable auth.c,
+ * auth_secure_path): the directory must be owned by the agent's user or root and writable by its owner only, and
+ * so must every directory above it unless sticky (/tmp: nobody may rename another's entry there). Within it:
+ * - a new file (a temp file before its rename, a lock) is created with O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600, under
+ *   a name with 64 random bits: a link planted under a predictable name can no longer redirect a root write;
+ * - a file is read with O_NOFOLLOW, and only a regular file: a symbolic link is refused (never followed), so no
+ *   byte of another file reaches a log line.
+ */
+import { randomBytes } from "node:crypto"
+import { constants, type Stats } from "node:fs"
+import * as fsp from "node:fs/promises"
+import * as path from "node:path"
+
+/** The mode of every file the agent creates in state_dir (and of state_dir when the agent creates it). */
+export const FILE_MODE = 0o600
+export const DIR_MODE = 0o700
+
+/** open(2) flags of a new file: never an existing one, never through a symbolic link. */
+export const CREATE_FLAGS = constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW
+
+/**
+ * A temp name beside `file`: this process's pid (a sweep of leftovers skips its own: xidRecordWriter.ts) and 64
+ * random bits, so nobody can plant anything under it beforehand.
+ */
+export const tempNameFor = (file: string): string => `${file}.${process.pid}.${randomBytes(8).toString("hex")}.tmp`
+
+/** Creates `file` (which must not exist, nor be a link) with `data`, mode 0600. */
+export const writeNew = async (file: string, data: string): Promise<void> => {
+  const handle = await fsp.open(file, CREATE_FLAGS, FILE_MODE)
+  try {
+    await handle.writeFile(data)
+  } finally {
+    await handle.close()
+  }
+}
+
+const withCode = (message: string, code: string): NodeJS.ErrnoException => Object.assign(new Error(message), { code })
+
+/**
+ * The text of the regular file `file`, never through a symbolic link: a link fails with code ELOOP and a message
+ * that says so; anything else but a regular file (a FIFO: O_NONBLOCK keeps its open from hanging) with EINVAL; a
+ * file above `maxBytes` with EFBIG. A missing file fails with ENOENT as readFile does.
+ */
+export const readNoFollow = async (file: string, maxBytes?: number): Promise<string> => {
+  let handle: fsp.FileHandle
+  try {
+    handle = await fsp.open(file, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK)
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === "ELOOP")
+      throw withCode(`${file} is a symbolic link: not followed (the agent reads only its own files there)`, "ELOOP")
+    throw e
+  }
+  try {
+    const st = await handle.stat()
+    if (!st.isFile()) throw withCode(`${file} is not a regular file: not read`, "EINVAL")
+    if (maxBytes !== undefined && st.size > maxBytes)
+      throw withCode(`${file} has ${st.size} bytes, more than the agent ever writes there`, "EFBIG")
+    return await handle.readFile("utf8")
+  } finally {
+    await handle.close()
+  }
+}
+
+const octal = (mode: number): string => `0${(mode & 0o7777).toString(8)}`
+
+/** Why a directory with these stats is not trusted (`self`: state_dir itself, else a directory above it). */
+const distrustOf = (dir: string, st: Stats, uid: number, self: boolean): string | undefined => {
+  if (st.uid !== uid && st.uid !== 0)
+    return `${dir} is owned by uid ${st.uid}, not by the agent's user (uid ${uid}) or root`
+  const sticky = (st.mode & 0o1000) !== 0 // S_ISVTX, the sticky bit (inode(7))
+  if ((st.mode & 0o022) !== 0 && (self || !sticky))
+    return `${dir} is writable by ${(st.mode & 0o020) !== 0 ? "its group" : "others"} (mode ${octal(st.mode)})`
+  return undefined
+}
+
+/**
+ * Why `stateDir` is not to be trusted, or undefined: it (or, while it does not exist yet, the directory it would
+ * be made in) must be owned by `uid` or root and writable by its owner only; every directory above it too, unless
+ * sticky. Links are resolved first (the real directory is what is written). Unknown (no uid: not POSIX, or a
+ * path that cannot be read: stateDirProblem says why) is no finding.
+ */
+export const stateDirDistrust = async (
+  stateDir: string,
+  uid: number | undefined = process.getuid?.()
+): Promise<string | undefined> => {
+  if (uid === undefined) return undefined
+  let dir = path.resolve(stateDir)
+  // the deepest part that exists: the agent creates the rest, mode 0700
+  for (;;) {
+    const real = await fsp.realpath(dir).catch(() => undefined)
+    if (real !== undefined) {
+      dir = real
+      break
+    }
+    const parent = path.dirname(dir)
+    if (parent === dir) return undefined
+    dir = parent
+  }
+  const exists = dir === (await fsp.realpath(path.resolve(stateDir)).catch(() => undefined))
+  for (let at = dir, self = exists; ; self = false) {
+    const st = await fsp.stat(at).catch(() => undefined)
+    if (st === undefined) return undefined
+    const why = distrustOf(at, st, uid, self)
+    if (why !== undefined) return why
+    const parent = path.dirname(at)
+    if (parent === at) return undefined
+    at = parent
+  }
+}

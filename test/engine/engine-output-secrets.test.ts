@@ -1,0 +1,89 @@
+// Secrets the engine prints, end to end through the built agent (dist/main.js), as the security review found them:
+// a fake engine that prints its environment and its argv (vLLM logs its non-default args, `api_key` and `hf_token`
+// among them) and dies at start. Neither the agent's log nor /status's exits[].lastLines may carry a secret value:
+// of [engine].env, of the agent's own environment the engine inherits, of a secret flag in engine.args. The agent's
+// admin token (CGN_AGENT_ADMIN_TOKEN) must not reach the engine at all. Needs dist/ (`npm run build`).
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { afterEach, beforeAll, describe, expect, it } from "vitest"
+import { REDACTED } from "../../src/services/engine/Secrets.ts"
+import { type AgentHandle, killAllAgents, requireDist, simAgentConfig, startAgent } from "../support/agent.ts"
+import { pollUntil } from "../support/poll.ts"
+
+const ADMIN_TOKEN = "envadm_SECRET888"
+
+let agent: AgentHandle | undefined
+const dirs: Array<string> = []
+
+beforeAll(() => requireDist())
+afterEach(async () => {
+  try {
+    if (agent !== undefined) expect((await agent.stop("SIGTERM", 30_000)).code).toBe(0)
+  } finally {
+    agent = undefined
+    await killAllAgents()
+    for (const d of dirs.splice(0)) fs.rmSync(d, { recursive: true, force: true })
+  }
+})
+
+interface Status {
+  readonly engine: {
+    readonly exits: ReadonlyArray<{ readonly run: number; readonly lastLines: ReadonlyArray<string> }>
+  }
+}
+
+describe("an engine that prints its secrets", () => {
+  it("has them scrubbed from the agent's log and /status, and never gets the admin token", async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-secrets-"))
+    dirs.push(dir)
+    const engine = path.join(dir, "engine.sh")
+    fs.writeFileSync(
+      engine,
+      [
+        "#!/bin/sh",
+        "env",
+        'echo "non-default args: $*" >&2',
+        'echo "hf_token=$HF_TOKEN wandb=$WANDB_CRED inherited=$MY_SERVICE_TOKEN admin=[$CGN_AGENT_ADMIN_TOKEN]" >&2',
+        "exit 1",
+        ""
+      ].join("\n")
+    )
+    const { config } = await simAgentConfig({
+      engine: {
+        command: ["/bin/sh", engine],
+        args: ["--hf-token", "hf_ARGSECRET1", "--api-key=apikey_SECRET2"],
+        env: { HF_TOKEN: "hf_SECRET123", WANDB_CRED: "wandbcred_SECRET125" },
+        restart_backoff_initial: "60s",
+        restart_backoff_max: "60s"
+      }
+    })
+    agent = await startAgent({
+      config,
+      awaitReady: false,
+      env: { CGN_AGENT_ADMIN_TOKEN: ADMIN_TOKEN, MY_SERVICE_TOKEN: "inherited_SECRET777" }
+    })
+    const a = agent
+    const exit = await pollUntil(
+      "the first run's exit in /status",
+      async () => {
+        const res = await fetch(`${a.adminUrl}/status`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } })
+        const body = (await res.json()) as Status
+        return body.engine.exits.find((x) => x.run === 0)
+      },
+      30_000,
+      100
+    ).catch((e: unknown) => {
+      throw new Error(`${String(e)}; agent log:\n${a.tail()}`)
+    })
+    const kept = exit.lastLines.join("\n")
+    expect(kept).toContain(`hf_token=${REDACTED} wandb=${REDACTED} inherited=${REDACTED} admin=[]`)
+    expect(kept).toContain(`--hf-token ${REDACTED} --api-key=${REDACTED}`)
+    expect(kept).not.toContain("SECRET")
+    // The relayed lines are in the log by now: they were kept before the run's exit was recorded.
+    await a.waitForLine((l) => l.includes("admin=[]"), 10_000)
+    const log = a.stderrLines.join("\n")
+    expect(log).toContain(`inherited=${REDACTED}`)
+    expect(log).not.toContain("SECRET")
+  }, 60_000)
+})

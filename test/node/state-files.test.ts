@@ -1,0 +1,132 @@
+// Files in agent.state_dir (layers/node/stateFiles.ts): the directory must be the agent's own (owner the agent's
+// user or root, writable by its owner only; the directories above it too unless sticky), new files are created
+// never through a link, mode 0600, and reads never follow a link. The security review (FINDINGS.md, item 3) had a
+// 0777 state_dir accepted, planted links written through as root, and another file's bytes quoted in a warning.
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Effect } from "effect"
+import { afterEach, describe, expect, it } from "vitest"
+import { pidFilePath, readPidFile, writePidFile } from "../../src/layers/engine/pidFile.ts"
+import { cordonFilePath } from "../../src/layers/node/Cordon.ts"
+import { writeDurably } from "../../src/layers/node/durableFile.ts"
+import { readNoFollow, stateDirDistrust, tempNameFor, writeNew } from "../../src/layers/node/stateFiles.ts"
+
+const dirs: Array<string> = []
+afterEach(() => {
+  for (const d of dirs.splice(0)) fs.rmSync(d, { recursive: true, force: true })
+})
+const tempDir = () => {
+  const d = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-state-files-"))
+  dirs.push(d)
+  return d
+}
+const uid = process.getuid?.() ?? 0
+
+describe("stateDirDistrust", () => {
+  it("the agent's own directory (0700, or 0755) is trusted, and so is one still to be made in it or in /tmp", async () => {
+    const dir = tempDir() // mkdtemp: 0700, under the sticky /tmp
+    expect(await stateDirDistrust(dir, uid)).toBeUndefined()
+    fs.chmodSync(dir, 0o755)
+    expect(await stateDirDistrust(dir, uid)).toBeUndefined()
+    expect(await stateDirDistrust(path.join(dir, "not", "yet"), uid)).toBeUndefined()
+    expect(await stateDirDistrust(path.join(os.tmpdir(), `cgn-not-yet-${process.pid}`), uid)).toBeUndefined()
+  })
+
+  it("a directory writable by its group or others, or owned by another user, is refused, saying why", async () => {
+    const dir = tempDir()
+    fs.chmodSync(dir, 0o777)
+    expect(await stateDirDistrust(dir, uid)).toBe(`${dir} is writable by its group (mode 0777)`)
+    fs.chmodSync(dir, 0o702)
+    expect(await stateDirDistrust(dir, uid)).toBe(`${dir} is writable by others (mode 0702)`)
+    // sticky does not make state_dir itself safe: anyone could still create the names the agent reads
+    fs.chmodSync(dir, 0o1777)
+    expect(await stateDirDistrust(dir, uid)).toMatch(/is writable by its group \(mode 01777\)/)
+    fs.chmodSync(dir, 0o700)
+    // owned by neither the agent's user nor root (as root: given away; else: seen by an agent of another uid)
+    const [owner, agent] = uid === 0 ? [4242, 0] : [uid, uid + 4242]
+    if (uid === 0) fs.chownSync(dir, owner, owner)
+    expect(await stateDirDistrust(dir, agent)).toBe(
+      `${dir} is owned by uid ${owner}, not by the agent's user (uid ${agent}) or root`
+    )
+  })
+
+  it("a directory above it that others may write (not sticky) is refused: they could swap state_dir", async () => {
+    const open = tempDir()
+    const state = path.join(open, "state")
+    fs.mkdirSync(state, { mode: 0o700 })
+    fs.chmodSync(open, 0o777)
+    expect(await stateDirDistrust(state, uid)).toBe(`${open} is writable by its group (mode 0777)`)
+    // not made yet: it would be made in that directory
+    expect(await stateDirDistrust(path.join(open, "other"), uid)).toBe(`${open} is writable by its group (mode 0777)`)
+    fs.chmodSync(open, 0o1777)
+    expect(await stateDirDistrust(state, uid)).toBeUndefined()
+  })
+})
+
+describe("new files and reads in state_dir", () => {
+  it("writeNew creates the file 0600 and never writes through a planted link", async () => {
+    const dir = tempDir()
+    const victim = path.join(dir, "victim.txt")
+    fs.writeFileSync(victim, "precious")
+    const file = path.join(dir, "engine.pid.tmp")
+    fs.symlinkSync(victim, file)
+    await expect(writeNew(file, "attacker's choice")).rejects.toThrow(/EEXIST/)
+    expect(fs.readFileSync(victim, "utf8")).toBe("precious")
+    const fresh = path.join(dir, "fresh")
+    await writeNew(fresh, "x")
+    expect(fs.statSync(fresh).mode & 0o777).toBe(0o600)
+  })
+
+  it("temp names are unpredictable; writeDurably leaves its record 0600 in a directory it made 0700", async () => {
+    const a = tempNameFor("/s/cordon.json")
+    expect(a).toMatch(new RegExp(`^/s/cordon\\.json\\.${process.pid}\\.[0-9a-f]{16}\\.tmp$`))
+    expect(tempNameFor("/s/cordon.json")).not.toBe(a)
+    const dir = path.join(tempDir(), "state")
+    await writeDurably(path.join(dir, "cordon.json"), "{}")
+    expect(fs.statSync(dir).mode & 0o777).toBe(0o700)
+    expect(fs.statSync(path.join(dir, "cordon.json")).mode & 0o777).toBe(0o600)
+  })
+
+  it("readNoFollow refuses a link (naming it, quoting nothing of its target), a directory and an oversized file", async () => {
+    const dir = tempDir()
+    const secret = path.join(dir, "secret")
+    fs.writeFileSync(secret, "TOPSECRET-content")
+    const link = path.join(dir, "gpu-xids.json")
+    fs.symlinkSync(secret, link)
+    const err = await readNoFollow(link).catch((e: NodeJS.ErrnoException) => e)
+    expect((err as NodeJS.ErrnoException).code).toBe("ELOOP")
+    expect(String(err)).toContain(`${link} is a symbolic link: not followed`)
+    expect(String(err)).not.toContain("TOPSECRET")
+    expect(await readNoFollow(secret)).toBe("TOPSECRET-content")
+    await expect(readNoFollow(secret, 4)).rejects.toThrow(/more than the agent ever writes there/)
+    await expect(readNoFollow(path.join(dir, "absent"))).rejects.toMatchObject({ code: "ENOENT" })
+    await expect(readNoFollow(dir)).rejects.toThrow(/not a regular file/)
+  })
+
+  it("links planted under the temp names the agent once used (pid, sequence) are never written through", async () => {
+    const dir = tempDir()
+    const victim = path.join(dir, "victim.txt")
+    fs.writeFileSync(victim, "precious")
+    const cordon = cordonFilePath(dir)
+    const pidFile = pidFilePath(dir)
+    // the old names: `cordon.json.<pid>.<n>.tmp` (durableFile.ts) and `engine.pid.<pid>.tmp` (pidFile.ts)
+    for (let n = 1; n <= 200; n++) fs.symlinkSync(victim, `${cordon}.${process.pid}.${n}.tmp`)
+    fs.symlinkSync(victim, `${pidFile}.${process.pid}.tmp`)
+    await writeDurably(cordon, '{"since":1,"reason":"x"}')
+    const record = { agentPid: 1, guardPid: undefined, pgid: 2, host: "127.0.0.1", port: 1, startedAt: 3 }
+    await Effect.runPromise(writePidFile(pidFile, record))
+    expect(fs.readFileSync(victim, "utf8")).toBe("precious")
+    expect(fs.lstatSync(cordon).isFile()).toBe(true)
+    expect(fs.statSync(pidFile).mode & 0o777).toBe(0o600)
+    expect(await Effect.runPromise(readPidFile(pidFile))).toMatchObject({ pgid: 2 })
+  })
+
+  it("an engine pid file that is a link is no record (never followed)", async () => {
+    const dir = tempDir()
+    const elsewhere = path.join(dir, "elsewhere.json")
+    fs.writeFileSync(elsewhere, JSON.stringify({ agentPid: 1, pgid: 2, host: "h", port: 1, startedAt: 3 }))
+    fs.symlinkSync(elsewhere, pidFilePath(dir))
+    expect(await Effect.runPromise(readPidFile(pidFilePath(dir)))).toBeUndefined()
+  })
+})
