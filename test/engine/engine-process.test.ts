@@ -168,8 +168,12 @@ describe("readiness per flavor", () => {
     it(`${kind}: Starting -> Ready, pid file while running, Stopped with the group gone`, async () => {
       const s = await setup(kind, { knobs: ["--sim-startup-delay", "300ms"] })
       if (kind === "mlx") assert.strictEqual(s.plan.probe.kind, "completion")
+      // an agent killed mid-write left its temp pid file under a random name: swept at the start
+      const leftover = `${pidFilePath(s.stateDir)}.1.0123456789abcdef.tmp`
+      fs.writeFileSync(leftover, "{}")
       const h = await start(s.plan, s.settings)
       await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
+      assert.isFalse(fs.existsSync(leftover), "a killed agent's temp pid file swept")
       assert.strictEqual(h.states[0]?._tag, "Starting")
       assert.strictEqual(current(h)?._tag, "Ready")
       const { pid } = await simState(s.port)

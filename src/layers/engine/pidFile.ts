@@ -11,7 +11,7 @@ import { Effect, Option } from "effect"
 import type { LaunchPlan } from "../../services/engine/Engine.ts"
 import { EngineProcessError } from "../../services/engine/EngineProcess.ts"
 import { makeDirs } from "../node/makeDirs.ts"
-import { DIR_MODE, readNoFollow, stateDirDistrust, tempNameFor, writeNew } from "../node/stateFiles.ts"
+import { DIR_MODE, readNoFollow, stateDirDistrust, sweepTemps, tempNameFor, writeNew } from "../node/stateFiles.ts"
 import { pollUntil, stopGroup } from "./groupWait.ts"
 import {
   groupAlive,
@@ -238,6 +238,8 @@ export const reclaim = Effect.fn("EngineProcess.reclaim")(function* (
     }
   }
   if (recorded !== undefined) yield* removePidFile(file)
+  // an agent killed mid-write leaves its temp file under a random name, which no later write replaces
+  yield* sweepTemps(file)
   if (yield* portInUse(plan.host, plan.port)) {
     return yield* new EngineProcessError({
       reason: "PortBusy",

@@ -13,6 +13,7 @@ import { randomBytes } from "node:crypto"
 import { constants, type Stats } from "node:fs"
 import * as fsp from "node:fs/promises"
 import * as path from "node:path"
+import { Duration, Effect } from "effect"
 
 /** The mode of every file the agent creates in state_dir (and of state_dir when the agent creates it). */
 export const FILE_MODE = 0o600
@@ -22,7 +23,7 @@ export const DIR_MODE = 0o700
 export const CREATE_FLAGS = constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW
 
 /**
- * A temp name beside `file`: this process's pid (a sweep of leftovers skips its own: xidRecordWriter.ts) and 64
+ * A temp name beside `file`: this process's pid (a sweep of leftovers skips its own: sweepTemps) and 64
  * random bits, so nobody can plant anything under it beforehand.
  */
 export const tempNameFor = (file: string): string => `${file}.${process.pid}.${randomBytes(8).toString("hex")}.tmp`
@@ -109,4 +110,22 @@ export const stateDirDistrust = async (
     if (parent === at) return undefined
     at = parent
   }
+}
+
+/**
+ * Removes the temp files writes of earlier processes left next to `file` (killed mid-write, or a write whose wait
+ * timed out at the end): tempNameFor names them `<file>.<pid>.<random hex>.tmp` (the engine pid file's and durableFile.ts's). Never fails; a hung directory is left.
+ */
+export const sweepTemps = (file: string): Effect.Effect<void> => {
+  const dir = path.dirname(file)
+  const prefix = `${path.basename(file)}.`
+  return Effect.promise(async () => {
+    const names = await fsp.readdir(dir).catch(() => [] as Array<string>)
+    for (const name of names) {
+      const pid = /^(\d+)\.[0-9a-f]+\.tmp$/.exec(name.slice(prefix.length))?.[1]
+      if (name.startsWith(prefix) && pid !== undefined && Number(pid) !== process.pid) {
+        await fsp.rm(path.join(dir, name), { force: true }).catch(() => undefined)
+      }
+    }
+  }).pipe(Effect.timeoutOption(Duration.seconds(5)), Effect.asVoid)
 }

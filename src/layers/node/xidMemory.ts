@@ -27,8 +27,8 @@ import {
   recordOf,
   type XidRecord
 } from "../../services/node/XidLedger.ts"
-import { readNoFollow } from "./stateFiles.ts"
-import { recordWriter, sweepTemps } from "./xidRecordWriter.ts"
+import { readNoFollow, sweepTemps } from "./stateFiles.ts"
+import { recordWriter } from "./xidRecordWriter.ts"
 
 /** Where Linux says which boot this is (proc(5): a random UUID made at each boot). */
 export const BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"

@@ -1,16 +1,3 @@
-/**
- * Writes the GPU Xid record (xidMemory.ts) durably (durableFile.ts). Writes are chained promises, one after the
- * other, each taking the record as it is when it starts: two never run at once and an older record never lands
- * after a newer one, whoever stops waiting for them. A timeout only ends a wait (a clear's, the flush's), never a
- * write, which settles in its own time and is taken in by a detached fiber (its log line, its time).
- * A new Xid (or a clear) is written at once; event counts alone at most every COUNT_WRITE_MS (an application Xid
- * storm must not fsync at every sample); a failed write is logged once per reason (its errno code) and tried again
- * no sooner than RETRY_MS after it, a new Xid at once. A clear waits for its write (`writeNow`, bounded), so that its
- * answer says whether it outlives a restart; at the scope's end the last change is written (`flush`, bounded by
- * FLUSH_MS: a term of the shutdown bound). A hung file system holds nothing past those bounds.
- */
-import * as fs from "node:fs/promises"
-import * as path from "node:path"
 import { Clock, Duration, Effect } from "effect"
 import { XidRecordError } from "../../services/node/Nvml.ts"
 import { writeDurably } from "./durableFile.ts"
@@ -148,22 +135,4 @@ export const recordWriter = (
   }).pipe(Effect.timeoutOption(Duration.millis(FLUSH_MS)), Effect.asVoid)
 
   return { note, writeNow, flush }
-}
-
-/**
- * Removes the temp files writes of earlier processes left next to `file` (killed mid-write, or a write whose wait
- * timed out at the end): durableFile.ts names them `<file>.<pid>.<random hex>.tmp`. Never fails; a hung directory is left.
- */
-export const sweepTemps = (file: string): Effect.Effect<void> => {
-  const dir = path.dirname(file)
-  const prefix = `${path.basename(file)}.`
-  return Effect.promise(async () => {
-    const names = await fs.readdir(dir).catch(() => [] as Array<string>)
-    for (const name of names) {
-      const pid = /^(\d+)\.[0-9a-f]+\.tmp$/.exec(name.slice(prefix.length))?.[1]
-      if (name.startsWith(prefix) && pid !== undefined && Number(pid) !== process.pid) {
-        await fs.rm(path.join(dir, name), { force: true }).catch(() => undefined)
-      }
-    }
-  }).pipe(Effect.timeoutOption(Duration.seconds(5)), Effect.asVoid)
 }
