@@ -1,7 +1,7 @@
 /**
  * `cgn-agent check --config F`: validates the file, makes every check `run` makes before it starts anything
  * (`preflight`, which `run` calls too) and, on the host, what `run` would find only by failing once started
- * (hostChecks.ts: the engine's executable, state_dir, a KVBM tier), then prints a short summary of what would run.
+ * (hostChecks.ts: the engine's executable, state_dir, a KVBM tier, kv.uds's directory), then prints a short summary of what would run.
  * Every problem found fails in one ConfigError (cli.ts prints it and exits 2); nothing is started or created.
  */
 import * as os from "node:os"

@@ -10,6 +10,8 @@
  *   the GPUs' Xids there only.
  * - `models."name".path` (a spawned engine only): what the engine needs it to be, a GGUF file for llama.cpp, a model
  *   directory (or GGUF file) for vLLM and SGLang (modelPath.ts). `run` would spawn an engine that exits at every start.
+ * - `kv.uds`'s directory, when it exists (the socket may appear later): the agent connects only to a socket in a
+ *   directory others cannot take it over in (stateFiles.ts socketDirDistrust); a warning, as kvcached makes the socket.
  * - `engine.kv_offload = "kvbm"` with no cache tier in the engine's environment: KVBM refuses to start
  *   (ai-dynamo/dynamo lib/llm/src/block_manager/distributed/leader.rs, KvbmLeaderConfig::sanity_check: "At least
  *   one cache tier must be configured"), so vLLM exits at every start.
@@ -19,6 +21,7 @@ import { constants } from "node:fs"
 import * as fsp from "node:fs/promises"
 import * as path from "node:path"
 import { Effect } from "effect"
+import { socketDirDistrust } from "../layers/node/stateFiles.ts"
 import type { AgentConfig } from "../services/config/Config.ts"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
 import { engineEnvironment } from "../services/engine/EngineEnvironment.ts"
@@ -174,6 +177,13 @@ export const hostFindings = (
       if (plan.spawns) errors.push(line)
       else warnings.push(`${line} (a cordon and the GPUs' Xids could not be kept across restarts)`)
     }
+    const uds = c.kv.events && c.kv.uds !== undefined ? path.resolve(cwd, c.kv.uds) : undefined
+    const udsDir = uds === undefined ? undefined : await socketDirDistrust(path.dirname(uds))
+    if (udsDir !== undefined)
+      warnings.push(
+        `kv.uds = "${c.kv.uds}": ${udsDir}; run will not connect to a socket there (its directory must be writable ` +
+          "by its owner only, or sticky like /tmp, and owned by the agent's user or root, as every directory above it)"
+      )
     return { errors, warnings }
   }).pipe(
     Effect.timeoutOrElse({

@@ -3,6 +3,7 @@
 // never through a link, mode 0600, and reads never follow a link. The security review (FINDINGS.md, item 3) had a
 // 0777 state_dir accepted, planted links written through as root, and another file's bytes quoted in a warning.
 import * as fs from "node:fs"
+import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
 import { Effect } from "effect"
@@ -10,7 +11,14 @@ import { afterEach, describe, expect, it } from "vitest"
 import { pidFilePath, readPidFile, writePidFile } from "../../src/layers/engine/pidFile.ts"
 import { cordonFilePath } from "../../src/layers/node/Cordon.ts"
 import { writeDurably } from "../../src/layers/node/durableFile.ts"
-import { readNoFollow, stateDirDistrust, tempNameFor, writeNew } from "../../src/layers/node/stateFiles.ts"
+import {
+  readNoFollow,
+  socketDirDistrust,
+  socketDistrust,
+  stateDirDistrust,
+  tempNameFor,
+  writeNew
+} from "../../src/layers/node/stateFiles.ts"
 
 const dirs: Array<string> = []
 afterEach(() => {
@@ -61,6 +69,66 @@ describe("stateDirDistrust", () => {
     expect(await stateDirDistrust(path.join(open, "other"), uid)).toBe(`${open} is writable by its group (mode 0777)`)
     fs.chmodSync(open, 0o1777)
     expect(await stateDirDistrust(state, uid)).toBeUndefined()
+  })
+})
+
+/** A Unix socket listening at `file` (closed after the test). */
+const listenAt = async (file: string) => {
+  const server = net.createServer()
+  await new Promise<void>((resolve, reject) => server.once("error", reject).listen(file, resolve))
+  servers.push(server)
+}
+const servers: Array<net.Server> = []
+afterEach(async () => {
+  for (const s of servers.splice(0)) await new Promise((resolve) => s.close(resolve))
+})
+
+describe("socketDistrust (kv.uds: whoever listens there gets the KV events)", () => {
+  it("a socket the agent's user made in its own directory is trusted, and in a sticky one (/tmp) too", async () => {
+    const dir = tempDir() // 0700, under the sticky /tmp
+    const sock = path.join(dir, "kvcached.sock")
+    await listenAt(sock)
+    expect(await socketDistrust(sock, uid)).toBeUndefined()
+    fs.chmodSync(dir, 0o1777)
+    expect(await socketDistrust(sock, uid)).toBeUndefined()
+    expect(await socketDirDistrust(dir, uid)).toBeUndefined()
+  })
+
+  it("a link to it, a missing socket, a file, another user's socket and a 0777 directory are refused, saying why", async () => {
+    const dir = tempDir()
+    const sock = path.join(dir, "kvcached.sock")
+    await listenAt(sock)
+    const link = path.join(dir, "link.sock")
+    fs.symlinkSync(sock, link)
+    expect(await socketDistrust(link, uid)).toBe(`${link} is a symbolic link (not followed)`)
+    expect(await socketDistrust(path.join(dir, "absent"), uid)).toBe(
+      `${path.join(dir, "absent")} does not exist (ENOENT)`
+    )
+    fs.writeFileSync(path.join(dir, "file"), "")
+    expect(await socketDistrust(path.join(dir, "file"), uid)).toBe(`${path.join(dir, "file")} is not a socket`)
+    // owned by neither the agent's user nor root (as root: given away; else: seen by an agent of another uid)
+    const [owner, agent] = uid === 0 ? [4242, 0] : [uid, uid + 4242]
+    if (uid === 0) fs.lchownSync(sock, owner, owner)
+    expect(await socketDistrust(sock, agent)).toBe(`${sock} is owned by uid ${owner}, not the agent's user or root`)
+    if (uid === 0) fs.lchownSync(sock, 0, 0)
+    // anyone may remove it and bind their own there: the directory is refused, and the socket with it
+    fs.chmodSync(dir, 0o777)
+    const why = `${dir} is writable by its group (mode 0777)`
+    expect(await socketDistrust(sock, uid)).toBe(`${sock} is in an untrusted directory: ${why}`)
+    expect(await socketDirDistrust(dir, uid)).toBe(why)
+  })
+
+  it("a directory above it that others may write (not sticky) is refused; a missing directory is no finding", async () => {
+    const open = tempDir()
+    const dir = path.join(open, "run")
+    fs.mkdirSync(dir, { mode: 0o700 })
+    const sock = path.join(dir, "kvcached.sock")
+    await listenAt(sock)
+    fs.chmodSync(open, 0o757)
+    expect(await socketDistrust(sock, uid)).toBe(
+      `${sock} is in an untrusted directory: ${open} is writable by others (mode 0757)`
+    )
+    expect(await socketDirDistrust(path.join(open, "not-yet"), uid)).toBeUndefined()
   })
 })
 

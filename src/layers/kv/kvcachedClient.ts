@@ -15,6 +15,7 @@ import { Deferred, Effect, Exit, Layer, Schedule } from "effect"
 import { RpcClient, RpcSerialization } from "effect/rpc"
 import { type HelloPayload, KvcachedRpcs, type KvRecord } from "../../services/kv/KvcachedRpc.ts"
 import { type Resync, wireError } from "../../services/kv/KvWire.ts"
+import { socketDistrust } from "../node/stateFiles.ts"
 import type { KvQueue, Prepared, QueuedRecord, SentRecord } from "./queue.ts"
 import type { QueuedBody } from "./rankSequencer.ts"
 import { retryForever } from "./retrying.ts"
@@ -91,6 +92,11 @@ const awaitWork = (queue: KvQueue<QueuedBody>, disconnected: Deferred.Deferred<v
  */
 const session = (o: LinkOptions, onUp: Effect.Effect<void>, progressed: Effect.Effect<void>) =>
   Effect.gen(function* () {
+    // Whoever listens there gets the node's KV events: only a socket of the agent's user or root, in a directory
+    // others cannot take it over in (stateFiles.ts). Refused like a failed connect: retried with the backoff, as the
+    // real kvcached may bind it later.
+    const distrust = yield* Effect.promise(() => socketDistrust(o.path))
+    if (distrust !== undefined) return yield* Effect.fail(new Error(`kv.uds ${distrust}: not connecting`))
     const disconnected = yield* Deferred.make<void>()
     const protocol = RpcClient.layerProtocolSocket({
       retryTransientErrors: false,

@@ -1,6 +1,6 @@
 /**
  * How the agent touches agent.state_dir: the one place that creates and reads its files, and the check that the
- * directory is the agent's own. The agent often runs as root and trusts what it finds there (the engine pid file
+ * directory is the agent's own (the same rule guards the directory of kv.uds: socketDistrust). The agent often runs as root and trusts what it finds there (the engine pid file
  * names a process group it kills), so, as sshd's StrictModes does for ~/.ssh (openssh-portable auth.c,
  * auth_secure_path): the directory must be owned by the agent's user or root and writable by its owner only, and
  * so must every directory above it unless sticky (/tmp: nobody may rename another's entry there). Within it:
@@ -101,7 +101,15 @@ export const stateDirDistrust = async (
     dir = parent
   }
   const exists = dir === (await fsp.realpath(path.resolve(stateDir)).catch(() => undefined))
-  for (let at = dir, self = exists; ; self = false) {
+  return chainDistrust(dir, uid, exists)
+}
+
+/**
+ * Why the existing real directory `dir`, or one above it, is not trusted (the rule above); `strict`: `dir` itself
+ * may not be writable by group or others even if sticky.
+ */
+const chainDistrust = async (dir: string, uid: number, strict: boolean): Promise<string | undefined> => {
+  for (let at = dir, self = strict; ; self = false) {
     const st = await fsp.stat(at).catch(() => undefined)
     if (st === undefined) return undefined
     const why = distrustOf(at, st, uid, self)
@@ -110,6 +118,47 @@ export const stateDirDistrust = async (
     if (parent === at) return undefined
     at = parent
   }
+}
+
+/**
+ * Why the directory of a Unix socket the agent connects to (kv.uds) is not trusted, or undefined (also while it does
+ * not exist, or with no uid): stateDirDistrust's rule for the directories above state_dir, applied to it and every
+ * directory above it. Sticky is fine for the directory itself too (/tmp): nobody can replace another's entry there,
+ * and socketDistrust checks the socket's own owner.
+ */
+export const socketDirDistrust = async (
+  dir: string,
+  uid: number | undefined = process.getuid?.()
+): Promise<string | undefined> => {
+  if (uid === undefined) return undefined
+  const real = await fsp.realpath(path.resolve(dir)).catch(() => undefined)
+  return real === undefined ? undefined : chainDistrust(real, uid, false)
+}
+
+/**
+ * Why the agent is not to connect to the Unix socket `sock`, or undefined (no uid: not POSIX): whoever listens there
+ * gets what the agent sends (kv.uds: the block hashes of prompts' prefixes), and in a directory others can write,
+ * another local user could bind it first. So, not following a link (lstat), it must be a socket owned by `uid` or
+ * root, in a directory that passes socketDirDistrust. A missing socket is refused too (its code in the reason):
+ * connecting once it is gone would take whatever another user binds there meanwhile.
+ */
+export const socketDistrust = async (
+  sock: string,
+  uid: number | undefined = process.getuid?.()
+): Promise<string | undefined> => {
+  if (uid === undefined) return undefined
+  let st: Stats
+  try {
+    st = await fsp.lstat(sock)
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code ?? String(e)
+    return code === "ENOENT" ? `${sock} does not exist (ENOENT)` : `${sock} cannot be examined (${code})`
+  }
+  if (st.isSymbolicLink()) return `${sock} is a symbolic link (not followed)`
+  if (!st.isSocket()) return `${sock} is not a socket`
+  if (st.uid !== uid && st.uid !== 0) return `${sock} is owned by uid ${st.uid}, not the agent's user or root`
+  const dir = await socketDirDistrust(path.dirname(sock), uid)
+  return dir === undefined ? undefined : `${sock} is in an untrusted directory: ${dir}`
 }
 
 /**

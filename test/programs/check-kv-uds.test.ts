@@ -1,0 +1,49 @@
+// `cgn-agent check` on kv.uds's directory (src/programs/hostChecks.ts, through layers/node/stateFiles.ts
+// socketDirDistrust): the link refuses a socket in a directory others may write (another local user could bind it
+// first and get the KV events), so check warns when that directory exists and fails the rule. A warning, not a
+// refusal: kvcached makes the socket later, and may fix the directory with it.
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Effect, Result } from "effect"
+import { afterEach, describe, expect, it } from "vitest"
+import { decodeConfig } from "../../src/layers/config/Config.ts"
+import { engineFor } from "../../src/layers/engine/backends/index.ts"
+import { hostFindings } from "../../src/programs/hostChecks.ts"
+
+const dirs: Array<string> = []
+afterEach(() => {
+  for (const d of dirs.splice(0)) fs.rmSync(d, { recursive: true, force: true })
+})
+
+/** check's host findings for vLLM with KV events to `uds` (state_dir beside it). */
+const findings = (uds: string) => {
+  const state = path.join(path.dirname(uds), "state")
+  const text = `[agent]\nstate_dir = "${state}"\n[kv]\nevents = true\nuds = "${uds}"\n[models.m]\nhf_repo = "a/b"\n`
+  const r = decodeConfig(text, "kv-uds.toml", {})
+  if (Result.isFailure(r)) throw new Error(r.failure.message)
+  const c = r.success
+  return Effect.runPromise(hostFindings(c, engineFor(c.engine.kind).render(c), { offline: false }))
+}
+
+describe("check: kv.uds's directory", () => {
+  it("a 0777 directory (not sticky) is a warning (not an error) naming the key and why; a 0700 or sticky one, or none yet, is not", async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-check-uds-"))
+    dirs.push(dir)
+    const uds = path.join(dir, "kvcached.sock")
+    fs.chmodSync(dir, 0o777)
+    const open = await findings(uds)
+    expect(open.warnings).toContainEqual(
+      expect.stringMatching(
+        new RegExp(`^kv\\.uds = "${uds}": ${dir} is writable by its group \\(mode 0777\\); run will not connect`)
+      )
+    )
+    expect(open.errors.filter((l) => l.includes("kv.uds"))).toEqual([])
+    const quiet = (w: ReadonlyArray<string>) => w.filter((l) => l.startsWith("kv.uds"))
+    fs.chmodSync(dir, 0o1777)
+    expect(quiet((await findings(uds)).warnings)).toEqual([])
+    fs.chmodSync(dir, 0o700)
+    expect(quiet((await findings(uds)).warnings)).toEqual([])
+    expect(quiet((await findings(path.join(dir, "not-yet", "kvcached.sock"))).warnings)).toEqual([])
+  })
+})
