@@ -104,6 +104,8 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     // Requests still arriving: room for 16 of the largest at once (64 MiB at the 4 MiB default) before
     // more are refused RESOURCE_EXHAUSTED; calls under way hold nothing of it.
     maxArrivingBytes: 16 * (config.agent.max_request_bytes + 1024 * 1024),
+    // ... and a time bound on each: a request (at most max_request_bytes) that has not arrived by then ends.
+    requestReadTimeoutMs: Duration.toMillis(config.agent.request_read_timeout),
     // Streams admission does not count yet (requests still arriving) are bounded per connection, with room for
     // every call admission would hold, twice over.
     maxConcurrentStreams: concurrentStreams(config.agent.max_inflight, config.agent.max_queue),

@@ -90,6 +90,8 @@ export const AgentSection = Schema.Struct({
   drain_timeout: withDefault(ShortDuration, "30s"),
   // 0s: never (a caller may hold a stream back for ever, keeping its admission slot and its engine request).
   client_send_timeout: withDefault(ShortDuration, "1m"),
+  // From a request's headers to its end (layers/grpc/http2/Server.ts); "0s": never (slow senders hold streams for good).
+  request_read_timeout: withDefault(ShortDuration, "10s"),
   handoff_timeout: withDefault(PositiveDuration("every prefill and decode leg would time out at once"), "30s"),
   state_dir: withDefault(Schema.NonEmptyString, "/var/lib/cgn-agent"),
   log_level: withDefault(Schema.Literals(LogLevels), "info"),

@@ -219,6 +219,9 @@ export const statusTable: { readonly [T in GenerateErrorTag]: Row<T> } = {
   MessageTooLarge: agent(Status.RESOURCE_EXHAUSTED, "message_too_large", false),
   // Memory the agent will not spend, as an admission refusal: retryable once others' requests have arrived.
   RequestsOverBudget: agent(Status.RESOURCE_EXHAUSTED, "requests_over_budget", true),
+  // Time the agent will not give a request that does not arrive (agent.request_read_timeout), as bytes above; not the
+  // caller's deadline (DEADLINE_EXCEEDED: counted and alerted on as such). The caller's or its link's stall: no retry.
+  RequestReadTimeout: agent(Status.RESOURCE_EXHAUSTED, "request_read_timeout", false),
   // The caller's bytes are not the message: its fault, as a field it got wrong would be.
   UndecodableRequest: agent(Status.INVALID_ARGUMENT, "undecodable_request", false),
   // gRPC's status-code guide: framing and flow-control violations are INTERNAL.

@@ -71,6 +71,19 @@ export class RequestsOverBudget extends Schema.TaggedError<RequestsOverBudget>()
   }
 }
 
+/**
+ * The request (a method with one request message) had not arrived in full, its END_STREAM included, within
+ * agent.request_read_timeout of its headers: bytes and streams per connection are bounded, this bounds the time a
+ * caller that sends slowly, or stops halfway, holds its stream (nginx's client_body_timeout).
+ */
+export class RequestReadTimeout extends Schema.TaggedError<RequestReadTimeout>()("RequestReadTimeout", {
+  timeoutMs: Schema.Number
+}) {
+  override get message(): string {
+    return `the request did not arrive in full within ${this.timeoutMs} ms of its headers (agent.request_read_timeout)`
+  }
+}
+
 /** The caller reset the stream before the call ended: a call the agent did not end, reported as the caller's. */
 export class CallCancelled extends Schema.TaggedError<CallCancelled>()("CallCancelled", {}) {
   override get message(): string {
@@ -82,6 +95,7 @@ export type TransportError =
   | UnknownMethod
   | CallCancelled
   | RequestsOverBudget
+  | RequestReadTimeout
   | MessageTooLarge
   | UndecodableRequest
   | ProtocolViolation

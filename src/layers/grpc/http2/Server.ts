@@ -5,7 +5,8 @@
  * the per-call and per-token CPU of the relay (grpc-js's server stack was most of what the agent adds), and
  * HTTP/2 settings grpc-js does not expose: Node's rapid-reset guard (streamResetBurst/Rate) cut a router's
  * burst of cancels short with INTERNAL.
- * Routing, the request's framing and decoding, deadlines and the listener's lifecycle live here; one call's
+ * Routing, the request's framing and decoding, deadlines (the caller's, and the request's arrival) and the
+ * listener's lifecycle live here; its options in ServerOptions.ts; one call's
  * responses in Call.ts; the connections (handshake deadline, what close() closes at once) in Connections.ts.
  */
 
@@ -19,48 +20,18 @@ import {
   CallDeadlineExceeded,
   MessageTooLarge,
   ProtocolViolation,
+  RequestReadTimeout,
   RequestsOverBudget,
   type TransportError,
   UnknownMethod
 } from "../../../services/grpc/TransportErrors.ts"
 import { isGrpcContentType, MessageReader, parseTimeout } from "../../../services/grpc/Wire.ts"
-import type { TlsSource } from "../../../services/tls/Tls.ts"
 import { ServerCall, type UnaryCallback } from "./Call.ts"
 import { Connections, HANDSHAKE_TIMEOUT_MS, type OpenConnections, sessionSettings } from "./Connections.ts"
 import { type Decoder, decode } from "./decodeMessage.ts"
+import type { Http2GrpcServerOptions } from "./ServerOptions.ts"
 
-export interface Http2GrpcServerOptions {
-  /** The largest request message accepted, decompressed (bytes); a larger one ends RESOURCE_EXHAUSTED. */
-  readonly maxReceiveMessageLength: number
-  /** mTLS: client certificates must chain to the CA; plaintext (h2c) when absent. */
-  readonly tls?: TlsSource | undefined
-  /**
-   * A listening socket's error after listen (a failed accept; libuv absorbs EMFILE itself): reported here, the
-   * server goes on. Without a listener Node would throw it and end the daemon.
-   */
-  readonly onError?: ((error: Error) => void) | undefined
-  /**
-   * One connection's error (a client breaking HTTP/2, a TLS handshake refused: no or an untrusted client
-   * certificate). The connection closes, its calls see 'cancelled'; the server goes on.
-   */
-  readonly onConnectionError?: ((error: Error) => void) | undefined
-  /**
-   * A call that ended before its handler ran, with the status the server sent: no such method, a bad
-   * grpc-timeout or message, its deadline passed or the caller cancelled while the request was arriving.
-   * The handler's own metrics never see these calls; `code` is the status sent (CANCELLED for a cancel).
-   */
-  readonly onRejected?: ((path: string, code: number) => void) | undefined
-  /**
-   * Bytes of requests still arriving, on all connections together (received before their handlers run), past
-   * which a request's next bytes end it RESOURCE_EXHAUSTED. Admission bounds the calls a handler runs; this
-   * bounds what callers that send slowly, or stop halfway, hold before that. Default: no limit.
-   */
-  readonly maxArrivingBytes?: number | undefined
-  /** How long a connection has to complete its handshake (default HANDSHAKE_TIMEOUT_MS; tests shorten it). */
-  readonly handshakeTimeoutMs?: number | undefined
-  /** The most streams one connection holds open at once; more are refused (default MIN_CONCURRENT_STREAMS). */
-  readonly maxConcurrentStreams?: number | undefined
-}
+export type { Http2GrpcServerOptions } from "./ServerOptions.ts"
 
 type Kind = "unary" | "serverStream" | "clientStream" | "bidi"
 
@@ -109,9 +80,12 @@ export class Http2GrpcServer {
   /** Bytes received on streams whose handler has not run yet (maxArrivingBytes). */
   #arriving = 0
   #unsubscribe: (() => void) | undefined
+  /** The end of a request that did not arrive in time (made once, as DEADLINE). */
+  readonly #readTimeout: GrpcFailure
 
   constructor(options: Http2GrpcServerOptions) {
     this.#options = options
+    this.#readTimeout = failure(new RequestReadTimeout({ timeoutMs: options.requestReadTimeoutMs ?? 0 }))
     this.#connections = new Connections(options.handshakeTimeoutMs ?? HANDSHAKE_TIMEOUT_MS, (e) =>
       options.onConnectionError?.(e)
     )
@@ -204,7 +178,10 @@ export class Http2GrpcServer {
     // request holds of the arriving budget (every byte until then) is given back at the handler or at that end.
     let handled = false
     let held = 0
+    // The arrival bound's timer (requestReadTimeoutMs), stopped with the budget: at the handler or the call's end.
+    let reading: ReturnType<typeof setTimeout> | undefined
     const release = (): void => {
+      clearTimeout(reading)
       this.#arriving -= held
       held = 0
     }
@@ -239,6 +216,12 @@ export class Http2GrpcServer {
     // Unzeroed memory (Buffer.allocUnsafe) for a message gathered from several chunks: every byte is written.
     const reader = new MessageReader(decoder.limit, Buffer.allocUnsafe)
     const streaming = route.kind === "bidi" || route.kind === "clientStream"
+    // One timer per call, as the deadline's (Node keeps the timers of one duration in one list: O(1) to add and
+    // clear), none when the caller's own deadline comes first; past setTimeout's limit (2^31-1 ms, ~24.8 days) Node
+    // would fire it at once, so that is never too.
+    const readMs = this.#options.requestReadTimeoutMs ?? 0
+    if (!streaming && readMs > 0 && readMs <= 2_147_483_647 && !(timeout !== undefined && timeout <= readMs))
+      reading = setTimeout(reject, readMs, this.#readTimeout)
     let received = 0
     // Each chunk's messages, until the call is over; the first failure ends it.
     const onMessages = (chunk: Buffer): GrpcFailure | undefined => {
@@ -273,6 +256,7 @@ export class Http2GrpcServer {
     stream.once("end", () => {
       // A caller's reset ends the request too: that is its cancel ('cancelled' on close), not a short message.
       if (call.done || stream.aborted) return
+      clearTimeout(reading)
       const broken =
         reader.pending > 0
           ? "the request ended inside a message"

@@ -1,0 +1,43 @@
+/** What the agent's gRPC server (Server.ts) is given: its limits, its TLS, and where it reports what it ends. */
+
+import type { TlsSource } from "../../../services/tls/Tls.ts"
+
+export interface Http2GrpcServerOptions {
+  /** The largest request message accepted, decompressed (bytes); a larger one ends RESOURCE_EXHAUSTED. */
+  readonly maxReceiveMessageLength: number
+  /** mTLS: client certificates must chain to the CA; plaintext (h2c) when absent. */
+  readonly tls?: TlsSource | undefined
+  /**
+   * A listening socket's error after listen (a failed accept; libuv absorbs EMFILE itself): reported here, the
+   * server goes on. Without a listener Node would throw it and end the daemon.
+   */
+  readonly onError?: ((error: Error) => void) | undefined
+  /**
+   * One connection's error (a client breaking HTTP/2, a TLS handshake refused: no or an untrusted client
+   * certificate). The connection closes, its calls see 'cancelled'; the server goes on.
+   */
+  readonly onConnectionError?: ((error: Error) => void) | undefined
+  /**
+   * A call that ended before its handler ran, with the status the server sent: no such method, a bad
+   * grpc-timeout or message, its deadline or requestReadTimeoutMs passed or the caller cancelled while the request
+   * was arriving. The handler's own metrics never see these calls; `code` is the status sent (CANCELLED for a cancel).
+   */
+  readonly onRejected?: ((path: string, code: number) => void) | undefined
+  /**
+   * Bytes of requests still arriving, on all connections together (received before their handlers run), past
+   * which a request's next bytes end it RESOURCE_EXHAUSTED. Admission bounds the calls a handler runs; this
+   * bounds what callers that send slowly, or stop halfway, hold before that. Default: no limit.
+   */
+  readonly maxArrivingBytes?: number | undefined
+  /**
+   * How long a request with one message (unary, server-streaming) has from its headers to arrive whole, its end
+   * included; past it the call ends RESOURCE_EXHAUSTED (RequestReadTimeout) before its handler runs: the bytes above
+   * bound what slow senders hold, this how long. Request-streaming methods run their handler at the headers and are
+   * not bounded here. 0 or absent: never.
+   */
+  readonly requestReadTimeoutMs?: number | undefined
+  /** How long a connection has to complete its handshake (default HANDSHAKE_TIMEOUT_MS; tests shorten it). */
+  readonly handshakeTimeoutMs?: number | undefined
+  /** The most streams one connection holds open at once; more are refused (default MIN_CONCURRENT_STREAMS). */
+  readonly maxConcurrentStreams?: number | undefined
+}
