@@ -34,3 +34,21 @@ describe("engineEnvironment", () => {
     expect(agent).toEqual({ MALLOC_ARENA_MAX: "1", A: "x" })
   })
 })
+
+describe("engineEnvironment and the agent's OpenTelemetry settings", () => {
+  it("passes none of the agent's OTEL_* (its collector's credentials among them), unless the plan sets one", () => {
+    const agent = {
+      PATH: "/usr/bin",
+      OTEL_EXPORTER_OTLP_ENDPOINT: "https://collector:4318",
+      OTEL_EXPORTER_OTLP_HEADERS: "authorization=Bearer otel_SECRET1",
+      OTEL_EXPORTER_OTLP_TRACES_HEADERS: "x-api-key=otel_SECRET2",
+      OTEL_SERVICE_NAME: "cgn-agent"
+    }
+    expect(engineEnvironment(agent, {})).toEqual({ PATH: "/usr/bin" })
+    expect(engineEnvironment(agent, { OTEL_SERVICE_NAME: "vllm" })).toEqual({
+      PATH: "/usr/bin",
+      OTEL_SERVICE_NAME: "vllm"
+    })
+    expect(AGENT_PROCESS_VARIABLES).toContain("OTEL_*")
+  })
+})

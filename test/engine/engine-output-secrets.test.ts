@@ -2,7 +2,9 @@
 // a fake engine that prints its environment and its argv (vLLM logs its non-default args, `api_key` and `hf_token`
 // among them) and dies at start. Neither the agent's log nor /status's exits[].lastLines may carry a secret value:
 // of [engine].env, of the agent's own environment the engine inherits, of a secret flag in engine.args. The agent's
-// admin token (CGN_AGENT_ADMIN_TOKEN) must not reach the engine at all. Needs dist/ (`npm run build`).
+// admin token (CGN_AGENT_ADMIN_TOKEN) must not reach the engine at all, nor the agent's OpenTelemetry settings (its
+// collector's credentials in OTEL_EXPORTER_OTLP_HEADERS); secrets the engine prints encoded (JSON, base64) are
+// scrubbed too. Needs dist/ (`npm run build`).
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
@@ -31,6 +33,23 @@ interface Status {
   readonly engine: {
     readonly exits: ReadonlyArray<{ readonly run: number; readonly lastLines: ReadonlyArray<string> }>
   }
+}
+
+/** Polls /status until run 0's exit is recorded; returns its kept lines. */
+const firstExitLines = async (a: AgentHandle): Promise<string> => {
+  const exit = await pollUntil(
+    "the first run's exit in /status",
+    async () => {
+      const res = await fetch(`${a.adminUrl}/status`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } })
+      const body = (await res.json()) as Status
+      return body.engine.exits.find((x) => x.run === 0)
+    },
+    30_000,
+    100
+  ).catch((e: unknown) => {
+    throw new Error(`${String(e)}; agent log:\n${a.tail()}`)
+  })
+  return exit.lastLines.join("\n")
 }
 
 describe("an engine that prints its secrets", () => {
@@ -64,19 +83,7 @@ describe("an engine that prints its secrets", () => {
       env: { CGN_AGENT_ADMIN_TOKEN: ADMIN_TOKEN, MY_SERVICE_TOKEN: "inherited_SECRET777" }
     })
     const a = agent
-    const exit = await pollUntil(
-      "the first run's exit in /status",
-      async () => {
-        const res = await fetch(`${a.adminUrl}/status`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } })
-        const body = (await res.json()) as Status
-        return body.engine.exits.find((x) => x.run === 0)
-      },
-      30_000,
-      100
-    ).catch((e: unknown) => {
-      throw new Error(`${String(e)}; agent log:\n${a.tail()}`)
-    })
-    const kept = exit.lastLines.join("\n")
+    const kept = await firstExitLines(a)
     expect(kept).toContain(`hf_token=${REDACTED} wandb=${REDACTED} inherited=${REDACTED} admin=[]`)
     expect(kept).toContain(`--hf-token ${REDACTED} --api-key=${REDACTED}`)
     expect(kept).not.toContain("SECRET")
@@ -85,5 +92,67 @@ describe("an engine that prints its secrets", () => {
     const log = a.stderrLines.join("\n")
     expect(log).toContain(`inherited=${REDACTED}`)
     expect(log).not.toContain("SECRET")
+  }, 60_000)
+
+  it("gets none of the agent's OTEL_* and has its secrets scrubbed when it prints them JSON-escaped or in base64", async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-secrets-"))
+    dirs.push(dir)
+    const engine = path.join(dir, "engine.mjs")
+    // What a Python engine does with its settings: json.dumps of a dict, the base64 of a token, a Basic auth header.
+    fs.writeFileSync(
+      engine,
+      [
+        "const e = process.env",
+        "const b64 = (s) => Buffer.from(s).toString('base64')",
+        "const otel = e.OTEL_EXPORTER_OTLP_HEADERS ?? ''",
+        "console.error('inherited otel=[' + otel + '] service=[' + (e.OTEL_SERVICE_NAME ?? '') + ']')",
+        "console.error('config: ' + JSON.stringify({ api_key: e.MY_API_KEY }))",
+        "console.error('token ' + b64(e.HF_TOKEN) + ' auth: Basic ' + b64('admin:' + e.HF_TOKEN))",
+        "console.error('exporter headers: ' + e.OTEL_EXPORTER_OTLP_TRACES_HEADERS)",
+        "process.exit(1)",
+        ""
+      ].join("\n")
+    )
+    const jsonSecret = 'js"on\\SECRET/42'
+    const hfToken = "hf_b64SECRET0123"
+    const { config } = await simAgentConfig({
+      engine: {
+        command: [process.execPath, engine],
+        env: {
+          MY_API_KEY: jsonSecret,
+          HF_TOKEN: hfToken,
+          OTEL_EXPORTER_OTLP_TRACES_HEADERS: "authorization=Bearer otelengine_SECRET5"
+        },
+        restart_backoff_initial: "60s",
+        restart_backoff_max: "60s"
+      }
+    })
+    agent = await startAgent({
+      config,
+      awaitReady: false,
+      env: {
+        CGN_AGENT_ADMIN_TOKEN: ADMIN_TOKEN,
+        OTEL_EXPORTER_OTLP_HEADERS: "authorization=Bearer otelagent_SECRET6",
+        OTEL_SERVICE_NAME: "cgn-agent-e2e"
+      }
+    })
+    const a = agent
+    const kept = await firstExitLines(a)
+    const b64 = (s: string) => Buffer.from(s).toString("base64")
+    expect(kept).toContain("inherited otel=[] service=[]")
+    expect(kept).toContain(`config: {"api_key":"${REDACTED}"}`)
+    expect(kept).toContain(`token ${REDACTED} auth: Basic `)
+    expect(kept).toContain(`exporter headers: authorization=${REDACTED}`)
+    const leaks = [
+      "SECRET",
+      JSON.stringify(jsonSecret).slice(1, -1),
+      b64(hfToken),
+      b64(`admin:${hfToken}`).slice(8, 24)
+    ]
+    for (const leak of leaks) expect(kept).not.toContain(leak)
+    await a.waitForLine((l) => l.includes("exporter headers:"), 10_000)
+    const log = a.stderrLines.join("\n")
+    expect(log).toContain(`config: {\\"api_key\\":\\"${REDACTED}\\"}`)
+    for (const leak of leaks) expect(log).not.toContain(leak)
   }, 60_000)
 })

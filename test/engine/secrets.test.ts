@@ -1,7 +1,15 @@
 // Which names and flags hold secrets, and the scrubbing of their values from the engine's output lines
 // (src/services/engine/Secrets.ts).
 import { describe, expect, it } from "vitest"
-import { isSecretFlag, isSecretName, lineRedactor, REDACTED, secretValues } from "../../src/services/engine/Secrets.ts"
+import { redactArgv, redactEnv } from "../../src/layers/engine/backends/redact.ts"
+import {
+  isHeaderListName,
+  isSecretFlag,
+  isSecretName,
+  lineRedactor,
+  REDACTED,
+  secretValues
+} from "../../src/services/engine/Secrets.ts"
 
 describe("isSecretName", () => {
   it.each([
@@ -104,5 +112,83 @@ describe("lineRedactor", () => {
   it("scrubs each line of a value of several lines (a PEM key)", () => {
     const r = lineRedactor(["-----BEGIN KEY-----\r\nMIIEvQIBADANBgkqhkiG9w0B\n-----END KEY-----"])
     expect(r("oops: MIIEvQIBADANBgkqhkiG9w0B")).toBe(`oops: ${REDACTED}`)
+  })
+})
+
+describe("header lists (OTEL_EXPORTER_OTLP_HEADERS)", () => {
+  it.each([
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+    "OTEL_EXPORTER_OTLP_LOGS_HEADERS"
+  ])("%s is a header list", (name) => expect(isHeaderListName(name)).toBe(true))
+  it.each(["HEADERS_DIR", "OTEL_EXPORTER_OTLP_ENDPOINT"])("%s is not", (name) =>
+    expect(isHeaderListName(name)).toBe(false)
+  )
+
+  const headers = "authorization=Bearer%20otel_SECRET1, x-api-key = otel_SECRET2 ,bare_SECRET3"
+
+  it("has each value taken as a secret: as written, percent-decoded, and the credential after its scheme", () => {
+    expect([...secretValues({ OTEL_EXPORTER_OTLP_HEADERS: headers }, [])].sort()).toEqual([
+      "Bearer otel_SECRET1",
+      "Bearer%20otel_SECRET1",
+      "bare_SECRET3",
+      "otel_SECRET1",
+      "otel_SECRET2"
+    ])
+  })
+
+  it("shows the keys and hides the values in render and the spawn log", () => {
+    expect(redactEnv({ OTEL_EXPORTER_OTLP_TRACES_HEADERS: headers })).toEqual({
+      OTEL_EXPORTER_OTLP_TRACES_HEADERS: `authorization=${REDACTED}, x-api-key = ${REDACTED} ,${REDACTED}`
+    })
+  })
+
+  it("has the values scrubbed from the engine's lines", () => {
+    const redact = lineRedactor(secretValues({ OTEL_EXPORTER_OTLP_HEADERS: headers }, []))
+    expect(redact("headers: {'authorization': 'Bearer otel_SECRET1'} token=otel_SECRET1 key=otel_SECRET2")).toBe(
+      `headers: {'authorization': '${REDACTED}'} token=${REDACTED} key=${REDACTED}`
+    )
+  })
+})
+
+describe("URL credentials, whatever the name", () => {
+  const env = { HTTPS_PROXY: "http://bob:proxy_SECRET4@proxy:3128", REPO: "https://ghp_TOKEN5678@github.com/o/r" }
+
+  it("hides a URL's password (or its userinfo without one) in render and the spawn log", () => {
+    expect(redactEnv(env)).toEqual({
+      HTTPS_PROXY: `http://bob:${REDACTED}@proxy:3128`,
+      REPO: `https://${REDACTED}@github.com/o/r`
+    })
+    expect(redactArgv(["--otlp-traces-endpoint", "https://u:p%40ss_SECRET@collector:4317", "--port", "8000"])).toEqual([
+      "--otlp-traces-endpoint",
+      `https://u:${REDACTED}@collector:4317`,
+      "--port",
+      "8000"
+    ])
+  })
+
+  it("takes them as secrets, percent-decoded too", () => {
+    expect([...secretValues(env, ["https://u:p%40ss_SECRET@collector:4317"])].sort()).toEqual([
+      "ghp_TOKEN5678",
+      "p%40ss_SECRET",
+      "p@ss_SECRET",
+      "proxy_SECRET4"
+    ])
+  })
+
+  it("leaves a URL without credentials and other values as they are", () => {
+    const plain = { VLLM_ENDPOINT: "http://host:8000/v1", CUDA_VISIBLE_DEVICES: "0,1", EMAIL: "a@b.c" }
+    expect(redactEnv(plain)).toEqual(plain)
+    expect(secretValues(plain, ["--model", "org/model"])).toEqual([])
+  })
+})
+
+describe("render and the spawn log (finding 8)", () => {
+  it("hide a secret-named [engine].env value and show the others", () => {
+    expect(redactEnv({ WANDB_CRED: "wandbcred_SECRET125", VLLM_ATTENTION_BACKEND: "FLASHINFER" })).toEqual({
+      WANDB_CRED: REDACTED,
+      VLLM_ATTENTION_BACKEND: "FLASHINFER"
+    })
   })
 })

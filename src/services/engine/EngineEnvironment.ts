@@ -11,13 +11,21 @@
  * lowered its peak RSS by 10-22 MiB in most bench rows, at the same CPU per token within the bench's swing
  * (docs/bench.md, eleventh session). That is a measurement of a Node relay, not of vLLM's or SGLang's many-threaded Python processes, so
  * the engine does not inherit it; an operator who wants it for the engine sets it in `[engine].env`.
+ *
+ * The agent's OpenTelemetry settings (`OTEL_*`) configure the agent's own trace export, and the engine's tracing
+ * would take them up uninvited: vLLM's worker processes start exporting whenever OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is
+ * in their environment (vllm-project/vllm vllm/tracing/otel.py, `init_otel_worker`), `OTEL_SERVICE_NAME` would name the
+ * engine's spans after the agent, and the OTLP exporters vLLM and SGLang use (opentelemetry-python's, under
+ * `--otlp-traces-endpoint`; sgl-project/sglang python/sglang/srt/tracing/trace.py) send
+ * OTEL_EXPORTER_OTLP_[TRACES_]HEADERS, the collector's credentials, to whatever endpoint the engine is given. So none
+ * is inherited: an operator who has the engine export traces sets its OTEL_* in `[engine].env`, for the engine.
  */
 
 /**
  * Variables of the agent's environment that the engine does not inherit: exact names, and prefixes (ending in
  * `*`) for a family.
  */
-export const AGENT_PROCESS_VARIABLES: ReadonlyArray<string> = ["MALLOC_ARENA_MAX", "CGN_AGENT_*"]
+export const AGENT_PROCESS_VARIABLES: ReadonlyArray<string> = ["MALLOC_ARENA_MAX", "CGN_AGENT_*", "OTEL_*"]
 
 const exact = new Set(AGENT_PROCESS_VARIABLES.filter((n) => !n.endsWith("*")))
 const prefixes = AGENT_PROCESS_VARIABLES.filter((n) => n.endsWith("*")).map((n) => n.slice(0, -1))
