@@ -177,6 +177,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     hangHealth: p.flags.has("--sim-hang-health"),
     modelsWhileLoading: p.flags.has("--sim-models-while-loading"),
     kvLegacyArrays: p.flags.has("--sim-kv-legacy-arrays"),
+    legacyErrors: p.flags.has("--sim-legacy-errors"),
     nixlLegacy: p.flags.has("--sim-nixl-legacy"),
     kvReplay3Frames: p.flags.has("--sim-kv-replay-3-frames"),
     kvLeaseMs: dur("--sim-kv-lease"),

@@ -2,7 +2,7 @@
 import { randomUUID } from "node:crypto"
 import type * as http from "node:http"
 import { MODELLED_METHODS, SglangDpController } from "./dpController.ts"
-import { errorBody } from "./errors.ts"
+import { errorBody, legacyVllm } from "./errors.ts"
 import { type Faults, initialFaults } from "./faults.ts"
 import { sendJson } from "./http.ts"
 import type { KvPublisher } from "./kvpublisher.ts"
@@ -140,10 +140,14 @@ export const sseHeaders = (flavor: Flavor): Record<string, string> =>
 export const reply = (ctx: SimContext, res: http.ServerResponse, status: number, body: unknown): void =>
   sendJson(res, status, body, jsonHeaders(ctx.cfg.flavor, status))
 
+/** An error body as the flavor's engine (of the simulated age: --sim-legacy-errors) sends it. */
+export const errorReply = (ctx: SimContext, res: http.ServerResponse, status: number, body: unknown): void =>
+  reply(ctx, res, status, ctx.cfg.flavor === "vllm" && ctx.cfg.legacyErrors ? legacyVllm(body) : body)
+
 export const sendError = (
   ctx: SimContext,
   res: http.ServerResponse,
   status: number,
   message: string,
   param: string | null = null
-) => reply(ctx, res, status, errorBody(ctx.cfg.flavor, status, message, param))
+) => errorReply(ctx, res, status, errorBody(ctx.cfg.flavor, status, message, param))

@@ -1,8 +1,16 @@
-// Error bodies of each engine flavor (pure), as the engines' sources write them (vLLM
-// vllm/entrypoints/openai/protocol.py ErrorResponse, SGLang python/sglang/srt/entrypoints/openai/protocol.py,
-// llama.cpp tools/server/utils.hpp format_error_response, mlx-lm mlx_lm/server.py):
-// vLLM nested {"error":{message,type,param,code}}, SGLang flat {"object":"error",...},
-// llama.cpp {"error":{code,message,type}}, mlx {"error":"..."}.
+// Error bodies of each engine flavor (pure), as the newest upstream sources write them:
+// - vLLM >= 0.10.1 (vllm-project/vllm PR #22099): nested {"error":{message,type,param,code}} (ErrorResponse /
+//   ErrorInfo, vllm/entrypoints/openai/protocol.py; OpenAIServing.create_error_response), the same object after
+//   `data: ` mid-stream (create_streaming_error_response dumps it as is). Before 0.10.1 the HTTP body was flat
+//   {"object":"error",message,type,param,code} and the stream wrapped it: {"error":{"object":"error",...}}
+//   (--sim-legacy-errors, legacyVllm below).
+// - SGLang: flat {"object":"error",message,type,param,code} over HTTP (sgl-project/sglang
+//   python/sglang/srt/entrypoints/openai/serving_base.py create_error_response, still flat at v0.5.16: issue
+//   #33504; PR #33534, open, would nest it as {"error":{"object":"error",...}}), wrapped {"error":{...}} in a
+//   stream (create_streaming_error_response).
+// - llama.cpp: {"error":{code,message,type}} (ggml-org/llama.cpp tools/server/utils.hpp format_error_response;
+//   the real llama-server of test/real is the reference), mid-stream `data: {"error":{...}}`.
+// - mlx-lm: {"error":"..."} (ml-explore/mlx-lm mlx_lm/server.py, handle_completion).
 import type { Flavor } from "./simConfig.ts"
 
 const VLLM_TYPES: Record<number, string> = {
@@ -46,6 +54,8 @@ export const invalidJson = (
   detail: string,
   raw: string
 ): { readonly status: number; readonly message: string } => {
+  // mlx-lm words its 400 itself (do_POST: `{"error": f"Invalid JSON in request body: {e}"}`).
+  if (flavor === "mlx") return { status: 400, message: `Invalid JSON in request body: ${detail}` }
   if (flavor !== "llama_cpp") return { status: 400, message: `Invalid JSON body: ${detail}` }
   // nlohmann's own words for an empty body; other syntax errors keep its prefix and JSON.parse's detail.
   const text =
@@ -53,6 +63,18 @@ export const invalidJson = (
       ? "parse error at line 1, column 1: attempting to parse an empty input; check that your input string or stream contains the expected JSON"
       : `parse error: ${detail}`
   return { status: 500, message: `[json.exception.parse_error.101] ${text}` }
+}
+
+const isRecord = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v)
+
+/**
+ * A vLLM body as vLLM before 0.10.1 sent it: ErrorResponse's fields flat, `object` first, in its field order
+ * (object, message, type, param, code); a body that is not nested is returned as is.
+ */
+export const legacyVllm = (body: unknown): unknown => {
+  const e = isRecord(body) ? body.error : undefined
+  if (!isRecord(e)) return body
+  return { object: "error", message: e.message, type: e.type, param: e.param ?? null, code: e.code }
 }
 
 /** What older llama.cpp put on its `error:` SSE line: format_error_response's flat object. */

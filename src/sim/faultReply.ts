@@ -4,18 +4,29 @@
 import type * as http from "node:http"
 import { DONE, sse } from "./chunks.ts"
 import { type SimContext, sendError } from "./context.ts"
-import { errorBody, LLAMA_ERROR_FIELD } from "./errors.ts"
+import { errorBody, LLAMA_ERROR_FIELD, legacyVllm } from "./errors.ts"
 
 const MESSAGE = "simulated mid-stream engine failure"
 
 /**
- * The error event's object. SGLang wraps its flat error in `{"error": ...}` there, with its default
- * BadRequestError / 400 (create_streaming_error_response: `json.dumps({"error": error.model_dump()})`,
- * sgl-project/sglang python/sglang/srt/entrypoints/openai/utils.py; serving_chat.py calls it with the message
- * alone); the others send the same object as their HTTP errors.
+ * The error event's object. SGLang reports an engine-side failure as the scheduler's abort with an HTTP status
+ * (an out-of-memory, a timeout), sent wrapped with the status's name as its type:
+ * `{"error":{"object":"error",...,"type":"INTERNAL_SERVER_ERROR","code":500}}` (sgl-project/sglang
+ * python/sglang/srt/entrypoints/openai/serving_chat.py and serving_completions.py: a finish_reason of type abort
+ * whose status_code is an HTTPStatus goes to create_streaming_error_response(message, code.name, code.value);
+ * serving_base.py wraps it as `json.dumps({"error": error.model_dump()})`). vLLM sends its HTTP error object,
+ * which before 0.10.1 (--sim-legacy-errors) it also wrapped (`{"error": ErrorResponse(...).model_dump()}`,
+ * vllm/entrypoints/openai/serving_engine.py create_streaming_error_response). llama.cpp: its HTTP error object.
  */
-const midStreamError = (ctx: SimContext): unknown =>
-  ctx.cfg.flavor === "sglang" ? { error: errorBody("sglang", 400, MESSAGE) } : errorBody(ctx.cfg.flavor, 500, MESSAGE)
+const midStreamError = (ctx: SimContext): unknown => {
+  const { flavor } = ctx.cfg
+  if (flavor === "sglang") {
+    const flat = errorBody("sglang", 500, MESSAGE) as Record<string, unknown>
+    return { error: { ...flat, type: "INTERNAL_SERVER_ERROR" } }
+  }
+  if (flavor === "vllm" && ctx.cfg.legacyErrors) return { error: legacyVllm(errorBody("vllm", 500, MESSAGE)) }
+  return errorBody(flavor, 500, MESSAGE)
+}
 
 /**
  * The stream's last bytes after a mid-stream failure. vLLM and SGLang send `data: {"error":...}` then

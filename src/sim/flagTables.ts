@@ -20,6 +20,7 @@ export const BOOLEAN_FLAGS = new Set([
   "--sim-hang-health",
   "--sim-models-while-loading",
   "--sim-kv-legacy-arrays",
+  "--sim-legacy-errors",
   "--sim-nixl-legacy",
   "--sim-kv-replay-3-frames",
   "--enable-metrics",

@@ -2,6 +2,7 @@
 // prompt words the simulator echoes. Returns either the normalised request or an HTTP status + message.
 
 import type { Endpoint } from "./chunks.ts"
+import { contextRefusal } from "./contextLimit.ts"
 import { bodyDpRank } from "./dpPin.ts"
 import { vllmValidationError } from "./errors.ts"
 import { type LlamaInvalid, type LlamaPrompt, llamaMessages, llamaParams, llamaPrompts } from "./llamaRequest.ts"
@@ -185,27 +186,14 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
     maxTokens = rawMax
   }
   const promptWords = words(text)
-  if (cfg.flavor === "vllm" && cfg.maxModelLen !== undefined && rawMax === undefined) {
-    // Without max_tokens vLLM needs room for at least one token: a prompt as long as the context is refused
-    // (vllm-project/vllm vllm/entrypoints/openai/serving_engine.py, OpenAIServing._validate_input:
-    // `if max_tokens is None: if token_num >= self.max_model_len: raise ValueError(...)`, answered 400).
-    if (promptWords.length >= cfg.maxModelLen) {
-      return {
-        status: 400,
-        message: `This model's maximum context length is ${cfg.maxModelLen} tokens. However, you requested ${promptWords.length} tokens in the messages, Please reduce the length of the messages.`,
-        param: null
-      }
-    }
-  } else if (
-    cfg.maxModelLen !== undefined &&
-    promptWords.length + (rawMax === undefined ? 0 : maxTokens) > cfg.maxModelLen
-  ) {
-    return {
-      status: 400,
-      message: `This model's maximum context length is ${cfg.maxModelLen} tokens. However, you requested ${promptWords.length + maxTokens} tokens (${promptWords.length} in the messages, ${maxTokens} in the completion). Please reduce the length of the messages or completion.`,
-      param: null
-    }
-  }
+  const tooLong = contextRefusal(
+    cfg.flavor,
+    cfg.maxModelLen,
+    promptWords.length,
+    rawMax === undefined || rawMax === null ? undefined : maxTokens,
+    cfg.legacyErrors
+  )
+  if (tooLong !== undefined) return { status: 400, ...tooLong }
   // `stop` is a string or a list of strings for all three (vLLM and SGLang protocol.py, mlx_lm/server.py
   // do_POST). vLLM refuses an empty one (vllm/sampling_params.py SamplingParams._verify_args, answered 400).
   const stop = typeof b.stop === "string" ? [b.stop] : Array.isArray(b.stop) ? b.stop.filter(isString) : []

@@ -4,7 +4,7 @@
 import { randomUUID } from "node:crypto"
 import type * as http from "node:http"
 import { modelsBody } from "./chunks.ts"
-import { reply, type SimContext, sendError } from "./context.ts"
+import { errorReply, reply, type SimContext, sendError } from "./context.ts"
 import { invalidJson, LLAMA_LOADING, LLAMA_NOT_FOUND } from "./errors.ts"
 import { applyFaults } from "./faults.ts"
 import { generate } from "./generate.ts"
@@ -275,7 +275,7 @@ const completion = async (
   }
   const parsed = validate(ctx.cfg, endpoint, body, raw)
   if (isInvalid(parsed)) {
-    if (parsed.body !== undefined) return reply(ctx, res, parsed.status, parsed.body)
+    if (parsed.body !== undefined) return errorReply(ctx, res, parsed.status, parsed.body)
     return sendError(ctx, res, parsed.status, parsed.message, parsed.param)
   }
   ctx.stats.received++

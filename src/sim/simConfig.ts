@@ -63,6 +63,11 @@ export interface SimConfig {
   /** llama_cpp: answer /models and /v1/models 200 (`"meta": null`) while loading, as newer llama-server builds do. */
   readonly modelsWhileLoading: boolean
   readonly kvLegacyArrays: boolean
+  /**
+   * vLLM before 0.10.1 (PR #22099): flat `{"object":"error",...}` error bodies, `{"error":{"object":"error",...}}`
+   * mid-stream and the older context-length words (--sim-legacy-errors; other flavors: no effect).
+   */
+  readonly legacyErrors: boolean
   /** vLLM before PR #29665: P sends no remote_request_id, D pulls under its own request id. */
   readonly nixlLegacy: boolean
   /** vLLM < 0.26 replay replies (3 frames, no topic). */

@@ -166,7 +166,7 @@ describe("the end of a stream", () => {
 })
 
 describe("SGLang mid-stream failure", () => {
-  it("an error event wrapping its flat error (BadRequestError, 400), then [DONE]", async () => {
+  it("an error event wrapping its flat error (a scheduler abort: INTERNAL_SERVER_ERROR, 500), then [DONE]", async () => {
     const set = async (faults: Record<string, unknown>) =>
       expect((await postJson(`${sglang.url}/sim/faults`, faults)).status).toBe(200)
     await set({ errorRate: 1, errorKind: "midstream" })
@@ -178,9 +178,9 @@ describe("SGLang mid-stream failure", () => {
         error: {
           object: "error",
           message: "simulated mid-stream engine failure",
-          type: "BadRequestError",
+          type: "INTERNAL_SERVER_ERROR",
           param: null,
-          code: 400
+          code: 500
         }
       })
     } finally {

@@ -2,9 +2,11 @@
  * EngineErrors: every engine's error body, read into one EngineError. Pure, no I/O.
  * Knows the shapes: vLLM >= 0.10.1 nested `{"error":{message,type,param,code}}`, older vLLM and SGLang
  * flat `{"object":"error",message,type,param,code}` (vllm/entrypoints/openai/protocol.py ErrorResponse,
- * python/sglang/srt/entrypoints/openai/protocol.py), llama.cpp `{"error":{code,message,type}}`
- * (tools/server/utils.hpp format_error_response), mlx-lm `{"error":"..."}` (mlx_lm/server.py), FastAPI
- * `{"detail":...}`, and bodies that are not JSON at all.
+ * python/sglang/srt/entrypoints/openai/protocol.py), which their streams (and a nested SGLang body, as
+ * sgl-project/sglang PR #33534 would send it) wrap as `{"error":{"object":"error",...}}`, where SGLang's type may
+ * be a status name or number ("INTERNAL_SERVER_ERROR", "503") and the code is the status; llama.cpp
+ * `{"error":{code,message,type}}` (tools/server/utils.hpp format_error_response), mlx-lm `{"error":"..."}`
+ * (mlx_lm/server.py), FastAPI `{"detail":...}`, and bodies that are not JSON at all.
  */
 import { EngineError } from "./EngineClient.ts"
 
