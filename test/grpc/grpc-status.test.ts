@@ -37,6 +37,7 @@ import {
   UnknownMethod,
   UnsupportedEncoding
 } from "../../src/services/grpc/TransportErrors.ts"
+import { ClientNotAllowed } from "../../src/services/tls/ClientNames.ts"
 
 // One sample per tag: the Record type makes a new member of the union without a sample fail the type check.
 const samples: { readonly [T in GenerateErrorTag]: readonly [Extract<GenerateError, { _tag: T }>, Status] } = {
@@ -86,7 +87,8 @@ const samples: { readonly [T in GenerateErrorTag]: readonly [Extract<GenerateErr
   UndecodableRequest: [new UndecodableRequest({ method: "/x.Y/Z", detail: "bad wire type" }), Status.INVALID_ARGUMENT],
   ProtocolViolation: [new ProtocolViolation({ detail: "no message" }), Status.INTERNAL],
   UnsupportedEncoding: [new UnsupportedEncoding({ encoding: "snappy" }), Status.UNIMPLEMENTED],
-  CallDeadlineExceeded: [new CallDeadlineExceeded(), Status.DEADLINE_EXCEEDED]
+  CallDeadlineExceeded: [new CallDeadlineExceeded(), Status.DEADLINE_EXCEEDED],
+  ClientNotAllowed: [new ClientNotAllowed({ names: "DNS:other.cgn.svc" }), Status.PERMISSION_DENIED]
 }
 
 describe("the status table", () => {

@@ -48,6 +48,11 @@ export const crossChecks = (c: ConfigFile): Array<string> => {
     for (const k of ["ca_file", "cert_file", "key_file"] as const) {
       if (c.security[k] === undefined) problems.push(`security.${k}: required when security.require_mtls = true`)
     }
+  } else if ((c.security.allowed_client_names ?? []).length > 0) {
+    // Names of client certificates, and without mTLS there are none: the list would read as protection it is not.
+    problems.push(
+      "security.allowed_client_names: names client certificates, and without mTLS the gRPC server asks for none (anyone who reaches it can call); set security.require_mtls = true with ca_file, cert_file and key_file, or remove the key"
+    )
   }
   const tlsKeys = [c.cluster.etcd_cert_file, c.cluster.etcd_key_file]
   if (tlsKeys.filter((k) => k !== undefined).length === 1) {

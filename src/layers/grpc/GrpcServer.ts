@@ -5,7 +5,7 @@
  * [agent].listen_grpc; when the scope closes it publishes NOT_SERVING, ends Watch streams and gives running
  * calls `shutdownGraceMs` before cancelling them (connections with none close at once), logging what it cut.
  */
-import { Duration, Effect, Layer, Schema } from "effect"
+import { Duration, Effect, Layer, Option, Schema } from "effect"
 import type { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
 import { Config } from "../../services/config/Config.ts"
 import type { EngineClient } from "../../services/engine/EngineClient.ts"
@@ -14,10 +14,12 @@ import { StreamAborted } from "../../services/grpc/CallErrors.ts"
 import { AGENT_SERVICE, GrpcServer, type GrpcServerService } from "../../services/grpc/GrpcServer.ts"
 import { joinHostPort, splitHostPort, unbracket } from "../../services/net/HostPort.ts"
 import { NodeStatus } from "../../services/node/NodeStatus.ts"
+import { Metrics } from "../../services/observability/Metrics.ts"
 import type { TlsSource } from "../../services/tls/Tls.ts"
 import { ActiveCalls } from "./ActiveCalls.ts"
 import { addAgent, GENERATE_PATH } from "./AgentService.ts"
 import * as GenerateCall from "./GenerateCall.ts"
+import { guardReport } from "./guardReport.ts"
 import { addHealth, HEALTH_SERVICE } from "./Health.ts"
 import { concurrentStreams } from "./http2/Connections.ts"
 import { Http2GrpcServer, type Http2GrpcServerOptions } from "./http2/Server.ts"
@@ -92,6 +94,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
   const config = yield* Config
   const nodeStatus = yield* NodeStatus
   const run = Effect.runCallbackWith(yield* Effect.context<never>())
+  const metrics = Option.getOrUndefined(yield* Effect.serviceOption(Metrics))
   const serving = yield* ServingState.make
   const active = new ActiveCalls()
   yield* StallWatchdog.fork(active)
@@ -109,6 +112,10 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     // Streams admission does not count yet (requests still arriving) are bounded per connection, with room for
     // every call admission would hold, twice over.
     maxConcurrentStreams: concurrentStreams(config.agent.max_inflight, config.agent.max_queue),
+    // Connections past these are closed at accept; floods and node:http2's own closures are closed, counted, logged.
+    maxConnectionsPerPeer: config.agent.max_connections_per_peer,
+    maxConnections: config.agent.max_connections,
+    onGuard: guardReport(run, metrics),
     tls: options.tls,
     ...errorLogging(run, "gRPC"),
     // Generate calls the transport ended before the handler (a bad message or grpc-timeout, a deadline or cancel
@@ -151,6 +158,8 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
       Effect.timeoutOrElse({ duration: Duration.millis(grace), orElse: () => cut(server, grace) })
     )
   )
+  if (metrics !== undefined)
+    yield* metrics.onCollect(Effect.sync(() => metrics.grpcConnections.set(server.connections)))
   const bound = joinHostPort(splitHostPort(address).host, port)
   yield* Effect.logInfo("gRPC listening").pipe(Effect.annotateLogs({ address: bound }))
 

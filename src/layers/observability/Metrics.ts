@@ -66,6 +66,17 @@ const makeHandles = (registry: Registry): MetricHandles => {
       ["model"] as const
     ),
     engineCallFailureStreaks: counter("engine_call_failure_streaks_total", CALL_FAILURE_STREAKS, ["model"] as const),
+    grpcConnectionsRefused: counter(
+      "grpc_connections_refused_total",
+      "gRPC connections closed at accept, by reason: peer_limit (agent.max_connections_per_peer), total_limit (agent.max_connections), cooldown (the peer flooded in the last 10 s)",
+      ["reason"] as const
+    ),
+    grpcConnectionsClosed: counter(
+      "grpc_connections_closed_total",
+      "gRPC connections closed for abuse, by reason: frame_flood (frames that carry no call, GOAWAY ENHANCE_YOUR_CALM), reset_flood (stream resets past the budget of the connection, node:http2's rapid-reset guard, or of the peer), control_flood (nghttp2's flood detection), protocol_error",
+      ["reason"] as const
+    ),
+    grpcConnections: gauge("grpc_connections", "gRPC connections open on agent.listen_grpc"),
     inflight: gauge("inflight_requests", "Generate calls running through the agent"),
     queued: gauge("queued_requests", "Generate calls waiting for an admission slot"),
     engineState: gauge("engine_state", "1 for the engine supervisor's current state", ["state"] as const),
@@ -104,6 +115,10 @@ const makeHandles = (registry: Registry): MetricHandles => {
     tlsCertificateExpiry: gauge(
       "tls_certificate_expiry_timestamp_seconds",
       "When the served gRPC certificate stops being valid, Unix seconds (no sample in plaintext)"
+    ),
+    tlsClientConnectionsRefused: counter(
+      "tls_client_connections_refused_total",
+      "gRPC connections whose client certificate chained to security.ca_file but was not in security.allowed_client_names (each call on them refused PERMISSION_DENIED)"
     ),
     nodeState: gauge(
       "node_state",

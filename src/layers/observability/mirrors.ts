@@ -64,6 +64,7 @@ export const mirrorTls = (status: Effect.Effect<TlsStatus>): Effect.Effect<void,
           m.tlsCertificateExpiry,
           s.certificateNotAfter === undefined ? undefined : Date.parse(s.certificateNotAfter) / 1000
         )
+        setCounter(m.tlsClientConnectionsRefused, s.clientsRefused ?? 0)
       })
     )
   )

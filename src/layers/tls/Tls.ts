@@ -2,13 +2,15 @@
  * Live Tls: reads and checks the PEM files (tlsMaterial.ts) and serves them as a cell (materialCell.ts) the
  * gRPC server subscribes to, applying each change with the HTTP/2 server's `setSecureContext`. Watches the
  * files and their directories (debounced) and SIGHUP (watchChanges.ts); an invalid new file is logged, the
- * old material kept, and the files read again with backoff until they are valid. Client credentials:
- * clientCredentials.ts.
+ * old material kept, and the files read again with backoff until they are valid. `allowed_client_names`:
+ * clientNameCheck.ts. Client credentials: clientCredentials.ts.
  */
 import { Duration, Effect, Layer, Queue, Random, Semaphore, Stream } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
+import { ALLOWED_CLIENT_NAMES } from "../../services/tls/ClientNames.ts"
 import { Tls, type TlsError, type TlsService } from "../../services/tls/Tls.ts"
+import { effectLog, makeClientNameCheck } from "./clientNameCheck.ts"
 import { MaterialCell } from "./materialCell.ts"
 import { certificateNotAfter, readMaterial, type Security, sameMaterial, securityFiles } from "./tlsMaterial.ts"
 import { watchChanges } from "./watchChanges.ts"
@@ -52,6 +54,7 @@ export const make = (security: Security, options: TlsOptions = {}) =>
     }
     const files = securityFiles(security)
     const cell = new MaterialCell(yield* readMaterial(files))
+    const clientNames = yield* clientNamesOf(security)
     let generation = 1
     let notAfter = certificateNotAfter(cell.current())
     let lastError: TlsError | undefined
@@ -131,7 +134,10 @@ export const make = (security: Security, options: TlsOptions = {}) =>
 
     return Tls.of({
       enabled: true,
-      serverTls: cell,
+      serverTls:
+        clientNames === undefined
+          ? cell
+          : { current: cell.current, subscribe: cell.subscribe, clientNames: clientNames.check },
       reload,
       generation: Effect.sync(() => generation),
       lastError: Effect.sync(() => lastError),
@@ -139,9 +145,29 @@ export const make = (security: Security, options: TlsOptions = {}) =>
         enabled: true,
         generation,
         certificateNotAfter: notAfter,
-        ...(lastError === undefined ? {} : { reloadError: lastError.message })
+        ...(lastError === undefined ? {} : { reloadError: lastError.message }),
+        ...(clientNames === undefined ? {} : { clientsRefused: clientNames.refused() })
       }))
     })
+  })
+
+/**
+ * `security.allowed_client_names`' check, undefined for none or an empty list; says at start which clients are
+ * served. Info, not a warning, without a list: a CA of the agents' clients' own (the README's advice) is sound, and
+ * the agent cannot tell it from a shared one; a warning every correct deployment prints teaches to skip warnings.
+ */
+const clientNamesOf = (security: Security) =>
+  Effect.gen(function* () {
+    const names = security.allowed_client_names ?? []
+    if (names.length === 0) {
+      yield* Effect.logInfo(
+        `tls: mTLS on; any client certificate that chains to security.ca_file may call (${ALLOWED_CLIENT_NAMES} is not set)`
+      )
+      return undefined
+    }
+    yield* Effect.logInfo(`tls: mTLS on; clients allowed by ${ALLOWED_CLIENT_NAMES}: ${names.join(", ")}`)
+    const run = Effect.runCallbackWith(yield* Effect.context<never>())
+    return makeClientNameCheck(names, effectLog(run))
   })
 
 /**

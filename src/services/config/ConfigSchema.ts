@@ -4,6 +4,7 @@
  * Key names are snake_case exactly as written in TOML, so a key path in an error is the key in the file.
  */
 import { Effect, Schema } from "effect"
+import { clientNameProblem } from "../tls/ClientNames.ts"
 import {
   DialableHostPort,
   EtcdEndpoint,
@@ -64,11 +65,16 @@ export const ClusterSection = Schema.Struct({
   etcd_password: Schema.optionalKey(Schema.String)
 })
 
+/** A client allowed by `security.allowed_client_names` (services/tls/ClientNames.ts: DNS name, `*.` one label, URI, IP). */
+const ClientName = Schema.String.check(Schema.makeFilter((s) => clientNameProblem(s)))
+
 export const SecuritySection = Schema.Struct({
   require_mtls: withDefault(Schema.Boolean, false),
   ca_file: Schema.optionalKey(Schema.String),
   cert_file: Schema.optionalKey(Schema.String),
-  key_file: Schema.optionalKey(Schema.String)
+  key_file: Schema.optionalKey(Schema.String),
+  // Absent or empty: any client certificate that chains to ca_file (crossChecks.ts: only with require_mtls).
+  allowed_client_names: Schema.optionalKey(Schema.Array(ClientName))
 })
 
 export const AgentSection = Schema.Struct({
@@ -92,6 +98,12 @@ export const AgentSection = Schema.Struct({
   client_send_timeout: withDefault(ShortDuration, "1m"),
   // From a request's headers to its end (layers/grpc/http2/Server.ts); "0s": never (slow senders hold streams for good).
   request_read_timeout: withDefault(ShortDuration, "10s"),
+  // gRPC connections open at once from one peer address, and in all (layers/grpc/http2/Guard.ts); 0: no cap. A router
+  // holds one connection per node (grpc-go, grpc-js, grpc-java), a pool or an Envoy one per worker: 64 is far above
+  // that, and bounds what one address multiplies its per-connection budgets (rapid resets, streams) by. 4096 is far
+  // above a router fleet's few connections each, and bounds the sessions (and their 4096 streams each) the agent holds.
+  max_connections_per_peer: withDefault(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), 64),
+  max_connections: withDefault(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), 4096),
   handoff_timeout: withDefault(PositiveDuration("every prefill and decode leg would time out at once"), "30s"),
   state_dir: withDefault(Schema.NonEmptyString, "/var/lib/cgn-agent"),
   log_level: withDefault(Schema.Literals(LogLevels), "info"),

@@ -7,6 +7,7 @@
  */
 import { Status } from "nice-grpc-common"
 import type { EngineError } from "../engine/EngineClient.ts"
+import type { ClientNotAllowed } from "../tls/ClientNames.ts"
 import type { Draining, Overloaded, ShedAtArrival, ShedAtSlot } from "./Admission.ts"
 import type {
   AgentDefect,
@@ -42,6 +43,7 @@ export type GenerateError =
   | ServerShuttingDown
   | AgentDefect
   | TransportError
+  | ClientNotAllowed
 
 export type GenerateErrorTag = GenerateError["_tag"]
 
@@ -228,7 +230,10 @@ export const statusTable: { readonly [T in GenerateErrorTag]: Row<T> } = {
   ProtocolViolation: agent(Status.INTERNAL, "protocol_violation", false),
   UnsupportedEncoding: agent(Status.UNIMPLEMENTED, "unsupported_encoding", false),
   CallDeadlineExceeded: agent(Status.DEADLINE_EXCEEDED, "deadline_exceeded", false),
-  CallCancelled: agent(Status.CANCELLED, "cancelled", false)
+  CallCancelled: agent(Status.CANCELLED, "cancelled", false),
+  // A client certificate of the CA that security.allowed_client_names does not name, on every call of its
+  // connection: who the caller is, not what it asked; every agent of the cluster has the same list, so no retry.
+  ClientNotAllowed: agent(Status.PERMISSION_DENIED, "client_not_allowed", false)
 }
 
 /** The status a Generate call ends with for `e`. */

@@ -39,6 +39,15 @@ export interface MetricHandles {
    * the engine as failing calls (services/engine/FailedCalls.ts). A 0 sample from the start.
    */
   readonly engineCallFailureStreaks: Counter<"model">
+  /**
+   * gRPC connections closed at accept by reason (services/grpc/ConnectionCaps.ts RefusedReason: peer_limit,
+   * total_limit, cooldown), and closed later for abuse (services/grpc/FloodRule.ts ClosedReason: frame_flood,
+   * reset_flood, control_flood, protocol_error). A 0 sample of each reason from the start (GrpcServer.ts).
+   */
+  readonly grpcConnectionsRefused: Counter<"reason">
+  readonly grpcConnectionsClosed: Counter<"reason">
+  /** gRPC connections open on agent.listen_grpc (the ones agent.max_connections counts), set at each scrape. */
+  readonly grpcConnections: Gauge
   readonly inflight: Gauge
   readonly queued: Gauge
   /** 1 for the current EngineState tag (lower-case: starting, ready, ...), 0 for the others. */
@@ -73,6 +82,11 @@ export interface MetricHandles {
   readonly tlsReloadFailing: Gauge
   /** The served certificate's end of validity, Unix seconds; no sample in plaintext. */
   readonly tlsCertificateExpiry: Gauge
+  /**
+   * gRPC connections whose client certificate security.allowed_client_names refused (TlsStatus.clientsRefused),
+   * mirrored at every scrape: set it with `setCounter`.
+   */
+  readonly tlsClientConnectionsRefused: Counter
   /** One-hot: the node's state as routers see it (NodeHealth.state). */
   readonly nodeState: Gauge<"state">
   /**

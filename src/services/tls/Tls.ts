@@ -2,9 +2,11 @@
  * Tls: the gRPC server's transport security from `[security]`. With `require_mtls`, TLS whose client
  * certificates must chain to `ca_file`; otherwise plaintext. The certificate files are re-read on change
  * (file and directory watches, so Kubernetes' symlink swap is seen) and on SIGHUP, and new connections get
- * the new certificate without a restart. Owns the interface and the one error; the live code is layers/tls/Tls.ts.
+ * the new certificate without a restart; `allowed_client_names` narrows the clients to some of the CA's
+ * (ClientNames.ts). Owns the interface and the one error; the live code is layers/tls/Tls.ts.
  */
 import { Context, type Effect, Schema } from "effect"
+import type { ClientNotAllowed, PeerCertificateNames } from "./ClientNames.ts"
 
 /** A certificate file that cannot be used. `key` is the config key (`security.cert_file`) or CLI flag. */
 export class TlsError extends Schema.TaggedError<TlsError>()("TlsError", {
@@ -24,11 +26,22 @@ export interface TlsMaterial {
   readonly key: Buffer
 }
 
+/**
+ * `security.allowed_client_names` as the server asks it: once per connection, when its TLS handshake completes,
+ * with the client's certificate and address. A refusal (reported by the check: logged, counted) ends every call on
+ * the connection with it.
+ */
+export interface ClientNameCheck {
+  readonly admit: (certificate: PeerCertificateNames, peer: string) => ClientNotAllowed | undefined
+}
+
 /** Certificates that can change while a server runs: the current ones and each update after. */
 export interface TlsSource {
   readonly current: () => TlsMaterial
   /** Calls `listener` with each new material; the function it returns unsubscribes. */
   readonly subscribe: (listener: (material: TlsMaterial) => void) => () => void
+  /** Which clients of the CA may call; absent: any certificate that chains to `ca_file`. */
+  readonly clientNames?: ClientNameCheck | undefined
 }
 
 /** What /status and the metrics show of the served certificates. */
@@ -41,6 +54,11 @@ export interface TlsStatus {
   readonly certificateNotAfter?: string
   /** Why the last reload failed, while the previous certificates are still served (retried with backoff). */
   readonly reloadError?: string
+  /**
+   * Connections whose client certificate `security.allowed_client_names` refused, since start; absent without the
+   * list (any certificate of the CA is allowed).
+   */
+  readonly clientsRefused?: number
 }
 
 export interface TlsService {

@@ -243,7 +243,9 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
   readonly #sendTrailers = (): void => {
     if (this.#trailers === undefined || this.#stream.destroyed) return
     this.#stream.sendTrailers(this.#trailers)
-    this.#stopRequest()
+    // node:http2 submits the trailers on setImmediate (nodejs/node lib/internal/http2/core.js, sendTrailers): a reset
+    // submitted now went out first, and a client still sending its request got RST_STREAM without a status.
+    setImmediate(() => this.#stopRequest())
   }
 
   /**

@@ -7,7 +7,8 @@
  * burst of cancels short with INTERNAL.
  * Routing, the request's framing and decoding, deadlines (the caller's, and the request's arrival) and the
  * listener's lifecycle live here; its options in ServerOptions.ts; one call's
- * responses in Call.ts; the connections (handshake deadline, what close() closes at once) in Connections.ts.
+ * responses in Call.ts; the connections (handshake deadline, what close() closes at once) in Connections.ts; the
+ * caps on connections and the flood rule in Guard.ts; `security.allowed_client_names` in clientNames.ts.
  */
 
 import * as http2 from "node:http2"
@@ -28,7 +29,10 @@ import {
 import { isGrpcContentType, MessageReader, parseTimeout } from "../../../services/grpc/Wire.ts"
 import { ServerCall, type UnaryCallback } from "./Call.ts"
 import { Connections, HANDSHAKE_TIMEOUT_MS, type OpenConnections, sessionSettings } from "./Connections.ts"
+import { followClientNames, type RefusalOf } from "./clientNames.ts"
 import { type Decoder, decode } from "./decodeMessage.ts"
+import { chunkBytes, Guard } from "./Guard.ts"
+import { messageBound, messageTimeout } from "./messageBound.ts"
 import type { Http2GrpcServerOptions } from "./ServerOptions.ts"
 
 export type { Http2GrpcServerOptions } from "./ServerOptions.ts"
@@ -76,16 +80,23 @@ export class Http2GrpcServer {
   readonly #routes = new Map<string, Route>()
   readonly #options: Http2GrpcServerOptions
   readonly #connections: Connections
+  readonly #guard: Guard
   #server: http2.Http2Server | http2.Http2SecureServer | undefined
   /** Bytes received on streams whose handler has not run yet (maxArrivingBytes). */
   #arriving = 0
   #unsubscribe: (() => void) | undefined
+  /** security.allowed_client_names: the refusal of a call's connection (clientNames.ts); absent without a list. */
+  #refusalOf: RefusalOf | undefined
   /** The end of a request that did not arrive in time (made once, as DEADLINE). */
   readonly #readTimeout: GrpcFailure
+  /** requestReadTimeoutMs's end of a request-streaming call, one of whose messages did not arrive in time. */
+  readonly #messageTimeout: GrpcFailure
 
   constructor(options: Http2GrpcServerOptions) {
     this.#options = options
     this.#readTimeout = failure(new RequestReadTimeout({ timeoutMs: options.requestReadTimeoutMs ?? 0 }))
+    this.#messageTimeout = messageTimeout(this.#readTimeout, options.requestReadTimeoutMs ?? 0)
+    this.#guard = new Guard(options)
     this.#connections = new Connections(options.handshakeTimeoutMs ?? HANDSHAKE_TIMEOUT_MS, (e) =>
       options.onConnectionError?.(e)
     )
@@ -123,6 +134,10 @@ export class Http2GrpcServer {
     }
     this.#server = server
     this.#connections.attach(server)
+    // Last: it wraps every 'connection' listener added before it (Guard.ts).
+    this.#guard.attach(server)
+    if (tls?.clientNames !== undefined)
+      this.#refusalOf = followClientNames(server as http2.Http2SecureServer, tls.clientNames)
     server.on("stream", (stream, headers) => this.#onStream(stream, headers))
     return new Promise((resolve, reject) => {
       // Not listening: nothing will close this server, so its certificate subscription ends here.
@@ -147,6 +162,7 @@ export class Http2GrpcServer {
   close(): Promise<void> {
     const server = this.#server
     this.#unsubscribe?.()
+    this.#guard.stop()
     if (server === undefined || !server.listening) return Promise.resolve()
     // First: the server's own close closes every session gracefully, which waits on the client (Connections.ts).
     this.#connections.close()
@@ -158,14 +174,22 @@ export class Http2GrpcServer {
     return this.#connections.open
   }
 
+  /** Connections open now, counted from their accept (what maxConnections caps). */
+  get connections(): number {
+    return this.#guard.open
+  }
+
   /** Closes every connection now: their running calls see 'cancelled'. */
   destroy(): void {
     this.#unsubscribe?.()
+    this.#guard.stop()
     this.#connections.destroy()
     if (this.#server?.listening) this.#server.close()
   }
 
   #onStream(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders): void {
+    // Every stream's headers and request bytes are the connection's accounted bytes (Guard.ts's flood rule).
+    const accounting = this.#guard.onStream(stream.session, headers)
     if (headers[":method"] !== "POST" || !isGrpcContentType(headers["content-type"])) {
       refuse(stream, headers[":method"] !== "POST" ? 405 : 415)
       return
@@ -191,6 +215,12 @@ export class Http2GrpcServer {
       call.sendStatus(f)
       this.#options.onRejected?.(path, f.code)
     }
+    // Before the method is looked up: a client the list refuses learns nothing of what this server serves.
+    const refused = this.#refusalOf?.(stream.session)
+    if (refused !== undefined) {
+      reject(refused)
+      return
+    }
     if (route === undefined) {
       reject(failure(new UnknownMethod({ path })))
       return
@@ -203,6 +233,7 @@ export class Http2GrpcServer {
     }
     if (timeout !== undefined) call.endAt(timeout, DEADLINE)
     call.once("cancelled", (why: "cancelled" | "deadline") => {
+      if (why === "cancelled") this.#guard.onReset(accounting)
       if (handled) return
       release()
       this.#options.onRejected?.(path, why === "deadline" ? DEADLINE.code : CANCELLED)
@@ -242,7 +273,10 @@ export class Http2GrpcServer {
     // A failure after the handler runs (a second message on a stream it reads) is the handler's call to end.
     const end = (f: GrpcFailure): void => (handled ? call.sendStatus(f) : reject(f))
     const budget = this.#options.maxArrivingBytes ?? Number.POSITIVE_INFINITY
+    // A request-streaming call's bound (requestReadTimeoutMs): each message, from its first bytes to its last.
+    const bound = streaming ? messageBound(stream, readMs, () => end(this.#messageTimeout)) : undefined
     stream.on("data", (chunk: Buffer) => {
+      accounting.accounted += chunkBytes(chunk.length)
       if (call.done) return
       if (!handled) {
         if (this.#arriving + chunk.length > budget)
@@ -252,11 +286,13 @@ export class Http2GrpcServer {
       }
       const f = onMessages(chunk)
       if (f !== undefined) end(f)
+      else bound?.after(reader.pending)
     })
     stream.once("end", () => {
       // A caller's reset ends the request too: that is its cancel ('cancelled' on close), not a short message.
       if (call.done || stream.aborted) return
       clearTimeout(reading)
+      bound?.stop()
       const broken =
         reader.pending > 0
           ? "the request ended inside a message"

@@ -1,6 +1,8 @@
 /** What the agent's gRPC server (Server.ts) is given: its limits, its TLS, and where it reports what it ends. */
 
+import type { FloodLimits } from "../../../services/grpc/FloodRule.ts"
 import type { TlsSource } from "../../../services/tls/Tls.ts"
+import type { GuardEvent } from "./Guard.ts"
 
 export interface Http2GrpcServerOptions {
   /** The largest request message accepted, decompressed (bytes); a larger one ends RESOURCE_EXHAUSTED. */
@@ -32,12 +34,22 @@ export interface Http2GrpcServerOptions {
   /**
    * How long a request with one message (unary, server-streaming) has from its headers to arrive whole, its end
    * included; past it the call ends RESOURCE_EXHAUSTED (RequestReadTimeout) before its handler runs: the bytes above
-   * bound what slow senders hold, this how long. Request-streaming methods run their handler at the headers and are
-   * not bounded here. 0 or absent: never.
+   * bound what slow senders hold, this how long. Request-streaming methods run their handler at the headers: each of
+   * their messages has this long from its first bytes to arrive whole (messageBound.ts). 0 or absent: never.
    */
   readonly requestReadTimeoutMs?: number | undefined
   /** How long a connection has to complete its handshake (default HANDSHAKE_TIMEOUT_MS; tests shorten it). */
   readonly handshakeTimeoutMs?: number | undefined
   /** The most streams one connection holds open at once; more are refused (default MIN_CONCURRENT_STREAMS). */
   readonly maxConcurrentStreams?: number | undefined
+  /** Connections one peer address may hold open at once; more are closed at accept (Guard.ts). 0 or absent: no cap. */
+  readonly maxConnectionsPerPeer?: number | undefined
+  /** Connections open at once on this listener; more are closed at accept. 0 or absent: no cap. */
+  readonly maxConnections?: number | undefined
+  /** The flood rule's limits (default FLOOD_LIMITS, services/grpc/FloodRule.ts; tests lower them). */
+  readonly floodLimits?: FloodLimits | undefined
+  /** Stream resets one peer may make on all its connections (default PEER_RESET_BURST/RATE; tests lower them). */
+  readonly peerResets?: { readonly burst: number; readonly ratePerSec: number } | undefined
+  /** A connection refused at accept or closed for abuse (a flood, Node's rapid-reset guard, a protocol error). */
+  readonly onGuard?: ((event: GuardEvent) => void) | undefined
 }

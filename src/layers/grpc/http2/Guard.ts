@@ -1,0 +1,233 @@
+/**
+ * The gRPC server's guard against clients that cost it without calling: the caps on connections open at once per
+ * peer and in total, checked at accept (services/grpc/ConnectionCaps.ts), the flood rule over each connection's
+ * bytes, sampled on a timer (services/grpc/FloodRule.ts), and the report of connections node:http2 itself closed
+ * (its rapid-reset guard, nghttp2's flood detection, protocol errors). Each refusal and closure is reported through
+ * `onEvent` (GrpcServer.ts counts and logs them); a peer closed for a flood is refused for FLOOD_COOLDOWN_MS.
+ */
+
+import * as http2 from "node:http2"
+import type * as net from "node:net"
+import {
+  type CapLimits,
+  ConnectionCaps,
+  FLOOD_COOLDOWN_MS,
+  peerOf,
+  type RefusedReason
+} from "../../../services/grpc/ConnectionCaps.ts"
+import {
+  type ClosedReason,
+  closedReason,
+  DATA_FRAME_BYTES,
+  FLOOD_LIMITS,
+  type FloodBucket,
+  type FloodLimits,
+  floodStep,
+  fullBucket,
+  headerListBytes,
+  PEER_RESET_BURST,
+  PEER_RESET_RATE,
+  type ResetMirror,
+  resetMirror,
+  resetStep,
+  STREAM_FRAME_BYTES,
+  wasted
+} from "../../../services/grpc/FloodRule.ts"
+import { STREAM_RESET_BURST, STREAM_RESET_RATE } from "./Connections.ts"
+
+/** A connection refused at accept, or closed for abuse; `bytes`: a frame flood's waste in its last sample. */
+export type GuardEvent =
+  | { readonly kind: "refused"; readonly reason: RefusedReason; readonly peer: string; readonly limit: number }
+  | { readonly kind: "closed"; readonly reason: ClosedReason; readonly peer: string; readonly bytes?: number }
+
+/**
+ * How often each connection's bytes are sampled: a flood is closed within about this much after its burst is spent
+ * (the review's flood spends 8 MiB in ~40 ms). One timer for every connection; a tick reads two counters of each.
+ */
+export const SAMPLE_MS = 250
+
+/** What the server adds to as a connection's calls arrive (Server.ts): the bytes they account for. */
+export interface Accounting {
+  accounted: number
+  /** The connection's peer and session; absent for a session not followed (closing). */
+  readonly peer?: string
+  readonly session?: http2.Http2Session
+}
+
+interface Followed extends Accounting {
+  readonly peer: string
+  readonly session: http2.Http2Session
+  bucket: FloodBucket
+  mirror: ResetMirror
+  read: number
+  written: number
+}
+
+/** Where the calls of a session not followed (already closed) account: nowhere that is read. */
+const nowhere: Accounting = { accounted: 0 }
+
+/** The server's options the guard reads (ServerOptions.ts). */
+export interface GuardOptions {
+  readonly maxConnectionsPerPeer?: number | undefined
+  readonly maxConnections?: number | undefined
+  readonly floodLimits?: FloodLimits | undefined
+  readonly peerResets?: { readonly burst: number; readonly ratePerSec: number } | undefined
+  readonly onGuard?: ((event: GuardEvent) => void) | undefined
+}
+
+/** The socket's byte counters; undefined once node:http2 has let the socket go (the session is closing). */
+const counters = (session: http2.Http2Session): { read: number; written: number } | undefined => {
+  try {
+    const socket = session.socket
+    return { read: socket.bytesRead, written: socket.bytesWritten }
+  } catch {
+    return undefined
+  }
+}
+
+export class Guard {
+  readonly #caps: ConnectionCaps
+  readonly #limits: CapLimits
+  readonly #flood: FloodLimits
+  readonly #resetBurst: number
+  readonly #resetRate: number
+  readonly #onEvent: (event: GuardEvent) => void
+  readonly #sessions = new Map<http2.Http2Session, Followed>()
+  /** Each peer's stream resets on all its connections (PEER_RESET_BURST), while it has any not refilled. */
+  readonly #peerResets = new Map<string, ResetMirror>()
+  #timer: NodeJS.Timeout | undefined
+
+  constructor(options: GuardOptions) {
+    this.#limits = { perPeer: options.maxConnectionsPerPeer ?? 0, total: options.maxConnections ?? 0 }
+    this.#caps = new ConnectionCaps(this.#limits)
+    this.#flood = options.floodLimits ?? FLOOD_LIMITS
+    this.#resetBurst = options.peerResets?.burst ?? PEER_RESET_BURST
+    this.#resetRate = options.peerResets?.ratePerSec ?? PEER_RESET_RATE
+    this.#onEvent = options.onGuard ?? (() => {})
+  }
+
+  /**
+   * Follows `server`'s connections. Call it after every other 'connection' listener is added: they, node:http2's
+   * own (which makes the session, or for TLS starts the handshake) included, run only for a connection the caps
+   * admit, so a refused one costs an accept and a close.
+   */
+  attach(server: http2.Http2Server | http2.Http2SecureServer): void {
+    // net.Server and tls.Server add their connection listener as a 'connection' listener (nodejs/node lib/net.js,
+    // lib/_tls_wrap.js): taken here and called only for admitted connections.
+    const listeners = server.listeners("connection") as Array<(socket: net.Socket) => void>
+    server.removeAllListeners("connection")
+    server.on("connection", (socket: net.Socket) => {
+      const peer = peerOf(socket.remoteAddress)
+      const refused = this.#caps.admit(peer, Date.now())
+      if (refused !== undefined) {
+        socket.on("error", () => {})
+        socket.destroy()
+        const limit =
+          refused === "peer_limit" ? this.#limits.perPeer : refused === "total_limit" ? this.#limits.total : 0
+        this.#onEvent({ kind: "refused", reason: refused, peer, limit })
+        return
+      }
+      socket.once("close", () => this.#caps.release(peer))
+      for (const listener of listeners) listener.call(server, socket)
+    })
+    server.on("session", (session) => this.#follow(session))
+    this.#timer = setInterval(this.#sample, SAMPLE_MS)
+    this.#timer.unref()
+  }
+
+  /** Stops sampling (the server is closing). */
+  stop(): void {
+    clearInterval(this.#timer)
+  }
+
+  /** Connections open now (admitted, not closed). */
+  get open(): number {
+    return this.#caps.open()
+  }
+
+  /** A call's stream arrived on `session`: its headers are accounted for; returns where its request bytes count. */
+  onStream(session: http2.Http2Session | undefined, headers: http2.IncomingHttpHeaders): Accounting {
+    const f = session && this.#sessions.get(session)
+    if (f === undefined) return nowhere
+    f.accounted += headerListBytes(headers) + STREAM_FRAME_BYTES
+    f.mirror = resetStep(f.mirror, Date.now(), STREAM_RESET_BURST, STREAM_RESET_RATE)
+    return f
+  }
+
+  /**
+   * The caller reset a call on the connection `a` accounts for (not the session's own end): past the peer's budget
+   * (PEER_RESET_BURST, on all its connections together) that connection is closed ENHANCE_YOUR_CALM and the peer
+   * cools down; its other connections are closed at their next reset.
+   */
+  onReset(a: Accounting): void {
+    const { peer, session } = a
+    if (peer === undefined || session === undefined || session.destroyed || session.closed) return
+    const now = Date.now()
+    const m = resetStep(
+      this.#peerResets.get(peer) ?? resetMirror(this.#resetBurst, now),
+      now,
+      this.#resetBurst,
+      this.#resetRate
+    )
+    this.#peerResets.set(peer, m)
+    if (m.left >= 0) return
+    this.#close(session, peer, now, "reset_flood")
+  }
+
+  #close(session: http2.Http2Session, peer: string, now: number, reason: ClosedReason, bytes?: number): void {
+    this.#sessions.delete(session)
+    this.#caps.cooldown(peer, now, FLOOD_COOLDOWN_MS)
+    // GOAWAY ENHANCE_YOUR_CALM (RFC 9113 7: "the endpoint is ... generating excessive load"), then the socket closes.
+    // With an error: destroy(undefined, code) sends NO_ERROR (its first parameter defaults to NO_ERROR, a number that
+    // then stands for the code). The error goes to the session's 'error' (onConnectionError, logged at debug).
+    session.destroy(
+      new Error(`connection closed ENHANCE_YOUR_CALM: ${reason}`),
+      http2.constants.NGHTTP2_ENHANCE_YOUR_CALM
+    )
+    this.#onEvent(bytes === undefined ? { kind: "closed", reason, peer } : { kind: "closed", reason, peer, bytes })
+  }
+
+  #follow(session: http2.Http2Session): void {
+    const now = Date.now()
+    const c = counters(session)
+    const f: Followed = {
+      peer: peerOf(session.socket?.remoteAddress),
+      session,
+      accounted: 0,
+      bucket: fullBucket(now, this.#flood),
+      mirror: resetMirror(STREAM_RESET_BURST, now),
+      read: c?.read ?? 0,
+      written: c?.written ?? 0
+    }
+    this.#sessions.set(session, f)
+    session.on("error", (e: NodeJS.ErrnoException) => {
+      const reason = closedReason(e.errno, f.mirror, STREAM_RESET_RATE)
+      if (reason === undefined) return
+      if (reason !== "protocol_error") this.#caps.cooldown(f.peer, Date.now(), FLOOD_COOLDOWN_MS)
+      this.#onEvent({ kind: "closed", reason, peer: f.peer })
+    })
+    session.once("close", () => this.#sessions.delete(session))
+  }
+
+  readonly #sample = (): void => {
+    const now = Date.now()
+    this.#caps.prune(now)
+    for (const [peer, m] of this.#peerResets)
+      if (m.left + ((now - m.atMs) / 1000) * this.#resetRate >= this.#resetBurst) this.#peerResets.delete(peer)
+    for (const [session, f] of this.#sessions) {
+      if (session.destroyed) continue
+      const c = counters(session)
+      if (c === undefined) continue
+      const sample = { read: c.read - f.read, written: c.written - f.written, accounted: f.accounted }
+      f.read = c.read
+      f.written = c.written
+      f.accounted = 0
+      const step = floodStep(f.bucket, sample, now, this.#flood)
+      f.bucket = step.bucket
+      if (step.flood) this.#close(session, f.peer, now, "frame_flood", wasted(sample))
+    }
+  }
+}
+
+/** The request bytes of one chunk as the flood rule accounts them (its DATA frame's header included). */
+export const chunkBytes = (length: number): number => length + DATA_FRAME_BYTES

@@ -1,0 +1,137 @@
+// The guard's pure rules: the connection caps and cool-downs (services/grpc/ConnectionCaps.ts), the flood rule and
+// the reading of node:http2's session errors (services/grpc/FloodRule.ts), and the rate-limited log
+// (services/observability/RateLimitedLog.ts).
+
+import { describe, expect, it } from "vitest"
+import { ConnectionCaps, FLOOD_COOLDOWN_MS, peerOf } from "../../src/services/grpc/ConnectionCaps.ts"
+import {
+  closedReason,
+  FLOOD_LIMITS,
+  floodStep,
+  fullBucket,
+  headerListBytes,
+  resetMirror,
+  resetStep,
+  wasted
+} from "../../src/services/grpc/FloodRule.ts"
+import { OVERFLOW_KEY, RateLimitedLog } from "../../src/services/observability/RateLimitedLog.ts"
+
+describe("ConnectionCaps", () => {
+  it("admits up to the per-peer cap, counts closed connections out, and caps the total", () => {
+    const caps = new ConnectionCaps({ perPeer: 2, total: 3 })
+    expect(caps.admit("a", 0)).toBeUndefined()
+    expect(caps.admit("a", 0)).toBeUndefined()
+    expect(caps.admit("a", 0)).toBe("peer_limit")
+    expect(caps.admit("b", 0)).toBeUndefined()
+    expect(caps.admit("c", 0)).toBe("total_limit")
+    expect([caps.open(), caps.open("a"), caps.open("c")]).toEqual([3, 2, 0])
+    caps.release("a")
+    expect(caps.admit("c", 0)).toBeUndefined()
+    caps.release("nobody")
+    expect(caps.open()).toBe(3)
+  })
+
+  it("0 is no cap", () => {
+    const caps = new ConnectionCaps({ perPeer: 0, total: 0 })
+    for (let i = 0; i < 10_000; i++) expect(caps.admit("a", 0)).toBeUndefined()
+  })
+
+  it("refuses a peer in cool-down until it is over, whatever its count", () => {
+    const caps = new ConnectionCaps({ perPeer: 10, total: 0 })
+    caps.cooldown("a", 1_000)
+    expect(caps.admit("a", 1_000 + FLOOD_COOLDOWN_MS - 1)).toBe("cooldown")
+    expect(caps.admit("b", 1_000)).toBeUndefined()
+    expect(caps.admit("a", 1_000 + FLOOD_COOLDOWN_MS)).toBeUndefined()
+  })
+
+  it("takes an IPv4-mapped IPv6 address as the IPv4 peer", () => {
+    expect(peerOf("::ffff:10.0.0.7")).toBe("10.0.0.7")
+    expect(peerOf("10.0.0.7")).toBe("10.0.0.7")
+    expect(peerOf("::ffff:a")).toBe("::ffff:a")
+    expect(peerOf("fd00::1")).toBe("fd00::1")
+    expect(peerOf(undefined)).toBe("unknown")
+  })
+})
+
+describe("the flood rule", () => {
+  const { floorBytesPerSec: floor, burstBytes: burst } = FLOOD_LIMITS
+
+  it("counts as waste only the bytes read beyond what calls account for and what the agent wrote", () => {
+    expect(wasted({ read: 1000, accounted: 600, written: 100 })).toBe(300)
+    expect(wasted({ read: 1000, accounted: 600, written: 1000 })).toBe(0)
+  })
+
+  it("lets a connection waste the burst at once and the floor for ever; one more byte is a flood", () => {
+    let b = fullBucket(0)
+    let step = floodStep(b, { read: burst, accounted: 0, written: 0 }, 0)
+    expect(step.flood).toBe(false)
+    b = step.bucket
+    // 60 s at the floor: never a flood.
+    for (let t = 250; t <= 60_000; t += 250) {
+      step = floodStep(b, { read: floor / 4, accounted: 0, written: 0 }, t)
+      expect(step.flood).toBe(false)
+      b = step.bucket
+    }
+    expect(floodStep(b, { read: 1, accounted: 0, written: 0 }, 60_000).flood).toBe(true)
+  })
+
+  it("a flood of 13-byte frames (the review's ~200 MB/s) is one in its first sample", () => {
+    const read = 200e6 / 4
+    expect(floodStep(fullBucket(0), { read, accounted: 0, written: 0 }, 250).flood).toBe(true)
+  })
+
+  it("a busy connection (its bytes all accounted for, or answering what the agent wrote) never is", () => {
+    let b = fullBucket(0)
+    for (let t = 250; t <= 600_000; t += 250) {
+      const step = floodStep(b, { read: 50e6, accounted: 40e6, written: 20e6 }, t)
+      expect(step.flood).toBe(false)
+      b = step.bucket
+    }
+    expect(b.left).toBe(burst)
+  })
+
+  it("sizes a header list as RFC 9113 6.5.2 does", () => {
+    expect(headerListBytes({ ":path": "/a", te: "trailers", "x-b": ["1", "22"], absent: undefined })).toBe(
+      5 + 2 + 32 + (2 + 8 + 32) + (3 + 1 + 32) + (3 + 2 + 32)
+    )
+  })
+})
+
+describe("reading node:http2's session errors", () => {
+  it("nghttp2's flood detection is control_flood; a protocol error past the reset budget reset_flood, else protocol_error", () => {
+    let m = resetMirror(10, 0)
+    expect(closedReason(-904, m)).toBe("control_flood")
+    expect(closedReason(-505, m)).toBe("protocol_error")
+    for (let i = 0; i < 11; i++) m = resetStep(m, 0, 10, 1)
+    expect(closedReason(-505, m)).toBe("reset_flood")
+    // The budget refills at the rate: 2 s later 2 more streams are within it.
+    m = resetStep(m, 2_000, 10, 1)
+    expect(m.left).toBe(0)
+    expect(closedReason(-505, m)).toBe("protocol_error")
+    expect(closedReason(-505, m, 1)).toBe("reset_flood")
+    // Not an HTTP/2 verdict (a socket error): nothing to report.
+    expect(closedReason(undefined, m)).toBeUndefined()
+    expect(closedReason(-104, m)).toBeUndefined()
+  })
+})
+
+describe("RateLimitedLog", () => {
+  it("logs a key's first event, then one per interval with the count suppressed since", () => {
+    const log = new RateLimitedLog(1_000)
+    expect(log.note("a", 0)).toEqual({ key: "a", suppressed: 0 })
+    expect(log.note("a", 10)).toBeUndefined()
+    expect(log.note("a", 999)).toBeUndefined()
+    expect(log.note("b", 999)).toEqual({ key: "b", suppressed: 0 })
+    expect(log.note("a", 1_000)).toEqual({ key: "a", suppressed: 2 })
+    expect(log.note("a", 1_001)).toBeUndefined()
+  })
+
+  it("past its keys, new keys share one overflow key; keys whose interval is over are forgotten first", () => {
+    const log = new RateLimitedLog(1_000, 2)
+    log.note("a", 0)
+    log.note("b", 0)
+    expect(log.note("c", 10)).toEqual({ key: OVERFLOW_KEY, suppressed: 0 })
+    expect(log.note("d", 20)).toBeUndefined()
+    expect(log.note("c", 1_500)).toEqual({ key: "c", suppressed: 0 })
+  })
+})

@@ -1,0 +1,338 @@
+// The gRPC server's guard (layers/grpc/http2/Guard.ts) over real loopback sockets, clients on several loopback
+// addresses (127.0.0.2, .3...: distinct peers on Linux): a raw WINDOW_UPDATE flood is closed GOAWAY
+// ENHANCE_YOUR_CALM and reported, its peer is refused for the cool-down while another peer's calls are served; the
+// connection past a peer's cap (or the total cap) is closed at accept, before the server's SETTINGS; a rapid reset
+// that Node's guard closes is reported as such; and a busy client (256 streaming calls at once, small messages both
+// ways, plaintext and TLS) wastes so little that a rule 64 times stricter than the default never closes it.
+
+import * as http2 from "node:http2"
+import * as net from "node:net"
+import * as tls from "node:tls"
+import type * as grpc from "@grpc/grpc-js"
+import { afterEach, describe, expect, it } from "vitest"
+import type { ServerCall } from "../../src/layers/grpc/http2/Call.ts"
+import type { GuardEvent } from "../../src/layers/grpc/http2/Guard.ts"
+import { Http2GrpcServer } from "../../src/layers/grpc/http2/Server.ts"
+import type { FloodLimits } from "../../src/services/grpc/FloodRule.ts"
+import { frameMessage } from "../../src/services/grpc/Wire.ts"
+import { makeTestPki } from "../support/certs.ts"
+import { pollUntil } from "../support/poll.ts"
+
+const raw = (b: Buffer) => b
+const method = (
+  name: string,
+  requestStream: boolean,
+  responseStream: boolean
+): grpc.MethodDefinition<Buffer, Buffer> => ({
+  path: `/t.T/${name}`,
+  requestStream,
+  responseStream,
+  requestSerialize: raw,
+  requestDeserialize: raw,
+  responseSerialize: raw,
+  responseDeserialize: raw
+})
+const service = {
+  echo: method("Echo", false, false),
+  many: method("Many", false, true),
+  chat: method("Chat", true, true)
+} satisfies grpc.ServiceDefinition
+
+const cleanups: Array<() => void> = []
+afterEach(() => {
+  for (const c of cleanups.splice(0)) c()
+})
+
+const start = async (
+  o: {
+    perPeer?: number
+    total?: number
+    flood?: FloodLimits
+    tls?: boolean
+    readMs?: number
+    peerResets?: { burst: number; ratePerSec: number }
+  } = {}
+) => {
+  const events: Array<GuardEvent> = []
+  const pki = o.tls ? makeTestPki() : undefined
+  const material = pki && { ca: pki.ca.cert, cert: pki.server.cert, key: pki.server.key }
+  const server = new Http2GrpcServer({
+    maxReceiveMessageLength: 1 << 20,
+    maxConnectionsPerPeer: o.perPeer,
+    maxConnections: o.total,
+    floodLimits: o.flood,
+    peerResets: o.peerResets,
+    requestReadTimeoutMs: o.readMs,
+    tls: material && { current: () => material, subscribe: () => () => {} },
+    onGuard: (e) => events.push(e)
+  })
+  server.addService(service, {
+    echo: (call: ServerCall<Buffer, Buffer>, done: (e: null, v: Buffer) => void) => done(null, call.request),
+    // 100 messages of 40 bytes: a token stream's shape.
+    many: (call: ServerCall<Buffer, Buffer>) => {
+      for (let i = 0; i < 100; i++) call.write(Buffer.alloc(40, 0x61))
+      call.end()
+    },
+    chat: (call: ServerCall<Buffer, Buffer>) => {
+      call.on("data", (m: Buffer) => call.write(m))
+      call.on("end", () => call.end())
+    }
+  } as unknown as grpc.UntypedServiceImplementation)
+  const port = await server.listen("127.0.0.1", 0)
+  cleanups.push(() => {
+    server.destroy()
+    pki?.cleanup()
+  })
+  return { server, port, events, pki }
+}
+
+const connect = (port: number, from: string, pki?: ReturnType<typeof makeTestPki>) => {
+  const session = pki
+    ? http2.connect(`https://localhost:${port}`, {
+        host: "127.0.0.1",
+        localAddress: from,
+        ca: pki.ca.cert,
+        cert: pki.client.cert,
+        key: pki.client.key
+      } as http2.SecureClientSessionOptions)
+    : http2.connect(`http://127.0.0.1:${port}`, { localAddress: from } as http2.ClientSessionOptions)
+  session.on("error", () => {})
+  cleanups.push(() => session.destroy())
+  return session
+}
+
+const HEADERS = { ":method": "POST", "content-type": "application/grpc", te: "trailers" }
+
+/** One call: its grpc-status, and the messages' bytes received. */
+const call = (
+  session: http2.ClientHttp2Session,
+  path: string,
+  body: Uint8Array | Array<Uint8Array> = frameMessage(Buffer.from("hi"))
+) =>
+  new Promise<{ status: string | undefined; reason: string | undefined; bytes: number }>((resolve) => {
+    const req = session.request({ ...HEADERS, ":path": path })
+    let status: string | undefined
+    let reason: string | undefined
+    let bytes = 0
+    const head = (h: http2.IncomingHttpHeaders) => {
+      status = (h["grpc-status"] as string | undefined) ?? status
+      reason = (h["cgn-reason"] as string | undefined) ?? reason
+    }
+    req.on("response", head)
+    req.on("trailers", head)
+    req.on("data", (d: Buffer) => (bytes += d.length))
+    req.on("error", () => {})
+    req.on("close", () => resolve({ status, reason, bytes }))
+    if (Array.isArray(body)) {
+      for (const b of body) req.write(b)
+      req.end()
+    } else req.end(body)
+  })
+
+/** An HTTP/2 frame (RFC 9113 4.1). */
+const frame = (type: number, flags: number, stream: number, payload: Buffer) => {
+  const h = Buffer.alloc(9)
+  h.writeUIntBE(payload.length, 0, 3)
+  h[3] = type
+  h[4] = flags
+  h.writeUInt32BE(stream, 5)
+  return Buffer.concat([h, payload])
+}
+const PREFACE = Buffer.concat([Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), frame(4, 0, 0, Buffer.alloc(0))])
+
+/** A raw connection from `from` that sends the preface; its reads (frames the server sent) and its close. */
+const rawClient = (port: number, from: string, pki?: ReturnType<typeof makeTestPki>) => {
+  const socket = pki
+    ? tls.connect({
+        socket: net.connect({ port, host: "127.0.0.1", localAddress: from }),
+        ALPNProtocols: ["h2"],
+        ca: pki.ca.cert,
+        cert: pki.client.cert,
+        key: pki.client.key,
+        servername: "localhost"
+      })
+    : net.connect({ port, host: "127.0.0.1", localAddress: from })
+  socket.on("error", () => {})
+  cleanups.push(() => socket.destroy())
+  let inBytes = Buffer.alloc(0)
+  socket.on("data", (d: Buffer) => (inBytes = Buffer.concat([inBytes, d])))
+  const closed = new Promise<void>((resolve) => socket.once("close", () => resolve()))
+  socket.write(PREFACE)
+  /** The error code of the GOAWAY the server sent, if one came. */
+  const goaway = (): number | undefined => {
+    for (let i = 0; i + 9 <= inBytes.length; i += 9 + inBytes.readUIntBE(i, 3))
+      if (inBytes[i + 3] === 7 && i + 17 <= inBytes.length) return inBytes.readUInt32BE(i + 13)
+    return undefined
+  }
+  return { socket, closed, goaway, received: () => inBytes.length }
+}
+
+/** `p`, or "pending" if it has not settled within `ms`: a bound on a wait that must be short. */
+const within = <A>(p: Promise<A>, ms: number) =>
+  Promise.race([p, new Promise<"pending">((resolve) => setTimeout(() => resolve("pending"), ms))])
+
+/** Writes WINDOW_UPDATE (stream 0, increment 1) frames as fast as the socket takes them until it closes. */
+const floodWindowUpdates = async (socket: net.Socket, closed: Promise<void>, maxMs: number) => {
+  const batch = Buffer.concat(Array.from({ length: 1000 }, () => frame(8, 0, 0, Buffer.from([0, 0, 0, 1]))))
+  let over = false
+  void closed.then(() => (over = true))
+  const t0 = performance.now()
+  while (!over && performance.now() - t0 < maxMs) {
+    if (!socket.write(batch)) await Promise.race([new Promise((r) => socket.once("drain", r)), closed])
+    else await new Promise((r) => setImmediate(r))
+  }
+  return { closed: over, ms: performance.now() - t0 }
+}
+
+describe("the gRPC server's guard", () => {
+  it("closes a WINDOW_UPDATE flood GOAWAY ENHANCE_YOUR_CALM, reports it, refuses its peer for the cool-down; another peer is served", async () => {
+    const { port, events } = await start()
+    const victim = connect(port, "127.0.0.1")
+    expect((await call(victim, "/t.T/Echo")).status).toBe("0")
+    const flooder = rawClient(port, "127.0.0.2")
+    const flood = await floodWindowUpdates(flooder.socket, flooder.closed, 5_000)
+    expect(flood.closed).toBe(true)
+    expect(flooder.goaway()).toBe(http2.constants.NGHTTP2_ENHANCE_YOUR_CALM)
+    expect(events).toContainEqual(expect.objectContaining({ kind: "closed", reason: "frame_flood", peer: "127.0.0.2" }))
+    // The peer comes back at once: refused at accept (nothing of the server's comes to it).
+    const again = rawClient(port, "127.0.0.2")
+    expect(await within(again.closed, 5_000)).not.toBe("pending")
+    expect(again.received()).toBe(0)
+    expect(events).toContainEqual({ kind: "refused", reason: "cooldown", peer: "127.0.0.2", limit: 0 })
+    // The other peer's connection was never touched.
+    expect((await call(victim, "/t.T/Echo")).status).toBe("0")
+  })
+
+  it("closes the connection past a peer's cap at accept, before the server's SETTINGS; other peers connect", async () => {
+    const { port, events, server } = await start({ perPeer: 2 })
+    const a = connect(port, "127.0.0.3")
+    const b = connect(port, "127.0.0.3")
+    expect((await call(a, "/t.T/Echo")).status).toBe("0")
+    expect((await call(b, "/t.T/Echo")).status).toBe("0")
+    const third = rawClient(port, "127.0.0.3")
+    expect(await within(third.closed, 5_000)).not.toBe("pending")
+    expect(third.received()).toBe(0)
+    expect(events).toEqual([{ kind: "refused", reason: "peer_limit", peer: "127.0.0.3", limit: 2 }])
+    expect((await call(connect(port, "127.0.0.4"), "/t.T/Echo")).status).toBe("0")
+    expect(server.connections).toBe(3)
+    // A closed connection frees its place.
+    a.destroy()
+    await pollUntil("the connection counted out", () => server.connections === 2)
+    expect((await call(connect(port, "127.0.0.3"), "/t.T/Echo")).status).toBe("0")
+  })
+
+  it("closes the connection past the total cap at accept", async () => {
+    const { port, events } = await start({ total: 2 })
+    expect((await call(connect(port, "127.0.0.5"), "/t.T/Echo")).status).toBe("0")
+    expect((await call(connect(port, "127.0.0.6"), "/t.T/Echo")).status).toBe("0")
+    const third = rawClient(port, "127.0.0.7")
+    expect(await within(third.closed, 5_000)).not.toBe("pending")
+    expect(third.received()).toBe(0)
+    expect(events).toEqual([{ kind: "refused", reason: "total_limit", peer: "127.0.0.7", limit: 2 }])
+  })
+
+  it("reports a connection Node's rapid-reset guard closed, and refuses its peer for the cool-down", async () => {
+    const { port, events } = await start()
+    const session = connect(port, "127.0.0.8")
+    await new Promise((r) => session.once("remoteSettings", r))
+    const closed = new Promise<void>((r) => session.once("close", () => r()))
+    for (let i = 0; i < 15_000 && !session.closed && !session.destroyed; i++) {
+      const req = session.request({ ...HEADERS, ":path": "/t.T/Echo" })
+      req.on("error", () => {})
+      req.close(http2.constants.NGHTTP2_CANCEL)
+      if (i % 500 === 499) await new Promise((r) => setImmediate(r))
+    }
+    await closed
+    await pollUntil("the guard's report", () => events.length > 0)
+    expect(events[0]).toEqual({ kind: "closed", reason: "reset_flood", peer: "127.0.0.8" })
+    const again = rawClient(port, "127.0.0.8")
+    expect(await within(again.closed, 5_000)).not.toBe("pending")
+    expect(events).toContainEqual({ kind: "refused", reason: "cooldown", peer: "127.0.0.8", limit: 0 })
+  }, 30_000)
+
+  it("closes a peer's connection past the peer's reset budget on all its connections together, ENHANCE_YOUR_CALM", async () => {
+    // Default: 40,000 at once, 4,000/s; Node's guard (10,000 per connection) never sees these.
+    const { port, events } = await start({ peerResets: { burst: 300, ratePerSec: 1 } })
+    const resets = async (session: http2.ClientHttp2Session, n: number) => {
+      for (let i = 0; i < n && !session.closed && !session.destroyed; i++) {
+        const req = session.request({ ...HEADERS, ":path": "/t.T/Echo" })
+        req.on("error", () => {})
+        req.close(http2.constants.NGHTTP2_CANCEL)
+      }
+      // A PING answered: the server has read every reset sent before it.
+      await new Promise<void>((resolve) => session.ping(() => resolve()))
+    }
+    const a = connect(port, "127.0.0.10")
+    const b = connect(port, "127.0.0.10")
+    const goaway = new Promise<number>((resolve) => b.once("goaway", (code) => resolve(code)))
+    await resets(a, 200)
+    expect(events).toEqual([])
+    await resets(b, 200)
+    expect(await within(goaway, 5_000)).toBe(http2.constants.NGHTTP2_ENHANCE_YOUR_CALM)
+    expect(events).toEqual([{ kind: "closed", reason: "reset_flood", peer: "127.0.0.10" }])
+    // Another peer's calls go on.
+    expect((await call(connect(port, "127.0.0.11"), "/t.T/Echo")).status).toBe("0")
+  })
+
+  for (const tls of [false, true])
+    it(`never closes a busy client: 256 streaming calls at once, both ways (${tls ? "TLS" : "plaintext"}), under a rule 64 times stricter`, async () => {
+      // Default: 1 MiB/s for ever, 8 MiB at once.
+      const { port, events, pki } = await start({ tls, flood: { floorBytesPerSec: 16 * 1024, burstBytes: 128 * 1024 } })
+      const session = connect(port, "127.0.0.9", pki)
+      const chat = Array.from({ length: 20 }, (_, i) => frameMessage(Buffer.alloc(30 + i, 0x62)))
+      for (let round = 0; round < 4; round++) {
+        const results = await Promise.all(
+          Array.from({ length: 256 }, (_, i) =>
+            i % 2 === 0 ? call(session, "/t.T/Many") : call(session, "/t.T/Chat", chat)
+          )
+        )
+        expect(results.every((r) => r.status === "0")).toBe(true)
+        expect(results[0]!.bytes).toBe(100 * 45)
+      }
+      // Two samples more: what the last round left unaccounted was sampled.
+      await new Promise((r) => setTimeout(r, 600))
+      expect(events).toEqual([])
+      expect(session.closed || session.destroyed).toBe(false)
+      // The same rule closes 256 KiB of WINDOW_UPDATEs (twice its burst) from another peer: it was in force.
+      const flooder = rawClient(port, "127.0.0.12", pki)
+      flooder.socket.write(
+        Buffer.concat(Array.from({ length: 20_000 }, () => frame(8, 0, 0, Buffer.from([0, 0, 0, 1]))))
+      )
+      expect(await within(flooder.closed, 5_000)).not.toBe("pending")
+      expect(events).toEqual([{ kind: "closed", reason: "frame_flood", peer: "127.0.0.12", bytes: expect.any(Number) }])
+    }, 60_000)
+})
+
+describe("requestReadTimeoutMs on a request-streaming call", () => {
+  it("ends the call RESOURCE_EXHAUSTED (request_read_timeout) when a message started does not arrive whole in time", async () => {
+    const { port } = await start({ readMs: 200 })
+    const session = connect(port, "127.0.0.1")
+    const req = session.request({ ...HEADERS, ":path": "/t.T/Chat" })
+    let status: string | undefined
+    let reason: string | undefined
+    let echoed = 0
+    req.on("response", (h) => (status = (h["grpc-status"] as string | undefined) ?? status))
+    req.on("trailers", (t) => {
+      status = t["grpc-status"] as string
+      reason = t["cgn-reason"] as string
+    })
+    req.on("data", (d: Buffer) => (echoed += d.length))
+    req.on("error", () => {})
+    const closed = new Promise((r) => req.on("close", r))
+    const t0 = performance.now()
+    // Two whole messages, answered; then half of a third, never finished.
+    req.write(frameMessage(Buffer.from("one")))
+    await pollUntil("the first answer", () => echoed === 8)
+    // Idle between messages is not bounded: longer than the bound here.
+    await new Promise((r) => setTimeout(r, 400))
+    req.write(frameMessage(Buffer.from("two")))
+    await pollUntil("the second answer", () => echoed === 16)
+    const t1 = performance.now()
+    req.write(frameMessage(Buffer.from("three")).subarray(0, 6))
+    expect(await within(closed, 5_000)).not.toBe("pending")
+    expect(status).toBe("8")
+    expect(reason).toBe("request_read_timeout")
+    expect(performance.now() - t1).toBeGreaterThanOrEqual(190)
+    expect(performance.now() - t0).toBeGreaterThan(600)
+  })
+})
