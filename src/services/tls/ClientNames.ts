@@ -13,7 +13,6 @@
  * `spiffe://cluster.local/ns/cgn` would also match `/ns/cgn-other/...` and readmit the neighbours this list keeps out;
  * routers are few, list each.
  */
-import { isIP } from "node:net"
 import { Schema } from "effect"
 
 /** The config key, as errors and logs name it. */
@@ -43,12 +42,16 @@ export interface CertificateIdentity {
   readonly cn?: string
 }
 
-/** An IP address in one spelling (the URL parser's: IPv6 lowercased and compressed), undefined for anything else. */
+const IPV4 = /^(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(\.(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)){3}$/
+
+/**
+ * An IP address in one spelling, undefined for anything else: IPv4 in strict dotted-quad form (no leading zeros, as
+ * node:net's isIP), IPv6 as the URL parser writes it (lowercased and compressed; the parser also checks it).
+ */
 const canonicalIp = (s: string): string | undefined => {
-  const family = isIP(s)
-  if (family === 4) return s
-  if (family === 6) return new URL(`http://[${s}]/`).hostname.slice(1, -1)
-  return undefined
+  if (IPV4.test(s)) return s
+  if (!s.includes(":") || !URL.canParse(`http://[${s}]/`)) return undefined
+  return new URL(`http://[${s}]/`).hostname.slice(1, -1)
 }
 
 /** Why `s` cannot be an entry of the list, or undefined when it can (the config's check). */

@@ -5,17 +5,16 @@
  * the per-call and per-token CPU of the relay (grpc-js's server stack was most of what the agent adds), and
  * HTTP/2 settings grpc-js does not expose: Node's rapid-reset guard (streamResetBurst/Rate) cut a router's
  * burst of cancels short with INTERNAL.
- * Routing, the request's framing and decoding, deadlines (the caller's, and the request's arrival) and the
+ * The request's framing and decoding, deadlines (the caller's, and the request's arrival) and the
  * listener's lifecycle live here; its options in ServerOptions.ts; one call's
- * responses in Call.ts; the connections (handshake deadline, what close() closes at once) in Connections.ts; the
+ * responses in Call.ts; the routes and the hand-over to handlers in routes.ts; the connections (handshake deadline, what close() closes at once) in Connections.ts; the
  * caps on connections and the flood rule in Guard.ts; `security.allowed_client_names` in clientNames.ts.
  */
 
 import * as http2 from "node:http2"
 import type * as net from "node:net"
 import type * as grpc from "@grpc/grpc-js"
-import { AgentDefect } from "../../../services/grpc/CallErrors.ts"
-import { type GrpcFailure, handlerFailure, toGrpcFailure } from "../../../services/grpc/GrpcStatus.ts"
+import { type GrpcFailure, toGrpcFailure } from "../../../services/grpc/GrpcStatus.ts"
 import {
   CallCancelled,
   CallDeadlineExceeded,
@@ -27,26 +26,16 @@ import {
   UnknownMethod
 } from "../../../services/grpc/TransportErrors.ts"
 import { isGrpcContentType, MessageReader, parseTimeout } from "../../../services/grpc/Wire.ts"
-import { ServerCall, type UnaryCallback } from "./Call.ts"
+import { ServerCall } from "./Call.ts"
 import { Connections, HANDSHAKE_TIMEOUT_MS, type OpenConnections, sessionSettings } from "./Connections.ts"
 import { followClientNames, type RefusalOf } from "./clientNames.ts"
 import { type Decoder, decode } from "./decodeMessage.ts"
 import { chunkBytes, Guard } from "./Guard.ts"
 import { messageBound, messageTimeout } from "./messageBound.ts"
+import { type Route, routesOf, runRoute } from "./routes.ts"
 import type { Http2GrpcServerOptions } from "./ServerOptions.ts"
 
 export type { Http2GrpcServerOptions } from "./ServerOptions.ts"
-
-type Kind = "unary" | "serverStream" | "clientStream" | "bidi"
-
-interface Route {
-  readonly kind: Kind
-  readonly definition: grpc.MethodDefinition<unknown, unknown>
-  readonly handler: (...args: Array<unknown>) => void
-}
-
-const kindOf = (d: grpc.MethodDefinition<unknown, unknown>): Kind =>
-  d.requestStream ? (d.responseStream ? "bidi" : "clientStream") : d.responseStream ? "serverStream" : "unary"
 
 const failure = (e: TransportError): GrpcFailure => toGrpcFailure(e)
 
@@ -104,12 +93,7 @@ export class Http2GrpcServer {
 
   /** Adds a service's methods (grpc-js's `Server.addService` shape). */
   addService(service: grpc.ServiceDefinition, implementation: grpc.UntypedServiceImplementation): void {
-    for (const name in service) {
-      const definition = service[name] as grpc.MethodDefinition<unknown, unknown>
-      const handler = implementation[name] ?? implementation[definition.originalName ?? ""]
-      if (handler === undefined) continue
-      this.#routes.set(definition.path, { kind: kindOf(definition), definition, handler: handler as Route["handler"] })
-    }
+    for (const route of routesOf(service, implementation)) this.#routes.set(route.definition.path, route)
   }
 
   /** Listens on `host`:`port`; resolves with the bound port (the real one for port 0). */
@@ -305,32 +289,12 @@ export class Http2GrpcServer {
       else {
         handled = true
         release()
-        this.#run(route, call)
+        runRoute(route, call)
       }
     })
     if (streaming) {
       handled = true
-      this.#run(route, call)
-    }
-  }
-
-  #run(route: Route, call: ServerCall<unknown, unknown>): void {
-    try {
-      if (route.kind === "serverStream" || route.kind === "bidi") {
-        route.handler(call)
-        return
-      }
-      const done: UnaryCallback = (error, value) => {
-        if (error !== null && error !== undefined) call.sendStatus(handlerFailure(error))
-        else {
-          call.write(value)
-          call.end()
-        }
-      }
-      route.handler(call, done)
-    } catch (e) {
-      // A handler that throws is a bug in the agent: the call ends INTERNAL, the server goes on.
-      call.sendStatus(toGrpcFailure(new AgentDefect({ detail: e instanceof Error ? e.message : String(e) })))
+      runRoute(route, call)
     }
   }
 }
