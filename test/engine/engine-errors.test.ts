@@ -134,9 +134,9 @@ describe("httpError per flavor", () => {
 
   // The message becomes the gRPC status message: 20,000 "é" (120 KB percent-encoded) broke the caller's header
   // limit, and the call ended INTERNAL "RST_STREAM with code 2" without the engine's status or words.
-  it("long messages and types in JSON bodies are cut as well", () => {
+  it("long messages (500 characters) and types (64) in JSON bodies are cut as well", () => {
     const e = httpError(400, JSON.stringify({ error: { message: "é".repeat(20_000), type: "t".repeat(2000) } }))
-    expect([e.message.length, e.engineType?.length]).toEqual([501, 501])
+    expect([e.message.length, e.engineType?.length]).toEqual([501, 65])
     expect(errorDetailOfBody(JSON.stringify({ object: "error", message: "m".repeat(5000) }), 400).message).toBe(
       `${"m".repeat(500)}…`
     )

@@ -19,6 +19,11 @@ export interface ErrorDetail {
 }
 
 const MAX_TEXT = 500
+/**
+ * An engine's error type is a word ("BadRequestError", "INTERNAL_SERVER_ERROR"): cut shorter than its message, so a
+ * long one does not push the message out of a status bounded to 1 KiB (services/grpc/StatusMessage.ts).
+ */
+const MAX_TYPE = 64
 
 const str = (v: unknown): string | undefined => (typeof v === "string" && v.length > 0 ? v : undefined)
 
@@ -29,11 +34,11 @@ const code = (v: unknown): number | string | undefined => {
 }
 
 /** An engine's words, bounded: they become a gRPC status message, which a caller's header limit must hold. */
-const cut = (text: string): string => (text.length > MAX_TEXT ? `${text.slice(0, MAX_TEXT)}…` : text)
+const cut = (text: string, max = MAX_TEXT): string => (text.length > max ? `${text.slice(0, max)}…` : text)
 
 const detail = (message: string, type: unknown, c: unknown): ErrorDetail => {
   const given = str(type)
-  const t = given === undefined ? undefined : cut(given)
+  const t = given === undefined ? undefined : cut(given, MAX_TYPE)
   const k = code(c)
   return { message: cut(message), ...(t === undefined ? {} : { type: t }), ...(k === undefined ? {} : { code: k }) }
 }

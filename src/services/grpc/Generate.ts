@@ -11,6 +11,7 @@ import type { AgentConfig } from "../config/Config.ts"
 import type { RequestDialect } from "../engine/Engine.ts"
 import type { CompletionPath, JsonObject } from "../engine/EngineClient.ts"
 import { roomJson as exactIntegerJson } from "./Handoff.ts"
+import { quoteInput } from "./StatusMessage.ts"
 
 const MAX_UINT64 = 2n ** 64n - 1n
 
@@ -168,7 +169,7 @@ const samplingBody = (
     if (seed === undefined || seed > MAX_UINT64)
       return reject(
         "INVALID_ARGUMENT",
-        `sampling.seed must be an integer in [0, 2^64-1], got ${s.seed}`,
+        `sampling.seed must be an integer in [0, 2^64-1], got ${/^\d{1,64}$/.test(s.seed) ? s.seed : quoteInput(s.seed)}`,
         "sampling.seed"
       )
     const max = dialect.maxSeed
@@ -196,12 +197,18 @@ export const planRequest = (
   dialect: RequestDialect = {}
 ): RequestPlan | GenerateRejected => {
   const served = config.model.served_name
+  // The caller's values are quoted shortened (StatusMessage.ts quoteInput): echoed whole, a 120k-character model
+  // name made a status no client's header limit holds.
   if (req.model !== "" && req.model !== served)
-    return reject("NOT_FOUND", `model "${req.model}" is not served here; this node serves "${served}"`, "model")
+    return reject(
+      "NOT_FOUND",
+      `model ${quoteInput(req.model)} is not served here; this node serves ${quoteInput(served)}`,
+      "model"
+    )
   if (!REQUEST_ID.test(req.requestId))
     return reject(
       "INVALID_ARGUMENT",
-      `request_id must be at most 256 printable ASCII characters (the engine gets it as X-Request-Id); got ${JSON.stringify(req.requestId.slice(0, 64))}`,
+      `request_id must be at most 256 printable ASCII characters (the engine gets it as X-Request-Id); got ${quoteInput(req.requestId)}`,
       "request_id"
     )
   const maxBytes = config.agent.max_request_bytes
@@ -218,7 +225,7 @@ export const planRequest = (
       if (!CHAT_ROLES.has(m.role))
         return reject(
           "INVALID_ARGUMENT",
-          `chat.messages[${i}].role "${m.role}" is not one of ${[...CHAT_ROLES].join(", ")}`,
+          `chat.messages[${i}].role ${quoteInput(m.role)} is not one of ${[...CHAT_ROLES].join(", ")}`,
           `chat.messages[${i}].role`
         )
       bytes += utf8Bytes(m.content)

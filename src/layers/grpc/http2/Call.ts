@@ -9,8 +9,9 @@
  */
 import { EventEmitter } from "node:events"
 import * as http2 from "node:http2"
-import { asSent, type GrpcFailure, type HandlerError, okStatus } from "../../../services/grpc/GrpcStatus.ts"
-import { encodeStatusMessage, frameMessage, reservedTrailer } from "../../../services/grpc/Wire.ts"
+import { type GrpcFailure, type HandlerError, okStatus } from "../../../services/grpc/GrpcStatus.ts"
+import { statusTrailers } from "../../../services/grpc/StatusMessage.ts"
+import { frameMessage } from "../../../services/grpc/Wire.ts"
 import type { CallTally } from "./Connections.ts"
 
 /**
@@ -196,12 +197,10 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
       stream.close(http2.constants.NGHTTP2_CANCEL)
       return
     }
-    const trailers: http2.OutgoingHttpHeaders = { "grpc-status": String(status.code) }
-    // cgn-retryable and the message's advice, decided together by what went out (GrpcStatus.ts asSent)
-    const { message, retryable } = asSent(status, this.#wrote)
-    if (message !== "") trailers["grpc-message"] = encodeStatusMessage(message)
-    for (const k in status.trailers) if (!reservedTrailer(k)) trailers[k] = status.trailers[k]
-    if (retryable !== undefined) trailers["cgn-retryable"] = String(retryable)
+    // Every value bounded to what any client's header limit takes (StatusMessage.ts): one call's overlong status
+    // made a grpc-js client close the connection, ending every other call on it. cgn-retryable and the message's
+    // advice are decided together by what went out (GrpcStatus.ts asSent).
+    const trailers: http2.OutgoingHttpHeaders = statusTrailers(status, this.#wrote)
     if (!this.#headersSent) {
       // Trailers-only: the response headers and the status in the one HEADERS frame, which ends the stream.
       this.#headersSent = true
