@@ -81,7 +81,8 @@ describe("cgn-agent CLI", () => {
   })
 
   it("render prints the shell-quoted command line, env and URLs", async () => {
-    const r = await cli(["render", "--config", "examples/prod.toml"])
+    // prod.toml sets no advertise_addr: the side channel's host is the host the node advertises, here $NODE_IP
+    const r = await cli(["render", "--config", "examples/prod.toml"], { NODE_IP: "10.0.12.7" })
     expect(r.code).toBe(0)
     expect(r.stdout).toContain(
       "command:   vllm serve meta-llama/Meta-Llama-3-70B-Instruct --host 127.0.0.1 --port 8000 --tensor-parallel-size 4"
