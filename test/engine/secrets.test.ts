@@ -177,8 +177,20 @@ describe("URL credentials, whatever the name", () => {
     ])
   })
 
+  it("reads a long word in one pass (a RegExp trying a scheme at each letter took a minute on 200k letters)", () => {
+    const word = "x".repeat(200_000)
+    expect(redactArgv([word, `${word}://u:long_SECRET@h`])).toEqual([word, `${word}://u:${REDACTED}@h`])
+  })
+
   it("leaves a URL without credentials and other values as they are", () => {
-    const plain = { VLLM_ENDPOINT: "http://host:8000/v1", CUDA_VISIBLE_DEVICES: "0,1", EMAIL: "a@b.c" }
+    const plain = {
+      VLLM_ENDPOINT: "http://host:8000/v1",
+      CUDA_VISIBLE_DEVICES: "0,1",
+      EMAIL: "a@b.c",
+      EMPTY_USERINFO: "http://@host:8000",
+      AT_IN_PATH: "https://host/a@b",
+      NO_SCHEME: "1://u:p@h"
+    }
     expect(redactEnv(plain)).toEqual(plain)
     expect(secretValues(plain, ["--model", "org/model"])).toEqual([])
   })

@@ -91,20 +91,36 @@ const headerListSpans = (text: string): ReadonlyArray<Span> => {
   return out
 }
 
-/** `scheme://USERINFO@`: up to the last `@` before the host, since a password's `@` is often left unencoded. */
-const URL_USERINFO = /[A-Za-z][A-Za-z0-9+.-]*:\/\/([^\s/?#]+)@/g
+/** A URL scheme's characters after its first letter (RFC 3986 3.1). */
+const SCHEME_CHAR = /[A-Za-z0-9+.-]/
+/** What ends a URL's authority (RFC 3986 3.2): the path, query or fragment, or the text's next word. */
+const AUTHORITY_END = /[\s/?#]/
 
 /**
  * The credentials of the URLs in a text (a proxy's `http://user:PASSWORD@proxy:3128`, a database URL): the password,
- * or the whole userinfo when it has none (`https://TOKEN@host`, as git credentials are often written).
+ * or the whole userinfo when it has none (`https://TOKEN@host`, as git credentials are often written). The userinfo
+ * runs up to the last `@` before the host, since a password's `@` is often left unencoded. Found from each `://`, one
+ * pass over the text: a RegExp that tried a scheme at every letter took time quadratic in a long word (an engine
+ * argument of 200k letters blocked the agent for about a minute).
  */
-const urlSpans = (text: string): ReadonlyArray<Span> =>
-  [...text.matchAll(URL_USERINFO)].flatMap((m) => {
-    const info = m[1] ?? ""
-    const start = m.index + m[0].length - 1 - info.length
-    const colon = info.indexOf(":")
-    return colon < 0 ? [[start, start + info.length] as const] : trimmed(text, start + colon + 1, start + info.length)
-  })
+const urlSpans = (text: string): ReadonlyArray<Span> => {
+  const out: Array<Span> = []
+  for (let sep = text.indexOf("://"); sep >= 0; sep = text.indexOf("://", sep + 3)) {
+    let scheme = sep
+    while (scheme > 0 && SCHEME_CHAR.test(text.charAt(scheme - 1))) scheme--
+    // a scheme starts with a letter: skip what precedes the first one of the run
+    while (scheme < sep && !/[A-Za-z]/.test(text.charAt(scheme))) scheme++
+    if (scheme === sep) continue
+    const start = sep + 3
+    let end = start
+    while (end < text.length && !AUTHORITY_END.test(text.charAt(end))) end++
+    const at = text.lastIndexOf("@", end - 1)
+    if (at <= start) continue // no userinfo, or an empty one
+    const colon = text.indexOf(":", start)
+    out.push(...(colon < 0 || colon > at ? [[start, at] as const] : trimmed(text, colon + 1, at)))
+  }
+  return out
+}
 
 /** Where an environment variable's value holds secrets. */
 const envSpans = (name: string, value: string): ReadonlyArray<Span> =>
