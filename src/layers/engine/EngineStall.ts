@@ -11,7 +11,9 @@
  * The same holds for an engine taken as failing calls (services/engine/FailedCalls.ts): the watchdog reports the calls
  * the engine failed each tick, counted here in a row (a plain variable: it changes with every call) until a call or
  * the agent's test completes; the run reaching engine.failed_calls_unhealthy is a new source of the state, counted in
- * cgn_agent_engine_call_failure_streaks_total.
+ * cgn_agent_engine_call_failure_streaks_total. Its trips are damped (services/engine/FlapDamping.ts, a plain variable
+ * too): taken as failing again and again, it is held so (cgn_agent_engine_failing_holds_total) until the penalty has
+ * decayed, and then cleared at once if calls or the test completed meanwhile.
  */
 import { Clock, Duration, Effect, Layer, Option, Stream, SubscriptionRef } from "effect"
 import { Config } from "../../services/config/Config.ts"
@@ -30,9 +32,21 @@ import {
   type StallState,
   stallProblem,
   stallRestartAt,
-  stallStart
+  stallStart,
+  withFailing
 } from "../../services/engine/EngineStall.ts"
 import { addFailed, type FailedRun, failingCleared, failingProblem } from "../../services/engine/FailedCalls.ts"
+import {
+  aboutUntil,
+  type Damping,
+  isHeld,
+  onClear,
+  onFailedRun,
+  onRelease,
+  onTrip,
+  releaseAt,
+  undamped
+} from "../../services/engine/FlapDamping.ts"
 import { Drain } from "../../services/node/Drain.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 
@@ -50,12 +64,15 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
     const ranks = new Map<string, { readonly value: number; readonly changedAt: number | undefined }>()
     // Calls the engine failed since a call (or the agent's test) last completed (FailedCalls.ts).
     let failedRun: FailedRun | undefined
+    // The failing state's flap damping (FlapDamping.ts): a new run starts without a penalty.
+    let damping: Damping = undamped
     yield* Stream.runForEach(engine.changes, (s) =>
       s._tag === "Starting"
         ? Effect.suspend(() => {
             watch = noWatch
             ranks.clear()
             failedRun = undefined
+            damping = undamped
             clearedBy = "a new engine run started"
             return SubscriptionRef.set(ref, noStall)
           })
@@ -76,6 +93,8 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
     const metrics = Option.getOrUndefined(yield* Effect.serviceOption(Metrics))
     const streaks = metrics?.engineCallFailureStreaks.labels({ model: config.model.served_name })
     streaks?.inc(0) // a series from the start, so increase() sees the first streak (StallWatchdog.ts says why)
+    const holds = metrics?.engineFailingHolds.labels({ model: config.model.served_name })
+    holds?.inc(0)
 
     // One line when the node becomes stalled (from any source) and one when that ends; /readyz and NodeHealth say
     // it all along, but an operator reading the log saw nothing until the restart. Failing calls that begin while the
@@ -135,6 +154,43 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
     if (afterMs > 0 && engine.plan.spawns)
       yield* SubscriptionRef.changes(ref).pipe(Stream.switchMap(restartWhenDue), Stream.runDrain, Effect.forkScoped)
 
+    // A hold for flapping ends when the penalty has decayed (re-trips move that on: read again after each sleep); the
+    // clear owed from meanwhile is given then, else the engine stays failing until calls or the test clear it.
+    // Whether it is done: false when a re-trip moved the end on meanwhile (the loop waits again).
+    const release = (at: number): Effect.Effect<boolean> =>
+      Effect.flatMap(SubscriptionRef.get(ref), (s) => {
+        if (isHeld(damping, at)) return Effect.succeed(false)
+        const [clear, after] = onRelease(damping, at)
+        damping = after
+        const failing = s.failing
+        if (failing?.heldUntil === undefined) return Effect.succeed(true)
+        if (clear) clearedBy = "its hold for flapping ended, calls or the test having completed meanwhile"
+        const { heldUntil: _, ...unheld } = failing
+        // the line first: the new state ends this fiber (switchMap)
+        return (
+          clear
+            ? Effect.void
+            : Effect.logInfo(
+                "the engine's hold for flapping ended: still failing calls until calls or the test complete"
+              )
+        ).pipe(Effect.andThen(SubscriptionRef.set(ref, withFailing(s, clear ? undefined : unheld))), Effect.as(true))
+      }).pipe(Effect.uninterruptible)
+    const releaseWhenDue = (s: StallState) =>
+      s.failing?.heldUntil === undefined
+        ? Stream.empty
+        : Stream.fromEffect(
+            Effect.gen(function* () {
+              for (;;) {
+                const t = yield* now
+                const at = releaseAt(damping)
+                if (at === undefined) return
+                if (t < at) yield* Effect.sleep(at - t)
+                else if (yield* release(t)) return
+              }
+            })
+          )
+    yield* SubscriptionRef.changes(ref).pipe(Stream.switchMap(releaseWhenDue), Stream.runDrain, Effect.forkScoped)
+
     /** Applies `f` when it changes the state; `cause` names what cleared a stall, for the log line. */
     const change = (f: (s: StallState) => StallState | undefined, cause?: string) =>
       Effect.flatMap(SubscriptionRef.get(ref), (s) => {
@@ -151,7 +207,15 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
           // a completion ends the run of failed calls, whether or not it clears anything
           failedRun = undefined
           // calls (no cause: not the agent's test) clear failing calls only once enough completed in a row
-          const keepFailing = cause === undefined && inRow !== undefined && !failingCleared(inRow, failedCallsUnhealthy)
+          let keepFailing = cause === undefined && inRow !== undefined && !failingCleared(inRow, failedCallsUnhealthy)
+          if (!keepFailing && s.failing !== undefined) {
+            // held for flapping: not now, owed for the hold's end
+            const cleared = onClear(damping, now)
+            if (cleared !== true) {
+              damping = cleared
+              keepFailing = true
+            }
+          }
           const next = onCompleted(s, now, everyRank, keepFailing)
           // a completion is progress: the counters' run of stillness starts over
           if (next !== undefined) watch = { baseline: watch.baseline, stillSince: undefined }
@@ -171,8 +235,21 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
           failedRun = run
           if (failing === undefined) return Effect.void
           return change((s) => {
-            const next = onFailing(s, failing)
-            if (next !== undefined) streaks?.inc()
+            if (s.failing !== undefined) {
+              // already failing: a re-trip while held moves its end on (the reason's at most once a minute)
+              const retrip = onFailedRun(damping, at)
+              if (retrip === undefined) return undefined
+              damping = retrip
+              const heldUntil = aboutUntil(retrip)
+              return heldUntil === s.failing.heldUntil ? undefined : withFailing(s, { ...s.failing, heldUntil })
+            }
+            damping = onTrip(damping, at)
+            const held = isHeld(damping, at)
+            const next = onFailing(s, held ? { ...failing, heldUntil: aboutUntil(damping) } : failing)
+            if (next !== undefined) {
+              streaks?.inc()
+              if (held) holds?.inc()
+            }
             return next
           })
         }),

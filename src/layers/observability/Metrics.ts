@@ -66,6 +66,11 @@ const makeHandles = (registry: Registry): MetricHandles => {
       ["model"] as const
     ),
     engineCallFailureStreaks: counter("engine_call_failure_streaks_total", CALL_FAILURE_STREAKS, ["model"] as const),
+    engineFailingHolds: counter(
+      "engine_failing_holds_total",
+      "Times the engine taken as failing calls (engine.failed_calls_unhealthy) was so again and again and was held for flapping: not cleared by completed calls nor the test until its penalty decays",
+      ["model"] as const
+    ),
     grpcConnectionsRefused: counter(
       "grpc_connections_refused_total",
       "gRPC connections closed at accept, by reason: peer_limit (agent.max_connections_per_peer), total_limit (agent.max_connections), cooldown (the peer flooded in the last 10 s)",

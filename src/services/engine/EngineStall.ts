@@ -13,7 +13,8 @@
  * stalled, it finds the rank that hangs alone while the others complete calls. Any of the three: the engine is
  * wedged, and the node says so (unhealthy, with the reason) instead of taking more calls. A fourth source is not a
  * wedge but is shown and healed as one: engine.failed_calls_unhealthy calls in a row that the engine failed
- * (FailedCalls.ts), an engine that answers every call with an error. A completed call clears all (it is progress) but
+ * (FailedCalls.ts), an engine that answers every call with an error (held for flapping, FlapDamping.ts, when taken so
+ * again and again: then not cleared by completions nor the test). A completed call clears all (it is progress) but
  * a hung rank's test, which only a test every rank completes clears; a counter that moves clears the second; a new
  * engine run clears all.
  */
@@ -135,6 +136,15 @@ export const onTestFailed = (s: StallState, f: TestFailure): StallState | undefi
 /** The engine is taken as failing calls: the new state, or undefined when it is already so taken. */
 export const onFailing = (s: StallState, f: FailingCalls): StallState | undefined =>
   s.failing === undefined ? { ...s, failing: f } : undefined
+
+/**
+ * The engine's failing calls replaced by `f`, or no longer taken as failing (undefined): what a hold for flapping
+ * ends with (FlapDamping.ts onRelease), or a longer hold's reason.
+ */
+export const withFailing = (s: StallState, f: FailingCalls | undefined): StallState => {
+  const { failing: _, ...rest } = s
+  return f === undefined ? rest : { ...rest, failing: f }
+}
 
 /** A progress counter moved: the new state when that clears the counters' stall, else undefined. */
 export const onProgress = (s: StallState): StallState | undefined => {

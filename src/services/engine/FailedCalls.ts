@@ -10,6 +10,9 @@
  * the calls a router still sends took the node in and out of traffic many times a minute (16 episodes a minute at 80%
  * errors in a soak); the test, sent when no call is in flight (a router stopped sending), clears it at once.
  * Calls that end otherwise (4xx, the caller's cancel or deadline, the agent's refusals) neither count nor end the run.
+ * Still it flapped at high error rates (7 episodes a minute at 80%, never restarted): trips are damped
+ * (FlapDamping.ts), and an engine taken as failing again and again is held so (`heldUntil`), neither calls nor the
+ * test clearing it.
  * Pure: the live EngineStall keeps the run between the watchdog's ticks.
  */
 
@@ -27,6 +30,11 @@ export interface FailingCalls {
   readonly calls: number
   /** The last failed call's status message ("engine answered HTTP 500 (InternalServerError): ..."). */
   readonly last: string
+  /**
+   * Held for flapping (FlapDamping.ts) until about then (epoch ms, a whole minute: FlapDamping.aboutUntil), later if
+   * it goes on flapping; absent or undefined: not held.
+   */
+  readonly heldUntil?: number | undefined
 }
 
 /**
@@ -48,7 +56,11 @@ export const addFailed = (
 
 /** The node's reason while the engine is taken as failing calls. */
 export const failingProblem = (f: FailingCalls): string =>
-  `engine failing calls: the last ${f.calls} calls failed in the engine with none completed (engine.failed_calls_unhealthy), the last with: ${f.last}`
+  `engine failing calls${
+    f.heldUntil === undefined
+      ? ""
+      : `, held for flapping until about ${new Date(f.heldUntil).toISOString().slice(11, 16)} UTC (taken as failing again and again: neither completed calls nor the test clear it before then)`
+  }: the last ${f.calls} calls failed in the engine with none completed (engine.failed_calls_unhealthy), the last with: ${f.last}`
 
 /**
  * Whether calls completed in a row (none failed by the engine after them: `completedInRow`) clear an engine taken as

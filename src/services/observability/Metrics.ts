@@ -40,6 +40,11 @@ export interface MetricHandles {
    */
   readonly engineCallFailureStreaks: Counter<"model">
   /**
+   * Times the engine taken as failing calls was held for flapping (services/engine/FlapDamping.ts): neither calls
+   * nor the test clear it until the penalty decays. A 0 sample from the start.
+   */
+  readonly engineFailingHolds: Counter<"model">
+  /**
    * gRPC connections closed at accept by reason (services/grpc/ConnectionCaps.ts RefusedReason: peer_limit,
    * total_limit, cooldown), and closed later for abuse (services/grpc/FloodRule.ts ClosedReason: frame_flood,
    * reset_flood, control_flood, protocol_error). A 0 sample of each reason from the start (GrpcServer.ts).
