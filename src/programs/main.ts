@@ -202,7 +202,10 @@ export const daemon = Effect.scoped(
     yield* (yield* NodeStatus).grpcBound(Number(splitHostPort(Context.get(grpc, GrpcServer).address).port))
     // Plaintext health for the kubelet's gRPC probe, which cannot do mTLS (layers/grpc/HealthListener.ts).
     if (config.agent.listen_health !== undefined)
-      yield* HealthListener.serve(config.agent.listen_health, Context.get(grpc, GrpcServer).healthState)
+      yield* HealthListener.serve(config.agent.listen_health, Context.get(grpc, GrpcServer).healthState, {
+        maxConnectionsPerPeer: config.agent.max_connections_per_peer,
+        maxConnections: config.agent.max_connections
+      })
     const reporterContext = yield* Layer.build(HealthReporterLive.layer)
     const reporter = Context.get(reporterContext, HealthReporter)
     yield* Deferred.succeed(reporterReady, reporter.status)

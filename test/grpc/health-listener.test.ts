@@ -107,6 +107,38 @@ describe("the health-only listener", () => {
   })
 })
 
+describe("the health-only listener's connection caps", () => {
+  it("closes a peer's connection past agent.max_connections_per_peer at accept, as the main server does", async () => {
+    const server = await rt.runPromise(GrpcServer)
+    const scope = await rt.runPromise(Scope.make())
+    const channels: Array<ReturnType<typeof createChannel>> = []
+    try {
+      const listener = await rt.runPromise(
+        Scope.provide(
+          HealthListener.serve("127.0.0.1:0", server.healthState, { maxConnectionsPerPeer: 1, maxConnections: 0 }),
+          scope
+        )
+      )
+      // A channel of its own each (grpc-js shares one connection among channels to the same target otherwise).
+      const own = { "grpc.use_local_subchannel_pool": 1 }
+      const first = createChannel(listener.address, undefined, own)
+      channels.push(first)
+      // The first connection stays open (the channel keeps it): the peer's one.
+      expect((await createClient(HealthDefinition, first).check({ service: "" })).status).toBe(S.SERVING)
+      const second = createChannel(listener.address, undefined, own)
+      channels.push(second)
+      await expect(createClient(HealthDefinition, second).check({ service: "" })).rejects.toMatchObject({
+        code: Status.UNAVAILABLE
+      })
+      // The first connection is untouched.
+      expect((await createClient(HealthDefinition, first).check({ service: "" })).status).toBe(S.SERVING)
+    } finally {
+      for (const c of channels) c.close()
+      await rt.runPromise(Scope.close(scope, Exit.void))
+    }
+  })
+})
+
 describe("binding", () => {
   it("a listener on an address in use fails with GrpcListenError naming the key, the address and the reason", async () => {
     const server = await rt.runPromise(GrpcServer)

@@ -300,3 +300,14 @@ export const handlerFailure = (e: HandlerError): GrpcFailure => ({
 
 /** `INVALID_ARGUMENT` for 3, as grpcurl and logs print it. */
 export const statusName = (code: number): string => Status[code] ?? `CODE_${code}`
+
+/**
+ * The statuses of grpc.health.v1's refusals (services/grpc/HealthRequests.ts), beside Generate's table: a name
+ * over its bound, a name the agent does not report (grpc-go health/server.go answers Check so), and a Watch past
+ * the server's bound of open Watch streams.
+ */
+export const healthStatus = {
+  nameTooLong: Status.INVALID_ARGUMENT,
+  unknownService: Status.NOT_FOUND,
+  tooManyWatches: Status.RESOURCE_EXHAUSTED
+} as const

@@ -1,0 +1,287 @@
+// grpc.health.v1's bounds (layers/grpc/Health.ts, services/grpc/HealthRequests.ts, layers/grpc/HealthListener.ts):
+// no caller input grows the agent's memory through health. Unknown names are answered without being stored (Check
+// NOT_FOUND, Watch SERVICE_UNKNOWN on a stream that stays open), a name over 1 KiB is refused INVALID_ARGUMENT, Watch
+// streams are capped per server, and the health-only listener takes small requests and 100 streams a connection.
+import * as http2 from "node:http2"
+import * as v8 from "node:v8"
+import { runInNewContext } from "node:vm"
+import { Effect, Exit, Scope } from "effect"
+import { HealthImplementation } from "grpc-health-check"
+import { type ClientError, createChannel, createClient, Status } from "nice-grpc"
+import { HealthDefinition } from "nice-grpc-server-health"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { HealthCheckResponse_ServingStatus as S } from "../../src/gen/grpc/health/v1/health.ts"
+import { addHealth } from "../../src/layers/grpc/Health.ts"
+import * as HealthListener from "../../src/layers/grpc/HealthListener.ts"
+import { Http2GrpcServer } from "../../src/layers/grpc/http2/Server.ts"
+import { AGENT_SERVICE } from "../../src/services/grpc/GrpcServer.ts"
+import { lookupName, MAX_SERVICE_NAME_BYTES } from "../../src/services/grpc/HealthRequests.ts"
+
+/** A server with Health alone, from `health`, as the main server adds it (its 4 MiB-class message limit). */
+const serve = async (health: HealthImplementation, maxWatches?: number) => {
+  const server = new Http2GrpcServer({ maxReceiveMessageLength: 4 * 1024 * 1024 })
+  addHealth(server, health, maxWatches === undefined ? {} : { maxWatches })
+  const port = await server.listen("127.0.0.1", 0)
+  return { server, address: `127.0.0.1:${port}` }
+}
+
+/** The error a call failed with (or "ok"). */
+const failure = (p: Promise<unknown>): Promise<ClientError | "ok"> =>
+  p.then(
+    () => "ok" as const,
+    (e: unknown) => e as ClientError
+  )
+
+const varint = (n: number): Buffer => {
+  const out: Array<number> = []
+  for (; n > 127; n >>>= 7) out.push((n & 127) | 128)
+  out.push(n)
+  return Buffer.from(out)
+}
+
+/** One gRPC frame of HealthCheckRequest { service: name } (field 1, length-delimited). */
+const requestFrame = (name: string): Buffer => {
+  const body = Buffer.from(name)
+  const message = Buffer.concat([Buffer.from([0x0a]), varint(body.length), body])
+  const frame = Buffer.alloc(5 + message.length)
+  frame.writeUInt32BE(message.length, 1)
+  message.copy(frame, 5)
+  return frame
+}
+
+/**
+ * Opens `names.length` Watch streams on one raw HTTP/2 connection, waits until each has its response headers (the
+ * handler ran), then resets them all (RST_STREAM CANCEL, a caller's cancel) and closes the connection.
+ */
+const watchAndCancel = async (address: string, names: ReadonlyArray<string>): Promise<void> => {
+  const session = http2.connect(`http://${address}`)
+  session.on("error", () => {})
+  const streams = names.map((name) => {
+    const stream = session.request({
+      ":method": "POST",
+      ":path": "/grpc.health.v1.Health/Watch",
+      "content-type": "application/grpc",
+      te: "trailers"
+    })
+    stream.on("error", () => {})
+    stream.end(requestFrame(name))
+    return stream
+  })
+  await Promise.all(streams.map((s) => new Promise((ok) => s.once("response", ok))))
+  await Promise.all(
+    streams.map(
+      (s) =>
+        new Promise<void>((ok) => {
+          s.once("close", () => ok())
+          s.close(http2.constants.NGHTTP2_CANCEL)
+        })
+    )
+  )
+  await new Promise<void>((ok) => session.close(() => ok()))
+}
+
+describe("service names (lookupName)", () => {
+  it('knows "" and the Agent service, and bounds a name in UTF-8 bytes', () => {
+    expect(lookupName("")).toBe("known")
+    expect(lookupName(AGENT_SERVICE)).toBe("known")
+    expect(lookupName("grpc.health.v1.Health")).toBe("unknown")
+    expect(lookupName("x".repeat(MAX_SERVICE_NAME_BYTES))).toBe("unknown")
+    expect(lookupName("x".repeat(MAX_SERVICE_NAME_BYTES + 1))).toBe("too_long")
+    // 2 bytes each: 512 fit, 513 (fewer UTF-16 units than the bound) do not
+    expect(lookupName("é".repeat(MAX_SERVICE_NAME_BYTES / 2))).toBe("unknown")
+    expect(lookupName("é".repeat(MAX_SERVICE_NAME_BYTES / 2 + 1))).toBe("too_long")
+  })
+})
+
+describe("Health on the agent's server", () => {
+  const health = new HealthImplementation()
+  health.setStatus("", "SERVING")
+  health.setStatus(AGENT_SERVICE, "SERVING")
+  let server: Http2GrpcServer
+  let address = ""
+  beforeAll(async () => {
+    ;({ server, address } = await serve(health))
+  })
+  afterAll(() => server.destroy())
+
+  it("Check of an unknown name: NOT_FOUND, without quoting the name back", async () => {
+    const channel = createChannel(address)
+    try {
+      const client = createClient(HealthDefinition, channel)
+      expect((await client.check({ service: "" })).status).toBe(S.SERVING)
+      const err = await failure(client.check({ service: "no.such.Service" }))
+      expect(err).toMatchObject({ code: Status.NOT_FOUND })
+      expect((err as ClientError).details).not.toContain("no.such.Service")
+    } finally {
+      channel.close()
+    }
+  })
+
+  it("a name over 1 KiB: INVALID_ARGUMENT on Check and on Watch, before any lookup", async () => {
+    const channel = createChannel(address)
+    try {
+      const client = createClient(HealthDefinition, channel)
+      const long = "x".repeat(MAX_SERVICE_NAME_BYTES + 1)
+      const checked = await failure(client.check({ service: long }))
+      expect(checked).toMatchObject({ code: Status.INVALID_ARGUMENT })
+      expect((checked as ClientError).details).toBe("service name is 1025 bytes; at most 1024")
+      const watched = await failure(client.watch({ service: long })[Symbol.asyncIterator]().next())
+      expect(watched).toMatchObject({ code: Status.INVALID_ARGUMENT })
+      // at the bound: answered as unknown
+      await expect(client.check({ service: "x".repeat(MAX_SERVICE_NAME_BYTES) })).rejects.toMatchObject({
+        code: Status.NOT_FOUND
+      })
+    } finally {
+      channel.close()
+    }
+  })
+
+  it("Watch of an unknown name: SERVICE_UNKNOWN, then the stream stays open until the caller ends it", async () => {
+    const channel = createChannel(address)
+    const abort = new AbortController()
+    try {
+      const client = createClient(HealthDefinition, channel)
+      const iter = client.watch({ service: "no.such.Service" }, { signal: abort.signal })[Symbol.asyncIterator]()
+      expect((await iter.next()).value?.status).toBe(S.SERVICE_UNKNOWN)
+      let settled = false
+      const next = iter.next().finally(() => {
+        settled = true
+      })
+      // Round trips on the same connection: the server answered them, the Watch still has nothing more.
+      for (let i = 0; i < 3; i++) await client.check({ service: "" })
+      expect(settled).toBe(false)
+      expect(server.open.calls).toBe(1)
+      abort.abort()
+      await expect(next).rejects.toThrow()
+    } finally {
+      channel.close()
+    }
+  })
+
+  it("Watch of a known name not yet given a status: SERVICE_UNKNOWN, then its status once given", async () => {
+    const later = new HealthImplementation()
+    later.setStatus("", "SERVING")
+    const own = await serve(later)
+    const channel = createChannel(own.address)
+    const abort = new AbortController()
+    try {
+      const iter = createClient(HealthDefinition, channel)
+        .watch({ service: AGENT_SERVICE }, { signal: abort.signal })
+        [Symbol.asyncIterator]()
+      expect((await iter.next()).value?.status).toBe(S.SERVICE_UNKNOWN)
+      later.setStatus(AGENT_SERVICE, "NOT_SERVING")
+      expect((await iter.next()).value?.status).toBe(S.NOT_SERVING)
+    } finally {
+      abort.abort()
+      channel.close()
+      own.server.destroy()
+    }
+  })
+
+  it("closed Watch streams of distinct names leave nothing behind (heap after a forced GC)", async () => {
+    // --expose-gc for this worker, then the gc function from a fresh context (v8.setFlagsFromString: Node docs).
+    v8.setFlagsFromString("--expose-gc")
+    const gc = runInNewContext("gc") as () => void
+    const heapUsed = (): number => {
+      for (let i = 0; i < 3; i++) gc()
+      return process.memoryUsage().heapUsed
+    }
+    let id = 0
+    // Names of 1000 bytes, each distinct, all unknown: the dependency alone kept every one (~12.6 MB per 10k).
+    const names = (k: number) =>
+      Array.from({ length: k }, () => {
+        const prefix = `svc-${id++}-`
+        return prefix + "z".repeat(1000 - prefix.length)
+      })
+    await watchAndCancel(address, names(100)) // warm-up: the code paths, the first connection
+    const before = heapUsed()
+    for (let round = 0; round < 16; round++) await watchAndCancel(address, names(500))
+    const retained = heapUsed() - before
+    // 8000 names of 1000 bytes: ~10 MB when each name stays; measured ~0.4 MB (code, caches) when none does.
+    expect(retained, `heap retained: ${retained} bytes`).toBeLessThan(3_000_000)
+  })
+})
+
+describe("the Watch cap", () => {
+  it("refuses a Watch past maxWatches with RESOURCE_EXHAUSTED, takes one again once a Watch ends", async () => {
+    const health = new HealthImplementation()
+    health.setStatus("", "SERVING")
+    const { server, address } = await serve(health, 3)
+    const channel = createChannel(address)
+    const aborts = [new AbortController(), new AbortController(), new AbortController()]
+    try {
+      const client = createClient(HealthDefinition, channel)
+      const watch = (signal?: AbortSignal) =>
+        client
+          .watch({ service: "" }, signal === undefined ? {} : { signal })
+          [Symbol.asyncIterator]()
+          .next()
+      for (const a of aborts) expect((await watch(a.signal)).value?.status).toBe(S.SERVING)
+      expect(await failure(watch())).toMatchObject({ code: Status.RESOURCE_EXHAUSTED })
+      expect((await client.check({ service: "" })).status).toBe(S.SERVING)
+      aborts[0]?.abort()
+      // The cancel reaches the server in its own time: polled, bounded.
+      let admitted = false
+      for (let i = 0; i < 200 && !admitted; i++) {
+        const abort = new AbortController()
+        const r = await failure(watch(abort.signal))
+        admitted = r === "ok"
+        abort.abort()
+        if (!admitted) expect(r).toMatchObject({ code: Status.RESOURCE_EXHAUSTED })
+      }
+      expect(admitted).toBe(true)
+    } finally {
+      for (const a of aborts) a.abort()
+      channel.close()
+      server.destroy()
+    }
+  })
+})
+
+describe("the health-only listener's bounds", () => {
+  const health = new HealthImplementation()
+  health.setStatus("", "SERVING")
+  let address = ""
+  let scope: Scope.Closeable
+  beforeAll(async () => {
+    scope = Effect.runSync(Scope.make())
+    address = (await Effect.runPromise(Scope.provide(HealthListener.serve("127.0.0.1:0", health), scope))).address
+  })
+  afterAll(() => Effect.runPromise(Scope.close(scope, Exit.void)))
+
+  it("takes requests of at most 2 KiB: a larger one ends RESOURCE_EXHAUSTED unread", async () => {
+    const channel = createChannel(address)
+    try {
+      const client = createClient(HealthDefinition, channel)
+      expect(
+        await failure(client.check({ service: "x".repeat(HealthListener.MAX_HEALTH_REQUEST_BYTES) }))
+      ).toMatchObject({ code: Status.RESOURCE_EXHAUSTED })
+      expect(
+        await failure(
+          client
+            .watch({ service: "x".repeat(1_000_000) })
+            [Symbol.asyncIterator]()
+            .next()
+        )
+      ).toMatchObject({ code: Status.RESOURCE_EXHAUSTED })
+      // a name at the bound fits
+      expect(await failure(client.check({ service: "x".repeat(MAX_SERVICE_NAME_BYTES) }))).toMatchObject({
+        code: Status.NOT_FOUND
+      })
+    } finally {
+      channel.close()
+    }
+  })
+
+  it("lets a connection hold 100 streams at once (SETTINGS_MAX_CONCURRENT_STREAMS)", async () => {
+    const session = http2.connect(`http://${address}`)
+    session.on("error", () => {})
+    try {
+      await new Promise((ok) => session.once("remoteSettings", ok))
+      expect(session.remoteSettings.maxConcurrentStreams).toBe(HealthListener.MAX_HEALTH_STREAMS)
+      expect(HealthListener.MAX_HEALTH_STREAMS).toBe(100)
+    } finally {
+      session.destroy()
+    }
+  })
+})
