@@ -166,10 +166,18 @@ describe("a running agent", () => {
 
   it("serves /metrics in Prometheus text with the engine's signals, request counts and process metrics", async () => {
     await generate(client, { prompt: words(4), sampling: { maxTokens: 4 } }).done
-    const res = await fetch(`${agent.adminUrl}/metrics`)
-    expect(res.status).toBe(200)
-    expect(res.headers.get("content-type")).toMatch(/text\/plain/)
-    const samples = parsePromText(await res.text())
+    // The engine's gauges are those of the last heartbeat's scrape (every 300 ms): one taken while the call ran reads
+    // it running. Read until a scrape after the call's end shows the engine idle (bounded).
+    const scrape = async () => {
+      const res = await fetch(`${agent.adminUrl}/metrics`)
+      expect(res.status).toBe(200)
+      expect(res.headers.get("content-type")).toMatch(/text\/plain/)
+      return parsePromText(await res.text())
+    }
+    const samples = await pollUntil("a scrape of the engine after the call", async () => {
+      const got = await scrape()
+      return got.some((s) => s.name === "cgn_agent_engine_running_requests" && s.value === 0) ? got : undefined
+    })
     const names = new Set(samples.map((s) => s.name))
     for (const n of [
       "cgn_agent_engine_running_requests",
