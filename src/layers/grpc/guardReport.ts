@@ -37,7 +37,7 @@ export const guardReport = (
   return (event) => {
     if (event.kind === "refused") metrics?.grpcConnectionsRefused.inc({ reason: event.reason })
     else metrics?.grpcConnectionsClosed.inc({ reason: event.reason satisfies ClosedReason })
-    const line = log.note(`${event.reason} ${event.peer}`, Date.now())
+    const line = log.note(`${event.reason} ${event.peer}`, performance.now())
     if (line === undefined) return
     const fields: Record<string, unknown> = { peer: event.peer, reason: event.reason, suppressed: line.suppressed }
     if (line.key !== `${event.reason} ${event.peer}`) fields.peer = "(many peers)"

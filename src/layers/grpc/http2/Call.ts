@@ -63,6 +63,11 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
   request: Req = undefined as Req
   /** True once the caller reset the stream, its deadline passed or the connection closed before the end. */
   cancelled = false
+  /**
+   * Told the stream's receive window left when the server stops a request still arriving (#stopRequest): the bytes
+   * the caller may yet send on it, which nobody reads (the server's flood rule counts them as the call's).
+   */
+  onUnread: ((windowLeft: number) => void) | undefined = undefined
   readonly metadata: RequestMetadata
   readonly #stream: http2.ServerHttp2Stream
   readonly #serialize: (message: Res) => Buffer
@@ -194,6 +199,7 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
     // A caller that stopped reading would never get trailers queued behind what it did not read: the stream is reset,
     // which frees it at once (GrpcFailure.reset).
     if (status.reset === true) {
+      if (!stream.readableEnded) this.onUnread?.(stream.state.localWindowSize ?? 0)
       stream.close(http2.constants.NGHTTP2_CANCEL)
       return
     }
@@ -255,6 +261,8 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
    */
   #stopRequest(): void {
     const stream = this.#stream
-    if (!stream.readableEnded && !stream.destroyed) stream.close(http2.constants.NGHTTP2_NO_ERROR)
+    if (stream.readableEnded || stream.destroyed) return
+    this.onUnread?.(stream.state.localWindowSize ?? 0)
+    stream.close(http2.constants.NGHTTP2_NO_ERROR)
   }
 }

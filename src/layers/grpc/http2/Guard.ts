@@ -85,6 +85,10 @@ const counters = (session: http2.Http2Session): { read: number; written: number 
   }
 }
 
+/**
+ * Time here is performance.now(), monotonic: a cool-down or a rate measured on the wall clock would stretch by any
+ * step of the system clock backwards (an NTP step of an hour kept a cooled-down router refused for an hour).
+ */
 export class Guard {
   readonly #caps: ConnectionCaps
   readonly #limits: CapLimits
@@ -118,7 +122,7 @@ export class Guard {
     server.removeAllListeners("connection")
     server.on("connection", (socket: net.Socket) => {
       const peer = peerOf(socket.remoteAddress)
-      const refused = this.#caps.admit(peer, Date.now())
+      const refused = this.#caps.admit(peer, performance.now())
       if (refused !== undefined) {
         socket.on("error", () => {})
         socket.destroy()
@@ -150,7 +154,7 @@ export class Guard {
     const f = session && this.#sessions.get(session)
     if (f === undefined) return nowhere
     f.accounted += headerListBytes(headers) + STREAM_FRAME_BYTES
-    f.mirror = resetStep(f.mirror, Date.now(), STREAM_RESET_BURST, STREAM_RESET_RATE)
+    f.mirror = resetStep(f.mirror, performance.now(), STREAM_RESET_BURST, STREAM_RESET_RATE)
     return f
   }
 
@@ -162,7 +166,7 @@ export class Guard {
   onReset(a: Accounting): void {
     const { peer, session } = a
     if (peer === undefined || session === undefined || session.destroyed || session.closed) return
-    const now = Date.now()
+    const now = performance.now()
     const m = resetStep(
       this.#peerResets.get(peer) ?? resetMirror(this.#resetBurst, now),
       now,
@@ -188,7 +192,7 @@ export class Guard {
   }
 
   #follow(session: http2.Http2Session): void {
-    const now = Date.now()
+    const now = performance.now()
     const c = counters(session)
     const f: Followed = {
       peer: peerOf(session.socket?.remoteAddress),
@@ -203,14 +207,14 @@ export class Guard {
     session.on("error", (e: NodeJS.ErrnoException) => {
       const reason = closedReason(e.errno, f.mirror, STREAM_RESET_RATE)
       if (reason === undefined) return
-      if (reason !== "protocol_error") this.#caps.cooldown(f.peer, Date.now(), FLOOD_COOLDOWN_MS)
+      if (reason !== "protocol_error") this.#caps.cooldown(f.peer, performance.now(), FLOOD_COOLDOWN_MS)
       this.#onEvent({ kind: "closed", reason, peer: f.peer })
     })
     session.once("close", () => this.#sessions.delete(session))
   }
 
   readonly #sample = (): void => {
-    const now = Date.now()
+    const now = performance.now()
     this.#caps.prune(now)
     for (const [peer, m] of this.#peerResets)
       if (m.left + ((now - m.atMs) / 1000) * this.#resetRate >= this.#resetBurst) this.#peerResets.delete(peer)
@@ -231,3 +235,17 @@ export class Guard {
 
 /** The request bytes of one chunk as the flood rule accounts them (its DATA frame's header included). */
 export const chunkBytes = (length: number): number => length + DATA_FRAME_BYTES
+
+/** A stream's receive window when the session's SETTINGS say none (RFC 9113 6.9.2). */
+const DEFAULT_WINDOW = 65_535
+
+/**
+ * What a caller may still send on a stream whose request the server stopped early, `read` bytes of it received and
+ * `windowLeft` of its receive window left: the larger of that window and the initial window less what came (Node
+ * gives back the window as the server reads), with a DATA frame's header per KiB. A client that makes the server stop
+ * its requests earns at most this per stream, each stream a call (admission and the reset budgets bound those).
+ */
+export const unreadCredit = (windowLeft: number, read: number, initialWindow = DEFAULT_WINDOW): number => {
+  const unread = Math.min(initialWindow, Math.max(windowLeft, initialWindow - read, 0))
+  return unread + DATA_FRAME_BYTES * Math.ceil(unread / 1024)
+}

@@ -30,7 +30,7 @@ import { ServerCall } from "./Call.ts"
 import { Connections, HANDSHAKE_TIMEOUT_MS, type OpenConnections, sessionSettings } from "./Connections.ts"
 import { followClientNames, type RefusalOf } from "./clientNames.ts"
 import { type Decoder, decode } from "./decodeMessage.ts"
-import { chunkBytes, Guard } from "./Guard.ts"
+import { chunkBytes, Guard, unreadCredit } from "./Guard.ts"
 import { messageBound, messageTimeout } from "./messageBound.ts"
 import { type Route, routesOf, runRoute } from "./routes.ts"
 import type { Http2GrpcServerOptions } from "./ServerOptions.ts"
@@ -182,6 +182,17 @@ export class Http2GrpcServer {
     const route = this.#routes.get(path)
     const serialize = route?.definition.responseSerialize ?? noBody
     const call = new ServerCall<unknown, unknown>(stream, headers, serialize, this.#connections.tallyOf(stream.session))
+    // Every request byte is the call's (Guard.ts's flood rule), a refused call's too, and so is what the caller may
+    // still send when the server stops its request early (a refusal, a message too large, a deadline): at most the
+    // stream's window, which no call reads and nghttp2 drops.
+    let streamBytes = 0
+    stream.on("data", (chunk: Buffer) => {
+      streamBytes += chunk.length
+      accounting.accounted += chunkBytes(chunk.length)
+    })
+    call.onUnread = (windowLeft) => {
+      accounting.accounted += unreadCredit(windowLeft, streamBytes, stream.session?.localSettings.initialWindowSize)
+    }
     // Until the handler runs, every end of the call is the server's: reported through onRejected. What the
     // request holds of the arriving budget (every byte until then) is given back at the handler or at that end.
     let handled = false
@@ -260,7 +271,6 @@ export class Http2GrpcServer {
     // A request-streaming call's bound (requestReadTimeoutMs): each message, from its first bytes to its last.
     const bound = streaming ? messageBound(stream, readMs, () => end(this.#messageTimeout)) : undefined
     stream.on("data", (chunk: Buffer) => {
-      accounting.accounted += chunkBytes(chunk.length)
       if (call.done) return
       if (!handled) {
         if (this.#arriving + chunk.length > budget)
