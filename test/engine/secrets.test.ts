@@ -153,7 +153,10 @@ describe("header lists (OTEL_EXPORTER_OTLP_HEADERS)", () => {
 })
 
 describe("URL credentials, whatever the name", () => {
-  const env = { HTTPS_PROXY: "http://bob:proxy_SECRET4@proxy:3128", REPO: "https://ghp_TOKEN5678@github.com/o/r" }
+  const env = {
+    HTTPS_PROXY: "http://bob:proxy_SECRET4@proxy:3128",
+    REPO: "https://ghp_TOKEN5678abcdef0123@github.com/o/r"
+  }
 
   it("hides a URL's password (or its userinfo without one) in render and the spawn log", () => {
     expect(redactEnv(env)).toEqual({
@@ -170,11 +173,19 @@ describe("URL credentials, whatever the name", () => {
 
   it("takes them as secrets, percent-decoded too", () => {
     expect([...secretValues(env, ["https://u:p%40ss_SECRET@collector:4317"])].sort()).toEqual([
-      "ghp_TOKEN5678",
+      "ghp_TOKEN5678abcdef0123",
       "p%40ss_SECRET",
       "p@ss_SECRET",
       "proxy_SECRET4"
     ])
+  })
+
+  it("takes a credential after a known auth scheme alone, not the second word of any two-word secret", () => {
+    expect(secretValues({ API_AUTH: "Bearer tok_abcdef123456" }, [])).toEqual([
+      "Bearer tok_abcdef123456",
+      "tok_abcdef123456"
+    ])
+    expect(secretValues({ DB_PASSWORD: "password incorrect" }, [])).toEqual(["password incorrect"])
   })
 
   it("reads a long word in one pass (a RegExp trying a scheme at each letter took a minute on 200k letters)", () => {
@@ -189,7 +200,9 @@ describe("URL credentials, whatever the name", () => {
       EMAIL: "a@b.c",
       EMPTY_USERINFO: "http://@host:8000",
       AT_IN_PATH: "https://host/a@b",
-      NO_SCHEME: "1://u:p@h"
+      NO_SCHEME: "1://u:p@h",
+      // a user name without a password is no token (shorter than tokens are): not blanked in every engine line
+      INDEX_URL: "https://pytorch@download.pytorch.org/whl"
     }
     expect(redactEnv(plain)).toEqual(plain)
     expect(secretValues(plain, ["--model", "org/model"])).toEqual([])

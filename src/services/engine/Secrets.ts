@@ -91,6 +91,12 @@ const headerListSpans = (text: string): ReadonlyArray<Span> => {
   return out
 }
 
+/**
+ * The shortest userinfo without a password taken as a credential: tokens written so are long (GitHub's 40, GitLab's
+ * 26, Hugging Face's 37 characters), user names short; shorter ones (`pytorch`) would be blanked in every line.
+ */
+const MIN_BARE_TOKEN = 16
+
 /** A URL scheme's characters after its first letter (RFC 3986 3.1). */
 const SCHEME_CHAR = /[A-Za-z0-9+.-]/
 /** What ends a URL's authority (RFC 3986 3.2): the path, query or fragment, or the text's next word. */
@@ -114,10 +120,13 @@ const urlSpans = (text: string): ReadonlyArray<Span> => {
     const start = sep + 3
     let end = start
     while (end < text.length && !AUTHORITY_END.test(text.charAt(end))) end++
-    const at = text.lastIndexOf("@", end - 1)
-    if (at <= start) continue // no userinfo, or an empty one
+    const inAuthority = text.slice(start, end).lastIndexOf("@")
+    if (inAuthority <= 0) continue // no userinfo, or an empty one
+    const at = start + inAuthority
     const colon = text.indexOf(":", start)
-    out.push(...(colon < 0 || colon > at ? [[start, at] as const] : trimmed(text, colon + 1, at)))
+    if (colon >= 0 && colon < at) out.push(...trimmed(text, colon + 1, at))
+    // userinfo without a password: a token (`https://ghp_...@github.com`), not a user name (`https://git@host`)
+    else if (at - start >= MIN_BARE_TOKEN) out.push([start, at])
   }
   return out
 }
@@ -156,8 +165,11 @@ export const redactEnvValue = (name: string, value: string): string => redactSpa
 export const redactArg = (argv: ReadonlyArray<string>, i: number): string =>
   redactSpans(argv[i] ?? "", argSpans(argv, i))
 
-/** A credential after an HTTP auth scheme (`Bearer TOKEN`, `Basic B64`), printed alone as often as whole. */
-const AUTH_SCHEME = /^[A-Za-z][A-Za-z0-9_-]*[ \t]+(\S+)$/
+/**
+ * A credential after an HTTP auth scheme (`Bearer TOKEN`, `Basic B64`), printed alone as often as whole. Known
+ * schemes only: any first word would make the second of a two-word secret ("password incorrect") one on its own.
+ */
+const AUTH_SCHEME = /^(?:Bearer|Basic|Token|Digest|ApiKey|Api-Key)[ \t]+(\S+)$/i
 
 /** A secret as it is, percent-decoded (a header list's and a URL's values are percent-encoded), its credential. */
 const secretParts = (secret: string): ReadonlyArray<string> => {
