@@ -266,6 +266,31 @@ describe("the gRPC server's guard", () => {
     expect(events).toContainEqual({ kind: "refused", reason: "cooldown", peer: "127.0.0.8", limit: 0 })
   }, 30_000)
 
+  it("reports a busy connection's protocol error as one, not as the rapid-reset guard's closure (no cool-down)", async () => {
+    const { port, events } = await start()
+    const client = rawClient(port, "127.0.0.14")
+    const lit = (n: string, v: string) =>
+      Buffer.concat([Buffer.from([0x00, n.length]), Buffer.from(n), Buffer.from([v.length]), Buffer.from(v)])
+    const block = Buffer.concat([
+      lit(":method", "GET"),
+      lit(":scheme", "http"),
+      lit(":path", "/"),
+      lit(":authority", "x")
+    ])
+    // 11,000 streams (past the guard's burst of 10,000 resets), none reset by the client: each answered 405 at once.
+    let id = 1
+    for (let b = 0; b < 11; b++) {
+      const frames: Array<Buffer> = []
+      for (let i = 0; i < 1000; i++, id += 2) frames.push(frame(1, 0x5, id, block)) // HEADERS, END_STREAM|END_HEADERS
+      client.socket.write(Buffer.concat(frames))
+      await pollUntil("the batch answered", () => client.received() >= (b + 1) * 1000 * 10)
+    }
+    client.socket.write(frame(0, 0, 0, Buffer.from("x"))) // DATA on stream 0: PROTOCOL_ERROR (RFC 9113 6.1)
+    expect(await within(client.closed, 5_000)).not.toBe("pending")
+    await pollUntil("the guard's report", () => events.length > 0)
+    expect(events).toEqual([{ kind: "closed", reason: "protocol_error", peer: "127.0.0.14" }])
+  })
+
   it("closes a peer's connection past the peer's reset budget on all its connections together, ENHANCE_YOUR_CALM", async () => {
     // Default: 40,000 at once, 4,000/s; Node's guard (10,000 per connection) never sees these.
     const { port, events } = await start({ peerResets: { burst: 300, ratePerSec: 1 } })

@@ -146,6 +146,14 @@ describe("clientNameProblem (the config's check of each entry)", () => {
   })
 })
 
+describe("a subjectAltName that does not parse", () => {
+  it("trusts nothing of the certificate, its CN neither", () => {
+    const peer = { subjectaltname: 'DNS:"unterminated', subject: { CN: "router.cgn.svc" } }
+    expect(certificateIdentity(peer)).toEqual({ dns: [], uri: [], ip: [] })
+    expect(new ClientNameAllowlist(["router.cgn.svc"]).admit(peer)?._tag).toBe("ClientNotAllowed")
+  })
+})
+
 describe("the check's log and count", () => {
   it("warns once per peer and window, logs the rest at debug with the count, counts every refusal", () => {
     const lines: Array<string> = []

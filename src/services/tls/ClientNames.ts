@@ -119,7 +119,10 @@ export const certificateIdentity = (peer: PeerCertificateNames): CertificateIden
   const dns: Array<string> = []
   const uri: Array<string> = []
   const ip: Array<string> = []
-  const entries = peer.subjectaltname === undefined ? [] : (splitAltNames(peer.subjectaltname) ?? [])
+  const entries = peer.subjectaltname === undefined ? [] : splitAltNames(peer.subjectaltname)
+  // a SAN that does not parse: nothing of the certificate is trusted, its CN neither (RFC 6125 6.4.4 reads no CN
+  // beside a SAN)
+  if (entries === undefined) return { dns, uri, ip }
   for (const entry of entries) {
     if (entry.startsWith("DNS:")) dns.push(entry.slice(4))
     else if (entry.startsWith("URI:")) uri.push(entry.slice(4))

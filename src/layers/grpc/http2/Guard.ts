@@ -154,7 +154,6 @@ export class Guard {
     const f = session && this.#sessions.get(session)
     if (f === undefined) return nowhere
     f.accounted += headerListBytes(headers) + STREAM_FRAME_BYTES
-    f.mirror = resetStep(f.mirror, performance.now(), STREAM_RESET_BURST, STREAM_RESET_RATE)
     return f
   }
 
@@ -167,6 +166,10 @@ export class Guard {
     const { peer, session } = a
     if (peer === undefined || session === undefined || session.destroyed || session.closed) return
     const now = performance.now()
+    // Node's guard counts the client's resets (RST_STREAM), not its streams: mirrored here, so that a busy
+    // connection's later protocol error is not taken for the guard's closure (closedReason)
+    const f = this.#sessions.get(session)
+    if (f !== undefined) f.mirror = resetStep(f.mirror, now, STREAM_RESET_BURST, STREAM_RESET_RATE)
     const m = resetStep(
       this.#peerResets.get(peer) ?? resetMirror(this.#resetBurst, now),
       now,
