@@ -158,22 +158,27 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
     // clear owed from meanwhile is given then, else the engine stays failing until calls or the test clear it.
     // Whether it is done: false when a re-trip moved the end on meanwhile (the loop waits again).
     const release = (at: number): Effect.Effect<boolean> =>
-      Effect.flatMap(SubscriptionRef.get(ref), (s) => {
+      Effect.suspend(() => {
         if (isHeld(damping, at)) return Effect.succeed(false)
         const [clear, after] = onRelease(damping, at)
         damping = after
-        const failing = s.failing
-        if (failing?.heldUntil === undefined) return Effect.succeed(true)
-        if (clear) clearedBy = "its hold for flapping ended, calls or the test having completed meanwhile"
-        const { heldUntil: _, ...unheld } = failing
-        // the line first: the new state ends this fiber (switchMap)
-        return (
-          clear
-            ? Effect.void
-            : Effect.logInfo(
+        // Read and written in one step (the ref's own lock): an engine run that starts meanwhile (noStall) is never
+        // overwritten with the last run's failing state.
+        const ended = SubscriptionRef.modifySome(ref, (s): readonly [boolean, Option.Option<StallState>] => {
+          const failing = s.failing
+          if (failing?.heldUntil === undefined) return [false, Option.none()]
+          if (clear) clearedBy = "its hold for flapping ended, calls or the test having completed meanwhile"
+          const { heldUntil: _, ...unheld } = failing
+          return [!clear, Option.some(withFailing(s, clear ? undefined : unheld))]
+        })
+        // uninterruptible: the new state ends this fiber (switchMap) once the line is out
+        return Effect.flatMap(ended, (stillFailing) =>
+          stillFailing
+            ? Effect.logInfo(
                 "the engine's hold for flapping ended: still failing calls until calls or the test complete"
               )
-        ).pipe(Effect.andThen(SubscriptionRef.set(ref, withFailing(s, clear ? undefined : unheld))), Effect.as(true))
+            : Effect.void
+        ).pipe(Effect.as(true))
       }).pipe(Effect.uninterruptible)
     const releaseWhenDue = (s: StallState) =>
       s.failing?.heldUntil === undefined
@@ -193,11 +198,12 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
 
     /** Applies `f` when it changes the state; `cause` names what cleared a stall, for the log line. */
     const change = (f: (s: StallState) => StallState | undefined, cause?: string) =>
-      Effect.flatMap(SubscriptionRef.get(ref), (s) => {
+      // read and written in one step (the ref's own lock), as `release`
+      SubscriptionRef.updateSome(ref, (s) => {
         const next = f(s)
-        if (next === undefined) return Effect.void
+        if (next === undefined) return Option.none()
         if (cause !== undefined) clearedBy = cause
-        return SubscriptionRef.set(ref, next)
+        return Option.some(next)
       })
 
     return EngineStall.of({
