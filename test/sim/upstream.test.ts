@@ -165,29 +165,7 @@ describe("the end of a stream", () => {
   })
 })
 
-describe("SGLang mid-stream failure", () => {
-  it("an error event wrapping its flat error (a scheduler abort: INTERNAL_SERVER_ERROR, 500), then [DONE]", async () => {
-    const set = async (faults: Record<string, unknown>) =>
-      expect((await postJson(`${sglang.url}/sim/faults`, faults)).status).toBe(200)
-    await set({ errorRate: 1, errorKind: "midstream" })
-    try {
-      const r = await postJson(`${sglang.url}/v1/completions`, { prompt: "a b c", stream: true })
-      const data = sseData(r.text)
-      expect(data.at(-1)).toBe("[DONE]")
-      expect(JSON.parse(data.at(-2) ?? "{}")).toEqual({
-        error: {
-          object: "error",
-          message: "simulated mid-stream engine failure",
-          type: "INTERNAL_SERVER_ERROR",
-          param: null,
-          code: 500
-        }
-      })
-    } finally {
-      await set({ errorRate: 0 })
-    }
-  })
-})
+// SGLang's mid-stream failure (its scheduler's abort): test/sim/error-shapes.test.ts.
 
 describe("mlx-lm mid-stream failure", () => {
   const setFaults = async (faults: Record<string, unknown>) =>
