@@ -18,9 +18,12 @@ import { AGENT_SERVICE } from "../../src/services/grpc/GrpcServer.ts"
 import { lookupName, MAX_SERVICE_NAME_BYTES } from "../../src/services/grpc/HealthRequests.ts"
 
 /** A server with Health alone, from `health`, as the main server adds it (its 4 MiB-class message limit). */
-const serve = async (health: HealthImplementation, maxWatches?: number) => {
+const serve = async (health: HealthImplementation, maxWatches?: number, maxWatchesPerPeer?: number) => {
   const server = new Http2GrpcServer({ maxReceiveMessageLength: 4 * 1024 * 1024 })
-  addHealth(server, health, maxWatches === undefined ? {} : { maxWatches })
+  addHealth(server, health, {
+    ...(maxWatches === undefined ? {} : { maxWatches }),
+    ...(maxWatchesPerPeer === undefined ? {} : { maxWatchesPerPeer })
+  })
   const port = await server.listen("127.0.0.1", 0)
   return { server, address: `127.0.0.1:${port}` }
 }
@@ -100,7 +103,7 @@ describe("Health on the agent's server", () => {
   let server: Http2GrpcServer
   let address = ""
   beforeAll(async () => {
-    ;({ server, address } = await serve(health))
+    ;({ server, address } = await serve(health, undefined, 100_000)) // one test address opens 500 Watches at once
   })
   afterAll(() => server.destroy())
 
@@ -282,6 +285,49 @@ describe("the health-only listener's bounds", () => {
       expect(HealthListener.MAX_HEALTH_STREAMS).toBe(100)
     } finally {
       session.destroy()
+    }
+  })
+})
+
+describe("the Watch cap per client address", () => {
+  /** A Watch of "" from `from` on its own connection: its first answer's grpc-status (undefined: a message came). */
+  const watchFrom = (port: number, from: string) =>
+    new Promise<{ status: string | undefined; session: http2.ClientHttp2Session }>((resolve) => {
+      const session = http2.connect(`http://127.0.0.1:${port}`, { localAddress: from } as http2.ClientSessionOptions)
+      session.on("error", () => {})
+      const req = session.request({
+        ":method": "POST",
+        ":path": "/grpc.health.v1.Health/Watch",
+        "content-type": "application/grpc",
+        te: "trailers"
+      })
+      req.on("error", () => {})
+      req.on("data", () => resolve({ status: undefined, session }))
+      req.on("response", (h) => {
+        const status = h["grpc-status"] as string | undefined
+        if (status !== undefined) resolve({ status, session })
+      })
+      req.end(Buffer.alloc(5)) // one empty HealthCheckRequest: service ""
+    })
+
+  it("refuses one address's Watch past maxWatchesPerPeer; another address still watches", async () => {
+    const health = new HealthImplementation()
+    health.setStatus("", "SERVING")
+    const { server, address } = await serve(health, 10, 2)
+    const port = Number(address.split(":")[1])
+    const sessions: Array<http2.ClientHttp2Session> = []
+    try {
+      const open = async (from: string) => {
+        const r = await watchFrom(port, from)
+        sessions.push(r.session)
+        return r.status
+      }
+      expect([await open("127.0.0.21"), await open("127.0.0.21")]).toEqual([undefined, undefined])
+      expect(await open("127.0.0.21")).toBe(String(Status.RESOURCE_EXHAUSTED))
+      expect(await open("127.0.0.22")).toBeUndefined()
+    } finally {
+      for (const s of sessions) s.destroy()
+      server.destroy()
     }
   })
 })

@@ -22,6 +22,7 @@ import {
   HEALTH_NAMES,
   lookupName,
   MAX_WATCHES,
+  MAX_WATCHES_PER_PEER,
   nameTooLong,
   SERVICE_UNKNOWN,
   serviceOf,
@@ -63,11 +64,18 @@ export class PublishedHealth {
 export const addHealth = (
   server: Http2GrpcServer,
   health: HealthImplementation,
-  { known = HEALTH_NAMES, maxWatches = MAX_WATCHES }: { known?: ReadonlySet<string>; maxWatches?: number } = {}
+  {
+    known = HEALTH_NAMES,
+    maxWatches = MAX_WATCHES,
+    maxWatchesPerPeer = MAX_WATCHES_PER_PEER
+  }: { known?: ReadonlySet<string>; maxWatches?: number; maxWatchesPerPeer?: number } = {}
 ): (() => void) => {
   const watches = new Set<ServerCall>()
+  // Each address's open Watches (an entry only while it has one): one address cannot fill the server's bound.
+  const perPeer = new Map<string, number>()
   const unknown = unknownService(known)
   const full = handlerFailure(tooManyWatches(maxWatches))
+  const peerFull = handlerFailure(tooManyWatches(maxWatchesPerPeer, "from this client address"))
   // addToServer takes any { addService }: Check and Watch are wrapped on their way to the real server (List passes
   // as it is: it lists the library's statuses, the known names only).
   health.addToServer({
@@ -89,12 +97,20 @@ export const addHealth = (
             call.sendStatus(handlerFailure(nameTooLong(name)))
             return
           }
-          if (watches.size >= maxWatches) {
-            call.sendStatus(full)
+          const peer = call.peer
+          const mine = perPeer.get(peer) ?? 0
+          if (watches.size >= maxWatches || mine >= maxWatchesPerPeer) {
+            call.sendStatus(mine >= maxWatchesPerPeer ? peerFull : full)
             return
           }
           watches.add(call)
-          call.once("cancelled", () => watches.delete(call))
+          perPeer.set(peer, mine + 1)
+          call.once("cancelled", () => {
+            watches.delete(call)
+            const left = (perPeer.get(peer) ?? 1) - 1
+            if (left > 0) perPeer.set(peer, left)
+            else perPeer.delete(peer)
+          })
           // An unknown name: the status once, then the stream stays open as the protocol asks; nothing is kept
           // for it but the call itself, in `watches` until it ends.
           if (lookup === "unknown") call.write(SERVICE_UNKNOWN)
@@ -107,5 +123,6 @@ export const addHealth = (
     const ended = toGrpcFailure(new ServerShuttingDown())
     for (const call of watches) call.sendStatus(ended)
     watches.clear()
+    perPeer.clear()
   }
 }

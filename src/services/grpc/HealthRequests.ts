@@ -62,10 +62,16 @@ export const SERVICE_UNKNOWN = { status: "SERVICE_UNKNOWN" } as const
  */
 export const MAX_WATCHES = 4096
 
+/**
+ * Watch streams one client address holds open at once on a server: a router watches one or two names on a connection
+ * or two, so this is far above it, and one address cannot take the server's MAX_WATCHES from the routers' Watches.
+ */
+export const MAX_WATCHES_PER_PEER = 256
+
 /** A Watch past MAX_WATCHES (or the server's own bound): Check still answers, and a Watch later may find room. */
-export const tooManyWatches = (limit: number): HealthRefusal => ({
+export const tooManyWatches = (limit: number, whose = ""): HealthRefusal => ({
   code: healthStatus.tooManyWatches,
-  details: `${limit} Watch streams are open on this server already; use Check, or Watch again later`
+  details: `${limit} Watch streams ${whose === "" ? "" : `${whose} `}are open on this server already; use Check, or Watch again later`
 })
 
 /** The service name of a decoded HealthCheckRequest (proto-loader fills a missing field with "", defaults: true). */

@@ -9,6 +9,7 @@
  */
 import { EventEmitter } from "node:events"
 import * as http2 from "node:http2"
+import { peerOf } from "../../../services/grpc/ConnectionCaps.ts"
 import { type GrpcFailure, type HandlerError, okStatus } from "../../../services/grpc/GrpcStatus.ts"
 import { statusTrailers } from "../../../services/grpc/StatusMessage.ts"
 import { frameMessage } from "../../../services/grpc/Wire.ts"
@@ -68,6 +69,15 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
    * the caller may yet send on it, which nobody reads (the server's flood rule counts them as the call's).
    */
   onUnread: ((windowLeft: number) => void) | undefined = undefined
+
+  /** The caller's address (an IPv4-mapped IPv6 one as IPv4), what per-peer bounds count by; "unknown" once gone. */
+  get peer(): string {
+    try {
+      return peerOf(this.#stream.session?.socket?.remoteAddress)
+    } catch {
+      return peerOf(undefined) // node:http2 has let the socket go
+    }
+  }
   readonly metadata: RequestMetadata
   readonly #stream: http2.ServerHttp2Stream
   readonly #serialize: (message: Res) => Buffer
