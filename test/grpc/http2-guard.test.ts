@@ -266,22 +266,40 @@ describe("the gRPC server's guard", () => {
     expect(events).toContainEqual({ kind: "refused", reason: "cooldown", peer: "127.0.0.8", limit: 0 })
   }, 30_000)
 
+  it("closes a connection whose streams are refused past the refusal budget (an unknown method in a loop)", async () => {
+    const { port, events } = await start()
+    const session = connect(port, "127.0.0.15")
+    const goaway = new Promise<number>((r) => session.once("goaway", (code: number) => r(code)))
+    // 1,500 at once: past the burst of 1,000 before its refill (100/s) can cover them
+    await Promise.all(Array.from({ length: 1_500 }, () => call(session, "/t.T/NewMethod")))
+    expect(await within(goaway, 5_000)).toBe(http2.constants.NGHTTP2_ENHANCE_YOUR_CALM)
+    expect(events).toContainEqual({ kind: "closed", reason: "refusal_flood", peer: "127.0.0.15" })
+    // another peer is served, and this one's calls to a method it lacks are refused as before below the budget
+    const other = connect(port, "127.0.0.16")
+    expect((await call(other, "/t.T/NewMethod")).status).toBe("12")
+    expect((await call(other, "/t.T/Echo")).status).toBe("0")
+  })
+
   it("reports a busy connection's protocol error as one, not as the rapid-reset guard's closure (no cool-down)", async () => {
     const { port, events } = await start()
     const client = rawClient(port, "127.0.0.14")
     const lit = (n: string, v: string) =>
       Buffer.concat([Buffer.from([0x00, n.length]), Buffer.from(n), Buffer.from([v.length]), Buffer.from(v)])
-    const block = Buffer.concat([
-      lit(":method", "GET"),
-      lit(":scheme", "http"),
-      lit(":path", "/"),
-      lit(":authority", "x")
-    ])
-    // 11,000 streams (past the guard's burst of 10,000 resets), none reset by the client: each answered 405 at once.
+    const block = Buffer.concat(
+      [
+        [":method", "POST"],
+        [":scheme", "http"],
+        [":path", "/t.T/Echo"],
+        [":authority", "x"],
+        ["content-type", "application/grpc"],
+        ["te", "trailers"]
+      ].map(([n, v]) => lit(n as string, v as string))
+    )
+    // 11,000 calls (past the guard's burst of 10,000 resets), none reset by the client: each served.
     let id = 1
     for (let b = 0; b < 11; b++) {
       const frames: Array<Buffer> = []
-      for (let i = 0; i < 1000; i++, id += 2) frames.push(frame(1, 0x5, id, block)) // HEADERS, END_STREAM|END_HEADERS
+      for (let i = 0; i < 1000; i++, id += 2) frames.push(frame(1, 0x4, id, block), frame(0, 0x1, id, Buffer.alloc(5))) // HEADERS; an empty message, END_STREAM
       client.socket.write(Buffer.concat(frames))
       await pollUntil("the batch answered", () => client.received() >= (b + 1) * 1000 * 10)
     }

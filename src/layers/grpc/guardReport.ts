@@ -6,7 +6,14 @@
  */
 import { Effect } from "effect"
 import { FLOOD_COOLDOWN_MS, REFUSED_REASONS } from "../../services/grpc/ConnectionCaps.ts"
-import { CLOSED_REASONS, type ClosedReason, PEER_RESET_BURST, PEER_RESET_RATE } from "../../services/grpc/FloodRule.ts"
+import {
+  CLOSED_REASONS,
+  type ClosedReason,
+  PEER_RESET_BURST,
+  PEER_RESET_RATE,
+  REFUSAL_BURST,
+  REFUSAL_RATE
+} from "../../services/grpc/FloodRule.ts"
 import type { MetricsService } from "../../services/observability/Metrics.ts"
 import { RateLimitedLog } from "../../services/observability/RateLimitedLog.ts"
 import { STREAM_RESET_BURST, STREAM_RESET_RATE } from "./http2/Connections.ts"
@@ -20,6 +27,7 @@ const MESSAGES: Record<GuardEvent["reason"], string> = {
   frame_flood:
     "gRPC connection closed (GOAWAY ENHANCE_YOUR_CALM): a flood of frames that carry no call (WINDOW_UPDATE, PRIORITY, resets of closed streams...)",
   reset_flood: `gRPC connection closed (ENHANCE_YOUR_CALM): its client reset streams past the budget (${STREAM_RESET_BURST} at once then ${STREAM_RESET_RATE}/s on one connection, node:http2's rapid-reset guard; ${PEER_RESET_BURST} then ${PEER_RESET_RATE}/s on all of a peer's)`,
+  refusal_flood: `gRPC connection closed (ENHANCE_YOUR_CALM): streams refused before any method ran (an unknown method, not gRPC, a bad grpc-timeout, a client certificate not allowed) past ${REFUSAL_BURST} at once then ${REFUSAL_RATE}/s`,
   control_flood: "gRPC connection closed by nghttp2's flood detection: PING or SETTINGS acks the client does not read",
   protocol_error: "gRPC connection closed: the client broke HTTP/2 (protocol error)"
 }

@@ -27,6 +27,8 @@ import {
   headerListBytes,
   PEER_RESET_BURST,
   PEER_RESET_RATE,
+  REFUSAL_BURST,
+  REFUSAL_RATE,
   type ResetMirror,
   resetMirror,
   resetStep,
@@ -59,6 +61,8 @@ interface Followed extends Accounting {
   readonly session: http2.Http2Session
   bucket: FloodBucket
   mirror: ResetMirror
+  /** Streams refused before a handler (REFUSAL_BURST, REFUSAL_RATE). */
+  refusals: ResetMirror
   read: number
   written: number
 }
@@ -181,6 +185,20 @@ export class Guard {
     this.#close(session, peer, now, "reset_flood")
   }
 
+  /**
+   * A stream on the connection `a` accounts for was refused before any handler, for a reason of the caller's making:
+   * past REFUSAL_BURST (refilled at REFUSAL_RATE) the connection is closed ENHANCE_YOUR_CALM and its peer cools down.
+   */
+  onRefused(a: Accounting): void {
+    const { peer, session } = a
+    if (peer === undefined || session === undefined || session.destroyed || session.closed) return
+    const f = this.#sessions.get(session)
+    if (f === undefined) return
+    const now = performance.now()
+    f.refusals = resetStep(f.refusals, now, REFUSAL_BURST, REFUSAL_RATE)
+    if (f.refusals.left < 0) this.#close(session, peer, now, "refusal_flood")
+  }
+
   #close(session: http2.Http2Session, peer: string, now: number, reason: ClosedReason, bytes?: number): void {
     this.#sessions.delete(session)
     this.#caps.cooldown(peer, now, FLOOD_COOLDOWN_MS)
@@ -203,6 +221,7 @@ export class Guard {
       accounted: 0,
       bucket: fullBucket(now, this.#flood),
       mirror: resetMirror(STREAM_RESET_BURST, now),
+      refusals: resetMirror(REFUSAL_BURST, now),
       read: c?.read ?? 0,
       written: c?.written ?? 0
     }

@@ -176,6 +176,7 @@ export class Http2GrpcServer {
     const accounting = this.#guard.onStream(stream.session, headers)
     if (headers[":method"] !== "POST" || !isGrpcContentType(headers["content-type"])) {
       refuse(stream, headers[":method"] !== "POST" ? 405 : 415)
+      this.#guard.onRefused(accounting)
       return
     }
     const path = headers[":path"] ?? ""
@@ -204,6 +205,11 @@ export class Http2GrpcServer {
       this.#arriving -= held
       held = 0
     }
+    /** A refusal of the caller's making, before the method runs (Guard.ts bounds them per connection). */
+    const refuseCall = (f: GrpcFailure): void => {
+      reject(f)
+      this.#guard.onRefused(accounting)
+    }
     const reject = (f: GrpcFailure): void => {
       if (call.done) return
       release()
@@ -213,17 +219,17 @@ export class Http2GrpcServer {
     // Before the method is looked up: a client the list refuses learns nothing of what this server serves.
     const refused = this.#refusalOf?.(stream.session)
     if (refused !== undefined) {
-      reject(refused)
+      refuseCall(refused)
       return
     }
     if (route === undefined) {
-      reject(failure(new UnknownMethod({ path })))
+      refuseCall(failure(new UnknownMethod({ path })))
       return
     }
     const timeout = parseTimeout(headers["grpc-timeout"] as string | undefined)
     if (timeout === "invalid") {
       const detail = `invalid grpc-timeout "${headers["grpc-timeout"]}"`
-      reject(failure(new ProtocolViolation({ detail })))
+      refuseCall(failure(new ProtocolViolation({ detail })))
       return
     }
     if (timeout !== undefined) call.endAt(timeout, DEADLINE)
