@@ -247,24 +247,27 @@ describe("the gRPC server's guard", () => {
     expect(events).toEqual([{ kind: "refused", reason: "total_limit", peer: "127.0.0.7", limit: 2 }])
   })
 
-  it("reports a connection Node's rapid-reset guard closed, and refuses its peer for the cool-down", async () => {
-    const { port, events } = await start()
-    const session = connect(port, "127.0.0.8")
-    await new Promise((r) => session.once("remoteSettings", r))
-    const closed = new Promise<void>((r) => session.once("close", () => r()))
-    for (let i = 0; i < 15_000 && !session.closed && !session.destroyed; i++) {
-      const req = session.request({ ...HEADERS, ":path": "/t.T/Echo" })
-      req.on("error", () => {})
-      req.close(http2.constants.NGHTTP2_CANCEL)
-      if (i % 500 === 499) await new Promise((r) => setImmediate(r))
-    }
-    await closed
-    await pollUntil("the guard's report", () => events.length > 0)
-    expect(events[0]).toEqual({ kind: "closed", reason: "reset_flood", peer: "127.0.0.8" })
-    const again = rawClient(port, "127.0.0.8")
-    expect(await within(again.closed, 5_000)).not.toBe("pending")
-    expect(events).toContainEqual({ kind: "refused", reason: "cooldown", peer: "127.0.0.8", limit: 0 })
-  }, 30_000)
+  for (const withData of [false, true])
+    it(`reports a connection Node's rapid-reset guard closed, and refuses its peer for the cool-down (${withData ? "HEADERS, DATA, RST" : "HEADERS, RST"})`, async () => {
+      const { port, events } = await start()
+      const session = connect(port, withData ? "127.0.0.18" : "127.0.0.8")
+      await new Promise((r) => session.once("remoteSettings", r))
+      const closed = new Promise<void>((r) => session.once("close", () => r()))
+      for (let i = 0; i < 15_000 && !session.closed && !session.destroyed; i++) {
+        const req = session.request({ ...HEADERS, ":path": "/t.T/Echo" })
+        req.on("error", () => {})
+        if (withData) req.write(frameMessage(Buffer.from("x")))
+        req.close(http2.constants.NGHTTP2_CANCEL)
+        if (i % 500 === 499) await new Promise((r) => setImmediate(r))
+      }
+      await closed
+      const peer = withData ? "127.0.0.18" : "127.0.0.8"
+      await pollUntil("the guard's report", () => events.length > 0)
+      expect(events[0]).toEqual({ kind: "closed", reason: "reset_flood", peer })
+      const again = rawClient(port, peer)
+      expect(await within(again.closed, 5_000)).not.toBe("pending")
+      expect(events).toContainEqual({ kind: "refused", reason: "cooldown", peer, limit: 0 })
+    }, 30_000)
 
   it("closes a connection whose streams are refused past the refusal budget (an unknown method in a loop)", async () => {
     const { port, events } = await start()
