@@ -153,11 +153,22 @@ export class Guard {
     return this.#caps.open()
   }
 
-  /** A call's stream arrived on `session`: its headers are accounted for; returns where its request bytes count. */
-  onStream(session: http2.Http2Session | undefined, headers: http2.IncomingHttpHeaders): Accounting {
+  /**
+   * A call's stream arrived: its headers are accounted for; returns where its request bytes count. A stream that
+   * closes reset (an RST_STREAM from the client, or the server's own CANCEL) is charged to the mirror of Node's
+   * rapid-reset guard, as Node counts resets, not streams: a busy connection's later protocol error is then not taken
+   * for the guard's closure, and a rapid reset is, however its streams ended (closedReason).
+   */
+  onStream(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders): Accounting {
+    const session = stream.session
     const f = session && this.#sessions.get(session)
     if (f === undefined) return nowhere
     f.accounted += headerListBytes(headers) + STREAM_FRAME_BYTES
+    stream.once("close", () => {
+      const code = stream.rstCode
+      if (code !== undefined && code !== http2.constants.NGHTTP2_NO_ERROR)
+        f.mirror = resetStep(f.mirror, performance.now(), STREAM_RESET_BURST, STREAM_RESET_RATE)
+    })
     return f
   }
 
@@ -170,10 +181,6 @@ export class Guard {
     const { peer, session } = a
     if (peer === undefined || session === undefined || session.destroyed || session.closed) return
     const now = performance.now()
-    // Node's guard counts the client's resets (RST_STREAM), not its streams: mirrored here, so that a busy
-    // connection's later protocol error is not taken for the guard's closure (closedReason)
-    const f = this.#sessions.get(session)
-    if (f !== undefined) f.mirror = resetStep(f.mirror, now, STREAM_RESET_BURST, STREAM_RESET_RATE)
     const m = resetStep(
       this.#peerResets.get(peer) ?? resetMirror(this.#resetBurst, now),
       now,

@@ -173,7 +173,7 @@ export class Http2GrpcServer {
 
   #onStream(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders): void {
     // Every stream's headers and request bytes are the connection's accounted bytes (Guard.ts's flood rule).
-    const accounting = this.#guard.onStream(stream.session, headers)
+    const accounting = this.#guard.onStream(stream, headers)
     if (headers[":method"] !== "POST" || !isGrpcContentType(headers["content-type"])) {
       refuse(stream, headers[":method"] !== "POST" ? 405 : 415)
       this.#guard.onRefused(accounting)
