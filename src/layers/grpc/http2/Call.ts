@@ -69,6 +69,11 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
    * the caller may yet send on it, which nobody reads (the server's flood rule counts them as the call's).
    */
   onUnread: ((windowLeft: number) => void) | undefined = undefined
+  /**
+   * Told the stream's RST_STREAM code (undefined when none) when the stream closes, however the call ended (the
+   * server's flood rule reads the resets): from the call's own 'close' listener, one per stream.
+   */
+  onClosed: ((rstCode: number | undefined) => void) | undefined = undefined
 
   /** The caller's address (an IPv4-mapped IPv6 one as IPv4), what per-peer bounds count by; "unknown" once gone. */
   get peer(): string {
@@ -111,6 +116,7 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
     stream.on("error", noop)
     stream.once("close", () => {
       tally.open--
+      this.onClosed?.(stream.rstCode)
       if (this.#done) return
       this.#done = true
       clearTimeout(this.#deadline)

@@ -154,22 +154,31 @@ export class Guard {
   }
 
   /**
-   * A call's stream arrived: its headers are accounted for; returns where its request bytes count. A stream that
-   * closes reset (an RST_STREAM from the client, or the server's own CANCEL) is charged to the mirror of Node's
-   * rapid-reset guard, as Node counts resets, not streams: a busy connection's later protocol error is then not taken
-   * for the guard's closure, and a rapid reset is, however its streams ended (closedReason).
+   * A call's stream arrived: its headers are accounted for; returns where its request bytes count, and what the
+   * stream's close is told to (onStreamClosed).
    */
   onStream(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders): Accounting {
     const session = stream.session
     const f = session && this.#sessions.get(session)
     if (f === undefined) return nowhere
     f.accounted += headerListBytes(headers) + STREAM_FRAME_BYTES
-    stream.once("close", () => {
-      const code = stream.rstCode
-      if (code !== undefined && code !== http2.constants.NGHTTP2_NO_ERROR)
-        f.mirror = resetStep(f.mirror, performance.now(), STREAM_RESET_BURST, STREAM_RESET_RATE)
-    })
     return f
+  }
+
+  /**
+   * A stream onStream accounted for closed, reset with `rstCode` (an RST_STREAM from the client, or the server's own
+   * CANCEL) or not (undefined, NO_ERROR). A reset one is charged to the mirror of Node's rapid-reset guard, as Node
+   * counts resets, not streams: a busy connection's later protocol error is then not taken for the guard's closure,
+   * and a rapid reset is, however its streams ended (closedReason). Told by the stream's one 'close' listener
+   * (ServerCall's, or the server's for a stream it answers without one): a listener of its own per stream cost every
+   * call (docs/bench.md, 25th and 26th sessions).
+   */
+  onStreamClosed(a: Accounting, rstCode: number | undefined): void {
+    if (a === nowhere || rstCode === undefined || rstCode === http2.constants.NGHTTP2_NO_ERROR) return
+    // Every Accounting but `nowhere` is a Followed (onStream); charged even once its session is no longer followed,
+    // as the session's 'error' reads this mirror after its streams closed.
+    const f = a as Followed
+    f.mirror = resetStep(f.mirror, performance.now(), STREAM_RESET_BURST, STREAM_RESET_RATE)
   }
 
   /**

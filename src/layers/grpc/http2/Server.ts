@@ -5,10 +5,11 @@
  * the per-call and per-token CPU of the relay (grpc-js's server stack was most of what the agent adds), and
  * HTTP/2 settings grpc-js does not expose: Node's rapid-reset guard (streamResetBurst/Rate) cut a router's
  * burst of cancels short with INTERNAL.
- * The request's framing and decoding, deadlines (the caller's, and the request's arrival) and the
- * listener's lifecycle live here; its options in ServerOptions.ts; one call's
- * responses in Call.ts; the routes and the hand-over to handlers in routes.ts; the connections (handshake deadline, what close() closes at once) in Connections.ts; the
- * caps on connections and the flood rule in Guard.ts; `security.allowed_client_names` in clientNames.ts.
+ * The request's framing and decoding, deadlines (the caller's, and the request's arrival) and the listener's
+ * lifecycle live here; its options in ServerOptions.ts; one call's responses in Call.ts; the routes and the
+ * hand-over to handlers in routes.ts; the connections (handshake deadline, what close() closes at once) in
+ * Connections.ts; the caps on connections and the flood rule in Guard.ts; `security.allowed_client_names` in
+ * clientNames.ts.
  */
 
 import * as http2 from "node:http2"
@@ -38,9 +39,7 @@ import type { Http2GrpcServerOptions } from "./ServerOptions.ts"
 export type { Http2GrpcServerOptions } from "./ServerOptions.ts"
 
 const failure = (e: TransportError): GrpcFailure => toGrpcFailure(e)
-
 const noBody = (): Buffer => Buffer.alloc(0)
-
 const noop = (): void => {}
 
 /** Answers a request that is no gRPC call (not POST, not application/grpc) with a bare HTTP status. */
@@ -176,6 +175,7 @@ export class Http2GrpcServer {
     const accounting = this.#guard.onStream(stream, headers)
     if (headers[":method"] !== "POST" || !isGrpcContentType(headers["content-type"])) {
       refuse(stream, headers[":method"] !== "POST" ? 405 : 415)
+      stream.once("close", () => this.#guard.onStreamClosed(accounting, stream.rstCode))
       this.#guard.onRefused(accounting)
       return
     }
@@ -183,13 +183,16 @@ export class Http2GrpcServer {
     const route = this.#routes.get(path)
     const serialize = route?.definition.responseSerialize ?? noBody
     const call = new ServerCall<unknown, unknown>(stream, headers, serialize, this.#connections.tallyOf(stream.session))
+    call.onClosed = (rstCode) => this.#guard.onStreamClosed(accounting, rstCode)
     // Every request byte is the call's (Guard.ts's flood rule), a refused call's too, and so is what the caller may
     // still send when the server stops its request early (a refusal, a message too large, a deadline): at most the
-    // stream's window, which no call reads and nghttp2 drops.
+    // stream's window, which no call reads and nghttp2 drops. One 'data' listener per stream (two cost every call).
     let streamBytes = 0
+    let onChunk: ((chunk: Buffer) => void) | undefined
     stream.on("data", (chunk: Buffer) => {
       streamBytes += chunk.length
       accounting.accounted += chunkBytes(chunk.length)
+      onChunk?.(chunk)
     })
     call.onUnread = (windowLeft) => {
       accounting.accounted += unreadCredit(windowLeft, streamBytes, stream.session?.localSettings.initialWindowSize)
@@ -276,7 +279,7 @@ export class Http2GrpcServer {
     const budget = this.#options.maxArrivingBytes ?? Number.POSITIVE_INFINITY
     // A request-streaming call's bound (requestReadTimeoutMs): each message, from its first bytes to its last.
     const bound = streaming ? messageBound(stream, readMs, () => end(this.#messageTimeout)) : undefined
-    stream.on("data", (chunk: Buffer) => {
+    onChunk = (chunk: Buffer) => {
       if (call.done) return
       if (!handled) {
         if (this.#arriving + chunk.length > budget)
@@ -287,7 +290,7 @@ export class Http2GrpcServer {
       const f = onMessages(chunk)
       if (f !== undefined) end(f)
       else bound?.after(reader.pending)
-    })
+    }
     stream.once("end", () => {
       // A caller's reset ends the request too: that is its cancel ('cancelled' on close), not a short message.
       if (call.done || stream.aborted) return
