@@ -10,9 +10,14 @@ import {
   floodStep,
   fullBucket,
   headerListBytes,
+  PEER_FLOOD_LIMITS,
+  PEER_FLOOD_MIN_BYTES,
+  refilled,
   resetMirror,
   resetStep,
-  wasted
+  unreadCredit,
+  wasted,
+  wasteStep
 } from "../../src/services/grpc/FloodRule.ts"
 import { OVERFLOW_KEY, RateLimitedLog } from "../../src/services/observability/RateLimitedLog.ts"
 
@@ -88,6 +93,52 @@ describe("the flood rule", () => {
       b = step.bucket
     }
     expect(b.left).toBe(burst)
+  })
+
+  it("a peer's bucket holds four connections' worth: 64 connections each at its own floor flood it at once", () => {
+    expect(PEER_FLOOD_LIMITS).toEqual({ floorBytesPerSec: 4 * floor, burstBytes: 4 * burst })
+    const perSample = floor / 4
+    let b = fullBucket(0, PEER_FLOOD_LIMITS)
+    let t = 0
+    let flood = false
+    while (!flood && t < 60_000) {
+      t += 250
+      const step = wasteStep(b, 64 * perSample, t, PEER_FLOOD_LIMITS)
+      b = step.bucket
+      flood = step.flood
+    }
+    // (32 MiB) / (64 - 4 MiB/s) = 0.53 s: the third sample.
+    expect(t).toBe(750)
+    // Four such connections never do, and a connection under the closing threshold wastes under 4 KiB/s.
+    b = fullBucket(0, PEER_FLOOD_LIMITS)
+    for (let u = 250; u <= 600_000; u += 250) {
+      const step = wasteStep(b, 4 * perSample, u, PEER_FLOOD_LIMITS)
+      expect(step.flood).toBe(false)
+      b = step.bucket
+    }
+    expect(PEER_FLOOD_MIN_BYTES * 4).toBeLessThanOrEqual(4096)
+  })
+
+  it("refills a bucket at the floor up to the burst; floodStep is wasteStep of a sample's waste", () => {
+    const b = { left: -100, atMs: 1_000 }
+    expect(refilled(b, 1_500, FLOOD_LIMITS)).toBe(floor / 2 - 100)
+    expect(refilled(b, 1_000 + 3_600_000, FLOOD_LIMITS)).toBe(burst)
+    expect(refilled(b, 500, FLOOD_LIMITS)).toBe(-100)
+    const sample = { read: 5000, accounted: 1000, written: 500 }
+    expect(floodStep(b, sample, 2_000)).toEqual(wasteStep(b, 3500, 2_000))
+  })
+
+  it("credits a stopped request what its caller may still send: the stream's window, a frame header per KiB", () => {
+    // Nothing read yet: the whole initial window (65,535 bytes) and 64 frame headers.
+    expect(unreadCredit(65_535, 0)).toBe(65_535 + 9 * 64)
+    // 60,000 read and its window given back as read: the window left (larger than 65,535 - 60,000).
+    expect(unreadCredit(65_535, 60_000)).toBe(65_535 + 9 * 64)
+    // The window not given back: what the initial window leaves.
+    expect(unreadCredit(0, 60_000)).toBe(5_535 + 9 * 6)
+    // Never more than the initial window, nor less than nothing.
+    expect(unreadCredit(1 << 20, 0)).toBe(65_535 + 9 * 64)
+    expect(unreadCredit(0, 1 << 20)).toBe(0)
+    expect(unreadCredit(0, 0, 1 << 20)).toBe((1 << 20) + 9 * 1024)
   })
 
   it("sizes a header list as RFC 9113 6.5.2 does", () => {

@@ -48,6 +48,7 @@ const start = async (
     perPeer?: number
     total?: number
     flood?: FloodLimits
+    peerFlood?: FloodLimits
     tls?: boolean
     readMs?: number
     peerResets?: { burst: number; ratePerSec: number }
@@ -61,6 +62,7 @@ const start = async (
     maxConnectionsPerPeer: o.perPeer,
     maxConnections: o.total,
     floodLimits: o.flood,
+    peerFloodLimits: o.peerFlood,
     peerResets: o.peerResets,
     requestReadTimeoutMs: o.readMs,
     tls: material && { current: () => material, subscribe: () => () => {} },
@@ -217,6 +219,34 @@ describe("the gRPC server's guard", () => {
     expect(events).toContainEqual({ kind: "refused", reason: "cooldown", peer: "127.0.0.2", limit: 0 })
     // The other peer's connection was never touched.
     expect((await call(victim, "/t.T/Echo")).status).toBe("0")
+  })
+
+  it("closes a peer's connections that flood together, each under its own limit; its clean connection and other peers' stay", async () => {
+    // A rule 64 times stricter than the default for a connection (16 KiB/s, 128 KiB at once), and a peer's four times
+    // that but at once twice (256 KiB): each flooder wastes 100 KiB, under its own burst; a peer's four pass the peer's.
+    const { port, events } = await start({
+      flood: { floorBytesPerSec: 16 << 10, burstBytes: 128 << 10 },
+      peerFlood: { floorBytesPerSec: 64 << 10, burstBytes: 256 << 10 }
+    })
+    const wasteEach = Buffer.concat(
+      Array.from({ length: Math.ceil((100 << 10) / 13) }, () => frame(8, 0, 0, Buffer.from([0, 0, 0, 1])))
+    )
+    const clean = connect(port, "127.0.0.4")
+    expect((await call(clean, "/t.T/Echo")).status).toBe("0")
+    // Four peers, one flooder each: never closed (a fifth peer's flood, closed alone, shows a sample read them all).
+    for (const from of ["127.0.0.5", "127.0.0.6", "127.0.0.7", "127.0.0.8"])
+      rawClient(port, from).socket.write(wasteEach)
+    await closesFlooder(port, "127.0.0.9", events)
+    events.length = 0
+    // One peer, four flooders: all four closed ENHANCE_YOUR_CALM, reported; its clean connection still serves.
+    const flooders = Array.from({ length: 4 }, () => rawClient(port, "127.0.0.4"))
+    for (const f of flooders) f.socket.write(wasteEach)
+    for (const f of flooders) expect(await within(f.closed, 5_000)).not.toBe("pending")
+    expect(flooders.map((f) => f.goaway())).toEqual(Array(4).fill(http2.constants.NGHTTP2_ENHANCE_YOUR_CALM))
+    expect(events).toEqual(
+      Array(4).fill({ kind: "closed", reason: "frame_flood", peer: "127.0.0.4", bytes: expect.any(Number) })
+    )
+    expect((await call(clean, "/t.T/Echo")).status).toBe("0")
   })
 
   it("closes the connection past a peer's cap at accept, before the server's SETTINGS; other peers connect", async () => {

@@ -28,6 +28,21 @@ export interface FloodLimits {
  */
 export const FLOOD_LIMITS: FloodLimits = { floorBytesPerSec: 1024 * 1024, burstBytes: 8 * 1024 * 1024 }
 
+/**
+ * What one peer address's connections may waste together: four connections' worth (as PEER_RESET_BURST). Each
+ * connection's own bucket let a peer with 64 connections, each just under its floor, waste 64 MiB/s: a re-check
+ * measured ~0.2 of a core, and their 8 MiB bursts 4 s of CPU in 12 s. A router's connections waste next to nothing
+ * however many it holds.
+ */
+export const PEER_FLOOD_LIMITS: FloodLimits = { floorBytesPerSec: 4 * 1024 * 1024, burstBytes: 32 * 1024 * 1024 }
+
+/**
+ * The least a connection must have wasted in the sample in which its peer's bucket ran out to be closed for it
+ * (about 4 KiB/s at the guard's 250 ms samples): the peer's connections that flood go, one that wastes a few bytes
+ * (a client preface, its SETTINGS) is left to its calls. Sixty-four connections under it waste under 0.3 MiB/s.
+ */
+export const PEER_FLOOD_MIN_BYTES = 1024
+
 /** Bytes allowed per call beyond its header list: its frames' headers, an RST_STREAM, a WINDOW_UPDATE or two. */
 export const STREAM_FRAME_BYTES = 64
 /** A DATA frame's header (RFC 9113 4.1): each request chunk the server reads came in at least one frame. */
@@ -46,6 +61,23 @@ export const headerListBytes = (headers: Readonly<Record<string, string | Readon
     else for (const s of v) n += name.length + s.length + 32
   }
   return n
+}
+
+/** The request bytes of one chunk as the flood rule accounts them (its DATA frame's header included). */
+export const chunkBytes = (length: number): number => length + DATA_FRAME_BYTES
+
+/** A stream's receive window when the session's SETTINGS say none (RFC 9113 6.9.2). */
+const DEFAULT_WINDOW = 65_535
+
+/**
+ * What a caller may still send on a stream whose request the server stopped early, `read` bytes of it received and
+ * `windowLeft` of its receive window left: the larger of that window and the initial window less what came (Node
+ * gives back the window as the server reads), with a DATA frame's header per KiB. A client that makes the server stop
+ * its requests earns at most this per stream, each stream a call (admission and the reset budgets bound those).
+ */
+export const unreadCredit = (windowLeft: number, read: number, initialWindow = DEFAULT_WINDOW): number => {
+  const unread = Math.min(initialWindow, Math.max(windowLeft, initialWindow - read, 0))
+  return unread + DATA_FRAME_BYTES * Math.ceil(unread / 1024)
 }
 
 /** What one connection did between two samples. */
@@ -72,17 +104,24 @@ export const fullBucket = (nowMs: number, limits: FloodLimits = FLOOD_LIMITS): F
   atMs: nowMs
 })
 
-/** The bucket after `sample` (taken at `nowMs`); `flood` once it is empty. */
-export const floodStep = (
+/** The bucket after `waste` more bytes (sampled at `nowMs`); `flood` once it is empty. */
+export const wasteStep = (
   bucket: FloodBucket,
-  sample: ConnectionSample,
+  waste: number,
   nowMs: number,
   limits: FloodLimits = FLOOD_LIMITS
 ): { readonly bucket: FloodBucket; readonly flood: boolean } => {
-  const refill = (Math.max(0, nowMs - bucket.atMs) / 1000) * limits.floorBytesPerSec
-  const left = Math.min(limits.burstBytes, bucket.left + refill) - wasted(sample)
+  const left = refilled(bucket, nowMs, limits) - waste
   return { bucket: { left, atMs: nowMs }, flood: left < 0 }
 }
+
+/** A connection's bucket after `sample` (taken at `nowMs`). */
+export const floodStep = (bucket: FloodBucket, sample: ConnectionSample, nowMs: number, limits = FLOOD_LIMITS) =>
+  wasteStep(bucket, wasted(sample), nowMs, limits)
+
+/** What `bucket` holds at `nowMs`, refilled since it was last stepped (at most its burst: full). */
+export const refilled = (bucket: FloodBucket, nowMs: number, limits: FloodLimits): number =>
+  Math.min(limits.burstBytes, bucket.left + (Math.max(0, nowMs - bucket.atMs) / 1000) * limits.floorBytesPerSec)
 
 /** Why node:http2 closed a connection, from the error it raised on the session. */
 export type ClosedReason = "frame_flood" | "reset_flood" | "refusal_flood" | "control_flood" | "protocol_error"

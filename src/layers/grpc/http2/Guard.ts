@@ -1,9 +1,10 @@
 /**
  * The gRPC server's guard against clients that cost it without calling: the caps on connections open at once per
  * peer and in total, checked at accept (services/grpc/ConnectionCaps.ts), the flood rule over each connection's
- * bytes, sampled on a timer (services/grpc/FloodRule.ts), and the report of connections node:http2 itself closed
- * (its rapid-reset guard, nghttp2's flood detection, protocol errors). Each refusal and closure is reported through
- * `onEvent` (GrpcServer.ts counts and logs them); a peer closed for a flood is refused for FLOOD_COOLDOWN_MS.
+ * bytes and over each peer's connections together, sampled on a timer (services/grpc/FloodRule.ts), and the report
+ * of connections node:http2 itself closed (its rapid-reset guard, nghttp2's flood detection, protocol errors). Each
+ * refusal and closure is reported through `onEvent` (GrpcServer.ts counts and logs them); a peer closed for a flood
+ * is refused for FLOOD_COOLDOWN_MS.
  */
 
 import * as http2 from "node:http2"
@@ -18,22 +19,25 @@ import {
 import {
   type ClosedReason,
   closedReason,
-  DATA_FRAME_BYTES,
   FLOOD_LIMITS,
   type FloodBucket,
   type FloodLimits,
   floodStep,
   fullBucket,
   headerListBytes,
+  PEER_FLOOD_LIMITS,
+  PEER_FLOOD_MIN_BYTES,
   PEER_RESET_BURST,
   PEER_RESET_RATE,
   REFUSAL_BURST,
   REFUSAL_RATE,
   type ResetMirror,
+  refilled,
   resetMirror,
   resetStep,
   STREAM_FRAME_BYTES,
-  wasted
+  wasted,
+  wasteStep
 } from "../../../services/grpc/FloodRule.ts"
 import { STREAM_RESET_BURST, STREAM_RESET_RATE } from "./Connections.ts"
 
@@ -75,6 +79,7 @@ export interface GuardOptions {
   readonly maxConnectionsPerPeer?: number | undefined
   readonly maxConnections?: number | undefined
   readonly floodLimits?: FloodLimits | undefined
+  readonly peerFloodLimits?: FloodLimits | undefined
   readonly peerResets?: { readonly burst: number; readonly ratePerSec: number } | undefined
   readonly onGuard?: ((event: GuardEvent) => void) | undefined
 }
@@ -103,12 +108,16 @@ export class Guard {
   readonly #sessions = new Map<http2.Http2Session, Followed>()
   /** Each peer's stream resets on all its connections (PEER_RESET_BURST), while it has any not refilled. */
   readonly #peerResets = new Map<string, ResetMirror>()
+  /** Each peer's waste on all its connections (PEER_FLOOD_LIMITS), while its bucket is not full. */
+  readonly #peerFlood = new Map<string, FloodBucket>()
+  readonly #peerFloodLimits: FloodLimits
   #timer: NodeJS.Timeout | undefined
 
   constructor(options: GuardOptions) {
     this.#limits = { perPeer: options.maxConnectionsPerPeer ?? 0, total: options.maxConnections ?? 0 }
     this.#caps = new ConnectionCaps(this.#limits)
     this.#flood = options.floodLimits ?? FLOOD_LIMITS
+    this.#peerFloodLimits = options.peerFloodLimits ?? PEER_FLOOD_LIMITS
     this.#resetBurst = options.peerResets?.burst ?? PEER_RESET_BURST
     this.#resetRate = options.peerResets?.ratePerSec ?? PEER_RESET_RATE
     this.#onEvent = options.onGuard ?? (() => {})
@@ -256,6 +265,8 @@ export class Guard {
     this.#caps.prune(now)
     for (const [peer, m] of this.#peerResets)
       if (m.left + ((now - m.atMs) / 1000) * this.#resetRate >= this.#resetBurst) this.#peerResets.delete(peer)
+    // The connections that wasted bytes in this sample and are still open, by peer: their waste is the peer's too.
+    const wasters = new Map<string, Array<{ readonly session: http2.Http2Session; readonly waste: number }>>()
     for (const [session, f] of this.#sessions) {
       if (session.destroyed) continue
       const c = counters(session)
@@ -264,26 +275,40 @@ export class Guard {
       f.read = c.read
       f.written = c.written
       f.accounted = 0
+      const waste = wasted(sample)
       const step = floodStep(f.bucket, sample, now, this.#flood)
       f.bucket = step.bucket
-      if (step.flood) this.#close(session, f.peer, now, "frame_flood", wasted(sample))
+      if (step.flood) this.#close(session, f.peer, now, "frame_flood", waste)
+      else if (waste > 0) {
+        const peers = wasters.get(f.peer)
+        if (peers === undefined) wasters.set(f.peer, [{ session, waste }])
+        else peers.push({ session, waste })
+      }
+    }
+    this.#samplePeers(wasters, now)
+  }
+
+  /**
+   * Steps each peer's bucket (PEER_FLOOD_LIMITS) by what its connections still open wasted in this sample; past it,
+   * those that wasted PEER_FLOOD_MIN_BYTES or more are closed, as a connection's own flood is, its peer cooled down.
+   * A peer's bucket is forgotten once it is full again.
+   */
+  #samplePeers(
+    wasters: ReadonlyMap<string, ReadonlyArray<{ session: http2.Http2Session; waste: number }>>,
+    now: number
+  ) {
+    for (const [peer, bucket] of this.#peerFlood)
+      if (!wasters.has(peer) && refilled(bucket, now, this.#peerFloodLimits) >= this.#peerFloodLimits.burstBytes)
+        this.#peerFlood.delete(peer)
+    for (const [peer, connections] of wasters) {
+      let waste = 0
+      for (const c of connections) waste += c.waste
+      const bucket = this.#peerFlood.get(peer) ?? fullBucket(now, this.#peerFloodLimits)
+      const step = wasteStep(bucket, waste, now, this.#peerFloodLimits)
+      this.#peerFlood.set(peer, step.bucket)
+      if (step.flood)
+        for (const c of connections)
+          if (c.waste >= PEER_FLOOD_MIN_BYTES) this.#close(c.session, peer, now, "frame_flood", c.waste)
     }
   }
-}
-
-/** The request bytes of one chunk as the flood rule accounts them (its DATA frame's header included). */
-export const chunkBytes = (length: number): number => length + DATA_FRAME_BYTES
-
-/** A stream's receive window when the session's SETTINGS say none (RFC 9113 6.9.2). */
-const DEFAULT_WINDOW = 65_535
-
-/**
- * What a caller may still send on a stream whose request the server stopped early, `read` bytes of it received and
- * `windowLeft` of its receive window left: the larger of that window and the initial window less what came (Node
- * gives back the window as the server reads), with a DATA frame's header per KiB. A client that makes the server stop
- * its requests earns at most this per stream, each stream a call (admission and the reset budgets bound those).
- */
-export const unreadCredit = (windowLeft: number, read: number, initialWindow = DEFAULT_WINDOW): number => {
-  const unread = Math.min(initialWindow, Math.max(windowLeft, initialWindow - read, 0))
-  return unread + DATA_FRAME_BYTES * Math.ceil(unread / 1024)
 }

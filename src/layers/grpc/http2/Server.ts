@@ -15,6 +15,7 @@
 import * as http2 from "node:http2"
 import type * as net from "node:net"
 import type * as grpc from "@grpc/grpc-js"
+import { chunkBytes, unreadCredit } from "../../../services/grpc/FloodRule.ts"
 import { type GrpcFailure, toGrpcFailure } from "../../../services/grpc/GrpcStatus.ts"
 import {
   CallCancelled,
@@ -31,7 +32,7 @@ import { ServerCall } from "./Call.ts"
 import { Connections, HANDSHAKE_TIMEOUT_MS, type OpenConnections, sessionSettings } from "./Connections.ts"
 import { followClientNames, type RefusalOf } from "./clientNames.ts"
 import { type Decoder, decode } from "./decodeMessage.ts"
-import { chunkBytes, Guard, unreadCredit } from "./Guard.ts"
+import { Guard } from "./Guard.ts"
 import { messageBound, messageTimeout } from "./messageBound.ts"
 import { type Route, routesOf, runRoute } from "./routes.ts"
 import type { Http2GrpcServerOptions } from "./ServerOptions.ts"
@@ -56,11 +57,11 @@ const CANCELLED = failure(new CallCancelled()).code
 const DEADLINE = failure(new CallDeadlineExceeded())
 
 /**
- * How long a request that ended inside a message, or with none, waits for a reset before it is answered
- * INTERNAL. node:http2's client (so grpc-js) cancels a call whose request is still open by ending it (an
- * empty DATA frame with END_STREAM) and then resetting it (RST_STREAM CANCEL), in two writes
- * (nodejs/node lib/internal/http2/core.js, closeStream): the server reads the end first and sees no reset yet,
- * and its INTERNAL answer then closed the stream before the reset came. Only broken requests wait.
+ * How long a request that ended inside a message, or with none, waits for a reset before it is answered INTERNAL.
+ * node:http2's client (so grpc-js) cancels a call whose request is still open by ending it (an empty DATA frame
+ * with END_STREAM) and then resetting it (RST_STREAM CANCEL), in two writes (nodejs/node lib/internal/http2/core.js,
+ * closeStream): the server reads the end first and sees no reset yet, and its INTERNAL answer then closed the
+ * stream before the reset came. Only broken requests wait.
  */
 export const RESET_AFTER_END_MS = 100
 
@@ -171,7 +172,6 @@ export class Http2GrpcServer {
   }
 
   #onStream(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders): void {
-    // Every stream's headers and request bytes are the connection's accounted bytes (Guard.ts's flood rule).
     const accounting = this.#guard.onStream(stream, headers)
     if (headers[":method"] !== "POST" || !isGrpcContentType(headers["content-type"])) {
       refuse(stream, headers[":method"] !== "POST" ? 405 : 415)
@@ -184,9 +184,9 @@ export class Http2GrpcServer {
     const serialize = route?.definition.responseSerialize ?? noBody
     const call = new ServerCall<unknown, unknown>(stream, headers, serialize, this.#connections.tallyOf(stream.session))
     call.onClosed = (rstCode) => this.#guard.onStreamClosed(accounting, rstCode)
-    // Every request byte is the call's (Guard.ts's flood rule), a refused call's too, and so is what the caller may
-    // still send when the server stops its request early (a refusal, a message too large, a deadline): at most the
-    // stream's window, which no call reads and nghttp2 drops. One 'data' listener per stream (two cost every call).
+    // Every header and request byte is the call's (Guard.ts's flood rule), a refused call's too, and what the caller
+    // may still send when the server stops its request early (a refusal, a message too large, a deadline): at most
+    // the stream's window, which no call reads and nghttp2 drops. One 'data' listener per stream (two cost a call).
     let streamBytes = 0
     let onChunk: ((chunk: Buffer) => void) | undefined
     stream.on("data", (chunk: Buffer) => {

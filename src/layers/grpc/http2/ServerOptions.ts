@@ -48,6 +48,8 @@ export interface Http2GrpcServerOptions {
   readonly maxConnections?: number | undefined
   /** The flood rule's limits (default FLOOD_LIMITS, services/grpc/FloodRule.ts; tests lower them). */
   readonly floodLimits?: FloodLimits | undefined
+  /** What one peer's connections may waste together (default PEER_FLOOD_LIMITS; tests lower them). */
+  readonly peerFloodLimits?: FloodLimits | undefined
   /** Stream resets one peer may make on all its connections (default PEER_RESET_BURST/RATE; tests lower them). */
   readonly peerResets?: { readonly burst: number; readonly ratePerSec: number } | undefined
   /** A connection refused at accept or closed for abuse (a flood, Node's rapid-reset guard, a protocol error). */
