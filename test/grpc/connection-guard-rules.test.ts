@@ -12,6 +12,8 @@ import {
   headerListBytes,
   PEER_FLOOD_LIMITS,
   PEER_FLOOD_MIN_BYTES,
+  PEER_RESET_BURST,
+  PEER_RESET_RATE,
   refilled,
   resetMirror,
   resetStep,
@@ -163,6 +165,27 @@ describe("reading node:http2's session errors", () => {
     // Not an HTTP/2 verdict (a socket error): nothing to report.
     expect(closedReason(undefined, m)).toBeUndefined()
     expect(closedReason(-104, m)).toBeUndefined()
+  })
+})
+
+describe("a peer's stream reset budget", () => {
+  /** How long `perSec` resets a second, evenly spread, stay within the peer's budget (ms; Infinity: 10 minutes). */
+  const lasts = (perSec: number, burst = 0) => {
+    let m = resetMirror(PEER_RESET_BURST, 0)
+    for (let i = 0; i < burst; i++) m = resetStep(m, 0, PEER_RESET_BURST, PEER_RESET_RATE)
+    for (let t = 0; t <= 600_000; t += 1000 / perSec) {
+      m = resetStep(m, t, PEER_RESET_BURST, PEER_RESET_RATE)
+      if (m.left < 0) return t
+    }
+    return Number.POSITIVE_INFINITY
+  }
+
+  it("takes a burst of 40,000 at once (a router's hedged calls on four connections), then 1,000 a second for ever", () => {
+    expect(lasts(1_000)).toBe(Number.POSITIVE_INFINITY)
+    expect(lasts(1_000, 39_999)).toBe(Number.POSITIVE_INFINITY)
+    // The re-check's 4,000 a second (about a core) is over in about 13 s, twice that in about 5 s.
+    expect(lasts(4_000)).toBeCloseTo(40_000 / 3, -2)
+    expect(lasts(8_000)).toBeCloseTo(40_000 / 7, -2)
   })
 })
 
