@@ -154,6 +154,7 @@ describe("reading node:http2's session errors", () => {
   it("nghttp2's flood detection is control_flood; a protocol error past the reset budget reset_flood, else protocol_error", () => {
     let m = resetMirror(10, 0)
     expect(closedReason(-904, m)).toBe("control_flood")
+    expect(closedReason(-905, m)).toBe("control_flood")
     expect(closedReason(-505, m)).toBe("protocol_error")
     for (let i = 0; i < 11; i++) m = resetStep(m, 0, 10, 1)
     expect(closedReason(-505, m)).toBe("reset_flood")

@@ -313,6 +313,23 @@ describe("the gRPC server's guard", () => {
     expect((await call(other, "/t.T/Echo")).status).toBe("0")
   })
 
+  it("reports a CONTINUATION flood nghttp2 closed as control_flood, and refuses its peer for the cool-down", async () => {
+    const { port, events } = await start()
+    const client = rawClient(port, "127.0.0.20")
+    // HEADERS without END_HEADERS, then CONTINUATION frames of one small literal field each: nghttp2 closes the
+    // connection past 8 of them (NGHTTP2_ERR_TOO_MANY_CONTINUATIONS, CVE-2024-27316's class of floods).
+    const path = Buffer.from("/t.T/Echo")
+    client.socket.write(frame(1, 0, 1, Buffer.concat([Buffer.from([0x83, 0x86, 0x04, path.length]), path])))
+    const field = Buffer.from([0x00, 1, 0x78, 1, 0x79])
+    client.socket.write(Buffer.concat(Array.from({ length: 100 }, () => frame(9, 0, 1, field))))
+    expect(await within(client.closed, 5_000)).not.toBe("pending")
+    await pollUntil("the guard's report", () => events.length > 0)
+    expect(events).toEqual([{ kind: "closed", reason: "control_flood", peer: "127.0.0.20" }])
+    const again = rawClient(port, "127.0.0.20")
+    expect(await within(again.closed, 5_000)).not.toBe("pending")
+    expect(events).toContainEqual({ kind: "refused", reason: "cooldown", peer: "127.0.0.20", limit: 0 })
+  })
+
   it("reports a busy connection's protocol error as one, not as the rapid-reset guard's closure (no cool-down)", async () => {
     const { port, events } = await start()
     const client = rawClient(port, "127.0.0.14")

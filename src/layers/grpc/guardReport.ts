@@ -25,10 +25,11 @@ const MESSAGES: Record<GuardEvent["reason"], string> = {
   total_limit: "gRPC connection refused: agent.max_connections connections are open",
   cooldown: `gRPC connection refused: its peer flooded a connection less than ${FLOOD_COOLDOWN_MS / 1000} s ago`,
   frame_flood:
-    "gRPC connection closed (GOAWAY ENHANCE_YOUR_CALM): a flood of frames that carry no call (WINDOW_UPDATE, PRIORITY, resets of closed streams...)",
+    "gRPC connection closed (GOAWAY ENHANCE_YOUR_CALM): a flood of frames that carry no call (WINDOW_UPDATE, PRIORITY, resets of closed streams...), on it or on its peer's connections together",
   reset_flood: `gRPC connection closed (ENHANCE_YOUR_CALM): its client reset streams past the budget (${STREAM_RESET_BURST} at once then ${STREAM_RESET_RATE}/s on one connection, node:http2's rapid-reset guard; ${PEER_RESET_BURST} then ${PEER_RESET_RATE}/s on all of a peer's)`,
   refusal_flood: `gRPC connection closed (ENHANCE_YOUR_CALM): streams refused before any method ran (an unknown method, not gRPC, a bad grpc-timeout, a client certificate not allowed) past ${REFUSAL_BURST} at once then ${REFUSAL_RATE}/s`,
-  control_flood: "gRPC connection closed by nghttp2's flood detection: PING or SETTINGS acks the client does not read",
+  control_flood:
+    "gRPC connection closed by nghttp2's flood detection: PING or SETTINGS acks the client does not read, or a header block split past 8 CONTINUATION frames",
   protocol_error: "gRPC connection closed: the client broke HTTP/2 (protocol error)"
 }
 

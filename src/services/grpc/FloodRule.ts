@@ -133,9 +133,14 @@ export const CLOSED_REASONS: ReadonlyArray<ClosedReason> = [
   "protocol_error"
 ]
 
-/** nghttp2's NGHTTP2_ERR_PROTO and NGHTTP2_ERR_FLOODED (nghttp2 lib/includes/nghttp2/nghttp2.h), as Node's errno. */
+/**
+ * nghttp2's NGHTTP2_ERR_PROTO, NGHTTP2_ERR_FLOODED and NGHTTP2_ERR_TOO_MANY_CONTINUATIONS (nghttp2
+ * lib/includes/nghttp2/nghttp2.h), as Node's errno (the last seen on Node 24: "Too many CONTINUATION frames following a
+ * HEADER frame", a header block split past nghttp2's limit of 8 CONTINUATION frames).
+ */
 const NGHTTP2_ERR_PROTO = -505
 const NGHTTP2_ERR_FLOODED = -904
+const NGHTTP2_ERR_TOO_MANY_CONTINUATIONS = -905
 
 /**
  * A mirror of Node's rapid-reset guard (streamResetBurst, refilled at streamResetRate per second) over the streams
@@ -181,12 +186,12 @@ export const resetStep = (m: ResetMirror, nowMs: number, burst: number, ratePerS
 
 /**
  * The reason a session error closed a connection: nghttp2's flood detection (PING or SETTINGS acks the client does
- * not read, RST_STREAMs it provokes), Node's rapid-reset guard (the mirror spent, within `slack` streams: nghttp2
+ * not read, RST_STREAMs it provokes, CONTINUATION frames past its limit), Node's rapid-reset guard (the mirror spent, within `slack` streams: nghttp2
  * refills its budget once a whole second has passed, the mirror continuously), another protocol error; undefined
  * for an error that is no HTTP/2 verdict (a socket reset: the client went away).
  */
 export const closedReason = (errno: number | undefined, mirror: ResetMirror, slack = 0): ClosedReason | undefined =>
-  errno === NGHTTP2_ERR_FLOODED
+  errno === NGHTTP2_ERR_FLOODED || errno === NGHTTP2_ERR_TOO_MANY_CONTINUATIONS
     ? "control_flood"
     : errno === NGHTTP2_ERR_PROTO
       ? mirror.left < slack
