@@ -149,8 +149,22 @@ const flags = {
     Flag.withDescription("Client certificate (mTLS)"),
     Flag.optional
   ),
-  key: Flag.String("key").pipe(Flag.withMetavar("FILE"), Flag.withDescription("Client key (mTLS)"), Flag.optional)
+  key: Flag.String("key").pipe(Flag.withMetavar("FILE"), Flag.withDescription("Client key (mTLS)"), Flag.optional),
+  serverName: Flag.String("server-name").pipe(
+    Flag.withMetavar("NAME"),
+    Flag.withDescription("TLS: check the agent's certificate for NAME, not the address dialled (grpcurl -servername)"),
+    Flag.optional
+  )
 }
+
+/**
+ * The channel's options: with a server name, grpc-js checks the agent's certificate for it and sends it as the TLS
+ * server name (grpc.ssl_target_name_override, @grpc/grpc-js src/channel-credentials.ts): a node whose certificate
+ * names it by a DNS SAN, dialled by its IP address (the README's advice for routers), and no IP address set as the
+ * server name (Node warns DEP0123 of that, RFC 6066 3).
+ */
+export const channelOptions = (serverName: string | undefined) =>
+  serverName === undefined ? {} : { "grpc.ssl_target_name_override": serverName }
 
 type Flags = { readonly [K in keyof typeof flags]: (typeof flags)[K] extends Flag.Flag<infer A> ? A : never }
 
@@ -159,6 +173,9 @@ export const runGenerate = Effect.fn("generate")(function* (f: Flags) {
   if (addr instanceof GenerateFailed) return yield* addr
   const req = requestFromFlags(f)
   if (req instanceof GenerateFailed) return yield* req
+  const serverName = Option.getOrUndefined(f.serverName)
+  if (serverName !== undefined && Option.isNone(f.ca))
+    return yield* new GenerateFailed({ message: "--server-name is a TLS check: give --ca too" })
   const credentials = yield* loadClientCredentials(
     {
       caFile: Option.getOrUndefined(f.ca),
@@ -168,7 +185,7 @@ export const runGenerate = Effect.fn("generate")(function* (f: Flags) {
     { ca: "--ca", cert: "--cert", key: "--key" }
   ).pipe(Effect.mapError((e) => new GenerateFailed({ message: e.message })))
   const channel = yield* Effect.acquireRelease(
-    Effect.sync(() => createChannel(addr, credentials)),
+    Effect.sync(() => createChannel(addr, credentials, channelOptions(serverName))),
     (ch) => Effect.sync(() => ch.close())
   )
   const client = createClient(AgentDefinition, channel)

@@ -91,4 +91,22 @@ describe("mTLS on the Agent gRPC server", () => {
     expect(refused.code).not.toBe(0)
     expect(refused.stderr).toMatch(/UNAVAILABLE/)
   })
+
+  it("generate --server-name checks the certificate for that name, not the address dialled", async () => {
+    const mtls = ["--ca", pki.ca.certFile, "--cert", pki.client.certFile, "--key", pki.client.keyFile]
+    const at = (name: string) =>
+      runGenerate(["--addr", address, ...mtls, "--server-name", name, "--prompt", "named", "--timeout", "10"])
+    // The server's certificate names 127.0.0.1 and localhost (test/support/certs.ts).
+    const [named, otherName, noCa] = await Promise.all([
+      at("localhost"),
+      at("gpu-7.example"),
+      runGenerate(["--addr", address, "--server-name", "localhost", "--prompt", "x"])
+    ])
+    expect([named.code, named.stdout]).toEqual([0, "named\n"])
+    // No IP address set as the TLS server name: Node's DEP0123 warning is not printed.
+    expect(named.stderr).not.toMatch(/DEP0123/)
+    expect(otherName.code).not.toBe(0)
+    expect(otherName.stderr).toMatch(/UNAVAILABLE/)
+    expect([noCa.code, noCa.stderr]).toEqual([1, "cgn-agent: --server-name is a TLS check: give --ca too\n"])
+  })
 })
