@@ -163,7 +163,7 @@ const flags = {
  * names it by a DNS SAN, dialled by its IP address (the README's advice for routers), and no IP address set as the
  * server name (Node warns DEP0123 of that, RFC 6066 3).
  */
-export const channelOptions = (serverName: string | undefined) =>
+const channelOptions = (serverName: string | undefined) =>
   serverName === undefined ? {} : { "grpc.ssl_target_name_override": serverName }
 
 type Flags = { readonly [K in keyof typeof flags]: (typeof flags)[K] extends Flag.Flag<infer A> ? A : never }
