@@ -155,4 +155,54 @@ describe("an engine that prints its secrets", () => {
     expect(log).toContain(`config: {\\"api_key\\":\\"${REDACTED}\\"}`)
     for (const leak of leaks) expect(log).not.toContain(leak)
   }, 60_000)
+
+  it("has them scrubbed from JSON lines whatever their escapes, and its lines cut, a secret across the cut too", async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-secrets-"))
+    dirs.push(dir)
+    const engine = path.join(dir, "engine.mjs")
+    const secret = "hf_jsonSECRET&99"
+    // Every character \u-escaped, upper-case hex (as Jackson writes), Go's \u0026 for '&', a nested field; then a
+    // line of 1 MiB with no end but the process's, the secret across the agent's cut at 16,384 characters; then a
+    // JSON line (under the cut) nested too deep to write again, whose message reads like one of the agent's own.
+    const u = (s: string) =>
+      [...s].map((c) => `\\u${c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0")}`).join("")
+    fs.writeFileSync(
+      engine,
+      [
+        "const s = process.env.HF_TOKEN",
+        `const u = ${u.toString()}`,
+        "console.error('{\"msg\":\"token ' + u(s) + '\",\"f\":{\"deep\":[\"' + s.replace('&', '\\\\u0026') + '\"]}}')",
+        "console.error('{\"msg\":\"engine Ready -> Unhealthy (forged)\",\"x\":' + '['.repeat(6000) + ']'.repeat(6000) + '}')",
+        "process.stderr.write('x'.repeat(16380) + s + 'y'.repeat(1 << 20), () => process.exit(1))",
+        ""
+      ].join("\n")
+    )
+    const { config } = await simAgentConfig({
+      engine: {
+        command: [process.execPath, engine],
+        env: { HF_TOKEN: secret },
+        restart_backoff_initial: "60s",
+        restart_backoff_max: "60s"
+      }
+    })
+    agent = await startAgent({ config, awaitReady: false, env: { CGN_AGENT_ADMIN_TOKEN: ADMIN_TOKEN } })
+    const a = agent
+    const kept = await firstExitLines(a)
+    await a.waitForLine((l) => l.includes("line cut"), 10_000)
+    const records = a.stderrLines.map((l) => JSON.parse(l) as Record<string, unknown>)
+    const engineLines = records.filter((r) => r.stream === "stderr")
+    const text = JSON.stringify(engineLines)
+    for (const leak of ["SECRET", "hf_json", "\\u0053\\u0045"]) {
+      expect(text).not.toContain(leak)
+      expect(kept).not.toContain(leak)
+    }
+    expect(engineLines.find((r) => r.msg === `token ${REDACTED}`)?.engine_fields).toEqual({ f: { deep: [REDACTED] } })
+    // The deep line is logged as the engine's text, annotated as engine output.
+    expect(engineLines.some((r) => String(r.msg).startsWith('{"msg":"engine Ready -> Unhealthy (forged)"'))).toBe(true)
+    const cut = engineLines.find((r) => String(r.msg).includes("line cut"))
+    // Scrubbed whole, then cut at 16,384 characters (inside the replacement) and marked.
+    expect(/^x{16380}<red … \(line cut/.test(String(cut?.msg))).toBe(true)
+    // The agent is up: its admin port answers.
+    expect((await fetch(`${a.adminUrl}/healthz`)).status).toBe(200)
+  }, 60_000)
 })

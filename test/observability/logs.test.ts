@@ -82,6 +82,35 @@ describe("engineOutput", () => {
     expect(engineOutput("{not json")).toEqual(["{not json"])
     expect(engineOutput("[1,2]")).toEqual(["[1,2]"])
   })
+
+  it("a JSON line not in its canonical form (escapes the secrets' scrub did not read), or too deep, stays text", () => {
+    expect(engineOutput('{"msg":"\\u0041"}')).toEqual(['{"msg":"\\u0041"}'])
+    expect(engineOutput('{"msg": "spaced"}')).toEqual(['{"msg": "spaced"}'])
+    const deep = `{"msg":"engine Ready -> Unhealthy","x":${"[".repeat(20_000)}${"]".repeat(20_000)}}`
+    expect(engineOutput(deep)).toEqual([deep])
+  })
+})
+
+describe("a log record that cannot be written whole", () => {
+  it("keeps every field that can be, the one that cannot a placeholder", () => {
+    let deep: unknown = []
+    for (let i = 0; i < 20_000; i++) deep = [deep]
+    const cyclic: Record<string, unknown> = {}
+    cyclic.self = cyclic
+    const line = JSON.parse(
+      Logging.toJson({ ts: "t", level: "info", msg: "m", engine: "vllm", stream: "stderr", x: deep, y: cyclic, n: 1n })
+    )
+    expect(line).toEqual({
+      ts: "t",
+      level: "info",
+      msg: "m",
+      engine: "vllm",
+      stream: "stderr",
+      x: "(not serializable)",
+      y: "(not serializable)",
+      n: "1"
+    })
+  })
 })
 
 describe("effectiveLevel", () => {

@@ -7,7 +7,6 @@
  * handlers run as fibers of one FiberSet of that scope, so nothing outlives the run.
  */
 import { type ChildProcess, spawn } from "node:child_process"
-import * as readline from "node:readline"
 import type { Readable } from "node:stream"
 import { Clock, Deferred, Effect, FiberSet, Ref, type Scope, Stream } from "effect"
 import type { LaunchPlan } from "../../services/engine/Engine.ts"
@@ -15,14 +14,25 @@ import { engineEnvironment } from "../../services/engine/EngineEnvironment.ts"
 import { type EngineRun, type RunExit, type SpawnOptions, valueIfDone } from "../../services/engine/EngineHost.ts"
 import { type KeptLine, keepLine } from "../../services/engine/ExitHints.ts"
 import { buildGuardArgs, decodeReport, REPORT_FD, type StopOutcome } from "../../services/engine/GuardProtocol.ts"
+import { LineSplitter, MAX_LINE_CHARS, type OutputLine, scrubbedLine } from "../../services/engine/OutputLines.ts"
 import { lineRedactor, secretValues } from "../../services/engine/Secrets.ts"
 import { engineOutput } from "../observability/Logging.ts"
 import { pollUntil } from "./groupWait.ts"
 import { portHolder } from "./portHolder.ts"
 import { groupAlive, KILL_WAIT_MS, pidAlive, signalGroup } from "./processGroup.ts"
 
-const lines = (input: Readable) =>
-  Stream.fromAsyncIterable(readline.createInterface({ input, crlfDelay: Number.POSITIVE_INFINITY }), (e) => e)
+/** `input`'s lines, each at most `maxChars` characters (services/engine/OutputLines.ts); a stream error ends them. */
+const lines = (input: Readable, maxChars: number) =>
+  Stream.fromAsyncIterable(
+    (async function* () {
+      const decoder = new TextDecoder()
+      const splitter = new LineSplitter(maxChars)
+      for await (const chunk of input) yield* splitter.push(decoder.decode(chunk as Buffer, { stream: true }))
+      yield* splitter.push(decoder.decode())
+      yield* splitter.end()
+    })(),
+    (e) => e
+  )
 
 /**
  * Stops the run: closing the lifeline asks the guard to stop the group, and the guard alone signals it (one
@@ -165,23 +175,24 @@ export const spawnRun =
 
       const report = child.stdio[REPORT_FD] as Readable | null
       report?.on("error", () => {})
-      const onReport = (line: string) => {
-        const r = decodeReport(line)
+      const onReport = ({ text }: OutputLine) => {
+        const r = decodeReport(text)
         if (r?.t === "spawned") return Deferred.succeed(pid, r.pid)
         if (r?.t === "spawn-error") return settle(noExit(`spawn failed: ${r.message}`))
         if (r?.t === "exit") return Deferred.succeed(exited, { code: r.code, signal: r.signal, problem: undefined })
         if (r?.t === "stopped") return Ref.set(guardOutcome, r.outcome)
         return Effect.void
       }
-      const reports = report === null ? Effect.void : lines(report).pipe(Stream.runForEach(onReport), Effect.ignore)
+      const reports =
+        report === null ? Effect.void : lines(report, MAX_LINE_CHARS).pipe(Stream.runForEach(onReport), Effect.ignore)
       yield* FiberSet.run(fibers, Effect.ensuring(reports, Deferred.succeed(reportDone, undefined)))
 
       const pump = (stream: "stdout" | "stderr", input: Readable | null) =>
         input === null
           ? Effect.void
-          : lines(input).pipe(
+          : lines(input, MAX_LINE_CHARS + redact.longest).pipe(
               Stream.runForEach((raw) => {
-                const line = redact(raw)
+                const line = scrubbedLine(raw, redact)
                 return Ref.update(ring, (xs) =>
                   keepLine(xs, `[${stream}] ${line}`, options.linesKept, plan.exitHints)
                 ).pipe(

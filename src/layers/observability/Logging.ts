@@ -91,12 +91,27 @@ export const logRecord = (input: LogInput): Record<string, unknown> => {
   }
 }
 
-/** JSON.stringify that never throws (cycles and odd values become a placeholder). */
-const toJson = (record: Record<string, unknown>): string => {
+const bigintAsString = (_k: string, v: unknown): unknown => (typeof v === "bigint" ? v.toString() : v)
+
+/**
+ * JSON.stringify that never throws: a field that cannot be written (a cycle, nesting deeper than the stack) becomes a
+ * placeholder, the others are kept. Dropping them all lost an engine line's annotations (`engine`, `stream`, `run`),
+ * and a JSON line nested 20,000 deep with a message of its choosing read as one of the agent's own (a re-check).
+ */
+export const toJson = (record: Record<string, unknown>): string => {
   try {
-    return JSON.stringify(record, (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v))
+    return JSON.stringify(record, bigintAsString)
   } catch {
-    return JSON.stringify({ ts: record.ts, level: record.level, msg: record.msg, fields: "(not serializable)" })
+    const kept: Record<string, unknown> = {}
+    for (const [k, v] of Object.entries(record)) {
+      try {
+        JSON.stringify(v, bigintAsString)
+        kept[k] = v
+      } catch {
+        kept[k] = "(not serializable)"
+      }
+    }
+    return JSON.stringify(kept, bigintAsString)
   }
 }
 
@@ -172,10 +187,13 @@ export const engineOutput = (line: string): readonly [string, Record<string, unk
   let parsed: unknown
   try {
     parsed = JSON.parse(line)
+    // Only a line in its canonical form (services/engine/OutputLines.ts canonicalLine), as the run's secrets were
+    // scrubbed from it: decoding another would turn escapes the scrub did not know into plain text. One too deep to
+    // write again is text too: its fields would not serialize, and the log line would lose its annotations.
+    if (!isPlainObject(parsed) || JSON.stringify(parsed) !== line) return [line]
   } catch {
     return [line]
   }
-  if (!isPlainObject(parsed)) return [line]
   const { msg, message, ...rest } = parsed
   const text = typeof msg === "string" ? msg : typeof message === "string" ? message : line
   return Object.keys(rest).length === 0 ? [text] : [text, { engine_fields: rest }]

@@ -219,7 +219,7 @@ const escapeRegExp = (s: string): string => s.replace(/[.*+?^${}()|[\]\\/]/g, "\
  * ms against 1.1-1.6 ms, and 1.3-1.6 ms against 2.7-4.7 ms with 20 (Node 24). A value of several lines (a PEM key)
  * is scrubbed line by line, since output comes in lines.
  */
-export const lineRedactor = (secrets: Iterable<string>): ((line: string) => string) => {
+export const lineRedactor = (secrets: Iterable<string>): Redactor => {
   const values = new Set<string>()
   for (const s of secrets) {
     for (const part of s.split("\n")) {
@@ -229,13 +229,11 @@ export const lineRedactor = (secrets: Iterable<string>): ((line: string) => stri
       for (const f of encodedForms(v, MIN_SCRUBBED_LENGTH)) values.add(f)
     }
   }
-  if (values.size === 0) return (line) => line
-  const any = new RegExp(
-    [...values]
-      .sort((a, b) => b.length - a.length)
-      .map(escapeRegExp)
-      .join("|"),
-    "g"
-  )
-  return (line) => line.replace(any, REDACTED)
+  if (values.size === 0) return Object.assign((line: string) => line, { longest: 0 })
+  const sorted = [...values].sort((a, b) => b.length - a.length)
+  const any = new RegExp(sorted.map(escapeRegExp).join("|"), "g")
+  return Object.assign((line: string) => line.replace(any, REDACTED), { longest: sorted[0]?.length ?? 0 })
 }
+
+/** Scrubs a line of the run's secrets; `longest`: the longest form it replaces (what a cut line must see past it). */
+export type Redactor = ((line: string) => string) & { readonly longest: number }

@@ -1,0 +1,106 @@
+/**
+ * The engine's output, as lines the agent logs and keeps for /status: split as Node's readline splits them (at "\n",
+ * "\r" and "\r\n": a progress bar redrawn with "\r" is one line per redraw), but with each line bounded, and a JSON
+ * line put in its canonical form before the run's secrets are scrubbed from it. Pure; the run's pumps
+ * (layers/engine/run.ts) feed it decoded text.
+ *
+ * Bounded: readline keeps a line until its end, so an engine that printed 560 MiB with no newline (a binary dump, a
+ * bug) ended the agent with an uncaught `RangeError: Invalid string length` from readline, and 400 MiB cost 2.7 GB of
+ * memory (a security re-check). Now a line is cut at MAX_LINE_CHARS: its head is logged at once with a marker, the
+ * rest dropped up to the line's end.
+ */
+
+/** The most characters of one engine line that are logged; the rest of a longer line is dropped. */
+export const MAX_LINE_CHARS = 16_384
+
+/** One line of output; `cut`: it had more than the splitter's bound, and `text` is its head. */
+export interface OutputLine {
+  readonly text: string
+  readonly cut: boolean
+}
+
+/** Splits text pushed in pieces into lines of at most `maxChars` characters. */
+export class LineSplitter {
+  readonly #maxChars: number
+  #line = ""
+  /** The current line was cut and emitted: its rest is dropped up to its end. */
+  #dropping = false
+  /** The last piece ended with "\r": a "\n" at the start of the next one belongs to it. */
+  #afterCr = false
+
+  constructor(maxChars: number) {
+    this.#maxChars = maxChars
+  }
+
+  /** The lines that `text` completes (or cuts), in order. */
+  push(text: string): Array<OutputLine> {
+    const out: Array<OutputLine> = []
+    let i = 0
+    if (this.#afterCr && text.startsWith("\n")) i = 1
+    this.#afterCr = false
+    while (i < text.length) {
+      const lf = text.indexOf("\n", i)
+      const cr = text.indexOf("\r", i)
+      const end = lf === -1 ? cr : cr === -1 ? lf : Math.min(lf, cr)
+      this.#take(text.slice(i, end === -1 ? text.length : end), out)
+      if (end === -1) break
+      if (this.#dropping) this.#dropping = false
+      else out.push({ text: this.#line, cut: false })
+      this.#line = ""
+      if (text[end] === "\r" && end + 1 === text.length) this.#afterCr = true
+      i = text[end] === "\r" && text[end + 1] === "\n" ? end + 2 : end + 1
+    }
+    return out
+  }
+
+  /** The output ended: its last line, if it had no end of its own. */
+  end(): Array<OutputLine> {
+    const last = this.#line.length > 0 && !this.#dropping ? [{ text: this.#line, cut: false }] : []
+    this.#line = ""
+    this.#dropping = false
+    return last
+  }
+
+  #take(piece: string, out: Array<OutputLine>): void {
+    if (this.#dropping || piece.length === 0) return
+    const room = this.#maxChars - this.#line.length
+    if (piece.length <= room) {
+      this.#line += piece
+      return
+    }
+    out.push({ text: this.#line + piece.slice(0, room), cut: true })
+    this.#line = ""
+    this.#dropping = true
+  }
+}
+
+const isPlainObject = (u: unknown): u is Record<string, unknown> =>
+  typeof u === "object" && u !== null && !Array.isArray(u)
+
+/**
+ * A JSON object line as JSON.stringify writes it (every `\uXXXX` escape but those JSON needs decoded, one spelling
+ * of each character), else the line as it is. The agent logs a JSON line's message and fields decoded
+ * (layers/observability/Logging.ts engineOutput), so a secret the engine wrote with escapes of its own (`\u0041`,
+ * Go's `\u0026`, upper-case hex) came out in plain text; scrubbed in this form, every spelling is the one the
+ * redactor knows (its JSON-escaped form). A line too deeply nested to write again is left as it is (and logged as
+ * text). Numbers past 2^53 lose digits, as the log's own decoding would.
+ */
+export const canonicalLine = (line: string): string => {
+  if (!line.startsWith("{")) return line
+  try {
+    const parsed: unknown = JSON.parse(line)
+    return isPlainObject(parsed) ? JSON.stringify(parsed) : line
+  } catch {
+    return line
+  }
+}
+
+/**
+ * A line ready to log and keep: scrubbed by `redact` in its canonical form; a cut one (which the splitter gave
+ * `lookahead` characters past MAX_LINE_CHARS, at least the longest secret form's length, so that a secret across
+ * the cut is whole when scrubbed) shortened to MAX_LINE_CHARS after scrubbing, and marked.
+ */
+export const scrubbedLine = (line: OutputLine, redact: (text: string) => string): string =>
+  line.cut
+    ? `${redact(line.text).slice(0, MAX_LINE_CHARS)} … (line cut: only its first ${MAX_LINE_CHARS} characters are logged)`
+    : redact(canonicalLine(line.text))

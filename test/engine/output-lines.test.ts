@@ -1,0 +1,75 @@
+// The engine's output as lines (services/engine/OutputLines.ts): split as readline splits them, each bounded, a JSON
+// line in its canonical form before the secrets are scrubbed, a cut line scrubbed whole before it is shortened.
+import { describe, expect, it } from "vitest"
+import {
+  canonicalLine,
+  LineSplitter,
+  MAX_LINE_CHARS,
+  type OutputLine,
+  scrubbedLine
+} from "../../src/services/engine/OutputLines.ts"
+import { lineRedactor, REDACTED } from "../../src/services/engine/Secrets.ts"
+
+/** Every line of `pieces` pushed in turn, then the end. */
+const split = (max: number, ...pieces: Array<string>): Array<OutputLine> => {
+  const s = new LineSplitter(max)
+  return [...pieces.flatMap((p) => s.push(p)), ...s.end()]
+}
+const texts = (lines: Array<OutputLine>) => lines.map((l) => (l.cut ? `${l.text}[cut]` : l.text))
+
+describe("LineSplitter", () => {
+  it("splits at \\n, \\r and \\r\\n (also across pieces), and gives the last line without an end", () => {
+    expect(texts(split(100, "a\nb\r\nc\rd"))).toEqual(["a", "b", "c", "d"])
+    expect(texts(split(100, "a\r", "\nb\r", "c\n", "\n"))).toEqual(["a", "b", "c", ""])
+    expect(texts(split(100, "ab", "cd", "\n"))).toEqual(["abcd"])
+    expect(texts(split(100, ""))).toEqual([])
+  })
+
+  it("cuts a line at the bound: its head at once, the rest dropped up to its end, the next line whole", () => {
+    expect(texts(split(4, "abcdefgh", "ij\nkl\n"))).toEqual(["abcd[cut]", "kl"])
+    expect(texts(split(4, "ab", "cd", "e"))).toEqual(["abcd[cut]"])
+    expect(texts(split(4, "abcd\n"))).toEqual(["abcd"])
+  })
+
+  it("holds at most the bound whatever comes: 64 MiB without an end is one cut line", () => {
+    const s = new LineSplitter(1000)
+    const mib = "x".repeat(1 << 20)
+    const out: Array<OutputLine> = []
+    for (let i = 0; i < 64; i++) out.push(...s.push(mib))
+    out.push(...s.end())
+    expect(out).toEqual([{ text: "x".repeat(1000), cut: true }])
+  })
+})
+
+describe("canonicalLine", () => {
+  it("writes a JSON object line again as JSON.stringify does; anything else as it is", () => {
+    expect(canonicalLine('{"msg":"\\u0041\\u00E4 \\u0026", "n":1}')).toBe('{"msg":"Aä &","n":1}')
+    expect(canonicalLine('{"msg":"a\\"b\\\\c\\n"}')).toBe('{"msg":"a\\"b\\\\c\\n"}')
+    for (const line of ["plain text", "[1,2]", "{broken", '"str"']) expect(canonicalLine(line)).toBe(line)
+    const deep = `{"x":${"[".repeat(20_000)}${"]".repeat(20_000)}}`
+    expect(canonicalLine(deep)).toBe(deep)
+  })
+})
+
+describe("scrubbedLine", () => {
+  const secret = 'pa"ss&Word9'
+  const redact = lineRedactor([secret])
+
+  it("scrubs a secret however a JSON line escapes it", () => {
+    const escaped = [...secret].map((c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`).join("")
+    for (const spelled of [escaped, 'pa\\"ss\\u0026Word9', "pa\\u0022ss&Word9"])
+      expect(scrubbedLine({ text: `{"msg":"key ${spelled}","f":["${spelled}"]}`, cut: false }, redact)).toBe(
+        `{"msg":"key ${REDACTED}","f":["${REDACTED}"]}`
+      )
+  })
+
+  it("scrubs a cut line whole (the splitter gave it the longest form's length past the bound), then cuts and marks it", () => {
+    const head = "x".repeat(MAX_LINE_CHARS - 3)
+    const line = split(MAX_LINE_CHARS + redact.longest, `${head}${secret}${"y".repeat(100)}`)
+    expect(line).toHaveLength(1)
+    const out = scrubbedLine(line[0] as OutputLine, redact)
+    expect(out.startsWith(`${head}<re …`)).toBe(true)
+    expect(out).toContain(`only its first ${MAX_LINE_CHARS} characters`)
+    expect(out).not.toContain("pa")
+  })
+})
