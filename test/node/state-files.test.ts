@@ -70,6 +70,38 @@ describe("stateDirDistrust", () => {
     fs.chmodSync(open, 0o1777)
     expect(await stateDirDistrust(state, uid)).toBeUndefined()
   })
+
+  it("a symbolic link on the way is trusted only if the agent's user's or root's, where others cannot replace it", async () => {
+    const base = tempDir()
+    const real = path.join(base, "real")
+    fs.mkdirSync(real, { mode: 0o700 })
+    const open = path.join(base, "open")
+    fs.mkdirSync(open)
+    // the agent's own link in a sticky directory (/tmp's case): followed, the real directory judged
+    fs.chmodSync(open, 0o1777)
+    const link = path.join(open, "state")
+    fs.symlinkSync(real, link)
+    expect(await stateDirDistrust(link, uid)).toBeUndefined()
+    expect(await stateDirDistrust(path.join(link, "not", "yet"), uid)).toBeUndefined()
+    // the same link where anyone may replace it (not sticky): refused, whatever it points at
+    fs.chmodSync(open, 0o777)
+    expect(await stateDirDistrust(link, uid)).toBe(
+      `${link} is a symbolic link others could replace: ${open} is writable by its group (mode 0777)`
+    )
+    expect(await socketDirDistrust(link, uid)).toMatch(/is a symbolic link others could replace/)
+    // another user's link (one they made first where state_dir was still to be made): refused, it can be repointed
+    fs.chmodSync(open, 0o1777)
+    const [owner, agent] = uid === 0 ? [4242, 0] : [uid, uid + 4242]
+    if (uid === 0) fs.lchownSync(link, owner, owner)
+    const theirs = `${link} is a symbolic link owned by uid ${owner}, not by the agent's user (uid ${agent}) or root`
+    expect(await stateDirDistrust(link, agent)).toBe(theirs)
+    expect(await socketDirDistrust(link, agent)).toBe(theirs)
+    const sock = path.join(real, "kvcached.sock")
+    await listenAt(sock)
+    expect(await socketDistrust(path.join(link, "kvcached.sock"), agent)).toBe(
+      `${path.join(link, "kvcached.sock")} is in an untrusted directory: ${theirs}`
+    )
+  })
 })
 
 /** A Unix socket listening at `file` (closed after the test). */

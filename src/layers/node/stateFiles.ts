@@ -88,6 +88,8 @@ export const stateDirDistrust = async (
   uid: number | undefined = process.getuid?.()
 ): Promise<string | undefined> => {
   if (uid === undefined) return undefined
+  const link = await linkDistrust(stateDir, uid)
+  if (link !== undefined) return link
   let dir = path.resolve(stateDir)
   // the deepest part that exists: the agent creates the rest, mode 0700
   for (;;) {
@@ -102,6 +104,35 @@ export const stateDirDistrust = async (
   }
   const exists = dir === (await fsp.realpath(path.resolve(stateDir)).catch(() => undefined))
   return chainDistrust(dir, uid, exists)
+}
+
+/**
+ * Why a symbolic link on the way to `target` (as configured, before any is resolved) is not trusted, or undefined:
+ * each must be owned by `uid` or root, in a directory others cannot replace it in (the rule for the directories above
+ * state_dir). The real directory's chain is checked apart; this is who can repoint the way there. Through another
+ * user's link in /tmp (one they made first where a state_dir was still to be made), the agent wrote root's cordon
+ * record and engine pid file into a directory that user owned once they repointed it (security re-check 26). Parts
+ * that do not exist yet, and parts that cannot be examined, are no finding (making or opening them fails apart).
+ */
+const linkDistrust = async (target: string, uid: number): Promise<string | undefined> => {
+  let at = path.parse(path.resolve(target)).root
+  for (const part of path
+    .resolve(target)
+    .split(path.sep)
+    .filter((p) => p.length > 0)) {
+    const next = path.join(at, part)
+    const st = await fsp.lstat(next).catch(() => undefined)
+    if (st === undefined) return undefined
+    if (st.isSymbolicLink()) {
+      if (st.uid !== uid && st.uid !== 0)
+        return `${next} is a symbolic link owned by uid ${st.uid}, not by the agent's user (uid ${uid}) or root`
+      const dir = await fsp.stat(at).catch(() => undefined)
+      const why = dir === undefined ? undefined : distrustOf(at, dir, uid, false)
+      if (why !== undefined) return `${next} is a symbolic link others could replace: ${why}`
+    }
+    at = next
+  }
+  return undefined
 }
 
 /**
@@ -131,6 +162,8 @@ export const socketDirDistrust = async (
   uid: number | undefined = process.getuid?.()
 ): Promise<string | undefined> => {
   if (uid === undefined) return undefined
+  const link = await linkDistrust(dir, uid)
+  if (link !== undefined) return link
   const real = await fsp.realpath(path.resolve(dir)).catch(() => undefined)
   return real === undefined ? undefined : chainDistrust(real, uid, false)
 }
