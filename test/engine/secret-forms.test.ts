@@ -17,6 +17,24 @@ describe("encodedForms", () => {
     expect(encodedForms("it's_a\\secret", 6)).toContain("it\\'s_a\\\\secret")
   })
 
+  it("has the escapes other encoders write: upper-case hex (Jackson), <>& as Go's encoding/json escapes them", () => {
+    expect(forms).toContain(`pa\\"ss\\\\wo/rd \\u00E9+ x!`)
+    expect(encodedForms("Passw0rd&More<x>", 6)).toContain("Passw0rd\\u0026More\\u003cx\\u003e")
+  })
+
+  it("has the percent forms in lower-case hex too, and with every byte encoded", () => {
+    expect(forms).toContain("pa%22ss%5cwo%2frd%20%c3%a9%2b%20x%21")
+    const every = [...Buffer.from(SECRET)].map((b) => `%${b.toString(16).padStart(2, "0")}`).join("")
+    expect(forms).toContain(every)
+    expect(forms).toContain(every.toUpperCase())
+  })
+
+  it("has the base64 of the escaped forms (a JSON document that holds the value holds them)", () => {
+    const doc = b64(JSON.stringify({ a: 1, key: SECRET, z: "tail" }))
+    expect(forms.some((form) => form.length >= 8 && doc.includes(form))).toBe(true)
+    expect(lineRedactor([SECRET])(`payload ${doc}`)).toContain(REDACTED)
+  })
+
   it("has the value percent-encoded: encodeURIComponent, RFC 3986 strict, / kept, space as +", () => {
     expect(forms).toContain(encodeURIComponent(SECRET))
     expect(forms).toContain("pa%22ss%5Cwo%2Frd%20%C3%A9%2B%20x%21")
