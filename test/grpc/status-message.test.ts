@@ -17,6 +17,7 @@ import {
   quoteInput,
   statusTrailers
 } from "../../src/services/grpc/StatusMessage.ts"
+import { UnknownMethod, UnsupportedEncoding } from "../../src/services/grpc/TransportErrors.ts"
 import { encodeStatusMessage } from "../../src/services/grpc/Wire.ts"
 
 const MAX = MAX_STATUS_MESSAGE_BYTES
@@ -184,5 +185,24 @@ describe("statusTrailers", () => {
       "cgn-retryable": "true"
     })
     expect(statusTrailers({ code: Status.OK, message: "", trailers: {} }, true)).toEqual({ "grpc-status": "0" })
+  })
+})
+
+describe("header values a transport error quotes (the caller's too)", () => {
+  it("an ordinary method path as grpc-js words it; a long or unprintable one quoted shortened", () => {
+    expect(new UnknownMethod({ path: "/a.B/C" }).message).toBe("the server does not implement the method /a.B/C")
+    const long = `/${"x".repeat(40_000)}`
+    expect(new UnknownMethod({ path: long }).message).toBe(
+      `the server does not implement the method "/${"x".repeat(63)}"... (40001 characters)`
+    )
+    expect(new UnknownMethod({ path: "/a b\u0085" }).message).toBe(
+      'the server does not implement the method "/a b\\u0085"'
+    )
+  })
+
+  it("an encoding quoted shortened, control and non-ASCII characters escaped", () => {
+    expect(new UnsupportedEncoding({ encoding: "br%\u00ff\u0080" }).message).toBe(
+      'message compressed with "br%\\u00ff\\u0080", which this server does not decode (identity, gzip, deflate)'
+    )
   })
 })

@@ -4,13 +4,20 @@
  * it does not speak, or the caller's deadline passed. Their statuses are rows of GrpcStatus.ts's table.
  */
 import { Schema } from "effect"
+import { quoteInput } from "./StatusMessage.ts"
+
+/**
+ * A path as grpc-js words it when it is an ordinary one (printable, at most 64 characters), else quoted shortened as
+ * any caller's value is (quoteInput): a path is the caller's header, and its bytes are the caller's choice.
+ */
+const shownPath = (path: string): string => (/^[\x21-\x7e]{0,64}$/.test(path) ? path : quoteInput(path))
 
 /** The path names no method this server has (health-only listener: everything but Health). */
 export class UnknownMethod extends Schema.TaggedError<UnknownMethod>()("UnknownMethod", {
   path: Schema.String
 }) {
   override get message(): string {
-    return `the server does not implement the method ${this.path}`
+    return `the server does not implement the method ${shownPath(this.path)}`
   }
 }
 
@@ -48,7 +55,7 @@ export class UnsupportedEncoding extends Schema.TaggedError<UnsupportedEncoding>
   encoding: Schema.String
 }) {
   override get message(): string {
-    return `message compressed with "${this.encoding}", which this server does not decode (identity, gzip, deflate)`
+    return `message compressed with ${quoteInput(this.encoding)}, which this server does not decode (identity, gzip, deflate)`
   }
 }
 

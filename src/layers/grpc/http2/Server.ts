@@ -17,6 +17,7 @@ import type * as net from "node:net"
 import type * as grpc from "@grpc/grpc-js"
 import { chunkBytes, unreadCredit } from "../../../services/grpc/FloodRule.ts"
 import { type GrpcFailure, toGrpcFailure } from "../../../services/grpc/GrpcStatus.ts"
+import { quoteInput } from "../../../services/grpc/StatusMessage.ts"
 import {
   CallCancelled,
   CallDeadlineExceeded,
@@ -231,7 +232,7 @@ export class Http2GrpcServer {
     }
     const timeout = parseTimeout(headers["grpc-timeout"] as string | undefined)
     if (timeout === "invalid") {
-      const detail = `invalid grpc-timeout "${headers["grpc-timeout"]}"`
+      const detail = `invalid grpc-timeout ${quoteInput(String(headers["grpc-timeout"]))}`
       refuseCall(failure(new ProtocolViolation({ detail })))
       return
     }
