@@ -50,6 +50,10 @@ export class ProtocolViolation extends Schema.TaggedError<ProtocolViolation>()("
   }
 }
 
+/** A grpc-timeout header that is not one (grpc/grpc doc/PROTOCOL-HTTP2.md: 1-8 digits and a unit), quoted. */
+export const invalidTimeout = (value: string): ProtocolViolation =>
+  new ProtocolViolation({ detail: `invalid grpc-timeout ${quoteInput(value)}` })
+
 /** A compressed message in an encoding the server does not decode (it decodes gzip and deflate). */
 export class UnsupportedEncoding extends Schema.TaggedError<UnsupportedEncoding>()("UnsupportedEncoding", {
   encoding: Schema.String

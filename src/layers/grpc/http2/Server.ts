@@ -17,10 +17,10 @@ import type * as net from "node:net"
 import type * as grpc from "@grpc/grpc-js"
 import { chunkBytes, unreadCredit } from "../../../services/grpc/FloodRule.ts"
 import { type GrpcFailure, toGrpcFailure } from "../../../services/grpc/GrpcStatus.ts"
-import { quoteInput } from "../../../services/grpc/StatusMessage.ts"
 import {
   CallCancelled,
   CallDeadlineExceeded,
+  invalidTimeout,
   MessageTooLarge,
   ProtocolViolation,
   RequestReadTimeout,
@@ -232,8 +232,7 @@ export class Http2GrpcServer {
     }
     const timeout = parseTimeout(headers["grpc-timeout"] as string | undefined)
     if (timeout === "invalid") {
-      const detail = `invalid grpc-timeout ${quoteInput(String(headers["grpc-timeout"]))}`
-      refuseCall(failure(new ProtocolViolation({ detail })))
+      refuseCall(failure(invalidTimeout(String(headers["grpc-timeout"]))))
       return
     }
     if (timeout !== undefined) call.endAt(timeout, DEADLINE)
