@@ -21,7 +21,7 @@ import { constants } from "node:fs"
 import * as fsp from "node:fs/promises"
 import * as path from "node:path"
 import { Effect } from "effect"
-import { socketDirDistrust } from "../layers/node/stateFiles.ts"
+import { socketDirDistrust, socketDistrust } from "../layers/node/stateFiles.ts"
 import type { AgentConfig } from "../services/config/Config.ts"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
 import { engineEnvironment } from "../services/engine/EngineEnvironment.ts"
@@ -184,6 +184,17 @@ export const hostFindings = (
         `kv.uds = "${c.kv.uds}": ${udsDir}; run will not connect to a socket there (its directory must be writable ` +
           "by its owner only, or sticky like /tmp, and owned by the agent's user or root, as every directory above it)"
       )
+    // A socket there already (kvcached makes it; none yet is no finding) that run would refuse: another user's, a
+    // link, not a socket.
+    const present =
+      uds !== undefined &&
+      udsDir === undefined &&
+      (await fsp.lstat(uds).then(
+        () => true,
+        () => false
+      ))
+    const udsSock = present ? await socketDistrust(uds) : undefined
+    if (udsSock !== undefined) warnings.push(`kv.uds = "${c.kv.uds}": ${udsSock}; run will not connect to it`)
     return { errors, warnings }
   }).pipe(
     Effect.timeoutOrElse({

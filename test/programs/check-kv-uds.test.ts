@@ -1,6 +1,7 @@
 // `cgn-agent check` on kv.uds's directory (src/programs/hostChecks.ts, through layers/node/stateFiles.ts
 // socketDirDistrust): the link refuses a socket in a directory others may write (another local user could bind it
-// first and get the KV events), so check warns when that directory exists and fails the rule. A warning, not a
+// first and get the KV events), so check warns when that directory exists and fails the rule; and on a socket that
+// is there already and that run would refuse (socketDistrust). A warning, not a
 // refusal: kvcached makes the socket later, and may fix the directory with it.
 import * as fs from "node:fs"
 import * as os from "node:os"
@@ -45,5 +46,21 @@ describe("check: kv.uds's directory", () => {
     fs.chmodSync(dir, 0o700)
     expect(quiet((await findings(uds)).warnings)).toEqual([])
     expect(quiet((await findings(path.join(dir, "not-yet", "kvcached.sock"))).warnings)).toEqual([])
+  })
+
+  it("a socket there that run would refuse (a link, not a socket) is a warning too; none yet is not", async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-check-uds-"))
+    dirs.push(dir)
+    const uds = path.join(dir, "kvcached.sock")
+    expect((await findings(uds)).warnings.filter((l) => l.startsWith("kv.uds"))).toEqual([])
+    fs.symlinkSync(path.join(dir, "elsewhere.sock"), uds)
+    expect((await findings(uds)).warnings).toContainEqual(
+      `kv.uds = "${uds}": ${uds} is a symbolic link (not followed); run will not connect to it`
+    )
+    fs.rmSync(uds)
+    fs.writeFileSync(uds, "")
+    expect((await findings(uds)).warnings).toContainEqual(
+      `kv.uds = "${uds}": ${uds} is not a socket; run will not connect to it`
+    )
   })
 })
