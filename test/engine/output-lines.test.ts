@@ -63,13 +63,35 @@ describe("scrubbedLine", () => {
       )
   })
 
-  it("scrubs a cut line whole (the splitter gave it the longest form's length past the bound), then cuts and marks it", () => {
-    const head = "x".repeat(MAX_LINE_CHARS - 3)
-    const line = split(MAX_LINE_CHARS + redact.longest, `${head}${secret}${"y".repeat(100)}`)
+  const cut = (text: string) => {
+    const line = split(MAX_LINE_CHARS + redact.longest, text)
     expect(line).toHaveLength(1)
-    const out = scrubbedLine(line[0] as OutputLine, redact)
-    expect(out.startsWith(`${head}<re …`)).toBe(true)
-    expect(out).toContain(`only its first ${MAX_LINE_CHARS} characters`)
-    expect(out).not.toContain("pa")
+    return scrubbedLine(line[0] as OutputLine, redact)
+  }
+
+  it("shows a cut line up to its 16,384th character as it came, a secret across the cut replaced whole, marked", () => {
+    const head = "x".repeat(MAX_LINE_CHARS - 3)
+    expect(cut(`${head}${secret}${"y".repeat(100)}`)).toBe(
+      `${head}${REDACTED} … (line cut: only its first ${MAX_LINE_CHARS} characters are logged)`
+    )
+  })
+
+  it("never moves a secret the cut leaves partial into view, however many are replaced before it", () => {
+    // The secret 20 times (each replacement shorter than its form), then the secret across the splitter's own bound:
+    // a slice of the scrubbed text showed 38 of a 39-character secret (code review).
+    const long = "sk-ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+    const r = lineRedactor([long])
+    const many = `${`${long} `.repeat(20)}`
+    const pad = "z".repeat(MAX_LINE_CHARS + r.longest - many.length - 10)
+    const line = split(MAX_LINE_CHARS + r.longest, `${many}${pad}${long}${"y".repeat(100)}`)
+    const out = scrubbedLine(line[0] as OutputLine, r)
+    expect(out).not.toContain(long.slice(0, 6))
+    expect(out.startsWith(`${REDACTED} `.repeat(20))).toBe(true)
+  })
+
+  it("scrubs a cut JSON line (not put in canonical form) of a secret with every character escaped", () => {
+    const escaped = [...secret].map((c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`).join("")
+    for (const spelled of [escaped, escaped.toUpperCase().replaceAll("\\U", "\\u")])
+      expect(cut(`{"msg":"token ${spelled}","pad":"${"p".repeat(MAX_LINE_CHARS)}"}`)).toContain(`token ${REDACTED}`)
   })
 })

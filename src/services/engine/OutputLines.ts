@@ -10,6 +10,8 @@
  * rest dropped up to the line's end.
  */
 
+import type { Redactor } from "./Secrets.ts"
+
 /** The most characters of one engine line that are logged; the rest of a longer line is dropped. */
 export const MAX_LINE_CHARS = 16_384
 
@@ -32,23 +34,21 @@ export class LineSplitter {
     this.#maxChars = maxChars
   }
 
-  /** The lines that `text` completes (or cuts), in order. */
+  /** The lines that `text` completes (or cuts), in order. One scan of it (a RegExp's lastIndex moves on). */
   push(text: string): Array<OutputLine> {
     const out: Array<OutputLine> = []
-    let i = 0
-    if (this.#afterCr && text.startsWith("\n")) i = 1
+    const ends = /\r\n|\r|\n/g
+    ends.lastIndex = this.#afterCr && text.startsWith("\n") ? 1 : 0
     this.#afterCr = false
-    while (i < text.length) {
-      const lf = text.indexOf("\n", i)
-      const cr = text.indexOf("\r", i)
-      const end = lf === -1 ? cr : cr === -1 ? lf : Math.min(lf, cr)
-      this.#take(text.slice(i, end === -1 ? text.length : end), out)
-      if (end === -1) break
+    for (let i = ends.lastIndex; i < text.length; i = ends.lastIndex) {
+      const end = ends.exec(text)
+      this.#take(text.slice(i, end === null ? text.length : end.index), out)
+      if (end === null) break
       if (this.#dropping) this.#dropping = false
       else out.push({ text: this.#line, cut: false })
       this.#line = ""
-      if (text[end] === "\r" && end + 1 === text.length) this.#afterCr = true
-      i = text[end] === "\r" && text[end + 1] === "\n" ? end + 2 : end + 1
+      // a "\r" that ends the piece: a "\n" starting the next one is part of this line's end
+      if (end[0] === "\r" && ends.lastIndex === text.length) this.#afterCr = true
     }
     return out
   }
@@ -96,11 +96,11 @@ export const canonicalLine = (line: string): string => {
 }
 
 /**
- * A line ready to log and keep: scrubbed by `redact` in its canonical form; a cut one (which the splitter gave
- * `lookahead` characters past MAX_LINE_CHARS, at least the longest secret form's length, so that a secret across
- * the cut is whole when scrubbed) shortened to MAX_LINE_CHARS after scrubbing, and marked.
+ * A line ready to log and keep: scrubbed by `redact` in its canonical form; a cut one (which the splitter gave the
+ * longest secret form's length past MAX_LINE_CHARS, so that a secret that starts before the cut is whole) shown up to
+ * its MAX_LINE_CHARS-th character as it came, a secret across the cut replaced whole, and marked.
  */
-export const scrubbedLine = (line: OutputLine, redact: (text: string) => string): string =>
+export const scrubbedLine = (line: OutputLine, redact: Redactor): string =>
   line.cut
-    ? `${redact(line.text).slice(0, MAX_LINE_CHARS)} … (line cut: only its first ${MAX_LINE_CHARS} characters are logged)`
+    ? `${redact.head(line.text, MAX_LINE_CHARS)} … (line cut: only its first ${MAX_LINE_CHARS} characters are logged)`
     : redact(canonicalLine(line.text))

@@ -34,10 +34,24 @@ const upperHex = (escaped: string): string =>
 
 const pythonReprEscaped = (v: string): string => v.replaceAll("\\", "\\\\").replaceAll("'", "\\'")
 
+/** Every UTF-16 unit as `\uXXXX` (an encoder that escapes all, or a line written to hide a value). */
+const allEscaped = (v: string): string =>
+  Array.from({ length: v.length }, (_, i) => `\\u${v.charCodeAt(i).toString(16).padStart(4, "0")}`).join("")
+
 const escapedForms = (v: string): ReadonlyArray<string> => {
   const json = jsonEscaped(v)
   const ascii = asciiJsonEscaped(v)
-  return [json, json.replaceAll("/", "\\/"), ascii, upperHex(ascii), htmlSafeJsonEscaped(v), pythonReprEscaped(v)]
+  const all = allEscaped(v)
+  return [
+    json,
+    json.replaceAll("/", "\\/"),
+    ascii,
+    upperHex(ascii),
+    htmlSafeJsonEscaped(v),
+    all,
+    upperHex(all),
+    pythonReprEscaped(v)
+  ]
 }
 
 const percentForms = (v: string): ReadonlyArray<string> => {

@@ -229,11 +229,37 @@ export const lineRedactor = (secrets: Iterable<string>): Redactor => {
       for (const f of encodedForms(v, MIN_SCRUBBED_LENGTH)) values.add(f)
     }
   }
-  if (values.size === 0) return Object.assign((line: string) => line, { longest: 0 })
+  if (values.size === 0) return Object.assign((line: string) => line, { longest: 0, head: headOf(undefined) })
   const sorted = [...values].sort((a, b) => b.length - a.length)
   const any = new RegExp(sorted.map(escapeRegExp).join("|"), "g")
-  return Object.assign((line: string) => line.replace(any, REDACTED), { longest: sorted[0]?.length ?? 0 })
+  return Object.assign((line: string) => line.replace(any, REDACTED), {
+    longest: sorted[0]?.length ?? 0,
+    head: headOf(any)
+  })
 }
 
-/** Scrubs a line of the run's secrets; `longest`: the longest form it replaces (what a cut line must see past it). */
-export type Redactor = ((line: string) => string) & { readonly longest: number }
+/**
+ * Scrubs a line of the run's secrets. `longest`: the longest form it replaces. `head(text, limit)`: the line shown
+ * up to the character `limit` of `text` as it came, every secret that starts before it replaced whole (so `text`
+ * must hold `longest` characters past `limit`, where it is longer). What is shown is decided by positions in `text`:
+ * a slice of the scrubbed text would move the rest left by each replacement shorter than its secret, and a secret cut
+ * short at the text's end (not scrubbed) into view.
+ */
+export type Redactor = ((line: string) => string) & {
+  readonly longest: number
+  readonly head: (text: string, limit: number) => string
+}
+
+const headOf =
+  (any: RegExp | undefined) =>
+  (text: string, limit: number): string => {
+    if (any === undefined) return text.slice(0, limit)
+    let out = ""
+    let at = 0
+    for (const m of text.matchAll(any)) {
+      if (m.index >= limit) break
+      out += text.slice(at, m.index) + REDACTED
+      at = m.index + m[0].length
+    }
+    return out + text.slice(at, Math.max(at, limit))
+  }
