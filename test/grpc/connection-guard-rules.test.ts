@@ -14,6 +14,7 @@ import {
   PEER_FLOOD_MIN_BYTES,
   PEER_RESET_BURST,
   PEER_RESET_RATE,
+  peerFloodStep,
   refilled,
   resetMirror,
   resetStep,
@@ -119,6 +120,29 @@ describe("the flood rule", () => {
       b = step.bucket
     }
     expect(PEER_FLOOD_MIN_BYTES * 4).toBeLessThanOrEqual(4096)
+  })
+
+  it("a peer's flood closes its connections that wasted 1 KiB in the sample, or the mean if that is less", () => {
+    const full = fullBucket(0, PEER_FLOOD_LIMITS)
+    const burst = PEER_FLOOD_LIMITS.burstBytes
+    // within the bucket: nothing closed, whatever each wasted
+    expect(peerFloodStep(full, [burst / 2, 10], 0).close).toEqual([])
+    // past it: the big wasters, not the one that wasted a few bytes
+    expect(peerFloodStep(full, [burst, burst, 10, PEER_FLOOD_MIN_BYTES], 0).close).toEqual([0, 1, 3])
+    // 4,096 connections each wasting under the minimum (where max_connections_per_peer allows them): the mean
+    const many = Array.from({ length: 4096 }, (_, i) => (i === 7 ? 0 : 900))
+    const step = peerFloodStep({ left: 0, atMs: 0 }, many, 0)
+    expect(step.close).toHaveLength(4095)
+    expect(step.close).not.toContain(7)
+  })
+
+  it("a peer's bucket is never owed more than its burst: full again about 2 x burst / floor after the flood", () => {
+    let b = fullBucket(0, PEER_FLOOD_LIMITS)
+    for (let t = 250; t <= 60_000; t += 250) b = peerFloodStep(b, [64 << 20], t).bucket
+    expect(b.left).toBe(-PEER_FLOOD_LIMITS.burstBytes)
+    const back = 60_000 + (2 * PEER_FLOOD_LIMITS.burstBytes * 1000) / PEER_FLOOD_LIMITS.floorBytesPerSec
+    expect(refilled(b, back - 1000, PEER_FLOOD_LIMITS)).toBeLessThan(PEER_FLOOD_LIMITS.burstBytes)
+    expect(refilled(b, back, PEER_FLOOD_LIMITS)).toBe(PEER_FLOOD_LIMITS.burstBytes)
   })
 
   it("refills a bucket at the floor up to the burst; floodStep is wasteStep of a sample's waste", () => {

@@ -115,6 +115,32 @@ export const wasteStep = (
   return { bucket: { left, atMs: nowMs }, flood: left < 0 }
 }
 
+/**
+ * A peer's bucket after its open connections wasted `wastes` in one sample (at `nowMs`), and which of them to close:
+ * none while the bucket holds; past it, those that wasted PEER_FLOOD_MIN_BYTES or more, or the mean of `wastes` if
+ * less (thousands of connections each under the minimum, where max_connections_per_peer allows them, still flood).
+ * The bucket is never owed more than its burst: full again within about 2 x burst / floor of the flood's end (16 s
+ * at the defaults), not after every byte of it is paid back, which kept a NAT's routers closed for half an hour.
+ */
+export const peerFloodStep = (
+  bucket: FloodBucket,
+  wastes: ReadonlyArray<number>,
+  nowMs: number,
+  limits: FloodLimits = PEER_FLOOD_LIMITS
+): { readonly bucket: FloodBucket; readonly close: ReadonlyArray<number> } => {
+  let total = 0
+  for (const w of wastes) total += w
+  const step = wasteStep(bucket, total, nowMs, limits)
+  const after = { left: Math.max(step.bucket.left, -limits.burstBytes), atMs: nowMs }
+  if (!step.flood || wastes.length === 0) return { bucket: after, close: [] }
+  const least = Math.min(PEER_FLOOD_MIN_BYTES, total / wastes.length)
+  const close: Array<number> = []
+  wastes.forEach((w, i) => {
+    if (w >= least) close.push(i)
+  })
+  return { bucket: after, close }
+}
+
 /** A connection's bucket after `sample` (taken at `nowMs`). */
 export const floodStep = (bucket: FloodBucket, sample: ConnectionSample, nowMs: number, limits = FLOOD_LIMITS) =>
   wasteStep(bucket, wasted(sample), nowMs, limits)

@@ -26,9 +26,9 @@ import {
   fullBucket,
   headerListBytes,
   PEER_FLOOD_LIMITS,
-  PEER_FLOOD_MIN_BYTES,
   PEER_RESET_BURST,
   PEER_RESET_RATE,
+  peerFloodStep,
   REFUSAL_BURST,
   REFUSAL_RATE,
   type ResetMirror,
@@ -36,8 +36,7 @@ import {
   resetMirror,
   resetStep,
   STREAM_FRAME_BYTES,
-  wasted,
-  wasteStep
+  wasted
 } from "../../../services/grpc/FloodRule.ts"
 import { STREAM_RESET_BURST, STREAM_RESET_RATE } from "./Connections.ts"
 
@@ -289,26 +288,29 @@ export class Guard {
   }
 
   /**
-   * Steps each peer's bucket (PEER_FLOOD_LIMITS) by what its connections still open wasted in this sample; past it,
-   * those that wasted PEER_FLOOD_MIN_BYTES or more are closed, as a connection's own flood is, its peer cooled down.
-   * A peer's bucket is forgotten once it is full again.
+   * Steps each peer's bucket by what its connections still open wasted in this sample (FloodRule.ts peerFloodStep),
+   * closing those it names as a connection's own flood is, the peer cooled down; a bucket is forgotten once full.
    */
   #samplePeers(
     wasters: ReadonlyMap<string, ReadonlyArray<{ session: http2.Http2Session; waste: number }>>,
     now: number
   ) {
+    const limits = this.#peerFloodLimits
     for (const [peer, bucket] of this.#peerFlood)
-      if (!wasters.has(peer) && refilled(bucket, now, this.#peerFloodLimits) >= this.#peerFloodLimits.burstBytes)
-        this.#peerFlood.delete(peer)
+      if (!wasters.has(peer) && refilled(bucket, now, limits) >= limits.burstBytes) this.#peerFlood.delete(peer)
     for (const [peer, connections] of wasters) {
-      let waste = 0
-      for (const c of connections) waste += c.waste
-      const bucket = this.#peerFlood.get(peer) ?? fullBucket(now, this.#peerFloodLimits)
-      const step = wasteStep(bucket, waste, now, this.#peerFloodLimits)
+      const bucket = this.#peerFlood.get(peer) ?? fullBucket(now, limits)
+      const step = peerFloodStep(
+        bucket,
+        connections.map((c) => c.waste),
+        now,
+        limits
+      )
       this.#peerFlood.set(peer, step.bucket)
-      if (step.flood)
-        for (const c of connections)
-          if (c.waste >= PEER_FLOOD_MIN_BYTES) this.#close(c.session, peer, now, "frame_flood", c.waste)
+      for (const i of step.close) {
+        const c = connections[i]
+        if (c !== undefined) this.#close(c.session, peer, now, "frame_flood", c.waste)
+      }
     }
   }
 }
