@@ -102,6 +102,39 @@ describe("stateDirDistrust", () => {
       `${path.join(link, "kvcached.sock")} is in an untrusted directory: ${theirs}`
     )
   })
+
+  it("a link is judged with every directory above it, and through the links its own target passes", async () => {
+    const base = tempDir()
+    const real = path.join(base, "real")
+    fs.mkdirSync(real, { mode: 0o700 })
+    // a relative link of the agent's own, in its own directory: followed
+    const mine = path.join(base, "mine")
+    fs.mkdirSync(mine, { mode: 0o755 })
+    fs.symlinkSync("../real", path.join(mine, "state"))
+    expect(await stateDirDistrust(path.join(mine, "state"), uid)).toBeUndefined()
+    // its directory is fine, but one above it may be renamed by anyone (0777, not sticky): refused
+    const open = path.join(base, "open")
+    fs.mkdirSync(path.join(open, "inner"), { recursive: true, mode: 0o755 })
+    fs.chmodSync(open, 0o777)
+    fs.symlinkSync(real, path.join(open, "inner", "state"))
+    expect(await stateDirDistrust(path.join(open, "inner", "state"), uid)).toBe(
+      `${path.join(open, "inner", "state")} is a symbolic link others could replace: ${open} is writable by its group (mode 0777)`
+    )
+    // a loop is no finding here (the open fails apart)
+    fs.symlinkSync(path.join(mine, "loop"), path.join(mine, "loop"))
+    expect(await stateDirDistrust(path.join(mine, "loop"), uid)).toBeUndefined()
+    // a trusted link whose target passes through a link another user may repoint: refused, naming that one (needs
+    // root, to give a link away)
+    if (uid !== 0) return
+    const hop = path.join(base, "hop")
+    fs.mkdirSync(hop, { mode: 0o1777 })
+    fs.symlinkSync(real, path.join(hop, "theirs"))
+    fs.lchownSync(path.join(hop, "theirs"), 4242, 4242)
+    fs.symlinkSync(path.join(hop, "theirs"), path.join(mine, "via"))
+    expect(await stateDirDistrust(path.join(mine, "via"), uid)).toBe(
+      `${path.join(hop, "theirs")} is a symbolic link owned by uid 4242, not by the agent's user (uid 0) or root`
+    )
+  })
 })
 
 /** A Unix socket listening at `file` (closed after the test). */

@@ -106,31 +106,44 @@ export const stateDirDistrust = async (
   return chainDistrust(dir, uid, exists)
 }
 
+/** The most symbolic links one path may pass through, as Linux (path_resolution(7): ELOOP past 40). */
+const MAX_LINKS = 40
+
 /**
- * Why a symbolic link on the way to `target` (as configured, before any is resolved) is not trusted, or undefined:
- * each must be owned by `uid` or root, in a directory others cannot replace it in (the rule for the directories above
- * state_dir). The real directory's chain is checked apart; this is who can repoint the way there. Through another
- * user's link in /tmp (one they made first where a state_dir was still to be made), the agent wrote root's cordon
- * record and engine pid file into a directory that user owned once they repointed it (security re-check 26). Parts
- * that do not exist yet, and parts that cannot be examined, are no finding (making or opening them fails apart).
+ * Why a symbolic link on the way to `target` (as configured, walked component by component as the kernel resolves
+ * it, through each link's own target) is not trusted, or undefined: each must be owned by `uid` or root, in a
+ * directory that passes the rule for the directories above state_dir, as every directory above that one. The real
+ * directory's chain is checked apart; this is who can repoint the way there. Through another user's link in /tmp
+ * (one they made first where a state_dir was still to be made), the agent wrote root's cordon record and engine pid
+ * file into a directory that user owned once they repointed it (security re-check 26). Parts that do not exist yet,
+ * cannot be examined or loop are no finding (making or opening them fails apart).
  */
 const linkDistrust = async (target: string, uid: number): Promise<string | undefined> => {
-  let at = path.parse(path.resolve(target)).root
-  for (const part of path
-    .resolve(target)
-    .split(path.sep)
-    .filter((p) => p.length > 0)) {
+  const absolute = target.startsWith("/") ? target : `${process.cwd()}/${target}`
+  const todo = absolute.split("/").filter((p) => p.length > 0)
+  let at = "/"
+  for (let links = 0; todo.length > 0; ) {
+    const part = todo.shift() ?? ""
+    if (part === "." || part === "..") {
+      if (part === "..") at = path.dirname(at) // `at` holds no link: its parent is the real one
+      continue
+    }
     const next = path.join(at, part)
     const st = await fsp.lstat(next).catch(() => undefined)
     if (st === undefined) return undefined
-    if (st.isSymbolicLink()) {
-      if (st.uid !== uid && st.uid !== 0)
-        return `${next} is a symbolic link owned by uid ${st.uid}, not by the agent's user (uid ${uid}) or root`
-      const dir = await fsp.stat(at).catch(() => undefined)
-      const why = dir === undefined ? undefined : distrustOf(at, dir, uid, false)
-      if (why !== undefined) return `${next} is a symbolic link others could replace: ${why}`
+    if (!st.isSymbolicLink()) {
+      at = next
+      continue
     }
-    at = next
+    if (++links > MAX_LINKS) return undefined
+    if (st.uid !== uid && st.uid !== 0)
+      return `${next} is a symbolic link owned by uid ${st.uid}, not by the agent's user (uid ${uid}) or root`
+    const why = await chainDistrust(at, uid, false)
+    if (why !== undefined) return `${next} is a symbolic link others could replace: ${why}`
+    const dest = await fsp.readlink(next).catch(() => undefined)
+    if (dest === undefined) return undefined
+    todo.unshift(...dest.split("/").filter((p) => p.length > 0))
+    if (dest.startsWith("/")) at = "/"
   }
   return undefined
 }
