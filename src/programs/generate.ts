@@ -174,6 +174,8 @@ export const runGenerate = Effect.fn("generate")(function* (f: Flags) {
   const req = requestFromFlags(f)
   if (req instanceof GenerateFailed) return yield* req
   const serverName = Option.getOrUndefined(f.serverName)
+  if (serverName === "")
+    return yield* new GenerateFailed({ message: "--server-name: expected the name the agent's certificate holds" })
   if (serverName !== undefined && Option.isNone(f.ca))
     return yield* new GenerateFailed({ message: "--server-name is a TLS check: give --ca too" })
   const credentials = yield* loadClientCredentials(

@@ -108,5 +108,10 @@ describe("mTLS on the Agent gRPC server", () => {
     expect(otherName.code).not.toBe(0)
     expect(otherName.stderr).toMatch(/UNAVAILABLE/)
     expect([noCa.code, noCa.stderr]).toEqual([1, "cgn-agent: --server-name is a TLS check: give --ca too\n"])
+    const empty = await runGenerate(["--addr", address, ...mtls, "--server-name", "", "--prompt", "x"])
+    expect([empty.code, empty.stderr]).toEqual([
+      1,
+      "cgn-agent: --server-name: expected the name the agent's certificate holds\n"
+    ])
   })
 })
