@@ -25,7 +25,7 @@ import { groupAlive, KILL_WAIT_MS, pidAlive, signalGroup } from "./processGroup.
 const lines = (input: Readable, maxChars: number) =>
   Stream.fromAsyncIterable(
     (async function* () {
-      const decoder = new TextDecoder()
+      const decoder = new TextDecoder("utf-8", { ignoreBOM: true }) // a BOM is text the engine printed, as readline kept it
       const splitter = new LineSplitter(maxChars)
       for await (const chunk of input) yield* splitter.push(decoder.decode(chunk as Buffer, { stream: true }))
       yield* splitter.push(decoder.decode())
