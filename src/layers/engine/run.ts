@@ -25,7 +25,8 @@ import { groupAlive, KILL_WAIT_MS, pidAlive, signalGroup } from "./processGroup.
 const lines = (input: Readable, maxChars: number) =>
   Stream.fromAsyncIterable(
     (async function* () {
-      const decoder = new TextDecoder("utf-8", { ignoreBOM: true }) // a BOM is text the engine printed, as readline kept it
+      // A byte-order mark is text the engine printed: kept, as readline kept it.
+      const decoder = new TextDecoder("utf-8", { ignoreBOM: true })
       const splitter = new LineSplitter(maxChars)
       for await (const chunk of input) yield* splitter.push(decoder.decode(chunk as Buffer, { stream: true }))
       yield* splitter.push(decoder.decode())
