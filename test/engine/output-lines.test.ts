@@ -63,6 +63,20 @@ describe("scrubbedLine", () => {
       )
   })
 
+  it("scrubs a secret a JSON line holds in a JSON document or a repr inside one of its strings", () => {
+    const inner = JSON.stringify({ key: secret })
+    const line = JSON.stringify({ msg: `config: ${inner}`, f: { repr: `{'key': 'pa"ss&Word9'}` } })
+    const out = scrubbedLine({ text: line, cut: false }, redact)
+    expect(out).toBe(JSON.stringify({ msg: `config: {"key":"${REDACTED}"}`, f: { repr: `{'key': '${REDACTED}'}` } }))
+  })
+
+  it("leaves a JSON line whose bare number is a secret as text, the number scrubbed (written again it would round)", () => {
+    const r = lineRedactor(["12345678901234567890"])
+    expect(scrubbedLine({ text: '{"msg":"seed","seed":12345678901234567890}', cut: false }, r)).toBe(
+      `{"msg":"seed","seed":${REDACTED}}`
+    )
+  })
+
   const cut = (text: string) => {
     const line = split(MAX_LINE_CHARS + redact.longest, text)
     expect(line).toHaveLength(1)

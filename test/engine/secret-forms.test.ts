@@ -20,6 +20,8 @@ describe("encodedForms", () => {
   it("has the escapes other encoders write: upper-case hex (Jackson), <>& as Go's encoding/json escapes them", () => {
     expect(forms).toContain(`pa\\"ss\\\\wo/rd \\u00E9+ x!`)
     expect(encodedForms("Passw0rd&More<x>", 6)).toContain("Passw0rd\\u0026More\\u003cx\\u003e")
+    // PHP's json_encode default: `/` as `\/` and non-ASCII as \uXXXX together
+    expect(forms).toContain(`pa\\"ss\\\\wo\\/rd \\u00e9+ x!`)
   })
 
   it("has the percent forms in lower-case hex too, and with every byte encoded", () => {

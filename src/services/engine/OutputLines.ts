@@ -77,30 +77,42 @@ export class LineSplitter {
 const isPlainObject = (u: unknown): u is Record<string, unknown> =>
   typeof u === "object" && u !== null && !Array.isArray(u)
 
+/** `u` with every string in it (keys too) passed through `scrub`; deep input throws RangeError (the caller's catch). */
+const scrubStrings = (u: unknown, scrub: (s: string) => string): unknown => {
+  if (typeof u === "string") return scrub(u)
+  if (Array.isArray(u)) return u.map((v) => scrubStrings(v, scrub))
+  if (typeof u !== "object" || u === null) return u
+  const out: Record<string, unknown> = {}
+  for (const [k, v] of Object.entries(u)) out[scrub(k)] = scrubStrings(v, scrub)
+  return out
+}
+
 /**
- * A JSON object line as JSON.stringify writes it (every `\uXXXX` escape but those JSON needs decoded, one spelling
- * of each character), else the line as it is. The agent logs a JSON line's message and fields decoded
- * (layers/observability/Logging.ts engineOutput), so a secret the engine wrote with escapes of its own (`\u0041`,
- * Go's `\u0026`, upper-case hex) came out in plain text; scrubbed in this form, every spelling is the one the
- * redactor knows (its JSON-escaped form). A line too deeply nested to write again is left as it is (and logged as
- * text). Numbers past 2^53 lose digits, as the log's own decoding would.
+ * A JSON object line as JSON.stringify writes it, every string in it (keys too) scrubbed by `scrub` once decoded,
+ * else the line as it is. The agent logs a JSON line's message and fields decoded (layers/observability/Logging.ts
+ * engineOutput), so a secret the engine wrote with escapes of its own (`\u0041`, Go's `\u0026`, upper-case hex) came
+ * out in plain text, and one inside a JSON document or a repr held in a string in its escaped form. Give it a line
+ * already scrubbed as it came: a secret printed as a bare number is then no JSON, and the line stays text (written
+ * again, a number past 2^53 would show most of its digits). A line too deeply nested to write again stays as it is
+ * (and is logged as text).
  */
-export const canonicalLine = (line: string): string => {
+export const canonicalLine = (line: string, scrub: (s: string) => string = (s) => s): string => {
   if (!line.startsWith("{")) return line
   try {
     const parsed: unknown = JSON.parse(line)
-    return isPlainObject(parsed) ? JSON.stringify(parsed) : line
+    return isPlainObject(parsed) ? JSON.stringify(scrubStrings(parsed, scrub)) : line
   } catch {
     return line
   }
 }
 
 /**
- * A line ready to log and keep: scrubbed by `redact` in its canonical form; a cut one (which the splitter gave the
- * longest secret form's length past MAX_LINE_CHARS, so that a secret that starts before the cut is whole) shown up to
- * its MAX_LINE_CHARS-th character as it came, a secret across the cut replaced whole, and marked.
+ * A line ready to log and keep: scrubbed by `redact` as it came, then in its canonical form (a JSON line's strings
+ * scrubbed decoded too); a cut one (which the splitter gave the longest secret form's length past MAX_LINE_CHARS, so
+ * that a secret that starts before the cut is whole) shown up to its MAX_LINE_CHARS-th character as it came, a secret
+ * across the cut replaced whole, and marked.
  */
 export const scrubbedLine = (line: OutputLine, redact: Redactor): string =>
   line.cut
     ? `${redact.head(line.text, MAX_LINE_CHARS)} … (line cut: only its first ${MAX_LINE_CHARS} characters are logged)`
-    : redact(canonicalLine(line.text))
+    : redact(canonicalLine(redact(line.text), redact))

@@ -46,6 +46,7 @@ const escapedForms = (v: string): ReadonlyArray<string> => {
     json,
     json.replaceAll("/", "\\/"),
     ascii,
+    ascii.replaceAll("/", "\\/"),
     upperHex(ascii),
     htmlSafeJsonEscaped(v),
     all,
