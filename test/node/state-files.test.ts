@@ -8,7 +8,7 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { Effect } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
-import { pidFilePath, readPidFile, writePidFile } from "../../src/layers/engine/pidFile.ts"
+import { ensureStateDir, pidFilePath, readPidFile, writePidFile } from "../../src/layers/engine/pidFile.ts"
 import { cordonFilePath } from "../../src/layers/node/Cordon.ts"
 import { writeDurably } from "../../src/layers/node/durableFile.ts"
 import {
@@ -146,6 +146,19 @@ const listenAt = async (file: string) => {
 const servers: Array<net.Server> = []
 afterEach(async () => {
   for (const s of servers.splice(0)) await new Promise((resolve) => s.close(resolve))
+})
+
+describe("a state_dir with .. after a link", () => {
+  it("is made where the agent's files go (.. taken as path.join takes it), not through the link", async () => {
+    const base = tempDir()
+    fs.mkdirSync(path.join(base, "other", "sub"), { recursive: true, mode: 0o700 })
+    fs.symlinkSync(path.join(base, "other", "sub"), path.join(base, "lnk"))
+    const stateDir = `${base}/lnk/../state`
+    await Effect.runPromise(ensureStateDir(stateDir))
+    expect(fs.statSync(path.join(base, "state")).isDirectory()).toBe(true)
+    expect(fs.existsSync(path.join(base, "other", "state"))).toBe(false)
+    expect(pidFilePath(stateDir)).toBe(path.join(base, "state", "engine.pid"))
+  })
 })
 
 describe("socketDistrust (kv.uds: whoever listens there gets the KV events)", () => {

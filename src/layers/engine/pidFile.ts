@@ -136,7 +136,9 @@ const STATE_DIR_TIMEOUT_MS = 10_000
  */
 export const ensureStateDir = (stateDir: string): Effect.Effect<void, EngineProcessError> =>
   Effect.tryPromise({
-    try: () => makeDirs(stateDir, fs, DIR_MODE),
+    // Resolved as path.join resolves the names of the files in it: a `..` after a link in state_dir made the
+    // directory through the link while the files went to the lexical path (a re-check's stray directory).
+    try: () => makeDirs(path.resolve(stateDir), fs, DIR_MODE),
     catch: (err) =>
       new EngineProcessError({
         reason: "StateDir",

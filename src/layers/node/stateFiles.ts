@@ -119,8 +119,12 @@ const MAX_LINKS = 40
  * cannot be examined or loop are no finding (making or opening them fails apart).
  */
 const linkDistrust = async (target: string, uid: number): Promise<string | undefined> => {
-  const absolute = target.startsWith("/") ? target : `${process.cwd()}/${target}`
-  const todo = absolute.split("/").filter((p) => p.length > 0)
+  // `..` in the configured path taken as path.join takes it (lexically), as every file the agent opens there is
+  // named; `..` in a link's target as the kernel takes it (from the real directory reached).
+  const todo = path
+    .resolve(target)
+    .split("/")
+    .filter((p) => p.length > 0)
   let at = "/"
   for (let links = 0; todo.length > 0; ) {
     const part = todo.shift() ?? ""
