@@ -4,7 +4,10 @@ import { describe, expect, it } from "vitest"
 import {
   canonicalLine,
   LineSplitter,
+  LOGGED_LINES_BURST,
+  LOGGED_LINES_PER_SEC,
   MAX_LINE_CHARS,
+  OutputBudget,
   type OutputLine,
   scrubbedLine
 } from "../../src/services/engine/OutputLines.ts"
@@ -107,5 +110,33 @@ describe("scrubbedLine", () => {
     const escaped = [...secret].map((c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`).join("")
     for (const spelled of [escaped, escaped.toUpperCase().replaceAll("\\U", "\\u")])
       expect(cut(`{"msg":"token ${spelled}","pad":"${"p".repeat(MAX_LINE_CHARS)}"}`)).toContain(`token ${REDACTED}`)
+  })
+})
+
+describe("OutputBudget", () => {
+  it("logs the burst at once, then the rate, and counts the others at most once a second", () => {
+    const b = new OutputBudget()
+    const take = (n: number, at: number) => {
+      let logged = 0
+      const counts: Array<number> = []
+      for (let i = 0; i < n; i++) {
+        const t = b.take(at)
+        if (t.log) logged++
+        if (t.dropped !== undefined) counts.push(t.dropped)
+      }
+      return { logged, counts }
+    }
+    expect(take(LOGGED_LINES_BURST + 500, 0)).toEqual({ logged: LOGGED_LINES_BURST, counts: [] })
+    expect(b.due(999)).toBeUndefined()
+    // half a second later: half the rate logged, the rest counted with the 500 before, a second after the first
+    expect(take(1_000, 500)).toEqual({ logged: LOGGED_LINES_PER_SEC / 2, counts: [] })
+    expect(b.due(1_000)).toBe(1_000)
+    expect(b.due(1_500)).toBeUndefined()
+    // a line a second later is logged; nothing pending, nothing counted
+    expect(take(1, 2_000)).toEqual({ logged: 1, counts: [] })
+    // a flood that goes on (1,499 left at 2 s, 2,499 at 3 s): 2,501 not logged, counted with a line a second later
+    expect(take(5_000, 3_000)).toEqual({ logged: 2_499, counts: [] })
+    expect(take(1, 4_000)).toEqual({ logged: 1, counts: [2_501] })
+    expect(b.flush()).toBe(0)
   })
 })

@@ -6,7 +6,7 @@ import { execFileSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { Deferred, Effect, Exit, Scope } from "effect"
+import { Deferred, Effect, Exit, Logger, Scope } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
 import { pidAlive } from "../../src/layers/engine/processGroup.ts"
 import { spawnRun } from "../../src/layers/engine/run.ts"
@@ -121,5 +121,44 @@ describe("an engine run's last lines", () => {
     expect(lines).toHaveLength(10)
     expect(lines[0]).toBe("[stdout] ValueError: No available memory for the cache blocks.")
     expect(lines.at(-1)).toBe("[stderr]   File x.py, line 59")
+  }, 30_000)
+})
+
+describe("an engine run that floods its output", () => {
+  it("logs its first 10,000 lines, then 1,000 a second, and counts the others once a second while it is quiet", async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-flood-"))
+    cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }))
+    // 30,000 lines ended by "\r" at once (a progress bar redrawn with no pause), then quiet until stopped.
+    const engine = path.join(dir, "engine.mjs")
+    fs.writeFileSync(engine, `process.stderr.write("42%\\r".repeat(30000), () => setInterval(() => {}, 1 << 30))\n`)
+    const plan = { argv: [process.execPath, engine], env: {} } as unknown as LaunchPlan
+    const logs: Array<string> = []
+    const logger = Logger.make(({ message }) => {
+      for (const m of [message].flat()) if (typeof m === "string") logs.push(m)
+    })
+    const kept = await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const run = yield* spawnRun(guardEntry())(plan, { run: 0, graceMs: 200, linesKept: 5 })
+          const count = (l: string) => Number(/^engine output: (\d+) line/.exec(l)?.[1] ?? 0)
+          // every line either logged or counted: the count comes a second after the flood, the engine quiet
+          yield* Effect.promise(() =>
+            pollUntil(
+              "the flood's lines logged or counted",
+              () => logs.filter((l) => l === "42%").length + logs.reduce((n, l) => n + count(l), 0) === 30_000,
+              10_000,
+              20
+            )
+          )
+          return yield* run.lastLines
+        })
+      ).pipe(Effect.provide(Logger.layer([logger])))
+    )
+    const logged = logs.filter((l) => l === "42%").length
+    expect(logged).toBeGreaterThanOrEqual(10_000)
+    expect(logged).toBeLessThan(15_000)
+    expect(logs.filter((l) => l.startsWith("engine output: ")).length).toBeLessThanOrEqual(2)
+    // /status's last lines are the flood's last, whatever was logged
+    expect(kept).toEqual(Array(5).fill("[stderr] 42%"))
   }, 30_000)
 })

@@ -8,31 +8,46 @@
  */
 import { type ChildProcess, spawn } from "node:child_process"
 import type { Readable } from "node:stream"
-import { Clock, Deferred, Effect, FiberSet, Ref, type Scope, Stream } from "effect"
+import { Clock, Deferred, Duration, Effect, FiberSet, Ref, Schedule, type Scope, Stream } from "effect"
 import type { LaunchPlan } from "../../services/engine/Engine.ts"
 import { engineEnvironment } from "../../services/engine/EngineEnvironment.ts"
 import { type EngineRun, type RunExit, type SpawnOptions, valueIfDone } from "../../services/engine/EngineHost.ts"
 import { type KeptLine, keepLine } from "../../services/engine/ExitHints.ts"
 import { buildGuardArgs, decodeReport, REPORT_FD, type StopOutcome } from "../../services/engine/GuardProtocol.ts"
-import { LineSplitter, MAX_LINE_CHARS, type OutputLine, scrubbedLine } from "../../services/engine/OutputLines.ts"
+import {
+  LineSplitter,
+  LOGGED_LINES_BURST,
+  LOGGED_LINES_PER_SEC,
+  MAX_LINE_CHARS,
+  OutputBudget,
+  type OutputLine,
+  scrubbedLine
+} from "../../services/engine/OutputLines.ts"
 import { lineRedactor, secretValues } from "../../services/engine/Secrets.ts"
 import { engineOutput } from "../observability/Logging.ts"
 import { pollUntil } from "./groupWait.ts"
 import { portHolder } from "./portHolder.ts"
 import { groupAlive, KILL_WAIT_MS, pidAlive, signalGroup } from "./processGroup.ts"
 
-/** `input`'s lines, each at most `maxChars` characters (services/engine/OutputLines.ts); a stream error ends them. */
+/**
+ * `input`'s lines, each at most `maxChars` characters (services/engine/OutputLines.ts), those of each chunk read
+ * together (one step per chunk, not per line: a flood of short lines is thousands a chunk); a stream error ends them.
+ */
 const lines = (input: Readable, maxChars: number) =>
   Stream.fromAsyncIterable(
     (async function* () {
       // A byte-order mark is text the engine printed: kept, as readline kept it.
       const decoder = new TextDecoder("utf-8", { ignoreBOM: true })
       const splitter = new LineSplitter(maxChars)
-      for await (const chunk of input) yield* splitter.push(decoder.decode(chunk as Buffer, { stream: true }))
-      yield* splitter.push(decoder.decode())
-      yield* splitter.end()
+      for await (const chunk of input) yield splitter.push(decoder.decode(chunk as Buffer, { stream: true }))
+      yield [...splitter.push(decoder.decode()), ...splitter.end()]
     })(),
     (e) => e
+  )
+
+const notLogged = (n: number) =>
+  Effect.logWarning(
+    `engine output: ${n} line(s) not logged (more than ${LOGGED_LINES_PER_SEC} a second after ${LOGGED_LINES_BURST} at once); /status keeps the last lines`
   )
 
 /**
@@ -185,24 +200,49 @@ export const spawnRun =
         return Effect.void
       }
       const reports =
-        report === null ? Effect.void : lines(report, MAX_LINE_CHARS).pipe(Stream.runForEach(onReport), Effect.ignore)
-      yield* FiberSet.run(fibers, Effect.ensuring(reports, Deferred.succeed(reportDone, undefined)))
-
-      const pump = (stream: "stdout" | "stderr", input: Readable | null) =>
-        input === null
+        report === null
           ? Effect.void
-          : lines(input, MAX_LINE_CHARS + redact.longest).pipe(
-              Stream.runForEach((raw) => {
-                const line = scrubbedLine(raw, redact)
-                return Ref.update(ring, (xs) =>
-                  keepLine(xs, `[${stream}] ${line}`, options.linesKept, plan.exitHints)
-                ).pipe(
-                  Effect.andThen(Effect.logInfo(...engineOutput(line))),
-                  Effect.annotateLogs({ stream, run: options.run })
-                )
-              }),
+          : lines(report, MAX_LINE_CHARS).pipe(
+              Stream.runForEach((batch) => Effect.forEach(batch, onReport, { discard: true })),
               Effect.ignore
             )
+      yield* FiberSet.run(fibers, Effect.ensuring(reports, Deferred.succeed(reportDone, undefined)))
+
+      const pump = (stream: "stdout" | "stderr", input: Readable | null) => {
+        if (input === null) return Effect.void
+        const budget = new OutputBudget()
+        const batchDone = (batch: ReadonlyArray<OutputLine>) =>
+          Effect.flatMap(Clock.currentTimeMillis, (now) => {
+            const shown = batch.map((raw) => scrubbedLine(raw, redact))
+            const logs: Array<Effect.Effect<void>> = []
+            for (const line of shown) {
+              const { log, dropped } = budget.take(now)
+              if (dropped !== undefined) logs.push(notLogged(dropped))
+              if (log) logs.push(Effect.logInfo(...engineOutput(line)))
+            }
+            return Ref.update(ring, (xs) =>
+              shown.reduce((kept, line) => keepLine(kept, `[${stream}] ${line}`, options.linesKept, plan.exitHints), xs)
+            ).pipe(Effect.andThen(Effect.all(logs, { discard: true })))
+          })
+        // lines not logged are counted once a second also while the engine is quiet after a flood
+        const countDue = Effect.flatMap(Clock.currentTimeMillis, (now) => {
+          const dropped = budget.due(now)
+          return dropped === undefined ? Effect.void : notLogged(dropped)
+        }).pipe(Effect.repeat(Schedule.spaced(Duration.seconds(1))))
+        return lines(input, MAX_LINE_CHARS + redact.longest).pipe(
+          Stream.mergeEffect(countDue),
+          Stream.runForEach(batchDone),
+          // what was not logged when the output ends (the engine went quiet, or exited)
+          Effect.ensuring(
+            Effect.suspend(() => {
+              const dropped = budget.flush()
+              return dropped > 0 ? notLogged(dropped) : Effect.void
+            })
+          ),
+          Effect.annotateLogs({ stream, run: options.run }),
+          Effect.ignore
+        )
+      }
       yield* FiberSet.run(fibers, pump("stdout", child.stdout))
       yield* FiberSet.run(fibers, pump("stderr", child.stderr))
 

@@ -74,6 +74,55 @@ export class LineSplitter {
   }
 }
 
+/** Engine lines logged at once, then per second: an engine may print its start-up's hundreds at once. */
+export const LOGGED_LINES_BURST = 10_000
+export const LOGGED_LINES_PER_SEC = 1_000
+
+/**
+ * Which engine lines are logged: LOGGED_LINES_BURST at once, then LOGGED_LINES_PER_SEC (a token bucket); the others
+ * are kept for /status but not logged, and counted. An engine that redrew a progress bar 500,000 times at once (lines
+ * ended by "\r") took 3 s of the agent's CPU, most of it logging lines a collector could not take anyway (the log's
+ * backlog bound dropped two thirds of them). `take` says whether a line is logged and, when due, how many were not
+ * (at most once a second: a second or more after the first one not logged since the last count; `due` says so
+ * between lines); `flush` what is left at the output's end. Pure: the caller passes the time (ms).
+ */
+export class OutputBudget {
+  #left = LOGGED_LINES_BURST
+  #at: number | undefined
+  #dropped = 0
+  /** When the first line not logged since the last count came. */
+  #droppedSince = 0
+
+  take(nowMs: number): { readonly log: boolean; readonly dropped?: number } {
+    const since = this.#at === undefined ? 0 : Math.max(0, nowMs - this.#at)
+    this.#left = Math.min(LOGGED_LINES_BURST, this.#left + (since / 1000) * LOGGED_LINES_PER_SEC)
+    this.#at = nowMs
+    const log = this.#left >= 1
+    if (log) this.#left -= 1
+    else {
+      if (this.#dropped === 0) this.#droppedSince = nowMs
+      this.#dropped += 1
+    }
+    const dropped = this.due(nowMs)
+    return dropped === undefined ? { log } : { log, dropped }
+  }
+
+  /**
+   * The count of lines not logged, when one is due at `nowMs` (a second or more after the first of them; then none
+   * are pending): also asked on a timer, since an engine that goes quiet after a flood takes no more lines.
+   */
+  due(nowMs: number): number | undefined {
+    return this.#dropped === 0 || nowMs - this.#droppedSince < 1000 ? undefined : this.flush()
+  }
+
+  /** The lines not logged and not yet reported (then none are). */
+  flush(): number {
+    const dropped = this.#dropped
+    this.#dropped = 0
+    return dropped
+  }
+}
+
 const isPlainObject = (u: unknown): u is Record<string, unknown> =>
   typeof u === "object" && u !== null && !Array.isArray(u)
 
