@@ -79,6 +79,9 @@ describe("engineOutput", () => {
       { engine_fields: { ts: "t", port: 8000 } }
     ])
     expect(engineOutput('{"message":"up"}')).toEqual(["up"])
+    // a key that is not the message stays a field, whatever its name
+    expect(engineOutput('{"message":"up","msg":5}')).toEqual(["up", { engine_fields: { msg: 5 } }])
+    expect(engineOutput('{"level":"info","n":1}')).toEqual(['{"level":"info","n":1}'])
     expect(engineOutput("{not json")).toEqual(["{not json"])
     expect(engineOutput("[1,2]")).toEqual(["[1,2]"])
   })

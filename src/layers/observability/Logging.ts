@@ -194,9 +194,11 @@ export const engineOutput = (line: string): readonly [string, Record<string, unk
   } catch {
     return [line]
   }
-  const { msg, message, ...rest } = parsed
-  const text = typeof msg === "string" ? msg : typeof message === "string" ? message : line
-  return Object.keys(rest).length === 0 ? [text] : [text, { engine_fields: rest }]
+  // The message is `msg`, else `message`, when a string; the object's every other key stays a field.
+  const key = typeof parsed.msg === "string" ? "msg" : typeof parsed.message === "string" ? "message" : undefined
+  if (key === undefined) return [line]
+  const { [key]: text, ...rest } = parsed
+  return Object.keys(rest).length === 0 ? [String(text)] : [String(text), { engine_fields: rest }]
 }
 
 const dropLine = (): void => {}
