@@ -10,7 +10,6 @@ import * as Logging from "../../src/layers/observability/Logging.ts"
 import {
   droppedLogLines,
   effectiveLevel,
-  engineOutput,
   jsonLines,
   logRecord,
   MAX_LOG_BACKLOG_CHARS
@@ -63,34 +62,6 @@ describe("logRecord", () => {
       error: "boom",
       cause: "Error: boom\n    at x"
     })
-  })
-})
-
-describe("engineOutput", () => {
-  it("a text line is the msg as it is", () => {
-    expect(engineOutput("INFO 12-02 10:00:00 [api_server.py:1] Starting vLLM API server")).toEqual([
-      "INFO 12-02 10:00:00 [api_server.py:1] Starting vLLM API server"
-    ])
-  })
-
-  it("a JSON object line: its msg is the msg, its other keys nested (not escaped in a string)", () => {
-    expect(engineOutput('{"ts":"t","msg":"listening","port":8000}')).toEqual([
-      "listening",
-      { engine_fields: { ts: "t", port: 8000 } }
-    ])
-    expect(engineOutput('{"message":"up"}')).toEqual(["up"])
-    // a key that is not the message stays a field, whatever its name
-    expect(engineOutput('{"message":"up","msg":5}')).toEqual(["up", { engine_fields: { msg: 5 } }])
-    expect(engineOutput('{"level":"info","n":1}')).toEqual(['{"level":"info","n":1}'])
-    expect(engineOutput("{not json")).toEqual(["{not json"])
-    expect(engineOutput("[1,2]")).toEqual(["[1,2]"])
-  })
-
-  it("a JSON line not in its canonical form (escapes the secrets' scrub did not read), or too deep, stays text", () => {
-    expect(engineOutput('{"msg":"\\u0041"}')).toEqual(['{"msg":"\\u0041"}'])
-    expect(engineOutput('{"msg": "spaced"}')).toEqual(['{"msg": "spaced"}'])
-    const deep = `{"msg":"engine Ready -> Unhealthy","x":${"[".repeat(20_000)}${"]".repeat(20_000)}}`
-    expect(engineOutput(deep)).toEqual([deep])
   })
 })
 

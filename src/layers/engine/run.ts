@@ -1,10 +1,11 @@
 /**
  * One run of the engine, spawned through the orphan guard (the program at `guardEntry`, which the daemon passes
- * in: layers never reach programs): logs every output line (annotated stream=stdout|stderr, run=N) and keeps the
- * last lines for forensics, and turns the guard's reports into a pid and an exit status. The run is a resource of
- * the caller's scope: its release has the guard stop the whole group (one TERM, grace, KILL, confirmed gone) and
- * waits for it, every step bounded on Effect's Clock; nothing waits on stdio. The pumps and the child's event
- * handlers run as fibers of one FiberSet of that scope, so nothing outlives the run.
+ * in: layers never reach programs): logs its output lines (annotated stream=stdout|stderr, run=N; a flood's past a
+ * budget counted, services/engine/OutputLines.ts) and keeps the last lines for forensics, and turns the guard's
+ * reports into a pid and an exit status. The run is a resource of the caller's scope: its release has the guard
+ * stop the whole group (one TERM, grace, KILL, confirmed gone) and waits for it, every step bounded on Effect's
+ * Clock; nothing waits on stdio. The pumps and the child's event handlers run as fibers of one FiberSet of that
+ * scope, so nothing outlives the run.
  */
 import { type ChildProcess, spawn } from "node:child_process"
 import type { Readable } from "node:stream"
@@ -20,11 +21,10 @@ import {
   LOGGED_LINES_PER_SEC,
   MAX_LINE_CHARS,
   OutputBudget,
-  type OutputLine,
-  scrubbedLine
+  type OutputLine
 } from "../../services/engine/OutputLines.ts"
 import { lineRedactor, secretValues } from "../../services/engine/Secrets.ts"
-import { engineOutput } from "../observability/Logging.ts"
+import { shownLine } from "../../services/engine/ShownLine.ts"
 import { pollUntil } from "./groupWait.ts"
 import { portHolder } from "./portHolder.ts"
 import { groupAlive, KILL_WAIT_MS, pidAlive, signalGroup } from "./processGroup.ts"
@@ -213,15 +213,17 @@ export const spawnRun =
         const budget = new OutputBudget()
         const batchDone = (batch: ReadonlyArray<OutputLine>) =>
           Effect.flatMap(Clock.currentTimeMillis, (now) => {
-            const shown = batch.map((raw) => scrubbedLine(raw, redact))
+            const shown = batch.map((raw) => shownLine(raw, redact))
             const logs: Array<Effect.Effect<void>> = []
             for (const line of shown) {
               const { log, dropped } = budget.take(now)
               if (dropped !== undefined) logs.push(notLogged(dropped))
-              if (log) logs.push(Effect.logInfo(...engineOutput(line)))
+              if (!log) continue
+              if (line.fields === undefined) logs.push(Effect.logInfo(line.message))
+              else logs.push(Effect.logInfo(line.message, { engine_fields: line.fields }))
             }
             return Ref.update(ring, (xs) =>
-              shown.reduce((kept, line) => keepLine(kept, `[${stream}] ${line}`, options.linesKept, plan.exitHints), xs)
+              shown.reduce((kept, l) => keepLine(kept, `[${stream}] ${l.text}`, options.linesKept, plan.exitHints), xs)
             ).pipe(Effect.andThen(Effect.all(logs, { discard: true })))
           })
         // lines not logged are counted once a second also while the engine is quiet after a flood

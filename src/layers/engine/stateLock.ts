@@ -198,7 +198,7 @@ const sweepLeftovers = (stateDir: string, file: string) =>
     const now = yield* Clock.currentTimeMillis
     const prefix = `${path.basename(file)}.`
     const removed = yield* Effect.promise(async () => {
-      const names = await fs.readdir(stateDir).catch(() => [] as Array<string>)
+      const names = await fs.readdir(path.resolve(stateDir)).catch(() => [] as Array<string>)
       const gone: Array<string> = []
       for (const name of names.filter((n) => n.startsWith(prefix))) {
         const at = path.join(stateDir, name)

@@ -10,6 +10,8 @@
  * encode (a record the wire schema refuses) is never resent as it is: it would fail the same way every time and
  * hold back everything after it, so its bad records become decode Resyncs first. Never fails.
  */
+
+import * as path from "node:path"
 import * as NodeSocket from "@effect/platform-node/NodeSocket"
 import { Deferred, Effect, Exit, Layer, Schedule } from "effect"
 import { RpcClient, RpcSerialization } from "effect/rpc"
@@ -95,7 +97,10 @@ const session = (o: LinkOptions, onUp: Effect.Effect<void>, progressed: Effect.E
     // Whoever listens there gets the node's KV events: only a socket of the agent's user or root, in a directory
     // others cannot take it over in (stateFiles.ts). Refused like a failed connect: retried with the backoff, as the
     // real kvcached may bind it later.
-    const distrust = yield* Effect.promise(() => socketDistrust(o.path))
+    // The path as judged is the path connected to: a `..` after a link, resolved by the kernel through the link, could
+    // reach a socket the check never saw (a review), so both take it as path.resolve does.
+    const sock = path.resolve(o.path)
+    const distrust = yield* Effect.promise(() => socketDistrust(sock))
     if (distrust !== undefined) return yield* Effect.fail(new Error(`kv.uds ${distrust}: not connecting`))
     const disconnected = yield* Deferred.make<void>()
     const protocol = RpcClient.layerProtocolSocket({
@@ -103,7 +108,7 @@ const session = (o: LinkOptions, onUp: Effect.Effect<void>, progressed: Effect.E
       retryPolicy: Schedule.recurs(0),
       pingInterval: o.pingIntervalMs ?? 5_000
     }).pipe(
-      Layer.provide(NodeSocket.layerNet({ path: o.path })),
+      Layer.provide(NodeSocket.layerNet({ path: sock })),
       Layer.provide(RpcSerialization.layerNdjson),
       Layer.provide(
         Layer.succeed(RpcClient.ConnectionHooks, {

@@ -3,7 +3,7 @@
  * `{"ts":"<ISO>","level":"info","msg":"<text>", ...flat fields}`. Fields come from the log call's objects
  * (`Effect.logInfo("text", { key: value })`) and from log annotations; a failure's cause is `cause`. No
  * fiber ids or log spans: they mean nothing to an operator. Engine output lines are
- * `{msg: <line>, engine, stream, run}` (see `engineOutput`).
+ * `{msg: <line>, engine, stream, run}` (services/engine/ShownLine.ts).
  *
  * The level: `--log-level` on the command line, else CGN_LOG_LEVEL, else `[agent].log_level`.
  */
@@ -176,30 +176,6 @@ export const jsonLines = (
       )
     )
   })
-
-/**
- * One line of the engine's own output as log-call arguments: the line is `msg`. An engine that logs JSON
- * objects (the simulator; vLLM with a JSON logging config) gets its object's `msg`/`message` as `msg` and
- * its other keys under `engine_fields`, so the object is nested JSON, not a string escaped inside a string.
- */
-export const engineOutput = (line: string): readonly [string, Record<string, unknown>?] => {
-  if (!line.startsWith("{")) return [line]
-  let parsed: unknown
-  try {
-    parsed = JSON.parse(line)
-    // Only a line in its canonical form (services/engine/OutputLines.ts canonicalLine), as the run's secrets were
-    // scrubbed from it: decoding another would turn escapes the scrub did not know into plain text. One too deep to
-    // write again is text too: its fields would not serialize, and the log line would lose its annotations.
-    if (!isPlainObject(parsed) || JSON.stringify(parsed) !== line) return [line]
-  } catch {
-    return [line]
-  }
-  // The message is `msg`, else `message`, when a string; the object's every other key stays a field.
-  const key = typeof parsed.msg === "string" ? "msg" : typeof parsed.message === "string" ? "message" : undefined
-  if (key === undefined) return [line]
-  const { [key]: text, ...rest } = parsed
-  return Object.keys(rest).length === 0 ? [String(text)] : [String(text), { engine_fields: rest }]
-}
 
 const dropLine = (): void => {}
 

@@ -1,16 +1,14 @@
 /**
  * The engine's output, as lines the agent logs and keeps for /status: split as Node's readline splits them (at "\n",
- * "\r" and "\r\n": a progress bar redrawn with "\r" is one line per redraw), but with each line bounded, and a JSON
- * line put in its canonical form before the run's secrets are scrubbed from it. Pure; the run's pumps
- * (layers/engine/run.ts) feed it decoded text.
+ * "\r" and "\r\n": a progress bar redrawn with "\r" is one line per redraw), but with each line bounded, and how
+ * many are logged (OutputBudget). What a line shows, scrubbed of the run's secrets, is ShownLine.ts's. Pure; the run's
+ * pumps (layers/engine/run.ts) feed it decoded text.
  *
  * Bounded: readline keeps a line until its end, so an engine that printed 560 MiB with no newline (a binary dump, a
  * bug) ended the agent with an uncaught `RangeError: Invalid string length` from readline, and 400 MiB cost 2.7 GB of
  * memory (a security re-check). Now a line is cut at MAX_LINE_CHARS: its head is logged at once with a marker, the
  * rest dropped up to the line's end.
  */
-
-import type { Redactor } from "./Secrets.ts"
 
 /** The most characters of one engine line that are logged; the rest of a longer line is dropped. */
 export const MAX_LINE_CHARS = 16_384
@@ -112,6 +110,8 @@ export class OutputBudget {
    * are pending): also asked on a timer, since an engine that goes quiet after a flood takes no more lines.
    */
   due(nowMs: number): number | undefined {
+    // the wall clock stepped back: a second from now (a step back of an hour kept the count back an hour)
+    if (nowMs < this.#droppedSince) this.#droppedSince = nowMs
     return this.#dropped === 0 || nowMs - this.#droppedSince < 1000 ? undefined : this.flush()
   }
 
@@ -122,46 +122,3 @@ export class OutputBudget {
     return dropped
   }
 }
-
-const isPlainObject = (u: unknown): u is Record<string, unknown> =>
-  typeof u === "object" && u !== null && !Array.isArray(u)
-
-/** `u` with every string in it (keys too) passed through `scrub`; deep input throws RangeError (the caller's catch). */
-const scrubStrings = (u: unknown, scrub: (s: string) => string): unknown => {
-  if (typeof u === "string") return scrub(u)
-  if (Array.isArray(u)) return u.map((v) => scrubStrings(v, scrub))
-  if (typeof u !== "object" || u === null) return u
-  const out: Record<string, unknown> = {}
-  for (const [k, v] of Object.entries(u)) out[scrub(k)] = scrubStrings(v, scrub)
-  return out
-}
-
-/**
- * A JSON object line as JSON.stringify writes it, every string in it (keys too) scrubbed by `scrub` once decoded,
- * else the line as it is. The agent logs a JSON line's message and fields decoded (layers/observability/Logging.ts
- * engineOutput), so a secret the engine wrote with escapes of its own (`\u0041`, Go's `\u0026`, upper-case hex) came
- * out in plain text, and one inside a JSON document or a repr held in a string in its escaped form. Give it a line
- * already scrubbed as it came: a secret printed as a bare number is then no JSON, and the line stays text (written
- * again, a number past 2^53 would show most of its digits). A line too deeply nested to write again stays as it is
- * (and is logged as text).
- */
-export const canonicalLine = (line: string, scrub: (s: string) => string = (s) => s): string => {
-  if (!line.startsWith("{")) return line
-  try {
-    const parsed: unknown = JSON.parse(line)
-    return isPlainObject(parsed) ? JSON.stringify(scrubStrings(parsed, scrub)) : line
-  } catch {
-    return line
-  }
-}
-
-/**
- * A line ready to log and keep: scrubbed by `redact` as it came, then in its canonical form (a JSON line's strings
- * scrubbed decoded too); a cut one (which the splitter gave the longest secret form's length past MAX_LINE_CHARS, so
- * that a secret that starts before the cut is whole) shown up to its MAX_LINE_CHARS-th character as it came, a secret
- * across the cut replaced whole, and marked.
- */
-export const scrubbedLine = (line: OutputLine, redact: Redactor): string =>
-  line.cut
-    ? `${redact.head(line.text, MAX_LINE_CHARS)} … (line cut: only its first ${MAX_LINE_CHARS} characters are logged)`
-    : redact(canonicalLine(redact(line.text), redact))
