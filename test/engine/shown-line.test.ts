@@ -56,19 +56,36 @@ describe("shownLine: secrets", () => {
     expect(shown.fields).toEqual({ f: { repr: `{'key': '${REDACTED}'}` } })
   })
 
-  it("leaves a JSON line whose bare number is a secret as text, the number scrubbed (written again it would round)", () => {
-    const r = lineRedactor(["12345678901234567890"])
-    const line = '{"msg":"seed","seed":12345678901234567890}'
-    expect(shownLine(whole(line), r)).toEqual({
-      text: `{"msg":"seed","seed":${REDACTED}}`,
-      message: `{"msg":"seed","seed":${REDACTED}}`
+  it("scrubs a number by its printed digits (written again, one past 2^53 would show most of them)", () => {
+    const r = lineRedactor(["12345678901234567890", "hunter2hunter2", "87654321"])
+    expect(shownLine(whole('{"msg":"seed","seed":12345678901234567890}'), r)).toEqual({
+      text: `{"msg":"seed","seed":"${REDACTED}"}`,
+      message: "seed",
+      fields: { seed: REDACTED }
+    })
+    // printed otherwise, written again as the secret: the whole line's scrub finds it, and it shows as text only
+    expect(shownLine(whole('{"msg":"pin","pin":8.7654321e7}'), r)).toEqual({
+      text: `{"msg":"pin","pin":${REDACTED}}`,
+      message: `{"msg":"pin","pin":${REDACTED}}`
+    })
+    // and the line's strings are still scrubbed decoded (the review's: a number scrubbed first made the line text)
+    const both = '{"msg":"login pw=hunter2hunt\\u0065r2","seed":12345678901234567890}'
+    expect(shownLine(whole(both), r).message).toBe(`login pw=${REDACTED}`)
+  })
+
+  it("shows a line as text, without fields, when a secret shows only in the whole line written again", () => {
+    const r = lineRedactor(['ab","cd'])
+    expect(shownLine(whole('{"msg":"x","a":"ab","cd":1}'), r)).toEqual({
+      text: `{"msg":"x","a":"${REDACTED}":1}`,
+      message: `{"msg":"x","a":"${REDACTED}":1}`
     })
   })
 
   it("never shows a deep JSON line's secret: scrubbed decoded as deep as the scrub goes, past that not shown", () => {
     // A review's line nested 1,800 deep had its fields logged decoded but unscrubbed (the scrub ran out of stack and
     // the logger decoded the line again). The fields now are the scrubbed object itself, and its text its JSON.
-    const shown = [1_000, 1_800, 2_000, 5_000, 20_000].map((depth) => {
+    // Under the cut (16,384 characters): 7,000 levels at most.
+    const shown = [1_000, 1_800, 2_000, 5_000, 7_000].map((depth) => {
       const nested = `${"[".repeat(depth)}${JSON.stringify(JSON.stringify({ key: secret }))}${"]".repeat(depth)}`
       return shownLine(whole(`{"msg":"cfg","x":${nested}}`), redact)
     })
@@ -94,6 +111,10 @@ describe("shownLine: secrets", () => {
     const head = "x".repeat(MAX_LINE_CHARS - 3)
     expect(cut(`${head}${secret}${"y".repeat(100)}`)).toBe(
       `${head}${REDACTED} … (line cut: only its first ${MAX_LINE_CHARS} characters are logged)`
+    )
+    // a line the splitter did not cut (under the bound plus the longest form) but over 16,384: cut all the same
+    expect(shownLine(whole("z".repeat(MAX_LINE_CHARS + 1)), redact).text).toBe(
+      `${"z".repeat(MAX_LINE_CHARS)} … (line cut: only its first ${MAX_LINE_CHARS} characters are logged)`
     )
   })
 

@@ -11,7 +11,7 @@
  * scrubbed (nested deeper than the scrub's stack) is not shown.
  */
 import { MAX_LINE_CHARS, type OutputLine } from "./OutputLines.ts"
-import type { Redactor } from "./Secrets.ts"
+import { REDACTED, type Redactor } from "./Secrets.ts"
 
 export interface ShownLine {
   /** The line as /status keeps it: scrubbed; a JSON object line as JSON.stringify writes it again. */
@@ -37,8 +37,11 @@ const scrubStrings = (u: unknown, scrub: (s: string) => string): unknown => {
 }
 
 /**
- * A JSON object line's object, its strings scrubbed by `scrub`, and that object as JSON.stringify writes it; undefined
- * for any other line; "too deep" for one nested deeper than the scrub (or JSON.stringify) can go.
+ * A JSON object line (as printed) parsed, every number whose printed digits hold a secret taken as REDACTED (the
+ * reviver sees each number's source text), then every string (keys too) scrubbed by `scrub`, and that object as
+ * JSON.stringify writes it; undefined for any other line; "too deep" for one nested deeper than the parse with a
+ * reviver, the scrub or JSON.stringify can go. Parsing the line as printed, not scrubbed first: a secret replaced in a
+ * number made the line no JSON, and another secret in its strings, escaped, was then never scrubbed decoded (review).
  */
 const scrubbedObject = (
   line: string,
@@ -47,9 +50,13 @@ const scrubbedObject = (
   if (!line.startsWith("{")) return undefined
   let parsed: unknown
   try {
-    parsed = JSON.parse(line)
-  } catch {
-    return undefined
+    parsed = JSON.parse(line, (_key, value: unknown, context?: { readonly source?: string }) =>
+      typeof value === "number" && context?.source !== undefined && scrub(context.source) !== context.source
+        ? REDACTED
+        : value
+    )
+  } catch (e) {
+    return e instanceof SyntaxError ? undefined : "too deep"
   }
   if (!isPlainObject(parsed)) return undefined
   try {
@@ -63,25 +70,30 @@ const scrubbedObject = (
 /**
  * What `line` shows: a cut one (which the splitter gave the longest secret form's length past MAX_LINE_CHARS, so that
  * a secret that starts before the cut is whole) up to its MAX_LINE_CHARS-th character as it came, a secret across the
- * cut replaced whole, and marked; another scrubbed as it came (so a secret printed as a bare number is no JSON: the
- * line stays text, where written again a number past 2^53 would show most of its digits), then, for a JSON object
- * line, each string decoded.
+ * cut replaced whole, and marked; a JSON object line with each number (by its printed digits: written again, one past
+ * 2^53 would show most of them) and each string decoded scrubbed, then the whole written again scrubbed once more;
+ * another scrubbed as it came.
  */
 export const shownLine = (line: OutputLine, redact: Redactor): ShownLine => {
-  if (line.cut) {
+  // The splitter cuts past MAX_LINE_CHARS and the longest form: a line between the two is shown cut too.
+  if (line.cut || line.text.length > MAX_LINE_CHARS) {
     const text = `${redact.head(line.text, MAX_LINE_CHARS)} … (line cut: only its first ${MAX_LINE_CHARS} characters are logged)`
     return { text, message: text }
   }
-  const raw = redact(line.text)
-  const scrubbed = scrubbedObject(raw, redact)
-  if (scrubbed === undefined) return { text: raw, message: raw }
+  const scrubbed = scrubbedObject(line.text, redact)
+  if (scrubbed === undefined) {
+    const text = redact(line.text)
+    return { text, message: text }
+  }
   if (scrubbed === "too deep") {
     // Its strings hold escapes within escapes no scrub has read: not shown (no engine writes such lines).
-    const text = `(a JSON line of ${raw.length} characters nested too deeply to scrub of secrets: not shown)`
+    const text = `(a JSON line of ${line.text.length} characters nested too deeply to scrub of secrets: not shown)`
     return { text, message: text }
   }
   const { object, json } = scrubbed
   const text = redact(json)
+  // A secret only the whole line shows (across two strings, with JSON's punctuation): the line as text, no fields.
+  if (text !== json) return { text, message: text }
   const key = typeof object.msg === "string" ? "msg" : typeof object.message === "string" ? "message" : undefined
   if (key === undefined) return { text, message: text }
   const { [key]: message, ...fields } = object
