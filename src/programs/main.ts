@@ -35,6 +35,7 @@ import { EngineProcess } from "../services/engine/EngineProcess.ts"
 import { GpuGate } from "../services/engine/GpuGate.ts"
 import { Admission } from "../services/grpc/Admission.ts"
 import { GrpcServer } from "../services/grpc/GrpcServer.ts"
+import { keepaliveTimes } from "../services/grpc/Keepalive.ts"
 import { KvBridge } from "../services/kv/KvBridge.ts"
 import { splitHostPort } from "../services/net/HostPort.ts"
 import { Cordon } from "../services/node/Cordon.ts"
@@ -204,7 +205,8 @@ export const daemon = Effect.scoped(
     if (config.agent.listen_health !== undefined)
       yield* HealthListener.serve(config.agent.listen_health, Context.get(grpc, GrpcServer).healthState, {
         maxConnectionsPerPeer: config.agent.max_connections_per_peer,
-        maxConnections: config.agent.max_connections
+        maxConnections: config.agent.max_connections,
+        keepalive: keepaliveTimes(config.agent)
       })
     const reporterContext = yield* Layer.build(HealthReporterLive.layer)
     const reporter = Context.get(reporterContext, HealthReporter)

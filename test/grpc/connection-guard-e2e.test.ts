@@ -2,7 +2,9 @@
 // addresses (distinct peers on Linux): the third connection of a peer is closed at accept (nothing of the server's
 // reaches it); a raw WINDOW_UPDATE flood is closed GOAWAY ENHANCE_YOUR_CALM; both are counted in /metrics
 // (cgn_agent_grpc_connections_refused_total / _closed_total{reason}) and logged at warn, once per peer and reason a
-// minute however often they come; and a Generate call on another connection completes meanwhile.
+// minute however often they come; and a Generate call on another connection completes meanwhile. With
+// agent.keepalive_time and keepalive_timeout at 300 ms: a client that stopped answering after its handshake is
+// closed, counted (reason="keepalive_timeout") and logged; a node:http2 client, which answers the PINGs, is kept.
 
 import * as http2 from "node:http2"
 import * as net from "node:net"
@@ -17,7 +19,7 @@ const sockets: Array<{ destroy(): void }> = []
 
 beforeAll(async () => {
   const { config, grpcPort } = await simAgentConfig({
-    agent: { max_connections_per_peer: 2 },
+    agent: { max_connections_per_peer: 2, keepalive_time: "300ms", keepalive_timeout: "300ms" },
     simArgs: ["--sim-ttft", "1ms", "--sim-itl", "1ms"]
   })
   port = grpcPort
@@ -130,5 +132,18 @@ describe("the daemon's connection guard", () => {
     await pollUntil("the flood's warning", () => warnings("ENHANCE_YOUR_CALM").length > 0)
     expect(warnings("ENHANCE_YOUR_CALM")[0]).toMatchObject({ peer: "127.0.0.3", reason: "frame_flood" })
     expect(await metric("cgn_agent_grpc_connections")).toBeDefined()
+  })
+
+  it("closes a client that answers no keepalive PING, counts and logs it; keeps one that answers", async () => {
+    const kept = await connect("127.0.0.4")
+    let pings = 0
+    kept.on("ping", () => pings++)
+    const silent = raw("127.0.0.5")
+    await silent.closed
+    expect(await metric('cgn_agent_grpc_connections_closed_total{reason="keepalive_timeout"}')).toMatch(/ 1$/)
+    await pollUntil("the keepalive's warning", () => warnings("keepalive_timeout").length > 0)
+    expect(warnings("keepalive_timeout")[0]).toMatchObject({ peer: "127.0.0.5", reason: "keepalive_timeout" })
+    expect(pings).toBeGreaterThan(0)
+    expect(await generate(kept)).toBe("0")
   })
 })

@@ -12,6 +12,7 @@ import type { EngineClient } from "../../services/engine/EngineClient.ts"
 import type { EngineProcess } from "../../services/engine/EngineProcess.ts"
 import { StreamAborted } from "../../services/grpc/CallErrors.ts"
 import { AGENT_SERVICE, GrpcServer, type GrpcServerService } from "../../services/grpc/GrpcServer.ts"
+import { keepaliveTimes } from "../../services/grpc/Keepalive.ts"
 import { joinHostPort, splitHostPort, unbracket } from "../../services/net/HostPort.ts"
 import { NodeStatus } from "../../services/node/NodeStatus.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
@@ -115,6 +116,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     // Connections past these are closed at accept; floods and node:http2's own closures are closed, counted, logged.
     maxConnectionsPerPeer: config.agent.max_connections_per_peer,
     maxConnections: config.agent.max_connections,
+    keepalive: keepaliveTimes(config.agent),
     onGuard: guardReport(run, metrics),
     tls: options.tls,
     ...errorLogging(run, "gRPC"),

@@ -8,6 +8,7 @@
 import { Effect, Option, type Scope } from "effect"
 import type { HealthImplementation } from "grpc-health-check"
 import { MAX_SERVICE_NAME_BYTES } from "../../services/grpc/HealthRequests.ts"
+import type { KeepaliveTimes } from "../../services/grpc/Keepalive.ts"
 import { joinHostPort, splitHostPort } from "../../services/net/HostPort.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import { bind, errorLogging, type GrpcListenError } from "./GrpcServer.ts"
@@ -35,10 +36,11 @@ export interface HealthListener {
   readonly port: number
 }
 
-/** The connection caps (agent.max_connections_per_peer, agent.max_connections), as on listen_grpc. */
+/** The connection caps (agent.max_connections_per_peer, agent.max_connections) and keepalive, as on listen_grpc. */
 export interface ConnectionCaps {
   readonly maxConnectionsPerPeer: number
   readonly maxConnections: number
+  readonly keepalive?: KeepaliveTimes
 }
 
 /**

@@ -30,7 +30,9 @@ const MESSAGES: Record<GuardEvent["reason"], string> = {
   refusal_flood: `gRPC connection closed (ENHANCE_YOUR_CALM): streams refused before any method ran (an unknown method, not gRPC, a bad grpc-timeout, a client certificate not allowed) past ${REFUSAL_BURST} at once then ${REFUSAL_RATE}/s`,
   control_flood:
     "gRPC connection closed by nghttp2's flood detection: PING or SETTINGS acks the client does not read, or a header block split past 8 CONTINUATION frames",
-  protocol_error: "gRPC connection closed: the client broke HTTP/2 (protocol error)"
+  protocol_error: "gRPC connection closed: the client broke HTTP/2 (protocol error)",
+  keepalive_timeout:
+    "gRPC connection closed: it sent nothing for agent.keepalive_time, nor within agent.keepalive_timeout of a PING (its client is gone or stuck)"
 }
 
 /** Counts (when Metrics is there) and logs each of the guard's events; `run` runs the log effect. */

@@ -104,6 +104,13 @@ export const AgentSection = Schema.Struct({
   // above a router fleet's few connections each, and bounds the sessions (and their 4096 streams each) the agent holds.
   max_connections_per_peer: withDefault(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), 64),
   max_connections: withDefault(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), 4096),
+  // A gRPC connection silent this long gets a PING, and is closed if still silent keepalive_timeout later
+  // (services/grpc/Keepalive.ts): a client whose host vanished sends no FIN. "0s": never (its connections stay).
+  keepalive_time: withDefault(ShortDuration, "1m"),
+  keepalive_timeout: withDefault(
+    PositiveDuration("a connection pinged would be closed at once, before its client could answer"),
+    "20s"
+  ),
   handoff_timeout: withDefault(PositiveDuration("every prefill and decode leg would time out at once"), "30s"),
   state_dir: withDefault(Schema.NonEmptyString, "/var/lib/cgn-agent"),
   log_level: withDefault(Schema.Literals(LogLevels), "info"),

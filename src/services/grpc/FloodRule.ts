@@ -149,14 +149,24 @@ export const floodStep = (bucket: FloodBucket, sample: ConnectionSample, nowMs: 
 export const refilled = (bucket: FloodBucket, nowMs: number, limits: FloodLimits): number =>
   Math.min(limits.burstBytes, bucket.left + (Math.max(0, nowMs - bucket.atMs) / 1000) * limits.floorBytesPerSec)
 
-/** Why node:http2 closed a connection, from the error it raised on the session. */
-export type ClosedReason = "frame_flood" | "reset_flood" | "refusal_flood" | "control_flood" | "protocol_error"
+/**
+ * Why a connection past its accept was closed: by the guard for a flood, by node:http2 (closedReason below), or for
+ * no answer to the keepalive's PING (services/grpc/Keepalive.ts: its peer is gone, no abuse).
+ */
+export type ClosedReason =
+  | "frame_flood"
+  | "reset_flood"
+  | "refusal_flood"
+  | "control_flood"
+  | "protocol_error"
+  | "keepalive_timeout"
 export const CLOSED_REASONS: ReadonlyArray<ClosedReason> = [
   "frame_flood",
   "reset_flood",
   "refusal_flood",
   "control_flood",
-  "protocol_error"
+  "protocol_error",
+  "keepalive_timeout"
 ]
 
 /**

@@ -46,8 +46,9 @@ export interface MetricHandles {
   readonly engineFailingHolds: Counter<"model">
   /**
    * gRPC connections closed at accept by reason (services/grpc/ConnectionCaps.ts RefusedReason: peer_limit,
-   * total_limit, cooldown), and closed later for abuse (services/grpc/FloodRule.ts ClosedReason: frame_flood,
-   * reset_flood, control_flood, protocol_error). A 0 sample of each reason from the start (GrpcServer.ts).
+   * total_limit, cooldown), and closed later (services/grpc/FloodRule.ts ClosedReason: for abuse, frame_flood,
+   * reset_flood, refusal_flood, control_flood, protocol_error; keepalive_timeout for a client gone). A 0 sample of
+   * each reason from the start (guardReport.ts).
    */
   readonly grpcConnectionsRefused: Counter<"reason">
   readonly grpcConnectionsClosed: Counter<"reason">

@@ -1,13 +1,16 @@
 /**
- * The gRPC server's connections (http2/Server.ts): a deadline on each one's handshake, and the server's close,
- * which closes at once every connection that runs no call and leaves those that do to finish them
- * (GrpcServer.ts bounds that wait, then cuts what is left and logs what it cut).
+ * The gRPC server's connections (http2/Server.ts): a deadline on each one's handshake, the keepalive that closes
+ * those whose client is gone (Keepalive.ts), and the server's close, which closes at once every connection that runs
+ * no call and leaves those that do to finish them (GrpcServer.ts bounds that wait, then cuts what is left and logs
+ * what it cut).
  */
 
 import type * as http2 from "node:http2"
 import type * as net from "node:net"
 import * as tls from "node:tls"
 import { MAX_HEADER_LIST_BYTES, MAX_HEADER_LIST_PAIRS } from "./headerLimits.ts"
+import { Keepalive } from "./Keepalive.ts"
+import type { Http2GrpcServerOptions } from "./ServerOptions.ts"
 
 /**
  * How long an accepted connection has for each part of its handshake: TLS when served with TLS (node:tls's
@@ -15,7 +18,8 @@ import { MAX_HEADER_LIST_BYTES, MAX_HEADER_LIST_PAIRS } from "./headerLimits.ts"
  * client's SETTINGS) from its session's start. One that has not is closed. Node bounds no preface: a session waits
  * for it as long as the client waits (`unknownProtocolTimeout` bounds only TLS connections that negotiated no `h2`
  * by ALPN; nodejs/node doc/api/http2.md, doc/api/tls.md). Routers open a connection and speak at once; a
- * connection past its handshake is never closed for being idle (routers keep them).
+ * connection past its handshake is never closed for being idle (routers keep them), only once its client stops
+ * answering the keepalive's PINGs.
  */
 export const HANDSHAKE_TIMEOUT_MS = 10_000
 
@@ -98,12 +102,15 @@ export class Connections {
   readonly #inTls = new Map<string, net.Socket>()
   readonly #handshakeMs: number
   readonly #onError: (error: Error) => void
+  readonly #keepalive: Keepalive | undefined
   /** Set by close() and destroy(): what a connection accepted before and past its handshake after then gets. */
   #closing: "close" | "destroy" | undefined
 
-  constructor(handshakeMs: number, onError: (error: Error) => void) {
-    this.#handshakeMs = handshakeMs
-    this.#onError = onError
+  constructor(options: Http2GrpcServerOptions) {
+    this.#handshakeMs = options.handshakeTimeoutMs ?? HANDSHAKE_TIMEOUT_MS
+    this.#onError = (e) => options.onConnectionError?.(e)
+    const k = options.keepalive
+    if (k !== undefined && k.timeMs > 0) this.#keepalive = new Keepalive(k, options.onGuard ?? (() => {}))
   }
 
   /** Follows `server`'s connections from their accept (before node:http2 makes their session). */
@@ -132,6 +139,7 @@ export class Connections {
       // Errors end the session, and 'close' follows: its streams see 'cancelled' there.
       session.on("error", this.#onError)
       session.once("remoteSettings", () => clearTimeout(tracked.deadline))
+      this.#keepalive?.follow(session)
       session.once("close", () => {
         clearTimeout(tracked.deadline)
         this.#sessions.delete(session)
@@ -156,6 +164,7 @@ export class Connections {
    */
   close(): void {
     this.#closing = "close"
+    this.#keepalive?.stop()
     for (const socket of this.#inTls.values()) socket.destroy()
     // destroy() still sends GOAWAY (NO_ERROR), then closes the socket once it is written.
     for (const [s, tally] of this.#sessions) if (tally.open === 0) s.destroy()
@@ -171,6 +180,7 @@ export class Connections {
   /** Closes every connection now: their running calls see 'cancelled'. */
   destroy(): void {
     this.#closing = "destroy"
+    this.#keepalive?.stop()
     for (const socket of this.#inTls.values()) socket.destroy()
     for (const s of this.#sessions.keys()) s.destroy()
   }

@@ -39,6 +39,7 @@ import {
   wasted
 } from "../../../services/grpc/FloodRule.ts"
 import { STREAM_RESET_BURST, STREAM_RESET_RATE } from "./Connections.ts"
+import { counters } from "./socketCounters.ts"
 
 /** A connection refused at accept, or closed for abuse; `bytes`: a frame flood's waste in its last sample. */
 export type GuardEvent =
@@ -81,16 +82,6 @@ export interface GuardOptions {
   readonly peerFloodLimits?: FloodLimits | undefined
   readonly peerResets?: { readonly burst: number; readonly ratePerSec: number } | undefined
   readonly onGuard?: ((event: GuardEvent) => void) | undefined
-}
-
-/** The socket's byte counters; undefined once node:http2 has let the socket go (the session is closing). */
-const counters = (session: http2.Http2Session): { read: number; written: number } | undefined => {
-  try {
-    const socket = session.socket
-    return { read: socket.bytesRead, written: socket.bytesWritten }
-  } catch {
-    return undefined
-  }
 }
 
 /**

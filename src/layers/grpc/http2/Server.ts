@@ -87,9 +87,7 @@ export class Http2GrpcServer {
     this.#readTimeout = failure(new RequestReadTimeout({ timeoutMs: options.requestReadTimeoutMs ?? 0 }))
     this.#messageTimeout = messageTimeout(this.#readTimeout, options.requestReadTimeoutMs ?? 0)
     this.#guard = new Guard(options)
-    this.#connections = new Connections(options.handshakeTimeoutMs ?? HANDSHAKE_TIMEOUT_MS, (e) =>
-      options.onConnectionError?.(e)
-    )
+    this.#connections = new Connections(options)
   }
 
   /** Adds a service's methods (grpc-js's `Server.addService` shape). */

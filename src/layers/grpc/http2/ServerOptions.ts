@@ -1,6 +1,7 @@
 /** What the agent's gRPC server (Server.ts) is given: its limits, its TLS, and where it reports what it ends. */
 
 import type { FloodLimits } from "../../../services/grpc/FloodRule.ts"
+import type { KeepaliveTimes } from "../../../services/grpc/Keepalive.ts"
 import type { TlsSource } from "../../../services/tls/Tls.ts"
 import type { GuardEvent } from "./Guard.ts"
 
@@ -40,6 +41,11 @@ export interface Http2GrpcServerOptions {
   readonly requestReadTimeoutMs?: number | undefined
   /** How long a connection has to complete its handshake (default HANDSHAKE_TIMEOUT_MS; tests shorten it). */
   readonly handshakeTimeoutMs?: number | undefined
+  /**
+   * A connection silent this long is sent a PING, and closed if still silent `timeoutMs` later (Keepalive.ts):
+   * agent.keepalive_time and agent.keepalive_timeout. Absent, or `timeMs` 0: no keepalive.
+   */
+  readonly keepalive?: KeepaliveTimes | undefined
   /** The most streams one connection holds open at once; more are refused (default MIN_CONCURRENT_STREAMS). */
   readonly maxConcurrentStreams?: number | undefined
   /** Connections one peer address may hold open at once; more are closed at accept (Guard.ts). 0 or absent: no cap. */
