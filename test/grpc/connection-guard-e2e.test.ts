@@ -1,6 +1,6 @@
 // The built daemon in front of the simulator, with agent.max_connections_per_peer = 2, clients on several loopback
-// addresses (distinct peers on Linux): the third connection of a peer is closed at accept (nothing of the server's
-// reaches it); a raw WINDOW_UPDATE flood is closed GOAWAY ENHANCE_YOUR_CALM; both are counted in /metrics
+// addresses (distinct peers on Linux): the third connection of a peer whose two run calls is closed at accept
+// (nothing of the server's reaches it), and admitted in place of one once it is idle (`idle_evicted`); a raw WINDOW_UPDATE flood is closed GOAWAY ENHANCE_YOUR_CALM; both are counted in /metrics
 // (cgn_agent_grpc_connections_refused_total / _closed_total{reason}) and logged at warn, once per peer and reason a
 // minute however often they come; and a Generate call on another connection completes meanwhile. With
 // agent.keepalive_time and keepalive_timeout at 300 ms: a client that stopped answering after its handshake is
@@ -62,6 +62,20 @@ const generate = (session: http2.ClientHttp2Session) =>
     req.end(Buffer.concat([prefix, body]))
   })
 
+/** A Health Watch left open on `session` (its first status received): the connection runs a call. */
+const watch = async (session: http2.ClientHttp2Session) => {
+  const req = session.request({
+    ":method": "POST",
+    ":path": "/grpc.health.v1.Health/Watch",
+    "content-type": "application/grpc",
+    te: "trailers"
+  })
+  req.on("error", () => {})
+  req.end(Buffer.alloc(5))
+  await new Promise((resolve) => req.once("data", resolve))
+  return req
+}
+
 const frame = (type: number, stream: number, payload: Buffer) => {
   const h = Buffer.alloc(9)
   h.writeUIntBE(payload.length, 0, 3)
@@ -95,10 +109,12 @@ const metric = async (line: string) => {
 const warnings = (text: string) => agent.logs().filter((l) => l.level === "warn" && String(l.msg).includes(text))
 
 describe("the daemon's connection guard", () => {
-  it("closes a peer's third connection at accept, counts it, logs it once a minute; the peer's calls go on", async () => {
+  it("closes a peer's third connection at accept while both run a Watch, counts it, logs it once a minute; the peer's calls go on; once one is idle, a new one takes its place", async () => {
     expect(await metric('cgn_agent_grpc_connections_refused_total{reason="peer_limit"}')).toMatch(/ 0$/)
     const a = await connect("127.0.0.1")
-    await connect("127.0.0.1")
+    const b = await connect("127.0.0.1")
+    await watch(a)
+    const bWatch = await watch(b)
     for (let i = 0; i < 3; i++) {
       const third = raw("127.0.0.1")
       await third.closed
@@ -108,6 +124,14 @@ describe("the daemon's connection guard", () => {
     await pollUntil("the refusal's warning", () => warnings("max_connections_per_peer").length > 0)
     expect(warnings("max_connections_per_peer")).toHaveLength(1)
     expect(await generate(a)).toBe("0")
+    // b's Watch ends (a Generate after it on b: the agent has read the cancel when it answers): b is idle, and the
+    // next connection is admitted in its place.
+    bWatch.close(http2.constants.NGHTTP2_CANCEL)
+    expect(await generate(b)).toBe("0")
+    const goaway = new Promise((resolve) => b.once("goaway", resolve))
+    expect(await generate(await connect("127.0.0.1"))).toBe("0")
+    await goaway
+    expect(await metric('cgn_agent_grpc_connections_closed_total{reason="idle_evicted"}')).toMatch(/ 1$/)
   })
 
   it("closes a WINDOW_UPDATE flood GOAWAY ENHANCE_YOUR_CALM, counts and logs it; a call on another connection completes", async () => {

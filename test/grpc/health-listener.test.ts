@@ -108,10 +108,11 @@ describe("the health-only listener", () => {
 })
 
 describe("the health-only listener's connection caps", () => {
-  it("closes a peer's connection past agent.max_connections_per_peer at accept, as the main server does", async () => {
+  it("closes a peer's connection past agent.max_connections_per_peer at accept while its one runs a Watch; in place of an idle one, it is admitted", async () => {
     const server = await rt.runPromise(GrpcServer)
     const scope = await rt.runPromise(Scope.make())
     const channels: Array<ReturnType<typeof createChannel>> = []
+    const abort = new AbortController()
     try {
       const listener = await rt.runPromise(
         Scope.provide(
@@ -123,16 +124,27 @@ describe("the health-only listener's connection caps", () => {
       const own = { "grpc.use_local_subchannel_pool": 1 }
       const first = createChannel(listener.address, undefined, own)
       channels.push(first)
-      // The first connection stays open (the channel keeps it): the peer's one.
-      expect((await createClient(HealthDefinition, first).check({ service: "" })).status).toBe(S.SERVING)
+      // The first connection stays open (the channel keeps it), a Watch on it: the peer's one, busy.
+      const watch = createClient(HealthDefinition, first)
+        .watch({ service: "" }, { signal: abort.signal })
+        [Symbol.asyncIterator]()
+      expect((await watch.next()).value?.status).toBe(S.SERVING)
       const second = createChannel(listener.address, undefined, own)
       channels.push(second)
       await expect(createClient(HealthDefinition, second).check({ service: "" })).rejects.toMatchObject({
         code: Status.UNAVAILABLE
       })
-      // The first connection is untouched.
+      // The first connection is untouched; once its Watch ends it is idle, and a new one takes its place.
       expect((await createClient(HealthDefinition, first).check({ service: "" })).status).toBe(S.SERVING)
+      abort.abort()
+      await watch.next().catch(() => undefined)
+      // A call after the cancel on the same connection: the server has read the cancel when it answers.
+      expect((await createClient(HealthDefinition, first).check({ service: "" })).status).toBe(S.SERVING)
+      const third = createChannel(listener.address, undefined, own)
+      channels.push(third)
+      expect((await createClient(HealthDefinition, third).check({ service: "" })).status).toBe(S.SERVING)
     } finally {
+      abort.abort()
       for (const c of channels) c.close()
       await rt.runPromise(Scope.close(scope, Exit.void))
     }

@@ -132,6 +132,15 @@ const call = (
   })
 
 /** An HTTP/2 frame (RFC 9113 4.1). */
+/** A Chat call left open on `session` (its first message echoed): the connection runs a call. */
+const holdCall = async (session: http2.ClientHttp2Session) => {
+  const req = session.request({ ...HEADERS, ":path": "/t.T/Chat" })
+  req.on("error", () => {})
+  req.write(frameMessage(Buffer.from("x")))
+  await new Promise((resolve) => req.once("data", resolve))
+  return req
+}
+
 const frame = (type: number, flags: number, stream: number, payload: Buffer) => {
   const h = Buffer.alloc(9)
   h.writeUIntBE(payload.length, 0, 3)
@@ -249,12 +258,13 @@ describe("the gRPC server's guard", () => {
     expect((await call(clean, "/t.T/Echo")).status).toBe("0")
   })
 
-  it("closes the connection past a peer's cap at accept, before the server's SETTINGS; other peers connect", async () => {
+  it("closes the connection past a peer's cap at accept, before the server's SETTINGS, while its connections run calls; other peers connect", async () => {
     const { port, events, server } = await start({ perPeer: 2 })
     const a = connect(port, "127.0.0.3")
     const b = connect(port, "127.0.0.3")
     expect((await call(a, "/t.T/Echo")).status).toBe("0")
     expect((await call(b, "/t.T/Echo")).status).toBe("0")
+    const held = [await holdCall(a), await holdCall(b)]
     const third = rawClient(port, "127.0.0.3")
     expect(await within(third.closed, 5_000)).not.toBe("pending")
     expect(third.received()).toBe(0)
@@ -265,16 +275,60 @@ describe("the gRPC server's guard", () => {
     a.destroy()
     await pollUntil("the connection counted out", () => server.connections === 2)
     expect((await call(connect(port, "127.0.0.3"), "/t.T/Echo")).status).toBe("0")
+    expect(held[1]?.closed).toBe(false)
   })
 
-  it("closes the connection past the total cap at accept", async () => {
+  it("closes the connection past the total cap at accept, while the connections run calls", async () => {
     const { port, events } = await start({ total: 2 })
-    expect((await call(connect(port, "127.0.0.5"), "/t.T/Echo")).status).toBe("0")
-    expect((await call(connect(port, "127.0.0.6"), "/t.T/Echo")).status).toBe("0")
+    for (const from of ["127.0.0.5", "127.0.0.6"]) {
+      const session = connect(port, from)
+      expect((await call(session, "/t.T/Echo")).status).toBe("0")
+      await holdCall(session)
+    }
     const third = rawClient(port, "127.0.0.7")
     expect(await within(third.closed, 5_000)).not.toBe("pending")
     expect(third.received()).toBe(0)
     expect(events).toEqual([{ kind: "refused", reason: "total_limit", peer: "127.0.0.7", limit: 2 }])
+  })
+
+  it("admits a connection past a peer's cap in place of its idlest one (no call open, the last to run one longest ago): closed GOAWAY NO_ERROR and reported; busy ones are kept", async () => {
+    const { port, events, server } = await start({ perPeer: 3 })
+    const [a, b, c] = [connect(port, "127.0.0.19"), connect(port, "127.0.0.19"), connect(port, "127.0.0.19")]
+    for (const s of [b, a, c]) expect((await call(s, "/t.T/Echo")).status).toBe("0")
+    const held = await holdCall(c)
+    const goaway = new Promise<number>((resolve) => b.once("goaway", resolve))
+    const d = connect(port, "127.0.0.19")
+    expect((await call(d, "/t.T/Echo")).status).toBe("0")
+    expect(await goaway).toBe(http2.constants.NGHTTP2_NO_ERROR)
+    expect(events).toEqual([{ kind: "closed", reason: "idle_evicted", peer: "127.0.0.19" }])
+    await pollUntil("b's connection counted out", () => server.connections === 3)
+    expect(a.closed || a.destroyed).toBe(false)
+    expect(held.closed).toBe(false)
+    // The evicted client reconnects at its next call, in place of the next idlest (a; c runs a call, d ran one since).
+    const again = connect(port, "127.0.0.19")
+    expect((await call(again, "/t.T/Echo")).status).toBe("0")
+    expect(events.at(-1)).toEqual({ kind: "closed", reason: "idle_evicted", peer: "127.0.0.19" })
+    await pollUntil("a closed", () => a.closed || a.destroyed)
+    expect(held.closed).toBe(false)
+    // Each connection gave its place back once: at its eviction, not again at its socket's close.
+    await pollUntil("the sessions of c, d and again alone", () => server.open.sessions === 3)
+    expect(server.connections).toBe(3)
+  })
+
+  it("at the total cap, closes another peer's idle connection, then one of the new peer's own past its cap", async () => {
+    const { port, events, server } = await start({ total: 3, perPeer: 2 })
+    const other = connect(port, "127.0.0.20")
+    const mine = [connect(port, "127.0.0.21"), connect(port, "127.0.0.21")]
+    for (const s of [other, ...mine]) expect((await call(s, "/t.T/Echo")).status).toBe("0")
+    const held = await holdCall(mine[1]!)
+    // 127.0.0.21's third: the total cap (other's idle connection goes), then its own cap (its idle one goes).
+    expect((await call(connect(port, "127.0.0.21"), "/t.T/Echo")).status).toBe("0")
+    expect(events).toEqual([
+      { kind: "closed", reason: "idle_evicted", peer: "127.0.0.20" },
+      { kind: "closed", reason: "idle_evicted", peer: "127.0.0.21" }
+    ])
+    await pollUntil("two connections counted out", () => server.connections === 2)
+    expect(held.closed).toBe(false)
   })
 
   for (const withData of [false, true])

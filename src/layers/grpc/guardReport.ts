@@ -32,7 +32,9 @@ const MESSAGES: Record<GuardEvent["reason"], string> = {
     "gRPC connection closed by nghttp2's flood detection: PING or SETTINGS acks the client does not read, or a header block split past 8 CONTINUATION frames",
   protocol_error: "gRPC connection closed: the client broke HTTP/2 (protocol error)",
   keepalive_timeout:
-    "gRPC connection closed: it sent nothing for agent.keepalive_time, nor within agent.keepalive_timeout of a PING (its client is gone or stuck)"
+    "gRPC connection closed: it sent nothing for agent.keepalive_time, nor within agent.keepalive_timeout of a PING (its client is gone or stuck)",
+  idle_evicted:
+    "gRPC connection closed (GOAWAY NO_ERROR): it ran no call, and a new connection past agent.max_connections_per_peer or agent.max_connections took its place"
 }
 
 /** Counts (when Metrics is there) and logs each of the guard's events; `run` runs the log effect. */

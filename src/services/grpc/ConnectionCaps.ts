@@ -29,6 +29,15 @@ export const peerOf = (remoteAddress: string | undefined): string => {
   return a.startsWith("::ffff:") && a.includes(".") ? a.slice(7) : a
 }
 
+/** What idleVictim weighs of an open connection. */
+export interface IdleConnection {
+  readonly peer: string
+  /** Its streams open (calls, and streams the server is refusing). */
+  readonly calls: number
+  /** When its last stream started or closed, as a sequence number over all connections (larger: later). */
+  readonly activeSeq: number
+}
+
 export interface CapLimits {
   /** Connections one peer address may hold open at once; 0: no cap. */
   readonly perPeer: number
@@ -82,6 +91,25 @@ export class ConnectionCaps {
   /** Forgets the cool-downs that are over. */
   prune(nowMs: number): void {
     for (const [peer, until] of this.#cooling) if (until <= nowMs) this.#cooling.delete(peer)
+  }
+
+  /**
+   * The connection to close so that one refused at a cap (`reason`) is admitted: of those running no call, of
+   * `peer` at its cap (peer_limit) or of any peer at the total cap, the one whose last call started or ended
+   * longest ago (the least `activeSeq`); undefined when each runs a call (a Health Watch is one). An idle connection
+   * costs its client a reconnection at its next call; a refused one cost the new client its node: a router behind a
+   * shared address, or after others' connections filled the cap, was locked out for as long as they stayed.
+   */
+  static idleVictim<C extends IdleConnection>(
+    connections: Iterable<C>,
+    reason: "peer_limit" | "total_limit",
+    peer: string
+  ): C | undefined {
+    let victim: C | undefined
+    for (const c of connections)
+      if (c.calls === 0 && (reason === "total_limit" || c.peer === peer))
+        if (victim === undefined || c.activeSeq < victim.activeSeq) victim = c
+    return victim
   }
 
   /** Connections open now, in total and from `peer`. */

@@ -150,8 +150,9 @@ export const refilled = (bucket: FloodBucket, nowMs: number, limits: FloodLimits
   Math.min(limits.burstBytes, bucket.left + (Math.max(0, nowMs - bucket.atMs) / 1000) * limits.floorBytesPerSec)
 
 /**
- * Why a connection past its accept was closed: by the guard for a flood, by node:http2 (closedReason below), or for
- * no answer to the keepalive's PING (services/grpc/Keepalive.ts: its peer is gone, no abuse).
+ * Why a connection past its accept was closed: by the guard for a flood, by node:http2 (closedReason below), for no
+ * answer to the keepalive's PING (services/grpc/Keepalive.ts: its peer is gone), or idle, in place of a new one
+ * past a cap (ConnectionCaps.idleVictim). The last two are no abuse.
  */
 export type ClosedReason =
   | "frame_flood"
@@ -160,13 +161,15 @@ export type ClosedReason =
   | "control_flood"
   | "protocol_error"
   | "keepalive_timeout"
+  | "idle_evicted"
 export const CLOSED_REASONS: ReadonlyArray<ClosedReason> = [
   "frame_flood",
   "reset_flood",
   "refusal_flood",
   "control_flood",
   "protocol_error",
-  "keepalive_timeout"
+  "keepalive_timeout",
+  "idle_evicted"
 ]
 
 /**

@@ -81,9 +81,10 @@ const untracked: CallTally = { open: 0 }
 
 /**
  * A TCP connection's four addresses: unique among the open ones, so they tie a TLS socket ('secureConnection') to
- * the accepted socket it wraps through public properties only (both report the same four).
+ * the accepted socket it wraps through public properties only (both report the same four); the guard (Guard.ts) a
+ * session to its accepted socket likewise.
  */
-const connectionKey = (socket: net.Socket): string =>
+export const connectionKey = (socket: net.Socket): string =>
   `${socket.localAddress}|${socket.localPort}|${socket.remoteAddress}|${socket.remotePort}`
 
 /** The calls on a session, and its preface deadline until the client's SETTINGS come. */

@@ -4,7 +4,8 @@
  * bytes and over each peer's connections together, sampled on a timer (services/grpc/FloodRule.ts), and the report
  * of connections node:http2 itself closed (its rapid-reset guard, nghttp2's flood detection, protocol errors). Each
  * refusal and closure is reported through `onEvent` (GrpcServer.ts counts and logs them); a peer closed for a flood
- * is refused for FLOOD_COOLDOWN_MS.
+ * is refused for FLOOD_COOLDOWN_MS. A connection past a cap is admitted in place of an idle one when there is one
+ * (ConnectionCaps.idleVictim), which is closed (`idle_evicted`).
  */
 
 import * as http2 from "node:http2"
@@ -13,6 +14,7 @@ import {
   type CapLimits,
   ConnectionCaps,
   FLOOD_COOLDOWN_MS,
+  type IdleConnection,
   peerOf,
   type RefusedReason
 } from "../../../services/grpc/ConnectionCaps.ts"
@@ -22,23 +24,20 @@ import {
   FLOOD_LIMITS,
   type FloodBucket,
   type FloodLimits,
-  floodStep,
   fullBucket,
   headerListBytes,
   PEER_FLOOD_LIMITS,
   PEER_RESET_BURST,
   PEER_RESET_RATE,
-  peerFloodStep,
   REFUSAL_BURST,
   REFUSAL_RATE,
   type ResetMirror,
-  refilled,
   resetMirror,
   resetStep,
-  STREAM_FRAME_BYTES,
-  wasted
+  STREAM_FRAME_BYTES
 } from "../../../services/grpc/FloodRule.ts"
-import { STREAM_RESET_BURST, STREAM_RESET_RATE } from "./Connections.ts"
+import { connectionKey, STREAM_RESET_BURST, STREAM_RESET_RATE } from "./Connections.ts"
+import { type FloodRules, type Sampled, sampleFloods } from "./floodSample.ts"
 import { counters } from "./socketCounters.ts"
 
 /** A connection refused at accept, or closed for abuse; `bytes`: a frame flood's waste in its last sample. */
@@ -60,15 +59,16 @@ export interface Accounting {
   readonly session?: http2.Http2Session
 }
 
-interface Followed extends Accounting {
+interface Followed extends Accounting, Sampled, IdleConnection {
   readonly peer: string
   readonly session: http2.Http2Session
-  bucket: FloodBucket
   mirror: ResetMirror
   /** Streams refused before a handler (REFUSAL_BURST, REFUSAL_RATE). */
   refusals: ResetMirror
-  read: number
-  written: number
+  calls: number
+  activeSeq: number
+  /** Gives its connection's place under the caps back (once: at its socket's close, or at its eviction). */
+  readonly release: (() => void) | undefined
 }
 
 /** Where the calls of a session not followed (already closed) account: nowhere that is read. */
@@ -91,7 +91,7 @@ export interface GuardOptions {
 export class Guard {
   readonly #caps: ConnectionCaps
   readonly #limits: CapLimits
-  readonly #flood: FloodLimits
+  readonly #floodRules: FloodRules
   readonly #resetBurst: number
   readonly #resetRate: number
   readonly #onEvent: (event: GuardEvent) => void
@@ -100,14 +100,19 @@ export class Guard {
   readonly #peerResets = new Map<string, ResetMirror>()
   /** Each peer's waste on all its connections (PEER_FLOOD_LIMITS), while its bucket is not full. */
   readonly #peerFlood = new Map<string, FloodBucket>()
-  readonly #peerFloodLimits: FloodLimits
+  /** Each admitted connection's release of its place under the caps, by its four addresses, until its session. */
+  readonly #places = new Map<string, () => void>()
+  /** Counts streams started and closed on every connection: the order idleVictim weighs them by. */
+  #seq = 0
   #timer: NodeJS.Timeout | undefined
 
   constructor(options: GuardOptions) {
     this.#limits = { perPeer: options.maxConnectionsPerPeer ?? 0, total: options.maxConnections ?? 0 }
     this.#caps = new ConnectionCaps(this.#limits)
-    this.#flood = options.floodLimits ?? FLOOD_LIMITS
-    this.#peerFloodLimits = options.peerFloodLimits ?? PEER_FLOOD_LIMITS
+    this.#floodRules = {
+      connection: options.floodLimits ?? FLOOD_LIMITS,
+      peer: options.peerFloodLimits ?? PEER_FLOOD_LIMITS
+    }
     this.#resetBurst = options.peerResets?.burst ?? PEER_RESET_BURST
     this.#resetRate = options.peerResets?.ratePerSec ?? PEER_RESET_RATE
     this.#onEvent = options.onGuard ?? (() => {})
@@ -125,7 +130,7 @@ export class Guard {
     server.removeAllListeners("connection")
     server.on("connection", (socket: net.Socket) => {
       const peer = peerOf(socket.remoteAddress)
-      const refused = this.#caps.admit(peer, performance.now())
+      const refused = this.#admit(peer)
       if (refused !== undefined) {
         socket.on("error", () => {})
         socket.destroy()
@@ -134,7 +139,15 @@ export class Guard {
         this.#onEvent({ kind: "refused", reason: refused, peer, limit })
         return
       }
-      socket.once("close", () => this.#caps.release(peer))
+      const key = connectionKey(socket)
+      let held = true
+      const release = (): void => {
+        if (held) this.#caps.release(peer)
+        held = false
+        this.#places.delete(key)
+      }
+      this.#places.set(key, release)
+      socket.once("close", release)
       for (const listener of listeners) listener.call(server, socket)
     })
     server.on("session", (session) => this.#follow(session))
@@ -161,6 +174,8 @@ export class Guard {
     const f = session && this.#sessions.get(session)
     if (f === undefined) return nowhere
     f.accounted += headerListBytes(headers) + STREAM_FRAME_BYTES
+    f.calls++
+    f.activeSeq = ++this.#seq
     return f
   }
 
@@ -173,10 +188,13 @@ export class Guard {
    * call (docs/bench.md, 25th and 26th sessions).
    */
   onStreamClosed(a: Accounting, rstCode: number | undefined): void {
-    if (a === nowhere || rstCode === undefined || rstCode === http2.constants.NGHTTP2_NO_ERROR) return
+    if (a === nowhere) return
     // Every Accounting but `nowhere` is a Followed (onStream); charged even once its session is no longer followed,
     // as the session's 'error' reads this mirror after its streams closed.
     const f = a as Followed
+    f.calls--
+    f.activeSeq = ++this.#seq
+    if (rstCode === undefined || rstCode === http2.constants.NGHTTP2_NO_ERROR) return
     f.mirror = resetStep(f.mirror, performance.now(), STREAM_RESET_BURST, STREAM_RESET_RATE)
   }
 
@@ -214,6 +232,26 @@ export class Guard {
     if (f.refusals.left < 0) this.#close(session, peer, now, "refusal_flood")
   }
 
+  /**
+   * Counts a connection of `peer` in, or says why it is refused: past a cap, an idle connection that idleVictim
+   * names is closed in its place (at most two: one of another peer at the total cap, then one of its own).
+   */
+  #admit(peer: string): RefusedReason | undefined {
+    const now = performance.now()
+    let refused = this.#caps.admit(peer, now)
+    for (let evicted = 0; (refused === "peer_limit" || refused === "total_limit") && evicted < 2; evicted++) {
+      const victim = ConnectionCaps.idleVictim(this.#sessions.values(), refused, peer)
+      if (victim === undefined) break
+      this.#sessions.delete(victim.session)
+      victim.release?.()
+      // GOAWAY NO_ERROR, then the socket closes (a graceful close waits on the client): it runs no call.
+      victim.session.destroy()
+      this.#onEvent({ kind: "closed", reason: "idle_evicted", peer: victim.peer })
+      refused = this.#caps.admit(peer, now)
+    }
+    return refused
+  }
+
   #close(session: http2.Http2Session, peer: string, now: number, reason: ClosedReason, bytes?: number): void {
     this.#sessions.delete(session)
     this.#caps.cooldown(peer, now, FLOOD_COOLDOWN_MS)
@@ -234,11 +272,14 @@ export class Guard {
       peer: peerOf(session.socket?.remoteAddress),
       session,
       accounted: 0,
-      bucket: fullBucket(now, this.#flood),
+      bucket: fullBucket(now, this.#floodRules.connection),
       mirror: resetMirror(STREAM_RESET_BURST, now),
       refusals: resetMirror(REFUSAL_BURST, now),
       read: c?.read ?? 0,
-      written: c?.written ?? 0
+      written: c?.written ?? 0,
+      calls: 0,
+      activeSeq: ++this.#seq,
+      release: this.#placeOf(session)
     }
     this.#sessions.set(session, f)
     session.on("error", (e: NodeJS.ErrnoException) => {
@@ -250,58 +291,22 @@ export class Guard {
     session.once("close", () => this.#sessions.delete(session))
   }
 
+  /** The release of the place `session`'s connection took at its accept (by its four addresses: Connections.ts). */
+  #placeOf(session: http2.Http2Session): (() => void) | undefined {
+    try {
+      return this.#places.get(connectionKey(session.socket))
+    } catch {
+      return undefined
+    }
+  }
+
   readonly #sample = (): void => {
     const now = performance.now()
     this.#caps.prune(now)
     for (const [peer, m] of this.#peerResets)
       if (m.left + ((now - m.atMs) / 1000) * this.#resetRate >= this.#resetBurst) this.#peerResets.delete(peer)
-    // The connections that wasted bytes in this sample and are still open, by peer: their waste is the peer's too.
-    const wasters = new Map<string, Array<{ readonly session: http2.Http2Session; readonly waste: number }>>()
-    for (const [session, f] of this.#sessions) {
-      if (session.destroyed) continue
-      const c = counters(session)
-      if (c === undefined) continue
-      const sample = { read: c.read - f.read, written: c.written - f.written, accounted: f.accounted }
-      f.read = c.read
-      f.written = c.written
-      f.accounted = 0
-      const waste = wasted(sample)
-      const step = floodStep(f.bucket, sample, now, this.#flood)
-      f.bucket = step.bucket
-      if (step.flood) this.#close(session, f.peer, now, "frame_flood", waste)
-      else if (waste > 0) {
-        const peers = wasters.get(f.peer)
-        if (peers === undefined) wasters.set(f.peer, [{ session, waste }])
-        else peers.push({ session, waste })
-      }
-    }
-    this.#samplePeers(wasters, now)
-  }
-
-  /**
-   * Steps each peer's bucket by what its connections still open wasted in this sample (FloodRule.ts peerFloodStep),
-   * closing those it names as a connection's own flood is, the peer cooled down; a bucket is forgotten once full.
-   */
-  #samplePeers(
-    wasters: ReadonlyMap<string, ReadonlyArray<{ session: http2.Http2Session; waste: number }>>,
-    now: number
-  ) {
-    const limits = this.#peerFloodLimits
-    for (const [peer, bucket] of this.#peerFlood)
-      if (!wasters.has(peer) && refilled(bucket, now, limits) >= limits.burstBytes) this.#peerFlood.delete(peer)
-    for (const [peer, connections] of wasters) {
-      const bucket = this.#peerFlood.get(peer) ?? fullBucket(now, limits)
-      const step = peerFloodStep(
-        bucket,
-        connections.map((c) => c.waste),
-        now,
-        limits
-      )
-      this.#peerFlood.set(peer, step.bucket)
-      for (const i of step.close) {
-        const c = connections[i]
-        if (c !== undefined) this.#close(c.session, peer, now, "frame_flood", c.waste)
-      }
-    }
+    sampleFloods(this.#sessions, this.#peerFlood, this.#floodRules, now, (session, peer, waste) =>
+      this.#close(session, peer, now, "frame_flood", waste)
+    )
   }
 }

@@ -48,9 +48,12 @@ export interface Http2GrpcServerOptions {
   readonly keepalive?: KeepaliveTimes | undefined
   /** The most streams one connection holds open at once; more are refused (default MIN_CONCURRENT_STREAMS). */
   readonly maxConcurrentStreams?: number | undefined
-  /** Connections one peer address may hold open at once; more are closed at accept (Guard.ts). 0 or absent: no cap. */
+  /**
+   * Connections one peer address may hold open at once; one more takes an idle one's place, or is closed at accept
+   * when each runs a call (Guard.ts). 0 or absent: no cap.
+   */
   readonly maxConnectionsPerPeer?: number | undefined
-  /** Connections open at once on this listener; more are closed at accept. 0 or absent: no cap. */
+  /** Connections open at once on this listener; past it as past the peer's. 0 or absent: no cap. */
   readonly maxConnections?: number | undefined
   /** The flood rule's limits (default FLOOD_LIMITS, services/grpc/FloodRule.ts; tests lower them). */
   readonly floodLimits?: FloodLimits | undefined
