@@ -240,7 +240,7 @@ export class Guard {
     const now = performance.now()
     let refused = this.#caps.admit(peer, now)
     for (let evicted = 0; (refused === "peer_limit" || refused === "total_limit") && evicted < 2; evicted++) {
-      const victim = ConnectionCaps.idleVictim(this.#sessions.values(), refused, peer)
+      const victim = ConnectionCaps.idleVictim(this.#open(), refused, peer)
       if (victim === undefined) break
       this.#sessions.delete(victim.session)
       victim.release?.()
@@ -289,6 +289,11 @@ export class Guard {
       this.#onEvent({ kind: "closed", reason, peer: f.peer })
     })
     session.once("close", () => this.#sessions.delete(session))
+  }
+
+  /** The connections followed and not destroyed (one destroyed is forgotten at its 'close', a tick later). */
+  *#open(): Generator<Followed> {
+    for (const f of this.#sessions.values()) if (!f.session.destroyed) yield f
   }
 
   /** The release of the place `session`'s connection took at its accept (by its four addresses: Connections.ts). */
