@@ -1,9 +1,15 @@
-// The guard's pure rules: the connection caps and cool-downs (services/grpc/ConnectionCaps.ts), the flood rule and
+// The guard's pure rules: the connection caps, cool-downs and the choice of a connection to close past a cap
+// (services/grpc/ConnectionCaps.ts), the flood rule and
 // the reading of node:http2's session errors (services/grpc/FloodRule.ts), and the rate-limited log
 // (services/observability/RateLimitedLog.ts).
 
 import { describe, expect, it } from "vitest"
-import { ConnectionCaps, FLOOD_COOLDOWN_MS, peerOf } from "../../src/services/grpc/ConnectionCaps.ts"
+import {
+  ConnectionCaps,
+  FLOOD_COOLDOWN_MS,
+  peerOf,
+  STALE_HANDSHAKE_MS
+} from "../../src/services/grpc/ConnectionCaps.ts"
 import {
   closedReason,
   FLOOD_LIMITS,
@@ -50,6 +56,41 @@ describe("ConnectionCaps", () => {
     expect(caps.admit("a", 1_000 + FLOOD_COOLDOWN_MS - 1)).toBe("cooldown")
     expect(caps.admit("b", 1_000)).toBeUndefined()
     expect(caps.admit("a", 1_000 + FLOOD_COOLDOWN_MS)).toBeUndefined()
+  })
+
+  describe("idleVictim: the connection closed for one past a cap", () => {
+    const c = (peer: string, calls: number, activeSeq: number, handshakeSinceMs?: number) => ({
+      peer,
+      calls,
+      activeSeq,
+      handshakeSinceMs
+    })
+    const victim = (cs: ReturnType<typeof c>[], reason: "peer_limit" | "total_limit", peer: string, now = 10_000) =>
+      ConnectionCaps.idleVictim(cs, reason, peer, now)
+
+    it("at a peer's cap, its own connection running no call whose last call is oldest; none when each runs one", () => {
+      const cs = [c("a", 0, 5), c("a", 0, 3), c("a", 2, 1), c("b", 0, 0)]
+      expect(victim(cs, "peer_limit", "a")).toBe(cs[1])
+      expect(victim([c("a", 1, 1), c("a", 3, 2), c("b", 0, 0)], "peer_limit", "a")).toBeUndefined()
+    })
+
+    it("at the total cap, any peer's", () => {
+      const cs = [c("a", 0, 5), c("b", 0, 4), c("c", 1, 0)]
+      expect(victim(cs, "total_limit", "z")).toBe(cs[1])
+    })
+
+    it(`a connection in its TLS handshake for ${STALE_HANDSHAKE_MS} ms or more before any idle one, the longest first; a fresh one never`, () => {
+      const now = 10_000
+      const idle = c("a", 0, 0)
+      const fresh = c("a", 0, 9, now - STALE_HANDSHAKE_MS + 1)
+      const stale = c("a", 0, 7, now - STALE_HANDSHAKE_MS)
+      const staler = c("a", 0, 8, now - 5_000)
+      expect(victim([idle, fresh, stale, staler], "peer_limit", "a", now)).toBe(staler)
+      expect(victim([idle, fresh, stale], "peer_limit", "a", now)).toBe(stale)
+      expect(victim([idle, fresh], "peer_limit", "a", now)).toBe(idle)
+      expect(victim([fresh], "total_limit", "z", now)).toBeUndefined()
+      expect(victim([stale], "peer_limit", "b", now)).toBeUndefined()
+    })
   })
 
   it("takes an IPv4-mapped IPv6 address as the IPv4 peer", () => {

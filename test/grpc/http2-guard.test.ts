@@ -331,6 +331,35 @@ describe("the gRPC server's guard", () => {
     expect(held.closed).toBe(false)
   })
 
+  it("under TLS at the total cap, closes a connection that has not started its handshake for a second, for a new client", async () => {
+    const { port, events, pki } = await start({ tls: true, total: 2 })
+    const busy = connect(port, "127.0.0.24", pki)
+    expect((await call(busy, "/t.T/Echo")).status).toBe("0")
+    const held = await holdCall(busy)
+    // A TCP connection that never sends its ClientHello: the server would wait for it 10 s (Connections.ts).
+    const stuck = net.connect({ port, host: "127.0.0.1", localAddress: "127.0.0.22" })
+    stuck.on("error", () => {})
+    cleanups.push(() => stuck.destroy())
+    const stuckClosed = new Promise((resolve) => stuck.once("close", resolve))
+    await new Promise((resolve) => stuck.once("connect", resolve))
+    // Until the stuck one has waited a second a new client is refused (a handshake may be a router's, connecting);
+    // then it is admitted in its place.
+    const status = await pollUntil("a new client admitted", async () => {
+      const s = connect(port, "127.0.0.23", pki)
+      const r = await call(s, "/t.T/Echo")
+      if (r.status === "0") return r.status
+      s.destroy()
+      return undefined
+    })
+    expect(status).toBe("0")
+    expect(await within(stuckClosed, 5_000)).not.toBe("pending")
+    expect(events.filter((e) => e.kind === "closed")).toEqual([
+      { kind: "closed", reason: "idle_evicted", peer: "127.0.0.22" }
+    ])
+    expect(events.filter((e) => e.kind === "refused").every((e) => e.peer === "127.0.0.23")).toBe(true)
+    expect(held.closed).toBe(false)
+  })
+
   for (const withData of [false, true])
     it(`reports a connection Node's rapid-reset guard closed, and refuses its peer for the cool-down (${withData ? "HEADERS, DATA, RST" : "HEADERS, RST"})`, async () => {
       const { port, events } = await start()

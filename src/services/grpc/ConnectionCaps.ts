@@ -36,7 +36,17 @@ export interface IdleConnection {
   readonly calls: number
   /** When its last stream started or closed, as a sequence number over all connections (larger: later). */
   readonly activeSeq: number
+  /** Still in its TLS handshake: since when (ms); undefined past it. */
+  readonly handshakeSinceMs?: number | undefined
 }
+
+/**
+ * How long a connection may be in its TLS handshake before idleVictim may close it for a new one: a router's takes
+ * milliseconds on a LAN, and one at a cap must not lose to a connection just accepted. An older one is in no hurry
+ * (Connections.ts closes it at 10 s anyway), and connections that never start TLS (4,096 of them, each replaced
+ * within the 10 s) held every place of the total cap against every router.
+ */
+export const STALE_HANDSHAKE_MS = 1_000
 
 export interface CapLimits {
   /** Connections one peer address may hold open at once; 0: no cap. */
@@ -94,22 +104,34 @@ export class ConnectionCaps {
   }
 
   /**
-   * The connection to close so that one refused at a cap (`reason`) is admitted: of those running no call, of
-   * `peer` at its cap (peer_limit) or of any peer at the total cap, the one whose last call started or ended
-   * longest ago (the least `activeSeq`); undefined when each runs a call (a Health Watch is one). An idle connection
-   * costs its client a reconnection at its next call; a refused one cost the new client its node: a router behind a
-   * shared address, or after others' connections filled the cap, was locked out for as long as they stayed.
+   * The connection to close so that one refused at a cap (`reason`) is admitted, of `peer` at its cap (peer_limit)
+   * or of any peer at the total cap: the one longest in its TLS handshake past STALE_HANDSHAKE_MS, else of those
+   * past it running no call, the one whose last call started or ended longest ago (the least `activeSeq`);
+   * undefined when there is none (each runs a call, a Health Watch is one, or is in a fresh handshake). An idle
+   * connection costs its client a reconnection at its next call; a refused one cost the new client its node: a
+   * router behind a shared address, or after others' connections filled the cap, was locked out for as long as
+   * they stayed.
    */
   static idleVictim<C extends IdleConnection>(
     connections: Iterable<C>,
     reason: "peer_limit" | "total_limit",
-    peer: string
+    peer: string,
+    nowMs: number
   ): C | undefined {
-    let victim: C | undefined
-    for (const c of connections)
-      if (c.calls === 0 && (reason === "total_limit" || c.peer === peer))
-        if (victim === undefined || c.activeSeq < victim.activeSeq) victim = c
-    return victim
+    let stale: C | undefined
+    let staleSince = nowMs - STALE_HANDSHAKE_MS
+    let idle: C | undefined
+    for (const c of connections) {
+      if (c.calls > 0 || (reason === "peer_limit" && c.peer !== peer)) continue
+      const since = c.handshakeSinceMs
+      if (since === undefined) {
+        if (idle === undefined || c.activeSeq < idle.activeSeq) idle = c
+      } else if (since <= staleSince) {
+        stale = c
+        staleSince = since
+      }
+    }
+    return stale ?? idle
   }
 
   /** Connections open now, in total and from `peer`. */

@@ -1,23 +1,15 @@
 /**
  * The gRPC server's guard against clients that cost it without calling: the caps on connections open at once per
- * peer and in total, checked at accept (services/grpc/ConnectionCaps.ts), the flood rule over each connection's
+ * peer and in total, checked at accept (Places.ts), the flood rule over each connection's
  * bytes and over each peer's connections together, sampled on a timer (services/grpc/FloodRule.ts), and the report
  * of connections node:http2 itself closed (its rapid-reset guard, nghttp2's flood detection, protocol errors). Each
  * refusal and closure is reported through `onEvent` (GrpcServer.ts counts and logs them); a peer closed for a flood
- * is refused for FLOOD_COOLDOWN_MS. A connection past a cap is admitted in place of an idle one when there is one
- * (ConnectionCaps.idleVictim), which is closed (`idle_evicted`).
+ * is refused for FLOOD_COOLDOWN_MS.
  */
 
 import * as http2 from "node:http2"
 import type * as net from "node:net"
-import {
-  type CapLimits,
-  ConnectionCaps,
-  FLOOD_COOLDOWN_MS,
-  type IdleConnection,
-  peerOf,
-  type RefusedReason
-} from "../../../services/grpc/ConnectionCaps.ts"
+import { FLOOD_COOLDOWN_MS, peerOf, type RefusedReason } from "../../../services/grpc/ConnectionCaps.ts"
 import {
   type ClosedReason,
   closedReason,
@@ -36,8 +28,9 @@ import {
   resetStep,
   STREAM_FRAME_BYTES
 } from "../../../services/grpc/FloodRule.ts"
-import { connectionKey, STREAM_RESET_BURST, STREAM_RESET_RATE } from "./Connections.ts"
+import { STREAM_RESET_BURST, STREAM_RESET_RATE } from "./Connections.ts"
 import { type FloodRules, type Sampled, sampleFloods } from "./floodSample.ts"
+import { type Place, Places } from "./Places.ts"
 import { counters } from "./socketCounters.ts"
 
 /** A connection refused at accept, or closed for abuse; `bytes`: a frame flood's waste in its last sample. */
@@ -59,16 +52,14 @@ export interface Accounting {
   readonly session?: http2.Http2Session
 }
 
-interface Followed extends Accounting, Sampled, IdleConnection {
+interface Followed extends Accounting, Sampled {
   readonly peer: string
   readonly session: http2.Http2Session
   mirror: ResetMirror
   /** Streams refused before a handler (REFUSAL_BURST, REFUSAL_RATE). */
   refusals: ResetMirror
-  calls: number
-  activeSeq: number
-  /** Gives its connection's place under the caps back (once: at its socket's close, or at its eviction). */
-  readonly release: (() => void) | undefined
+  /** Its connection's place under the caps (told of its streams); undefined if the socket was already gone. */
+  readonly place: Place | undefined
 }
 
 /** Where the calls of a session not followed (already closed) account: nowhere that is read. */
@@ -89,8 +80,7 @@ export interface GuardOptions {
  * step of the system clock backwards (an NTP step of an hour kept a cooled-down router refused for an hour).
  */
 export class Guard {
-  readonly #caps: ConnectionCaps
-  readonly #limits: CapLimits
+  readonly #places: Places
   readonly #floodRules: FloodRules
   readonly #resetBurst: number
   readonly #resetRate: number
@@ -100,22 +90,18 @@ export class Guard {
   readonly #peerResets = new Map<string, ResetMirror>()
   /** Each peer's waste on all its connections (PEER_FLOOD_LIMITS), while its bucket is not full. */
   readonly #peerFlood = new Map<string, FloodBucket>()
-  /** Each admitted connection's release of its place under the caps, by its four addresses, until its session. */
-  readonly #places = new Map<string, () => void>()
-  /** Counts streams started and closed on every connection: the order idleVictim weighs them by. */
-  #seq = 0
   #timer: NodeJS.Timeout | undefined
 
   constructor(options: GuardOptions) {
-    this.#limits = { perPeer: options.maxConnectionsPerPeer ?? 0, total: options.maxConnections ?? 0 }
-    this.#caps = new ConnectionCaps(this.#limits)
+    this.#onEvent = options.onGuard ?? (() => {})
+    const limits = { perPeer: options.maxConnectionsPerPeer ?? 0, total: options.maxConnections ?? 0 }
+    this.#places = new Places(limits, this.#onEvent)
     this.#floodRules = {
       connection: options.floodLimits ?? FLOOD_LIMITS,
       peer: options.peerFloodLimits ?? PEER_FLOOD_LIMITS
     }
     this.#resetBurst = options.peerResets?.burst ?? PEER_RESET_BURST
     this.#resetRate = options.peerResets?.ratePerSec ?? PEER_RESET_RATE
-    this.#onEvent = options.onGuard ?? (() => {})
   }
 
   /**
@@ -129,26 +115,7 @@ export class Guard {
     const listeners = server.listeners("connection") as Array<(socket: net.Socket) => void>
     server.removeAllListeners("connection")
     server.on("connection", (socket: net.Socket) => {
-      const peer = peerOf(socket.remoteAddress)
-      const refused = this.#admit(peer)
-      if (refused !== undefined) {
-        socket.on("error", () => {})
-        socket.destroy()
-        const limit =
-          refused === "peer_limit" ? this.#limits.perPeer : refused === "total_limit" ? this.#limits.total : 0
-        this.#onEvent({ kind: "refused", reason: refused, peer, limit })
-        return
-      }
-      const key = connectionKey(socket)
-      let held = true
-      const release = (): void => {
-        if (held) this.#caps.release(peer)
-        held = false
-        this.#places.delete(key)
-      }
-      this.#places.set(key, release)
-      socket.once("close", release)
-      for (const listener of listeners) listener.call(server, socket)
+      if (this.#places.accept(socket)) for (const listener of listeners) listener.call(server, socket)
     })
     server.on("session", (session) => this.#follow(session))
     this.#timer = setInterval(this.#sample, SAMPLE_MS)
@@ -162,7 +129,7 @@ export class Guard {
 
   /** Connections open now (admitted, not closed). */
   get open(): number {
-    return this.#caps.open()
+    return this.#places.open
   }
 
   /**
@@ -174,8 +141,7 @@ export class Guard {
     const f = session && this.#sessions.get(session)
     if (f === undefined) return nowhere
     f.accounted += headerListBytes(headers) + STREAM_FRAME_BYTES
-    f.calls++
-    f.activeSeq = ++this.#seq
+    if (f.place !== undefined) this.#places.opened(f.place)
     return f
   }
 
@@ -192,8 +158,7 @@ export class Guard {
     // Every Accounting but `nowhere` is a Followed (onStream); charged even once its session is no longer followed,
     // as the session's 'error' reads this mirror after its streams closed.
     const f = a as Followed
-    f.calls--
-    f.activeSeq = ++this.#seq
+    if (f.place !== undefined) this.#places.closed(f.place)
     if (rstCode === undefined || rstCode === http2.constants.NGHTTP2_NO_ERROR) return
     f.mirror = resetStep(f.mirror, performance.now(), STREAM_RESET_BURST, STREAM_RESET_RATE)
   }
@@ -232,29 +197,9 @@ export class Guard {
     if (f.refusals.left < 0) this.#close(session, peer, now, "refusal_flood")
   }
 
-  /**
-   * Counts a connection of `peer` in, or says why it is refused: past a cap, an idle connection that idleVictim
-   * names is closed in its place (at most two: one of another peer at the total cap, then one of its own).
-   */
-  #admit(peer: string): RefusedReason | undefined {
-    const now = performance.now()
-    let refused = this.#caps.admit(peer, now)
-    for (let evicted = 0; (refused === "peer_limit" || refused === "total_limit") && evicted < 2; evicted++) {
-      const victim = ConnectionCaps.idleVictim(this.#open(), refused, peer)
-      if (victim === undefined) break
-      this.#sessions.delete(victim.session)
-      victim.release?.()
-      // GOAWAY NO_ERROR, then the socket closes (a graceful close waits on the client): it runs no call.
-      victim.session.destroy()
-      this.#onEvent({ kind: "closed", reason: "idle_evicted", peer: victim.peer })
-      refused = this.#caps.admit(peer, now)
-    }
-    return refused
-  }
-
   #close(session: http2.Http2Session, peer: string, now: number, reason: ClosedReason, bytes?: number): void {
     this.#sessions.delete(session)
-    this.#caps.cooldown(peer, now, FLOOD_COOLDOWN_MS)
+    this.#places.cooldown(peer, now, FLOOD_COOLDOWN_MS)
     // GOAWAY ENHANCE_YOUR_CALM (RFC 9113 7: "the endpoint is ... generating excessive load"), then the socket closes.
     // With an error: destroy(undefined, code) sends NO_ERROR (its first parameter defaults to NO_ERROR, a number that
     // then stands for the code). The error goes to the session's 'error' (onConnectionError, logged at debug).
@@ -277,37 +222,21 @@ export class Guard {
       refusals: resetMirror(REFUSAL_BURST, now),
       read: c?.read ?? 0,
       written: c?.written ?? 0,
-      calls: 0,
-      activeSeq: ++this.#seq,
-      release: this.#placeOf(session)
+      place: this.#places.settle(session)
     }
     this.#sessions.set(session, f)
     session.on("error", (e: NodeJS.ErrnoException) => {
       const reason = closedReason(e.errno, f.mirror, STREAM_RESET_RATE)
       if (reason === undefined) return
-      if (reason !== "protocol_error") this.#caps.cooldown(f.peer, performance.now(), FLOOD_COOLDOWN_MS)
+      if (reason !== "protocol_error") this.#places.cooldown(f.peer, performance.now(), FLOOD_COOLDOWN_MS)
       this.#onEvent({ kind: "closed", reason, peer: f.peer })
     })
     session.once("close", () => this.#sessions.delete(session))
   }
 
-  /** The connections followed and not destroyed (one destroyed is forgotten at its 'close', a tick later). */
-  *#open(): Generator<Followed> {
-    for (const f of this.#sessions.values()) if (!f.session.destroyed) yield f
-  }
-
-  /** The release of the place `session`'s connection took at its accept (by its four addresses: Connections.ts). */
-  #placeOf(session: http2.Http2Session): (() => void) | undefined {
-    try {
-      return this.#places.get(connectionKey(session.socket))
-    } catch {
-      return undefined
-    }
-  }
-
   readonly #sample = (): void => {
     const now = performance.now()
-    this.#caps.prune(now)
+    this.#places.prune(now)
     for (const [peer, m] of this.#peerResets)
       if (m.left + ((now - m.atMs) / 1000) * this.#resetRate >= this.#resetBurst) this.#peerResets.delete(peer)
     sampleFloods(this.#sessions, this.#peerFlood, this.#floodRules, now, (session, peer, waste) =>

@@ -1,0 +1,139 @@
+/**
+ * Each gRPC connection's place under the caps (agent.max_connections_per_peer, agent.max_connections), from its
+ * accept to its close: counted by services/grpc/ConnectionCaps.ts, and past a cap given to the new connection when
+ * ConnectionCaps.idleVictim names one to close (a connection running no call, or one stuck in its TLS handshake),
+ * else refused at accept. The guard (Guard.ts) asks at each accept and tells each place its streams.
+ */
+import type * as http2 from "node:http2"
+import type * as net from "node:net"
+import { type CapLimits, ConnectionCaps, type IdleConnection, peerOf } from "../../../services/grpc/ConnectionCaps.ts"
+import { connectionKey } from "./Connections.ts"
+import type { GuardEvent } from "./Guard.ts"
+
+/** One admitted connection's place. */
+export interface Place extends IdleConnection {
+  readonly peer: string
+  /** The accepted socket (under TLS, the one the TLS socket wraps), and its four addresses. */
+  readonly socket: net.Socket
+  readonly key: string
+  /** Its HTTP/2 session, once made (for TLS, at the end of its handshake). */
+  session: http2.Http2Session | undefined
+  handshakeSinceMs: number | undefined
+  calls: number
+  activeSeq: number
+}
+
+/** A session's socket's four addresses; "" once node:http2 has let the socket go. */
+const keyOf = (session: http2.Http2Session): string => {
+  try {
+    return connectionKey(session.socket)
+  } catch {
+    return ""
+  }
+}
+
+/** Time is performance.now(), monotonic (Guard.ts). */
+export class Places {
+  readonly #caps: ConnectionCaps
+  readonly #limits: CapLimits
+  readonly #onEvent: (event: GuardEvent) => void
+  /** Every admitted connection's place, by its four addresses (one key for the accepted and the TLS socket). */
+  readonly #places = new Map<string, Place>()
+  /** Counts streams started and closed on every connection: the order idleVictim weighs them by. */
+  #seq = 0
+
+  constructor(limits: CapLimits, onEvent: (event: GuardEvent) => void) {
+    this.#limits = limits
+    this.#caps = new ConnectionCaps(limits)
+    this.#onEvent = onEvent
+  }
+
+  /**
+   * Counts `socket`'s connection in, closing an idle one in its place past a cap (at most two: one of another peer
+   * at the total cap, then one of its own), or closes it and says so (false).
+   */
+  accept(socket: net.Socket): boolean {
+    const peer = peerOf(socket.remoteAddress)
+    const now = performance.now()
+    let refused = this.#caps.admit(peer, now)
+    for (let evicted = 0; (refused === "peer_limit" || refused === "total_limit") && evicted < 2; evicted++) {
+      const victim = ConnectionCaps.idleVictim(this.#open(), refused, peer, now)
+      if (victim === undefined) break
+      this.#release(victim)
+      // GOAWAY NO_ERROR, then the socket closes (a graceful close waits on the client): it runs no call. One still
+      // in its TLS handshake has no session yet: its socket alone.
+      if (victim.session !== undefined) victim.session.destroy()
+      else victim.socket.destroy()
+      this.#onEvent({ kind: "closed", reason: "idle_evicted", peer: victim.peer })
+      refused = this.#caps.admit(peer, now)
+    }
+    if (refused !== undefined) {
+      socket.on("error", () => {})
+      socket.destroy()
+      const limit = refused === "peer_limit" ? this.#limits.perPeer : refused === "total_limit" ? this.#limits.total : 0
+      this.#onEvent({ kind: "refused", reason: refused, peer, limit })
+      return false
+    }
+    const place: Place = {
+      peer,
+      socket,
+      key: connectionKey(socket),
+      session: undefined,
+      handshakeSinceMs: now,
+      calls: 0,
+      activeSeq: ++this.#seq
+    }
+    this.#places.set(place.key, place)
+    socket.once("close", () => this.#release(place))
+    return true
+  }
+
+  /** `session`'s place (by its socket's four addresses), now past its handshake; undefined if it is gone. */
+  settle(session: http2.Http2Session): Place | undefined {
+    const place = this.#places.get(keyOf(session))
+    if (place === undefined) return undefined
+    place.session = session
+    place.handshakeSinceMs = undefined
+    place.activeSeq = ++this.#seq
+    return place
+  }
+
+  /** A stream started on `place`'s connection. */
+  opened(place: Place): void {
+    place.calls++
+    place.activeSeq = ++this.#seq
+  }
+
+  /** A stream opened on `place`'s connection closed. */
+  closed(place: Place): void {
+    place.calls--
+    place.activeSeq = ++this.#seq
+  }
+
+  /** Refuses `peer`'s new connections until `nowMs + ms`. */
+  cooldown(peer: string, nowMs: number, ms: number): void {
+    this.#caps.cooldown(peer, nowMs, ms)
+  }
+
+  /** Forgets the cool-downs that are over. */
+  prune(nowMs: number): void {
+    this.#caps.prune(nowMs)
+  }
+
+  /** Connections open now (admitted, not closed). */
+  get open(): number {
+    return this.#caps.open()
+  }
+
+  /** Gives `place` back, once (at its eviction, or at its socket's close after). */
+  #release(place: Place): void {
+    if (this.#places.get(place.key) !== place) return
+    this.#places.delete(place.key)
+    this.#caps.release(place.peer)
+  }
+
+  /** The places whose connection is not closing (a destroyed one is given back at its socket's 'close', later). */
+  *#open(): Generator<Place> {
+    for (const p of this.#places.values()) if (!p.socket.destroyed && p.session?.destroyed !== true) yield p
+  }
+}
