@@ -7,6 +7,8 @@ import { describe, expect, it } from "vitest"
 import {
   ConnectionCaps,
   FLOOD_COOLDOWN_MS,
+  IdleOrder,
+  type Idling,
   peerOf,
   STALE_HANDSHAKE_MS
 } from "../../src/services/grpc/ConnectionCaps.ts"
@@ -58,38 +60,68 @@ describe("ConnectionCaps", () => {
     expect(caps.admit("a", 1_000 + FLOOD_COOLDOWN_MS)).toBeUndefined()
   })
 
-  describe("idleVictim: the connection closed for one past a cap", () => {
-    const c = (peer: string, calls: number, activeSeq: number, handshakeSinceMs?: number) => ({
-      peer,
-      calls,
-      activeSeq,
-      handshakeSinceMs
-    })
-    const victim = (cs: ReturnType<typeof c>[], reason: "peer_limit" | "total_limit", peer: string, now = 10_000) =>
-      ConnectionCaps.idleVictim(cs, reason, peer, now)
+  describe("IdleOrder: the connection closed for one past a cap", () => {
+    type C = Idling & { readonly name: string }
+    const order = () => new IdleOrder<C>()
+    const c = (name: string, peer: string, handshakeSinceMs: number): C => ({ name, peer, handshakeSinceMs, calls: 0 })
+    const alive = () => true
+    const now = 10_000
 
-    it("at a peer's cap, its own connection running no call whose last call is oldest; none when each runs one", () => {
-      const cs = [c("a", 0, 5), c("a", 0, 3), c("a", 2, 1), c("b", 0, 0)]
-      expect(victim(cs, "peer_limit", "a")).toBe(cs[1])
-      expect(victim([c("a", 1, 1), c("a", 3, 2), c("b", 0, 0)], "peer_limit", "a")).toBeUndefined()
-    })
-
-    it("at the total cap, any peer's", () => {
-      const cs = [c("a", 0, 5), c("b", 0, 4), c("c", 1, 0)]
-      expect(victim(cs, "total_limit", "z")).toBe(cs[1])
+    it("at a peer's cap, its own connection idle the longest (the last to end a call); none when each runs one", () => {
+      const o = order()
+      const [a1, a2, a3, b1] = [c("a1", "a", 0), c("a2", "a", 0), c("a3", "a", 0), c("b1", "b", 0)]
+      for (const x of [a1, a2, a3, b1]) {
+        o.accepted(x)
+        o.settled(x)
+      }
+      // a1 runs a call and ends it: it was idle before a2 and a3, now after them.
+      o.opened(a1)
+      o.closed(a1)
+      o.opened(a3)
+      expect(o.victim("peer_limit", "a", now, alive)?.name).toBe("a2")
+      o.opened(a2)
+      expect(o.victim("peer_limit", "a", now, alive)?.name).toBe("a1")
+      o.opened(a1)
+      expect(o.victim("peer_limit", "a", now, alive)).toBeUndefined()
+      // At the total cap, any peer's.
+      expect(o.victim("total_limit", "z", now, alive)?.name).toBe("b1")
+      // Two calls at once, one ended: still busy; the other ended: idle again.
+      o.opened(a3)
+      o.closed(a3)
+      expect(o.victim("peer_limit", "a", now, alive)).toBeUndefined()
+      o.closed(a3)
+      expect(o.victim("peer_limit", "a", now, alive)?.name).toBe("a3")
     })
 
     it(`a connection in its TLS handshake for ${STALE_HANDSHAKE_MS} ms or more before any idle one, the longest first; a fresh one never`, () => {
-      const now = 10_000
-      const idle = c("a", 0, 0)
-      const fresh = c("a", 0, 9, now - STALE_HANDSHAKE_MS + 1)
-      const stale = c("a", 0, 7, now - STALE_HANDSHAKE_MS)
-      const staler = c("a", 0, 8, now - 5_000)
-      expect(victim([idle, fresh, stale, staler], "peer_limit", "a", now)).toBe(staler)
-      expect(victim([idle, fresh, stale], "peer_limit", "a", now)).toBe(stale)
-      expect(victim([idle, fresh], "peer_limit", "a", now)).toBe(idle)
-      expect(victim([fresh], "total_limit", "z", now)).toBeUndefined()
-      expect(victim([stale], "peer_limit", "b", now)).toBeUndefined()
+      const o = order()
+      const idle = c("idle", "a", 0)
+      o.accepted(idle)
+      o.settled(idle)
+      const staler = c("staler", "a", now - 5_000)
+      const stale = c("stale", "a", now - STALE_HANDSHAKE_MS)
+      const fresh = c("fresh", "a", now - STALE_HANDSHAKE_MS + 1)
+      for (const x of [staler, stale, fresh]) o.accepted(x)
+      expect(o.victim("peer_limit", "a", now, alive)?.name).toBe("staler")
+      o.released(staler)
+      expect(o.victim("peer_limit", "a", now, alive)?.name).toBe("stale")
+      o.settled(stale)
+      o.opened(stale)
+      // The oldest handshake left is fresh: the idle one goes.
+      expect(o.victim("total_limit", "z", now, alive)?.name).toBe("idle")
+      o.released(idle)
+      expect(o.victim("total_limit", "z", now, alive)).toBeUndefined()
+      expect(o.victim("peer_limit", "b", now, alive)).toBeUndefined()
+    })
+
+    it("passes over connections already closing", () => {
+      const o = order()
+      const [x, y] = [c("x", "a", 0), c("y", "a", 0)]
+      for (const v of [x, y]) {
+        o.accepted(v)
+        o.settled(v)
+      }
+      expect(o.victim("peer_limit", "a", now, (v) => v !== x)?.name).toBe("y")
     })
   })
 

@@ -1,8 +1,9 @@
 /**
- * The gRPC server's caps on connections open at once, per peer address and in total, and the cool-down of a peer
- * whose connection was closed for abuse (FloodRule.ts): the bookkeeping alone, free of sockets and clocks (the
- * caller passes the time). The live side is layers/grpc/http2/Guard.ts, which asks `admit` at each accept, before
- * the connection costs a TLS handshake or an HTTP/2 session.
+ * The gRPC server's caps on connections open at once, per peer address and in total, the cool-down of a peer whose
+ * connection was closed for abuse (FloodRule.ts), and the order in which connections past a cap take the places of
+ * idle ones (IdleOrder): the bookkeeping alone, free of sockets and clocks (the caller passes the time). The live
+ * side is layers/grpc/http2/Places.ts, which asks at each accept, before the connection costs a TLS handshake or an
+ * HTTP/2 session.
  */
 
 /** Why a connection was refused at its accept. */
@@ -29,22 +30,11 @@ export const peerOf = (remoteAddress: string | undefined): string => {
   return a.startsWith("::ffff:") && a.includes(".") ? a.slice(7) : a
 }
 
-/** What idleVictim weighs of an open connection. */
-export interface IdleConnection {
-  readonly peer: string
-  /** Its streams open (calls, and streams the server is refusing). */
-  readonly calls: number
-  /** When its last stream started or closed, as a sequence number over all connections (larger: later). */
-  readonly activeSeq: number
-  /** Still in its TLS handshake: since when (ms); undefined past it. */
-  readonly handshakeSinceMs?: number | undefined
-}
-
 /**
- * How long a connection may be in its TLS handshake before idleVictim may close it for a new one: a router's takes
- * milliseconds on a LAN, and one at a cap must not lose to a connection just accepted. An older one is in no hurry
- * (Connections.ts closes it at 10 s anyway), and connections that never start TLS (4,096 of them, each replaced
- * within the 10 s) held every place of the total cap against every router.
+ * How long a connection may be in its TLS handshake before IdleOrder.victim may name it for a new one: a router's
+ * takes milliseconds on a LAN, and one at a cap must not lose its place to a connection just accepted. An older one
+ * is in no hurry (Connections.ts closes it at 10 s anyway), and connections that never start TLS (4,096 of them,
+ * each replaced within the 10 s) held every place of the total cap against every router.
  */
 export const STALE_HANDSHAKE_MS = 1_000
 
@@ -103,39 +93,103 @@ export class ConnectionCaps {
     for (const [peer, until] of this.#cooling) if (until <= nowMs) this.#cooling.delete(peer)
   }
 
-  /**
-   * The connection to close so that one refused at a cap (`reason`) is admitted, of `peer` at its cap (peer_limit)
-   * or of any peer at the total cap: the one longest in its TLS handshake past STALE_HANDSHAKE_MS, else of those
-   * past it running no call, the one whose last call started or ended longest ago (the least `activeSeq`);
-   * undefined when there is none (each runs a call, a Health Watch is one, or is in a fresh handshake). An idle
-   * connection costs its client a reconnection at its next call; a refused one cost the new client its node: a
-   * router behind a shared address, or after others' connections filled the cap, was locked out for as long as
-   * they stayed.
-   */
-  static idleVictim<C extends IdleConnection>(
-    connections: Iterable<C>,
-    reason: "peer_limit" | "total_limit",
-    peer: string,
-    nowMs: number
-  ): C | undefined {
-    let stale: C | undefined
-    let staleSince = nowMs - STALE_HANDSHAKE_MS
-    let idle: C | undefined
-    for (const c of connections) {
-      if (c.calls > 0 || (reason === "peer_limit" && c.peer !== peer)) continue
-      const since = c.handshakeSinceMs
-      if (since === undefined) {
-        if (idle === undefined || c.activeSeq < idle.activeSeq) idle = c
-      } else if (since <= staleSince) {
-        stale = c
-        staleSince = since
-      }
-    }
-    return stale ?? idle
-  }
-
   /** Connections open now, in total and from `peer`. */
   open(peer?: string): number {
     return peer === undefined ? this.#total : (this.#byPeer.get(peer) ?? 0)
   }
+}
+
+/** An open connection as IdleOrder keeps it (the caller's object: IdleOrder keeps its two fields up to date). */
+export interface Idling {
+  readonly peer: string
+  /** Still in its TLS handshake: since when (ms); undefined past it. */
+  handshakeSinceMs: number | undefined
+  /** Its streams open (calls, and streams the server is refusing). */
+  calls: number
+}
+
+interface Kinds<C> {
+  /** Those in their TLS handshake, in the order they were accepted. */
+  readonly handshakes: Set<C>
+  /** Those past it running no call, in the order they last became so. */
+  readonly idle: Set<C>
+}
+
+const kinds = <C>(): Kinds<C> => ({ handshakes: new Set(), idle: new Set() })
+
+/**
+ * The connections a new one past a cap may take the place of: those in their TLS handshake and those running no
+ * call, of each peer and of all, each kind in the order it became so (a Set keeps insertion order), so the oldest
+ * is the first and nothing is scanned. An idle connection costs its client a reconnection at its next call; a
+ * refused one cost the new client its node: a router behind a shared address, or after others' connections filled
+ * the cap, was locked out for as long as they stayed. A Health Watch is a call: its connection is never taken.
+ */
+export class IdleOrder<C extends Idling> {
+  readonly #all = kinds<C>()
+  readonly #byPeer = new Map<string, Kinds<C>>()
+
+  /** `c` was accepted, its handshakeSinceMs set. */
+  accepted(c: C): void {
+    this.#add(c, "handshakes")
+  }
+
+  /** `c`'s handshake is over (its HTTP/2 session made). */
+  settled(c: C): void {
+    this.#remove(c, "handshakes")
+    c.handshakeSinceMs = undefined
+    if (c.calls === 0) this.#add(c, "idle")
+  }
+
+  /** A stream started on `c`. */
+  opened(c: C): void {
+    if (c.calls++ === 0 && c.handshakeSinceMs === undefined) this.#remove(c, "idle")
+  }
+
+  /** A stream of `c`'s closed. */
+  closed(c: C): void {
+    if (--c.calls === 0 && c.handshakeSinceMs === undefined) this.#add(c, "idle")
+  }
+
+  /** `c` closed (or was taken). */
+  released(c: C): void {
+    this.#remove(c, "handshakes")
+    this.#remove(c, "idle")
+  }
+
+  /**
+   * The connection to close so that one refused at a cap (`reason`) is admitted, of `peer` at its cap or of any
+   * peer at the total cap: the one longest in its handshake if STALE_HANDSHAKE_MS have passed, else the one idle
+   * longest; undefined when there is none. `alive` passes over those already closing.
+   */
+  victim(reason: "peer_limit" | "total_limit", peer: string, nowMs: number, alive: (c: C) => boolean): C | undefined {
+    const k = reason === "total_limit" ? this.#all : this.#byPeer.get(peer)
+    if (k === undefined) return undefined
+    const handshake = first(k.handshakes, alive)
+    const since = handshake?.handshakeSinceMs
+    if (since !== undefined && nowMs - since >= STALE_HANDSHAKE_MS) return handshake
+    return first(k.idle, alive)
+  }
+
+  #add(c: C, kind: keyof Kinds<C>): void {
+    this.#all[kind].add(c)
+    let k = this.#byPeer.get(c.peer)
+    if (k === undefined) {
+      k = kinds()
+      this.#byPeer.set(c.peer, k)
+    }
+    k[kind].add(c)
+  }
+
+  #remove(c: C, kind: keyof Kinds<C>): void {
+    this.#all[kind].delete(c)
+    const k = this.#byPeer.get(c.peer)
+    if (k === undefined) return
+    k[kind].delete(c)
+    if (k.handshakes.size === 0 && k.idle.size === 0) this.#byPeer.delete(c.peer)
+  }
+}
+
+const first = <C>(set: ReadonlySet<C>, alive: (c: C) => boolean): C | undefined => {
+  for (const c of set) if (alive(c)) return c
+  return undefined
 }

@@ -1,26 +1,28 @@
 /**
  * Each gRPC connection's place under the caps (agent.max_connections_per_peer, agent.max_connections), from its
  * accept to its close: counted by services/grpc/ConnectionCaps.ts, and past a cap given to the new connection when
- * ConnectionCaps.idleVictim names one to close (a connection running no call, or one stuck in its TLS handshake),
- * else refused at accept. The guard (Guard.ts) asks at each accept and tells each place its streams.
+ * IdleOrder names one to close (one stuck in its TLS handshake, or one running no call), else refused at accept.
+ * The guard (Guard.ts) asks at each accept and tells each place its streams.
  */
 import type * as http2 from "node:http2"
 import type * as net from "node:net"
-import { type CapLimits, ConnectionCaps, type IdleConnection, peerOf } from "../../../services/grpc/ConnectionCaps.ts"
+import {
+  type CapLimits,
+  ConnectionCaps,
+  IdleOrder,
+  type Idling,
+  peerOf
+} from "../../../services/grpc/ConnectionCaps.ts"
 import { connectionKey } from "./Connections.ts"
 import type { GuardEvent } from "./Guard.ts"
 
 /** One admitted connection's place. */
-export interface Place extends IdleConnection {
-  readonly peer: string
+export interface Place extends Idling {
   /** The accepted socket (under TLS, the one the TLS socket wraps), and its four addresses. */
   readonly socket: net.Socket
   readonly key: string
   /** Its HTTP/2 session, once made (for TLS, at the end of its handshake). */
   session: http2.Http2Session | undefined
-  handshakeSinceMs: number | undefined
-  calls: number
-  activeSeq: number
 }
 
 /** A session's socket's four addresses; "" once node:http2 has let the socket go. */
@@ -32,15 +34,17 @@ const keyOf = (session: http2.Http2Session): string => {
   }
 }
 
+/** Not closing (a destroyed one is given back at its socket's 'close', a tick later). */
+const alive = (p: Place): boolean => !p.socket.destroyed && p.session?.destroyed !== true
+
 /** Time is performance.now(), monotonic (Guard.ts). */
 export class Places {
   readonly #caps: ConnectionCaps
+  readonly #order = new IdleOrder<Place>()
   readonly #limits: CapLimits
   readonly #onEvent: (event: GuardEvent) => void
   /** Every admitted connection's place, by its four addresses (one key for the accepted and the TLS socket). */
   readonly #places = new Map<string, Place>()
-  /** Counts streams started and closed on every connection: the order idleVictim weighs them by. */
-  #seq = 0
 
   constructor(limits: CapLimits, onEvent: (event: GuardEvent) => void) {
     this.#limits = limits
@@ -57,7 +61,7 @@ export class Places {
     const now = performance.now()
     let refused = this.#caps.admit(peer, now)
     for (let evicted = 0; (refused === "peer_limit" || refused === "total_limit") && evicted < 2; evicted++) {
-      const victim = ConnectionCaps.idleVictim(this.#open(), refused, peer, now)
+      const victim = this.#order.victim(refused, peer, now, alive)
       if (victim === undefined) break
       this.#release(victim)
       // GOAWAY NO_ERROR, then the socket closes (a graceful close waits on the client): it runs no call. One still
@@ -80,10 +84,10 @@ export class Places {
       key: connectionKey(socket),
       session: undefined,
       handshakeSinceMs: now,
-      calls: 0,
-      activeSeq: ++this.#seq
+      calls: 0
     }
     this.#places.set(place.key, place)
+    this.#order.accepted(place)
     socket.once("close", () => this.#release(place))
     return true
   }
@@ -93,21 +97,18 @@ export class Places {
     const place = this.#places.get(keyOf(session))
     if (place === undefined) return undefined
     place.session = session
-    place.handshakeSinceMs = undefined
-    place.activeSeq = ++this.#seq
+    this.#order.settled(place)
     return place
   }
 
   /** A stream started on `place`'s connection. */
   opened(place: Place): void {
-    place.calls++
-    place.activeSeq = ++this.#seq
+    this.#order.opened(place)
   }
 
   /** A stream opened on `place`'s connection closed. */
   closed(place: Place): void {
-    place.calls--
-    place.activeSeq = ++this.#seq
+    this.#order.closed(place)
   }
 
   /** Refuses `peer`'s new connections until `nowMs + ms`. */
@@ -129,11 +130,7 @@ export class Places {
   #release(place: Place): void {
     if (this.#places.get(place.key) !== place) return
     this.#places.delete(place.key)
+    this.#order.released(place)
     this.#caps.release(place.peer)
-  }
-
-  /** The places whose connection is not closing (a destroyed one is given back at its socket's 'close', later). */
-  *#open(): Generator<Place> {
-    for (const p of this.#places.values()) if (!p.socket.destroyed && p.session?.destroyed !== true) yield p
   }
 }
