@@ -155,10 +155,10 @@ describe("the penalty (pure)", () => {
 const AFTER_MS = 300_000
 
 /** The live EngineStall over the test supervisor (Ready), with metrics and its log lines recorded. */
-const setup = () => {
+const setup = (afterMs = AFTER_MS) => {
   const config = layerFromObject({
     models: { m: { hf_repo: "org/m" } },
-    engine: { stall_restart_after: `${AFTER_MS}ms`, stream_idle_timeout: "5m" }
+    engine: { stall_restart_after: `${afterMs}ms`, stream_idle_timeout: "5m" }
   })
   const engine = EngineTest.layerTest({ initial: State.Ready({ since: 0, run: 0 }) })
   const registry = new Registry()
@@ -310,6 +310,46 @@ describe("the live EngineStall's flap damping", () => {
           request?.reason ?? "",
           /^engine failing calls, held for flapping until about .* \(engine\.stall_restart_after\)$/
         )
+      }).pipe(Effect.provide(t.layer))
+    }
+  )
+
+  /** A hold that outlasts a stall_restart_after of 2 min (the default, 5 min, ends before any hold does). */
+  const SHORT_AFTER_MS = 120_000
+  const END = releaseAt(trips([0, 30_000, 60_000, 90_000]))!
+
+  it.effect(
+    "held past stall_restart_after: an engine whose calls complete meanwhile is not restarted, cleared at the hold's end",
+    () => {
+      const t = setup(SHORT_AFTER_MS)
+      return Effect.gen(function* () {
+        assert.isAbove(END, 90_000 + SHORT_AFTER_MS, "the hold outlasts stall_restart_after")
+        yield* flapUntilHeld
+        yield* completed(91_000)
+        yield* to(90_000 + SHORT_AFTER_MS + 10_000)
+        assert.deepStrictEqual(yield* requests, [], "recovered while held: not restarted")
+        yield* to(END)
+        assert.isUndefined(yield* failingNow, "the owed clear, at the end")
+        yield* to(END + SHORT_AFTER_MS)
+        assert.deepStrictEqual(yield* requests, [])
+      }).pipe(Effect.provide(t.layer))
+    }
+  )
+
+  it.effect(
+    "held past stall_restart_after: one that fails a run of calls again after its calls completed is restarted within a second",
+    () => {
+      const t = setup(SHORT_AFTER_MS)
+      return Effect.gen(function* () {
+        yield* flapUntilHeld
+        yield* completed(91_000)
+        yield* to(90_000 + SHORT_AFTER_MS + 10_000)
+        assert.deepStrictEqual(yield* requests, [])
+        yield* failed(90_000 + SHORT_AFTER_MS + 20_000)
+        yield* to(90_000 + SHORT_AFTER_MS + 21_000)
+        const [request, ...more] = yield* requests
+        assert.deepStrictEqual(more, [])
+        assert.strictEqual(request?.source, "stall")
       }).pipe(Effect.provide(t.layer))
     }
   )

@@ -25,6 +25,7 @@ import {
   noStall,
   onCompleted,
   onFailing,
+  onlyFailing,
   onNoProgress,
   onProgress,
   onStall,
@@ -49,6 +50,9 @@ import {
 } from "../../services/engine/FlapDamping.ts"
 import { Drain } from "../../services/node/Drain.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
+
+/** How often a restart held back for an owed clear looks again whether it still is (the watchdog's tick). */
+const OWED_RECHECK_MS = 1_000
 
 export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = Layer.effect(
   EngineStall,
@@ -146,8 +150,11 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
                 const at = stallRestartAt(s, afterMs, idleMs, preStallMovedAt)
                 if (at === undefined) return
                 const wait = at - (yield* now)
-                if (wait <= 0) return yield* restart(s)
-                yield* Effect.sleep(wait)
+                // An engine held for flapping whose calls or test completed since (a clear owed, FlapDamping.ts) has
+                // recovered: the hold's end clears it, a restart would cut its calls. Looked at again each second: a
+                // run of calls failed meanwhile (a re-trip) takes the clear back, and then it is restarted.
+                if (wait <= 0 && !(onlyFailing(s) && damping.owed)) return yield* restart(s)
+                yield* Effect.sleep(wait > 0 ? wait : OWED_RECHECK_MS)
               }
             })
           )

@@ -88,6 +88,10 @@ export const stallStart = (s: StallState): number | undefined => {
   return starts.length === 0 ? undefined : Math.min(...starts)
 }
 
+/** Whether failing calls (FailedCalls.ts) are the engine's only stall: a stream, its counters and the test are fine. */
+export const onlyFailing = (s: StallState): boolean =>
+  s.failing !== undefined && !streamsStalled(s) && s.noProgress === undefined && s.testFailed === undefined
+
 /** `streams` streams ended at `now` for sending nothing (one watchdog tick's, together). */
 export const onStall = (s: StallState, now: number, streams = 1): StallState => ({
   ...s,

@@ -28,7 +28,8 @@
  *   - 80% and more: held within the first minute (median 29 s), the state then failing ~2/3 of the time anyway.
  * REUSE = 1 and a ceiling of CEILING = 4 bound the hold: from the suppressing trip (≥ 3) at least 2·log2(3) ≈ 3.2 min,
  * and at most 2·log2(4) = 4 min after the last trip or re-trip, so a node whose engine recovered while held is back
- * within 4 minutes (RFC 2439 derives its ceiling from a maximum hold-down time likewise). Re-trips at 50% come about
+ * within 4 minutes, not restarted meanwhile even where stall_restart_after is shorter (a clear owed holds the restart
+ * back: layers/engine/EngineStall.ts) (RFC 2439 derives its ceiling from a maximum hold-down time likewise). Re-trips at 50% come about
  * once a minute, far more often than the 4 minutes it takes to decay from the ceiling: it stays held, and is restarted
  * at engine.stall_restart_after (counted from the trip that began the held state, as for any failing state). An engine
  * that fails every call trips once and is never cleared: neither the penalty nor the restart's timing changes for it.
