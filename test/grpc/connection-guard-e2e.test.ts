@@ -35,7 +35,11 @@ const connect = async (from: string) => {
   const session = http2.connect(`http://127.0.0.1:${port}`, { localAddress: from } as http2.ClientSessionOptions)
   session.on("error", () => {})
   sockets.push(session)
-  await new Promise((resolve) => session.once("remoteSettings", resolve))
+  // Or its close: a connection refused at accept gets no SETTINGS.
+  await new Promise((resolve) => {
+    session.once("remoteSettings", resolve)
+    session.once("close", resolve)
+  })
   return session
 }
 
@@ -129,7 +133,8 @@ describe("the daemon's connection guard", () => {
     bWatch.close(http2.constants.NGHTTP2_CANCEL)
     expect(await generate(b)).toBe("0")
     const goaway = new Promise((resolve) => b.once("goaway", resolve))
-    expect(await generate(await connect("127.0.0.1"))).toBe("0")
+    // Refused until b has been idle a second (services/grpc/ConnectionCaps.ts SETTLED_IDLE_MS).
+    await pollUntil("a new connection admitted", async () => (await generate(await connect("127.0.0.1"))) === "0")
     await goaway
     expect(await metric('cgn_agent_grpc_connections_closed_total{reason="idle_evicted"}')).toMatch(/ 1$/)
   })

@@ -10,6 +10,7 @@ import {
   IdleOrder,
   type Idling,
   peerOf,
+  SETTLED_IDLE_MS,
   STALE_HANDSHAKE_MS
 } from "../../src/services/grpc/ConnectionCaps.ts"
 import {
@@ -62,66 +63,94 @@ describe("ConnectionCaps", () => {
 
   describe("IdleOrder: the connection closed for one past a cap", () => {
     type C = Idling & { readonly name: string }
-    const order = () => new IdleOrder<C>()
-    const c = (name: string, peer: string, handshakeSinceMs: number): C => ({ name, peer, handshakeSinceMs, calls: 0 })
+    const c = (name: string, peer: string, handshakeSinceMs: number): C => ({
+      name,
+      peer,
+      handshakeSinceMs,
+      calls: 0,
+      idleSinceMs: 0,
+      released: false
+    })
     const alive = () => true
-    const now = 10_000
-
-    it("at a peer's cap, its own connection idle the longest (the last to end a call); none when each runs one", () => {
-      const o = order()
-      const [a1, a2, a3, b1] = [c("a1", "a", 0), c("a2", "a", 0), c("a3", "a", 0), c("b1", "b", 0)]
-      for (const x of [a1, a2, a3, b1]) {
+    /** `o` with connections of `peer` past their handshake at `at`, named as given. */
+    const settledAt = (o: IdleOrder<C>, peer: string, at: number, ...names: Array<string>) =>
+      names.map((name) => {
+        const x = c(name, peer, at)
         o.accepted(x)
-        o.settled(x)
-      }
-      // a1 runs a call and ends it: it was idle before a2 and a3, now after them.
-      o.opened(a1)
-      o.closed(a1)
-      o.opened(a3)
-      expect(o.victim("peer_limit", "a", now, alive)?.name).toBe("a2")
-      o.opened(a2)
-      expect(o.victim("peer_limit", "a", now, alive)?.name).toBe("a1")
-      o.opened(a1)
-      expect(o.victim("peer_limit", "a", now, alive)).toBeUndefined()
-      // At the total cap, any peer's.
-      expect(o.victim("total_limit", "z", now, alive)?.name).toBe("b1")
-      // Two calls at once, one ended: still busy; the other ended: idle again.
-      o.opened(a3)
-      o.closed(a3)
-      expect(o.victim("peer_limit", "a", now, alive)).toBeUndefined()
-      o.closed(a3)
-      expect(o.victim("peer_limit", "a", now, alive)?.name).toBe("a3")
+        o.settled(x, at)
+        return x
+      })
+    const T = 100_000
+
+    it(`at a peer's cap, its own connection idle the longest, once idle ${SETTLED_IDLE_MS} ms; busy ones never`, () => {
+      const o = new IdleOrder<C>()
+      const [a1, a2, a3] = settledAt(o, "a", 0, "a1", "a2", "a3")
+      settledAt(o, "b", 0, "b1")
+      // a1 runs a call and ends it at T: idle since then, after a2 and a3.
+      o.opened(a1!)
+      o.closed(a1!, T)
+      o.opened(a3!)
+      expect(o.victim("a", true, T, alive, true)?.name).toBe("a2")
+      o.opened(a2!)
+      expect(o.victim("a", true, T, alive, true)).toBeUndefined()
+      expect(o.victim("a", true, T + SETTLED_IDLE_MS, alive, true)?.name).toBe("a1")
+      o.opened(a1!)
+      expect(o.victim("a", true, T + SETTLED_IDLE_MS, alive, true)).toBeUndefined()
+      // Two calls at once, one ended: still busy; both: idle from then.
+      o.opened(a3!)
+      o.closed(a3!, T)
+      expect(o.victim("a", true, T + SETTLED_IDLE_MS, alive, true)).toBeUndefined()
+      o.closed(a3!, T + 1)
+      expect(o.victim("a", true, T + 1 + SETTLED_IDLE_MS, alive, true)?.name).toBe("a3")
     })
 
     it(`a connection in its TLS handshake for ${STALE_HANDSHAKE_MS} ms or more before any idle one, the longest first; a fresh one never`, () => {
-      const o = order()
-      const idle = c("idle", "a", 0)
-      o.accepted(idle)
-      o.settled(idle)
-      const staler = c("staler", "a", now - 5_000)
-      const stale = c("stale", "a", now - STALE_HANDSHAKE_MS)
-      const fresh = c("fresh", "a", now - STALE_HANDSHAKE_MS + 1)
-      for (const x of [staler, stale, fresh]) o.accepted(x)
-      expect(o.victim("peer_limit", "a", now, alive)?.name).toBe("staler")
-      o.released(staler)
-      expect(o.victim("peer_limit", "a", now, alive)?.name).toBe("stale")
-      o.settled(stale)
-      o.opened(stale)
+      const o = new IdleOrder<C>()
+      settledAt(o, "a", 0, "idle")
+      const [staler, stale, fresh] = [
+        c("staler", "a", T - 5_000),
+        c("stale", "a", T - STALE_HANDSHAKE_MS),
+        c("fresh", "a", T - STALE_HANDSHAKE_MS + 1)
+      ]
+      for (const x of [staler!, stale!, fresh!]) o.accepted(x)
+      expect(o.victim("a", true, T, alive, false)?.name).toBe("staler")
+      o.released(staler!)
+      expect(o.victim("a", true, T, alive, false)?.name).toBe("stale")
+      o.settled(stale!, T)
+      o.opened(stale!)
       // The oldest handshake left is fresh: the idle one goes.
-      expect(o.victim("total_limit", "z", now, alive)?.name).toBe("idle")
-      o.released(idle)
-      expect(o.victim("total_limit", "z", now, alive)).toBeUndefined()
-      expect(o.victim("peer_limit", "b", now, alive)).toBeUndefined()
+      expect(o.victim("a", true, T, alive, false)?.name).toBe("idle")
+      expect(o.victim("b", true, T, alive, true)).toBeUndefined()
+    })
+
+    it("at the total cap alone: any peer's stale handshake, then the peer's own idle one, then another's only on a plaintext listener", () => {
+      const o = new IdleOrder<C>()
+      settledAt(o, "router", 0, "router-idle")
+      const knocking = c("knocking", "x", T - STALE_HANDSHAKE_MS)
+      o.accepted(knocking)
+      expect(o.victim("new", false, T, alive, false)?.name).toBe("knocking")
+      o.released(knocking)
+      expect(o.victim("new", false, T, alive, false)).toBeUndefined()
+      expect(o.victim("new", false, T, alive, true)?.name).toBe("router-idle")
+      settledAt(o, "new", 0, "own-idle")
+      expect(o.victim("new", false, T, alive, false)?.name).toBe("own-idle")
+      expect(o.victim("new", false, T, alive, true)?.name).toBe("own-idle")
+    })
+
+    it("forgets a connection closed with a call open for good, though its stream closes after (a client's close)", () => {
+      const o = new IdleOrder<C>()
+      const [x] = settledAt(o, "a", 0, "x")
+      o.opened(x!)
+      o.released(x!)
+      o.closed(x!, 1)
+      expect(o.victim("a", true, T, alive, true)).toBeUndefined()
+      expect(o.victim("z", false, T, alive, true)).toBeUndefined()
     })
 
     it("passes over connections already closing", () => {
-      const o = order()
-      const [x, y] = [c("x", "a", 0), c("y", "a", 0)]
-      for (const v of [x, y]) {
-        o.accepted(v)
-        o.settled(v)
-      }
-      expect(o.victim("peer_limit", "a", now, (v) => v !== x)?.name).toBe("y")
+      const o = new IdleOrder<C>()
+      const [x] = settledAt(o, "a", 0, "x", "y")
+      expect(o.victim("a", true, T, (v) => v !== x, true)?.name).toBe("y")
     })
   })
 

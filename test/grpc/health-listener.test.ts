@@ -14,6 +14,7 @@ import { State } from "../../src/services/engine/EngineState.ts"
 import { AGENT_SERVICE, GrpcServer } from "../../src/services/grpc/GrpcServer.ts"
 import { EngineProcessControl } from "../../src/testing/EngineProcess.ts"
 import { agentDeps } from "../support/agentDeps.ts"
+import { pollUntil } from "../support/poll.ts"
 
 /** An empty ServerReflectionRequest, made through the published service definition (its message classes live in
  * the package's files, not its API). */
@@ -140,9 +141,13 @@ describe("the health-only listener's connection caps", () => {
       await watch.next().catch(() => undefined)
       // A call after the cancel on the same connection: the server has read the cancel when it answers.
       expect((await createClient(HealthDefinition, first).check({ service: "" })).status).toBe(S.SERVING)
-      const third = createChannel(listener.address, undefined, own)
-      channels.push(third)
-      expect((await createClient(HealthDefinition, third).check({ service: "" })).status).toBe(S.SERVING)
+      // Refused until the first has been idle a second (services/grpc/ConnectionCaps.ts SETTLED_IDLE_MS).
+      const status = await pollUntil("a third connection admitted", async () => {
+        const third = createChannel(listener.address, undefined, own)
+        channels.push(third)
+        return (await createClient(HealthDefinition, third).check({ service: "" })).status
+      })
+      expect(status).toBe(S.SERVING)
     } finally {
       abort.abort()
       for (const c of channels) c.close()

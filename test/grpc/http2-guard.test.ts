@@ -5,6 +5,7 @@
 // that Node's guard closes is reported as such; and a busy client (256 streaming calls at once, small messages both
 // ways, plaintext and TLS) wastes so little that a rule 64 times stricter than the default never closes it.
 
+import { spawnSync } from "node:child_process"
 import * as http2 from "node:http2"
 import * as net from "node:net"
 import * as tls from "node:tls"
@@ -13,6 +14,7 @@ import { afterEach, describe, expect, it } from "vitest"
 import type { ServerCall } from "../../src/layers/grpc/http2/Call.ts"
 import type { GuardEvent } from "../../src/layers/grpc/http2/Guard.ts"
 import { Http2GrpcServer } from "../../src/layers/grpc/http2/Server.ts"
+import { SETTLED_IDLE_MS } from "../../src/services/grpc/ConnectionCaps.ts"
 import type { FloodLimits } from "../../src/services/grpc/FloodRule.ts"
 import { frameMessage } from "../../src/services/grpc/Wire.ts"
 import { makeTestPki } from "../support/certs.ts"
@@ -291,44 +293,95 @@ describe("the gRPC server's guard", () => {
     expect(events).toEqual([{ kind: "refused", reason: "total_limit", peer: "127.0.0.7", limit: 2 }])
   })
 
-  it("admits a connection past a peer's cap in place of its idlest one (no call open, the last to run one longest ago): closed GOAWAY NO_ERROR and reported; busy ones are kept", async () => {
+  /** Connects from `from` and makes an Echo call, again until one is answered (a place freed); the session. */
+  const admittedFrom = (port: number, from: string, pki?: ReturnType<typeof makeTestPki>) =>
+    pollUntil(`a connection from ${from} admitted`, async () => {
+      const s = connect(port, from, pki)
+      if ((await call(s, "/t.T/Echo")).status === "0") return s
+      s.destroy()
+      return undefined
+    })
+
+  it(`admits a connection past a peer's cap in place of the one idle longest, once idle ${SETTLED_IDLE_MS} ms: closed GOAWAY NO_ERROR and reported; busy ones are kept`, async () => {
     const { port, events, server } = await start({ perPeer: 3 })
     const [a, b, c] = [connect(port, "127.0.0.19"), connect(port, "127.0.0.19"), connect(port, "127.0.0.19")]
     for (const s of [b, a, c]) expect((await call(s, "/t.T/Echo")).status).toBe("0")
     const held = await holdCall(c)
     const goaway = new Promise<number>((resolve) => b.once("goaway", resolve))
-    const d = connect(port, "127.0.0.19")
-    expect((await call(d, "/t.T/Echo")).status).toBe("0")
+    // Refused until b has been idle a second, then admitted in its place.
+    await admittedFrom(port, "127.0.0.19")
     expect(await goaway).toBe(http2.constants.NGHTTP2_NO_ERROR)
-    expect(events).toEqual([{ kind: "closed", reason: "idle_evicted", peer: "127.0.0.19" }])
-    await pollUntil("b's connection counted out", () => server.connections === 3)
+    expect(events.filter((e) => e.kind === "closed")).toEqual([
+      { kind: "closed", reason: "idle_evicted", peer: "127.0.0.19" }
+    ])
+    const refusals = events.filter((e) => e.kind === "refused")
+    expect(refusals.length).toBeGreaterThan(0)
+    expect(refusals.every((e) => e.reason === "peer_limit")).toBe(true)
+    await pollUntil("b's connection counted out", () => server.open.sessions === 3)
     expect(a.closed || a.destroyed).toBe(false)
     expect(held.closed).toBe(false)
-    // The evicted client reconnects at its next call, in place of the next idlest (a; c runs a call, d ran one since).
-    const again = connect(port, "127.0.0.19")
-    expect((await call(again, "/t.T/Echo")).status).toBe("0")
-    expect(events.at(-1)).toEqual({ kind: "closed", reason: "idle_evicted", peer: "127.0.0.19" })
+    // The evicted client's reconnection takes the next idlest's place (a; c runs a call).
+    await admittedFrom(port, "127.0.0.19")
     await pollUntil("a closed", () => a.closed || a.destroyed)
     expect(held.closed).toBe(false)
     // Each connection gave its place back once: at its eviction, not again at its socket's close.
-    await pollUntil("the sessions of c, d and again alone", () => server.open.sessions === 3)
+    await pollUntil("the sessions of c and the two new alone", () => server.open.sessions === 3)
     expect(server.connections).toBe(3)
   })
 
-  it("at the total cap, closes another peer's idle connection, then one of the new peer's own past its cap", async () => {
+  it("at the total cap and its own, closes one of the new peer's own idle connections, no other peer's; with none idle, closes nothing", async () => {
     const { port, events, server } = await start({ total: 3, perPeer: 2 })
     const other = connect(port, "127.0.0.20")
     const mine = [connect(port, "127.0.0.21"), connect(port, "127.0.0.21")]
     for (const s of [other, ...mine]) expect((await call(s, "/t.T/Echo")).status).toBe("0")
     const held = await holdCall(mine[1]!)
-    // 127.0.0.21's third: the total cap (other's idle connection goes), then its own cap (its idle one goes).
-    expect((await call(connect(port, "127.0.0.21"), "/t.T/Echo")).status).toBe("0")
-    expect(events).toEqual([
-      { kind: "closed", reason: "idle_evicted", peer: "127.0.0.20" },
+    const third = await admittedFrom(port, "127.0.0.21")
+    expect(events.filter((e) => e.kind === "closed")).toEqual([
       { kind: "closed", reason: "idle_evicted", peer: "127.0.0.21" }
     ])
-    await pollUntil("two connections counted out", () => server.connections === 2)
+    await pollUntil("mine[0] counted out", () => server.open.sessions === 3)
+    expect(other.closed || other.destroyed).toBe(false)
+    // Both of 127.0.0.21's connections now run calls: its next is refused, and no other peer's is closed for it.
+    await holdCall(third)
+    const refused = rawClient(port, "127.0.0.21")
+    expect(await within(refused.closed, 5_000)).not.toBe("pending")
+    expect(refused.received()).toBe(0)
+    expect(events.filter((e) => e.kind === "closed")).toHaveLength(1)
+    expect(other.closed || other.destroyed).toBe(false)
     expect(held.closed).toBe(false)
+  })
+
+  it("at the total cap, takes another peer's idle connection on a plaintext listener, never under TLS (no certificate shown yet)", async () => {
+    const plain = await start({ total: 1 })
+    const secure = await start({ total: 1, tls: true })
+    const plainRouter = connect(plain.port, "127.0.0.25")
+    const secureRouter = connect(secure.port, "127.0.0.25", secure.pki)
+    expect((await call(plainRouter, "/t.T/Echo")).status).toBe("0")
+    expect((await call(secureRouter, "/t.T/Echo")).status).toBe("0")
+    // Plaintext: once the router's connection has been idle a second, another peer's takes its place.
+    await admittedFrom(plain.port, "127.0.0.26")
+    expect(plain.events.filter((e) => e.kind === "closed")).toEqual([
+      { kind: "closed", reason: "idle_evicted", peer: "127.0.0.25" }
+    ])
+    // Under TLS, idle as long: refused, the router's connection kept.
+    const refused = rawClient(secure.port, "127.0.0.26")
+    expect(await within(refused.closed, 5_000)).not.toBe("pending")
+    expect(secure.events).toEqual([{ kind: "refused", reason: "total_limit", peer: "127.0.0.26", limit: 1 }])
+    expect((await call(secureRouter, "/t.T/Echo")).status).toBe("0")
+  })
+
+  it("counts nothing for connections their clients reset while they waited to be accepted (no address: all would have one key)", async () => {
+    const { port, server } = await start({ total: 8 })
+    // The server's loop is blocked while a child connects 5 sockets and resets each (the kernel completes the
+    // handshakes meanwhile): each is then accepted with no address.
+    const script = `const net = require("node:net"); let n = 0
+      for (let i = 0; i < 5; i++) { const c = net.connect(${port}, "127.0.0.1", () => { c.resetAndDestroy(); if (++n === 5) process.exit(0) }); c.on("error", () => {}) }`
+    for (let round = 0; round < 3; round++) spawnSync(process.execPath, ["-e", script], { timeout: 10_000 })
+    // Accepted after the reset ones (one accept queue): when its call is answered, the server has seen them all.
+    const legit = connect(port, "127.0.0.27")
+    expect((await call(legit, "/t.T/Echo")).status).toBe("0")
+    await pollUntil("the reset connections closed", () => server.open.sessions === 1)
+    expect(server.connections).toBe(1)
   })
 
   it("under TLS at the total cap, closes a connection that has not started its handshake for a second, for a new client", async () => {

@@ -20,6 +20,7 @@ import {
   lookEveryMs
 } from "../../src/services/grpc/Keepalive.ts"
 import { frameMessage } from "../../src/services/grpc/Wire.ts"
+import { makeTestPki } from "../support/certs.ts"
 import { pollUntil } from "../support/poll.ts"
 import { stalledClient } from "../support/stalledClients.ts"
 
@@ -87,12 +88,14 @@ afterEach(() => {
 })
 
 /** A server whose Hold calls stay open (as a Health Watch does), with the keepalive `times`. */
-const start = async (times: KeepaliveTimes) => {
+const start = async (times: KeepaliveTimes, pki?: ReturnType<typeof makeTestPki>) => {
   const events: Array<GuardEvent> = []
   const held: Array<ServerCall<Buffer, Buffer>> = []
+  const material = pki && { ca: pki.ca.cert, cert: pki.server.cert, key: pki.server.key }
   const server = new Http2GrpcServer({
     maxReceiveMessageLength: 1024,
     keepalive: times,
+    tls: material && { current: () => material, subscribe: () => () => {} },
     onGuard: (e) => events.push(e)
   })
   server.addService({ hold }, {
@@ -155,6 +158,36 @@ describe("the gRPC server's keepalive", () => {
     expect(session.closed || session.destroyed).toBe(false)
     expect(server.connections).toBe(1)
     expect(events).toEqual([])
+  })
+
+  it("under TLS too: an idle mTLS client is pinged and kept; one whose network vanished is closed", async () => {
+    const pki = makeTestPki()
+    cleanups.push(() => pki.cleanup())
+    const { server, port, events } = await start({ timeMs: 100, timeoutMs: 100 }, pki)
+    const tlsConnect = (to: number) => {
+      const session = http2.connect(`https://localhost:${to}`, {
+        host: "127.0.0.1",
+        ca: pki.ca.cert,
+        cert: pki.client.cert,
+        key: pki.client.key
+      } as http2.SecureClientSessionOptions)
+      session.on("error", () => {})
+      cleanups.push(() => session.destroy())
+      return session
+    }
+    const kept = tlsConnect(port)
+    const path = await proxy(port)
+    const gone = tlsConnect(path.port)
+    let [keptPings, gonePings] = [0, 0]
+    kept.on("ping", () => keptPings++)
+    gone.on("ping", () => gonePings++)
+    await pollUntil("PINGs answered on both", () => keptPings >= 2 && gonePings >= 2)
+    path.vanish()
+    await pollUntil("the vanished one closed", () => server.connections === 1)
+    expect(events).toEqual([{ kind: "closed", reason: "keepalive_timeout", peer: "127.0.0.1" }])
+    const before = keptPings
+    await pollUntil("two more PINGs on the kept one", () => keptPings >= before + 2)
+    expect(kept.closed || kept.destroyed).toBe(false)
   })
 
   it("closes a client that stopped after its handshake, keepalive_timeout after the PING, and reports it", async () => {

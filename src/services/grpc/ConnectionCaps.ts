@@ -38,6 +38,13 @@ export const peerOf = (remoteAddress: string | undefined): string => {
  */
 export const STALE_HANDSHAKE_MS = 1_000
 
+/**
+ * How long a connection must have run no call before IdleOrder.victim may name it: a router's connection is idle for
+ * microseconds between back-to-back calls, and closed then the call it has just sent is refused (REFUSED_STREAM, which
+ * gRPC clients retry, after a reconnection): a review's loop of connects refused 540 calls in 4 s that way.
+ */
+export const SETTLED_IDLE_MS = 1_000
+
 export interface CapLimits {
   /** Connections one peer address may hold open at once; 0: no cap. */
   readonly perPeer: number
@@ -93,19 +100,28 @@ export class ConnectionCaps {
     for (const [peer, until] of this.#cooling) if (until <= nowMs) this.#cooling.delete(peer)
   }
 
+  /** Whether `peer` holds as many connections as it may (its next is refused at its own cap, whatever the total). */
+  atPeerCap(peer: string): boolean {
+    return this.#limits.perPeer > 0 && (this.#byPeer.get(peer) ?? 0) >= this.#limits.perPeer
+  }
+
   /** Connections open now, in total and from `peer`. */
   open(peer?: string): number {
     return peer === undefined ? this.#total : (this.#byPeer.get(peer) ?? 0)
   }
 }
 
-/** An open connection as IdleOrder keeps it (the caller's object: IdleOrder keeps its two fields up to date). */
+/** An open connection as IdleOrder keeps it (the caller's object: IdleOrder keeps its fields up to date). */
 export interface Idling {
   readonly peer: string
   /** Still in its TLS handshake: since when (ms); undefined past it. */
   handshakeSinceMs: number | undefined
   /** Its streams open (calls, and streams the server is refusing). */
   calls: number
+  /** When it last came to run no call (ms), past its handshake. */
+  idleSinceMs: number
+  /** Closed (or taken): no longer kept, whatever its streams do after (they close after the socket, a client's close). */
+  released: boolean
 }
 
 interface Kinds<C> {
@@ -133,41 +149,61 @@ export class IdleOrder<C extends Idling> {
     this.#add(c, "handshakes")
   }
 
-  /** `c`'s handshake is over (its HTTP/2 session made). */
-  settled(c: C): void {
+  /** `c`'s handshake is over (its HTTP/2 session made) at `nowMs`. */
+  settled(c: C, nowMs: number): void {
+    if (c.released) return
     this.#remove(c, "handshakes")
     c.handshakeSinceMs = undefined
-    if (c.calls === 0) this.#add(c, "idle")
+    if (c.calls === 0) this.#idle(c, nowMs)
   }
 
   /** A stream started on `c`. */
   opened(c: C): void {
+    if (c.released) return
     if (c.calls++ === 0 && c.handshakeSinceMs === undefined) this.#remove(c, "idle")
   }
 
-  /** A stream of `c`'s closed. */
-  closed(c: C): void {
-    if (--c.calls === 0 && c.handshakeSinceMs === undefined) this.#add(c, "idle")
+  /** A stream of `c`'s closed at `nowMs`. */
+  closed(c: C, nowMs: number): void {
+    if (c.released) return
+    if (--c.calls === 0 && c.handshakeSinceMs === undefined) this.#idle(c, nowMs)
   }
 
-  /** `c` closed (or was taken). */
+  /** `c` closed (or was taken): forgotten for good. */
   released(c: C): void {
+    c.released = true
     this.#remove(c, "handshakes")
     this.#remove(c, "idle")
   }
 
   /**
-   * The connection to close so that one refused at a cap (`reason`) is admitted, of `peer` at its cap or of any
-   * peer at the total cap: the one longest in its handshake if STALE_HANDSHAKE_MS have passed, else the one idle
-   * longest; undefined when there is none. `alive` passes over those already closing.
+   * The connection to close so that one of `peer`'s refused at a cap is admitted, closing no more than that. At its
+   * own cap (`atPeerCap`) one of its own, which frees a place under both caps: the one longest in its handshake past
+   * STALE_HANDSHAKE_MS, else the one idle longest past SETTLED_IDLE_MS. At the total cap alone, first any peer's
+   * stale handshake, then its own idle one, then (`othersIdle`) another peer's idle one. Under TLS (mutual, here)
+   * `othersIdle` is false: a connection that has not yet shown a certificate never takes the place of one that has;
+   * on a plaintext listener no connection shows anything, and idle ones of others are what locked routers out.
+   * Undefined when there is none: the new one is refused. `alive` passes over those already closing.
    */
-  victim(reason: "peer_limit" | "total_limit", peer: string, nowMs: number, alive: (c: C) => boolean): C | undefined {
-    const k = reason === "total_limit" ? this.#all : this.#byPeer.get(peer)
-    if (k === undefined) return undefined
-    const handshake = first(k.handshakes, alive)
-    const since = handshake?.handshakeSinceMs
-    if (since !== undefined && nowMs - since >= STALE_HANDSHAKE_MS) return handshake
-    return first(k.idle, alive)
+  victim(
+    peer: string,
+    atPeerCap: boolean,
+    nowMs: number,
+    alive: (c: C) => boolean,
+    othersIdle: boolean
+  ): C | undefined {
+    const own = this.#byPeer.get(peer)
+    if (atPeerCap) return own && (stale(own, nowMs, alive) ?? settled(own, nowMs, alive))
+    return (
+      stale(this.#all, nowMs, alive) ??
+      (own && settled(own, nowMs, alive)) ??
+      (othersIdle ? settled(this.#all, nowMs, alive) : undefined)
+    )
+  }
+
+  #idle(c: C, nowMs: number): void {
+    c.idleSinceMs = nowMs
+    this.#add(c, "idle")
   }
 
   #add(c: C, kind: keyof Kinds<C>): void {
@@ -192,4 +228,17 @@ export class IdleOrder<C extends Idling> {
 const first = <C>(set: ReadonlySet<C>, alive: (c: C) => boolean): C | undefined => {
   for (const c of set) if (alive(c)) return c
   return undefined
+}
+
+/** The oldest of `k`'s handshakes, if STALE_HANDSHAKE_MS old (the others are younger). */
+const stale = <C extends Idling>(k: Kinds<C>, nowMs: number, alive: (c: C) => boolean): C | undefined => {
+  const c = first(k.handshakes, alive)
+  const since = c?.handshakeSinceMs
+  return since !== undefined && nowMs - since >= STALE_HANDSHAKE_MS ? c : undefined
+}
+
+/** The one of `k` idle longest, if SETTLED_IDLE_MS long (the others are shorter). */
+const settled = <C extends Idling>(k: Kinds<C>, nowMs: number, alive: (c: C) => boolean): C | undefined => {
+  const c = first(k.idle, alive)
+  return c !== undefined && nowMs - c.idleSinceMs >= SETTLED_IDLE_MS ? c : undefined
 }

@@ -152,7 +152,7 @@ export const refilled = (bucket: FloodBucket, nowMs: number, limits: FloodLimits
 /**
  * Why a connection past its accept was closed: by the guard for a flood, by node:http2 (closedReason below), for no
  * answer to the keepalive's PING (services/grpc/Keepalive.ts: its peer is gone), or idle, in place of a new one
- * past a cap (ConnectionCaps.idleVictim). The last two are no abuse.
+ * past a cap (ConnectionCaps.ts IdleOrder). The last two are no abuse.
  */
 export type ClosedReason =
   | "frame_flood"

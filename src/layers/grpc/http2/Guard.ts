@@ -73,6 +73,8 @@ export interface GuardOptions {
   readonly peerFloodLimits?: FloodLimits | undefined
   readonly peerResets?: { readonly burst: number; readonly ratePerSec: number } | undefined
   readonly onGuard?: ((event: GuardEvent) => void) | undefined
+  /** Served with TLS (mutual): the caps then never close one peer's idle connection for another's (Places.ts). */
+  readonly tls?: object | undefined
 }
 
 /**
@@ -95,7 +97,7 @@ export class Guard {
   constructor(options: GuardOptions) {
     this.#onEvent = options.onGuard ?? (() => {})
     const limits = { perPeer: options.maxConnectionsPerPeer ?? 0, total: options.maxConnections ?? 0 }
-    this.#places = new Places(limits, this.#onEvent)
+    this.#places = new Places(limits, options.tls !== undefined, this.#onEvent)
     this.#floodRules = {
       connection: options.floodLimits ?? FLOOD_LIMITS,
       peer: options.peerFloodLimits ?? PEER_FLOOD_LIMITS

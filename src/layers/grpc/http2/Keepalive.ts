@@ -63,7 +63,8 @@ export class Keepalive {
       const step = livenessStep(f.liveness, read, now, this.#times)
       f.liveness = step.liveness
       if (step.action === "ping") {
-        // Throws only for a destroyed session; false past node:http2's 10 PINGs in flight (never: one at a time).
+        // Throws only for a destroyed session; false past node:http2's 10 PINGs unanswered: a client that sends other
+        // bytes but never answers PINGs is heard (so pinged again, never closed) and gets no more than those 10.
         try {
           session.ping(ignore)
         } catch {}

@@ -1,8 +1,8 @@
 /**
  * Each gRPC connection's place under the caps (agent.max_connections_per_peer, agent.max_connections), from its
  * accept to its close: counted by services/grpc/ConnectionCaps.ts, and past a cap given to the new connection when
- * IdleOrder names one to close (one stuck in its TLS handshake, or one running no call), else refused at accept.
- * The guard (Guard.ts) asks at each accept and tells each place its streams.
+ * IdleOrder names one to close (one stuck in its TLS handshake, or one running no call for a while), else refused at
+ * accept. The guard (Guard.ts) asks at each accept and tells each place its streams.
  */
 import type * as http2 from "node:http2"
 import type * as net from "node:net"
@@ -45,31 +45,42 @@ export class Places {
   readonly #onEvent: (event: GuardEvent) => void
   /** Every admitted connection's place, by its four addresses (one key for the accepted and the TLS socket). */
   readonly #places = new Map<string, Place>()
+  /** A plaintext listener: an idle connection of another peer may be taken (IdleOrder.victim's `othersIdle`). */
+  readonly #othersIdle: boolean
 
-  constructor(limits: CapLimits, onEvent: (event: GuardEvent) => void) {
+  constructor(limits: CapLimits, tls: boolean, onEvent: (event: GuardEvent) => void) {
     this.#limits = limits
     this.#caps = new ConnectionCaps(limits)
+    this.#othersIdle = !tls
     this.#onEvent = onEvent
   }
 
   /**
-   * Counts `socket`'s connection in, closing an idle one in its place past a cap (at most two: one of another peer
-   * at the total cap, then one of its own), or closes it and says so (false).
+   * Counts `socket`'s connection in, closing one in its place past a cap when IdleOrder names one (one at most: the
+   * connection it frees is under every cap the new one met), or closes it and says so (false).
    */
   accept(socket: net.Socket): boolean {
+    // A socket its client reset while it waited in the accept queue has no address (getpeername fails): dead already,
+    // and every such socket would have one key. Closed, counted nowhere.
+    if (socket.remoteAddress === undefined || socket.destroyed) {
+      socket.on("error", () => {})
+      socket.destroy()
+      return false
+    }
     const peer = peerOf(socket.remoteAddress)
     const now = performance.now()
     let refused = this.#caps.admit(peer, now)
-    for (let evicted = 0; (refused === "peer_limit" || refused === "total_limit") && evicted < 2; evicted++) {
-      const victim = this.#order.victim(refused, peer, now, alive)
-      if (victim === undefined) break
-      this.#release(victim)
-      // GOAWAY NO_ERROR, then the socket closes (a graceful close waits on the client): it runs no call. One still
-      // in its TLS handshake has no session yet: its socket alone.
-      if (victim.session !== undefined) victim.session.destroy()
-      else victim.socket.destroy()
-      this.#onEvent({ kind: "closed", reason: "idle_evicted", peer: victim.peer })
-      refused = this.#caps.admit(peer, now)
+    if (refused === "peer_limit" || refused === "total_limit") {
+      const victim = this.#order.victim(peer, this.#caps.atPeerCap(peer), now, alive, this.#othersIdle)
+      if (victim !== undefined) {
+        this.#release(victim)
+        // GOAWAY NO_ERROR, then the socket closes (a graceful close waits on the client): it runs no call. One still
+        // in its TLS handshake has no session yet: its socket alone.
+        if (victim.session !== undefined) victim.session.destroy()
+        else victim.socket.destroy()
+        this.#onEvent({ kind: "closed", reason: "idle_evicted", peer: victim.peer })
+        refused = this.#caps.admit(peer, now)
+      }
     }
     if (refused !== undefined) {
       socket.on("error", () => {})
@@ -84,9 +95,12 @@ export class Places {
       key: connectionKey(socket),
       session: undefined,
       handshakeSinceMs: now,
-      calls: 0
+      calls: 0,
+      idleSinceMs: now,
+      released: false
     }
-    this.#places.set(place.key, place)
+    // One place per key (a key in use is a socket not yet seen closed): the first keeps it for settle's lookup.
+    if (!this.#places.has(place.key)) this.#places.set(place.key, place)
     this.#order.accepted(place)
     socket.once("close", () => this.#release(place))
     return true
@@ -97,7 +111,7 @@ export class Places {
     const place = this.#places.get(keyOf(session))
     if (place === undefined) return undefined
     place.session = session
-    this.#order.settled(place)
+    this.#order.settled(place, performance.now())
     return place
   }
 
@@ -106,9 +120,9 @@ export class Places {
     this.#order.opened(place)
   }
 
-  /** A stream opened on `place`'s connection closed. */
+  /** A stream opened on `place`'s connection closed (after the socket's, when the client closed it: then ignored). */
   closed(place: Place): void {
-    this.#order.closed(place)
+    this.#order.closed(place, performance.now())
   }
 
   /** Refuses `peer`'s new connections until `nowMs + ms`. */
@@ -128,9 +142,9 @@ export class Places {
 
   /** Gives `place` back, once (at its eviction, or at its socket's close after). */
   #release(place: Place): void {
-    if (this.#places.get(place.key) !== place) return
-    this.#places.delete(place.key)
+    if (place.released) return
     this.#order.released(place)
+    if (this.#places.get(place.key) === place) this.#places.delete(place.key)
     this.#caps.release(place.peer)
   }
 }
