@@ -112,9 +112,10 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
     ]
   ],
   [
-    "durations of 0 where 0 makes no sense (a timer that fires at once, every time)",
-    `[agent]\nhandoff_timeout = "0s"\nkeepalive_timeout = "0s"\n[engine]\nstartup_timeout = "0ms"\nrestart_backoff_initial = "0s"\nrestart_backoff_max = "0m"\nliveness_interval = "0s"\nstream_idle_timeout = "0h"\n${MODEL}`,
+    "durations of 0 where 0 makes no sense (a timer that fires at once, every time), and one under its floor",
+    `[agent]\nhandoff_timeout = "0s"\nkeepalive_time = "500ms"\nkeepalive_timeout = "0s"\n[engine]\nstartup_timeout = "0ms"\nrestart_backoff_initial = "0s"\nrestart_backoff_max = "0m"\nliveness_interval = "0s"\nstream_idle_timeout = "0h"\n${MODEL}`,
     [
+      'agent.keepalive_time: expected "0s" or a duration of at least 1s, got "500ms": every idle connection would be pinged as often (grpc-go\'s server takes 1s at the least)',
       'agent.keepalive_timeout: expected a duration above 0 such as "5s", got "0s": a connection pinged would be closed at once, before its client could answer',
       'agent.handoff_timeout: expected a duration above 0 such as "5s", got "0s": every prefill and decode leg would time out at once',
       'engine.startup_timeout: expected a duration above 0 such as "5s", got "0ms": every engine start would time out before the engine could be ready',

@@ -3,8 +3,9 @@
 // (nothing of the server's reaches it), and admitted in place of one once it is idle (`idle_evicted`); a raw WINDOW_UPDATE flood is closed GOAWAY ENHANCE_YOUR_CALM; both are counted in /metrics
 // (cgn_agent_grpc_connections_refused_total / _closed_total{reason}) and logged at warn, once per peer and reason a
 // minute however often they come; and a Generate call on another connection completes meanwhile. With
-// agent.keepalive_time and keepalive_timeout at 300 ms: a client that stopped answering after its handshake is
-// closed, counted (reason="keepalive_timeout") and logged; a node:http2 client, which answers the PINGs, is kept.
+// agent.keepalive_time at 1 s (its floor) and keepalive_timeout at 300 ms: a client that stopped answering after its
+// handshake is closed, counted (reason="keepalive_timeout") and logged; a node:http2 client, which answers the PINGs,
+// is kept.
 
 import * as http2 from "node:http2"
 import * as net from "node:net"
@@ -19,7 +20,7 @@ const sockets: Array<{ destroy(): void }> = []
 
 beforeAll(async () => {
   const { config, grpcPort } = await simAgentConfig({
-    agent: { max_connections_per_peer: 2, keepalive_time: "300ms", keepalive_timeout: "300ms" },
+    agent: { max_connections_per_peer: 2, keepalive_time: "1s", keepalive_timeout: "300ms" },
     simArgs: ["--sim-ttft", "1ms", "--sim-itl", "1ms"]
   })
   port = grpcPort

@@ -13,6 +13,7 @@ import {
   HttpUrl,
   HttpUrlWithoutCredentials,
   KeyPart,
+  OffOrAtLeast,
   PositiveDuration,
   ShortDuration,
   ZmqEndpoint
@@ -106,7 +107,10 @@ export const AgentSection = Schema.Struct({
   max_connections: withDefault(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)), 4096),
   // A gRPC connection silent this long gets a PING, and is closed if still silent keepalive_timeout later
   // (services/grpc/Keepalive.ts): a client whose host vanished sends no FIN. "0s": never (its connections stay).
-  keepalive_time: withDefault(ShortDuration, "1m"),
+  keepalive_time: withDefault(
+    OffOrAtLeast(1_000, "every idle connection would be pinged as often (grpc-go's server takes 1s at the least)"),
+    "1m"
+  ),
   keepalive_timeout: withDefault(
     PositiveDuration("a connection pinged would be closed at once, before its client could answer"),
     "20s"

@@ -32,7 +32,7 @@ export const formatShortDuration = (d: Duration.Duration): string => {
  * A duration written as a string such as `5s`. With `zeroMeans`, a zero duration is refused, and the message
  * says what 0 would do (a timer that fires at once, every time).
  */
-const durationString = (zeroMeans?: string) =>
+const durationString = (zeroMeans?: string, floor?: { readonly ms: number; readonly why: string }) =>
   Schema.String.pipe(
     Schema.decodeTo(
       Schema.Duration,
@@ -54,7 +54,16 @@ const durationString = (zeroMeans?: string) =>
                       s
                     )
                   )
-                : Effect.succeed(d)
+                : floor !== undefined && Duration.toMillis(d) > 0 && Duration.toMillis(d) < floor.ms
+                  ? Effect.fail(
+                      new SchemaIssue.InvalidValue(
+                        {
+                          message: `expected "0s" or a duration of at least ${formatShortDuration(Duration.millis(floor.ms))}, got "${s}": ${floor.why}`
+                        },
+                        s
+                      )
+                    )
+                  : Effect.succeed(d)
           }),
         encode: (d: Duration.Duration) => Effect.succeed(formatShortDuration(d))
       })
@@ -66,6 +75,9 @@ export const ShortDuration = durationString()
 
 /** A duration above 0: `zeroMeans` says what 0 would do instead. */
 export const PositiveDuration = (zeroMeans: string) => durationString(zeroMeans)
+
+/** "0s" (off), or a duration of at least `minMs`: `why` says what a shorter one would do. */
+export const OffOrAtLeast = (minMs: number, why: string) => durationString(undefined, { ms: minMs, why })
 
 const HOST_PORT = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/
 
