@@ -46,6 +46,13 @@ describe("ConnectionCaps", () => {
     expect(caps.admit("c", 0)).toBeUndefined()
     caps.release("nobody")
     expect(caps.open()).toBe(3)
+    expect(caps.atPeerCap("a")).toBe(false)
+    // Past both caps: refused for its own (a place of its own frees one under both).
+    const both = new ConnectionCaps({ perPeer: 1, total: 1 })
+    expect(both.admit("a", 0)).toBeUndefined()
+    expect(both.admit("a", 0)).toBe("peer_limit")
+    expect(both.atPeerCap("a")).toBe(true)
+    expect(both.admit("b", 0)).toBe("total_limit")
   })
 
   it("0 is no cap", () => {

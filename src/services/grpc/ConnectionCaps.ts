@@ -71,9 +71,10 @@ export class ConnectionCaps {
       this.#cooling.delete(peer)
     }
     const { perPeer, total } = this.#limits
-    if (total > 0 && this.#total >= total) return "total_limit"
+    // Its own cap first: a peer past both is refused for its own (and frees a place under both with one of its own).
     const held = this.#byPeer.get(peer) ?? 0
     if (perPeer > 0 && held >= perPeer) return "peer_limit"
+    if (total > 0 && this.#total >= total) return "total_limit"
     this.#byPeer.set(peer, held + 1)
     this.#total++
     return undefined

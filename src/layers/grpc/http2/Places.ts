@@ -99,8 +99,9 @@ export class Places {
       idleSinceMs: now,
       released: false
     }
-    // One place per key (a key in use is a socket not yet seen closed): the first keeps it for settle's lookup.
-    if (!this.#places.has(place.key)) this.#places.set(place.key, place)
+    // The newest owns its key: two open sockets never share four addresses, so a place already under it is of a socket
+    // closed whose 'close' has not come yet (it is given back by its own flag, and leaves the map only if still its).
+    this.#places.set(place.key, place)
     this.#order.accepted(place)
     socket.once("close", () => this.#release(place))
     return true
