@@ -138,6 +138,8 @@ describe("the daemon's connection guard", () => {
     await pollUntil("a new connection admitted", async () => (await generate(await connect("127.0.0.1"))) === "0")
     await goaway
     expect(await metric('cgn_agent_grpc_connections_closed_total{reason="idle_evicted"}')).toMatch(/ 1$/)
+    await pollUntil("the eviction's warning", () => warnings("took its place").length > 0)
+    expect(warnings("took its place")[0]).toMatchObject({ peer: "127.0.0.1", for_peer: "127.0.0.1" })
   })
 
   it("closes a WINDOW_UPDATE flood GOAWAY ENHANCE_YOUR_CALM, counts and logs it; a call on another connection completes", async () => {

@@ -312,7 +312,7 @@ describe("the gRPC server's guard", () => {
     await admittedFrom(port, "127.0.0.19")
     expect(await goaway).toBe(http2.constants.NGHTTP2_NO_ERROR)
     expect(events.filter((e) => e.kind === "closed")).toEqual([
-      { kind: "closed", reason: "idle_evicted", peer: "127.0.0.19" }
+      { kind: "closed", reason: "idle_evicted", peer: "127.0.0.19", forPeer: "127.0.0.19" }
     ])
     const refusals = events.filter((e) => e.kind === "refused")
     expect(refusals.length).toBeGreaterThan(0)
@@ -337,7 +337,7 @@ describe("the gRPC server's guard", () => {
     const held = await holdCall(mine[1]!)
     const third = await admittedFrom(port, "127.0.0.21")
     expect(events.filter((e) => e.kind === "closed")).toEqual([
-      { kind: "closed", reason: "idle_evicted", peer: "127.0.0.21" }
+      { kind: "closed", reason: "idle_evicted", peer: "127.0.0.21", forPeer: "127.0.0.21" }
     ])
     await pollUntil("mine[0] counted out", () => server.open.sessions === 3)
     expect(other.closed || other.destroyed).toBe(false)
@@ -361,7 +361,7 @@ describe("the gRPC server's guard", () => {
     // Plaintext: once the router's connection has been idle a second, another peer's takes its place.
     await admittedFrom(plain.port, "127.0.0.26")
     expect(plain.events.filter((e) => e.kind === "closed")).toEqual([
-      { kind: "closed", reason: "idle_evicted", peer: "127.0.0.25" }
+      { kind: "closed", reason: "idle_evicted", peer: "127.0.0.25", forPeer: "127.0.0.26" }
     ])
     // Under TLS, idle as long: refused, the router's connection kept.
     const refused = rawClient(secure.port, "127.0.0.26")
@@ -407,7 +407,7 @@ describe("the gRPC server's guard", () => {
     expect(status).toBe("0")
     expect(await within(stuckClosed, 5_000)).not.toBe("pending")
     expect(events.filter((e) => e.kind === "closed")).toEqual([
-      { kind: "closed", reason: "idle_evicted", peer: "127.0.0.22" }
+      { kind: "closed", reason: "idle_evicted", peer: "127.0.0.22", forPeer: "127.0.0.23" }
     ])
     expect(events.filter((e) => e.kind === "refused").every((e) => e.peer === "127.0.0.23")).toBe(true)
     expect(held.closed).toBe(false)

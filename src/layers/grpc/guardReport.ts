@@ -56,6 +56,7 @@ export const guardReport = (
     if (line.key !== `${event.reason} ${event.peer}`) fields.peer = "(many peers)"
     if (event.kind === "refused" && event.limit > 0) fields.limit = event.limit
     if (event.kind === "closed" && event.bytes !== undefined) fields.wasted_bytes = event.bytes
+    if (event.kind === "closed" && event.forPeer !== undefined) fields.for_peer = event.forPeer
     run(Effect.logWarning(MESSAGES[event.reason], fields))
   }
 }

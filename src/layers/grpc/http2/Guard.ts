@@ -33,10 +33,19 @@ import { type FloodRules, type Sampled, sampleFloods } from "./floodSample.ts"
 import { type Place, Places } from "./Places.ts"
 import { counters } from "./socketCounters.ts"
 
-/** A connection refused at accept, or closed for abuse; `bytes`: a frame flood's waste in its last sample. */
+/**
+ * A connection refused at accept, or closed later; `bytes`: a frame flood's waste in its last sample; `forPeer`: the
+ * address of the connection an idle one was closed for (idle_evicted).
+ */
 export type GuardEvent =
   | { readonly kind: "refused"; readonly reason: RefusedReason; readonly peer: string; readonly limit: number }
-  | { readonly kind: "closed"; readonly reason: ClosedReason; readonly peer: string; readonly bytes?: number }
+  | {
+      readonly kind: "closed"
+      readonly reason: ClosedReason
+      readonly peer: string
+      readonly bytes?: number
+      readonly forPeer?: string
+    }
 
 /**
  * How often each connection's bytes are sampled: a flood is closed within about this much after its burst is spent

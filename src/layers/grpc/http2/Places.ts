@@ -78,7 +78,7 @@ export class Places {
         // in its TLS handshake has no session yet: its socket alone.
         if (victim.session !== undefined) victim.session.destroy()
         else victim.socket.destroy()
-        this.#onEvent({ kind: "closed", reason: "idle_evicted", peer: victim.peer })
+        this.#onEvent({ kind: "closed", reason: "idle_evicted", peer: victim.peer, forPeer: peer })
         refused = this.#caps.admit(peer, now)
       }
     }
