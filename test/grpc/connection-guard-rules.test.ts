@@ -122,15 +122,16 @@ describe("ConnectionCaps", () => {
       for (const x of [staler!, stale!, fresh!]) o.accepted(x)
       expect(o.victim("a", true, T, alive, false)?.name).toBe("staler")
       o.released(staler!)
-      expect(o.victim("a", true, T, alive, false)?.name).toBe("stale")
+      expect(o.victim("a", true, T, alive, true)?.name).toBe("stale")
       o.settled(stale!, T)
       o.opened(stale!)
-      // The oldest handshake left is fresh: the idle one goes.
-      expect(o.victim("a", true, T, alive, false)?.name).toBe("idle")
+      // The oldest handshake left is fresh: the idle one goes, on a plaintext listener; under TLS none.
+      expect(o.victim("a", true, T, alive, true)?.name).toBe("idle")
+      expect(o.victim("a", true, T, alive, false)).toBeUndefined()
       expect(o.victim("b", true, T, alive, true)).toBeUndefined()
     })
 
-    it("at the total cap alone: any peer's stale handshake, then the peer's own idle one, then another's only on a plaintext listener", () => {
+    it("at the total cap alone: any peer's stale handshake, then on a plaintext listener the peer's own idle one, then another's; under TLS stale handshakes only", () => {
       const o = new IdleOrder<C>()
       settledAt(o, "router", 0, "router-idle")
       const knocking = c("knocking", "x", T - STALE_HANDSHAKE_MS)
@@ -140,8 +141,10 @@ describe("ConnectionCaps", () => {
       expect(o.victim("new", false, T, alive, false)).toBeUndefined()
       expect(o.victim("new", false, T, alive, true)?.name).toBe("router-idle")
       settledAt(o, "new", 0, "own-idle")
-      expect(o.victim("new", false, T, alive, false)?.name).toBe("own-idle")
       expect(o.victim("new", false, T, alive, true)?.name).toBe("own-idle")
+      expect(o.victim("new", false, T, alive, false)).toBeUndefined()
+      // Under TLS at its own cap too: an authenticated idle connection of the same address is never taken.
+      expect(o.victim("new", true, T, alive, false)).toBeUndefined()
     })
 
     it("forgets a connection closed with a call open for good, though its stream closes after (a client's close)", () => {

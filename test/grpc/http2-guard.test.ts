@@ -370,6 +370,22 @@ describe("the gRPC server's guard", () => {
     expect((await call(secureRouter, "/t.T/Echo")).status).toBe("0")
   })
 
+  it("at a peer's own cap, takes its idle connection on a plaintext listener, never under TLS (the new one from the same address has shown no certificate)", async () => {
+    const plain = await start({ perPeer: 1 })
+    const secure = await start({ perPeer: 1, tls: true })
+    const plainRouter = connect(plain.port, "127.0.0.28")
+    const secureRouter = connect(secure.port, "127.0.0.28", secure.pki)
+    expect((await call(plainRouter, "/t.T/Echo")).status).toBe("0")
+    expect((await call(secureRouter, "/t.T/Echo")).status).toBe("0")
+    await admittedFrom(plain.port, "127.0.0.28")
+    expect(plain.events.filter((e) => e.kind === "closed")).toHaveLength(1)
+    // Under TLS, idle as long: a TCP connect from the router's address is refused, the router's connection kept.
+    const refused = rawClient(secure.port, "127.0.0.28")
+    expect(await within(refused.closed, 5_000)).not.toBe("pending")
+    expect(secure.events).toEqual([{ kind: "refused", reason: "peer_limit", peer: "127.0.0.28", limit: 1 }])
+    expect((await call(secureRouter, "/t.T/Echo")).status).toBe("0")
+  })
+
   it("counts nothing for connections their clients reset while they waited to be accepted (no address: all would have one key)", async () => {
     const { port, server } = await start({ total: 8 })
     // The server's loop is blocked while a child connects 5 sockets and resets each (the kernel completes the

@@ -34,7 +34,7 @@ const MESSAGES: Record<GuardEvent["reason"], string> = {
   keepalive_timeout:
     "gRPC connection closed: it sent nothing for agent.keepalive_time, nor within agent.keepalive_timeout of a PING (its client is gone or stuck)",
   idle_evicted:
-    "gRPC connection closed (GOAWAY NO_ERROR): it ran no call, and a new connection past agent.max_connections_per_peer or agent.max_connections took its place"
+    "gRPC connection closed (GOAWAY NO_ERROR, or its TLS handshake cut): it ran no call, and a new connection past agent.max_connections_per_peer or agent.max_connections took its place"
 }
 
 /** Counts (when Metrics is there) and logs each of the guard's events; `run` runs the log effect. */

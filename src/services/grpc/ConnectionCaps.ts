@@ -180,26 +180,19 @@ export class IdleOrder<C extends Idling> {
   /**
    * The connection to close so that one of `peer`'s refused at a cap is admitted, closing no more than that. At its
    * own cap (`atPeerCap`) one of its own, which frees a place under both caps: the one longest in its handshake past
-   * STALE_HANDSHAKE_MS, else the one idle longest past SETTLED_IDLE_MS. At the total cap alone, first any peer's
-   * stale handshake, then its own idle one, then (`othersIdle`) another peer's idle one. Under TLS (mutual, here)
-   * `othersIdle` is false: a connection that has not yet shown a certificate never takes the place of one that has;
-   * on a plaintext listener no connection shows anything, and idle ones of others are what locked routers out.
-   * Undefined when there is none: the new one is refused. `alive` passes over those already closing.
+   * STALE_HANDSHAKE_MS, else (`plaintext`) the one idle longest past SETTLED_IDLE_MS. At the total cap alone, first
+   * any peer's stale handshake, then (`plaintext`) its own idle one, then another peer's. Under TLS (mutual, here)
+   * only stale handshakes: the new connection has not shown a certificate yet, and one that has (a router's, idle
+   * between its calls) is never closed for it, though it come from the same address (a review showed a raw connect
+   * every 300 ms from a router's address keeping one of its channels out). On a plaintext listener no connection
+   * shows anything, and idle ones are what locked routers out. Undefined when there is none: the new one is refused.
+   * `alive` passes over those already closing.
    */
-  victim(
-    peer: string,
-    atPeerCap: boolean,
-    nowMs: number,
-    alive: (c: C) => boolean,
-    othersIdle: boolean
-  ): C | undefined {
+  victim(peer: string, atPeerCap: boolean, nowMs: number, alive: (c: C) => boolean, plaintext: boolean): C | undefined {
     const own = this.#byPeer.get(peer)
-    if (atPeerCap) return own && (stale(own, nowMs, alive) ?? settled(own, nowMs, alive))
-    return (
-      stale(this.#all, nowMs, alive) ??
-      (own && settled(own, nowMs, alive)) ??
-      (othersIdle ? settled(this.#all, nowMs, alive) : undefined)
-    )
+    const ownIdle = (): C | undefined => (plaintext && own !== undefined ? settled(own, nowMs, alive) : undefined)
+    if (atPeerCap) return (own && stale(own, nowMs, alive)) ?? ownIdle()
+    return stale(this.#all, nowMs, alive) ?? ownIdle() ?? (plaintext ? settled(this.#all, nowMs, alive) : undefined)
   }
 
   #idle(c: C, nowMs: number): void {

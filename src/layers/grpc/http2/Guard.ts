@@ -82,7 +82,7 @@ export interface GuardOptions {
   readonly peerFloodLimits?: FloodLimits | undefined
   readonly peerResets?: { readonly burst: number; readonly ratePerSec: number } | undefined
   readonly onGuard?: ((event: GuardEvent) => void) | undefined
-  /** Served with TLS (mutual): the caps then never close one peer's idle connection for another's (Places.ts). */
+  /** Served with TLS (mutual): the caps then close only stuck handshakes for a new connection (Places.ts). */
   readonly tls?: object | undefined
 }
 

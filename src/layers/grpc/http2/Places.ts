@@ -45,13 +45,13 @@ export class Places {
   readonly #onEvent: (event: GuardEvent) => void
   /** Every admitted connection's place, by its four addresses (one key for the accepted and the TLS socket). */
   readonly #places = new Map<string, Place>()
-  /** A plaintext listener: an idle connection of another peer may be taken (IdleOrder.victim's `othersIdle`). */
-  readonly #othersIdle: boolean
+  /** A plaintext listener: idle connections may be taken, not only stuck handshakes (IdleOrder.victim). */
+  readonly #plaintext: boolean
 
   constructor(limits: CapLimits, tls: boolean, onEvent: (event: GuardEvent) => void) {
     this.#limits = limits
     this.#caps = new ConnectionCaps(limits)
-    this.#othersIdle = !tls
+    this.#plaintext = !tls
     this.#onEvent = onEvent
   }
 
@@ -71,7 +71,7 @@ export class Places {
     const now = performance.now()
     let refused = this.#caps.admit(peer, now)
     if (refused === "peer_limit" || refused === "total_limit") {
-      const victim = this.#order.victim(peer, this.#caps.atPeerCap(peer), now, alive, this.#othersIdle)
+      const victim = this.#order.victim(peer, this.#caps.atPeerCap(peer), now, alive, this.#plaintext)
       if (victim !== undefined) {
         this.#release(victim)
         // GOAWAY NO_ERROR, then the socket closes (a graceful close waits on the client): it runs no call. One still
