@@ -78,7 +78,7 @@ const makeHandles = (registry: Registry): MetricHandles => {
     ),
     grpcConnectionsClosed: counter(
       "grpc_connections_closed_total",
-      "gRPC connections closed past their accept, by reason: for abuse, frame_flood (frames that carry no call, GOAWAY ENHANCE_YOUR_CALM), reset_flood (stream resets past the budget of the connection, node:http2's rapid-reset guard, or of the peer), refusal_flood (streams refused before any method ran, past 1000 at once then 100/s), control_flood (nghttp2's flood detection), protocol_error; keepalive_timeout (no answer to a keepalive PING: the client is gone), idle_evicted (it ran no call, and a new connection past a cap took its place)",
+      "gRPC connections closed past their accept, by reason: for abuse, frame_flood (frames that carry no call, GOAWAY ENHANCE_YOUR_CALM), reset_flood (stream resets past the budget of the connection, node:http2's rapid-reset guard, or of the peer), refusal_flood (streams refused before any method ran, past 1000 at once then 100/s), control_flood (nghttp2's flood detection), protocol_error; keepalive_timeout (no answer to a keepalive PING: the client is gone), idle_evicted (it ran no call, stuck in its TLS handshake or idle, and a new connection past a cap took its place)",
       ["reason"] as const
     ),
     grpcConnections: gauge("grpc_connections", "gRPC connections open on agent.listen_grpc"),
