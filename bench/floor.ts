@@ -8,6 +8,8 @@
 //   FLOOR_SERVER=grpc-js (default: grpc-js's Server, as the agent) | http2 (node:http2 with gRPC framing by hand)
 //   FLOOR_CLIENT=undici  (default: undici's dispatch, as the agent) | net (HTTP/1.1 over node:net by hand:
 //                keep-alive sockets, chunked bodies only; enough for the simulator, not a client for production)
+//   FLOOR_RELAY=parsed (default: SSE lines split, each event JSON-parsed, deltas encoded) | raw (nothing parsed:
+//                one fixed one-token message written per engine read, so what is left is the transport alone)
 // Usage: node bench/floor.ts --grpc PORT --admin PORT --engine URL   (GET /readyz on the admin port answers 200)
 import { createServer } from "node:http"
 import * as http2 from "node:http2"
@@ -39,8 +41,19 @@ interface Sink {
   error(e: Error): void
 }
 
+/** `FLOOR_RELAY=raw`: the engine's bytes read and dropped, one fixed one-token delta written per read. */
+const ONE_TOKEN: GenerateResponse = { delta: { text: "x", index: 0, tokens: 1 } }
+const rawTo = (out: Out): Sink => ({
+  data: () => out.write(ONE_TOKEN),
+  end() {
+    out.write({ final: { finishReason: "stop", nodeId: "floor", requestId: "", stopSequence: "" } })
+    out.end()
+  },
+  error: (e) => out.fail(e)
+})
+
 /** SSE to deltas: one delta per read, the final message at the end of the body. */
-const relayTo = (out: Out): Sink => {
+const parsedTo = (out: Out): Sink => {
   let pending = ""
   let finish = "stop"
   return {
@@ -71,6 +84,8 @@ const relayTo = (out: Out): Sink => {
     error: (e) => out.fail(e)
   }
 }
+
+const relayTo = process.env.FLOOR_RELAY === "raw" ? rawTo : parsedTo
 
 // ---------------------------------------------------------------------------------------------------------
 // Engine clients: start a streamed completion; the returned function aborts it.
