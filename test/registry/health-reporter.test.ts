@@ -151,6 +151,15 @@ const slowProxy = async (endpoint: string, delayMs: number) => {
   }
 }
 
+/** An etcd of the test's own (for tests that stop, wipe or alarm it) and a client of it, both closed after the test. */
+const ownEtcd = async () => {
+  const etcd = await startEtcd()
+  cleanups.push(() => etcd.dispose())
+  const local = new Etcd3({ hosts: etcd.endpoint })
+  cleanups.push(async () => local.close())
+  return { etcd, local }
+}
+
 const uniquePrefix = () => `/t${process.pid}-${++counter}`
 const readRecord = async (etcd: Etcd3, key: string) => {
   const text = await etcd.get(key).string()
@@ -352,10 +361,7 @@ describe("HealthReporter against a real etcd", () => {
   }, 20_000)
 
   it("registers again after etcd is paused (SIGSTOP) and resumed", async () => {
-    const etcd = await startEtcd()
-    cleanups.push(() => etcd.dispose())
-    const local = new Etcd3({ hosts: etcd.endpoint })
-    cleanups.push(async () => local.close())
+    const { etcd, local } = await ownEtcd()
     const prefix = uniquePrefix()
     const key = nodeKey(prefix, "c1", "n1")
     const r = await startReporter({ prefix, endpoint: etcd.endpoint })
@@ -424,6 +430,37 @@ describe("HealthReporter against a real etcd", () => {
     // one lease in the fresh etcd: ours, the one the record names
     const leases = await local.leaseClient.leaseLeases({})
     expect(leases.leases.map((l) => BigInt(l.ID).toString(16))).toEqual([up.epoch])
+  }, 30_000)
+
+  it("an etcd that keeps the lease alive but refuses writes (its NOSPACE alarm) is not left holding a key that says ready after a cordon", async () => {
+    const { etcd, local } = await ownEtcd()
+    const prefix = uniquePrefix()
+    const key = nodeKey(prefix, "c1", "n1")
+    const r = await startReporter({ prefix, endpoint: etcd.endpoint, damping: 1 })
+    await untilState(r, "registered")
+    await r.setEngine("ready", "ready")
+    await pollUntil("ready published", async () =>
+      (await readRecord(local, key))?.state === "ready" ? true : undefined
+    )
+    // What etcd does over its space quota: writes and lease grants refused, keepalives and revokes still answered.
+    const memberID = (await local.cluster.memberList({})).members[0]!.ID
+    await local.maintenance.alarm({ action: "Activate", memberID, alarm: "Nospace" })
+    cleanups.push(() => local.maintenance.alarm({ action: "Deactivate", memberID, alarm: "Nospace" }))
+    // A heartbeat that changes no state is refused and the key kept: every node's writes fail alike on a full etcd.
+    await untilState(r, "retrying")
+    expect((await readRecord(local, key))?.state).toBe("ready")
+    // A state the key does not say is refused: the key goes, instead of saying ready while its lease is kept alive.
+    await r.setState("cordoned")
+    await pollUntil("the key gone", async () => ((await local.get(key).string()) === null ? true : undefined))
+    expect((await local.leaseClient.leaseLeases({})).leases).toEqual([])
+    expect((await r.status()).leaseId).toBeUndefined()
+    // Once etcd takes writes again, the node registers under a new lease with its state.
+    await local.maintenance.alarm({ action: "Deactivate", memberID, alarm: "Nospace" })
+    const rec = await pollUntil("cordoned published", async () => {
+      const x = await readRecord(local, key)
+      return x?.state === "cordoned" ? x : undefined
+    })
+    expect(rec.freshness?.epoch).toBe((await r.status()).epoch)
   }, 30_000)
 
   it("a SIGKILLed agent's key disappears after the lease TTL", async () => {

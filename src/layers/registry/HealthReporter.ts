@@ -120,6 +120,8 @@ const make = Effect.gen(function* () {
           Effect.catch((e) => Effect.logWarning(`etcd: could not write state=draining before revoking: ${e.message}`))
         )
     }
+    // The draining write's refusal may have revoked the lease already (registrationStep.ts withdraw).
+    if (s.session !== session) return
     // Last step: the key goes with the lease, at once.
     yield* ops.revoke(session.id).pipe(
       Effect.tap(() => Effect.logInfo("etcd lease revoked, node key removed").pipe(Effect.annotateLogs({ key }))),

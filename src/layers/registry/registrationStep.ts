@@ -5,7 +5,7 @@
  * live lease is a RegistrationConflict; a key deleted by hand is created again. Callers hold the
  * reporter's write lock.
  */
-import { Clock, Duration, Effect } from "effect"
+import { Clock, Duration, Effect, Exit } from "effect"
 import { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
 import type { AgentConfig } from "../../services/config/Config.ts"
 import type { NodeState, NodeStatusService } from "../../services/node/NodeStatus.ts"
@@ -129,6 +129,31 @@ export const makeRegistrationStep = ({ s, ops, key, timing, agent, nodeStatus }:
       return yield* Effect.fail(error)
     })
 
+  /**
+   * etcd refused a record that says another state than the node's key does (it answered with an error, or did not
+   * answer): the key must not be kept alive saying what is no longer true. An etcd over its space quota (the NOSPACE
+   * alarm) answers keepalives and refuses every write, so the next tick's keepalive would hold a stale "ready" up for
+   * as long as the alarm lasts, through a cordon, a drain or an engine exit. The lease is revoked, the key with it;
+   * where etcd does not answer that either, the lease is no longer kept alive and the key expires within its TTL. The
+   * next round grants a new lease (refused too while etcd is over its quota) and writes the record then. A refused
+   * heartbeat that changes no state keeps the key: a stale `writtenAt` says what it is, and on a full etcd every
+   * node's writes fail alike.
+   */
+  const withdraw = (session: Session, record: NodeHealth, refused: EtcdUnavailable) =>
+    Effect.gen(function* () {
+      const published = s.lastRecord?.state
+      if (!session.registered || published === undefined || published === record.state)
+        return yield* Effect.fail(refused)
+      s.session = undefined
+      const revoked = yield* Effect.exit(ops.revoke(session.id))
+      yield* Effect.logWarning(
+        Exit.isSuccess(revoked)
+          ? `etcd refused the node's record (state ${record.state}): lease revoked, so the key no longer says ${published}`
+          : `etcd refused the node's record (state ${record.state}) and its lease's revoke: the lease is no longer kept alive, so the key saying ${published} expires within its TTL`
+      ).pipe(Effect.annotateLogs({ key, epoch: session.epoch, error: refused.message }))
+      return yield* Effect.fail(refused)
+    })
+
   const step = (reason: StepReason): Effect.Effect<void, ReporterError> =>
     Effect.gen(function* () {
       let session = s.session
@@ -150,9 +175,12 @@ export const makeRegistrationStep = ({ s, ops, key, timing, agent, nodeStatus }:
       if (!due) return
       const record = yield* buildRecord(session, reason, now)
       const value = JSON.stringify(NodeHealth.toJSON(record))
-      let outcome: WriteOutcome = session.registered
-        ? yield* ops.write(key, value, session.id)
-        : yield* ops.create(key, value, session.id)
+      const current = session
+      let outcome: WriteOutcome = yield* Effect.catchTag(
+        session.registered ? ops.write(key, value, session.id) : ops.create(key, value, session.id),
+        "EtcdUnavailable",
+        (e) => withdraw(current, record, e)
+      )
       if (outcome._tag === "Missing") {
         // The key vanished under a live lease (deleted by hand): create it again.
         session.registered = false
