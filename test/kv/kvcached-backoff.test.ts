@@ -2,11 +2,12 @@
 // receivers on a temp Unix socket that answer Hello and then fail every Push: each session connects, so only
 // progress (a Push acknowledged) may start the backoff over, else the link reconnects at the base delay forever.
 import * as fs from "node:fs/promises"
+import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
 import { Effect, Exit, Fiber, Layer, Scope } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
-import { runLink } from "../../src/layers/kv/kvcachedClient.ts"
+import { MAX_ANSWER_LINE_CHARS, runLink } from "../../src/layers/kv/kvcachedClient.ts"
 import { serve } from "../../src/layers/kv/kvcachedReceiver.ts"
 import { KvQueue } from "../../src/layers/kv/queue.ts"
 import { type QueuedBody, resyncOf } from "../../src/layers/kv/rankSequencer.ts"
@@ -67,7 +68,7 @@ const setup = async (
   cleanups.push(() => Effect.runPromise(Fiber.interrupt(fiber)))
   let seq = 0n
   const send = () => queue.push(resyncOf({ reason: "gap", dpRank: 0, fromSeq: seq, toSeq: ++seq }))
-  return { ctl, queue, downs, reports, ups: () => ups, send }
+  return { ctl, queue, downs, reports, ups: () => ups, send, sock }
 }
 
 /** "ok" for each delay within what `failures` in a row allow (50-100 % of 100 ms doubling, capped), else why not. */
@@ -87,13 +88,18 @@ describe("the kvcached link's backoff", () => {
       const link = await setup(broken)
       link.send()
       await pollUntil("6 sessions ended", () => link.downs.length >= 6, 10_000, 10)
-      // Every session got through Hello: connecting is not progress.
-      expect(link.ups()).toBeGreaterThanOrEqual(6)
+      // Every session got through Hello: connecting is not progress, and a link none of whose Pushes is
+      // acknowledged is never reported connected.
+      expect(
+        link.reports.filter((r) => r === "trying: connected; Hello answered, no Push acknowledged yet").length
+      ).toBeGreaterThanOrEqual(6)
+      expect(link.ups()).toBe(0)
       expect(checkDelays(link.downs.slice(0, 6).map((d) => d.retryInMs))).toEqual(Array(6).fill("ok"))
 
       // kvcached works again: the resent record is acknowledged, and the next failure is the first in a row.
       link.ctl.failing = false
       await pollUntil("acknowledged", () => link.queue.size === 0 && link.queue.unacked.length === 0, 10_000, 10)
+      expect(link.ups()).toBe(1)
       link.ctl.failing = true
       const before = link.downs.length
       link.send()
@@ -110,6 +116,46 @@ describe("the kvcached link's backoff", () => {
     // The unanswered chunk was kept: once kvcached answers, it is resent and acknowledged.
     link.ctl.failing = false
     await pollUntil("acknowledged", () => link.queue.size === 0 && link.queue.unacked.length === 0, 10_000, 10)
+  })
+
+  it("a kvcached stuck in Push longer than the backoff's cap is not shown connected, and is retried ever more slowly", async () => {
+    // Each session lasts the Push timeout (500 ms), longer than the cap (400 ms): that alone is no progress.
+    const link = await setup(() => Effect.never, 500)
+    link.send()
+    await pollUntil("4 stuck sessions given up", () => link.downs.length >= 4, 20_000, 10)
+    expect(link.downs.map((d) => d.error)).toEqual(
+      Array(link.downs.length).fill(expect.stringMatching(/did not answer Push/))
+    )
+    expect(checkDelays(link.downs.slice(0, 4).map((d) => d.retryInMs))).toEqual(Array(4).fill("ok"))
+    expect(link.ups()).toBe(0)
+  })
+
+  it("a peer that sends a line longer than any answer (64 KiB) is dropped as it does, not buffered up to 16 MiB", async () => {
+    const link = await setup(() => Effect.never)
+    // Another process took the socket's place: it writes without end and never a line end.
+    await Effect.runPromise(Effect.promise(() => fs.rm(link.sock)))
+    const open = new Set<net.Socket>()
+    const server = net.createServer((c) => {
+      open.add(c)
+      c.on("error", () => {})
+      c.on("close", () => open.delete(c))
+      c.write("x".repeat(MAX_ANSWER_LINE_CHARS + 1))
+    })
+    await new Promise<void>((resolve) => server.listen(link.sock, resolve))
+    cleanups.push(
+      () =>
+        new Promise((resolve) => {
+          server.close(resolve)
+          for (const c of open) c.destroy()
+        })
+    )
+    const line = await pollUntil(
+      "a session dropped for the long line",
+      () => link.downs.find((d) => /maximum size of 65536/.test(d.error)),
+      10_000,
+      10
+    )
+    expect(line.error).toMatch(/MaxBufferSizeExceeded/)
   })
 
   it("once a retry has connected, the status says Hello is unanswered, not the last failure's retry delay", async () => {

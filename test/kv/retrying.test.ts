@@ -9,13 +9,14 @@ import { jitteredBackoffMs } from "../../src/services/retry/Backoff.ts"
 const CAP = 5_000
 
 /** Runs the loop over scripted attempts (each lasts `ms` of clock time, then fails) and collects each failure's count. */
-const run = (attemptsMs: ReadonlyArray<number>) =>
+const run = (attemptsMs: ReadonlyArray<number>, longAttemptIsProgress?: boolean) =>
   Effect.gen(function* () {
     const seen: Array<{ failures: number; retryInMs: number }> = []
     let i = 0
     const fiber = yield* Effect.forkChild(
       retryForever({
         capMs: CAP,
+        ...(longAttemptIsProgress === undefined ? {} : { longAttemptIsProgress }),
         attempt: () => Effect.andThen(Effect.sleep(attemptsMs[i++] ?? 0), Effect.fail("dropped")),
         onFailure: (_error, failures, retryInMs) => Effect.sync(() => void seen.push({ failures, retryInMs }))
       })
@@ -36,6 +37,15 @@ describe("retryForever", () => {
         expect(s.retryInMs).toBeLessThanOrEqual(jitteredBackoffMs(s.failures, CAP, 1))
       }
     })
+  )
+
+  it.effect(
+    "with longAttemptIsProgress false, only the attempt's own progress starts the count over, not its length",
+    () =>
+      Effect.gen(function* () {
+        const seen = yield* run([0, CAP, 0, 2 * CAP], false)
+        expect(seen.map((s) => s.failures)).toEqual([1, 2, 3, 4])
+      })
   )
 
   it.effect("a schema failure is reported with what was wrong and where, not as its issue's tag (Composite)", () =>

@@ -31,7 +31,10 @@ export interface LinkOptions {
   /** The wire record of a queued body (a raw batch is decoded here, when it is sent; one that fails is dropped). */
   readonly materialize: (body: QueuedBody) => Prepared<QueuedBody>
   readonly backoffMaxMs: number
-  /** Connected (Hello answered), or not: why, and in how long the next try is (none while a try is under way). */
+  /**
+   * Connected (kvcached took what was waiting: a Push acknowledged, or nothing to send), or not: why, and in how
+   * long the next try is (none while a try is under way).
+   */
   readonly onConnected: (connected: boolean, error: string | undefined, retryInMs?: number) => void
   /** Batches kvcached acknowledged. */
   readonly onForwarded: (batches: number) => void
@@ -51,6 +54,9 @@ export interface LinkOptions {
 }
 
 export const DEFAULT_CALL_TIMEOUT_MS = 30_000
+
+/** The longest line read from kvcached (characters); its answers are far shorter. */
+export const MAX_ANSWER_LINE_CHARS = 64 * 1024
 
 /** Taken records are prepared (`materialize`) when taken, so what is sent is always a wire record. */
 const toWire = (s: SentRecord<QueuedBody>): KvRecord => ({ ...s.record, n: s.n }) as KvRecord
@@ -90,7 +96,9 @@ const awaitWork = (queue: KvQueue<QueuedBody>, disconnected: Deferred.Deferred<v
 
 /**
  * One connection: Hello, then Push until something breaks. Fails with why it ended. `progressed` runs each
- * time kvcached acknowledges a whole Push: only that, not an answered Hello, shows the peer really works.
+ * time kvcached acknowledges a whole Push, or has nothing left to take: only that, not an answered Hello, shows
+ * the peer really works. `onUp` runs the first time it does: a kvcached that answers Hello and the pings but
+ * never a Push (stuck applying) is not shown as connected while the queue fills and drops behind it.
  */
 const session = (o: LinkOptions, onUp: Effect.Effect<void>, progressed: Effect.Effect<void>) =>
   Effect.gen(function* () {
@@ -109,7 +117,9 @@ const session = (o: LinkOptions, onUp: Effect.Effect<void>, progressed: Effect.E
       pingInterval: o.pingIntervalMs ?? 5_000
     }).pipe(
       Layer.provide(NodeSocket.layerNet({ path: sock })),
-      Layer.provide(RpcSerialization.layerNdjson),
+      // kvcached's answers are a few dozen bytes ({"applied": n}): a line past 64 KiB is no answer, and effect's
+      // default (16 MiB) let a peer that never ends its line cost ~1 s of CPU and hundreds of MB per connection.
+      Layer.provide(RpcSerialization.layerNdjsonWith({ maxBufferSize: MAX_ANSWER_LINE_CHARS })),
       Layer.provide(
         Layer.succeed(RpcClient.ConnectionHooks, {
           // The last failure and its "reconnecting in N ms" are over once the socket is up; Hello may take up to
@@ -129,7 +139,13 @@ const session = (o: LinkOptions, onUp: Effect.Effect<void>, progressed: Effect.E
       })
     const welcome = yield* answered("Hello", client.Hello(o.hello))
     if (welcome.applied !== null) o.onForwarded(o.queue.ack(welcome.applied))
-    yield* onUp
+    o.onConnected(false, "connected; Hello answered, no Push acknowledged yet")
+    let up = false
+    const working = Effect.suspend(() => {
+      if (up) return progressed
+      up = true
+      return Effect.andThen(progressed, onUp)
+    })
     const { queue } = o
     // A chunk in flight is held until acknowledged: keep it a small part of the bound, so that what arrives
     // meanwhile still has room.
@@ -137,7 +153,10 @@ const session = (o: LinkOptions, onUp: Effect.Effect<void>, progressed: Effect.E
     for (;;) {
       let chunk = queue.unacked
       if (chunk.length === 0) {
-        if (queue.size === 0) yield* awaitWork(queue, disconnected)
+        if (queue.size === 0) {
+          yield* working
+          yield* awaitWork(queue, disconnected)
+        }
         chunk = queue.take(o.chunkRecords ?? 512, chunkBytes, o.resync, o.materialize)
         if (chunk.length === 0) continue
       }
@@ -158,7 +177,7 @@ const session = (o: LinkOptions, onUp: Effect.Effect<void>, progressed: Effect.E
       if (r.applied === null || r.applied < last) {
         return yield* Effect.fail(new Error(`kvcached acknowledged up to ${r.applied} of ${last}`))
       }
-      yield* progressed
+      yield* working
     }
   }).pipe(Effect.scoped)
 
@@ -178,6 +197,9 @@ export const runLink = (o: LinkOptions): Effect.Effect<never> =>
     // backoff keeps growing, where resetting it at Hello reconnected at the base delay forever.
     return yield* retryForever({
       capMs: o.backoffMaxMs,
+      // The session says itself when kvcached took what was waiting; one held open by a stuck kvcached for the
+      // whole Push timeout made no progress, and reconnecting to it at the base delay would loop every 30 s.
+      longAttemptIsProgress: false,
       attempt: (progressed) => session(o, setState(true, undefined), progressed),
       onFailure: (error, _failures, retryInMs) => setState(false, error, retryInMs)
     })

@@ -3,15 +3,18 @@
  * again and again with the agent's capped, jittered backoff (services/retry/Backoff.ts) between them. The
  * backoff starts over only after an attempt made progress (it runs `progressed`: kvcached acknowledged a
  * Push, the reader received a message), not because it merely connected: a peer that accepts and then fails
- * at once is retried ever more slowly, up to the cap, instead of in a tight loop at the base delay. An attempt
- * that lasted the whole cap counts as progress too: an idle link that kvcached drops after hours (a restart) is
- * a new outage, retried from the base delay, not the next failure of a series that ended long ago.
+ * at once is retried ever more slowly, up to the cap, instead of in a tight loop at the base delay. For the
+ * readers an attempt that lasted the whole cap counts as progress too (`longAttemptIsProgress`): a reader
+ * dropped after hours of a quiet engine is a new outage, retried from the base delay, not the next failure of a
+ * series that ended long ago. The kvcached link says itself when it made progress instead.
  */
 import { Cause, Clock, Effect, SchemaIssue } from "effect"
 import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
 
 export interface RetryOptions<E, R> {
   readonly capMs: number
+  /** An attempt that lasted `capMs` or more starts the backoff over (default true). */
+  readonly longAttemptIsProgress?: boolean
   /** One attempt; it never succeeds, it ends when something breaks. */
   readonly attempt: (progressed: Effect.Effect<void>) => Effect.Effect<never, E, R>
   /** The `failures`-th attempt in a row without progress ended with `error`; the next starts in `retryInMs`. */
@@ -62,7 +65,7 @@ export const retryForever = <E, R>(o: RetryOptions<E, R>): Effect.Effect<never, 
     for (;;) {
       const startedAt = yield* Clock.currentTimeMillis
       const exit = yield* Effect.exit(o.attempt(progressed))
-      if ((yield* Clock.currentTimeMillis) - startedAt >= o.capMs) failures = 0
+      if (o.longAttemptIsProgress !== false && (yield* Clock.currentTimeMillis) - startedAt >= o.capMs) failures = 0
       failures++
       const retryInMs = jitteredBackoffMs(failures, o.capMs, Math.random())
       yield* o.onFailure(message(exit._tag === "Failure" ? Cause.squash(exit.cause) : exit), failures, retryInMs)
