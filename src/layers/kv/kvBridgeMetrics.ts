@@ -25,7 +25,11 @@ export const registerMetrics = (m: MetricsService, status: Effect.Effect<KvBridg
     "kv_resyncs_total",
     "Resync records cgn-kvcached acknowledged (each drops a rank's blocks)"
   )
-  const connected = gauge(r, "kvcached_connected", "1 while connected to cgn-kvcached and it takes events (a Push acknowledged, or nothing to send)")
+  const connected = gauge(
+    r,
+    "kvcached_connected",
+    "1 while connected to cgn-kvcached and it takes events (a Push acknowledged, or nothing to send)"
+  )
   const subscribed = gauge(r, "kv_events_subscribed", "1 while every DP rank's KV-event reader is subscribed")
   const queued = gauge(r, "kv_events_queued", "KV-event batches waiting for cgn-kvcached")
   const queuedBytes = gauge(
