@@ -36,7 +36,7 @@ const setup = (maxBytes = 1 << 20, replayAt?: string, replayTimeoutMs = 1_000) =
 }
 
 describe("rankSequencer", () => {
-  it("an engine run that ends is retracted at once (a restart Resync from the next seq), and the next run joins at 0", () => {
+  it("an engine run that ends is retracted at once (a restart Resync from the next seq), and the next run goes on at 0", () => {
     const { st, queue, sequencer, rank } = setup()
     const idle: RankStream = { ...rank, rank: 4 }
     for (const seq of [0n, 1n, 2n]) sequencer.onMessage(rank, [topic, seqFrame(seq), payload(seq)])
@@ -47,12 +47,28 @@ describe("rankSequencer", () => {
     expect(queue.take(10, 1 << 20, resyncOf).map((s) => s.record)).toMatchObject([
       { type: "Resync", dp_rank: 3, reason: "restart", from_seq: 3, to_seq: 0 }
     ])
-    // The new run's first batch is a join, not a second restart.
+    // The new run's first batch is the next one, not a second restart.
     sequencer.onMessage(rank, [topic, seqFrame(0n), payload(9n)])
     expect(queue.take(10, 1 << 20, resyncOf, sequencer.materialize).map((s) => s.record)).toMatchObject([
       { type: "Batch", dp_rank: 3, seq: 0 }
     ])
     expect(st.lastBatchError).toBeUndefined()
+    expect(st.gaps).toBe(0)
+  })
+
+  it("a new run whose first batches the reader missed (it resubscribes after the restart) is a gap, said lost, not a join", () => {
+    const { st, queue, sequencer, rank } = setup()
+    for (const seq of [0n, 1n]) sequencer.onMessage(rank, [topic, seqFrame(seq), payload(seq)])
+    sequencer.engineGone(rank)
+    sequencer.onMessage(rank, [topic, seqFrame(2n), payload(2n)])
+    expect(queue.take(10, 1 << 20, resyncOf, sequencer.materialize).map((s) => s.record)).toMatchObject([
+      { type: "Batch", seq: 0 },
+      { type: "Batch", seq: 1 },
+      { type: "Resync", reason: "restart", from_seq: 2, to_seq: 0 },
+      { type: "Resync", reason: "gap", from_seq: 0, to_seq: 2 },
+      { type: "Batch", seq: 2 }
+    ])
+    expect(st.gaps).toBe(1)
   })
 
   it("queues the payload bytes as they came, and decodes a batch only when it is taken to be sent", () => {
@@ -282,7 +298,7 @@ describe("rankSequencer", () => {
       { type: "Resync", reason: "restart", from_seq: 5, to_seq: 0 }
     ])
     expect({ expected: rank.expected, holding: rank.holding, held: sequencer.held }).toEqual({
-      expected: undefined,
+      expected: 0n,
       holding: undefined,
       held: { batches: 0, bytes: 0 }
     })
