@@ -263,8 +263,7 @@ export const makeSequencer = (
     // During a replay the old run's batches are still held: the retraction goes after them, when they are let go
     // (finishReplay), and before any of the next run's; dropping it would leave the dead run's blocks in kvcached.
     if (r.holding !== undefined) return void r.holding.push(ENGINE_GONE)
-    // A rank that saw nothing (of this run: 0 is next) has nothing to retract. The Resync says the stream goes on at 0:
-    // what the new run sent before the reader resubscribed is a gap, not a join (no Hello starts kvcached over here).
+    // Nothing seen (of this run: 0 is next), nothing to retract. After it a new run's seq past 0 is a gap, not a join.
     if (r.expected === undefined || r.expected === 0n) return
     resync({ reason: "restart", dpRank: r.rank, fromSeq: r.expected, toSeq: 0n })
     r.expected = 0n
