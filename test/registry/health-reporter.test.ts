@@ -7,7 +7,7 @@ import { spawn } from "node:child_process"
 import * as fs from "node:fs/promises"
 import * as net from "node:net"
 import * as path from "node:path"
-import { Effect, Exit, Layer, ManagedRuntime } from "effect"
+import { Effect, Exit, Layer, Logger, ManagedRuntime } from "effect"
 import { Etcd3 } from "etcd3"
 // As the daemon's bundle does: nice-grpc, once loaded, bounds every grpc-js connection attempt in the process
 // (its connect-timeout patch, which reads grpc.min_reconnect_backoff_ms as that bound), etcd3's included.
@@ -89,7 +89,21 @@ const startReporter = async (o: Opts) => {
     cluster: "c1",
     advertiseAddr: o.advertise ?? "127.0.0.1:7071"
   })
-  const live = healthReporterLayer.pipe(Layer.provideMerge(Layer.mergeAll(layerFromObject(configObject(o)), status)))
+  // Warnings and errors, as "Warn message" lines, for the tests that check what an operator is told.
+  const logs: Array<string> = []
+  const logger = Logger.make(({ logLevel, message }) => {
+    if (logLevel === "Warn" || logLevel === "Error")
+      logs.push(
+        `${logLevel} ${[message]
+          .flat()
+          .filter((m) => typeof m === "string")
+          .join(" ")}`
+      )
+  })
+  const live = healthReporterLayer.pipe(
+    Layer.provideMerge(Layer.mergeAll(layerFromObject(configObject(o)), status)),
+    Layer.provide(Logger.layer([logger]))
+  )
   const runtime = ManagedRuntime.make(live)
   let closed = false
   const close = async () => {
@@ -109,6 +123,7 @@ const startReporter = async (o: Opts) => {
       ),
     flush: () => runtime.runPromise(Effect.exit(Effect.flatMap(HealthReporter, (r) => r.flush))),
     markDraining: () => runtime.runPromise(Effect.exit(Effect.flatMap(HealthReporter, (r) => r.markDraining))),
+    logs,
     close
   }
 }
@@ -358,6 +373,34 @@ describe("HealthReporter against a real etcd", () => {
     await a.close()
     await untilState(b, "registered")
     expect((await readRecord(client, key))?.advertiseAddr).toBe("10.0.0.2:7071")
+    expect(b.logs.filter((l) => l.startsWith("Error") && l.includes("by another live agent"))).toHaveLength(1)
+  }, 20_000)
+
+  it("a key held by a lease that advertises this node's own address (its previous run, killed) is a warning that says so", async () => {
+    const prefix = uniquePrefix()
+    const a = await startReporter({ prefix, advertise: "10.0.0.3:7071" })
+    const sa = await untilState(a, "registered")
+    const b = await startReporter({ prefix, advertise: "10.0.0.3:7071" })
+    const sb = await untilState(b, "conflict")
+    expect(sb.conflict?.lease).toBe(sa.epoch)
+    expect(sb.lastError).toContain("this node's own address (10.0.0.3:7071)")
+    expect(sb.lastError).toContain("previous agent")
+    expect(b.logs.filter((l) => l.includes("is still registered"))).toEqual([expect.stringMatching(/^Warn /)])
+    expect(b.logs.filter((l) => l.startsWith("Error"))).toEqual([])
+  }, 20_000)
+
+  it("a key deleted by hand under a live lease is created again, with a warning that says how to take a node out", async () => {
+    const prefix = uniquePrefix()
+    const key = nodeKey(prefix, "c1", "n1")
+    const r = await startReporter({ prefix })
+    const before = await untilState(r, "registered")
+    await client.delete().key(key)
+    await untilState(r, "registered", 10_000, (s) => s.writes > before.writes + 1)
+    const rec = await pollUntil("the key back", async () => await readRecord(client, key))
+    expect(rec.freshness?.epoch).toBe(before.epoch)
+    expect(r.logs.filter((l) => l.includes("deleted outside the agent"))).toEqual([
+      expect.stringContaining("POST /cordon")
+    ])
   }, 20_000)
 
   it("registers again after etcd is paused (SIGSTOP) and resumed", async () => {

@@ -115,16 +115,19 @@ export const makeRegistrationStep = ({ s, ops, key, timing, agent, nodeStatus }:
   const conflictError = (holder: Holder) =>
     Effect.gen(function* () {
       const h = holderOf(holder)
+      const ownAddress = (yield* nodeStatus.snapshot).advertiseAddr
       const error = new RegistrationConflict({
         key,
         nodeId: agent.node_id,
         holderLease: h.lease,
-        holderAdvertiseAddr: h.advertiseAddr
+        holderAdvertiseAddr: h.advertiseAddr,
+        holderIsThisAddress: h.advertiseAddr !== "" && h.advertiseAddr === ownAddress
       })
       const changed = s.conflict?.lease !== h.lease
       s.conflict = h
       s.lastError = error.message
-      if (changed) yield* Effect.logError(error.message)
+      // This node's own previous run holds it after a crash: it ends by itself within the TTL, no operator error.
+      if (changed) yield* error.holderIsThisAddress ? Effect.logWarning(error.message) : Effect.logError(error.message)
       yield* setState("conflict")
       return yield* Effect.fail(error)
     })
@@ -182,7 +185,11 @@ export const makeRegistrationStep = ({ s, ops, key, timing, agent, nodeStatus }:
         (e) => withdraw(current, record, e)
       )
       if (outcome._tag === "Missing") {
-        // The key vanished under a live lease (deleted by hand): create it again.
+        // The key vanished under a live lease (deleted by hand): create it again, and say so: an operator who deleted
+        // it to take the node out of discovery sees why it is back.
+        yield* Effect.logWarning(
+          "etcd: the node's key was deleted outside the agent while its lease lives; created again (to take a node out of traffic, POST /cordon)"
+        ).pipe(Effect.annotateLogs({ key, epoch: session.epoch }))
         session.registered = false
         outcome = yield* ops.create(key, value, session.id)
       }

@@ -91,10 +91,14 @@ export class RegistrationConflict extends Schema.TaggedError<RegistrationConflic
   key: Schema.String,
   nodeId: Schema.String,
   holderLease: Schema.String,
-  holderAdvertiseAddr: Schema.String
+  holderAdvertiseAddr: Schema.String,
+  /** The holder advertises this node's own address: most likely this node's previous agent, killed before its revoke. */
+  holderIsThisAddress: Schema.Boolean
 }) {
   override get message(): string {
     const addr = this.holderAdvertiseAddr === "" ? "unknown address" : `advertising ${this.holderAdvertiseAddr}`
+    if (this.holderIsThisAddress && this.holderLease !== "none")
+      return `node id "${this.nodeId}" is still registered at ${this.key} under lease ${this.holderLease}, advertising this node's own address (${this.holderAdvertiseAddr}): most likely this node's previous agent, stopped without revoking its lease (killed, out of memory); refusing to overwrite it, retrying until that lease ends (at most agent.lease_ttl after that agent's last keepalive). If another agent at this address runs with this id, give one of them a distinct [agent].node_id`
     // A key written without a lease (by hand, by a tool) never expires: only its removal ends the conflict.
     if (this.holderLease === "none")
       return `node id "${this.nodeId}" is already registered at ${this.key} with no lease (${addr}): written by hand or by another tool, it never expires; refusing to overwrite it, retrying until the key is deleted (etcdctl del ${this.key}). If another agent needs this id, give this one a distinct [agent].node_id`
