@@ -69,7 +69,7 @@ describe("the kvcached link refuses a socket it cannot trust", () => {
     const l = link(r.sock)
     await pollUntil("two refusals", () => l.downs.length >= 2, 10_000, 10)
     expect(l.downs[0]).toBe(
-      `kv.uds ${r.sock} is in an untrusted directory: ${r.dir} is writable by its group (mode 0777): not connecting`
+      `kv.uds ${r.sock} is in an untrusted directory: ${r.dir} is writable by its group and others (mode 0777): not connecting`
     )
     expect(r.seen.hellos).toBe(0)
     // the backoff's next try finds it fixed

@@ -2,6 +2,7 @@
 // they grow and when they start over.
 import { describe, expect, it } from "@effect/vitest"
 import { Cause, Effect, Exit, Fiber, Schema } from "effect"
+import { Socket } from "effect/socket"
 import { TestClock } from "effect/testing"
 import { retryForever } from "../../src/layers/kv/retrying.ts"
 import { jitteredBackoffMs } from "../../src/services/retry/Backoff.ts"
@@ -64,6 +65,23 @@ describe("retryForever", () => {
       yield* TestClock.adjust(1)
       yield* Fiber.interrupt(fiber)
       expect(errors[0]).toBe('Schema validation failed: Expected an integer at ["records"][0]')
+    })
+  )
+
+  it.effect("a peer's close is reported as such, not as effect's WebSocket close code (SocketCloseError 1000)", () =>
+    Effect.gen(function* () {
+      const errors: Array<string> = []
+      const fiber = yield* Effect.forkChild(
+        retryForever({
+          capMs: CAP,
+          attempt: () =>
+            Effect.fail({ _tag: "RpcClientError", message: "", reason: new Socket.SocketCloseError({ code: 1000 }) }),
+          onFailure: (error) => Effect.sync(() => void errors.push(error))
+        })
+      )
+      yield* TestClock.adjust(1)
+      yield* Fiber.interrupt(fiber)
+      expect(errors[0]).toBe("the peer closed the connection")
     })
   )
 })

@@ -44,12 +44,14 @@ describe("stateDirDistrust", () => {
   it("a directory writable by its group or others, or owned by another user, is refused, saying why", async () => {
     const dir = tempDir()
     fs.chmodSync(dir, 0o777)
-    expect(await stateDirDistrust(dir, uid)).toBe(`${dir} is writable by its group (mode 0777)`)
+    expect(await stateDirDistrust(dir, uid)).toBe(`${dir} is writable by its group and others (mode 0777)`)
     fs.chmodSync(dir, 0o702)
     expect(await stateDirDistrust(dir, uid)).toBe(`${dir} is writable by others (mode 0702)`)
+    fs.chmodSync(dir, 0o770)
+    expect(await stateDirDistrust(dir, uid)).toBe(`${dir} is writable by its group (mode 0770)`)
     // sticky does not make state_dir itself safe: anyone could still create the names the agent reads
     fs.chmodSync(dir, 0o1777)
-    expect(await stateDirDistrust(dir, uid)).toMatch(/is writable by its group \(mode 01777\)/)
+    expect(await stateDirDistrust(dir, uid)).toMatch(/is writable by its group and others \(mode 01777\)/)
     fs.chmodSync(dir, 0o700)
     // owned by neither the agent's user nor root (as root: given away; else: seen by an agent of another uid)
     const [owner, agent] = uid === 0 ? [4242, 0] : [uid, uid + 4242]
@@ -64,9 +66,11 @@ describe("stateDirDistrust", () => {
     const state = path.join(open, "state")
     fs.mkdirSync(state, { mode: 0o700 })
     fs.chmodSync(open, 0o777)
-    expect(await stateDirDistrust(state, uid)).toBe(`${open} is writable by its group (mode 0777)`)
+    expect(await stateDirDistrust(state, uid)).toBe(`${open} is writable by its group and others (mode 0777)`)
     // not made yet: it would be made in that directory
-    expect(await stateDirDistrust(path.join(open, "other"), uid)).toBe(`${open} is writable by its group (mode 0777)`)
+    expect(await stateDirDistrust(path.join(open, "other"), uid)).toBe(
+      `${open} is writable by its group and others (mode 0777)`
+    )
     fs.chmodSync(open, 0o1777)
     expect(await stateDirDistrust(state, uid)).toBeUndefined()
   })
@@ -86,7 +90,7 @@ describe("stateDirDistrust", () => {
     // the same link where anyone may replace it (not sticky): refused, whatever it points at
     fs.chmodSync(open, 0o777)
     expect(await stateDirDistrust(link, uid)).toBe(
-      `${link} is a symbolic link others could replace: ${open} is writable by its group (mode 0777)`
+      `${link} is a symbolic link others could replace: ${open} is writable by its group and others (mode 0777)`
     )
     expect(await socketDirDistrust(link, uid)).toMatch(/is a symbolic link others could replace/)
     // another user's link (one they made first where state_dir was still to be made): refused, it can be repointed
@@ -118,7 +122,7 @@ describe("stateDirDistrust", () => {
     fs.chmodSync(open, 0o777)
     fs.symlinkSync(real, path.join(open, "inner", "state"))
     expect(await stateDirDistrust(path.join(open, "inner", "state"), uid)).toBe(
-      `${path.join(open, "inner", "state")} is a symbolic link others could replace: ${open} is writable by its group (mode 0777)`
+      `${path.join(open, "inner", "state")} is a symbolic link others could replace: ${open} is writable by its group and others (mode 0777)`
     )
     // a loop is no finding here (the open fails apart)
     fs.symlinkSync(path.join(mine, "loop"), path.join(mine, "loop"))
@@ -191,7 +195,7 @@ describe("socketDistrust (kv.uds: whoever listens there gets the KV events)", ()
     if (uid === 0) fs.lchownSync(sock, 0, 0)
     // anyone may remove it and bind their own there: the directory is refused, and the socket with it
     fs.chmodSync(dir, 0o777)
-    const why = `${dir} is writable by its group (mode 0777)`
+    const why = `${dir} is writable by its group and others (mode 0777)`
     expect(await socketDistrust(sock, uid)).toBe(`${sock} is in an untrusted directory: ${why}`)
     expect(await socketDirDistrust(dir, uid)).toBe(why)
   })

@@ -36,7 +36,9 @@ describe("check: kv.uds's directory", () => {
     const open = await findings(uds)
     expect(open.warnings).toContainEqual(
       expect.stringMatching(
-        new RegExp(`^kv\\.uds = "${uds}": ${dir} is writable by its group \\(mode 0777\\); run will not connect`)
+        new RegExp(
+          `^kv\\.uds = "${uds}": ${dir} is writable by its group and others \\(mode 0777\\); run will not connect`
+        )
       )
     )
     expect(open.errors.filter((l) => l.includes("kv.uds"))).toEqual([])

@@ -362,7 +362,7 @@ describe("check finds on the host what run would find only by failing", () => {
     fs.mkdirSync(open)
     fs.chmodSync(open, 0o777)
     const file = config("open.toml", "", open)
-    const refusal = `agent.state_dir = "${open}" is not the agent's own: ${open} is writable by its group (mode 0777)`
+    const refusal = `agent.state_dir = "${open}" is not the agent's own: ${open} is writable by its group and others (mode 0777)`
     const checked = await runCli(["check", "--config", file], engines)
     expect(checked.code).toBe(2)
     expect(checked.stderr).toContain(refusal)

@@ -39,8 +39,13 @@ const message = (e: unknown): string => {
       readonly reason?: unknown
       readonly cause?: unknown
     }
-    const text = typeof o.message === "string" && o.message !== "" ? o.message : undefined
     const tag = typeof o._tag === "string" ? o._tag : undefined
+    // effect's socket reports a peer's close as a WebSocket close code (1000), which says nothing on a Unix socket.
+    if (tag === "SocketCloseError" && o.cause === undefined) {
+      parts.push("the peer closed the connection")
+      break
+    }
+    const text = typeof o.message === "string" && o.message !== "" ? o.message : undefined
     if (o.reason === undefined && o.cause === undefined) {
       parts.push(
         tag !== undefined && text !== undefined && text !== tag ? `${tag} ${text}` : (text ?? tag ?? String(x))

@@ -67,13 +67,17 @@ export const readNoFollow = async (file: string, maxBytes?: number): Promise<str
 
 const octal = (mode: number): string => `0${(mode & 0o7777).toString(8)}`
 
+/** Who besides the owner may write, by the mode's group (0o020) and other (0o002) write bits. */
+const writers = (mode: number): string =>
+  (mode & 0o020) === 0 ? "others" : (mode & 0o002) === 0 ? "its group" : "its group and others"
+
 /** Why a directory with these stats is not trusted (`self`: state_dir itself, else a directory above it). */
 const distrustOf = (dir: string, st: Stats, uid: number, self: boolean): string | undefined => {
   if (st.uid !== uid && st.uid !== 0)
     return `${dir} is owned by uid ${st.uid}, not by the agent's user (uid ${uid}) or root`
   const sticky = (st.mode & 0o1000) !== 0 // S_ISVTX, the sticky bit (inode(7))
   if ((st.mode & 0o022) !== 0 && (self || !sticky))
-    return `${dir} is writable by ${(st.mode & 0o020) !== 0 ? "its group" : "others"} (mode ${octal(st.mode)})`
+    return `${dir} is writable by ${writers(st.mode)} (mode ${octal(st.mode)})`
   return undefined
 }
 

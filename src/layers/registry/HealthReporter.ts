@@ -60,11 +60,12 @@ const make = Effect.gen(function* () {
         Effect.catch((e: ReporterError) =>
           Effect.gen(function* () {
             if (e._tag === "LeaseLost") {
-              s.session = undefined
               s.leasesLost++
               s.leaseLossesInRow++
               s.failuresInRow = 0
+              // Logged with the lost lease's epoch, then forgotten.
               yield* setState("revoked")
+              s.session = undefined
               return afterLeaseLossMs(s.leaseLossesInRow, timing.heartbeatMs, yield* Random.next)
             }
             if (e._tag === "RegistrationConflict") {
@@ -94,10 +95,10 @@ const make = Effect.gen(function* () {
       step(reason).pipe(
         Effect.catchTag("LeaseLost", (e) =>
           Effect.gen(function* () {
-            s.session = undefined
             s.leasesLost++
             s.leaseLossesInRow++
             yield* setState("revoked")
+            s.session = undefined
             return yield* Effect.fail(e)
           })
         )
@@ -135,6 +136,7 @@ const make = Effect.gen(function* () {
   // ready is written as it happens; a probe verdict is written too but stays damped (buildRecord).
   const drainFiber = yield* nodeStatus.changes.pipe(
     Stream.runForEach((st) => writeNow(st === "draining" ? "drain" : "change").pipe(Effect.ignore)),
+    Effect.annotateLogs({ component: "HealthReporter" }),
     Effect.forkScoped
   )
   yield* Effect.addFinalizer(() =>
