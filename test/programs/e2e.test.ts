@@ -141,7 +141,11 @@ describe("a running agent", () => {
     const lease = res.kvs[0]?.lease
     expect(lease).toBeDefined()
     expect(lease).not.toBe("0")
-    expect(BigInt(lease ?? "0").toString(16)).toBe(second.freshness?.epoch)
+    expect(
+      BigInt(lease ?? "0")
+        .toString(16)
+        .padStart(16, "0")
+    ).toBe(second.freshness?.epoch)
     const ttl = await kv.leaseClient.leaseTimeToLive({ ID: lease ?? "0" })
     expect(Number(ttl.grantedTTL)).toBe(3)
     expect(Number(ttl.TTL)).toBeGreaterThan(0)

@@ -472,7 +472,7 @@ describe("HealthReporter against a real etcd", () => {
     expect(up.epoch).not.toBe(before.epoch)
     // one lease in the fresh etcd: ours, the one the record names
     const leases = await local.leaseClient.leaseLeases({})
-    expect(leases.leases.map((l) => BigInt(l.ID).toString(16))).toEqual([up.epoch])
+    expect(leases.leases.map((l) => epochOf(String(l.ID)))).toEqual([up.epoch])
   }, 30_000)
 
   it("an etcd that keeps the lease alive but refuses writes (its NOSPACE alarm) is not left holding a key that says ready after a cordon", async () => {

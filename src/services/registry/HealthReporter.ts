@@ -177,5 +177,8 @@ export const nodeKey = (prefix: string, cluster: string, nodeId: string): string
 export const nodesPrefix = (prefix: string, cluster: string): string =>
   `${prefix.replace(/\/+$/, "")}/${cluster}/nodes/`
 
-/** The epoch of a lease: its id in lowercase hex (etcd prints ids in decimal; etcdctl shows hex). */
-export const epochOf = (leaseId: string): string => BigInt(leaseId).toString(16)
+/**
+ * The epoch of a lease: its id in lowercase hex, 16 digits as etcdctl prints it (`%016x`), so an operator's
+ * `etcdctl lease list` matches it as text (etcd's JSON gives ids in decimal).
+ */
+export const epochOf = (leaseId: string): string => BigInt(leaseId).toString(16).padStart(16, "0")

@@ -496,8 +496,8 @@ export interface Capacity {
  */
 export interface Freshness {
   /**
-   * The etcd lease id in hex: changes with every new lease (an agent restart, a lost lease). Lease ids are not
-   * ordered: an epoch says nothing of which record is newer. Empty when standalone.
+   * The etcd lease id in hex, 16 digits (as etcdctl prints it): changes with every new lease (an agent restart,
+   * a lost lease). Lease ids are not ordered: an epoch says nothing of which record is newer. Empty when standalone.
    */
   epoch: string;
   /**
