@@ -173,7 +173,16 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
 ): Effect.fn.Return<EtcdOps, EtcdTlsError, Scope.Scope> {
   const opts = yield* etcdOptions(cluster, options)
   // Loaded here, not at start: a standalone agent ([cluster].etcd empty) never holds etcd3 and its grpc-js client.
-  const { Etcd3, EtcdLeaseInvalidError, isRecoverableError } = yield* Effect.promise(() => import("etcd3"))
+  const etcd3 = yield* Effect.promise(() => import("etcd3"))
+  const { Etcd3, EtcdLeaseInvalidError, isRecoverableError } = etcd3
+  // An error etcd sent (a refusal), not a call that got no answer: no connection, its deadline, cancelled.
+  const answered = (e: unknown): boolean =>
+    (e instanceof etcd3.GRPCGenericError || e instanceof etcd3.EtcdError) &&
+    !(
+      e instanceof etcd3.GRPCDeadlineExceededError ||
+      e instanceof etcd3.GRPCUnavailableError ||
+      e instanceof etcd3.GRPCCancelledError
+    )
   const faultHandling = {
     host: makeHostFailover(cluster.etcd, (e) => isRecoverableError(e as Error)),
     global: passThrough()
@@ -206,7 +215,7 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
       catch: (e) =>
         e instanceof EtcdLeaseInvalidError
           ? new LeaseLost({ leaseId: "", reason: e.message })
-          : new EtcdUnavailable({ operation, reason: withTlsHint(reasonOf(e)) })
+          : new EtcdUnavailable({ operation, reason: withTlsHint(reasonOf(e)), answered: answered(e) })
     }).pipe(
       // belt and braces: the gRPC deadline should fire first
       Effect.timeoutOrElse({

@@ -133,19 +133,20 @@ export const makeRegistrationStep = ({ s, ops, key, timing, agent, nodeStatus }:
     })
 
   /**
-   * etcd refused a record that says another state than the node's key does (it answered with an error, or did not
-   * answer): the key must not be kept alive saying what is no longer true. An etcd over its space quota (the NOSPACE
-   * alarm) answers keepalives and refuses every write, so the next tick's keepalive would hold a stale "ready" up for
-   * as long as the alarm lasts, through a cordon, a drain or an engine exit. The lease is revoked, the key with it;
-   * where etcd does not answer that either, the lease is no longer kept alive and the key expires within its TTL. The
-   * next round grants a new lease (refused too while etcd is over its quota) and writes the record then. A refused
-   * heartbeat that changes no state keeps the key: a stale `writtenAt` says what it is, and on a full etcd every
-   * node's writes fail alike.
+   * etcd answered a record that says another state than the node's key does with a refusal: the key must not be
+   * kept alive saying what is no longer true. An etcd over its space quota (the NOSPACE alarm) answers keepalives and
+   * refuses every write, so each tick's keepalive would hold a stale "ready" up for as long as the alarm lasts,
+   * through a cordon, a drain or an engine exit. The lease is revoked, the key with it; where etcd does not answer
+   * that, the lease is no longer kept alive and the key expires within its TTL. The next round grants a new lease
+   * (refused too while etcd is over its quota) and writes the record then. An etcd that answers nothing keeps no
+   * lease alive either: that is left to the TTL and to the shutdown's own revoke, at no extra call deadline. A
+   * refused heartbeat that changes no state keeps the key: a stale `writtenAt` says what it is, and on a full etcd
+   * every node's writes fail alike.
    */
   const withdraw = (session: Session, record: NodeHealth, refused: EtcdUnavailable) =>
     Effect.gen(function* () {
       const published = s.lastRecord?.state
-      if (!session.registered || published === undefined || published === record.state)
+      if (refused.answered !== true || !session.registered || published === undefined || published === record.state)
         return yield* Effect.fail(refused)
       s.session = undefined
       const revoked = yield* Effect.exit(ops.revoke(session.id))

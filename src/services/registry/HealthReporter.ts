@@ -109,7 +109,9 @@ export class RegistrationConflict extends Schema.TaggedError<RegistrationConflic
 /** etcd did not answer, or answered an error, for one operation. */
 export class EtcdUnavailable extends Schema.TaggedError<EtcdUnavailable>()("EtcdUnavailable", {
   operation: Schema.String,
-  reason: Schema.String
+  reason: Schema.String,
+  /** etcd answered, refusing it (e.g. RESOURCE_EXHAUSTED over its space quota), rather than not answering at all. */
+  answered: Schema.optional(Schema.Boolean)
 }) {
   override get message(): string {
     return `etcd ${this.operation} failed: ${this.reason}`
