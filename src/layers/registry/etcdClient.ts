@@ -11,6 +11,7 @@ import type { AgentConfig } from "../../services/config/Config.ts"
 import { EtcdTlsError, EtcdUnavailable, LeaseLost } from "../../services/registry/HealthReporter.ts"
 import type { TlsError } from "../../services/tls/Tls.ts"
 import { checkKeyPair, parseCaBundle } from "../tls/tlsMaterial.ts"
+import { answeredBy, reasonOf, withTlsHint } from "./etcdErrors.ts"
 import { makeHostFailover, passThrough } from "./faultPolicies.ts"
 
 export interface Granted {
@@ -65,28 +66,6 @@ export interface EtcdClientOptions {
  * bounded by `callTimeoutMs` + this, whatever grpc-js does (programs/shutdownBound.ts counts on it).
  */
 export const CALL_DEADLINE_SLACK_MS = 500
-
-const reasonOf = (e: unknown): string => (e instanceof Error ? e.message : String(e))
-
-/**
- * grpc-js buries TLS failures in "14 UNAVAILABLE: No connection established. Last error: <openssl text>";
- * say which [cluster] setting to look at, since that is all an operator can change.
- */
-const REFUSED_BY_SERVER = /alert (bad certificate|certificate required|unknown ca|handshake failure)/i
-const SERVER_UNTRUSTED =
-  /unable to verify|self[- ]signed|unable to get (local )?issuer|certificate has expired|ERR_TLS_CERT_ALTNAME_INVALID/i
-
-const withTlsHint = (reason: string): string => {
-  const text = reason
-    .replace(/\s*Resolution note:\s*$/, "")
-    .replace(/\s+/g, " ")
-    .trim()
-  if (REFUSED_BY_SERVER.test(text))
-    return `TLS handshake refused by etcd: it requires a client certificate signed by a CA it trusts (check cluster.etcd_cert_file and etcd_key_file) [${text}]`
-  if (SERVER_UNTRUSTED.test(text))
-    return `etcd's server certificate is not trusted (check cluster.etcd_ca_file and that the certificate names the endpoint's host) [${text}]`
-  return text
-}
 
 const readTls = (key: string, file: string | undefined): Effect.Effect<Buffer | undefined, EtcdTlsError> =>
   file === undefined
@@ -175,14 +154,7 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
   // Loaded here, not at start: a standalone agent ([cluster].etcd empty) never holds etcd3 and its grpc-js client.
   const etcd3 = yield* Effect.promise(() => import("etcd3"))
   const { Etcd3, EtcdLeaseInvalidError, isRecoverableError } = etcd3
-  // An error etcd sent (a refusal), not a call that got no answer: no connection, its deadline, cancelled.
-  const answered = (e: unknown): boolean =>
-    (e instanceof etcd3.GRPCGenericError || e instanceof etcd3.EtcdError) &&
-    !(
-      e instanceof etcd3.GRPCDeadlineExceededError ||
-      e instanceof etcd3.GRPCUnavailableError ||
-      e instanceof etcd3.GRPCCancelledError
-    )
+  const answered = answeredBy(etcd3)
   const faultHandling = {
     host: makeHostFailover(cluster.etcd, (e) => isRecoverableError(e as Error)),
     global: passThrough()
