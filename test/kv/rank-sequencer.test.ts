@@ -9,7 +9,7 @@ import { disabledStatus } from "../../src/layers/kv/KvBridge.ts"
 import { KvQueue } from "../../src/layers/kv/queue.ts"
 import { makeSequencer, type QueuedBody, type RankStream, resyncOf } from "../../src/layers/kv/rankSequencer.ts"
 import { fetchReplay } from "../../src/layers/kv/replayFetch.ts"
-import { seqFrame, splitMessage } from "../../src/services/kv/KvEvents.ts"
+import { END_OF_REPLAY, seqFrame, splitMessage } from "../../src/services/kv/KvEvents.ts"
 import { freePort } from "../support/ports.ts"
 
 const topic = new TextEncoder().encode("kv")
@@ -33,6 +33,22 @@ const setup = (maxBytes = 1 << 20, replayAt?: string, replayTimeoutMs = 1_000) =
     holding: undefined
   }
   return { st, queue, sequencer, rank }
+}
+
+/** A replay ROUTER on a free port that answers the first request with `answer` (its frames after the identity). */
+const replayRouter = async (answer: (send: (frames: Array<Uint8Array | string>) => Promise<void>) => Promise<void>) => {
+  const router = new zmq.Router({ linger: 0 })
+  const port = await freePort()
+  await router.bind(`tcp://127.0.0.1:${port}`)
+  void (async () => {
+    try {
+      const [ident] = await router.receive()
+      await answer((frames) => router.send([ident as Buffer, ...frames]))
+    } catch {
+      // closed
+    }
+  })()
+  return { router, endpoint: `tcp://127.0.0.1:${port}` }
 }
 
 describe("rankSequencer", () => {
@@ -221,19 +237,11 @@ describe("rankSequencer", () => {
 
   it("a replay gives its room up to another rank's live batches: a push that would drop while it holds replies ends it instead", async () => {
     const one = 96 + payload(1n).byteLength
-    const router = new zmq.Router({ linger: 0 })
-    const port = await freePort()
-    await router.bind(`tcp://127.0.0.1:${port}`)
-    void (async () => {
-      try {
-        const [ident] = await router.receive()
-        // Seqs 1 to 7, then nothing more (no end marker): with the batch that started it, the whole bound is held.
-        for (let seq = 1n; seq <= 7n; seq++) await router.send([ident as Buffer, "", seqFrame(seq), payload(seq)])
-      } catch {
-        // closed
-      }
-    })()
-    const { st, queue, sequencer, rank } = setup(8 * one, `tcp://127.0.0.1:${port}`, 60_000)
+    // Seqs 1 to 7, then nothing more (no end marker): with the batch that started it, the whole bound is held.
+    const { router, endpoint } = await replayRouter(async (send) => {
+      for (let seq = 1n; seq <= 7n; seq++) await send(["", seqFrame(seq), payload(seq)])
+    })
+    const { st, queue, sequencer, rank } = setup(8 * one, endpoint, 60_000)
     const other: RankStream = { ...rank, rank: 4, replayAt: undefined }
     try {
       sequencer.onMessage(rank, [topic, seqFrame(0n), payload(0n)])
@@ -304,26 +312,48 @@ describe("rankSequencer", () => {
     })
   })
 
+  it("a replay that answers without the seqs asked (its buffer no longer holds them) is a gap Resync said in lastBatchError", async () => {
+    // Only seq 2 of [1, 4), then the end marker.
+    const { router, endpoint } = await replayRouter(async (send) => {
+      await send(["", seqFrame(2n), payload(2n)])
+      await send(["", seqFrame(END_OF_REPLAY), ""])
+    })
+    const { st, queue, sequencer, rank } = setup(1 << 20, endpoint, 10_000)
+    try {
+      sequencer.onMessage(rank, [topic, seqFrame(0n), payload(0n)])
+      sequencer.onMessage(rank, [topic, seqFrame(4n), payload(4n)]) // seqs 1 to 3 missed: a replay starts
+      await Effect.runPromise(
+        Effect.scoped(
+          Effect.andThen(
+            sequencer.runQueued,
+            Effect.sleep(10).pipe(Effect.repeat({ until: () => queue.size > 2 }), Effect.timeout(10_000))
+          )
+        )
+      )
+    } finally {
+      router.close()
+    }
+    expect(queue.take(10, 1 << 20, resyncOf, sequencer.materialize).map((s) => s.record)).toMatchObject([
+      { type: "Batch", seq: 0 },
+      { type: "Resync", reason: "gap", from_seq: 1, to_seq: 4 },
+      { type: "Batch", seq: 4 }
+    ])
+    expect({ gaps: st.gaps, replayed: st.replayed }).toEqual({ gaps: 1, replayed: 0 })
+    expect(st.lastBatchError).toBe("DP rank 3: the replay of seqs [1, 4) answered 1 of them")
+  })
+
   it("a replay has one deadline for the whole of it: a ROUTER that trickles replies forever cannot hold a rank", async () => {
-    const router = new zmq.Router({ linger: 0 })
-    const port = await freePort()
-    await router.bind(`tcp://127.0.0.1:${port}`)
     let open = true
-    void (async () => {
-      try {
-        const [ident] = await router.receive()
-        // One batch every 50 ms, each well within the receive timeout, and never the end marker.
-        for (let seq = 0n; open; seq++) {
-          await router.send([ident as Buffer, "", seqFrame(seq), payload(seq)])
-          await new Promise((r) => setTimeout(r, 50))
-        }
-      } catch {
-        // closed
+    // One batch every 50 ms, each well within the receive timeout, and never the end marker.
+    const { router, endpoint } = await replayRouter(async (send) => {
+      for (let seq = 0n; open; seq++) {
+        await send(["", seqFrame(seq), payload(seq)])
+        await new Promise((r) => setTimeout(r, 50))
       }
-    })()
+    })
     try {
       const exit = await Effect.runPromise(
-        Effect.exit(fetchReplay(`tcp://127.0.0.1:${port}`, "kv", { from: 0n, until: 1n << 40n }, 300, anyBytes))
+        Effect.exit(fetchReplay(endpoint, "kv", { from: 0n, until: 1n << 40n }, 300, anyBytes))
       )
       expect(Exit.isFailure(exit) && String(exit.cause)).toMatch(/no complete replay within 300 ms/)
     } finally {

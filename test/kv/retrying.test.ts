@@ -84,4 +84,26 @@ describe("retryForever", () => {
       expect(errors[0]).toBe("the peer closed the connection")
     })
   )
+
+  it.effect("a peer's close seen by a write (EPIPE) is reported as the close it is, with the OS error", () =>
+    Effect.gen(function* () {
+      const errors: Array<string> = []
+      const epipe = Object.assign(new Error("write EPIPE"), { code: "EPIPE", errno: -32, syscall: "write" })
+      const fiber = yield* Effect.forkChild(
+        retryForever({
+          capMs: CAP,
+          attempt: () =>
+            Effect.fail({
+              _tag: "RpcClientError",
+              message: "",
+              reason: new Socket.SocketError({ reason: new Socket.SocketReadError({ cause: epipe }) })
+            }),
+          onFailure: (error) => Effect.sync(() => void errors.push(error))
+        })
+      )
+      yield* TestClock.adjust(1)
+      yield* Fiber.interrupt(fiber)
+      expect(errors[0]).toBe("the peer closed the connection (write EPIPE)")
+    })
+  )
 })

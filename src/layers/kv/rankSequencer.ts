@@ -64,9 +64,6 @@ export interface RankStream {
   lastSeq?: bigint | undefined
 }
 
-/** What a batch costs held or queued (as `queuedRecord` counts it). */
-const costOf = rawCost
-
 /** A queue entry for a record covering [fromSeq, nextSeq) of one rank. */
 export const queuedRecord = (
   record: QueuedBody,
@@ -80,7 +77,7 @@ export const queuedRecord = (
   fromSeq,
   nextSeq,
   // A raw batch costs its payload (plus the record around it): the bound is on what is really held.
-  bytes: record.type === "Raw" ? costOf(record.raw) : recordBytes(record)
+  bytes: record.type === "Raw" ? rawCost(record.raw) : recordBytes(record)
 })
 
 /** A queue entry for a Resync. */
@@ -137,7 +134,7 @@ export const makeSequencer = (
     ;(r.holding as Array<Held>).push(b)
     if (b === ENGINE_GONE) return
     heldBatches++
-    queue.outside += costOf(b)
+    queue.outside += rawCost(b)
   }
 
   // After a replay: forward it if it covers [from, until) exactly, else say the range is lost. `replay` false:
@@ -154,7 +151,7 @@ export const makeSequencer = (
     for (const b of wasHeld) {
       if (b === ENGINE_GONE) continue
       heldBatches--
-      queue.outside -= costOf(b)
+      queue.outside -= rawCost(b)
     }
     const until = (wasHeld[0] as Incoming).seq
     const inRange =
@@ -162,7 +159,9 @@ export const makeSequencer = (
         ? []
         : got.filter((b) => b.seq >= from && b.seq < until).map((b) => ({ ...b, dpRank: r.rank }))
     const complete = inRange.length === Number(until - from) && inRange.every((b, i) => b.seq === from + BigInt(i))
-    if (got instanceof Error) st.lastBatchError = `DP rank ${r.rank}: ${got.message}`
+    const short = `the replay of seqs [${from}, ${until}) answered ${inRange.length} of them`
+    if (!complete && (gap || got instanceof Error))
+      st.lastBatchError = `DP rank ${r.rank}: ${got instanceof Error ? got.message : short}`
     if (complete) {
       for (const b of inRange) forward(r, b)
       if (gap) st.replayed++
@@ -236,7 +235,7 @@ export const makeSequencer = (
       // Held batches are memory like the queue's, under the same bound: when they and the queue would pass it,
       // the replay is given up (its range becomes a gap Resync) and the batches go on to the queue, whose own
       // overflow then drops the oldest, so a replay endpoint that never answers cannot grow them for good.
-      if (queue.fits(costOf(b))) return hold(r, b)
+      if (queue.fits(rawCost(b))) return hold(r, b)
       abandon(r, "batches held during the replay")
       return accept(r, b, false)
     }

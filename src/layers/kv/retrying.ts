@@ -45,6 +45,13 @@ const message = (e: unknown): string => {
       parts.push("the peer closed the connection")
       break
     }
+    // The same close seen by a write (EPIPE) or a read (ECONNRESET): Node reports both as the socket's "error",
+    // which effect's socket names a read error; say what happened, with the OS error.
+    const code = (o.cause as { readonly code?: unknown } | undefined)?.code
+    if ((tag === "SocketReadError" || tag === "SocketWriteError") && (code === "EPIPE" || code === "ECONNRESET")) {
+      parts.push(`the peer closed the connection (${String((o.cause as Error).message ?? code)})`)
+      break
+    }
     const text = typeof o.message === "string" && o.message !== "" ? o.message : undefined
     if (o.reason === undefined && o.cause === undefined) {
       parts.push(

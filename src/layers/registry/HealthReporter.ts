@@ -160,10 +160,11 @@ const make = Effect.gen(function* () {
           Effect.sync(() => {
             s.drainWriteFailed = Exit.isFailure(exit)
           })
-        )
+        ),
+        Effect.annotateLogs({ component: "HealthReporter" })
       )
     }),
-    flush: writeNow("flush"),
+    flush: writeNow("flush").pipe(Effect.annotateLogs({ component: "HealthReporter" })),
     reloadTls:
       cluster.etcd_ca_file === undefined && cluster.etcd_cert_file === undefined
         ? Effect.void

@@ -73,7 +73,9 @@ export const statusOf = (s: ReporterState, key: string, now: number): Registrati
     sinceKeepAliveMs: session === undefined ? undefined : now - session.lastKeepAliveAt,
     sequence: s.lastRecord?.freshness?.sequence ?? 0,
     lastWriteAt: s.lastRecord?.freshness?.writtenAt,
-    publishedState: s.lastRecord?.state,
+    // What the node's key says now: nothing once its lease is gone (lost, revoked by a withdraw), though the last
+    // record written stays in lastRecord for the next write's comparison and GetNodeHealth's freshness.
+    publishedState: session?.registered === true ? s.lastRecord?.state : undefined,
     lastError: s.lastError,
     conflict: s.conflict,
     writes: s.writes,

@@ -59,7 +59,7 @@ export interface KvBridgeStatus {
    */
   readonly lastError: string | undefined
   /**
-   * The last batch the bridge could not use (an undecodable message or batch, a failed replay): history, never
+   * The last batch the bridge could not use (an undecodable message or batch, a replay that failed or answered short of a gap): history, never
    * cleared, since nothing recovers from it; what it cost is already counted in `dropped`, `resyncs` and `gaps`.
    */
   readonly lastBatchError: string | undefined

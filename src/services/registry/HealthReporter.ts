@@ -53,7 +53,8 @@ export interface RegistrationStatus {
   readonly sequence: number
   /** RFC 3339 time of the last successful write. */
   readonly lastWriteAt: string | undefined
-  /** The node state in the last record written (after flap damping). */
+  /** The node state the node's key says: that of the last record written under the live lease (after flap damping);
+   * undefined while the node has no key (before the first write, after its lease was lost or revoked). */
   readonly publishedState: string | undefined
   /** The last error, cleared by the next successful write. */
   readonly lastError: string | undefined
