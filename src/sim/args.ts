@@ -5,6 +5,7 @@
 import { detectFlavor, num, parseDuration, parseJsonFlag, tokenize } from "./commandLine.ts"
 import { resolveLoadBalanceMethod } from "./dpController.ts"
 import { DEFAULT_PORT, ERROR_KINDS, MODELLED } from "./flagTables.ts"
+import { sglangHealthOf } from "./sglangHealth.ts"
 import { ArgsError, type ErrorKind, type Flavor, type SimConfig } from "./simConfig.ts"
 import { START_FAILURES, type StartFailure } from "./startFailures.ts"
 
@@ -175,6 +176,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     kvStopAfter: num(v("--sim-kv-stop-after"), "--sim-kv-stop-after"),
     kvSkipSeq: num(v("--sim-kv-skip-seq"), "--sim-kv-skip-seq"),
     hangHealth: p.flags.has("--sim-hang-health"),
+    sglangHealth: flavor === "sglang" ? sglangHealthOf(env) : undefined,
     modelsWhileLoading: p.flags.has("--sim-models-while-loading"),
     kvLegacyArrays: p.flags.has("--sim-kv-legacy-arrays"),
     legacyErrors: p.flags.has("--sim-legacy-errors"),

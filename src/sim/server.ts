@@ -13,6 +13,7 @@ import { llamaId } from "./llamaChunks.ts"
 import { type Gauges, type RankMetrics, renderMetrics } from "./metrics.ts"
 import type { Rank } from "./ranks.ts"
 import { isInvalid, validate } from "./request.ts"
+import { type SglangHealth, sglangHealth } from "./sglangHealth.ts"
 import type { Flavor } from "./simConfig.ts"
 
 const notFound = (ctx: SimContext, res: http.ServerResponse) => {
@@ -68,6 +69,7 @@ const simState = (ctx: SimContext) => ({
   pid: process.pid,
   grandchildPid: ctx.grandchildPid,
   received: ctx.stats.received,
+  healthChecks: ctx.stats.healthChecks,
   // Over all engine cores: usage averaged, cached blocks summed (each DP rank caches its own copy of a
   // prefix it served), the events' seq of the rank that published last; `ranks` has each one's own.
   kvUsage: kvUsage(ctx),
@@ -154,7 +156,7 @@ export const handler =
         res.on("close", () => hung.delete(res))
         return
       }
-      return health(ctx, res)
+      return health(ctx, path, res)
     }
     // Newer llama-server builds let the model list through while loading, with `"meta": null`
     // (llama.cpp tools/server/server-http.cpp, middleware_server_state); the bundled one answers 503.
@@ -212,15 +214,19 @@ const metrics = async (ctx: SimContext, res: http.ServerResponse): Promise<void>
   res.end(text)
 }
 
-const health = (ctx: SimContext, res: http.ServerResponse) => {
+const health = (ctx: SimContext, path: string, res: http.ServerResponse) => {
   switch (ctx.cfg.flavor) {
     case "vllm":
       res.writeHead(ctx.faults.engineDead ? 503 : 200, { "content-length": 0 })
       return void res.end()
     case "sglang":
       if (!ctx.loaded) return sendJson(res, 503, undefined)
-      res.writeHead(200, { "content-length": 0 })
-      return void res.end()
+      return sglangHealth(
+        ctx.cfg.sglangHealth as SglangHealth,
+        path,
+        { runs: () => !ctx.core.wedged, generated: () => void ctx.stats.healthChecks++ },
+        res
+      )
     case "llama_cpp":
       return ctx.loaded ? reply(ctx, res, 200, { status: "ok" }) : reply(ctx, res, 503, LLAMA_LOADING)
     case "mlx":

@@ -1,6 +1,7 @@
 // What the engine simulator runs with: the flavor it imitates and every knob, as parsed from its command
 // line by args.ts (pure types; the one error parsing throws).
 import type { LoadBalanceMethod } from "./dpController.ts"
+import type { SglangHealth } from "./sglangHealth.ts"
 import type { StartFailure } from "./startFailures.ts"
 
 export type Flavor = "vllm" | "sglang" | "llama_cpp" | "mlx"
@@ -60,6 +61,8 @@ export interface SimConfig {
   readonly kvStopAfter: number | undefined
   readonly kvSkipSeq: number | undefined
   readonly hangHealth: boolean
+  /** SGLang: how its `/health` answers (sglangHealth.ts, from the environment); other flavors: undefined. */
+  readonly sglangHealth: SglangHealth | undefined
   /** llama_cpp: answer /models and /v1/models 200 (`"meta": null`) while loading, as newer llama-server builds do. */
   readonly modelsWhileLoading: boolean
   readonly kvLegacyArrays: boolean

@@ -59,6 +59,8 @@ export class Stats {
   served = 0
   aborted = 0
   received = 0
+  /** SGLang: health checks answered 200 after their generation (sglangHealth.ts). */
+  healthChecks = 0
   readonly success = new Map<string, number>()
   readonly ttft = new Histogram(TTFT_BUCKETS)
   readonly itl = new Histogram(ITL_BUCKETS)

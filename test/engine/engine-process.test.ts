@@ -155,9 +155,9 @@ const current = (h: Harness) => h.states[h.states.length - 1]
 const awaitState = (h: Harness, what: string, pred: (s: EngineState) => boolean, ms?: number) =>
   waitFor(what, () => h.states.find(pred), ms)
 
-const simState = async (port: number): Promise<{ pid: number; grandchildPid: number | null }> => {
+const simState = async (port: number): Promise<{ pid: number; grandchildPid: number | null; healthChecks: number }> => {
   const res = await fetch(`http://127.0.0.1:${port}/sim/state`)
-  return (await res.json()) as { pid: number; grandchildPid: number | null }
+  return (await res.json()) as { pid: number; grandchildPid: number | null; healthChecks: number }
 }
 
 const postFaults = (port: number, body: Record<string, unknown>) =>
@@ -515,6 +515,30 @@ describe("restarts", () => {
     if (r._tag === "Restarting") assert.match(r.lastExit.reason, /^unhealthy: 3 liveness probes failed/)
     await awaitState(h, "Ready of run 1", (x) => x._tag === "Ready" && x.run === 1)
     assert.notStrictEqual((await simState(port)).pid, before.pid)
+  })
+
+  it("SGLang's /health generates (a second each): Ready through probes at a 200 ms interval, restarted once its scheduler wedges", async () => {
+    // SGLang's own timeout for a health check's generation, short here: a wedged scheduler's answer is then a 503.
+    const s = await setup("sglang", { engine: { env: { SGLANG_HEALTH_CHECK_TIMEOUT: "1" } } })
+    assert.strictEqual(s.plan.livenessTimeoutFloorMs, 3_000)
+    const h = await start(s.plan, s.settings)
+    await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
+    const before = await simState(s.port)
+    // Three liveness checks answered, each after its second: with probes given 200 ms they would all have failed.
+    await pollUntil("3 health checks answered", async () =>
+      (await simState(s.port)).healthChecks >= 3 ? true : undefined
+    )
+    assert.isFalse(
+      h.logs.some((l) => l.includes("liveness probe failed")),
+      "no liveness probe failed on a healthy SGLang"
+    )
+    assert.strictEqual(current(h)?._tag, "Ready")
+    await postFaults(s.port, { wedged: true })
+    const r = await awaitState(h, "Restarting", (x) => x._tag === "Restarting")
+    if (r._tag === "Restarting")
+      assert.match(r.lastExit.reason, /^unhealthy: 3 liveness probes failed in a row, last: .*503/)
+    await awaitState(h, "Ready of run 1", (x) => x._tag === "Ready" && x.run === 1)
+    assert.notStrictEqual((await simState(s.port)).pid, before.pid)
   })
 
   it("a stalled engine -> Unhealthy -> restarted and Ready again", async () => {

@@ -173,4 +173,35 @@ describe("the wedge fault", () => {
     expect((await postJson(`${url}/sim/faults`, { wedged_rank: null })).status).toBe(200)
     for (const h of hung) expect(await h.answer).toContain('"completion_tokens":2')
   })
+
+  it("SGLang: /health generates (a second at the least), so a wedged scheduler answers nothing, then 503 after SGLANG_HEALTH_CHECK_TIMEOUT", async () => {
+    sim = await startSim({ flavor: "sglang", args: ["--model-path", "m"], env: { SGLANG_HEALTH_CHECK_TIMEOUT: "2" } })
+    const timed = async (path: string) => {
+      const t0 = performance.now()
+      const r = await fetch(`${sim?.url}${path}`)
+      return { status: r.status, ms: performance.now() - t0 }
+    }
+    for (const path of ["/health", "/health_generate"]) {
+      const ok = await timed(path)
+      expect(ok.status).toBe(200)
+      expect(ok.ms).toBeGreaterThanOrEqual(900)
+    }
+    expect((await postJson(`${sim.url}/sim/faults`, { wedged: true })).status).toBe(200)
+    const wedged = await timed("/health")
+    expect(wedged.status).toBe(503)
+    expect(wedged.ms).toBeGreaterThanOrEqual(1_900)
+    expect((await postJson(`${sim.url}/sim/faults`, { wedged: false })).status).toBe(200)
+    expect((await timed("/health")).status).toBe(200)
+  })
+
+  it("SGLang with SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false: /health is a bare 200, /health_generate still generates", async () => {
+    sim = await startSim({
+      flavor: "sglang",
+      args: ["--model-path", "m"],
+      env: { SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION: "False", SGLANG_HEALTH_CHECK_TIMEOUT: "1" }
+    })
+    expect((await postJson(`${sim.url}/sim/faults`, { wedged: true })).status).toBe(200)
+    expect((await fetch(`${sim.url}/health`)).status).toBe(200)
+    expect((await fetch(`${sim.url}/health_generate`)).status).toBe(503)
+  })
 })

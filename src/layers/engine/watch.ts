@@ -100,7 +100,8 @@ const readiness = (s: Supervision, { run, since, readyAt, holder }: WatchedRun) 
  * Probes every liveness interval, start to start, as the kubelet's prober does (a ticker of periodSeconds:
  * kubernetes/kubernetes pkg/kubelet/prober/worker.go `run`); completes when `livenessFailures` probes in a row
  * failed. Each probe is bounded by min(interval, 5 s), so it ends before the next is due: a hung engine fails
- * one probe per interval (3 × 5 s), not one per interval plus timeout (3 × 10 s, as when the wait followed it).
+ * one probe per interval (3 × 5 s), not one per interval plus timeout (3 × 10 s, as when the wait followed it);
+ * an engine whose answer takes its time by design (LaunchPlan.livenessTimeoutFloorMs) is given at least that.
  */
 const liveness = (s: Supervision) =>
   Effect.gen(function* () {
@@ -111,7 +112,10 @@ const liveness = (s: Supervision) =>
     for (;;) {
       yield* Effect.sleep(Math.max(0, next - (yield* now)))
       next = (yield* now) + settings.livenessIntervalMs
-      const r = yield* s.host.probe(live, Math.min(settings.livenessIntervalMs, 5_000))
+      const r = yield* s.host.probe(
+        live,
+        Math.max(plan.livenessTimeoutFloorMs ?? 0, Math.min(settings.livenessIntervalMs, 5_000))
+      )
       yield* Effect.logDebug("engine liveness probe", { url: live.url, ...r })
       const step = livenessStep(failures, r.ok, settings.livenessFailures)
       if (!r.ok)

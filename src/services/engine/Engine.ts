@@ -183,6 +183,11 @@ export interface LaunchPlan {
   readonly probe: ReadinessProbe
   /** What a ready engine is polled with (`[engine].liveness_path`, else the engine's choice); absent: `probe`. */
   readonly liveness?: ReadinessProbe | undefined
+  /**
+   * The least time one liveness probe is given, where the engine's answer takes its time by design (SGLang's
+   * `/health` waits a second for its own 1-token generation); else min(liveness_interval, 5 s) alone bounds it.
+   */
+  readonly livenessTimeoutFloorMs?: number
   /** Prometheus endpoint and series names; undefined when the engine has none (mlx, openai_compat). */
   readonly metrics: { readonly url: string; readonly names: MetricNames } | undefined
   readonly kvEvents: KvEventsEndpoint | undefined

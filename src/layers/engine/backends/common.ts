@@ -119,6 +119,8 @@ export interface PlanParts {
   readonly probe: ReadinessProbe
   /** The engine's liveness probe when it is not `probe`. */
   readonly liveness?: ReadinessProbe
+  /** LaunchPlan.livenessTimeoutFloorMs. */
+  readonly livenessTimeoutFloorMs?: number
   readonly metrics: LaunchPlan["metrics"]
   readonly kvEvents?: KvEventsEndpoint | undefined
   /** Defaults to the served name. */
@@ -157,6 +159,7 @@ export const assemble = (config: AgentConfig, listen: Listen, parts: PlanParts):
     port: listen.port,
     probe: parts.probe,
     liveness: livenessOf(config, listen, parts.liveness, parts.probe),
+    ...(parts.livenessTimeoutFloorMs !== undefined ? { livenessTimeoutFloorMs: parts.livenessTimeoutFloorMs } : {}),
     metrics: parts.metrics,
     kvEvents: parts.kvEvents,
     servedModel: config.model.served_name,

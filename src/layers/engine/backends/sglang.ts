@@ -169,14 +169,16 @@ export const sglang: Engine = {
           ? ["--page-size", String(config.kv.block_size), "--kv-events-config", events.json]
           : [])
       ],
-      // /health is 503 while the server is Starting (warm-up) and 200 after; /v1/models answers from the
-      // tokenizer manager at once and never touches the scheduler (python/sglang/srt/entrypoints/http_server.py).
+      // /health and /health_generate are one handler (python/sglang/srt/entrypoints/http_server.py
+      // health_generate): 503 while the server is Starting (warm-up); once it is up, a 1-token generation whose
+      // answer (or, on a busy server, the scheduler's own) it looks for once a second: 200 a second or so later,
+      // 503 after SGLANG_HEALTH_CHECK_TIMEOUT (20 s) from a wedged scheduler. /v1/models answers from the
+      // tokenizer manager and never touches the scheduler. `/health` is a bare 200 only with
+      // SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false (python/sglang/srt/environ.py, default true).
       probe: httpProbeAt(config, listen, "/health"),
-      // Liveness on /health by default: /health_generate pushes a real 1-token generation through the scheduler
-      // and waits up to SGLang's own health-check timeout (SGLANG_HEALTH_CHECK_TIMEOUT, 20 s by default), longer than one
-      // liveness probe may take here (at most 5 s), so a busy server would be counted dead. Set
-      // [engine].liveness_path = "/health_generate" to catch a wedged scheduler that still answers /health.
       liveness: { kind: "http", url: `${listen.baseUrl}/health` },
+      // Its answer takes a second by design: a probe given less (a liveness_interval under ~1 s) would fail each time.
+      livenessTimeoutFloorMs: 3_000,
       metrics: metricsAt(listen, {
         running: ["sglang:num_running_reqs"],
         waiting: ["sglang:num_queue_reqs"],
