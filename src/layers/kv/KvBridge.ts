@@ -10,7 +10,7 @@ import { Config } from "../../services/config/Config.ts"
 import { EnginePlan, type KvEventsEndpoint } from "../../services/engine/Engine.ts"
 import { EngineProcess, type EngineProcessService } from "../../services/engine/EngineProcess.ts"
 import { KvBridge, type KvBridgeService, type KvBridgeStatus } from "../../services/kv/KvBridge.ts"
-import { rankEndpoint } from "../../services/kv/KvEvents.ts"
+import { rankEndpoint, subscriberHighWaterMark } from "../../services/kv/KvEvents.ts"
 import { hello, type NodeIdentity } from "../../services/kv/KvWire.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import { registerMetrics } from "./kvBridgeMetrics.ts"
@@ -62,7 +62,8 @@ export const disabledStatus = (epoch: string, reason: string): KvBridgeStatus =>
 export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.Scope> =>
   Effect.gen(function* () {
     const st: MutableStatus = { ...disabledStatus(o.epoch, ""), enabled: true, disabledReason: undefined }
-    const queue = new KvQueue<QueuedBody>(o.maxQueueBytes ?? DEFAULT_MAX_QUEUE_BYTES)
+    const maxQueueBytes = o.maxQueueBytes ?? DEFAULT_MAX_QUEUE_BYTES
+    const queue = new KvQueue<QueuedBody>(maxQueueBytes)
     const { endpoint, engineBinds, replayEndpoint, topic } = o.kvEvents
     const dpSize = Math.max(1, o.kvEvents.dpSize ?? 1)
     const sequencer = makeSequencer(st, queue, topic, o.replayTimeoutMs ?? 2_000)
@@ -133,6 +134,7 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
                 endpoint: at,
                 engineBinds,
                 topic,
+                receiveHighWaterMark: subscriberHighWaterMark(maxQueueBytes),
                 onSubscribed: () => {
                   setUp(rank, true)
                   fault(`rank ${rank}`, undefined)

@@ -16,6 +16,8 @@ export interface RankSubscription {
   readonly endpoint: string
   readonly engineBinds: boolean
   readonly topic: string
+  /** ZMQ's receive high-water mark, in messages (KvEvents.ts subscriberHighWaterMark). */
+  readonly receiveHighWaterMark: number
   readonly onSubscribed: () => void
   /** One message; the reader waits for it before receiving the next. */
   readonly onFrames: (frames: ReadonlyArray<Uint8Array>) => Effect.Effect<void, never, Scope.Scope>
@@ -28,7 +30,7 @@ export const readRank = (o: RankSubscription): Effect.Effect<never, unknown, Sco
     // zeromq (a native addon) is loaded by the first subscription: an agent without [kv] never maps it.
     const zmq = yield* Effect.promise(() => import("zeromq"))
     const sub = yield* Effect.acquireRelease(
-      Effect.sync(() => new zmq.Subscriber({ linger: 0, receiveHighWaterMark: 100_000 })),
+      Effect.sync(() => new zmq.Subscriber({ linger: 0, receiveHighWaterMark: o.receiveHighWaterMark })),
       (s) => Effect.sync(() => s.close())
     )
     sub.subscribe(o.topic)

@@ -299,3 +299,13 @@ export const rankEndpoint = (endpoint: string, rank: number): string | undefined
   const m = /^(tcp:\/\/.*):(\d+)$/.exec(endpoint)
   return m === null ? undefined : `${m[1]}:${Number(m[2]) + rank}`
 }
+
+/**
+ * The most messages a rank's SUB socket holds that the reader has not taken (ZMQ's receive high-water mark):
+ * a message's share of `kv.max_queue_bytes` at 32 KiB a batch (a long prefill's batch is ~100 KB, a decode step's
+ * under 1 KB), so that what a reader behind its engine leaves in the socket stays near the bridge's own bound
+ * (1,024 messages with the default 32 MiB), not ZMQ's default of 1,000 nor the 100,000 that once held 1.2 GB.
+ * Past it ZMQ drops at the SUB: the sequencer sees a gap, replayed or resynced.
+ */
+export const subscriberHighWaterMark = (maxQueueBytes: number): number =>
+  Math.min(100_000, Math.max(256, Math.floor(maxQueueBytes / 32_768)))
