@@ -87,6 +87,23 @@ describe("rankSequencer", () => {
     expect(st.gaps).toBe(1)
   })
 
+  it("a rank that restarts alone (no engine exit seen): its old run retracted, its new run's missed first batches a gap", () => {
+    const { st, queue, sequencer, rank } = setup()
+    for (const seq of [0n, 1n, 2n, 3n]) sequencer.onMessage(rank, [topic, seqFrame(seq), payload(seq)])
+    // The seq went down: a new run, of which the reader missed seqs 0 and 1.
+    sequencer.onMessage(rank, [topic, seqFrame(2n), payload(2n)])
+    expect(queue.take(10, 1 << 20, resyncOf, sequencer.materialize).map((s) => s.record)).toMatchObject([
+      { type: "Batch", seq: 0 },
+      { type: "Batch", seq: 1 },
+      { type: "Batch", seq: 2 },
+      { type: "Batch", seq: 3 },
+      { type: "Resync", reason: "restart", from_seq: 4, to_seq: 2 },
+      { type: "Resync", reason: "gap", from_seq: 0, to_seq: 2 },
+      { type: "Batch", seq: 2 }
+    ])
+    expect(st.gaps).toBe(1)
+  })
+
   it("queues the payload bytes as they came, and decodes a batch only when it is taken to be sent", () => {
     const { st, queue, sequencer, rank } = setup()
     const good = payload(7n)

@@ -222,10 +222,9 @@ export const makeSequencer = (
     finishReplay(r, new Error(`${what} passed ${queue.maxBytes} bytes (kv.max_queue_bytes)`), false)
     inFlight.cancel()
   }
-  // A replay saves one rank a Resync; the room it holds must not cost other ranks' live batches theirs: a push
-  // that would drop while replays hold bytes gives them all up first, so a drop hits the oldest of all, as without
-  // a replay (held batches go in ahead of the new record, replies are let go). Not half the bound for replays: the
-  // held live batches, which push can never drop, would still crowd the other ranks out.
+  // A replay saves one rank a Resync; its room must not cost other ranks' live batches theirs: a push that would
+  // drop while replays hold bytes gives them all up first (held batches go in ahead of it, replies are let go). Not
+  // half the bound for replays: the held live batches, which push can never drop, would crowd the others out.
   queue.reclaim = () => {
     for (const r of [...replaying]) abandon(r, "another rank's batch with what the replay holds")
   }
@@ -254,7 +253,9 @@ export const makeSequencer = (
         return forward(r, b)
       case "restart":
         resync({ reason: "restart", dpRank: r.rank, fromSeq: v.from, toSeq: v.to })
-        return forward(r, b)
+        // A rank restarted alone (the agent saw no engine exit): its new run began at 0, as after engineGone.
+        r.expected = 0n
+        return accept(r, b, replay)
     }
   }
 
