@@ -166,6 +166,21 @@ const slowProxy = async (endpoint: string, delayMs: number) => {
   }
 }
 
+/** An etcd of the test's own with auth on (user root, password "s3cret") and a root client of it. */
+const authEtcd = async () => {
+  const etcd = await startEtcd()
+  cleanups.push(() => etcd.dispose())
+  const setup = new Etcd3({ hosts: etcd.endpoint })
+  await setup.role("root").create()
+  await setup.user("root").create("s3cret")
+  await setup.user("root").addRole("root")
+  await setup.auth.authEnable({})
+  setup.close()
+  const admin = new Etcd3({ hosts: etcd.endpoint, auth: { username: "root", password: "s3cret" } })
+  cleanups.push(async () => admin.close())
+  return { etcd, admin }
+}
+
 /** An etcd of the test's own (for tests that stop, wipe or alarm it) and a client of it, both closed after the test. */
 const ownEtcd = async () => {
   const etcd = await startEtcd()
@@ -567,6 +582,63 @@ describe("HealthReporter against a real etcd", () => {
     cleanups.push(async () => authed.close())
     expect((await readRecord(authed, nodeKey(prefix, "c1", "n1")))?.nodeId).toBe("n1")
   }, 20_000)
+
+  it("a role's permission revoked mid-run is etcd's refusal: a cordon is not left unwritten under a key that says ready", async () => {
+    const { etcd, admin } = await authEtcd()
+    const prefix = uniquePrefix()
+    const key = nodeKey(prefix, "c1", "n1")
+    const range = admin.range({ prefix: `${prefix}/` })
+    await admin.role("agent").create()
+    await admin.role("agent").grant({ permission: "Readwrite", range })
+    await admin.user("agent").create("pw1")
+    await admin.user("agent").addRole("agent")
+    const r = await startReporter({
+      prefix,
+      endpoint: etcd.endpoint,
+      damping: 1,
+      auth: { username: "agent", password: "pw1" }
+    })
+    await r.setEngine("ready", "ready")
+    await pollUntil("ready published", async () =>
+      (await readRecord(admin, key))?.state === "ready" ? true : undefined
+    )
+    // Keepalives need no permission on keys: they go on; every write is refused.
+    await admin.role("agent").revoke({ permission: "Readwrite", range })
+    await r.setState("cordoned")
+    // The lease's revoke needs the permission too (etcd checks the keys attached): the key goes within its TTL.
+    await pollUntil("the key gone", async () => ((await admin.get(key).string()) === null ? true : undefined))
+    expect(r.logs.join("\n")).toMatch(/etcd refused the node's record \(state cordoned\) and its lease's revoke/)
+    await admin.role("agent").grant({ permission: "Readwrite", range })
+    await pollUntil("cordoned published", async () =>
+      (await readRecord(admin, key))?.state === "cordoned" ? true : undefined
+    )
+  }, 30_000)
+
+  it("with etcd_username set, an etcd whose auth is turned off is used without a token, and with one once it is on again", async () => {
+    const { etcd, admin } = await authEtcd()
+    const prefix = uniquePrefix()
+    const key = nodeKey(prefix, "c1", "n1")
+    const r = await startReporter({ prefix, endpoint: etcd.endpoint, auth: { username: "root", password: "s3cret" } })
+    await untilState(r, "registered")
+    await admin.auth.authDisable({})
+    const open = new Etcd3({ hosts: etcd.endpoint })
+    cleanups.push(async () => open.close())
+    // A write after the change goes out (the sequence moves) under the same lease: nothing expired meanwhile.
+    const before = (await readRecord(open, key))?.freshness?.sequence ?? 0
+    const after = await pollUntil("a write without auth", async () => {
+      const x = await readRecord(open, key)
+      return (x?.freshness?.sequence ?? 0) > before + 2 ? x : undefined
+    })
+    expect(after.freshness?.epoch).toBe((await r.status()).epoch)
+    expect(r.logs.join("\n")).toMatch(/etcd has authentication disabled: going on without a token/)
+    // On again (root's role is kept): calls without a token are refused, and it authenticates again.
+    await open.auth.authEnable({})
+    const seq = (await readRecord(admin, key))?.freshness?.sequence ?? 0
+    await pollUntil("a write with auth again", async () =>
+      ((await readRecord(admin, key))?.freshness?.sequence ?? 0) > seq + 2 ? true : undefined
+    )
+    expect(r.logs.join("\n")).toMatch(/etcd has authentication enabled again/)
+  }, 30_000)
 
   it("registers over a slow link to etcd (every chunk 150 ms late each way): a connection attempt has seconds", async () => {
     const proxy = await slowProxy(shared.endpoint, 150)

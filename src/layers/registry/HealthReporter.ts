@@ -110,11 +110,11 @@ const make = Effect.gen(function* () {
     const session = s.session
     if (session === undefined) return
     if (session.registered && s.lastRecord?.state !== "draining") {
-      // etcd left the drain's own draining write unanswered (partitioned, paused): a second try would cost one
-      // more call deadline before the revoke, on every hung shutdown, and the revoke removes the key anyway.
+      // etcd refused the drain's own draining write or left it unanswered (partitioned, paused): a second try would
+      // cost one more call deadline before the revoke, on every hung shutdown, and the revoke removes the key anyway.
       if (s.drainWriteFailed)
         yield* Effect.logWarning(
-          "etcd: state=draining was never written (etcd did not answer during the drain); revoking the lease without retrying it"
+          `etcd: state=draining was never written (${s.lastError ?? "etcd did not answer during the drain"}); revoking the lease without retrying it`
         )
       else
         yield* step("shutdown").pipe(

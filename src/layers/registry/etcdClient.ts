@@ -11,8 +11,9 @@ import type { AgentConfig } from "../../services/config/Config.ts"
 import { EtcdTlsError, EtcdUnavailable, LeaseLost } from "../../services/registry/HealthReporter.ts"
 import type { TlsError } from "../../services/tls/Tls.ts"
 import { checkKeyPair, parseCaBundle } from "../tls/tlsMaterial.ts"
-import { answeredBy, reasonOf, withTlsHint } from "./etcdErrors.ts"
+import { answeredBy, etcdAuthSays, reasonOf, withTlsHint } from "./etcdErrors.ts"
 import { makeHostFailover, passThrough } from "./faultPolicies.ts"
+import { keepAliveOnce } from "./leaseKeepAlive.ts"
 
 export interface Granted {
   readonly id: string
@@ -161,26 +162,47 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
   }
   // Replaced by reloadTls (a rotated client certificate is used only by connections made after the swap, and a
   // connection lives until etcd or the network drops it); the scope closes whichever client is current.
-  let client = new Etcd3({ ...opts, faultHandling })
-  let tlsFiles = opts.credentials
+  // Without a token while etcd has auth off (etcdAuthSays): a client is built without the credentials then.
+  let authOff = false
+  let current = opts
+  const build = () => {
+    const { auth, ...rest } = current
+    return new Etcd3({ ...rest, ...(authOff || auth === undefined ? {} : { auth }), faultHandling })
+  }
+  let client = build()
   yield* Effect.addFinalizer(() => Effect.sync(() => client.close()))
+  // close() lets calls already in flight on the old client finish (a revoke, a write); new calls use the new one.
+  const rebuild = () => {
+    const old = client
+    client = build()
+    old.close()
+  }
   const sameBytes = (a: Buffer | null | undefined, b: Buffer | null | undefined) =>
     a === b || (a != null && b != null && a.equals(b))
   const reloadTls = Effect.gen(function* () {
     const next = yield* etcdOptions(cluster, options)
-    const [was, now] = [tlsFiles, next.credentials]
+    const [was, now] = [current.credentials, next.credentials]
     const unchanged =
       sameBytes(was?.rootCertificate, now?.rootCertificate) &&
       sameBytes(was?.certChain, now?.certChain) &&
       sameBytes(was?.privateKey, now?.privateKey)
     if (unchanged) return false
-    const old = client
-    client = new Etcd3({ ...next, faultHandling })
-    tlsFiles = now
-    // close() lets calls already in flight on the old client finish (a revoke, a write); new calls use the new one.
-    old.close()
+    current = next
+    rebuild()
     return true
   })
+  // The failed call is not retried here: the reporter's next try (within a heartbeat) uses the new client.
+  const followAuth = (e: EtcdUnavailable | LeaseLost) => {
+    const says = opts.auth === undefined || e._tag !== "EtcdUnavailable" ? undefined : etcdAuthSays(e.reason)
+    if (says === undefined || (says === "off") === authOff) return Effect.void
+    authOff = says === "off"
+    rebuild()
+    return Effect.logWarning(
+      authOff
+        ? "etcd has authentication disabled: going on without a token (cluster.etcd_username is not used while it is off)"
+        : "etcd has authentication enabled again: authenticating as cluster.etcd_username"
+    )
+  }
   const call = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, EtcdUnavailable | LeaseLost> =>
     Effect.tryPromise({
       try: f,
@@ -193,7 +215,8 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
       Effect.timeoutOrElse({
         duration: options.callTimeoutMs + CALL_DEADLINE_SLACK_MS,
         orElse: () => Effect.fail(new EtcdUnavailable({ operation, reason: "timed out" }))
-      })
+      }),
+      Effect.tapError(followAuth)
     )
   const unavailableOnly = <A>(operation: string, f: () => Promise<A>) =>
     call(operation, f).pipe(
@@ -208,49 +231,12 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
     )
 
   const keepAlive = (leaseId: string): Effect.Effect<number, EtcdUnavailable | LeaseLost> =>
-    Effect.callback<number, EtcdUnavailable | LeaseLost>((resume, signal) => {
-      let done = false
-      const finish = (e: Effect.Effect<number, EtcdUnavailable | LeaseLost>) => {
-        if (done) return
-        done = true
-        resume(e)
-      }
-      client.leaseClient
-        .leaseKeepAlive({ deadline: Date.now() + options.callTimeoutMs })
-        .then((stream) => {
-          const close = () => {
-            try {
-              stream.end()
-            } catch {
-              // already ended
-            }
-          }
-          if (signal.aborted || done) return close()
-          signal.addEventListener("abort", close, { once: true })
-          stream.on("error", (e: unknown) => {
-            finish(Effect.fail(new EtcdUnavailable({ operation: "lease keepalive", reason: withTlsHint(reasonOf(e)) })))
-          })
-          stream.on("data", (res: { TTL: string }) => {
-            close()
-            if (res.TTL === "0") {
-              finish(Effect.fail(new LeaseLost({ leaseId, reason: "etcd reports the lease expired or revoked" })))
-            } else {
-              finish(Effect.succeed(Number(res.TTL) * 1000))
-            }
-          })
-          stream.on("end", () =>
-            finish(Effect.fail(new EtcdUnavailable({ operation: "lease keepalive", reason: "stream ended" })))
-          )
-          stream.write({ ID: leaseId })
-        })
-        .catch((e: unknown) =>
-          finish(Effect.fail(new EtcdUnavailable({ operation: "lease keepalive", reason: withTlsHint(reasonOf(e)) })))
-        )
-    }).pipe(
+    Effect.suspend(() => keepAliveOnce(client.leaseClient, leaseId, options.callTimeoutMs)).pipe(
       Effect.timeoutOrElse({
         duration: options.callTimeoutMs + CALL_DEADLINE_SLACK_MS,
         orElse: () => Effect.fail(new EtcdUnavailable({ operation: "lease keepalive", reason: "timed out" }))
-      })
+      }),
+      Effect.tapError(followAuth)
     )
 
   const txn = (

@@ -30,12 +30,34 @@ export const withTlsHint = (reason: string): string => {
  * call that got no answer (no connection, its deadline, cancelled). Given the loaded etcd3 module, whose classes the
  * errors are (loaded on use: a standalone agent never holds it).
  */
-export const answeredBy =
-  (etcd3: typeof import("etcd3")) =>
-  (e: unknown): boolean =>
-    (e instanceof etcd3.GRPCGenericError || e instanceof etcd3.EtcdError) &&
-    !(
-      e instanceof etcd3.GRPCDeadlineExceededError ||
-      e instanceof etcd3.GRPCUnavailableError ||
-      e instanceof etcd3.GRPCCancelledError
-    )
+export const answeredBy = (etcd3: typeof import("etcd3")) => {
+  // etcd3 gives etcd's auth and lease refusals classes of their own, outside its two base classes
+  // (etcd3 lib/errors.js, castGrpcError's table): a role's permission revoked is an answer as much as a full quota.
+  const refusals = [
+    etcd3.EtcdError,
+    etcd3.EtcdPermissionDeniedError,
+    etcd3.EtcdAuthenticationFailedError,
+    etcd3.EtcdInvalidAuthTokenError,
+    etcd3.EtcdUserNotFoundError,
+    etcd3.EtcdRoleNotGrantedError,
+    etcd3.EtcdRoleNotFoundError,
+    etcd3.EtcdLeaseInvalidError
+  ]
+  return (e: unknown): boolean =>
+    refusals.some((c) => e instanceof c) ||
+    (e instanceof etcd3.GRPCGenericError &&
+      !(
+        e instanceof etcd3.GRPCDeadlineExceededError ||
+        e instanceof etcd3.GRPCUnavailableError ||
+        e instanceof etcd3.GRPCCancelledError
+      ))
+}
+
+/**
+ * What etcd's refusal says of its auth, for a client given a user: "off" when etcd has auth disabled (every call
+ * that carries credentials is refused: etcd3 asks for a token first, which etcd refuses with "authentication is
+ * not enabled"; Go's clientv3 then goes on without a token, client.go dial), "on" when a call without a token is
+ * refused because auth is on again ("user name is empty"). Undefined otherwise.
+ */
+export const etcdAuthSays = (reason: string): "off" | "on" | undefined =>
+  /authentication is not enabled/.test(reason) ? "off" : /user name is empty/.test(reason) ? "on" : undefined
