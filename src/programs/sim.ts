@@ -166,7 +166,11 @@ const main = async (): Promise<void> => {
       })
       await pub.start()
       ctx.publisher = pub
-      pub.publishAll([ctx.kv.clear()])
+      // SGLang's radix cache resets itself at start, which records an AllBlocksCleared its first publish sends
+      // (python/sglang/srt/mem_cache/radix_cache.py RadixCache.__init__ -> reset): its seq 0. vLLM queues one
+      // only on a prefix-cache reset (vllm/v1/core/block_pool.py reset_prefix_cache): its seq 0 is the first
+      // request's BlockStored.
+      if (cfg.flavor === "sglang") pub.publishAll([ctx.kv.clear()])
     }
     ctx.loaded = true
     log("model loaded", { flavor: cfg.flavor })

@@ -140,7 +140,7 @@ export const generate = async (
     )
   )
   const total = plans.reduce((n, g) => n + g.tokens.length, 0)
-  const model = cfg.servedName
+  const model = gr.echoModel ?? cfg.servedName
   const created = Math.floor(Date.now() / 1000)
   let last = performance.now()
   let emitted = 0

@@ -51,6 +51,8 @@ export interface GenRequest {
    * names (dpPin.ts). An integer or a string of one, as pydantic's int takes it; any other value is not modelled.
    */
   readonly routedDpRank?: number | undefined
+  /** SGLang: the request's `model`, which its answer carries whatever it names (serving_chat.py `model=request.model`). */
+  readonly echoModel?: string
   /** What is generated: one sequence, or (llama.cpp) prompts × `n`, answered as choices 0, 1, ... */
   readonly sequences: ReadonlyArray<Sequence>
   /** Stop strings; each engine finds and cuts them its own way (stopRules.ts, llama.cpp: sequences.ts). */
@@ -150,10 +152,13 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
   if (early !== undefined) return early
   const model = b.model
   if (model !== undefined && model !== null && typeof model === "string") {
+    // SGLang's OpenAI routes never compare the name (python/sglang/srt/entrypoints/openai/serving_base.py
+    // handle_request: "intended, the model field is only for compatibility", sgl-project/sglang#4293; #31404):
+    // any name is served and echoed in the answer's `model`.
     const known =
       model === cfg.servedName ||
       (cfg.flavor === "mlx" && (model === cfg.model || model === "default_model")) ||
-      (cfg.flavor === "sglang" && (model === cfg.model || model === "default"))
+      cfg.flavor === "sglang"
     if (!known) {
       const message =
         cfg.flavor === "mlx"
@@ -227,7 +232,8 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
     stop,
     includeStopStr: cfg.flavor === "vllm" && b.include_stop_str_in_output === true,
     noStopTrim: cfg.flavor === "sglang" && b.no_stop_trim === true,
-    routedDpRank: bodyDpRank(cfg.flavor, b)
+    routedDpRank: bodyDpRank(cfg.flavor, b),
+    ...(cfg.flavor === "sglang" && typeof b.model === "string" ? { echoModel: b.model } : {})
   }
 }
 

@@ -54,7 +54,8 @@ export const plan = (
       const w = promptWords[i % promptWords.length] ?? ""
       tokens.push(i === 0 ? w : ` ${w}`)
     }
-    const capped = promptWords.length > maxTokens || (ignoreEos && n === maxTokens)
+    // The end-of-sequence token would be one more: at exactly max_tokens words the budget ends it first.
+    const capped = promptWords.length >= maxTokens || (ignoreEos && n === maxTokens)
     return { tokens, finishReason: capped ? "length" : "stop" }
   }
   for (let i = 0; i < maxTokens; i++) {

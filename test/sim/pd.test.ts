@@ -146,7 +146,8 @@ describe("SGLang P/D bootstrap", () => {
     const room = "9223372036854775000"
     const [pr, dr] = await Promise.all([post(p.url, req(room)), post(d.url, req(room))])
     expect(pr.status).toBe(200)
-    expect(dr).toMatchObject({ status: 200, json: { choices: [{ text: "one two three", finish_reason: "stop" }] } })
+    // Three words at max_tokens 3: "length", the budget ending it before the end-of-sequence token would.
+    expect(dr).toMatchObject({ status: 200, json: { choices: [{ text: "one two three", finish_reason: "length" }] } })
   })
 
   it("a prefill alone does not complete: it waits for its decode to connect and fails at the bootstrap timeout", async () => {
