@@ -179,6 +179,23 @@ describe("the kvcached link through a receiver that is killed and restarted", ()
     expect(st.lastError).toBeUndefined()
   }, 120_000)
 
+  it("a receiver back without its state (an empty journal) is counted and said: what it had acknowledged is not resent", async () => {
+    const link = await setup()
+    const first = await startReceiver(link.uds, link.journal)
+    await until(() => batchesIn(link.journal) >= 10 || undefined, "10 batches applied")
+    await first.kill()
+    await until(async () => (await link.status()).kvcachedConnected === false || undefined, "link down")
+    const empty = `${link.journal}.2`
+    await startReceiver(link.uds, empty)
+    await until(() => batchesIn(empty) >= 5 || undefined, "5 batches applied by the new receiver")
+    await link.pump.stop()
+    const st = await link.status()
+    expect(st.kvcachedStateLosses).toBe(1)
+    // The new receiver starts where the link was: nothing it had lost comes again.
+    const firstSeq = readJournal(empty).flatMap((e: JournalEntry) => ("record" in e ? [e.record] : []))[0]
+    expect(firstSeq?.n).toBeGreaterThan(0)
+  }, 60_000)
+
   it("past the byte bound while the receiver is away, an overflow Resync names exactly what is missing", async () => {
     const link = await setup(16 * 1024)
     let receiver = await startReceiver(link.uds, link.journal)

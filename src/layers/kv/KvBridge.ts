@@ -53,6 +53,7 @@ export const disabledStatus = (epoch: string, reason: string): KvBridgeStatus =>
   ranks: [],
   unknownEvents: 0,
   unknownKeys: 0,
+  kvcachedStateLosses: 0,
   lastError: undefined,
   lastBatchError: undefined,
   epoch
@@ -181,6 +182,9 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
           st.kvcachedConnected = up
           const retry = retryInMs === undefined ? "" : ` (reconnecting in ${retryInMs} ms)`
           fault("kvcached", up ? undefined : `kvcached ${o.uds}: ${err}${retry}`)
+        },
+        onStateLost: () => {
+          st.kvcachedStateLosses++
         },
         onForwarded: (n) => {
           st.forwarded += n

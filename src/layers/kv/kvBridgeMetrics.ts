@@ -25,6 +25,11 @@ export const registerMetrics = (m: MetricsService, status: Effect.Effect<KvBridg
     "kv_resyncs_total",
     "Resync records cgn-kvcached acknowledged (each drops a rank's blocks)"
   )
+  const stateLosses = counter(
+    r,
+    "kvcached_state_losses_total",
+    "Times cgn-kvcached answered Hello with nothing applied after acknowledging this run's events (lost its state)"
+  )
   const connected = gauge(
     r,
     "kvcached_connected",
@@ -43,6 +48,7 @@ export const registerMetrics = (m: MetricsService, status: Effect.Effect<KvBridg
       setCounter(dropped, s.dropped)
       setCounter(gaps, s.gaps)
       setCounter(resyncs, s.resyncs)
+      setCounter(stateLosses, s.kvcachedStateLosses)
       connected.set(s.kvcachedConnected ? 1 : 0)
       subscribed.set(s.subscribed ? 1 : 0)
       queued.set(s.queued)

@@ -38,6 +38,11 @@ export interface LinkOptions {
   readonly onConnected: (connected: boolean, error: string | undefined, retryInMs?: number) => void
   /** Batches kvcached acknowledged. */
   readonly onForwarded: (batches: number) => void
+  /**
+   * kvcached answered Hello with nothing applied after it had acknowledged `acknowledged` records of this epoch:
+   * it lost its state (restarted without it); those records are not sent again.
+   */
+  readonly onStateLost?: (acknowledged: number) => void
   /** A record the client could not encode was replaced by a decode Resync (or, itself a Resync, removed): why. */
   readonly onUnencodable?: (error: string) => void
   /** Records per Push (default 512) and their bytes (default 1 MiB or a quarter of the bound; at least one record). */
@@ -139,6 +144,15 @@ const session = (o: LinkOptions, onUp: Effect.Effect<void>, progressed: Effect.E
       })
     const welcome = yield* answered("Hello", client.Hello(o.hello))
     if (welcome.applied !== null) o.onForwarded(o.queue.ack(welcome.applied))
+    else {
+      const acknowledged = o.queue.unacked[0]?.n ?? o.queue.numbered
+      if (acknowledged > 0) {
+        o.onStateLost?.(acknowledged)
+        yield* Effect.logWarning(
+          `kvcached answered Hello with nothing applied after it had acknowledged ${acknowledged} record(s) of this epoch: it lost this node's KV events until then (not sent again; its routing lacks those blocks until the engine stores them anew)`
+        ).pipe(Effect.annotateLogs({ uds: o.path, epoch: o.hello.epoch }))
+      }
+    }
     o.onConnected(false, "connected; Hello answered, no Push acknowledged yet")
     let up = false
     const working = Effect.suspend(() => {

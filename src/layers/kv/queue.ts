@@ -111,6 +111,11 @@ export class KvQueue<R> {
     return this.pending.length - this.head
   }
 
+  /** How many records were numbered for sending so far (those below the first unacknowledged one were acknowledged). */
+  get numbered(): number {
+    return this.nextN
+  }
+
   /** Records taken and not yet acknowledged. */
   get unacked(): ReadonlyArray<SentRecord<R>> {
     return this.sent

@@ -57,6 +57,8 @@ export interface KvBridgeStatus {
    * and when the next try is), or an endpoint that cannot be offset for a rank. Each part is cleared when what
    * it describes recovers (kvcached answers Hello, the reader is subscribed again); several are joined by "; ".
    */
+  /** Times kvcached answered Hello with nothing applied after acknowledging records of this epoch (lost its state). */
+  readonly kvcachedStateLosses: number
   readonly lastError: string | undefined
   /**
    * The last batch the bridge could not use (an undecodable message or batch, a replay that failed or answered short of a gap): history, never
