@@ -227,7 +227,14 @@ describe("mirrorRegistration", () => {
           yield* MetricsLayer.mirrorRegistration(Effect.sync(() => current))
           const m = yield* Metrics
           const body = (yield* m.render).body
-          current = { ...status, state: "revoked", leaseAgeMs: undefined, leasesLost: 1 }
+          current = {
+            ...status,
+            state: "revoked",
+            leaseAgeMs: undefined,
+            sinceKeepAliveMs: undefined,
+            leasesLost: 1,
+            writeFailures: 4
+          }
           return { body, lost: (yield* m.render).body }
         })
       )
@@ -241,6 +248,10 @@ describe("mirrorRegistration", () => {
     expect(lost).not.toMatch(/^cgn_agent_etcd_lease_age_seconds /m)
     // a lost lease (the key gone until the next keepalive) counted, not only in /status: 0 from the start, then 1
     expect([body, lost].map((b) => /^cgn_agent_etcd_leases_lost_total (\d+)$/m.exec(b)?.[1])).toEqual(["0", "1"])
+    // failed steps counted where a scrape sees them; the keepalive's age only while there is a lease
+    expect([body, lost].map((b) => /^cgn_agent_etcd_failures_total (\d+)$/m.exec(b)?.[1])).toEqual(["0", "4"])
+    expect(body).toContain("cgn_agent_etcd_keepalive_age_seconds 0.1")
+    expect(lost).not.toMatch(/^cgn_agent_etcd_keepalive_age_seconds /m)
   })
 })
 

@@ -109,6 +109,8 @@ const makeHandles = (registry: Registry): MetricHandles => {
     ] as const),
     etcdLeaseAge: gauge("etcd_lease_age_seconds", "Seconds since the current etcd lease was granted"),
     etcdLeasesLost: counter("etcd_leases_lost_total", "etcd leases found expired or revoked (the key was gone)"),
+    etcdFailures: counter("etcd_failures_total", "etcd registration steps that failed (a write, grant or keepalive)"),
+    etcdKeepaliveAge: gauge("etcd_keepalive_age_seconds", "Seconds since etcd last confirmed the node's lease alive"),
     nvmlUp: gauge(
       "nvml_up",
       "1 while NVML answers and the GPU series are current; 0 while it is off, cannot be opened or stopped answering (opened again with backoff)"

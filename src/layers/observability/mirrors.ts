@@ -85,6 +85,8 @@ export const mirrorRegistration = (
         // No lease, no age: the series is absent (a 0 would read as a lease granted just now).
         setOptional(m.etcdLeaseAge, s.leaseAgeMs === undefined ? undefined : s.leaseAgeMs / 1000)
         setCounter(m.etcdLeasesLost, s.leasesLost)
+        setCounter(m.etcdFailures, s.writeFailures)
+        setOptional(m.etcdKeepaliveAge, s.sinceKeepAliveMs === undefined ? undefined : s.sinceKeepAliveMs / 1000)
       })
     )
   )

@@ -10,7 +10,7 @@
  * to the dead one and failed, often enough to lose the lease (a node flapping in and out of etcd while a
  * healthy member was listed). This policy refuses a host whose last call failed on the connection
  * (unreachable, deadline) as long as some other host has not failed so; when every host has, all are tried
- * again, and the first unary call that a host answers clears it. No time is kept: only each host's last
+ * again, and the first call that a host answers (a unary call, or a keepalive stream's answer) clears it. No time is kept: only each host's last
  * outcome. Errors that are etcd's answer (lease not found, auth) say nothing about the host.
  */
 import type { IOptions } from "etcd3"
@@ -57,9 +57,11 @@ export const makeHostFailover = (
         if (failed.has(host) && failed.size < all.size) throw new EndpointSkipped(host)
         try {
           const result = await fn({ signal: signal ?? never })
-          // A stream (the keepalive) is only opened here; how it fares reaches this policy through etcd3's
-          // markFailed. A unary call that answered clears the host.
+          // A unary call that answered clears the host; a stream (the keepalive) is only opened here, and clears
+          // it once it answers: after a leader loss every member may have failed, and a host cleared by unary
+          // calls alone kept drawing the dead member for rounds after the keepalives were answered again.
           if (!isStream(result)) failed.delete(host)
+          else (result as unknown as NodeJS.EventEmitter).once("data", () => failed.delete(host))
           return result
         } catch (e) {
           if (typeof e === "object" && e !== null && isConnectionError(e)) failed.add(host)

@@ -82,6 +82,10 @@ export interface MetricHandles {
    * `setCounter`. Each one leaves the key absent until the next keepalive, up to one agent.heartbeat.
    */
   readonly etcdLeasesLost: Counter
+  /** Registration steps that failed (HealthReporter's `writeFailures`: a write, a grant or a keepalive), mirrored. */
+  readonly etcdFailures: Counter
+  /** Seconds since etcd last confirmed the lease alive; no sample without a lease. */
+  readonly etcdKeepaliveAge: Gauge
   /** 1 while NVML answers (the GPU series are current); 0 while it is off, cannot be opened or stopped answering. */
   readonly nvmlUp: Gauge
   /** 1 while the last certificate reload failed and the previous certificates are still served, else 0. */
