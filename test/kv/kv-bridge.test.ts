@@ -265,11 +265,11 @@ const enginePayload = (hashes: Array<bigint>): Uint8Array => {
 
 const fakeEngine = async () => {
   const [port, rport] = [await freePort(), await freePort()]
-  const pub = new zmq.Publisher({ linger: 0 })
-  const router = new zmq.Router({ linger: 0 })
+  let pub = new zmq.Publisher({ linger: 0 })
+  let router = new zmq.Router({ linger: 0 })
   await pub.bind(`tcp://127.0.0.1:${port}`)
   await router.bind(`tcp://127.0.0.1:${rport}`)
-  const buffer: Array<[bigint, Uint8Array]> = []
+  let buffer: Array<[bigint, Uint8Array]> = []
   let gate: Promise<void> = Promise.resolve()
   /** Replay requests wait (and stay queued) until the returned function is called. */
   const holdReplays = () => {
@@ -289,7 +289,7 @@ const fakeEngine = async () => {
     pause = { after, gate }
     return open
   }
-  void (async () => {
+  const serveReplays = async (router: zmq.Router, buffer: Array<[bigint, Uint8Array]>) => {
     try {
       for await (const [ident, , start] of router) {
         await gate
@@ -307,12 +307,35 @@ const fakeEngine = async () => {
     } catch {
       // closed
     }
-  })()
+  }
+  void serveReplays(router, buffer)
   cleanups.push(async () => {
     pub.close()
     router.close()
   })
   let seq = 0n
+  /** The engine (its publisher and replay ROUTER) gone and started again on the same ports: seq from 0, a new buffer. */
+  const restart = async () => {
+    pub.close()
+    router.close()
+    pub = new zmq.Publisher({ linger: 0 })
+    router = new zmq.Router({ linger: 0 })
+    // ZMQ closes a socket in its I/O thread: the port may still be held for a moment.
+    const rebind = (socket: zmq.Publisher | zmq.Router, at: string) =>
+      until(
+        () =>
+          socket.bind(at).then(
+            () => true,
+            () => undefined
+          ),
+        `rebind ${at}`
+      )
+    await rebind(pub, `tcp://127.0.0.1:${port}`)
+    await rebind(router, `tcp://127.0.0.1:${rport}`)
+    buffer = []
+    seq = 0n
+    void serveReplays(router, buffer)
+  }
   const send = async (opts: { lose?: boolean; seq?: bigint; hashes?: Array<bigint>; payload?: Uint8Array } = {}) => {
     if (opts.seq !== undefined) seq = opts.seq
     const s = seq++
@@ -327,7 +350,7 @@ const fakeEngine = async () => {
     replayEndpoint: replay ? `tcp://127.0.0.1:${rport}` : undefined,
     topic: "kv"
   })
-  return { send, endpoint, holdReplays, holdReplayAfter }
+  return { send, endpoint, holdReplays, holdReplayAfter, restart }
 }
 
 /** The scripted engine, kvcached and a bridge (replaying from the engine's ROUTER or not), kvcached holding the join. */
@@ -361,6 +384,36 @@ describe("KvBridge with a scripted publisher", () => {
     // The Resync and the seq-0 batch may reach kvcached in separate reads: wait for the batch, then look behind it.
     await until(() => (kc.lines.at(-1)?.seq === 0 ? true : undefined), "seq 0 after restart")
     expect(kc.lines.at(-2)).toMatchObject({ type: "Resync", reason: "restart", from_seq: Number(last) + 1, to_seq: 0 })
+  })
+
+  it("a publisher that restarts by itself (no engine exit seen) and passes the old seq before the reader is back: a restart, the new run replayed from 0", async () => {
+    const { eng, kc, bridge, joined } = await joinedBridge(true)
+    const old = await eng.send()
+    await until(() => kc.batches().some((x) => BigInt(x.seq as number) === old) || undefined, "the old run's last")
+    await eng.restart()
+    // The new run publishes seqs 0 to old + 2 while the reader is not back (lost to it, kept in the new replay buffer).
+    for (let i = 0n; i <= old + 2n; i++) await eng.send({ lose: true })
+    // Reconnected: the old run is retracted.
+    await until(() => kc.lines.find((l) => l.type === "Resync"), "the restart Resync")
+    expect(kc.lines.find((l) => l.type === "Resync")).toMatchObject({
+      reason: "restart",
+      from_seq: Number(old) + 1,
+      to_seq: 0
+    })
+    // Live batches of the new run (the first may go out before the new connection's subscription joined): what the
+    // reader missed of the run is replayed, from 0.
+    await until(async () => {
+      const at = lastSeq(await bridge.status())
+      if (at !== undefined && BigInt(at) > old + 2n) return true
+      await eng.send()
+      return undefined
+    }, "a live batch of the new run")
+    const last = BigInt(lastSeq(await bridge.status()) ?? -1)
+    const afterResync = () => kc.lines.slice(kc.lines.findIndex((l) => l.type === "Resync") + 1)
+    await until(() => afterResync().some((l) => BigInt(l.seq as number) === last) || undefined, "the new run forwarded")
+    expect(afterResync().map((l) => l.seq)).toEqual(Array.from({ length: Number(last) + 1 }, (_, i) => i))
+    expect(joined).toBeLessThanOrEqual(old)
+    expect(await bridge.status()).toMatchObject({ resyncs: 1 })
   })
 
   it("a gap found in the batches held during a replay is replayed too, with no new message to wake the reader", async () => {

@@ -140,6 +140,17 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
                   setUp(rank, true)
                   fault(`rank ${rank}`, undefined)
                 },
+                // A new publisher's run whose seq passed the old one's before the reconnect would read as the old
+                // run going on (its missed batches "replayed" from the new run): taken as a restart instead, as at
+                // an engine exit; the same run after a network blip is then retracted and replayed, nothing lost.
+                onReconnected: Effect.suspend(() => {
+                  if (r.expected === undefined || r.expected === 0n) return Effect.void
+                  sequencer.engineGone(r)
+                  return Effect.logInfo(
+                    "kv events: a rank's publisher reconnected; its stream is taken to start over (a restart Resync, the new run's missed batches replayed)",
+                    { endpoint: at, dpRank: rank }
+                  )
+                }),
                 onFrames: (frames) =>
                   Effect.andThen(
                     progressed,

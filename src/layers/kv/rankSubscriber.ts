@@ -19,6 +19,11 @@ export interface RankSubscription {
   /** ZMQ's receive high-water mark, in messages (KvEvents.ts subscriberHighWaterMark). */
   readonly receiveHighWaterMark: number
   readonly onSubscribed: () => void
+  /**
+   * The connection to the publisher was lost and is up again: the publisher may be a new process (a rank that
+   * restarted by itself, which the supervisor does not see), whose seq starts over at 0.
+   */
+  readonly onReconnected?: Effect.Effect<void>
   /** One message; the reader waits for it before receiving the next. */
   readonly onFrames: (frames: ReadonlyArray<Uint8Array>) => Effect.Effect<void, never, Scope.Scope>
 }
@@ -40,6 +45,26 @@ export const readRank = (o: RankSubscription): Effect.Effect<never, unknown, Sco
           catch: (err) => new Error(`cannot connect to ${at}: ${String(err)}`)
         })
       : Effect.tryPromise({ try: () => sub.bind(at), catch: (err) => new Error(`cannot bind ${at}: ${String(err)}`) })
+    const reconnected = o.onReconnected
+    if (reconnected !== undefined) {
+      // The socket's monitor (ZMQ's events): "connect" (or, bound, "accept") after a "disconnect". Ended by the
+      // socket's close ("end", or a rejected receive).
+      const events = sub.events
+      yield* Effect.forkScoped(
+        Effect.gen(function* () {
+          let lost = false
+          for (;;) {
+            const ev = yield* Effect.tryPromise(() => events.receive())
+            if (ev.type === "end") return
+            if (ev.type === "disconnect") lost = true
+            else if (lost && (ev.type === "connect" || ev.type === "accept")) {
+              lost = false
+              yield* reconnected
+            }
+          }
+        }).pipe(Effect.ignore)
+      )
+    }
     o.onSubscribed()
     yield* Effect.logInfo("kv events: subscribed", {
       endpoint: at,
