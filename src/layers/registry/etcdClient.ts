@@ -11,7 +11,7 @@ import type { AgentConfig } from "../../services/config/Config.ts"
 import { EtcdTlsError, EtcdUnavailable, LeaseLost } from "../../services/registry/HealthReporter.ts"
 import type { TlsError } from "../../services/tls/Tls.ts"
 import { checkKeyPair, parseCaBundle } from "../tls/tlsMaterial.ts"
-import { answeredBy, etcdAuthSays, reasonOf, withTlsHint } from "./etcdErrors.ts"
+import { answeredBy, etcdAuthSays, makeFailureReasons, reasonOf as messageOf } from "./etcdErrors.ts"
 import { makeHostFailover, passThrough } from "./faultPolicies.ts"
 import { keepAliveOnce } from "./leaseKeepAlive.ts"
 
@@ -73,7 +73,7 @@ const readTls = (key: string, file: string | undefined): Effect.Effect<Buffer | 
     ? Effect.succeed(undefined)
     : Effect.tryPromise({
         try: () => fs.readFile(file),
-        catch: (e) => new EtcdTlsError({ key, file, reason: reasonOf(e) })
+        catch: (e) => new EtcdTlsError({ key, file, reason: messageOf(e) })
       })
 
 /** Checks the PEM material now as [security]'s is (tlsMaterial.ts), so a bad file fails at start and in `check`. */
@@ -156,6 +156,7 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
   const etcd3 = yield* Effect.promise(() => import("etcd3"))
   const { Etcd3, EtcdLeaseInvalidError, isRecoverableError } = etcd3
   const answered = answeredBy(etcd3)
+  const reasonOf = makeFailureReasons()
   const faultHandling = {
     host: makeHostFailover(cluster.etcd, (e) => isRecoverableError(e as Error)),
     global: passThrough()
@@ -209,7 +210,7 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
       catch: (e) =>
         e instanceof EtcdLeaseInvalidError
           ? new LeaseLost({ leaseId: "", reason: e.message })
-          : new EtcdUnavailable({ operation, reason: withTlsHint(reasonOf(e)), answered: answered(e) })
+          : new EtcdUnavailable({ operation, reason: reasonOf(e), answered: answered(e) })
     }).pipe(
       // belt and braces: the gRPC deadline should fire first
       Effect.timeoutOrElse({
@@ -231,7 +232,7 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
     )
 
   const keepAlive = (leaseId: string): Effect.Effect<number, EtcdUnavailable | LeaseLost> =>
-    Effect.suspend(() => keepAliveOnce(client.leaseClient, leaseId, options.callTimeoutMs)).pipe(
+    Effect.suspend(() => keepAliveOnce(client.leaseClient, leaseId, options.callTimeoutMs, reasonOf)).pipe(
       Effect.timeoutOrElse({
         duration: options.callTimeoutMs + CALL_DEADLINE_SLACK_MS,
         orElse: () => Effect.fail(new EtcdUnavailable({ operation: "lease keepalive", reason: "timed out" }))

@@ -26,6 +26,21 @@ export const withTlsHint = (reason: string): string => {
 }
 
 /**
+ * `withTlsHint` over a series of failures: grpc-js says why a connection failed once, and the calls that fail
+ * on it while it stays down read "No connection established. Last error: null.": the TLS cause found before is
+ * kept for those (a /status sampled once showed no cause every other time), until a failure says something else.
+ */
+export const makeFailureReasons = (): ((e: unknown) => string) => {
+  let cause: string | undefined
+  return (e) => {
+    const text = withTlsHint(reasonOf(e))
+    if (/Last error: null/.test(text) && cause !== undefined) return `${cause} (the connection is still down)`
+    cause = text.startsWith("TLS handshake refused") || text.startsWith("etcd's server certificate") ? text : undefined
+    return text
+  }
+}
+
+/**
  * Whether a failure is an error etcd sent (a refusal: RESOURCE_EXHAUSTED over its space quota, a permission), not a
  * call that got no answer (no connection, its deadline, cancelled). Given the loaded etcd3 module, whose classes the
  * errors are (loaded on use: a standalone agent never holds it).

@@ -6,12 +6,13 @@
 import { Effect } from "effect"
 import type { LeaseClient } from "etcd3"
 import { EtcdUnavailable, LeaseLost } from "../../services/registry/HealthReporter.ts"
-import { reasonOf, withTlsHint } from "./etcdErrors.ts"
 
 export const keepAliveOnce = (
   leaseClient: LeaseClient,
   leaseId: string,
-  callTimeoutMs: number
+  callTimeoutMs: number,
+  /** What a failure says (etcdErrors.ts makeFailureReasons). */
+  reasonOf: (e: unknown) => string
 ): Effect.Effect<number, EtcdUnavailable | LeaseLost> =>
   Effect.callback<number, EtcdUnavailable | LeaseLost>((resume, signal) => {
     let done = false
@@ -33,7 +34,7 @@ export const keepAliveOnce = (
         if (signal.aborted || done) return close()
         signal.addEventListener("abort", close, { once: true })
         stream.on("error", (e: unknown) => {
-          finish(Effect.fail(new EtcdUnavailable({ operation: "lease keepalive", reason: withTlsHint(reasonOf(e)) })))
+          finish(Effect.fail(new EtcdUnavailable({ operation: "lease keepalive", reason: reasonOf(e) })))
         })
         stream.on("data", (res: { TTL: string }) => {
           close()
@@ -49,6 +50,6 @@ export const keepAliveOnce = (
         stream.write({ ID: leaseId })
       })
       .catch((e: unknown) =>
-        finish(Effect.fail(new EtcdUnavailable({ operation: "lease keepalive", reason: withTlsHint(reasonOf(e)) })))
+        finish(Effect.fail(new EtcdUnavailable({ operation: "lease keepalive", reason: reasonOf(e) })))
       )
   })
