@@ -25,4 +25,14 @@ describe("etcd failure reasons", () => {
     expect(etcdAuthSays("etcd write failed: 3 INVALID_ARGUMENT: etcdserver: user name is empty")).toBe("on")
     expect(etcdAuthSays("etcd write failed: 7 PERMISSION_DENIED: etcdserver: permission denied")).toBeUndefined()
   })
+
+  it("name the [cluster] settings behind etcd's auth refusals", () => {
+    const reasonOf = makeFailureReasons()
+    expect(
+      reasonOf(new Error("3 INVALID_ARGUMENT: etcdserver: authentication failed, invalid user ID or password"))
+    ).toMatch(/\(check cluster.etcd_username and etcd_password\)$/)
+    expect(reasonOf(new Error("7 PERMISSION_DENIED: etcdserver: permission denied"))).toMatch(
+      /roles must grant readwrite on cluster.etcd_prefix's keys\)$/
+    )
+  })
 })

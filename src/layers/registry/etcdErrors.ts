@@ -25,6 +25,14 @@ export const withTlsHint = (reason: string): string => {
   return text
 }
 
+/** etcd's auth refusals, with the [cluster] setting to look at, as TLS failures get theirs. */
+export const withAuthHint = (reason: string): string =>
+  /authentication failed, invalid user ID or password/.test(reason)
+    ? `${reason} (check cluster.etcd_username and etcd_password)`
+    : /etcdserver: permission denied/.test(reason)
+      ? `${reason} (the etcd user's roles must grant readwrite on cluster.etcd_prefix's keys)`
+      : reason
+
 /**
  * `withTlsHint` over a series of failures: grpc-js says why a connection failed once, and the calls that fail
  * on it while it stays down read "No connection established. Last error: null.": the TLS cause found before is
@@ -33,7 +41,7 @@ export const withTlsHint = (reason: string): string => {
 export const makeFailureReasons = (): ((e: unknown) => string) => {
   let cause: string | undefined
   return (e) => {
-    const text = withTlsHint(reasonOf(e))
+    const text = withAuthHint(withTlsHint(reasonOf(e)))
     if (/Last error: null/.test(text) && cause !== undefined) return `${cause} (the connection is still down)`
     cause = text.startsWith("TLS handshake refused") || text.startsWith("etcd's server certificate") ? text : undefined
     return text
