@@ -12,7 +12,7 @@ import { sendJson } from "./http.ts"
 import { llamaFullBody } from "./llamaChunks.ts"
 import { handoffBeforeGeneration, holdForDecode } from "./pdLegs.ts"
 import type { GenRequest } from "./request.ts"
-import { sequenceEvents } from "./sequences.ts"
+import { LlamaStops, sequenceEvents } from "./sequences.ts"
 import { stopMatcher } from "./stopRules.ts"
 import { plan, prng, tokenId } from "./tokens.ts"
 import type { Core } from "./wedge.ts"
@@ -196,7 +196,10 @@ export const generate = async (
     return { prompt_tokens: p, total_tokens: p + generated, completion_tokens: generated }
   }
   const flavor = cfg.flavor
-  const events = sequenceEvents(plans, flavor === "llama_cpp" ? gr.stop : () => stopMatcher(flavor, gr))
+  const events = sequenceEvents(
+    plans,
+    flavor === "llama_cpp" ? () => new LlamaStops(gr.stop, gr.assistantPrefill) : () => stopMatcher(flavor, gr)
+  )
   const ends: Array<{ reason: string; content: string; generated: number; matched: string | undefined }> = []
 
   if (gr.stream) {

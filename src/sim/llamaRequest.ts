@@ -306,3 +306,14 @@ export const llamaMessages = (body: unknown): Array<string> | LlamaInvalid => {
   }
   return words(texts.join(" "))
 }
+
+/**
+ * A chat ending with the assistant's message is continued (--prefill-assistant, on by default): its text leads the
+ * answer, neither counted nor looked at for stop strings. The simulator's words have no leading space: one is added.
+ */
+export const llamaAssistantPrefill = (body: unknown): { readonly assistantPrefill?: string } => {
+  const messages = (body as { messages?: unknown }).messages
+  const last = Array.isArray(messages) ? (messages.at(-1) as { role?: unknown; content?: unknown }) : undefined
+  if (last?.role !== "assistant" || typeof last.content !== "string" || last.content === "") return {}
+  return { assistantPrefill: /\s$/.test(last.content) ? last.content : `${last.content} ` }
+}

@@ -5,7 +5,14 @@ import type { Endpoint } from "./chunks.ts"
 import { contextRefusal } from "./contextLimit.ts"
 import { bodyDpRank } from "./dpPin.ts"
 import { vllmValidationError } from "./errors.ts"
-import { type LlamaInvalid, type LlamaPrompt, llamaMessages, llamaParams, llamaPrompts } from "./llamaRequest.ts"
+import {
+  type LlamaInvalid,
+  type LlamaPrompt,
+  llamaAssistantPrefill,
+  llamaMessages,
+  llamaParams,
+  llamaPrompts
+} from "./llamaRequest.ts"
 import type { SimConfig } from "./simConfig.ts"
 import { words } from "./tokens.ts"
 
@@ -53,6 +60,8 @@ export interface GenRequest {
   readonly routedDpRank?: number | undefined
   /** SGLang: the request's `model`, which its answer carries whatever it names (serving_chat.py `model=request.model`). */
   readonly echoModel?: string
+  /** llama.cpp: a trailing assistant message's text, which the answer starts with (llamaRequest.ts). */
+  readonly assistantPrefill?: string
   /** What is generated: one sequence, or (llama.cpp) prompts × `n`, answered as choices 0, 1, ... */
   readonly sequences: ReadonlyArray<Sequence>
   /** Stop strings; each engine finds and cuts them its own way (stopRules.ts, llama.cpp: sequences.ts). */
@@ -296,6 +305,7 @@ const validateLlama = (cfg: SimConfig, endpoint: Endpoint, body: unknown): GenRe
     bootstrap: undefined,
     sequences,
     stop: params.stop,
+    ...(endpoint === "chat" ? llamaAssistantPrefill(body) : {}),
     ssePingMs:
       params.ssePingInterval === undefined
         ? cfg.ssePingMs

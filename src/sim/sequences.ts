@@ -43,12 +43,28 @@ const partialStop = (text: string, stop: string): number => {
 
 /** One sequence's text, fed a token at a time: llama-server's process_token (tools/server/server-context.cpp). */
 export class LlamaStops implements StopMatcher {
-  text = ""
+  /** The generated text, which stop strings are looked for in. */
+  private generated = ""
   readonly uncounted = 0
   private sent = 0
   private readonly stops: ReadonlyArray<string>
-  constructor(stops: ReadonlyArray<string>) {
+  /** Sent ahead of the first token and part of the answer's text, never matched nor counted (a chat's prefill). */
+  private readonly prefix: string
+  private sentPrefix = false
+  constructor(stops: ReadonlyArray<string>, prefix = "") {
     this.stops = stops
+    this.prefix = prefix
+  }
+
+  get text(): string {
+    return this.prefix + this.generated
+  }
+
+  add(piece: string, at: TokenAt): { readonly send: string; readonly matched?: string | undefined } {
+    const step = this.addGenerated(piece, at)
+    if (this.sentPrefix) return step
+    this.sentPrefix = true
+    return { ...step, send: this.prefix + step.send }
   }
 
   /**
@@ -58,10 +74,10 @@ export class LlamaStops implements StopMatcher {
    * a stop string is held back (partial stop), except on the sequence's end of text (llama-server skips that
    * check for an EOG token).
    */
-  add(piece: string, at: TokenAt): { readonly send: string; readonly matched?: string | undefined } {
-    this.text += piece
+  private addGenerated(piece: string, at: TokenAt): { readonly send: string; readonly matched?: string | undefined } {
+    this.generated += piece
     if (this.stops.length === 0) return { send: piece }
-    const unsent = this.text.slice(this.sent)
+    const unsent = this.generated.slice(this.sent)
     let cut = -1
     let matched: string | undefined
     for (const w of this.stops) {
@@ -73,8 +89,8 @@ export class LlamaStops implements StopMatcher {
       }
     }
     if (cut >= 0) {
-      this.text = this.text.slice(0, this.sent + cut)
-      const send = this.text.slice(this.sent)
+      this.generated = this.generated.slice(0, this.sent + cut)
+      const send = this.generated.slice(this.sent)
       this.sent += send.length
       return { send, matched }
     }

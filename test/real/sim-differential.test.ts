@@ -444,6 +444,29 @@ describe("llama-server's OpenAI API as clients meet it: the simulator against th
     }
   }
 
+  it("a chat ending with the assistant's message is continued: its text leads the answer, uncounted, never a stop", async () => {
+    const messages = [
+      { role: "user", content: "a" },
+      { role: "assistant", content: "Sure thing" }
+    ]
+    // "thing" is in the prefill only: no stop there.
+    const whole = await both(H, { messages, max_tokens: 2, stop: ["thing"] })
+    const streamed = await both(H, { messages, max_tokens: 2, stop: ["thing"], ...AGENT_BODY })
+    for (const a of [whole.real, whole.sim]) {
+      const c = json(a).choices[0] as Choice
+      expect((c.message as { content: string }).content).toMatch(/^Sure thing /)
+      expect(c.finish_reason).toBe("length")
+      expect(json(a).usage).toMatchObject({ completion_tokens: 2 })
+    }
+    for (const a of [streamed.real, streamed.sim]) {
+      const cs = chunksOf(a).slice(0, -1)
+      expect(streamText(cs).get(0)).toMatch(/^Sure thing /)
+      // The prefill goes with the first token's text, in one delta.
+      const first = cs.map((c) => choices(c)[0]?.delta as { content?: string } | undefined).find((d) => d?.content)
+      expect(first?.content).toMatch(/^Sure thing \S/)
+    }
+  })
+
   it("refusals: the same status, error body word for word, content type, and the connection closed after it", async () => {
     const cases: Array<[string, string]> = [
       [C, ""],
