@@ -526,6 +526,25 @@ describe("HealthReporter against a real etcd", () => {
     expect(status.epoch).toBe(rec.freshness?.epoch)
   }, 30_000)
 
+  it("a state change etcd refused, its lease revoked, reads retrying at once, not registered until the next heartbeat", async () => {
+    const { etcd, local } = await ownEtcd()
+    const prefix = uniquePrefix()
+    const key = nodeKey(prefix, "c1", "n1")
+    // A long heartbeat: no tick between the refused cordon and the status read.
+    const r = await startReporter({ prefix, endpoint: etcd.endpoint, damping: 1, heartbeat: "20s", leaseTtl: "60s" })
+    await untilState(r, "registered")
+    const memberID = (await local.cluster.memberList({})).members[0]!.ID
+    await local.maintenance.alarm({ action: "Activate", memberID, alarm: "Nospace" })
+    cleanups.push(() => local.maintenance.alarm({ action: "Deactivate", memberID, alarm: "Nospace" }))
+    await r.setState("cordoned")
+    await pollUntil("the key gone", async () => ((await local.get(key).string()) === null ? true : undefined))
+    expect(await r.status()).toMatchObject({
+      state: "retrying",
+      leaseId: undefined,
+      lastError: expect.stringMatching(/space/)
+    })
+  }, 30_000)
+
   it("a SIGKILLed agent's key disappears after the lease TTL", async () => {
     const prefix = uniquePrefix()
     const key = nodeKey(prefix, "c1", "n9")

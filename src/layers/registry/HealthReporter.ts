@@ -125,7 +125,13 @@ const make = Effect.gen(function* () {
     if (s.session !== session) return
     // Last step: the key goes with the lease, at once.
     yield* ops.revoke(session.id).pipe(
-      Effect.tap(() => Effect.logInfo("etcd lease revoked, node key removed").pipe(Effect.annotateLogs({ key }))),
+      Effect.tap(() =>
+        Effect.logInfo(
+          session.registered
+            ? "etcd lease revoked, node key removed"
+            : "etcd lease revoked (no key was written under it)"
+        ).pipe(Effect.annotateLogs({ key }))
+      ),
       Effect.catch((e) => Effect.logWarning(`etcd: lease revoke failed, the key expires after its TTL: ${e.message}`))
     )
     s.session = undefined

@@ -149,6 +149,9 @@ export const makeRegistrationStep = ({ s, ops, key, timing, agent, nodeStatus }:
       if (refused.answered !== true || !session.registered || published === undefined || published === record.state)
         return yield* Effect.fail(refused)
       s.session = undefined
+      // Not "registered" until the next round registers again (a state change's own write has no round after it).
+      s.lastError = refused.message
+      yield* setState("retrying")
       const revoked = yield* Effect.exit(ops.revoke(session.id))
       yield* Effect.logWarning(
         Exit.isSuccess(revoked)
