@@ -58,9 +58,15 @@ export const generate = async (
   /** The core of the rank that runs it, once picked: it can hang alone (wedge.ts, `wedged_rank`). */
   let rankCore: Core<unknown> | undefined
   const wedged = () => ctx.core.wedged || rankCore?.wedged === true
+  // llama-server generates a whole (non-streamed) answer to its end though its client left: the slot stays busy and
+  // the tokens are counted (measured against the real server). Streamed answers stop at once, as in every engine.
+  let generating = false
+  let detached = false
   const closed = new Promise<void>((resolve) => {
     res.on("close", () => {
-      if (state === "active" && !res.writableFinished) {
+      if (state === "active" && !res.writableFinished && generating && cfg.flavor === "llama_cpp" && !gr.stream) {
+        detached = true
+      } else if (state === "active" && !res.writableFinished) {
         state = "aborted"
         stats.aborted++
         abort.abort()
@@ -72,8 +78,11 @@ export const generate = async (
   const gone = () => state !== "active"
   /** Waits while the core is wedged; false once the client has gone meanwhile. */
   const coreRuns = async (): Promise<boolean> => {
-    while (wedged() && !gone())
-      await Promise.race([(ctx.core.wedged ? ctx.core : (rankCore as Core<unknown>)).running(), closed])
+    while (wedged() && !gone()) {
+      const runs = (ctx.core.wedged ? ctx.core : (rankCore as Core<unknown>)).running()
+      // A detached whole answer (llama_cpp) waits for the core alone: `closed` has resolved.
+      await (detached ? runs : Promise.race([runs, closed]))
+    }
     return !gone()
   }
 
@@ -130,6 +139,7 @@ export const generate = async (
   // The fake sender (SGLang's own warm-up) hands nothing to the bootstrap server.
   if (sglangPrefill && gr.bootstrap?.fake === false) ctx.bootstrap?.complete(gr.bootstrap.room)
 
+  generating = true
   const plans = gr.sequences.map((q) =>
     plan(
       cfg.mode,
@@ -264,17 +274,19 @@ export const generate = async (
     }
     if (stalled()) {
       await closed
+      if (detached) cleanup()
       return
     }
     if (emitted >= faultAt) return fault(ctx, res, inject, false, failed)
     onToken()
     if (cfg.itlMs > 0) {
-      await Promise.race([sleep(cfg.itlMs), closed])
+      await (detached ? sleep(cfg.itlMs) : Promise.race([sleep(cfg.itlMs), closed]))
       if (gone()) return
     }
   }
   const e0 = ends[0] ?? { reason: "length", content: "", generated: 0, matched: undefined }
   const kvParams = finish(e0.reason)
+  if (detached) return
   const body =
     flavor === "llama_cpp"
       ? llamaFullBody(

@@ -646,6 +646,30 @@ describe("llama-server's OpenAI API as clients meet it: the simulator against th
     expect(r).toEqual([true, "timeout=5, max=100", true])
   })
 
+  it("a client that leaves a whole (non-streamed) answer: the server generates it to the end for nobody, its slot busy meanwhile", async () => {
+    for (const base of [real.url, sim.url]) {
+      const before = await engineMetric(base, "llamacpp:tokens_predicted_total")
+      const ac = new AbortController()
+      const asked = fetch(`${base}${C}`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ prompt: "the quick", max_tokens: 200 }),
+        signal: ac.signal
+      }).catch(() => undefined)
+      await pollUntil(
+        `${base}: the request running`,
+        async () => (await engineMetric(base, "llamacpp:requests_processing")) === 1
+      )
+      ac.abort()
+      await asked
+      // All 200 tokens are made and counted, then the slot is free.
+      await pollUntil(`${base}: the whole answer made`, async () =>
+        (await engineMetric(base, "llamacpp:tokens_predicted_total")) - before === 200 ? true : undefined
+      )
+      expect(await engineMetric(base, "llamacpp:requests_processing")).toBe(0)
+    }
+  })
+
   it("a client that leaves mid-stream frees its slot at once: /slots idle, requests_processing 0, generation cut short", async () => {
     for (const base of [real.url, sim.url]) {
       const before = await engineMetric(base, "llamacpp:tokens_predicted_total")
