@@ -4,6 +4,7 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Fiber, Layer } from "effect"
 import { TestClock } from "effect/testing"
+import type { Gpu } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { layerFromObject } from "../../src/layers/config/Config.ts"
 import * as GpuGateLive from "../../src/layers/engine/GpuGate.ts"
 import { EnginePlan } from "../../src/services/engine/Engine.ts"
@@ -38,6 +39,26 @@ const gateLayer = GpuGateLive.layer.pipe(
   Layer.provide(
     layerFromObject({ engine: { kind: "vllm", gpu_free_timeout: "2s" }, models: { m: { hf_repo: "org/m" } } })
   )
+)
+
+/** A scripted NVML whose sample the test sets, and which can be down (its sample then empty). */
+const scripted = { down: undefined as string | undefined, gpus: [] as Array<Gpu> }
+const scriptedSample = Effect.sync(() => (scripted.down === undefined ? scripted.gpus : []))
+const scriptedGate = GpuGateLive.layer.pipe(
+  Layer.provideMerge(MetricsTest.layerTest),
+  Layer.provide(
+    Layer.succeed(
+      Nvml,
+      Nvml.of({
+        gpus: scriptedSample,
+        sampleNow: scriptedSample,
+        unavailable: Effect.sync(() => scripted.down),
+        clearXids: () => Effect.succeed([])
+      })
+    )
+  ),
+  Layer.provide(Layer.succeed(EnginePlan, testPlan({ gpus: [0] }))),
+  Layer.provide(layerFromObject({ engine: { kind: "vllm" }, models: { m: { hf_repo: "org/m" } } }))
 )
 
 const gaugeLine = Effect.gen(function* () {
@@ -99,5 +120,37 @@ describe("GpuGate", () => {
         })
       )
     )
+  )
+
+  it.effect(
+    "a fault NVML reported stands while NVML stops answering (a GPU off the bus hangs it): no start on that GPU",
+    () =>
+      Effect.gen(function* () {
+        const gate = yield* GpuGate
+        scripted.gpus = [gpuWith({ index: 0, criticalXids: [{ xid: 79, events: 1 }] })]
+        yield* TestClock.adjust("1 second")
+        assert.match((yield* gate.status).fault ?? "", /Xid 79/)
+        scripted.down = "NVML call stuck"
+        yield* TestClock.adjust("3 seconds")
+        assert.match((yield* gate.status).fault ?? "", /Xid 79/, "not cleared by NVML's silence")
+        // A start (a restart, the next run) waits on it rather than going onto the GPU.
+        const waiting = yield* Effect.forkChild(gate.awaitFree)
+        yield* TestClock.adjust("2 seconds")
+        assert.match((yield* gate.status).waiting?.reason ?? "", /Xid 79.*NVML is not answering/)
+        // NVML back, the GPU reset: the fault clears and the start goes on.
+        scripted.down = undefined
+        scripted.gpus = [gpuWith({ index: 0 })]
+        yield* TestClock.adjust("2 seconds")
+        yield* Fiber.join(waiting)
+        assert.isUndefined((yield* gate.status).fault)
+      }).pipe(
+        Effect.provide(scriptedGate),
+        Effect.ensuring(
+          Effect.sync(() => {
+            scripted.down = undefined
+            scripted.gpus = []
+          })
+        )
+      )
   )
 })

@@ -45,7 +45,9 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
     })
     const previousPgids = yield* Ref.make<ReadonlySet<number>>(new Set())
     // Gated only while NVML answers: without it there is nothing to wait on, and an NVML failure must not keep
-    // the engine from starting or the node from serving (it is shown as nvml_up 0 instead).
+    // the engine from starting or the node from serving (it is shown as nvml_up 0 instead). Except for a fault NVML
+    // reported before it stopped answering: a GPU that fell off the bus (Xid 79) hangs NVML, and its fault must not
+    // be forgotten with it (nor an engine started on it); it stands until NVML answers again and says otherwise.
     const gated = indices.length > 0
     const nvmlUp = Effect.map(nvml.unavailable, (why) => why === undefined)
 
@@ -55,8 +57,8 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
     if (gated) {
       yield* Effect.gen(function* () {
         const up = yield* nvmlUp
-        const fault = up ? yield* faultNow : undefined
         const before = yield* SubscriptionRef.get(status)
+        const fault = up ? yield* faultNow : before.fault
         if (up && mig !== undefined) {
           const name = named(mig, yield* nvml.gpus)
           if (name !== before.mig) yield* SubscriptionRef.update(status, (s) => ({ ...s, mig: name }))
@@ -82,8 +84,13 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
       while (true) {
         // never the cached sample: right after a crash it still shows the GPU as it was before
         const gpus = yield* nvml.sampleNow
-        if (!(yield* nvmlUp)) return
-        const verdict = gateVerdict(gpus, indices, maxUsedBytes, yield* Ref.get(previousPgids), pgidOf, xidRule, mig)
+        const known = (yield* SubscriptionRef.get(status)).fault
+        const verdict = (yield* nvmlUp)
+          ? gateVerdict(gpus, indices, maxUsedBytes, yield* Ref.get(previousPgids), pgidOf, xidRule, mig)
+          : known === undefined
+            ? undefined
+            : { _tag: "Faulty" as const, reason: `${known} (NVML is not answering: the fault stands until it does)` }
+        if (verdict === undefined) return
         const now = yield* Clock.currentTimeMillis
         if (verdict._tag === "Free") {
           if (logged !== "none") yield* Effect.logInfo("GPUs free; starting the engine", { waited_ms: now - since })
