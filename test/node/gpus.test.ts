@@ -70,6 +70,12 @@ describe("assignGpus", () => {
     expect(r._tag).toBe("Impossible")
     expect(r._tag === "Impossible" && r.reason).toContain("GPU 7 is not on this host")
   })
+  it("configured: one GPU named twice, by its index and by its UUID, is refused (CUDA_VISIBLE_DEVICES=0,0 otherwise)", () => {
+    expect(assignGpus([0, "GPU-a"], 2, host)).toEqual({
+      _tag: "Impossible",
+      reason: 'GPU 0 is listed twice (also as "GPU-a")'
+    })
+  })
   it("without NVML: configured indices are taken on trust, UUIDs go through as written, nothing is automatic", () => {
     expect(assignGpus([1, 0], 2, [])).toEqual({ _tag: "Assigned", indices: [1, 0], automatic: false })
     expect(assignGpus(["GPU-x"], 1, [])).toEqual({ _tag: "Unknown" })

@@ -133,6 +133,9 @@ export const assignGpus = (
       }
       const whole = wholeMigProblem(ref, gpu)
       if (whole !== undefined) return { _tag: "Impossible", reason: whole }
+      // Two spellings of one GPU (its index and its UUID): the config's own check sees only equal spellings.
+      if (indices.includes(gpu.index))
+        return { _tag: "Impossible", reason: `GPU ${gpu.index} is listed twice (also as ${JSON.stringify(ref)})` }
       indices.push(gpu.index)
     }
     return { _tag: "Assigned", indices, automatic: false }
