@@ -73,6 +73,21 @@ describe("listeners: one address in any spelling is one address (no DNS)", () =>
     ])
   })
 
+  it("admin_token: the whitespace around it trimmed (a Secret made from a file ends with a newline); inside it, refused", () => {
+    const tokenOf = (text: string, env: Record<string, string> = {}) => {
+      const r = decodeConfig(text, undefined, env)
+      return Result.isSuccess(r) ? r.success.agent.admin_token : r.failure.problems
+    }
+    expect(tokenOf(MODEL, { CGN_AGENT_ADMIN_TOKEN: "s3cret\n" })).toBe("s3cret")
+    expect(tokenOf(`[agent]\nadmin_token = " s3cret\\n"\n${MODEL}`)).toBe("s3cret")
+    expect(tokenOf(MODEL, { CGN_AGENT_ADMIN_TOKEN: "a b" })).toEqual([
+      "CGN_AGENT_ADMIN_TOKEN: whitespace or a control character inside the token, which an Authorization header cannot carry (every request would be refused 401)"
+    ])
+    expect(tokenOf(`[agent]\nadmin_token = "\\t"\n${MODEL}`)).toEqual([
+      "agent.admin_token: only whitespace; set a token or remove it"
+    ])
+  })
+
   it("listen_admin on 127.1, localhost. or [::ffff:127.0.0.1] is loopback: no admin_token needed", async () => {
     for (const admin of ["127.1:9091", "localhost.:9091", "[::ffff:127.0.0.1]:9091", "[0:0::1]:9091"]) {
       const c = configOf(`[agent]\nlisten_admin = "${admin}"\n${MODEL}`)

@@ -152,8 +152,34 @@ const decodeChecked = (
       )
     }
   }
+  const token = adminTokenOf(parsed.agent.admin_token, env)
+  if (token.problem !== undefined) problems.push(token.problem)
   if (problems.length > 0) return fail(problems)
-  return Result.succeed(resolve(parsed, nodeId, file, env))
+  return Result.succeed(resolve(parsed, nodeId, file, nodeIp, token.value))
+}
+
+/**
+ * agent.admin_token, else CGN_AGENT_ADMIN_TOKEN (Kubernetes hands a secret over as an env var from a Secret). A bearer
+ * token is one word (RFC 6750): the whitespace around it (the trailing newline of a Secret made from a file) is
+ * trimmed, as client-go trims token files; whitespace or a control character inside could never be sent, and every
+ * lever would answer 401 without saying why.
+ */
+const adminTokenOf = (
+  fromFile: string | undefined,
+  env: Readonly<Record<string, string | undefined>>
+): { readonly value?: string; readonly problem?: string } => {
+  const [key, raw] =
+    fromFile !== undefined
+      ? ["agent.admin_token", fromFile]
+      : ["CGN_AGENT_ADMIN_TOKEN", env.CGN_AGENT_ADMIN_TOKEN || undefined]
+  if (raw === undefined) return {}
+  const value = raw.trim()
+  if (value === "") return { problem: `${key}: only whitespace; set a token or remove it` }
+  if (/[\s\x00-\x1f\x7f]/.test(value))
+    return {
+      problem: `${key}: whitespace or a control character inside the token, which an Authorization header cannot carry (every request would be refused 401)`
+    }
+  return { value }
 }
 
 const nodeIpOf = (env: Readonly<Record<string, string | undefined>>): string | undefined =>
@@ -163,7 +189,8 @@ const resolve = (
   c: ConfigFile,
   nodeId: string,
   file: string | undefined,
-  env: Readonly<Record<string, string | undefined>>
+  nodeIp: string | undefined,
+  adminToken: string | undefined
 ) => {
   const [name, m] = Object.entries(c.models)[0]!
   const model: ModelConfig = {
@@ -184,12 +211,9 @@ const resolve = (
     agent: {
       ...c.agent,
       node_id: nodeId,
-      node_ip: nodeIpOf(env),
+      node_ip: nodeIp,
       lease_ttl: leaseTtlOf(c.agent),
-      // A token is a secret: Kubernetes hands it over as an env var from a Secret, not in the ConfigMap.
-      ...(c.agent.admin_token === undefined && env.CGN_AGENT_ADMIN_TOKEN
-        ? { admin_token: env.CGN_AGENT_ADMIN_TOKEN }
-        : {})
+      ...(adminToken === undefined ? {} : { admin_token: adminToken })
     },
     engine: c.engine,
     model,
