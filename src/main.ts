@@ -6,6 +6,11 @@
  */
 import { nodeTooOld } from "./programs/nodeVersion.ts"
 
+// A SIGHUP that comes while the modules load (a reload right after start: systemd's ExecReload) must not end the
+// process, as Node's default would (exit 129, no line said): runMain.ts routes it once the daemon is up and ignores
+// it until then, but that module is not loaded yet for the first ~0.2 s. This listener holds that gap.
+process.on("SIGHUP", () => undefined)
+
 const tooOld = nodeTooOld(process.versions.node, process.execPath)
 if (tooOld !== undefined) {
   process.stderr.write(`${tooOld}\n`)
