@@ -5,10 +5,35 @@
  */
 import { Effect, Option } from "effect"
 import { Command, GlobalFlag } from "effect/cli"
+import { engineFor } from "../layers/engine/backends/index.ts"
+import { type AgentConfig, ConfigError } from "../services/config/Config.ts"
 import { preflight } from "./check.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
 import { logFatal } from "./fatal.ts"
+import { stateDirProblem } from "./hostChecks.ts"
 import { runDaemon } from "./main.ts"
+
+/**
+ * A state_dir `check` refuses on the host (a kernel filesystem, not a directory, not writable), for an engine the agent
+ * spawns (its lock and pid file live there): refused here too, exit 2, instead of the daemon's fatal line and exit 1,
+ * which systemd's RestartPreventExitStatus=2 would not stop. A directory that does not answer (a hung mount) is left
+ * to the daemon's own bound.
+ */
+const stateDirRefused = (c: AgentConfig) =>
+  Effect.gen(function* () {
+    if (!engineFor(c.engine.kind).render(c).spawns) return
+    const found = yield* Effect.promise(() => stateDirProblem(c.agent.state_dir, process.cwd())).pipe(
+      Effect.timeoutOption(10_000)
+    )
+    const problem = Option.getOrUndefined(found)
+    if (problem === undefined) return
+    return yield* new ConfigError({
+      file: c.file ?? "<inline>",
+      problems: [
+        `agent.state_dir = "${c.agent.state_dir}": ${problem}; set agent.state_dir to a writable local directory`
+      ]
+    })
+  })
 
 // The built-in `--log-level` global flag sets the CLI's own minimum level; the daemon's logger takes it
 // over (it wins over CGN_LOG_LEVEL and `[agent].log_level`).
@@ -17,6 +42,7 @@ export const run = Command.make("run", { config: configFlag }, ({ config }) =>
     const level = yield* GlobalFlag.LogLevel
     const resolved = yield* loadConfig(config)
     yield* preflight(resolved)
+    yield* stateDirRefused(resolved)
     const flag = Option.getOrUndefined(level)
     // from here on the daemon logs JSON lines: an error that ends it is its last one (fatal.ts)
     return yield* runDaemon(resolved, flag).pipe(logFatal(resolved.agent.log_level, flag))

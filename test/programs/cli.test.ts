@@ -109,6 +109,14 @@ describe("cgn-agent CLI", () => {
     expect(r.stdout).not.toContain("secret")
   })
 
+  it("run with agent.state_dir on a kernel filesystem: exit 2 naming the key, as check does (it was a fatal line, exit 1)", async () => {
+    const file = path.join(dir, "procstate.toml")
+    await fs.writeFile(file, '[agent]\nstate_dir = "/proc/cgn-agent-test"\n[models.m]\nhf_repo = "a/b"\n')
+    const r = await cli(["run", "--config", file])
+    expect(r.code).toBe(2)
+    expect(r.stderr).toContain('agent.state_dir = "/proc/cgn-agent-test": /proc is on procfs (a kernel filesystem)')
+  })
+
   it("check: a llama.cpp served name with a comma exits 2 with the key path and the reason", async () => {
     const file = path.join(dir, "comma.toml")
     await fs.writeFile(file, '[engine]\nkind = "llama_cpp"\n[models.m]\npath = "/m.gguf"\nserved_name = "a,b"\n')
