@@ -75,6 +75,10 @@ const KERNEL_FS: ReadonlyMap<number, string> = new Map([
   [0x62656572, "sysfs"]
 ])
 
+/** The problem line for a state_dir that cannot be used (`check`, and `run` before it starts). */
+export const stateDirLine = (stateDir: string, problem: string): string =>
+  `agent.state_dir = "${stateDir}": ${problem}; set agent.state_dir to a writable local directory`
+
 /**
  * Why `stateDir` could not be used (created, locked, written) by `run`, or undefined. Reads only: the directory if
  * it exists, else the first ancestor that does, which must be a writable directory off procfs and sysfs.
@@ -172,7 +176,7 @@ export const hostFindings = (
     if (model !== undefined) (model.error ? errors : warnings).push(model.line)
     const dir = await stateDirProblem(c.agent.state_dir, cwd)
     if (dir !== undefined) {
-      const line = `agent.state_dir = "${c.agent.state_dir}": ${dir}; set agent.state_dir to a writable local directory`
+      const line = stateDirLine(c.agent.state_dir, dir)
       // a spawned engine's start needs it (lock, pid file); a proxied server's run keeps only the cordon there
       if (plan.spawns) errors.push(line)
       else warnings.push(`${line} (a cordon and the GPUs' Xids could not be kept across restarts)`)

@@ -10,7 +10,7 @@ import { type AgentConfig, ConfigError } from "../services/config/Config.ts"
 import { preflight } from "./check.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
 import { logFatal } from "./fatal.ts"
-import { stateDirProblem } from "./hostChecks.ts"
+import { stateDirLine, stateDirProblem } from "./hostChecks.ts"
 import { runDaemon } from "./main.ts"
 
 /**
@@ -29,9 +29,7 @@ const stateDirRefused = (c: AgentConfig) =>
     if (problem === undefined) return
     return yield* new ConfigError({
       file: c.file ?? "<inline>",
-      problems: [
-        `agent.state_dir = "${c.agent.state_dir}": ${problem}; set agent.state_dir to a writable local directory`
-      ]
+      problems: [stateDirLine(c.agent.state_dir, problem)]
     })
   })
 
