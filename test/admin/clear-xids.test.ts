@@ -77,6 +77,14 @@ describe("POST /gpus/clear-xids", () => {
     expect((await post(`${down.url}?gpu=0`)).body).toEqual({
       error: "GPU 0 cannot be told by its UUID: NVML lists no GPUs now; give the GPU's UUID"
     })
+    // A UUID it does not remember is not on this host: 404, not "give the GPU's UUID" to a request that gave one.
+    expect(await post(`${down.url}?gpu=GPU-00000000-0000-0000-0000-000000000009`)).toEqual({
+      status: 404,
+      body: {
+        error:
+          'no GPU "GPU-00000000-0000-0000-0000-000000000009" on this host (neither listed by NVML nor with Xids remembered)'
+      }
+    })
   })
 
   it("needs the admin token when one is set", async () => {

@@ -145,7 +145,8 @@ export const remembering = (
         return Effect.fail(new GpuNotIdentified({ ref, reason: "NVML cannot read its UUID now; try again" }))
       }
       if (typeof ref === "string" && ledger.entries.has(ref)) return Effect.succeed(ref)
-      if (gpus.length === 0) {
+      // An index names nothing without NVML's list; a UUID neither listed nor remembered is simply not here.
+      if (gpus.length === 0 && typeof ref === "number") {
         return Effect.fail(new GpuNotIdentified({ ref, reason: "NVML lists no GPUs now; give the GPU's UUID" }))
       }
       return Effect.fail(new UnknownGpu({ ref }))
