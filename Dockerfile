@@ -83,7 +83,7 @@ EXPOSE 7071 9091
 # src/services/engine/EngineEnvironment.ts): glibc gives every allocating thread (V8's GC and compiler workers) its
 # own arena, whose freed memory stays resident; one arena lowered the agent's peak RSS by 10-22 MiB in most bench
 # rows (docs/bench.md, eleventh session).
-ENTRYPOINT ["/usr/bin/tini", "--", "/usr/bin/env", "MALLOC_ARENA_MAX=1", "node", "--max-semi-space-size=4", "--heap-growing-percent=50", "/opt/cgn-agent/dist/main.js"]
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/bin/env", "MALLOC_ARENA_MAX=1", "node", "--disable-sigusr1", "--max-semi-space-size=4", "--heap-growing-percent=50", "/opt/cgn-agent/dist/main.js"]
 CMD ["run", "--config", "/etc/cgn-agent/agent.toml"]
 
 # ---- runtime: slim Node 24, tini, non-root ---------------------------------------------------------
@@ -118,5 +118,5 @@ USER node
 EXPOSE 7071 9091
 # The same Node flags and allocator setting as the vLLM stage's ENTRYPOINT (see there); npm run bench runs the
 # agent with them too.
-ENTRYPOINT ["/usr/bin/tini", "--", "/usr/bin/env", "MALLOC_ARENA_MAX=1", "node", "--max-semi-space-size=4", "--heap-growing-percent=50", "/opt/cgn-agent/dist/main.js"]
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/bin/env", "MALLOC_ARENA_MAX=1", "node", "--disable-sigusr1", "--max-semi-space-size=4", "--heap-growing-percent=50", "/opt/cgn-agent/dist/main.js"]
 CMD ["run", "--config", "/etc/cgn-agent/agent.toml"]

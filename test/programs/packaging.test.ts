@@ -42,6 +42,8 @@ describe("Dockerfile", () => {
     const flags = entries[0]!.slice(entries[0]!.indexOf("node") + 1, entries[0]!.indexOf("/opt/cgn-agent/dist/main.js"))
     expect(flags.some((f) => /^--max-semi-space-size=\d+$/.test(f))).toBe(true)
     expect(flags.some((f) => /^--heap-growing-percent=\d+$/.test(f))).toBe(true)
+    // No inspector on a SIGUSR1: on hostNetwork its 127.0.0.1:9229 is the host's, open to the host's other processes.
+    expect(flags).toContain("--disable-sigusr1")
     // --heap-growing-percent is a V8 flag: the pinned Node (the tests' own, by the test above) must still accept
     // it, which it shows by exiting 0 (an unknown flag exits 9, "bad option").
     await expect(run(process.execPath, [...flags, "-e", "0"])).resolves.toBeDefined()
