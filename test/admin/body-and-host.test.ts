@@ -8,7 +8,7 @@ import type { HttpServerRequest } from "effect/http"
 import { HttpServerResponse } from "effect/http"
 import { afterEach, describe, expect, it } from "vitest"
 import * as AdminLive from "../../src/layers/admin/Admin.ts"
-import { ADMIN_BODY_LIMIT, withBody } from "../../src/layers/admin/body.ts"
+import { ADMIN_BODY_LIMIT, readBody, withBody } from "../../src/layers/admin/body.ts"
 import * as ConfigLayer from "../../src/layers/config/Config.ts"
 import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import { AdminServer } from "../../src/services/admin/Admin.ts"
@@ -147,7 +147,18 @@ describe("admin request bodies", () => {
     source.destroy(new Error("aborted"))
     const res = await answered
     expect(res.status).toBe(400)
+    // closed: what is left of a body cut short is not read on
+    expect(res.headers.connection).toBe("close")
     expect(ran).toBe(false)
+  })
+
+  it("a body that does not arrive whole in time (a Content-Length never filled) fails the read, not held for minutes", async () => {
+    const source = new PassThrough()
+    const request = { headers: { "content-length": "10" }, source } as unknown as HttpServerRequest.HttpServerRequest
+    source.write("{")
+    const failed = await Effect.runPromise(Effect.flip(readBody(request, ADMIN_BODY_LIMIT, 50)))
+    expect(failed).toMatchObject({ _tag: "BodyReadFailed", reason: "the body did not arrive whole within 50 ms" })
+    source.destroy()
   })
 })
 

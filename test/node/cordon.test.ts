@@ -51,6 +51,7 @@ describe("cordon decisions (pure)", () => {
     expect(parseCordonBody("{}")).toEqual(Result.succeed(""))
     expect(parseCordonBody('{"reason": "  GPU 3 Xid 79  "}')).toEqual(Result.succeed("GPU 3 Xid 79"))
     expect(parseCordonBody('{"reason": "débogage GPU"}')).toEqual(Result.succeed("débogage GPU"))
+    expect(parseCordonBody('{"reason": "GPU 🔥 \\ud83d\\udd25"}')).toEqual(Result.succeed("GPU 🔥 🔥"))
     expect(validateReason("é".repeat(MAX_REASON_LENGTH))._tag).toBe("Success")
     for (const bad of [
       "{",
@@ -59,7 +60,11 @@ describe("cordon decisions (pure)", () => {
       "null",
       '{"reason": 3}',
       '{"reason": "a\\nb"}',
-      '{"reason": "\\u001b[31m"}'
+      '{"reason": "\\u001b[31m"}',
+      // a bidi override and a zero-width space (format characters: they change what a reader sees), a lone surrogate
+      '{"reason": "\\u202eevil"}',
+      '{"reason": "a\\u200bb"}',
+      '{"reason": "\\ud800x"}'
     ]) {
       expect(Result.isFailure(parseCordonBody(bad)), bad).toBe(true)
     }

@@ -7,7 +7,8 @@
  * - A body that grows past the limit while read (chunked, or a lying length): reading stops there, `413`, and the
  *   connection is closed (`Connection: close`: node:http then destroys the socket once the answer is written,
  *   nodejs/node lib/_http_server.js `resOnFinish`, rather than reading on to discard the rest).
- * - A read that fails (the client aborted mid-body, a malformed chunk): `400`, and the route's handler never runs.
+ * - A read that fails (the client aborted mid-body, a malformed chunk) or takes over ADMIN_BODY_TIMEOUT_MS (a body
+ *   cut short): `400` with the connection closed, and the route's handler never runs.
  */
 import { toIncomingMessage } from "@effect/platform-node/NodeHttpServerRequest"
 import { Data, Effect } from "effect"
@@ -16,13 +17,20 @@ import { type HttpServerRequest, HttpServerResponse } from "effect/http"
 /** 16 KiB: the largest admin body is `POST /cordon`'s `{"reason": ...}` (at most 256 characters). */
 export const ADMIN_BODY_LIMIT = 16 * 1024
 
+/**
+ * How long a body may take to arrive whole: a few hundred bytes from loopback or a token holder take milliseconds,
+ * and one cut short (a Content-Length the client never fills) held its request for Node's 300 s requestTimeout.
+ */
+export const ADMIN_BODY_TIMEOUT_MS = 10_000
+
 export class BodyTooLarge extends Data.TaggedError("BodyTooLarge")<{ readonly limit: number }> {}
 export class BodyReadFailed extends Data.TaggedError("BodyReadFailed")<{ readonly reason: string }> {}
 
 /** The body as UTF-8 text, read up to `limit` bytes (see the module's comment). */
 export const readBody = (
   request: HttpServerRequest.HttpServerRequest,
-  limit: number = ADMIN_BODY_LIMIT
+  limit: number = ADMIN_BODY_LIMIT,
+  timeoutMs: number = ADMIN_BODY_TIMEOUT_MS
 ): Effect.Effect<string, BodyTooLarge | BodyReadFailed> => {
   const length = request.headers["content-length"]
   if (length !== undefined && Number(length) > limit) return Effect.fail(new BodyTooLarge({ limit }))
@@ -67,7 +75,12 @@ export const readBody = (
     source.on("error", onError)
     source.on("close", onClose)
     return Effect.sync(done)
-  })
+  }).pipe(
+    Effect.timeoutOrElse({
+      duration: timeoutMs,
+      orElse: () => Effect.fail(new BodyReadFailed({ reason: `the body did not arrive whole within ${timeoutMs} ms` }))
+    })
+  )
 }
 
 /**
@@ -86,9 +99,10 @@ export const withBody =
                   { error: `request body over ${e.limit} bytes` },
                   { status: 413, headers: { connection: "close" } }
                 )
-              : HttpServerResponse.jsonUnsafe(
+              : // closed too: what is left of a body cut short is not read on
+                HttpServerResponse.jsonUnsafe(
                   { error: `reading the request body failed: ${e.reason}` },
-                  { status: 400 }
+                  { status: 400, headers: { connection: "close" } }
                 )
           ),
         onSuccess: handler

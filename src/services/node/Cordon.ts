@@ -39,8 +39,10 @@ export class CordonPersistError extends Schema.TaggedError<CordonPersistError>()
   }
 }
 
-// C0 and C1 control characters and DEL: a reason goes into log lines and JSON that people read in a terminal.
-const CONTROL = /[\u0000-\u001f\u007f-\u009f]/
+// C0 and C1 control characters and DEL: a reason goes into log lines and JSON that people read in a terminal. Also the
+// format characters (Cf: bidi overrides such as U+202E, zero-width spaces), which change what a reader of /status or an
+// alert sees without being seen themselves; and a lone surrogate (Cs), no character at all.
+const CONTROL = /[\u0000-\u001f\u007f-\u009f]|\p{Cf}|\p{Cs}/u
 
 /** The reason of a POST /cordon body (empty body: no reason); trimmed, at most MAX_REASON_LENGTH, printable. */
 export const parseCordonBody = (text: string): Result.Result<string, CordonReasonInvalid> => {
@@ -67,7 +69,12 @@ export const validateReason = (reason: unknown): Result.Result<string, CordonRea
     return Result.fail(new CordonReasonInvalid({ detail: `reason longer than ${MAX_REASON_LENGTH} characters` }))
   }
   if (CONTROL.test(trimmed)) {
-    return Result.fail(new CordonReasonInvalid({ detail: "reason has control characters (newlines, tabs, escapes)" }))
+    return Result.fail(
+      new CordonReasonInvalid({
+        detail:
+          "reason has control or format characters (newlines, tabs, escapes, bidi overrides, zero-width spaces, lone surrogates)"
+      })
+    )
   }
   return Result.succeed(trimmed)
 }
