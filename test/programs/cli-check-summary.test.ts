@@ -88,6 +88,27 @@ describe("check's summary", () => {
   })
 })
 
+describe("check where NVML cannot be loaded", () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-check-nonvml-"))
+  afterAll(() => fs.rmSync(dir, { recursive: true, force: true }))
+
+  it("says the GPUs the config names were not checked against the host (it said ok as if they were)", async () => {
+    const config = path.join(dir, "gpus.toml")
+    fs.writeFileSync(
+      config,
+      `${fs.readFileSync("examples/dev.toml", "utf8").replace('state_dir = ".cgn-agent/state"', `state_dir = "${dir}/state"`)}`.replace(
+        /\[models\.([^\]]+)\]\n/,
+        (m) => `${m}gpus = [5]\n`
+      )
+    )
+    const r = await runCli(["check", "--config", config], {
+      CGN_NVML_LIBRARY: path.join(dir, "no-such-libnvidia-ml.so.1")
+    })
+    expect(r.code, r.stderr).toBe(0)
+    expect(r.stderr).toMatch(/models\.<name>\.gpus not checked against this host's GPUs: NVML is not available/)
+  })
+})
+
 describe("check on a host with NVML (a fake libnvidia-ml.so with two GPUs)", () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-check-nvml-"))
   afterAll(() => fs.rmSync(dir, { recursive: true, force: true }))

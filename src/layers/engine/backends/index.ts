@@ -71,9 +71,21 @@ export const planFor = (
  */
 export const resolvePlan = (config: AgentConfig, nvmlWorker: string): Effect.Effect<LaunchPlan, ConfigError> =>
   planLayer.pipe(
-    Layer.provide(NvmlLive.layerBare(nvmlWorker, { stateDir: config.agent.state_dir, readOnly: true })),
+    Layer.provideMerge(NvmlLive.layerBare(nvmlWorker, { stateDir: config.agent.state_dir, readOnly: true })),
     Layer.provide(Layer.succeed(Config, config)),
     Layer.build,
+    // GPUs the config names that NVML could not check (no library, no driver): said, not passed over as checked
+    Effect.tap((context) =>
+      config.model.gpus.length === 0
+        ? Effect.void
+        : Effect.flatMap(Context.get(context, Nvml).unavailable, (why) =>
+            why === undefined
+              ? Effect.void
+              : Effect.logWarning(
+                  `models.<name>.gpus not checked against this host's GPUs: NVML is not available (${why})`
+                )
+          )
+    ),
     Effect.map((context) => Context.get(context, EnginePlan)),
     Effect.scoped,
     // stdout is the command's output (render --json): NVML's problems go to stderr, its info stays out
