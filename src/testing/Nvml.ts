@@ -9,5 +9,6 @@ export const layerFixed = (gpus: ReadonlyArray<Gpu>): Layer.Layer<Nvml> =>
     gpus: Effect.succeed(gpus),
     sampleNow: Effect.succeed(gpus),
     unavailable: Effect.succeed(gpus.length === 0 ? "fixed: none" : undefined),
-    clearXids: () => Effect.succeed([])
+    clearXids: () => Effect.succeed([]),
+    remembered: Effect.succeed([])
   })

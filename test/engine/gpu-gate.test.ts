@@ -31,7 +31,8 @@ const gateLayer = GpuGateLive.layer.pipe(
         gpus: sampled,
         sampleNow: sampled,
         unavailable: Effect.sync(() => nvml.down),
-        clearXids: () => Effect.succeed([])
+        clearXids: () => Effect.succeed([]),
+        remembered: Effect.succeed([])
       })
     )
   ),
@@ -53,13 +54,44 @@ const scriptedGate = GpuGateLive.layer.pipe(
         gpus: scriptedSample,
         sampleNow: scriptedSample,
         unavailable: Effect.sync(() => scripted.down),
-        clearXids: () => Effect.succeed([])
+        clearXids: () => Effect.succeed([]),
+        remembered: Effect.succeed([])
       })
     )
   ),
   Layer.provide(Layer.succeed(EnginePlan, testPlan({ gpus: [0] }))),
   Layer.provide(layerFromObject({ engine: { kind: "vllm" }, models: { m: { hf_repo: "org/m" } } }))
 )
+
+/** NVML down as the agent starts, with the Xids this boot's record keeps; `models.m.gpus` as given. */
+const restarted = {
+  down: "NVML call stuck" as string | undefined,
+  gpus: [] as Array<Gpu>,
+  remembered: [{ uuid: "GPU-dead", xids: [{ xid: 79, events: 1 }] }]
+}
+const restartedSample = Effect.sync(() => (restarted.down === undefined ? restarted.gpus : []))
+const restartedGate = (gpus: ReadonlyArray<number | string>, planGpus?: Array<number>) =>
+  GpuGateLive.layer.pipe(
+    Layer.provideMerge(MetricsTest.layerTest),
+    Layer.provide(
+      Layer.succeed(
+        Nvml,
+        Nvml.of({
+          gpus: restartedSample,
+          sampleNow: restartedSample,
+          unavailable: Effect.sync(() => restarted.down),
+          clearXids: () => Effect.succeed([]),
+          remembered: Effect.sync(() => restarted.remembered)
+        })
+      )
+    ),
+    Layer.provide(Layer.succeed(EnginePlan, testPlan(planGpus === undefined ? {} : { gpus: planGpus }))),
+    Layer.provide(layerFromObject({ engine: { kind: "vllm" }, models: { m: { hf_repo: "org/m", gpus } } }))
+  )
+const resetRestarted = Effect.sync(() => {
+  restarted.down = "NVML call stuck"
+  restarted.gpus = []
+})
 
 const gaugeLine = Effect.gen(function* () {
   const { body } = yield* (yield* Metrics).render
@@ -152,5 +184,74 @@ describe("GpuGate", () => {
           })
         )
       )
+  )
+
+  it.effect(
+    "an agent started while NVML does not answer holds the engine on a fault Xid this boot's record keeps (GPUs by index)",
+    () =>
+      Effect.gen(function* () {
+        const gate = yield* GpuGate
+        // the very first start waits: the fault is known before it, not a poll later
+        assert.match((yield* gate.status).fault ?? "", /GPU-dead reported Xid 79.*earlier in this boot.*names no UUIDs/)
+        const waiting = yield* Effect.forkChild(gate.awaitFree)
+        yield* TestClock.adjust("3 seconds")
+        assert.isUndefined(waiting.pollUnsafe(), "the start is held")
+        assert.match(gateProblem(yield* gate.status) ?? "", /Xid 79/)
+        // NVML answers, the GPU reset and cleared: its sample judges from then on, the start goes on
+        restarted.down = undefined
+        restarted.gpus = [gpuWith({ index: 0, uuid: "GPU-dead" })]
+        yield* TestClock.adjust("2 seconds")
+        yield* Fiber.join(waiting)
+        assert.isUndefined((yield* gate.status).fault)
+      }).pipe(Effect.provide(restartedGate([0], [0])), Effect.ensuring(resetRestarted))
+  )
+
+  it.effect("... not on a fault of a GPU the config does not name, when it names its GPUs by UUID", () =>
+    Effect.gen(function* () {
+      const gate = yield* GpuGate
+      yield* gate.awaitFree
+      assert.isUndefined((yield* gate.status).fault)
+    }).pipe(Effect.provide(restartedGate(["GPU-good"])), Effect.ensuring(resetRestarted))
+  )
+
+  it.effect(
+    "GPUs by UUID not resolved at start (NVML silent then): once NVML answers, a fault on a named GPU holds the start",
+    () =>
+      Effect.gen(function* () {
+        const gate = yield* GpuGate
+        const fault = (yield* gate.status).fault ?? ""
+        assert.match(fault, /GPU-dead reported Xid 79/)
+        assert.notMatch(fault, /names no UUIDs/)
+        const waiting = yield* Effect.forkChild(gate.awaitFree)
+        restarted.down = undefined
+        restarted.gpus = [gpuWith({ index: 3, uuid: "GPU-dead", criticalXids: [{ xid: 48, events: 2 }] })]
+        yield* TestClock.adjust("2 seconds")
+        assert.match((yield* gate.status).fault ?? "", /GPU 3 reported Xid 48/)
+        assert.isUndefined(waiting.pollUnsafe(), "still held, on NVML's word now")
+        restarted.gpus = [gpuWith({ index: 3, uuid: "GPU-dead" })]
+        yield* TestClock.adjust("2 seconds")
+        yield* Fiber.join(waiting)
+      }).pipe(Effect.provide(restartedGate(["GPU-dead"])), Effect.ensuring(resetRestarted))
+  )
+
+  it.effect("a CUDA engine without NVML and nothing remembered starts at once, as before", () =>
+    Effect.gen(function* () {
+      const gate = yield* GpuGate
+      yield* gate.awaitFree
+      assert.isUndefined((yield* gate.status).fault)
+    }).pipe(
+      Effect.provide(restartedGate([])),
+      // nothing remembered before the gate is built (its first sample is taken then)
+      (test) =>
+        Effect.andThen(
+          Effect.sync(() => restarted.remembered.splice(0)),
+          test
+        ),
+      Effect.ensuring(
+        Effect.sync(() => {
+          restarted.remembered = [{ uuid: "GPU-dead", xids: [{ xid: 79, events: 1 }] }]
+        })
+      )
+    )
   )
 })

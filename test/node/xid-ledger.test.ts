@@ -3,7 +3,15 @@
 import { describe, expect, it } from "vitest"
 import type { Gpu, GpuXid } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { gpuWith } from "../../src/services/node/NvmlValues.ts"
-import { clear, decodeRecord, encodeRecord, ledgerOf, observe, recordOf } from "../../src/services/node/XidLedger.ts"
+import {
+  clear,
+  decodeRecord,
+  encodeRecord,
+  ledgerOf,
+  observe,
+  recordOf,
+  rememberedFault
+} from "../../src/services/node/XidLedger.ts"
 
 const U0 = "GPU-aaaa"
 const U1 = "GPU-bbbb"
@@ -166,5 +174,28 @@ describe("the record", () => {
     expect(decodeRecord('{"bootId":"b","gpus":[{"uuid":"GPU-a","xids":[{"xid":-1,"events":1}]}]}')).toBe(
       "GPU GPU-a: an Xid that is not one"
     )
+  })
+})
+
+describe("rememberedFault (NVML silent since the agent started)", () => {
+  const remembered = [
+    { uuid: U0, xids: [{ xid: 13, events: 4 }] },
+    {
+      uuid: U1,
+      xids: [
+        { xid: 13, events: 1 },
+        { xid: 79, events: 1 }
+      ]
+    }
+  ]
+  const notThirteen = (xid: number) => xid !== 13
+  it("GPUs by index or none named: a fault Xid of any GPU, and says why any", () => {
+    expect(rememberedFault(remembered, [0], notThirteen)).toMatch(/^GPU GPU-bbbb reported Xid 79 .*names no UUIDs/)
+    expect(rememberedFault(remembered, [], notThirteen)).toMatch(/GPU-bbbb/)
+  })
+  it("GPUs by UUID: only theirs; Xids that are no fault by the rule hold nothing", () => {
+    expect(rememberedFault(remembered, [U0], notThirteen)).toBeUndefined()
+    expect(rememberedFault(remembered, [U1], notThirteen)).not.toMatch(/names no UUIDs/)
+    expect(rememberedFault(remembered, [0], (xid) => xid === 48)).toBeUndefined()
   })
 })

@@ -38,7 +38,8 @@ const gate = (gpus: ReadonlyArray<number>, xids: Parameters<typeof engine>[0]) =
           gpus: sampled,
           sampleNow: sampled,
           unavailable: Effect.succeed(undefined),
-          clearXids: () => Effect.succeed([])
+          clearXids: () => Effect.succeed([]),
+          remembered: Effect.succeed([])
         })
       )
     ),

@@ -1,17 +1,21 @@
 /**
  * The live GpuGate: samples NVML once a second (through the Nvml service's short cache) to keep the fault
- * view current, and runs the wait before each spawn. Without NVML, or for an engine that does not run on
- * assigned GPUs, the gate is open and reports nothing. Time is Effect's Clock, so a TestClock drives it.
+ * view current, and runs the wait before each spawn. For an engine that does not run on CUDA GPUs the gate is open
+ * and reports nothing; without NVML it holds a start only on a fault it knows (see `watched` below). Time is
+ * Effect's Clock, so a TestClock drives it.
  */
-import { Clock, Duration, Effect, Layer, Ref, Schedule, Stream, SubscriptionRef } from "effect"
+import { Clock, Duration, Effect, Layer, Ref, Stream, SubscriptionRef } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import { EnginePlan } from "../../services/engine/Engine.ts"
 import { GpuGate, type GpuGateStatus, gateProblem } from "../../services/engine/GpuGate.ts"
-import { engineFault, gateVerdict } from "../../services/node/Gpus.ts"
+import { engineFault, gateVerdict, refMatches } from "../../services/node/Gpus.ts"
 import { findMig, migRef } from "../../services/node/Mig.ts"
+import type { Gpu } from "../../services/node/Nvml.ts"
 import { Nvml } from "../../services/node/Nvml.ts"
-import { xidRuleOf } from "../../services/node/Xid.ts"
+import { xidIsFault, xidRuleOf } from "../../services/node/Xid.ts"
+import { rememberedFault } from "../../services/node/XidLedger.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
+import { engineFor } from "./backends/index.ts"
 import { readStat } from "./processGroup.ts"
 
 const POLL = Duration.seconds(1)
@@ -47,28 +51,49 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
     // Gated only while NVML answers: without it there is nothing to wait on, and an NVML failure must not keep
     // the engine from starting or the node from serving (it is shown as nvml_up 0 instead). Except for a fault NVML
     // reported before it stopped answering: a GPU that fell off the bus (Xid 79) hangs NVML, and its fault must not
-    // be forgotten with it (nor an engine started on it); it stands until NVML answers again and says otherwise.
+    // be forgotten with it (nor an engine started on it); it stands until NVML answers again and says otherwise. The
+    // same for a fault Xid this boot's record keeps when NVML has not answered since the agent started (an agent
+    // restarted on such a host): the GPUs cannot be told by index then, so a CUDA engine whose GPUs are unknown or
+    // named by index is held on a fault of any GPU (XidLedger.ts rememberedFault).
     const gated = indices.length > 0
+    const watched = gated || engineFor(config.engine.kind).capabilities.cudaGpus === true
     const nvmlUp = Effect.map(nvml.unavailable, (why) => why === undefined)
+    const answered = yield* Ref.make(false)
 
     // An assigned GPU missing from the sample (fail closed) or its fault; a MIG device: its GPU's fault, or the device
-    // gone from the sample.
-    const faultNow = Effect.map(nvml.gpus, (gpus) => engineFault(gpus, indices, xidRule, mig))
-    if (gated) {
-      yield* Effect.gen(function* () {
-        const up = yield* nvmlUp
-        const before = yield* SubscriptionRef.get(status)
-        const fault = up ? yield* faultNow : before.fault
-        if (up && mig !== undefined) {
-          const name = named(mig, yield* nvml.gpus)
-          if (name !== before.mig) yield* SubscriptionRef.update(status, (s) => ({ ...s, mig: name }))
-        }
-        if (fault === before.fault) return
-        yield* SubscriptionRef.update(status, (s) => ({ ...s, fault }))
-        yield* fault === undefined
-          ? Effect.logInfo("GPU fault cleared")
-          : Effect.logError("GPU fault: the node is unhealthy", { reason: fault })
-      }).pipe(Effect.repeat(Schedule.spaced(POLL)), Effect.forkScoped)
+    // gone from the sample. GPUs not resolved at start (NVML not answering then): those of NVML's list the config
+    // names by UUID, or every GPU when it names none (the engine then sees them all).
+    const judged = (gpus: ReadonlyArray<Gpu>) =>
+      gated
+        ? indices
+        : gpus
+            .filter((g) => config.model.gpus.length === 0 || config.model.gpus.some((r) => refMatches(r, g)))
+            .map((g) => g.index)
+    const faultNow = Effect.map(nvml.gpus, (gpus) => engineFault(gpus, judged(gpus), xidRule, mig))
+    const faultRemembered = Effect.map(nvml.remembered, (gpus) =>
+      rememberedFault(gpus, config.model.gpus, (xid) => xidIsFault(xid, xidRule))
+    )
+    const sampleFault = Effect.gen(function* () {
+      const up = yield* nvmlUp
+      if (up) yield* Ref.set(answered, true)
+      const before = yield* SubscriptionRef.get(status)
+      const fault = up
+        ? yield* faultNow
+        : (before.fault ?? ((yield* Ref.get(answered)) ? undefined : yield* faultRemembered))
+      if (up && mig !== undefined) {
+        const name = named(mig, yield* nvml.gpus)
+        if (name !== before.mig) yield* SubscriptionRef.update(status, (s) => ({ ...s, mig: name }))
+      }
+      if (fault === before.fault) return
+      yield* SubscriptionRef.update(status, (s) => ({ ...s, fault }))
+      yield* fault === undefined
+        ? Effect.logInfo("GPU fault cleared")
+        : Effect.logError("GPU fault: the node is unhealthy", { reason: fault })
+    })
+    if (watched) {
+      // the first sample before the first start can be awaited: a remembered fault must hold that start too
+      yield* sampleFault
+      yield* sampleFault.pipe(Effect.delay(POLL), Effect.forever, Effect.forkScoped)
     }
 
     // Whatever a wait publishes is withdrawn however it ends: a stop (drain, scope close) interrupts it, and the
@@ -78,6 +103,9 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
       SubscriptionRef.update(status, (s) => ({ ...s, waiting: undefined }))
     )
 
+    const faultVerdict = (reason: string | undefined) =>
+      reason === undefined ? undefined : { _tag: "Faulty" as const, reason }
+
     const wait = Effect.gen(function* () {
       const since = yield* Clock.currentTimeMillis
       let logged: "none" | "waiting" | "overdue" = "none"
@@ -86,7 +114,9 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
         const gpus = yield* nvml.sampleNow
         const known = (yield* SubscriptionRef.get(status)).fault
         const verdict = (yield* nvmlUp)
-          ? gateVerdict(gpus, indices, maxUsedBytes, yield* Ref.get(previousPgids), pgidOf, xidRule, mig)
+          ? gated
+            ? gateVerdict(gpus, indices, maxUsedBytes, yield* Ref.get(previousPgids), pgidOf, xidRule, mig)
+            : faultVerdict(engineFault(gpus, judged(gpus), xidRule))
           : known === undefined
             ? undefined
             : { _tag: "Faulty" as const, reason: `${known} (NVML is not answering: the fault stands until it does)` }
@@ -122,7 +152,7 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
         yield* Effect.sleep(POLL)
       }
     })
-    const awaitFree = gated ? Effect.ensuring(wait, endWait) : Effect.void
+    const awaitFree = watched ? Effect.ensuring(wait, endWait) : Effect.void
 
     return GpuGate.of({
       awaitFree,

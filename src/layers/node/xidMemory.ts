@@ -178,6 +178,7 @@ export const remembering = (
       gpus: Effect.flatMap(sampler.gpus, take),
       sampleNow: Effect.flatMap(sampler.sampleNow, take),
       unavailable: sampler.unavailable,
-      clearXids
+      clearXids,
+      remembered: Effect.sync(() => recordOf(ledger, bootId ?? "").gpus)
     } satisfies NvmlService
   })

@@ -76,6 +76,11 @@ export interface NvmlService extends NvmlSampler {
    * record in state_dir says so (XidRecordError, and nothing cleared, when it cannot).
    */
   readonly clearXids: (gpu?: GpuRef) => Effect.Effect<ClearedXids, UnknownGpu | GpuNotIdentified | XidRecordError>
+  /**
+   * The Xids kept for this boot, by GPU UUID, whether NVML lists the GPU now or not (the record in agent.state_dir
+   * read at start included): what the GPU gate holds a start on while NVML has not answered since the agent started.
+   */
+  readonly remembered: Effect.Effect<ReadonlyArray<{ readonly uuid: string; readonly xids: ReadonlyArray<GpuXid> }>>
 }
 
 export class Nvml extends Context.Service<Nvml, NvmlService>()("cgn-agent/Nvml") {}

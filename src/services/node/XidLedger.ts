@@ -9,7 +9,9 @@
  * Pure: no I/O, no clock; the layer calls it with every sample it publishes.
  */
 import type { Gpu, GpuXid } from "../../gen/cgn/agent/v1/agent.ts"
+import type { GpuRef } from "./Gpus.ts"
 import { isUnknown } from "./NvmlValues.ts"
+import { describeXid } from "./Xid.ts"
 
 /** Distinct Xids kept per GPU, as the NVML worker keeps per session (nvmlEvents.ts MAX_XIDS). */
 const MAX_XIDS = 16
@@ -181,6 +183,25 @@ export const recordOf = (ledger: XidLedger, bootId: string): XidRecord => ({
     .map(([uuid, entry]) => ({ uuid, xids: shown(entry, ledger.isFault) }))
     .filter((g) => g.xids.length > 0)
 })
+
+/**
+ * The fault a start must wait on when NVML has not answered since the agent started, from the Xids this boot's record
+ * keeps (`remembered`: recordOf's GPUs), or undefined. Without NVML the engine's GPUs cannot be told by index: only a
+ * configuration that names every GPU by UUID narrows the GPUs to those; otherwise a fault Xid on any GPU of this host
+ * holds the start (a GPU off the bus hangs NVML, and the engine must not go onto it after an agent restart).
+ */
+export const rememberedFault = (
+  remembered: XidRecord["gpus"],
+  configured: ReadonlyArray<GpuRef>,
+  isFault: (xid: number) => boolean
+): string | undefined => {
+  const byUuid = configured.length > 0 && configured.every((r) => typeof r === "string")
+  const gpu = remembered.find((g) => (!byUuid || configured.includes(g.uuid)) && g.xids.some((x) => isFault(x.xid)))
+  if (gpu === undefined) return undefined
+  const xids = gpu.xids.filter((x) => isFault(x.xid)).map((x) => describeXid(x.xid))
+  const whose = byUuid ? "" : " (the configuration names no UUIDs: without NVML any GPU may be the engine's)"
+  return `GPU ${gpu.uuid} reported ${xids.join(", ")} earlier in this boot and NVML has not answered since the agent started${whose}: it needs a GPU reset or a reboot, then POST /gpus/clear-xids`
+}
 
 export const encodeRecord = (record: XidRecord): string => `${JSON.stringify(record)}\n`
 
