@@ -2,7 +2,8 @@
 // (CGN_NVML_LIBRARY), which delivers the lines of FAKE_NVML_XID_FILE as Xid events. An application Xid (13) on the
 // engine's GPU changes nothing; Xid 79 makes the node unhealthy at once, with the reason in /readyz and /status, the
 // Xid in NodeHealth's GPU record, and the counter on /metrics, which passes promtool check metrics. The agent started
-// again (NVML delivers no past event) still holds the GPU faulty, from state_dir, until POST /gpus/clear-xids.
+// again (NVML delivers no past event) still holds the GPU faulty, from state_dir, until POST /gpus/clear-xids; so
+// does one started while NVML does not answer.
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { afterEach, beforeAll, describe, expect, it } from "vitest"
@@ -88,8 +89,33 @@ describe("a critical Xid on the engine's GPU (built agent, fake NVML through kof
     expect((await text(`${agent.adminUrl}/readyz`)).status).toBe(503)
     expect((await agent.stop()).code).toBe(0)
 
-    // the agent again (a rollout, a crash): its NVML session delivers no past event, the GPU still needs its reset
+    // the agent again while NVML does not answer (a GPU off the bus hangs it; here its init fails): the Xid kept in
+    // state_dir holds the engine and stays on /metrics (no index: NVML has not listed the GPU in this agent's life)
     fs.writeFileSync(xids, "")
+    const blind = await startAgent({ config, env: { ...env, FAKE_NVML_INIT_RC: "999" }, awaitReady: false })
+    const blindReadyz = await pollUntil(
+      "readyz says Xid 79 with NVML down",
+      async () => {
+        const r = await text(`${blind.adminUrl}/readyz`).catch(() => undefined)
+        return r?.status === 503 && r.body.includes("Xid 79") ? r : undefined
+      },
+      BOUND
+    )
+    expect(blindReadyz.body).toContain("earlier in this boot and NVML has not answered since the agent started")
+    const blindPage = (await text(`${blind.adminUrl}/metrics`)).body
+    expect(blindPage).toContain("cgn_agent_nvml_up 0")
+    expect(blindPage).toContain(
+      'cgn_agent_gpu_xid_errors_total{gpu="",uuid="GPU-55555555-6666-7777-8888-999999999999",xid="79",fault="true"} 1'
+    )
+    // no engine run was spawned onto the GPU
+    const blindStatus = (await (await fetch(`${blind.adminUrl}/status`)).json()) as {
+      engine: { state: { _tag: string }; pid: number | null }
+    }
+    expect(blindStatus.engine.pid).toBeNull()
+    expect(blindStatus.engine.state._tag).not.toBe("Ready")
+    expect((await blind.stop()).code).toBe(0)
+
+    // the agent again (a rollout, a crash): its NVML session delivers no past event, the GPU still needs its reset
     const again = await startAgent({ config, env, awaitReady: false })
     await pollUntil(
       "readyz says Xid 79 after the restart",

@@ -82,12 +82,14 @@ export const mirrorToMetrics = (service: NvmlService, rule: XidRule = defaultXid
       ["row_remap_failure", faults.remapFailure, (g) => (g.rowRemapFailure ? 1 : 0)],
       ["retired_pages_pending", faults.retiredPagesPending, (g) => (g.retiredPagesPending ? 1 : 0)]
     ]
+    // the index each GPU last had, for the Xid series of a GPU NVML does not list now (see below)
+    const lastIndex = new Map<string, string>()
     yield* m.onCollect(
-      Effect.zipWith(service.gpus, service.unavailable, (gpus, unavailable) => {
+      Effect.map(Effect.all([service.gpus, service.unavailable, service.remembered]), ([gpus, unavailable, kept]) => {
         m.nvmlUp.set(unavailable === undefined ? 1 : 0)
         // Every GPU series is rebuilt from this sample: per-process series come and go with the processes; a lost
         // GPU keeps only gpu_lost and its Xids; a field that became unknown loses its series; a GPU no longer listed (NVML down,
-        // a GPU gone from the host) keeps nothing.
+        // a GPU gone from the host) keeps only its Xids.
         for (const g of [m.gpuUtilization, m.gpuMemoryUsed, m.gpuMemoryTotal, m.gpuTemperature, m.gpuPower]) g.reset()
         m.gpuLost.reset()
         m.gpuPowerLimit.reset()
@@ -114,6 +116,17 @@ export const mirrorToMetrics = (service: NvmlService, rule: XidRule = defaultXid
             }
           }
           for (const p of g.processes) m.gpuProcessMemory.set({ ...labels, pid: String(p.pid) }, p.usedMemoryBytes)
+        }
+        // The boot's Xids of a GPU NVML does not list now (NVML down or hung: a GPU off the bus hangs it) stay: the
+        // alert on them must not resolve while the fault stands. Labelled with the index it last had in this agent's
+        // life ("" when NVML has not listed it since the agent started).
+        for (const g of gpus) if (g.uuid !== "") lastIndex.set(g.uuid, String(g.index))
+        for (const k of kept) {
+          if (gpus.some((g) => g.uuid === k.uuid)) continue
+          const labels = { gpu: lastIndex.get(k.uuid) ?? "", uuid: k.uuid }
+          for (const x of k.xids) {
+            faults.xidErrors.inc({ ...labels, xid: String(x.xid), fault: String(xidIsFault(x.xid, rule)) }, x.events)
+          }
         }
       })
     )
