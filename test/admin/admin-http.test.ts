@@ -172,12 +172,12 @@ describe("admin HTTP on loopback", () => {
       expect({ method, status: r.status, allow: r.headers.get("allow") }).toEqual({
         method,
         status: 405,
-        allow: "POST"
+        allow: "POST, OPTIONS"
       })
     }
   })
 
-  it("a method a known path does not serve is 405 with Allow, from one table; unknown paths stay 404", async () => {
+  it("a method a known path does not serve is 405 with Allow, OPTIONS 204 with it, from one table; unknown paths 404", async () => {
     const { url, run } = await start({ listen_admin: "127.0.0.1:0", admin_token: "s3cret" })
     const wrong = async (method: string, path: string, headers: Record<string, string> = {}) => {
       const r = await fetch(`${url}${path}`, { method, headers })
@@ -189,7 +189,7 @@ describe("admin HTTP on loopback", () => {
           method,
           path,
           status: 405,
-          allow: "GET",
+          allow: "GET, HEAD, OPTIONS",
           body: JSON.stringify({ error: `use GET ${path}` })
         })
       }
@@ -197,8 +197,14 @@ describe("admin HTTP on loopback", () => {
     // every path of the table, both ways: the served method is never 405, any other answered method is
     for (const [path, allowed] of Object.entries(ADMIN_METHODS)) {
       const other = allowed === "GET" ? "POST" : "GET"
-      expect(await wrong(other, path)).toMatchObject({ status: 405, allow: allowed })
+      const allow = allowed === "GET" ? "GET, HEAD, OPTIONS" : "POST, OPTIONS"
+      expect(await wrong(other, path)).toMatchObject({ status: 405, allow })
+      // OPTIONS says the same, with no CORS permission for a web page's preflight
+      const options = await fetch(`${url}${path}`, { method: "OPTIONS", headers: { origin: "http://evil.example" } })
+      expect([options.status, options.headers.get("allow")]).toEqual([204, allow])
+      expect(options.headers.get("access-control-allow-origin")).toBeNull()
     }
+    expect((await wrong("OPTIONS", "/nope")).status).toBe(404)
     // a POST to a GET path from a web page pulls nothing either way; the gate still answers the served method
     expect((await wrong("POST", "/status", { origin: "http://evil.example" })).status).toBe(405)
     expect((await wrong("GET", "/status")).status).toBe(401)
@@ -459,7 +465,7 @@ describe("admin HTTP cordon", () => {
     for (const path of ["/cordon", "/uncordon"]) {
       const wrong = await get(`${url}${path}`)
       expect(wrong.status).toBe(405)
-      expect(wrong.res.headers.get("allow")).toBe("POST")
+      expect(wrong.res.headers.get("allow")).toBe("POST, OPTIONS")
     }
     expect((await post(`${url}/cordon`, "{not json")).status).toBe(400)
     expect((await post(`${url}/cordon`, JSON.stringify({ reason: "a\nb" }))).status).toBe(400)

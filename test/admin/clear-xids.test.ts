@@ -64,7 +64,7 @@ describe("POST /gpus/clear-xids", () => {
     expect((await post(`${url}?gpu=one`)).status).toBe(400)
     const get = await fetch(url)
     expect(get.status).toBe(405)
-    expect(get.headers.get("allow")).toBe("POST")
+    expect(get.headers.get("allow")).toBe("POST, OPTIONS")
   })
 
   it("a GPU that cannot be named by UUID now is 409 with why; a remembered one is still cleared by UUID", async () => {

@@ -103,7 +103,7 @@ describe("POST /debug/cpu-profile", () => {
     expect(JSON.parse((await request(`${url}?second=5`)).text).error).toMatch(/unknown query parameter "second"/)
     expect(JSON.parse((await request(`${url}?seconds=1&seconds=2`)).text).error).toMatch(/given 2 times/)
     const get = await fetch(url)
-    expect([get.status, get.headers.get("allow")]).toEqual([405, "POST"])
+    expect([get.status, get.headers.get("allow")]).toEqual([405, "POST, OPTIONS"])
     expect(sessions()).toEqual([])
   })
 

@@ -40,7 +40,7 @@ describe("POST /engine/restart", () => {
     expect(await requests()).toEqual([{ source: "admin", reason: ADMIN_RESTART_REASON }])
     const get = await fetch(url)
     expect(get.status).toBe(405)
-    expect(get.headers.get("allow")).toBe("POST")
+    expect(get.headers.get("allow")).toBe("POST, OPTIONS")
   })
 
   it("in a crash loop's restart backoff, ends the wait (202, backoffEnded) with the admin reason", async () => {

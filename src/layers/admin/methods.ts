@@ -1,7 +1,7 @@
 /**
  * The admin server's one method table: each path and the one method that serves it. Every route is declared
  * through `adminRoute`, which takes its method from here, and `wrongMethodRoutes` answers each other common
- * method on a known path `405` with `Allow` (RFC 9110 §15.5.6) and a short body saying what the path takes, so a
+ * method on a known path `405` with `Allow` (RFC 9110 §15.5.6; `OPTIONS` `204` with it) and a short body saying what the path takes, so a
  * `POST /healthz` or a `GET /drain` is told so rather than given the `404` of an unknown path. Only POST pulls a
  * lever (a crawler or a misdirected probe must not). These answers precede the auth gate: they do nothing and
  * tell nothing beyond the method. `HEAD` is effect's router falling back to the `GET` route
@@ -28,8 +28,11 @@ export const ADMIN_METHODS = {
 
 export type AdminPath = keyof typeof ADMIN_METHODS
 
-/** The methods a wrong-method request is answered for; others (OPTIONS, exotic ones) stay the router's 404. */
+/** The methods a wrong-method request is answered for; exotic ones stay the router's 404. */
 const ANSWERED = ["GET", "POST", "PUT", "PATCH", "DELETE"] as const
+
+/** What `Allow` names for a path: its method, HEAD with GET (the router's fallback), and OPTIONS. */
+const allowOf = (method: "GET" | "POST"): string => (method === "GET" ? "GET, HEAD, OPTIONS" : "POST, OPTIONS")
 
 /** The route serving `path`, with the method the table gives it. */
 export const adminRoute = <E = never, R = never>(
@@ -39,19 +42,29 @@ export const adminRoute = <E = never, R = never>(
     | ((request: HttpServerRequest.HttpServerRequest) => Effect.Effect<HttpServerResponse.HttpServerResponse, E, R>)
 ) => HttpRouter.route(ADMIN_METHODS[path], path, handler)
 
-/** `405` with `Allow` for every answered method a known path does not serve. */
+/**
+ * `405` with `Allow` for every answered method a known path does not serve, and `OPTIONS` answered `204` with
+ * `Allow` (RFC 9110 §9.3.7). No CORS headers: a web page's preflight gets no permission from it.
+ */
 export const wrongMethodRoutes = () =>
-  (Object.entries(ADMIN_METHODS) as Array<[AdminPath, (typeof ADMIN_METHODS)[AdminPath]]>).flatMap(([path, allowed]) =>
-    ANSWERED.filter((method) => method !== allowed).map((method) =>
+  (Object.entries(ADMIN_METHODS) as Array<[AdminPath, (typeof ADMIN_METHODS)[AdminPath]]>).flatMap(
+    ([path, allowed]) => [
       HttpRouter.route(
-        method,
+        "OPTIONS",
         path,
-        Effect.succeed(
-          HttpServerResponse.jsonUnsafe(
-            { error: `use ${allowed} ${path}` },
-            { status: 405, headers: { allow: allowed } }
+        Effect.succeed(HttpServerResponse.empty({ status: 204, headers: { allow: allowOf(allowed) } }))
+      ),
+      ...ANSWERED.filter((method) => method !== allowed).map((method) =>
+        HttpRouter.route(
+          method,
+          path,
+          Effect.succeed(
+            HttpServerResponse.jsonUnsafe(
+              { error: `use ${allowed} ${path}` },
+              { status: 405, headers: { allow: allowOf(allowed) } }
+            )
           )
         )
       )
-    )
+    ]
   )
