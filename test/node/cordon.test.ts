@@ -112,9 +112,18 @@ describe("cordon record in agent.state_dir (live layer)", () => {
     expect(decodeRecord(fs.readFileSync(file, "utf8"))).toEqual(first.record)
     expect(fs.readdirSync(dir)).toEqual(["cordon.json"]) // no temp file left behind
 
-    const restarted = await withCordon(dir, (c) => Effect.all([c.current, c.cordon("other")]))
+    const restarted = await withCordon(dir, (c) => Effect.all([c.current, c.cordon(""), c.cordon("GPU 3")]))
     expect(restarted[0]).toEqual(first.record)
+    // no reason, or the same one: the record as it was
     expect(restarted[1]).toEqual({ already: true, record: first.record })
+    expect(restarted[2]).toEqual({ already: true, record: first.record })
+    // a new reason replaces the old on disk, the time the cordon began kept
+    const renamed = await withCordon(dir, (c) => c.cordon("GPU 3 replaced; waiting for burn-in"))
+    expect(renamed).toEqual({
+      already: true,
+      record: { since: first.record.since, reason: "GPU 3 replaced; waiting for burn-in" }
+    })
+    expect(decodeRecord(fs.readFileSync(file, "utf8"))).toEqual(renamed.record)
 
     expect(await withCordon(dir, (c) => c.uncordon)).toEqual({ was: true })
     expect(fs.existsSync(file)).toBe(false)

@@ -186,11 +186,14 @@ const routes = (options: AdminOptions, loopback: boolean) =>
               Effect.gen(function* () {
                 const reason = parseCordonBody(text)
                 if (Result.isFailure(reason)) return json({ error: reason.failure.message }, 400)
+                const before = yield* cordon.current
                 const done = yield* cordon.cordon(reason.success)
                 if (!done.already) {
                   yield* Effect.logWarning("cordoned: new Generate calls are refused until POST /uncordon", {
                     reason: done.record.reason
                   })
+                } else if (before !== undefined && before.reason !== done.record.reason) {
+                  yield* Effect.logInfo("cordon reason changed", { was: before.reason, reason: done.record.reason })
                 }
                 return json({ cordoned: true, alreadyCordoned: done.already, cordon: cordonView(done.record) }, 202)
               }).pipe(Effect.catchTag("CordonPersistError", (e) => Effect.succeed(json({ error: e.message }, 500))))

@@ -116,7 +116,10 @@ export interface CordonService {
    * answered (the change streams that health follows arrive a moment later).
    */
   readonly isCordoned: () => boolean
-  /** Cordons (persisted first); idempotent: a cordoned node keeps its record and answers `already: true`. */
+  /**
+   * Cordons (persisted first); idempotent: a cordoned node answers `already: true` and keeps its record, but for a
+   * new reason (not empty), which replaces the old one (persisted first too), its `since` kept.
+   */
   readonly cordon: (
     reason: string
   ) => Effect.Effect<{ readonly already: boolean; readonly record: CordonRecord }, CordonPersistError>
@@ -139,7 +142,14 @@ export const make = (initial: CordonRecord | undefined, store: CordonStore): Eff
     const cordon = (reason: string) =>
       Effect.gen(function* () {
         const now = yield* Ref.get(state)
-        if (now !== undefined) return { already: true, record: now }
+        // cordoned already: a new reason replaces the old (the operator's latest word), the time it began stays
+        if (now !== undefined && (reason === "" || reason === now.reason)) return { already: true, record: now }
+        if (now !== undefined) {
+          const record: CordonRecord = { since: now.since, reason }
+          yield* store.write(record)
+          yield* Ref.set(state, record)
+          return { already: true, record }
+        }
         const record: CordonRecord = { since: yield* Clock.currentTimeMillis, reason }
         yield* store.write(record)
         yield* Ref.set(state, record)
