@@ -5,6 +5,7 @@
 import { detectFlavor, num, parseDuration, parseJsonFlag, tokenize } from "./commandLine.ts"
 import { resolveLoadBalanceMethod } from "./dpController.ts"
 import { DEFAULT_PORT, ERROR_KINDS, MODELLED } from "./flagTables.ts"
+import { prefillLossOf } from "./pd.ts"
 import { sglangHealthOf } from "./sglangHealth.ts"
 import { ArgsError, type ErrorKind, type Flavor, type SimConfig } from "./simConfig.ts"
 import { START_FAILURES, type StartFailure } from "./startFailures.ts"
@@ -184,6 +185,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     kvReplay3Frames: p.flags.has("--sim-kv-replay-3-frames"),
     kvLeaseMs: dur("--sim-kv-lease"),
     bootstrapTimeoutMs,
+    prefillLoss: prefillLossOf(env),
     unmodelled
   }
 }

@@ -208,28 +208,79 @@ export class Bootstrap {
   }
 }
 
-/** Decode side: wait up to `timeoutMs` for the room's prefill on bootstrap_host:bootstrap_port. */
+/**
+ * How SGLang's decode side gives up on a prefill it cannot reach (python/sglang/srt/disaggregation/decode.py,
+ * common/conn.py): a bootstrap server never reached fails the request once fetching the prefill's parallel info
+ * has failed 15 times, 1 s apart ("Could not fetch prefill parallel info ..."); one reached before and lost since
+ * (the prefill died mid-handoff) once its heartbeat (GET /health every SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL,
+ * 5 s, at least 2) failed SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE (2, at least 1) times in a row ("Losing
+ * connection with prefill instance"). Either way within seconds, not at the 300 s waiting timeout.
+ */
+export interface PrefillLoss {
+  readonly infoTries: number
+  readonly heartbeatIntervalMs: number
+  readonly heartbeatMaxFailures: number
+}
+
+export const prefillLossOf = (env: NodeJS.ProcessEnv): PrefillLoss => {
+  const interval = Number(env.SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL ?? "5")
+  const failures = Number(env.SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE ?? "2")
+  return {
+    infoTries: 15,
+    heartbeatIntervalMs: Math.max(Number.isFinite(interval) ? interval : 5, 2) * 1000,
+    heartbeatMaxFailures: Math.max(Number.isInteger(failures) ? failures : 2, 1)
+  }
+}
+
+const INFO_RETRY_MS = 1_000
+
+/**
+ * Decode side: wait up to `timeoutMs` for the room's prefill on bootstrap_host:bootstrap_port, giving up on a
+ * prefill that cannot be reached as `loss` says. Each wait is cut at the heartbeat interval, so a bootstrap server
+ * that answers (408: not done yet) is known to be there.
+ */
 export const waitForRoom = async (
   host: string,
   port: number,
   room: string,
   timeoutMs: number,
-  signal: AbortSignal
+  signal: AbortSignal,
+  loss: PrefillLoss
 ): Promise<{ ok: true } | { ok: false; reason: string }> => {
   const deadline = Date.now() + timeoutMs
+  const addr = `${host}:${port}`
   let last = "timed out"
+  let reached = false
+  let failures = 0
   while (Date.now() < deadline && !signal.aborted) {
     const left = deadline - Date.now()
+    const waitMs = Math.max(1, Math.min(left, loss.heartbeatIntervalMs))
     try {
-      const res = await fetch(`http://${host}:${port}/room/${room}?wait_ms=${Math.max(1, left)}`, {
-        signal: AbortSignal.any([signal, AbortSignal.timeout(left + 2_000)])
+      const res = await fetch(`http://${addr}/room/${room}?wait_ms=${waitMs}`, {
+        signal: AbortSignal.any([signal, AbortSignal.timeout(waitMs + 2_000)])
       })
       await res.arrayBuffer()
       if (res.status === 200) return { ok: true }
+      reached = true
+      failures = 0
       last = `bootstrap server answered ${res.status}`
     } catch (err) {
-      last = `bootstrap server unreachable: ${String(err)}`
-      await new Promise((r) => setTimeout(r, Math.min(50, Math.max(1, deadline - Date.now()))))
+      if (signal.aborted) break
+      failures += 1
+      if (!reached && failures >= loss.infoTries) {
+        return {
+          ok: false,
+          reason: `Could not fetch prefill parallel info from bootstrap_addr: ${addr} (${String(err)})`
+        }
+      }
+      if (reached && failures >= loss.heartbeatMaxFailures) {
+        return {
+          ok: false,
+          reason: `Losing connection with prefill instance (bootstrap_addr: ${addr}), affected 1 requests`
+        }
+      }
+      const pause = reached ? loss.heartbeatIntervalMs : INFO_RETRY_MS
+      await new Promise((r) => setTimeout(r, Math.min(pause, Math.max(1, deadline - Date.now()))))
     }
   }
   return { ok: false, reason: signal.aborted ? "aborted" : last }

@@ -37,7 +37,7 @@ export const handoffBeforeGeneration = async (
   // SGLang decode: wait (bounded) for the prefill engine to finish this bootstrap room.
   if (cfg.flavor === "sglang" && cfg.disaggregationMode === "decode" && gr.bootstrap?.fake === false) {
     const b = gr.bootstrap
-    const r = await waitForRoom(b.host, b.port, b.room, cfg.bootstrapTimeoutMs ?? 300_000, signal)
+    const r = await waitForRoom(b.host, b.port, b.room, cfg.bootstrapTimeoutMs ?? 300_000, signal, cfg.prefillLoss)
     if (gone()) return GONE
     if (!r.ok) {
       ctx.log("kv transfer failed", { room: b.room, reason: r.reason })

@@ -1,6 +1,7 @@
 // What the engine simulator runs with: the flavor it imitates and every knob, as parsed from its command
 // line by args.ts (pure types; the one error parsing throws).
 import type { LoadBalanceMethod } from "./dpController.ts"
+import type { PrefillLoss } from "./pd.ts"
 import type { SglangHealth } from "./sglangHealth.ts"
 import type { StartFailure } from "./startFailures.ts"
 
@@ -77,6 +78,8 @@ export interface SimConfig {
   readonly kvReplay3Frames: boolean
   readonly kvLeaseMs: number | undefined
   readonly bootstrapTimeoutMs: number | undefined
+  /** SGLang decode: when a prefill that cannot be reached fails the request (pd.ts PrefillLoss). */
+  readonly prefillLoss: PrefillLoss
   /** Flags seen on the line that the simulator accepts but does not model. */
   readonly unmodelled: ReadonlyArray<string>
 }

@@ -3,7 +3,10 @@
 // or expired hand-offs fail (kv_load_failure_policy "fail"), missing params compute locally.
 // SGLang: bootstrap rendezvous by room, in SGLang's order: the prefill waits for its decode to connect (alone it
 // fails at the bootstrap timeout), the decode waits for the prefill (alone it fails at its waiting timeout).
+import * as http from "node:http"
+import type { AddressInfo } from "node:net"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { prefillLossOf, waitForRoom } from "../../src/sim/pd.ts"
 import { freePort } from "../support/ports.ts"
 import { getJson, pollUntil, postJson, type SimHandle, startSim } from "../support/sim.ts"
 
@@ -175,5 +178,50 @@ describe("SGLang P/D bootstrap", () => {
     expect(r.json).toMatchObject({ object: "error", code: 500 })
     const missing = await postJson(`${d.url}/v1/completions`, { prompt: "a" })
     expect(missing).toMatchObject({ status: 400, json: { object: "error" } })
+  })
+})
+
+describe("SGLang decode: a prefill it cannot reach fails the request within seconds, not at the waiting timeout", () => {
+  const loss = { infoTries: 3, heartbeatIntervalMs: 100, heartbeatMaxFailures: 2 }
+  const never = new AbortController().signal
+
+  it("SGLang's defaults and floors from its environment", () => {
+    expect(prefillLossOf({})).toEqual({ infoTries: 15, heartbeatIntervalMs: 5000, heartbeatMaxFailures: 2 })
+    expect(
+      prefillLossOf({
+        SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL: "0.5",
+        SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE: "0"
+      })
+    ).toEqual({ infoTries: 15, heartbeatIntervalMs: 2000, heartbeatMaxFailures: 1 })
+  })
+
+  it("a bootstrap server never reached: 'Could not fetch prefill parallel info' after its tries", async () => {
+    const port = await freePort()
+    const r = await waitForRoom("127.0.0.1", port, "5", 60_000, never, loss)
+    expect(r).toEqual({
+      ok: false,
+      reason: expect.stringMatching(
+        new RegExp(`^Could not fetch prefill parallel info from bootstrap_addr: 127\\.0\\.0\\.1:${port} `)
+      )
+    })
+  })
+
+  it("a prefill reached, then gone (it died mid-handoff): 'Losing connection with prefill instance'", async () => {
+    let waits = 0
+    const server = http.createServer((_req, res) => {
+      waits += 1
+      // not done yet: the wait ends 408, as the bootstrap server answers; the next wait finds it gone
+      res.writeHead(408, { connection: "close" }).end()
+      if (waits === 1) server.close()
+    })
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", r))
+    const { port } = server.address() as AddressInfo
+    const started = Date.now()
+    const r = await waitForRoom("127.0.0.1", port, "6", 60_000, never, loss)
+    expect(r).toEqual({
+      ok: false,
+      reason: `Losing connection with prefill instance (bootstrap_addr: 127.0.0.1:${port}), affected 1 requests`
+    })
+    expect(Date.now() - started).toBeLessThan(30_000)
   })
 })
