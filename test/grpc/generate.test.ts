@@ -189,6 +189,14 @@ describe("planRequest: validation", () => {
       says: /> 0/
     },
     {
+      // JSON has no infinity: it would reach the engine as null, the engine's default
+      name: "repetition_penalty infinite",
+      req: { prompt: "a", sampling: { repetitionPenalty: Number.POSITIVE_INFINITY } },
+      code: "INVALID_ARGUMENT",
+      field: "sampling.repetition_penalty",
+      says: /> 0 and finite.*got Infinity/
+    },
+    {
       name: "NaN",
       req: { prompt: "a", sampling: { temperature: Number.NaN } },
       code: "INVALID_ARGUMENT",

@@ -50,10 +50,18 @@ interface Agent {
  * One Generate through grpc-js's own client (it sends grpc-timeout from a deadline, and any bytes as the request):
  * its status code, -1 for OK.
  */
-const rawGenerate = async (address: string, request: () => Buffer, options: grpc.CallOptions = {}): Promise<number> => {
+const rawGenerate = async (address: string, request: () => Buffer, options: grpc.CallOptions = {}): Promise<number> =>
+  (await rawGenerateEnd(address, request, options)).code
+
+/** How a Generate sent as these bytes ended: its status code and message (-1: it ended OK). */
+const rawGenerateEnd = async (
+  address: string,
+  request: () => Buffer,
+  options: grpc.CallOptions = {}
+): Promise<{ code: number; details: string }> => {
   const raw = new grpc.Client(address, grpc.credentials.createInsecure())
   try {
-    return await new Promise<number>((resolve) => {
+    return await new Promise((resolve) => {
       const call = raw.makeServerStreamRequest(
         "/cgn.agent.v1.Agent/Generate",
         request,
@@ -63,8 +71,8 @@ const rawGenerate = async (address: string, request: () => Buffer, options: grpc
         options
       )
       call.on("data", () => undefined)
-      call.on("error", (e: grpc.ServiceError) => resolve(e.code))
-      call.on("end", () => resolve(-1))
+      call.on("error", (e: grpc.ServiceError) => resolve({ code: e.code, details: e.details }))
+      call.on("end", () => resolve({ code: -1, details: "" }))
     })
   } finally {
     raw.close()
@@ -490,6 +498,22 @@ describe("cancellation, deadlines and health", () => {
     expect(Status[code]).toBe("INVALID_ARGUMENT")
     const now = await agent.requests()
     expect(now.INVALID_ARGUMENT ?? 0).toBe((counted.INVALID_ARGUMENT ?? 0) + 1)
+  })
+
+  it("a prompt that is not valid UTF-8 is refused (proto3 strings are UTF-8), not sent on with U+FFFD in it", async () => {
+    const encoded = Buffer.from(GenerateRequest.encode(GenerateRequest.fromPartial({ prompt: "qZq" })).finish())
+    const at = encoded.indexOf("qZq")
+    const invalid = Buffer.from(encoded)
+    invalid[at + 1] = 0xff
+    expect(await rawGenerateEnd(agent.address, () => invalid)).toEqual({
+      code: Status.INVALID_ARGUMENT,
+      details: expect.stringMatching(/not valid UTF-8/)
+    })
+    // U+FFFD itself is valid UTF-8, and goes through
+    const replacement = Buffer.from(
+      GenerateRequest.encode(GenerateRequest.fromPartial({ prompt: "q\uFFFDq" })).finish()
+    )
+    expect((await rawGenerateEnd(agent.address, () => replacement)).code).toBe(-1)
   })
 
   it("health Check and Watch follow the engine state and the drain", async () => {

@@ -4,6 +4,7 @@
  * a server-streaming handler given by the caller (GenerateCall.ts); ListModels and GetNodeHealth are unary
  * handlers here.
  */
+import { BinaryReader } from "@bufbuild/protobuf/wire"
 import type * as grpc from "@grpc/grpc-js"
 import { Cause, type Effect, Exit } from "effect"
 import {
@@ -25,6 +26,24 @@ export type GenerateServerCall = ServerCall<GenerateRequest, GenerateResponse>
 
 const bytes = (u: Uint8Array): Buffer => Buffer.from(u.buffer, u.byteOffset, u.byteLength)
 
+/**
+ * Proto3 strings are UTF-8 (the language spec), and protobuf-go and C++ refuse a message whose strings are not; the
+ * generated decoders read them leniently (each invalid sequence as U+FFFD), so a prompt would reach the engine other
+ * than sent. This reader reads them strictly: such a request fails to decode (INVALID_ARGUMENT, undecodable_request).
+ */
+class StrictUtf8Reader extends BinaryReader {
+  override string(): string {
+    try {
+      return super.string(true)
+    } catch {
+      throw new Error("a string field is not valid UTF-8")
+    }
+  }
+}
+
+const decodeStrict = <T>(type: { decode: (input: BinaryReader) => T }, b: Uint8Array): T =>
+  type.decode(new StrictUtf8Reader(b))
+
 const path = (method: { readonly name: string }): string => `/${AgentDefinition.fullName}/${method.name}`
 
 /** Generate's definition: each response encoded as is, without a per-message `fromPartial` copy (hot path). */
@@ -33,7 +52,7 @@ const generateMethod: grpc.MethodDefinition<GenerateRequest, GenerateResponse> =
   requestStream: false,
   responseStream: true,
   requestSerialize: (m) => bytes(GenerateRequest.encode(m).finish()),
-  requestDeserialize: (b) => GenerateRequest.decode(b),
+  requestDeserialize: (b) => decodeStrict(GenerateRequest, b),
   responseSerialize: (m) => bytes(GenerateResponse.encode(m).finish()),
   responseDeserialize: (b) => GenerateResponse.decode(b)
 }
@@ -50,7 +69,7 @@ const unaryMethod = <Req, Res>(m: UnaryDefinition<Req, Res>): grpc.MethodDefinit
   requestStream: false,
   responseStream: false,
   requestSerialize: (r) => bytes(m.requestType.encode(r).finish()),
-  requestDeserialize: (b) => m.requestType.decode(b),
+  requestDeserialize: (b) => decodeStrict(m.requestType, b),
   responseSerialize: (r) => bytes(m.responseType.encode(m.responseType.fromPartial(r as never)).finish()),
   responseDeserialize: (b) => m.responseType.decode(b)
 })

@@ -102,7 +102,7 @@ const RANGES: ReadonlyArray<Range & { readonly key: keyof Sampling; readonly bod
     min: 0,
     max: Number.POSITIVE_INFINITY,
     minOpen: true,
-    text: "> 0 (1 is neutral)"
+    text: "> 0 and finite (1 is neutral)"
   }
 ]
 
@@ -136,7 +136,8 @@ const samplingBody = (
     if (raw === undefined) continue
     const v = f32(raw)
     const low = r.minOpen === true ? v <= r.min : v < r.min
-    if (Number.isNaN(v) || low || v > r.max)
+    // NaN, and infinity (JSON has none: it would reach the engine as null, read as unset)
+    if (!Number.isFinite(v) || low || v > r.max)
       return reject("INVALID_ARGUMENT", `${r.field} must be in ${r.text}, got ${v}`, r.field)
     body[dialect.fieldNames?.[r.body] ?? r.body] = v
   }
