@@ -8,6 +8,9 @@ import { errorBody, LLAMA_ERROR_FIELD, legacyVllm } from "./errors.ts"
 
 const MESSAGE = "simulated mid-stream engine failure"
 
+/** vLLM's words for a request its engine finished with finish_reason "error" (a failed KV load, pdLegs.ts). */
+export const GENERATION_ERROR = "Internal server error"
+
 /**
  * The error event's object. SGLang reports an engine-side failure as the scheduler's abort with an HTTP status
  * (an out-of-memory, a timeout), sent wrapped with the status's name as its type:
@@ -18,14 +21,14 @@ const MESSAGE = "simulated mid-stream engine failure"
  * which before 0.10.1 (--sim-legacy-errors) it also wrapped (`{"error": ErrorResponse(...).model_dump()}`,
  * vllm/entrypoints/openai/serving_engine.py create_streaming_error_response). llama.cpp: its HTTP error object.
  */
-const midStreamError = (ctx: SimContext): unknown => {
+const midStreamError = (ctx: SimContext, message: string): unknown => {
   const { flavor } = ctx.cfg
   if (flavor === "sglang") {
-    const flat = errorBody("sglang", 500, MESSAGE) as Record<string, unknown>
+    const flat = errorBody("sglang", 500, message) as Record<string, unknown>
     return { error: { ...flat, type: "INTERNAL_SERVER_ERROR" } }
   }
-  if (flavor === "vllm" && ctx.cfg.legacyErrors) return { error: legacyVllm(errorBody("vllm", 500, MESSAGE)) }
-  return errorBody(flavor, 500, MESSAGE)
+  if (flavor === "vllm" && ctx.cfg.legacyErrors) return { error: legacyVllm(errorBody("vllm", 500, message)) }
+  return errorBody(flavor, 500, message)
 }
 
 /**
@@ -37,10 +40,10 @@ const midStreamError = (ctx: SimContext): unknown => {
  * code/message/type object) then `data: [DONE]` (tools/server/server.cpp, server_sent_event). mlx-lm has no
  * error event (mlxFailure).
  */
-const streamTail = (ctx: SimContext, kind: "midstream" | "sse_error_field" | undefined): string => {
-  const body = sse(JSON.stringify(midStreamError(ctx)))
+const streamTail = (ctx: SimContext, kind: "midstream" | "sse_error_field" | undefined, message: string): string => {
+  const body = sse(JSON.stringify(midStreamError(ctx, message)))
   if (ctx.cfg.flavor !== "llama_cpp") return body + DONE
-  return kind === "sse_error_field" ? `error: ${JSON.stringify(LLAMA_ERROR_FIELD(MESSAGE))}\n\n${DONE}` : body
+  return kind === "sse_error_field" ? `error: ${JSON.stringify(LLAMA_ERROR_FIELD(message))}\n\n${DONE}` : body
 }
 
 /**
@@ -62,7 +65,8 @@ export const fault = (
   res: http.ServerResponse,
   kind: "midstream" | "sse_error_field" | "reset" | undefined,
   streaming: boolean,
-  done: () => void
+  done: () => void,
+  message?: string
 ): void => {
   done()
   if (kind === "reset") {
@@ -71,6 +75,6 @@ export const fault = (
     return
   }
   if (ctx.cfg.flavor === "mlx") return void mlxFailure(res, streaming)
-  if (streaming) return void res.end(streamTail(ctx, kind))
-  sendError(ctx, res, 500, "simulated engine failure")
+  if (streaming) return void res.end(streamTail(ctx, kind, message ?? MESSAGE))
+  sendError(ctx, res, 500, message ?? "simulated engine failure")
 }

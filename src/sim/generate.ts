@@ -7,7 +7,7 @@ import type * as http from "node:http"
 import { DONE, fullBody, streamTemplate, type Usage } from "./chunks.ts"
 import { jsonHeaders, type SimContext, sendError, sseHeaders } from "./context.ts"
 import { dpPin } from "./dpPin.ts"
-import { fault } from "./faultReply.ts"
+import { fault, GENERATION_ERROR } from "./faultReply.ts"
 import { sendJson } from "./http.ts"
 import { llamaFullBody } from "./llamaChunks.ts"
 import { handoffBeforeGeneration, holdForDecode } from "./pdLegs.ts"
@@ -176,7 +176,11 @@ export const generate = async (
     const s = stallAt()
     return s !== undefined && emitted >= s
   }
-  const faultAt = inject === undefined ? Number.POSITIVE_INFINITY : Math.min(1, total)
+  // a failed KV load fails before the first token, as vLLM's first engine step does (pdLegs.ts)
+  const kvLoadFailed = handoff.kind === "failInStream"
+  const failure = kvLoadFailed ? "midstream" : inject
+  const failMessage = kvLoadFailed ? GENERATION_ERROR : undefined
+  const faultAt = kvLoadFailed ? 0 : inject === undefined ? Number.POSITIVE_INFINITY : Math.min(1, total)
 
   const finish = (reason: string) => {
     state = "done"
@@ -241,7 +245,7 @@ export const generate = async (
       }
       if (emitted >= faultAt) {
         if (out !== "") res.write(out)
-        return fault(ctx, res, inject, true, failed)
+        return fault(ctx, res, failure, true, failed, failMessage)
       }
       onToken()
       // The last token travels with the finish reason (chunks.ts, mergesFinish).
@@ -277,7 +281,7 @@ export const generate = async (
       if (detached) cleanup()
       return
     }
-    if (emitted >= faultAt) return fault(ctx, res, inject, false, failed)
+    if (emitted >= faultAt) return fault(ctx, res, failure, false, failed, failMessage)
     onToken()
     if (cfg.itlMs > 0) {
       await (detached ? sleep(cfg.itlMs) : Promise.race([sleep(cfg.itlMs), closed]))

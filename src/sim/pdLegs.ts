@@ -12,6 +12,8 @@ export type HandoffOutcome =
   | { readonly kind: "proceed" }
   | { readonly kind: "gone" }
   | { readonly kind: "error"; readonly status: number; readonly message: string }
+  /** Taken up, then failed in its first step: vLLM's answer to a KV load that failed under the "fail" policy. */
+  | { readonly kind: "failInStream" }
 
 const GONE: HandoffOutcome = { kind: "gone" }
 
@@ -98,9 +100,11 @@ export const handoffBeforeGeneration = async (
           reason: r.reason,
           policy
         })
-        if (policy === "fail") {
-          return { kind: "error", status: 500, message: `KV load failed for request ${id}: ${r.reason}` }
-        }
+        // "fail": the scheduler finishes the request with finish_reason "error" once it was scheduled, and the
+        // OpenAI layer raises GenerationError("Internal server error"): a stream already answered 200 carries it
+        // as an error event (vllm/entrypoints/openai/serving_engine.py _raise_if_error,
+        // _convert_generation_error_to_streaming_response; vllm-project/vllm#26813). The reason is only logged.
+        if (policy === "fail") return { kind: "failInStream" }
         ctx.localPrefills++
       }
     }

@@ -8,7 +8,7 @@ import type { AddressInfo } from "node:net"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { prefillLossOf, waitForRoom } from "../../src/sim/pd.ts"
 import { freePort } from "../support/ports.ts"
-import { getJson, pollUntil, postJson, type SimHandle, startSim } from "../support/sim.ts"
+import { getJson, pollUntil, postJson, type SimHandle, sseData, startSim } from "../support/sim.ts"
 
 describe("vLLM P/D over the side channel", () => {
   let p: SimHandle
@@ -51,6 +51,7 @@ describe("vLLM P/D over the side channel", () => {
   }
   const decode = (kvp: unknown) => postJson(`${d.url}/v1/completions`, { ...body, kv_transfer_params: kvp })
   const pState = async () => (await getJson(`${p.url}/sim/state`)).json as Record<string, number>
+  const loadFailures = () => d.stderrLines.filter((l) => l.includes("KV load failed")).length
 
   it("hands off: P returns kv_transfer_params, D fetches the blocks and P frees them", async () => {
     const kvp = await prefill()
@@ -79,11 +80,31 @@ describe("vLLM P/D over the side channel", () => {
     ["block ids", { remote_block_ids: [[999]] }],
     ["engine id", { remote_engine_id: "someone-else" }],
     ["request id", { remote_request_id: "cmpl-unknown" }]
-  ])("fails on a wrong %s", async (_n, patch) => {
+  ])("fails on a wrong %s: vLLM's generic 500 to the client, the cause in its log", async (_n, patch) => {
     const kvp = await prefill()
+    const logged = loadFailures()
     const r = await decode({ ...kvp, ...patch })
-    expect(r.status).toBe(500)
-    expect((r.json as { error: { message: string } }).error.message).toContain("KV load failed")
+    expect(r).toMatchObject({
+      status: 500,
+      json: { error: { message: "Internal server error", type: "InternalServerError", code: 500 } }
+    })
+    expect(loadFailures()).toBe(logged + 1)
+  })
+
+  it("a streamed decode leg whose load fails: 200, then the error event and [DONE], no token", async () => {
+    const kvp = await prefill()
+    const res = await fetch(`${d.url}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ ...body, stream: true, kv_transfer_params: { ...kvp, remote_engine_id: "someone-else" } })
+    })
+    expect(res.status).toBe(200)
+    expect(sseData(await res.text())).toEqual([
+      JSON.stringify({
+        error: { message: "Internal server error", type: "InternalServerError", param: null, code: 500 }
+      }),
+      "[DONE]"
+    ])
   })
 
   it("fails after the lease expired", async () => {
@@ -92,7 +113,7 @@ describe("vLLM P/D over the side channel", () => {
     await pollUntil(async () => ((await pState()).kvHeld === 0 ? true : undefined), 10_000, 50)
     const r = await decode(kvp)
     expect(r.status).toBe(500)
-    expect((r.json as { error: { message: string } }).error.message).toContain("expired")
+    expect(d.stderrLines.filter((l) => l.includes("KV load failed")).at(-1)).toMatch(/expired/)
   })
 
   it("computes locally when the params are incomplete (as vLLM does)", async () => {
