@@ -579,16 +579,18 @@ describe("what the engine receives, and coalescing", () => {
     await new Promise<void>((resolve) => engine?.close(() => resolve()))
   })
 
-  it("passes traceparent and the request id on, with the OpenAI body", async () => {
+  it("passes traceparent (with its tracestate) and the request id on, with the OpenAI body", async () => {
     const traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    const tracestate = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
     const r = await collect(
       agent.client,
       { requestId: "trace-1", chat: { messages: [{ role: "user", content: "hi" }] }, sampling: { temperature: 0.5 } },
-      { metadata: Metadata({ traceparent }) }
+      { metadata: Metadata({ traceparent, tracestate }) }
     )
     expect(statusOf(r)).toBe("OK")
     const last = seen.at(-1)
     expect(last?.headers.traceparent).toBe(traceparent)
+    expect(last?.headers.tracestate).toBe(tracestate)
     expect(last?.headers["x-request-id"]).toBe("trace-1")
     expect(last?.body).toEqual({
       model: "m",
@@ -597,9 +599,15 @@ describe("what the engine receives, and coalescing", () => {
       stream: true,
       stream_options: { include_usage: true }
     })
-    const bad = await collect(agent.client, { prompt: "a" }, { metadata: Metadata({ traceparent: "garbage" }) })
+    // no valid traceparent: no tracestate either (it belongs to that trace)
+    const bad = await collect(
+      agent.client,
+      { prompt: "a" },
+      { metadata: Metadata({ traceparent: "garbage", tracestate }) }
+    )
     expect(statusOf(bad)).toBe("OK")
     expect(seen.at(-1)?.headers.traceparent).toBeUndefined()
+    expect(seen.at(-1)?.headers.tracestate).toBeUndefined()
   })
 
   it("a uint64 seed of 2^64-1 reaches the engine digit for digit (it was INTERNAL 'Error deserializing request')", async () => {

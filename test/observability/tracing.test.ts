@@ -17,7 +17,7 @@ import { State } from "../../src/services/engine/EngineState.ts"
 import { GrpcServer } from "../../src/services/grpc/GrpcServer.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
 import { DEFAULT_SERVICE_NAME, type Env, otlpTraceSettings } from "../../src/services/observability/OtelSettings.ts"
-import { parseTraceparent } from "../../src/services/observability/TraceContext.ts"
+import { parseTraceparent, tracestateToPass } from "../../src/services/observability/TraceContext.ts"
 import { TraceExportStatus } from "../../src/services/observability/TraceExports.ts"
 import { EngineClientRecorder, TestLayers, textChunk } from "../../src/testing/index.ts"
 import * as MetricsTest from "../../src/testing/Metrics.ts"
@@ -31,7 +31,7 @@ interface OtlpSpan {
   readonly traceId: string
   readonly spanId: string
   readonly parentSpanId?: string
-  readonly attributes: ReadonlyArray<{ readonly key: string; readonly value: { readonly stringValue?: string } }>
+  readonly attributes: ReadonlyArray<{ readonly key: string; readonly value: Readonly<Record<string, unknown>> }>
 }
 
 const exported: OtlpSpan[] = []
@@ -48,7 +48,8 @@ beforeAll(async () => {
           resourceSpans: Array<{ resource: Pick<OtlpSpan, "attributes">; scopeSpans: Array<{ spans: OtlpSpan[] }> }>
         }
         for (const rs of doc.resourceSpans) {
-          const service = rs.resource.attributes.find((a) => a.key === "service.name")?.value.stringValue
+          const name = rs.resource.attributes.find((a) => a.key === "service.name")?.value.stringValue
+          const service = typeof name === "string" ? name : undefined
           for (const ss of rs.scopeSpans) for (const span of ss.spans) exported.push({ ...span, service })
         }
       }
@@ -96,6 +97,19 @@ const generateWith = async (rt: ReturnType<typeof agentWith>, traceparent: strin
 
 const caller = { traceId: "0af7651916cd43dd8448eb211c80319c", spanId: "b7ad6b7169203331" }
 const callerHeader = `00-${caller.traceId}-${caller.spanId}-01`
+
+describe("tracestateToPass (W3C Trace Context: passed on as received)", () => {
+  it("passes a list on as it came; drops one that is no header value or is past 512 characters", () => {
+    expect(tracestateToPass("congo=t61rcWkgMzE, rojo=00f067aa0ba902b7")).toBe(
+      "congo=t61rcWkgMzE, rojo=00f067aa0ba902b7"
+    )
+    expect(tracestateToPass(undefined)).toBeUndefined()
+    expect(tracestateToPass("")).toBeUndefined()
+    expect(tracestateToPass("a=b\nc=d")).toBeUndefined()
+    expect(tracestateToPass(`a=${"x".repeat(511)}`)).toBeUndefined()
+    expect(tracestateToPass(`a=${"x".repeat(510)}`)).toHaveLength(512)
+  })
+})
 
 describe("tracing", () => {
   it("exports one span per Generate, child of the caller's traceparent, and the engine gets that span", async () => {
@@ -428,7 +442,7 @@ describe("otlpTraceSettings", () => {
 describe("the built agent's own polling", () => {
   afterAll(() => killAllAgents())
 
-  it("makes no spans of its polling (admin probes, scrapes, the engine load scrape): the life cycle and Generate only; shows the export counts", {
+  it("makes no spans of its polling (admin probes, scrapes, the engine load scrape): the life cycle, the engine's start and Generate only; shows the export counts", {
     timeout: 120_000
   }, async () => {
     const { config } = await simAgentConfig({ nodeId: "tr-e2e" })
@@ -460,16 +474,25 @@ describe("the built agent's own polling", () => {
     }
     expect(await agent.stop("SIGTERM", 30_000)).toEqual({ code: 0, signal: null })
     const mine = exported.filter((s) => s.service === "svc-e2e")
-    // Exactly the life cycle's steps (each once) and the call: a span per probe, scrape or engine poll would add
-    // to the list.
+    // Exactly the life cycle's steps (each once: the engine's one run started once) and the call: a span per
+    // probe, scrape or engine poll would add to the list.
     expect(mine.map((s) => s.name).sort()).toEqual(
       [
         "Agent.drain",
         "EngineProcess.holdStateDir",
         "EngineProcess.make",
         "EngineProcess.reclaim",
-        "cgn.agent.Generate"
+        "cgn.agent.Generate",
+        "cgn.agent.engine.start"
       ].sort()
+    )
+    const start = mine.find((s) => s.name === "cgn.agent.engine.start")
+    expect(start?.attributes).toEqual(
+      expect.arrayContaining([
+        { key: "cgn.engine.run", value: { intValue: 0 } },
+        { key: "cgn.engine.kind", value: { stringValue: "vllm" } },
+        { key: "cgn.engine.ready", value: { boolValue: true } }
+      ])
     )
   })
 })

@@ -81,7 +81,10 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
   const postHeaders = (accept: string, opts: RequestOptions | undefined): Record<string, string> => {
     const h: Record<string, string> = { "content-type": "application/json", accept }
     if (opts?.requestId !== undefined) h["x-request-id"] = opts.requestId
-    if (opts?.traceparent !== undefined) h.traceparent = opts.traceparent
+    if (opts?.traceparent !== undefined) {
+      h.traceparent = opts.traceparent
+      if (opts.tracestate !== undefined) h.tracestate = opts.tracestate
+    }
     if (opts?.dataParallelRank !== undefined && rankHeader !== undefined) h[rankHeader] = String(opts.dataParallelRank)
     return h
   }

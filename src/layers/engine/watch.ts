@@ -148,4 +148,14 @@ const readyUntilEnd = (s: Supervision) =>
 
 /** Readiness, then liveness: completes only with the reason the run must end; `readyAt` says when it was Ready. */
 export const watchRun = (s: Supervision, w: WatchedRun) =>
-  Effect.flatMap(readiness(s, w), (ready) => (ready ? readyUntilEnd(s) : Effect.succeed("startup timeout")))
+  Effect.flatMap(
+    // One span per run's start, spawn to Ready (or the startup timeout; interrupted when the run exits first): the
+    // minutes a real engine's load takes, in the same traces as the calls.
+    readiness(s, w).pipe(
+      Effect.tap((ready) => Effect.annotateCurrentSpan("cgn.engine.ready", ready)),
+      Effect.withSpan("cgn.agent.engine.start", {
+        attributes: { "cgn.engine.run": w.run, "cgn.engine.kind": s.plan.kind }
+      })
+    ),
+    (ready) => (ready ? readyUntilEnd(s) : Effect.succeed("startup timeout"))
+  )

@@ -22,7 +22,8 @@ import {
   formatTraceparent,
   parseTraceparent,
   type TraceParent,
-  TracesExported
+  TracesExported,
+  tracestateToPass
 } from "../../services/observability/TraceContext.ts"
 import { engineFor } from "../engine/backends/index.ts"
 import type { ActiveCalls } from "./ActiveCalls.ts"
@@ -157,12 +158,16 @@ export const makeHandler = Effect.fnUntraced(function* (
       return
     }
     const requestId = req.requestId === "" ? randomUUID() : req.requestId
-    const opts: { requestId: string; traceparent?: string } = { requestId }
+    const opts: { requestId: string; traceparent?: string; tracestate?: string } = { requestId }
     const incoming = parseTraceparent(call.metadata.get("traceparent")[0])
     // What is left of the caller's deadline (its grpc-timeout, from the headers), for admission to shed a call that
     // can no longer meet it: a large request that took long to arrive has less than the whole timeout.
     const callerMs = call.remainingMs()
-    if (incoming !== undefined) opts.traceparent = formatTraceparent(incoming)
+    if (incoming !== undefined) {
+      opts.traceparent = formatTraceparent(incoming)
+      const state = tracestateToPass(call.metadata.get("tracestate")[0])
+      if (state !== undefined) opts.tracestate = state
+    }
     const relay = new Relay(maxPendingChars, stopSequenceField)
     relay.requestId = requestId
     active.add(relay)

@@ -18,6 +18,8 @@ export interface RequestOptions {
   readonly requestId?: string
   /** W3C trace context of the incoming call, passed on as the `traceparent` header. */
   readonly traceparent?: string
+  /** The caller's `tracestate`, passed on with `traceparent` (only with it). */
+  readonly tracestate?: string
   /** The data-parallel rank to run on, in the engine's header for it (Engine.capabilities.rankHeader); else ignored. */
   readonly dataParallelRank?: number
 }

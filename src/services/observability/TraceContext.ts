@@ -25,6 +25,16 @@ export const parseTraceparent = (header: unknown): TraceParent | undefined => {
 export const formatTraceparent = (p: TraceParent): string => `00-${p.traceId}-${p.spanId}-${p.sampled ? "01" : "00"}`
 
 /**
+ * The caller's `tracestate`, passed on with the `traceparent` (W3C Trace Context §3.3: a participant that does not
+ * add an entry passes it on as received), or undefined: none, or not a header value such a list can be (printable
+ * ASCII within the spec's 512 characters a participant must pass on; a longer one may be dropped whole).
+ */
+export const tracestateToPass = (header: unknown): string | undefined =>
+  typeof header === "string" && header.length > 0 && header.length <= 512 && /^[\x20-\x7e]*$/.test(header)
+    ? header
+    : undefined
+
+/**
  * True when spans are exported (layers/observability/Tracing.ts provides it). Otherwise no span is made for a call and
  * the caller's `traceparent` goes to the engine unchanged: a span nobody receives would only re-parent
  * the engine's spans under an id that exists nowhere.
