@@ -113,6 +113,17 @@ describe("check on a host with NVML (a fake libnvidia-ml.so with two GPUs)", () 
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-check-nvml-"))
   afterAll(() => fs.rmSync(dir, { recursive: true, force: true }))
 
+  it("NVML that fails to initialize: said once, without the daemon's 'retrying with backoff' (check looks once)", async () => {
+    const r = await runCli(["check", "--config", "examples/dev.toml"], {
+      CGN_NVML_LIBRARY: buildFakeNvml(dir),
+      FAKE_NVML_INIT_RC: "999"
+    })
+    expect(r.code, r.stderr).toBe(0)
+    const lines = r.stderr.split("\n").filter((l) => l.includes("NVML not available"))
+    expect(lines).toHaveLength(1)
+    expect(JSON.parse(lines[0]!)).toMatchObject({ level: "warn", msg: "NVML not available; reporting no GPUs" })
+  })
+
   it("names the GPUs an automatic assignment takes, as render's CUDA_VISIBLE_DEVICES does", async () => {
     const env = { CGN_NVML_LIBRARY: buildFakeNvml(dir) }
     const r = await runCli(["check", "--config", "examples/dev.toml"], env)

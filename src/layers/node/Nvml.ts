@@ -74,6 +74,8 @@ interface Settings {
   readonly retryMaxMs: number
   readonly callTimeout: Duration.Duration
   readonly onWorker: ((worker: Worker) => void) | undefined
+  /** The daemon opens NVML again with backoff; the CLI's one look (`check`, `render`) does not, and says not. */
+  readonly retries: boolean
 }
 
 /** The request in the worker now: `sampleNow` waits for `done` until `deadlineAt`, never longer. */
@@ -132,7 +134,9 @@ const acquire = (s: Settings) =>
         nextTryAt = (yield* Clock.currentTimeMillis) + retryInMs
         // No library at all is a host without the NVIDIA driver, often on purpose (CPU engines, a dev box): said,
         // not warned about. NVML present but failing is a GPU host in trouble.
-        const line = "NVML not available; reporting no GPUs, retrying with backoff"
+        const line = s.retries
+          ? "NVML not available; reporting no GPUs, retrying with backoff"
+          : "NVML not available; reporting no GPUs"
         yield* logOnce(
           why,
           why.startsWith("cannot load")
@@ -288,7 +292,8 @@ const open = (worker: string, options: NvmlOptions) => {
           maxAgeMs: millis(options.maxAge ?? Duration.seconds(2)),
           retryMaxMs: millis(options.retryMax ?? Duration.minutes(1)),
           callTimeout: Duration.fromInputUnsafe(options.callTimeout ?? CALL_TIMEOUT),
-          onWorker: options.onWorker
+          onWorker: options.onWorker,
+          retries: options.readOnly !== true
         })
   // every sample through the Xid memory: an NVML opened again (or an agent restarted) must not forget a GPU's Xids
   return Effect.flatMap(sampler, (s) =>
