@@ -8,6 +8,7 @@ import { Command, Flag } from "effect/cli"
 import { resolvePlan } from "../layers/engine/backends/index.ts"
 import { redactPlan } from "../layers/engine/backends/redact.ts"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
+import { preflight } from "./check.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
 import { nvmlWorkerEntry } from "./programPaths.ts"
 
@@ -53,6 +54,9 @@ export const render = Command.make(
   ({ config, json }) =>
     Effect.gen(function* () {
       const c = yield* loadConfig(config)
+      // a config `run` refuses (the admin port open without a token) is refused here too, exit 2: render's plan is
+      // what run would start, and run starts nothing for it. The host's files are `check`'s to look at.
+      yield* preflight(c, { offline: true })
       const plan = redactPlan(yield* resolvePlan(c, nvmlWorkerEntry()))
       // An exit hint's pattern may be a RegExp, which JSON would print as {}: printed as its /source/flags.
       const replacer = (_k: string, v: unknown) => (v instanceof RegExp ? String(v) : v)

@@ -18,6 +18,8 @@ const cases: ReadonlyArray<[string, string, number, string | undefined]> = [
   ["a closed value above is not the key of a stray line", '[agent]\nnode_id = "a"\n}}}\n', 3, undefined],
   ["a bracket inside a string does not leave a value open", '[agent]\nnode_id = "a[b"\n)\n', 3, undefined],
   ["an error in a header names no key", '[engine\nkind = "x"\n', 1, undefined],
+  ["a table defined twice: its header's path", '[agent]\nnode_id = "a"\n[agent]\nheartbeat = "5s"\n', 3, "agent"],
+  ["a model's table defined twice", '[models."m"]\ntp = 1\n[ models."m" ]  # again\n', 3, 'models."m"'],
   ["CRLF line ends", "[agent]\r\nheartbeat = 5s\r\n", 2, "agent.heartbeat"],
   ["a line out of range", "a = 1\n", 9, undefined],
   // a header-like line inside a multi-line string above: no key rather than agent.url
@@ -34,6 +36,13 @@ describe("syntaxErrorKey", () => {
     const r = decodeConfig('[engine]\nkind = "vllm"\nurl = http://x\n', "bad.toml", {})
     expect(Result.isFailure(r) ? r.failure.problems : []).toEqual([
       "engine.url: line 3, column 7: Invalid TOML document: invalid value"
+    ])
+  })
+
+  it("a table defined twice: the decoder's problem names it", () => {
+    const r = decodeConfig('[agent]\nnode_id = "a"\n\n[agent]\nheartbeat = "5s"\n', "bad.toml", {})
+    expect(Result.isFailure(r) ? r.failure.problems : []).toEqual([
+      expect.stringMatching(/^agent: line 4, column \d+: Invalid TOML document: trying to redefine/)
     ])
   })
 

@@ -194,7 +194,7 @@ describe("cgn-agent CLI", () => {
   })
 })
 
-describe("check makes every check run makes (exit 2)", () => {
+describe("check makes every check run makes (exit 2); render the config's own", () => {
   it("admin off loopback without a token", async () => {
     const file = await configFile(
       "open-admin.toml",
@@ -207,6 +207,11 @@ describe("check makes every check run makes (exit 2)", () => {
     // the token from the environment (a Kubernetes Secret) satisfies it, as it does for run (vllm on PATH)
     const ok = await cli(["check", "--config", file], { CGN_AGENT_ADMIN_TOKEN: "t", ...engineBinEnv(dir) })
     expect(ok.code).toBe(0)
+    // render prints what run would start, and run starts nothing for it: refused the same way
+    const rendered = await cli(["render", "--config", file])
+    expect([rendered.code, rendered.stdout]).toEqual([2, ""])
+    expect(rendered.stderr).toContain('agent.listen_admin = "0.0.0.0:9091" is not a loopback address')
+    expect((await cli(["render", "--config", file], { CGN_AGENT_ADMIN_TOKEN: "t" })).code).toBe(0)
   })
 
   it("TLS files that do not exist, each reported, for the gRPC server and for etcd; --offline skips them", async () => {

@@ -44,11 +44,17 @@ const openBrackets = (text: string): number => {
 /**
  * The key path of the value a syntax error at `line` (1-based) is in, or undefined. The key is the error line's
  * own `key =`, inside the values of the lines above whose multi-line array or inline table is still open at the
- * error; the table is the last `[header]` above. An error in a header names no key (the header itself failed).
+ * error; the table is the last `[header]` above. An error on a well-formed header is that table's (defined twice, or
+ * over a key of that name): the header's path; one on a header that does not parse names no key.
  */
 export const syntaxErrorKey = (text: string, line: number): string | undefined => {
   const lines = text.split(/\r?\n/)
-  if (line < 1 || line > lines.length || /^\s*\[/.test(lines[line - 1]!)) return undefined
+  if (line < 1 || line > lines.length) return undefined
+  if (/^\s*\[/.test(lines[line - 1]!)) {
+    const header = HEADER.exec(lines[line - 1]!)
+    const parts = header === null ? undefined : partsOf(header[1]!)
+    return parts === undefined ? undefined : formatPath(parts)
+  }
   // Inside or after a multi-line string a line's text may be the string's, not a key or a header: no key, rather
   // than a wrong one (configs seldom have them).
   if (lines.slice(0, line).some((l) => l.includes('"""') || l.includes("'''"))) return undefined
