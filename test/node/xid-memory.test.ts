@@ -70,6 +70,39 @@ describe("the Xid record in state_dir", () => {
     await rebooted.stop()
   })
 
+  it("a new Xid is logged once, on whichever GPU: a fault as a warning with the remedy, an application error at info", async () => {
+    const sample = { current: host([]) }
+    const agent = await start(dir, sample)
+    // the lines' messages, without the fields the test logger prints as [object Object]
+    const xidLines = () =>
+      agent.logs.filter((l) => l.includes("reported an Xid")).map((l) => l.replace(" [object Object]", ""))
+    await agent.run(agent.service.gpus)
+    expect(xidLines()).toEqual([])
+    // an application error (the engine's own illegal access): said, no fault, no remedy
+    sample.current = host([{ xid: 13, events: 1 }])
+    await agent.run(agent.service.gpus)
+    expect(xidLines()).toEqual(["Info GPU 1 reported an Xid (no fault: the node stays healthy)"])
+    // more of it is no new line; a fault Xid is, as a warning
+    sample.current = host([
+      { xid: 13, events: 3 },
+      { xid: 79, events: 1 }
+    ])
+    await agent.run(agent.service.gpus)
+    await agent.run(agent.service.gpus)
+    expect(xidLines()).toEqual([
+      "Info GPU 1 reported an Xid (no fault: the node stays healthy)",
+      "Warn GPU 1 reported an Xid"
+    ])
+    await agent.stop()
+    // the next start says the kept ones with the remedy, as one of them is a fault
+    const again = await start(dir, { current: host([]) })
+    await again.run(again.service.gpus)
+    expect(
+      again.logs.filter((l) => l.includes("earlier in this boot")).map((l) => l.replace(" [object Object]", ""))
+    ).toEqual(["Warn a GPU reported Xids earlier in this boot (before this agent started)"])
+    await again.stop()
+  })
+
   it("a clear is written: the next start does not bring the Xid back", async () => {
     const sample = { current: host([{ xid: 79, events: 1 }]) }
     const first = await start(dir, sample)

@@ -67,8 +67,30 @@ const readText = (file: string) =>
     )
   )
 
+/**
+ * The line for Xids of one GPU the agent had not seen (kept from before its start, or new in a sample): a warning
+ * with the remedy when one is a fault by the operator's rule; else info (application errors, the engine's own faults:
+ * nothing to reset).
+ */
+const logXids = (
+  what: string,
+  fields: Record<string, string>,
+  xids: ReadonlyArray<number>,
+  isFault: (x: number) => boolean
+) => {
+  const faults = xids.filter(isFault)
+  const named = xids.map(describeXid).join(", ")
+  return faults.length > 0
+    ? Effect.logWarning(what, {
+        ...fields,
+        xids: named,
+        remedy: "once the GPU is reset (nvidia-smi -r), POST /gpus/clear-xids"
+      })
+    : Effect.logInfo(`${what} (no fault: the node stays healthy)`, { ...fields, xids: named })
+}
+
 /** The record at start, when it is this boot's; anything else is logged and starts an empty ledger. */
-const readAtStart = (file: string, bootId: string) =>
+const readAtStart = (file: string, bootId: string, isFault: (xid: number) => boolean) =>
   Effect.gen(function* () {
     const text = yield* readText(file)
     if (typeof text !== "string") {
@@ -92,11 +114,12 @@ const readAtStart = (file: string, bootId: string) =>
       return undefined
     }
     for (const g of record.gpus) {
-      yield* Effect.logWarning("a GPU reported Xids earlier in this boot (before this agent started)", {
-        uuid: g.uuid,
-        xids: g.xids.map((x) => describeXid(x.xid)).join(", "),
-        remedy: "once the GPU is reset (nvidia-smi -r), POST /gpus/clear-xids"
-      })
+      yield* logXids(
+        "a GPU reported Xids earlier in this boot (before this agent started)",
+        { uuid: g.uuid },
+        g.xids.map((x) => x.xid),
+        isFault
+      )
     }
     return record satisfies XidRecord
   })
@@ -119,8 +142,9 @@ export const remembering = (
     }
     const file = options.stateDir !== undefined && bootId ? xidRecordPath(options.stateDir) : undefined
     const rule = options.xidRule ?? defaultXidRule
-    const record = file !== undefined && bootId ? yield* readAtStart(file, bootId) : undefined
-    const ledger = ledgerOf(record, (xid) => xidIsFault(xid, rule))
+    const isFault = (xid: number) => xidIsFault(xid, rule)
+    const record = file !== undefined && bootId ? yield* readAtStart(file, bootId, isFault) : undefined
+    const ledger = ledgerOf(record, isFault)
     const writer =
       file === undefined || bootId === undefined || options.readOnly === true
         ? undefined
@@ -130,10 +154,27 @@ export const remembering = (
       yield* Effect.addFinalizer(() => writer.flush)
     }
 
+    /** Each GPU's Xids as the ledger shows them, to tell which a sample added. */
+    const shownNow = () => new Map(recordOf(ledger, "").gpus.map((g) => [g.uuid, g.xids.map((x) => x.xid)]))
     const take = (gpus: ReadonlyArray<Gpu>) =>
       Effect.gen(function* () {
+        const before = ledger.entries.size === 0 ? new Map<string, Array<number>>() : shownNow()
         const taken = observe(ledger, gpus)
         if (writer !== undefined) yield* writer.note(taken.change)
+        // A new Xid is logged once per GPU and boot, whichever GPU it is on: the gate speaks only for the engine's.
+        if (taken.change === "xids") {
+          for (const [uuid, xids] of shownNow()) {
+            const fresh = xids.filter((x) => !(before.get(uuid) ?? []).includes(x))
+            if (fresh.length === 0) continue
+            const index = taken.gpus.find((g) => g.uuid === uuid)?.index
+            yield* logXids(
+              `GPU ${index ?? uuid} reported an Xid`,
+              { uuid, ...(index === undefined ? {} : { gpu: String(index) }) },
+              fresh,
+              isFault
+            )
+          }
+        }
         return taken.gpus
       })
 
