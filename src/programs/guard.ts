@@ -116,6 +116,6 @@ engine.once("exit", (code, signal) => {
 
 // The lifeline: EOF (or an error) on stdin means the agent is gone or asked for a stop.
 process.stdin.on("data", () => {})
-process.stdin.once("end", () => void shutdown("lifeline closed (agent stopped or gone)"))
-process.stdin.once("error", () => void shutdown("lifeline closed (agent stopped or gone)"))
+process.stdin.once("end", () => void shutdown("lifeline closed (the agent asked for a stop, or is gone)"))
+process.stdin.once("error", () => void shutdown("lifeline closed (the agent asked for a stop, or is gone)"))
 for (const sig of ["SIGTERM", "SIGINT", "SIGHUP"] as const) process.on(sig, () => void shutdown(`guard got ${sig}`))

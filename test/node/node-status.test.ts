@@ -226,6 +226,41 @@ describe("NodeStatus live layer", () => {
     expect(result.isDraining).toBe(true)
   })
 
+  it("a change of the engine's state within one node state is emitted too (a crash loop's liveness failure, then its teardown)", async () => {
+    const { layer } = build({ running: undefined, waiting: undefined, kvUsage: undefined })
+    const seen = await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const status = yield* NodeStatus
+          const control = yield* EngineProcessControl
+          const seen: Array<string> = []
+          const watcher = yield* status.changes.pipe(
+            Stream.tap((s) => Effect.sync(() => seen.push(s))),
+            Stream.take(4),
+            Stream.runDrain,
+            Effect.forkChild
+          )
+          const reach = (n: number) =>
+            Effect.gen(function* () {
+              for (let i = 0; i < 500 && seen.length < n; i++) yield* Effect.sleep("2 millis")
+            })
+          yield* reach(1)
+          yield* control.set(State.Ready({ since: Date.now(), run: 2 }))
+          yield* reach(2)
+          // three probes failed: a verdict, damped in etcd
+          yield* control.set(State.Unhealthy({ reason: "3 liveness probes failed", since: Date.now(), run: 2 }))
+          yield* reach(3)
+          // the run torn down, the next waited for, still failing: the same node state, a fact for etcd
+          const failing = "3 runs in a row ended before being stable"
+          yield* control.set(State.Restarting({ attempt: 3, nextAt: Date.now() + 8_000, lastExit: exit, failing }))
+          yield* Fiber.join(watcher).pipe(Effect.timeout("5 seconds"))
+          return seen
+        })
+      ).pipe(Effect.provide(layer))
+    )
+    expect(seen).toEqual(["starting", "ready", "unhealthy", "unhealthy"])
+  })
+
   it("reports tokens/s over the last heartbeat from the relayed-tokens counter", async () => {
     const { layer } = build({ running: undefined, waiting: undefined, kvUsage: undefined })
     const rate = await Effect.runPromise(

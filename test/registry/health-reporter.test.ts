@@ -418,6 +418,21 @@ describe("HealthReporter against a real etcd", () => {
     ])
   }, 20_000)
 
+  it("a state change written as etcd resumes past the lease's TTL: the lease's loss, not a key 'deleted outside the agent'", async () => {
+    const { etcd } = await ownEtcd()
+    const r = await startReporter({ prefix: uniquePrefix(), endpoint: etcd.endpoint })
+    await untilState(r, "registered")
+    etcd.pause()
+    const down = await untilState(r, "retrying")
+    await pollUntil("lease past its TTL", async () => ((await r.status()).sinceKeepAliveMs! > 1500 ? true : undefined))
+    // a change to write at once (not a heartbeat's, which asks the lease first), waiting on the paused etcd
+    const change = r.setState("unhealthy")
+    etcd.resume()
+    await change
+    await untilState(r, "registered", 10_000, (s) => s.writes > down.writes)
+    expect(r.logs.filter((l) => l.includes("deleted outside the agent"))).toEqual([])
+  }, 30_000)
+
   it("registers again after etcd is paused (SIGSTOP) and resumed", async () => {
     const { etcd, local } = await ownEtcd()
     const prefix = uniquePrefix()

@@ -1,7 +1,9 @@
 /**
  * Whether this node serves: SERVING only while the engine is Ready and the node is not draining, unless an override
- * (the drain's NOT_SERVING at its start, shutdown) says otherwise; the Agent service is also NOT_SERVING while the
- * node is cordoned (the server's own status, which the kubelet probes, is not). Followed from the engine's
+ * (the drain's NOT_SERVING at its start, shutdown) says otherwise; the Agent service (routers) is also NOT_SERVING
+ * while the node is cordoned or `unhealthy` with its engine up (a GPU fault, an engine failing calls or stalled: what
+ * the etcd record says, so a router that reads gRPC health leaves the node as one that reads etcd does); the server's
+ * own status, which the kubelet probes, is not. Followed from the engine's
  * and the node's change streams; every change is published to grpc.health.v1 at once. Generate refuses a call
  * while the engine is not Ready, the node drains or is cordoned (`refusal`): flags read per call, no I/O. A drain's
  * refusal is admission's Draining (cgn-reason `draining`), counted by Admission when it is there: the drain
@@ -38,12 +40,14 @@ export const make: Effect.Effect<ServingState, never, EngineProcess | NodeStatus
     let engineTag: string = (yield* engine.state)._tag
     let draining = yield* nodeStatus.draining
     let cordoned = yield* nodeStatus.cordoned
+    // from the node's change stream, which starts with the current state
+    let unhealthy = false
     let override: ServingStatus | undefined
     // The server's status ("", the kubelet's startup and readiness probes) leaves the cordon out: a cordoned pod is
     // still a working pod, and NOT_SERVING there failed its startup probe after a container restart (kubelet kills
     // it) and made a rollout replace it first; the Agent service's status (routers) is NOT_SERVING while cordoned.
     const server = (): ServingStatus => override ?? (engineTag === "Ready" && !draining ? "SERVING" : "NOT_SERVING")
-    const current = (): ServingStatus => (server() === "SERVING" && cordoned ? "NOT_SERVING" : server())
+    const current = (): ServingStatus => (server() === "SERVING" && (cordoned || unhealthy) ? "NOT_SERVING" : server())
     const publish = (): void => health.publish(server(), current())
     publish()
     yield* Stream.runForEach(engine.changes, (s) =>
@@ -57,6 +61,7 @@ export const make: Effect.Effect<ServingState, never, EngineProcess | NodeStatus
         draining = d || state === "draining"
         // the flag, not the state: under a drain the state says "draining" whether or not the node is cordoned
         cordoned = c || state === "cordoned"
+        unhealthy = state === "unhealthy"
         publish()
       })
     ).pipe(Effect.forkScoped)

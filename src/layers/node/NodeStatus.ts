@@ -189,9 +189,12 @@ export const layer = (
 
       // a GPU fault, memory held past gpu_free_timeout or a stalled engine is a fact: it reaches etcd at once,
       // not at the next heartbeat
+      // Each with the engine's state: a change of it within one node state is a change too (a crash loop's
+      // liveness failure, `unhealthy` with the run still up, then its teardown, `unhealthy` with the engine
+      // restarting: the second is a fact the etcd record must carry at once, not a heartbeat later).
       const stateNow = Effect.gen(function* () {
         const [s, d, p, c] = yield* Effect.all([engine.state, drain.draining, problemNow, cordon.cordoned])
-        return nodeState(s, d, p, c)
+        return { state: nodeState(s, d, p, c), engine: enginePhase(s) }
       })
       const gpuChanges: Stream.Stream<unknown> = Option.match(gate, {
         onNone: () => Stream.empty,
@@ -207,10 +210,13 @@ export const layer = (
           gpuChanges.pipe(Stream.mapEffect(() => stateNow)),
           stallChanges.pipe(Stream.mapEffect(() => stateNow)),
           cordon.changes.pipe(Stream.mapEffect(() => stateNow)),
-          Stream.fromEffect(drain.awaitStarted).pipe(Stream.as("draining" as const))
+          Stream.fromEffect(drain.awaitStarted).pipe(Stream.as({ state: "draining" as const, engine: "" }))
         ],
         { concurrency: "unbounded" }
-      ).pipe(Stream.changes)
+      ).pipe(
+        Stream.changesWith((a, b) => a.state === b.state && a.engine === b.engine),
+        Stream.map((c) => c.state)
+      )
 
       const grpcBound = (port: number) =>
         Effect.sync(() => {

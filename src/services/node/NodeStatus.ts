@@ -15,7 +15,10 @@ export type NodeState = (typeof NodeStates)[number]
 export interface NodeStatusService {
   /** NodeHealth computed now. */
   readonly snapshot: Effect.Effect<NodeHealth>
-  /** Emits whenever the node state may have changed (engine transition, drain, cordon), so writers need not wait a heartbeat. */
+  /**
+   * Emits whenever the node state or the engine's state changed (engine transition, drain, cordon; the same node state
+   * again when only the engine's changed), so writers need not wait a heartbeat.
+   */
   readonly changes: Stream.Stream<NodeState>
   /** True once a drain has begun. */
   readonly draining: Effect.Effect<boolean>
