@@ -13,7 +13,7 @@ import { State } from "../../src/services/engine/EngineState.ts"
 import { Admission } from "../../src/services/grpc/Admission.ts"
 import { Drain } from "../../src/services/node/Drain.ts"
 import { engineDetail, enginePhase, nodeState, ratePerSecond } from "../../src/services/node/NodeHealthView.ts"
-import { NodeStatus } from "../../src/services/node/NodeStatus.ts"
+import { NodeStatus, type NodeStatusService } from "../../src/services/node/NodeStatus.ts"
 import { gpuWith } from "../../src/services/node/Nvml.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
 import { isFact } from "../../src/services/registry/HealthDamping.ts"
@@ -92,6 +92,26 @@ const gpu = gpuWith({
   utilizationPercent: 5
 })
 
+/**
+ * The first `count` states `changes` emits, collected into `seen` by a forked watcher; `reach(n)` waits (bounded)
+ * until `n` are in.
+ */
+const watchChanges = (status: NodeStatusService, count: number) =>
+  Effect.gen(function* () {
+    const seen: Array<string> = []
+    const watcher = yield* status.changes.pipe(
+      Stream.tap((s) => Effect.sync(() => seen.push(s))),
+      Stream.take(count),
+      Stream.runDrain,
+      Effect.forkChild
+    )
+    const reach = (n: number) =>
+      Effect.gen(function* () {
+        for (let i = 0; i < 500 && seen.length < n; i++) yield* Effect.sleep("2 millis")
+      })
+    return { seen, watcher, reach }
+  })
+
 const build = (signals: LoadSignals) => {
   let scrapes = 0
   const client = Layer.succeed(EngineClient, {
@@ -154,15 +174,9 @@ describe("NodeStatus live layer", () => {
         Effect.gen(function* () {
           const status = yield* NodeStatus
           const control = yield* EngineProcessControl
-          const seen: Array<string> = []
-          const watcher = yield* status.changes.pipe(
-            Stream.tap((s) => Effect.sync(() => seen.push(s))),
-            Stream.take(3),
-            Stream.runDrain,
-            Effect.forkChild
-          )
+          const { seen, watcher, reach } = yield* watchChanges(status, 3)
           // bounded wait until the watcher has subscribed (it sees the current state first)
-          for (let i = 0; i < 500 && seen.length === 0; i++) yield* Effect.sleep("2 millis")
+          yield* reach(1)
           const starting = yield* status.snapshot
           const startingBody = (yield* (yield* Metrics).render).body
           yield* control.set(State.Ready({ since: Date.now(), run: 0 }))
@@ -176,7 +190,7 @@ describe("NodeStatus live layer", () => {
           const busy = yield* Effect.scoped((yield* Admission).acquire.pipe(Effect.andThen(status.snapshot)))
           const body = (yield* (yield* Metrics).render).body
           // changes reports the state when observed: let the watcher see "ready" before draining
-          for (let i = 0; i < 500 && seen.length < 2; i++) yield* Effect.sleep("2 millis")
+          yield* reach(2)
           yield* (yield* Drain).start
           yield* Fiber.join(watcher).pipe(Effect.timeout("5 seconds"))
           const draining = yield* status.snapshot
@@ -233,17 +247,7 @@ describe("NodeStatus live layer", () => {
         Effect.gen(function* () {
           const status = yield* NodeStatus
           const control = yield* EngineProcessControl
-          const seen: Array<string> = []
-          const watcher = yield* status.changes.pipe(
-            Stream.tap((s) => Effect.sync(() => seen.push(s))),
-            Stream.take(4),
-            Stream.runDrain,
-            Effect.forkChild
-          )
-          const reach = (n: number) =>
-            Effect.gen(function* () {
-              for (let i = 0; i < 500 && seen.length < n; i++) yield* Effect.sleep("2 millis")
-            })
+          const { seen, watcher, reach } = yield* watchChanges(status, 4)
           yield* reach(1)
           yield* control.set(State.Ready({ since: Date.now(), run: 2 }))
           yield* reach(2)
