@@ -121,7 +121,8 @@ const orderedDrain = Effect.fn("Agent.drain")(function* (why: string, signals: S
     Effect.catch((e) => Effect.logWarning("drain: could not write draining to etcd", { error: String(e) }))
   )
 
-  yield* admission.close()
+  // Calls still queued are refused now (retryable elsewhere, nothing streamed), not started to be cut at drain_timeout.
+  yield* admission.close({ rejectQueued: true })
   // A stream holds no admission slot while it hands its last deltas and final to the caller: wait for both.
   const idle = Effect.andThen(admission.awaitIdle, grpc.awaitNoStreams)
   const finished = yield* Effect.raceFirst(

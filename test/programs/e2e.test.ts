@@ -295,15 +295,29 @@ describe("stopping the agent", () => {
     )
   })
 
-  it("POST /drain: the same ordered drain, exit 0", async () => {
+  it("POST /drain: the same ordered drain, exit 0; a call still queued is refused at once, retryable", async () => {
     const s = await startSimAgent({
       simArgs: ["--sim-itl", "30ms"],
-      agent: { heartbeat: "300ms", lease_ttl: "5s", drain_timeout: "20s" }
+      agent: { heartbeat: "300ms", lease_ttl: "5s", drain_timeout: "20s", max_inflight: 1 }
     })
     await untilPublished(s.key, "ready")
     const sim = await simState(s.engineUrl)
     const stream = generate(s.client, { prompt: words(60), sampling: { maxTokens: 40 } })
     await stream.firstDelta
+    // a second call waits in the queue behind it (max_inflight 1)
+    const queuedTrailer: { reason?: string | undefined; retryable?: string | undefined } = {}
+    const queued = generate(
+      s.client,
+      { prompt: words(5), sampling: { maxTokens: 4 } },
+      {
+        onTrailer: (t) =>
+          Object.assign(queuedTrailer, { reason: t.get("cgn-reason"), retryable: t.get("cgn-retryable") })
+      }
+    )
+    await pollUntil("the second call queued", async () => {
+      const st = (await (await fetch(`${s.agent.adminUrl}/status`)).json()) as { admission?: { queued?: number } }
+      return st.admission?.queued === 1 ? true : undefined
+    })
 
     const res = await fetch(`${s.agent.adminUrl}/drain`, { method: "POST" })
     expect(res.status).toBe(202)
@@ -320,10 +334,15 @@ describe("stopping the agent", () => {
     ).done
     expect(grpcCode(refused.error)).toBe("UNAVAILABLE")
     expect(trailer).toEqual({ reason: "draining", retryable: "true" })
+    // the queued call was not started to be cut at drain_timeout: refused as the drain began, nothing streamed
+    const q = await queued.done
+    expect(grpcCode(q.error)).toBe("UNAVAILABLE")
+    expect(q.tokens()).toBe(0)
+    expect(queuedTrailer).toEqual({ reason: "draining", retryable: "true" })
     const refusals = parsePromText(await (await fetch(`${s.agent.adminUrl}/metrics`)).text()).find(
       (m) => m.name === "cgn_agent_admission_refusals_total" && m.labels.reason === "draining"
     )
-    expect(refusals?.value).toBe(1)
+    expect(refusals?.value).toBe(2)
 
     const r = await stream.done
     expect(r.error).toBeUndefined()

@@ -241,7 +241,8 @@ export interface GetNodeHealthRequest {
 /**
  * NodeHealth: what this node tells the cluster. Stored in etcd at <prefix>/<cluster>/nodes/<node_id>
  * as the proto3 JSON mapping of this message, under a lease, rewritten every [agent].heartbeat (and at once on the
- * changes README "Registration in etcd" lists). Neither the heartbeat nor the lease TTL is in the record. The key
+ * changes README "Registration in etcd" lists). The heartbeat is in the record (freshness.heartbeat_ms), the lease
+ * TTL is not. The key
  * itself is the liveness signal: it is deleted when the agent stops, or when its lease expires (after
  * [agent].lease_ttl, default three heartbeats) once the agent is dead or cut off from etcd.
  */
