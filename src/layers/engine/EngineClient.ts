@@ -39,7 +39,12 @@ const overflowError = (ex: Exchange): EngineError =>
 export interface ClientOptions {
   /** TCP connect timeout (default 10 s). */
   readonly connectTimeoutMs?: number
-  /** Time to response headers for streams (default 60 s; engines send them before queueing ends). */
+  /**
+   * Time to a stream's response headers; default none. llama-server sends them only once the request's first result
+   * exists (tools/server/server-context.cpp, handle_completions_impl), so a request queued for a slot waits before
+   * its headers, as long as the queue holds it: the stall watchdog (engine.stream_idle_timeout) bounds the wait for a
+   * stream's first bytes, headers included, with every engine's.
+   */
   readonly streamHeadersTimeoutMs?: number
   /** Whole-exchange bound for /metrics (default 10 s). */
   readonly controlTimeoutMs?: number
@@ -59,7 +64,7 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
   const controlTimeout = options.controlTimeoutMs ?? 10_000
   // `reset`: undici sends `connection: close` and never reuses the connection (an engine that closes it anyway)
   const streamReset = engineFor(plan.kind).capabilities.closesStreamedConnections === true
-  const streamHeadersTimeout = options.streamHeadersTimeoutMs ?? 60_000
+  const streamHeadersTimeout = options.streamHeadersTimeoutMs ?? 0
 
   const start = (
     url: { origin: string; path: string },

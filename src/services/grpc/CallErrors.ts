@@ -49,7 +49,7 @@ export class EngineStalled extends Schema.TaggedError<EngineStalled>()("EngineSt
   idleTimeout: Schema.String
 }) {
   override get message(): string {
-    return `the engine sent nothing for ${this.idleTimeout} (engine.stream_idle_timeout); the engine request was aborted, retry on another node`
+    return `the engine sent nothing for ${this.idleTimeout} (engine.stream_idle_timeout); the engine request was aborted; retry on another node`
   }
 }
 
