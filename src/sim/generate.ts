@@ -2,7 +2,7 @@
 // for a slot, prefix-cache admission (KV events), time to first token, tokens at the inter-token latency
 // (streamed as SSE or collected), faults (stall; mid-stream error and reset: faultReply.ts; the wedged core:
 // wedge.ts), then release of the slot and the blocks. A client that disconnects at any point aborts the request and
-// frees its slot (once the core runs: a wedged one never sees the abort).
+// frees its slot (once the core runs: a wedged one never sees the abort), but where llama-server keeps it (below).
 import type * as http from "node:http"
 import { DONE, fullBody, streamTemplate, type Usage } from "./chunks.ts"
 import { jsonHeaders, type SimContext, sendError, sseHeaders } from "./context.ts"
@@ -13,31 +13,13 @@ import { llamaFullBody } from "./llamaChunks.ts"
 import { handoffBeforeGeneration, holdForDecode } from "./pdLegs.ts"
 import type { GenRequest } from "./request.ts"
 import { LlamaStops, sequenceEvents } from "./sequences.ts"
+import { pingUntil } from "./ssePing.ts"
 import { stopMatcher } from "./stopRules.ts"
 import { plan, prng, tokenId } from "./tokens.ts"
 import type { Core } from "./wedge.ts"
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
 const tick = (): Promise<void> => new Promise((r) => setImmediate(r))
-
-/**
- * A stream with nothing more to send: llama-server writes an SSE comment every `pingMs` of silence so that
- * clients and proxies do not time it out (tools/server/server-context.cpp handle_completions_impl, "sending
- * SSE ping"); the others write nothing. Until the client goes.
- */
-const pingUntil = async (
-  res: http.ServerResponse,
-  pingMs: number | undefined,
-  gone: () => boolean,
-  closed: Promise<void>
-): Promise<void> => {
-  if (pingMs === undefined) return closed
-  for (;;) {
-    await Promise.race([sleep(pingMs), closed])
-    if (gone()) return
-    res.write(":\n\n")
-  }
-}
 
 /** Tokens written per event-loop turn when there is no inter-token latency. */
 const BATCH = 32
@@ -62,10 +44,17 @@ export const generate = async (
   // the tokens are counted (measured against the real server). Streamed answers stop at once, as in every engine.
   let generating = false
   let detached = false
+  // llama-server also keeps a request its client left while it waited for a slot: it takes the slot when one frees,
+  // its prompt evaluated for nobody, and is dropped at its first result (ggml-org/llama.cpp#13262; measured against
+  // the real server: its requests_deferred stays up meanwhile).
+  let waitingForSlot = false
+  let leftInQueue = false
   const closed = new Promise<void>((resolve) => {
     res.on("close", () => {
       if (state === "active" && !res.writableFinished && generating && cfg.flavor === "llama_cpp" && !gr.stream) {
         detached = true
+      } else if (state === "active" && !res.writableFinished && waitingForSlot && cfg.flavor === "llama_cpp") {
+        leftInQueue = true
       } else if (state === "active" && !res.writableFinished) {
         state = "aborted"
         stats.aborted++
@@ -117,7 +106,9 @@ export const generate = async (
     myDecodeBlocks = 0
     pinned = []
   }
+  waitingForSlot = true
   await Promise.all(tickets.map((t) => t.admitted))
+  waitingForSlot = false
   if (gone() || (wedged() && !(await coreRuns()))) return
 
   const promptIds = gr.promptWords.map(tokenId)
@@ -132,6 +123,14 @@ export const generate = async (
   const extraBlocks = (generated: number) => Math.ceil((promptIds.length + generated) / kv.blockSize) - fullPrompt
   myDecodeBlocks = extraBlocks(0)
   rank.decodeBlocks += myDecodeBlocks
+  if (leftInQueue) {
+    if (cfg.ttftMs > 0) await sleep(cfg.ttftMs)
+    rs.promptTokens += promptIds.length
+    state = "aborted"
+    stats.aborted++
+    cleanup()
+    return
+  }
 
   if (cfg.ttftMs > 0) await Promise.race([sleep(cfg.ttftMs), closed])
   if (gone()) return

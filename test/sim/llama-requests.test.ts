@@ -138,3 +138,50 @@ describe("a stalled stream", () => {
     }
   })
 })
+
+// llama-server keeps a request whose client left while it waited for a slot: it stays deferred, takes the slot when
+// one frees, and its prompt is evaluated for nobody (ggml-org/llama.cpp#13262; the real server measured so). The
+// simulator dropped it at once, so nothing built on it could see what such a cancel costs.
+describe("a request left while it waited for a slot", () => {
+  it("stays deferred until the slot frees, then has its prompt evaluated and is dropped", async () => {
+    const sim = await startSim({ flavor: "llama_cpp", args: ["-m", "/m.gguf", "-np", "1", "--metrics", "--sim-itl", "20ms"] })
+    const metric = async (name: string) => {
+      const page = await (await fetch(`${sim.url}/metrics`)).text()
+      return Number(
+        page
+          .split("\n")
+          .find((l) => l.startsWith(`${name} `))
+          ?.split(" ")[1]
+      )
+    }
+    try {
+      const holder = fetch(`${sim.url}/v1/completions`, {
+        method: "POST",
+        body: JSON.stringify({ prompt: "a b c", max_tokens: 40, stream: true })
+      }).then((r) => r.text())
+      await pollUntil(async () => ((await metric("llamacpp:requests_processing")) === 1 ? true : undefined))
+      const ac = new AbortController()
+      const left = fetch(`${sim.url}/v1/completions`, {
+        method: "POST",
+        body: JSON.stringify({ prompt: "one two three four five", max_tokens: 4, stream: true }),
+        signal: ac.signal
+      }).catch(() => undefined)
+      await pollUntil(async () => ((await metric("llamacpp:requests_deferred")) === 1 ? true : undefined))
+      const promptBefore = await metric("llamacpp:prompt_tokens_total")
+      ac.abort()
+      await left
+      // still deferred while the slot is busy (it was 0 at once)
+      expect(await metric("llamacpp:requests_deferred")).toBe(1)
+      await holder
+      // the slot freed: the left request took it, its five prompt tokens evaluated, and it is gone
+      await pollUntil(async () =>
+        (await metric("llamacpp:requests_deferred")) === 0 && (await metric("llamacpp:requests_processing")) === 0
+          ? true
+          : undefined
+      )
+      expect((await metric("llamacpp:prompt_tokens_total")) - promptBefore).toBe(5)
+    } finally {
+      await sim.stop()
+    }
+  })
+})
