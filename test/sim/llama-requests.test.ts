@@ -144,7 +144,10 @@ describe("a stalled stream", () => {
 // simulator dropped it at once, so nothing built on it could see what such a cancel costs.
 describe("a request left while it waited for a slot", () => {
   it("stays deferred until the slot frees, then has its prompt evaluated and is dropped", async () => {
-    const sim = await startSim({ flavor: "llama_cpp", args: ["-m", "/m.gguf", "-np", "1", "--metrics", "--sim-itl", "20ms"] })
+    const sim = await startSim({
+      flavor: "llama_cpp",
+      args: ["-m", "/m.gguf", "-np", "1", "--metrics", "--sim-itl", "20ms"]
+    })
     const metric = async (name: string) => {
       const page = await (await fetch(`${sim.url}/metrics`)).text()
       return Number(
