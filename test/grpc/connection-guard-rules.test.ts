@@ -14,6 +14,7 @@ import {
   STALE_HANDSHAKE_MS
 } from "../../src/services/grpc/ConnectionCaps.ts"
 import {
+  answeredBytes,
   closedReason,
   FLOOD_LIMITS,
   floodStep,
@@ -23,6 +24,7 @@ import {
   PEER_FLOOD_MIN_BYTES,
   PEER_RESET_BURST,
   PEER_RESET_RATE,
+  PING_FRAME_BYTES,
   peerFloodStep,
   refilled,
   resetMirror,
@@ -179,6 +181,11 @@ describe("the flood rule", () => {
   it("counts as waste only the bytes read beyond what calls account for and what the agent wrote", () => {
     expect(wasted({ read: 1000, accounted: 600, written: 100 })).toBe(300)
     expect(wasted({ read: 1000, accounted: 600, written: 1000 })).toBe(0)
+    // the acks of the client's own PINGs and SETTINGS are no writes of the agent's: 10 PINGs read, 10 acks written
+    const pings = { read: 10 * PING_FRAME_BYTES, accounted: 0, written: 10 * PING_FRAME_BYTES }
+    expect(wasted(pings)).toBe(0)
+    expect(wasted({ ...pings, answered: answeredBytes(10, 0) })).toBe(10 * PING_FRAME_BYTES)
+    expect(answeredBytes(2, 3)).toBe(2 * 17 + 3 * 9)
   })
 
   it("lets a connection waste the burst at once and the floor for ever; one more byte is a flood", () => {

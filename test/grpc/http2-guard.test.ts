@@ -232,6 +232,26 @@ describe("the gRPC server's guard", () => {
     expect((await call(victim, "/t.T/Echo")).status).toBe("0")
   })
 
+  it("closes a PING flood, whose acks (the agent's writes) cancelled it: it was never closed", async () => {
+    // the rule 64 times stricter (128 KiB at once, 16 KiB/s), so that 340 KB of PINGs is a flood
+    const { port, events } = await start({ flood: { burstBytes: 128 * 1024, floorBytesPerSec: 16 * 1024 } })
+    const flooder = rawClient(port, "127.0.0.6")
+    // PINGs (17 bytes each) paced 200 at a time, below nghttp2's own limit on acks waiting to go out (a burst of
+    // thousands is closed by nghttp2 itself), each acked by node:http2
+    const batch = Buffer.concat(Array.from({ length: 200 }, () => frame(6, 0, 0, Buffer.alloc(8))))
+    let sent = 0
+    let over = false
+    void flooder.closed.then(() => (over = true))
+    while (!over && sent < 100 * batch.length) {
+      flooder.socket.write(batch)
+      sent += batch.length
+      await new Promise((r) => setTimeout(r, 1))
+    }
+    expect(await within(flooder.closed, 5_000)).not.toBe("pending")
+    expect(flooder.goaway()).toBe(http2.constants.NGHTTP2_ENHANCE_YOUR_CALM)
+    expect(events).toEqual([{ kind: "closed", reason: "frame_flood", peer: "127.0.0.6", bytes: expect.any(Number) }])
+  })
+
   it("closes a peer's connections that flood together, each under its own limit; its clean connection and other peers' stay", async () => {
     // A rule 64 times stricter than the default for a connection (16 KiB/s, 128 KiB at once), and a peer's four times
     // that but at once twice (256 KiB): each flooder wastes 100 KiB, under its own burst; a peer's four pass the peer's.

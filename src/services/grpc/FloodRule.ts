@@ -88,10 +88,26 @@ export interface ConnectionSample {
   readonly written: number
   /** Bytes its calls account for (headers, request data, their frame headers). */
   readonly accounted: number
+  /**
+   * Bytes of `written` that answer the client's own frames (`answeredBytes`): acks a client makes the agent send
+   * by sending, which earn it nothing. Counted as the agent's writes, a PING's ack cancelled the PING: a PING flood
+   * wasted nothing and was never closed.
+   */
+  readonly answered?: number
 }
 
-/** The bytes read that neither a call nor the agent's own writes account for. */
-export const wasted = (s: ConnectionSample): number => Math.max(0, s.read - s.accounted - s.written)
+/** A PING frame (RFC 9113 6.7): a frame header and 8 bytes of payload; its ack is the same size. */
+export const PING_FRAME_BYTES = 17
+/** A SETTINGS ack (RFC 9113 6.5): a frame header alone. */
+export const SETTINGS_ACK_BYTES = 9
+
+/** The bytes of the agent's acks of `pings` PING and `settings` SETTINGS frames the client sent. */
+export const answeredBytes = (pings: number, settings: number): number =>
+  pings * PING_FRAME_BYTES + settings * SETTINGS_ACK_BYTES
+
+/** The bytes read that neither a call nor the agent's own writes (its answers to the client's frames aside) account for. */
+export const wasted = (s: ConnectionSample): number =>
+  Math.max(0, s.read - s.accounted - Math.max(0, s.written - (s.answered ?? 0)))
 
 /** A connection's waste bucket: bytes it may still waste, as of `atMs`. */
 export interface FloodBucket {

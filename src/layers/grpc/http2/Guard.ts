@@ -233,9 +233,18 @@ export class Guard {
       refusals: resetMirror(REFUSAL_BURST, now),
       read: c?.read ?? 0,
       written: c?.written ?? 0,
+      pings: 0,
+      settings: 0,
       place: this.#places.settle(session)
     }
     this.#sessions.set(session, f)
+    // the client's PINGs and SETTINGS, each acked by node:http2: those acks are no writes of the agent's (FloodRule.ts)
+    session.on("ping", () => {
+      f.pings++
+    })
+    session.on("remoteSettings", () => {
+      f.settings++
+    })
     session.on("error", (e: NodeJS.ErrnoException) => {
       const reason = closedReason(e.errno, f.mirror, STREAM_RESET_RATE)
       if (reason === undefined) return

@@ -5,6 +5,7 @@
  */
 import type * as http2 from "node:http2"
 import {
+  answeredBytes,
   type FloodBucket,
   type FloodLimits,
   floodStep,
@@ -23,6 +24,9 @@ export interface Sampled {
   bucket: FloodBucket
   read: number
   written: number
+  /** PING and SETTINGS frames the client sent since the last sample (the agent acked each: not its own writes). */
+  pings: number
+  settings: number
 }
 
 export interface FloodRules {
@@ -46,10 +50,17 @@ export const sampleFloods = (
     if (session.destroyed) continue
     const c = counters(session)
     if (c === undefined) continue
-    const sample = { read: c.read - f.read, written: c.written - f.written, accounted: f.accounted }
+    const sample = {
+      read: c.read - f.read,
+      written: c.written - f.written,
+      accounted: f.accounted,
+      answered: answeredBytes(f.pings, f.settings)
+    }
     f.read = c.read
     f.written = c.written
     f.accounted = 0
+    f.pings = 0
+    f.settings = 0
     const waste = wasted(sample)
     const step = floodStep(f.bucket, sample, now, rules.connection)
     f.bucket = step.bucket
