@@ -6,7 +6,9 @@ import { AgentDefinition } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { layerWith as grpcLayerWith } from "../../src/layers/grpc/GrpcServer.ts"
 import { layerWith as tlsLayerWith } from "../../src/layers/tls/Tls.ts"
 import { GrpcServer } from "../../src/services/grpc/GrpcServer.ts"
+import { Metrics } from "../../src/services/observability/Metrics.ts"
 import { Tls } from "../../src/services/tls/Tls.ts"
+import * as MetricsTest from "../../src/testing/Metrics.ts"
 import { agentDeps } from "../support/agentDeps.ts"
 import { makeTestPki, type TestPki } from "../support/certs.ts"
 import { runCli } from "../support/cli.ts"
@@ -15,7 +17,7 @@ import { type SimHandle, startSim } from "../support/sim.ts"
 describe("mTLS on the Agent gRPC server", () => {
   let pki: TestPki
   let sim: SimHandle
-  let rt: ManagedRuntime.ManagedRuntime<GrpcServer, unknown>
+  let rt: ManagedRuntime.ManagedRuntime<GrpcServer | Metrics, unknown>
   let address: string
 
   beforeAll(async () => {
@@ -29,7 +31,7 @@ describe("mTLS on the Agent gRPC server", () => {
     // As programs/main.ts: the server listens with the Tls service's material.
     const server = Layer.unwrap(
       Effect.map(Tls, (t) => grpcLayerWith({ address: "127.0.0.1:0", tls: t.serverTls, shutdownGraceMs: 500 }))
-    ).pipe(Layer.provide(tls), Layer.provide(deps))
+    ).pipe(Layer.provide(tls), Layer.provide(deps), Layer.provideMerge(MetricsTest.layerTest))
     rt = ManagedRuntime.make(server)
     address = (await rt.runPromise(GrpcServer)).address
   })
@@ -67,6 +69,12 @@ describe("mTLS on the Agent gRPC server", () => {
     }
     const served = await Promise.all(Object.values(cases).map((c) => call(c)))
     expect(served.map((r) => r.status)).toEqual(["UNAVAILABLE", "UNAVAILABLE", "UNAVAILABLE"])
+    // the certificate refusals are counted (a router's certificate refused was a debug line of "socket hang up")
+    const page = (await rt.runPromise(Effect.flatMap(Metrics, (m) => m.render))).body
+    const refused = page
+      .split("\n")
+      .find((l) => l.startsWith('cgn_agent_grpc_connections_refused_total{reason="client_certificate"}'))
+    expect(Number(refused?.split(" ")[1])).toBeGreaterThanOrEqual(1)
   })
 
   const runGenerate = (args: ReadonlyArray<string>) => runCli(["generate", ...args])

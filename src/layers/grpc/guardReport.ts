@@ -24,6 +24,8 @@ const MESSAGES: Record<GuardEvent["reason"], string> = {
   peer_limit: "gRPC connection refused: its peer already holds agent.max_connections_per_peer connections",
   total_limit: "gRPC connection refused: agent.max_connections connections are open",
   cooldown: `gRPC connection refused: its peer flooded a connection less than ${FLOOD_COOLDOWN_MS / 1000} s ago`,
+  client_certificate:
+    "gRPC connection refused: its TLS client certificate did not verify against security.ca_file (the reason in `certificate`)",
   frame_flood:
     "gRPC connection closed (GOAWAY ENHANCE_YOUR_CALM): a flood of frames that carry no call (WINDOW_UPDATE, PRIORITY, resets of closed streams...), on it or on its peer's connections together",
   reset_flood: `gRPC connection closed (ENHANCE_YOUR_CALM): its client reset streams past the budget (${STREAM_RESET_BURST} at once then ${STREAM_RESET_RATE}/s on one connection, node:http2's rapid-reset guard; ${PEER_RESET_BURST} then ${PEER_RESET_RATE}/s on all of a peer's)`,
@@ -55,6 +57,7 @@ export const guardReport = (
     const fields: Record<string, unknown> = { peer: event.peer, reason: event.reason, suppressed: line.suppressed }
     if (line.key !== `${event.reason} ${event.peer}`) fields.peer = "(many peers)"
     if (event.kind === "refused" && event.limit > 0) fields.limit = event.limit
+    if (event.kind === "refused" && event.detail !== undefined) fields.certificate = event.detail
     if (event.kind === "closed" && event.bytes !== undefined) fields.wasted_bytes = event.bytes
     if (event.kind === "closed" && event.forPeer !== undefined) fields.for_peer = event.forPeer
     run(Effect.logWarning(MESSAGES[event.reason], fields))

@@ -73,7 +73,7 @@ const makeHandles = (registry: Registry): MetricHandles => {
     ),
     grpcConnectionsRefused: counter(
       "grpc_connections_refused_total",
-      "gRPC connections closed at accept, by reason: peer_limit (agent.max_connections_per_peer), total_limit (agent.max_connections), cooldown (the peer flooded in the last 10 s)",
+      "gRPC connections closed at accept, by reason: peer_limit (agent.max_connections_per_peer), total_limit (agent.max_connections), cooldown (the peer flooded in the last 10 s), client_certificate (mTLS: a client certificate that did not verify)",
       ["reason"] as const
     ),
     grpcConnectionsClosed: counter(

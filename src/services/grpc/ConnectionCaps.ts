@@ -7,8 +7,14 @@
  */
 
 /** Why a connection was refused at its accept. */
-export type RefusedReason = "peer_limit" | "total_limit" | "cooldown"
-export const REFUSED_REASONS: ReadonlyArray<RefusedReason> = ["peer_limit", "total_limit", "cooldown"]
+/** client_certificate: a TLS handshake that failed on the client's certificate (mTLS; Connections.ts). */
+export type RefusedReason = "peer_limit" | "total_limit" | "cooldown" | "client_certificate"
+export const REFUSED_REASONS: ReadonlyArray<RefusedReason> = [
+  "peer_limit",
+  "total_limit",
+  "cooldown",
+  "client_certificate"
+]
 
 /**
  * How long a peer whose connection was closed for a flood (of cheap frames, or of stream resets past Node's guard)

@@ -8,6 +8,8 @@
 import type * as http2 from "node:http2"
 import type * as net from "node:net"
 import * as tls from "node:tls"
+import { peerOf } from "../../../services/grpc/ConnectionCaps.ts"
+import type { GuardEvent } from "./Guard.ts"
 import { MAX_HEADER_LIST_BYTES, MAX_HEADER_LIST_PAIRS } from "./headerLimits.ts"
 import { Keepalive } from "./Keepalive.ts"
 import type { Http2GrpcServerOptions } from "./ServerOptions.ts"
@@ -103,6 +105,7 @@ export class Connections {
   readonly #inTls = new Map<string, net.Socket>()
   readonly #handshakeMs: number
   readonly #onError: (error: Error) => void
+  readonly #onGuard: (event: GuardEvent) => void
   readonly #keepalive: Keepalive | undefined
   /** Set by close() and destroy(): what a connection accepted before and past its handshake after then gets. */
   #closing: "close" | "destroy" | undefined
@@ -110,6 +113,7 @@ export class Connections {
   constructor(options: Http2GrpcServerOptions) {
     this.#handshakeMs = options.handshakeTimeoutMs ?? HANDSHAKE_TIMEOUT_MS
     this.#onError = (e) => options.onConnectionError?.(e)
+    this.#onGuard = options.onGuard ?? (() => {})
     const k = options.keepalive
     if (k !== undefined && k.timeMs > 0) this.#keepalive = new Keepalive(k, options.onGuard ?? (() => {}))
   }
@@ -148,7 +152,20 @@ export class Connections {
       // Past its TLS handshake after close() or destroy(): it must not take calls, nor hold close().
       if (this.#closing !== undefined) session.destroy()
     })
-    server.on("tlsClientError", this.#onError)
+    server.on("tlsClientError", (error: Error, socket: tls.TLSSocket) => {
+      this.#onError(error)
+      // A certificate node:tls refused (requestCert, rejectUnauthorized): the reason is the socket's, not the error's
+      // ("socket hang up" under TLS 1.3), and an operator rolling out mTLS needs it.
+      const refused = socket?.authorizationError
+      if (refused !== undefined && refused !== null)
+        this.#onGuard({
+          kind: "refused",
+          reason: "client_certificate",
+          peer: peerOf(socket.remoteAddress),
+          limit: 0,
+          detail: String(refused)
+        })
+    })
   }
 
   /** The count of the calls open on `session` (ServerCall's). */

@@ -38,7 +38,14 @@ import { counters } from "./socketCounters.ts"
  * address of the connection an idle one was closed for (idle_evicted).
  */
 export type GuardEvent =
-  | { readonly kind: "refused"; readonly reason: RefusedReason; readonly peer: string; readonly limit: number }
+  | {
+      readonly kind: "refused"
+      readonly reason: RefusedReason
+      readonly peer: string
+      readonly limit: number
+      /** What node:tls said of the client's certificate (client_certificate): CERT_HAS_EXPIRED, ... */
+      readonly detail?: string
+    }
   | {
       readonly kind: "closed"
       readonly reason: ClosedReason
