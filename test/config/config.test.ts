@@ -71,6 +71,14 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
   ],
   ["wrong type inside a table", `[engine]\nenv = { A = 1 }\n${MODEL}`, ["engine.env.A: Expected string, got 1"]],
   [
+    "a secret written as a number: its value is not echoed (README Secrets: the key's name says so)",
+    `[agent]\nadmin_token = 31415926535\n[engine]\nenv = { HF_TOKEN = 987654321 }\n${MODEL}`,
+    [
+      "agent.admin_token: Expected string, got a number (not shown: a secret's key)",
+      "engine.env.HF_TOKEN: Expected string, got a number (not shown: a secret's key)"
+    ]
+  ],
+  [
     "unknown key with a suggestion",
     `[agent]\nlisten_grcp = "0.0.0.0:7071"\n${MODEL}`,
     ['agent.listen_grcp: unknown key; did you mean "listen_grpc"?']

@@ -415,6 +415,16 @@ describe("otlpTraceSettings", () => {
       c,
       { OTEL_EXPORTER_OTLP_PROTOCOL: "grpc" },
       { warnings: [expect.stringContaining("grpc")] }
+    ],
+    [
+      "the path goes before a query; what may be a secret is not shown (a password, a query's values)",
+      "https://u:pw@collector:4318/otlp/?token=s3cr3t",
+      { OTEL_EXPORTER_OTLP_PROTOCOL: "grpc" },
+      {
+        url: "https://u:pw@collector:4318/otlp/v1/traces?token=s3cr3t",
+        shown: "https://***@collector:4318/otlp/v1/traces?token=***",
+        warnings: [expect.not.stringContaining("s3cr3t")]
+      }
     ]
   ])("%s", (_name, config, env, expected) => {
     const got = otlpTraceSettings(config, env)

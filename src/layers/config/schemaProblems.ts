@@ -14,6 +14,7 @@ import {
   ModelSection,
   SecuritySection
 } from "../../services/config/ConfigSchema.ts"
+import { isSecretName } from "../../services/engine/Secrets.ts"
 
 const sectionSchemas = {
   cluster: ClusterSection,
@@ -206,7 +207,13 @@ const schemaProblems = (
           )
         : undefined
     if (words !== undefined) return `${formatPath(path)}: ${words}`
-    const got = i.message.startsWith("Expected") ? `, got ${describe(valueAt(value, path.slice(at.length)))}` : ""
+    // a secret's key (etcd_password, admin_token, an engine.env token: README "Secrets") never shows its value,
+    // whatever its type: a token written without quotes is a number
+    const gotValue = valueAt(value, path.slice(at.length))
+    const secret = isSecretName(String(path.at(-1) ?? ""))
+    const got = i.message.startsWith("Expected")
+      ? `, got ${secret && typeof gotValue !== "object" ? `a ${typeof gotValue} (not shown: a secret's key)` : describe(gotValue)}`
+      : ""
     return `${formatPath(path)}: ${i.message}${got}`
   })
 }

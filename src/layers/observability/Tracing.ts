@@ -78,7 +78,7 @@ export const layer = (config: AgentConfig, env: Env = process.env): Layer.Layer<
           import("./TraceExportMonitor.ts")
         ])
       )
-      const monitor = yield* TraceExportMonitor.make(settings.url)
+      const monitor = yield* TraceExportMonitor.make(settings.shown)
       const exporter = new OTLPTraceExporter({
         url: settings.url,
         ...(settings.timeoutMillis === undefined ? {} : { timeoutMillis: settings.timeoutMillis })
@@ -102,7 +102,7 @@ export const layer = (config: AgentConfig, env: Env = process.env): Layer.Layer<
         shutdownTimeout: SDK_SHUTDOWN_TIMEOUT
       }))
       // Built after the provider, so its flush runs before the provider's release.
-      return flushOnRelease(processor, settings.url).pipe(
+      return flushOnRelease(processor, settings.shown).pipe(
         Layer.provideMerge(provider),
         Layer.merge(Layer.succeed(TraceExportStatus)(monitor.status))
       )

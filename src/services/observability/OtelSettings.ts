@@ -17,6 +17,8 @@ export type Env = Readonly<Record<string, string | undefined>>
 export interface OtlpTraceSettings {
   /** The full OTLP/HTTP traces URL. */
   readonly url: string
+  /** The URL as logs and /status show it: a password or user and the query (a token) replaced by `***`. */
+  readonly shown: string
   readonly serviceName: string
   /** Settings the agent cannot honour, to log once at start. */
   readonly warnings: ReadonlyArray<string>
@@ -50,7 +52,31 @@ const get = (env: Env, name: string): string | undefined => {
   return v === undefined || v === "" ? undefined : v
 }
 
-const tracesUrl = (base: string): string => `${base.replace(/\/+$/, "")}/v1/traces`
+/** `/v1/traces` added to the base's path, before its query if it has one. */
+const tracesUrl = (base: string): string => {
+  try {
+    const u = new URL(base)
+    u.pathname = `${u.pathname.replace(/\/+$/, "")}/v1/traces`
+    return u.toString()
+  } catch {
+    return `${base.replace(/\/+$/, "")}/v1/traces`
+  }
+}
+
+/** `url` without what may be a secret: its user and password, and its query's values. */
+export const shownUrl = (url: string): string => {
+  try {
+    const u = new URL(url)
+    if (u.username !== "" || u.password !== "") {
+      u.username = "***"
+      u.password = ""
+    }
+    for (const key of [...u.searchParams.keys()]) u.searchParams.set(key, "***")
+    return u.toString()
+  } catch {
+    return "(not a URL)"
+  }
+}
 
 /**
  * A millisecond or count setting: a number > 0, else undefined, and then the SDK reads the variable itself and
@@ -95,7 +121,9 @@ export const otlpTraceSettings = (configEndpoint: string | undefined, env: Env):
   if (unsupported.length > 0) warnings.push(`OTEL_TRACES_EXPORTER=${unsupported.join(",")}: only otlp is supported`)
   const protocol = get(env, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") ?? get(env, "OTEL_EXPORTER_OTLP_PROTOCOL")
   if (protocol !== undefined && protocol !== "http/json" && protocol !== "http/protobuf")
-    warnings.push(`OTEL_EXPORTER_OTLP_PROTOCOL=${protocol} is not supported; exporting OTLP/HTTP (JSON) to ${url}`)
+    warnings.push(
+      `OTEL_EXPORTER_OTLP_PROTOCOL=${protocol} is not supported; exporting OTLP/HTTP (JSON) to ${shownUrl(url)}`
+    )
   const serviceName =
     get(env, "OTEL_SERVICE_NAME") ??
     serviceNameFromResource(get(env, "OTEL_RESOURCE_ATTRIBUTES")) ??
@@ -107,5 +135,12 @@ export const otlpTraceSettings = (configEndpoint: string | undefined, env: Env):
     const n = getNumber(env, name)
     if (n !== undefined) batch[option] = n
   }
-  return { url, serviceName, warnings, ...(timeoutMillis === undefined ? {} : { timeoutMillis }), batch }
+  return {
+    url,
+    shown: shownUrl(url),
+    serviceName,
+    warnings,
+    ...(timeoutMillis === undefined ? {} : { timeoutMillis }),
+    batch
+  }
 }
