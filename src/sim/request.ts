@@ -4,7 +4,6 @@
 import type { Endpoint } from "./chunks.ts"
 import { contextRefusal } from "./contextLimit.ts"
 import { bodyDpRank } from "./dpPin.ts"
-import { vllmValidationError } from "./errors.ts"
 import {
   type LlamaInvalid,
   type LlamaPrompt,
@@ -13,6 +12,7 @@ import {
   llamaParams,
   llamaPrompts
 } from "./llamaRequest.ts"
+import { earlyRefusal, type Invalid, samplingRefusal } from "./requestChecks.ts"
 import type { SimConfig } from "./simConfig.ts"
 import { words } from "./tokens.ts"
 
@@ -74,13 +74,7 @@ export interface GenRequest {
   readonly ssePingMs?: number | undefined
 }
 
-export type Invalid = {
-  readonly status: number
-  readonly message: string
-  readonly param: string | null
-  /** A flavor's whole error body when it is not the flavor's usual shape (errors.ts). */
-  readonly body?: unknown
-}
+export type { Invalid }
 
 const contentText = (content: unknown): string => {
   if (typeof content === "string") return content
@@ -107,48 +101,7 @@ const promptText = (prompt: unknown): string | undefined => {
   return undefined
 }
 
-/** Python's truthiness of a JSON value, as the engines' validators test `data.get(...)`. */
-const truthy = (v: unknown): boolean => {
-  if (v === undefined || v === null || v === false || v === 0 || v === "") return false
-  if (Array.isArray(v)) return v.length > 0
-  if (typeof v === "object") return Object.keys(v).length > 0
-  return true
-}
-
 const isString = (v: unknown): v is string => typeof v === "string"
-
-const STREAM_OPTIONS_TEXT = "Stream options can only be defined when `stream=True`."
-
-/**
- * vLLM's completion and chat request models refuse `stream_options` (when truthy) unless `stream` is
- * (validate_stream_options in vllm-project/vllm vllm/entrypoints/openai/completion/protocol.py and
- * vllm/entrypoints/openai/chat_completion/protocol.py). It is a `mode="before"` model validator, so it answers
- * before any field is checked. SGLang's models have no such validator and ignore the options
- * (sgl-project/sglang python/sglang/srt/entrypoints/openai/protocol.py); neither does llama-server or mlx-lm.
- */
-const streamOptionsWithoutStream = (cfg: SimConfig, b: Record<string, unknown>): Invalid | undefined => {
-  if (cfg.flavor !== "vllm" || !truthy(b.stream_options) || truthy(b.stream)) return undefined
-  const body = vllmValidationError(STREAM_OPTIONS_TEXT, "stream_options", Object.keys(b).length)
-  return { status: 400, message: STREAM_OPTIONS_TEXT, param: "stream_options", body }
-}
-
-const INT64_MAX = 2n ** 63n - 1n
-const INT64_MIN = -(2n ** 63n)
-
-/**
- * vLLM bounds `seed` to torch.long: `seed: int | None = Field(None, ge=_LONG_INFO.min, le=_LONG_INFO.max)` on its
- * completion and chat request models (vllm-project/vllm vllm/entrypoints/openai/protocol.py), so pydantic refuses a
- * larger one, answered 400 as vLLM answers every validation error. Read from the raw body: JSON.parse rounds it.
- */
-const seedOutOfRange = (cfg: SimConfig, rawBody: string): Invalid | undefined => {
-  if (cfg.flavor !== "vllm") return undefined
-  const m = /"seed"\s*:\s*(-?\d+)\s*[,}]/.exec(rawBody)
-  if (m === null) return undefined
-  const seed = BigInt(m[1] ?? "0")
-  if (seed >= INT64_MIN && seed <= INT64_MAX) return undefined
-  const [bound, limit] = seed > INT64_MAX ? ["less", INT64_MAX] : ["greater", INT64_MIN]
-  return { status: 400, message: `seed: Input should be ${bound} than or equal to ${limit}`, param: "seed" }
-}
 
 /** Validates a parsed body; `rawBody` lets bootstrap_room (up to 2^63-1) be read without float rounding. */
 export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawBody: string): GenRequest | Invalid => {
@@ -157,7 +110,7 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
     return { status: 400, message: "request body must be a JSON object", param: null }
   }
   const b = body as Record<string, unknown>
-  const early = streamOptionsWithoutStream(cfg, b) ?? seedOutOfRange(cfg, rawBody)
+  const early = earlyRefusal(cfg, endpoint, b, rawBody)
   if (early !== undefined) return early
   const model = b.model
   if (model !== undefined && model !== null && typeof model === "string") {
@@ -194,7 +147,8 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
   const rawMax = b.max_completion_tokens ?? b.max_tokens
   let maxTokens = cfg.defaultMaxTokens
   if (rawMax !== undefined && rawMax !== null) {
-    if (typeof rawMax !== "number" || !Number.isInteger(rawMax) || rawMax < 1) {
+    // mlx-lm takes 0 (mlxRequest.ts); vLLM and SGLang refuse it
+    if (typeof rawMax !== "number" || !Number.isInteger(rawMax) || rawMax < (cfg.flavor === "mlx" ? 0 : 1)) {
       return { status: 400, message: `max_tokens must be at least 1, got ${String(rawMax)}.`, param: "max_tokens" }
     }
     maxTokens = rawMax
@@ -208,6 +162,8 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
     cfg.legacyErrors
   )
   if (tooLong !== undefined) return { status: 400, ...tooLong }
+  const sampling = samplingRefusal(cfg, b)
+  if (sampling !== undefined) return sampling
   // `stop` is a string or a list of strings for all three (vLLM and SGLang protocol.py, mlx_lm/server.py
   // do_POST). vLLM refuses an empty one (vllm/sampling_params.py SamplingParams._verify_args, answered 400).
   const stop = typeof b.stop === "string" ? [b.stop] : Array.isArray(b.stop) ? b.stop.filter(isString) : []

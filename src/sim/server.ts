@@ -281,6 +281,13 @@ const completion = async (
   }
   const parsed = validate(ctx.cfg, endpoint, body, raw)
   if (isInvalid(parsed)) {
+    if (parsed.drop === true) {
+      // mlx-lm: socketserver prints the traceback and closes the connection (ThreadingHTTPServer handle_error,
+      // shutdown_request); the client gets no response at all
+      ctx.log("Exception occurred during processing of request", { error: `ValueError: ${parsed.message}` })
+      req.socket.end()
+      return
+    }
     if (parsed.body !== undefined) return errorReply(ctx, res, parsed.status, parsed.body)
     return sendError(ctx, res, parsed.status, parsed.message, parsed.param)
   }

@@ -248,6 +248,16 @@ describe("planRequest: validation", () => {
     }
   })
 
+  it("mlx's top_k off is 0 (mlx-lm refuses -1 with no response at all); every other value passes as written", () => {
+    const mlx = config({}, {}, { kind: "mlx" })
+    const dialect = engineFor("mlx").capabilities.requestDialect
+    const planned = (topK: number) =>
+      (planRequest(req({ prompt: "a", sampling: { topK } }), mlx, dialect) as RequestPlan).body
+    expect(planned(-1)).toEqual({ prompt: "a", top_k: 0 })
+    expect(planned(40)).toEqual({ prompt: "a", top_k: 40 })
+    expect(plan({ prompt: "a", sampling: { topK: -1 } }).body).toEqual({ prompt: "a", top_k: -1 })
+  })
+
   it("llama.cpp's spelling (its backend's requestDialect): repeat_penalty, and a seed that fits its 32 bits", () => {
     const llama = config({}, {}, { kind: "llama_cpp" })
     const dialect = engineFor("llama_cpp").capabilities.requestDialect
@@ -262,8 +272,8 @@ describe("planRequest: validation", () => {
         `sampling.seed must be in [0, 4294967294] on llama_cpp: llama-server keeps a 32-bit seed, and 4294967295 means a random one; got ${seed}`
       )
     }
-    // Every other engine: the OpenAI names and the whole uint64 range.
-    for (const kind of ["vllm", "sglang", "mlx", "openai_compat"] as const)
+    // Every other engine but mlx (below): the OpenAI names and the whole uint64 range.
+    for (const kind of ["vllm", "sglang", "openai_compat"] as const)
       expect(engineFor(kind).capabilities.requestDialect, kind).toBeUndefined()
     expect(plan({ prompt: "a", sampling: { repetitionPenalty: 1.3 } }).body).toEqual({
       prompt: "a",

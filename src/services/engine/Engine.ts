@@ -115,6 +115,11 @@ export interface RequestDialect {
   readonly fieldNames?: Readonly<Record<string, string>>
   /** The largest `seed` the engine keeps as given; a larger one is refused with `why`. */
   readonly maxSeed?: { readonly value: bigint; readonly why: string }
+  /**
+   * The `top_k` that means no top-k filtering, where the engine refuses the agent's -1 ("off") for it (mlx-lm: 0,
+   * and a negative value raises in `validate_model_parameters`, answered with no HTTP response at all).
+   */
+  readonly topKOff?: number
 }
 
 /**

@@ -144,7 +144,7 @@ const samplingBody = (
   if (s.topK !== undefined) {
     if (s.topK !== -1 && s.topK < 1)
       return reject("INVALID_ARGUMENT", `sampling.top_k must be -1 (off) or >= 1, got ${s.topK}`, "sampling.top_k")
-    body.top_k = s.topK
+    body.top_k = s.topK === -1 ? (dialect.topKOff ?? -1) : s.topK
   }
   if (s.stop.length > 0) {
     if (s.stop.length > MAX_STOP_SEQUENCES)

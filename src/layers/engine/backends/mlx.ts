@@ -17,7 +17,10 @@ export const mlx: Engine = {
     kvEvents: false,
     tensorParallel: false,
     sources: ["hf_repo", "path"],
-    modelSettings: []
+    modelSettings: [],
+    // mlx_lm/server.py `validate_model_parameters`: "top_k must be a non-negative integer"; 0 turns it off
+    // (mlx_lm/sample_utils.py make_sampler applies top-k only when `top_k > 0`).
+    requestDialect: { topKOff: 0 }
   },
   render: (config: AgentConfig) => {
     const listen = listenOf(config)

@@ -1,7 +1,9 @@
 // Generate with `sampling.stop` through the built agent (`node dist/main.js run`) to the built simulator, no
 // etcd: the agent relays the stop strings, and the engine's answer (its text cut before the stop, finish
 // "stop", its own field naming the stop: vLLM `stop_reason`, SGLang `matched_stop`, mlx-lm none) reaches the
-// caller as the text before the stop and finish_reason "stop". Requires dist/ (`npm run build`).
+// caller as the text before the stop and finish_reason "stop"; and `sampling.top_k` -1 ("off") reaches each engine
+// as a value it takes (mlx-lm refuses -1 and closes the connection unanswered: the agent sends it 0). Requires dist/
+// (`npm run build`).
 import type { Channel } from "nice-grpc"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { killAllAgents, requireDist, simAgentConfig, simDistEntry, startAgent } from "../support/agent.ts"
@@ -56,6 +58,14 @@ describe.each([
       "stop",
       named ? " four" : ""
     ])
+  })
+
+  it("top_k -1 (off) and 40 are served", async () => {
+    for (const topK of [-1, 40]) {
+      const r = await generate(client, { prompt: PROMPT, sampling: { maxTokens: 2, topK } }).done
+      expect(r.error, `top_k ${topK}`).toBeUndefined()
+      expect(r.text()).toBe("one two")
+    }
   })
 
   it("a call that runs to its length names no stop sequence", async () => {

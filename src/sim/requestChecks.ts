@@ -1,0 +1,136 @@
+// Per-flavor refusals of an OpenAI request's fields (pure), beside the prompt and length checks of request.ts: what
+// vLLM's and SGLang's request models and sampling parameters refuse with 400, and what mlx-lm answers with no
+// response at all.
+
+import type { Endpoint } from "./chunks.ts"
+import { vllmValidationError } from "./errors.ts"
+import { mlxRefusal } from "./mlxRequest.ts"
+import type { SimConfig } from "./simConfig.ts"
+
+export type Invalid = {
+  readonly status: number
+  readonly message: string
+  readonly param: string | null
+  /** A flavor's whole error body when it is not the flavor's usual shape (errors.ts). */
+  readonly body?: unknown
+  /** mlx-lm: the request raised in its handler, and the connection is closed with no HTTP response. */
+  readonly drop?: true
+}
+
+/** Python's truthiness of a JSON value, as the engines' validators test `data.get(...)`. */
+const truthy = (v: unknown): boolean => {
+  if (v === undefined || v === null || v === false || v === 0 || v === "") return false
+  if (Array.isArray(v)) return v.length > 0
+  if (typeof v === "object") return Object.keys(v).length > 0
+  return true
+}
+
+const STREAM_OPTIONS_TEXT = "Stream options can only be defined when `stream=True`."
+
+/**
+ * vLLM's completion and chat request models refuse `stream_options` (when truthy) unless `stream` is
+ * (validate_stream_options in vllm-project/vllm vllm/entrypoints/openai/completion/protocol.py and
+ * vllm/entrypoints/openai/chat_completion/protocol.py). It is a `mode="before"` model validator, so it answers
+ * before any field is checked. SGLang's models have no such validator and ignore the options
+ * (sgl-project/sglang python/sglang/srt/entrypoints/openai/protocol.py); neither does llama-server or mlx-lm.
+ */
+const streamOptionsWithoutStream = (cfg: SimConfig, b: Record<string, unknown>): Invalid | undefined => {
+  if (cfg.flavor !== "vllm" || !truthy(b.stream_options) || truthy(b.stream)) return undefined
+  const body = vllmValidationError(STREAM_OPTIONS_TEXT, "stream_options", Object.keys(b).length)
+  return { status: 400, message: STREAM_OPTIONS_TEXT, param: "stream_options", body }
+}
+
+const INT64_MAX = 2n ** 63n - 1n
+const INT64_MIN = -(2n ** 63n)
+
+/**
+ * vLLM bounds `seed` to torch.long: `seed: int | None = Field(None, ge=_LONG_INFO.min, le=_LONG_INFO.max)` on its
+ * completion and chat request models (vllm-project/vllm vllm/entrypoints/openai/protocol.py), so pydantic refuses a
+ * larger one, answered 400 as vLLM answers every validation error. Read from the raw body: JSON.parse rounds it.
+ */
+const seedOutOfRange = (cfg: SimConfig, rawBody: string): Invalid | undefined => {
+  if (cfg.flavor !== "vllm") return undefined
+  const m = /"seed"\s*:\s*(-?\d+)\s*[,}]/.exec(rawBody)
+  if (m === null) return undefined
+  const seed = BigInt(m[1] ?? "0")
+  if (seed >= INT64_MIN && seed <= INT64_MAX) return undefined
+  const [bound, limit] = seed > INT64_MAX ? ["less", INT64_MAX] : ["greater", INT64_MIN]
+  return { status: 400, message: `seed: Input should be ${bound} than or equal to ${limit}`, param: "seed" }
+}
+
+/**
+ * What a flavor refuses before it reads the prompt: vLLM's model validators and seed bound; mlx-lm's
+ * `validate_model_parameters`, which runs before anything else in its handler (mlxRequest.ts).
+ */
+export const earlyRefusal = (
+  cfg: SimConfig,
+  endpoint: Endpoint,
+  b: Record<string, unknown>,
+  rawBody: string
+): Invalid | undefined => {
+  if (cfg.flavor === "mlx") {
+    const raised = mlxRefusal(endpoint, b)
+    return raised === undefined ? undefined : { status: 0, message: raised, param: null, drop: true }
+  }
+  return streamOptionsWithoutStream(cfg, b) ?? seedOutOfRange(cfg, rawBody)
+}
+
+/** A number field, or its default when absent or null (the engines' `x if x is not None else default`). */
+const num = (b: Record<string, unknown>, key: string, fallback: number): number => {
+  const v = b[key]
+  return typeof v === "number" ? v : fallback
+}
+
+const refused = (message: string, param: string | null = null): Invalid => ({ status: 400, message, param })
+
+/**
+ * vLLM's SamplingParams._verify_args, in its order (vllm-project/vllm vllm/sampling_params.py; VLLMValidationError,
+ * answered 400, naming the parameter for temperature and top_p). Defaults as SamplingParams.from_optional's.
+ */
+const vllmSampling = (b: Record<string, unknown>): Invalid | undefined => {
+  const presence = num(b, "presence_penalty", 0)
+  if (!(presence >= -2 && presence <= 2)) return refused(`presence_penalty must be in [-2, 2], got ${presence}.`)
+  const frequency = num(b, "frequency_penalty", 0)
+  if (!(frequency >= -2 && frequency <= 2)) return refused(`frequency_penalty must be in [-2, 2], got ${frequency}.`)
+  const repetition = num(b, "repetition_penalty", 1)
+  if (repetition <= 0) return refused(`repetition_penalty must be greater than zero, got ${repetition}.`)
+  const temperature = num(b, "temperature", 1)
+  if (temperature < 0) return refused(`temperature must be non-negative, got ${temperature}.`, "temperature")
+  if (temperature > 2) return refused(`temperature must be in [0, 2], got ${temperature}.`, "temperature")
+  const topP = num(b, "top_p", 1)
+  if (!(topP > 0 && topP <= 1)) return refused(`top_p must be in (0, 1], got ${topP}.`, "top_p")
+  const topK = num(b, "top_k", 0)
+  if (topK < -1) return refused(`top_k must be 0 (disable), or at least 1, got ${topK}.`)
+  const minP = num(b, "min_p", 0)
+  if (!(minP >= 0 && minP <= 1)) return refused(`min_p must be in [0, 1], got ${minP}.`)
+  return undefined
+}
+
+/**
+ * SGLang's SamplingParams.verify, in its order, after __post_init__ has made a temperature below 1e-6 greedy (top_k
+ * 1) and -1 the whole vocabulary (sgl-project/sglang python/sglang/srt/sampling/sampling_params.py); a ValueError
+ * there is answered 400.
+ */
+const sglangSampling = (b: Record<string, unknown>): Invalid | undefined => {
+  const temperature = num(b, "temperature", 1)
+  if (temperature < 0) return refused(`temperature must be a non-negative finite number, got ${temperature}.`)
+  const topP = num(b, "top_p", 1)
+  if (!(topP > 0 && topP <= 1)) return refused(`top_p must be in (0, 1], got ${topP}.`)
+  const minP = num(b, "min_p", 0)
+  if (!(minP >= 0 && minP <= 1)) return refused(`min_p must be in [0, 1], got ${minP}.`)
+  const rawTopK = num(b, "top_k", -1)
+  const topK = temperature < 1e-6 ? 1 : rawTopK === -1 ? 1 << 30 : rawTopK
+  if (topK < 1) return refused(`top_k must be -1 (disable) or at least 1, got ${topK}.`)
+  const frequency = num(b, "frequency_penalty", 0)
+  if (!(frequency >= -2 && frequency <= 2)) return refused(`frequency_penalty must be in [-2, 2], got ${frequency}.`)
+  const presence = num(b, "presence_penalty", 0)
+  if (!(presence >= -2 && presence <= 2)) return refused(`presence_penalty must be in [-2, 2], got ${presence}.`)
+  const repetition = num(b, "repetition_penalty", 1)
+  if (!(repetition > 0 && repetition <= 2))
+    return refused(`repetition_penalty must be in (0, 2] (1.0 = no penalty), got ${repetition}.`)
+  return undefined
+}
+
+/** The engine's sampling-parameter checks, which run once the prompt has passed its length check. */
+export const samplingRefusal = (cfg: SimConfig, b: Record<string, unknown>): Invalid | undefined =>
+  cfg.flavor === "vllm" ? vllmSampling(b) : cfg.flavor === "sglang" ? sglangSampling(b) : undefined
