@@ -45,13 +45,15 @@ export const generate = async (
   let generating = false
   let detached = false
   // llama-server also keeps a request its client left while it waited for a slot: it takes the slot when one frees,
-  // its prompt evaluated for nobody, and is dropped at its first result (ggml-org/llama.cpp#13262; measured against
-  // the real server: its requests_deferred stays up meanwhile).
+  // its prompt evaluated for nobody; a stream is dropped at its first result (that token counted), a whole answer is
+  // generated to its end (ggml-org/llama.cpp#13262; measured against the real server: its requests_deferred stays
+  // up meanwhile).
   let waitingForSlot = false
   let leftInQueue = false
   const closed = new Promise<void>((resolve) => {
     res.on("close", () => {
-      if (state === "active" && !res.writableFinished && generating && cfg.flavor === "llama_cpp" && !gr.stream) {
+      const kept = generating || waitingForSlot
+      if (state === "active" && !res.writableFinished && kept && cfg.flavor === "llama_cpp" && !gr.stream) {
         detached = true
       } else if (state === "active" && !res.writableFinished && waitingForSlot && cfg.flavor === "llama_cpp") {
         leftInQueue = true
@@ -126,13 +128,16 @@ export const generate = async (
   if (leftInQueue) {
     if (cfg.ttftMs > 0) await sleep(cfg.ttftMs)
     rs.promptTokens += promptIds.length
+    // its first token is made, and counted as the request ends
+    rs.generationTokens++
+    rs.finishedGenerationTokens++
     state = "aborted"
     stats.aborted++
     cleanup()
     return
   }
 
-  if (cfg.ttftMs > 0) await Promise.race([sleep(cfg.ttftMs), closed])
+  if (cfg.ttftMs > 0) await (detached ? sleep(cfg.ttftMs) : Promise.race([sleep(cfg.ttftMs), closed]))
   if (gone()) return
   const sglangPrefill = cfg.flavor === "sglang" && cfg.disaggregationMode === "prefill" && gr.bootstrap !== undefined
   // The fake sender (SGLang's own warm-up) hands nothing to the bootstrap server.

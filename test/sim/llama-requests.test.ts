@@ -140,23 +140,27 @@ describe("a stalled stream", () => {
 })
 
 // llama-server keeps a request whose client left while it waited for a slot: it stays deferred, takes the slot when
-// one frees, and its prompt is evaluated for nobody (ggml-org/llama.cpp#13262; the real server measured so). The
+// one frees, and its prompt is evaluated for nobody; a stream is dropped at its first token, a whole answer generated
+// to its end (ggml-org/llama.cpp#13262; the real server measured so). The
 // simulator dropped it at once, so nothing built on it could see what such a cancel costs.
+/** A series' value on the simulator's /metrics. */
+const metricOf = async (url: string, name: string): Promise<number> => {
+  const page = await (await fetch(`${url}/metrics`)).text()
+  return Number(
+    page
+      .split("\n")
+      .find((l) => l.startsWith(`${name} `))
+      ?.split(" ")[1]
+  )
+}
+
 describe("a request left while it waited for a slot", () => {
   it("stays deferred until the slot frees, then has its prompt evaluated and is dropped", async () => {
     const sim = await startSim({
       flavor: "llama_cpp",
       args: ["-m", "/m.gguf", "-np", "1", "--metrics", "--sim-itl", "20ms"]
     })
-    const metric = async (name: string) => {
-      const page = await (await fetch(`${sim.url}/metrics`)).text()
-      return Number(
-        page
-          .split("\n")
-          .find((l) => l.startsWith(`${name} `))
-          ?.split(" ")[1]
-      )
-    }
+    const metric = (name: string) => metricOf(sim.url, name)
     try {
       const holder = fetch(`${sim.url}/v1/completions`, {
         method: "POST",
@@ -171,6 +175,7 @@ describe("a request left while it waited for a slot", () => {
       }).catch(() => undefined)
       await pollUntil(async () => ((await metric("llamacpp:requests_deferred")) === 1 ? true : undefined))
       const promptBefore = await metric("llamacpp:prompt_tokens_total")
+      const predictedBefore = await metric("llamacpp:tokens_predicted_total")
       ac.abort()
       await left
       // still deferred while the slot is busy (it was 0 at once)
@@ -183,6 +188,41 @@ describe("a request left while it waited for a slot", () => {
           : undefined
       )
       expect((await metric("llamacpp:prompt_tokens_total")) - promptBefore).toBe(5)
+      // its first token made and counted, besides the holder's 3 (echo ends with the prompt's words)
+      expect((await metric("llamacpp:tokens_predicted_total")) - predictedBefore).toBe(4)
+    } finally {
+      await sim.stop()
+    }
+  })
+
+  it("a whole (non-streamed) answer left in the queue is generated to its end once it has the slot", async () => {
+    const sim = await startSim({
+      flavor: "llama_cpp",
+      args: ["-m", "/m.gguf", "-np", "1", "--metrics", "--sim-itl", "5ms", "--sim-mode", "random"]
+    })
+    const metric = (name: string) => metricOf(sim.url, name)
+    try {
+      const before = await metric("llamacpp:tokens_predicted_total")
+      const holder = fetch(`${sim.url}/v1/completions`, {
+        method: "POST",
+        body: JSON.stringify({ prompt: "a b c", max_tokens: 20, stream: true })
+      }).then((r) => r.text())
+      await pollUntil(async () => ((await metric("llamacpp:requests_processing")) === 1 ? true : undefined))
+      const ac = new AbortController()
+      const left = fetch(`${sim.url}/v1/completions`, {
+        method: "POST",
+        body: JSON.stringify({ prompt: "one two three", max_tokens: 30 }),
+        signal: ac.signal
+      }).catch(() => undefined)
+      await pollUntil(async () => ((await metric("llamacpp:requests_deferred")) === 1 ? true : undefined))
+      ac.abort()
+      await left
+      await holder
+      // the left request took the slot and made all 30 tokens for nobody, then freed it
+      await pollUntil(async () =>
+        (await metric("llamacpp:tokens_predicted_total")) - before === 50 ? true : undefined
+      )
+      expect(await metric("llamacpp:requests_processing")).toBe(0)
     } finally {
       await sim.stop()
     }
