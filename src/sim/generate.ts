@@ -12,6 +12,7 @@ import { sendJson } from "./http.ts"
 import { llamaFullBody } from "./llamaChunks.ts"
 import { handoffBeforeGeneration, holdForDecode } from "./pdLegs.ts"
 import type { GenRequest } from "./request.ts"
+import { RequestBlocks } from "./requestBlocks.ts"
 import { LlamaStops, sequenceEvents } from "./sequences.ts"
 import { pingUntil } from "./ssePing.ts"
 import { stopMatcher } from "./stopRules.ts"
@@ -99,14 +100,14 @@ export const generate = async (
   rankCore = rank.core
   const { kv, stats: rs } = rank
   const tickets = gr.sequences.slice(0, Math.max(1, cfg.maxSeqs)).map(() => rank.scheduler.enter())
-  let pinned: ReadonlyArray<bigint> = []
+  let blocks: RequestBlocks | undefined
   let myDecodeBlocks = 0
   cleanup = () => {
     for (const t of tickets) t.release()
-    kv.release(pinned)
+    if (blocks !== undefined) kv.release(blocks.pinned)
     rank.decodeBlocks -= myDecodeBlocks
     myDecodeBlocks = 0
-    pinned = []
+    blocks = undefined
   }
   waitingForSlot = true
   await Promise.all(tickets.map((t) => t.admitted))
@@ -115,16 +116,18 @@ export const generate = async (
 
   const promptIds = gr.promptWords.map(tokenId)
   const admission = kv.admit(promptIds, gr.cacheSalt)
-  pinned = admission.hashes
+  const held = new RequestBlocks(kv, cfg.flavor, promptIds, admission, gr.cacheSalt)
+  blocks = held
   // Each DP rank publishes its own cache's events on its own publisher (kvpublisher.ts).
   ctx.publisher?.publish(admission.events, rank.index)
   rs.prefixQueries += promptIds.length
   rs.prefixHits += admission.hitTokens
-  // Blocks beyond the pinned full prompt blocks: the partial prompt block, then one per filled decode block.
-  const fullPrompt = Math.floor(promptIds.length / kv.blockSize)
-  const extraBlocks = (generated: number) => Math.ceil((promptIds.length + generated) / kv.blockSize) - fullPrompt
-  myDecodeBlocks = extraBlocks(0)
-  rank.decodeBlocks += myDecodeBlocks
+  // Blocks beyond the pinned full ones: the partial block, and filled ones the engine has not cached.
+  const heldLoose = () => {
+    rank.decodeBlocks += held.loose - myDecodeBlocks
+    myDecodeBlocks = held.loose
+  }
+  heldLoose()
   if (leftInQueue) {
     if (cfg.ttftMs > 0) await sleep(cfg.ttftMs)
     rs.promptTokens += promptIds.length
@@ -158,7 +161,7 @@ export const generate = async (
   const created = Math.floor(Date.now() / 1000)
   let last = performance.now()
   let emitted = 0
-  const onToken = () => {
+  const onToken = (text: string) => {
     const now = performance.now()
     if (emitted === 0) {
       rs.ttft.observe((now - t0) / 1000)
@@ -169,11 +172,8 @@ export const generate = async (
     last = now
     emitted++
     rs.generationTokens++
-    const extra = extraBlocks(emitted)
-    if (extra !== myDecodeBlocks) {
-      rank.decodeBlocks += extra - myDecodeBlocks
-      myDecodeBlocks = extra
-    }
+    ctx.publisher?.publish(held.token(tokenId(text.trimStart())), rank.index)
+    heldLoose()
   }
   const stallAt = () => ctx.faults.stallAfterTokens
   const stalled = () => {
@@ -195,6 +195,7 @@ export const generate = async (
     rs.finishedGenerationTokens += emitted
     rs.finishedCachedTokens += admission.hitTokens
     stats.served++
+    ctx.publisher?.publish(held.finish(), rank.index)
     const kvParams = holdForDecode(ctx, kv, gr, id, admission, promptIds.length, reason)
     cleanup()
     if (cfg.crashAfterRequests !== undefined && stats.served >= cfg.crashAfterRequests) {
@@ -251,7 +252,7 @@ export const generate = async (
         if (out !== "") res.write(out)
         return fault(ctx, res, failure, true, failed, failMessage)
       }
-      onToken()
+      onToken(ev.text)
       // The last token travels with the finish reason (chunks.ts, mergesFinish).
       if (tpl.finishWithLastToken && ev.last) held = ev.text
       else out += tpl.token(ev.text, { ...ev, usage: usage(ev.index, ev.generated) })
@@ -286,7 +287,7 @@ export const generate = async (
       return
     }
     if (emitted >= faultAt) return fault(ctx, res, failure, false, failed, failMessage)
-    onToken()
+    onToken(ev.text)
     if (cfg.itlMs > 0) {
       await (detached ? sleep(cfg.itlMs) : Promise.race([sleep(cfg.itlMs), closed]))
       if (gone()) return

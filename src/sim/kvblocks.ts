@@ -81,6 +81,23 @@ export class KvBlocks {
 
   /** Pins the prompt's full blocks, storing missing ones (and evicting unpinned ones past capacity). */
   admit(tokenIds: ReadonlyArray<number>, salt?: string): Admission {
+    const { hashes, blockIds, hitTokens, events } = this.pin(tokenIds, 0, salt)
+    // The partial last block is allocated too (it is handed off in P/D) but never cached or published.
+    const partial = tokenIds.length % this.blockSize !== 0 || tokenIds.length === 0 ? [this.nextId++] : []
+    return { hashes, blockIds: [...blockIds, ...partial], hitTokens, events }
+  }
+
+  /**
+   * Pins the full blocks of `tokenIds` from block `from` on (those before are the caller's already): the blocks a
+   * running request fills with its generated tokens, cached as vLLM caches each full, computed block
+   * (KVCacheManager.allocate_slots) and SGLang a finished request's (RadixCache.cache_finished_req).
+   */
+  extend(tokenIds: ReadonlyArray<number>, from: number, salt?: string): Pick<Admission, "hashes" | "events"> {
+    const { hashes, events } = this.pin(tokenIds, from, salt)
+    return { hashes: hashes.slice(from), events }
+  }
+
+  private pin(tokenIds: ReadonlyArray<number>, from: number, salt?: string): Admission {
     const hashes = this.hashesOf(tokenIds, salt)
     const events: Array<KvEvent> = []
     const blockIds: Array<number> = []
@@ -100,7 +117,8 @@ export class KvBlocks {
       run = undefined
     }
     let prefix = true
-    hashes.forEach((h, i) => {
+    for (let i = from; i < hashes.length; i++) {
+      const h = hashes[i] as bigint
       const existing = this.blocks.get(h)
       if (existing !== undefined) {
         flush()
@@ -110,7 +128,7 @@ export class KvBlocks {
         if (existing.refs === 0) this.pinned++
         existing.refs++
         blockIds.push(existing.id)
-        return
+        continue
       }
       prefix = false
       const block = { id: this.nextId++, refs: 1 }
@@ -119,10 +137,8 @@ export class KvBlocks {
       blockIds.push(block.id)
       run ??= { start: i, hashes: [] }
       run.hashes.push(h)
-    })
+    }
     flush()
-    // The partial last block is allocated too (it is handed off in P/D) but never cached or published.
-    if (tokenIds.length % this.blockSize !== 0 || tokenIds.length === 0) blockIds.push(this.nextId++)
     const removed = this.evict()
     if (removed.length > 0) events.push({ type: "BlockRemoved", blockHashes: removed })
     return { hashes, blockIds, hitTokens, events }

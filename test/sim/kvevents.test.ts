@@ -127,6 +127,38 @@ describe("vLLM KV events (connect mode, map events)", () => {
     expect(s2).toBe(s1 + 1n)
   })
 
+  it("stores the block generated tokens fill once they are computed, chained after the prompt's, in a batch of its own", async () => {
+    // drain what earlier requests published
+    for (;;) {
+      try {
+        await sub.receive()
+      } catch {
+        break
+      }
+    }
+    // 9 prompt tokens and 5 generated at block size 4: 14 tokens, 13 computed, three full blocks
+    const r = await postJson(`${sim.url}/v1/completions`, {
+      prompt: "g1 g2 g3 g4 g5 g6 g7 g8 g9",
+      max_tokens: 5,
+      ignore_eos: true
+    })
+    expect(r.status).toBe(200)
+    const stored: Array<{ block_hashes: Array<bigint>; parent_block_hash: bigint | null; token_ids: Array<number> }> =
+      []
+    for (;;) {
+      try {
+        const frames = (await sub.receive()) as Array<Buffer>
+        for (const e of dec(frames[2] as Buffer)[1] as Array<Record<string, unknown>>)
+          if (e.type === "BlockStored") stored.push(e as (typeof stored)[number])
+      } catch {
+        break
+      }
+    }
+    expect(stored.map((e) => e.block_hashes.length)).toEqual([2, 1])
+    expect(stored[1]?.parent_block_hash).toBe(stored[0]?.block_hashes[1])
+    expect(stored[1]?.token_ids).toHaveLength(4)
+  })
+
   it("evicts past capacity with BlockRemoved, and hashes above 2^63 occur", async () => {
     for (let i = 0; i < 4; i++) await complete(`e${i}a e${i}b e${i}c e${i}d e${i}e e${i}f e${i}g e${i}h`)
     const batches = await replay(replayEndpoint, 0n, "kv-events")

@@ -65,8 +65,9 @@ export const metricsAt = (listen: Listen, names: MetricNames): LaunchPlan["metri
 
 /**
  * The `--kv-events-config` JSON and the endpoint record, or undefined when `[kv].events` is off.
- * vLLM wants `enable_kv_cache_events`; SGLang rejects it but defaults `publisher` to "null", so both
- * name the ZMQ publisher explicitly.
+ * vLLM wants `enable_kv_cache_events`; SGLang has no such field (its KVEventsConfig, a pydantic model that ignores
+ * unknown keys: python/sglang/srt/disaggregation/kv_events.py) and defaults `publisher` to "null", so both name the
+ * ZMQ publisher explicitly.
  */
 export const kvEventsOf = (
   config: AgentConfig,
