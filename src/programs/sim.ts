@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // cgn-engine-sim: an engine-shaped process for tests and laptops (vLLM, SGLang, llama.cpp, mlx flavors).
-// Parses the engine's own command line plus --sim-* knobs, then reproduces the engine's startup (vLLM listens
-// only once "loaded"; the others listen at once and report loading), serves the OpenAI API, and applies the
+// Parses the engine's own command line plus --sim-* knobs, then reproduces the engine's startup (vLLM and SGLang
+// listen only once "loaded", SGLang then warming up; the others listen at once and report loading), serves the OpenAI API, and applies the
 // fault switches. Logs JSON lines on stderr; `{"msg":"listening"}` marks the HTTP server being up.
 import { spawn } from "node:child_process"
 import * as http from "node:http"
@@ -20,7 +20,8 @@ Usage: cgn-engine-sim [--flavor vllm|sglang|llama_cpp|mlx] ENGINE-ARGS... [--sim
 ENGINE-ARGS are the engine's own command line, as cgn-agent renders it (see \`cgn-agent render\`), e.g.
   cgn-engine-sim --flavor vllm serve Qwen/Qwen2.5-0.5B-Instruct --host 127.0.0.1 --port 8000
 Knobs: --sim-mode echo|random, --sim-seed N, --sim-ttft DUR, --sim-itl DUR, --sim-max-seqs N,
-  --sim-startup-delay DUR, --sim-block-size N, --sim-kv-blocks N, --sim-default-max-tokens N,
+  --sim-startup-delay DUR, --sim-warmup DUR (SGLang), --sim-block-size N, --sim-kv-blocks N,
+  --sim-default-max-tokens N,
   --sim-error-rate X, --sim-error-kind KIND, --sim-crash-after DUR, --sim-crash-after-requests N,
   --sim-stall-after-tokens N, --sim-crash-at-start CAUSE, --sim-ignore-sigterm, --sim-fork-grandchild,
   --sim-hang-health, ...
@@ -196,6 +197,14 @@ const main = async (): Promise<void> => {
     await delay()
     await load()
     await listen()
+  } else if (cfg.flavor === "sglang") {
+    // The model loads before the HTTP server starts; then /health is 503 while the warm-up request runs, and the
+    // API takes requests, which wait for it (python/sglang/srt/entrypoints/http_server.py launch_server)
+    await delay()
+    const warming = new Promise<void>((r) => setTimeout(r, cfg.warmupMs)).then(load)
+    ctx.whenLoaded = warming
+    await listen()
+    await warming
   } else {
     const loading = delay().then(load)
     ctx.whenLoaded = loading

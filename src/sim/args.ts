@@ -161,6 +161,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     itlMs: dur("--sim-itl") ?? 0,
     maxSeqs: num(v("--sim-max-seqs"), "--sim-max-seqs") ?? defaultMaxSeqs,
     startupDelayMs: dur("--sim-startup-delay") ?? 0,
+    warmupMs: dur("--sim-warmup") ?? 0,
     shutdownDelayMs: dur("--sim-shutdown-delay") ?? 200,
     blockSize: num(v("--sim-block-size"), "--sim-block-size") ?? blockSize,
     kvBlocks: num(v("--sim-kv-blocks"), "--sim-kv-blocks") ?? 4096,

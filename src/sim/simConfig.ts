@@ -40,6 +40,12 @@ export interface SimConfig {
   readonly itlMs: number
   readonly maxSeqs: number
   readonly startupDelayMs: number
+  /**
+   * SGLang: how long /health answers 503 after the HTTP server is up, while SGLang's warm-up request runs
+   * (--sim-warmup; python/sglang/srt/entrypoints/http_server.py _wait_and_warmup). Its model loads before the server
+   * listens (launch_server: _launch_subprocesses, then uvicorn), which --sim-startup-delay stands for, as vLLM's.
+   */
+  readonly warmupMs: number
   /** How long the graceful shutdown after the first SIGTERM/SIGINT takes (--sim-shutdown-delay, default 200ms). */
   readonly shutdownDelayMs: number
   readonly blockSize: number

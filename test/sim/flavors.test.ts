@@ -17,11 +17,13 @@ let mlx: SimHandle
 // Long enough that the four simulators' starts, run together on a busy 2-core machine, all end before the first
 // of them has loaded: every "still loading" check below must land inside it.
 const DELAY = ["--sim-startup-delay", "5s"]
+/** SGLang listens once its model is loaded, then warms up (/health 503) for this long. */
+const WARMUP = ["--sim-warmup", "5s"]
 
 beforeAll(async () => {
   ;[sglang, llama, mlx, llamaNoMetrics] = await Promise.all([
     startSim({
-      args: ["--model-path", "org/sg", "--served-model-name", "sg", "--tp-size", "1", "--enable-metrics", ...DELAY]
+      args: ["--model-path", "org/sg", "--served-model-name", "sg", "--tp-size", "1", "--enable-metrics", ...WARMUP]
     }),
     startSim({ args: ["-m", "/models/tiny.gguf", "-c", "2048", "-np", "3", "-ngl", "999", "--metrics", ...DELAY] }),
     startSim({ args: ["--model", "mlx-community/tiny", ...DELAY] }),
@@ -34,7 +36,7 @@ const waitReady = (s: SimHandle) =>
   pollUntil(async () => ((await getJson(`${s.url}/sim/state`)).json as { ready: boolean }).ready || undefined)
 
 describe("loading phases", () => {
-  // All three load concurrently (5 s), so every "still loading" check runs before any "loaded" wait.
+  // All three load (SGLang: warms up) concurrently (5 s), so every "still loading" check runs before any "loaded" wait.
   it("SGLang's /health 503s while a completion waits, llama.cpp answers Loading model, mlx is healthy while generation waits", async () => {
     expect((await fetch(`${sglang.url}/health`)).status).toBe(503)
     // Not refused: SGLang takes the request and it runs once the server is up.
@@ -314,6 +316,23 @@ describe("rendered commands that the engines refuse at start", () => {
 })
 
 describe("SGLang readiness through the agent's probe", () => {
+  it("binds its port only after the model loads (--sim-startup-delay), as vLLM: SGLang starts uvicorn after the load", async () => {
+    const sim = await startSim({ args: ["--model-path", "org/m", "--sim-startup-delay", "1500ms"] })
+    try {
+      // the simulator's own log: up ("starting"), loaded, and listening no sooner than the delay later
+      const at = (msg: string): number => {
+        const line = sim.stderrLines.find((l) => l.includes(`"msg":"${msg}"`))
+        if (line === undefined) throw new Error(`no "${msg}" line in:\n${sim.stderrLines.join("\n")}`)
+        return Date.parse((JSON.parse(line) as { ts: string }).ts)
+      }
+      expect(at("listening") - at("starting")).toBeGreaterThanOrEqual(1_490)
+      // no warm-up asked: healthy as soon as it listens
+      await pollUntil(async () => ((await fetch(`${sim.url}/health`)).status === 200 ? true : undefined))
+    } finally {
+      await sim.stop()
+    }
+  })
+
   it("not ready while the server warms up (/health 503, though /v1/models already answers), ready after", async () => {
     const port = await freePort()
     const r = decodeConfigObject(
@@ -323,7 +342,7 @@ describe("SGLang readiness through the agent's probe", () => {
     )
     if (Result.isFailure(r)) throw new Error(r.failure.message)
     const plan = engineFor("sglang").render(r.success)
-    const sim = await startSim({ args: [...plan.argv.slice(3), "--sim-startup-delay", "3s"] })
+    const sim = await startSim({ args: [...plan.argv.slice(3), "--sim-warmup", "3s"] })
     try {
       expect((await getJson(`${sim.url}/v1/models`)).status).toBe(200)
       expect(await Effect.runPromise(probeOnce(plan.probe, 2_000))).toEqual({
