@@ -14,7 +14,7 @@ import { type CpuCacheReport, cpuCacheReport } from "../layers/engine/cpuCache.t
 import { stateDirRefusal } from "../layers/engine/pidFile.ts"
 import * as MemoryCgroupLive from "../layers/node/MemoryCgroup.ts"
 import { stateDirDistrust } from "../layers/node/stateFiles.ts"
-import { etcdOptions } from "../layers/registry/etcdClient.ts"
+import { ETCD_TLS_KEYS, etcdOptions, readEtcdTls } from "../layers/registry/etcdClient.ts"
 import { readMaterial, readOne, securityFiles } from "../layers/tls/tlsMaterial.ts"
 import { type AgentConfig, ConfigError } from "../services/config/Config.ts"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
@@ -51,7 +51,12 @@ export const preflight = (c: AgentConfig, options: { readonly offline?: boolean 
         for (const file of [files.ca, files.cert, files.key]) yield* collect(readOne(file))
         if (problems.length === before) yield* collect(readMaterial(files))
       }
-      if (c.cluster.etcd.length > 0) yield* collect(etcdOptions(c.cluster, { callTimeoutMs: 1, reconnectCapMs: 1 }))
+      if (c.cluster.etcd.length > 0) {
+        // As [security]'s above: etcdOptions stops at the first unreadable file, so each is read on its own first.
+        const before = problems.length
+        for (const key of ETCD_TLS_KEYS) yield* collect(readEtcdTls(c.cluster, key))
+        if (problems.length === before) yield* collect(etcdOptions(c.cluster, { callTimeoutMs: 1, reconnectCapMs: 1 }))
+      }
       const distrust = yield* Effect.promise(() => stateDirDistrust(c.agent.state_dir))
       if (distrust !== undefined) problems.push(stateDirRefusal(c.agent.state_dir, distrust))
     }
@@ -202,7 +207,7 @@ export const check = Command.make(
     config: configFlag,
     offline: Flag.Boolean("offline").pipe(
       Flag.withDescription(
-        "Skip reading the files the config names (TLS certificates) and the GPU check: for checking a config away from its host"
+        "Skip the host's checks: TLS files, GPUs, engine executable, model path, agent.state_dir (no KVBM tier only warns)"
       ),
       Flag.withDefault(false)
     )

@@ -40,14 +40,25 @@ export const cgnAgent = Command.make("cgn-agent").pipe(
 )
 
 /**
- * A usage error is one line on stderr per problem, pointing at --help: the whole help text on every typo
- * (effect/cli's default) buries the one line that matters. Help and version are presented as usual.
+ * A usage error's text on one line. effect/cli puts its suggestions for a mistyped subcommand or flag on lines of
+ * their own after a blank one (effect cli/CliError.ts, UnknownSubcommand and UnrecognizedOption `message`:
+ * "...\n\n  Did you mean this?\n    check"); the suggestions are kept, on the same line.
+ */
+const oneLine = (e: CliError.NonShowHelpErrors): string => {
+  const suggestions = "suggestions" in e ? e.suggestions : []
+  if (suggestions.length === 0) return e.message.replace(/\s*\n\s*/g, " ")
+  return `${e.message.split("\n", 1)[0]}; did you mean ${suggestions.join(" or ")}?`
+}
+
+/**
+ * A usage error is one line on stderr per problem, pointing at --help (README "Exit codes"): the whole help text on
+ * every typo (effect/cli's default) buries the one line that matters. Help and version are presented as usual.
  */
 export const presenter = CliOutput.layerPresenter({
   present: (event) =>
     event._tag === "InvalidInvocation"
       ? Effect.forEach(event.errors, (e) =>
-          Console.error(`${event.commandPath.join(" ")}: ${e.message} (see ${event.commandPath.join(" ")} --help)`)
+          Console.error(`${event.commandPath.join(" ")}: ${oneLine(e)} (see ${event.commandPath.join(" ")} --help)`)
         )
       : CliOutput.defaultPresenter.present(event)
 })

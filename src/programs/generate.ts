@@ -115,7 +115,7 @@ const inRange = (min: number, max: number, what: string) =>
 const flags = {
   addr: Flag.String("addr").pipe(
     Flag.withMetavar("HOST:PORT"),
-    Flag.withDescription("The agent's gRPC address"),
+    Flag.withDescription("The agent's gRPC address (default 127.0.0.1:7071)"),
     Flag.withDefault("127.0.0.1:7071")
   ),
   prompt: Flag.String("prompt").pipe(Flag.withDescription("A raw prompt (/v1/completions)"), Flag.optional),

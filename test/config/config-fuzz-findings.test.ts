@@ -142,6 +142,17 @@ describe("[cluster] etcd TLS files are checked as [security]'s are", () => {
     ])
   })
 
+  it("three unreadable files are three lines, as [security]'s are (not the first one alone)", async () => {
+    const missing = path.join(os.tmpdir(), "cgn-no-such-dir")
+    const c = etcdConfig({ ca: `${missing}/ca.crt`, cert: `${missing}/tls.crt`, key: `${missing}/tls.key` })
+    const problems = await preflightAt(c, Date.now())
+    expect(problems.map((p) => p.replace(/: ENOENT.*/, ""))).toEqual([
+      `cluster.etcd_ca_file: cannot read ${missing}/ca.crt`,
+      `cluster.etcd_cert_file: cannot read ${missing}/tls.crt`,
+      `cluster.etcd_key_file: cannot read ${missing}/tls.key`
+    ])
+  })
+
   it("a key of another certificate is refused, naming cluster.etcd_key_file", async () => {
     const c = etcdConfig({ ca: pki.ca.certFile, cert: pki.client.certFile, key: pki.server.keyFile })
     expect(await preflightAt(c, Date.now())).toEqual([
@@ -232,7 +243,46 @@ describe("etcd settings etcd itself refuses", () => {
       expect(problemsOf(`[cluster]\netcd = ["${url}"]\n${MODEL}`)).toEqual([
         `cluster.etcd[0]: expected an etcd endpoint such as "https://10.0.0.5:2379": scheme, host and port, nothing after the port (the etcd client dials what follows the scheme as written), got "${url}"`
       ])
-    expect(problemsOf(`[cluster]\netcd = ["https://[::1]:2379", "http://etcd-0.etcd:2379"]\n${MODEL}`)).toEqual([])
+    expect(problemsOf(`[cluster]\netcd = ["https://[::1]:2379", "https://etcd-0.etcd:2379"]\n${MODEL}`)).toEqual([])
+  })
+
+  it("an endpoint without a port (grpc-js would dial 443, whatever the scheme)", () => {
+    const noPort = (i: number, url: string, fix: string) =>
+      `cluster.etcd[${i}]: expected an etcd endpoint with a port, got "${url}", which has no port (the etcd client would dial 443): write it, e.g. "${fix}" (etcd's client port is 2379)`
+    expect(
+      problemsOf(
+        `[cluster]\netcd = ["http://127.0.0.1:2379", "http://127.0.0.1", "https://[::1]", "http://etcd:"]\n${MODEL}`
+      )
+    ).toEqual([
+      noPort(1, "http://127.0.0.1", "http://127.0.0.1:2379"),
+      noPort(2, "https://[::1]", "https://[::1]:2379"),
+      noPort(3, "http://etcd:", "http://etcd:2379")
+    ])
+    // a scheme's default port written out is a port (the URL parser would drop it)
+    expect(problemsOf(`[cluster]\netcd = ["https://etcd:443", "https://[::1]:2379"]\n${MODEL}`)).toEqual([])
+  })
+
+  it("port 0, and a port past 65535 named as the problem (not the URL's form)", () => {
+    expect(problemsOf(`[cluster]\netcd = ["http://127.0.0.1:0"]\n${MODEL}`)).toEqual([
+      'cluster.etcd[0]: expected an etcd endpoint with a port to dial, got "http://127.0.0.1:0": port 0 is none'
+    ])
+    expect(problemsOf(`[cluster]\netcd = ["http://127.0.0.1:99999"]\n${MODEL}`)).toEqual([
+      'cluster.etcd[0]: expected an http:// or https:// URL, got "http://127.0.0.1:99999": port 99999 is past 65535'
+    ])
+  })
+
+  it("one scheme for every endpoint (the etcd client throws on a mix), and TLS files only with https://", () => {
+    expect(problemsOf(`[cluster]\netcd = ["http://a:2379", "https://b:2379"]\n${MODEL}`)).toEqual([
+      "cluster.etcd: mixes http:// and https:// endpoints, which the etcd client refuses; give every endpoint the same scheme (https:// with cluster.etcd_ca_file for TLS)"
+    ])
+    expect(problemsOf(`[cluster]\netcd = ["http://a:2379"]\netcd_ca_file = "/ca.pem"\n${MODEL}`)).toEqual([
+      "cluster.etcd_ca_file: set, but cluster.etcd's endpoints are http://, which the etcd client would then reach with TLS all the same and never connect; write them https://, or remove the etcd TLS files for plain HTTP"
+    ])
+    const pair = 'etcd_cert_file = "/c.pem"\netcd_key_file = "/k.pem"\n'
+    expect(problemsOf(`[cluster]\netcd = ["http://a:2379"]\n${pair}${MODEL}`)[0]).toMatch(
+      /^cluster\.etcd_cert_file: set, but/
+    )
+    expect(problemsOf(`[cluster]\netcd = ["https://a:2379"]\netcd_ca_file = "/ca.pem"\n${pair}${MODEL}`)).toEqual([])
   })
 })
 

@@ -433,6 +433,15 @@ describe("check finds on the host what run would find only by failing", () => {
     expect(plaintextGrpcWarning(mtls)).toBeUndefined()
   })
 
+  it("the plaintext-gRPC warning advises what restricts a hostNetwork pod's port, as the README does", () => {
+    expect(plaintextGrpcWarning(load('[models.m]\nhf_repo = "a/b"\n'))).toBe(
+      "gRPC listens on 0.0.0.0:7071 (agent.listen_grpc) without TLS: anyone who reaches the port can run Generate on " +
+        "the engine, unauthenticated; set [security] require_mtls = true (with a CA of its own), or restrict the port: " +
+        "bind listen_grpc to one interface's address, or filter the port in the host's firewall (a NetworkPolicy does " +
+        "not restrict a hostNetwork pod in most CNIs)"
+    )
+  })
+
   it('kv_offload = "kvbm" with no cache tier: exit 2 naming the keys; a tier in [engine].env will do', async () => {
     const none = await runCli(["check", "--config", config("kvbm.toml", '[engine]\nkv_offload = "kvbm"')], engines)
     expect(none.code).toBe(2)

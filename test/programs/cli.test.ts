@@ -141,6 +141,13 @@ describe("cgn-agent CLI", () => {
     expect(render.code).toBe(0)
     expect(render.stdout).toContain("--json")
     expect(render.stdout).toContain("--config")
+    // each flag's line says what the README says of it: all --offline skips, --addr's default
+    const check = await cli(["check", "--help"])
+    expect(check.stdout).toMatch(
+      /--offline +Skip the host's checks: TLS files, GPUs, engine executable, model path, agent\.state_dir \(no KVBM tier only warns\)\n/
+    )
+    const generate = await cli(["generate", "--help"])
+    expect(generate.stdout).toMatch(/--addr HOST:PORT +The agent's gRPC address \(default 127\.0\.0\.1:7071\)\n/)
   })
 
   it("an unknown flag is a usage error: exit 1, one line, no help text", async () => {
@@ -159,6 +166,29 @@ describe("cgn-agent CLI", () => {
         code: 1,
         stdout: "",
         stderr: ['cgn-agent: Unknown subcommand "frob" for "cgn-agent" (see cgn-agent --help)']
+      })
+    }
+  })
+
+  it("a mistyped subcommand or flag: one line still, with effect/cli's suggestion on it", async () => {
+    const cases: ReadonlyArray<readonly [ReadonlyArray<string>, string]> = [
+      [["chek"], 'cgn-agent: Unknown subcommand "chek" for "cgn-agent"; did you mean check? (see cgn-agent --help)'],
+      [
+        ["help", "chek"],
+        'cgn-agent: Unknown subcommand "chek" for "cgn-agent"; did you mean check? (see cgn-agent --help)'
+      ],
+      [
+        ["check", "--ofline", "--config", "x"],
+        "cgn-agent check: Unrecognized flag: --ofline in command cgn-agent check; did you mean --offline? (see cgn-agent check --help)"
+      ]
+    ]
+    for (const [args, line] of cases) {
+      const r = await cli(args)
+      expect({ args, code: r.code, stdout: r.stdout, stderr: r.stderr }).toEqual({
+        args,
+        code: 1,
+        stdout: "",
+        stderr: `${line}\n`
       })
     }
   })

@@ -24,6 +24,26 @@ export const leaseTtlOf = (agent: ConfigFile["agent"]): Duration.Duration =>
  */
 const ETCD_MAX_LEASE_TTL_S = 9_000_000_000
 
+/**
+ * The etcd client takes one scheme for all its endpoints: it throws on a mix of http:// and https:// (etcd3
+ * lib/connection-pool.js hasSecureHost, "cannot be configured with a mix of secure and insecure hosts"), and once TLS
+ * files give it credentials it speaks TLS to every endpoint, http:// ones too (buildAuthentication), which then never
+ * connect ("disconnected before secure TLS connection was established").
+ */
+const etcdSchemeProblems = (cluster: ConfigFile["cluster"]): Array<string> => {
+  const schemes = new Set(cluster.etcd.map((e) => e.slice(0, e.indexOf(":"))))
+  if (schemes.size > 1)
+    return [
+      "cluster.etcd: mixes http:// and https:// endpoints, which the etcd client refuses; give every endpoint the same scheme (https:// with cluster.etcd_ca_file for TLS)"
+    ]
+  const tlsFile = (["etcd_ca_file", "etcd_cert_file", "etcd_key_file"] as const).find((k) => cluster[k] !== undefined)
+  if (schemes.has("http") && tlsFile !== undefined)
+    return [
+      `cluster.${tlsFile}: set, but cluster.etcd's endpoints are http://, which the etcd client would then reach with TLS all the same and never connect; write them https://, or remove the etcd TLS files for plain HTTP`
+    ]
+  return []
+}
+
 /** Combinations the schema cannot see: one model, paired keys, timing, and what the engine kind can run. */
 export const crossChecks = (c: ConfigFile): Array<string> => {
   const problems: Array<string> = []
@@ -58,6 +78,7 @@ export const crossChecks = (c: ConfigFile): Array<string> => {
   if (tlsKeys.filter((k) => k !== undefined).length === 1) {
     problems.push("cluster.etcd_cert_file: etcd_cert_file and etcd_key_file go together; set both or neither")
   }
+  problems.push(...etcdSchemeProblems(c.cluster))
   if ((c.cluster.etcd_username === undefined) !== (c.cluster.etcd_password === undefined)) {
     problems.push("cluster.etcd_username: etcd_username and etcd_password go together; set both or neither")
   }

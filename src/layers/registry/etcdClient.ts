@@ -68,13 +68,25 @@ export interface EtcdClientOptions {
  */
 export const CALL_DEADLINE_SLACK_MS = 500
 
-const readTls = (key: string, file: string | undefined): Effect.Effect<Buffer | undefined, EtcdTlsError> =>
-  file === undefined
+/** The [cluster] TLS files, in the order they are read and reported. */
+export const ETCD_TLS_KEYS = ["etcd_ca_file", "etcd_cert_file", "etcd_key_file"] as const
+
+/**
+ * One [cluster] TLS file's bytes, undefined when unset; an unreadable file fails naming its key. `check` reads each
+ * on its own first (programs/check.ts preflight), so every unreadable file is a line of its own, as [security]'s are.
+ */
+export const readEtcdTls = (
+  cluster: AgentConfig["cluster"],
+  key: (typeof ETCD_TLS_KEYS)[number]
+): Effect.Effect<Buffer | undefined, EtcdTlsError> => {
+  const file = cluster[key]
+  return file === undefined
     ? Effect.succeed(undefined)
     : Effect.tryPromise({
         try: () => fs.readFile(file),
         catch: (e) => new EtcdTlsError({ key, file, reason: messageOf(e) })
       })
+}
 
 /** Checks the PEM material now as [security]'s is (tlsMaterial.ts), so a bad file fails at start and in `check`. */
 const checkTls = (
@@ -106,9 +118,9 @@ export const etcdOptions = Effect.fnUntraced(function* (
   cluster: AgentConfig["cluster"],
   options: EtcdClientOptions
 ): Effect.fn.Return<IOptions, EtcdTlsError> {
-  const ca = yield* readTls("etcd_ca_file", cluster.etcd_ca_file)
-  const cert = yield* readTls("etcd_cert_file", cluster.etcd_cert_file)
-  const key = yield* readTls("etcd_key_file", cluster.etcd_key_file)
+  const ca = yield* readEtcdTls(cluster, "etcd_ca_file")
+  const cert = yield* readEtcdTls(cluster, "etcd_cert_file")
+  const key = yield* readEtcdTls(cluster, "etcd_key_file")
   yield* checkTls(cluster, ca, cert, key)
   const useTls = ca !== undefined || cert !== undefined
   const result: IOptions = {

@@ -127,7 +127,10 @@ export const HttpUrl = Schema.String.check(
     } catch {
       // fall through to the message
     }
-    return `expected an http:// or https:// URL, got "${withoutPassword(s)}"`
+    // the URL parser refuses a port past 65535 as it refuses any malformed URL: say which part is wrong
+    const port = /^https?:\/\/[^/?#\s]*:(\d+)(?:[/?#]|$)/i.exec(s)?.[1]
+    const why = port !== undefined && Number(port) > 65_535 ? `: port ${port} is past 65535` : ""
+    return `expected an http:// or https:// URL, got "${withoutPassword(s)}"${why}`
   })
 )
 
@@ -149,15 +152,25 @@ export const HttpUrlWithoutCredentials = (where: string) =>
  * A `cluster.etcd` endpoint: `http(s)://host:port` and nothing after the port. The etcd3 client strips the
  * scheme and hands the rest to grpc-js as its target as written (etcd3 lib/connection-pool.js removeProtocolPrefix),
  * which reads a path, a "/" alone, a query or a fragment as part of the port, and no call ever connects.
+ * The port is required: without one grpc-js dials 443 (grpc-js src/resolver-dns.ts DEFAULT_PORT) whatever the
+ * scheme said, and the node retries registering forever against a port its config never named.
  */
 export const EtcdEndpoint = HttpUrlWithoutCredentials(
   "set cluster.etcd_username and cluster.etcd_password instead"
 ).check(
-  Schema.makeFilter((s) =>
-    !/^https?:$/.test(URL.parse(s)?.protocol ?? "") || /^https?:\/\/[^/?#\s]+$/.test(s)
-      ? undefined // HttpUrl says what is wrong with anything but an http(s) URL
-      : `expected an etcd endpoint such as "https://10.0.0.5:2379": scheme, host and port, nothing after the port (the etcd client dials what follows the scheme as written), got "${withoutPassword(s)}"`
-  )
+  Schema.makeFilter((s) => {
+    if (!/^https?:$/.test(URL.parse(s)?.protocol ?? "")) return undefined // HttpUrl says what is wrong
+    const authority = /^https?:\/\/([^/?#\s]+)$/.exec(s)?.[1]
+    if (authority === undefined)
+      return `expected an etcd endpoint such as "https://10.0.0.5:2379": scheme, host and port, nothing after the port (the etcd client dials what follows the scheme as written), got "${withoutPassword(s)}"`
+    // Checked on the text, not URL.port: the URL parser drops a scheme's default port ("https://h:443" has port "").
+    // An IPv6 host ends with "]", so "[::1]" has no port and "[::1]:2379" has one.
+    const port = /:(\d+)$/.exec(authority)?.[1]
+    if (port === undefined)
+      return `expected an etcd endpoint with a port, got "${withoutPassword(s)}", which has no port (the etcd client would dial 443): write it, e.g. "${withoutPassword(s).replace(/:$/, "")}:2379" (etcd's client port is 2379)`
+    if (Number(port) === 0) return `expected an etcd endpoint with a port to dial, got "${withoutPassword(s)}": port 0 is none`
+    return undefined
+  })
 )
 
 /** Characters an etcd key part may not hold: "/" would move the key to another place, control characters break it. */
