@@ -5,12 +5,13 @@
 // fault switches. Logs JSON lines on stderr; `{"msg":"listening"}` marks the HTTP server being up.
 import { spawn } from "node:child_process"
 import * as http from "node:http"
+import { unknownFlagsRefusal } from "../sim/argRefusal.ts"
 import { parseArgs } from "../sim/args.ts"
 import { makeContext } from "../sim/context.ts"
 import { KvPublisher, kvEventsSettings } from "../sim/kvpublisher.ts"
 import { handler } from "../sim/server.ts"
 import { ArgsError, type SimConfig } from "../sim/simConfig.ts"
-import { type StartFailure, startDeath } from "../sim/startFailures.ts"
+import { type StartDeath, type StartFailure, startDeath } from "../sim/startFailures.ts"
 import { VERSION } from "../version.ts"
 
 const USAGE = `cgn-engine-sim ${VERSION}: an engine-shaped process for tests and laptops (no GPU, no weights).
@@ -24,7 +25,7 @@ Knobs: --sim-mode echo|random, --sim-seed N, --sim-ttft DUR, --sim-itl DUR, --si
   --sim-default-max-tokens N,
   --sim-error-rate X, --sim-error-kind KIND, --sim-crash-after DUR, --sim-crash-after-requests N,
   --sim-stall-after-tokens N, --sim-crash-at-start CAUSE, --sim-ignore-sigterm, --sim-fork-grandchild,
-  --sim-hang-health, ...
+  --sim-hang-health, --sim-strict-args, ...
   (src/sim/args.ts lists them all). Logs JSON lines on stderr.
 `
 
@@ -65,7 +66,11 @@ const crashAtStart = async (cfg: SimConfig, cause: StartFailure): Promise<void> 
   await new Promise((resolve) => setTimeout(resolve, cfg.startupDelayMs))
   log("crash at start", { cause })
   const now = new Date()
-  const death = startDeath(cfg.flavor, cause, { model: cfg.model, maxModelLen: cfg.maxModelLen, pid: process.pid, now })
+  die(startDeath(cfg.flavor, cause, { model: cfg.model, maxModelLen: cfg.maxModelLen, pid: process.pid, now }))
+}
+
+/** The engine's last lines, each on its stream, then its own end. */
+const die = (death: StartDeath): void => {
   for (const l of death.lines) (l.stream === "stdout" ? process.stdout : process.stderr).write(`${l.text}\n`)
   if ("signal" in death.exit) process.kill(process.pid, death.exit.signal)
   else process.exit(death.exit.code)
@@ -100,6 +105,7 @@ const main = async (): Promise<void> => {
     maxSeqs: cfg.maxSeqs,
     mode: cfg.mode
   })
+  if (cfg.unmodelled.length > 0 && cfg.strictArgs) return die(unknownFlagsRefusal(cfg.flavor, cfg.unmodelled))
   if (cfg.unmodelled.length > 0) log("unmodelled flags (accepted, ignored)", { flags: cfg.unmodelled })
   if (cfg.crashAtStart !== undefined) return crashAtStart(cfg, cfg.crashAtStart)
 

@@ -172,6 +172,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     stallAfterTokens: num(v("--sim-stall-after-tokens"), "--sim-stall-after-tokens"),
     ssePingMs,
     ignoreSigterm: p.flags.has("--sim-ignore-sigterm"),
+    strictArgs: p.flags.has("--sim-strict-args"),
     forkGrandchild: p.flags.has("--sim-fork-grandchild"),
     errorRate: num(v("--sim-error-rate"), "--sim-error-rate") ?? 0,
     errorKind: errorKind as ErrorKind,

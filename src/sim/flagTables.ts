@@ -16,6 +16,7 @@ export const ERROR_KINDS: ReadonlyArray<ErrorKind> = [
 /** Flags that take no value, per flavor family (anything else consumes the next word unless it is a flag). */
 export const BOOLEAN_FLAGS = new Set([
   "--sim-ignore-sigterm",
+  "--sim-strict-args",
   "--sim-fork-grandchild",
   "--sim-hang-health",
   "--sim-models-while-loading",

@@ -88,6 +88,8 @@ export interface SimConfig {
   readonly prefillLoss: PrefillLoss
   /** Flags seen on the line that the simulator accepts but does not model. */
   readonly unmodelled: ReadonlyArray<string>
+  /** --sim-strict-args: an unmodelled flag is refused as the engine's parser refuses a flag it does not know. */
+  readonly strictArgs: boolean
 }
 
 export class ArgsError extends Error {}

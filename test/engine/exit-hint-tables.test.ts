@@ -120,6 +120,41 @@ describe("llama.cpp", () => {
   })
 })
 
+describe("a command line the engine refuses: its parser's last line", () => {
+  const ARGS = 'models."llama-3".args'
+  it.each<[EngineKind, string, ReadonlyArray<string>]>([
+    [
+      "vllm",
+      "vLLM",
+      [
+        "[stderr] vllm serve: error: unrecognized arguments: --bogus-flag 3",
+        "[stderr] vllm serve: error: argument --dtype: invalid choice: 'f8' (choose from 'auto', 'half', 'float16')"
+      ]
+    ],
+    [
+      "sglang",
+      "SGLang",
+      [
+        "[stderr] launch_server.py: error: unrecognized arguments: --bogus-flag",
+        "[stderr] launch_server.py: error: argument --tp-size: invalid int value: 'two'"
+      ]
+    ],
+    ["mlx", "mlx-lm", ["[stderr] mlx_lm.server: error: unrecognized arguments: --bogus-flag"]],
+    [
+      "llama_cpp",
+      "llama-server",
+      ["[stderr] error: invalid argument: --bogus-flag", '[stderr] error while handling argument "-c": stoi']
+    ]
+  ])("%s", (kind, engine, lines) => {
+    const model = kind === "llama_cpp" ? { path: "/m.gguf" } : undefined
+    for (const line of lines) {
+      const hint = matchHint(planOf(kind, model).exitHints ?? [], [line])
+      expect(hint, line).toContain(`${engine} refused its command line`)
+      expect(hint).toContain(`engine.args or ${ARGS}`)
+    }
+  })
+})
+
 describe("lines that name no cause the config fixes match nothing", () => {
   it.each<EngineKind>(["vllm", "sglang", "llama_cpp"])("%s", (kind) => {
     for (const line of [
@@ -139,8 +174,7 @@ describe("lines that name no cause the config fixes match nothing", () => {
       ).toBeUndefined()
   })
 
-  it("mlx-lm and openai_compat have no table", () => {
-    expect(planOf("mlx").exitHints).toBeUndefined()
+  it("openai_compat has no table (it starts nothing)", () => {
     expect(planOf("openai_compat").exitHints).toBeUndefined()
   })
 })

@@ -14,7 +14,7 @@ import * as path from "node:path"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
 import { type AgentHandle, killAllAgents, requireDist, startAgent } from "../support/agent.ts"
 import { pollUntil } from "../support/poll.ts"
-import { llamaAgentConfig, type RealEngine, realEngine } from "./engine.ts"
+import { llamaAgentConfig, type RealEngine, realEngine, SERVER_ARGS } from "./engine.ts"
 
 interface Exit {
   readonly run: number
@@ -50,12 +50,19 @@ afterAll(() => {
 /** llama-server's last line when it dies at load. */
 const LAST_LINE = "exiting due to model loading error"
 
-/** The agent on the real llama-server with `model` as models.tiny.path: the first exit whose output is whole. */
-const firstExit = async (model: string): Promise<Exit> => {
+/**
+ * The agent on the real llama-server with `model` as models.tiny.path (and `args` after the agent's own): the first
+ * exit whose output reached `last`.
+ */
+const firstExit = async (model: string, args: ReadonlyArray<string> = [], last = LAST_LINE): Promise<Exit> => {
   const c = await llamaAgentConfig({
     engine,
     model,
-    engineSection: { restart_backoff_initial: "100ms", restart_backoff_max: "100ms" }
+    engineSection: {
+      restart_backoff_initial: "100ms",
+      restart_backoff_max: "100ms",
+      args: [...SERVER_ARGS, "-np", "2", ...args]
+    }
   })
   const a = await startAgent({ config: c.config, awaitReady: false })
   agent = a
@@ -66,7 +73,7 @@ const firstExit = async (model: string): Promise<Exit> => {
         readonly engine: { readonly exits: ReadonlyArray<Exit> }
       }
       // newest first: the oldest run whose output is whole
-      return body.engine.exits.findLast((x) => x.lastLines.some((l) => l.includes(LAST_LINE)))
+      return body.engine.exits.findLast((x) => x.lastLines.some((l) => l.includes(last)))
     },
     60_000,
     100
@@ -82,6 +89,16 @@ describe("the real llama-server dies at load, and the agent names the key", () =
     // on failure, the agent's own log of the run: what llama-server printed, as the agent read it
     expect(lines, agent?.tail(120)).toContain(`failed to open GGUF file '${missing}'`)
     expect(exit.hint).toContain(HINT)
+  }, 120_000)
+
+  it("a flag in engine.args llama-server does not know: its own refusal, and the args keys named", async () => {
+    // the model is never reached: llama-server parses its arguments first
+    const exit = await firstExit(path.join(dir, "unread.gguf"), ["--no-such-flag"], "invalid argument")
+    expect(exit.code).toBe(1)
+    expect(exit.lastLines.join("\n"), agent?.tail(120)).toContain("error: invalid argument: --no-such-flag")
+    expect(exit.hint).toContain(
+      'llama-server refused its command line (the line names the flag): remove or fix it in engine.args or models."tiny".args'
+    )
   }, 120_000)
 
   it("a models.<name>.path that is not a GGUF file", async () => {

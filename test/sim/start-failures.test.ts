@@ -1,7 +1,8 @@
 // --sim-crash-at-start CAUSE: the simulator, spawned on the command line the agent renders for its flavor, dies while
 // loading as that engine does (the engine's lines, on its streams, and its exit: vLLM and llama-server exit 1, SGLang
 // SIGKILLs its own process tree), and the backend's exit-hint table, over the last lines the agent keeps, names the
-// config key that fixes it. A cause the flavor's engine does not die of is refused (exit 2).
+// config key that fixes it. A cause the flavor's engine does not die of is refused (exit 2). With --sim-strict-args
+// a flag the simulator does not model is refused as the engine's parser refuses one it does not know.
 import { spawnSync } from "node:child_process"
 import { Result } from "effect"
 import { describe, expect, it } from "vitest"
@@ -14,14 +15,18 @@ import { simEntry } from "../support/sim.ts"
 /** supervisorSettings.ts linesKept: what the agent has to match on. */
 const LINES_KEPT = 50
 
-const die = (kind: EngineKind, model: Record<string, unknown>, cause: string) => {
+const die = (kind: EngineKind, model: Record<string, unknown>, cause: string) =>
+  dieWith(kind, model, ["--sim-crash-at-start", cause])
+
+/** The simulator spawned on the command line the agent renders with `args` added, run to its exit. */
+const dieWith = (kind: EngineKind, model: Record<string, unknown>, added: ReadonlyArray<string>) => {
   const flavor = kind
   const r = decodeConfigObject(
     {
       engine: {
         kind,
         command: [process.execPath, simEntry, "--flavor", flavor],
-        args: ["--sim-crash-at-start", cause]
+        args: added
       },
       models: { m: model }
     },
@@ -136,5 +141,20 @@ describe("the simulator dies at start as its engine does, with a line the backen
     const d = die(kind, model, cause)
     expect(d.code).toBe(2)
     expect(d.lines.join("\n")).toContain(`--sim-crash-at-start: ${cause}`)
+  })
+})
+
+describe("--sim-strict-args: a flag it does not model is refused as the engine's parser refuses an unknown one", () => {
+  it.each<[EngineKind, Record<string, unknown>, number, string]>([
+    ["vllm", HF, 2, "vllm serve: error: unrecognized arguments: --bogus-flag"],
+    ["sglang", HF, 2, "launch_server.py: error: unrecognized arguments: --bogus-flag"],
+    ["mlx", { hf_repo: "org/m" }, 2, "mlx_lm.server: error: unrecognized arguments: --bogus-flag"],
+    ["llama_cpp", GGUF, 1, "error: invalid argument: --bogus-flag"]
+  ])("%s: its parser's exit and line, and the backend's hint names the args keys", (kind, model, code, last) => {
+    const d = dieWith(kind, model, ["--sim-strict-args", "--bogus-flag"])
+    expect({ code: d.code, last: d.lines.at(-1) }).toEqual({ code, last: `[stderr] ${last}` })
+    expect(d.hint).toContain(
+      'refused its command line (the line names the flag): remove or fix it in engine.args or models."m".args'
+    )
   })
 })

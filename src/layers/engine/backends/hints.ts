@@ -46,3 +46,26 @@ export const TORCH_CUDA_OOM = "CUDA out of memory"
 
 /** `(now X)` when the config sets the value, for a hint that asks to raise or lower it. */
 export const nowValue = (value: number | undefined): string => (value === undefined ? "" : ` (now ${value})`)
+
+/**
+ * The engine refused its command line before loading anything: a flag this version does not know, or a value it does
+ * not take. Python's argparse (vLLM's FlexibleArgumentParser, SGLang's and mlx-lm's parsers) ends with "PROG: error:
+ * unrecognized arguments: ..." or "PROG: error: argument --x: invalid choice: ..." and exits 2 (cpython
+ * Lib/argparse.py, ArgumentParser.error); llama-server prints "error: invalid argument: --x" or "error while handling
+ * argument \"-c\": ..." and exits 1 (ggml-org/llama.cpp common/arg.cpp, common_params_parse; measured against the
+ * real server of test/real). The flag comes from the args the config adds, or is one the agent renders for a setting
+ * that this engine version predates.
+ */
+export const commandLineHint = (config: AgentConfig, engine: string): ExitHint => ({
+  patterns: [
+    ": error: unrecognized arguments: ",
+    /: error: argument -/,
+    ": error: the following arguments are required: ",
+    "error: invalid argument: ",
+    "error while handling argument "
+  ],
+  hint:
+    `${engine} refused its command line (the line names the flag): remove or fix it in engine.args or ` +
+    `${modelKey(config, "args")}; a flag the agent renders for a setting needs a ${engine} version that has it ` +
+    "(`cgn-agent render` prints the command line)"
+})

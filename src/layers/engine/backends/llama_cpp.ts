@@ -10,7 +10,7 @@
 import type { AgentConfig } from "../../../services/config/Config.ts"
 import type { Engine, ExitHint } from "../../../services/engine/Engine.ts"
 import { assemble, listenOf, metricsAt, optionalFlag } from "./common.ts"
-import { modelKey, nowValue, sourceKey } from "./hints.ts"
+import { commandLineHint, modelKey, nowValue, sourceKey } from "./hints.ts"
 
 /**
  * How llama-server dies at start of a cause the config fixes, newest line first (services/engine/ExitHints.ts). Its
@@ -32,7 +32,8 @@ const exitHints = (config: AgentConfig): ReadonlyArray<ExitHint> => [
     hint:
       `llama-server ran out of GPU memory: lower ${modelKey(config, "max_model_len")}${nowValue(config.model.max_model_len)} ` +
       "(its -c, whose KV cache it allocates at start) or use a smaller quantization of the model"
-  }
+  },
+  commandLineHint(config, "llama-server")
 ]
 
 export const llamaCpp: Engine = {

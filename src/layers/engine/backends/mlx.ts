@@ -7,6 +7,7 @@
 import type { AgentConfig } from "../../../services/config/Config.ts"
 import type { Engine } from "../../../services/engine/Engine.ts"
 import { assemble, listenOf } from "./common.ts"
+import { commandLineHint } from "./hints.ts"
 
 export const mlx: Engine = {
   kind: "mlx",
@@ -37,7 +38,8 @@ export const mlx: Engine = {
               body: { model, prompt: "ping", max_tokens: 1 }
             },
       metrics: undefined,
-      requestModel: model
+      requestModel: model,
+      exitHints: [commandLineHint(config, "mlx-lm")]
     })
   }
 }

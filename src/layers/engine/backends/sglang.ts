@@ -10,7 +10,7 @@ import type { Engine, ExitHint } from "../../../services/engine/Engine.ts"
 import { isLoopbackHost } from "../../../services/net/HostPort.ts"
 import { assemble, httpProbeAt, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
 import { hicacheTier, sglangLmcacheTier } from "./cpuCacheTiers.ts"
-import { HUB_REFUSALS, hubHint, modelKey, nowValue, TORCH_CUDA_OOM } from "./hints.ts"
+import { commandLineHint, HUB_REFUSALS, hubHint, modelKey, nowValue, TORCH_CUDA_OOM } from "./hints.ts"
 
 /**
  * What SGLang's own warm-up and /health_generate add to a prefill or decode server's request that has no peer: the
@@ -59,7 +59,8 @@ const exitHints = (config: AgentConfig): ReadonlyArray<ExitHint> => {
         `SGLang ran out of GPU memory: lower ${gmu}${now} (SGLang's --mem-fraction-static) to leave more room ` +
         `outside the KV cache, or spread the model over more GPUs (${tp})`
     },
-    hubHint(config, HUB_REFUSALS)
+    hubHint(config, HUB_REFUSALS),
+    commandLineHint(config, "SGLang")
   ]
 }
 

@@ -11,7 +11,7 @@ import type { Engine, ExitHint, RenderHost } from "../../../services/engine/Engi
 import { hostOfAddr, isLoopbackHost, isWildcardHost } from "../../../services/net/HostPort.ts"
 import { assemble, httpProbe, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
 import { kvbmTier, lmcacheTier } from "./cpuCacheTiers.ts"
-import { HUB_REFUSALS, hubHint, modelKey, nowValue, TORCH_CUDA_OOM } from "./hints.ts"
+import { commandLineHint, HUB_REFUSALS, hubHint, modelKey, nowValue, TORCH_CUDA_OOM } from "./hints.ts"
 
 /**
  * The `--kv-transfer-config` body per kv_offload: NixlConnector and LMCacheConnectorV1 as in vLLM's
@@ -117,7 +117,8 @@ const exitHints = (config: AgentConfig): ReadonlyArray<ExitHint> => {
     },
     // vllm/transformers_utils/config.py, get_config: "Invalid repository ID or local directory specified: 'M'." is
     // raised from the Hub's refusal (a gated repo) or for a repo or directory without a config.
-    hubHint(config, ["Invalid repository ID or local directory specified", ...HUB_REFUSALS])
+    hubHint(config, ["Invalid repository ID or local directory specified", ...HUB_REFUSALS]),
+    commandLineHint(config, "vLLM")
   ]
 }
 
