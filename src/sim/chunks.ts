@@ -186,13 +186,14 @@ export const fullBody = (
   return body
 }
 
-/** GET /v1/models per flavor. */
+/** GET /v1/models per flavor; `slotContext`: llama.cpp's one slot's context (SimConfig.slotContext). */
 export const modelsBody = (
   flavor: Flavor,
   servedName: string,
   model: string,
   maxModelLen: number | undefined,
-  created: number
+  created: number,
+  slotContext?: number
 ): unknown => {
   const entry: Record<string, unknown> = { id: servedName, object: "model", created, owned_by: owner(flavor) }
   if (flavor === "vllm") {
@@ -200,12 +201,14 @@ export const modelsBody = (
   } else if (flavor === "sglang") {
     Object.assign(entry, { root: servedName, max_model_len: maxModelLen ?? 4096 })
   } else if (flavor === "llama_cpp") {
-    // tools/server/server-context.cpp get_res_models / get_res_model_info; the meta numbers are placeholders.
+    // tools/server/server-context.cpp get_res_models / get_res_model_info: `n_ctx` is a slot's (meta.slot_n_ctx,
+    // n_ctx_slot()), `vocab_type` the bundled build writes as a boolean (measured: test/real/sim-differential.test.ts);
+    // the other meta numbers are placeholders.
     const ctx = maxModelLen ?? 4096
     const meta = {
-      vocab_type: 1,
+      vocab_type: true,
       n_vocab: 32000,
-      n_ctx: ctx,
+      n_ctx: slotContext ?? ctx,
       n_ctx_train: ctx,
       n_embd: 4096,
       n_params: 0,

@@ -131,8 +131,9 @@ export const generate = async (
   if (leftInQueue) {
     if (cfg.ttftMs > 0) await sleep(cfg.ttftMs)
     rs.promptTokens += promptIds.length
-    // its first token is made, and counted as the request ends
+    // its first token is made (its prompt decoded with it), and counted as the request ends
     rs.generationTokens++
+    rs.decoded(gone, gr.sequences[0]?.promptTokens ?? 0, 1)
     rs.finishedGenerationTokens++
     state = "aborted"
     stats.aborted++
@@ -172,6 +173,8 @@ export const generate = async (
     last = now
     emitted++
     rs.generationTokens++
+    // llama-server's decode steps (Stats.decoded): this request's sequences still generating share a step
+    rs.decoded(gone, gr.sequences[0]?.promptTokens ?? 0, plans.length - ends.filter(Boolean).length)
     ctx.publisher?.publish(held.token(tokenId(text.trimStart())), rank.index)
     heldLoose()
   }

@@ -226,9 +226,18 @@ const LLAMA: Page = {
       (r) => r.stats.finishedGenerationTokens
     ),
     counter("llamacpp:tokens_predicted_seconds_total", "Predict process time", () => 0),
-    // one llama_decode() per token (the first one's is the prompt batch's), as the real server counts a lone request
-    counter("llamacpp:n_decode_total", "Total number of llama_decode() calls", (r) => r.stats.generationTokens),
-    counter("llamacpp:n_tokens_max", "Largest observed n_tokens.", (r) => r.gauges.usedTokens),
+    // one per batched llama_decode() (a token of every busy slot), the longest sequence a decode saw (Stats.decoded;
+    // tools/server/server-context.cpp metrics_post_decode); HELP texts of tools/server/server-task.cpp to_metrics
+    counter(
+      "llamacpp:n_decode_total",
+      "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding",
+      (r) => r.stats.decodes
+    ),
+    counter(
+      "llamacpp:n_tokens_max",
+      "Largest observed sequence length (prompt + generation)",
+      (r) => r.stats.tokensMax
+    ),
     // tools/server/server-task.cpp exports the speculative-decoding counters even with no draft model.
     counter("llamacpp:spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated", () => 0),
     counter("llamacpp:spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted", () => 0),
@@ -241,10 +250,11 @@ const LLAMA: Page = {
     gauge("llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s.", () => 0),
     gauge("llamacpp:requests_processing", "Number of requests processing.", (r) => r.gauges.running),
     gauge("llamacpp:requests_deferred", "Number of requests deferred.", (r) => r.gauges.waiting),
+    // n_busy_slots / n_decode since the start, not the slots busy now (server_task_result_metrics::to_metrics)
     gauge(
       "llamacpp:n_busy_slots_per_decode",
       "Average number of busy slots per llama_decode() call",
-      (r) => r.gauges.running
+      (r) => r.stats.busySlots / Math.max(r.stats.decodes, 1)
     )
   ]
 }

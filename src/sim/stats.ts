@@ -35,6 +35,18 @@ export const E2E_BUCKETS = [
   7680.0
 ]
 
+/** A request's part in llama-server's decode steps (Stats.decoded). */
+interface Decoding {
+  /** The last step it had tokens in. */
+  step: number
+  /** Its tokens in that step: one per sequence. */
+  tokens: number
+  /** Its sequences that were generating as that step began. */
+  sequences: number
+  /** The steps it had tokens in: its longest sequence's tokens. */
+  steps: number
+}
+
 /**
  * One engine core's figures. Each token counter moves when its engine moves its own (the agent's stall rule reads
  * them as proof of progress, so a counter that moved early would hide a wedge): prompts once prefilled, at the
@@ -65,8 +77,55 @@ export class Stats {
   readonly ttft = new Histogram(TTFT_BUCKETS)
   readonly itl = new Histogram(ITL_BUCKETS)
   readonly e2e = new Histogram(E2E_BUCKETS)
+  /** llama-server's `n_decode`: its llama_decode() calls, one batch for every busy slot's next token. */
+  decodes = 0
+  /** llama-server's `n_busy_slots`: the busy slots of every decode, added up. */
+  busySlots = 0
+  /** llama-server's `n_tokens_max`: the longest sequence (prompt and tokens) a decode has seen. */
+  tokensMax = 0
+  private stepRequests: Array<() => boolean> = []
+  private readonly decoding = new WeakMap<() => boolean, Decoding>()
   finished(reason: string): void {
     this.served++
     this.success.set(reason, (this.success.get(reason) ?? 0) + 1)
+  }
+
+  /**
+   * One token a request made (generate.ts calls it with each), counted as llama-server counts its decode steps: each
+   * llama_decode() takes a token of every busy slot (a new request's prompt with them), then metrics_post_decode adds
+   * one to `n_decode`, each busy slot to `n_busy_slots`, and raises `n_tokens_max` to the longest slot's tokens
+   * (ggml-org/llama.cpp tools/server/server-context.cpp, update_slots, metrics_post_decode). Here a step holds at most
+   * one token of each sequence: a request's token opens a new step once the current one has a token of each of its
+   * sequences; else it joins the current step if the request had tokens in it or in the one before, or if another
+   * request still running has tokens in it; else (the server was idle) it opens one. A sequence's k-th step decodes
+   * its prompt and k - 1 tokens. Only the llama_cpp page reads these.
+   * @param ended the request's test of whether it has ended (generate.ts `gone`), which also names it
+   * @param promptTokens its prompt's tokens
+   * @param sequences its sequences not yet ended (llama.cpp's `n`, each in a slot of its own), read as its part in a
+   *   step begins: one that ends within the step keeps its place there
+   */
+  decoded(ended: () => boolean, promptTokens: number, sequences: number): void {
+    let d = this.decoding.get(ended)
+    if (d === undefined) {
+      d = { step: 0, tokens: 0, sequences: 0, steps: 0 }
+      this.decoding.set(ended, d)
+    }
+    const current = this.decodes
+    const mine = current > 0 && d.step === current
+    const joins = mine || (d.step > 0 && d.step === current - 1) || this.stepRequests.some((e) => !e())
+    if ((mine && d.tokens >= d.sequences) || !joins) {
+      this.decodes++
+      this.stepRequests = []
+    }
+    if (d.step !== this.decodes) {
+      d.step = this.decodes
+      d.tokens = 0
+      d.sequences = Math.max(1, sequences)
+      d.steps++
+      this.stepRequests.push(ended)
+    }
+    d.tokens++
+    this.busySlots++
+    this.tokensMax = Math.max(this.tokensMax, promptTokens + d.steps - 1)
   }
 }

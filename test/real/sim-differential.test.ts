@@ -283,6 +283,100 @@ describe("the llama_cpp simulator against the real llama-server", () => {
       expect(after.predicted - before.predicted, base).toBe(500)
     }
   })
+
+  it("/metrics: one n_decode per batched llama_decode(), n_tokens_max kept, n_busy_slots_per_decode an average", async () => {
+    const page = async (base: string) => (await fetch(`${base}/metrics`)).text()
+    const families = ["n_decode_total", "n_tokens_max", "n_busy_slots_per_decode"].map((f) => `llamacpp:${f}`)
+    const heads = (text: string) =>
+      text.split("\n").filter((l) => families.some((f) => l.startsWith(`# `) && l.includes(`${f} `)))
+    const [realPage, simPage] = [await page(real.url), await page(sim.url)]
+    expect(heads(simPage)).toEqual(heads(realPage))
+    for (const base of [real.url, sim.url]) {
+      const v = async (n: string) => engineMetric(base, `llamacpp:${n}`)
+      // two sequences of 10 tokens, one in each slot: both decoded in one batch (real: 10, 11 when one starts late)
+      const before = await v("n_decode_total")
+      const r = await fetch(`${base}${C}`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ prompt: "the quick brown", max_tokens: 10, ignore_eos: true, n: 2 })
+      })
+      expect(r.status, base).toBe(200)
+      await r.text()
+      const decodes = (await v("n_decode_total")) - before
+      expect(decodes, base).toBeGreaterThanOrEqual(10)
+      expect(decodes, base).toBeLessThanOrEqual(12)
+      // 4 tokens with the BOS and 9 decoded: the longest sequence seen is at least 13, and stays once idle
+      const max = await v("n_tokens_max")
+      expect(max, base).toBeGreaterThanOrEqual(13)
+      // the average since the start, over decodes of one or two busy slots; the same while idle
+      const busy = await v("n_busy_slots_per_decode")
+      expect(busy, base).toBeGreaterThan(1)
+      expect(busy, base).toBeLessThanOrEqual(2)
+      await new Promise((r) => setTimeout(r, 50))
+      expect([await v("n_tokens_max"), await v("n_busy_slots_per_decode")], base).toEqual([max, busy])
+    }
+  })
+
+  it("/props, /slots and /v1/models meta: a slot's context (-c over -np), in the same key order", async () => {
+    const get = async <A>(base: string, p: string) => (await (await fetch(`${base}${p}`)).json()) as A
+    type Props = { default_generation_settings: { n_ctx: number }; total_slots: number }
+    const [rp, sp] = [await get<Props>(real.url, "/props"), await get<Props>(sim.url, "/props")]
+    expect(Object.keys(sp)).toEqual(Object.keys(rp).slice(0, 2))
+    expect(sp.default_generation_settings).toEqual({ n_ctx: 512 })
+    expect(rp.default_generation_settings.n_ctx).toBe(512)
+    expect(sp.total_slots).toBe(rp.total_slots)
+    // a slot's leading keys and values (the real one adds its last task's after them); which is busy may differ
+    type Slots = Array<Record<string, unknown>>
+    const head = (slots: Slots) =>
+      slots.map((x) =>
+        Object.entries(x)
+          .slice(0, 4)
+          .map(([k, v]) => (k === "is_processing" ? k : [k, v]))
+      )
+    expect(head(await get<Slots>(sim.url, "/slots"))).toEqual(head(await get<Slots>(real.url, "/slots")))
+    type Models = { data: Array<{ meta: Record<string, unknown> }> }
+    const meta = async (base: string) => (await get<Models>(base, "/v1/models")).data[0]?.meta
+    const [rm, sm] = [await meta(real.url), await meta(sim.url)]
+    expect(typeof sm?.vocab_type).toBe(typeof rm?.vocab_type)
+  })
+
+  it("/slots?fail_on_no_slot: 503 with the same body while every slot is busy, the list once one is idle", async () => {
+    for (const base of [real.url, sim.url]) {
+      const q = async (v: string) => {
+        const res = await fetch(`${base}/slots?fail_on_no_slot=${v}`)
+        const text = await res.text()
+        return [res.status, Array.isArray(JSON.parse(text)) ? "list" : text]
+      }
+      expect(await q("1"), base).toEqual([200, "list"])
+      const ac = new AbortController()
+      const streams = [0, 1].map(() =>
+        fetch(`${base}${C}`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({ prompt: "the quick", max_tokens: -1, ignore_eos: true, stream: true }),
+          signal: ac.signal
+        })
+          .then((res) => res.body?.getReader().read())
+          .catch(() => undefined)
+      )
+      try {
+        await pollUntil(`${base}: both slots busy`, async () => {
+          const slots = (await (await fetch(`${base}/slots`)).json()) as Array<{ is_processing: boolean }>
+          return slots.every((x) => x.is_processing) || undefined
+        })
+        const full = '{"error":{"code":503,"message":"no slot available","type":"unavailable_error"}}'
+        expect([await q("1"), await q("0"), await q("")], base).toEqual([
+          [503, full],
+          [503, full],
+          [200, "list"]
+        ])
+      } finally {
+        ac.abort()
+        await Promise.all(streams)
+      }
+      await pollUntil(`${base}: a slot idle again`, async () => ((await q("1"))[0] === 200 ? true : undefined))
+    }
+  })
 })
 
 type Chunk = Record<string, unknown>

@@ -59,7 +59,8 @@ export const nowValue = (value: number | undefined): string => (value === undefi
 export const commandLineHint = (config: AgentConfig, engine: string): ExitHint => ({
   patterns: [
     ": error: unrecognized arguments: ",
-    /: error: argument -/,
+    // "argument --dtype: invalid choice: ...", "argument -tp/--tensor-parallel-size: invalid int value: ..."
+    ": error: argument -",
     ": error: the following arguments are required: ",
     "error: invalid argument: ",
     "error while handling argument "
