@@ -30,6 +30,12 @@ export class Exchange implements Dispatcher.DispatchHandler {
   private limit = MAX_WHOLE_BODY_BYTES
   private closed = false
   private waiter: (() => void) | undefined = undefined
+  /**
+   * Something changed while nobody waited: the next wait returns at once. A reader checks the state, then waits;
+   * Effect's run loop may yield between the two, and an undici callback in that gap would otherwise be lost and the
+   * reader wait for ever.
+   */
+  private unseen = false
 
   onRequestStart(controller: Dispatcher.DispatchController): void {
     this.controller = controller
@@ -71,13 +77,19 @@ export class Exchange implements Dispatcher.DispatchHandler {
   }
   private wake(): void {
     const w = this.waiter
-    if (w !== undefined) {
-      this.waiter = undefined
-      w()
+    if (w === undefined) {
+      this.unseen = true
+      return
     }
+    this.waiter = undefined
+    w()
   }
-  /** Waits until something changed (headers, data, end, error). */
+  /** Waits until something changed (headers, data, end, error) since the last wait. */
   readonly changed: Effect.Effect<void> = Effect.callback<void>((resume) => {
+    if (this.unseen) {
+      this.unseen = false
+      return resume(Effect.void)
+    }
     this.waiter = () => resume(Effect.void)
     return Effect.sync(() => {
       this.waiter = undefined

@@ -180,13 +180,14 @@ export const makeHandler = Effect.fnUntraced(function* (
       active.delete(relay)
       record(status, relay, startedAt)
     }
-    // Runs inside the producer's read callback: everything pending goes out now unless the call's buffer is full.
+    // Ends the call with the failure's status (GrpcStatus.ts's table), the request id in its trailers.
     const fail = (failure: GenerateError): void => {
       const f = toGrpcFailure(failure)
       settle(statusName(f.code))
       // the id the engine and the agent's logs and spans know the call by (the agent's own when the caller gave none)
       call.sendStatus({ ...f, trailers: { ...f.trailers, "cgn-request-id": requestId } })
     }
+    // Runs inside the producer's read callback: everything pending goes out now unless the call's buffer is full.
     const pump = (): void => {
       if (ended) return
       if (blocked) {

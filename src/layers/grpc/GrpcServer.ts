@@ -105,7 +105,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
   const server = new Http2GrpcServer({
     // Leave room above max_request_bytes so the agent's own check answers with a precise message.
     maxReceiveMessageLength: config.agent.max_request_bytes + 1024 * 1024,
-    // Requests still arriving: room for 16 of the largest at once (64 MiB at the 4 MiB default) before
+    // Requests still arriving: room for 16 of the largest at once (80 MiB at the 4 MiB default) before
     // more are refused RESOURCE_EXHAUSTED; calls under way hold nothing of it.
     maxArrivingBytes: 16 * (config.agent.max_request_bytes + 1024 * 1024),
     // ... and a time bound on each: a request (at most max_request_bytes) that has not arrived by then ends.
