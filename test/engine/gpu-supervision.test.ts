@@ -287,7 +287,7 @@ describe("GPU-aware supervision (built agent, fake NVML through koffi)", () => {
     const check = await runCli(["check", "--config", file("tp4.toml", 4)], env)
     expect(check.code).toBe(2)
     expect(check.stderr).toContain(
-      'models."m".gpus: the engine needs 4 GPUs (tp x dp) but this host has 2 healthy of 2'
+      'models."m".gpus: the engine needs 4 GPUs (tp x dp) but this host has 2 usable of 2 (2 healthy)'
     )
     // without NVML the same file passes: nothing says the host is too small
     const noNvml = await runCli(["check", "--config", file("tp4b.toml", 4)], { CGN_NVML_LIBRARY: "none", ...bin })

@@ -3,7 +3,7 @@
 // engine's GPU changes nothing; Xid 79 makes the node unhealthy at once, with the reason in /readyz and /status, the
 // Xid in NodeHealth's GPU record, and the counter on /metrics, which passes promtool check metrics. The agent started
 // again (NVML delivers no past event) still holds the GPU faulty, from state_dir, until POST /gpus/clear-xids; so
-// does one started while NVML does not answer.
+// does one started while NVML does not answer, and one whose automatic choice of GPUs finds none healthy.
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { afterEach, beforeAll, describe, expect, it } from "vitest"
@@ -143,6 +143,45 @@ describe("a critical Xid on the engine's GPU (built agent, fake NVML through kof
         }
       ]
     })
+    await pollUntil("ready once cleared", async () => (await text(`${again.adminUrl}/readyz`)).status === 200, BOUND)
+    expect((await again.stop()).code).toBe(0)
+  }, 240_000)
+
+  it("with models.x.gpus unset, an agent restarted after a fault on every GPU stays up: unhealthy, the engine held, until cleared", async () => {
+    const state = path.join(nvml.dir, "auto.state")
+    const xids = path.join(nvml.dir, "auto.events")
+    fs.writeFileSync(state, `gpu.0.used=${GiB / 4}\ngpu.1.used=${GiB / 4}\n`)
+    fs.writeFileSync(xids, "")
+    const s = await simAgentConfig({ agent: { state_dir: path.join(nvml.dir, "auto-state") } })
+    const env = { CGN_NVML_LIBRARY: nvml.library, FAKE_NVML_STATE: state, FAKE_NVML_XID_FILE: xids }
+    const first = await startAgent({ config: s.config, env, readyTimeoutMs: BOUND })
+    fs.appendFileSync(xids, "0 79\n1 48\n")
+    await pollUntil(
+      "both Xids kept",
+      async () => {
+        const page = (await text(`${first.adminUrl}/metrics`)).body
+        return page.includes('xid="79",fault="true"} 1') && page.includes('xid="48",fault="true"} 1')
+      },
+      BOUND
+    )
+    expect((await first.stop()).code).toBe(0)
+
+    // started again (a rollout): the automatic choice has no healthy GPU; the GPU it takes holds the engine, and the
+    // agent serves its admin port (it exited 2, "invalid config", before: a crash loop with nothing to clear it by)
+    fs.writeFileSync(xids, "")
+    const again = await startAgent({ config: s.config, env, awaitReady: false })
+    const readyz = await pollUntil(
+      "readyz says the GPU's Xid",
+      async () => {
+        const r = await text(`${again.adminUrl}/readyz`).catch(() => undefined)
+        return r?.status === 503 && r.body.includes("GPU 0 reported Xid 79") ? r : undefined
+      },
+      BOUND
+    )
+    expect(readyz.body).toContain("it needs a GPU reset or a reboot")
+    const held = (await (await fetch(`${again.adminUrl}/status`)).json()) as { engine: { pid: number | null } }
+    expect(held.engine.pid).toBeNull()
+    expect((await fetch(`${again.adminUrl}/gpus/clear-xids`, { method: "POST" })).status).toBe(200)
     await pollUntil("ready once cleared", async () => (await text(`${again.adminUrl}/readyz`)).status === 200, BOUND)
     expect((await again.stop()).code).toBe(0)
   }, 240_000)

@@ -82,7 +82,7 @@ describe("assignGpus with MIG", () => {
     expect(assignGpus([], 2, host())).toEqual({
       _tag: "Impossible",
       reason:
-        "the engine needs 2 GPUs (tp x dp) but this host has 1 healthy of 2; GPU 1 in MIG mode, not counted (CUDA cannot use a GPU in MIG mode whole: name one of its MIG devices in gpus)"
+        "the engine needs 2 GPUs (tp x dp) but this host has 1 usable of 2 (1 healthy); GPU 1 in MIG mode, not counted (CUDA cannot use a GPU in MIG mode whole: name one of its MIG devices in gpus)"
     })
   })
   it("a GPU in MIG mode named whole (index or UUID) is refused, listing its MIG devices", () => {
@@ -118,7 +118,7 @@ describe("assignGpus with MIG", () => {
     expect(assignGpus([], 2, gpus)).toEqual({
       _tag: "Impossible",
       reason:
-        "the engine needs 2 GPUs (tp x dp) but this host has 1 healthy of 2; GPU 0 not counted: NVML could not read whether it is in MIG mode"
+        "the engine needs 2 GPUs (tp x dp) but this host has 1 usable of 2 (1 healthy); GPU 0 not counted: NVML could not read whether it is in MIG mode"
     })
   })
   it("a MIG list NVML could not read: the device is assigned to that GPU and held, not called destroyed", () => {

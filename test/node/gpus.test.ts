@@ -58,10 +58,18 @@ describe("assignGpus", () => {
   it("automatic: the first tp x dp healthy GPUs in index order, skipping faulty ones", () => {
     expect(assignGpus([], 2, host)).toEqual({ _tag: "Assigned", indices: [0, 2], automatic: true })
   })
-  it("automatic: refuses a tp x dp the host cannot hold, saying how many are healthy", () => {
-    expect(assignGpus([], 3, host)).toEqual({
+  it("automatic: faulty GPUs (a lost one too) fill in when too few are healthy: the gate holds the engine on them", () => {
+    expect(assignGpus([], 3, host)).toEqual({ _tag: "Assigned", indices: [0, 1, 2], automatic: true })
+    expect(assignGpus([], 4, host)).toEqual({ _tag: "Assigned", indices: [0, 1, 2, 3], automatic: true })
+    // a one-GPU host whose GPU had a fault Xid: assigned, not refused (the agent stays up, the node unhealthy)
+    const faulty = [gpuWith({ index: 0, eccUncorrected: 1 })]
+    expect(assignGpus([], 1, faulty)).toEqual({ _tag: "Assigned", indices: [0], automatic: true })
+    expect(gateVerdict(faulty, [0], 2 ** 30, new Set(), () => undefined)._tag).toBe("Faulty")
+  })
+  it("automatic: refuses a tp x dp the host cannot hold, saying how many it has and how many are healthy", () => {
+    expect(assignGpus([], 5, host)).toEqual({
       _tag: "Impossible",
-      reason: "the engine needs 3 GPUs (tp x dp) but this host has 2 healthy of 4"
+      reason: "the engine needs 5 GPUs (tp x dp) but this host has 4 usable of 4 (2 healthy)"
     })
   })
   it("configured: indices and UUIDs resolve to NVML indices; an unknown one is refused", () => {

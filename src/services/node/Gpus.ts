@@ -140,15 +140,24 @@ export const assignGpus = (
     }
     return { _tag: "Assigned", indices, automatic: false }
   }
-  // A GPU in MIG mode (or maybe in it) is not usable whole by CUDA: never picked (Mig.ts wholeUsable).
-  const healthy = gpus.filter((g) => wholeUsable(g) && gpuFault(g, rule) === undefined)
-  if (healthy.length < needed) {
-    return {
-      _tag: "Impossible",
-      reason: `the engine needs ${needed} GPUs (tp x dp) but this host has ${healthy.length} healthy of ${gpus.length}${notCounted(gpus)}`
-    }
+  // A GPU in MIG mode (or maybe in it) is not usable whole by CUDA: never picked (Mig.ts wholeUsable). A lost one is
+  // (its MIG mode unreadable because it fell off the bus): it is the host's GPU, with a fault.
+  const candidates = gpus.filter((g) => wholeUsable(g) || (g.lost && !g.migEnabled))
+  const healthy = candidates.filter((g) => gpuFault(g, rule) === undefined)
+  if (healthy.length >= needed)
+    return { _tag: "Assigned", indices: healthy.slice(0, needed).map((g) => g.index), automatic: true }
+  // Too few healthy GPUs, but the host has enough: faulty ones fill in, and the gate holds the engine on their fault
+  // (GpuGate.ts) with the node unhealthy and the agent up, until it clears (an Xid cleared after a reset:
+  // /gpus/clear-xids). Refusing the config instead made any agent restart after a fault exit 2, a crash loop.
+  if (candidates.length >= needed) {
+    const filling = candidates.filter((g) => !healthy.includes(g)).slice(0, needed - healthy.length)
+    const indices = [...healthy, ...filling].map((g) => g.index).sort((a, b) => a - b)
+    return { _tag: "Assigned", indices, automatic: true }
   }
-  return { _tag: "Assigned", indices: healthy.slice(0, needed).map((g) => g.index), automatic: true }
+  return {
+    _tag: "Impossible",
+    reason: `the engine needs ${needed} GPUs (tp x dp) but this host has ${candidates.length} usable of ${gpus.length} (${healthy.length} healthy)${notCounted(gpus.filter((g) => !candidates.includes(g)))}`
+  }
 }
 
 /**
