@@ -17,7 +17,14 @@ import {
   type NvmlService,
   UnknownGpu
 } from "../../services/node/Nvml.ts"
-import { defaultXidRule, describeXid, type XidRule, xidIsFault } from "../../services/node/Xid.ts"
+import {
+  defaultXidRule,
+  describeXid,
+  XID_RESET_REMEDY,
+  type XidRule,
+  xidIsFault,
+  xidRemedy
+} from "../../services/node/Xid.ts"
 import {
   clear,
   decodeRecord,
@@ -84,7 +91,10 @@ const logXids = (
     ? Effect.logWarning(what, {
         ...fields,
         xids: named,
-        remedy: "once the GPU is reset (nvidia-smi -r), POST /gpus/clear-xids"
+        remedy:
+          xidRemedy(faults) === XID_RESET_REMEDY
+            ? "once the GPU is reset (nvidia-smi -r), POST /gpus/clear-xids"
+            : xidRemedy(faults)
       })
     : Effect.logInfo(`${what} (no fault: the node stays healthy)`, { ...fields, xids: named })
 }

@@ -20,7 +20,7 @@ import {
   wholeUsable
 } from "./Mig.ts"
 import { isUnknown } from "./NvmlValues.ts"
-import { defaultXidRule, describeXid, type XidRule, xidIsFault } from "./Xid.ts"
+import { defaultXidRule, describeXid, type XidRule, xidIsFault, xidRemedy } from "./Xid.ts"
 
 /**
  * nvml.h `nvmlClocksEventReason*` bits (formerly `nvmlClocksThrottleReason*`), in snake_case. GpuIdle (0x1) is
@@ -64,7 +64,7 @@ export const gpuFault = (gpu: Gpu, rule: XidRule = defaultXidRule): string | und
   if (gpu.lost) return `GPU ${gpu.index} is lost (NVML_ERROR_GPU_IS_LOST: fallen off the bus)`
   const xids = gpu.criticalXids.filter((x) => xidIsFault(x.xid, rule))
   if (xids.length > 0) {
-    return `GPU ${gpu.index} reported ${xids.map((x) => describeXid(x.xid)).join(", ")}: it needs a GPU reset or a reboot`
+    return `GPU ${gpu.index} reported ${xids.map((x) => describeXid(x.xid)).join(", ")}: ${xidRemedy(xids.map((x) => x.xid))}`
   }
   // NVML's row-remapping documentation: a failure means the GPU should be replaced; a pending remap is applied only
   // by a GPU reset (https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/, "Row-Remapping").
