@@ -4,6 +4,7 @@
 // the receiver applying each link seq exactly once.
 import { Effect } from "effect"
 import { describe, expect, it } from "vitest"
+import { heldAtStop } from "../../src/layers/kv/KvBridge.ts"
 import { KvQueue, type QueuedRecord } from "../../src/layers/kv/queue.ts"
 import { ReceiverState } from "../../src/services/kv/KvcachedReceiver.ts"
 import type { KvRecord } from "../../src/services/kv/KvcachedRpc.ts"
@@ -213,6 +214,21 @@ describe("KvQueue", () => {
     expect({ bytes: q.bytes, batches: q.batches, dropped: q.dropped }).toEqual({ bytes: 100, batches: 0, dropped: 2 })
     q.push(batch(3n, 100))
     expect(q.take(10, 1_000, resync).map((s) => s.n)).toEqual([2])
+  })
+})
+
+describe("heldAtStop: what the bridge says it drops as it stops", () => {
+  it("a restart Resync alone (the engine stopped while kvcached was away) is said, as batches are", () => {
+    const q = new KvQueue<Rec>(10_000)
+    expect(heldAtStop(q)).toBeUndefined()
+    q.push(resync({ reason: "restart", dpRank: 0, fromSeq: 59n, toSeq: 0n }))
+    expect(heldAtStop(q)).toEqual({ batches: 0, resyncs: 1 })
+    q.push(batch(0n))
+    q.take(2, 1_000, resync)
+    // sent, not acknowledged: still held
+    expect(heldAtStop(q)).toEqual({ batches: 1, resyncs: 1 })
+    q.ack(1)
+    expect(heldAtStop(q)).toBeUndefined()
   })
 })
 

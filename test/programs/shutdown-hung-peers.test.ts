@@ -197,7 +197,7 @@ const expectEngineKilled = (s: Stopped) => {
 
 /** (c) kvcached never answered: what it never acknowledged is said to be dropped. */
 const expectKvDropped = (s: Stopped) => {
-  const [dropped] = s.lines("kv events: stopping with batches kvcached never acknowledged")
+  const [dropped] = s.lines("kv events: stopping with records kvcached never acknowledged")
   expect(dropped, s.agent.tail(60)).toMatchObject({ level: "warn", kvcachedConnected: false })
   expect(dropped?.batches).toBeGreaterThan(0)
 }

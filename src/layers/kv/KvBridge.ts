@@ -59,6 +59,15 @@ export const disabledStatus = (epoch: string, reason: string): KvBridgeStatus =>
   epoch
 })
 
+/**
+ * What kvcached never acknowledged as the bridge stops: batches, and Resyncs (a `restart` one queued as the engine
+ * stopped among them: kvcached then keeps this node's blocks of an engine that is gone, which is why it is said).
+ */
+export const heldAtStop = (queue: KvQueue<unknown>): { batches: number; resyncs: number } | undefined => {
+  const resyncs = queue.size + queue.unacked.length - queue.batches
+  return queue.batches === 0 && resyncs === 0 ? undefined : { batches: queue.batches, resyncs }
+}
+
 /** The running bridge; everything it opens is closed with the caller's scope. */
 export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.Scope> =>
   Effect.gen(function* () {
@@ -73,16 +82,17 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
     queue.onOverflow = overflow.dropped
     // Added before the link is forked, so it runs after the link is interrupted (a wedged kvcached cannot hold
     // that up): what kvcached never acknowledged ends with this agent run, and the log says how much.
-    yield* Effect.addFinalizer(() =>
-      queue.batches === 0
+    yield* Effect.addFinalizer(() => {
+      const held = heldAtStop(queue)
+      return held === undefined
         ? Effect.void
-        : Effect.logWarning("kv events: stopping with batches kvcached never acknowledged; they are dropped", {
+        : Effect.logWarning("kv events: stopping with records kvcached never acknowledged; they are dropped", {
             uds: o.uds,
-            batches: queue.batches,
+            ...held,
             bytes: queue.bytes,
             kvcachedConnected: st.kvcachedConnected
           })
-    )
+    })
 
     const backoffMaxMs = o.backoffMaxMs ?? 5_000
     // lastError is what is failing now, per part (the kvcached link, each rank's reader): a part that recovers
