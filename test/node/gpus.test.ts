@@ -1,15 +1,9 @@
-// The pure GPU decisions (services/node/Gpus.ts): throttle reason names, assignment, CUDA env, the gate's verdict.
+// The pure GPU decisions (services/node/Gpus.ts, Throttle.ts): throttle reason names, assignment, CUDA env, the gate's verdict.
 import { describe, expect, it } from "vitest"
 import { gateProblem } from "../../src/services/engine/GpuGate.ts"
-import {
-  assignGpus,
-  cudaEnv,
-  gateVerdict,
-  gpuFault,
-  missingGpu,
-  throttleReasons
-} from "../../src/services/node/Gpus.ts"
+import { assignGpus, cudaEnv, gateVerdict, gpuFault, missingGpu } from "../../src/services/node/Gpus.ts"
 import { gpuWith } from "../../src/services/node/Nvml.ts"
+import { throttleReasons } from "../../src/services/node/Throttle.ts"
 
 const GiB = 2 ** 30
 const host = [

@@ -9,7 +9,7 @@
 import { Effect } from "effect"
 import { Counter, Gauge, type Registry } from "prom-client"
 import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
-import { throttleReasonNames } from "../../services/node/Gpus.ts"
+import { throttleReasonNames } from "../../services/node/Throttle.ts"
 import type { NvmlService } from "../../services/node/Nvml.ts"
 import { type GpuField, isUnknown } from "../../services/node/NvmlValues.ts"
 import { applicationXids, defaultXidRule, type XidRule, xidIsFault } from "../../services/node/Xid.ts"

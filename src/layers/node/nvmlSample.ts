@@ -12,7 +12,7 @@
  * loads `effect`.
  */
 import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
-import { throttleReasons } from "../../services/node/Gpus.ts"
+import { throttleReasons } from "../../services/node/Throttle.ts"
 import {
   cString,
   type GpuField,
