@@ -6,7 +6,8 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect, Logger } from "effect"
 import { TestClock } from "effect/testing"
 import * as OverflowLog from "../../src/layers/kv/overflowLog.ts"
-import { KvQueue, type QueuedRecord } from "../../src/layers/kv/queue.ts"
+import { KvQueue } from "../../src/layers/kv/queue.ts"
+import type { QueuedRecord } from "../../src/layers/kv/queueRecords.ts"
 
 type Rec = { readonly seq: bigint }
 

@@ -198,6 +198,37 @@ describe("the kvcached link through a receiver that is killed and restarted", ()
     expect(firstSeq?.n).toBeGreaterThan(0)
   }, 60_000)
 
+  it("a receiver back with part of its state (its journal's tail lost): a gap Resync per rank, then on without a hole in n", async () => {
+    const link = await setup()
+    const first = await startReceiver(link.uds, link.journal)
+    await until(async () => ((await link.status()).forwarded >= 20 ? true : undefined), "20 batches acknowledged")
+    await first.kill()
+    await until(async () => (await link.status()).kvcachedConnected === false || undefined, "link down")
+    // the receiver comes back from a journal that lost its last records, acknowledged ones among them: more than the
+    // link holds unacknowledged (at most what it holds at all, `queued`, now that no answer can come)
+    const held = (await link.status()).queued
+    const lines = (await fs.readFile(link.journal, "utf8")).split("\n").filter((l) => l !== "")
+    const recordLines = lines.flatMap((l, i) => ("record" in JSON.parse(l) ? [i] : []))
+    expect(recordLines.length).toBeGreaterThan(held + 5)
+    const cut = recordLines.at(-(held + 5)) ?? 0
+    await fs.writeFile(link.journal, `${lines.slice(0, cut).join("\n")}\n`)
+    const kept = records(link.journal)
+    const applied = kept.at(-1)?.n ?? -1
+    await startReceiver(link.uds, link.journal)
+    await until(() => records(link.journal).length >= kept.length + 10 || undefined, "records after the restart")
+    await link.pump.stop()
+    const st = await drained(link)
+    expect(st.kvcachedStateLosses).toBe(1)
+    const recs = records(link.journal)
+    // n goes on from what the receiver applied, with no hole; a gap Resync from seq 0 comes first
+    expect(recs.map((r) => r.n)).toEqual(recs.map((_, i) => i))
+    const resync = recs[applied + 1]
+    expect(resync).toMatchObject({ type: "Resync", reason: "gap", dp_rank: 0, from_seq: 0 })
+    // ... to the seq the stream goes on with: the next record's
+    const next = recs[applied + 2]
+    expect(resync?.type === "Resync" && resync.to_seq).toBe(next?.type === "Batch" ? next.seq : next?.from_seq)
+  }, 60_000)
+
   it("past the byte bound while the receiver is away, an overflow Resync names exactly what is missing", async () => {
     const link = await setup(16 * 1024)
     let receiver = await startReceiver(link.uds, link.journal)

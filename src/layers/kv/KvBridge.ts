@@ -207,6 +207,7 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
         onStateLost: () => {
           st.kvcachedStateLosses++
         },
+        nextSeqOf: (rank) => streams[rank]?.expected,
         onForwarded: (n) => {
           st.forwarded += n
           overflow.acked()

@@ -18,7 +18,8 @@ import { RpcClient, RpcSerialization } from "effect/rpc"
 import { type HelloPayload, KvcachedRpcs, type KvRecord } from "../../services/kv/KvcachedRpc.ts"
 import { type Resync, wireError } from "../../services/kv/KvWire.ts"
 import { socketDistrust } from "../node/stateFiles.ts"
-import type { KvQueue, Prepared, QueuedRecord, SentRecord } from "./queue.ts"
+import type { KvQueue } from "./queue.ts"
+import type { Prepared, QueuedRecord, SentRecord } from "./queueRecords.ts"
 import type { QueuedBody } from "./rankSequencer.ts"
 import { retryForever } from "./retrying.ts"
 
@@ -39,10 +40,13 @@ export interface LinkOptions {
   /** Batches kvcached acknowledged. */
   readonly onForwarded: (batches: number) => void
   /**
-   * kvcached answered Hello with nothing applied after it had acknowledged `acknowledged` records of this epoch:
-   * it lost its state (restarted without it); those records are not sent again.
+   * kvcached answered Hello with nothing applied after it had acknowledged `acknowledged` records of this epoch
+   * (it lost its state: restarted without it), or with fewer applied than it had acknowledged (`acknowledged` is then
+   * the records it lost); those records are not sent again.
    */
   readonly onStateLost?: (acknowledged: number) => void
+  /** The seq rank `dpRank`'s engine stream goes on with (the reader's next), for a Resync when the queue holds none. */
+  readonly nextSeqOf?: (dpRank: number) => bigint | undefined
   /** A record the client could not encode was replaced by a decode Resync (or, itself a Resync, removed): why. */
   readonly onUnencodable?: (error: string) => void
   /** Records per Push (default 512) and their bytes (default 1 MiB or a quarter of the bound; at least one record). */
@@ -87,6 +91,25 @@ const repairUnencodable = (o: LinkOptions): string | undefined => {
   const error = `kvcached's client refused to encode ${reasons.length} record(s), not resent: ${reasons.join("; ")}`
   o.onUnencodable?.(error)
   return error
+}
+
+/**
+ * kvcached came back having applied only up to `applied`, below the `acknowledged` records it had confirmed (a
+ * journal that lost its tail): the records after `applied` are gone for it, removals among them, so what it holds of
+ * this node may name blocks the engine evicted. They cannot be sent again (forgotten once acknowledged): a `gap`
+ * Resync per rank, from seq 0 to the seq the stream goes on with, tells it to drop the node's blocks, ahead of the
+ * records resent, all numbered on from `applied + 1` (no hole in `n`); counted and logged as a state loss.
+ */
+const partlyLost = (o: LinkOptions, applied: number, acknowledged: number) => {
+  const lost = acknowledged - 1 - applied
+  o.onStateLost?.(lost)
+  const resyncs = Array.from({ length: Math.max(1, o.hello.dp_size) }, (_, rank) =>
+    o.resync({ reason: "gap", dpRank: rank, fromSeq: 0n, toSeq: o.queue.nextSeqOf(rank) ?? o.nextSeqOf?.(rank) ?? 0n })
+  )
+  o.queue.rewriteUnacked((s) => s, applied + 1, resyncs)
+  return Effect.logWarning(
+    `kvcached answered Hello with records applied up to ${applied} after it had acknowledged up to ${acknowledged - 1}: it lost ${lost} record(s) of this node's KV events (not sent again); a gap Resync per DP rank tells it to drop this node's blocks`
+  ).pipe(Effect.annotateLogs({ uds: o.path, epoch: o.hello.epoch }))
 }
 
 /** Waits for a queue push, or fails when the connection drops meanwhile (so a dead peer is noticed early). */
@@ -143,16 +166,17 @@ const session = (o: LinkOptions, onUp: Effect.Effect<void>, progressed: Effect.E
         orElse: () => Effect.fail(new Error(`kvcached did not answer ${call} within ${callTimeoutMs} ms`))
       })
     const welcome = yield* answered("Hello", client.Hello(o.hello))
-    if (welcome.applied !== null) o.onForwarded(o.queue.ack(welcome.applied))
-    else {
-      const acknowledged = o.queue.unacked[0]?.n ?? o.queue.numbered
+    // records 0 .. acknowledged - 1 were acknowledged (and forgotten) on earlier connections of this epoch
+    const acknowledged = o.queue.unacked[0]?.n ?? o.queue.numbered
+    if (welcome.applied === null) {
       if (acknowledged > 0) {
         o.onStateLost?.(acknowledged)
         yield* Effect.logWarning(
           `kvcached answered Hello with nothing applied after it had acknowledged ${acknowledged} record(s) of this epoch: it lost this node's KV events until then (not sent again; its routing lacks those blocks until the engine stores them anew)`
         ).pipe(Effect.annotateLogs({ uds: o.path, epoch: o.hello.epoch }))
       }
-    }
+    } else if (welcome.applied < acknowledged - 1) yield* partlyLost(o, welcome.applied, acknowledged)
+    else o.onForwarded(o.queue.ack(welcome.applied))
     o.onConnected(false, "connected; Hello answered, no Push acknowledged yet")
     let up = false
     const working = Effect.suspend(() => {

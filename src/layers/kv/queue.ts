@@ -10,42 +10,7 @@
  * callback), tested directly.
  */
 import type { Resync } from "../../services/kv/KvWire.ts"
-
-/** A record waiting for its link seq (`n`, given when it is taken). */
-export interface QueuedRecord<R> {
-  readonly record: R
-  /** True for a Batch (counted as forwarded/dropped); false for a Resync. */
-  readonly batch: boolean
-  readonly dpRank: number
-  /** The first engine seq this record covers (a batch's seq; a Resync's from_seq). */
-  readonly fromSeq: bigint
-  /** The seq the stream continues with after it (seq + 1; a Resync's to_seq). */
-  readonly nextSeq: bigint
-  /** Its approximate size in memory and on the wire. */
-  readonly bytes: number
-}
-
-/**
- * What `take`'s preparation made of a record: the record to send and whether a batch was lost on the way (it
- * could not be prepared and is sent as something else, e.g. a Resync of its seq): such a batch counts as
- * dropped, never as forwarded when kvcached acknowledges what replaced it.
- */
-export interface Prepared<R> {
-  readonly record: R
-  readonly dropped: boolean
-}
-
-export interface SentRecord<R> {
-  readonly n: number
-  readonly record: R
-  /** Still a batch once prepared (its acknowledgement counts it as forwarded). */
-  readonly batch: boolean
-  readonly bytes: number
-  /** The rank and seq range it covers (as queued): what a Resync says is lost if it cannot be sent. */
-  readonly dpRank: number
-  readonly fromSeq: bigint
-  readonly nextSeq: bigint
-}
+import type { Prepared, QueuedRecord, SentRecord } from "./queueRecords.ts"
 
 /** Where a record too large for the whole bound was dropped: an overflow Resync of its range, rendered at `take`. */
 interface LostHere {
@@ -252,23 +217,42 @@ export class KvQueue<R> {
 
   /**
    * Rewrites the unacknowledged records: `fix` keeps or replaces each (a replacement that is no longer a batch
-   * counts as a dropped batch) or removes it (undefined), and what remains is numbered again from the first `n`.
-   * Only for records never delivered: the link calls it for a chunk kvcached's client refused to encode, so
-   * kvcached has applied none of it and renumbering cannot collide with what it holds.
+   * counts as a dropped batch) or removes it (undefined), and what remains is numbered again from `from` (the first
+   * `n`, unless told), after the records of `front`. Only for records never delivered: the link calls it for a chunk
+   * kvcached's client refused to encode, so kvcached has applied none of it and renumbering cannot collide with what
+   * it holds; and when kvcached came back having applied only up to `from - 1` (it lost the rest: `front` holds the
+   * Resyncs that say so), so that `n` goes on from there without a hole.
    */
-  rewriteUnacked(fix: (s: SentRecord<R>) => SentRecord<R> | undefined): void {
-    const first = this.sent[0]
-    if (first === undefined) return
+  rewriteUnacked(
+    fix: (s: SentRecord<R>) => SentRecord<R> | undefined,
+    from = this.sent[0]?.n ?? this.nextN,
+    front: ReadonlyArray<QueuedRecord<R>> = []
+  ): void {
     const kept: Array<SentRecord<R>> = []
+    for (const q of front) {
+      this.bytes += q.bytes
+      kept.push({ ...q, n: from + kept.length, batch: false })
+    }
     for (const s of this.sent) {
       const f = fix(s)
       if (f === undefined) this.release(s.bytes, s.batch)
       else if (s.batch && !f.batch) this.batches--
       if (s.batch && (f === undefined || !f.batch)) this.dropped++
-      if (f !== undefined) kept.push({ ...f, n: first.n + kept.length, bytes: s.bytes })
+      if (f !== undefined) kept.push({ ...f, n: from + kept.length, bytes: s.bytes })
     }
     this.sent = kept
-    this.nextN = first.n + kept.length
+    this.nextN = from + kept.length
+  }
+
+  /** The seq rank `dpRank`'s stream goes on with in what is held (its first record's), if any. */
+  nextSeqOf(dpRank: number): bigint | undefined {
+    const sent = this.sent.find((s) => s.dpRank === dpRank)
+    if (sent !== undefined) return sent.fromSeq
+    for (let i = this.head; i < this.pending.length; i++) {
+      const p = this.pending[i]
+      if (p !== undefined && p.dpRank === dpRank) return p.fromSeq
+    }
+    return this.lost.get(dpRank)?.fromSeq
   }
 
   /** Calls `wake` once, at the next push (at once if something is waiting). Replaces an earlier waker. */

@@ -8,10 +8,8 @@
  * range is lost. What is held (the live batches and the replay's replies as they arrive) counts against
  * `kv.max_queue_bytes` with the queue: past it the replay is abandoned (a `gap` Resync) and what was held goes on
  * to the queue, and so it is when another rank's batch would not fit (live batches first: the queue's `reclaim`).
- * A replay's batches stay undecoded too, until sent. Batches are tagged with the rank of the endpoint they came
- * from, so 2-element batches (no rank inside) stay apart. Every call here is a synchronous push: replays run as
- * forked fibers (`runQueued`), so neither kvcached nor a replay can stall the reader.
- */
+ * A replay's batches stay undecoded too. Batches are tagged with their endpoint's rank, so 2-element batches (no
+ * rank inside) stay apart. Every call is a synchronous push: replays run as forked fibers (`runQueued`). */
 import { Effect, type Scope } from "effect"
 import type { KvBridgeStatus } from "../../services/kv/KvBridge.ts"
 import type { BatchRecord } from "../../services/kv/KvcachedRpc.ts"
@@ -24,7 +22,8 @@ import {
   resyncRecord,
   wireError
 } from "../../services/kv/KvWire.ts"
-import type { KvQueue, Prepared, QueuedRecord } from "./queue.ts"
+import type { KvQueue } from "./queue.ts"
+import type { Prepared, QueuedRecord } from "./queueRecords.ts"
 import { fetchReplay, rawCost } from "./replayFetch.ts"
 
 /** What the queue holds: records ready for the wire, or a batch as the engine sent it (decoded when sent). */
