@@ -102,6 +102,13 @@ describe("architecture invariants", () => {
     const allowed = ["src/layers/engine/backends", "src/sim", "src/programs/sim.ts"]
     const offenders = sources.filter((f) => !within(f, ...allowed) && decision.test(text.get(f)!))
     expect(offenders).toEqual([])
+    // ... nor a table keyed by kind (a second copy of the backends' data, which a new kind would pass unseen): two
+    // kinds as object keys in one file
+    const keyed = new RegExp(`^\\s*"?(${kinds})"?\\s*:`, "gm")
+    const tables = sources.filter(
+      (f) => !within(f, ...allowed, "src/gen") && new Set([...text.get(f)!.matchAll(keyed)].map((m) => m[1])).size >= 2
+    )
+    expect(tables).toEqual([])
   })
 
   it("gRPC status codes are chosen in one table (services/grpc/GrpcStatus.ts), nowhere else", () => {

@@ -1,6 +1,6 @@
 /**
  * `cgn-agent check`'s look at `models."name".path` (hostChecks.ts): what each spawned engine does with the path its
- * backend passes it (layers/engine/backends/*.ts render), so that a model that is not there is found before `run`
+ * backend passes it (layers/engine/backends/*.ts render; `capabilities.modelPath` says which of these it is), so that a model that is not there is found before `run`
  * spawns an engine that exits at every start (the crash loop of a missing GGUF file). Reads only.
  * - llama.cpp: `llama-server -m PATH` opens one GGUF file (ggml-org/llama.cpp ggml/src/gguf.cpp gguf_init_from_file:
  *   "failed to open GGUF file").
@@ -16,19 +16,11 @@ import { constants } from "node:fs"
 import * as fsp from "node:fs/promises"
 import * as path from "node:path"
 import { formatPath } from "../layers/config/Config.ts"
+import { engineFor } from "../layers/engine/backends/index.ts"
 import type { AgentConfig } from "../services/config/Config.ts"
+import type { ModelPathKind } from "../services/engine/Engine.ts"
 
-/** What the engine of each kind needs `path` to be. */
-type Wanted = "gguf-file" | "directory-or-gguf" | "directory"
-
-const WANTED: Readonly<Record<string, { readonly wanted: Wanted; readonly engine: string }>> = {
-  llama_cpp: { wanted: "gguf-file", engine: "llama-server" },
-  vllm: { wanted: "directory-or-gguf", engine: "vLLM" },
-  sglang: { wanted: "directory-or-gguf", engine: "SGLang" },
-  mlx: { wanted: "directory", engine: "mlx_lm.server" }
-}
-
-const WHAT: Record<Wanted, string> = {
+const WHAT: Record<ModelPathKind, string> = {
   "gguf-file": "an existing, readable GGUF file",
   "directory-or-gguf": "an existing, readable model directory (or one GGUF file)",
   directory: "an existing, readable model directory"
@@ -48,7 +40,7 @@ const ggufMagic = async (file: string): Promise<boolean> => {
 }
 
 /** Why `file` (resolved) is not what `wanted` asks for, or undefined when it is. */
-export const pathProblem = async (file: string, wanted: Wanted): Promise<string | undefined> => {
+export const pathProblem = async (file: string, wanted: ModelPathKind): Promise<string | undefined> => {
   try {
     const st = await fsp.stat(file)
     if (st.isDirectory()) {
@@ -79,13 +71,13 @@ export const modelPathFinding = async (
   c: AgentConfig,
   cwd: string
 ): Promise<{ readonly line: string; readonly error: boolean } | undefined> => {
-  const want = WANTED[c.engine.kind]
-  if (c.model.source.kind !== "path" || want === undefined) return undefined
+  const { modelPath: wanted, displayName } = engineFor(c.engine.kind).capabilities
+  if (c.model.source.kind !== "path" || wanted === undefined) return undefined
   const given = c.model.source.value
-  const problem = await pathProblem(path.resolve(cwd, given), want.wanted)
+  const problem = await pathProblem(path.resolve(cwd, given), wanted)
   if (problem === undefined) return undefined
   const key = `${formatPath(["models", c.model.name, "path"])} = "${given}"`
-  const line = `${key}: ${problem}; ${want.engine} needs ${WHAT[want.wanted]} on this host and would exit at every start`
+  const line = `${key}: ${problem}; ${displayName} needs ${WHAT[wanted]} on this host and would exit at every start`
   return c.engine.command === undefined
     ? { line, error: true }
     : { line: `${line}, unless engine.command runs it where that path is another (a container)`, error: false }

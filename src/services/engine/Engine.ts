@@ -18,10 +18,17 @@ import type { CpuCacheTier } from "./CpuCache.ts"
  */
 export type HandoffProtocol = "kv_transfer_params" | "bootstrap"
 
+/** What the engine needs `models.x.path` to be on its host (`check` looks: programs/modelPath.ts). */
+export type ModelPathKind = "gguf-file" | "directory-or-gguf" | "directory"
+
 /** What a backend supports; config validation refuses everything else, naming these lists. */
 export interface EngineCapabilities {
+  /** The engine's name in the agent's messages (an exit hint, a check finding). */
+  readonly displayName: string
   /** False for openai_compat: the agent proxies to `engine.url` and starts nothing. */
   readonly spawns: boolean
+  /** What `models.x.path` must be for the engine to load it; absent: not checked (a proxied server's own). */
+  readonly modelPath?: ModelPathKind
   readonly kvOffloads: ReadonlyArray<KvOffload>
   readonly roles: ReadonlyArray<Role>
   /** The P/D handoff of the prefill and decode roles; absent for an engine without them (role "both" only). */

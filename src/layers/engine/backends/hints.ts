@@ -56,17 +56,19 @@ export const nowValue = (value: number | undefined): string => (value === undefi
  * real server of test/real). The flag comes from the args the config adds, or is one the agent renders for a setting
  * that this engine version predates.
  */
-export const commandLineHint = (config: AgentConfig, engine: string): ExitHint => ({
-  patterns: [
-    ": error: unrecognized arguments: ",
-    // "argument --dtype: invalid choice: ...", "argument -tp/--tensor-parallel-size: invalid int value: ..."
-    ": error: argument -",
-    ": error: the following arguments are required: ",
-    "error: invalid argument: ",
-    "error while handling argument "
-  ],
-  hint:
-    `${engine} refused its command line (the line names the flag): remove or fix it in engine.args or ` +
-    `${modelKey(config, "args")}; a flag the agent renders for a setting needs a ${engine} version that has it ` +
-    "(`cgn-agent render` prints the command line)"
-})
+export const commandLineHint = (config: AgentConfig, engine: string): ExitHint => {
+  return {
+    patterns: [
+      ": error: unrecognized arguments: ",
+      // "argument --dtype: invalid choice: ...", "argument -tp/--tensor-parallel-size: invalid int value: ..."
+      ": error: argument -",
+      ": error: the following arguments are required: ",
+      "error: invalid argument: ",
+      "error while handling argument "
+    ],
+    hint:
+      `${engine} refused its command line (the line names the flag): remove or fix it in engine.args or ` +
+      `${modelKey(config, "args")}; a flag the agent renders for a setting needs a ${engine} version that has it ` +
+      "(`cgn-agent render` prints the command line)"
+  }
+}

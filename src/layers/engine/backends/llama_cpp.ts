@@ -33,12 +33,14 @@ const exitHints = (config: AgentConfig): ReadonlyArray<ExitHint> => [
       `llama-server ran out of GPU memory: lower ${modelKey(config, "max_model_len")}${nowValue(config.model.max_model_len)} ` +
       "(its -c, whose KV cache it allocates at start) or use a smaller quantization of the model"
   },
-  commandLineHint(config, "llama-server")
+  commandLineHint(config, llamaCpp.capabilities.displayName)
 ]
 
 export const llamaCpp: Engine = {
   kind: "llama_cpp",
   capabilities: {
+    displayName: "llama-server",
+    modelPath: "gguf-file",
     spawns: true,
     cudaGpus: true,
     kvOffloads: ["none"],

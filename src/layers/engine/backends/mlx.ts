@@ -12,6 +12,8 @@ import { commandLineHint } from "./hints.ts"
 export const mlx: Engine = {
   kind: "mlx",
   capabilities: {
+    displayName: "mlx-lm",
+    modelPath: "directory",
     spawns: true,
     kvOffloads: ["none"],
     roles: ["both"],
@@ -39,7 +41,7 @@ export const mlx: Engine = {
             },
       metrics: undefined,
       requestModel: model,
-      exitHints: [commandLineHint(config, "mlx-lm")]
+      exitHints: [commandLineHint(config, mlx.capabilities.displayName)]
     })
   }
 }

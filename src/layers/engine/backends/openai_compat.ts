@@ -10,6 +10,7 @@ import { httpProbe, listenOf, livenessOf } from "./common.ts"
 export const openaiCompat: Engine = {
   kind: "openai_compat",
   capabilities: {
+    displayName: "the proxied server",
     spawns: false,
     kvOffloads: ["none"],
     roles: ["both"],

@@ -60,13 +60,15 @@ const exitHints = (config: AgentConfig): ReadonlyArray<ExitHint> => {
         `outside the KV cache, or spread the model over more GPUs (${tp})`
     },
     hubHint(config, HUB_REFUSALS),
-    commandLineHint(config, "SGLang")
+    commandLineHint(config, sglang.capabilities.displayName)
   ]
 }
 
 export const sglang: Engine = {
   kind: "sglang",
   capabilities: {
+    displayName: "SGLang",
+    modelPath: "directory-or-gguf",
     spawns: true,
     cudaGpus: true,
     kvOffloads: ["none", "hicache", "lmcache", "nixl"],

@@ -118,13 +118,15 @@ const exitHints = (config: AgentConfig): ReadonlyArray<ExitHint> => {
     // vllm/transformers_utils/config.py, get_config: "Invalid repository ID or local directory specified: 'M'." is
     // raised from the Hub's refusal (a gated repo) or for a repo or directory without a config.
     hubHint(config, ["Invalid repository ID or local directory specified", ...HUB_REFUSALS]),
-    commandLineHint(config, "vLLM")
+    commandLineHint(config, vllm.capabilities.displayName)
   ]
 }
 
 export const vllm: Engine = {
   kind: "vllm",
   capabilities: {
+    displayName: "vLLM",
+    modelPath: "directory-or-gguf",
     spawns: true,
     cudaGpus: true,
     kvOffloads: ["none", "nixl", "lmcache", "kvbm"],
