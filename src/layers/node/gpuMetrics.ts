@@ -9,9 +9,9 @@
 import { Effect } from "effect"
 import { Counter, Gauge, type Registry } from "prom-client"
 import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
-import { throttleReasonNames } from "../../services/node/Throttle.ts"
 import type { NvmlService } from "../../services/node/Nvml.ts"
 import { type GpuField, isUnknown } from "../../services/node/NvmlValues.ts"
+import { throttleReasonNames } from "../../services/node/Throttle.ts"
 import { applicationXids, defaultXidRule, type XidRule, xidIsFault } from "../../services/node/Xid.ts"
 import { METRIC_PREFIX, Metrics } from "../../services/observability/Metrics.ts"
 

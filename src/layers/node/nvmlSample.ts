@@ -12,7 +12,6 @@
  * loads `effect`.
  */
 import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
-import { throttleReasons } from "../../services/node/Throttle.ts"
 import {
   cString,
   type GpuField,
@@ -22,6 +21,7 @@ import {
   nvmlReturnName,
   toNumber
 } from "../../services/node/NvmlValues.ts"
+import { throttleReasons } from "../../services/node/Throttle.ts"
 import type { Binding } from "./nvmlBinding.ts"
 import type { XidWatch } from "./nvmlEvents.ts"
 import { migOf } from "./nvmlMig.ts"

@@ -168,7 +168,8 @@ export const EtcdEndpoint = HttpUrlWithoutCredentials(
     const port = /:(\d+)$/.exec(authority)?.[1]
     if (port === undefined)
       return `expected an etcd endpoint with a port, got "${withoutPassword(s)}", which has no port (the etcd client would dial 443): write it, e.g. "${withoutPassword(s).replace(/:$/, "")}:2379" (etcd's client port is 2379)`
-    if (Number(port) === 0) return `expected an etcd endpoint with a port to dial, got "${withoutPassword(s)}": port 0 is none`
+    if (Number(port) === 0)
+      return `expected an etcd endpoint with a port to dial, got "${withoutPassword(s)}": port 0 is none`
     return undefined
   })
 )
