@@ -10,6 +10,7 @@ import * as path from "node:path"
 import { Effect, Option } from "effect"
 import type { LaunchPlan } from "../../services/engine/Engine.ts"
 import { EngineProcessError } from "../../services/engine/EngineProcess.ts"
+import { isWildcardHost } from "../../services/net/HostPort.ts"
 import { makeDirs } from "../node/makeDirs.ts"
 import { DIR_MODE, readNoFollow, stateDirDistrust, sweepTemps, tempNameFor, writeNew } from "../node/stateFiles.ts"
 import { pollUntil, stopGroup } from "./groupWait.ts"
@@ -112,7 +113,7 @@ export const pidFileOfRun = (file: string) =>
 
 /** Whether something accepts TCP connections on host:port (wildcard hosts are checked on loopback). */
 export const portInUse = (host: string, port: number, timeoutMs = 1_000): Effect.Effect<boolean> => {
-  const target = host === "0.0.0.0" || host === "" ? "127.0.0.1" : host === "::" ? "::1" : host
+  const target = !isWildcardHost(host) ? host : host.includes(":") ? "::1" : "127.0.0.1"
   return Effect.callback<boolean>((resume) => {
     const socket = net.connect({ host: target, port })
     const done = (inUse: boolean) => {

@@ -20,7 +20,6 @@ import { toGrpcFailure } from "../../services/grpc/GrpcStatus.ts"
 import type { ServerCall, UnaryCallback } from "./http2/Call.ts"
 import type { Http2GrpcServer } from "./http2/Server.ts"
 
-/** A Generate call as its handler sees it. */
 /** One Generate call as the handler sees it (the module GenerateCall.ts is the handler). */
 export type GenerateServerCall = ServerCall<GenerateRequest, GenerateResponse>
 
@@ -46,7 +45,10 @@ const decodeStrict = <T>(type: { decode: (input: BinaryReader) => T }, b: Uint8A
 
 const path = (method: { readonly name: string }): string => `/${AgentDefinition.fullName}/${method.name}`
 
-/** Generate's definition: each response encoded as is, without a per-message `fromPartial` copy (hot path). */
+/**
+ * Generate's definition: the final message encoded as is, without a `fromPartial` copy; the per-token deltas bypass
+ * it (DeltaFrame.ts).
+ */
 const generateMethod: grpc.MethodDefinition<GenerateRequest, GenerateResponse> = {
   path: path(AgentDefinition.methods.generate),
   requestStream: false,

@@ -2,7 +2,8 @@
  * The engine side of one Generate call: admission, then the leg Handoff.planLeg chose, into the call's Relay.
  * A normal or decode leg streams: EngineClient.streamTo puts each network read straight into the relay (no
  * Effect step per read), and the relay's consumer writes it to the call. A prefill leg is one non-streaming
- * engine call whose handoff parameters go in the final message. Each P/D leg has [agent].handoff_timeout.
+ * engine call whose handoff parameters (kv_transfer_params only: an SGLang prefill leg returns none) go in the final
+ * message. Each P/D leg has [agent].handoff_timeout.
  * Admission gets the call's deadline (the leg's handoff_timeout or the caller's grpc-timeout, the nearer) and learns
  * what calls here need from each one served: a prefill leg's time from its slot to its answer, the others' to their
  * first chunk (services/grpc/ServiceTimes.ts).

@@ -214,6 +214,7 @@ export const makeHandler = Effect.fnUntraced(function* (
       const final = relay.reader.final({
         ttftMs: (relay.firstTextAt > 0 ? relay.firstTextAt : now) - startedAt,
         totalMs: now - startedAt,
+        // Effect's Clock, as admission measures it (a TestClock moves it); ttft and total are performance.now()
         queueMs: relay.queueMs,
         nodeId,
         requestId

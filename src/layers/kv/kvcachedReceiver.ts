@@ -72,7 +72,10 @@ export const journalSink = (file: string): ReceiverSink => {
   }
 }
 
-/** Removes a socket file no one listens on (left by a killed receiver); fails if a receiver is live there. */
+/**
+ * Removes a socket file no one listens on (left by a killed receiver); fails if a receiver is live there, or if the
+ * probe gets no answer within 5 s. The probe socket is closed however the check ends.
+ */
 const clearStaleSocket = (path: string) =>
   Effect.callback<void, Error>((resume) => {
     const probe = net.createConnection(path)
@@ -84,7 +87,13 @@ const clearStaleSocket = (path: string) =>
       fs.rmSync(path, { force: true })
       resume(Effect.void)
     })
-  })
+    return Effect.sync(() => probe.destroy())
+  }).pipe(
+    Effect.timeoutOrElse({
+      duration: "5 seconds",
+      orElse: () => Effect.fail(new Error(`${path}: a socket there did not answer a connection within 5 s`))
+    })
+  )
 
 export interface ReceiverOptions {
   readonly path: string

@@ -109,7 +109,7 @@ export class Coalescer {
   get hasRoom(): boolean {
     return this.text.length < this.maxPendingChars
   }
-  /** Appends one token's text. */
+  /** Appends one chunk's text (one or more tokens). */
   push(text: string): void {
     this.text += text
     this.tokens++

@@ -2,15 +2,15 @@
  * Generate: the pure translation between the gRPC contract and the engine's OpenAI API.
  * Owns request validation (with statuses a caller can act on), the input and sampling fields of the
  * OpenAI request body (handoff fields: Handoff.ts; model/stream/stream_options: the EngineClient). Reading
- * the engine's answer back is ChunkReader.ts. No I/O: the gRPC layer (layers/grpc/GenerateCall.ts) runs the
- * engine call and the timing around these.
+ * the engine's answer back is ChunkReader.ts. No I/O: the gRPC layer runs the engine call (layers/grpc/EngineLegs.ts)
+ * and the timing around it (GenerateCall.ts).
  */
 import { Schema } from "effect"
 import type { GenerateRequest, Sampling } from "../../gen/cgn/agent/v1/agent.ts"
 import type { AgentConfig } from "../config/Config.ts"
 import type { RequestDialect } from "../engine/Engine.ts"
 import type { CompletionPath, JsonObject } from "../engine/EngineClient.ts"
-import { roomJson as exactIntegerJson } from "./Handoff.ts"
+import { exactIntegerJson } from "./ExactInteger.ts"
 import { quoteInput } from "./StatusMessage.ts"
 
 const MAX_UINT64 = 2n ** 64n - 1n
@@ -27,7 +27,7 @@ export const RejectCodes = [
 ] as const
 export type RejectCode = (typeof RejectCodes)[number]
 
-/** A Generate call the agent refuses or ends itself (not an engine failure). */
+/** A Generate call the agent refuses (not an engine failure). */
 export class GenerateRejected extends Schema.TaggedError<GenerateRejected>()("GenerateRejected", {
   code: Schema.Literals(RejectCodes),
   message: Schema.String,

@@ -12,6 +12,7 @@ import { Result, Schema } from "effect"
 import type { Role } from "../config/ConfigSchema.ts"
 import type { HandoffProtocol } from "../engine/Engine.ts"
 import type { JsonObject } from "../engine/EngineClient.ts"
+import { exactIntegerJson } from "./ExactInteger.ts"
 import { INPUT_DIGEST_FIELD, ownInputDigest } from "./InputDigest.ts"
 
 /**
@@ -154,13 +155,6 @@ export const validateBootstrap = (input: BootstrapInput | undefined): Result.Res
   return Result.succeed({ host: input.host, port: input.port, room: room! })
 }
 
-// JSON.rawJSON (Node 21+) makes JSON.stringify write the digits as given: a room above 2^53 stays exact.
-const rawJSON = (JSON as unknown as { rawJSON: (text: string) => unknown }).rawJSON
-
-/** The JSON value of a room: a plain number when exact, else a raw JSON integer. */
-export const roomJson = (room: bigint): unknown =>
-  room <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(room) : rawJSON(room.toString())
-
 /**
  * Either leg's body: the client's body with the rendezvous fields. The prefill leg is sent whole (the agent
  * only waits for P to finish; the answer comes from D), the decode leg streamed.
@@ -169,7 +163,8 @@ export const sglangLegBody = (body: JsonObject, bootstrap: Bootstrap): JsonObjec
   ...body,
   bootstrap_host: bootstrap.host,
   bootstrap_port: bootstrap.port,
-  bootstrap_room: roomJson(bootstrap.room)
+  // a room above 2^53 stays exact
+  bootstrap_room: exactIntegerJson(bootstrap.room)
 })
 
 // ---------------------------------------------------------------------------------------------------------

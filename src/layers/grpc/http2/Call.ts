@@ -14,6 +14,7 @@ import { type GrpcFailure, type HandlerError, okStatus } from "../../../services
 import { statusTrailers } from "../../../services/grpc/StatusMessage.ts"
 import { frameMessage } from "../../../services/grpc/Wire.ts"
 import type { CallTally } from "./Connections.ts"
+import { MAX_TIMER_MS } from "./messageBound.ts"
 
 /**
  * Why the caller reset a call `elapsedMs` after its headers: its own deadline ("deadline") when that reset came
@@ -144,7 +145,7 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
   endAt(ms: number, failure: GrpcFailure): void {
     this.timeoutMs = ms
     // setTimeout's limit is 2^31-1 ms (~24.8 days); a longer deadline is no deadline in practice.
-    if (ms > 2_147_483_647) return
+    if (ms > MAX_TIMER_MS) return
     this.#deadline = setTimeout(() => {
       if (this.#done) return
       this.sendStatus(failure)

@@ -34,7 +34,7 @@ import { Connections, HANDSHAKE_TIMEOUT_MS, type OpenConnections, sessionSetting
 import { followClientNames, type RefusalOf } from "./clientNames.ts"
 import { type Decoder, decode } from "./decodeMessage.ts"
 import { Guard } from "./Guard.ts"
-import { messageBound, messageTimeout } from "./messageBound.ts"
+import { MAX_TIMER_MS, messageBound, messageTimeout } from "./messageBound.ts"
 import { type Route, routesOf, runRoute } from "./routes.ts"
 import type { Http2GrpcServerOptions } from "./ServerOptions.ts"
 
@@ -123,9 +123,11 @@ export class Http2GrpcServer {
       this.#refusalOf = followClientNames(server as http2.Http2SecureServer, tls.clientNames)
     server.on("stream", (stream, headers) => this.#onStream(stream, headers))
     return new Promise((resolve, reject) => {
-      // Not listening: nothing will close this server, so its certificate subscription ends here.
+      // Not listening: nothing will close this server, so its certificate subscription and the guard's sampling
+      // timer end here.
       const failed = (e: Error): void => {
         this.#unsubscribe?.()
+        this.#guard.stop()
         reject(e)
       }
       server.once("error", failed)
@@ -253,7 +255,7 @@ export class Http2GrpcServer {
     // clear), none when the caller's own deadline comes first; past setTimeout's limit (2^31-1 ms, ~24.8 days) Node
     // would fire it at once, so that is never too.
     const readMs = this.#options.requestReadTimeoutMs ?? 0
-    if (!streaming && readMs > 0 && readMs <= 2_147_483_647 && !(timeout !== undefined && timeout <= readMs))
+    if (!streaming && readMs > 0 && readMs <= MAX_TIMER_MS && !(timeout !== undefined && timeout <= readMs))
       reading = setTimeout(reject, readMs, this.#readTimeout)
     let received = 0
     // Each chunk's messages, until the call is over; the first failure ends it.

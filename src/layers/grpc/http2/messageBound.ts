@@ -11,7 +11,7 @@ import type * as http2 from "node:http2"
 import type { GrpcFailure } from "../../../services/grpc/GrpcStatus.ts"
 
 /** setTimeout's limit (2^31-1 ms): past it Node fires at once, so a longer bound is none. */
-const MAX_TIMER_MS = 2_147_483_647
+export const MAX_TIMER_MS = 2_147_483_647
 
 /** request_read_timeout's status (`readTimeout`), worded for one message of a request stream. */
 export const messageTimeout = (readTimeout: GrpcFailure, ms: number): GrpcFailure => ({
