@@ -117,6 +117,12 @@ describe("architecture invariants", () => {
     // The CLI client reads statuses (it chooses none for the agent); the table is the one place that chooses.
     const allowed = ["src/services/grpc/GrpcStatus.ts", "src/programs/generate.ts"]
     expect(sources.filter((f) => !within(f, ...allowed) && code.test(text.get(f)!))).toEqual([])
+    // ... nor by name as a string ("CANCELLED"): a status decided outside the table, or a label that can drift from it
+    const named =
+      /"(CANCELLED|UNKNOWN|INVALID_ARGUMENT|DEADLINE_EXCEEDED|NOT_FOUND|ALREADY_EXISTS|PERMISSION_DENIED|RESOURCE_EXHAUSTED|FAILED_PRECONDITION|ABORTED|OUT_OF_RANGE|UNIMPLEMENTED|INTERNAL|UNAVAILABLE|DATA_LOSS|UNAUTHENTICATED)"/
+    const decides = (line: string) => !/^\s*(\*|\/\/|\/\*)/.test(line) && named.test(line)
+    const stringly = sources.filter((f) => !within(f, ...allowed, "src/gen") && text.get(f)!.split("\n").some(decides))
+    expect(stringly).toEqual([])
   })
 
   it("no module over about 300 lines (generated code aside)", () => {

@@ -56,16 +56,16 @@ describe("planRequest: validation", () => {
   const cases: ReadonlyArray<{
     name: string
     req: Parameters<typeof GenerateRequest.fromPartial>[0]
-    code: GenerateRejected["code"]
+    reason: GenerateRejected["reason"]
     field: string
     says: RegExp
   }> = [
-    { name: "no input", req: {}, code: "INVALID_ARGUMENT", field: "input", says: /set either `chat`.*or `prompt`/ },
-    { name: "empty prompt", req: { prompt: "" }, code: "INVALID_ARGUMENT", field: "prompt", says: /prompt is empty/ },
+    { name: "no input", req: {}, reason: "invalid_argument", field: "input", says: /set either `chat`.*or `prompt`/ },
+    { name: "empty prompt", req: { prompt: "" }, reason: "invalid_argument", field: "prompt", says: /prompt is empty/ },
     {
       name: "empty chat",
       req: { chat: { messages: [] } },
-      code: "INVALID_ARGUMENT",
+      reason: "invalid_argument",
       field: "chat.messages",
       says: /at least one message/
     },
@@ -79,112 +79,112 @@ describe("planRequest: validation", () => {
           ]
         }
       },
-      code: "INVALID_ARGUMENT",
+      reason: "invalid_argument",
       field: "chat.messages[1].role",
       says: /"robot" is not one of system, user/
     },
     {
       name: "unknown model",
       req: { model: "other", prompt: "hi" },
-      code: "NOT_FOUND",
+      reason: "model_not_served",
       field: "model",
       says: /"other" is not served here; this node serves "served"/
     },
     {
       name: "request id with a line break (it becomes the engine's X-Request-Id header)",
       req: { requestId: "a\r\nx-evil: 1", prompt: "hi" },
-      code: "INVALID_ARGUMENT",
+      reason: "invalid_argument",
       field: "request_id",
       says: /request_id must be at most 256 printable ASCII characters/
     },
     {
       name: "request id too long",
       req: { requestId: "r".repeat(257), prompt: "hi" },
-      code: "INVALID_ARGUMENT",
+      reason: "invalid_argument",
       field: "request_id",
       says: /request_id must be at most 256/
     },
     {
       name: "prompt too large",
       req: { prompt: "x".repeat(65) },
-      code: "RESOURCE_EXHAUSTED",
+      reason: "request_too_large",
       field: "prompt",
       says: /65 bytes, above this node's limit of 64 bytes \(\[agent\]\.max_request_bytes\)/
     },
     {
       name: "chat too large (multi-byte)",
       req: { chat: { messages: [{ role: "user", content: "é".repeat(33) }] } },
-      code: "RESOURCE_EXHAUSTED",
+      reason: "request_too_large",
       field: "chat",
       says: /66 bytes/
     },
     {
       name: "max_tokens 0",
       req: { prompt: "a", sampling: { maxTokens: 0 } },
-      code: "INVALID_ARGUMENT",
+      reason: "invalid_argument",
       field: "sampling.max_tokens",
       says: />= 1, got 0/
     },
     {
       name: "max_tokens above the limit",
       req: { prompt: "a", sampling: { maxTokens: 101 } },
-      code: "INVALID_ARGUMENT",
+      reason: "invalid_argument",
       field: "sampling.max_tokens",
       says: /101 is above this node's limit of 100 \(\[agent\]\.max_tokens_limit\); ask for at most 100/
     },
     {
       name: "temperature",
       req: { prompt: "a", sampling: { temperature: 2.5 } },
-      code: "INVALID_ARGUMENT",
+      reason: "invalid_argument",
       field: "sampling.temperature",
       says: /must be in 0\.\.2, got 2\.5/
     },
     {
       name: "negative temperature",
       req: { prompt: "a", sampling: { temperature: -0.1 } },
-      code: "INVALID_ARGUMENT",
+      reason: "invalid_argument",
       field: "sampling.temperature",
       says: /0\.\.2/
     },
     {
       name: "top_p 0",
       req: { prompt: "a", sampling: { topP: 0 } },
-      code: "INVALID_ARGUMENT",
+      reason: "invalid_argument",
       field: "sampling.top_p",
       says: /\(0, 1\], got 0/
     },
     {
       name: "top_p above 1",
       req: { prompt: "a", sampling: { topP: 1.5 } },
-      code: "INVALID_ARGUMENT",
+      reason: "invalid_argument",
       field: "sampling.top_p",
       says: /\(0, 1\]/
     },
     {
       name: "top_k 0",
       req: { prompt: "a", sampling: { topK: 0 } },
-      code: "INVALID_ARGUMENT",
+      reason: "invalid_argument",
       field: "sampling.top_k",
       says: /-1 \(off\) or >= 1, got 0/
     },
     {
       name: "presence_penalty",
       req: { prompt: "a", sampling: { presencePenalty: 3 } },
-      code: "INVALID_ARGUMENT",
+      reason: "invalid_argument",
       field: "sampling.presence_penalty",
       says: /-2\.\.2/
     },
     {
       name: "frequency_penalty",
       req: { prompt: "a", sampling: { frequencyPenalty: -2.5 } },
-      code: "INVALID_ARGUMENT",
+      reason: "invalid_argument",
       field: "sampling.frequency_penalty",
       says: /-2\.\.2/
     },
     {
       name: "repetition_penalty",
       req: { prompt: "a", sampling: { repetitionPenalty: 0 } },
-      code: "INVALID_ARGUMENT",
+      reason: "invalid_argument",
       field: "sampling.repetition_penalty",
       says: /> 0/
     },
@@ -192,42 +192,42 @@ describe("planRequest: validation", () => {
       // JSON has no infinity: it would reach the engine as null, the engine's default
       name: "repetition_penalty infinite",
       req: { prompt: "a", sampling: { repetitionPenalty: Number.POSITIVE_INFINITY } },
-      code: "INVALID_ARGUMENT",
+      reason: "invalid_argument",
       field: "sampling.repetition_penalty",
       says: /> 0 and finite.*got Infinity/
     },
     {
       name: "NaN",
       req: { prompt: "a", sampling: { temperature: Number.NaN } },
-      code: "INVALID_ARGUMENT",
+      reason: "invalid_argument",
       field: "sampling.temperature",
       says: /got NaN/
     },
     {
       name: "too many stops",
       req: { prompt: "a", sampling: { stop: Array.from({ length: 17 }, (_, i) => `s${i}`) } },
-      code: "INVALID_ARGUMENT",
+      reason: "invalid_argument",
       field: "sampling.stop",
       says: /17 sequences; at most 16/
     },
     {
       name: "empty stop",
       req: { prompt: "a", sampling: { stop: ["x", ""] } },
-      code: "INVALID_ARGUMENT",
+      reason: "invalid_argument",
       field: "sampling.stop",
       says: /stop\[1\] is empty/
     },
     {
       name: "seed above 2^64-1 (only an embedder's fromPartial can send one)",
       req: { prompt: "a", sampling: { seed: "18446744073709551616" } },
-      code: "INVALID_ARGUMENT",
+      reason: "invalid_argument",
       field: "sampling.seed",
       says: /\[0, 2\^64-1\], got 18446744073709551616/
     },
     {
       name: "seed not an integer",
       req: { prompt: "a", sampling: { seed: "-1" } },
-      code: "INVALID_ARGUMENT",
+      reason: "invalid_argument",
       field: "sampling.seed",
       says: /\[0, 2\^64-1\]/
     }
@@ -235,7 +235,7 @@ describe("planRequest: validation", () => {
   for (const c of cases) {
     it(c.name, () => {
       const r = rejected(c.req)
-      expect(r.code).toBe(c.code)
+      expect(r.reason).toBe(c.reason)
       expect(r.field).toBe(c.field)
       expect(r.message).toMatch(c.says)
     })
@@ -506,7 +506,7 @@ describe("GrpcStatus", () => {
   })
 
   it("agent rejections keep their code and field; an agent defect is INTERNAL", () => {
-    const f = toGrpcFailure(new GenerateRejected({ code: "NOT_FOUND", message: "m", field: "model" }))
+    const f = toGrpcFailure(new GenerateRejected({ reason: "model_not_served", message: "m", field: "model" }))
     expect(f).toEqual({
       code: Status.NOT_FOUND,
       message: "m",

@@ -41,7 +41,7 @@ import { ClientNotAllowed } from "../../src/services/tls/ClientNames.ts"
 
 // One sample per tag: the Record type makes a new member of the union without a sample fail the type check.
 const samples: { readonly [T in GenerateErrorTag]: readonly [Extract<GenerateError, { _tag: T }>, Status] } = {
-  GenerateRejected: [new GenerateRejected({ code: "INVALID_ARGUMENT", message: "bad" }), Status.INVALID_ARGUMENT],
+  GenerateRejected: [new GenerateRejected({ reason: "invalid_argument", message: "bad" }), Status.INVALID_ARGUMENT],
   InvalidHandoff: [
     new InvalidHandoff({ reason: "no params", missing: ["kv_transfer_params"] }),
     Status.FAILED_PRECONDITION
@@ -145,8 +145,8 @@ describe("the status table", () => {
     expect(resets.map(([e]) => [e._tag, statusName(toGrpcFailure(e).code)])).toEqual([
       ["ClientNotReading", "CANCELLED"]
     ])
-    expect(retry(new GenerateRejected({ code: "INVALID_ARGUMENT", message: "m", field: "prompt" }))).toBe(false)
-    expect(retry(new GenerateRejected({ code: "RESOURCE_EXHAUSTED", message: "m", field: "prompt" }))).toBe(false)
+    expect(retry(new GenerateRejected({ reason: "invalid_argument", message: "m", field: "prompt" }))).toBe(false)
+    expect(retry(new GenerateRejected({ reason: "request_too_large", message: "m", field: "prompt" }))).toBe(false)
     // the engine: down, slow or overloaded here may not be so elsewhere; a request it refuses would be refused there
     const http = (status: number) => new EngineError({ reason: "Http", message: "x", status })
     expect([400, 404, 413, 422, 429, 500, 501, 503].map((s) => retry(http(s)))).toEqual([

@@ -123,7 +123,7 @@ describe("planRequest quotes a caller's value short, naming the field", () => {
 
   it("a 120k-character model name", () => {
     const r = rejected({ model: `M${"x".repeat(120_000)}`, prompt: "a" })
-    expect([r.code, r.field]).toEqual(["NOT_FOUND", "model"])
+    expect([r.reason, r.field]).toEqual(["model_not_served", "model"])
     expect(r.message).toBe(
       `model "M${"x".repeat(QUOTED_CHARS - 1)}"... (120001 characters) is not served here; this node serves "served"`
     )
@@ -131,7 +131,7 @@ describe("planRequest quotes a caller's value short, naming the field", () => {
 
   it("a 25k-character non-ASCII role", () => {
     const r = rejected({ chat: { messages: [{ role: "é".repeat(25_000), content: "hi" }] } })
-    expect([r.code, r.field]).toEqual(["INVALID_ARGUMENT", "chat.messages[0].role"])
+    expect([r.reason, r.field]).toEqual(["invalid_argument", "chat.messages[0].role"])
     expect(r.message).toBe(
       `chat.messages[0].role "${"\\u00e9".repeat(QUOTED_CHARS)}"... (25000 characters) is not one of system, user, assistant, tool, developer`
     )
@@ -172,7 +172,7 @@ describe("statusTrailers", () => {
   })
 
   it("writes code, message, the row's trailers in printable ASCII, and cgn-retryable", () => {
-    const f = rejectedFailure(new GenerateRejected({ code: "NOT_FOUND", message: "model é", field: "model" }))
+    const f = rejectedFailure(new GenerateRejected({ reason: "model_not_served", message: "model é", field: "model" }))
     expect(
       statusTrailers({ ...f, trailers: { ...f.trailers, "grpc-status": "0", "x-odd": "a\u00e9\nb" } }, false)
     ).toEqual({

@@ -16,7 +16,7 @@ import { type GenerateError, statusName, toGrpcFailure } from "../../services/gr
 import { planLeg } from "../../services/grpc/Handoff.ts"
 import { inputDigest, type Sha256 } from "../../services/grpc/InputDigest.ts"
 import { StartPacer } from "../../services/grpc/StartPacer.ts"
-import { CallDeadlineExceeded } from "../../services/grpc/TransportErrors.ts"
+import { CallCancelled, CallDeadlineExceeded } from "../../services/grpc/TransportErrors.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import {
   formatTraceparent,
@@ -61,8 +61,9 @@ export const START_BUDGET_MS = 0.5
 
 const sha256: Sha256 = (text) => hash("sha256", text, "base64url")
 
-/** The status name a call whose grpc-timeout passed ends with, from the one status table. */
+/** The status names a call whose grpc-timeout passed, or whose caller cancelled it, ends with: the one table's. */
 const DEADLINE_EXCEEDED = statusName(toGrpcFailure(new CallDeadlineExceeded()).code)
+const CANCELLED = statusName(toGrpcFailure(new CallCancelled()).code)
 
 /** The Generate handler over `serving` (refusals) and `active` (the drain's and the watchdog's view). */
 export const makeHandler = Effect.fnUntraced(function* (
@@ -231,7 +232,7 @@ export const makeHandler = Effect.fnUntraced(function* (
     // Client cancel, deadline, or the connection gone (never after the call's own end). The deadline's end is
     // the one the caller sees: DEADLINE_EXCEEDED (http2/Call.ts endAt), not a cancel.
     call.on("cancelled", (why: "cancelled" | "deadline") => {
-      if (!ended) settle(why === "deadline" ? DEADLINE_EXCEEDED : "CANCELLED")
+      if (!ended) settle(why === "deadline" ? DEADLINE_EXCEEDED : CANCELLED)
     })
     relay.consumer = pump
     // Built while the engine works on the request, not on the first token's path: the response headers
@@ -242,7 +243,7 @@ export const makeHandler = Effect.fnUntraced(function* (
           runLeg(relay, plan, leg.success, { ...opts, traceparent: tp }, callerMs)
         )
       : runLeg(relay, plan, leg.success, opts, callerMs)
-    if (call.cancelled && !ended) settle("CANCELLED")
+    if (call.cancelled && !ended) settle(CANCELLED)
     pacer.start(() => {
       if (ended) return
       // Aborted while its start waited (the drain's abortActive): it ends with that status, no engine request.

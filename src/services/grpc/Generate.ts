@@ -15,21 +15,16 @@ import { quoteInput } from "./StatusMessage.ts"
 
 const MAX_UINT64 = 2n ** 64n - 1n
 
-/** The gRPC codes the agent itself answers with (names as in grpc's status.proto). */
-export const RejectCodes = [
-  "INVALID_ARGUMENT",
-  "NOT_FOUND",
-  "RESOURCE_EXHAUSTED",
-  "UNAVAILABLE",
-  "FAILED_PRECONDITION",
-  "DEADLINE_EXCEEDED",
-  "CANCELLED"
-] as const
-export type RejectCode = (typeof RejectCodes)[number]
+/**
+ * Why the agent refuses a request; GrpcStatus.ts's table gives each its gRPC status and whether another node may
+ * take the call (as `cgn-reason`, these names).
+ */
+export const RejectReasons = ["invalid_argument", "model_not_served", "request_too_large"] as const
+export type RejectReason = (typeof RejectReasons)[number]
 
 /** A Generate call the agent refuses (not an engine failure). */
 export class GenerateRejected extends Schema.TaggedError<GenerateRejected>()("GenerateRejected", {
-  code: Schema.Literals(RejectCodes),
+  reason: Schema.Literals(RejectReasons),
   message: Schema.String,
   /** The request field at fault, as a proto path (`sampling.top_p`), when there is one. */
   field: Schema.optionalKey(Schema.String)
@@ -48,8 +43,8 @@ export interface RequestPlan {
 export const CHAT_ROLES: ReadonlySet<string> = new Set(["system", "user", "assistant", "tool", "developer"])
 export const MAX_STOP_SEQUENCES = 16
 
-const reject = (code: RejectCode, message: string, field?: string): GenerateRejected =>
-  new GenerateRejected(field === undefined ? { code, message } : { code, message, field })
+const reject = (reason: RejectReason, message: string, field?: string): GenerateRejected =>
+  new GenerateRejected(field === undefined ? { reason, message } : { reason, message, field })
 
 /** UTF-8 length without allocating (the pure module has no Buffer). */
 export const utf8Bytes = (s: string): number => {
@@ -115,17 +110,17 @@ const samplingBody = (
   if (s.maxTokens !== undefined) {
     const limit = config.agent.max_tokens_limit
     if (s.maxTokens < 1)
-      return reject("INVALID_ARGUMENT", `sampling.max_tokens must be >= 1, got ${s.maxTokens}`, "sampling.max_tokens")
+      return reject("invalid_argument", `sampling.max_tokens must be >= 1, got ${s.maxTokens}`, "sampling.max_tokens")
     if (s.maxTokens > limit)
       return reject(
-        "INVALID_ARGUMENT",
+        "invalid_argument",
         `sampling.max_tokens ${s.maxTokens} is above this node's limit of ${limit} ([agent].max_tokens_limit); ask for at most ${limit}`,
         "sampling.max_tokens"
       )
     const modelLen = config.model.max_model_len
     if (modelLen !== undefined && s.maxTokens > modelLen)
       return reject(
-        "INVALID_ARGUMENT",
+        "invalid_argument",
         `sampling.max_tokens ${s.maxTokens} is above the model's context length ${modelLen}`,
         "sampling.max_tokens"
       )
@@ -138,25 +133,25 @@ const samplingBody = (
     const low = r.minOpen === true ? v <= r.min : v < r.min
     // NaN, and infinity (JSON has none: it would reach the engine as null, read as unset)
     if (!Number.isFinite(v) || low || v > r.max)
-      return reject("INVALID_ARGUMENT", `${r.field} must be in ${r.text}, got ${v}`, r.field)
+      return reject("invalid_argument", `${r.field} must be in ${r.text}, got ${v}`, r.field)
     body[dialect.fieldNames?.[r.body] ?? r.body] = v
   }
   if (s.topK !== undefined) {
     if (s.topK !== -1 && s.topK < 1)
-      return reject("INVALID_ARGUMENT", `sampling.top_k must be -1 (off) or >= 1, got ${s.topK}`, "sampling.top_k")
+      return reject("invalid_argument", `sampling.top_k must be -1 (off) or >= 1, got ${s.topK}`, "sampling.top_k")
     body.top_k = s.topK === -1 ? (dialect.topKOff ?? -1) : s.topK
   }
   if (s.stop.length > 0) {
     if (s.stop.length > MAX_STOP_SEQUENCES)
       return reject(
-        "INVALID_ARGUMENT",
+        "invalid_argument",
         `sampling.stop has ${s.stop.length} sequences; at most ${MAX_STOP_SEQUENCES} are allowed`,
         "sampling.stop"
       )
     const empty = s.stop.indexOf("")
     if (empty >= 0)
       return reject(
-        "INVALID_ARGUMENT",
+        "invalid_argument",
         `sampling.stop[${empty}] is empty; stop sequences must be non-empty`,
         "sampling.stop"
       )
@@ -169,14 +164,14 @@ const samplingBody = (
     const seed = /^\d{1,20}$/.test(s.seed) ? BigInt(s.seed) : undefined
     if (seed === undefined || seed > MAX_UINT64)
       return reject(
-        "INVALID_ARGUMENT",
+        "invalid_argument",
         `sampling.seed must be an integer in [0, 2^64-1], got ${/^\d{1,64}$/.test(s.seed) ? s.seed : quoteInput(s.seed)}`,
         "sampling.seed"
       )
     const max = dialect.maxSeed
     if (max !== undefined && seed > max.value)
       return reject(
-        "INVALID_ARGUMENT",
+        "invalid_argument",
         `sampling.seed must be in [0, ${max.value}] on ${config.engine.kind}: ${max.why}; got ${s.seed}`,
         "sampling.seed"
       )
@@ -202,13 +197,13 @@ export const planRequest = (
   // name made a status no client's header limit holds.
   if (req.model !== "" && req.model !== served)
     return reject(
-      "NOT_FOUND",
+      "model_not_served",
       `model ${quoteInput(req.model)} is not served here; this node serves ${quoteInput(served)}`,
       "model"
     )
   if (!REQUEST_ID.test(req.requestId))
     return reject(
-      "INVALID_ARGUMENT",
+      "invalid_argument",
       `request_id must be at most 256 printable ASCII characters (the engine gets it as X-Request-Id); got ${quoteInput(req.requestId)}`,
       "request_id"
     )
@@ -219,13 +214,13 @@ export const planRequest = (
   if (req.chat !== undefined) {
     const messages = req.chat.messages
     if (messages.length === 0)
-      return reject("INVALID_ARGUMENT", "chat.messages is empty: give at least one message", "chat.messages")
+      return reject("invalid_argument", "chat.messages is empty: give at least one message", "chat.messages")
     const out = new Array<{ role: string; content: string }>(messages.length)
     for (let i = 0; i < messages.length; i++) {
       const m = messages[i]!
       if (!CHAT_ROLES.has(m.role))
         return reject(
-          "INVALID_ARGUMENT",
+          "invalid_argument",
           `chat.messages[${i}].role ${quoteInput(m.role)} is not one of ${[...CHAT_ROLES].join(", ")}`,
           `chat.messages[${i}].role`
         )
@@ -235,16 +230,16 @@ export const planRequest = (
     path = "/v1/chat/completions"
     body.messages = out
   } else if (req.prompt !== undefined) {
-    if (req.prompt === "") return reject("INVALID_ARGUMENT", "prompt is empty: give a non-empty prompt", "prompt")
+    if (req.prompt === "") return reject("invalid_argument", "prompt is empty: give a non-empty prompt", "prompt")
     bytes = utf8Bytes(req.prompt)
     path = "/v1/completions"
     body.prompt = req.prompt
   } else {
-    return reject("INVALID_ARGUMENT", "no input: set either `chat` (messages) or `prompt`", "input")
+    return reject("invalid_argument", "no input: set either `chat` (messages) or `prompt`", "input")
   }
   if (bytes > maxBytes)
     return reject(
-      "RESOURCE_EXHAUSTED",
+      "request_too_large",
       `input is ${bytes} bytes, above this node's limit of ${maxBytes} bytes ([agent].max_request_bytes); shorten the prompt`,
       req.chat !== undefined ? "chat" : "prompt"
     )

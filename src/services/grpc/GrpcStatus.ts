@@ -20,7 +20,7 @@ import type {
   ServerShuttingDown,
   StreamAborted
 } from "./CallErrors.ts"
-import type { GenerateRejected, RejectCode } from "./Generate.ts"
+import type { GenerateRejected, RejectReason } from "./Generate.ts"
 import type { InvalidHandoff } from "./Handoff.ts"
 import type { TransportError } from "./TransportErrors.ts"
 
@@ -77,15 +77,11 @@ export const httpStatusToGrpc = (status: number): Status => {
   return Status.INTERNAL
 }
 
-/** A refusal's status, its `cgn-reason`, and whether another node may take the call (a model it serves). */
-const rejectCode: Readonly<Record<RejectCode, readonly [Status, string, boolean]>> = {
-  INVALID_ARGUMENT: [Status.INVALID_ARGUMENT, "invalid_argument", false],
-  NOT_FOUND: [Status.NOT_FOUND, "model_not_served", true],
-  RESOURCE_EXHAUSTED: [Status.RESOURCE_EXHAUSTED, "request_too_large", false],
-  UNAVAILABLE: [Status.UNAVAILABLE, "unavailable", true],
-  FAILED_PRECONDITION: [Status.FAILED_PRECONDITION, "failed_precondition", false],
-  DEADLINE_EXCEEDED: [Status.DEADLINE_EXCEEDED, "deadline_exceeded", false],
-  CANCELLED: [Status.CANCELLED, "cancelled", false]
+/** A refusal's status, and whether another node may take the call (a model it serves); its reason is `cgn-reason`. */
+const rejectStatus: Readonly<Record<RejectReason, readonly [Status, boolean]>> = {
+  invalid_argument: [Status.INVALID_ARGUMENT, false],
+  model_not_served: [Status.NOT_FOUND, true],
+  request_too_large: [Status.RESOURCE_EXHAUSTED, false]
 }
 
 /** Metadata values must be printable ASCII; the full text is in the status message anyway. */
@@ -157,8 +153,8 @@ export const engineFailure = (e: EngineError): GrpcFailure => {
 }
 
 export const rejectedFailure = (e: GenerateRejected): GrpcFailure => {
-  const [code, reason, retryElsewhere] = rejectCode[e.code]
-  const trailers: Record<string, string> = { "cgn-error-source": "agent", "cgn-reason": reason }
+  const [code, retryElsewhere] = rejectStatus[e.reason]
+  const trailers: Record<string, string> = { "cgn-error-source": "agent", "cgn-reason": e.reason }
   if (e.field !== undefined) trailers["cgn-field"] = e.field
   return { code, message: e.message, trailers, retryElsewhere }
 }
