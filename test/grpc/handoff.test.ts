@@ -7,14 +7,14 @@ import type { JsonObject } from "../../src/services/engine/EngineClient.ts"
 import { toGrpcFailure } from "../../src/services/grpc/GrpcStatus.ts"
 import {
   type BootstrapInput,
+  bootstrapLegBody,
   extractKvTransferParams,
   InvalidHandoff,
+  kvTransferDecodeBody,
   planLeg,
-  sglangLegBody,
   VLLM_PREFILL_KV_TRANSFER_PARAMS,
   validateBootstrap,
   validateKvTransferParams,
-  vllmDecodeBody,
   vllmPrefillBody
 } from "../../src/services/grpc/Handoff.ts"
 
@@ -130,8 +130,8 @@ describe("vLLM handoff parameters", () => {
 
   it("the decode body is the client's body with the parameters inserted verbatim", () => {
     const body = { prompt: "p", max_tokens: 50 }
-    expect(success(vllmDecodeBody(body, P_PARAMS))).toStrictEqual({ ...body, kv_transfer_params: P_PARAMS })
-    expect(failure(vllmDecodeBody(body, { ...P_PARAMS, remote_block_ids: [] })).missing).toStrictEqual([
+    expect(success(kvTransferDecodeBody(body, P_PARAMS))).toStrictEqual({ ...body, kv_transfer_params: P_PARAMS })
+    expect(failure(kvTransferDecodeBody(body, { ...P_PARAMS, remote_block_ids: [] })).missing).toStrictEqual([
       "remote_block_ids"
     ])
   })
@@ -166,7 +166,7 @@ describe("SGLang bootstrap", () => {
   it("both legs get the three fields; large rooms stay exact in JSON", () => {
     const b = success(validateBootstrap({ host: "p-host", port: 8998, room: 2n ** 63n - 1n }))
     const body = { prompt: "p", max_tokens: 4 }
-    const leg = sglangLegBody(body, b)
+    const leg = bootstrapLegBody(body, b)
     expect(JSON.parse(JSON.stringify(leg).replace("9223372036854775807", '"R"'))).toStrictEqual({
       ...body,
       bootstrap_host: "p-host",
@@ -176,7 +176,7 @@ describe("SGLang bootstrap", () => {
     expect(JSON.stringify(leg)).toBe(
       '{"prompt":"p","max_tokens":4,"bootstrap_host":"p-host","bootstrap_port":8998,"bootstrap_room":9223372036854775807}'
     )
-    const small = sglangLegBody(body, success(validateBootstrap({ host: "h", port: 1, room: 7 })))
+    const small = bootstrapLegBody(body, success(validateBootstrap({ host: "h", port: 1, room: 7 })))
     expect(small.bootstrap_room).toBe(7)
   })
 })
@@ -188,14 +188,14 @@ describe("planLeg", () => {
   it.each<[string, Parameters<typeof planLeg>[0], string]>([
     ["both over kv_transfer_params", { role: "both", handoff: "kv_transfer_params", body }, "Normal"],
     ["both without a handoff", { role: "both", handoff: undefined, body }, "Normal"],
-    ["prefill over kv_transfer_params", { role: "prefill", handoff: "kv_transfer_params", body }, "VllmPrefill"],
+    ["prefill over kv_transfer_params", { role: "prefill", handoff: "kv_transfer_params", body }, "KvTransferPrefill"],
     [
       "decode over kv_transfer_params",
       { role: "decode", handoff: "kv_transfer_params", body, kvTransferParams: P_PARAMS },
-      "VllmDecode"
+      "KvTransferDecode"
     ],
-    ["prefill over bootstrap", { role: "prefill", handoff: "bootstrap", body, bootstrap }, "SglangLeg"],
-    ["decode over bootstrap", { role: "decode", handoff: "bootstrap", body, bootstrap }, "SglangLeg"]
+    ["prefill over bootstrap", { role: "prefill", handoff: "bootstrap", body, bootstrap }, "BootstrapLeg"],
+    ["decode over bootstrap", { role: "decode", handoff: "bootstrap", body, bootstrap }, "BootstrapLeg"]
   ])("%s", (_name, input, tag) => {
     expect(success(planLeg(input))._tag).toBe(tag)
   })
@@ -218,7 +218,7 @@ describe("planLeg", () => {
     expect(prefill.body).toStrictEqual(vllmPrefillBody(body))
     const leg = success(planLeg({ role: "prefill", handoff: "bootstrap", body, bootstrap }))
     expect(leg).toStrictEqual({
-      _tag: "SglangLeg",
+      _tag: "BootstrapLeg",
       leg: "prefill",
       body: { ...body, bootstrap_host: "h", bootstrap_port: 8998, bootstrap_room: 1 }
     })

@@ -125,7 +125,7 @@ describe("planLeg with input digests", () => {
 
   it("a prefill leg carries its digest, to add to the engine's params", () => {
     const leg = planLeg({ role: "prefill", handoff: "kv_transfer_params", body, inputDigest: () => ownDigest })
-    expect(Result.isSuccess(leg) && leg.success).toMatchObject({ _tag: "VllmPrefill", inputDigest: ownDigest })
+    expect(Result.isSuccess(leg) && leg.success).toMatchObject({ _tag: "KvTransferPrefill", inputDigest: ownDigest })
   })
 
   it("a decode leg whose params carry its own digest: the engine gets the params without it", () => {
@@ -137,7 +137,7 @@ describe("planLeg with input digests", () => {
       inputDigest: () => ownDigest
     })
     expect(Result.isSuccess(leg) && leg.success).toStrictEqual({
-      _tag: "VllmDecode",
+      _tag: "KvTransferDecode",
       body: { ...body, kv_transfer_params: P_PARAMS }
     })
   })

@@ -37,7 +37,7 @@ export type RunLeg = (
 
 const kindOf = (leg: LegPlan): ServiceKind => {
   if (leg._tag === "Normal") return "normal"
-  if (leg._tag === "VllmPrefill" || (leg._tag === "SglangLeg" && leg.leg === "prefill")) return "prefill"
+  if (leg._tag === "KvTransferPrefill" || (leg._tag === "BootstrapLeg" && leg.leg === "prefill")) return "prefill"
   return "decode"
 }
 
@@ -61,7 +61,7 @@ export const make = Effect.fnUntraced(function* () {
     complete(client, plan.path, leg.body, opts).pipe(
       Effect.flatMap((response) => {
         relay.reader.read(response)
-        if (leg._tag !== "VllmPrefill") return Effect.void
+        if (leg._tag !== "KvTransferPrefill") return Effect.void
         return Effect.map(Effect.fromResult(extractKvTransferParams(response)), (params) => {
           // The agent's digest of the leg's input goes with the engine's params: D's agent checks it (InputDigest.ts).
           const digest = leg.inputDigest

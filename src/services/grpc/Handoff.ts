@@ -102,7 +102,7 @@ export const extractKvTransferParams = (response: JsonObject): Result.Result<Jso
 }
 
 /** The decode leg's body: the client's body with the parameters inserted verbatim. */
-export const vllmDecodeBody = (body: JsonObject, params: unknown): Result.Result<JsonObject, InvalidHandoff> =>
+export const kvTransferDecodeBody = (body: JsonObject, params: unknown): Result.Result<JsonObject, InvalidHandoff> =>
   Result.map(validateKvTransferParams(params), (valid) => ({ ...body, kv_transfer_params: valid }))
 
 // ---------------------------------------------------------------------------------------------------------
@@ -159,7 +159,7 @@ export const validateBootstrap = (input: BootstrapInput | undefined): Result.Res
  * Either leg's body: the client's body with the rendezvous fields. The prefill leg is sent whole (the agent
  * only waits for P to finish; the answer comes from D), the decode leg streamed.
  */
-export const sglangLegBody = (body: JsonObject, bootstrap: Bootstrap): JsonObject => ({
+export const bootstrapLegBody = (body: JsonObject, bootstrap: Bootstrap): JsonObject => ({
   ...body,
   bootstrap_host: bootstrap.host,
   bootstrap_port: bootstrap.port,
@@ -181,11 +181,11 @@ export type LegPlan =
    * Send whole (not streamed); answer with `extractKvTransferParams(response)` in the final message, with
    * `inputDigest` added (InputDigest.ts withInputDigest) when there is one.
    */
-  | { readonly _tag: "VllmPrefill"; readonly body: JsonObject; readonly inputDigest?: string | undefined }
+  | { readonly _tag: "KvTransferPrefill"; readonly body: JsonObject; readonly inputDigest?: string | undefined }
   /** Stream D's answer. */
-  | { readonly _tag: "VllmDecode"; readonly body: JsonObject }
+  | { readonly _tag: "KvTransferDecode"; readonly body: JsonObject }
   /** Prefill: send whole and finish; decode: stream D's answer. */
-  | { readonly _tag: "SglangLeg"; readonly leg: "prefill" | "decode"; readonly body: JsonObject }
+  | { readonly _tag: "BootstrapLeg"; readonly leg: "prefill" | "decode"; readonly body: JsonObject }
 
 export interface PlanInput {
   readonly role: Role
@@ -219,7 +219,7 @@ const malformed = (value: unknown): InvalidHandoff =>
 const kvTransferLeg = (input: PlanInput, role: "prefill" | "decode"): Result.Result<LegPlan, InvalidHandoff> => {
   if (role === "prefill")
     return Result.succeed({
-      _tag: "VllmPrefill",
+      _tag: "KvTransferPrefill",
       body: vllmPrefillBody(input.body),
       inputDigest: input.inputDigest?.()
     })
@@ -235,14 +235,14 @@ const kvTransferLeg = (input: PlanInput, role: "prefill" | "decode"): Result.Res
   const own = ownInputDigest(input.kvTransferParams, input.inputDigest)
   if (own._tag === "Differs") return Result.fail(differs())
   if (own._tag === "Malformed") return Result.fail(malformed(own.value))
-  return Result.map(vllmDecodeBody(input.body, own.params), (body) => ({ _tag: "VllmDecode", body }))
+  return Result.map(kvTransferDecodeBody(input.body, own.params), (body) => ({ _tag: "KvTransferDecode", body }))
 }
 
 const bootstrapLeg = (input: PlanInput, leg: "prefill" | "decode"): Result.Result<LegPlan, InvalidHandoff> =>
   Result.map(validateBootstrap(input.bootstrap), (b) => ({
-    _tag: "SglangLeg",
+    _tag: "BootstrapLeg",
     leg,
-    body: sglangLegBody(input.body, b)
+    body: bootstrapLegBody(input.body, b)
   }))
 
 const legOf: Readonly<
