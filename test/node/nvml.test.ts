@@ -410,9 +410,11 @@ describe("Nvml live layer", () => {
           // NVML opened again (a driver reloaded) enumerates anew: an index of the old session names nothing
           process.env.FAKE_NVML_COUNT_RC = "999"
           yield* nvml.sampleNow
+          // ... while it does not answer, the GPU lost before stays lost on /metrics (its alert must not resolve)
+          const down = (yield* (yield* Metrics).render).body
           delete process.env.FAKE_NVML_COUNT_RC
           const reopened = yield* untilGpus(nvml.sampleNow)
-          return { before, after, body, reopened }
+          return { before, after, body, down, reopened }
         })
       )
       expect(result.before[1]?.lost).toBe(false)
@@ -428,6 +430,9 @@ describe("Nvml live layer", () => {
       )
       expect(result.after[0]).toEqual(result.before[0])
       expect(result.body).toContain('cgn_agent_gpu_lost{gpu="1",uuid="GPU-55555555-6666-7777-8888-999999999999"} 1')
+      expect(result.down).toContain("cgn_agent_nvml_up 0")
+      expect(result.down).toContain('cgn_agent_gpu_lost{gpu="1",uuid="GPU-55555555-6666-7777-8888-999999999999"} 1')
+      expect(result.down).not.toContain('cgn_agent_gpu_lost{gpu="0"')
       expect(result.reopened[1]).toEqual(gpuWith({ index: 1, lost: true, unreportedFields: [...gpuFields] }))
     } finally {
       delete process.env.FAKE_NVML_COUNT_RC

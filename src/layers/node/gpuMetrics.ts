@@ -84,6 +84,8 @@ export const mirrorToMetrics = (service: NvmlService, rule: XidRule = defaultXid
     ]
     // the index each GPU last had, for the Xid series of a GPU NVML does not list now (see below)
     const lastIndex = new Map<string, string>()
+    // the GPUs lost in NVML's last answer, by index: still lost while NVML does not answer (see below)
+    const lastLost = new Map<string, { readonly gpu: string; readonly uuid: string }>()
     yield* m.onCollect(
       Effect.map(Effect.all([service.gpus, service.unavailable, service.remembered]), ([gpus, unavailable, kept]) => {
         m.nvmlUp.set(unavailable === undefined ? 1 : 0)
@@ -117,6 +119,14 @@ export const mirrorToMetrics = (service: NvmlService, rule: XidRule = defaultXid
           }
           for (const p of g.processes) m.gpuProcessMemory.set({ ...labels, pid: String(p.pid) }, p.usedMemoryBytes)
         }
+        // A GPU lost when NVML last answered stays lost while it does not (a GPU off the bus hangs it): the gate keeps
+        // its fault (GpuGate.ts), and the critical alert on gpu_lost must not resolve meanwhile.
+        if (unavailable === undefined) {
+          lastLost.clear()
+          for (const g of gpus) if (g.lost) lastLost.set(String(g.index), { gpu: String(g.index), uuid: g.uuid })
+        } else
+          for (const [index, labels] of lastLost)
+            if (!gpus.some((g) => String(g.index) === index)) m.gpuLost.set(labels, 1)
         // The boot's Xids of a GPU NVML does not list now (NVML down or hung: a GPU off the bus hangs it) stay: the
         // alert on them must not resolve while the fault stands. Labelled with the index it last had in this agent's
         // life ("" when NVML has not listed it since the agent started).
