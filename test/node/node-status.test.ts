@@ -65,6 +65,10 @@ describe("NodeHealthView (pure)", () => {
 
   it("describes the phase and computes rates", () => {
     expect(engineDetail(State.Starting({ phase: "loading", since: 0, run: 2 }), 12_400)).toBe("loading for 12s (run 2)")
+    // held by the GPU gate before the spawn: not "spawning"
+    const held = State.Starting({ phase: "spawning", since: 0, run: 1 })
+    expect(engineDetail(held, 3_000, true)).toBe("waiting for the engine's GPUs for 3s (run 1)")
+    expect(engineDetail(held, 3_000)).toBe("spawning for 3s (run 1)")
     expect(engineDetail(State.Restarting({ attempt: 3, nextAt: 5000, lastExit: exit }), 1000)).toMatch(
       /^restart 3 in 4s; run 0 \(pid 7\) ended: exited, exit code 137/
     )

@@ -162,6 +162,7 @@ export const layer = (
           engine: g.state,
           engineGpus: g.gpuGate.gpus,
           engineMigDevice: g.gpuGate.mig,
+          gpuWaiting: g.gpuGate.waiting !== undefined,
           config,
           agentVersion,
           advertiseAddr,

@@ -44,17 +44,23 @@ export const nodeState = (engine: EngineState, draining: boolean, problem?: stri
 export const enginePhase = (engine: EngineState): string =>
   engine._tag === "Unhealthy" && engine.ending !== undefined ? "stopping" : engine._tag.toLowerCase()
 
-/** One line on the phase: why it is failing, the probe phase, the liveness failure, the next restart, the last exit. */
-export const engineDetail = (engine: EngineState, now: number): string => {
+/**
+ * One line on the phase: why it is failing, the probe phase, the liveness failure, the next restart, the last exit.
+ * `gpuWaiting`: the start waits for the engine's GPUs (the GPU gate: memory held, a fault), so nothing is spawning yet.
+ */
+export const engineDetail = (engine: EngineState, now: number, gpuWaiting = false): string => {
   const failing = failingOf(engine)
-  const detail = phaseDetail(engine, now)
+  const detail = phaseDetail(engine, now, gpuWaiting)
   return failing === undefined ? detail : `${failing}; ${detail}`
 }
 
-const phaseDetail = (engine: EngineState, now: number): string => {
+const phaseDetail = (engine: EngineState, now: number, gpuWaiting: boolean): string => {
   switch (engine._tag) {
-    case "Starting":
-      return `${engine.phase} for ${Math.max(0, Math.round((now - engine.since) / 1000))}s (run ${engine.run})`
+    case "Starting": {
+      // the gate waits before the spawn, in the run's first phase
+      const phase = gpuWaiting && engine.phase === "spawning" ? "waiting for the engine's GPUs" : engine.phase
+      return `${phase} for ${Math.max(0, Math.round((now - engine.since) / 1000))}s (run ${engine.run})`
+    }
     case "Ready":
       return ""
     case "Unhealthy":
@@ -105,6 +111,8 @@ export interface NodeHealthInputs {
    * services/engine/EngineStall.ts `stallProblem`), or undefined.
    */
   readonly problem: string | undefined
+  /** The GPU gate holds the start (services/engine/GpuGate.ts `waiting`): the engine is not being spawned yet. */
+  readonly gpuWaiting?: boolean
   readonly now: number
   /** An SGLang prefill node's engine bootstrap server (bootstrapServer below); absent elsewhere. */
   readonly bootstrap?: BootstrapServer | undefined
@@ -132,7 +140,7 @@ export const buildNodeHealth = (i: NodeHealthInputs): NodeHealth => ({
     model: i.config.model.served_name,
     phase: enginePhase(i.engine),
     restarts: i.restarts,
-    detail: [i.problem, engineDetail(i.engine, i.now)].filter((d) => d).join("; ")
+    detail: [i.problem, engineDetail(i.engine, i.now, i.gpuWaiting)].filter((d) => d).join("; ")
   },
   load: {
     inflight: i.inflight,
