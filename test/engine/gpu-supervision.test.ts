@@ -229,6 +229,38 @@ describe("GPU-aware supervision (built agent, fake NVML through koffi)", () => {
     expect((await agent.stop()).code).toBe(0)
   }, 180_000)
 
+  it("a GPU named by UUID that is lost when the agent starts (no UUID to match): held, the agent up, started once it is back", async () => {
+    const state = nvmlState("lost-uuid.state")
+    const free1 = `gpu.1.used=${GiB / 4}`
+    state.write([free1, "gpu.1.lost=1"])
+    const s = await simAgentConfig({ engine: { gpu_free_timeout: "1m" } })
+    const uuid = "GPU-55555555-6666-7777-8888-999999999999"
+    const agent = await startAgent({
+      config: { ...s.config, models: { m: { hf_repo: "org/m", gpus: [uuid] } } },
+      env: { CGN_NVML_LIBRARY: nvml.library, FAKE_NVML_STATE: state.file },
+      awaitReady: false
+    })
+    // it exited 2 before ("not on this host"), as for a UUID the host does not have
+    const held = await pollUntil(
+      "readyz says the UUID is not listed",
+      async () => {
+        const r = await text(`${agent.adminUrl}/readyz`).catch(() => undefined)
+        return r?.status === 503 && r.body.includes("is not among the GPUs NVML lists") ? r : undefined
+      },
+      BOUND
+    )
+    expect(held.body).toContain(`GPU "${uuid}" is not among the GPUs NVML lists (NVML cannot read GPU 1's UUID: lost?)`)
+    expect((await status(agent.adminUrl)).engine.pid).toBeNull()
+    // back on the bus: its UUID matches, the engine starts (on it: CUDA_VISIBLE_DEVICES names the UUID)
+    state.write([free1])
+    await pollUntil(
+      "ready once the GPU is back",
+      async () => (await text(`${agent.adminUrl}/readyz`)).status === 200,
+      BOUND
+    )
+    expect((await agent.stop()).code).toBe(0)
+  }, 180_000)
+
   it("a GPU whose memory NVML cannot report (unified memory, GB10) is judged by its processes, not taken as free", async () => {
     const state = nvmlState("unified.state")
     // nvmlDeviceGetMemoryInfo NOT_SUPPORTED, as on GB10; its process list works and shows a tenant

@@ -1,7 +1,7 @@
 // The pure GPU decisions (services/node/Gpus.ts, Throttle.ts): throttle reason names, assignment, CUDA env, the gate's verdict.
 import { describe, expect, it } from "vitest"
 import { gateProblem } from "../../src/services/engine/GpuGate.ts"
-import { assignGpus, cudaEnv, gateVerdict, gpuFault, missingGpu } from "../../src/services/node/Gpus.ts"
+import { assignGpus, cudaEnv, gateVerdict, gpuFault, missingGpu, unlistedRef } from "../../src/services/node/Gpus.ts"
 import { gpuWith } from "../../src/services/node/Nvml.ts"
 import { throttleReasons } from "../../src/services/node/Throttle.ts"
 
@@ -77,6 +77,22 @@ describe("assignGpus", () => {
       _tag: "Impossible",
       reason: 'GPU 0 is listed twice (also as "GPU-a")'
     })
+  })
+  it("configured: a UUID NVML cannot match while some GPU's UUID is unreadable (lost) is not refused; the gate holds it", () => {
+    const lostAtOpen = [gpuWith({ index: 0, uuid: "GPU-a" }), gpuWith({ index: 1, uuid: "", lost: true })]
+    expect(assignGpus(["GPU-b"], 1, lostAtOpen)).toEqual({ _tag: "Unknown" })
+    expect(cudaEnv(["GPU-b"], { _tag: "Unknown" })).toEqual({ CUDA_VISIBLE_DEVICES: "GPU-b" })
+    expect(cudaEnv([0, "GPU-b"], { _tag: "Unknown" })).toEqual({
+      CUDA_DEVICE_ORDER: "PCI_BUS_ID",
+      CUDA_VISIBLE_DEVICES: "0,GPU-b"
+    })
+    expect(unlistedRef(["GPU-b"], lostAtOpen)).toBe(
+      `GPU "GPU-b" is not among the GPUs NVML lists (NVML cannot read GPU 1's UUID: lost?): the engine waits until it is`
+    )
+    // listed again: nothing holds it
+    expect(unlistedRef(["GPU-b"], [...lostAtOpen.slice(0, 1), gpuWith({ index: 1, uuid: "GPU-b" })])).toBeUndefined()
+    // every UUID readable: a UUID the host does not have is still refused
+    expect(assignGpus(["GPU-z"], 1, host.slice(0, 3))._tag).toBe("Impossible")
   })
   it("without NVML: configured indices are taken on trust, UUIDs go through as written, nothing is automatic", () => {
     expect(assignGpus([1, 0], 2, [])).toEqual({ _tag: "Assigned", indices: [1, 0], automatic: false })

@@ -8,7 +8,7 @@ import { Clock, Duration, Effect, Layer, Ref, Stream, SubscriptionRef } from "ef
 import { Config } from "../../services/config/Config.ts"
 import { EnginePlan } from "../../services/engine/Engine.ts"
 import { GpuGate, type GpuGateStatus, gateProblem } from "../../services/engine/GpuGate.ts"
-import { engineFault, gateVerdict, refMatches } from "../../services/node/Gpus.ts"
+import { engineFault, gateVerdict, refMatches, unlistedRef } from "../../services/node/Gpus.ts"
 import { findMig, migRef } from "../../services/node/Mig.ts"
 import type { Gpu } from "../../services/node/Nvml.ts"
 import { Nvml } from "../../services/node/Nvml.ts"
@@ -69,7 +69,12 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
         : gpus
             .filter((g) => config.model.gpus.length === 0 || config.model.gpus.some((r) => refMatches(r, g)))
             .map((g) => g.index)
-    const faultNow = Effect.map(nvml.gpus, (gpus) => engineFault(gpus, judged(gpus), xidRule, mig))
+    // ... and, not resolved, a configured UUID NVML does not list (a GPU whose UUID it cannot read: Gpus.ts assignGpus)
+    const notGatedFault = (gpus: ReadonlyArray<Gpu>) =>
+      engineFault(gpus, judged(gpus), xidRule) ?? unlistedRef(config.model.gpus, gpus)
+    const faultNow = Effect.map(nvml.gpus, (gpus) =>
+      gated ? engineFault(gpus, indices, xidRule, mig) : notGatedFault(gpus)
+    )
     const faultRemembered = Effect.map(nvml.remembered, (gpus) =>
       rememberedFault(gpus, config.model.gpus, (xid) => xidIsFault(xid, xidRule))
     )
@@ -116,7 +121,7 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
         const verdict = (yield* nvmlUp)
           ? gated
             ? gateVerdict(gpus, indices, maxUsedBytes, yield* Ref.get(previousPgids), pgidOf, xidRule, mig)
-            : faultVerdict(engineFault(gpus, judged(gpus), xidRule))
+            : faultVerdict(notGatedFault(gpus))
           : known === undefined
             ? undefined
             : { _tag: "Faulty" as const, reason: `${known} (NVML is not answering: the fault stands until it does)` }

@@ -101,6 +101,9 @@ export const assignGpus = (
     const indices: Array<number> = []
     for (const ref of configured) {
       const gpu = gpus.find((g) => refMatches(ref, g))
+      // a UUID NVML cannot match while some GPU's UUID is unreadable (lost at NVML's open) may be that one: no refusal;
+      // the engine gets the refs as written, and the gate holds it until NVML lists the UUID (unlistedRef)
+      if (gpu === undefined && typeof ref === "string" && gpus.some((g) => g.uuid === "")) return { _tag: "Unknown" }
       if (gpu === undefined) {
         return {
           _tag: "Impossible",
@@ -148,9 +151,22 @@ export const cudaEnv = (configured: ReadonlyArray<GpuRef>, assignment: Assignmen
     const visible = assignment.mig ?? assignment.indices.join(",")
     return { CUDA_DEVICE_ORDER: "PCI_BUS_ID", CUDA_VISIBLE_DEVICES: visible }
   }
-  // UUIDs without NVML to resolve them: CUDA accepts them as they are.
-  if (configured.length > 0) return { CUDA_VISIBLE_DEVICES: configured.join(",") }
+  // UUIDs without NVML to resolve them: CUDA accepts them as they are (indices among them count in PCI bus order).
+  if (configured.length > 0)
+    return {
+      ...(configured.some((r) => typeof r === "number") ? { CUDA_DEVICE_ORDER: "PCI_BUS_ID" } : {}),
+      CUDA_VISIBLE_DEVICES: configured.join(",")
+    }
   return {}
+}
+
+/** A configured UUID NVML does not list (lost at its open: no UUID to match): holds the engine, as missingGpu does. */
+export const unlistedRef = (configured: ReadonlyArray<GpuRef>, gpus: ReadonlyArray<Gpu>): string | undefined => {
+  const ref = configured.find((r) => typeof r === "string" && !gpus.some((g) => refMatches(r, g)))
+  if (ref === undefined) return undefined
+  const unreadable = gpus.filter((g) => g.uuid === "").map((g) => g.index)
+  const which = unreadable.length === 0 ? "" : ` (NVML cannot read GPU ${unreadable.join(", ")}'s UUID: lost?)`
+  return `GPU ${JSON.stringify(ref)} is not among the GPUs NVML lists${which}: the engine waits until it is`
 }
 
 export interface Holder {
