@@ -90,7 +90,7 @@ const gpusSummary = (c: AgentConfig, plan: LaunchPlan | undefined): string => {
   }
   if (c.model.gpus.length > 0) return c.model.gpus.join(", ")
   if (plan?.gpus !== undefined)
-    return `${plan.gpus.join(", ")} (automatic: the first tp x dp healthy GPUs now; picked again at start)`
+    return `${plan.gpus.join(", ")} (automatic: the first tp x dp GPUs now, healthy ones first; picked again at start)`
   return "automatic (the first tp x dp healthy GPUs at start)"
 }
 
@@ -236,7 +236,7 @@ export const check = Command.make(
       yield* Console.log(summarize(c, plan, memory, cpuCache))
       // A warning, not a problem: the limit is the host's, and may be raised before the engine's cache fills.
       if (cpuCache?.warning !== undefined) yield* Console.error(`warning: ${cpuCache.warning}`)
-      for (const warning of host.warnings) yield* Console.error(`warning: ${warning}`)
+      for (const warning of [...(plan?.warnings ?? []), ...host.warnings]) yield* Console.error(`warning: ${warning}`)
       const grpc = plaintextGrpcWarning(c)
       if (grpc !== undefined) yield* Console.error(`warning: ${grpc}`)
     })

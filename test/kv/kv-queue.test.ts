@@ -218,6 +218,21 @@ describe("KvQueue", () => {
   })
 })
 
+describe("nextSeqOf: where a rank's stream goes on in what the queue holds", () => {
+  it("the unacknowledged first, then a dropped range (its overflow Resync leads), then the pending", () => {
+    const q = new KvQueue<Rec>(250)
+    expect(q.nextSeqOf(0)).toBeUndefined()
+    for (const seq of [0n, 1n, 2n]) q.push(batch(seq))
+    // 300 bytes past 250: seq 0 dropped, an overflow Resync [0, 1) owed before seq 1
+    expect(q.dropped).toBe(1)
+    expect(q.nextSeqOf(0)).toBe(0n)
+    expect(heldAtStop(q)).toEqual({ batches: 2, resyncs: 1 })
+    q.take(10, 10_000, resync)
+    expect(q.nextSeqOf(0)).toBe(0n)
+    expect(q.nextSeqOf(1)).toBeUndefined()
+  })
+})
+
 describe("heldAtStop: what the bridge says it drops as it stops", () => {
   it("a restart Resync alone (the engine stopped while kvcached was away) is said, as batches are", () => {
     const q = new KvQueue<Rec>(10_000)

@@ -73,7 +73,7 @@ describe("check's summary", () => {
     const c = load('[models.m]\nhf_repo = "a/b"\ntp = 2\n')
     const plan = { ...engineFor("vllm").render(c), gpus: [0, 1] }
     expect(line(summarize(c, plan), "gpus")).toBe(
-      "0, 1 (automatic: the first tp x dp healthy GPUs now; picked again at start)"
+      "0, 1 (automatic: the first tp x dp GPUs now, healthy ones first; picked again at start)"
     )
     expect(line(summarize(c), "gpus")).toBe("automatic (the first tp x dp healthy GPUs at start)")
   })
@@ -128,7 +128,9 @@ describe("check on a host with NVML (a fake libnvidia-ml.so with two GPUs)", () 
     const env = { CGN_NVML_LIBRARY: buildFakeNvml(dir) }
     const r = await runCli(["check", "--config", "examples/dev.toml"], env)
     expect(r.code, r.stderr).toBe(0)
-    expect(line(r.stdout, "gpus")).toBe("0 (automatic: the first tp x dp healthy GPUs now; picked again at start)")
+    expect(line(r.stdout, "gpus")).toBe(
+      "0 (automatic: the first tp x dp GPUs now, healthy ones first; picked again at start)"
+    )
     const rendered = await runCli(["render", "--config", "examples/dev.toml"], env)
     expect(rendered.stdout).toContain("CUDA_VISIBLE_DEVICES=0")
   })
@@ -153,10 +155,30 @@ describe("check on a host with NVML (a fake libnvidia-ml.so with two GPUs)", () 
     )
     const r = await runCli(["check", "--config", config], env)
     expect(r.code, r.stderr).toBe(0)
-    expect(line(r.stdout, "gpus")).toBe("1 (automatic: the first tp x dp healthy GPUs now; picked again at start)")
+    expect(line(r.stdout, "gpus")).toBe(
+      "1 (automatic: the first tp x dp GPUs now, healthy ones first; picked again at start)"
+    )
     expect(r.stderr).toContain("a GPU reported Xids earlier in this boot")
     expect((await runCli(["render", "--config", config], env)).stdout).toContain("CUDA_VISIBLE_DEVICES=1")
     expect(fs.readFileSync(record, "utf8")).toBe(text)
+
+    // both GPUs with a kept Xid: the choice takes a faulty one, and check says run would hold the engine on it
+    const both = `${JSON.stringify({
+      bootId,
+      gpus: [
+        { uuid: "GPU-00000000-1111-2222-3333-444444444444", xids: [{ xid: 79, events: 1 }] },
+        { uuid: "GPU-55555555-6666-7777-8888-999999999999", xids: [{ xid: 48, events: 1 }] }
+      ]
+    })}\n`
+    fs.writeFileSync(record, both)
+    const held = await runCli(["check", "--config", config], env)
+    expect(held.code, held.stderr).toBe(0)
+    expect(line(held.stdout, "gpus")).toBe(
+      "0 (automatic: the first tp x dp GPUs now, healthy ones first; picked again at start)"
+    )
+    expect(held.stderr).toContain(
+      'warning: models."qwen2.5-0.5b".gpus: too few healthy GPUs; the automatic choice takes faulty ones (GPU 0 reported Xid 79 (fallen off the bus): it needs a GPU reset or a reboot): the engine is held, the node unhealthy, until they clear'
+    )
   })
 })
 

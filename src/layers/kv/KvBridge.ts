@@ -64,7 +64,7 @@ export const disabledStatus = (epoch: string, reason: string): KvBridgeStatus =>
  * stopped among them: kvcached then keeps this node's blocks of an engine that is gone, which is why it is said).
  */
 export const heldAtStop = (queue: KvQueue<unknown>): { batches: number; resyncs: number } | undefined => {
-  const resyncs = queue.size + queue.unacked.length - queue.batches
+  const resyncs = queue.size + queue.unacked.length - queue.batches + queue.lostRanges
   return queue.batches === 0 && resyncs === 0 ? undefined : { batches: queue.batches, resyncs }
 }
 

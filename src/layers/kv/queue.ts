@@ -244,15 +244,25 @@ export class KvQueue<R> {
     this.nextN = from + kept.length
   }
 
-  /** The seq rank `dpRank`'s stream goes on with in what is held (its first record's), if any. */
+  /**
+   * The seq rank `dpRank`'s stream goes on with in what is held (its first record's), if any: the unacknowledged,
+   * then a range dropped (its overflow Resync goes before every pending record), then the pending.
+   */
   nextSeqOf(dpRank: number): bigint | undefined {
     const sent = this.sent.find((s) => s.dpRank === dpRank)
     if (sent !== undefined) return sent.fromSeq
+    const lost = this.lost.get(dpRank)
+    if (lost !== undefined) return lost.fromSeq
     for (let i = this.head; i < this.pending.length; i++) {
       const p = this.pending[i]
       if (p !== undefined && p.dpRank === dpRank) return p.fromSeq
     }
-    return this.lost.get(dpRank)?.fromSeq
+    return undefined
+  }
+
+  /** Ranges dropped whose overflow Resyncs are still to be sent (one per rank). */
+  get lostRanges(): number {
+    return this.lost.size
   }
 
   /** Calls `wake` once, at the next push (at once if something is waiting). Replaces an earlier waker. */

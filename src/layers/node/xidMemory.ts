@@ -17,14 +17,7 @@ import {
   type NvmlService,
   UnknownGpu
 } from "../../services/node/Nvml.ts"
-import {
-  defaultXidRule,
-  describeXid,
-  XID_RESET_REMEDY,
-  type XidRule,
-  xidIsFault,
-  xidRemedy
-} from "../../services/node/Xid.ts"
+import { defaultXidRule, describeXid, type XidRule, xidIsFault } from "../../services/node/Xid.ts"
 import {
   clear,
   decodeRecord,
@@ -91,10 +84,7 @@ const logXids = (
     ? Effect.logWarning(what, {
         ...fields,
         xids: named,
-        remedy:
-          xidRemedy(faults) === XID_RESET_REMEDY
-            ? "once the GPU is reset (nvidia-smi -r), POST /gpus/clear-xids"
-            : xidRemedy(faults)
+        remedy: "once the GPU is reset (nvidia-smi -r), POST /gpus/clear-xids"
       })
     : Effect.logInfo(`${what} (no fault: the node stays healthy)`, { ...fields, xids: named })
 }

@@ -20,7 +20,7 @@ import {
   wholeUsable
 } from "./Mig.ts"
 import { isUnknown } from "./NvmlValues.ts"
-import { defaultXidRule, describeXid, type XidRule, xidIsFault, xidRemedy } from "./Xid.ts"
+import { defaultXidRule, describeXid, type XidRule, xidIsFault } from "./Xid.ts"
 
 /** A GPU as the config names it: an NVML index or a UUID (`GPU-...`, `MIG-...`). */
 export type GpuRef = number | string
@@ -40,7 +40,7 @@ export const gpuFault = (gpu: Gpu, rule: XidRule = defaultXidRule): string | und
   if (gpu.lost) return `GPU ${gpu.index} is lost (NVML_ERROR_GPU_IS_LOST: fallen off the bus)`
   const xids = gpu.criticalXids.filter((x) => xidIsFault(x.xid, rule))
   if (xids.length > 0) {
-    return `GPU ${gpu.index} reported ${xids.map((x) => describeXid(x.xid)).join(", ")}: ${xidRemedy(xids.map((x) => x.xid))}`
+    return `GPU ${gpu.index} reported ${xids.map((x) => describeXid(x.xid)).join(", ")}: it needs a GPU reset or a reboot`
   }
   // NVML's row-remapping documentation: a failure means the GPU should be replaced; a pending remap is applied only
   // by a GPU reset (https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/, "Row-Remapping").
@@ -67,6 +67,8 @@ export type Assignment =
       readonly _tag: "Assigned"
       readonly indices: ReadonlyArray<number>
       readonly automatic: boolean
+      /** The faults of the faulty GPUs an automatic choice took, too few being healthy (the gate holds the engine). */
+      readonly faults?: ReadonlyArray<string>
       /** The MIG device given to the engine (its UUID), on the GPU `indices` names; absent: whole GPUs. */
       readonly mig?: string
     }
@@ -125,13 +127,12 @@ export const assignGpus = (
   const healthy = candidates.filter((g) => gpuFault(g, rule) === undefined)
   if (healthy.length >= needed)
     return { _tag: "Assigned", indices: healthy.slice(0, needed).map((g) => g.index), automatic: true }
-  // Too few healthy GPUs, but the host has enough: faulty ones fill in, and the gate holds the engine on their fault
-  // (GpuGate.ts) with the node unhealthy and the agent up, until it clears (an Xid cleared after a reset:
-  // /gpus/clear-xids). Refusing the config instead made any agent restart after a fault exit 2, a crash loop.
+  // Too few healthy GPUs, but enough: faulty ones fill in, and the gate holds the engine on their fault (node unhealthy,
+  // agent up) until it clears (/gpus/clear-xids). Refusing instead made an agent restart after a fault a crash loop.
   if (candidates.length >= needed) {
     const filling = candidates.filter((g) => !healthy.includes(g)).slice(0, needed - healthy.length)
     const indices = [...healthy, ...filling].map((g) => g.index).sort((a, b) => a - b)
-    return { _tag: "Assigned", indices, automatic: true }
+    return { _tag: "Assigned", indices, automatic: true, faults: filling.map((g) => gpuFault(g, rule) ?? "") }
   }
   return {
     _tag: "Impossible",

@@ -13,18 +13,11 @@
  * Free of `effect` and of node:*, as everything the NVML worker may load.
  */
 
-/**
- * A row of the table: a short name for the Xid, whether it is an application error (no fault), and what to do about
- * it when that is not the usual reset (XID_RESET_REMEDY).
- */
+/** A row of the table: a short name for the Xid and whether it is an application error (no fault). */
 interface XidEntry {
   readonly name: string
   readonly application: boolean
-  readonly remedy?: string
 }
-
-/** What a fault Xid asks of the operator, unless its row says otherwise. */
-export const XID_RESET_REMEDY = "it needs a GPU reset or a reboot"
 
 /**
  * The Xids with a name here: the device plugin's application errors, and the hardware faults an operator meets most.
@@ -45,15 +38,10 @@ const XIDS: Readonly<Record<number, XidEntry>> = {
   74: { name: "NVLink error", application: false },
   79: { name: "fallen off the bus", application: false },
   92: { name: "high single-bit ECC error rate", application: false },
-  // NVIDIA, "Response to Uncorrectable Contained ECC Errors" (docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt): the
-  // driver ends the work the error hit, offlines the page, and new work can start on the GPU without a reset; the
-  // reset (row remapping) can wait for a service window. A fault still, as in the device plugin.
-  94: {
-    name: "contained ECC error",
-    application: false,
-    remedy:
-      "NVIDIA says new work can start on it without a reset (the reset can wait for a service window): POST /gpus/clear-xids to start the engine again, or set engine.ignore_xids = [94] to take contained errors so"
-  },
+  // NVIDIA ("Response to Uncorrectable Contained ECC Errors", docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt): new
+  // work may start without a reset; but the GPU then counts an uncorrected ECC error and has a row remapping pending,
+  // each a fault until a reset (Gpus.ts gpuFault), so a fault here as in the device plugin, with the same remedy.
+  94: { name: "contained ECC error", application: false },
   95: { name: "uncontained ECC error", application: false },
   119: { name: "GSP RPC timeout", application: false },
   120: { name: "GSP error", application: false },
@@ -92,13 +80,6 @@ export const xidIsFault = (xid: number, rule: XidRule = defaultXidRule): boolean
   if (rule.fault.includes(xid)) return true
   if (rule.ignore.includes(xid)) return false
   return XIDS[xid]?.application !== true
-}
-
-/** What the fault Xids `xids` ask of the operator: the reset, unless each of them says otherwise (one remedy). */
-export const xidRemedy = (xids: ReadonlyArray<number>): string => {
-  const own = new Set(xids.map((x) => XIDS[x]?.remedy))
-  const [only] = own
-  return own.size === 1 && only !== undefined ? only : XID_RESET_REMEDY
 }
 
 /** `Xid 79 (fallen off the bus)`; `Xid 150` for one without a name here. */

@@ -34,7 +34,8 @@ export const engineFor = (kind: EngineKind): Engine => engines[kind]
 
 /**
  * The plan with the engine's GPUs: `models.x.gpus`, or the first tp x dp healthy GPUs of `gpus` (NVML's list,
- * empty without NVML), given as CUDA_VISIBLE_DEVICES. Fails when the host cannot hold the engine.
+ * empty without NVML), faulty ones filling in when too few are healthy (said in the plan's warnings), given as
+ * CUDA_VISIBLE_DEVICES. Fails when the host cannot hold the engine.
  */
 export const planFor = (
   config: AgentConfig,
@@ -56,10 +57,19 @@ export const planFor = (
       })
     )
   }
+  const faulty = assignment._tag === "Assigned" ? (assignment.faults ?? []) : []
   return Effect.succeed({
     ...plan,
     // [engine].env stays last: an operator can still override CUDA_DEVICE_ORDER
     env: { ...cudaEnv(m.gpus, assignment), ...plan.env },
+    ...(faulty.length === 0
+      ? {}
+      : {
+          warnings: [
+            ...(plan.warnings ?? []),
+            `${formatPath(["models", m.name, "gpus"])}: too few healthy GPUs; the automatic choice takes faulty ones (${faulty.join("; ")}): the engine is held, the node unhealthy, until they clear`
+          ]
+        }),
     ...(assignment._tag === "Assigned" ? { gpus: assignment.indices } : {})
   })
 }
