@@ -53,11 +53,24 @@ describe("assignGpus", () => {
     expect(assignGpus([], 2, host)).toEqual({ _tag: "Assigned", indices: [0, 2], automatic: true })
   })
   it("automatic: faulty GPUs (a lost one too) fill in when too few are healthy: the gate holds the engine on them", () => {
-    expect(assignGpus([], 3, host)).toEqual({ _tag: "Assigned", indices: [0, 1, 2], automatic: true })
-    expect(assignGpus([], 4, host)).toEqual({ _tag: "Assigned", indices: [0, 1, 2, 3], automatic: true })
-    // a one-GPU host whose GPU had a fault Xid: assigned, not refused (the agent stays up, the node unhealthy)
+    const ecc = "GPU 1 has 2 uncorrected ECC errors"
+    const lost = "GPU 3 is lost (NVML_ERROR_GPU_IS_LOST: fallen off the bus)"
+    // the faults it took come with the choice (check and run say them)
+    expect(assignGpus([], 3, host)).toEqual({ _tag: "Assigned", indices: [0, 1, 2], automatic: true, faults: [ecc] })
+    expect(assignGpus([], 4, host)).toEqual({
+      _tag: "Assigned",
+      indices: [0, 1, 2, 3],
+      automatic: true,
+      faults: [ecc, lost]
+    })
+    // a one-GPU host whose GPU has a fault: assigned, not refused (the agent stays up, the node unhealthy)
     const faulty = [gpuWith({ index: 0, eccUncorrected: 1 })]
-    expect(assignGpus([], 1, faulty)).toEqual({ _tag: "Assigned", indices: [0], automatic: true })
+    expect(assignGpus([], 1, faulty)).toEqual({
+      _tag: "Assigned",
+      indices: [0],
+      automatic: true,
+      faults: ["GPU 0 has 1 uncorrected ECC errors"]
+    })
     expect(gateVerdict(faulty, [0], 2 ** 30, new Set(), () => undefined)._tag).toBe("Faulty")
   })
   it("automatic: refuses a tp x dp the host cannot hold, saying how many it has and how many are healthy", () => {
