@@ -8,7 +8,6 @@ import { Context, Deferred, Duration, Effect, Layer, Option, Ref } from "effect"
 import type { LogLevel } from "effect/LogLevel"
 import type { NodeHealth } from "../gen/cgn/agent/v1/agent.ts"
 import * as AdminLive from "../layers/admin/Admin.ts"
-import { hangupNotice } from "../layers/config/configChanges.ts"
 import { planLayer } from "../layers/engine/backends/index.ts"
 import * as EngineClientLive from "../layers/engine/EngineClient.ts"
 import * as EngineHostLive from "../layers/engine/EngineHost.ts"
@@ -48,6 +47,7 @@ import { HealthReporter, type RegistrationStatus } from "../services/registry/He
 import { Tls } from "../services/tls/Tls.ts"
 import { VERSION } from "../version.ts"
 import { plaintextGrpcWarning } from "./grpcExposure.ts"
+import { hangupConfig } from "./hangup.ts"
 import { guardEntry, nvmlWorkerEntry } from "./programPaths.ts"
 import { reloadOnHangup, type ShutdownSignals, shutdownSignals } from "./runMain.ts"
 import { shutdownBound } from "./shutdownBound.ts"
@@ -161,10 +161,7 @@ export const daemon = Effect.scoped(
       Option.isSome(done) ? Effect.flatten(done.value) : Effect.void
     )
     yield* reloadOnHangup(
-      Effect.andThen(TlsLive.hangupReload, Logging.hangupReload(config.file)).pipe(
-        Effect.andThen(reloadEtcdTls),
-        Effect.andThen(hangupNotice(config))
-      )
+      Effect.andThen(TlsLive.hangupReload, reloadEtcdTls).pipe(Effect.andThen(hangupConfig(config)))
     )
     const lag = yield* EventLoopLag
     yield* MetricsLive.mirrorEventLoopLag(lag.sample)

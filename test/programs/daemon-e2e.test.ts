@@ -103,7 +103,7 @@ describe("SIGHUP and the log level", () => {
       await pollUntil("debug lines", () => debugLines().length > 0, 30_000)
 
       // A key a SIGHUP does not apply is named, once, as left for the next start (the log level alone was not).
-      const later = (l: Record<string, unknown>) => String(l.msg).includes("effect at the next start")
+      const later = (l: Record<string, unknown>) => String(l.msg).includes("effect at the agent's next start")
       const edited = parseToml(fs.readFileSync(agent.configPath, "utf8")) as { agent: Record<string, unknown> }
       fs.writeFileSync(agent.configPath, stringifyToml({ ...edited, agent: { ...edited.agent, max_inflight: 7 } }))
       process.kill(agent.pid, "SIGHUP")
@@ -112,9 +112,21 @@ describe("SIGHUP and the log level", () => {
       expect(notices.map((l) => [l.level, l.msg])).toEqual([
         [
           "warn",
-          `SIGHUP: a change to agent.max_inflight in ${agent.configPath} takes effect at the next start (a SIGHUP applies agent.log_level and re-reads the TLS files only)`
+          `SIGHUP: a change to agent.max_inflight in ${agent.configPath} takes effect at the agent's next start (a SIGHUP applies agent.log_level and re-reads the TLS files only; an engine restart keeps the running config)`
         ]
       ])
+
+      // A file that decodes but that a start would refuse (admin off loopback without a token: exit 2) is not taken:
+      // its log level is not applied, nor its other changes promised for a start that would not come.
+      fs.writeFileSync(
+        agent.configPath,
+        stringifyToml({ ...edited, agent: { ...edited.agent, log_level: "warn", listen_admin: "0.0.0.0:1" } })
+      )
+      process.kill(agent.pid, "SIGHUP")
+      const refused = (l: Record<string, unknown>) => String(l.msg).includes("would be refused at the next start")
+      await pollUntil("the refusal said", () => agent.logs().some(refused), 30_000)
+      expect(JSON.stringify(agent.logs().find(refused)?.problems)).toContain("admin_token")
+      expect(agent.logs().some((l) => String(l.msg).startsWith("SIGHUP: log level debug -> warn"))).toBe(false)
 
       // A file that no longer decodes keeps the level, and says which (its own field, not the line's `level`).
       fs.writeFileSync(agent.configPath, "[agent\n")

@@ -71,8 +71,8 @@ export const hangupNotice = (running: AgentConfig): Effect.Effect<void> =>
           ? Effect.void
           : Effect.logWarning(
               `SIGHUP: ${keys.length === 1 ? "a change" : "changes"} to ${keys.join(", ")} in ${running.file} ` +
-                `${keys.length === 1 ? "takes" : "take"} effect at the next start ` +
-                "(a SIGHUP applies agent.log_level and re-reads the TLS files only)",
+                `${keys.length === 1 ? "takes" : "take"} effect at the agent's next start ` +
+                "(a SIGHUP applies agent.log_level and re-reads the TLS files only; an engine restart keeps the running config)",
               { keys }
             )
       })

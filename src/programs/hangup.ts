@@ -1,0 +1,30 @@
+/**
+ * SIGHUP and the config file: the file is taken only when `run` would take it at a start. It must decode, and pass
+ * the preflight `run` and `check` make (check.ts: the admin token off loopback, the TLS and etcd files): a file that
+ * decodes but that the next start would refuse (exit 2) had its log level applied and its other changes promised "at
+ * the next start" before. Then the log level is applied (Logging.ts hangupReload) and the changes it cannot apply are
+ * named (layers/config/configChanges.ts hangupNotice). The TLS files in use are re-read whatever the file says
+ * (layers/tls/Tls.ts), as they name the running config's files.
+ */
+import { Effect, Result } from "effect"
+import { loadConfigFile } from "../layers/config/Config.ts"
+import { hangupNotice } from "../layers/config/configChanges.ts"
+import * as Logging from "../layers/observability/Logging.ts"
+import type { AgentConfig } from "../services/config/Config.ts"
+import { preflight } from "./check.ts"
+
+export const hangupConfig = (running: AgentConfig) =>
+  Effect.gen(function* () {
+    if (running.file === undefined) return
+    const read = yield* Effect.result(loadConfigFile(running.file))
+    if (Result.isSuccess(read)) {
+      const refused = yield* Effect.result(preflight(read.success))
+      if (Result.isFailure(refused))
+        return yield* Effect.logWarning(
+          "SIGHUP: the config file would be refused at the next start; nothing in it applied, log level kept",
+          { problems: refused.failure.problems }
+        )
+    }
+    yield* Logging.hangupReload(running.file)
+    yield* hangupNotice(running)
+  })
