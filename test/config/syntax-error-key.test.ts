@@ -24,7 +24,20 @@ const cases: ReadonlyArray<[string, string, number, string | undefined]> = [
   ["a line out of range", "a = 1\n", 9, undefined],
   // a header-like line inside a multi-line string above: no key rather than agent.url
   ["after a multi-line string", '[engine]\nnote = """\n[agent]\n"""\nurl = http://x\n', 5, undefined],
-  ["after a literal multi-line string", "[engine]\nnote = '''\nfoo = [\n'''\nurl = ?\n", 5, undefined]
+  ["after a literal multi-line string", "[engine]\nnote = '''\nfoo = [\n'''\nurl = ?\n", 5, undefined],
+  // a `]` forgotten: the next key's line is inside the array (no key there), and the keys above are closed
+  [
+    "an array left open: the error is in it, not in the key text after it",
+    '[engine]\nkind = "vllm"\nurl = "http://x"\nargs = ["--a", "b"\nstop_grace = "5s"\n',
+    5,
+    "engine.args"
+  ],
+  [
+    "an inline table's key after a closed array in it",
+    '[engine]\nenv = {\n  A = ["x"],\n  B = ?\n}\n',
+    4,
+    "engine.env.B"
+  ]
 ]
 
 describe("syntaxErrorKey", () => {

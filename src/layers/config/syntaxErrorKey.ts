@@ -30,22 +30,16 @@ const partsOf = (dotted: string): Array<string> | undefined => {
   return parts
 }
 
-/** How many brackets and braces a value's text leaves open (characters inside strings not counted). */
-const openBrackets = (text: string): number => {
-  let depth = 0
-  for (const m of text.matchAll(/"(?:[^"\\]|\\.)*"|'[^']*'|#.*$|[[\]{}]/gm)) {
-    const c = m[0]
-    if (c === "[" || c === "{") depth++
-    else if (c === "]" || c === "}") depth--
-  }
-  return depth
-}
+/** The brackets and braces a line opens and closes, in order (characters inside strings and comments not counted). */
+const bracketsOf = (text: string): Array<string> =>
+  [...text.matchAll(/"(?:[^"\\]|\\.)*"|'[^']*'|#.*$|[[\]{}]/gm)].map((m) => m[0]).filter((c) => "[]{}".includes(c))
 
 /**
- * The key path of the value a syntax error at `line` (1-based) is in, or undefined. The key is the error line's
- * own `key =`, inside the values of the lines above whose multi-line array or inline table is still open at the
- * error; the table is the last `[header]` above. An error on a well-formed header is that table's (defined twice, or
- * over a key of that name): the header's path; one on a header that does not parse names no key.
+ * The key path of the value a syntax error at `line` (1-based) is in, or undefined. Read forward from the last
+ * `[header]` above: a `key =` whose value leaves a bracket open holds what follows until it closes; the error's
+ * place is the keys still open there, and the error line's own `key =` when it stands where a key can (not inside
+ * an array, where such text is no key: a `]` forgotten above). An error on a well-formed header is that table's
+ * (defined twice, or over a key of that name): the header's path; one on a header that does not parse names no key.
  */
 export const syntaxErrorKey = (text: string, line: number): string | undefined => {
   const lines = text.split(/\r?\n/)
@@ -58,22 +52,32 @@ export const syntaxErrorKey = (text: string, line: number): string | undefined =
   // Inside or after a multi-line string a line's text may be the string's, not a key or a header: no key, rather
   // than a wrong one (configs seldom have them).
   if (lines.slice(0, line).some((l) => l.includes('"""') || l.includes("'''"))) return undefined
-  const keys: Array<ReadonlyArray<string>> = []
-  let table: ReadonlyArray<string> = []
-  for (let i = line - 1; i >= 0; i--) {
-    const header = HEADER.exec(lines[i]!)
-    if (header) {
-      table = partsOf(header[1]!) ?? []
-      break
-    }
+  let from = line - 1
+  while (from > 0 && !HEADER.test(lines[from - 1]!)) from--
+  const header = from > 0 ? HEADER.exec(lines[from - 1]!) : null
+  const table = header === null ? [] : (partsOf(header[1]!) ?? [])
+  // open brackets, innermost last; each open key with the bracket depth its value began at
+  const open: Array<string> = []
+  const keys: Array<{ readonly parts: ReadonlyArray<string>; readonly depth: number }> = []
+  const keyAt = (i: number): { parts: ReadonlyArray<string> | undefined; rest: string } | undefined => {
+    // a key stands at the top of the table or inside an inline table, never inside an array
+    if (open.length > 0 && open[open.length - 1] !== "{") return undefined
     const m = KEY_LINE.exec(lines[i]!)
-    if (m === null) continue
-    // a key line above the error holds it only while its value is still open on the lines down to the error
-    const rest = [lines[i]!.slice(m[0].length), ...lines.slice(i + 1, line - 1)].join("\n")
-    if (i < line - 1 && openBrackets(rest) <= 0) continue
-    const parts = partsOf(m[1]!)
-    if (parts === undefined) return undefined
-    keys.unshift(parts)
+    return m === null ? undefined : { parts: partsOf(m[1]!), rest: lines[i]!.slice(m[0].length) }
   }
-  return keys.length === 0 ? undefined : formatPath([...table, ...keys.flat()])
+  for (let i = from; i < line - 1; i++) {
+    const key = keyAt(i)
+    if (key !== undefined && key.parts === undefined) return undefined
+    const depth = open.length
+    for (const c of bracketsOf(key?.rest ?? lines[i]!)) {
+      if (c === "[" || c === "{") open.push(c)
+      else open.pop()
+    }
+    if (key?.parts !== undefined && open.length > depth) keys.push({ parts: key.parts, depth })
+    while (keys.length > 0 && open.length <= keys[keys.length - 1]!.depth) keys.pop()
+  }
+  const own = keyAt(line - 1)
+  if (own !== undefined && own.parts === undefined) return undefined
+  const path = [...keys.flatMap((k) => k.parts), ...(own?.parts ?? [])]
+  return path.length === 0 ? undefined : formatPath([...table, ...path])
 }
