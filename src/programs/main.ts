@@ -25,6 +25,7 @@ import * as NodeStatusLive from "../layers/node/NodeStatus.ts"
 import * as NvmlLive from "../layers/node/Nvml.ts"
 import * as Logging from "../layers/observability/Logging.ts"
 import * as MetricsLive from "../layers/observability/Metrics.ts"
+import * as ProcessWarnings from "../layers/observability/processWarnings.ts"
 import * as Tracing from "../layers/observability/Tracing.ts"
 import * as HealthReporterLive from "../layers/registry/HealthReporter.ts"
 import * as TlsLive from "../layers/tls/Tls.ts"
@@ -89,6 +90,7 @@ export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
     ),
     Layer.provideMerge(base),
     Layer.provideMerge(Tracing.layer(config)),
+    Layer.provideMerge(ProcessWarnings.layer),
     Layer.provideMerge(Logging.layer(config.agent.log_level, logLevel))
   )
 }
