@@ -41,9 +41,10 @@ export const generate = async (
   /** The core of the rank that runs it, once picked: it can hang alone (wedge.ts, `wedged_rank`). */
   let rankCore: Core<unknown> | undefined
   const wedged = () => ctx.core.wedged || rankCore?.wedged === true
-  // llama-server generates a whole (non-streamed) answer to its end though its client left: the slot stays busy and
-  // the tokens are counted (measured against the real server). Streamed answers stop at once, as in every engine.
-  let generating = false
+  // llama-server generates a whole (non-streamed) answer to its end though its client left, from its slot on (its
+  // prompt processing included): the slot stays busy and the tokens are counted (measured against the real server).
+  // Streamed answers stop at once, as in every engine.
+  let inSlot = false
   let detached = false
   // llama-server also keeps a request its client left while it waited for a slot: it takes the slot when one frees,
   // its prompt evaluated for nobody; a stream is dropped at its first result (that token counted), a whole answer is
@@ -53,7 +54,7 @@ export const generate = async (
   let leftInQueue = false
   const closed = new Promise<void>((resolve) => {
     res.on("close", () => {
-      const kept = generating || waitingForSlot
+      const kept = inSlot || waitingForSlot
       if (state === "active" && !res.writableFinished && kept && cfg.flavor === "llama_cpp" && !gr.stream) {
         detached = true
       } else if (state === "active" && !res.writableFinished && waitingForSlot && cfg.flavor === "llama_cpp") {
@@ -112,6 +113,7 @@ export const generate = async (
   waitingForSlot = true
   await Promise.all(tickets.map((t) => t.admitted))
   waitingForSlot = false
+  inSlot = true
   if (gone() || (wedged() && !(await coreRuns()))) return
 
   const promptIds = gr.promptWords.map(tokenId)
@@ -147,7 +149,6 @@ export const generate = async (
   // The fake sender (SGLang's own warm-up) hands nothing to the bootstrap server.
   if (sglangPrefill && gr.bootstrap?.fake === false) ctx.bootstrap?.complete(gr.bootstrap.room)
 
-  generating = true
   const plans = gr.sequences.map((q) =>
     plan(
       cfg.mode,

@@ -143,7 +143,11 @@ describe("a command line the engine refuses: its parser's last line", () => {
     [
       "llama_cpp",
       "llama-server",
-      ["[stderr] error: invalid argument: --bogus-flag", '[stderr] error while handling argument "-c": stoi']
+      [
+        "[stderr] error: invalid argument: --bogus-flag",
+        '[stderr] error while handling argument "-c": stoi',
+        '[stderr] error while handling environment variable "LLAMA_ARG_CTX_SIZE": stoi'
+      ]
     ]
   ])("%s", (kind, engine, lines) => {
     const model = kind === "llama_cpp" ? { path: "/m.gguf" } : undefined

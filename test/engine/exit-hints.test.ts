@@ -11,7 +11,7 @@ import { CAUSE_LINES_KEPT, exitHint, type KeptLine, keepLine, matchHint } from "
 
 const TABLE: ReadonlyArray<ExitHint> = [
   { patterns: ["No available memory for the cache blocks"], hint: "raise gpu_memory_utilization" },
-  { patterns: [/KV cache \(\d+\)/, "stored in KV cache"], hint: "lower max_model_len" },
+  { patterns: ["KV cache (", "stored in KV cache"], hint: "lower max_model_len" },
   { patterns: ["CUDA out of memory"], hint: "free the GPU" }
 ]
 
@@ -30,7 +30,7 @@ describe("matchHint: the first entry matching a line, newest line first", () => 
     ],
     ["the newest matching line wins over an older one", [OOM, "[stdout] retrying", KV_SMALL], "lower max_model_len"],
     ["the newest wins, in the other order too", [KV_SMALL, OOM], "free the GPU"],
-    ["a regex pattern", ["[stderr] ... stored in the KV cache (4096)"], "lower max_model_len"],
+    ["a second pattern of an entry", ["[stderr] ... stored in the KV cache (4096)"], "lower max_model_len"],
     [
       "within one line, the table's order",
       ["[stderr] No available memory for the cache blocks; CUDA out of memory"],

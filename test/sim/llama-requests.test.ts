@@ -195,6 +195,44 @@ describe("a request left while it waited for a slot", () => {
     }
   })
 
+  it("a whole answer left while its prompt is processed (in its slot, before its first token) is generated to its end too", async () => {
+    const sim = await startSim({
+      flavor: "llama_cpp",
+      args: [
+        "-m",
+        "/m.gguf",
+        "-np",
+        "1",
+        "--metrics",
+        "--sim-ttft",
+        "300ms",
+        "--sim-itl",
+        "2ms",
+        "--sim-mode",
+        "random"
+      ]
+    })
+    const metric = (name: string) => metricOf(sim.url, name)
+    try {
+      const before = await metric("llamacpp:tokens_predicted_total")
+      const ac = new AbortController()
+      const left = fetch(`${sim.url}/v1/completions`, {
+        method: "POST",
+        body: JSON.stringify({ prompt: "one two three", max_tokens: 20 }),
+        signal: ac.signal
+      }).catch(() => undefined)
+      await pollUntil(async () => ((await metric("llamacpp:requests_processing")) === 1 ? true : undefined))
+      ac.abort()
+      await left
+      await pollUntil(async () =>
+        (await metric("llamacpp:tokens_predicted_total")) - before === 20 ? true : undefined
+      )
+      expect(await metric("llamacpp:requests_processing")).toBe(0)
+    } finally {
+      await sim.stop()
+    }
+  })
+
   it("a whole (non-streamed) answer left in the queue is generated to its end once it has the slot", async () => {
     const sim = await startSim({
       flavor: "llama_cpp",

@@ -131,11 +131,12 @@ export interface RequestDialect {
 
 /**
  * One well-known way the engine dies at start, as data: lines it prints when it does (substrings, matched as
- * written, or regexes), and what to change in the agent's config, naming the keys. Matched newest line first over
+ * written: plain data, which a launch plan carries through JSON), and what to change in the agent's config, naming the
+ * keys. Matched newest line first over
  * a failed run's last lines (services/engine/ExitHints.ts) and told with the exit.
  */
 export interface ExitHint {
-  readonly patterns: ReadonlyArray<string | RegExp>
+  readonly patterns: ReadonlyArray<string>
   readonly hint: string
 }
 

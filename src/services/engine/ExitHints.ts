@@ -7,9 +7,6 @@
 import type { ExitHint } from "./Engine.ts"
 import type { ExitRecord } from "./EngineProcess.ts"
 
-const matches = (pattern: string | RegExp, line: string): boolean =>
-  typeof pattern === "string" ? line.includes(pattern) : pattern.test(line)
-
 /**
  * The hint of the first table entry that matches a line, the newest line first: a failure's cause is printed last
  * (a traceback's last line), and an earlier line of the same run can name a cause that was survived or is only a
@@ -19,7 +16,7 @@ const matches = (pattern: string | RegExp, line: string): boolean =>
 export const matchHint = (table: ReadonlyArray<ExitHint>, lines: ReadonlyArray<string>): string | undefined => {
   for (let i = lines.length - 1; i >= 0; i--) {
     const line = lines[i]!
-    const entry = table.find((e) => e.patterns.some((p) => matches(p, line)))
+    const entry = table.find((e) => e.patterns.some((p) => line.includes(p)))
     if (entry !== undefined) return entry.hint
   }
   return undefined
@@ -62,7 +59,7 @@ export const keepLine = (
   max: number,
   table: ReadonlyArray<ExitHint> | undefined
 ): ReadonlyArray<KeptLine> => {
-  const cause = table?.some((e) => e.patterns.some((p) => matches(p, text))) === true
+  const cause = table?.some((e) => e.patterns.some((p) => text.includes(p))) === true
   const next = [...kept, { text, cause }]
   while (next.length > Math.max(1, max)) {
     const causes = next.reduce((n, l) => n + (l.cause ? 1 : 0), 0)

@@ -64,7 +64,10 @@ export const commandLineHint = (config: AgentConfig, engine: string): ExitHint =
       ": error: argument -",
       ": error: the following arguments are required: ",
       "error: invalid argument: ",
-      "error while handling argument "
+      "error while handling argument ",
+      // ... and for a LLAMA_ARG_* variable it reads as a flag (common/arg.cpp): "error while handling environment
+      // variable \"LLAMA_ARG_CTX_SIZE\": ..."
+      "error while handling environment variable "
     ],
     hint:
       `${engine} refused its command line (the line names the flag): remove or fix it in engine.args or ` +
