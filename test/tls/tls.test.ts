@@ -258,8 +258,15 @@ describe("mTLS server credentials", () => {
       await pollUntil(`reload ${i} after the warning`, () => about("Debug").length >= i, 10_000, 10)
     }
     expect(about("Warn").length).toBe(1)
-    // Fixed, then broken another way: a new problem is warned about again.
+    // The files served put back: said, so the log does not end on the warning.
     fs.copyFileSync(pki.server.certFile, files.cert)
+    await pollUntil(
+      "the recovery said",
+      () => lines.some((l) => l.startsWith("Info") && l.includes("certificate files are valid again")),
+      10_000,
+      10
+    )
+    // Broken another way: a new problem is warned about again.
     fs.copyFileSync(pki.client.keyFile, files.key)
     await pollUntil("the new problem's warning", () => about("Warn").length === 2, 10_000, 10)
   })

@@ -106,8 +106,13 @@ export const make = (security: Security, options: TlsOptions = {}) =>
       Stream.runForEach(() =>
         reload.pipe(
           Effect.tap((changed) => {
+            // the files valid again but the same as served (the old ones put back): said, or the log ends on the warning
+            const recovered = warned !== undefined
             warned = undefined
-            return changed ? Effect.logInfo("tls: certificates reloaded") : Effect.void
+            if (changed) return Effect.logInfo("tls: certificates reloaded")
+            return recovered
+              ? Effect.logInfo("tls: the certificate files are valid again (the ones served)")
+              : Effect.void
           }),
           Effect.catch((e) => {
             const repeated = e.message === warned
