@@ -173,6 +173,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     ssePingMs,
     ignoreSigterm: p.flags.has("--sim-ignore-sigterm"),
     strictArgs: p.flags.has("--sim-strict-args"),
+    sigtermWaitsStreams: p.flags.has("--sim-sigterm-waits-streams"),
     forkGrandchild: p.flags.has("--sim-fork-grandchild"),
     errorRate: num(v("--sim-error-rate"), "--sim-error-rate") ?? 0,
     errorKind: errorKind as ErrorKind,

@@ -17,6 +17,7 @@ export const ERROR_KINDS: ReadonlyArray<ErrorKind> = [
 export const BOOLEAN_FLAGS = new Set([
   "--sim-ignore-sigterm",
   "--sim-strict-args",
+  "--sim-sigterm-waits-streams",
   "--sim-fork-grandchild",
   "--sim-hang-health",
   "--sim-models-while-loading",

@@ -90,6 +90,11 @@ export interface SimConfig {
   readonly unmodelled: ReadonlyArray<string>
   /** --sim-strict-args: an unmodelled flag is refused as the engine's parser refuses a flag it does not know. */
   readonly strictArgs: boolean
+  /**
+   * --sim-sigterm-waits-streams: on SIGTERM the streams in flight stall and the process waits for their clients to
+   * leave (at most 30 s) before it exits, as llama-server often does (ggml-org/llama.cpp#18237).
+   */
+  readonly sigtermWaitsStreams: boolean
 }
 
 export class ArgsError extends Error {}

@@ -1,7 +1,8 @@
 // The simulator takes stop signals as the engines do (llama.cpp tools/server/server.cpp `signal_handler`,
 // uvicorn `Server.handle_exit`): the first SIGTERM/SIGINT starts a graceful shutdown (exit 0); a second one
 // during it exits at once with code 1 and "Received second interrupt, terminating immediately.". That is what
-// makes a supervisor that signals twice visible in tests. `--sim-ignore-sigterm` ignores every SIGTERM.
+// makes a supervisor that signals twice visible in tests. `--sim-ignore-sigterm` ignores every SIGTERM;
+// `--sim-sigterm-waits-streams` waits for the clients of the streams in flight, as llama-server often does.
 import { afterAll, describe, expect, it } from "vitest"
 import { type SimHandle, startSim } from "../support/sim.ts"
 
@@ -38,6 +39,26 @@ describe("stop signals", () => {
     process.kill(s.pid, second)
     expect((await s.exited).code).toBe(1)
     expect(s.stderrLines.some((l) => l.includes(SECOND))).toBe(true)
+  })
+
+  it("--sim-sigterm-waits-streams: the stream in flight stalls, and the process exits once its client has left", async () => {
+    const s = await start(["--sim-sigterm-waits-streams", "--sim-itl", "5ms", "--sim-mode", "random"])
+    const ac = new AbortController()
+    const res = await fetch(`${s.url}/v1/completions`, {
+      method: "POST",
+      body: JSON.stringify({ prompt: "a b", max_tokens: 100_000, stream: true }),
+      signal: ac.signal
+    })
+    const reader = res.body!.getReader()
+    await reader.read()
+    process.kill(s.pid, "SIGTERM")
+    await s.waitForLine(shuttingDown)
+    // the listener is closed, the stream open; the process waits (a bounded check that it has not exited: the
+    // exit is what the client's leaving brings, below)
+    await expect(fetch(`${s.url}/health`)).rejects.toThrow()
+    expect(s.proc.exitCode).toBeNull()
+    ac.abort()
+    expect((await s.exited).code).toBe(0)
   })
 
   it("--sim-ignore-sigterm ignores every SIGTERM (no second-signal exit); SIGINT still stops it", async () => {
