@@ -30,7 +30,7 @@ const layerWith = (sendTimeout: string) =>
 /** A relay streaming from the engine; `aborted` says whether its engine request was interrupted. */
 const streaming = (active: ActiveCalls) => {
   const relay = new Relay(1024)
-  relay.streaming = true
+  relay.streamRequested(0)
   relay.requestId = `r${active.size}`
   const state = { aborted: false, woken: 0 }
   relay.interrupt = () => {
@@ -44,13 +44,8 @@ const streaming = (active: ActiveCalls) => {
 }
 
 /** The call's write found its buffer full (GenerateCall's pump), and the caller's 'drain'. */
-const hold = (relay: Relay) => {
-  relay.held = true
-  relay.holds++
-}
-const drain = (relay: Relay) => {
-  relay.held = false
-}
+const hold = (relay: Relay) => relay.hold()
+const drain = (relay: Relay) => relay.release()
 
 const cuts = Effect.flatMap(Metrics, (m) =>
   Effect.promise(async () => (await m.clientSendTimeouts.get()).values.reduce((n, v) => n + v.value, 0))

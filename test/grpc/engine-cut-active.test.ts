@@ -75,8 +75,8 @@ describe("agentCut: the states in which the agent itself ends the run", () => {
 /** A relay whose engine fiber is "running": `interrupted` completes when the cut interrupts it. */
 const streaming = Effect.gen(function* () {
   const relay = new Relay(1024)
-  relay.admitted = true
-  relay.streaming = true
+  relay.admit()
+  relay.streamRequested(0)
   const interrupted = yield* Deferred.make<void>()
   relay.interrupt = () => Deferred.doneUnsafe(interrupted, Effect.void)
   return { relay, interrupted }

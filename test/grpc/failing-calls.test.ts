@@ -69,7 +69,7 @@ const setup = (engineKeys: Record<string, unknown> = {}) => {
 /** A call that ended: completed (undefined) or failed with `failure`, as GenerateCall settles one. */
 const ended = (active: ActiveCalls, failure?: GenerateError) => {
   const relay = new Relay(1024)
-  relay.streaming = true
+  relay.streamRequested(0)
   active.add(relay)
   relay.finish(failure === undefined ? Exit.succeed(undefined) : Exit.fail(failure))
   active.delete(relay)

@@ -32,7 +32,7 @@ describe("the stall watchdog's log line", () => {
       yield* StallWatchdog.fork(active)
       for (let i = 0; i < STREAMS; i++) {
         const relay = new Relay(1024)
-        relay.streaming = true
+        relay.streamRequested(0)
         relay.interrupt = () => {}
         active.add(relay)
       }

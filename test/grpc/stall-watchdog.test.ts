@@ -34,7 +34,7 @@ const layer = Layer.mergeAll(
 /** A relay streaming from the engine, as GenerateCall starts one; `aborted` says whether the watchdog ended it. */
 const streaming = (active: ActiveCalls) => {
   const relay = new Relay(1024)
-  relay.streaming = true
+  relay.streamRequested(0)
   const state = { aborted: false }
   relay.interrupt = () => {
     state.aborted = true
@@ -271,9 +271,9 @@ describe("the stall watchdog", () => {
         const active = new ActiveCalls()
         yield* StallWatchdog.fork(active)
         const [a, b, c] = [streaming(active), streaming(active), streaming(active)]
-        a.relay.streamingSince = 100
-        b.relay.streamingSince = 50
-        c.relay.streamingSince = 10 // older, but it reads nothing
+        a.relay.watch.since = 100
+        b.relay.watch.since = 50
+        c.relay.watch.since = 10 // older, but it reads nothing
         read(a.relay)
         read(b.relay)
         yield* TestClock.adjust(100)

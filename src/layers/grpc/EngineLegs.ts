@@ -73,10 +73,7 @@ export const make = Effect.fnUntraced(function* () {
   // From here on the engine is asked for a stream: the stall watchdog counts idle time from now.
   const engineStream = (relay: Relay, plan: RequestPlan, leg: LegPlan, opts: RequestOptions) =>
     Effect.flatMap(Clock.currentTimeMillis, (now) => {
-      relay.idleSince = now
-      relay.streamingSince = now
-      relay.seenReads = relay.reads
-      relay.streaming = true
+      relay.streamRequested(now)
       return streamTo(plan.path, leg.body, opts, relay)
     })
 
@@ -107,15 +104,12 @@ export const make = Effect.fnUntraced(function* () {
     engineSide: Effect.Effect<void, LegError>
   ): Effect.Effect<void, LegError> => {
     if (admission === undefined) {
-      relay.admitted = true
+      relay.admit()
       return engineSide
     }
     return Effect.scoped(
       Effect.flatMap(deadline === undefined ? admission.acquire : admission.acquireWithin(deadline), (permit) => {
-        relay.queueMs = permit.queuedMs
-        relay.admitted = true
-        relay.slotAt = permit.at
-        if (kind !== "prefill") relay.onFirstChunk = measured[kind]
+        relay.admit(permit, kind === "prefill" ? undefined : measured[kind])
         return engineSide
       })
     )

@@ -200,8 +200,7 @@ export const makeHandler = Effect.fnUntraced(function* (
         relayed?.inc(d.tokens)
         if (!call.writeFrame(frameDelta(d.text, 0, d.tokens))) {
           blocked = true
-          relay.held = true
-          relay.holds++
+          relay.hold()
           call.once("drain", onDrain)
           return
         }
@@ -226,7 +225,7 @@ export const makeHandler = Effect.fnUntraced(function* (
     }
     const onDrain = (): void => {
       blocked = false
-      relay.held = false
+      relay.release()
       pump()
     }
     // Client cancel, deadline, or the connection gone (never after the call's own end). The deadline's end is

@@ -19,6 +19,7 @@ export class Relay implements ChunkSink {
   firstTextAt = 0
   /** Any engine chunk seen (a decode leg's deadline ends there). */
   started = false
+  /** Admission's record of the call, written once by `admit` (EngineLegs.ts), read at the call's end. */
   queueMs = 0
   /** Past admission (or none configured): the engine request can have been made. */
   admitted = false
@@ -31,22 +32,19 @@ export class Relay implements ChunkSink {
   slotAt = 0
   /** Network reads so far; the stall watchdog compares it on a coarse interval (no timer per read). */
   reads = 0
-  /** Set once the engine stream is requested (after admission): only then can the engine stall it. */
-  streaming = false
-  /** Watchdog bookkeeping: `reads` when it last looked, and since when (Clock ms) it has not moved. */
-  seenReads = 0
-  idleSince = 0
-  /** When (Clock ms) the engine stream was requested: a stall restart waits for streams older than the stall. */
-  streamingSince = 0
   /**
-   * The call's writes wait for the caller's flow control (its buffer full, no 'drain' since), set by the call; `holds`
-   * counts such waits. The watchdog ends a call held for agent.client_send_timeout (one wait, `holds` unchanged).
+   * The call's writes wait for the caller's flow control (its buffer full, no 'drain' since): `hold` and `release`,
+   * by the call (GenerateCall.ts); `holds` counts such waits. The watchdog ends a call held for
+   * agent.client_send_timeout (one wait, `holds` unchanged).
    */
   held = false
   holds = 0
-  /** Watchdog bookkeeping: `holds` when it last looked, and since when (Clock ms) the call has been held. */
-  seenHolds = 0
-  heldSince = 0
+  /**
+   * The stall watchdog's bookkeeping (StallWatchdog.ts alone reads and writes it, once `streamRequested` started it):
+   * whether the engine stream is requested and still watched, since when (Clock ms), `reads` and `holds` when it last
+   * looked and since when each has not moved.
+   */
+  readonly watch = { streaming: false, since: 0, seenReads: 0, idleSince: 0, seenHolds: 0, heldSince: 0 }
   /** The call's request id, for the watchdog's log line. */
   requestId = ""
   done = false
@@ -90,6 +88,31 @@ export class Relay implements ChunkSink {
       r()
     }
     return d
+  }
+  /** The engine stream is requested (after admission): only from now can the engine stall it. */
+  streamRequested(now: number): void {
+    const w = this.watch
+    w.streaming = true
+    w.since = now
+    w.idleSince = now
+    w.seenReads = this.reads
+  }
+  /** Past admission: with a slot (queued that long, taken at `at`, told `measure` at the first chunk), or none configured. */
+  admit(slot?: { readonly queuedMs: number; readonly at: number }, measure?: (relay: Relay) => void): void {
+    this.admitted = true
+    if (slot === undefined) return
+    this.queueMs = slot.queuedMs
+    this.slotAt = slot.at
+    this.onFirstChunk = measure
+  }
+  /** The call's writes wait for the caller's flow control. */
+  hold(): void {
+    this.held = true
+    this.holds++
+  }
+  /** The caller read: the call's writes go on. */
+  release(): void {
+    this.held = false
   }
   /** True while the producer waits for the caller to take text: the engine is idle because we paused it. */
   get paused(): boolean {

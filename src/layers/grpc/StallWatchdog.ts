@@ -84,11 +84,12 @@ export const fork = Effect.fnUntraced(function* (
     for (const relay of active.relays) {
       // held since the tick that first saw this wait (`holds` moves with each new one): ended past the timeout, done
       // or not (a done call's output may still wait for the caller)
+      const w = relay.watch
       if (relay.held && sendMs > 0) {
-        if (relay.holds !== relay.seenHolds) {
-          relay.seenHolds = relay.holds
-          relay.heldSince = now
-        } else if (now - relay.heldSince >= sendMs && relay.failure !== notReading) {
+        if (relay.holds !== w.seenHolds) {
+          w.seenHolds = relay.holds
+          w.heldSince = now
+        } else if (now - w.heldSince >= sendMs && relay.failure !== notReading) {
           notReadingCount?.inc()
           if (cut === undefined) cut = []
           cut.push(relay.requestId)
@@ -96,13 +97,13 @@ export const fork = Effect.fnUntraced(function* (
           continue
         }
       }
-      if (!relay.streaming || relay.done) continue
-      if (relay.reads !== relay.seenReads || relay.paused) {
-        if (relay.reads !== relay.seenReads) oldestMoving = Math.min(oldestMoving, relay.streamingSince)
-        relay.seenReads = relay.reads
-        relay.idleSince = now
-      } else if (now - relay.idleSince >= idleMs) {
-        relay.streaming = false // once: the abort ends it
+      if (!w.streaming || relay.done) continue
+      if (relay.reads !== w.seenReads || relay.paused) {
+        if (relay.reads !== w.seenReads) oldestMoving = Math.min(oldestMoving, w.since)
+        w.seenReads = relay.reads
+        w.idleSince = now
+      } else if (now - w.idleSince >= idleMs) {
+        w.streaming = false // once: the abort ends it
         stalls?.inc()
         stalled++
         relay.abort(stalledError)
