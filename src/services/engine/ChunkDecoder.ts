@@ -17,7 +17,7 @@
  * `"text":` inside another value fail that check and leave the decoder parsing whole chunks). Anything else (a
  * finish or usage chunk, another choice index, a malformed literal) is parsed whole, as before.
  */
-import type { JsonObject } from "./EngineClient.ts"
+import { isJsonObject, type JsonObject } from "./EngineClient.ts"
 
 /** What a chunk's token text is read from, as ChunkReader reads it: the delta's content when there is a delta. */
 type TextPath = "text" | "delta"
@@ -37,8 +37,6 @@ export interface ChunkTemplate {
   readonly path: TextPath
 }
 
-const isRecord = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v)
-
 const isText = (v: unknown): boolean => typeof v === "string" && v !== ""
 
 /**
@@ -47,16 +45,16 @@ const isText = (v: unknown): boolean => typeof v === "string" && v !== ""
  */
 const textPathOf = (o: JsonObject): TextPath | undefined => {
   const choices = o.choices
-  if (!Array.isArray(choices) || choices.length !== 1 || !isRecord(choices[0])) return undefined
+  if (!Array.isArray(choices) || choices.length !== 1 || !isJsonObject(choices[0])) return undefined
   const c = choices[0]
-  if (c.delta !== undefined) return isRecord(c.delta) && isText(c.delta.content) ? "delta" : undefined
+  if (c.delta !== undefined) return isJsonObject(c.delta) && isText(c.delta.content) ? "delta" : undefined
   return isText(c.text) ? "text" : undefined
 }
 
 const textAt = (o: unknown, path: TextPath): unknown => {
-  if (!isRecord(o) || !Array.isArray(o.choices) || !isRecord(o.choices[0])) return undefined
+  if (!isJsonObject(o) || !Array.isArray(o.choices) || !isJsonObject(o.choices[0])) return undefined
   const c = o.choices[0]
-  return path === "text" ? c.text : isRecord(c.delta) ? c.delta.content : undefined
+  return path === "text" ? c.text : isJsonObject(c.delta) ? c.delta.content : undefined
 }
 
 /** The learned object with its token text replaced: the same keys in the same order, as JSON.parse builds them. */
@@ -150,7 +148,7 @@ export class ChunkDecoder {
       }
     }
     const v: unknown = JSON.parse(json)
-    if (++this.parsed < 2 || this.fruitless >= MAX_FRUITLESS_TEMPLATES || !isRecord(v)) return v
+    if (++this.parsed < 2 || this.fruitless >= MAX_FRUITLESS_TEMPLATES || !isJsonObject(v)) return v
     const learned = learnTemplate(json, v)
     if (learned === undefined) return v
     // A template replaced before it ever matched counts against learning more.

@@ -13,6 +13,10 @@ export type CompletionPath = "/v1/chat/completions" | "/v1/completions"
 /** A JSON object as the engine sent it (one SSE chunk or a whole response). */
 export type JsonObject = Readonly<Record<string, unknown>>
 
+/** Whether a parsed JSON value is an object (not null, not an array). */
+export const isJsonObject = (v: unknown): v is Record<string, unknown> =>
+  typeof v === "object" && v !== null && !Array.isArray(v)
+
 export interface RequestOptions {
   /** Sent as X-Request-Id (vLLM and SGLang log it; P/D uses the same id on both legs). */
   readonly requestId?: string

@@ -8,7 +8,7 @@
  * `{"error":{code,message,type}}` (tools/server/utils.hpp format_error_response), mlx-lm `{"error":"..."}`
  * (mlx_lm/server.py), FastAPI `{"detail":...}`, and bodies that are not JSON at all.
  */
-import { EngineError } from "./EngineClient.ts"
+import { EngineError, isJsonObject } from "./EngineClient.ts"
 
 /** The engine's own words, whatever shape they came in. */
 export interface ErrorDetail {
@@ -43,14 +43,12 @@ const detail = (message: string, type: unknown, c: unknown): ErrorDetail => {
   return { message: cut(message), ...(t === undefined ? {} : { type: t }), ...(k === undefined ? {} : { code: k }) }
 }
 
-const isRecord = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v)
-
 /** FastAPI validation errors: `[{"loc":[...],"msg":"...","type":"..."}]`. */
 const fastApiDetail = (d: unknown): string | undefined => {
   if (typeof d === "string") return d
   if (!Array.isArray(d)) return undefined
   const msgs = d.flatMap((e) => {
-    if (!isRecord(e)) return []
+    if (!isJsonObject(e)) return []
     const msg = str(e.msg)
     if (msg === undefined) return []
     const loc = Array.isArray(e.loc) ? e.loc.join(".") : undefined
@@ -61,10 +59,10 @@ const fastApiDetail = (d: unknown): string | undefined => {
 
 /** The error inside a parsed JSON value, or undefined when it carries none. */
 export const errorDetailOf = (value: unknown): ErrorDetail | undefined => {
-  if (!isRecord(value)) return undefined
+  if (!isJsonObject(value)) return undefined
   const e = value.error
   if (typeof e === "string") return detail(e, undefined, undefined)
-  if (isRecord(e)) {
+  if (isJsonObject(e)) {
     const message = str(e.message) ?? str(e.msg) ?? str(e.detail) ?? JSON.stringify(e)
     return detail(message, e.type, e.code)
   }
@@ -126,7 +124,7 @@ export const sseErrorEvent = (text: string): EngineError => {
   try {
     const v: unknown = JSON.parse(text)
     d = errorDetailOf(v)
-    if (d === undefined && isRecord(v) && str(v.message) !== undefined) d = detail(str(v.message)!, v.type, v.code)
+    if (d === undefined && isJsonObject(v) && str(v.message) !== undefined) d = detail(str(v.message)!, v.type, v.code)
   } catch {
     // not JSON: the text is the message
   }

@@ -11,7 +11,7 @@
 import { Result, Schema } from "effect"
 import type { Role } from "../config/ConfigSchema.ts"
 import type { HandoffProtocol } from "../engine/Engine.ts"
-import type { JsonObject } from "../engine/EngineClient.ts"
+import { isJsonObject, type JsonObject } from "../engine/EngineClient.ts"
 import { exactIntegerJson } from "./ExactInteger.ts"
 import { INPUT_DIGEST_FIELD, ownInputDigest } from "./InputDigest.ts"
 
@@ -62,8 +62,6 @@ export const vllmPrefillBody = (body: JsonObject): JsonObject => {
  */
 export const VLLM_REQUIRED_FIELDS = ["remote_block_ids", "remote_engine_id", "remote_host", "remote_port"] as const
 
-const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v)
-
 const present = (v: unknown): boolean => v !== undefined && v !== null && v !== ""
 
 // Newer builds send one block list per KV-cache group: non-empty means at least one block in any group.
@@ -72,7 +70,7 @@ const hasBlocks = (v: unknown): boolean =>
 
 /** Checks handoff parameters as D's connector will; the dict is otherwise opaque and passed on unchanged. */
 export const validateKvTransferParams = (params: unknown): Result.Result<JsonObject, InvalidHandoff> => {
-  if (!isObject(params)) {
+  if (!isJsonObject(params)) {
     return Result.fail(
       new InvalidHandoff({ reason: "kv_transfer_params must be the object the prefill leg returned", missing: [] })
     )
@@ -89,7 +87,7 @@ export const validateKvTransferParams = (params: unknown): Result.Result<JsonObj
 /** The handoff parameters in P's response (top level of a completion or chat completion), checked. */
 export const extractKvTransferParams = (response: JsonObject): Result.Result<JsonObject, InvalidHandoff> => {
   const params = response.kv_transfer_params
-  if (!isObject(params)) {
+  if (!isJsonObject(params)) {
     return Result.fail(
       new InvalidHandoff({
         reason:
