@@ -1,11 +1,11 @@
-// The stall watchdog's test completion per engine kind and role (layers/grpc/stallProbe.ts, its shape from
+// The stall watchdog's test completion per engine kind and role (layers/engine/stallProbe.ts, its shape from
 // Engine.capabilities): an SGLang prefill or decode server refuses a request without its bootstrap fields, so there
 // the probe names SGLang's fake bootstrap host and a room, no port, as SGLang's own warm-up and /health_generate do
 // (python/sglang/srt/entrypoints/http_server.py; FAKE_BOOTSTRAP_HOST, python/sglang/srt/disaggregation/utils.py).
 // vLLM's NixlConnector serves a request without kv_transfer_params locally on either role
 // (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py): plain there, as on every engine in role "both".
 import { describe, expect, it } from "vitest"
-import { PROBE_TOKENS, probeBody, probeShape } from "../../src/layers/grpc/stallProbe.ts"
+import { PROBE_TOKENS, probeBody, probeShape } from "../../src/layers/engine/stallProbe.ts"
 import { EngineKinds, Roles } from "../../src/services/config/ConfigSchema.ts"
 
 const plain = { prompt: "ping", max_tokens: PROBE_TOKENS, temperature: 0 }

@@ -2,7 +2,7 @@
 // sends nothing for engine.stream_idle_timeout is aborted and reported stalled; the stall is cleared only by a call
 // that completes, not by streams that move: an engine that stalls every stream after a few tokens moves each new
 // one, and every call on it still fails (it read healthy between stalls). Stalled with no call in flight, the
-// watchdog asks the engine for a test completion (layers/grpc/stallProbe.ts), which clears the stall when it
+// watchdog asks the engine for a test completion (layers/engine/stallProbe.ts), which clears the stall when it
 // completes.
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit, Layer, Result, Stream } from "effect"
@@ -10,10 +10,10 @@ import { TestClock } from "effect/testing"
 import { decodeConfigObject, layerFromObject } from "../../src/layers/config/Config.ts"
 import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import * as EngineStallLive from "../../src/layers/engine/EngineStall.ts"
+import { PROBE_TOKENS } from "../../src/layers/engine/stallProbe.ts"
 import { ActiveCalls } from "../../src/layers/grpc/ActiveCalls.ts"
 import { Relay } from "../../src/layers/grpc/Relay.ts"
 import * as StallWatchdog from "../../src/layers/grpc/StallWatchdog.ts"
-import { PROBE_TOKENS } from "../../src/layers/grpc/stallProbe.ts"
 import type { Config, ConfigError } from "../../src/services/config/Config.ts"
 import type { MetricNames } from "../../src/services/engine/Engine.ts"
 import { EngineClient, EngineError, type JsonObject } from "../../src/services/engine/EngineClient.ts"

@@ -2,7 +2,7 @@
 // stall watchdog's test completion must be one a decode server serves with no prefill peer. A plain request is
 // refused there ("bootstrap_host, bootstrap_port and bootstrap_room are required in decode mode"), so before the
 // fix such a node, once stalled, stayed unhealthy until its engine restarted (routers send it nothing). The probe
-// names SGLang's fake bootstrap host as SGLang's own warm-up does (layers/grpc/stallProbe.ts,
+// names SGLang's fake bootstrap host as SGLang's own warm-up does (layers/engine/stallProbe.ts,
 // Engine.capabilities.peerlessFields). Requires dist/ (`npm run build`).
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
 import { killAllAgents, requireDist, simAgentConfig, simDistEntry, startAgent } from "../support/agent.ts"

@@ -29,7 +29,7 @@ import {
   EngineError
 } from "../../services/engine/EngineClient.ts"
 import type { EngineStallService } from "../../services/engine/EngineStall.ts"
-import { engineFor } from "../engine/backends/index.ts"
+import { engineFor } from "./backends/index.ts"
 
 /** Tokens the probe asks for: more than an early-stalling engine sends, few enough to cost the engine nothing. */
 export const PROBE_TOKENS = 16

@@ -20,8 +20,8 @@ import { EngineProcess } from "../../services/engine/EngineProcess.ts"
 import { EngineStall, isStalled } from "../../services/engine/EngineStall.ts"
 import { ClientNotReading, EngineStalled } from "../../services/grpc/CallErrors.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
+import { probeShape, stallProbe } from "../engine/stallProbe.ts"
 import type { ActiveCalls } from "./ActiveCalls.ts"
-import { probeShape, stallProbe } from "./stallProbe.ts"
 
 /** Runs the watchdog over `active` until the scope closes. */
 export const fork = Effect.fnUntraced(function* (

@@ -164,7 +164,7 @@ export interface MetricNames {
    * The label that names the data-parallel rank on those series (vLLM's `engine`, SGLang's `dp_rank`), where they
    * have one, its value the rank the test completion names (rankHeader, rankField, peerlessRankField): a rank whose
    * own counters or KV-cache usage move is at work, so a test it is slow to answer (queued behind its calls) does not
-   * read as a rank that hangs (layers/grpc/stallProbe.ts).
+   * read as a rank that hangs (layers/engine/stallProbe.ts).
    */
   readonly rankLabel?: string
 }

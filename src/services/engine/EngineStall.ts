@@ -32,7 +32,7 @@ export interface NoProgress {
   readonly counters: ReadonlyArray<string>
 }
 
-/** The agent's test completion got no answer (layers/grpc/stallProbe.ts). */
+/** The agent's test completion got no answer (layers/engine/stallProbe.ts). */
 export interface TestFailure {
   /** When the engine was taken as stalled (epoch ms): the moment the answer was overdue. */
   readonly since: number
