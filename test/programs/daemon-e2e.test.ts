@@ -141,6 +141,24 @@ describe("SIGHUP and the log level", () => {
     }
     expect((await agent.stop()).code).toBe(0)
   }, 90_000)
+
+  it("an edit CGN_LOG_LEVEL overrides is said at warn, which the pinned level writes (at info it was silent)", async () => {
+    const { config } = await simAgentConfig({ agent: { log_level: "info" } })
+    const agent = await startAgent({ config, readyTimeoutMs: 45_000, env: { CGN_LOG_LEVEL: "warn" } })
+    try {
+      const file = fs.readFileSync(agent.configPath, "utf8")
+      fs.writeFileSync(agent.configPath, file.replace(/log_level = "info"/, 'log_level = "debug"'))
+      process.kill(agent.pid, "SIGHUP")
+      const said = (l: Record<string, unknown>) => String(l.msg).startsWith("SIGHUP: agent.log_level")
+      await pollUntil("the override said", () => agent.logs().some(said), 30_000)
+      expect(agent.logs().filter(said).map((l) => [l.level, l.msg])).toEqual([
+        ["warn", 'SIGHUP: agent.log_level = "debug" not applied: the log level stays warn (set by CGN_LOG_LEVEL)']
+      ])
+      expect(agent.logs().some((l) => l.level === "debug" || l.level === "info")).toBe(false)
+    } finally {
+      expect((await agent.stop()).code).toBe(0)
+    }
+  }, 90_000)
 })
 
 describe("an engine command that does not exist", () => {

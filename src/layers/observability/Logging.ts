@@ -233,10 +233,14 @@ export const hangupReload = (file: string | undefined): Effect.Effect<void, neve
         problem: read.failure.message
       })
     }
-    const { level, pinnedBy } = yield* control.configure(read.success.agent.log_level)
-    yield* Effect.logInfo(
-      pinnedBy !== undefined
-        ? `SIGHUP: log level stays ${level.toLowerCase()} (set by ${pinnedBy})`
-        : `SIGHUP: log level ${before.toLowerCase()} -> ${level.toLowerCase()}`
-    )
+    const configured = read.success.agent.log_level
+    const { level, pinnedBy } = yield* control.configure(configured)
+    if (pinnedBy === undefined)
+      return yield* Effect.logInfo(`SIGHUP: log level ${before.toLowerCase()} -> ${level.toLowerCase()}`)
+    // an edit the pin overrides is a warning: at info, the pinned level (warn, say) would hide the only word of it
+    if (configured !== level.toLowerCase())
+      return yield* Effect.logWarning(
+        `SIGHUP: agent.log_level = "${configured}" not applied: the log level stays ${level.toLowerCase()} (set by ${pinnedBy})`
+      )
+    yield* Effect.logInfo(`SIGHUP: log level stays ${level.toLowerCase()} (set by ${pinnedBy})`)
   })
