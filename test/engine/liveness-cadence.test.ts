@@ -8,7 +8,7 @@ import { Clock, Deferred, Effect, Fiber, Logger, Ref } from "effect"
 import { TestClock } from "effect/testing"
 import { watchRun } from "../../src/layers/engine/watch.ts"
 import type { EngineHostService, ProbeResult } from "../../src/services/engine/EngineHost.ts"
-import type { RestartRequest, RestartSource } from "../../src/services/engine/EngineProcess.ts"
+import { type RestartRequest, RunEndWords } from "../../src/services/engine/EngineProcess.ts"
 import type { SupervisorEvent } from "../../src/services/engine/EngineState.ts"
 import { testPlan } from "../../src/testing/EngineProcess.ts"
 import { settle } from "../support/poll.ts"
@@ -37,8 +37,7 @@ describe("liveness cadence", () => {
         host,
         publish: (e: SupervisorEvent) => Effect.sync(() => void events.push(e)),
         memory: undefined,
-        endReadyRun: yield* Ref.make<Deferred.Deferred<RestartRequest> | undefined>(undefined),
-        endedBy: yield* Ref.make<RestartSource | undefined>(undefined)
+        endReadyRun: yield* Ref.make<Deferred.Deferred<RestartRequest> | undefined>(undefined)
       }
       const readyAt = yield* Deferred.make<number>()
       const watch = yield* Effect.forkChild(
@@ -63,8 +62,15 @@ describe("liveness cadence", () => {
       )
       assert.isUndefined(watch.pollUnsafe(), "still live 1 ms before the third probe's timeout")
       yield* TestClock.adjust(1)
-      const reason = yield* Fiber.join(watch)
-      assert.strictEqual(reason, "unhealthy: 3 liveness probes failed in a row, last: no answer within 5000 ms")
+      const end = yield* Fiber.join(watch)
+      assert.deepStrictEqual(end, {
+        kind: "unhealthy",
+        reason: "3 liveness probes failed in a row, last: no answer within 5000 ms"
+      })
+      assert.strictEqual(
+        RunEndWords.record(end),
+        "unhealthy: 3 liveness probes failed in a row, last: no answer within 5000 ms"
+      )
       assert.strictEqual(yield* Clock.currentTimeMillis, 20_000)
     }).pipe(Effect.provide(Logger.layer([])))
   )

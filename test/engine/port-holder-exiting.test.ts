@@ -19,7 +19,7 @@ import { watchRun } from "../../src/layers/engine/watch.ts"
 import { guardEntry } from "../../src/programs/programPaths.ts"
 import type { LaunchPlan } from "../../src/services/engine/Engine.ts"
 import { type EngineHostService, type PortHolder, valueIfDone } from "../../src/services/engine/EngineHost.ts"
-import type { RestartRequest, RestartSource } from "../../src/services/engine/EngineProcess.ts"
+import type { RestartRequest } from "../../src/services/engine/EngineProcess.ts"
 import type { SupervisorEvent } from "../../src/services/engine/EngineState.ts"
 import { testPlan } from "../../src/testing/EngineProcess.ts"
 import { pollUntil, settle } from "../support/poll.ts"
@@ -172,8 +172,7 @@ describe("readiness while the holder waits", () => {
         host: { probe: () => Effect.succeed({ ok: true }) } as unknown as EngineHostService,
         publish: (e: SupervisorEvent) => Effect.sync(() => void events.push(e)),
         memory: undefined,
-        endReadyRun: yield* Ref.make<Deferred.Deferred<RestartRequest> | undefined>(undefined),
-        endedBy: yield* Ref.make<RestartSource | undefined>(undefined)
+        endReadyRun: yield* Ref.make<Deferred.Deferred<RestartRequest> | undefined>(undefined)
       }
     })
 
@@ -201,7 +200,7 @@ describe("readiness while the holder waits", () => {
       const s = yield* supervise(events)
       const watch = yield* Effect.forkChild(watchRun(s, { run: 0, since: 0, readyAt, holder: Effect.never }))
       yield* TestClock.adjust(60_000)
-      assert.strictEqual(yield* Fiber.join(watch), "startup timeout")
+      assert.deepStrictEqual(yield* Fiber.join(watch), { kind: "startupTimeout" })
       assert.isTrue(events.some((e) => e._tag === "StartupTimedOut"))
       assert.isFalse(events.some((e) => e._tag === "ProbeOk"))
     }).pipe(Effect.provide(Logger.layer([])))

@@ -319,7 +319,7 @@ describe("EngineProcess on a TestClock", () => {
         const unhealthy = states.find((s) => s._tag === "Unhealthy")
         assert.deepStrictEqual(
           unhealthy?._tag === "Unhealthy" ? [unhealthy.reason, unhealthy.ending] : undefined,
-          ["restart requested: engine stalled", "requested"],
+          ["restart requested: engine stalled", { kind: "requested", source: "stall", reason: "engine stalled" }],
           "a run being torn down for certain, not a probe's verdict"
         )
         const requested = yield* Effect.promise(() => metrics.engineRestartRequests.get())

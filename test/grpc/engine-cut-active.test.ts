@@ -11,7 +11,7 @@ import { ActiveCalls } from "../../src/layers/grpc/ActiveCalls.ts"
 import { cutOnRunEnd } from "../../src/layers/grpc/EngineCut.ts"
 import { Relay } from "../../src/layers/grpc/Relay.ts"
 import { ADMIN_RESTART_REASON } from "../../src/services/admin/EngineRestart.ts"
-import type { EngineState } from "../../src/services/engine/EngineProcess.ts"
+import { type EngineState, RunEndWords, type UnhealthyEnding } from "../../src/services/engine/EngineProcess.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
 import { EngineRunEnded, StreamAborted } from "../../src/services/grpc/CallErrors.ts"
 import { agentCut } from "../../src/services/grpc/EngineCut.ts"
@@ -19,21 +19,15 @@ import { toGrpcFailure } from "../../src/services/grpc/GrpcStatus.ts"
 import { EngineProcessControl, layerTest, testExit, testPlan } from "../../src/testing/EngineProcess.ts"
 
 const OPERATOR = "the engine is being restarted (POST /engine/restart by an operator)"
-const requested = State.Unhealthy({
-  reason: `restart requested: ${ADMIN_RESTART_REASON}`,
-  since: 0,
-  run: 0,
-  ending: "requested"
-})
+const OPERATOR_RESTART: UnhealthyEnding = { kind: "requested", source: "admin", reason: ADMIN_RESTART_REASON }
+/** A Ready run being torn down, its reason worded as the supervisor words it. */
+const tornDown = (ending: UnhealthyEnding): EngineState =>
+  State.Unhealthy({ reason: RunEndWords.ending(ending), since: 0, run: 0, ending })
+const requested = tornDown(OPERATOR_RESTART)
 const ready = State.Ready({ since: 0, run: 0 })
 
 describe("agentCut: the states in which the agent itself ends the run", () => {
-  const exited = State.Unhealthy({
-    reason: "the engine exited (exit code 137); stopping its process group",
-    since: 0,
-    run: 0,
-    ending: "exited"
-  })
+  const exited = tornDown({ kind: "exited", status: "exit code 137" })
   const cases: ReadonlyArray<[string, EngineState, ReadonlyArray<ReturnType<typeof testExit>>, unknown]> = [
     ["Ready", ready, [], undefined],
     ["an operator's restart", requested, [], { by: "restart", why: OPERATOR }],
@@ -48,7 +42,7 @@ describe("agentCut: the states in which the agent itself ends the run", () => {
     [
       "the next run starting after an operator's restart",
       State.Starting({ phase: "loading", since: 0, run: 1 }),
-      [testExit(0, `restarted: ${ADMIN_RESTART_REASON}`)],
+      [{ ...testExit(0, RunEndWords.record(OPERATOR_RESTART)), endedBy: OPERATOR_RESTART }],
       { by: "restart", why: OPERATOR }
     ],
     ["the first run starting", State.Starting({ phase: "loading", since: 0, run: 0 }), [], undefined],
@@ -161,9 +155,7 @@ describe("cutOnRunEnd: the calls in flight end as the ending is published", () =
         yield* cutOnRunEnd(active)
         const call = yield* streaming
         active.add(call.relay)
-        yield* control.set(
-          State.Unhealthy({ reason: "the engine exited (signal SIGKILL)", since: 0, run: 0, ending: "exited" })
-        )
+        yield* control.set(tornDown({ kind: "exited", status: "signal SIGKILL" }))
         // then a state that cuts: the cutter has seen the one before it when this one reaches the call
         yield* control.set(State.Stopping({ since: 0 }))
         yield* Deferred.await(call.interrupted)

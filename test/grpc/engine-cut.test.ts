@@ -18,7 +18,13 @@ import { EXIT_NOTICE_MS, make } from "../../src/layers/grpc/EngineCut.ts"
 import { layerWith as grpcLayerWith } from "../../src/layers/grpc/GrpcServer.ts"
 import { ADMIN_RESTART_REASON } from "../../src/services/admin/EngineRestart.ts"
 import { EngineError } from "../../src/services/engine/EngineClient.ts"
-import type { EngineState } from "../../src/services/engine/EngineProcess.ts"
+import {
+  type EngineState,
+  type ExitRecord,
+  type RunEnd,
+  RunEndWords,
+  type UnhealthyEnding
+} from "../../src/services/engine/EngineProcess.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
 import { EngineRunEnded } from "../../src/services/grpc/CallErrors.ts"
 import { connectionBroke, runEnding } from "../../src/services/grpc/EngineCut.ts"
@@ -37,31 +43,36 @@ import { agentDeps } from "../support/agentDeps.ts"
 const STREAMED = STREAMED_ADVICE.slice(2)
 const STALL_REASON =
   "engine stalled: 1 stream(s) sent nothing for 500ms (engine.stream_idle_timeout) and no call has completed since, for 1s (engine.stall_restart_after)"
+const OPERATOR_RESTART: UnhealthyEnding = { kind: "requested", source: "admin", reason: ADMIN_RESTART_REASON }
+const STALL_RESTART: UnhealthyEnding = { kind: "requested", source: "stall", reason: STALL_REASON }
+/** A Ready run being torn down, its reason worded as the supervisor words it. */
+const tornDown = (ending: UnhealthyEnding): EngineState =>
+  State.Unhealthy({ reason: RunEndWords.ending(ending), since: 0, run: 0, ending })
+/** Run `run`'s exit record as the supervisor writes it for `endedBy`. */
+const exitBy = (run: number, endedBy: RunEnd): ExitRecord => ({
+  ...testExit(run, RunEndWords.record(endedBy)),
+  endedBy
+})
 
 describe("runEnding: why the run under a cut call ended, from the supervisor's state", () => {
-  const killed = { ...testExit(0), code: null, signal: "SIGKILL" }
-  const cases: ReadonlyArray<[string, EngineState, ReadonlyArray<ReturnType<typeof testExit>>, unknown]> = [
+  const killed = { ...exitBy(0, { kind: "exited" }), code: null, signal: "SIGKILL" }
+  const cases: ReadonlyArray<[string, EngineState, ReadonlyArray<ExitRecord>, unknown]> = [
     ["Ready: not ending", State.Ready({ since: 0, run: 0 }), [], undefined],
     [
       "an operator's restart",
-      State.Unhealthy({ reason: `restart requested: ${ADMIN_RESTART_REASON}`, since: 0, run: 0, ending: "requested" }),
+      tornDown(OPERATOR_RESTART),
       [],
       { by: "restart", why: "the engine is being restarted (POST /engine/restart by an operator)" }
     ],
     [
       "a stall restart",
-      State.Unhealthy({ reason: `restart requested: ${STALL_REASON}`, since: 0, run: 0, ending: "requested" }),
+      tornDown(STALL_RESTART),
       [],
       { by: "restart", why: `the engine is being restarted (${STALL_REASON})` }
     ],
     [
       "an exit",
-      State.Unhealthy({
-        reason: "the engine exited (exit code 137); stopping its process group",
-        since: 0,
-        run: 0,
-        ending: "exited"
-      }),
+      tornDown({ kind: "exited", status: "exit code 137" }),
       [],
       { by: "exit", why: "the engine exited (exit code 137)" }
     ],
@@ -79,20 +90,20 @@ describe("runEnding: why the run under a cut call ended, from the supervisor's s
     ],
     [
       "restarting after an exit with a code: worded as while the run was ending",
-      State.Restarting({ attempt: 1, nextAt: 0, lastExit: { ...testExit(0), code: 137 } }),
+      State.Restarting({ attempt: 1, nextAt: 0, lastExit: { ...exitBy(0, { kind: "exited" }), code: 137 } }),
       [],
       { by: "exit", why: "the engine exited (exit code 137)" }
     ],
     [
       "restarting after a requested restart",
-      State.Restarting({ attempt: 1, nextAt: 0, lastExit: testExit(0, `restarted: ${STALL_REASON}`) }),
+      State.Restarting({ attempt: 1, nextAt: 0, lastExit: exitBy(0, STALL_RESTART) }),
       [],
       { by: "restart", why: `the engine is being restarted (${STALL_REASON})` }
     ],
     [
       "the next run starting: the previous run's exit",
       State.Starting({ phase: "loading", since: 0, run: 1 }),
-      [testExit(1), testExit(0, `restarted: ${ADMIN_RESTART_REASON}`)],
+      [exitBy(1, { kind: "exited" }), exitBy(0, OPERATOR_RESTART)],
       { by: "restart", why: "the engine is being restarted (POST /engine/restart by an operator)" }
     ],
     ["the first run starting: nothing ended", State.Starting({ phase: "loading", since: 0, run: 0 }), [], undefined],
@@ -100,6 +111,70 @@ describe("runEnding: why the run under a cut call ended, from the supervisor's s
   ]
   it.each(cases)("%s", (_, state, exits, ending) => {
     expect(runEnding(state, exits)).toEqual(ending)
+  })
+
+  // Each way a run ends, as data: the words its exit record keeps (/status, the log) and a cut call's, once it ended
+  // (Restarting) and, for a run torn down for certain, while it ends (Unhealthy): the same caller words both times.
+  const ends: ReadonlyArray<[RunEnd, string, unknown]> = [
+    [{ kind: "exited" }, "exited", { by: "exit", why: "the engine exited (exit code 1)" }],
+    [
+      { kind: "failed", problem: "spawn failed: spawn vllm ENOENT" },
+      "spawn failed: spawn vllm ENOENT",
+      { by: "restart", why: "the engine run ended (spawn failed: spawn vllm ENOENT)" }
+    ],
+    [
+      OPERATOR_RESTART,
+      `restarted: ${ADMIN_RESTART_REASON}`,
+      { by: "restart", why: "the engine is being restarted (POST /engine/restart by an operator)" }
+    ],
+    [
+      STALL_RESTART,
+      `restarted: ${STALL_REASON}`,
+      { by: "restart", why: `the engine is being restarted (${STALL_REASON})` }
+    ],
+    [
+      { kind: "unhealthy", reason: "3 liveness probes failed in a row, last: timeout" },
+      "unhealthy: 3 liveness probes failed in a row, last: timeout",
+      { by: "restart", why: "the engine is being restarted (3 liveness probes failed in a row, last: timeout)" }
+    ],
+    [{ kind: "startupTimeout" }, "startup timeout", { by: "restart", why: "the engine run ended (startup timeout)" }],
+    [{ kind: "stopped" }, "stopped", { by: "stop", why: "the agent stopped the engine" }]
+  ]
+  it.each(ends)("a run ended so: %j", (end, record, ending) => {
+    expect(RunEndWords.record(end)).toBe(record)
+    expect(runEnding(State.Restarting({ attempt: 1, nextAt: 0, lastExit: exitBy(0, end) }), [])).toEqual(ending)
+    expect(runEnding(State.Starting({ phase: "loading", since: 0, run: 1 }), [exitBy(0, end)])).toEqual(ending)
+  })
+
+  it("a run torn down for certain: the Unhealthy reason's words, and the caller's the same as once it ended", () => {
+    const endings: ReadonlyArray<[UnhealthyEnding, string]> = [
+      [OPERATOR_RESTART, `restart requested: ${ADMIN_RESTART_REASON}`],
+      [STALL_RESTART, `restart requested: ${STALL_REASON}`],
+      [{ kind: "exited", status: "signal SIGKILL" }, "the engine exited (signal SIGKILL); stopping its process group"]
+    ]
+    for (const [ending, reason] of endings) {
+      expect(RunEndWords.ending(ending)).toBe(reason)
+      const ended = { ...exitBy(0, ending.kind === "exited" ? { kind: "exited" } : ending), signal: "SIGKILL" }
+      expect(runEnding(tornDown(ending), [])).toEqual(
+        runEnding(State.Restarting({ attempt: 1, nextAt: 0, lastExit: ended }), [])
+      )
+    }
+  })
+
+  it("who asked for a restart is its source, not its words: an operator's with any reason, a stall's with the admin's", () => {
+    expect(runEnding(tornDown({ kind: "requested", source: "admin", reason: "again" }), [])?.why).toBe(
+      "the engine is being restarted (POST /engine/restart by an operator)"
+    )
+    expect(runEnding(tornDown({ kind: "requested", source: "stall", reason: ADMIN_RESTART_REASON }), [])?.why).toBe(
+      `the engine is being restarted (${ADMIN_RESTART_REASON})`
+    )
+  })
+
+  it("a record written without its end (a hand-built one) reads as the engine's own exit", () => {
+    expect(runEnding(State.Restarting({ attempt: 1, nextAt: 0, lastExit: testExit(0) }), [])).toEqual({
+      by: "exit",
+      why: "the engine exited (exit code 1)"
+    })
   })
 
   it("explains only failures that end the call UNAVAILABLE, and waits for an exit only after a broken connection", () => {
@@ -134,14 +209,7 @@ describe("the layer: a connection broken while the run shows Ready waits, bounde
   effectIt.effect("the exit reported while it waits: the exit's words, no time passed", () =>
     Effect.gen(function* () {
       const { control, fiber } = yield* explaining
-      yield* control.set(
-        State.Unhealthy({
-          reason: "the engine exited (signal SIGKILL); stopping its process group",
-          since: 0,
-          run: 0,
-          ending: "exited"
-        })
-      )
+      yield* control.set(tornDown({ kind: "exited", status: "signal SIGKILL" }))
       const e = yield* Fiber.join(fiber)
       assert.instanceOf(e, EngineRunEnded)
       assert.deepStrictEqual([e.by, e.why, e.engine], ["exit", "the engine exited (signal SIGKILL)", broke])
@@ -277,9 +345,7 @@ describe("a Generate call whose engine connection breaks", () => {
   it("an operator's restart published (before the engine is signalled): the calls end at once with why, their engine requests aborted", async () => {
     const agent = await startAgent()
     const calls = [await holdCall(agent.client), await holdCall(agent.client)]
-    await agent.set(
-      State.Unhealthy({ reason: `restart requested: ${ADMIN_RESTART_REASON}`, since: 0, run: 0, ending: "requested" })
-    )
+    await agent.set(tornDown(OPERATOR_RESTART))
     for (const call of calls) {
       const r = await call.ended
       expect([r.status, r.text]).toEqual(["UNAVAILABLE", "a"])
@@ -302,14 +368,10 @@ describe("a Generate call whose engine connection breaks", () => {
       State.Unhealthy({ reason: "3 liveness probes failed in a row, last: timeout", since: 0, run: 0 }),
       "the engine is being restarted (3 liveness probes failed in a row, last: timeout)"
     ],
-    [
-      "a stall restart",
-      State.Unhealthy({ reason: `restart requested: ${STALL_REASON}`, since: 0, run: 0, ending: "requested" }),
-      `the engine is being restarted (${STALL_REASON})`
-    ],
+    ["a stall restart", tornDown(STALL_RESTART), `the engine is being restarted (${STALL_REASON})`],
     [
       "a stall restart, first seen once the run ended (Restarting)",
-      State.Restarting({ attempt: 1, nextAt: 0, lastExit: testExit(0, `restarted: ${STALL_REASON}`) }),
+      State.Restarting({ attempt: 1, nextAt: 0, lastExit: exitBy(0, STALL_RESTART) }),
       `the engine is being restarted (${STALL_REASON})`
     ],
     ["the agent stopping the engine", State.Stopping({ since: 0 }), "the agent is stopping the engine"]
@@ -333,14 +395,7 @@ describe("a Generate call whose engine connection breaks", () => {
     // the exit as the orphan guard's report brings it: after the connection broke, once the handler, seeing the run
     // still Ready, waits on the supervisor's states for it (EXIT_NOTICE_MS)
     expect(await agent.waiting(before, call)).toBe("waiting")
-    await agent.set(
-      State.Unhealthy({
-        reason: "the engine exited (signal SIGKILL); stopping its process group",
-        since: 0,
-        run: 0,
-        ending: "exited"
-      })
-    )
+    await agent.set(tornDown({ kind: "exited", status: "signal SIGKILL" }))
     const r = await call.ended
     expect(r.status).toBe("UNAVAILABLE")
     expect(r.details).toMatch(/^the engine exited \(signal SIGKILL\): stream truncated: .+; do not retry elsewhere: /)
@@ -372,7 +427,7 @@ describe("a Generate call whose engine connection breaks", () => {
   it("broken after the run ended by itself (Restarting): the run's exit record says why", async () => {
     const agent = await startAgent()
     const call = await holdCall(agent.client)
-    const killed = { ...testExit(0), code: null, signal: "SIGKILL" }
+    const killed = { ...exitBy(0, { kind: "exited" }), code: null, signal: "SIGKILL" }
     await agent.set(State.Restarting({ attempt: 1, nextAt: 0, lastExit: killed }))
     cut()
     const r = await call.ended

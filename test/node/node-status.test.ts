@@ -40,7 +40,11 @@ describe("NodeHealthView (pure)", () => {
     const probe = State.Unhealthy({ reason: "3 liveness probes failed", since: 0, run: 0 })
     expect(enginePhase(probe)).toBe("unhealthy")
     expect(isFact(nodeState(probe, false), enginePhase(probe), "ready")).toBe(false)
-    for (const ending of ["exited", "requested"] as const) {
+    const endings = [
+      { kind: "exited", status: "exit code 1" },
+      { kind: "requested", source: "admin", reason: "x" }
+    ] as const
+    for (const ending of endings) {
       const torn = State.Unhealthy({ reason: "restart requested: x", since: 0, run: 0, ending })
       expect(enginePhase(torn)).toBe("stopping")
       expect(isFact(nodeState(torn, false), enginePhase(torn), "ready")).toBe(true)

@@ -54,15 +54,18 @@ type StateLog = string | { readonly from: EngineState; readonly to: EngineState 
  * The state's fields as log fields: nested values stay JSON, the exit's last lines (already logged) are left out, and
  * so is a Starting state's `failing`: it is news on the change to Restarting, logged beside each failed run's error
  * line; on the Starting lines of every attempt (spawning, loading, waiting for port) it was the same ~400 characters
- * again, three times per attempt of a crash loop.
+ * again, three times per attempt of a crash loop. A run's end as data is the reason beside it in words: an Unhealthy
+ * `ending` is logged as its kind alone, an exit's `endedBy` not at all.
  */
 const stateFields = (state: EngineState): Record<string, unknown> => {
   const { _tag, ...all } = state as EngineState & Record<string, unknown>
   const { failing: _failing, ...rest } = all
   const fields = _tag === "Starting" ? rest : all
+  const ending = fields.ending as { readonly kind: string } | undefined
+  if (ending !== undefined) return { ...fields, ending: ending.kind }
   const lastExit = fields.lastExit as Record<string, unknown> | undefined
   if (lastExit === undefined) return fields
-  const { lastLines: _, ...exit } = lastExit
+  const { lastLines: _, endedBy: _endedBy, ...exit } = lastExit
   return { ...fields, lastExit: exit }
 }
 
@@ -132,10 +135,9 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
     )
   }
   const endReadyRun = yield* Ref.make<Deferred.Deferred<RestartRequest> | undefined>(undefined)
-  const endedBy = yield* Ref.make<RestartSource | undefined>(undefined)
   // Set while the loop waits out a restart backoff: completing it (an operator's restart) ends the wait.
   const endBackoff = yield* Ref.make<Deferred.Deferred<RestartRequest> | undefined>(undefined)
-  const supervision: Supervision = { plan, settings, host, publish, memory, endReadyRun, endedBy }
+  const supervision: Supervision = { plan, settings, host, publish, memory, endReadyRun }
   const requested = metrics?.engineRestartRequests
   // 0 samples from the start, so that increase() sees the first request (prom-client writes a labelled series only
   // once it is incremented)
@@ -161,7 +163,7 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
       const { record, readyAt } = yield* Effect.scoped(runOnce(supervision, refs, gate, run))
       yield* keepExit(refs, record)
       // counted here, once the request has ended the run (not when the engine's own exit or liveness won the race)
-      const by = yield* Ref.getAndSet(endedBy, undefined)
+      const by = record.endedBy?.kind === "requested" ? record.endedBy.source : undefined
       if (by !== undefined) requested?.labels({ source: by }).inc()
       const next = nextRestart(settings.backoff, previous, readyAt, record.endedAt, by === "admin")
       previous = next

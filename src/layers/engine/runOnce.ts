@@ -7,7 +7,7 @@ import * as process from "node:process"
 import { Clock, Deferred, Effect, Option, Ref } from "effect"
 import type { Counter } from "prom-client"
 import { type EngineRun, valueIfDone } from "../../services/engine/EngineHost.ts"
-import { type ExitRecord, RunEndWords } from "../../services/engine/EngineProcess.ts"
+import { type ExitRecord, type RunEnd, RunEndWords } from "../../services/engine/EngineProcess.ts"
 import { describeStatus, Event } from "../../services/engine/EngineState.ts"
 import { exitHint } from "../../services/engine/ExitHints.ts"
 import type { GpuGateService } from "../../services/engine/GpuGate.ts"
@@ -62,7 +62,7 @@ const exitRecord = (
   run: number,
   since: number,
   spawned: Spawned | undefined,
-  reason: string,
+  ended: RunEnd,
   s: Pick<Supervision, "plan" | "memory">,
   /** The run became ready at some point: no start-failure hint then (ExitHints.exitHint). */
   wasReady = false
@@ -74,8 +74,11 @@ const exitRecord = (
     const code = ex?.code ?? null
     const signal = ex?.signal ?? null
     const lastLines = spawned === undefined ? [] : yield* spawned.run.lastLines
-    // Read from the reason as the watch gave it: "exited" means the engine ended by itself.
-    const hint = exitHint(s.plan.exitHints, { reason, code, signal, lastLines, wasReady })
+    // Read from the end as the watch gave it: "exited" means the engine ended by itself.
+    const hint = exitHint(s.plan.exitHints, { reason: RunEndWords.record(ended), code, signal, lastLines, wasReady })
+    // an engine that ended with no exit status (not spawned, its exit unreported) says why instead
+    const endedBy: RunEnd =
+      ended.kind === "exited" && ex?.problem !== undefined ? { kind: "failed", problem: ex.problem } : ended
     const record: ExitRecord = {
       run,
       pid: spawned?.pid,
@@ -84,7 +87,8 @@ const exitRecord = (
       startedAt,
       endedAt,
       runtimeMs: endedAt - startedAt,
-      reason: reason === "exited" && ex?.problem !== undefined ? ex.problem : reason,
+      reason: RunEndWords.record(endedBy),
+      endedBy,
       lastLines,
       ...(yield* memoryForensics(s.memory, spawned)),
       ...(hint === undefined ? {} : { hint })
@@ -143,7 +147,7 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
             const sp = yield* Ref.get(spawned)
             // The guard's exit report can trail the group's death by a moment.
             if (sp !== undefined) yield* Deferred.await(sp.run.exited).pipe(Effect.timeout(1_000), Effect.ignore)
-            yield* keepExit(refs, yield* exitRecord(run, since, sp, "stopped", s))
+            yield* keepExit(refs, yield* exitRecord(run, since, sp, { kind: "stopped" }, s))
           })
         : Effect.void
     )
@@ -158,14 +162,14 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
         ? Effect.succeed("unknown" as const)
         : sp.run.portHolder(s.plan.port)
     const watching = watchRun(s, { run, since: spawnedAt, readyAt, holder })
-    const reason =
+    const ended: RunEnd =
       sp === undefined
         ? yield* watching
-        : yield* Effect.raceFirst(Deferred.await(sp.run.exited).pipe(Effect.as("exited")), watching)
+        : yield* Effect.raceFirst(Deferred.await(sp.run.exited).pipe(Effect.as({ kind: "exited" } as const)), watching)
     if (sp !== undefined) {
       // The engine is gone once its leader exits: not Ready while the rest of its group is stopped (up to
       // stop_grace and the kill's wait), or routers and /readyz would take a dead engine as ready meanwhile.
-      if (reason === "exited") {
+      if (ended.kind === "exited") {
         const ex = yield* valueIfDone(sp.run.exited)
         // the OOM killer's part is read once the group is gone (exitRecord); the status is worded as there
         const how = describeStatus({
@@ -176,8 +180,8 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
           memoryLimitBytes: undefined
         })
         const at = yield* Clock.currentTimeMillis
-        const words = `${RunEndWords.exited(how)}${RunEndWords.stoppingGroup}`
-        yield* s.publish(Event.LivenessLost({ reason: words, at, ending: "exited" }))
+        const ending = { kind: "exited", status: how } as const
+        yield* s.publish(Event.LivenessLost({ reason: RunEndWords.ending(ending), at, ending }))
       }
       yield* sp.run.stop
       yield* Deferred.await(sp.run.exited).pipe(Effect.timeout(2_000), Effect.ignore)
@@ -187,5 +191,5 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
       yield* sp.run.drainOutput(1_000)
     }
     const readyAtMs = yield* valueIfDone(readyAt)
-    return { record: yield* exitRecord(run, since, sp, reason, s, readyAtMs !== undefined), readyAt: readyAtMs }
+    return { record: yield* exitRecord(run, since, sp, ended, s, readyAtMs !== undefined), readyAt: readyAtMs }
   })

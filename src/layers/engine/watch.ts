@@ -6,7 +6,12 @@
 import { Clock, Deferred, Effect, Ref } from "effect"
 import type { LaunchPlan } from "../../services/engine/Engine.ts"
 import type { EngineHostService, PortHolder, ProbeResult } from "../../services/engine/EngineHost.ts"
-import { type RestartRequest, type RestartSource, RunEndWords } from "../../services/engine/EngineProcess.ts"
+import {
+  type RequestedEnd,
+  type RestartRequest,
+  type RunEnd,
+  RunEndWords
+} from "../../services/engine/EngineProcess.ts"
 import { Event, livenessStep, type SupervisorEvent } from "../../services/engine/EngineState.ts"
 import type { MemoryCgroupService } from "../../services/node/MemoryCgroup.ts"
 import type { SupervisorSettings } from "./supervisorSettings.ts"
@@ -24,8 +29,6 @@ export interface Supervision {
    * given reason. Undefined otherwise, so a request never reaches a run that is starting or already ending.
    */
   readonly endReadyRun: Ref.Ref<Deferred.Deferred<RestartRequest> | undefined>
-  /** Who asked for the end of the run that just ended, when a request ended it (read and cleared by the loop). */
-  readonly endedBy: Ref.Ref<RestartSource | undefined>
 }
 
 const now = Clock.currentTimeMillis
@@ -103,7 +106,7 @@ const readiness = (s: Supervision, { run, since, readyAt, holder }: WatchedRun) 
  * one probe per interval (3 × 5 s), not one per interval plus timeout (3 × 10 s, as when the wait followed it);
  * an engine whose answer takes its time by design (LaunchPlan.livenessTimeoutFloorMs) is given at least that.
  */
-const liveness = (s: Supervision) =>
+const liveness = (s: Supervision): Effect.Effect<RunEnd> =>
   Effect.gen(function* () {
     const { plan, settings } = s
     const live = plan.liveness ?? plan.probe
@@ -125,7 +128,7 @@ const liveness = (s: Supervision) =>
       if (step.lost && !r.ok) {
         const reason = `${failures} liveness probes failed in a row, last: ${r.reason}`
         yield* s.publish(Event.LivenessLost({ reason, at: yield* now }))
-        return `${RunEndWords.unhealthy}${reason}`
+        return { kind: "unhealthy", reason }
       }
     }
   })
@@ -137,17 +140,15 @@ const readyUntilEnd = (s: Supervision) =>
     yield* Ref.set(s.endReadyRun, requested)
     const ended = Effect.gen(function* () {
       const { source, reason } = yield* Deferred.await(requested)
-      yield* s.publish(
-        Event.LivenessLost({ reason: `${RunEndWords.restartRequested}${reason}`, at: yield* now, ending: "requested" })
-      )
-      yield* Ref.set(s.endedBy, source)
-      return `${RunEndWords.restarted}${reason}`
+      const end: RequestedEnd = { kind: "requested", source, reason }
+      yield* s.publish(Event.LivenessLost({ reason: RunEndWords.ending(end), at: yield* now, ending: end }))
+      return end
     })
     return yield* Effect.raceFirst(liveness(s), ended)
   }).pipe(Effect.ensuring(Ref.set(s.endReadyRun, undefined)))
 
-/** Readiness, then liveness: completes only with the reason the run must end; `readyAt` says when it was Ready. */
-export const watchRun = (s: Supervision, w: WatchedRun) =>
+/** Readiness, then liveness: completes only with why the run must end; `readyAt` says when it was Ready. */
+export const watchRun = (s: Supervision, w: WatchedRun): Effect.Effect<RunEnd> =>
   Effect.flatMap(
     // One span per run's start, spawn to Ready (or the startup timeout; interrupted when the run exits first): the
     // minutes a real engine's load takes, in the same traces as the calls.
@@ -157,5 +158,5 @@ export const watchRun = (s: Supervision, w: WatchedRun) =>
         attributes: { "cgn.engine.run": w.run, "cgn.engine.kind": s.plan.kind }
       })
     ),
-    (ready) => (ready ? readyUntilEnd(s) : Effect.succeed("startup timeout"))
+    (ready) => (ready ? readyUntilEnd(s) : Effect.succeed({ kind: "startupTimeout" } as const))
   )

@@ -6,29 +6,70 @@
 import { Context, type Data, type Effect, Ref, Schema, Stream, SubscriptionRef } from "effect"
 import type { LaunchPlan } from "./Engine.ts"
 
-/** How one run of the engine ended; kept for forensics (/status) and crash-loop logs. */
 /**
- * The words of a run's end: the supervisor writes them (layers/engine/watch.ts, runOnce.ts) into ExitRecord.reason
- * and the Unhealthy state's reason, and services/grpc/EngineCut.ts reads them back to tell a caller why its engine
- * request broke off. One place for both sides.
+ * How a run ended, as data: the supervisor writes it (layers/engine/runOnce.ts, watch.ts) into ExitRecord.endedBy, and
+ * readers switch on it (services/grpc/EngineCut.ts tells a caller why its engine request broke off); RunEndWords
+ * renders it for /status and the log. `exited`: the engine ended by itself (the record's code and signal say how);
+ * `failed`: the run ended with no exit status (the guard or the engine could not be spawned, or the guard ended
+ * without reporting the engine's exit), `problem` says which; the others: the agent ended it (a restart asked for,
+ * failed liveness, the startup budget spent, its stop).
+ */
+export type RunEnd =
+  | { readonly kind: "exited" }
+  | { readonly kind: "failed"; readonly problem: string }
+  | RequestedEnd
+  | { readonly kind: "unhealthy"; readonly reason: string }
+  | { readonly kind: "startupTimeout" }
+  | { readonly kind: "stopped" }
+
+/** A restart asked for (EngineProcess.restart) ending the Ready run: its Unhealthy ending, then the run's end. */
+export interface RequestedEnd extends RestartRequest {
+  readonly kind: "requested"
+}
+
+/**
+ * Why a Ready run is being torn down when no probe said so (the Unhealthy state's `ending`): the engine exited (its
+ * status as EngineState.describeStatus words it without the OOM killer's part, read only once the group is gone), or
+ * a restart was asked for.
+ */
+export type UnhealthyEnding = { readonly kind: "exited"; readonly status: string } | RequestedEnd
+
+/**
+ * The words of a run's end, for rendering only: what /status, the log and a cut call say. The data is RunEnd and
+ * UnhealthyEnding; nothing reads these words back.
  */
 export const RunEndWords = {
-  /** ExitRecord.reason of a run ended on request (EngineProcess.restart): this, then the request's reason. */
-  restarted: "restarted: ",
-  /** ExitRecord.reason of a run ended for failed liveness: this, then the probes' verdict. */
-  unhealthy: "unhealthy: ",
-  /** The Unhealthy reason while a requested restart ends the run: this, then the request's reason. */
-  restartRequested: "restart requested: ",
+  /** ExitRecord.reason: "exited", "restarted: <the request's reason>", "unhealthy: <the probes' verdict>", ... */
+  record: (end: RunEnd): string => {
+    switch (end.kind) {
+      case "exited":
+        return "exited"
+      case "failed":
+        return end.problem
+      case "requested":
+        return `restarted: ${end.reason}`
+      case "unhealthy":
+        return `unhealthy: ${end.reason}`
+      case "startupTimeout":
+        return "startup timeout"
+      case "stopped":
+        return "stopped"
+    }
+  },
+  /** The Unhealthy state's reason while the run is torn down. */
+  ending: (ending: UnhealthyEnding): string =>
+    ending.kind === "requested"
+      ? `restart requested: ${ending.reason}`
+      : `${RunEndWords.exited(ending.status)}; stopping its process group`,
   /**
    * An engine that ended by itself, its status as EngineState.describeStatus words it ("exit code 137", "signal
-   * SIGKILL", and the OOM killer's part when known): the Unhealthy reason while its group is stopped (then
-   * stoppingGroup) and a cut call's words once the run's record is kept, so both read the same.
+   * SIGKILL", and the OOM killer's part when known): the Unhealthy reason while its group is stopped (then "; stopping
+   * its process group") and a cut call's words, so both read the same.
    */
-  exited: (status: string): string => `the engine exited (${status})`,
-  /** The Unhealthy reason while an exited engine's group is stopped: exited(status), then this. */
-  stoppingGroup: "; stopping its process group"
+  exited: (status: string): string => `the engine exited (${status})`
 } as const
 
+/** How one run of the engine ended; kept for forensics (/status) and crash-loop logs. */
 export interface ExitRecord {
   /** 0 for the first run, +1 per restart. */
   readonly run: number
@@ -38,8 +79,13 @@ export interface ExitRecord {
   readonly startedAt: number
   readonly endedAt: number
   readonly runtimeMs: number
-  /** Why the run ended: "exited", "unhealthy: ...", "startup timeout", "stopped". */
+  /** Why the run ended, in words (RunEndWords.record of `endedBy`): "exited", "unhealthy: ...", "stopped". */
   readonly reason: string
+  /**
+   * Why the run ended, as data: the supervisor always writes it. A record built without it (a test's) reads as the
+   * engine's own exit.
+   */
+  readonly endedBy?: RunEnd
   /** The last lines the engine printed (stdout and stderr, tagged). */
   readonly lastLines: ReadonlyArray<string>
   /**
@@ -101,9 +147,6 @@ export type EngineState = Data.TaggedEnum<{
   Stopping: { readonly since: number }
   Stopped: { readonly lastExit: ExitRecord | undefined }
 }>
-
-/** Why a Ready run is being torn down when no probe said so: the engine exited, or a restart was asked for. */
-export type UnhealthyEnding = "exited" | "requested"
 
 export interface EngineProcessService {
   readonly plan: LaunchPlan

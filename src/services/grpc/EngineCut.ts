@@ -11,9 +11,15 @@
  * ending is published (layers/grpc/EngineCut.ts cutOnRunEnd), since an engine with open streams may not exit on
  * SIGTERM (llama-server's connection threads wait for results its stopped task loop never sends). Pure.
  */
-import { ADMIN_RESTART_REASON } from "../admin/EngineRestart.ts"
 import type { EngineError } from "../engine/EngineClient.ts"
-import { type EngineState, type ExitRecord, RunEndWords } from "../engine/EngineProcess.ts"
+import {
+  type EngineState,
+  type ExitRecord,
+  type RequestedEnd,
+  type RunEnd,
+  RunEndWords,
+  type UnhealthyEnding
+} from "../engine/EngineProcess.ts"
 import { describeStatus } from "../engine/EngineState.ts"
 import { EngineRunEnded, type RunEndedBy } from "./CallErrors.ts"
 
@@ -24,27 +30,45 @@ export interface RunEnding {
   readonly why: string
 }
 
-const withoutPrefix = (s: string, prefix: string): string => (s.startsWith(prefix) ? s.slice(prefix.length) : s)
-const withoutSuffix = (s: string, suffix: string): string => (s.endsWith(suffix) ? s.slice(0, -suffix.length) : s)
+const restarting = (why: string): RunEnding => ({ by: "restart", why: `the engine is being restarted (${why})` })
 
-/** The reason a restart was asked for, as a caller reads it (the admin API's is the operator's). */
-const restartWhy = (reason: string): RunEnding => ({
-  by: "restart",
-  why: `the engine is being restarted (${reason === ADMIN_RESTART_REASON ? "POST /engine/restart by an operator" : reason})`
-})
+/** A restart asked for, as a caller reads it: an operator's by the admin API, a stall restart by its reason. */
+const restartWhy = (end: RequestedEnd): RunEnding =>
+  restarting(end.source === "admin" ? "POST /engine/restart by an operator" : end.reason)
 
-/** An ended run's record (its reason as runOnce.ts and watch.ts write it) as a caller reads it. */
+/**
+ * An ended run, as a caller reads it, by how it ended (its record's `endedBy`; a record without one, a test's, as the
+ * engine's own exit).
+ */
 const fromExit = (exit: ExitRecord): RunEnding => {
-  if (exit.reason === "exited") return { by: "exit", why: RunEndWords.exited(describeStatus(exit)) }
-  if (exit.reason.startsWith(RunEndWords.restarted))
-    return restartWhy(withoutPrefix(exit.reason, RunEndWords.restarted))
-  if (exit.reason.startsWith(RunEndWords.unhealthy))
-    return {
-      by: "restart",
-      why: `the engine is being restarted (${withoutPrefix(exit.reason, RunEndWords.unhealthy)})`
-    }
-  if (exit.reason === "stopped") return { by: "stop", why: "the agent stopped the engine" }
-  return { by: "restart", why: `the engine run ended (${exit.reason})` }
+  const end: RunEnd = exit.endedBy ?? { kind: "exited" }
+  switch (end.kind) {
+    case "exited":
+      return { by: "exit", why: RunEndWords.exited(describeStatus(exit)) }
+    case "requested":
+      return restartWhy(end)
+    case "unhealthy":
+      return restarting(end.reason)
+    case "stopped":
+      return { by: "stop", why: "the agent stopped the engine" }
+    // a run that never became Ready, or one whose exit status never came: said as its exit record says it
+    case "failed":
+    case "startupTimeout":
+      return { by: "restart", why: `the engine run ended (${RunEndWords.record(end)})` }
+  }
+}
+
+/** A run being torn down (Unhealthy), as a caller reads it, by its `ending`; `reason`: the Unhealthy state's. */
+const tornDown = (ending: UnhealthyEnding | undefined, reason: string): RunEnding => {
+  switch (ending?.kind) {
+    case "requested":
+      return restartWhy(ending)
+    case "exited":
+      return { by: "exit", why: RunEndWords.exited(ending.status) }
+    case undefined:
+      // failed liveness: the supervisor ends the run (a probe's verdict that the engine no longer answers)
+      return restarting(reason)
+  }
 }
 
 /**
@@ -57,10 +81,7 @@ export const runEnding = (state: EngineState, exits: ReadonlyArray<ExitRecord>):
     case "Ready":
       return undefined
     case "Unhealthy":
-      if (state.ending === "requested") return restartWhy(withoutPrefix(state.reason, RunEndWords.restartRequested))
-      if (state.ending === "exited") return { by: "exit", why: withoutSuffix(state.reason, RunEndWords.stoppingGroup) }
-      // failed liveness: the supervisor ends the run (a probe's verdict that the engine no longer answers)
-      return { by: "restart", why: `the engine is being restarted (${state.reason})` }
+      return tornDown(state.ending, state.reason)
     case "Restarting":
       return fromExit(state.lastExit)
     case "Starting": {
