@@ -151,7 +151,12 @@ describe("SIGHUP and the log level", () => {
       process.kill(agent.pid, "SIGHUP")
       const said = (l: Record<string, unknown>) => String(l.msg).startsWith("SIGHUP: agent.log_level")
       await pollUntil("the override said", () => agent.logs().some(said), 30_000)
-      expect(agent.logs().filter(said).map((l) => [l.level, l.msg])).toEqual([
+      expect(
+        agent
+          .logs()
+          .filter(said)
+          .map((l) => [l.level, l.msg])
+      ).toEqual([
         ["warn", 'SIGHUP: agent.log_level = "debug" not applied: the log level stays warn (set by CGN_LOG_LEVEL)']
       ])
       expect(agent.logs().some((l) => l.level === "debug" || l.level === "info")).toBe(false)
