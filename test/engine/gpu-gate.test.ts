@@ -234,23 +234,32 @@ describe("GpuGate", () => {
       }).pipe(Effect.provide(restartedGate(["GPU-dead"])), Effect.ensuring(resetRestarted))
   )
 
-  it.effect("a CUDA engine without NVML and nothing remembered starts at once, as before", () =>
+  it.effect("a CUDA engine without NVML (no library) and nothing remembered starts at once, as before", () =>
     Effect.gen(function* () {
       const gate = yield* GpuGate
       yield* gate.awaitFree
       assert.isUndefined((yield* gate.status).fault)
+      // no GPUs chosen for it: it sees what the container gives it
+      assert.deepStrictEqual(yield* gate.runEnv, {})
     }).pipe(
       Effect.provide(restartedGate([])),
-      // nothing remembered before the gate is built (its first sample is taken then)
+      // nothing remembered before the gate is built (its first sample is taken then); a host without the library (an
+      // NVML that is there but silent waits instead: gpu-late-choice.test.ts)
       (test) =>
         Effect.andThen(
-          Effect.sync(() => restarted.remembered.splice(0)),
+          Effect.sync(() => {
+            restarted.remembered.splice(0)
+            restarted.down = "cannot load libnvidia-ml.so.1: libnvidia-ml.so.1: cannot open shared object file"
+          }),
           test
         ),
       Effect.ensuring(
-        Effect.sync(() => {
-          restarted.remembered = [{ uuid: "GPU-dead", xids: [{ xid: 79, events: 1 }] }]
-        })
+        Effect.andThen(
+          Effect.sync(() => {
+            restarted.remembered = [{ uuid: "GPU-dead", xids: [{ xid: 79, events: 1 }] }]
+          }),
+          resetRestarted
+        )
       )
     )
   )

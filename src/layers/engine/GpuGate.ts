@@ -1,21 +1,23 @@
 /**
  * The live GpuGate: samples NVML once a second (through the Nvml service's short cache) to keep the fault
  * view current, and runs the wait before each spawn. For an engine that does not run on CUDA GPUs the gate is open
- * and reports nothing; without NVML it holds a start only on a fault it knows (see `watched` below). Time is
- * Effect's Clock, so a TestClock drives it.
+ * and reports nothing; without NVML it holds a start only on a fault it knows (see `watched` below). GPUs the plan
+ * could not choose at start (models.x.gpus unset, NVML listing none then) are chosen here, once (see `choice`). Time
+ * is Effect's Clock, so a TestClock drives it.
  */
 import { Clock, Duration, Effect, Layer, Ref, Stream, SubscriptionRef } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import { EnginePlan } from "../../services/engine/Engine.ts"
-import { GpuGate, type GpuGateStatus, gateProblem } from "../../services/engine/GpuGate.ts"
-import { engineFault, gateVerdict, refMatches, unlistedRef } from "../../services/node/Gpus.ts"
+import { GpuGate, type GpuGateStatus, gateProblem, type LateChoice, lateChoice } from "../../services/engine/GpuGate.ts"
+import { cudaEnv, engineFault, gateVerdict, refMatches, unlistedRef } from "../../services/node/Gpus.ts"
 import { findMig, migRef } from "../../services/node/Mig.ts"
 import type { Gpu } from "../../services/node/Nvml.ts"
 import { Nvml } from "../../services/node/Nvml.ts"
 import { xidIsFault, xidRuleOf } from "../../services/node/Xid.ts"
 import { rememberedFault } from "../../services/node/XidLedger.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
-import { engineFor } from "./backends/index.ts"
+import { formatPath } from "../config/Config.ts"
+import { engineFor, fillInWarning } from "./backends/index.ts"
 import { readStat } from "./processGroup.ts"
 
 const POLL = Duration.seconds(1)
@@ -30,10 +32,20 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
     const plan = yield* EnginePlan
     const nvml = yield* Nvml
     const metrics = yield* Metrics
-    const indices = plan.gpus ?? []
+    const cuda = engineFor(config.engine.kind).capabilities.cudaGpus === true
+    // The engine's GPUs, fixed for the agent's life: the plan's, else, for an automatic choice the plan could not make
+    // (NVML failing or hung at the start, its driver not loaded yet), those chosen before the first spawn once NVML
+    // lists GPUs (lateChoice), with the CUDA variables the spawn adds (runEnv); undefined until then.
+    interface Choice {
+      readonly indices: ReadonlyArray<number>
+      readonly env: Readonly<Record<string, string>>
+    }
+    const choosing = cuda && plan.gpus === undefined && config.model.gpus.length === 0
+    const choice = yield* Ref.make<Choice | undefined>(choosing ? undefined : { indices: plan.gpus ?? [], env: {} })
+    const indicesNow = Effect.map(Ref.get(choice), (c) => c?.indices ?? [])
     // The engine's MIG device as configured: the plan's GPU is the one that listed it (backends/index.ts, Gpus.ts
     // assignGpus), and the gate judges the device, not the whole board other tenants' MIG devices share.
-    const mig = indices.length > 0 ? migRef(config.model.gpus) : undefined
+    const mig = (plan.gpus ?? []).length > 0 ? migRef(config.model.gpus) : undefined
     // ... and as NVML names it (`MIG-<uuid>`, also for a configured name of the form before R470: Mig.ts findMig), for
     // the status and NodeHealth capacity.engine_mig_device; the configured name until NVML lists it
     const named = (ref: string, gpus: Parameters<typeof findMig>[0]): string => findMig(gpus, ref)?.device.uuid ?? ref
@@ -42,7 +54,7 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
     // the operator's changes to which Xids are faults ([engine].ignore_xids, fault_xids)
     const xidRule = xidRuleOf(config.engine)
     const status = yield* SubscriptionRef.make<GpuGateStatus>({
-      gpus: indices,
+      gpus: plan.gpus ?? [],
       ...(mig === undefined ? {} : { mig: named(mig, yield* nvml.gpus) }),
       waiting: undefined,
       fault: undefined
@@ -55,35 +67,66 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
     // same for a fault Xid this boot's record keeps when NVML has not answered since the agent started (an agent
     // restarted on such a host): the GPUs cannot be told by index then, so a CUDA engine whose GPUs are unknown or
     // named by index is held on a fault of any GPU (XidLedger.ts rememberedFault).
-    const gated = indices.length > 0
-    const watched = gated || engineFor(config.engine.kind).capabilities.cudaGpus === true
+    const watched = (plan.gpus ?? []).length > 0 || cuda
     const nvmlUp = Effect.map(nvml.unavailable, (why) => why === undefined)
     const answered = yield* Ref.make(false)
+
+    /**
+     * The choice still to be made (lateChoice) on this sample of NVML, made when it can be: undefined once made.
+     * `atSpawn`: a start waits on it, and with no NVML to wait for the engine is given no GPUs (it sees them all), as
+     * ever; the poll chooses only from GPUs NVML lists, so that a library loaded by the first start is still used.
+     */
+    const choose = (gpus: ReadonlyArray<Gpu>, atSpawn: boolean) =>
+      Effect.gen(function* () {
+        if ((yield* Ref.get(choice)) !== undefined) return undefined
+        const key = formatPath(["models", config.model.name, "gpus"])
+        const next = lateChoice(key, config.model.tp * config.model.dp, gpus, yield* nvml.unavailable, xidRule)
+        if (next._tag !== "Chosen" || (next.assignment._tag !== "Assigned" && !atSpawn)) return next
+        const { assignment } = next
+        const made: Choice =
+          assignment._tag === "Assigned"
+            ? { indices: assignment.indices, env: cudaEnv([], assignment) }
+            : { indices: [], env: {} }
+        // the poll and a start's wait may both get here: the first to set it made the choice
+        if (!(yield* Ref.modify(choice, (c) => (c === undefined ? [true, made] : [false, c])))) return undefined
+        if (assignment._tag !== "Assigned") return undefined
+        yield* SubscriptionRef.update(status, (s) => ({ ...s, gpus: made.indices }))
+        yield* Effect.logInfo("the engine's GPUs chosen now that NVML lists them (none listed at the agent's start)", {
+          gpus: made.indices.join(","),
+          CUDA_VISIBLE_DEVICES: made.env.CUDA_VISIBLE_DEVICES ?? ""
+        })
+        if (assignment.faults !== undefined && assignment.faults.length > 0)
+          yield* Effect.logWarning(fillInWarning(config.model.name, assignment.faults))
+        return undefined
+      })
 
     // An assigned GPU missing from the sample (fail closed) or its fault; a MIG device: its GPU's fault, or the device
     // gone from the sample. GPUs not resolved at start (NVML not answering then): those of NVML's list the config
     // names by UUID, or every GPU when it names none (the engine then sees them all).
     const judged = (gpus: ReadonlyArray<Gpu>) =>
-      gated
-        ? indices
-        : gpus
-            .filter((g) => config.model.gpus.length === 0 || config.model.gpus.some((r) => refMatches(r, g)))
-            .map((g) => g.index)
+      gpus
+        .filter((g) => config.model.gpus.length === 0 || config.model.gpus.some((r) => refMatches(r, g)))
+        .map((g) => g.index)
     // ... and, not resolved, a configured UUID NVML does not list (a GPU whose UUID it cannot read: Gpus.ts assignGpus)
     const notGatedFault = (gpus: ReadonlyArray<Gpu>) =>
       engineFault(gpus, judged(gpus), xidRule) ?? unlistedRef(config.model.gpus, gpus)
-    const faultNow = Effect.map(nvml.gpus, (gpus) =>
-      gated ? engineFault(gpus, indices, xidRule, mig) : notGatedFault(gpus)
-    )
+    const faultOf = (gpus: ReadonlyArray<Gpu>, indices: ReadonlyArray<number>) =>
+      indices.length > 0 ? engineFault(gpus, indices, xidRule, mig) : notGatedFault(gpus)
     const faultRemembered = Effect.map(nvml.remembered, (gpus) =>
       rememberedFault(gpus, config.model.gpus, (xid) => xidIsFault(xid, xidRule))
     )
     const sampleFault = Effect.gen(function* () {
       const up = yield* nvmlUp
       if (up) yield* Ref.set(answered, true)
+      // the cached sample, asked for only while NVML answers (a sample asked for opens a failed NVML again)
+      const gpus = up ? yield* nvml.gpus : []
+      // NVML lists too few GPUs for the choice still to be made: the node is unhealthy, saying so
+      const pending = up ? yield* choose(gpus, false) : undefined
       const before = yield* SubscriptionRef.get(status)
       const fault = up
-        ? yield* faultNow
+        ? pending?._tag === "Refused"
+          ? pending.reason
+          : faultOf(gpus, yield* indicesNow)
         : (before.fault ?? ((yield* Ref.get(answered)) ? undefined : yield* faultRemembered))
       if (up && mig !== undefined) {
         const name = named(mig, yield* nvml.gpus)
@@ -111,6 +154,26 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
     const faultVerdict = (reason: string | undefined) =>
       reason === undefined ? undefined : { _tag: "Faulty" as const, reason }
 
+    /**
+     * What a start does on `gpus`, sampled now: its GPUs' verdict (gateVerdict; not chosen: a fault of any, or of those
+     * the config names by UUID), a fault known before NVML went silent, or the choice of its GPUs it waits for (`pending`);
+     * undefined: it goes on.
+     */
+    const verdictOf = (gpus: ReadonlyArray<Gpu>, known: string | undefined, pending: LateChoice | undefined) =>
+      Effect.gen(function* () {
+        if (pending?._tag === "Refused") return { _tag: "Faulty" as const, reason: pending.reason }
+        const up = yield* nvmlUp
+        if (up && pending === undefined) {
+          const indices = yield* indicesNow
+          return indices.length > 0
+            ? gateVerdict(gpus, indices, maxUsedBytes, yield* Ref.get(previousPgids), pgidOf, xidRule, mig)
+            : faultVerdict(notGatedFault(gpus))
+        }
+        if (!up && known !== undefined)
+          return { _tag: "Faulty" as const, reason: `${known} (NVML is not answering: the fault stands until it does)` }
+        return pending?._tag === "Waiting" ? { _tag: "Choosing" as const, reason: pending.reason } : undefined
+      })
+
     const wait = Effect.gen(function* () {
       const since = yield* Clock.currentTimeMillis
       let logged: "none" | "waiting" | "overdue" = "none"
@@ -118,13 +181,7 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
         // never the cached sample: right after a crash it still shows the GPU as it was before
         const gpus = yield* nvml.sampleNow
         const known = (yield* SubscriptionRef.get(status)).fault
-        const verdict = (yield* nvmlUp)
-          ? gated
-            ? gateVerdict(gpus, indices, maxUsedBytes, yield* Ref.get(previousPgids), pgidOf, xidRule, mig)
-            : faultVerdict(notGatedFault(gpus))
-          : known === undefined
-            ? undefined
-            : { _tag: "Faulty" as const, reason: `${known} (NVML is not answering: the fault stands until it does)` }
+        const verdict = yield* verdictOf(gpus, known, yield* choose(gpus, true))
         if (verdict === undefined) return
         const now = yield* Clock.currentTimeMillis
         if (verdict._tag === "Free") {
@@ -133,16 +190,17 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
         }
         const overdue = now - since >= timeoutMs
         const holders = verdict._tag === "Held" ? verdict.holders : []
+        const forNvml = verdict._tag === "Choosing" ? { forNvml: true } : {}
         yield* SubscriptionRef.update(status, (s) => ({
           ...s,
-          waiting: { since, reason: verdict.reason, holders, overdue }
+          waiting: { since, reason: verdict.reason, holders, overdue, ...forNvml }
         }))
         metrics.engineGpuWait.set(1)
         if (logged === "none") {
           logged = "waiting"
           yield* Effect.logWarning("waiting for the engine's GPUs before starting it", {
             reason: verdict.reason,
-            gpus: indices.join(","),
+            gpus: (yield* indicesNow).join(","),
             ...(mig === undefined ? {} : { mig })
           })
         }
@@ -161,6 +219,7 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
 
     return GpuGate.of({
       awaitFree,
+      runEnv: Effect.map(Ref.get(choice), (c) => c?.env ?? {}),
       spawned: (pgid) => Ref.update(previousPgids, (s) => new Set([...s, pgid])),
       status: SubscriptionRef.get(status),
       problems: SubscriptionRef.changes(status).pipe(Stream.map(gateProblem), Stream.changes)

@@ -108,14 +108,17 @@ const spawn = (
     const { plan, settings } = s
     // A restart onto GPUs still held by the last run's leftovers would fail at load: wait for them first.
     if (Option.isSome(gate)) yield* gate.value.awaitFree
+    // GPUs chosen after the agent's start (NVML silent then) reach the run here; [engine].env keeps the last word.
+    const env = Option.isSome(gate) ? { ...(yield* gate.value.runEnv), ...plan.env } : plan.env
+    const launch = { run, graceMs: settings.stopGraceMs, linesKept: settings.linesKept }
     // What an operator checks first when an engine will not start; secrets never reach the log.
-    yield* Effect.logInfo(`engine run ${run}: spawning`, { argv: redactArgv(plan.argv), env: redactEnv(plan.env) })
+    yield* Effect.logInfo(`engine run ${run}: spawning`, { argv: redactArgv(plan.argv), env: redactEnv(env) })
     // Acquired before the run, so removed after the run's teardown has confirmed the group gone.
     const pidFile = yield* pidFileOfRun(pidFilePath(settings.stateDir))
     // The OOM kill count at the spawn, read just before it: a kill in the run's first moments counts too.
     const oomKillsBefore = s.memory === undefined ? undefined : yield* s.memory.oomKills
     // Known to the stop record at once: a stop while the pid is awaited still reports this run.
-    const er = yield* s.host.spawn(plan, { run, graceMs: settings.stopGraceMs, linesKept: settings.linesKept }).pipe(
+    const er = yield* s.host.spawn({ ...plan, env }, launch).pipe(
       Effect.tap((er) => Ref.set(spawned, { run: er, pid: undefined, oomKillsBefore })),
       Effect.uninterruptible
     )

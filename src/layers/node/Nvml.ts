@@ -24,6 +24,7 @@ import type { Worker } from "node:worker_threads"
 import { Clock, Deferred, Duration, Effect, Layer, Option, Random } from "effect"
 import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
 import { DEFAULT_NVML_LIBRARY, type GpuIdentity, Nvml, type NvmlSampler } from "../../services/node/Nvml.ts"
+import { NvmlAbsence, nvmlAbsent } from "../../services/node/NvmlAbsence.ts"
 import { nameGpus } from "../../services/node/NvmlValues.ts"
 import type { XidRule } from "../../services/node/Xid.ts"
 import type { Metrics } from "../../services/observability/Metrics.ts"
@@ -96,7 +97,7 @@ interface Published {
 const acquire = (s: Settings) =>
   Effect.gen(function* () {
     const koffi = yield* Effect.tryPromise(() => import("koffi")).pipe(Effect.option)
-    if (koffi._tag === "None") return yield* unavailable("the koffi FFI module could not be loaded")
+    if (koffi._tag === "None") return yield* unavailable(NvmlAbsence.noFfi)
     const scope = yield* Effect.scope
     /** The worker thread, from its start until it is ended; `ready` while NVML is open in it. */
     let thread: NvmlThread | undefined
@@ -139,9 +140,7 @@ const acquire = (s: Settings) =>
           : "NVML not available; reporting no GPUs"
         yield* logOnce(
           why,
-          why.startsWith("cannot load")
-            ? Effect.logInfo(line, { reason: why })
-            : Effect.logWarning(line, { reason: why })
+          nvmlAbsent(why) ? Effect.logInfo(line, { reason: why }) : Effect.logWarning(line, { reason: why })
         )
       })
 
@@ -153,7 +152,7 @@ const acquire = (s: Settings) =>
       try {
         koffi.value.default.load(s.library).unload()
       } catch (e) {
-        return yield* down(`cannot load ${s.library}: ${message(e)}`)
+        return yield* down(NvmlAbsence.cannotLoad(s.library, message(e)))
       }
       // A worker stuck in an NVML call must not hold the process's exit: its way out needs koffi, loaded here.
       bindHardExit(koffi.value.default)
@@ -285,7 +284,7 @@ const open = (worker: string, options: NvmlOptions) => {
   const millis = (d: Duration.Input) => Duration.toMillis(Duration.fromInputUnsafe(d))
   const sampler =
     library === "" || library === "none"
-      ? unavailable("disabled (library set to none)")
+      ? unavailable(NvmlAbsence.disabled)
       : acquire({
           worker,
           library,

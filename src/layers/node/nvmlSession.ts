@@ -5,6 +5,7 @@
  * worker loads.
  */
 import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
+import { NvmlAbsence } from "../../services/node/NvmlAbsence.ts"
 import { nvmlReturnName } from "../../services/node/NvmlValues.ts"
 import { type Binding, bind } from "./nvmlBinding.ts"
 import { type XidWatch, xidWatch } from "./nvmlEvents.ts"
@@ -56,7 +57,7 @@ export const nvmlSession = (koffi: Koffi): ((request: NvmlRequest) => NvmlReply)
         try {
           next = bind(koffi, request.library)
         } catch (e) {
-          return { op: "open", failed: `cannot load ${request.library}: ${message(e)}` }
+          return { op: "open", failed: NvmlAbsence.cannotLoad(request.library, message(e)) }
         }
         const rc = next.init()
         if (rc !== 0) {

@@ -7,7 +7,10 @@
  * The decisions are pure (services/node/Gpus.ts); layers/engine/GpuGate.ts samples NVML and waits.
  */
 import { Context, type Effect, type Stream } from "effect"
-import type { Holder } from "../node/Gpus.ts"
+import type { Gpu } from "../../gen/cgn/agent/v1/agent.ts"
+import { type Assignment, assignGpus, type Holder } from "../node/Gpus.ts"
+import { nvmlAbsent } from "../node/NvmlAbsence.ts"
+import type { XidRule } from "../node/Xid.ts"
 
 export interface GpuWait {
   /** When this wait began (epoch ms, Effect Clock). */
@@ -16,10 +19,12 @@ export interface GpuWait {
   readonly holders: ReadonlyArray<Holder>
   /** Past `gpu_free_timeout`: the node is reported unhealthy while it keeps waiting. */
   readonly overdue: boolean
+  /** The wait is for NVML to list the GPUs the engine's are chosen from (`lateChoice`), not for their memory. */
+  readonly forNvml?: boolean
 }
 
 export interface GpuGateStatus {
-  /** NVML indices the engine is given; empty when unknown (no NVML) or not a GPU engine. */
+  /** NVML indices the engine is given; empty when unknown (no NVML), not chosen yet (`lateChoice`) or not a GPU engine. */
   readonly gpus: ReadonlyArray<number>
   /** The MIG device the engine is given (its UUID), on the GPU in `gpus`; absent: whole GPUs. */
   readonly mig?: string
@@ -31,11 +36,51 @@ export interface GpuGateStatus {
 
 /** The one line that makes the node unhealthy, or undefined. */
 export const gateProblem = (s: GpuGateStatus): string | undefined =>
-  s.fault ?? (s.waiting?.overdue ? `waiting for GPU memory: ${s.waiting.reason}` : undefined)
+  s.fault ??
+  (s.waiting?.overdue
+    ? `waiting for ${s.waiting.forNvml === true ? "NVML" : "GPU memory"}: ${s.waiting.reason}`
+    : undefined)
+
+/** What a start does about the engine's GPUs when the plan could not choose them (`lateChoice`). */
+export type LateChoice =
+  /** Chosen now: NVML lists GPUs (`Assigned`), or there is no NVML to wait for (`Unknown`: the engine sees them all). */
+  | { readonly _tag: "Chosen"; readonly assignment: Assignment }
+  /** NVML fails, hangs or lists no GPUs: the start waits for it. */
+  | { readonly _tag: "Waiting"; readonly reason: string }
+  /** NVML lists too few GPUs for the engine: the start is held, the node unhealthy. */
+  | { readonly _tag: "Refused"; readonly reason: string }
+
+/**
+ * The automatic choice of the engine's GPUs (`key`, models.<name>.gpus, unset) when NVML listed none at the agent's
+ * start (not answering, its driver not loaded yet): made before the first spawn with assignGpus's rule (the first
+ * `needed` healthy GPUs, faulty ones filling in), once NVML lists GPUs; `gpus` and `unavailable` are one sample of it.
+ * Spawning at once without CUDA_VISIBLE_DEVICES gave the engine every GPU and held it on a fault of any of them.
+ */
+export const lateChoice = (
+  key: string,
+  needed: number,
+  gpus: ReadonlyArray<Gpu>,
+  unavailable: string | undefined,
+  rule: XidRule
+): LateChoice => {
+  if (unavailable !== undefined && nvmlAbsent(unavailable)) return { _tag: "Chosen", assignment: { _tag: "Unknown" } }
+  const why = unavailable === undefined ? "NVML lists no GPUs" : `NVML is not answering (${unavailable})`
+  if (unavailable !== undefined || gpus.length === 0)
+    return { _tag: "Waiting", reason: `${why}: the engine's GPUs (${key} unset) are chosen once it lists them` }
+  const assignment = assignGpus([], needed, gpus, rule)
+  return assignment._tag === "Impossible"
+    ? { _tag: "Refused", reason: `${key}: ${assignment.reason}` }
+    : { _tag: "Chosen", assignment }
+}
 
 export interface GpuGateService {
   /** Returns once the engine's GPUs can take a new run; waits (never fails) while they cannot. */
   readonly awaitFree: Effect.Effect<void>
+  /**
+   * The CUDA variables of GPUs chosen after the agent's start (`lateChoice`), which the plan's env lacks; empty
+   * otherwise. Asked after `awaitFree`, for the run it let start; the plan's env goes over it ([engine].env last).
+   */
+  readonly runEnv: Effect.Effect<Readonly<Record<string, string>>>
   /** Records a spawned run's process group, so its leftovers are recognised before the next start. */
   readonly spawned: (pgid: number) => Effect.Effect<void>
   readonly status: Effect.Effect<GpuGateStatus>

@@ -32,10 +32,15 @@ const engines: Readonly<Record<EngineKind, Engine>> = {
 /** The backend for a kind. */
 export const engineFor = (kind: EngineKind): Engine => engines[kind]
 
+/** What an automatic choice that took faulty GPUs (`faults`: theirs), too few being healthy, says (at start, or later). */
+export const fillInWarning = (model: string, faults: ReadonlyArray<string>): string =>
+  `${formatPath(["models", model, "gpus"])}: too few healthy GPUs; the automatic choice takes faulty ones (${faults.join("; ")}): the engine is held, the node unhealthy, until they clear`
+
 /**
  * The plan with the engine's GPUs: `models.x.gpus`, or the first tp x dp healthy GPUs of `gpus` (NVML's list,
  * empty without NVML), faulty ones filling in when too few are healthy (said in the plan's warnings), given as
- * CUDA_VISIBLE_DEVICES. Fails when the host cannot hold the engine.
+ * CUDA_VISIBLE_DEVICES. Fails when the host cannot hold the engine. With no GPUs from NVML the automatic choice is
+ * left to the GPU gate, which makes it before the first spawn once NVML lists GPUs (layers/engine/GpuGate.ts).
  */
 export const planFor = (
   config: AgentConfig,
@@ -65,10 +70,7 @@ export const planFor = (
     ...(faulty.length === 0
       ? {}
       : {
-          warnings: [
-            ...(plan.warnings ?? []),
-            `${formatPath(["models", m.name, "gpus"])}: too few healthy GPUs; the automatic choice takes faulty ones (${faulty.join("; ")}): the engine is held, the node unhealthy, until they clear`
-          ]
+          warnings: [...(plan.warnings ?? []), fillInWarning(m.name, faulty)]
         }),
     ...(assignment._tag === "Assigned" ? { gpus: assignment.indices } : {})
   })

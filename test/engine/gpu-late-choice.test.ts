@@ -1,0 +1,187 @@
+// The engine's GPUs chosen after the agent's start (models.x.gpus unset, NVML listing none then: hung, its driver not
+// loaded yet): the pure rule (services/engine/GpuGate.ts lateChoice) and the live GpuGate (layers/engine/GpuGate.ts)
+// on a TestClock with a scripted NVML. The first start waits for NVML, the choice is made once it lists GPUs (healthy
+// ones first, as planFor's), fixed from then on, and the gate's GPUs and the run's CUDA variables follow it.
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Fiber, Layer } from "effect"
+import { TestClock } from "effect/testing"
+import type { Gpu } from "../../src/gen/cgn/agent/v1/agent.ts"
+import { layerFromObject } from "../../src/layers/config/Config.ts"
+import * as GpuGateLive from "../../src/layers/engine/GpuGate.ts"
+import { EnginePlan } from "../../src/services/engine/Engine.ts"
+import { GpuGate, gateProblem, lateChoice } from "../../src/services/engine/GpuGate.ts"
+import { gpuWith, Nvml } from "../../src/services/node/Nvml.ts"
+import { nvmlAbsent } from "../../src/services/node/NvmlAbsence.ts"
+import { defaultXidRule } from "../../src/services/node/Xid.ts"
+import { testPlan } from "../../src/testing/EngineProcess.ts"
+import * as MetricsTest from "../../src/testing/Metrics.ts"
+
+const KEY = 'models."m".gpus'
+const faulty = gpuWith({ index: 0, uuid: "GPU-dead", criticalXids: [{ xid: 79, events: 1 }] })
+const sound = gpuWith({ index: 1, uuid: "GPU-good" })
+const STUCK = "NVML has not answered for 10s (a GPU off the bus?)"
+
+describe("lateChoice", () => {
+  it("waits while NVML is there but silent, or lists no GPUs; with no NVML at all the engine gets no GPUs, as ever", () => {
+    const stuck = lateChoice(KEY, 1, [], STUCK, defaultXidRule)
+    assert.strictEqual(stuck._tag, "Waiting")
+    assert.match(
+      stuck._tag === "Waiting" ? stuck.reason : "",
+      /^NVML is not answering \(NVML has not answered.*\): the engine's GPUs \(models."m".gpus unset\) are chosen once it lists them$/
+    )
+    assert.strictEqual(
+      lateChoice(KEY, 1, [], "nvmlInit_v2 failed: Driver Not Loaded (9)", defaultXidRule)._tag,
+      "Waiting"
+    )
+    const none = lateChoice(KEY, 1, [], undefined, defaultXidRule)
+    assert.match(none._tag === "Waiting" ? none.reason : "", /^NVML lists no GPUs: /)
+    for (const absent of [
+      "cannot load libnvidia-ml.so.1: libnvidia-ml.so.1: cannot open shared object file",
+      "disabled (library set to none)",
+      "the koffi FFI module could not be loaded"
+    ]) {
+      assert.isTrue(nvmlAbsent(absent), absent)
+      assert.deepStrictEqual(lateChoice(KEY, 1, [], absent, defaultXidRule), {
+        _tag: "Chosen",
+        assignment: { _tag: "Unknown" }
+      })
+    }
+    assert.isFalse(nvmlAbsent(STUCK))
+  })
+
+  it("chooses as planFor does once NVML lists GPUs: healthy first, faulty ones filling in; too few refused", () => {
+    assert.deepStrictEqual(lateChoice(KEY, 1, [faulty, sound], undefined, defaultXidRule), {
+      _tag: "Chosen",
+      assignment: { _tag: "Assigned", indices: [1], automatic: true }
+    })
+    const filled = lateChoice(KEY, 2, [faulty, sound], undefined, defaultXidRule)
+    assert.deepStrictEqual(filled._tag === "Chosen" ? filled.assignment : undefined, {
+      _tag: "Assigned",
+      indices: [0, 1],
+      automatic: true,
+      faults: ["GPU 0 reported Xid 79 (fallen off the bus): it needs a GPU reset or a reboot"]
+    })
+    const refused = lateChoice(KEY, 3, [faulty, sound], undefined, defaultXidRule)
+    assert.match(refused._tag === "Refused" ? refused.reason : "", /^models."m".gpus: the engine needs 3 GPUs/)
+  })
+})
+
+/** NVML as the agent starts: silent (`down`); `remembered`: GPU 0's Xid 79 in this boot's record. */
+const host = { down: STUCK as string | undefined, gpus: [] as Array<Gpu> }
+const sample = Effect.sync(() => (host.down === undefined ? host.gpus : []))
+const gateOf = (remembered: boolean, model: Record<string, unknown> = {}) =>
+  GpuGateLive.layer.pipe(
+    Layer.provideMerge(MetricsTest.layerTest),
+    Layer.provide(
+      Layer.succeed(
+        Nvml,
+        Nvml.of({
+          gpus: sample,
+          sampleNow: sample,
+          unavailable: Effect.sync(() => host.down),
+          clearXids: () => Effect.succeed([]),
+          remembered: Effect.succeed(remembered ? [{ uuid: "GPU-dead", xids: [{ xid: 79, events: 1 }] }] : [])
+        })
+      )
+    ),
+    // the plan as planFor rendered it with no GPUs from NVML: none chosen, no CUDA variables
+    Layer.provide(Layer.succeed(EnginePlan, testPlan())),
+    Layer.provide(
+      layerFromObject({
+        engine: { kind: "vllm", gpu_free_timeout: "5s" },
+        models: { m: { hf_repo: "org/m", ...model } }
+      })
+    )
+  )
+const reset = Effect.sync(() => {
+  host.down = STUCK
+  host.gpus = []
+})
+
+describe("GpuGate: GPUs the plan could not choose at start", () => {
+  it.effect(
+    "NVML silent at start: held on the remembered fault; once NVML answers, the healthy GPU is chosen and fixed",
+    () =>
+      Effect.gen(function* () {
+        const gate = yield* GpuGate
+        assert.match((yield* gate.status).fault ?? "", /GPU-dead reported Xid 79.*names no UUIDs/)
+        const start = yield* Effect.forkChild(gate.awaitFree)
+        yield* TestClock.adjust("3 seconds")
+        assert.isUndefined(start.pollUnsafe(), "held while NVML is silent")
+        assert.deepStrictEqual((yield* gate.status).gpus, [])
+
+        // NVML answers: GPU 0 has the Xid, GPU 1 is sound and free; the choice takes GPU 1 and the start goes on
+        host.down = undefined
+        host.gpus = [
+          { ...faulty, memoryUsedBytes: 0 },
+          { ...sound, memoryUsedBytes: 0 }
+        ]
+        yield* TestClock.adjust("2 seconds")
+        yield* Fiber.join(start)
+        assert.deepStrictEqual(yield* gate.runEnv, { CUDA_DEVICE_ORDER: "PCI_BUS_ID", CUDA_VISIBLE_DEVICES: "1" })
+        const st = yield* gate.status
+        assert.deepStrictEqual(st.gpus, [1])
+        assert.isUndefined(st.fault, "GPU 0's fault is not the engine's")
+        assert.isUndefined(gateProblem(st))
+
+        // fixed: GPU 1 faulty later holds the next start (it is not moved to another GPU), GPU 0's cleared fault does not free it
+        host.gpus = [
+          { ...sound, index: 0, uuid: "GPU-other" },
+          { ...faulty, index: 1 }
+        ]
+        yield* TestClock.adjust("2 seconds")
+        assert.match((yield* gate.status).fault ?? "", /^GPU 1 reported Xid 79/)
+        assert.deepStrictEqual((yield* gate.status).gpus, [1])
+        assert.deepStrictEqual(yield* gate.runEnv, { CUDA_DEVICE_ORDER: "PCI_BUS_ID", CUDA_VISIBLE_DEVICES: "1" })
+      }).pipe(Effect.provide(gateOf(true)), Effect.ensuring(reset))
+  )
+
+  it.effect(
+    "NVML's driver not loaded at start, nothing remembered: the start waits for NVML (unhealthy once overdue)",
+    () =>
+      Effect.gen(function* () {
+        const gate = yield* GpuGate
+        const start = yield* Effect.forkChild(gate.awaitFree)
+        yield* TestClock.adjust("2 seconds")
+        assert.isUndefined(start.pollUnsafe(), "not spawned seeing every GPU")
+        const waiting = (yield* gate.status).waiting
+        assert.match(waiting?.reason ?? "", /^NVML is not answering \(nvmlInit_v2 failed.*\): the engine's GPUs/)
+        assert.isTrue(waiting?.forNvml)
+        assert.isUndefined(gateProblem(yield* gate.status), "not unhealthy before gpu_free_timeout")
+        yield* TestClock.adjust("5 seconds")
+        assert.match(gateProblem(yield* gate.status) ?? "", /^waiting for NVML: NVML is not answering/)
+
+        // the driver loaded (a GPU operator installed it): the first GPU is chosen, the start goes on
+        host.down = undefined
+        host.gpus = [gpuWith({ index: 0, memoryUsedBytes: 0 }), gpuWith({ index: 1, memoryUsedBytes: 0 })]
+        yield* TestClock.adjust("1 second")
+        yield* Fiber.join(start)
+        assert.deepStrictEqual(yield* gate.runEnv, { CUDA_DEVICE_ORDER: "PCI_BUS_ID", CUDA_VISIBLE_DEVICES: "0" })
+        assert.deepStrictEqual((yield* gate.status).gpus, [0])
+        assert.isUndefined((yield* gate.status).waiting)
+      }).pipe(
+        Effect.provide(gateOf(false)),
+        (test) =>
+          Effect.andThen(
+            Effect.sync(() => {
+              host.down = "nvmlInit_v2 failed: Driver Not Loaded (9)"
+            }),
+            test
+          ),
+        Effect.ensuring(reset)
+      )
+  )
+
+  it.effect("NVML lists too few GPUs for tp x dp: the node is unhealthy, naming the key, and the start is held", () =>
+    Effect.gen(function* () {
+      const gate = yield* GpuGate
+      const start = yield* Effect.forkChild(gate.awaitFree)
+      host.down = undefined
+      host.gpus = [gpuWith({ index: 0, memoryUsedBytes: 0 }), gpuWith({ index: 1, memoryUsedBytes: 0 })]
+      yield* TestClock.adjust("2 seconds")
+      assert.isUndefined(start.pollUnsafe())
+      assert.match(gateProblem(yield* gate.status) ?? "", /^models."m".gpus: the engine needs 4 GPUs/)
+      yield* Fiber.interrupt(start)
+    }).pipe(Effect.provide(gateOf(false, { tp: 4 })), Effect.ensuring(reset))
+  )
+})
