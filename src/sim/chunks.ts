@@ -2,6 +2,7 @@
 // A stream's constant JSON prefix/suffix is built once per request, so each token costs one small
 // JSON.stringify of the token text and a string concatenation, never a stringify of a big object.
 import { llamaStreamTemplate } from "./llamaChunks.ts"
+import { type MlxPrompt, mlxFullBody, mlxStreamTemplate } from "./mlxChunks.ts"
 import type { Flavor } from "./simConfig.ts"
 import { SIM_EOS_TOKEN_ID } from "./stopRules.ts"
 
@@ -26,7 +27,10 @@ export interface TokenAt {
 }
 
 export interface StreamTemplate {
-  /** The chat stream's opening role chunk (empty for completions, and for llama.cpp, which opens each choice). */
+  /**
+   * What opens the stream: the chat stream's role chunk (none for completions, nor for llama.cpp, which opens each
+   * choice); for mlx-lm, the keep-alive comments of the prompt's processing (mlxChunks.ts).
+   */
   readonly first: string
   /** The chunk(s) of one token's text; llama.cpp's chat stream sends none for an empty text. */
   token(text: string, at?: TokenAt): string
@@ -104,48 +108,92 @@ const stopValue = (flavor: Flavor, reason: string, matched: string | undefined):
   return flavor === "sglang" && reason === "stop" ? SIM_EOS_TOKEN_ID : null
 }
 
+/** What a stream's chunks say besides their text: the prompt's counts and `stream_options.continuous_usage_stats`. */
+export interface StreamOpts extends MlxPrompt {
+  readonly continuousUsage: boolean
+}
+
+const NO_OPTS: StreamOpts = { promptTokens: 0, cachedTokens: 0, continuousUsage: false }
+
+/**
+ * A usage object as the engine writes it. vLLM: UsageInfo dumped with exclude_unset (vllm/entrypoints/openai/
+ * engine/protocol.py). SGLang: UsageInfo (python/sglang/srt/entrypoints/openai/protocol.py) dumped whole, with
+ * `prompt_tokens_details: null` (no --enable-cache-report) and `reasoning_tokens: 0`, but for the completion stream's
+ * last chunk, dumped with exclude_none (serving_completions.py `final_usage_chunk.model_dump_json(exclude_none=True)`).
+ */
+const usageJson = (flavor: Flavor, u: Usage, dropNulls = false): string => {
+  const counts = `"prompt_tokens":${u.prompt_tokens},"total_tokens":${u.total_tokens},"completion_tokens":${u.completion_tokens}`
+  if (flavor !== "sglang") return `{${counts}}`
+  return `{${counts}${dropNulls ? "" : ',"prompt_tokens_details":null'},"reasoning_tokens":0}`
+}
+
 export const streamTemplate = (
   endpoint: Endpoint,
   id: string,
   model: string,
   created: number,
-  flavor: Flavor = "vllm"
+  flavor: Flavor = "vllm",
+  opts: StreamOpts = NO_OPTS
 ): StreamTemplate => {
   if (flavor === "llama_cpp") return llamaStreamTemplate(endpoint, id, model, created)
+  if (flavor === "mlx") return mlxStreamTemplate(endpoint, id, model, created, opts)
   const shape = STOP_SHAPES[flavor]
+  const sglang = flavor === "sglang"
   const object = endpoint === "chat" ? "chat.completion.chunk" : "text_completion"
   const head = `{"id":${JSON.stringify(id)},"object":"${object}","created":${created},"model":${JSON.stringify(model)},"choices":`
+  // SGLang's chat usage chunk is dumped whole, its completion one without nulls (usageJson)
   const usageChunk = (u: Usage, includeUsage: boolean) =>
-    includeUsage ? `data: ${head}[],"usage":${JSON.stringify(u)}}\n\n` : ""
+    includeUsage ? `data: ${head}[],"usage":${usageJson(flavor, u, sglang && endpoint === "completion")}}\n\n` : ""
+  // SGLang's completion chunks are pydantic dumps: `"usage":null` when none (serving_completions.py
+  // `chunk.model_dump_json()`); its chat chunks come from msgspec structs that leave an unset usage out
+  // (sse_utils.py StreamChunk, omit_defaults)
+  const chunkUsage = (u: Usage | undefined, on: boolean) =>
+    on && u !== undefined
+      ? `,"usage":${usageJson(flavor, u)}`
+      : sglang && endpoint === "completion"
+        ? ',"usage":null'
+        : ""
   const finishWithLastToken = mergesFinish(endpoint, flavor)
   const stopOf = (value: string | number | null) =>
     shape.field === undefined ? "" : `,"${shape.field}":${JSON.stringify(value)}`
   const tokenStop = shape.onTokens[endpoint] ? stopOf(null) : ""
   const skipEmpty = !shape.emptyChunks[endpoint]
+  // `usage` on every chunk (request.ts decides when: GenRequest.continuousUsage); vLLM's chat_completion/serving.py
+  // and completion/serving.py set `chunk.usage` on each chunk, the opening one with completion_tokens 0
+  const perChunk = opts.continuousUsage
   if (endpoint === "chat") {
-    const tokPre = `data: ${head}[{"index":0,"delta":{"content":`
-    const tokPost = `},"logprobs":null,"finish_reason":null${tokenStop}}]}\n\n`
+    // SGLang's chat delta always carries `reasoning_content` (null here), its other unset fields left out
+    // (sse_utils.py StreamDelta: reasoning_content has no default); each choice carries its nulls (StreamChoice)
+    const reasoning = sglang ? '"reasoning_content":null,' : ""
+    const tokPre = `data: ${head}[{"index":0,"delta":{${reasoning}"content":`
+    const tokPost = `},"logprobs":null,"finish_reason":null${tokenStop}}]`
+    const opening: Usage = { prompt_tokens: opts.promptTokens, total_tokens: opts.promptTokens, completion_tokens: 0 }
     return {
-      first: `data: ${head}[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n`,
-      token: (t) => (t === "" && skipEmpty ? "" : tokPre + JSON.stringify(t) + tokPost),
+      // SGLang's opening chunk has no usage (build_sse_content without one); vLLM's has the prompt's
+      first: `data: ${head}[{"index":0,"delta":{${reasoning}"role":"assistant","content":""},"logprobs":null,"finish_reason":null${sglang ? stopOf(null) : ""}}]${sglang ? "" : chunkUsage(opening, perChunk)}}\n\n`,
+      token: (t, at) =>
+        t === "" && skipEmpty ? "" : `${tokPre}${JSON.stringify(t)}${tokPost}${chunkUsage(at?.usage, perChunk)}}\n\n`,
       finishWithLastToken,
       end: (r, u, includeUsage, last, _index, matched) => {
-        const delta = last === undefined ? "{}" : `{"content":${JSON.stringify(last)}}`
+        const delta =
+          last === undefined ? (sglang ? '{"reasoning_content":null}' : "{}") : `{"content":${JSON.stringify(last)}}`
+        // SGLang's separate finish chunk carries no usage (serving_chat.py, build_sse_content without one)
         return (
-          `data: ${head}[{"index":0,"delta":${delta},"logprobs":null,"finish_reason":${JSON.stringify(r)}${stopOf(stopValue(flavor, r, matched))}}]}\n\n` +
+          `data: ${head}[{"index":0,"delta":${delta},"logprobs":null,"finish_reason":${JSON.stringify(r)}${stopOf(stopValue(flavor, r, matched))}}]${sglang ? "" : chunkUsage(u, perChunk)}}\n\n` +
           usageChunk(u, includeUsage)
         )
       }
     }
   }
   const tokPre = `data: ${head}[{"index":0,"text":`
-  const tokPost = `,"logprobs":null,"finish_reason":null${tokenStop}}]}\n\n`
+  const tokPost = `,"logprobs":null,"finish_reason":null${tokenStop}}]`
   return {
     first: "",
-    token: (t) => (t === "" && skipEmpty ? "" : tokPre + JSON.stringify(t) + tokPost),
+    token: (t, at) =>
+      t === "" && skipEmpty ? "" : `${tokPre}${JSON.stringify(t)}${tokPost}${chunkUsage(at?.usage, perChunk)}}\n\n`,
     finishWithLastToken,
     end: (r, u, includeUsage, last, _index, matched) =>
-      `data: ${head}[{"index":0,"text":${JSON.stringify(last ?? "")},"logprobs":null,"finish_reason":${JSON.stringify(r)}${stopOf(stopValue(flavor, r, matched))}}]}\n\n` +
+      `data: ${head}[{"index":0,"text":${JSON.stringify(last ?? "")},"logprobs":null,"finish_reason":${JSON.stringify(r)}${stopOf(stopValue(flavor, r, matched))}}]${chunkUsage(u, perChunk)}}\n\n` +
       usageChunk(u, includeUsage)
   }
 }
@@ -159,8 +207,10 @@ export const fullBody = (
   created: number,
   end: { readonly content: string; readonly reason: string; readonly matched: string | undefined },
   usage: Usage,
-  kvTransferParams: unknown
+  kvTransferParams: unknown,
+  prompt: MlxPrompt = NO_OPTS
 ): Record<string, unknown> => {
+  if (flavor === "mlx") return mlxFullBody(endpoint, id, model, created, end, usage, prompt)
   const field = STOP_SHAPES[flavor].field
   const stop = field === undefined ? {} : { [field]: stopValue(flavor, end.reason, end.matched) }
   const text = end.content
@@ -168,7 +218,11 @@ export const fullBody = (
     endpoint === "chat"
       ? {
           index: 0,
-          message: { role: "assistant", content: text, tool_calls: [] },
+          // SGLang's ChatMessage is dumped whole: its unset reasoning and tool calls are nulls (protocol.py)
+          message:
+            flavor === "sglang"
+              ? { role: "assistant", content: text, reasoning_content: null, tool_calls: null }
+              : { role: "assistant", content: text, tool_calls: [] },
           logprobs: null,
           finish_reason: end.reason,
           ...stop
@@ -180,7 +234,7 @@ export const fullBody = (
     created,
     model,
     choices: [choice],
-    usage
+    usage: JSON.parse(usageJson(flavor, usage)) as unknown
   }
   if (flavor === "vllm") body.kv_transfer_params = kvTransferParams ?? null
   return body

@@ -219,6 +219,7 @@ export const generate = async (
     return { prompt_tokens: p, total_tokens: p + generated, completion_tokens: generated }
   }
   const flavor = cfg.flavor
+  const prompt = { promptTokens: gr.sequences[0]?.promptTokens ?? 0, cachedTokens: admission.hitTokens }
   const events = sequenceEvents(
     plans,
     flavor === "llama_cpp" ? () => new LlamaStops(gr.stop, gr.assistantPrefill) : () => stopMatcher(flavor, gr)
@@ -226,7 +227,10 @@ export const generate = async (
   const ends: Array<{ reason: string; content: string; generated: number; matched: string | undefined }> = []
 
   if (gr.stream) {
-    const tpl = streamTemplate(gr.endpoint, id, model, created, cfg.flavor)
+    const tpl = streamTemplate(gr.endpoint, id, model, created, cfg.flavor, {
+      ...prompt,
+      continuousUsage: gr.continuousUsage === true
+    })
     res.writeHead(200, sseHeaders(cfg.flavor))
     let out = tpl.first
     let held: string | undefined
@@ -310,6 +314,6 @@ export const generate = async (
           ends.map((e) => ({ text: e.content, finishReason: e.reason })),
           usage(0, e0.generated)
         )
-      : fullBody(flavor, gr.endpoint, id, model, created, e0, usage(0, e0.generated), kvParams)
+      : fullBody(flavor, gr.endpoint, id, model, created, e0, usage(0, e0.generated), kvParams, prompt)
   sendJson(res, 200, body, jsonHeaders(cfg.flavor))
 }

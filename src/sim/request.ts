@@ -70,6 +70,8 @@ export interface GenRequest {
   readonly includeStopStr?: boolean
   /** SGLang `no_stop_trim`: the stop string stays in the text. */
   readonly noStopTrim?: boolean
+  /** `usage` on every stream chunk (`stream_options.continuous_usage_stats`, as the flavor reads it). */
+  readonly continuousUsage?: boolean
   /** llama.cpp: SSE comment pings while a started stream has nothing to send (ms; undefined: none). */
   readonly ssePingMs?: number | undefined
 }
@@ -149,7 +151,13 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
   if (rawMax !== undefined && rawMax !== null) {
     // mlx-lm takes 0 (mlxRequest.ts); vLLM and SGLang refuse it
     if (typeof rawMax !== "number" || !Number.isInteger(rawMax) || rawMax < (cfg.flavor === "mlx" ? 0 : 1)) {
-      return { status: 400, message: `max_tokens must be at least 1, got ${String(rawMax)}.`, param: "max_tokens" }
+      // SGLang's completion request refuses it in a pydantic validator (python/sglang/srt/entrypoints/openai/
+      // protocol.py CompletionRequest.validate_max_tokens_positive); the text is vLLM's SamplingParams._verify_args
+      const message =
+        cfg.flavor === "sglang" && endpoint === "completion"
+          ? "max_tokens must be positive"
+          : `max_tokens must be at least 1, got ${String(rawMax)}.`
+      return { status: 400, message, param: "max_tokens" }
     }
     maxTokens = rawMax
   }
@@ -173,6 +181,10 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
   const so = b.stream_options
   const includeUsage =
     typeof so === "object" && so !== null && (so as { include_usage?: unknown }).include_usage === true
+  const continuousStats =
+    typeof so === "object" &&
+    so !== null &&
+    (so as { continuous_usage_stats?: unknown }).continuous_usage_stats === true
   const kvp = b.kv_transfer_params
   let bootstrap: GenRequest["bootstrap"]
   const roomMatch = /"bootstrap_room"\s*:\s*(\d+)/.exec(rawBody)
@@ -188,6 +200,9 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
     maxTokens,
     stream: b.stream === true,
     includeUsage,
+    // usage on every chunk: vLLM only with include_usage (vllm/entrypoints/utils.py should_include_usage), SGLang
+    // without it too (python/sglang/srt/entrypoints/openai/utils.py should_include_usage); mlx-lm has no such option
+    continuousUsage: continuousStats && (cfg.flavor === "sglang" || (cfg.flavor === "vllm" && includeUsage)),
     seed,
     cacheSalt: typeof b.cache_salt === "string" && b.cache_salt !== "" ? b.cache_salt : undefined,
     kvTransferParams: typeof kvp === "object" && kvp !== null ? (kvp as Record<string, unknown>) : undefined,
