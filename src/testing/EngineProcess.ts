@@ -11,7 +11,9 @@ import {
   type ExitRecord,
   fromRefs,
   type RestartRequest,
-  type RestartSource
+  type RestartSource,
+  type RunEnd,
+  RunEndWords
 } from "../services/engine/EngineProcess.ts"
 import { State } from "../services/engine/EngineState.ts"
 
@@ -53,7 +55,7 @@ export const testPlan = (overrides: Partial<LaunchPlan> = {}): LaunchPlan => ({
 })
 
 /** An ended run's record (code 1 after 1 ms) for tests that hand the supervisor's states around. */
-export const testExit = (run: number, reason = "exited"): ExitRecord => ({
+export const testExit = (run: number, endedBy: RunEnd = { kind: "exited" }): ExitRecord => ({
   run,
   pid: 1,
   code: 1,
@@ -61,7 +63,8 @@ export const testExit = (run: number, reason = "exited"): ExitRecord => ({
   startedAt: 0,
   endedAt: 1,
   runtimeMs: 1,
-  reason,
+  reason: RunEndWords.record(endedBy),
+  endedBy,
   lastLines: [],
   oomKills: undefined,
   memoryLimitBytes: undefined

@@ -32,6 +32,7 @@ const exit: ExitRecord = {
   endedAt: Date.parse("2025-01-01T00:00:05Z"),
   runtimeMs: 5000,
   reason: "exited",
+  endedBy: { kind: "exited" },
   lastLines: ["[stderr] CUDA out of memory"],
   oomKills: undefined,
   memoryLimitBytes: undefined,

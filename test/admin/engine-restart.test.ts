@@ -4,7 +4,7 @@
 import { Context, Effect } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
 import { ADMIN_RESTART_REASON } from "../../src/services/admin/EngineRestart.ts"
-import type { EngineState } from "../../src/services/engine/EngineProcess.ts"
+import type { EngineState, ExitRecord } from "../../src/services/engine/EngineProcess.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
 import * as EngineTest from "../../src/testing/EngineProcess.ts"
 import { startAdmin } from "../support/admin.ts"
@@ -44,7 +44,7 @@ describe("POST /engine/restart", () => {
   })
 
   it("in a crash loop's restart backoff, ends the wait (202, backoffEnded) with the admin reason", async () => {
-    const lastExit = {
+    const lastExit: ExitRecord = {
       run: 4,
       pid: 123,
       code: 1,
@@ -53,6 +53,7 @@ describe("POST /engine/restart", () => {
       endedAt: 100,
       runtimeMs: 100,
       reason: "exited",
+      endedBy: { kind: "exited" },
       lastLines: [],
       oomKills: undefined,
       memoryLimitBytes: undefined

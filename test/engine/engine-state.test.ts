@@ -28,6 +28,7 @@ const exitOf = (run: number): ExitRecord => ({
   endedAt: 1500,
   runtimeMs: 1500,
   reason: "exited",
+  endedBy: { kind: "exited" },
   lastLines: ["[stderr] boom"],
   oomKills: undefined,
   memoryLimitBytes: undefined
@@ -266,7 +267,14 @@ describe("describeExit", () => {
   it("names the reason, the status and the runtime", () => {
     assert.strictEqual(describeExit(exitOf(2)), "run 2 (pid 4242) ended: exited, exit code 1, after 1.5 s")
     assert.strictEqual(
-      describeExit({ ...exitOf(0), pid: undefined, code: null, signal: "SIGKILL", reason: "stopped" }),
+      describeExit({
+        ...exitOf(0),
+        pid: undefined,
+        code: null,
+        signal: "SIGKILL",
+        reason: "stopped",
+        endedBy: { kind: "stopped" }
+      }),
       "run 0 (pid -) ended: stopped, signal SIGKILL, after 1.5 s"
     )
   })
@@ -280,32 +288,38 @@ describe("OOM kills in an exit", () => {
   it.each([
     [
       "SIGKILL, the count rose: killed by the OOM killer",
-      { code: null, signal: "SIGKILL", reason: "exited", oomKills: 1, memoryLimitBytes: gib8 },
+      { code: null, signal: "SIGKILL", endedBy: { kind: "exited" }, oomKills: 1, memoryLimitBytes: gib8 },
       "signal SIGKILL, killed by the kernel's OOM killer (1 kill in the agent's memory cgroup, limit 8.0 GiB)"
     ],
     [
       "several kills, no limit known",
-      { code: null, signal: "SIGKILL", reason: "exited", oomKills: 3, memoryLimitBytes: undefined },
+      { code: null, signal: "SIGKILL", endedBy: { kind: "exited" }, oomKills: 3, memoryLimitBytes: undefined },
       "signal SIGKILL, killed by the kernel's OOM killer (3 kills in the agent's memory cgroup)"
     ],
     [
       "an exit code (a worker killed, the leader exited after it): kills during the run",
-      { code: 1, signal: null, reason: "exited", oomKills: 2, memoryLimitBytes: gib8 },
+      { code: 1, signal: null, endedBy: { kind: "exited" }, oomKills: 2, memoryLimitBytes: gib8 },
       "exit code 1, 2 OOM kills in the agent's memory cgroup during this run (limit 8.0 GiB)"
     ],
     [
       "SIGKILL from the agent's own stop of an unhealthy engine: kills during the run, not the killer",
-      { code: null, signal: "SIGKILL", reason: "unhealthy: probe timeout", oomKills: 1, memoryLimitBytes: gib8 },
+      {
+        code: null,
+        signal: "SIGKILL",
+        endedBy: { kind: "unhealthy", reason: "probe timeout" },
+        oomKills: 1,
+        memoryLimitBytes: gib8
+      },
       "signal SIGKILL, 1 OOM kill in the agent's memory cgroup during this run (limit 8.0 GiB)"
     ],
     [
       "SIGKILL, the count did not rise",
-      { code: null, signal: "SIGKILL", reason: "exited", oomKills: 0, memoryLimitBytes: gib8 },
+      { code: null, signal: "SIGKILL", endedBy: { kind: "exited" }, oomKills: 0, memoryLimitBytes: gib8 },
       "signal SIGKILL"
     ],
     [
       "SIGKILL, the count unknown (no cgroup: macOS)",
-      { code: null, signal: "SIGKILL", reason: "exited", oomKills: undefined, memoryLimitBytes: undefined },
+      { code: null, signal: "SIGKILL", endedBy: { kind: "exited" }, oomKills: undefined, memoryLimitBytes: undefined },
       "signal SIGKILL"
     ]
   ] as const)("%s", (_, exit, text) => assert.strictEqual(describeStatus(exit), text))

@@ -5,7 +5,7 @@
 import { describe, expect, it } from "vitest"
 import { exitForensics } from "../../src/services/admin/Admin.ts"
 import type { ExitHint } from "../../src/services/engine/Engine.ts"
-import type { ExitRecord } from "../../src/services/engine/EngineProcess.ts"
+import type { ExitRecord, RunEnd } from "../../src/services/engine/EngineProcess.ts"
 import { describeExit, failingReason } from "../../src/services/engine/EngineState.ts"
 import { CAUSE_LINES_KEPT, exitHint, type KeptLine, keepLine, matchHint } from "../../src/services/engine/ExitHints.ts"
 
@@ -59,13 +59,13 @@ describe("matchHint: the first entry matching a line, newest line first", () => 
 
 describe("exitHint: only a run that ended by itself with a failure", () => {
   interface Run {
-    readonly reason: string
+    readonly endedBy: RunEnd
     readonly code: number | null
     readonly signal: string | null
     readonly lastLines: ReadonlyArray<string>
     readonly wasReady: boolean
   }
-  const run: Run = { reason: "exited", code: 1, signal: null, lastLines: [NO_KV, WRAPPER], wasReady: false }
+  const run: Run = { endedBy: { kind: "exited" }, code: 1, signal: null, lastLines: [NO_KV, WRAPPER], wasReady: false }
   it.each<[string, Partial<Run>, string | undefined]>([
     ["exit code 1", {}, "raise gpu_memory_utilization"],
     [
@@ -75,9 +75,17 @@ describe("exitHint: only a run that ended by itself with a failure", () => {
     ],
     ["no exit status known", { code: null }, "raise gpu_memory_utilization"],
     ["a clean exit 0", { code: 0 }, undefined],
-    ["stopped by the agent", { reason: "stopped", code: null, signal: "SIGTERM" }, undefined],
-    ["killed after a startup timeout", { reason: "startup timeout", code: null, signal: "SIGKILL" }, undefined],
-    ["killed as unhealthy", { reason: "unhealthy: 3 liveness probes failed in a row", code: 0 }, undefined],
+    ["stopped by the agent", { endedBy: { kind: "stopped" }, code: null, signal: "SIGTERM" }, undefined],
+    [
+      "killed after a startup timeout",
+      { endedBy: { kind: "startupTimeout" }, code: null, signal: "SIGKILL" },
+      undefined
+    ],
+    [
+      "killed as unhealthy",
+      { endedBy: { kind: "unhealthy", reason: "3 liveness probes failed in a row" }, code: 0 },
+      undefined
+    ],
     // a cause line kept from its start (keepLine) must not be told as the cause of a crash hours into serving
     ["a run that was ready, then crashed", { wasReady: true }, undefined]
   ])("%s", (_name, over, want) => {
@@ -100,6 +108,7 @@ describe("the hint where an exit is told", () => {
     endedAt: 1500,
     runtimeMs: 1500,
     reason: "exited",
+    endedBy: { kind: "exited" },
     lastLines: [NO_KV],
     oomKills: undefined,
     memoryLimitBytes: undefined,

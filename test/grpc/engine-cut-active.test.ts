@@ -42,7 +42,7 @@ describe("agentCut: the states in which the agent itself ends the run", () => {
     [
       "the next run starting after an operator's restart",
       State.Starting({ phase: "loading", since: 0, run: 1 }),
-      [{ ...testExit(0, RunEndWords.record(OPERATOR_RESTART)), endedBy: OPERATOR_RESTART }],
+      [testExit(0, OPERATOR_RESTART)],
       { by: "restart", why: OPERATOR }
     ],
     ["the first run starting", State.Starting({ phase: "loading", since: 0, run: 0 }), [], undefined],

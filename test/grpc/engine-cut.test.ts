@@ -50,7 +50,7 @@ const tornDown = (ending: UnhealthyEnding): EngineState =>
   State.Unhealthy({ reason: RunEndWords.ending(ending), since: 0, run: 0, ending })
 /** Run `run`'s exit record as the supervisor writes it for `endedBy`. */
 const exitBy = (run: number, endedBy: RunEnd): ExitRecord => ({
-  ...testExit(run, RunEndWords.record(endedBy)),
+  ...testExit(run, endedBy),
   endedBy
 })
 

@@ -30,6 +30,7 @@ const exit: ExitRecord = {
   endedAt: 3000,
   runtimeMs: 3000,
   reason: "exited",
+  endedBy: { kind: "exited" },
   lastLines: [],
   oomKills: undefined,
   memoryLimitBytes: undefined

@@ -74,8 +74,8 @@ const exitRecord = (
     const code = ex?.code ?? null
     const signal = ex?.signal ?? null
     const lastLines = spawned === undefined ? [] : yield* spawned.run.lastLines
-    // Read from the end as the watch gave it: "exited" means the engine ended by itself.
-    const hint = exitHint(s.plan.exitHints, { reason: RunEndWords.record(ended), code, signal, lastLines, wasReady })
+    // From the end as the watch gave it: `exited`, the engine ended by itself.
+    const hint = exitHint(s.plan.exitHints, { endedBy: ended, code, signal, lastLines, wasReady })
     // an engine that ended with no exit status (not spawned, its exit unreported) says why instead
     const endedBy: RunEnd =
       ended.kind === "exited" && ex?.problem !== undefined ? { kind: "failed", problem: ex.problem } : ended
@@ -178,7 +178,7 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
         const how = describeStatus({
           code: ex?.code ?? null,
           signal: ex?.signal ?? null,
-          reason: "exited",
+          endedBy: { kind: "exited" },
           oomKills: undefined,
           memoryLimitBytes: undefined
         })

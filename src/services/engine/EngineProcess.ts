@@ -81,11 +81,8 @@ export interface ExitRecord {
   readonly runtimeMs: number
   /** Why the run ended, in words (RunEndWords.record of `endedBy`): "exited", "unhealthy: ...", "stopped". */
   readonly reason: string
-  /**
-   * Why the run ended, as data: the supervisor always writes it. A record built without it (a test's) reads as the
-   * engine's own exit.
-   */
-  readonly endedBy?: RunEnd
+  /** Why the run ended, as data (what readers switch on; `reason` renders it). */
+  readonly endedBy: RunEnd
   /** The last lines the engine printed (stdout and stderr, tagged). */
   readonly lastLines: ReadonlyArray<string>
   /**

@@ -230,14 +230,14 @@ export const livenessStep = (
  * the count did not rise or is unknown.
  */
 export const describeStatus = (
-  exit: Pick<ExitRecord, "code" | "signal" | "reason" | "oomKills" | "memoryLimitBytes">
+  exit: Pick<ExitRecord, "code" | "signal" | "endedBy" | "oomKills" | "memoryLimitBytes">
 ): string => {
   const status =
     exit.signal !== null ? `signal ${exit.signal}` : exit.code !== null ? `exit code ${exit.code}` : "no exit status"
   const kills = exit.oomKills ?? 0
   if (kills === 0) return status
   const limit = exit.memoryLimitBytes === undefined ? "" : `limit ${formatBytes(exit.memoryLimitBytes)}`
-  if (exit.signal === "SIGKILL" && exit.reason === "exited")
+  if (exit.signal === "SIGKILL" && exit.endedBy.kind === "exited")
     return (
       `${status}, killed by the kernel's OOM killer ` +
       `(${kills} ${kills === 1 ? "kill" : "kills"} in the agent's memory cgroup${limit === "" ? "" : `, ${limit}`})`

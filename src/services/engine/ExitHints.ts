@@ -23,17 +23,17 @@ export const matchHint = (table: ReadonlyArray<ExitHint>, lines: ReadonlyArray<s
 }
 
 /**
- * The hint for a run, only when it ended by itself (`reason` "exited", as the supervisor records it before any
- * other reason) and not cleanly (exit 0 without a signal): a stopped, timed-out or unhealthy run was ended by the
+ * The hint for a run, only when it ended by itself (`endedBy` exited, as the supervisor records it before any
+ * other end) and not cleanly (exit 0 without a signal): a stopped, timed-out or unhealthy run was ended by the
  * agent, and its last lines say nothing about why. And only for a run that never became ready: the tables are start
  * failures, and a run that served has kept every earlier line naming one (keepLine), so a cause it survived at start
  * would be told as the cause of an unrelated crash hours later.
  */
 export const exitHint = (
   table: ReadonlyArray<ExitHint> | undefined,
-  run: Pick<ExitRecord, "reason" | "code" | "signal" | "lastLines"> & { readonly wasReady: boolean }
+  run: Pick<ExitRecord, "endedBy" | "code" | "signal" | "lastLines"> & { readonly wasReady: boolean }
 ): string | undefined => {
-  if (table === undefined || table.length === 0 || run.reason !== "exited" || run.wasReady) return undefined
+  if (table === undefined || table.length === 0 || run.endedBy.kind !== "exited" || run.wasReady) return undefined
   if (run.code === 0 && run.signal === null) return undefined
   return matchHint(table, run.lastLines)
 }

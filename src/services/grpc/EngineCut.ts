@@ -36,12 +36,9 @@ const restarting = (why: string): RunEnding => ({ by: "restart", why: `the engin
 const restartWhy = (end: RequestedEnd): RunEnding =>
   restarting(end.source === "admin" ? "POST /engine/restart by an operator" : end.reason)
 
-/**
- * An ended run, as a caller reads it, by how it ended (its record's `endedBy`; a record without one, a test's, as the
- * engine's own exit).
- */
+/** An ended run, as a caller reads it, by how it ended (its record's `endedBy`). */
 const fromExit = (exit: ExitRecord): RunEnding => {
-  const end: RunEnd = exit.endedBy ?? { kind: "exited" }
+  const end = exit.endedBy
   switch (end.kind) {
     case "exited":
       return { by: "exit", why: RunEndWords.exited(describeStatus(exit)) }
