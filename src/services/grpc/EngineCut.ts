@@ -16,7 +16,6 @@ import {
   type EngineState,
   type ExitRecord,
   type RequestedEnd,
-  type RunEnd,
   RunEndWords,
   type UnhealthyEnding
 } from "../engine/EngineProcess.ts"
