@@ -14,6 +14,7 @@ import * as EngineHostLive from "../layers/engine/EngineHost.ts"
 import * as EngineProcessLive from "../layers/engine/EngineProcess.ts"
 import * as EngineStallLive from "../layers/engine/EngineStall.ts"
 import * as GpuGateLive from "../layers/engine/GpuGate.ts"
+import * as ServedContextLive from "../layers/engine/ServedContext.ts"
 import * as AdmissionLive from "../layers/grpc/Admission.ts"
 import * as GrpcServerLive from "../layers/grpc/GrpcServer.ts"
 import * as HealthListener from "../layers/grpc/HealthListener.ts"
@@ -78,6 +79,8 @@ export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
   // NVML before the plan: the plan's GPUs (CUDA_VISIBLE_DEVICES) come from it; the gate before the supervisor.
   return NodeStatusLive.layer().pipe(
     Layer.provideMerge(EngineStallLive.layer),
+    // What the engine says one request can use, read once per Ready period: ListModels and Generate read it.
+    Layer.provideMerge(ServedContextLive.layer),
     // Above the supervisor: the bridge follows its runs (a run that ends is retracted from kvcached).
     Layer.provideMerge(KvBridgeLive.layer),
     Layer.provideMerge(services),

@@ -94,8 +94,11 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     enableMetrics = p.flags.has("--metrics")
     const np = num(first("-np", "--parallel"), "-np")
     defaultMaxSeqs = np ?? 4
+    // With --kv-unified every slot may use the whole context (src/llama-context.cpp: n_ctx_seq = n_ctx when
+    // kv_unified, else n_ctx / n_seq_max); tools/server/server-context.cpp n_ctx_slot() reports it.
+    const unified = p.flags.has("--kv-unified") || p.flags.has("-kvu")
     if (maxModelLen !== undefined && maxModelLen > 0)
-      slotContext = np === undefined ? maxModelLen : Math.floor(maxModelLen / np)
+      slotContext = np === undefined || unified ? maxModelLen : Math.floor(maxModelLen / np)
     // common/common.h sse_ping_interval = 30 (seconds; -1 disables), common/arg.cpp --sse-ping-interval.
     const ping = num(v("--sse-ping-interval"), "--sse-ping-interval") ?? 30
     ssePingMs = ping > 0 ? ping * 1000 : undefined

@@ -37,7 +37,8 @@ describe("a burst of client cancels", () => {
     try {
       const calls = Array.from({ length: cancelledN + keptN }, (_, i) => {
         const abort = new AbortController()
-        const g = generate(client, { prompt: `p${i}`, sampling: { maxTokens: 10_000 } }, { signal: abort.signal })
+        // within the simulator's max_model_len (4096, which the agent reads and holds max_tokens to)
+        const g = generate(client, { prompt: `p${i}`, sampling: { maxTokens: 4_000 } }, { signal: abort.signal })
         return { ...g, abort }
       })
       await Promise.all(calls.map((c) => c.firstDelta))

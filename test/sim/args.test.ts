@@ -20,6 +20,13 @@ describe("parseArgs", () => {
     expect(c).toMatchObject({ flavor, servedName: served, port })
   })
 
+  it("llama_cpp: a slot's context is -c / -np, the whole -c with --kv-unified (llama-context.cpp n_ctx_seq)", () => {
+    const base = ["-m", "/x/file.gguf", "-c", "1024", "-np", "2"]
+    expect(parseArgs(base).slotContext).toBe(512)
+    expect(parseArgs([...base, "--kv-unified"]).slotContext).toBe(1024)
+    expect(parseArgs([...base, "-kvu"]).slotContext).toBe(1024)
+  })
+
   it("reads JSON and dotted config flags, knobs and unmodelled flags", () => {
     const c = parseArgs([
       "serve",

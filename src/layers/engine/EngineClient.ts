@@ -6,7 +6,7 @@
  * exchange: the socket is destroyed and the engine sees the disconnect. Errors are normalized by EngineErrors.
  */
 import { Effect, Layer } from "effect"
-import { Agent } from "undici"
+import { Agent, type Dispatcher } from "undici"
 import { EnginePlan, type LaunchPlan } from "../../services/engine/Engine.ts"
 import {
   type ChunkSink,
@@ -34,6 +34,42 @@ const overflowError = (ex: Exchange): EngineError =>
         reason: "Protocol",
         message: `the answer is larger than ${MAX_WHOLE_BODY_BYTES} bytes (an error body: ${MAX_ERROR_BODY_BYTES})`
       })
+
+/** The whole body of a finished exchange, or its failure. */
+const whole = (ex: Exchange): Effect.Effect<{ status: number; text: string }, EngineError> =>
+  Effect.suspend(function loop(): Effect.Effect<{ status: number; text: string }, EngineError> {
+    if (ex.overflowed) return Effect.fail(overflowError(ex))
+    if (ex.error !== undefined) return Effect.fail(transportError(ex.error, ex.status > 0))
+    if (ex.ended) return Effect.succeed({ status: ex.status, text: bodyText(ex.take()) })
+    return Effect.flatMap(ex.changed, loop)
+  }).pipe(Effect.onInterrupt(() => Effect.sync(() => ex.close())))
+
+/**
+ * GET `url` on `dispatcher` and read the whole answer, each of headers and body bounded by `timeoutMs`; an error status
+ * fails as the engine's error. The client's /metrics read, and what else the agent reads of the engine whole
+ * (ServedContext.ts: its model list).
+ */
+export const getText = (dispatcher: Dispatcher, url: string, timeoutMs: number): Effect.Effect<string, EngineError> =>
+  Effect.suspend(() => {
+    const u = new URL(url)
+    const ex = new Exchange()
+    dispatcher.dispatch(
+      {
+        origin: u.origin,
+        path: `${u.pathname}${u.search}`,
+        method: "GET",
+        headers: {},
+        body: null,
+        headersTimeout: timeoutMs,
+        bodyTimeout: timeoutMs,
+        blocking: false
+      },
+      ex
+    )
+    return Effect.flatMap(whole(ex), (r) =>
+      r.status >= 400 ? Effect.fail(httpError(r.status, r.text)) : Effect.succeed(r.text)
+    )
+  })
 
 /** Tuning of the HTTP client; the defaults suit a local engine. */
 export interface ClientOptions {
@@ -104,15 +140,6 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
         : { ...body, model: plan.requestModel, stream }
     )
 
-  /** The whole body of a finished exchange, or its failure. */
-  const whole = (ex: Exchange): Effect.Effect<{ status: number; text: string }, EngineError> =>
-    Effect.suspend(function loop(): Effect.Effect<{ status: number; text: string }, EngineError> {
-      if (ex.overflowed) return Effect.fail(overflowError(ex))
-      if (ex.error !== undefined) return Effect.fail(transportError(ex.error, ex.status > 0))
-      if (ex.ended) return Effect.succeed({ status: ex.status, text: bodyText(ex.take()) })
-      return Effect.flatMap(ex.changed, loop)
-    }).pipe(Effect.onInterrupt(() => Effect.sync(() => ex.close())))
-
   const json = (status: number, text: string): Effect.Effect<JsonObject, EngineError> => {
     if (status >= 400) return Effect.fail(httpError(status, text))
     try {
@@ -176,21 +203,7 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
   ): Effect.Effect<void, EngineError> =>
     opts?.stream === false ? wholeTo(path, body, opts, sink) : sseTo(path, body, opts, sink)
 
-  const control = (url: string): Effect.Effect<string, EngineError> =>
-    Effect.suspend(() => {
-      const u = new URL(url)
-      const ex = start(
-        { origin: u.origin, path: `${u.pathname}${u.search}` },
-        "GET",
-        {},
-        null,
-        controlTimeout,
-        controlTimeout
-      )
-      return Effect.flatMap(whole(ex), (r) =>
-        r.status >= 400 ? Effect.fail(httpError(r.status, r.text)) : Effect.succeed(r.text)
-      )
-    })
+  const control = (url: string): Effect.Effect<string, EngineError> => getText(agent, url, controlTimeout)
 
   const metrics = plan.metrics
   const load =

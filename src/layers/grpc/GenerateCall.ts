@@ -10,6 +10,7 @@
 import { hash, randomUUID } from "node:crypto"
 import { Effect, Exit, Option, Result, Tracer } from "effect"
 import { Config } from "../../services/config/Config.ts"
+import type { ServedContextService } from "../../services/engine/ServedContext.ts"
 import { frameDelta } from "../../services/grpc/DeltaFrame.ts"
 import { GenerateRejected, planRequest } from "../../services/grpc/Generate.ts"
 import { type GenerateError, statusName, toGrpcFailure } from "../../services/grpc/GrpcStatus.ts"
@@ -30,6 +31,7 @@ import type { ActiveCalls } from "./ActiveCalls.ts"
 import type { GenerateServerCall } from "./AgentService.ts"
 import * as EngineCut from "./EngineCut.ts"
 import * as EngineLegs from "./EngineLegs.ts"
+import { withRequestId } from "./http2/Call.ts"
 import { Relay } from "./Relay.ts"
 import type { ServingState } from "./ServingState.ts"
 
@@ -65,11 +67,15 @@ const sha256: Sha256 = (text) => hash("sha256", text, "base64url")
 const DEADLINE_EXCEEDED = statusName(toGrpcFailure(new CallDeadlineExceeded()).code)
 const CANCELLED = statusName(toGrpcFailure(new CallCancelled()).code)
 
-/** The Generate handler over `serving` (refusals) and `active` (the drain's and the watchdog's view). */
+/**
+ * The Generate handler over `serving` (refusals) and `active` (the drain's and the watchdog's view); `served`: the
+ * engine's per-request context, which `max_tokens` is checked against with the configured one (absent: that alone).
+ */
 export const makeHandler = Effect.fnUntraced(function* (
   serving: ServingState,
   active: ActiveCalls,
-  maxPendingChars: number
+  maxPendingChars: number,
+  served?: ServedContextService
 ) {
   const config = yield* Config
   const metrics = Option.getOrUndefined(yield* Effect.serviceOption(Metrics))
@@ -136,7 +142,7 @@ export const makeHandler = Effect.fnUntraced(function* (
   const handle = (call: GenerateServerCall): void => {
     const startedAt = performance.now()
     const req = call.request
-    const plan = planRequest(req, config, requestDialect)
+    const plan = planRequest(req, config, requestDialect, served?.current())
     if (plan instanceof GenerateRejected) {
       refuse(call, startedAt, plan)
       return
@@ -159,6 +165,8 @@ export const makeHandler = Effect.fnUntraced(function* (
       return
     }
     const requestId = req.requestId === "" ? randomUUID() : req.requestId
+    // so that the deadline the transport ends the call at (http2/Call.ts endAt) names it too
+    call.requestId = requestId
     const opts: { requestId: string; traceparent?: string; tracestate?: string } = { requestId }
     const incoming = parseTraceparent(call.metadata.get("traceparent")[0])
     // What is left of the caller's deadline (its grpc-timeout, from the headers), for admission to shed a call that
@@ -186,7 +194,7 @@ export const makeHandler = Effect.fnUntraced(function* (
       const f = toGrpcFailure(failure)
       settle(statusName(f.code))
       // the id the engine and the agent's logs and spans know the call by (the agent's own when the caller gave none)
-      call.sendStatus({ ...f, trailers: { ...f.trailers, "cgn-request-id": requestId } })
+      call.sendStatus(withRequestId(f, requestId))
     }
     // Runs inside the producer's read callback: everything pending goes out now unless the call's buffer is full.
     const pump = (): void => {

@@ -10,6 +10,7 @@ import type { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
 import { Config } from "../../services/config/Config.ts"
 import type { EngineClient } from "../../services/engine/EngineClient.ts"
 import type { EngineProcess } from "../../services/engine/EngineProcess.ts"
+import { requestContext, ServedContext } from "../../services/engine/ServedContext.ts"
 import { StreamAborted } from "../../services/grpc/CallErrors.ts"
 import { AGENT_SERVICE, GrpcServer, type GrpcServerService } from "../../services/grpc/GrpcServer.ts"
 import { keepaliveTimes } from "../../services/grpc/Keepalive.ts"
@@ -96,10 +97,12 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
   const nodeStatus = yield* NodeStatus
   const run = Effect.runCallbackWith(yield* Effect.context<never>())
   const metrics = Option.getOrUndefined(yield* Effect.serviceOption(Metrics))
+  // absent (tests that build the server alone): the configured context is all ListModels and Generate know
+  const served = Option.getOrUndefined(yield* Effect.serviceOption(ServedContext))
   const serving = yield* ServingState.make
   const active = new ActiveCalls()
   yield* StallWatchdog.fork(active)
-  const generate = yield* GenerateCall.makeHandler(serving, active, options.maxPendingChars ?? 64 * 1024)
+  const generate = yield* GenerateCall.makeHandler(serving, active, options.maxPendingChars ?? 64 * 1024, served)
 
   const address = options.address ?? config.agent.listen_grpc
   const server = new Http2GrpcServer({
@@ -126,17 +129,16 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
       if (path === GENERATE_PATH) generate.rejected(code)
     }
   })
+  const model = { name: config.model.served_name, source: config.model.source.value, tp: config.model.tp }
   addAgent(server, {
     generate: generate.handle,
     models: {
-      models: [
-        {
-          name: config.model.served_name,
-          source: config.model.source.value,
-          tp: config.model.tp,
-          maxModelLen: config.model.max_model_len ?? 0
-        }
-      ]
+      // Read at each ListModels (a getter: the handler sends this object as it is): the context Generate checks
+      // max_tokens against, the engine's own per-request limit once it has said (llama-server: -c over its slots).
+      get models() {
+        const context = requestContext(config.model.max_model_len, served?.current())
+        return [{ ...model, maxModelLen: context?.tokens ?? 0 }]
+      }
     },
     nodeHealth:
       options.lastWritten === undefined

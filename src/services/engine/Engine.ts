@@ -105,6 +105,21 @@ export interface EngineCapabilities {
    * watchdog's test completion is sent once per rank with it, so a rank that hangs alone cannot hide behind the others.
    */
   readonly rankHeader?: string
+  /**
+   * Where the engine says how many tokens one request can span (prompt and output together), read once a run is Ready
+   * (layers/engine/ServedContext.ts); absent: the engine does not say (mlx-lm). It can be less than what the config
+   * renders: llama-server splits `-c` among its `-np` slots.
+   */
+  readonly servedContext?: ServedContextSource
+}
+
+/**
+ * An OpenAI model list (GET `path`, `{"data": [...]}`) whose entry for the served model (its `id`; else the list's only
+ * entry) holds the per-request context at the first of `fields` (key paths) that is a positive integer.
+ */
+export interface ServedContextSource {
+  readonly path: string
+  readonly fields: ReadonlyArray<ReadonlyArray<string>>
 }
 
 /** What a render may need of this host beyond the config (absent: the config alone, as in pure tests). */

@@ -16,9 +16,11 @@ export class ChunkReader {
   finishReason = ""
   /** The stop string the engine named when it finished (the backend's `stopSequenceField`), else "". */
   stopSequence = ""
+  /**
+   * The engine's usage, when it reports one. The agent has no tokenizer: without it the final message has no usage
+   * rather than counts of the agent's making (it knows no prompt count, and a chunk is not a token).
+   */
   usage: Usage | undefined = undefined
-  /** Chunks that carried text, the agent's own token count. */
-  textChunks = 0
   /**
    * The handoff parameters of a vLLM prefill leg, validated and set by that leg (layers/grpc/EngineLegs.ts, through
    * Handoff.extractKvTransferParams); `read` never takes them from a chunk, so a streamed answer cannot put
@@ -63,11 +65,10 @@ export class ChunkReader {
         totalTokens: u.total_tokens === undefined ? prompt + completion : num(u.total_tokens)
       }
     }
-    if (text !== "") this.textChunks++
     return text
   }
 
-  /** The final message; usage counted by the agent when the engine reported none. */
+  /** The final message; no usage when the engine reported none. */
   final(info: {
     readonly ttftMs: number
     readonly totalMs: number
@@ -75,10 +76,9 @@ export class ChunkReader {
     readonly nodeId: string
     readonly requestId: string
   }): GenerateFinal {
-    const usage = this.usage ?? { promptTokens: 0, completionTokens: this.textChunks, totalTokens: this.textChunks }
     const final: GenerateFinal = {
       finishReason: this.finishReason === "" ? "stop" : this.finishReason,
-      usage,
+      usage: this.usage,
       timings: { timeToFirstTokenMs: info.ttftMs, totalMs: info.totalMs, queueMs: info.queueMs },
       nodeId: info.nodeId,
       requestId: info.requestId,

@@ -10,6 +10,7 @@ import type { GenerateRequest, Sampling } from "../../gen/cgn/agent/v1/agent.ts"
 import type { AgentConfig } from "../config/Config.ts"
 import type { RequestDialect } from "../engine/Engine.ts"
 import type { CompletionPath, JsonObject } from "../engine/EngineClient.ts"
+import { requestContext } from "../engine/ServedContext.ts"
 import { exactIntegerJson } from "./ExactInteger.ts"
 import { quoteInput } from "./StatusMessage.ts"
 
@@ -105,7 +106,8 @@ const samplingBody = (
   s: Sampling,
   config: AgentConfig,
   dialect: RequestDialect,
-  body: Record<string, unknown>
+  body: Record<string, unknown>,
+  served: number | undefined
 ): GenerateRejected | undefined => {
   if (s.maxTokens !== undefined) {
     const limit = config.agent.max_tokens_limit
@@ -117,11 +119,15 @@ const samplingBody = (
         `sampling.max_tokens ${s.maxTokens} is above this node's limit of ${limit} ([agent].max_tokens_limit); ask for at most ${limit}`,
         "sampling.max_tokens"
       )
-    const modelLen = config.model.max_model_len
-    if (modelLen !== undefined && s.maxTokens > modelLen)
+    // The engine's own per-request limit, where it is below the configured one (llama-server's -c split among its
+    // slots): above it the engine refuses the call or cuts it short with finish "length" (ServedContext.ts).
+    const context = requestContext(config.model.max_model_len, served)
+    if (context !== undefined && s.maxTokens > context.tokens)
       return reject(
         "invalid_argument",
-        `sampling.max_tokens ${s.maxTokens} is above the model's context length ${modelLen}`,
+        context.engine
+          ? `sampling.max_tokens ${s.maxTokens} is above the context one request can use on this node, ${context.tokens} tokens, as the engine reports it; ask for at most ${context.tokens}`
+          : `sampling.max_tokens ${s.maxTokens} is above the model's context length ${context.tokens}`,
         "sampling.max_tokens"
       )
     body.max_tokens = s.maxTokens
@@ -185,12 +191,14 @@ const REQUEST_ID = /^[\x20-\x7e]{0,256}$/
 
 /**
  * Validates a request against this node and builds the engine call, or says precisely what is wrong. `dialect` is
- * the engine backend's spelling of the request (`capabilities.requestDialect`).
+ * the engine backend's spelling of the request (`capabilities.requestDialect`); `servedContext` the context one request can
+ * use as the engine reported it (ServedContext.ts), undefined while unknown.
  */
 export const planRequest = (
   req: GenerateRequest,
   config: AgentConfig,
-  dialect: RequestDialect = {}
+  dialect: RequestDialect = {},
+  servedContext?: number
 ): RequestPlan | GenerateRejected => {
   const served = config.model.served_name
   // The caller's values are quoted shortened (StatusMessage.ts quoteInput): echoed whole, a 120k-character model
@@ -244,7 +252,7 @@ export const planRequest = (
       req.chat !== undefined ? "chat" : "prompt"
     )
   if (req.sampling !== undefined) {
-    const bad = samplingBody(req.sampling, config, dialect, body)
+    const bad = samplingBody(req.sampling, config, dialect, body, servedContext)
     if (bad !== undefined) return bad
   }
   return { path, body }

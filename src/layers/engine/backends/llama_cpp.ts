@@ -65,7 +65,12 @@ export const llamaCpp: Engine = {
     ignoreEos: true,
     // measured on the real server (test/real/sim-differential.test.ts): a streamed answer's connection is closed
     // after its last chunk, a whole answer's kept
-    closesStreamedConnections: true
+    closesStreamedConnections: true,
+    // `meta.n_ctx` is one slot's context, what one request can use: `-c` / `-np` (padded to 256), or all of `-c` with
+    // --kv-unified, capped at the model's training context (tools/server/server-context.cpp get_res_model_info,
+    // meta.slot_n_ctx = n_ctx_slot(); src/llama-context.cpp n_ctx_seq). /props default_generation_settings.n_ctx says
+    // the same.
+    servedContext: { path: "/v1/models", fields: [["meta", "n_ctx"]] }
   },
   render: (config: AgentConfig) => {
     const listen = listenOf(config)

@@ -24,6 +24,8 @@ export const mlx: Engine = {
     // mlx_lm/server.py `validate_model_parameters`: "top_k must be a non-negative integer"; 0 turns it off
     // (mlx_lm/sample_utils.py make_sampler applies top-k only when `top_k > 0`).
     requestDialect: { topKOff: 0 }
+    // No servedContext: mlx-lm's /v1/models entries carry only id, object and created (mlx_lm/server.py
+    // handle_models_request), and it has no other endpoint that says the context.
   },
   render: (config: AgentConfig) => {
     const listen = listenOf(config)

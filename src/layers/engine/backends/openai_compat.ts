@@ -17,7 +17,9 @@ export const openaiCompat: Engine = {
     kvEvents: false,
     tensorParallel: true,
     sources: ["hf_repo", "path"],
-    modelSettings: []
+    modelSettings: [],
+    // The proxied server's kind is unknown: vLLM's and SGLang's card field, else llama-server's per-slot one.
+    servedContext: { path: "/v1/models", fields: [["max_model_len"], ["meta", "n_ctx"]] }
   },
   render: (config: AgentConfig) => {
     const listen = listenOf(config)

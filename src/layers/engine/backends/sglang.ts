@@ -110,7 +110,10 @@ export const sglang: Engine = {
     // (TokenizerManager.generate_request, python/sglang/srt/managers/tokenizer_manager.py). Named so since
     // sgl-project/sglang#19268, which renamed data_parallel_rank (still taken as a deprecated alias); a server
     // without the field ignores it and balances the tests as any request (a P/D prefill server still by room).
-    rankField: "routed_dp_rank"
+    rankField: "routed_dp_rank",
+    // The served model's card: max_model_len = model_config.context_len (available_models,
+    // python/sglang/srt/entrypoints/http_server.py; ModelCard in python/sglang/srt/entrypoints/openai/protocol.py).
+    servedContext: { path: "/v1/models", fields: [["max_model_len"]] }
   },
   render: (config: AgentConfig) => {
     const listen = listenOf(config)

@@ -148,7 +148,10 @@ export const vllm: Engine = {
     // The API server routes a request to the rank this header names (vllm/entrypoints/openai/serving_engine.py
     // _get_data_parallel_rank; out of range: a 400 from the input processor, vllm/v1/engine/processor.py). A dense
     // model's DP ranks are independent engine cores (vllm/v1/engine/core.py run_engine_core), so one can hang alone.
-    rankHeader: "X-data-parallel-rank"
+    rankHeader: "X-data-parallel-rank",
+    // The base model's card carries the model's max_model_len, a LoRA's none (show_available_models,
+    // vllm/entrypoints/openai/serving_models.py; ModelCard in protocol.py).
+    servedContext: { path: "/v1/models", fields: [["max_model_len"]] }
     // No peerlessFields: the NixlConnector serves a request without kv_transfer_params as a local one on either
     // role (get_num_new_matched_tokens, update_state_after_alloc and request_finished return early,
     // vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py).

@@ -48,6 +48,15 @@ export class RequestMetadata {
 
 const noop = (): void => {}
 
+/** The trailer that names the call's request id (README "Status codes"), on every failure of a call that has one. */
+export const REQUEST_ID_TRAILER = "cgn-request-id"
+
+/** `failure` naming the call's request id in its trailers. */
+export const withRequestId = (failure: GrpcFailure, requestId: string): GrpcFailure => ({
+  ...failure,
+  trailers: { ...failure.trailers, [REQUEST_ID_TRAILER]: requestId }
+})
+
 /**
  * The request encodings decodeMessage.ts reads, in every response's headers, trailers-only ones included: a
  * call refused UNIMPLEMENTED for its compression must carry them (grpc/grpc doc/compression.md).
@@ -75,6 +84,12 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
    * server's flood rule reads the resets): from the call's own 'close' listener, one per stream.
    */
   onClosed: ((rstCode: number | undefined) => void) | undefined = undefined
+  /**
+   * The call's request id, set by its handler once it has one (Generate): the status the transport sends itself, the
+   * caller's deadline (`endAt`), then names it as the handler's own failures do. A string, so setting it costs a
+   * call nothing; the trailers are built only if the deadline passes.
+   */
+  requestId: string | undefined = undefined
 
   /** The caller's address (an IPv4-mapped IPv6 one as IPv4), what per-peer bounds count by; "unknown" once gone. */
   get peer(): string {
@@ -148,7 +163,7 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
     if (ms > MAX_TIMER_MS) return
     this.#deadline = setTimeout(() => {
       if (this.#done) return
-      this.sendStatus(failure)
+      this.sendStatus(this.requestId === undefined ? failure : withRequestId(failure, this.requestId))
       this.cancelled = true
       this.emit("cancelled", "deadline")
     }, ms)

@@ -34,9 +34,10 @@ export interface ChatMessages {
 /** Sampling parameters. Unset fields take the engine's defaults. */
 export interface Sampling {
   /**
-   * Most tokens to generate; 1..[agent].max_tokens_limit, and at most the model's context
-   * ([models.<name>].max_model_len, where set). Unset: the engine's default. Checked on a prefill leg too, although
-   * the agent sends a vLLM prefill leg to the engine with max_tokens 1.
+   * Most tokens to generate; 1..[agent].max_tokens_limit, and at most the context one request can use
+   * (ModelInfo.max_model_len: [models.<name>].max_model_len, or the engine's own per-request limit where it has
+   * said a smaller one; a refusal names the limit). Unset: the engine's default. Checked on a prefill leg too,
+   * although the agent sends a vLLM prefill leg to the engine with max_tokens 1.
    */
   maxTokens?:
     | number
@@ -157,7 +158,7 @@ export interface GenerateDelta {
    * Engine stream chunks whose text this delta carries (>= 1): one per decode step, usually one token each.
    * Not an exact token count: a step may carry several tokens (speculative decoding), and a step whose text the
    * engine holds back (vLLM while a stop string may be matching) counts for nothing, its text coming later.
-   * GenerateFinal.usage.completion_tokens is the exact count.
+   * GenerateFinal.usage.completion_tokens is the exact count, where the engine reports usage.
    */
   tokens: number;
 }
@@ -181,7 +182,9 @@ export interface GenerateFinal {
   /** The engine's finish reason: "stop", "length", "abort", ... ("length" for a prefill leg). */
   finishReason: string;
   /**
-   * Token counts as reported by the engine (counted by the agent when the engine reports none). P/D: the
+   * Token counts as reported by the engine. Absent when the engine reported none (an OpenAI-compatible server
+   * that ignores stream_options.include_usage): the agent has no tokenizer and makes up no counts. Then the sum of
+   * the deltas' GenerateDelta.tokens estimates the completion tokens; nothing counts the prompt's. P/D: the
    * prefill leg's counts the prompt (and its one completion token), the decode leg's the prompt again and the
    * whole completion. The request's usage is the decode leg's: do not add the prefill leg's prompt tokens to it.
    */
@@ -227,7 +230,12 @@ export interface ModelInfo {
   source: string;
   /** Tensor parallel degree. */
   tp: number;
-  /** Longest context, 0 if unknown. */
+  /**
+   * The context one request can use, in tokens (prompt and completion together): the engine's own figure once it has
+   * said it after starting (vLLM's and SGLang's /v1/models max_model_len; llama-server's per-slot n_ctx, which is
+   * -c / -np unless --kv-unified), never above [models.<name>].max_model_len; that configured value until then; 0 if
+   * neither is known (mlx-lm says none).
+   */
   maxModelLen: number;
 }
 

@@ -1,0 +1,83 @@
+/**
+ * The live ServedContext: once per Ready period of the engine (a run that became Ready; for openai_compat, the proxied
+ * server answering again), one GET of the model list its backend names (`capabilities.servedContext`), and the
+ * per-request context it says kept in a Ref that ListModels and every Generate call read. No read on the call path.
+ * A failed read (no such field, an error status, no answer) leaves the configured value in force and is logged, at info
+ * the first time for a reason, at debug after; it never fails a run or a call.
+ */
+import { Effect, Layer, Ref, Stream } from "effect"
+import { getGlobalDispatcher } from "undici"
+import { Config } from "../../services/config/Config.ts"
+import type { ServedContextSource } from "../../services/engine/Engine.ts"
+import { EngineProcess, type EngineState } from "../../services/engine/EngineProcess.ts"
+import { ServedContext, servedContextOf } from "../../services/engine/ServedContext.ts"
+import { formatPath } from "../config/Config.ts"
+import { engineFor } from "./backends/index.ts"
+import { getText } from "./EngineClient.ts"
+
+/** Bound on the read (headers, then body): the engine client's own for its whole answers. */
+const READ_TIMEOUT_MS = 10_000
+
+const parse = (text: string, source: ServedContextSource, model: string): number | string => {
+  let body: unknown
+  try {
+    body = JSON.parse(text)
+  } catch {
+    return `the answer of ${source.path} is not JSON`
+  }
+  return servedContextOf(body, source, model)
+}
+
+export const layer: Layer.Layer<ServedContext, never, EngineProcess | Config> = Layer.effect(
+  ServedContext,
+  Effect.gen(function* () {
+    const engine = yield* EngineProcess
+    const config = yield* Config
+    const ref = yield* Ref.make<number | undefined>(undefined)
+    const service = ServedContext.of({ current: () => Ref.getUnsafe(ref) })
+    const plan = engine.plan
+    const source = engineFor(plan.kind).capabilities.servedContext
+    if (source === undefined) return service
+    const url = `${plan.baseUrl}${source.path}`
+    const configured = config.model.max_model_len
+    const configKey = formatPath(["models", config.model.name, "max_model_len"])
+    let period: string | undefined
+    let lastProblem: string | undefined
+
+    const read = Effect.gen(function* () {
+      const got = yield* getText(getGlobalDispatcher(), url, READ_TIMEOUT_MS).pipe(
+        Effect.map((text) => parse(text, source, plan.servedModel)),
+        Effect.catch((e) => Effect.succeed(`${source.path}: ${e.message}`))
+      )
+      if (typeof got === "number") {
+        lastProblem = undefined
+        const before = yield* Ref.getAndSet(ref, got)
+        if (before !== got)
+          yield* Effect.logInfo("the engine says the context one request can use", {
+            tokens: got,
+            [configKey]: configured ?? "unset",
+            from: url
+          })
+        return
+      }
+      yield* Ref.set(ref, undefined)
+      const log = got === lastProblem ? Effect.logDebug : Effect.logInfo
+      lastProblem = got
+      yield* log("could not read the context one request can use from the engine; the configured value stands", {
+        reason: got,
+        [configKey]: configured ?? "unset"
+      })
+    })
+
+    // A new Ready period (run and time) reads once; every other state change is nothing to this service.
+    const onState = (s: EngineState): Effect.Effect<void> => {
+      if (s._tag !== "Ready") return Effect.void
+      const key = `${s.run}:${s.since}`
+      if (key === period) return Effect.void
+      period = key
+      return read
+    }
+    yield* Stream.runForEach(engine.changes, onState).pipe(Effect.forkScoped)
+    return service
+  })
+)
