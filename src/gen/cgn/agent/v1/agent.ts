@@ -313,7 +313,10 @@ export interface Load {
   inflight: number;
   /** Generate calls waiting for an admission slot. */
   queued: number;
-  /** Requests running in the engine (from its /metrics; agent-side count where it has none). */
+  /**
+   * Requests running in the engine (from its /metrics, scraped once per heartbeat; agent-side count where it has
+   * none).
+   */
   engineRunning: number;
   /** Requests waiting in the engine. */
   engineWaiting: number;
@@ -3993,7 +3996,9 @@ export const AgentDefinition = {
     /**
      * GetNodeHealth returns the NodeHealth this node writes to etcd, computed now, with the `freshness` of the last
      * record written to etcd (empty when standalone or before the first write). Its `state` is the live one: the etcd
-     * record publishes a liveness-probe verdict only after [agent].health_damping heartbeats.
+     * record publishes a liveness-probe verdict only after [agent].health_damping heartbeats. The agent's own counts
+     * (Load.inflight, queued) are live; the engine's (engine_running, engine_waiting, kv_usage) are its last /metrics
+     * scrape, taken once per heartbeat, so up to one heartbeat old: a burst just started may not show there yet.
      */
     getNodeHealth: {
       name: "GetNodeHealth",
@@ -4024,7 +4029,9 @@ export interface AgentServiceImplementation<CallContextExt = {}> {
   /**
    * GetNodeHealth returns the NodeHealth this node writes to etcd, computed now, with the `freshness` of the last
    * record written to etcd (empty when standalone or before the first write). Its `state` is the live one: the etcd
-   * record publishes a liveness-probe verdict only after [agent].health_damping heartbeats.
+   * record publishes a liveness-probe verdict only after [agent].health_damping heartbeats. The agent's own counts
+   * (Load.inflight, queued) are live; the engine's (engine_running, engine_waiting, kv_usage) are its last /metrics
+   * scrape, taken once per heartbeat, so up to one heartbeat old: a burst just started may not show there yet.
    */
   getNodeHealth(request: GetNodeHealthRequest, context: CallContext & CallContextExt): Promise<DeepPartial<NodeHealth>>;
 }
@@ -4047,7 +4054,9 @@ export interface AgentClient<CallOptionsExt = {}> {
   /**
    * GetNodeHealth returns the NodeHealth this node writes to etcd, computed now, with the `freshness` of the last
    * record written to etcd (empty when standalone or before the first write). Its `state` is the live one: the etcd
-   * record publishes a liveness-probe verdict only after [agent].health_damping heartbeats.
+   * record publishes a liveness-probe verdict only after [agent].health_damping heartbeats. The agent's own counts
+   * (Load.inflight, queued) are live; the engine's (engine_running, engine_waiting, kv_usage) are its last /metrics
+   * scrape, taken once per heartbeat, so up to one heartbeat old: a burst just started may not show there yet.
    */
   getNodeHealth(
     request: DeepPartial<GetNodeHealthRequest>,
