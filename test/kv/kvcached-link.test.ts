@@ -204,9 +204,11 @@ describe("the kvcached link through a receiver that is killed and restarted", ()
     const link = await setup()
     const first = await startReceiver(link.uds, link.journal)
     await until(async () => ((await link.status()).forwarded >= 20 ? true : undefined), "20 batches acknowledged")
-    // no new events while the receiver is away: what the link holds is then only what it had sent unanswered (the
-    // pump went on before, and on a slow machine the link held more than the whole journal by the time it was read)
+    // no new events, and all sent ones applied and acknowledged before the receiver dies: a cut of its journal's tail
+    // is then sure to lose acknowledged records (with the pump on, a slow machine's link held more than the whole
+    // journal, unsent, and the cut could not be made)
     await link.pump.stop()
+    await drained(link)
     await first.kill()
     await until(async () => (await link.status()).kvcachedConnected === false || undefined, "link down")
     // the receiver comes back from a journal that lost its last records, acknowledged ones among them: more than the
