@@ -154,8 +154,8 @@ afterEach(async () => {
   for (const d of disposers.splice(0).reverse()) await d()
 })
 
-describe("the live layer: one read per Ready period", () => {
-  it("reads on Ready, again on a new period only; a failed read leaves the configured value", async () => {
+describe("the live layer: one read per Ready period, retried while it fails", () => {
+  it("reads on Ready, again on a new period only; a failed read leaves the configured value and is tried again", async () => {
     let answer: [number, unknown] = [200, { data: [{ id: "m", meta: { n_ctx: 512 } }] }]
     const engine = await fakeEngine(() => answer)
     disposers.push(engine.close)
@@ -191,15 +191,18 @@ describe("the live layer: one read per Ready period", () => {
     await set(State.Ready({ since: 3, run: 0 }))
     await pollUntil("the new value", () => served.current() === 256)
     expect(engine.reads()).toBe(2)
-    // the next run's engine answers an error: the configured value is left in force
+    // the next run's engine answers an error: the configured value is left in force ...
     answer = [500, { error: { message: "boom" } }]
     await set(State.Ready({ since: 4, run: 1 }))
     await pollUntil("the value dropped", () => served.current() === undefined)
-    expect(engine.reads()).toBe(3)
-    // and one whose list lacks the field
+    // ... and the read is tried again in the same period (1 s later), until the engine says it
+    answer = [200, { data: [{ id: "m", meta: { n_ctx: 384 } }] }]
+    await pollUntil("said on a retry, no new period", () => served.current() === 384, 10_000)
+    // one whose list lacks the field: the configured value again, however often it is asked
     answer = [200, { data: [{ id: "m", meta: null }] }]
+    const before = engine.reads()
     await set(State.Ready({ since: 5, run: 1 }))
-    await pollUntil("a fourth read", () => engine.reads() === 4)
+    await pollUntil("a read of the new period", () => engine.reads() > before)
     expect(served.current()).toBeUndefined()
   })
 

@@ -1,9 +1,10 @@
 /**
  * The live ServedContext: once per Ready period of the engine (a run that became Ready; for openai_compat, the proxied
- * server answering again), one GET of the model list its backend names (`capabilities.servedContext`), and the
+ * server answering again), a GET of the model list its backend names (`capabilities.servedContext`), and the
  * per-request context it says kept in a Ref that ListModels and every Generate call read. No read on the call path.
- * A failed read (no such field, an error status, no answer) leaves the configured value in force and is logged, at info
- * the first time for a reason, at debug after; it never fails a run or a call.
+ * A failed read (no such field, an error status, no answer) leaves the configured value in force, is logged, at info
+ * the first time for a reason, at debug after, and is tried again with backoff while the period lasts; it never fails
+ * a run or a call.
  */
 import { Effect, Layer, Ref, Stream } from "effect"
 import { getGlobalDispatcher } from "undici"
@@ -41,9 +42,9 @@ export const layer: Layer.Layer<ServedContext, never, EngineProcess | Config> = 
     const url = `${plan.baseUrl}${source.path}`
     const configured = config.model.max_model_len
     const configKey = formatPath(["models", config.model.name, "max_model_len"])
-    let period: string | undefined
     let lastProblem: string | undefined
 
+    /** One read: whether the engine said it. */
     const read = Effect.gen(function* () {
       const got = yield* getText(getGlobalDispatcher(), url, READ_TIMEOUT_MS).pipe(
         Effect.map((text) => parse(text, source, plan.servedModel)),
@@ -58,7 +59,7 @@ export const layer: Layer.Layer<ServedContext, never, EngineProcess | Config> = 
             [configKey]: configured ?? "unset",
             from: url
           })
-        return
+        return true
       }
       yield* Ref.set(ref, undefined)
       const log = got === lastProblem ? Effect.logDebug : Effect.logInfo
@@ -67,17 +68,24 @@ export const layer: Layer.Layer<ServedContext, never, EngineProcess | Config> = 
         reason: got,
         [configKey]: configured ?? "unset"
       })
+      return false
     })
 
-    // A new Ready period (run and time) reads once; every other state change is nothing to this service.
-    const onState = (s: EngineState): Effect.Effect<void> => {
-      if (s._tag !== "Ready") return Effect.void
-      const key = `${s.run}:${s.since}`
-      if (key === period) return Effect.void
-      period = key
-      return read
-    }
-    yield* Stream.runForEach(engine.changes, onState).pipe(Effect.forkScoped)
+    // Read again after a failure (an engine slow to answer under load, a proxied server not up yet), 1 s doubling to
+    // 30 s, for as long as the Ready period lasts: one failed read must not leave the configured value for the run.
+    const readUntilSaid = Effect.gen(function* () {
+      for (let delayMs = 1_000; !(yield* read); delayMs = Math.min(delayMs * 2, 30_000)) yield* Effect.sleep(delayMs)
+    })
+
+    // Each new Ready period (run and time) reads; leaving it ends a read still retrying.
+    const periodOf = (s: EngineState): string | undefined => (s._tag === "Ready" ? `${s.run}:${s.since}` : undefined)
+    yield* engine.changes.pipe(
+      Stream.map(periodOf),
+      Stream.changes,
+      Stream.switchMap((period) => (period === undefined ? Stream.empty : Stream.fromEffect(readUntilSaid))),
+      Stream.runDrain,
+      Effect.forkScoped
+    )
     return service
   })
 )
