@@ -29,7 +29,8 @@ import { State } from "../../src/services/engine/EngineState.ts"
 import { EngineRunEnded } from "../../src/services/grpc/CallErrors.ts"
 import { connectionBroke, runEnding } from "../../src/services/grpc/EngineCut.ts"
 import { GrpcServer } from "../../src/services/grpc/GrpcServer.ts"
-import { endsUnavailable, STREAMED_ADVICE } from "../../src/services/grpc/GrpcStatus.ts"
+import { endsUnavailable } from "../../src/services/grpc/GrpcStatus.ts"
+import { STREAMED_ADVICE } from "../../src/services/grpc/StatusMessage.ts"
 import {
   EngineProcessControl,
   layerTest as engineLayerTest,
@@ -352,7 +353,7 @@ describe("a Generate call whose engine connection breaks", () => {
       expect(r.details).toBe(
         `the engine is being restarted (POST /engine/restart by an operator): the engine request was aborted; ${STREAMED}`
       )
-      // it had streamed "a": the advice and the trailer agree (GrpcStatus.ts asSent)
+      // it had streamed "a": the advice and the trailer agree (StatusMessage.ts asSent)
       expect(r.trailer?.get("cgn-retryable")).toBe("false")
       expect(r.trailer?.get("cgn-error-source")).toBe("agent")
       // nothing of the engine's: it never failed

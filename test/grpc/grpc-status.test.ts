@@ -17,15 +17,14 @@ import {
 } from "../../src/services/grpc/CallErrors.ts"
 import { GenerateRejected } from "../../src/services/grpc/Generate.ts"
 import {
-  asSent,
   type GenerateError,
   type GenerateErrorTag,
-  STREAMED_ADVICE,
   statusName,
   statusTable,
   toGrpcFailure
 } from "../../src/services/grpc/GrpcStatus.ts"
 import { InvalidHandoff } from "../../src/services/grpc/Handoff.ts"
+import { asSent, STREAMED_ADVICE } from "../../src/services/grpc/StatusMessage.ts"
 import {
   CallCancelled,
   CallDeadlineExceeded,
@@ -226,6 +225,20 @@ describe("a failure as sent: cgn-retryable and the message's advice agree", () =
     })
     const stalled = asSent(toGrpcFailure(samples.EngineStalled[0]), true)
     expect([stalled.message.endsWith(STREAMED_ADVICE), stalled.retryable]).toEqual([true, false])
+  })
+
+  it("a P/D leg bound to its pair: not retryable alone, retry-pair, the advice says so; after a delta, neither", () => {
+    const bound = { ...died, pairBound: true as const }
+    expect(asSent(bound, false)).toEqual({
+      message:
+        "the engine exited (signal SIGKILL): stream truncated: UND_ERR_SOCKET: other side closed; retry both legs as " +
+        "a new pair (this leg's handoff is not to be used again)",
+      retryable: false,
+      retryPair: true
+    })
+    expect(asSent(bound, true)).toEqual(asSent(died, true))
+    const invalid = toGrpcFailure(samples.GenerateRejected[0])
+    expect(asSent({ ...invalid, pairBound: true }, false)).toEqual({ message: invalid.message, retryable: false })
   })
 
   it("a status that never advised a retry keeps its words; one with no opinion gets no trailer", () => {

@@ -8,6 +8,7 @@ import { toGrpcFailure } from "../../src/services/grpc/GrpcStatus.ts"
 import {
   type BootstrapInput,
   bootstrapLegBody,
+  boundToPair,
   extractKvTransferParams,
   InvalidHandoff,
   kvTransferDecodeBody,
@@ -208,7 +209,22 @@ describe("planLeg", () => {
       "remote_host"
     ],
     ["a bootstrap leg without bootstrap", { role: "prefill", handoff: "bootstrap", body }, "bootstrap"],
-    ["prefill on an engine without a handoff", { role: "prefill", handoff: undefined, body }, "has none"]
+    ["prefill on an engine without a handoff", { role: "prefill", handoff: undefined, body }, "has none"],
+    [
+      "a decode leg's params on a prefill node",
+      { role: "prefill", handoff: "kv_transfer_params", body, kvTransferParams: P_PARAMS },
+      "send this leg to a decode node"
+    ],
+    [
+      "bootstrap on a kv_transfer_params node",
+      { role: "decode", handoff: "kv_transfer_params", body, kvTransferParams: P_PARAMS, bootstrap },
+      "bootstrap on a node whose engine hands off by kv_transfer_params"
+    ],
+    [
+      "kv_transfer_params on a bootstrap node",
+      { role: "prefill", handoff: "bootstrap", body, bootstrap, kvTransferParams: P_PARAMS },
+      "kv_transfer_params on a node whose engine hands off by bootstrap"
+    ]
   ])("refuses %s", (_name, input, mention) => {
     expect(failure(planLeg(input)).message).toContain(mention)
   })
@@ -224,5 +240,31 @@ describe("planLeg", () => {
     })
     const both = success(planLeg({ role: "both", handoff: "bootstrap", body, bootstrap, kvTransferParams: P_PARAMS }))
     expect(both.body).toBe(body)
+  })
+})
+
+// A leg that failed where another node could take it: alone, or only as a new pair (cgn-retry-pair).
+describe("boundToPair", () => {
+  const body = { prompt: "p" }
+  it.each<[string, Parameters<typeof boundToPair>[0], boolean, boolean]>([
+    ["role both", { _tag: "Normal", body }, true, false],
+    ["a vLLM prefill leg (a new prefill elsewhere is a new handoff)", { _tag: "KvTransferPrefill", body }, true, false],
+    [
+      "a vLLM decode leg refused before the engine (its handoff untouched)",
+      { _tag: "KvTransferDecode", body },
+      false,
+      false
+    ],
+    ["a vLLM decode leg once the engine may have read its handoff", { _tag: "KvTransferDecode", body }, true, true],
+    ["an SGLang decode leg before the engine", { _tag: "BootstrapLeg", leg: "decode", body }, false, false],
+    ["an SGLang decode leg in its room", { _tag: "BootstrapLeg", leg: "decode", body }, true, true],
+    [
+      "an SGLang prefill leg, even refused (its decode leg waits on this node)",
+      { _tag: "BootstrapLeg", leg: "prefill", body },
+      false,
+      true
+    ]
+  ])("%s", (_name, leg, engineAsked, bound) => {
+    expect(boundToPair(leg, engineAsked)).toBe(bound)
   })
 })

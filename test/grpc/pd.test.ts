@@ -146,7 +146,7 @@ describe("vLLM prefill -> decode between two agents", () => {
     expect(pr.final?.kvTransferParams).toMatchObject({ do_remote_prefill: true, remote_port: pSide })
   })
 
-  it("expired blocks: the decode engine's failed fetch is UNAVAILABLE, retryable, with vLLM's generic words", async () => {
+  it("expired blocks: the decode engine's failed fetch is UNAVAILABLE with vLLM's generic words, retried as a new pair", async () => {
     const before = await simState(p)
     const pr = await prefill()
     await pollUntil(async () => {
@@ -161,7 +161,29 @@ describe("vLLM prefill -> decode between two agents", () => {
       "engine failed mid-stream (InternalServerError): Internal server error"
     ])
     expect(dr.deltas).toBe(0)
-    expect(dr.trailer?.get("cgn-retryable")).toBe("true")
+    // not the same leg on another decode node (its handoff is spent, or on vLLM may read blocks since reused): the pair
+    expect([dr.trailer?.get("cgn-retryable"), dr.trailer?.get("cgn-retry-pair")]).toEqual(["false", "true"])
+  })
+
+  it("a leg on the wrong node: params on the prefill node, SGLang's bootstrap on vLLM's: FAILED_PRECONDITION", async () => {
+    const servedP = (await simState(p)).served
+    const pr = await prefill()
+    const misrouted = await collect(pAgent.client, { prompt, kvTransferParams: pr.final?.kvTransferParams })
+    expect([misrouted.status, misrouted.details]).toEqual([
+      "FAILED_PRECONDITION",
+      expect.stringMatching(/^kv_transfer_params on a prefill node: .*send this leg to a decode node/)
+    ])
+    const foreign = await collect(dAgent.client, {
+      prompt,
+      kvTransferParams: pr.final?.kvTransferParams,
+      bootstrap: { host: "127.0.0.1", port: 8998, room: "1" }
+    })
+    expect([foreign.status, foreign.details]).toEqual([
+      "FAILED_PRECONDITION",
+      expect.stringMatching(/^bootstrap on a node whose engine hands off by kv_transfer_params/)
+    ])
+    // only the one prefill leg reached the prefill engine
+    expect((await simState(p)).served).toBe(servedP! + 1)
   })
 
   it("missing or invalid handoff params: FAILED_PRECONDITION before the engine is called", async () => {
@@ -183,10 +205,11 @@ describe("vLLM prefill -> decode between two agents", () => {
     expect((await simState(d)).served).toBe(served)
   })
 
-  it("prefill engine down: UNAVAILABLE", async () => {
+  it("prefill engine down: UNAVAILABLE, and a vLLM prefill leg may go to another prefill node as it is", async () => {
     await p.stop()
     const r = await collect(pAgent.client, { prompt })
     expect([r.status, r.details]).toEqual(["UNAVAILABLE", expect.stringMatching(/engine unreachable/)])
+    expect([r.trailer?.get("cgn-retryable"), r.trailer?.get("cgn-retry-pair")]).toEqual(["true", undefined])
   })
 })
 
@@ -336,6 +359,8 @@ describe("SGLang prefill + decode with a bootstrap room", () => {
     const bootstrap = { host: "127.0.0.1", port: bootPort, room: "4242" }
     const r = await collect(dAgentShort.client, { prompt, bootstrap })
     expect([r.status, r.details]).toEqual(["DEADLINE_EXCEEDED", expect.stringMatching(/handoff_timeout/)])
+    // its room is taken on the decode engine: retried as a new pair, with a new room
+    expect([r.trailer?.get("cgn-retryable"), r.trailer?.get("cgn-retry-pair")]).toEqual(["false", "true"])
     const after = await pollUntil(async () => {
       const s = await simState(d)
       return s.aborted! > before.aborted! && s.running === 0 && s.waiting === 0 ? s : undefined
@@ -371,6 +396,8 @@ describe("SGLang prefill + decode with a bootstrap room", () => {
     await p.stop()
     const r = await collect(pAgent.client, { prompt, bootstrap: { host: "127.0.0.1", port: bootPort, room: "7" } })
     expect([r.status, r.details]).toEqual(["UNAVAILABLE", expect.stringMatching(/engine unreachable/)])
+    // its decode leg waits on this node's bootstrap server: no other prefill node can take this leg alone
+    expect([r.trailer?.get("cgn-retryable"), r.trailer?.get("cgn-retry-pair")]).toEqual(["false", "true"])
   })
 })
 

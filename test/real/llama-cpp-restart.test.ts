@@ -73,7 +73,7 @@ describe("POST /engine/restart with streams in flight on the real llama-server",
       expect(r.error, agent.tail()).toBeInstanceOf(ClientError)
       expect(grpcCode(r.error)).toBe("UNAVAILABLE")
       expect((r.error as ClientError).details).toBe(
-        // deltas had gone out: the advice agrees with cgn-retryable false (GrpcStatus.ts asSent)
+        // deltas had gone out: the advice agrees with cgn-retryable false (StatusMessage.ts asSent)
         "the engine is being restarted (POST /engine/restart by an operator): the engine request was aborted; do not retry elsewhere: the call had already streamed output"
       )
       expect(r.tokens()).toBeLessThan(2000)

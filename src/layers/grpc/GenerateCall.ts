@@ -14,7 +14,7 @@ import type { ServedContextService } from "../../services/engine/ServedContext.t
 import { frameDelta } from "../../services/grpc/DeltaFrame.ts"
 import { GenerateRejected, planRequest } from "../../services/grpc/Generate.ts"
 import { type GenerateError, statusName, toGrpcFailure } from "../../services/grpc/GrpcStatus.ts"
-import { planLeg } from "../../services/grpc/Handoff.ts"
+import { boundToPair, planLeg } from "../../services/grpc/Handoff.ts"
 import { inputDigest, type Sha256 } from "../../services/grpc/InputDigest.ts"
 import { StartPacer } from "../../services/grpc/StartPacer.ts"
 import { CallCancelled, CallDeadlineExceeded } from "../../services/grpc/TransportErrors.ts"
@@ -128,10 +128,10 @@ export const makeHandler = Effect.fnUntraced(function* (
     if (awaitingHeaders.push(call) === 1) setImmediate(sendAwaitingHeaders)
   }
 
-  const refuse = (call: GenerateServerCall, startedAt: number, e: GenerateError): void => {
+  const refuse = (call: GenerateServerCall, startedAt: number, e: GenerateError, pairBound = false): void => {
     const f = toGrpcFailure(e)
     record(statusName(f.code), undefined, startedAt)
-    call.sendStatus(f)
+    call.sendStatus(pairBound ? { ...f, pairBound } : f)
   }
 
   /** Counts a Generate call the server ended before this handler ran (http2/Server.ts onRejected). */
@@ -161,7 +161,7 @@ export const makeHandler = Effect.fnUntraced(function* (
     }
     const notServing = serving.refusal()
     if (notServing !== undefined) {
-      refuse(call, startedAt, notServing)
+      refuse(call, startedAt, notServing, boundToPair(leg.success, false))
       return
     }
     const requestId = req.requestId === "" ? randomUUID() : req.requestId
@@ -190,11 +190,13 @@ export const makeHandler = Effect.fnUntraced(function* (
       record(status, relay, startedAt)
     }
     // Ends the call with the failure's status (GrpcStatus.ts's table), the request id in its trailers.
+    // A P/D leg bound to its pair (Handoff.ts boundToPair) says so: retried elsewhere, then only as a new pair.
     const fail = (failure: GenerateError): void => {
       const f = toGrpcFailure(failure)
       settle(statusName(f.code))
       // the id the engine and the agent's logs and spans know the call by (the agent's own when the caller gave none)
-      call.sendStatus(withRequestId(f, requestId))
+      const sent = withRequestId(f, requestId)
+      call.sendStatus(boundToPair(leg.success, relay.admitted) ? { ...sent, pairBound: true } : sent)
     }
     // Runs inside the producer's read callback: everything pending goes out now unless the call's buffer is full.
     const pump = (): void => {

@@ -59,6 +59,12 @@ export interface GrpcFailure {
    */
   readonly retryElsewhere?: boolean
   /**
+   * The call was a P/D leg bound to its other leg (Handoff.ts boundToPair): a failure another node could take is then
+   * not retried alone there (the handoff may be spent, the SGLang room taken) but as a new pair: `cgn-retryable`
+   * false, `cgn-retry-pair` true (StatusMessage.ts asSent).
+   */
+  readonly pairBound?: true
+  /**
    * Sent as RST_STREAM CANCEL instead of trailers (which would wait behind output the caller is not reading); a gRPC
    * client reads it as CANCELLED (grpc/grpc doc/PROTOCOL-HTTP2.md, "Errors"), so the row's code must be CANCELLED.
    */
@@ -250,28 +256,6 @@ export const engineFailedCall = (e: GenerateError): string | undefined => {
   if (e._tag !== "EngineError" || e.status === 503) return undefined
   const f = engineFailure(e)
   return f.trailers["cgn-error-source"] === "engine" && f.code === Status.UNAVAILABLE ? f.message : undefined
-}
-
-/** The advice the messages of failures retryable elsewhere end with (CallErrors.ts, Admission.ts, the drain's abort). */
-const RETRY_ADVICE = /[;,] retry on another node$/
-
-/** What replaces that advice once the call had sent a message. */
-export const STREAMED_ADVICE = "; do not retry elsewhere: the call had already streamed output"
-
-/**
- * A failure as the call sends it, given whether a message went out first (`wrote`): the one decision of
- * `cgn-retryable` (retryElsewhere, and nothing sent: a client that has text would see a retry's repeated; undefined:
- * no opinion), and the message's advice made to agree with it: a message ending "retry on another node" ends
- * STREAMED_ADVICE instead when the call is not retryable for what it sent (an engine that died mid-stream said "retry
- * on another node" beside `cgn-retryable: false`).
- */
-export const asSent = (
-  status: GrpcFailure,
-  wrote: boolean
-): { readonly message: string; readonly retryable: boolean | undefined } => {
-  if (status.retryElsewhere === undefined) return { message: status.message, retryable: undefined }
-  if (!status.retryElsewhere || !wrote) return { message: status.message, retryable: status.retryElsewhere }
-  return { message: status.message.replace(RETRY_ADVICE, STREAMED_ADVICE), retryable: false }
 }
 
 /** A call's normal end. */

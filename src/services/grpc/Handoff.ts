@@ -214,7 +214,19 @@ const malformed = (value: unknown): InvalidHandoff =>
     missing: []
   })
 
+const given = (v: unknown): boolean => v !== undefined && v !== null
+
 const kvTransferLeg = (input: PlanInput, role: "prefill" | "decode"): Result.Result<LegPlan, InvalidHandoff> => {
+  // A prefill leg carries no params: one that does is a decode leg sent to the wrong node, which would run as a new
+  // prefill (its KV blocks held for a decode that never comes) and answer OK with no text
+  if (role === "prefill" && given(input.kvTransferParams))
+    return Result.fail(
+      new InvalidHandoff({
+        reason:
+          "kv_transfer_params on a prefill node: they are a decode leg's (the prefill leg's final gives them); send this leg to a decode node",
+        missing: []
+      })
+    )
   if (role === "prefill")
     return Result.succeed({
       _tag: "KvTransferPrefill",
@@ -262,5 +274,33 @@ export const planLeg = (input: PlanInput): Result.Result<LegPlan, InvalidHandoff
       })
     )
   }
+  // The other protocol's fields: a leg for another engine's pair, which this engine would run without its handoff
+  const foreign = input.handoff === "kv_transfer_params" ? input.bootstrap !== undefined : given(input.kvTransferParams)
+  if (foreign)
+    return Result.fail(
+      new InvalidHandoff({
+        reason: `${input.handoff === "kv_transfer_params" ? "bootstrap" : "kv_transfer_params"} on a node whose engine hands off by ${input.handoff}: the leg is for another engine's pair`,
+        missing: []
+      })
+    )
   return legOf[input.handoff](input, role)
+}
+
+/**
+ * Whether a failure of this leg that another node could take is retried only as a new pair (GrpcFailure.pairBound):
+ * a decode leg of kv_transfer_params once the engine may have read its handoff (past admission: one handoff serves
+ * one decode), an SGLang leg once its engine may have joined the room, and an SGLang prefill leg always (the decode
+ * leg waits on this node's bootstrap server, which no other node's prefill leg answers). Refused before that, a
+ * decode leg goes to another decode node as it is.
+ */
+export const boundToPair = (leg: LegPlan, engineAsked: boolean): boolean => {
+  switch (leg._tag) {
+    case "Normal":
+    case "KvTransferPrefill":
+      return false
+    case "KvTransferDecode":
+      return engineAsked
+    case "BootstrapLeg":
+      return engineAsked || leg.leg === "prefill"
+  }
 }

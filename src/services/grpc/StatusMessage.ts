@@ -24,7 +24,7 @@
  * and -code) stays under 5 KiB, well inside the 8 KiB the strictest clients take. A message is cut between
  * characters (never inside a surrogate pair or a %XX escape) and says how much was cut. Pure.
  */
-import { asciiTrailer, asSent, type GrpcFailure } from "./GrpcStatus.ts"
+import { asciiTrailer, type GrpcFailure } from "./GrpcStatus.ts"
 import { encodeStatusMessage, reservedTrailer } from "./Wire.ts"
 
 /** The most bytes of `grpc-message` sent, as on the wire (percent-encoded), the cut's marker included. */
@@ -98,16 +98,46 @@ export const quoteInput = (value: string, chars: number = QUOTED_CHARS): string 
   return end === value.length ? shown : `${shown}... (${characters(value)} characters)`
 }
 
+/** The advice the messages of failures retryable elsewhere end with (CallErrors.ts, Admission.ts, the drain's abort). */
+const RETRY_ADVICE = /[;,] retry on another node$/
+
+/** What replaces that advice once the call had sent a message. */
+export const STREAMED_ADVICE = "; do not retry elsewhere: the call had already streamed output"
+
+/** What replaces it on a leg bound to its pair (GrpcFailure.pairBound) that sent nothing. */
+export const PAIR_ADVICE = "; retry both legs as a new pair (this leg's handoff is not to be used again)"
+
+/**
+ * A failure as the call sends it, given whether a message went out first (`wrote`): the one decision of
+ * `cgn-retryable` (retryElsewhere, and nothing sent: a client that has text would see a retry's repeated; undefined:
+ * no opinion), and the message's advice made to agree with it: a message ending "retry on another node" ends
+ * STREAMED_ADVICE instead when the call is not retryable for what it sent (an engine that died mid-stream said "retry
+ * on another node" beside `cgn-retryable: false`). A leg bound to its pair (`pairBound`) that another node could take
+ * and that sent nothing is not retryable alone: `retryPair` (the `cgn-retry-pair` trailer) and PAIR_ADVICE say so.
+ */
+export const asSent = (
+  status: GrpcFailure,
+  wrote: boolean
+): { readonly message: string; readonly retryable: boolean | undefined; readonly retryPair?: true } => {
+  if (status.retryElsewhere === undefined) return { message: status.message, retryable: undefined }
+  if (!status.retryElsewhere) return { message: status.message, retryable: false }
+  if (wrote) return { message: status.message.replace(RETRY_ADVICE, STREAMED_ADVICE), retryable: false }
+  if (status.pairBound === true)
+    return { message: status.message.replace(RETRY_ADVICE, PAIR_ADVICE), retryable: false, retryPair: true }
+  return { message: status.message, retryable: true }
+}
+
 /**
  * The header fields that end a call with `status`, given whether a message went out first (`wrote`): grpc-status,
  * grpc-message bounded (boundStatusMessage), the row's trailers but the transport's own names, each value printable
- * ASCII of at most 1 KiB (asciiTrailer), and cgn-retryable (GrpcStatus.ts asSent decides it with the advice).
+ * ASCII of at most 1 KiB (asciiTrailer), and cgn-retryable and cgn-retry-pair (asSent decides them with the advice).
  */
 export const statusTrailers = (status: GrpcFailure, wrote: boolean): Record<string, string> => {
   const trailers: Record<string, string> = { "grpc-status": String(status.code) }
-  const { message, retryable } = asSent(status, wrote)
+  const { message, retryable, retryPair } = asSent(status, wrote)
   if (message !== "") trailers["grpc-message"] = boundStatusMessage(message)
   for (const k in status.trailers) if (!reservedTrailer(k)) trailers[k] = asciiTrailer(status.trailers[k]!)
   if (retryable !== undefined) trailers["cgn-retryable"] = String(retryable)
+  if (retryPair) trailers["cgn-retry-pair"] = "true"
   return trailers
 }

@@ -237,7 +237,7 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
     }
     // Every value bounded to what any client's header limit takes (StatusMessage.ts): one call's overlong status
     // made a grpc-js client close the connection, ending every other call on it. cgn-retryable and the message's
-    // advice are decided together by what went out (GrpcStatus.ts asSent).
+    // advice are decided together by what went out (StatusMessage.ts asSent).
     const trailers: http2.OutgoingHttpHeaders = statusTrailers(status, this.#wrote)
     if (!this.#headersSent) {
       // Trailers-only: the response headers and the status in the one HEADERS frame, which ends the stream.

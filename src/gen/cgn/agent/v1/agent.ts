@@ -128,7 +128,9 @@ export interface GenerateRequest {
    * without it (built by the router, or returned by an older agent) are taken unchecked; sampling is never
    * checked. One handoff serves one decode: once a decode has read the blocks, the prefill engine frees them, and
    * a second decode with the same params fails (UNAVAILABLE, the engine's KV load failed) or, on vLLM, may read
-   * blocks since reused. So a failed decode leg is retried by running the prefill leg again too.
+   * blocks since reused. So a failed decode leg is retried by running the prefill leg again too: its failure says so
+   * with the trailers cgn-retryable false and cgn-retry-pair true. A prefill node refuses a leg carrying these
+   * params (FAILED_PRECONDITION: a decode leg sent to the wrong node).
    */
   kvTransferParams?:
     | { [key: string]: any }
@@ -136,7 +138,8 @@ export interface GenerateRequest {
   /**
    * Disaggregated serving, SGLang: the rendezvous, sent to both legs at once. Both legs carry the same input and
    * should carry the same sampling (SGLang's decode engine continues from the first token its prefill engine
-   * sampled); the agent does not check that they match.
+   * sampled); the agent does not check that they match. A failed leg is retried as a new pair with a new room
+   * (trailer cgn-retry-pair true), never alone.
    */
   bootstrap?:
     | SglangBootstrap
