@@ -321,9 +321,18 @@ describe("EngineClient against a controlled server", () => {
     expect([e.reason, e.status, e.message, e.engineType]).toEqual(["Http", 400, "bad max_tokens", "BadRequestError"])
   })
 
-  it("a connection reset before the answer is Connect", async () => {
+  // the engine had the request (read whole by the handler that resets): it broke off, as one killed mid-prefill does,
+  // not an engine never reached ("engine unreachable", cgn-engine-reason Connect, read as such: P/D review F5)
+  it("a connection reset after the request was written, before any answer, is Stream, not Connect", async () => {
     const e = failure(await collect("reset"))
-    expect(e.reason).toBe("Connect")
+    expect([e.reason, e.message]).toEqual(["Stream", expect.stringMatching(/other side closed|ECONNRESET/)])
+    // a whole answer too (a prefill leg, which has no headers until its engine is done)
+    const whole = failure(
+      await run(planFor(base), (c) =>
+        c.complete("/v1/chat/completions", { model: "served", messages: [] }, { requestId: "reset" })
+      )
+    )
+    expect(whole.reason).toBe("Stream")
   })
 
   it("a body that ends without [DONE] is Stream (truncated)", async () => {

@@ -39,7 +39,7 @@ const overflowError = (ex: Exchange): EngineError =>
 const whole = (ex: Exchange): Effect.Effect<{ status: number; text: string }, EngineError> =>
   Effect.suspend(function loop(): Effect.Effect<{ status: number; text: string }, EngineError> {
     if (ex.overflowed) return Effect.fail(overflowError(ex))
-    if (ex.error !== undefined) return Effect.fail(transportError(ex.error, ex.status > 0))
+    if (ex.error !== undefined) return Effect.fail(transportError(ex.error, ex.status > 0 || ex.sent))
     if (ex.ended) return Effect.succeed({ status: ex.status, text: bodyText(ex.take()) })
     return Effect.flatMap(ex.changed, loop)
   }).pipe(Effect.onInterrupt(() => Effect.sync(() => ex.close())))

@@ -23,6 +23,8 @@ export class Exchange implements Dispatcher.DispatchHandler {
   chunks: Array<Buffer> = []
   ended = false
   error: Error | undefined = undefined
+  /** The request was written whole: a failure from here on is the engine's answer breaking off (transportError). */
+  sent = false
   /** The body passed its bound (MAX_WHOLE_BODY_BYTES, MAX_ERROR_BODY_BYTES for an error status): aborted. */
   overflowed = false
   /** Bytes of the body so far; it is aborted past `limit`. */
@@ -40,6 +42,9 @@ export class Exchange implements Dispatcher.DispatchHandler {
   onRequestStart(controller: Dispatcher.DispatchController): void {
     this.controller = controller
     if (this.closed) controller.abort(closedByClient())
+  }
+  onRequestSent(): void {
+    this.sent = true
   }
   onResponseStart(_c: Dispatcher.DispatchController, statusCode: number): void {
     this.status = statusCode
@@ -114,16 +119,17 @@ export const errorCode = (e: Error): string => {
 }
 
 /**
- * A transport failure; `inBody` when the response had begun (then it is a broken stream, not a refusal). No
+ * A transport failure; `reached` when the engine had the request (written whole, or its answer begun): then it is an
+ * answer that broke off (an engine killed mid-prefill, before a whole answer's headers), not an unreachable engine. No
  * connection within the connect timeout is an unreachable engine (UNAVAILABLE: retry elsewhere), not one that
  * did not answer in time.
  */
-export const transportError = (e: Error, inBody: boolean): EngineError => {
+export const transportError = (e: Error, reached: boolean): EngineError => {
   const code = errorCode(e)
   if (code.endsWith("TIMEOUT") && code !== "UND_ERR_CONNECT_TIMEOUT")
     return new EngineError({ reason: "Timeout", message: `${code}: ${e.message}` })
   const message = `${code === "" ? "" : `${code}: `}${e.message}`
-  return new EngineError({ reason: inBody ? "Stream" : "Connect", message })
+  return new EngineError({ reason: reached ? "Stream" : "Connect", message })
 }
 
 export const bodyText = (chunks: ReadonlyArray<Buffer>): string =>

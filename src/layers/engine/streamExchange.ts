@@ -49,6 +49,8 @@ export class StreamExchange implements Dispatcher.DispatchHandler {
   private ended = false
   private closed = false
   private discard = false
+  /** The request was written whole: a failure from here on is the engine's answer breaking off (transportError). */
+  private sent = false
   /** Set while the body after [DONE] is given its last moment to end; cleared when it does. */
   private drainTimer: NodeJS.Timeout | undefined = undefined
   /** The body of an error status, or of a 200 that is no event stream, read for its message (bounded). */
@@ -73,6 +75,7 @@ export class StreamExchange implements Dispatcher.DispatchHandler {
     if (this.closed) controller.abort(closedByClient())
   }
   onRequestSent(): void {
+    this.sent = true
     this.sink.onSent?.()
   }
   onResponseStart(
@@ -138,7 +141,7 @@ export class StreamExchange implements Dispatcher.DispatchHandler {
     this.ended = true
     clearTimeout(this.drainTimer)
     if (this.finished) return
-    const why = transportError(error, this.status > 0)
+    const why = transportError(error, this.status > 0 || this.sent)
     this.finish(
       this.status === 0 || this.errorBody !== undefined
         ? why
