@@ -339,6 +339,27 @@ describe("P/D handoff capability", () => {
       expect([kind, pd]).toEqual([kind, caps.handoff !== undefined])
     }
   })
+
+  // What NodeHealth.kv_transfer publishes, for a router to pair only nodes that can hand KV blocks to each other.
+  it("a P/D plan names its KV transfer backend, the one its flags give; role both names none", () => {
+    const transferOf = ([kind, kv, role]: (typeof golden)[number]) => plan(combo(kind, kv, role)).kvTransfer
+    const named = golden.map((g) => `${g[0]}/${g[1]}/${g[2]}: ${transferOf(g)}`)
+    expect(named.filter((n) => n.includes("/both:")).every((n) => n.endsWith(": undefined"))).toBe(true)
+    expect(named.filter((n) => !n.includes("/both:"))).toEqual([
+      "vllm/nixl/prefill: NixlConnector",
+      "vllm/nixl/decode: NixlConnector",
+      "sglang/none/prefill: mooncake",
+      "sglang/none/decode: mooncake",
+      "sglang/hicache/prefill: mooncake",
+      "sglang/hicache/decode: mooncake",
+      "sglang/lmcache/prefill: mooncake",
+      "sglang/nixl/prefill: nixl",
+      "sglang/nixl/decode: nixl"
+    ])
+    // the backend the engine is told (--disaggregation-transfer-backend) is the one published
+    const sglang = plan(combo("sglang", "nixl", "decode"))
+    expect(sglang.argv[sglang.argv.indexOf("--disaggregation-transfer-backend") + 1]).toBe(sglang.kvTransfer)
+  })
 })
 
 describe("rendering rules", () => {

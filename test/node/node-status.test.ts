@@ -6,6 +6,7 @@ import { TestClock } from "effect/testing"
 import { describe, expect, it } from "vitest"
 import * as ConfigLayer from "../../src/layers/config/Config.ts"
 import * as NodeStatusLayer from "../../src/layers/node/NodeStatus.ts"
+import type { LaunchPlan } from "../../src/services/engine/Engine.ts"
 import { EngineClient, type LoadSignals } from "../../src/services/engine/EngineClient.ts"
 import type { EngineState, ExitRecord } from "../../src/services/engine/EngineProcess.ts"
 import { noStall, stallProblem } from "../../src/services/engine/EngineStall.ts"
@@ -17,7 +18,7 @@ import { NodeStatus, type NodeStatusService } from "../../src/services/node/Node
 import { gpuWith } from "../../src/services/node/Nvml.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
 import { isFact } from "../../src/services/registry/HealthDamping.ts"
-import { EngineProcessControl } from "../../src/testing/EngineProcess.ts"
+import { EngineProcessControl, testPlan } from "../../src/testing/EngineProcess.ts"
 import * as NvmlTest from "../../src/testing/Nvml.ts"
 import { nodeStatusDeps } from "../support/nodeStatus.ts"
 
@@ -174,6 +175,33 @@ describe("NodeStatus live layer", () => {
     expect((await snapshot(routable, "prefill")).bootstrap).toEqual({ host: "10.9.9.9", port: 8998 })
     expect((await snapshot(routable, "decode")).bootstrap).toBeUndefined()
     expect((await snapshot({ kind: "vllm", kv_offload: "nixl" }, "prefill")).bootstrap).toBeUndefined()
+  })
+
+  it("a P/D node publishes its KV transfer backend (the plan's), for a router to pair only nodes that share one", async () => {
+    const kvTransferOf = (plan: LaunchPlan | undefined) =>
+      Effect.runPromise(
+        Effect.scoped(
+          Effect.flatMap(NodeStatus, (s) => s.snapshot).pipe(
+            Effect.provide(
+              NodeStatusLayer.layer().pipe(
+                Layer.provideMerge(
+                  nodeStatusDeps(
+                    ConfigLayer.layerFromObject({ models: { m: { hf_repo: "org/m" } } }),
+                    Layer.succeed(EngineClient, {
+                      streamTo: () => Effect.void,
+                      load: Effect.succeed({ running: undefined, waiting: undefined, kvUsage: undefined })
+                    }),
+                    NvmlTest.layerFixed([]),
+                    plan
+                  )
+                )
+              )
+            )
+          )
+        ).pipe(Effect.map((h) => h.kvTransfer))
+      )
+    expect(await kvTransferOf(testPlan({ kvTransfer: "nixl" }))).toBe("nixl")
+    expect(await kvTransferOf(undefined)).toBe("")
   })
 
   it("assembles NodeHealth, samples the engine once per heartbeat, and emits changes", async () => {

@@ -167,6 +167,7 @@ export const layer = (
           agentVersion,
           advertiseAddr,
           bootstrap,
+          kvTransfer: engine.plan.kvTransfer,
           now: yield* Clock.currentTimeMillis
         })
       })

@@ -199,6 +199,11 @@ export interface KvEventsEndpoint {
 /** Everything needed to start and use the engine; rendering it has no side effects. */
 export interface LaunchPlan {
   readonly kind: EngineKind
+  /**
+   * A P/D node's KV transfer backend, which its peers' must equal (NodeHealth.kv_transfer): SGLang's
+   * `--disaggregation-transfer-backend` (mooncake, nixl), vLLM's `kv_connector` (NixlConnector). Absent: role both.
+   */
+  readonly kvTransfer?: string
   readonly spawns: boolean
   /** Full argv, executable first ([] when nothing is spawned). `[engine].command` replaces the executable. */
   readonly argv: ReadonlyArray<string>

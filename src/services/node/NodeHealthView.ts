@@ -116,6 +116,8 @@ export interface NodeHealthInputs {
   readonly now: number
   /** An SGLang prefill node's engine bootstrap server (bootstrapServer below); absent elsewhere. */
   readonly bootstrap?: BootstrapServer | undefined
+  /** A P/D node's KV transfer backend (LaunchPlan.kvTransfer); absent on role both. */
+  readonly kvTransfer?: string | undefined
 }
 
 /**
@@ -160,5 +162,6 @@ export const buildNodeHealth = (i: NodeHealthInputs): NodeHealth => ({
     engineMigDevice: i.engineMigDevice ?? ""
   },
   freshness: { epoch: "", sequence: 0, writtenAt: "", heartbeatMs: 0 },
-  ...(i.bootstrap === undefined ? {} : { bootstrap: i.bootstrap })
+  ...(i.bootstrap === undefined ? {} : { bootstrap: i.bootstrap }),
+  kvTransfer: i.kvTransfer ?? ""
 })

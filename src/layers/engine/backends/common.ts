@@ -131,6 +131,8 @@ export interface PlanParts {
   readonly cpuCache?: CpuCacheTier | undefined
   /** The engine's well-known start failures and the config keys that fix them (LaunchPlan.exitHints). */
   readonly exitHints?: ReadonlyArray<ExitHint>
+  /** LaunchPlan.kvTransfer: a P/D node's KV transfer backend. */
+  readonly kvTransfer?: string | undefined
 }
 
 /**
@@ -167,7 +169,8 @@ export const assemble = (config: AgentConfig, listen: Listen, parts: PlanParts):
     requestModel: parts.requestModel ?? config.model.served_name,
     ...(parts.warnings !== undefined && parts.warnings.length > 0 ? { warnings: parts.warnings } : {}),
     ...(parts.cpuCache !== undefined ? { cpuCache: parts.cpuCache } : {}),
-    ...(parts.exitHints !== undefined && parts.exitHints.length > 0 ? { exitHints: parts.exitHints } : {})
+    ...(parts.exitHints !== undefined && parts.exitHints.length > 0 ? { exitHints: parts.exitHints } : {}),
+    ...(parts.kvTransfer !== undefined ? { kvTransfer: parts.kvTransfer } : {})
   }
 }
 

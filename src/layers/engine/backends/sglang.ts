@@ -131,14 +131,16 @@ export const sglang: Engine = {
     // said to be unknown (cpuCacheTiers.ts sglangLmcacheTier: which LMCache mode runs is not known from the config).
     const hierarchical =
       offload === "hicache" || [...m.args, ...config.engine.args].includes("--enable-hierarchical-cache")
+    // mooncake unless the node runs NIXL: both halves of a pair must use the same (NodeHealth.kv_transfer says which)
+    const transfer = role === "both" ? undefined : offload === "nixl" ? "nixl" : "mooncake"
     const disaggregation =
-      role === "both"
+      transfer === undefined
         ? []
         : [
             "--disaggregation-mode",
             role,
             "--disaggregation-transfer-backend",
-            offload === "nixl" ? "nixl" : "mooncake",
+            transfer,
             ...(role === "prefill" ? ["--disaggregation-bootstrap-port", String(config.engine.bootstrap_port)] : []),
             ...decodeRadixCache(role, offload)
           ]
@@ -153,6 +155,7 @@ export const sglang: Engine = {
         : []
     return assemble(config, listen, {
       executable: ["python", "-m", "sglang.launch_server"],
+      kvTransfer: transfer,
       args: [
         "--model-path",
         m.source.value,

@@ -183,6 +183,8 @@ export const vllm: Engine = {
     const kvbmEnv = kvbmTiers(config)
     return assemble(config, listen, {
       executable: ["vllm"],
+      // a P/D pair's connector (config checks require NIXL for the roles): both halves must use the same
+      kvTransfer: config.agent.role === "both" ? undefined : connector?.kv_connector,
       args: [
         "serve",
         m.source.value,

@@ -283,7 +283,16 @@ export interface NodeHealth {
    * On an SGLang prefill node: its engine's P/D bootstrap server, the `host` and `port` a router puts in both legs'
    * SglangBootstrap. Unset on every other node.
    */
-  bootstrap?: BootstrapServer | undefined;
+  bootstrap?:
+    | BootstrapServer
+    | undefined;
+  /**
+   * On a prefill or decode node: the KV transfer backend its engine hands KV blocks over with, which both halves of
+   * a pair must share: SGLang's --disaggregation-transfer-backend (`mooncake`, or `nixl` with [engine].kv_offload =
+   * "nixl"), vLLM's kv_connector (`NixlConnector`). A router pairs a prefill and a decode node only where these are
+   * equal. Empty on role "both".
+   */
+  kvTransfer: string;
 }
 
 /** Where decode engines reach a prefill engine's bootstrap server (SGLang). */
@@ -2147,6 +2156,7 @@ function createBaseNodeHealth(): NodeHealth {
     capacity: undefined,
     freshness: undefined,
     bootstrap: undefined,
+    kvTransfer: "",
   };
 }
 
@@ -2184,6 +2194,9 @@ export const NodeHealth: MessageFns<NodeHealth> = {
     }
     if (message.bootstrap !== undefined) {
       BootstrapServer.encode(message.bootstrap, writer.uint32(90).fork()).join();
+    }
+    if (message.kvTransfer !== "") {
+      writer.uint32(98).string(message.kvTransfer);
     }
     return writer;
   },
@@ -2289,6 +2302,14 @@ export const NodeHealth: MessageFns<NodeHealth> = {
             message.bootstrap = BootstrapServer.decode(reader, reader.uint32());
             continue;
           }
+          case 12: {
+            if (tag !== 98) {
+              break;
+            }
+
+            message.kvTransfer = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2326,6 +2347,11 @@ export const NodeHealth: MessageFns<NodeHealth> = {
       capacity: isSet(object.capacity) ? Capacity.fromJSON(object.capacity) : undefined,
       freshness: isSet(object.freshness) ? Freshness.fromJSON(object.freshness) : undefined,
       bootstrap: isSet(object.bootstrap) ? BootstrapServer.fromJSON(object.bootstrap) : undefined,
+      kvTransfer: isSet(object.kvTransfer)
+        ? globalThis.String(object.kvTransfer)
+        : isSet(object.kv_transfer)
+        ? globalThis.String(object.kv_transfer)
+        : "",
     };
   },
 
@@ -2364,6 +2390,9 @@ export const NodeHealth: MessageFns<NodeHealth> = {
     if (message.bootstrap !== undefined) {
       obj.bootstrap = BootstrapServer.toJSON(message.bootstrap);
     }
+    if (message.kvTransfer !== "") {
+      obj.kvTransfer = message.kvTransfer;
+    }
     return obj;
   },
 
@@ -2391,6 +2420,7 @@ export const NodeHealth: MessageFns<NodeHealth> = {
     message.bootstrap = (object.bootstrap !== undefined && object.bootstrap !== null)
       ? BootstrapServer.fromPartial(object.bootstrap)
       : undefined;
+    message.kvTransfer = object.kvTransfer ?? "";
     return message;
   },
 };
