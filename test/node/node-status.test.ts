@@ -141,33 +141,34 @@ const build = (signals: LoadSignals) => {
   return { layer, scrapes: () => scrapes }
 }
 
-describe("NodeStatus live layer", () => {
-  it("an SGLang prefill node publishes its engine's bootstrap server; no other node does", async () => {
-    const client = Layer.succeed(EngineClient, {
-      streamTo: () => Effect.void,
-      load: Effect.succeed({ running: undefined, waiting: undefined, kvUsage: undefined })
-    })
-    const snapshot = (engine: Record<string, unknown>, role: string) =>
-      Effect.runPromise(
-        Effect.scoped(
-          Effect.flatMap(NodeStatus, (s) => s.snapshot).pipe(
-            Effect.provide(
-              NodeStatusLayer.layer().pipe(
-                Layer.provideMerge(
-                  nodeStatusDeps(
-                    ConfigLayer.layerFromObject({
-                      models: { m: { hf_repo: "org/m" } },
-                      agent: { role, advertise_addr: "10.1.2.3:7071" },
-                      engine
-                    }),
-                    client
-                  )
-                )
+/** One NodeHealth snapshot of the live layer over `config` (an engine with no load signals) and the test engine's `plan`. */
+const snapshotOf = (config: Record<string, unknown>, plan?: LaunchPlan) =>
+  Effect.runPromise(
+    Effect.scoped(
+      Effect.flatMap(NodeStatus, (s) => s.snapshot).pipe(
+        Effect.provide(
+          NodeStatusLayer.layer().pipe(
+            Layer.provideMerge(
+              nodeStatusDeps(
+                ConfigLayer.layerFromObject({ models: { m: { hf_repo: "org/m" } }, ...config }),
+                Layer.succeed(EngineClient, {
+                  streamTo: () => Effect.void,
+                  load: Effect.succeed({ running: undefined, waiting: undefined, kvUsage: undefined })
+                }),
+                NvmlTest.layerFixed([]),
+                plan
               )
             )
           )
         )
       )
+    )
+  )
+
+describe("NodeStatus live layer", () => {
+  it("an SGLang prefill node publishes its engine's bootstrap server; no other node does", async () => {
+    const snapshot = (engine: Record<string, unknown>, role: string) =>
+      snapshotOf({ agent: { role, advertise_addr: "10.1.2.3:7071" }, engine })
     // a wildcard engine host is no address a decode engine can dial: the node's advertised host instead
     const wildcard = { kind: "sglang", url: "http://0.0.0.0:30000", bootstrap_port: 9001 }
     expect((await snapshot(wildcard, "prefill")).bootstrap).toEqual({ host: "10.1.2.3", port: 9001 })
@@ -178,30 +179,8 @@ describe("NodeStatus live layer", () => {
   })
 
   it("a P/D node publishes its KV transfer backend (the plan's), for a router to pair only nodes that share one", async () => {
-    const kvTransferOf = (plan: LaunchPlan | undefined) =>
-      Effect.runPromise(
-        Effect.scoped(
-          Effect.flatMap(NodeStatus, (s) => s.snapshot).pipe(
-            Effect.provide(
-              NodeStatusLayer.layer().pipe(
-                Layer.provideMerge(
-                  nodeStatusDeps(
-                    ConfigLayer.layerFromObject({ models: { m: { hf_repo: "org/m" } } }),
-                    Layer.succeed(EngineClient, {
-                      streamTo: () => Effect.void,
-                      load: Effect.succeed({ running: undefined, waiting: undefined, kvUsage: undefined })
-                    }),
-                    NvmlTest.layerFixed([]),
-                    plan
-                  )
-                )
-              )
-            )
-          )
-        ).pipe(Effect.map((h) => h.kvTransfer))
-      )
-    expect(await kvTransferOf(testPlan({ kvTransfer: "nixl" }))).toBe("nixl")
-    expect(await kvTransferOf(undefined)).toBe("")
+    expect((await snapshotOf({}, testPlan({ kvTransfer: "nixl" }))).kvTransfer).toBe("nixl")
+    expect((await snapshotOf({})).kvTransfer).toBe("")
   })
 
   it("assembles NodeHealth, samples the engine once per heartbeat, and emits changes", async () => {
