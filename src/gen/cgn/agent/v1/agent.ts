@@ -173,7 +173,10 @@ export interface Usage {
 }
 
 export interface Timings {
-  /** From the agent receiving the call to the first generated text, in milliseconds. */
+  /**
+   * From the agent receiving the call to the first generated text, in milliseconds. A prefill leg streams none:
+   * its whole time, as total_ms.
+   */
   timeToFirstTokenMs: number;
   /** From the agent receiving the call to the final message, in milliseconds. */
   totalMs: number;
