@@ -76,11 +76,12 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
      * `atSpawn`: a start waits on it, and with no NVML to wait for the engine is given no GPUs (it sees them all), as
      * ever; the poll chooses only from GPUs NVML lists, so that a library loaded by the first start is still used.
      */
-    const choose = (gpus: ReadonlyArray<Gpu>, atSpawn: boolean) =>
+    const choose = (gpus: ReadonlyArray<Gpu>, atSpawn: boolean, gaveUp = false) =>
       Effect.gen(function* () {
         if ((yield* Ref.get(choice)) !== undefined) return undefined
         const key = formatPath(["models", config.model.name, "gpus"])
-        const next = lateChoice(key, config.model.tp * config.model.dp, gpus, yield* nvml.unavailable, xidRule)
+        const unavailable = yield* nvml.unavailable
+        const next = lateChoice(key, config.model.tp * config.model.dp, gpus, unavailable, xidRule, gaveUp)
         if (next._tag !== "Chosen" || (next.assignment._tag !== "Assigned" && !atSpawn)) return next
         const { assignment } = next
         const made: Choice =
@@ -89,7 +90,14 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
             : { indices: [], env: {} }
         // the poll and a start's wait may both get here: the first to set it made the choice
         if (!(yield* Ref.modify(choice, (c) => (c === undefined ? [true, made] : [false, c])))) return undefined
-        if (assignment._tag !== "Assigned") return undefined
+        if (assignment._tag !== "Assigned") {
+          if (gaveUp && unavailable !== undefined)
+            yield* Effect.logWarning(
+              "NVML did not answer within engine.gpu_free_timeout: the engine starts without CUDA_VISIBLE_DEVICES (it sees every GPU it is given), and stays so for the agent's life",
+              { reason: unavailable, gpu_free_timeout: Duration.format(config.engine.gpu_free_timeout) }
+            )
+          return undefined
+        }
         yield* SubscriptionRef.update(status, (s) => ({ ...s, gpus: made.indices }))
         yield* Effect.logInfo("the engine's GPUs chosen now that NVML lists them (none listed at the agent's start)", {
           gpus: made.indices.join(","),
@@ -181,7 +189,9 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
         // never the cached sample: right after a crash it still shows the GPU as it was before
         const gpus = yield* nvml.sampleNow
         const known = (yield* SubscriptionRef.get(status)).fault
-        const verdict = yield* verdictOf(gpus, known, yield* choose(gpus, true))
+        // a wait for NVML past gpu_free_timeout gives up: the engine starts as on a host without NVML
+        const gaveUp = (yield* Clock.currentTimeMillis) - since >= timeoutMs
+        const verdict = yield* verdictOf(gpus, known, yield* choose(gpus, true, gaveUp))
         if (verdict === undefined) return
         const now = yield* Clock.currentTimeMillis
         if (verdict._tag === "Free") {

@@ -43,9 +43,12 @@ export const gateProblem = (s: GpuGateStatus): string | undefined =>
 
 /** What a start does about the engine's GPUs when the plan could not choose them (`lateChoice`). */
 export type LateChoice =
-  /** Chosen now: NVML lists GPUs (`Assigned`), or there is no NVML to wait for (`Unknown`: the engine sees them all). */
+  /**
+   * Chosen now: NVML lists GPUs (`Assigned`); or `Unknown`, the engine seeing them all: no NVML to wait for (no library,
+   * switched off), NVML answering with none listed, or the start's wait for it given up.
+   */
   | { readonly _tag: "Chosen"; readonly assignment: Assignment }
-  /** NVML fails, hangs or lists no GPUs: the start waits for it. */
+  /** NVML fails or hangs: the start waits for it, at most engine.gpu_free_timeout. */
   | { readonly _tag: "Waiting"; readonly reason: string }
   /** NVML lists too few GPUs for the engine: the start is held, the node unhealthy. */
   | { readonly _tag: "Refused"; readonly reason: string }
@@ -54,19 +57,29 @@ export type LateChoice =
  * The automatic choice of the engine's GPUs (`key`, models.<name>.gpus, unset) when NVML listed none at the agent's
  * start (not answering, its driver not loaded yet): made before the first spawn with assignGpus's rule (the first
  * `needed` healthy GPUs, faulty ones filling in), once NVML lists GPUs; `gpus` and `unavailable` are one sample of it.
- * Spawning at once without CUDA_VISIBLE_DEVICES gave the engine every GPU and held it on a fault of any of them.
+ * Spawning at once without CUDA_VISIBLE_DEVICES gave the engine every GPU and held it on a fault of any of them. NVML
+ * that answers with no GPUs (a container given none) is taken at its word, as at the start; one that does not answer
+ * is waited for until `gaveUp` (the start waited engine.gpu_free_timeout): then, as without NVML, no choice, so that an
+ * NVML that never answers (a CPU host with the NVIDIA libraries but no driver) never keeps the engine from serving.
  */
 export const lateChoice = (
   key: string,
   needed: number,
   gpus: ReadonlyArray<Gpu>,
   unavailable: string | undefined,
-  rule: XidRule
+  rule: XidRule,
+  gaveUp = false
 ): LateChoice => {
-  if (unavailable !== undefined && nvmlAbsent(unavailable)) return { _tag: "Chosen", assignment: { _tag: "Unknown" } }
-  const why = unavailable === undefined ? "NVML lists no GPUs" : `NVML is not answering (${unavailable})`
-  if (unavailable !== undefined || gpus.length === 0)
-    return { _tag: "Waiting", reason: `${why}: the engine's GPUs (${key} unset) are chosen once it lists them` }
+  const unknown: LateChoice = { _tag: "Chosen", assignment: { _tag: "Unknown" } }
+  if (unavailable !== undefined && nvmlAbsent(unavailable)) return unknown
+  if (unavailable !== undefined)
+    return gaveUp
+      ? unknown
+      : {
+          _tag: "Waiting",
+          reason: `NVML is not answering (${unavailable}): the engine's GPUs (${key} unset) are chosen once it lists them (on a host without GPUs, CGN_NVML_LIBRARY=none)`
+        }
+  if (gpus.length === 0) return unknown
   const assignment = assignGpus([], needed, gpus, rule)
   return assignment._tag === "Impossible"
     ? { _tag: "Refused", reason: `${key}: ${assignment.reason}` }
