@@ -13,6 +13,7 @@ import {
   InvalidHandoff,
   kvTransferDecodeBody,
   planLeg,
+  refusalBoundToPair,
   VLLM_PREFILL_KV_TRANSFER_PARAMS,
   validateBootstrap,
   validateKvTransferParams,
@@ -191,6 +192,11 @@ describe("planLeg", () => {
     ["both without a handoff", { role: "both", handoff: undefined, body }, "Normal"],
     ["prefill over kv_transfer_params", { role: "prefill", handoff: "kv_transfer_params", body }, "KvTransferPrefill"],
     [
+      "prefill with a router's own params (vLLM's proxy sends do_remote_decode), which the agent's replace",
+      { role: "prefill", handoff: "kv_transfer_params", body, kvTransferParams: { do_remote_decode: true } },
+      "KvTransferPrefill"
+    ],
+    [
       "decode over kv_transfer_params",
       { role: "decode", handoff: "kv_transfer_params", body, kvTransferParams: P_PARAMS },
       "KvTransferDecode"
@@ -266,5 +272,14 @@ describe("boundToPair", () => {
     ]
   ])("%s", (_name, leg, engineAsked, bound) => {
     expect(boundToPair(leg, engineAsked)).toBe(bound)
+  })
+})
+
+describe("refusalBoundToPair: a call refused before its leg is planned", () => {
+  it("binds only an SGLang prefill node's (its decode leg waits on this node's bootstrap server)", () => {
+    const bound = (["both", "prefill", "decode"] as const).flatMap((role) =>
+      (["kv_transfer_params", "bootstrap", undefined] as const).map((h) => [role, h, refusalBoundToPair(role, h)])
+    )
+    expect(bound.filter(([, , b]) => b)).toEqual([["prefill", "bootstrap", true]])
   })
 })

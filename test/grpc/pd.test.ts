@@ -392,6 +392,16 @@ describe("SGLang prefill + decode with a bootstrap room", () => {
     expect([after.aborted, after.served]).toEqual([before.aborted, before.served! + 1])
   })
 
+  it("a prefill leg refused before its engine (a model this node does not serve) is still retried only as a pair", async () => {
+    const r = await collect(pAgent.client, {
+      model: "elsewhere",
+      prompt,
+      bootstrap: { host: "127.0.0.1", port: bootPort, room: "8" }
+    })
+    expect(r.status).toBe("NOT_FOUND")
+    expect([r.trailer?.get("cgn-retryable"), r.trailer?.get("cgn-retry-pair")]).toEqual(["false", "true"])
+  })
+
   it("prefill engine down: UNAVAILABLE", async () => {
     await p.stop()
     const r = await collect(pAgent.client, { prompt, bootstrap: { host: "127.0.0.1", port: bootPort, room: "7" } })

@@ -14,7 +14,7 @@ import type { ServedContextService } from "../../services/engine/ServedContext.t
 import { frameDelta } from "../../services/grpc/DeltaFrame.ts"
 import { GenerateRejected, planRequest } from "../../services/grpc/Generate.ts"
 import { type GenerateError, statusName, toGrpcFailure } from "../../services/grpc/GrpcStatus.ts"
-import { boundToPair, planLeg } from "../../services/grpc/Handoff.ts"
+import { boundToPair, planLeg, refusalBoundToPair } from "../../services/grpc/Handoff.ts"
 import { inputDigest, type Sha256 } from "../../services/grpc/InputDigest.ts"
 import { StartPacer } from "../../services/grpc/StartPacer.ts"
 import { CallCancelled, CallDeadlineExceeded } from "../../services/grpc/TransportErrors.ts"
@@ -128,10 +128,12 @@ export const makeHandler = Effect.fnUntraced(function* (
     if (awaitingHeaders.push(call) === 1) setImmediate(sendAwaitingHeaders)
   }
 
-  const refuse = (call: GenerateServerCall, startedAt: number, e: GenerateError, pairBound = false): void => {
+  // An SGLang prefill node's refusals are bound to their pair, whatever they were (Handoff.ts refusalBoundToPair).
+  const refusedBound = refusalBoundToPair(role, handoff)
+  const refuse = (call: GenerateServerCall, startedAt: number, e: GenerateError): void => {
     const f = toGrpcFailure(e)
     record(statusName(f.code), undefined, startedAt)
-    call.sendStatus(pairBound ? { ...f, pairBound } : f)
+    call.sendStatus(refusedBound ? { ...f, pairBound: true } : f)
   }
 
   /** Counts a Generate call the server ended before this handler ran (http2/Server.ts onRejected). */
@@ -161,7 +163,7 @@ export const makeHandler = Effect.fnUntraced(function* (
     }
     const notServing = serving.refusal()
     if (notServing !== undefined) {
-      refuse(call, startedAt, notServing, boundToPair(leg.success, false))
+      refuse(call, startedAt, notServing)
       return
     }
     const requestId = req.requestId === "" ? randomUUID() : req.requestId

@@ -216,10 +216,15 @@ const malformed = (value: unknown): InvalidHandoff =>
 
 const given = (v: unknown): boolean => v !== undefined && v !== null
 
+/** Params a prefill leg returned, to be read by a decode leg (vLLM's NixlConnector: `do_remote_prefill: true`). */
+const decodeParams = (v: unknown): boolean =>
+  typeof v === "object" && v !== null && (v as { do_remote_prefill?: unknown }).do_remote_prefill === true
+
 const kvTransferLeg = (input: PlanInput, role: "prefill" | "decode"): Result.Result<LegPlan, InvalidHandoff> => {
-  // A prefill leg carries no params: one that does is a decode leg sent to the wrong node, which would run as a new
-  // prefill (its KV blocks held for a decode that never comes) and answer OK with no text
-  if (role === "prefill" && given(input.kvTransferParams))
+  // A prefill leg's params, if a router sends any (vLLM's proxy sends do_remote_decode: the agent writes its own), are
+  // replaced; a decode leg's sent here is a leg for the wrong node, which would run as a new prefill (its KV blocks held
+  // for a decode that never comes) and answer OK with no text
+  if (role === "prefill" && decodeParams(input.kvTransferParams))
     return Result.fail(
       new InvalidHandoff({
         reason:
@@ -294,6 +299,7 @@ export const planLeg = (input: PlanInput): Result.Result<LegPlan, InvalidHandoff
  * decode leg goes to another decode node as it is.
  */
 export const boundToPair = (leg: LegPlan, engineAsked: boolean): boolean => {
+  if (leg._tag === "BootstrapLeg" && leg.leg === "prefill") return true
   switch (leg._tag) {
     case "Normal":
     case "KvTransferPrefill":
@@ -301,6 +307,13 @@ export const boundToPair = (leg: LegPlan, engineAsked: boolean): boolean => {
     case "KvTransferDecode":
       return engineAsked
     case "BootstrapLeg":
-      return engineAsked || leg.leg === "prefill"
+      return engineAsked
   }
 }
+
+/**
+ * Whether a call this node refuses before its leg is planned (an invalid request, a model it does not serve, not
+ * serving) is bound to its pair all the same: on an SGLang prefill node (boundToPair's prefill leg), whatever it was.
+ */
+export const refusalBoundToPair = (role: Role, handoff: HandoffProtocol | undefined): boolean =>
+  role === "prefill" && handoff === "bootstrap"
