@@ -44,11 +44,18 @@ export const layer: Layer.Layer<ServedContext, never, EngineProcess | Config> = 
     const configKey = formatPath(["models", config.model.name, "max_model_len"])
     let lastProblem: string | undefined
 
-    /** One read: whether the engine said it. */
+    /**
+     * One read: whether it is done, the engine having answered (with the value, or a list without it: a server whose
+     * list has no such field says so every time); a transport or HTTP error is not, and is tried again.
+     */
     const read = Effect.gen(function* () {
+      let answered = true
       const got = yield* getText(getGlobalDispatcher(), url, READ_TIMEOUT_MS).pipe(
         Effect.map((text) => parse(text, source, plan.servedModel)),
-        Effect.catch((e) => Effect.succeed(`${source.path}: ${e.message}`))
+        Effect.catch((e) => {
+          answered = false
+          return Effect.succeed(`${source.path}: ${e.message}`)
+        })
       )
       if (typeof got === "number") {
         lastProblem = undefined
@@ -68,11 +75,11 @@ export const layer: Layer.Layer<ServedContext, never, EngineProcess | Config> = 
         reason: got,
         [configKey]: configured ?? "unset"
       })
-      return false
+      return answered
     })
 
-    // Read again after a failure (an engine slow to answer under load, a proxied server not up yet), 1 s doubling to
-    // 30 s, for as long as the Ready period lasts: one failed read must not leave the configured value for the run.
+    // Read again after a failed read (an engine slow to answer under load, a proxied server not up yet), 1 s doubling
+    // to 30 s, for as long as the Ready period lasts: one failed read must not leave the configured value for the run.
     const readUntilSaid = Effect.gen(function* () {
       for (let delayMs = 1_000; !(yield* read); delayMs = Math.min(delayMs * 2, 30_000)) yield* Effect.sleep(delayMs)
     })

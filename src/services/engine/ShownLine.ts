@@ -10,6 +10,7 @@
  * the line decoded again (a review found a deep line's fields logged unscrubbed); a line whose strings cannot all be
  * scrubbed (nested deeper than the scrub's stack) is not shown.
  */
+import { isJsonObject } from "./EngineClient.ts"
 import { MAX_LINE_CHARS, type OutputLine } from "./OutputLines.ts"
 import { REDACTED, type Redactor } from "./Secrets.ts"
 
@@ -21,9 +22,6 @@ export interface ShownLine {
   /** A JSON object line's keys but its message, every string in them (keys too) scrubbed decoded. */
   readonly fields?: Readonly<Record<string, unknown>>
 }
-
-const isPlainObject = (u: unknown): u is Record<string, unknown> =>
-  typeof u === "object" && u !== null && !Array.isArray(u)
 
 /**
  * `u` with every string in it (keys too) passed through `scrub`; deep input throws RangeError (the caller's catch).
@@ -58,7 +56,7 @@ const scrubbedObject = (
   } catch (e) {
     return e instanceof SyntaxError ? undefined : "too deep"
   }
-  if (!isPlainObject(parsed)) return undefined
+  if (!isJsonObject(parsed)) return undefined
   try {
     const object = scrubStrings(parsed, scrub) as Record<string, unknown>
     return { object, json: JSON.stringify(object) }
