@@ -360,6 +360,21 @@ describe("P/D handoff capability", () => {
     const sglang = plan(combo("sglang", "nixl", "decode"))
     expect(sglang.argv[sglang.argv.indexOf("--disaggregation-transfer-backend") + 1]).toBe(sglang.kvTransfer)
   })
+
+  // README's recipe for HiCache over NIXL sets the backend in engine.args: argparse keeps the last flag, and so the
+  // published value must (a router pairing by it would match the node with peers it cannot hand blocks to)
+  it("an operator's flag in engine.args after the rendered one is the backend published, as the engine takes it", () => {
+    const withArgs = (kind: string, kv: string, role: string, args: ReadonlyArray<string>) => {
+      const raw = combo(kind, kv, role)
+      return plan({ ...raw, engine: { ...raw.engine, args } }).kvTransfer
+    }
+    expect(withArgs("sglang", "hicache", "prefill", ["--disaggregation-transfer-backend", "nixl"])).toBe("nixl")
+    expect(withArgs("sglang", "none", "decode", ["--disaggregation-transfer-backend=nixl"])).toBe("nixl")
+    const mooncake = '{"kv_connector":"MooncakeConnector","kv_role":"kv_both"}'
+    expect(withArgs("vllm", "nixl", "decode", ["--kv-transfer-config", mooncake])).toBe("MooncakeConnector")
+    // a value it cannot read leaves the rendered one (the engine refuses such a config at its start anyway)
+    expect(withArgs("vllm", "nixl", "decode", ["--kv-transfer-config", "{"])).toBe("NixlConnector")
+  })
 })
 
 describe("rendering rules", () => {

@@ -6,6 +6,8 @@
  * the caller reads (layers/engine/cpuCache.ts). Pure: no I/O.
  */
 
+import { lastFlagValue } from "./ArgvFlags.ts"
+
 /** A size unit as the connector reads its setting. */
 export interface CpuCacheUnit {
   readonly name: string
@@ -107,16 +109,6 @@ const known = (setting: string, units: number, unit: CpuCacheUnit): CpuCacheSize
 
 const notANumber = (setting: string): CpuCacheSize => ({ kind: "unknown", why: `${setting} is not a size` })
 
-/** The last value of `flag` in argv, or undefined when it is not given. */
-const flagValue = (argv: ReadonlyArray<string>, flag: string): string | undefined => {
-  let value: string | undefined
-  argv.forEach((arg, i) => {
-    if (arg === flag) value = argv[i + 1] ?? ""
-    else if (arg.startsWith(`${flag}=`)) value = arg.slice(flag.length + 1)
-  })
-  return value
-}
-
 const escapeRegExp = (s: string): string => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")
 
 /**
@@ -162,7 +154,7 @@ const fromSource = (source: CpuCacheSource, inputs: CpuCacheInputs): CpuCacheSiz
       return units === undefined ? notANumber(setting) : known(setting, units, source.unit)
     }
     case "flag": {
-      const value = flagValue(inputs.argv, source.flag)
+      const value = lastFlagValue(inputs.argv, source.flag)
       if (value === undefined) return undefined
       const n = numberOf(value)
       if (n !== undefined && source.unsetAtOrBelow !== undefined && n <= source.unsetAtOrBelow) return undefined

@@ -5,6 +5,7 @@
  * Pure: no I/O, no `node:*` imports. Engine-specific flags stay in the engine's own module.
  */
 import type { AgentConfig } from "../../../services/config/Config.ts"
+import { lastFlagValue } from "../../../services/engine/ArgvFlags.ts"
 import type { CpuCacheTier } from "../../../services/engine/CpuCache.ts"
 import type {
   ExitHint,
@@ -131,8 +132,13 @@ export interface PlanParts {
   readonly cpuCache?: CpuCacheTier | undefined
   /** The engine's well-known start failures and the config keys that fix them (LaunchPlan.exitHints). */
   readonly exitHints?: ReadonlyArray<ExitHint>
-  /** LaunchPlan.kvTransfer: a P/D node's KV transfer backend. */
-  readonly kvTransfer?: string | undefined
+  /**
+   * LaunchPlan.kvTransfer: a P/D node's KV transfer backend, `value` as rendered, unless the engine's last `flag` in
+   * the command line (an operator's engine.args come after) says another (`of` reads it; absent: the value itself).
+   */
+  readonly kvTransfer?:
+    | { readonly value: string; readonly flag: string; readonly of?: (flagValue: string) => string | undefined }
+    | undefined
 }
 
 /**
@@ -145,6 +151,15 @@ export const resolveCommand = (command: ReadonlyArray<string>, execPath: string)
 /** Builds the LaunchPlan of a spawned engine. */
 export const assemble = (config: AgentConfig, listen: Listen, parts: PlanParts): LaunchPlan => {
   const env = { ...parts.env, ...config.engine.env }
+  const args = [...parts.args, ...config.model.args, ...config.engine.args]
+  const transfer = parts.kvTransfer
+  const given = transfer === undefined ? undefined : lastFlagValue(args, transfer.flag)
+  const kvTransfer =
+    transfer === undefined || given === undefined
+      ? transfer?.value
+      : transfer.of === undefined
+        ? given
+        : (transfer.of(given) ?? transfer.value)
   return {
     kind: config.engine.kind,
     spawns: true,
@@ -152,9 +167,7 @@ export const assemble = (config: AgentConfig, listen: Listen, parts: PlanParts):
       ...(config.engine.command === undefined
         ? parts.executable
         : resolveCommand(config.engine.command, process.execPath)),
-      ...parts.args,
-      ...config.model.args,
-      ...config.engine.args
+      ...args
     ],
     env,
     baseUrl: listen.baseUrl,
@@ -170,7 +183,7 @@ export const assemble = (config: AgentConfig, listen: Listen, parts: PlanParts):
     ...(parts.warnings !== undefined && parts.warnings.length > 0 ? { warnings: parts.warnings } : {}),
     ...(parts.cpuCache !== undefined ? { cpuCache: parts.cpuCache } : {}),
     ...(parts.exitHints !== undefined && parts.exitHints.length > 0 ? { exitHints: parts.exitHints } : {}),
-    ...(parts.kvTransfer !== undefined ? { kvTransfer: parts.kvTransfer } : {})
+    ...(kvTransfer !== undefined ? { kvTransfer } : {})
   }
 }
 

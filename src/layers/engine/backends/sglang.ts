@@ -155,7 +155,7 @@ export const sglang: Engine = {
         : []
     return assemble(config, listen, {
       executable: ["python", "-m", "sglang.launch_server"],
-      kvTransfer: transfer,
+      kvTransfer: transfer === undefined ? undefined : { value: transfer, flag: "--disaggregation-transfer-backend" },
       args: [
         "--model-path",
         m.source.value,

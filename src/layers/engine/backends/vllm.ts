@@ -13,6 +13,16 @@ import { assemble, httpProbe, kvEventsOf, listenOf, metricsAt, optionalFlag } fr
 import { kvbmTier, lmcacheTier } from "./cpuCacheTiers.ts"
 import { commandLineHint, HUB_REFUSALS, hubHint, modelKey, nowValue, TORCH_CUDA_OOM } from "./hints.ts"
 
+/** The connector a `--kv-transfer-config` JSON names (vLLM's KVTransferConfig.kv_connector), or undefined. */
+const kvConnectorOf = (json: string): string | undefined => {
+  try {
+    const v = JSON.parse(json) as { kv_connector?: unknown }
+    return typeof v?.kv_connector === "string" ? v.kv_connector : undefined
+  } catch {
+    return undefined
+  }
+}
+
 /**
  * The `--kv-transfer-config` body per kv_offload: NixlConnector and LMCacheConnectorV1 as in vLLM's
  * docs/features/disagg_prefill.md and examples/others/lmcache; KVBM's DynamoConnector as in ai-dynamo/dynamo
@@ -184,7 +194,10 @@ export const vllm: Engine = {
     return assemble(config, listen, {
       executable: ["vllm"],
       // a P/D pair's connector (config checks require NIXL for the roles): both halves must use the same
-      kvTransfer: config.agent.role === "both" ? undefined : connector?.kv_connector,
+      kvTransfer:
+        config.agent.role === "both" || connector?.kv_connector === undefined
+          ? undefined
+          : { value: connector.kv_connector, flag: "--kv-transfer-config", of: kvConnectorOf },
       args: [
         "serve",
         m.source.value,
