@@ -77,17 +77,24 @@ export const shortDetails = (details: string): string =>
     .replace(/^No connection established\. Last error: (Error: )?/, "cannot connect: ")
     .replace(/\.$/, "")
 
-/** The stderr summary line. */
+/**
+ * The stderr summary line. Its count is the final's usage (the engine's exact count) where the engine reported one,
+ * else the deltas' `tokens`, engine chunks (said so: not an exact count).
+ */
 export const summaryLine = (s: {
   readonly tokens: number
   readonly ttftMs: number | undefined
   readonly totalMs: number
   readonly final: GenerateFinal | undefined
 }): string => {
+  const usage = s.final?.usage
+  const tokens = usage === undefined ? s.tokens : usage.completionTokens
   const decodeMs = s.totalMs - (s.ttftMs ?? s.totalMs)
-  const rate = s.tokens > 1 && decodeMs > 0 ? ((s.tokens - 1) * 1000) / decodeMs : 0
+  const rate = tokens > 1 && decodeMs > 0 ? ((tokens - 1) * 1000) / decodeMs : 0
   const parts = [
-    `${s.tokens} tokens`,
+    usage !== undefined
+      ? `${tokens} tokens`
+      : `${tokens} tokens (engine chunks${s.final === undefined ? "" : ": the engine reported no usage"})`,
     `time to first token ${s.ttftMs === undefined ? "-" : `${s.ttftMs.toFixed(1)} ms`}`,
     `${rate.toFixed(1)} tokens/s`,
     `total ${s.totalMs.toFixed(1)} ms`

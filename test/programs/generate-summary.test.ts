@@ -1,0 +1,36 @@
+// The `generate` subcommand's stderr summary: its token count is the engine's (the final's usage) where it reported
+// one, the deltas' engine chunks otherwise, said so (the proto: GenerateDelta.tokens is not an exact count).
+import { describe, expect, it } from "vitest"
+import type { GenerateFinal } from "../../src/gen/cgn/agent/v1/agent.ts"
+import { summaryLine } from "../../src/programs/generate.ts"
+
+const final = (usage?: GenerateFinal["usage"]): GenerateFinal => ({
+  finishReason: "length",
+  usage,
+  timings: undefined,
+  kvTransferParams: undefined,
+  nodeId: "n1",
+  requestId: "r1",
+  stopSequence: ""
+})
+
+describe("generate's summary line", () => {
+  it("counts the engine's usage where it reported one, and its rate from it", () => {
+    const line = summaryLine({
+      tokens: 2,
+      ttftMs: 10,
+      totalMs: 40,
+      final: final({ promptTokens: 3, completionTokens: 4, totalTokens: 7 })
+    })
+    expect(line).toBe("4 tokens, time to first token 10.0 ms, 100.0 tokens/s, total 40.0 ms, finish length, request r1")
+  })
+
+  it("says the count is engine chunks when the engine reported no usage, or when no final came", () => {
+    expect(summaryLine({ tokens: 2, ttftMs: 10, totalMs: 20, final: final() })).toMatch(
+      /^2 tokens \(engine chunks: the engine reported no usage\), /
+    )
+    expect(summaryLine({ tokens: 2, ttftMs: 10, totalMs: 20, final: undefined })).toMatch(
+      /^2 tokens \(engine chunks\), /
+    )
+  })
+})
