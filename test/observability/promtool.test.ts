@@ -63,6 +63,8 @@ describe("/metrics of a real run", () => {
     // A series that first appears at 1 shows no increase: the stall alert would miss a process's first stall.
     expect(page).toMatch(/^cgn_agent_engine_stream_stalls_total\{model="m"\} 0$/m)
     expect(page).toMatch(/^cgn_agent_relayed_tokens_total\{model="m"\} [1-9]/m)
+    // calls served by an engine that reports usage (the simulator) count none
+    expect(page).toMatch(/^cgn_agent_finals_without_usage_total\{model="m"\} 0$/m)
     // and of the engine's OOM kills (CgnAgentEngineOomKilled fires on its first increase)
     expect(page).toMatch(/^cgn_agent_engine_oom_kills_total 0$/m)
   })

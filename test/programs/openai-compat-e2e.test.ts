@@ -86,6 +86,9 @@ describe("openai_compat in front of a server that reports no usage", () => {
     expect(r.final?.usage).toBeUndefined()
     // an estimate of the completion remains the deltas' engine chunks (GenerateDelta.tokens)
     expect(r.tokens()).toBe(3)
+    // and the operator sees such finals counted (the series is there from the start, at 0)
+    const page = await (await fetch(`${agent.adminUrl}/metrics`)).text()
+    expect(page).toMatch(/^cgn_agent_finals_without_usage_total\{model="m"\} 1$/m)
   })
 
   it("a grpc-timeout the agent enforces ends DEADLINE_EXCEEDED with the call's cgn-request-id in the trailers", async () => {

@@ -101,6 +101,9 @@ export const makeHandler = Effect.fnUntraced(function* (
   // One model per agent: bind the label once, not per call.
   const relayed = metrics?.relayedTokens.labels({ model })
   relayed?.inc(0) // a series from the start, so rate() sees the first tokens (StallWatchdog.ts says why)
+  // an engine (a proxied server) that ignores stream_options.include_usage: its finals carry no usage to bill by
+  const noUsage = metrics?.finalsWithoutUsage.labels({ model })
+  noUsage?.inc(0)
 
   const record = (status: string, relay: Relay | undefined, startedAt: number): void => {
     if (metrics === undefined) return
@@ -232,6 +235,7 @@ export const makeHandler = Effect.fnUntraced(function* (
         requestId
       })
       settle("OK")
+      if (final.usage === undefined) noUsage?.inc()
       call.write({ final })
       call.end()
     }

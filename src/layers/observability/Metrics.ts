@@ -55,6 +55,11 @@ const makeHandles = (registry: Registry): MetricHandles => {
       registers
     }),
     relayedTokens: counter("relayed_tokens_total", "Engine tokens relayed to callers", ["model"] as const),
+    finalsWithoutUsage: counter(
+      "finals_without_usage_total",
+      "Generate calls that ended OK with no token usage from the engine (their final carries none)",
+      ["model"] as const
+    ),
     engineStreamStalls: counter(
       "engine_stream_stalls_total",
       "Engine streams ended because the engine sent nothing for engine.stream_idle_timeout",

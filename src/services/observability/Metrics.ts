@@ -30,6 +30,8 @@ export interface MetricHandles {
   readonly requestDuration: Histogram<"role" | "model">
   /** Engine tokens relayed to callers; NodeStatus derives tokens/s from it. */
   readonly relayedTokens: Counter<"model">
+  /** Generate calls that ended OK with no usage from the engine (their final carries none). */
+  readonly finalsWithoutUsage: Counter<"model">
   /** Engine streams ended because the engine sent nothing for engine.stream_idle_timeout. */
   readonly engineStreamStalls: Counter<"model">
   /** Generate calls ended because the caller read nothing for agent.client_send_timeout while output waited. */
