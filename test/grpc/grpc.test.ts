@@ -24,6 +24,7 @@ import { layerTest as metricsLayerTest } from "../../src/testing/Metrics.ts"
 import { NodeStatusTest } from "../../src/testing/NodeStatus.ts"
 import { agentDeps } from "../support/agentDeps.ts"
 import { runCli } from "../support/cli.ts"
+import { retryingClient } from "../support/grpcAgent.ts"
 import { getJson, pollUntil, postJson, type SimHandle, startSim } from "../support/sim.ts"
 
 /** An empty ServerReflectionRequest, made through the published service definition (its message classes live in
@@ -308,6 +309,30 @@ describe("gRPC Agent against the simulator", () => {
     expect([r1.trailer?.get("cgn-reason"), r1.trailer?.get("cgn-retryable")]).toEqual(["not_serving", "true"])
     // the drain's own reason (README's cgn-reason list), not not_serving
     expect([r2.trailer?.get("cgn-reason"), r2.trailer?.get("cgn-retryable")]).toEqual(["draining", "true"])
+  })
+
+  it("a gRPC retry policy resends what another attempt may take, never what the agent says not to retry", async () => {
+    const small = await startAgent(sim.url, { max_request_bytes: 64 })
+    const retrying = retryingClient(small.address, ["UNAVAILABLE", "RESOURCE_EXHAUSTED"], 3)
+    try {
+      // Not ready (cgn-retryable true): the channel's policy makes its three attempts, as a router's would.
+      await small.setEngine(State.Starting({ phase: "loading", since: Date.now(), run: 0 }))
+      const notReady = await collect(retrying.client, { prompt: "a" })
+      expect([statusOf(notReady), notReady.trailer?.get("grpc-retry-pushback-ms")]).toEqual(["UNAVAILABLE", undefined])
+      expect((await small.requests()).UNAVAILABLE).toBe(3)
+      await small.setEngine(ready())
+      // Too large (cgn-retryable false): one attempt, the pushback telling the policy not to retry.
+      const tooLarge = await collect(retrying.client, { prompt: "x".repeat(100) })
+      expect([
+        statusOf(tooLarge),
+        tooLarge.trailer?.get("cgn-reason"),
+        tooLarge.trailer?.get("grpc-retry-pushback-ms")
+      ]).toEqual(["RESOURCE_EXHAUSTED", "request_too_large", "-1"])
+      expect((await small.requests()).RESOURCE_EXHAUSTED).toBe(1)
+    } finally {
+      retrying.close()
+      await small.close()
+    }
   })
 })
 

@@ -163,6 +163,8 @@ describe("vLLM prefill -> decode between two agents", () => {
     expect(dr.deltas).toBe(0)
     // not the same leg on another decode node (its handoff is spent, or on vLLM may read blocks since reused): the pair
     expect([dr.trailer?.get("cgn-retryable"), dr.trailer?.get("cgn-retry-pair")]).toEqual(["false", "true"])
+    // said to a gRPC library's retry policy too (gRFC A6 pushback: negative is "do not retry")
+    expect(dr.trailer?.get("grpc-retry-pushback-ms")).toBe("-1")
   })
 
   it("a leg on the wrong node: params on the prefill node, SGLang's bootstrap on vLLM's: FAILED_PRECONDITION", async () => {

@@ -8,7 +8,7 @@ import { GenerateRequest } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { decodeConfigObject } from "../../src/layers/config/Config.ts"
 import { EngineError } from "../../src/services/engine/EngineClient.ts"
 import { GenerateRejected, planRequest } from "../../src/services/grpc/Generate.ts"
-import { engineFailure, rejectedFailure } from "../../src/services/grpc/GrpcStatus.ts"
+import { engineFailure, type GrpcFailure, rejectedFailure } from "../../src/services/grpc/GrpcStatus.ts"
 import {
   boundStatusMessage,
   characters,
@@ -185,6 +185,19 @@ describe("statusTrailers", () => {
       "cgn-retryable": "true"
     })
     expect(statusTrailers({ code: Status.OK, message: "", trailers: {} }, true)).toEqual({ "grpc-status": "0" })
+  })
+
+  it("a call not retryable tells a gRPC retry policy not to retry (grpc-retry-pushback-ms -1); nothing otherwise", () => {
+    const pushback = (f: GrpcFailure, wrote: boolean) => statusTrailers(f, wrote)["grpc-retry-pushback-ms"]
+    const elsewhere = rejectedFailure(new GenerateRejected({ reason: "model_not_served", message: "m" }))
+    const invalid = rejectedFailure(new GenerateRejected({ reason: "invalid_argument", message: "m" }))
+    // retryable: the client's own backoff decides; a library's status: no opinion
+    expect(pushback(elsewhere, false)).toBeUndefined()
+    expect(pushback({ code: Status.UNKNOWN, message: "", trailers: {} }, false)).toBeUndefined()
+    // the request's fault, output already sent, a leg bound to its pair
+    expect(pushback(invalid, false)).toBe("-1")
+    expect(pushback(elsewhere, true)).toBe("-1")
+    expect(pushback({ ...elsewhere, pairBound: true }, false)).toBe("-1")
   })
 })
 

@@ -47,6 +47,33 @@ export const startAgent = async (
   }
 }
 
+/**
+ * A client of `address` whose channel retries Generate by gRPC's own retry policy (gRFC A6, as a router's service
+ * config would set it): up to `maxAttempts` attempts on the given status codes, 10 ms apart.
+ */
+export const retryingClient = (
+  address: string,
+  codes: ReadonlyArray<string>,
+  maxAttempts = 3
+): { readonly client: AgentClient; close(): void } => {
+  const serviceConfig = {
+    methodConfig: [
+      {
+        name: [{ service: "cgn.agent.v1.Agent" }],
+        retryPolicy: {
+          maxAttempts,
+          initialBackoff: "0.01s",
+          maxBackoff: "0.01s",
+          backoffMultiplier: 1,
+          retryableStatusCodes: codes
+        }
+      }
+    ]
+  }
+  const channel = createChannel(address, undefined, { "grpc.service_config": JSON.stringify(serviceConfig) })
+  return { client: createClient(AgentDefinition, channel), close: () => channel.close() }
+}
+
 export interface Collected {
   readonly text: string
   readonly deltas: number
