@@ -550,6 +550,37 @@ describe("the agent's gRPC server on node:http2", () => {
     }
   })
 
+  it("a refusal before the handler of a method bound to its P/D pair says retry the pair (an SGLang prefill node)", async () => {
+    const refusal = async (pairBoundPath: string | undefined) => {
+      const small = new Http2GrpcServer({ maxReceiveMessageLength: 8192, maxArrivingBytes: 3000, pairBoundPath })
+      small.addService({ echo: service.echo }, {
+        echo: (call: ServerCall<Buffer, Buffer>, done: Done) => done(null, call.request)
+      } as unknown as grpc.UntypedServiceImplementation)
+      const session = http2.connect(`http://127.0.0.1:${await small.listen("127.0.0.1", 0)}`)
+      session.on("error", () => {})
+      const post = { ":method": "POST", ":path": "/t.T/Echo", "content-type": "application/grpc", te: "trailers" }
+      try {
+        const first = session.request(post)
+        first.on("error", () => {})
+        first.write(frameMessage(Buffer.alloc(4000)).subarray(0, 2000))
+        await new Promise<void>((resolve) => session.ping(() => resolve()))
+        const second = session.request(post)
+        second.on("error", () => {})
+        const head = new Promise<http2.IncomingHttpHeaders>((resolve) => second.on("response", resolve))
+        second.write(frameMessage(Buffer.alloc(4000)).subarray(0, 2000))
+        const h = await head
+        return [h["grpc-status"], h["cgn-reason"], h["cgn-retryable"], h["cgn-retry-pair"]]
+      } finally {
+        session.close()
+        small.destroy()
+      }
+    }
+    const exhausted = String(grpc.status.RESOURCE_EXHAUSTED)
+    expect(await refusal(undefined)).toEqual([exhausted, "requests_over_budget", "true", undefined])
+    expect(await refusal("/t.T/Echo")).toEqual([exhausted, "requests_over_budget", "false", "true"])
+    expect(await refusal("/t.T/Other")).toEqual([exhausted, "requests_over_budget", "true", undefined])
+  })
+
   it("decodes gzip and deflate requests", async () => {
     for (const [encoding, how] of [
       ["gzip", zlib.gzipSync],

@@ -274,5 +274,5 @@ export const makeHandler = Effect.fnUntraced(function* (
       }
     })
   }
-  return { handle, rejected }
+  return { handle, rejected, refusedBound }
 })

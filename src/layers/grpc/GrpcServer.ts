@@ -127,7 +127,9 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     // while the request arrived) count in requests_total like the handler's own.
     onRejected: (path, code) => {
       if (path === GENERATE_PATH) generate.rejected(code)
-    }
+    },
+    // ... and on an SGLang prefill node are bound to their pair, as the handler's refusals are.
+    pairBoundPath: generate.refusedBound ? GENERATE_PATH : undefined
   })
   const model = { name: config.model.served_name, source: config.model.source.value, tp: config.model.tp }
   addAgent(server, {

@@ -217,7 +217,7 @@ export class Http2GrpcServer {
     const reject = (f: GrpcFailure): void => {
       if (call.done) return
       release()
-      call.sendStatus(f)
+      call.sendStatus(path === this.#options.pairBoundPath ? { ...f, pairBound: true } : f)
       this.#options.onRejected?.(path, f.code)
     }
     // Before the method is looked up: a client the list refuses learns nothing of what this server serves.

@@ -27,6 +27,12 @@ export interface Http2GrpcServerOptions {
    */
   readonly onRejected?: ((path: string, code: number) => void) | undefined
   /**
+   * The method whose calls are P/D legs bound to their pair whatever they carry (an SGLang prefill node's Generate:
+   * Handoff.ts refusalBoundToPair): the refusals sent before its handler runs (requests over the arriving-bytes
+   * budget) say so as the handler's own do (GrpcFailure.pairBound: `cgn-retry-pair`). Absent: none.
+   */
+  readonly pairBoundPath?: string | undefined
+  /**
    * Bytes of requests still arriving, on all connections together (received before their handlers run), past
    * which a request's next bytes end it RESOURCE_EXHAUSTED. Admission bounds the calls a handler runs; this
    * bounds what callers that send slowly, or stop halfway, hold before that. Default: no limit.
