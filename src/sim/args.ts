@@ -5,6 +5,7 @@
 import { detectFlavor, num, parseDuration, parseJsonFlag, tokenize } from "./commandLine.ts"
 import { resolveLoadBalanceMethod } from "./dpController.ts"
 import { DEFAULT_PORT, ERROR_KINDS, MODELLED } from "./flagTables.ts"
+import { type LlamaContextArgs, llamaSlotContext } from "./llamaContext.ts"
 import { prefillLossOf } from "./pd.ts"
 import { sglangHealthOf } from "./sglangHealth.ts"
 import { ArgsError, type ErrorKind, type Flavor, type SimConfig } from "./simConfig.ts"
@@ -56,6 +57,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
   let servedName: string
   let maxModelLen: number | undefined
   let slotContext: number | undefined
+  let llamaContext: LlamaContextArgs | undefined
   let ssePingMs: number | undefined
   let tensorParallel = 1
   let dataParallel = 1
@@ -94,11 +96,10 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     enableMetrics = p.flags.has("--metrics")
     const np = num(first("-np", "--parallel"), "-np")
     defaultMaxSeqs = np ?? 4
-    // With --kv-unified every slot may use the whole context (src/llama-context.cpp: n_ctx_seq = n_ctx when
-    // kv_unified, else n_ctx / n_seq_max); tools/server/server-context.cpp n_ctx_slot() reports it.
-    const unified = p.flags.has("--kv-unified") || p.flags.has("-kvu")
-    if (maxModelLen !== undefined && maxModelLen > 0)
-      slotContext = np === undefined || unified ? maxModelLen : Math.floor(maxModelLen / np)
+    // A slot's context as llama.cpp pads and splits it (llamaContext.ts); the model's training context, which
+    // caps it, is read from the model file at start (context.ts makeContext).
+    llamaContext = { ctx: maxModelLen, parallel: np, unified: p.flags.has("--kv-unified") || p.flags.has("-kvu") }
+    slotContext = llamaSlotContext(llamaContext, undefined)
     // common/common.h sse_ping_interval = 30 (seconds; -1 disables), common/arg.cpp --sse-ping-interval.
     const ping = num(v("--sse-ping-interval"), "--sse-ping-interval") ?? 30
     ssePingMs = ping > 0 ? ping * 1000 : undefined
@@ -149,6 +150,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     servedName,
     maxModelLen,
     slotContext,
+    llamaContext,
     tensorParallel,
     dataParallel,
     // argparse checks the choices whatever --dp-size is (python/sglang/srt/server_args.py).

@@ -1,7 +1,7 @@
 // OpenAI response shapes (pure): SSE chunk templates for streams and whole bodies for non-streaming calls.
 // A stream's constant JSON prefix/suffix is built once per request, so each token costs one small
 // JSON.stringify of the token text and a string concatenation, never a stringify of a big object.
-import { llamaStreamTemplate } from "./llamaChunks.ts"
+import { type LlamaOut, llamaStreamTemplate } from "./llamaChunks.ts"
 import { type MlxPrompt, mlxFullBody, mlxStreamTemplate } from "./mlxChunks.ts"
 import type { Flavor } from "./simConfig.ts"
 import { SIM_EOS_TOKEN_ID } from "./stopRules.ts"
@@ -111,6 +111,8 @@ const stopValue = (flavor: Flavor, reason: string, matched: string | undefined):
 /** What a stream's chunks say besides their text: the prompt's counts and `stream_options.continuous_usage_stats`. */
 export interface StreamOpts extends MlxPrompt {
   readonly continuousUsage: boolean
+  /** llama.cpp: logprobs, per-token timings, task begins (llamaChunks.ts). */
+  readonly llama?: LlamaOut | undefined
 }
 
 const NO_OPTS: StreamOpts = { promptTokens: 0, cachedTokens: 0, continuousUsage: false }
@@ -135,7 +137,7 @@ export const streamTemplate = (
   flavor: Flavor = "vllm",
   opts: StreamOpts = NO_OPTS
 ): StreamTemplate => {
-  if (flavor === "llama_cpp") return llamaStreamTemplate(endpoint, id, model, created)
+  if (flavor === "llama_cpp") return llamaStreamTemplate(endpoint, id, model, created, opts.llama)
   if (flavor === "mlx") return mlxStreamTemplate(endpoint, id, model, created, opts)
   const shape = STOP_SHAPES[flavor]
   const sglang = flavor === "sglang"

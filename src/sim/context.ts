@@ -4,8 +4,10 @@ import type * as http from "node:http"
 import { MODELLED_METHODS, SglangDpController } from "./dpController.ts"
 import { errorBody, legacyVllm } from "./errors.ts"
 import { type Faults, initialFaults } from "./faults.ts"
+import { ggufContextLength } from "./ggufMeta.ts"
 import { sendJson } from "./http.ts"
 import type { KvPublisher } from "./kvpublisher.ts"
+import { llamaSlotContext } from "./llamaContext.ts"
 import { Bootstrap, SideChannel } from "./pd.ts"
 import { type Balancer, Engines, KvCaches } from "./ranks.ts"
 import type { Flavor, SimConfig } from "./simConfig.ts"
@@ -72,12 +74,20 @@ export const hasPdConnector = (cfg: SimConfig): boolean => {
   return typeof c === "string" && !OFFLOAD_ONLY.has(c)
 }
 
+/** llama_cpp: the model file's training context, which caps (and without -c sets) a slot's (llamaContext.ts). */
+const withTrainingContext = (cfg: SimConfig): SimConfig => {
+  const nCtxTrain = cfg.llamaContext === undefined ? undefined : ggufContextLength(cfg.model)
+  if (cfg.llamaContext === undefined || nCtxTrain === undefined) return cfg
+  return { ...cfg, nCtxTrain, slotContext: llamaSlotContext(cfg.llamaContext, nCtxTrain) }
+}
+
 export const makeContext = (
-  cfg: SimConfig,
+  given: SimConfig,
   log: Log,
   crash: (reason: string) => void,
   env: Record<string, string | undefined>
 ): SimContext => {
+  const cfg = withTrainingContext(given)
   const seedHash = (BigInt(cfg.seed >>> 0) << 32n) | BigInt(Number(env.PYTHONHASHSEED ?? "0") >>> 0)
   const engineId = cfg.kvTransferConfig?.engine_id
   const dp = DATA_PARALLEL[cfg.flavor]

@@ -11,7 +11,7 @@ import { fault, GENERATION_ERROR } from "./faultReply.ts"
 import { sendJson } from "./http.ts"
 import { llamaFullBody } from "./llamaChunks.ts"
 import { handoffBeforeGeneration, holdForDecode } from "./pdLegs.ts"
-import type { GenRequest } from "./request.ts"
+import { type GenRequest, sequenceUsage } from "./request.ts"
 import { RequestBlocks } from "./requestBlocks.ts"
 import { LlamaStops, sequenceEvents } from "./sequences.ts"
 import { pingUntil } from "./ssePing.ts"
@@ -214,10 +214,7 @@ export const generate = async (
     cleanup()
   }
 
-  const usage = (index: number, generated: number): Usage => {
-    const p = gr.sequences[index]?.promptTokens ?? 0
-    return { prompt_tokens: p, total_tokens: p + generated, completion_tokens: generated }
-  }
+  const usage = (index: number, generated: number): Usage => sequenceUsage(gr, index, generated)
   const flavor = cfg.flavor
   const prompt = { promptTokens: gr.sequences[0]?.promptTokens ?? 0, cachedTokens: admission.hitTokens }
   const events = sequenceEvents(
@@ -229,7 +226,8 @@ export const generate = async (
   if (gr.stream) {
     const tpl = streamTemplate(gr.endpoint, id, model, created, cfg.flavor, {
       ...prompt,
-      continuousUsage: gr.continuousUsage === true
+      continuousUsage: gr.continuousUsage === true,
+      llama: gr.llama
     })
     res.writeHead(200, sseHeaders(cfg.flavor))
     let out = tpl.first
@@ -307,7 +305,7 @@ export const generate = async (
   const body =
     flavor === "llama_cpp"
       ? llamaFullBody(
-          gr.endpoint,
+          gr,
           id,
           model,
           created,

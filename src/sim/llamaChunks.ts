@@ -4,10 +4,49 @@
 // server_slot_stats::to_json (`timings`, tools/server/server-common.cpp). Its ids are "chatcmpl-" and 32
 // random letters and digits for completions too, whatever X-Request-Id says (server-common.cpp gen_chatcmplid).
 import { randomInt } from "node:crypto"
-import type { Endpoint, StreamTemplate, Usage } from "./chunks.ts"
+import type { Endpoint, StreamTemplate, TokenAt, Usage } from "./chunks.ts"
+import { tokenId, WORDS } from "./tokens.ts"
+
+/** What a request asks of llama-server's chunks beyond the text (request.ts reads it). */
+export interface LlamaOut {
+  /** `n_probs` (chat: top_logprobs): the top tokens listed with each token's logprob; 0: `logprobs` null. */
+  readonly nProbs: number
+  /** `post_sampling_probs`: probabilities (`prob`, `top_probs`) instead of logprobs. */
+  readonly postSamplingProbs: boolean
+  /** `timings_per_token`: `timings` on every chunk. */
+  readonly timingsPerToken: boolean
+  /** The choices whose task begins with a `data: null` event (request.ts), and the slots they start in. */
+  readonly begins: ReadonlyArray<number>
+  readonly slots: number
+}
+
+const NO_OUT: LlamaOut = { nProbs: 0, postSamplingProbs: false, timingsPerToken: false, begins: [], slots: 1 }
+
+/**
+ * One token's entry of `logprobs.content` (completion_token_output::probs_vector_to_json): its id, text, bytes,
+ * logprob and the top `n` tokens, most likely first. The values are the simulator's: the token itself at 1/2,
+ * then other words at 1/4, 1/8, ...
+ */
+const probEntry = (piece: string, o: LlamaOut) => {
+  const [p, top] = o.postSamplingProbs ? ["prob", "top_probs"] : ["logprob", "top_logprobs"]
+  const value = (x: number) => (o.postSamplingProbs ? x : Math.log(x))
+  const item = (t: string, x: number) => ({
+    id: tokenId(t.trim()),
+    token: t,
+    bytes: [...Buffer.from(t)],
+    [p]: value(x)
+  })
+  const others = WORDS.filter((w) => w !== piece.trim()).map((w) => ` ${w}`)
+  const list = [piece, ...others].slice(0, o.nProbs).map((t, i) => item(t, 2 ** -(i + 1)))
+  return { ...item(piece, 0.5), [top]: list }
+}
+
+/** A text's `logprobs` object: one entry per token (the simulator's tokens are words with their leading space). */
+const probsOf = (text: string, o: LlamaOut): string =>
+  JSON.stringify({ content: (text.match(/\s*\S+/g) ?? []).map((t) => probEntry(t, o)) })
 
 /** What llama-server's builds name themselves in `system_fingerprint` (llama_build_info(): "b<n>-<commit>"). */
-const LLAMA_FINGERPRINT = "b0-cgnsim"
+export const LLAMA_FINGERPRINT = "b0-cgnsim"
 
 const ID_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
@@ -45,16 +84,29 @@ const usageJson = (u: Usage) => ({
  * the finish chunk, then the usage chunk (`choices: []`) when asked, `timings` on the last. With several
  * choices each ends on its own, then one `data: [DONE]`.
  */
-export const llamaStreamTemplate = (endpoint: Endpoint, id: string, model: string, created: number): StreamTemplate => {
+export const llamaStreamTemplate = (
+  endpoint: Endpoint,
+  id: string,
+  model: string,
+  created: number,
+  o: LlamaOut = NO_OUT
+): StreamTemplate => {
   const idJson = JSON.stringify(id)
   const modelJson = JSON.stringify(model)
+  // a task's begin: those in a slot from the start before anything, a later one before its first token
+  const first = "data: null\n\n".repeat(o.begins.filter((i) => i < o.slots).length)
+  const begin = (at: TokenAt | undefined) =>
+    at?.first === true && at.index >= o.slots && o.begins.includes(at.index) ? "data: null\n\n" : ""
+  const timed = (at: TokenAt | undefined) =>
+    at !== undefined && (at.stopped || o.timingsPerToken) ? `,"timings":${timings(at.usage)}` : ""
+  const probs = (t: string) => (o.nProbs > 0 ? probsOf(t, o) : "null")
   if (endpoint === "completion") {
     const tail = `"created":${created},"model":${modelJson},"system_fingerprint":"${LLAMA_FINGERPRINT}","object":"text_completion"`
     return {
-      first: "",
+      first,
       token: (t, at) =>
-        `data: {"choices":[{"text":${JSON.stringify(t)},"index":${at?.index ?? 0},"logprobs":null,"finish_reason":null}],${tail},"id":${idJson}` +
-        `${at?.stopped === true ? `,"timings":${timings(at.usage)}` : ""}}\n\n`,
+        `${begin(at)}data: {"choices":[{"text":${JSON.stringify(t)},"index":${at?.index ?? 0},"logprobs":${probs(t)},"finish_reason":null}],${tail},"id":${idJson}` +
+        `${timed(at)}}\n\n`,
       finishWithLastToken: false,
       end: (r, u, _includeUsage, _last, index = 0) =>
         `data: {"choices":[{"text":"","index":${index},"logprobs":null,"finish_reason":${JSON.stringify(r)}}],${tail},` +
@@ -63,16 +115,17 @@ export const llamaStreamTemplate = (endpoint: Endpoint, id: string, model: strin
   }
   const tail = `"created":${created},"id":${idJson},"model":${modelJson},"system_fingerprint":"${LLAMA_FINGERPRINT}","object":"chat.completion.chunk"`
   const chunk = (choice: string, extra = "") => `data: {"choices":[${choice}],${tail}${extra}}\n\n`
-  const delta = (index: number, d: string) => `{"finish_reason":null,"index":${index},"delta":${d}}`
+  const delta = (index: number, d: string, lp = "") => `{"finish_reason":null,"index":${index},"delta":${d}${lp}}`
   return {
-    first: "",
+    first,
     token: (t, at) => {
       const index = at?.index ?? 0
       const parts: Array<string> = []
-      if (at?.first === true) parts.push(delta(index, `{"role":"assistant","content":null}`))
-      if (t !== "") parts.push(delta(index, `{"content":${JSON.stringify(t)}}`))
-      const stopTimings = at?.stopped === true ? `,"timings":${timings(at.usage)}` : ""
-      return parts.map((p, i) => chunk(p, i === parts.length - 1 ? stopTimings : "")).join("")
+      // the token's logprobs go on its last delta (to_json_oaicompat_chat)
+      const lp = o.nProbs > 0 ? `,"logprobs":${probsOf(t, o)}` : ""
+      if (at?.first === true) parts.push(delta(index, `{"role":"assistant","content":null}`, t === "" ? lp : ""))
+      if (t !== "") parts.push(delta(index, `{"content":${JSON.stringify(t)}}`, lp))
+      return begin(at) + parts.map((p, i) => chunk(p, i === parts.length - 1 ? timed(at) : "")).join("")
     },
     finishWithLastToken: false,
     end: (r, u, includeUsage, _last, index = 0) => {
@@ -96,23 +149,32 @@ export interface LlamaChoice {
  * (server-context.cpp handle_completions_impl, "if multiple results in OAI format").
  */
 export const llamaFullBody = (
-  endpoint: Endpoint,
+  r: { readonly endpoint: Endpoint; readonly llama?: LlamaOut | undefined },
   id: string,
   model: string,
   created: number,
   choices: ReadonlyArray<LlamaChoice>,
   usage: Usage
-): Record<string, unknown> => ({
-  choices: choices.map((c, index) =>
-    endpoint === "chat"
-      ? { finish_reason: c.finishReason, index, message: { role: "assistant", content: c.text } }
-      : { text: c.text, index, logprobs: null, finish_reason: c.finishReason }
-  ),
-  created,
-  model,
-  system_fingerprint: LLAMA_FINGERPRINT,
-  object: endpoint === "chat" ? "chat.completion" : "text_completion",
-  usage: usageJson(usage),
-  id,
-  timings: JSON.parse(timings(usage)) as unknown
-})
+): Record<string, unknown> => {
+  const { endpoint } = r
+  const o = r.llama ?? NO_OUT
+  const probs = (text: string) => (o.nProbs > 0 ? (JSON.parse(probsOf(text, o)) as unknown) : null)
+  const chat = (c: LlamaChoice, index: number) => {
+    const choice = { finish_reason: c.finishReason, index, message: { role: "assistant", content: c.text } }
+    return o.nProbs > 0 ? { ...choice, logprobs: probs(c.text) } : choice
+  }
+  return {
+    choices: choices.map((c, index) =>
+      endpoint === "chat"
+        ? chat(c, index)
+        : { text: c.text, index, logprobs: probs(c.text), finish_reason: c.finishReason }
+    ),
+    created,
+    model,
+    system_fingerprint: LLAMA_FINGERPRINT,
+    object: endpoint === "chat" ? "chat.completion" : "text_completion",
+    usage: usageJson(usage),
+    id,
+    timings: JSON.parse(timings(usage)) as unknown
+  }
+}

@@ -30,6 +30,11 @@ export interface LlamaParams {
   readonly stop: ReadonlyArray<string>
   /** `sse_ping_interval` (seconds, -1 off) when the request sets it. */
   readonly ssePingInterval: number | undefined
+  /** `n_probs` (alias logprobs): top tokens per generated token; 0 none. */
+  readonly nProbs: number
+  readonly postSamplingProbs: boolean
+  /** `timings_per_token`: `timings` on every streamed chunk. */
+  readonly timingsPerToken: boolean
 }
 
 /** nlohmann::json's type_name(). */
@@ -40,7 +45,7 @@ const typeName = (v: unknown): string => {
   return typeof v === "string" ? "string" : typeof v === "boolean" ? "boolean" : "number"
 }
 
-const typeError = (want: string, v: unknown): string =>
+export const typeError = (want: string, v: unknown): string =>
   `[json.exception.type_error.302] type must be ${want}, but is ${typeName(v)}`
 
 const I32 = 2147483647
@@ -168,7 +173,10 @@ export const llamaParams = (b: Record<string, unknown>, nParallel: number): Llam
     ignoreEos: values.get("ignore_eos") === true,
     seed: typeof seed === "number" ? seed >>> 0 : undefined,
     stop,
-    ssePingInterval: values.get("sse_ping_interval") as number | undefined
+    ssePingInterval: values.get("sse_ping_interval") as number | undefined,
+    nProbs: Math.max(0, (values.get("n_probs") as number | undefined) ?? 0),
+    postSamplingProbs: values.get("post_sampling_probs") === true,
+    timingsPerToken: values.get("timings_per_token") === true
   }
 }
 
@@ -234,86 +242,4 @@ export const llamaPrompts = (body: unknown): Array<LlamaPrompt> | LlamaInvalid =
   }
   if (out.length === 0) return { status: 400, message: '"prompt" must not be empty' }
   return out
-}
-
-const PART_TYPES_500: Record<string, string> = {
-  image_url: "image",
-  input_audio: "audio",
-  input_video: "video"
-}
-
-/** A message's text parts, or the error common_chat_msgs_parse_oaicompat throws (as a string) for one. */
-const messageText = (m: Record<string, unknown>): string | { readonly error: string } => {
-  if (!("role" in m)) return { error: `Missing 'role' in message: ${JSON.stringify(m)}` }
-  if (typeof m.role !== "string") return { error: typeError("string", m.role) }
-  const c = m.content
-  if (typeof c === "string") return c
-  if (!Array.isArray(c)) return ""
-  const texts: Array<string> = []
-  for (const part of c as Array<Record<string, unknown>>) {
-    if (!("text" in part)) return { error: "[json.exception.out_of_range.403] key 'text' not found" }
-    if (typeof part.text !== "string") return { error: typeError("string", part.text) }
-    texts.push(part.text)
-  }
-  return texts.join(" ")
-}
-
-/**
- * /v1/chat/completions' messages: oaicompat_chat_params_parse's checks (400s), then the parse into chat
- * messages, whose errors llama-server answers 500 ("Failed to parse messages: ..."). Unknown roles, an empty
- * list and a conversation of one system message all pass: the chat template renders what it is given.
- * Returns the words of the rendered conversation (the simulator's stand-in for the template).
- */
-export const llamaMessages = (body: unknown): Array<string> | LlamaInvalid => {
-  const b = typeof body === "object" && body !== null && !Array.isArray(body) ? (body as Record<string, unknown>) : {}
-  if (!("messages" in b)) return { status: 400, message: "'messages' is required" }
-  const messages = b.messages
-  if (!Array.isArray(messages)) return { status: 400, message: "Expected 'messages' to be an array" }
-  for (const raw of messages) {
-    const m = typeof raw === "object" && raw !== null && !Array.isArray(raw) ? (raw as Record<string, unknown>) : {}
-    const role = typeof m.role === "string" ? m.role : ""
-    if (role !== "assistant" && !("content" in m)) {
-      return { status: 400, message: "All non-assistant messages must contain 'content'" }
-    }
-    if (role === "assistant" && !("content" in m) && !("tool_calls" in m)) {
-      return { status: 400, message: "Assistant message must contain either 'content' or 'tool_calls'!" }
-    }
-    const c = m.content
-    if (c === undefined || c === null || typeof c === "string") continue
-    if (!Array.isArray(c)) return { status: 400, message: "Expected 'content' to be a string or an array" }
-    for (const p of c) {
-      const type = typeof p === "object" && p !== null && typeof p.type === "string" ? (p.type as string) : ""
-      const media = PART_TYPES_500[type]
-      if (media !== undefined) {
-        const hint = "hint: if this is unexpected, you may need to provide the mmproj"
-        return { status: 500, message: `${media} input is not supported - ${hint}` }
-      }
-      if (type !== "text") return { status: 400, message: "unsupported content[].type" }
-    }
-  }
-  const texts: Array<string> = []
-  for (const m of messages as Array<Record<string, unknown>>) {
-    const t = messageText(m)
-    if (typeof t !== "string") return { status: 500, message: `Failed to parse messages: ${t.error}` }
-    texts.push(t)
-  }
-  const n = messages.length
-  const last = messages[n - 1] as { role?: unknown } | undefined
-  const before = messages[n - 2] as { role?: unknown } | undefined
-  if (last?.role === "assistant" && before?.role === "assistant") {
-    // --prefill-assistant (on by default) continues a trailing assistant message, but not two.
-    return { status: 400, message: "Cannot have 2 or more assistant messages at the end of the list." }
-  }
-  return words(texts.join(" "))
-}
-
-/**
- * A chat ending with the assistant's message is continued (--prefill-assistant, on by default): its text leads the
- * answer, neither counted nor looked at for stop strings. The simulator's words have no leading space: one is added.
- */
-export const llamaAssistantPrefill = (body: unknown): { readonly assistantPrefill?: string } => {
-  const messages = (body as { messages?: unknown }).messages
-  const last = Array.isArray(messages) ? (messages.at(-1) as { role?: unknown; content?: unknown }) : undefined
-  if (last?.role !== "assistant" || typeof last.content !== "string" || last.content === "") return {}
-  return { assistantPrefill: /\s$/.test(last.content) ? last.content : `${last.content} ` }
 }

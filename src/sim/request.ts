@@ -1,20 +1,15 @@
 // Validation of OpenAI request bodies (pure), per flavor: what real engines reject with 400/404, and the
 // prompt words the simulator echoes. Returns either the normalised request or an HTTP status + message.
 
-import type { Endpoint } from "./chunks.ts"
+import type { Endpoint, Usage } from "./chunks.ts"
 import { contextRefusal } from "./contextLimit.ts"
 import { bodyDpRank } from "./dpPin.ts"
-import {
-  type LlamaInvalid,
-  type LlamaPrompt,
-  llamaAssistantPrefill,
-  llamaMessages,
-  llamaParams,
-  llamaPrompts
-} from "./llamaRequest.ts"
+import type { LlamaOut } from "./llamaChunks.ts"
+import { llamaAssistantPrefill, llamaChatProbs, llamaMessages } from "./llamaMessages.ts"
+import { type LlamaInvalid, type LlamaPrompt, llamaParams, llamaPrompts } from "./llamaRequest.ts"
 import { earlyRefusal, type Invalid, samplingRefusal } from "./requestChecks.ts"
 import type { SimConfig } from "./simConfig.ts"
-import { words } from "./tokens.ts"
+import { N_VOCAB, words } from "./tokens.ts"
 
 /**
  * The bootstrap host SGLang's own warm-up and /health_generate send a prefill or decode server for a request with
@@ -74,6 +69,8 @@ export interface GenRequest {
   readonly continuousUsage?: boolean
   /** llama.cpp: SSE comment pings while a started stream has nothing to send (ms; undefined: none). */
   readonly ssePingMs?: number | undefined
+  /** llama.cpp: what its chunks carry beyond the text (logprobs, per-token timings, each task's begin). */
+  readonly llama?: LlamaOut
 }
 
 export type { Invalid }
@@ -223,6 +220,12 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
  */
 const LLAMA_DEFAULT_CTX = 4096
 
+/** The token ids of a completion prompt: integers in it, or in its sub-prompts. */
+const promptIds = (prompt: unknown): Array<number> =>
+  Array.isArray(prompt)
+    ? prompt.flatMap((p: unknown) => (Number.isInteger(p) ? [p as number] : Array.isArray(p) ? promptIds(p) : []))
+    : []
+
 const invalid = (e: LlamaInvalid): Invalid => ({ status: e.status, message: e.message, param: null })
 
 /**
@@ -234,10 +237,14 @@ const invalid = (e: LlamaInvalid): Invalid => ({ status: e.status, message: e.me
  */
 const validateLlama = (cfg: SimConfig, endpoint: Endpoint, body: unknown): GenRequest | Invalid => {
   let prompts: Array<LlamaPrompt>
+  let chatProbs: number | undefined
   if (endpoint === "chat") {
     const m = llamaMessages(body)
     if (!Array.isArray(m)) return invalid(m)
     prompts = [{ words: m, bos: true }]
+    const probs = llamaChatProbs(body)
+    if (typeof probs === "object") return invalid(probs)
+    chatProbs = probs
   } else {
     const p = llamaPrompts(body)
     if (!Array.isArray(p)) return invalid(p)
@@ -262,6 +269,10 @@ const validateLlama = (cfg: SimConfig, endpoint: Endpoint, body: unknown): GenRe
       sequences.push({ words: p.words, promptTokens: n, maxTokens, seed })
     }
   }
+  // a token id outside the vocabulary fails the slot's launch, after the context check (server-context.cpp
+  // launch_slot_with_task: task.tokens.validate)
+  if (endpoint === "completion" && promptIds((body as { prompt?: unknown }).prompt).some((t) => t < 0 || t >= N_VOCAB))
+    return { status: 400, message: "Prompt contains invalid tokens", param: null }
   const first = sequences[0] as Sequence
   return {
     endpoint,
@@ -277,6 +288,16 @@ const validateLlama = (cfg: SimConfig, endpoint: Endpoint, body: unknown): GenRe
     sequences,
     stop: params.stop,
     ...(endpoint === "chat" ? llamaAssistantPrefill(body) : {}),
+    llama: {
+      nProbs: chatProbs ?? params.nProbs,
+      postSamplingProbs: params.postSamplingProbs,
+      timingsPerToken: params.timingsPerToken,
+      // Every prompt but the first is a task whose begin (its is_begin partial result, server-task.cpp to_json:
+      // null) is sent as `data: null` once a slot takes it; the first one's only releases the headers
+      // (server-context.cpp handle_completions_impl). A prompt's further completions (`n`) are children: none.
+      begins: prompts.slice(1).map((_, p) => (p + 1) * params.nCmpl),
+      slots: cfg.maxSeqs
+    },
     ssePingMs:
       params.ssePingInterval === undefined
         ? cfg.ssePingMs
@@ -284,6 +305,12 @@ const validateLlama = (cfg: SimConfig, endpoint: Endpoint, body: unknown): GenRe
           ? params.ssePingInterval * 1000
           : undefined
   }
+}
+
+/** One sequence's usage: its prompt's tokens and `generated`. */
+export const sequenceUsage = (gr: GenRequest, index: number, generated: number): Usage => {
+  const p = gr.sequences[index]?.promptTokens ?? 0
+  return { prompt_tokens: p, total_tokens: p + generated, completion_tokens: generated }
 }
 
 export const isInvalid = (r: GenRequest | Invalid): r is Invalid => "status" in r

@@ -10,6 +10,7 @@ import { applyFaults } from "./faults.ts"
 import { generate } from "./generate.ts"
 import { readBody, sendJson } from "./http.ts"
 import { llamaId } from "./llamaChunks.ts"
+import { llamaRoute } from "./llamaRoutes.ts"
 import { type Gauges, type RankMetrics, renderMetrics } from "./metrics.ts"
 import type { Rank } from "./ranks.ts"
 import { isInvalid, validate } from "./request.ts"
@@ -160,43 +161,28 @@ export const handler =
     }
     // Newer llama-server builds let the model list through while loading, with `"meta": null`
     // (llama.cpp tools/server/server-http.cpp, middleware_server_state); the bundled one answers 503.
-    if (!ctx.loaded && flavor === "llama_cpp" && ctx.cfg.modelsWhileLoading && LLAMA_MODEL_LISTS.has(path)) {
-      const body = modelsBody(
+    // llama_cpp: the model's training context (its GGUF header's) where the simulator could read it
+    const modelList = () =>
+      modelsBody(
         flavor,
         ctx.cfg.servedName,
         ctx.cfg.model,
-        ctx.cfg.maxModelLen,
+        ctx.cfg.nCtxTrain ?? ctx.cfg.maxModelLen,
         ctx.created,
         ctx.cfg.slotContext
-      ) as {
-        data: Array<Record<string, unknown>>
-      }
+      )
+    if (!ctx.loaded && flavor === "llama_cpp" && ctx.cfg.modelsWhileLoading && LLAMA_MODEL_LISTS.has(path)) {
+      const body = modelList() as { data: Array<Record<string, unknown>> }
       for (const entry of body.data) entry.meta = null
       return reply(ctx, res, 200, body)
     }
     if (!ctx.loaded && flavor === "llama_cpp") return reply(ctx, res, 503, LLAMA_LOADING)
     const models = path === "/v1/models" || (flavor === "llama_cpp" && path === "/models")
-    if (method === "GET" && models) {
-      return reply(
-        ctx,
-        res,
-        200,
-        modelsBody(flavor, ctx.cfg.servedName, ctx.cfg.model, ctx.cfg.maxModelLen, ctx.created, ctx.cfg.slotContext)
-      )
-    }
+    if (method === "GET" && models) return reply(ctx, res, 200, modelList())
     if (method === "GET" && path === "/metrics") return void metrics(ctx, res)
     if (flavor === "vllm" && req.method === "GET" && path === "/version")
       return sendJson(res, 200, { version: "0.26.0-sim" })
-    if (flavor === "llama_cpp" && method === "GET" && (path === "/props" || path === "/slots")) {
-      // a slot's context (n_ctx_slot), in llama-server's key order (tools/server/server-context.cpp get_res_props,
-      // server_slot::to_json); its get_slots answers 503 to a non-empty `fail_on_no_slot` while no slot is idle
-      const [n_ctx, busy, n] = [ctx.cfg.slotContext ?? 4096, ctx.engines.running, ctx.cfg.maxSeqs]
-      if (path === "/slots" && busy >= n && new URLSearchParams(q < 0 ? "" : url.slice(q)).get("fail_on_no_slot"))
-        return sendError(ctx, res, 503, "no slot available")
-      const slot = (id: number) => ({ id, n_ctx, speculative: false, is_processing: id < busy })
-      const props = { default_generation_settings: { n_ctx }, total_slots: n }
-      return reply(ctx, res, 200, path === "/props" ? props : Array.from({ length: n }, (_, id) => slot(id)))
-    }
+    if (flavor === "llama_cpp" && llamaRoute(ctx, method, path, q < 0 ? "" : url.slice(q), req, res)) return
     if (req.method === "POST") {
       const endpoint = endpointOf(flavor, path)
       if (endpoint !== undefined) return void completion(ctx, endpoint, req, res)

@@ -1,6 +1,7 @@
 // What the engine simulator runs with: the flavor it imitates and every knob, as parsed from its command
 // line by args.ts (pure types; the one error parsing throws).
 import type { LoadBalanceMethod } from "./dpController.ts"
+import type { LlamaContextArgs } from "./llamaContext.ts"
 import type { PrefillLoss } from "./pd.ts"
 import type { SglangHealth } from "./sglangHealth.ts"
 import type { StartFailure } from "./startFailures.ts"
@@ -24,6 +25,10 @@ export interface SimConfig {
    * server picks 4 slots over one unified KV cache, so each may use all of it (tools/server/server.cpp).
    */
   readonly slotContext: number | undefined
+  /** llama_cpp: the context flags a slot's context comes from, with the model's training context (llamaContext.ts). */
+  readonly llamaContext?: LlamaContextArgs | undefined
+  /** llama_cpp: the model file's training context (ggufMeta.ts), when the file could be read. */
+  readonly nCtxTrain?: number | undefined
   readonly tensorParallel: number
   /** vLLM `--data-parallel-size`, SGLang `--dp-size`: ranks, each with its scheduler, KV cache and publisher. */
   readonly dataParallel: number

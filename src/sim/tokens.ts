@@ -14,7 +14,8 @@ export const prng = (seed: number): (() => number) => {
   }
 }
 
-const WORDS =
+/** The words of random mode (and of a logprobs list's alternatives). */
+export const WORDS =
   "the of and to in is that for it as with was on be by at this from or an are not have which but all one their has more can will about there when also so what some into only other time than then its new two first any like these may such over most where after well just".split(
     " "
   )
@@ -22,11 +23,14 @@ const WORDS =
 /** Whitespace words of a prompt. */
 export const words = (text: string): Array<string> => text.split(/\s+/).filter((w) => w.length > 0)
 
-/** A stable id in [0, 32000) for a word (FNV-1a). */
+/** The simulated vocabulary's size (llama.cpp's /v1/models meta.n_vocab; its prompts' token ids are below it). */
+export const N_VOCAB = 32000
+
+/** A stable id in [0, N_VOCAB) for a word (FNV-1a). */
 export const tokenId = (word: string): number => {
   let h = 0x811c9dc5
   for (let i = 0; i < word.length; i++) h = Math.imul(h ^ word.charCodeAt(i), 0x01000193)
-  return (h >>> 0) % 32000
+  return (h >>> 0) % N_VOCAB
 }
 
 export interface Generation {

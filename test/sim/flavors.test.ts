@@ -145,18 +145,18 @@ describe("llama.cpp flavor", () => {
     expect((await fetch(`${llamaNoMetrics.url}/metrics`)).status).toBe(404)
   })
 
-  it("a prompt over a slot's context (-c 2048 over -np 3): 400 exceed_context_size_error with the counts", async () => {
+  it("a prompt over a slot's context (-c 2048 over -np 3: 682 padded to 768): 400 exceed_context_size_error with the counts", async () => {
     await waitReady(llama)
-    const prompt = Array.from({ length: 700 }, () => "w").join(" ")
+    const prompt = Array.from({ length: 800 }, () => "w").join(" ")
     const r = await postJson(`${llama.url}/v1/completions`, { prompt, max_tokens: 2, stream: true })
     expect(r.status).toBe(400)
     expect(r.json).toEqual({
       error: {
         code: 400,
-        message: "request (701 tokens) exceeds the available context size (682 tokens), try increasing it",
+        message: "request (801 tokens) exceeds the available context size (768 tokens), try increasing it",
         type: "exceed_context_size_error",
-        n_prompt_tokens: 701,
-        n_ctx: 682
+        n_prompt_tokens: 801,
+        n_ctx: 768
       }
     })
     // max_tokens past the context is not refused: generation stops at the end of the slot's context.

@@ -143,8 +143,9 @@ describe("/slots and /props over HTTP", () => {
 
   it("report a slot's context (-c over -np) in llama-server's key order", async () => {
     const props = (await getJson(`${sim.url}/props`)).json as Record<string, unknown>
-    expect(Object.keys(props)).toEqual(["default_generation_settings", "total_slots"])
-    expect(props).toEqual({ default_generation_settings: { n_ctx: 512 }, total_slots: 2 })
+    // the whole key list is checked against the real server (test/real/sim-differential*.test.ts)
+    expect(Object.keys(props).slice(0, 2)).toEqual(["default_generation_settings", "total_slots"])
+    expect(props).toMatchObject({ default_generation_settings: { n_ctx: 512 }, total_slots: 2 })
     expect((await getJson(`${sim.url}/slots`)).text).toBe(
       '[{"id":0,"n_ctx":512,"speculative":false,"is_processing":false},' +
         '{"id":1,"n_ctx":512,"speculative":false,"is_processing":false}]'

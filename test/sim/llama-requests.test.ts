@@ -4,7 +4,8 @@
 // tools/server/server-schema.cpp, server-context.cpp process_token and handle_completions_impl,
 // common/common.h string_find_partial_stop).
 import { describe, expect, it } from "vitest"
-import { llamaMessages, llamaParams, llamaPrompts } from "../../src/sim/llamaRequest.ts"
+import { llamaMessages } from "../../src/sim/llamaMessages.ts"
+import { llamaParams, llamaPrompts } from "../../src/sim/llamaRequest.ts"
 import { type SeqEvent, sequenceEvents } from "../../src/sim/sequences.ts"
 import type { Generation } from "../../src/sim/tokens.ts"
 import { getJson, pollUntil, startSim } from "../support/sim.ts"

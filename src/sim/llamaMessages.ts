@@ -1,0 +1,99 @@
+// How llama-server reads a chat request's messages (pure): oaicompat_chat_params_parse's checks (tools/server/
+// server-common.cpp), common/chat.cpp common_chat_msgs_parse_oaicompat's, the assistant prefill and `logprobs`.
+// Errors keep llama-server's wording (checked against it by test/real/sim-differential.test.ts).
+import { type LlamaInvalid, typeError } from "./llamaRequest.ts"
+import { words } from "./tokens.ts"
+
+const PART_TYPES_500: Record<string, string> = {
+  image_url: "image",
+  input_audio: "audio",
+  input_video: "video"
+}
+
+/** A message's text parts, or the error common_chat_msgs_parse_oaicompat throws (as a string) for one. */
+const messageText = (m: Record<string, unknown>): string | { readonly error: string } => {
+  if (!("role" in m)) return { error: `Missing 'role' in message: ${JSON.stringify(m)}` }
+  if (typeof m.role !== "string") return { error: typeError("string", m.role) }
+  const c = m.content
+  if (typeof c === "string") return c
+  if (!Array.isArray(c)) return ""
+  const texts: Array<string> = []
+  for (const part of c as Array<Record<string, unknown>>) {
+    if (!("text" in part)) return { error: "[json.exception.out_of_range.403] key 'text' not found" }
+    if (typeof part.text !== "string") return { error: typeError("string", part.text) }
+    texts.push(part.text)
+  }
+  return texts.join(" ")
+}
+
+/**
+ * /v1/chat/completions' messages: oaicompat_chat_params_parse's checks (400s), then the parse into chat
+ * messages, whose errors llama-server answers 500 ("Failed to parse messages: ..."). Unknown roles, an empty
+ * list and a conversation of one system message all pass: the chat template renders what it is given.
+ * Returns the words of the rendered conversation (the simulator's stand-in for the template).
+ */
+export const llamaMessages = (body: unknown): Array<string> | LlamaInvalid => {
+  const b = typeof body === "object" && body !== null && !Array.isArray(body) ? (body as Record<string, unknown>) : {}
+  if (!("messages" in b)) return { status: 400, message: "'messages' is required" }
+  const messages = b.messages
+  if (!Array.isArray(messages)) return { status: 400, message: "Expected 'messages' to be an array" }
+  for (const raw of messages) {
+    const m = typeof raw === "object" && raw !== null && !Array.isArray(raw) ? (raw as Record<string, unknown>) : {}
+    const role = typeof m.role === "string" ? m.role : ""
+    if (role !== "assistant" && !("content" in m)) {
+      return { status: 400, message: "All non-assistant messages must contain 'content'" }
+    }
+    if (role === "assistant" && !("content" in m) && !("tool_calls" in m)) {
+      return { status: 400, message: "Assistant message must contain either 'content' or 'tool_calls'!" }
+    }
+    const c = m.content
+    if (c === undefined || c === null || typeof c === "string") continue
+    if (!Array.isArray(c)) return { status: 400, message: "Expected 'content' to be a string or an array" }
+    for (const p of c) {
+      const type = typeof p === "object" && p !== null && typeof p.type === "string" ? (p.type as string) : ""
+      const media = PART_TYPES_500[type]
+      if (media !== undefined) {
+        const hint = "hint: if this is unexpected, you may need to provide the mmproj"
+        return { status: 500, message: `${media} input is not supported - ${hint}` }
+      }
+      if (type !== "text") return { status: 400, message: "unsupported content[].type" }
+    }
+  }
+  const texts: Array<string> = []
+  for (const m of messages as Array<Record<string, unknown>>) {
+    const t = messageText(m)
+    if (typeof t !== "string") return { status: 500, message: `Failed to parse messages: ${t.error}` }
+    texts.push(t)
+  }
+  const n = messages.length
+  const last = messages[n - 1] as { role?: unknown } | undefined
+  const before = messages[n - 2] as { role?: unknown } | undefined
+  if (last?.role === "assistant" && before?.role === "assistant") {
+    // --prefill-assistant (on by default) continues a trailing assistant message, but not two.
+    return { status: 400, message: "Cannot have 2 or more assistant messages at the end of the list." }
+  }
+  return words(texts.join(" "))
+}
+
+/**
+ * A chat ending with the assistant's message is continued (--prefill-assistant, on by default): its text leads the
+ * answer, neither counted nor looked at for stop strings. The simulator's words have no leading space: one is added.
+ */
+export const llamaAssistantPrefill = (body: unknown): { readonly assistantPrefill?: string } => {
+  const messages = (body as { messages?: unknown }).messages
+  const last = Array.isArray(messages) ? (messages.at(-1) as { role?: unknown; content?: unknown }) : undefined
+  if (last?.role !== "assistant" || typeof last.content !== "string" || last.content === "") return {}
+  return { assistantPrefill: /\s$/.test(last.content) ? last.content : `${last.content} ` }
+}
+
+/**
+ * Chat `logprobs` (oaicompat_chat_params_parse, "Handle logprobs field"): true asks for `top_logprobs` (default 20)
+ * top tokens; `top_logprobs` without it is refused. Undefined: the request's n_probs decides.
+ */
+export const llamaChatProbs = (body: unknown): number | undefined | LlamaInvalid => {
+  const b = body as { logprobs?: unknown; top_logprobs?: unknown }
+  if (b.logprobs === true) return typeof b.top_logprobs === "number" ? b.top_logprobs : 20
+  if (b.top_logprobs !== undefined && b.top_logprobs !== null)
+    return { status: 400, message: "top_logprobs requires logprobs to be set to true" }
+  return undefined
+}

@@ -1,0 +1,213 @@
+// llama-server's own informational routes, as the simulator's llama_cpp flavor answers them: GET /props and
+// /slots, POST /tokenize, /detokenize and /apply-template (ggml-org/llama.cpp tools/server/server.cpp routes;
+// tools/server/server-context.cpp get_res_props, server_slot::to_json, post_tokenize, post_detokenize,
+// post_apply_template). Keys in llama-server's order; what only a real model has (its chat template, its
+// vocabulary) is the simulator's stand-in: its word tokens (tokens.ts) and a ChatML template.
+import { randomInt } from "node:crypto"
+import type * as http from "node:http"
+import { reply, type SimContext, sendError } from "./context.ts"
+import { invalidJson } from "./errors.ts"
+import { readBody } from "./http.ts"
+import { LLAMA_FINGERPRINT } from "./llamaChunks.ts"
+import { llamaMessages } from "./llamaMessages.ts"
+import { N_VOCAB, tokenId, words } from "./tokens.ts"
+
+/** The simulated vocabulary's special tokens (llama SentencePiece's). */
+const BOS = 1
+const SPECIAL: ReadonlyMap<number, string> = new Map([
+  [0, "<unk>"],
+  [BOS, "<s>"],
+  [2, "</s>"]
+])
+
+/** The ChatML template the simulator renders a chat with (llama.cpp's chatml; the tiny test model carries it too). */
+const CHAT_TEMPLATE =
+  "{%- for message in messages -%}\n  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n  {{- '<|im_start|>assistant\n' -}}\n{%- endif -%}"
+
+/** task_params::to_json(true) of the server's defaults (common/common.h common_params_sampling), in its order. */
+const DEFAULT_PARAMS = {
+  seed: 4294967295,
+  temperature: 0.800000011920929,
+  dynatemp_range: 0,
+  dynatemp_exponent: 1,
+  top_k: 40,
+  top_p: 0.949999988079071,
+  min_p: 0.05000000074505806,
+  top_n_sigma: -1,
+  xtc_probability: 0,
+  xtc_threshold: 0.10000000149011612,
+  typical_p: 1,
+  repeat_last_n: 64,
+  repeat_penalty: 1,
+  presence_penalty: 0,
+  frequency_penalty: 0,
+  dry_multiplier: 0,
+  dry_base: 1.75,
+  dry_allowed_length: 2,
+  dry_penalty_last_n: 64,
+  mirostat: 0,
+  mirostat_tau: 5,
+  mirostat_eta: 0.10000000149011612,
+  adaptive_target: -1,
+  adaptive_decay: 0.8999999761581421,
+  max_tokens: -1,
+  n_predict: -1,
+  n_keep: 0,
+  n_discard: 0,
+  ignore_eos: false,
+  stream: false,
+  n_probs: 0,
+  min_keep: 0,
+  chat_format: "Content-only",
+  reasoning_format: "none",
+  reasoning_in_content: false,
+  generation_prompt: "",
+  samplers: ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
+  "speculative.types": "none",
+  timings_per_token: false,
+  post_sampling_probs: false,
+  backend_sampling: false,
+  lora: []
+}
+
+const ID_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+/** get_media_marker(): drawn once per process. */
+const MEDIA_MARKER = `<__media_${Array.from({ length: 32 }, () => ID_CHARS[randomInt(ID_CHARS.length)]).join("")}__>`
+
+/** The words the simulator has tokenized, so /detokenize can give them back (its ids are hashes). */
+const seen = new Map<number, string>()
+
+/** One text's tokens with their pieces: SentencePiece's, a space before each word. */
+const tokenizeText = (text: string): Array<{ id: number; piece: string }> =>
+  words(text).map((w) => {
+    const id = tokenId(w)
+    seen.set(id, w)
+    return { id, piece: ` ${w}` }
+  })
+
+const typeError = (v: unknown): string =>
+  `[json.exception.type_error.302] type must be string, but is ${v === null ? "null" : typeof v === "object" ? "object" : typeof v}`
+
+/** tokenize_mixed: a string, or strings and token ids mixed; the BOS first with add_special. */
+const tokenize = (content: unknown, addSpecial: boolean): Array<{ id: number; piece: string }> | string => {
+  // a string, or an array of strings and ids; anything else fails get<std::string>() (nlohmann's words)
+  if (!Array.isArray(content) && typeof content !== "string") return typeError(content)
+  const parts = Array.isArray(content) ? content : [content]
+  const out: Array<{ id: number; piece: string }> = addSpecial ? [{ id: BOS, piece: "<s>" }] : []
+  for (const p of parts) {
+    if (typeof p === "number") out.push({ id: p, piece: SPECIAL.get(p) ?? ` ${seen.get(p) ?? ""}` })
+    else if (typeof p === "string") out.push(...tokenizeText(p))
+    else return typeError(p)
+  }
+  return out
+}
+
+const props = (ctx: SimContext, nCtx: number) => ({
+  default_generation_settings: { params: DEFAULT_PARAMS, n_ctx: nCtx },
+  total_slots: ctx.cfg.maxSeqs,
+  model_alias: ctx.cfg.servedName,
+  model_ftype: "(guessed) all F32",
+  model_path: ctx.cfg.model,
+  modalities: { vision: false, video: false, audio: false },
+  media_marker: MEDIA_MARKER,
+  endpoint_slots: true,
+  endpoint_props: false,
+  endpoint_metrics: ctx.cfg.enableMetrics,
+  ui: true,
+  ui_settings: {},
+  chat_template: CHAT_TEMPLATE,
+  chat_template_caps: {
+    supports_object_arguments: false,
+    supports_parallel_tool_calls: false,
+    supports_preserve_reasoning: false,
+    supports_reasoning_effort: false,
+    supports_string_content: true,
+    supports_system_role: true,
+    supports_tool_calls: false,
+    supports_tools: false,
+    supports_typed_content: false
+  },
+  bos_token: "<s>",
+  eos_token: "</s>",
+  build_info: LLAMA_FINGERPRINT,
+  is_sleeping: false,
+  cors_proxy_enabled: false
+})
+
+/** A message's text as the template sees it: a string, or its text parts' texts. */
+const contentOf = (c: unknown): string =>
+  typeof c === "string"
+    ? c
+    : Array.isArray(c)
+      ? c.map((p) => (typeof p?.text === "string" ? (p.text as string) : "")).join("")
+      : ""
+
+/** The ChatML rendering of a chat (the simulator's stand-in for the model's template), generation prompt included. */
+const render = (messages: ReadonlyArray<{ role?: unknown; content?: unknown }>): string =>
+  `${messages.map((m) => `<|im_start|>${String(m.role)}\n${contentOf(m.content)}<|im_end|>\n`).join("")}<|im_start|>assistant\n`
+
+/** GET /props and /slots: their bodies; undefined for another path. */
+const getRoute = (ctx: SimContext, path: string, query: string, res: http.ServerResponse): boolean => {
+  if (path !== "/props" && path !== "/slots") return false
+  // a slot's context (n_ctx_slot); get_slots answers 503 to a non-empty `fail_on_no_slot` while no slot is idle
+  const [nCtx, busy, n] = [ctx.cfg.slotContext ?? 4096, ctx.engines.running, ctx.cfg.maxSeqs]
+  if (path === "/slots" && busy >= n && new URLSearchParams(query).get("fail_on_no_slot")) {
+    sendError(ctx, res, 503, "no slot available")
+    return true
+  }
+  const slot = (id: number) => ({ id, n_ctx: nCtx, speculative: false, is_processing: id < busy })
+  reply(ctx, res, 200, path === "/props" ? props(ctx, nCtx) : Array.from({ length: n }, (_, id) => slot(id)))
+  return true
+}
+
+/** The answer of a POST route to a parsed body: [status, body] or an error's [status, message]. */
+const postAnswer = (path: string, body: Record<string, unknown>): [number, unknown] | [number, string, true] => {
+  if (path === "/tokenize") {
+    if (!("content" in body)) return [200, { tokens: [] }]
+    const toks = tokenize(body.content, body.add_special === true)
+    if (typeof toks === "string") return [500, toks, true]
+    return [200, { tokens: body.with_pieces === true ? toks : toks.map((t) => t.id) }]
+  }
+  if (path === "/detokenize") {
+    const ids = body.tokens ?? []
+    if (!Array.isArray(ids))
+      return [500, `[json.exception.type_error.302] type must be array, but is ${typeof ids}`, true]
+    const bad = ids.find((i) => typeof i === "number" && (i < 0 || i >= N_VOCAB))
+    if (bad !== undefined)
+      return [500, `vector::_M_range_check: __n (which is ${bad}) >= this->size() (which is ${N_VOCAB})`, true]
+    return [200, { content: ids.map((i: number) => SPECIAL.get(i) ?? ` ${seen.get(i) ?? ""}`).join("") }]
+  }
+  // /apply-template: the chat's checks (oaicompat_chat_params_parse), then its rendering
+  const checked = llamaMessages(body)
+  if (!Array.isArray(checked)) return [checked.status, checked.message, true]
+  return [200, { prompt: render(body.messages as Array<{ role?: unknown; content?: unknown }>) }]
+}
+
+const POST_ROUTES = new Set(["/tokenize", "/detokenize", "/apply-template"])
+
+/** Answers one of these routes (true), or leaves the request to the caller (false). */
+export const llamaRoute = (
+  ctx: SimContext,
+  method: string | undefined,
+  path: string,
+  query: string,
+  req: http.IncomingMessage,
+  res: http.ServerResponse
+): boolean => {
+  if (method === "GET") return getRoute(ctx, path, query, res)
+  if (method !== "POST" || !POST_ROUTES.has(path)) return false
+  void readBody(req).then((raw) => {
+    let body: unknown
+    try {
+      body = JSON.parse(raw)
+    } catch (err) {
+      const bad = invalidJson("llama_cpp", err instanceof Error ? err.message : String(err), raw)
+      return sendError(ctx, res, bad.status, bad.message)
+    }
+    const b = typeof body === "object" && body !== null && !Array.isArray(body) ? (body as Record<string, unknown>) : {}
+    const [status, out, failed] = postAnswer(path, b)
+    if (failed === true) return sendError(ctx, res, status, out as string)
+    reply(ctx, res, status, out)
+  })
+  return true
+}
