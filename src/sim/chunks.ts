@@ -1,6 +1,7 @@
 // OpenAI response shapes (pure): SSE chunk templates for streams and whole bodies for non-streaming calls.
 // A stream's constant JSON prefix/suffix is built once per request, so each token costs one small
 // JSON.stringify of the token text and a string concatenation, never a stringify of a big object.
+import { SIM_MODEL_CONTEXT } from "./contextLimit.ts"
 import { type LlamaOut, llamaStreamTemplate } from "./llamaChunks.ts"
 import { type MlxPrompt, mlxFullBody, mlxStreamTemplate } from "./mlxChunks.ts"
 import type { Flavor } from "./simConfig.ts"
@@ -253,9 +254,9 @@ export const modelsBody = (
 ): unknown => {
   const entry: Record<string, unknown> = { id: servedName, object: "model", created, owned_by: owner(flavor) }
   if (flavor === "vllm") {
-    Object.assign(entry, { root: model, parent: null, max_model_len: maxModelLen ?? 4096, permission: [] })
+    Object.assign(entry, { root: model, parent: null, max_model_len: maxModelLen ?? SIM_MODEL_CONTEXT, permission: [] })
   } else if (flavor === "sglang") {
-    Object.assign(entry, { root: servedName, max_model_len: maxModelLen ?? 4096 })
+    Object.assign(entry, { root: servedName, max_model_len: maxModelLen ?? SIM_MODEL_CONTEXT })
   } else if (flavor === "llama_cpp") {
     // tools/server/server-context.cpp get_res_models / get_res_model_info: `n_ctx` is a slot's (meta.slot_n_ctx,
     // n_ctx_slot()), `vocab_type` the bundled build writes as a boolean (measured: test/real/sim-differential.test.ts);

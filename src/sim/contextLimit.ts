@@ -2,6 +2,14 @@
 // (pure). llama.cpp's own check (exceed_context_size_error) lives with its request reading (request.ts).
 import type { Flavor } from "./simConfig.ts"
 
+/**
+ * The simulated model's own context, what vLLM and SGLang take without --max-model-len / --context-length: vLLM
+ * derives max_model_len from the model's config (vllm/config/model.py ModelConfig, _get_and_verify_max_len), SGLang
+ * its context_len likewise (python/sglang/srt/configs/model_config.py ModelConfig, get_context_length), and both
+ * report it in /v1/models and hold every request to it.
+ */
+export const SIM_MODEL_CONTEXT = 4096
+
 export interface ContextRefusal {
   readonly message: string
   readonly param: string | null
@@ -68,7 +76,10 @@ const sglang = (limit: number, input: number, maxTokens: number | undefined): Co
   return undefined
 }
 
-/** The refusal of `input` prompt tokens plus `maxTokens` (undefined: the request named none), or undefined. */
+/**
+ * The refusal of `input` prompt tokens plus `maxTokens` (undefined: the request named none), or undefined. `limit`:
+ * the command line's; without one vLLM and SGLang hold a request to the model's context (SIM_MODEL_CONTEXT).
+ */
 export const contextRefusal = (
   flavor: Flavor,
   limit: number | undefined,
@@ -76,9 +87,9 @@ export const contextRefusal = (
   maxTokens: number | undefined,
   legacy: boolean
 ): ContextRefusal | undefined => {
+  if (flavor === "vllm") return vllm(limit ?? SIM_MODEL_CONTEXT, input, maxTokens, legacy)
+  if (flavor === "sglang") return sglang(limit ?? SIM_MODEL_CONTEXT, input, maxTokens)
   if (limit === undefined) return undefined
-  if (flavor === "vllm") return vllm(limit, input, maxTokens, legacy)
-  if (flavor === "sglang") return sglang(limit, input, maxTokens)
   // mlx-lm checks no context length; a simulated limit keeps the generic words.
   if (maxTokens !== undefined && input + maxTokens > limit)
     return {

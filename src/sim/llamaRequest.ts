@@ -4,6 +4,7 @@
 // server-common.cpp (tokenize_input_prompts for `prompt`, oaicompat_chat_params_parse for `messages`),
 // common/chat.cpp (common_chat_msgs_parse_oaicompat) and tools/server/server-context.cpp (the order of it all).
 // Errors keep llama-server's wording, nlohmann::json's exception texts included.
+import { jsonSchemaError } from "./llamaGrammar.ts"
 import { words } from "./tokens.ts"
 
 export interface LlamaInvalid {
@@ -35,6 +36,8 @@ export interface LlamaParams {
   readonly postSamplingProbs: boolean
   /** `timings_per_token`: `timings` on every streamed chunk. */
   readonly timingsPerToken: boolean
+  /** `grammar` when a non-empty string: parsed when a slot takes the task (grammarParses), not here. */
+  readonly grammar: string | undefined
 }
 
 /** nlohmann::json's type_name(). */
@@ -55,7 +58,8 @@ const I64 = 2 ** 63
 interface Field {
   /** The field, then its aliases: the first one present (and not null) is read. */
   readonly names: ReadonlyArray<string>
-  readonly kind: "bool" | "num"
+  /** "grammar": the json_schema field (alias grammar), whose handler reads both (llamaGrammarField). */
+  readonly kind: "bool" | "num" | "grammar"
   /** Hard limits (set_hard_limits): outside them the request is refused; other numbers are clamped or taken. */
   readonly hard?: readonly [number, number | "n_parallel"]
   /** The C++ type's kind: integers are truncated (nlohmann's get<int> of 1.5 is 1), floats printed with %f. */
@@ -106,6 +110,7 @@ const FIELDS: ReadonlyArray<Field> = [
   num(["min_keep"], [0, I32]),
   bool("backend_sampling"),
   bool("post_sampling_probs"),
+  { names: ["json_schema", "grammar"], kind: "grammar" },
   bool("grammar_lazy"),
   bool("parse_tool_calls"),
   bool("echo"),
@@ -128,13 +133,23 @@ const numberValue = (v: unknown, float: boolean): number => {
 }
 
 /** Reads the schema's fields; a wrong type or a value past a hard limit is 400 `Field '<name>': ...`. */
-export const llamaParams = (b: Record<string, unknown>, nParallel: number): LlamaParams | LlamaInvalid => {
+export const llamaParams = (
+  b: Record<string, unknown>,
+  nParallel: number,
+  chat = false
+): LlamaParams | LlamaInvalid => {
   const values = new Map<string, unknown>()
   for (const f of FIELDS) {
     const name = f.names.find((n) => present(b, n))
     if (name === undefined) continue
     const v = b[name]
     const bad = (text: string): LlamaInvalid => ({ status: 400, message: `Field '${name}': ${text}` })
+    if (f.kind === "grammar") {
+      const g = llamaGrammarField(b, chat)
+      if (typeof g === "object") return bad(g.error)
+      values.set("grammar", g)
+      continue
+    }
     if (f.kind === "bool") {
       if (typeof v !== "boolean") return bad(typeError("boolean", v))
       values.set(f.names[0] ?? name, v)
@@ -176,8 +191,23 @@ export const llamaParams = (b: Record<string, unknown>, nParallel: number): Llam
     ssePingInterval: values.get("sse_ping_interval") as number | undefined,
     nProbs: Math.max(0, (values.get("n_probs") as number | undefined) ?? 0),
     postSamplingProbs: values.get("post_sampling_probs") === true,
-    timingsPerToken: values.get("timings_per_token") === true
+    timingsPerToken: values.get("timings_per_token") === true,
+    grammar: values.get("grammar") as string | undefined
   }
+}
+
+/**
+ * The json_schema field's handler (server-schema.cpp make_llama_cmpl_schema): a `json_schema` with no `grammar` key
+ * (even a null one) is converted to a grammar, its failure `"json_schema": <the converter's error>`; else `grammar`
+ * when a non-empty string (json_value: another type is ignored, with a warning in the log). A chat request's
+ * json_schema is converted earlier, by its chat template's code (common/chat.cpp, in words of its own): not modelled.
+ */
+const llamaGrammarField = (b: Record<string, unknown>, chat: boolean): string | undefined | { error: string } => {
+  if ("json_schema" in b && !("grammar" in b)) {
+    const error = chat ? undefined : jsonSchemaError(b.json_schema)
+    return error === undefined ? undefined : { error: `"json_schema": ${error}` }
+  }
+  return typeof b.grammar === "string" && b.grammar !== "" ? b.grammar : undefined
 }
 
 /**

@@ -5,6 +5,7 @@ import type { Endpoint, Usage } from "./chunks.ts"
 import { contextRefusal } from "./contextLimit.ts"
 import { bodyDpRank } from "./dpPin.ts"
 import type { LlamaOut } from "./llamaChunks.ts"
+import { grammarParses } from "./llamaGrammar.ts"
 import { llamaAssistantPrefill, llamaChatProbs, llamaMessages } from "./llamaMessages.ts"
 import { type LlamaInvalid, type LlamaPrompt, llamaParams, llamaPrompts } from "./llamaRequest.ts"
 import { earlyRefusal, type Invalid, samplingRefusal } from "./requestChecks.ts"
@@ -250,7 +251,7 @@ const validateLlama = (cfg: SimConfig, endpoint: Endpoint, body: unknown): GenRe
     if (!Array.isArray(p)) return invalid(p)
     prompts = p
   }
-  const params = llamaParams(body as Record<string, unknown>, cfg.maxSeqs)
+  const params = llamaParams(body as Record<string, unknown>, cfg.maxSeqs, endpoint === "chat")
   if ("status" in params) return invalid(params)
   const ctxLen = cfg.slotContext ?? LLAMA_DEFAULT_CTX
   const sequences: Array<Sequence> = []
@@ -269,10 +270,12 @@ const validateLlama = (cfg: SimConfig, endpoint: Endpoint, body: unknown): GenRe
       sequences.push({ words: p.words, promptTokens: n, maxTokens, seed })
     }
   }
-  // a token id outside the vocabulary fails the slot's launch, after the context check (server-context.cpp
-  // launch_slot_with_task: task.tokens.validate)
+  // a token id outside the vocabulary, then a grammar that does not parse, fail the slot's launch, after the context
+  // check (server-context.cpp launch_slot_with_task: task.tokens.validate, then common_sampler_init)
   if (endpoint === "completion" && promptIds((body as { prompt?: unknown }).prompt).some((t) => t < 0 || t >= N_VOCAB))
     return { status: 400, message: "Prompt contains invalid tokens", param: null }
+  if (params.grammar !== undefined && !grammarParses(params.grammar))
+    return { status: 400, message: "Failed to initialize samplers: failed to parse grammar", param: null }
   const first = sequences[0] as Sequence
   return {
     endpoint,

@@ -35,7 +35,10 @@ describe("agent.client_send_timeout through the real gRPC server", () => {
   let sim: SimHandle
   let agent: Agent
   beforeAll(async () => {
-    sim = await startSim({ args: ["serve", "m", "--sim-mode", "random", "--sim-itl", "0ms"] })
+    // a context room for the 400,000 tokens the stuck call asks for (vLLM holds a request to it)
+    sim = await startSim({
+      args: ["serve", "m", "--sim-mode", "random", "--sim-itl", "0ms", "--max-model-len", "500000"]
+    })
     agent = await startAgent(sim.url, "vllm", {
       role: "both",
       max_inflight: 1,

@@ -5,6 +5,7 @@
 import { execFileSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
+import { Agent as UndiciAgent, type RequestInit as UndiciInit, fetch as undiciFetch } from "undici"
 import { parsePromText } from "../../src/services/engine/PromText.ts"
 import { repoRoot } from "../support/agent.ts"
 import { type TinyVariant, writeTinyLlama } from "../support/ggufModel.ts"
@@ -122,3 +123,26 @@ export const engineMetric = async (engineUrl: string, name: string): Promise<num
   if (s === undefined) throw new Error(`${name} not in llama-server's /metrics`)
   return s.value
 }
+
+/**
+ * One request on a connection of its own: llama-server closes a streamed answer's connection after its last chunk
+ * though its headers say keep-alive, and the next request a shared pool sent on it failed (UND_ERR_SOCKET, seen in
+ * loaded runs; the agent asks llama-server for no keep-alive on streams for the same reason).
+ */
+export const requestOnOwnConnection = async (url: string, init: UndiciInit = {}) => {
+  const dispatcher = new UndiciAgent()
+  try {
+    const res = await undiciFetch(url, { ...init, dispatcher })
+    return { status: res.status, text: await res.text() }
+  } finally {
+    await dispatcher.close()
+  }
+}
+
+/** A JSON POST on a connection of its own (requestOnOwnConnection). */
+export const postOnOwnConnection = (base: string, p: string, body: unknown) =>
+  requestOnOwnConnection(`${base}${p}`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(body)
+  })

@@ -7,14 +7,20 @@ import { type ChildProcess, spawn } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { Agent as UndiciAgent, type RequestInit as UndiciInit, fetch as undiciFetch } from "undici"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { writeTinyLlama } from "../support/ggufModel.ts"
 import { followLines } from "../support/lines.ts"
 import { pollUntil } from "../support/poll.ts"
 import { freePort } from "../support/ports.ts"
 import { type SimHandle, startSim } from "../support/sim.ts"
-import { type RealEngine, realEngine, SERVER_ARGS, tinyModel } from "./engine.ts"
+import {
+  postOnOwnConnection as post,
+  type RealEngine,
+  realEngine,
+  requestOnOwnConnection as request,
+  SERVER_ARGS,
+  tinyModel
+} from "./engine.ts"
 
 let engine: RealEngine
 let dir: string
@@ -60,26 +66,6 @@ afterAll(async () => {
   if (dir) fs.rmSync(dir, { recursive: true, force: true })
 })
 
-/**
- * One request on a connection of its own: llama-server closes a streamed answer's connection after its last chunk
- * though its headers say keep-alive, and the next request a shared pool sent on it failed (UND_ERR_SOCKET, seen under
- * a loaded run; sim-differential.test.ts `ask` does the same).
- */
-const request = async (url: string, init: UndiciInit = {}) => {
-  const dispatcher = new UndiciAgent()
-  try {
-    const res = await undiciFetch(url, { ...init, dispatcher })
-    return { status: res.status, text: await res.text() }
-  } finally {
-    await dispatcher.close()
-  }
-}
-const post = (base: string, p: string, body: unknown) =>
-  request(`${base}${p}`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify(body)
-  })
 const getJson = async (base: string, p: string) =>
   JSON.parse((await request(`${base}${p}`)).text) as Record<string, unknown>
 

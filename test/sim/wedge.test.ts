@@ -58,7 +58,10 @@ describe("the simulator's progress counters", () => {
 
 describe("the wedge fault", () => {
   it("vLLM: requests stay counted, counters still, aborts unseen; unwedged, every request goes on", async () => {
-    sim = await startSim({ args: ["serve", "m", "--sim-itl", "5ms", "--sim-mode", "random"] })
+    // a context that holds 100,000 tokens: vLLM refuses max_tokens past its max_model_len (contextLimit.ts)
+    sim = await startSim({
+      args: ["serve", "m", "--max-model-len", "200000", "--sim-itl", "5ms", "--sim-mode", "random"]
+    })
     const url = sim.url
     const long = open(url, { max_tokens: 100_000, stream: true, ignore_eos: true })
     const abandoned = open(url, { max_tokens: 100_000, stream: true, ignore_eos: true })
@@ -69,7 +72,11 @@ describe("the wedge fault", () => {
     // a new request is taken and gets nothing; one abandoned stays counted: the core never saw the abort
     const late = open(url, { max_tokens: 2, ignore_eos: true })
     abandoned.close()
-    await pollUntil(async () => ((await state(url)).aborted === 1 ? true : undefined))
+    // the late request's arrival and the abort both awaited: on a loaded machine either may come last
+    await pollUntil(async () => {
+      const st = await state(url)
+      return st.aborted === 1 && st.running === 3 ? true : undefined
+    })
     const s = await state(url)
     expect(s.running).toBe(3)
     expect(s.served).toBe(0)
