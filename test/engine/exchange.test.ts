@@ -1,9 +1,9 @@
 // The whole-answer exchange's wait (src/layers/engine/exchange.ts): a reader checks the state and then waits, and
 // Effect's run loop may yield between the two; an undici callback in that gap must not be lost, or the reader (a
-// P/D prefill leg, a metrics read) waits for ever.
+// P/D prefill leg, a metrics read) waits for ever. And its bound on a body: an error status's is read up to 64 KiB.
 import { Effect, Exit } from "effect"
 import { describe, expect, it } from "vitest"
-import { Exchange } from "../../src/layers/engine/exchange.ts"
+import { Exchange, MAX_ERROR_BODY_BYTES } from "../../src/layers/engine/exchange.ts"
 
 /** `changed`, or a timeout after `ms`: whether it returned. */
 const returns = (ex: Exchange, ms = 200) =>
@@ -30,5 +30,32 @@ describe("Exchange.changed", () => {
     const waiting = returns(ex, 2_000)
     ex.onResponseEnd()
     expect(await waiting).toBe(true)
+  })
+})
+
+describe("Exchange's bound on a body", () => {
+  /** Feeds `bytes` of body after `status` in 1 KiB chunks: whether it was cut (aborted) and what it kept. */
+  const feed = (status: number, bytes: number) => {
+    const ex = new Exchange()
+    let aborted = 0
+    const controller = { abort: () => void aborted++ } as never
+    ex.onResponseStart(controller, status)
+    for (let sent = 0; sent < bytes; sent += 1024) ex.onResponseData(controller, Buffer.alloc(1024, 0x7a))
+    return { overflowed: ex.overflowed, aborted, kept: ex.take().reduce((n, b) => n + b.length, 0) }
+  }
+
+  it("an error status, 400 (the commonest refusal) as 500, is read up to 64 KiB only; a success is not cut there", () => {
+    for (const status of [400, 404, 500])
+      expect(feed(status, MAX_ERROR_BODY_BYTES + 1024), String(status)).toEqual({
+        overflowed: true,
+        aborted: 1,
+        kept: MAX_ERROR_BODY_BYTES
+      })
+    expect(feed(400, MAX_ERROR_BODY_BYTES)).toEqual({ overflowed: false, aborted: 0, kept: MAX_ERROR_BODY_BYTES })
+    expect(feed(200, MAX_ERROR_BODY_BYTES + 1024)).toEqual({
+      overflowed: false,
+      aborted: 0,
+      kept: MAX_ERROR_BODY_BYTES + 1024
+    })
   })
 })

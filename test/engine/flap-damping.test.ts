@@ -116,6 +116,15 @@ describe("the penalty (pure)", () => {
     assert.isFalse(retrip.owed)
     assert.isAbove(releaseAt(retrip)!, releaseAt(d)!)
     assert.isUndefined(onFailedRun(onTrip(undamped, 0), 2_000), "not held: a failing state goes on as before")
+    // late in a hold, the penalty decayed so far that one more (1.68 + 1) is under 3: README "neither completed calls
+    // nor the test clear it until the penalty has decayed below 1 ... (a run of failed calls after a clear it held back
+    // counts as a time too)": still held, and longer, not let back to traffic
+    const late = trips([0, 0, 0, 0])
+    const lateOwed = onClear(late, 150_000) as Damping
+    const lateRetrip = onFailedRun(lateOwed, 150_001)!
+    assert.isBelow(lateRetrip.penalty, 3)
+    assert.isTrue(isHeld(lateRetrip, 150_002), "held on after the re-trip")
+    assert.isAbove(releaseAt(lateRetrip)!, releaseAt(late)!)
   })
 
   it("an engine failing every call trips once: never held, restarted stall_restart_after from its trip as before", () => {

@@ -14,6 +14,7 @@ import * as ServedContextLive from "../../src/layers/engine/ServedContext.ts"
 import { layerWith as grpcLayerWith } from "../../src/layers/grpc/GrpcServer.ts"
 import type { AgentConfig, EngineKind } from "../../src/services/config/Config.ts"
 import type { ServedContextSource } from "../../src/services/engine/Engine.ts"
+import type { EngineState } from "../../src/services/engine/EngineProcess.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
 import { requestContext, ServedContext, servedContextOf } from "../../src/services/engine/ServedContext.ts"
 import { GenerateRejected, planRequest } from "../../src/services/grpc/Generate.ts"
@@ -154,28 +155,35 @@ afterEach(async () => {
   for (const d of disposers.splice(0).reverse()) await d()
 })
 
+/** The live layer in front of a fake engine answering `answer()`, its engine state under the test's control. */
+const live = async (
+  answer: () => [number, unknown],
+  kind: "llama_cpp" | "mlx" = "llama_cpp",
+  initial?: EngineState
+) => {
+  const engine = await fakeEngine(answer)
+  disposers.push(engine.close)
+  const plan = testPlan({ kind, baseUrl: engine.url, port: engine.port })
+  const model = kind === "mlx" ? { hf_repo: "org/m" } : { path: "/m.gguf", max_model_len: 1024 }
+  const rt = ManagedRuntime.make(
+    ServedContextLive.layer.pipe(
+      Layer.provideMerge(engineLayerTest({ plan, ...(initial === undefined ? {} : { initial }) })),
+      Layer.provide(
+        layerFromObject({ agent: { node_id: "n1" }, engine: { kind, url: engine.url }, models: { m: model } })
+      )
+    )
+  )
+  disposers.push(() => rt.dispose())
+  const served = await rt.runPromise(ServedContext)
+  const control = await rt.runPromise(EngineProcessControl)
+  const set = (st: Parameters<typeof control.set>[0]) => rt.runPromise(control.set(st))
+  return { engine, served, set, ready: () => set(State.Ready({ since: 1, run: 0 })) }
+}
+
 describe("the live layer: one read per Ready period, retried while it fails", () => {
   it("reads on Ready, again on a new period only; a failed read leaves the configured value and is tried again", async () => {
     let answer: [number, unknown] = [200, { data: [{ id: "m", meta: { n_ctx: 512 } }] }]
-    const engine = await fakeEngine(() => answer)
-    disposers.push(engine.close)
-    const plan = testPlan({ kind: "llama_cpp", baseUrl: engine.url, port: engine.port })
-    const rt = ManagedRuntime.make(
-      ServedContextLive.layer.pipe(
-        Layer.provideMerge(engineLayerTest({ plan })),
-        Layer.provide(
-          layerFromObject({
-            agent: { node_id: "n1" },
-            engine: { kind: "llama_cpp", url: engine.url },
-            models: { m: { path: "/m.gguf", max_model_len: 1024 } }
-          })
-        )
-      )
-    )
-    disposers.push(() => rt.dispose())
-    const served = await rt.runPromise(ServedContext)
-    const control = await rt.runPromise(EngineProcessControl)
-    const set = (s: Parameters<typeof control.set>[0]) => rt.runPromise(control.set(s))
+    const { engine, served, set } = await live(() => answer)
     // Starting: nothing read yet
     expect(served.current()).toBeUndefined()
     expect(engine.reads()).toBe(0)
@@ -206,24 +214,28 @@ describe("the live layer: one read per Ready period, retried while it fails", ()
     expect(served.current()).toBeUndefined()
   })
 
-  it("an engine that says none (mlx) is never asked", async () => {
-    const engine = await fakeEngine(() => [200, { data: [{ id: "m" }] }])
-    disposers.push(engine.close)
-    const plan = testPlan({ kind: "mlx", baseUrl: engine.url, port: engine.port })
-    const rt = ManagedRuntime.make(
-      ServedContextLive.layer.pipe(
-        Layer.provideMerge(engineLayerTest({ plan, initial: State.Ready({ since: 1, run: 0 }) })),
-        Layer.provide(
-          layerFromObject({
-            agent: { node_id: "n1" },
-            engine: { kind: "mlx", url: engine.url },
-            models: { m: { hf_repo: "org/m" } }
-          })
-        )
-      )
+  it("a list without the field is an answer: not asked again in that period, where a failed read is", async () => {
+    // layers/engine/ServedContext.ts: "a list without it: a server whose list has no such field says so every time";
+    // only a transport or HTTP error is tried again (1 s, then 2 s). A second engine that fails twice before it answers
+    // is the clock: its answer comes after its retries at 1 s and 3 s, so a retry of the first (at 1 s) would be in.
+    const fieldless = await live(() => [200, { data: [{ id: "m", meta: null }] }])
+    let failures = 0
+    const clock = await live(() =>
+      ++failures <= 2 ? [500, { error: { message: "boom" } }] : [200, { data: [{ id: "m", meta: { n_ctx: 384 } }] }]
     )
-    disposers.push(() => rt.dispose())
-    const served = await rt.runPromise(ServedContext)
+    await Promise.all([fieldless.ready(), clock.ready()])
+    await pollUntil("the second engine's value, on its second retry", () => clock.served.current() === 384, 15_000)
+    expect(clock.engine.reads()).toBe(3)
+    expect(fieldless.engine.reads()).toBe(1)
+    expect(fieldless.served.current()).toBeUndefined()
+  })
+
+  it("an engine that says none (mlx) is never asked", async () => {
+    const { engine, served } = await live(
+      () => [200, { data: [{ id: "m" }] }],
+      "mlx",
+      State.Ready({ since: 1, run: 0 })
+    )
     expect(served.current()).toBeUndefined()
     expect(engine.reads()).toBe(0)
   })

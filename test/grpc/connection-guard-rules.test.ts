@@ -149,6 +149,19 @@ describe("ConnectionCaps", () => {
       expect(o.victim("new", true, T, alive, false)).toBeUndefined()
     })
 
+    it("at a peer's own cap, another peer's stale handshake is not closed: that would free no place under its cap", () => {
+      // ConnectionCaps.ts victim: "At its own cap (`atPeerCap`) one of its own, which frees a place under both caps";
+      // README: one more is admitted "in place of one of the address's connections that runs no call"
+      const o = new IdleOrder<C>()
+      const [busy] = settledAt(o, "a", 0, "a-busy")
+      o.opened(busy!)
+      o.accepted(c("b-knocking", "b", T - 5_000))
+      for (const plaintext of [true, false])
+        expect(o.victim("a", true, T, alive, plaintext), String(plaintext)).toBeUndefined()
+      // at the total cap alone it would be the one
+      expect(o.victim("a", false, T, alive, false)?.name).toBe("b-knocking")
+    })
+
     it("forgets a connection closed with a call open for good, though its stream closes after (a client's close)", () => {
       const o = new IdleOrder<C>()
       const [x] = settledAt(o, "a", 0, "x")

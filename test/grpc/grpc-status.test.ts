@@ -128,6 +128,8 @@ describe("the status table", () => {
       "Draining",
       "NotServing",
       "ShedAtArrival",
+      // README: "`cgn-retryable`: `true` when ... this node's state was the cause (overloaded, cordoned, draining, shed, ..."
+      "ShedAtSlot",
       "EngineStalled"
     ] as const)
       expect(retry(samples[tag][0]), tag).toBe(true)
@@ -135,6 +137,8 @@ describe("the status table", () => {
       "InvalidHandoff",
       "MessageTooLarge",
       "UndecodableRequest",
+      // README (agent.request_read_timeout): "`cgn-reason` `request_read_timeout`, not retryable"
+      "RequestReadTimeout",
       "CallDeadlineExceeded",
       "ClientNotReading"
     ] as const)
@@ -160,6 +164,12 @@ describe("the status table", () => {
     ])
     expect(toGrpcFailure(http(500)).trailers["cgn-reason"]).toBe("engine_http")
     expect(retry(new EngineError({ reason: "Connect", message: "x" }))).toBe(true)
+    // an engine that is broken (INTERNAL: an invalid answer, or a 401/403/409 of an agent and engine that disagree) may
+    // well not be so on another node (GrpcStatus.ts: "down, slow, overloaded (429) or broken")
+    const broken = [new EngineError({ reason: "Protocol", message: "x" }), http(401), http(403), http(409)]
+    expect(broken.map((e) => [statusName(toGrpcFailure(e).code), retry(e)])).toEqual(
+      broken.map(() => ["INTERNAL", true])
+    )
   })
 
   it("keeps the messages callers see", () => {

@@ -197,6 +197,18 @@ describe("planLeg", () => {
       "KvTransferPrefill"
     ],
     [
+      // what vLLM's toy proxy really sends a prefill server: do_remote_prefill false beside do_remote_decode true (only
+      // a decode leg's, do_remote_prefill true, is refused on a prefill node)
+      "prefill with the proxy's whole params (do_remote_prefill: false), which the agent's replace",
+      {
+        role: "prefill",
+        handoff: "kv_transfer_params",
+        body,
+        kvTransferParams: { ...VLLM_PREFILL_KV_TRANSFER_PARAMS }
+      },
+      "KvTransferPrefill"
+    ],
+    [
       "decode over kv_transfer_params",
       { role: "decode", handoff: "kv_transfer_params", body, kvTransferParams: P_PARAMS },
       "KvTransferDecode"

@@ -23,6 +23,11 @@ describe("ServiceTimeWindow", () => {
     expect(w.estimate()).toBeUndefined()
     w.record(700)
     expect([w.count, w.estimate()]).toEqual([MIN_SAMPLES, 700])
+    // README: "the 10th percentile of the last 64 measured; none before 4"
+    const three = filled([900, 800, 700])
+    expect(three.estimate()).toBeUndefined()
+    three.record(600)
+    expect(three.estimate()).toBe(600)
   })
 
   it("a full window: its 10th percentile by nearest rank, one slow outlier or fast cache hit barely moves it", () => {

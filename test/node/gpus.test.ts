@@ -73,6 +73,23 @@ describe("assignGpus", () => {
     })
     expect(gateVerdict(faulty, [0], 2 ** 30, new Set(), () => undefined)._tag).toBe("Faulty")
   })
+  it("automatic: a lost GPU as NVML reports it (MIG mode unreadable, Xid 79) fills in too: the agent is not refused", () => {
+    // Gpus.ts: "A lost one is (its MIG mode unreadable because it fell off the bus): it is the host's GPU, with a
+    // fault." nvmlSample's shape for it: every field but index and lost unreported (nvml-sample.test.ts LOST_UNKNOWN).
+    const lost = gpuWith({
+      index: 1,
+      uuid: "",
+      lost: true,
+      criticalXids: [{ xid: 79, events: 1 }],
+      unreportedFields: ["name", "uuid", "memory_total_bytes", "memory_used_bytes", "mig_enabled", "mig_devices"]
+    })
+    expect(assignGpus([], 2, [gpuWith({ index: 0, uuid: "GPU-a" }), lost])).toEqual({
+      _tag: "Assigned",
+      indices: [0, 1],
+      automatic: true,
+      faults: ["GPU 1 is lost (NVML_ERROR_GPU_IS_LOST: fallen off the bus)"]
+    })
+  })
   it("automatic: refuses a tp x dp the host cannot hold, saying how many it has and how many are healthy", () => {
     expect(assignGpus([], 5, host)).toEqual({
       _tag: "Impossible",

@@ -2,7 +2,7 @@
 // 1 usage errors), the key path of a problem on stderr, `render --json` output, `--help`, `help` and
 // `version`, one-line usage errors, `generate`'s address and number checks, the Node version check, the simulator's
 // --help/--version, and a real install of the packed package (`cgn-agent` on PATH).
-import { execFile, execFileSync, spawn } from "node:child_process"
+import { type ChildProcess, execFile, execFileSync, spawn } from "node:child_process"
 import * as fs from "node:fs/promises"
 import * as http2 from "node:http2"
 import type { AddressInfo } from "node:net"
@@ -424,6 +424,15 @@ describe("generate's arguments", () => {
 })
 
 describe("generate into a closed pipe", () => {
+  /** `p`, or a failure naming `what` after `ms`: a CLI that never writes or never exits fails the test, bounded. */
+  const within = <A>(p: Promise<A>, ms: number, what: string): Promise<A> => {
+    let timer: ReturnType<typeof setTimeout> | undefined
+    const late = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms waiting for ${what}`)), ms)
+    })
+    return Promise.race([p, late]).finally(() => clearTimeout(timer))
+  }
+
   it("`generate | head`: the reader leaving cancels the call and the CLI ends quietly, exit 0", async () => {
     // A stand-in agent that streams a delta every 5 ms until the caller goes.
     let cancelled!: () => void
@@ -443,26 +452,35 @@ describe("generate into a closed pipe", () => {
       })
     })
     await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve))
+    let child: ChildProcess | undefined
+    let exited: Promise<number | null> | undefined
     try {
       const port = (server.address() as AddressInfo).port
-      const child = spawn(
+      const cli = spawn(
         process.execPath,
         [path.join(ROOT, "src", "main.ts"), "generate", "--addr", `127.0.0.1:${port}`, "--prompt", "hi"],
         { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] }
       )
+      child = cli
       let stderr = ""
-      child.stderr.on("data", (c: Buffer) => {
+      cli.stderr.on("data", (c: Buffer) => {
         stderr += c.toString()
       })
-      const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)))
+      exited = new Promise<number | null>((resolve) => cli.once("exit", (code) => resolve(code)))
       // the first text arrives, then the reader goes (as `head -c` does)
-      await new Promise<void>((resolve) => child.stdout.once("data", () => resolve()))
-      child.stdout.destroy()
-      expect(await exited).toBe(0)
-      await callerLeft // the stand-in agent saw the call end: not left streaming
+      await within(new Promise<void>((resolve) => cli.stdout.once("data", () => resolve())), 30_000, "the first text")
+      cli.stdout.destroy()
+      expect(await within(exited, 15_000, "the CLI's exit")).toBe(0)
+      // the stand-in agent saw the call end: not left streaming
+      await within(callerLeft, 5_000, "the stand-in agent to see the call end")
       expect(stderr).not.toContain("Unhandled 'error' event")
       expect(stderr).toContain("stdout closed by its reader: call cancelled")
     } finally {
+      // a CLI that never wrote, or never exited, is not left running past the test
+      if (child !== undefined && child.exitCode === null && child.signalCode === null) {
+        child.kill("SIGKILL")
+        await exited
+      }
       server.close()
     }
   })

@@ -515,12 +515,16 @@ describe("HealthReporter against a real etcd", () => {
     await pollUntil("ready published", async () =>
       (await readRecord(local, key))?.state === "ready" ? true : undefined
     )
+    const held = await r.status()
     // What etcd does over its space quota: writes and lease grants refused, keepalives and revokes still answered.
     const memberID = (await local.cluster.memberList({})).members[0]!.ID
     await local.maintenance.alarm({ action: "Activate", memberID, alarm: "Nospace" })
     cleanups.push(() => local.maintenance.alarm({ action: "Deactivate", memberID, alarm: "Nospace" }))
     // A heartbeat that changes no state is refused and the key kept: every node's writes fail alike on a full etcd.
-    await untilState(r, "retrying")
+    // Two refused heartbeats counted: a step's failure is counted once the step is over (a revoke it made included),
+    // so a wrongful revoke by the first has landed by now, not racing the read.
+    const refused = await untilState(r, "retrying", 10_000, (x) => x.writeFailures >= held.writeFailures + 2)
+    expect(refused.leaseId).toBe(held.leaseId)
     expect((await readRecord(local, key))?.state).toBe("ready")
     // A state the key does not say is refused: the key goes, instead of saying ready while its lease is kept alive.
     await r.setState("cordoned")
