@@ -14,6 +14,7 @@ import {
   GenerateResponse
 } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { layerWith as grpcLayerWith } from "../../src/layers/grpc/GrpcServer.ts"
+import type { EngineKind } from "../../src/services/config/Config.ts"
 import type { EngineState } from "../../src/services/engine/EngineProcess.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
 import { GrpcServer } from "../../src/services/grpc/GrpcServer.ts"
@@ -85,9 +86,10 @@ const ready = (): EngineState => State.Ready({ since: Date.now(), run: 0 })
 const startAgent = async (
   engineUrl: string,
   agent: Record<string, unknown> = {},
-  engine: Record<string, unknown> = {}
+  engine: Record<string, unknown> = {},
+  kind: EngineKind = "vllm"
 ): Promise<Agent> => {
-  const { deps } = agentDeps(engineUrl, { agent: { max_tokens_limit: 1000, ...agent }, engine })
+  const { deps } = agentDeps(engineUrl, { kind, agent: { max_tokens_limit: 1000, ...agent }, engine })
   const rt = ManagedRuntime.make(
     grpcLayerWith({ address: "127.0.0.1:0", shutdownGraceMs: 1_000 }).pipe(
       Layer.provideMerge(Layer.mergeAll(deps, metricsLayerTest))
@@ -311,27 +313,32 @@ describe("gRPC Agent against the simulator", () => {
     expect([r2.trailer?.get("cgn-reason"), r2.trailer?.get("cgn-retryable")]).toEqual(["draining", "true"])
   })
 
-  it("a gRPC retry policy resends what another attempt may take, never what the agent says not to retry", async () => {
-    const small = await startAgent(sim.url, { max_request_bytes: 64 })
-    const retrying = retryingClient(small.address, ["UNAVAILABLE", "RESOURCE_EXHAUSTED"], 3)
+  it("a gRPC retry policy resends a refused call, but never a P/D leg bound to its pair (grpc-retry-pushback-ms -1)", async () => {
+    // The same refusal (engine not ready, trailers-only, UNAVAILABLE) on a node that serves whole calls and on an SGLang
+    // prefill node, whose every leg is bound to its pair: a router's channel retrying UNAVAILABLE (gRFC A6) resends the
+    // first as it may, and sends the second once.
+    const both = await startAgent(sim.url)
+    const prefill = await startAgent(sim.url, { role: "prefill" }, { kv_offload: "nixl" }, "sglang")
+    const clients = [both, prefill].map((a) => retryingClient(a.address, ["UNAVAILABLE"], 3))
     try {
-      // Not ready (cgn-retryable true): the channel's policy makes its three attempts, as a router's would.
-      await small.setEngine(State.Starting({ phase: "loading", since: Date.now(), run: 0 }))
-      const notReady = await collect(retrying.client, { prompt: "a" })
-      expect([statusOf(notReady), notReady.trailer?.get("grpc-retry-pushback-ms")]).toEqual(["UNAVAILABLE", undefined])
-      expect((await small.requests()).UNAVAILABLE).toBe(3)
-      await small.setEngine(ready())
-      // Too large (cgn-retryable false): one attempt, the pushback telling the policy not to retry.
-      const tooLarge = await collect(retrying.client, { prompt: "x".repeat(100) })
-      expect([
-        statusOf(tooLarge),
-        tooLarge.trailer?.get("cgn-reason"),
-        tooLarge.trailer?.get("grpc-retry-pushback-ms")
-      ]).toEqual(["RESOURCE_EXHAUSTED", "request_too_large", "-1"])
-      expect((await small.requests()).RESOURCE_EXHAUSTED).toBe(1)
+      const starting = State.Starting({ phase: "loading", since: Date.now(), run: 0 })
+      await Promise.all([both.setEngine(starting), prefill.setEngine(starting)])
+      const [whole, leg] = [
+        await collect(clients[0]!.client, { prompt: "a" }),
+        await collect(clients[1]!.client, { prompt: "a", bootstrap: { host: "127.0.0.1", port: 8998, room: "7" } })
+      ]
+      const trailers = (c: Collected) => [
+        statusOf(c),
+        c.trailer?.get("cgn-retryable"),
+        c.trailer?.get("cgn-retry-pair"),
+        c.trailer?.get("grpc-retry-pushback-ms")
+      ]
+      expect(trailers(whole)).toEqual(["UNAVAILABLE", "true", undefined, undefined])
+      expect(trailers(leg)).toEqual(["UNAVAILABLE", "false", "true", "-1"])
+      expect([(await both.requests()).UNAVAILABLE, (await prefill.requests()).UNAVAILABLE]).toEqual([3, 1])
     } finally {
-      retrying.close()
-      await small.close()
+      for (const c of clients) c.close()
+      await Promise.all([both.close(), prefill.close()])
     }
   })
 })

@@ -187,17 +187,19 @@ describe("statusTrailers", () => {
     expect(statusTrailers({ code: Status.OK, message: "", trailers: {} }, true)).toEqual({ "grpc-status": "0" })
   })
 
-  it("a call not retryable tells a gRPC retry policy not to retry (grpc-retry-pushback-ms -1); nothing otherwise", () => {
+  it("a leg bound to its pair tells a gRPC retry policy not to retry (grpc-retry-pushback-ms -1); nothing else does", () => {
     const pushback = (f: GrpcFailure, wrote: boolean) => statusTrailers(f, wrote)["grpc-retry-pushback-ms"]
     const elsewhere = rejectedFailure(new GenerateRejected({ reason: "model_not_served", message: "m" }))
     const invalid = rejectedFailure(new GenerateRejected({ reason: "invalid_argument", message: "m" }))
-    // retryable: the client's own backoff decides; a library's status: no opinion
+    expect(pushback({ ...elsewhere, pairBound: true }, false)).toBe("-1")
+    // retryable: the policy's own backoff decides; a library's status: no opinion
     expect(pushback(elsewhere, false)).toBeUndefined()
     expect(pushback({ code: Status.UNKNOWN, message: "", trailers: {} }, false)).toBeUndefined()
-    // the request's fault, output already sent, a leg bound to its pair
-    expect(pushback(invalid, false)).toBe("-1")
-    expect(pushback(elsewhere, true)).toBe("-1")
-    expect(pushback({ ...elsewhere, pairBound: true }, false)).toBe("-1")
+    // the request's fault: a pushback would count against the router's retry throttling (gRFC A6); output sent: the
+    // call is committed, no library retries it; a pair-bound leg that streamed is no longer the pair's to retry
+    expect(pushback(invalid, false)).toBeUndefined()
+    expect(pushback(elsewhere, true)).toBeUndefined()
+    expect(pushback({ ...elsewhere, pairBound: true }, true)).toBeUndefined()
   })
 })
 

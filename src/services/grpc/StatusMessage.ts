@@ -131,10 +131,13 @@ export const asSent = (
  * The header fields that end a call with `status`, given whether a message went out first (`wrote`): grpc-status,
  * grpc-message bounded (boundStatusMessage), the row's trailers but the transport's own names, each value printable
  * ASCII of at most 1 KiB (asciiTrailer), and cgn-retryable and cgn-retry-pair (asSent decides them with the advice).
- * A call not retryable (`cgn-retryable: false`) also says so to a gRPC library's own retries: `grpc-retry-pushback-ms`
+ * A leg bound to its pair (`cgn-retry-pair`) also says so to a gRPC library's own retries: `grpc-retry-pushback-ms`
  * negative means "do not retry" to a client with a retryPolicy (gRFC A6, "Pushback"; grpc-js RetryingCall,
- * grpc-java RetriableStream, grpc-go and C-core read it), which would otherwise resend, after its backoff, a leg whose
- * handoff is spent or a request another attempt would refuse the same way, whatever the status code it retries on.
+ * grpc-java RetriableStream, grpc-go and C-core read it), which would otherwise resend the leg alone after its
+ * backoff, its handoff spent or its room taken. Not on other failures the agent does not retry: A6 counts a "do not
+ * retry" pushback as a failure for retry throttling (grpc-go, grpc-java), so on a request's own fault
+ * (INVALID_ARGUMENT, a request too large) it would throttle the router's retries of failures worth retrying, which
+ * A6 keeps such faults out of; another attempt at those just fails the same way.
  */
 export const statusTrailers = (status: GrpcFailure, wrote: boolean): Record<string, string> => {
   const trailers: Record<string, string> = { "grpc-status": String(status.code) }
@@ -142,7 +145,9 @@ export const statusTrailers = (status: GrpcFailure, wrote: boolean): Record<stri
   if (message !== "") trailers["grpc-message"] = boundStatusMessage(message)
   for (const k in status.trailers) if (!reservedTrailer(k)) trailers[k] = asciiTrailer(status.trailers[k]!)
   if (retryable !== undefined) trailers["cgn-retryable"] = String(retryable)
-  if (retryable === false) trailers["grpc-retry-pushback-ms"] = "-1"
-  if (retryPair) trailers["cgn-retry-pair"] = "true"
+  if (retryPair) {
+    trailers["cgn-retry-pair"] = "true"
+    trailers["grpc-retry-pushback-ms"] = "-1"
+  }
   return trailers
 }
