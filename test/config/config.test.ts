@@ -412,6 +412,58 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
     [
       "engine.fault_xids: 13, 92 also listed in engine.ignore_xids; an Xid is either a fault or ignored: keep each in one list"
     ]
+  ],
+  // README agent.heartbeat: "At least `100ms`"
+  ["agent.heartbeat under 100ms", `[agent]\nheartbeat = "99ms"\n${MODEL}`, ["agent.heartbeat: must be at least 100ms"]],
+  // README cluster.etcd_username / etcd_password: set together
+  [
+    "an etcd user without a password",
+    `[cluster]\netcd = ["http://127.0.0.1:2379"]\netcd_username = "cgn"\n${MODEL}`,
+    ["cluster.etcd_username: etcd_username and etcd_password go together; set both or neither"]
+  ],
+  [
+    "an etcd password without a user",
+    `[cluster]\netcd = ["http://127.0.0.1:2379"]\netcd_password = "pw"\n${MODEL}`,
+    ["cluster.etcd_username: etcd_username and etcd_password go together; set both or neither"]
+  ],
+  // README models.<name>.gpus: "exactly tp × dp entries": too few as well as too many
+  [
+    "gpus: fewer than tp x dp",
+    `${MODEL}tp = 2\ngpus = [0]\n`,
+    ['models."m".gpus: lists 1 GPUs but the engine needs tp x dp = 2']
+  ],
+  // README models.<name>.dp: "(so no `ipc://` endpoint ...)": each rank publishes on the endpoint's port + rank
+  [
+    "dp > 1 with KV events on an ipc:// endpoint",
+    `[kv]\nevents = true\nevents_endpoint = "ipc:///tmp/kv.sock"\n${MODEL}dp = 2\n`,
+    [
+      'models."m".dp: with dp > 1 every rank publishes KV events on kv.events_endpoint\'s TCP port + rank; an ipc:// endpoint cannot be offset, use tcp://'
+    ]
+  ],
+  // README engine.url: "no path": a query is one too (the agent appends /v1/... to the URL)
+  [
+    "engine.url with a query",
+    `[engine]\nkind = "openai_compat"\nurl = "http://127.0.0.1:8000/?x=1"\n${MODEL}`,
+    [
+      'engine.url: give the engine\'s server root (scheme, host, port), not a path: the agent adds /v1/... itself; got "http://127.0.0.1:8000/?x=1"'
+    ]
+  ],
+  [
+    "a port one past the last",
+    `[agent]\nlisten_admin = "127.0.0.1:65536"\n${MODEL}`,
+    ['agent.listen_admin: expected host:port such as "0.0.0.0:7071", got "127.0.0.1:65536": the port is at most 65535']
+  ],
+  [
+    "a control character in etcd_prefix",
+    `[cluster]\netcd = ["http://127.0.0.1:2379"]\netcd_prefix = "/cgn\\u0007x"\n${MODEL}`,
+    ['cluster.etcd_prefix: expected no control characters, got "/cgn\\u0007x"']
+  ],
+  [
+    "KV events' ports overlapping replay's from above (replay one below events, dp 2)",
+    `[kv]\nevents = true\nevents_endpoint = "tcp://127.0.0.1:5557"\nreplay_endpoint = "tcp://127.0.0.1:5556"\n${MODEL}dp = 2\n`,
+    [
+      'kv.replay_endpoint: with models."m".dp = 2 the KV events use ports 5557-5558 and replay ports 5556-5557; they overlap, move replay_endpoint to port 5559 or above'
+    ]
   ]
 ]
 

@@ -2,6 +2,7 @@
 // Fibers only (no I/O): `settle` yields until the counters reach the expected state, with a bound.
 import { assert, describe, it } from "@effect/vitest"
 import { Deferred, Effect, Exit, Fiber, Layer, Result, Scope } from "effect"
+import { MixedScheduler, Scheduler } from "effect/Scheduler"
 import { TestClock } from "effect/testing"
 import { Status } from "nice-grpc-common"
 import { layerFromObject } from "../../src/layers/config/Config.ts"
@@ -144,19 +145,59 @@ describe("Admission (live)", () => {
     })
   )
 
-  it.effect("a caller interrupted just as it is handed the slot gives the slot back", () =>
+  // Completing the waiter's Deferred runs its fiber at once, in the release (Effect's resume is synchronous): by the
+  // time the interrupt comes it holds the slot under its scope, and it is that scope's close that gives it back.
+  it.effect("a caller interrupted right after it took the slot gives it back as its scope closes", () =>
     Effect.gen(function* () {
       const a = AdmissionLive.make({ maxInflight: 1, maxQueue: 1 })
       const holder = yield* hold(a)
       const waiter = yield* Effect.forkChild(Effect.scoped(Effect.andThen(a.acquire, Effect.never)))
       yield* settle(Effect.map(a.queued, (q) => q === 1))
-      // Release and interrupt back to back: the waiter owns the slot but may not have resumed yet.
       yield* Scope.close(holder, Exit.void)
       yield* Fiber.interrupt(waiter)
       assert.deepStrictEqual(yield* counts(a), { inflight: 0, queued: 0 })
       yield* a.awaitIdle
       const again = yield* Effect.result(Effect.scoped(a.acquire))
       assert.isTrue(Result.isSuccess(again), "the slot is usable again")
+    })
+  )
+
+  // The waiter handed the slot (its Deferred completed) but interrupted before its fiber took a step: its wait ends
+  // interrupted, with no scope finalizer yet, and the interrupt handler must pass the slot on. Effect resumes a
+  // waiter in the very call that completes its Deferred, so this takes a scheduler that has the woken fiber yield
+  // at its first step (Effect's own yields only after MaxOpsBeforeYield steps of one run).
+  it.effect("a caller interrupted after it is handed the slot, before its fiber resumes, passes the slot on", () =>
+    Effect.gen(function* () {
+      const base = new MixedScheduler()
+      const yieldNext = { armed: false }
+      const yieldingOnce: Scheduler = {
+        executionMode: base.executionMode,
+        shouldYield: (fiber) => {
+          if (!yieldNext.armed) return base.shouldYield(fiber)
+          yieldNext.armed = false
+          return true
+        },
+        makeDispatcher: () => base.makeDispatcher()
+      }
+      const a = AdmissionLive.make({ maxInflight: 1, maxQueue: 2 })
+      const holder = yield* hold(a)
+      const first = yield* Effect.forkChild(
+        Effect.scoped(Effect.andThen(a.acquire, Effect.never)).pipe(Effect.provideService(Scheduler, yieldingOnce))
+      )
+      yield* settle(Effect.map(a.queued, (q) => q === 1))
+      const secondDone = yield* Deferred.make<void>()
+      const second = yield* Effect.forkChild(Effect.scoped(Effect.andThen(a.acquire, Deferred.await(secondDone))))
+      yield* settle(Effect.map(a.queued, (q) => q === 2))
+      // the slot goes to the first waiter, whose fiber is only scheduled to resume; interrupted before it does
+      yieldNext.armed = true
+      yield* Scope.close(holder, Exit.void)
+      assert.isFalse(yieldNext.armed, "the first waiter was woken, and yielded")
+      yield* Fiber.interrupt(first)
+      assert.isTrue(Exit.hasInterrupts(yield* Fiber.await(first)))
+      assert.deepStrictEqual(yield* counts(a), { inflight: 1, queued: 0 }, "the slot went on to the second caller")
+      yield* Deferred.succeed(secondDone, undefined)
+      yield* Fiber.join(second)
+      assert.deepStrictEqual(yield* counts(a), { inflight: 0, queued: 0 }, "nothing leaked")
     })
   )
 

@@ -112,6 +112,23 @@ describe("the stall watchdog", () => {
     }).pipe(Effect.scoped, Effect.provide(layer))
   )
 
+  // README engine.stream_idle_timeout: "A streaming engine call that sends nothing for this long (while the caller
+  // is not the one holding it back) ends with UNAVAILABLE": a stream whose producer is paused on a full relay is
+  // the caller's doing, however long it lasts (agent.client_send_timeout, not this watchdog, ends that one).
+  it.effect("a stream the caller holds back (its producer paused on a full relay) is never taken as stalled", () =>
+    Effect.gen(function* () {
+      const active = new ActiveCalls()
+      yield* StallWatchdog.fork(active)
+      const held = streaming(active)
+      const accepted = held.relay.onChunks([{ choices: [{ index: 0, text: "y".repeat(2000) }] }], () => undefined)
+      assert.isFalse(accepted, "past maxPendingChars the producer is asked to wait")
+      assert.isTrue(held.relay.paused)
+      yield* TestClock.adjust(3 * IDLE_MS)
+      assert.isFalse(held.state.aborted, "not aborted by the watchdog")
+      assert.isUndefined(yield* problem, "the engine is not taken as stalled")
+    }).pipe(Effect.scoped, Effect.provide(layer))
+  )
+
   /**
    * An engine client whose whole answers the test scripts: each request recorded (its path in `paths`), answered by
    * `answer`, or 404 on a path in `missing` (a server without that endpoint).

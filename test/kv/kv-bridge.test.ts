@@ -433,6 +433,29 @@ describe("KvBridge with a scripted publisher", () => {
     expect(await bridge.status()).toMatchObject({ gaps: 2, replayed: 2, resyncs: 0 })
   })
 
+  // README: "Live batches of that rank are held meanwhile: the whole replay has one 2 s deadline" (the bridge's
+  // default: the daemon passes none of its own).
+  it("a replay that never answers holds its rank's live batches for 2 s, then the gap is resynced", async () => {
+    const { eng, kc } = await joinedBridge(true)
+    const open = eng.holdReplays()
+    try {
+      await eng.send({ lose: true })
+      const startedAt = performance.now()
+      const held = await eng.send()
+      await until(
+        () => kc.batches().some((x) => BigInt(x.seq as number) === held) || undefined,
+        "the held batch",
+        8_000
+      )
+      const tookMs = performance.now() - startedAt
+      expect(kc.lines.find((l) => l.type === "Resync")).toMatchObject({ reason: "gap", from_seq: Number(held) - 1 })
+      expect(tookMs).toBeGreaterThanOrEqual(1_900)
+      expect(tookMs).toBeLessThan(6_000)
+    } finally {
+      open()
+    }
+  })
+
   it("a replay larger than kv.max_queue_bytes is not held: the gap is resynced and the stream goes on", async () => {
     const { eng, kc, bridge, joined } = await joinedBridge(true, { maxQueueBytes: 4096 })
     // 100 lost batches of ~80 bytes of frames each: the replay of the gap would pass the 4 KiB bound.

@@ -202,6 +202,15 @@ describe("KvQueue", () => {
     expect({ bytes: q.bytes, batches: q.batches }).toEqual({ bytes: 0, batches: 0 })
   })
 
+  // README: "a single batch larger than the whole bound is the only one dropped": one of exactly the bound fits
+  it("a record of exactly the whole bound is kept, the ones before it dropped to make room", () => {
+    const q = new KvQueue<Rec>(1_000)
+    q.push(batch(0n, 100))
+    expect(q.push(batch(1n, 1_000))).toBe(true)
+    expect({ batches: q.batches, dropped: q.dropped, bytes: q.bytes }).toEqual({ batches: 1, dropped: 1, bytes: 1_000 })
+    expect(tags(q.take(100, 1 << 20, resync))).toEqual(["resync-overflow-0-0-1", "batch-0-1"])
+  })
+
   it("rewriteUnacked replaces or removes unsent records and numbers what remains again, without holes", () => {
     const q = new KvQueue<Rec>(1_000)
     for (let i = 0n; i < 3n; i++) q.push(batch(i, 100))

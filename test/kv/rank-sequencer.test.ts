@@ -188,12 +188,30 @@ describe("rankSequencer", () => {
     expect(queue.dropped).toBe(2)
     // A corrupt seq frame is not the stream's position (it would be in every Resync after it).
     expect(splitMessage([topic, seqFrame(1n << 60n), new Uint8Array()]).ok).toBe(false)
+    // README: "≥ 2^53 - 1 ... not taken as a seq": the bound itself is refused, the seq below it is one
+    expect(splitMessage([topic, seqFrame((1n << 53n) - 1n), new Uint8Array()]).ok).toBe(false)
+    expect(splitMessage([topic, seqFrame((1n << 53n) - 2n), new Uint8Array()]).ok).toBe(true)
     sequencer.onMessage(rank, [topic, seqFrame(1n << 60n), payload(1n)])
     sequencer.onMessage(rank, [topic, seqFrame(5n), payload(1n)])
     expect(queue.take(10, 1 << 20, resyncOf, sequencer.materialize).map((s) => s.record)).toMatchObject([
       { type: "Resync", reason: "gap", from_seq: 4, to_seq: 5 },
       { type: "Batch", seq: 5 }
     ])
+  })
+
+  // README: "Unknown event types and keys are skipped and counted (`unknownEvents`, `unknownKeys` in `/status`)"
+  it("an unknown event type and an unknown key reach the status counts as the batch is sent", () => {
+    const { st, queue, sequencer, rank } = setup()
+    const known = { type: "BlockStored", block_hashes: [1n], parent_block_hash: null, token_ids: [1], future_key: 1 }
+    const events = [{ type: "FutureEvent", x: 1 }, known, { type: "AllBlocksCleared" }]
+    sequencer.onMessage(rank, [topic, seqFrame(0n), encode([1.5, events, 0], { useBigInt64: true })])
+    expect(queue.take(10, 1 << 20, resyncOf, sequencer.materialize).map((s) => s.record)).toMatchObject([
+      { type: "Batch", seq: 0 }
+    ])
+    expect({ unknownEvents: st.unknownEvents, unknownKeys: st.unknownKeys }).toEqual({
+      unknownEvents: 1,
+      unknownKeys: 1
+    })
   })
 
   it("batches held during a replay count against the byte bound: past it the replay is given up (a gap Resync) and they go on", async () => {
@@ -369,10 +387,16 @@ describe("rankSequencer", () => {
       }
     })
     try {
+      const startedAt = performance.now()
       const exit = await Effect.runPromise(
         Effect.exit(fetchReplay(endpoint, "kv", { from: 0n, until: 1n << 40n }, 300, anyBytes))
       )
+      const tookMs = performance.now() - startedAt
       expect(Exit.isFailure(exit) && String(exit.cause)).toMatch(/no complete replay within 300 ms/)
+      // README: "Live batches of that rank are held meanwhile: the whole replay has one 2 s deadline": it ends at
+      // the deadline (300 ms here), not at some multiple of it (a loaded host's slack allowed).
+      expect(tookMs).toBeGreaterThanOrEqual(290)
+      expect(tookMs).toBeLessThan(1_500)
     } finally {
       open = false
       router.close()

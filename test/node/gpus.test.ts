@@ -149,6 +149,12 @@ describe("gateVerdict", () => {
   it("free: every engine GPU under the threshold and no leftover of an earlier run", () => {
     expect(gateVerdict(host, [0, 2], 1024 * MiB, none, noPgid)).toEqual({ _tag: "Free" })
   })
+  // README engine.gpu_free_below_mib: "until each of the engine's GPUs has at most this many MiB in use"
+  it("free at exactly the threshold, held one byte over it", () => {
+    const at = (bytes: number) => [gpuWith({ index: 0, memoryUsedBytes: bytes, processes: [] })]
+    expect(gateVerdict(at(1024 * MiB), [0], 1024 * MiB, none, noPgid)).toEqual({ _tag: "Free" })
+    expect(gateVerdict(at(1024 * MiB + 1), [0], 1024 * MiB, none, noPgid)._tag).toBe("Held")
+  })
   it("held: memory over the threshold, naming the pids and bytes", () => {
     const gpus = [
       gpuWith({ index: 0, memoryUsedBytes: 70 * GiB, processes: [{ pid: 4242, usedMemoryBytes: 69.5 * GiB }] })

@@ -92,6 +92,14 @@ const V1_NS_CGROUP = "4:memory:/\n"
 const V1_NS_MOUNTINFO = `708 700 0:31 /kubepods/burstable/pod1/abc /sys/fs/cgroup/memory ro,relatime - cgroup cgroup rw,memory
 `
 
+// The v1 memory hierarchy mounted twice: its root first (a path of the host's, absent in a container that bind-mounts
+// only its pod's subtree), then the pod's subtree elsewhere. The mount with the longest root that holds the cgroup
+// is the one to read, whichever mountinfo lists first.
+const V1_TWICE_CGROUP = "5:memory:/kubepods/pod1/c1\n0::/\n"
+const V1_TWICE_MOUNTINFO = `30 20 0:26 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory
+31 20 0:26 /kubepods/pod1 /pod-memory rw,nosuid - cgroup cgroup rw,memory
+`
+
 const located = (cgroup: string, mountinfo: string): MemoryCgroupFiles | string =>
   Result.match(locateMemoryCgroup(cgroup, mountinfo), { onSuccess: (f) => f, onFailure: (e) => e.message })
 
@@ -106,6 +114,17 @@ describe("locateMemoryCgroup", () => {
         dir: "/sys/fs/cgroup/memory/process_api/34474728acba9ba8ab8c87b89af51a69",
         oomKillsFile: "/sys/fs/cgroup/memory/process_api/34474728acba9ba8ab8c87b89af51a69/memory.oom_control",
         limitFile: "/sys/fs/cgroup/memory/process_api/34474728acba9ba8ab8c87b89af51a69/memory.limit_in_bytes"
+      }
+    ],
+    [
+      "v1 hierarchy mounted twice: the mount with the longest root that holds the cgroup, though listed second",
+      V1_TWICE_CGROUP,
+      V1_TWICE_MOUNTINFO,
+      {
+        version: "v1",
+        dir: "/pod-memory/c1",
+        oomKillsFile: "/pod-memory/c1/memory.oom_control",
+        limitFile: "/pod-memory/c1/memory.limit_in_bytes"
       }
     ],
     [

@@ -65,6 +65,16 @@ describe("observe", () => {
     ])
   })
 
+  // agent.proto GpuXid.events is a uint32: a carried count plus a new session's stays at 4294967295
+  it("a carried count plus the new session's stops at the uint32 the record and GpuXid.events hold", () => {
+    const ledger = ledgerOf({ bootId: "b", gpus: [{ uuid: U0, xids: [{ xid: 79, events: 0xffff_fff0 }] }] })
+    const out = observe(ledger, [gpu(0, U0, [{ xid: 79, events: 100 }])])
+    expect(xidsOf(out.gpus)).toEqual([[{ xid: 79, events: 4_294_967_295 }]])
+    expect(decodeRecord(encodeRecord(recordOf(ledger, "b")))).toMatchObject({
+      gpus: [{ uuid: U0, xids: [{ xid: 79, events: 4_294_967_295 }] }]
+    })
+  })
+
   it("a GPU whose Xids are unreported this sample keeps what the ledger has, and moves nothing", () => {
     const ledger = ledgerOf()
     observe(ledger, [gpu(0, U0, [{ xid: 79, events: 1 }])])

@@ -67,6 +67,11 @@ describe("/metrics of a real run", () => {
     expect(page).toMatch(/^cgn_agent_finals_without_usage_total\{model="m"\} 0$/m)
     // and of the engine's OOM kills (CgnAgentEngineOomKilled fires on its first increase)
     expect(page).toMatch(/^cgn_agent_engine_oom_kills_total 0$/m)
+    // README: "`engine_restart_requests_total{source}` (... `stall` ... `admin` ...; 0 from the start)"
+    expect(page).toMatch(/^cgn_agent_engine_restart_requests_total\{source="stall"\} 0$/m)
+    expect(page).toMatch(/^cgn_agent_engine_restart_requests_total\{source="admin"\} 0$/m)
+    // a call the caller holds back for agent.client_send_timeout is as rare and as worth an alert on its first
+    expect(page).toMatch(/^cgn_agent_client_send_timeouts_total\{model="m"\} 0$/m)
   })
 
   it("has only agent series README's Metrics paragraph names (a new series needs its words there)", () => {

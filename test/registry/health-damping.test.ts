@@ -173,5 +173,8 @@ describe("reporter timing, backoff, keys", () => {
     expect(nodeKey("/cgn/", "prod", "gpu-1")).toBe("/cgn/prod/nodes/gpu-1")
     expect(nodesPrefix("/cgn", "prod")).toBe("/cgn/prod/nodes/")
     expect(epochOf("7587869035283627011")).toBe("694d86af72443c03")
+    // agent.proto `epoch`: "The etcd lease id in hex, 16 digits (as etcdctl prints it)": leading zeros kept
+    expect(epochOf(String(0x0694d86af72443c0n))).toBe("0694d86af72443c0")
+    expect(epochOf("1")).toBe("0000000000000001")
   })
 })
