@@ -21,9 +21,11 @@ export interface LlamaContextArgs {
  * checks no prompt length).
  */
 export const llamaSlotContext = (a: LlamaContextArgs, nCtxTrain: number | undefined): number | undefined => {
-  const asked = a.ctx === undefined || a.ctx === 0 ? nCtxTrain : a.ctx
-  if (asked === undefined) return undefined
-  const nCtx = pad256(asked)
+  // No -c (or -c 0): every sequence gets the whole training context, the cache sized for all of them when it is not
+  // unified (common/fit.cpp common_params_fit_impl: "context size unset and KV cache not unified -> using n_ctx_train
+  // x n_seq_max"); unified, the cache is the training context, which n_ctx_slot() caps a slot at anyway.
+  if (a.ctx === undefined || a.ctx === 0) return nCtxTrain
+  const nCtx = pad256(a.ctx)
   const unified = a.unified || a.parallel === undefined
   const perSeq = unified ? nCtx : pad256(Math.floor(nCtx / Math.max(1, a.parallel ?? 1)))
   return nCtxTrain === undefined ? perSeq : Math.min(perSeq, nCtxTrain)

@@ -92,7 +92,9 @@ describe("a slot's context: -c padded to 256, split over -np and padded again, c
     ["-c 1000 -np 3 (1024 padded, 341 per slot padded to 512)", ["-c", "1000", "-np", "3"], 2048, 512],
     ["-c 1024 -np 2 on a model trained for 300 (capped)", ["-c", "1024", "-np", "2"], 300, 300],
     ["-c 5000 -np 2 (2560 per slot, capped at 2048)", ["-c", "5000", "-np", "2"], 2048, 2048],
-    ["no -c: the training context, 4 unified slots", [], 300, 300]
+    ["no -c: the training context, 4 unified slots", [], 300, 300],
+    ["no -c, -np 3: each slot the whole training context", ["-np", "3"], 2048, 2048],
+    ["-c 0, -np 2 on a model trained for 300: each slot 300", ["-c", "0", "-np", "2"], 300, 300]
   ]
   for (const [name, extra, train, want] of cases) {
     it(name, async () => {
