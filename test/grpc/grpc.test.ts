@@ -1,4 +1,5 @@
 import * as http from "node:http"
+import * as http2 from "node:http2"
 import type { AddressInfo } from "node:net"
 import * as grpc from "@grpc/grpc-js"
 import { Effect, Layer, ManagedRuntime } from "effect"
@@ -311,6 +312,50 @@ describe("gRPC Agent against the simulator", () => {
     expect([r1.trailer?.get("cgn-reason"), r1.trailer?.get("cgn-retryable")]).toEqual(["not_serving", "true"])
     // the drain's own reason (README's cgn-reason list), not not_serving
     expect([r2.trailer?.get("cgn-reason"), r2.trailer?.get("cgn-retryable")]).toEqual(["draining", "true"])
+  })
+
+  it("an SGLang prefill node's refusal before its handler (requests over the arriving budget) is bound to the pair", async () => {
+    // GrpcServer.ts: requests still arriving may hold 16 x (max_request_bytes + 1 MiB) together. Seventeen requests that
+    // each send 1 MiB of a message they never finish pass it; the one past it is refused before any handler runs.
+    const prefill = await startAgent(
+      sim.url,
+      { role: "prefill", max_request_bytes: 1024 },
+      { kv_offload: "nixl" },
+      "sglang"
+    )
+    const session = http2.connect(`http://${prefill.address}`)
+    session.on("error", () => undefined)
+    const post = {
+      ":method": "POST",
+      ":path": "/cgn.agent.v1.Agent/Generate",
+      "content-type": "application/grpc",
+      te: "trailers"
+    }
+    const head = Buffer.alloc(5)
+    head.writeUInt32BE(1024 * 1024 + 512, 1)
+    const part = Buffer.alloc(1024 * 1024)
+    try {
+      const refused = new Promise<http2.IncomingHttpHeaders>((resolve) => {
+        for (let i = 0; i < 24; i++) {
+          const req = session.request(post)
+          req.on("error", () => undefined)
+          req.on("response", (h) => {
+            if (h["cgn-reason"] === "requests_over_budget") resolve(h)
+          })
+          req.write(Buffer.concat([head, part]))
+        }
+      })
+      const h = await refused
+      expect([h["grpc-status"], h["cgn-retryable"], h["cgn-retry-pair"], h["grpc-retry-pushback-ms"]]).toEqual([
+        String(Status.RESOURCE_EXHAUSTED),
+        "false",
+        "true",
+        "-1"
+      ])
+    } finally {
+      session.destroy()
+      await prefill.close()
+    }
   })
 
   it("a gRPC retry policy resends a refused call, but never a P/D leg bound to its pair (grpc-retry-pushback-ms -1)", async () => {
