@@ -31,13 +31,18 @@ export const pollUntil = async <A>(
 
 /**
  * Inside an Effect test: lets every fiber (and real fs/socket I/O, one event-loop turn per step) run until `done`
- * holds; a bounded poll, never a sleep. Dies with `what` past the bound.
+ * holds; a bounded poll, never a sleep. Dies with `what` past the bound: 10 s of real time (the tests' Clock may be a
+ * TestClock, which does not move by itself), counted from the wall clock rather than in turns, since real I/O on a
+ * loaded machine (the libuv threadpool's fs calls) can take more turns than a fixed count allows (a CI run failed
+ * "did not settle" so after 5,000 turns in well under a second).
  */
-export const settle = (what: string, done: Effect.Effect<boolean>) =>
+export const settle = (what: string, done: Effect.Effect<boolean>, timeoutMs = 10_000) =>
   Effect.gen(function* () {
-    for (let i = 0; i < 5_000; i++) {
+    const deadline = performance.now() + timeoutMs
+    while (performance.now() < deadline) {
       if (yield* done) return
       yield* Effect.promise(() => new Promise((resolve) => setImmediate(resolve)))
     }
-    return yield* Effect.die(new Error(`did not settle: ${what}`))
+    if (yield* done) return
+    return yield* Effect.die(new Error(`did not settle within ${timeoutMs} ms: ${what}`))
   })
