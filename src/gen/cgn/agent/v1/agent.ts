@@ -129,7 +129,8 @@ export interface GenerateRequest {
    * checked. One handoff serves one decode: once a decode has read the blocks, the prefill engine frees them, and
    * a second decode with the same params fails (UNAVAILABLE, the engine's KV load failed) or, on vLLM, may read
    * blocks since reused. So a failed decode leg is retried by running the prefill leg again too: its failure says so
-   * with the trailers cgn-retryable false and cgn-retry-pair true. A prefill node refuses a leg carrying these
+   * with the trailers cgn-retryable false and cgn-retry-pair true (and grpc-retry-pushback-ms -1, which tells a
+   * gRPC retry policy not to resend it, gRFC A6). A prefill node refuses a leg carrying these
    * params (FAILED_PRECONDITION: a decode leg sent to the wrong node).
    */
   kvTransferParams?:
