@@ -173,8 +173,11 @@ const postAnswer = (path: string, body: Record<string, unknown>): [number, unkno
     if (!Array.isArray(ids))
       return [500, `[json.exception.type_error.302] type must be array, but is ${typeof ids}`, true]
     const bad = ids.find((i) => typeof i === "number" && (i < 0 || i >= N_VOCAB))
-    if (bad !== undefined)
-      return [500, `vector::_M_range_check: __n (which is ${bad}) >= this->size() (which is ${N_VOCAB})`, true]
+    // the id as the size_t std::vector::at takes it: a negative one wraps (-1 is 18446744073709551615)
+    if (bad !== undefined) {
+      const n = BigInt.asUintN(64, BigInt(Math.trunc(bad)))
+      return [500, `vector::_M_range_check: __n (which is ${n}) >= this->size() (which is ${N_VOCAB})`, true]
+    }
     return [200, { content: ids.map((i: number) => SPECIAL.get(i) ?? ` ${seen.get(i) ?? ""}`).join("") }]
   }
   // /apply-template: the chat's checks (oaicompat_chat_params_parse), then its rendering

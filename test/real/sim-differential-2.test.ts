@@ -139,6 +139,7 @@ describe("llama-server's informational routes: the simulator against the real se
       ["/detokenize", {}],
       ["/detokenize", { tokens: "x" }],
       ["/detokenize", { tokens: [99999999] }],
+      ["/detokenize", { tokens: [-1] }],
       ["/apply-template", { messages: [{ role: "user", content: "hi" }] }],
       ["/apply-template", {}],
       ["/apply-template", { messages: "hi" }]
