@@ -126,7 +126,7 @@ export const EngineSection = Schema.Struct({
   kind: withDefault(Schema.Literals(EngineKinds), "vllm"),
   url: withDefault(
     HttpUrlWithoutCredentials(
-      "the agent sends none to the engine (it has no engine password or API key setting): serve the engine unauthenticated where only the agent reaches it (loopback for an engine the agent spawns); secrets the engine itself needs go in engine.env"
+      "the agent sends none to the engine (it has no engine password or API key setting): serve the engine unauthenticated where only the agent reaches it (loopback for an engine the agent spawns); secrets an engine the agent spawns needs go in engine.env (a proxied openai_compat server must take the agent's calls without any)"
     ),
     "http://127.0.0.1:8000"
   ),
