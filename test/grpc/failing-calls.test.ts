@@ -123,6 +123,30 @@ describe("an engine that fails every call", () => {
     }).pipe(Effect.scoped, Effect.provide(t.layer))
   })
 
+  it.effect(
+    "a test the engine answers with an error is sent again at liveness's pace, not a stream_idle_timeout later",
+    () => {
+      // A proxied server restarted under traffic: calls failed, the first test too (refused), and it is back a moment
+      // later; the node is back in traffic at the next test, engine.liveness_interval on, not stream_idle_timeout on.
+      const t = setup({ liveness_interval: "300ms" })
+      return Effect.gen(function* () {
+        const active = new ActiveCalls()
+        yield* StallWatchdog.fork(active)
+        yield* TestClock.adjust(100)
+        for (let i = 0; i < 5; i++) ended(active, http500)
+        yield* TestClock.adjust(100)
+        assert.strictEqual(t.engine.requests, 1, "the test at once")
+        assert.strictEqual(yield* problem, REASON, "it failed: still failing")
+        t.engine.answer = "ok"
+        yield* TestClock.adjust(100)
+        assert.strictEqual(t.engine.requests, 1, "not before liveness_interval")
+        yield* TestClock.adjust(200)
+        assert.strictEqual(t.engine.requests, 2, "liveness_interval after the failed one began")
+        assert.isUndefined(yield* problem)
+      }).pipe(Effect.scoped, Effect.provide(t.layer))
+    }
+  )
+
   it.effect("newly failing, the test goes at once even just after an idle test", () => {
     const t = setup({ idle_probe_after: "1s" })
     return Effect.gen(function* () {

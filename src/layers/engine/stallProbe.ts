@@ -116,7 +116,11 @@ const otherPath = (path: CompletionPath): CompletionPath =>
  * - `streamStalled(now)` after a stream stalled, to each data-parallel rank (only where the probe has one request per
  *   rank: a rank that hangs alone stalls its streams while the others complete calls, which would clear the stall);
  *   in these two a request that gets no answer in time takes the engine as stalled (EngineStall.testFailed).
- * At most once per `idleMs` (engine.stream_idle_timeout), start to start.
+ * At most once per `idleMs` (engine.stream_idle_timeout), start to start; while stalled, after a test the engine
+ * answered with an error (a refused connection, a 5xx: not a wedge), again `errorRetryMs` after it began
+ * (engine.liveness_interval): a proxied server back from a restart, or an engine that recovered, is back in traffic
+ * within seconds, not a stream_idle_timeout later (a review saw a 3 s restart of an openai_compat server keep its
+ * agents out of routing for 5 minutes).
  */
 export const stallProbe = (
   client: EngineClientService,
@@ -127,7 +131,8 @@ export const stallProbe = (
   idleFor = "0s",
   ready: Effect.Effect<boolean> = Effect.succeed(true),
   /** When a Generate call last completed (epoch ms; the watchdog's tick records it). */
-  lastCompletedAt: () => number = () => Number.NEGATIVE_INFINITY
+  lastCompletedAt: () => number = () => Number.NEGATIVE_INFINITY,
+  errorRetryMs: number = idleMs
 ) => {
   let inFlight = false
   let nextAt = Number.NEGATIVE_INFINITY
@@ -183,14 +188,14 @@ export const stallProbe = (
    * A warning per new reason a test failed for (the same one each time would fill the log); none when the engine is no
    * longer Ready: a run ended under the test (a restart, a drain's stop) broke it, which says nothing of the engine.
    */
-  const failed = ({ error: e, rank }: Failed, message: string) =>
+  const failed = ({ error: e, rank }: Failed, message: string, retryMs = idleMs) =>
     Effect.flatMap(ready, (stillReady) => {
       if (!stillReady || e.message === lastFailure) return Effect.void
       lastFailure = e.message
       return Effect.logWarning(message, {
         error: e.message,
         ...(rank === undefined ? {} : { data_parallel_rank: rank }),
-        next_try_in: Duration.format(Duration.millis(idleMs))
+        next_try_in: Duration.format(Duration.millis(retryMs))
       })
     })
   const done = Effect.sync(() => {
@@ -237,11 +242,19 @@ export const stallProbe = (
             true
           )
         }),
-      onFailure: (f) =>
-        Effect.andThen(
+      onFailure: (f) => {
+        // an answer, if an error, is no wedge: the next test sooner (see above)
+        const answered = f.error.reason !== "Timeout"
+        if (answered) nextAt = Math.min(nextAt, startedAt + errorRetryMs)
+        return Effect.andThen(
           f.silent !== undefined ? noAnswerFrom(f, "while the engine was stalled with no call") : Effect.void,
-          failed(f, "the engine failed a test request while stalled and idle: still stalled")
+          failed(
+            f,
+            "the engine failed a test request while stalled and idle: still stalled",
+            answered ? errorRetryMs : idleMs
+          )
         )
+      }
     }),
     Effect.ensuring(done)
   )

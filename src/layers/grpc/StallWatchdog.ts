@@ -50,7 +50,9 @@ export const fork = Effect.fnUntraced(function* (
           yield* Effect.scope,
           Duration.format(config.engine.idle_probe_after),
           engineReady,
-          () => lastCompletedAt
+          () => lastCompletedAt,
+          // a test the engine answered with an error: again at liveness's pace (stallProbe.ts)
+          Math.min(idleMs, Duration.toMillis(config.engine.liveness_interval))
         )
   const stalls = metrics?.engineStreamStalls.labels({ model: config.model.served_name })
   // A 0 sample from the start: prom-client writes a labelled series only once it is incremented, and increase()
