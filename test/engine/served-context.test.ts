@@ -159,14 +159,15 @@ afterEach(async () => {
 const live = async (
   answer: () => [number, unknown],
   kind: "llama_cpp" | "mlx" = "llama_cpp",
-  initial?: EngineState
+  initial?: EngineState,
+  rereadMs?: number
 ) => {
   const engine = await fakeEngine(answer)
   disposers.push(engine.close)
   const plan = testPlan({ kind, baseUrl: engine.url, port: engine.port })
   const model = kind === "mlx" ? { hf_repo: "org/m" } : { path: "/m.gguf", max_model_len: 1024 }
   const rt = ManagedRuntime.make(
-    ServedContextLive.layer.pipe(
+    ServedContextLive.layerWith(rereadMs === undefined ? {} : { rereadMs }).pipe(
       Layer.provideMerge(engineLayerTest({ plan, ...(initial === undefined ? {} : { initial }) })),
       Layer.provide(
         layerFromObject({ agent: { node_id: "n1" }, engine: { kind, url: engine.url }, models: { m: model } })
@@ -228,6 +229,21 @@ describe("the live layer: one read per Ready period, retried while it fails", ()
     expect(clock.engine.reads()).toBe(3)
     expect(fieldless.engine.reads()).toBe(1)
     expect(fieldless.served.current()).toBeUndefined()
+  })
+
+  it("once said, read again while Ready: a proxied server restarted with another context is followed; a failed re-read keeps it", async () => {
+    // A server the agent does not run (openai_compat) may come back with another -c between two liveness probes: no
+    // new Ready period shows it, so the figure is read again every rereadMs (30 s in the daemon).
+    let answer: [number, unknown] = [200, { data: [{ id: "m", meta: { n_ctx: 256 } }] }]
+    const { engine, served, ready } = await live(() => answer, "llama_cpp", undefined, 100)
+    await ready()
+    await pollUntil("the first figure", () => served.current() === 256)
+    answer = [200, { data: [{ id: "m", meta: { n_ctx: 2048 } }] }]
+    await pollUntil("the restarted server's figure, in the same period", () => served.current() === 2048, 5_000)
+    answer = [503, { error: { message: "Loading model" } }]
+    const reads = engine.reads()
+    await pollUntil("two failed re-reads", () => engine.reads() >= reads + 2, 5_000)
+    expect(served.current()).toBe(2048)
   })
 
   it("an engine that says none (mlx) is never asked", async () => {
