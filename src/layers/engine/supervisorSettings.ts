@@ -2,6 +2,7 @@
 import { Duration } from "effect"
 import type { AgentConfig } from "../../services/config/Config.ts"
 import type { BackoffPolicy } from "../../services/engine/EngineState.ts"
+import { engineFor } from "./backends/index.ts"
 
 export interface SupervisorSettings {
   readonly startupTimeoutMs: number
@@ -18,14 +19,27 @@ export interface SupervisorSettings {
   readonly linesKept: number
 }
 
+/**
+ * The restart backoff's delays: as configured for an engine the agent spawns; for a server it only proxies
+ * (openai_compat, `spawns: false`), at most engine.liveness_interval: its "restart" is a new probe of a server someone
+ * else runs, which the backoff would only keep from seeing that server back (a review: one back during a 10 s backoff
+ * waited for its end, up to restart_backoff_max with the defaults).
+ */
+const backoffDelays = (config: AgentConfig): { readonly initialMs: number; readonly maxMs: number } => {
+  const initialMs = Duration.toMillis(config.engine.restart_backoff_initial)
+  const maxMs = Duration.toMillis(config.engine.restart_backoff_max)
+  if (engineFor(config.engine.kind).capabilities.spawns) return { initialMs, maxMs }
+  const livenessMs = Duration.toMillis(config.engine.liveness_interval)
+  return { initialMs: Math.min(initialMs, livenessMs), maxMs: Math.min(maxMs, livenessMs) }
+}
+
 export const settingsFromConfig = (config: AgentConfig): SupervisorSettings => ({
   startupTimeoutMs: Duration.toMillis(config.engine.startup_timeout),
   stopGraceMs: Duration.toMillis(config.engine.stop_grace),
   livenessIntervalMs: Duration.toMillis(config.engine.liveness_interval),
   livenessFailures: config.engine.liveness_failures,
   backoff: {
-    initialMs: Duration.toMillis(config.engine.restart_backoff_initial),
-    maxMs: Duration.toMillis(config.engine.restart_backoff_max),
+    ...backoffDelays(config),
     stableAfterMs: Duration.toMillis(config.engine.restart_stable_after),
     crashLoopAfter: 3
   },
