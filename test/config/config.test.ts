@@ -328,6 +328,13 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
     ]
   ],
   [
+    "a proxied server on port 0",
+    `[engine]\nkind = "openai_compat"\nurl = "http://10.0.0.5:0"\n${MODEL}`,
+    [
+      'engine.url: openai_compat proxies a server someone else runs, and port 0 is no port it can listen on: the agent would probe port 0 for ever, got "http://10.0.0.5:0"; give the server\'s port'
+    ]
+  ],
+  [
     "credentials in engine.url (never echoed)",
     `[engine]\nurl = "http://admin:s3cret@127.0.0.1:8000"\n${MODEL}`,
     [

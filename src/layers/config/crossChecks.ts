@@ -230,6 +230,11 @@ const engineProblems = (c: ConfigFile): Array<string> => {
       }
     }
   }
+  if (!caps.spawns && url.port === "0") {
+    problems.push(
+      `engine.url: ${kind} proxies a server someone else runs, and port 0 is no port it can listen on: the agent would probe port 0 for ever, got "${c.engine.url}"; give the server's port`
+    )
+  }
   if (!caps.spawns && c.engine.command !== undefined) {
     problems.push(`engine.command: ${kind} proxies engine.url and starts nothing; remove engine.command`)
   }
