@@ -876,6 +876,21 @@ describe("openai_compat", () => {
     await h.close()
     assert.strictEqual(current(h)?._tag, "Stopped")
   })
+
+  it("in front of a newer llama-server, not Ready while /v1/models lists the model loading (meta: null)", async () => {
+    const sim = await startSim({
+      flavor: "llama_cpp",
+      args: ["-hf", "org/m", "--sim-startup-delay", "3s", "--sim-models-while-loading"]
+    })
+    cleanups.push(() => sim.stop(100))
+    const base = `http://127.0.0.1:${sim.port}`
+    await waitFor("/v1/models 200 while loading", async () => (await fetch(`${base}/v1/models`)).status === 200)
+    const s = await setup("openai_compat", { port: sim.port })
+    const h = await start(s.plan, s.settings)
+    // Loading lasts 3 s and probes run every 100 ms: a bare 200 would make it Ready while /health is still 503
+    await awaitState(h, "Ready", (x) => x._tag === "Ready")
+    assert.strictEqual((await fetch(`${base}/health`)).status, 200, "Ready ahead of llama-server's /health")
+  })
 })
 
 describe("layerTest", () => {

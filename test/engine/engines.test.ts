@@ -557,11 +557,13 @@ describe("rendering rules", () => {
   })
 
   it("readiness: GET /v1/models unless ready_probe_url; mlx sends a 1-token completion", () => {
-    expect(plan({}).probe).toEqual({ kind: "http", url: "http://127.0.0.1:8000/v1/models" })
+    // A model list: a 200 listing a model still loading (`meta: null`) is not ready (probe.test.ts)
+    expect(plan({}).probe).toEqual({ kind: "http", url: "http://127.0.0.1:8000/v1/models", modelList: true })
     for (const kind of ["openai_compat"]) {
       expect(plan({ engine: { kind }, models: { m: { hf_repo: "o/m" } } }).probe).toEqual({
         kind: "http",
-        url: "http://127.0.0.1:8000/v1/models"
+        url: "http://127.0.0.1:8000/v1/models",
+        modelList: true
       })
     }
     expect(plan({ agent: { ready_probe_url: "http://127.0.0.1:8000/health" } }).probe).toEqual({
@@ -700,8 +702,8 @@ describe("rendering rules", () => {
       baseUrl: "http://10.0.3.7:8000",
       host: "10.0.3.7",
       port: 8000,
-      probe: { kind: "http", url: "http://10.0.3.7:8000/v1/models" },
-      liveness: { kind: "http", url: "http://10.0.3.7:8000/v1/models" },
+      probe: { kind: "http", url: "http://10.0.3.7:8000/v1/models", modelList: true },
+      liveness: { kind: "http", url: "http://10.0.3.7:8000/v1/models", modelList: true },
       metrics: undefined,
       kvEvents: undefined,
       servedModel: "m",

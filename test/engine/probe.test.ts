@@ -78,6 +78,42 @@ describe("probeOnce", () => {
     await aborted
   })
 
+  it("a model list's 200 that lists a model still loading (meta: null, a newer llama-server) is 'loading'", async () => {
+    let body = ""
+    const sockets = new Set<unknown>()
+    const url = await serve((req, res) => {
+      sockets.add(req.socket)
+      res.writeHead(200, { "content-type": "application/json" }).end(body)
+    })
+    const probe = async (modelList: boolean) => {
+      const r = await run({ kind: "http", url: `${url}/v1/models`, modelList })
+      await new Promise((resolve) => setImmediate(resolve))
+      return r
+    }
+    const card = (meta: unknown) => ({ id: "m", object: "model", owned_by: "llamacpp", meta })
+    body = JSON.stringify({ object: "list", data: [card(null)] })
+    const loading = { ok: false, reason: "the model list shows the model still loading (meta: null)", phase: "loading" }
+    expect(await probe(true)).toEqual(loading)
+    // Not a model list (ready_probe_url set): its 200 is ready whatever it says
+    expect(await probe(false)).toEqual({ ok: true })
+    // Loaded; cards without a meta key (vLLM, SGLang, a gateway); an answer that is no JSON: the 200 stands
+    for (const b of [
+      { object: "list", data: [card({ n_ctx: 4096 })] },
+      { object: "list", data: [{ id: "m", object: "model", max_model_len: 4096 }] },
+      { object: "list", data: [] }
+    ]) {
+      body = JSON.stringify(b)
+      expect(await probe(true)).toEqual({ ok: true })
+    }
+    body = "not json"
+    expect(await probe(true)).toEqual({ ok: true })
+    // A listing over the bytes read is taken at its 200, unread
+    body = JSON.stringify({ object: "list", data: [card(null), { id: "x".repeat(1024 * 1024) }] })
+    expect(await probe(true)).toEqual({ ok: true })
+    body = JSON.stringify({ object: "list", data: [card(null)] })
+    expect(await probe(true)).toEqual(loading)
+  })
+
   it("a completion probe POSTs its JSON body", async () => {
     let seen: { method: string | undefined; type: string | undefined; body: string } | undefined
     const url = await serve((req, res) => {

@@ -1,5 +1,6 @@
 /**
- * The engine's readiness/liveness probe, one attempt at a time: GET the url (200 = ready) or, for a completion
+ * The engine's readiness/liveness probe, one attempt at a time: GET the url (200 = ready; for a model list, one that
+ * lists no model still loading: services/engine/ModelList.ts) or, for a completion
  * probe, POST the body (200 = ready). Never fails: connection refused, 503, timeouts and any other error are
  * "not yet" with a short reason and a startup phase to show. Each attempt is bounded on Effect's Clock; the
  * timeout interrupts the fetch, which aborts the request.
@@ -8,6 +9,7 @@ import { Effect, Option } from "effect"
 import { request } from "undici"
 import type { ReadinessProbe } from "../../services/engine/Engine.ts"
 import type { ProbeResult } from "../../services/engine/EngineHost.ts"
+import { MODEL_LIST_READ_BYTES, modelStillLoading } from "../../services/engine/ModelList.ts"
 
 export type { ProbeResult } from "../../services/engine/EngineHost.ts"
 
@@ -15,6 +17,26 @@ export type { ProbeResult } from "../../services/engine/EngineHost.ts"
 const errorCode = (err: unknown): string | undefined => {
   const code = (err as { code?: unknown } | undefined)?.code
   return typeof code === "string" ? code : undefined
+}
+
+/** The body's text, or undefined when it is longer than `limit` bytes (the rest is left for the drain). */
+const readUpTo = async (body: AsyncIterable<Buffer>, limit: number): Promise<string | undefined> => {
+  const chunks: Array<Buffer> = []
+  let size = 0
+  for await (const chunk of body) {
+    size += chunk.length
+    if (size > limit) return undefined
+    chunks.push(chunk)
+  }
+  return Buffer.concat(chunks).toString("utf8")
+}
+
+const parsed = (text: string): unknown => {
+  try {
+    return JSON.parse(text)
+  } catch {
+    return undefined
+  }
 }
 
 // The undici package (the EngineClient's HTTP client), not the global fetch: fetch would load Node's own second
@@ -33,9 +55,14 @@ const attempt = (probe: ReadinessProbe): Effect.Effect<ProbeResult> =>
               signal
             }
       )
+      const listing = probe.kind === "http" && probe.modelList === true && res.statusCode === 200
+      const text = listing ? await readUpTo(res.body, MODEL_LIST_READ_BYTES) : undefined
       // Drain the body so the keep-alive connection is reusable (a hanging body is bounded by the timeout).
       await res.body.dump().catch(() => undefined)
-      return res.statusCode === 200 ? { ok: true } : { ok: false, reason: `HTTP ${res.statusCode}`, phase: "loading" }
+      if (res.statusCode !== 200) return { ok: false, reason: `HTTP ${res.statusCode}`, phase: "loading" }
+      return text !== undefined && modelStillLoading(parsed(text))
+        ? { ok: false, reason: "the model list shows the model still loading (meta: null)", phase: "loading" }
+        : { ok: true }
     } catch (err) {
       const code = errorCode(err)
       if (code === "ECONNREFUSED") return { ok: false, reason: "connection refused", phase: "waiting for port" }

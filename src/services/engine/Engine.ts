@@ -157,8 +157,11 @@ export interface ExitHint {
 
 /** How readiness is decided. */
 export type ReadinessProbe =
-  /** GET `url`; 200 means ready; connection refused or 503 mean "not yet". */
-  | { readonly kind: "http"; readonly url: string }
+  /**
+   * GET `url`; 200 means ready; connection refused or 503 mean "not yet". `modelList`: the answer is an OpenAI model
+   * list, and a 200 that lists a model still loading is "not yet" too (ModelList.ts).
+   */
+  | { readonly kind: "http"; readonly url: string; readonly modelList?: boolean }
   /** POST a real 1-token completion (mlx, whose /health is green before the model is loaded). */
   | { readonly kind: "completion"; readonly url: string; readonly body: Readonly<Record<string, unknown>> }
 

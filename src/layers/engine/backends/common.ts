@@ -35,11 +35,14 @@ export const listenOf = (config: AgentConfig): Listen => {
   return { baseUrl: `${u.protocol}//${u.host}`, host: unbracket(u.hostname), port }
 }
 
-/** `[agent].ready_probe_url` when set, else GET `/v1/models` (answers only once the model is loaded). */
-export const httpProbe = (config: AgentConfig, listen: Listen): ReadinessProbe => ({
-  kind: "http",
-  url: config.agent.ready_probe_url ?? `${listen.baseUrl}/v1/models`
-})
+/**
+ * `[agent].ready_probe_url` when set, else GET `/v1/models`, which answers only once the model is loaded or lists it
+ * as still loading (a newer llama-server behind openai_compat: services/engine/ModelList.ts).
+ */
+export const httpProbe = (config: AgentConfig, listen: Listen): ReadinessProbe =>
+  config.agent.ready_probe_url !== undefined
+    ? { kind: "http", url: config.agent.ready_probe_url }
+    : { kind: "http", url: `${listen.baseUrl}/v1/models`, modelList: true }
 
 /** `[agent].ready_probe_url` when set, else GET `path` on the engine (an engine whose readiness is not `/v1/models`). */
 export const httpProbeAt = (config: AgentConfig, listen: Listen, path: string): ReadinessProbe => ({
