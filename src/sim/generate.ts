@@ -13,7 +13,8 @@ import { llamaFullBody } from "./llamaChunks.ts"
 import { handoffBeforeGeneration, holdForDecode } from "./pdLegs.ts"
 import { type GenRequest, sequenceUsage } from "./request.ts"
 import { RequestBlocks } from "./requestBlocks.ts"
-import { LlamaStops, sequenceEvents } from "./sequences.ts"
+import { RequestSlots } from "./requestSlots.ts"
+import { LlamaStops, type SeqEvent, sequenceEvents } from "./sequences.ts"
 import { pingUntil } from "./ssePing.ts"
 import { stopMatcher } from "./stopRules.ts"
 import { plan, prng, tokenId } from "./tokens.ts"
@@ -69,8 +70,9 @@ export const generate = async (
     })
   })
   const gone = () => state !== "active"
-  /** Waits while the core is wedged; false once the client has gone meanwhile. */
-  const coreRuns = async (): Promise<boolean> => {
+  /** Waits for a slot on a `wait` event, then while the core is wedged; false once the client has gone meanwhile. */
+  const coreRuns = async (ev?: SeqEvent): Promise<boolean> => {
+    if (ev?.kind === "wait") await (detached ? ev.until : Promise.race([ev.until, closed]))
     while (wedged() && !gone()) {
       const runs = (ctx.core.wedged ? ctx.core : (rankCore as Core<unknown>)).running()
       // A detached whole answer (llama_cpp) waits for the core alone: `closed` has resolved.
@@ -96,22 +98,22 @@ export const generate = async (
   }
 
   // The engine core (DP rank) that runs it: its slot, its prefix cache and KV events, its counters. Each of
-  // llama.cpp's sequences (n, several prompts) takes a slot of its own, at most all of them.
+  // llama.cpp's sequences (n, several prompts) takes a slot of its own in turn (requestSlots.ts).
   const rank = ctx.engines.pick({ bootstrapRoom: gr.bootstrap?.room }, pinnedTo)
   rankCore = rank.core
   const { kv, stats: rs } = rank
-  const tickets = gr.sequences.slice(0, Math.max(1, cfg.maxSeqs)).map(() => rank.scheduler.enter())
+  const slots = new RequestSlots(cfg, rank, gr)
   let blocks: RequestBlocks | undefined
   let myDecodeBlocks = 0
   cleanup = () => {
-    for (const t of tickets) t.release()
+    slots.release()
     if (blocks !== undefined) kv.release(blocks.pinned)
     rank.decodeBlocks -= myDecodeBlocks
     myDecodeBlocks = 0
     blocks = undefined
   }
   waitingForSlot = true
-  await Promise.all(tickets.map((t) => t.admitted))
+  await slots.first
   waitingForSlot = false
   inSlot = true
   if (gone() || (wedged() && !(await coreRuns()))) return
@@ -175,15 +177,11 @@ export const generate = async (
     emitted++
     rs.generationTokens++
     // llama-server's decode steps (Stats.decoded): this request's sequences still generating share a step
-    rs.decoded(gone, gr.sequences[0]?.promptTokens ?? 0, plans.length - ends.filter(Boolean).length)
+    rs.decoded(gone, gr.sequences[0]?.promptTokens ?? 0, slots.generating())
     ctx.publisher?.publish(held.token(tokenId(text.trimStart())), rank.index)
     heldLoose()
   }
-  const stallAt = () => ctx.faults.stallAfterTokens
-  const stalled = () => {
-    const s = stallAt()
-    return s !== undefined && emitted >= s
-  }
+  const stalled = () => emitted >= (ctx.faults.stallAfterTokens ?? Number.POSITIVE_INFINITY)
   // a failed KV load fails before the first token, as vLLM's first engine step does (pdLegs.ts)
   const kvLoadFailed = handoff.kind === "failInStream"
   const failure = kvLoadFailed ? "midstream" : inject
@@ -219,7 +217,8 @@ export const generate = async (
   const prompt = { promptTokens: gr.sequences[0]?.promptTokens ?? 0, cachedTokens: admission.hitTokens }
   const events = sequenceEvents(
     plans,
-    flavor === "llama_cpp" ? () => new LlamaStops(gr.stop, gr.assistantPrefill) : () => stopMatcher(flavor, gr)
+    flavor === "llama_cpp" ? () => new LlamaStops(gr.stop, gr.assistantPrefill) : () => stopMatcher(flavor, gr),
+    slots
   )
   const ends: Array<{ reason: string; content: string; generated: number; matched: string | undefined }> = []
 
@@ -227,17 +226,19 @@ export const generate = async (
     const tpl = streamTemplate(gr.endpoint, id, model, created, cfg.flavor, {
       ...prompt,
       continuousUsage: gr.continuousUsage === true,
-      llama: gr.llama
+      // a task that holds its slot already begins before the first token, a later one as it takes its slot
+      llama: gr.llama && { ...gr.llama, slots: slots.holding() }
     })
     res.writeHead(200, sseHeaders(cfg.flavor))
     let out = tpl.first
     let held: string | undefined
     for (const ev of events) {
-      if (wedged()) {
-        // what the core sent before it hung is on the wire
+      if (wedged() || ev.kind === "wait") {
+        // what the core sent before it hung, or before its next task waits for a slot, is on the wire
         if (out !== "") res.write(out)
         out = ""
-        if (!(await coreRuns())) return
+        if (!(await coreRuns(ev))) return
+        if (ev.kind === "wait") continue
       }
       if (ev.kind === "end") {
         ends[ev.index] = ev
@@ -282,7 +283,8 @@ export const generate = async (
   }
 
   for (const ev of events) {
-    if (wedged() && !(await coreRuns())) return
+    if ((wedged() || ev.kind === "wait") && !(await coreRuns(ev))) return
+    if (ev.kind === "wait") continue
     if (ev.kind === "end") {
       ends[ev.index] = ev
       continue

@@ -15,12 +15,24 @@ export interface LlamaOut {
   readonly postSamplingProbs: boolean
   /** `timings_per_token`: `timings` on every chunk. */
   readonly timingsPerToken: boolean
-  /** The choices whose task begins with a `data: null` event (request.ts), and the slots they start in. */
+  /**
+   * The choices whose task begins with a `data: null` event (request.ts), and how many choices, from the first,
+   * hold their slots as the answer starts (generate.ts, requestSlots.ts): a later one begins as it takes its slot.
+   */
   readonly begins: ReadonlyArray<number>
   readonly slots: number
+  /** `n_predict` as asked (-1: none), for /slots (llamaSlots.ts). */
+  readonly nPredict: number
 }
 
-const NO_OUT: LlamaOut = { nProbs: 0, postSamplingProbs: false, timingsPerToken: false, begins: [], slots: 1 }
+const NO_OUT: LlamaOut = {
+  nProbs: 0,
+  postSamplingProbs: false,
+  timingsPerToken: false,
+  begins: [],
+  slots: 1,
+  nPredict: -1
+}
 
 /**
  * One token's entry of `logprobs.content` (completion_token_output::probs_vector_to_json): its id, text, bytes,

@@ -10,6 +10,7 @@ import { invalidJson } from "./errors.ts"
 import { readBody } from "./http.ts"
 import { LLAMA_FINGERPRINT } from "./llamaChunks.ts"
 import { llamaMessages } from "./llamaMessages.ts"
+import { DEFAULT_PARAMS } from "./llamaSlots.ts"
 import { N_VOCAB, tokenId, words } from "./tokens.ts"
 
 /** The simulated vocabulary's special tokens (llama SentencePiece's). */
@@ -23,52 +24,6 @@ const SPECIAL: ReadonlyMap<number, string> = new Map([
 /** The ChatML template the simulator renders a chat with (llama.cpp's chatml; the tiny test model carries it too). */
 const CHAT_TEMPLATE =
   "{%- for message in messages -%}\n  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n  {{- '<|im_start|>assistant\n' -}}\n{%- endif -%}"
-
-/** task_params::to_json(true) of the server's defaults (common/common.h common_params_sampling), in its order. */
-const DEFAULT_PARAMS = {
-  seed: 4294967295,
-  temperature: 0.800000011920929,
-  dynatemp_range: 0,
-  dynatemp_exponent: 1,
-  top_k: 40,
-  top_p: 0.949999988079071,
-  min_p: 0.05000000074505806,
-  top_n_sigma: -1,
-  xtc_probability: 0,
-  xtc_threshold: 0.10000000149011612,
-  typical_p: 1,
-  repeat_last_n: 64,
-  repeat_penalty: 1,
-  presence_penalty: 0,
-  frequency_penalty: 0,
-  dry_multiplier: 0,
-  dry_base: 1.75,
-  dry_allowed_length: 2,
-  dry_penalty_last_n: 64,
-  mirostat: 0,
-  mirostat_tau: 5,
-  mirostat_eta: 0.10000000149011612,
-  adaptive_target: -1,
-  adaptive_decay: 0.8999999761581421,
-  max_tokens: -1,
-  n_predict: -1,
-  n_keep: 0,
-  n_discard: 0,
-  ignore_eos: false,
-  stream: false,
-  n_probs: 0,
-  min_keep: 0,
-  chat_format: "Content-only",
-  reasoning_format: "none",
-  reasoning_in_content: false,
-  generation_prompt: "",
-  samplers: ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
-  "speculative.types": "none",
-  timings_per_token: false,
-  post_sampling_probs: false,
-  backend_sampling: false,
-  lora: []
-}
 
 const ID_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 /** get_media_marker(): drawn once per process. */
@@ -155,7 +110,8 @@ const getRoute = (ctx: SimContext, path: string, query: string, res: http.Server
     sendError(ctx, res, 503, "no slot available")
     return true
   }
-  const slot = (id: number) => ({ id, n_ctx: nCtx, speculative: false, is_processing: id < busy })
+  const rank = ctx.engines.ranks[0]
+  const slot = (id: number) => rank?.slotBook.toJson(id, nCtx, rank.scheduler.busy(id))
   reply(ctx, res, 200, path === "/props" ? props(ctx, nCtx) : Array.from({ length: n }, (_, id) => slot(id)))
   return true
 }

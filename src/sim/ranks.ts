@@ -6,6 +6,7 @@
 // (VllmDpLb, below); SGLang's DataParallelController follows --load-balance-method (dpController.ts). The
 // /metrics page then carries one series per rank (metrics.ts). llama.cpp and mlx run one rank.
 import { blockHash, KvBlocks, type KvEvent } from "./kvblocks.ts"
+import { SlotBook } from "./llamaSlots.ts"
 import type { Gauges } from "./metricPages.ts"
 import { Scheduler } from "./scheduler.ts"
 import { Stats } from "./stats.ts"
@@ -16,6 +17,8 @@ export class Rank {
   readonly index: number
   readonly scheduler: Scheduler
   readonly stats = new Stats()
+  /** llama-server's slots' tasks, for /slots. */
+  readonly slotBook = new SlotBook()
   /** The rank's own block table: its prefix cache, pins and evictions, and the KV events they make. */
   readonly kv: KvBlocks
   /** Blocks past the pinned full prompt blocks (partial prompt block, decode blocks) of its running requests. */

@@ -295,11 +295,11 @@ const validateLlama = (cfg: SimConfig, endpoint: Endpoint, body: unknown): GenRe
       nProbs: chatProbs ?? params.nProbs,
       postSamplingProbs: params.postSamplingProbs,
       timingsPerToken: params.timingsPerToken,
-      // Every prompt but the first is a task whose begin (its is_begin partial result, server-task.cpp to_json:
-      // null) is sent as `data: null` once a slot takes it; the first one's only releases the headers
-      // (server-context.cpp handle_completions_impl). A prompt's further completions (`n`) are children: none.
+      // Every prompt but the first is a task whose begin (is_begin, server-task.cpp to_json: null) is a `data: null`
+      // as a slot takes it, the first's only releases the headers (handle_completions_impl); children (`n`): none.
       begins: prompts.slice(1).map((_, p) => (p + 1) * params.nCmpl),
-      slots: cfg.maxSeqs
+      slots: cfg.maxSeqs,
+      nPredict: params.nPredict
     },
     ssePingMs:
       params.ssePingInterval === undefined

@@ -1,7 +1,9 @@
 // The order in which a request's sequences produce their tokens (pure), and stop strings. One sequence for
 // most requests; llama-server runs `n` per prompt, each in a slot of its own, and streams them interleaved:
-// here one token of each running sequence in turn, a sequence's end right after its last token. Each sequence's
-// text goes through its engine's stop-string matcher (stopRules.ts; llama-server's is LlamaStops below).
+// here one token of each running sequence in turn, a sequence's end right after its last token. A sequence runs
+// only while it holds its slot (SeqGate: requestSlots.ts); while none of them does, a `wait`.
+// Each sequence's text goes through its engine's stop-string matcher (stopRules.ts; llama-server's is LlamaStops
+// below).
 import type { StopMatcher, TokenAt } from "./stopRules.ts"
 import type { Generation } from "./tokens.ts"
 
@@ -32,6 +34,20 @@ export type SeqEvent =
       /** Tokens the engine counts in its usage. */
       readonly generated: number
     }
+  /** None of the sequences left holds a slot: the next event comes once `until` resolves. */
+  | { readonly kind: "wait"; readonly until: Promise<void> }
+
+/** Which sequences may run: each holds a slot from its first token to its end (requestSlots.ts). */
+export interface SeqGate {
+  /** Whether sequence `index` holds its slot now. */
+  holds(index: number): boolean
+  /** Resolves when the next sequence waiting for a slot takes it. */
+  next(): Promise<void>
+  /** Sequence `index` has made a token. */
+  token(index: number): void
+  /** Sequence `index` has ended: its slot is free. */
+  ended(index: number): void
+}
 
 /** llama.cpp common/common.h string_find_partial_stop: where `text` ends with a beginning of `stop`, if it does. */
 const partialStop = (text: string, stop: string): number => {
@@ -112,18 +128,25 @@ export class LlamaStops implements StopMatcher {
  */
 export function* sequenceEvents(
   plans: ReadonlyArray<Generation>,
-  stops: ReadonlyArray<string> | (() => StopMatcher)
+  stops: ReadonlyArray<string> | (() => StopMatcher),
+  gate?: SeqGate
 ): Generator<SeqEvent, void, undefined> {
   const matcher = typeof stops === "function" ? stops : () => new LlamaStops(stops)
   const state = plans.map((g) => ({ g, text: matcher(), n: 0, done: g.tokens.length === 0 }))
+  const holds = (index: number) => gate === undefined || gate.holds(index)
   for (const [index, s] of state.entries()) {
     if (s.done) {
+      gate?.ended(index)
       yield { kind: "end", index, reason: s.g.finishReason, matched: undefined, content: "", rest: "", generated: 0 }
     }
   }
   while (state.some((s) => !s.done)) {
+    if (gate !== undefined && !state.some((s, index) => !s.done && holds(index))) {
+      yield { kind: "wait", until: gate.next() }
+      continue
+    }
     for (const [index, s] of state.entries()) {
-      if (s.done) continue
+      if (s.done || !holds(index)) continue
       const piece = s.g.tokens[s.n] ?? ""
       s.n++
       const lastOfPlan = s.n >= s.g.tokens.length
@@ -132,6 +155,7 @@ export function* sequenceEvents(
         eos: lastOfPlan && s.g.finishReason === "stop",
         cap: lastOfPlan && s.g.finishReason === "length"
       }
+      gate?.token(index)
       const { send, matched } = s.text.add(piece, at)
       const stopped = matched !== undefined
       const last = stopped || lastOfPlan
@@ -141,6 +165,8 @@ export function* sequenceEvents(
         const reason = stopped ? "stop" : s.g.finishReason
         const content = s.text.text
         const generated = s.n - s.text.uncounted
+        // the slot is free at the sequence's last token (server_slot::release, then the next task: pop_deferred_task)
+        gate?.ended(index)
         yield { kind: "end", index, reason, matched, content, rest: s.text.rest(), generated }
       }
     }
