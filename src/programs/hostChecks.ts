@@ -96,6 +96,17 @@ export const stateDirProblem = async (stateDir: string, cwd: string): Promise<st
       const code = codeOf(e)
       const parent = path.dirname(dir)
       if ((code !== "ENOENT" && code !== "ENOTDIR") || parent === dir) return `${dir}: ${code}`
+      // stat follows links: a dangling one is "not found", yet nothing can be made in its place (makeDirs.ts)
+      if (
+        code === "ENOENT" &&
+        (await fsp.lstat(dir).then(
+          (l) => l.isSymbolicLink(),
+          () => false
+        ))
+      )
+        return dir === target
+          ? `${dir} is a symbolic link to a missing target`
+          : `${dir} is a symbolic link to a missing target, so ${target} cannot be made`
       dir = parent
     }
   }

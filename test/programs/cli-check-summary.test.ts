@@ -394,6 +394,20 @@ describe("check finds on the host what run would find only by failing", () => {
     const below = await runCli(["check", "--config", config("below.toml", "", `${file}/state`)], engines)
     expect(below.code).toBe(2)
     expect(below.stderr).toContain(`${file} is not a directory, so ${file}/state cannot be made`)
+    // a symbolic link to a missing target, itself or on the way (run cannot make it: it was exit 0 here)
+    const dangling = path.join(dir, "dangling")
+    fs.symlinkSync(path.join(dir, "gone"), dangling)
+    for (const [name, at, why] of [
+      ["dangling.toml", dangling, `${dangling} is a symbolic link to a missing target`],
+      [
+        "dangling-below.toml",
+        `${dangling}/state`,
+        `${dangling} is a symbolic link to a missing target, so ${dangling}/state cannot be made`
+      ]
+    ] as const) {
+      const r = await runCli(["check", "--config", config(name, "", at)], engines)
+      expect([r.code, r.stderr]).toEqual([2, expect.stringContaining(`agent.state_dir = "${at}": ${why}`)])
+    }
     const fresh = path.join(dir, "not-yet", "state")
     const ok = await runCli(["check", "--config", config("fresh.toml", "", fresh)], engines)
     expect(ok.code, ok.stderr).toBe(0)

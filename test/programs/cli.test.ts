@@ -117,6 +117,16 @@ describe("cgn-agent CLI", () => {
     expect(r.stderr).toContain('agent.state_dir = "/proc/cgn-agent-test": /proc is on procfs (a kernel filesystem)')
   })
 
+  it("run with agent.state_dir behind a symbolic link to a missing target: exit 2 naming the key (it was exit 1)", async () => {
+    const link = path.join(dir, "dangling-state")
+    await fs.symlink(path.join(dir, "no-such-target"), link)
+    const file = path.join(dir, "dangling.toml")
+    await fs.writeFile(file, `[agent]\nstate_dir = "${link}/state"\n[models.m]\nhf_repo = "a/b"\n`)
+    const r = await cli(["run", "--config", file])
+    expect(r.code).toBe(2)
+    expect(r.stderr).toContain(`agent.state_dir = "${link}/state": ${link} is a symbolic link to a missing target`)
+  })
+
   it("check: a llama.cpp served name with a comma exits 2 with the key path and the reason", async () => {
     const file = path.join(dir, "comma.toml")
     await fs.writeFile(file, '[engine]\nkind = "llama_cpp"\n[models.m]\npath = "/m.gguf"\nserved_name = "a,b"\n')
