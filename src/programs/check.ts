@@ -6,7 +6,7 @@
  */
 import * as os from "node:os"
 import * as path from "node:path"
-import { Console, Duration, Effect } from "effect"
+import { Clock, Console, Duration, Effect } from "effect"
 import { Command, Flag } from "effect/cli"
 import { requireAdminToken } from "../layers/admin/Admin.ts"
 import { engineFor, resolvePlan } from "../layers/engine/backends/index.ts"
@@ -14,8 +14,8 @@ import { type CpuCacheReport, cpuCacheReport } from "../layers/engine/cpuCache.t
 import { stateDirRefusal } from "../layers/engine/pidFile.ts"
 import * as MemoryCgroupLive from "../layers/node/MemoryCgroup.ts"
 import { stateDirDistrust } from "../layers/node/stateFiles.ts"
-import { ETCD_TLS_KEYS, etcdOptions, readEtcdTls } from "../layers/registry/etcdClient.ts"
-import { readMaterial, readOne, securityFiles } from "../layers/tls/tlsMaterial.ts"
+import { etcdOptions, etcdTlsFiles, readEtcdTls } from "../layers/registry/etcdClient.ts"
+import { eachFileProblem, readMaterial, readOne, securityFiles, type TlsFiles } from "../layers/tls/tlsMaterial.ts"
 import { type AgentConfig, ConfigError } from "../services/config/Config.ts"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
 import { isWildcardHost, splitHostPort } from "../services/net/HostPort.ts"
@@ -39,22 +39,34 @@ import { shutdownBound } from "./shutdownBound.ts"
 export const preflight = (c: AgentConfig, options: { readonly offline?: boolean } = {}) =>
   Effect.gen(function* () {
     const problems: Array<string> = []
-    const collect = <E extends { readonly message: string }>(check: Effect.Effect<unknown, E>) =>
-      Effect.catch(Effect.asVoid(check), (e: E) => Effect.sync(() => void problems.push(e.message)))
+    /** Runs a check; a failure is one more line of the list (and the value undefined). */
+    const collect = <A, E extends { readonly message: string }>(check: Effect.Effect<A, E>) =>
+      Effect.catch(check, (e: E) => Effect.sync((): A | undefined => void problems.push(e.message)))
+    /** Each file's own problems (parse, expiry) on their own lines, once all of them could be read. */
+    const eachFile = (pem: Parameters<typeof eachFileProblem>[0], files: TlsFiles) =>
+      Effect.gen(function* () {
+        for (const e of yield* eachFileProblem(pem, files, yield* Clock.currentTimeMillis)) problems.push(e.message)
+      })
     yield* collect(requireAdminToken(c.agent))
     if (!options.offline) {
       if (c.security.require_mtls) {
-        // Every unreadable file on its own line first; the checks across the files (parse, expiry, key pair)
-        // need all three, so they run only once all three are read.
+        // Every unreadable file on its own line first, then every file that does not parse or has expired; the
+        // checks across the files (the key pair, the secure context) run only once each file is fine on its own.
         const files = securityFiles(c.security)
         const before = problems.length
-        for (const file of [files.ca, files.cert, files.key]) yield* collect(readOne(file))
+        const ca = yield* collect(readOne(files.ca))
+        const cert = yield* collect(readOne(files.cert))
+        const key = yield* collect(readOne(files.key))
+        if (problems.length === before) yield* eachFile({ ca, cert, key }, files)
         if (problems.length === before) yield* collect(readMaterial(files))
       }
       if (c.cluster.etcd.length > 0) {
-        // As [security]'s above: etcdOptions stops at the first unreadable file, so each is read on its own first.
+        // As [security]'s above: etcdOptions stops at the first unreadable or unusable file.
         const before = problems.length
-        for (const key of ETCD_TLS_KEYS) yield* collect(readEtcdTls(c.cluster, key))
+        const ca = yield* collect(readEtcdTls(c.cluster, "etcd_ca_file"))
+        const cert = yield* collect(readEtcdTls(c.cluster, "etcd_cert_file"))
+        const key = yield* collect(readEtcdTls(c.cluster, "etcd_key_file"))
+        if (problems.length === before) yield* eachFile({ ca, cert, key }, etcdTlsFiles(c.cluster))
         if (problems.length === before) yield* collect(etcdOptions(c.cluster, { callTimeoutMs: 1, reconnectCapMs: 1 }))
       }
       const distrust = yield* Effect.promise(() => stateDirDistrust(c.agent.state_dir))

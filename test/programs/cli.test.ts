@@ -301,6 +301,36 @@ describe("check makes every check run makes (exit 2); render the config's own", 
     expect(`${r.stdout}${r.stderr}`).not.toContain("s3cret")
   })
 
+  it("TLS files that are no PEM: every one on its own line, for the gRPC server and for etcd (the first alone before)", async () => {
+    const junk = path.join(dir, "junk.pem")
+    await fs.writeFile(junk, "not pem\n")
+    const file = await configFile(
+      "junk-tls.toml",
+      [
+        "[cluster]",
+        'etcd = ["https://127.0.0.1:2379"]',
+        `etcd_ca_file = "${pki.ca.certFile}"`,
+        `etcd_cert_file = "${junk}"`,
+        `etcd_key_file = "${junk}"`,
+        "[security]",
+        "require_mtls = true",
+        `ca_file = "${junk}"`,
+        `cert_file = "${junk}"`,
+        `key_file = "${junk}"`
+      ].join("\n")
+    )
+    const r = await cli(["check", "--config", file])
+    expect(r.code).toBe(2)
+    const lines = r.stderr.split("\n").map((l) => l.trim())
+    const lineOf = (key: string) => lines.find((l) => l.startsWith(`${key} (${junk}): not a PEM`))
+    for (const key of ["security.ca_file", "security.cert_file", "security.key_file"])
+      expect(lineOf(key), r.stderr).toBeDefined()
+    expect(lineOf("security.key_file")).toContain("not a PEM private key")
+    for (const key of ["cluster.etcd_cert_file", "cluster.etcd_key_file"]) expect(lineOf(key), r.stderr).toBeDefined()
+    // a good file says nothing
+    expect(r.stderr).not.toContain("cluster.etcd_ca_file")
+  })
+
   it("a key that does not belong to the certificate; run refuses the same file with the same exit code", async () => {
     const file = await configFile(
       "mismatch.toml",

@@ -10,7 +10,7 @@ import type { IKeyValue, IOptions } from "etcd3"
 import type { AgentConfig } from "../../services/config/Config.ts"
 import { EtcdTlsError, EtcdUnavailable, LeaseLost } from "../../services/registry/HealthReporter.ts"
 import type { TlsError } from "../../services/tls/Tls.ts"
-import { checkKeyPair, parseCaBundle } from "../tls/tlsMaterial.ts"
+import { checkKeyPair, parseCaBundle, type TlsFiles } from "../tls/tlsMaterial.ts"
 import { answeredBy, etcdAuthSays, makeFailureReasons, reasonOf as messageOf } from "./etcdErrors.ts"
 import { makeHostFailover, passThrough } from "./faultPolicies.ts"
 import { keepAliveOnce } from "./leaseKeepAlive.ts"
@@ -68,8 +68,8 @@ export interface EtcdClientOptions {
  */
 export const CALL_DEADLINE_SLACK_MS = 500
 
-/** The [cluster] TLS files, in the order they are read and reported. */
-export const ETCD_TLS_KEYS = ["etcd_ca_file", "etcd_cert_file", "etcd_key_file"] as const
+/** The [cluster] TLS files' keys. */
+type EtcdTlsKey = "etcd_ca_file" | "etcd_cert_file" | "etcd_key_file"
 
 /**
  * One [cluster] TLS file's bytes, undefined when unset; an unreadable file fails naming its key. `check` reads each
@@ -77,7 +77,7 @@ export const ETCD_TLS_KEYS = ["etcd_ca_file", "etcd_cert_file", "etcd_key_file"]
  */
 export const readEtcdTls = (
   cluster: AgentConfig["cluster"],
-  key: (typeof ETCD_TLS_KEYS)[number]
+  key: EtcdTlsKey
 ): Effect.Effect<Buffer | undefined, EtcdTlsError> => {
   const file = cluster[key]
   return file === undefined
@@ -88,6 +88,13 @@ export const readEtcdTls = (
       })
 }
 
+/** The [cluster] TLS files as tlsMaterial.ts names them in its errors (`cluster.etcd_ca_file (path): reason`). */
+export const etcdTlsFiles = (cluster: AgentConfig["cluster"]): TlsFiles => ({
+  ca: { key: "cluster.etcd_ca_file", path: cluster.etcd_ca_file },
+  cert: { key: "cluster.etcd_cert_file", path: cluster.etcd_cert_file },
+  key: { key: "cluster.etcd_key_file", path: cluster.etcd_key_file }
+})
+
 /** Checks the PEM material now as [security]'s is (tlsMaterial.ts), so a bad file fails at start and in `check`. */
 const checkTls = (
   cluster: AgentConfig["cluster"],
@@ -97,15 +104,11 @@ const checkTls = (
 ): Effect.Effect<void, EtcdTlsError> =>
   Effect.gen(function* () {
     const now = yield* Clock.currentTimeMillis
-    const file = (name: "etcd_ca_file" | "etcd_cert_file" | "etcd_key_file") => ({
-      key: `cluster.${name}`,
-      path: cluster[name]
-    })
+    const files = etcdTlsFiles(cluster)
     // Node's secure context silently skips a CA bundle without certificates; parseCaBundle does not.
-    if (ca !== undefined) yield* parseCaBundle(ca, file("etcd_ca_file"), now)
+    if (ca !== undefined) yield* parseCaBundle(ca, files.ca, now)
     // Half a client pair is refused by the config decoder (src/layers/config/crossChecks.ts), so both or neither here.
-    if (cert !== undefined && key !== undefined)
-      yield* checkKeyPair({ ca, cert, key }, { cert: file("etcd_cert_file"), key: file("etcd_key_file") }, now)
+    if (cert !== undefined && key !== undefined) yield* checkKeyPair({ ca, cert, key }, files, now)
   }).pipe(
     Effect.mapError(
       (e: TlsError) =>

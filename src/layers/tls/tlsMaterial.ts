@@ -119,6 +119,33 @@ export const parseCaBundle = (
 
 const pathOf = (file: { readonly path: string | undefined }) => (file.path === undefined ? {} : { path: file.path })
 
+/** Parses a PEM private key; a file that holds none fails naming its key. */
+export const parsePrivateKey = (pem: Buffer, file: { readonly key: string; readonly path: string | undefined }) =>
+  Effect.try({
+    try: () => crypto.createPrivateKey(pem),
+    catch: (e) => new TlsError({ key: file.key, ...pathOf(file), reason: `not a PEM private key: ${e}` })
+  })
+
+/**
+ * Every problem each file has on its own, for `check`'s one list: a CA bundle, a certificate and a private key,
+ * each parsed apart (one not given is skipped). checkKeyPair needs the three together and stops at the first
+ * problem, so a bad key beside a bad certificate went unsaid until the certificate was fixed.
+ */
+export const eachFileProblem = (
+  pem: { readonly ca?: Buffer | undefined; readonly cert?: Buffer | undefined; readonly key?: Buffer | undefined },
+  files: TlsFiles,
+  now: number
+): Effect.Effect<ReadonlyArray<TlsError>> =>
+  Effect.gen(function* () {
+    const found: Array<TlsError> = []
+    const keep = (check: Effect.Effect<unknown, TlsError>) =>
+      Effect.catch(Effect.asVoid(check), (e: TlsError) => Effect.sync(() => void found.push(e)))
+    if (pem.ca !== undefined) yield* keep(parseCaBundle(pem.ca, files.ca, now))
+    if (pem.cert !== undefined) yield* keep(parseCert(pem.cert, files.cert, now))
+    if (pem.key !== undefined) yield* keep(parsePrivateKey(pem.key, files.key))
+    return found
+  })
+
 /**
  * Checks a certificate and its private key, read from `files.cert` and `files.key`: the certificate parses and is
  * valid at `now` (ms), the key parses and belongs to it (a mismatch names the key file), and Node can make a
@@ -131,10 +158,7 @@ export const checkKeyPair = (
 ): Effect.Effect<void, TlsError> =>
   Effect.gen(function* () {
     const leaf = yield* parseCert(pem.cert, files.cert, now)
-    const privateKey = yield* Effect.try({
-      try: () => crypto.createPrivateKey(pem.key),
-      catch: (e) => new TlsError({ key: files.key.key, ...pathOf(files.key), reason: `not a PEM private key: ${e}` })
-    })
+    const privateKey = yield* parsePrivateKey(pem.key, files.key)
     if (!leaf.checkPrivateKey(privateKey)) {
       return yield* new TlsError({
         key: files.key.key,
