@@ -307,6 +307,14 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
     ]
   ],
   [
+    "localhost meets ::1 as well as 127.0.0.1 on one port (the resolver decides which it binds)",
+    `[agent]\nlisten_grpc = "localhost:7071"\nlisten_admin = "[::1]:7071"\nlisten_health = "127.0.0.1:7071"\n${MODEL}`,
+    [
+      'agent.listen_admin: "[::1]:7071" overlaps agent.listen_grpc = "localhost:7071" (same port, and [::1] and localhost both name [::1]); the second to bind would fail with EADDRINUSE: give each its own port',
+      'agent.listen_health: "127.0.0.1:7071" overlaps agent.listen_grpc = "localhost:7071" (same port, and 127.0.0.1 and localhost both name 127.0.0.1); the second to bind would fail with EADDRINUSE: give each its own port'
+    ]
+  ],
+  [
     "a spawned engine on the agent's gRPC port",
     `[agent]\nlisten_grpc = "0.0.0.0:8000"\n${MODEL}`,
     [

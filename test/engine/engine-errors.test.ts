@@ -79,6 +79,12 @@ describe("httpError per flavor", () => {
       { reason: "Http", message: "boom", status: 500, engineType: "InternalServerError", engineCode: "503" }
     ],
     [
+      "flat error object without a message",
+      500,
+      '{"object":"error","type":"InternalServerError","code":500}',
+      { reason: "Http", message: "engine error", status: 500, engineType: "InternalServerError", engineCode: undefined }
+    ],
+    [
       "FastAPI detail string",
       404,
       '{"detail":"Not Found"}',
@@ -159,6 +165,16 @@ describe("mid-stream error objects", () => {
     const obj = { object: "error", message: "aborted", type: "InternalServerError", code: 500 }
     expect(isErrorChunk(obj)).toBe(true)
     expect(fields(streamError(obj)).message).toBe("aborted")
+  })
+  it('a code sent as a number in a string (SGLang\'s "503") is a status all the same', () => {
+    const obj = { error: { object: "error", message: "overloaded", type: "SERVICE_UNAVAILABLE", code: "503" } }
+    expect(fields(streamError(obj))).toEqual({
+      reason: "Stream",
+      message: "overloaded",
+      status: 503,
+      engineType: "SERVICE_UNAVAILABLE",
+      engineCode: undefined
+    })
   })
   it("mlx string error chunk", () => {
     expect(fields(streamError({ error: "out of memory" }))).toEqual({

@@ -64,13 +64,17 @@ describe("observeProgress", () => {
     expect(verdicts(prefill)).not.toContain("Stuck")
   })
 
-  it("a counter that goes down (a new engine process) or appears is progress", () => {
+  it("a counter that goes down (a new engine process), appears or disappears is progress", () => {
     let w = observeProgress(noWatch, read(0, 100, 50), WINDOW)[0]
     w = observeProgress(w, read(5_000, 100, 50), WINDOW)[0]
     expect(observeProgress(w, read(20_000, 0, 0), WINDOW)[1]._tag).toBe("Moved")
     const one: ProgressReading = { at: 0, counters: { [P]: 1 }, held: 1, inflight: 1 }
     const w1 = observeProgress(noWatch, one, WINDOW)[0]
     expect(observeProgress(w1, { ...one, at: 20_000, counters: { [P]: 1, [G]: 0 } }, WINDOW)[1]._tag).toBe("Moved")
+    // one that disappears is no proof that it stood still (proof of no progress, never its absence): the run starts over
+    let w2 = observeProgress(noWatch, read(0, 100, 50), WINDOW)[0]
+    w2 = observeProgress(w2, read(5_000, 100, 50), WINDOW)[0]
+    expect(observeProgress(w2, { ...one, at: 20_000, counters: { [P]: 100 } }, WINDOW)[1]._tag).toBe("Moved")
   })
 
   it("no work held ends the run: the engine idle, or the agent with nothing in flight (vLLM's stale gauges)", () => {

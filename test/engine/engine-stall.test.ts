@@ -12,6 +12,8 @@ import {
   isStalled,
   noStall,
   onCompleted,
+  onFailing,
+  onlyFailing,
   onNoProgress,
   onStall,
   onTestFailed,
@@ -75,6 +77,19 @@ describe("the stall state", () => {
     const cleared = onCompleted(s!, 10_000)
     assert.isDefined(cleared)
     assert.isFalse(isStalled(cleared!))
+  })
+
+  it("failing calls are the only stall until a stream stalls, the counters stand still or the test gets no answer", () => {
+    const failing = onFailing(noStall, { since: 1_000, calls: 5, last: "engine answered HTTP 500" })!
+    assert.isTrue(onlyFailing(failing))
+    assert.isFalse(onlyFailing(noStall))
+    assert.isFalse(onlyFailing(onStall(failing, 2_000)), "a stream stalled since")
+    assert.isFalse(onlyFailing(onNoProgress(failing, { since: 2_000, held: 1, counters: ["c"] })!), "counters")
+    assert.isFalse(onlyFailing(onTestFailed(failing, { since: 2_000, sentAfter: "after a stream stalled" })!), "test")
+    // a call completed after the stalled stream (the failing run not yet cleared): failing alone again
+    const completed = onCompleted(onStall(failing, 2_000), 3_000, false, true)!
+    assert.isDefined(completed.failing)
+    assert.isTrue(onlyFailing(completed))
   })
 
   it("a data-parallel rank's test that got no answer: calls other ranks complete do not clear it, a test of all does", () => {

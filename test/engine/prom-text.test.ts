@@ -20,8 +20,10 @@ describe("parsePromText", () => {
       'a_total{model_name="m",path="C:\\\\x \\"q\\" \\n"} 3 1700000000000',
       "b 1.5e3",
       "c +Inf",
+      "c2 Inf",
       "d NaN",
       'e{x="1",} -2',
+      "f\t7",
       "",
       "garbage line without value",
       "# EOF"
@@ -30,8 +32,10 @@ describe("parsePromText", () => {
       { name: "a_total", labels: { model_name: "m", path: 'C:\\x "q" \n' }, value: 3 },
       { name: "b", labels: {}, value: 1500 },
       { name: "c", labels: {}, value: Number.POSITIVE_INFINITY },
+      { name: "c2", labels: {}, value: Number.POSITIVE_INFINITY },
       { name: "d", labels: {}, value: Number.NaN },
-      { name: "e", labels: { x: "1" }, value: -2 }
+      { name: "e", labels: { x: "1" }, value: -2 },
+      { name: "f", labels: {}, value: 7 }
     ])
   })
   it("the filter keeps only wanted names", () => {
@@ -39,6 +43,10 @@ describe("parsePromText", () => {
   })
   it("CRLF pages parse", () => {
     expect(pickSum(parsePromText("a 1\r\na 2\r\n"), ["a"])).toBe(3)
+  })
+  it("a NaN sample counts for nothing: the others' sum, and a name with only NaN is absent", () => {
+    expect(pickSum(parsePromText('a{engine="0"} NaN\na{engine="1"} 2\n'), ["a"])).toBe(2)
+    expect(pickSum(parsePromText("a NaN\nb 1\n"), ["a", "b"])).toBe(1)
   })
 })
 
@@ -120,6 +128,8 @@ describe("loadSignals", () => {
     expect(loadSignals(page(100, 0.25), names).rankProgress).toEqual({ "0": 100.5, "1": 30.25 })
     expect(loadSignals(page(101, 0.25), names).rankProgress?.["0"]).not.toBe(100.5)
     expect(loadSignals(page(100, 0.3), names).rankProgress?.["1"]).not.toBe(30.25)
+    // a NaN sample counts for nothing (NaN never equals itself: the figure would move at every scrape)
+    expect(loadSignals(page(100, Number.NaN), names).rankProgress).toEqual({ "0": 100.5, "1": 30 })
     // no rank label named: no per-rank figure
     const { rankLabel: _, ...unlabelled } = names
     expect(loadSignals(page(100, 0.25), unlabelled).rankProgress).toBeUndefined()

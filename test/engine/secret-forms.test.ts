@@ -24,6 +24,13 @@ describe("encodedForms", () => {
     expect(forms).toContain(`pa\\"ss\\\\wo\\/rd \\u00e9+ x!`)
   })
 
+  it("has the value with every character as \\uXXXX (an encoder that escapes all), in lower- and upper-case hex", () => {
+    const every = [..."JZ_key"].map((c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`).join("")
+    const f = encodedForms("JZ_key", 6)
+    expect(f).toContain(every)
+    expect(f).toContain("\\u004A\\u005A\\u005F\\u006B\\u0065\\u0079")
+  })
+
   it("has the percent forms in lower-case hex too, and with every byte encoded", () => {
     expect(forms).toContain("pa%22ss%5cwo%2frd%20%c3%a9%2b%20x%21")
     const every = [...Buffer.from(SECRET)].map((b) => `%${b.toString(16).padStart(2, "0")}`).join("")
@@ -58,6 +65,19 @@ describe("encodedForms", () => {
     for (const user of ["a", "ab", "abc", "operator"]) {
       const header = b64(`${user}:${v}`)
       expect(f.some((form) => header.includes(form))).toBe(true)
+    }
+  })
+
+  it("finds a value inside a longer base64 text where a form covers exactly minBytes of it", () => {
+    // 7 bytes: at these offsets (value from a group's first or third byte) two whole groups, 6 bytes, lie in it
+    const v = "pw_SEC7"
+    const f = encodedForms(v, 6)
+    for (const user of ["ab", "abcd"]) {
+      const header = b64(`${user}:${v}@tail`)
+      expect(
+        f.some((form) => header.includes(form)),
+        user
+      ).toBe(true)
     }
   })
 

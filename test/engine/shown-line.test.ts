@@ -116,6 +116,11 @@ describe("shownLine: secrets", () => {
     expect(shownLine(whole("z".repeat(MAX_LINE_CHARS + 1)), redact).text).toBe(
       `${"z".repeat(MAX_LINE_CHARS)} … (line cut: only its first ${MAX_LINE_CHARS} characters are logged)`
     )
+    // README's bound in its own figures: 16,384 characters shown whole, one more cut there
+    expect(shownLine(whole("z".repeat(16_384)), none).text).toBe("z".repeat(16_384))
+    expect(shownLine(whole("z".repeat(16_385)), none).text).toBe(
+      `${"z".repeat(16_384)} … (line cut: only its first 16384 characters are logged)`
+    )
   })
 
   it("never moves a secret the cut leaves partial into view, however many are replaced before it", () => {

@@ -32,6 +32,15 @@ describe("SSE framing", () => {
         { data: "b", id: "7" }
       ]
     ],
+    // WHATWG: an id field whose value holds U+0000 NULL is ignored; the last id stays
+    [
+      "an id with NUL is ignored",
+      "id: 7\ndata: a\n\nid: x\u0000y\ndata: b\n\n",
+      [
+        { data: "a", id: "7" },
+        { data: "b", id: "7" }
+      ]
+    ],
     ["event without data is not dispatched", "event: ping\n\ndata: a\n\n", [{ data: "a" }]],
     ["retry and unknown fields ignored", "retry: 100\nfoo: bar\ndata: a\n\n", [{ data: "a" }]],
     ["field without colon", "data\n\n", [{ data: "" }]],
@@ -76,6 +85,13 @@ describe("SSE framing", () => {
     )
     const errors = makeSseParser(100)
     expect(() => errors.feed(`error: ${"e".repeat(60)}\nerror: ${"e".repeat(60)}\n`)).toThrow(SseEventTooLarge)
+    // The data lines joined (their line breaks counted): exactly the limit holds, one character more throws.
+    expect(makeSseParser(100).feed(`data: ${"x".repeat(50)}\ndata: ${"x".repeat(49)}\n\n`)).toEqual([
+      { data: `${"x".repeat(50)}\n${"x".repeat(49)}` }
+    ])
+    expect(() => makeSseParser(100).feed(`data: ${"x".repeat(50)}\ndata: ${"x".repeat(50)}\n`)).toThrow(
+      SseEventTooLarge
+    )
     // Without a limit: as before.
     expect(makeSseParser().feed(`data: ${"x".repeat(10_000)}`)).toEqual([])
   })

@@ -114,6 +114,22 @@ const metric = async (line: string) => {
 const warnings = (text: string) => agent.logs().filter((l) => l.level === "warn" && String(l.msg).includes(text))
 
 describe("the daemon's connection guard", () => {
+  // First, on the fresh agent: README's every reason of both series is a 0 sample before anything was refused or closed.
+  it("counts every refusal and closure reason from 0 from the start", async () => {
+    for (const reason of ["peer_limit", "total_limit", "cooldown", "client_certificate"])
+      expect(await metric(`cgn_agent_grpc_connections_refused_total{reason="${reason}"}`), reason).toMatch(/ 0$/)
+    for (const reason of [
+      "frame_flood",
+      "reset_flood",
+      "refusal_flood",
+      "control_flood",
+      "protocol_error",
+      "keepalive_timeout",
+      "idle_evicted"
+    ])
+      expect(await metric(`cgn_agent_grpc_connections_closed_total{reason="${reason}"}`), reason).toMatch(/ 0$/)
+  })
+
   it("closes a peer's third connection at accept while both run a Watch, counts it, logs it once a minute; the peer's calls go on; once one is idle, a new one takes its place", async () => {
     expect(await metric('cgn_agent_grpc_connections_refused_total{reason="peer_limit"}')).toMatch(/ 0$/)
     const a = await connect("127.0.0.1")

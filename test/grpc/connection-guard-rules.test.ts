@@ -15,6 +15,7 @@ import {
 } from "../../src/services/grpc/ConnectionCaps.ts"
 import {
   answeredBytes,
+  chunkBytes,
   closedReason,
   FLOOD_LIMITS,
   floodStep,
@@ -26,9 +27,12 @@ import {
   PEER_RESET_RATE,
   PING_FRAME_BYTES,
   peerFloodStep,
+  REFUSAL_BURST,
+  REFUSAL_RATE,
   refilled,
   resetMirror,
   resetStep,
+  STREAM_FRAME_BYTES,
   unreadCredit,
   wasted,
   wasteStep
@@ -299,6 +303,39 @@ describe("the flood rule", () => {
     expect(unreadCredit(0, 0, 1 << 20)).toBe((1 << 20) + 9 * 1024)
   })
 
+  it("a request sent in 1-byte DATA frames is its call's bytes, not waste: each chunk is accounted with its 9-byte frame header", () => {
+    // A million such chunks (10 MB on the wire) in one sample: their frame headers alone would be past the burst.
+    const chunks = 1_000_000
+    const sample = { read: chunks * (9 + 1), accounted: chunks * chunkBytes(1), written: 0 }
+    expect(floodStep(fullBucket(0), sample, 250).flood).toBe(false)
+    expect(wasted(sample)).toBe(0)
+  })
+
+  it("a call's own frames (HEADERS, RST_STREAM, WINDOW_UPDATEs) are accounted with it; 200 bytes of other frames per call are waste", () => {
+    const headers = {
+      ":method": "POST",
+      ":path": "/cgn.agent.v1.Agent/Generate",
+      "content-type": "application/grpc",
+      te: "trailers"
+    }
+    // What the guard accounts per call (Guard.onStream); its HPACK block on the wire is never larger than the list.
+    const accounted = headerListBytes(headers) + STREAM_FRAME_BYTES
+    const onWire = (extra: number) => headerListBytes(headers) + 9 + 13 + 2 * 13 + extra
+    /** When 10,000 calls a second, each with `extra` bytes of frames no call needs, first flood (ms; Infinity: a minute). */
+    const floodsAt = (extra: number) => {
+      let b = fullBucket(0)
+      for (let t = 250; t <= 60_000; t += 250) {
+        const step = floodStep(b, { read: 2_500 * onWire(extra), accounted: 2_500 * accounted, written: 0 }, t)
+        if (step.flood) return t
+        b = step.bucket
+      }
+      return Number.POSITIVE_INFINITY
+    }
+    expect(floodsAt(0)).toBe(Number.POSITIVE_INFINITY)
+    // ~1.8 MB/s wasted: the 8 MiB burst is spent in about 11 s at the 1 MiB/s floor.
+    expect(floodsAt(200)).toBeLessThan(15_000)
+  })
+
   it("sizes a header list as RFC 9113 6.5.2 does", () => {
     expect(headerListBytes({ ":path": "/a", te: "trailers", "x-b": ["1", "22"], absent: undefined })).toBe(
       5 + 2 + 32 + (2 + 8 + 32) + (3 + 1 + 32) + (3 + 2 + 32)
@@ -343,6 +380,29 @@ describe("a peer's stream reset budget", () => {
     // The re-check's 4,000 a second (about a core) is over in about 13 s, twice that in about 5 s.
     expect(lasts(4_000)).toBeCloseTo(40_000 / 3, -2)
     expect(lasts(8_000)).toBeCloseTo(40_000 / 7, -2)
+  })
+})
+
+describe("a connection's refusal budget (streams refused before any handler)", () => {
+  /** When refusals `perSec` a second, evenly spread after `burst` at once, first leave the budget (ms; Infinity: 10 minutes). */
+  const closedAt = (perSec: number, burst: number) => {
+    let m = resetMirror(REFUSAL_BURST, 0)
+    for (let i = 0; i < burst; i++) m = resetStep(m, 0, REFUSAL_BURST, REFUSAL_RATE)
+    if (m.left < 0) return 0
+    for (let t = 1000 / perSec; t <= 600_000; t += 1000 / perSec) {
+      m = resetStep(m, t, REFUSAL_BURST, REFUSAL_RATE)
+      if (m.left < 0) return t
+    }
+    return Number.POSITIVE_INFINITY
+  }
+
+  it("takes 1,000 at once, then 100 a second for ever (README); one more at once, or 101 a second after them, closes", () => {
+    expect(closedAt(100, 1_000)).toBe(Number.POSITIVE_INFINITY)
+    expect(closedAt(99, 1_000)).toBe(Number.POSITIVE_INFINITY)
+    expect(closedAt(100, 1_001)).toBe(0)
+    expect(closedAt(101, 1_000)).toBeLessThan(1_000)
+    // From a full budget, 110 a second spend its 1,000 in 100 s (10 a second over the rate).
+    expect(closedAt(110, 0)).toBeCloseTo(100_000, -3)
   })
 })
 

@@ -105,6 +105,14 @@ describe("planRequest: validation", () => {
       says: /request_id must be at most 256/
     },
     {
+      // DEL is no printable ASCII either: Node's Headers would carry it to the engine's X-Request-Id
+      name: "request id with DEL (0x7f)",
+      req: { requestId: "a\x7fb", prompt: "hi" },
+      reason: "invalid_argument",
+      field: "request_id",
+      says: /request_id must be at most 256 printable ASCII characters/
+    },
+    {
       name: "prompt too large",
       req: { prompt: "x".repeat(65) },
       reason: "request_too_large",
@@ -218,6 +226,13 @@ describe("planRequest: validation", () => {
       says: /stop\[1\] is empty/
     },
     {
+      name: "empty first stop",
+      req: { prompt: "a", sampling: { stop: ["", "x"] } },
+      reason: "invalid_argument",
+      field: "sampling.stop",
+      says: /stop\[0\] is empty/
+    },
+    {
       name: "seed above 2^64-1 (only an embedder's fromPartial can send one)",
       req: { prompt: "a", sampling: { seed: "18446744073709551616" } },
       reason: "invalid_argument",
@@ -286,6 +301,30 @@ describe("planRequest: validation", () => {
     expect(r.message).toMatch(/context length 50/)
   })
 
+  it("max_tokens: the model's context length itself is accepted, one token above it refused", () => {
+    const c = config({}, { max_model_len: 50 })
+    expect(plan({ prompt: "a", sampling: { maxTokens: 50 } }, c).body).toMatchObject({ max_tokens: 50 })
+    const r = rejected({ prompt: "a", sampling: { maxTokens: 51 } }, c)
+    expect(r.field).toBe("sampling.max_tokens")
+    expect(r.message).toMatch(/51 is above the model's context length 50/)
+  })
+
+  it("penalties: both ends of -2..2 accepted, just outside either end refused (README: penalties -2..2)", () => {
+    const outside = [Math.fround(-2.001), Math.fround(2.001)]
+    for (const [key, name] of [
+      ["presencePenalty", "presence_penalty"],
+      ["frequencyPenalty", "frequency_penalty"]
+    ] as const) {
+      expect(plan({ prompt: "a", sampling: { [key]: -2 } }).body, key).toMatchObject({ [name]: -2 })
+      expect(plan({ prompt: "a", sampling: { [key]: 2 } }).body, key).toMatchObject({ [name]: 2 })
+      for (const v of outside) {
+        const r = rejected({ prompt: "a", sampling: { [key]: v } })
+        expect(r.field, `${key} ${v}`).toBe(`sampling.${name}`)
+        expect(r.message).toMatch(/must be in -2\.\.2, got -?2\.001$/)
+      }
+    }
+  })
+
   it("accepts the boundaries", () => {
     const p = plan({
       prompt: "x".repeat(64),
@@ -348,6 +387,11 @@ describe("planRequest: OpenAI body", () => {
       repetition_penalty: 1.1
     })
     expect(Object.keys(plan({ prompt: "a", sampling: {} }).body)).toEqual(["prompt"])
+  })
+
+  it("a float goes to the engine with all seven digits the caller wrote (float32 keeps seven)", () => {
+    const p = plan({ prompt: "a", sampling: { temperature: Math.fround(0.1234567), topP: Math.fround(0.9876543) } })
+    expect(p.body).toMatchObject({ temperature: 0.1234567, top_p: 0.9876543 })
   })
 
   it("handoff fields are not written here (planLeg writes them per leg)", () => {

@@ -174,6 +174,15 @@ describe("the status table", () => {
 
   it("keeps the messages callers see", () => {
     expect(toGrpcFailure(samples.NotServing[0]).message).toBe("engine is not ready (starting); retry on another node")
+    // README (Cordon): "node is cordoned ...; retry on another node"
+    expect(toGrpcFailure(samples.NodeCordoned[0]).message).toMatch(/^node is cordoned \(.*\); retry on another node$/)
+    // The transport's own refusals in grpc-js's words (a client or router matching on them sees the same text).
+    expect(toGrpcFailure(samples.MessageTooLarge[0]).message).toBe("received message larger than max (10 vs 5)")
+    expect(toGrpcFailure(samples.CallDeadlineExceeded[0]).message).toBe("Deadline exceeded")
+    // README: RESOURCE_EXHAUSTED (retryable); the message says so too.
+    expect(toGrpcFailure(samples.RequestsOverBudget[0]).message).toBe(
+      "requests still arriving hold more than 64 bytes; retry"
+    )
     expect(toGrpcFailure(samples.LegDeadline[0]).message).toBe(
       "the decode leg did not start within 30s ([agent].handoff_timeout); the engine request was aborted"
     )
@@ -249,6 +258,19 @@ describe("a failure as sent: cgn-retryable and the message's advice agree", () =
     expect(asSent(bound, true)).toEqual(asSent(died, true))
     const invalid = toGrpcFailure(samples.GenerateRejected[0])
     expect(asSent({ ...invalid, pairBound: true }, false)).toEqual({ message: invalid.message, retryable: false })
+  })
+
+  it("a pair-bound leg shed at arrival (its advice after a comma, not a semicolon) gets the pair's advice too", () => {
+    const shed = toGrpcFailure(samples.ShedAtArrival[0])
+    expect(shed.message).toMatch(/, retry on another node$/)
+    const sent = asSent({ ...shed, pairBound: true }, false)
+    expect(sent.retryPair).toBe(true)
+    expect(sent.message).toBe(
+      shed.message.replace(
+        /, retry on another node$/,
+        "; retry both legs as a new pair (this leg's handoff is not to be used again)"
+      )
+    )
   })
 
   it("a status that never advised a retry keeps its words; one with no opinion gets no trailer", () => {

@@ -310,6 +310,62 @@ describe("the Watch cap per client address", () => {
       req.end(Buffer.alloc(5)) // one empty HealthCheckRequest: service ""
     })
 
+  /** `n` Watches of "" from `from` on one connection: each one's first answer (undefined: a message came, else grpc-status and grpc-message). */
+  const watchesFrom = (port: number, from: string, n: number) => {
+    const session = http2.connect(`http://127.0.0.1:${port}`, { localAddress: from } as http2.ClientSessionOptions)
+    session.on("error", () => {})
+    const answers = Array.from(
+      { length: n },
+      () =>
+        new Promise<string | undefined>((resolve) => {
+          const req = session.request({
+            ":method": "POST",
+            ":path": "/grpc.health.v1.Health/Watch",
+            "content-type": "application/grpc",
+            te: "trailers"
+          })
+          req.on("error", () => {})
+          req.on("data", () => resolve(undefined))
+          req.on("response", (h) => {
+            if (h["grpc-status"] !== undefined)
+              resolve(`${h["grpc-status"]} ${decodeURIComponent(String(h["grpc-message"]))}`)
+          })
+          req.end(Buffer.alloc(5))
+        })
+    )
+    return { session, answers: Promise.all(answers) }
+  }
+
+  it("at the defaults, as the agent serves Health: 256 Watches from one address, 4,096 on the server; one more of either is refused", async () => {
+    const health = new HealthImplementation()
+    health.setStatus("", "SERVING")
+    const { server, address } = await serve(health)
+    const port = Number(address.split(":")[1])
+    const sessions: Array<http2.ClientHttp2Session> = []
+    const open = (from: string, n: number) => {
+      const w = watchesFrom(port, from, n)
+      sessions.push(w.session)
+      return w.answers
+    }
+    const exhausted = String(Status.RESOURCE_EXHAUSTED)
+    try {
+      const first = await open("127.0.0.40", 257)
+      expect(first.filter((a) => a === undefined)).toHaveLength(256)
+      expect(first.filter((a) => a !== undefined)).toEqual([
+        `${exhausted} 256 Watch streams from this client address are open on this server already; use Check, or Watch again later`
+      ])
+      // 15 more addresses' 256 each: 4,096 in all, every one open
+      const rest = await Promise.all(Array.from({ length: 15 }, (_, i) => open(`127.0.0.${41 + i}`, 256)))
+      expect(rest.flat().every((a) => a === undefined)).toBe(true)
+      expect(await open("127.0.0.56", 1)).toEqual([
+        `${exhausted} 4096 Watch streams are open on this server already; use Check, or Watch again later`
+      ])
+    } finally {
+      for (const s of sessions) s.destroy()
+      server.destroy()
+    }
+  })
+
   it("refuses one address's Watch past maxWatchesPerPeer; another address still watches", async () => {
     const health = new HealthImplementation()
     health.setStatus("", "SERVING")

@@ -111,6 +111,8 @@ describe("ownInputDigest (decode side)", () => {
       params: P_PARAMS
     })
     expect(ownInputDigest(withInputDigest(P_PARAMS, "abc"), own)._tag).toBe("Malformed")
+    // the scheme is the value's prefix: one further in names none
+    expect(ownInputDigest(withInputDigest(P_PARAMS, "junk v2:whatever"), own)._tag).toBe("Malformed")
     expect(ownInputDigest({ ...P_PARAMS, [INPUT_DIGEST_FIELD]: 7 }, own)._tag).toBe("Malformed")
   })
 })

@@ -95,11 +95,17 @@ describe("quoteInput", () => {
     expect(quoteInput('a"b\\c')).toBe('"a\\"b\\\\c"')
     expect(quoteInput("é\n\u200b")).toBe('"\\u00e9\\n\\u200b"')
     expect(quoteInput("😀")).toBe('"\\ud83d\\ude00"')
+    // DEL (0x7f) is a control character too: JSON.stringify leaves it raw
+    expect(quoteInput("a\x7fb")).toBe('"a\\u007fb"')
   })
 
   it("shows the first characters of a long value and its length", () => {
     expect(quoteInput(`M${"x".repeat(120_000)}`)).toBe(`"M${"x".repeat(QUOTED_CHARS - 1)}"... (120001 characters)`)
     expect(quoteInput("a".repeat(QUOTED_CHARS))).toBe(`"${"a".repeat(QUOTED_CHARS)}"`)
+    // One character over is cut, and says so.
+    expect(quoteInput("a".repeat(QUOTED_CHARS + 1))).toBe(
+      `"${"a".repeat(QUOTED_CHARS)}"... (${QUOTED_CHARS + 1} characters)`
+    )
     // Character 64 is a pair: shown whole, never half.
     expect(quoteInput(`${"a".repeat(QUOTED_CHARS - 1)}😀zz`)).toBe(
       `"${"a".repeat(QUOTED_CHARS - 1)}\\ud83d\\ude00"... (66 characters)`
@@ -210,6 +216,13 @@ describe("header values a transport error quotes (the caller's too)", () => {
     expect(new UnknownMethod({ path: long }).message).toBe(
       `the server does not implement the method "/${"x".repeat(63)}"... (40001 characters)`
     )
+    // 64 printable characters as they are; 65, or a space (unquoted, it would blur where the path ends), quoted
+    const path64 = `/${"x".repeat(63)}`
+    expect(new UnknownMethod({ path: path64 }).message).toBe(`the server does not implement the method ${path64}`)
+    expect(new UnknownMethod({ path: `${path64}y` }).message).toBe(
+      `the server does not implement the method "${path64}"... (65 characters)`
+    )
+    expect(new UnknownMethod({ path: "/a b" }).message).toBe('the server does not implement the method "/a b"')
     expect(new UnknownMethod({ path: "/a b\u0085" }).message).toBe(
       'the server does not implement the method "/a b\\u0085"'
     )

@@ -22,8 +22,19 @@ describe("HostPort", () => {
     expect(hostOfAddr("node-a.example:7071")).toBe("node-a.example")
   })
 
-  it("loopback: 127/8, ::1 in any spelling, ::ffff:127.x, localhost in any case; nothing else", () => {
-    for (const h of ["127.0.0.1", "127.9.8.7", "::1", "[::1]", "0:0:0:0:0:0:0:1", "::ffff:127.0.0.1", "LOCALHOST"])
+  it("loopback: 127/8, ::1 in any spelling, ::ffff:127.x, localhost in any case or with the root's dot; nothing else", () => {
+    for (const h of [
+      "127.0.0.1",
+      "127.9.8.7",
+      "::1",
+      "[::1]",
+      "0:0:0:0:0:0:0:1",
+      "::ffff:127.0.0.1",
+      "LOCALHOST",
+      // the root's dot: the resolver binds "localhost." as "localhost"
+      "localhost.",
+      "127.0.0.1."
+    ])
       expect(isLoopbackHost(h), h).toBe(true)
     for (const h of ["0.0.0.0", "::", "10.0.0.1", "128.0.0.1", "localhost.example", "::ffff:10.0.0.1"])
       expect(isLoopbackHost(h), h).toBe(false)

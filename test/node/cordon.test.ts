@@ -53,6 +53,9 @@ describe("cordon decisions (pure)", () => {
     expect(parseCordonBody('{"reason": "débogage GPU"}')).toEqual(Result.succeed("débogage GPU"))
     expect(parseCordonBody('{"reason": "GPU 🔥 \\ud83d\\udd25"}')).toEqual(Result.succeed("GPU 🔥 🔥"))
     expect(validateReason("é".repeat(MAX_REASON_LENGTH))._tag).toBe("Success")
+    // README: at most 256 printable characters; an emoji is one character (two UTF-16 units)
+    expect(validateReason("😀".repeat(256))).toEqual(Result.succeed("😀".repeat(256)))
+    expect(Result.isFailure(validateReason("😀".repeat(257)))).toBe(true)
     for (const bad of [
       "{",
       "[1]",

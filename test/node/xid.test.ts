@@ -39,6 +39,8 @@ describe("the Xid table", () => {
     expect(describeXid(48)).toBe("Xid 48 (double-bit ECC error)")
     expect(describeXid(95)).toBe("Xid 95 (uncontained ECC error)")
     expect(describeXid(119)).toBe("Xid 119 (GSP RPC timeout)")
+    // README's example of an Xid an operator may ignore (engine.ignore_xids): "a high single-bit ECC rate"
+    expect(describeXid(92)).toBe("Xid 92 (high single-bit ECC error rate)")
     expect(describeXid(150)).toBe("Xid 150")
   })
 
