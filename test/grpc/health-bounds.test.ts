@@ -52,6 +52,19 @@ const requestFrame = (name: string): Buffer => {
   return frame
 }
 
+/** A Watch of `name` on `session` as a raw HTTP/2 stream, its one request sent. */
+const openWatch = (session: http2.ClientHttp2Session, name = ""): http2.ClientHttp2Stream => {
+  const stream = session.request({
+    ":method": "POST",
+    ":path": "/grpc.health.v1.Health/Watch",
+    "content-type": "application/grpc",
+    te: "trailers"
+  })
+  stream.on("error", () => {})
+  stream.end(requestFrame(name))
+  return stream
+}
+
 /**
  * Opens `names.length` Watch streams on one raw HTTP/2 connection, waits until each has its response headers (the
  * handler ran), then resets them all (RST_STREAM CANCEL, a caller's cancel) and closes the connection.
@@ -59,17 +72,7 @@ const requestFrame = (name: string): Buffer => {
 const watchAndCancel = async (address: string, names: ReadonlyArray<string>): Promise<void> => {
   const session = http2.connect(`http://${address}`)
   session.on("error", () => {})
-  const streams = names.map((name) => {
-    const stream = session.request({
-      ":method": "POST",
-      ":path": "/grpc.health.v1.Health/Watch",
-      "content-type": "application/grpc",
-      te: "trailers"
-    })
-    stream.on("error", () => {})
-    stream.end(requestFrame(name))
-    return stream
-  })
+  const streams = names.map((name) => openWatch(session, name))
   await Promise.all(streams.map((s) => new Promise((ok) => s.once("response", ok))))
   await Promise.all(
     streams.map(
@@ -295,19 +298,12 @@ describe("the Watch cap per client address", () => {
     new Promise<{ status: string | undefined; session: http2.ClientHttp2Session }>((resolve) => {
       const session = http2.connect(`http://127.0.0.1:${port}`, { localAddress: from } as http2.ClientSessionOptions)
       session.on("error", () => {})
-      const req = session.request({
-        ":method": "POST",
-        ":path": "/grpc.health.v1.Health/Watch",
-        "content-type": "application/grpc",
-        te: "trailers"
-      })
-      req.on("error", () => {})
+      const req = openWatch(session)
       req.on("data", () => resolve({ status: undefined, session }))
       req.on("response", (h) => {
         const status = h["grpc-status"] as string | undefined
         if (status !== undefined) resolve({ status, session })
       })
-      req.end(Buffer.alloc(5)) // one empty HealthCheckRequest: service ""
     })
 
   /** `n` Watches of "" from `from` on one connection: each one's first answer (undefined: a message came, else grpc-status and grpc-message). */
@@ -318,19 +314,12 @@ describe("the Watch cap per client address", () => {
       { length: n },
       () =>
         new Promise<string | undefined>((resolve) => {
-          const req = session.request({
-            ":method": "POST",
-            ":path": "/grpc.health.v1.Health/Watch",
-            "content-type": "application/grpc",
-            te: "trailers"
-          })
-          req.on("error", () => {})
+          const req = openWatch(session)
           req.on("data", () => resolve(undefined))
           req.on("response", (h) => {
             if (h["grpc-status"] !== undefined)
               resolve(`${h["grpc-status"]} ${decodeURIComponent(String(h["grpc-message"]))}`)
           })
-          req.end(Buffer.alloc(5))
         })
     )
     return { session, answers: Promise.all(answers) }
