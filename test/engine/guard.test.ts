@@ -1,7 +1,22 @@
 // The orphan guard's pure parts: its command line, its fd-3 report lines, and the /proc stat parser the
 // zombie-aware group liveness relies on.
+import { spawn } from "node:child_process"
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
 import { assert, describe, it } from "@effect/vitest"
-import { bootTimeOf, parseProcStat, processStartMs, startTicksOf } from "../../src/layers/engine/processGroup.ts"
+import {
+  bootTimeOf,
+  groupAlive,
+  groupMembers,
+  parseProcStat,
+  processExe,
+  processStartMs,
+  readStat,
+  START_MATCH_MS,
+  startMatches,
+  startTicksOf
+} from "../../src/layers/engine/processGroup.ts"
 import { buildGuardArgs, decodeReport, encodeReport, parseGuardArgs } from "../../src/services/engine/GuardProtocol.ts"
 
 describe("guard command line", () => {
@@ -56,5 +71,65 @@ describe("a process's start time from /proc", () => {
     const started = processStartMs(process.pid)
     assert.isDefined(started)
     assert.isBelow(Math.abs(started! - (Date.now() - process.uptime() * 1000)), 1_000)
+  })
+})
+
+describe("a process group's members and an engine's executable, from /proc", () => {
+  /** Polls `check` every 10 ms, at most 5 s: a process's state as it comes. */
+  const until = async (what: string, check: () => boolean) => {
+    for (let i = 0; i < 500; i++) {
+      if (check()) return
+      await new Promise((r) => setTimeout(r, 10))
+    }
+    throw new Error(`timed out waiting for ${what}`)
+  }
+
+  it("counts a zombie member as dead (PID 1 in a container often does not reap)", async () => {
+    // sh forks a short sleep, then execs a long one that never reaps it: a zombie stays in the group
+    const p = spawn("sh", ["-c", "sleep 0.01 & exec sleep 30"], { detached: true, stdio: "ignore" })
+    const pgid = p.pid as number
+    try {
+      const zombies = () =>
+        fs
+          .readdirSync("/proc")
+          .filter((n) => /^\d+$/.test(n))
+          .map((n) => readStat(Number(n)))
+          .filter((st) => st !== undefined && st.pgrp === pgid && st.state === "Z")
+      await until("the zombie", () => zombies().length === 1)
+      assert.deepStrictEqual(groupMembers(pgid), [pgid])
+      process.kill(pgid, "SIGKILL")
+      // the group's leader killed, only the zombie is left (its parent gone, init reaps it in its own time)
+      await until("the group counted dead", () => !groupAlive(pgid))
+    } finally {
+      try {
+        process.kill(-pgid, "SIGKILL")
+      } catch {}
+    }
+  })
+
+  it("reads a replaced executable's path without the ' (deleted)' the link then carries", async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-exe-"))
+    const exe = path.join(dir, "engine")
+    fs.copyFileSync(fs.realpathSync("/bin/sleep"), exe)
+    fs.chmodSync(exe, 0o700)
+    const p = spawn(exe, ["30"], { stdio: "ignore" })
+    try {
+      const pid = p.pid as number
+      await until("the exec", () => processExe(pid) === exe)
+      fs.rmSync(exe) // a package upgrade replaces the binary under the running engine
+      assert.strictEqual(fs.readlinkSync(`/proc/${pid}/exe`), `${exe} (deleted)`)
+      assert.strictEqual(processExe(pid), exe)
+    } finally {
+      p.kill("SIGKILL")
+      fs.rmSync(dir, { recursive: true, force: true })
+    }
+  })
+
+  it("takes a recorded start within 15 s of /proc's for the same process, and one further off for a reused pid", () => {
+    assert.strictEqual(START_MATCH_MS, 15_000)
+    assert.isTrue(startMatches(100_000, 115_000))
+    assert.isTrue(startMatches(115_000, 100_000))
+    assert.isFalse(startMatches(100_000, 116_000))
+    assert.isFalse(startMatches(100_000, 40_000))
   })
 })

@@ -100,6 +100,27 @@ describe("release", () => {
     }
   })()
 
+  it("removes the lock at its release only while it is this holding's: a successor's lock stays", async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-lock-release-"))
+    const lock = lockFilePath(dir)
+    // another agent took the lock over meanwhile (this one's heartbeat silent past HEARTBEAT_STALE_MS)
+    const successor = `${JSON.stringify({ ...record, token: "successor" })}\n`
+    try {
+      const exit = await Effect.runPromiseExit(
+        Effect.scoped(
+          Effect.andThen(
+            holdStateDir(dir),
+            Effect.sync(() => fs.writeFileSync(lock, successor))
+          )
+        )
+      )
+      expect(Exit.isSuccess(exit), String(exit)).toBe(true)
+      expect(fs.readFileSync(lock, "utf8")).toBe(successor)
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true })
+    }
+  })
+
   it.skipIf(!canChattr)(
     "a lock that cannot be removed is logged and left to the next agent, not a defect",
     async () => {

@@ -221,6 +221,32 @@ describe("EngineLegs feeds admission and gives it the call's deadline", () => {
     }).pipe(Effect.provide(legsLayer("both")))
   )
 
+  it.effect(
+    "normal calls without a grpc-timeout are never shed, however long they wait (handoff_timeout is the P/D legs')",
+    () =>
+      Effect.gen(function* () {
+        const run = yield* EngineLegs.make()
+        const a = yield* Admission
+        const call = () => Effect.forkChild(run(new Relay(1024), plan, normal, { requestId: "r" }))
+        for (let i = 0; i < MIN_SAMPLES; i++) {
+          const f = yield* call()
+          yield* TestClock.adjust("300 millis")
+          yield* Fiber.join(f)
+        }
+        const first = yield* call()
+        yield* settle(Effect.map(a.inflight, (n) => n === 1))
+        const waiting = []
+        for (let i = 1; i <= 4; i++) {
+          waiting.push(yield* call())
+          yield* queuedCount(a, i)
+        }
+        // The last one reaches its slot after 1.2 s waiting: past handoff_timeout (1 s) less its need (300 ms)
+        for (let i = 0; i < 5; i++) yield* TestClock.adjust("300 millis")
+        for (const f of [first, ...waiting]) yield* Fiber.join(f)
+        assert.deepInclude(yield* a.stats, { shedAtSlot: 0, shedAtArrival: 0 })
+      }).pipe(Effect.provide(legsLayer("both")))
+  )
+
   it.effect("prefill legs: the answer timed; the deadline is the nearer of handoff_timeout and the caller's", () =>
     Effect.gen(function* () {
       const run = yield* EngineLegs.make()

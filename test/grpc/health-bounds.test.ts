@@ -11,7 +11,7 @@ import { type ClientError, createChannel, createClient, Status } from "nice-grpc
 import { HealthDefinition } from "nice-grpc-server-health"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { HealthCheckResponse_ServingStatus as S } from "../../src/gen/grpc/health/v1/health.ts"
-import { addHealth } from "../../src/layers/grpc/Health.ts"
+import { addHealth, PublishedHealth } from "../../src/layers/grpc/Health.ts"
 import * as HealthListener from "../../src/layers/grpc/HealthListener.ts"
 import { Http2GrpcServer } from "../../src/layers/grpc/http2/Server.ts"
 import { AGENT_SERVICE } from "../../src/services/grpc/GrpcServer.ts"
@@ -208,6 +208,40 @@ describe("Health on the agent's server", () => {
   })
 })
 
+describe("PublishedHealth on Watch", () => {
+  it("sends each watcher a status once: a change of one name's status sends nothing to the other's watchers", async () => {
+    const published = new PublishedHealth()
+    published.publish("SERVING", "SERVING")
+    const { server, address } = await serve(published.implementation)
+    const channel = createChannel(address)
+    const abort = new AbortController()
+    try {
+      const client = createClient(HealthDefinition, channel)
+      const watches = ["", AGENT_SERVICE].map((service) =>
+        client.watch({ service }, { signal: abort.signal })[Symbol.asyncIterator]()
+      )
+      const seen: Array<Array<S>> = [[], []]
+      const next = async (i: number) => {
+        const r = await watches[i]?.next()
+        if (r !== undefined && !r.done) seen[i]?.push(r.value.status)
+      }
+      await Promise.all([next(0), next(1)])
+      published.publish("SERVING", "NOT_SERVING") // cordoned: only the Agent service changes
+      published.publish("NOT_SERVING", "NOT_SERVING") // engine down: only "" changes
+      published.publish("SERVING", "SERVING") // both change: the last message of each, after any repeat
+      for (const i of [0, 1]) while (seen[i]?.at(-1) !== S.SERVING || (seen[i]?.length ?? 0) < 3) await next(i)
+      expect(seen).toEqual([
+        [S.SERVING, S.NOT_SERVING, S.SERVING],
+        [S.SERVING, S.NOT_SERVING, S.SERVING]
+      ])
+    } finally {
+      abort.abort()
+      channel.close()
+      server.destroy()
+    }
+  })
+})
+
 describe("the Watch cap", () => {
   it("refuses a Watch past maxWatches with RESOURCE_EXHAUSTED, takes one again once a Watch ends", async () => {
     const health = new HealthImplementation()
@@ -349,6 +383,32 @@ describe("the Watch cap per client address", () => {
       expect(await open("127.0.0.56", 1)).toEqual([
         `${exhausted} 4096 Watch streams are open on this server already; use Check, or Watch again later`
       ])
+    } finally {
+      for (const s of sessions) s.destroy()
+      server.destroy()
+    }
+  })
+
+  it("gives an address's places back as its Watches end: 256 opened and closed, then one more is served", async () => {
+    const health = new HealthImplementation()
+    health.setStatus("", "SERVING")
+    const { server, address } = await serve(health)
+    const port = Number(address.split(":")[1])
+    const sessions: Array<http2.ClientHttp2Session> = []
+    try {
+      const all = watchesFrom(port, "127.0.0.57", 256)
+      sessions.push(all.session)
+      expect((await all.answers).every((a) => a === undefined)).toBe(true)
+      all.session.destroy()
+      // The cancels reach the server in their own time: polled, bounded.
+      let answer: string | undefined = "none yet"
+      for (let i = 0; i < 200 && answer !== undefined; i++) {
+        const one = watchesFrom(port, "127.0.0.57", 1)
+        sessions.push(one.session)
+        answer = (await one.answers)[0]
+        one.session.destroy()
+      }
+      expect(answer).toBeUndefined()
     } finally {
       for (const s of sessions) s.destroy()
       server.destroy()

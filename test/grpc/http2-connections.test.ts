@@ -8,7 +8,7 @@ import * as http2 from "node:http2"
 import * as net from "node:net"
 import * as tls from "node:tls"
 import type * as grpc from "@grpc/grpc-js"
-import { afterEach, describe, expect, it } from "vitest"
+import { afterEach, describe, expect, it, vi } from "vitest"
 import type { ServerCall } from "../../src/layers/grpc/http2/Call.ts"
 import { concurrentStreams } from "../../src/layers/grpc/http2/Connections.ts"
 import { Http2GrpcServer } from "../../src/layers/grpc/http2/Server.ts"
@@ -151,6 +151,20 @@ describe("the gRPC server's connections", () => {
     // Idle past its own deadline, the established connection still serves.
     expect(kept.closed || kept.destroyed).toBe(false)
     expect(await echoOn(kept)).toBe("0")
+  })
+
+  it("by default gives a connection 10 s for its handshake (README: HANDSHAKE_TIMEOUT_MS), not a moment less", async () => {
+    const { server, port, errors } = await start()
+    // The deadline is a setTimeout armed at the session's start: faked, so that 10 s pass at once.
+    vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout"] })
+    cleanups.push(() => vi.useRealTimers())
+    silent(port)
+    for (let i = 0; i < 1_000 && server.open.sessions === 0; i++) await new Promise((r) => setImmediate(r))
+    expect(server.open.sessions).toBe(1)
+    vi.advanceTimersByTime(9_999)
+    expect(errors).toEqual([])
+    vi.advanceTimersByTime(1)
+    expect(errors.map((e) => e.message)).toEqual(["no HTTP/2 handshake within 10000 ms; connection closed"])
   })
 
   it("closes a connection that stops inside its TLS handshake at the deadline (Node's TLS bound is 120 s)", async () => {

@@ -10,12 +10,13 @@ import * as http2 from "node:http2"
 import * as net from "node:net"
 import * as tls from "node:tls"
 import type * as grpc from "@grpc/grpc-js"
-import { afterEach, describe, expect, it } from "vitest"
+import { afterEach, describe, expect, it, vi } from "vitest"
 import type { ServerCall } from "../../src/layers/grpc/http2/Call.ts"
+import { type Sampled, sampleFloods } from "../../src/layers/grpc/http2/floodSample.ts"
 import type { GuardEvent } from "../../src/layers/grpc/http2/Guard.ts"
 import { Http2GrpcServer } from "../../src/layers/grpc/http2/Server.ts"
 import { SETTLED_IDLE_MS } from "../../src/services/grpc/ConnectionCaps.ts"
-import type { FloodLimits } from "../../src/services/grpc/FloodRule.ts"
+import { type FloodLimits, fullBucket } from "../../src/services/grpc/FloodRule.ts"
 import { frameMessage } from "../../src/services/grpc/Wire.ts"
 import { makeTestPki } from "../support/certs.ts"
 import { pollUntil } from "../support/poll.ts"
@@ -213,6 +214,17 @@ const closesFlooder = async (
   expect(events).toEqual([{ kind: "closed", reason: "frame_flood", peer: from, bytes: expect.any(Number) }])
 }
 
+/** Resets `n` calls on `session` (HEADERS, then RST_STREAM CANCEL), then awaits a PING: the server read them all. */
+const resetStreams = async (session: http2.ClientHttp2Session, n: number) => {
+  for (let i = 0; i < n && !session.closed && !session.destroyed; i++) {
+    const req = session.request({ ...HEADERS, ":path": "/t.T/Echo" })
+    req.on("error", () => {})
+    req.close(http2.constants.NGHTTP2_CANCEL)
+    if (i % 500 === 499) await new Promise((r) => setImmediate(r))
+  }
+  if (!session.closed && !session.destroyed) await new Promise<void>((resolve) => session.ping(() => resolve()))
+}
+
 describe("the gRPC server's guard", () => {
   it("closes a WINDOW_UPDATE flood GOAWAY ENHANCE_YOUR_CALM, reports it, refuses its peer for the cool-down; another peer is served", async () => {
     const { port, events } = await start()
@@ -250,6 +262,25 @@ describe("the gRPC server's guard", () => {
     expect(await within(flooder.closed, 5_000)).not.toBe("pending")
     expect(flooder.goaway()).toBe(http2.constants.NGHTTP2_ENHANCE_YOUR_CALM)
     expect(events).toEqual([{ kind: "closed", reason: "frame_flood", peer: "127.0.0.6", bytes: expect.any(Number) }])
+  })
+
+  it("closes a SETTINGS flood, whose acks (the agent's writes) cancelled it: it was never closed", async () => {
+    // README: the acks the agent sends for the client's own PINGs and SETTINGS are not its writes. Empty SETTINGS
+    // frames (9 bytes, each acked with 9) paced as the PING flood's, under the same stricter rule.
+    const { port, events } = await start({ flood: { burstBytes: 128 * 1024, floorBytesPerSec: 16 * 1024 } })
+    const flooder = rawClient(port, "127.0.0.7")
+    const batch = Buffer.concat(Array.from({ length: 200 }, () => frame(4, 0, 0, Buffer.alloc(0))))
+    let sent = 0
+    let over = false
+    void flooder.closed.then(() => (over = true))
+    while (!over && sent < 300 * batch.length) {
+      flooder.socket.write(batch)
+      sent += batch.length
+      await new Promise((r) => setTimeout(r, 1))
+    }
+    expect(await within(flooder.closed, 5_000)).not.toBe("pending")
+    expect(flooder.goaway()).toBe(http2.constants.NGHTTP2_ENHANCE_YOUR_CALM)
+    expect(events).toEqual([{ kind: "closed", reason: "frame_flood", peer: "127.0.0.7", bytes: expect.any(Number) }])
   })
 
   it("closes a peer's connections that flood together, each under its own limit; its clean connection and other peers' stay", async () => {
@@ -529,10 +560,13 @@ describe("the gRPC server's guard", () => {
     expect(await within(client.closed, 5_000)).not.toBe("pending")
     await pollUntil("the guard's report", () => events.length > 0)
     expect(events).toEqual([{ kind: "closed", reason: "protocol_error", peer: "127.0.0.14" }])
+    // No cool-down (README: only a flood's address is refused): the address's next connection is served at once.
+    expect((await call(connect(port, "127.0.0.14"), "/t.T/Echo")).status).toBe("0")
+    expect(events).toEqual([{ kind: "closed", reason: "protocol_error", peer: "127.0.0.14" }])
   })
 
   it("closes a peer's connection past the peer's reset budget on all its connections together, ENHANCE_YOUR_CALM", async () => {
-    // Default: 40,000 at once, 4,000/s; Node's guard (10,000 per connection) never sees these.
+    // Default: 40,000 at once, 1,000/s; Node's guard (10,000 per connection) never sees these.
     const { port, events } = await start({ peerResets: { burst: 300, ratePerSec: 1 } })
     const resets = async (session: http2.ClientHttp2Session, n: number) => {
       for (let i = 0; i < n && !session.closed && !session.destroyed; i++) {
@@ -553,6 +587,59 @@ describe("the gRPC server's guard", () => {
     expect(events).toEqual([{ kind: "closed", reason: "reset_flood", peer: "127.0.0.10" }])
     // Another peer's calls go on.
     expect((await call(connect(port, "127.0.0.11"), "/t.T/Echo")).status).toBe("0")
+  })
+
+  it("closes a peer's connection at the reset past its budget, not at the budget's last one", async () => {
+    // No refill (0/s): the budget of 5 is spent by exactly 5 resets, and the 6th is past it.
+    const { port, events } = await start({ peerResets: { burst: 5, ratePerSec: 0 } })
+    const session = connect(port, "127.0.0.24")
+    const goaway = new Promise<number>((resolve) => session.once("goaway", (code) => resolve(code)))
+    await resetStreams(session, 5)
+    expect(events).toEqual([])
+    expect((await call(session, "/t.T/Echo")).status).toBe("0")
+    await resetStreams(session, 1)
+    expect(await within(goaway, 5_000)).toBe(http2.constants.NGHTTP2_ENHANCE_YOUR_CALM)
+    expect(events).toEqual([{ kind: "closed", reason: "reset_flood", peer: "127.0.0.24" }])
+  })
+
+  it("by default lets one address reset 20,000 streams at once over 4 connections (its budget is 40,000)", async () => {
+    const { port, events } = await start()
+    const sessions = [1, 2, 3, 4].map(() => connect(port, "127.0.0.25"))
+    // 5,000 each: under Node's guard on each connection (10,000), over one connection's worth (10,000) together
+    await Promise.all(sessions.map((s) => resetStreams(s, 5_000)))
+    expect(events).toEqual([])
+    expect(sessions.every((s) => !s.closed && !s.destroyed)).toBe(true)
+  }, 30_000)
+
+  it("sizes Node's rapid-reset guard for a router: after most of the burst of 10,000, 1,000 more a second later are kept", async () => {
+    const { port, events } = await start()
+    const session = connect(port, "127.0.0.26")
+    let goaway: number | undefined
+    session.once("goaway", (code: number) => (goaway = code))
+    await resetStreams(session, 9_500)
+    // nghttp2 refills its budget once a whole second has passed: 1,000 at Node's rate for a router, 33 at its default
+    await new Promise((r) => setTimeout(r, 1_100))
+    await resetStreams(session, 1_000)
+    expect(goaway).toBeUndefined()
+    expect(events).toEqual([])
+    expect((await call(session, "/t.T/Echo")).status).toBe("0")
+  }, 30_000)
+
+  it("closes a connection at the refusal past the budget of 1,000, not at the budget's last one", async () => {
+    // performance.now() frozen (the guard's clock): no refill while the calls are refused.
+    const now = performance.now()
+    const frozen = vi.spyOn(performance, "now").mockReturnValue(now)
+    cleanups.push(() => frozen.mockRestore())
+    const { port, events } = await start()
+    const session = connect(port, "127.0.0.27")
+    const goaway = new Promise<number>((r) => session.once("goaway", (code: number) => r(code)))
+    const refused = await Promise.all(Array.from({ length: 1_000 }, () => call(session, "/t.T/NewMethod")))
+    expect(refused.every((r) => r.status === "12")).toBe(true)
+    expect(events).toEqual([])
+    expect(session.closed || session.destroyed).toBe(false)
+    await call(session, "/t.T/NewMethod")
+    expect(await within(goaway, 5_000)).toBe(http2.constants.NGHTTP2_ENHANCE_YOUR_CALM)
+    expect(events).toEqual([{ kind: "closed", reason: "refusal_flood", peer: "127.0.0.27" }])
   })
 
   for (const tls of [false, true])
@@ -627,5 +714,54 @@ describe("requestReadTimeoutMs on a request-streaming call", () => {
     expect(reason).toBe("request_read_timeout")
     expect(performance.now() - t1).toBeGreaterThanOrEqual(190)
     expect(performance.now() - t0).toBeGreaterThan(600)
+  })
+})
+
+describe("the flood sample (floodSample.ts), on sessions whose socket counters the test sets", () => {
+  const rules = {
+    connection: { burstBytes: 128 * 1024, floorBytesPerSec: 16 * 1024 },
+    peer: { burstBytes: 64 * 1024, floorBytesPerSec: 16 * 1024 }
+  }
+  const session = () => ({ destroyed: false, socket: { bytesRead: 0, bytesWritten: 0 } })
+  const followed = (peer: string): Sampled => ({
+    peer,
+    accounted: 0,
+    bucket: fullBucket(0, rules.connection),
+    read: 0,
+    written: 0,
+    pings: 0,
+    settings: 0
+  })
+  const sample = (sessions: Map<ReturnType<typeof session>, Sampled>, now: number) => {
+    const closed: Array<[ReturnType<typeof session>, string, number]> = []
+    sampleFloods(sessions as unknown as Map<http2.Http2Session, Sampled>, new Map(), rules, now, (s, peer, waste) =>
+      closed.push([s as unknown as ReturnType<typeof session>, peer, waste])
+    )
+    return closed
+  }
+
+  it("credits a call's bytes to the sample they were read in only: a flood after a large call is one", () => {
+    const s = session()
+    const f = followed("127.0.0.1")
+    const sessions = new Map([[s, f]])
+    // 100 KB read, all a call's (the server accounts for them): no waste
+    s.socket.bytesRead = 100_000
+    f.accounted = 100_000
+    expect(sample(sessions, 0)).toEqual([])
+    // then 150 KB of frames no call accounts for, in the same millisecond (no refill): past the burst of 128 KiB
+    s.socket.bytesRead += 150_000
+    expect(sample(sessions, 0)).toEqual([[s, "127.0.0.1", 150_000]])
+  })
+
+  it("charges a connection closed for its own flood to no peer budget: its address's other connection stays", () => {
+    const flooder = session()
+    const other = session()
+    const sessions = new Map([
+      [flooder, followed("127.0.0.2")],
+      [other, followed("127.0.0.2")]
+    ])
+    flooder.socket.bytesRead = 200_000 // past its own burst (128 KiB)
+    other.socket.bytesRead = 2_000 // under the peer's (64 KiB) alone, over it with the flooder's bytes
+    expect(sample(sessions, 0)).toEqual([[flooder, "127.0.0.2", 200_000]])
   })
 })

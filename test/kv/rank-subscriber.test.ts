@@ -1,6 +1,7 @@
 // A rank's SUB socket (src/layers/kv/rankSubscriber.ts) holds at most about its high-water mark of messages the
 // reader has not taken, derived from kv.max_queue_bytes (KvEvents.ts subscriberHighWaterMark): a reader behind its
 // engine costs dropped messages (a gap the sequencer replays or resyncs), not memory outside the bridge's bound.
+import * as fs from "node:fs"
 import { Deferred, Effect, Exit, Fiber, Scope } from "effect"
 import { describe, expect, it } from "vitest"
 import * as zmq from "zeromq"
@@ -77,6 +78,67 @@ describe("a rank's SUB socket", () => {
       await Effect.runPromise(Fiber.interrupt(reader))
       await Effect.runPromise(Scope.close(scope, Exit.void))
       pub.close()
+    }
+  })
+
+  it("bound (the engine connects): tells a publisher's reconnect through `accept`, never its first connection", async () => {
+    const port = await freePort()
+    let reconnected = 0
+    let received = 0
+    const subscribed = await Effect.runPromise(Deferred.make<void>())
+    const scope = await Effect.runPromise(Scope.make())
+    const reader = await Effect.runPromise(
+      Effect.forkDetach(
+        Scope.provide(
+          readRank({
+            rank: 0,
+            endpoint: `tcp://127.0.0.1:${port}`,
+            engineBinds: false,
+            topic: "kv",
+            receiveHighWaterMark: 1_000,
+            onSubscribed: () => Effect.runSync(Deferred.succeed(subscribed, undefined)),
+            onReconnected: Effect.sync(() => void reconnected++),
+            onFrames: () => Effect.sync(() => void received++)
+          }),
+          scope
+        )
+      )
+    )
+    /** A publisher connected to the agent's socket, once a message of its own was read (its connection is up). */
+    const publisher = async () => {
+      const pub = new zmq.Publisher({ linger: 0 })
+      pub.connect(`tcp://127.0.0.1:${port}`)
+      const before = received
+      await pollUntil("a message read", async () => {
+        await pub.send(["kv", new Uint8Array(8), "x"])
+        return received > before ? true : undefined
+      })
+      return pub
+    }
+    /** Whether the agent's socket still holds a connection on its port (ESTABLISHED or CLOSE_WAIT, /proc/net/tcp). */
+    const connectionHeld = () =>
+      fs
+        .readFileSync("/proc/net/tcp", "utf8")
+        .split("\n")
+        .slice(1)
+        .some((line) => {
+          const [, local, , state] = line.trim().split(/\s+/)
+          return Number.parseInt(local?.split(":")[1] ?? "", 16) === port && (state === "01" || state === "08")
+        })
+    try {
+      await Effect.runPromise(Deferred.await(subscribed))
+      const first = await publisher()
+      first.close()
+      // the agent's socket closed its end: its "disconnect" is in the monitor's queue before the next "accept"
+      await pollUntil("the first connection's close", () => !connectionHeld())
+      expect(reconnected).toBe(0) // a first connection is no reconnect
+      const second = await publisher()
+      await pollUntil("the reconnect told", () => reconnected > 0)
+      second.close()
+      expect(reconnected).toBe(1)
+    } finally {
+      await Effect.runPromise(Fiber.interrupt(reader))
+      await Effect.runPromise(Scope.close(scope, Exit.void))
     }
   })
 })

@@ -103,6 +103,8 @@ describe("engine load sampler", () => {
       assert.deepInclude(during, { engineRunning: 3, kvUsage: 0.25 }, "the last sample (1 s old) is still shown")
       const body = (yield* atOnce("/metrics during a hung scrape", metrics.render)).body
       assert.include(body, "cgn_agent_engine_kv_cache_usage_ratio 0.25")
+      // the engine's own running count (3), not the agent's in-flight count (no call here)
+      assert.match(body, /^cgn_agent_engine_running_requests 3$/m)
       assert.strictEqual(engine.scrapes, 2, "the scrape at t=1000, made by the sampler")
 
       // 0.9 of a heartbeat later the scrape is given up: its request interrupted, nothing piles up

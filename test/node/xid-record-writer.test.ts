@@ -9,7 +9,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect, Fiber, Logger } from "effect"
 import { TestClock } from "effect/testing"
 import { sweepTemps } from "../../src/layers/node/stateFiles.ts"
-import { COUNT_WRITE_MS, recordWriter } from "../../src/layers/node/xidRecordWriter.ts"
+import { recordWriter } from "../../src/layers/node/xidRecordWriter.ts"
 
 /** A write the test settles by hand: what each write wrote, in order, and how many ran at once at most. */
 const scripted = () => {
@@ -86,7 +86,7 @@ describe("the Xid record's writer", () => {
     }).pipe(Effect.provide(Logger.layer([logger])))
   })
 
-  it.effect("event counts alone are written once 30 s have passed since the last write", () =>
+  it.effect("event counts alone are written once 30 s (README) have passed since the last write, not a moment less", () =>
     Effect.gen(function* () {
       const s = scripted()
       const writer = recordWriter("/x/gpu-xids.json", () => "v", s.writeFile)
@@ -95,12 +95,32 @@ describe("the Xid record's writer", () => {
       s.writes[0]?.settle()
       yield* settleAll
       yield* writer.note("counts")
-      yield* settleAll
-      assert.strictEqual(s.writes.length, 1, "counts wait")
-      yield* TestClock.adjust(COUNT_WRITE_MS)
+      yield* TestClock.adjust("29999 millis")
       yield* writer.note("none")
       yield* settleAll
-      assert.strictEqual(s.writes.length, 2, "written once due")
+      assert.strictEqual(s.writes.length, 1, "counts wait")
+      yield* TestClock.adjust("1 millis")
+      yield* writer.note("none")
+      yield* settleAll
+      assert.strictEqual(s.writes.length, 2, "written at 30 s")
+    })
+  )
+
+  it.effect("a failed clear leaves the next write due at once: the next sample writes", () =>
+    Effect.gen(function* () {
+      const s = scripted()
+      const writer = recordWriter("/x/gpu-xids.json", () => "v", s.writeFile)
+      yield* writer.note("xids")
+      yield* settleAll
+      s.writes[0]?.settle()
+      yield* settleAll
+      const clear = yield* Effect.forkChild(Effect.flip(writer.writeNow))
+      yield* settleAll
+      s.writes[1]?.settle(errno("EIO", "/x/gpu-xids.json"))
+      assert.strictEqual((yield* Fiber.join(clear))._tag, "XidRecordError")
+      yield* writer.note("none")
+      yield* settleAll
+      assert.strictEqual(s.writes.length, 3, "written again at once, not 30 s after the last write")
     })
   )
 

@@ -1,6 +1,7 @@
 // What the reporter says of an etcd call's failure (src/layers/registry/etcdErrors.ts), driven directly.
+import * as etcd3 from "etcd3"
 import { describe, expect, it } from "vitest"
-import { etcdAuthSays, makeFailureReasons } from "../../src/layers/registry/etcdErrors.ts"
+import { answeredBy, etcdAuthSays, makeFailureReasons, withTlsHint } from "../../src/layers/registry/etcdErrors.ts"
 
 const untrusted = new Error(
   "14 UNAVAILABLE: No connection established. Last error: Error: self-signed certificate in certificate chain"
@@ -34,5 +35,26 @@ describe("etcd failure reasons", () => {
     expect(reasonOf(new Error("7 PERMISSION_DENIED: etcdserver: permission denied"))).toMatch(
       /roles must grant readwrite on cluster.etcd_prefix's keys\)$/
     )
+  })
+
+  it("give TLS 1.3's 'certificate required' alert the client-certificate hint", () => {
+    expect(
+      withTlsHint(
+        "14 UNAVAILABLE: No connection established. Last error: error:0A00045C:SSL routines::tlsv13 alert certificate required"
+      )
+    ).toMatch(/^TLS handshake refused by etcd: it requires a client certificate/)
+  })
+})
+
+describe("which etcd failures are its answer (a refusal that revokes the lease) and which got none", () => {
+  const answered = answeredBy(etcd3)
+  it("a lease etcd says is gone, or a permission it refuses, is its answer", () => {
+    expect(answered(new etcd3.EtcdLeaseInvalidError("requested lease not found"))).toBe(true)
+    expect(answered(new etcd3.EtcdPermissionDeniedError("etcdserver: permission denied"))).toBe(true)
+  })
+  it("an unreachable etcd, a deadline and a cancel are no answer: nothing is revoked then", () => {
+    expect(answered(new etcd3.GRPCUnavailableError("14 UNAVAILABLE: No connection established"))).toBe(false)
+    expect(answered(new etcd3.GRPCDeadlineExceededError("4 DEADLINE_EXCEEDED"))).toBe(false)
+    expect(answered(new etcd3.GRPCCancelledError("1 CANCELLED"))).toBe(false)
   })
 })
