@@ -86,24 +86,26 @@ describe("the Xid record's writer", () => {
     }).pipe(Effect.provide(Logger.layer([logger])))
   })
 
-  it.effect("event counts alone are written once 30 s (README) have passed since the last write, not a moment less", () =>
-    Effect.gen(function* () {
-      const s = scripted()
-      const writer = recordWriter("/x/gpu-xids.json", () => "v", s.writeFile)
-      yield* writer.note("xids")
-      yield* settleAll
-      s.writes[0]?.settle()
-      yield* settleAll
-      yield* writer.note("counts")
-      yield* TestClock.adjust("29999 millis")
-      yield* writer.note("none")
-      yield* settleAll
-      assert.strictEqual(s.writes.length, 1, "counts wait")
-      yield* TestClock.adjust("1 millis")
-      yield* writer.note("none")
-      yield* settleAll
-      assert.strictEqual(s.writes.length, 2, "written at 30 s")
-    })
+  it.effect(
+    "event counts alone are written once 30 s (README) have passed since the last write, not a moment less",
+    () =>
+      Effect.gen(function* () {
+        const s = scripted()
+        const writer = recordWriter("/x/gpu-xids.json", () => "v", s.writeFile)
+        yield* writer.note("xids")
+        yield* settleAll
+        s.writes[0]?.settle()
+        yield* settleAll
+        yield* writer.note("counts")
+        yield* TestClock.adjust("29999 millis")
+        yield* writer.note("none")
+        yield* settleAll
+        assert.strictEqual(s.writes.length, 1, "counts wait")
+        yield* TestClock.adjust("1 millis")
+        yield* writer.note("none")
+        yield* settleAll
+        assert.strictEqual(s.writes.length, 2, "written at 30 s")
+      })
   )
 
   it.effect("a failed clear leaves the next write due at once: the next sample writes", () =>
