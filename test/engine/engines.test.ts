@@ -558,12 +558,12 @@ describe("rendering rules", () => {
 
   it("readiness: GET /v1/models unless ready_probe_url; mlx sends a 1-token completion", () => {
     // A model list: a 200 listing a model still loading (`meta: null`) is not ready (probe.test.ts)
-    expect(plan({}).probe).toEqual({ kind: "http", url: "http://127.0.0.1:8000/v1/models", modelList: true })
+    expect(plan({}).probe).toEqual({ kind: "http", url: "http://127.0.0.1:8000/v1/models", modelList: "m" })
     for (const kind of ["openai_compat"]) {
       expect(plan({ engine: { kind }, models: { m: { hf_repo: "o/m" } } }).probe).toEqual({
         kind: "http",
         url: "http://127.0.0.1:8000/v1/models",
-        modelList: true
+        modelList: "m"
       })
     }
     expect(plan({ agent: { ready_probe_url: "http://127.0.0.1:8000/health" } }).probe).toEqual({
@@ -702,8 +702,8 @@ describe("rendering rules", () => {
       baseUrl: "http://10.0.3.7:8000",
       host: "10.0.3.7",
       port: 8000,
-      probe: { kind: "http", url: "http://10.0.3.7:8000/v1/models", modelList: true },
-      liveness: { kind: "http", url: "http://10.0.3.7:8000/v1/models", modelList: true },
+      probe: { kind: "http", url: "http://10.0.3.7:8000/v1/models", modelList: "m" },
+      liveness: { kind: "http", url: "http://10.0.3.7:8000/v1/models", modelList: "m" },
       metrics: undefined,
       kvEvents: undefined,
       servedModel: "m",

@@ -78,40 +78,47 @@ describe("probeOnce", () => {
     await aborted
   })
 
-  it("a model list's 200 that lists a model still loading (meta: null, a newer llama-server) is 'loading'", async () => {
+  it("a model list's 200 that lists the served model still loading (meta: null, a newer llama-server) is 'loading'", async () => {
     let body = ""
-    const sockets = new Set<unknown>()
-    const url = await serve((req, res) => {
-      sockets.add(req.socket)
-      res.writeHead(200, { "content-type": "application/json" }).end(body)
-    })
-    const probe = async (modelList: boolean) => {
-      const r = await run({ kind: "http", url: `${url}/v1/models`, modelList })
+    const url = await serve((_req, res) => res.writeHead(200, { "content-type": "application/json" }).end(body))
+    const probe = async (modelList: string | undefined) => {
+      const r = await run({ kind: "http", url: `${url}/v1/models`, ...(modelList === undefined ? {} : { modelList }) })
       await new Promise((resolve) => setImmediate(resolve))
       return r
     }
-    const card = (meta: unknown) => ({ id: "m", object: "model", owned_by: "llamacpp", meta })
-    body = JSON.stringify({ object: "list", data: [card(null)] })
+    const card = (id: string, meta: unknown) => ({ id, object: "model", owned_by: "llamacpp", meta })
+    const list = (...data: ReadonlyArray<unknown>) => JSON.stringify({ object: "list", data })
     const loading = { ok: false, reason: "the model list shows the model still loading (meta: null)", phase: "loading" }
-    expect(await probe(true)).toEqual(loading)
+    body = list(card("m", null))
+    expect(await probe("m")).toEqual(loading)
     // Not a model list (ready_probe_url set): its 200 is ready whatever it says
-    expect(await probe(false)).toEqual({ ok: true })
-    // Loaded; cards without a meta key (vLLM, SGLang, a gateway); an answer that is no JSON: the 200 stands
+    expect(await probe(undefined)).toEqual({ ok: true })
+    // A server naming its only model otherwise: that card is ours
+    body = list(card("/models/m.gguf", null))
+    expect(await probe("m")).toEqual(loading)
+    // Only the served model's card counts: a gateway listing another model loading, ours loaded, is ready; ours
+    // loading beside another loaded is not
+    body = list(card("m", { n_ctx: 4096 }), card("other", null))
+    expect(await probe("m")).toEqual({ ok: true })
+    body = list(card("other", { n_ctx: 4096 }), card("m", null))
+    expect(await probe("m")).toEqual(loading)
+    body = list(card("a", null), card("b", null))
+    expect(await probe("m")).toEqual({ ok: true })
+    // Loaded; cards without a meta key (vLLM, SGLang, a gateway); no cards; an answer that is no JSON: the 200 stands
     for (const b of [
-      { object: "list", data: [card({ n_ctx: 4096 })] },
-      { object: "list", data: [{ id: "m", object: "model", max_model_len: 4096 }] },
-      { object: "list", data: [] }
+      list(card("m", { n_ctx: 4096 })),
+      list({ id: "m", object: "model", max_model_len: 4096 }),
+      list(),
+      "not json"
     ]) {
-      body = JSON.stringify(b)
-      expect(await probe(true)).toEqual({ ok: true })
+      body = b
+      expect(await probe("m")).toEqual({ ok: true })
     }
-    body = "not json"
-    expect(await probe(true)).toEqual({ ok: true })
     // A listing over the bytes read is taken at its 200, unread
-    body = JSON.stringify({ object: "list", data: [card(null), { id: "x".repeat(1024 * 1024) }] })
-    expect(await probe(true)).toEqual({ ok: true })
-    body = JSON.stringify({ object: "list", data: [card(null)] })
-    expect(await probe(true)).toEqual(loading)
+    body = list(card("m", null), { id: "x".repeat(1024 * 1024) })
+    expect(await probe("m")).toEqual({ ok: true })
+    body = list(card("m", null))
+    expect(await probe("m")).toEqual(loading)
   })
 
   it("a completion probe POSTs its JSON body", async () => {

@@ -19,7 +19,7 @@ const errorCode = (err: unknown): string | undefined => {
   return typeof code === "string" ? code : undefined
 }
 
-/** The body's text, or undefined when it is longer than `limit` bytes (the rest is left for the drain). */
+/** The body's text, or undefined when it is longer than `limit` bytes (the body is then destroyed, its connection closed). */
 const readUpTo = async (body: AsyncIterable<Buffer>, limit: number): Promise<string | undefined> => {
   const chunks: Array<Buffer> = []
   let size = 0
@@ -55,12 +55,12 @@ const attempt = (probe: ReadinessProbe): Effect.Effect<ProbeResult> =>
               signal
             }
       )
-      const listing = probe.kind === "http" && probe.modelList === true && res.statusCode === 200
-      const text = listing ? await readUpTo(res.body, MODEL_LIST_READ_BYTES) : undefined
+      const model = probe.kind === "http" && res.statusCode === 200 ? probe.modelList : undefined
+      const text = model !== undefined ? await readUpTo(res.body, MODEL_LIST_READ_BYTES) : undefined
       // Drain the body so the keep-alive connection is reusable (a hanging body is bounded by the timeout).
       await res.body.dump().catch(() => undefined)
       if (res.statusCode !== 200) return { ok: false, reason: `HTTP ${res.statusCode}`, phase: "loading" }
-      return text !== undefined && modelStillLoading(parsed(text))
+      return model !== undefined && text !== undefined && modelStillLoading(parsed(text), model)
         ? { ok: false, reason: "the model list shows the model still loading (meta: null)", phase: "loading" }
         : { ok: true }
     } catch (err) {

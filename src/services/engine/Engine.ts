@@ -159,9 +159,10 @@ export interface ExitHint {
 export type ReadinessProbe =
   /**
    * GET `url`; 200 means ready; connection refused or 503 mean "not yet". `modelList`: the answer is an OpenAI model
-   * list, and a 200 that lists a model still loading is "not yet" too (ModelList.ts).
+   * list, and a 200 that lists this model (the name the engine serves) as still loading is "not yet" too
+   * (ModelList.ts).
    */
-  | { readonly kind: "http"; readonly url: string; readonly modelList?: boolean }
+  | { readonly kind: "http"; readonly url: string; readonly modelList?: string }
   /** POST a real 1-token completion (mlx, whose /health is green before the model is loaded). */
   | { readonly kind: "completion"; readonly url: string; readonly body: Readonly<Record<string, unknown>> }
 

@@ -8,6 +8,7 @@
 import { Context } from "effect"
 import type { ServedContextSource } from "./Engine.ts"
 import { isJsonObject } from "./EngineClient.ts"
+import { cardOf, modelCards } from "./ModelList.ts"
 
 export interface ServedContextService {
   /**
@@ -34,10 +35,9 @@ const at = (entry: Record<string, unknown>, path: ReadonlyArray<string>): unknow
  * `id` is `model`, else the list's only entry: a server listing several others (a gateway) names none of them ours.
  */
 export const servedContextOf = (body: unknown, source: ServedContextSource, model: string): number | string => {
-  const data = isJsonObject(body) ? body.data : undefined
-  if (!Array.isArray(data)) return `no "data" list in the answer of ${source.path}`
-  const entries = data.filter(isJsonObject)
-  const entry = entries.find((e) => e.id === model) ?? (entries.length === 1 ? entries[0] : undefined)
+  const entries = modelCards(body)
+  if (entries === undefined) return `no "data" list in the answer of ${source.path}`
+  const entry = cardOf(entries, model)
   if (entry === undefined) return `no entry with id "${model}" among ${entries.length} in ${source.path}`
   for (const path of source.fields) {
     const n = positive(at(entry, path))

@@ -42,7 +42,7 @@ export const listenOf = (config: AgentConfig): Listen => {
 export const httpProbe = (config: AgentConfig, listen: Listen): ReadinessProbe =>
   config.agent.ready_probe_url !== undefined
     ? { kind: "http", url: config.agent.ready_probe_url }
-    : { kind: "http", url: `${listen.baseUrl}/v1/models`, modelList: true }
+    : { kind: "http", url: `${listen.baseUrl}/v1/models`, modelList: config.model.served_name }
 
 /** `[agent].ready_probe_url` when set, else GET `path` on the engine (an engine whose readiness is not `/v1/models`). */
 export const httpProbeAt = (config: AgentConfig, listen: Listen, path: string): ReadinessProbe => ({
