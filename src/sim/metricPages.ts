@@ -53,11 +53,28 @@ export type Family =
     }
 
 export interface Page {
+  /** How a sample's value is written; unset: as prometheus_client writes a float (`1.0`). */
+  readonly value?: (n: number) => string
   /** The labels of core `i` of `n`. */
   readonly rankLabels: (c: PageContext, i: number, n: number) => Labels
   /** The labels of the server-wide children. */
   readonly serverLabels: (c: PageContext) => Labels
   readonly families: ReadonlyArray<Family>
+}
+
+/**
+ * A double as a C++ ostream writes it by default (six significant digits, %g: `0`, `1`, `0.5`, `1.23457e+06`):
+ * llama-server writes its samples so (tools/server handle_metrics: `name << " " << value`, a double).
+ */
+export const cppDouble = (n: number): string => {
+  if (Number.isNaN(n)) return "nan"
+  if (!Number.isFinite(n)) return n > 0 ? "inf" : "-inf"
+  if (n === 0) return "0"
+  const [mantissa = "", e = "0"] = n.toExponential(5).split("e")
+  const exp = Number(e)
+  const trim = (t: string) => (t.includes(".") ? t.replace(/0+$/, "").replace(/\.$/, "") : t)
+  if (exp < -4 || exp >= 6) return `${trim(mantissa)}e${exp < 0 ? "-" : "+"}${String(Math.abs(exp)).padStart(2, "0")}`
+  return trim(n.toFixed(5 - exp))
 }
 
 const one =
@@ -212,20 +229,28 @@ const SGLANG: Page = {
   ]
 }
 
-/** llama-server (ggml-org/llama.cpp tools/server): one server, its series unlabelled. */
+/**
+ * llama-server (ggml-org/llama.cpp tools/server): one server, its series unlabelled, the HELP texts and values as
+ * the bundled build writes them (test/real/sim-differential.test.ts holds the page to it line for line).
+ */
 const LLAMA: Page = {
+  value: cppDouble,
   rankLabels: () => ({}),
   serverLabels: () => ({}),
   families: [
-    counter("llamacpp:prompt_tokens_total", "Number of prompt tokens processed.", (r) => r.stats.promptTokens),
+    counter(
+      "llamacpp:prompt_tokens_total",
+      "Number of prompt tokens processed, excluding cached tokens",
+      (r) => r.stats.promptTokens
+    ),
     counter("llamacpp:prompt_tokens_cached_total", "Number of prompt tokens reused from the cache", () => 0),
-    counter("llamacpp:prompt_seconds_total", "Prompt process time", () => 0),
+    counter("llamacpp:prompt_seconds_total", "Total time spent processing prompts", () => 0),
     counter(
       "llamacpp:tokens_predicted_total",
-      "Number of generation tokens processed.",
+      "Number of generation tokens processed",
       (r) => r.stats.finishedGenerationTokens
     ),
-    counter("llamacpp:tokens_predicted_seconds_total", "Predict process time", () => 0),
+    counter("llamacpp:tokens_predicted_seconds_total", "Total time spent generating tokens", () => 0),
     // one per batched llama_decode() (a token of every busy slot), the longest sequence a decode saw (Stats.decoded;
     // tools/server/server-context.cpp metrics_post_decode); HELP texts of tools/server/server-task.cpp to_metrics
     counter(
@@ -240,16 +265,20 @@ const LLAMA: Page = {
     ),
     // tools/server/server-task.cpp exports the speculative-decoding counters even with no draft model.
     counter("llamacpp:spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated", () => 0),
-    counter("llamacpp:spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted", () => 0),
+    counter(
+      "llamacpp:spec_decode_num_accepted_tokens_total",
+      "Speculative: Total draft tokens accepted by the target model",
+      () => 0
+    ),
     counter(
       "llamacpp:spec_decode_num_drafts_total",
       "Speculative: Total speculative decoding verification steps",
       () => 0
     ),
-    gauge("llamacpp:prompt_tokens_seconds", "Average prompt throughput in tokens/s.", () => 0),
-    gauge("llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s.", () => 0),
-    gauge("llamacpp:requests_processing", "Number of requests processing.", (r) => r.gauges.running),
-    gauge("llamacpp:requests_deferred", "Number of requests deferred.", (r) => r.gauges.waiting),
+    gauge("llamacpp:prompt_tokens_seconds", "Average prompt throughput in tokens/s", () => 0),
+    gauge("llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s", () => 0),
+    gauge("llamacpp:requests_processing", "Number of requests processing", (r) => r.gauges.running),
+    gauge("llamacpp:requests_deferred", "Number of requests deferred", (r) => r.gauges.waiting),
     // n_busy_slots / n_decode since the start, not the slots busy now (server_task_result_metrics::to_metrics)
     gauge(
       "llamacpp:n_busy_slots_per_decode",

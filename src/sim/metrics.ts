@@ -29,6 +29,10 @@ const labelText = (labels: Labels): string => {
 /** One registry page: each family's HELP and TYPE once, then its samples, one label set (child) after another. */
 class Text {
   readonly lines: Array<string> = []
+  private readonly fmt: (n: number) => string
+  constructor(value: (n: number) => string = fmt) {
+    this.fmt = value
+  }
   private head(name: string, help: string, type: string): void {
     this.lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`)
   }
@@ -36,7 +40,7 @@ class Text {
   values(kind: "gauge" | "counter", name: string, help: string, children: ReadonlyArray<Child>): void {
     if (children.length === 0) return
     this.head(name, help, kind)
-    for (const [l, v] of children) this.lines.push(`${name}${labelText(l)} ${fmt(v)}`)
+    for (const [l, v] of children) this.lines.push(`${name}${labelText(l)} ${this.fmt(v)}`)
   }
   histogram(name: string, help: string, children: ReadonlyArray<readonly [Labels, Histogram]>): void {
     this.head(name, help, "histogram")
@@ -100,7 +104,7 @@ export const renderMetrics = (
 ): string | undefined => {
   const page = PAGES[flavor]
   if (page === undefined || ranks.length === 0) return undefined
-  const t = new Text()
+  const t = new Text(page.value)
   for (const f of page.families) {
     if (f.kind === "histogram") {
       const hs = ranks.map((r) => f.hist(r.stats))

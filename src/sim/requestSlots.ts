@@ -74,8 +74,9 @@ export class RequestSlots implements SeqGate {
         const n = Math.max(1, Math.min(to - from, cfg.maxSeqs))
         return { from, to, tickets: Array.from({ length: n }, () => core.scheduler.enter()) }
       }
-      const enter = (j: number) => core.scheduler.enter((slot) => this.book.start(slot, slotTask(gr, j)))
-      return { from, to, tickets: Array.from({ length: to - from }, (_, k) => enter(from + k)) }
+      // a prompt's `n` completions take their slots together (n is at most -np: llamaRequest.ts)
+      const tickets = core.scheduler.enterGroup(to - from, (slot, k) => this.book.start(slot, slotTask(gr, from + k)))
+      return { from, to, tickets }
     })
     this.all = this.tasks.flatMap((t) => t.tickets)
     this.launched = this.tasks.map(() => false)

@@ -30,24 +30,25 @@ let dir: string
 const procs: Array<ChildProcess> = []
 const sims: Array<SimHandle> = []
 
-const args = (model: string, port: number, np: number) => [
+const args = (model: string, port: number, np: number, extra: ReadonlyArray<string> = []) => [
   ...["-m", model, "-a", "tiny", "--host", "127.0.0.1", "--port", String(port)],
   ...SERVER_ARGS,
-  ...["-c", "1024", "-np", String(np)]
+  ...["-c", "1024", "-np", String(np)],
+  ...extra
 ]
 
 /**
  * A real llama-server and the simulator on the same command line; their base URLs. The simulator takes 1 ms a
  * token, so that a long answer lasts while another request comes (the tiny model takes about as long on one thread).
  */
-const pair = async (model: string, np: number): Promise<[string, string]> => {
+const pair = async (model: string, np: number, extra: ReadonlyArray<string> = []): Promise<[string, string]> => {
   const port = await freePort()
-  const proc = spawn(engine.server, args(model, port, np), { stdio: ["ignore", "ignore", "pipe"] })
+  const proc = spawn(engine.server, args(model, port, np, extra), { stdio: ["ignore", "ignore", "pipe"] })
   procs.push(proc)
   process.once("exit", () => proc.kill("SIGKILL"))
   followLines(proc.stderr)
   const real = `http://127.0.0.1:${port}`
-  const simArgs = [...args(model, await freePort(), np), "--sim-mode", "random", "--sim-itl", "1ms"]
+  const simArgs = [...args(model, await freePort(), np, extra), "--sim-mode", "random", "--sim-itl", "1ms"]
   const sim = await startSim({ flavor: "llama_cpp", args: simArgs })
   sims.push(sim)
   await pollUntil("llama-server /health 200", async () => (await fetch(`${real}/health`)).status === 200, 60_000)
@@ -58,6 +59,8 @@ let one: [string, string]
 let two: [string, string]
 /** A pair of its own for /slots, which shows what each slot ran: fresh at its test. */
 let fresh: [string, string]
+/** With --metrics: a test that waits for a task to be deferred (llamacpp:requests_deferred). */
+let counted: [string, string]
 
 beforeAll(async () => {
   engine = realEngine()
@@ -66,6 +69,7 @@ beforeAll(async () => {
   one = await pair(model, 1)
   two = await pair(model, 2)
   fresh = await pair(model, 2)
+  counted = await pair(model, 2, ["--metrics"])
 }, 30 * 60_000)
 
 afterAll(async () => {
@@ -203,6 +207,33 @@ const shape = (v: unknown): unknown => {
   if (typeof v === "object") return Object.entries(v as object).map(([k, x]) => [k, shape(x)])
   return typeof v
 }
+
+describe("slots: a prompt's n completions, the simulator against the real server", () => {
+  it("-np 2, one slot busy: an n = 2 task waits for both slots, holding none, and a later task runs in the free one", async () => {
+    for (const base of counted) {
+      const order: Array<string> = []
+      const tagged = (tag: string) => (e: string) => {
+        if (order.at(-1) !== `${tag}:${e}`) order.push(`${tag}:${e}`)
+      }
+      const long = stream(base, { prompt: "g h", max_tokens: 450 }, tagged("long"))
+      await pollUntil(`${base} long's first token`, () => order.length > 0, 10_000, 2)
+      const two = stream(base, { prompt: "a b", n: 2, max_tokens: 6 }, tagged("two"))
+      const deferred = async () =>
+        /^llamacpp:requests_deferred 1$/m.test((await request(`${base}/metrics`)).text) ? true : undefined
+      await pollUntil(`${base} the n = 2 task deferred`, deferred, 10_000, 2)
+      const later = await stream(base, { prompt: "c d", max_tokens: 4 }, tagged("later"))
+      await Promise.all([long, two])
+      const at = (e: string) => order.indexOf(e)
+      const firstOfTwo = order.findIndex((e) => /^two:\d$/.test(e))
+      expect([base, runs(later), at("later:DONE") < at("long:0F"), at("long:0F") < firstOfTwo]).toEqual([
+        base,
+        ["0", "0F", "DONE"],
+        true,
+        true
+      ])
+    }
+  })
+})
 
 describe("/slots: the simulator against the real server", () => {
   it("fresh, busy, then idle: each slot's last task in the same keys, types and order, in the slot llama-server picks", async () => {

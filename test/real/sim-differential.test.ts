@@ -249,6 +249,22 @@ describe("the llama_cpp simulator against the real llama-server", () => {
     expect(await names(sim.url)).toEqual(await names(real.url))
   })
 
+  it("/metrics: the same page line for line, values aside, each value written as llama-server writes a double", async () => {
+    const page = async (base: string) => (await (await fetch(`${base}/metrics`)).text()).split("\n")
+    const masked = (lines: ReadonlyArray<string>) =>
+      lines.map((l) => (l.startsWith("#") ? l : l.replace(/ \S+$/, " V")))
+    const [simPage, realPage] = [await page(sim.url), await page(real.url)]
+    expect(masked(simPage)).toEqual(masked(realPage))
+    // C++'s ostream default (tools/server handle_metrics writes a double): `0`, `3`, `1.5`, `1.23457e+06`, never `3.0`
+    for (const [base, lines] of [
+      [sim.url, simPage],
+      [real.url, realPage]
+    ] as const) {
+      const values = lines.filter((l) => l !== "" && !l.startsWith("#")).map((l) => l.slice(l.lastIndexOf(" ") + 1))
+      expect([base, values.filter((v) => !/^-?\d+(\.\d*[1-9])?(e[+-]\d{2})?$/.test(v))]).toEqual([base, []])
+    }
+  })
+
   it("/metrics: the token counters move when the real ones do (the agent's stall rule reads them as progress)", async () => {
     const counters = async (base: string) => {
       const samples = parsePromText(await (await fetch(`${base}/metrics`)).text())

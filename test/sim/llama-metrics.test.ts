@@ -5,6 +5,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { parsePromText } from "../../src/services/engine/PromText.ts"
 import { modelsBody } from "../../src/sim/chunks.ts"
+import { cppDouble } from "../../src/sim/metricPages.ts"
 import { type Gauges, renderMetrics } from "../../src/sim/metrics.ts"
 import { Stats } from "../../src/sim/stats.ts"
 import { getJson, pollUntil, postJson, type SimHandle, startSim } from "../support/sim.ts"
@@ -218,6 +219,17 @@ describe("decode metrics over HTTP", () => {
     expect((await complete({ prompt: "a", max_tokens: 2 })).status).toBe(200)
     await new Promise((r) => setTimeout(r, 50))
     const after = await metrics(sim.url)
-    expect(after).toEqual({ decodes: 22, max: 13, busy: 32 / 22 })
+    // written as llama-server writes a double: six significant digits
+    expect(after).toEqual({ decodes: 22, max: 13, busy: 1.45455 })
+  })
+})
+
+describe("cppDouble", () => {
+  it("writes a double as a C++ ostream does by default (what g++'s std::cout printed for each)", () => {
+    const values = [0, 1, 12, 0.5, 1.5, 1234567, 123456, 0.0001, 0.00001, 32 / 22, 2.5e-7, 999999.5, -3]
+    expect(values.map(cppDouble)).toEqual([
+      ...["0", "1", "12", "0.5", "1.5", "1.23457e+06", "123456", "0.0001", "1e-05", "1.45455", "2.5e-07", "1e+06"],
+      "-3"
+    ])
   })
 })
