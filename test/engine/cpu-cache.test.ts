@@ -69,6 +69,8 @@ describe("LMCache (vLLM): max_local_cpu_size in GiB, per GPU worker; the environ
   const read = (text: string) => ({ [FILE]: { text } })
 
   it("LMCACHE_MAX_LOCAL_CPU_SIZE, once per GPU worker (tp x dp)", () => {
+    // 0 is a size (no CPU tier), not "not a size": only below 0 is none
+    expect(sizeOf(lmcache({ env: { LMCACHE_MAX_LOCAL_CPU_SIZE: "0" } }))).toMatchObject({ kind: "known", bytes: 0 })
     expect(sizeOf(lmcache({ env: { LMCACHE_MAX_LOCAL_CPU_SIZE: "20" } }))).toEqual({
       kind: "known",
       setting: "LMCACHE_MAX_LOCAL_CPU_SIZE=20 per GPU worker x 2 (tp 2)",

@@ -74,4 +74,49 @@ describe("liveness cadence", () => {
       assert.strictEqual(yield* Clock.currentTimeMillis, 20_000)
     }).pipe(Effect.provide(Logger.layer([])))
   )
+
+  it.effect("an interval above 5 s: each probe still abandoned at 5 s (README: min(liveness_interval, 5 s))", () =>
+    Effect.gen(function* () {
+      const starts: Array<{ at: number; timeoutMs: number }> = []
+      const events: Array<SupervisorEvent> = []
+      let calls = 0
+      const probe = (_p: unknown, timeoutMs: number): Effect.Effect<ProbeResult> =>
+        Effect.gen(function* () {
+          if (calls++ === 0) return { ok: true }
+          starts.push({ at: yield* Clock.currentTimeMillis, timeoutMs })
+          yield* Effect.sleep(timeoutMs)
+          return { ok: false, reason: `no answer within ${timeoutMs} ms`, phase: "probe timeout" }
+        })
+      const supervision = {
+        plan: testPlan(),
+        settings: testSettings({ livenessIntervalMs: 8_000 }),
+        host: { probe } as unknown as EngineHostService,
+        publish: (e: SupervisorEvent) => Effect.sync(() => void events.push(e)),
+        memory: undefined,
+        endReadyRun: yield* Ref.make<Deferred.Deferred<RestartRequest> | undefined>(undefined)
+      }
+      const readyAt = yield* Deferred.make<number>()
+      const watch = yield* Effect.forkChild(
+        watchRun(supervision, { run: 0, since: 0, readyAt, holder: Effect.succeed("engine") })
+      )
+      yield* settle(
+        "Ready",
+        Effect.sync(() => events.some((e) => e._tag === "ProbeOk"))
+      )
+      // probes start at 8, 16 and 24 s; the third is given up at 29 s
+      yield* TestClock.adjust(28_999)
+      yield* settle(
+        "three probes started",
+        Effect.sync(() => starts.length === 3)
+      )
+      assert.deepStrictEqual(starts, [
+        { at: 8_000, timeoutMs: 5_000 },
+        { at: 16_000, timeoutMs: 5_000 },
+        { at: 24_000, timeoutMs: 5_000 }
+      ])
+      assert.isUndefined(watch.pollUnsafe(), "still live 1 ms before the third probe's timeout")
+      yield* TestClock.adjust(1)
+      assert.strictEqual((yield* Fiber.join(watch)).kind, "unhealthy")
+    }).pipe(Effect.provide(Logger.layer([])))
+  )
 })

@@ -1,13 +1,14 @@
 // The state_dir lock's pure parts (layers/engine/stateLock.ts): reading a lock file, and whether its agent still
 // holds it from what a contender sees. The lock taken, refused, taken over and released for real is in
-// engine-process.test.ts ("the state dir"); here, a release that cannot remove the lock.
+// engine-process.test.ts ("the state dir"); here, a release that cannot remove the lock, and a stale lock another
+// contender replaced just before this one moved it aside (node:fs/promises' rename scripted to make that race).
 import { execFileSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { Effect, Exit, Logger } from "effect"
-import { describe, expect, it } from "vitest"
-import { pidAlive, START_MATCH_MS } from "../../src/layers/engine/processGroup.ts"
+import { describe, expect, it, vi } from "vitest"
+import { pidAlive, processStartMs, START_MATCH_MS } from "../../src/layers/engine/processGroup.ts"
 import {
   decodeLock,
   HEARTBEAT_STALE_MS,
@@ -117,6 +118,41 @@ describe("release", () => {
       expect(Exit.isSuccess(exit), String(exit)).toBe(true)
       expect(fs.readFileSync(lock, "utf8")).toBe(successor)
     } finally {
+      fs.rmSync(dir, { recursive: true, force: true })
+    }
+  })
+
+  it("a stale lock another contender replaced meanwhile is put back: that agent holds the state_dir, this one is refused", async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-lock-race-"))
+    const lock = lockFilePath(dir)
+    const self = { pidNs: fs.readlinkSync("/proc/self/ns/pid"), host: os.hostname() }
+    // left by an agent that is gone: judged stale at once
+    const dead = Number(execFileSync("sh", ["-c", "sh -c 'echo $$'"], { encoding: "utf8" }).trim())
+    fs.writeFileSync(lock, `${JSON.stringify({ ...self, pid: dead, startedAt: 0, token: "dead" })}\n`)
+    // the other contender, alive: it takes the stale lock over between this one's judging it and moving it aside
+    const other = process.ppid
+    const othersLock = `${JSON.stringify({ ...self, pid: other, startedAt: processStartMs(other), token: "other" })}\n`
+    vi.resetModules()
+    vi.doMock("node:fs/promises", async (original) => {
+      const real = await original<typeof import("node:fs/promises")>()
+      let raced = false
+      const rename = async (from: string, to: string) => {
+        if (!raced && from === lock && to.endsWith(".stale")) {
+          raced = true
+          await real.writeFile(lock, othersLock)
+        }
+        return real.rename(from, to)
+      }
+      return { ...real, default: { ...real, rename }, rename }
+    })
+    try {
+      const { holdStateDir: hold } = await import("../../src/layers/engine/stateLock.ts")
+      const exit = await Effect.runPromiseExit(Effect.scoped(hold(dir)).pipe(Effect.provide(Logger.layer([]))))
+      expect(String(exit)).toContain("AnotherAgent")
+      expect(fs.readFileSync(lock, "utf8")).toBe(othersLock)
+    } finally {
+      vi.doUnmock("node:fs/promises")
+      vi.resetModules()
       fs.rmSync(dir, { recursive: true, force: true })
     }
   })

@@ -425,4 +425,14 @@ describe("RateLimitedLog", () => {
     expect(log.note("d", 20)).toBeUndefined()
     expect(log.note("c", 1_500)).toEqual({ key: "c", suppressed: 0 })
   })
+
+  it("by default, one line per key a minute (README: once a minute per client address), at most 1024 keys", () => {
+    const log = new RateLimitedLog()
+    expect(log.note("p", 0)).toEqual({ key: "p", suppressed: 0 })
+    expect(log.note("p", 59_999)).toBeUndefined()
+    expect(log.note("p", 60_000)).toEqual({ key: "p", suppressed: 1 })
+    const bounded = new RateLimitedLog()
+    for (let i = 0; i < 1024; i++) expect(bounded.note(`p${i}`, 0)?.key).toBe(`p${i}`)
+    expect(bounded.note("one-too-many", 1)?.key).toBe(OVERFLOW_KEY)
+  })
 })

@@ -163,6 +163,22 @@ describe("cutOnRunEnd: the calls in flight end as the ending is published", () =
       }).pipe(Effect.scoped, Effect.provide(layerTest({ initial: ready })))
   )
 
+  it.effect("the next run Starting after an operator's restart cuts too: the previous run's exit says why", () =>
+    Effect.gen(function* () {
+      const control = yield* EngineProcessControl
+      const active = new ActiveCalls()
+      yield* cutOnRunEnd(active)
+      const call = yield* streaming
+      active.add(call.relay)
+      yield* control.recordExit(testExit(0, OPERATOR_RESTART))
+      yield* control.set(State.Starting({ phase: "loading", since: 0, run: 1 }))
+      // then a state that cuts with other words: the cutter has seen Starting when this one reaches the call
+      yield* control.set(State.Stopping({ since: 0 }))
+      yield* Deferred.await(call.interrupted)
+      assert.strictEqual(why(call.relay), OPERATOR)
+    }).pipe(Effect.scoped, Effect.provide(layerTest({ initial: ready })))
+  )
+
   it.effect("a proxied server (openai_compat): its states are not followed, its calls never cut", () =>
     Effect.gen(function* () {
       const control = yield* EngineProcessControl

@@ -229,6 +229,64 @@ describe("the layer: a connection broken while the run shows Ready waits, bounde
       assert.strictEqual(yield* Fiber.join(fiber), broke)
     }).pipe(Effect.provide(ready))
   )
+
+  effectIt.effect("an exit reported 100 ms after the break (the orphan guard's report) is still the call's why", () =>
+    Effect.gen(function* () {
+      const { control, fiber } = yield* explaining
+      yield* TestClock.adjust(100)
+      assert.isUndefined(fiber.pollUnsafe(), "still waiting for the supervisor's word")
+      yield* control.set(tornDown({ kind: "exited", status: "signal SIGKILL" }))
+      const e = yield* Fiber.join(fiber)
+      assert.instanceOf(e, EngineRunEnded)
+      assert.strictEqual(e.why, "the engine exited (signal SIGKILL)")
+    }).pipe(Effect.provide(ready))
+  )
+
+  /** `e` explained, raced against the explainer subscribing to the states (a wait): which came first, and the error. */
+  const explainedAtOnce = (e: EngineError) =>
+    Effect.gen(function* () {
+      const control = yield* EngineProcessControl
+      const explain = yield* make
+      if (explain === undefined) return yield* Effect.die("a spawning plan has an explainer")
+      const before = yield* control.subscriptions
+      const fiber = yield* Effect.forkChild(Effect.flip(explain(e)))
+      const first = yield* Effect.raceFirst(
+        Effect.as(control.awaitSubscriptions(before + 1), "waiting"),
+        Effect.as(Fiber.await(fiber), "ended")
+      )
+      return { first, error: first === "ended" ? yield* Fiber.join(fiber) : undefined }
+    })
+
+  effectIt.effect("an engine's 503 (no broken connection) under Ready comes back at once, its own words", () =>
+    Effect.gen(function* () {
+      const http503 = new EngineError({ reason: "Http", message: "Loading model", status: 503 })
+      const { first, error } = yield* explainedAtOnce(http503)
+      assert.strictEqual(first, "ended", "no wait for the supervisor's word")
+      assert.strictEqual(error, http503)
+    }).pipe(Effect.provide(ready))
+  )
+
+  effectIt.effect("an engine's 4xx while the run is being restarted keeps its own status (the request's fault)", () =>
+    Effect.gen(function* () {
+      const http400 = new EngineError({ reason: "Http", message: "bad", status: 400 })
+      const { first, error } = yield* explainedAtOnce(http400)
+      assert.strictEqual(first, "ended")
+      assert.strictEqual(error, http400)
+    }).pipe(Effect.provide(engineLayerTest({ initial: tornDown(OPERATOR_RESTART) })))
+  )
+
+  effectIt.effect("broken while the next run is Starting: the previous run's exit says why", () =>
+    Effect.gen(function* () {
+      yield* (yield* EngineProcessControl).recordExit(exitBy(0, OPERATOR_RESTART))
+      const { first, error } = yield* explainedAtOnce(broke)
+      assert.strictEqual(first, "ended")
+      assert.instanceOf(error, EngineRunEnded)
+      assert.deepStrictEqual(
+        [error.by, error.why, error.engine],
+        ["restart", "the engine is being restarted (POST /engine/restart by an operator)", broke]
+      )
+    }).pipe(Effect.provide(engineLayerTest({ initial: State.Starting({ phase: "loading", since: 0, run: 1 }) })))
+  )
 })
 
 /**

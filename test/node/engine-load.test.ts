@@ -7,7 +7,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect, type Fiber, Layer, Logger } from "effect"
 import { TestClock } from "effect/testing"
 import * as ConfigLayer from "../../src/layers/config/Config.ts"
-import { maxAgeMs, RECOVERED_AFTER, scrapeTimeoutMs } from "../../src/layers/node/engineLoad.ts"
+import { failureKind, maxAgeMs, RECOVERED_AFTER, scrapeTimeoutMs } from "../../src/layers/node/engineLoad.ts"
 import * as NodeStatusLayer from "../../src/layers/node/NodeStatus.ts"
 import { EngineClient, EngineError, type LoadSignals } from "../../src/services/engine/EngineClient.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
@@ -52,6 +52,16 @@ const makeEngine = () => {
   })
   return { engine, logs, layer: layer.pipe(Layer.provide(Logger.layer([logger]))) }
 }
+
+describe("failureKind", () => {
+  it("one kind per HTTP status (README: once per kind of scrape failure), its message aside", () => {
+    const http = (status: number, message: string) => failureKind(new EngineError({ reason: "Http", status, message }))
+    assert.strictEqual(http(503, "HTTP 503: a"), "HTTP 503")
+    assert.strictEqual(http(503, "HTTP 503: b"), "HTTP 503")
+    assert.strictEqual(http(500, "HTTP 500"), "HTTP 500")
+    assert.strictEqual(failureKind(new EngineError({ reason: "Connect", message: "ECONNREFUSED" })), "connect")
+  })
+})
 
 /** The sampler's log lines, the warning's tail (how long samples are kept) left out. */
 const scrapeLines = (logs: ReadonlyArray<string>) =>

@@ -126,6 +126,9 @@ describe("assignGpus with MIG", () => {
     expect(assignGpus([MINE], 1, partial)).toEqual({ _tag: "Assigned", indices: [1], automatic: false, mig: MINE })
     expect(engineFault(partial, [1], undefined, MINE)).toBe(unreadMig(MINE, [1]))
     expect(unreadMig(MINE, [1])).toContain("NVML could not read GPU 1's MIG devices")
+    // GPU 0's list unread too: the engine's own GPU is named, not every GPU whose list did not read
+    const both = partial.map((g) => (g.index === 0 ? { ...g, unreportedFields: ["mig_devices"] } : g))
+    expect(engineFault(both, [1], undefined, MINE)).toBe(unreadMig(MINE, [1]))
     expect(gateVerdict(partial, [1], 1024 * MiB, new Set(), () => undefined, undefined, MINE)).toEqual({
       _tag: "Faulty",
       reason: unreadMig(MINE, [1])
@@ -201,6 +204,27 @@ describe("gateVerdict for a MIG device", () => {
       { gpu: 1, mig: MINE, pid: 77, bytes: 0.1 * GiB, previousRun: true }
     ])
   })
+  it("with its own list unreported, the board's list gives every compute instance of its GPU instance: a sibling's process holds it too", () => {
+    // compute instances of one GPU instance share its memory (Mig.ts holdsMigMemory); p78 runs on a sibling, CI 1
+    const p78 = { pid: 78, usedMemoryBytes: 19 * GiB, gpuInstanceId: 1, computeInstanceId: 1 }
+    const sibling = onGpu1((g) => ({
+      processes: [p500, p78],
+      migDevices: [{ ...g.migDevices[0]!, processes: [], unreportedFields: ["processes"] }, g.migDevices[1]!]
+    }))
+    const pgid = (pid: number) => (pid === 78 ? 70 : undefined)
+    const v = gateVerdict(sibling, [1], 1024 * MiB, new Set([70]), pgid, undefined, MINE)
+    expect(v._tag === "Held" && v.holders).toEqual([{ gpu: 1, mig: MINE, pid: 78, bytes: 19 * GiB, previousRun: true }])
+    // and with the device's memory unreported as well, its bytes count as the MIG device's use
+    const blind = onGpu1((g) => ({
+      processes: [p500, p78],
+      migDevices: [
+        { ...g.migDevices[0]!, processes: [], unreportedFields: ["processes", "memory_used_bytes"] },
+        g.migDevices[1]!
+      ]
+    }))
+    const held = gateVerdict(blind, [1], 1024 * MiB, new Set(), () => undefined, undefined, MINE)
+    expect(held._tag === "Held" && held.reason).toContain("19.0 GiB")
+  })
   it("memory NVML cannot report for the MIG device: its GPU instance's processes stand in", () => {
     const memUnknown = ["memory_total_bytes", "memory_used_bytes"]
     const unknown = migDevice(MINE, 1, 0, { unreportedFields: memUnknown, processes: [p77] })
@@ -234,7 +258,7 @@ describe("gateVerdict for a MIG device", () => {
       _tag: "Faulty",
       reason: missingMig(MINE, 1)
     })
-    expect(missingMig(MINE, 1)).toContain(MINE)
+    expect(missingMig(MINE, 1)).toContain(`MIG device ${MINE} is not in NVML's list of GPU 1's MIG devices`)
     expect(engineFault(gone, [1], undefined, MINE)).toBe(missingMig(MINE, 1))
     const ecc = host().map((g) => (g.index === 1 ? { ...g, eccUncorrected: 2 } : g))
     expect(gateVerdict(ecc, [1], 1024 * MiB, none, noPgid, undefined, MINE)).toEqual({

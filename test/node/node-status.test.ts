@@ -1,7 +1,7 @@
 // NodeStatus: the pure NodeHealth mapping by tables, and the live layer over test layers (engine state
 // pushed by hand, a counting fake EngineClient, fixed GPUs): snapshot, changes, one scrape per heartbeat, tokens/s
 // and the gauges it mirrors into Metrics.
-import { Effect, Fiber, Layer, Stream } from "effect"
+import { Effect, Fiber, Layer, Stream, SubscriptionRef } from "effect"
 import { TestClock } from "effect/testing"
 import { describe, expect, it } from "vitest"
 import * as ConfigLayer from "../../src/layers/config/Config.ts"
@@ -9,8 +9,9 @@ import * as NodeStatusLayer from "../../src/layers/node/NodeStatus.ts"
 import type { LaunchPlan } from "../../src/services/engine/Engine.ts"
 import { EngineClient, type LoadSignals } from "../../src/services/engine/EngineClient.ts"
 import type { EngineState, ExitRecord } from "../../src/services/engine/EngineProcess.ts"
-import { noStall, stallProblem } from "../../src/services/engine/EngineStall.ts"
+import { EngineStall, noStall, type StallState, stallProblem } from "../../src/services/engine/EngineStall.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
+import { GpuGate } from "../../src/services/engine/GpuGate.ts"
 import { Admission } from "../../src/services/grpc/Admission.ts"
 import { Drain } from "../../src/services/node/Drain.ts"
 import { engineDetail, enginePhase, nodeState, ratePerSecond } from "../../src/services/node/NodeHealthView.ts"
@@ -85,6 +86,10 @@ describe("NodeHealthView (pure)", () => {
     const oom = { ...exit, code: 1, oomKills: 1, memoryLimitBytes: 256 * 2 ** 30 }
     expect(engineDetail(State.Restarting({ attempt: 1, nextAt: 5000, lastExit: oom }), 1000)).toContain(
       "ended: exited, exit code 1, 1 OOM kill in the agent's memory cgroup during this run (limit 256.0 GiB)"
+    )
+    // half a second ahead is "in 1s", never "in 0s" while the restart is still to come
+    expect(engineDetail(State.Restarting({ attempt: 2, nextAt: 1500, lastExit: exit }), 1000)).toMatch(
+      /^restart 2 in 1s;/
     )
     expect(ratePerSecond({ total: 10, at: 0 }, { total: 60, at: 500 })).toBe(100)
     expect(ratePerSecond({ total: 10, at: 0 }, { total: 5, at: 500 })).toBe(0) // counter reset
@@ -301,6 +306,82 @@ describe("NodeStatus live layer", () => {
     expect(rate).toBeGreaterThan(0)
     expect(rate).toBeLessThanOrEqual(500)
   })
+
+  it("with no running figure from the engine, NodeHealth engineRunning and the running-requests gauge are the agent's calls in flight", async () => {
+    // README: an engine that does not report it (llama.cpp, mlx, openai_compat) or a stale scrape: the agent's count
+    const { layer } = build({ running: undefined, waiting: undefined, kvUsage: undefined })
+    const { health, body } = await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const status = yield* NodeStatus
+          yield* (yield* EngineProcessControl).set(State.Ready({ since: Date.now(), run: 0 }))
+          return yield* Effect.scoped(
+            Effect.gen(function* () {
+              yield* (yield* Admission).acquire
+              return { health: yield* status.snapshot, body: (yield* (yield* Metrics).render).body }
+            })
+          )
+        })
+      ).pipe(Effect.provide(layer))
+    )
+    expect(health.load).toMatchObject({ inflight: 1, engineRunning: 1 })
+    expect(body).toMatch(/^cgn_agent_engine_running_requests 1$/m)
+  })
+
+  it("a stall reaches the changes at once (the etcd write), the engine's state unchanged", async () => {
+    const { layer } = build({ running: undefined, waiting: undefined, kvUsage: undefined })
+    const stalledState: StallState = { ...noStall, lastStallAt: 2_000, stalledStreams: 1, stalledSince: 2_000 }
+    const seen = await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const stallRef = yield* SubscriptionRef.make<StallState>(noStall)
+          const stall = EngineStall.of({
+            stalled: () => Effect.void,
+            completed: () => Effect.void,
+            moved: () => Effect.void,
+            testFailed: () => Effect.void,
+            callsFailed: () => Effect.void,
+            rankMoved: () => Effect.succeed(false),
+            scraped: () => Effect.void,
+            state: SubscriptionRef.get(stallRef),
+            changes: SubscriptionRef.changes(stallRef)
+          })
+          return yield* Effect.gen(function* () {
+            const status = yield* NodeStatus
+            const { seen, watcher, reach } = yield* watchChanges(status, 3)
+            yield* reach(1)
+            yield* (yield* EngineProcessControl).set(State.Ready({ since: Date.now(), run: 0 }))
+            yield* reach(2)
+            yield* SubscriptionRef.set(stallRef, stalledState)
+            yield* Fiber.join(watcher).pipe(Effect.timeout("2 seconds"), Effect.ignore)
+            return seen
+          }).pipe(Effect.provide(layer.pipe(Layer.provide(Layer.succeed(EngineStall, stall)))))
+        })
+      )
+    )
+    expect(seen).toEqual(["starting", "ready", "unhealthy"])
+  })
+
+  it("a first spawn the GPU gate holds reads 'waiting for the engine's GPUs' in NodeHealth, not 'spawning'", async () => {
+    const { layer } = build({ running: undefined, waiting: undefined, kvUsage: undefined })
+    const waiting = { since: 0, reason: "GPU 0 holds 70 GiB", holders: [], overdue: false }
+    const gate = GpuGate.of({
+      awaitFree: Effect.never,
+      runEnv: Effect.succeed({}),
+      spawned: () => Effect.void,
+      status: Effect.succeed({ gpus: [0], waiting, fault: undefined }),
+      problems: Stream.empty
+    })
+    const detail = await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          yield* (yield* EngineProcessControl).set(State.Starting({ phase: "spawning", since: Date.now(), run: 0 }))
+          return (yield* (yield* NodeStatus).snapshot).engine?.detail
+        })
+      ).pipe(Effect.provide(layer.pipe(Layer.provide(Layer.succeed(GpuGate, gate)))))
+    )
+    expect(detail).toMatch(/^waiting for the engine's GPUs for \d+s \(run 0\)/)
+  })
 })
 
 describe("NodeStatus on the Clock", () => {
@@ -322,6 +403,34 @@ describe("NodeStatus on the Clock", () => {
     )
     expect(details.loading).toBe("loading for 12s (run 0)")
     expect(details.restarting).toMatch(/^restart 2 in 4s; /)
+  })
+
+  it("tokens/s is over the last heartbeat alone: 0 a heartbeat after the tokens stop", async () => {
+    const { layer } = build({ running: undefined, waiting: undefined, kvUsage: undefined })
+    const rates = await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const status = yield* NodeStatus
+          const rate = Effect.map(status.snapshot, (h) => h.load?.tokensPerSecond)
+          // the reading awaits the counter's promise: let it settle (bounded), the clock standing still
+          const settled = (from: number | undefined) =>
+            Effect.gen(function* () {
+              let r = yield* rate
+              for (let i = 0; i < 200 && r === from; i++) {
+                yield* Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))
+                r = yield* rate
+              }
+              return r
+            })
+          ;(yield* Metrics).relayedTokens.inc({ model: "m" }, 100)
+          yield* TestClock.adjust("200 millis") // heartbeat 200ms: 100 tokens in it
+          const first = yield* settled(0)
+          yield* TestClock.adjust("200 millis") // a heartbeat with none
+          return [first, yield* settled(first)]
+        })
+      ).pipe(Effect.provide(layer), Effect.provide(TestClock.layer()))
+    )
+    expect(rates).toEqual([500, 0])
   })
 })
 

@@ -154,11 +154,16 @@ describe("Nvml live layer", () => {
     )
     process.env.FAKE_NVML_STATE = state
     try {
-      const { gpus, body } = await withProbe(
+      const { gpus, body, after } = await withProbe(
         { library },
         Effect.gen(function* () {
-          const gpus = yield* (yield* Nvml).gpus
-          return { gpus, body: (yield* (yield* Metrics).render).body }
+          const nvml = yield* Nvml
+          const gpus = yield* nvml.gpus
+          const body = (yield* (yield* Metrics).render).body
+          // the processes exit: their series go at the next scrape (Metrics.ts: reset at every scrape)
+          fs.writeFileSync(state, "gpu.0.procs=1000:1073741824")
+          yield* nvml.sampleNow
+          return { gpus, body, after: (yield* (yield* Metrics).render).body }
         })
       )
       const [g0, g1] = gpus
@@ -173,6 +178,8 @@ describe("Nvml live layer", () => {
       expect(body).toContain(`cgn_agent_gpu_process_memory_bytes{${g0l},pid="1019"} ${20 * 2 ** 30}`)
       expect(body).toContain(`cgn_agent_gpu_ecc_uncorrected_errors{${g0l}} 3`)
       expect(body).toContain('cgn_agent_gpu_lost{gpu="1",uuid=""} 1')
+      expect(after).toContain(`cgn_agent_gpu_process_memory_bytes{${g0l},pid="1000"} ${2 ** 30}`)
+      expect(after).not.toContain('pid="1019"')
       // a lost GPU reports nothing else
       expect(body).not.toMatch(/cgn_agent_gpu_memory_used_bytes\{gpu="1"/)
     } finally {

@@ -159,6 +159,8 @@ describe("a stderr reader that stalls (bytes written and not read)", () => {
           Effect.provideService(Console.Console, console)
         )
       )
+    // README: at most 1 Mi characters of lines waits for the reader
+    expect(MAX_LOG_BACKLOG_CHARS).toBe(1024 * 1024)
     const before = droppedLogLines()
     log("one")
     backlog = MAX_LOG_BACKLOG_CHARS + 1

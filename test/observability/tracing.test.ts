@@ -399,6 +399,12 @@ describe("otlpTraceSettings", () => {
     ["OTEL_SDK_DISABLED=false", c, { OTEL_SDK_DISABLED: "false" }, { url: `${c}/v1/traces` }],
     ["OTEL_TRACES_EXPORTER=none", c, { OTEL_TRACES_EXPORTER: "none" }, undefined],
     [
+      "OTEL_TRACES_EXPORTER naming another exporter: a warning",
+      c,
+      { OTEL_TRACES_EXPORTER: "otlp,zipkin" },
+      { url: `${c}/v1/traces`, warnings: [expect.stringContaining("OTEL_TRACES_EXPORTER=zipkin")] }
+    ],
+    [
       "OTEL_SERVICE_NAME",
       c,
       { OTEL_SERVICE_NAME: "a", OTEL_RESOURCE_ATTRIBUTES: "service.name=b" },
