@@ -2,13 +2,13 @@
 // tested directly: bytes accounted through push/take/ack, the byte bound dropping the oldest unsent records
 // and an overflow Resync per DP rank saying which, nothing referenced once acknowledged or dropped, and
 // the receiver applying each link seq exactly once.
-import { Effect } from "effect"
+import { Effect, Schema } from "effect"
 import { describe, expect, it } from "vitest"
 import { heldAtStop } from "../../src/layers/kv/KvBridge.ts"
 import { KvQueue } from "../../src/layers/kv/queue.ts"
 import type { QueuedRecord } from "../../src/layers/kv/queueRecords.ts"
 import { ReceiverState } from "../../src/services/kv/KvcachedReceiver.ts"
-import type { KvRecord } from "../../src/services/kv/KvcachedRpc.ts"
+import { KvRecord } from "../../src/services/kv/KvcachedRpc.ts"
 import type { Resync } from "../../src/services/kv/KvWire.ts"
 
 type Rec = { readonly tag: string }
@@ -307,5 +307,16 @@ describe("ReceiverState", () => {
     expect(await Effect.runPromise(st.hello(hello("e1")))).toEqual({ applied: 4 })
     await Effect.runPromise(st.push({ node_id: "n1", epoch: "e1", records: [rec(3), rec(4), rec(5)] }))
     expect(applied).toEqual([5])
+  })
+
+  it("the contract's records carry a link seq counted from 0: a negative or fractional n is refused", () => {
+    const decode = Schema.decodeUnknownSync(KvRecord)
+    const resync = { type: "Resync", dp_rank: 0, reason: "gap", from_seq: 0, to_seq: 1 }
+    expect(decode({ ...rec(0), n: 0 })).toMatchObject({ n: 0 })
+    expect(decode({ ...resync, n: 0 })).toMatchObject({ n: 0 })
+    for (const n of [-1, 0.5]) {
+      expect(() => decode({ ...rec(0), n })).toThrow()
+      expect(() => decode({ ...resync, n })).toThrow()
+    }
   })
 })

@@ -2,7 +2,7 @@
 // while completions run, the bridge forwards them over effect RPC, and the reference receiver
 // (src/programs/kvcachedReceiver.ts, journaled) is stopped, SIGKILLed mid-stream and restarted. The
 // journal is the receiver's applied state: every batch must be in it exactly once, or a Resync in it must
-// name exactly the seqs that are missing.
+// name exactly the seqs that are missing. How the journal is read back (a torn line, a reconnect, epochs) directly.
 import { type ChildProcess, spawn } from "node:child_process"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
@@ -10,7 +10,7 @@ import * as path from "node:path"
 import { Context, Effect, Exit, Layer, Scope } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
 import * as KvBridgeLive from "../../src/layers/kv/KvBridge.ts"
-import { type JournalEntry, readJournal } from "../../src/layers/kv/kvcachedReceiver.ts"
+import { type JournalEntry, readJournal, restoreFrom } from "../../src/layers/kv/kvcachedReceiver.ts"
 import { KvBridge, type KvBridgeStatus } from "../../src/services/kv/KvBridge.ts"
 import type { KvRecord } from "../../src/services/kv/KvcachedRpc.ts"
 import * as MetricsTest from "../../src/testing/Metrics.ts"
@@ -256,6 +256,49 @@ describe("the kvcached link through a receiver that is killed and restarted", ()
     expect(st).toMatchObject({ forwarded: a.batches, dropped: missing, resyncs: a.lost.length })
     expect(st.queuedBytes).toBe(0)
   }, 120_000)
+})
+
+describe("the reference receiver's journal, read back at its start", () => {
+  const hello = (node_id: string, epoch: string): JournalEntry => ({
+    hello: { version: 2, node_id, cluster: "c1", model: "m", engine: "vllm", block_size: 4, dp_size: 1, epoch }
+  })
+  const applied = (node_id: string, epoch: string, n: number): JournalEntry => ({
+    node_id,
+    epoch,
+    record: { type: "Batch", n, dp_rank: 0, seq: n, ts: 1, events: [] }
+  })
+
+  it("a torn last line (the receiver killed mid-write) is ignored: it was never acknowledged", async () => {
+    const dir = await fs.mkdtemp(path.join(os.tmpdir(), "kvjournal-"))
+    cleanups.push(() => fs.rm(dir, { recursive: true, force: true }))
+    const journal = path.join(dir, "journal.ndjson")
+    const whole = [hello("n1", "e1"), applied("n1", "e1", 0)]
+    const torn = JSON.stringify(applied("n1", "e1", 1)).slice(0, 20)
+    await fs.writeFile(journal, `${whole.map((e) => JSON.stringify(e)).join("\n")}\n${torn}`)
+    expect(readJournal(journal)).toEqual(whole)
+    expect(restoreFrom(readJournal(journal))).toEqual([{ node_id: "n1", epoch: "e1", applied: 0 }])
+  })
+
+  it("a reconnect's Hello (same epoch) keeps what was applied; a new epoch starts over and counts only its own", () => {
+    // killed right after a reconnect's Hello: what the epoch applied before it still stands
+    expect(restoreFrom([hello("n1", "e1"), applied("n1", "e1", 0), applied("n1", "e1", 1), hello("n1", "e1")])).toEqual(
+      [{ node_id: "n1", epoch: "e1", applied: 1 }]
+    )
+    // a record of another epoch than the node's last Hello is not what that epoch applied; other nodes are their own
+    expect(
+      restoreFrom([
+        hello("n1", "e1"),
+        applied("n1", "e1", 4),
+        hello("n2", "e7"),
+        hello("n1", "e2"),
+        applied("n1", "e1", 5),
+        applied("n2", "e7", 0)
+      ])
+    ).toEqual([
+      { node_id: "n1", epoch: "e2", applied: null },
+      { node_id: "n2", epoch: "e7", applied: 0 }
+    ])
+  })
 })
 
 describe("cgn-agent/kvcached", () => {

@@ -25,7 +25,12 @@ const signals: LoadSignals = { running: 3, waiting: 1, kvUsage: 0.25 }
  * interrupted), refusing, or answering HTTP 503 with a body that differs per scrape (a request id).
  */
 const makeEngine = () => {
-  const engine = { mode: "ok" as "ok" | "slow" | "hang" | "fail" | "503", slowMs: 0, scrapes: 0, interrupted: 0 }
+  const engine = {
+    mode: "ok" as "ok" | "slow" | "hang" | "fail" | "503" | "status-per-scrape",
+    slowMs: 0,
+    scrapes: 0,
+    interrupted: 0
+  }
   const load = Effect.suspend(() => {
     engine.scrapes++
     if (engine.mode === "ok") return Effect.succeed(signals)
@@ -36,6 +41,10 @@ const makeEngine = () => {
       return Effect.fail(
         new EngineError({ reason: "Http", status: 503, message: `HTTP 503: {"request_id":"r${engine.scrapes}"}` })
       )
+    if (engine.mode === "status-per-scrape") {
+      const status = 500 + engine.scrapes
+      return Effect.fail(new EngineError({ reason: "Http", status, message: `HTTP ${status}` }))
+    }
     return Effect.never.pipe(Effect.onInterrupt(() => Effect.sync(() => engine.interrupted++)))
   })
   const client = Layer.succeed(EngineClient, { streamTo: () => Effect.void, load })
@@ -227,6 +236,27 @@ describe("engine load sampler", () => {
       // a new spell logs its kind again
       yield* heartbeatWith("fail")
       assert.strictEqual(scrapeLines(logs).length, 4)
+    }).pipe(Effect.provide(layer))
+  })
+
+  it.effect("an engine failing with a new HTTP status each scrape logs at most 8 kinds per spell", () => {
+    const { engine, logs, layer } = makeEngine()
+    return Effect.gen(function* () {
+      engine.mode = "status-per-scrape"
+      yield* (yield* EngineProcessControl).set(State.Ready({ since: 0, run: 0 }))
+      // 12 scrapes in one failing spell, each a kind never seen before (HTTP 501 ... HTTP 512)
+      for (let n = 1; n <= 12; n++) {
+        yield* settle(
+          `scrape ${n}`,
+          Effect.sync(() => engine.scrapes === n)
+        )
+        if (n < 12) yield* TestClock.adjust(HEARTBEAT_MS)
+      }
+      // the set of kinds logged stays bounded whatever the engine answers (engineLoad.ts MAX_KINDS)
+      assert.deepStrictEqual(
+        scrapeLines(logs),
+        Array.from({ length: 8 }, (_, i) => `Warn engine metrics scrape failed (HTTP ${501 + i})`)
+      )
     }).pipe(Effect.provide(layer))
   })
 })

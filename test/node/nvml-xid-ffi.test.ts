@@ -4,7 +4,7 @@
 // session (layers/node/nvmlSession.ts) takes each event once, never waits with a timeout, leaves what a board or
 // driver lacks unreported, tells each event's GPU by nvmlDeviceGetIndex (else by its handle's address; else every
 // watched GPU's, fail closed); the live layer's /metrics page carries the Xid counter, the row-remapping and the
-// page-retirement gauges, and passes promtool.
+// page-retirement gauges, and passes promtool; a GPU NVML no longer lists keeps its Xids there, by its last index.
 import { spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
@@ -23,7 +23,13 @@ import { buildFakeNvml } from "../support/nvml.ts"
 const PROMTOOL = process.env.PROMTOOL ?? "promtool"
 const G0 = 'gpu="0",uuid="GPU-00000000-1111-2222-3333-444444444444"'
 const G1 = 'gpu="1",uuid="GPU-55555555-6666-7777-8888-999999999999"'
-const KNOBS = ["FAKE_NVML_XID_FILE", "FAKE_NVML_WAIT_LOG", "FAKE_NVML_STATE", "FAKE_NVML_SHUTDOWN_FILE"]
+const KNOBS = [
+  "FAKE_NVML_XID_FILE",
+  "FAKE_NVML_WAIT_LOG",
+  "FAKE_NVML_STATE",
+  "FAKE_NVML_SHUTDOWN_FILE",
+  "FAKE_NVML_COUNT_RC"
+]
 
 let dir = ""
 let library = ""
@@ -229,5 +235,28 @@ describe("Xid events, row remapping and page retirement through the FFI", () => 
     if (r.error !== undefined) throw new Error(`${PROMTOOL} not found: install it, e.g. apt-get install prometheus`)
     expect(`${r.stdout}${r.stderr}`).toBe("")
     expect(r.status).toBe(0)
+  })
+  it("the Xids of a GPU NVML no longer lists stay on the page, labelled with the index it last had", async () => {
+    const k = knobs("unlisted")
+    k.xid("1 79")
+    const page = await Effect.runPromise(
+      Effect.gen(function* () {
+        const nvml = yield* Nvml
+        const metrics = yield* Metrics
+        expect((yield* nvml.sampleNow)[1]?.criticalXids).toEqual([expect.objectContaining({ xid: 79, events: 1 })])
+        // a scrape while NVML lists the GPU (the page learns its index as it renders)
+        expect((yield* metrics.render).body).toContain(`cgn_agent_gpu_xid_errors_total{${G1},xid="79",fault="true"} 1`)
+        // NVML stops answering (a GPU off the bus hangs it; here its device count fails): it lists no GPU now
+        process.env.FAKE_NVML_COUNT_RC = "999"
+        expect(yield* nvml.sampleNow).toEqual([])
+        return (yield* metrics.render).body
+      }).pipe(
+        Effect.provide(
+          NvmlLive.layer(nvmlWorkerEntry(), { library, maxAge: 0 }).pipe(Layer.provideMerge(MetricsTest.layerTest))
+        )
+      )
+    )
+    expect(page).toContain("cgn_agent_nvml_up 0")
+    expect(page).toContain(`cgn_agent_gpu_xid_errors_total{${G1},xid="79",fault="true"} 1`)
   })
 })

@@ -1,7 +1,8 @@
 // The live Nvml layer (layers/node/Nvml.ts) through the real FFI: a fake libnvidia-ml.so compiled from
 // test/fixtures/fake_nvml.c with the system C compiler answers for two GPUs; a missing library and a failing
 // nvmlInit_v2 leave no GPUs. NVML runs in a worker thread: a hung call (FAKE_NVML_BLOCK_FILE) leaves the event loop
-// free and readers get no GPUs after `callTimeout`.
+// free and readers get no GPUs after `callTimeout`. The pure naming of NvmlValues.ts (return codes, a GPU's identity
+// from an earlier sample) is checked directly at the end.
 import { once } from "node:events"
 import * as fs from "node:fs"
 import * as os from "node:os"
@@ -12,7 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as NvmlLive from "../../src/layers/node/Nvml.ts"
 import { nvmlWorkerEntry } from "../../src/programs/programPaths.ts"
 import { type Gpu, gpuWith, Nvml } from "../../src/services/node/Nvml.ts"
-import { gpuFields } from "../../src/services/node/NvmlValues.ts"
+import { type GpuIdentity, gpuFields, nameGpus, nvmlReturnName } from "../../src/services/node/NvmlValues.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
 import * as MetricsTest from "../../src/testing/Metrics.ts"
 import { blockNvml, buildFakeNvml } from "../support/nvml.ts"
@@ -493,5 +494,31 @@ describe("Nvml live layer", () => {
       Effect.flatMap(Nvml, (n) => n.unavailable)
     )
     expect(unavailable).toContain("disabled")
+  })
+})
+
+describe("NvmlValues", () => {
+  it("names NVML's return codes in problems and log lines, GPU_IS_LOST (15) included", () => {
+    expect(nvmlReturnName(9)).toBe("NVML_ERROR_DRIVER_NOT_LOADED (9)")
+    expect(nvmlReturnName(15)).toBe("NVML_ERROR_GPU_IS_LOST (15)")
+    expect(nvmlReturnName(42)).toBe("NVML_RETURN (42)")
+  })
+
+  it("nameGpus fills a UUID this sample lacks from its index's identity; a name this sample did report stays", () => {
+    const known = new Map<number, GpuIdentity>([
+      [0, { uuid: "GPU-a", name: "Name before" }],
+      [1, { uuid: "GPU-b", name: "NVIDIA H100 80GB HBM3" }]
+    ])
+    const named = nameGpus(
+      [
+        gpuWith({ index: 0, uuid: "", name: "Name now", unreportedFields: ["uuid"] }),
+        gpuWith({ index: 1, uuid: "", name: "", unreportedFields: ["name", "uuid"] })
+      ],
+      known
+    )
+    expect(named).toEqual([
+      gpuWith({ index: 0, uuid: "GPU-a", name: "Name now", unreportedFields: [] }),
+      gpuWith({ index: 1, uuid: "GPU-b", name: "NVIDIA H100 80GB HBM3", unreportedFields: [] })
+    ])
   })
 })

@@ -128,8 +128,8 @@ export const mirrorToMetrics = (service: NvmlService, rule: XidRule = defaultXid
           for (const [index, labels] of lastLost)
             if (!gpus.some((g) => String(g.index) === index)) m.gpuLost.set(labels, 1)
         // The boot's Xids of a GPU NVML does not list now (NVML down or hung: a GPU off the bus hangs it) stay: the
-        // alert on them must not resolve while the fault stands. Labelled with the index it last had in this agent's
-        // life ("" when NVML has not listed it since the agent started).
+        // alert on them must not resolve while the fault stands. Labelled with the index a scrape last saw NVML list it
+        // at ("" when no scrape has seen it listed since the agent started: the index is learned here, at a scrape).
         for (const g of gpus) if (g.uuid !== "") lastIndex.set(g.uuid, String(g.index))
         for (const k of kept) {
           if (gpus.some((g) => g.uuid === k.uuid)) continue
