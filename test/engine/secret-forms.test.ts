@@ -1,32 +1,33 @@
 // The encoded forms of a secret that the engine's output is scrubbed of (src/services/engine/SecretForms.ts), and
-// lineRedactor's use of them (src/services/engine/Secrets.ts).
+// lineRedactor's use of them (src/services/engine/LineRedactor.ts).
 import { describe, expect, it } from "vitest"
-import { encodedForms } from "../../src/services/engine/SecretForms.ts"
-import { lineRedactor, REDACTED } from "../../src/services/engine/Secrets.ts"
+import { lineRedactor } from "../../src/services/engine/LineRedactor.ts"
+import { base64InText, encodedForms } from "../../src/services/engine/SecretForms.ts"
+import { REDACTED } from "../../src/services/engine/Secrets.ts"
 
 const SECRET = `pa"ss\\wo/rd é+ x!`
 const b64 = (s: string) => Buffer.from(s, "utf8").toString("base64")
 
 describe("encodedForms", () => {
-  const forms = encodedForms(SECRET, 6)
+  const forms = encodedForms(SECRET)
 
   it("has the value escaped as JSON writes it: plain, with \\/, with \\uXXXX for non-ASCII; and as Python's repr", () => {
     expect(forms).toContain(JSON.stringify(SECRET).slice(1, -1))
     expect(forms).toContain(`pa\\"ss\\\\wo\\/rd é+ x!`)
     expect(forms).toContain(`pa\\"ss\\\\wo/rd \\u00e9+ x!`)
-    expect(encodedForms("it's_a\\secret", 6)).toContain("it\\'s_a\\\\secret")
+    expect(encodedForms("it's_a\\secret")).toContain("it\\'s_a\\\\secret")
   })
 
   it("has the escapes other encoders write: upper-case hex (Jackson), <>& as Go's encoding/json escapes them", () => {
     expect(forms).toContain(`pa\\"ss\\\\wo/rd \\u00E9+ x!`)
-    expect(encodedForms("Passw0rd&More<x>", 6)).toContain("Passw0rd\\u0026More\\u003cx\\u003e")
+    expect(encodedForms("Passw0rd&More<x>")).toContain("Passw0rd\\u0026More\\u003cx\\u003e")
     // PHP's json_encode default: `/` as `\/` and non-ASCII as \uXXXX together
     expect(forms).toContain(`pa\\"ss\\\\wo\\/rd \\u00e9+ x!`)
   })
 
   it("has the value with every character as \\uXXXX (an encoder that escapes all), in lower- and upper-case hex", () => {
     const every = [..."JZ_key"].map((c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`).join("")
-    const f = encodedForms("JZ_key", 6)
+    const f = encodedForms("JZ_key")
     expect(f).toContain(every)
     expect(f).toContain("\\u004A\\u005A\\u005F\\u006B\\u0065\\u0079")
   })
@@ -40,7 +41,7 @@ describe("encodedForms", () => {
 
   it("has the base64 of the escaped forms (a JSON document that holds the value holds them)", () => {
     const doc = b64(JSON.stringify({ a: 1, key: SECRET, z: "tail" }))
-    expect(forms.some((form) => form.length >= 8 && doc.includes(form))).toBe(true)
+    expect(base64InText(SECRET, 6).some((f) => f.core.length >= 8 && doc.includes(f.core))).toBe(true)
     expect(lineRedactor([SECRET])(`payload ${doc}`)).toContain(REDACTED)
   })
 
@@ -53,7 +54,7 @@ describe("encodedForms", () => {
 
   it("has the value's base64, standard and URL-safe, padded and not", () => {
     const v = "hf_SECRET12345>?"
-    const f = encodedForms(v, 6)
+    const f = encodedForms(v)
     expect(f).toContain(b64(v))
     expect(f).toContain(b64(v).replace(/=+$/, ""))
     expect(f).toContain(Buffer.from(v).toString("base64url"))
@@ -61,30 +62,51 @@ describe("encodedForms", () => {
 
   it("finds the value inside a longer base64 text at any offset (Basic auth of user:password, whoever the user)", () => {
     const v = "pw_SECRET9876"
-    const f = encodedForms(v, 6)
+    const cores = base64InText(v, 6).map((f) => f.core)
     for (const user of ["a", "ab", "abc", "operator"]) {
       const header = b64(`${user}:${v}`)
-      expect(f.some((form) => header.includes(form))).toBe(true)
+      expect(cores.some((core) => header.includes(core))).toBe(true)
     }
   })
 
-  it("finds a value inside a longer base64 text where a form covers exactly minBytes of it", () => {
+  it("finds a value inside a longer base64 text where its whole groups of 3 bytes cover exactly minBytes of it", () => {
     // 7 bytes: at these offsets (value from a group's first or third byte) two whole groups, 6 bytes, lie in it
     const v = "pw_SEC7"
-    const f = encodedForms(v, 6)
+    const cores = base64InText(v, 6).map((f) => f.core)
     for (const user of ["ab", "abcd"]) {
       const header = b64(`${user}:${v}@tail`)
       expect(
-        f.some((form) => header.includes(form)),
+        cores.some((core) => header.includes(core)),
         user
       ).toBe(true)
     }
   })
 
-  it("takes no base64 form that covers fewer than minBytes of the value, and not the value itself", () => {
-    const f = encodedForms("abcdefg", 6)
-    expect(f.every((form) => form.length >= 8)).toBe(true)
-    expect(encodedForms("plain_value", 6)).not.toContain("plain_value")
+  it("takes no form where the value's whole groups of 3 bytes cover fewer than minBytes of it", () => {
+    // from a group's second byte, "abcdefg" holds one whole group (3 bytes) only
+    const cores = base64InText("abcdefg", 6).map((f) => f.core)
+    expect(cores.every((core) => core.length >= 8)).toBe(true)
+    expect(cores.some((core) => b64("xyz:abcdefg@yz").includes(core))).toBe(false)
+    expect(cores.some((core) => b64("x:abcdefg@yz").includes(core))).toBe(true)
+    expect(encodedForms("abcdefg").every((form) => form.length >= 8)).toBe(true)
+    expect(encodedForms("plain_value")).not.toContain("plain_value")
+  })
+
+  it("blanks every base64 character that carries a bit of the value inside a longer text, and only those", () => {
+    // A character carries bits 6i..6i+5 of the text's bytes; the value's bits are [8 * prefix, 8 * (prefix + len)).
+    const v = "password1"
+    const redact = lineRedactor([v])
+    for (const user of ["u", "us", "use", "user", "users", "user_x", "operator"]) {
+      for (const tail of ["", "@", "@h", "@ho"]) {
+        for (const encoding of ["base64", "base64url"] as const) {
+          const text = Buffer.from(`${user}:${v}${tail}`).toString(encoding)
+          const from = 8 * (user.length + 1)
+          const to = from + 8 * v.length
+          const kept = `${text.slice(0, Math.floor(from / 6))}${REDACTED}${text.slice(Math.floor((to - 1) / 6) + 1)}`
+          expect(redact(`auth ${text} ok`), `${user} ${tail} ${encoding}`).toBe(`auth ${kept} ok`)
+        }
+      }
+    }
   })
 })
 

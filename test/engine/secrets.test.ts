@@ -1,12 +1,12 @@
 // Which names and flags hold secrets, and the scrubbing of their values from the engine's output lines
-// (src/services/engine/Secrets.ts).
+// (src/services/engine/Secrets.ts, LineRedactor.ts).
 import { describe, expect, it } from "vitest"
 import { redactArgv, redactEnv } from "../../src/layers/engine/backends/redact.ts"
+import { lineRedactor } from "../../src/services/engine/LineRedactor.ts"
 import {
   isHeaderListName,
   isSecretFlag,
   isSecretName,
-  lineRedactor,
   REDACTED,
   secretValues
 } from "../../src/services/engine/Secrets.ts"
@@ -142,6 +142,31 @@ describe("header lists (OTEL_EXPORTER_OTLP_HEADERS)", () => {
     expect(redactEnv({ OTEL_EXPORTER_OTLP_TRACES_HEADERS: headers })).toEqual({
       OTEL_EXPORTER_OTLP_TRACES_HEADERS: `authorization=${REDACTED}, x-api-key = ${REDACTED} ,${REDACTED}`
     })
+  })
+
+  it("takes a flag's value as a header list when the flag's last word is HEADERS, as a variable's name", () => {
+    expect(redactArgv(["--otlp-headers", headers, "--port", "8000", "--x-headers=a=b_SECRET7"])).toEqual([
+      "--otlp-headers",
+      `authorization=${REDACTED}, x-api-key = ${REDACTED} ,${REDACTED}`,
+      "--port",
+      "8000",
+      `--x-headers=a=${REDACTED}`
+    ])
+    expect([...secretValues({}, ["--otlp-headers", headers])].sort()).toEqual([
+      "Bearer otel_SECRET1",
+      "Bearer%20otel_SECRET1",
+      "bare_SECRET3",
+      "otel_SECRET1",
+      "otel_SECRET2"
+    ])
+    // not after a flag that takes no value, nor a flag of another name
+    expect(redactArgv(["--otlp-headers", "--port", "a=b", "--headers-dir", "c=d"])).toEqual([
+      "--otlp-headers",
+      "--port",
+      "a=b",
+      "--headers-dir",
+      "c=d"
+    ])
   })
 
   it("has the values scrubbed from the engine's lines", () => {

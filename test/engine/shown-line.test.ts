@@ -1,8 +1,9 @@
 // What one engine output line shows, scrubbed of the run's secrets (services/engine/ShownLine.ts): the text /status
 // keeps, the log's message and fields; a JSON line's strings scrubbed decoded, a cut line shown by positions as it came.
 import { describe, expect, it } from "vitest"
+import { lineRedactor } from "../../src/services/engine/LineRedactor.ts"
 import { LineSplitter, MAX_LINE_CHARS, type OutputLine } from "../../src/services/engine/OutputLines.ts"
-import { lineRedactor, REDACTED } from "../../src/services/engine/Secrets.ts"
+import { REDACTED } from "../../src/services/engine/Secrets.ts"
 import { shownLine } from "../../src/services/engine/ShownLine.ts"
 
 const none = lineRedactor([])

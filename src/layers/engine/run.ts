@@ -15,6 +15,7 @@ import { engineEnvironment } from "../../services/engine/EngineEnvironment.ts"
 import { type EngineRun, type RunExit, type SpawnOptions, valueIfDone } from "../../services/engine/EngineHost.ts"
 import { type KeptLine, keepLine } from "../../services/engine/ExitHints.ts"
 import { buildGuardArgs, decodeReport, REPORT_FD, type StopOutcome } from "../../services/engine/GuardProtocol.ts"
+import { lineRedactor } from "../../services/engine/LineRedactor.ts"
 import {
   LineSplitter,
   LOGGED_LINES_BURST,
@@ -23,7 +24,7 @@ import {
   OutputBudget,
   type OutputLine
 } from "../../services/engine/OutputLines.ts"
-import { lineRedactor, secretValues } from "../../services/engine/Secrets.ts"
+import { secretValues } from "../../services/engine/Secrets.ts"
 import { shownLine } from "../../services/engine/ShownLine.ts"
 import { pollUntil } from "./groupWait.ts"
 import { portHolder } from "./portHolder.ts"

@@ -1,6 +1,6 @@
 /**
  * The forms a secret takes when an engine prints it encoded (pure): the engine's output is scrubbed of each of them,
- * not only of the value as it is (services/engine/Secrets.ts, `lineRedactor`). Computed once per engine run, when its
+ * not only of the value as it is (LineRedactor.ts, `lineRedactor`). Computed once per engine run, when its
  * secrets are known; never per line.
  *
  * - Escaped in a string literal: JSON (`"` and `\` escaped; `/` as `\/` too, as PHP and some Java encoders write it;
@@ -12,10 +12,10 @@
  *   (form encoding: `quote_plus`, Go's `url.QueryEscape`); also every byte encoded; the hex in upper and lower case.
  * - Base64 (standard and URL-safe, padded or not) of the value's UTF-8 bytes, alone, and inside a longer base64 text:
  *   the value may start at any byte of what was encoded (`Basic base64(user:password)`, whatever the user; a JSON
- *   document that holds it), so for each of the three alignments the groups of 3 bytes that lie wholly in the value
- *   are taken, whose base64 appears as it is in any base64 of a text that contains the value at such an offset. A
- *   form that covers fewer than `minBytes` of the value is not taken: 4 base64 characters would blank text at random.
- *   The same for each escaped form that differs from the value (a JSON document holds `pa\"ss`, not `pa"ss`).
+ *   document that holds it), so for each of the three alignments (`base64InText`) the characters of the groups of 3
+ *   bytes that lie wholly in the value are found as they are, and the one to three at each end that carry its first
+ *   and last bits (with a neighbour's, some) are checked beside them, so that no bit of it is left shown. The same for each escaped form that differs
+ *   from the value (a JSON document holds `pa\"ss`, not `pa"ss`).
  */
 
 const jsonEscaped = (v: string): string => JSON.stringify(v).slice(1, -1)
@@ -75,26 +75,90 @@ const percentForms = (v: string): ReadonlyArray<string> => {
 
 const urlSafe = (b64: string): string => b64.replaceAll("+", "-").replaceAll("/", "_")
 
-const base64Forms = (v: string, minBytes: number): ReadonlyArray<string> => {
-  const bytes = Buffer.from(v, "utf8")
-  const whole = bytes.toString("base64")
+/** The value's base64 alone: standard and URL-safe, padded or not. */
+const base64Forms = (v: string): ReadonlyArray<string> => {
+  const whole = Buffer.from(v, "utf8").toString("base64")
   const out = [whole, whole.replace(/=+$/, "")]
-  for (let first = 0; first < 3; first++) {
-    const groups = Math.floor((bytes.length - first) / 3)
-    if (groups * 3 >= minBytes) out.push(bytes.subarray(first, first + groups * 3).toString("base64"))
-  }
   return [...out, ...out.map(urlSafe)]
 }
 
+const STANDARD_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+const ALPHABETS = [STANDARD_ALPHABET, urlSafe(STANDARD_ALPHABET)]
+
+/** The characters of `alphabet` for the 6-bit values `fixed` with any `free` bits. */
+const sextet = (alphabet: string, fixed: number, free: number): string => {
+  let chars = ""
+  for (let v = 0; v < 64; v++) if ((v & ~free) === fixed) chars += alphabet.charAt(v)
+  return chars
+}
+
 /**
- * The encoded forms of a secret value that differ from it, each once. `minBytes`: the fewest bytes of the value a
- * partial base64 form must cover.
+ * A value's bytes inside a longer base64 text, at one of the three places it may start at in a group of 3 bytes:
+ * `core`, the characters of the groups of 3 bytes that lie wholly in it, as they are; `lead` and `trail`, the one to
+ * three characters before and after the core that carry its first and last bits, each as the characters it may be
+ * (one, or several where it carries a neighbour's bits too).
  */
-export const encodedForms = (value: string, minBytes: number): ReadonlyArray<string> => {
+export type Base64InText = {
+  readonly core: string
+  readonly lead: ReadonlyArray<string>
+  readonly trail: ReadonlyArray<string>
+}
+
+/**
+ * The value's forms inside a longer base64 text, standard and URL-safe. Only where its whole groups cover `minBytes`
+ * of it: a core of fewer would blank text at random.
+ */
+const base64InTextForms = (v: string, minBytes: number): ReadonlyArray<Base64InText> => {
+  const bytes = Buffer.from(v, "utf8")
+  const bitOf = (i: number): number => ((bytes[i >> 3] ?? 0) >> (7 - (i & 7))) & 1
+  const out: Array<Base64InText> = []
+  for (let lead = 0; lead < 3; lead++) {
+    const skipped = (3 - lead) % 3
+    const wholeGroups = Math.floor((bytes.length - skipped) / 3)
+    if (wholeGroups * 3 < minBytes) continue
+    // In characters of the base64 text, from the start of the group the value starts in.
+    const start = lead * 8
+    const end = start + bytes.length * 8
+    const coreFrom = ((lead + skipped) / 3) * 4
+    const coreTo = coreFrom + wholeGroups * 4
+    for (const alphabet of ALPHABETS) {
+      const char = (c: number): string => {
+        let fixed = 0
+        let free = 0
+        for (let b = 0; b < 6; b++) {
+          const bit = c * 6 + b
+          const mask = 1 << (5 - b)
+          if (bit < start || bit >= end) free |= mask
+          else if (bitOf(bit - start) === 1) fixed |= mask
+        }
+        return sextet(alphabet, fixed, free)
+      }
+      const range = (from: number, to: number) => Array.from({ length: to - from }, (_, k) => char(from + k))
+      out.push({
+        core: range(coreFrom, coreTo).join(""),
+        lead: range(Math.floor(start / 6), coreFrom),
+        trail: range(coreTo, Math.floor((end - 1) / 6) + 1)
+      })
+    }
+  }
+  return out
+}
+
+/** The encoded forms of a secret value that differ from it, each once. */
+export const encodedForms = (value: string): ReadonlyArray<string> => {
   const escaped = escapedForms(value)
   // The base64 of a JSON document (or a repr) that holds the value holds its escaped form, where that differs.
-  const encodedEscapes = [...new Set(escaped)].filter((e) => e !== value).flatMap((e) => base64Forms(e, minBytes))
-  const forms = new Set([...escaped, ...percentForms(value), ...base64Forms(value, minBytes), ...encodedEscapes])
+  const encodedEscapes = [...new Set(escaped)].filter((e) => e !== value).flatMap(base64Forms)
+  const forms = new Set([...escaped, ...percentForms(value), ...base64Forms(value), ...encodedEscapes])
   forms.delete(value)
   return [...forms]
+}
+
+/**
+ * The value, and each escaped form of it, inside a longer base64 text. `minBytes`: the fewest bytes of it the whole
+ * groups of 3 of a form must cover.
+ */
+export const base64InText = (value: string, minBytes: number): ReadonlyArray<Base64InText> => {
+  const texts = new Set([value, ...escapedForms(value)])
+  return [...texts].flatMap((t) => base64InTextForms(t, minBytes))
 }

@@ -1,7 +1,7 @@
 /**
- * Which of the engine's settings are secrets, and their scrubbing from text (pure). One rule serves every output:
+ * Which of the engine's settings are secrets, and their places in a text (pure). One rule serves every output:
  * `render`, the `engine run N: spawning` log (a copy of the plan, layers/engine/backends/redact.ts), and every line
- * the engine prints before the agent logs it or keeps it for /status (`lineRedactor`, built once per run).
+ * the engine prints before the agent logs it or keeps it for /status (LineRedactor.ts, from `secretValues`).
  *
  * A name is a secret's when one of its words (split at `_`, `-`, `.`; case ignored) is a usual secret marker:
  * SECRET, PASSWORD, PASSWD, PASSPHRASE or CREDENTIAL anywhere in a word (AWS_SECRET_ACCESS_KEY, PGPASSWORD,
@@ -12,8 +12,6 @@
  * that are credentials whatever the name: the values of a header list (OTEL_EXPORTER_OTLP_HEADERS) and the password
  * of a URL (`HTTPS_PROXY=http://user:PASSWORD@proxy`), in variables and arguments alike.
  */
-import { encodedForms } from "./SecretForms.ts"
-
 /** What replaces a secret. */
 export const REDACTED = "<redacted>"
 
@@ -58,8 +56,8 @@ export const secretOffset = (argv: ReadonlyArray<string>, i: number): number | u
 }
 
 /**
- * Whether a variable holds a list of HTTP headers, `key=value,key2=value2`, whose values are secrets whatever the
- * keys: its last word is HEADERS. OpenTelemetry's OTEL_EXPORTER_OTLP_HEADERS and its per-signal
+ * Whether a variable (or a flag's value) holds a list of HTTP headers, `key=value,key2=value2`, whose values are
+ * secrets whatever the keys: its last word is HEADERS. OpenTelemetry's OTEL_EXPORTER_OTLP_HEADERS and its per-signal
  * OTEL_EXPORTER_OTLP_{TRACES,METRICS,LOGS}_HEADERS carry a collector's credentials (`authorization=Bearer ...`;
  * opentelemetry-specification, specification/protocol/exporter.md, "Specifying headers via environment variables").
  */
@@ -69,7 +67,7 @@ export const isHeaderListName = (name: string): boolean => {
 }
 
 /** A secret's place in a text: [start, end). */
-type Span = readonly [number, number]
+export type Span = readonly [number, number]
 
 const trimmed = (text: string, start: number, end: number): ReadonlyArray<Span> => {
   let s = start
@@ -137,11 +135,28 @@ const envSpans = (name: string, value: string): ReadonlyArray<Span> =>
     ? trimmed(value, 0, value.length)
     : [...(isHeaderListName(name) ? headerListSpans(value) : []), ...urlSpans(value)]
 
+/**
+ * Where argv[i] is a header list, the offset it starts at: the value after a flag whose last word is HEADERS
+ * (`--otlp-headers V`, `--otlp-headers=V`), as a variable of such a name is one.
+ */
+const headerListOffset = (argv: ReadonlyArray<string>, i: number): number | undefined => {
+  const arg = argv[i] ?? ""
+  const prev = argv[i - 1]
+  if (prev !== undefined && !prev.includes("=") && looksLikeFlag(prev) && isHeaderListName(prev) && !looksLikeFlag(arg))
+    return 0
+  const eq = arg.indexOf("=")
+  return eq > 0 && looksLikeFlag(arg) && isHeaderListName(arg.slice(0, eq)) ? eq + 1 : undefined
+}
+
 /** Where argv[i] holds secrets. */
 const argSpans = (argv: ReadonlyArray<string>, i: number): ReadonlyArray<Span> => {
   const arg = argv[i] ?? ""
   const at = secretOffset(argv, i)
-  return at === undefined ? urlSpans(arg) : trimmed(arg, at, arg.length)
+  if (at !== undefined) return trimmed(arg, at, arg.length)
+  const list = headerListOffset(argv, i)
+  const listSpans =
+    list === undefined ? [] : headerListSpans(arg.slice(list)).map(([s, e]): Span => [s + list, e + list])
+  return [...listSpans, ...urlSpans(arg)]
 }
 
 /** The text with each span replaced by REDACTED (overlapping spans as one). */
@@ -201,65 +216,3 @@ export const secretValues = (
   for (let i = 0; i < argv.length; i++) take(argv[i] ?? "", argSpans(argv, i))
   return out
 }
-
-/**
- * Values shorter than this are not scrubbed from engine output: a secret that short is no secret, and blanking
- * it would blank common words and numbers (`true`, `8000`) wherever the engine prints them.
- */
-export const MIN_SCRUBBED_LENGTH = 6
-
-const escapeRegExp = (s: string): string => s.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&")
-
-/**
- * A function that replaces every occurrence of the given secrets in a line with REDACTED, as they are and in the
- * forms an engine prints them encoded (SecretForms.ts: JSON- or repr-escaped, percent-encoded, base64). Built once per
- * run: the forms are computed here, and one RegExp alternates them all, longest first, so a value that contains
- * another is replaced whole; per line it is one left-to-right scan, and a line with none comes back as it is. One
- * RegExp rather than an `includes` per form: with 10 secrets (70 forms), 1k log lines of 250 characters took 0.9-1.2
- * ms against 1.1-1.6 ms, and 1.3-1.6 ms against 2.7-4.7 ms with 20 (Node 24). A value of several lines (a PEM key)
- * is scrubbed line by line, since output comes in lines.
- */
-export const lineRedactor = (secrets: Iterable<string>): Redactor => {
-  const values = new Set<string>()
-  for (const s of secrets) {
-    for (const part of s.split("\n")) {
-      const v = part.endsWith("\r") ? part.slice(0, -1) : part
-      if (v.length < MIN_SCRUBBED_LENGTH) continue
-      values.add(v)
-      for (const f of encodedForms(v, MIN_SCRUBBED_LENGTH)) values.add(f)
-    }
-  }
-  if (values.size === 0) return Object.assign((line: string) => line, { longest: 0, head: headOf(undefined) })
-  const sorted = [...values].sort((a, b) => b.length - a.length)
-  const any = new RegExp(sorted.map(escapeRegExp).join("|"), "g")
-  return Object.assign((line: string) => line.replace(any, REDACTED), {
-    longest: sorted[0]?.length ?? 0,
-    head: headOf(any)
-  })
-}
-
-/**
- * Scrubs a line of the run's secrets. `longest`: the longest form it replaces. `head(text, limit)`: the line shown
- * up to the character `limit` of `text` as it came, every secret that starts before it replaced whole (so `text`
- * must hold `longest` characters past `limit`, where it is longer). What is shown is decided by positions in `text`:
- * a slice of the scrubbed text would move the rest left by each replacement shorter than its secret, and a secret cut
- * short at the text's end (not scrubbed) into view.
- */
-export type Redactor = ((line: string) => string) & {
-  readonly longest: number
-  readonly head: (text: string, limit: number) => string
-}
-
-const headOf =
-  (any: RegExp | undefined) =>
-  (text: string, limit: number): string => {
-    if (any === undefined) return text.slice(0, limit)
-    let out = ""
-    let at = 0
-    for (const m of text.matchAll(any)) {
-      if (m.index >= limit) break
-      out += text.slice(at, m.index) + REDACTED
-      at = m.index + m[0].length
-    }
-    return out + text.slice(at, Math.max(at, limit))
-  }

@@ -11,8 +11,9 @@
  * scrubbed (nested deeper than the scrub's stack) is not shown.
  */
 import { isJsonObject } from "./EngineClient.ts"
+import type { Redactor } from "./LineRedactor.ts"
 import { MAX_LINE_CHARS, type OutputLine } from "./OutputLines.ts"
-import { REDACTED, type Redactor } from "./Secrets.ts"
+import { REDACTED } from "./Secrets.ts"
 
 export interface ShownLine {
   /** The line as /status keeps it: scrubbed; a JSON object line as JSON.stringify writes it again. */
