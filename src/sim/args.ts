@@ -59,6 +59,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
   let slotContext: number | undefined
   let llamaContext: LlamaContextArgs | undefined
   let ssePingMs: number | undefined
+  let slotPromptSimilarity: number | undefined
   let tensorParallel = 1
   let dataParallel = 1
   let enableMetrics = true
@@ -103,6 +104,8 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     // common/common.h sse_ping_interval = 30 (seconds; -1 disables), common/arg.cpp --sse-ping-interval.
     const ping = num(v("--sse-ping-interval"), "--sse-ping-interval") ?? 30
     ssePingMs = ping > 0 ? ping * 1000 : undefined
+    // common/common.h slot_prompt_similarity = 0.1 (common/arg.cpp -sps: std::stof)
+    slotPromptSimilarity = num(first("-sps", "--slot-prompt-similarity"), "--slot-prompt-similarity") ?? 0.1
   } else {
     model = v("--model") ?? "mlx-community/model"
     servedName = model
@@ -176,6 +179,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     crashAtStart: crashAtStartOf(flavor, v("--sim-crash-at-start")),
     stallAfterTokens: num(v("--sim-stall-after-tokens"), "--sim-stall-after-tokens"),
     ssePingMs,
+    slotPromptSimilarity,
     ignoreSigterm: p.flags.has("--sim-ignore-sigterm"),
     strictArgs: p.flags.has("--sim-strict-args"),
     sigtermWaitsStreams: p.flags.has("--sim-sigterm-waits-streams"),

@@ -124,7 +124,9 @@ export const MODELLED: Record<Flavor, ReadonlyArray<string>> = {
     "-ngl",
     "--n-gpu-layers",
     "--metrics",
-    "--sse-ping-interval"
+    "--sse-ping-interval",
+    "-sps",
+    "--slot-prompt-similarity"
   ],
   mlx: ["--host", "--port", "--model", "--max-tokens", "--decode-concurrency"]
 }

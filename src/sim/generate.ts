@@ -1,5 +1,5 @@
 // One request's life in the simulator: wait for the model (mlx lazy load), P/D hand-off (pdLegs.ts), queue
-// for a slot, prefix-cache admission (KV events), time to first token, tokens at the inter-token latency
+// for a slot, prefix-cache admission (KV events), time to first token, tokens at the inter-token latency a step
 // (streamed as SSE or collected), faults (stall; mid-stream error and reset: faultReply.ts; the wedged core:
 // wedge.ts), then release of the slot and the blocks. A client that disconnects at any point aborts the request and
 // frees its slot (once the core runs: a wedged one never sees the abort), but where llama-server keeps it (below).
@@ -263,7 +263,7 @@ export const generate = async (
       // The last token travels with the finish reason (chunks.ts, mergesFinish).
       if (tpl.finishWithLastToken && ev.last) held = ev.text
       else out += tpl.token(ev.text, { ...ev, usage: usage(ev.index, ev.generated) })
-      if (cfg.itlMs > 0) {
+      if (cfg.itlMs > 0 && ev.stepEnd) {
         res.write(out)
         out = ""
         await Promise.race([sleep(cfg.itlMs), closed])
@@ -296,7 +296,7 @@ export const generate = async (
     }
     if (emitted >= faultAt) return fault(ctx, res, failure, false, failed, failMessage)
     onToken(ev.text)
-    if (cfg.itlMs > 0) {
+    if (cfg.itlMs > 0 && ev.stepEnd) {
       await (detached ? sleep(cfg.itlMs) : Promise.race([sleep(cfg.itlMs), closed]))
       if (gone()) return
     }

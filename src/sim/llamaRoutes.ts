@@ -106,11 +106,13 @@ const getRoute = (ctx: SimContext, path: string, query: string, res: http.Server
   if (path !== "/props" && path !== "/slots") return false
   // a slot's context (n_ctx_slot); get_slots answers 503 to a non-empty `fail_on_no_slot` while no slot is idle
   const [nCtx, busy, n] = [ctx.cfg.slotContext ?? 4096, ctx.engines.running, ctx.cfg.maxSeqs]
+  const rank = ctx.engines.ranks[0]
+  // a GET /slots is a task of the server's (SLOT_GET), a refused one too: it takes an id (llamaSlots.ts)
+  if (path === "/slots") rank?.slotBook.taskId()
   if (path === "/slots" && busy >= n && new URLSearchParams(query).get("fail_on_no_slot")) {
     sendError(ctx, res, 503, "no slot available")
     return true
   }
-  const rank = ctx.engines.ranks[0]
   const slot = (id: number) => rank?.slotBook.toJson(id, nCtx, rank.scheduler.busy(id))
   reply(ctx, res, 200, path === "/props" ? props(ctx, nCtx) : Array.from({ length: n }, (_, id) => slot(id)))
   return true

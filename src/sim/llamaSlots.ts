@@ -4,10 +4,15 @@
 // task_prev`): its id, the slot's tokens, its prompt's processed and cached tokens, its params
 // (task_params::to_json(true)) and `next_token`. Measured against the real server: while a task runs, the slot's
 // tokens are its prompt's and those decoded so far, n_remain is n_predict less those; once it ended (the slot
-// reset), its prompt's and all but the last token, none processed nor cached, has_next_token false, n_remain -1,
-// n_decoded 0. A task's params are the request's on the defaults, with the server's reasoning format (deepseek)
-// and a chat's format. Task ids count every task of the server (/slots and /metrics are tasks too); here only
-// the generating ones.
+// reset), its prompt's and all but the last token, none processed nor cached, n_remain -1, n_decoded 0, and
+// has_next_token false, set by the task's last token (process_token): a task cancelled (its client left a stream)
+// leaves it true, as server_slot::reset never clears it, until the slot's next task ends. A child task's slot (`n`)
+// keeps no tokens once it ended (server_slot::release: prompt_clear for a child). A task's params are the
+// request's on the defaults, with the server's reasoning format (deepseek) and a chat's format.
+// Task ids (server_queue::get_new_id) count every task of the server: each prompt's task and each of its children,
+// each pass of the loop that finds a slot busy (update_slots posts a NEXT_RESPONSE task: one a decode step, the
+// prompt's included), and each GET /slots and /metrics (SLOT_GET, METRICS); not /health, /props, /v1/models,
+// /tokenize, /detokenize nor /apply-template, which answer from the HTTP thread (measured).
 
 /** task_params::to_json(true) of the server's defaults (common/common.h common_params_sampling), in its order. */
 export const DEFAULT_PARAMS = {
@@ -73,6 +78,20 @@ interface Held {
   readonly idTask: number
   readonly task: SlotTask
   decoded: number
+  /** The slot's tokens (prompt_cache's prompt.tokens): its prompt's, with its BOS, then those decoded. */
+  readonly tokens: Array<string>
+  /** Its last token, which the slot takes once the next is decoded. */
+  pending: string
+  hasNext: boolean
+  /** A child task's slot, whose tokens go at its end. */
+  readonly child: boolean
+}
+
+/** The tokens two lists begin with alike (server_tokens::get_common_prefix). */
+const commonPrefix = (a: ReadonlyArray<string>, b: ReadonlyArray<string>): number => {
+  let n = 0
+  while (n < a.length && n < b.length && a[n] === b[n]) n++
+  return n
 }
 
 /** The tasks each slot of one engine core runs or last ran. */
@@ -80,15 +99,63 @@ export class SlotBook {
   private readonly slots = new Map<number, Held>()
   private tasks = 0
 
-  /** A task takes `slot`. */
-  start(slot: number, task: SlotTask): void {
-    this.slots.set(slot, { idTask: this.tasks++, task, decoded: 0 })
+  /** A task id taken by something else than a generation (a decode step, /slots, /metrics). */
+  taskId(): void {
+    this.tasks++
   }
 
-  /** The task in `slot` decoded a token. */
-  token(slot: number): void {
+  /**
+   * A task takes `slot`; `tokens` its prompt's (with its BOS). Its id was taken as it was posted (`id`:
+   * RequestSlots reserves a request's ids together, as handle_completions_impl numbers its tasks and children).
+   */
+  start(slot: number, task: SlotTask, tokens: ReadonlyArray<string>, id: number, child: boolean): void {
+    this.slots.set(slot, { idTask: id, task, decoded: 0, tokens: [...tokens], pending: "", hasNext: true, child })
+  }
+
+  /** Ids for `n` tasks posted together: the first. */
+  reserve(n: number): number {
+    const first = this.tasks
+    this.tasks += n
+    return first
+  }
+
+  /** The task in `slot` decoded `token`; the slot keeps all but a task's last (the next step's input). */
+  token(slot: number, token: string): void {
     const h = this.slots.get(slot)
-    if (h !== undefined) h.decoded++
+    if (h === undefined) return
+    if (h.decoded > 0) h.tokens.push(h.pending)
+    h.pending = token
+    h.decoded++
+  }
+
+  /** The task in `slot` made its last token (has_next_token false). */
+  ended(slot: number): void {
+    const h = this.slots.get(slot)
+    if (h !== undefined) h.hasNext = false
+  }
+
+  /** The slot is released: a child's tokens go (prompt_clear). */
+  released(slot: number): void {
+    const h = this.slots.get(slot)
+    if (h?.child === true) h.tokens.length = 0
+  }
+
+  /**
+   * get_available_slot's first rule: of the idle slots `free` that hold tokens, the one whose tokens share the
+   * longest prefix with the task's `tokens`, as a fraction of the task's, if above `threshold`
+   * (--slot-prompt-similarity, common/common.h default 0.1; 0 turns it off); else undefined (the LRU rule).
+   */
+  similar(free: ReadonlyArray<number>, tokens: ReadonlyArray<string>, threshold: number): number | undefined {
+    if (threshold === 0 || tokens.length === 0) return undefined
+    let best = 0
+    let pick: number | undefined
+    for (const id of free) {
+      const held = this.slots.get(id)?.tokens ?? []
+      if (held.length === 0) continue
+      const sim = commonPrefix(held, tokens) / tokens.length
+      if (sim > best && sim > threshold) [best, pick] = [sim, id]
+    }
+    return pick
   }
 
   /** Slot `id` as /slots shows it; `busy`: whether it runs its task now. */
@@ -112,9 +179,9 @@ export class SlotBook {
       timings_per_token: t.timingsPerToken,
       post_sampling_probs: t.postSamplingProbs
     }
-    const tokens = t.promptTokens + (busy ? h.decoded : Math.max(0, h.decoded - 1))
+    const tokens = busy ? t.promptTokens + h.decoded : h.tokens.length
     const remain = busy && t.nPredict >= 0 ? t.nPredict - h.decoded : -1
-    const next = { has_next_token: busy, has_new_line: false, n_remain: remain, n_decoded: busy ? h.decoded : 0 }
+    const next = { has_next_token: h.hasNext, has_new_line: false, n_remain: remain, n_decoded: busy ? h.decoded : 0 }
     return {
       ...head,
       id_task: h.idTask,

@@ -9,13 +9,22 @@
 // run in arrival order across requests, at most -np at once, each from its first token to its last. Measured
 // against the real server (test/real/sim-differential-4.test.ts): with -np 1 a three-prompt stream is choice 0 to
 // its end, `data: null`, choice 1 to its end, `data: null`, choice 2; with -np 2 choices 0 and 1 interleave and 2
-// starts once one of them has ended, beside the next request's task.
+// starts once one of them has ended, beside the next request's task. A task's prompt is evaluated once it holds
+// its slot (update_slots), so a later task's first token comes a prompt's time (the TTFT knob) after it took its
+// slot, the request's other tasks generating meanwhile (measured: with -np 1 a long prompt's task begins, `data:
+// null`, as the one before ends and makes its first token that long after; the first task's TTFT is generate.ts's).
+// Its slot is the one the server's prompt-similarity rule or LRU picks (llamaSlots.ts similar, scheduler.ts).
 
 import type { SlotBook, SlotTask } from "./llamaSlots.ts"
 import type { GenRequest } from "./request.ts"
 import type { Scheduler, Ticket } from "./scheduler.ts"
 import type { SeqGate } from "./sequences.ts"
 import type { SimConfig } from "./simConfig.ts"
+
+/** The simulator's chat template (llamaRoutes.ts render) around a user's words, in tokens: words and signs. */
+const pieces = (text: string) => text.match(/[a-z]+|[^a-z]/g) ?? []
+const CHAT_HEAD = pieces("<|im_start|>user\n")
+const CHAT_TAIL = pieces("<|im_end|>\n<|im_start|>assistant\n")
 
 /** What of a request its slots show (/slots): sequence `index`'s task. */
 const slotTask = (gr: Pick<GenRequest, "endpoint" | "sequences" | "stream" | "ignoreEos" | "llama">, index: number) => {
@@ -52,6 +61,10 @@ export class RequestSlots implements SeqGate {
   private readonly book: SlotBook
   /** Resolves when the request's first task holds its slots. */
   readonly first: Promise<void>
+  /** Per task: whether its prompt is evaluated (its TTFT after it took its slots), and a promise of that. */
+  private readonly ready: Array<boolean>
+  private readonly whenReady: Array<Promise<void>>
+  private readonly tokens: (index: number) => ReadonlyArray<string>
 
   /**
    * The request's sequences on an engine core's scheduler. llama-server's take a ticket each, in order, its tasks
@@ -59,7 +72,7 @@ export class RequestSlots implements SeqGate {
    * engines take min(sequences, maxSeqs) tickets for the whole request.
    */
   constructor(
-    cfg: Pick<SimConfig, "flavor" | "maxSeqs">,
+    cfg: Pick<SimConfig, "flavor" | "maxSeqs"> & Partial<Pick<SimConfig, "ttftMs" | "slotPromptSimilarity">>,
     core: { readonly scheduler: Scheduler; readonly slotBook: SlotBook },
     gr: Pick<GenRequest, "endpoint" | "sequences" | "stream" | "ignoreEos" | "llama">
   ) {
@@ -68,6 +81,21 @@ export class RequestSlots implements SeqGate {
     this.book = core.slotBook
     this.done = Array.from({ length: sequences }, () => false)
     const bounds = this.perSequence ? [0, ...(gr.llama?.begins ?? []), sequences] : [0, sequences]
+    const ttft = cfg.ttftMs ?? 0
+    // the first task's TTFT is generate.ts's; a task with none is ready as it takes its slots
+    this.ready = bounds.slice(0, -1).map((_, i) => i === 0 || ttft <= 0)
+    const marks = this.ready.map((r) => (r ? () => {} : undefined))
+    this.whenReady = this.ready.map((r, i) => (r ? Promise.resolve() : new Promise<void>((ok) => (marks[i] = ok))))
+    // the slot's tokens (llamaSlots.ts): the prompt's, with its BOS where it has one (request.ts promptTokens); a
+    // chat's inside its template, as the real tokenizer cuts ChatML (a piece a word or sign: 29 tokens for "hi")
+    this.tokens = (index) => {
+      const q = gr.sequences[index]
+      const body = gr.endpoint === "chat" ? [...CHAT_HEAD, ...(q?.words ?? []), ...CHAT_TAIL] : (q?.words ?? [])
+      return q === undefined ? [] : [...(q.promptTokens > q.words.length ? ["<s>"] : []), ...body]
+    }
+    // the tasks' ids, taken as they are posted (handle_completions_impl: each prompt's, then its children's)
+    const firstId = this.perSequence ? this.book.reserve(sequences) : 0
+    const similarity = cfg.slotPromptSimilarity ?? 0.1
     this.tasks = bounds.slice(0, -1).map((from, i) => {
       const to = bounds[i + 1] ?? sequences
       if (!this.perSequence) {
@@ -75,7 +103,16 @@ export class RequestSlots implements SeqGate {
         return { from, to, tickets: Array.from({ length: n }, () => core.scheduler.enter()) }
       }
       // a prompt's `n` completions take their slots together (n is at most -np: llamaRequest.ts)
-      const tickets = core.scheduler.enterGroup(to - from, (slot, k) => this.book.start(slot, slotTask(gr, from + k)))
+      const admit = (slot: number, k: number) => {
+        this.book.start(slot, slotTask(gr, from + k), this.tokens(from + k), firstId + from + k, k > 0)
+        if (k === 0 && !this.ready[i])
+          setTimeout(() => {
+            this.ready[i] = true
+            marks[i]?.()
+          }, ttft)
+      }
+      const prefer = (free: ReadonlyArray<number>) => this.book.similar(free, this.tokens(from), similarity)
+      const tickets = core.scheduler.enterGroup(to - from, admit, prefer)
       return { from, to, tickets }
     })
     this.all = this.tasks.flatMap((t) => t.tickets)
@@ -97,17 +134,27 @@ export class RequestSlots implements SeqGate {
     return this.tasks.findIndex((t) => index >= t.from && index < t.to)
   }
 
+  /** Whether sequence `index` holds its slot and its task's prompt is evaluated: it makes tokens. */
   holds(index: number): boolean {
-    return !this.perSequence || this.running(this.taskIndex(index))
+    const k = this.taskIndex(index)
+    return !this.perSequence || (this.running(k) && this.ready[k] === true)
   }
 
   next(): Promise<void> {
-    return this.admitted(this.tasks.find((t, k) => !this.running(k) && this.done.slice(t.from, t.to).includes(false)))
+    const k = this.tasks.findIndex(
+      (t, k) => !(this.running(k) && this.ready[k]) && this.done.slice(t.from, t.to).includes(false)
+    )
+    return this.admitted(this.tasks[k]).then(() => this.whenReady[k])
   }
 
-  token(index: number): void {
+  /** A decode step of its sequences (the loop's NEXT_RESPONSE task takes an id: llamaSlots.ts). */
+  step(): void {
+    if (this.perSequence) this.book.taskId()
+  }
+
+  token(index: number, piece: string): void {
     const slot = this.ticket(index)?.slot()
-    if (this.perSequence && slot !== undefined) this.book.token(slot)
+    if (this.perSequence && slot !== undefined) this.book.token(slot, piece.trim())
   }
 
   private ticket(index: number): Ticket | undefined {
@@ -117,7 +164,16 @@ export class RequestSlots implements SeqGate {
 
   ended(index: number): void {
     this.done[index] = true
-    if (this.perSequence) this.ticket(index)?.release()
+    const t = this.ticket(index)
+    if (!this.perSequence || t === undefined) return
+    if (t.holds()) this.book.ended(t.slot())
+    this.free(t)
+  }
+
+  /** Releases a ticket, its slot told first (a child's keeps no tokens). */
+  private free(t: Ticket): void {
+    if (this.perSequence && t.holds()) this.book.released(t.slot())
+    t.release()
   }
 
   /** Its sequences generating now: holding their slots, not ended (llama-server's decode steps, Stats.decoded). */
@@ -125,14 +181,14 @@ export class RequestSlots implements SeqGate {
     return this.done.filter((d, i) => !d && this.holds(i)).length
   }
 
-  /** How many sequences, from the first on, hold their slots now. */
+  /** How many sequences, from the first on, hold their slots now (their tasks begun, `data: null`). */
   holding(): number {
-    const n = this.done.findIndex((_, i) => !this.holds(i))
+    const n = this.done.findIndex((_, i) => this.perSequence && !this.running(this.taskIndex(i)))
     return n < 0 ? this.done.length : n
   }
 
   /** Frees its slots (running) and leaves the queue (waiting). Idempotent. */
   release(): void {
-    for (const t of this.all) t.release()
+    for (const t of this.all) this.free(t)
   }
 }

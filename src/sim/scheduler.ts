@@ -1,8 +1,9 @@
 // Admission of sequences: at most `maxSeqs` run at once, the rest wait in FIFO order (like an engine's
 // waiting queue; a group waits for all its slots, and a later place that fits passes it). A waiting request that is aborted leaves the queue; a finished one hands its slot on. Each running
-// one holds a numbered slot: the idle one least recently used, the last of equals (llama-server's
-// get_available_slot by LRU, tools/server/server-context.cpp: `slot.t_last_used <= t_last`, so a fresh server's
-// first task takes its last slot; measured).
+// one holds a numbered slot: the idle one its `prefer` names (llama-server's prompt similarity: llamaSlots.ts),
+// else the idle one least recently used, the last of equals (llama-server's get_available_slot by LRU,
+// tools/server/server-context.cpp: `slot.t_last_used <= t_last`, so a fresh server's first task takes its last
+// slot; measured); a group's others take the lowest idle ones (get_free_slots, for a task's children).
 export interface Ticket {
   /** Resolves when the sequence may run. */
   readonly admitted: Promise<void>
@@ -42,10 +43,11 @@ export class Scheduler {
     return this.held[id] === true
   }
 
-  private take(): number {
-    let pick = -1
-    for (let id = 0; id < this.maxSeqs; id++) {
-      if (!this.held[id] && (pick < 0 || (this.lastUsed[id] ?? 0) <= (this.lastUsed[pick] ?? 0))) pick = id
+  private take(first: boolean, prefer?: (free: ReadonlyArray<number>) => number | undefined): number {
+    const free = this.held.flatMap((h, id) => (h ? [] : [id]))
+    let pick = first ? (prefer?.(free) ?? -1) : (free[0] ?? -1)
+    for (const id of pick < 0 ? free : []) {
+      if (pick < 0 || (this.lastUsed[id] ?? 0) <= (this.lastUsed[pick] ?? 0)) pick = id
     }
     this.held[pick] = true
     return pick
@@ -71,7 +73,11 @@ export class Scheduler {
    * meanwhile runs first (measured against the real server: test/real/sim-differential-4.test.ts). Each ticket
    * frees its slot on its own; releasing one still waiting takes the whole group out of the queue.
    */
-  enterGroup(n: number, onAdmit?: (slot: number, k: number) => void): ReadonlyArray<Ticket> {
+  enterGroup(
+    n: number,
+    onAdmit?: (slot: number, k: number) => void,
+    prefer?: (free: ReadonlyArray<number>) => number | undefined
+  ): ReadonlyArray<Ticket> {
     const need = Math.max(1, Math.min(n, this.maxSeqs))
     const states = Array.from({ length: need }, (): "waiting" | "running" | "done" => "waiting")
     const slots = Array.from({ length: need }, () => -1)
@@ -85,7 +91,7 @@ export class Scheduler {
       admit: () => {
         for (let k = 0; k < need; k++) {
           states[k] = "running"
-          const slot = this.take()
+          const slot = this.take(k === 0, prefer)
           slots[k] = slot
           onAdmit?.(slot, k)
         }

@@ -1,7 +1,9 @@
 // The order in which a request's sequences produce their tokens (pure), and stop strings. One sequence for
 // most requests; llama-server runs `n` per prompt, each in a slot of its own, and streams them interleaved:
-// here one token of each running sequence in turn, a sequence's end right after its last token. A sequence runs
-// only while it holds its slot (SeqGate: requestSlots.ts); while none of them does, a `wait`.
+// here one token of each running sequence in turn, a sequence's end right after its last token: a round is one
+// decode step, which gives each sequence it found running a token (update_slots batches every busy slot; a task
+// that takes its slot meanwhile starts at the next). A sequence runs only while it holds its slot (SeqGate:
+// requestSlots.ts); while none of them does, a `wait`.
 // Each sequence's text goes through its engine's stop-string matcher (stopRules.ts; llama-server's is LlamaStops
 // below).
 import type { StopMatcher, TokenAt } from "./stopRules.ts"
@@ -16,6 +18,8 @@ export type SeqEvent =
       readonly first: boolean
       /** The sequence's last token (it ends next). */
       readonly last: boolean
+      /** The last token of its decode step: the next comes an inter-token latency later. */
+      readonly stepEnd: boolean
       /** A stop string ended the sequence at this token. */
       readonly stopped: boolean
       /** Tokens of the sequence so far, this one included. */
@@ -43,8 +47,10 @@ export interface SeqGate {
   holds(index: number): boolean
   /** Resolves when the next sequence waiting for a slot takes it. */
   next(): Promise<void>
-  /** Sequence `index` has made a token. */
-  token(index: number): void
+  /** A decode step begins. */
+  step?(): void
+  /** Sequence `index` has made a token, `piece`. */
+  token(index: number, piece: string): void
   /** Sequence `index` has ended: its slot is free. */
   ended(index: number): void
 }
@@ -145,8 +151,10 @@ export function* sequenceEvents(
       yield { kind: "wait", until: gate.next() }
       continue
     }
-    for (const [index, s] of state.entries()) {
-      if (s.done || !holds(index)) continue
+    gate?.step?.()
+    const running = [...state.keys()].filter((index) => !state[index]?.done && holds(index))
+    for (const index of running) {
+      const s = state[index] as (typeof state)[number]
       const piece = s.g.tokens[s.n] ?? ""
       s.n++
       const lastOfPlan = s.n >= s.g.tokens.length
@@ -155,11 +163,12 @@ export function* sequenceEvents(
         eos: lastOfPlan && s.g.finishReason === "stop",
         cap: lastOfPlan && s.g.finishReason === "length"
       }
-      gate?.token(index)
+      gate?.token(index, piece)
       const { send, matched } = s.text.add(piece, at)
       const stopped = matched !== undefined
       const last = stopped || lastOfPlan
-      yield { kind: "token", index, text: send, first: s.n === 1, last, stopped, generated: s.n }
+      const stepEnd = index === running.at(-1)
+      yield { kind: "token", index, text: send, first: s.n === 1, last, stopped, stepEnd, generated: s.n }
       if (last) {
         s.done = true
         const reason = stopped ? "stop" : s.g.finishReason

@@ -200,6 +200,8 @@ const metrics = async (ctx: SimContext, res: http.ServerResponse): Promise<void>
   if (ctx.core.wedged && ctx.cfg.flavor === "llama_cpp") await ctx.core.running()
   const text = ctx.core.wedged ? ctx.core.frozenMetrics : metricsText(ctx)
   if (text === undefined) return notFound(ctx, res)
+  // llama-server's /metrics is a task of its loop (METRICS): it takes a task id (llamaSlots.ts)
+  if (ctx.cfg.flavor === "llama_cpp" && !ctx.core.wedged) ctx.engines.ranks[0]?.slotBook.taskId()
   res.writeHead(200, {
     "content-type": "text/plain; version=0.0.4; charset=utf-8",
     "content-length": Buffer.byteLength(text)

@@ -66,6 +66,8 @@ export interface SimConfig {
    * and then has nothing to send for this long gets an SSE comment (`:`) instead.
    */
   readonly ssePingMs: number | undefined
+  /** llama_cpp: `--slot-prompt-similarity` (default 0.1; 0: off), how a task's slot is picked (llamaSlots.ts). */
+  readonly slotPromptSimilarity?: number | undefined
   readonly ignoreSigterm: boolean
   readonly forkGrandchild: boolean
   readonly errorRate: number

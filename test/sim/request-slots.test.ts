@@ -10,11 +10,19 @@ import { type SeqEvent, sequenceEvents } from "../../src/sim/sequences.ts"
 const gen = (n: number) => ({ tokens: Array.from({ length: n }, (_, i) => ` w${i}`), finishReason: "length" as const })
 
 /** A request of `n` sequences, its tasks beginning at 0 and `begins`, on scheduler `s` of `np` slots. */
-const slotsOf = (flavor: "llama_cpp" | "vllm", s: Scheduler, n: number, begins: Array<number>, np: number) => {
-  const q = { words: ["a"], promptTokens: 2, maxTokens: 4, seed: undefined }
+const slotsOf = (
+  flavor: "llama_cpp" | "vllm",
+  s: Scheduler,
+  n: number,
+  begins: Array<number>,
+  np: number,
+  o: { words?: Array<string>; ttftMs?: number; book?: SlotBook } = {}
+) => {
+  const q = { words: o.words ?? ["a"], promptTokens: (o.words?.length ?? 1) + 1, maxTokens: 4, seed: undefined }
   const llama = { nProbs: 0, postSamplingProbs: false, timingsPerToken: false, begins, slots: np, nPredict: 4 }
   const gr = { endpoint: "completion" as const, sequences: Array(n).fill(q), stream: true, ignoreEos: false, llama }
-  return new RequestSlots({ flavor, maxSeqs: np }, { scheduler: s, slotBook: new SlotBook() }, gr)
+  const cfg = { flavor, maxSeqs: np, ttftMs: o.ttftMs ?? 0 }
+  return new RequestSlots(cfg, { scheduler: s, slotBook: o.book ?? new SlotBook() }, gr)
 }
 
 /** Runs a request's events to their end, awaiting each `wait`; the events as words (t0, e0, wait). */
@@ -69,5 +77,64 @@ describe("RequestSlots", () => {
     expect(s.running).toBe(1)
     a.release()
     expect(s.running).toBe(0)
+  })
+
+  it("llama_cpp: one decode step gives each running sequence a token, its last token ending the step", async () => {
+    const s = new Scheduler(2)
+    const a = slotsOf("llama_cpp", s, 2, [], 2)
+    await a.first
+    const steps = [...sequenceEvents([gen(2), gen(2)], [], a)].flatMap((e) => (e.kind === "token" ? [e.stepEnd] : []))
+    expect(steps).toEqual([false, true, false, true])
+  })
+
+  it("llama_cpp: a later task makes no token until its prompt's TTFT after it took its slot", async () => {
+    const s = new Scheduler(1)
+    const a = slotsOf("llama_cpp", s, 2, [1], 1, { ttftMs: 40 })
+    await a.first
+    const events = sequenceEvents([gen(1), gen(1)], [], a)
+    expect([...Array(2)].map(() => events.next().value?.kind)).toEqual(["token", "end"])
+    const wait = events.next().value
+    // the second task holds the slot the first freed, its prompt not yet evaluated
+    expect([wait?.kind, s.running, a.holds(1)]).toEqual(["wait", 1, false])
+    const t0 = performance.now()
+    if (wait?.kind === "wait") await wait.until
+    expect([a.holds(1), performance.now() - t0 >= 30]).toEqual([true, true])
+    a.release()
+  })
+
+  it("llama_cpp: a task takes the idle slot its prompt shares enough of, else the LRU one; ids as posted", async () => {
+    const s = new Scheduler(2)
+    const book = new SlotBook()
+    const run1 = (words: Array<string>, n = 1) => {
+      const r = slotsOf("llama_cpp", s, n, [], 2, { words, book })
+      for (const ev of sequenceEvents(Array(n).fill(gen(1)), [], r)) void ev
+      r.release()
+      return [0, 1].map((id) => book.toJson(id, 512, false).id_task)
+    }
+    const long = Array.from({ length: 20 }, (_, i) => `w${i}`)
+    // a fresh server's last slot; the same prompt again (LRU would take slot 0); 1/21 in common: LRU (slot 0).
+    // Each request takes an id and its one decode step another.
+    expect([run1(["a", "b"]), run1(["a", "b"]), run1(long)]).toEqual([
+      [undefined, 0],
+      [undefined, 2],
+      [4, 2]
+    ])
+    // n = 2: the parent in the similar slot (0), its child in the other; the child keeps no tokens
+    expect(run1(long, 2)).toEqual([6, 7])
+    expect(book.toJson(1, 512, false).n_prompt_tokens).toBe(0)
+    // another task's id (/slots); an empty slot is never similar: 1/2 in common with slot 0
+    book.taskId()
+    expect(run1(["a"])).toEqual([10, 7])
+  })
+
+  it("llama_cpp: a task's children take the lowest idle slots, its parent the LRU one (get_free_slots)", async () => {
+    const s = new Scheduler(3)
+    const book = new SlotBook()
+    const a = slotsOf("llama_cpp", s, 2, [], 3, { book })
+    await a.first
+    // tools/server/server-context.cpp: the parent by get_available_slot (a fresh server's last), the child by
+    // get_free_slots (the first idle one by id, the parent's left out)
+    expect([0, 1, 2].map((id) => book.toJson(id, 512, true).id_task)).toEqual([1, undefined, 0])
+    a.release()
   })
 })

@@ -1,0 +1,200 @@
+// Differential check of the llama_cpp simulator against the real llama-server, continued (sim-differential-4.test.ts
+// has the slots' order): what /slots shows of a cancelled task, the task ids, which slot a task takes, and the timing
+// of decode steps. A task cancelled by its stream's client leaves its slot's has_next_token true (server_slot::reset
+// never clears it; its last token does, tools/server/server-context.cpp process_token). Every task of the server
+// takes an id: a prompt's, its children's, each loop pass with a busy slot (a decode step), each GET /slots and
+// /metrics. A task takes the idle slot whose tokens its prompt shares most of (more than --slot-prompt-similarity,
+// 0.1), else the least recently used (get_available_slot); its children the lowest idle ones (get_free_slots). One
+// decode step gives every busy slot a token, so a prompt's two completions take as long as one; a later task's
+// prompt is evaluated once it holds its slot, so its first token comes that long after the one before it ended.
+// Timing is compared as a relation (2 shared cores): the simulator's TTFT and ITL knobs stand for the real times.
+import { type ChildProcess, spawn } from "node:child_process"
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Agent as UndiciAgent, fetch as undiciFetch } from "undici"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { followLines } from "../support/lines.ts"
+import { pollUntil } from "../support/poll.ts"
+import { freePort } from "../support/ports.ts"
+import { type SimHandle, startSim } from "../support/sim.ts"
+import {
+  postOnOwnConnection as post,
+  type RealEngine,
+  realEngine,
+  requestOnOwnConnection as request,
+  SERVER_ARGS,
+  tinyModel
+} from "./engine.ts"
+
+let engine: RealEngine
+let dir: string
+let model: string
+const procs: Array<ChildProcess> = []
+const sims: Array<SimHandle> = []
+
+const args = (port: number, np: number, extra: ReadonlyArray<string>) => [
+  ...["-m", model, "-a", "tiny", "--host", "127.0.0.1", "--port", String(port)],
+  ...SERVER_ARGS,
+  ...["-c", "1024", "-np", String(np)],
+  ...extra
+]
+
+/** A real llama-server and the simulator (its knobs `knobs`) on the same command line; their base URLs. */
+const pair = async (np: number, extra: ReadonlyArray<string>, knobs: ReadonlyArray<string>) => {
+  const port = await freePort()
+  const proc = spawn(engine.server, args(port, np, extra), { stdio: ["ignore", "ignore", "pipe"] })
+  procs.push(proc)
+  process.once("exit", () => proc.kill("SIGKILL"))
+  followLines(proc.stderr)
+  const real = `http://127.0.0.1:${port}`
+  const sim = await startSim({ flavor: "llama_cpp", args: [...args(await freePort(), np, extra), ...knobs] })
+  sims.push(sim)
+  await pollUntil("llama-server /health 200", async () => (await fetch(`${real}/health`)).status === 200, 60_000)
+  return [real, sim.url] as const
+}
+
+beforeAll(async () => {
+  engine = realEngine()
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-real-diff5-"))
+  model = tinyModel(engine, dir, "words")
+}, 30 * 60_000)
+
+afterAll(async () => {
+  for (const p of procs) p.kill("SIGKILL")
+  await Promise.all(sims.map((s) => s.stop()))
+  if (dir) fs.rmSync(dir, { recursive: true, force: true })
+})
+
+type Slot = {
+  id: number
+  is_processing: boolean
+  id_task?: number
+  n_prompt_tokens?: number
+  next_token?: Array<{ has_next_token: boolean; n_remain: number; n_decoded: number }>
+}
+const slots = async (base: string) => JSON.parse((await request(`${base}/slots`)).text) as Array<Slot>
+/** The slot that ran the latest task. */
+const latest = (ss: ReadonlyArray<Slot>) => ss.reduce((a, b) => ((b.id_task ?? -1) > (a.id_task ?? -1) ? b : a))
+const completion = (base: string, body: Record<string, unknown>) => post(base, "/v1/completions", body)
+
+/** A stream's events as they arrive, with their times (ms from the request): `null`, a choice (`0`, `0F`), `DONE`. */
+const timed = async (base: string, body: Record<string, unknown>) => {
+  const dispatcher = new UndiciAgent()
+  const t0 = performance.now()
+  const out: Array<{ e: string; t: number }> = []
+  try {
+    const res = await undiciFetch(`${base}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ ...body, stream: true }),
+      dispatcher
+    })
+    let buf = ""
+    const decoder = new TextDecoder()
+    for await (const chunk of res.body ?? []) {
+      buf += decoder.decode(chunk as Uint8Array, { stream: true })
+      for (let i = buf.indexOf("\n\n"); i >= 0; i = buf.indexOf("\n\n")) {
+        const data = buf.slice(6, i)
+        buf = buf.slice(i + 2)
+        const t = performance.now() - t0
+        if (data === "null" || data === "[DONE]") out.push({ e: data === "null" ? "null" : "DONE", t })
+        else {
+          const c = (JSON.parse(data) as { choices: Array<{ index: number; finish_reason: unknown }> }).choices[0]
+          out.push({ e: `${c?.index}${c?.finish_reason === null ? "" : "F"}`, t })
+        }
+      }
+    }
+    return out
+  } finally {
+    await dispatcher.close()
+  }
+}
+
+describe("/slots of a cancelled task: the simulator against the real server", () => {
+  it("a stream its client left: the slot idle with has_next_token still true, until the slot's next task ends", async () => {
+    for (const base of await pair(1, [], ["--sim-mode", "random", "--sim-itl", "2ms"])) {
+      const ac = new AbortController()
+      const res = await fetch(`${base}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ prompt: "the quick", max_tokens: 500, stream: true }),
+        signal: ac.signal
+      })
+      const reader = (res.body as ReadableStream<Uint8Array>).getReader()
+      await reader.read()
+      ac.abort()
+      // the server sees the client gone at its next write (a bounded poll: there is no event to await)
+      const idle = async () => ((await slots(base))[0]?.is_processing === false ? await slots(base) : undefined)
+      const cancelled = (await pollUntil(`${base} the slot idle`, idle, 10_000, 10))[0]
+      const next = cancelled?.next_token?.[0]
+      expect([base, next?.has_next_token, next?.n_remain, next?.n_decoded]).toEqual([base, true, -1, 0])
+      expect((await completion(base, { prompt: "a b", max_tokens: 2 })).status).toBe(200)
+      expect([base, (await slots(base))[0]?.next_token?.[0]?.has_next_token]).toEqual([base, false])
+    }
+  })
+})
+
+describe("task ids and slot choice: the simulator against the real server", () => {
+  it("ids count tasks, decode steps, /slots and /metrics; not /health, /props, /v1/models nor /tokenize", async () => {
+    for (const base of await pair(1, ["--metrics"], ["--sim-mode", "random"])) {
+      expect((await completion(base, { prompt: "a b", max_tokens: 3 })).status).toBe(200)
+      const first = (await slots(base))[0]?.id_task
+      await request(`${base}/metrics`)
+      for (const p of ["/health", "/props", "/v1/models"]) await request(`${base}${p}`)
+      await post(base, "/tokenize", { content: "a b" })
+      expect((await completion(base, { prompt: "a b", max_tokens: 2 })).status).toBe(200)
+      // 0: the first task; 1-3 its steps; 4: /slots; 5: /metrics; 6: the second task
+      expect([base, first, (await slots(base))[0]?.id_task]).toEqual([base, 0, 6])
+    }
+  })
+
+  it("a task takes the idle slot whose tokens its prompt shares enough of, else the least recently used", async () => {
+    for (const base of await pair(2, [], ["--sim-mode", "random"])) {
+      const taken: Array<number | undefined> = []
+      const words = Array.from({ length: 30 }, (_, i) => `w${i}`).join(" ")
+      // a fresh server's last slot (LRU); "a b" again shares its BOS, a, b (> 0.1): the same slot, though LRU
+      // would pick the other; 31 tokens sharing the BOS only (1/31): the least recently used
+      for (const prompt of ["a b", "a b", words, "a b"]) {
+        expect((await completion(base, { prompt, max_tokens: 2 })).status).toBe(200)
+        taken.push(latest(await slots(base)).id)
+      }
+      // a prompt's two completions: the parent in the similar slot, its child in the other; a child keeps no tokens
+      expect((await completion(base, { prompt: "a b", max_tokens: 2, n: 2 })).status).toBe(200)
+      const after = await slots(base)
+      const child = latest(after)
+      expect([base, taken, child.id, child.n_prompt_tokens, after[1]?.id_task]).toEqual([
+        base,
+        [1, 1, 0, 1],
+        0,
+        0,
+        (child.id_task ?? 0) - 1
+      ])
+    }
+  })
+})
+
+describe("decode steps: the simulator against the real server", () => {
+  it("a prompt's two completions take one step a token, as one completion does, not two", async () => {
+    for (const base of await pair(2, [], ["--sim-mode", "random", "--sim-itl", "4ms"])) {
+      const took = async (body: Record<string, unknown>) => (await timed(base, body)).at(-1)?.t ?? 0
+      const body = { prompt: "a b", max_tokens: 150 }
+      // the best of two of each: a shared machine's pauses only ever add
+      const one = Math.min(await took(body), await took(body))
+      const two = Math.min(await took({ ...body, n: 2 }), await took({ ...body, n: 2 }))
+      expect([base, two / one < 1.5]).toEqual([base, true])
+    }
+  })
+
+  it("-np 1: a later task's first token comes a prompt's evaluation after the one before it ended", async () => {
+    for (const base of await pair(1, [], ["--sim-mode", "random", "--sim-itl", "1ms", "--sim-ttft", "150ms"])) {
+      // two long prompts that share only their BOS, so that nothing of the second is cached
+      const es = await timed(base, { prompt: ["x y ".repeat(400), "u v ".repeat(400)], max_tokens: 12 })
+      const at = (e: string) => es.find((x) => x.e === e)?.t ?? 0
+      const gaps = es.filter((x) => x.e === "0").map((x, i, a) => x.t - (a[i - 1]?.t ?? x.t))
+      const itl = gaps.slice(1).sort((a, b) => a - b)[Math.floor((gaps.length - 1) / 2)] ?? 0
+      const wait = at("1") - at("0F")
+      expect([base, wait > 5 * itl && wait > 10]).toEqual([base, true])
+    }
+  })
+})
