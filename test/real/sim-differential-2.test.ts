@@ -3,79 +3,22 @@
 // /detokenize and /apply-template, a multi-prompt stream's `data: null` task begins, invalid token ids, logprobs
 // and per-token timings. Shapes (keys, types, order), statuses and error bodies are compared; values only where
 // they are not the model's (a token's logprob is, so only its range is checked).
-import { type ChildProcess, spawn } from "node:child_process"
 import * as fs from "node:fs"
-import * as os from "node:os"
 import * as path from "node:path"
-import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { beforeAll, describe, expect, it } from "vitest"
 import { writeTinyLlama } from "../support/ggufModel.ts"
-import { followLines } from "../support/lines.ts"
-import { pollUntil } from "../support/poll.ts"
-import { freePort } from "../support/ports.ts"
-import { type SimHandle, startSim } from "../support/sim.ts"
-import {
-  postOnOwnConnection as post,
-  type RealEngine,
-  realEngine,
-  requestOnOwnConnection as request,
-  SERVER_ARGS,
-  tinyModel
-} from "./engine.ts"
+import { postOnOwnConnection as post, requestOnOwnConnection as request } from "./engine.ts"
+import { type Pair, pairs, orderedShape as shape } from "./simPair.ts"
 
-let engine: RealEngine
-let dir: string
-const procs: Array<ChildProcess> = []
-const sims: Array<SimHandle> = []
-
-const args = (model: string, port: number, extra: ReadonlyArray<string>) => [
-  ...["-m", model, "-a", "tiny", "--host", "127.0.0.1", "--port", String(port), "--metrics"],
-  ...SERVER_ARGS,
-  ...extra
-]
-
-/** A real llama-server and the simulator on the same command line; their base URLs. */
-const pair = async (model: string, extra: ReadonlyArray<string>): Promise<{ real: string; sim: string }> => {
-  const port = await freePort()
-  const proc = spawn(engine.server, args(model, port, extra), { stdio: ["ignore", "ignore", "pipe"] })
-  procs.push(proc)
-  process.once("exit", () => proc.kill("SIGKILL"))
-  followLines(proc.stderr)
-  const real = `http://127.0.0.1:${port}`
-  const sim = await startSim({
-    flavor: "llama_cpp",
-    args: [...args(model, await freePort(), extra), "--sim-mode", "random"]
-  })
-  sims.push(sim)
-  await pollUntil("llama-server /health 200", async () => (await fetch(`${real}/health`)).status === 200, 60_000)
-  return { real, sim: sim.url }
-}
-
-let main: { real: string; sim: string }
-let words: string
+const diff = pairs("cgn-real-diff2-")
+let main: Pair
 
 beforeAll(async () => {
-  engine = realEngine()
-  dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-real-diff2-"))
-  words = tinyModel(engine, dir, "words")
-  main = await pair(words, ["-c", "1024", "-np", "2"])
+  main = await diff.pair({ args: ["--metrics"] })
 }, 30 * 60_000)
-
-afterAll(async () => {
-  for (const p of procs) p.kill("SIGKILL")
-  await Promise.all(sims.map((s) => s.stop()))
-  if (dir) fs.rmSync(dir, { recursive: true, force: true })
-})
 
 const getJson = async (base: string, p: string) =>
   JSON.parse((await request(`${base}${p}`)).text) as Record<string, unknown>
-
-/** A JSON value's shape with the keys in order; arrays by their first element. */
-const shape = (v: unknown): unknown => {
-  if (Array.isArray(v)) return v.length === 0 ? [] : [shape(v[0])]
-  if (v === null) return "null"
-  if (typeof v === "object") return Object.entries(v as object).map(([k, x]) => [k, shape(x)])
-  return typeof v
-}
 
 /** A stream's events: `data: null` as null, [DONE] as the string, the rest parsed. */
 const events = (text: string): Array<unknown> =>
@@ -98,9 +41,10 @@ describe("a slot's context: -c padded to 256, split over -np and padded again, c
   ]
   for (const [name, extra, train, want] of cases) {
     it(name, async () => {
-      const model = path.join(dir, `tiny-${train}.gguf`)
-      if (!fs.existsSync(model)) writeTinyLlama(engine.vocab, model, "words", train)
-      const p = await pair(model, extra)
+      const model = path.join(diff.dir, `tiny-${train}.gguf`)
+      if (!fs.existsSync(model)) writeTinyLlama(diff.engine.vocab, model, "words", train)
+      // the case's own -c and -np
+      const p = await diff.pair({ model, ctx: null, np: null, args: ["--metrics", ...extra] })
       for (const base of [p.real, p.sim]) {
         const props = (await getJson(base, "/props")) as { default_generation_settings: { n_ctx: number } }
         expect([base, props.default_generation_settings.n_ctx]).toEqual([base, want])

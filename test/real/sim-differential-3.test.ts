@@ -5,52 +5,20 @@
 // json_schema the converter refuses is 400 `Field 'json_schema': "json_schema": JSON schema conversion failed:...`
 // (server-schema.cpp, common/json-schema-to-grammar.cpp). Refusals are compared word for word; an answer the real
 // server gives under a grammar is the grammar's, so of a taken one only the status is.
-import { type ChildProcess, spawn } from "node:child_process"
-import * as fs from "node:fs"
-import * as os from "node:os"
-import * as path from "node:path"
-import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { followLines } from "../support/lines.ts"
-import { pollUntil } from "../support/poll.ts"
-import { freePort } from "../support/ports.ts"
-import { type SimHandle, startSim } from "../support/sim.ts"
-import { postOnOwnConnection as post, type RealEngine, realEngine, SERVER_ARGS, tinyModel } from "./engine.ts"
+import { beforeAll, describe, expect, it } from "vitest"
+import { postOnOwnConnection as post } from "./engine.ts"
+import { type Pair, pairs } from "./simPair.ts"
 
-let engine: RealEngine
-let dir: string
-let proc: ChildProcess | undefined
-let sim: SimHandle | undefined
-let real: string
-
-const args = (model: string, port: number) => [
-  ...["-m", model, "-a", "tiny", "--host", "127.0.0.1", "--port", String(port)],
-  ...SERVER_ARGS,
-  ...["-c", "1024", "-np", "2"]
-]
+const diff = pairs("cgn-real-diff3-")
+let pair: Pair
 
 beforeAll(async () => {
-  engine = realEngine()
-  dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-real-diff3-"))
-  const model = tinyModel(engine, dir, "words")
-  const port = await freePort()
-  const p = spawn(engine.server, args(model, port), { stdio: ["ignore", "ignore", "pipe"] })
-  proc = p
-  process.once("exit", () => p.kill("SIGKILL"))
-  followLines(p.stderr)
-  real = `http://127.0.0.1:${port}`
-  sim = await startSim({ flavor: "llama_cpp", args: [...args(model, await freePort()), "--sim-mode", "random"] })
-  await pollUntil("llama-server /health 200", async () => (await fetch(`${real}/health`)).status === 200, 60_000)
+  pair = await diff.pair()
 }, 30 * 60_000)
-
-afterAll(async () => {
-  proc?.kill("SIGKILL")
-  await sim?.stop()
-  if (dir) fs.rmSync(dir, { recursive: true, force: true })
-})
 
 /** Both servers' answers to one body: statuses always, the text too where the real one refuses. */
 const both = async (p: string, body: Record<string, unknown>) => {
-  const [r, s] = [await post(real, p, body), await post(sim?.url ?? "", p, body)]
+  const [r, s] = [await post(pair.real, p, body), await post(pair.sim, p, body)]
   return r.status === 200 ? [r.status, s.status] : [r.status, r.text, s.status, s.text]
 }
 const same = (answers: Array<unknown>) =>

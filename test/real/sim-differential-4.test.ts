@@ -6,116 +6,47 @@
 // sent as it takes its slot. What is compared is the order of what arrives: which choice's tokens, ends and begins
 // come when, within one stream and across two. The order of tokens of tasks that run side by side is the
 // engine's (llama-server's differs from step to step), so there only how many run at once is.
-import { type ChildProcess, spawn } from "node:child_process"
-import * as fs from "node:fs"
-import * as os from "node:os"
-import * as path from "node:path"
-import { Agent as UndiciAgent, fetch as undiciFetch } from "undici"
-import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { followLines } from "../support/lines.ts"
+import { beforeAll, describe, expect, it } from "vitest"
 import { pollUntil } from "../support/poll.ts"
-import { freePort } from "../support/ports.ts"
-import { type SimHandle, startSim } from "../support/sim.ts"
-import {
-  postOnOwnConnection as post,
-  type RealEngine,
-  realEngine,
-  requestOnOwnConnection as request,
-  SERVER_ARGS,
-  tinyModel
-} from "./engine.ts"
+import { postOnOwnConnection as post, requestOnOwnConnection as request } from "./engine.ts"
+import { eventWord, type Pair, pairs, orderedShape as shape, streamCompletion } from "./simPair.ts"
 
-let engine: RealEngine
-let dir: string
-const procs: Array<ChildProcess> = []
-const sims: Array<SimHandle> = []
-
-const args = (model: string, port: number, np: number, extra: ReadonlyArray<string> = []) => [
-  ...["-m", model, "-a", "tiny", "--host", "127.0.0.1", "--port", String(port)],
-  ...SERVER_ARGS,
-  ...["-c", "1024", "-np", String(np)],
-  ...extra
-]
+const diff = pairs("cgn-real-diff4-")
 
 /**
- * A real llama-server and the simulator on the same command line; their base URLs. The simulator takes 1 ms a
- * token, so that a long answer lasts while another request comes (the tiny model takes about as long on one thread).
+ * A real llama-server and the simulator on the same command line. The simulator takes 1 ms a token, so that a long
+ * answer lasts while another request comes (the tiny model takes about as long on one thread).
  */
-const pair = async (model: string, np: number, extra: ReadonlyArray<string> = []): Promise<[string, string]> => {
-  const port = await freePort()
-  const proc = spawn(engine.server, args(model, port, np, extra), { stdio: ["ignore", "ignore", "pipe"] })
-  procs.push(proc)
-  process.once("exit", () => proc.kill("SIGKILL"))
-  followLines(proc.stderr)
-  const real = `http://127.0.0.1:${port}`
-  const simArgs = [...args(model, await freePort(), np, extra), "--sim-mode", "random", "--sim-itl", "1ms"]
-  const sim = await startSim({ flavor: "llama_cpp", args: simArgs })
-  sims.push(sim)
-  await pollUntil("llama-server /health 200", async () => (await fetch(`${real}/health`)).status === 200, 60_000)
-  return [real, sim.url]
-}
+const pair = (np: number, args: ReadonlyArray<string> = []) =>
+  diff.pair({ np, args, knobs: ["--sim-mode", "random", "--sim-itl", "1ms"] })
 
-let one: [string, string]
-let two: [string, string]
+let one: Pair
+let two: Pair
 /** A pair of its own for /slots, which shows what each slot ran: fresh at its test. */
-let fresh: [string, string]
+let fresh: Pair
 /** With --metrics: a test that waits for a task to be deferred (llamacpp:requests_deferred). */
-let counted: [string, string]
+let counted: Pair
 
 beforeAll(async () => {
-  engine = realEngine()
-  dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-real-diff4-"))
-  const model = tinyModel(engine, dir, "words")
-  one = await pair(model, 1)
-  two = await pair(model, 2)
-  fresh = await pair(model, 2)
-  counted = await pair(model, 2, ["--metrics"])
+  one = await pair(1)
+  two = await pair(2)
+  fresh = await pair(2)
+  counted = await pair(2, ["--metrics"])
 }, 30 * 60_000)
 
-afterAll(async () => {
-  for (const p of procs) p.kill("SIGKILL")
-  await Promise.all(sims.map((s) => s.stop()))
-  if (dir) fs.rmSync(dir, { recursive: true, force: true })
-})
-
-/** One event of a completion stream as a word: `null`, `DONE`, a choice's index, or its index and F (its finish). */
-const label = (data: string): string => {
-  if (data === "null" || data === "[DONE]") return data === "null" ? "null" : "DONE"
-  const c = (JSON.parse(data) as { choices: Array<{ index: number; finish_reason: string | null }> }).choices[0]
-  return `${c?.index}${c?.finish_reason === null ? "" : "F"}`
-}
-
 /**
- * Streams a completion on a connection of its own (llama-server closes a stream's connection after its end),
- * handing each event's word to `seen` as it arrives; resolves with them all.
+ * Streams a completion (on a connection of its own), handing each event's word to `seen` as it arrives; resolves
+ * with them all.
  */
 const stream = async (base: string, body: Record<string, unknown>, seen: (e: string) => void = () => {}) => {
-  const dispatcher = new UndiciAgent()
   const out: Array<string> = []
-  try {
-    const res = await undiciFetch(`${base}/v1/completions`, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({ ...body, stream: true }),
-      dispatcher
-    })
-    const decoder = new TextDecoder()
-    let buf = ""
-    for await (const chunk of res.body ?? []) {
-      buf += decoder.decode(chunk as Uint8Array, { stream: true })
-      for (let i = buf.indexOf("\n\n"); i >= 0; i = buf.indexOf("\n\n")) {
-        const event = buf.slice(0, i)
-        buf = buf.slice(i + 2)
-        if (!event.startsWith("data: ")) continue
-        const e = label(event.slice(6))
-        out.push(e)
-        seen(e)
-      }
-    }
-    return out
-  } finally {
-    await dispatcher.close()
-  }
+  await streamCompletion(base, body, (event) => {
+    if (!event.startsWith("data: ")) return
+    const e = eventWord(event.slice(6))
+    out.push(e)
+    seen(e)
+  })
+  return out
 }
 
 /** Runs of the same word as one: a choice's tokens as one word. */
@@ -138,11 +69,11 @@ const THREE = { prompt: ["a b", "c d", "e f"], max_tokens: 8 }
 describe("slots: a request's prompts and other requests, the simulator against the real server", () => {
   it("-np 1: a three-prompt stream is one task after the other, each but the first begun by `data: null`", async () => {
     const want = ["0", "0F", "null", "1", "1F", "null", "2", "2F", "DONE"]
-    for (const base of one) expect([base, runs(await stream(base, THREE))]).toEqual([base, want])
+    for (const base of one.bases) expect([base, runs(await stream(base, THREE))]).toEqual([base, want])
   })
 
   it("-np 2: two tasks of a three-prompt stream run at once, both begun before a token; the third once one ends", async () => {
-    for (const base of two) {
+    for (const base of two.bases) {
       const es = await stream(base, THREE)
       const firstEnd = es.findIndex((e) => e.endsWith("F"))
       const third = { begun: es.indexOf("null", firstEnd) < es.indexOf("2"), after: es.indexOf("2") > firstEnd }
@@ -152,7 +83,7 @@ describe("slots: a request's prompts and other requests, the simulator against t
   })
 
   it("-np 2, one slot busy with a long stream: a three-prompt stream runs its tasks in the other, one by one", async () => {
-    for (const base of two) {
+    for (const base of two.bases) {
       const order: Array<string> = []
       let started: () => void = () => {}
       const longStarted = new Promise<void>((resolve) => {
@@ -172,7 +103,7 @@ describe("slots: a request's prompts and other requests, the simulator against t
   })
 
   it("-np 2: a later request takes the slot the first two tasks of a whole three-prompt answer free, beside the third", async () => {
-    for (const base of two) {
+    for (const base of two.bases) {
       const order: Array<string> = []
       const whole = post(base, "/v1/completions", { ...THREE, max_tokens: 100 }).then((r) => {
         order.push("whole")
@@ -200,17 +131,9 @@ type Slot = {
 }
 const slots = async (base: string) => JSON.parse((await request(`${base}/slots`)).text) as Array<Slot>
 
-/** A JSON value's shape with the keys in order; arrays by their first element. */
-const shape = (v: unknown): unknown => {
-  if (Array.isArray(v)) return v.length === 0 ? [] : [shape(v[0])]
-  if (v === null) return "null"
-  if (typeof v === "object") return Object.entries(v as object).map(([k, x]) => [k, shape(x)])
-  return typeof v
-}
-
 describe("slots: a prompt's n completions, the simulator against the real server", () => {
   it("-np 2, one slot busy: an n = 2 task waits for both slots, holding none, and a later task runs in the free one", async () => {
-    for (const base of counted) {
+    for (const base of counted.bases) {
       const order: Array<string> = []
       const tagged = (tag: string) => (e: string) => {
         if (order.at(-1) !== `${tag}:${e}`) order.push(`${tag}:${e}`)
@@ -237,7 +160,7 @@ describe("slots: a prompt's n completions, the simulator against the real server
 
 describe("/slots: the simulator against the real server", () => {
   it("fresh, busy, then idle: each slot's last task in the same keys, types and order, in the slot llama-server picks", async () => {
-    for (const base of fresh) {
+    for (const base of fresh.bases) {
       const before = await slots(base)
       // a fresh server's first task takes its last slot (get_available_slot's LRU, ties to the last)
       let first: () => void = () => {}
@@ -251,7 +174,7 @@ describe("/slots: the simulator against the real server", () => {
       const chat = { messages: [{ role: "user", content: "hi" }], max_tokens: 5 }
       expect((await post(base, "/v1/chat/completions", chat)).status).toBe(200)
       const idle = await slots(base)
-      ;(base === fresh[0] ? realSlots : simSlots).push(before, busy, idle)
+      ;(base === fresh.real ? realSlots : simSlots).push(before, busy, idle)
       const [running, last] = [busy[1], idle[0]]
       const next = running?.next_token?.[0]
       expect([base, busy.map((x) => x.is_processing), running?.params?.n_predict, running?.params?.stream]).toEqual([

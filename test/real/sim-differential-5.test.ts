@@ -8,63 +8,16 @@
 // decode step gives every busy slot a token, so a prompt's two completions take as long as one; a later task's
 // prompt is evaluated once it holds its slot, so its first token comes that long after the one before it ended.
 // Timing is compared as a relation (2 shared cores): the simulator's TTFT and ITL knobs stand for the real times.
-import { type ChildProcess, spawn } from "node:child_process"
-import * as fs from "node:fs"
-import * as os from "node:os"
-import * as path from "node:path"
-import { Agent as UndiciAgent, fetch as undiciFetch } from "undici"
-import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { followLines } from "../support/lines.ts"
+import { describe, expect, it } from "vitest"
 import { pollUntil } from "../support/poll.ts"
-import { freePort } from "../support/ports.ts"
-import { type SimHandle, startSim } from "../support/sim.ts"
-import {
-  postOnOwnConnection as post,
-  type RealEngine,
-  realEngine,
-  requestOnOwnConnection as request,
-  SERVER_ARGS,
-  tinyModel
-} from "./engine.ts"
+import { postOnOwnConnection as post, requestOnOwnConnection as request } from "./engine.ts"
+import { eventWord, pairs, streamCompletion } from "./simPair.ts"
 
-let engine: RealEngine
-let dir: string
-let model: string
-const procs: Array<ChildProcess> = []
-const sims: Array<SimHandle> = []
-
-const args = (port: number, np: number, extra: ReadonlyArray<string>) => [
-  ...["-m", model, "-a", "tiny", "--host", "127.0.0.1", "--port", String(port)],
-  ...SERVER_ARGS,
-  ...["-c", "1024", "-np", String(np)],
-  ...extra
-]
+const diff = pairs("cgn-real-diff5-")
 
 /** A real llama-server and the simulator (its knobs `knobs`) on the same command line; their base URLs. */
-const pair = async (np: number, extra: ReadonlyArray<string>, knobs: ReadonlyArray<string>) => {
-  const port = await freePort()
-  const proc = spawn(engine.server, args(port, np, extra), { stdio: ["ignore", "ignore", "pipe"] })
-  procs.push(proc)
-  process.once("exit", () => proc.kill("SIGKILL"))
-  followLines(proc.stderr)
-  const real = `http://127.0.0.1:${port}`
-  const sim = await startSim({ flavor: "llama_cpp", args: [...args(await freePort(), np, extra), ...knobs] })
-  sims.push(sim)
-  await pollUntil("llama-server /health 200", async () => (await fetch(`${real}/health`)).status === 200, 60_000)
-  return [real, sim.url] as const
-}
-
-beforeAll(async () => {
-  engine = realEngine()
-  dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-real-diff5-"))
-  model = tinyModel(engine, dir, "words")
-}, 30 * 60_000)
-
-afterAll(async () => {
-  for (const p of procs) p.kill("SIGKILL")
-  await Promise.all(sims.map((s) => s.stop()))
-  if (dir) fs.rmSync(dir, { recursive: true, force: true })
-})
+const pair = async (np: number, args: ReadonlyArray<string>, knobs: ReadonlyArray<string>) =>
+  (await diff.pair({ np, args, knobs })).bases
 
 type Slot = {
   id: number
@@ -80,35 +33,9 @@ const completion = (base: string, body: Record<string, unknown>) => post(base, "
 
 /** A stream's events as they arrive, with their times (ms from the request): `null`, a choice (`0`, `0F`), `DONE`. */
 const timed = async (base: string, body: Record<string, unknown>) => {
-  const dispatcher = new UndiciAgent()
-  const t0 = performance.now()
   const out: Array<{ e: string; t: number }> = []
-  try {
-    const res = await undiciFetch(`${base}/v1/completions`, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({ ...body, stream: true }),
-      dispatcher
-    })
-    let buf = ""
-    const decoder = new TextDecoder()
-    for await (const chunk of res.body ?? []) {
-      buf += decoder.decode(chunk as Uint8Array, { stream: true })
-      for (let i = buf.indexOf("\n\n"); i >= 0; i = buf.indexOf("\n\n")) {
-        const data = buf.slice(6, i)
-        buf = buf.slice(i + 2)
-        const t = performance.now() - t0
-        if (data === "null" || data === "[DONE]") out.push({ e: data === "null" ? "null" : "DONE", t })
-        else {
-          const c = (JSON.parse(data) as { choices: Array<{ index: number; finish_reason: unknown }> }).choices[0]
-          out.push({ e: `${c?.index}${c?.finish_reason === null ? "" : "F"}`, t })
-        }
-      }
-    }
-    return out
-  } finally {
-    await dispatcher.close()
-  }
+  await streamCompletion(base, body, (event, t) => out.push({ e: eventWord(event.slice(6)), t }))
+  return out
 }
 
 describe("/slots of a cancelled task: the simulator against the real server", () => {

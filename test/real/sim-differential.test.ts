@@ -8,79 +8,25 @@
 // before a stop string hits and chunk boundaries; a chat prompt's token count (llama-server renders the chat
 // template, the simulator counts words); `timings` values and `cached_tokens` (the simulator takes no time and
 // caches nothing); nlohmann's wording of a JSON syntax error other than an empty body.
-import { type ChildProcess, spawn } from "node:child_process"
-import * as fs from "node:fs"
 import * as http from "node:http"
 import * as net from "node:net"
-import * as os from "node:os"
-import * as path from "node:path"
 import { Agent as UndiciAgent, type RequestInit as UndiciInit, fetch as undiciFetch } from "undici"
-import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { beforeAll, describe, expect, it } from "vitest"
 import { parsePromText } from "../../src/services/engine/PromText.ts"
-import { followLines } from "../support/lines.ts"
 import { pollUntil } from "../support/poll.ts"
-import { freePort } from "../support/ports.ts"
-import { type SimHandle, startSim } from "../support/sim.ts"
-import { engineMetric, type RealEngine, realEngine, SERVER_ARGS, tinyModel } from "./engine.ts"
+import { engineMetric } from "./engine.ts"
+import { orderedShape, pairs } from "./simPair.ts"
 
-let engine: RealEngine
-let dir: string
-let real: { url: string; proc: ChildProcess }
-let sim: SimHandle
-
-/** The command line the agent renders for llama.cpp (minus -ngl), shared by both servers. */
-const serverArgs = (modelFile: string, port: number) => [
-  "-m",
-  modelFile,
-  "-a",
-  "tiny",
-  "--host",
-  "127.0.0.1",
-  "--port",
-  String(port),
-  "-c",
-  "1024",
-  "--metrics",
-  ...SERVER_ARGS,
-  "-np",
-  "2"
-]
-
-const startReal = async (modelFile: string) => {
-  const port = await freePort()
-  const proc = spawn(engine.server, serverArgs(modelFile, port), { stdio: ["ignore", "ignore", "pipe"] })
-  // Killed if it never gets healthy (afterAll has no handle then) and, as a last resort, when this process exits.
-  const kill = (): void => {
-    proc.kill("SIGKILL")
-  }
-  process.once("exit", kill)
-  followLines(proc.stderr)
-  const url = `http://127.0.0.1:${port}`
-  try {
-    await pollUntil("llama-server /health 200", async () => (await fetch(`${url}/health`)).status === 200, 60_000)
-  } catch (e) {
-    kill()
-    throw e
-  }
-  return { url, proc }
-}
+const diff = pairs("cgn-real-diff-")
+let real: string
+let sim: string
 
 beforeAll(async () => {
-  engine = realEngine()
-  dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-real-diff-"))
-  const model = tinyModel(engine, dir, "words")
-  real = await startReal(model)
   // Random words up to max_tokens, as the tiny model does (echo would stop at the prompt's length); a token a
   // millisecond, so that a client can leave mid-stream (the real one makes about one a millisecond too).
-  const simArgs = [...serverArgs(model, await freePort()), "--sim-mode", "random", "--sim-itl", "1ms"]
-  sim = await startSim({ flavor: "llama_cpp", args: simArgs })
+  const p = await diff.pair({ args: ["--metrics"], knobs: ["--sim-mode", "random", "--sim-itl", "1ms"] })
+  ;[real, sim] = p.bases
 }, 30 * 60_000)
-
-afterAll(async () => {
-  real?.proc.kill("SIGKILL")
-  await sim?.stop()
-  if (dir) fs.rmSync(dir, { recursive: true, force: true })
-})
 
 interface Answer {
   readonly status: number
@@ -119,7 +65,7 @@ const ask = async (base: string, p: string, body?: unknown, rawBody?: string, in
 
 /** Both servers' answers to one request. */
 const both = async (p: string, body?: unknown, rawBody?: string, init?: RequestInit) => {
-  const [r, s] = await Promise.all([ask(real.url, p, body, rawBody, init), ask(sim.url, p, body, rawBody, init)])
+  const [r, s] = await Promise.all([ask(real, p, body, rawBody, init), ask(sim, p, body, rawBody, init)])
   return { real: r, sim: s }
 }
 
@@ -133,16 +79,6 @@ const shape = (v: unknown): unknown => {
         .sort()
         .map((k) => [k, shape((v as Record<string, unknown>)[k])])
     )
-  }
-  return typeof v
-}
-
-/** `shape` with the keys in the server's order (llama-server writes ordered JSON). */
-const orderedShape = (v: unknown): unknown => {
-  if (Array.isArray(v)) return v.length === 0 ? [] : [orderedShape(v[0])]
-  if (v === null) return "null"
-  if (typeof v === "object") {
-    return Object.entries(v as object).map(([k, x]) => [k, orderedShape(x)])
   }
   return typeof v
 }
@@ -246,19 +182,19 @@ describe("the llama_cpp simulator against the real llama-server", () => {
   it("/metrics: the same llamacpp: series names", async () => {
     const names = async (base: string) =>
       [...new Set(parsePromText(await (await fetch(`${base}/metrics`)).text()).map((x) => x.name))].sort()
-    expect(await names(sim.url)).toEqual(await names(real.url))
+    expect(await names(sim)).toEqual(await names(real))
   })
 
   it("/metrics: the same page line for line, values aside, each value written as llama-server writes a double", async () => {
     const page = async (base: string) => (await (await fetch(`${base}/metrics`)).text()).split("\n")
     const masked = (lines: ReadonlyArray<string>) =>
       lines.map((l) => (l.startsWith("#") ? l : l.replace(/ \S+$/, " V")))
-    const [simPage, realPage] = [await page(sim.url), await page(real.url)]
+    const [simPage, realPage] = [await page(sim), await page(real)]
     expect(masked(simPage)).toEqual(masked(realPage))
     // C++'s ostream default (tools/server handle_metrics writes a double): `0`, `3`, `1.5`, `1.23457e+06`, never `3.0`
     for (const [base, lines] of [
-      [sim.url, simPage],
-      [real.url, realPage]
+      [sim, simPage],
+      [real, realPage]
     ] as const) {
       const values = lines.filter((l) => l !== "" && !l.startsWith("#")).map((l) => l.slice(l.lastIndexOf(" ") + 1))
       expect([base, values.filter((v) => !/^-?\d+(\.\d*[1-9])?(e[+-]\d{2})?$/.test(v))]).toEqual([base, []])
@@ -275,7 +211,7 @@ describe("the llama_cpp simulator against the real llama-server", () => {
         decodes: v("llamacpp:n_decode_total")
       }
     }
-    for (const base of [real.url, sim.url]) {
+    for (const base of [real, sim]) {
       const before = await counters(base)
       const res = await fetch(`${base}/v1/completions`, {
         method: "POST",
@@ -305,9 +241,9 @@ describe("the llama_cpp simulator against the real llama-server", () => {
     const families = ["n_decode_total", "n_tokens_max", "n_busy_slots_per_decode"].map((f) => `llamacpp:${f}`)
     const heads = (text: string) =>
       text.split("\n").filter((l) => families.some((f) => l.startsWith(`# `) && l.includes(`${f} `)))
-    const [realPage, simPage] = [await page(real.url), await page(sim.url)]
+    const [realPage, simPage] = [await page(real), await page(sim)]
     expect(heads(simPage)).toEqual(heads(realPage))
-    for (const base of [real.url, sim.url]) {
+    for (const base of [real, sim]) {
       const v = async (n: string) => engineMetric(base, `llamacpp:${n}`)
       // two sequences of 10 tokens, one in each slot: both decoded in one batch (real: 10, 11 when one starts late)
       const before = await v("n_decode_total")
@@ -338,7 +274,7 @@ describe("the llama_cpp simulator against the real llama-server", () => {
   it("/props, /slots and /v1/models meta: a slot's context (-c over -np), in the same key order", async () => {
     const get = async <A>(base: string, p: string) => (await (await fetch(`${base}${p}`)).json()) as A
     type Props = { default_generation_settings: { n_ctx: number }; total_slots: number }
-    const [rp, sp] = [await get<Props>(real.url, "/props"), await get<Props>(sim.url, "/props")]
+    const [rp, sp] = [await get<Props>(real, "/props"), await get<Props>(sim, "/props")]
     expect(Object.keys(sp)).toEqual(Object.keys(rp))
     expect(sp.default_generation_settings.n_ctx).toBe(512)
     expect(rp.default_generation_settings.n_ctx).toBe(512)
@@ -351,15 +287,15 @@ describe("the llama_cpp simulator against the real llama-server", () => {
           .slice(0, 4)
           .map(([k, v]) => (k === "is_processing" ? k : [k, v]))
       )
-    expect(head(await get<Slots>(sim.url, "/slots"))).toEqual(head(await get<Slots>(real.url, "/slots")))
+    expect(head(await get<Slots>(sim, "/slots"))).toEqual(head(await get<Slots>(real, "/slots")))
     type Models = { data: Array<{ meta: Record<string, unknown> }> }
     const meta = async (base: string) => (await get<Models>(base, "/v1/models")).data[0]?.meta
-    const [rm, sm] = [await meta(real.url), await meta(sim.url)]
+    const [rm, sm] = [await meta(real), await meta(sim)]
     expect(typeof sm?.vocab_type).toBe(typeof rm?.vocab_type)
   })
 
   it("/slots?fail_on_no_slot: 503 with the same body while every slot is busy, the list once one is idle", async () => {
-    for (const base of [real.url, sim.url]) {
+    for (const base of [real, sim]) {
       const q = async (v: string) => {
         const res = await fetch(`${base}/slots?fail_on_no_slot=${v}`)
         const text = await res.text()
@@ -721,7 +657,7 @@ describe("llama-server's OpenAI API as clients meet it: the simulator against th
         agent.destroy()
       }
     }
-    const [r, s] = [await run(real.url), await run(sim.url)]
+    const [r, s] = [await run(real), await run(sim)]
     expect(s).toEqual(r)
     expect(r.map((x) => x[2])).toEqual([false, true, true, false])
   })
@@ -753,13 +689,13 @@ describe("llama-server's OpenAI API as clients meet it: the simulator against th
             `content-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`
         )
       })
-    const [r, s] = [await run(real.url), await run(sim.url)]
+    const [r, s] = [await run(real), await run(sim)]
     expect(s).toEqual(r)
     expect(r).toEqual([true, "timeout=5, max=100", true])
   })
 
   it("a client that leaves a whole (non-streamed) answer: the server generates it to the end for nobody, its slot busy meanwhile", async () => {
-    for (const base of [real.url, sim.url]) {
+    for (const base of [real, sim]) {
       const before = await engineMetric(base, "llamacpp:tokens_predicted_total")
       const ac = new AbortController()
       const asked = fetch(`${base}${C}`, {
@@ -783,7 +719,7 @@ describe("llama-server's OpenAI API as clients meet it: the simulator against th
   })
 
   it("a client that leaves mid-stream frees its slot at once: /slots idle, requests_processing 0, generation cut short", async () => {
-    for (const base of [real.url, sim.url]) {
+    for (const base of [real, sim]) {
       const before = await engineMetric(base, "llamacpp:tokens_predicted_total")
       const ac = new AbortController()
       const res = await fetch(`${base}${C}`, {
