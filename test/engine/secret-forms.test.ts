@@ -108,6 +108,20 @@ describe("encodedForms", () => {
       }
     }
   })
+
+  it("blanks the longer of two secrets that begin alike as it blanks it alone (their cores are the same text)", () => {
+    const [short, long] = ["hf_SECRET1234", "hf_SECRET12345"]
+    for (const secrets of [[short, long], [long, short]]) {
+      const redact = lineRedactor(secrets)
+      for (const user of ["", "a", "ab"]) {
+        const text = b64(`${user}${long}@h`)
+        const from = 8 * user.length
+        const to = from + 8 * long.length
+        const kept = `${text.slice(0, Math.floor(from / 6))}${REDACTED}${text.slice(Math.floor((to - 1) / 6) + 1)}`
+        expect(redact(text), `${secrets} ${user}`).toBe(kept)
+      }
+    }
+  })
 })
 
 describe("lineRedactor and encoded secrets", () => {
