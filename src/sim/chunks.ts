@@ -45,6 +45,8 @@ export interface StreamTemplate {
    * text, when the engine merges them) and, when asked, the usage.
    */
   end(reason: string, u: Usage, includeUsage: boolean, last?: string, index?: number, matched?: string): string
+  /** llama.cpp: what goes out as choice `index`'s sequence takes its slot after the stream began (a task's begin). */
+  begin?(index: number): string
 }
 
 export const DONE = "data: [DONE]\n\n"

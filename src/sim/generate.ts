@@ -11,7 +11,7 @@ import { fault, GENERATION_ERROR } from "./faultReply.ts"
 import { sendJson } from "./http.ts"
 import { llamaFullBody } from "./llamaChunks.ts"
 import { handoffBeforeGeneration, holdForDecode } from "./pdLegs.ts"
-import { type GenRequest, sequenceUsage } from "./request.ts"
+import { type GenRequest, type Sequence, sequenceUsage } from "./request.ts"
 import { RequestBlocks } from "./requestBlocks.ts"
 import { RequestSlots } from "./requestSlots.ts"
 import { LlamaStops, type SeqEvent, sequenceEvents } from "./sequences.ts"
@@ -151,15 +151,8 @@ export const generate = async (
   // The fake sender (SGLang's own warm-up) hands nothing to the bootstrap server.
   if (sglangPrefill && gr.bootstrap?.fake === false) ctx.bootstrap?.complete(gr.bootstrap.room)
 
-  const plans = gr.sequences.map((q) =>
-    plan(
-      cfg.mode,
-      q.words,
-      sglangPrefill ? 1 : q.maxTokens,
-      q.seed === undefined ? ctx.rand : prng(q.seed),
-      gr.ignoreEos
-    )
-  )
+  const rand = (q: Sequence) => (q.seed === undefined ? ctx.rand : prng(q.seed))
+  const plans = gr.sequences.map((q) => plan(cfg.mode, q.words, sglangPrefill ? 1 : q.maxTokens, rand(q), gr.ignoreEos))
   const total = plans.reduce((n, g) => n + g.tokens.length, 0)
   const model = gr.echoModel ?? cfg.servedName
   const created = Math.floor(Date.now() / 1000)
@@ -233,6 +226,11 @@ export const generate = async (
     let out = tpl.first
     let held: string | undefined
     for (const ev of events) {
+      // a later task's begin, as it takes its slot (its prompt's TTFT to come): out with what follows it
+      if (ev.kind === "begin") {
+        out += tpl.begin?.(ev.index) ?? ""
+        continue
+      }
       if (wedged() || ev.kind === "wait") {
         // what the core sent before it hung, or before its next task waits for a slot, is on the wire
         if (out !== "") res.write(out)
@@ -284,7 +282,7 @@ export const generate = async (
 
   for (const ev of events) {
     if ((wedged() || ev.kind === "wait") && !(await coreRuns(ev))) return
-    if (ev.kind === "wait") continue
+    if (ev.kind === "wait" || ev.kind === "begin") continue
     if (ev.kind === "end") {
       ends[ev.index] = ev
       continue

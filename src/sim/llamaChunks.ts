@@ -105,10 +105,10 @@ export const llamaStreamTemplate = (
 ): StreamTemplate => {
   const idJson = JSON.stringify(id)
   const modelJson = JSON.stringify(model)
-  // a task's begin: those in a slot from the start before anything, a later one before its first token
+  // a task's begin: those in a slot from the start before anything, a later one as it takes its slot, before its
+  // prompt is evaluated (its TTFT) and its first token
   const first = "data: null\n\n".repeat(o.begins.filter((i) => i < o.slots).length)
-  const begin = (at: TokenAt | undefined) =>
-    at?.first === true && at.index >= o.slots && o.begins.includes(at.index) ? "data: null\n\n" : ""
+  const begin = (index: number) => (index >= o.slots && o.begins.includes(index) ? "data: null\n\n" : "")
   const timed = (at: TokenAt | undefined) =>
     at !== undefined && (at.stopped || o.timingsPerToken) ? `,"timings":${timings(at.usage)}` : ""
   const probs = (t: string) => (o.nProbs > 0 ? probsOf(t, o) : "null")
@@ -116,8 +116,9 @@ export const llamaStreamTemplate = (
     const tail = `"created":${created},"model":${modelJson},"system_fingerprint":"${LLAMA_FINGERPRINT}","object":"text_completion"`
     return {
       first,
+      begin,
       token: (t, at) =>
-        `${begin(at)}data: {"choices":[{"text":${JSON.stringify(t)},"index":${at?.index ?? 0},"logprobs":${probs(t)},"finish_reason":null}],${tail},"id":${idJson}` +
+        `data: {"choices":[{"text":${JSON.stringify(t)},"index":${at?.index ?? 0},"logprobs":${probs(t)},"finish_reason":null}],${tail},"id":${idJson}` +
         `${timed(at)}}\n\n`,
       finishWithLastToken: false,
       end: (r, u, _includeUsage, _last, index = 0) =>
@@ -130,6 +131,7 @@ export const llamaStreamTemplate = (
   const delta = (index: number, d: string, lp = "") => `{"finish_reason":null,"index":${index},"delta":${d}${lp}}`
   return {
     first,
+    begin,
     token: (t, at) => {
       const index = at?.index ?? 0
       const parts: Array<string> = []
@@ -137,7 +139,7 @@ export const llamaStreamTemplate = (
       const lp = o.nProbs > 0 ? `,"logprobs":${probsOf(t, o)}` : ""
       if (at?.first === true) parts.push(delta(index, `{"role":"assistant","content":null}`, t === "" ? lp : ""))
       if (t !== "") parts.push(delta(index, `{"content":${JSON.stringify(t)}}`, lp))
-      return begin(at) + parts.map((p, i) => chunk(p, i === parts.length - 1 ? timed(at) : "")).join("")
+      return parts.map((p, i) => chunk(p, i === parts.length - 1 ? timed(at) : "")).join("")
     },
     finishWithLastToken: false,
     end: (r, u, includeUsage, _last, index = 0) => {

@@ -1,7 +1,8 @@
 // How llama-server reads a chat request's messages (pure): oaicompat_chat_params_parse's checks (tools/server/
 // server-common.cpp), common/chat.cpp common_chat_msgs_parse_oaicompat's, the assistant prefill and `logprobs`.
 // Errors keep llama-server's wording (checked against it by test/real/sim-differential.test.ts).
-import { type LlamaInvalid, typeError } from "./llamaRequest.ts"
+import { BOS, type LlamaInvalid, type LlamaPrompt, typeError } from "./llamaRequest.ts"
+import { type ChatPrompt, renderChat } from "./llamaTemplate.ts"
 import { words } from "./tokens.ts"
 
 const PART_TYPES_500: Record<string, string> = {
@@ -30,9 +31,11 @@ const messageText = (m: Record<string, unknown>): string | { readonly error: str
  * /v1/chat/completions' messages: oaicompat_chat_params_parse's checks (400s), then the parse into chat
  * messages, whose errors llama-server answers 500 ("Failed to parse messages: ..."). Unknown roles, an empty
  * list and a conversation of one system message all pass: the chat template renders what it is given.
- * Returns the words of the rendered conversation (the simulator's stand-in for the template).
+ * Returns the chat rendered (llamaTemplate.ts; add_generation_prompt read as json_value reads it: a boolean, true
+ * unless given), its prompt's tokens (the rendering's after the BOS) and the words of its messages, which the
+ * simulator's echo mode answers with.
  */
-export const llamaMessages = (body: unknown): Array<string> | LlamaInvalid => {
+export const llamaMessages = (body: unknown): (LlamaPrompt & Pick<ChatPrompt, "text">) | LlamaInvalid => {
   const b = typeof body === "object" && body !== null && !Array.isArray(body) ? (body as Record<string, unknown>) : {}
   if (!("messages" in b)) return { status: 400, message: "'messages' is required" }
   const messages = b.messages
@@ -72,7 +75,8 @@ export const llamaMessages = (body: unknown): Array<string> | LlamaInvalid => {
     // --prefill-assistant (on by default) continues a trailing assistant message, but not two.
     return { status: 400, message: "Cannot have 2 or more assistant messages at the end of the list." }
   }
-  return words(texts.join(" "))
+  const chat = renderChat(messages, b.add_generation_prompt !== false)
+  return { words: words(texts.join(" ")), text: chat.text, tokens: [BOS, ...chat.tokens] }
 }
 
 /**

@@ -12,11 +12,22 @@ export interface LlamaInvalid {
   readonly message: string
 }
 
-/** One prompt: its words and whether llama-server puts a BOS token before it (text yes, token ids no). */
+/** One prompt: its words (the echo mode answers with them) and its tokens as the server counts them. */
 export interface LlamaPrompt {
   readonly words: ReadonlyArray<string>
-  readonly bos: boolean
+  readonly tokens: ReadonlyArray<string>
 }
+
+/** The BOS token's piece, which llama-server puts before a text (tokenize_mixed with add_special), not token ids. */
+export const BOS = "<s>"
+
+const asPrompt = (w: ReadonlyArray<string>, bos: boolean): LlamaPrompt => ({ words: w, tokens: bos ? [BOS, ...w] : w })
+
+/** The token ids of a completion prompt: integers in it, or in its sub-prompts. */
+export const promptIds = (prompt: unknown): Array<number> =>
+  Array.isArray(prompt)
+    ? prompt.flatMap((p: unknown) => (Number.isInteger(p) ? [p as number] : Array.isArray(p) ? promptIds(p) : []))
+    : []
 
 /** The fields of the schema that the simulator acts on. */
 export interface LlamaParams {
@@ -233,21 +244,21 @@ const isInt = (v: unknown): boolean => typeof v === "number" && Number.isInteger
 
 /** One sub-prompt (tokenize_input_subprompt): a string, token ids, strings and ids mixed, or {prompt_string}. */
 const subPrompt = (p: unknown): LlamaPrompt | undefined => {
-  if (typeof p === "string") return { words: words(p), bos: true }
+  if (typeof p === "string") return asPrompt(words(p), true)
   if (Array.isArray(p)) {
-    if (p.length > 0 && p.every(isInt)) return { words: p.map(String), bos: false }
+    if (p.length > 0 && p.every(isInt)) return asPrompt(p.map(String), false)
     const mixed =
       p.every((x) => isInt(x) || typeof x === "string") && p.some(isInt) && p.some((x) => typeof x === "string")
     if (mixed)
-      return {
-        words: p.flatMap((x) => (typeof x === "string" ? words(x) : [String(x)])),
-        bos: typeof p[0] === "string"
-      }
-    if (p.length === 0) return { words: [], bos: false }
+      return asPrompt(
+        p.flatMap((x) => (typeof x === "string" ? words(x) : [String(x)])),
+        typeof p[0] === "string"
+      )
+    if (p.length === 0) return asPrompt([], false)
   }
   if (typeof p === "object" && p !== null && !Array.isArray(p) && "prompt_string" in p) {
     const s = (p as { prompt_string: unknown }).prompt_string
-    return typeof s === "string" ? { words: words(s), bos: true } : undefined
+    return typeof s === "string" ? asPrompt(words(s), true) : undefined
   }
   return undefined
 }

@@ -2,7 +2,7 @@
 // /slots, POST /tokenize, /detokenize and /apply-template (ggml-org/llama.cpp tools/server/server.cpp routes;
 // tools/server/server-context.cpp get_res_props, server_slot::to_json, post_tokenize, post_detokenize,
 // post_apply_template). Keys in llama-server's order; what only a real model has (its chat template, its
-// vocabulary) is the simulator's stand-in: its word tokens (tokens.ts) and a ChatML template.
+// vocabulary) is the simulator's stand-in: its word tokens (tokens.ts) and a ChatML template (llamaTemplate.ts).
 import { randomInt } from "node:crypto"
 import type * as http from "node:http"
 import { reply, type SimContext, sendError } from "./context.ts"
@@ -11,6 +11,7 @@ import { readBody } from "./http.ts"
 import { LLAMA_FINGERPRINT } from "./llamaChunks.ts"
 import { llamaMessages } from "./llamaMessages.ts"
 import { DEFAULT_PARAMS } from "./llamaSlots.ts"
+import { CHAT_TEMPLATE } from "./llamaTemplate.ts"
 import { N_VOCAB, tokenId, words } from "./tokens.ts"
 
 /** The simulated vocabulary's special tokens (llama SentencePiece's). */
@@ -20,10 +21,6 @@ const SPECIAL: ReadonlyMap<number, string> = new Map([
   [BOS, "<s>"],
   [2, "</s>"]
 ])
-
-/** The ChatML template the simulator renders a chat with (llama.cpp's chatml; the tiny test model carries it too). */
-const CHAT_TEMPLATE =
-  "{%- for message in messages -%}\n  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n  {{- '<|im_start|>assistant\n' -}}\n{%- endif -%}"
 
 const ID_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 /** get_media_marker(): drawn once per process. */
@@ -89,18 +86,6 @@ const props = (ctx: SimContext, nCtx: number) => ({
   cors_proxy_enabled: false
 })
 
-/** A message's text as the template sees it: a string, or its text parts' texts. */
-const contentOf = (c: unknown): string =>
-  typeof c === "string"
-    ? c
-    : Array.isArray(c)
-      ? c.map((p) => (typeof p?.text === "string" ? (p.text as string) : "")).join("")
-      : ""
-
-/** The ChatML rendering of a chat (the simulator's stand-in for the model's template), generation prompt included. */
-const render = (messages: ReadonlyArray<{ role?: unknown; content?: unknown }>): string =>
-  `${messages.map((m) => `<|im_start|>${String(m.role)}\n${contentOf(m.content)}<|im_end|>\n`).join("")}<|im_start|>assistant\n`
-
 /** GET /props and /slots: their bodies; undefined for another path. */
 const getRoute = (ctx: SimContext, path: string, query: string, res: http.ServerResponse): boolean => {
   if (path !== "/props" && path !== "/slots") return false
@@ -138,10 +123,10 @@ const postAnswer = (path: string, body: Record<string, unknown>): [number, unkno
     }
     return [200, { content: ids.map((i: number) => SPECIAL.get(i) ?? ` ${seen.get(i) ?? ""}`).join("") }]
   }
-  // /apply-template: the chat's checks (oaicompat_chat_params_parse), then its rendering
+  // /apply-template: the chat's checks (oaicompat_chat_params_parse), then its rendering (llamaTemplate.ts)
   const checked = llamaMessages(body)
-  if (!Array.isArray(checked)) return [checked.status, checked.message, true]
-  return [200, { prompt: render(body.messages as Array<{ role?: unknown; content?: unknown }>) }]
+  if ("status" in checked) return [checked.status, checked.message, true]
+  return [200, { prompt: checked.text }]
 }
 
 const POST_ROUTES = new Set(["/tokenize", "/detokenize", "/apply-template"])

@@ -14,6 +14,8 @@
 // prompt's included), and each GET /slots and /metrics (SLOT_GET, METRICS); not /health, /props, /v1/models,
 // /tokenize, /detokenize nor /apply-template, which answer from the HTTP thread (measured).
 
+import { GENERATION_PROMPT } from "./llamaTemplate.ts"
+
 /** task_params::to_json(true) of the server's defaults (common/common.h common_params_sampling), in its order. */
 export const DEFAULT_PARAMS = {
   seed: 4294967295,
@@ -174,8 +176,8 @@ export class SlotBook {
       n_probs: t.nProbs,
       chat_format: t.chat ? "peg-native" : "Content-only",
       reasoning_format: "deepseek",
-      // the chat template's generation prompt (the simulator's ChatML, llamaRoutes.ts)
-      generation_prompt: t.chat ? "<|im_start|>assistant\n" : "",
+      // the chat template's generation prompt (the simulator's ChatML)
+      generation_prompt: t.chat ? GENERATION_PROMPT : "",
       timings_per_token: t.timingsPerToken,
       post_sampling_probs: t.postSamplingProbs
     }

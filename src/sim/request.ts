@@ -7,7 +7,7 @@ import { bodyDpRank } from "./dpPin.ts"
 import type { LlamaOut } from "./llamaChunks.ts"
 import { grammarParses } from "./llamaGrammar.ts"
 import { llamaAssistantPrefill, llamaChatProbs, llamaMessages } from "./llamaMessages.ts"
-import { type LlamaInvalid, type LlamaPrompt, llamaParams, llamaPrompts } from "./llamaRequest.ts"
+import { type LlamaInvalid, type LlamaPrompt, llamaParams, llamaPrompts, promptIds } from "./llamaRequest.ts"
 import { earlyRefusal, type Invalid, samplingRefusal } from "./requestChecks.ts"
 import type { SimConfig } from "./simConfig.ts"
 import { N_VOCAB, words } from "./tokens.ts"
@@ -25,12 +25,15 @@ export interface Sequence {
   readonly words: ReadonlyArray<string>
   /** The prompt's length in tokens as the engine reports it (llama-server: with its BOS). */
   readonly promptTokens: number
+  /** llama.cpp: the prompt's tokens (promptTokens of them) as its slot holds them: its BOS, a chat's template. */
+  readonly tokens?: ReadonlyArray<string>
   readonly maxTokens: number
   readonly seed: number | undefined
 }
 
 export interface GenRequest {
   readonly endpoint: Endpoint
+  /** The prompt as the engine counts and caches it: its words (llama.cpp: its first prompt's tokens). */
   readonly promptWords: ReadonlyArray<string>
   readonly maxTokens: number
   readonly stream: boolean
@@ -221,12 +224,6 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
  */
 const LLAMA_DEFAULT_CTX = 4096
 
-/** The token ids of a completion prompt: integers in it, or in its sub-prompts. */
-const promptIds = (prompt: unknown): Array<number> =>
-  Array.isArray(prompt)
-    ? prompt.flatMap((p: unknown) => (Number.isInteger(p) ? [p as number] : Array.isArray(p) ? promptIds(p) : []))
-    : []
-
 const invalid = (e: LlamaInvalid): Invalid => ({ status: e.status, message: e.message, param: null })
 
 /**
@@ -241,8 +238,8 @@ const validateLlama = (cfg: SimConfig, endpoint: Endpoint, body: unknown): GenRe
   let chatProbs: number | undefined
   if (endpoint === "chat") {
     const m = llamaMessages(body)
-    if (!Array.isArray(m)) return invalid(m)
-    prompts = [{ words: m, bos: true }]
+    if ("status" in m) return invalid(m)
+    prompts = [m]
     const probs = llamaChatProbs(body)
     if (typeof probs === "object") return invalid(probs)
     chatProbs = probs
@@ -256,7 +253,7 @@ const validateLlama = (cfg: SimConfig, endpoint: Endpoint, body: unknown): GenRe
   const ctxLen = cfg.slotContext ?? LLAMA_DEFAULT_CTX
   const sequences: Array<Sequence> = []
   for (const p of prompts) {
-    const n = p.words.length + (p.bos ? 1 : 0)
+    const n = p.tokens.length
     if (cfg.slotContext !== undefined && n >= ctxLen) {
       const message = `request (${n} tokens) exceeds the available context size (${ctxLen} tokens), try increasing it`
       const error = { code: 400, message, type: "exceed_context_size_error", n_prompt_tokens: n, n_ctx: ctxLen }
@@ -267,7 +264,7 @@ const validateLlama = (cfg: SimConfig, endpoint: Endpoint, body: unknown): GenRe
     // Each further completion of a prompt samples with the seed + its number (server-task.h add_child).
     for (let j = 0; j < params.nCmpl; j++) {
       const seed = params.seed === undefined ? undefined : (params.seed + j) >>> 0
-      sequences.push({ words: p.words, promptTokens: n, maxTokens, seed })
+      sequences.push({ words: p.words, tokens: p.tokens, promptTokens: n, maxTokens, seed })
     }
   }
   // a token id outside the vocabulary, then a grammar that does not parse, fail the slot's launch, after the context
@@ -279,7 +276,7 @@ const validateLlama = (cfg: SimConfig, endpoint: Endpoint, body: unknown): GenRe
   const first = sequences[0] as Sequence
   return {
     endpoint,
-    promptWords: first.words,
+    promptWords: first.tokens ?? first.words,
     maxTokens: first.maxTokens,
     stream: params.stream,
     includeUsage: params.includeUsage,

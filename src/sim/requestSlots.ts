@@ -21,11 +21,6 @@ import type { Scheduler, Ticket } from "./scheduler.ts"
 import type { SeqGate } from "./sequences.ts"
 import type { SimConfig } from "./simConfig.ts"
 
-/** The simulator's chat template (llamaRoutes.ts render) around a user's words, in tokens: words and signs. */
-const pieces = (text: string) => text.match(/[a-z]+|[^a-z]/g) ?? []
-const CHAT_HEAD = pieces("<|im_start|>user\n")
-const CHAT_TAIL = pieces("<|im_end|>\n<|im_start|>assistant\n")
-
 /** What of a request its slots show (/slots): sequence `index`'s task. */
 const slotTask = (gr: Pick<GenRequest, "endpoint" | "sequences" | "stream" | "ignoreEos" | "llama">, index: number) => {
   const q = gr.sequences[index]
@@ -65,6 +60,8 @@ export class RequestSlots implements SeqGate {
   private readonly ready: Array<boolean>
   private readonly whenReady: Array<Promise<void>>
   private readonly tokens: (index: number) => ReadonlyArray<string>
+  /** The prompt evaluations under way (a later task's TTFT), cleared with the request: an abort keeps no timer. */
+  private readonly timers = new Set<NodeJS.Timeout>()
 
   /**
    * The request's sequences on an engine core's scheduler. llama-server's take a ticket each, in order, its tasks
@@ -86,12 +83,11 @@ export class RequestSlots implements SeqGate {
     this.ready = bounds.slice(0, -1).map((_, i) => i === 0 || ttft <= 0)
     const marks = this.ready.map((r) => (r ? () => {} : undefined))
     this.whenReady = this.ready.map((r, i) => (r ? Promise.resolve() : new Promise<void>((ok) => (marks[i] = ok))))
-    // the slot's tokens (llamaSlots.ts): the prompt's, with its BOS where it has one (request.ts promptTokens); a
-    // chat's inside its template, as the real tokenizer cuts ChatML (a piece a word or sign: 29 tokens for "hi")
+    // the slot's tokens (llamaSlots.ts): the prompt's, with its BOS where it has one, a chat's as its template
+    // renders it (request.ts, llamaTemplate.ts)
     this.tokens = (index) => {
       const q = gr.sequences[index]
-      const body = gr.endpoint === "chat" ? [...CHAT_HEAD, ...(q?.words ?? []), ...CHAT_TAIL] : (q?.words ?? [])
-      return q === undefined ? [] : [...(q.promptTokens > q.words.length ? ["<s>"] : []), ...body]
+      return q?.tokens ?? q?.words ?? []
     }
     // the tasks' ids, taken as they are posted (handle_completions_impl: each prompt's, then its children's)
     const firstId = this.perSequence ? this.book.reserve(sequences) : 0
@@ -105,11 +101,14 @@ export class RequestSlots implements SeqGate {
       // a prompt's `n` completions take their slots together (n is at most -np: llamaRequest.ts)
       const admit = (slot: number, k: number) => {
         this.book.start(slot, slotTask(gr, from + k), this.tokens(from + k), firstId + from + k, k > 0)
-        if (k === 0 && !this.ready[i])
-          setTimeout(() => {
+        if (k === 0 && !this.ready[i]) {
+          const timer = setTimeout(() => {
+            this.timers.delete(timer)
             this.ready[i] = true
             marks[i]?.()
           }, ttft)
+          this.timers.add(timer)
+        }
       }
       const prefer = (free: ReadonlyArray<number>) => this.book.similar(free, this.tokens(from), similarity)
       const tickets = core.scheduler.enterGroup(to - from, admit, prefer)
@@ -144,7 +143,8 @@ export class RequestSlots implements SeqGate {
     const k = this.tasks.findIndex(
       (t, k) => !(this.running(k) && this.ready[k]) && this.done.slice(t.from, t.to).includes(false)
     )
-    return this.admitted(this.tasks[k]).then(() => this.whenReady[k])
+    // its slot taken first (its begin goes out then: sequences.ts), its prompt evaluated after
+    return this.running(k) ? (this.whenReady[k] ?? Promise.resolve()) : this.admitted(this.tasks[k])
   }
 
   /** A decode step of its sequences (the loop's NEXT_RESPONSE task takes an id: llamaSlots.ts). */
@@ -189,6 +189,8 @@ export class RequestSlots implements SeqGate {
 
   /** Frees its slots (running) and leaves the queue (waiting). Idempotent. */
   release(): void {
+    for (const timer of this.timers) clearTimeout(timer)
+    this.timers.clear()
     for (const t of this.all) this.free(t)
   }
 }

@@ -3,7 +3,9 @@
 // here one token of each running sequence in turn, a sequence's end right after its last token: a round is one
 // decode step, which gives each sequence it found running a token (update_slots batches every busy slot; a task
 // that takes its slot meanwhile starts at the next). A sequence runs only while it holds its slot (SeqGate:
-// requestSlots.ts); while none of them does, a `wait`.
+// requestSlots.ts); while none of them does, a `wait`. A sequence that takes its slot is told (`begin`) before the
+// next step, its prompt evaluated or not: llama-server sends a task's begin then (server-context.cpp update_slots,
+// SLOT_STATE_STARTED: send_partial_response with is_begin), before the prompt's decode.
 // Each sequence's text goes through its engine's stop-string matcher (stopRules.ts; llama-server's is LlamaStops
 // below).
 import type { StopMatcher, TokenAt } from "./stopRules.ts"
@@ -40,13 +42,20 @@ export type SeqEvent =
     }
   /** None of the sequences left holds a slot: the next event comes once `until` resolves. */
   | { readonly kind: "wait"; readonly until: Promise<void> }
+  /** Sequence `index` took its slot (SeqGate.holding), since the events began. */
+  | { readonly kind: "begin"; readonly index: number }
 
 /** Which sequences may run: each holds a slot from its first token to its end (requestSlots.ts). */
 export interface SeqGate {
   /** Whether sequence `index` holds its slot now. */
   holds(index: number): boolean
-  /** Resolves when the next sequence waiting for a slot takes it. */
+  /**
+   * Resolves when the next sequence waiting for a slot takes it (holding() grows), or, once taken, makes tokens
+   * (holds it: its prompt evaluated).
+   */
   next(): Promise<void>
+  /** How many sequences, from the first on, have taken their slots (their tasks begun). */
+  holding?(): number
   /** A decode step begins. */
   step?(): void
   /** Sequence `index` has made a token, `piece`. */
@@ -140,6 +149,13 @@ export function* sequenceEvents(
   const matcher = typeof stops === "function" ? stops : () => new LlamaStops(stops)
   const state = plans.map((g) => ({ g, text: matcher(), n: 0, done: g.tokens.length === 0 }))
   const holds = (index: number) => gate === undefined || gate.holds(index)
+  // the sequences that took their slots since last looked (those holding them as the events began aside)
+  let begun = gate?.holding?.() ?? plans.length
+  const taken = (): Array<SeqEvent> => {
+    const from = begun
+    begun = Math.max(begun, gate?.holding?.() ?? begun)
+    return Array.from({ length: begun - from }, (_, i) => ({ kind: "begin", index: from + i }))
+  }
   for (const [index, s] of state.entries()) {
     if (s.done) {
       gate?.ended(index)
@@ -147,6 +163,7 @@ export function* sequenceEvents(
     }
   }
   while (state.some((s) => !s.done)) {
+    yield* taken()
     if (gate !== undefined && !state.some((s, index) => !s.done && holds(index))) {
       yield { kind: "wait", until: gate.next() }
       continue

@@ -111,7 +111,10 @@ describe("encodedForms", () => {
 
   it("blanks the longer of two secrets that begin alike as it blanks it alone (their cores are the same text)", () => {
     const [short, long] = ["hf_SECRET1234", "hf_SECRET12345"]
-    for (const secrets of [[short, long], [long, short]]) {
+    for (const secrets of [
+      [short, long],
+      [long, short]
+    ]) {
       const redact = lineRedactor(secrets)
       for (const user of ["", "a", "ab"]) {
         const text = b64(`${user}${long}@h`)

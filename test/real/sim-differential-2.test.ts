@@ -106,6 +106,66 @@ describe("llama-server's informational routes: the simulator against the real se
   })
 })
 
+describe("a chat's prompt: its template rendered, then counted, the simulator against the real server", () => {
+  // words the tiny model's tokenizer keeps whole, so that only the template's rule is compared
+  const u = (content: unknown) => ({ role: "user", content })
+  const chats: Array<Record<string, unknown>> = [
+    { messages: [u("hi")] },
+    { messages: [u("hello world")] },
+    { messages: [{ role: "system", content: "be brief" }, u("hi")] },
+    { messages: [u("hi"), { role: "assistant", content: "hello" }, u("how are you")] },
+    { messages: [{ role: "tool", content: "x" }] },
+    { messages: [u("")] },
+    { messages: [u("a\nb")] },
+    {
+      messages: [
+        u([
+          { type: "text", text: "a b" },
+          { type: "text", text: "c" }
+        ])
+      ]
+    },
+    { messages: [u("hi"), { role: "assistant", content: "hello" }] },
+    { messages: [u("hi"), { role: "assistant", content: "" }] },
+    { messages: [u("hi")], add_generation_prompt: false },
+    { messages: [] }
+  ]
+
+  it("usage.prompt_tokens, the slot's n_prompt_tokens and /apply-template's prompt, chat by chat", async () => {
+    type Slot = { id_task?: number; n_prompt_tokens?: number }
+    const latest = (ss: Array<Slot>) => ss.reduce((a, b) => ((b.id_task ?? -1) > (a.id_task ?? -1) ? b : a))
+    for (const chat of chats) {
+      const got: Array<unknown> = []
+      for (const base of [main.real, main.sim]) {
+        const r = JSON.parse((await post(base, "/v1/chat/completions", { ...chat, max_tokens: 3 })).text)
+        const slot = latest(JSON.parse((await request(`${base}/slots`)).text) as Array<Slot>)
+        const t = JSON.parse((await post(base, "/apply-template", chat)).text) as { prompt: string }
+        // the slot keeps the prompt and all but the last of the 3 tokens made
+        got.push([r.usage.prompt_tokens, (slot.n_prompt_tokens ?? 0) - (r.usage.completion_tokens - 1), t.prompt])
+      }
+      expect([chat, got[1]]).toEqual([chat, got[0]])
+    }
+  })
+
+  it("near a slot's context (512): the prompt and the answer's room, then the refusal, as the real server counts", async () => {
+    // a user message of n words: the template and the BOS add 28 (-c 1024 over -np 2)
+    const chat = (n: number, max: number) => ({ messages: [u(Array(n).fill("the").join(" "))], max_tokens: max })
+    for (const [n, max] of [
+      [482, 5],
+      [483, 5],
+      [484, 1]
+    ] as const) {
+      const C = "/v1/chat/completions"
+      const [r, s] = [await post(main.real, C, chat(n, max)), await post(main.sim, C, chat(n, max))]
+      const sum = (t: string) => {
+        const j = JSON.parse(t)
+        return j.error ?? [j.usage.prompt_tokens, j.usage.completion_tokens, j.choices[0].finish_reason]
+      }
+      expect([n, max, s.status, sum(s.text)]).toEqual([n, max, r.status, sum(r.text)])
+    }
+  })
+})
+
 describe("completions beyond the text: the simulator against the real server", () => {
   it("a streamed answer to several prompts: each task but the first begins with `data: null`", async () => {
     const cases: Array<[unknown, Array<boolean>]> = [

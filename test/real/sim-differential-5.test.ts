@@ -6,7 +6,8 @@
 // /metrics. A task takes the idle slot whose tokens its prompt shares most of (more than --slot-prompt-similarity,
 // 0.1), else the least recently used (get_available_slot); its children the lowest idle ones (get_free_slots). One
 // decode step gives every busy slot a token, so a prompt's two completions take as long as one; a later task's
-// prompt is evaluated once it holds its slot, so its first token comes that long after the one before it ended.
+// prompt is evaluated once it holds its slot, so its first token comes that long after the one before it ended, its
+// begin (`data: null`) as it took the slot.
 // Timing is compared as a relation (2 shared cores): the simulator's TTFT and ITL knobs stand for the real times.
 import { describe, expect, it } from "vitest"
 import { pollUntil } from "../support/poll.ts"
@@ -122,6 +123,8 @@ describe("decode steps: the simulator against the real server", () => {
       const itl = gaps.slice(1).sort((a, b) => a - b)[Math.floor((gaps.length - 1) / 2)] ?? 0
       const wait = at("1") - at("0F")
       expect([base, wait > 5 * itl && wait > 10]).toEqual([base, true])
+      // its begin, `data: null`, as it takes the slot, before its prompt is evaluated: in the first half of the wait
+      expect([base, at("null") - at("0F") < at("1") - at("null")]).toEqual([base, true])
     }
   })
 })

@@ -88,16 +88,38 @@ describe("request fields (llama-server's schema)", () => {
   })
 
   it("prompts: strings, token ids, mixed, {prompt_string}; an array without ids is several", () => {
-    expect(llamaPrompts({ prompt: "a b" })).toEqual([{ words: ["a", "b"], bos: true }])
-    expect(llamaPrompts({ prompt: [1, 2] })).toEqual([{ words: ["1", "2"], bos: false }])
-    expect(llamaPrompts({ prompt: [1, "a b"] })).toEqual([{ words: ["1", "a", "b"], bos: false }])
+    // a text's tokens after the BOS, token ids' as they are
+    expect(llamaPrompts({ prompt: "a b" })).toEqual([{ words: ["a", "b"], tokens: ["<s>", "a", "b"] }])
+    expect(llamaPrompts({ prompt: [1, 2] })).toEqual([{ words: ["1", "2"], tokens: ["1", "2"] }])
+    expect(llamaPrompts({ prompt: [1, "a b"] })).toEqual([{ words: ["1", "a", "b"], tokens: ["1", "a", "b"] }])
     expect(llamaPrompts({ prompt: ["a", [1], { prompt_string: "b" }] })).toHaveLength(3)
     expect(llamaPrompts({ prompt: [] })).toEqual({ status: 400, message: '"prompt" must not be empty' })
     expect(llamaPrompts({ prompt: [1, {}] })).toMatchObject({ status: 400 })
   })
 
+  it("messages: counted as the template renders them with the BOS (as the real server counts them with the tiny model)", () => {
+    const count = (body: Record<string, unknown>) => {
+      const m = llamaMessages(body)
+      return "tokens" in m ? m.tokens.length : m
+    }
+    const u = (content: string) => ({ role: "user", content })
+    expect([
+      count({ messages: [u("hi")] }),
+      count({ messages: [{ role: "system", content: "be brief" }, u("hi")] }),
+      count({ messages: [u("hi"), { role: "assistant", content: "hello" }, u("how are you")] }),
+      count({ messages: [u("hi"), { role: "assistant", content: "hello" }] }),
+      count({ messages: [u("hi")], add_generation_prompt: false }),
+      count({ messages: [] })
+    ]).toEqual([29, 48, 68, 30, 19, 11])
+  })
+
   it("messages: an assistant message may go without content, two at the end may not", () => {
-    expect(llamaMessages({ messages: [{ role: "assistant", tool_calls: [] }] })).toEqual([])
+    // an empty assistant message is continued with nothing: the BOS alone (llamaTemplate.ts renderChat)
+    expect(llamaMessages({ messages: [{ role: "assistant", tool_calls: [] }] })).toEqual({
+      words: [],
+      text: "",
+      tokens: ["<s>"]
+    })
     expect(llamaMessages({ messages: [{ role: "assistant" }] })).toEqual({
       status: 400,
       message: "Assistant message must contain either 'content' or 'tool_calls'!"
@@ -106,6 +128,43 @@ describe("request fields (llama-server's schema)", () => {
       status: 500,
       message: expect.stringMatching(/^audio input is not supported/)
     })
+  })
+})
+
+describe("a request's later task (a second prompt)", () => {
+  it("begins, `data: null`, as it takes its slot, and makes its first token its prompt's TTFT after", async () => {
+    // llama-server sends a task's begin as update_slots starts its prompt, before decoding it (server-context.cpp,
+    // SLOT_STATE_STARTED: send_partial_response with is_begin); the simulator sent it with the first token
+    const sim = await startSim({
+      flavor: "llama_cpp",
+      args: ["-m", "/m.gguf", "-np", "1", "--sim-ttft", "400ms", "--sim-itl", "1ms", "--sim-mode", "random"]
+    })
+    try {
+      const t0 = performance.now()
+      const res = await fetch(`${sim.url}/v1/completions`, {
+        method: "POST",
+        body: JSON.stringify({ prompt: ["a b", "c d"], max_tokens: 2, stream: true })
+      })
+      const seen: Array<{ data: string; ms: number }> = []
+      const decoder = new TextDecoder()
+      let buf = ""
+      for await (const chunk of res.body as ReadableStream<Uint8Array>) {
+        buf += decoder.decode(chunk, { stream: true })
+        for (let i = buf.indexOf("\n\n"); i >= 0; i = buf.indexOf("\n\n")) {
+          seen.push({ data: buf.slice(6, i), ms: performance.now() - t0 })
+          buf = buf.slice(i + 2)
+        }
+      }
+      const begin = seen.findIndex((e) => e.data === "null")
+      const first = seen.findIndex((e) => e.data.includes('"index":1'))
+      const ended = seen.findIndex((e) => e.data.includes('"finish_reason":"length"'))
+      // -np 1: choice 0 to its end, the second task's begin, then its tokens
+      expect([ended < begin, begin + 1 === first]).toEqual([true, true])
+      // out as the slot is taken (choice 0's end), the second prompt's 400 ms TTFT after it
+      expect((seen[first]?.ms ?? 0) - (seen[begin]?.ms ?? 0)).toBeGreaterThanOrEqual(300)
+    } finally {
+      await sim.stop()
+    }
   })
 })
 
@@ -191,13 +250,14 @@ describe("a request left while it waited for a slot", () => {
       // still deferred while the slot is busy (it was 0 at once)
       expect(await metric("llamacpp:requests_deferred")).toBe(1)
       await holder
-      // the slot freed: the left request took it, its five prompt tokens evaluated, and it is gone
+      // the slot freed: the left request took it, its five prompt tokens and the BOS evaluated (the real server
+      // counts 6: test/real/sim-differential.test.ts), and it is gone
       await pollUntil(async () =>
         (await metric("llamacpp:requests_deferred")) === 0 && (await metric("llamacpp:requests_processing")) === 0
           ? true
           : undefined
       )
-      expect((await metric("llamacpp:prompt_tokens_total")) - promptBefore).toBe(5)
+      expect((await metric("llamacpp:prompt_tokens_total")) - promptBefore).toBe(6)
       // its first token made and counted, besides the holder's 100 (counted as its task ends)
       expect((await metric("llamacpp:tokens_predicted_total")) - predictedBefore).toBe(101)
     } finally {

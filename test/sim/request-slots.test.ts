@@ -1,7 +1,7 @@
 // The slots a request's sequences take (src/sim/requestSlots.ts) on an engine core's Scheduler: llama-server's
 // tasks (a prompt with its `n` completions) one slot per sequence, from the first token to the last, in arrival
 // order across requests; other engines' requests whole, as before.
-import { describe, expect, it } from "vitest"
+import { describe, expect, it, vi } from "vitest"
 import { SlotBook } from "../../src/sim/llamaSlots.ts"
 import { RequestSlots } from "../../src/sim/requestSlots.ts"
 import { Scheduler } from "../../src/sim/scheduler.ts"
@@ -18,7 +18,8 @@ const slotsOf = (
   np: number,
   o: { words?: Array<string>; ttftMs?: number; book?: SlotBook } = {}
 ) => {
-  const q = { words: o.words ?? ["a"], promptTokens: (o.words?.length ?? 1) + 1, maxTokens: 4, seed: undefined }
+  const words = o.words ?? ["a"]
+  const q = { words, tokens: ["<s>", ...words], promptTokens: words.length + 1, maxTokens: 4, seed: undefined }
   const llama = { nProbs: 0, postSamplingProbs: false, timingsPerToken: false, begins, slots: np, nPredict: 4 }
   const gr = { endpoint: "completion" as const, sequences: Array(n).fill(q), stream: true, ignoreEos: false, llama }
   const cfg = { flavor, maxSeqs: np, ttftMs: o.ttftMs ?? 0 }
@@ -40,7 +41,8 @@ describe("RequestSlots", () => {
     const s = new Scheduler(1)
     const slots = slotsOf("llama_cpp", s, 2, [1], 1)
     await slots.first
-    expect(await run(sequenceEvents([gen(2), gen(1)], [], slots))).toEqual(["t0", "t0", "e0", "t1", "e1"])
+    // the second task begins as it takes the slot, before its first token
+    expect(await run(sequenceEvents([gen(2), gen(1)], [], slots))).toEqual(["t0", "t0", "e0", "b1", "t1", "e1"])
     slots.release()
     expect([s.running, s.waiting]).toEqual([0, 0])
   })
@@ -64,7 +66,7 @@ describe("RequestSlots", () => {
     await a.first
     expect(await run(sequenceEvents([gen(1), gen(2), gen(1), gen(1)], [], a))).toEqual([
       ...["t0", "e0", "t1", "t1", "e1"],
-      ...["t2", "e2", "t3", "e3"]
+      ...["b2", "b3", "t2", "e2", "t3", "e3"]
     ])
     expect(s.running).toBe(0)
   })
@@ -87,12 +89,17 @@ describe("RequestSlots", () => {
     expect(steps).toEqual([false, true, false, true])
   })
 
-  it("llama_cpp: a later task makes no token until its prompt's TTFT after it took its slot", async () => {
+  it("llama_cpp: a later task begins as it takes its slot and makes no token until its prompt's TTFT after", async () => {
     const s = new Scheduler(1)
     const a = slotsOf("llama_cpp", s, 2, [1], 1, { ttftMs: 40 })
     await a.first
     const events = sequenceEvents([gen(1), gen(1)], [], a)
-    expect([...Array(2)].map(() => events.next().value?.kind)).toEqual(["token", "end"])
+    // its begin at once (update_slots sends it before evaluating the prompt), then the wait for its prompt
+    expect([...Array(3)].map(() => events.next().value)).toMatchObject([
+      { kind: "token" },
+      { kind: "end" },
+      { kind: "begin", index: 1 }
+    ])
     const wait = events.next().value
     // the second task holds the slot the first freed, its prompt not yet evaluated
     expect([wait?.kind, s.running, a.holds(1)]).toEqual(["wait", 1, false])
@@ -100,6 +107,22 @@ describe("RequestSlots", () => {
     if (wait?.kind === "wait") await wait.until
     expect([a.holds(1), performance.now() - t0 >= 30]).toEqual([true, true])
     a.release()
+  })
+
+  it("llama_cpp: a request released while a later task's prompt is evaluated keeps no timer", async () => {
+    vi.useFakeTimers()
+    try {
+      const s = new Scheduler(1)
+      const a = slotsOf("llama_cpp", s, 2, [1], 1, { ttftMs: 60_000 })
+      await a.first
+      const events = sequenceEvents([gen(1), gen(1)], [], a)
+      expect([...Array(3)].map(() => events.next().value?.kind)).toEqual(["token", "end", "begin"])
+      expect(vi.getTimerCount()).toBe(1)
+      a.release()
+      expect([vi.getTimerCount(), s.running]).toEqual([0, 0])
+    } finally {
+      vi.useRealTimers()
+    }
   })
 
   it("llama_cpp: a task takes the idle slot its prompt shares enough of, else the LRU one; ids as posted", async () => {
