@@ -117,6 +117,8 @@ describe("POST /debug/cpu-profile", () => {
       "cgn-agent-gpu-7.dc1-20250102T030405Z.cpuprofile"
     )
     expect(cpuProfileFileName('a"b\\c é', 0)).toBe("cgn-agent-a_b_c__-19700101T000000Z.cpuprofile")
+    // no ':' from the node id either, as none from the time (compactUtc: some file systems and tools refuse it)
+    expect(cpuProfileFileName("gpu:7", 0)).toBe("cgn-agent-gpu_7-19700101T000000Z.cpuprofile")
   })
 })
 

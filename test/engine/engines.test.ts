@@ -1,13 +1,15 @@
 // Golden launch plans for every valid engine x kv_offload x role, with the argv written out literally and
 // checked against the upstream flag spellings (vLLM vllm/engine/arg_utils.py, SGLang python/sglang/srt/server_args.py,
 // llama.cpp common/arg.cpp, mlx-lm mlx_lm/server.py); then every invalid
-// combination with its exact message, and the shared rendering rules (command override, env, probe, KV events).
+// combination with its exact message, and the shared rendering rules (command override, env, probe, KV events);
+// and `cgn-agent render`'s text of a plan (programs/render.ts formatPlan).
 import { Result } from "effect"
 import { describe, expect, it } from "vitest"
 import { decodeConfigObject } from "../../src/layers/config/Config.ts"
 import { engineBinds } from "../../src/layers/engine/backends/common.ts"
 import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import { REDACTED, redactPlan } from "../../src/layers/engine/backends/redact.ts"
+import { formatPlan, shellQuote } from "../../src/programs/render.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"
 import { EngineKinds, KvOffloads, Roles } from "../../src/services/config/ConfigSchema.ts"
 import type { LaunchPlan } from "../../src/services/engine/Engine.ts"
@@ -771,5 +773,49 @@ describe("redactPlan", () => {
     ])
     expect(p.env.HF_TOKEN).toBe("hf_x")
     expect(p.argv).toContain("sk-1")
+  })
+})
+
+describe("render's text (formatPlan)", () => {
+  const text = (raw: Raw) => formatPlan(plan({ models: { m: { hf_repo: "a/b" } }, ...raw }))
+
+  it("a word with a single quote is one shell word still", () => {
+    expect(shellQuote("it's")).toBe(`'it'\\''s'`)
+  })
+
+  it("mlx: a completion probe, the model forwarded under its repo id, no env added", () => {
+    expect(text({ engine: { kind: "mlx" } })).toBe(
+      [
+        "engine:    mlx",
+        "command:   mlx_lm.server --model a/b --host 127.0.0.1 --port 8000",
+        "env:       (none added)",
+        "base url:  http://127.0.0.1:8000",
+        'probe:     POST http://127.0.0.1:8000/v1/completions {"model":"a/b","prompt":"ping","max_tokens":1} (a 1-token completion)',
+        "metrics:   none",
+        "kv events: off",
+        "model:     m (forwarded as a/b)"
+      ].join("\n")
+    )
+  })
+
+  it("a proxied server: not spawned, no command", () => {
+    expect(text({ engine: { kind: "openai_compat", url: "http://10.0.0.1:8000" } })).toContain(
+      "engine:    openai_compat (not spawned: the agent proxies an existing server)\ncommand:   (none)\n"
+    )
+  })
+
+  it("llama.cpp's metrics: no KV-cache usage gauge, said as '-'", () => {
+    expect(text({ engine: { kind: "llama_cpp" }, models: { m: { path: "/m.gguf" } } })).toContain(
+      "metrics:   http://127.0.0.1:8000/metrics (running llamacpp:requests_processing, waiting llamacpp:requests_deferred, kv usage -)"
+    )
+  })
+
+  it("KV events: which side binds, and the replay endpoint", () => {
+    expect(text({ kv: { events: true, events_endpoint: "tcp://*:5557", replay_endpoint: "tcp://*:5558" } })).toContain(
+      'kv events: tcp://*:5557 (engine binds, topic "kv-events", replay tcp://*:5558)'
+    )
+    expect(text({ kv: { events: true } })).toContain(
+      'kv events: tcp://127.0.0.1:5557 (engine connects, topic "kv-events")'
+    )
   })
 })

@@ -1,10 +1,11 @@
 // The orphan guard's pure parts: its command line, its fd-3 report lines, and the /proc stat parser the
-// zombie-aware group liveness relies on.
+// zombie-aware group liveness relies on; and the guard program's stop on each of its triggers (the lifeline, a
+// signal to the guard), which must reach the engine as exactly one SIGTERM.
 import { spawn } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { assert, describe, it } from "@effect/vitest"
+import { afterEach, assert, describe, it } from "@effect/vitest"
 import {
   bootTimeOf,
   groupAlive,
@@ -17,7 +18,9 @@ import {
   startMatches,
   startTicksOf
 } from "../../src/layers/engine/processGroup.ts"
+import { guardEntry } from "../../src/programs/programPaths.ts"
 import { buildGuardArgs, decodeReport, encodeReport, parseGuardArgs } from "../../src/services/engine/GuardProtocol.ts"
+import { pollUntil } from "../support/poll.ts"
 
 describe("guard command line", () => {
   it("round-trips grace and the engine argv, including words that look like options", () => {
@@ -28,8 +31,12 @@ describe("guard command line", () => {
     [["vllm"], "missing `--` before the engine command"],
     [["--grace-ms", "1", "--"], "no engine command after `--`"],
     [["--grace-ms", "soon", "--", "x"], "invalid --grace-ms soon"],
+    [["--grace-ms", "-1", "--", "x"], "invalid --grace-ms -1"],
     [["--bogus", "--", "x"], "unknown guard option --bogus"]
   ])("%j -> %s", (args, expected) => assert.strictEqual(parseGuardArgs(args), expected))
+  // engine.stop_grace = "0s" is a valid config (ConfigValues parseShortDuration), passed on as --grace-ms 0
+  it("takes a grace of 0 ms", () =>
+    assert.deepStrictEqual(parseGuardArgs(["--grace-ms", "0", "--", "x"]), { graceMs: 0, argv: ["x"] }))
 })
 
 describe("guard reports", () => {
@@ -41,6 +48,12 @@ describe("guard reports", () => {
     [{ t: "stopped", outcome: "killed" }],
     [{ t: "stopped", outcome: "survived" }]
   ] as const)("%j round-trips", (report) => assert.deepStrictEqual(decodeReport(encodeReport(report).trim()), report))
+  it("an exit status whose code is not a number: the code is null (the signal says how it ended)", () =>
+    assert.deepStrictEqual(decodeReport('{"t":"exit","code":"1","signal":"SIGKILL"}'), {
+      t: "exit",
+      code: null,
+      signal: "SIGKILL"
+    }))
   it.each(["", "not json", "null", '{"t":"spawned"}', '{"t":"other"}', '{"t":"stopped","outcome":"maybe"}'])(
     "%j is not a report",
     (line) => assert.strictEqual(decodeReport(line), undefined)
@@ -132,4 +145,83 @@ describe("a process group's members and an engine's executable, from /proc", () 
     assert.isFalse(startMatches(100_000, 116_000))
     assert.isFalse(startMatches(100_000, 40_000))
   })
+})
+
+describe("the guard program's stop", () => {
+  /** An engine that says each SIGTERM it gets on stderr and exits 1 s after the first, as a graceful shutdown does. */
+  const engine =
+    "let n = 0; process.on('SIGTERM', () => { process.stderr.write('TERM ' + ++n + '\\n'); if (n === 1) setTimeout(() => process.exit(0), 1000) });" +
+    "setInterval(() => {}, 1000); process.stderr.write('up\\n')"
+
+  /** The guard over that engine (grace 10 s), its stdin the lifeline; resolves once the engine is up. */
+  const startGuard = async (engineCode = engine) => {
+    const guard = spawn(
+      process.execPath,
+      [guardEntry(), "--grace-ms", "10000", "--", process.execPath, "-e", engineCode],
+      {
+        stdio: ["pipe", "ignore", "pipe", "pipe"]
+      }
+    )
+    const out = { stderr: "", reports: "" }
+    guard.stderr?.on("data", (d) => (out.stderr += String(d)))
+    guard.stdio[3]?.on("data", (d) => (out.reports += String(d)))
+    const exited = new Promise<{ code: number | null; signal: string | null }>((resolve) =>
+      guard.once("exit", (code, signal) => resolve({ code, signal }))
+    )
+    // every line the engine wrote is read once its stderr (shared with the guard's) is closed: the group gone
+    const closed = new Promise<void>((resolve) => guard.once("close", () => resolve()))
+    const pgid = () => Number(/"t":"spawned","pid":(\d+)/.exec(out.reports)?.[1])
+    cleanups.push(() => {
+      guard.kill("SIGKILL")
+      try {
+        if (pgid() > 0) process.kill(-pgid(), "SIGKILL")
+      } catch {}
+    })
+    await pollUntil("the engine up", () => out.stderr.includes("up\n") && pgid() > 0)
+    return { guard, out, exited, closed, pgid: pgid() }
+  }
+  const cleanups: Array<() => void> = []
+  afterEach(() => {
+    for (const c of cleanups.splice(0)) c()
+  })
+  const terms = (stderr: string) => stderr.split("\n").filter((l) => l.startsWith("TERM"))
+
+  // A second TERM is the engine's "exit now" (guard.ts stopGroup); Ctrl-C on an agent run in a terminal signals the
+  // agent and the guard (same process group) while the agent closes the lifeline: two triggers, one stop.
+  it("a SIGINT to the guard during the stop the lifeline began sends no second SIGTERM", async () => {
+    const { guard, out, exited, closed, pgid } = await startGuard()
+    guard.stdin?.end()
+    await pollUntil("the first TERM", () => terms(out.stderr).length > 0)
+    guard.kill("SIGINT")
+    assert.deepStrictEqual(await exited, { code: 0, signal: null })
+    assert.isFalse(groupAlive(pgid))
+    await closed
+    assert.deepStrictEqual(terms(out.stderr), ["TERM 1"])
+    assert.include(out.reports, '{"t":"stopped","outcome":"terminated"}')
+  }, 20_000)
+
+  it("an engine that exits by itself: its exit status, then the stop of a group already gone, exit 0", async () => {
+    const { out, exited, pgid } = await startGuard(
+      "process.stderr.write('up\\n'); setTimeout(() => process.exit(3), 100)"
+    )
+    assert.deepStrictEqual(await exited, { code: 0, signal: null })
+    assert.isFalse(groupAlive(pgid))
+    assert.deepStrictEqual(out.reports.trim().split("\n").slice(1).map(decodeReport), [
+      { t: "exit", code: 3, signal: null },
+      { t: "stopped", outcome: "gone" }
+    ])
+  }, 20_000)
+
+  it.each(["SIGTERM", "SIGINT", "SIGHUP"] as const)(
+    "%s to the guard stops the engine's group as the lifeline does (one SIGTERM, the group gone) before it exits",
+    async (signal) => {
+      const { guard, out, exited, closed, pgid } = await startGuard()
+      guard.kill(signal)
+      assert.deepStrictEqual(await exited, { code: 0, signal: null })
+      assert.isFalse(groupAlive(pgid))
+      await closed
+      assert.deepStrictEqual(terms(out.stderr), ["TERM 1"])
+    },
+    20_000
+  )
 })

@@ -350,7 +350,9 @@ const fakeEngine = async () => {
     replayEndpoint: replay ? `tcp://127.0.0.1:${rport}` : undefined,
     topic: "kv"
   })
-  return { send, endpoint, holdReplays, holdReplayAfter, restart }
+  /** The seq of the last batch sent (or lost). */
+  const sent = () => seq - 1n
+  return { send, sent, endpoint, holdReplays, holdReplayAfter, restart }
 }
 
 /** The scripted engine, kvcached and a bridge (replaying from the engine's ROUTER or not), kvcached holding the join. */
@@ -359,7 +361,14 @@ const joinedBridge = async (replay: boolean, o: Partial<KvBridgeLive.BridgeOptio
   const sock = await tmpSock()
   const kc = await kvcached(sock)
   const bridge = await startBridge({ kvEvents: eng.endpoint(replay), uds: sock, ...o })
-  const joined = BigInt(await until(async () => lastSeq(await bridge.status()) ?? void (await eng.send()), "join"))
+  // Joined once the bridge has the last batch sent: one sent by an earlier poll may still be on its way behind it.
+  const joined = BigInt(
+    await until(async () => {
+      const last = lastSeq(await bridge.status())
+      if (last === undefined) await eng.send()
+      else if (BigInt(last) === eng.sent()) return last
+    }, "join")
+  )
   await until(() => kc.batches().some((b) => BigInt(b.seq as number) === joined) || undefined, "joined batch")
   return { eng, kc, bridge, joined }
 }

@@ -297,6 +297,19 @@ describe("ReceiverState", () => {
     await run(st.push({ node_id: "n1", epoch: "e2", records: [rec(0)] }))
     expect(applied).toEqual(["e1:0", "e1:1", "e1:2", "e2:0"])
     expect(fresh).toEqual([true, false, true])
+    // a Push of the epoch the new Hello superseded (a stale connection's) is refused, not applied to the new stream
+    expect(await run(st.push({ node_id: "n1", epoch: "e1", records: [rec(3)] }))).toMatchObject({
+      failure: { _tag: "UnknownStream", epoch: "e1" }
+    })
+    expect(applied).toEqual(["e1:0", "e1:1", "e1:2", "e2:0"])
+  })
+
+  it("counts a record whose n skips ahead (a hole) and applies it anyway", async () => {
+    const applied: Array<number> = []
+    const st = new ReceiverState({ onHello: () => {}, onRecord: (_n, _e, r) => void applied.push(r.n) })
+    await Effect.runPromise(st.hello(hello("e1")))
+    await Effect.runPromise(st.push({ node_id: "n1", epoch: "e1", records: [rec(0), rec(2), rec(3)] }))
+    expect([st.holes, applied]).toEqual([1, [0, 2, 3]])
   })
 
   it("resumes from what a journal says it applied", async () => {

@@ -17,10 +17,10 @@ afterEach(() => {
   for (const d of dirs.splice(0)) fs.rmSync(d, { recursive: true, force: true })
 })
 
-/** check's host findings for vLLM with KV events to `uds` (state_dir beside it). */
-const findings = (uds: string) => {
+/** check's host findings for vLLM with KV events (on unless `events` is false) to `uds` (state_dir beside it). */
+const findings = (uds: string, events = true) => {
   const state = path.join(path.dirname(uds), "state")
-  const text = `[agent]\nstate_dir = "${state}"\n[kv]\nevents = true\nuds = "${uds}"\n[models.m]\nhf_repo = "a/b"\n`
+  const text = `[agent]\nstate_dir = "${state}"\n[kv]\nevents = ${events}\nuds = "${uds}"\n[models.m]\nhf_repo = "a/b"\n`
   const r = decodeConfig(text, "kv-uds.toml", {})
   if (Result.isFailure(r)) throw new Error(r.failure.message)
   const c = r.success
@@ -64,5 +64,19 @@ describe("check: kv.uds's directory", () => {
     expect((await findings(uds)).warnings).toContainEqual(
       `kv.uds = "${uds}": ${uds} is not a socket; run will not connect to it`
     )
+  })
+
+  it("one warning for a socket in a directory run distrusts (the directory's); none with [kv].events off, which run never connects for", async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-check-uds-"))
+    dirs.push(dir)
+    const uds = path.join(dir, "kvcached.sock")
+    fs.chmodSync(dir, 0o777)
+    fs.symlinkSync(path.join(dir, "elsewhere.sock"), uds)
+    const kvWarnings = async (events: boolean) =>
+      (await findings(uds, events)).warnings.filter((l) => l.startsWith("kv.uds"))
+    expect(await kvWarnings(true)).toEqual([
+      expect.stringMatching(new RegExp(`^kv\\.uds = "${uds}": ${dir} is writable by its group and others`))
+    ])
+    expect(await kvWarnings(false)).toEqual([])
   })
 })

@@ -11,6 +11,8 @@ import { decodeConfig } from "../../src/layers/config/Config.ts"
 import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import { summarize } from "../../src/programs/check.ts"
 import { plaintextGrpcWarning } from "../../src/programs/grpcExposure.ts"
+import { commandProblem, kvbmHasTier } from "../../src/programs/hostChecks.ts"
+import { pathProblem } from "../../src/programs/modelPath.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"
 import { runCli } from "../support/cli.ts"
 import { engineBinEnv } from "../support/engineBin.ts"
@@ -55,6 +57,34 @@ describe("check's summary", () => {
     )
   })
 
+  // rounded up, also below .5 s: a bound of 155.25 s needs 156 (README "Running the daemon", examples/k8s)
+  it("the shutdown's seconds round up", () => {
+    const etcd = load(
+      '[cluster]\netcd = ["http://etcd:2379"]\n[agent]\ndrain_timeout = "59500ms"\n[engine]\nstop_grace = "60s"\n[models.m]\nhf_repo = "a/b"\n'
+    )
+    expect(line(summarize(etcd), "shutdown")).toBe(
+      "within 2m 35s 250ms, every peer hung (terminationGracePeriodSeconds: at least 156)"
+    )
+  })
+
+  it("traces add their last flush and the SDK's shutdown; a [kv].uds with KV events off adds nothing", () => {
+    const bound = (extra: string) =>
+      line(
+        summarize(
+          load(
+            `[cluster]\netcd = ["http://etcd:2379"]\n[agent]\ndrain_timeout = "60s"\n${extra}\n[engine]\nstop_grace = "60s"\n[models.m]\nhf_repo = "a/b"\n`
+          )
+        ),
+        "shutdown"
+      )
+    expect(bound('otlp_endpoint = "http://127.0.0.1:4318"')).toBe(
+      "within 2m 39s, every peer hung (terminationGracePeriodSeconds: at least 159)"
+    )
+    expect(bound('[kv]\nevents = false\nuds = "/run/cgn/kvcached.sock"')).toBe(
+      "within 2m 35s 750ms, every peer hung (terminationGracePeriodSeconds: at least 156)"
+    )
+  })
+
   it("KV events to kvcached add 1 s: the last call's cancel message, which effect's RpcClient waits 1 s for", () => {
     const kv = load(
       '[cluster]\netcd = ["http://etcd:2379"]\n[agent]\ndrain_timeout = "60s"\n[engine]\nstop_grace = "60s"\n' +
@@ -76,6 +106,24 @@ describe("check's summary", () => {
       "0, 1 (automatic: the first tp x dp GPUs now, healthy ones first; picked again at start)"
     )
     expect(line(summarize(c), "gpus")).toBe("automatic (the first tp x dp healthy GPUs at start)")
+  })
+
+  it("the listeners, the cluster, the role and the GPUs the config lists", () => {
+    const s = summarize(
+      load(
+        '[security]\nrequire_mtls = true\nca_file = "/ca.pem"\ncert_file = "/c.pem"\nkey_file = "/k.pem"\n' +
+          '[agent]\nlisten_grpc = "127.0.0.1:7071"\nrole = "both"\n[models.m]\nhf_repo = "a/b"\ntp = 2\ngpus = [0, 1]\n'
+      )
+    )
+    expect(["grpc", "health", "cluster", "role", "gpus"].map((key) => line(s, key))).toEqual([
+      "127.0.0.1:7071 (mTLS)",
+      "off",
+      "standalone (no etcd)",
+      "both",
+      "0, 1"
+    ])
+    const health = summarize(load('[agent]\nlisten_health = "0.0.0.0:7073"\n[models.m]\nhf_repo = "a/b"\n'))
+    expect(line(health, "health")).toBe("0.0.0.0:7073 (plaintext, health only)")
   })
 
   it("an engine the agent hands no GPUs (mlx, openai_compat): none", () => {
@@ -333,6 +381,24 @@ describe("check finds on the host what run would find only by failing", () => {
     expect((await runCli(["check", "--offline", "--config", bare], { PATH: empty })).code).toBe(0)
   })
 
+  // hostChecks.ts commandProblem: found as libuv's spawn finds it (execvp), so that check says ok only where spawn works
+  it("the engine's command is searched as spawn searches it: a directory of its name is not it; no PATH is /usr/bin:/bin", async () => {
+    // a directory passes access(X_OK) but spawn fails EACCES on it, and run would restart it for ever
+    const bin = path.join(dir, "dir-bin")
+    fs.mkdirSync(path.join(bin, "vllm"), { recursive: true })
+    expect(await commandProblem("vllm", { PATH: bin }, "/")).toBe(`not found on the engine's PATH (${bin})`)
+    expect(await commandProblem(path.join(bin, "vllm"), {}, "/")).toBe(`${path.join(bin, "vllm")} is not a file`)
+    // no PATH in the engine's environment: libuv's default (_PATH_DEFPATH), where sh is
+    expect(await commandProblem("sh", {}, "/")).toBeUndefined()
+    // an empty PATH entry is the working directory
+    const cwd = path.join(dir, "cwd-bin")
+    fs.mkdirSync(cwd, { recursive: true })
+    fs.writeFileSync(path.join(cwd, "myengine"), "#!/bin/sh\n", { mode: 0o755 })
+    expect(await commandProblem("myengine", { PATH: ":/nonexistent" }, cwd)).toBeUndefined()
+    // a path through a file (ENOTDIR) is one that does not exist, as ENOENT
+    expect(await commandProblem("/etc/passwd/vllm", {}, "/")).toBe("/etc/passwd/vllm does not exist")
+  })
+
   it("a models path the engine cannot load is exit 2 naming the key: a GGUF file for llama.cpp, a model directory (or GGUF) for vLLM", async () => {
     const model = (name: string, kind: string, modelPath: string, engine = "") => {
       const file = path.join(dir, name)
@@ -381,6 +447,19 @@ describe("check finds on the host what run would find only by failing", () => {
     // away from the host nothing is read
     const offline = await runCli(["check", "--offline", "--config", model("off.toml", "llama_cpp", "/nope.gguf")])
     expect(offline.code, offline.stderr).toBe(0)
+  })
+
+  // modelPath.ts pathProblem, on what the CLI test above does not reach: each engine's reading of the path
+  it("a models path: a device is no model; mlx wants a directory; vLLM takes *.gguf by its name; a path through a file does not exist", async () => {
+    expect(await pathProblem("/dev/null", "gguf-file")).toBe("/dev/null is neither a file nor a directory")
+    const weights = path.join(dir, "weights.safetensors")
+    fs.writeFileSync(weights, "x")
+    expect(await pathProblem(weights, "directory")).toBe(`${weights} is a file, not a model directory`)
+    // check_gguf_file: a file named *.gguf, or one starting with the magic
+    const named = path.join(dir, "no-magic.gguf")
+    fs.writeFileSync(named, "not magic")
+    expect(await pathProblem(named, "directory-or-gguf")).toBeUndefined()
+    expect(await pathProblem("/etc/passwd/m.gguf", "gguf-file")).toBe("/etc/passwd/m.gguf does not exist")
   })
 
   it("a state_dir that cannot be made (under /proc, below a file) is exit 2; one that can is not made by check", async () => {
@@ -449,6 +528,22 @@ describe("check finds on the host what run would find only by failing", () => {
     expect(ok.code, ok.stderr).toBe(0)
   })
 
+  // README: `check` reports "every problem of the file and of the host ..., one per line": a preflight problem (the
+  // state_dir above) does not hide the host's (the engine's executable) until it is fixed
+  it("a preflight problem and a host problem of one file: both reported in one run", async () => {
+    const open = path.join(dir, "open-state-and-engine")
+    fs.mkdirSync(open)
+    fs.chmodSync(open, 0o777)
+    const r = await runCli([
+      "check",
+      "--config",
+      config("both.toml", '[engine]\ncommand = ["/nonexistent/vllm"]', open)
+    ])
+    expect(r.code).toBe(2)
+    expect(r.stderr).toContain(`agent.state_dir = "${open}" is not the agent's own`)
+    expect(r.stderr).toContain('engine.command[0] = "/nonexistent/vllm": /nonexistent/vllm does not exist')
+  })
+
   it("gRPC in plaintext off loopback: a warning (the default runs), none on loopback or with mTLS", async () => {
     const open = await runCli(["check", "--offline", "--config", config("grpc-open.toml", "")])
     expect(open.code, open.stderr).toBe(0)
@@ -502,6 +597,16 @@ describe("check finds on the host what run would find only by failing", () => {
     ])
     expect(offline.code).toBe(0)
     expect(offline.stderr).toContain('warning: engine.kv_offload = "kvbm" with no cache tier')
+  })
+
+  // leader.rs KvbmLeaderConfig::sanity_check: a tier is a size or block count above 0, or object storage with blocks
+  it("KVBM's tiers in the engine's environment: 0 is none; disk blocks and object offload (1 or true) are tiers", () => {
+    expect(kvbmHasTier({ DYN_KVBM_CPU_CACHE_GB: "0" })).toBe(false)
+    expect(kvbmHasTier({ DYN_KVBM_DISK_CACHE_OVERRIDE_NUM_BLOCKS: "100" })).toBe(true)
+    for (const on of ["1", "true", "TRUE"])
+      expect(kvbmHasTier({ DYN_KVBM_USE_OBJECT_OFFLOAD: on, DYN_KVBM_OBJECT_NUM_BLOCKS: "10" }), on).toBe(true)
+    expect(kvbmHasTier({ DYN_KVBM_USE_OBJECT_OFFLOAD: "1", DYN_KVBM_OBJECT_NUM_BLOCKS: "0" })).toBe(false)
+    expect(kvbmHasTier({ DYN_KVBM_USE_OBJECT_OFFLOAD: "0", DYN_KVBM_OBJECT_NUM_BLOCKS: "10" })).toBe(false)
   })
 
   it("the summary shows the advertised address with what decided it, and state_dir", () => {

@@ -331,10 +331,15 @@ describe("check makes every check run makes (exit 2); render the config's own", 
     expect(r.stderr).not.toContain("cluster.etcd_ca_file")
   })
 
-  it("a key that does not belong to the certificate; run refuses the same file with the same exit code", async () => {
+  it("a key that does not belong to the certificate, for the gRPC server and for etcd; run refuses the same file with the same exit code", async () => {
     const file = await configFile(
       "mismatch.toml",
       [
+        "[cluster]",
+        'etcd = ["https://127.0.0.1:2379"]',
+        `etcd_ca_file = "${pki.ca.certFile}"`,
+        `etcd_cert_file = "${pki.client.certFile}"`,
+        `etcd_key_file = "${pki.server.keyFile}"`,
         "[security]",
         "require_mtls = true",
         `ca_file = "${pki.ca.certFile}"`,
@@ -350,12 +355,16 @@ describe("check makes every check run makes (exit 2); render the config's own", 
     )
     const checked = await cli(["check", "--config", file])
     expect(checked.code).toBe(2)
-    expect(checked.stderr).toContain("security.key_file")
-    expect(checked.stderr).toContain("does not belong to the certificate")
-    // run stops at the same check, before it starts anything (no engine, no listener)
+    const mismatches = (stderr: string) =>
+      stderr
+        .split("\n")
+        .filter((l) => l.includes("does not belong to the certificate"))
+        .map((l) => l.trim().split(/[ :]/)[0])
+    expect(mismatches(checked.stderr), checked.stderr).toEqual(["security.key_file", "cluster.etcd_key_file"])
+    // run stops at the same check, before it starts anything (no engine, no listener, no etcd client)
     const ran = await cli(["run", "--config", file])
     expect(ran.code).toBe(2)
-    expect(ran.stderr).toContain("does not belong to the certificate")
+    expect(mismatches(ran.stderr), ran.stderr).toEqual(["security.key_file", "cluster.etcd_key_file"])
     expect(ran.stderr).not.toContain("listening")
   })
 })
@@ -460,6 +469,43 @@ describe("generate's arguments", () => {
     const r = await cli(["generate", "--addr", `127.0.0.1:${port}`, "--prompt", "hi", "--timeout", "5"])
     expect(r.code).toBe(1)
     expect(r.stderr.trim()).toBe(`cgn-agent: UNAVAILABLE: cannot connect: connect ECONNREFUSED 127.0.0.1:${port}`)
+  })
+
+  // README: "--prompt TEXT or one or more --message ROLE:TEXT"
+  it("--prompt with --message, and a --message without a role, are refused before dialing", async () => {
+    const addr = `127.0.0.1:${await freePort()}`
+    const both = await cli(["generate", "--addr", addr, "--prompt", "hi", "--message", "user:hi"])
+    expect([both.code, both.stderr.trim()]).toEqual([
+      1,
+      "cgn-agent: give either --prompt TEXT or one or more --message ROLE:TEXT"
+    ])
+    const noRole = await cli(["generate", "--addr", addr, "--message", ":hi"])
+    expect([noRole.code, noRole.stderr.trim()]).toEqual([
+      1,
+      'cgn-agent: --message ":hi": expected ROLE:TEXT, e.g. --message "user:Hello"'
+    ])
+  })
+
+  it("an agent that does not answer within --timeout: DEADLINE_EXCEEDED naming the flag, exit 1", async () => {
+    // a stand-in agent that takes the call and never answers
+    const server = http2.createServer((req, res) => {
+      req.resume()
+      res.writeHead(200, { "content-type": "application/grpc" })
+    })
+    const sessions: Array<http2.ServerHttp2Session> = []
+    server.on("session", (session) => sessions.push(session))
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve))
+    try {
+      const port = (server.address() as AddressInfo).port
+      const r = await cli(["generate", "--addr", `127.0.0.1:${port}`, "--prompt", "hi", "--timeout", "1"])
+      expect([r.code, r.stderr]).toEqual([
+        1,
+        "cgn-agent: DEADLINE_EXCEEDED: no complete answer within 1s (--timeout)\n"
+      ])
+    } finally {
+      for (const session of sessions) session.destroy()
+      await new Promise<void>((resolve) => server.close(() => resolve()))
+    }
   })
 })
 

@@ -212,6 +212,29 @@ describe("llama.cpp flavor", () => {
     expect(r.status).toBe(400)
     expect(r.json).toEqual({ error: { code: 400, message: expect.any(String), type: "invalid_request_error" } })
   })
+
+  // cpp-httplib's keep-alive (CPPHTTPLIB_KEEPALIVE_TIMEOUT_SECOND 5, CPPHTTPLIB_KEEPALIVE_MAX_COUNT 100): the
+  // connection reuse the agent's client meets with llama-server
+  it("keeps a connection 5 s idle and for 100 requests, the 100th answered with Connection: close", async () => {
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 1 })
+    const get = () =>
+      new Promise<http.IncomingHttpHeaders>((resolve, reject) =>
+        http
+          .get(`${llamaNoMetrics.url}/health`, { agent }, (res) => {
+            res.resume()
+            res.on("end", () => resolve(res.headers))
+          })
+          .on("error", reject)
+      )
+    try {
+      const headers: Array<http.IncomingHttpHeaders> = []
+      for (let i = 0; i < 100; i++) headers.push(await get())
+      expect(headers[0]?.["keep-alive"]).toMatch(/^timeout=5\b/)
+      expect(headers.map((h) => h.connection)).toEqual([...Array(99).fill("keep-alive"), "close"])
+    } finally {
+      agent.destroy()
+    }
+  })
 })
 
 describe("mlx flavor", () => {
