@@ -8,7 +8,7 @@ import type { HttpServerRequest } from "effect/http"
 import { HttpServerResponse } from "effect/http"
 import { afterEach, describe, expect, it } from "vitest"
 import * as AdminLive from "../../src/layers/admin/Admin.ts"
-import { ADMIN_BODY_LIMIT, readBody, withBody } from "../../src/layers/admin/body.ts"
+import { ADMIN_BODY_LIMIT, ADMIN_BODY_TIMEOUT_MS, readBody, withBody } from "../../src/layers/admin/body.ts"
 import * as ConfigLayer from "../../src/layers/config/Config.ts"
 import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import { AdminServer } from "../../src/services/admin/Admin.ts"
@@ -159,6 +159,32 @@ describe("admin request bodies", () => {
     const failed = await Effect.runPromise(Effect.flip(readBody(request, ADMIN_BODY_LIMIT, 50)))
     expect(failed).toMatchObject({ _tag: "BodyReadFailed", reason: "the body did not arrive whole within 50 ms" })
     source.destroy()
+  })
+})
+
+describe("admin request bodies: the README's bounds (a body is read up to 16 KiB, whole within 10 s)", () => {
+  /** `readBody` of `bytes` bytes, announced by `headers` (none: chunked). */
+  const bodyOf = (headers: Record<string, string>, bytes: number) => {
+    const source = new PassThrough()
+    const request = { headers, source } as unknown as HttpServerRequest.HttpServerRequest
+    const read = Effect.runPromiseExit(readBody(request))
+    source.end(Buffer.alloc(bytes, 0x61))
+    return read
+  }
+
+  it("a body of exactly 16 KiB is read, announced or chunked; one byte more is refused", async () => {
+    expect(ADMIN_BODY_LIMIT).toBe(16 * 1024)
+    for (const headers of [{ "content-length": String(ADMIN_BODY_LIMIT) }, {}]) {
+      const exact = await bodyOf(headers, ADMIN_BODY_LIMIT)
+      expect(Exit.isSuccess(exact) && exact.value.length, JSON.stringify(headers)).toBe(ADMIN_BODY_LIMIT)
+    }
+    for (const headers of [{ "content-length": String(ADMIN_BODY_LIMIT + 1) }, {}]) {
+      expect(Exit.isFailure(await bodyOf(headers, ADMIN_BODY_LIMIT + 1)), JSON.stringify(headers)).toBe(true)
+    }
+  })
+
+  it("the body's deadline is 10 s", () => {
+    expect(ADMIN_BODY_TIMEOUT_MS).toBe(10_000)
   })
 })
 

@@ -346,6 +346,21 @@ describe("integer keys take TOML integers only", () => {
     const r = decodeConfigObject({ agent: { max_inflight: 1e3 }, models: { m: { hf_repo: "a/b", tp } } }, undefined, {})
     expect(Result.isSuccess(r)).toBe(true)
   })
+
+  it("the exact-integer bound is -(2^53-1) to 2^53-1, both ends, each end itself taken", () => {
+    const exact = (v: string) =>
+      `agent.max_request_bytes: expected an integer from -9007199254740991 to 9007199254740991 (what a JavaScript number holds exactly), got ${v}`
+    // 2^53-1 is held exactly: judged by the key's own bounds (none above), not as inexact
+    expect(problemsOf(`[agent]\nmax_request_bytes = 9007199254740991\n${MODEL}`)).toEqual([])
+    expect(problemsOf(`[agent]\nmax_request_bytes = -9007199254740993\n${MODEL}`)).toEqual([exact("-9007199254740993")])
+    expect(problemsOf(`[agent]\nmax_request_bytes = -9007199254740991\n${MODEL}`)).toEqual([
+      "agent.max_request_bytes: Expected a value greater than or equal to 1, got -9007199254740991"
+    ])
+  })
+
+  it("a float where a string goes is the schema's type error, not the integer rule's", () => {
+    expect(problemsOf("[models.m]\nhf_repo = 1.0\n")).toEqual(['models."m".hf_repo: Expected string, got 1'])
+  })
 })
 
 describe("dist/main.js check", () => {

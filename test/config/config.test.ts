@@ -659,6 +659,11 @@ describe("reading the file", () => {
     )
     expect(await problemOf(dir)).toContain("cannot read file: a directory, not a regular file")
     expect(await problemOf(huge)).toContain("more than a config's 1048576 (1 MiB); is it the right file?")
+    // ... and a file of exactly 1 MiB is read
+    const full = path.join(dir, "full.toml")
+    await fs.writeFile(full, `${MODEL}# ${"x".repeat(1024 * 1024 - MODEL.length - 3)}\n`)
+    expect((await fs.stat(full)).size).toBe(1024 * 1024)
+    expect(await problemOf(full)).toBe("read")
     // a symbolic link to a regular file (a Kubernetes ConfigMap's mount) is read
     const link = path.join(dir, "link.toml")
     await fs.writeFile(path.join(dir, "target.toml"), MODEL)

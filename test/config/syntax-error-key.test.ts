@@ -37,7 +37,16 @@ const cases: ReadonlyArray<[string, string, number, string | undefined]> = [
     '[engine]\nenv = {\n  A = ["x"],\n  B = ?\n}\n',
     4,
     "engine.env.B"
-  ]
+  ],
+  [
+    "a key after a multi-line array closed on its own line: its own key, not the array's",
+    "a = [\n 1,\n]\nb = @\n",
+    4,
+    "b"
+  ],
+  ["an error on the last line, with no newline after it", "[agent]\nnode_id = @", 2, "agent.node_id"],
+  // never a wrong key: one inside a table whose key cannot be read back is none
+  ["a key in an inline table whose own key does not unescape", '"a\\q" = {\nb = @\n', 2, undefined]
 ]
 
 describe("syntaxErrorKey", () => {

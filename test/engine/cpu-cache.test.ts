@@ -240,4 +240,12 @@ describe("cpuCacheReport: the config file read on this host, bounded, and the wa
     expect(whys[1]).toContain("which could not be read: not a regular file")
     expect(whys[2]).toContain("which could not be read: larger than 65536 bytes, not read")
   })
+
+  it("a file of exactly 64 KiB is read", async () => {
+    const full = path.join(dir, "full.yaml")
+    const head = "max_local_cpu_size: 4\n"
+    fs.writeFileSync(full, `${head}#${"#".repeat(64 * 1024 - head.length - 2)}\n`)
+    expect(fs.statSync(full).size).toBe(64 * 1024)
+    expect((await report(full)).size).toMatchObject({ kind: "known", bytes: 8 * GIB })
+  })
 })

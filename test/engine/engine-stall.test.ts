@@ -248,13 +248,16 @@ const scrape = (at: number, tokens: number): ProgressReading => ({
   inflight: 1
 })
 
-/** setup() with its log lines (level and message) recorded. */
-const logged = () => {
+/** setup() with its log lines (level and message) recorded, and each line's fields. */
+const logged = (options: Parameters<typeof setup>[0] = {}) => {
   const lines: Array<string> = []
+  const fields: Array<Record<string, unknown> | undefined> = []
   const logger = Logger.make(({ logLevel, message }) => {
-    lines.push(`${logLevel} ${[message].flat()[0]}`)
+    const [first, more] = [message].flat()
+    lines.push(`${logLevel} ${first}`)
+    fields.push(more as Record<string, unknown> | undefined)
   })
-  return { lines, layer: setup().pipe(Layer.provide(Logger.layer([logger]))) }
+  return { lines, fields, layer: setup(options).pipe(Layer.provide(Logger.layer([logger]))) }
 }
 
 describe("the progress counters as a stall source", () => {
@@ -356,6 +359,72 @@ describe("the progress counters as a stall source", () => {
       yield* stall.scraped(scrape(25_000, 7))
       yield* yieldMany
       assert.isTrue(isStalled(yield* stall.state))
+    }).pipe(Effect.provide(setup()))
+  )
+})
+
+describe("the stall's per-run reset and its log lines", () => {
+  it.effect(
+    "calls the last run failed do not count toward failed_calls_unhealthy in a new run (no penalty carried)",
+    () =>
+      Effect.gen(function* () {
+        const stall = yield* EngineStall
+        const control = yield* EngineTest.EngineProcessControl
+        yield* stall.callsFailed(1_000, 4, "engine answered HTTP 500: boom")
+        yield* control.set(State.Starting({ phase: "spawning", since: 2_000, run: 1 }))
+        yield* yieldMany
+        yield* control.set(State.Ready({ since: 3_000, run: 1 }))
+        yield* yieldMany
+        yield* stall.callsFailed(4_000, 4, "engine answered HTTP 500: boom")
+        yield* yieldMany
+        assert.isUndefined((yield* stall.state).failing, "4 of the default 5 in this run")
+        yield* stall.callsFailed(5_000, 1, "engine answered HTTP 500: boom")
+        yield* yieldMany
+        assert.isDefined((yield* stall.state).failing, "the 5th of this run")
+      }).pipe(Effect.provide(setup()))
+  )
+
+  it.effect("failing calls that begin while the engine is already stalled get their own line", () => {
+    const { lines, layer } = logged()
+    return Effect.gen(function* () {
+      const stall = yield* EngineStall
+      yield* stall.stalled(1_000)
+      yield* yieldMany
+      yield* stall.callsFailed(2_000, 5, "engine answered HTTP 500: boom")
+      yield* yieldMany
+      assert.deepStrictEqual(
+        lines.filter((l) => l.startsWith("Warn the node is unhealthy")).map((l) => l.slice(0, 48)),
+        ["Warn the node is unhealthy: engine stalled: 1 st", "Warn the node is unhealthy: engine failing calls"]
+      )
+    }).pipe(Effect.provide(layer))
+  })
+
+  it.effect('a proxied server (never restarted): the warning\'s restart_after says "never"', () => {
+    const proxied = logged({ spawns: false })
+    const spawned = logged()
+    const restartAfter = (log: typeof proxied) =>
+      log.fields[log.lines.findIndex((l) => l.startsWith("Warn the node is unhealthy"))]?.restart_after
+    return Effect.gen(function* () {
+      for (const log of [proxied, spawned])
+        yield* Effect.gen(function* () {
+          yield* (yield* EngineStall).stalled(1_000)
+          yield* yieldMany
+        }).pipe(Effect.provide(log.layer))
+      assert.strictEqual(restartAfter(proxied), "never")
+      assert.strictEqual(restartAfter(spawned), "1m")
+    })
+  })
+
+  it.effect("a rank first seen after a test began has not moved since it began: its first figure is a baseline", () =>
+    Effect.gen(function* () {
+      const stall = yield* EngineStall
+      yield* stall.scraped({ ...scrape(1_000, 7), ranks: { "0": 1 } })
+      // the test began at 2_000; rank 1 first appears after it, rank 0 moved after it
+      yield* stall.scraped({ ...scrape(3_000, 8), ranks: { "0": 2, "1": 5 } })
+      assert.isTrue(yield* stall.rankMoved(0, 2_000))
+      assert.isFalse(yield* stall.rankMoved(1, 2_000))
+      yield* stall.scraped({ ...scrape(4_000, 9), ranks: { "0": 2, "1": 6 } })
+      assert.isTrue(yield* stall.rankMoved(1, 2_000), "then a change counts")
     }).pipe(Effect.provide(setup()))
   )
 })

@@ -3,16 +3,17 @@
 // llama.cpp common/arg.cpp, mlx-lm mlx_lm/server.py); then every invalid
 // combination with its exact message, and the shared rendering rules (command override, env, probe, KV events);
 // and `cgn-agent render`'s text of a plan (programs/render.ts formatPlan).
-import { Result } from "effect"
+import { Effect, Result } from "effect"
 import { describe, expect, it } from "vitest"
 import { decodeConfigObject } from "../../src/layers/config/Config.ts"
 import { engineBinds } from "../../src/layers/engine/backends/common.ts"
-import { engineFor } from "../../src/layers/engine/backends/index.ts"
+import { engineFor, planFor } from "../../src/layers/engine/backends/index.ts"
 import { REDACTED, redactPlan } from "../../src/layers/engine/backends/redact.ts"
 import { formatPlan, shellQuote } from "../../src/programs/render.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"
 import { EngineKinds, KvOffloads, Roles } from "../../src/services/config/ConfigSchema.ts"
 import type { LaunchPlan } from "../../src/services/engine/Engine.ts"
+import { gpuWith } from "../../src/services/node/Nvml.ts"
 import { parseArgs as parseSimArgs } from "../../src/sim/args.ts"
 
 const ENV = { NODE_NAME: "node-1" }
@@ -817,5 +818,33 @@ describe("render's text (formatPlan)", () => {
     expect(text({ kv: { events: true } })).toContain(
       'kv events: tcp://127.0.0.1:5557 (engine connects, topic "kv-events")'
     )
+  })
+})
+
+describe("planFor: the engine's GPUs from NVML's list (backends/index.ts)", () => {
+  const gpuPlan = (raw: Raw, gpus: Parameters<typeof planFor>[1]) => Effect.runSync(planFor(config(raw), gpus))
+  const idle = [0, 1, 2].map((index) => gpuWith({ index }))
+
+  it("dp > 1: the automatic choice takes tp x dp GPUs (README models.<name>.gpus: the first tp x dp healthy GPUs)", () => {
+    const p = gpuPlan({ models: { m: { hf_repo: "org/m", tp: 1, dp: 2 } } }, idle)
+    expect(p.gpus).toEqual([0, 1])
+    expect(p.env).toMatchObject({ CUDA_VISIBLE_DEVICES: "0,1", CUDA_DEVICE_ORDER: "PCI_BUS_ID" })
+  })
+
+  it("[engine].env stays last: an operator can still override CUDA_DEVICE_ORDER", () => {
+    const p = gpuPlan(
+      { engine: { env: { CUDA_DEVICE_ORDER: "FASTEST_FIRST" } }, models: { m: { hf_repo: "org/m" } } },
+      idle
+    )
+    expect(p.env).toMatchObject({ CUDA_VISIBLE_DEVICES: "0", CUDA_DEVICE_ORDER: "FASTEST_FIRST" })
+  })
+
+  it("too few healthy GPUs: a faulty one fills in, and the plan's warnings say so", () => {
+    const faulty = gpuWith({ index: 0, criticalXids: [{ xid: 79, events: 1 }] })
+    const p = gpuPlan({ models: { m: { hf_repo: "org/m", tp: 2 } } }, [faulty, gpuWith({ index: 1 })])
+    expect(p.gpus).toEqual([0, 1])
+    expect(p.warnings).toEqual([
+      'models."m".gpus: too few healthy GPUs; the automatic choice takes faulty ones (GPU 0 reported Xid 79 (fallen off the bus): it needs a GPU reset or a reboot): the engine is held, the node unhealthy, until they clear'
+    ])
   })
 })

@@ -136,7 +136,9 @@ describe("a command line the engine refuses: its parser's last line", () => {
       "SGLang",
       [
         "[stderr] launch_server.py: error: unrecognized arguments: --bogus-flag",
-        "[stderr] launch_server.py: error: argument --tp-size: invalid int value: 'two'"
+        "[stderr] launch_server.py: error: argument --tp-size: invalid int value: 'two'",
+        // argparse's line for a required flag the args override dropped
+        "[stderr] launch_server.py: error: the following arguments are required: --model-path"
       ]
     ],
     ["mlx", "mlx-lm", ["[stderr] mlx_lm.server: error: unrecognized arguments: --bogus-flag"]],

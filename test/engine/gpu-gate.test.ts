@@ -2,11 +2,12 @@
 // GPUs publishes (status, the node's problem, cgn_agent_engine_gpu_wait) is withdrawn when the wait ends, also
 // when a stop interrupts it (the supervisor's stop interrupts its loop, and with it the wait before a spawn).
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Fiber, Layer } from "effect"
+import { Effect, Fiber, Layer, Logger } from "effect"
 import { TestClock } from "effect/testing"
 import type { Gpu } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { layerFromObject } from "../../src/layers/config/Config.ts"
 import * as GpuGateLive from "../../src/layers/engine/GpuGate.ts"
+import { pgidOf } from "../../src/layers/engine/GpuGate.ts"
 import { EnginePlan } from "../../src/services/engine/Engine.ts"
 import { GpuGate, gateProblem } from "../../src/services/engine/GpuGate.ts"
 import { gpuWith, Nvml } from "../../src/services/node/Nvml.ts"
@@ -262,5 +263,133 @@ describe("GpuGate", () => {
         )
       )
     )
+  )
+})
+
+/** What the gate logs (level and message), over the scripted NVML. */
+const gateLogs: Array<string> = []
+const loggedGate = scriptedGate.pipe(
+  Layer.provide(
+    Logger.layer([Logger.make(({ logLevel, message }) => void gateLogs.push(`${logLevel} ${[message].flat()[0]}`))])
+  )
+)
+const MiB = 2 ** 20
+/** A start that goes ahead without a poll's wait (one that waited would hang the test on its TestClock). */
+const startsAtOnce = (gate: typeof GpuGate.Service) =>
+  Effect.gen(function* () {
+    const start = yield* Effect.forkChild(gate.awaitFree)
+    yield* TestClock.adjust("1 millis")
+    assert.isDefined(start.pollUnsafe(), "the start goes ahead at once")
+  })
+const resetScripted = Effect.sync(() => {
+  scripted.down = undefined
+  scripted.gpus = []
+  gateLogs.splice(0)
+})
+
+describe("GpuGate: what holds a start (README engine.gpu_free_below_mib)", () => {
+  it.effect("gpu_free_below_mib is MiB: at most 1024 MiB in use (the default) is free, 1025 MiB holds the start", () =>
+    Effect.gen(function* () {
+      const gate = yield* GpuGate
+      scripted.gpus = [gpuWith({ index: 0, memoryUsedBytes: 1024 * MiB })]
+      yield* startsAtOnce(gate)
+      scripted.gpus = [gpuWith({ index: 0, memoryUsedBytes: 1025 * MiB })]
+      const waiting = yield* Effect.forkChild(gate.awaitFree)
+      yield* TestClock.adjust("1 second")
+      assert.isUndefined(waiting.pollUnsafe(), "held")
+      assert.match((yield* gate.status).waiting?.reason ?? "", /^GPU 0 has .* in use/)
+      yield* Fiber.interrupt(waiting)
+    }).pipe(Effect.provide(scriptedGate), Effect.ensuring(resetScripted))
+  )
+
+  it.effect(
+    "a process of an earlier run of the engine (its group recorded at the spawn) holds the start, however little it holds",
+    () =>
+      Effect.gen(function* () {
+        const gate = yield* GpuGate
+        // this process stands for the dead engine's worker: 1 MiB, well under gpu_free_below_mib
+        const pgid = pgidOf(process.pid)
+        assert.isDefined(pgid)
+        scripted.gpus = [
+          gpuWith({ index: 0, memoryUsedBytes: MiB, processes: [{ pid: process.pid, usedMemoryBytes: MiB }] })
+        ]
+        // not a group the engine ran in: the GPU is free
+        yield* startsAtOnce(gate)
+        yield* gate.spawned(pgid as number)
+        const waiting = yield* Effect.forkChild(gate.awaitFree)
+        yield* TestClock.adjust("3 seconds")
+        assert.isUndefined(waiting.pollUnsafe(), "the restart waits for the earlier run's process")
+        assert.match(
+          (yield* gate.status).waiting?.reason ?? "",
+          new RegExp(
+            `^a process of an earlier engine run still holds GPU memory: pid ${process.pid} \\(earlier engine run\\)`
+          )
+        )
+        // the process gone from the GPU: the start goes on
+        scripted.gpus = [gpuWith({ index: 0 })]
+        yield* TestClock.adjust("1 second")
+        yield* Fiber.join(waiting)
+      }).pipe(Effect.provide(scriptedGate), Effect.ensuring(resetScripted))
+  )
+
+  it.effect("overdue exactly at gpu_free_timeout (2s here), not a poll later", () =>
+    Effect.gen(function* () {
+      const gate = yield* GpuGate
+      const waiting = yield* Effect.forkChild(gate.awaitFree)
+      yield* TestClock.adjust("1999 millis")
+      assert.isFalse((yield* gate.status).waiting?.overdue, "not overdue before gpu_free_timeout")
+      yield* TestClock.adjust("1 millis")
+      assert.isTrue((yield* gate.status).waiting?.overdue, "overdue at gpu_free_timeout")
+      yield* Fiber.interrupt(waiting)
+    }).pipe(Effect.provide(gateLayer))
+  )
+})
+
+describe("GpuGate: the fault it keeps while NVML is silent, and its log lines", () => {
+  it.effect(
+    "a fault NVML reported stands while it is silent, the reason says so; cleared and logged once, not every poll",
+    () =>
+      Effect.gen(function* () {
+        const gate = yield* GpuGate
+        // GPU 0 is missing from the first sample (fail closed), then listed sound: that fault clears, once
+        scripted.gpus = [gpuWith({ index: 0 })]
+        yield* TestClock.adjust("1 second")
+        gateLogs.splice(0)
+        yield* TestClock.adjust("3 seconds")
+        assert.deepStrictEqual(gateLogs, [], "a sound GPU: nothing logged on each poll")
+        scripted.gpus = [gpuWith({ index: 0, criticalXids: [{ xid: 79, events: 1 }] })]
+        yield* TestClock.adjust("1 second")
+        scripted.down = "NVML call stuck"
+        const waiting = yield* Effect.forkChild(gate.awaitFree)
+        yield* TestClock.adjust("1 second")
+        assert.match(
+          (yield* gate.status).waiting?.reason ?? "",
+          /Xid 79.* \(NVML is not answering: the fault stands until it does\)$/
+        )
+        scripted.down = undefined
+        scripted.gpus = [gpuWith({ index: 0 })]
+        yield* TestClock.adjust("4 seconds")
+        yield* Fiber.join(waiting)
+        assert.deepStrictEqual(
+          gateLogs.filter((l) => /GPU fault/.test(l)),
+          ["Error GPU fault: the node is unhealthy", "Info GPU fault cleared"]
+        )
+      }).pipe(Effect.provide(loggedGate), Effect.ensuring(resetScripted))
+  )
+
+  it.effect("a remembered fault NVML said was cleared is not raised again when NVML goes silent after answering", () =>
+    Effect.gen(function* () {
+      const gate = yield* GpuGate
+      assert.match((yield* gate.status).fault ?? "", /GPU-dead reported Xid 79/)
+      restarted.down = undefined
+      restarted.gpus = [gpuWith({ index: 0, uuid: "GPU-dead" })]
+      yield* TestClock.adjust("1 second")
+      assert.isUndefined((yield* gate.status).fault, "NVML's word: cleared")
+      // NVML silent again: its last answer stands, not this boot's record
+      restarted.down = "NVML call stuck"
+      yield* TestClock.adjust("3 seconds")
+      assert.isUndefined((yield* gate.status).fault)
+      yield* gate.awaitFree
+    }).pipe(Effect.provide(restartedGate([0], [0])), Effect.ensuring(resetRestarted))
   )
 })

@@ -3,7 +3,7 @@
 // on a TestClock with a scripted NVML. The first start waits for NVML, the choice is made once it lists GPUs (healthy
 // ones first, as planFor's), fixed from then on, and the gate's GPUs and the run's CUDA variables follow it.
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Fiber, Layer } from "effect"
+import { Effect, Fiber, Layer, Logger } from "effect"
 import { TestClock } from "effect/testing"
 import type { Gpu } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { layerFromObject } from "../../src/layers/config/Config.ts"
@@ -203,4 +203,38 @@ describe("GpuGate: GPUs the plan could not choose at start", () => {
       yield* Fiber.interrupt(start)
     }).pipe(Effect.provide(gateOf(false, { tp: 4 })), Effect.ensuring(reset))
   )
+})
+
+describe("GpuGate: NVML given up at engine.gpu_free_timeout", () => {
+  it.effect("the start goes on exactly at gpu_free_timeout (5s here), with the warning that says so", () => {
+    const warnings: Array<string> = []
+    const logged = Logger.layer([
+      Logger.make(({ logLevel, message }) => {
+        if (logLevel === "Warn") warnings.push(String([message].flat()[0]))
+      })
+    ])
+    return Effect.gen(function* () {
+      const gate = yield* GpuGate
+      const start = yield* Effect.forkChild(gate.awaitFree)
+      yield* TestClock.adjust("4999 millis")
+      assert.isUndefined(start.pollUnsafe(), "waiting within gpu_free_timeout")
+      yield* TestClock.adjust("1 millis")
+      assert.isDefined(start.pollUnsafe(), "given up at gpu_free_timeout, not a poll later")
+      assert.include(
+        warnings,
+        "NVML did not answer within engine.gpu_free_timeout: the engine starts without CUDA_VISIBLE_DEVICES (it sees every GPU it is given), and stays so for the agent's life"
+      )
+    }).pipe(
+      // the warning is logged by the start that gives up: the test fiber, as the supervisor's in the agent
+      Effect.provide(gateOf(false).pipe(Layer.provideMerge(logged))),
+      (test) =>
+        Effect.andThen(
+          Effect.sync(() => {
+            host.down = "nvmlInit_v2 failed: Driver Not Loaded (9)"
+          }),
+          test
+        ),
+      Effect.ensuring(reset)
+    )
+  })
 })

@@ -160,6 +160,22 @@ describe("an engine run's port holder before the guard reports the pid", () => {
     },
     15_000
   )
+
+  it("an engine that could not be spawned (no pid at all): nothing on the port is its", async () => {
+    const plan = { argv: ["/nonexistent/cgn-engine"], env: {} } as unknown as LaunchPlan
+    const { pid, exit, holder } = await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const run = yield* spawnRun(guardEntry())(plan, { run: 0, graceMs: 200, linesKept: 10 })
+          const exit = yield* Deferred.await(run.exited)
+          return { pid: yield* Deferred.await(run.pid), exit, holder: yield* run.portHolder(1) }
+        })
+      ).pipe(Effect.provide(Logger.layer([])))
+    )
+    expect(pid).toBeUndefined()
+    expect(exit.problem).toMatch(/spawn failed/)
+    expect(holder).toBe("other")
+  }, 15_000)
 })
 
 describe("readiness while the holder waits", () => {

@@ -162,3 +162,30 @@ describe("an engine run that floods its output", () => {
     expect(kept).toEqual(Array(5).fill("[stderr] 42%"))
   }, 30_000)
 })
+
+describe("an engine run's output that ends", () => {
+  it("counts the lines not logged when the output ends, not only once a second while it runs", async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-flood-end-"))
+    cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }))
+    // the same flood, the engine then exiting at once: the output ends before a second's count is due
+    const engine = path.join(dir, "engine.mjs")
+    fs.writeFileSync(engine, `process.stderr.write("42%\\r".repeat(30000), () => process.exit(0))\n`)
+    const plan = { argv: [process.execPath, engine], env: {} } as unknown as LaunchPlan
+    const logs: Array<string> = []
+    const logger = Logger.make(({ message }) => {
+      for (const m of [message].flat()) if (typeof m === "string") logs.push(m)
+    })
+    await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const run = yield* spawnRun(guardEntry())(plan, { run: 0, graceMs: 200, linesKept: 5 })
+          yield* Deferred.await(run.exited)
+          // the output read to its end
+          yield* run.drainOutput(5_000)
+        })
+      ).pipe(Effect.provide(Logger.layer([logger])))
+    )
+    const count = (l: string) => Number(/^engine output: (\d+) line/.exec(l)?.[1] ?? 0)
+    expect(logs.filter((l) => l === "42%").length + logs.reduce((n, l) => n + count(l), 0)).toBe(30_000)
+  }, 30_000)
+})

@@ -14,6 +14,7 @@ import { pidFilePath, readPidFile } from "../../src/layers/engine/pidFile.ts"
 import type { SupervisorSettings } from "../../src/layers/engine/supervisorSettings.ts"
 import { EngineHost, type RunExit } from "../../src/services/engine/EngineHost.ts"
 import { EngineProcess, type EngineState } from "../../src/services/engine/EngineProcess.ts"
+import { GpuGate } from "../../src/services/engine/GpuGate.ts"
 import { runEnding } from "../../src/services/grpc/EngineCut.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
 import { testPlan } from "../../src/testing/EngineProcess.ts"
@@ -511,5 +512,33 @@ describe("EngineProcess on a TestClock", () => {
         yield* quiesce
         assert.isFalse(logs.some((l) => l.startsWith("engine run 4 ready after")))
       })
+  )
+})
+
+describe("EngineProcess on a TestClock, with a GPU gate", () => {
+  it.effect("each run's process group is told to the gate at its spawn (a leftover of it holds the next start)", () =>
+    Effect.gen(function* () {
+      const told: Array<number> = []
+      const gate = GpuGate.of({
+        awaitFree: Effect.void,
+        runEnv: Effect.succeed({}),
+        spawned: (pgid) => Effect.sync(() => void told.push(pgid)),
+        status: Effect.succeed({ gpus: [0], waiting: undefined, fault: undefined }),
+        problems: Stream.empty
+      })
+      // the supervisor takes the gate from where it is built, as the daemon gives it one for a CUDA engine
+      const { runAt, stateIs } = yield* Effect.provideService(boot, GpuGate, gate)
+      yield* settle(
+        "run 0 spawned",
+        Effect.map(runAt(0), (r) => r !== undefined)
+      )
+      yield* Deferred.succeed((yield* runAt(0))!.pid, fakePid(0))
+      // probing comes after the spawn is recorded (pid file, gate)
+      yield* settle(
+        "probing run 0",
+        stateIs((s) => s._tag === "Starting" && s.phase === "waiting for port")
+      )
+      assert.deepStrictEqual(told, [fakePid(0)])
+    })
   )
 })
