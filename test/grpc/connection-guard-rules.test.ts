@@ -3,7 +3,9 @@
 // the reading of node:http2's session errors (services/grpc/FloodRule.ts), and the rate-limited log
 // (services/observability/RateLimitedLog.ts).
 
+import { Effect, Logger } from "effect"
 import { describe, expect, it } from "vitest"
+import { guardReport } from "../../src/layers/grpc/guardReport.ts"
 import {
   ConnectionCaps,
   FLOOD_COOLDOWN_MS,
@@ -434,5 +436,43 @@ describe("RateLimitedLog", () => {
     const bounded = new RateLimitedLog()
     for (let i = 0; i < 1024; i++) expect(bounded.note(`p${i}`, 0)?.key).toBe(`p${i}`)
     expect(bounded.note("one-too-many", 1)?.key).toBe(OVERFLOW_KEY)
+  })
+})
+
+describe("guardReport: the guard's warning lines", () => {
+  /** The report's warnings as [message, fields], Metrics absent. */
+  const report = () => {
+    const lines: Array<[unknown, Record<string, unknown>]> = []
+    const logger = Logger.make(({ message }) => {
+      const [text, fields] = [message].flat() as [unknown, Record<string, unknown>]
+      lines.push([text, fields])
+    })
+    const onGuard = guardReport((e) => Effect.runSync(e.pipe(Effect.provide(Logger.layer([logger])))), undefined)
+    return { onGuard, lines }
+  }
+
+  it("say what the event carries: the cap that refused, the certificate's fault, the bytes a flood wasted, the peer a connection made room for", () => {
+    const { onGuard, lines } = report()
+    onGuard({ kind: "refused", reason: "peer_limit", peer: "10.0.0.1", limit: 4 })
+    onGuard({ kind: "refused", reason: "cooldown", peer: "10.0.0.1", limit: 0 }) // no cap involved: no limit field
+    onGuard({ kind: "refused", reason: "client_certificate", peer: "10.0.0.2", limit: 0, detail: "CERT_HAS_EXPIRED" })
+    onGuard({ kind: "closed", reason: "frame_flood", peer: "10.0.0.3", bytes: 8_388_608 })
+    onGuard({ kind: "closed", reason: "idle_evicted", peer: "10.0.0.4:5000", forPeer: "10.0.0.4:5001" }) // README: for_peer
+    expect(lines.map(([, f]) => f)).toEqual([
+      { peer: "10.0.0.1", reason: "peer_limit", suppressed: 0, limit: 4 },
+      { peer: "10.0.0.1", reason: "cooldown", suppressed: 0 },
+      { peer: "10.0.0.2", reason: "client_certificate", suppressed: 0, certificate: "CERT_HAS_EXPIRED" },
+      { peer: "10.0.0.3", reason: "frame_flood", suppressed: 0, wasted_bytes: 8_388_608 },
+      { peer: "10.0.0.4:5000", reason: "idle_evicted", suppressed: 0, for_peer: "10.0.0.4:5001" }
+    ])
+  })
+
+  it("past the log's 1024 keys, a line for the shared overflow key names no one peer but '(many peers)'", () => {
+    const { onGuard, lines } = report()
+    for (let i = 0; i <= 1024; i++)
+      onGuard({ kind: "closed", reason: "protocol_error", peer: `10.1.${i >> 8}.${i & 255}` })
+    expect(lines).toHaveLength(1025)
+    expect(lines[1023]![1].peer).toBe("10.1.3.255")
+    expect(lines[1024]![1].peer).toBe("(many peers)")
   })
 })

@@ -46,6 +46,8 @@ interface Agent {
   requests(): Promise<Record<string, number>>
   /** Resolves when no stream is being relayed (the drain's wait). */
   noStreams(): Promise<void>
+  /** The line of series `name` in a /metrics render (its callbacks run), if any. */
+  metricLine(name: string): Promise<string | undefined>
   close(): Promise<void>
 }
 
@@ -127,6 +129,12 @@ const startAgent = async (
         )
       ),
     noStreams: () => rt.runPromise(server.awaitNoStreams),
+    metricLine: (name) =>
+      rt.runPromise(
+        Effect.flatMap(Metrics, (m) => m.render).pipe(
+          Effect.map((t) => t.body.split("\n").find((l) => l.startsWith(`${name} `)))
+        )
+      ),
     close: async () => {
       channel.close()
       await rt.dispose()
@@ -820,5 +828,28 @@ describe("reflection and the generate client", () => {
     const r = await runGenerate(["--addr", agent.address, "--prompt", "a", "--model", "other"])
     expect(r.code).not.toBe(0)
     expect(r.stderr).toMatch(/NOT_FOUND: model "other" is not served here/)
+  })
+})
+
+describe("the gRPC server's connections gauge and its close (GrpcServer.ts)", () => {
+  it("cgn_agent_grpc_connections counts the open connections; at close a Watch hears NOT_SERVING, then ends UNAVAILABLE", async () => {
+    const agent = await startAgent("http://127.0.0.1:9")
+    const health = createClient(HealthDefinition, agent.channel)
+    const iter = health.watch({ service: "cgn.agent.v1.Agent" })[Symbol.asyncIterator]()
+    try {
+      expect((await iter.next()).value?.status).toBe(1) // SERVING
+      // README: gRPC connections open on agent.listen_grpc (this test's one channel)
+      expect(await agent.metricLine("cgn_agent_grpc_connections")).toBe("cgn_agent_grpc_connections 1")
+      const closing = agent.close()
+      // a router watching the node is told it stops serving before the stream ends ...
+      expect((await iter.next()).value?.status).toBe(2) // NOT_SERVING
+      // ... and the stream is ended by the server (Watch streams never end by themselves), not cut at the grace
+      const end = await iter.next().catch((e: unknown) => e)
+      expect(end).toBeInstanceOf(ClientError)
+      expect(end).toMatchObject({ code: Status.UNAVAILABLE, details: "server shutting down" })
+      await closing
+    } finally {
+      await iter.return?.()
+    }
   })
 })

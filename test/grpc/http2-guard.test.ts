@@ -516,6 +516,25 @@ describe("the gRPC server's guard", () => {
     expect((await call(other, "/t.T/Echo")).status).toBe("0")
   })
 
+  it("counts streams that are no gRPC call (a GET) toward the refusal budget too", async () => {
+    // README: the refusal flood counts "streams refused before any method ran (... not gRPC ...)"
+    const { port, events } = await start()
+    const session = connect(port, "127.0.0.29")
+    const goaway = new Promise<number>((r) => session.once("goaway", (code: number) => r(code)))
+    const get = () =>
+      new Promise<void>((resolve) => {
+        const req = session.request({ ":method": "GET", ":path": "/t.T/Echo" })
+        req.on("error", () => {})
+        req.resume()
+        req.on("close", () => resolve())
+        req.end()
+      })
+    // 1,500 at once, as the unknown-method flood above
+    await Promise.all(Array.from({ length: 1_500 }, get))
+    expect(await within(goaway, 5_000)).toBe(http2.constants.NGHTTP2_ENHANCE_YOUR_CALM)
+    expect(events).toContainEqual({ kind: "closed", reason: "refusal_flood", peer: "127.0.0.29" })
+  })
+
   it("reports a CONTINUATION flood nghttp2 closed as control_flood, and refuses its peer for the cool-down", async () => {
     const { port, events } = await start()
     const client = rawClient(port, "127.0.0.20")

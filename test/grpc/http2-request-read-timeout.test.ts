@@ -9,6 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import type { ServerCall } from "../../src/layers/grpc/http2/Call.ts"
 import { Http2GrpcServer } from "../../src/layers/grpc/http2/Server.ts"
 import { frameMessage } from "../../src/services/grpc/Wire.ts"
+import { startAgent } from "../support/grpcAgent.ts"
 
 const BOUND_MS = 200
 const raw = (b: Buffer) => b
@@ -154,5 +155,43 @@ describe("agent.request_read_timeout (requestReadTimeoutMs)", () => {
     const r = request(bounded.session, "/t.T/Echo", { "grpc-timeout": "50m" })
     r.req.write(frameMessage(Buffer.from("never whole")).subarray(0, 3))
     expect((await r.ended).status).toBe(String(grpc.status.DEADLINE_EXCEEDED))
+  })
+})
+
+describe('a request_read_timeout past setTimeout\'s limit (2^31-1 ms; the config takes "30d")', () => {
+  it("is no bound at all: Node would fire such a timer at once, ending every call as it began", async () => {
+    const long = await start(30 * 24 * 3600 * 1000)
+    try {
+      const r = request(long.session, "/t.T/Echo")
+      const body = frameMessage(Buffer.from("late"))
+      r.req.write(body.subarray(0, 3))
+      // a slow caller: the rest 50 ms later (an overflowed timer fires after 1 ms)
+      setTimeout(() => r.req.end(body.subarray(3)), 50)
+      expect((await within(r.ended, "the slow request's end")).status).toBe("0")
+      expect(long.rejected).toEqual([])
+    } finally {
+      long.session.destroy()
+      long.server.destroy()
+    }
+  })
+})
+
+describe("agent.request_read_timeout reaches the agent's own gRPC server (GrpcServer.ts)", () => {
+  it("a Generate whose announced message never arrives ends RESOURCE_EXHAUSTED at the configured bound", async () => {
+    // README: a request not arrived whole within [agent].request_read_timeout ends RESOURCE_EXHAUSTED
+    // (request_read_timeout); without the key reaching the server such a caller holds its stream until its own deadline.
+    const agent = await startAgent("http://127.0.0.1:9", "vllm", { role: "both", request_read_timeout: "300ms" })
+    const session = http2.connect(`http://${agent.address}`)
+    session.on("error", () => {})
+    try {
+      const r = request(session, "/cgn.agent.v1.Agent/Generate", { te: "trailers" })
+      r.req.write(Buffer.from([0, 0, 0, 0, 10])) // a 10-byte message announced, never sent
+      const ended = await within(r.ended, "the unfinished Generate's end")
+      expect(ended.status).toBe(String(grpc.status.RESOURCE_EXHAUSTED))
+      expect(ended.reason).toBe("request_read_timeout")
+    } finally {
+      session.destroy()
+      await agent.close()
+    }
   })
 })

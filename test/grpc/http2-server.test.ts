@@ -550,6 +550,57 @@ describe("the agent's gRPC server on node:http2", () => {
     }
   })
 
+  /** An echo server with these bounds, a connection to it, and one whole request's grpc-status on it. */
+  const budgetServer = async (maxReceiveMessageLength: number, maxArrivingBytes: number) => {
+    const small = new Http2GrpcServer({ maxReceiveMessageLength, maxArrivingBytes })
+    small.addService({ echo: service.echo }, {
+      echo: (call: ServerCall<Buffer, Buffer>, done: Done) => done(null, call.request)
+    } as unknown as grpc.UntypedServiceImplementation)
+    const session = http2.connect(`http://127.0.0.1:${await small.listen("127.0.0.1", 0)}`)
+    session.on("error", () => {})
+    const send = (body: Uint8Array) =>
+      new Promise<string | undefined>((resolve) => {
+        const req = session.request({ ":method": "POST", ":path": "/t.T/Echo", "content-type": "application/grpc" })
+        req.on("error", () => {})
+        let status: string | undefined
+        const take = (h: http2.IncomingHttpHeaders) => {
+          status ??= h["grpc-status"] as string | undefined
+        }
+        req.on("response", take)
+        req.on("trailers", take)
+        req.resume()
+        req.on("close", () => resolve(status))
+        req.end(body)
+      })
+    const close = () => {
+      session.destroy()
+      small.destroy()
+    }
+    return { send, close }
+  }
+
+  it("a request refused before its handler (message too large) gives its arriving bytes back", async () => {
+    // Server.ts: what a request holds of the arriving budget "is given back at the handler or at that end"; kept,
+    // refusals would use the budget up and every later request be refused requests_over_budget until a restart.
+    const { send, close } = await budgetServer(16, 100)
+    try {
+      const tooLarge = frameMessage(Buffer.alloc(40)) // 45 bytes, over the 16-byte message limit
+      for (let i = 0; i < 4; i++) expect(await send(tooLarge)).toBe(String(grpc.status.RESOURCE_EXHAUSTED))
+      expect(await send(frameMessage(Buffer.from("abcdefghijk")))).toBe("0") // 16 bytes: more than 4 x 45 would leave
+    } finally {
+      close()
+    }
+  })
+
+  it("a request of exactly the arriving-bytes budget is taken (the budget is what may arrive, not one byte less)", async () => {
+    const { send, close } = await budgetServer(95, 100)
+    try {
+      expect(await send(frameMessage(Buffer.alloc(95)))).toBe("0")
+    } finally {
+      close()
+    }
+  })
+
   it("a refusal before the handler of a method bound to its P/D pair says retry the pair (an SGLang prefill node)", async () => {
     const refusal = async (pairBoundPath: string | undefined) => {
       const small = new Http2GrpcServer({ maxReceiveMessageLength: 8192, maxArrivingBytes: 3000, pairBoundPath })
@@ -754,6 +805,32 @@ describe("the agent's gRPC server on node:http2", () => {
     } finally {
       session.destroy()
       s.destroy()
+      pki.cleanup()
+    }
+  })
+
+  it("a listen that fails (address in use) ends the certificate subscription it took: nothing will close that server", async () => {
+    const pki = makeTestPki()
+    const holder = net.createServer()
+    try {
+      const material = { ca: pki.ca.cert, cert: pki.server.cert, key: pki.server.key }
+      let subscribed = 0
+      const s = new Http2GrpcServer({
+        maxReceiveMessageLength: 1024,
+        tls: {
+          current: () => material,
+          subscribe: () => {
+            subscribed++
+            return () => void subscribed--
+          }
+        }
+      })
+      await new Promise<void>((resolve) => holder.listen(0, "127.0.0.1", resolve))
+      const taken = (holder.address() as net.AddressInfo).port
+      await expect(s.listen("127.0.0.1", taken)).rejects.toMatchObject({ code: "EADDRINUSE" })
+      expect(subscribed).toBe(0)
+    } finally {
+      holder.close()
       pki.cleanup()
     }
   })

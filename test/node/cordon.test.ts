@@ -4,7 +4,7 @@
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { Effect, Layer, Result } from "effect"
+import { Effect, Layer, Logger, Result } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
 import * as ConfigLayer from "../../src/layers/config/Config.ts"
 import * as CordonLive from "../../src/layers/node/Cordon.ts"
@@ -93,7 +93,12 @@ const tempDir = () => {
   return d
 }
 
-const withCordon = <A, E>(stateDir: string, f: (c: Cordon["Service"]) => Effect.Effect<A, E>) =>
+/** Runs `f` on a live cordon over `stateDir`; what it logs ("LEVEL message") goes to `logs` when given. */
+const withCordon = <A, E>(
+  stateDir: string,
+  f: (c: Cordon["Service"]) => Effect.Effect<A, E>,
+  logs: Array<string> = []
+) =>
   Effect.runPromise(
     Effect.flatMap(Cordon, f).pipe(
       Effect.provide(
@@ -102,6 +107,9 @@ const withCordon = <A, E>(stateDir: string, f: (c: Cordon["Service"]) => Effect.
             ConfigLayer.layerFromObject({ models: { m: { hf_repo: "org/m" } }, agent: { state_dir: stateDir } })
           )
         )
+      ),
+      Effect.provide(
+        Logger.layer([Logger.make(({ logLevel, message }) => logs.push(`${logLevel} ${[message].flat().join(" ")}`))])
       )
     )
   )
@@ -115,7 +123,12 @@ describe("cordon record in agent.state_dir (live layer)", () => {
     expect(decodeRecord(fs.readFileSync(file, "utf8"))).toEqual(first.record)
     expect(fs.readdirSync(dir)).toEqual(["cordon.json"]) // no temp file left behind
 
-    const restarted = await withCordon(dir, (c) => Effect.all([c.current, c.cordon(""), c.cordon("GPU 3")]))
+    // the start says so: an operator who forgot the cordon sees why the node takes no calls
+    const logs: Array<string> = []
+    const restarted = await withCordon(dir, (c) => Effect.all([c.current, c.cordon(""), c.cordon("GPU 3")]), logs)
+    expect(logs.filter((l) => l.includes("starting cordoned"))).toEqual([
+      expect.stringMatching(/^Warn starting cordoned: new Generate calls are refused until POST \/uncordon/)
+    ])
     expect(restarted[0]).toEqual(first.record)
     // no reason, or the same one: the record as it was
     expect(restarted[1]).toEqual({ already: true, record: first.record })
@@ -136,7 +149,23 @@ describe("cordon record in agent.state_dir (live layer)", () => {
   it("a record that cannot be read starts the node cordoned (the operator's intent is kept)", async () => {
     const dir = tempDir()
     fs.writeFileSync(CordonLive.cordonFilePath(dir), "half a rec")
-    expect(await withCordon(dir, (c) => c.cordoned)).toBe(true)
+    // a link is not followed (README): unreadable too
+    const linked = tempDir()
+    fs.writeFileSync(path.join(linked, "elsewhere"), "{}")
+    fs.symlinkSync(path.join(linked, "elsewhere"), CordonLive.cordonFilePath(linked))
+    for (const d of [dir, linked]) {
+      const [cordoned, record] = await withCordon(d, (c) => Effect.all([c.cordoned, c.current]))
+      expect(cordoned).toBe(true)
+      // the reason /status shows for it, so the operator knows to look at the file
+      expect(record?.reason).toBe("unreadable cordon record")
+    }
+  })
+
+  it("a record with the longest reason (256 characters, 4 UTF-8 bytes each) reads back at the next start", async () => {
+    const dir = tempDir()
+    const reason = "😀".repeat(256) // README: at most 256 printable characters; an emoji is one
+    const first = await withCordon(dir, (c) => c.cordon(reason))
+    expect(await withCordon(dir, (c) => c.current)).toEqual(first.record)
   })
 
   it("a failed write is a CordonPersistError naming the file, and the node stays uncordoned", async () => {

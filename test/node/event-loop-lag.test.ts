@@ -1,8 +1,10 @@
 /** EventLoopLag: a blocked event loop shows up in the sample. */
+import { expect, it } from "@effect/vitest"
 import { Effect, Schedule } from "effect"
-import { expect, it } from "vitest"
+import { TestClock } from "effect/testing"
 import { layer } from "../../src/layers/node/EventLoopLag.ts"
 import { EventLoopLag, lagMs } from "../../src/services/node/EventLoopLag.ts"
+import { settle } from "../support/poll.ts"
 
 it("reports a blocked event loop as lag", async () => {
   const program = Effect.gen(function* () {
@@ -43,3 +45,29 @@ it("lagMs takes the interval off and never goes below 0", () => {
   expect(lagMs(99_000_000, 100)).toBe(0)
   expect(lagMs(350_000_000, 100)).toBe(250)
 })
+
+it.effect(
+  "the window rolls over: a stall shows in its window's worst delay and not in the next one (all-time max keeps it)",
+  () =>
+    Effect.gen(function* () {
+      // Metrics.ts: cgn_agent_event_loop_lag_seconds is the "worst event-loop delay in the last completed 5 s window";
+      // the window's histogram must start again at each roll, or one stall holds the gauge at its peak for good.
+      const lag = yield* EventLoopLag
+      // real 10 ms histogram ticks before the block (see the first test): Node records a delay only after a tick
+      yield* Effect.promise(() => new Promise((resolve) => setTimeout(resolve, 30)))
+      const until = Date.now() + 150
+      while (Date.now() < until) {
+        // block the loop on purpose
+      }
+      yield* settle("the block recorded", lag.sample.pipe(Effect.map((s) => s.maxMs >= 100)))
+      yield* TestClock.adjust("1 second") // the stall's window completes
+      const stalled = yield* lag.sample
+      yield* TestClock.adjust("1 second") // the next window: no real time passed, nothing blocked
+      const quiet = yield* lag.sample
+      expect(stalled.windowMaxMs).toBeGreaterThanOrEqual(90)
+      // a handful of ticks, one of them the stall: it is the window's 99th percentile, not its median
+      expect(stalled.p99Ms).toBeGreaterThanOrEqual(90)
+      expect(quiet.windowMaxMs).toBeLessThan(50)
+      expect(quiet.maxMs).toBeGreaterThanOrEqual(90)
+    }).pipe(Effect.provide(layer({ resolutionMs: 10, window: "1 second" })))
+)

@@ -8,8 +8,9 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import type { Worker } from "node:worker_threads"
+import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { Clock, Effect, Layer, Schedule } from "effect"
-import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { TestClock } from "effect/testing"
 import * as NvmlLive from "../../src/layers/node/Nvml.ts"
 import { nvmlWorkerEntry } from "../../src/programs/programPaths.ts"
 import { type Gpu, gpuWith, Nvml } from "../../src/services/node/Nvml.ts"
@@ -447,6 +448,41 @@ describe("Nvml live layer", () => {
       delete process.env.FAKE_NVML_STATE
     }
   })
+
+  it.effect("the backoff between opens: none before it is due (from 1 s), and a success starts it again from 1 s", () =>
+    // README: NVML is "opened again with backoff (from 1 s, capped at 1 min)"; each try is a worker thread and an
+    // nvmlInit, which must not come at every sample where NVML keeps failing. Time is the TestClock's.
+    Effect.suspend(() => {
+      const workers = watchWorkers()
+      process.env.FAKE_NVML_INIT_RC = "9"
+      return Effect.gen(function* () {
+        const nvml = yield* Nvml
+        // the layer's first sample tried once; samples within the backoff (500 ms at least) try nothing
+        yield* nvml.sampleNow
+        yield* nvml.sampleNow
+        expect(workers.started).toHaveLength(1)
+        yield* TestClock.adjust("1 second") // past the first backoff (at most 1 s): tried again, failing
+        yield* nvml.sampleNow
+        expect(workers.started).toHaveLength(2)
+        delete process.env.FAKE_NVML_INIT_RC
+        yield* TestClock.adjust("2 seconds") // past the second (at most 2 s): opened
+        expect(yield* nvml.sampleNow).toHaveLength(2)
+        // the worker lost under a running agent: the backoff counts from a success, so at most 1 s again
+        yield* Effect.promise(() => workers.started[2]!.worker.terminate())
+        expect(yield* nvml.sampleNow).toEqual([])
+        yield* TestClock.adjust("1 second")
+        expect(yield* nvml.sampleNow).toHaveLength(2)
+        expect(workers.started).toHaveLength(4)
+      }).pipe(
+        Effect.provide(
+          NvmlLive.layer(nvmlWorkerEntry(), { library, maxAge: 0, onWorker: workers.onWorker }).pipe(
+            Layer.provide(MetricsTest.layerTest)
+          )
+        ),
+        Effect.ensuring(Effect.sync(() => delete process.env.FAKE_NVML_INIT_RC))
+      )
+    })
+  )
 
   it("a worker thread that ends under a running agent is replaced at the next open, with backoff", async () => {
     const workers = watchWorkers()

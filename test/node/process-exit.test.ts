@@ -109,6 +109,25 @@ console.log(\`holding \${workersHoldingExit()}\`)
     )
     expect({ code, out }).toEqual({ code: 0, out: "holding 0\n" })
   })
+
+  it("a worker told to end holds the exit only until it has ended (else every later exit took the _exit path)", async () => {
+    const { code, out } = await run(
+      `
+import { Worker } from "node:worker_threads"
+import { once } from "node:events"
+import { endWorker, workersHoldingExit } from ${processExit}
+const worker = new Worker("setInterval(() => {}, 1000)", { eval: true })
+await once(worker, "online")
+const exited = once(worker, "exit")
+endWorker(worker)
+console.log(\`holding \${workersHoldingExit()}\`)
+await exited
+console.log(\`holding \${workersHoldingExit()}\`)
+`,
+      30_000
+    )
+    expect({ code, out }).toEqual({ code: 0, out: "holding 1\nholding 0\n" })
+  })
 })
 
 describe("exitWhenFlushed", () => {

@@ -250,6 +250,8 @@ describe("new files and reads in state_dir", () => {
     expect(String(err)).not.toContain("TOPSECRET")
     expect(await readNoFollow(secret)).toBe("TOPSECRET-content")
     await expect(readNoFollow(secret, 4)).rejects.toThrow(/more than the agent ever writes there/)
+    // the bound is the most the agent writes: a file of exactly that many bytes is read
+    expect(await readNoFollow(secret, "TOPSECRET-content".length)).toBe("TOPSECRET-content")
     await expect(readNoFollow(path.join(dir, "absent"))).rejects.toMatchObject({ code: "ENOENT" })
     await expect(readNoFollow(dir)).rejects.toThrow(/not a regular file/)
   })

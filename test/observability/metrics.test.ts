@@ -195,7 +195,8 @@ describe("mirrorNodeState and the cordon", () => {
         })
       )
     )
-    expect(bodies.cordoned).toContain("cgn_agent_node_cordoned_since_seconds 1764000000")
+    // the whole line: a value in milliseconds (1764000000000) starts with the same digits
+    expect(bodies.cordoned).toMatch(/^cgn_agent_node_cordoned_since_seconds 1764000000$/m)
     expect(bodies.uncordoned).not.toMatch(/^cgn_agent_node_cordoned_since_seconds /m)
   })
 })

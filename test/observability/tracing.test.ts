@@ -27,6 +27,8 @@ import { pollUntil } from "../support/poll.ts"
 interface OtlpSpan {
   /** The resource's service.name (added by the collector below). */
   service?: string | undefined
+  /** The resource's attributes (added by the collector below). */
+  resource?: OtlpSpan["attributes"]
   readonly name: string
   readonly traceId: string
   readonly spanId: string
@@ -50,7 +52,8 @@ beforeAll(async () => {
         for (const rs of doc.resourceSpans) {
           const name = rs.resource.attributes.find((a) => a.key === "service.name")?.value.stringValue
           const service = typeof name === "string" ? name : undefined
-          for (const ss of rs.scopeSpans) for (const span of ss.spans) exported.push({ ...span, service })
+          for (const ss of rs.scopeSpans)
+            for (const span of ss.spans) exported.push({ ...span, service, resource: rs.resource.attributes })
         }
       }
       res.writeHead(200, { "content-type": "application/json" }).end("{}")
@@ -125,6 +128,9 @@ describe("tracing", () => {
     expect(span!.traceId).toBe(caller.traceId)
     expect(span!.parentSpanId).toBe(caller.spanId)
     expect(span!.attributes).toContainEqual({ key: "cgn.request_id", value: { stringValue: "req-t" } })
+    // the resource says which node and cluster made it: every agent of a cluster exports under one service.name
+    expect(span!.resource).toContainEqual({ key: "service.instance.id", value: { stringValue: "tr-1" } })
+    expect(span!.resource).toContainEqual({ key: "cgn.cluster", value: { stringValue: "default" } }) // cluster.name unset
     // The engine's parent is the agent's span: same trace, the exported span's id.
     expect(parseTraceparent(sent)).toEqual({ traceId: caller.traceId, spanId: span!.spanId, sampled: true })
   })

@@ -17,7 +17,13 @@ import { addHealth } from "../../src/layers/grpc/Health.ts"
 import { Http2GrpcServer } from "../../src/layers/grpc/http2/Server.ts"
 import { clientCredentials, loadClientCredentials } from "../../src/layers/tls/clientCredentials.ts"
 import { hangupReload, make, type TlsOptions } from "../../src/layers/tls/Tls.ts"
-import { parseCaBundle, readMaterial, securityFiles, validityProblem } from "../../src/layers/tls/tlsMaterial.ts"
+import {
+  eachFileProblem,
+  parseCaBundle,
+  readMaterial,
+  securityFiles,
+  validityProblem
+} from "../../src/layers/tls/tlsMaterial.ts"
 import { watchChanges } from "../../src/layers/tls/watchChanges.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"
 import { jitteredBackoffMs } from "../../src/services/retry/Backoff.ts"
@@ -312,6 +318,24 @@ describe("startup errors name the key", () => {
     expect(error.message).toContain(expectedKey)
     expect(error.reason).toContain(reason)
   })
+
+  it('an empty path is no file: required, as a missing one (not a read of "")', async () => {
+    const error = await startError({
+      ...mtls({ ca: pki.ca.certFile, cert: pki.server.certFile, key: pki.server.keyFile }),
+      ca_file: ""
+    })
+    expect(error.key).toBe("security.ca_file")
+    expect(error.reason).toBe("required when security.require_mtls = true")
+  })
+
+  it("check's report: each file's own problem, a bad private key beside good certificates included", async () => {
+    const files = securityFiles(mtls({ ca: pki.ca.certFile, cert: pki.server.certFile, key: pki.server.keyFile }))
+    const pem = { ca: pki.ca.cert, cert: pki.server.cert, key: Buffer.from("not a key") }
+    const problems = await Effect.runPromise(eachFileProblem(pem, files, Date.now()))
+    expect(problems.map((p) => [p.key, p.reason.split(":")[0]])).toEqual([
+      ["security.key_file", "not a PEM private key"]
+    ])
+  })
 })
 
 describe("client credentials from files", () => {
@@ -326,6 +350,9 @@ describe("client credentials from files", () => {
     expect(half.message).toContain("--tls-key")
     const missing = await Effect.runPromise(Effect.flip(loadClientCredentials({ caFile: "/nonexistent/ca.pem" })))
     expect(missing.message).toContain("--tls-ca (/nonexistent/ca.pem)")
+    // --tls-ca alone is checked for certificates too: Node would skip a bundle with none and trust nothing said
+    const noCa = await Effect.runPromise(Effect.flip(loadClientCredentials({ caFile: pki.client.keyFile })))
+    expect(noCa.message).toContain(`--tls-ca (${pki.client.keyFile})`)
   })
 })
 
