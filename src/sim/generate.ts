@@ -4,6 +4,7 @@
 // wedge.ts), then release of the slot and the blocks. A client that disconnects at any point aborts the request and
 // frees its slot (once the core runs: a wedged one never sees the abort), but where llama-server keeps it (below).
 import type * as http from "node:http"
+import { setTimeout as sleep, setImmediate as tick } from "node:timers/promises"
 import { DONE, fullBody, streamTemplate, type Usage } from "./chunks.ts"
 import { jsonHeaders, type SimContext, sendError, sseHeaders } from "./context.ts"
 import { dpPin } from "./dpPin.ts"
@@ -19,9 +20,6 @@ import { pingUntil } from "./ssePing.ts"
 import { stopMatcher } from "./stopRules.ts"
 import { plan, prng, tokenId } from "./tokens.ts"
 import type { Core } from "./wedge.ts"
-
-const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
-const tick = (): Promise<void> => new Promise((r) => setImmediate(r))
 
 /** Tokens written per event-loop turn when there is no inter-token latency. */
 const BATCH = 32
@@ -48,9 +46,8 @@ export const generate = async (
   let inSlot = false
   let detached = false
   // llama-server also keeps a request its client left while it waited for a slot: it takes the slot when one frees,
-  // its prompt evaluated for nobody; a stream is dropped at its first result (that token counted), a whole answer is
-  // generated to its end (ggml-org/llama.cpp#13262; measured against the real server: its requests_deferred stays
-  // up meanwhile).
+  // its prompt evaluated for nobody; a stream is dropped at its first result (that token counted), a whole answer
+  // generated to its end (ggml-org/llama.cpp#13262; measured: the real one's requests_deferred stays up meanwhile).
   let waitingForSlot = false
   let leftInQueue = false
   const closed = new Promise<void>((resolve) => {
@@ -70,6 +67,11 @@ export const generate = async (
     })
   })
   const gone = () => state !== "active"
+  /** Waits `ms` (the TTFT, a decode step; a detached answer too); false once the client has gone meanwhile. */
+  const waited = async (ms: number): Promise<boolean> => {
+    if (ms > 0) await (detached ? sleep(ms) : Promise.race([sleep(ms), closed]))
+    return !gone()
+  }
   /** Waits for a slot on a `wait` event, then while the core is wedged; false once the client has gone meanwhile. */
   const coreRuns = async (ev?: SeqEvent): Promise<boolean> => {
     if (ev?.kind === "wait") await (detached ? ev.until : Promise.race([ev.until, closed]))
@@ -134,19 +136,14 @@ export const generate = async (
   heldLoose()
   if (leftInQueue) {
     if (cfg.ttftMs > 0) await sleep(cfg.ttftMs)
-    rs.promptTokens += promptIds.length
-    // its first token is made (its prompt decoded with it), and counted as the request ends
-    rs.generationTokens++
-    rs.decoded(gone, gr.sequences[0]?.promptTokens ?? 0, 1)
-    rs.finishedGenerationTokens++
+    rs.firstTokenForNobody(gone, gr.sequences[0]?.promptTokens ?? 0, promptIds.length)
     state = "aborted"
     stats.aborted++
     cleanup()
     return
   }
 
-  if (cfg.ttftMs > 0) await (detached ? sleep(cfg.ttftMs) : Promise.race([sleep(cfg.ttftMs), closed]))
-  if (gone()) return
+  if (!(await waited(cfg.ttftMs))) return
   const sglangPrefill = cfg.flavor === "sglang" && cfg.disaggregationMode === "prefill" && gr.bootstrap !== undefined
   // The fake sender (SGLang's own warm-up) hands nothing to the bootstrap server.
   if (sglangPrefill && gr.bootstrap?.fake === false) ctx.bootstrap?.complete(gr.bootstrap.room)
@@ -225,6 +222,8 @@ export const generate = async (
     res.writeHead(200, sseHeaders(cfg.flavor))
     let out = tpl.first
     let held: string | undefined
+    // a step's delay comes before the next step's tokens: a task's finish goes with its last (send_final_response)
+    let stepDone = false
     for (const ev of events) {
       // a later task's begin, as it takes its slot (its prompt's TTFT to come): out with what follows it
       if (ev.kind === "begin") {
@@ -247,6 +246,12 @@ export const generate = async (
         held = undefined
         continue
       }
+      if (stepDone) {
+        stepDone = false
+        res.write(out)
+        out = ""
+        if (!(await waited(cfg.itlMs))) return
+      }
       if (stalled()) {
         if (out !== "") res.write(out)
         // llama-server pings only once its first chunk is out (the first result is awaited without).
@@ -264,8 +269,7 @@ export const generate = async (
       if (cfg.itlMs > 0 && ev.stepEnd) {
         res.write(out)
         out = ""
-        await Promise.race([sleep(cfg.itlMs), closed])
-        if (gone()) return
+        stepDone = true
       } else if (emitted % BATCH === 0) {
         const ok = res.write(out)
         out = ""
@@ -294,10 +298,7 @@ export const generate = async (
     }
     if (emitted >= faultAt) return fault(ctx, res, failure, false, failed, failMessage)
     onToken(ev.text)
-    if (cfg.itlMs > 0 && ev.stepEnd) {
-      await (detached ? sleep(cfg.itlMs) : Promise.race([sleep(cfg.itlMs), closed]))
-      if (gone()) return
-    }
+    if (cfg.itlMs > 0 && ev.stepEnd && !(await waited(cfg.itlMs))) return
   }
   const e0 = ends[0] ?? { reason: "length", content: "", generated: 0, matched: undefined }
   const kvParams = finish(e0.reason)

@@ -1,7 +1,6 @@
 // The SSE keep-alive of a stream with nothing more to send, as llama-server writes it.
 import type * as http from "node:http"
-
-const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
+import { setTimeout as sleep } from "node:timers/promises"
 
 /**
  * A stream with nothing more to send: llama-server writes an SSE comment every `pingMs` of silence so that

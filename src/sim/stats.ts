@@ -91,6 +91,17 @@ export class Stats {
   }
 
   /**
+   * A request its client left while it waited for a slot, which llama-server keeps (generate.ts): its prompt is
+   * evaluated for nobody and its first token made with it, counted as the request ends.
+   */
+  firstTokenForNobody(ended: () => boolean, promptTokens: number, promptWords: number): void {
+    this.promptTokens += promptWords
+    this.generationTokens++
+    this.decoded(ended, promptTokens, 1)
+    this.finishedGenerationTokens++
+  }
+
+  /**
    * One token a request made (generate.ts calls it with each), counted as llama-server counts its decode steps: each
    * llama_decode() takes a token of every busy slot (a new request's prompt with them), then metrics_post_decode adds
    * one to `n_decode`, each busy slot to `n_busy_slots`, and raises `n_tokens_max` to the longest slot's tokens

@@ -131,6 +131,48 @@ describe("request fields (llama-server's schema)", () => {
   })
 })
 
+/** A stream's events (`data:` payloads) with the ms each arrived after the request. */
+const timedEvents = async (url: string, body: Record<string, unknown>) => {
+  const t0 = performance.now()
+  const res = await fetch(`${url}/v1/completions`, { method: "POST", body: JSON.stringify({ ...body, stream: true }) })
+  const seen: Array<{ data: string; ms: number }> = []
+  const decoder = new TextDecoder()
+  let buf = ""
+  for await (const chunk of res.body as ReadableStream<Uint8Array>) {
+    buf += decoder.decode(chunk, { stream: true })
+    for (let i = buf.indexOf("\n\n"); i >= 0; i = buf.indexOf("\n\n")) {
+      seen.push({ data: buf.slice(6, i), ms: performance.now() - t0 })
+      buf = buf.slice(i + 2)
+    }
+  }
+  return seen
+}
+
+describe("a stream's finish", () => {
+  // llama-server sends a task's final response in the update_slots pass of its last token (process_token, then
+  // send_final_response): no decode step between them, for each of a step's tasks; vLLM sends the last token with
+  // its finish reason, one step after the token before it. The simulator waited a step (its ITL) after each.
+  it.each([
+    ["llama_cpp", ["-m", "/m.gguf", "-np", "2"], { prompt: ["one two three", "four five six"] }],
+    ["vllm", ["--model", "m"], { prompt: "one two three" }]
+  ] as const)("%s: goes out with the last token, not a step after it", async (flavor, args, body) => {
+    const sim = await startSim({ flavor, args: [...args, "--sim-itl", "600ms", "--sim-mode", "random"] })
+    try {
+      const seen = await timedEvents(sim.url, { model: "m", max_tokens: 3, ...body })
+      expect(seen.filter((e) => /"finish_reason":"length"/.test(e.data)).length).toBe(
+        Array.isArray(body.prompt) ? 2 : 1
+      )
+      // three tokens a task, two decode steps between them: [DONE] two steps after the first token, not three
+      const took = (seen.at(-1)?.ms ?? 0) - (seen[0]?.ms ?? 0)
+      expect(seen.at(-1)?.data).toBe("[DONE]")
+      expect(took).toBeGreaterThanOrEqual(1.5 * 600)
+      expect(took).toBeLessThan(2.5 * 600)
+    } finally {
+      await sim.stop()
+    }
+  })
+})
+
 describe("a request's later task (a second prompt)", () => {
   it("begins, `data: null`, as it takes its slot, and makes its first token its prompt's TTFT after", async () => {
     // llama-server sends a task's begin as update_slots starts its prompt, before decoding it (server-context.cpp,
