@@ -182,21 +182,7 @@ describe("a request's later task (a second prompt)", () => {
       args: ["-m", "/m.gguf", "-np", "1", "--sim-ttft", "400ms", "--sim-itl", "1ms", "--sim-mode", "random"]
     })
     try {
-      const t0 = performance.now()
-      const res = await fetch(`${sim.url}/v1/completions`, {
-        method: "POST",
-        body: JSON.stringify({ prompt: ["a b", "c d"], max_tokens: 2, stream: true })
-      })
-      const seen: Array<{ data: string; ms: number }> = []
-      const decoder = new TextDecoder()
-      let buf = ""
-      for await (const chunk of res.body as ReadableStream<Uint8Array>) {
-        buf += decoder.decode(chunk, { stream: true })
-        for (let i = buf.indexOf("\n\n"); i >= 0; i = buf.indexOf("\n\n")) {
-          seen.push({ data: buf.slice(6, i), ms: performance.now() - t0 })
-          buf = buf.slice(i + 2)
-        }
-      }
+      const seen = await timedEvents(sim.url, { prompt: ["a b", "c d"], max_tokens: 2 })
       const begin = seen.findIndex((e) => e.data === "null")
       const first = seen.findIndex((e) => e.data.includes('"index":1'))
       const ended = seen.findIndex((e) => e.data.includes('"finish_reason":"length"'))
