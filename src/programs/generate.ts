@@ -109,8 +109,11 @@ export const summaryLine = (s: {
 
 /** The most `--max-tokens` can say: `SamplingParams.max_tokens` is a uint32 (the agent caps it lower, max_tokens_limit). */
 const MAX_UINT32 = 4_294_967_295
-/** The longest `--timeout`, in seconds: AbortSignal.timeout takes at most 2^32 - 1 milliseconds. */
-const MAX_TIMEOUT_S = Math.floor(MAX_UINT32 / 1000)
+/**
+ * The longest `--timeout`, in seconds: AbortSignal.timeout runs a Node timer, which takes at most 2^31 - 1 ms (a
+ * longer one fires after 1 ms, with a TimeoutOverflowWarning: every call would end DEADLINE_EXCEEDED at once).
+ */
+const MAX_TIMEOUT_S = Math.floor((2 ** 31 - 1) / 1000)
 
 /** An integer flag's range: outside it, a one-line usage error (`Invalid value for flag --x: "v". Expected: ...`). */
 const inRange = (min: number, max: number, what: string) =>

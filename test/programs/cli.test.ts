@@ -429,11 +429,16 @@ describe("generate's arguments", () => {
       // AbortSignal.timeout threw a RangeError with a stack trace
       [
         ["--timeout", "-5"],
-        'Invalid value for flag --timeout: "-5". Expected: a whole number of seconds from 1 to 4294967'
+        'Invalid value for flag --timeout: "-5". Expected: a whole number of seconds from 1 to 2147483'
       ],
       [
         ["--timeout", "0"],
-        'Invalid value for flag --timeout: "0". Expected: a whole number of seconds from 1 to 4294967'
+        'Invalid value for flag --timeout: "0". Expected: a whole number of seconds from 1 to 2147483'
+      ],
+      // a Node timer takes at most 2^31 - 1 ms: a longer one fired after 1 ms, the call ended DEADLINE_EXCEEDED at once
+      [
+        ["--timeout", "2147484"],
+        'Invalid value for flag --timeout: "2147484". Expected: a whole number of seconds from 1 to 2147483'
       ],
       // max_tokens is a uint32: the call failed with "INTERNAL: Request message serialization failure"
       [
