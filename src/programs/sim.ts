@@ -7,7 +7,7 @@ import { spawn } from "node:child_process"
 import * as http from "node:http"
 import { unknownFlagsRefusal } from "../sim/argRefusal.ts"
 import { parseArgs } from "../sim/args.ts"
-import { makeContext } from "../sim/context.ts"
+import { LLAMA_KEEP_ALIVE_S, LLAMA_MAX_REQUESTS, makeContext } from "../sim/context.ts"
 import { KvPublisher, kvEventsSettings } from "../sim/kvpublisher.ts"
 import { handler } from "../sim/server.ts"
 import { ArgsError, type SimConfig } from "../sim/simConfig.ts"
@@ -117,9 +117,12 @@ const main = async (): Promise<void> => {
   // (CPPHTTPLIB_KEEPALIVE_TIMEOUT_SECOND, CPPHTTPLIB_KEEPALIVE_MAX_COUNT in ggml-org/llama.cpp
   // vendor/cpp-httplib/httplib.h); the simulator keeps the others' 30 s.
   const llama = cfg.flavor === "llama_cpp"
-  const server = http.createServer({ keepAliveTimeout: llama ? 5_000 : 30_000, noDelay: true }, handler(ctx, hung))
+  const server = http.createServer(
+    { keepAliveTimeout: llama ? LLAMA_KEEP_ALIVE_S * 1000 : 30_000, noDelay: true },
+    handler(ctx, hung)
+  )
   server.maxHeadersCount = 200
-  if (llama) server.maxRequestsPerSocket = 100
+  if (llama) server.maxRequestsPerSocket = LLAMA_MAX_REQUESTS
 
   // Signals as the engines take them: the first SIGTERM/SIGINT starts a graceful shutdown, which takes a moment
   // (workers joined, memory freed: --sim-shutdown-delay); a second one during it means "exit now". llama-server:

@@ -32,6 +32,11 @@ export interface SimContext {
   readonly core: Core
   readonly rand: () => number
   readonly created: number
+  /**
+   * llama-server's `Process-Start-Time-Unix` on /metrics: not a Unix time but its monotonic clock at start, in µs
+   * (server_metrics::init, `t_start = ggml_time_us()`, tools/server/server-context.cpp); node's hrtime is that clock.
+   */
+  readonly monotonicStartUs: string
   readonly engineId: string
   readonly sideChannel: SideChannel | undefined
   readonly sideChannelHost: string
@@ -113,6 +118,7 @@ export const makeContext = (
     core: new Core(),
     rand: prng(cfg.seed),
     created: Math.floor(Date.now() / 1000),
+    monotonicStartUs: String(process.hrtime.bigint() / 1000n),
     engineId: typeof engineId === "string" ? engineId : randomUUID(),
     sideChannel: cfg.flavor === "vllm" && hasPdConnector(cfg) ? new SideChannel() : undefined,
     sideChannelHost: env.VLLM_NIXL_SIDE_CHANNEL_HOST ?? "localhost",
@@ -146,9 +152,41 @@ export const sseHeaders = (flavor: Flavor): Record<string, string> =>
     ? { "content-type": "text/event-stream", "x-accel-buffering": "no" }
     : { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache" }
 
-/** A JSON answer in the flavor's headers. */
-export const reply = (ctx: SimContext, res: http.ServerResponse, status: number, body: unknown): void =>
+/** cpp-httplib's keep-alive, CPPHTTPLIB_KEEPALIVE_TIMEOUT_SECOND and _MAX_COUNT (src/programs/sim.ts sets node's). */
+export const LLAMA_KEEP_ALIVE_S = 5
+export const LLAMA_MAX_REQUESTS = 100
+const LLAMA_KEEP_ALIVE = `timeout=${LLAMA_KEEP_ALIVE_S}, max=${LLAMA_MAX_REQUESTS}`
+/** The requests each connection has carried, counted here as node's maxRequestsPerSocket counts them. */
+const requestsOn = new WeakMap<object, number>()
+
+/**
+ * What llama-server sends on every answer before a route's own headers: cpp-httplib's default `Server: llama.cpp`
+ * (tools/server/server-http.cpp, set_default_headers) and the request's Origin echoed, empty without one (its
+ * pre-routing handler, --cors-* defaults), plus `Accept-Ranges: bytes` on a HEAD answer (httplib
+ * Server::write_response_core). httplib sends no Date, and on a kept connection `Keep-Alive` with no `Connection`
+ * header, which node:http writes unless it is removed (then shouldKeepAlive alone keeps or closes the socket). The
+ * last request a connection may carry (node's maxRequestsPerSocket) is left to node: `Connection: close`, as httplib.
+ */
+export const llamaFraming = (req: http.IncomingMessage, res: http.ServerResponse): void => {
+  res.sendDate = false
+  res.setHeader("Server", "llama.cpp")
+  res.setHeader("Access-Control-Allow-Origin", req.headers.origin ?? "")
+  if (req.method === "HEAD") res.setHeader("Accept-Ranges", "bytes")
+  const carried = (requestsOn.get(req.socket) ?? 0) + 1
+  requestsOn.set(req.socket, carried)
+  if (!res.shouldKeepAlive || carried >= LLAMA_MAX_REQUESTS) return
+  res.removeHeader("connection")
+  res.setHeader("Keep-Alive", LLAMA_KEEP_ALIVE)
+}
+
+/** A JSON answer in the flavor's headers; a llama-server error closes the connection (jsonHeaders): no Keep-Alive. */
+export const reply = (ctx: SimContext, res: http.ServerResponse, status: number, body: unknown): void => {
+  if (ctx.cfg.flavor === "llama_cpp" && status >= 400) {
+    res.removeHeader("Keep-Alive")
+    res.shouldKeepAlive = false
+  }
   sendJson(res, status, body, jsonHeaders(ctx.cfg.flavor, status))
+}
 
 /** An error body as the flavor's engine (of the simulated age: --sim-legacy-errors) sends it. */
 export const errorReply = (ctx: SimContext, res: http.ServerResponse, status: number, body: unknown): void =>

@@ -27,6 +27,7 @@ const LLAMA_TYPES: Record<number, string> = {
   404: "not_found_error",
   429: "unavailable_error",
   500: "server_error",
+  501: "not_supported_error",
   503: "unavailable_error"
 }
 
@@ -82,6 +83,9 @@ export const LLAMA_ERROR_FIELD = (message: string) => ({ code: 500, message, typ
 
 /** llama.cpp's answer to everything while the model loads (tools/server/server-http.cpp middleware_server_state). */
 export const LLAMA_LOADING = { error: { message: "Loading model", type: "unavailable_error", code: 503 } }
+
+/** llama-server's 501 for /metrics without --metrics (tools/server/server-context.cpp, the metrics handler). */
+export const LLAMA_NO_METRICS = "This server does not support metrics endpoint. Start it with `--metrics`"
 
 /** llama.cpp's 404 for a path (or method) it has no route for (server-http.cpp, the error handler). */
 export const LLAMA_NOT_FOUND = { error: { message: "File Not Found", type: "not_found_error", code: 404 } }

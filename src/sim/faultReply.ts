@@ -59,16 +59,33 @@ const mlxFailure = (res: http.ServerResponse, streaming: boolean): void => {
   else res.socket?.end()
 }
 
-/** Mid-stream error or a connection reset, after `done` has settled the request's bookkeeping. */
+export type Injected = "midstream" | "sse_error_field" | "reset"
+
+/**
+ * The fault a request meets: a failed KV load's before its first token (as vLLM's first engine step fails,
+ * pdLegs.ts), else --sim-error-kind's after the first token (`at`: the tokens out before it). generate.ts also
+ * strikes it at the answer's end, so that an answer with fewer tokens (one, or a stop string at the first) fails too.
+ */
+export const plannedFault = (kvLoadFailed: boolean, inject: Injected | undefined) =>
+  kvLoadFailed
+    ? { kind: "midstream" as const, at: 0, message: GENERATION_ERROR }
+    : { kind: inject, at: inject === undefined ? Number.POSITIVE_INFINITY : 1, message: undefined }
+
+/**
+ * Mid-stream error or a connection reset, after `done` has settled the request's bookkeeping; `pending`: the
+ * stream's chunks not yet written, which go out first.
+ */
 export const fault = (
   ctx: SimContext,
   res: http.ServerResponse,
-  kind: "midstream" | "sse_error_field" | "reset" | undefined,
+  kind: Injected | undefined,
   streaming: boolean,
   done: () => void,
-  message?: string
+  message?: string,
+  pending = ""
 ): void => {
   done()
+  if (pending !== "") res.write(pending)
   if (kind === "reset") {
     if (!streaming) res.writeHead(200, { "content-type": "application/json", "content-length": 1000 })
     res.socket?.resetAndDestroy()

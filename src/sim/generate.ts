@@ -8,7 +8,7 @@ import { setTimeout as sleep, setImmediate as tick } from "node:timers/promises"
 import { DONE, fullBody, streamTemplate, type Usage } from "./chunks.ts"
 import { jsonHeaders, type SimContext, sendError, sseHeaders } from "./context.ts"
 import { dpPin } from "./dpPin.ts"
-import { fault, GENERATION_ERROR } from "./faultReply.ts"
+import { fault, type Injected, plannedFault } from "./faultReply.ts"
 import { sendJson } from "./http.ts"
 import { llamaFullBody } from "./llamaChunks.ts"
 import { handoffBeforeGeneration, holdForDecode } from "./pdLegs.ts"
@@ -30,7 +30,7 @@ export const generate = async (
   id: string,
   req: http.IncomingMessage,
   res: http.ServerResponse,
-  inject: "midstream" | "sse_error_field" | "reset" | undefined
+  inject: Injected | undefined
 ): Promise<void> => {
   const { cfg, stats } = ctx
   const t0 = performance.now()
@@ -150,7 +150,6 @@ export const generate = async (
 
   const rand = (q: Sequence) => (q.seed === undefined ? ctx.rand : prng(q.seed))
   const plans = gr.sequences.map((q) => plan(cfg.mode, q.words, sglangPrefill ? 1 : q.maxTokens, rand(q), gr.ignoreEos))
-  const total = plans.reduce((n, g) => n + g.tokens.length, 0)
   const model = gr.echoModel ?? cfg.servedName
   const created = Math.floor(Date.now() / 1000)
   let last = performance.now()
@@ -172,11 +171,7 @@ export const generate = async (
     heldLoose()
   }
   const stalled = () => emitted >= (ctx.faults.stallAfterTokens ?? Number.POSITIVE_INFINITY)
-  // a failed KV load fails before the first token, as vLLM's first engine step does (pdLegs.ts)
-  const kvLoadFailed = handoff.kind === "failInStream"
-  const failure = kvLoadFailed ? "midstream" : inject
-  const failMessage = kvLoadFailed ? GENERATION_ERROR : undefined
-  const faultAt = kvLoadFailed ? 0 : inject === undefined ? Number.POSITIVE_INFINITY : Math.min(1, total)
+  const planned = plannedFault(handoff.kind === "failInStream", inject)
 
   const finish = (reason: string) => {
     state = "done"
@@ -239,7 +234,10 @@ export const generate = async (
       }
       if (ev.kind === "end") {
         ends[ev.index] = ev
-        if (ends.filter((e) => e !== undefined).length === plans.length) finish(ev.reason)
+        const all = ends.filter((e) => e !== undefined).length === plans.length
+        // a fault its tokens did not reach (one token, a stop string at the first) comes before the finish
+        if (all && planned.kind !== undefined) return fault(ctx, res, planned.kind, true, failed, planned.message, out)
+        if (all) finish(ev.reason)
         // What the engine held back goes with the finish (mlx-lm's held stop prefix at max_tokens).
         const last = held !== undefined ? held + ev.rest : ev.rest !== "" ? ev.rest : undefined
         out += tpl.end(ev.reason, usage(ev.index, ev.generated), gr.includeUsage, last, ev.index, ev.matched)
@@ -258,10 +256,7 @@ export const generate = async (
         await pingUntil(res, emitted > 0 ? gr.ssePingMs : undefined, gone, closed)
         return
       }
-      if (emitted >= faultAt) {
-        if (out !== "") res.write(out)
-        return fault(ctx, res, failure, true, failed, failMessage)
-      }
+      if (emitted >= planned.at) return fault(ctx, res, planned.kind, true, failed, planned.message, out)
       onToken(ev.text)
       // The last token travels with the finish reason (chunks.ts, mergesFinish).
       if (tpl.finishWithLastToken && ev.last) held = ev.text
@@ -296,10 +291,11 @@ export const generate = async (
       if (detached) cleanup()
       return
     }
-    if (emitted >= faultAt) return fault(ctx, res, failure, false, failed, failMessage)
+    if (emitted >= planned.at) return fault(ctx, res, planned.kind, false, failed, planned.message)
     onToken(ev.text)
     if (cfg.itlMs > 0 && ev.stepEnd && !(await waited(cfg.itlMs))) return
   }
+  if (planned.kind !== undefined) return fault(ctx, res, planned.kind, false, failed, planned.message)
   const e0 = ends[0] ?? { reason: "length", content: "", generated: 0, matched: undefined }
   const kvParams = finish(e0.reason)
   if (detached) return

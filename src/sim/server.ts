@@ -4,8 +4,8 @@
 import { randomUUID } from "node:crypto"
 import type * as http from "node:http"
 import { modelsBody } from "./chunks.ts"
-import { errorReply, reply, type SimContext, sendError } from "./context.ts"
-import { invalidJson, LLAMA_LOADING, LLAMA_NOT_FOUND } from "./errors.ts"
+import { errorReply, llamaFraming, reply, type SimContext, sendError } from "./context.ts"
+import { invalidJson, LLAMA_LOADING, LLAMA_NO_METRICS, LLAMA_NOT_FOUND } from "./errors.ts"
 import { applyFaults } from "./faults.ts"
 import { generate } from "./generate.ts"
 import { readBody, sendJson } from "./http.ts"
@@ -126,11 +126,10 @@ const endpointOf = (flavor: Flavor, path: string): "chat" | "completion" | undef
 /**
  * llama-server answers an OPTIONS request to any path with the CORS headers and nothing else, before it
  * looks at the path or the model's state (tools/server/server-http.cpp, the pre-routing handler; defaults
- * of --cors-* in common/arg.cpp). cpp-httplib adds the origin header to every answer.
+ * of --cors-* in common/arg.cpp); the origin header it adds to every answer (llamaFraming).
  */
 const llamaOptions = (res: http.ServerResponse): void => {
   res.writeHead(200, {
-    "access-control-allow-origin": "",
     "access-control-allow-credentials": "true",
     "access-control-allow-methods": "GET, POST, DELETE, OPTIONS",
     "access-control-allow-headers": "*",
@@ -148,6 +147,7 @@ export const handler =
     const path = q >= 0 ? url.slice(0, q) : url
     const { flavor } = ctx.cfg
     if (path.startsWith("/sim/")) return controlPlane(ctx, path, req, res)
+    if (flavor === "llama_cpp") llamaFraming(req, res)
     if (flavor === "llama_cpp" && req.method === "OPTIONS") return llamaOptions(res)
     // cpp-httplib answers HEAD with the GET route's headers (node:http sends no body for HEAD).
     const method = flavor === "llama_cpp" && req.method === "HEAD" ? "GET" : req.method
@@ -197,13 +197,18 @@ const metricsText = (ctx: SimContext): string | undefined => {
 
 /** /metrics: what a wedged core last published, or (llama-server, whose loop answers it) once the core runs again. */
 const metrics = async (ctx: SimContext, res: http.ServerResponse): Promise<void> => {
-  if (ctx.core.wedged && ctx.cfg.flavor === "llama_cpp") await ctx.core.running()
+  const llama = ctx.cfg.flavor === "llama_cpp"
+  // llama-server's handler refuses before it posts a task to its loop: at once, and no task id
+  if (llama && !ctx.cfg.enableMetrics) return sendError(ctx, res, 501, LLAMA_NO_METRICS)
+  if (ctx.core.wedged && llama) await ctx.core.running()
   const text = ctx.core.wedged ? ctx.core.frozenMetrics : metricsText(ctx)
   if (text === undefined) return notFound(ctx, res)
   // llama-server's /metrics is a task of its loop (METRICS): it takes a task id (llamaSlots.ts)
-  if (ctx.cfg.flavor === "llama_cpp" && !ctx.core.wedged) ctx.engines.ranks[0]?.slotBook.taskId()
+  if (llama && !ctx.core.wedged) ctx.engines.ranks[0]?.slotBook.taskId()
+  // llama-server: its start time (SimContext.monotonicStartUs) and a content type with no charset (server-context.cpp)
   res.writeHead(200, {
-    "content-type": "text/plain; version=0.0.4; charset=utf-8",
+    ...(llama ? { "Process-Start-Time-Unix": ctx.monotonicStartUs } : {}),
+    "content-type": `text/plain; version=0.0.4${llama ? "" : "; charset=utf-8"}`,
     "content-length": Buffer.byteLength(text)
   })
   res.end(text)

@@ -9,6 +9,9 @@
 // prompt is evaluated once it holds its slot, so its first token comes that long after the one before it ended, its
 // begin (`data: null`) as it took the slot.
 // Timing is compared as a relation (2 shared cores): the simulator's TTFT and ITL knobs stand for the real times.
+// Every answer's headers: cpp-httplib's `Server`, the echoed Origin, Keep-Alive without `Connection`, no Date; and
+// /metrics without --metrics, a 501.
+import * as http from "node:http"
 import { describe, expect, it } from "vitest"
 import { pollUntil } from "../support/poll.ts"
 import { postOnOwnConnection as post, requestOnOwnConnection as request } from "./engine.ts"
@@ -125,6 +128,86 @@ describe("decode steps: the simulator against the real server", () => {
       expect([base, wait > 5 * itl && wait > 10]).toEqual([base, true])
       // its begin, `data: null`, as it takes the slot, before its prompt is evaluated: in the first half of the wait
       expect([base, at("null") - at("0F") < at("1") - at("null")]).toEqual([base, true])
+    }
+  })
+})
+
+/** The headers whose value is fixed (not a length or a time). */
+const FIXED = [
+  "server",
+  "access-control-allow-origin",
+  "connection",
+  "keep-alive",
+  "content-type",
+  "transfer-encoding",
+  "x-accel-buffering",
+  "accept-ranges"
+]
+
+/** An answer's status, header names (sorted), the fixed ones' values, /metrics' start header, and body. */
+interface Answer {
+  readonly status: number | undefined
+  readonly names: Array<string>
+  readonly fixed: Array<unknown>
+  readonly start: string | undefined
+  readonly text: string
+}
+
+/** One request on a connection of its own. */
+const answer = (base: string, method: string, p: string, headers: Record<string, string>, body?: string) =>
+  new Promise<Answer>((resolve, reject) => {
+    const req = http.request(`${base}${p}`, { method, agent: false, headers }, (res) => {
+      let text = ""
+      res.setEncoding("utf8")
+      res.on("data", (c: string) => {
+        text += c
+      })
+      res.on("end", () => {
+        const names = res.rawHeaders.filter((_, i) => i % 2 === 0).map((n) => n.toLowerCase())
+        const fixed = FIXED.map((n) => [n, res.headers[n] ?? null])
+        const start = res.headers["process-start-time-unix"] as string | undefined
+        resolve({ status: res.statusCode, names: names.sort(), fixed, start, text })
+      })
+    })
+    req.on("error", reject)
+    req.end(body)
+  })
+
+describe("headers: the simulator against the real server", () => {
+  it("each answer's header names and fixed values: JSON, errors, a stream, /health, HEAD, OPTIONS, /metrics", async () => {
+    const C = "/v1/completions"
+    const [json, origin] = [{ "content-type": "application/json" }, { origin: "http://x" }]
+    const cases: Array<[string, string, Record<string, string>, string?]> = [
+      ["GET", "/health", {}],
+      ["GET", "/health", origin],
+      ["GET", "/health", { connection: "close" }],
+      ["HEAD", "/health", {}],
+      ["OPTIONS", C, origin],
+      ["GET", "/metrics", {}],
+      ["GET", "/metrics", origin],
+      ["GET", "/nothing", {}],
+      ["POST", C, json, JSON.stringify({ prompt: "a b", max_tokens: 2 })],
+      ["POST", C, json, JSON.stringify({ prompt: "a b", n: 3 })],
+      ["POST", C, { ...json, ...origin }, JSON.stringify({ prompt: "a b", max_tokens: 2, stream: true })]
+    ]
+    for (const metrics of [[], ["--metrics"]]) {
+      const [real, sim] = await pair(2, metrics, ["--sim-mode", "random"])
+      for (const [method, p, headers, body] of cases) {
+        const [r, s] = [await answer(real, method, p, headers, body), await answer(sim, method, p, headers, body)]
+        const seen = (a: Answer) => [metrics, method, p, headers, a.status, a.names, a.fixed]
+        expect(seen(s)).toEqual(seen(r))
+        if (p !== "/metrics") continue
+        expect([metrics, r.status]).toEqual([metrics, metrics.length === 0 ? 501 : 200])
+        // without --metrics: llama-server's 501, byte for byte; with it, Process-Start-Time-Unix: the monotonic
+        // clock at start in µs (not a Unix time), the two started within the same minute
+        if (r.status === 501) expect(s.text).toBe(r.text)
+        else expect(Math.abs(Number(r.start) - Number(s.start)) < 60e6).toBe(true)
+      }
+      const health = await answer(real, "GET", "/health", origin)
+      expect(health.fixed.slice(0, 2)).toEqual([
+        ["server", "llama.cpp"],
+        ["access-control-allow-origin", "http://x"]
+      ])
     }
   })
 })

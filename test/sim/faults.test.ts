@@ -120,6 +120,33 @@ describe("errors, stalls and health", () => {
   })
 })
 
+describe("a fault kind fails every answer it is set for, a one-token answer too", () => {
+  const flavors: Array<[string, Array<string>]> = [
+    ["vllm", ["serve", "m"]],
+    ["sglang", ["--model-path", "m"]],
+    ["llama_cpp", ["-m", "/m.gguf"]],
+    ["mlx", ["--model", "m"]]
+  ]
+  // echo: "a" is one token, which the answer ends at (max_tokens 2)
+  const one = { prompt: "a", max_tokens: 2 }
+  it.each(flavors)("%s: midstream (llama_cpp also sse_error_field), streamed and whole", async (flavor, args) => {
+    const s = await startSim({ args: [...args, "--sim-error-rate", "1", "--sim-error-kind", "midstream"] })
+    started.push(s)
+    const kinds = flavor === "llama_cpp" ? ["midstream", "sse_error_field"] : ["midstream"]
+    for (const kind of kinds) {
+      expect((await postJson(`${s.url}/sim/faults`, { errorKind: kind })).status).toBe(200)
+      const stream = await postJson(`${s.url}/v1/completions`, { ...one, stream: true })
+      const errorEvent = /^(data: \{"error"|error: \{)/m.test(stream.text)
+      // no finish: mlx-lm's failed stream just ends (faultReply.ts mlxFailure), the others send an error event
+      expect([kind, /"finish_reason":"/.test(stream.text), errorEvent]).toEqual([kind, false, flavor !== "mlx"])
+      // a whole answer: the flavor's 500, or (mlx-lm) the connection closed with no answer
+      const whole = postJson(`${s.url}/v1/completions`, one)
+      if (flavor === "mlx") await expect(whole).rejects.toThrow()
+      else expect([kind, (await whole).status]).toEqual([kind, 500])
+    }
+  })
+})
+
 describe("signals and the grandchild", () => {
   it("ignores SIGTERM, and its grandchild (same process group) ignores it too until SIGKILL", async () => {
     const s = await start(["--sim-ignore-sigterm", "--sim-fork-grandchild"])
