@@ -164,8 +164,8 @@ const requestsOn = new WeakMap<object, number>()
  * (tools/server/server-http.cpp, set_default_headers) and the request's Origin echoed, empty without one (its
  * pre-routing handler, --cors-* defaults), plus `Accept-Ranges: bytes` on a HEAD answer (httplib
  * Server::write_response_core). httplib sends no Date, and on a kept connection `Keep-Alive` with no `Connection`
- * header, which node:http writes unless it is removed (then shouldKeepAlive alone keeps or closes the socket). The
- * last request a connection may carry (node's maxRequestsPerSocket) is left to node: `Connection: close`, as httplib.
+ * header, which node:http writes unless it is removed (then shouldKeepAlive alone keeps or closes the socket). Every
+ * request counts toward a connection's last (the simulator's /sim/ ones too, as node counts them).
  */
 export const llamaFraming = (req: http.IncomingMessage, res: http.ServerResponse): void => {
   res.sendDate = false
@@ -174,7 +174,9 @@ export const llamaFraming = (req: http.IncomingMessage, res: http.ServerResponse
   if (req.method === "HEAD") res.setHeader("Accept-Ranges", "bytes")
   const carried = (requestsOn.get(req.socket) ?? 0) + 1
   requestsOn.set(req.socket, carried)
-  if (!res.shouldKeepAlive || carried >= LLAMA_MAX_REQUESTS) return
+  // httplib closes the connection after its last request (node would answer a 101st 503): `Connection: close`
+  if (carried >= LLAMA_MAX_REQUESTS) res.shouldKeepAlive = false
+  if (!res.shouldKeepAlive) return
   res.removeHeader("connection")
   res.setHeader("Keep-Alive", LLAMA_KEEP_ALIVE)
 }

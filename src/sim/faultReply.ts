@@ -63,8 +63,9 @@ export type Injected = "midstream" | "sse_error_field" | "reset"
 
 /**
  * The fault a request meets: a failed KV load's before its first token (as vLLM's first engine step fails,
- * pdLegs.ts), else --sim-error-kind's after the first token (`at`: the tokens out before it). generate.ts also
- * strikes it at the answer's end, so that an answer with fewer tokens (one, or a stop string at the first) fails too.
+ * pdLegs.ts), else --sim-error-kind's after the first token (`at`: the tokens made before it). generate.ts also
+ * strikes it at the answer's end, so that an answer with fewer tokens (one, or a stop string at the first) fails too;
+ * where the last token travels with the finish (vLLM, SGLang), such an answer's stream shows no token before it.
  */
 export const plannedFault = (kvLoadFailed: boolean, inject: Injected | undefined) =>
   kvLoadFailed

@@ -207,6 +207,14 @@ export const generate = async (
   )
   const ends: Array<{ reason: string; content: string; generated: number; matched: string | undefined }> = []
 
+  // A decode step's delay comes before the next step's tokens, not after the last: a task's finish goes with its last
+  // token (send_final_response), and a later task's wait for its slot and prompt stands for the step it starts in.
+  let stepDone = false
+  const stepPaid = async (): Promise<boolean> => {
+    const owed = stepDone
+    stepDone = false
+    return !owed || waited(cfg.itlMs)
+  }
   if (gr.stream) {
     const tpl = streamTemplate(gr.endpoint, id, model, created, cfg.flavor, {
       ...prompt,
@@ -217,8 +225,6 @@ export const generate = async (
     res.writeHead(200, sseHeaders(cfg.flavor))
     let out = tpl.first
     let held: string | undefined
-    // a step's delay comes before the next step's tokens: a task's finish goes with its last (send_final_response)
-    let stepDone = false
     for (const ev of events) {
       // a later task's begin, as it takes its slot (its prompt's TTFT to come): out with what follows it
       if (ev.kind === "begin") {
@@ -229,6 +235,7 @@ export const generate = async (
         // what the core sent before it hung, or before its next task waits for a slot, is on the wire
         if (out !== "") res.write(out)
         out = ""
+        if (ev.kind === "wait") stepDone = false
         if (!(await coreRuns(ev))) return
         if (ev.kind === "wait") continue
       }
@@ -245,11 +252,10 @@ export const generate = async (
         continue
       }
       if (stepDone) {
-        stepDone = false
         res.write(out)
         out = ""
-        if (!(await waited(cfg.itlMs))) return
       }
+      if (!(await stepPaid())) return
       if (stalled()) {
         if (out !== "") res.write(out)
         // llama-server pings only once its first chunk is out (the first result is awaited without).
@@ -280,12 +286,14 @@ export const generate = async (
   }
 
   for (const ev of events) {
+    if (ev.kind === "wait") stepDone = false
     if ((wedged() || ev.kind === "wait") && !(await coreRuns(ev))) return
     if (ev.kind === "wait" || ev.kind === "begin") continue
     if (ev.kind === "end") {
       ends[ev.index] = ev
       continue
     }
+    if (!(await stepPaid())) return
     if (stalled()) {
       await closed
       if (detached) cleanup()
@@ -293,22 +301,16 @@ export const generate = async (
     }
     if (emitted >= planned.at) return fault(ctx, res, planned.kind, false, failed, planned.message)
     onToken(ev.text)
-    if (cfg.itlMs > 0 && ev.stepEnd && !(await waited(cfg.itlMs))) return
+    stepDone = cfg.itlMs > 0 && ev.stepEnd
   }
   if (planned.kind !== undefined) return fault(ctx, res, planned.kind, false, failed, planned.message)
   const e0 = ends[0] ?? { reason: "length", content: "", generated: 0, matched: undefined }
   const kvParams = finish(e0.reason)
   if (detached) return
+  const sequences = ends.map((e) => ({ text: e.content, finishReason: e.reason }))
   const body =
     flavor === "llama_cpp"
-      ? llamaFullBody(
-          gr,
-          id,
-          model,
-          created,
-          ends.map((e) => ({ text: e.content, finishReason: e.reason })),
-          usage(0, e0.generated)
-        )
+      ? llamaFullBody(gr, id, model, created, sequences, usage(0, e0.generated))
       : fullBody(flavor, gr.endpoint, id, model, created, e0, usage(0, e0.generated), kvParams, prompt)
   sendJson(res, 200, body, jsonHeaders(cfg.flavor))
 }

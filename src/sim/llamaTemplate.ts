@@ -28,14 +28,18 @@ const contentTokens = (text: string): Array<string> => text.match(/\n|[^\s]+/g) 
 
 /**
  * A message's text as the template sees it: a string, or its text parts joined by newlines (the template takes
- * strings only: common/chat.cpp messages_inp_normalizer::concat_content_parts).
+ * strings only: common/chat.cpp messages_inp_normalizer::concat_content_parts); a continued assistant message's
+ * parts by blank lines (`sep`; measured against the real server).
  */
-const contentOf = (c: unknown): string =>
+const contentOf = (c: unknown, sep = "\n"): string =>
   typeof c === "string"
     ? c
     : Array.isArray(c)
-      ? c.map((p) => (typeof p?.text === "string" ? (p.text as string) : "")).join("\n")
+      ? c.map((p) => (typeof p?.text === "string" ? (p.text as string) : "")).join(sep)
       : ""
+
+/** A message's role as the template gets it: OpenAI's `developer` is the template's `system` (measured). */
+const roleOf = (role: unknown): string => (role === "developer" ? "system" : String(role))
 
 export interface ChatPrompt {
   /** The rendered prompt (/apply-template's `prompt`). */
@@ -61,11 +65,11 @@ export const renderChat = (messages: ReadonlyArray<Message>, addGenerationPrompt
   const continued = last?.role === "assistant" ? last : undefined
   const parts: Array<[string, Array<string>]> = []
   for (const m of continued === undefined ? messages : messages.slice(0, -1)) {
-    const [role, content] = [String(m.role), contentOf(m.content)]
+    const [role, content] = [roleOf(m.role), contentOf(m.content)]
     parts.push([`<|im_start|>${role}\n`, templateTokens(`<|im_start|>${role}\n`)])
     parts.push([content, contentTokens(content)], ["<|im_end|>\n", templateTokens("<|im_end|>\n")])
   }
-  const text = contentOf(continued?.content)
+  const text = contentOf(continued?.content, "\n\n")
   if (continued === undefined ? addGenerationPrompt : text !== "") {
     parts.push([GENERATION_PROMPT, templateTokens(GENERATION_PROMPT)])
   }

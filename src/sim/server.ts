@@ -146,8 +146,8 @@ export const handler =
     const q = url.indexOf("?")
     const path = q >= 0 ? url.slice(0, q) : url
     const { flavor } = ctx.cfg
-    if (path.startsWith("/sim/")) return controlPlane(ctx, path, req, res)
     if (flavor === "llama_cpp") llamaFraming(req, res)
+    if (path.startsWith("/sim/")) return controlPlane(ctx, path, req, res)
     if (flavor === "llama_cpp" && req.method === "OPTIONS") return llamaOptions(res)
     // cpp-httplib answers HEAD with the GET route's headers (node:http sends no body for HEAD).
     const method = flavor === "llama_cpp" && req.method === "HEAD" ? "GET" : req.method

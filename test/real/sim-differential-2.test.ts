@@ -128,7 +128,21 @@ describe("a chat's prompt: its template rendered, then counted, the simulator ag
     { messages: [u("hi"), { role: "assistant", content: "hello" }] },
     { messages: [u("hi"), { role: "assistant", content: "" }] },
     { messages: [u("hi")], add_generation_prompt: false },
-    { messages: [] }
+    { messages: [] },
+    // OpenAI's developer role is the template's system; a continued assistant message's parts join by a blank line
+    { messages: [{ role: "developer", content: "hi" }] },
+    {
+      messages: [
+        u("hi"),
+        {
+          role: "assistant",
+          content: [
+            { type: "text", text: "a" },
+            { type: "text", text: "b" }
+          ]
+        }
+      ]
+    }
   ]
 
   it("usage.prompt_tokens, the slot's n_prompt_tokens and /apply-template's prompt, chat by chat", async () => {

@@ -167,6 +167,15 @@ describe("a stream's finish", () => {
       expect(seen.at(-1)?.data).toBe("[DONE]")
       expect(took).toBeGreaterThanOrEqual(1.5 * 600)
       expect(took).toBeLessThan(2.5 * 600)
+      // a whole answer takes its steps as the stream does: none after its last token
+      const t0 = performance.now()
+      const whole = await fetch(`${sim.url}/v1/completions`, {
+        method: "POST",
+        body: JSON.stringify({ model: "m", max_tokens: 3, ...body })
+      })
+      expect(whole.status).toBe(200)
+      await whole.text()
+      expect(performance.now() - t0).toBeLessThan(2.5 * 600)
     } finally {
       await sim.stop()
     }
@@ -179,7 +188,7 @@ describe("a request's later task (a second prompt)", () => {
     // SLOT_STATE_STARTED: send_partial_response with is_begin); the simulator sent it with the first token
     const sim = await startSim({
       flavor: "llama_cpp",
-      args: ["-m", "/m.gguf", "-np", "1", "--sim-ttft", "400ms", "--sim-itl", "1ms", "--sim-mode", "random"]
+      args: ["-m", "/m.gguf", "-np", "1", "--sim-ttft", "400ms", "--sim-itl", "300ms", "--sim-mode", "random"]
     })
     try {
       const seen = await timedEvents(sim.url, { prompt: ["a b", "c d"], max_tokens: 2 })
@@ -190,6 +199,8 @@ describe("a request's later task (a second prompt)", () => {
       expect([ended < begin, begin + 1 === first]).toEqual([true, true])
       // out as the slot is taken (choice 0's end), the second prompt's 400 ms TTFT after it
       expect((seen[first]?.ms ?? 0) - (seen[begin]?.ms ?? 0)).toBeGreaterThanOrEqual(300)
+      // that long, not a decode step (the ITL) more: the wait for its prompt stands for the step it starts in
+      expect((seen[first]?.ms ?? 0) - (seen[begin]?.ms ?? 0)).toBeLessThan(400 + 150)
     } finally {
       await sim.stop()
     }
