@@ -9,6 +9,7 @@ import { afterEach, describe, expect, it, type MockInstance, vi } from "vitest"
 import { cpuProfileFileName, parseCpuProfileQuery } from "../../src/services/admin/CpuProfile.ts"
 import { startAdmin } from "../support/admin.ts"
 
+const realPost = Session.prototype.post
 let close: (() => Promise<void>) | undefined
 let post: MockInstance<Session["post"]>
 let disconnect: MockInstance<Session["disconnect"]>
@@ -59,6 +60,8 @@ describe("POST /debug/cpu-profile", () => {
     expect(res.headers.get("content-disposition")).toMatch(
       /^attachment; filename="cgn-agent-node-a-\d{8}T\d{6}Z\.cpuprofile"$/
     )
+    // taken now, on demand: no cache between the operator and the agent answers an older one
+    expect(res.headers.get("cache-control")).toBe("no-store")
     const profile = JSON.parse(res.text)
     expect(profile.nodes.length).toBeGreaterThan(0)
     expect(profile.nodes[0].callFrame.functionName).toBe("(root)")
@@ -119,6 +122,23 @@ describe("POST /debug/cpu-profile", () => {
     expect(cpuProfileFileName('a"b\\c é', 0)).toBe("cgn-agent-a_b_c__-19700101T000000Z.cpuprofile")
     // no ':' from the node id either, as none from the time (compactUtc: some file systems and tools refuse it)
     expect(cpuProfileFileName("gpu:7", 0)).toBe("cgn-agent-gpu_7-19700101T000000Z.cpuprofile")
+  })
+
+  it("an inspector step that fails answers 500 naming the step and why, and the session is released", async () => {
+    const url = await start()
+    post.mockImplementation(function (this: Session, ...args: Array<unknown>) {
+      if (args[0] === "Profiler.start") return Promise.reject(new Error("inspector says no"))
+      return Reflect.apply(realPost, this, args)
+    } as Session["post"])
+    const res = await request(`${url}?seconds=1`)
+    expect([res.status, JSON.parse(res.text).error]).toEqual([
+      500,
+      "CPU profile: Profiler.start failed: inspector says no"
+    ])
+    // the session is a scoped resource: released however the request ends, a failed step included
+    expect(sessions()).toEqual([
+      { methods: ["Profiler.enable", "Profiler.start", "Profiler.disable"], disconnected: true }
+    ])
   })
 })
 

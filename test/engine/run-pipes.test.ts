@@ -1,7 +1,8 @@
 // One engine run's output pipes against a grandchild that escapes the engine's process group (setsid) and keeps
 // the engine's stdout and stderr: the guard stops the group, the grandchild lives on and holds the pipes' write
 // ends, so no end of file ever comes. The run's release must still close the agent's side of the pipes; it
-// left them open for as long as the grandchild lived, two fds per engine restart.
+// left them open for as long as the grandchild lived, two fds per engine restart. Also the run's last lines, its
+// output flood bound, the outcome its stop reports, and a guard that cannot be spawned.
 import { execFileSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
@@ -187,5 +188,51 @@ describe("an engine run's output that ends", () => {
     )
     const count = (l: string) => Number(/^engine output: (\d+) line/.exec(l)?.[1] ?? 0)
     expect(logs.filter((l) => l === "42%").length + logs.reduce((n, l) => n + count(l), 0)).toBe(30_000)
+  }, 30_000)
+})
+
+describe("an engine run's stop", () => {
+  it("says how the guard stopped the group: an engine that takes its SIGTERM is 'terminated', not 'gone'", async () => {
+    const plan = { argv: [process.execPath, "-e", "setInterval(() => {}, 1 << 30)"], env: {} } as unknown as LaunchPlan
+    const logs: Array<string> = []
+    const logger = Logger.make(({ message }) => {
+      for (const m of [message].flat()) if (typeof m === "string") logs.push(m)
+    })
+    const { pgid, outcome } = await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          // a grace far past the engine's own exit on TERM: the guard's report, not a timer, decides the outcome
+          const run = yield* spawnRun(guardEntry())(plan, { run: 0, graceMs: 10_000, linesKept: 5 })
+          const pgid = yield* Deferred.await(run.pid)
+          return { pgid, outcome: yield* run.stop }
+        })
+      ).pipe(Effect.provide(Logger.layer([logger])))
+    )
+    // run.ts: the guard's "stopped" report is read to the pipe's end; the agent seeing the guard gone by then is
+    // no "gone" (the log once said "stopped: gone" for an engine that was terminated)
+    expect(outcome).toBe("terminated")
+    expect(logs).toContain(`engine group ${pgid} stopped: terminated`)
+  }, 30_000)
+})
+
+describe("an engine run whose guard cannot be spawned", () => {
+  it("ends at once with why, said to be the guard's (Node throws E2BIG from spawn for an argument past 128 KiB)", async () => {
+    const plan = { argv: [process.execPath, "x".repeat(200_000)], env: {} } as unknown as LaunchPlan
+    const { pid, exit, outcome } = await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const run = yield* spawnRun(guardEntry())(plan, { run: 0, graceMs: 200, linesKept: 5 })
+          return {
+            pid: yield* Deferred.await(run.pid),
+            exit: yield* Deferred.await(run.exited),
+            outcome: yield* run.stop
+          }
+        })
+      )
+    )
+    expect([pid, exit.code, exit.signal, outcome]).toEqual([undefined, null, null, "gone"])
+    // "guard: " as the guard's 'error' event says it (run.ts): the guard itself, not the engine it would start
+    // (the guard's own report for that is "spawn failed: ..."), could not be spawned
+    expect(exit.problem).toMatch(/^guard: spawn E2BIG$/)
   }, 30_000)
 })

@@ -853,3 +853,32 @@ describe("the gRPC server's connections gauge and its close (GrpcServer.ts)", ()
     }
   })
 })
+
+describe("GetNodeHealth cancelled (AgentService.ts)", () => {
+  it("a call the client cancels interrupts its snapshot, which does not run on for nobody", async () => {
+    let interrupted = false
+    // GrpcServer's lastWritten (the node's last etcd record, for freshness): here one that never answers
+    const lastWritten = Effect.never.pipe(Effect.onInterrupt(() => Effect.sync(() => (interrupted = true))))
+    const { deps } = agentDeps("http://127.0.0.1:9")
+    const rt = ManagedRuntime.make(
+      grpcLayerWith({ address: "127.0.0.1:0", shutdownGraceMs: 500, lastWritten }).pipe(Layer.provideMerge(deps))
+    )
+    const channel = createChannel((await rt.runPromise(GrpcServer)).address)
+    try {
+      const nodeCtl = await rt.runPromise(NodeStatusTest)
+      const abort = new AbortController()
+      const call = createClient(AgentDefinition, channel)
+        .getNodeHealth({}, { signal: abort.signal })
+        .catch((e: Error) => e.name)
+      // the handler runs: the snapshot read, lastWritten awaited
+      await pollUntil(async () => ((await rt.runPromise(nodeCtl.reads)) > 0 ? true : undefined), 5_000)
+      abort.abort()
+      expect(await call).toBe("AbortError")
+      // "A cancelled call interrupts the snapshot"
+      await pollUntil(async () => (interrupted ? true : undefined), 5_000)
+    } finally {
+      channel.close()
+      await rt.dispose()
+    }
+  })
+})

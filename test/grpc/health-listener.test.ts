@@ -2,7 +2,7 @@
 // the main server's status (Check exact at once, Watch within its period), NOT_FOUND for unknown services and
 // nothing else (Agent is UNIMPLEMENTED there). Also reflection under v1alpha on the main server.
 import * as http2 from "node:http2"
-import { Cause, Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
+import { Cause, Effect, Exit, Layer, Logger, ManagedRuntime, Scope } from "effect"
 import { ClientError, createChannel, createClient, Status } from "nice-grpc"
 import { HealthDefinition } from "nice-grpc-server-health"
 import { ServerReflectionService } from "nice-grpc-server-reflection"
@@ -13,7 +13,9 @@ import { layerWith as grpcLayerWith } from "../../src/layers/grpc/GrpcServer.ts"
 import * as HealthListener from "../../src/layers/grpc/HealthListener.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
 import { AGENT_SERVICE, GrpcServer } from "../../src/services/grpc/GrpcServer.ts"
+import { Metrics } from "../../src/services/observability/Metrics.ts"
 import { EngineProcessControl } from "../../src/testing/EngineProcess.ts"
+import { layerTest as metricsLayerTest } from "../../src/testing/Metrics.ts"
 import { agentDeps } from "../support/agentDeps.ts"
 import { pollUntil } from "../support/poll.ts"
 
@@ -137,10 +139,22 @@ describe("the health-only listener's connection caps", () => {
     const scope = await rt.runPromise(Scope.make())
     const channels: Array<ReturnType<typeof createChannel>> = []
     const abort = new AbortController()
+    // the listener's guard events, "counted and logged alike" as the main server's (HealthListener.ts, README)
+    const warnings: Array<[unknown, Record<string, unknown>]> = []
+    const logger = Logger.make(({ logLevel, message }) => {
+      const [text, fields] = [message].flat() as [unknown, Record<string, unknown>]
+      if (logLevel === "Warn") warnings.push([text, fields])
+    })
     try {
-      const listener = await rt.runPromise(
+      const { listener, metrics } = await rt.runPromise(
         Scope.provide(
-          HealthListener.serve("127.0.0.1:0", server.healthState, { maxConnectionsPerPeer: 1, maxConnections: 0 }),
+          Effect.all({
+            listener: HealthListener.serve("127.0.0.1:0", server.healthState, {
+              maxConnectionsPerPeer: 1,
+              maxConnections: 0
+            }),
+            metrics: Metrics
+          }).pipe(Effect.provide(Layer.merge(metricsLayerTest, Logger.layer([logger])))),
           scope
         )
       )
@@ -171,6 +185,17 @@ describe("the health-only listener's connection caps", () => {
       // and at a cap of 1 such a reconnect could take the place this waits for.
       const status = await pollUntil("a third connection admitted", () => checkOnce(listener.address))
       expect(status).toBe("0")
+      const refused = (await rt.runPromise(metrics.render)).body
+        .split("\n")
+        .find((l) => l.startsWith('cgn_agent_grpc_connections_refused_total{reason="peer_limit"}'))
+      expect(refused).toEqual(expect.stringMatching(/ [1-9]\d*$/))
+      // logged at most once per peer and reason a minute (guardReport.ts), however often it was refused
+      expect(warnings.filter(([, f]) => f?.reason === "peer_limit")).toEqual([
+        [
+          "gRPC connection refused: its peer already holds agent.max_connections_per_peer connections",
+          expect.objectContaining({ peer: expect.stringContaining("127.0.0.1"), reason: "peer_limit", limit: 1 })
+        ]
+      ])
     } finally {
       abort.abort()
       for (const c of channels) c.close()

@@ -62,6 +62,31 @@ describe("Xid events, sample by sample", () => {
     expect(problems).toEqual([]) // the board's nature, not a problem to log
   })
 
+  it("a GPU without the Xid event type is asked once a session, not at every sample (the board's nature)", () => {
+    const binding = fakeBinding([
+      { uuid: "GPU-a" },
+      { uuid: "GPU-b", eventTypes: 0x3n },
+      { uuid: "GPU-c", rc: { supported: 3 } }
+    ])
+    const asked: Array<unknown> = []
+    const events = binding.events!
+    const pass = session({
+      ...binding,
+      events: {
+        ...events,
+        supported: (d, out) => {
+          asked.push(d)
+          return events.supported(d, out)
+        }
+      }
+    })
+    for (let n = 0; n < 3; n++) {
+      expect(pass().gpus.map((g) => g.unreportedFields)).toEqual([[], ["critical_xids"], ["critical_xids"]])
+    }
+    // nvmlEvents.ts: "GPUs that cannot deliver Xid events this session": each GPU's event types are asked once
+    expect(asked).toEqual([0, 1, 2])
+  })
+
   it("a driver without the event-set entry points leaves every GPU's Xids unreported, silently", () => {
     const pass = session({ ...fakeBinding([{ uuid: "GPU-a" }]), events: undefined })
     const { gpus, problems } = pass()

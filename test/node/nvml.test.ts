@@ -189,6 +189,25 @@ describe("Nvml live layer", () => {
     }
   })
 
+  it("reads throttling from a driver before 535, which exports only nvmlDeviceGetCurrentClocksThrottleReasons", async () => {
+    // nvmlBinding.ts: "renamed in driver 535 (CUDA 12.2); the old name stays exported": the fake built with its
+    // entry point under the old name is such a driver
+    const old = buildFakeNvml(dir, ["nvmlDeviceGetCurrentClocksEventReasons=nvmlDeviceGetCurrentClocksThrottleReasons"])
+    const state = path.join(dir, "state-pre-535")
+    fs.writeFileSync(state, "gpu.0.throttle=0x49")
+    process.env.FAKE_NVML_STATE = state
+    try {
+      const [g0] = await withProbe(
+        { library: old },
+        Effect.flatMap(Nvml, (n) => n.gpus)
+      )
+      expect(g0?.throttleReasons).toEqual(["hw_slowdown", "hw_thermal_slowdown"])
+      expect(g0?.unreportedFields).toEqual([])
+    } finally {
+      delete process.env.FAKE_NVML_STATE
+    }
+  })
+
   it("takes the library path from CGN_NVML_LIBRARY", async () => {
     process.env.CGN_NVML_LIBRARY = library
     try {
@@ -502,6 +521,23 @@ describe("Nvml live layer", () => {
     expect(result.back).toHaveLength(2)
     expect(result.why).toBeUndefined()
     expect(workers.started).toHaveLength(2)
+  })
+
+  it("a worker thread that throws: the exception's message is why NVML is not in use, not only its exit code", async () => {
+    // nvmlThread.ts: an exception in the worker ends the worker, whose exit then settles the request in flight
+    const program = path.join(dir, "throwing-worker.mjs")
+    fs.writeFileSync(
+      program,
+      'import { parentPort } from "node:worker_threads"\nparentPort.on("message", () => { throw new Error("no NVML here") })\n'
+    )
+    const why = await Effect.runPromise(
+      Effect.flatMap(Nvml, (n) => n.unavailable).pipe(
+        Effect.provide(
+          NvmlLive.layer(program, { library, retryMax: "1 hour" }).pipe(Layer.provide(MetricsTest.layerTest))
+        )
+      )
+    )
+    expect(why).toBe("NVML worker ended: no NVML here")
   })
 
   it("the worker thread's program loads koffi and nothing big (V8 keeps each module's source in the thread's heap)", () => {
