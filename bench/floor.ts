@@ -6,6 +6,8 @@
 // CPU or RSS the agent spends above this is the agent's own; what this spends above nginx is the stack's.
 // The stack is chosen by environment, to measure what another one would give:
 //   FLOOR_SERVER=grpc-js (default: grpc-js's Server, as the agent) | http2 (node:http2 with gRPC framing by hand)
+//                | net-h2 (HTTP/2 itself framed by hand on node:net: what node:http2's own path costs; enough for
+//                the bench's clients only, see serveNetH2)
 //   FLOOR_CLIENT=undici  (default: undici's dispatch, as the agent) | net (HTTP/1.1 over node:net by hand:
 //                keep-alive sockets, chunked bodies only; enough for the simulator, not a client for production)
 //   FLOOR_RELAY=parsed (default: SSE lines split, each event JSON-parsed, deltas encoded) | raw (nothing parsed:
@@ -271,7 +273,192 @@ const serveHttp2 = (port: number, ready: () => void): (() => void) => {
   return () => server.close(() => process.exit(0))
 }
 
-const stop = (serverKind === "http2" ? serveHttp2 : serveGrpcJs)(Number(values.grpc), () =>
+// FLOOR_SERVER=net-h2: HTTP/2 framed by hand on node:net (RFC 9113), to measure what node:http2's own per-stream
+// and per-write path costs: a message written from the engine's read callback is one socket write there and then
+// (node:http2 queues it for nghttp2 and sends from an immediate). Enough for the bench's clients, nothing more:
+// no HPACK decoding (every stream is taken for a Generate), flow control only on what it sends (its own receive
+// windows set near 2^31), no CONTINUATION, priority, limits or flood rules: not a server to expose.
+const H2 = { DATA: 0, HEADERS: 1, RST_STREAM: 3, SETTINGS: 4, PING: 6, GOAWAY: 7, WINDOW_UPDATE: 8 } as const
+const h2Frame = (type: number, flags: number, id: number, payload: Buffer): Buffer => {
+  const b = Buffer.allocUnsafe(9 + payload.length)
+  b.writeUIntBE(payload.length, 0, 3)
+  b[3] = type
+  b[4] = flags
+  b.writeUInt32BE(id, 5)
+  payload.copy(b, 9)
+  return b
+}
+const u32 = (n: number): Buffer => {
+  const b = Buffer.allocUnsafe(4)
+  b.writeUInt32BE(n, 0)
+  return b
+}
+// :status 200 (static index 8); content-type (static name 31) literal, not indexed; grpc-status 0, a new name.
+const RESPONSE_HEAD = Buffer.from([0x88, 0x0f, 0x10, 16, ...Buffer.from("application/grpc")])
+const TRAILERS_OK = Buffer.from([0x00, 11, ...Buffer.from("grpc-status"), 1, 0x30])
+const BIG_WINDOW = 2 ** 31 - 1
+
+const serveNetH2 = (port: number, ready: () => void): (() => void) => {
+  const server = net.createServer({ noDelay: true }, (socket) => {
+    interface Stream {
+      parts: Array<Buffer>
+      window: number
+      queue: Array<Buffer>
+      ended: boolean
+      abort?: () => void
+    }
+    const streams = new Map<number, Stream>()
+    let buf: Buffer = Buffer.alloc(0)
+    let preface = false
+    let connWindow = 65535
+    let initialWindow = 65535
+    let received = 0
+    socket.on("error", () => undefined)
+    socket.on("close", () => {
+      for (const s of streams.values()) s.abort?.()
+      streams.clear()
+    })
+    const settings = Buffer.allocUnsafe(6)
+    settings.writeUInt16BE(4, 0)
+    settings.writeUInt32BE(BIG_WINDOW, 2)
+    socket.write(
+      Buffer.concat([h2Frame(H2.SETTINGS, 0, 0, settings), h2Frame(H2.WINDOW_UPDATE, 0, 0, u32(BIG_WINDOW - 65535))])
+    )
+    const finish = (id: number) => {
+      socket.write(h2Frame(H2.HEADERS, 0x5, id, TRAILERS_OK))
+      streams.delete(id)
+    }
+    // Sends what the windows let of each queued message, in DATA frames no larger than the peer's default
+    // SETTINGS_MAX_FRAME_SIZE: a message larger than the stream's whole window goes in parts.
+    const flush = (id: number, s: Stream) => {
+      while (s.queue.length > 0) {
+        const next = s.queue[0] as Buffer
+        const n = Math.min(next.length, connWindow, s.window, 16_384)
+        if (n <= 0) return
+        connWindow -= n
+        s.window -= n
+        socket.write(h2Frame(H2.DATA, 0, id, next.subarray(0, n)))
+        if (n === next.length) s.queue.shift()
+        else s.queue[0] = next.subarray(n)
+      }
+      if (s.ended) finish(id)
+    }
+    const send = (id: number, s: Stream, m: GenerateResponse) => {
+      const body = GenerateResponse.encode(m).finish()
+      const out = Buffer.allocUnsafe(14 + body.length)
+      out.writeUIntBE(5 + body.length, 0, 3)
+      out[3] = H2.DATA
+      out[4] = 0
+      out.writeUInt32BE(id, 5)
+      out[9] = 0
+      out.writeUInt32BE(body.length, 10)
+      out.set(body, 14)
+      const len = 5 + body.length
+      // the common case, one frame written at once; else the message waits its turn for the windows
+      if (s.queue.length === 0 && len <= connWindow && len <= s.window && len <= 16_384) {
+        connWindow -= len
+        s.window -= len
+        socket.write(out)
+        return
+      }
+      s.queue.push(out.subarray(9))
+      flush(id, s)
+    }
+    const onFrame = (type: number, flags: number, id: number, p: Buffer) => {
+      switch (type) {
+        case H2.SETTINGS: {
+          if (flags & 0x1) return
+          for (let i = 0; i + 6 <= p.length; i += 6) {
+            if (p.readUInt16BE(i) !== 4) continue
+            const next = p.readUInt32BE(i + 2)
+            for (const s of streams.values()) s.window += next - initialWindow
+            initialWindow = next
+          }
+          socket.write(h2Frame(H2.SETTINGS, 0x1, 0, Buffer.alloc(0)))
+          return
+        }
+        case H2.PING:
+          if (!(flags & 0x1)) socket.write(h2Frame(H2.PING, 0x1, 0, p))
+          return
+        case H2.HEADERS:
+          streams.set(id, { parts: [], window: initialWindow, queue: [], ended: false })
+          return
+        case H2.DATA: {
+          const s = streams.get(id)
+          received += p.length
+          if (received > 1 << 30) {
+            socket.write(h2Frame(H2.WINDOW_UPDATE, 0, 0, u32(received)))
+            received = 0
+          }
+          if (s === undefined) return
+          s.parts.push(flags & 0x8 ? p.subarray(1, p.length - (p[0] as number)) : p)
+          if (!(flags & 0x1)) return
+          const req = GenerateRequest.decode(Buffer.concat(s.parts).subarray(5))
+          s.parts = []
+          socket.write(h2Frame(H2.HEADERS, 0x4, id, RESPONSE_HEAD))
+          s.abort = startEngine(
+            requestBody(req),
+            relayTo({
+              write: (m) => send(id, s, m),
+              end: () => {
+                s.ended = true
+                if (s.queue.length === 0) finish(id)
+              },
+              fail: () => {
+                socket.write(h2Frame(H2.RST_STREAM, 0, id, u32(2)))
+                streams.delete(id)
+              }
+            })
+          )
+          return
+        }
+        case H2.RST_STREAM:
+          streams.get(id)?.abort?.()
+          streams.delete(id)
+          return
+        case H2.WINDOW_UPDATE: {
+          const inc = p.readUInt32BE(0) & 0x7fffffff
+          if (id === 0) {
+            connWindow += inc
+            for (const [sid, s] of streams) if (s.queue.length > 0) flush(sid, s)
+          } else {
+            const s = streams.get(id)
+            if (s === undefined) return
+            s.window += inc
+            flush(id, s)
+          }
+          return
+        }
+        case H2.GOAWAY:
+          socket.end()
+          return
+      }
+    }
+    socket.on("data", (chunk: Buffer) => {
+      buf = buf.length === 0 ? chunk : Buffer.concat([buf, chunk])
+      if (!preface) {
+        if (buf.length < 24) return
+        buf = buf.subarray(24)
+        preface = true
+      }
+      while (buf.length >= 9) {
+        const len = buf.readUIntBE(0, 3)
+        if (buf.length < 9 + len) break
+        const type = buf[3] as number
+        const flags = buf[4] as number
+        const id = buf.readUInt32BE(5) & 0x7fffffff
+        const p = buf.subarray(9, 9 + len)
+        buf = buf.subarray(9 + len)
+        onFrame(type, flags, id, p)
+      }
+    })
+  })
+  server.listen(port, "127.0.0.1", ready)
+  return () => server.close(() => process.exit(0))
+}
+
+const servers = { "grpc-js": serveGrpcJs, http2: serveHttp2, "net-h2": serveNetH2 } as const
+const stop = (servers[serverKind as keyof typeof servers] ?? serveGrpcJs)(Number(values.grpc), () =>
   createServer((_req, res) => res.end("ok")).listen(Number(values.admin), "127.0.0.1")
 )
 process.once("SIGTERM", stop)

@@ -17,9 +17,10 @@ export interface LeanClient {
   close(): void
 }
 
-export const leanClient = (address: string): LeanClient => {
+/** `settings`: the session's own, for a test to make them tight (bench/floor.ts's flow control). */
+export const leanClient = (address: string, settings?: http2.Settings): LeanClient => {
   // Node's default HTTP/2 windows (64 KiB), as grpc-js's client: how much the agent may have in flight per stream.
-  const session = http2.connect(`http://${address}`)
+  const session = http2.connect(`http://${address}`, settings === undefined ? {} : { settings })
   session.on("error", () => undefined)
   return {
     generate: (req, onMessage) =>
