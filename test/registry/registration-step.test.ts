@@ -2,7 +2,7 @@
 // the reporter drives it (a step per tick; a failed step moves to "retrying"): how often the record is rewritten,
 // and what the registration state says while etcd is down.
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Layer, Logger, Result } from "effect"
+import { Effect, Exit, Layer, Logger, Result } from "effect"
 import { TestClock } from "effect/testing"
 import { NodeHealth } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { decodeConfigObject } from "../../src/layers/config/Config.ts"
@@ -10,7 +10,7 @@ import type { EtcdOps } from "../../src/layers/registry/etcdClient.ts"
 import { makeRegistrationStep } from "../../src/layers/registry/registrationStep.ts"
 import { initialReporterState } from "../../src/layers/registry/reporterState.ts"
 import { NodeStatus } from "../../src/services/node/NodeStatus.ts"
-import { EtcdUnavailable } from "../../src/services/registry/HealthReporter.ts"
+import { EtcdUnavailable, LeaseLost } from "../../src/services/registry/HealthReporter.ts"
 import { reporterTiming } from "../../src/services/registry/ReporterTiming.ts"
 import { layerTest as nodeStatusTest } from "../../src/testing/NodeStatus.ts"
 
@@ -61,7 +61,7 @@ const reporter = (agent: ReturnType<typeof agentOf>, ops: EtcdOps) =>
     const timing = reporterTiming(agent.heartbeat, agent.lease_ttl)
     const { step, setState } = makeRegistrationStep({ s, ops, key: "/cgn/c1/nodes/n1", timing, agent, nodeStatus })
     const round = step("tick").pipe(Effect.catch(() => setState("retrying")))
-    return { s, timing, round }
+    return { s, timing, round, step }
   })
 
 const warningsInto = (lines: Array<string>) =>
@@ -119,4 +119,47 @@ describe("registrationStep", () => {
       assert.lengthOf(written, 1)
     }).pipe(Effect.provide(Layer.mergeAll(nodeStatusTest({ state: "ready" }), warningsInto(warnings))))
   })
+
+  // A revoke from outside that lands between a tick's keepalive and its write (seen against a real etcd with
+  // `etcdctl lease revoke`): the key is gone with the lease, and that is the lease's loss, not a key "deleted
+  // outside the agent while its lease lives", nor create's NOT_FOUND words.
+  it.effect(
+    "a lease revoked between a tick's keepalive and its write: the lease's loss, not a key deleted by hand",
+    () => {
+      const warnings: Array<string> = []
+      return Effect.gen(function* () {
+        const agent = agentOf("1s", "10s")
+        const { ops } = scriptedEtcd()
+        let revoked = false
+        let revokeAfterKeepAlive = false
+        const lost = (reason: string) => Effect.fail(new LeaseLost({ leaseId: "7587869035283627011", reason }))
+        const racing: EtcdOps = {
+          ...ops,
+          keepAlive: (id) =>
+            Effect.suspend(() => {
+              if (revoked) return lost("etcd reports the lease expired or revoked")
+              // this keepalive is answered; the revoke lands right after it
+              if (revokeAfterKeepAlive) revoked = true
+              return ops.keepAlive(id)
+            }),
+          write: (key, value, id) =>
+            revoked ? Effect.succeed({ _tag: "Missing" } as const) : ops.write(key, value, id),
+          create: (key, value, id) =>
+            revoked ? lost("Lease 5 NOT_FOUND: etcdserver: requested lease not found") : ops.create(key, value, id)
+        }
+        const { s, timing, step } = yield* reporter(agent, racing)
+        yield* step("tick")
+        assert.strictEqual(s.state, "registered")
+        yield* TestClock.adjust(timing.heartbeatMs)
+        revokeAfterKeepAlive = true
+        const exit = yield* Effect.exit(step("tick"))
+        assert.isTrue(Exit.isFailure(exit))
+        assert.include(String(Exit.isFailure(exit) ? exit.cause : ""), "etcd reports the lease expired or revoked")
+        assert.deepStrictEqual(
+          warnings.filter((w) => w.includes("deleted outside the agent")),
+          []
+        )
+      }).pipe(Effect.provide(Layer.mergeAll(nodeStatusTest({ state: "ready" }), warningsInto(warnings))))
+    }
+  )
 })

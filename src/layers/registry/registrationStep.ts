@@ -189,9 +189,10 @@ export const makeRegistrationStep = ({ s, ops, key, timing, agent, nodeStatus }:
         (e) => withdraw(current, record, e)
       )
       if (outcome._tag === "Missing") {
-        // The key went with its lease when that expired (etcd paused past the TTL): a write out of turn skipped the
-        // keepalive, so ask the lease first; its loss takes the lease-lost path, not the words below.
-        if (reason !== "tick") yield* ops.keepAlive(session.id)
+        // The key went with its lease when that expired (etcd paused past the TTL) or was revoked from outside,
+        // which can land between a tick's keepalive and its write: ask the lease again, whatever the write's
+        // reason; its loss takes the lease-lost path, not the words below. One more round trip, on this rare path.
+        yield* ops.keepAlive(session.id)
         // The key vanished under a live lease (deleted by hand): create it again, and say so: an operator who deleted
         // it to take the node out of discovery sees why it is back.
         yield* Effect.logWarning(
