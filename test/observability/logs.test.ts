@@ -148,10 +148,7 @@ describe("a stderr reader that stalls (bytes written and not read)", () => {
       error: (line: string) => written.push(JSON.parse(line))
     })
     let backlog = 0
-    const logger = jsonLines(
-      () => "Info",
-      () => backlog
-    )
+    const logger = jsonLines(() => "Info", { chars: () => backlog, caughtUp: () => undefined })
     const log = (msg: string) =>
       Effect.runSync(
         Effect.logInfo(msg).pipe(
@@ -178,6 +175,40 @@ describe("a stderr reader that stalls (bytes written and not read)", () => {
     log("five")
     expect(written.at(-1)?.msg).toBe("five")
     expect(written).toHaveLength(4)
+  })
+
+  // README: "once the reader catches up a warning says how many", not only before the agent's next line (a quiet
+  // agent at info may write none for hours; seen in an audit: the warning came with a POST /cordon's line).
+  it("the count is written as soon as the reader has caught up, once however many lines were dropped", () => {
+    const written: Array<Record<string, unknown>> = []
+    const console: Console.Console = Object.assign(Object.create(globalThis.console), {
+      error: (line: string) => written.push(JSON.parse(line))
+    })
+    let backlog = 0
+    const waiting: Array<(write: (line: string) => void) => void> = []
+    const logger = jsonLines(() => "Info", { chars: () => backlog, caughtUp: (then) => waiting.push(then) })
+    const log = (msg: string) =>
+      Effect.runSync(
+        Effect.logInfo(msg).pipe(
+          Effect.provide(Logger.layer([logger])),
+          Effect.provideService(Console.Console, console)
+        )
+      )
+    backlog = MAX_LOG_BACKLOG_CHARS + 1
+    for (let i = 0; i < 5; i++) log(`dropped ${i}`)
+    expect(waiting).toHaveLength(1) // one wait for the reader, not one per dropped line
+    backlog = 0
+    const afterDrain: Array<string> = []
+    waiting[0]?.((line) => afterDrain.push(line))
+    expect(afterDrain.map((l) => JSON.parse(l) as Record<string, unknown>)).toEqual([
+      expect.objectContaining({ level: "warn", msg: "log: lines dropped, stderr was not being read", dropped: 5 })
+    ])
+    log("next")
+    expect(written.map((l) => l.msg)).toEqual(["next"]) // said once: the next line carries no second warning
+    // a later stall waits for the reader again
+    backlog = MAX_LOG_BACKLOG_CHARS + 1
+    log("dropped again")
+    expect(waiting).toHaveLength(2)
   })
 })
 

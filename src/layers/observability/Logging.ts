@@ -127,43 +127,74 @@ export const toJson = (record: Record<string, unknown>): string => {
  */
 export const MAX_LOG_BACKLOG_CHARS = 1024 * 1024
 
-/** Lines dropped since the last one written, and since the start (cgn_agent_log_lines_dropped_total). */
+/** Lines dropped since the last warning, and since the start (cgn_agent_log_lines_dropped_total). */
 const drops = { pending: 0, total: 0 }
 
 /** Log lines dropped since the process started because stderr's reader did not take them. */
 export const droppedLogLines = (): number => drops.total
 
+/** The warning that says how many lines were dropped since the last one (none when none were), counted as said. */
+const dropWarning = (date: Date): string | undefined => {
+  if (drops.pending === 0) return undefined
+  const line = toJson({
+    ts: date.toISOString(),
+    level: "warn",
+    msg: "log: lines dropped, stderr was not being read",
+    dropped: drops.pending,
+    backlog_limit_chars: MAX_LOG_BACKLOG_CHARS
+  })
+  drops.pending = 0
+  return line
+}
+
+/** Where a stalled stderr is watched: what waits in it, and its reader having taken all of that. */
+export interface StderrBacklog {
+  /** Characters written and not yet taken by the reader. */
+  readonly chars: () => number
+  /** Calls `then` once the reader has taken what waited (Node's 'drain'), with a line to write then. */
+  readonly caughtUp: (then: (write: (line: string) => void) => void) => void
+}
+
+const processStderr: StderrBacklog = {
+  chars: () => process.stderr.writableLength,
+  caughtUp: (then) => {
+    process.stderr.once("drain", () => then((line) => process.stderr.write(`${line}\n`)))
+  }
+}
+
 /**
  * The logger: `logRecord` of each call at or above `threshold()`, one JSON line on stderr; nothing for the
  * others. The threshold is read per call so a SIGHUP can move it (fibers keep the MinimumLogLevel they started
- * with, so that reference stays at its lowest and this is the filter). While `backlog()` (characters written and not
- * yet read) is past MAX_LOG_BACKLOG_CHARS a line is dropped and counted; the next line written is preceded by a
- * warning with the count.
+ * with, so that reference stays at its lowest and this is the filter). While the backlog (characters written and not
+ * yet read) is past MAX_LOG_BACKLOG_CHARS a line is dropped and counted; a warning with the count is written as
+ * soon as the reader has caught up, or before the next line written, whichever comes first (a quiet agent may log
+ * nothing for hours).
  */
 export const jsonLines = (
   threshold: () => LogLevel,
-  backlog: () => number = () => process.stderr.writableLength
-): Logger.Logger<unknown, void> =>
-  Logger.make(({ date, logLevel, message, cause, fiber }) => {
+  backlog: StderrBacklog = processStderr
+): Logger.Logger<unknown, void> => {
+  // waiting for the reader: one listener however long the stall, however many lines it drops
+  let armed = false
+  return Logger.make(({ date, logLevel, message, cause, fiber }) => {
     if (LogLevelModule.isGreaterThan(threshold(), logLevel)) return
-    if (backlog() > MAX_LOG_BACKLOG_CHARS) {
+    if (backlog.chars() > MAX_LOG_BACKLOG_CHARS) {
       drops.pending++
       drops.total++
+      if (!armed) {
+        armed = true
+        // outside any fiber: the wall clock stamps the warning, as it stamps the lines (Effect's default Clock)
+        backlog.caughtUp((write) => {
+          armed = false
+          const warning = dropWarning(new Date())
+          if (warning !== undefined) write(warning)
+        })
+      }
       return
     }
     const console = fiber.getRef(Console.Console)
-    if (drops.pending > 0) {
-      console.error(
-        toJson({
-          ts: date.toISOString(),
-          level: "warn",
-          msg: "log: lines dropped, stderr was not being read",
-          dropped: drops.pending,
-          backlog_limit_chars: MAX_LOG_BACKLOG_CHARS
-        })
-      )
-      drops.pending = 0
-    }
+    const warning = dropWarning(date)
+    if (warning !== undefined) console.error(warning)
     console.error(
       toJson(
         logRecord({
@@ -176,6 +207,7 @@ export const jsonLines = (
       )
     )
   })
+}
 
 const dropLine = (): void => {}
 
