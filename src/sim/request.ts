@@ -150,14 +150,16 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
   const rawMax = b.max_completion_tokens ?? b.max_tokens
   let maxTokens = cfg.defaultMaxTokens
   if (rawMax !== undefined && rawMax !== null) {
-    // mlx-lm takes 0 (mlxRequest.ts); vLLM and SGLang refuse it
-    if (typeof rawMax !== "number" || !Number.isInteger(rawMax) || rawMax < (cfg.flavor === "mlx" ? 0 : 1)) {
-      // SGLang's completion request refuses it in a pydantic validator (python/sglang/srt/entrypoints/openai/
-      // protocol.py CompletionRequest.validate_max_tokens_positive); the text is vLLM's SamplingParams._verify_args
-      const message =
-        cfg.flavor === "sglang" && endpoint === "completion"
+    // mlx-lm and SGLang's chat take 0: only SGLang's CompletionRequest refuses it (openai/protocol.py
+    // validate_max_tokens_positive); a chat's goes to SamplingParams.verify (sampling/sampling_params.py)
+    const sglangChat = cfg.flavor === "sglang" && endpoint !== "completion"
+    const least = cfg.flavor === "mlx" || sglangChat ? 0 : 1
+    if (typeof rawMax !== "number" || !Number.isInteger(rawMax) || rawMax < least) {
+      const message = sglangChat
+        ? `max_new_tokens must be at least 0, got ${String(rawMax)}.`
+        : cfg.flavor === "sglang"
           ? "max_tokens must be positive"
-          : `max_tokens must be at least 1, got ${String(rawMax)}.`
+          : `max_tokens must be at least 1, got ${String(rawMax)}.` // vLLM's SamplingParams._verify_args
       return { status: 400, message, param: "max_tokens" }
     }
     maxTokens = rawMax

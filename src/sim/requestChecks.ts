@@ -40,6 +40,24 @@ const streamOptionsWithoutStream = (cfg: SimConfig, b: Record<string, unknown>):
   return { status: 400, message: STREAM_OPTIONS_TEXT, param: "stream_options", body }
 }
 
+const CACHE_SALT_TEXT = "Parameter 'cache_salt' must be a non-empty string if provided."
+
+/**
+ * vLLM's completion and chat request models refuse a `cache_salt` that is set (not null) but is not a non-empty
+ * string (check_cache_salt_support in vllm-project/vllm vllm/entrypoints/openai/completion/protocol.py and
+ * chat_completion/protocol.py: `data.get("cache_salt") is not None and (not isinstance(data["cache_salt"], str) or
+ * not data["cache_salt"])` raises VLLMValidationError(..., parameter="cache_salt")). A `mode="before"` model
+ * validator too, so it answers before any field is checked; serving such a request unsalted would share the
+ * prefix cache the client asked to keep apart. SGLang drops an empty salt (serving_base.py _compute_extra_key).
+ */
+const cacheSaltRefusal = (cfg: SimConfig, b: Record<string, unknown>): Invalid | undefined => {
+  const salt = b.cache_salt
+  if (cfg.flavor !== "vllm" || salt === undefined || salt === null || (typeof salt === "string" && salt !== ""))
+    return undefined
+  const body = vllmValidationError(CACHE_SALT_TEXT, "cache_salt", Object.keys(b).length)
+  return { status: 400, message: CACHE_SALT_TEXT, param: "cache_salt", body }
+}
+
 const INT64_MAX = 2n ** 63n - 1n
 const INT64_MIN = -(2n ** 63n)
 
@@ -72,7 +90,7 @@ export const earlyRefusal = (
     const raised = mlxRefusal(endpoint, b)
     return raised === undefined ? undefined : { status: 0, message: raised, param: null, drop: true }
   }
-  return streamOptionsWithoutStream(cfg, b) ?? seedOutOfRange(cfg, rawBody)
+  return streamOptionsWithoutStream(cfg, b) ?? cacheSaltRefusal(cfg, b) ?? seedOutOfRange(cfg, rawBody)
 }
 
 /** A number field, or its default when absent or null (the engines' `x if x is not None else default`). */

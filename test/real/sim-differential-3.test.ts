@@ -6,8 +6,7 @@
 // (server-schema.cpp, common/json-schema-to-grammar.cpp). Refusals are compared word for word; an answer the real
 // server gives under a grammar is the grammar's, so of a taken one only the status is.
 import { beforeAll, describe, expect, it } from "vitest"
-import { postOnOwnConnection as post } from "./engine.ts"
-import { type Pair, pairs } from "./simPair.ts"
+import { answersOf, type Pair, pairs, sameAnswers } from "./simPair.ts"
 
 const diff = pairs("cgn-real-diff3-")
 let pair: Pair
@@ -16,13 +15,8 @@ beforeAll(async () => {
   pair = await diff.pair()
 }, 30 * 60_000)
 
-/** Both servers' answers to one body: statuses always, the text too where the real one refuses. */
-const both = async (p: string, body: Record<string, unknown>) => {
-  const [r, s] = [await post(pair.real, p, body), await post(pair.sim, p, body)]
-  return r.status === 200 ? [r.status, s.status] : [r.status, r.text, s.status, s.text]
-}
-const same = (answers: Array<unknown>) =>
-  answers.length === 2 ? [answers[0], answers[0]] : [answers[0], answers[1], answers[0], answers[1]]
+const both = (p: string, body: Record<string, unknown>) => answersOf(pair, p, body)
+const same = sameAnswers
 
 const completion = (extra: Record<string, unknown>) => ({ prompt: "a b", max_tokens: 2, ...extra })
 const chat = (extra: Record<string, unknown>) => ({

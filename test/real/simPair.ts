@@ -12,7 +12,7 @@ import { followLines } from "../support/lines.ts"
 import { pollUntil } from "../support/poll.ts"
 import { freePort } from "../support/ports.ts"
 import { type SimHandle, startSim } from "../support/sim.ts"
-import { type RealEngine, realEngine, SERVER_ARGS, tinyModel } from "./engine.ts"
+import { postOnOwnConnection, type RealEngine, realEngine, SERVER_ARGS, tinyModel } from "./engine.ts"
 
 export interface PairOptions {
   /** The model file; the tiny "words" model by default. */
@@ -156,3 +156,13 @@ export const orderedShape = (v: unknown): unknown => {
   if (typeof v === "object") return Object.entries(v as object).map(([k, x]) => [k, orderedShape(x)])
   return typeof v
 }
+
+/** Both servers' answers to one body: statuses always, the text too where the real one refuses. */
+export const answersOf = async (pair: Pair, p: string, body: Record<string, unknown>): Promise<Array<unknown>> => {
+  const [r, s] = [await postOnOwnConnection(pair.real, p, body), await postOnOwnConnection(pair.sim, p, body)]
+  return r.status === 200 ? [r.status, s.status] : [r.status, r.text, s.status, s.text]
+}
+
+/** `answersOf`'s shape had the simulator answered as the real server did. */
+export const sameAnswers = (answers: Array<unknown>): Array<unknown> =>
+  answers.length === 2 ? [answers[0], answers[0]] : [answers[0], answers[1], answers[0], answers[1]]

@@ -8,7 +8,7 @@ import { llamaMessages } from "../../src/sim/llamaMessages.ts"
 import { llamaParams, llamaPrompts } from "../../src/sim/llamaRequest.ts"
 import { type SeqEvent, sequenceEvents } from "../../src/sim/sequences.ts"
 import type { Generation } from "../../src/sim/tokens.ts"
-import { getJson, pollUntil, startSim } from "../support/sim.ts"
+import { getJson, pollUntil, postJson, readUntilPing, type SimHandle, startSim } from "../support/sim.ts"
 
 const gen = (tokens: Array<string>, finishReason: Generation["finishReason"] = "length"): Generation => ({
   tokens,
@@ -220,20 +220,7 @@ describe("a stalled stream", () => {
         body: JSON.stringify({ prompt: "a b c", stream: true }),
         signal: ac.signal
       })
-      const reader = (res.body as ReadableStream<Uint8Array>).getReader()
-      const decoder = new TextDecoder()
-      let text = ""
-      // Bounded: with no ping the read would wait for the client to give up.
-      const deadline = Date.now() + 10_000
-      while (!text.includes(":\n\n")) {
-        let timer: NodeJS.Timeout | undefined
-        const late = new Promise<never>((_, reject) => {
-          timer = setTimeout(() => reject(new Error(`no SSE ping; got ${JSON.stringify(text)}`)), deadline - Date.now())
-        })
-        const { value, done } = await Promise.race([reader.read(), late]).finally(() => clearTimeout(timer))
-        if (done) break
-        text += decoder.decode(value, { stream: true })
-      }
+      const { text } = await readUntilPing(res)
       // One token, then the ping: a comment line, which SSE clients skip.
       expect(text).toMatch(/^data: \{.*"text":"a".*\}\n\n:\n\n$/s)
       ac.abort()
@@ -259,6 +246,34 @@ const metricOf = async (url: string, name: string): Promise<number> => {
   )
 }
 
+/**
+ * The only slot held ~2 s by a holder echoing 100 words at 20 ms (3 words held it 60 ms, which a loaded machine
+ * overran), and a streamed request deferred behind it, which `leave()` cancels.
+ */
+const deferredBehindHolder = async (sim: SimHandle, prompt: string) => {
+  const metric = (name: string) => metricOf(sim.url, name)
+  const words = Array.from({ length: 100 }, (_, i) => `w${i}`).join(" ")
+  const holder = fetch(`${sim.url}/v1/completions`, {
+    method: "POST",
+    body: JSON.stringify({ prompt: words, max_tokens: 100, stream: true })
+  }).then((r) => r.text())
+  await pollUntil(async () => ((await metric("llamacpp:requests_processing")) === 1 ? true : undefined))
+  const ac = new AbortController()
+  const left = fetch(`${sim.url}/v1/completions`, {
+    method: "POST",
+    body: JSON.stringify({ prompt, max_tokens: 4, stream: true }),
+    signal: ac.signal
+  }).catch(() => undefined)
+  await pollUntil(async () => ((await metric("llamacpp:requests_deferred")) === 1 ? true : undefined))
+  return {
+    holder,
+    leave: async () => {
+      ac.abort()
+      await left
+    }
+  }
+}
+
 describe("a request left while it waited for a slot", () => {
   it("stays deferred until the slot frees, then has its prompt evaluated and is dropped", async () => {
     const sim = await startSim({
@@ -267,25 +282,10 @@ describe("a request left while it waited for a slot", () => {
     })
     const metric = (name: string) => metricOf(sim.url, name)
     try {
-      // The holder echoes its 100 words at 20 ms each: the slot stays busy 2 s, the window for the steps below
-      // (3 words held it 60 ms, which a loaded machine overran)
-      const words = Array.from({ length: 100 }, (_, i) => `w${i}`).join(" ")
-      const holder = fetch(`${sim.url}/v1/completions`, {
-        method: "POST",
-        body: JSON.stringify({ prompt: words, max_tokens: 100, stream: true })
-      }).then((r) => r.text())
-      await pollUntil(async () => ((await metric("llamacpp:requests_processing")) === 1 ? true : undefined))
-      const ac = new AbortController()
-      const left = fetch(`${sim.url}/v1/completions`, {
-        method: "POST",
-        body: JSON.stringify({ prompt: "one two three four five", max_tokens: 4, stream: true }),
-        signal: ac.signal
-      }).catch(() => undefined)
-      await pollUntil(async () => ((await metric("llamacpp:requests_deferred")) === 1 ? true : undefined))
+      const { holder, leave } = await deferredBehindHolder(sim, "one two three four five")
       const promptBefore = await metric("llamacpp:prompt_tokens_total")
       const predictedBefore = await metric("llamacpp:tokens_predicted_total")
-      ac.abort()
-      await left
+      await leave()
       // still deferred while the slot is busy (it was 0 at once)
       expect(await metric("llamacpp:requests_deferred")).toBe(1)
       await holder
@@ -299,6 +299,30 @@ describe("a request left while it waited for a slot", () => {
       expect((await metric("llamacpp:prompt_tokens_total")) - promptBefore).toBe(6)
       // its first token made and counted, besides the holder's 100 (counted as its task ends)
       expect((await metric("llamacpp:tokens_predicted_total")) - predictedBefore).toBe(101)
+    } finally {
+      await sim.stop()
+    }
+  })
+
+  // ggml-org/llama.cpp#13262: the left request takes the freed slot and has its prompt evaluated (the TTFT) there
+  // before it is dropped; the next waiter waits for that.
+  it("holds the freed slot for its prompt's TTFT, the next waiter behind it", async () => {
+    const sim = await startSim({
+      flavor: "llama_cpp",
+      args: ["-m", "/m.gguf", "-np", "1", "--metrics", "--sim-ttft", "600ms", "--sim-itl", "20ms"]
+    })
+    const deferred = () => metricOf(sim.url, "llamacpp:requests_deferred")
+    try {
+      const { holder, leave } = await deferredBehindHolder(sim, "one two three")
+      const next = postJson(`${sim.url}/v1/completions`, { prompt: "x", max_tokens: 1 })
+      await pollUntil(async () => ((await deferred()) === 2 ? true : undefined))
+      await leave()
+      // Once the holder is done the left request holds the slot for 600 ms while `next` still waits; dropped at
+      // once, the slot would pass straight to `next` (deferred 2, then 0).
+      await pollUntil(async () => ((await deferred()) === 1 ? true : undefined))
+      expect(await metricOf(sim.url, "llamacpp:requests_processing")).toBe(1)
+      expect((await next).status).toBe(200)
+      await holder
     } finally {
       await sim.stop()
     }

@@ -8,26 +8,14 @@ import type { AddressInfo } from "node:net"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { prefillLossOf, waitForRoom } from "../../src/sim/pd.ts"
 import { freePort } from "../support/ports.ts"
-import { getJson, pollUntil, postJson, type SimHandle, sseData, startSim } from "../support/sim.ts"
+import { getJson, pollUntil, postJson, type SimHandle, sseData, startNixlPair, startSim } from "../support/sim.ts"
 
 describe("vLLM P/D over the side channel", () => {
   let p: SimHandle
   let d: SimHandle
   let pSide: number
-  const kvCfg = JSON.stringify({ kv_connector: "NixlConnector", kv_role: "kv_both", kv_load_failure_policy: "fail" })
   beforeAll(async () => {
-    pSide = await freePort()
-    const dSide = await freePort()
-    ;[p, d] = await Promise.all([
-      startSim({
-        args: ["serve", "m", "--kv-transfer-config", kvCfg, "--sim-kv-lease", "1500ms", "--sim-block-size", "2"],
-        env: { VLLM_NIXL_SIDE_CHANNEL_HOST: "127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT: String(pSide) }
-      }),
-      startSim({
-        args: ["serve", "m", "--kv-transfer-config", kvCfg],
-        env: { VLLM_NIXL_SIDE_CHANNEL_HOST: "127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT: String(dSide) }
-      })
-    ])
+    ;({ p, d, pSide } = await startNixlPair(["--sim-kv-lease", "1500ms", "--sim-block-size", "2"]))
   })
   afterAll(() => Promise.all([p?.stop(), d?.stop()]))
 

@@ -7,7 +7,7 @@ import * as path from "node:path"
 import { fileURLToPath } from "node:url"
 import { followLines } from "./lines.ts"
 import { pollUntil as poll } from "./poll.ts"
-import { freePort } from "./ports.ts"
+import { freePort, freePorts } from "./ports.ts"
 
 export type SimFlavor = "vllm" | "sglang" | "llama_cpp" | "mlx"
 
@@ -113,6 +113,52 @@ export const startSim = async (options: StartSimOptions = {}): Promise<SimHandle
     throw err
   }
   return { url: `http://127.0.0.1:${port}`, port, pid, proc, stderrLines, waitForLine, exited, stop }
+}
+
+/**
+ * A vLLM prefill simulator and a decode one over NIXL's side channel (NixlConnector, kv_both, failing a lost
+ * load), each on a side-channel port of its own; `prefillArgs` added to P's command line.
+ */
+export const startNixlPair = async (
+  prefillArgs: ReadonlyArray<string> = []
+): Promise<{ p: SimHandle; d: SimHandle; pSide: number }> => {
+  const kvCfg = JSON.stringify({ kv_connector: "NixlConnector", kv_role: "kv_both", kv_load_failure_policy: "fail" })
+  const [pSide, dSide] = await freePorts(2)
+  const side = (port: number | undefined) => ({
+    VLLM_NIXL_SIDE_CHANNEL_HOST: "127.0.0.1",
+    VLLM_NIXL_SIDE_CHANNEL_PORT: String(port)
+  })
+  const [p, d] = await Promise.all([
+    startSim({ args: ["serve", "m", "--kv-transfer-config", kvCfg, ...prefillArgs], env: side(pSide) }),
+    startSim({ args: ["serve", "m", "--kv-transfer-config", kvCfg], env: side(dSide) })
+  ])
+  return { p, d, pSide: pSide as number }
+}
+
+/**
+ * Reads a streamed answer until its first SSE ping (a `:` comment line), at most `timeoutMs`: the text read, and
+ * when its first `data:` event arrived (performance.now()). Fails naming what came if no ping did.
+ */
+export const readUntilPing = async (
+  res: Response,
+  timeoutMs = 10_000
+): Promise<{ text: string; firstDataAt: number | undefined }> => {
+  const reader = (res.body as ReadableStream<Uint8Array>).getReader()
+  const decoder = new TextDecoder()
+  let text = ""
+  let firstDataAt: number | undefined
+  const deadline = Date.now() + timeoutMs
+  while (!text.includes(":\n\n")) {
+    let timer: NodeJS.Timeout | undefined
+    const late = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`no SSE ping; got ${JSON.stringify(text)}`)), deadline - Date.now())
+    })
+    const { value, done } = await Promise.race([reader.read(), late]).finally(() => clearTimeout(timer))
+    if (done) break
+    text += decoder.decode(value, { stream: true })
+    if (firstDataAt === undefined && text.includes("data: ")) firstDataAt = performance.now()
+  }
+  return { text, firstDataAt }
 }
 
 /** POST a JSON body; returns status, headers and the parsed JSON (or raw text if not JSON). */
