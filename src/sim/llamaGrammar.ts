@@ -1,8 +1,7 @@
-// Whether llama-server takes a request's `grammar` (GBNF) and `json_schema` (pure), so the llama_cpp flavor refuses
-// what the real server refuses (test/real/sim-differential-3.test.ts holds it to it). The simulator constrains no
-// output: a grammar it takes changes nothing in what it generates. Sources, ggml-org/llama.cpp:
-// src/llama-grammar.cpp (llama_grammar_parser::parse, llama_grammar_init_impl), common/json-schema-to-grammar.cpp
-// (common_schema_converter::visit).
+// Whether llama-server takes a request's `grammar` (GBNF) (pure), so the llama_cpp flavor refuses what the real
+// server refuses (test/real/sim-differential-3.test.ts and -6 hold it to it; `json_schema`: llamaJsonSchema.ts). The
+// simulator constrains no output: a grammar it takes changes nothing in what it generates. Source,
+// ggml-org/llama.cpp src/llama-grammar.cpp (llama_grammar_parser::parse, llama_grammar_init_impl).
 
 /** A rule element as llama_grammar_parser builds it: a reference to a rule, or a terminal (char, class, token). */
 type Elem = { readonly ref: number } | { readonly term: true }
@@ -105,9 +104,16 @@ class Parser {
     this.pos++
   }
 
-  /** handle_repetitions: the last symbol (seq from `last`) rewritten into synthesized rules, as llama.cpp does. */
-  private repeat(seq: Seq, last: number, min: number, max: number | undefined): void {
+  /**
+   * handle_repetitions: the last symbol (seq from `last`) rewritten into synthesized rules, as llama.cpp does.
+   * `prevRules`: the rules that symbol already stands for (n_prev_rules: 1, a group's, or what earlier repetitions
+   * of it made); the rules this one makes multiply it, refused from MAX_REPETITION on. Returns the new product.
+   */
+  private repeat(seq: Seq, last: number, min: number, max: number | undefined, prevRules: number): number {
     if (last === seq.length) this.fail("expecting preceding item to */+/?/{")
+    const total = max !== undefined && max > 0 ? max : min > 0 ? min : 1
+    if (prevRules * total >= MAX_REPETITION)
+      this.fail("number of rules repeated times the repetition exceeds sane defaults")
     const prev = seq.slice(last)
     // min copies of it stay in the sequence (one more is enough for the checks that follow), none for min 0
     if (min === 0) seq.length = last
@@ -123,11 +129,13 @@ class Parser {
       lastRec = rec
     }
     if (nOpt > 0) seq.push({ ref: lastRec })
+    return prevRules * total
   }
 
   private sequence(nested: boolean): Seq {
     const seq: Seq = []
     let last = 0
+    let prevRules = 1 // n_prev_rules
     for (;;) {
       const c = this.at()
       if (c === '"' || c === "[") {
@@ -135,6 +143,7 @@ class Parser {
         const close = c === '"' ? '"' : "]"
         if (c === "[" && this.at() === "^") this.pos++
         last = seq.length
+        prevRules = 1
         while (this.at() !== close) {
           this.char()
           seq.push({ term: true })
@@ -150,18 +159,22 @@ class Parser {
         if (c === "!") this.pos++
         this.token()
         last = seq.length
+        prevRules = 1
         seq.push({ term: true })
         this.space(nested)
       } else if (isWord(c)) {
         const ref = this.id(this.name())
         this.space(nested)
         last = seq.length
+        prevRules = 1
         seq.push({ ref })
       } else if (c === "(") {
         this.pos++
         this.space(true)
+        const before = this.next
         const sub = this.next++
         this.rules.set(sub, this.alternates(true))
+        prevRules = Math.max(1, this.next - before)
         last = seq.length
         seq.push({ ref: sub })
         if (this.at() !== ")") this.fail("expecting ')'")
@@ -169,13 +182,14 @@ class Parser {
         this.space(nested)
       } else if (c === ".") {
         last = seq.length
+        prevRules = 1
         seq.push({ term: true })
         this.pos++
         this.space(nested)
       } else if (c === "*" || c === "+" || c === "?") {
         this.pos++
         this.space(nested)
-        this.repeat(seq, last, c === "+" ? 1 : 0, c === "?" ? 1 : undefined)
+        prevRules = this.repeat(seq, last, c === "+" ? 1 : 0, c === "?" ? 1 : undefined, prevRules)
       } else if (c === "{") {
         this.pos++
         this.space(nested)
@@ -196,7 +210,7 @@ class Parser {
         this.pos++
         this.space(nested)
         if (min > MAX_REPETITION) this.fail("number of repetitions exceeds sane defaults")
-        this.repeat(seq, last, min, max !== undefined && max > MAX_REPETITION ? undefined : max)
+        prevRules = this.repeat(seq, last, min, max !== undefined && max > MAX_REPETITION ? undefined : max, prevRules)
       } else return seq
     }
   }
@@ -274,44 +288,4 @@ export const grammarParses = (src: string): boolean => {
     throw e
   }
   return p.rules.size > 0 && p.rootId() !== undefined && !leftRecursive(p.rules)
-}
-
-/** json-schema-to-grammar.cpp PRIMITIVE_RULES: the `type`s a schema may name. */
-const PRIMITIVES = new Set([
-  "boolean",
-  "decimal-part",
-  "integral-part",
-  "number",
-  "integer",
-  "value",
-  "object",
-  "array",
-  "uuid",
-  "char",
-  "string",
-  "null"
-])
-
-/** Keys visit() acts on before it looks at `type` (the first branches of common_schema_converter::visit). */
-const EARLIER = ["$ref", "oneOf", "anyOf", "const", "enum", "properties", "additionalProperties", "allOf", "items"]
-
-/**
- * The converter's error for the top level of a `json_schema`, or undefined where the simulator takes it. Modelled:
- * visit()'s last branch, "Unrecognized schema: <dump>": a value that is no object and no array (a string, a
- * number, a boolean), or an object whose `type` is a string no primitive rule has and that has none of the keys
- * that visit() acts on first. Not modelled (taken): errors inside nested schemas, `$ref`s, patterns, and the
- * numbers nlohmann prints otherwise than JSON.stringify (5.0 is "5.0" to it; the simulator sees the parsed 5).
- */
-export const jsonSchemaError = (schema: unknown): string | undefined => {
-  const unrecognized = () => `JSON schema conversion failed:\nUnrecognized schema: ${JSON.stringify(schema)}`
-  if (schema === null || Array.isArray(schema)) return undefined
-  if (typeof schema !== "object") return unrecognized()
-  const o = schema as Record<string, unknown>
-  const type = o.type
-  if (typeof type !== "string" || PRIMITIVES.has(type) || EARLIER.some((k) => k in o)) return undefined
-  // nlohmann keeps the keys in their order; a JS object puts integer-like keys first
-  if (Object.keys(o).some((k) => /^\d+$/.test(k))) return undefined
-  // `format` is read as a string first (a type_error otherwise) and may make a string rule: left to the real one
-  if ("format" in o || "pattern" in o || "prefixItems" in o) return undefined
-  return unrecognized()
 }

@@ -4,7 +4,7 @@
 // server-common.cpp (tokenize_input_prompts for `prompt`, oaicompat_chat_params_parse for `messages`),
 // common/chat.cpp (common_chat_msgs_parse_oaicompat) and tools/server/server-context.cpp (the order of it all).
 // Errors keep llama-server's wording, nlohmann::json's exception texts included.
-import { jsonSchemaError } from "./llamaGrammar.ts"
+import { jsonSchemaError } from "./llamaJsonSchema.ts"
 import { words } from "./tokens.ts"
 
 export interface LlamaInvalid {
@@ -200,7 +200,8 @@ export const llamaParams = (
     seed: typeof seed === "number" ? seed >>> 0 : undefined,
     stop,
     ssePingInterval: values.get("sse_ping_interval") as number | undefined,
-    nProbs: Math.max(0, (values.get("n_probs") as number | undefined) ?? 0),
+    // kept as sent, as /slots shows it (-1 is -1 there); one not above 0 asks for no probabilities
+    nProbs: (values.get("n_probs") as number | undefined) ?? 0,
     postSamplingProbs: values.get("post_sampling_probs") === true,
     timingsPerToken: values.get("timings_per_token") === true,
     grammar: values.get("grammar") as string | undefined

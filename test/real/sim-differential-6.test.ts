@@ -7,7 +7,12 @@
 // INT64 limit's words, an empty sub-prompt. Refusals are compared word for word; an answer the real server gives
 // under a grammar is the grammar's, so of a taken one only the status is.
 import { beforeAll, describe, expect, it } from "vitest"
-import { GRAMMARS_REFUSED, GRAMMARS_TAKEN, JSON_SCHEMA_PRIMITIVE_TYPES } from "../support/llamaFacts.ts"
+import {
+  GRAMMARS_REFUSED,
+  GRAMMARS_TAKEN,
+  JSON_SCHEMA_PRIMITIVE_TYPES,
+  JSON_SCHEMAS_UNRECOGNIZED
+} from "../support/llamaFacts.ts"
 import { postOnOwnConnection as post } from "./engine.ts"
 import { answersOf, type Pair, pairs, sameAnswers } from "./simPair.ts"
 
@@ -23,7 +28,7 @@ const same = sameAnswers
 
 const completion = (extra: Record<string, unknown>) => ({ prompt: "a b", max_tokens: 2, ...extra })
 
-const TAKEN = [...GRAMMARS_TAKEN, ['root ::= "a"{0,2001}', "at most 2001 repetitions (unbounded past 2000)"]] as const
+const TAKEN = GRAMMARS_TAKEN
 const REFUSED = GRAMMARS_REFUSED
 
 describe("grammar: the simulator against the real server, continued", () => {
@@ -61,6 +66,29 @@ describe("json_schema: the simulator against the real server, continued", () => 
       const got = await both("/v1/completions", completion({ json_schema }))
       expect([json_schema, ...got]).toEqual([json_schema, 200, 200])
     }
+  })
+
+  it("refused word for word: an unknown type beside keys visit() reads only for other types", async () => {
+    for (const json_schema of JSON_SCHEMAS_UNRECOGNIZED) {
+      const got = await both("/v1/completions", completion({ json_schema }))
+      expect([json_schema, ...got]).toEqual([json_schema, ...same(got)])
+      expect(got[0]).toBe(400)
+    }
+  })
+
+  it("refused, its keys dumped as sent: an integer-like key (the simulator dumps it first, as JS orders keys)", async () => {
+    const got = await both("/v1/completions", completion({ json_schema: { type: "foo", "0": 1 } }))
+    expect([got[0], got[2]]).toEqual([400, 400])
+  })
+
+  it("a request's n_probs is shown in /slots as sent, -1 too", async () => {
+    const shown = async (base: string) => {
+      await post(base, "/v1/completions", completion({ n_probs: -1 }))
+      const slots = JSON.parse(await (await fetch(`${base}/slots`)).text()) as Array<{ params?: { n_probs?: number } }>
+      return slots.map((s) => s.params?.n_probs).filter((n) => n !== undefined && n !== 0)
+    }
+    expect(await shown(pair.real)).toEqual([-1])
+    expect(await shown(pair.sim)).toEqual([-1])
   })
 
   it("a chat's json_schema is never refused in the completion's words (its chat template converts it)", async () => {

@@ -4,9 +4,15 @@
 // json-schema-to-grammar.cpp (PRIMITIVE_RULES, common_schema_converter::visit), server-schema.cpp (the field order
 // and hard limits), server-common.cpp tokenize_input_subprompt.
 import { describe, expect, it } from "vitest"
-import { grammarParses, jsonSchemaError } from "../../src/sim/llamaGrammar.ts"
+import { grammarParses } from "../../src/sim/llamaGrammar.ts"
+import { jsonSchemaError } from "../../src/sim/llamaJsonSchema.ts"
 import { llamaParams, llamaPrompts } from "../../src/sim/llamaRequest.ts"
-import { GRAMMARS_REFUSED, GRAMMARS_TAKEN, JSON_SCHEMA_PRIMITIVE_TYPES } from "../support/llamaFacts.ts"
+import {
+  GRAMMARS_REFUSED,
+  GRAMMARS_TAKEN,
+  JSON_SCHEMA_PRIMITIVE_TYPES,
+  JSON_SCHEMAS_UNRECOGNIZED
+} from "../support/llamaFacts.ts"
 
 describe("grammarParses: as the real llama-server parses", () => {
   it.each(GRAMMARS_TAKEN)("taken: %j (%s)", (grammar) => {
@@ -31,7 +37,23 @@ describe("jsonSchemaError: the types and keys the converter takes", () => {
   })
 })
 
+describe("jsonSchemaError: refused as the real server refuses", () => {
+  it.each(JSON_SCHEMAS_UNRECOGNIZED)("an unknown type beside a key read only for other types: %j", (schema) => {
+    expect(jsonSchemaError(schema)).toBe(
+      `JSON schema conversion failed:\nUnrecognized schema: ${JSON.stringify(schema)}`
+    )
+  })
+
+  it("an integer-like key changes nothing: refused", () => {
+    expect(jsonSchemaError({ type: "foo", "0": 1 })).toContain("Unrecognized schema")
+  })
+})
+
 describe("llamaParams and llamaPrompts: the real server's answers", () => {
+  it("n_probs is kept as sent, -1 too (/slots shows it)", () => {
+    expect(llamaParams({ n_probs: -1 }, 2)).toMatchObject({ nProbs: -1 })
+  })
+
   it("sse_ping_interval -1 (no pings) is taken, -2 refused", () => {
     expect(llamaParams({ sse_ping_interval: -1 }, 2)).toMatchObject({ ssePingInterval: -1 })
     expect(llamaParams({ sse_ping_interval: -2 }, 2)).toEqual({
