@@ -37,7 +37,7 @@ export const formatPlan = (plan: LaunchPlan): string => {
     `command:   ${plan.spawns ? plan.argv.map(shellQuote).join(" ") : "(none)"}`,
     `env:       ${env.length === 0 ? "(none added)" : ""}`.trimEnd(),
     ...env.map(([k, v]) => `  ${k}=${shellQuote(v)}`),
-    `base url:  ${plan.baseUrl}`,
+    `base url:  ${plan.baseUrl}${plan.authorization === undefined ? "" : " (each request with the engine's API key: engine.api_key)"}`,
     `probe:     ${probe}`,
     `metrics:   ${metrics}`,
     `kv events: ${events}`,

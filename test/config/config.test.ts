@@ -346,7 +346,7 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
     "credentials in engine.url (never echoed)",
     `[engine]\nurl = "http://admin:s3cret@127.0.0.1:8000"\n${MODEL}`,
     [
-      "engine.url: credentials do not belong in the URL; the agent sends none to the engine (it has no engine password or API key setting): serve the engine unauthenticated where only the agent reaches it (loopback for an engine the agent spawns); secrets an engine the agent spawns needs go in engine.env (a proxied openai_compat server must take the agent's calls without any)"
+      "engine.url: credentials do not belong in the URL; an engine that asks for an API key gets it from engine.api_key, which the agent sends as a bearer token (and hands to an engine it spawns)"
     ]
   ],
   [

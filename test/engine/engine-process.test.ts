@@ -564,12 +564,13 @@ describe("restarts", () => {
 
   it("the spawn is logged with its argv and env, secrets redacted", async () => {
     const s = await setup("vllm", {
-      knobs: ["--api-key", "sk-very-secret"],
-      engine: { env: { HF_TOKEN: "hf_very_secret", HF_HOME: "/cache" } }
+      knobs: ["--hf-token", "hf-very-secret"],
+      engine: { api_key: "sk-very-secret", env: { HF_TOKEN: "hf_very_secret", HF_HOME: "/cache" } }
     })
     const h = await start(s.plan, s.settings)
     const line = await waitFor("spawn log", () => h.logs.find((l) => l.includes("engine run 0: spawning")))
-    assert.include(line, '"--api-key","<redacted>"')
+    assert.include(line, '"--hf-token","<redacted>"')
+    assert.include(line, '"VLLM_API_KEY":"<redacted>"')
     assert.include(line, '"HF_TOKEN":"<redacted>"')
     assert.include(line, '"HF_HOME":"/cache"')
     assert.notInclude(line, "very_secret")

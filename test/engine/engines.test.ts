@@ -717,7 +717,7 @@ describe("rendering rules", () => {
 
 describe("redactPlan", () => {
   it("hides secret env values and the values of token flags, and nothing else", () => {
-    const p = plan({
+    const base = plan({
       engine: {
         env: {
           HF_TOKEN: "hf_x",
@@ -728,24 +728,29 @@ describe("redactPlan", () => {
           WANDB_CRED: "w",
           TOKENIZERS_PARALLELISM: "false",
           UCX_TLS: "rc"
-        },
-        args: [
-          "--api-key",
-          "sk-1",
-          "--hf-token=hf_y",
-          "--token",
-          "t",
-          "--admin-api-key",
-          "a",
-          "-hft",
-          "h",
-          "--long-prefill-token-threshold",
-          "8",
-          "--port-offset",
-          "1"
-        ]
+        }
       }
     })
+    // written into the plan: the config refuses a key flag in engine.args (engineKeyChecks.ts)
+    const p: LaunchPlan = {
+      ...base,
+      argv: [
+        ...base.argv,
+        "--api-key",
+        "sk-1",
+        "--hf-token=hf_y",
+        "--token",
+        "t",
+        "--admin-api-key",
+        "a",
+        "-hft",
+        "h",
+        "--long-prefill-token-threshold",
+        "8",
+        "--port-offset",
+        "1"
+      ]
+    }
     const r = redactPlan(p)
     expect(r.env).toEqual({
       HF_TOKEN: REDACTED,

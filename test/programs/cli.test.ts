@@ -98,14 +98,16 @@ describe("cgn-agent CLI", () => {
     const file = path.join(dir, "secret.toml")
     await fs.writeFile(
       file,
-      '[engine]\nenv = { HF_TOKEN = "hf_secret" }\nargs = ["--api-key", "sk-secret"]\n[models.m]\nhf_repo = "a/b"\n'
+      '[engine]\nkind = "sglang"\napi_key = "sk-secret"\nenv = { HF_TOKEN = "hf_secret" }\nargs = ["--hf-token", "hf-secret"]\n[models.m]\nhf_repo = "a/b"\n'
     )
     const r = await cli(["render", "--config", file, "--json"])
     expect(r.code).toBe(0)
     const plan = JSON.parse(r.stdout)
-    expect(plan.kind).toBe("vllm")
+    expect(plan.kind).toBe("sglang")
     expect(plan.env).toEqual({ HF_TOKEN: "<redacted>" })
-    expect(plan.argv.slice(-2)).toEqual(["--api-key", "<redacted>"])
+    // engine.api_key: SGLang's flag last, after engine.args; the header the agent sends
+    expect(plan.argv.slice(-4)).toEqual(["--hf-token", "<redacted>", "--api-key", "<redacted>"])
+    expect(plan.authorization).toBe("Bearer <redacted>")
     expect(r.stdout).not.toContain("secret")
   })
 

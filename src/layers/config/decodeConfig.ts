@@ -1,8 +1,8 @@
 /**
  * A file's bytes (UTF-8 only), TOML text or an already-parsed object to the resolved AgentConfig: parse, check the
  * values as written (rawValues.ts), decode with ConfigSchema, cross-check, then fill defaults (node id, lease TTL,
- * admin token from the environment). Pure apart from reading the host name; nothing half-parsed escapes: either
- * every check passes or a ConfigError lists every problem.
+ * admin token and engine API key from the environment). Pure apart from reading the host name; nothing half-parsed
+ * escapes: either every check passes or a ConfigError lists every problem.
  */
 import * as os from "node:os"
 import { Result, Schema } from "effect"
@@ -12,6 +12,7 @@ import { ConfigFile, LogLevels } from "../../services/config/ConfigSchema.ts"
 import { DialableHostPort, keyPartProblem } from "../../services/config/ConfigValues.ts"
 import { joinHostPort } from "../../services/net/HostPort.ts"
 import { crossChecks, leaseTtlOf } from "./crossChecks.ts"
+import { engineKeyProblems } from "./engineKeyChecks.ts"
 import { type CheckedValues, checkValues } from "./rawValues.ts"
 import { fieldProblems, unknownKeyProblems } from "./schemaProblems.ts"
 import { syntaxErrorKey } from "./syntaxErrorKey.ts"
@@ -152,34 +153,37 @@ const decodeChecked = (
       )
     }
   }
-  const token = adminTokenOf(parsed.agent.admin_token, env)
+  const token = bearerOf("agent.admin_token", "CGN_AGENT_ADMIN_TOKEN", parsed.agent.admin_token, env)
   if (token.problem !== undefined) problems.push(token.problem)
+  const engineKey = bearerOf("engine.api_key", "CGN_AGENT_ENGINE_API_KEY", parsed.engine.api_key, env)
+  if (engineKey.problem !== undefined) problems.push(engineKey.problem)
+  problems.push(...engineKeyProblems(parsed, engineKey.value === undefined ? undefined : engineKey.key))
   if (problems.length > 0) return fail(problems)
-  return Result.succeed(resolve(parsed, nodeId, file, nodeIp, token.value))
+  return Result.succeed(resolve(parsed, nodeId, file, nodeIp, token.value, engineKey.value))
 }
 
 /**
- * agent.admin_token, else CGN_AGENT_ADMIN_TOKEN (Kubernetes hands a secret over as an env var from a Secret). A bearer
- * token is one word (RFC 6750): the whitespace around it (the trailing newline of a Secret made from a file) is
- * trimmed, as client-go trims token files; whitespace or a control character inside could never be sent, and every
- * lever would answer 401 without saying why.
+ * A bearer token from the file's `key`, else the variable `envName` (Kubernetes hands a secret over as an env var from
+ * a Secret): agent.admin_token, engine.api_key. A bearer token is one word (RFC 6750): the whitespace around it (the
+ * trailing newline of a Secret made from a file) is trimmed, as client-go trims token files; whitespace or a control
+ * character inside could never be sent, and every request would be answered 401 without saying why.
  */
-const adminTokenOf = (
+const bearerOf = (
+  fileKey: string,
+  envName: string,
   fromFile: string | undefined,
   env: Readonly<Record<string, string | undefined>>
-): { readonly value?: string; readonly problem?: string } => {
-  const [key, raw] =
-    fromFile !== undefined
-      ? ["agent.admin_token", fromFile]
-      : ["CGN_AGENT_ADMIN_TOKEN", env.CGN_AGENT_ADMIN_TOKEN || undefined]
-  if (raw === undefined) return {}
+): { readonly key: string; readonly value?: string; readonly problem?: string } => {
+  const [key, raw] = fromFile !== undefined ? [fileKey, fromFile] : [envName, env[envName] || undefined]
+  if (raw === undefined) return { key }
   const value = raw.trim()
-  if (value === "") return { problem: `${key}: only whitespace; set a token or remove it` }
+  if (value === "") return { key, problem: `${key}: only whitespace; set a token or remove it` }
   if (/[\s\x00-\x1f\x7f]/.test(value))
     return {
+      key,
       problem: `${key}: whitespace or a control character inside the token, which an Authorization header cannot carry (every request would be refused 401)`
     }
-  return { value }
+  return { key, value }
 }
 
 const nodeIpOf = (env: Readonly<Record<string, string | undefined>>): string | undefined =>
@@ -190,7 +194,8 @@ const resolve = (
   nodeId: string,
   file: string | undefined,
   nodeIp: string | undefined,
-  adminToken: string | undefined
+  adminToken: string | undefined,
+  engineKey: string | undefined
 ) => {
   const [name, m] = Object.entries(c.models)[0]!
   const model: ModelConfig = {
@@ -215,7 +220,7 @@ const resolve = (
       lease_ttl: leaseTtlOf(c.agent),
       ...(adminToken === undefined ? {} : { admin_token: adminToken })
     },
-    engine: c.engine,
+    engine: engineKey === undefined ? c.engine : { ...c.engine, api_key: engineKey },
     model,
     kv: c.kv
   }

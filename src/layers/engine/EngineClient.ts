@@ -47,9 +47,14 @@ const whole = (ex: Exchange): Effect.Effect<{ status: number; text: string }, En
 /**
  * GET `url` on `dispatcher` and read the whole answer, each of headers and body bounded by `timeoutMs`; an error status
  * fails as the engine's error. The client's /metrics read, and what else the agent reads of the engine whole
- * (ServedContext.ts: its model list).
+ * (ServedContext.ts: its model list). `authorization`: the plan's, for a url on the engine's origin.
  */
-export const getText = (dispatcher: Dispatcher, url: string, timeoutMs: number): Effect.Effect<string, EngineError> =>
+export const getText = (
+  dispatcher: Dispatcher,
+  url: string,
+  timeoutMs: number,
+  authorization?: string
+): Effect.Effect<string, EngineError> =>
   Effect.suspend(() => {
     const u = new URL(url)
     const ex = new Exchange()
@@ -58,7 +63,7 @@ export const getText = (dispatcher: Dispatcher, url: string, timeoutMs: number):
         origin: u.origin,
         path: `${u.pathname}${u.search}`,
         method: "GET",
-        headers: {},
+        headers: authorization === undefined ? {} : { authorization },
         body: null,
         headersTimeout: timeoutMs,
         bodyTimeout: timeoutMs,
@@ -121,6 +126,7 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
   const rankHeader = engineFor(plan.kind).capabilities.rankHeader
   const postHeaders = (accept: string, opts: RequestOptions | undefined): Record<string, string> => {
     const h: Record<string, string> = { "content-type": "application/json", accept }
+    if (plan.authorization !== undefined) h.authorization = plan.authorization
     if (opts?.requestId !== undefined) h["x-request-id"] = opts.requestId
     if (opts?.traceparent !== undefined) {
       h.traceparent = opts.traceparent
@@ -203,7 +209,8 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
   ): Effect.Effect<void, EngineError> =>
     opts?.stream === false ? wholeTo(path, body, opts, sink) : sseTo(path, body, opts, sink)
 
-  const control = (url: string): Effect.Effect<string, EngineError> => getText(agent, url, controlTimeout)
+  const control = (url: string): Effect.Effect<string, EngineError> =>
+    getText(agent, url, controlTimeout, plan.authorization)
 
   const metrics = plan.metrics
   const load =

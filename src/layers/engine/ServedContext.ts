@@ -62,7 +62,7 @@ export const layerWith = (options: {
       const read = (keepOnFailure: boolean) =>
         Effect.gen(function* () {
           let answered = true
-          const got = yield* getText(getGlobalDispatcher(), url, READ_TIMEOUT_MS).pipe(
+          const got = yield* getText(getGlobalDispatcher(), url, READ_TIMEOUT_MS, plan.authorization).pipe(
             Effect.map((text) => parse(text, source, plan.servedModel)),
             Effect.catch((e) => {
               answered = false

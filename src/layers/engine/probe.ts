@@ -44,13 +44,14 @@ const parsed = (text: string): unknown => {
 const attempt = (probe: ReadinessProbe): Effect.Effect<ProbeResult> =>
   Effect.promise(async (signal): Promise<ProbeResult> => {
     try {
+      const auth = probe.authorization === undefined ? {} : { authorization: probe.authorization }
       const res = await request(
         probe.url,
         probe.kind === "http"
-          ? { method: "GET", signal }
+          ? { method: "GET", headers: auth, signal }
           : {
               method: "POST",
-              headers: { "content-type": "application/json" },
+              headers: { "content-type": "application/json", ...auth },
               body: JSON.stringify(probe.body),
               signal
             }
@@ -59,6 +60,12 @@ const attempt = (probe: ReadinessProbe): Effect.Effect<ProbeResult> =>
       const text = model !== undefined ? await readUpTo(res.body, MODEL_LIST_READ_BYTES) : undefined
       // Drain the body so the keep-alive connection is reusable (a hanging body is bounded by the timeout).
       await res.body.dump().catch(() => undefined)
+      // An engine that wants a key the agent does not send, or another, would otherwise read as loading for ever.
+      if (res.statusCode === 401 || res.statusCode === 403) {
+        const why =
+          probe.authorization === undefined ? "asks for an API key: set engine.api_key" : "refuses engine.api_key"
+        return { ok: false, reason: `HTTP ${res.statusCode}: the engine ${why}`, phase: "unauthorized" }
+      }
       if (res.statusCode !== 200) return { ok: false, reason: `HTTP ${res.statusCode}`, phase: "loading" }
       return model !== undefined && text !== undefined && modelStillLoading(parsed(text), model)
         ? { ok: false, reason: "the model list shows the model still loading (meta: null)", phase: "loading" }

@@ -126,10 +126,13 @@ export const EngineSection = Schema.Struct({
   kind: withDefault(Schema.Literals(EngineKinds), "vllm"),
   url: withDefault(
     HttpUrlWithoutCredentials(
-      "the agent sends none to the engine (it has no engine password or API key setting): serve the engine unauthenticated where only the agent reaches it (loopback for an engine the agent spawns); secrets an engine the agent spawns needs go in engine.env (a proxied openai_compat server must take the agent's calls without any)"
+      "an engine that asks for an API key gets it from engine.api_key, which the agent sends as a bearer token (and hands to an engine it spawns)"
     ),
     "http://127.0.0.1:8000"
   ),
+  // Sent as `Authorization: Bearer` on every request to engine.url's origin, and given to a spawned engine, which then
+  // refuses calls without it (the backend's capabilities.apiKey says how); decodeConfig.ts reads the env fallback.
+  api_key: Schema.optionalKey(Schema.NonEmptyString),
   kv_offload: withDefault(Schema.Literals(KvOffloads), "none"),
   command: Schema.optionalKey(Schema.NonEmptyArray(Schema.NonEmptyString)),
   args: withDefault(Schema.Array(Schema.String), []),

@@ -111,6 +111,19 @@ export interface EngineCapabilities {
    * renders: llama-server splits `-c` among its `-np` slots.
    */
   readonly servedContext?: ServedContextSource
+  /**
+   * How the engine takes an API key, which it then requires of the agent's calls (`engine.api_key`): `via`, how the
+   * agent hands the key to an engine it spawns (a variable of its environment where it reads one, since any local user
+   * can read a command line; else a flag); `flags` and `env`, every way the engine takes a key, refused in
+   * engine.args, models.x.args and engine.env (a key the agent does not know would have the engine refuse the agent's
+   * own calls). Absent: the engine has none, and a spawned one is refused `engine.api_key`; a proxied server's key is
+   * only sent (layers/engine/backends/engineKey.ts).
+   */
+  readonly apiKey?: {
+    readonly via: { readonly env: string } | { readonly flag: string }
+    readonly flags: ReadonlyArray<string>
+    readonly env: ReadonlyArray<string>
+  }
 }
 
 /**
@@ -155,16 +168,21 @@ export interface ExitHint {
   readonly hint: string
 }
 
-/** How readiness is decided. */
+/** How readiness is decided; `authorization`: the engine's (LaunchPlan.authorization) on a probe of its own origin. */
 export type ReadinessProbe =
   /**
    * GET `url`; 200 means ready; connection refused or 503 mean "not yet". `modelList`: the answer is an OpenAI model
    * list, and a 200 that lists this model (the name the engine serves) as still loading is "not yet" too
    * (ModelList.ts).
    */
-  | { readonly kind: "http"; readonly url: string; readonly modelList?: string }
+  | { readonly kind: "http"; readonly url: string; readonly modelList?: string; readonly authorization?: string }
   /** POST a real 1-token completion (mlx, whose /health is green before the model is loaded). */
-  | { readonly kind: "completion"; readonly url: string; readonly body: Readonly<Record<string, unknown>> }
+  | {
+      readonly kind: "completion"
+      readonly url: string
+      readonly body: Readonly<Record<string, unknown>>
+      readonly authorization?: string
+    }
 
 /** Which of the engine's Prometheus series carry the normalized load signals, newest name first. */
 export interface MetricNames {
@@ -215,6 +233,11 @@ export interface LaunchPlan {
   readonly env: Readonly<Record<string, string>>
   /** The engine's HTTP base URL, e.g. `http://127.0.0.1:8000`. */
   readonly baseUrl: string
+  /**
+   * The `Authorization` header of every request to `baseUrl`'s origin (`Bearer <engine.api_key>`); absent: none. Never
+   * sent to another origin (a ready_probe_url elsewhere).
+   */
+  readonly authorization?: string
   readonly host: string
   readonly port: number
   readonly probe: ReadinessProbe

@@ -50,7 +50,7 @@ export type ProbeResult =
   | {
       readonly ok: false
       readonly reason: string
-      /** "waiting for port", "loading", "probe timeout", or "unreachable (<why>)". */
+      /** "waiting for port", "loading", "unauthorized" (401/403), "probe timeout", or "unreachable (<why>)". */
       readonly phase: string
     }
 

@@ -15,18 +15,25 @@ import { resolveAdvertiseAddr } from "../../../services/registry/Advertise.ts"
 import { formatPath } from "../../config/Config.ts"
 import * as NvmlLive from "../../node/Nvml.ts"
 import * as Logging from "../../observability/Logging.ts"
+import { withEngineKey } from "./engineKey.ts"
 import { llamaCpp } from "./llama_cpp.ts"
 import { mlx } from "./mlx.ts"
 import { openaiCompat } from "./openai_compat.ts"
 import { sglang } from "./sglang.ts"
 import { vllm } from "./vllm.ts"
 
+/** A backend whose every plan carries engine.api_key as its capabilities say (engineKey.ts). */
+const keyed = (engine: Engine): Engine => ({
+  ...engine,
+  render: (config, host) => withEngineKey(engine.render(config, host), engine.capabilities, config.engine.api_key)
+})
+
 const engines: Readonly<Record<EngineKind, Engine>> = {
-  vllm,
-  sglang,
-  llama_cpp: llamaCpp,
-  mlx,
-  openai_compat: openaiCompat
+  vllm: keyed(vllm),
+  sglang: keyed(sglang),
+  llama_cpp: keyed(llamaCpp),
+  mlx: keyed(mlx),
+  openai_compat: keyed(openaiCompat)
 }
 
 /** The backend for a kind. */

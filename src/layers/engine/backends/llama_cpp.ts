@@ -70,7 +70,15 @@ export const llamaCpp: Engine = {
     // --kv-unified, capped at the model's training context (tools/server/server-context.cpp get_res_model_info,
     // meta.slot_n_ctx = n_ctx_slot(); src/llama-context.cpp n_ctx_seq). /props default_generation_settings.n_ctx says
     // the same.
-    servedContext: { path: "/v1/models", fields: [["meta", "n_ctx"]] }
+    servedContext: { path: "/v1/models", fields: [["meta", "n_ctx"]] },
+    // `--api-key`, `--api-key-file` or their variables LLAMA_API_KEY, LLAMA_ARG_API_KEY_FILE (common/arg.cpp); every path
+    // but /health and /v1/health (its web UI's too) then answers 401 without a key (tools/server/server-http.cpp,
+    // middleware_validate_api_key).
+    apiKey: {
+      via: { env: "LLAMA_API_KEY" },
+      flags: ["--api-key", "--api-key-file"],
+      env: ["LLAMA_API_KEY", "LLAMA_ARG_API_KEY_FILE"]
+    }
   },
   render: (config: AgentConfig) => {
     const listen = listenOf(config)

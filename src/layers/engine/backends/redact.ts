@@ -1,7 +1,7 @@
 /**
  * Redaction of secrets in a LaunchPlan before it is printed or logged: env values whose name looks like a
- * credential, a header list's values, a URL's password and the value of a secret flag (the rule:
- * services/engine/Secrets.ts). The plan that is spawned is never redacted; only copies made for humans go through
+ * credential, a header list's values, a URL's password, the value of a secret flag (the rule:
+ * services/engine/Secrets.ts) and the engine's Authorization header (engine.api_key). The plan that is spawned is never redacted; only copies made for humans go through
  * here. Pure.
  */
 import type { LaunchPlan } from "../../../services/engine/Engine.ts"
@@ -16,9 +16,15 @@ export const redactArgv = (argv: ReadonlyArray<string>): ReadonlyArray<string> =
 export const redactEnv = (env: Readonly<Record<string, string>>): Readonly<Record<string, string>> =>
   Object.fromEntries(Object.entries(env).map(([k, v]) => [k, redactEnvValue(k, v)]))
 
+/** The engine's Authorization header (engine.api_key) with its credential replaced, wherever the plan holds it. */
+const redactAuthorization = <T extends { readonly authorization?: string }>(o: T): T =>
+  o.authorization === undefined ? o : { ...o, authorization: `Bearer ${REDACTED}` }
+
 /** A copy of the plan that is safe to print. */
 export const redactPlan = (plan: LaunchPlan): LaunchPlan => ({
-  ...plan,
+  ...redactAuthorization(plan),
   argv: redactArgv(plan.argv),
-  env: redactEnv(plan.env)
+  env: redactEnv(plan.env),
+  probe: redactAuthorization(plan.probe),
+  ...(plan.liveness === undefined ? {} : { liveness: redactAuthorization(plan.liveness) })
 })

@@ -113,7 +113,11 @@ export const sglang: Engine = {
     rankField: "routed_dp_rank",
     // The served model's card: max_model_len = model_config.context_len (available_models,
     // python/sglang/srt/entrypoints/http_server.py; ModelCard in python/sglang/srt/entrypoints/openai/protocol.py).
-    servedContext: { path: "/v1/models", fields: [["max_model_len"]] }
+    servedContext: { path: "/v1/models", fields: [["max_model_len"]] },
+    // `--api-key` alone: SGLang reads no variable for it (python/sglang/srt/server_args.py), so it is on the command
+    // line; every path but /health* and /metrics* then wants exactly `Bearer <key>` (add_api_key_middleware,
+    // python/sglang/srt/utils).
+    apiKey: { via: { flag: "--api-key" }, flags: ["--api-key"], env: [] }
   },
   render: (config: AgentConfig) => {
     const listen = listenOf(config)

@@ -161,7 +161,11 @@ export const vllm: Engine = {
     rankHeader: "X-data-parallel-rank",
     // The base model's card carries the model's max_model_len, a LoRA's none (show_available_models,
     // vllm/entrypoints/openai/serving_models.py; ModelCard in protocol.py).
-    servedContext: { path: "/v1/models", fields: [["max_model_len"]] }
+    servedContext: { path: "/v1/models", fields: [["max_model_len"]] },
+    // `--api-key`, else VLLM_API_KEY (vllm/entrypoints/openai/api_server.py); every route but /health, /ping, /load,
+    // /version and /metrics then answers 401 without `Authorization: Bearer <key>` (AuthenticationMiddleware,
+    // vllm/entrypoints/openai/server_utils.py; older versions guarded /v1 alone).
+    apiKey: { via: { env: "VLLM_API_KEY" }, flags: ["--api-key"], env: ["VLLM_API_KEY"] }
     // No peerlessFields: the NixlConnector serves a request without kv_transfer_params as a local one on either
     // role (get_num_new_matched_tokens, update_state_after_alloc and request_finished return early,
     // vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py).

@@ -1,0 +1,48 @@
+/**
+ * engine.api_key against the engine (pure): a spawned engine that takes no key is refused one, and a key given to the
+ * engine any other way (its flag in engine.args or models.x.args, its variable in engine.env) is refused: the agent
+ * sends engine.api_key alone, and a flag replaces the variable the agent sets (vLLM: `args.api_key or VLLM_API_KEY`),
+ * so the engine would answer the agent's calls 401. The engine's ways of taking a key are data in its backend
+ * (capabilities.apiKey).
+ */
+import type { ConfigFile } from "../../services/config/ConfigSchema.ts"
+import { engineFor } from "../engine/backends/index.ts"
+import { formatPath } from "./schemaProblems.ts"
+
+/** `keyFrom`: where the agent's key came from (engine.api_key or its variable), undefined when there is none. */
+export const engineKeyProblems = (c: ConfigFile, keyFrom: string | undefined): Array<string> => {
+  const caps = engineFor(c.engine.kind).capabilities
+  if (!caps.spawns) return []
+  const name = caps.displayName
+  const takes = caps.apiKey
+  if (takes === undefined) {
+    return keyFrom === undefined
+      ? []
+      : [
+          `${keyFrom}: ${name} takes no API key, so it would serve any caller without one; remove it, and keep engine.url where only the agent reaches it (loopback)`
+        ]
+  }
+  const instead = `set engine.api_key instead: the agent hands it to ${name} and sends it with every call`
+  const problems: Array<string> = []
+  for (const variable of takes.env) {
+    if (c.engine.env[variable] !== undefined)
+      problems.push(
+        `${formatPath(["engine", "env", variable])}: gives ${name} a key the agent does not send (its calls could be answered 401); ${instead}`
+      )
+  }
+  const argLists: Array<[ReadonlyArray<string>, ReadonlyArray<string>]> = [
+    [["engine", "args"], c.engine.args],
+    ...Object.entries(c.models).map(([model, m]): [ReadonlyArray<string>, ReadonlyArray<string>] => [
+      ["models", model, "args"],
+      m.args
+    ])
+  ]
+  for (const [path, args] of argLists) {
+    const given = takes.flags.filter((flag) => args.some((a) => a === flag || a.startsWith(`${flag}=`)))
+    if (given.length > 0)
+      problems.push(
+        `${formatPath(path)}: ${given.join(", ")} gives ${name} a key the agent does not send (its calls could be answered 401); ${instead}`
+      )
+  }
+  return problems
+}
