@@ -4,7 +4,9 @@
 // listen only once "loaded", SGLang then warming up; the others listen at once and report loading), serves the OpenAI API, and applies the
 // fault switches. Logs JSON lines on stderr; `{"msg":"listening"}` marks the HTTP server being up.
 import { spawn } from "node:child_process"
+import { readFileSync } from "node:fs"
 import * as http from "node:http"
+import { KEYLESS_FLAGS, loadApiKeys } from "../sim/apiKey.ts"
 import { unknownFlagsRefusal } from "../sim/argRefusal.ts"
 import { parseArgs } from "../sim/args.ts"
 import { LLAMA_KEEP_ALIVE_S, LLAMA_MAX_REQUESTS, makeContext } from "../sim/context.ts"
@@ -105,8 +107,21 @@ const main = async (): Promise<void> => {
     maxSeqs: cfg.maxSeqs,
     mode: cfg.mode
   })
-  if (cfg.unmodelled.length > 0 && cfg.strictArgs) return die(unknownFlagsRefusal(cfg.flavor, cfg.unmodelled))
+  // a flag the engine does not know in any version (mlx-lm's --api-key) is refused even without --sim-strict-args
+  const keyless = KEYLESS_FLAGS[cfg.flavor]
+  const refused = cfg.strictArgs ? cfg.unmodelled : cfg.unmodelled.filter((f) => keyless.has(f))
+  if (refused.length > 0) return die(unknownFlagsRefusal(cfg.flavor, refused))
   if (cfg.unmodelled.length > 0) log("unmodelled flags (accepted, ignored)", { flags: cfg.unmodelled })
+  // the engines read their key files while parsing their command line, before anything else
+  const keys = loadApiKeys(cfg.apiKeySources, (file) => {
+    try {
+      return readFileSync(file, "utf8")
+    } catch {
+      return undefined
+    }
+  })
+  if ("exit" in keys) return die(keys)
+  cfg = { ...cfg, apiKeys: keys }
   if (cfg.crashAtStart !== undefined) return crashAtStart(cfg, cfg.crashAtStart)
 
   const ctx = makeContext(cfg, log, (reason) => exit(1, reason), process.env)

@@ -2,6 +2,7 @@
 // It accepts each engine's own flags as the renderers emit them (tables: flagTables.ts), plus the --sim-*
 // knobs of the brief, and picks the flavor from --flavor or the first words (commandLine.ts). Flags it does
 // not model are collected for one log line.
+import { apiKeySources } from "./apiKey.ts"
 import { detectFlavor, num, parseDuration, parseJsonFlag, tokenize } from "./commandLine.ts"
 import { resolveLoadBalanceMethod } from "./dpController.ts"
 import { DEFAULT_PORT, ERROR_KINDS, MODELLED } from "./flagTables.ts"
@@ -144,6 +145,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     disagg === "prefill" ? env.SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT : env.SGLANG_DISAGGREGATION_WAITING_TIMEOUT
   const bootstrapTimeoutMs =
     dur("--sim-bootstrap-timeout") ?? (envTimeout !== undefined ? Number(envTimeout) * 1000 : undefined)
+  const keySources = apiKeySources(flavor, rest, env)
 
   return {
     flavor,
@@ -198,6 +200,8 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     kvLeaseMs: dur("--sim-kv-lease"),
     bootstrapTimeoutMs,
     prefillLoss: prefillLossOf(env),
+    apiKeySources: keySources,
+    apiKeys: keySources.flatMap((s) => ("keys" in s ? s.keys : [])),
     unmodelled
   }
 }

@@ -76,7 +76,8 @@ export const MODELLED: Record<Flavor, ReadonlyArray<string>> = {
     "--kv-transfer-config",
     "--kv-events-config",
     "--max-num-seqs",
-    "--block-size"
+    "--block-size",
+    "--api-key"
   ],
   sglang: [
     "--host",
@@ -106,7 +107,9 @@ export const MODELLED: Record<Flavor, ReadonlyArray<string>> = {
     "--enable-lmcache",
     "--disaggregation-decode-enable-radix-cache",
     "--page-size",
-    "--max-running-requests"
+    "--max-running-requests",
+    "--api-key",
+    "--admin-api-key"
   ],
   llama_cpp: [
     "--host",
@@ -126,7 +129,9 @@ export const MODELLED: Record<Flavor, ReadonlyArray<string>> = {
     "--metrics",
     "--sse-ping-interval",
     "-sps",
-    "--slot-prompt-similarity"
+    "--slot-prompt-similarity",
+    "--api-key",
+    "--api-key-file"
   ],
   mlx: ["--host", "--port", "--model", "--max-tokens", "--decode-concurrency"]
 }

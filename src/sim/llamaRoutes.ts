@@ -6,8 +6,7 @@
 import { randomInt } from "node:crypto"
 import type * as http from "node:http"
 import { reply, type SimContext, sendError } from "./context.ts"
-import { invalidJson } from "./errors.ts"
-import { readBody } from "./http.ts"
+import { bareStatus, readJson } from "./jsonBody.ts"
 import { LLAMA_FINGERPRINT } from "./llamaChunks.ts"
 import { llamaMessages } from "./llamaMessages.ts"
 import { DEFAULT_PARAMS } from "./llamaSlots.ts"
@@ -142,14 +141,10 @@ export const llamaRoute = (
 ): boolean => {
   if (method === "GET") return getRoute(ctx, path, query, res)
   if (method !== "POST" || !POST_ROUTES.has(path)) return false
-  void readBody(req).then((raw) => {
-    let body: unknown
-    try {
-      body = JSON.parse(raw)
-    } catch (err) {
-      const bad = invalidJson("llama_cpp", err instanceof Error ? err.message : String(err), raw)
-      return sendError(ctx, res, bad.status, bad.message)
-    }
+  void readJson("llama_cpp", req).then((read) => {
+    if ("bare" in read) return bareStatus(res, read.bare)
+    if ("message" in read) return sendError(ctx, res, read.status, read.message)
+    const { body } = read
     const b = typeof body === "object" && body !== null && !Array.isArray(body) ? (body as Record<string, unknown>) : {}
     const [status, out, failed] = postAnswer(path, b)
     if (failed === true) return sendError(ctx, res, status, out as string)

@@ -3,12 +3,14 @@
 // the P/D hand-off and the fault switches. Generation itself lives in generate.ts.
 import { randomUUID } from "node:crypto"
 import type * as http from "node:http"
+import { keyRefusal } from "./apiKey.ts"
 import { modelsBody } from "./chunks.ts"
 import { errorReply, llamaFraming, reply, type SimContext, sendError } from "./context.ts"
-import { invalidJson, LLAMA_LOADING, LLAMA_NO_METRICS, LLAMA_NOT_FOUND } from "./errors.ts"
+import { LLAMA_LOADING, LLAMA_NO_METRICS, LLAMA_NOT_FOUND } from "./errors.ts"
 import { applyFaults } from "./faults.ts"
 import { generate } from "./generate.ts"
 import { readBody, sendJson } from "./http.ts"
+import { bareStatus, readJson } from "./jsonBody.ts"
 import { llamaId } from "./llamaChunks.ts"
 import { llamaRoute } from "./llamaRoutes.ts"
 import { type Gauges, type RankMetrics, renderMetrics } from "./metrics.ts"
@@ -171,12 +173,16 @@ export const handler =
         ctx.created,
         ctx.cfg.slotContext
       )
-    if (!ctx.loaded && flavor === "llama_cpp" && ctx.cfg.modelsWhileLoading && LLAMA_MODEL_LISTS.has(path)) {
+    const listWhileLoading = ctx.cfg.modelsWhileLoading && LLAMA_MODEL_LISTS.has(path)
+    if (!ctx.loaded && flavor === "llama_cpp" && !listWhileLoading) return reply(ctx, res, 503, LLAMA_LOADING)
+    // The API key: after llama-server's loading check (its pre-routing handler's order), before any route
+    const refusal = keyRefusal(flavor, ctx.cfg.apiKeys, req.method, path, req.headers)
+    if (refusal !== undefined) return reply(ctx, res, 401, refusal)
+    if (!ctx.loaded && flavor === "llama_cpp") {
       const body = modelList() as { data: Array<Record<string, unknown>> }
       for (const entry of body.data) entry.meta = null
       return reply(ctx, res, 200, body)
     }
-    if (!ctx.loaded && flavor === "llama_cpp") return reply(ctx, res, 503, LLAMA_LOADING)
     const models = path === "/v1/models" || (flavor === "llama_cpp" && path === "/models")
     if (method === "GET" && models) return reply(ctx, res, 200, modelList())
     if (method === "GET" && path === "/metrics") return void metrics(ctx, res)
@@ -270,16 +276,10 @@ const completion = async (
   // SGLang answers /health 503 while it warms up but takes completions all along (its routes call
   // handle_request with no status check: sgl-project/sglang python/sglang/srt/entrypoints/http_server.py):
   // a request that races readiness waits in generate for the load, as mlx-lm's does.
-  let raw: string | undefined
-  let body: unknown
-  try {
-    raw = await readBody(req)
-    body = JSON.parse(raw)
-  } catch (err) {
-    const bad = invalidJson(flavor, err instanceof Error ? err.message : String(err), raw ?? "")
-    return sendError(ctx, res, bad.status, bad.message)
-  }
-  const parsed = validate(ctx.cfg, endpoint, body, raw)
+  const read = await readJson(flavor, req)
+  if ("bare" in read) return bareStatus(res, read.bare)
+  if ("message" in read) return sendError(ctx, res, read.status, read.message)
+  const parsed = validate(ctx.cfg, endpoint, read.body, read.raw)
   if (isInvalid(parsed)) {
     if (parsed.drop === true) {
       // mlx-lm: socketserver prints the traceback and closes the connection (ThreadingHTTPServer handle_error,

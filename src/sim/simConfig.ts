@@ -1,5 +1,6 @@
 // What the engine simulator runs with: the flavor it imitates and every knob, as parsed from its command
 // line by args.ts (pure types; the one error parsing throws).
+import type { ApiKeySource } from "./apiKey.ts"
 import type { LoadBalanceMethod } from "./dpController.ts"
 import type { LlamaContextArgs } from "./llamaContext.ts"
 import type { PrefillLoss } from "./pd.ts"
@@ -93,6 +94,13 @@ export interface SimConfig {
   readonly bootstrapTimeoutMs: number | undefined
   /** SGLang decode: when a prefill that cannot be reached fails the request (pd.ts PrefillLoss). */
   readonly prefillLoss: PrefillLoss
+  /** Where the engine's API keys come from (apiKey.ts): flags, environment, key files. */
+  readonly apiKeySources: ReadonlyArray<ApiKeySource>
+  /**
+   * The API keys a request must carry one of (none: no check): those given directly; src/programs/sim.ts adds the
+   * key files' at start (apiKey.ts loadApiKeys).
+   */
+  readonly apiKeys: ReadonlyArray<string>
   /** Flags seen on the line that the simulator accepts but does not model. */
   readonly unmodelled: ReadonlyArray<string>
   /** --sim-strict-args: an unmodelled flag is refused as the engine's parser refuses a flag it does not know. */

@@ -25,6 +25,8 @@ export interface PairOptions {
   readonly args?: ReadonlyArray<string>
   /** The simulator's --sim-* knobs: random words (echo would stop at the prompt's length) by default. */
   readonly knobs?: ReadonlyArray<string>
+  /** Environment added for both servers (LLAMA_API_KEY). */
+  readonly env?: Record<string, string>
 }
 
 /** A real llama-server and the simulator on the same command line: their base URLs, and both, the real one first. */
@@ -84,13 +86,17 @@ export const pairs = (prefix: string): Pairs => {
   const pair = async (o: PairOptions = {}): Promise<Pair> => {
     const file = o.model ?? model()
     const port = await freePort()
-    const proc = spawn(ready().engine.server, serverArgs(file, port, o), { stdio: ["ignore", "ignore", "pipe"] })
+    const proc = spawn(ready().engine.server, serverArgs(file, port, o), {
+      stdio: ["ignore", "ignore", "pipe"],
+      env: { ...process.env, ...o.env }
+    })
     procs.push(proc)
     process.once("exit", () => proc.kill("SIGKILL"))
     followLines(proc.stderr)
     const real = `http://127.0.0.1:${port}`
     const knobs = o.knobs ?? ["--sim-mode", "random"]
-    const sim = await startSim({ flavor: "llama_cpp", args: [...serverArgs(file, await freePort(), o), ...knobs] })
+    const simArgs = [...serverArgs(file, await freePort(), o), ...knobs]
+    const sim = await startSim({ flavor: "llama_cpp", args: simArgs, ...(o.env ? { env: o.env } : {}) })
     sims.push(sim)
     await pollUntil("llama-server /health 200", async () => (await fetch(`${real}/health`)).status === 200, 60_000)
     return { real, sim: sim.url, bases: [real, sim.url] }
