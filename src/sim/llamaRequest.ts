@@ -4,8 +4,27 @@
 // server-common.cpp (tokenize_input_prompts for `prompt`, oaicompat_chat_params_parse for `messages`),
 // common/chat.cpp (common_chat_msgs_parse_oaicompat) and tools/server/server-context.cpp (the order of it all).
 // Errors keep llama-server's wording, nlohmann::json's exception texts included.
-import { jsonSchemaError } from "./llamaJsonSchema.ts"
+import {
+  chatFormat,
+  chatParser,
+  drySequenceBreakers,
+  grammarField,
+  grammarTriggers,
+  type Handler,
+  lora,
+  preservedTokens,
+  reasoningBudgetEndTags,
+  reasoningFormat,
+  samplers,
+  stop,
+  stringField,
+  typeError,
+  typeName
+} from "./llamaFields.ts"
+import { type CppType, clampFloat, cppString, cppValue } from "./llamaNumbers.ts"
 import { words } from "./tokens.ts"
+
+export { typeError }
 
 export interface LlamaInvalid {
   readonly status: number
@@ -51,96 +70,136 @@ export interface LlamaParams {
   readonly grammar: string | undefined
 }
 
-/** nlohmann::json's type_name(). */
-const typeName = (v: unknown): string => {
-  if (v === null) return "null"
-  if (Array.isArray(v)) return "array"
-  if (typeof v === "object") return "object"
-  return typeof v === "string" ? "string" : typeof v === "boolean" ? "boolean" : "number"
-}
-
-export const typeError = (want: string, v: unknown): string =>
-  `[json.exception.type_error.302] type must be ${want}, but is ${typeName(v)}`
-
 const I32 = 2147483647
-/** INT64_MAX as a double (2^63): no JSON number past it reaches the check as an integer anyway. */
-const I64 = 2 ** 63
+const I64 = 2n ** 63n - 1n
 
 interface Field {
   /** The field, then its aliases: the first one present (and not null) is read. */
   readonly names: ReadonlyArray<string>
-  /** "grammar": the json_schema field (alias grammar), whose handler reads both (llamaGrammarField). */
-  readonly kind: "bool" | "num" | "grammar"
+  /** field_bool, field_num<type>, or a field read by a handler of its own (llamaFields.ts). */
+  readonly kind: "bool" | "num" | "handler"
+  /** A number's C++ type: how a JSON number converts to it, and how std::to_string prints it (llamaNumbers.ts). */
+  readonly type?: CppType
   /** Hard limits (set_hard_limits): outside them the request is refused; other numbers are clamped or taken. */
-  readonly hard?: readonly [number, number | "n_parallel"]
-  /** The C++ type's kind: integers are truncated (nlohmann's get<int> of 1.5 is 1), floats printed with %f. */
-  readonly float?: boolean
+  readonly hard?: readonly [number | bigint, number | bigint | "n_parallel"]
+  readonly handler?: Handler
+  /** The name its errors carry where not the field's own (a nested field's inner one). */
+  readonly reports?: string
+  /** A chat's oaicompat_chat_params_parse sets it from the chat template, so the request's own is never read. */
+  readonly chatSets?: true
 }
 
-const bool = (name: string): Field => ({ names: [name], kind: "bool" })
-const num = (names: ReadonlyArray<string>, hard?: Field["hard"], float = false): Field => ({
+const bool = (name: string, chatSets = false): Field => ({
+  names: [name],
+  kind: "bool",
+  ...(chatSets ? { chatSets } : {})
+})
+const num = (names: ReadonlyArray<string>, type: CppType, hard?: Field["hard"]): Field => ({
   names,
   kind: "num",
-  ...(hard === undefined ? {} : { hard }),
-  float
+  type,
+  ...(hard === undefined ? {} : { hard })
 })
+const handled = (names: ReadonlyArray<string>, handler: Handler, chatSets = false): Field => ({
+  names,
+  kind: "handler",
+  handler,
+  ...(chatSets ? { chatSets } : {})
+})
+const floats = (...names: ReadonlyArray<string>) => names.map((n) => num([n], "float"))
 
 /**
- * make_llama_cmpl_schema's typed fields in its order (the first bad one is the one reported). Fields read by
- * custom handlers that the simulator does not model (lora, grammar, logit_bias, ...) are left out; `stop`
- * and `stream_options` are read apart (llamaParams).
+ * make_llama_cmpl_schema's fields in its order (the first bad one is the one reported), each number with its
+ * C++ type (task_params, common_params_sampling). Left out: fields whose handlers refuse nothing (response_fields,
+ * continue_final_message, reasoning_budget_message, logit_bias: json_value or lenient parsing).
  */
-const FIELDS: ReadonlyArray<Field> = [
+const fields = (chat: boolean): ReadonlyArray<Field> => [
   bool("verbose"),
   bool("timings_per_token"),
   bool("stream"),
+  // stream_options is a nested field (field_nested): only an object is looked into
+  { ...handled(["stream_options"], includeUsage), reports: "include_usage" },
   bool("cache_prompt"),
   bool("return_tokens"),
   bool("return_progress"),
-  num(["sse_ping_interval"], [-1, I32]),
-  num(["n_predict", "max_completion_tokens", "max_tokens"], [-1, I32]),
-  num(["n_indent"], [0, I32]),
-  num(["n_keep"], [-1, I32]),
-  num(["n_discard"], [0, I32]),
-  num(["n_cmpl", "n"], [1, "n_parallel"]),
-  num(["n_cache_reuse"], [0, I32]),
-  num(["t_max_predict_ms"], [-1, I64]),
-  ...["top_k", "top_p", "min_p", "top_n_sigma", "xtc_probability", "xtc_threshold", "typical_p", "temperature"].map(
-    (n) => num([n])
-  ),
-  num(["dynatemp_range"]),
-  num(["dynatemp_exponent"]),
-  num(["repeat_last_n"], [0, I32]),
-  ...["repeat_penalty", "frequency_penalty", "presence_penalty", "dry_multiplier", "dry_base"].map((n) => num([n])),
-  num(["dry_allowed_length"], [0, I32]),
-  num(["dry_penalty_last_n"], [0, I32]),
-  ...["mirostat", "mirostat_tau", "mirostat_eta", "adaptive_target"].map((n) => num([n])),
-  num(["adaptive_decay"], [0, 0.99], true),
-  num(["seed"]),
-  num(["n_probs", "logprobs"]),
-  num(["min_keep"], [0, I32]),
+  num(["sse_ping_interval"], "int32", [-1, I32]),
+  num(["n_predict", "max_completion_tokens", "max_tokens"], "int32", [-1, I32]),
+  num(["n_indent"], "int32", [0, I32]),
+  num(["n_keep"], "int32", [-1, I32]),
+  num(["n_discard"], "int32", [0, I32]),
+  num(["n_cmpl", "n"], "int32", [1, "n_parallel"]),
+  num(["n_cache_reuse"], "int32", [0, I32]),
+  num(["t_max_predict_ms"], "int64", [-1n, I64]),
+  num(["top_k"], "int32"),
+  ...floats("top_p", "min_p", "top_n_sigma", "xtc_probability", "xtc_threshold", "typical_p", "temperature"),
+  ...floats("dynatemp_range", "dynatemp_exponent"),
+  num(["repeat_last_n"], "int32", [0, I32]),
+  ...floats("repeat_penalty", "frequency_penalty", "presence_penalty", "dry_multiplier", "dry_base"),
+  num(["dry_allowed_length"], "int32", [0, I32]),
+  num(["dry_penalty_last_n"], "int32", [0, I32]),
+  num(["mirostat"], "int32"),
+  ...floats("mirostat_tau", "mirostat_eta", "adaptive_target"),
+  num(["adaptive_decay"], "float", [0, Math.fround(0.99)]),
+  num(["seed"], "uint32"),
+  num(["n_probs", "logprobs"], "int32"),
+  num(["min_keep"], "int32", [0, I32]),
   bool("backend_sampling"),
   bool("post_sampling_probs"),
-  { names: ["json_schema", "grammar"], kind: "grammar" },
-  bool("grammar_lazy"),
+  handled(["lora"], lora),
+  handled(["dry_sequence_breakers"], drySequenceBreakers),
+  handled(["json_schema", "grammar"], grammarField(chat)),
+  bool("grammar_lazy", true),
+  handled(["chat_format"], chatFormat, true),
+  handled(["reasoning_format"], reasoningFormat),
+  handled(["generation_prompt"], stringField, true),
   bool("parse_tool_calls"),
+  handled(["chat_parser"], chatParser, true),
   bool("echo"),
+  handled(["preserved_tokens"], preservedTokens, true),
+  handled(["grammar_triggers"], grammarTriggers, true),
   bool("reasoning_control"),
-  num(["reasoning_budget_tokens"], [-1, I32]),
-  bool("ignore_eos")
+  num(["reasoning_budget_tokens"], "int32", [-1, I32]),
+  handled(["reasoning_budget_start_tag"], stringField),
+  handled(["reasoning_budget_end_tags", "reasoning_budget_end_tag"], reasoningBudgetEndTags),
+  bool("ignore_eos"),
+  handled(["stop"], stop),
+  handled(["samplers"], samplers)
 ]
 
 /** A null counts as absent ("clients can send null to request the server default", server-schema.cpp has_value). */
 const present = (b: Record<string, unknown>, n: string): boolean => n in b && b[n] !== null
 
-/** std::to_string of the limit or value: integers as such, floats with six decimals. */
-const cpp = (v: number, float: boolean): string =>
-  v === I64 ? "9223372036854775807" : float ? v.toFixed(6) : String(v)
+/** stream_options.include_usage, a field_bool inside the nested field: its errors name the inner field. */
+const includeUsage: Handler = (b, _, values) => {
+  const so = b.stream_options
+  if (typeof so !== "object" || so === null || Array.isArray(so)) return undefined
+  const iu = (so as Record<string, unknown>).include_usage
+  if (iu === undefined || iu === null) return undefined
+  if (typeof iu !== "boolean") return typeError("boolean", iu)
+  values.set("include_usage", iu)
+  return undefined
+}
 
-/** A number field's value as the C++ type reads it: booleans are 0/1 to nlohmann, integers truncate. */
-const numberValue = (v: unknown, float: boolean): number => {
-  const n = typeof v === "boolean" ? Number(v) : (v as number)
-  return float ? n : Math.trunc(n)
+/** A number field: its value as the C++ type reads it, or the hard limit's refusal in std::to_string's words. */
+const numberField = (f: Field, v: number | boolean, nParallel: number): number | bigint | string => {
+  const type = f.type ?? "int32"
+  const x = cppValue(v, type)
+  if (f.hard === undefined) return type === "float" ? clampFloat(x as number) : x
+  const [min, maxSpec] = f.hard
+  const max = maxSpec === "n_parallel" ? nParallel : maxSpec
+  if (x >= min && x <= max) return x
+  const range = `${cppString(min, type)} <= value <= ${cppString(max, type)}`
+  return `Value must be between ${range}, but got ${cppString(x, type)}`
+}
+
+/**
+ * common_sampler_init's checks, which fail the slot's launch as "Failed to initialize samplers: ..."
+ * (common/sampling.cpp): penalty_repeat must be a positive float whose inverse is finite (a denormal's is not).
+ * penalty_freq and penalty_present must be finite too, but field_num's limits clamp an infinity to FLT_MAX first.
+ */
+const samplerError = (values: Map<string, unknown>): string | undefined => {
+  const p = (values.get("repeat_penalty") as number | undefined) ?? 1
+  return p > 0 && Number.isFinite(Math.fround(1 / p)) ? undefined : "penalty_repeat must be finite and greater than 0"
 }
 
 /** Reads the schema's fields; a wrong type or a value past a hard limit is 400 `Field '<name>': ...`. */
@@ -150,15 +209,15 @@ export const llamaParams = (
   chat = false
 ): LlamaParams | LlamaInvalid => {
   const values = new Map<string, unknown>()
-  for (const f of FIELDS) {
+  for (const f of fields(chat)) {
+    if (chat && f.chatSets === true) continue
     const name = f.names.find((n) => present(b, n))
     if (name === undefined) continue
     const v = b[name]
-    const bad = (text: string): LlamaInvalid => ({ status: 400, message: `Field '${name}': ${text}` })
-    if (f.kind === "grammar") {
-      const g = llamaGrammarField(b, chat)
-      if (typeof g === "object") return bad(g.error)
-      values.set("grammar", g)
+    const bad = (text: string): LlamaInvalid => ({ status: 400, message: `Field '${f.reports ?? name}': ${text}` })
+    if (f.kind === "handler") {
+      const error = f.handler?.(b, name, values)
+      if (error !== undefined) return bad(error)
       continue
     }
     if (f.kind === "bool") {
@@ -167,38 +226,23 @@ export const llamaParams = (
       continue
     }
     if (typeof v !== "number" && typeof v !== "boolean") return bad(typeError("number", v))
-    const x = numberValue(v, f.float === true)
-    if (f.hard !== undefined) {
-      const [min, maxSpec] = f.hard
-      const max = maxSpec === "n_parallel" ? nParallel : maxSpec
-      if (x < min || x > max) {
-        const range = `${cpp(min, f.float === true)} <= value <= ${cpp(max, f.float === true)}`
-        return bad(`Value must be between ${range}, but got ${cpp(x, f.float === true)}`)
-      }
-    }
+    const x = numberField(f, v, nParallel)
+    if (typeof x === "string") return bad(x)
     values.set(f.names[0] ?? name, x)
   }
-  // `stream_options` is a nested field: only an object is looked into (server-schema.cpp field_nested).
-  let includeUsage = false
-  const so = b.stream_options
-  if (typeof so === "object" && so !== null && !Array.isArray(so)) {
-    const iu = (so as Record<string, unknown>).include_usage
-    if (iu !== undefined && iu !== null) {
-      if (typeof iu !== "boolean") return { status: 400, message: `Field 'include_usage': ${typeError("boolean", iu)}` }
-      includeUsage = iu
-    }
-  }
-  const stop = stopStrings(b.stop)
-  if (typeof stop === "string") return { status: 400, message: `Field 'stop': ${stop}` }
+  const sampler = samplerError(values)
+  // the real server finds this as a slot takes the task, after a prompt's bad token ids (which request.ts checks
+  // later: that order is not modelled) and before its length against the context
+  if (sampler !== undefined) return { status: 400, message: `Failed to initialize samplers: ${sampler}` }
   const seed = values.get("seed")
   return {
     nPredict: (values.get("n_predict") as number | undefined) ?? -1,
     nCmpl: (values.get("n_cmpl") as number | undefined) ?? 1,
     stream: values.get("stream") === true,
-    includeUsage,
+    includeUsage: values.get("include_usage") === true,
     ignoreEos: values.get("ignore_eos") === true,
-    seed: typeof seed === "number" ? seed >>> 0 : undefined,
-    stop,
+    seed: typeof seed === "number" ? seed : undefined,
+    stop: (values.get("stop") as Array<string> | undefined) ?? [],
     ssePingInterval: values.get("sse_ping_interval") as number | undefined,
     // kept as sent, as /slots shows it (-1 is -1 there); one not above 0 asks for no probabilities
     nProbs: (values.get("n_probs") as number | undefined) ?? 0,
@@ -206,36 +250,6 @@ export const llamaParams = (
     timingsPerToken: values.get("timings_per_token") === true,
     grammar: values.get("grammar") as string | undefined
   }
-}
-
-/**
- * The json_schema field's handler (server-schema.cpp make_llama_cmpl_schema): a `json_schema` with no `grammar` key
- * (even a null one) is converted to a grammar, its failure `"json_schema": <the converter's error>`; else `grammar`
- * when a non-empty string (json_value: another type is ignored, with a warning in the log). A chat request's
- * json_schema is converted earlier, by its chat template's code (common/chat.cpp, in words of its own): not modelled.
- */
-const llamaGrammarField = (b: Record<string, unknown>, chat: boolean): string | undefined | { error: string } => {
-  if ("json_schema" in b && !("grammar" in b)) {
-    const error = chat ? undefined : jsonSchemaError(b.json_schema)
-    return error === undefined ? undefined : { error: `"json_schema": ${error}` }
-  }
-  return typeof b.grammar === "string" && b.grammar !== "" ? b.grammar : undefined
-}
-
-/**
- * `stop`: a string is one stop string, an array's strings each one (an element nlohmann calls empty, null or
- * [] or {}, is skipped; "" is not), anything else is ignored; an array element of another type is refused.
- */
-const stopStrings = (stop: unknown): Array<string> | string => {
-  if (typeof stop === "string") return [stop]
-  if (!Array.isArray(stop)) return []
-  const out: Array<string> = []
-  for (const w of stop) {
-    if (typeof w === "string") out.push(w)
-    else if (w === null || (typeof w === "object" && Object.keys(w).length === 0)) continue
-    else return typeError("string", w)
-  }
-  return out
 }
 
 const PROMPT_ELEMENTS =

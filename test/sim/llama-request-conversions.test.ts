@@ -1,0 +1,52 @@
+// The llama_cpp simulator's request-field checks as a pure function (llamaParams), pinned to what the real
+// llama-server answered (measured with test/real/sim-differential-8.test.ts, which sends the same bodies to both):
+// these run without the real binary. Rules: server-schema.cpp (each field's C++ type, its handler, the schema's
+// order), server-common.cpp oaicompat_chat_params_parse (the fields a chat's template sets), common/sampling.cpp
+// common_sampler_init (penalty_repeat).
+import { describe, expect, it } from "vitest"
+import { llamaParams } from "../../src/sim/llamaRequest.ts"
+import { CONVERSIONS, HANDLED_FIELDS, ORDER, type RequestFact, SAMPLER_INIT } from "../support/llamaRequestFacts.ts"
+
+/** What the simulator answers to a fact's fields: the 400's message, or taken (and whether with logprobs). */
+const answer = (f: RequestFact) => {
+  // the wire carries JSON.stringify's digits, which the simulator reads back as JSON.parse does
+  const body = JSON.parse(JSON.stringify({ max_tokens: 2, ...f.extra })) as Record<string, unknown>
+  const r = llamaParams(body, 2, f.chat === true)
+  if ("message" in r) return { refused: r.message }
+  return f.logprobs === undefined ? {} : { logprobs: r.nProbs > 0 }
+}
+
+const expected = (f: RequestFact) => ({
+  ...(f.refused === undefined ? {} : { refused: f.refused }),
+  ...(f.logprobs === undefined ? {} : { logprobs: f.logprobs })
+})
+
+describe("llamaParams: numbers converted to the field's C++ type, as the real llama-server does", () => {
+  it.each(CONVERSIONS.map((f) => [f.why, f] as const))("%s", (_, f) => {
+    expect(answer(f)).toEqual(expected(f))
+  })
+})
+
+describe("llamaParams: fields read by handlers of their own, refused in the real server's words and order", () => {
+  it.each(HANDLED_FIELDS.map((f) => [f.why, f] as const))("%s", (_, f) => {
+    expect(answer(f)).toEqual(expected(f))
+  })
+})
+
+describe("llamaParams: the samplers' init checks, after every field's", () => {
+  it.each(SAMPLER_INIT.map((f) => [f.why, f] as const))("%s", (_, f) => {
+    expect(answer(f)).toEqual(expected(f))
+  })
+})
+
+describe("llamaParams: grammar_lazy on a chat, stream_options' place", () => {
+  it.each(ORDER.map((f) => [f.why, f] as const))("%s", (_, f) => {
+    expect(answer(f)).toEqual(expected(f))
+  })
+
+  it("a seed is a uint32: a double past int64 is 0, 10^10 keeps its low 32 bits", () => {
+    expect(llamaParams({ seed: 1e30 }, 2)).toMatchObject({ seed: 0 })
+    expect(llamaParams({ seed: 1e10 }, 2)).toMatchObject({ seed: 1410065408 })
+    expect(llamaParams({ seed: -1.5 }, 2)).toMatchObject({ seed: 4294967295 })
+  })
+})
