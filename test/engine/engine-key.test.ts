@@ -1,7 +1,7 @@
 // engine.api_key: the config's checks (layers/config/engineKeyChecks.ts and the env fallback in decodeConfig.ts), the
 // key on the rendered plan (layers/engine/backends/engineKey.ts) and its redaction, and the live client, probe and
-// metrics read sending it, against a loopback server that records what it is sent. The simulator and the real engines
-// refusing calls without it: test/programs/engine-key-e2e.test.ts.
+// metrics read sending it, against a loopback server that records what it is sent. The engines refusing calls without
+// it: test/programs/engine-key-e2e.test.ts (the simulator as vLLM and SGLang), test/real/llama-cpp-api-key.test.ts.
 import * as http from "node:http"
 import type { AddressInfo } from "node:net"
 import { Effect, Result } from "effect"

@@ -115,8 +115,8 @@ export const sglang: Engine = {
     // python/sglang/srt/entrypoints/http_server.py; ModelCard in python/sglang/srt/entrypoints/openai/protocol.py).
     servedContext: { path: "/v1/models", fields: [["max_model_len"]] },
     // `--api-key` alone: SGLang reads no variable for it (python/sglang/srt/server_args.py), so it is on the command
-    // line; every path but /health* and /metrics* then wants exactly `Bearer <key>` (add_api_key_middleware,
-    // python/sglang/srt/utils).
+    // line; every path but /health*, /metrics* (newer: /ready* too) then wants `Bearer <key>` (add_api_key_middleware,
+    // python/sglang/srt/utils/auth.py).
     apiKey: { via: { flag: "--api-key" }, flags: ["--api-key"], env: [] }
   },
   render: (config: AgentConfig) => {
