@@ -5,25 +5,10 @@
 // random letters and digits for completions too, whatever X-Request-Id says (server-common.cpp gen_chatcmplid).
 import { randomInt } from "node:crypto"
 import type { Endpoint, StreamTemplate, TokenAt, Usage } from "./chunks.ts"
+import { finalVerbose, type LlamaOut, timings } from "./llamaOut.ts"
 import { tokenId, WORDS } from "./tokens.ts"
 
-/** What a request asks of llama-server's chunks beyond the text (request.ts reads it). */
-export interface LlamaOut {
-  /** `n_probs` (chat: top_logprobs): the top tokens listed with each token's logprob; 0: `logprobs` null. */
-  readonly nProbs: number
-  /** `post_sampling_probs`: probabilities (`prob`, `top_probs`) instead of logprobs. */
-  readonly postSamplingProbs: boolean
-  /** `timings_per_token`: `timings` on every chunk. */
-  readonly timingsPerToken: boolean
-  /**
-   * The choices whose task begins with a `data: null` event (request.ts), and how many choices, from the first,
-   * hold their slots as the answer starts (generate.ts, requestSlots.ts): a later one begins as it takes its slot.
-   */
-  readonly begins: ReadonlyArray<number>
-  readonly slots: number
-  /** `n_predict` as asked (-1: none), for /slots (llamaSlots.ts). */
-  readonly nPredict: number
-}
+export type { LlamaOut }
 
 const NO_OUT: LlamaOut = {
   nProbs: 0,
@@ -66,20 +51,6 @@ const ID_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz
 export const llamaId = (): string =>
   `chatcmpl-${Array.from({ length: 32 }, () => ID_CHARS[randomInt(ID_CHARS.length)]).join("")}`
 
-/** `timings` (server_slot_stats::to_json); the simulator takes no time. */
-const timings = (u: Usage): string =>
-  JSON.stringify({
-    cache_n: 0,
-    prompt_n: u.prompt_tokens,
-    prompt_ms: 0,
-    prompt_per_token_ms: 0,
-    prompt_per_second: 0,
-    predicted_n: u.completion_tokens,
-    predicted_ms: 0,
-    predicted_per_token_ms: 0,
-    predicted_per_second: 0
-  })
-
 /** usage_json_oaicompat. */
 const usageJson = (u: Usage) => ({
   completion_tokens: u.completion_tokens,
@@ -105,30 +76,74 @@ export const llamaStreamTemplate = (
 ): StreamTemplate => {
   const idJson = JSON.stringify(id)
   const modelJson = JSON.stringify(model)
-  // a task's begin: those in a slot from the start before anything, a later one as it takes its slot, before its
-  // prompt is evaluated (its TTFT) and its first token
-  const first = "data: null\n\n".repeat(o.begins.filter((i) => i < o.slots).length)
-  const begin = (index: number) => (index >= o.slots && o.begins.includes(index) ? "data: null\n\n" : "")
   const timed = (at: TokenAt | undefined) =>
     at !== undefined && (at.stopped || o.timingsPerToken) ? `,"timings":${timings(at.usage)}` : ""
   const probs = (t: string) => (o.nProbs > 0 ? probsOf(t, o) : "null")
+  const v = o.verbose
+  // a partial result's `__verbose` (completions only: the chat's partial chunks carry none)
+  const partialVerbose = (index: number, text: string, tokens: number, extra: string) =>
+    v === undefined || endpoint === "chat"
+      ? ""
+      : `,"__verbose":{"index":${index},"content":${JSON.stringify(text)},"tokens":[${text === "" ? 0 : tokenId(text.trim())}],` +
+        `"stop":false,"id_slot":-1,"tokens_predicted":${tokens},"tokens_evaluated":${v.promptTokens[index] ?? 0}${extra}}`
+  // return_progress: each task's prompt_progress chunks (a 0% one as it starts, one as its prompt is evaluated; a
+  // child's only the latter) stand for its begin (server-context.cpp update_slots, send_partial_response is_progress)
+  const progressChunks = (index: number): string => {
+    const p = o.progress?.[index]
+    if (p === undefined) return ""
+    return (p.child ? [p.total] : [0, p.total])
+      .map((done) => {
+        const t = { prompt_tokens: done, completion_tokens: 0, total_tokens: done }
+        const timedNow = o.timingsPerToken ? `,"timings":${timings(t)}` : ""
+        const progress = `,"prompt_progress":{"total":${p.total},"cache":0,"processed":${done},"time_ms":0}`
+        return progressChunk(index, `${partialVerbose(index, "", 0, `${timedNow}${progress}`)}${timedNow}${progress}`)
+      })
+      .join("")
+  }
+  const completionTail = `"created":${created},"model":${modelJson},"system_fingerprint":"${LLAMA_FINGERPRINT}","object":"text_completion"`
+  const chatTail = `"created":${created},"id":${idJson},"model":${modelJson},"system_fingerprint":"${LLAMA_FINGERPRINT}","object":"chat.completion.chunk"`
+  const chunk = (choice: string, extra = "") => `data: {"choices":[${choice}],${chatTail}${extra}}\n\n`
+  const delta = (index: number, d: string, lp = "") => `{"finish_reason":null,"index":${index},"delta":${d}${lp}}`
+  const progressChunk = (index: number, extra: string): string =>
+    endpoint === "completion"
+      ? `data: {"choices":[{"text":"","index":${index},"logprobs":null,"finish_reason":null}],${completionTail},"id":${idJson}${extra}}\n\n`
+      : chunk(delta(index, `{"role":"assistant","content":null}`), extra)
+  const verboseEnd = (index: number, u: Usage, r: string, matched: string | undefined) =>
+    v === undefined ? "" : `,"__verbose":${finalVerbose(v, model, index, "", u, r, matched)}`
+  // a task's begin: those in a slot from the start before anything, a later one as it takes its slot, before its
+  // prompt is evaluated (its TTFT) and its first token
+  const first =
+    o.progress === undefined
+      ? "data: null\n\n".repeat(o.begins.filter((i) => i < o.slots).length)
+      : Array.from({ length: Math.min(o.slots, o.progress.length) }, (_, i) => progressChunks(i)).join("")
+  const begin = (index: number) =>
+    index < o.slots
+      ? ""
+      : o.progress !== undefined
+        ? progressChunks(index)
+        : o.begins.includes(index)
+          ? "data: null\n\n"
+          : ""
   if (endpoint === "completion") {
-    const tail = `"created":${created},"model":${modelJson},"system_fingerprint":"${LLAMA_FINGERPRINT}","object":"text_completion"`
+    const tail = completionTail
     return {
       first,
       begin,
-      token: (t, at) =>
-        `data: {"choices":[{"text":${JSON.stringify(t)},"index":${at?.index ?? 0},"logprobs":${probs(t)},"finish_reason":null}],${tail},"id":${idJson}` +
-        `${timed(at)}}\n\n`,
+      token: (t, at) => {
+        const index = at?.index ?? 0
+        const pv = partialVerbose(index, t, at?.usage.completion_tokens ?? 0, timed(at))
+        return (
+          `data: {"choices":[{"text":${JSON.stringify(t)},"index":${index},"logprobs":${probs(t)},"finish_reason":null}],${tail},"id":${idJson}` +
+          `${pv}${timed(at)}}\n\n`
+        )
+      },
       finishWithLastToken: false,
-      end: (r, u, _includeUsage, _last, index = 0) =>
+      end: (r, u, _includeUsage, _last, index = 0, matched) =>
         `data: {"choices":[{"text":"","index":${index},"logprobs":null,"finish_reason":${JSON.stringify(r)}}],${tail},` +
-        `"usage":${JSON.stringify(usageJson(u))},"id":${idJson},"timings":${timings(u)}}\n\n`
+        `"usage":${JSON.stringify(usageJson(u))},"id":${idJson}${verboseEnd(index, u, r, matched)},"timings":${timings(u)}}\n\n`
     }
   }
-  const tail = `"created":${created},"id":${idJson},"model":${modelJson},"system_fingerprint":"${LLAMA_FINGERPRINT}","object":"chat.completion.chunk"`
-  const chunk = (choice: string, extra = "") => `data: {"choices":[${choice}],${tail}${extra}}\n\n`
-  const delta = (index: number, d: string, lp = "") => `{"finish_reason":null,"index":${index},"delta":${d}${lp}}`
+  const tail = chatTail
   return {
     first,
     begin,
@@ -142,12 +157,14 @@ export const llamaStreamTemplate = (
       return parts.map((p, i) => chunk(p, i === parts.length - 1 ? timed(at) : "")).join("")
     },
     finishWithLastToken: false,
-    end: (r, u, includeUsage, _last, index = 0) => {
+    end: (r, u, includeUsage, _last, index = 0, matched) => {
       const withTimings = `,"timings":${timings(u)}`
       const finish = `{"finish_reason":${JSON.stringify(r)},"index":${index},"delta":{}}`
+      // timings go on the last chunk, `__verbose` on the first (to_json_oaicompat_chat_stream)
+      const verbose = verboseEnd(index, u, r, matched)
       return includeUsage
-        ? `${chunk(finish)}data: {"choices":[],${tail},"usage":${JSON.stringify(usageJson(u))}${withTimings}}\n\n`
-        : chunk(finish, withTimings)
+        ? `${chunk(finish, verbose)}data: {"choices":[],${tail},"usage":${JSON.stringify(usageJson(u))}${withTimings}}\n\n`
+        : chunk(finish, `${withTimings}${verbose}`)
     }
   }
 }
@@ -189,6 +206,14 @@ export const llamaFullBody = (
     object: endpoint === "chat" ? "chat.completion" : "text_completion",
     usage: usageJson(usage),
     id,
+    // `__verbose`: the first result's (its choices and counts are the answer's)
+    ...(o.verbose === undefined
+      ? {}
+      : {
+          __verbose: JSON.parse(
+            finalVerbose(o.verbose, model, 0, choices[0]?.text ?? "", usage, choices[0]?.finishReason ?? "length")
+          ) as unknown
+        }),
     timings: JSON.parse(timings(usage)) as unknown
   }
 }

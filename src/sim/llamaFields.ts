@@ -171,14 +171,14 @@ export const stop: Handler = (b, _, values) => {
  * The json_schema field's handler (alias grammar): a `json_schema` with no `grammar` key (even a null one) is
  * converted to a grammar, its failure `"json_schema": <the converter's error>` (a non-empty array is no schema
  * visit() knows: "Unrecognized schema"; an empty one is taken as {}); else `grammar` when a non-empty string
- * (json_value: another type is ignored, with a warning in the log). A chat request's json_schema is converted
- * earlier, by its chat template's code (common/chat.cpp, in words of its own): not modelled.
+ * (json_value: another type is ignored, with a warning in the log). A chat request's json_schema that is an object
+ * is converted earlier, by its chat template's code, in words of its own (llamaChatChecks.ts); another is read here.
  */
 export const grammarField =
   (chat: boolean): Handler =>
   (b, _, values) => {
     if ("json_schema" in b && !("grammar" in b)) {
-      if (chat) return undefined
+      if (chat && isObject(b.json_schema)) return undefined
       const s = b.json_schema
       const error = Array.isArray(s)
         ? s.length === 0

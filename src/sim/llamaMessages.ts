@@ -1,6 +1,7 @@
 // How llama-server reads a chat request's messages (pure): oaicompat_chat_params_parse's checks (tools/server/
 // server-common.cpp), common/chat.cpp common_chat_msgs_parse_oaicompat's, the assistant prefill and `logprobs`.
 // Errors keep llama-server's wording (checked against it by test/real/sim-differential.test.ts).
+import { chatEarlyChecks, chatLateChecks, messageExtras } from "./llamaChatChecks.ts"
 import { BOS, type LlamaInvalid, type LlamaPrompt, typeError } from "./llamaRequest.ts"
 import { type ChatPrompt, renderChat } from "./llamaTemplate.ts"
 import { words } from "./tokens.ts"
@@ -11,32 +12,38 @@ const PART_TYPES_500: Record<string, string> = {
   input_video: "video"
 }
 
-/** A message's text parts, or the error common_chat_msgs_parse_oaicompat throws (as a string) for one. */
-const messageText = (m: Record<string, unknown>): string | { readonly error: string } => {
+/**
+ * A message's text parts and its tool calls, or the error common_chat_msgs_parse_oaicompat throws (as a string)
+ * for one: its role, its content, then the fields after it (llamaChatChecks.ts messageExtras).
+ */
+const messageText = (m: Record<string, unknown>): { text: string; calls: number } | { readonly error: string } => {
   if (!("role" in m)) return { error: `Missing 'role' in message: ${JSON.stringify(m)}` }
   if (typeof m.role !== "string") return { error: typeError("string", m.role) }
   const c = m.content
-  if (typeof c === "string") return c
-  if (!Array.isArray(c)) return ""
-  const texts: Array<string> = []
-  for (const part of c as Array<Record<string, unknown>>) {
+  const texts: Array<string> = typeof c === "string" ? [c] : []
+  for (const part of Array.isArray(c) ? (c as Array<Record<string, unknown>>) : []) {
     if (!("text" in part)) return { error: "[json.exception.out_of_range.403] key 'text' not found" }
     if (typeof part.text !== "string") return { error: typeError("string", part.text) }
     texts.push(part.text)
   }
-  return texts.join(" ")
+  const calls = messageExtras(m)
+  return typeof calls === "number" ? { text: texts.join(" "), calls } : calls
 }
 
 /**
- * /v1/chat/completions' messages: oaicompat_chat_params_parse's checks (400s), then the parse into chat
- * messages, whose errors llama-server answers 500 ("Failed to parse messages: ..."). Unknown roles, an empty
- * list and a conversation of one system message all pass: the chat template renders what it is given.
+ * /v1/chat/completions' and /apply-template's chat: oaicompat_chat_params_parse's checks in its order: the
+ * json_schema and response_format (llamaChatChecks.ts), the messages' shape (400s), the parse into chat
+ * messages, whose errors llama-server answers 500 ("Failed to parse messages: ..."), then the tools and the
+ * other chat fields (llamaChatChecks.ts). Unknown roles, an empty list and a conversation of one system message
+ * all pass: the chat template renders what it is given.
  * Returns the chat rendered (llamaTemplate.ts; add_generation_prompt read as json_value reads it: a boolean, true
  * unless given), its prompt's tokens (the rendering's after the BOS) and the words of its messages, which the
  * simulator's echo mode answers with.
  */
 export const llamaMessages = (body: unknown): (LlamaPrompt & Pick<ChatPrompt, "text">) | LlamaInvalid => {
   const b = typeof body === "object" && body !== null && !Array.isArray(body) ? (body as Record<string, unknown>) : {}
+  const early = chatEarlyChecks(b)
+  if ("status" in early) return early
   if (!("messages" in b)) return { status: 400, message: "'messages' is required" }
   const messages = b.messages
   if (!Array.isArray(messages)) return { status: 400, message: "Expected 'messages' to be an array" }
@@ -63,18 +70,20 @@ export const llamaMessages = (body: unknown): (LlamaPrompt & Pick<ChatPrompt, "t
     }
   }
   const texts: Array<string> = []
+  let lastCalls = 0
   for (const m of messages as Array<Record<string, unknown>>) {
     const t = messageText(m)
-    if (typeof t !== "string") return { status: 500, message: `Failed to parse messages: ${t.error}` }
-    texts.push(t)
+    if ("error" in t) return { status: 500, message: `Failed to parse messages: ${t.error}` }
+    texts.push(t.text)
+    lastCalls = t.calls
   }
   const n = messages.length
-  const last = messages[n - 1] as { role?: unknown } | undefined
-  const before = messages[n - 2] as { role?: unknown } | undefined
-  if (last?.role === "assistant" && before?.role === "assistant") {
-    // --prefill-assistant (on by default) continues a trailing assistant message, but not two.
-    return { status: 400, message: "Cannot have 2 or more assistant messages at the end of the list." }
-  }
+  const [last, before] = [messages[n - 1], messages[n - 2]] as Array<{ role?: unknown } | undefined>
+  const tail = { count: n, lastRole: last?.role, lastCalls, beforeRole: before?.role }
+  const late = chatLateChecks(b, tail, early.schema)
+  if (late !== undefined) return late
+  const probs = llamaChatProbs(b)
+  if (typeof probs === "object") return probs
   const chat = renderChat(messages, b.add_generation_prompt !== false)
   return { words: words(texts.join(" ")), text: chat.text, tokens: [BOS, ...chat.tokens] }
 }

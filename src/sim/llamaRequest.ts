@@ -231,8 +231,8 @@ export const llamaParams = (
     values.set(f.names[0] ?? name, x)
   }
   const sampler = samplerError(values)
-  // the real server finds this as a slot takes the task, after a prompt's bad token ids (which request.ts checks
-  // later: that order is not modelled) and before its length against the context
+  // the real server finds this as a slot takes the task, after a prompt's bad token ids and before its length against
+  // the context: request.ts (validateLlama) holds this refusal back by its prefix to answer in that order
   if (sampler !== undefined) return { status: 400, message: `Failed to initialize samplers: ${sampler}` }
   const seed = values.get("seed")
   return {

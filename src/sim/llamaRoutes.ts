@@ -8,7 +8,9 @@ import type * as http from "node:http"
 import { reply, type SimContext, sendError } from "./context.ts"
 import { bareStatus, readJson } from "./jsonBody.ts"
 import { LLAMA_FINGERPRINT } from "./llamaChunks.ts"
+import { typeError } from "./llamaFields.ts"
 import { llamaMessages } from "./llamaMessages.ts"
+import { cppValue } from "./llamaNumbers.ts"
 import { DEFAULT_PARAMS } from "./llamaSlots.ts"
 import { CHAT_TEMPLATE } from "./llamaTemplate.ts"
 import { N_VOCAB, tokenId, words } from "./tokens.ts"
@@ -36,19 +38,36 @@ const tokenizeText = (text: string): Array<{ id: number; piece: string }> =>
     return { id, piece: ` ${w}` }
   })
 
-const typeError = (v: unknown): string =>
-  `[json.exception.type_error.302] type must be string, but is ${v === null ? "null" : typeof v === "object" ? "object" : typeof v}`
+/** get<llama_token>(): a number or boolean as nlohmann converts it to an int32 (llamaNumbers.ts), else its error. */
+const tokenOf = (v: unknown): number | string =>
+  typeof v === "number" || typeof v === "boolean" ? (cppValue(v, "int32") as number) : typeError("number", v)
 
-/** tokenize_mixed: a string, or strings and token ids mixed; the BOS first with add_special. */
-const tokenize = (content: unknown, addSpecial: boolean): Array<{ id: number; piece: string }> | string => {
-  // a string, or an array of strings and ids; anything else fails get<std::string>() (nlohmann's words)
-  if (!Array.isArray(content) && typeof content !== "string") return typeError(content)
+/** std::vector::at's refusal of an id outside the vocabulary: the id as the size_t it takes (-1 wraps). */
+const rangeError = (id: number): string =>
+  `vector::_M_range_check: __n (which is ${BigInt.asUintN(64, BigInt(id))}) >= this->size() (which is ${N_VOCAB})`
+
+/** An id's piece (common_token_to_piece); an id outside the vocabulary is refused. */
+const pieceOf = (id: number): string | { readonly error: string } =>
+  id < 0 || id >= N_VOCAB ? { error: rangeError(id) } : (SPECIAL.get(id) ?? ` ${seen.get(id) ?? ""}`)
+
+/**
+ * tokenize_mixed: a string, or strings and token ids mixed, in order; add_special puts the BOS first only where the
+ * first element is a string (a leading id clears it). A non-string element is read with get<llama_token>().
+ */
+const tokenize = (content: unknown, addSpecial: boolean): Array<number | { id: number; piece: string }> | string => {
+  // anything but an array or a string fails get<std::string>() (nlohmann's words)
+  if (!Array.isArray(content) && typeof content !== "string") return typeError("string", content)
   const parts = Array.isArray(content) ? content : [content]
-  const out: Array<{ id: number; piece: string }> = addSpecial ? [{ id: BOS, piece: "<s>" }] : []
+  const out: Array<number | { id: number; piece: string }> = []
+  if (addSpecial && typeof parts[0] === "string") out.push({ id: BOS, piece: "<s>" })
   for (const p of parts) {
-    if (typeof p === "number") out.push({ id: p, piece: SPECIAL.get(p) ?? ` ${seen.get(p) ?? ""}` })
-    else if (typeof p === "string") out.push(...tokenizeText(p))
-    else return typeError(p)
+    if (typeof p === "string") {
+      out.push(...tokenizeText(p))
+      continue
+    }
+    const id = tokenOf(p)
+    if (typeof id === "string") return id
+    out.push(id)
   }
   return out
 }
@@ -108,19 +127,26 @@ const postAnswer = (path: string, body: Record<string, unknown>): [number, unkno
     if (!("content" in body)) return [200, { tokens: [] }]
     const toks = tokenize(body.content, body.add_special === true)
     if (typeof toks === "string") return [500, toks, true]
-    return [200, { tokens: body.with_pieces === true ? toks : toks.map((t) => t.id) }]
+    if (body.with_pieces !== true) return [200, { tokens: toks.map((t) => (typeof t === "number" ? t : t.id)) }]
+    const pieces: Array<{ id: number; piece: string }> = []
+    for (const t of toks) {
+      const piece = typeof t === "number" ? pieceOf(t) : t.piece
+      if (typeof piece !== "string") return [500, piece.error, true]
+      pieces.push(typeof t === "number" ? { id: t, piece } : t)
+    }
+    return [200, { tokens: pieces }]
   }
   if (path === "/detokenize") {
-    const ids = body.tokens ?? []
-    if (!Array.isArray(ids))
-      return [500, `[json.exception.type_error.302] type must be array, but is ${typeof ids}`, true]
-    const bad = ids.find((i) => typeof i === "number" && (i < 0 || i >= N_VOCAB))
-    // the id as the size_t std::vector::at takes it: a negative one wraps (-1 is 18446744073709551615)
-    if (bad !== undefined) {
-      const n = BigInt.asUintN(64, BigInt(Math.trunc(bad)))
-      return [500, `vector::_M_range_check: __n (which is ${n}) >= this->size() (which is ${N_VOCAB})`, true]
-    }
-    return [200, { content: ids.map((i: number) => SPECIAL.get(i) ?? ` ${seen.get(i) ?? ""}`).join("") }]
+    // get<llama_tokens>(): an array (null is no array), every element converted before any is looked up
+    if (!("tokens" in body)) return [200, { content: "" }]
+    if (!Array.isArray(body.tokens)) return [500, typeError("array", body.tokens), true]
+    const ids = (body.tokens as Array<unknown>).map(tokenOf)
+    const bad = ids.find((i) => typeof i === "string")
+    if (bad !== undefined) return [500, bad, true]
+    const pieces = (ids as Array<number>).map(pieceOf)
+    const out = pieces.find((p) => typeof p !== "string")
+    if (out !== undefined) return [500, (out as { error: string }).error, true]
+    return [200, { content: pieces.join("") }]
   }
   // /apply-template: the chat's checks (oaicompat_chat_params_parse), then its rendering (llamaTemplate.ts)
   const checked = llamaMessages(body)

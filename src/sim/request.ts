@@ -4,9 +4,9 @@
 import type { Endpoint, Usage } from "./chunks.ts"
 import { contextRefusal } from "./contextLimit.ts"
 import { bodyDpRank } from "./dpPin.ts"
-import type { LlamaOut } from "./llamaChunks.ts"
 import { grammarParses } from "./llamaGrammar.ts"
 import { llamaAssistantPrefill, llamaChatProbs, llamaMessages } from "./llamaMessages.ts"
+import { type LlamaOut, llamaOut } from "./llamaOut.ts"
 import { type LlamaInvalid, type LlamaPrompt, llamaParams, llamaPrompts, promptIds } from "./llamaRequest.ts"
 import { earlyRefusal, type Invalid, samplingRefusal } from "./requestChecks.ts"
 import type { SimConfig } from "./simConfig.ts"
@@ -228,9 +228,12 @@ const LLAMA_DEFAULT_CTX = 4096
 
 const invalid = (e: LlamaInvalid): Invalid => ({ status: e.status, message: e.message, param: null })
 
+/** What llama-server's refusals from common_sampler_init begin with (server-context.cpp launch_slot_with_task). */
+const SAMPLER_INIT = "Failed to initialize samplers: "
+
 /**
- * llama-server: the prompts (or messages), then every field of the schema (llamaRequest.ts), then, per
- * prompt, its length against a slot's context (with its BOS; tools/server/server-context.cpp,
+ * llama-server: the prompts (or messages), then every field of the schema (llamaRequest.ts), then a slot's launch,
+ * then, per prompt, its length against a slot's context (with its BOS; tools/server/server-context.cpp,
  * ERROR_TYPE_EXCEED_CONTEXT_SIZE). The request's `model` is not looked at. Generation stops at `n_predict`
  * (0 still makes one token: the budget is checked after a token, server-context.cpp process_token) or when
  * prompt and output fill the slot's context ("length"), whichever comes first; -1 or none: the latter.
@@ -242,16 +245,23 @@ const validateLlama = (cfg: SimConfig, endpoint: Endpoint, body: unknown): GenRe
     const m = llamaMessages(body)
     if ("status" in m) return invalid(m)
     prompts = [m]
+    // refused by llamaMessages where bad
     const probs = llamaChatProbs(body)
-    if (typeof probs === "object") return invalid(probs)
-    chatProbs = probs
+    chatProbs = typeof probs === "number" ? probs : undefined
   } else {
     const p = llamaPrompts(body)
     if (!Array.isArray(p)) return invalid(p)
     prompts = p
   }
   const params = llamaParams(body as Record<string, unknown>, cfg.maxSeqs, endpoint === "chat")
+  // the fields' refusals first; a slot's launch (server-context.cpp launch_slot_with_task) then refuses a token id
+  // outside the vocabulary (task.tokens.validate), then common_sampler_init its penalties (llamaParams), its grammar
+  if ("status" in params && !params.message.startsWith(SAMPLER_INIT)) return invalid(params)
+  if (endpoint === "completion" && promptIds((body as { prompt?: unknown }).prompt).some((t) => t < 0 || t >= N_VOCAB))
+    return { status: 400, message: "Prompt contains invalid tokens", param: null }
   if ("status" in params) return invalid(params)
+  if (params.grammar !== undefined && !grammarParses(params.grammar))
+    return { status: 400, message: `${SAMPLER_INIT}failed to parse grammar`, param: null }
   const ctxLen = cfg.slotContext ?? LLAMA_DEFAULT_CTX
   const sequences: Array<Sequence> = []
   for (const p of prompts) {
@@ -269,12 +279,6 @@ const validateLlama = (cfg: SimConfig, endpoint: Endpoint, body: unknown): GenRe
       sequences.push({ words: p.words, tokens: p.tokens, promptTokens: n, maxTokens, seed })
     }
   }
-  // a token id outside the vocabulary, then a grammar that does not parse, fail the slot's launch, after the context
-  // check (server-context.cpp launch_slot_with_task: task.tokens.validate, then common_sampler_init)
-  if (endpoint === "completion" && promptIds((body as { prompt?: unknown }).prompt).some((t) => t < 0 || t >= N_VOCAB))
-    return { status: 400, message: "Prompt contains invalid tokens", param: null }
-  if (params.grammar !== undefined && !grammarParses(params.grammar))
-    return { status: 400, message: "Failed to initialize samplers: failed to parse grammar", param: null }
   const first = sequences[0] as Sequence
   return {
     endpoint,
@@ -290,16 +294,7 @@ const validateLlama = (cfg: SimConfig, endpoint: Endpoint, body: unknown): GenRe
     sequences,
     stop: params.stop,
     ...(endpoint === "chat" ? llamaAssistantPrefill(body) : {}),
-    llama: {
-      nProbs: chatProbs ?? params.nProbs,
-      postSamplingProbs: params.postSamplingProbs,
-      timingsPerToken: params.timingsPerToken,
-      // Every prompt but the first is a task whose begin (is_begin, server-task.cpp to_json: null) is a `data: null`
-      // as a slot takes it, the first's only releases the headers (handle_completions_impl); children (`n`): none.
-      begins: prompts.slice(1).map((_, p) => (p + 1) * params.nCmpl),
-      slots: cfg.maxSeqs,
-      nPredict: params.nPredict
-    },
+    llama: llamaOut({ params, chatProbs, slots: cfg.maxSeqs, chat: endpoint === "chat", body, prompts, sequences }),
     ssePingMs:
       params.ssePingInterval === undefined
         ? cfg.ssePingMs

@@ -118,7 +118,7 @@ describe("request fields: the simulator against the real server, continued", () 
   it("t_max_predict_ms past INT64: the limit in std::to_string's digits", async () => {
     const words = async (base: string) => {
       const r = await post(base, "/v1/completions", completion({ t_max_predict_ms: 1e19 }))
-      // what follows "but got" differs: the real server wraps the double into int64 (not modelled)
+      // what follows "but got" (the double wrapped into int64) is compared in sim-differential-8
       return [r.status, (JSON.parse(r.text) as { error: { message: string } }).error.message.split(" but got")[0]]
     }
     const real = await words(pair.real)
