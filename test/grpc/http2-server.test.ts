@@ -448,6 +448,16 @@ describe("the agent's gRPC server on node:http2", () => {
     expect(hangEnds.slice(before)).toEqual(["deadline", "cancelled"])
   })
 
+  it("a grpc-timeout of 0 has passed already: DEADLINE_EXCEEDED at once, the method never runs", async () => {
+    const [ran, refused] = [echoLeft.length, rejected.length]
+    for (const timeout of ["0S", "0m", "0n"]) {
+      const r = await rawCall({ ":path": "/t.T/Echo", "grpc-timeout": timeout }, [frameMessage(Buffer.from("x"))])
+      expect([timeout, r.grpcStatus, r.data.length]).toEqual([timeout, String(grpc.status.DEADLINE_EXCEEDED), 0])
+    }
+    expect(echoLeft.length).toBe(ran)
+    expect(rejected.slice(refused)).toEqual(Array(3).fill(["/t.T/Echo", grpc.status.DEADLINE_EXCEEDED]))
+  })
+
   it("remainingMs: what is left of the caller's grpc-timeout when the handler runs; undefined without one", async () => {
     const before = echoLeft.length
     const withDeadline = await new Promise<number>((resolve) =>

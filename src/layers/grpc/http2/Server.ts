@@ -235,6 +235,13 @@ export class Http2GrpcServer {
       refuseCall(failure(invalidTimeout(String(headers["grpc-timeout"]))))
       return
     }
+    // A grpc-timeout of 0 has passed before the call began: ended at once, the method never runs (grpc-go's server
+    // context is done from the start). Left to the timer, a call the engine answers within its first millisecond was
+    // answered OK after its deadline, and most reached the engine only to be cut.
+    if (timeout === 0) {
+      refuseCall(DEADLINE)
+      return
+    }
     if (timeout !== undefined) call.endAt(timeout, DEADLINE)
     call.once("cancelled", (why: "cancelled" | "deadline") => {
       if (why === "cancelled") this.#guard.onReset(accounting)
