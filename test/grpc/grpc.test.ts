@@ -184,6 +184,7 @@ interface SimState {
   readonly waiting: number
   readonly aborted: number
   readonly served: number
+  readonly received: number
 }
 const simState = async (sim: SimHandle): Promise<SimState> => (await getJson(`${sim.url}/sim/state`)).json as SimState
 const setFaults = async (sim: SimHandle, faults: Record<string, unknown>): Promise<void> => {
@@ -599,6 +600,20 @@ describe("cancellation, deadlines and health", () => {
       GenerateRequest.encode(GenerateRequest.fromPartial({ prompt: "q\uFFFDq" })).finish()
     )
     expect((await rawGenerateEnd(agent.address, () => replacement)).code).toBe(-1)
+  })
+
+  it("bytes the generated decoder would stop reading silently (a zero tag, a group) are refused, never run", async () => {
+    const before = await simState(sim)
+    // a prompt, a zero tag, then sampling { max_tokens: 99999 }, which ran unchecked as a prompt alone
+    expect(await rawGenerateEnd(agent.address, () => Buffer.from("220268690000" + "2a04089f8d06", "hex"))).toEqual({
+      code: Status.INVALID_ARGUMENT,
+      details: expect.stringMatching(/not a well-formed protobuf message: field number 0 \(at byte 4\)/)
+    })
+    expect(await rawGenerateEnd(agent.address, () => Buffer.from("22026869" + "0c", "hex"))).toEqual({
+      code: Status.INVALID_ARGUMENT,
+      details: expect.stringMatching(/field 1 is a group \(wire type 4\)/)
+    })
+    expect((await simState(sim)).received).toBe(before.received)
   })
 
   it("health Check and Watch follow the engine state and the drain", async () => {

@@ -17,6 +17,7 @@ import {
 } from "../../gen/cgn/agent/v1/agent.ts"
 import { AgentDefect } from "../../services/grpc/CallErrors.ts"
 import { toGrpcFailure } from "../../services/grpc/GrpcStatus.ts"
+import { FLAT, GENERATE_REQUEST, type Shape, wireProblem } from "../../services/grpc/WireShape.ts"
 import type { ServerCall, UnaryCallback } from "./http2/Call.ts"
 import type { Http2GrpcServer } from "./http2/Server.ts"
 
@@ -40,8 +41,12 @@ class StrictUtf8Reader extends BinaryReader {
   }
 }
 
-const decodeStrict = <T>(type: { decode: (input: BinaryReader) => T }, b: Uint8Array): T =>
-  type.decode(new StrictUtf8Reader(b))
+/** Decodes a request whose wire format is sound (WireShape.ts: the generated decoders stop silently where it is not). */
+const decodeStrict = <T>(type: { decode: (input: BinaryReader) => T }, b: Uint8Array, shape: Shape): T => {
+  const problem = wireProblem(b, shape)
+  if (problem !== undefined) throw new Error(`not a well-formed protobuf message: ${problem}`)
+  return type.decode(new StrictUtf8Reader(b))
+}
 
 const path = (method: { readonly name: string }): string => `/${AgentDefinition.fullName}/${method.name}`
 
@@ -54,7 +59,7 @@ const generateMethod: grpc.MethodDefinition<GenerateRequest, GenerateResponse> =
   requestStream: false,
   responseStream: true,
   requestSerialize: (m) => bytes(GenerateRequest.encode(m).finish()),
-  requestDeserialize: (b) => decodeStrict(GenerateRequest, b),
+  requestDeserialize: (b) => decodeStrict(GenerateRequest, b, GENERATE_REQUEST),
   responseSerialize: (m) => bytes(GenerateResponse.encode(m).finish()),
   responseDeserialize: (b) => GenerateResponse.decode(b)
 }
@@ -71,7 +76,7 @@ const unaryMethod = <Req, Res>(m: UnaryDefinition<Req, Res>): grpc.MethodDefinit
   requestStream: false,
   responseStream: false,
   requestSerialize: (r) => bytes(m.requestType.encode(r).finish()),
-  requestDeserialize: (b) => decodeStrict(m.requestType, b),
+  requestDeserialize: (b) => decodeStrict(m.requestType, b, FLAT),
   responseSerialize: (r) => bytes(m.responseType.encode(m.responseType.fromPartial(r as never)).finish()),
   responseDeserialize: (b) => m.responseType.decode(b)
 })

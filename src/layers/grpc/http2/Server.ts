@@ -34,7 +34,7 @@ import { Connections, HANDSHAKE_TIMEOUT_MS, type OpenConnections, sessionSetting
 import { followClientNames, type RefusalOf } from "./clientNames.ts"
 import { type Decoder, decode } from "./decodeMessage.ts"
 import { Guard } from "./Guard.ts"
-import { MAX_TIMER_MS, messageBound, messageTimeout } from "./messageBound.ts"
+import { MAX_TIMER_MS, messageBound, messageTimeout, RESET_AFTER_END_MS } from "./messageBound.ts"
 import { type Route, routesOf, runRoute } from "./routes.ts"
 import type { Http2GrpcServerOptions } from "./ServerOptions.ts"
 
@@ -56,15 +56,6 @@ const refuse = (stream: http2.ServerHttp2Stream, status: number): void => {
 const CANCELLED = failure(new CallCancelled()).code
 /** The end of a call whose grpc-timeout passed (made once: an error built per call costs every call). */
 const DEADLINE = failure(new CallDeadlineExceeded())
-
-/**
- * How long a request that ended inside a message, or with none, waits for a reset before it is answered INTERNAL.
- * node:http2's client (so grpc-js) cancels a call whose request is still open by ending it (an empty DATA frame
- * with END_STREAM) and then resetting it (RST_STREAM CANCEL), in two writes (nodejs/node lib/internal/http2/core.js,
- * closeStream): the server reads the end first and sees no reset yet, and its INTERNAL answer then closed the
- * stream before the reset came. Only broken requests wait.
- */
-export const RESET_AFTER_END_MS = 100
 
 export class Http2GrpcServer {
   readonly #routes = new Map<string, Route>()
@@ -235,9 +226,8 @@ export class Http2GrpcServer {
       refuseCall(failure(invalidTimeout(String(headers["grpc-timeout"]))))
       return
     }
-    // A grpc-timeout of 0 has passed before the call began: ended at once, the method never runs (grpc-go's server
-    // context is done from the start). Left to the timer, a call the engine answers within its first millisecond was
-    // answered OK after its deadline, and most reached the engine only to be cut.
+    // A grpc-timeout of 0 has passed before the call began (grpc-go's server context is done from the start); left to
+    // the timer, a call the engine answered within its first millisecond ended OK after its deadline.
     if (timeout === 0) {
       refuseCall(DEADLINE)
       return

@@ -10,6 +10,15 @@
 import type * as http2 from "node:http2"
 import type { GrpcFailure } from "../../../services/grpc/GrpcStatus.ts"
 
+/**
+ * How long a request that ended inside a message, or with none, waits for a reset before it is answered INTERNAL.
+ * node:http2's client (so grpc-js) cancels a call whose request is still open by ending it (an empty DATA frame
+ * with END_STREAM) and then resetting it (RST_STREAM CANCEL), in two writes (nodejs/node lib/internal/http2/core.js,
+ * closeStream): the server reads the end first and sees no reset yet, and its INTERNAL answer then closed the
+ * stream before the reset came. Only broken requests wait.
+ */
+export const RESET_AFTER_END_MS = 100
+
 /** setTimeout's limit (2^31-1 ms): past it Node fires at once, so a longer bound is none. */
 export const MAX_TIMER_MS = 2_147_483_647
 
