@@ -273,6 +273,31 @@ describe("planRequest: validation", () => {
     expect(plan({ prompt: "a", sampling: { topK: -1 } }).body).toEqual({ prompt: "a", top_k: -1 })
   })
 
+  it("a repetition penalty the engine would refuse is refused here, naming its rule (requestDialect.ranges)", () => {
+    const refusal = (kind: "llama_cpp" | "sglang" | "vllm", repetitionPenalty: number) => {
+      const r = planRequest(
+        req({ prompt: "a", sampling: { repetitionPenalty } }),
+        config({}, {}, { kind }),
+        engineFor(kind).capabilities.requestDialect
+      )
+      return r instanceof GenerateRejected ? [r.message, r.field] : "taken"
+    }
+    // a float32 denormal: llama-server's float inverse is infinite (common_sampler_init)
+    expect(refusal("llama_cpp", 1e-45)).toEqual([
+      "sampling.repetition_penalty must be in [2.938736e-39, finite) on llama_cpp: llama-server inverts it as a float, and refuses a penalty whose inverse is not finite; got 1e-45",
+      "sampling.repetition_penalty"
+    ])
+    expect(refusal("llama_cpp", 3e-39)).toBe("taken")
+    expect(refusal("llama_cpp", 3.4e38)).toBe("taken")
+    // SGLang's SamplingParams.verify: (0, 2]
+    expect(refusal("sglang", 2)).toBe("taken")
+    expect(refusal("sglang", 2.5)).toEqual([
+      "sampling.repetition_penalty must be in (0, 2] on sglang: SGLang's sampling parameters allow no more; got 2.5",
+      "sampling.repetition_penalty"
+    ])
+    expect([refusal("vllm", 2.5), refusal("vllm", 1e-45)]).toEqual(["taken", "taken"])
+  })
+
   it("llama.cpp's spelling (its backend's requestDialect): repeat_penalty, and a seed that fits its 32 bits", () => {
     const llama = config({}, {}, { kind: "llama_cpp" })
     const dialect = engineFor("llama_cpp").capabilities.requestDialect
@@ -287,9 +312,10 @@ describe("planRequest: validation", () => {
         `sampling.seed must be in [0, 4294967294] on llama_cpp: llama-server keeps a 32-bit seed, and 4294967295 means a random one; got ${seed}`
       )
     }
-    // Every other engine but mlx (below): the OpenAI names and the whole uint64 range.
-    for (const kind of ["vllm", "sglang", "openai_compat"] as const)
+    // Every other engine but mlx (below) and SGLang's penalty range (next test): the OpenAI names, the uint64 range.
+    for (const kind of ["vllm", "openai_compat"] as const)
       expect(engineFor(kind).capabilities.requestDialect, kind).toBeUndefined()
+    expect(Object.keys(engineFor("sglang").capabilities.requestDialect ?? {})).toEqual(["ranges"])
     expect(plan({ prompt: "a", sampling: { repetitionPenalty: 1.3 } }).body).toEqual({
       prompt: "a",
       repetition_penalty: 1.3

@@ -155,6 +155,13 @@ export interface RequestDialect {
    * and a negative value raises in `validate_model_parameters`, answered with no HTTP response at all).
    */
   readonly topKOff?: number
+  /**
+   * Sampling fields the engine takes in a narrower range than the agent's own (inclusive bounds, by the agent's body
+   * name): a call outside it is refused here, naming the engine's rule, rather than sent for the engine's 400.
+   */
+  readonly ranges?: Readonly<
+    Record<string, { readonly min: number; readonly max: number; readonly text: string; readonly why: string }>
+  >
 }
 
 /**

@@ -140,6 +140,13 @@ const samplingBody = (
     // NaN, and infinity (JSON has none: it would reach the engine as null, read as unset)
     if (!Number.isFinite(v) || low || v > r.max)
       return reject("invalid_argument", `${r.field} must be in ${r.text}, got ${v}`, r.field)
+    const own = dialect.ranges?.[r.body]
+    if (own !== undefined && (v < own.min || v > own.max))
+      return reject(
+        "invalid_argument",
+        `${r.field} must be in ${own.text} on ${config.engine.kind}: ${own.why}; got ${v}`,
+        r.field
+      )
     body[dialect.fieldNames?.[r.body] ?? r.body] = v
   }
   if (s.topK !== undefined) {

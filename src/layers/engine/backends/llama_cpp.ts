@@ -59,6 +59,16 @@ export const llamaCpp: Engine = {
       maxSeed: {
         value: 4_294_967_294n,
         why: "llama-server keeps a 32-bit seed, and 4294967295 means a random one"
+      },
+      // common_sampler_init (common/sampling.cpp) refuses a penalty whose float inverse is not finite: below
+      // 1/FLT_MAX, a request fails "Failed to initialize samplers: penalty_repeat must be finite and greater than 0"
+      ranges: {
+        repetition_penalty: {
+          min: 2.938736e-39,
+          max: Number.POSITIVE_INFINITY,
+          text: "[2.938736e-39, finite)",
+          why: "llama-server inverts it as a float, and refuses a penalty whose inverse is not finite"
+        }
       }
     },
     // `ignore_eos` in the request (tools/server/server-schema.cpp, params_from_json_cmpl)

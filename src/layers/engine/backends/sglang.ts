@@ -96,6 +96,12 @@ export const sglang: Engine = {
     stopSequenceField: "matched_stop",
     // CompletionRequest.ignore_eos (python/sglang/srt/entrypoints/openai/protocol.py)
     ignoreEos: true,
+    // SamplingParams.verify (python/sglang/srt/sampling/sampling_params.py): "repetition_penalty must be in (0, 2]"
+    requestDialect: {
+      ranges: {
+        repetition_penalty: { min: 0, max: 2, text: "(0, 2]", why: "SGLang's sampling parameters allow no more" }
+      }
+    },
     // CompletionRequest and ChatCompletionRequest take the bootstrap fields (python/sglang/srt/entrypoints/openai/
     // protocol.py); without them a prefill or decode server refuses the request.
     peerlessFields: { prefill: PEERLESS, decode: PEERLESS },
