@@ -61,6 +61,12 @@ describe("servedContextOf: each backend's declared field in the model list its e
     expect(servedContextOf({ data: [{ id: "other", max_model_len: 100 }] }, vllm, "m")).toBe(100)
   })
 
+  it("openai_compat: a card with both fields is read at vLLM's and SGLang's max_model_len first, then llama-server's meta.n_ctx", () => {
+    const proxied = sourceOf("openai_compat")
+    expect(servedContextOf({ data: [{ id: "m", max_model_len: 2048, meta: { n_ctx: 512 } }] }, proxied, "m")).toBe(2048)
+    expect(servedContextOf({ data: [{ id: "m", max_model_len: null, meta: { n_ctx: 512 } }] }, proxied, "m")).toBe(512)
+  })
+
   it("no value: a reason, never a guess", () => {
     const cases: ReadonlyArray<[unknown, RegExp]> = [
       [null, /no "data" list/],
@@ -118,15 +124,16 @@ describe("planRequest: max_tokens against the engine's per-request context", () 
     expect(e.reason).toBe("invalid_argument")
     expect(e.field).toBe("sampling.max_tokens")
     expect(e.message).toBe(
-      "sampling.max_tokens 900 is above the context one request can use on this node, 512 tokens, as the engine reports it; ask for at most 512"
+      "sampling.max_tokens 900 leaves no room for the prompt in the context one request can use on this node, 512 tokens, as the engine reports it; ask for at most 511"
     )
-    expect(planRequest(req(512), config({ max_model_len: 1024 }), {}, 512)).not.toBeInstanceOf(GenerateRejected)
+    expect(planRequest(req(512), config({ max_model_len: 1024 }), {}, 512)).toBeInstanceOf(GenerateRejected)
+    expect(planRequest(req(511), config({ max_model_len: 1024 }), {}, 512)).not.toBeInstanceOf(GenerateRejected)
   })
 
   it("no configured value: the engine's alone; the configured one where it is smaller; neither: unchecked", () => {
     expect((planRequest(req(5000), config({}), {}, 4096) as GenerateRejected).message).toMatch(/4096 tokens/)
     expect((planRequest(req(3000), config({ max_model_len: 2048 }), {}, 4096) as GenerateRejected).message).toBe(
-      "sampling.max_tokens 3000 is above the model's context length 2048"
+      "sampling.max_tokens 3000 leaves no room for the prompt in the model's context length 2048; ask for at most 2047"
     )
     expect(planRequest(req(3000), config({}), {})).not.toBeInstanceOf(GenerateRejected)
   })
@@ -298,7 +305,7 @@ describe("ListModels and Generate behind the gRPC server, vLLM simulator, models
       }
     })()
     expect(refused?.message).toMatch(
-      /INVALID_ARGUMENT.*above the context one request can use on this node, 4096 tokens/
+      /INVALID_ARGUMENT.*leaves no room for the prompt in the context one request can use on this node, 4096 tokens/
     )
   })
 })

@@ -327,12 +327,14 @@ describe("planRequest: validation", () => {
     expect(r.message).toMatch(/context length 50/)
   })
 
-  it("max_tokens: the model's context length itself is accepted, one token above it refused", () => {
+  it("max_tokens: one below the model's context length is accepted, the context itself refused (a prompt is a token at least)", () => {
     const c = config({}, { max_model_len: 50 })
-    expect(plan({ prompt: "a", sampling: { maxTokens: 50 } }, c).body).toMatchObject({ max_tokens: 50 })
-    const r = rejected({ prompt: "a", sampling: { maxTokens: 51 } }, c)
+    expect(plan({ prompt: "a", sampling: { maxTokens: 49 } }, c).body).toMatchObject({ max_tokens: 49 })
+    const r = rejected({ prompt: "a", sampling: { maxTokens: 50 } }, c)
     expect(r.field).toBe("sampling.max_tokens")
-    expect(r.message).toMatch(/51 is above the model's context length 50/)
+    expect(r.message).toBe(
+      "sampling.max_tokens 50 leaves no room for the prompt in the model's context length 50; ask for at most 49"
+    )
   })
 
   it("penalties: both ends of -2..2 accepted, just outside either end refused (README: penalties -2..2)", () => {

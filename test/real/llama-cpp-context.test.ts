@@ -59,7 +59,7 @@ describe("llama-server -c 1024 -np 2: each request gets 512", () => {
 
     const r = await generate(client, { prompt: "the story goes", sampling: { maxTokens: 900 } }).done
     expect(grpcCode(r.error), agent.tail()).toBe("INVALID_ARGUMENT")
-    expect((r.error as Error).message).toMatch(/sampling\.max_tokens 900 is above .*512 tokens/)
+    expect((r.error as Error).message).toMatch(/sampling\.max_tokens 900 leaves no room .*512 tokens/)
     expect(r.deltas).toEqual([])
 
     // within it: served as before

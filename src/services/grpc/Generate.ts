@@ -120,14 +120,18 @@ const samplingBody = (
         "sampling.max_tokens"
       )
     // The engine's own per-request limit, where it is below the configured one (llama-server's -c split among its
-    // slots): above it the engine refuses the call or cuts it short with finish "length" (ServedContext.ts).
+    // slots): the prompt and the output share it, and a prompt is at least one token, so from the whole context up
+    // vLLM and SGLang refuse the call (prompt + max_tokens > max_model_len) and llama-server cuts it short with finish
+    // "length" (ServedContext.ts).
     const context = requestContext(config.model.max_model_len, served)
-    if (context !== undefined && s.maxTokens > context.tokens)
+    if (context !== undefined && s.maxTokens >= context.tokens)
       return reject(
         "invalid_argument",
-        context.engine
-          ? `sampling.max_tokens ${s.maxTokens} is above the context one request can use on this node, ${context.tokens} tokens, as the engine reports it; ask for at most ${context.tokens}`
-          : `sampling.max_tokens ${s.maxTokens} is above the model's context length ${context.tokens}`,
+        `sampling.max_tokens ${s.maxTokens} leaves no room for the prompt in ${
+          context.engine
+            ? `the context one request can use on this node, ${context.tokens} tokens, as the engine reports it`
+            : `the model's context length ${context.tokens}`
+        }; ask for at most ${context.tokens - 1}`,
         "sampling.max_tokens"
       )
     body.max_tokens = s.maxTokens
