@@ -18,14 +18,16 @@ export interface Shape {
 
 const LEAF: Shape = {}
 
-/** google.protobuf.Struct and what it holds (google/protobuf/struct.proto). */
+/** google.protobuf.Struct and what it holds (google/protobuf/struct.proto); constants, so a walk allocates none. */
 const VALUE: Shape = { 5: () => STRUCT, 6: () => LIST_VALUE }
 const LIST_VALUE: Shape = { 1: () => VALUE }
-const STRUCT: Shape = { 1: () => ({ 2: () => VALUE }) }
+const FIELDS_ENTRY: Shape = { 2: () => VALUE }
+const STRUCT: Shape = { 1: () => FIELDS_ENTRY }
+const CHAT_MESSAGES: Shape = { 1: () => LEAF }
 
 /** cgn.agent.v1.GenerateRequest (proto/cgn/agent/v1/agent.proto): chat, sampling, kv_transfer_params, bootstrap. */
 export const GENERATE_REQUEST: Shape = {
-  3: () => ({ 1: () => LEAF }),
+  3: () => CHAT_MESSAGES,
   5: () => LEAF,
   6: () => STRUCT,
   7: () => LEAF
