@@ -28,6 +28,11 @@ describe("engineEnvironment", () => {
     expect(AGENT_PROCESS_VARIABLES).toContain("CGN_AGENT_*")
   })
 
+  it("a family is a prefix: a name that only contains one (MY_OTEL_X, APP_CGN_AGENT_Y) is passed on", () => {
+    const agent = { MY_OTEL_X: "1", APP_CGN_AGENT_Y: "2", OTEL_X: "3", CGN_AGENT_Y: "4" }
+    expect(engineEnvironment(agent, {})).toEqual({ MY_OTEL_X: "1", APP_CGN_AGENT_Y: "2" })
+  })
+
   it("leaves the agent's environment object as it was", () => {
     const agent = { MALLOC_ARENA_MAX: "1", A: "x" }
     engineEnvironment(agent, { B: "y" })

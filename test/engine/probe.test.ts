@@ -5,11 +5,14 @@
 import { spawn } from "node:child_process"
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http"
 import type { AddressInfo } from "node:net"
-import { Effect } from "effect"
+import { assert, it as effectIt } from "@effect/vitest"
+import { Effect, Fiber } from "effect"
+import { TestClock } from "effect/testing"
 import { afterEach, describe, expect, it } from "vitest"
 import { listenerInodes, portHolder, portHolderOf, socketInode } from "../../src/layers/engine/portHolder.ts"
 import { probeOnce } from "../../src/layers/engine/probe.ts"
 import { readStat } from "../../src/layers/engine/processGroup.ts"
+import { settle } from "../support/poll.ts"
 import { freePort } from "../support/ports.ts"
 
 const servers: Array<Server> = []
@@ -53,6 +56,23 @@ describe("probeOnce", () => {
     expect(sockets.size).toBe(1)
   })
 
+  it("only 200 is ready (the module's contract): another 2xx is 'loading' with its status", async () => {
+    let status = 204
+    const url = await serve((_req, res) => res.writeHead(status).end())
+    expect(await run({ kind: "http", url: `${url}/health` })).toEqual({
+      ok: false,
+      reason: "HTTP 204",
+      phase: "loading"
+    })
+    status = 202
+    const body = { model: "m", prompt: "hi", max_tokens: 1 }
+    expect(await run({ kind: "completion", url: `${url}/v1/completions`, body })).toEqual({
+      ok: false,
+      reason: "HTTP 202",
+      phase: "loading"
+    })
+  })
+
   it("a closed port is 'connection refused', waiting for the port", async () => {
     const port = await freePort()
     expect(await run({ kind: "http", url: `http://127.0.0.1:${port}/health` })).toEqual({
@@ -77,6 +97,33 @@ describe("probeOnce", () => {
     })
     await aborted
   })
+
+  effectIt.effect("the attempt ends at its timeout on the Clock, not later", () =>
+    Effect.gen(function* () {
+      let arrived: () => void = () => undefined
+      const atServer = new Promise<void>((r) => {
+        arrived = r
+      })
+      // a server that takes the request and never answers
+      const url = yield* Effect.promise(() => serve(() => arrived()))
+      const fiber = yield* Effect.forkChild(probeOnce({ kind: "http", url: `${url}/health` }, 1_000))
+      // the request is at the server: the attempt, and its bound, run
+      yield* Effect.promise(() => atServer)
+      yield* TestClock.adjust(999)
+      assert.isUndefined(fiber.pollUnsafe(), "no verdict before the bound")
+      yield* TestClock.adjust(1)
+      yield* settle(
+        "the verdict at the bound",
+        Effect.sync(() => fiber.pollUnsafe() !== undefined),
+        5_000
+      )
+      assert.deepStrictEqual(yield* Fiber.join(fiber), {
+        ok: false,
+        reason: "no answer within 1000 ms",
+        phase: "probe timeout"
+      })
+    })
+  )
 
   it("a model list's 200 that lists the served model still loading (meta: null, a newer llama-server) is 'loading'", async () => {
     let body = ""
@@ -114,6 +161,14 @@ describe("probeOnce", () => {
       body = b
       expect(await probe("m")).toEqual({ ok: true })
     }
+    // Entries that are not objects are no cards: the only card left is ours; a null entry is skipped, not a failure
+    body = list("x", card("other", null))
+    expect(await probe("m")).toEqual(loading)
+    body = list(null, card("m", null))
+    expect(await probe("m")).toEqual(loading)
+    // A listing within the bytes read (1 MiB), a gateway's of some 100 KiB, is read whole: ours loading is 'loading'
+    body = list(card("m", null), { id: "x".repeat(100 * 1024) })
+    expect(await probe("m")).toEqual(loading)
     // A listing over the bytes read is taken at its 200, unread
     body = list(card("m", null), { id: "x".repeat(1024 * 1024) })
     expect(await probe("m")).toEqual({ ok: true })

@@ -192,6 +192,8 @@ describe("KvBridge with the simulator", () => {
     const before = await bridge.status()
     expect(before).toMatchObject({ enabled: true, subscribed: true, kvcachedConnected: false, forwarded: 0 })
     expect(before.lastError).toMatch(/^kvcached .*ENOENT.* \(reconnecting in \d+ ms\)$/)
+    // the sample line, not the HELP line ("# HELP cgn_agent_kvcached_connected 1 while connected ...")
+    expect(await bridge.metrics()).toMatch(/^cgn_agent_kvcached_connected 0$/m)
 
     const kc = await kvcached(sock)
     await until(() => kc.batches().length > 0 || undefined, "first batch")
@@ -223,8 +225,13 @@ describe("KvBridge with the simulator", () => {
     expect(st).toMatchObject({ kvcachedConnected: true, gaps: 1, resyncs: 1, dropped: 0 })
     // kvcached is back: its connection error is not shown as if it were current.
     expect(st.lastError).toBeUndefined()
-    expect(await bridge.metrics()).toMatch(/cgn_agent_kv_events_forwarded_total [1-9]/)
-    expect(await bridge.metrics()).toMatch(/cgn_agent_kvcached_connected 1/)
+    const page = await bridge.metrics()
+    expect(page).toMatch(/^cgn_agent_kv_events_forwarded_total [1-9]\d*$/m)
+    expect(page).toMatch(/^cgn_agent_kvcached_connected 1$/m)
+    // each counter mirrors its own status field: the gap (not replayed), its Resync, and no state lost by kvcached
+    expect(page).toMatch(/^cgn_agent_kv_event_gaps_total 1$/m)
+    expect(page).toMatch(/^cgn_agent_kv_resyncs_total 1$/m)
+    expect(page).toMatch(/^cgn_agent_kvcached_state_losses_total 0$/m)
   })
 
   it("engine binds tcp://*:P; the join is filled from vLLM >= 0.26's 4-frame replay, an unreplayable gap still gets a Resync", async () => {

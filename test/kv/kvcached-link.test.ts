@@ -13,6 +13,7 @@ import * as KvBridgeLive from "../../src/layers/kv/KvBridge.ts"
 import { type JournalEntry, readJournal, restoreFrom } from "../../src/layers/kv/kvcachedReceiver.ts"
 import { KvBridge, type KvBridgeStatus } from "../../src/services/kv/KvBridge.ts"
 import type { KvRecord } from "../../src/services/kv/KvcachedRpc.ts"
+import { Metrics } from "../../src/services/observability/Metrics.ts"
 import * as MetricsTest from "../../src/testing/Metrics.ts"
 import { receiverEntry } from "../support/kvcached.ts"
 import { followLines } from "../support/lines.ts"
@@ -99,6 +100,7 @@ const setup = async (maxQueueBytes?: number) => {
   }).pipe(Layer.provideMerge(MetricsTest.layerTest))
   const ctx = await Effect.runPromise(Layer.buildWithScope(layer, scope))
   const status = () => Effect.runPromise(Context.get(ctx, KvBridge).status)
+  const metrics = () => Effect.runPromise(Context.get(ctx, Metrics).render).then((t) => t.body)
   const cfg = {
     enable_kv_cache_events: true,
     publisher: "zmq",
@@ -109,7 +111,7 @@ const setup = async (maxQueueBytes?: number) => {
     args: ["serve", "m", "--kv-events-config", JSON.stringify(cfg), "--sim-block-size", "4"]
   })
   cleanups.push(() => sim.stop())
-  return { uds, journal, status, pump: pump(sim) }
+  return { uds, journal, status, metrics, pump: pump(sim) }
 }
 
 /** Completions in a loop (each publishes KV-event batches) until `stop`; `start` runs it again. */
@@ -195,6 +197,9 @@ describe("the kvcached link through a receiver that is killed and restarted", ()
     await link.pump.stop()
     const st = await link.status()
     expect(st.kvcachedStateLosses).toBe(1)
+    // ... and the operator's series says it (no Resync here: it is not the resync counter's)
+    expect(st.resyncs).toBe(0)
+    expect(await link.metrics()).toMatch(/^cgn_agent_kvcached_state_losses_total 1$/m)
     // The new receiver starts where the link was: nothing it had lost comes again.
     const firstSeq = readJournal(empty).flatMap((e: JournalEntry) => ("record" in e ? [e.record] : []))[0]
     expect(firstSeq?.n).toBeGreaterThan(0)

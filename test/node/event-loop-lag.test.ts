@@ -3,7 +3,7 @@ import { expect, it } from "@effect/vitest"
 import { Effect, Schedule } from "effect"
 import { TestClock } from "effect/testing"
 import { layer } from "../../src/layers/node/EventLoopLag.ts"
-import { EventLoopLag, lagMs } from "../../src/services/node/EventLoopLag.ts"
+import { EventLoopLag, lagMs, nsToMs } from "../../src/services/node/EventLoopLag.ts"
 import { settle } from "../support/poll.ts"
 
 it("reports a blocked event loop as lag", async () => {
@@ -44,6 +44,13 @@ it("lagMs takes the interval off and never goes below 0", () => {
   expect(lagMs(100_270_000, 100)).toBe(0.27)
   expect(lagMs(99_000_000, 100)).toBe(0)
   expect(lagMs(350_000_000, 100)).toBe(250)
+})
+
+it("nsToMs: a value that is no finite number (an empty histogram's NaN mean) reads 0, never NaN", () => {
+  expect(nsToMs(Number.NaN)).toBe(0)
+  expect(nsToMs(Number.POSITIVE_INFINITY)).toBe(0)
+  expect(lagMs(Number.NaN, 10)).toBe(0)
+  expect(nsToMs(12_345_678)).toBe(12.35)
 })
 
 it.effect(

@@ -3,7 +3,7 @@ import { describe, expect, it } from "vitest"
 import { gateProblem } from "../../src/services/engine/GpuGate.ts"
 import { assignGpus, cudaEnv, gateVerdict, gpuFault, missingGpu, unlistedRef } from "../../src/services/node/Gpus.ts"
 import { gpuWith } from "../../src/services/node/Nvml.ts"
-import { throttleReasons } from "../../src/services/node/Throttle.ts"
+import { throttleReasonNames, throttleReasons } from "../../src/services/node/Throttle.ts"
 
 const GiB = 2 ** 30
 const host = [
@@ -20,6 +20,25 @@ describe("throttleReasons", () => {
     expect(throttleReasons(0x4 | 0x40)).toEqual(["sw_power_cap", "hw_thermal_slowdown"])
     // koffi hands 64-bit values as bigint when they do not fit a double exactly
     expect(throttleReasons(0x8000000000000008n)).toEqual(["hw_slowdown"])
+  })
+
+  it("names every bit of nvml.h's table, and the metric's label set is that table", () => {
+    // nvml.h: nvmlClocksEventReason* (nvmlClocksThrottleReason* before), GpuIdle 0x1 left out
+    const table: ReadonlyArray<readonly [number, string]> = [
+      [0x2, "applications_clocks_setting"],
+      [0x4, "sw_power_cap"],
+      [0x8, "hw_slowdown"],
+      [0x10, "sync_boost"],
+      [0x20, "sw_thermal_slowdown"],
+      [0x40, "hw_thermal_slowdown"],
+      [0x80, "hw_power_brake_slowdown"],
+      [0x100, "display_clock_setting"]
+    ]
+    for (const [bit, name] of table) expect(throttleReasons(bit), `bit 0x${bit.toString(16)}`).toEqual([name])
+    expect(throttleReasonNames).toEqual(table.map(([, name]) => name))
+    expect(throttleReasons(0x1ff)).toEqual(table.map(([, name]) => name))
+    // a bit outside the table is no reason
+    expect(throttleReasons(0x200 | 0x400 | 0x800)).toEqual([])
   })
 })
 

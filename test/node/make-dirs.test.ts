@@ -1,10 +1,11 @@
 // `mkdir -p` that always ends (layers/node/makeDirs.ts): where Node's recursive mkdir spins for ever (a path under
 // procfs, a dangling symbolic link) it fails with the reason; otherwise it makes what is missing.
 import * as fs from "node:fs"
+import * as fsp from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { makeDirs } from "../../src/layers/node/makeDirs.ts"
+import { type MakeDirsFs, makeDirs } from "../../src/layers/node/makeDirs.ts"
 
 let dir = ""
 beforeAll(() => {
@@ -23,6 +24,27 @@ describe("makeDirs", () => {
     fs.symlinkSync(path.join(dir, "a"), path.join(dir, "to-a"))
     await makeDirs(path.join(dir, "to-a", "b", "d"))
     expect(fs.statSync(path.join(dir, "a", "b", "d")).isDirectory()).toBe(true)
+  })
+
+  it("a mode is the leaf's alone (as mkdir -p -m): the parents it makes get mkdir's default", async () => {
+    const calls: Array<readonly [string, unknown]> = []
+    const recording: MakeDirsFs = {
+      ...fsp,
+      mkdir: ((p: string, options?: unknown) => {
+        calls.push([p, options])
+        return fsp.mkdir(p, options as fs.MakeDirectoryOptions)
+      }) as MakeDirsFs["mkdir"]
+    }
+    const leaf = path.join(dir, "m", "n", "state")
+    await makeDirs(leaf, recording, 0o700)
+    const made = calls.filter(([p]) => p !== leaf).map(([p, options]) => [path.relative(dir, p), options])
+    expect(made).toEqual([
+      ["m/n", undefined],
+      ["m", undefined],
+      ["m/n", undefined]
+    ])
+    expect(calls.filter(([p]) => p === leaf).map(([, options]) => options)).toEqual([{ mode: 0o700 }, { mode: 0o700 }])
+    expect(fs.statSync(leaf).mode & 0o777).toBe(0o700)
   })
 
   it("under procfs: procfs's ENOENT, at once (Node's recursive mkdir never settles there)", async () => {

@@ -198,3 +198,52 @@ describe("one NVML sample", () => {
     expect([...problems]).toEqual(["GPU 0: NVML call threw: power: unexpected value"])
   })
 })
+
+/**
+ * nvmlDeviceGetComputeRunningProcesses_v3 as NVML answers its two-call protocol: asked with no list (or too short a
+ * one), INSUFFICIENT_SIZE (7) and the count; else the list. `running(n)` is how many processes run at call n;
+ * `firstRc` replaces the first call's answer.
+ */
+const processCalls = (running: (call: number) => number, firstRc?: number): Binding["processes"] => {
+  let calls = 0
+  return (_device, count, infos) => {
+    const call = calls++
+    if (call === 0 && firstRc !== undefined) return firstRc
+    const n = running(call)
+    if (infos === null || (count[0] ?? 0) < n) {
+      count[0] = n
+      return n === 0 ? 0 : 7
+    }
+    for (let i = 0; i < n; i++)
+      Object.assign(infos[i] as object, {
+        pid: 100 + i,
+        usedGpuMemory: 2 ** 20,
+        gpuInstanceId: 0xffffffff,
+        computeInstanceId: 0xffffffff
+      })
+    count[0] = n
+    return 0
+  }
+}
+
+describe("one NVML sample: the GPU's compute processes", () => {
+  const withProcesses = (processes: Binding["processes"]) => ({ ...fakeBinding([{ uuid: "GPU-a" }]), processes })
+
+  it("processes started between the count and the list are listed: the list has room for a few more", () => {
+    const problems = new Set<string>()
+    // one process at the count, three by the list
+    const gpus = sample(withProcesses(processCalls((call) => (call === 0 ? 1 : 3))), problems)
+    const listed = [100, 101, 102].map((pid) => ({ pid, usedMemoryBytes: 2 ** 20 }))
+    expect(gpus).toEqual([{ ...healthy(0, "GPU-a"), processes: listed }])
+    expect([...problems]).toEqual([])
+  })
+
+  it("a count that fails is unknown and reported under the call's name; GPU_IS_LOST there marks the GPU lost", () => {
+    const problems = new Set<string>()
+    const gpus = sample(withProcesses(processCalls(() => 1, 999)), problems)
+    expect(gpus).toEqual([{ ...healthy(0, "GPU-a"), unreportedFields: ["processes"] }])
+    expect([...problems]).toEqual(["nvmlDeviceGetComputeRunningProcesses_v3(0): NVML_ERROR_UNKNOWN (999)"])
+    const lost = sample(withProcesses(processCalls(() => 1, GPU_IS_LOST)), new Set())
+    expect(lost).toEqual([gpuWith({ index: 0, lost: true, unreportedFields: [...LOST_UNKNOWN] })])
+  })
+})

@@ -87,7 +87,7 @@ describe("Nvml off the status path", () => {
       expect(r.during[0]?.value).toHaveLength(2) // the last sample, while the new one hangs
       expect(r.during[1]?.value).toHaveLength(2)
       expect(r.why).toBeUndefined()
-      expect(r.scrape.value.body).toContain("cgn_agent_nvml_up 1")
+      expect(r.scrape.value.body).toMatch(/^cgn_agent_nvml_up 1$/m)
       // stuck as before, once the deadline has passed, and no reader waited for it
       expect(r.stuck.value).toBe(STUCK)
       expect(r.stuck.slowestMs).toBeLessThan(READER_BOUND_MS)

@@ -242,6 +242,22 @@ describe("Nvml live layer", () => {
     expect(workers.started).toEqual([])
   })
 
+  it("with no library configured, opens the driver's soname libnvidia-ml.so.1 (the bare .so is the -dev package's)", async () => {
+    const configured = process.env.CGN_NVML_LIBRARY
+    delete process.env.CGN_NVML_LIBRARY
+    try {
+      const unavailable = await withProbe(
+        {},
+        Effect.flatMap(Nvml, (n) => n.unavailable)
+      )
+      // a host without the driver (this test's usual one) says the name it tried; where the driver is installed,
+      // the soname opens and nothing is said of the name
+      if (unavailable?.startsWith("cannot load ")) expect(unavailable).toMatch(/^cannot load libnvidia-ml\.so\.1: /)
+    } finally {
+      if (configured !== undefined) process.env.CGN_NVML_LIBRARY = configured
+    }
+  })
+
   it("runs on with no GPUs when nvmlInit_v2 fails (driver not loaded)", async () => {
     process.env.FAKE_NVML_INIT_RC = "9"
     const workers = watchWorkers()
@@ -284,7 +300,7 @@ describe("Nvml live layer", () => {
       expect(result.before.body).toContain("cgn_agent_nvml_up 0")
       expect(result.gpus.map((g) => g.index)).toEqual([0, 1])
       expect(result.why).toBeUndefined()
-      expect(result.body).toContain("cgn_agent_nvml_up 1")
+      expect(result.body).toMatch(/^cgn_agent_nvml_up 1$/m)
     } finally {
       delete process.env.FAKE_NVML_INIT_RC
     }
@@ -390,7 +406,7 @@ describe("Nvml live layer", () => {
       expect(result.back).toHaveLength(2)
       expect(result.gpus).toHaveLength(2)
       expect(result.why).toBeUndefined()
-      expect(result.body).toContain("cgn_agent_nvml_up 1")
+      expect(result.body).toMatch(/^cgn_agent_nvml_up 1$/m)
       expect(workers.started).toHaveLength(1)
       expect(fs.readFileSync(shutdownFile, "utf8")).toBe("event_set_free\nshutdown\n")
     } finally {

@@ -183,7 +183,12 @@ describe("the Xid record in state_dir", () => {
     await blocked.run(blocked.service.gpus)
     const failure = await blocked.run(Effect.flip(blocked.service.clearXids(1)))
     expect(failure._tag).toBe("XidRecordError")
-    expect(failure.message).toContain("cannot write the GPU Xid record")
+    // the record's path, the system's reason, and where to look
+    expect(failure.message).toContain(
+      `cannot write the GPU Xid record ${xidRecordPath(path.join(stateFile, "state"))}: `
+    )
+    expect(failure.message).toContain("ENOTDIR")
+    expect(failure.message).toMatch(/ \(check agent\.state_dir\)$/)
     expect(xidsOf(await blocked.run(blocked.service.gpus))[1]).toEqual([{ xid: 79, events: 1 }])
     await blocked.stop()
   })

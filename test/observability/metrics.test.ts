@@ -240,7 +240,7 @@ describe("mirrorRegistration", () => {
         })
       )
     )
-    expect(body).toContain("cgn_agent_etcd_registered 1")
+    expect(body).toMatch(/^cgn_agent_etcd_registered 1$/m)
     expect(body).toContain('cgn_agent_etcd_registration_state{state="registered"} 1')
     expect(body).toContain('cgn_agent_etcd_registration_state{state="retrying"} 0')
     expect(body).toContain("cgn_agent_etcd_lease_age_seconds 2.5")
@@ -279,7 +279,7 @@ describe("mirrorTls", () => {
     expect(bodies.fine).toContain(
       `cgn_agent_tls_certificate_expiry_timestamp_seconds ${Date.UTC(2027, 0, 2, 3, 4, 5) / 1000}`
     )
-    expect(bodies.failing).toContain("cgn_agent_tls_reload_failing 1")
+    expect(bodies.failing).toMatch(/^cgn_agent_tls_reload_failing 1$/m)
     expect(bodies.plain).toContain("cgn_agent_tls_reload_failing 0")
     expect(bodies.plain).not.toMatch(/^cgn_agent_tls_certificate_expiry_timestamp_seconds /m)
   })

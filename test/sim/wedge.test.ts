@@ -5,6 +5,7 @@
 import * as http from "node:http"
 import { afterEach, describe, expect, it } from "vitest"
 import { loadSignals } from "../../src/services/engine/PromText.ts"
+import { applyFaults, type Faults } from "../../src/sim/faults.ts"
 import { getJson, pollUntil, postJson, type SimHandle, startSim } from "../support/sim.ts"
 
 let sim: SimHandle | undefined
@@ -210,5 +211,29 @@ describe("the wedge fault", () => {
     expect((await postJson(`${sim.url}/sim/faults`, { wedged: true })).status).toBe(200)
     expect((await fetch(`${sim.url}/health`)).status).toBe(200)
     expect((await fetch(`${sim.url}/health_generate`)).status).toBe(503)
+  })
+})
+
+describe("POST /sim/faults wedged_rank (the merge, src/sim/faults.ts)", () => {
+  it("takes any rank, 0 included, or null; refuses what is no rank", () => {
+    const faults: Faults = {
+      stallAfterTokens: undefined,
+      errorRate: 0,
+      errorKind: "http500",
+      hangHealth: false,
+      engineDead: false,
+      wedged: false,
+      wedgedRank: undefined
+    }
+    expect(applyFaults(faults, { wedged_rank: 0 })).toEqual({ crashNow: false })
+    expect(faults.wedgedRank).toBe(0)
+    expect(applyFaults(faults, { wedged_rank: 3 })).toEqual({ crashNow: false })
+    expect(faults.wedgedRank).toBe(3)
+    expect(applyFaults(faults, { wedged_rank: null })).toEqual({ crashNow: false })
+    expect(faults.wedgedRank).toBeUndefined()
+    for (const bad of [-1, 1.5, "1"]) {
+      expect(applyFaults(faults, { wedged_rank: bad }).error).toBe("wedged_rank: a rank number or null")
+      expect(faults.wedgedRank).toBeUndefined()
+    }
   })
 })
