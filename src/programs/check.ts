@@ -23,7 +23,7 @@ import { type CgroupVersion, formatBytes, type MemoryLimit } from "../services/n
 import { migRef } from "../services/node/Mig.ts"
 import { firstExternalIpv4, type Interfaces, resolveAdvertiseAddr } from "../services/registry/Advertise.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
-import { plaintextGrpcWarning } from "./grpcExposure.ts"
+import { exposureWarnings } from "./exposure.ts"
 import { hostFindings } from "./hostChecks.ts"
 import { nvmlWorkerEntry } from "./programPaths.ts"
 import { shutdownBound } from "./shutdownBound.ts"
@@ -249,8 +249,7 @@ export const check = Command.make(
       // A warning, not a problem: the limit is the host's, and may be raised before the engine's cache fills.
       if (cpuCache?.warning !== undefined) yield* Console.error(`warning: ${cpuCache.warning}`)
       for (const warning of [...(plan?.warnings ?? []), ...host.warnings]) yield* Console.error(`warning: ${warning}`)
-      const grpc = plaintextGrpcWarning(c)
-      if (grpc !== undefined) yield* Console.error(`warning: ${grpc}`)
+      for (const warning of exposureWarnings(c)) yield* Console.error(`warning: ${warning}`)
     })
 ).pipe(
   Command.withDescription(

@@ -48,7 +48,7 @@ import { TraceExportStatus } from "../services/observability/TraceExports.ts"
 import { HealthReporter, type RegistrationStatus } from "../services/registry/HealthReporter.ts"
 import { Tls } from "../services/tls/Tls.ts"
 import { VERSION } from "../version.ts"
-import { plaintextGrpcWarning } from "./grpcExposure.ts"
+import { exposureWarnings } from "./exposure.ts"
 import { hangupConfig } from "./hangup.ts"
 import { guardEntry, nvmlWorkerEntry } from "./programPaths.ts"
 import { reloadOnHangup, type ShutdownSignals, shutdownSignals } from "./runMain.ts"
@@ -155,9 +155,8 @@ export const daemon = Effect.scoped(
     // Registered first, so it runs last of this scope: after the lease is revoked and the servers closed.
     yield* Effect.addFinalizer(() => Effect.logInfo("cgn-agent stopped"))
     const signals = yield* shutdownSignals
-    // check says it too: a plaintext port off loopback lets anyone who reaches it use the engine
-    const exposure = plaintextGrpcWarning(config)
-    if (exposure !== undefined) yield* Effect.logWarning(exposure)
+    // check says them too: a plaintext port off loopback lets anyone who reaches it use the engine, a key sent in clear
+    for (const exposure of exposureWarnings(config)) yield* Effect.logWarning(exposure)
     const drain = yield* Drain
     const tls = yield* Tls
     // The reporter (and its etcd client) is built after the servers: a SIGHUP before then has no etcd TLS to reload.

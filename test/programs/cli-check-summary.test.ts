@@ -10,7 +10,7 @@ import { afterAll, describe, expect, it } from "vitest"
 import { decodeConfig } from "../../src/layers/config/Config.ts"
 import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import { summarize } from "../../src/programs/check.ts"
-import { plaintextGrpcWarning } from "../../src/programs/grpcExposure.ts"
+import { plaintextEngineKeyWarning, plaintextGrpcWarning } from "../../src/programs/exposure.ts"
 import { commandProblem, kvbmHasTier } from "../../src/programs/hostChecks.ts"
 import { pathProblem } from "../../src/programs/modelPath.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"
@@ -571,6 +571,32 @@ describe("check finds on the host what run would find only by failing", () => {
         "bind listen_grpc to one interface's address, or filter the port in the host's firewall (a NetworkPolicy does " +
         "not restrict a hostNetwork pod in most CNIs)"
     )
+  })
+
+  it("engine.api_key sent over plain HTTP off the host is warned of; https, loopback and a spawned engine are not", async () => {
+    const proxied = (url: string) =>
+      load(`[engine]\nkind = "openai_compat"\nurl = "${url}"\napi_key = "k"\n[models.m]\nhf_repo = "a/b"\n`)
+    expect(plaintextEngineKeyWarning(proxied("http://10.0.3.7:8000"))).toBe(
+      "engine.api_key goes to 10.0.3.7:8000 (engine.url) over plain HTTP: anyone on the network path can read it and " +
+        "use the server with it; give the server an https:// URL"
+    )
+    for (const url of ["https://10.0.3.7:8443", "http://127.0.0.1:8000", "http://[::1]:8000", "http://localhost:8000"])
+      expect(plaintextEngineKeyWarning(proxied(url)), url).toBeUndefined()
+    const spawned = load('[engine]\nurl = "http://10.0.3.7:8000"\napi_key = "k"\n[models.m]\nhf_repo = "a/b"\n')
+    expect(plaintextEngineKeyWarning(spawned)).toBeUndefined()
+    expect(
+      plaintextEngineKeyWarning(
+        load('[engine]\nkind = "openai_compat"\nurl = "http://10.0.3.7:8000"\n[models.m]\nhf_repo = "a/b"\n')
+      )
+    ).toBeUndefined()
+    const file = path.join(dir, "key-plain.toml")
+    fs.writeFileSync(
+      file,
+      `[agent]\nlisten_grpc = "127.0.0.1:7071"\nstate_dir = "${dir}/state"\n[engine]\nkind = "openai_compat"\nurl = "http://10.0.3.7:8000"\napi_key = "k"\n[models.m]\nhf_repo = "a/b"\n`
+    )
+    const r = await runCli(["check", "--offline", "--config", file])
+    expect(r.code, r.stderr).toBe(0)
+    expect(r.stderr).toContain("warning: engine.api_key goes to 10.0.3.7:8000 (engine.url) over plain HTTP")
   })
 
   it('kv_offload = "kvbm" with no cache tier: exit 2 naming the keys; a tier in [engine].env will do', async () => {

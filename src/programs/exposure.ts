@@ -1,0 +1,39 @@
+/**
+ * Warnings for what the config leaves open, `run`'s at start and `check`'s. gRPC served in plaintext off loopback:
+ * Generate has no authentication but mTLS, so such a port lets anyone who reaches it use the engine. A warning, not a
+ * refusal (the admin port's is one, layers/admin/Admin.ts requireAdminToken): the default listen_grpc is such a port,
+ * and a host firewall in front of it is a sound setup the agent cannot see. The advice is the README's
+ * (agent.listen_grpc): a NetworkPolicy does not restrict a hostNetwork pod (examples/k8s) in most CNIs, and means
+ * nothing on a bare host. And engine.api_key sent over plain HTTP to another host (a proxied server).
+ */
+import type { AgentConfig } from "../services/config/Config.ts"
+import { isLoopbackHost, splitHostPort } from "../services/net/HostPort.ts"
+
+/** The warning, or undefined when gRPC is on loopback or needs mTLS. */
+export const plaintextGrpcWarning = (c: AgentConfig): string | undefined => {
+  if (c.security.require_mtls || isLoopbackHost(splitHostPort(c.agent.listen_grpc).host)) return undefined
+  return (
+    `gRPC listens on ${c.agent.listen_grpc} (agent.listen_grpc) without TLS: anyone who reaches the port can run ` +
+    "Generate on the engine, unauthenticated; set [security] require_mtls = true (with a CA of its own), or restrict " +
+    "the port: bind listen_grpc to one interface's address, or filter the port in the host's firewall (a " +
+    "NetworkPolicy does not restrict a hostNetwork pod in most CNIs)"
+  )
+}
+
+/**
+ * The warning for engine.api_key sent in clear text off the host: a proxied server (openai_compat) at an http:// URL
+ * that is not loopback. A spawned engine listens on this host, so its requests never leave it.
+ */
+export const plaintextEngineKeyWarning = (c: AgentConfig): string | undefined => {
+  if (c.engine.api_key === undefined || c.engine.kind !== "openai_compat") return undefined
+  const url = new URL(c.engine.url)
+  if (url.protocol !== "http:" || isLoopbackHost(url.hostname)) return undefined
+  return (
+    `engine.api_key goes to ${url.host} (engine.url) over plain HTTP: anyone on the network path can read it and use ` +
+    "the server with it; give the server an https:// URL"
+  )
+}
+
+/** Every warning above that applies. */
+export const exposureWarnings = (c: AgentConfig): ReadonlyArray<string> =>
+  [plaintextGrpcWarning(c), plaintextEngineKeyWarning(c)].filter((w) => w !== undefined)
