@@ -6,6 +6,7 @@
  * (agent.listen_grpc): a NetworkPolicy does not restrict a hostNetwork pod (examples/k8s) in most CNIs, and means
  * nothing on a bare host. And engine.api_key sent over plain HTTP to another host (a proxied server).
  */
+import { engineFor } from "../layers/engine/backends/index.ts"
 import type { AgentConfig } from "../services/config/Config.ts"
 import { isLoopbackHost, splitHostPort } from "../services/net/HostPort.ts"
 
@@ -21,11 +22,11 @@ export const plaintextGrpcWarning = (c: AgentConfig): string | undefined => {
 }
 
 /**
- * The warning for engine.api_key sent in clear text off the host: a proxied server (openai_compat) at an http:// URL
- * that is not loopback. A spawned engine listens on this host, so its requests never leave it.
+ * The warning for engine.api_key sent in clear text off the host: a proxied server (one the backend does not spawn) at
+ * an http:// URL that is not loopback. A spawned engine listens on this host, so its requests never leave it.
  */
 export const plaintextEngineKeyWarning = (c: AgentConfig): string | undefined => {
-  if (c.engine.api_key === undefined || c.engine.kind !== "openai_compat") return undefined
+  if (c.engine.api_key === undefined || engineFor(c.engine.kind).capabilities.spawns) return undefined
   const url = new URL(c.engine.url)
   if (url.protocol !== "http:" || isLoopbackHost(url.hostname)) return undefined
   return (
