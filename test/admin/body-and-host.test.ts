@@ -12,7 +12,7 @@ import { ADMIN_BODY_LIMIT, ADMIN_BODY_TIMEOUT_MS, readBody, withBody } from "../
 import * as ConfigLayer from "../../src/layers/config/Config.ts"
 import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import { AdminServer } from "../../src/services/admin/Admin.ts"
-import { hostAllowedOnLoopback } from "../../src/services/admin/HostHeader.ts"
+import { hostAllowedOnLoopback, misdirectedReason } from "../../src/services/admin/HostHeader.ts"
 import { Config } from "../../src/services/config/Config.ts"
 import { EngineProcess } from "../../src/services/engine/EngineProcess.ts"
 import { Cordon } from "../../src/services/node/Cordon.ts"
@@ -201,7 +201,11 @@ describe("admin Host check (DNS rebinding)", () => {
     for (const path of ["/status", "/metrics", "/healthz", "/nope"]) {
       const text = await withHost(port, path, `rebind.example:${port}`)
       expect(text).toMatch(/^HTTP\/1\.1 421 /)
-      expect(text).toContain("not a loopback name or address")
+      // the body every admin refusal has: JSON, its `error` the reason
+      expect(text).toMatch(/\r\ncontent-type: application\/json\r\n/i)
+      expect(JSON.parse(text.slice(text.indexOf("\r\n\r\n") + 4))).toEqual({
+        error: misdirectedReason(`rebind.example:${port}`)
+      })
     }
     for (const host of ["127.0.0.1", `127.0.0.1:${port}`, "localhost:1", "LOCALHOST.", "127.3.2.1:80", "[::1]:9091"]) {
       expect(await withHost(port, "/status", host)).toMatch(/^HTTP\/1\.1 200 /)

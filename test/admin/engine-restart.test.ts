@@ -15,14 +15,24 @@ afterEach(async () => {
 })
 
 const start = async (
-  options: { agent?: Record<string, unknown>; ready?: boolean; spawns?: boolean; initial?: EngineState } = {}
+  options: {
+    agent?: Record<string, unknown>
+    ready?: boolean
+    spawns?: boolean
+    initial?: EngineState
+    logs?: Array<string>
+  } = {}
 ) => {
   const initial = options.initial ?? (options.ready === false ? undefined : State.Ready({ since: 0, run: 0 }))
   const engine = EngineTest.layerTest({
     plan: EngineTest.testPlan({ spawns: options.spawns ?? true }),
     ...(initial === undefined ? {} : { initial })
   })
-  const admin = await startAdmin({ ...(options.agent ? { agent: options.agent } : {}), engine })
+  const admin = await startAdmin({
+    ...(options.agent ? { agent: options.agent } : {}),
+    ...(options.logs ? { logs: options.logs } : {}),
+    engine
+  })
   closes.push(admin.close)
   const requests = () => Effect.runPromise(Context.get(admin.ctx, EngineTest.EngineProcessControl).restartRequests)
   return { base: admin.url, url: `${admin.url}/engine/restart`, requests }
@@ -34,10 +44,16 @@ const post = async (url: string, init: RequestInit = {}) => {
 }
 
 describe("POST /engine/restart", () => {
-  it("restarts a Ready engine with the admin reason; GET is 405", async () => {
-    const { url, requests } = await start()
+  it("restarts a Ready engine with the admin reason, logged; GET is 405", async () => {
+    const logs: Array<string> = []
+    const { url, requests } = await start({ logs })
     expect(await post(url)).toEqual({ status: 202, body: { restarting: true } })
+    // the README's words for who asked, in the run's exit record and the log
+    expect(ADMIN_RESTART_REASON).toBe("asked for over the admin API (POST /engine/restart)")
     expect(await requests()).toEqual([{ source: "admin", reason: ADMIN_RESTART_REASON }])
+    expect(logs.filter((l) => l.includes("restarting the engine"))).toEqual([
+      "Warn restarting the engine: asked for over the admin API (POST /engine/restart)"
+    ])
     const get = await fetch(url)
     expect(get.status).toBe(405)
     expect(get.headers.get("allow")).toBe("POST, OPTIONS")

@@ -150,3 +150,42 @@ describe("lineRedactor and encoded secrets", () => {
     expect(redact(line)).toBe(line)
   })
 })
+
+describe("lineRedactor: a secret's lines, edges and characters", () => {
+  it("scrubs every line of a secret written with CRLF line ends (a PEM or a token file from Windows)", () => {
+    // output is split on \r too (OutputLines.ts): a line never holds `line-one-secret\r`, only `line-one-secret`
+    const redact = lineRedactor(["line-one-secret\r\nline-two-secret\r\n"])
+    expect(redact("a line-one-secret b line-two-secret c")).toBe(`a ${REDACTED} b ${REDACTED} c`)
+  })
+
+  it("blanks a base64 core's last characters where the base64 text ends the line", () => {
+    // The characters after the core carry the value's last bits; at the line's end they are its last characters.
+    const v = "s3cr3t-Pass+word/xyz"
+    const redact = lineRedactor([v])
+    for (const user of ["ab", "abc", "abcd", "abcde"]) {
+      for (const encoding of ["base64", "base64url"] as const) {
+        const text = Buffer.from(`${user}${v}`).toString(encoding).replace(/=+$/, "")
+        const from = 8 * user.length
+        const kept = `${text.slice(0, Math.floor(from / 6))}${REDACTED}`
+        expect(redact(`k=${text}`), `${user} ${encoding}`).toBe(`k=${kept}`)
+      }
+    }
+  })
+
+  it("replaces two secrets side by side with one REDACTED", () => {
+    const v = "s3cr3t-Pass+word/xyz"
+    const redact = lineRedactor([v, "another-secret"])
+    expect(redact(`x ${v}${v} y`)).toBe(`x ${REDACTED} y`)
+    expect(redact(`x ${v}another-secret y`)).toBe(`x ${REDACTED} y`)
+  })
+
+  it("takes a secret holding every character a RegExp gives a meaning to as plain text", () => {
+    // biome-ignore lint/suspicious/noTemplateCurlyInString: the secret holds `${}` as it is, no placeholder
+    const v = "a.*+?^${}()|[]\\/z"
+    const redact = lineRedactor([v, "pw[open", "pw]close("])
+    expect(redact(`key=${v} end`)).toBe(`key=${REDACTED} end`)
+    expect(redact("a pw[open b pw]close( c")).toBe(`a ${REDACTED} b ${REDACTED} c`)
+    // what the value would match as a pattern is left as it is
+    expect(redact("key=aaaa^z pwo")).toBe("key=aaaa^z pwo")
+  })
+})

@@ -124,6 +124,15 @@ describe("shownLine: secrets", () => {
     )
   })
 
+  it("shows nothing of a secret that starts exactly at the cut, not even its REDACTED", () => {
+    const head = "x".repeat(MAX_LINE_CHARS)
+    expect(cut(`${head}${secret}${"y".repeat(100)}`)).toBe(
+      `${head} … (line cut: only its first ${MAX_LINE_CHARS} characters are logged)`
+    )
+    expect(redact.head(`0123456789${secret}tail`, 10)).toBe("0123456789")
+    expect(redact.head(`012345678${secret}tail`, 10)).toBe(`012345678${REDACTED}`)
+  })
+
   it("never moves a secret the cut leaves partial into view, however many are replaced before it", () => {
     // The secret 20 times (each replacement shorter than its form), then the secret across the splitter's own bound:
     // a slice of the scrubbed text showed 38 of a 39-character secret (code review).

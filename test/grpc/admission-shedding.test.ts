@@ -4,7 +4,7 @@
 // from its slot to its first chunk (prefill: its answer) measured on the Clock, the caller's grpc-timeout and the
 // leg's handoff_timeout as the deadline, and a shed call never reaching the engine.
 import { assert, describe, it } from "@effect/vitest"
-import { Cause, Effect, Exit, Fiber, Layer, Scope } from "effect"
+import { Cause, Context, Effect, Exit, Fiber, Layer, Scope } from "effect"
 import { TestClock } from "effect/testing"
 import { layerFromObject } from "../../src/layers/config/Config.ts"
 import * as AdmissionLive from "../../src/layers/grpc/Admission.ts"
@@ -124,7 +124,9 @@ describe("Admission sheds calls that cannot meet their deadline", () => {
         assert.include(before, `cgn_agent_admission_refusals_total{reason="${reason}"} 0`)
       learn(a, "prefill", 900)
       const holder = yield* hold(a)
+      // two shed at arrival, one at the slot: each reason's own count, not another's
       yield* Effect.flip(Effect.scoped(a.acquireWithin(prefillWithin(100))))
+      yield* Effect.flip(Effect.scoped(a.acquireWithin(prefillWithin(200))))
       const late = yield* Effect.forkChild(Effect.flip(Effect.scoped(a.acquireWithin(prefillWithin(1000)))))
       yield* queuedCount(a, 1)
       yield* Effect.flip(Effect.scoped(a.acquire)) // the queue (1) is full
@@ -134,7 +136,8 @@ describe("Admission sheds calls that cannot meet their deadline", () => {
       const after = (yield* metrics.render).body
       for (const [reason, n] of [
         ["overloaded", 1],
-        ["deadline_at_arrival", 1],
+        ["draining", 0],
+        ["deadline_at_arrival", 2],
         ["deadline_at_slot", 1]
       ] as const)
         assert.include(after, `cgn_agent_admission_refusals_total{reason="${reason}"} ${n}`)
@@ -148,6 +151,25 @@ describe("Admission sheds calls that cannot meet their deadline", () => {
         )
       )
     )
+  )
+})
+
+describe("Admission's series on a registry that has it already", () => {
+  it.effect("a second Admission layer on the same registry takes the series there, and /metrics still renders", () =>
+    Effect.gen(function* () {
+      const metrics = yield* Metrics
+      const config = layerFromObject({ agent: { max_inflight: 1 }, models: { m: { hf_repo: "org/m" } } })
+      // each build its own (Layer.build memoizes nothing across calls): the layer runs twice on one registry
+      const first = Context.get(yield* Layer.build(AdmissionLive.layer.pipe(Layer.provide(config))), Admission)
+      const second = Context.get(yield* Layer.build(AdmissionLive.layer.pipe(Layer.provide(config))), Admission)
+      assert.notStrictEqual(first, second)
+      const body = (yield* metrics.render).body
+      assert.strictEqual(
+        body.split("\n").filter((l) => l.startsWith("# TYPE cgn_agent_admission_refusals_total ")).length,
+        1
+      )
+      assert.include(body, 'cgn_agent_admission_refusals_total{reason="overloaded"} 0')
+    }).pipe(Effect.scoped, Effect.provide(metricsTest))
   )
 })
 

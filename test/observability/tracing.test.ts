@@ -528,6 +528,9 @@ describe("parseTraceparent", () => {
     [`00-${"0".repeat(32)}-${caller.spanId}-01`, undefined],
     [`00-${caller.traceId}-${"0".repeat(16)}-01`, undefined],
     [`00-${caller.traceId.toUpperCase()}-${caller.spanId}-01`, undefined],
+    // version 00 has exactly these four fields (W3C Trace Context §3.2.4); only a later version may add more
+    [`${callerHeader}-extra`, undefined],
+    [`${callerHeader}0`, undefined],
     ["garbage", undefined],
     [undefined, undefined]
   ])("%s", (header, expected) => {

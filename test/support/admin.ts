@@ -2,7 +2,7 @@
  * The live admin server on an ephemeral loopback port over test services (metrics, node status, drain, cordon in
  * memory, no GPUs, the test supervisor), for the admin route tests; `close` releases it.
  */
-import { Context, Effect, Exit, Layer, Scope } from "effect"
+import { Context, Effect, Exit, Layer, Logger, Scope } from "effect"
 import * as AdminLive from "../../src/layers/admin/Admin.ts"
 import * as ConfigLayer from "../../src/layers/config/Config.ts"
 import { AdminServer } from "../../src/services/admin/Admin.ts"
@@ -21,6 +21,8 @@ export const startAdmin = async <E = never>(
     readonly agent?: Record<string, unknown>
     readonly nvml?: Layer.Layer<Nvml>
     readonly engine?: Layer.Layer<EngineProcess | E>
+    /** Where its log lines go ("<level> <message>"); none: the default logger. */
+    readonly logs?: Array<string>
   } = {}
 ) => {
   const config = ConfigLayer.layerFromObject({
@@ -36,7 +38,20 @@ export const startAdmin = async <E = never>(
     options.engine ?? EngineTest.layerTest()
   ).pipe(Layer.provideMerge(config))
   const scope = await Effect.runPromise(Scope.make())
-  const ctx = await Effect.runPromise(Layer.buildWithScope(AdminLive.layer().pipe(Layer.provideMerge(deps)), scope))
+  const logs = options.logs
+  const logger = Logger.make(({ logLevel, message }) =>
+    logs?.push(
+      `${logLevel} ${[message]
+        .flat()
+        .map((m) => (typeof m === "string" ? m : JSON.stringify(m)))
+        .join(" ")}`
+    )
+  )
+  const app = AdminLive.layer().pipe(
+    Layer.provideMerge(deps),
+    Layer.provide(logs === undefined ? Layer.empty : Logger.layer([logger]))
+  )
+  const ctx = await Effect.runPromise(Layer.buildWithScope(app, scope))
   return {
     ctx,
     url: Context.get(ctx, AdminServer).url,
