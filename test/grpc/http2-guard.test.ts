@@ -709,11 +709,13 @@ describe("requestReadTimeoutMs on a request-streaming call", () => {
     const req = session.request({ ...HEADERS, ":path": "/t.T/Chat" })
     let status: string | undefined
     let reason: string | undefined
+    let message: string | undefined
     let echoed = 0
     req.on("response", (h) => (status = (h["grpc-status"] as string | undefined) ?? status))
     req.on("trailers", (t) => {
       status = t["grpc-status"] as string
       reason = t["cgn-reason"] as string
+      message = decodeURIComponent(t["grpc-message"] as string)
     })
     req.on("data", (d: Buffer) => (echoed += d.length))
     req.on("error", () => {})
@@ -731,6 +733,10 @@ describe("requestReadTimeoutMs on a request-streaming call", () => {
     expect(await within(closed, 5_000)).not.toBe("pending")
     expect(status).toBe("8")
     expect(reason).toBe("request_read_timeout")
+    // one message's bound, named by the key that sets it
+    expect(message).toBe(
+      "a request message did not arrive in full within 200 ms of its first bytes (agent.request_read_timeout)"
+    )
     expect(performance.now() - t1).toBeGreaterThanOrEqual(190)
     expect(performance.now() - t0).toBeGreaterThan(600)
   })

@@ -245,11 +245,35 @@ describe("the agent's gRPC server on node:http2", () => {
       ],
       ["compressed as identity", [compressed(Buffer.from("a"), (b) => b)], {}, grpc.status.INTERNAL, "identity"],
       [
+        // br is a grpc-encoding (and node:zlib decodes it) but not one this server reads: unsupported, never tried
+        "br",
+        [compressed(Buffer.from("a"), zlib.brotliCompressSync)],
+        { "grpc-encoding": "br" },
+        grpc.status.UNIMPLEMENTED,
+        '"br", which this server does not decode'
+      ],
+      [
+        // the encoding the caller named is the one read: gzip bytes are no deflate message (nor the reverse)
+        "gzip bytes said deflate",
+        [compressed(Buffer.from("a"), zlib.gzipSync)],
+        { "grpc-encoding": "deflate" },
+        grpc.status.INTERNAL,
+        "cannot decompress the deflate message"
+      ],
+      [
+        "deflate bytes said gzip",
+        [compressed(Buffer.from("a"), zlib.deflateSync)],
+        { "grpc-encoding": "gzip" },
+        grpc.status.INTERNAL,
+        "cannot decompress the gzip message"
+      ],
+      [
+        // inflating stops a byte past the limit: the status says the message is longer than the limit
         "gzip bomb",
         [compressed(Buffer.alloc(100_000), zlib.gzipSync)],
         { "grpc-encoding": "gzip" },
         grpc.status.RESOURCE_EXHAUSTED,
-        "1024"
+        "(1025 vs 1024)"
       ]
     ]
     for (const [what, body, headers, code, text] of cases) {
@@ -652,6 +676,23 @@ describe("the agent's gRPC server on node:http2", () => {
       ])
       expect(r.grpcStatus).toBe("0")
       expect(r.data.subarray(5).toString()).toBe(encoding)
+      // the limit (1024 here) is the decompressed message's: exactly the limit is taken, a byte more is not
+      const full = await rawCall({ ":path": "/t.T/Echo", "grpc-encoding": encoding }, [
+        compressed(Buffer.alloc(1024, 0x61), how)
+      ])
+      expect({ encoding, status: full.grpcStatus, length: full.data.length }).toEqual({
+        encoding,
+        status: "0",
+        length: 5 + 1024
+      })
+      const over = await rawCall({ ":path": "/t.T/Echo", "grpc-encoding": encoding }, [
+        compressed(Buffer.alloc(1025, 0x61), how)
+      ])
+      expect({ encoding, status: over.grpcStatus }).toEqual({
+        encoding,
+        status: String(grpc.status.RESOURCE_EXHAUSTED)
+      })
+      expect(over.grpcMessage).toContain("(1025 vs 1024)")
     }
   })
 

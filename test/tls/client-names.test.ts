@@ -176,6 +176,31 @@ describe("the check's log and count", () => {
   })
 })
 
+describe("the refusal's log line", () => {
+  it("says what is refused and how, with the peer and the names it presented; the count of quiet ones only when there were some", () => {
+    const logged: Array<[boolean, string, Readonly<Record<string, string | number>>]> = []
+    let now = 0
+    const checking = makeClientNameCheck(
+      ["router.cgn.svc"],
+      (warn, line, fields) => logged.push([warn, line, fields]),
+      () => now
+    )
+    const other = san("DNS:other.cgn.svc, URI:spiffe://cluster.local/ns/batch/sa/job")
+    const names = "DNS:other.cgn.svc, URI:spiffe://cluster.local/ns/batch/sa/job"
+    checking.check.admit(other, "10.0.0.2")
+    checking.check.admit(other, "10.0.0.2")
+    now = 60_000
+    checking.check.admit(other, "10.0.0.2")
+    const line =
+      "gRPC: client certificate not in security.allowed_client_names; every call on the connection is refused PERMISSION_DENIED"
+    expect(logged).toEqual([
+      [true, line, { peer: "10.0.0.2", names }],
+      [false, line, { peer: "10.0.0.2", names }],
+      [true, line, { peer: "10.0.0.2", names, not_warned_since_last: 1 }]
+    ])
+  })
+})
+
 describe("config: security.allowed_client_names", () => {
   const MODEL = '[models.m]\nhf_repo = "a/b"\n'
   const problemsOf = (text: string): ReadonlyArray<string> => {

@@ -16,6 +16,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
 import { addHealth } from "../../src/layers/grpc/Health.ts"
 import { Http2GrpcServer } from "../../src/layers/grpc/http2/Server.ts"
 import { clientCredentials, loadClientCredentials } from "../../src/layers/tls/clientCredentials.ts"
+import { MaterialCell } from "../../src/layers/tls/materialCell.ts"
 import { hangupReload, make, type TlsOptions } from "../../src/layers/tls/Tls.ts"
 import {
   eachFileProblem,
@@ -188,6 +189,75 @@ describe("mTLS server credentials", () => {
     const next = pki.issueServer("k8s-rotated")
     writeVersion("v2", next.cert, next.key)
     await awaitServed(port, serialOf(next.cert))
+  })
+
+  it("each reload compares with the material served now: unchanged files after a rotation are no change, and the first certificate put back is one", async () => {
+    const { files } = copyIdentity("compare-current")
+    const service = await startTls(mtls(files), { watch: false, sighup: false, recheck: "1 hour" })
+    const port = await startServer(service)
+    const next = pki.issueServer("compare-rotated")
+    replaceFile(files.key, next.key)
+    replaceFile(files.cert, next.cert)
+    expect(await Effect.runPromise(service.reload)).toBe(true)
+    // what a server started now would listen with (GrpcServer reads current())
+    expect(service.serverTls?.current().cert.equals(next.cert)).toBe(true)
+    // a SIGHUP or re-read with the files unchanged since: nothing to apply
+    expect(await Effect.runPromise(service.reload)).toBe(false)
+    expect(await Effect.runPromise(service.generation)).toBe(2)
+    // the first pair put back (a rotation rolled back): applied
+    replaceFile(files.key, pki.server.key)
+    replaceFile(files.cert, pki.server.cert)
+    expect(await Effect.runPromise(service.reload)).toBe(true)
+    expect(await Effect.runPromise(service.generation)).toBe(3)
+    expect(await servedSerial(port)).toBe(serialOf(pki.server.cert))
+  })
+
+  it("a certificate symlinked into a directory no watch covers is seen at each rotation, not only the first (its file watch re-armed)", async () => {
+    // tls.crt and tls.key are symlinks into another directory: a file watch follows the link to the file, and the
+    // watched directory (the links') never changes. No periodic re-read within the test.
+    const { dir: mount, files } = copyIdentity("linked")
+    const store = fs.mkdtempSync(path.join(pki.dir, "linked-store-"))
+    for (const name of ["tls.crt", "tls.key"]) {
+      fs.renameSync(path.join(mount, name), path.join(store, name))
+      fs.symlinkSync(path.join(store, name), path.join(mount, name))
+    }
+    const service = await startTls(mtls(files), { sighup: false, recheck: "1 hour" })
+    const port = await startServer(service)
+    for (const round of [1, 2]) {
+      const next = pki.issueServer(`linked-${round}`)
+      replaceFile(path.join(store, "tls.key"), next.key)
+      replaceFile(path.join(store, "tls.crt"), next.cert)
+      await awaitServed(port, serialOf(next.cert))
+    }
+  })
+
+  it("the SIGHUP listener goes with the scope (a layer built again must not add one each time)", async () => {
+    const before = process.listenerCount("SIGHUP")
+    const { files } = copyIdentity("hup-listener")
+    await Effect.runPromise(
+      Effect.scoped(
+        Effect.flatMap(Queue.sliding<void>(1), (q) =>
+          Effect.andThen(
+            watchChanges([files.cert], { watch: false }, q),
+            Effect.sync(() => expect(process.listenerCount("SIGHUP")).toBe(before + 1))
+          )
+        )
+      )
+    )
+    expect(process.listenerCount("SIGHUP")).toBe(before)
+  })
+
+  it("the material cell: a listener that unsubscribed (a closed server) gets no later material", () => {
+    const first = { ca: pki.ca.cert, cert: pki.server.cert, key: pki.server.key }
+    const cell = new MaterialCell(first)
+    const seen: Array<string> = []
+    const stop = cell.subscribe(() => seen.push("closed"))
+    cell.subscribe(() => seen.push("open"))
+    stop()
+    const next = { ...first, cert: Buffer.from("next") }
+    cell.update(next)
+    expect(seen).toEqual(["open"])
+    expect(cell.current()).toBe(next)
   })
 
   it("SIGHUP alone re-reads the files", async () => {
