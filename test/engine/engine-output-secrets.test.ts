@@ -71,8 +71,10 @@ describe("an engine that prints its secrets", () => {
     const { config } = await simAgentConfig({
       engine: {
         command: ["/bin/sh", engine],
-        args: ["--hf-token", "hf_ARGSECRET1", "--api-key=apikey_SECRET2"],
+        args: ["--hf-token", "hf_ARGSECRET1", "--admin-api-key=apikey_SECRET2"],
         env: { HF_TOKEN: "hf_SECRET123", WANDB_CRED: "wandbcred_SECRET125" },
+        // handed to the engine as VLLM_API_KEY (engine.api_key), a secret of its environment like the others
+        api_key: "enginekey_SECRET4",
         restart_backoff_initial: "60s",
         restart_backoff_max: "60s"
       }
@@ -85,12 +87,13 @@ describe("an engine that prints its secrets", () => {
     const a = agent
     const kept = await firstExitLines(a)
     expect(kept).toContain(`hf_token=${REDACTED} wandb=${REDACTED} inherited=${REDACTED} admin=[]`)
-    expect(kept).toContain(`--hf-token ${REDACTED} --api-key=${REDACTED}`)
+    expect(kept).toContain(`--hf-token ${REDACTED} --admin-api-key=${REDACTED}`)
     expect(kept).not.toContain("SECRET")
     // The relayed lines are in the log by now: they were kept before the run's exit was recorded.
     await a.waitForLine((l) => l.includes("admin=[]"), 10_000)
     const log = a.stderrLines.join("\n")
     expect(log).toContain(`inherited=${REDACTED}`)
+    expect(log).toContain(`VLLM_API_KEY=${REDACTED}`)
     expect(log).not.toContain("SECRET")
   }, 60_000)
 
