@@ -720,6 +720,14 @@ describe("reading the file", () => {
         const r = path(flag, env)
         expect(Result.isFailure(r) && r.failure._tag).toBe("ConfigError")
       }
+      // a path of only whitespace is as empty (not a missing file named " "), and the flag's is not replaced by the env's
+      for (const given of ["", "  ", "\t"]) {
+        const r = path(Option.some(given), "b.toml")
+        expect(Result.isFailure(r) && [r.failure.file, r.failure.problems]).toEqual([
+          JSON.stringify(given),
+          ["--config: the path is empty; pass --config PATH (an unset variable in --config=$VAR?)"]
+        ])
+      }
     } finally {
       if (saved === undefined) delete process.env.CGN_AGENT_CONFIG
       else process.env.CGN_AGENT_CONFIG = saved

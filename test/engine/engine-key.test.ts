@@ -58,6 +58,19 @@ describe("engine.api_key in the config", () => {
     expect(problems({ engine: { api_key: 12345 } })).toEqual([
       "engine.api_key: Expected string, got a number (not shown: a secret's key)"
     ])
+    // DEL is a control character too: undici refuses it in a header value
+    expect(problems({ engine: { api_key: "a\u007fb" } })).toEqual([
+      "engine.api_key: whitespace or a control character inside the token, which an Authorization header cannot carry (every request would be refused 401)"
+    ])
+    expect(problems({}, { CGN_AGENT_ADMIN_TOKEN: "a\u007fb" })).toEqual([
+      "CGN_AGENT_ADMIN_TOKEN: whitespace or a control character inside the token, which an Authorization header cannot carry (every request would be refused 401)"
+    ])
+  })
+
+  it("an empty variable (envFrom of an unset value) is no key, not a whitespace-only one", () => {
+    const c = config({}, { CGN_AGENT_ENGINE_API_KEY: "", CGN_AGENT_ADMIN_TOKEN: "" })
+    expect([c.engine.api_key, c.agent.admin_token]).toEqual([undefined, undefined])
+    expect(plan({}, { CGN_AGENT_ENGINE_API_KEY: "" }).authorization).toBeUndefined()
   })
 
   it("an engine that takes no key (mlx-lm) is refused one, from the file or the environment", () => {
@@ -91,6 +104,12 @@ describe("engine.api_key in the config", () => {
     expect(problems({ engine: { kind: "sglang", args: ["--api-key=x"] } })).toEqual([
       `engine.args: --api-key gives SGLang a key the agent does not send (its calls could be answered 401); ${instead("SGLang")}`
     ])
+    // a flag is matched whole (or as `flag=`): --api-key-file alone is not also --api-key
+    expect(
+      problems({ engine: { kind: "llama_cpp" }, models: { m: { path: "/m.gguf", args: ["--api-key-file", "/k"] } } })
+    ).toEqual([
+      `models."m".args: --api-key-file gives llama-server a key the agent does not send (its calls could be answered 401); ${instead("llama-server")}`
+    ])
     // not a key flag of SGLang's: its admin key guards admin routes only
     expect(problems({ engine: { kind: "sglang", args: ["--admin-api-key", "x"] } })).toEqual([])
   })
@@ -111,6 +130,33 @@ describe("engine.api_key on the plan", () => {
     expect(Object.values(s.env)).not.toContain(KEY)
     for (const p of [v, l, s]) {
       expect([p.authorization, p.probe.authorization, p.liveness?.authorization]).toEqual([bearer, bearer, bearer])
+    }
+  })
+
+  it("the key joins the engine's other variables (engine.env, the backend's own), replacing none", () => {
+    for (const [kind, variable] of [
+      ["vllm", "VLLM_API_KEY"],
+      ["llama_cpp", "LLAMA_API_KEY"]
+    ] as const) {
+      const raw: Raw = { engine: { kind, env: { FOO: "bar" } }, models: { m: { path: "/m.gguf" } } }
+      const without = plan(raw)
+      const keyed = plan({ ...raw, engine: { ...raw.engine, api_key: KEY } })
+      expect(keyed.env).toEqual({ ...without.env, [variable]: KEY })
+      expect(keyed.env.FOO).toBe("bar")
+    }
+  })
+
+  it("a probe on the engine's host and port but another scheme is another origin: not given the key", () => {
+    for (const probe of ["https://127.0.0.1:8000/health", "http://127.0.0.1:8000/health"]) {
+      const p = plan({
+        engine: { kind: "openai_compat", url: "http://127.0.0.1:8000", api_key: KEY },
+        agent: { ready_probe_url: probe }
+      })
+      expect(p.probe).toEqual(
+        probe.startsWith("https:")
+          ? { kind: "http", url: probe }
+          : { kind: "http", url: probe, authorization: `Bearer ${KEY}` }
+      )
     }
   })
 

@@ -280,18 +280,22 @@ describe("planRequest: validation", () => {
         config({}, {}, { kind }),
         engineFor(kind).capabilities.requestDialect
       )
-      return r instanceof GenerateRejected ? [r.message, r.field] : "taken"
+      return r instanceof GenerateRejected ? [r.reason, r.message, r.field] : "taken"
     }
     // a float32 denormal: llama-server's float inverse is infinite (common_sampler_init)
     expect(refusal("llama_cpp", 1e-45)).toEqual([
+      "invalid_argument",
       "sampling.repetition_penalty must be in [2.938736e-39, finite) on llama_cpp: llama-server inverts it as a float, and refuses a penalty whose inverse is not finite; got 1e-45",
       "sampling.repetition_penalty"
     ])
+    // the bound itself is taken ([min, ...)): its float inverse is FLT_MAX, finite
+    expect(refusal("llama_cpp", 2.938736e-39)).toBe("taken")
     expect(refusal("llama_cpp", 3e-39)).toBe("taken")
     expect(refusal("llama_cpp", 3.4e38)).toBe("taken")
     // SGLang's SamplingParams.verify: (0, 2]
     expect(refusal("sglang", 2)).toBe("taken")
     expect(refusal("sglang", 2.5)).toEqual([
+      "invalid_argument",
       "sampling.repetition_penalty must be in (0, 2] on sglang: SGLang's sampling parameters allow no more; got 2.5",
       "sampling.repetition_penalty"
     ])

@@ -34,6 +34,17 @@ describe("wireProblem", () => {
     expect(wireProblem(hex("28 00"), GENERATE_REQUEST)).toBeUndefined()
   })
 
+  it("an unknown field numbered up to 2^29 - 1 passes: its tag is a 5-byte varint, read whole", () => {
+    // field 2^25 and field 536870911 (protobuf's largest), varint 1: tags 2^28 and 2^32 - 8 (read as 28 bits: field 0)
+    for (const tag of ["80 80 80 80 01", "f8 ff ff ff 0f"]) {
+      expect(wireProblem(hex(`${tag} 01`), FLAT)).toBeUndefined()
+      const request = Buffer.concat([encoded({ prompt: "p" }), hex(`${tag} 01`)])
+      expect(wireProblem(request, GENERATE_REQUEST)).toBeUndefined()
+      // what the generated decoder then reads: the known fields, the unknown one skipped
+      expect(GenerateRequest.decode(request).prompt).toBe("p")
+    }
+  })
+
   it("what the generated decoders stop at silently is refused, with where (the Generate fuzz's cases)", () => {
     // a prompt, a zero tag, then sampling { max_tokens: 99999 }: the decoder stopped at the zero tag
     expect(wireProblem(hex("22 02 6869 00 00 2a 04 089f8d06"), GENERATE_REQUEST)).toBe(
@@ -55,6 +66,11 @@ describe("wireProblem", () => {
 
   it("truncated fields and varints are refused, the string that runs past the end said as such", () => {
     expect(wireProblem(hex("22 05 6869"), GENERATE_REQUEST)).toBe("field 4 says 5 bytes, but 2 are left (at byte 1)")
+    // one byte over, at the request's end and inside sampling: caught by the length, before the walk reads on
+    expect(wireProblem(hex("22 03 6869"), GENERATE_REQUEST)).toBe("field 4 says 3 bytes, but 2 are left (at byte 1)")
+    expect(wireProblem(hex("2a 03 22 02 61 22 01 61"), GENERATE_REQUEST)).toBe(
+      "in field 5: field 4 says 2 bytes, but 1 are left (at byte 3)"
+    )
     expect(wireProblem(hex("28 ff"), GENERATE_REQUEST)).toBe("a varint runs past the end of its message (at byte 1)")
     expect(wireProblem(hex("28 ffffffffffffffffff ff 01"), GENERATE_REQUEST)).toBe(
       "a varint longer than 10 bytes (at byte 1)"
@@ -72,8 +88,9 @@ describe("wireProblem", () => {
 
   it("Struct nesting is bounded", () => {
     // kv_transfer_params { a: [[[...null...]]] }: a Value holding a ListValue holding a Value, n times
-    const deep = (n: number): Uint8Array => {
-      let v: Uint8Array = hex("08 00")
+    // the request is depth 0, kv_transfer_params 1, its entry 2, the Value 3; each list adds 2, a leaf's Struct 1
+    const deep = (n: number, leaf = "08 00"): Uint8Array => {
+      let v: Uint8Array = hex(leaf)
       for (let i = 0; i < n; i++) {
         const list = Buffer.concat([hex("0a"), varintOf(v.length), v])
         v = Buffer.concat([hex("32"), varintOf(list.length), list])
@@ -84,6 +101,9 @@ describe("wireProblem", () => {
     }
     expect(wireProblem(deep(10), GENERATE_REQUEST)).toBeUndefined()
     expect(wireProblem(deep(60), GENERATE_REQUEST)).toMatch(/messages nested more than 100 deep$/)
+    // the bound exactly: an empty Struct (Value.struct_value "2a 00") at depth 100 passes, a Value at 101 does not
+    expect(wireProblem(deep(48, "2a 00"), GENERATE_REQUEST)).toBeUndefined()
+    expect(wireProblem(deep(49), GENERATE_REQUEST)).toMatch(/messages nested more than 100 deep$/)
   })
 })
 

@@ -23,6 +23,11 @@ describe("process warnings", () => {
     expect(logs[0]?.level).toBe("Warn")
     expect(JSON.stringify(logs[0]?.message)).toContain("node: Setting the TLS ServerName to an IP address")
     expect(JSON.stringify(logs[0]?.message)).toContain("DEP0123")
+    // the warning's class (its name), as its own field, beside its code
+    expect(logs[0]?.message).toEqual([
+      "node: Setting the TLS ServerName to an IP address is not permitted",
+      { warning: "DeprecationWarning", code: "DEP0123" }
+    ])
     await Effect.runPromise(Scope.close(scope, Exit.void))
     expect(process.listeners("warning")).toEqual(node)
   })

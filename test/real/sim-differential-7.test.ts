@@ -8,20 +8,24 @@ import * as fs from "node:fs"
 import * as path from "node:path"
 import { Agent as UndiciAgent, fetch as undiciFetch } from "undici"
 import { beforeAll, describe, expect, it } from "vitest"
+import { BARE_400_TYPES, JSON_READ_TYPES, LONE_LOW_SURROGATES } from "../support/llamaBodyFacts.ts"
+import { errorText } from "../support/llamaChatFacts.ts"
 import { type Pair, pairs } from "./simPair.ts"
 
 const diff = pairs("cgn-real-diff7-")
 let flag: Pair
 let file: Pair
 let envOnly: Pair
+let csvEnv: Pair
 
 beforeAll(async () => {
   const keyFile = path.join(diff.dir, "keys.txt")
   fs.writeFileSync(keyFile, "# keys\nfk1\n\nfk2\n")
-  ;[flag, file, envOnly] = [
+  ;[flag, file, envOnly, csvEnv] = [
     await diff.pair({ args: ["--metrics", "--api-key", "k1,k2"], env: { LLAMA_API_KEY: "envk" } }),
     await diff.pair({ args: ["--metrics", "--api-key-file", keyFile] }),
-    await diff.pair({ args: ["--metrics"], env: { LLAMA_API_KEY: "envk" } })
+    await diff.pair({ args: ["--metrics"], env: { LLAMA_API_KEY: "envk" } }),
+    await diff.pair({ args: ["--metrics"], env: { LLAMA_API_KEY: '"a,b",c,"d""e"' } })
   ]
 }, 30 * 60_000)
 
@@ -119,6 +123,15 @@ describe("API keys: the simulator against the real server", () => {
     const rows = await sweep(envOnly, ["envk"])
     expect(rows).toEqual(mirrored(rows))
   })
+
+  it("LLAMA_API_KEY as a CSV row (parse_csv_row): a quoted field keeps its comma, a doubled quote is one", async () => {
+    const rows = await sweep(csvEnv, ["a,b", "c", 'd"e', '"a', "a"])
+    expect(rows).toEqual(mirrored(rows))
+    // the keys test/sim/api-key.test.ts pins: taken by the real server; a piece of one is not
+    const real = async (key: string) =>
+      (await request(csvEnv.real, "/v1/models", { authorization: `Bearer ${key}` })).status
+    expect([await real("a,b"), await real("c"), await real('d"e'), await real("a")]).toEqual([200, 200, 200, 401])
+  })
 })
 
 describe("a body that cannot be read: the simulator against the real server", () => {
@@ -131,6 +144,16 @@ describe("a body that cannot be read: the simulator against the real server", ()
         const [real, sim] = [await request(flag.real, p, h, COMPLETION), await request(flag.sim, p, h, COMPLETION)]
         expect([type, p, sim]).toEqual([type, p, real])
         expect(real.status).toBe(400)
+      }
+  })
+
+  it("the measured content types (llamaBodyFacts.ts): the boundary's bound, the media type trimmed and case-sensitive", async () => {
+    for (const type of [...BARE_400_TYPES, ...JSON_READ_TYPES])
+      for (const p of ["/v1/completions", "/tokenize"]) {
+        const h = { ...KEY, "content-type": type }
+        const [real, sim] = [await request(flag.real, p, h, COMPLETION), await request(flag.sim, p, h, COMPLETION)]
+        expect([type, p, ...compared(sim), sim.connection]).toEqual([type, p, ...compared(real), real.connection])
+        expect([type, real.status]).toEqual([type, BARE_400_TYPES.includes(type) ? 400 : 200])
       }
   })
 
@@ -148,6 +171,14 @@ describe("a body that cannot be read: the simulator against the real server", ()
         const [real, sim] = [await request(flag.real, p, h, body), await request(flag.sim, p, h, body)]
         expect([body, p, ...compared(sim)]).toEqual([body, p, ...compared(real)])
         expect(real.status).toBe(500)
+      }
+    // the measured lone low surrogates (llamaBodyFacts.ts), the real server's words as they are pinned
+    for (const f of LONE_LOW_SURROGATES)
+      for (const p of ["/v1/completions", "/tokenize"]) {
+        const h = { ...KEY, "content-type": "application/json" }
+        const [real, sim] = [await request(flag.real, p, h, f.body), await request(flag.sim, p, h, f.body)]
+        expect([f.body, p, real.status, real.body]).toEqual([f.body, p, 500, errorText(500, f.message)])
+        expect([f.body, p, ...compared(sim)]).toEqual([f.body, p, ...compared(real)])
       }
   })
 })

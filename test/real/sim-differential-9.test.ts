@@ -7,7 +7,17 @@
 // test/sim/llama-chat-checks.test.ts.
 import { beforeAll, describe, expect, it } from "vitest"
 import { CHAT_CHECKS, type ChatFact, errorText } from "../support/llamaChatFacts.ts"
-import { LAUNCH_ORDER, PROGRESS_KEYS, TOKEN_ITEMS, VERBOSE_ANSWER_KEYS } from "../support/llamaLaunchFacts.ts"
+import {
+  CHAT_TOP_LOGPROBS,
+  chatProbsOf,
+  LAUNCH_ORDER,
+  PROGRESS_KEYS,
+  PROGRESS_PER_CHOICE,
+  progressPerChoice,
+  TOKEN_ITEMS,
+  TOKENS_CACHED,
+  VERBOSE_ANSWER_KEYS
+} from "../support/llamaLaunchFacts.ts"
 import { postOnOwnConnection as post } from "./engine.ts"
 import { orderedShape, type Pair, pairs } from "./simPair.ts"
 
@@ -116,6 +126,29 @@ describe("verbose and return_progress: the simulator's shapes are the real serve
         expect([p, progress[1]?.processed]).toEqual([p, progress[1]?.total])
       }
       expect([p, shapes(sim)]).toEqual([p, shapes(real)])
+    }
+  })
+})
+
+describe("values beside the shapes (llamaLaunchFacts.ts): the real server's, and the simulator's the same", () => {
+  it("return_progress with several prompts: two prompt_progress chunks for each prompt's first, one for a child", async () => {
+    for (const { body, chunks } of PROGRESS_PER_CHOICE)
+      for (const base of pair.bases) {
+        const evs = await events(base, "/v1/completions", { ...body, return_progress: true })
+        expect([base, body, progressPerChoice(evs, chunks.length)]).toEqual([base, body, chunks])
+      }
+  })
+
+  it("__verbose.tokens_cached: prompt and output tokens but the last; a chat's top_logprobs is its n_probs", async () => {
+    for (const base of pair.bases) {
+      for (const { body, cached } of TOKENS_CACHED) {
+        const r = await post(base, "/v1/completions", { ...body, verbose: true })
+        const v = (JSON.parse(r.text) as { __verbose: { tokens_cached: unknown } }).__verbose
+        expect([base, body, v.tokens_cached]).toEqual([base, body, cached])
+      }
+      const chat = await post(base, "/v1/chat/completions", CHAT_TOP_LOGPROBS.body)
+      const n = CHAT_TOP_LOGPROBS.nProbs
+      expect([base, chatProbsOf(chat.text)]).toEqual([base, [[n, n], n]])
     }
   })
 })

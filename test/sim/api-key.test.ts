@@ -6,6 +6,7 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { apiKeySources } from "../../src/sim/apiKey.ts"
 import { type SimHandle, simEntry, startSim } from "../support/sim.ts"
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), "sim-api-key-"))
@@ -123,6 +124,8 @@ describe("vllm (vllm/entrypoints/openai/server_utils.py AuthenticationMiddleware
     expect(await status(vllm, "/nope")).toBe(404)
     expect(await status(vllm, "/v1nope")).toBe(401)
     expect(await status(vllm, "/tokenize", {}, "POST")).toBe(401)
+    // SageMaker's route is guarded as the rest (server_utils.py's prefixes)
+    expect(await status(vllm, "/invocations", {}, "POST")).toBe(401)
   })
 
   it("takes VLLM_API_KEY when no --api-key is given", async () => {
@@ -153,6 +156,22 @@ describe("sglang (python/sglang/srt/utils/auth.py decide_request_auth)", () => {
     expect(await status(sglang, "/metrics")).toBe(200)
     expect(await status(sglang, "/v1/models", {}, "OPTIONS")).not.toBe(401)
     expect(await status(sglang, "/get_model_info")).toBe(401)
+  })
+})
+
+describe("the keys each engine's command line and environment give (apiKeySources)", () => {
+  it("llama.cpp reads LLAMA_API_KEY as a CSV row: a quoted field keeps its comma, a doubled quote is one", () => {
+    // measured against llama-server: test/real/sim-differential-7.test.ts
+    expect(apiKeySources("llama_cpp", [], { LLAMA_API_KEY: '"a,b",c,"d""e"' })).toEqual([{ keys: ["a,b", "c", 'd"e'] }])
+  })
+
+  it("vLLM and SGLang take `--api-key=V` as argparse does; vLLM's takes several words, SGLang's one, its last", () => {
+    expect(apiKeySources("vllm", ["serve", "org/m", "--api-key=vk"], {})).toEqual([{ keys: ["vk"] }])
+    expect(apiKeySources("vllm", ["--api-key", "a", "b", "--port", "1"], {})).toEqual([{ keys: ["a", "b"] }])
+    expect(apiKeySources("sglang", ["--model-path", "org/m", "--api-key=sk"], {})).toEqual([{ keys: ["sk"] }])
+    // nargs=None: one word (the next is no key); a flag given twice keeps its last value
+    expect(apiKeySources("sglang", ["--api-key", "a", "b"], {})).toEqual([{ keys: ["a"] }])
+    expect(apiKeySources("sglang", ["--api-key", "a", "--api-key", "b"], {})).toEqual([{ keys: ["b"] }])
   })
 })
 

@@ -7,10 +7,15 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { CHAT_CHECKS, type ChatFact, errorText } from "../support/llamaChatFacts.ts"
 import {
+  CHAT_TOP_LOGPROBS,
+  chatProbsOf,
   LAUNCH_ORDER,
   PROGRESS_KEYS,
+  PROGRESS_PER_CHOICE,
+  progressPerChoice,
   SETTINGS_EXTRA_KEYS,
   TOKEN_ITEMS,
+  TOKENS_CACHED,
   VERBOSE_ANSWER_KEYS,
   VERBOSE_FINAL_KEYS,
   VERBOSE_PARTIAL_KEYS
@@ -129,5 +134,31 @@ describe("llama_cpp simulator: verbose (F10) and return_progress (F8)", () => {
     // not without a stream
     const whole = JSON.parse((await post("/v1/completions", { ...completion, return_progress: true })).text)
     expect("prompt_progress" in whole).toBe(false)
+  })
+})
+
+describe("llama_cpp simulator: values beside the shapes (llamaLaunchFacts.ts)", () => {
+  it("return_progress with several prompts: two prompt_progress chunks for each prompt's first, one for a child", async () => {
+    for (const { body, chunks } of PROGRESS_PER_CHOICE)
+      expect([
+        body,
+        progressPerChoice(await events("/v1/completions", { ...body, return_progress: true }), chunks.length)
+      ]).toEqual([body, chunks])
+  })
+
+  it("__verbose.tokens_cached: prompt and output tokens but the last", async () => {
+    for (const { body, cached } of TOKENS_CACHED) {
+      const v = (
+        JSON.parse((await post("/v1/completions", { ...body, verbose: true })).text) as {
+          __verbose: { tokens_cached: unknown }
+        }
+      ).__verbose
+      expect([body, v.tokens_cached]).toEqual([body, cached])
+    }
+  })
+
+  it("a chat's top_logprobs is its n_probs: each token's alternatives and generation_settings.n_probs", async () => {
+    const n = CHAT_TOP_LOGPROBS.nProbs
+    expect(chatProbsOf((await post("/v1/chat/completions", CHAT_TOP_LOGPROBS.body)).text)).toEqual([[n, n], n])
   })
 })

@@ -4,6 +4,7 @@
 // order), server-common.cpp oaicompat_chat_params_parse (the fields a chat's template sets), common/sampling.cpp
 // common_sampler_init (penalty_repeat).
 import { describe, expect, it } from "vitest"
+import { clampFloat, cppString } from "../../src/sim/llamaNumbers.ts"
 import { llamaParams } from "../../src/sim/llamaRequest.ts"
 import { CONVERSIONS, HANDLED_FIELDS, ORDER, type RequestFact, SAMPLER_INIT } from "../support/llamaRequestFacts.ts"
 
@@ -48,5 +49,17 @@ describe("llamaParams: grammar_lazy on a chat, stream_options' place", () => {
     expect(llamaParams({ seed: 1e30 }, 2)).toMatchObject({ seed: 0 })
     expect(llamaParams({ seed: 1e10 }, 2)).toMatchObject({ seed: 1410065408 })
     expect(llamaParams({ seed: -1.5 }, 2)).toMatchObject({ seed: 4294967295 })
+  })
+})
+
+// printf's %f and field_num's float limits at values no request reaches through a range refusal today (no float is
+// 1e21 exactly, -0 passes every float limit, and the only unlimited float read back is repeat_penalty, whose check
+// answers FLT_MAX and infinity alike): the helpers' own contract, for the next field that prints or reads one.
+describe("std::to_string of a float, field_num's float limits", () => {
+  it("%f writes 1e21 in digits and keeps -0's sign; an infinity is clamped to FLT_MAX", () => {
+    expect(cppString(1e21, "float")).toBe("1000000000000000000000.000000")
+    expect(cppString(-1e21, "float")).toBe("-1000000000000000000000.000000")
+    expect(cppString(-0, "float")).toBe("-0.000000")
+    expect([clampFloat(Infinity), clampFloat(-Infinity)]).toEqual([3.4028234663852886e38, -3.4028234663852886e38])
   })
 })

@@ -177,6 +177,57 @@ export const CHAT_CHECKS: ReadonlyArray<ChatFact> = [
     500,
     "Failed to parse tools: Expected 'tools' to be an array, got 1; tools = 1"
   ),
+  ...both(
+    "two trailing assistant messages, exactly",
+    {
+      messages: [
+        { role: "assistant", content: "a" },
+        { role: "assistant", content: "b" }
+      ]
+    },
+    400,
+    "Cannot have 2 or more assistant messages at the end of the list."
+  ),
+  ...both(
+    "continue_final_message continues a trailing message with tool calls only if it is the assistant's",
+    {
+      messages: [{ role: "user", content: "a", tool_calls: [CALL] }],
+      continue_final_message: true,
+      add_generation_prompt: false
+    },
+    200
+  ),
+  ...both("tool_choice required", { tools: [TOOL], tool_choice: "required" }, 200),
+  ...both(
+    "a grammar beside tools that tool_choice none turns off",
+    { tools: [TOOL], tool_choice: "none", grammar: 'root ::= "a"' },
+    200
+  ),
+  ...both("logprobs with tools, not streamed", { tools: [TOOL], logprobs: true }, 200),
+  ...both(
+    "continue_final_message reasoning_content continues",
+    { continue_final_message: "reasoning_content" },
+    400,
+    "Cannot set both add_generation_prompt and continue_final_message to true."
+  ),
+  ...both(
+    "a json_object response_format's schema replaces json_schema",
+    { json_schema: { type: "string" }, response_format: { type: "json_object", schema: { type: "nope" } } },
+    400,
+    `${UNABLE}JSON schema conversion failed:\nUnrecognized schema: {"type":"nope"}`
+  ),
+  ...both(
+    "a message's tool_call_id is a string",
+    { messages: [{ role: "user", content: "a", tool_call_id: 1 }] },
+    500,
+    "Failed to parse messages: [json.exception.type_error.302] type must be string, but is number"
+  ),
+  ...both(
+    "a tool call's id is a string",
+    { messages: [{ role: "assistant", tool_calls: [{ ...CALL, id: 1 }] }] },
+    500,
+    "Failed to parse messages: [json.exception.type_error.302] type must be string, but is number"
+  ),
   {
     why: "a chat's json_schema that is no object is the schema field's",
     path: "/v1/chat/completions",

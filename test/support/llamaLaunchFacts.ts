@@ -181,3 +181,48 @@ export const VERBOSE_ANSWER_KEYS = [
 
 /** F8: a stream's events with return_progress, one choice: two prompt_progress chunks (0%, then all), then tokens. */
 export const PROGRESS_KEYS = ["total", "cache", "processed", "time_ms"]
+
+/**
+ * F8 with several prompts, a stream's prompt_progress chunks per choice (by index): each prompt's first completion
+ * has two (its start, its prompt evaluated), a child (`n` > 1) only the second.
+ */
+export const PROGRESS_PER_CHOICE: ReadonlyArray<{
+  readonly body: Record<string, unknown>
+  readonly chunks: ReadonlyArray<number>
+}> = [
+  { body: { prompt: ["a b", "c d e"], max_tokens: 2 }, chunks: [2, 2] },
+  { body: { prompt: ["a b", "c d e"], n: 2, max_tokens: 2 }, chunks: [2, 1, 2, 1] }
+]
+
+/** F10: a whole answer's `__verbose.tokens_cached`: prompt and output tokens but the last one, never evaluated. */
+export const TOKENS_CACHED: ReadonlyArray<{ readonly body: Record<string, unknown>; readonly cached: number }> = [
+  { body: { prompt: "a b", max_tokens: 2 }, cached: 4 },
+  { body: { prompt: "a b c d", max_tokens: 3 }, cached: 7 }
+]
+
+/** A chat's top_logprobs is its n_probs: the alternatives of each token, and generation_settings.n_probs. */
+export const CHAT_TOP_LOGPROBS = {
+  body: { messages: [{ role: "user", content: "a b" }], max_tokens: 2, logprobs: true, top_logprobs: 2, verbose: true },
+  nProbs: 2
+}
+
+/** A chat answer's alternatives per token and its generation_settings.n_probs, as CHAT_TOP_LOGPROBS counts them. */
+export const chatProbsOf = (text: string): [Array<number>, unknown] => {
+  const r = JSON.parse(text) as {
+    choices: Array<{ logprobs: { content: Array<{ top_logprobs: Array<unknown> }> } }>
+    __verbose: { generation_settings: { n_probs: unknown } }
+  }
+  return [
+    r.choices[0]?.logprobs.content.map((c) => c.top_logprobs.length) ?? [],
+    r.__verbose.generation_settings.n_probs
+  ]
+}
+
+/** How many prompt_progress chunks each of `n` choices got, of a stream's JSON events. */
+export const progressPerChoice = (events: ReadonlyArray<Record<string, unknown>>, n: number): Array<number> =>
+  Array.from(
+    { length: n },
+    (_, i) =>
+      events.filter((e) => e.prompt_progress !== undefined && (e.choices as Array<{ index: number }>)[0]?.index === i)
+        .length
+  )

@@ -45,6 +45,11 @@ export const CONVERSIONS: ReadonlyArray<RequestFact> = [
   },
   { why: "a double truncates toward zero", extra: { n_keep: -2.5 }, refused: range("n_keep", "-1", I32, "-2") },
   {
+    why: "a double that truncates to 2^31 is past int32: INT32_MIN",
+    extra: { n_keep: 2147483648.5 },
+    refused: range("n_keep", "-1", I32, "-2147483648")
+  },
+  {
     why: "int64 wraps a uint64 literal",
     extra: { t_max_predict_ms: 1e19 },
     refused: range("t_max_predict_ms", "-1", "9223372036854775807", "-8446744073709551616")
@@ -58,6 +63,11 @@ export const CONVERSIONS: ReadonlyArray<RequestFact> = [
     why: "float overflows to inf",
     extra: { adaptive_decay: 1e39 },
     refused: range("adaptive_decay", "0.000000", "0.990000", "inf")
+  },
+  {
+    why: "float overflows to -inf",
+    extra: { adaptive_decay: -1e39 },
+    refused: range("adaptive_decay", "0.000000", "0.990000", "-inf")
   },
   {
     why: "float rounds to 24 bits",
@@ -113,6 +123,11 @@ export const HANDLED_FIELDS: ReadonlyArray<RequestFact> = [
     extra: { grammar_triggers: [{ type: 1, value: "the" }], preserved_tokens: ["the"] }
   },
   {
+    why: "a WORD trigger of several tokens need not be preserved",
+    extra: { grammar_triggers: [{ type: 1, value: "a b" }] }
+  },
+  { why: "a grammar that is not lazy needs no trigger", extra: { grammar_triggers: [], grammar_lazy: false } },
+  {
     why: "a lazy grammar needs a trigger",
     extra: { grammar_triggers: [], grammar_lazy: true },
     refused: "Field 'grammar_triggers': Error: no triggers set for lazy grammar!"
@@ -128,6 +143,15 @@ export const HANDLED_FIELDS: ReadonlyArray<RequestFact> = [
     why: "chat_parser's root names a parser",
     extra: { chat_parser: '{"parsers":[],"rules":{},"root":0}' },
     refused: "Field 'chat_parser': Root references invalid parser ID: 0"
+  },
+  {
+    why: "a rule's parser id is below the parsers' count",
+    extra: { chat_parser: '{"parsers":[],"rules":{"r":0},"root":0}' },
+    refused: "Field 'chat_parser': Rule 'r' references invalid parser ID: 0"
+  },
+  {
+    why: "a root of -1 (COMMON_PEG_INVALID_PARSER_ID) is no reference",
+    extra: { chat_parser: '{"parsers":[],"rules":{},"root":-1}' }
   },
   { why: "chat_format is a number", extra: { chat_format: "x" }, refused: typeMust("chat_format", "number", "string") },
   {
@@ -167,6 +191,7 @@ export const HANDLED_FIELDS: ReadonlyArray<RequestFact> = [
     extra: { reasoning_format: "" },
     refused: "Field 'reasoning_format': Unknown reasoning format: "
   },
+  { why: "reasoning_format deepseek-legacy is a known one", extra: { reasoning_format: "deepseek-legacy" } },
   {
     why: "a non-empty json_schema array is no schema",
     extra: { json_schema: [1] },
