@@ -609,6 +609,10 @@ describe("cancellation, deadlines and health", () => {
       code: Status.INVALID_ARGUMENT,
       details: expect.stringMatching(/not a well-formed protobuf message: field number 0 \(at byte 4\)/)
     })
+    // a tag of 2^32, which the decoder reads as a zero tag (review)
+    expect(
+      await rawGenerateEnd(agent.address, () => Buffer.from("22026869" + "8080808010" + "2a04089f8d06", "hex"))
+    ).toEqual({ code: Status.INVALID_ARGUMENT, details: expect.stringMatching(/a field number above 536870911/) })
     expect(await rawGenerateEnd(agent.address, () => Buffer.from("22026869" + "0c", "hex"))).toEqual({
       code: Status.INVALID_ARGUMENT,
       details: expect.stringMatching(/field 1 is a group \(wire type 4\)/)

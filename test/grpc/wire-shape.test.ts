@@ -64,6 +64,19 @@ describe("wireProblem", () => {
     expect(wireProblem(hex("0e"), GENERATE_REQUEST)).toBe("field 1 has wire type 6, which protobuf does not define")
   })
 
+  it("a tag of 2^32 or more is refused: the decoder reads its low 32 bits, a zero tag or another field (review)", () => {
+    // prompt "hi", a tag of exactly 2^32 (a zero tag to the decoder, which stopped there), then max_tokens 99999
+    const zero = hex("22 02 6869  80 80 80 80 10  2a 04 089f8d06")
+    expect(wireProblem(zero, GENERATE_REQUEST)).toBe(
+      "a field number above 536870911 (at byte 4), which protobuf does not allow"
+    )
+    // 2^32 + 42: field 5 (sampling) to the decoder, an unknown field to a 35-bit reading, its inside never walked
+    expect(wireProblem(hex("aa 80 80 80 10 03 00 22 01"), GENERATE_REQUEST)).toMatch(/^a field number above 536870911/)
+    // a tag written longer than it needs (zero continuation bytes) is the same tag to both: taken
+    expect(wireProblem(hex("a2 80 80 80 00 01 61"), GENERATE_REQUEST)).toBeUndefined()
+    expect(GenerateRequest.decode(hex("a2 80 80 80 00 01 61")).prompt).toBe("a")
+  })
+
   it("truncated fields and varints are refused, the string that runs past the end said as such", () => {
     expect(wireProblem(hex("22 05 6869"), GENERATE_REQUEST)).toBe("field 4 says 5 bytes, but 2 are left (at byte 1)")
     // one byte over, at the request's end and inside sampling: caught by the length, before the walk reads on

@@ -36,14 +36,20 @@ export const GENERATE_REQUEST: Shape = {
 /** A request message without message-typed fields (ListModelsRequest, GetNodeHealthRequest). */
 export const FLAT: Shape = LEAF
 
-/** A varint at `at`, before `to`: its value (its first 35 bits: tags and lengths) and where it ends. */
+/** 2^32: the generated decoders read tags and lengths as uint32, keeping the low 32 bits of a larger varint. */
+const UINT32_END = 2 ** 32
+
+/**
+ * A varint at `at`, before `to`: its value when below 2^32, else UINT32_END (a tag or length the decoder would read
+ * as another number), and where it ends.
+ */
 const varint = (b: Uint8Array, at: number, to: number): { readonly value: number; readonly end: number } | string => {
   let value = 0
   for (let i = 0; i < 10; i++) {
     if (at + i >= to) return `a varint runs past the end of its message (at byte ${at})`
     const byte = b[at + i]!
-    if (i < 5) value += (byte & 0x7f) * 2 ** (7 * i)
-    if ((byte & 0x80) === 0) return { value, end: at + i + 1 }
+    value += (byte & 0x7f) * 2 ** (7 * i)
+    if ((byte & 0x80) === 0) return { value: Math.min(value, UINT32_END), end: at + i + 1 }
   }
   return `a varint longer than 10 bytes (at byte ${at})`
 }
@@ -56,6 +62,9 @@ const walk = (b: Uint8Array, from: number, to: number, shape: Shape, depth: numb
   while (at < to) {
     const tag = varint(b, at, to)
     if (typeof tag === "string") return tag
+    // Field numbers end at 2^29-1 (a tag below 2^32): a larger one is read by the decoder as its low 32 bits, a field
+    // 0 among them, which the walk would have passed as an unknown field (protowire: "invalid field number").
+    if (tag.value >= UINT32_END) return `a field number above 536870911 (at byte ${at}), which protobuf does not allow`
     const field = Math.floor(tag.value / 8)
     const wire = tag.value % 8
     if (field === 0) return `field number 0 (at byte ${at}), which no message has`
