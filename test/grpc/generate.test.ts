@@ -285,11 +285,13 @@ describe("planRequest: validation", () => {
     // a float32 denormal: llama-server's float inverse is infinite (common_sampler_init)
     expect(refusal("llama_cpp", 1e-45)).toEqual([
       "invalid_argument",
-      "sampling.repetition_penalty must be in [2.938736e-39, finite) on llama_cpp: llama-server inverts it as a float, and refuses a penalty whose inverse is not finite; got 1e-45",
+      "sampling.repetition_penalty must be in [2.938737e-39, finite) on llama_cpp: llama-server inverts it as a float, and refuses a penalty whose inverse is not finite; got 1e-45",
       "sampling.repetition_penalty"
     ])
-    // the bound itself is taken ([min, ...)): its float inverse is FLT_MAX, finite
-    expect(refusal("llama_cpp", 2.938736e-39)).toBe("taken")
+    // the bound itself is taken ([min, ...)): the least float whose inverse is finite; the float below it is refused
+    // (the real llama-server: 2.938736e-39 400, 2.9387373e-39 200)
+    expect(refusal("llama_cpp", Math.fround(2.938737e-39))).toBe("taken")
+    expect(refusal("llama_cpp", Math.fround(2.938736e-39))).not.toBe("taken")
     expect(refusal("llama_cpp", 3e-39)).toBe("taken")
     expect(refusal("llama_cpp", 3.4e38)).toBe("taken")
     // SGLang's SamplingParams.verify: (0, 2]

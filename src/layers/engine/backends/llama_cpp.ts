@@ -60,13 +60,15 @@ export const llamaCpp: Engine = {
         value: 4_294_967_294n,
         why: "llama-server keeps a 32-bit seed, and 4294967295 means a random one"
       },
-      // common_sampler_init (common/sampling.cpp) refuses a penalty whose float inverse is not finite: below
-      // 1/FLT_MAX, a request fails "Failed to initialize samplers: penalty_repeat must be finite and greater than 0"
+      // common_sampler_init (common/sampling.cpp) refuses a penalty whose float inverse is not finite, a request
+      // failing "Failed to initialize samplers: penalty_repeat must be finite and greater than 0": the least float
+      // with a finite inverse is 2.938737278e-39 (written 2.938737e-39; the float nearest 2.938736e-39 is below
+      // 1/FLT_MAX, and the real server answers it 400, 2.9387373e-39 200)
       ranges: {
         repetition_penalty: {
-          min: 2.938736e-39,
+          min: 2.938737e-39,
           max: Number.POSITIVE_INFINITY,
-          text: "[2.938736e-39, finite)",
+          text: "[2.938737e-39, finite)",
           why: "llama-server inverts it as a float, and refuses a penalty whose inverse is not finite"
         }
       }
