@@ -110,6 +110,17 @@ describe("engine.api_key in the config", () => {
     ).toEqual([
       `models."m".args: --api-key-file gives llama-server a key the agent does not send (its calls could be answered 401); ${instead("llama-server")}`
     ])
+    // the spellings the engines' parsers take: vLLM's underscores, argparse's unique prefixes (code review)
+    for (const [kind, args, flag] of [
+      ["vllm", ["--api_key", "x"], "--api-key"],
+      ["vllm", ["--api_key=x"], "--api-key"],
+      ["sglang", ["--api-ke", "x"], "--api-key"],
+      ["llama_cpp", ["--api-key-f=/k"], "--api-key-file"]
+    ] as const)
+      expect(
+        problems({ engine: { kind, args: [...args] }, models: { m: { path: "/m.gguf" } } })[0],
+        args.join(" ")
+      ).toMatch(new RegExp(`^engine.args: ${flag} gives`))
     // not a key flag of SGLang's: its admin key guards admin routes only
     expect(problems({ engine: { kind: "sglang", args: ["--admin-api-key", "x"] } })).toEqual([])
   })
@@ -154,7 +165,7 @@ describe("engine.api_key on the plan", () => {
       })
       expect(p.probe).toEqual(
         probe.startsWith("https:")
-          ? { kind: "http", url: probe }
+          ? { kind: "http", url: probe, keyWithheld: true }
           : { kind: "http", url: probe, authorization: `Bearer ${KEY}` }
       )
     }
@@ -166,7 +177,7 @@ describe("engine.api_key on the plan", () => {
       agent: { ready_probe_url: "http://sidecar:9000/ready" }
     })
     expect([p.argv, p.env, p.authorization]).toEqual([[], {}, bearer])
-    expect(p.probe).toEqual({ kind: "http", url: "http://sidecar:9000/ready" })
+    expect(p.probe).toEqual({ kind: "http", url: "http://sidecar:9000/ready", keyWithheld: true })
     const same = plan({ engine: { kind: "openai_compat", url: "https://gw.example:8443", api_key: KEY } })
     expect(same.probe.authorization).toBe(bearer)
   })
@@ -237,6 +248,17 @@ describe("the live client, probe and metrics read send it", () => {
       expect(await Effect.runPromise(probeOnce(without.probe, 2_000))).toEqual({
         ok: false,
         reason: "HTTP 401: the engine asks for an API key: set engine.api_key",
+        phase: "unauthorized"
+      })
+      // set, but not sent: ready_probe_url names the same server another way (code review)
+      const elsewhere = plan({
+        engine: { url, api_key: KEY },
+        agent: { ready_probe_url: `${url.replace("127.0.0.1", "localhost")}/v1/models` }
+      })
+      expect(await Effect.runPromise(probeOnce(elsewhere.probe, 2_000))).toEqual({
+        ok: false,
+        reason:
+          "HTTP 401: the engine asks for an API key, and engine.api_key goes to engine.url's origin alone: give agent.ready_probe_url its scheme, host and port",
         phase: "unauthorized"
       })
       status = 403

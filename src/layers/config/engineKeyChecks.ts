@@ -6,6 +6,7 @@
  * (capabilities.apiKey).
  */
 import type { ConfigFile } from "../../services/config/ConfigSchema.ts"
+import { flagSetBy } from "../../services/engine/ArgvFlags.ts"
 import { engineFor } from "../engine/backends/index.ts"
 import { formatPath } from "./schemaProblems.ts"
 
@@ -38,7 +39,7 @@ export const engineKeyProblems = (c: ConfigFile, keyFrom: string | undefined): A
     ])
   ]
   for (const [path, args] of argLists) {
-    const given = takes.flags.filter((flag) => args.some((a) => a === flag || a.startsWith(`${flag}=`)))
+    const given = takes.flags.filter((flag) => args.some((a) => flagSetBy(a, takes.flags) === flag))
     if (given.length > 0)
       problems.push(
         `${formatPath(path)}: ${given.join(", ")} gives ${name} a key the agent does not send (its calls could be answered 401); ${instead}`

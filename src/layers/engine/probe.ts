@@ -63,7 +63,11 @@ const attempt = (probe: ReadinessProbe): Effect.Effect<ProbeResult> =>
       // An engine that wants a key the agent does not send, or another, would otherwise read as loading for ever.
       if (res.statusCode === 401 || res.statusCode === 403) {
         const why =
-          probe.authorization === undefined ? "asks for an API key: set engine.api_key" : "refuses engine.api_key"
+          probe.authorization !== undefined
+            ? "refuses engine.api_key"
+            : probe.keyWithheld === true
+              ? "asks for an API key, and engine.api_key goes to engine.url's origin alone: give agent.ready_probe_url its scheme, host and port"
+              : "asks for an API key: set engine.api_key"
         return { ok: false, reason: `HTTP ${res.statusCode}: the engine ${why}`, phase: "unauthorized" }
       }
       if (res.statusCode !== 200) return { ok: false, reason: `HTTP ${res.statusCode}`, phase: "loading" }

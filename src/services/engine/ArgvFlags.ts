@@ -12,3 +12,16 @@ export const lastFlagValue = (argv: ReadonlyArray<string>, flag: string): string
   })
   return value
 }
+
+/**
+ * Which of `flags` an argument sets as the engines' parsers read it: the flag it names exactly (up to `=`; vLLM's
+ * FlexibleArgumentParser also reads `_` as `-`, vllm/utils/argparse_utils.py), else the one of them it is a prefix of
+ * (argparse's allow_abbrev: SGLang reads `--api-ke` as `--api-key`); undefined when it names none.
+ */
+export const flagSetBy = (arg: string, flags: ReadonlyArray<string>): string | undefined => {
+  if (!arg.startsWith("--")) return undefined
+  const name = (arg.split("=", 1)[0] ?? arg).replaceAll("_", "-")
+  if (flags.includes(name)) return name
+  const prefixed = name.length > 2 ? flags.filter((f) => f.startsWith(name)) : []
+  return prefixed.length === 1 ? prefixed[0] : undefined
+}

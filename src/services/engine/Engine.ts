@@ -182,14 +182,18 @@ export type ReadinessProbe =
    * list, and a 200 that lists this model (the name the engine serves) as still loading is "not yet" too
    * (ModelList.ts).
    */
-  | { readonly kind: "http"; readonly url: string; readonly modelList?: string; readonly authorization?: string }
+  | (ProbeKey & { readonly kind: "http"; readonly url: string; readonly modelList?: string })
   /** POST a real 1-token completion (mlx, whose /health is green before the model is loaded). */
-  | {
-      readonly kind: "completion"
-      readonly url: string
-      readonly body: Readonly<Record<string, unknown>>
-      readonly authorization?: string
-    }
+  | (ProbeKey & { readonly kind: "completion"; readonly url: string; readonly body: Readonly<Record<string, unknown>> })
+
+/**
+ * engine.api_key on a probe: `authorization` on one that asks the engine's own origin; `keyWithheld` on one that asks
+ * another (a ready_probe_url elsewhere, or the same server spelled otherwise), so that its 401 says why.
+ */
+export interface ProbeKey {
+  readonly authorization?: string
+  readonly keyWithheld?: true
+}
 
 /** Which of the engine's Prometheus series carry the normalized load signals, newest name first. */
 export interface MetricNames {

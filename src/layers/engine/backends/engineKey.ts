@@ -11,7 +11,7 @@ import type { EngineCapabilities, LaunchPlan, ReadinessProbe } from "../../../se
  * sidecar, a gateway) is not handed the engine's key.
  */
 const probeWith = (probe: ReadinessProbe, origin: string, authorization: string): ReadinessProbe =>
-  URL.parse(probe.url)?.origin === origin ? { ...probe, authorization } : probe
+  URL.parse(probe.url)?.origin === origin ? { ...probe, authorization } : { ...probe, keyWithheld: true }
 
 export const withEngineKey = (
   plan: LaunchPlan,
