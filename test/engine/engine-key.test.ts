@@ -121,6 +121,18 @@ describe("engine.api_key in the config", () => {
         problems({ engine: { kind, args: [...args] }, models: { m: { path: "/m.gguf" } } })[0],
         args.join(" ")
       ).toMatch(new RegExp(`^engine.args: ${flag} gives`))
+    // a key in the agent's own environment, which a spawned engine inherits (README audit): refused unless the
+    // agent's key replaces it; a proxied server inherits nothing
+    const inherited = `in the agent's environment, which llama-server inherits: a key the agent does not send (its calls would be answered 401); set CGN_AGENT_ENGINE_API_KEY (or engine.api_key) instead: the agent hands it to llama-server and sends it with every call`
+    const llama = { engine: { kind: "llama_cpp" }, models: { m: { path: "/m.gguf" } } }
+    expect(problems(llama, { LLAMA_API_KEY: "x" })).toEqual([`LLAMA_API_KEY: ${inherited}`])
+    expect(problems(llama, { LLAMA_ARG_API_KEY_FILE: "/k" })).toEqual([`LLAMA_ARG_API_KEY_FILE: ${inherited}`])
+    expect(problems(llama, { LLAMA_API_KEY: "x", CGN_AGENT_ENGINE_API_KEY: KEY })).toEqual([])
+    expect(problems(llama, { LLAMA_API_KEY: "" })).toEqual([])
+    expect(problems({}, { VLLM_API_KEY: "x" })[0]).toMatch(
+      /^VLLM_API_KEY: in the agent's environment, which vLLM inherits/
+    )
+    expect(problems({ engine: { kind: "openai_compat" } }, { VLLM_API_KEY: "x" })).toEqual([])
     // not a key flag of SGLang's: its admin key guards admin routes only
     expect(problems({ engine: { kind: "sglang", args: ["--admin-api-key", "x"] } })).toEqual([])
   })

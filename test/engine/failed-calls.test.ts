@@ -55,6 +55,16 @@ describe("what counts as a call the engine failed (the status table's engine row
     assert.isDefined(engineFailedCall(new EngineError({ reason: "Stream", status: 500, message: "error event" })))
   })
 
+  it("the engine refusing the agent's key (401, 403): every call fails so, the node's fault, never the caller's", () => {
+    assert.strictEqual(
+      engineFailedCall(
+        new EngineError({ reason: "Http", status: 401, message: "Invalid API Key", engineType: "authentication_error" })
+      ),
+      "engine answered HTTP 401 (authentication_error): Invalid API Key"
+    )
+    assert.isDefined(engineFailedCall(http(403)))
+  })
+
   it("not what the request caused, an engine too busy, no answer in time, nor the agent's own endings", () => {
     for (const e of [
       http(400),

@@ -157,7 +157,7 @@ const decodeChecked = (
   if (token.problem !== undefined) problems.push(token.problem)
   const engineKey = bearerOf("engine.api_key", "CGN_AGENT_ENGINE_API_KEY", parsed.engine.api_key, env)
   if (engineKey.problem !== undefined) problems.push(engineKey.problem)
-  problems.push(...engineKeyProblems(parsed, engineKey.value === undefined ? undefined : engineKey.key))
+  problems.push(...engineKeyProblems(parsed, engineKey.value === undefined ? undefined : engineKey.key, env))
   if (problems.length > 0) return fail(problems)
   return Result.succeed(resolve(parsed, nodeId, file, nodeIp, token.value, engineKey.value))
 }

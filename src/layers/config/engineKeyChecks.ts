@@ -11,7 +11,11 @@ import { engineFor } from "../engine/backends/index.ts"
 import { formatPath } from "./schemaProblems.ts"
 
 /** `keyFrom`: where the agent's key came from (engine.api_key or its variable), undefined when there is none. */
-export const engineKeyProblems = (c: ConfigFile, keyFrom: string | undefined): Array<string> => {
+export const engineKeyProblems = (
+  c: ConfigFile,
+  keyFrom: string | undefined,
+  env: Readonly<Record<string, string | undefined>>
+): Array<string> => {
   const caps = engineFor(c.engine.kind).capabilities
   if (!caps.spawns) return []
   const name = caps.displayName
@@ -29,6 +33,12 @@ export const engineKeyProblems = (c: ConfigFile, keyFrom: string | undefined): A
     if (c.engine.env[variable] !== undefined)
       problems.push(
         `${formatPath(["engine", "env", variable])}: gives ${name} a key the agent does not send (its calls could be answered 401); ${instead}`
+      )
+    // The engine inherits the agent's environment; a key there, with none of the agent's own to replace it, is one
+    // the engine would ask for and the agent not send (as README once advised for VLLM_API_KEY).
+    else if (keyFrom === undefined && env[variable])
+      problems.push(
+        `${variable}: in the agent's environment, which ${name} inherits: a key the agent does not send (its calls would be answered 401); set CGN_AGENT_ENGINE_API_KEY (or engine.api_key) instead: the agent hands it to ${name} and sends it with every call`
       )
   }
   const argLists: Array<[ReadonlyArray<string>, ReadonlyArray<string>]> = [

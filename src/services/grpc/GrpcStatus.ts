@@ -255,6 +255,10 @@ export const engineFailedCall = (e: GenerateError): string | undefined => {
   // llama-server while it loads. Counted, a busy engine's refusals between two completions would flap the node.
   if (e._tag !== "EngineError" || e.status === 503) return undefined
   const f = engineFailure(e)
+  // 401/403: the engine refuses the agent's key (engine.api_key unset, or not the engine's), and so every call: the
+  // node's fault, never the caller's. llama-server's and SGLang's readiness (/health) needs no key, so calls alone
+  // can show it.
+  if (e.status === 401 || e.status === 403) return f.message
   return f.trailers["cgn-error-source"] === "engine" && f.code === Status.UNAVAILABLE ? f.message : undefined
 }
 
