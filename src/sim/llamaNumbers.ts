@@ -63,5 +63,20 @@ export const cppString = (x: number | bigint, type: CppType): string => {
   if (!Number.isFinite(x)) return x > 0 ? "inf" : "-inf"
   // a float this large is an integer; toFixed would switch to exponent notation at 1e21
   if (Math.abs(x) >= 1e21) return `${BigInt(x)}.000000`
-  return Object.is(x, -0) ? "-0.000000" : x.toFixed(6)
+  return Object.is(x, -0) ? "-0.000000" : sixDecimals(x)
+}
+
+/**
+ * %f's six decimals as glibc prints them: the exact binary value rounded half to even. toFixed rounds an exact tie
+ * away from zero (-0.0078125: glibc -0.007812, toFixed -0.007813); a float's value is a dyadic fraction whose digits
+ * end well within toFixed's 100, so its exact digits tell a tie.
+ */
+const sixDecimals = (x: number): string => {
+  const exact = Math.abs(x).toFixed(100)
+  const cut = exact.indexOf(".") + 7
+  if (exact[cut] !== "5" || /[1-9]/.test(exact.slice(cut + 1))) return x.toFixed(6)
+  const down = exact.slice(0, cut)
+  const even = Number(down.at(-1)) % 2 === 0
+  const magnitude = even ? down : (Math.abs(x) + 5e-7).toFixed(6)
+  return x < 0 ? `-${magnitude}` : magnitude
 }

@@ -62,4 +62,14 @@ describe("std::to_string of a float, field_num's float limits", () => {
     expect(cppString(-0, "float")).toBe("-0.000000")
     expect([clampFloat(Infinity), clampFloat(-Infinity)]).toEqual([3.4028234663852886e38, -3.4028234663852886e38])
   })
+
+  it("%f rounds an exact tie at the sixth decimal half to even, as glibc does (toFixed rounds it away from zero)", () => {
+    // the real llama-server, adaptive_decay -0.0078125 out of range: "but got -0.007812" (code review, measured)
+    expect(cppString(-0.0078125, "float")).toBe("-0.007812")
+    expect(cppString(0.0078125, "float")).toBe("0.007812")
+    expect(cppString(0.0234375, "float")).toBe("0.023438")
+    // not a tie: as toFixed, both ways
+    expect(cppString(Math.fround(0.1), "float")).toBe("0.100000")
+    expect(cppString(0.0000015, "float")).toBe("0.000002")
+  })
 })
