@@ -69,6 +69,10 @@ describe("examples/k8s (kustomize overlay)", () => {
     expect(config.agent.node_id).toBe("gpu-node-1")
     const envNames = agent.env.map((e: Doc) => e.name)
     expect(envNames).toContain("CGN_AGENT_ADMIN_TOKEN")
+    // the engine's key from an optional Secret: a cluster without it runs without one
+    expect(agent.env.find((e: Doc) => e.name === "CGN_AGENT_ENGINE_API_KEY")?.valueFrom).toEqual({
+      secretKeyRef: { name: "cgn-engine-api-key", key: "key", optional: true }
+    })
     await Effect.runPromise(preflight(config, { offline: true }))
   })
 
