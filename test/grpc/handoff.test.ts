@@ -120,6 +120,49 @@ describe("vLLM handoff parameters", () => {
     expect(toGrpcFailure(e).code).toBe(Status.FAILED_PRECONDITION)
   })
 
+  // A P/D fuzz: each reached the engine and came back as its failure (a pair retry), or worse, served by a local
+  // prefill while P's blocks stayed held. P's request_finished never returns any of them.
+  it.each<[string, unknown, string]>([
+    [
+      "no do_remote_prefill",
+      (({ do_remote_prefill: _d, ...rest }) => rest)(P_PARAMS),
+      "missing or empty do_remote_prefill"
+    ],
+    ["do_remote_prefill null", { ...P_PARAMS, do_remote_prefill: null }, "missing or empty do_remote_prefill"],
+    [
+      "do_remote_prefill a string",
+      { ...P_PARAMS, do_remote_prefill: "true" },
+      'do_remote_prefill must be true (the decode engine would prefill the prompt itself), got "true"'
+    ],
+    [
+      "do_remote_decode true",
+      { ...P_PARAMS, do_remote_decode: true },
+      "do_remote_decode must not be true on a decode leg"
+    ],
+    ["a port as a string", { ...P_PARAMS, remote_port: "5600" }, 'remote_port must be a port, 1..65535, got "5600"'],
+    ["port 70000", { ...P_PARAMS, remote_port: 70000 }, "remote_port must be a port, 1..65535, got 70000"],
+    ["port -1", { ...P_PARAMS, remote_port: -1 }, "remote_port must be a port, 1..65535, got -1"],
+    [
+      "block ids that are not",
+      { ...P_PARAMS, remote_block_ids: ["a", "b"] },
+      'remote_block_ids must be the prefill engine\'s block ids (integers >= 0, or a list of them per group), got ["a","b"]'
+    ],
+    ["a fractional block id in a group", { ...P_PARAMS, remote_block_ids: [[1, 1.5]] }, "remote_block_ids must be"],
+    ["an engine id that is a number", { ...P_PARAMS, remote_engine_id: 7 }, "remote_engine_id must be a string, got 7"],
+    ["tp_size 0", { ...P_PARAMS, tp_size: 0 }, "tp_size must be an integer >= 1, got 0"]
+  ])("decode side refuses %s, precisely (FAILED_PRECONDITION)", (_name, params, words) => {
+    const e = failure(validateKvTransferParams(params))
+    expect(e.message).toContain(words)
+    expect(toGrpcFailure(e).code).toBe(Status.FAILED_PRECONDITION)
+  })
+
+  it("takes 6,000 block ids, and do_remote_decode false or absent", () => {
+    const many = Array.from({ length: 6000 }, (_, i) => i)
+    expect(Result.isSuccess(validateKvTransferParams({ ...P_PARAMS, remote_block_ids: many }))).toBe(true)
+    const { do_remote_decode: _d, ...without } = P_PARAMS
+    expect(Result.isSuccess(validateKvTransferParams(without))).toBe(true)
+  })
+
   it("accepts params without remote_request_id (vLLM before PR #29665 neither sends nor reads it)", () => {
     const older = (({ remote_request_id: _r, ...rest }) => rest)(P_PARAMS)
     expect(success(validateKvTransferParams(older))).toStrictEqual(older)

@@ -14,6 +14,7 @@ import type { HandoffProtocol } from "../engine/Engine.ts"
 import { isJsonObject, type JsonObject } from "../engine/EngineClient.ts"
 import { exactIntegerJson } from "./ExactInteger.ts"
 import { INPUT_DIGEST_FIELD, ownInputDigest } from "./InputDigest.ts"
+import { nixlParamsProblems } from "./NixlParams.ts"
 
 /**
  * The handoff cannot happen as asked; `missing` names the absent fields. Its gRPC status (FAILED_PRECONDITION)
@@ -54,33 +55,16 @@ export const vllmPrefillBody = (body: JsonObject): JsonObject => {
   return { ...rest, kv_transfer_params: { ...VLLM_PREFILL_KV_TRANSFER_PARAMS }, max_tokens: 1, ignore_eos: true }
 }
 
-/**
- * Fields D needs to pull; without any of them vLLM logs "Got invalid KVTransferParams" and recomputes.
- * `remote_request_id` is not among them: it exists only since vLLM PR #29665 (Nov 2025); an older
- * NixlConnector neither sends nor reads it (D notifies P under its own request id, the same X-Request-Id
- * on both legs), so requiring it would refuse every hand-off from an older prefill engine.
- */
-export const VLLM_REQUIRED_FIELDS = ["remote_block_ids", "remote_engine_id", "remote_host", "remote_port"] as const
-
-const present = (v: unknown): boolean => v !== undefined && v !== null && v !== ""
-
-// Newer builds send one block list per KV-cache group: non-empty means at least one block in any group.
-const hasBlocks = (v: unknown): boolean =>
-  Array.isArray(v) && v.some((x) => (Array.isArray(x) ? x.length > 0 : present(x)))
-
-/** Checks handoff parameters as D's connector will; the dict is otherwise opaque and passed on unchanged. */
+/** Checks handoff parameters as D's connector will (NixlParams.ts); the dict is otherwise passed on unchanged. */
 export const validateKvTransferParams = (params: unknown): Result.Result<JsonObject, InvalidHandoff> => {
   if (!isJsonObject(params)) {
     return Result.fail(
       new InvalidHandoff({ reason: "kv_transfer_params must be the object the prefill leg returned", missing: [] })
     )
   }
-  const missing: Array<string> = VLLM_REQUIRED_FIELDS.filter((f) =>
-    f === "remote_block_ids" ? !hasBlocks(params[f]) : !present(params[f])
-  )
-  // Optional, but a newer engine that sends it sends a real id: an empty one is a broken hand-off.
-  if ("remote_request_id" in params && !present(params.remote_request_id)) missing.push("remote_request_id")
-  if (missing.length > 0) return Result.fail(new InvalidHandoff({ reason: "invalid kv_transfer_params", missing }))
+  const { missing, wrong } = nixlParamsProblems(params)
+  if (missing.length > 0 || wrong.length > 0)
+    return Result.fail(new InvalidHandoff({ reason: ["invalid kv_transfer_params", ...wrong].join("; "), missing }))
   return Result.succeed(params)
 }
 
