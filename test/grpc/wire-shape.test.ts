@@ -113,10 +113,13 @@ describe("wireProblem", () => {
       return Buffer.concat([hex("32"), varintOf(struct.length), struct])
     }
     expect(wireProblem(deep(10), GENERATE_REQUEST)).toBeUndefined()
-    expect(wireProblem(deep(60), GENERATE_REQUEST)).toMatch(/messages nested more than 100 deep$/)
+    // the reason alone: under its fields' path it outgrew the status message's bound (a P/D fuzz)
+    expect(wireProblem(deep(60), GENERATE_REQUEST)).toBe(
+      "messages nested more than 100 deep (kv_transfer_params: about 50 levels of lists or objects)"
+    )
     // the bound exactly: an empty Struct (Value.struct_value "2a 00") at depth 100 passes, a Value at 101 does not
     expect(wireProblem(deep(48, "2a 00"), GENERATE_REQUEST)).toBeUndefined()
-    expect(wireProblem(deep(49), GENERATE_REQUEST)).toMatch(/messages nested more than 100 deep$/)
+    expect(wireProblem(deep(49), GENERATE_REQUEST)).toMatch(/^messages nested more than 100 deep/)
   })
 })
 

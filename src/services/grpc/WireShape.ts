@@ -54,10 +54,16 @@ const varint = (b: Uint8Array, at: number, to: number): { readonly value: number
   return `a varint longer than 10 bytes (at byte ${at})`
 }
 
+/**
+ * Struct nests without bound on the wire (each list or struct value two messages deeper); protobuf-go stops at 10,000
+ * levels, this at 100, as the generated decoders' own reader does. Said alone, not under its fields' path, which at
+ * that depth outgrew the status message's bound and hid the reason (a P/D fuzz).
+ */
+const TOO_DEEP = "messages nested more than 100 deep (kv_transfer_params: about 50 levels of lists or objects)"
+
 /** Why `b[from, to)` is not a well-formed message of `shape`, or undefined. */
 const walk = (b: Uint8Array, from: number, to: number, shape: Shape, depth: number): string | undefined => {
-  // Struct nests without bound on the wire; protobuf-go stops at 10,000 levels, this at 100 (a call's kv params).
-  if (depth > 100) return "messages nested more than 100 deep"
+  if (depth > 100) return TOO_DEEP
   let at = from
   while (at < to) {
     const tag = varint(b, at, to)
@@ -89,7 +95,7 @@ const walk = (b: Uint8Array, from: number, to: number, shape: Shape, depth: numb
           return `field ${field} says ${len.value} bytes, but ${to - len.end} are left (at byte ${at})`
         const inner = shape[field]
         const why = inner === undefined ? undefined : walk(b, len.end, len.end + len.value, inner(), depth + 1)
-        if (why !== undefined) return `in field ${field}: ${why}`
+        if (why !== undefined) return why === TOO_DEEP ? why : `in field ${field}: ${why}`
         at = len.end + len.value
         break
       }
