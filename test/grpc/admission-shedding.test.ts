@@ -193,7 +193,13 @@ const slowEngine = (engineMs: number) =>
         completion: {
           object: "text_completion",
           choices: [textChunk("", "length")],
-          kv_transfer_params: { remote_block_ids: [1], remote_engine_id: "e", remote_host: "h", remote_port: 1 }
+          kv_transfer_params: {
+            do_remote_prefill: true,
+            remote_block_ids: [1],
+            remote_engine_id: "e",
+            remote_host: "h",
+            remote_port: 1
+          }
         }
       })
     )
