@@ -138,6 +138,11 @@ class Rooms {
     this.waiters.delete(room)
   }
 
+  /** Forgets the room; whether it had been reached. */
+  take(room: string): boolean {
+    return this.reached.delete(room)
+  }
+
   /** Resolves true once the room is marked, false after `timeoutMs` or on abort. */
   wait(room: string, timeoutMs: number, signal?: AbortSignal): Promise<boolean> {
     if (this.reached.has(room)) return Promise.resolve(true)
@@ -183,7 +188,10 @@ export class Bootstrap {
     return this.connected.wait(room, timeoutMs, signal)
   }
 
-  /** GET /room/<room>?wait_ms=N: connects the decode side for the room, then 200 once its prefill is done, 408 after the wait. */
+  /**
+   * GET /room/<room>?wait_ms=N: connects the decode side for the room, then 200 once its prefill is done (the room
+   * is then forgotten), 408 after the wait.
+   */
   async start(host: string, port: number): Promise<void> {
     this.server = http.createServer((req, res) => {
       const url = new URL(req.url ?? "/", "http://x")
@@ -195,8 +203,14 @@ export class Bootstrap {
       const gone = new AbortController()
       res.on("close", () => gone.abort())
       void this.done.wait(room, waitMs, gone.signal).then((ok) => {
-        if (!res.writableEnded && !gone.signal.aborted)
-          json(res, ok ? 200 : 408, { room, status: ok ? "ready" : "waiting" })
+        if (res.writableEnded || gone.signal.aborted) return
+        // A room's KV is sent once: the prefill side forgets the room after its last chunk
+        // (`self.transfer_infos.pop(room)` in the transfer worker, python/sglang/srt/disaggregation/mooncake/conn.py),
+        // so a later decode leg for it (a retry, a second decode) waits for a transfer that never comes and fails
+        // at its waiting timeout, as one whose prefill never came.
+        const served = ok && this.done.take(room)
+        if (served) this.connected.take(room)
+        json(res, served ? 200 : 408, { room, status: served ? "ready" : "waiting" })
       })
     })
     await listen(this.server, port, host)

@@ -162,6 +162,14 @@ describe("SGLang P/D bootstrap", () => {
     expect(dr).toMatchObject({ status: 200, json: { choices: [{ text: "one two three", finish_reason: "length" }] } })
   })
 
+  it("a room's KV goes to one decode leg: a later decode leg for the served room waits and fails like a lone one", async () => {
+    const room = "4242"
+    const [pr, dr] = await Promise.all([post(p.url, req(room)), post(d.url, req(room))])
+    expect([pr.status, dr.status]).toStrictEqual([200, 200])
+    const again = await post(d.url, req(room))
+    expect(again).toMatchObject({ status: 500, json: { object: "error", message: expect.stringContaining(room) } })
+  })
+
   it("a prefill alone does not complete: it waits for its decode to connect and fails at the bootstrap timeout", async () => {
     const started = Date.now()
     const r = await post(p.url, req("777"))
