@@ -360,8 +360,16 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
     "a URL that is not http, with a password: the password is not echoed",
     `[cluster]\netcd = ["ftp://root:s3cret@etcd:2379"]\n${MODEL}`,
     [
-      'cluster.etcd[0]: expected an http:// or https:// URL, got "ftp://root:***@etcd:2379"',
+      'cluster.etcd[0]: expected an http:// or https:// URL, got "ftp://root:<redacted>@etcd:2379"',
       "cluster.etcd[0]: credentials do not belong in the URL; set cluster.etcd_username and cluster.etcd_password instead"
+    ]
+  ],
+  [
+    "a URL that does not parse, with a token for userinfo or an @ in its password: neither is echoed",
+    `[cluster]\netcd = ["https://ghp_abcdefghijklmnopqrstuvwxyz0123456789@etcd:99999", "http://u:p@ss@etcd:70000"]\n${MODEL}`,
+    [
+      'cluster.etcd[0]: expected an http:// or https:// URL, got "https://<redacted>@etcd:99999": port 99999 is past 65535',
+      'cluster.etcd[1]: expected an http:// or https:// URL, got "http://u:<redacted>@etcd:70000": port 70000 is past 65535'
     ]
   ],
   [

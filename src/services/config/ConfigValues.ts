@@ -3,6 +3,7 @@
  * Each refuses a bad value with a message that says what was expected; the sections are ConfigSchema.ts.
  */
 import { Duration, Effect, Option, Schema, SchemaIssue, SchemaTransformation } from "effect"
+import { redactUrlCredentials } from "../engine/Secrets.ts"
 import { isWildcardHost, splitHostPort } from "../net/HostPort.ts"
 
 const UNIT: Record<string, Duration.Unit> = { ms: "millis", s: "seconds", m: "minutes", h: "hours", d: "days" }
@@ -115,9 +116,6 @@ export const DialableHostPort = HostPort.check(
   })
 )
 
-/** A URL's `user:password@` replaced, for messages: a secret is never printed. */
-const withoutPassword = (s: string): string => s.replace(/^([a-z][a-z0-9+.-]*:\/\/[^/?#@]*?):[^/?#@]*@/i, "$1:***@")
-
 /** An absolute http(s) URL. */
 export const HttpUrl = Schema.String.check(
   Schema.makeFilter((s) => {
@@ -130,7 +128,7 @@ export const HttpUrl = Schema.String.check(
     // the URL parser refuses a port past 65535 as it refuses any malformed URL: say which part is wrong
     const port = /^https?:\/\/[^/?#\s]*:(\d+)(?:[/?#]|$)/i.exec(s)?.[1]
     const why = port !== undefined && Number(port) > 65_535 ? `: port ${port} is past 65535` : ""
-    return `expected an http:// or https:// URL, got "${withoutPassword(s)}"${why}`
+    return `expected an http:// or https:// URL, got "${redactUrlCredentials(s)}"${why}`
   })
 )
 
@@ -162,14 +160,14 @@ export const EtcdEndpoint = HttpUrlWithoutCredentials(
     if (!/^https?:$/.test(URL.parse(s)?.protocol ?? "")) return undefined // HttpUrl says what is wrong
     const authority = /^https?:\/\/([^/?#\s]+)$/.exec(s)?.[1]
     if (authority === undefined)
-      return `expected an etcd endpoint such as "https://10.0.0.5:2379": scheme, host and port, nothing after the port (the etcd client dials what follows the scheme as written), got "${withoutPassword(s)}"`
+      return `expected an etcd endpoint such as "https://10.0.0.5:2379": scheme, host and port, nothing after the port (the etcd client dials what follows the scheme as written), got "${redactUrlCredentials(s)}"`
     // Checked on the text, not URL.port: the URL parser drops a scheme's default port ("https://h:443" has port "").
     // An IPv6 host ends with "]", so "[::1]" has no port and "[::1]:2379" has one.
     const port = /:(\d+)$/.exec(authority)?.[1]
     if (port === undefined)
-      return `expected an etcd endpoint with a port, got "${withoutPassword(s)}", which has no port (the etcd client would dial 443): write it, e.g. "${withoutPassword(s).replace(/:$/, "")}:2379" (etcd's client port is 2379)`
+      return `expected an etcd endpoint with a port, got "${redactUrlCredentials(s)}", which has no port (the etcd client would dial 443): write it, e.g. "${redactUrlCredentials(s).replace(/:$/, "")}:2379" (etcd's client port is 2379)`
     if (Number(port) === 0)
-      return `expected an etcd endpoint with a port to dial, got "${withoutPassword(s)}": port 0 is none`
+      return `expected an etcd endpoint with a port to dial, got "${redactUrlCredentials(s)}": port 0 is none`
     return undefined
   })
 )

@@ -173,6 +173,9 @@ const redactSpans = (text: string, spans: ReadonlyArray<Span>): string => {
   return out + text.slice(at)
 }
 
+/** A text with its URLs' credentials replaced (see urlSpans): config messages use the rule engine output does. */
+export const redactUrlCredentials = (text: string): string => redactSpans(text, urlSpans(text))
+
 /** A variable's value as it may be shown: a header list's keys and a URL's user and host stay. */
 export const redactEnvValue = (name: string, value: string): string => redactSpans(value, envSpans(name, value))
 
