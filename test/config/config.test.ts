@@ -373,6 +373,13 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
     ]
   ],
   [
+    "a first restart delay set above the cap that overrules it",
+    `[engine]\nrestart_backoff_initial = "10s"\nrestart_backoff_max = "2s"\n${MODEL}`,
+    [
+      "engine.restart_backoff_initial: 10s is longer than engine.restart_backoff_max (2s), which caps every delay, the first one too; set it to at most 2s, or raise restart_backoff_max"
+    ]
+  ],
+  [
     "etcd key parts: node_id and cluster.name with a / or a control character",
     `[cluster]\nname = "prod/nodes/x"\n[agent]\nnode_id = "gpu-7\\n"\n${MODEL}`,
     [
@@ -513,8 +520,10 @@ describe("bad config files", () => {
       `[cluster]\nname = "prod us-east.1"\netcd_prefix = "/cgn/v1"\n[agent]\nnode_id = "gpu-7.example.com"\nadvertise_addr = "[fd00::7]:7071"\n${MODEL}`,
       // an IPv4-mapped IPv6 address in brackets; 0 where it means "at once" (drain, SIGKILL, every run stable)
       `[agent]\nlisten_grpc = "[::ffff:10.0.0.7]:7071"\ndrain_timeout = "0s"\n[engine]\nstop_grace = "0s"\nrestart_stable_after = "0s"\ngpu_free_timeout = "0s"\n${MODEL}`,
-      // a cap below the first delay: every restart waits the cap (engine-process.test.ts relies on it)
+      // a cap below the first delay's default: every restart waits the cap (engine-process.test.ts relies on it)
       `[engine]\nrestart_backoff_max = "300ms"\n${MODEL}`,
+      // the first delay set equal to the cap
+      `[engine]\nrestart_backoff_initial = "2s"\nrestart_backoff_max = "2s"\n${MODEL}`,
       // the ZMQ endpoints engines bind or connect
       `[kv]\nevents = true\nevents_endpoint = "tcp://*:5557"\nreplay_endpoint = "tcp://[::]:5600"\n${MODEL}`,
       `[kv]\nevents = true\nevents_endpoint = "ipc:///run/cgn/kv.sock"\nreplay_endpoint = "inproc://replay"\n${MODEL}`

@@ -99,6 +99,19 @@ export const crossChecks = (c: ConfigFile): Array<string> => {
   return problems
 }
 
+/**
+ * A first restart delay set above the cap: every delay is capped at engine.restart_backoff_max (EngineState.ts
+ * backoffDelay), so the initial value would be overruled without a word. Only when the file sets the initial delay
+ * (`initialSet`): a cap set alone below the initial's 1s default asks for shorter delays, and each restart waits the cap.
+ */
+export const backoffOrderProblems = (c: ConfigFile, initialSet: boolean): Array<string> => {
+  const { restart_backoff_initial: initial, restart_backoff_max: max } = c.engine
+  if (!initialSet || !Duration.isGreaterThan(initial, max)) return []
+  return [
+    `engine.restart_backoff_initial: ${Duration.format(initial)} is longer than engine.restart_backoff_max (${Duration.format(max)}), which caps every delay, the first one too; set it to at most ${Duration.format(max)}, or raise restart_backoff_max`
+  ]
+}
+
 /** A lease etcd would refuse (with etcd only: a standalone agent holds none), naming the key that sets its TTL. */
 const leaseProblems = (c: ConfigFile): Array<string> => {
   if (c.cluster.etcd.length === 0) return []

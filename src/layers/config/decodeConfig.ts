@@ -11,7 +11,7 @@ import { type AgentConfig, ConfigError, type ModelConfig } from "../../services/
 import { ConfigFile, LogLevels } from "../../services/config/ConfigSchema.ts"
 import { DialableHostPort, keyPartProblem } from "../../services/config/ConfigValues.ts"
 import { joinHostPort } from "../../services/net/HostPort.ts"
-import { crossChecks, leaseTtlOf } from "./crossChecks.ts"
+import { backoffOrderProblems, crossChecks, leaseTtlOf } from "./crossChecks.ts"
 import { engineKeyProblems } from "./engineKeyChecks.ts"
 import { type CheckedValues, checkValues } from "./rawValues.ts"
 import { fieldProblems, unknownKeyProblems } from "./schemaProblems.ts"
@@ -127,6 +127,7 @@ const decodeChecked = (
   if (unknown.length > 0 || checked.problems.length > 0) return fail([...unknown, ...checked.problems])
   const parsed = decoded.value
   const problems = crossChecks(parsed)
+  problems.push(...backoffOrderProblems(parsed, setInFile(raw, "engine", "restart_backoff_initial")))
   // The schema checked a node_id written in the file; one from the environment is checked the same way here.
   const nodeId = parsed.agent.node_id ?? (env.NODE_NAME || os.hostname())
   const badId = parsed.agent.node_id === undefined ? keyPartProblem(nodeId) : undefined
@@ -184,6 +185,12 @@ const bearerOf = (
       problem: `${key}: whitespace or a control character inside the token, which an Authorization header cannot carry (every request would be refused 401)`
     }
   return { key, value }
+}
+
+/** Whether the file itself sets `section.key` (a default the schema filled in is not the operator's word). */
+const setInFile = (raw: unknown, section: string, key: string): boolean => {
+  const table = typeof raw === "object" && raw !== null ? (raw as Record<string, unknown>)[section] : undefined
+  return typeof table === "object" && table !== null && (table as Record<string, unknown>)[key] !== undefined
 }
 
 const nodeIpOf = (env: Readonly<Record<string, string | undefined>>): string | undefined =>
