@@ -58,6 +58,8 @@ export const render = Command.make(
       // what run would start, and run starts nothing for it. The host's files are `check`'s to look at.
       yield* preflight(c, { offline: true })
       const plan = redactPlan(yield* resolvePlan(c, nvmlWorkerEntry()))
+      // on stderr as check prints them: stdout is the plan alone (render --json is read by tools)
+      for (const warning of plan.warnings ?? []) yield* Console.error(`warning: ${warning}`)
       // An exit hint's pattern may be a RegExp, which JSON would print as {}: printed as its /source/flags.
       const replacer = (_k: string, v: unknown) => (v instanceof RegExp ? String(v) : v)
       yield* Console.log(json ? JSON.stringify(plan, replacer, 2) : formatPlan(plan))

@@ -153,7 +153,17 @@ describe("check where NVML cannot be loaded", () => {
       CGN_NVML_LIBRARY: path.join(dir, "no-such-libnvidia-ml.so.1")
     })
     expect(r.code, r.stderr).toBe(0)
-    expect(r.stderr).toMatch(/models\.<name>\.gpus not checked against this host's GPUs: NVML is not available/)
+    expect(r.stderr).toMatch(
+      /^warning: models\."[^"]+"\.gpus not checked against this host's GPUs: NVML is not available \(.+\)$/m
+    )
+    const render = await runCli(["render", "--config", config, "--json"], {
+      CGN_NVML_LIBRARY: path.join(dir, "no-such-libnvidia-ml.so.1")
+    })
+    expect(render.code, render.stderr).toBe(0)
+    expect(render.stderr).toMatch(/^warning: models\."[^"]+"\.gpus not checked against this host's GPUs/m)
+    expect((JSON.parse(render.stdout) as { warnings: Array<string> }).warnings).toEqual([
+      expect.stringMatching(/\.gpus not checked against this host's GPUs/)
+    ])
   })
 })
 

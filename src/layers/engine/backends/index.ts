@@ -93,19 +93,23 @@ export const resolvePlan = (config: AgentConfig, nvmlWorker: string): Effect.Eff
     Layer.provideMerge(NvmlLive.layerBare(nvmlWorker, { stateDir: config.agent.state_dir, readOnly: true })),
     Layer.provide(Layer.succeed(Config, config)),
     Layer.build,
-    // GPUs the config names that NVML could not check (no library, no driver): said, not passed over as checked
-    Effect.tap((context) =>
-      config.model.gpus.length === 0
-        ? Effect.void
-        : Effect.flatMap(Context.get(context, Nvml).unavailable, (why) =>
-            why === undefined
-              ? Effect.void
-              : Effect.logWarning(
-                  `models.<name>.gpus not checked against this host's GPUs: NVML is not available (${why})`
-                )
-          )
-    ),
-    Effect.map((context) => Context.get(context, EnginePlan)),
+    // GPUs the config names that NVML could not check (no library, no driver): a warning of the plan's (check and
+    // render print them as `warning:` lines), not passed over as checked
+    Effect.flatMap((context) => {
+      const plan = Context.get(context, EnginePlan)
+      if (config.model.gpus.length === 0) return Effect.succeed(plan)
+      return Effect.map(Context.get(context, Nvml).unavailable, (why) =>
+        why === undefined
+          ? plan
+          : {
+              ...plan,
+              warnings: [
+                ...(plan.warnings ?? []),
+                `${formatPath(["models", config.model.name, "gpus"])} not checked against this host's GPUs: NVML is not available (${why})`
+              ]
+            }
+      )
+    }),
     Effect.scoped,
     // stdout is the command's output (render --json): NVML's problems go to stderr, its info stays out
     Effect.provide(Logging.layer("warn"))
