@@ -1,6 +1,13 @@
 // Error-body normalization per engine flavor: every shape the engines send becomes the same EngineError fields.
 import { describe, expect, it } from "vitest"
-import { errorDetailOfBody, httpError, isErrorChunk, streamError } from "../../src/services/engine/EngineErrors.ts"
+import { EngineError } from "../../src/services/engine/EngineClient.ts"
+import {
+  errorDetailOfBody,
+  httpError,
+  isErrorChunk,
+  markOutputFault,
+  streamError
+} from "../../src/services/engine/EngineErrors.ts"
 
 const fields = (e: { reason: string; message: string; status?: number; engineType?: string; engineCode?: string }) => ({
   reason: e.reason,
@@ -187,5 +194,28 @@ describe("mid-stream error objects", () => {
   })
   it("an ordinary chunk is not an error", () => {
     expect(isErrorChunk({ id: "c1", object: "chat.completion.chunk", choices: [] })).toBe(false)
+  })
+})
+
+describe("output faults (a backend's capabilities.outputFaults)", () => {
+  const prefixes = ["The model produced output that does not match the expected "]
+  const body = (message: string) => JSON.stringify({ error: { code: 500, message, type: "server_error" } })
+  it("an HTTP error or a stream's error whose message begins as one is marked, its other fields kept", () => {
+    const message = "The model produced output that does not match the expected Content-only format"
+    const http = markOutputFault(httpError(500, body(message)), prefixes)
+    expect([http.fault, fields(http)]).toEqual([
+      "output",
+      { reason: "Http", message, status: 500, engineType: "server_error", engineCode: undefined }
+    ])
+    expect(markOutputFault(streamError({ error: { code: 500, message, type: "server_error" } }), prefixes).fault).toBe(
+      "output"
+    )
+  })
+  it("any other message, or a failure that is not the engine's answer, is left as it is", () => {
+    expect(markOutputFault(httpError(500, body("boom")), prefixes).fault).toBeUndefined()
+    // only a prefix counts: the words elsewhere in a message are another error's
+    expect(markOutputFault(httpError(500, body(`x ${prefixes[0]}`)), prefixes).fault).toBeUndefined()
+    const connect = new EngineError({ reason: "Connect", message: `${prefixes[0]}format` })
+    expect(markOutputFault(connect, prefixes)).toBe(connect)
   })
 })

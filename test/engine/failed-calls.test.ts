@@ -2,6 +2,7 @@
 // one status table, services/grpc/GrpcStatus.ts engineFailedCall), and the engine taken as failing calls as a source
 // of EngineStall's state: its reason, its start for the restart, what clears it.
 import { assert, describe, it } from "@effect/vitest"
+import { Status } from "nice-grpc-common"
 import { EngineError } from "../../src/services/engine/EngineClient.ts"
 import {
   isStalled,
@@ -17,7 +18,7 @@ import {
 import { addFailed, failingCleared, failingProblem } from "../../src/services/engine/FailedCalls.ts"
 import { Draining, Overloaded } from "../../src/services/grpc/Admission.ts"
 import { EngineRunEnded, EngineStalled, NotServing } from "../../src/services/grpc/CallErrors.ts"
-import { engineFailedCall } from "../../src/services/grpc/GrpcStatus.ts"
+import { engineFailedCall, engineFailure } from "../../src/services/grpc/GrpcStatus.ts"
 import { CallDeadlineExceeded } from "../../src/services/grpc/TransportErrors.ts"
 
 const http = (status: number) => new EngineError({ reason: "Http", status, message: `HTTP ${status}` })
@@ -87,6 +88,24 @@ describe("what counts as a call the engine failed (the status table's engine row
       new CallDeadlineExceeded()
     ])
       assert.isUndefined(engineFailedCall(e), e._tag)
+  })
+
+  it("an output fault (one request's output the engine could not answer with), on a 500 or a stream's error event", () => {
+    const message = "The model produced output that does not match the expected Content-only format"
+    for (const e of [
+      new EngineError({ reason: "Stream", status: 500, engineType: "server_error", message, fault: "output" }),
+      new EngineError({ reason: "Http", status: 500, engineType: "server_error", message, fault: "output" })
+    ]) {
+      assert.isUndefined(engineFailedCall(e), e.reason)
+      const f = engineFailure(e)
+      assert.deepStrictEqual(
+        [f.code, f.retryElsewhere, f.trailers["cgn-reason"], f.trailers["cgn-engine-status"]],
+        [Status.INTERNAL, false, "engine_output", "500"]
+      )
+      assert.include(f.message, `(server_error): ${message}`)
+    }
+    // the same error unmarked: the engine's failure, as before
+    assert.isDefined(engineFailedCall(new EngineError({ reason: "Stream", status: 500, message })))
   })
 })
 

@@ -9,7 +9,7 @@ import * as os from "node:os"
 import * as path from "node:path"
 import * as grpc from "@grpc/grpc-js"
 import { Etcd3 } from "etcd3"
-import type { Channel } from "nice-grpc"
+import { type Channel, ClientError, Metadata, Status } from "nice-grpc"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
 import { type AgentClient, GenerateRequest, GenerateResponse, NodeHealth } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { parsePromText } from "../../src/services/engine/PromText.ts"
@@ -344,6 +344,46 @@ describe("a model with unconstrained random output", () => {
         expect(r.final).toBeUndefined()
       }
     }
+  })
+})
+
+// A request whose generated output llama-server cannot parse fails that request alone: its chat parser
+// (common/chat.cpp common_chat_parse) throws "The model produced output that does not match the expected
+// Content-only format" when the model generates a lone UTF-8 continuation byte, and the server answers 500
+// server_error (on a stream, an error event). The engine serves every other request, and at temperature 0 the same
+// request fails so on any node: the agent ends it INTERNAL, `cgn-reason: engine_output`, not retryable elsewhere, and
+// does not count it against the engine (engine.failed_calls_unhealthy), where a 500 would have made the node
+// unhealthy and sent the router to fail it again on the next node. Found by an agent-level differential fuzz: this
+// model, greedy, generates a lone continuation byte here.
+const UNPARSABLE = {
+  prompt: "😀".repeat(30),
+  sampling: { maxTokens: 5, temperature: 0, frequencyPenalty: -2, presencePenalty: 1.5 }
+}
+
+describe("llama-server failing one request's output", () => {
+  afterEach(() => killAllAgents())
+
+  it("ends the call INTERNAL with the engine's words, not retryable, and leaves the node healthy", async () => {
+    const { agent, client } = await startLlamaAgent({
+      nodeId: "real-output",
+      engineSection: { failed_calls_unhealthy: 2 }
+    })
+    for (let i = 0; i < 3; i++) {
+      let trailer = new Metadata()
+      const r = await generate(client, UNPARSABLE, { onTrailer: (t) => (trailer = t) }).done
+      expect(r.error).toBeInstanceOf(ClientError)
+      const e = r.error as ClientError
+      // the stream's error event (the 200 was sent): the engine's type and words
+      expect([Status[e.code], e.details]).toEqual([
+        "INTERNAL",
+        "engine failed mid-stream (server_error): The model produced output that does not match the expected Content-only format"
+      ])
+      expect([trailer.get("cgn-reason"), trailer.get("cgn-retryable")]).toEqual(["engine_output", "false"])
+    }
+    // three such failures in a row, with engine.failed_calls_unhealthy = 2: still ready, and still serving
+    expect((await fetch(`${agent.adminUrl}/readyz`)).status).toBe(200)
+    const ok = await generate(client, { prompt: "the quick", sampling: { maxTokens: 4 } }).done
+    expect([ok.error, ok.final?.finishReason]).toEqual([undefined, "length"])
   })
 })
 

@@ -17,7 +17,7 @@ import {
   type JsonObject,
   type RequestOptions
 } from "../../services/engine/EngineClient.ts"
-import { httpError } from "../../services/engine/EngineErrors.ts"
+import { httpError, markOutputFault } from "../../services/engine/EngineErrors.ts"
 import { loadSignals } from "../../services/engine/PromText.ts"
 import { engineFor } from "./backends/index.ts"
 import { bodyText, Exchange, MAX_ERROR_BODY_BYTES, MAX_WHOLE_BODY_BYTES, transportError } from "./exchange.ts"
@@ -201,13 +201,20 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
       return Effect.sync(() => ex.close(ex.sawDone))
     })
 
-  const streamTo = (
+  const exchangeTo = (
     path: CompletionPath,
     body: JsonObject,
     opts: ExchangeOptions | undefined,
     sink: ChunkSink
   ): Effect.Effect<void, EngineError> =>
     opts?.stream === false ? wholeTo(path, body, opts, sink) : sseTo(path, body, opts, sink)
+  // an engine whose errors can say that one request's output failed, not the engine: marked so here, where the kind is
+  const outputFaults = engineFor(plan.kind).capabilities.outputFaults
+  const streamTo: typeof exchangeTo =
+    outputFaults === undefined
+      ? exchangeTo
+      : (path, body, opts, sink) =>
+          Effect.mapError(exchangeTo(path, body, opts, sink), (e) => markOutputFault(e, outputFaults))
 
   const control = (url: string): Effect.Effect<string, EngineError> =>
     getText(agent, url, controlTimeout, plan.authorization)

@@ -124,6 +124,12 @@ export interface EngineCapabilities {
     readonly flags: ReadonlyArray<string>
     readonly env: ReadonlyArray<string>
   }
+  /**
+   * How the engine's error messages begin where it could not make an answer of what the model generated for that one
+   * request (the request and the engine are fine; the output was not): such a failure is the request's, not the
+   * node's (EngineErrors.ts markOutputFault; services/grpc/GrpcStatus.ts). Absent: the engine has none known.
+   */
+  readonly outputFaults?: ReadonlyArray<string>
 }
 
 /**

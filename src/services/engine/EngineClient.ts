@@ -58,7 +58,12 @@ export class EngineError extends Schema.TaggedError<EngineError>()("EngineError"
   /** The engine's error type, e.g. `BadRequestError`, `invalid_request_error`. */
   engineType: Schema.optionalKey(Schema.String),
   /** The engine's error code when it is not the HTTP status. */
-  engineCode: Schema.optionalKey(Schema.String)
+  engineCode: Schema.optionalKey(Schema.String),
+  /**
+   * "output": the engine could not make an answer of what the model generated for this request (its backend's
+   * `capabilities.outputFaults`), whatever its status: a failure of this request's output, not of the engine.
+   */
+  fault: Schema.optionalKey(Schema.Literal("output"))
 }) {}
 
 /** Receives an exchange's objects on the network read that brought them (see `streamTo`). */

@@ -102,6 +102,21 @@ const codeFields = (d: ErrorDetail, status: number | undefined) => {
   return fields
 }
 
+/** `e` marked as an output fault when its message begins as one of the engine's (`capabilities.outputFaults`). */
+export const markOutputFault = (e: EngineError, prefixes: ReadonlyArray<string>): EngineError =>
+  e.reason !== "Http" && e.reason !== "Stream"
+    ? e
+    : prefixes.some((p) => e.message.startsWith(p))
+      ? new EngineError({
+          reason: e.reason,
+          message: e.message,
+          ...(e.status === undefined ? {} : { status: e.status }),
+          ...(e.engineType === undefined ? {} : { engineType: e.engineType }),
+          ...(e.engineCode === undefined ? {} : { engineCode: e.engineCode }),
+          fault: "output"
+        })
+      : e
+
 /** An HTTP error status with its body. */
 export const httpError = (status: number, body: string): EngineError => {
   const d = errorDetailOfBody(body, status)

@@ -145,7 +145,8 @@ const engineRetryable = (code: Status): boolean =>
 export const engineFailure = (e: EngineError): GrpcFailure => {
   const trailers: Record<string, string> = {
     "cgn-error-source": "engine",
-    "cgn-reason": `engine_${e.reason.toLowerCase()}`,
+    // an output fault is the request's, whatever the engine's status (EngineError.fault)
+    "cgn-reason": e.fault === "output" ? "engine_output" : `engine_${e.reason.toLowerCase()}`,
     "cgn-engine-reason": e.reason,
     "cgn-engine-message": asciiTrailer(e.message)
   }
@@ -153,6 +154,10 @@ export const engineFailure = (e: EngineError): GrpcFailure => {
   if (e.engineType !== undefined) trailers["cgn-engine-type"] = asciiTrailer(e.engineType)
   if (e.engineCode !== undefined) trailers["cgn-engine-code"] = asciiTrailer(e.engineCode)
   const type = e.engineType === undefined ? "" : ` (${e.engineType})`
+  // An output fault: the engine is fine and the same request would fail so on another node (at temperature 0, every
+  // time): INTERNAL, the engine's error, not retried elsewhere and not counted against the node (engineFailedCall).
+  if (e.fault === "output")
+    return { code: Status.INTERNAL, message: `${engineWhat(e)}${type}: ${e.message}`, trailers, retryElsewhere: false }
   const code = engineErrorCode(e)
   const retryElsewhere = engineRetryable(code) && e.status !== 413
   return { code, message: `${engineWhat(e)}${type}: ${e.message}`, trailers, retryElsewhere }

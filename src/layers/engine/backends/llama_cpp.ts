@@ -51,6 +51,11 @@ export const llamaCpp: Engine = {
     modelSettings: ["max_model_len"],
     // `-a` is a comma-separated list of aliases (llama.cpp `common/arg.cpp`, `--alias`).
     servedNameForbids: { chars: ",", why: "llama-server splits -a on commas into several aliases" },
+    // common_chat_parse (common/chat.cpp) throws when the model's output does not parse in the request's chat
+    // format, plain completions' "Content-only" too (a lone UTF-8 continuation byte generated does it), and the
+    // server answers 500 server_error, or an error event mid-stream: the same request fails so on any node at
+    // temperature 0, and the engine serves every other request.
+    outputFaults: ["The model produced output that does not match the expected "],
     // llama-server's request schema (tools/server/server-schema.cpp): the repetition penalty is `repeat_penalty`
     // (a `repetition_penalty` field is ignored, silently), and `seed` is a uint32_t whose 0xFFFFFFFF is
     // LLAMA_DEFAULT_SEED, "use a random seed" (include/llama.h); larger values keep only their low 32 bits.
