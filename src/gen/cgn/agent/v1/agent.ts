@@ -161,7 +161,9 @@ export interface GenerateDelta {
   /**
    * Engine stream chunks whose text this delta carries (>= 1): one per decode step, usually one token each.
    * Not an exact token count: a step may carry several tokens (speculative decoding), and a step whose text the
-   * engine holds back (vLLM while a stop string may be matching) counts for nothing, its text coming later.
+   * engine holds back (while a stop string may be matching) counts for nothing, its text coming later, or never:
+   * vLLM sends what it held when the request finishes; llama-server drops it when the call ends on its length
+   * (tools/server/server-context.cpp sends a partial stop match only once it is ruled out).
    * GenerateFinal.usage.completion_tokens is the exact count, where the engine reports usage.
    */
   tokens: number;
