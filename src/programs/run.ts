@@ -21,7 +21,7 @@ import { runDaemon } from "./main.ts"
  */
 const stateDirRefused = (c: AgentConfig) =>
   Effect.gen(function* () {
-    if (!engineFor(c.engine.kind).render(c).spawns) return
+    if (!engineFor(c.engine.kind).capabilities.spawns) return
     const found = yield* Effect.promise(() => stateDirProblem(c.agent.state_dir, process.cwd())).pipe(
       Effect.timeoutOption(10_000)
     )

@@ -14,6 +14,7 @@ import {
   EngineClient,
   EngineError,
   type ExchangeOptions,
+  isJsonObject,
   type JsonObject,
   type RequestOptions
 } from "../../services/engine/EngineClient.ts"
@@ -150,7 +151,7 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
     if (status >= 400) return Effect.fail(httpError(status, text))
     try {
       const v: unknown = JSON.parse(text)
-      if (typeof v === "object" && v !== null && !Array.isArray(v)) return Effect.succeed(v as JsonObject)
+      if (isJsonObject(v)) return Effect.succeed(v)
     } catch {
       // reported below
     }

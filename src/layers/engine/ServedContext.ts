@@ -10,12 +10,13 @@
  * let calls be cut short); for an engine the agent runs the figure only changes with a new run, and the GET is cheap.
  * A re-read that fails keeps the last figure (only the engine's answer changes it).
  */
-import { Effect, Layer, Ref, Stream } from "effect"
+import { Effect, Layer, Random, Ref, Stream } from "effect"
 import { getGlobalDispatcher } from "undici"
 import { Config } from "../../services/config/Config.ts"
 import type { ServedContextSource } from "../../services/engine/Engine.ts"
 import { EngineProcess, type EngineState } from "../../services/engine/EngineProcess.ts"
 import { ServedContext, servedContextOf } from "../../services/engine/ServedContext.ts"
+import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
 import { formatPath } from "../config/Config.ts"
 import { engineFor } from "./backends/index.ts"
 import { getText } from "./EngineClient.ts"
@@ -92,10 +93,11 @@ export const layerWith = (options: {
         })
 
       // Read again after a failed read (an engine slow to answer under load, a proxied server not up yet), 1 s doubling
-      // to 30 s, for as long as the Ready period lasts: one failed read must not leave the configured value for the run.
+      // to 30 s (the shared backoff), for as long as the Ready period lasts: one failed read must not leave the
+      // configured value for the run.
       const readUntilSaid = Effect.gen(function* () {
-        for (let delayMs = 1_000; !(yield* read(false)); delayMs = Math.min(delayMs * 2, 30_000))
-          yield* Effect.sleep(delayMs)
+        for (let failures = 1; !(yield* read(false)); failures++)
+          yield* Effect.sleep(jitteredBackoffMs(failures, 30_000, yield* Random.next, 1_000))
         for (;;) {
           yield* Effect.sleep(rereadMs)
           yield* read(true)

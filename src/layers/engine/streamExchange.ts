@@ -6,7 +6,7 @@
  */
 import type { Dispatcher } from "undici"
 import { ChunkDecoder } from "../../services/engine/ChunkDecoder.ts"
-import { type ChunkSink, EngineError, type JsonObject } from "../../services/engine/EngineClient.ts"
+import { type ChunkSink, EngineError, isJsonObject, type JsonObject } from "../../services/engine/EngineClient.ts"
 import {
   errorDetailOfBody,
   httpError,
@@ -183,15 +183,15 @@ export class StreamExchange implements Dispatcher.DispatchHandler {
             : protocolError("SSE data is not JSON", data)
         break
       }
-      if (typeof v !== "object" || v === null || Array.isArray(v)) {
+      if (!isJsonObject(v)) {
         failure = protocolError("SSE data is not an object", data)
         break
       }
-      if (isErrorChunk(v as JsonObject)) {
+      if (isErrorChunk(v)) {
         failure = streamError(v)
         break
       }
-      out.push(v as JsonObject)
+      out.push(v)
     }
     // Objects before an error or [DONE] are delivered first, as the engine sent them. A sink that throws could
     // not read them: that ends the exchange INTERNAL with the reason, not as a stream the engine broke off.

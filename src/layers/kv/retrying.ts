@@ -8,7 +8,7 @@
  * dropped after hours of a quiet engine is a new outage, retried from the base delay, not the next failure of a
  * series that ended long ago. The kvcached link says itself when it made progress instead.
  */
-import { Cause, Clock, Effect, SchemaIssue } from "effect"
+import { Cause, Clock, Effect, Random, SchemaIssue } from "effect"
 import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
 
 export interface RetryOptions<E, R> {
@@ -79,7 +79,7 @@ export const retryForever = <E, R>(o: RetryOptions<E, R>): Effect.Effect<never, 
       const exit = yield* Effect.exit(o.attempt(progressed))
       if (o.longAttemptIsProgress !== false && (yield* Clock.currentTimeMillis) - startedAt >= o.capMs) failures = 0
       failures++
-      const retryInMs = jitteredBackoffMs(failures, o.capMs, Math.random())
+      const retryInMs = jitteredBackoffMs(failures, o.capMs, yield* Random.next)
       yield* o.onFailure(message(exit._tag === "Failure" ? Cause.squash(exit.cause) : exit), failures, retryInMs)
       yield* Effect.sleep(retryInMs)
     }

@@ -151,6 +151,7 @@ export const etcdOptions = Effect.fnUntraced(function* (
       // trips away never connected; a call's own deadline lets a slow one in and still fails a dead one.
       "grpc.min_reconnect_backoff_ms": options.callTimeoutMs
     },
+    // a gRPC deadline is a wall-clock instant (grpc-js reads it against Date.now), taken when grpc-js starts the call
     defaultCallOptions: (ctx) => (ctx.isStream ? {} : { deadline: Date.now() + options.callTimeoutMs })
   }
   return result

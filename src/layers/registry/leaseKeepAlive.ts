@@ -22,6 +22,7 @@ export const keepAliveOnce = (
       resume(e)
     }
     leaseClient
+      // a gRPC deadline is a wall-clock instant (grpc-js reads it against Date.now), not a span on Effect's Clock
       .leaseKeepAlive({ deadline: Date.now() + callTimeoutMs })
       .then((stream) => {
         const close = () => {

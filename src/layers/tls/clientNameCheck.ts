@@ -28,11 +28,14 @@ export const effectLog =
   (warn, line, fields) =>
     void run(warn ? Effect.logWarning(line, fields) : Effect.logDebug(line, fields))
 
-/** The check for a non-empty list; `now` is the clock of the rate limit (tests). */
+/**
+ * The check for a non-empty list; `now` is the clock of the rate limit (tests), monotonic as guardReport.ts's: a wall
+ * clock stepped back would hold a window open. Called in the TLS handshake's callback, off Effect, like the guard.
+ */
 export const makeClientNameCheck = (
   names: ReadonlyArray<string>,
   log: RefusalLog,
-  now: () => number = Date.now
+  now: () => number = () => performance.now()
 ): ClientNameChecking => {
   const allowlist = new ClientNameAllowlist(names)
   const gate = new RateLimitedLog()
