@@ -621,7 +621,11 @@ describe("restarts", () => {
       [false, false, true, true, true, true, ...seen.slice(6).map(() => true)]
     )
     assert.match(seen[2]?.failing ?? "", /^engine failing: 3 runs in a row .*ENOENT/)
-    for (const x of seen.slice(3)) assert.isAtMost(x.nextAt - x.lastExit.endedAt, 300 + 50)
+    // each delay as the supervisor chose it (nextAt counts from when it chose, after the exit: load would stretch it)
+    const delays = h.logs.flatMap((l) => /restart attempt (\d+) in (\d+) ms/.exec(l)?.slice(1).map(Number) ?? [])
+    assert.isAtLeast(delays.length, 12)
+    assert.deepStrictEqual(delays.slice(0, 6), [1, 100, 2, 200, 3, 300])
+    for (let i = 6; i < delays.length; i += 2) assert.strictEqual(delays[i + 1], 300, `attempt ${delays[i]}`)
     // Between attempts the next run's Starting keeps the mark: the node never looks merely "starting" again.
     assert.isTrue(h.states.some((x) => x._tag === "Starting" && x.run >= 3 && x.failing !== undefined))
     assert.isTrue(
