@@ -4,10 +4,12 @@
  * refusal (the admin port's is one, layers/admin/Admin.ts requireAdminToken): the default listen_grpc is such a port,
  * and a host firewall in front of it is a sound setup the agent cannot see. The advice is the README's
  * (agent.listen_grpc): a NetworkPolicy does not restrict a hostNetwork pod (examples/k8s) in most CNIs, and means
- * nothing on a bare host. And engine.api_key sent over plain HTTP to another host (a proxied server).
+ * nothing on a bare host. And engine.api_key sent over plain HTTP to another host (a proxied server), or too short
+ * to be kept out of the engine's output.
  */
 import { engineFor } from "../layers/engine/backends/index.ts"
 import type { AgentConfig } from "../services/config/Config.ts"
+import { MIN_SCRUBBED_LENGTH } from "../services/engine/LineRedactor.ts"
 import { isLoopbackHost, splitHostPort } from "../services/net/HostPort.ts"
 
 /** The warning, or undefined when gRPC is on loopback or needs mTLS. */
@@ -35,6 +37,21 @@ export const plaintextEngineKeyWarning = (c: AgentConfig): string | undefined =>
   )
 }
 
+/**
+ * The warning for an engine.api_key too short to be scrubbed from the engine's output: values under
+ * MIN_SCRUBBED_LENGTH are left in the lines the agent logs and keeps for /status (a spawned engine that prints its
+ * settings prints the key). Not a refusal: the engine takes any key, and a short one may be a test's.
+ */
+export const shortEngineKeyWarning = (c: AgentConfig): string | undefined => {
+  const key = c.engine.api_key
+  if (key === undefined || key.length >= MIN_SCRUBBED_LENGTH) return undefined
+  return (
+    `engine.api_key is ${key.length} character${key.length === 1 ? "" : "s"}: guessable, and too short to be told ` +
+    `from other text, so not scrubbed from the engine's output (values of ${MIN_SCRUBBED_LENGTH} characters or more ` +
+    "are); use a long random key"
+  )
+}
+
 /** Every warning above that applies. */
 export const exposureWarnings = (c: AgentConfig): ReadonlyArray<string> =>
-  [plaintextGrpcWarning(c), plaintextEngineKeyWarning(c)].filter((w) => w !== undefined)
+  [plaintextGrpcWarning(c), plaintextEngineKeyWarning(c), shortEngineKeyWarning(c)].filter((w) => w !== undefined)

@@ -10,7 +10,7 @@ import { afterAll, describe, expect, it } from "vitest"
 import { decodeConfig } from "../../src/layers/config/Config.ts"
 import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import { summarize } from "../../src/programs/check.ts"
-import { plaintextEngineKeyWarning, plaintextGrpcWarning } from "../../src/programs/exposure.ts"
+import { plaintextEngineKeyWarning, plaintextGrpcWarning, shortEngineKeyWarning } from "../../src/programs/exposure.ts"
 import { commandProblem, kvbmHasTier } from "../../src/programs/hostChecks.ts"
 import { pathProblem } from "../../src/programs/modelPath.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"
@@ -607,6 +607,25 @@ describe("check finds on the host what run would find only by failing", () => {
     const r = await runCli(["check", "--offline", "--config", file])
     expect(r.code, r.stderr).toBe(0)
     expect(r.stderr).toContain("warning: engine.api_key goes to 10.0.3.7:8000 (engine.url) over plain HTTP")
+  })
+
+  it("an engine.api_key under 6 characters is warned of (not scrubbed from the engine's output); 6 is not", async () => {
+    const keyed = (key: string) => load(`[engine]\napi_key = "${key}"\n[models.m]\nhf_repo = "a/b"\n`)
+    expect(shortEngineKeyWarning(keyed("k"))).toBe(
+      "engine.api_key is 1 character: guessable, and too short to be told from other text, so not scrubbed from the " +
+        "engine's output (values of 6 characters or more are); use a long random key"
+    )
+    expect(shortEngineKeyWarning(keyed("12345"))).toMatch(/^engine\.api_key is 5 characters: /)
+    expect(shortEngineKeyWarning(keyed("123456"))).toBeUndefined()
+    expect(shortEngineKeyWarning(load('[models.m]\nhf_repo = "a/b"\n'))).toBeUndefined()
+    const file = path.join(dir, "key-short.toml")
+    fs.writeFileSync(
+      file,
+      `[agent]\nlisten_grpc = "127.0.0.1:7071"\nstate_dir = "${dir}/state"\n[engine]\napi_key = "abc"\n[models.m]\nhf_repo = "a/b"\n`
+    )
+    const r = await runCli(["check", "--offline", "--config", file])
+    expect(r.code, r.stderr).toBe(0)
+    expect(r.stderr).toContain("warning: engine.api_key is 3 characters: guessable")
   })
 
   it('kv_offload = "kvbm" with no cache tier: exit 2 naming the keys; a tier in [engine].env will do', async () => {
