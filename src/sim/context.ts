@@ -11,6 +11,7 @@ import { llamaSlotContext } from "./llamaContext.ts"
 import { Bootstrap, SideChannel } from "./pd.ts"
 import { type Balancer, Engines, KvCaches } from "./ranks.ts"
 import type { Flavor, SimConfig } from "./simConfig.ts"
+import { readSpmVocab } from "./spmVocab.ts"
 import { Stats } from "./stats.ts"
 import { prng } from "./tokens.ts"
 import { Core } from "./wedge.ts"
@@ -83,7 +84,8 @@ export const hasPdConnector = (cfg: SimConfig): boolean => {
 const withTrainingContext = (cfg: SimConfig): SimConfig => {
   const nCtxTrain = cfg.llamaContext === undefined ? undefined : ggufContextLength(cfg.model)
   if (cfg.llamaContext === undefined || nCtxTrain === undefined) return cfg
-  return { ...cfg, nCtxTrain, slotContext: llamaSlotContext(cfg.llamaContext, nCtxTrain) }
+  const vocab = readSpmVocab(cfg.model)
+  return { ...cfg, nCtxTrain, slotContext: llamaSlotContext(cfg.llamaContext, nCtxTrain), vocab }
 }
 
 export const makeContext = (

@@ -18,7 +18,7 @@ import { RequestSlots } from "./requestSlots.ts"
 import { LlamaStops, type SeqEvent, sequenceEvents } from "./sequences.ts"
 import { pingUntil } from "./ssePing.ts"
 import { stopMatcher } from "./stopRules.ts"
-import { plan, prng, tokenId } from "./tokens.ts"
+import { plan, prng, promptSeed, tokenId } from "./tokens.ts"
 import type { Core } from "./wedge.ts"
 
 /** Tokens written per event-loop turn when there is no inter-token latency. */
@@ -148,8 +148,11 @@ export const generate = async (
   // The fake sender (SGLang's own warm-up) hands nothing to the bootstrap server.
   if (sglangPrefill && gr.bootstrap?.fake === false) ctx.bootstrap?.complete(gr.bootstrap.room)
 
-  const rand = (q: Sequence) => (q.seed === undefined ? ctx.rand : prng(q.seed))
-  const plans = gr.sequences.map((q) => plan(cfg.mode, q.words, sglangPrefill ? 1 : q.maxTokens, rand(q), gr.ignoreEos))
+  const rand = (q: Sequence) =>
+    gr.greedy === true ? prng(promptSeed(q.tokens ?? q.words)) : q.seed === undefined ? ctx.rand : prng(q.seed)
+  const llama = cfg.flavor === "llama_cpp"
+  const maxOf = (q: Sequence) => (sglangPrefill ? 1 : q.maxTokens)
+  const plans = gr.sequences.map((q) => plan(cfg.mode, q.words, maxOf(q), rand(q), gr.ignoreEos, llama))
   const model = gr.echoModel ?? cfg.servedName
   const created = Math.floor(Date.now() / 1000)
   let last = performance.now()

@@ -4,11 +4,24 @@
 import * as fs from "node:fs"
 
 /** GGUF value types (ggml/include/gguf.h enum gguf_type) and the fixed sizes of the scalar ones. */
-const SCALAR_SIZE: Record<number, number> = { 0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8 }
-const STRING = 8
-const ARRAY = 9
+export const SCALAR_SIZE: Record<number, number> = {
+  0: 1,
+  1: 1,
+  2: 2,
+  3: 2,
+  4: 4,
+  5: 4,
+  6: 4,
+  7: 1,
+  10: 8,
+  11: 8,
+  12: 8
+}
+export const STRING = 8
+export const ARRAY = 9
 
-class Reader {
+/** A GGUF header reader (readGgufHeader hands one out): reads a window of the file at a time. */
+export class Reader {
   private buf = Buffer.alloc(0)
   private start = 0
   private pos = 0
@@ -46,6 +59,12 @@ class Reader {
     this.pos += n
     return s
   }
+  f32(): number {
+    this.need(4)
+    const v = this.buf.readFloatLE(this.pos - this.start)
+    this.pos += 4
+    return v
+  }
   skip(n: number): void {
     this.pos += n
   }
@@ -75,8 +94,11 @@ class Reader {
   }
 }
 
-/** The model's `<general.architecture>.context_length`, or undefined when the file is missing or no GGUF. */
-export const ggufContextLength = (file: string): number | undefined => {
+/**
+ * Opens `file` and runs `read` over its metadata: the reader at the first key and the number of key/value pairs
+ * (`read` reads or skips each). undefined when the file is missing, is no GGUF, or ends early; closed in every case.
+ */
+export const readGgufHeader = <T>(file: string, read: (r: Reader, kvs: number) => T | undefined): T | undefined => {
   let fd: number
   try {
     fd = fs.openSync(file, "r")
@@ -88,7 +110,17 @@ export const ggufContextLength = (file: string): number | undefined => {
     if (r.u32() !== 0x46554747) return undefined // "GGUF", little-endian
     r.u32() // version
     r.u64() // tensor count
-    const kvs = r.u64()
+    return read(r, r.u64())
+  } catch {
+    return undefined
+  } finally {
+    fs.closeSync(fd)
+  }
+}
+
+/** The model's `<general.architecture>.context_length`, or undefined when the file is missing or no GGUF. */
+export const ggufContextLength = (file: string): number | undefined =>
+  readGgufHeader(file, (r, kvs) => {
     let arch: string | undefined
     const lengths = new Map<string, number>()
     for (let i = 0; i < kvs; i++) {
@@ -101,9 +133,4 @@ export const ggufContextLength = (file: string): number | undefined => {
       if (found !== undefined) return found
     }
     return undefined
-  } catch {
-    return undefined
-  } finally {
-    fs.closeSync(fd)
-  }
-}
+  })

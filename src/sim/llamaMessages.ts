@@ -90,13 +90,15 @@ export const llamaMessages = (body: unknown): (LlamaPrompt & Pick<ChatPrompt, "t
 
 /**
  * A chat ending with the assistant's message is continued (--prefill-assistant, on by default): its text leads the
- * answer, neither counted nor looked at for stop strings. The simulator's words have no leading space: one is added.
+ * answer as it is, neither counted nor looked at for stop strings; the first generated word brings its own space
+ * (measured: "The" then " will" is "The will"). The echo mode's first word has none (not a real engine's): one is
+ * added there.
  */
-export const llamaAssistantPrefill = (body: unknown): { readonly assistantPrefill?: string } => {
+export const llamaAssistantPrefill = (body: unknown, echo = false): { readonly assistantPrefill?: string } => {
   const messages = (body as { messages?: unknown }).messages
   const last = Array.isArray(messages) ? (messages.at(-1) as { role?: unknown; content?: unknown }) : undefined
   if (last?.role !== "assistant" || typeof last.content !== "string" || last.content === "") return {}
-  return { assistantPrefill: /\s$/.test(last.content) ? last.content : `${last.content} ` }
+  return { assistantPrefill: !echo || /\s$/.test(last.content) ? last.content : `${last.content} ` }
 }
 
 /**

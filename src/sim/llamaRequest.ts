@@ -18,11 +18,9 @@ import {
   samplers,
   stop,
   stringField,
-  typeError,
-  typeName
+  typeError
 } from "./llamaFields.ts"
 import { type CppType, clampFloat, cppString, cppValue } from "./llamaNumbers.ts"
-import { words } from "./tokens.ts"
 
 export { typeError }
 
@@ -39,8 +37,6 @@ export interface LlamaPrompt {
 
 /** The BOS token's piece, which llama-server puts before a text (tokenize_mixed with add_special), not token ids. */
 export const BOS = "<s>"
-
-const asPrompt = (w: ReadonlyArray<string>, bos: boolean): LlamaPrompt => ({ words: w, tokens: bos ? [BOS, ...w] : w })
 
 /** The token ids of a completion prompt: integers in it, or in its sub-prompts. */
 export const promptIds = (prompt: unknown): Array<number> =>
@@ -68,6 +64,8 @@ export interface LlamaParams {
   readonly timingsPerToken: boolean
   /** `grammar` when a non-empty string: parsed when a slot takes the task (grammarParses), not here. */
   readonly grammar: string | undefined
+  /** Greedy sampling: `temperature` <= 0, or `top_k` 1 without mirostat (the same prompt, the same text). */
+  readonly greedy: boolean
 }
 
 const I32 = 2147483647
@@ -248,54 +246,11 @@ export const llamaParams = (
     nProbs: (values.get("n_probs") as number | undefined) ?? 0,
     postSamplingProbs: values.get("post_sampling_probs") === true,
     timingsPerToken: values.get("timings_per_token") === true,
-    grammar: values.get("grammar") as string | undefined
+    grammar: values.get("grammar") as string | undefined,
+    // ggml-org/llama.cpp src/llama-sampler.cpp llama_sampler_temp_impl: temp <= 0 keeps the top logit alone; top_k 1
+    // does the same in the chain common/sampling.cpp common_sampler_init builds (not read under mirostat)
+    greedy:
+      ((values.get("temperature") as number | undefined) ?? 0.8) <= 0 ||
+      ((values.get("top_k") as number | undefined) === 1 && ((values.get("mirostat") as number | undefined) ?? 0) === 0)
   }
-}
-
-const PROMPT_ELEMENTS =
-  '"prompt" elements must be a string, a list of tokens, a JSON object containing a prompt string, or a list of mixed strings & tokens.'
-
-const isInt = (v: unknown): boolean => typeof v === "number" && Number.isInteger(v)
-
-/** One sub-prompt (tokenize_input_subprompt): a string, token ids, strings and ids mixed, or {prompt_string}. */
-const subPrompt = (p: unknown): LlamaPrompt | undefined => {
-  if (typeof p === "string") return asPrompt(words(p), true)
-  if (Array.isArray(p)) {
-    if (p.length > 0 && p.every(isInt)) return asPrompt(p.map(String), false)
-    const mixed =
-      p.every((x) => isInt(x) || typeof x === "string") && p.some(isInt) && p.some((x) => typeof x === "string")
-    if (mixed)
-      return asPrompt(
-        p.flatMap((x) => (typeof x === "string" ? words(x) : [String(x)])),
-        typeof p[0] === "string"
-      )
-    if (p.length === 0) return asPrompt([], false)
-  }
-  if (typeof p === "object" && p !== null && !Array.isArray(p) && "prompt_string" in p) {
-    const s = (p as { prompt_string: unknown }).prompt_string
-    return typeof s === "string" ? asPrompt(words(s), true) : undefined
-  }
-  return undefined
-}
-
-/**
- * /v1/completions' prompts (tokenize_input_prompts): an array with no integer in it is several prompts, each
- * answered (times `n`) as its own choice; anything else is one. A body that is no object fails at
- * `data.at("prompt")`, as nlohmann words it.
- */
-export const llamaPrompts = (body: unknown): Array<LlamaPrompt> | LlamaInvalid => {
-  if (typeof body !== "object" || body === null || Array.isArray(body)) {
-    return { status: 400, message: `[json.exception.type_error.304] cannot use at() with ${typeName(body)}` }
-  }
-  if (!("prompt" in body)) return { status: 400, message: "[json.exception.out_of_range.403] key 'prompt' not found" }
-  const prompt = (body as { prompt: unknown }).prompt
-  const many = Array.isArray(prompt) && !prompt.some(isInt)
-  const out: Array<LlamaPrompt> = []
-  for (const p of many ? (prompt as Array<unknown>) : [prompt]) {
-    const one = subPrompt(p)
-    if (one === undefined) return { status: 400, message: PROMPT_ELEMENTS }
-    out.push(one)
-  }
-  if (out.length === 0) return { status: 400, message: '"prompt" must not be empty' }
-  return out
 }

@@ -4,13 +4,11 @@
 import type { Endpoint, Usage } from "./chunks.ts"
 import { contextRefusal } from "./contextLimit.ts"
 import { bodyDpRank } from "./dpPin.ts"
-import { grammarParses } from "./llamaGrammar.ts"
-import { llamaAssistantPrefill, llamaChatProbs, llamaMessages } from "./llamaMessages.ts"
-import { type LlamaOut, llamaOut } from "./llamaOut.ts"
-import { type LlamaInvalid, type LlamaPrompt, llamaParams, llamaPrompts, promptIds } from "./llamaRequest.ts"
-import { earlyRefusal, type Invalid, samplingRefusal } from "./requestChecks.ts"
+import type { LlamaOut } from "./llamaOut.ts"
+import { validateLlama } from "./llamaValidate.ts"
+import { earlyRefusal, greedySampling, type Invalid, samplingRefusal } from "./requestChecks.ts"
 import type { SimConfig } from "./simConfig.ts"
-import { N_VOCAB, words } from "./tokens.ts"
+import { words } from "./tokens.ts"
 
 /**
  * The bootstrap host SGLang's own warm-up and /health_generate send a prefill or decode server for a request with
@@ -39,6 +37,8 @@ export interface GenRequest {
   readonly stream: boolean
   readonly includeUsage: boolean
   readonly seed: number | undefined
+  /** Greedy sampling (requestChecks.ts greedySampling): its text is the prompt's own, whatever the seed. */
+  readonly greedy?: boolean
   /** vLLM/SGLang `cache_salt`: the prompt's KV blocks hash apart from other salts'. */
   readonly cacheSalt: string | undefined
   readonly kvTransferParams: Record<string, unknown> | undefined
@@ -207,6 +207,7 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
     // without it too (python/sglang/srt/entrypoints/openai/utils.py should_include_usage); mlx-lm has no such option
     continuousUsage: continuousStats && (cfg.flavor === "sglang" || (cfg.flavor === "vllm" && includeUsage)),
     seed,
+    greedy: greedySampling(cfg, b),
     cacheSalt: typeof b.cache_salt === "string" && b.cache_salt !== "" ? b.cache_salt : undefined,
     kvTransferParams: typeof kvp === "object" && kvp !== null ? (kvp as Record<string, unknown>) : undefined,
     ignoreEos: cfg.flavor !== "mlx" && b.ignore_eos === true,
@@ -217,90 +218,6 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
     noStopTrim: cfg.flavor === "sglang" && b.no_stop_trim === true,
     routedDpRank: bodyDpRank(cfg.flavor, b),
     ...(cfg.flavor === "sglang" && typeof b.model === "string" ? { echoModel: b.model } : {})
-  }
-}
-
-/**
- * llama-server's context when -c is not given is the model's own. The simulator has none: it checks no prompt
- * then, and ends generation at this many tokens (what its /props reports).
- */
-const LLAMA_DEFAULT_CTX = 4096
-
-const invalid = (e: LlamaInvalid): Invalid => ({ status: e.status, message: e.message, param: null })
-
-/** What llama-server's refusals from common_sampler_init begin with (server-context.cpp launch_slot_with_task). */
-const SAMPLER_INIT = "Failed to initialize samplers: "
-
-/**
- * llama-server: the prompts (or messages), then every field of the schema (llamaRequest.ts), then a slot's launch,
- * then, per prompt, its length against a slot's context (with its BOS; tools/server/server-context.cpp,
- * ERROR_TYPE_EXCEED_CONTEXT_SIZE). The request's `model` is not looked at. Generation stops at `n_predict`
- * (0 still makes one token: the budget is checked after a token, server-context.cpp process_token) or when
- * prompt and output fill the slot's context ("length"), whichever comes first; -1 or none: the latter.
- */
-const validateLlama = (cfg: SimConfig, endpoint: Endpoint, body: unknown): GenRequest | Invalid => {
-  let prompts: Array<LlamaPrompt>
-  let chatProbs: number | undefined
-  if (endpoint === "chat") {
-    const m = llamaMessages(body)
-    if ("status" in m) return invalid(m)
-    prompts = [m]
-    // refused by llamaMessages where bad
-    const probs = llamaChatProbs(body)
-    chatProbs = typeof probs === "number" ? probs : undefined
-  } else {
-    const p = llamaPrompts(body)
-    if (!Array.isArray(p)) return invalid(p)
-    prompts = p
-  }
-  const params = llamaParams(body as Record<string, unknown>, cfg.maxSeqs, endpoint === "chat")
-  // the fields' refusals first; a slot's launch (server-context.cpp launch_slot_with_task) then refuses a token id
-  // outside the vocabulary (task.tokens.validate), then common_sampler_init its penalties (llamaParams), its grammar
-  if ("status" in params && !params.message.startsWith(SAMPLER_INIT)) return invalid(params)
-  if (endpoint === "completion" && promptIds((body as { prompt?: unknown }).prompt).some((t) => t < 0 || t >= N_VOCAB))
-    return { status: 400, message: "Prompt contains invalid tokens", param: null }
-  if ("status" in params) return invalid(params)
-  if (params.grammar !== undefined && !grammarParses(params.grammar))
-    return { status: 400, message: `${SAMPLER_INIT}failed to parse grammar`, param: null }
-  const ctxLen = cfg.slotContext ?? LLAMA_DEFAULT_CTX
-  const sequences: Array<Sequence> = []
-  for (const p of prompts) {
-    const n = p.tokens.length
-    if (cfg.slotContext !== undefined && n >= ctxLen) {
-      const message = `request (${n} tokens) exceeds the available context size (${ctxLen} tokens), try increasing it`
-      const error = { code: 400, message, type: "exceed_context_size_error", n_prompt_tokens: n, n_ctx: ctxLen }
-      return { status: 400, message, param: null, body: { error } }
-    }
-    const room = Math.max(1, ctxLen - n)
-    const maxTokens = params.nPredict < 0 ? room : Math.min(Math.max(1, params.nPredict), room)
-    // Each further completion of a prompt samples with the seed + its number (server-task.h add_child).
-    for (let j = 0; j < params.nCmpl; j++) {
-      const seed = params.seed === undefined ? undefined : (params.seed + j) >>> 0
-      sequences.push({ words: p.words, tokens: p.tokens, promptTokens: n, maxTokens, seed })
-    }
-  }
-  const first = sequences[0] as Sequence
-  return {
-    endpoint,
-    promptWords: first.tokens ?? first.words,
-    maxTokens: first.maxTokens,
-    stream: params.stream,
-    includeUsage: params.includeUsage,
-    seed: params.seed,
-    cacheSalt: undefined,
-    kvTransferParams: undefined,
-    ignoreEos: params.ignoreEos,
-    bootstrap: undefined,
-    sequences,
-    stop: params.stop,
-    ...(endpoint === "chat" ? llamaAssistantPrefill(body) : {}),
-    llama: llamaOut({ params, chatProbs, slots: cfg.maxSeqs, chat: endpoint === "chat", body, prompts, sequences }),
-    ssePingMs:
-      params.ssePingInterval === undefined
-        ? cfg.ssePingMs
-        : params.ssePingInterval > 0
-          ? params.ssePingInterval * 1000
-          : undefined
   }
 }
 

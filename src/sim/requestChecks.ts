@@ -152,3 +152,15 @@ const sglangSampling = (b: Record<string, unknown>): Invalid | undefined => {
 /** The engine's sampling-parameter checks, which run once the prompt has passed its length check. */
 export const samplingRefusal = (cfg: SimConfig, b: Record<string, unknown>): Invalid | undefined =>
   cfg.flavor === "vllm" ? vllmSampling(b) : cfg.flavor === "sglang" ? sglangSampling(b) : undefined
+
+/**
+ * Whether the request samples greedily, so that the same prompt gives the same text: vLLM below its _SAMPLING_EPS
+ * 1e-5 (vllm-project/vllm vllm/sampling_params.py, SamplingParams.sampling_type GREEDY; default 1.0); SGLang below
+ * its 1e-6, which __post_init__ turns into top_k 1 (sgl-project/sglang python/sglang/srt/sampling/sampling_params.py;
+ * default 1.0); mlx-lm at 0, its argmax (ml-explore/mlx-lm mlx_lm/sample_utils.py make_sampler; the server's default
+ * --temp is 0.0). In each, top_k 1 keeps the top token alone: the same choice.
+ */
+export const greedySampling = (cfg: SimConfig, b: Record<string, unknown>): boolean => {
+  const eps = cfg.flavor === "vllm" ? 1e-5 : cfg.flavor === "sglang" ? 1e-6 : Number.MIN_VALUE
+  return num(b, "temperature", cfg.flavor === "mlx" ? 0 : 1) < eps || num(b, "top_k", 0) === 1
+}

@@ -5,6 +5,7 @@ import type { LoadBalanceMethod } from "./dpController.ts"
 import type { LlamaContextArgs } from "./llamaContext.ts"
 import type { PrefillLoss } from "./pd.ts"
 import type { SglangHealth } from "./sglangHealth.ts"
+import type { SpmVocab } from "./spmVocab.ts"
 import type { StartFailure } from "./startFailures.ts"
 
 export type Flavor = "vllm" | "sglang" | "llama_cpp" | "mlx"
@@ -30,6 +31,8 @@ export interface SimConfig {
   readonly llamaContext?: LlamaContextArgs | undefined
   /** llama_cpp: the model file's training context (ggufMeta.ts), when the file could be read. */
   readonly nCtxTrain?: number | undefined
+  /** llama_cpp: the model file's llama SentencePiece vocabulary (spmVocab.ts), which counts a prompt's tokens. */
+  readonly vocab?: SpmVocab | undefined
   readonly tensorParallel: number
   /** vLLM `--data-parallel-size`, SGLang `--dp-size`: ranks, each with its scheduler, KV cache and publisher. */
   readonly dataParallel: number

@@ -33,6 +33,16 @@ export const tokenId = (word: string): number => {
   return (h >>> 0) % N_VOCAB
 }
 
+/**
+ * The seed of a greedy request's words: its prompt's tokens (FNV-1a over their ids), so the same prompt gives the
+ * same text, as greedy sampling does in every engine (requestChecks.ts greedySampling).
+ */
+export const promptSeed = (tokens: ReadonlyArray<string>): number => {
+  let h = 0x811c9dc5
+  for (const t of tokens) h = Math.imul(h ^ tokenId(t), 0x01000193)
+  return h >>> 0
+}
+
 export interface Generation {
   /** Output tokens, each a text piece. */
   readonly tokens: ReadonlyArray<string>
@@ -42,14 +52,18 @@ export interface Generation {
 /**
  * Plans a generation: echo stops with "stop" when the prompt's words run out (the end-of-sequence token),
  * "length" when max_tokens is reached first; with `ignoreEos` (the engines' `ignore_eos`) it goes on, the
- * prompt's words again, to max_tokens. Random always runs to max_tokens ("length").
+ * prompt's words again, to max_tokens. Random always runs to max_tokens ("length"); with `firstSpace` its first word
+ * has its leading space too: llama-server's every piece is its token's text as the vocabulary has it
+ * (ggml-org/llama.cpp common/common.cpp common_token_to_piece; SentencePiece's "▁will" is " will", the first of a
+ * completion's or a chat's answer as well: measured against the real server).
  */
 export const plan = (
   mode: "echo" | "random",
   promptWords: ReadonlyArray<string>,
   maxTokens: number,
   rand: () => number,
-  ignoreEos = false
+  ignoreEos = false,
+  firstSpace = false
 ): Generation => {
   const tokens: Array<string> = []
   if (mode === "echo") {
@@ -64,7 +78,7 @@ export const plan = (
   }
   for (let i = 0; i < maxTokens; i++) {
     const w = WORDS[Math.floor(rand() * WORDS.length)] ?? "the"
-    tokens.push(i === 0 ? w : ` ${w}`)
+    tokens.push(i === 0 && !firstSpace ? w : ` ${w}`)
   }
   return { tokens, finishReason: "length" }
 }

@@ -6,7 +6,8 @@
 import { describe, expect, it } from "vitest"
 import { grammarParses } from "../../src/sim/llamaGrammar.ts"
 import { jsonSchemaError } from "../../src/sim/llamaJsonSchema.ts"
-import { llamaParams, llamaPrompts } from "../../src/sim/llamaRequest.ts"
+import { llamaPrompts } from "../../src/sim/llamaPrompts.ts"
+import { llamaParams } from "../../src/sim/llamaRequest.ts"
 import {
   GRAMMARS_REFUSED,
   GRAMMARS_TAKEN,

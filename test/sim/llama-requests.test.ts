@@ -5,7 +5,8 @@
 // common/common.h string_find_partial_stop).
 import { describe, expect, it } from "vitest"
 import { llamaMessages } from "../../src/sim/llamaMessages.ts"
-import { llamaParams, llamaPrompts } from "../../src/sim/llamaRequest.ts"
+import { llamaPrompts } from "../../src/sim/llamaPrompts.ts"
+import { llamaParams } from "../../src/sim/llamaRequest.ts"
 import { type SeqEvent, sequenceEvents } from "../../src/sim/sequences.ts"
 import type { Generation } from "../../src/sim/tokens.ts"
 import { getJson, pollUntil, postJson, readUntilPing, type SimHandle, startSim } from "../support/sim.ts"

@@ -4,6 +4,8 @@
 // infos (name, dims, ggml type, offset), padding to `general.alignment` (32), then the tensor data, each
 // tensor starting at an aligned offset.
 
+import { SCALAR_SIZE } from "../../src/sim/ggufMeta.ts"
+
 /** GGUF value types (`gguf-py/gguf/constants.py` GGUFValueType). */
 export const ValueType = {
   UINT8: 0,
@@ -37,20 +39,6 @@ export interface GgufTensor {
 const GGML_TYPE_F32 = 0
 const ALIGNMENT = 32
 const MAGIC = 0x46554747 // "GGUF" read as a little-endian uint32
-
-const SCALAR_SIZE: Partial<Record<ValueType, number>> = {
-  0: 1,
-  1: 1,
-  2: 2,
-  3: 2,
-  4: 4,
-  5: 4,
-  6: 4,
-  7: 1,
-  10: 8,
-  11: 8,
-  12: 8
-}
 
 /** The metadata of a GGUF file (tensor data is not read: the vocab file has none). */
 export const readGgufMetadata = (buf: Uint8Array): Map<string, GgufValue> => {
