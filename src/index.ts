@@ -5,9 +5,10 @@
  */
 export * as AdminLive from "./layers/admin/Admin.ts"
 export * as ConfigLive from "./layers/config/Config.ts"
-export { engineFor, planLayer } from "./layers/engine/backends/index.ts"
+export { engineFor } from "./layers/engine/backends/index.ts"
 export * as EngineClientLive from "./layers/engine/EngineClient.ts"
 export * as EngineHostLive from "./layers/engine/EngineHost.ts"
+export { planLayer } from "./layers/engine/EnginePlan.ts"
 export * as EngineProcessLive from "./layers/engine/EngineProcess.ts"
 export * as AdmissionLive from "./layers/grpc/Admission.ts"
 export * as GrpcServerLive from "./layers/grpc/GrpcServer.ts"

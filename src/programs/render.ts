@@ -5,8 +5,8 @@
  */
 import { Console, Effect } from "effect"
 import { Command, Flag } from "effect/cli"
-import { resolvePlan } from "../layers/engine/backends/index.ts"
 import { redactPlan } from "../layers/engine/backends/redact.ts"
+import { resolvePlan } from "../layers/engine/EnginePlan.ts"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
 import { preflight } from "./check.ts"
 import { configFlag, loadConfig } from "./configOption.ts"

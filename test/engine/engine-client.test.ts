@@ -11,9 +11,10 @@ import * as net from "node:net"
 import { Cause, Effect, Exit, Fiber, Layer, Result, Stream } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { decodeConfigObject, layerFromObject } from "../../src/layers/config/Config.ts"
-import { engineFor, planLayer } from "../../src/layers/engine/backends/index.ts"
+import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import * as EngineClientLive from "../../src/layers/engine/EngineClient.ts"
 import { layerFromPlan } from "../../src/layers/engine/EngineClient.ts"
+import { planLayer } from "../../src/layers/engine/EnginePlan.ts"
 import type { LaunchPlan, MetricNames } from "../../src/services/engine/Engine.ts"
 import {
   type CompletionPath,

@@ -17,7 +17,8 @@ import { xidIsFault, xidRuleOf } from "../../services/node/Xid.ts"
 import { rememberedFault } from "../../services/node/XidLedger.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import { formatPath } from "../config/Config.ts"
-import { engineFor, fillInWarning } from "./backends/index.ts"
+import { engineFor } from "./backends/index.ts"
+import { fillInWarning } from "./EnginePlan.ts"
 import { readStat } from "./processGroup.ts"
 
 const POLL = Duration.seconds(1)
@@ -43,7 +44,7 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
     const choosing = cuda && plan.gpus === undefined && config.model.gpus.length === 0
     const choice = yield* Ref.make<Choice | undefined>(choosing ? undefined : { indices: plan.gpus ?? [], env: {} })
     const indicesNow = Effect.map(Ref.get(choice), (c) => c?.indices ?? [])
-    // The engine's MIG device as configured: the plan's GPU is the one that listed it (backends/index.ts, Gpus.ts
+    // The engine's MIG device as configured: the plan's GPU is the one that listed it (EnginePlan.ts, Gpus.ts
     // assignGpus), and the gate judges the device, not the whole board other tenants' MIG devices share.
     const mig = (plan.gpus ?? []).length > 0 ? migRef(config.model.gpus) : undefined
     // ... and as NVML names it (`MIG-<uuid>`, also for a configured name of the form before R470: Mig.ts findMig), for
