@@ -33,7 +33,7 @@ export const formatPlan = (plan: LaunchPlan): string => {
       ? "off"
       : `${kv.endpoint} (engine ${kv.engineBinds ? "binds" : "connects"}, topic "${kv.topic}"${kv.replayEndpoint !== undefined ? `, replay ${kv.replayEndpoint}` : ""})`
   return [
-    `engine:    ${plan.kind}${plan.spawns ? "" : " (not spawned: the agent proxies an existing server)"}`,
+    `engine:    ${plan.kind}${plan.spawns ? "" : ` (not spawned: the agent proxies an existing ${plan.proxiedKind === undefined ? "server" : `${plan.proxiedKind} server, and speaks as that engine`})`}`,
     `command:   ${plan.spawns ? plan.argv.map(shellQuote).join(" ") : "(none)"}`,
     `env:       ${env.length === 0 ? "(none added)" : ""}`.trimEnd(),
     ...env.map(([k, v]) => `  ${k}=${shellQuote(v)}`),

@@ -296,6 +296,10 @@ describe("invalid combinations", () => {
     [
       { engine: { kind: "openai_compat" }, models: { m: { hf_repo: "o/m", args: ["--x"] } } },
       'models."m".args: openai_compat starts nothing, so args are never used; remove them'
+    ],
+    [
+      { engine: { kind: "llama_cpp", proxied_kind: "llama_cpp" } },
+      'engine.proxied_kind: says what serves engine.url for kind = "openai_compat"; llama_cpp is the engine the agent starts itself, so remove it'
     ]
   ])("%j is refused", (raw, message) => {
     expect(problems(raw as Raw)).toContain(message)
@@ -324,6 +328,36 @@ describe("invalid combinations", () => {
       'models."m".max_model_len: mlx has no command-line setting for max_model_len; remove it',
       'models."m".gpu_memory_utilization: mlx has no command-line setting for gpu_memory_utilization; remove it'
     ])
+  })
+})
+
+describe("openai_compat told what it proxies (engine.proxied_kind)", () => {
+  it("speaks as that engine (dialect, stop field, ignore_eos, output faults, connections, context) and stays a proxy", () => {
+    const llama = engineFor("llama_cpp").capabilities
+    const compat = engineFor("openai_compat").capabilities
+    const told = engineFor("openai_compat", "llama_cpp").capabilities
+    expect(told).toEqual({
+      ...compat,
+      displayName: "the proxied llama-server",
+      requestDialect: llama.requestDialect,
+      ignoreEos: true,
+      outputFaults: llama.outputFaults,
+      closesStreamedConnections: true,
+      servedContext: llama.servedContext
+    })
+    expect(engineFor("openai_compat", "vllm").capabilities.stopSequenceField).toBe("stop_reason")
+    // mlx-lm's model list says no context: the generic reading stays
+    expect(engineFor("openai_compat", "mlx").capabilities.servedContext).toEqual(compat.servedContext)
+    // only openai_compat takes it
+    expect(engineFor("vllm", "llama_cpp")).toBe(engineFor("vllm"))
+  })
+
+  it("the plan carries it, and render says so", () => {
+    const p = plan({ engine: { kind: "openai_compat", proxied_kind: "llama_cpp" } })
+    expect(p.proxiedKind).toBe("llama_cpp")
+    expect(formatPlan(p).split("\n")[0]).toBe(
+      "engine:    openai_compat (not spawned: the agent proxies an existing llama_cpp server, and speaks as that engine)"
+    )
   })
 })
 

@@ -2,13 +2,14 @@
 // `scripts/real-engine-build.mjs`, a tiny model written at test time, an agent config that runs it, and a
 // few readers of llama-server's own endpoints. Never skips: without the binary and no toolchain to build it,
 // the build script's error fails the suite.
-import { execFileSync } from "node:child_process"
+import { type ChildProcess, execFileSync, spawn } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { Agent as UndiciAgent, type RequestInit as UndiciInit, fetch as undiciFetch } from "undici"
 import { parsePromText } from "../../src/services/engine/PromText.ts"
 import { repoRoot } from "../support/agent.ts"
 import { type TinyVariant, writeTinyLlama } from "../support/ggufModel.ts"
+import { pollUntil } from "../support/poll.ts"
 import { freePorts } from "../support/ports.ts"
 
 export interface RealEngine {
@@ -146,3 +147,27 @@ export const postOnOwnConnection = (base: string, p: string, body: unknown) =>
     headers: { "content-type": "application/json" },
     body: JSON.stringify(body)
   })
+
+/**
+ * A llama-server of the test's own (as someone else's, for openai_compat), serving `model` as "tiny" on a free
+ * loopback port with SERVER_ARGS and `extraArgs`; resolves once its /health answers 200. The caller kills it.
+ */
+export const startLlamaServer = async (
+  engine: RealEngine,
+  model: string,
+  extraArgs: ReadonlyArray<string> = []
+): Promise<{ readonly url: string; readonly process: ChildProcess }> => {
+  const [port] = (await freePorts(1)) as [number]
+  const url = `http://127.0.0.1:${port}`
+  const args = ["-m", model, "-a", "tiny", "--host", "127.0.0.1", "--port", String(port), ...SERVER_ARGS, ...extraArgs]
+  const child = spawn(engine.server, args, { stdio: "ignore" })
+  await pollUntil(
+    "llama-server up",
+    async () =>
+      (await fetch(`${url}/health`)
+        .then((r) => r.status)
+        .catch(() => 0)) === 200,
+    60_000
+  )
+  return { url, process: child }
+}

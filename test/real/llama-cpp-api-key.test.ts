@@ -2,7 +2,7 @@
 // then refuses anyone without it, while the agent's probe, calls, /metrics read and model list carry it; proxied
 // (openai_compat in front of a llama-server started with --api-key), an agent without the key is told why it is not
 // ready, and one with it serves.
-import { type ChildProcess, spawn } from "node:child_process"
+import type { ChildProcess } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
@@ -13,7 +13,7 @@ import { killAllAgents, requireDist, startAgent } from "../support/agent.ts"
 import { agentClient, generate } from "../support/generate.ts"
 import { pollUntil } from "../support/poll.ts"
 import { freePorts } from "../support/ports.ts"
-import { llamaAgentConfig, type RealEngine, realEngine, SERVER_ARGS, tinyModel } from "./engine.ts"
+import { llamaAgentConfig, type RealEngine, realEngine, startLlamaServer, tinyModel } from "./engine.ts"
 
 const KEY = "sk-real-engine-key-1"
 let engine: RealEngine
@@ -72,12 +72,9 @@ describe("a spawned llama-server given engine.api_key", () => {
 describe("openai_compat in front of a llama-server started with --api-key", () => {
   let url: string
   beforeAll(async () => {
-    const [port] = (await freePorts(1)) as [number]
-    url = `http://127.0.0.1:${port}`
-    const args = ["-m", model, "-a", "tiny", "--host", "127.0.0.1", "--port", String(port), ...SERVER_ARGS]
-    const server = spawn(engine.server, [...args, "--api-key", KEY], { stdio: "ignore" })
-    servers.push(server)
-    await pollUntil("llama-server up", async () => (await get(`${url}/health`).catch(() => [0]))[0] === 200, 60_000)
+    const server = await startLlamaServer(engine, model, ["--api-key", KEY])
+    servers.push(server.process)
+    url = server.url
   }, 90_000)
 
   const proxied = async (key?: string) => {

@@ -248,6 +248,12 @@ const engineProblems = (c: ConfigFile): Array<string> => {
       `engine.url: ${kind} proxies a server someone else runs, and port 0 is no port it can listen on: the agent would probe port 0 for ever, got "${c.engine.url}"; give the server's port`
     )
   }
+  // The kind of a server someone else runs; a spawned engine's is its own kind (the backend data says how it speaks).
+  if (caps.spawns && c.engine.proxied_kind !== undefined) {
+    problems.push(
+      `engine.proxied_kind: says what serves engine.url for kind = "openai_compat"; ${kind} is the engine the agent starts itself, so remove it`
+    )
+  }
   if (!caps.spawns && c.engine.command !== undefined) {
     problems.push(`engine.command: ${kind} proxies engine.url and starts nothing; remove engine.command`)
   }

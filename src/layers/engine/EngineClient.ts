@@ -105,7 +105,7 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
   const origin = new URL(plan.baseUrl).origin
   const controlTimeout = options.controlTimeoutMs ?? 10_000
   // `reset`: undici sends `connection: close` and never reuses the connection (an engine that closes it anyway)
-  const streamReset = engineFor(plan.kind).capabilities.closesStreamedConnections === true
+  const streamReset = engineFor(plan.kind, plan.proxiedKind).capabilities.closesStreamedConnections === true
   const streamHeadersTimeout = options.streamHeadersTimeoutMs ?? 0
 
   const start = (
@@ -124,7 +124,7 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
     return ex
   }
 
-  const rankHeader = engineFor(plan.kind).capabilities.rankHeader
+  const rankHeader = engineFor(plan.kind, plan.proxiedKind).capabilities.rankHeader
   const postHeaders = (accept: string, opts: RequestOptions | undefined): Record<string, string> => {
     const h: Record<string, string> = { "content-type": "application/json", accept }
     if (plan.authorization !== undefined) h.authorization = plan.authorization
@@ -210,7 +210,7 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
   ): Effect.Effect<void, EngineError> =>
     opts?.stream === false ? wholeTo(path, body, opts, sink) : sseTo(path, body, opts, sink)
   // an engine whose errors can say that one request's output failed, not the engine: marked so here, where the kind is
-  const outputFaults = engineFor(plan.kind).capabilities.outputFaults
+  const outputFaults = engineFor(plan.kind, plan.proxiedKind).capabilities.outputFaults
   const streamTo: typeof exchangeTo =
     outputFaults === undefined
       ? exchangeTo

@@ -49,7 +49,7 @@ export const layerWith = (options: {
       const ref = yield* Ref.make<number | undefined>(undefined)
       const service = ServedContext.of({ current: () => Ref.getUnsafe(ref) })
       const plan = engine.plan
-      const source = engineFor(plan.kind).capabilities.servedContext
+      const source = engineFor(plan.kind, plan.proxiedKind).capabilities.servedContext
       if (source === undefined) return service
       const url = `${plan.baseUrl}${source.path}`
       const configured = config.model.max_model_len

@@ -21,7 +21,7 @@
  * each rank once a stream stalls); there no answer within the idle timeout takes the engine as stalled.
  */
 import { Clock, Duration, Effect, Result, type Scope } from "effect"
-import type { EngineKind, Role } from "../../services/config/Config.ts"
+import type { EngineKind, ProxiedKind, Role } from "../../services/config/Config.ts"
 import {
   type CompletionPath,
   complete,
@@ -52,8 +52,8 @@ export interface ProbeShape {
   readonly requests: ReadonlyArray<ProbeRequest>
 }
 
-export const probeShape = (kind: EngineKind, role: Role, dp = 1): ProbeShape => {
-  const caps = engineFor(kind).capabilities
+export const probeShape = (kind: EngineKind, role: Role, dp = 1, proxiedKind?: ProxiedKind): ProbeShape => {
+  const caps = engineFor(kind, proxiedKind).capabilities
   const fields = caps.peerlessFields?.[role] ?? {}
   // every field that picks the rank, set to it: on an SGLang P/D node both the room (the prefill server's
   // follow_bootstrap_room) and routed_dp_rank (which servers that take it follow first, in every role)

@@ -97,7 +97,10 @@ export const makeHandler = Effect.fnUntraced(function* (
   const nodeId = config.agent.node_id
   // How this engine hands a request from prefill to decode, and how it spells the request: the backend's
   // capabilities, looked up once.
-  const { handoff, requestDialect, stopSequenceField } = engineFor(config.engine.kind).capabilities
+  const { handoff, requestDialect, stopSequenceField } = engineFor(
+    config.engine.kind,
+    config.engine.proxied_kind
+  ).capabilities
   // One model per agent: bind the label once, not per call.
   const relayed = metrics?.relayedTokens.labels({ model })
   relayed?.inc(0) // a series from the start, so rate() sees the first tokens (StallWatchdog.ts says why)

@@ -46,7 +46,7 @@ export const fork = Effect.fnUntraced(function* (
           client,
           stall,
           idleMs,
-          probeShape(config.engine.kind, config.agent.role, config.model.dp),
+          probeShape(config.engine.kind, config.agent.role, config.model.dp, config.engine.proxied_kind),
           yield* Effect.scope,
           Duration.format(config.engine.idle_probe_after),
           engineReady,

@@ -6,7 +6,7 @@
 import { Context, type Duration, Schema } from "effect"
 import type { ConfigFile, EngineKind, KvOffload, Role } from "./ConfigSchema.ts"
 
-export type { EngineKind, KvOffload, Role } from "./ConfigSchema.ts"
+export type { EngineKind, KvOffload, ProxiedKind, Role } from "./ConfigSchema.ts"
 
 /** The served model ([models."name"]). Exactly one per agent in this version. */
 export interface ModelConfig {

@@ -49,6 +49,9 @@ const withDefault = <S extends Schema.Top>(schema: S, value: S["Encoded"]) =>
 
 export const EngineKinds = ["vllm", "sglang", "llama_cpp", "mlx", "openai_compat"] as const
 export type EngineKind = (typeof EngineKinds)[number]
+/** The engines an openai_compat server may be (`engine.proxied_kind`). */
+export const ProxiedKinds = ["vllm", "sglang", "llama_cpp", "mlx"] as const
+export type ProxiedKind = (typeof ProxiedKinds)[number]
 export const KvOffloads = ["none", "nixl", "lmcache", "hicache", "kvbm"] as const
 export type KvOffload = (typeof KvOffloads)[number]
 export const Roles = ["prefill", "decode", "both"] as const
@@ -124,6 +127,9 @@ export const AgentSection = Schema.Struct({
 
 export const EngineSection = Schema.Struct({
   kind: withDefault(Schema.Literals(EngineKinds), "vllm"),
+  // openai_compat: the engine serving engine.url, when known, whose request dialect and answers the agent then
+  // expects (layers/engine/backends/index.ts engineFor)
+  proxied_kind: Schema.optionalKey(Schema.Literals(ProxiedKinds)),
   url: withDefault(
     HttpUrlWithoutCredentials(
       "an engine that asks for an API key gets it from engine.api_key, which the agent sends as a bearer token (and hands to an engine it spawns)"

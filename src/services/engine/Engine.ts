@@ -4,7 +4,7 @@
  * Backends never spawn, signal or do I/O: EngineProcess runs the plan, EngineClient talks to it.
  */
 import { Context } from "effect"
-import type { AgentConfig, EngineKind, KvOffload, Role } from "../config/Config.ts"
+import type { AgentConfig, EngineKind, KvOffload, ProxiedKind, Role } from "../config/Config.ts"
 import type { CpuCacheTier } from "./CpuCache.ts"
 
 /**
@@ -238,6 +238,11 @@ export interface KvEventsEndpoint {
 /** Everything needed to start and use the engine; rendering it has no side effects. */
 export interface LaunchPlan {
   readonly kind: EngineKind
+  /**
+   * openai_compat: the engine serving `baseUrl`, when the config says (`engine.proxied_kind`): its wire habits are the
+   * agent's to expect (engineFor(kind, proxiedKind)). Absent: unknown, or a spawned engine (its kind says).
+   */
+  readonly proxiedKind?: ProxiedKind
   /**
    * A P/D node's KV transfer backend, which its peers' must equal (NodeHealth.kv_transfer): SGLang's
    * `--disaggregation-transfer-backend` (mooncake, nixl), vLLM's `kv_connector` (NixlConnector). Absent: role both.

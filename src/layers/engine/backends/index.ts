@@ -3,12 +3,12 @@
  * so no `if (kind === ...)` is needed anywhere else. Pure data and render functions: the plan with the host's GPUs
  * is layers/engine/EnginePlan.ts's.
  */
-import type { EngineKind } from "../../../services/config/Config.ts"
+import type { EngineKind, ProxiedKind } from "../../../services/config/Config.ts"
 import type { Engine } from "../../../services/engine/Engine.ts"
 import { withEngineKey } from "./engineKey.ts"
 import { llamaCpp } from "./llama_cpp.ts"
 import { mlx } from "./mlx.ts"
-import { openaiCompat } from "./openai_compat.ts"
+import { openaiCompat, proxying } from "./openai_compat.ts"
 import { sglang } from "./sglang.ts"
 import { vllm } from "./vllm.ts"
 
@@ -26,5 +26,17 @@ const engines: Readonly<Record<EngineKind, Engine>> = {
   openai_compat: keyed(openaiCompat)
 }
 
-/** The backend for a kind. */
-export const engineFor = (kind: EngineKind): Engine => engines[kind]
+/** openai_compat before a server of a known kind (`engine.proxied_kind`): that engine's wire capabilities. */
+const proxied: Readonly<Record<ProxiedKind, Engine>> = {
+  vllm: keyed(proxying(vllm)),
+  sglang: keyed(proxying(sglang)),
+  llama_cpp: keyed(proxying(llamaCpp)),
+  mlx: keyed(proxying(mlx))
+}
+
+/**
+ * The backend for a kind; for openai_compat with `proxiedKind` (`engine.proxied_kind`, LaunchPlan.proxiedKind), the
+ * one that speaks as that engine does. Pass it wherever the answer depends on how the server speaks.
+ */
+export const engineFor = (kind: EngineKind, proxiedKind?: ProxiedKind): Engine =>
+  kind === "openai_compat" && proxiedKind !== undefined ? proxied[proxiedKind] : engines[kind]

@@ -1,0 +1,102 @@
+// openai_compat in front of a real llama-server someone else runs, told what it is (engine.proxied_kind =
+// "llama_cpp"): the agent speaks to it as to the llama-server it spawns. Told nothing, it speaks as to a generic
+// OpenAI server: a repetition penalty goes out as `repetition_penalty`, which llama-server ignores without a word,
+// and its output parser's 500 counts against the node. Found by a differential of the two agent kinds on one binary.
+import type { ChildProcess } from "node:child_process"
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { type Channel, ClientError, Metadata, Status } from "nice-grpc"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import type { ProxiedKind } from "../../src/services/config/Config.ts"
+import { killAllAgents, requireDist, startAgent } from "../support/agent.ts"
+import { agentClient, generate } from "../support/generate.ts"
+import { freePorts } from "../support/ports.ts"
+import { type RealEngine, realEngine, startLlamaServer, tinyModel } from "./engine.ts"
+
+let engine: RealEngine
+let dir: string
+let model: string
+let server: { readonly url: string; readonly process: ChildProcess }
+const channels: Array<Channel> = []
+
+beforeAll(async () => {
+  requireDist()
+  engine = realEngine()
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-real-compat-"))
+  model = tinyModel(engine, dir, "words")
+  server = await startLlamaServer(engine, model, ["-np", "1"])
+}, 30 * 60_000)
+
+afterAll(async () => {
+  for (const c of channels) c.close()
+  await killAllAgents()
+  server?.process.kill("SIGKILL")
+  if (dir) fs.rmSync(dir, { recursive: true, force: true })
+})
+
+const proxy = async (proxiedKind?: ProxiedKind) => {
+  const [grpcPort, adminPort] = (await freePorts(2)) as [number, number]
+  const agent = await startAgent({
+    config: {
+      agent: { listen_grpc: `127.0.0.1:${grpcPort}`, listen_admin: `127.0.0.1:${adminPort}`, state_dir: "state" },
+      engine: {
+        kind: "openai_compat",
+        url: server.url,
+        failed_calls_unhealthy: 2,
+        ...(proxiedKind === undefined ? {} : { proxied_kind: proxiedKind })
+      },
+      models: { tiny: { path: model } }
+    },
+    readyTimeoutMs: 30_000
+  })
+  const { client, channel } = agentClient(agent.grpcAddress)
+  channels.push(channel)
+  return { agent, client }
+}
+
+/** The repetition penalty llama-server's one slot last ran with (its /slots shows each slot's sampling). */
+const slotPenalty = async (): Promise<number | undefined> => {
+  const slots = (await (await fetch(`${server.url}/slots`)).json()) as Array<{ params?: { repeat_penalty?: number } }>
+  return slots[0]?.params?.repeat_penalty
+}
+
+// this model, greedy, generates a lone UTF-8 continuation byte here (llama-cpp.test.ts)
+const UNPARSABLE = {
+  prompt: "😀".repeat(30),
+  sampling: { maxTokens: 5, temperature: 0, frequencyPenalty: -2, presencePenalty: 1.5 }
+}
+
+describe("openai_compat with engine.proxied_kind = llama_cpp", () => {
+  it("sends the repetition penalty as llama-server reads it; unnamed, the server never sees it", async () => {
+    const named = await proxy("llama_cpp")
+    const r = await generate(named.client, { prompt: "the quick", sampling: { maxTokens: 2, repetitionPenalty: 1.7 } })
+      .done
+    expect(r.error).toBeUndefined()
+    expect(await slotPenalty()).toBeCloseTo(1.7, 5)
+    await named.agent.stop()
+
+    const generic = await proxy()
+    const g = await generate(generic.client, {
+      prompt: "the quick",
+      sampling: { maxTokens: 2, repetitionPenalty: 1.7 }
+    }).done
+    expect(g.error).toBeUndefined()
+    expect(await slotPenalty()).toBe(1)
+    await generic.agent.stop()
+  })
+
+  it("ends llama-server's output-parser failure as the request's (engine_output), and stays ready", async () => {
+    const { agent, client } = await proxy("llama_cpp")
+    for (let i = 0; i < 3; i++) {
+      let trailer = new Metadata()
+      const r = await generate(client, UNPARSABLE, { onTrailer: (t) => (trailer = t) }).done
+      expect(r.error).toBeInstanceOf(ClientError)
+      expect(Status[(r.error as ClientError).code]).toBe("INTERNAL")
+      expect([trailer.get("cgn-reason"), trailer.get("cgn-retryable")]).toEqual(["engine_output", "false"])
+    }
+    // three in a row with engine.failed_calls_unhealthy = 2
+    expect((await fetch(`${agent.adminUrl}/readyz`)).status).toBe(200)
+    await agent.stop()
+  })
+})
