@@ -20,6 +20,7 @@ import {
   stringField,
   typeError
 } from "./llamaFields.ts"
+import { llamaGreedy } from "./llamaGreedy.ts"
 import { type CppType, clampFloat, cppString, cppValue } from "./llamaNumbers.ts"
 
 export { typeError }
@@ -64,7 +65,7 @@ export interface LlamaParams {
   readonly timingsPerToken: boolean
   /** `grammar` when a non-empty string: parsed when a slot takes the task (grammarParses), not here. */
   readonly grammar: string | undefined
-  /** Greedy sampling: `temperature` <= 0, or `top_k` 1 without mirostat (the same prompt, the same text). */
+  /** The sampler chain keeps one candidate (llamaGreedy.ts): the same prompt, the same text. */
   readonly greedy: boolean
 }
 
@@ -247,10 +248,6 @@ export const llamaParams = (
     postSamplingProbs: values.get("post_sampling_probs") === true,
     timingsPerToken: values.get("timings_per_token") === true,
     grammar: values.get("grammar") as string | undefined,
-    // ggml-org/llama.cpp src/llama-sampler.cpp llama_sampler_temp_impl: temp <= 0 keeps the top logit alone; top_k 1
-    // does the same in the chain common/sampling.cpp common_sampler_init builds (not read under mirostat)
-    greedy:
-      ((values.get("temperature") as number | undefined) ?? 0.8) <= 0 ||
-      ((values.get("top_k") as number | undefined) === 1 && ((values.get("mirostat") as number | undefined) ?? 0) === 0)
+    greedy: llamaGreedy(values, b)
   }
 }

@@ -18,6 +18,9 @@ import { N_VOCAB } from "./tokens.ts"
  */
 const LLAMA_DEFAULT_CTX = 4096
 
+/** ggml-org/llama.cpp include/llama.h:37: the seed that asks for a random one. */
+const LLAMA_DEFAULT_SEED = 0xffffffff
+
 const invalid = (e: LlamaInvalid): Invalid => ({ status: e.status, message: e.message, param: null })
 
 /** What llama-server's refusals from common_sampler_init begin with (server-context.cpp launch_slot_with_task). */
@@ -69,9 +72,13 @@ export const validateLlama = (cfg: SimConfig, endpoint: Endpoint, body: unknown)
     }
     const room = Math.max(1, ctxLen - n)
     const maxTokens = params.nPredict < 0 ? room : Math.min(Math.max(1, params.nPredict), room)
-    // Each further completion of a prompt samples with the seed + its number (server-task.h add_child).
+    // Each further completion of a prompt samples with the seed + its number (server-task.h add_child), but for
+    // LLAMA_DEFAULT_SEED (0xFFFFFFFF, -1 as sent), which each keeps (tools/server/server-task.h:240): a seed drawn
+    // afresh (src/llama-sampler.cpp:340 get_rng_seed), here the shared stream, as for no seed (/slots shows
+    // 4294967295 for either).
+    const seed0 = params.seed === LLAMA_DEFAULT_SEED ? undefined : params.seed
     for (let j = 0; j < params.nCmpl; j++) {
-      const seed = params.seed === undefined ? undefined : (params.seed + j) >>> 0
+      const seed = seed0 === undefined ? undefined : (seed0 + j) >>> 0
       sequences.push({ words: p.words, tokens: p.tokens, promptTokens: n, maxTokens, seed })
     }
   }
