@@ -917,3 +917,22 @@ const checkDist = (file: string): Promise<{ code: number; stdout: string; stderr
       resolve({ code: error === null ? 0 : typeof error.code === "number" ? error.code : -1, stdout, stderr })
     )
   })
+
+describe("an etcd endpoint with credentials in it: refused, and no message echoes its password", () => {
+  it.each([
+    ["without a port", "https://user:hunter2@10.0.0.5", 'got "https://user:<redacted>@10.0.0.5", which has no port'],
+    ["on port 0", "https://user:hunter2@10.0.0.5:0", 'got "https://user:<redacted>@10.0.0.5:0": port 0 is none'],
+    [
+      "with a path after the port",
+      "https://user:hunter2@10.0.0.5:2379/v3",
+      'got "https://user:<redacted>@10.0.0.5:2379/v3"'
+    ]
+  ])("%s", (_what, url, said) => {
+    const problems = problemsOf(`[cluster]\netcd = ["${url}"]\n${MODEL}`)
+    expect(problems).toContain(
+      "cluster.etcd[0]: credentials do not belong in the URL; set cluster.etcd_username and cluster.etcd_password instead"
+    )
+    expect(problems.some((p) => p.includes(said))).toBe(true)
+    for (const p of problems) expect(p).not.toContain("hunter2")
+  })
+})

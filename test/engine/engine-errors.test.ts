@@ -219,3 +219,26 @@ describe("output faults (a backend's capabilities.outputFaults)", () => {
     expect(markOutputFault(connect, prefixes)).toBe(connect)
   })
 })
+
+describe("output faults: every field of the engine's error kept, any of the engine's prefixes", () => {
+  it("an engine code (a string code) stays on the marked error, for the cgn-engine-code trailer", () => {
+    const message = "The model produced output that does not match the expected JSON"
+    const e = new EngineError({
+      reason: "Stream",
+      status: 500,
+      message,
+      engineType: "server_error",
+      engineCode: "output_parse"
+    })
+    const marked = markOutputFault(e, ["The model produced output"])
+    expect([marked.fault, fields(marked)]).toEqual([
+      "output",
+      { reason: "Stream", message, status: 500, engineType: "server_error", engineCode: "output_parse" }
+    ])
+  })
+  it("a message that begins as any one of several prefixes is marked, not only as all of them", () => {
+    const e = new EngineError({ reason: "Http", status: 500, message: "second kind of fault: x" })
+    expect(markOutputFault(e, ["first kind", "second kind"]).fault).toBe("output")
+    expect(markOutputFault(e, []).fault).toBeUndefined()
+  })
+})

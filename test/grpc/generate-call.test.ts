@@ -1,48 +1,15 @@
-// The Generate handler (layers/grpc/GenerateCall.ts) on calls of its own making and the scripted EngineClient:
-// what a call ends with when the drain's abort (GrpcServer.abortActive) reaches it before its start has run. A
-// burst's starts are paced over event-loop turns (services/grpc/StartPacer.ts), and every call of the burst is an
-// active call from its arrival: one aborted while its start waited must end with the abort's status without
-// an engine request (it made the request and relayed the whole answer, then ended UNAVAILABLE).
-import { EventEmitter } from "node:events"
 import { Effect, Layer } from "effect"
 import { describe, expect, it } from "vitest"
-import { GenerateRequest } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { layerFromObject } from "../../src/layers/config/Config.ts"
 import { ActiveCalls } from "../../src/layers/grpc/ActiveCalls.ts"
 import type { GenerateServerCall } from "../../src/layers/grpc/AgentService.ts"
 import { makeHandler } from "../../src/layers/grpc/GenerateCall.ts"
 import type { ServingState } from "../../src/layers/grpc/ServingState.ts"
 import { StreamAborted } from "../../src/services/grpc/CallErrors.ts"
-import { type GrpcFailure, statusName } from "../../src/services/grpc/GrpcStatus.ts"
+import { statusName } from "../../src/services/grpc/GrpcStatus.ts"
 import { EngineClientRecorder, layerTest, textChunk } from "../../src/testing/EngineClient.ts"
+import { FakeCall } from "../support/fakeCall.ts"
 import { pollUntil } from "../support/poll.ts"
-
-/** A call as the handler uses one: its request, and what it was sent. */
-class FakeCall extends EventEmitter {
-  readonly request = GenerateRequest.fromPartial({ prompt: "a" })
-  readonly metadata = { get: (): Array<string> => [] }
-  /** No grpc-timeout sent. */
-  remainingMs(): number | undefined {
-    return undefined
-  }
-  cancelled = false
-  frames = 0
-  status: GrpcFailure | undefined = undefined
-  writeFrame(): boolean {
-    this.frames++
-    return true
-  }
-  write(): boolean {
-    return true
-  }
-  sendHeaders(): void {}
-  end(): void {
-    this.status ??= { code: 0, message: "", trailers: {} }
-  }
-  sendStatus(f: GrpcFailure): void {
-    this.status ??= f
-  }
-}
 
 const serving = { refusal: () => undefined } as unknown as ServingState
 

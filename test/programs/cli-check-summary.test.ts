@@ -689,3 +689,24 @@ describe("check finds on the host what run would find only by failing", () => {
     expect(line(summarize(port0), "state dir")).toBe("/var/lib/cgn-agent")
   })
 })
+
+describe("render where NVML cannot be loaded and the config names no GPUs", () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-render-nonvml-"))
+  afterAll(() => fs.rmSync(dir, { recursive: true, force: true }))
+
+  it("no warning: there are no named GPUs to check (the automatic choice is made at start)", async () => {
+    const config = path.join(dir, "auto.toml")
+    fs.writeFileSync(
+      config,
+      fs
+        .readFileSync("examples/dev.toml", "utf8")
+        .replace('state_dir = ".cgn-agent/state"', `state_dir = "${dir}/state"`)
+    )
+    const r = await runCli(["render", "--config", config, "--json"], {
+      CGN_NVML_LIBRARY: path.join(dir, "no-such-libnvidia-ml.so.1")
+    })
+    expect(r.code, r.stderr).toBe(0)
+    expect(r.stderr).not.toContain("not checked against this host's GPUs")
+    expect((JSON.parse(r.stdout) as { warnings?: Array<string> }).warnings).toBeUndefined()
+  })
+})

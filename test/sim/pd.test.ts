@@ -189,6 +189,20 @@ describe("SGLang P/D bootstrap", () => {
     expect(dr).toMatchObject({ status: 200, json: { choices: [{ text: "one two three" }] } })
   })
 
+  it("a room served is forgotten on the prefill side too: a prefill retried for it waits for a decode again", async () => {
+    const room = "4343"
+    const [pr, dr] = await Promise.all([post(p.url, req(room)), post(d.url, req(room))])
+    expect([pr.status, dr.status]).toStrictEqual([200, 200])
+    // the decode's connection went with the room (transfer_infos.pop(room)): alone, the prefill fails as a lone one
+    const started = Date.now()
+    const again = await post(p.url, req(room))
+    expect(Date.now() - started).toBeGreaterThanOrEqual(900)
+    expect(again).toMatchObject({
+      status: 500,
+      json: { object: "error", message: expect.stringMatching(/KVPoll\.Bootstrapping/) }
+    })
+  })
+
   it("decode fails when the prefill never comes, and without bootstrap fields", async () => {
     const r = await post(d.url, req("12345"))
     expect(r.status).toBe(500)

@@ -85,3 +85,71 @@ describe("llama SentencePiece tokenizer (llm_tokenizer_spm_session)", () => {
     expect(spmTokenize(bare as SpmVocab, "aaa", false)).toEqual([id("aa"), id("a")])
   })
 })
+
+describe("the vocabulary's settings as the file gives them (llama_vocab::impl::load)", () => {
+  /** A vocabulary file of `tokens` ([text, score, type]); `types` false: no tokenizer.ggml.token_type at all. */
+  const fileOf = (
+    name: string,
+    tokens: ReadonlyArray<readonly [string, number, number]>,
+    extra: Record<string, GgufValue> = {},
+    types = true
+  ): string => {
+    const meta = new Map<string, GgufValue>([
+      ["general.architecture", gv.str("llama")],
+      ["tokenizer.ggml.model", gv.str("llama")],
+      [
+        "tokenizer.ggml.tokens",
+        { type: ValueType.ARRAY, elementType: ValueType.STRING, value: tokens.map((t) => t[0]) }
+      ],
+      [
+        "tokenizer.ggml.scores",
+        { type: ValueType.ARRAY, elementType: ValueType.FLOAT32, value: tokens.map((t) => t[1]) }
+      ],
+      ...(types
+        ? ([
+            [
+              "tokenizer.ggml.token_type",
+              { type: ValueType.ARRAY, elementType: ValueType.INT32, value: tokens.map((t) => t[2]) }
+            ]
+          ] as const)
+        : []),
+      ...Object.entries(extra)
+    ])
+    const file = path.join(dir, name)
+    fs.writeFileSync(file, writeGguf(meta, []))
+    return file
+  }
+
+  it("the BOS id is the file's tokenizer.ggml.bos_token_id; add_bos_token false: no BOS even where asked", () => {
+    const bos2 = readSpmVocab(fileOf("bos2.gguf", TOKENS, { "tokenizer.ggml.bos_token_id": gv.u32(2) })) as SpmVocab
+    expect(spmTokenize(bos2, "a", true)).toEqual([2, id("▁a")])
+    const noBos = readSpmVocab(
+      fileOf("nobos.gguf", TOKENS, { "tokenizer.ggml.add_bos_token": { type: ValueType.BOOL, value: false } })
+    ) as SpmVocab
+    expect(noBos.addBos).toBe(false)
+    expect(spmTokenize(noBos, "a", true)).toEqual([id("▁a")])
+  })
+
+  it("two tokens of one text: the text is the last one's (token_to_id keeps the last id)", () => {
+    const twice = readSpmVocab(fileOf("twice.gguf", [...TOKENS, ["bc", -0.2, 1]])) as SpmVocab
+    expect(spmTokenize(twice, "bc", false)).toEqual([id("▁"), TOKENS.length])
+  })
+
+  it("no token types in the file: every token is normal, so none is split out as special", () => {
+    const untyped = readSpmVocab(fileOf("untyped.gguf", TOKENS, {}, false)) as SpmVocab
+    expect(untyped.special).toEqual([])
+    const ids = spmTokenize(untyped, "a</s>", false)
+    expect(ids).not.toContain(2)
+    expect(ids.slice(0, 3)).toEqual([id("▁a"), id("<0x3C>"), id("<0x2F>")])
+  })
+
+  it("the scores are the file's float32 values, as written", () => {
+    expect(Array.from(v.scores)).toEqual(TOKENS.map((t) => Math.fround(t[1])))
+  })
+
+  it("special tokens are split out the longest first: one that begins with another is kept whole", () => {
+    const longer = readSpmVocab(fileOf("longer.gguf", [...TOKENS, ["<s>a", 0, 3]])) as SpmVocab
+    expect(spmTokenize(longer, "<s>a", false)).toEqual([TOKENS.length])
+    expect(spmTokenize(longer, "b<s>ab", false)).toEqual([id("▁"), id("b"), TOKENS.length, id("▁"), id("b")])
+  })
+})

@@ -50,7 +50,7 @@ export const openaiCompat: Engine = {
  * sent on it failed "other side closed"), where it says its context. The rest stays openai_compat's: nothing spawned,
  * no GPUs, no P/D.
  */
-const WIRE = [
+export const PROXIED_WIRE = [
   "requestDialect",
   "stopSequenceField",
   "ignoreEos",
@@ -62,7 +62,8 @@ const WIRE = [
 /** openai_compat in front of `proxied`'s kind of server: its wire capabilities, the rest openai_compat's. */
 export const proxying = (proxied: Engine): Engine => {
   const wire: Partial<EngineCapabilities> = {}
-  for (const k of WIRE) if (proxied.capabilities[k] !== undefined) Object.assign(wire, { [k]: proxied.capabilities[k] })
+  for (const k of PROXIED_WIRE)
+    if (proxied.capabilities[k] !== undefined) Object.assign(wire, { [k]: proxied.capabilities[k] })
   return {
     ...openaiCompat,
     capabilities: {
