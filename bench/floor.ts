@@ -12,7 +12,8 @@
 //                keep-alive sockets, chunked bodies only; enough for the simulator, not a client for production)
 //   FLOOR_RELAY=parsed (default: SSE lines split, each event JSON-parsed, deltas encoded) | raw (nothing parsed:
 //                one fixed one-token message written per engine read, so what is left is the transport alone)
-// Usage: node bench/floor.ts --grpc PORT --admin PORT --engine URL   (GET /readyz on the admin port answers 200)
+// Usage: node bench/floor.ts --grpc PORT --admin PORT --engine URL   (GET /readyz on the admin port answers 200,
+// its body the floor's pid: a caller can tell its own floor from another process that holds the port)
 import { createServer } from "node:http"
 import * as http2 from "node:http2"
 import * as net from "node:net"
@@ -459,6 +460,6 @@ const serveNetH2 = (port: number, ready: () => void): (() => void) => {
 
 const servers = { "grpc-js": serveGrpcJs, http2: serveHttp2, "net-h2": serveNetH2 } as const
 const stop = (servers[serverKind as keyof typeof servers] ?? serveGrpcJs)(Number(values.grpc), () =>
-  createServer((_req, res) => res.end("ok")).listen(Number(values.admin), "127.0.0.1")
+  createServer((_req, res) => res.end(String(process.pid))).listen(Number(values.admin), "127.0.0.1")
 )
 process.once("SIGTERM", stop)

@@ -31,18 +31,28 @@ beforeAll(async () => {
 })
 afterAll(() => sim?.stop())
 
+/**
+ * A floor on two free ports, ready: its /readyz answered with its own pid. A port another test's process took between
+ * the check and the floor's bind (the floor then exits) is met by starting again on others: a CI run once read another
+ * process's 200 on the admin port as the floor's and found nothing on the gRPC one.
+ */
 const startFloor = async (server: string, relay: string) => {
-  const [grpc, admin] = (await freePorts(2)) as [number, number]
-  const child: ChildProcess = spawn(
-    process.execPath,
-    [path.join(repoRoot, "bench/floor.ts"), "--grpc", String(grpc), "--admin", String(admin), "--engine", sim.url],
-    { env: { ...process.env, FLOOR_SERVER: server, FLOOR_RELAY: relay }, stdio: "ignore" }
-  )
-  await pollUntil(async () => {
-    const r = await fetch(`http://127.0.0.1:${admin}/readyz`).catch(() => undefined)
-    return r?.ok === true ? true : undefined
-  })
-  return { child, address: `127.0.0.1:${grpc}` }
+  for (let attempt = 1; ; attempt++) {
+    const [grpc, admin] = (await freePorts(2)) as [number, number]
+    const child: ChildProcess = spawn(
+      process.execPath,
+      [path.join(repoRoot, "bench/floor.ts"), "--grpc", String(grpc), "--admin", String(admin), "--engine", sim.url],
+      { env: { ...process.env, FLOOR_SERVER: server, FLOOR_RELAY: relay }, stdio: "ignore" }
+    )
+    const exited = new Promise<"exited">((resolve) => child.once("exit", () => resolve("exited")))
+    const ready = pollUntil(async () => {
+      const r = await fetch(`http://127.0.0.1:${admin}/readyz`).catch(() => undefined)
+      return r?.ok === true && (await r.text()) === String(child.pid) ? ("ready" as const) : undefined
+    })
+    ready.catch(() => undefined) // left pending when the floor exits first: its timeout is then nobody's failure
+    if ((await Promise.race([ready, exited])) === "ready") return { child, address: `127.0.0.1:${grpc}` }
+    if (attempt === 3) throw new Error(`bench/floor.ts exited at start ${attempt} times`)
+  }
 }
 
 /** One call's tokens and finish reason, as the client read them. */
