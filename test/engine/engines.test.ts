@@ -343,13 +343,26 @@ describe("openai_compat told what it proxies (engine.proxied_kind)", () => {
       ignoreEos: true,
       outputFaults: llama.outputFaults,
       closesStreamedConnections: true,
-      servedContext: llama.servedContext
+      servedContext: llama.servedContext,
+      metricNames: llama.metricNames
     })
     expect(engineFor("openai_compat", "vllm").capabilities.stopSequenceField).toBe("stop_reason")
     // mlx-lm's model list says no context: the generic reading stays
     expect(engineFor("openai_compat", "mlx").capabilities.servedContext).toEqual(compat.servedContext)
     // only openai_compat takes it
     expect(engineFor("vllm", "llama_cpp")).toBe(engineFor("vllm"))
+  })
+
+  it("its plan reads the proxied server's /metrics by that engine's series; told nothing or mlx, none", () => {
+    const url = "http://10.0.0.7:8080"
+    for (const kind of ["vllm", "sglang", "llama_cpp"] as const) {
+      const p = plan({ engine: { kind: "openai_compat", url, proxied_kind: kind } })
+      expect(p.metrics).toEqual({ url: `${url}/metrics`, names: engineFor(kind).capabilities.metricNames })
+    }
+    // the same names the spawned engine's plan is read by
+    expect(plan({ engine: { kind: "vllm" } }).metrics?.names).toBe(engineFor("vllm").capabilities.metricNames)
+    expect(plan({ engine: { kind: "openai_compat", url } }).metrics).toBeUndefined()
+    expect(plan({ engine: { kind: "openai_compat", url, proxied_kind: "mlx" } }).metrics).toBeUndefined()
   })
 
   it("the plan carries it, and render says so", () => {

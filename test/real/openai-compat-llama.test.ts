@@ -2,6 +2,7 @@
 // "llama_cpp"): the agent speaks to it as to the llama-server it spawns. Told nothing, it speaks as to a generic
 // OpenAI server: a repetition penalty goes out as `repetition_penalty`, which llama-server ignores without a word,
 // and its output parser's 500 counts against the node. Found by a differential of the two agent kinds on one binary.
+// Told, the agent also reads the server's /metrics by llama-server's series, as for the llama-server it spawns.
 import type { ChildProcess } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
@@ -9,10 +10,12 @@ import * as path from "node:path"
 import { type Channel, ClientError, Metadata, Status } from "nice-grpc"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import type { ProxiedKind } from "../../src/services/config/Config.ts"
+import { parsePromText } from "../../src/services/engine/PromText.ts"
 import { killAllAgents, requireDist, startAgent } from "../support/agent.ts"
 import { agentClient, generate } from "../support/generate.ts"
+import { pollUntil } from "../support/poll.ts"
 import { freePorts } from "../support/ports.ts"
-import { type RealEngine, realEngine, startLlamaServer, tinyModel } from "./engine.ts"
+import { engineMetric, type RealEngine, realEngine, startLlamaServer, tinyModel } from "./engine.ts"
 
 let engine: RealEngine
 let dir: string
@@ -25,7 +28,7 @@ beforeAll(async () => {
   engine = realEngine()
   dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-real-compat-"))
   model = tinyModel(engine, dir, "words")
-  server = await startLlamaServer(engine, model, ["-np", "1"])
+  server = await startLlamaServer(engine, model, ["-np", "1", "--metrics"])
 }, 30 * 60_000)
 
 afterAll(async () => {
@@ -35,14 +38,19 @@ afterAll(async () => {
   if (dir) fs.rmSync(dir, { recursive: true, force: true })
 })
 
-const proxy = async (proxiedKind?: ProxiedKind) => {
+const proxy = async (proxiedKind?: ProxiedKind, url = server.url) => {
   const [grpcPort, adminPort] = (await freePorts(2)) as [number, number]
   const agent = await startAgent({
     config: {
-      agent: { listen_grpc: `127.0.0.1:${grpcPort}`, listen_admin: `127.0.0.1:${adminPort}`, state_dir: "state" },
+      agent: {
+        listen_grpc: `127.0.0.1:${grpcPort}`,
+        listen_admin: `127.0.0.1:${adminPort}`,
+        state_dir: "state",
+        heartbeat: "300ms"
+      },
       engine: {
         kind: "openai_compat",
-        url: server.url,
+        url,
         failed_calls_unhealthy: 2,
         ...(proxiedKind === undefined ? {} : { proxied_kind: proxiedKind })
       },
@@ -98,5 +106,52 @@ describe("openai_compat with engine.proxied_kind = llama_cpp", () => {
     // three in a row with engine.failed_calls_unhealthy = 2
     expect((await fetch(`${agent.adminUrl}/readyz`)).status).toBe(200)
     await agent.stop()
+  })
+
+  it("reads llama-server's /metrics by its series: one slot running one call, deferring the other", async () => {
+    const { agent, client } = await proxy("llama_cpp")
+    const aborts = [new AbortController(), new AbortController()]
+    const calls = aborts.map(
+      (a) => generate(client, { prompt: "the quick", sampling: { maxTokens: 1500 } }, { signal: a.signal }).done
+    )
+    try {
+      await pollUntil(
+        "llama-server: 1 processing, 1 deferred",
+        async () =>
+          (await engineMetric(server.url, "llamacpp:requests_processing")) === 1 &&
+          (await engineMetric(server.url, "llamacpp:requests_deferred")) === 1,
+        20_000
+      )
+      // told nothing, the agent would show its own two calls as running and none waiting
+      await pollUntil("the agent's /metrics: engine running 1, waiting 1", async () => {
+        const m = parsePromText(await (await fetch(`${agent.adminUrl}/metrics`)).text())
+        const value = (name: string) => m.find((x) => x.name === name)?.value
+        return value("cgn_agent_engine_running_requests") === 1 && value("cgn_agent_engine_waiting_requests") === 1
+      })
+    } finally {
+      for (const a of aborts) a.abort()
+      await Promise.all(calls)
+    }
+    await agent.stop()
+  })
+
+  it("a llama-server started without --metrics: warned in its own words, and the agent's count stands", async () => {
+    const bare = await startLlamaServer(engine, model, ["-np", "1"])
+    try {
+      const { agent, client } = await proxy("llama_cpp", bare.url)
+      const warned = () => agent.stderrLines.filter((l) => l.includes("engine metrics scrape failed"))
+      await pollUntil("the scrape's warning", async () => warned().length > 0)
+      expect(warned()[0]).toContain("HTTP 501")
+      expect(warned()[0]).toContain("Start it with `--metrics`")
+      const r = await generate(client, { prompt: "the quick", sampling: { maxTokens: 2 } }).done
+      expect(r.error).toBeUndefined()
+      // the failing scrapes leave the load to the agent's own count (engineLoad.ts logs one line per spell)
+      const m = parsePromText(await (await fetch(`${agent.adminUrl}/metrics`)).text())
+      expect(m.find((x) => x.name === "cgn_agent_engine_running_requests")?.value).toBe(0)
+      expect((await fetch(`${agent.adminUrl}/readyz`)).status).toBe(200)
+      await agent.stop()
+    } finally {
+      bare.process.kill("SIGKILL")
+    }
   })
 })

@@ -112,6 +112,11 @@ export interface EngineCapabilities {
    */
   readonly servedContext?: ServedContextSource
   /**
+   * The Prometheus series at the engine's `/metrics` that carry its load signals and progress (the plan's `metrics`);
+   * absent: it exports none (mlx-lm). A proxied server of a known kind (`engine.proxied_kind`) is read by them too.
+   */
+  readonly metricNames?: MetricNames
+  /**
    * How the engine takes an API key, which it then requires of the agent's calls (`engine.api_key`): `via`, how the
    * agent hands the key to an engine it spawns (a variable of its environment where it reads one, since any local user
    * can read a command line; else a flag); `flags` and `env`, every way the engine takes a key, refused in

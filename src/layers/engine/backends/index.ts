@@ -18,20 +18,28 @@ const keyed = (engine: Engine): Engine => ({
   render: (config, host) => withEngineKey(engine.render(config, host), engine.capabilities, config.engine.api_key)
 })
 
-const engines: Readonly<Record<EngineKind, Engine>> = {
-  vllm: keyed(vllm),
-  sglang: keyed(sglang),
-  llama_cpp: keyed(llamaCpp),
-  mlx: keyed(mlx),
-  openai_compat: keyed(openaiCompat)
-}
-
 /** openai_compat before a server of a known kind (`engine.proxied_kind`): that engine's wire capabilities. */
 const proxied: Readonly<Record<ProxiedKind, Engine>> = {
   vllm: keyed(proxying(vllm)),
   sglang: keyed(proxying(sglang)),
   llama_cpp: keyed(proxying(llamaCpp)),
   mlx: keyed(proxying(mlx))
+}
+
+const compat = keyed(openaiCompat)
+
+const engines: Readonly<Record<EngineKind, Engine>> = {
+  vllm: keyed(vllm),
+  sglang: keyed(sglang),
+  llama_cpp: keyed(llamaCpp),
+  mlx: keyed(mlx),
+  // The plan follows the config's proxied_kind whoever renders it (its /metrics series are the proxied engine's):
+  // a render through `engineFor(kind)` alone cannot miss them.
+  openai_compat: {
+    ...compat,
+    render: (config, host) =>
+      (config.engine.proxied_kind === undefined ? compat : proxied[config.engine.proxied_kind]).render(config, host)
+  }
 }
 
 /**

@@ -8,7 +8,7 @@
  * `tools/server/server-http.cpp`, `middleware_server_state`).
  */
 import type { AgentConfig } from "../../../services/config/Config.ts"
-import type { Engine, ExitHint } from "../../../services/engine/Engine.ts"
+import type { Engine, ExitHint, MetricNames } from "../../../services/engine/Engine.ts"
 import { assemble, listenOf, metricsAt, optionalFlag } from "./common.ts"
 import { commandLineHint, modelKey, nowValue, sourceKey } from "./hints.ts"
 
@@ -36,9 +36,23 @@ const exitHints = (config: AgentConfig): ReadonlyArray<ExitHint> => [
   commandLineHint(config, llamaCpp.capabilities.displayName)
 ]
 
+/** llama-server's series (with `--metrics`) that carry the load signals and progress (capabilities.metricNames). */
+const METRICS: MetricNames = {
+  running: ["llamacpp:requests_processing"],
+  waiting: ["llamacpp:requests_deferred"],
+  kvUsage: [],
+  // One per llama_decode() call: each prompt batch and each generated token (tools/server/server-context.cpp
+  // server_metrics::on_decoded). Not llamacpp:tokens_predicted_total: a request's tokens are added as it
+  // finishes (on_prediction), so it stands still through a long generation (measured on the real
+  // llama-server). Its /metrics is answered by the server loop itself (a SERVER_TASK_TYPE_METRICS task), so
+  // a hung loop fails the scrape: unknown, never "no progress".
+  progress: ["llamacpp:n_decode_total"]
+}
+
 export const llamaCpp: Engine = {
   kind: "llama_cpp",
   capabilities: {
+    metricNames: METRICS,
     displayName: "llama-server",
     modelPath: "gguf-file",
     spawns: true,
@@ -117,17 +131,7 @@ export const llamaCpp: Engine = {
         "--metrics"
       ],
       probe: { kind: "http", url: config.agent.ready_probe_url ?? `${listen.baseUrl}/health` },
-      metrics: metricsAt(listen, {
-        running: ["llamacpp:requests_processing"],
-        waiting: ["llamacpp:requests_deferred"],
-        kvUsage: [],
-        // One per llama_decode() call: each prompt batch and each generated token (tools/server/server-context.cpp
-        // server_metrics::on_decoded). Not llamacpp:tokens_predicted_total: a request's tokens are added as it
-        // finishes (on_prediction), so it stands still through a long generation (measured on the real
-        // llama-server). Its /metrics is answered by the server loop itself (a SERVER_TASK_TYPE_METRICS task), so
-        // a hung loop fails the scrape: unknown, never "no progress".
-        progress: ["llamacpp:n_decode_total"]
-      }),
+      metrics: metricsAt(listen, METRICS),
       exitHints: exitHints(config)
     })
   }

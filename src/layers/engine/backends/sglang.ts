@@ -6,7 +6,7 @@
  * (KVEventsConfig, whose `publisher` defaults to "null").
  */
 import type { AgentConfig } from "../../../services/config/Config.ts"
-import type { Engine, ExitHint } from "../../../services/engine/Engine.ts"
+import type { Engine, ExitHint, MetricNames } from "../../../services/engine/Engine.ts"
 import { isLoopbackHost } from "../../../services/net/HostPort.ts"
 import { assemble, httpProbeAt, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
 import { hicacheTier, sglangLmcacheTier } from "./cpuCacheTiers.ts"
@@ -64,9 +64,30 @@ const exitHints = (config: AgentConfig): ReadonlyArray<ExitHint> => {
   ]
 }
 
+/** SGLang's series that carry the load signals and progress (capabilities.metricNames). */
+const METRICS: MetricNames = {
+  running: ["sglang:num_running_reqs"],
+  waiting: ["sglang:num_queue_reqs"],
+  kvUsage: ["sglang:token_usage"],
+  // The scheduler's counter, moved as its batches run (prefill_compute, prefill_cache, decode tokens:
+  // python/sglang/srt/observability/metrics_collector.py SchedulerMetricsCollector.increment_realtime_tokens).
+  // Not sglang:prompt_tokens_total and generation_tokens_total: the tokenizer manager adds a request's tokens
+  // only when it finishes (TokenizerMetricsCollector.observe_one_finished_request), so they stand still
+  // through long generations on a healthy server. Older servers without it are not watched for progress.
+  progress: ["sglang:realtime_tokens_total"],
+  // With --dp-size > 1 each replica's scheduler labels its series dp_rank, the replica's index in the
+  // DataParallelController's workers, the rank routed_dp_rank and bootstrap_room % dp pick (with
+  // --enable-dp-attention too, its attention-DP rank: python/sglang/srt/managers/data_parallel_controller.py
+  // launch_tensor_parallel_group); schedulers with attn_tp_rank 0 report, one per replica
+  // (python/sglang/srt/observability/scheduler_metrics_mixin.py init_metrics, later metrics_collector.py
+  // SchedulerMetricsCollector.init_new; labels since sgl-project/sglang#7597). Without --dp-size: no label.
+  rankLabel: "dp_rank"
+}
+
 export const sglang: Engine = {
   kind: "sglang",
   capabilities: {
+    metricNames: METRICS,
     displayName: "SGLang",
     modelPath: "directory-or-gguf",
     spawns: true,
@@ -198,24 +219,7 @@ export const sglang: Engine = {
       liveness: { kind: "http", url: `${listen.baseUrl}/health` },
       // Its answer takes a second by design: a probe given less (a liveness_interval under ~1 s) would fail each time.
       livenessTimeoutFloorMs: 3_000,
-      metrics: metricsAt(listen, {
-        running: ["sglang:num_running_reqs"],
-        waiting: ["sglang:num_queue_reqs"],
-        kvUsage: ["sglang:token_usage"],
-        // The scheduler's counter, moved as its batches run (prefill_compute, prefill_cache, decode tokens:
-        // python/sglang/srt/observability/metrics_collector.py SchedulerMetricsCollector.increment_realtime_tokens).
-        // Not sglang:prompt_tokens_total and generation_tokens_total: the tokenizer manager adds a request's tokens
-        // only when it finishes (TokenizerMetricsCollector.observe_one_finished_request), so they stand still
-        // through long generations on a healthy server. Older servers without it are not watched for progress.
-        progress: ["sglang:realtime_tokens_total"],
-        // With --dp-size > 1 each replica's scheduler labels its series dp_rank, the replica's index in the
-        // DataParallelController's workers, the rank routed_dp_rank and bootstrap_room % dp pick (with
-        // --enable-dp-attention too, its attention-DP rank: python/sglang/srt/managers/data_parallel_controller.py
-        // launch_tensor_parallel_group); schedulers with attn_tp_rank 0 report, one per replica
-        // (python/sglang/srt/observability/scheduler_metrics_mixin.py init_metrics, later metrics_collector.py
-        // SchedulerMetricsCollector.init_new; labels since sgl-project/sglang#7597). Without --dp-size: no label.
-        rankLabel: "dp_rank"
-      }),
+      metrics: metricsAt(listen, METRICS),
       kvEvents: events?.endpoint,
       warnings,
       cpuCache: hierarchical ? hicacheTier(config) : offload === "lmcache" ? sglangLmcacheTier : undefined,

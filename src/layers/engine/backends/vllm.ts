@@ -7,7 +7,7 @@
 import type { AgentConfig, KvOffload } from "../../../services/config/Config.ts"
 import { DEFAULT_KV_BLOCK_SIZE } from "../../../services/config/ConfigSchema.ts"
 import type { CpuCacheTier } from "../../../services/engine/CpuCache.ts"
-import type { Engine, ExitHint, RenderHost } from "../../../services/engine/Engine.ts"
+import type { Engine, ExitHint, MetricNames, RenderHost } from "../../../services/engine/Engine.ts"
 import { hostOfAddr, isLoopbackHost, isWildcardHost } from "../../../services/net/HostPort.ts"
 import { assemble, httpProbe, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
 import { kvbmTier, lmcacheTier } from "./cpuCacheTiers.ts"
@@ -132,9 +132,34 @@ const exitHints = (config: AgentConfig): ReadonlyArray<ExitHint> => {
   ]
 }
 
+/** vLLM's series that carry the load signals and progress (capabilities.metricNames). */
+const METRICS: MetricNames = {
+  running: ["vllm:num_requests_running"],
+  waiting: ["vllm:num_requests_waiting"],
+  kvUsage: ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+  // The token counters move at each engine step that outputs something (vllm/v1/metrics/stats.py
+  // IterationStats.update_from_output: a request's prompt once its whole prefill is done, each generated
+  // token; recorded per output batch by vllm/v1/metrics/loggers.py PrometheusStatLogger.record, one child per
+  // engine core): a prefill leg (max_tokens 1) moves both as its prefill ends. The prefix-cache queries move
+  // as the scheduler takes up a waiting request (vllm/v1/core/kv_cache_manager.py get_computed_blocks, in
+  // every step's SchedulerStats; the old name before 0.9): under FIFO overload legs can be aborted mid-prefill
+  // one after another, so that no prompt completes for a while on a busy engine, but each one the scheduler
+  // starts in a freed slot counts there. A hung step (a collective, a stuck scheduler) moves none of them.
+  progress: [
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:gpu_prefix_cache_queries_total"
+  ],
+  // every vLLM family has a child per engine core, labelled with its index (PrometheusStatLogger, labelnames
+  // ["model_name", "engine"])
+  rankLabel: "engine"
+}
+
 export const vllm: Engine = {
   kind: "vllm",
   capabilities: {
+    metricNames: METRICS,
     displayName: "vLLM",
     modelPath: "directory-or-gguf",
     spawns: true,
@@ -227,28 +252,7 @@ export const vllm: Engine = {
       // vllm/entrypoints/serve/instrumentator/health.py), while /v1/models answers from the API server alone and
       // stays 200 under an API server kept up without its engine (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH).
       liveness: { kind: "http", url: `${listen.baseUrl}/health` },
-      metrics: metricsAt(listen, {
-        running: ["vllm:num_requests_running"],
-        waiting: ["vllm:num_requests_waiting"],
-        kvUsage: ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
-        // The token counters move at each engine step that outputs something (vllm/v1/metrics/stats.py
-        // IterationStats.update_from_output: a request's prompt once its whole prefill is done, each generated
-        // token; recorded per output batch by vllm/v1/metrics/loggers.py PrometheusStatLogger.record, one child per
-        // engine core): a prefill leg (max_tokens 1) moves both as its prefill ends. The prefix-cache queries move
-        // as the scheduler takes up a waiting request (vllm/v1/core/kv_cache_manager.py get_computed_blocks, in
-        // every step's SchedulerStats; the old name before 0.9): under FIFO overload legs can be aborted mid-prefill
-        // one after another, so that no prompt completes for a while on a busy engine, but each one the scheduler
-        // starts in a freed slot counts there. A hung step (a collective, a stuck scheduler) moves none of them.
-        progress: [
-          "vllm:prompt_tokens_total",
-          "vllm:generation_tokens_total",
-          "vllm:prefix_cache_queries_total",
-          "vllm:gpu_prefix_cache_queries_total"
-        ],
-        // every vLLM family has a child per engine core, labelled with its index (PrometheusStatLogger, labelnames
-        // ["model_name", "engine"])
-        rankLabel: "engine"
-      }),
+      metrics: metricsAt(listen, METRICS),
       kvEvents: events?.endpoint,
       exitHints: exitHints(config)
     })
