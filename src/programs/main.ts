@@ -142,7 +142,12 @@ const orderedDrain = Effect.fn("Agent.drain")(function* (why: string, signals: S
   yield* Effect.logInfo("drain: in-flight streams done; stopping the engine")
 
   yield* engine.stop
-  yield* Effect.logInfo("drain: engine stopped; revoking the lease and closing the servers")
+  // standalone (no cluster.etcd) holds no lease to revoke: the line says what happens next on this node
+  yield* Effect.logInfo(
+    config.cluster.etcd.length > 0
+      ? "drain: engine stopped; revoking the lease and closing the servers"
+      : "drain: engine stopped; closing the servers"
+  )
 })
 
 /**

@@ -155,6 +155,8 @@ describe("examples/k8s (kustomize overlay)", () => {
     const env = Object.fromEntries(agent.env.map((e: Doc) => [e.name, e.value]))
     for (const name of ["HF_HOME", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME"])
       expect(env[name], name).toMatch(new RegExp(`^${cacheMount.mountPath}/`))
+    // the user has no passwd entry: Python's getpass.getuser() needs a name from the environment
+    expect(env.USER).toMatch(/^[a-z][a-z0-9-]*$/)
     // state_dir on the host too: a cordon and a GPU's remembered Xids outlive the pod (a rollout)
     const stateMount = agent.volumeMounts.find((m: Doc) => m.name === "state")
     const stateVolume = pod.volumes.find((v: Doc) => v.name === "state")
