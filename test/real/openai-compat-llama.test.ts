@@ -38,7 +38,7 @@ afterAll(async () => {
   if (dir) fs.rmSync(dir, { recursive: true, force: true })
 })
 
-const proxy = async (proxiedKind?: ProxiedKind, url = server.url) => {
+const proxy = async (proxiedKind?: ProxiedKind, url = server.url, engineKeys: Record<string, string> = {}) => {
   const [grpcPort, adminPort] = (await freePorts(2)) as [number, number]
   const agent = await startAgent({
     config: {
@@ -52,6 +52,7 @@ const proxy = async (proxiedKind?: ProxiedKind, url = server.url) => {
         kind: "openai_compat",
         url,
         failed_calls_unhealthy: 2,
+        ...engineKeys,
         ...(proxiedKind === undefined ? {} : { proxied_kind: proxiedKind })
       },
       models: { tiny: { path: model } }
@@ -153,5 +154,17 @@ describe("openai_compat with engine.proxied_kind = llama_cpp", () => {
     } finally {
       bare.process.kill("SIGKILL")
     }
+  })
+
+  it("its idle test completion is llama-server's (ignore_eos, so an early end cannot pass for a working engine)", async () => {
+    const { agent } = await proxy("llama_cpp", server.url, { idle_probe_after: "1s" })
+    // the slot shows the last task's sampling: the test's 16 tokens, generated whatever the model's end
+    await pollUntil("the idle test on llama-server's slot", async () => {
+      const slots = (await (await fetch(`${server.url}/slots`)).json()) as Array<{
+        params?: { ignore_eos?: boolean; n_predict?: number }
+      }>
+      return slots[0]?.params?.n_predict === 16 && slots[0].params.ignore_eos === true
+    })
+    await agent.stop()
   })
 })
