@@ -3,7 +3,8 @@
  * backend passes it (layers/engine/backends/*.ts render; `capabilities.modelPath` says which of these it is), so that a model that is not there is found before `run`
  * spawns an engine that exits at every start (the crash loop of a missing GGUF file). Reads only.
  * - llama.cpp: `llama-server -m PATH` opens one GGUF file (ggml-org/llama.cpp ggml/src/gguf.cpp gguf_init_from_file:
- *   "failed to open GGUF file").
+ *   "failed to open GGUF file"), and refuses one that does not start with its magic (gguf_init_from_reader: "invalid
+ *   magic characters"), whatever its name.
  * - vLLM (`vllm serve PATH`) and SGLang (`--model-path PATH`): a model directory (the Hugging Face layout), or one
  *   GGUF file, told by its name or its magic (vllm-project/vllm vllm/transformers_utils/utils.py and
  *   sgl-project/sglang python/sglang/srt/utils.py, check_gguf_file: a file named *.gguf or starting with "GGUF"). A
@@ -53,6 +54,9 @@ export const pathProblem = async (file: string, wanted: ModelPathKind): Promise<
     await fsp.access(file, constants.R_OK)
     if (wanted === "directory-or-gguf" && !file.endsWith(".gguf") && !(await ggufMagic(file)))
       return `${file} is a file but not a GGUF file (a model directory is wanted)`
+    // llama-server reads the magic first, whatever the name (gguf_init_from_reader: "invalid magic characters")
+    if (wanted === "gguf-file" && !(await ggufMagic(file)))
+      return `${file} is not a GGUF file (it does not start with "GGUF")`
     return undefined
   } catch (e) {
     const code = codeOf(e)

@@ -469,6 +469,8 @@ describe("check finds on the host what run would find only by failing", () => {
     const named = path.join(dir, "no-magic.gguf")
     fs.writeFileSync(named, "not magic")
     expect(await pathProblem(named, "directory-or-gguf")).toBeUndefined()
+    // llama-server reads the magic whatever the name: it exits 1 at every start on such a file
+    expect(await pathProblem(named, "gguf-file")).toBe(`${named} is not a GGUF file (it does not start with "GGUF")`)
     expect(await pathProblem("/etc/passwd/m.gguf", "gguf-file")).toBe("/etc/passwd/m.gguf does not exist")
   })
 

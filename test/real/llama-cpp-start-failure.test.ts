@@ -9,12 +9,13 @@
 // output reached llama-server's last line, restarting every 100 ms until one does: one thread writes the lines in
 // order, so that run's record is complete.
 import * as fs from "node:fs"
+import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
 import { type AgentHandle, killAllAgents, requireDist, startAgent } from "../support/agent.ts"
 import { pollUntil } from "../support/poll.ts"
-import { llamaAgentConfig, type RealEngine, realEngine, SERVER_ARGS } from "./engine.ts"
+import { llamaAgentConfig, type RealEngine, realEngine, SERVER_ARGS, serverPids, tinyModel } from "./engine.ts"
 
 interface Exit {
   readonly run: number
@@ -108,5 +109,60 @@ describe("the real llama-server dies at load, and the agent names the key", () =
     expect(exit.code).toBe(1)
     expect(exit.lastLines.join("\n"), agent?.tail(120)).toContain("invalid magic characters")
     expect(exit.hint).toContain(HINT)
+  }, 120_000)
+
+  it("a models.<name>.path cut short (a download not finished): named as such", async () => {
+    const whole = tinyModel(engine, dir, "words")
+    const cut = path.join(dir, "cut.gguf")
+    const bytes = fs.readFileSync(whole)
+    fs.writeFileSync(cut, bytes.subarray(0, bytes.length - 64))
+    const exit = await firstExit(cut)
+    expect(exit.code).toBe(1)
+    expect(exit.lastLines.join("\n"), agent?.tail(120)).toContain("model is corrupted or incomplete")
+    expect(exit.hint).toContain('the model file models."tiny".path names is cut short or corrupted')
+  }, 120_000)
+})
+
+describe("the real llama-server cannot bind engine.url's port", () => {
+  it("another process took it during the restart backoff: the hint names engine.url", async () => {
+    const c = await llamaAgentConfig({
+      engine,
+      model: tinyModel(engine, dir, "words"),
+      engineSection: { restart_backoff_initial: "1s", restart_backoff_max: "1s" }
+    })
+    const a = await startAgent({ config: c.config })
+    agent = a
+    const [pid] = serverPids(c.enginePort)
+    expect(pid, a.tail()).toBeDefined()
+    let squatter: net.Server | undefined
+    try {
+      process.kill(pid as number, "SIGKILL")
+      // the port is free once the killed server is gone: taken then, before the next run binds it
+      squatter = await pollUntil("the port taken", () => {
+        // a connection the agent's probes open is closed at once: close() waits for every open one
+        const server = net.createServer((socket) => socket.destroy())
+        return new Promise<net.Server | false>((resolve) => {
+          server.once("error", () => resolve(false))
+          server.listen(c.enginePort, "127.0.0.1", () => resolve(server))
+        })
+      })
+      const exit = await pollUntil(
+        "a run that could not bind",
+        async () => {
+          const body = (await (await fetch(`${a.adminUrl}/status`)).json()) as {
+            readonly engine: { readonly exits: ReadonlyArray<Exit> }
+          }
+          return body.engine.exits.find((x) => x.lastLines.some((l) => l.includes("couldn't bind HTTP server socket")))
+        },
+        60_000,
+        100
+      )
+      expect(exit.code).toBe(1)
+      expect(exit.hint).toContain(
+        `llama-server could not listen on 127.0.0.1:${c.enginePort} (engine.url): another process holds that port`
+      )
+    } finally {
+      await new Promise((resolve) => (squatter === undefined ? resolve(undefined) : squatter.close(resolve)))
+    }
   }, 120_000)
 })

@@ -26,6 +26,19 @@ const exitHints = (config: AgentConfig): ReadonlyArray<ExitHint> => [
     hint: `llama-server could not read the model file ${sourceKey(config)} names: it must be an existing, readable GGUF file on this host`
   },
   {
+    // src/llama-model-loader.h, load_all_data's bounds check: "tensor '%s' data is not within the file bounds, model
+    // is corrupted or incomplete" (a download cut short, a copy still being written)
+    patterns: ["model is corrupted or incomplete"],
+    hint: `the model file ${sourceKey(config)} names is cut short or corrupted (its tensors run past its end): download or copy it again whole`
+  },
+  {
+    // tools/server/server-http.cpp, start: "couldn't bind HTTP server socket, hostname: %s, port: %d", then
+    // server.cpp "exiting due to HTTP server error". The agent checks the port before it starts the engine; another
+    // process can take it between a run and the next (during the restart backoff).
+    patterns: ["couldn't bind HTTP server socket"],
+    hint: `llama-server could not listen on ${listenOf(config).host}:${listenOf(config).port} (engine.url): another process holds that port (ss -ltnp names it), or the host is not an address of this machine`
+  },
+  {
     // ggml/src/ggml-cuda/ggml-cuda.cu, ggml_backend_cuda_buffer_type_alloc_buffer: "allocating %.2f MiB on device
     // %d: cudaMalloc failed: %s", CUDA's text for cudaErrorMemoryAllocation being "out of memory".
     patterns: ["cudaMalloc failed: out of memory"],
