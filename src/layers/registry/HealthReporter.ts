@@ -19,6 +19,7 @@ import {
 } from "../../services/registry/HealthReporter.ts"
 import { afterLeaseLossMs, backoffMs, reporterTiming } from "../../services/registry/ReporterTiming.ts"
 import { type EtcdOps, makeEtcdOps } from "./etcdClient.ts"
+import { makeLeaseRecord } from "./leaseRecord.ts"
 import { makeRegistrationStep, type StepReason } from "./registrationStep.ts"
 import { initialReporterState, statusOf } from "./reporterState.ts"
 
@@ -50,7 +51,9 @@ const make = Effect.gen(function* () {
   })
   const lock = yield* Semaphore.make(1)
   const s = initialReporterState()
-  const { step, setState } = makeRegistrationStep({ s, ops, key, timing, agent, nodeStatus })
+  // Read before the first grant replaces it: the lease of this node's previous agent, if it died holding the key.
+  const leaseRecord = yield* makeLeaseRecord(agent.state_dir, key)
+  const { step, setState } = makeRegistrationStep({ s, ops, key, timing, agent, nodeStatus, leaseRecord })
 
   /** Runs a step under the lock and updates the state for its failure; returns the delay before the next one. */
   const round = (reason: StepReason) =>
@@ -130,8 +133,10 @@ const make = Effect.gen(function* () {
           session.registered
             ? "etcd lease revoked, node key removed"
             : "etcd lease revoked (no key was written under it)"
-        ).pipe(Effect.annotateLogs({ key }))
+        ).pipe(Effect.annotateLogs({ key, epoch: session.epoch }))
       ),
+      // gone: no record of it is left for the next agent (one left, as by a failed revoke, names a lease it may revoke)
+      Effect.andThen(leaseRecord.remove),
       Effect.catch((e) => Effect.logWarning(`etcd: lease revoke failed, the key expires after its TTL: ${e.message}`))
     )
     s.session = undefined

@@ -208,32 +208,51 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
     rebuild()
     return true
   })
-  // The failed call is not retried here: the reporter's next try (within a heartbeat) uses the new client.
-  const followAuth = (e: EtcdUnavailable | LeaseLost) => {
+  /** Follows etcd's auth (etcdAuthSays) on a failure; true when it switched, the client rebuilt. */
+  const followAuth = (e: EtcdUnavailable | LeaseLost): Effect.Effect<boolean> => {
     const says = opts.auth === undefined || e._tag !== "EtcdUnavailable" ? undefined : etcdAuthSays(e.reason)
-    if (says === undefined || (says === "off") === authOff) return Effect.void
+    if (says === undefined || (says === "off") === authOff) return Effect.succeed(false)
     authOff = says === "off"
     rebuild()
-    return Effect.logWarning(
-      authOff
-        ? "etcd has authentication disabled: going on without a token (cluster.etcd_username is not used while it is off)"
-        : "etcd has authentication enabled again: authenticating as cluster.etcd_username"
+    return Effect.as(
+      Effect.logWarning(
+        authOff
+          ? "etcd has authentication disabled: going on without a token (cluster.etcd_username is not used while it is off)"
+          : "etcd has authentication enabled again: authenticating as cluster.etcd_username"
+      ),
+      true
     )
   }
-  const call = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, EtcdUnavailable | LeaseLost> =>
-    Effect.tryPromise({
-      try: f,
-      catch: (e) =>
-        e instanceof EtcdLeaseInvalidError
-          ? new LeaseLost({ leaseId: "", reason: e.message })
-          : new EtcdUnavailable({ operation, reason: reasonOf(e), answered: answered(e) })
-    }).pipe(
+  /**
+   * A call refused for its auth alone is made once more on the client rebuilt for it, within the same deadline: the
+   * refusal came before etcd ran anything (etcd3 asks for a token first, which an etcd with auth off refuses; an etcd
+   * with auth on refuses a call without a token), so nothing runs twice. Left to the reporter's next round, the first
+   * call of every start with etcd_username set against an etcd with auth off failed: a "retrying" warning and a
+   * backoff before registering, for what the warning of the switch already says.
+   */
+  const followingAuth = <A>(
+    attempt: Effect.Effect<A, EtcdUnavailable | LeaseLost>,
+    operation: string
+  ): Effect.Effect<A, EtcdUnavailable | LeaseLost> =>
+    attempt.pipe(
+      Effect.catch((e) => Effect.flatMap(followAuth(e), (switched) => (switched ? attempt : Effect.fail(e)))),
       // belt and braces: the gRPC deadline should fire first
       Effect.timeoutOrElse({
         duration: options.callTimeoutMs + CALL_DEADLINE_SLACK_MS,
         orElse: () => Effect.fail(new EtcdUnavailable({ operation, reason: "timed out" }))
       }),
       Effect.tapError(followAuth)
+    )
+  const call = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, EtcdUnavailable | LeaseLost> =>
+    followingAuth(
+      Effect.tryPromise({
+        try: f,
+        catch: (e) =>
+          e instanceof EtcdLeaseInvalidError
+            ? new LeaseLost({ leaseId: "", reason: e.message })
+            : new EtcdUnavailable({ operation, reason: reasonOf(e), answered: answered(e) })
+      }),
+      operation
     )
   const unavailableOnly = <A>(operation: string, f: () => Promise<A>) =>
     call(operation, f).pipe(
@@ -248,12 +267,9 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
     )
 
   const keepAlive = (leaseId: string): Effect.Effect<number, EtcdUnavailable | LeaseLost> =>
-    Effect.suspend(() => keepAliveOnce(client.leaseClient, leaseId, options.callTimeoutMs, reasonOf)).pipe(
-      Effect.timeoutOrElse({
-        duration: options.callTimeoutMs + CALL_DEADLINE_SLACK_MS,
-        orElse: () => Effect.fail(new EtcdUnavailable({ operation: "lease keepalive", reason: "timed out" }))
-      }),
-      Effect.tapError(followAuth)
+    followingAuth(
+      Effect.suspend(() => keepAliveOnce(client.leaseClient, leaseId, options.callTimeoutMs, reasonOf)),
+      "lease keepalive"
     )
 
   const txn = (

@@ -20,6 +20,7 @@ import {
 } from "../../services/registry/HealthReporter.ts"
 import type { ReporterTiming } from "../../services/registry/ReporterTiming.ts"
 import type { EtcdOps, Holder, WriteOutcome } from "./etcdClient.ts"
+import type { LeaseRecord } from "./leaseRecord.ts"
 import type { ReporterState, Session } from "./reporterState.ts"
 
 export type StepReason = "tick" | "flush" | "drain" | "shutdown" | "change"
@@ -45,6 +46,8 @@ export interface StepContext {
   readonly timing: ReporterTiming
   readonly agent: AgentConfig["agent"]
   readonly nodeStatus: NodeStatusService
+  /** The lease record in agent.state_dir (leaseRecord.ts); none: no lease is recorded nor revoked as a predecessor's. */
+  readonly leaseRecord?: LeaseRecord | undefined
 }
 
 export interface RegistrationStep {
@@ -54,13 +57,30 @@ export interface RegistrationStep {
   readonly setState: (next: RegistrationState) => Effect.Effect<void>
 }
 
-export const makeRegistrationStep = ({ s, ops, key, timing, agent, nodeStatus }: StepContext): RegistrationStep => {
+export const makeRegistrationStep = ({
+  s,
+  ops,
+  key,
+  timing,
+  agent,
+  nodeStatus,
+  leaseRecord
+}: StepContext): RegistrationStep => {
   const setState = (next: RegistrationState) =>
     Effect.gen(function* () {
       const prev = s.state
       s.state = next
       if (prev === next) return
-      const fields = { key, from: prev, to: next, epoch: s.session?.epoch ?? "", error: s.lastError ?? "" }
+      // a field without a value is left out, not logged empty
+      const epoch = s.session?.epoch
+      const error = s.lastError
+      const fields = {
+        key,
+        from: prev,
+        to: next,
+        ...(epoch === undefined ? {} : { epoch }),
+        ...(error === undefined || error === "" ? {} : { error })
+      }
       if (next === "registered")
         yield* Effect.logInfo("etcd registration: registered").pipe(Effect.annotateLogs(fields))
       else yield* Effect.logWarning(`etcd registration: ${next}`).pipe(Effect.annotateLogs(fields))
@@ -82,6 +102,8 @@ export const makeRegistrationStep = ({ s, ops, key, timing, agent, nodeStatus }:
     yield* Effect.logInfo("etcd lease granted").pipe(
       Effect.annotateLogs({ key, epoch: session.epoch, ttl_ms: session.ttlMs })
     )
+    // Before the key is created under it: a key under a lease the record does not name is never revoked by the next agent.
+    if (leaseRecord !== undefined) yield* leaseRecord.write(g.id)
     return session
   })
 
@@ -112,7 +134,7 @@ export const makeRegistrationStep = ({ s, ops, key, timing, agent, nodeStatus }:
       })
     })
 
-  const conflictError = (holder: Holder) =>
+  const conflictError = (holder: Holder, notRevoked: string | undefined) =>
     Effect.gen(function* () {
       const h = holderOf(holder)
       const ownAddress = (yield* nodeStatus.snapshot).advertiseAddr
@@ -121,7 +143,8 @@ export const makeRegistrationStep = ({ s, ops, key, timing, agent, nodeStatus }:
         nodeId: agent.node_id,
         holderLease: h.lease,
         holderAdvertiseAddr: h.advertiseAddr,
-        holderIsThisAddress: h.advertiseAddr !== "" && h.advertiseAddr === ownAddress
+        holderIsThisAddress: h.advertiseAddr !== "" && h.advertiseAddr === ownAddress,
+        notRevoked
       })
       const changed = s.conflict?.lease !== h.lease
       s.conflict = h
@@ -161,6 +184,31 @@ export const makeRegistrationStep = ({ s, ops, key, timing, agent, nodeStatus }:
       return yield* Effect.fail(refused)
     })
 
+  /**
+   * The key is held by the lease this node's previous agent recorded in state_dir (leaseRecord.ts): that agent died
+   * without revoking it, since only one agent at a time holds state_dir. Its lease is revoked (the key goes with it)
+   * and the key created at once, rather than left saying what the dead agent last wrote until the lease ends. A
+   * revoke that fails leaves the conflict as it is (saying why), for the next round to try again.
+   */
+  const takeFromPrevious = (previous: string, held: WriteOutcome, session: Session, value: string) =>
+    ops.revoke(previous).pipe(
+      Effect.matchEffect({
+        onFailure: (e) =>
+          Effect.succeed({
+            outcome: held,
+            notRevoked: `this is that lease, but its revoke failed (${e.message})`
+          }),
+        onSuccess: () =>
+          Effect.logWarning(
+            `etcd: the node's key was held by lease ${epochOf(previous)}, this node's previous agent's (recorded in agent.state_dir), stopped without revoking it: lease revoked, registering now`
+          ).pipe(
+            Effect.annotateLogs({ key, epoch: session.epoch }),
+            Effect.andThen(ops.create(key, value, session.id)),
+            Effect.map((outcome) => ({ outcome, notRevoked: undefined }))
+          )
+      })
+    )
+
   const step = (reason: StepReason): Effect.Effect<void, ReporterError> =>
     Effect.gen(function* () {
       let session = s.session
@@ -171,7 +219,7 @@ export const makeRegistrationStep = ({ s, ops, key, timing, agent, nodeStatus }:
       } else if (reason === "tick") {
         yield* ops.keepAlive(session.id)
         session.lastKeepAliveAt = yield* Clock.currentTimeMillis
-        yield* Effect.logTrace("etcd keepalive", { key, lease: session.id })
+        yield* Effect.logTrace("etcd keepalive", { key, epoch: session.epoch })
       }
       const now = yield* Clock.currentTimeMillis
       const due =
@@ -201,9 +249,16 @@ export const makeRegistrationStep = ({ s, ops, key, timing, agent, nodeStatus }:
         session.registered = false
         outcome = yield* ops.create(key, value, session.id)
       }
+      let notRevoked = leaseRecord?.notRevoked
+      const previous = leaseRecord?.previous
+      if (outcome._tag === "Held" && previous !== undefined && outcome.holder.lease === previous) {
+        const taken = yield* takeFromPrevious(previous, outcome, current, value)
+        outcome = taken.outcome
+        notRevoked = taken.notRevoked ?? notRevoked
+      }
       if (outcome._tag === "Held") {
         session.registered = false
-        return yield* conflictError(outcome.holder)
+        return yield* conflictError(outcome.holder, notRevoked)
       }
       if (outcome._tag === "Missing") {
         return yield* Effect.fail(new EtcdUnavailable({ operation: "create", reason: "key vanished during create" }))
@@ -213,7 +268,7 @@ export const makeRegistrationStep = ({ s, ops, key, timing, agent, nodeStatus }:
         reason,
         state: record.state,
         sequence: record.freshness?.sequence,
-        lease: session.id
+        epoch: session.epoch
       })
       session.registered = true
       s.lastWriteMs = now

@@ -94,12 +94,20 @@ export class RegistrationConflict extends Schema.TaggedError<RegistrationConflic
   holderLease: Schema.String,
   holderAdvertiseAddr: Schema.String,
   /** The holder advertises this node's own address: most likely this node's previous agent, killed before its revoke. */
-  holderIsThisAddress: Schema.Boolean
+  holderIsThisAddress: Schema.Boolean,
+  /**
+   * Why the holder's lease is not revoked as this node's previous agent's (layers/registry/leaseRecord.ts): the
+   * lease recorded in agent.state_dir is another, there is none, or this agent keeps no record.
+   */
+  notRevoked: Schema.optional(Schema.String)
 }) {
   override get message(): string {
     const addr = this.holderAdvertiseAddr === "" ? "unknown address" : `advertising ${this.holderAdvertiseAddr}`
+    // A lease's expiry is not persisted: an etcd that restarts (or elects a new leader) gives every lease a full TTL
+    // again (etcd-io/etcd lease/lessor.go, Promote; server/lease/lessor.go from 3.5), so the holder's key may outlive
+    // its agent's last keepalive by more than agent.lease_ttl.
     if (this.holderIsThisAddress && this.holderLease !== "none")
-      return `node id "${this.nodeId}" is still registered at ${this.key} under lease ${this.holderLease}, advertising this node's own address (${this.holderAdvertiseAddr}): most likely this node's previous agent, stopped without revoking its lease (killed, out of memory); refusing to overwrite it, retrying until that lease ends (at most agent.lease_ttl after that agent's last keepalive). If another agent at this address runs with this id, give one of them a distinct [agent].node_id`
+      return `node id "${this.nodeId}" is still registered at ${this.key} under lease ${this.holderLease}, advertising this node's own address (${this.holderAdvertiseAddr}): most likely this node's previous agent, stopped without revoking its lease (killed, out of memory)${this.notRevoked === undefined ? "" : `; not revoked: an agent revokes only the lease its previous agent recorded in agent.state_dir, and ${this.notRevoked}`}; refusing to overwrite it, retrying until that lease ends (at most agent.lease_ttl after etcd last saw it kept alive; an etcd restart extends it). If another agent at this address runs with this id, give one of them a distinct [agent].node_id`
     // A key written without a lease (by hand, by a tool) never expires: only its removal ends the conflict.
     if (this.holderLease === "none")
       return `node id "${this.nodeId}" is already registered at ${this.key} with no lease (${addr}): written by hand or by another tool, it never expires; refusing to overwrite it, retrying until the key is deleted (etcdctl del ${this.key}). If another agent needs this id, give this one a distinct [agent].node_id`
@@ -125,7 +133,8 @@ export class LeaseLost extends Schema.TaggedError<LeaseLost>()("LeaseLost", {
   reason: Schema.String
 }) {
   override get message(): string {
-    return `etcd lease ${this.leaseId} lost: ${this.reason}`
+    // in hex, as epochs and `etcdctl lease list` show lease ids (the id itself is etcd's decimal)
+    return `etcd lease ${/^\d+$/.test(this.leaseId) ? epochOf(this.leaseId) : "(unknown)"} lost: ${this.reason}`
   }
 }
 
