@@ -144,6 +144,15 @@ describe("EngineClient against a controlled server", () => {
         req.socket.destroy()
         return
       }
+      if (mode === "broken-close") {
+        // an answer the server closes its connection after (llama-server's streams), ended by a FIN mid-body: what a
+        // killed engine's kernel sends
+        res.writeHead(200, { "content-type": "text/event-stream", connection: "close" })
+        res.write(chunk(0))
+        await tick()
+        req.socket.end()
+        return
+      }
       if (mode === "noheaders") return // never answers; the client's header timeout must fire
       if (mode === "big") {
         // 4 MiB of events written at once: the client must pause and resume the socket, losing nothing.
@@ -345,6 +354,14 @@ describe("EngineClient against a controlled server", () => {
   it("a connection broken mid-body is Stream", async () => {
     const e = failure(await collect("broken"))
     expect(e.reason).toBe("Stream")
+  })
+
+  it("a connection the engine closes mid-body is said as such, not as an HTTP parser's words", async () => {
+    const e = failure(await collect("broken-close"))
+    expect([e.reason, e.message]).toEqual([
+      "Stream",
+      "stream truncated: the engine closed the connection before the end of its answer"
+    ])
   })
 
   it("no response headers within the stream header timeout is Timeout", async () => {

@@ -118,6 +118,9 @@ export const errorCode = (e: Error): string => {
   return typeof c === "string" ? c : typeof cause?.code === "string" ? cause.code : ""
 }
 
+const EOF_MID_BODY = /\(Invalid EOF state\)$/
+const CLOSED_MID_BODY = "the engine closed the connection before the end of its answer"
+
 /**
  * A transport failure; `reached` when the engine had the request (written whole, or its answer begun): then it is an
  * answer that broke off (an engine killed mid-prefill, before a whole answer's headers), not an unreachable engine. No
@@ -128,6 +131,10 @@ export const transportError = (e: Error, reached: boolean): EngineError => {
   const code = errorCode(e)
   if (code.endsWith("TIMEOUT") && code !== "UND_ERR_CONNECT_TIMEOUT")
     return new EngineError({ reason: "Timeout", message: `${code}: ${e.message}` })
+  // undici's HTTP/1.1 parser, at a connection closed within an answer the engine closes its connection after
+  // (llama-server's streams; a killed engine's FIN): "Response does not match the HTTP/1.1 protocol (Invalid EOF
+  // state)" reached callers as the cause, which reads as a protocol bug rather than the cut it is
+  if (EOF_MID_BODY.test(e.message)) return new EngineError({ reason: "Stream", message: CLOSED_MID_BODY })
   const message = `${code === "" ? "" : `${code}: `}${e.message}`
   return new EngineError({ reason: reached ? "Stream" : "Connect", message })
 }
