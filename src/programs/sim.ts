@@ -11,9 +11,10 @@ import { unknownFlagsRefusal } from "../sim/argRefusal.ts"
 import { parseArgs } from "../sim/args.ts"
 import { LLAMA_KEEP_ALIVE_S, LLAMA_MAX_REQUESTS, makeContext } from "../sim/context.ts"
 import { KvPublisher, kvEventsSettings } from "../sim/kvpublisher.ts"
+import { llamaModelFileFault } from "../sim/modelFile.ts"
 import { handler } from "../sim/server.ts"
 import { ArgsError, type SimConfig } from "../sim/simConfig.ts"
-import { type StartDeath, type StartFailure, startDeath } from "../sim/startFailures.ts"
+import { llamaDeath, llamaLoadDeath, type StartDeath, type StartFailure, startDeath } from "../sim/startFailures.ts"
 import { VERSION } from "../version.ts"
 
 const USAGE = `cgn-engine-sim ${VERSION}: an engine-shaped process for tests and laptops (no GPU, no weights).
@@ -68,7 +69,15 @@ const crashAtStart = async (cfg: SimConfig, cause: StartFailure): Promise<void> 
   await new Promise((resolve) => setTimeout(resolve, cfg.startupDelayMs))
   log("crash at start", { cause })
   const now = new Date()
-  die(startDeath(cfg.flavor, cause, { model: cfg.model, maxModelLen: cfg.maxModelLen, pid: process.pid, now }))
+  die(
+    startDeath(cfg.flavor, cause, {
+      model: cfg.model,
+      maxModelLen: cfg.maxModelLen,
+      pid: process.pid,
+      now,
+      fit: cfg.llamaFit
+    })
+  )
 }
 
 /** The engine's last lines, each on its stream, then its own end. */
@@ -145,8 +154,16 @@ const main = async (): Promise<void> => {
   // immediately." and exits 1; uvicorn (vLLM, SGLang) `Server.handle_exit` sets `force_exit` likewise. A
   // supervisor that signals twice therefore shows up as exit code 1 and that line.
   let shuttingDown = false
-  const shutdown = (signal: string) => {
+  const shutdown = (signal: NodeJS.Signals) => {
     if (signal === "SIGTERM" && cfg.ignoreSigterm) return log("ignoring SIGTERM")
+    // llama-server sets its handler only once its model has loaded (tools/server/server.cpp: load_model, then
+    // sigaction): a signal during the load ends it by that signal's default action
+    if (llama && !ctx.loaded) {
+      process.off("SIGTERM", onSigterm)
+      process.off("SIGINT", onSigint)
+      process.kill(process.pid, signal)
+      return
+    }
     if (shuttingDown) {
       log("Received second interrupt, terminating immediately.", { signal })
       process.exit(1)
@@ -160,12 +177,17 @@ const main = async (): Promise<void> => {
       log("shut down", { signal })
       process.exit(0)
     }
+    // its shutdown_handler ends the task loop, then clean_up (tools/server/server.cpp) logs this and stops the listener
+    if (llama) process.stderr.write("I srv    operator(): operator(): cleaning up before exit...\n")
     if (cfg.sigtermWaitsStreams) {
-      // llama-server's shutdown waiting on a busy slot (ggml-org/llama.cpp#18237; measured against the real server:
-      // in 5 of 13 runs): the listener closes, the streams in flight get nothing more (its task loop stopped), and
-      // the process exits once their clients have left, or after 30 s
+      // llama-server's shutdown waiting on a busy slot (ggml-org/llama.cpp#18237), its flavor's default: measured on
+      // the real server (node-llama-cpp 3.21.1's llama.cpp, test/real/sim-differential-12.test.ts) the listener
+      // closes, the streams in flight get nothing more (its task loop stopped), and the process exits 0 once their
+      // clients have left, or after 30 s. The real one races: in some runs the listener stays open too and only a
+      // second signal ends it (exit 1), in some the streams' connections are cut and it exits 0 at once; the
+      // simulator takes the common way
       ctx.core.wedge(undefined)
-      server.close(down)
+      server.close(() => setTimeout(down, cfg.shutdownDelayMs))
       setTimeout(down, 30_000).unref()
       return
     }
@@ -173,8 +195,10 @@ const main = async (): Promise<void> => {
     server.closeAllConnections()
     setTimeout(down, cfg.shutdownDelayMs)
   }
-  process.on("SIGTERM", () => shutdown("SIGTERM"))
-  process.on("SIGINT", () => shutdown("SIGINT"))
+  const onSigterm = () => shutdown("SIGTERM")
+  const onSigint = () => shutdown("SIGINT")
+  process.on("SIGTERM", onSigterm)
+  process.on("SIGINT", onSigint)
   if (cfg.crashAfterMs !== undefined) setTimeout(() => exit(1, `crash after ${cfg.crashAfterMs} ms`), cfg.crashAfterMs)
 
   if (ctx.sideChannel !== undefined) {
@@ -242,7 +266,20 @@ const main = async (): Promise<void> => {
   } else {
     const loading = delay().then(load)
     ctx.whenLoaded = loading
-    await listen()
+    await listen().catch((e: unknown) => {
+      if (!llama) throw e
+      // cpp-httplib's bind failed, whatever the cause (tools/server/server-http.cpp start; server.cpp clean_up)
+      return die(
+        llamaDeath([
+          `E srv         start: couldn't bind HTTP server socket, hostname: ${cfg.host}, port: ${cfg.port}`,
+          "I srv    operator(): operator(): cleaning up before exit...",
+          "E srv  llama_server: exiting due to HTTP server error"
+        ])
+      )
+    })
+    // llama-server listens, then loads the -m file: one it cannot load ends it (modelFile.ts)
+    const fault = llama && cfg.llamaModelFile !== undefined ? llamaModelFileFault(cfg.llamaModelFile) : undefined
+    if (fault !== undefined) return die(llamaLoadDeath(cfg.model, fault, cfg.llamaFit))
     await loading
   }
 }

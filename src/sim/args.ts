@@ -59,6 +59,8 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
   let maxModelLen: number | undefined
   let slotContext: number | undefined
   let llamaContext: LlamaContextArgs | undefined
+  let llamaModelFile: string | undefined
+  let llamaFit: boolean | undefined
   let ssePingMs: number | undefined
   let slotPromptSimilarity: number | undefined
   let tensorParallel = 1
@@ -102,6 +104,9 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     // caps it, is read from the model file at start (context.ts makeContext).
     llamaContext = { ctx: maxModelLen, parallel: np, unified: p.flags.has("--kv-unified") || p.flags.has("-kvu") }
     slotContext = llamaSlotContext(llamaContext, undefined)
+    llamaModelFile = first("-m", "--model")
+    const fit = first("-fit", "--fit") ?? env.LLAMA_ARG_FIT
+    llamaFit = fit === undefined || !["off", "disabled", "false", "0"].includes(fit)
     // common/common.h sse_ping_interval = 30 (seconds; -1 disables), common/arg.cpp --sse-ping-interval.
     const ping = num(v("--sse-ping-interval"), "--sse-ping-interval") ?? 30
     ssePingMs = ping > 0 ? ping * 1000 : undefined
@@ -156,6 +161,8 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     maxModelLen,
     slotContext,
     llamaContext,
+    llamaModelFile,
+    llamaFit,
     tensorParallel,
     dataParallel,
     // argparse checks the choices whatever --dp-size is (python/sglang/srt/server_args.py).
@@ -184,7 +191,8 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     slotPromptSimilarity,
     ignoreSigterm: p.flags.has("--sim-ignore-sigterm"),
     strictArgs: p.flags.has("--sim-strict-args"),
-    sigtermWaitsStreams: p.flags.has("--sim-sigterm-waits-streams"),
+    // llama-server's own way (src/programs/sim.ts shutdown), so its flavor's default
+    sigtermWaitsStreams: flavor === "llama_cpp" || p.flags.has("--sim-sigterm-waits-streams"),
     forkGrandchild: p.flags.has("--sim-fork-grandchild"),
     errorRate: num(v("--sim-error-rate"), "--sim-error-rate") ?? 0,
     errorKind: errorKind as ErrorKind,

@@ -131,7 +131,9 @@ export const MODELLED: Record<Flavor, ReadonlyArray<string>> = {
     "-sps",
     "--slot-prompt-similarity",
     "--api-key",
-    "--api-key-file"
+    "--api-key-file",
+    "-fit",
+    "--fit"
   ],
   mlx: ["--host", "--port", "--model", "--max-tokens", "--decode-concurrency"]
 }

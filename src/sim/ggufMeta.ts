@@ -53,11 +53,18 @@ export class Reader {
     return v
   }
   str(): string {
-    const n = this.u64()
+    return this.utf8(this.u64())
+  }
+  /** The next `n` bytes as UTF-8 text. */
+  utf8(n: number): string {
     this.need(n)
     const s = this.buf.toString("utf8", this.pos - this.start, this.pos - this.start + n)
     this.pos += n
     return s
+  }
+  /** Where the next read starts, from the file's first byte. */
+  get offset(): number {
+    return this.pos
   }
   f32(): number {
     this.need(4)

@@ -31,6 +31,10 @@ export interface SimConfig {
   readonly llamaContext?: LlamaContextArgs | undefined
   /** llama_cpp: the model file's training context (ggufMeta.ts), when the file could be read. */
   readonly nCtxTrain?: number | undefined
+  /** llama_cpp: the `-m`/`--model` file, which the load checks (modelFile.ts); undefined with -hf or neither. */
+  readonly llamaModelFile?: string | undefined
+  /** llama_cpp: `--fit` (`LLAMA_ARG_FIT`), on unless set off (common/arg.cpp is_falsey). */
+  readonly llamaFit?: boolean | undefined
   /** llama_cpp: the model file's llama SentencePiece vocabulary (spmVocab.ts), which counts a prompt's tokens. */
   readonly vocab?: SpmVocab | undefined
   readonly tensorParallel: number

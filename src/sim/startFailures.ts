@@ -18,6 +18,8 @@ interface Ctx {
   readonly maxModelLen: number | undefined
   readonly pid: number
   readonly now: Date
+  /** llama_cpp: whether --fit is on (its loader's lines then come twice: llamaLoadDeath). */
+  readonly fit?: boolean | undefined
 }
 
 const pad = (n: number) => String(n).padStart(2, "0")
@@ -248,27 +250,43 @@ const sglang: Partial<Record<StartFailure, (c: Ctx) => StartDeath>> = {
 }
 
 // llama-server: as the real one printed it for a missing -m file (its log prefix: elapsed time, level), ending
-// with "exiting due to model loading error" and exit 1 (tools/server/server.cpp).
-const llamaLoadDeath = (model: string, cause: ReadonlyArray<string>): StartDeath => ({
-  lines: [
+// with "exiting due to model loading error" and exit 1 (tools/server/server.cpp). With --fit on (common/arg.cpp's
+// default) common_fit_params loads the model once first (common/fit.cpp), so the attempt's lines come twice.
+export const llamaLoadDeath = (model: string, cause: ReadonlyArray<string>, fit = false): StartDeath => {
+  const attempt = [...cause, "E llama_model_load_from_file_impl: failed to load model"]
+  return llamaDeath([
     `I srv    load_model: loading model '${model}'`,
-    ...cause,
-    "E llama_model_load_from_file_impl: failed to load model",
+    ...(fit
+      ? [
+          ...attempt,
+          "E common_fit_params: encountered an error while trying to fit params to free device memory: failed to load model"
+        ]
+      : []),
+    ...attempt,
     `E cmn  common_init_: failed to load model '${model}'`,
     `E srv    load_model: failed to load model, '${model}'`,
     "I srv    operator(): operator(): cleaning up before exit...",
     "E srv  llama_server: exiting due to model loading error"
-  ].map((l, i) => err(`0.00.0${String(28 + i).padStart(2, "0")}.159 ${l}`)),
+  ])
+}
+
+/** llama-server's last lines on stderr, each after its log prefix (elapsed time, then the level letter), exit 1. */
+export const llamaDeath = (lines: ReadonlyArray<string>): StartDeath => ({
+  lines: lines.map((l, i) => err(`0.00.0${String(28 + i).padStart(2, "0")}.159 ${l}`)),
   exit: { code: 1 }
 })
 
 const llamaCpp: Partial<Record<StartFailure, (c: Ctx) => StartDeath>> = {
   // ggml/src/gguf.cpp, gguf_init_from_file
   "model-file": (c) =>
-    llamaLoadDeath(c.model, [
-      `E gguf_init_from_file: failed to open GGUF file '${c.model}' (No such file or directory)`,
-      `E llama_model_load: error loading model: llama_model_loader: failed to load model from ${c.model}`
-    ]),
+    llamaLoadDeath(
+      c.model,
+      [
+        `E gguf_init_from_file: failed to open GGUF file '${c.model}' (No such file or directory)`,
+        `E llama_model_load: error loading model: llama_model_loader: failed to load model from ${c.model}`
+      ],
+      c.fit
+    ),
   // ggml/src/ggml-cuda/ggml-cuda.cu, ggml_backend_cuda_buffer_type_alloc_buffer
   "cuda-oom": (c) =>
     llamaLoadDeath(c.model, [

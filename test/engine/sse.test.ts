@@ -4,6 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { makeSseParser, parseSse, type SseEvent, SseEventTooLarge } from "../../src/services/engine/Sse.ts"
 import { type Agent, collect, startAgent } from "../support/grpcAgent.ts"
 import { postJson, type SimHandle, startSim } from "../support/sim.ts"
+import { simGguf } from "../support/simModel.ts"
 
 const feedAll = (pieces: ReadonlyArray<Uint8Array | string>): Array<SseEvent> => {
   const p = makeSseParser()
@@ -198,7 +199,7 @@ describe("SSE error events end Generate with an error status", () => {
   let sim: SimHandle
   let agent: Agent
   beforeAll(async () => {
-    sim = await startSim({ args: ["-m", "/models/tiny.gguf", "-np", "2", "--sim-mode", "echo"] })
+    sim = await startSim({ args: ["-m", simGguf("tiny.gguf"), "-np", "2", "--sim-mode", "echo"] })
     agent = await startAgent(sim.url, "llama_cpp", { role: "both" })
   })
   afterAll(async () => {

@@ -8,6 +8,7 @@ import * as path from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { apiKeySources } from "../../src/sim/apiKey.ts"
 import { type SimHandle, simEntry, startSim } from "../support/sim.ts"
+import { simGguf } from "../support/simModel.ts"
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), "sim-api-key-"))
 const keyFile = path.join(dir, "keys.txt")
@@ -22,8 +23,12 @@ let sglang: SimHandle
 beforeAll(async () => {
   ;[llama, llamaFile, vllm, vllmEnv, sglang] = await Promise.all([
     // LLAMA_API_KEY and --api-key add up: llama.cpp reads the environment first, then the flag appends
-    startSim({ flavor: "llama_cpp", args: ["-m", "/m.gguf", "--api-key", "k1,,k2"], env: { LLAMA_API_KEY: "env-k" } }),
-    startSim({ flavor: "llama_cpp", args: ["-m", "/m.gguf", "--metrics", "--api-key-file", keyFile] }),
+    startSim({
+      flavor: "llama_cpp",
+      args: ["-m", simGguf("m.gguf"), "--api-key", "k1,,k2"],
+      env: { LLAMA_API_KEY: "env-k" }
+    }),
+    startSim({ flavor: "llama_cpp", args: ["-m", simGguf("m.gguf"), "--metrics", "--api-key-file", keyFile] }),
     // the flag wins over VLLM_API_KEY
     startSim({ flavor: "vllm", args: ["serve", "org/m", "--api-key", "vk"], env: { VLLM_API_KEY: "env-vk" } }),
     startSim({ flavor: "vllm", args: ["serve", "org/m"], env: { VLLM_API_KEY: "env-vk" } }),

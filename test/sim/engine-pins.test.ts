@@ -10,6 +10,7 @@ import { parseArgs } from "../../src/sim/args.ts"
 import { mlxKeepalives } from "../../src/sim/mlxChunks.ts"
 import { freePort } from "../support/ports.ts"
 import { getJson, pollUntil, postJson, type SimHandle, sseData, startNixlPair, startSim } from "../support/sim.ts"
+import { simGguf } from "../support/simModel.ts"
 
 const started: Array<SimHandle> = []
 const start = async (...args: Parameters<typeof startSim>) => {
@@ -47,7 +48,7 @@ describe("llama-server, a stream stalled before its first chunk", () => {
   it("gets no SSE ping: llama-server awaits the first result before its ping loop", async () => {
     const sim = await start({
       flavor: "llama_cpp",
-      args: ["-m", "/m.gguf", "--sse-ping-interval", "0.05", "--sim-stall-after-tokens", "0"]
+      args: ["-m", simGguf("m.gguf"), "--sse-ping-interval", "0.05", "--sim-stall-after-tokens", "0"]
     })
     let text = ""
     const req = http.request(`${sim.url}/v1/completions`, { method: "POST" }, (res) => {

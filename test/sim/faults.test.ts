@@ -6,6 +6,7 @@ import * as http from "node:http"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { processAlive } from "../support/agent.ts"
 import { getJson, pollUntil, postJson, type SimHandle, sseData, startSim } from "../support/sim.ts"
+import { simGguf } from "../support/simModel.ts"
 
 const started: Array<SimHandle> = []
 const start = async (args: Array<string>) => {
@@ -124,7 +125,7 @@ describe("a fault kind fails every answer it is set for, a one-token answer too"
   const flavors: Array<[string, Array<string>]> = [
     ["vllm", ["serve", "m"]],
     ["sglang", ["--model-path", "m"]],
-    ["llama_cpp", ["-m", "/m.gguf"]],
+    ["llama_cpp", ["-m", simGguf("m.gguf")]],
     ["mlx", ["--model", "m"]]
   ]
   // echo: "a" is one token, which the answer ends at (max_tokens 2)

@@ -9,6 +9,7 @@ import { probeOnce } from "../../src/layers/engine/probe.ts"
 import { parseArgs } from "../../src/sim/args.ts"
 import { freePort } from "../support/ports.ts"
 import { getJson, pollUntil, postJson, type SimHandle, sseData, startSim } from "../support/sim.ts"
+import { simGguf } from "../support/simModel.ts"
 
 let sglang: SimHandle
 let llama: SimHandle
@@ -25,7 +26,7 @@ beforeAll(async () => {
     startSim({
       args: ["--model-path", "org/sg", "--served-model-name", "sg", "--tp-size", "1", "--enable-metrics", ...WARMUP]
     }),
-    startSim({ args: ["-m", "/models/tiny.gguf", "-c", "2048", "-np", "3", "-ngl", "999", "--metrics", ...DELAY] }),
+    startSim({ args: ["-m", simGguf("tiny.gguf"), "-c", "2048", "-np", "3", "-ngl", "999", "--metrics", ...DELAY] }),
     startSim({ args: ["--model", "mlx-community/tiny", ...DELAY] }),
     startSim({ args: ["-hf", "org/repo:Q4_K_M", "-a", "alias"] })
   ])
@@ -198,7 +199,7 @@ describe("llama.cpp flavor", () => {
 
   it("a mid-stream error ends the stream without data: [DONE]", async () => {
     const s = await startSim({
-      args: ["-m", "/m.gguf", "--metrics", "--sim-error-rate", "1", "--sim-error-kind", "midstream"]
+      args: ["-m", simGguf("m.gguf"), "--metrics", "--sim-error-rate", "1", "--sim-error-kind", "midstream"]
     })
     try {
       const r = await postJson(`${s.url}/v1/completions`, { prompt: "a b c", stream: true })

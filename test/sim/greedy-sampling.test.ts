@@ -9,12 +9,13 @@ import { greedySampling } from "../../src/sim/requestChecks.ts"
 import type { SimConfig } from "../../src/sim/simConfig.ts"
 import { plan, prng } from "../../src/sim/tokens.ts"
 import { postJson, type SimFlavor, type SimHandle, startSim } from "../support/sim.ts"
+import { simGguf } from "../support/simModel.ts"
 
 const RANDOM = ["--sim-mode", "random"]
 const ARGS: Record<SimFlavor, ReadonlyArray<string>> = {
   vllm: ["serve", "m", ...RANDOM],
   sglang: ["--model-path", "m", ...RANDOM],
-  llama_cpp: ["-m", "/models/tiny.gguf", "-np", "2", ...RANDOM],
+  llama_cpp: ["-m", simGguf("tiny.gguf"), "-np", "2", ...RANDOM],
   mlx: ["--model", "mlx-community/tiny", ...RANDOM]
 }
 const FLAVORS = Object.keys(ARGS) as Array<SimFlavor>

@@ -21,13 +21,14 @@ import {
   VERBOSE_PARTIAL_KEYS
 } from "../support/llamaLaunchFacts.ts"
 import { type SimHandle, startSim } from "../support/sim.ts"
+import { simGguf } from "../support/simModel.ts"
 
 let sim: SimHandle
 
 beforeAll(async () => {
   sim = await startSim({
     flavor: "llama_cpp",
-    args: ["-m", "/models/tiny.gguf", "-a", "tiny", "-c", "1024", "-np", "2", "--sim-mode", "random"]
+    args: ["-m", simGguf("tiny.gguf"), "-a", "tiny", "-c", "1024", "-np", "2", "--sim-mode", "random"]
   })
 }, 60_000)
 

@@ -9,6 +9,7 @@ import { parseArgs } from "../../src/sim/args.ts"
 import { llamaParams } from "../../src/sim/llamaRequest.ts"
 import { type GenRequest, validate } from "../../src/sim/request.ts"
 import { postJson, type SimHandle, startSim } from "../support/sim.ts"
+import { simGguf } from "../support/simModel.ts"
 
 const greedy = (b: Record<string, unknown>) => (llamaParams(b, 2) as { greedy: boolean }).greedy
 
@@ -95,7 +96,10 @@ describe("llama.cpp: the seed 4294967295 (-1 as sent, LLAMA_DEFAULT_SEED) asks f
 describe("llama_cpp simulator: these give the same text for the same prompt", () => {
   let sim: SimHandle
   beforeAll(async () => {
-    sim = await startSim({ flavor: "llama_cpp", args: ["-m", "/models/tiny.gguf", "-np", "2", "--sim-mode", "random"] })
+    sim = await startSim({
+      flavor: "llama_cpp",
+      args: ["-m", simGguf("tiny.gguf"), "-np", "2", "--sim-mode", "random"]
+    })
   })
   afterAll(async () => {
     await sim?.stop()

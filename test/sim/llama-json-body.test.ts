@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { BARE_400_TYPES, COMPLETION_BODY, JSON_READ_TYPES, LONE_LOW_SURROGATES } from "../support/llamaBodyFacts.ts"
 import { errorText } from "../support/llamaChatFacts.ts"
 import { getJson, pollUntil, type SimHandle, startSim } from "../support/sim.ts"
+import { simGguf } from "../support/simModel.ts"
 
 const ROUTES = ["/v1/completions", "/tokenize"]
 
@@ -25,7 +26,7 @@ const post = async (base: string, p: string, type: string, body: string) => {
 describe("llama_cpp: a body it cannot read", () => {
   let sim: SimHandle
   beforeAll(async () => {
-    sim = await startSim({ flavor: "llama_cpp", args: ["-m", "/models/tiny.gguf", "--sim-mode", "random"] })
+    sim = await startSim({ flavor: "llama_cpp", args: ["-m", simGguf("tiny.gguf"), "--sim-mode", "random"] })
   })
   afterAll(async () => {
     await sim?.stop()

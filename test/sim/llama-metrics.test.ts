@@ -9,6 +9,7 @@ import { cppDouble } from "../../src/sim/metricPages.ts"
 import { type Gauges, renderMetrics } from "../../src/sim/metrics.ts"
 import { Stats } from "../../src/sim/stats.ts"
 import { getJson, pollUntil, postJson, type SimHandle, startSim } from "../support/sim.ts"
+import { simGguf } from "../support/simModel.ts"
 
 /** A request as Stats.decoded names it: its own test of whether it ended. */
 const request = () => {
@@ -131,7 +132,7 @@ describe("/v1/models meta (pure)", () => {
   })
 })
 
-const LLAMA_ARGS = ["-m", "/models/tiny.gguf", "-a", "tiny", "-c", "1024", "-np", "2", "--metrics"]
+const LLAMA_ARGS = ["-m", simGguf("tiny.gguf"), "-a", "tiny", "-c", "1024", "-np", "2", "--metrics"]
 
 describe("/slots and /props over HTTP", () => {
   let sim: SimHandle

@@ -12,6 +12,7 @@ import { LLAMA_KEEP_ALIVE_S } from "../../src/sim/context.ts"
 import { SlotBook, type SlotTask } from "../../src/sim/llamaSlots.ts"
 import { N_VOCAB } from "../../src/sim/tokens.ts"
 import { getJson, postJson, type SimHandle, sseData, startSim } from "../support/sim.ts"
+import { simGguf } from "../support/simModel.ts"
 
 const task: SlotTask = {
   promptTokens: 3,
@@ -50,7 +51,7 @@ describe("slot pick by prompt similarity (get_available_slot)", () => {
 describe("llama_cpp routes", () => {
   let sim: SimHandle
   beforeAll(async () => {
-    sim = await startSim({ flavor: "llama_cpp", args: ["-m", "/models/tiny.gguf"] })
+    sim = await startSim({ flavor: "llama_cpp", args: ["-m", simGguf("tiny.gguf")] })
   })
   afterAll(async () => {
     await sim?.stop()

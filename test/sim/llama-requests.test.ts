@@ -10,6 +10,7 @@ import { llamaParams } from "../../src/sim/llamaRequest.ts"
 import { type SeqEvent, sequenceEvents } from "../../src/sim/sequences.ts"
 import type { Generation } from "../../src/sim/tokens.ts"
 import { getJson, pollUntil, postJson, readUntilPing, type SimHandle, startSim } from "../support/sim.ts"
+import { simGguf } from "../support/simModel.ts"
 
 const gen = (tokens: Array<string>, finishReason: Generation["finishReason"] = "length"): Generation => ({
   tokens,
@@ -154,7 +155,7 @@ describe("a stream's finish", () => {
   // send_final_response): no decode step between them, for each of a step's tasks; vLLM sends the last token with
   // its finish reason, one step after the token before it. The simulator waited a step (its ITL) after each.
   it.each([
-    ["llama_cpp", ["-m", "/m.gguf", "-np", "2"], { prompt: ["one two three", "four five six"] }],
+    ["llama_cpp", ["-m", simGguf("m.gguf"), "-np", "2"], { prompt: ["one two three", "four five six"] }],
     ["vllm", ["--model", "m"], { prompt: "one two three" }]
   ] as const)("%s: goes out with the last token, not a step after it", async (flavor, args, body) => {
     const sim = await startSim({ flavor, args: [...args, "--sim-itl", "600ms", "--sim-mode", "random"] })
@@ -189,7 +190,7 @@ describe("a request's later task (a second prompt)", () => {
     // SLOT_STATE_STARTED: send_partial_response with is_begin); the simulator sent it with the first token
     const sim = await startSim({
       flavor: "llama_cpp",
-      args: ["-m", "/m.gguf", "-np", "1", "--sim-ttft", "400ms", "--sim-itl", "300ms", "--sim-mode", "random"]
+      args: ["-m", simGguf("m.gguf"), "-np", "1", "--sim-ttft", "400ms", "--sim-itl", "300ms", "--sim-mode", "random"]
     })
     try {
       const seen = await timedEvents(sim.url, { prompt: ["a b", "c d"], max_tokens: 2 })
@@ -212,7 +213,7 @@ describe("a stalled stream", () => {
   it("gets an SSE comment each --sse-ping-interval once its first chunk is out, until the client goes", async () => {
     const sim = await startSim({
       flavor: "llama_cpp",
-      args: ["-m", "/m.gguf", "--sse-ping-interval", "1", "--sim-stall-after-tokens", "1"]
+      args: ["-m", simGguf("m.gguf"), "--sse-ping-interval", "1", "--sim-stall-after-tokens", "1"]
     })
     try {
       const ac = new AbortController()
@@ -279,7 +280,7 @@ describe("a request left while it waited for a slot", () => {
   it("stays deferred until the slot frees, then has its prompt evaluated and is dropped", async () => {
     const sim = await startSim({
       flavor: "llama_cpp",
-      args: ["-m", "/m.gguf", "-np", "1", "--metrics", "--sim-itl", "20ms"]
+      args: ["-m", simGguf("m.gguf"), "-np", "1", "--metrics", "--sim-itl", "20ms"]
     })
     const metric = (name: string) => metricOf(sim.url, name)
     try {
@@ -310,7 +311,7 @@ describe("a request left while it waited for a slot", () => {
   it("holds the freed slot for its prompt's TTFT, the next waiter behind it", async () => {
     const sim = await startSim({
       flavor: "llama_cpp",
-      args: ["-m", "/m.gguf", "-np", "1", "--metrics", "--sim-ttft", "600ms", "--sim-itl", "20ms"]
+      args: ["-m", simGguf("m.gguf"), "-np", "1", "--metrics", "--sim-ttft", "600ms", "--sim-itl", "20ms"]
     })
     const deferred = () => metricOf(sim.url, "llamacpp:requests_deferred")
     try {
@@ -334,7 +335,7 @@ describe("a request left while it waited for a slot", () => {
       flavor: "llama_cpp",
       args: [
         "-m",
-        "/m.gguf",
+        simGguf("m.gguf"),
         "-np",
         "1",
         "--metrics",
@@ -370,7 +371,7 @@ describe("a request left while it waited for a slot", () => {
   it("a whole (non-streamed) answer left in the queue is generated to its end once it has the slot", async () => {
     const sim = await startSim({
       flavor: "llama_cpp",
-      args: ["-m", "/m.gguf", "-np", "1", "--metrics", "--sim-itl", "5ms", "--sim-mode", "random"]
+      args: ["-m", simGguf("m.gguf"), "-np", "1", "--metrics", "--sim-itl", "5ms", "--sim-mode", "random"]
     })
     const metric = (name: string) => metricOf(sim.url, name)
     try {

@@ -6,6 +6,7 @@ import { parsePromText, pickSum } from "../../src/services/engine/PromText.ts"
 import { prefillLossOf } from "../../src/sim/pd.ts"
 import { sglangHealthOf } from "../../src/sim/sglangHealth.ts"
 import { getJson, postJson, readUntilPing, type SimHandle, simEntry, sseData, startSim } from "../support/sim.ts"
+import { simGguf } from "../support/simModel.ts"
 
 let vllm: SimHandle
 let sglang: SimHandle
@@ -172,7 +173,10 @@ describe("vLLM's max-model-len death (SA11)", () => {
 describe("llama.cpp (SA05, SA06, SA07)", () => {
   // server-task.h add_child: each further completion of a prompt samples with the seed + its number.
   it("the n completions of a seeded request sample apart (seed + j)", async () => {
-    const sim = await startSim({ flavor: "llama_cpp", args: ["-m", "/m.gguf", "-np", "2", "--sim-mode", "random"] })
+    const sim = await startSim({
+      flavor: "llama_cpp",
+      args: ["-m", simGguf("m.gguf"), "-np", "2", "--sim-mode", "random"]
+    })
     try {
       const r = await postJson(`${sim.url}/v1/completions`, { prompt: "a", n: 2, seed: 42, max_tokens: 12 })
       expect(r.status).toBe(200)
@@ -187,7 +191,10 @@ describe("llama.cpp (SA05, SA06, SA07)", () => {
   // llama-server's per-request `sse_ping_interval` is in seconds (tools/server/server-schema.cpp; the flag's default
   // is 30 s, common/common.h). A 1 s interval: the first ping comes about 1 s after the stall, not 0.1 s.
   it("a request's sse_ping_interval is read in seconds", async () => {
-    const sim = await startSim({ flavor: "llama_cpp", args: ["-m", "/m.gguf", "--sim-stall-after-tokens", "1"] })
+    const sim = await startSim({
+      flavor: "llama_cpp",
+      args: ["-m", simGguf("m.gguf"), "--sim-stall-after-tokens", "1"]
+    })
     const ac = new AbortController()
     try {
       const res = await fetch(`${sim.url}/v1/completions`, {

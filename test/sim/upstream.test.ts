@@ -5,6 +5,7 @@
 import * as http from "node:http"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { getJson, pollUntil, postJson, type SimHandle, sseData, startSim } from "../support/sim.ts"
+import { simGguf } from "../support/simModel.ts"
 
 let vllm: SimHandle
 let sglang: SimHandle
@@ -15,7 +16,7 @@ beforeAll(async () => {
   ;[vllm, sglang, llama, mlx] = await Promise.all([
     startSim({ flavor: "vllm", args: ["serve", "org/m"] }),
     startSim({ flavor: "sglang", args: ["--model-path", "org/sg"] }),
-    startSim({ flavor: "llama_cpp", args: ["-m", "/m.gguf"] }),
+    startSim({ flavor: "llama_cpp", args: ["-m", simGguf("m.gguf")] }),
     startSim({ flavor: "mlx", args: ["--model", "mlx-community/tiny"] })
   ])
   // The non-vLLM flavors listen before they have loaded.

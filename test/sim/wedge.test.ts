@@ -7,6 +7,7 @@ import { afterEach, describe, expect, it } from "vitest"
 import { loadSignals } from "../../src/services/engine/PromText.ts"
 import { applyFaults, type Faults } from "../../src/sim/faults.ts"
 import { getJson, pollUntil, postJson, type SimHandle, startSim } from "../support/sim.ts"
+import { simGguf } from "../support/simModel.ts"
 
 let sim: SimHandle | undefined
 afterEach(() => sim?.stop())
@@ -95,7 +96,7 @@ describe("the wedge fault", () => {
   })
 
   it("llama.cpp: /metrics is the server loop's, so it answers only once the loop runs again", async () => {
-    sim = await startSim({ flavor: "llama_cpp", args: ["-m", "/m.gguf", "--metrics"] })
+    sim = await startSim({ flavor: "llama_cpp", args: ["-m", simGguf("m.gguf"), "--metrics"] })
     const url = sim.url
     expect((await postJson(`${url}/sim/faults`, { wedged: true })).status).toBe(200)
     const scrape = fetch(`${url}/metrics`).then((r) => r.text())
