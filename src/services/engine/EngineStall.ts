@@ -1,6 +1,6 @@
 /**
  * EngineStall: whether the engine has stopped producing, from two sources. The Generate stall watchdog
- * (layers/grpc/StallWatchdog.ts) reports each stream it ends for engine.stream_idle_timeout and each tick in which
+ * (layers/grpc/StallWatchdog.ts, through the engine's watch, layers/engine/engineWatch.ts) reports each stream it ends for engine.stream_idle_timeout and each tick in which
  * some call completed (its engine stream ended as the engine ends one); while the last stall is newer than the last
  * completion, no call has completed since a stream stalled. Completion, not progress: an engine that stalls every
  * stream after a few tokens moves each new stream, and every call on it still fails (a chaos soak's finding). And
