@@ -3,7 +3,8 @@
  * after it started. Nothing is created or started: each check reads.
  * - The engine's executable (a spawned engine only), found as its spawn finds it: a path with a slash from the
  *   working directory, else the first executable file of that name in the engine's PATH. `run` would fail to spawn it
- *   (ENOENT) and restart it for ever, the node unhealthy.
+ *   (ENOENT) and restart it for ever, the node unhealthy. For an engine run as `python -m package.module` (SGLang),
+ *   that python must also have the package (pythonModule.ts).
  * - `agent.state_dir`: the directory itself, else its first existing ancestor, must be a writable directory, not on a
  *   kernel filesystem (procfs, sysfs: mkdir there fails, and as root every permission check passes). `run` of a
  *   spawned engine cannot start without it (the state lock and the pid file); with none it keeps the cordon and
@@ -26,6 +27,7 @@ import type { AgentConfig } from "../services/config/Config.ts"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
 import { engineEnvironment } from "../services/engine/EngineEnvironment.ts"
 import { modelPathFinding } from "./modelPath.ts"
+import { packageOf, pythonModuleFinding } from "./pythonModule.ts"
 
 export interface HostFindings {
   readonly errors: ReadonlyArray<string>
@@ -182,6 +184,18 @@ export const hostFindings = (
           : `engine.command[0] = "${command}"`
       if (problem !== undefined)
         errors.push(`${key}: ${problem}; run could not spawn the engine and would restart it again and again`)
+      // the engine's own `python -m package.module` (engine.command unset): that python must have the package
+      const module = plan.argv[1] === "-m" ? plan.argv[2] : undefined
+      if (problem === undefined && c.engine.command === undefined && module !== undefined) {
+        const found = await pythonModuleFinding(command, module, env, cwd)
+        const pkg = packageOf(module)
+        if (found._tag === "Missing")
+          errors.push(
+            `${key}: that ${command} has no module ${pkg} (importlib could not find it); run would start an engine that dies "No module named ${pkg}" again and again: install ${pkg} for it, or put the python that has it first on the PATH (or in engine.command)`
+          )
+        else if (found._tag === "Unknown")
+          warnings.push(`${key}: could not ask ${command} whether it has the module ${pkg}: ${found.reason}`)
+      }
     }
     const model = plan.spawns ? await modelPathFinding(c, cwd) : undefined
     if (model !== undefined) (model.error ? errors : warnings).push(model.line)

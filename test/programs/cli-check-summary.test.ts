@@ -409,6 +409,74 @@ describe("check finds on the host what run would find only by failing", () => {
     expect(await commandProblem("/etc/passwd/vllm", {}, "/")).toBe("/etc/passwd/vllm does not exist")
   })
 
+  // SGLang runs `python -m sglang.launch_server`: a python on the PATH without the package would die at every start
+  it("an engine run as `python -m package.module`: a python without the package is exit 2 naming it", async () => {
+    const config = (name: string) => {
+      const file = path.join(dir, name)
+      fs.writeFileSync(
+        file,
+        `[agent]\nstate_dir = "${dir}/state"\n[engine]\nkind = "sglang"\n[models.m]\nhf_repo = "o/m"\n`
+      )
+      return file
+    }
+    const bin = (name: string, script: string) => {
+      const b = path.join(dir, name)
+      fs.mkdirSync(b, { recursive: true })
+      fs.writeFileSync(path.join(b, "python"), script, { mode: 0o755 })
+      return { PATH: `${b}${path.delimiter}${process.env.PATH ?? ""}` }
+    }
+    // importlib's answer as the check asks it (exit 3: not found), from a stand-in interpreter
+    const missing = await runCli(
+      ["check", "--config", config("sglang-missing.toml")],
+      bin("py-missing", "#!/bin/sh\nexit 3\n")
+    )
+    expect(missing.code).toBe(2)
+    expect(missing.stderr).toContain(
+      'engine.kind = "sglang" runs "python" (engine.command is unset): that python has no module sglang (importlib could not find it)'
+    )
+    const broken = await runCli(
+      ["check", "--config", config("sglang-broken.toml")],
+      bin("py-broken", "#!/bin/sh\necho 'Fatal Python error: init_fs_encoding' >&2\nexit 1\n")
+    )
+    expect(broken.code, broken.stderr).toBe(0)
+    expect(broken.stderr).toContain(
+      "could not ask python whether it has the module sglang: Fatal Python error: init_fs_encoding"
+    )
+    const found = await runCli(
+      ["check", "--config", config("sglang-found.toml")],
+      bin("py-found", "#!/bin/sh\nexit 0\n")
+    )
+    expect(found.code, found.stderr).toBe(0)
+  })
+
+  it.skipIf(!fs.existsSync("/usr/bin/python3"))(
+    "a real python3: without the package exit 2, with it on PYTHONPATH ok",
+    async () => {
+      const b = path.join(dir, "py-real")
+      fs.mkdirSync(b, { recursive: true })
+      fs.symlinkSync("/usr/bin/python3", path.join(b, "python"))
+      const pkgs = path.join(dir, "py-packages")
+      fs.mkdirSync(path.join(pkgs, "sglang"), { recursive: true })
+      fs.writeFileSync(path.join(pkgs, "sglang", "__init__.py"), "")
+      const file = (name: string, env: string) => {
+        const f = path.join(dir, name)
+        fs.writeFileSync(
+          f,
+          `[agent]\nstate_dir = "${dir}/state"\n[engine]\nkind = "sglang"\n${env}\n[models.m]\nhf_repo = "o/m"\n`
+        )
+        return f
+      }
+      const PATH = `${b}${path.delimiter}${process.env.PATH ?? ""}`
+      const without = await runCli(["check", "--config", file("real-without.toml", "")], { PATH })
+      expect(without.code).toBe(2)
+      expect(without.stderr).toContain("that python has no module sglang")
+      const withIt = await runCli(["check", "--config", file("real-with.toml", `env = { PYTHONPATH = "${pkgs}" }`)], {
+        PATH
+      })
+      expect(withIt.code, withIt.stderr).toBe(0)
+    }
+  )
+
   it("a models path the engine cannot load is exit 2 naming the key: a GGUF file for llama.cpp, a model directory (or GGUF) for vLLM", async () => {
     const model = (name: string, kind: string, modelPath: string, engine = "") => {
       const file = path.join(dir, name)

@@ -1,0 +1,44 @@
+/**
+ * `cgn-agent check`'s question to the Python an engine's `python -m PACKAGE.module` command line runs (SGLang's
+ * `python -m sglang.launch_server`): whether it has the package. `check` finds `python` on the engine's PATH, yet a
+ * python without the package (the system's where the package is in a virtual environment's) makes every start die
+ * "No module named sglang": the node in a crash loop. Asked of that python itself, as the spawn would run it (the
+ * engine's environment and working directory), with importlib.util.find_spec of the top-level package, which
+ * imports nothing; bounded, since an interpreter that hangs must not hold `check`.
+ */
+import { execFile } from "node:child_process"
+
+const FIND = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) is not None else 3)"
+/** The exit status FIND gives for a package it cannot find. */
+const MISSING = 3
+const TIMEOUT_MS = 10_000
+
+export type ModuleFinding =
+  | { readonly _tag: "Found" }
+  | { readonly _tag: "Missing" }
+  /** The interpreter could not be asked (it failed otherwise, or did not answer in time). */
+  | { readonly _tag: "Unknown"; readonly reason: string }
+
+/** The top-level package a `-m` module is in: what must be importable for it to run. */
+export const packageOf = (module: string): string => module.split(".")[0] ?? module
+
+/** Whether `python` (as the engine's spawn would resolve and run it) can import `module`'s package. */
+export const pythonModuleFinding = (
+  python: string,
+  module: string,
+  env: Readonly<Record<string, string | undefined>>,
+  cwd: string
+): Promise<ModuleFinding> =>
+  new Promise((resolve) => {
+    execFile(
+      python,
+      ["-c", FIND, packageOf(module)],
+      { env, cwd, timeout: TIMEOUT_MS, killSignal: "SIGKILL", maxBuffer: 64 * 1024 },
+      (error, _stdout, stderr) => {
+        if (error === null) return resolve({ _tag: "Found" })
+        if (error.code === MISSING) return resolve({ _tag: "Missing" })
+        const why = error.killed ? `no answer within ${TIMEOUT_MS / 1000} s` : (stderr.trim().split("\n").at(-1) ?? "")
+        resolve({ _tag: "Unknown", reason: why === "" ? error.message : why })
+      }
+    )
+  })
