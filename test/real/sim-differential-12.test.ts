@@ -42,10 +42,17 @@ const linesFrom = (stderr: string, from: string): Array<string> => {
   )
 }
 
-const runBoth = (args: ReadonlyArray<string>, from: string) =>
+/**
+ * Each side run until its output reaches `until`, its last line: llama-server logs through a writer thread nothing waits for at exit
+ * (common/log.cpp; ggml-org/llama.cpp#22142), so a run that dies this fast can end before its last lines are written
+ * (a fresh-clone CI run lost "couldn't bind" and what followed). Five runs at most; a side that never gets there fails the test.
+ */
+const runBoth = (args: ReadonlyArray<string>, from: string, until: string) =>
   sides().map(([, exe, pre]) => {
-    const p = spawnSync(exe, [...pre, ...args, ...SERVER_ARGS], { encoding: "utf8", timeout: 30_000 })
-    return { code: p.status, lines: linesFrom(p.stderr, from) }
+    for (let attempt = 1; ; attempt++) {
+      const p = spawnSync(exe, [...pre, ...args, ...SERVER_ARGS], { encoding: "utf8", timeout: 30_000 })
+      if (p.stderr.includes(until) || attempt === 5) return { code: p.status, lines: linesFrom(p.stderr, from) }
+    }
   })
 
 /** The simulator's lines are the real ones, but for a last line the real log thread may not have written. */
@@ -76,7 +83,11 @@ describe("a -m file llama-server cannot load", () => {
       }
     ]
   ])("%s: the same lines, exit 1", (_what, make) => {
-    const [real, sim] = runBoth(["-m", make(), "--host", "127.0.0.1", "--port", "0"], "load_model: loading model")
+    const [real, sim] = runBoth(
+      ["-m", make(), "--host", "127.0.0.1", "--port", "0"],
+      "load_model: loading model",
+      "exiting due to model loading error"
+    )
     expect([real?.code, sim?.code]).toEqual([1, 1])
     sameLines(real?.lines ?? [], sim?.lines ?? [])
   })
@@ -88,7 +99,11 @@ describe("start and stop", () => {
     await new Promise<void>((r) => holder.listen(0, "127.0.0.1", r))
     const port = String((holder.address() as net.AddressInfo).port)
     try {
-      const [real, sim] = runBoth(["-m", diff.model(), "--host", "127.0.0.1", "--port", port], "couldn't bind")
+      const [real, sim] = runBoth(
+        ["-m", diff.model(), "--host", "127.0.0.1", "--port", port],
+        "couldn't bind",
+        "exiting due to HTTP server error"
+      )
       expect([real?.code, sim?.code]).toEqual([1, 1])
       sameLines(real?.lines ?? [], sim?.lines ?? [])
     } finally {
