@@ -164,7 +164,7 @@ export const hostFindings = (
   plan: LaunchPlan,
   options: { readonly offline: boolean; readonly env?: Env; readonly cwd?: string }
 ): Effect.Effect<HostFindings> =>
-  Effect.promise(async (): Promise<HostFindings> => {
+  Effect.promise(async (): Promise<HostFindings & { readonly ask?: PythonAsk }> => {
     const errors: Array<string> = []
     const warnings: Array<string> = []
     const cwd = options.cwd ?? process.cwd()
@@ -175,6 +175,7 @@ export const hostFindings = (
       )
     }
     if (options.offline) return { errors, warnings }
+    let python: PythonAsk | undefined
     const command = plan.argv[0]
     if (plan.spawns && command !== undefined) {
       const problem = await commandProblem(command, env, cwd)
@@ -184,18 +185,11 @@ export const hostFindings = (
           : `engine.command[0] = "${command}"`
       if (problem !== undefined)
         errors.push(`${key}: ${problem}; run could not spawn the engine and would restart it again and again`)
-      // the engine's own `python -m package.module` (engine.command unset): that python must have the package
+      // the engine's own `python -m package.module` (engine.command unset): that python must have the package,
+      // asked below, apart from the filesystem's bound
       const module = plan.argv[1] === "-m" ? plan.argv[2] : undefined
-      if (problem === undefined && c.engine.command === undefined && module !== undefined) {
-        const found = await pythonModuleFinding(command, module, env, cwd)
-        const pkg = packageOf(module)
-        if (found._tag === "Missing")
-          errors.push(
-            `${key}: that ${command} has no module ${pkg} (importlib could not find it); run would start an engine that dies "No module named ${pkg}" again and again: install ${pkg} for it, or put the python that has it first on the PATH (or in engine.command)`
-          )
-        else if (found._tag === "Unknown")
-          warnings.push(`${key}: could not ask ${command} whether it has the module ${pkg}: ${found.reason}`)
-      }
+      if (problem === undefined && c.engine.command === undefined && module !== undefined)
+        python = { command, module, key, env, cwd }
     }
     const model = plan.spawns ? await modelPathFinding(c, cwd) : undefined
     if (model !== undefined) (model.error ? errors : warnings).push(model.line)
@@ -224,7 +218,7 @@ export const hostFindings = (
       ))
     const udsSock = present ? await socketDistrust(uds) : undefined
     if (udsSock !== undefined) warnings.push(`kv.uds = "${c.kv.uds}": ${udsSock}; run will not connect to it`)
-    return { errors, warnings }
+    return { errors, warnings, ...(python === undefined ? {} : { ask: python }) }
   }).pipe(
     Effect.timeoutOrElse({
       duration: READ_TIMEOUT_MS,
@@ -235,5 +229,39 @@ export const hostFindings = (
           ],
           warnings: []
         })
-    })
+    }),
+    Effect.flatMap((r) => ("ask" in r && r.ask !== undefined ? withPython(r, r.ask) : Effect.succeed(r)))
   )
+
+/** The engine's `python -m` module to ask its python about (pythonModule.ts), as its spawn would run it. */
+interface PythonAsk {
+  readonly command: string
+  readonly module: string
+  /** The config key the finding names. */
+  readonly key: string
+  readonly env: Env
+  readonly cwd: string
+}
+
+/** `found` with what the engine's python says of its module's package. */
+const withPython = (found: HostFindings, ask: PythonAsk): Effect.Effect<HostFindings> =>
+  Effect.map(pythonModuleFinding(ask.command, ask.module, ask.env, ask.cwd), (answer) => {
+    const pkg = packageOf(ask.module)
+    if (answer._tag === "Missing")
+      return {
+        errors: [
+          ...found.errors,
+          `${ask.key}: that ${ask.command} has no module ${pkg} (importlib could not find it); run would start an engine that dies "No module named ${pkg}" again and again: install ${pkg} for it, or put the python that has it first on the PATH (or in engine.command)`
+        ],
+        warnings: found.warnings
+      }
+    if (answer._tag === "Unknown")
+      return {
+        errors: found.errors,
+        warnings: [
+          ...found.warnings,
+          `${ask.key}: could not ask ${ask.command} whether it has the module ${pkg}: ${answer.reason}`
+        ]
+      }
+    return { errors: found.errors, warnings: found.warnings }
+  })

@@ -4,14 +4,17 @@
  * python without the package (the system's where the package is in a virtual environment's) makes every start die
  * "No module named sglang": the node in a crash loop. Asked of that python itself, as the spawn would run it (the
  * engine's environment and working directory), with importlib.util.find_spec of the top-level package, which
- * imports nothing; bounded, since an interpreter that hangs must not hold `check`.
+ * imports nothing; bounded apart from the host's filesystem checks (an interpreter that hangs must not hold `check`
+ * nor be taken for a hung filesystem), and killed when the bound interrupts it.
  */
 import { execFile } from "node:child_process"
+import { Effect } from "effect"
 
 const FIND = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) is not None else 3)"
 /** The exit status FIND gives for a package it cannot find. */
 const MISSING = 3
-const TIMEOUT_MS = 10_000
+/** A python starts and answers in well under a second; a slow disk's first start in a few. */
+export const PYTHON_TIMEOUT_MS = 5_000
 
 export type ModuleFinding =
   | { readonly _tag: "Found" }
@@ -22,23 +25,32 @@ export type ModuleFinding =
 /** The top-level package a `-m` module is in: what must be importable for it to run. */
 export const packageOf = (module: string): string => module.split(".")[0] ?? module
 
-/** Whether `python` (as the engine's spawn would resolve and run it) can import `module`'s package. */
+/**
+ * Whether `python` (as the engine's spawn would resolve and run it) can import `module`'s package. Never fails; an
+ * interpreter still running at PYTHON_TIMEOUT_MS is killed (SIGKILL) and the answer is Unknown.
+ */
 export const pythonModuleFinding = (
   python: string,
   module: string,
   env: Readonly<Record<string, string | undefined>>,
   cwd: string
-): Promise<ModuleFinding> =>
-  new Promise((resolve) => {
+): Effect.Effect<ModuleFinding> =>
+  Effect.callback<ModuleFinding>((resume, signal) => {
     execFile(
       python,
       ["-c", FIND, packageOf(module)],
-      { env, cwd, timeout: TIMEOUT_MS, killSignal: "SIGKILL", maxBuffer: 64 * 1024 },
+      { env, cwd, signal, killSignal: "SIGKILL", maxBuffer: 64 * 1024 },
       (error, _stdout, stderr) => {
-        if (error === null) return resolve({ _tag: "Found" })
-        if (error.code === MISSING) return resolve({ _tag: "Missing" })
-        const why = error.killed ? `no answer within ${TIMEOUT_MS / 1000} s` : (stderr.trim().split("\n").at(-1) ?? "")
-        resolve({ _tag: "Unknown", reason: why === "" ? error.message : why })
+        if (error === null) return resume(Effect.succeed({ _tag: "Found" }))
+        if (error.code === MISSING) return resume(Effect.succeed({ _tag: "Missing" }))
+        const why = stderr.trim().split("\n").at(-1) ?? ""
+        resume(Effect.succeed({ _tag: "Unknown", reason: why === "" ? error.message : why }))
       }
     )
-  })
+  }).pipe(
+    Effect.timeoutOrElse({
+      duration: PYTHON_TIMEOUT_MS,
+      orElse: () =>
+        Effect.succeed<ModuleFinding>({ _tag: "Unknown", reason: `no answer within ${PYTHON_TIMEOUT_MS / 1000} s` })
+    })
+  )

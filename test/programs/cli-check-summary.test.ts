@@ -18,6 +18,7 @@ import { runCli } from "../support/cli.ts"
 import { engineBinEnv } from "../support/engineBin.ts"
 import { canCreateMemoryCgroup, createMemoryCgroup } from "../support/memoryCgroup.ts"
 import { buildFakeNvml } from "../support/nvml.ts"
+import { pollUntil } from "../support/poll.ts"
 
 const load = (text: string): AgentConfig => {
   const r = decodeConfig(text, "summary.toml", {})
@@ -447,6 +448,23 @@ describe("check finds on the host what run would find only by failing", () => {
       bin("py-found", "#!/bin/sh\nexit 0\n")
     )
     expect(found.code, found.stderr).toBe(0)
+    // one that never answers: a warning at its own bound (not the filesystems' error), and it is killed
+    const pidFile = path.join(dir, "py-hung.pid")
+    const hung = await runCli(
+      ["check", "--config", config("sglang-hung.toml")],
+      bin("py-hung", `#!/bin/sh\necho $$ > ${pidFile}\nexec sleep 60\n`)
+    )
+    expect(hung.code, hung.stderr).toBe(0)
+    expect(hung.stderr).toContain("could not ask python whether it has the module sglang: no answer within 5 s")
+    const pid = Number(fs.readFileSync(pidFile, "utf8"))
+    await pollUntil("the hung python killed", () => {
+      try {
+        process.kill(pid, 0)
+        return false
+      } catch {
+        return true
+      }
+    })
   })
 
   it.skipIf(!fs.existsSync("/usr/bin/python3"))(
