@@ -79,11 +79,11 @@ class Unloadable extends Error {
 /** Not modelled: the file passes. */
 class Unmodelled extends Error {}
 
-const reader = (msg: string) => `E gguf_init_from_reader: ${msg}`
+const readerLine = (msg: string) => `E gguf_init_from_reader: ${msg}`
 /** A gguf_init_from_reader failure: its lines, then the model loader's. */
 const refuse = (file: string, ...msgs: Array<string>): never => {
   throw new Unloadable([
-    ...msgs.map(reader),
+    ...msgs.map(readerLine),
     `E llama_model_load: error loading model: llama_model_loader: failed to load model from ${file}`
   ])
 }
@@ -110,7 +110,7 @@ const text = (r: Reader, size: number, file: string, section: string): string =>
   return within(file, section, () => r.utf8(n))
 }
 
-/** One KV value of `type` skipped as gguf_read_emplace_helper reads it; false when it does not fit. */
+/** One KV value of `type` skipped as gguf_read_emplace_helper reads it; one that does not fit is refused. */
 const skipValue = (r: Reader, size: number, file: string, type: number, n: number, array: boolean): void => {
   const section = "failed to read key-value pairs"
   if (type === STRING) {
@@ -124,7 +124,8 @@ const skipValue = (r: Reader, size: number, file: string, type: number, n: numbe
   r.skip(n * each)
 }
 
-const walk = (r: Reader, size: number, file: string): Array<string> | undefined => {
+/** Reads the file as gguf_init_from_reader does, up to its data section; a failure is thrown (Unloadable). */
+const walk = (r: Reader, size: number, file: string): void => {
   if (size < 4) refuse(file, "failed to read magic")
   const magic = [0, 1, 2, 3].map(() => within(file, "failed to read magic", () => r.scalar(0)))
   if (String.fromCharCode(...magic) !== "GGUF") {
@@ -223,7 +224,6 @@ const walk = (r: Reader, size: number, file: string): Array<string> | undefined 
     throw new Unloadable([
       `E llama_model_load: error loading model: tensor '${outside.name}' data is not within the file bounds, model is corrupted or incomplete`
     ])
-  return undefined
 }
 
 /**
@@ -244,7 +244,8 @@ export const llamaModelFileFault = (file: string): ReadonlyArray<string> | undef
   try {
     const stat = fs.fstatSync(fd)
     // fopen opens a directory, whose first read fails
-    return walk(new Reader(fd), stat.isDirectory() ? 0 : stat.size, file)
+    walk(new Reader(fd), stat.isDirectory() ? 0 : stat.size, file)
+    return undefined
   } catch (e) {
     if (e instanceof Unloadable) return e.lines
     return undefined

@@ -17,16 +17,10 @@ import * as EngineHostLive from "../../src/layers/engine/EngineHost.ts"
 import { planLayer } from "../../src/layers/engine/EnginePlan.ts"
 import * as EngineProcessLive from "../../src/layers/engine/EngineProcess.ts"
 import { layerFromPlan, type SupervisorSettings, settingsFromConfig } from "../../src/layers/engine/EngineProcess.ts"
+import { decodeLock, HEARTBEAT_STALE_MS, type LockRecord } from "../../src/layers/engine/lockVerdict.ts"
 import { type PidRecord, pidFilePath, readPidFile, writePidFile } from "../../src/layers/engine/pidFile.ts"
 import { groupAlive, pidAlive, processExe, processStartMs } from "../../src/layers/engine/processGroup.ts"
-import {
-  decodeLock,
-  HEARTBEAT_STALE_MS,
-  holdStateDir,
-  LEFTOVER_MS,
-  type LockRecord,
-  lockFilePath
-} from "../../src/layers/engine/stateLock.ts"
+import { holdStateDir, LEFTOVER_MS, lockFilePath } from "../../src/layers/engine/stateLock.ts"
 import { guardEntry } from "../../src/programs/programPaths.ts"
 import type { EngineKind } from "../../src/services/config/Config.ts"
 import type { LaunchPlan } from "../../src/services/engine/Engine.ts"

@@ -8,16 +8,15 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { Effect, Exit, Logger } from "effect"
 import { describe, expect, it, vi } from "vitest"
-import { pidAlive, processStartMs, START_MATCH_MS } from "../../src/layers/engine/processGroup.ts"
 import {
   decodeLock,
   HEARTBEAT_STALE_MS,
-  holdStateDir,
   type LockRecord,
   type LockSight,
-  lockFilePath,
   lockVerdict
-} from "../../src/layers/engine/stateLock.ts"
+} from "../../src/layers/engine/lockVerdict.ts"
+import { pidAlive, processStartMs, START_MATCH_MS } from "../../src/layers/engine/processGroup.ts"
+import { holdStateDir, lockFilePath, stateDirHeldHere } from "../../src/layers/engine/stateLock.ts"
 
 const record: LockRecord = {
   pid: 4242,
@@ -100,6 +99,38 @@ describe("release", () => {
       fs.rmSync(probe, { force: true })
     }
   })()
+
+  // what the lease record relies on (layers/registry/leaseRecord.ts): only the holder may act as this node's agent
+  it("stateDirHeldHere: true while this process holds the lock and it is still this holding's, false otherwise", async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-lock-held-"))
+    const other = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-lock-other-"))
+    try {
+      expect(await stateDirHeldHere(dir)).toBe(false)
+      const seen = await Effect.runPromise(
+        Effect.scoped(
+          Effect.gen(function* () {
+            yield* holdStateDir(dir)
+            const held = yield* Effect.promise(() => stateDirHeldHere(dir))
+            // the same directory spelled relative to the working directory
+            const relative = yield* Effect.promise(() => stateDirHeldHere(path.relative(process.cwd(), dir)))
+            const elsewhere = yield* Effect.promise(() => stateDirHeldHere(other))
+            // another agent took it over (this one silent past the heartbeat): no longer this holding's
+            const before = fs.readFileSync(lockFilePath(dir), "utf8")
+            fs.writeFileSync(lockFilePath(dir), `${JSON.stringify({ ...record, token: "successor" })}\n`)
+            const takenOver = yield* Effect.promise(() => stateDirHeldHere(dir))
+            fs.writeFileSync(lockFilePath(dir), before)
+            return { held, relative, elsewhere, takenOver }
+          })
+        )
+      )
+      expect(seen).toEqual({ held: true, relative: true, elsewhere: false, takenOver: false })
+      // released with its scope
+      expect(await stateDirHeldHere(dir)).toBe(false)
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true })
+      fs.rmSync(other, { recursive: true, force: true })
+    }
+  })
 
   it("removes the lock at its release only while it is this holding's: a successor's lock stays", async () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-lock-release-"))

@@ -32,10 +32,13 @@ export interface CallsTick {
   readonly inFlight: number
 }
 
-/** Judges the engine at each tick; `undefined` when there is no EngineStall to tell (tests, tools). */
+/** Judges the engine at each tick. */
 export type EngineWatch = (tick: CallsTick) => Effect.Effect<void>
 
-/** The watch for the configured engine, its test completion running in the current scope. */
+/**
+ * The watch for the configured engine, its test completion running in the current scope; undefined when there is no
+ * EngineStall to tell (tests, tools).
+ */
 export const makeEngineWatch: Effect.Effect<EngineWatch | undefined, never, Config | Scope.Scope> = Effect.gen(
   function* () {
     const config = yield* Config

@@ -241,7 +241,7 @@ export const makeEtcdOps = Effect.fnUntraced(function* (
         duration: options.callTimeoutMs + CALL_DEADLINE_SLACK_MS,
         orElse: () => Effect.fail(new EtcdUnavailable({ operation, reason: "timed out" }))
       }),
-      Effect.tapError(followAuth)
+      Effect.tapError(followAuth) // a retried call's own refusal: followed for the next call, not retried
     )
   const call = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, EtcdUnavailable | LeaseLost> =>
     followingAuth(

@@ -13,14 +13,13 @@
  * once the agent revoked its own lease at a clean stop; a write or removal that fails is a warning, never fatal.
  */
 import * as fsp from "node:fs/promises"
-import * as os from "node:os"
 import * as path from "node:path"
 import { Effect } from "effect"
 import { epochOf } from "../../services/registry/HealthReporter.ts"
-import { processStartMs } from "../engine/processGroup.ts"
-import { decodeLock, lockFilePath } from "../engine/stateLock.ts"
+import { stateDirHeldHere } from "../engine/stateLock.ts"
 import { writeDurably } from "../node/durableFile.ts"
 import { readNoFollow, sweepTemps } from "../node/stateFiles.ts"
+import { reasonOf } from "./etcdErrors.ts"
 
 export const leaseRecordPath = (stateDir: string): string => path.join(stateDir, "etcd-lease")
 
@@ -50,28 +49,6 @@ export const noLeaseRecord = (why: string): LeaseRecord => ({
   notRevoked: why
 })
 
-const errorText = (e: unknown): string => (e instanceof Error ? e.message : String(e))
-
-const pidNamespace = async (): Promise<string | undefined> => fsp.readlink("/proc/self/ns/pid").catch(() => undefined)
-
-/**
- * Whether this process holds the state_dir lock: agent.lock names this very process (its pid, pid namespace and
- * host, and its start to the tick, which a dead predecessor whose pid this process reuses does not share).
- */
-export const holdsStateDir = async (stateDir: string): Promise<boolean> => {
-  const text = await readNoFollow(lockFilePath(stateDir), MAX_RECORD_BYTES * 16).catch(() => undefined)
-  const lock = text === undefined ? undefined : decodeLock(text)
-  const startedAt = processStartMs(process.pid)
-  return (
-    lock !== undefined &&
-    lock.pid === process.pid &&
-    lock.host === os.hostname() &&
-    lock.pidNs === (await pidNamespace()) &&
-    startedAt !== undefined &&
-    lock.startedAt === startedAt
-  )
-}
-
 /** The lease id a record's text names (decimal), or undefined when it is not a record. */
 export const decodeLeaseRecord = (text: string): string | undefined => {
   try {
@@ -83,7 +60,7 @@ export const decodeLeaseRecord = (text: string): string | undefined => {
 }
 
 const bounded = <A>(what: string, f: () => Promise<A>, ms = IO_BOUND_MS) =>
-  Effect.tryPromise({ try: f, catch: errorText }).pipe(
+  Effect.tryPromise({ try: f, catch: reasonOf }).pipe(
     Effect.timeoutOrElse({
       duration: ms,
       orElse: () => Effect.fail(`${what} took more than ${ms} ms`)
@@ -94,50 +71,49 @@ const bounded = <A>(what: string, f: () => Promise<A>, ms = IO_BOUND_MS) =>
  * The lease record of an agent on `stateDir` for the node key `key`: read once here, before this agent's first grant
  * replaces it. Never fails.
  */
-export const makeLeaseRecord = (stateDir: string, key: string): Effect.Effect<LeaseRecord> =>
-  Effect.gen(function* () {
-    const file = leaseRecordPath(stateDir)
-    const held = yield* bounded("reading the state_dir lock", () => holdsStateDir(stateDir)).pipe(
-      Effect.orElseSucceed(() => false)
+export const makeLeaseRecord = Effect.fnUntraced(function* (stateDir: string, key: string) {
+  const file = leaseRecordPath(stateDir)
+  const held = yield* bounded("reading the state_dir lock", () => stateDirHeldHere(stateDir)).pipe(
+    Effect.orElseSucceed(() => false)
+  )
+  if (!held)
+    return noLeaseRecord(
+      `this agent does not hold agent.state_dir's lock (it does not spawn its engine), so it keeps no such record (${file})`
     )
-    if (!held)
-      return noLeaseRecord(
-        `this agent does not hold agent.state_dir's lock (it does not spawn its engine), so it keeps no such record (${file})`
-      )
-    yield* sweepTemps(file)
-    const text = yield* bounded(`reading ${file}`, () =>
-      readNoFollow(file, MAX_RECORD_BYTES).catch((e: NodeJS.ErrnoException) => {
-        if (e.code === "ENOENT") return undefined
-        throw e
-      })
-    ).pipe(
-      Effect.catch((reason) =>
-        Effect.as(Effect.logWarning(`etcd: cannot read the lease record ${file}: ${reason}`), null)
-      )
+  yield* sweepTemps(file)
+  const text = yield* bounded(`reading ${file}`, () =>
+    readNoFollow(file, MAX_RECORD_BYTES).catch((e: NodeJS.ErrnoException) => {
+      if (e.code === "ENOENT") return undefined
+      throw e
+    })
+  ).pipe(
+    Effect.catch((reason) =>
+      Effect.as(Effect.logWarning(`etcd: cannot read the lease record ${file}: ${reason}`), null)
     )
-    const previous = typeof text === "string" ? decodeLeaseRecord(text) : undefined
-    if (typeof text === "string" && previous === undefined)
-      yield* Effect.logWarning(`etcd: ${file} holds no lease record; not used`)
-    const notRevoked =
-      previous === undefined ? `${file} records none` : `${file} records lease ${epochOf(previous)}, not this one`
-    return {
-      previous,
-      write: (leaseId) =>
-        bounded(`writing ${file}`, () =>
-          writeDurably(file, `${JSON.stringify({ lease: leaseId, epoch: epochOf(leaseId), key })}\n`)
-        ).pipe(
-          Effect.flatMap((warning) => (warning === undefined ? Effect.void : Effect.logWarning(`etcd: ${warning}`))),
-          Effect.catch((reason) =>
-            Effect.logWarning(
-              `etcd: cannot record lease ${epochOf(leaseId)} in ${file} (${reason}): should this agent die without revoking it, the next one waits for it to end`
-            )
+  )
+  const previous = typeof text === "string" ? decodeLeaseRecord(text) : undefined
+  if (typeof text === "string" && previous === undefined)
+    yield* Effect.logWarning(`etcd: ${file} holds no lease record; not used`)
+  const notRevoked =
+    previous === undefined ? `${file} records none` : `${file} records lease ${epochOf(previous)}, not this one`
+  return {
+    previous,
+    write: (leaseId) =>
+      bounded(`writing ${file}`, () =>
+        writeDurably(file, `${JSON.stringify({ lease: leaseId, epoch: epochOf(leaseId), key })}\n`)
+      ).pipe(
+        Effect.flatMap((warning) => (warning === undefined ? Effect.void : Effect.logWarning(`etcd: ${warning}`))),
+        Effect.catch((reason) =>
+          Effect.logWarning(
+            `etcd: cannot record lease ${epochOf(leaseId)} in ${file} (${reason}): should this agent die without revoking it, the next one waits for it to end`
           )
-        ),
-      // Not synced, and bounded tighter than the rest: it runs in the shutdown, whose bound (programs/shutdownBound.ts)
-      // counts the revoke alone. A record that outlives its removal names a revoked lease, which holds no key again.
-      remove: bounded(`removing ${file}`, () => fsp.rm(file, { force: true }), REMOVE_BOUND_MS).pipe(
-        Effect.catch((reason) => Effect.logWarning(`etcd: cannot remove the lease record ${file}: ${reason}`))
+        )
       ),
-      notRevoked
-    } satisfies LeaseRecord
-  })
+    // Not synced, and bounded tighter than the rest: it runs in the shutdown, whose bound (programs/shutdownBound.ts)
+    // counts the revoke alone. A record that outlives its removal names a revoked lease, which holds no key again.
+    remove: bounded(`removing ${file}`, () => fsp.rm(file, { force: true }), REMOVE_BOUND_MS).pipe(
+      Effect.catch((reason) => Effect.logWarning(`etcd: cannot remove the lease record ${file}: ${reason}`))
+    ),
+    notRevoked
+  } satisfies LeaseRecord
+})
