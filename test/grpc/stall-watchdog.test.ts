@@ -437,6 +437,26 @@ describe("the stall watchdog", () => {
       }).pipe(Effect.scoped, Effect.provide(p.layer))
     })
 
+    // engineWatch.ts quietSince: a call that begins and completes between two ticks (shorter than a tick, never
+    // seen in flight) is a call all the same; idle_probe_after counts from it, else an engine serving short calls was
+    // sent an "idle" test every idle_probe_after.
+    it.effect("a call that completed between two ticks puts the test off idle_probe_after from it", () => {
+      const p = probed(quietLayer)
+      return Effect.gen(function* () {
+        const active = new ActiveCalls()
+        yield* StallWatchdog.fork(active)
+        yield* TestClock.adjust(1550)
+        const call = streaming(active)
+        read(call.relay)
+        call.relay.finish(Exit.succeed(undefined))
+        active.delete(call.relay)
+        yield* TestClock.adjust(1900)
+        assert.strictEqual(p.requests.length, 0, "none within idle_probe_after of the call")
+        yield* TestClock.adjust(300)
+        assert.strictEqual(p.requests.length, 1)
+      }).pipe(Effect.scoped, Effect.provide(p.layer))
+    })
+
     it.effect('"0s" sends none, nor does the default before its two minutes', () => {
       const off = layerFromObject({
         models: { m: { hf_repo: "org/m" } },
@@ -508,6 +528,38 @@ describe("the stall watchdog", () => {
         }).pipe(Effect.scoped, Effect.provide(p.layer))
       }
     )
+
+    // engineWatch.ts rankTestOwed: a stall while the last test is too recent to send another (one per
+    // stream_idle_timeout, start to start) is tested once the probe may go, not forgotten: the rank its stream was on
+    // may be the one that hangs.
+    it.effect("a second stream that stalls within stream_idle_timeout of the ranks' test has them tested again", () => {
+      const p = probed(dp2Layer)
+      return Effect.gen(function* () {
+        const active = new ActiveCalls()
+        yield* StallWatchdog.fork(active)
+        const first = streaming(active)
+        const other = streaming(active)
+        const reading = Effect.sync(() => read(other.relay))
+        for (let i = 0; i < 3; i++) yield* Effect.andThen(reading, TestClock.adjust(100))
+        // requested now (streaming() dates its stream at 0)
+        const second = { relay: new Relay(1024), state: { aborted: false } }
+        second.relay.streamRequested(300)
+        second.relay.interrupt = () => {
+          second.state.aborted = true
+        }
+        active.add(second.relay)
+        for (let i = 0; i < 7; i++) yield* Effect.andThen(reading, TestClock.adjust(100))
+        assert.isTrue(first.state.aborted)
+        assert.deepStrictEqual(p.ranks, [0, 1])
+        active.delete(first.relay)
+        for (let i = 0; i < 4; i++) yield* Effect.andThen(reading, TestClock.adjust(100))
+        assert.isTrue(second.state.aborted)
+        active.delete(second.relay)
+        assert.deepStrictEqual(p.ranks, [0, 1], "not yet: the last test began under stream_idle_timeout ago")
+        for (let i = 0; i < 6; i++) yield* Effect.andThen(reading, TestClock.adjust(100))
+        assert.deepStrictEqual(p.ranks, [0, 1, 0, 1])
+      }).pipe(Effect.scoped, Effect.provide(p.layer))
+    })
 
     it.effect(
       "stalled with no call: the stall's test goes to each rank, and a rank it finds hung outlasts a call",

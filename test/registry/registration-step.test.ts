@@ -7,6 +7,7 @@ import { TestClock } from "effect/testing"
 import { NodeHealth } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { decodeConfigObject } from "../../src/layers/config/Config.ts"
 import type { EtcdOps } from "../../src/layers/registry/etcdClient.ts"
+import type { LeaseRecord } from "../../src/layers/registry/leaseRecord.ts"
 import { makeRegistrationStep } from "../../src/layers/registry/registrationStep.ts"
 import { initialReporterState } from "../../src/layers/registry/reporterState.ts"
 import { NodeStatus } from "../../src/services/node/NodeStatus.ts"
@@ -54,12 +55,20 @@ const scriptedEtcd = () => {
 }
 
 /** A step and its state, with the reporter's loop around it: a failed round moves to "retrying". */
-const reporter = (agent: ReturnType<typeof agentOf>, ops: EtcdOps) =>
+const reporter = (agent: ReturnType<typeof agentOf>, ops: EtcdOps, leaseRecord?: LeaseRecord) =>
   Effect.gen(function* () {
     const nodeStatus = yield* NodeStatus
     const s = initialReporterState()
     const timing = reporterTiming(agent.heartbeat, agent.lease_ttl)
-    const { step, setState } = makeRegistrationStep({ s, ops, key: "/cgn/c1/nodes/n1", timing, agent, nodeStatus })
+    const { step, setState } = makeRegistrationStep({
+      s,
+      ops,
+      key: "/cgn/c1/nodes/n1",
+      timing,
+      agent,
+      nodeStatus,
+      leaseRecord
+    })
     const round = step("tick").pipe(Effect.catch(() => setState("retrying")))
     return { s, timing, round, step }
   })
@@ -162,4 +171,101 @@ describe("registrationStep", () => {
       }).pipe(Effect.provide(Layer.mergeAll(nodeStatusTest({ state: "ready" }), warningsInto(warnings))))
     }
   )
+
+  // The takeover of a dead predecessor's key (leaseRecord.ts), over the scripted etcd: the order of the calls and
+  // what the conflict says when the revoke fails.
+  describe("the lease the previous agent recorded in agent.state_dir", () => {
+    const PREVIOUS = "4111120487276619526"
+    // the holder advertises this node's address: the conflict a dead predecessor leaves, which says why not revoked
+    const ADDRESS = "10.0.0.5:7071"
+    const here = nodeStatusTest({ state: "ready", advertiseAddr: ADDRESS })
+    /** The scripted etcd with the node key held by `holderLease` until it is revoked; every call in `calls`. */
+    const heldBy = (holderLease: string, revokeFails = false) => {
+      const { ops } = scriptedEtcd()
+      const calls: Array<string> = []
+      let held = true
+      const traced: EtcdOps = {
+        ...ops,
+        grant: (ttl) => Effect.tap(ops.grant(ttl), (g) => Effect.sync(() => calls.push(`grant ${g.id}`))),
+        create: (key, value, id) =>
+          Effect.suspend(() => {
+            calls.push(`create ${id}`)
+            return held
+              ? Effect.succeed({
+                  _tag: "Held",
+                  holder: { lease: holderLease, value: JSON.stringify({ advertiseAddr: ADDRESS }) }
+                } as const)
+              : ops.create(key, value, id)
+          }),
+        revoke: (id) =>
+          Effect.suspend(() => {
+            calls.push(`revoke ${id}`)
+            if (revokeFails)
+              return Effect.fail(new EtcdUnavailable({ operation: "revoke", reason: "deadline exceeded" }))
+            if (id === holderLease) held = false
+            return Effect.void
+          })
+      }
+      const record: LeaseRecord = {
+        previous: PREVIOUS,
+        write: (id) => Effect.sync(() => calls.push(`record ${id}`)),
+        remove: Effect.void,
+        notRevoked: "the record names another lease"
+      }
+      return { ops: traced, calls, record }
+    }
+
+    // A key created under a lease the record does not name yet would be a key the next agent cannot take over,
+    // were this agent killed between the two: the record is written first.
+    it.effect(
+      "its lease is revoked and the key created in the same round, the new lease recorded before any create",
+      () =>
+        Effect.gen(function* () {
+          const { ops, calls, record } = heldBy(PREVIOUS)
+          const { s, step } = yield* reporter(agentOf("1s", "10s"), ops, record)
+          yield* step("tick")
+          assert.strictEqual(s.state, "registered")
+          assert.deepStrictEqual(calls, [
+            "grant 7587869035283627011",
+            "record 7587869035283627011",
+            "create 7587869035283627011",
+            `revoke ${PREVIOUS}`,
+            "create 7587869035283627011"
+          ])
+        }).pipe(Effect.provide(here))
+    )
+
+    it.effect(
+      "a revoke that fails leaves the conflict, saying that the revoke failed and why (not what the record names)",
+      () =>
+        Effect.gen(function* () {
+          const { ops, calls, record } = heldBy(PREVIOUS, true)
+          const { step } = yield* reporter(agentOf("1s", "10s"), ops, record)
+          const exit = yield* Effect.exit(step("tick"))
+          assert.isTrue(Exit.isFailure(exit))
+          const cause = String(Exit.isFailure(exit) ? exit.cause : "")
+          assert.include(cause, "and this is that lease, but its revoke failed (")
+          assert.include(cause, "deadline exceeded")
+          assert.notInclude(cause, "the record names another lease")
+          assert.deepStrictEqual(
+            calls.filter((c) => c.startsWith("revoke")),
+            [`revoke ${PREVIOUS}`]
+          )
+        }).pipe(Effect.provide(here))
+    )
+
+    it.effect("a holder's lease the record does not name is not revoked, the record's words in the conflict", () =>
+      Effect.gen(function* () {
+        const { ops, calls, record } = heldBy("7000000000000000001")
+        const { step } = yield* reporter(agentOf("1s", "10s"), ops, record)
+        const exit = yield* Effect.exit(step("tick"))
+        assert.isTrue(Exit.isFailure(exit))
+        assert.include(String(Exit.isFailure(exit) ? exit.cause : ""), "the record names another lease")
+        assert.deepStrictEqual(
+          calls.filter((c) => c.startsWith("revoke")),
+          []
+        )
+      }).pipe(Effect.provide(here))
+    )
+  })
 })
