@@ -48,6 +48,28 @@ describe("makeEtcdOps against a real etcd", () => {
     await run(ops.revoke(lease.id))
   })
 
+  // The auth retry (followingAuth) makes a call again only when etcd refused it for its auth: any other refusal is
+  // the call's answer, sent once. Counted by etcd itself (its gRPC server's handled calls, grpc-prometheus).
+  it("a call etcd refuses for anything but auth is made once: a revoke of a lease it does not have, one LeaseRevoke", async () => {
+    const revokesRefused = async () => {
+      const text = await (await fetch(`${etcd.endpoint}/metrics`)).text()
+      const line = text
+        .split("\n")
+        .find(
+          (l) =>
+            l.startsWith("grpc_server_handled_total{") &&
+            l.includes('grpc_method="LeaseRevoke"') &&
+            l.includes('grpc_code="NotFound"')
+        )
+      return line === undefined ? 0 : Number(line.split(" ").at(-1))
+    }
+    const lease = await run(ops.grant(5))
+    await run(ops.revoke(lease.id))
+    const before = await revokesRefused()
+    await run(ops.revoke(lease.id))
+    expect(await revokesRefused()).toBe(before + 1)
+  })
+
   it("a put under a lease etcd no longer has is LeaseLost naming that lease; a second revoke succeeds", async () => {
     const lease = await run(ops.grant(5))
     await run(ops.revoke(lease.id))
