@@ -22,6 +22,7 @@ import { FLUSH_WAIT_MS } from "../layers/node/processExit.ts"
 import { FLUSH_MS as XID_FLUSH_MS } from "../layers/node/xidRecordWriter.ts"
 import { SDK_SHUTDOWN_TIMEOUT, TRACE_FLUSH_TIMEOUT } from "../layers/observability/Tracing.ts"
 import { CALL_DEADLINE_SLACK_MS } from "../layers/registry/etcdClient.ts"
+import { REMOVE_BOUND_MS as LEASE_RECORD_REMOVE_MS } from "../layers/registry/leaseRecord.ts"
 import type { AgentConfig } from "../services/config/Config.ts"
 import { type Env, otlpTraceSettings } from "../services/observability/OtelSettings.ts"
 import { reporterTiming } from "../services/registry/ReporterTiming.ts"
@@ -62,6 +63,8 @@ export const shutdownTerms = (config: AgentConfig, env: Env = process.env): Read
     },
     // layers/registry/HealthReporter.ts shutdown: the revoke alone once etcd left the drain's write unanswered
     etcd ? { step: "etcd lease revoked (one etcd call)", ms: callMs } : undefined,
+    // layers/registry/leaseRecord.ts: the revoked lease's record in agent.state_dir removed (a hung mount's wait)
+    etcd ? { step: "etcd lease record removed (agent.state_dir)", ms: LEASE_RECORD_REMOVE_MS } : undefined,
     { step: "gRPC server closed", ms: Duration.toMillis(GRPC_CLOSE_GRACE) },
     { step: "admin server closed", ms: Duration.toMillis(ADMIN_CLOSE_GRACE) },
     // layers/kv/kvcachedClient.ts: the last call's cancel message to a kvcached that does not read (see above)

@@ -49,19 +49,19 @@ describe("check's summary", () => {
     expect(line(s, "kv events")).toBe("on, tcp://127.0.0.1:5557, forwarded to /run/cgn/kvcached.sock")
   })
 
-  it("the shutdown's worst case, in terminationGracePeriodSeconds' unit (the example DaemonSet sets 180 for 155.75 s)", () => {
+  it("the shutdown's worst case, in terminationGracePeriodSeconds' unit (the example DaemonSet sets 180 for 156 s)", () => {
     const etcd = load(
       '[cluster]\netcd = ["http://etcd:2379"]\n[agent]\ndrain_timeout = "60s"\n[engine]\nstop_grace = "60s"\n[models.m]\nhf_repo = "a/b"\n'
     )
     expect(line(summarize(etcd), "shutdown")).toBe(
-      "within 2m 35s 750ms, every peer hung (terminationGracePeriodSeconds: at least 156)"
+      "within 2m 36s, every peer hung (terminationGracePeriodSeconds: at least 156)"
     )
   })
 
   // rounded up, also below .5 s: a bound of 155.25 s needs 156 (README "Running the daemon", examples/k8s)
   it("the shutdown's seconds round up", () => {
     const etcd = load(
-      '[cluster]\netcd = ["http://etcd:2379"]\n[agent]\ndrain_timeout = "59500ms"\n[engine]\nstop_grace = "60s"\n[models.m]\nhf_repo = "a/b"\n'
+      '[cluster]\netcd = ["http://etcd:2379"]\n[agent]\ndrain_timeout = "59250ms"\n[engine]\nstop_grace = "60s"\n[models.m]\nhf_repo = "a/b"\n'
     )
     expect(line(summarize(etcd), "shutdown")).toBe(
       "within 2m 35s 250ms, every peer hung (terminationGracePeriodSeconds: at least 156)"
@@ -79,10 +79,10 @@ describe("check's summary", () => {
         "shutdown"
       )
     expect(bound('otlp_endpoint = "http://127.0.0.1:4318"')).toBe(
-      "within 2m 39s, every peer hung (terminationGracePeriodSeconds: at least 159)"
+      "within 2m 39s 250ms, every peer hung (terminationGracePeriodSeconds: at least 160)"
     )
     expect(bound('[kv]\nevents = false\nuds = "/run/cgn/kvcached.sock"')).toBe(
-      "within 2m 35s 750ms, every peer hung (terminationGracePeriodSeconds: at least 156)"
+      "within 2m 36s, every peer hung (terminationGracePeriodSeconds: at least 156)"
     )
   })
 
@@ -92,7 +92,7 @@ describe("check's summary", () => {
         '[kv]\nevents = true\nuds = "/run/cgn/kvcached.sock"\n[models.m]\nhf_repo = "a/b"\n'
     )
     expect(line(summarize(kv), "shutdown")).toBe(
-      "within 2m 36s 750ms, every peer hung (terminationGracePeriodSeconds: at least 157)"
+      "within 2m 37s, every peer hung (terminationGracePeriodSeconds: at least 157)"
     )
   })
 

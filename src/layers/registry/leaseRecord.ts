@@ -27,8 +27,8 @@ export const leaseRecordPath = (stateDir: string): string => path.join(stateDir,
 const MAX_RECORD_BYTES = 4096
 /** How long one read, write or removal may take: a hung state_dir (a network mount) must not hold registration. */
 const IO_BOUND_MS = 2_000
-/** The removal's, at a clean stop. */
-const REMOVE_BOUND_MS = 250
+/** The removal's, at a clean stop (a term of the shutdown's bound, programs/shutdownBound.ts). */
+export const REMOVE_BOUND_MS = 250
 
 export interface LeaseRecord {
   /** The lease this node's previous agent recorded (decimal, as etcd gives ids), when this agent may act on it. */
@@ -109,8 +109,8 @@ export const makeLeaseRecord = Effect.fnUntraced(function* (stateDir: string, ke
           )
         )
       ),
-    // Not synced, and bounded tighter than the rest: it runs in the shutdown, whose bound (programs/shutdownBound.ts)
-    // counts the revoke alone. A record that outlives its removal names a revoked lease, which holds no key again.
+    // Not synced, and bounded tighter than the rest: it runs in the shutdown, after the revoke (programs/shutdownBound.ts
+    // counts both). A record that outlives its removal names a revoked lease, which holds no key again.
     remove: bounded(`removing ${file}`, () => fsp.rm(file, { force: true }), REMOVE_BOUND_MS).pipe(
       Effect.catch((reason) => Effect.logWarning(`etcd: cannot remove the lease record ${file}: ${reason}`))
     ),
