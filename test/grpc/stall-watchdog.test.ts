@@ -561,6 +561,46 @@ describe("the stall watchdog", () => {
       }).pipe(Effect.scoped, Effect.provide(p.layer))
     })
 
+    // engineWatch.ts: a run that ends takes its streams' stalls with it, the ranks' test owed for them too: the next
+    // run's calls are not followed by a test for a stall of the run before.
+    it.effect("a ranks' test owed when the run ends is not sent on the next run", () => {
+      const p = probed(dp2Layer)
+      const engine = EngineTest.layerTest({ initial: State.Ready({ since: 0, run: 0 }) })
+      return Effect.gen(function* () {
+        const control = yield* EngineTest.EngineProcessControl
+        const active = new ActiveCalls()
+        yield* StallWatchdog.fork(active)
+        const first = streaming(active)
+        const other = streaming(active)
+        const reading = Effect.sync(() => read(other.relay))
+        for (let i = 0; i < 3; i++) yield* Effect.andThen(reading, TestClock.adjust(100))
+        const second = { relay: new Relay(1024), state: { aborted: false } }
+        second.relay.streamRequested(300)
+        second.relay.interrupt = () => {
+          second.state.aborted = true
+        }
+        active.add(second.relay)
+        for (let i = 0; i < 7; i++) yield* Effect.andThen(reading, TestClock.adjust(100))
+        assert.deepStrictEqual(p.ranks, [0, 1])
+        active.delete(first.relay)
+        for (let i = 0; i < 4; i++) yield* Effect.andThen(reading, TestClock.adjust(100))
+        assert.isTrue(second.state.aborted, "the second stream stalled within the last test's stream_idle_timeout")
+        // the run ends (its calls with it) before the probe may go again
+        active.delete(second.relay)
+        active.delete(other.relay)
+        yield* control.set(State.Unhealthy({ reason: "restart requested: x", since: 1400, run: 0 }))
+        yield* TestClock.adjust(100)
+        yield* control.set(State.Ready({ since: 1500, run: 1 }))
+        // the next run's call, moving: nothing owed from the run before, so no test while it runs
+        const next = { relay: new Relay(1024), state: { aborted: false } }
+        next.relay.streamRequested(1500)
+        active.add(next.relay)
+        for (let i = 0; i < 8; i++) yield* Effect.andThen(Effect.sync(() => read(next.relay)), TestClock.adjust(100))
+        assert.isFalse(next.state.aborted)
+        assert.deepStrictEqual(p.ranks, [0, 1])
+      }).pipe(Effect.scoped, Effect.provide(Layer.merge(p.layer, engine)))
+    })
+
     it.effect(
       "stalled with no call: the stall's test goes to each rank, and a rank it finds hung outlasts a call",
       () => {
