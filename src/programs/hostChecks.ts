@@ -27,7 +27,7 @@ import type { AgentConfig } from "../services/config/Config.ts"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
 import { engineEnvironment } from "../services/engine/EngineEnvironment.ts"
 import { modelPathFinding } from "./modelPath.ts"
-import { packageOf, pythonModuleFinding } from "./pythonModule.ts"
+import { isPython, packageOf, pythonModuleFinding } from "./pythonModule.ts"
 
 export interface HostFindings {
   readonly errors: ReadonlyArray<string>
@@ -185,10 +185,10 @@ export const hostFindings = (
           : `engine.command[0] = "${command}"`
       if (problem !== undefined)
         errors.push(`${key}: ${problem}; run could not spawn the engine and would restart it again and again`)
-      // the engine's own `python -m package.module` (engine.command unset): that python must have the package,
-      // asked below, apart from the filesystem's bound
+      // `python -m package.module`, the engine's own (SGLang's) or engine.command's (a virtual environment's python):
+      // that python must have the package, asked below, apart from the filesystem's bound
       const module = plan.argv[1] === "-m" ? plan.argv[2] : undefined
-      if (problem === undefined && c.engine.command === undefined && module !== undefined)
+      if (problem === undefined && module !== undefined && isPython(command))
         python = { command, module, key, env, cwd }
     }
     const model = plan.spawns ? await modelPathFinding(c, cwd) : undefined

@@ -8,6 +8,7 @@
  * nor be taken for a hung filesystem), and killed when the bound interrupts it.
  */
 import { execFile } from "node:child_process"
+import path from "node:path"
 import { Effect } from "effect"
 
 const FIND = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) is not None else 3)"
@@ -21,6 +22,13 @@ export type ModuleFinding =
   | { readonly _tag: "Missing" }
   /** The interpreter could not be asked (it failed otherwise, or did not answer in time). */
   | { readonly _tag: "Unknown"; readonly reason: string }
+
+/**
+ * Whether `command` names a Python interpreter (`python`, `python3`, `/opt/venv/bin/python3.12`), the only kind
+ * asked: in an engine.command such as `["numactl", "-m", "0", ...]` the `-m` is not Python's, and that program must
+ * not be run with the question's arguments.
+ */
+export const isPython = (command: string): boolean => /^python(\d+(\.\d+)*)?$/.test(path.basename(command))
 
 /** The top-level package a `-m` module is in: what must be importable for it to run. */
 export const packageOf = (module: string): string => module.split(".")[0] ?? module

@@ -595,7 +595,11 @@ describe("the stall watchdog", () => {
         const next = { relay: new Relay(1024), state: { aborted: false } }
         next.relay.streamRequested(1500)
         active.add(next.relay)
-        for (let i = 0; i < 8; i++) yield* Effect.andThen(Effect.sync(() => read(next.relay)), TestClock.adjust(100))
+        for (let i = 0; i < 8; i++)
+          yield* Effect.andThen(
+            Effect.sync(() => read(next.relay)),
+            TestClock.adjust(100)
+          )
         assert.isFalse(next.state.aborted)
         assert.deepStrictEqual(p.ranks, [0, 1])
       }).pipe(Effect.scoped, Effect.provide(Layer.merge(p.layer, engine)))

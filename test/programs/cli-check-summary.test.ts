@@ -467,6 +467,42 @@ describe("check finds on the host what run would find only by failing", () => {
     })
   })
 
+  // pythonModule.ts isPython: engine.command's python is asked as the engine's own is; a program that is not a python
+  // is never run with the question, whatever its argv[1]
+  it("engine.command naming a python (a virtual environment's) is asked for the module; another program is not run", async () => {
+    const venv = path.join(dir, "venv", "bin")
+    fs.mkdirSync(venv, { recursive: true })
+    const asked = path.join(dir, "asked")
+    fs.writeFileSync(path.join(venv, "python3.12"), `#!/bin/sh\necho "$@" >> ${asked}\nexit 3\n`, { mode: 0o755 })
+    fs.writeFileSync(path.join(venv, "numactl"), `#!/bin/sh\necho "$@" >> ${asked}\nexit 3\n`, { mode: 0o755 })
+    const config = (name: string, command: ReadonlyArray<string>) => {
+      const file = path.join(dir, name)
+      fs.writeFileSync(
+        file,
+        `[agent]\nstate_dir = "${dir}/state"\n[engine]\nkind = "sglang"\ncommand = ${JSON.stringify(command)}\n[models.m]\nhf_repo = "o/m"\n`
+      )
+      return file
+    }
+    const python = path.join(venv, "python3.12")
+    const venvPython = await runCli([
+      "check",
+      "--config",
+      config("venv-python.toml", [python, "-m", "sglang.launch_server"])
+    ])
+    expect(venvPython.code).toBe(2)
+    expect(venvPython.stderr).toContain(`engine.command[0] = "${python}": that ${python} has no module sglang`)
+    expect(fs.readFileSync(asked, "utf8")).toMatch(/ sglang\n$/)
+    fs.rmSync(asked)
+    const numactl = path.join(venv, "numactl")
+    const other = await runCli([
+      "check",
+      "--config",
+      config("numactl.toml", [numactl, "-m", "0", "python3", "-m", "sglang.launch_server"])
+    ])
+    expect(other.code, other.stderr).toBe(0)
+    expect(fs.existsSync(asked), "numactl was run").toBe(false)
+  })
+
   it.skipIf(!fs.existsSync("/usr/bin/python3"))(
     "a real python3: without the package exit 2, with it on PYTHONPATH ok",
     async () => {
