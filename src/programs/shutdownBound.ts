@@ -15,7 +15,7 @@
  */
 import { Duration } from "effect"
 import { CLOSE_GRACE as ADMIN_CLOSE_GRACE } from "../layers/admin/Admin.ts"
-import { KILL_WAIT_MS } from "../layers/engine/processGroup.ts"
+import { STOP_SLACK_MS as ENGINE_STOP_SLACK_MS } from "../layers/engine/run.ts"
 import { CLOSE_GRACE as GRPC_CLOSE_GRACE } from "../layers/grpc/GrpcServer.ts"
 import { CALL_TIMEOUT as NVML_CALL_TIMEOUT } from "../layers/node/Nvml.ts"
 import { FLUSH_WAIT_MS } from "../layers/node/processExit.ts"
@@ -26,13 +26,6 @@ import { REMOVE_BOUND_MS as LEASE_RECORD_REMOVE_MS } from "../layers/registry/le
 import type { AgentConfig } from "../services/config/Config.ts"
 import { type Env, otlpTraceSettings } from "../services/observability/OtelSettings.ts"
 import { reporterTiming } from "../services/registry/ReporterTiming.ts"
-
-/**
- * Past `engine.stop_grace`, the engine's stop (layers/engine/run.ts teardown): the guard's SIGKILL and its
- * confirmation (KILL_WAIT_MS) plus 1 s for the guard to report; a guard that hangs is SIGKILLed (1 s), then the
- * group itself (KILL_WAIT_MS); then 250 ms for the engine's last output lines.
- */
-export const ENGINE_STOP_SLACK_MS = 2 * KILL_WAIT_MS + 2_000 + 250
 
 /** Room for the event loop of a loaded host between the steps. */
 export const MARGIN_MS = 1_000
@@ -57,6 +50,7 @@ export const shutdownTerms = (config: AgentConfig, env: Env = process.env): Read
       ? { step: "state=draining written to etcd (agent.heartbeat)", ms: Duration.toMillis(agent.heartbeat) }
       : undefined,
     { step: "in-flight streams (agent.drain_timeout)", ms: Duration.toMillis(agent.drain_timeout) },
+    // layers/engine/run.ts: past stop_grace, the guard's SIGKILL, a hung guard killed, the group's, the last output
     {
       step: "engine stopped (engine.stop_grace + kill and confirm)",
       ms: Duration.toMillis(engine.stop_grace) + ENGINE_STOP_SLACK_MS

@@ -58,6 +58,21 @@ const notLogged = (n: number) =>
  * bounds) and only if the guard died or hangs does it SIGKILL the guard and the group itself, never TERM.
  * Returns how the group ended: the guard's report, else what the agent saw.
  */
+/** Past the guard's own bounds (graceMs, then its SIGKILL and confirmation), how long it is waited for to exit. */
+const GUARD_EXIT_WAIT_MS = 1_000
+/** How long a guard that hung, SIGKILLed by the agent, is given to be gone. */
+const GUARD_KILL_WAIT_MS = 1_000
+/** How long the guard's last report, and then the engine's last output lines, are each waited for. */
+const LAST_WORDS_MS = 250
+
+/**
+ * The longest a stop takes past engine.stop_grace (programs/shutdownBound.ts adds it up): the guard waited for
+ * (its SIGKILL's confirmation and GUARD_EXIT_WAIT_MS), then killed (GUARD_KILL_WAIT_MS), then either the group
+ * SIGKILLed and confirmed or the guard's last report read, then the output drained.
+ */
+export const STOP_SLACK_MS =
+  KILL_WAIT_MS + GUARD_EXIT_WAIT_MS + GUARD_KILL_WAIT_MS + Math.max(KILL_WAIT_MS, LAST_WORDS_MS) + LAST_WORDS_MS
+
 const teardown = (
   child: ChildProcess,
   pid: Effect.Effect<number | undefined>,
@@ -68,9 +83,9 @@ const teardown = (
     child.stdin?.destroy()
     const guardPid = child.pid
     const guardGone = () => guardPid === undefined || !pidAlive(guardPid)
-    if (!(yield* pollUntil(guardGone, graceMs + KILL_WAIT_MS + 1_000)) && guardPid !== undefined) {
+    if (!(yield* pollUntil(guardGone, graceMs + KILL_WAIT_MS + GUARD_EXIT_WAIT_MS)) && guardPid !== undefined) {
       signalGroup(guardPid, "SIGKILL")
-      yield* pollUntil(guardGone, 1_000)
+      yield* pollUntil(guardGone, GUARD_KILL_WAIT_MS)
     }
     const pgid = yield* pid
     if (pgid === undefined || !groupAlive(pgid)) return (yield* guardOutcome) ?? "gone"
@@ -144,7 +159,7 @@ export const spawnRun =
               // The guard's "stopped" report, read to the pipe's end: a poll can see the guard gone before its
               // last report is read (under load the log said "stopped: gone" for an engine that was terminated).
               const reported = Deferred.await(reportDone).pipe(
-                Effect.timeout(250),
+                Effect.timeout(LAST_WORDS_MS),
                 Effect.ignore,
                 Effect.andThen(Ref.get(guardOutcome))
               )
@@ -160,7 +175,7 @@ export const spawnRun =
           l === undefined
             ? Effect.void
             : l.stop.pipe(
-                Effect.andThen(drain(250)),
+                Effect.andThen(drain(LAST_WORDS_MS)),
                 // A process that left the engine's group (setsid) with its stdout/stderr outlives the stop and
                 // holds the pipes' write ends: no end of file comes, and the agent's ends stayed open for as long
                 // as it lived, two fds per restart. The drain had its chance; what it left is closed here.
