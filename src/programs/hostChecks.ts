@@ -26,7 +26,7 @@ import { socketDirDistrust, socketDistrust } from "../layers/node/stateFiles.ts"
 import type { AgentConfig } from "../services/config/Config.ts"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
 import { engineEnvironment } from "../services/engine/EngineEnvironment.ts"
-import { modelPathFinding } from "./modelPath.ts"
+import { codeOf, modelPathFinding } from "./modelPath.ts"
 import { isPython, packageOf, pythonModuleFinding } from "./pythonModule.ts"
 
 export interface HostFindings {
@@ -38,8 +38,6 @@ type Env = Readonly<Record<string, string | undefined>>
 
 /** The search path when the engine's environment has no PATH: libuv's default (src/unix/process.c _PATH_DEFPATH). */
 const DEFAULT_PATH = "/usr/bin:/bin"
-
-const codeOf = (e: unknown): string => (e as NodeJS.ErrnoException).code ?? String(e)
 
 /** Why `file` cannot be executed, or undefined when it can (a regular file with an execute bit for us). */
 const notExecutable = async (file: string): Promise<string | undefined> => {

@@ -16,9 +16,9 @@
 import { constants } from "node:fs"
 import * as fsp from "node:fs/promises"
 import * as path from "node:path"
-import { formatPath } from "../layers/config/Config.ts"
 import { engineFor } from "../layers/engine/backends/index.ts"
 import type { AgentConfig } from "../services/config/Config.ts"
+import { formatPath } from "../services/config/SchemaProblems.ts"
 import type { ModelPathKind } from "../services/engine/Engine.ts"
 
 const WHAT: Record<ModelPathKind, string> = {
@@ -27,7 +27,8 @@ const WHAT: Record<ModelPathKind, string> = {
   directory: "an existing, readable model directory"
 }
 
-const codeOf = (e: unknown): string => (e as NodeJS.ErrnoException).code ?? String(e)
+/** A failed filesystem call's errno name (ENOENT, EACCES), else the error as text. */
+export const codeOf = (e: unknown): string => (e as NodeJS.ErrnoException).code ?? String(e)
 
 /** Whether `file` starts with GGUF's magic (check_gguf_file reads the first 4 bytes). */
 const ggufMagic = async (file: string): Promise<boolean> => {

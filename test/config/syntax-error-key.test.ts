@@ -1,9 +1,9 @@
-// Which key a TOML syntax error is in (layers/config/syntaxErrorKey.ts): smol-toml gives a line and a column only,
+// Which key a TOML syntax error is in (services/config/SyntaxErrorKey.ts): smol-toml gives a line and a column only,
 // so the decoder names the key path from the text around the error. A line it cannot place names no key.
 import { Result } from "effect"
 import { describe, expect, it } from "vitest"
 import { decodeConfig } from "../../src/layers/config/Config.ts"
-import { syntaxErrorKey } from "../../src/layers/config/syntaxErrorKey.ts"
+import { syntaxErrorKey } from "../../src/services/config/SyntaxErrorKey.ts"
 
 /** [what, the text, the error's line, the key named]. */
 const cases: ReadonlyArray<[string, string, number, string | undefined]> = [

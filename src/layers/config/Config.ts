@@ -1,7 +1,7 @@
 /**
  * Config layers: read a config file and decode it with decodeConfig.ts (which file: programs/configOption.ts,
- * `--config` or CGN_AGENT_CONFIG); the layers only add I/O. Re-exports the decoders and `formatPath`, which tests,
- * embedders and the engine backends import from here.
+ * `--config` or CGN_AGENT_CONFIG); the layers only add I/O. Re-exports the decoders, which tests and embedders
+ * import from here (a key's printed path, `formatPath`, is services/config/SchemaProblems.ts').
  */
 import type { Stats } from "node:fs"
 import * as fs from "node:fs/promises"
@@ -10,7 +10,6 @@ import { type AgentConfig, Config, ConfigError } from "../../services/config/Con
 import { decodeConfigBytes, decodeConfigObject } from "./decodeConfig.ts"
 
 export { decodeConfig, decodeConfigBytes, decodeConfigObject } from "./decodeConfig.ts"
-export { formatPath } from "./schemaProblems.ts"
 
 /** A config is a few KiB; far larger is not a config (a log, a model file given by mistake) and is not read in. */
 const MAX_CONFIG_BYTES = 1024 * 1024

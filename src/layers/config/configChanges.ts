@@ -7,8 +7,8 @@
  */
 import { Duration, Effect, Result } from "effect"
 import type { AgentConfig } from "../../services/config/Config.ts"
+import { formatPath } from "../../services/config/SchemaProblems.ts"
 import { loadConfigFile } from "./Config.ts"
-import { formatPath } from "./schemaProblems.ts"
 
 /** Keys a SIGHUP applies (layers/observability/Logging.ts hangupReload). */
 const RELOADED = new Set(["agent.log_level"])

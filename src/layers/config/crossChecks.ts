@@ -6,12 +6,13 @@
  */
 import { Duration } from "effect"
 import type { ConfigFile } from "../../services/config/ConfigSchema.ts"
+import { formatPath } from "../../services/config/SchemaProblems.ts"
 import { splitHostPort } from "../../services/net/HostPort.ts"
 import { migRefProblem } from "../../services/node/Mig.ts"
 import { reporterTiming } from "../../services/registry/ReporterTiming.ts"
+import { portOf } from "../engine/backends/common.ts"
 import { engineFor } from "../engine/backends/index.ts"
 import { listenerProblems, listeners, rankedPortProblems, sameSocket, tcpPort } from "./portChecks.ts"
-import { formatPath } from "./schemaProblems.ts"
 
 /** The etcd lease's TTL: agent.lease_ttl, else 3 heartbeats. */
 export const leaseTtlOf = (agent: ConfigFile["agent"]): Duration.Duration =>
@@ -226,8 +227,8 @@ const engineProblems = (c: ConfigFile): Array<string> => {
     problems.push(`engine.url: ${kind} is spawned by the agent and serves plain HTTP on its host:port; use http://`)
   }
   if (caps.spawns) {
-    // The port the engine is started on, as listenOf (engine/backends/common.ts) reads it: none written is the scheme's.
-    const port = url.port !== "" ? Number(url.port) : url.protocol === "https:" ? 443 : 80
+    // The port the engine is started on (listenOf's): none written is the scheme's.
+    const port = portOf(url)
     if (port === 0) {
       problems.push(
         `engine.url: ${kind} is spawned by the agent on this port and probed there; port 0 would start it with --port 0 and probe port 0 until engine.startup_timeout, got "${c.engine.url}"; give a fixed port such as 8000`

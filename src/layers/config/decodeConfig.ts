@@ -1,6 +1,6 @@
 /**
  * A file's bytes (UTF-8 only), TOML text or an already-parsed object to the resolved AgentConfig: parse, check the
- * values as written (rawValues.ts), decode with ConfigSchema, cross-check, then fill defaults (node id, lease TTL,
+ * values as written (services/config/RawValues.ts), decode with ConfigSchema, cross-check, then fill defaults (node id, lease TTL,
  * admin token and engine API key from the environment). Pure apart from reading the host name; nothing half-parsed
  * escapes: either every check passes or a ConfigError lists every problem.
  */
@@ -10,12 +10,12 @@ import { parse as parseToml, TomlError } from "smol-toml"
 import { type AgentConfig, ConfigError, type ModelConfig } from "../../services/config/Config.ts"
 import { ConfigFile, LogLevels } from "../../services/config/ConfigSchema.ts"
 import { DialableHostPort, keyPartProblem } from "../../services/config/ConfigValues.ts"
+import { type CheckedValues, checkValues } from "../../services/config/RawValues.ts"
+import { fieldProblems, unknownKeyProblems } from "../../services/config/SchemaProblems.ts"
+import { syntaxErrorKey } from "../../services/config/SyntaxErrorKey.ts"
 import { joinHostPort } from "../../services/net/HostPort.ts"
 import { backoffOrderProblems, crossChecks, leaseTtlOf } from "./crossChecks.ts"
 import { engineKeyProblems } from "./engineKeyChecks.ts"
-import { type CheckedValues, checkValues } from "./rawValues.ts"
-import { fieldProblems, unknownKeyProblems } from "./schemaProblems.ts"
-import { syntaxErrorKey } from "./syntaxErrorKey.ts"
 
 /**
  * The file's text, or where its first byte that is not UTF-8 is (`line L, column C: ...`, the column in
@@ -79,7 +79,7 @@ export const decodeConfig = (
   const name = file ?? "<inline>"
   let raw: unknown
   try {
-    // Integers as bigint, so that a float (`tp = 1.0`) is told from an integer; rawValues.ts makes them numbers.
+    // Integers as bigint, so that a float (`tp = 1.0`) is told from an integer; services/config/RawValues.ts makes them numbers.
     raw = parseToml(text, { integersAsBigInt: true })
   } catch (e) {
     if (e instanceof TomlError) {
@@ -120,7 +120,7 @@ const decodeChecked = (
   const raw = checked.value
   const unknown = unknownKeyProblems(raw)
   const decoded = Schema.decodeUnknownExit(ConfigFile)(raw, { errors: "all" })
-  // The schema's words on a key rawValues.ts refused say less (a NUL or a float it cannot see): left out.
+  // The schema's words on a key RawValues.ts refused say less (a NUL or a float it cannot see): left out.
   const onOtherKeys = (p: string) => ![...checked.keys].some((k) => [": ", ".", "["].some((s) => p.startsWith(k + s)))
   if (decoded._tag === "Failure")
     return fail([...unknown, ...checked.problems, ...fieldProblems(raw).filter(onOtherKeys)])

@@ -6,9 +6,9 @@
  * (capabilities.apiKey).
  */
 import type { ConfigFile } from "../../services/config/ConfigSchema.ts"
+import { formatPath } from "../../services/config/SchemaProblems.ts"
 import { flagSetBy } from "../../services/engine/ArgvFlags.ts"
 import { engineFor } from "../engine/backends/index.ts"
-import { formatPath } from "./schemaProblems.ts"
 
 /** `keyFrom`: where the agent's key came from (engine.api_key or its variable), undefined when there is none. */
 export const engineKeyProblems = (

@@ -4,9 +4,9 @@
  * (port + r), whose last rank must still have a port.
  */
 import type { ConfigFile } from "../../services/config/ConfigSchema.ts"
+import { formatPath } from "../../services/config/SchemaProblems.ts"
 import { canonicalHost, isWildcardHost, listenAddresses, splitHostPort } from "../../services/net/HostPort.ts"
 import { engineFor } from "../engine/backends/index.ts"
-import { formatPath } from "./schemaProblems.ts"
 
 /** The agent's listeners that are set: [key under agent, host:port]. */
 export const listeners = (c: ConfigFile): Array<readonly [string, string]> => [

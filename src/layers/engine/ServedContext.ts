@@ -13,11 +13,11 @@
 import { Effect, Layer, Random, Ref, Stream } from "effect"
 import { getGlobalDispatcher } from "undici"
 import { Config } from "../../services/config/Config.ts"
+import { formatPath } from "../../services/config/SchemaProblems.ts"
 import type { ServedContextSource } from "../../services/engine/Engine.ts"
 import { EngineProcess, type EngineState } from "../../services/engine/EngineProcess.ts"
 import { ServedContext, servedContextOf } from "../../services/engine/ServedContext.ts"
 import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
-import { formatPath } from "../config/Config.ts"
 import { engineFor } from "./backends/index.ts"
 import { getText } from "./EngineClient.ts"
 

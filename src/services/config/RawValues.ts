@@ -8,8 +8,8 @@
  * table or an integer goes is read from the schema itself (its AST), so no key is listed twice.
  */
 import { SchemaAST } from "effect"
-import { ConfigFile } from "../../services/config/ConfigSchema.ts"
-import { formatPath } from "./schemaProblems.ts"
+import { ConfigFile } from "./ConfigSchema.ts"
+import { formatPath } from "./SchemaProblems.ts"
 
 type Path = ReadonlyArray<string | number>
 

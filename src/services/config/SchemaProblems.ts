@@ -4,6 +4,7 @@
  * decode (each checked on its own, so one bad field does not hide the next). Pure; no I/O.
  */
 import { Schema, SchemaIssue } from "effect"
+import { isSecretName } from "../engine/Secrets.ts"
 import {
   AgentSection,
   ClusterSection,
@@ -13,8 +14,7 @@ import {
   knownKeys,
   ModelSection,
   SecuritySection
-} from "../../services/config/ConfigSchema.ts"
-import { isSecretName } from "../../services/engine/Secrets.ts"
+} from "./ConfigSchema.ts"
 
 const sectionSchemas = {
   cluster: ClusterSection,

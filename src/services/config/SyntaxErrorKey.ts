@@ -1,11 +1,11 @@
 /**
  * Which key a TOML syntax error is in. smol-toml's TomlError gives a line and a column but no key; an operator
  * reading `line 41, column 9: invalid value` in a pod's log cannot see the file, so the error names the key path
- * too (`engine.url`, `models."m".tp`), formatted as every other config problem's key (schemaProblems.ts).
+ * too (`engine.url`, `models."m".tp`), formatted as every other config problem's key (SchemaProblems.ts).
  * Pure and approximate on purpose: it reads the text around the error, not a parse tree (there is none: the parse
  * failed). A line the rules below do not recognize names no key, never a wrong one.
  */
-import { formatPath } from "./schemaProblems.ts"
+import { formatPath } from "./SchemaProblems.ts"
 
 /** One part of a dotted key: bare, "basic" (JSON escapes are TOML's) or 'literal'. */
 const PART = String.raw`\s*(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*')\s*`

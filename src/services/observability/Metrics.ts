@@ -1,6 +1,7 @@
 /**
- * Metrics: the agent's one Prometheus registry and the named handles every service writes to.
- * Owns metric names, help texts, label sets and buckets; nothing here reads another service.
+ * Metrics: the contract of the agent's one Prometheus registry, the named handles every service writes to (their
+ * label sets in the handles' types). The names, help texts and buckets are the live layer's table
+ * (layers/observability/Metrics.ts); nothing here reads another service.
  * Gauges that mirror another service's state are filled at scrape time by collect callbacks that the
  * owner of that state registers with `onCollect` (scoped: removed when the owner's scope closes).
  */

@@ -31,9 +31,11 @@ export interface Listen {
  */
 export const listenOf = (config: AgentConfig): Listen => {
   const u = new URL(config.engine.url)
-  const port = u.port !== "" ? Number(u.port) : u.protocol === "https:" ? 443 : 80
-  return { baseUrl: `${u.protocol}//${u.host}`, host: unbracket(u.hostname), port }
+  return { baseUrl: `${u.protocol}//${u.host}`, host: unbracket(u.hostname), port: portOf(u) }
 }
+
+/** The port of an engine URL: the one written, else the scheme's. */
+export const portOf = (u: URL): number => (u.port !== "" ? Number(u.port) : u.protocol === "https:" ? 443 : 80)
 
 /**
  * `[agent].ready_probe_url` when set, else GET `/v1/models`, which answers only once the model is loaded or lists it

@@ -5,8 +5,8 @@
  * is written. Pure.
  */
 import type { AgentConfig } from "../../../services/config/Config.ts"
+import { formatPath } from "../../../services/config/SchemaProblems.ts"
 import type { ExitHint } from "../../../services/engine/Engine.ts"
-import { formatPath } from "../../config/Config.ts"
 
 /** `models."name".key` of the configured model. */
 export const modelKey = (config: AgentConfig, key: string): string => formatPath(["models", config.model.name, key])
