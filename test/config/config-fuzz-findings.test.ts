@@ -197,6 +197,20 @@ describe("a NUL character in any key or string is refused, printed escaped", () 
     expect(hostPort).toEqual([`agent.listen_grpc: a NUL character (\\u0000) in "a\\u0000:1": ${why}`])
     expect(problemsOf(`[agent]\n"x\\u0000" = 1\n${MODEL}`).join("\n")).not.toContain("\0")
   })
+
+  // RawValues.ts: a secret's value stays unprinted here too, as in the schema's type errors
+  it.each([
+    ["engine.api_key", `[engine]\napi_key = "SECRETKEY\\u0000x"\n${MODEL}`],
+    ["cluster.etcd_password", `[cluster]\netcd_password = "SECRETKEY\\u0000x"\n${MODEL}`],
+    ["agent.admin_token", `[agent]\nadmin_token = "SECRETKEY\\u0000x"\n${MODEL}`],
+    ["engine.env.HF_TOKEN", `[engine]\nenv = { HF_TOKEN = "SECRETKEY\\u0000x" }\n${MODEL}`]
+  ])("in a secret (%s): where it is, not the value", (key, text) => {
+    const problems = problemsOf(text)
+    expect(problems[0]).toBe(
+      `${key}: a NUL character (\\u0000) in the value (not shown: a secret's key) at character 10: ${why}`
+    )
+    expect(problems.join("\n")).not.toContain("SECRETKEY")
+  })
 })
 
 describe("a TOML date-time where a table goes is refused, not read as an empty section", () => {

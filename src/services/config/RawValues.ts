@@ -8,6 +8,7 @@
  * table or an integer goes is read from the schema itself (its AST), so no key is listed twice.
  */
 import { SchemaAST } from "effect"
+import { isSecretName } from "../engine/Secrets.ts"
 import { ConfigFile } from "./ConfigSchema.ts"
 import { formatPath } from "./SchemaProblems.ts"
 
@@ -81,7 +82,13 @@ export const checkValues = (raw: unknown, toml: boolean): CheckedValues => {
   const walk = (v: unknown, path: Path, asts: ReadonlyArray<SchemaAST.AST>): unknown => {
     if (typeof v === "string") {
       const nul = v.indexOf("\0")
-      if (nul >= 0) refuse(path, `a NUL character (\\u0000) in ${excerpt(v, nul)}: ${NUL_WHY}`)
+      if (nul >= 0) {
+        // a secret's value is not shown (SchemaProblems.ts does the same for its type errors): only where the NUL is
+        const where = isSecretName(String(path.at(-1) ?? ""))
+          ? `the value (not shown: a secret's key) at character ${nul + 1}`
+          : excerpt(v, nul)
+        refuse(path, `a NUL character (\\u0000) in ${where}: ${NUL_WHY}`)
+      }
       return v
     }
     if (typeof v === "bigint" && toml) {
