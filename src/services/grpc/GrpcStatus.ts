@@ -1,8 +1,10 @@
 /**
  * GrpcStatus: every way a Generate call can fail (GenerateError, a closed union of tagged errors; the other
  * methods' failures are members too) and the one table from each to its gRPC status and trailers
- * (`statusTable`): a new error without a row fails the type check. No other module names a status code. The engine's message is kept in the status message and, with its HTTP status and error type, in
- * `cgn-engine-*` trailers, so a caller can act on it whatever engine or error-body shape was behind.
+ * (`statusTable`): a new error without a row fails the type check. No other module names a status code but
+ * EngineStatus.ts, whose one table decides everything about an engine's failure by its status. The engine's message
+ * is kept in the status message and, with its HTTP status and error type, in `cgn-engine-*` trailers, so a caller
+ * can act on it whatever engine or error-body shape was behind.
  * Pure: the gRPC layer sends a GrpcFailure as the call's status.
  */
 import { Status } from "nice-grpc-common"
@@ -20,6 +22,7 @@ import type {
   ServerShuttingDown,
   StreamAborted
 } from "./CallErrors.ts"
+import { engineAnswerDecisions, engineDecisions, engineStatus } from "./EngineStatus.ts"
 import type { GenerateRejected, RejectReason } from "./Generate.ts"
 import type { InvalidHandoff } from "./Handoff.ts"
 import type { TransportError } from "./TransportErrors.ts"
@@ -71,17 +74,11 @@ export interface GrpcFailure {
   readonly reset?: true
 }
 
-/** The engine's HTTP status as a gRPC code (also used for a mid-stream error that carries a numeric code). */
-export const httpStatusToGrpc = (status: number): Status => {
-  if (status === 400 || status === 422) return Status.INVALID_ARGUMENT
-  if (status === 404) return Status.NOT_FOUND
-  if (status === 413 || status === 429) return Status.RESOURCE_EXHAUSTED
-  if (status === 408) return Status.DEADLINE_EXCEEDED
-  if (status === 501) return Status.UNIMPLEMENTED
-  if (status >= 500) return Status.UNAVAILABLE
-  // 401/403/409/... mean the agent and engine disagree (config, auth): not the caller's fault.
-  return Status.INTERNAL
-}
+/**
+ * The engine's HTTP status as a gRPC code (also used for a mid-stream error that carries a numeric code): its row of
+ * EngineStatus.ts's table, which decides everything else about that status too.
+ */
+export const httpStatusToGrpc = (status: number): Status => engineStatus(status).code
 
 /** A refusal's status, and whether another node may take the call (a model it serves); its reason is `cgn-reason`. */
 const rejectStatus: Readonly<Record<RejectReason, readonly [Status, boolean]>> = {
@@ -96,22 +93,11 @@ export const asciiTrailer = (s: string): string => {
   return clean.length > 1024 ? `${clean.slice(0, 1021)}...` : clean
 }
 
-/** The code for an engine error, by reason then status. */
-export const engineErrorCode = (e: EngineError): Status => {
-  switch (e.reason) {
-    case "Http":
-      return e.status === undefined ? Status.UNAVAILABLE : httpStatusToGrpc(e.status)
-    case "Connect":
-      return Status.UNAVAILABLE
-    case "Timeout":
-      return Status.DEADLINE_EXCEEDED
-    case "Stream":
-      // An error object with a numeric code maps like the HTTP status; a stream that broke off is UNAVAILABLE.
-      return e.status === undefined ? Status.UNAVAILABLE : httpStatusToGrpc(e.status)
-    case "Protocol":
-      return Status.INTERNAL
-  }
-}
+/**
+ * The code for an engine error, by its status where the engine answered with one, else by its reason
+ * (EngineStatus.ts), an output fault's mark aside.
+ */
+export const engineErrorCode = (e: EngineError): Status => engineAnswerDecisions(e).code
 
 /** Whether an engine failure ends the call UNAVAILABLE (retry on another node). */
 export const endsUnavailable = (e: EngineError): boolean => engineErrorCode(e) === Status.UNAVAILABLE
@@ -131,17 +117,6 @@ const engineWhat = (e: EngineError): string => {
   }
 }
 
-/**
- * Engine failures another node may well not have: its engine down, slow, overloaded (429) or broken. Not the
- * request's own faults (400, 404, 413, 422) nor what the engine does not do (501): another engine would refuse
- * them too.
- */
-const engineRetryable = (code: Status): boolean =>
-  code === Status.UNAVAILABLE ||
-  code === Status.DEADLINE_EXCEEDED ||
-  code === Status.INTERNAL ||
-  code === Status.RESOURCE_EXHAUSTED
-
 export const engineFailure = (e: EngineError): GrpcFailure => {
   const trailers: Record<string, string> = {
     "cgn-error-source": "engine",
@@ -154,12 +129,8 @@ export const engineFailure = (e: EngineError): GrpcFailure => {
   if (e.engineType !== undefined) trailers["cgn-engine-type"] = asciiTrailer(e.engineType)
   if (e.engineCode !== undefined) trailers["cgn-engine-code"] = asciiTrailer(e.engineCode)
   const type = e.engineType === undefined ? "" : ` (${e.engineType})`
-  // An output fault: the engine is fine and the same request would fail so on another node (at temperature 0, every
-  // time): INTERNAL, the engine's error, not retried elsewhere and not counted against the node (engineFailedCall).
-  if (e.fault === "output")
-    return { code: Status.INTERNAL, message: `${engineWhat(e)}${type}: ${e.message}`, trailers, retryElsewhere: false }
-  const code = engineErrorCode(e)
-  const retryElsewhere = engineRetryable(code) && e.status !== 413
+  // code and retry: the row of EngineStatus.ts for its fault, status or reason
+  const { code, retryElsewhere } = engineDecisions(e)
   return { code, message: `${engineWhat(e)}${type}: ${e.message}`, trailers, retryElsewhere }
 }
 
@@ -248,24 +219,14 @@ export const toGrpcFailure = (e: GenerateError): GrpcFailure =>
   (statusTable[e._tag] as (e: GenerateError) => GrpcFailure)(e)
 
 /**
- * The status message of a call the engine itself failed, undefined for any other ending: the engine's own error
- * (its row marks it `cgn-error-source: engine`) that the row ends UNAVAILABLE, an HTTP 5xx, a refused or reset
- * connection, a stream broken off. Not what the request caused (4xx, 501), an engine too busy (429, 503), no answer in time
- * (the stall watchdog's), nor the agent's own endings; nor an engine run that ended under the call (EngineRunEnded:
- * the supervisor's state already says so). EngineStall counts these in a row (engine.failed_calls_unhealthy).
+ * The status message of a call the engine itself failed, undefined for any other ending: an engine error whose row
+ * (EngineStatus.ts `failsCall`) counts it: an HTTP 5xx but 501 and 503, a 401/403, a refused or reset connection, a
+ * stream broken off. Not what the request caused, an engine too busy, no answer in time, an output fault, nor the
+ * agent's own endings; nor an engine run that ended under the call (EngineRunEnded: the supervisor's state already
+ * says so). EngineStall counts these in a row (engine.failed_calls_unhealthy).
  */
-export const engineFailedCall = (e: GenerateError): string | undefined => {
-  // 503 is an engine turning calls away for now, not one that is broken: vLLM's admission with
-  // --max-queued-requests ("The request queue is full.", HTTP 503, or a stream's first error event with code 503),
-  // llama-server while it loads. Counted, a busy engine's refusals between two completions would flap the node.
-  if (e._tag !== "EngineError" || e.status === 503) return undefined
-  const f = engineFailure(e)
-  // 401/403: the engine refuses the agent's key (engine.api_key unset, or not the engine's), and so every call: the
-  // node's fault, never the caller's. llama-server's and SGLang's readiness (/health) needs no key, so calls alone
-  // can show it.
-  if (e.status === 401 || e.status === 403) return f.message
-  return f.trailers["cgn-error-source"] === "engine" && f.code === Status.UNAVAILABLE ? f.message : undefined
-}
+export const engineFailedCall = (e: GenerateError): string | undefined =>
+  e._tag === "EngineError" && engineDecisions(e).failsCall ? engineFailure(e).message : undefined
 
 /** A call's normal end. */
 export const okStatus: GrpcFailure = { code: Status.OK, message: "", trailers: {} }
