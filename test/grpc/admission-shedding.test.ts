@@ -216,7 +216,7 @@ const legsLayer = (role: "both" | "prefill", engineMs = 300) => {
 
 const plan = { path: "/v1/completions", body: { prompt: "p" } } as const
 const normal: LegPlan = { _tag: "Normal", body: plan.body }
-const prefill: LegPlan = { _tag: "KvTransferPrefill", body: plan.body }
+const prefill: LegPlan = { _tag: "Prefill", protocol: "kv_transfer_params", body: plan.body }
 
 describe("EngineLegs feeds admission and gives it the call's deadline", () => {
   it.effect("normal calls: first chunk timed on the Clock; the caller's deadline sheds one, never sent", () =>

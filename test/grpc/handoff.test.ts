@@ -8,17 +8,16 @@ import { toGrpcFailure } from "../../src/services/grpc/GrpcStatus.ts"
 import {
   type BootstrapInput,
   bootstrapLegBody,
-  boundToPair,
   extractKvTransferParams,
   InvalidHandoff,
   kvTransferDecodeBody,
   planLeg,
-  refusalBoundToPair,
   VLLM_PREFILL_KV_TRANSFER_PARAMS,
   validateBootstrap,
   validateKvTransferParams,
   vllmPrefillBody
 } from "../../src/services/grpc/Handoff.ts"
+import { PREFILL_PARAMS } from "../support/nixlParams.ts"
 
 const failure = <A>(r: Result.Result<A, InvalidHandoff>): InvalidHandoff => {
   if (Result.isSuccess(r)) throw new Error(`expected a failure, got ${JSON.stringify(r.success)}`)
@@ -31,14 +30,7 @@ const success = <A>(r: Result.Result<A, InvalidHandoff>): A => {
 
 /** What a vLLM prefill engine returns (nixl/scheduler.py), plus fields newer builds add. */
 const P_PARAMS = {
-  do_remote_prefill: true,
-  do_remote_decode: false,
-  remote_block_ids: [1, 2, 3],
-  remote_engine_id: "engine-a",
-  remote_request_id: "req-1",
-  remote_host: "10.0.0.5",
-  remote_port: 5600,
-  tp_size: 1,
+  ...PREFILL_PARAMS,
   remote_blocks_expiry_time: 1234.5
 }
 
@@ -230,14 +222,15 @@ describe("planLeg", () => {
   const body = { prompt: "p", max_tokens: 8 }
   const bootstrap = { host: "h", port: 8998, room: 1 }
 
-  it.each<[string, Parameters<typeof planLeg>[0], string]>([
-    ["both over kv_transfer_params", { role: "both", handoff: "kv_transfer_params", body }, "Normal"],
-    ["both without a handoff", { role: "both", handoff: undefined, body }, "Normal"],
-    ["prefill over kv_transfer_params", { role: "prefill", handoff: "kv_transfer_params", body }, "KvTransferPrefill"],
+  const kvPrefill = { _tag: "Prefill", protocol: "kv_transfer_params" }
+  it.each<[string, Parameters<typeof planLeg>[0], { _tag: string; protocol?: string }]>([
+    ["both over kv_transfer_params", { role: "both", handoff: "kv_transfer_params", body }, { _tag: "Normal" }],
+    ["both without a handoff", { role: "both", handoff: undefined, body }, { _tag: "Normal" }],
+    ["prefill over kv_transfer_params", { role: "prefill", handoff: "kv_transfer_params", body }, kvPrefill],
     [
       "prefill with a router's own params (vLLM's proxy sends do_remote_decode), which the agent's replace",
       { role: "prefill", handoff: "kv_transfer_params", body, kvTransferParams: { do_remote_decode: true } },
-      "KvTransferPrefill"
+      kvPrefill
     ],
     [
       // what vLLM's toy proxy really sends a prefill server: do_remote_prefill false beside do_remote_decode true (only
@@ -249,17 +242,25 @@ describe("planLeg", () => {
         body,
         kvTransferParams: { ...VLLM_PREFILL_KV_TRANSFER_PARAMS }
       },
-      "KvTransferPrefill"
+      kvPrefill
     ],
     [
       "decode over kv_transfer_params",
       { role: "decode", handoff: "kv_transfer_params", body, kvTransferParams: P_PARAMS },
-      "KvTransferDecode"
+      { _tag: "Decode", protocol: "kv_transfer_params" }
     ],
-    ["prefill over bootstrap", { role: "prefill", handoff: "bootstrap", body, bootstrap }, "BootstrapLeg"],
-    ["decode over bootstrap", { role: "decode", handoff: "bootstrap", body, bootstrap }, "BootstrapLeg"]
-  ])("%s", (_name, input, tag) => {
-    expect(success(planLeg(input))._tag).toBe(tag)
+    [
+      "prefill over bootstrap",
+      { role: "prefill", handoff: "bootstrap", body, bootstrap },
+      { _tag: "Prefill", protocol: "bootstrap" }
+    ],
+    [
+      "decode over bootstrap",
+      { role: "decode", handoff: "bootstrap", body, bootstrap },
+      { _tag: "Decode", protocol: "bootstrap" }
+    ]
+  ])("%s", (_name, input, leg) => {
+    expect(success(planLeg(input))).toMatchObject(leg)
   })
 
   it.each<[string, Parameters<typeof planLeg>[0], string]>([
@@ -295,46 +296,11 @@ describe("planLeg", () => {
     expect(prefill.body).toStrictEqual(vllmPrefillBody(body))
     const leg = success(planLeg({ role: "prefill", handoff: "bootstrap", body, bootstrap }))
     expect(leg).toStrictEqual({
-      _tag: "BootstrapLeg",
-      leg: "prefill",
+      _tag: "Prefill",
+      protocol: "bootstrap",
       body: { ...body, bootstrap_host: "h", bootstrap_port: 8998, bootstrap_room: 1 }
     })
     const both = success(planLeg({ role: "both", handoff: "bootstrap", body, bootstrap, kvTransferParams: P_PARAMS }))
     expect(both.body).toBe(body)
-  })
-})
-
-// A leg that failed where another node could take it: alone, or only as a new pair (cgn-retry-pair).
-describe("boundToPair", () => {
-  const body = { prompt: "p" }
-  it.each<[string, Parameters<typeof boundToPair>[0], boolean, boolean]>([
-    ["role both", { _tag: "Normal", body }, true, false],
-    ["a vLLM prefill leg (a new prefill elsewhere is a new handoff)", { _tag: "KvTransferPrefill", body }, true, false],
-    [
-      "a vLLM decode leg refused before the engine (its handoff untouched)",
-      { _tag: "KvTransferDecode", body },
-      false,
-      false
-    ],
-    ["a vLLM decode leg once the engine may have read its handoff", { _tag: "KvTransferDecode", body }, true, true],
-    ["an SGLang decode leg before the engine", { _tag: "BootstrapLeg", leg: "decode", body }, false, false],
-    ["an SGLang decode leg in its room", { _tag: "BootstrapLeg", leg: "decode", body }, true, true],
-    [
-      "an SGLang prefill leg, even refused (its decode leg waits on this node)",
-      { _tag: "BootstrapLeg", leg: "prefill", body },
-      false,
-      true
-    ]
-  ])("%s", (_name, leg, engineAsked, bound) => {
-    expect(boundToPair(leg, engineAsked)).toBe(bound)
-  })
-})
-
-describe("refusalBoundToPair: a call refused before its leg is planned", () => {
-  it("binds only an SGLang prefill node's (its decode leg waits on this node's bootstrap server)", () => {
-    const bound = (["both", "prefill", "decode"] as const).flatMap((role) =>
-      (["kv_transfer_params", "bootstrap", undefined] as const).map((h) => [role, h, refusalBoundToPair(role, h)])
-    )
-    expect(bound.filter(([, , b]) => b)).toEqual([["prefill", "bootstrap", true]])
   })
 })

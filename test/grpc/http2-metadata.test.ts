@@ -27,7 +27,13 @@ type Done = (e: null, v: Buffer) => void
 /** Per call the handler ran: the value of the last metadata entry the test sent (`x-md-last`). */
 const seen: Array<string | undefined> = []
 const rejected: Array<[string, number]> = []
-const server = new Http2GrpcServer({ maxReceiveMessageLength: 1024, onRejected: (p, c) => rejected.push([p, c]) })
+const server = new Http2GrpcServer({
+  maxReceiveMessageLength: 1024,
+  onRejected: (p, f) => {
+    rejected.push([p, f.code])
+    return f
+  }
+})
 server.addService({ echo }, {
   echo: (call: ServerCall<Buffer, Buffer>, done: Done) => {
     seen.push(call.metadata.get("x-md-last").map(String)[0])

@@ -33,7 +33,10 @@ const start = async (ms: number) => {
   const server = new Http2GrpcServer({
     maxReceiveMessageLength: 8192,
     requestReadTimeoutMs: ms,
-    onRejected: (path, code) => rejected.push([path, code])
+    onRejected: (path, f) => {
+      rejected.push([path, f.code])
+      return f
+    }
   })
   server.addService(service, {
     echo: (call: ServerCall<Buffer, Buffer>, done: Done) => {

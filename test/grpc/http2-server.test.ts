@@ -61,7 +61,10 @@ const rejected: Array<[string, number]> = []
 const server = new Http2GrpcServer({
   maxReceiveMessageLength: 1024,
   onConnectionError: (e) => connectionErrors.push(e),
-  onRejected: (path, code) => rejected.push([path, code])
+  onRejected: (path, f) => {
+    rejected.push([path, f.code])
+    return f
+  }
 })
 server.addService(service, {
   echo: (call: ServerCall<Buffer, Buffer>, done: Done) => {
@@ -635,9 +638,14 @@ describe("the agent's gRPC server on node:http2", () => {
     }
   })
 
-  it("a refusal before the handler of a method bound to its P/D pair says retry the pair (an SGLang prefill node)", async () => {
-    const refusal = async (pairBoundPath: string | undefined) => {
-      const small = new Http2GrpcServer({ maxReceiveMessageLength: 8192, maxArrivingBytes: 3000, pairBoundPath })
+  it("a refusal before the handler sends what onRejected returns (an SGLang prefill node's Generate: retry the pair)", async () => {
+    // The gRPC layer's rule (GrpcServer.ts: GenerateCall.ts rejected), here by path: the transport knows no method.
+    const refusal = async (boundPath: string | undefined) => {
+      const small = new Http2GrpcServer({
+        maxReceiveMessageLength: 8192,
+        maxArrivingBytes: 3000,
+        onRejected: (path, f) => (path === boundPath ? { ...f, pairBound: true } : f)
+      })
       small.addService({ echo: service.echo }, {
         echo: (call: ServerCall<Buffer, Buffer>, done: Done) => done(null, call.request)
       } as unknown as grpc.UntypedServiceImplementation)

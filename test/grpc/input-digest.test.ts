@@ -127,7 +127,7 @@ describe("planLeg with input digests", () => {
 
   it("a prefill leg carries its digest, to add to the engine's params", () => {
     const leg = planLeg({ role: "prefill", handoff: "kv_transfer_params", body, inputDigest: () => ownDigest })
-    expect(Result.isSuccess(leg) && leg.success).toMatchObject({ _tag: "KvTransferPrefill", inputDigest: ownDigest })
+    expect(Result.isSuccess(leg) && leg.success).toMatchObject({ _tag: "Prefill", inputDigest: ownDigest })
   })
 
   it("a decode leg whose params carry its own digest: the engine gets the params without it", () => {
@@ -139,7 +139,8 @@ describe("planLeg with input digests", () => {
       inputDigest: () => ownDigest
     })
     expect(Result.isSuccess(leg) && leg.success).toStrictEqual({
-      _tag: "KvTransferDecode",
+      _tag: "Decode",
+      protocol: "kv_transfer_params",
       body: { ...body, kv_transfer_params: P_PARAMS }
     })
   })

@@ -19,6 +19,8 @@ import { withInputDigest } from "../../services/grpc/InputDigest.ts"
 import type { ServiceKind } from "../../services/grpc/ServiceTimes.ts"
 import type { Relay } from "./Relay.ts"
 
+type PrefillLeg = Extract<LegPlan, { readonly _tag: "Prefill" }>
+
 /** How the engine side of a call can fail (all of them members of GrpcStatus's GenerateError). */
 export type LegError = EngineError | AdmissionError | InvalidHandoff | LegDeadline
 
@@ -35,11 +37,15 @@ export type RunLeg = (
   callerMs?: number | undefined
 ) => Effect.Effect<void, LegError>
 
-const kindOf = (leg: LegPlan): ServiceKind => {
-  if (leg._tag === "Normal") return "normal"
-  if (leg._tag === "KvTransferPrefill" || (leg._tag === "BootstrapLeg" && leg.leg === "prefill")) return "prefill"
-  return "decode"
-}
+/** The service kind admission measures each leg as (ServiceTimes.ts). */
+const KIND: Readonly<Record<LegPlan["_tag"], ServiceKind>> = { Normal: "normal", Prefill: "prefill", Decode: "decode" }
+
+/**
+ * The call span's `cgn.leg` (GenerateCall.ts): the names the legs had before LegPlan had one shape (KvTransferPrefill,
+ * KvTransferDecode, BootstrapLeg for both SGLang legs), kept so that what reads the agent's traces sees the same.
+ */
+export const spanLeg = (leg: LegPlan): string =>
+  leg._tag === "Normal" ? "Normal" : leg.protocol === "bootstrap" ? "BootstrapLeg" : `KvTransfer${leg._tag}`
 
 const CALLER = "the caller's deadline"
 
@@ -57,11 +63,11 @@ export const make = Effect.fnUntraced(function* () {
   const streamTo = client.streamTo
 
   // One non-streaming call; its answer is read for finish/usage only (the text comes from the decode leg).
-  const prefillLeg = (relay: Relay, plan: RequestPlan, leg: LegPlan, opts: RequestOptions) =>
+  const prefillLeg = (relay: Relay, plan: RequestPlan, leg: PrefillLeg, opts: RequestOptions) =>
     complete(client, plan.path, leg.body, opts).pipe(
       Effect.flatMap((response) => {
         relay.reader.read(response)
-        if (leg._tag !== "KvTransferPrefill") return Effect.void
+        if (leg.protocol !== "kv_transfer_params") return Effect.void
         return Effect.map(Effect.fromResult(extractKvTransferParams(response)), (params) => {
           // The agent's digest of the leg's input goes with the engine's params: D's agent checks it (InputDigest.ts).
           const digest = leg.inputDigest
@@ -119,10 +125,10 @@ export const make = Effect.fnUntraced(function* () {
   // router the other leg, for the whole leg, so a leg queued behind busy ones must not get a fresh timeout
   // once admitted.
   const runLeg: RunLeg = (relay, plan, leg, opts, callerMs) => {
-    const kind = kindOf(leg)
+    const kind = KIND[leg._tag]
     const deadline = deadlineOf(kind, callerMs)
-    if (kind === "normal") return admitted(relay, kind, deadline, engineStream(relay, plan, leg, opts))
-    if (kind === "prefill") {
+    if (leg._tag === "Normal") return admitted(relay, kind, deadline, engineStream(relay, plan, leg, opts))
+    if (leg._tag === "Prefill") {
       const prefill = Effect.map(prefillLeg(relay, plan, leg, opts), () => measured.prefill(relay))
       return admitted(relay, kind, deadline, prefill).pipe(
         Effect.timeoutOrElse({ duration: legTimeout, orElse: () => Effect.fail(legDeadline("prefill", relay)) })

@@ -13,8 +13,8 @@ import { Config } from "../../services/config/Config.ts"
 import type { ServedContextService } from "../../services/engine/ServedContext.ts"
 import { frameDelta } from "../../services/grpc/DeltaFrame.ts"
 import { GenerateRejected, planRequest } from "../../services/grpc/Generate.ts"
-import { type GenerateError, statusName, toGrpcFailure } from "../../services/grpc/GrpcStatus.ts"
-import { boundToPair, planLeg, refusalBoundToPair } from "../../services/grpc/Handoff.ts"
+import { type GenerateError, type GrpcFailure, statusName, toGrpcFailure } from "../../services/grpc/GrpcStatus.ts"
+import { boundToPair, type LegPlan, planLeg } from "../../services/grpc/Handoff.ts"
 import { inputDigest, type Sha256 } from "../../services/grpc/InputDigest.ts"
 import { StartPacer } from "../../services/grpc/StartPacer.ts"
 import { CallCancelled, CallDeadlineExceeded } from "../../services/grpc/TransportErrors.ts"
@@ -134,17 +134,19 @@ export const makeHandler = Effect.fnUntraced(function* (
     if (awaitingHeaders.push(call) === 1) setImmediate(sendAwaitingHeaders)
   }
 
-  // An SGLang prefill node's refusals are bound to their pair, whatever they were (Handoff.ts refusalBoundToPair).
-  const refusedBound = refusalBoundToPair(role, handoff)
-  const refuse = (call: GenerateServerCall, startedAt: number, e: GenerateError): void => {
+  // Every failure a Generate call is sent, the server's refusals before this handler included: bound to its pair or
+  // not by the one rule (Handoff.ts boundToPair), from how far the call got (its leg planned, the engine asked).
+  const withPair = (f: GrpcFailure, leg: LegPlan | undefined, engineAsked: boolean): GrpcFailure =>
+    boundToPair({ role, handoff, leg, engineAsked }) ? { ...f, pairBound: true } : f
+  const refuse = (call: GenerateServerCall, startedAt: number, e: GenerateError, leg?: LegPlan): void => {
     const f = toGrpcFailure(e)
     record(statusName(f.code), undefined, startedAt)
-    call.sendStatus(refusedBound ? { ...f, pairBound: true } : f)
+    call.sendStatus(withPair(f, leg, false))
   }
-
-  /** Counts a Generate call the server ended before this handler ran (http2/Server.ts onRejected). */
-  const rejected = (code: number): void => {
-    if (metrics !== undefined) metrics.requests.inc({ role, model, grpc_code: statusName(code) })
+  /** A Generate call the server ended before this handler ran (http2/Server.ts onRejected): counted; what it sends. */
+  const rejected = (f: GrpcFailure): GrpcFailure => {
+    if (metrics !== undefined) metrics.requests.inc({ role, model, grpc_code: statusName(f.code) })
+    return withPair(f, undefined, false)
   }
 
   const handle = (call: GenerateServerCall): void => {
@@ -169,7 +171,7 @@ export const makeHandler = Effect.fnUntraced(function* (
     }
     const notServing = serving.refusal()
     if (notServing !== undefined) {
-      refuse(call, startedAt, notServing)
+      refuse(call, startedAt, notServing, leg.success)
       return
     }
     const requestId = req.requestId === "" ? randomUUID() : req.requestId
@@ -197,14 +199,12 @@ export const makeHandler = Effect.fnUntraced(function* (
       active.delete(relay)
       record(status, relay, startedAt)
     }
-    // Ends the call with the failure's status (GrpcStatus.ts's table), the request id in its trailers.
-    // A P/D leg bound to its pair (Handoff.ts boundToPair) says so: retried elsewhere, then only as a new pair.
+    // Ends the call with the failure's status (GrpcStatus.ts's table), the request id in its trailers; see withPair.
     const fail = (failure: GenerateError): void => {
       const f = toGrpcFailure(failure)
       settle(statusName(f.code))
       // the id the engine and the agent's logs and spans know the call by (the agent's own when the caller gave none)
-      const sent = withRequestId(f, requestId)
-      call.sendStatus(boundToPair(leg.success, relay.admitted) ? { ...sent, pairBound: true } : sent)
+      call.sendStatus(withPair(withRequestId(f, requestId), leg.success, relay.admitted))
     }
     // Runs inside the producer's read callback: everything pending goes out now unless the call's buffer is full.
     const pump = (): void => {
@@ -257,7 +257,7 @@ export const makeHandler = Effect.fnUntraced(function* (
     // (docs/bench.md, "Response headers while the engine thinks"). A call that fails first answers trailers-only.
     relay.onSent = () => headersAfterWrite(call)
     const work = tracing
-      ? traced(incoming, { requestId, leg: leg.success._tag }, (tp) =>
+      ? traced(incoming, { requestId, leg: EngineLegs.spanLeg(leg.success) }, (tp) =>
           runLeg(relay, plan, leg.success, { ...opts, traceparent: tp }, callerMs)
         )
       : runLeg(relay, plan, leg.success, opts, callerMs)
@@ -277,5 +277,5 @@ export const makeHandler = Effect.fnUntraced(function* (
       }
     })
   }
-  return { handle, rejected, refusedBound }
+  return { handle, rejected }
 })

@@ -124,12 +124,9 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     tls: options.tls,
     ...errorLogging(run, "gRPC"),
     // Generate calls the transport ended before the handler (a bad message or grpc-timeout, a deadline or cancel
-    // while the request arrived) count in requests_total like the handler's own.
-    onRejected: (path, code) => {
-      if (path === GENERATE_PATH) generate.rejected(code)
-    },
-    // ... and on an SGLang prefill node are bound to their pair, as the handler's refusals are.
-    pairBoundPath: generate.refusedBound ? GENERATE_PATH : undefined
+    // while the request arrived) count in requests_total like the handler's own, and are bound to their pair by the
+    // handler's rule (on an SGLang prefill node, as its refusals are).
+    onRejected: (path, f) => (path === GENERATE_PATH ? generate.rejected(f) : f)
   })
   const model = { name: config.model.served_name, source: config.model.source.value, tp: config.model.tp }
   addAgent(server, {

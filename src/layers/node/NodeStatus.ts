@@ -13,6 +13,7 @@ import { EngineStall, noStall, stallProblem } from "../../services/engine/Engine
 import { failingOf } from "../../services/engine/EngineState.ts"
 import { GpuGate, type GpuGateStatus, gateProblem } from "../../services/engine/GpuGate.ts"
 import { Admission } from "../../services/grpc/Admission.ts"
+import { hostsRendezvous } from "../../services/grpc/Handoff.ts"
 import { hostOfAddr } from "../../services/net/HostPort.ts"
 import { Cordon } from "../../services/node/Cordon.ts"
 import { Drain } from "../../services/node/Drain.ts"
@@ -89,11 +90,11 @@ export const layer = (
         })
       // resolved again once the gRPC server has bound (grpcBound): listen_grpc's port 0 is the OS's pick
       let advertiseAddr = advertise(undefined)
-      // An SGLang prefill node publishes its engine's bootstrap server: the router copies it into both legs.
-      const bootstrap =
-        engineFor(config.engine.kind).capabilities.handoff === "bootstrap" && config.agent.role === "prefill"
-          ? bootstrapServer(listenOf(config).host, hostOfAddr(advertiseAddr), config.engine.bootstrap_port)
-          : undefined
+      // A node that hosts its pairs' rendezvous (an SGLang prefill node) publishes its engine's bootstrap server: the
+      // router copies it into both legs.
+      const bootstrap = hostsRendezvous(config.agent.role, engineFor(config.engine.kind).capabilities.handoff)
+        ? bootstrapServer(listenOf(config).host, hostOfAddr(advertiseAddr), config.engine.bootstrap_port)
+        : undefined
 
       // One engine scrape per heartbeat, in a fiber of its own (engineLoad.ts), however many readers (etcd writer,
       // gRPC, /status, /metrics): readers take the last sample and never wait on the engine's I/O. Each one also

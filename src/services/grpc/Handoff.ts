@@ -153,21 +153,26 @@ export const bootstrapLegBody = (body: JsonObject, bootstrap: Bootstrap): JsonOb
 // Planning a leg from the node's role and the engine's handoff protocol
 
 /**
- * What the gRPC layer does with one Generate call. Every body is the client's body plus the handoff fields;
- * this module owns those (`kv_transfer_params`, `bootstrap_*`, the prefill leg's `max_tokens`).
+ * What the gRPC layer does with one Generate call: which leg it is (`_tag`: the one place a prefill leg is told from
+ * the others) and, for a P/D leg, the engine's handoff protocol. Every body is the client's body plus the handoff
+ * fields; this module owns those (`kv_transfer_params`, `bootstrap_*`, the prefill leg's `max_tokens`).
  */
 export type LegPlan =
-  /** Role "both": the client's body as is. */
+  /** Role "both": the client's body as is; stream the answer. */
   | { readonly _tag: "Normal"; readonly body: JsonObject }
   /**
-   * Send whole (not streamed); answer with `extractKvTransferParams(response)` in the final message, with
-   * `inputDigest` added (InputDigest.ts withInputDigest) when there is one.
+   * Send whole (not streamed). Over kv_transfer_params answer with `extractKvTransferParams(response)` in the final
+   * message, with `inputDigest` added (InputDigest.ts withInputDigest) when there is one; over bootstrap just finish
+   * (the answer comes from D).
    */
-  | { readonly _tag: "KvTransferPrefill"; readonly body: JsonObject; readonly inputDigest?: string | undefined }
+  | {
+      readonly _tag: "Prefill"
+      readonly protocol: HandoffProtocol
+      readonly body: JsonObject
+      readonly inputDigest?: string | undefined
+    }
   /** Stream D's answer. */
-  | { readonly _tag: "KvTransferDecode"; readonly body: JsonObject }
-  /** Prefill: send whole and finish; decode: stream D's answer. */
-  | { readonly _tag: "BootstrapLeg"; readonly leg: "prefill" | "decode"; readonly body: JsonObject }
+  | { readonly _tag: "Decode"; readonly protocol: HandoffProtocol; readonly body: JsonObject }
 
 export interface PlanInput {
   readonly role: Role
@@ -218,7 +223,8 @@ const kvTransferLeg = (input: PlanInput, role: "prefill" | "decode"): Result.Res
     )
   if (role === "prefill")
     return Result.succeed({
-      _tag: "KvTransferPrefill",
+      _tag: "Prefill",
+      protocol: "kv_transfer_params",
       body: vllmPrefillBody(input.body),
       inputDigest: input.inputDigest?.()
     })
@@ -234,13 +240,17 @@ const kvTransferLeg = (input: PlanInput, role: "prefill" | "decode"): Result.Res
   const own = ownInputDigest(input.kvTransferParams, input.inputDigest)
   if (own._tag === "Differs") return Result.fail(differs())
   if (own._tag === "Malformed") return Result.fail(malformed(own.value))
-  return Result.map(kvTransferDecodeBody(input.body, own.params), (body) => ({ _tag: "KvTransferDecode", body }))
+  return Result.map(kvTransferDecodeBody(input.body, own.params), (body) => ({
+    _tag: "Decode",
+    protocol: "kv_transfer_params",
+    body
+  }))
 }
 
 const bootstrapLeg = (input: PlanInput, leg: "prefill" | "decode"): Result.Result<LegPlan, InvalidHandoff> =>
   Result.map(validateBootstrap(input.bootstrap), (b) => ({
-    _tag: "BootstrapLeg",
-    leg,
+    _tag: leg === "prefill" ? "Prefill" : "Decode",
+    protocol: "bootstrap",
     body: bootstrapLegBody(input.body, b)
   }))
 
@@ -275,29 +285,35 @@ export const planLeg = (input: PlanInput): Result.Result<LegPlan, InvalidHandoff
   return legOf[input.handoff](input, role)
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// A failed leg: retried alone, or only as a new pair
+
 /**
- * Whether a failure of this leg that another node could take is retried only as a new pair (GrpcFailure.pairBound):
- * a decode leg of kv_transfer_params once the engine may have read its handoff (past admission: one handoff serves
- * one decode), an SGLang leg once its engine may have joined the room, and an SGLang prefill leg always (the decode
- * leg waits on this node's bootstrap server, which no other node's prefill leg answers). Refused before that, a
- * decode leg goes to another decode node as it is.
+ * Whether this node hosts its pairs' rendezvous: an SGLang prefill node, whose engine runs the bootstrap server both
+ * legs of a pair meet at (NodeStatus publishes it; the router copies it into both legs).
  */
-export const boundToPair = (leg: LegPlan, engineAsked: boolean): boolean => {
-  if (leg._tag === "BootstrapLeg" && leg.leg === "prefill") return true
-  switch (leg._tag) {
-    case "Normal":
-    case "KvTransferPrefill":
-      return false
-    case "KvTransferDecode":
-      return engineAsked
-    case "BootstrapLeg":
-      return engineAsked
-  }
+export const hostsRendezvous = (role: Role, handoff: HandoffProtocol | undefined): boolean =>
+  role === "prefill" && handoff === "bootstrap"
+
+/** What boundToPair reads: the node's role and handoff (as planLeg's input), and how far the call got. */
+export interface PairBoundInput {
+  readonly role: Role
+  readonly handoff: HandoffProtocol | undefined
+  /** planLeg's plan; undefined: the call was refused before it had one (planLeg's refusals included). */
+  readonly leg: LegPlan | undefined
+  /** Whether the engine may have seen the leg (past admission: Relay.admitted). */
+  readonly engineAsked: boolean
 }
 
 /**
- * Whether a call this node refuses before its leg is planned (an invalid request, a model it does not serve, not
- * serving) is bound to its pair all the same: on an SGLang prefill node (boundToPair's prefill leg), whatever it was.
+ * Whether a Generate call's failure that another node could take is retried only as a new pair (GrpcFailure.pairBound:
+ * `cgn-retry-pair`): the one rule for every end of a call, refused by the server before its handler ran, refused by
+ * the handler before or after its leg was planned, or failed once the engine was asked.
+ * - On a node that hosts the rendezvous (hostsRendezvous), every call, whatever it was and however far it got: the
+ *   decode leg waits on this node's bootstrap server, which no other node's prefill leg answers.
+ * - A decode leg once the engine may have read its handoff (past admission): over kv_transfer_params one handoff
+ *   serves one decode, over bootstrap its engine may have joined the room; refused before, it goes elsewhere as it is.
+ * - Nothing else: a normal call, a vLLM prefill leg (a new prefill elsewhere is a new handoff).
  */
-export const refusalBoundToPair = (role: Role, handoff: HandoffProtocol | undefined): boolean =>
-  role === "prefill" && handoff === "bootstrap"
+export const boundToPair = (input: PairBoundInput): boolean =>
+  hostsRendezvous(input.role, input.handoff) || (input.leg?._tag === "Decode" && input.engineAsked)

@@ -52,8 +52,8 @@ const refuse = (stream: http2.ServerHttp2Stream, status: number): void => {
   stream.respond({ ":status": status }, { endStream: true })
 }
 
-/** The status of a call its caller cancelled, from the status table. */
-const CANCELLED = failure(new CallCancelled()).code
+/** The status of a call its caller cancelled, from the status table (never sent: what onRejected is told). */
+const CANCELLED = failure(new CallCancelled())
 /** The end of a call whose grpc-timeout passed (made once: an error built per call costs every call). */
 const DEADLINE = failure(new CallDeadlineExceeded())
 
@@ -189,8 +189,9 @@ export class Http2GrpcServer {
     call.onUnread = (windowLeft) => {
       accounting.accounted += unreadCredit(windowLeft, streamBytes, stream.session?.localSettings.initialWindowSize)
     }
-    // Until the handler runs, every end of the call is the server's: reported through onRejected. What the
-    // request holds of the arriving budget (every byte until then) is given back at the handler or at that end.
+    // Until the handler runs, every end of the call is the server's: reported through onRejected, which says what is
+    // sent (ServerOptions.ts). What the request holds of the arriving budget (every byte until then) is given back at
+    // the handler or at that end.
     let handled = false
     let held = 0
     // The arrival bound's timer (requestReadTimeoutMs), stopped with the budget: at the handler or the call's end.
@@ -208,8 +209,7 @@ export class Http2GrpcServer {
     const reject = (f: GrpcFailure): void => {
       if (call.done) return
       release()
-      call.sendStatus(path === this.#options.pairBoundPath ? { ...f, pairBound: true } : f)
-      this.#options.onRejected?.(path, f.code)
+      call.sendStatus(this.#options.onRejected?.(path, f) ?? f)
     }
     // Before the method is looked up: a client the list refuses learns nothing of what this server serves.
     const refused = this.#refusalOf?.(stream.session)
@@ -237,7 +237,7 @@ export class Http2GrpcServer {
       if (why === "cancelled") this.#guard.onReset(accounting)
       if (handled) return
       release()
-      this.#options.onRejected?.(path, why === "deadline" ? DEADLINE.code : CANCELLED)
+      this.#options.onRejected?.(path, why === "deadline" ? DEADLINE : CANCELLED)
     })
     const decoder: Decoder = {
       path,

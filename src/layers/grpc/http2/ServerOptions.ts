@@ -1,6 +1,7 @@
 /** What the agent's gRPC server (Server.ts) is given: its limits, its TLS, and where it reports what it ends. */
 
 import type { FloodLimits } from "../../../services/grpc/FloodRule.ts"
+import type { GrpcFailure } from "../../../services/grpc/GrpcStatus.ts"
 import type { KeepaliveTimes } from "../../../services/grpc/Keepalive.ts"
 import type { TlsSource } from "../../../services/tls/Tls.ts"
 import type { GuardEvent } from "./Guard.ts"
@@ -21,17 +22,14 @@ export interface Http2GrpcServerOptions {
    */
   readonly onConnectionError?: ((error: Error) => void) | undefined
   /**
-   * A call that ended before its handler ran, with the status the server sent: no such method, a bad
-   * grpc-timeout or message, its deadline or requestReadTimeoutMs passed or the caller cancelled while the request
-   * was arriving. The handler's own metrics never see these calls; `code` is the status sent (CANCELLED for a cancel).
+   * A call that ended before its handler ran: no such method, a bad grpc-timeout or message, requests over the
+   * arriving-bytes budget, its deadline or requestReadTimeoutMs passed or the caller cancelled while the request was
+   * arriving. The handler's own metrics never see these calls. `failure` is the server's status for it; the hook
+   * returns the status to send (`failure` itself, or the method's own rule applied to it: GenerateCall.ts rejected
+   * binds a Generate leg to its P/D pair). A call cancelled (told CANCELLED) or past its deadline while its request
+   * arrived has had its end already: what the hook returns then goes nowhere.
    */
-  readonly onRejected?: ((path: string, code: number) => void) | undefined
-  /**
-   * The method whose calls are P/D legs bound to their pair whatever they carry (an SGLang prefill node's Generate:
-   * Handoff.ts refusalBoundToPair): the refusals sent before its handler runs (requests over the arriving-bytes
-   * budget) say so as the handler's own do (GrpcFailure.pairBound: `cgn-retry-pair`). Absent: none.
-   */
-  readonly pairBoundPath?: string | undefined
+  readonly onRejected?: ((path: string, failure: GrpcFailure) => GrpcFailure) | undefined
   /**
    * Bytes of requests still arriving, on all connections together (received before their handlers run), past
    * which a request's next bytes end it RESOURCE_EXHAUSTED. Admission bounds the calls a handler runs; this
