@@ -176,6 +176,32 @@ describe("probeOnce", () => {
     expect(await probe("m")).toEqual(loading)
   })
 
+  it("a body that breaks off after its status: the status answers, unless it is the model list to be read", async () => {
+    // Headers and part of the promised body, then the connection is cut (undici: a body shorter than its length).
+    let status = 503
+    const url = await serve((req, res) => {
+      res.writeHead(status, { "content-type": "application/json", "content-length": "1000" })
+      res.write('{"object":"list","data":[', () => req.socket.destroy())
+    })
+    expect(await run({ kind: "http", url: `${url}/health` })).toEqual({
+      ok: false,
+      reason: "HTTP 503",
+      phase: "loading"
+    })
+    expect(await run({ kind: "http", url: `${url}/v1/models`, modelList: "m" })).toEqual({
+      ok: false,
+      reason: "HTTP 503",
+      phase: "loading"
+    })
+    status = 200
+    expect(await run({ kind: "http", url: `${url}/health` })).toEqual({ ok: true })
+    // The list whose card says whether the model loads never came whole: no verdict from it
+    const cut = await run({ kind: "http", url: `${url}/v1/models`, modelList: "m" })
+    if (cut.ok) return expect.unreachable("a model list cut short is not ready")
+    expect(cut.reason).toMatch(/^UND_ERR_|^ECONNRESET$/)
+    expect(cut.phase).toBe(`unreachable (${cut.reason})`)
+  })
+
   it("a completion probe POSTs its JSON body", async () => {
     let seen: { method: string | undefined; type: string | undefined; body: string } | undefined
     const url = await serve((req, res) => {

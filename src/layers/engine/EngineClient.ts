@@ -4,9 +4,10 @@
  * handler, and the parsed objects of each network read go to a sink at once (`streamTo`, the one primitive;
  * `complete` derives from it in services/engine/EngineClient.ts). Interrupting aborts the
  * exchange: the socket is destroyed and the engine sees the disconnect. Errors are normalized by EngineErrors.
+ * How a request is dispatched and a whole answer read is engineHttp.ts's, which the supervisor's probe shares.
  */
 import { Effect, Layer } from "effect"
-import { Agent, type Dispatcher } from "undici"
+import { Agent } from "undici"
 import { EnginePlan, type LaunchPlan } from "../../services/engine/Engine.ts"
 import {
   type ChunkSink,
@@ -21,61 +22,14 @@ import {
 import { httpError, markOutputFault } from "../../services/engine/EngineErrors.ts"
 import { loadSignals } from "../../services/engine/PromText.ts"
 import { engineFor } from "./backends/index.ts"
-import { bodyText, Exchange, MAX_ERROR_BODY_BYTES, MAX_WHOLE_BODY_BYTES, transportError } from "./exchange.ts"
+import { dispatchOptions, getText, keyHeader, readWhole } from "./engineHttp.ts"
 import { StreamExchange } from "./streamExchange.ts"
 
 const STREAM_OPTIONS = Object.freeze({ include_usage: true })
 const noop = (): void => undefined
 
-/** A whole answer past its bound: an error status with the part of its body read, else a Protocol error. */
-const overflowError = (ex: Exchange): EngineError =>
-  ex.status >= 400
-    ? httpError(ex.status, bodyText(ex.take()))
-    : new EngineError({
-        reason: "Protocol",
-        message: `the answer is larger than ${MAX_WHOLE_BODY_BYTES} bytes (an error body: ${MAX_ERROR_BODY_BYTES})`
-      })
-
-/** The whole body of a finished exchange, or its failure. */
-const whole = (ex: Exchange): Effect.Effect<{ status: number; text: string }, EngineError> =>
-  Effect.suspend(function loop(): Effect.Effect<{ status: number; text: string }, EngineError> {
-    if (ex.overflowed) return Effect.fail(overflowError(ex))
-    if (ex.error !== undefined) return Effect.fail(transportError(ex.error, ex.status > 0 || ex.sent))
-    if (ex.ended) return Effect.succeed({ status: ex.status, text: bodyText(ex.take()) })
-    return Effect.flatMap(ex.changed, loop)
-  }).pipe(Effect.onInterrupt(() => Effect.sync(() => ex.close())))
-
-/**
- * GET `url` on `dispatcher` and read the whole answer, each of headers and body bounded by `timeoutMs`; an error status
- * fails as the engine's error. The client's /metrics read, and what else the agent reads of the engine whole
- * (ServedContext.ts: its model list). `authorization`: the plan's, for a url on the engine's origin.
- */
-export const getText = (
-  dispatcher: Dispatcher,
-  url: string,
-  timeoutMs: number,
-  authorization?: string
-): Effect.Effect<string, EngineError> =>
-  Effect.suspend(() => {
-    const u = new URL(url)
-    const ex = new Exchange()
-    dispatcher.dispatch(
-      {
-        origin: u.origin,
-        path: `${u.pathname}${u.search}`,
-        method: "GET",
-        headers: authorization === undefined ? {} : { authorization },
-        body: null,
-        headersTimeout: timeoutMs,
-        bodyTimeout: timeoutMs,
-        blocking: false
-      },
-      ex
-    )
-    return Effect.flatMap(whole(ex), (r) =>
-      r.status >= 400 ? Effect.fail(httpError(r.status, r.text)) : Effect.succeed(r.text)
-    )
-  })
+// The whole-answer read, which ServedContext.ts also makes (on undici's global dispatcher), is engineHttp.ts's.
+export { getText } from "./engineHttp.ts"
 
 /** Tuning of the HTTP client; the defaults suit a local engine. */
 export interface ClientOptions {
@@ -108,26 +62,9 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
   const streamReset = engineFor(plan.kind, plan.proxiedKind).capabilities.closesStreamedConnections === true
   const streamHeadersTimeout = options.streamHeadersTimeoutMs ?? 0
 
-  const start = (
-    url: { origin: string; path: string },
-    method: "GET" | "POST",
-    headers: Record<string, string>,
-    body: string | null,
-    headersTimeout: number,
-    bodyTimeout: number
-  ): Exchange => {
-    const ex = new Exchange()
-    agent.dispatch(
-      { origin: url.origin, path: url.path, method, headers, body, headersTimeout, bodyTimeout, blocking: false },
-      ex
-    )
-    return ex
-  }
-
   const rankHeader = engineFor(plan.kind, plan.proxiedKind).capabilities.rankHeader
   const postHeaders = (accept: string, opts: RequestOptions | undefined): Record<string, string> => {
-    const h: Record<string, string> = { "content-type": "application/json", accept }
-    if (plan.authorization !== undefined) h.authorization = plan.authorization
+    const h: Record<string, string> = { "content-type": "application/json", accept, ...keyHeader(plan.authorization) }
     if (opts?.requestId !== undefined) h["x-request-id"] = opts.requestId
     if (opts?.traceparent !== undefined) {
       h.traceparent = opts.traceparent
@@ -168,8 +105,16 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
     sink: ChunkSink
   ): Effect.Effect<void, EngineError> =>
     Effect.suspend(() => {
-      const ex = start({ origin, path }, "POST", postHeaders("application/json", opts), encode(body, false), 0, 0)
-      return Effect.flatMap(whole(ex), (r) =>
+      const request = {
+        origin,
+        path,
+        method: "POST",
+        headers: postHeaders("application/json", opts),
+        body: encode(body, false),
+        headersTimeout: 0,
+        bodyTimeout: 0
+      } as const
+      return Effect.flatMap(readWhole(agent, request), (r) =>
         Effect.map(json(r.status, r.text), (answer) => {
           sink.onChunks([answer], noop)
         })
@@ -186,7 +131,7 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
     Effect.callback<void, EngineError>((resume) => {
       const ex = new StreamExchange(sink, (error) => resume(error === undefined ? Effect.void : Effect.fail(error)))
       agent.dispatch(
-        {
+        dispatchOptions({
           origin,
           path,
           method: "POST",
@@ -194,9 +139,8 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
           body: encode(body, true),
           headersTimeout: streamHeadersTimeout,
           bodyTimeout: 0,
-          blocking: false,
           reset: streamReset
-        },
+        }),
         ex
       )
       return Effect.sync(() => ex.close(ex.sawDone))

@@ -1,7 +1,8 @@
 /**
- * The undici dispatch handler behind the live EngineClient's whole answers: `Exchange` buffers a bounded answer
- * for a pull (a non-streamed completion, metrics); the streaming one is streamExchange.ts. Both abort on
- * close, so the engine sees the disconnect; transport failures become EngineErrors here.
+ * The undici dispatch handler behind every whole answer read of an engine (engineHttp.ts `sendWhole`: the
+ * EngineClient's non-streamed completions and metrics, ServedContext's model list, the supervisor's probe): `Exchange`
+ * buffers a bounded answer for a pull; the streaming one is streamExchange.ts. Both abort on close, so the engine
+ * sees the disconnect; how a transport failure reads (`errorCode`, `transportError`) is here, for both.
  */
 import { Effect } from "effect"
 import type { Dispatcher } from "undici"
@@ -16,6 +17,11 @@ export const MAX_ERROR_BODY_BYTES = 64 * 1024
 export const MAX_WHOLE_BODY_BYTES = 16 * 1024 * 1024
 export const closedByClient = () => new Error("request closed by the client")
 
+/** The most of a body read at a status; past it the exchange is aborted. */
+export type BodyBound = (status: number) => number
+/** The EngineClient's: a whole answer up to MAX_WHOLE_BODY_BYTES, an error status's up to MAX_ERROR_BODY_BYTES. */
+export const clientBound: BodyBound = (status) => (status >= 400 ? MAX_ERROR_BODY_BYTES : MAX_WHOLE_BODY_BYTES)
+
 /** One HTTP exchange; the undici handler and the state the pull reads. */
 export class Exchange implements Dispatcher.DispatchHandler {
   controller: Dispatcher.DispatchController | undefined = undefined
@@ -25,11 +31,12 @@ export class Exchange implements Dispatcher.DispatchHandler {
   error: Error | undefined = undefined
   /** The request was written whole: a failure from here on is the engine's answer breaking off (transportError). */
   sent = false
-  /** The body passed its bound (MAX_WHOLE_BODY_BYTES, MAX_ERROR_BODY_BYTES for an error status): aborted. */
+  /** The body passed its bound (by default clientBound's): aborted. */
   overflowed = false
-  /** Bytes of the body so far; it is aborted past `limit`. */
+  /** Bytes of the body so far; it is aborted past `limit`, set by `bound` at the status. */
   private received = 0
   private limit = MAX_WHOLE_BODY_BYTES
+  private readonly bound: BodyBound
   private closed = false
   private waiter: (() => void) | undefined = undefined
   /**
@@ -38,6 +45,9 @@ export class Exchange implements Dispatcher.DispatchHandler {
    * reader wait for ever.
    */
   private unseen = false
+  constructor(bound: BodyBound = clientBound) {
+    this.bound = bound
+  }
 
   onRequestStart(controller: Dispatcher.DispatchController): void {
     this.controller = controller
@@ -48,7 +58,7 @@ export class Exchange implements Dispatcher.DispatchHandler {
   }
   onResponseStart(_c: Dispatcher.DispatchController, statusCode: number): void {
     this.status = statusCode
-    if (statusCode >= 400) this.limit = MAX_ERROR_BODY_BYTES
+    this.limit = this.bound(statusCode)
     this.wake()
   }
   onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
@@ -112,10 +122,14 @@ export class Exchange implements Dispatcher.DispatchHandler {
   }
 }
 
-export const errorCode = (e: Error): string => {
-  const c = (e as { code?: unknown }).code
-  const cause = (e as { cause?: { code?: unknown } }).cause
-  return typeof c === "string" ? c : typeof cause?.code === "string" ? cause.code : ""
+/**
+ * undici's code of a transport failure: the socket's own (ECONNREFUSED, ECONNRESET, ENOTFOUND...) or one of its
+ * UND_ERR_* codes, on the error or else on its cause; undefined when neither has one.
+ */
+export const errorCode = (e: unknown): string | undefined => {
+  const c = (e as { code?: unknown } | undefined)?.code
+  const cause = (e as { cause?: { code?: unknown } } | undefined)?.cause
+  return typeof c === "string" ? c : typeof cause?.code === "string" ? cause.code : undefined
 }
 
 const EOF_MID_BODY = /\(Invalid EOF state\)$/
@@ -128,7 +142,7 @@ const CLOSED_MID_BODY = "the engine closed the connection before the end of its 
  * did not answer in time.
  */
 export const transportError = (e: Error, reached: boolean): EngineError => {
-  const code = errorCode(e)
+  const code = errorCode(e) ?? ""
   if (code.endsWith("TIMEOUT") && code !== "UND_ERR_CONNECT_TIMEOUT")
     return new EngineError({ reason: "Timeout", message: `${code}: ${e.message}` })
   // undici's HTTP/1.1 parser, at a connection closed within an answer the engine closes its connection after

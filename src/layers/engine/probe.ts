@@ -3,33 +3,23 @@
  * lists no model still loading: services/engine/ModelList.ts) or, for a completion
  * probe, POST the body (200 = ready). Never fails: connection refused, 503, timeouts and any other error are
  * "not yet" with a short reason and a startup phase to show. Each attempt is bounded on Effect's Clock; the
- * timeout interrupts the fetch, which aborts the request.
+ * timeout interrupts the exchange, which aborts the request.
  */
 import { Effect, Option } from "effect"
-import { request } from "undici"
+import { getGlobalDispatcher } from "undici"
 import type { ReadinessProbe } from "../../services/engine/Engine.ts"
 import type { ProbeResult } from "../../services/engine/EngineHost.ts"
 import { MODEL_LIST_READ_BYTES, modelStillLoading } from "../../services/engine/ModelList.ts"
+import { type EngineRequest, keyHeader, keyRefusal, sendWhole, target } from "./engineHttp.ts"
+import { errorCode } from "./exchange.ts"
 
 export type { ProbeResult } from "../../services/engine/EngineHost.ts"
 
-/** undici rejects with the socket's own error (`code` ECONNREFUSED, ECONNRESET...) or one of its UND_ERR_* errors. */
-const errorCode = (err: unknown): string | undefined => {
-  const code = (err as { code?: unknown } | undefined)?.code
-  return typeof code === "string" ? code : undefined
-}
-
-/** The body's text, or undefined when it is longer than `limit` bytes (the body is then destroyed, its connection closed). */
-const readUpTo = async (body: AsyncIterable<Buffer>, limit: number): Promise<string | undefined> => {
-  const chunks: Array<Buffer> = []
-  let size = 0
-  for await (const chunk of body) {
-    size += chunk.length
-    if (size > limit) return undefined
-    chunks.push(chunk)
-  }
-  return Buffer.concat(chunks).toString("utf8")
-}
+/**
+ * The most of a body the probe reads only to drain it, so the keep-alive connection is reusable; a longer one closes
+ * its connection. undici's own `dump()` default (nodejs/undici lib/api/readable.js), which the probe drained with.
+ */
+const DRAIN_BYTES = 128 * 1024
 
 const parsed = (text: string): unknown => {
   try {
@@ -39,49 +29,60 @@ const parsed = (text: string): unknown => {
   }
 }
 
-// The undici package (the EngineClient's HTTP client), not the global fetch: fetch would load Node's own second
+/** No answer: a port still closed, or anything else (no such host, a TLS mismatch, a reset), which the phase names. */
+const unreachable = (err: unknown): ProbeResult => {
+  const code = errorCode(err)
+  if (code === "ECONNREFUSED") return { ok: false, reason: "connection refused", phase: "waiting for port" }
+  const reason = code ?? (err instanceof Error ? err.message : String(err))
+  return { ok: false, reason, phase: `unreachable (${reason})` }
+}
+
+/** The verdict on an answer's status, and on the model list's text when it was read whole. */
+const verdict = (probe: ReadinessProbe, status: number, list: string | undefined): ProbeResult => {
+  // An engine that wants a key the agent does not send, or another, would otherwise read as loading for ever.
+  const refusal = keyRefusal(status, probe)
+  if (refusal !== undefined) return { ok: false, reason: refusal, phase: "unauthorized" }
+  if (status !== 200) return { ok: false, reason: `HTTP ${status}`, phase: "loading" }
+  return probe.kind === "http" &&
+    probe.modelList !== undefined &&
+    list !== undefined &&
+    modelStillLoading(parsed(list), probe.modelList)
+    ? { ok: false, reason: "the model list shows the model still loading (meta: null)", phase: "loading" }
+    : { ok: true }
+}
+
+// On undici's global dispatcher, never the EngineClient's Agent: the supervisor probes before any client exists, and a
+// probe must not queue behind the client's stream connections. Not the global fetch: it would load Node's own second
 // copy of undici, with its own llhttp WebAssembly instance, ~8 MB of RSS for one request every few seconds.
-const attempt = (probe: ReadinessProbe): Effect.Effect<ProbeResult> =>
-  Effect.promise(async (signal): Promise<ProbeResult> => {
-    try {
-      const auth = probe.authorization === undefined ? {} : { authorization: probe.authorization }
-      const res = await request(
-        probe.url,
-        probe.kind === "http"
-          ? { method: "GET", headers: auth, signal }
-          : {
-              method: "POST",
-              headers: { "content-type": "application/json", ...auth },
-              body: JSON.stringify(probe.body),
-              signal
-            }
-      )
-      const model = probe.kind === "http" && res.statusCode === 200 ? probe.modelList : undefined
-      const text = model !== undefined ? await readUpTo(res.body, MODEL_LIST_READ_BYTES) : undefined
-      // Drain the body so the keep-alive connection is reusable (a hanging body is bounded by the timeout).
-      await res.body.dump().catch(() => undefined)
-      // An engine that wants a key the agent does not send, or another, would otherwise read as loading for ever.
-      if (res.statusCode === 401 || res.statusCode === 403) {
-        const why =
-          probe.authorization !== undefined
-            ? "refuses engine.api_key"
-            : probe.keyWithheld === true
-              ? "asks for an API key, and engine.api_key goes to engine.url's origin alone: give agent.ready_probe_url its scheme, host and port"
-              : "asks for an API key: set engine.api_key"
-        return { ok: false, reason: `HTTP ${res.statusCode}: the engine ${why}`, phase: "unauthorized" }
-      }
-      if (res.statusCode !== 200) return { ok: false, reason: `HTTP ${res.statusCode}`, phase: "loading" }
-      return model !== undefined && text !== undefined && modelStillLoading(parsed(text), model)
-        ? { ok: false, reason: "the model list shows the model still loading (meta: null)", phase: "loading" }
-        : { ok: true }
-    } catch (err) {
-      const code = errorCode(err)
-      if (code === "ECONNREFUSED") return { ok: false, reason: "connection refused", phase: "waiting for port" }
-      // Anything else (no such host, a TLS mismatch, a reset) is not an engine still binding: the phase says why.
-      const reason = code ?? (err instanceof Error ? err.message : String(err))
-      return { ok: false, reason, phase: `unreachable (${reason})` }
-    }
-  })
+const attempt = (probe: ReadinessProbe): Effect.Effect<ProbeResult> => {
+  let request: EngineRequest
+  try {
+    const headers = keyHeader(probe.authorization)
+    request =
+      probe.kind === "http"
+        ? { ...target(probe.url), method: "GET", headers, body: null }
+        : {
+            ...target(probe.url),
+            method: "POST",
+            headers: { "content-type": "application/json", ...headers },
+            body: JSON.stringify(probe.body)
+          }
+  } catch (err) {
+    return Effect.succeed(unreachable(err))
+  }
+  // The body is read whole only for a model list's 200; any other is drained (a hanging one is bounded by the timeout).
+  const readsList = (status: number) => probe.kind === "http" && probe.modelList !== undefined && status === 200
+  return sendWhole(getGlobalDispatcher(), request, (status) =>
+    readsList(status) ? MODEL_LIST_READ_BYTES : DRAIN_BYTES
+  ).pipe(
+    // A list past its bound is taken at its 200, unread.
+    Effect.map((a) => verdict(probe, a.status, a.cut ? undefined : a.text)),
+    // A body that breaks off after its status: the status answers, unless the list was to be read from it.
+    Effect.catch((f) =>
+      Effect.succeed(f.status > 0 && !readsList(f.status) ? verdict(probe, f.status, undefined) : unreachable(f.error))
+    )
+  )
+}
 
 export const probeOnce = (probe: ReadinessProbe, timeoutMs: number): Effect.Effect<ProbeResult> =>
   attempt(probe).pipe(
