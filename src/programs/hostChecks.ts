@@ -13,9 +13,9 @@
  *   directory (or GGUF file) for vLLM and SGLang (modelPath.ts). `run` would spawn an engine that exits at every start.
  * - `kv.uds`'s directory, when it exists (the socket may appear later): the agent connects only to a socket in a
  *   directory others cannot take it over in (stateFiles.ts socketDirDistrust); a warning, as kvcached makes the socket.
- * - `engine.kv_offload = "kvbm"` with no cache tier in the engine's environment: KVBM refuses to start
- *   (ai-dynamo/dynamo lib/llm/src/block_manager/distributed/leader.rs, KvbmLeaderConfig::sanity_check: "At least
- *   one cache tier must be configured"), so vLLM exits at every start.
+ * - what the engine's environment must give it, as its backend says (LaunchPlan.environmentNeed): KVBM with no cache
+ *   tier refuses to start (ai-dynamo/dynamo lib/llm/src/block_manager/distributed/leader.rs,
+ *   KvbmLeaderConfig::sanity_check: "At least one cache tier must be configured"), so vLLM exits at every start.
  * Each finding is an error (check exits 2: `run` would not serve) or a warning (the exit stays 0).
  */
 import { constants } from "node:fs"
@@ -128,34 +128,13 @@ export const stateDirProblem = async (stateDir: string, cwd: string): Promise<st
   return undefined
 }
 
-/** KVBM's cache tiers, each set by a size or a block count (leader.rs KvbmLeaderConfig::sanity_check). */
-const KVBM_TIER_VARIABLES = [
-  "DYN_KVBM_CPU_CACHE_GB",
-  "DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS",
-  "DYN_KVBM_DISK_CACHE_GB",
-  "DYN_KVBM_DISK_CACHE_OVERRIDE_NUM_BLOCKS"
-] as const
-
-const positive = (v: string | undefined): boolean => v !== undefined && Number(v) > 0
-
-/** Whether the engine's environment gives KVBM a tier: a size or block count > 0, or object storage with blocks. */
-export const kvbmHasTier = (env: Env): boolean =>
-  KVBM_TIER_VARIABLES.some((name) => positive(env[name])) ||
-  (["1", "true"].includes(env.DYN_KVBM_USE_OBJECT_OFFLOAD?.toLowerCase() ?? "") &&
-    positive(env.DYN_KVBM_OBJECT_NUM_BLOCKS))
-
-const KVBM_NO_TIER =
-  'engine.kv_offload = "kvbm" with no cache tier: KVBM refuses to start without one ("At least one cache tier must ' +
-  'be configured"), so the engine would exit at every start; set engine.kvbm_cpu_cache_gb or ' +
-  "engine.kvbm_disk_cache_gb (or DYN_KVBM_CPU_CACHE_GB / DYN_KVBM_DISK_CACHE_GB in [engine].env)"
-
 /** How long the host's filesystems get to answer (a hung network mount must not hold check). */
 const READ_TIMEOUT_MS = 10_000
 
 /**
  * The findings on this host. `plan`: the launch plan as `run` renders it; `offline`: away from the host, where only
- * the file is read (the engine's executable and the state dir are skipped, and a KVBM tier the host's environment
- * may still set is a warning).
+ * the file is read (the engine's executable and the state dir are skipped, and an environment need (a KVBM tier)
+ * the host's environment may still meet is a warning).
  */
 export const hostFindings = (
   c: AgentConfig,
@@ -167,9 +146,10 @@ export const hostFindings = (
     const warnings: Array<string> = []
     const cwd = options.cwd ?? process.cwd()
     const env = engineEnvironment(options.offline ? {} : (options.env ?? process.env), plan.env)
-    if (c.engine.kv_offload === "kvbm" && !kvbmHasTier(env)) {
+    const need = plan.environmentNeed
+    if (need !== undefined && !need.met(env)) {
       ;(options.offline ? warnings : errors).push(
-        options.offline ? `${KVBM_NO_TIER}, unless the host's environment sets one` : KVBM_NO_TIER
+        options.offline ? `${need.problem}, unless the host's environment sets one` : need.problem
       )
     }
     if (options.offline) return { errors, warnings }

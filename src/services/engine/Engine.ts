@@ -6,6 +6,7 @@
 import { Context } from "effect"
 import type { AgentConfig, EngineKind, KvOffload, ProxiedKind, Role } from "../config/Config.ts"
 import type { CpuCacheTier } from "./CpuCache.ts"
+import type { EnvironmentNeed } from "./EngineEnvironment.ts"
 
 /**
  * How a prefill engine hands a request's KV cache to a decode engine, as the agent sees it on the wire
@@ -293,6 +294,11 @@ export interface LaunchPlan {
    * tier. The agent's memory cgroup limit is checked against it, at start and by `check`.
    */
   readonly cpuCache?: CpuCacheTier
+  /**
+   * What the environment the engine really gets (the agent's own, the plan's, `[engine].env`) must give it, or it
+   * exits at every start (KVBM with no cache tier): `check` refuses the config without it. Absent: nothing.
+   */
+  readonly environmentNeed?: EnvironmentNeed
   /** The engine's well-known start failures and their fixes (the newest matching line decides); absent: none known. */
   readonly exitHints?: ReadonlyArray<ExitHint>
 }

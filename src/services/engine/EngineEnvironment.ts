@@ -21,6 +21,13 @@
  * is inherited: an operator who has the engine export traces sets its OTEL_* in `[engine].env`, for the engine.
  */
 
+/** What the engine's environment must give it, or it exits at every start (LaunchPlan.environmentNeed). */
+export interface EnvironmentNeed {
+  readonly met: (env: Readonly<Record<string, string | undefined>>) => boolean
+  /** Why the engine cannot start without it, and which keys give it. */
+  readonly problem: string
+}
+
 /**
  * Variables of the agent's environment that the engine does not inherit: exact names, and prefixes (ending in
  * `*`) for a family.

@@ -14,6 +14,7 @@ import type {
   MetricNames,
   ReadinessProbe
 } from "../../../services/engine/Engine.ts"
+import type { EnvironmentNeed } from "../../../services/engine/EngineEnvironment.ts"
 import { unbracket } from "../../../services/net/HostPort.ts"
 
 /** Where the engine's HTTP server is, taken from `[engine].url`. */
@@ -135,6 +136,8 @@ export interface PlanParts {
   readonly warnings?: ReadonlyArray<string>
   /** Where the engine's CPU KV-cache tier takes its size from (LaunchPlan.cpuCache). */
   readonly cpuCache?: CpuCacheTier | undefined
+  /** What the engine's environment must give it (LaunchPlan.environmentNeed). */
+  readonly environmentNeed?: EnvironmentNeed | undefined
   /** The engine's well-known start failures and the config keys that fix them (LaunchPlan.exitHints). */
   readonly exitHints?: ReadonlyArray<ExitHint>
   /**
@@ -187,6 +190,7 @@ export const assemble = (config: AgentConfig, listen: Listen, parts: PlanParts):
     requestModel: parts.requestModel ?? config.model.served_name,
     ...(parts.warnings !== undefined && parts.warnings.length > 0 ? { warnings: parts.warnings } : {}),
     ...(parts.cpuCache !== undefined ? { cpuCache: parts.cpuCache } : {}),
+    ...(parts.environmentNeed !== undefined ? { environmentNeed: parts.environmentNeed } : {}),
     ...(parts.exitHints !== undefined && parts.exitHints.length > 0 ? { exitHints: parts.exitHints } : {}),
     ...(kvTransfer !== undefined ? { kvTransfer } : {})
   }

@@ -5,6 +5,7 @@
  */
 import type { AgentConfig } from "../../../services/config/Config.ts"
 import { type CpuCacheTier, GB, GIB } from "../../../services/engine/CpuCache.ts"
+import type { EnvironmentNeed } from "../../../services/engine/EngineEnvironment.ts"
 
 /** Every GPU worker of the engine (tp x dp: one process per GPU) allocates a tier of its own. */
 const perWorker = (config: AgentConfig): NonNullable<CpuCacheTier["perWorker"]> => {
@@ -23,6 +24,31 @@ export const kvbmTier: CpuCacheTier = {
     { kind: "env", name: "DYN_KVBM_CPU_CACHE_GB", unit: GB, unlessSet: "DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS" }
   ],
   lower: "engine.kvbm_cpu_cache_gb, or the variable in [engine].env"
+}
+
+/** KVBM's cache tiers, each set by a size or a block count (leader.rs KvbmLeaderConfig::sanity_check). */
+const KVBM_TIER_VARIABLES = [
+  "DYN_KVBM_CPU_CACHE_GB",
+  "DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS",
+  "DYN_KVBM_DISK_CACHE_GB",
+  "DYN_KVBM_DISK_CACHE_OVERRIDE_NUM_BLOCKS"
+] as const
+
+const positive = (v: string | undefined): boolean => v !== undefined && Number(v) > 0
+
+/** Whether the engine's environment gives KVBM a tier: a size or block count > 0, or object storage with blocks. */
+export const kvbmHasTier = (env: Readonly<Record<string, string | undefined>>): boolean =>
+  KVBM_TIER_VARIABLES.some((name) => positive(env[name])) ||
+  (["1", "true"].includes(env.DYN_KVBM_USE_OBJECT_OFFLOAD?.toLowerCase() ?? "") &&
+    positive(env.DYN_KVBM_OBJECT_NUM_BLOCKS))
+
+/** KVBM's leader refuses to start with no cache tier: the engine would exit at every start. */
+export const kvbmTierNeed: EnvironmentNeed = {
+  met: kvbmHasTier,
+  problem:
+    'engine.kv_offload = "kvbm" with no cache tier: KVBM refuses to start without one ("At least one cache tier must ' +
+    'be configured"), so the engine would exit at every start; set engine.kvbm_cpu_cache_gb or ' +
+    "engine.kvbm_disk_cache_gb (or DYN_KVBM_CPU_CACHE_GB / DYN_KVBM_DISK_CACHE_GB in [engine].env)"
 }
 
 /**

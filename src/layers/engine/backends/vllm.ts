@@ -10,7 +10,7 @@ import type { CpuCacheTier } from "../../../services/engine/CpuCache.ts"
 import type { Engine, ExitHint, MetricNames, RenderHost } from "../../../services/engine/Engine.ts"
 import { hostOfAddr, isLoopbackHost, isWildcardHost } from "../../../services/net/HostPort.ts"
 import { assemble, httpProbe, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
-import { kvbmTier, lmcacheTier } from "./cpuCacheTiers.ts"
+import { kvbmTier, kvbmTierNeed, lmcacheTier } from "./cpuCacheTiers.ts"
 import { commandLineHint, HUB_REFUSALS, hubHint, modelKey, nowValue, TORCH_CUDA_OOM } from "./hints.ts"
 
 /** The connector a `--kv-transfer-config` JSON names (vLLM's KVTransferConfig.kv_connector), or undefined. */
@@ -247,6 +247,7 @@ export const vllm: Engine = {
       ],
       env: { ...nixlEnv, ...kvbmEnv },
       cpuCache: cpuCaches[config.engine.kv_offload]?.(config),
+      environmentNeed: config.engine.kv_offload === "kvbm" ? kvbmTierNeed : undefined,
       probe: httpProbe(config, listen),
       // Liveness on /health: 503 once the engine core is dead (EngineDeadError;
       // vllm/entrypoints/serve/instrumentator/health.py), while /v1/models answers from the API server alone and
