@@ -98,6 +98,21 @@ describe("planRequest: validation", () => {
       says: /request_id must be at most 256 printable ASCII characters/
     },
     {
+      // HTTP trims a header value's spaces: the engine would log "x" for " x "
+      name: "request id with a space at either end",
+      req: { requestId: " x ", prompt: "hi" },
+      reason: "invalid_argument",
+      field: "request_id",
+      says: /request_id must be at most 256 printable ASCII characters, no space at either end/
+    },
+    {
+      name: "request id of spaces only",
+      req: { requestId: "   ", prompt: "hi" },
+      reason: "invalid_argument",
+      field: "request_id",
+      says: /no space at either end/
+    },
+    {
       name: "request id too long",
       req: { requestId: "r".repeat(257), prompt: "hi" },
       reason: "invalid_argument",

@@ -197,8 +197,12 @@ const samplingBody = (
   return undefined
 }
 
-/** A request id goes to the engine as the X-Request-Id header: printable ASCII only (no line break to inject). */
-const REQUEST_ID = /^[\x20-\x7e]{0,256}$/
+/**
+ * A request id goes to the engine as the X-Request-Id header: printable ASCII only (no line break to inject), and no
+ * space at either end, which HTTP trims from a header's value (RFC 9110 5.5): the engine would log another id than
+ * the caller's, the final message and the logs.
+ */
+const REQUEST_ID = /^(?:[\x21-\x7e](?:[\x20-\x7e]{0,254}[\x21-\x7e])?)?$/
 
 /**
  * Validates a request against this node and builds the engine call, or says precisely what is wrong. `dialect` is
@@ -223,7 +227,7 @@ export const planRequest = (
   if (!REQUEST_ID.test(req.requestId))
     return reject(
       "invalid_argument",
-      `request_id must be at most 256 printable ASCII characters (the engine gets it as X-Request-Id); got ${quoteInput(req.requestId)}`,
+      `request_id must be at most 256 printable ASCII characters, no space at either end (the engine gets it as X-Request-Id); got ${quoteInput(req.requestId)}`,
       "request_id"
     )
   const maxBytes = config.agent.max_request_bytes

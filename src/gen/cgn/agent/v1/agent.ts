@@ -102,8 +102,8 @@ export interface SglangBootstrap {
 export interface GenerateRequest {
   /**
    * Caller-chosen id, carried to the engine as X-Request-Id and into logs and traces: at most 256 printable
-   * ASCII characters (else INVALID_ARGUMENT). Empty: the agent makes one. Use the same id on the prefill and
-   * the decode leg of one request.
+   * ASCII characters, no space at either end (else INVALID_ARGUMENT). Empty: the agent makes one. Use the same
+   * id on the prefill and the decode leg of one request.
    */
   requestId: string;
   /** The served model name (see ListModels). Empty: the node's only model. */
