@@ -399,3 +399,13 @@ describe("dist/main.js check", () => {
     }
   }, 60_000)
 })
+
+// ConfigSchema.ts: ListModels' max_model_len is a uint32; a larger one made every ListModels fail INTERNAL
+describe("models.<name>.max_model_len fits ListModels' uint32", () => {
+  it("4294967295 is taken, 4294967296 refused naming the key", () => {
+    expect(problemsOf(`${MODEL}max_model_len = 4294967295\n`)).toEqual([])
+    const refused = problemsOf(`${MODEL}max_model_len = 4294967296\n`)
+    expect(refused).toHaveLength(1)
+    expect(refused[0]).toMatch(/^models\."m"\.max_model_len: .*4294967295/)
+  })
+})

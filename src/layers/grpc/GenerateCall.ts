@@ -9,7 +9,9 @@
  */
 import { hash, randomUUID } from "node:crypto"
 import { Effect, Exit, Option, Result, Tracer } from "effect"
+import { GenerateResponse } from "../../gen/cgn/agent/v1/agent.ts"
 import { Config } from "../../services/config/Config.ts"
+import { EngineError } from "../../services/engine/EngineClient.ts"
 import type { ServedContextService } from "../../services/engine/ServedContext.ts"
 import { frameDelta } from "../../services/grpc/DeltaFrame.ts"
 import { GenerateRejected, planRequest } from "../../services/grpc/Generate.ts"
@@ -18,6 +20,7 @@ import { boundToPair, type LegPlan, planLeg } from "../../services/grpc/Handoff.
 import { inputDigest, type Sha256 } from "../../services/grpc/InputDigest.ts"
 import { StartPacer } from "../../services/grpc/StartPacer.ts"
 import { CallCancelled, CallDeadlineExceeded } from "../../services/grpc/TransportErrors.ts"
+import { frameMessage } from "../../services/grpc/Wire.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import {
   formatTraceparent,
@@ -62,6 +65,16 @@ const traced = <A, E>(
 export const START_BUDGET_MS = 0.5
 
 const sha256: Sha256 = (text) => hash("sha256", text, "base64url")
+
+/**
+ * A message of the engine's answer that cannot be encoded (a number past its proto field that got by the readers,
+ * ChunkReader.ts): the call ends INTERNAL with the engine's invalid answer, as any answer that is not the API's.
+ */
+const notEncoded = (e: unknown): EngineError =>
+  new EngineError({
+    reason: "Protocol",
+    message: `the answer could not be encoded as a gRPC message (${e instanceof Error ? e.message : String(e)})`
+  })
 
 /** The status names a call whose grpc-timeout passed, or whose caller cancelled it, ends with: the one table's. */
 const DEADLINE_EXCEEDED = statusName(toGrpcFailure(new CallDeadlineExceeded()).code)
@@ -216,7 +229,14 @@ export const makeHandler = Effect.fnUntraced(function* (
       }
       for (let d = relay.take(); d !== undefined; d = relay.take()) {
         relayed?.inc(d.tokens)
-        if (!call.writeFrame(frameDelta(d.text, 0, d.tokens))) {
+        let frame: Uint8Array
+        try {
+          frame = frameDelta(d.text, 0, d.tokens)
+        } catch (e) {
+          fail(notEncoded(e))
+          return
+        }
+        if (!call.writeFrame(frame)) {
           blocked = true
           relay.hold()
           call.once("drain", onDrain)
@@ -237,9 +257,18 @@ export const makeHandler = Effect.fnUntraced(function* (
         nodeId,
         requestId
       })
+      // Encoded (the route's encoder, AgentService.ts) before the call counts as OK: thrown from `call.write` after it,
+      // the call was counted OK and left open.
+      let frame: Uint8Array
+      try {
+        frame = frameMessage(GenerateResponse.encode({ final }).finish(), Buffer.allocUnsafe)
+      } catch (e) {
+        fail(notEncoded(e))
+        return
+      }
       settle("OK")
       if (final.usage === undefined) noUsage?.inc()
-      call.write({ final })
+      call.writeFrame(frame)
       call.end()
     }
     const onDrain = (): void => {

@@ -20,8 +20,15 @@ export interface ServedContextService {
 
 export class ServedContext extends Context.Service<ServedContext, ServedContextService>()("cgn-agent/ServedContext") {}
 
+/**
+ * The most ModelInfo.max_model_len (a proto uint32) carries. A larger figure is no context any model has: taken, it
+ * made every ListModels fail INTERNAL "invalid uint32" (a hostile engine's 4294967296000); it is read as no usable
+ * value, and the configured one stays in force.
+ */
+const MAX_CONTEXT = 0xffff_ffff
+
 const positive = (v: unknown): number | undefined =>
-  typeof v === "number" && Number.isSafeInteger(v) && v > 0 ? v : undefined
+  typeof v === "number" && Number.isInteger(v) && v > 0 && v <= MAX_CONTEXT ? v : undefined
 
 const at = (entry: Record<string, unknown>, path: ReadonlyArray<string>): unknown => {
   let v: unknown = entry
@@ -43,7 +50,7 @@ export const servedContextOf = (body: unknown, source: ServedContextSource, mode
     const n = positive(at(entry, path))
     if (n !== undefined) return n
   }
-  return `no positive integer at ${source.fields.map((f) => f.join(".")).join(" or ")} in ${source.path}`
+  return `no positive integer at ${source.fields.map((f) => f.join(".")).join(" or ")} in ${source.path} (at most 2^32-1)`
 }
 
 /**

@@ -17,8 +17,9 @@ export class ChunkReader {
   /** The stop string the engine named when it finished (the backend's `stopSequenceField`), else "". */
   stopSequence = ""
   /**
-   * The engine's usage, when it reports one. The agent has no tokenizer: without it the final message has no usage
-   * rather than counts of the agent's making (it knows no prompt count, and a chunk is not a token).
+   * The engine's usage, when it reports one whose counts fit their uint32 fields. The agent has no tokenizer: without
+   * it the final message has no usage rather than counts of the agent's making (it knows no prompt count, and a chunk
+   * is not a token).
    */
   usage: Usage | undefined = undefined
   /**
@@ -48,7 +49,7 @@ export class ChunkReader {
         if (typeof t === "string") text = t
         const fr = c.finish_reason
         if (typeof fr === "string" && fr !== "") {
-          this.finishReason = fr
+          this.finishReason = finishReasonOf(fr)
           // Read only on the finishing chunk: nothing per token. A token id there is no stop string.
           const stop = this.stopSequenceField === undefined ? undefined : c[this.stopSequenceField]
           if (typeof stop === "string") this.stopSequence = stop
@@ -57,13 +58,15 @@ export class ChunkReader {
     }
     const u = chunk.usage as Record<string, unknown> | null | undefined
     if (u !== undefined && u !== null) {
-      const prompt = num(u.prompt_tokens)
-      const completion = num(u.completion_tokens)
-      this.usage = {
-        promptTokens: prompt,
-        completionTokens: completion,
-        totalTokens: u.total_tokens === undefined ? prompt + completion : num(u.total_tokens)
-      }
+      const prompt = count(u.prompt_tokens)
+      const completion = count(u.completion_tokens)
+      const total = u.total_tokens === undefined ? prompt + completion : count(u.total_tokens)
+      // A count past uint32 is none the engine could have made (and its encoding threw, leaving the call open): the
+      // usage is dropped whole, as from an engine that reports none (cgn_agent_finals_without_usage_total counts it).
+      this.usage =
+        total <= UINT32_MAX && prompt <= UINT32_MAX && completion <= UINT32_MAX
+          ? { promptTokens: prompt, completionTokens: completion, totalTokens: total }
+          : undefined
     }
     return text
   }
@@ -89,7 +92,31 @@ export class ChunkReader {
   }
 }
 
-const num = (v: unknown): number => (typeof v === "number" && Number.isFinite(v) && v >= 0 ? Math.floor(v) : 0)
+/** The largest proto uint32 (Usage's counts). */
+const UINT32_MAX = 0xffff_ffff
+
+/**
+ * One usage count: not a number, negative or NaN is 0, a fraction floored; one past UINT32_MAX (2^32, 1e300, a 1e400
+ * that JSON.parse made Infinity) is kept as it is, for `read` to drop the usage.
+ */
+const count = (v: unknown): number => (typeof v === "number" && v >= 0 ? Math.floor(v) : 0)
+
+/**
+ * The longest finish reason kept. Upstream's are short words: vLLM's "stop", "length", "abort", "error",
+ * "repetition" (vllm/v1/engine/__init__.py FINISH_REASON_STRINGS), "tool_calls" on chat
+ * (vllm/entrypoints/openai/serving_chat.py); SGLang's and llama-server's are among these too.
+ */
+export const MAX_FINISH_REASON_CHARS = 64
+
+/**
+ * The engine's finish reason as the final message carries it: at most MAX_FINISH_REASON_CHARS, printable ASCII (any
+ * other character "?"). Unbounded, a hostile engine's 100,000 characters of control codes went to the caller, and one
+ * near the SSE event limit (4 MiB) pushed the final past a grpc-js client's receive limit. Once per call.
+ */
+const finishReasonOf = (fr: string): string => {
+  const cut = fr.length > MAX_FINISH_REASON_CHARS ? fr.slice(0, MAX_FINISH_REASON_CHARS) : fr
+  return /^[\x20-\x7e]*$/.test(cut) ? cut : cut.replace(/[^\x20-\x7e]/g, "?")
+}
 
 /**
  * Merges text that arrives while the caller is not reading into one pending delta. After each network read the

@@ -33,6 +33,21 @@ const blockId = (x: unknown): boolean => Number.isSafeInteger(x) && (x as number
 const blockIds = (v: unknown): boolean =>
   Array.isArray(v) && v.every((x) => (Array.isArray(x) ? x.every(blockId) : blockId(x)))
 
+/**
+ * A host name (dot-separated labels of letters, digits, "-" and "_", at most 253 characters) or an IP literal, IPv6
+ * unbracketed: vLLM's make_zmq_path brackets one itself (vllm/utils/network_utils.py), and the prefill engine sends
+ * VLLM_NIXL_SIDE_CHANNEL_HOST as it is set. Anything else (a CR/LF, an escape sequence: a hostile router's or engine's
+ * "127.0.0.1\r\nevil\e[2J") reached the decode engine, which dials it and logs it.
+ */
+const LABEL = "[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+const HOST_NAME = new RegExp(`^(?=.{1,253}$)${LABEL}(?:\\.${LABEL})*\\.?$`)
+const IPV4 = /^(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)$/
+// The URL parser drops tabs and newlines before it reads a host: only an address's characters may reach it.
+const isIpv6 = (v: string): boolean => /^[0-9A-Fa-f:.]+$/.test(v) && v.includes(":") && URL.canParse(`http://[${v}]/`)
+/** Whether `v` is a host to dial: a name, an IPv4 literal (all-digit labels must be one), or a bare IPv6 literal. */
+export const isHostOrIp = (v: unknown): boolean =>
+  typeof v === "string" && (/^[\d.]+$/.test(v) ? IPV4.test(v) : HOST_NAME.test(v) || isIpv6(v))
+
 const shown = (v: unknown): string => {
   const text = JSON.stringify(v) ?? String(v)
   return text.length > 40 ? `${text.slice(0, 40)}...` : text
@@ -55,7 +70,7 @@ export const nixlParamsProblems = (
   is("do_remote_prefill", (v) => v === true, "true (the decode engine would prefill the prompt itself)")
   is("remote_block_ids", blockIds, "the prefill engine's block ids (integers >= 0, or a list of them per group)")
   is("remote_engine_id", (v) => typeof v === "string", "a string")
-  is("remote_host", (v) => typeof v === "string", "a string")
+  is("remote_host", isHostOrIp, "a host name or IP address")
   is("remote_port", (v) => Number.isInteger(v) && (v as number) >= 1 && (v as number) <= 65535, "a port, 1..65535")
   is("remote_request_id", (v) => typeof v === "string", "a string")
   is("tp_size", (v) => Number.isInteger(v) && (v as number) >= 1, "an integer >= 1")

@@ -9,8 +9,9 @@
  */
 import { EventEmitter } from "node:events"
 import * as http2 from "node:http2"
+import { AgentDefect } from "../../../services/grpc/CallErrors.ts"
 import { peerOf } from "../../../services/grpc/ConnectionCaps.ts"
-import { type GrpcFailure, type HandlerError, okStatus } from "../../../services/grpc/GrpcStatus.ts"
+import { type GrpcFailure, type HandlerError, okStatus, toGrpcFailure } from "../../../services/grpc/GrpcStatus.ts"
 import { statusTrailers } from "../../../services/grpc/StatusMessage.ts"
 import { frameMessage } from "../../../services/grpc/Wire.ts"
 import type { CallTally } from "./Connections.ts"
@@ -169,9 +170,23 @@ export class ServerCall<Req = unknown, Res = unknown> extends EventEmitter {
     }, ms)
   }
 
-  /** Writes one message; false when the stream's buffer is full (wait for 'drain') or the call is over. */
+  /**
+   * Writes one message; false when the stream's buffer is full (wait for 'drain') or the call is over. One that cannot
+   * be encoded (a uint32 field of 2^32: "invalid uint32") ends the call INTERNAL (false): thrown, it went to whatever
+   * callback wrote it (a unary answer made later, a stream's last message), which ended nothing, and the call stayed
+   * open until the caller's deadline.
+   */
   write(message: Res): boolean {
-    return this.writeFrame(frameMessage(this.#serialize(message), Buffer.allocUnsafe))
+    let frame: Uint8Array
+    try {
+      frame = frameMessage(this.#serialize(message), Buffer.allocUnsafe)
+    } catch (e) {
+      const why = e instanceof Error ? e.message : String(e)
+      const f = toGrpcFailure(new AgentDefect({ detail: `the response could not be encoded: ${why}` }))
+      this.sendStatus(this.requestId === undefined ? f : withRequestId(f, this.requestId))
+      return false
+    }
+    return this.writeFrame(frame)
   }
 
   /** `write` for a message already framed (prefix and body), e.g. services/grpc/DeltaFrame.ts's. */
