@@ -11,11 +11,16 @@ import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import { layerFromPlan } from "../../src/layers/engine/EngineClient.ts"
 import type { LaunchPlan } from "../../src/services/engine/Engine.ts"
 import { EngineClient, type EngineError } from "../../src/services/engine/EngineClient.ts"
-import { httpError, sseErrorEvent, streamError } from "../../src/services/engine/EngineErrors.ts"
+import * as EngineErrors from "../../src/services/engine/EngineErrors.ts"
 import { engineFailure } from "../../src/services/grpc/GrpcStatus.ts"
 import { streamOf } from "../../src/testing/EngineClient.ts"
 import { freePort } from "../support/ports.ts"
 import { getJson, pollUntil, postJson, type SimHandle, startSim } from "../support/sim.ts"
+
+// The shapes, with no secret to scrub (what is scrubbed: engine-error-secrets.test.ts).
+const httpError = (status: number, body: string) => EngineErrors.httpError(status, body, EngineErrors.NO_SECRETS)
+const streamError = (obj: unknown) => EngineErrors.streamError(obj, EngineErrors.NO_SECRETS)
+const sseErrorEvent = (text: string) => EngineErrors.sseErrorEvent(text, EngineErrors.NO_SECRETS)
 
 /** What the gRPC status carries of an engine error: its message, and the trailers with the engine's code. */
 const status = (e: EngineError) => {

@@ -1,13 +1,14 @@
 // Error-body normalization per engine flavor: every shape the engines send becomes the same EngineError fields.
 import { describe, expect, it } from "vitest"
 import { EngineError } from "../../src/services/engine/EngineClient.ts"
-import {
-  errorDetailOfBody,
-  httpError,
-  isErrorChunk,
-  markOutputFault,
-  streamError
-} from "../../src/services/engine/EngineErrors.ts"
+import * as EngineErrors from "../../src/services/engine/EngineErrors.ts"
+import { isErrorChunk, markOutputFault, NO_SECRETS } from "../../src/services/engine/EngineErrors.ts"
+
+// The shapes, with no secret to scrub (what is scrubbed: engine-error-secrets.test.ts).
+const errorDetailOfBody = (body: string, status: number | undefined) =>
+  EngineErrors.errorDetailOfBody(body, status, NO_SECRETS)
+const httpError = (status: number, body: string) => EngineErrors.httpError(status, body, NO_SECRETS)
+const streamError = (obj: unknown) => EngineErrors.streamError(obj, NO_SECRETS)
 
 const fields = (e: { reason: string; message: string; status?: number; engineType?: string; engineCode?: string }) => ({
   reason: e.reason,

@@ -3,7 +3,8 @@
  * handlers of our own. A stream's body bytes go straight from the socket into the SSE parser inside the
  * handler, and the parsed objects of each network read go to a sink at once (`streamTo`, the one primitive;
  * `complete` derives from it in services/engine/EngineClient.ts). Interrupting aborts the
- * exchange: the socket is destroyed and the engine sees the disconnect. Errors are normalized by EngineErrors.
+ * exchange: the socket is destroyed and the engine sees the disconnect. Errors are normalized by EngineErrors, the
+ * engine's words in them scrubbed of the run's secrets by one redactor built here from the plan.
  * How a request is dispatched and a whole answer read is engineHttp.ts's, which the supervisor's probe shares.
  */
 import { Effect, Layer } from "effect"
@@ -19,11 +20,14 @@ import {
   type JsonObject,
   type RequestOptions
 } from "../../services/engine/EngineClient.ts"
-import { httpError, markOutputFault } from "../../services/engine/EngineErrors.ts"
+import { engineEnvironment } from "../../services/engine/EngineEnvironment.ts"
+import { engineWords, httpError, markOutputFault } from "../../services/engine/EngineErrors.ts"
+import { lineRedactor } from "../../services/engine/LineRedactor.ts"
 import { loadSignals } from "../../services/engine/PromText.ts"
+import { secretValues } from "../../services/engine/Secrets.ts"
 import { engineFor } from "./backends/index.ts"
 import { dispatchOptions, getText, keyHeader, readWhole } from "./engineHttp.ts"
-import { StreamExchange } from "./streamExchange.ts"
+import { QUOTED_CHARS, StreamExchange } from "./streamExchange.ts"
 
 const STREAM_OPTIONS = Object.freeze({ include_usage: true })
 const noop = (): void => undefined
@@ -61,6 +65,10 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
   // `reset`: undici sends `connection: close` and never reuses the connection (an engine that closes it anyway)
   const streamReset = engineFor(plan.kind, plan.proxiedKind).capabilities.closesStreamedConnections === true
   const streamHeadersTimeout = options.streamHeadersTimeoutMs ?? 0
+  // The secrets the engine's output is scrubbed of (layers/engine/run.ts: its environment and arguments) and the key
+  // the agent sends: an engine may echo them in an error ("Incorrect API key provided: <key>"), which the agent
+  // passes on to callers, /readyz, NodeHealth and its logs. Built once; used on a failure alone, never per chunk.
+  const redact = lineRedactor(secretValues(engineEnvironment(process.env, plan.env), plan.argv, plan.authorization))
 
   const rankHeader = engineFor(plan.kind, plan.proxiedKind).capabilities.rankHeader
   const postHeaders = (accept: string, opts: RequestOptions | undefined): Record<string, string> => {
@@ -85,7 +93,7 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
     )
 
   const json = (status: number, text: string): Effect.Effect<JsonObject, EngineError> => {
-    if (status >= 400) return Effect.fail(httpError(status, text))
+    if (status >= 400) return Effect.fail(httpError(status, text, redact))
     try {
       const v: unknown = JSON.parse(text)
       if (isJsonObject(v)) return Effect.succeed(v)
@@ -93,7 +101,10 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
       // reported below
     }
     return Effect.fail(
-      new EngineError({ reason: "Protocol", message: `expected a JSON object: ${text.slice(0, 200)}` })
+      new EngineError({
+        reason: "Protocol",
+        message: `expected a JSON object: ${engineWords(text, QUOTED_CHARS, redact)}`
+      })
     )
   }
 
@@ -114,7 +125,7 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
         headersTimeout: 0,
         bodyTimeout: 0
       } as const
-      return Effect.flatMap(readWhole(agent, request), (r) =>
+      return Effect.flatMap(readWhole(agent, request, redact), (r) =>
         Effect.map(json(r.status, r.text), (answer) => {
           sink.onChunks([answer], noop)
         })
@@ -129,7 +140,11 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
     sink: ChunkSink
   ): Effect.Effect<void, EngineError> =>
     Effect.callback<void, EngineError>((resume) => {
-      const ex = new StreamExchange(sink, (error) => resume(error === undefined ? Effect.void : Effect.fail(error)))
+      const ex = new StreamExchange(
+        sink,
+        (error) => resume(error === undefined ? Effect.void : Effect.fail(error)),
+        redact
+      )
       agent.dispatch(
         dispatchOptions({
           origin,
@@ -162,7 +177,7 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
           Effect.mapError(exchangeTo(path, body, opts, sink), (e) => markOutputFault(e, outputFaults))
 
   const control = (url: string): Effect.Effect<string, EngineError> =>
-    getText(agent, url, controlTimeout, plan.authorization)
+    getText(agent, url, controlTimeout, plan.authorization, redact)
 
   const metrics = plan.metrics
   const load =

@@ -13,6 +13,8 @@ import type { Dispatcher } from "undici"
 import type { ProbeKey } from "../../services/engine/Engine.ts"
 import { EngineError } from "../../services/engine/EngineClient.ts"
 import { httpError } from "../../services/engine/EngineErrors.ts"
+import { lineRedactor, type Redactor } from "../../services/engine/LineRedactor.ts"
+import { secretValues } from "../../services/engine/Secrets.ts"
 import {
   type BodyBound,
   bodyText,
@@ -101,45 +103,65 @@ export const sendWhole = (
   })
 
 /** A whole answer past its bound: an error status with the part of its body read, else a Protocol error. */
-const overflowError = (a: Answer): EngineError =>
+const overflowError = (a: Answer, redact: Redactor): EngineError =>
   a.status >= 400
-    ? httpError(a.status, a.text)
+    ? httpError(a.status, a.text, redact)
     : new EngineError({
         reason: "Protocol",
         message: `the answer is larger than ${MAX_WHOLE_BODY_BYTES} bytes (an error body: ${MAX_ERROR_BODY_BYTES})`
       })
 
-/** `sendWhole` as the EngineClient reads it: a transport failure or an answer past its bound is an EngineError. */
+/**
+ * `sendWhole` as the EngineClient reads it: a transport failure or an answer past its bound is an EngineError, the
+ * engine's words in it scrubbed by `redact` (EngineErrors.ts engineWords).
+ */
 export const readWhole = (
   dispatcher: Dispatcher,
-  request: EngineRequest
+  request: EngineRequest,
+  redact: Redactor
 ): Effect.Effect<{ status: number; text: string }, EngineError> =>
   sendWhole(dispatcher, request).pipe(
     Effect.mapError((f) => transportError(f.error, f.status > 0 || f.sent)),
-    Effect.flatMap((a) => (a.cut ? Effect.fail(overflowError(a)) : Effect.succeed({ status: a.status, text: a.text })))
+    Effect.flatMap((a) =>
+      a.cut ? Effect.fail(overflowError(a, redact)) : Effect.succeed({ status: a.status, text: a.text })
+    )
   )
+
+/** What scrubs an answer's words where the caller brings no redactor: the key the request carried, if any. */
+const keyRedactor = (authorization: string | undefined): Redactor => lineRedactor(secretValues({}, [], authorization))
 
 /**
  * GET `url` on `dispatcher` and read the whole answer, each of headers and body bounded by `timeoutMs`; an error status
  * fails as the engine's error. The client's /metrics read, and what else the agent reads of the engine whole
- * (ServedContext.ts: its model list). `authorization`: the plan's, for a url on the engine's origin.
+ * (ServedContext.ts: its model list). `authorization`: the plan's, for a url on the engine's origin. `redact`: the
+ * client's (the run's secrets); without it, the error is scrubbed of the key `authorization` carries (ServedContext).
  */
 export const getText = (
   dispatcher: Dispatcher,
   url: string,
   timeoutMs: number,
-  authorization?: string
+  authorization?: string,
+  redact?: Redactor
 ): Effect.Effect<string, EngineError> =>
-  Effect.suspend(() =>
-    readWhole(dispatcher, {
-      ...target(url),
-      method: "GET",
-      headers: keyHeader(authorization),
-      body: null,
-      headersTimeout: timeoutMs,
-      bodyTimeout: timeoutMs
-    })
-  ).pipe(Effect.flatMap((r) => (r.status >= 400 ? Effect.fail(httpError(r.status, r.text)) : Effect.succeed(r.text))))
+  Effect.suspend(() => {
+    const scrub = redact ?? keyRedactor(authorization)
+    return readWhole(
+      dispatcher,
+      {
+        ...target(url),
+        method: "GET",
+        headers: keyHeader(authorization),
+        body: null,
+        headersTimeout: timeoutMs,
+        bodyTimeout: timeoutMs
+      },
+      scrub
+    ).pipe(
+      Effect.flatMap((r) =>
+        r.status >= 400 ? Effect.fail(httpError(r.status, r.text, scrub)) : Effect.succeed(r.text)
+      )
+    )
+  })
 
 /**
  * What an engine's 401 or 403 says of engine.api_key, in the config's words; undefined for any other status. `key`:

@@ -9,7 +9,9 @@ import { Effect, Option } from "effect"
 import { getGlobalDispatcher } from "undici"
 import type { ReadinessProbe } from "../../services/engine/Engine.ts"
 import type { ProbeResult } from "../../services/engine/EngineHost.ts"
+import { lineRedactor } from "../../services/engine/LineRedactor.ts"
 import { MODEL_LIST_READ_BYTES, modelStillLoading } from "../../services/engine/ModelList.ts"
+import { secretValues } from "../../services/engine/Secrets.ts"
 import { type EngineRequest, keyHeader, keyRefusal, sendWhole, target } from "./engineHttp.ts"
 import { errorCode } from "./exchange.ts"
 
@@ -29,11 +31,19 @@ const parsed = (text: string): unknown => {
   }
 }
 
-/** No answer: a port still closed, or anything else (no such host, a TLS mismatch, a reset), which the phase names. */
-const unreachable = (err: unknown): ProbeResult => {
+/**
+ * No answer: a port still closed, or anything else (no such host, a TLS mismatch, a reset), which the phase names.
+ * The reason goes to the start's progress line, /status and NodeHealth, so a message is scrubbed of the key the probe
+ * sends (the probe's other reasons are the agent's own words: a status, keyRefusal's): a rare failure, scrubbed then.
+ */
+const unreachable = (err: unknown, probe: ReadinessProbe): ProbeResult => {
   const code = errorCode(err)
   if (code === "ECONNREFUSED") return { ok: false, reason: "connection refused", phase: "waiting for port" }
-  const reason = code ?? (err instanceof Error ? err.message : String(err))
+  const message = () => {
+    const m = err instanceof Error ? err.message : String(err)
+    return probe.authorization === undefined ? m : lineRedactor(secretValues({}, [], probe.authorization))(m)
+  }
+  const reason = code ?? message()
   return { ok: false, reason, phase: `unreachable (${reason})` }
 }
 
@@ -68,7 +78,7 @@ const attempt = (probe: ReadinessProbe): Effect.Effect<ProbeResult> => {
             body: JSON.stringify(probe.body)
           }
   } catch (err) {
-    return Effect.succeed(unreachable(err))
+    return Effect.succeed(unreachable(err, probe))
   }
   // The body is read whole only for a model list's 200; any other is drained (a hanging one is bounded by the timeout).
   const readsList = (status: number) => probe.kind === "http" && probe.modelList !== undefined && status === 200
@@ -79,7 +89,9 @@ const attempt = (probe: ReadinessProbe): Effect.Effect<ProbeResult> => {
     Effect.map((a) => verdict(probe, a.status, a.cut ? undefined : a.text)),
     // A body that breaks off after its status: the status answers, unless the list was to be read from it.
     Effect.catch((f) =>
-      Effect.succeed(f.status > 0 && !readsList(f.status) ? verdict(probe, f.status, undefined) : unreachable(f.error))
+      Effect.succeed(
+        f.status > 0 && !readsList(f.status) ? verdict(probe, f.status, undefined) : unreachable(f.error, probe)
+      )
     )
   )
 }

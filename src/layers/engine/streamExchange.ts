@@ -2,18 +2,22 @@
  * The undici dispatch handler of a streaming engine call: `StreamExchange` parses SSE inside undici's data
  * callback, decodes each event's JSON (services/engine/ChunkDecoder.ts: a token chunk by the one before it) and
  * hands each network read's objects to a sink (the relay's path). It aborts on close, so the engine sees the
- * disconnect; what the answer's status, content-type or body says becomes an EngineError here.
+ * disconnect; what the answer's status, content-type or body says becomes an EngineError here, the engine's words in it
+ * scrubbed of the run's secrets by the client's redactor (EngineErrors.ts engineWords): on a failure alone, never
+ * per chunk.
  */
 import type { Dispatcher } from "undici"
 import { ChunkDecoder } from "../../services/engine/ChunkDecoder.ts"
 import { type ChunkSink, EngineError, isJsonObject, type JsonObject } from "../../services/engine/EngineClient.ts"
 import {
+  engineWords,
   errorDetailOfBody,
   httpError,
   isErrorChunk,
   sseErrorEvent,
   streamError
 } from "../../services/engine/EngineErrors.ts"
+import type { Redactor } from "../../services/engine/LineRedactor.ts"
 import { makeSseParser, type SseEvent, SseEventTooLarge } from "../../services/engine/Sse.ts"
 import { bodyText, closedByClient, MAX_ERROR_BODY_BYTES, transportError } from "./exchange.ts"
 
@@ -34,8 +38,11 @@ const mediaType = (v: string | ReadonlyArray<string> | undefined): string | unde
   return (semi === -1 ? first : first.slice(0, semi)).trim().toLowerCase()
 }
 
-export const protocolError = (message: string, data: string): EngineError =>
-  new EngineError({ reason: "Protocol", message: `${message}: ${data.slice(0, 200)}` })
+/** The most of an answer that is no error body (SSE data that is not JSON, ...) a Protocol error quotes. */
+export const QUOTED_CHARS = 200
+
+export const protocolError = (message: string, data: string, redact: Redactor): EngineError =>
+  new EngineError({ reason: "Protocol", message: `${message}: ${engineWords(data, QUOTED_CHARS, redact)}` })
 
 /**
  * One streaming exchange: parses SSE in the undici callbacks and hands each read's objects to the sink.
@@ -62,12 +69,15 @@ export class StreamExchange implements Dispatcher.DispatchHandler {
   private readonly decoder = new ChunkDecoder()
   private readonly sink: ChunkSink
   private readonly onEnd: (error: EngineError | undefined) => void
+  /** The client's, built once from its plan: scrubs the engine's words in a failure. */
+  private readonly redact: Redactor
   private readonly resume = (): void => {
     if (this.controller?.paused === true) this.controller.resume()
   }
-  constructor(sink: ChunkSink, onEnd: (error: EngineError | undefined) => void) {
+  constructor(sink: ChunkSink, onEnd: (error: EngineError | undefined) => void, redact: Redactor) {
     this.sink = sink
     this.onEnd = onEnd
+    this.redact = redact
   }
 
   onRequestStart(controller: Dispatcher.DispatchController): void {
@@ -130,8 +140,8 @@ export class StreamExchange implements Dispatcher.DispatchHandler {
   /** The failure an error status's body, or a 200 that is no event stream, ends the exchange with. */
   private bodyError(): EngineError {
     const text = bodyText(this.errorBody ?? [])
-    if (this.notSse === undefined) return httpError(this.status, text)
-    const words = text.trim() === "" ? "" : `: ${errorDetailOfBody(text, this.status).message}`
+    if (this.notSse === undefined) return httpError(this.status, text, this.redact)
+    const words = text.trim() === "" ? "" : `: ${errorDetailOfBody(text, this.status, this.redact).message}`
     return new EngineError({
       reason: "Protocol",
       message: `HTTP ${this.status} with content-type "${this.notSse}", not an event stream${words}`
@@ -162,7 +172,7 @@ export class StreamExchange implements Dispatcher.DispatchHandler {
       const ev = events[i]!
       // An error event in any form ends the call as a failure, even if `data: [DONE]` follows (older llama.cpp).
       if (ev.error !== undefined || ev.event === "error") {
-        failure = sseErrorEvent(ev.error ?? ev.data)
+        failure = sseErrorEvent(ev.error ?? ev.data, this.redact)
         break
       }
       const data = ev.data
@@ -178,17 +188,17 @@ export class StreamExchange implements Dispatcher.DispatchHandler {
           atEnd && i === events.length - 1
             ? new EngineError({
                 reason: "Stream",
-                message: `stream truncated: body ended inside an event: ${data.slice(0, 200)}`
+                message: `stream truncated: body ended inside an event: ${engineWords(data, QUOTED_CHARS, this.redact)}`
               })
-            : protocolError("SSE data is not JSON", data)
+            : protocolError("SSE data is not JSON", data, this.redact)
         break
       }
       if (!isJsonObject(v)) {
-        failure = protocolError("SSE data is not an object", data)
+        failure = protocolError("SSE data is not an object", data, this.redact)
         break
       }
       if (isErrorChunk(v)) {
-        failure = streamError(v)
+        failure = streamError(v, this.redact)
         break
       }
       out.push(v)
@@ -202,7 +212,8 @@ export class StreamExchange implements Dispatcher.DispatchHandler {
       } catch (e) {
         failure ??= new EngineError({
           reason: "Protocol",
-          message: `the engine's chunk could not be read: ${e instanceof Error ? e.message : String(e)}`
+          // the reader's words may quote the chunk
+          message: `the engine's chunk could not be read: ${this.redact(e instanceof Error ? e.message : String(e))}`
         })
       }
     }

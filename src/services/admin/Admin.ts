@@ -87,7 +87,33 @@ export const authorize = (options: {
   return tokenMatches(given, options.token) ? "allowed" : "wrong"
 }
 
-/** /readyz: ready only when the node state is ready and no drain has begun; a cordon says just "cordoned". */
+const SHORT_ESCAPES: Readonly<Record<number, string>> = { 92: "\\\\", 10: "\\n", 13: "\\r", 9: "\\t" }
+
+const escaped = (c: number): boolean =>
+  c < 0x20 || (c >= 0x7f && c <= 0x9f) || c === 0x5c || c === 0x2028 || c === 0x2029
+
+/**
+ * A text as /readyz's text/plain body writes it, on one line: its reason may carry an engine's words (the last failed
+ * call's message, in NodeHealth's engine detail), which may hold CR/LF, ESC sequences or NUL, and a terminal or a log
+ * that reads the body would take them as they are. Escaped as in a JSON string: `\\`, `\n`, `\r`, `\t`, `\u00XX` for
+ * every other C0 or C1 control and DEL, and `\u2028`/`\u2029` (line breaks to JavaScript); the rest as it is.
+ */
+export const oneLine = (text: string): string => {
+  let out = ""
+  let at = 0
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i)
+    if (!escaped(c)) continue
+    out += `${text.slice(at, i)}${SHORT_ESCAPES[c] ?? `\\u${c.toString(16).padStart(4, "0")}`}`
+    at = i + 1
+  }
+  return at === 0 ? text : out + text.slice(at)
+}
+
+/**
+ * /readyz: ready only when the node state is ready and no drain has begun; a cordon says just "cordoned". The reason
+ * is one line (`oneLine`).
+ */
 export const readiness = (
   health: NodeHealth,
   draining: boolean
@@ -97,7 +123,7 @@ export const readiness = (
   if (health.state === "ready") return { ready: true, reason: "ready" }
   const engine = health.engine
   const phase = engine ? `engine ${engine.phase}${engine.detail ? `: ${engine.detail}` : ""}` : "no engine state"
-  return { ready: false, reason: `${health.state} (${phase})` }
+  return { ready: false, reason: oneLine(`${health.state} (${phase})`) }
 }
 
 /** One past engine run as /status shows it. */

@@ -1,7 +1,8 @@
 /**
  * Which of the engine's settings are secrets, and their places in a text (pure). One rule serves every output:
- * `render`, the `engine run N: spawning` log (a copy of the plan, layers/engine/backends/redact.ts), and every line
- * the engine prints before the agent logs it or keeps it for /status (LineRedactor.ts, from `secretValues`).
+ * `render`, the `engine run N: spawning` log (a copy of the plan, layers/engine/backends/redact.ts), every line
+ * the engine prints before the agent logs it or keeps it for /status, and the engine's words in every error of its
+ * answers the agent passes on (LineRedactor.ts, from `secretValues`; services/engine/EngineErrors.ts).
  *
  * A name is a secret's when one of its words (split at `_`, `-`, `.`; case ignored) is a usual secret marker:
  * SECRET, PASSWORD, PASSWD, PASSPHRASE or CREDENTIAL anywhere in a word (AWS_SECRET_ACCESS_KEY, PGPASSWORD,
@@ -205,11 +206,14 @@ const secretParts = (secret: string): ReadonlyArray<string> => {
 
 /**
  * The secret values of an engine run: of its secret-named variables, the values of its header lists, the passwords
- * of the URLs in its variables and arguments, its secret flags' arguments.
+ * of the URLs in its variables and arguments, its secret flags' arguments; and `authorization`, the header the agent
+ * sends the engine (LaunchPlan.authorization, `Bearer <engine.api_key>`) with its credential, which an engine the
+ * agent does not spawn (openai_compat) has in neither.
  */
 export const secretValues = (
   env: Readonly<Record<string, string | undefined>>,
-  argv: ReadonlyArray<string>
+  argv: ReadonlyArray<string>,
+  authorization?: string
 ): ReadonlyArray<string> => {
   const out: Array<string> = []
   const take = (text: string, spans: ReadonlyArray<Span>) => {
@@ -217,5 +221,6 @@ export const secretValues = (
   }
   for (const [name, value] of Object.entries(env)) if (value !== undefined) take(value, envSpans(name, value))
   for (let i = 0; i < argv.length; i++) take(argv[i] ?? "", argSpans(argv, i))
+  if (authorization !== undefined) take(authorization, trimmed(authorization, 0, authorization.length))
   return out
 }
