@@ -5,10 +5,21 @@ import * as fs from "node:fs"
 import { Deferred, Effect, Exit, Fiber, Scope } from "effect"
 import { describe, expect, it } from "vitest"
 import * as zmq from "zeromq"
-import { readRank } from "../../src/layers/kv/rankSubscriber.ts"
+import { maxFrameBytes, readRank } from "../../src/layers/kv/rankSubscriber.ts"
 import { subscriberHighWaterMark } from "../../src/services/kv/KvEvents.ts"
 import { pollUntil } from "../support/poll.ts"
 import { freePort } from "../support/ports.ts"
+
+/** The agent's connections on `port` still held (ESTABLISHED or CLOSE_WAIT, /proc/net/tcp). */
+const connectionsOn = (port: number) =>
+  fs
+    .readFileSync("/proc/net/tcp", "utf8")
+    .split("\n")
+    .slice(1)
+    .filter((line) => {
+      const [, local, , state] = line.trim().split(/\s+/)
+      return Number.parseInt(local?.split(":")[1] ?? "", 16) === port && (state === "01" || state === "08")
+    }).length
 
 describe("a rank's SUB socket", () => {
   it("holds a share of kv.max_queue_bytes at 32 KiB a batch, between 256 and 100,000 messages", () => {
@@ -37,6 +48,7 @@ describe("a rank's SUB socket", () => {
             engineBinds: true,
             topic: "kv",
             receiveHighWaterMark: subscriberHighWaterMark(1),
+            maxFrameBytes: maxFrameBytes(1),
             onSubscribed: () => Effect.runSync(Deferred.succeed(subscribed, undefined)),
             // The first message stalls the reader until the publisher has sent everything.
             onFrames: (frames) =>
@@ -96,6 +108,7 @@ describe("a rank's SUB socket", () => {
             engineBinds: false,
             topic: "kv",
             receiveHighWaterMark: 1_000,
+            maxFrameBytes: maxFrameBytes(1),
             onSubscribed: () => Effect.runSync(Deferred.succeed(subscribed, undefined)),
             onReconnected: Effect.sync(() => void reconnected++),
             onFrames: () => Effect.sync(() => void received++)
@@ -137,6 +150,64 @@ describe("a rank's SUB socket", () => {
       second.close()
       expect(reconnected).toBe(1)
     } finally {
+      await Effect.runPromise(Fiber.interrupt(reader))
+      await Effect.runPromise(Scope.close(scope, Exit.void))
+    }
+  })
+  it("bound: another process's connects and closes, while the engine's connection stays up, are no reconnect", async () => {
+    const port = await freePort()
+    // Which publisher's connection was up when each reconnect was told.
+    const told: Array<string> = []
+    let phase = "foreign"
+    const markers = new Set<string>()
+    const subscribed = await Effect.runPromise(Deferred.make<void>())
+    const scope = await Effect.runPromise(Scope.make())
+    const reader = await Effect.runPromise(
+      Effect.forkDetach(
+        Scope.provide(
+          readRank({
+            rank: 0,
+            endpoint: `tcp://127.0.0.1:${port}`,
+            engineBinds: false,
+            topic: "kv",
+            receiveHighWaterMark: 1_000,
+            maxFrameBytes: maxFrameBytes(1),
+            onSubscribed: () => Effect.runSync(Deferred.succeed(subscribed, undefined)),
+            onReconnected: Effect.sync(() => void told.push(phase)),
+            onFrames: (frames) => Effect.sync(() => void markers.add(new TextDecoder().decode(frames[2])))
+          }),
+          scope
+        )
+      )
+    )
+    /** A publisher connected to the agent's socket, once its `marker` was read (its connection is up). */
+    const publisher = async (marker: string) => {
+      const pub = new zmq.Publisher({ linger: 0 })
+      pub.connect(`tcp://127.0.0.1:${port}`)
+      await pollUntil(`"${marker}" read`, async () => {
+        await pub.send(["kv", new Uint8Array(8), marker])
+        return markers.has(marker) ? true : undefined
+      })
+      return pub
+    }
+    let engine: zmq.Publisher | undefined
+    try {
+      await Effect.runPromise(Deferred.await(subscribed))
+      engine = await publisher("engine")
+      for (const name of ["a", "b", "c"]) {
+        const foreign = await publisher(name)
+        foreign.close()
+        await pollUntil(`${name}'s close`, () => connectionsOn(port) === 1)
+      }
+      // Then the engine's own reconnect: told once, with the engine's new connection.
+      engine.close()
+      await pollUntil("the engine's close", () => connectionsOn(port) === 0)
+      phase = "engine"
+      engine = await publisher("engine again")
+      await pollUntil("the engine's reconnect told", () => told.includes("engine"))
+      expect(told).toEqual(["engine"])
+    } finally {
+      engine?.close()
       await Effect.runPromise(Fiber.interrupt(reader))
       await Effect.runPromise(Scope.close(scope, Exit.void))
     }

@@ -18,7 +18,7 @@ import { runLink } from "./kvcachedClient.ts"
 import * as OverflowLog from "./overflowLog.ts"
 import { KvQueue } from "./queue.ts"
 import { type MutableStatus, makeSequencer, type QueuedBody, type RankStream, resyncOf } from "./rankSequencer.ts"
-import { connectAddress, readRank } from "./rankSubscriber.ts"
+import { connectAddress, maxFrameBytes, readRank } from "./rankSubscriber.ts"
 import { retryForever } from "./retrying.ts"
 
 /** `kv.max_queue_bytes`'s default: minutes of a busy engine's events, a bounded share of the agent's memory. */
@@ -146,6 +146,11 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
                 engineBinds,
                 topic,
                 receiveHighWaterMark: subscriberHighWaterMark(maxQueueBytes),
+                maxFrameBytes: maxFrameBytes(maxQueueBytes),
+                // Recorded as an undecodable message is (rankSequencer.ts); what it cost shows as the next batch's gap.
+                onDropped: (why) => {
+                  st.lastBatchError = `DP rank ${rank}: ${why}`
+                },
                 onSubscribed: () => {
                   setUp(rank, true)
                   fault(`rank ${rank}`, undefined)

@@ -4,7 +4,25 @@
  * The socket is closed with the scope. A failed bind fails the attempt like a failed receive: the caller's
  * retry loop (retrying.ts) tries again with the bridge's backoff and its cap, and shows the failure meanwhile.
  */
-import { Effect, type Scope } from "effect"
+import { Effect, Option, type Scope } from "effect"
+
+/**
+ * The largest frame a rank's SUB socket (and a replay DEALER) takes: ZMQ_MAXMSGSIZE, which libzmq checks per frame
+ * before it allocates it (zeromq/libzmq src/v2_decoder.cpp, size_ready) and answers by dropping the connection. A batch is one engine
+ * step's events (vllm-project/vllm vllm/distributed/kv_events.py, one `send_multipart` per EventBatch): the largest
+ * real ones, an unchunked prefill of 1M tokens (token ids at <= 5 bytes, a 9-byte hash per block) or a BlockRemoved
+ * of a whole GPU cache, are a few MiB. `kv.max_queue_bytes` bounds it (a batch past it cannot be held: queue.ts drops
+ * it alone), under 64 MiB, and over 1 MiB: a small queue must not make the socket drop what the queue drops more
+ * cheaply (its own overflow Resync, where a dropped connection costs a reconnect).
+ */
+export const maxFrameBytes = (maxQueueBytes: number): number =>
+  Math.min(64 * 1024 * 1024, Math.max(1024 * 1024, maxQueueBytes))
+
+/**
+ * After a lost connection libzmq, connecting, reports its reconnect ("connect:retry") within a millisecond; after a
+ * protocol error (a frame over maxFrameBytes) it gives the connection up and reports nothing more.
+ */
+const RECONNECT_GRACE_MS = 1_000
 
 /** The address to connect to for an endpoint the engine binds (`tcp://*:P` -> `tcp://127.0.0.1:P`). */
 export const connectAddress = (endpoint: string): string =>
@@ -18,6 +36,10 @@ export interface RankSubscription {
   readonly topic: string
   /** ZMQ's receive high-water mark, in messages (KvEvents.ts subscriberHighWaterMark). */
   readonly receiveHighWaterMark: number
+  /** ZMQ_MAXMSGSIZE (`maxFrameBytes`): a publisher that sends a larger frame is disconnected. */
+  readonly maxFrameBytes: number
+  /** The publisher's connection was dropped for good (a frame over `maxFrameBytes`): the attempt fails with `why`. */
+  readonly onDropped?: (why: string) => void
   readonly onSubscribed: () => void
   /**
    * The connection to the publisher was lost and is up again: the publisher may be a new process (a rank that
@@ -35,7 +57,14 @@ export const readRank = (o: RankSubscription): Effect.Effect<never, unknown, Sco
     // zeromq (a native addon) is loaded by the first subscription: an agent without [kv] never maps it.
     const zmq = yield* Effect.promise(() => import("zeromq"))
     const sub = yield* Effect.acquireRelease(
-      Effect.sync(() => new zmq.Subscriber({ linger: 0, receiveHighWaterMark: o.receiveHighWaterMark })),
+      Effect.sync(
+        () =>
+          new zmq.Subscriber({
+            linger: 0,
+            receiveHighWaterMark: o.receiveHighWaterMark,
+            maxMessageSize: o.maxFrameBytes
+          })
+      ),
       (s) => Effect.sync(() => s.close())
     )
     sub.subscribe(o.topic)
@@ -46,25 +75,49 @@ export const readRank = (o: RankSubscription): Effect.Effect<never, unknown, Sco
         })
       : Effect.tryPromise({ try: () => sub.bind(at), catch: (err) => new Error(`cannot bind ${at}: ${String(err)}`) })
     const reconnected = o.onReconnected
-    if (reconnected !== undefined) {
-      // The socket's monitor (ZMQ's events): "connect" (or, bound, "accept") after a "disconnect". Ended by the
-      // socket's close ("end", or a rejected receive).
-      const events = sub.events
-      yield* Effect.forkScoped(
-        Effect.gen(function* () {
-          let lost = false
-          for (;;) {
-            const ev = yield* Effect.tryPromise(() => events.receive())
-            if (ev.type === "end") return
-            if (ev.type === "disconnect") lost = true
-            else if (lost && (ev.type === "connect" || ev.type === "accept")) {
+    // Set when the connection was given up: the reader's receive, rejected by the close, fails the attempt with it.
+    let dropped: string | undefined
+    // The socket's monitor (ZMQ's events): "connect" (or, bound, "accept") after the last connection's "disconnect" is
+    // a reconnect. Ended by the socket's close ("end", or a rejected receive).
+    const events = sub.events
+    const next = Effect.tryPromise(() => events.receive())
+    yield* Effect.forkScoped(
+      Effect.gen(function* () {
+        // Bound, every process that connects is a peer ("accept" ... "disconnect", paired): only the last one gone,
+        // then one back, is the publisher's reconnect. Another local process's connect and close, while the engine's
+        // connection stays up, is none (each one took this rank's blocks with a restart Resync).
+        let peers = 0
+        let lost = false
+        // The event right after a disconnect, connected: libzmq's reconnect, or nothing.
+        let justLost = false
+        for (;;) {
+          // Connected, a disconnect not followed by libzmq's own reconnect is one it will never make: a frame over
+          // maxFrameBytes (or another ZMTP protocol error) ends the session for good (libzmq session_base.cpp,
+          // engine_error). Bound, the publisher is the side that reconnects, and does (a reconnect, as any other).
+          const ev = justLost ? yield* Effect.timeoutOption(next, RECONNECT_GRACE_MS) : Option.some(yield* next)
+          if (Option.isNone(ev)) {
+            dropped = `${at}: the publisher's connection was dropped and is not reconnected: a frame over ${o.maxFrameBytes} bytes (the frame bound from kv.max_queue_bytes) or another ZMQ protocol error`
+            o.onDropped?.(dropped)
+            sub.close()
+            return
+          }
+          justLost = false
+          const type = ev.value.type
+          if (type === "end") return
+          if (type === "disconnect") {
+            peers = Math.max(0, peers - 1)
+            lost ||= peers === 0
+            justLost = o.engineBinds
+          } else if (type === "connect" || type === "accept") {
+            peers++
+            if (lost && peers === 1) {
               lost = false
-              yield* reconnected
+              if (reconnected !== undefined) yield* reconnected
             }
           }
-        }).pipe(Effect.ignore)
-      )
-    }
+        }
+      }).pipe(Effect.ignore)
+    )
     o.onSubscribed()
     yield* Effect.logInfo("kv events: subscribed", {
       endpoint: at,
@@ -73,7 +126,10 @@ export const readRank = (o: RankSubscription): Effect.Effect<never, unknown, Sco
       dpRank: o.rank
     })
     for (;;) {
-      const frames = yield* Effect.tryPromise(() => sub.receive())
+      const frames = yield* Effect.tryPromise({
+        try: () => sub.receive(),
+        catch: (err) => (dropped !== undefined ? new Error(dropped) : err)
+      })
       yield* o.onFrames(frames)
     }
   })

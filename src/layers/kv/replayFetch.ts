@@ -6,6 +6,7 @@
  */
 import { Effect } from "effect"
 import { type RawBatch, seqFrame, splitReplayReply } from "../../services/kv/KvEvents.ts"
+import { maxFrameBytes } from "./rankSubscriber.ts"
 
 /** The bridge's byte budget, shared with its queue (`kv.max_queue_bytes`). */
 export interface ReplayBudget {
@@ -48,7 +49,12 @@ const receiveAll = (
     try: async (signal) => {
       // Loaded on use, as in rankSubscriber.ts (already loaded by then: a replay follows a subscription).
       const zmq = await import("zeromq")
-      const dealer = new zmq.Dealer({ linger: 0, receiveTimeout: timeoutMs })
+      // A reply frame over the live stream's bound drops the connection: the replay times out and a Resync goes.
+      const dealer = new zmq.Dealer({
+        linger: 0,
+        receiveTimeout: timeoutMs,
+        maxMessageSize: maxFrameBytes(budget.maxBytes)
+      })
       // Interruption closes the dealer, which rejects the pending receive.
       const onAbort = () => dealer.close()
       signal.addEventListener("abort", onAbort, { once: true })
