@@ -1,8 +1,8 @@
 /**
  * One run of the engine, spawned through the orphan guard (the program at `guardEntry`, which the daemon passes
- * in: layers never reach programs): logs its output lines (annotated stream=stdout|stderr, run=N; a flood's past a
- * budget counted, services/engine/OutputLines.ts) and keeps the last lines for forensics, and turns the guard's
- * reports into a pid and an exit status. The run is a resource of the caller's scope: its release has the guard
+ * in: layers never reach programs): logs its output lines, each at the level the engine marked it with (annotated
+ * stream=stdout|stderr, run=N; a flood's past a budget counted, services/engine/OutputLines.ts) and keeps the last
+ * lines for forensics, and turns the guard's reports into a pid and an exit status. The run is a resource of the caller's scope: its release has the guard
  * stop the whole group (one TERM, grace, KILL, confirmed gone) and waits for it, every step bounded on Effect's
  * Clock; nothing waits on stdio. The pumps and the child's event handlers run as fibers of one FiberSet of that
  * scope, so nothing outlives the run.
@@ -10,11 +10,13 @@
 import { type ChildProcess, spawn } from "node:child_process"
 import type { Readable } from "node:stream"
 import { Clock, Deferred, Duration, Effect, FiberSet, Ref, Schedule, type Scope, Stream } from "effect"
+import type { Severity } from "effect/LogLevel"
 import type { LaunchPlan } from "../../services/engine/Engine.ts"
 import { engineEnvironment } from "../../services/engine/EngineEnvironment.ts"
 import { type EngineRun, type RunExit, type SpawnOptions, valueIfDone } from "../../services/engine/EngineHost.ts"
 import { type KeptLine, keepLine } from "../../services/engine/ExitHints.ts"
 import { buildGuardArgs, decodeReport, REPORT_FD, type StopOutcome } from "../../services/engine/GuardProtocol.ts"
+import { type EngineLineLevel, lineLevelReader } from "../../services/engine/LineLevels.ts"
 import { lineRedactor } from "../../services/engine/LineRedactor.ts"
 import {
   LineSplitter,
@@ -45,6 +47,9 @@ const lines = (input: Readable, maxChars: number) =>
     })(),
     (e) => e
   )
+
+/** An engine line's level as the agent logs it. */
+const AT: Readonly<Record<EngineLineLevel, Severity>> = { debug: "Debug", info: "Info", warn: "Warn", error: "Error" }
 
 const notLogged = (n: number) =>
   Effect.logWarning(
@@ -131,6 +136,9 @@ export const spawnRun =
       // The engine may print its secrets (vLLM logs its non-default args, `api_key` and `hf_token` among them):
       // each line is scrubbed of the run's secret values before it is logged or kept for /status.
       const redact = lineRedactor(secretValues(env, plan.argv))
+      // Each line is logged at the level the engine marked it with (a chaos soak: every line at info, so log_level =
+      // "warn" hid llama-server's warnings and errors with its per-request chatter); unmarked lines at info.
+      const levelOf = lineLevelReader(plan.logLevels)
 
       const settle = (exit: RunExit) =>
         Deferred.succeed(pid, undefined).pipe(Effect.andThen(Deferred.succeed(exited, exit)), Effect.asVoid)
@@ -235,8 +243,10 @@ export const spawnRun =
               const { log, dropped } = budget.take(now)
               if (dropped !== undefined) logs.push(notLogged(dropped))
               if (!log) continue
-              if (line.fields === undefined) logs.push(Effect.logInfo(line.message))
-              else logs.push(Effect.logInfo(line.message, { engine_fields: line.fields }))
+              const logAt = Effect.logWithLevel(AT[levelOf(line.text)])
+              logs.push(
+                line.fields === undefined ? logAt(line.message) : logAt(line.message, { engine_fields: line.fields })
+              )
             }
             return Ref.update(ring, (xs) =>
               shown.reduce((kept, l) => keepLine(kept, `[${stream}] ${l.text}`, options.linesKept, plan.exitHints), xs)

@@ -8,7 +8,7 @@
  * The level: `--log-level` on the command line, else CGN_LOG_LEVEL, else `[agent].log_level`.
  */
 import { Cause, Console, Effect, Layer, Logger, References } from "effect"
-import type { LogLevel } from "effect/LogLevel"
+import type { LogLevel, Severity } from "effect/LogLevel"
 import * as LogLevelModule from "effect/LogLevel"
 import { LogLevels } from "../../services/config/ConfigSchema.ts"
 import { LogLevel as LogLevelTag } from "../../services/observability/LogLevel.ts"
@@ -267,12 +267,15 @@ export const hangupReload = (file: string | undefined): Effect.Effect<void, neve
     }
     const configured = read.success.agent.log_level
     const { level, pinnedBy } = yield* control.configure(configured)
+    // Logged after the new level applies, at that level where it is above info: at info, a raise (info -> warn) hid
+    // its own line (a chaos soak); logged before, a lowering (warn -> info) would
+    const changeAt: Severity = level === "Warn" || level === "Error" || level === "Fatal" ? level : "Info"
     if (pinnedBy === undefined)
-      return yield* Effect.logInfo(`SIGHUP: log level ${before.toLowerCase()} -> ${level.toLowerCase()}`)
+      return yield* Effect.logWithLevel(changeAt)(`SIGHUP: log level ${before.toLowerCase()} -> ${level.toLowerCase()}`)
     // an edit the pin overrides is a warning: at info, the pinned level (warn, say) would hide the only word of it
     if (configured !== level.toLowerCase())
       return yield* Effect.logWarning(
         `SIGHUP: agent.log_level = "${configured}" not applied: the log level stays ${level.toLowerCase()} (set by ${pinnedBy})`
       )
-    yield* Effect.logInfo(`SIGHUP: log level stays ${level.toLowerCase()} (set by ${pinnedBy})`)
+    yield* Effect.logWithLevel(changeAt)(`SIGHUP: log level stays ${level.toLowerCase()} (set by ${pinnedBy})`)
   })

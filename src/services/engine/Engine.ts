@@ -7,6 +7,7 @@ import { Context } from "effect"
 import type { AgentConfig, EngineKind, KvOffload, ProxiedKind, Role } from "../config/Config.ts"
 import type { CpuCacheTier } from "./CpuCache.ts"
 import type { EnvironmentNeed } from "./EngineEnvironment.ts"
+import type { LogLevelMarks } from "./LineLevels.ts"
 
 /**
  * How a prefill engine hands a request's KV cache to a decode engine, as the agent sees it on the wire
@@ -50,9 +51,8 @@ export interface EngineCapabilities {
     Record<Role, { readonly kvOffloads: ReadonlyArray<KvOffload>; readonly why: string }>
   >
   /**
-   * Whether the engine runs on NVIDIA GPUs that the agent hands out (CUDA_VISIBLE_DEVICES, `models.x.gpus`)
-   * and waits to be free before a (re)start; absent means it does not (mlx runs on Apple silicon,
-   * openai_compat starts nothing).
+   * Whether the engine runs on NVIDIA GPUs that the agent hands out (CUDA_VISIBLE_DEVICES, `models.x.gpus`) and waits
+   * to be free before a (re)start; absent means it does not (mlx runs on Apple silicon, openai_compat starts nothing).
    */
   readonly cudaGpus?: boolean
   /**
@@ -179,8 +179,7 @@ export interface RequestDialect {
 /**
  * One well-known way the engine dies at start, as data: lines it prints when it does (substrings, matched as
  * written: plain data, which a launch plan carries through JSON), and what to change in the agent's config, naming the
- * keys. Matched newest line first over
- * a failed run's last lines (services/engine/ExitHints.ts) and told with the exit.
+ * keys. Matched newest line first over a failed run's last lines (services/engine/ExitHints.ts), told with the exit.
  */
 export interface ExitHint {
   readonly patterns: ReadonlyArray<string>
@@ -301,6 +300,8 @@ export interface LaunchPlan {
   readonly environmentNeed?: EnvironmentNeed
   /** The engine's well-known start failures and their fixes (the newest matching line decides); absent: none known. */
   readonly exitHints?: ReadonlyArray<ExitHint>
+  /** How the engine marks its log lines' levels, each line logged at its own (LineLevels.ts); absent: all at info. */
+  readonly logLevels?: LogLevelMarks
 }
 
 /** One backend. */

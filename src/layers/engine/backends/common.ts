@@ -15,6 +15,7 @@ import type {
   ReadinessProbe
 } from "../../../services/engine/Engine.ts"
 import type { EnvironmentNeed } from "../../../services/engine/EngineEnvironment.ts"
+import type { LogLevelMarks } from "../../../services/engine/LineLevels.ts"
 import { unbracket } from "../../../services/net/HostPort.ts"
 
 /** Where the engine's HTTP server is, taken from `[engine].url`. */
@@ -140,6 +141,8 @@ export interface PlanParts {
   readonly environmentNeed?: EnvironmentNeed | undefined
   /** The engine's well-known start failures and the config keys that fix them (LaunchPlan.exitHints). */
   readonly exitHints?: ReadonlyArray<ExitHint>
+  /** How the engine marks its log lines' levels (LaunchPlan.logLevels; logMarks.ts). */
+  readonly logLevels?: LogLevelMarks
   /**
    * LaunchPlan.kvTransfer: a P/D node's KV transfer backend, `value` as rendered, unless the engine's last `flag` in
    * the command line (an operator's engine.args come after) says another (`of` reads it; absent: the value itself).
@@ -192,6 +195,7 @@ export const assemble = (config: AgentConfig, listen: Listen, parts: PlanParts):
     ...(parts.cpuCache !== undefined ? { cpuCache: parts.cpuCache } : {}),
     ...(parts.environmentNeed !== undefined ? { environmentNeed: parts.environmentNeed } : {}),
     ...(parts.exitHints !== undefined && parts.exitHints.length > 0 ? { exitHints: parts.exitHints } : {}),
+    ...(parts.logLevels !== undefined ? { logLevels: parts.logLevels } : {}),
     ...(kvTransfer !== undefined ? { kvTransfer } : {})
   }
 }

@@ -11,6 +11,7 @@ import type { AgentConfig } from "../../../services/config/Config.ts"
 import type { Engine, ExitHint, MetricNames } from "../../../services/engine/Engine.ts"
 import { assemble, listenOf, metricsAt, optionalFlag } from "./common.ts"
 import { commandLineHint, modelKey, nowValue, sourceKey } from "./hints.ts"
+import { LLAMA_CPP_MARKS } from "./logMarks.ts"
 
 /**
  * How llama-server dies at start of a cause the config fixes, newest line first (services/engine/ExitHints.ts). Its
@@ -145,7 +146,8 @@ export const llamaCpp: Engine = {
       ],
       probe: { kind: "http", url: config.agent.ready_probe_url ?? `${listen.baseUrl}/health` },
       metrics: metricsAt(listen, METRICS),
-      exitHints: exitHints(config)
+      exitHints: exitHints(config),
+      logLevels: LLAMA_CPP_MARKS
     })
   }
 }

@@ -8,6 +8,7 @@ import type { AgentConfig } from "../../../services/config/Config.ts"
 import type { Engine } from "../../../services/engine/Engine.ts"
 import { assemble, listenOf } from "./common.ts"
 import { commandLineHint } from "./hints.ts"
+import { MLX_MARKS } from "./logMarks.ts"
 
 export const mlx: Engine = {
   kind: "mlx",
@@ -43,7 +44,8 @@ export const mlx: Engine = {
             },
       metrics: undefined,
       requestModel: model,
-      exitHints: [commandLineHint(config, mlx.capabilities.displayName)]
+      exitHints: [commandLineHint(config, mlx.capabilities.displayName)],
+      logLevels: MLX_MARKS
     })
   }
 }

@@ -11,6 +11,7 @@ import { isLoopbackHost } from "../../../services/net/HostPort.ts"
 import { assemble, httpProbeAt, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
 import { hicacheTier, sglangLmcacheTier } from "./cpuCacheTiers.ts"
 import { commandLineHint, HUB_REFUSALS, hubHint, modelKey, nowValue, TORCH_CUDA_OOM } from "./hints.ts"
+import { SGLANG_MARKS } from "./logMarks.ts"
 
 /**
  * What SGLang's own warm-up and /health_generate add to a prefill or decode server's request that has no peer: the
@@ -223,7 +224,8 @@ export const sglang: Engine = {
       kvEvents: events?.endpoint,
       warnings,
       cpuCache: hierarchical ? hicacheTier(config) : offload === "lmcache" ? sglangLmcacheTier : undefined,
-      exitHints: exitHints(config)
+      exitHints: exitHints(config),
+      logLevels: SGLANG_MARKS
     })
   }
 }

@@ -12,6 +12,7 @@ import { hostOfAddr, isLoopbackHost, isWildcardHost } from "../../../services/ne
 import { assemble, httpProbe, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
 import { kvbmTier, kvbmTierNeed, lmcacheTier } from "./cpuCacheTiers.ts"
 import { commandLineHint, HUB_REFUSALS, hubHint, modelKey, nowValue, TORCH_CUDA_OOM } from "./hints.ts"
+import { VLLM_MARKS } from "./logMarks.ts"
 
 /** The connector a `--kv-transfer-config` JSON names (vLLM's KVTransferConfig.kv_connector), or undefined. */
 const kvConnectorOf = (json: string): string | undefined => {
@@ -255,7 +256,8 @@ export const vllm: Engine = {
       liveness: { kind: "http", url: `${listen.baseUrl}/health` },
       metrics: metricsAt(listen, METRICS),
       kvEvents: events?.endpoint,
-      exitHints: exitHints(config)
+      exitHints: exitHints(config),
+      logLevels: VLLM_MARKS
     })
   }
 }
