@@ -5,7 +5,7 @@
  * and a host firewall in front of it is a sound setup the agent cannot see. The advice is the README's
  * (agent.listen_grpc): a NetworkPolicy does not restrict a hostNetwork pod (examples/k8s) in most CNIs, and means
  * nothing on a bare host. And engine.api_key sent over plain HTTP to another host (a proxied server), or too short
- * to be kept out of the engine's output.
+ * to be kept out of the engine's output. And a key that no longer does what the config asks of it (agent.health_damping).
  */
 import { engineFor } from "../layers/engine/backends/index.ts"
 import type { AgentConfig } from "../services/config/Config.ts"
@@ -52,6 +52,23 @@ export const shortEngineKeyWarning = (c: AgentConfig): string | undefined => {
   )
 }
 
+/** agent.health_damping's default (ConfigSchema.ts); the decoded config cannot tell it from a value the file sets. */
+const HEALTH_DAMPING_DEFAULT = 2
+
+/**
+ * The warning for agent.health_damping set to anything but its default: it no longer has an effect. It held a
+ * liveness-probe `unhealthy` out of the etcd record for that many heartbeats, but a liveness loss ends the run
+ * (layers/engine/watch.ts), so the record said `ready` while the engine was being torn down and every call refused.
+ * Still accepted (an unknown key exits 2), so configs that set it keep starting.
+ */
+export const healthDampingWarning = (c: AgentConfig): string | undefined =>
+  c.agent.health_damping === HEALTH_DAMPING_DEFAULT
+    ? undefined
+    : `agent.health_damping = ${c.agent.health_damping} has no effect any more: every node state reaches etcd as ` +
+      "it happens (an engine's liveness failure ends its run, a fact, not a flap); remove the key"
+
 /** Every warning above that applies. */
 export const exposureWarnings = (c: AgentConfig): ReadonlyArray<string> =>
-  [plaintextGrpcWarning(c), plaintextEngineKeyWarning(c), shortEngineKeyWarning(c)].filter((w) => w !== undefined)
+  [plaintextGrpcWarning(c), plaintextEngineKeyWarning(c), shortEngineKeyWarning(c), healthDampingWarning(c)].filter(
+    (w) => w !== undefined
+  )

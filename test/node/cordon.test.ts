@@ -19,7 +19,6 @@ import {
   validateReason
 } from "../../src/services/node/Cordon.ts"
 import { nodeState } from "../../src/services/node/NodeHealthView.ts"
-import { isFact } from "../../src/services/registry/HealthDamping.ts"
 import { testNodeHealth } from "../../src/testing/NodeStatus.ts"
 
 const ready: EngineState = { _tag: "Ready", since: 0, run: 1 }
@@ -38,12 +37,6 @@ describe("cordon decisions (pure)", () => {
   it("readiness says just 'cordoned'; the drain's reason wins", () => {
     expect(readiness(testNodeHealth({ state: "cordoned" }), false)).toEqual({ ready: false, reason: "cordoned" })
     expect(readiness(testNodeHealth({ state: "cordoned" }), true)).toEqual({ ready: false, reason: "draining" })
-  })
-
-  it("cordon and uncordon reach etcd at once, not after health_damping heartbeats", () => {
-    expect(isFact("cordoned", "ready", "ready")).toBe(true)
-    expect(isFact("unhealthy", "unhealthy", "cordoned")).toBe(true)
-    expect(isFact("ready", "ready", "cordoned")).toBe(true)
   })
 
   it("the reason: optional, trimmed, bounded, printable; the body JSON or empty", () => {

@@ -18,7 +18,6 @@ import { engineDetail, enginePhase, nodeState, ratePerSecond } from "../../src/s
 import { NodeStatus, type NodeStatusService } from "../../src/services/node/NodeStatus.ts"
 import { gpuWith } from "../../src/services/node/Nvml.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
-import { isFact } from "../../src/services/registry/HealthDamping.ts"
 import { EngineProcessControl, testPlan } from "../../src/testing/EngineProcess.ts"
 import * as NvmlTest from "../../src/testing/Nvml.ts"
 import { nodeStatusDeps } from "../support/nodeStatus.ts"
@@ -39,10 +38,10 @@ const exit: ExitRecord = {
 }
 
 describe("NodeHealthView (pure)", () => {
-  it("a run torn down for certain (the engine exited, a restart asked for) is phase stopping, a fact for etcd", () => {
+  it("a run torn down for its health is phase unhealthy, for an exit or a restart asked for stopping (the metric's words)", () => {
     const probe = State.Unhealthy({ reason: "3 liveness probes failed", since: 0, run: 0 })
     expect(enginePhase(probe)).toBe("unhealthy")
-    expect(isFact(nodeState(probe, false), enginePhase(probe), "ready")).toBe(false)
+    expect(nodeState(probe, false)).toBe("unhealthy")
     const endings = [
       { kind: "exited", status: "exit code 1" },
       { kind: "requested", source: "admin", reason: "x" }
@@ -50,7 +49,7 @@ describe("NodeHealthView (pure)", () => {
     for (const ending of endings) {
       const torn = State.Unhealthy({ reason: "restart requested: x", since: 0, run: 0, ending })
       expect(enginePhase(torn)).toBe("stopping")
-      expect(isFact(nodeState(torn, false), enginePhase(torn), "ready")).toBe(true)
+      expect(nodeState(torn, false)).toBe("unhealthy")
     }
   })
 
@@ -272,10 +271,10 @@ describe("NodeStatus live layer", () => {
           yield* reach(1)
           yield* control.set(State.Ready({ since: Date.now(), run: 2 }))
           yield* reach(2)
-          // three probes failed: a verdict, damped in etcd
+          // three probes failed: the run is being torn down
           yield* control.set(State.Unhealthy({ reason: "3 liveness probes failed", since: Date.now(), run: 2 }))
           yield* reach(3)
-          // the run torn down, the next waited for, still failing: the same node state, a fact for etcd
+          // the run torn down, the next waited for, still failing: the same node state, a change of the engine's
           const failing = "3 runs in a row ended before being stable"
           yield* control.set(State.Restarting({ attempt: 3, nextAt: Date.now() + 8_000, lastExit: exit, failing }))
           yield* Fiber.join(watcher).pipe(Effect.timeout("5 seconds"))

@@ -1,6 +1,6 @@
 /**
  * HealthReporter against a real etcd (test/support/etcd.ts): registration with lease and TTL, heartbeat
- * rewrites with a growing sequence, a router-style watcher, damping and immediate draining, recovery from
+ * rewrites with a growing sequence, a router-style watcher, state changes written at once, recovery from
  * a paused, killed or revoked etcd lease, duplicate node ids, SIGKILLed agent, clean stop, standalone.
  */
 import { spawn } from "node:child_process"
@@ -267,36 +267,38 @@ describe("HealthReporter against a real etcd", () => {
     expect(lastPut.record!.state).toBe("draining")
   }, 20_000)
 
-  it("damps probe flaps and writes draining at once", async () => {
+  // A chaos soak (llama-server SIGSTOPped): after 3 failed liveness probes the engine was being torn down and every
+  // call refused, yet etcd said `ready` (engine phase `unhealthy`) until `starting` was written: the verdict was damped.
+  it("a liveness teardown, ready after it and draining reach etcd at once, whatever agent.health_damping (30 s heartbeat)", async () => {
     const prefix = uniquePrefix()
     const key = nodeKey(prefix, "c1", "n1")
-    const r = await startReporter({ prefix, damping: 3 })
+    const r = await startReporter({ prefix, heartbeat: "30s", leaseTtl: "90s", damping: 3 })
     await untilState(r, "registered")
+    const published = async (state: string, phase?: string) => {
+      const t = performance.now()
+      const rec = await pollUntil(
+        `${state} in etcd`,
+        async () => {
+          const rec = await readRecord(client, key)
+          return rec?.state === state && (phase === undefined || rec.engine?.phase === phase) ? rec : undefined
+        },
+        3_000
+      )
+      return { rec, lagMs: performance.now() - t }
+    }
     await r.setEngine("ready", "ready")
-    await pollUntil("ready published", async () =>
-      (await readRecord(client, key))?.state === "ready" ? true : undefined
-    )
-    const s0 = (await r.status()).sequence
+    await published("ready", "ready")
+    // liveness_failures probes failed: the supervisor tears the run down (layers/engine/watch.ts)
     await r.setEngine("unhealthy", "unhealthy")
-    // A liveness verdict: with damping 3 the next two heartbeats still publish "ready".
-    const first = await pollUntil("a write after the change", async () => {
-      const rec = await readRecord(client, key)
-      return rec !== undefined && rec.freshness!.sequence > s0 ? rec : undefined
-    })
-    expect(first.state).toBe("ready")
-    const unhealthy = await pollUntil("unhealthy published", async () => {
-      const rec = await readRecord(client, key)
-      return rec?.state === "unhealthy" ? rec : undefined
-    })
-    expect(unhealthy.freshness!.sequence).toBeGreaterThanOrEqual(s0 + 3)
-    const s1 = (await r.status()).sequence
+    const teardown = await published("unhealthy", "unhealthy")
+    await r.setEngine("ready", "ready")
+    const ready = await published("ready", "ready")
     await r.setState("draining")
-    const draining = await pollUntil("draining published", async () => {
-      const rec = await readRecord(client, key)
-      return rec?.state === "draining" ? rec : undefined
-    })
-    // At most one heartbeat that had already read the snapshot goes out before it.
-    expect(draining.freshness!.sequence).toBeLessThanOrEqual(s1 + 2)
+    const draining = await published("draining")
+    // A heartbeat-driven write would take 30 s; the bound is a tenth of that on a loaded machine.
+    expect(Math.max(teardown.lagMs, ready.lagMs, draining.lagMs)).toBeLessThan(3_000)
+    // one write per change after the first ready, none of them held back for a heartbeat
+    expect(draining.rec.freshness!.sequence - teardown.rec.freshness!.sequence).toBe(2)
   }, 20_000)
 
   it("an engine exit and an engine becoming ready reach etcd at once, not at the next heartbeat (30 s)", async () => {

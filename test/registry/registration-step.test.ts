@@ -13,13 +13,13 @@ import { initialReporterState } from "../../src/layers/registry/reporterState.ts
 import { NodeStatus } from "../../src/services/node/NodeStatus.ts"
 import { EtcdUnavailable, LeaseLost } from "../../src/services/registry/HealthReporter.ts"
 import { reporterTiming } from "../../src/services/registry/ReporterTiming.ts"
-import { layerTest as nodeStatusTest } from "../../src/testing/NodeStatus.ts"
+import { NodeStatusTest, layerTest as nodeStatusTest } from "../../src/testing/NodeStatus.ts"
 
-const agentOf = (heartbeat: string, leaseTtl: string) => {
+const agentOf = (heartbeat: string, leaseTtl: string, more: Record<string, unknown> = {}) => {
   const decoded = decodeConfigObject(
     {
       cluster: { name: "c1", etcd: ["http://127.0.0.1:1"] },
-      agent: { node_id: "n1", heartbeat, lease_ttl: leaseTtl },
+      agent: { node_id: "n1", heartbeat, lease_ttl: leaseTtl, ...more },
       models: { m: { hf_repo: "org/m" } }
     },
     undefined,
@@ -105,6 +105,40 @@ describe("registrationStep", () => {
       }
       assert.strictEqual(written.at(-1)!.freshness!.heartbeatMs, timing.heartbeatMs)
     }).pipe(Effect.provide(nodeStatusTest({ state: "ready" })))
+  )
+
+  // A chaos soak (llama-server SIGSTOPped): 3 failed liveness probes tore the engine down and every call was refused,
+  // yet etcd said `ready` with engine phase `unhealthy` until `starting` was written: the liveness verdict was damped
+  // (agent.health_damping). A liveness loss always ends the run (layers/engine/watch.ts), so no state is damped: each
+  // is in the record of the write its change makes, whatever agent.health_damping says (no effect any more).
+  it.effect(
+    "every state change is in the next write's record, a liveness teardown's included, whatever health_damping",
+    () =>
+      Effect.gen(function* () {
+        const agent = agentOf("30s", "90s", { health_damping: 10 })
+        const { ops, written } = scriptedEtcd()
+        const { step } = yield* reporter(agent, ops)
+        const control = yield* NodeStatusTest
+        yield* step("tick")
+        const changes: ReadonlyArray<readonly [string, string]> = [
+          ["ready", "ready"],
+          // the liveness probe failed liveness_failures times: the run is being torn down
+          ["unhealthy", "unhealthy"],
+          // and ready again at once (a write that read the snapshot after Restarting and Starting had passed)
+          ["ready", "ready"],
+          ["unhealthy", "unhealthy"],
+          ["starting", "restarting"],
+          ["ready", "ready"],
+          ["cordoned", "ready"],
+          ["ready", "ready"]
+        ]
+        for (const [state, phase] of changes) {
+          yield* control.update((h) => ({ ...h, state, engine: { ...h.engine!, phase } }))
+          yield* step("change")
+          const last = written.at(-1)!
+          assert.deepStrictEqual([last.state, last.engine?.phase], [state, phase])
+        }
+      }).pipe(Effect.provide(nodeStatusTest({ state: "starting" })))
   )
 
   // "'revoked' and 'retrying' stay visible until the registration succeeds": an etcd that stays unreachable reads

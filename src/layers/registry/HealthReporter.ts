@@ -143,8 +143,8 @@ const make = Effect.gen(function* () {
   })
 
   const loopFiber = yield* loop.pipe(Effect.annotateLogs({ component: "HealthReporter" }), Effect.forkScoped)
-  // A state change goes out at once, not at the next heartbeat: draining, an engine exit or an engine becoming
-  // ready is written as it happens; a probe verdict is written too but stays damped (buildRecord).
+  // A state change goes out at once, not at the next heartbeat: draining, a cordon, an engine's teardown (a liveness
+  // loss included: it ends the run) or an engine becoming ready is written as it happens, undamped (buildRecord).
   const drainFiber = yield* nodeStatus.changes.pipe(
     Stream.runForEach((st) => writeNow(st === "draining" ? "drain" : "change").pipe(Effect.ignore)),
     Effect.annotateLogs({ component: "HealthReporter" }),

@@ -1,7 +1,7 @@
 /**
  * One round of the HealthReporter against etcd: grant a lease when there is none (or keep the current
- * one alive on a tick), then, when a write is due, build the NodeHealth record (live snapshot, damped
- * state, fresh freshness) and create or rewrite the node key under the lease. A key held by another
+ * one alive on a tick), then, when a write is due, build the NodeHealth record (live snapshot and state, fresh
+ * freshness) and create or rewrite the node key under the lease. A key held by another
  * live lease is a RegistrationConflict; a key deleted by hand is created again. Callers hold the
  * reporter's write lock.
  */
@@ -9,7 +9,6 @@ import { Clock, Duration, Effect, Exit } from "effect"
 import { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
 import type { AgentConfig } from "../../services/config/Config.ts"
 import type { NodeState, NodeStatusService } from "../../services/node/NodeStatus.ts"
-import { isFact, observe } from "../../services/registry/HealthDamping.ts"
 import {
   type ConflictHolder,
   EtcdUnavailable,
@@ -107,20 +106,19 @@ export const makeRegistrationStep = ({
     return session
   })
 
-  /** The record to write now: the live snapshot, the damped state, and fresh freshness. */
+  /**
+   * The record to write now: the live snapshot and state, and fresh freshness. The state is written as it is, with no
+   * flap damping: each is a fact, written by the write its change makes (HealthReporter.ts). An engine Unhealthy is
+   * always a run's teardown (the supervisor ends the run on a liveness loss, a startup timeout, an exit or a restart
+   * asked for: layers/engine/watch.ts, runOnce.ts), Restarting next; every other unhealthy is a fact too (a stall,
+   * failing calls, a GPU fault or wait, a crash loop). Damping the liveness one (agent.health_damping, now without
+   * effect) kept the record saying `ready` while the engine was torn down and every call refused (a chaos soak).
+   */
   const buildRecord = (session: Session, reason: StepReason, now: number) =>
     Effect.gen(function* () {
       const snapshot = yield* nodeStatus.snapshot
       const draining = s.forcedDraining || reason === "shutdown" || (yield* nodeStatus.draining)
-      const observed: NodeState = draining ? "draining" : (snapshot.state as NodeState)
-      // Heartbeats count as observations; a fact (engine exit, engine ready, draining) is published by any
-      // write at once, while a probe verdict waits for health_damping heartbeats.
-      const phase = snapshot.engine?.phase ?? ""
-      const fact = isFact(observed, phase, s.damping.published, s.damping.publishedPhase)
-      if (reason === "tick" || fact) {
-        s.damping = observe(s.damping, observed, agent.health_damping, reason === "shutdown" || fact, phase)
-      }
-      const state = s.damping.published ?? observed
+      const state: NodeState = draining ? "draining" : (snapshot.state as NodeState)
       s.sequence++
       return NodeHealth.fromPartial({
         ...snapshot,

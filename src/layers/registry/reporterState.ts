@@ -4,7 +4,6 @@
  * by `status`.
  */
 import type { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
-import { type DampingState, initialDamping } from "../../services/registry/HealthDamping.ts"
 import type { ConflictHolder, RegistrationState, RegistrationStatus } from "../../services/registry/HealthReporter.ts"
 
 /** One granted lease and what was done under it. */
@@ -24,7 +23,6 @@ export interface ReporterState {
   sequence: number
   lastWriteMs: number | undefined
   lastRecord: NodeHealth | undefined
-  damping: DampingState
   forcedDraining: boolean
   /** The drain's own state=draining write failed or was cut short (etcd did not answer it); see shutdown. */
   drainWriteFailed: boolean
@@ -46,7 +44,6 @@ export const initialReporterState = (): ReporterState => ({
   sequence: 0,
   lastWriteMs: undefined,
   lastRecord: undefined,
-  damping: initialDamping,
   forcedDraining: false,
   drainWriteFailed: false,
   stopping: false,

@@ -96,6 +96,8 @@ export const AgentSection = Schema.Struct({
   max_tokens_limit: withDefault(PositiveInt, 32768),
   max_request_bytes: withDefault(PositiveInt, 4 * 1024 * 1024),
   lease_ttl: Schema.optionalKey(ShortDuration),
+  // No effect any more, accepted so that configs that set it still start (an unknown key exits 2): it damped the
+  // liveness probe's unhealthy, which is always a run's teardown now. programs/exposure.ts warns of a value set.
   health_damping: withDefault(PositiveInt, 2),
   drain_timeout: withDefault(ShortDuration, "30s"),
   // 0s: never (a caller may hold a stream back for ever, keeping its admission slot and its engine request).
@@ -199,7 +201,8 @@ export const ModelSection = Schema.Struct({
   tp: withDefault(PositiveInt, 1),
   dp: withDefault(PositiveInt, 1),
   served_name: Schema.optionalKey(Schema.NonEmptyString),
-  max_model_len: Schema.optionalKey(PositiveInt),
+  // ListModels' max_model_len is a uint32 (proto/cgn/agent/v1/agent.proto ModelInfo)
+  max_model_len: Schema.optionalKey(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 4_294_967_295 }))),
   gpu_memory_utilization: Schema.optionalKey(
     Schema.Number.check(Schema.isGreaterThan(0), Schema.isLessThanOrEqualTo(1))
   ),

@@ -37,9 +37,11 @@ export const nodeState = (engine: EngineState, draining: boolean, problem?: stri
 }
 
 /**
- * The supervisor phase as the proto spells it. A run torn down for certain (the engine exited, a restart asked for) is
- * "stopping", not "unhealthy": a fact the etcd record carries at once (services/registry/HealthDamping.ts isFact),
- * where a liveness probe's verdict waits out the flap damping.
+ * The supervisor phase as the proto spells it, and cgn_agent_engine_state's `state` label. Every Unhealthy is a run
+ * being torn down (layers/engine/watch.ts, runOnce.ts), and the etcd record carries each at once; the word tells why:
+ * "stopping" when the engine exited or a restart was asked for, "unhealthy" when its health ended it (the liveness
+ * probe, the startup timeout). Kept as they were when "stopping" also kept the first out of the flap damping (gone):
+ * routers and dashboards read these words.
  */
 export const enginePhase = (engine: EngineState): string =>
   engine._tag === "Unhealthy" && engine.ending !== undefined ? "stopping" : engine._tag.toLowerCase()

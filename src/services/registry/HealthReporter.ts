@@ -53,7 +53,7 @@ export interface RegistrationStatus {
   readonly sequence: number
   /** RFC 3339 time of the last successful write. */
   readonly lastWriteAt: string | undefined
-  /** The node state the node's key says: that of the last record written under the live lease (after flap damping);
+  /** The node state the node's key says: that of the last record written under the live lease;
    * undefined while the node has no key (before the first write, after its lease was lost or revoked). */
   readonly publishedState: string | undefined
   /** The last error, cleared by the next successful write. */
@@ -164,7 +164,7 @@ export interface HealthReporterService {
   /** The last record written to etcd (with freshness), undefined before the first write or when standalone. */
   readonly lastRecord: Effect.Effect<NodeHealth | undefined>
   /**
-   * Publishes state=draining at once (no damping) and keeps it for the rest of the process.
+   * Publishes state=draining at once and keeps it for the rest of the process.
    * Fails when the write did not reach etcd; the heartbeat keeps retrying it either way.
    */
   readonly markDraining: Effect.Effect<void, ReporterError>

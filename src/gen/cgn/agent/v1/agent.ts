@@ -4034,8 +4034,8 @@ export const AgentDefinition = {
     },
     /**
      * GetNodeHealth returns the NodeHealth this node writes to etcd, computed now, with the `freshness` of the last
-     * record written to etcd (empty when standalone or before the first write). Its `state` is the live one: the etcd
-     * record publishes a liveness-probe verdict only after [agent].health_damping heartbeats. The agent's own counts
+     * record written to etcd (empty when standalone or before the first write). Its `state` is the live one, which the
+     * etcd record carries from the write its change makes (no state is damped). The agent's own counts
      * (Load.inflight, queued) are live; the engine's (engine_running, engine_waiting, kv_usage) are its last /metrics
      * scrape, taken once per heartbeat, so up to one heartbeat old: a burst just started may not show there yet.
      */
@@ -4067,8 +4067,8 @@ export interface AgentServiceImplementation<CallContextExt = {}> {
   ): Promise<DeepPartial<ListModelsResponse>>;
   /**
    * GetNodeHealth returns the NodeHealth this node writes to etcd, computed now, with the `freshness` of the last
-   * record written to etcd (empty when standalone or before the first write). Its `state` is the live one: the etcd
-   * record publishes a liveness-probe verdict only after [agent].health_damping heartbeats. The agent's own counts
+   * record written to etcd (empty when standalone or before the first write). Its `state` is the live one, which the
+   * etcd record carries from the write its change makes (no state is damped). The agent's own counts
    * (Load.inflight, queued) are live; the engine's (engine_running, engine_waiting, kv_usage) are its last /metrics
    * scrape, taken once per heartbeat, so up to one heartbeat old: a burst just started may not show there yet.
    */
@@ -4092,8 +4092,8 @@ export interface AgentClient<CallOptionsExt = {}> {
   ): Promise<ListModelsResponse>;
   /**
    * GetNodeHealth returns the NodeHealth this node writes to etcd, computed now, with the `freshness` of the last
-   * record written to etcd (empty when standalone or before the first write). Its `state` is the live one: the etcd
-   * record publishes a liveness-probe verdict only after [agent].health_damping heartbeats. The agent's own counts
+   * record written to etcd (empty when standalone or before the first write). Its `state` is the live one, which the
+   * etcd record carries from the write its change makes (no state is damped). The agent's own counts
    * (Load.inflight, queued) are live; the engine's (engine_running, engine_waiting, kv_usage) are its last /metrics
    * scrape, taken once per heartbeat, so up to one heartbeat old: a burst just started may not show there yet.
    */
