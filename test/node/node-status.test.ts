@@ -38,18 +38,21 @@ const exit: ExitRecord = {
 }
 
 describe("NodeHealthView (pure)", () => {
-  it("a run torn down for its health is phase unhealthy, for an exit or a restart asked for stopping (the metric's words)", () => {
+  it("a run torn down for its health is phase unhealthy, for an exit or a restart asked for stopping (the metric's words); an operator's restart reads starting", () => {
     const probe = State.Unhealthy({ reason: "3 liveness probes failed", since: 0, run: 0 })
     expect(enginePhase(probe)).toBe("unhealthy")
     expect(nodeState(probe, false)).toBe("unhealthy")
+    // an operator's restart is no fault: the node reads starting from the request on; an exit or a stall restart is
     const endings = [
-      { kind: "exited", status: "exit code 1" },
-      { kind: "requested", source: "admin", reason: "x" }
+      [{ kind: "exited", status: "exit code 1" }, "unhealthy"],
+      [{ kind: "requested", source: "stall", reason: "x" }, "unhealthy"],
+      [{ kind: "requested", source: "admin", reason: "x" }, "starting"]
     ] as const
-    for (const ending of endings) {
+    for (const [ending, state] of endings) {
       const torn = State.Unhealthy({ reason: "restart requested: x", since: 0, run: 0, ending })
       expect(enginePhase(torn)).toBe("stopping")
-      expect(nodeState(torn, false)).toBe("unhealthy")
+      expect(nodeState(torn, false), ending.kind).toBe(state)
+      expect(nodeState(torn, true)).toBe("draining")
     }
   })
 

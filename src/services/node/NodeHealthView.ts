@@ -13,7 +13,8 @@ import type { NodeState } from "./NodeStatus.ts"
 
 /**
  * Ready -> ready; Starting/Restarting -> starting, unhealthy once failing (several runs in a row failed);
- * Unhealthy -> unhealthy; a drain wins over all (it is final), then an operator's cordon (the node is out of
+ * Unhealthy -> unhealthy, but starting for an operator's restart (POST /engine/restart: the engine is being restarted
+ * on purpose, no fault; a chaos soak saw it blip node_state and etcd to unhealthy); a drain wins over all (it is final), then an operator's cordon (the node is out of
  * traffic whatever else is true; the engine's detail still says what is wrong with it), then a problem outside the
  * engine's state (a faulty GPU, GPU memory held past gpu_free_timeout, a stalled engine) makes the node unhealthy
  * whatever the engine says.
@@ -28,8 +29,9 @@ export const nodeState = (engine: EngineState, draining: boolean, problem?: stri
     case "Starting":
     case "Restarting":
       return engine.failing === undefined ? "starting" : "unhealthy"
-    // Stopping or Stopped without a drain: the supervisor gave up or is shutting down; not servable.
     case "Unhealthy":
+      return engine.ending?.kind === "requested" && engine.ending.source === "admin" ? "starting" : "unhealthy"
+    // Stopping or Stopped without a drain: the supervisor gave up or is shutting down; not servable.
     case "Stopping":
     case "Stopped":
       return "unhealthy"
