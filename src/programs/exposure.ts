@@ -52,17 +52,14 @@ export const shortEngineKeyWarning = (c: AgentConfig): string | undefined => {
   )
 }
 
-/** agent.health_damping's default (ConfigSchema.ts); the decoded config cannot tell it from a value the file sets. */
-const HEALTH_DAMPING_DEFAULT = 2
-
 /**
- * The warning for agent.health_damping set to anything but its default: it no longer has an effect. It held a
+ * The warning for agent.health_damping set at all (its old default 2 too): it no longer has an effect. It held a
  * liveness-probe `unhealthy` out of the etcd record for that many heartbeats, but a liveness loss ends the run
  * (layers/engine/watch.ts), so the record said `ready` while the engine was being torn down and every call refused.
  * Still accepted (an unknown key exits 2), so configs that set it keep starting.
  */
 export const healthDampingWarning = (c: AgentConfig): string | undefined =>
-  c.agent.health_damping === HEALTH_DAMPING_DEFAULT
+  c.agent.health_damping === undefined
     ? undefined
     : `agent.health_damping = ${c.agent.health_damping} has no effect any more: every node state reaches etcd as ` +
       "it happens (an engine's liveness failure ends its run, a fact, not a flap); remove the key"

@@ -27,9 +27,13 @@ describe("agent.health_damping: accepted, without effect, warned of", () => {
     expect(exposureWarnings(c).filter((w) => w.startsWith("agent.health_damping"))).toEqual([warning])
   })
 
-  it("none where the config leaves it out (the decoded default, 2, is all run sees)", () => {
+  it("none where the config leaves it out; its old default, 2, set in a file is warned of too", () => {
+    expect(load("").agent.health_damping).toBeUndefined()
     expect(healthDampingWarning(load(""))).toBeUndefined()
-    expect(healthDampingWarning(load("health_damping = 2"))).toBeUndefined()
+    expect(healthDampingWarning(load("health_damping = 2"))).toBe(
+      "agent.health_damping = 2 has no effect any more: every node state reaches etcd as it happens (an engine's " +
+        "liveness failure ends its run, a fact, not a flap); remove the key"
+    )
   })
 
   describe("cgn-agent check", () => {
