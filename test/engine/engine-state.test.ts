@@ -86,7 +86,7 @@ const table: Record<keyof typeof states, Record<keyof typeof events, Expect>> = 
   Unhealthy: {
     Spawned: I,
     Phase: I,
-    ProbeOk: State.Ready({ since: 1000, run: 2 }),
+    ProbeOk: I,
     LivenessLost: I,
     StartupTimedOut: I,
     Exited: restarting,

@@ -75,9 +75,9 @@ export const transition = (
         : invalid()
     case "ProbeOk":
       if (state._tag === "Ready") return ok(state)
-      return state._tag === "Starting" || state._tag === "Unhealthy"
-        ? ok(State.Ready({ since: event.at, run: state.run }))
-        : invalid()
+      // Not from Unhealthy: every way into it ends the run (layers/engine/watch.ts), so a probe that answers during the
+      // teardown is late news of a run that is going, and must not show it Ready again.
+      return state._tag === "Starting" ? ok(State.Ready({ since: event.at, run: state.run })) : invalid()
     case "LivenessLost":
       return state._tag === "Ready"
         ? ok(
