@@ -181,7 +181,11 @@ describe("SGLang bootstrap", () => {
     ["room 0", { ...ok, room: 0 }, 0n],
     ["room as a safe number", ok, 42n],
     ["room 2^63-1 as bigint", { ...ok, room: 2n ** 63n - 1n }, 2n ** 63n - 1n],
-    ["room 2^63-1 as a decimal string", { ...ok, room: "9223372036854775807" }, 2n ** 63n - 1n]
+    ["room 2^63-1 as a decimal string", { ...ok, room: "9223372036854775807" }, 2n ** 63n - 1n],
+    ["an IPv4 host", { ...ok, host: "10.0.0.7" }, 42n],
+    ["a bare IPv6 host", { ...ok, host: "fd00::7" }, 42n],
+    ["a bracketed IPv6 host", { ...ok, host: "[fd00::7]" }, 42n],
+    ["a fully qualified host name", { ...ok, host: "prefill-0.pd.svc.cluster.local." }, 42n]
   ])("accepts %s", (_name, input, room) => {
     expect(success(validateBootstrap(input))).toStrictEqual({ host: input.host, port: input.port, room })
   })
@@ -195,7 +199,17 @@ describe("SGLang bootstrap", () => {
     ["negative room", { ...ok, room: -1 }, "bootstrap.room"],
     ["fractional room", { ...ok, room: 1.5 }, "bootstrap.room"],
     ["room above 2^53 as a float (not exact)", { ...ok, room: 2 ** 60 }, "bootstrap.room"],
-    ["room text that is not a number", { ...ok, room: "12ab" }, "bootstrap.room"]
+    ["room text that is not a number", { ...ok, room: "12ab" }, "bootstrap.room"],
+    [
+      "a host with CR/LF and an escape",
+      { ...ok, host: "10.0.0.7\r\nevil\u001b[2J" },
+      'bootstrap.host must be a host name or IP address, got "10.0.0.7\\r\\nevil\\u001b[2J"'
+    ],
+    ["a host with a port", { ...ok, host: "p-host:8998" }, "bootstrap.host must be a host name or IP address"],
+    ["a host with a path", { ...ok, host: "p-host/route" }, "bootstrap.host must be a host name or IP address"],
+    ["a host with spaces around it", { ...ok, host: " p-host " }, "bootstrap.host must be a host name or IP address"],
+    ["an IPv4 literal out of range", { ...ok, host: "10.0.0.300" }, "bootstrap.host must be a host name or IP"],
+    ["brackets around no IPv6", { ...ok, host: "[p-host]" }, "bootstrap.host must be a host name or IP address"]
   ])("refuses %s", (_name, input, mention) => {
     expect(failure(validateBootstrap(input)).message).toContain(mention)
   })

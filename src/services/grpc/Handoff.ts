@@ -14,7 +14,8 @@ import type { HandoffProtocol } from "../engine/Engine.ts"
 import { isJsonObject, type JsonObject } from "../engine/EngineClient.ts"
 import { exactIntegerJson } from "./ExactInteger.ts"
 import { INPUT_DIGEST_FIELD, ownInputDigest } from "./InputDigest.ts"
-import { nixlParamsProblems } from "./NixlParams.ts"
+import { isHostOrIp, nixlParamsProblems } from "./NixlParams.ts"
+import { quoteInput } from "./StatusMessage.ts"
 
 /**
  * The handoff cannot happen as asked; `missing` names the absent fields. Its gRPC status (FAILED_PRECONDITION)
@@ -111,7 +112,22 @@ const toRoom = (room: number | bigint | string): bigint | undefined => {
   return /^\d+$/.test(room) ? BigInt(room) : undefined
 }
 
-/** Host non-empty, port 1..65535, room an exact integer in [0, 2^63-1] (a float above 2^53 is not exact). */
+/**
+ * Where the decode engine reaches the prefill engine's bootstrap server: a host name or an IP literal, IPv6 bare or
+ * in brackets. SGLang dials `http://{bootstrap_host}:{bootstrap_port}/route` (python/sglang/srt/disaggregation/
+ * common/conn.py, CommonKVReceiver) and logs the address: anything else (CR/LF, an escape sequence, a path) from a
+ * hostile or broken router reached the decode engine. The agent publishes the host bare (NodeHealth `bootstrap`);
+ * a router that copied it from a URL may bracket an IPv6 one.
+ */
+const isBootstrapHost = (host: string): boolean => {
+  const inner = /^\[(.*)\]$/.exec(host)?.[1]
+  return inner === undefined ? isHostOrIp(host) : inner.includes(":") && isHostOrIp(inner)
+}
+
+/**
+ * Host a host name or IP literal, port 1..65535, room an exact integer in [0, 2^63-1] (a float above 2^53 is not
+ * exact).
+ */
 export const validateBootstrap = (input: BootstrapInput | undefined): Result.Result<Bootstrap, InvalidHandoff> => {
   if (input === undefined) {
     return Result.fail(
@@ -121,6 +137,9 @@ export const validateBootstrap = (input: BootstrapInput | undefined): Result.Res
   const problems: Array<string> = []
   const missing: Array<string> = []
   if (input.host.trim() === "") missing.push("bootstrap.host")
+  else if (!isBootstrapHost(input.host)) {
+    problems.push(`bootstrap.host must be a host name or IP address, got ${quoteInput(input.host, 40)}`)
+  }
   if (input.port === 0) missing.push("bootstrap.port")
   else if (!Number.isInteger(input.port) || input.port < 1 || input.port > 65535) {
     problems.push(`bootstrap.port must be in 1..65535, got ${input.port}`)

@@ -86,7 +86,7 @@ export interface SglangBootstrap {
    * --host, which is [engine].url's host on the prefill node: that host (any address of the prefill host the decode
    * engine reaches, when it is a wildcard such as 0.0.0.0). A loopback [engine].url (the default) serves only decode
    * engines on the same host: for prefill and decode on different hosts the prefill node's [engine].url must not be
-   * loopback.
+   * loopback. A host name or an IP literal (IPv6 bare or in brackets); anything else is FAILED_PRECONDITION.
    */
   host: string;
   /** Port of the prefill engine's bootstrap server: [engine].bootstrap_port on the prefill node (default 8998). */
