@@ -6,8 +6,6 @@ import { describe, expect, it } from "vitest"
 import type { JsonObject } from "../../src/services/engine/EngineClient.ts"
 import { toGrpcFailure } from "../../src/services/grpc/GrpcStatus.ts"
 import {
-  type BootstrapInput,
-  bootstrapLegBody,
   extractKvTransferParams,
   InvalidHandoff,
   kvTransferDecodeBody,
@@ -17,6 +15,7 @@ import {
   validateKvTransferParams,
   vllmPrefillBody
 } from "../../src/services/grpc/Handoff.ts"
+import { type BootstrapInput, bootstrapLegBody } from "../../src/services/grpc/SglangBootstrap.ts"
 import { PREFILL_PARAMS } from "../support/nixlParams.ts"
 
 const failure = <A>(r: Result.Result<A, InvalidHandoff>): InvalidHandoff => {

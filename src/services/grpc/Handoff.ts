@@ -5,17 +5,16 @@
  * handoff parameters from a vLLM prefill response and checks them where the connector would silently fall
  * back to local prefill. No I/O; the gRPC layer sends the bodies. Upstream: vLLM's toy proxy
  * (examples/online_serving/disaggregated_serving/disagg_proxy_demo.py) and NixlConnector
- * (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py); SGLang's bootstrap fields
- * (python/sglang/srt/entrypoints/openai/protocol.py: bootstrap_host, bootstrap_port, bootstrap_room).
+ * (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py), whose parameters NixlParams.ts checks; SGLang's
+ * bootstrap fields, which SglangBootstrap.ts checks and writes.
  */
 import { Result, Schema } from "effect"
 import type { Role } from "../config/ConfigSchema.ts"
 import type { HandoffProtocol } from "../engine/Engine.ts"
 import { isJsonObject, type JsonObject } from "../engine/EngineClient.ts"
-import { exactIntegerJson } from "./ExactInteger.ts"
 import { INPUT_DIGEST_FIELD, ownInputDigest } from "./InputDigest.ts"
-import { isHostOrIp, nixlParamsProblems } from "./NixlParams.ts"
-import { quoteInput } from "./StatusMessage.ts"
+import { nixlParamsProblems } from "./NixlParams.ts"
+import { type Bootstrap, type BootstrapInput, bootstrapLegBody, checkBootstrap } from "./SglangBootstrap.ts"
 
 /**
  * The handoff cannot happen as asked; `missing` names the absent fields. Its gRPC status (FAILED_PRECONDITION)
@@ -91,82 +90,20 @@ export const kvTransferDecodeBody = (body: JsonObject, params: unknown): Result.
 // ---------------------------------------------------------------------------------------------------------
 // SGLang
 
-/** As it arrives (proto SglangBootstrap, JSON, CLI). */
-export interface BootstrapInput {
-  readonly host: string
-  readonly port: number
-  readonly room: number | bigint | string
-}
-
-export interface Bootstrap {
-  readonly host: string
-  readonly port: number
-  readonly room: bigint
-}
-
-export const MAX_BOOTSTRAP_ROOM = 2n ** 63n - 1n
-
-const toRoom = (room: number | bigint | string): bigint | undefined => {
-  if (typeof room === "bigint") return room
-  if (typeof room === "number") return Number.isSafeInteger(room) ? BigInt(room) : undefined
-  return /^\d+$/.test(room) ? BigInt(room) : undefined
-}
-
-/**
- * Where the decode engine reaches the prefill engine's bootstrap server: a host name or an IP literal, IPv6 bare or
- * in brackets. SGLang dials `http://{bootstrap_host}:{bootstrap_port}/route` (python/sglang/srt/disaggregation/
- * common/conn.py, CommonKVReceiver) and logs the address: anything else (CR/LF, an escape sequence, a path) from a
- * hostile or broken router reached the decode engine. The agent publishes the host bare (NodeHealth `bootstrap`);
- * a router that copied it from a URL may bracket an IPv6 one.
- */
-const isBootstrapHost = (host: string): boolean => {
-  const inner = /^\[(.*)\]$/.exec(host)?.[1]
-  return inner === undefined ? isHostOrIp(host) : inner.includes(":") && isHostOrIp(inner)
-}
-
-/**
- * Host a host name or IP literal, port 1..65535, room an exact integer in [0, 2^63-1] (a float above 2^53 is not
- * exact).
- */
+/** The rendezvous checked as SGLang's decode engine will dial it (SglangBootstrap.ts). */
 export const validateBootstrap = (input: BootstrapInput | undefined): Result.Result<Bootstrap, InvalidHandoff> => {
   if (input === undefined) {
     return Result.fail(
       new InvalidHandoff({ reason: "an SGLang leg needs the bootstrap rendezvous", missing: ["bootstrap"] })
     )
   }
-  const problems: Array<string> = []
-  const missing: Array<string> = []
-  if (input.host.trim() === "") missing.push("bootstrap.host")
-  else if (!isBootstrapHost(input.host)) {
-    problems.push(`bootstrap.host must be a host name or IP address, got ${quoteInput(input.host, 40)}`)
-  }
-  if (input.port === 0) missing.push("bootstrap.port")
-  else if (!Number.isInteger(input.port) || input.port < 1 || input.port > 65535) {
-    problems.push(`bootstrap.port must be in 1..65535, got ${input.port}`)
-  }
-  const room = toRoom(input.room)
-  if (room === undefined || room < 0n || room > MAX_BOOTSTRAP_ROOM) {
-    problems.push(`bootstrap.room must be an exact integer in [0, 2^63-1], got ${String(input.room)}`)
-  }
-  if (problems.length > 0 || missing.length > 0) {
-    return Result.fail(
-      new InvalidHandoff({ reason: problems.length > 0 ? problems.join("; ") : "invalid bootstrap", missing })
-    )
-  }
-  return Result.succeed({ host: input.host, port: input.port, room: room! })
+  const checked = checkBootstrap(input)
+  if (checked._tag === "Bootstrap") return Result.succeed(checked.bootstrap)
+  const { problems, missing } = checked
+  return Result.fail(
+    new InvalidHandoff({ reason: problems.length > 0 ? problems.join("; ") : "invalid bootstrap", missing })
+  )
 }
-
-/**
- * Either leg's body: the client's body with the rendezvous fields. The prefill leg is sent whole (the agent
- * only waits for P to finish; the answer comes from D), the decode leg streamed.
- */
-export const bootstrapLegBody = (body: JsonObject, bootstrap: Bootstrap): JsonObject => ({
-  ...body,
-  bootstrap_host: bootstrap.host,
-  bootstrap_port: bootstrap.port,
-  // a room above 2^53 stays exact
-  bootstrap_room: exactIntegerJson(bootstrap.room)
-})
 
 // ---------------------------------------------------------------------------------------------------------
 // Planning a leg from the node's role and the engine's handoff protocol
