@@ -137,7 +137,7 @@ const orderedDrain = Effect.fn("Agent.drain")(function* (why: string, signals: S
   const left = yield* grpc.activeStreams
   if (!finished && left > 0) {
     yield* Effect.logWarning("drain: ending in-flight streams", { streams: left })
-    yield* grpc.abortActive("node drained before the stream finished; retry on another node")
+    yield* grpc.abortActive("node drained before the stream finished")
   }
   yield* Effect.logInfo("drain: in-flight streams done; stopping the engine")
 

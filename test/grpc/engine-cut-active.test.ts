@@ -16,6 +16,7 @@ import { State } from "../../src/services/engine/EngineState.ts"
 import { EngineRunEnded, StreamAborted } from "../../src/services/grpc/CallErrors.ts"
 import { agentCut } from "../../src/services/grpc/EngineCut.ts"
 import { toGrpcFailure } from "../../src/services/grpc/GrpcStatus.ts"
+import { asSent } from "../../src/services/grpc/StatusMessage.ts"
 import { EngineProcessControl, layerTest, testExit, testPlan } from "../../src/testing/EngineProcess.ts"
 
 const OPERATOR = "the engine is being restarted (POST /engine/restart by an operator)"
@@ -59,10 +60,13 @@ describe("agentCut: the states in which the agent itself ends the run", () => {
     const f = toGrpcFailure(new EngineRunEnded({ by: "restart", why: OPERATOR }))
     assert.deepStrictEqual(f, {
       code: 14,
-      message: `${OPERATOR}: the engine request was aborted; retry on another node`,
+      message: `${OPERATOR}: the engine request was aborted`,
       trailers: { "cgn-error-source": "agent", "cgn-reason": "engine_run_ended" },
-      retryElsewhere: true
+      retryElsewhere: true,
+      advised: true
     })
+    // as a call that sent nothing sends it (README quotes it)
+    assert.strictEqual(asSent(f, false).message, `${OPERATOR}: the engine request was aborted; retry on another node`)
   })
 })
 

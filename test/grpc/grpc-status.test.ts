@@ -172,30 +172,34 @@ describe("the status table", () => {
     )
   })
 
-  it("keeps the messages callers see", () => {
-    expect(toGrpcFailure(samples.NotServing[0]).message).toBe("engine is not ready (starting); retry on another node")
+  it("keeps the messages callers see (as a call that sent nothing sends them: asSent)", () => {
+    const sent = (e: GenerateError) => asSent(toGrpcFailure(e), false).message
+    expect(sent(samples.NotServing[0])).toBe("engine is not ready (starting); retry on another node")
     // README (Cordon): "node is cordoned ...; retry on another node"
-    expect(toGrpcFailure(samples.NodeCordoned[0]).message).toMatch(/^node is cordoned \(.*\); retry on another node$/)
+    expect(sent(samples.NodeCordoned[0])).toMatch(/^node is cordoned \(.*\); retry on another node$/)
+    expect(sent(samples.Draining[0])).toBe("draining: this node takes no new requests; retry on another node")
+    expect(sent(samples.Overloaded[0])).toBe(
+      "overloaded: 1 requests in flight (agent.max_inflight = 1) and 0 queued (agent.max_queue = 0); retry on another node"
+    )
+    expect(sent(samples.StreamAborted[0])).toBe("node drained; retry on another node")
+    expect(sent(samples.EngineStalled[0])).toBe(
+      "the engine sent nothing for 30s (engine.stream_idle_timeout); the engine request was aborted; retry on another node"
+    )
     // The transport's own refusals in grpc-js's words (a client or router matching on them sees the same text).
     expect(toGrpcFailure(samples.MessageTooLarge[0]).message).toBe("received message larger than max (10 vs 5)")
     expect(toGrpcFailure(samples.CallDeadlineExceeded[0]).message).toBe("Deadline exceeded")
     // README: RESOURCE_EXHAUSTED (retryable); the message says so too.
-    expect(toGrpcFailure(samples.RequestsOverBudget[0]).message).toBe(
-      "requests still arriving hold more than 64 bytes; retry"
-    )
-    expect(toGrpcFailure(samples.LegDeadline[0]).message).toBe(
+    expect(sent(samples.RequestsOverBudget[0])).toBe("requests still arriving hold more than 64 bytes; retry")
+    expect(sent(samples.LegDeadline[0])).toBe(
       "the decode leg did not start within 30s ([agent].handoff_timeout); the engine request was aborted"
     )
-    expect(toGrpcFailure(samples.ShedAtSlot[0]).message).toBe(
+    expect(sent(samples.ShedAtSlot[0])).toBe(
       "~120 ms left of its deadline (agent.handoff_timeout = 4s) after 3880 ms waiting for a slot (agent.max_inflight); prefill legs here need ~900 ms from a slot to their answer; not sent to the engine"
     )
-    expect(toGrpcFailure(samples.ShedAtArrival[0]).message).toBe(
-      "not queued: all 2 slots are busy (agent.max_inflight) and the call has ~300 ms left of its deadline (the caller's deadline); calls here need ~900 ms from a slot to their first token; not sent to the engine, retry on another node"
+    expect(sent(samples.ShedAtArrival[0])).toBe(
+      "not queued: all 2 slots are busy (agent.max_inflight) and the call has ~300 ms left of its deadline (the caller's deadline); calls here need ~900 ms from a slot to their first token; not sent to the engine; retry on another node"
     )
-    expect(toGrpcFailure(samples.EngineStalled[0]).message).toMatch(
-      /sent nothing for 30s \(engine.stream_idle_timeout\)/
-    )
-    expect(toGrpcFailure(samples.EngineRunEnded[0]).message).toBe(
+    expect(sent(samples.EngineRunEnded[0])).toBe(
       "the engine is being restarted (POST /engine/restart by an operator): stream truncated: UND_ERR_SOCKET: other side closed; retry on another node"
     )
   })
@@ -205,16 +209,17 @@ describe("the status table", () => {
     const exited = toGrpcFailure(new EngineRunEnded({ by: "exit", why: "the engine exited (signal SIGKILL)", engine }))
     expect(exited).toEqual({
       code: Status.UNAVAILABLE,
-      message:
-        "the engine exited (signal SIGKILL): ECONNREFUSED: connect ECONNREFUSED 127.0.0.1:1; retry on another node",
+      message: "the engine exited (signal SIGKILL): ECONNREFUSED: connect ECONNREFUSED 127.0.0.1:1",
       trailers: {
         "cgn-error-source": "engine",
         "cgn-reason": "engine_run_ended",
         "cgn-engine-reason": "Connect",
         "cgn-engine-message": "ECONNREFUSED: connect ECONNREFUSED 127.0.0.1:1"
       },
-      retryElsewhere: true
+      retryElsewhere: true,
+      advised: true
     })
+    expect(asSent(exited, false).message).toBe(`${exited.message}; retry on another node`)
     const restarted = toGrpcFailure(samples.EngineRunEnded[0])
     expect(restarted.trailers).toEqual({
       "cgn-error-source": "agent",
@@ -231,8 +236,8 @@ describe("a failure as sent: cgn-retryable and the message's advice agree", () =
   const engine = new EngineError({ reason: "Stream", message: "stream truncated: UND_ERR_SOCKET: other side closed" })
   const died = toGrpcFailure(new EngineRunEnded({ by: "exit", why: "the engine exited (signal SIGKILL)", engine }))
 
-  it("before any message: retryable, the advice kept", () => {
-    expect(asSent(died, false)).toEqual({ message: died.message, retryable: true })
+  it("before any message: retryable, and the message says so", () => {
+    expect(asSent(died, false)).toEqual({ message: `${died.message}; retry on another node`, retryable: true })
   })
 
   it("after a delta: not retryable, and the message says so instead of 'retry on another node'", () => {
@@ -260,17 +265,23 @@ describe("a failure as sent: cgn-retryable and the message's advice agree", () =
     expect(asSent({ ...invalid, pairBound: true }, false)).toEqual({ message: invalid.message, retryable: false })
   })
 
-  it("a pair-bound leg shed at arrival (its advice after a comma, not a semicolon) gets the pair's advice too", () => {
-    const shed = toGrpcFailure(samples.ShedAtArrival[0])
-    expect(shed.message).toMatch(/, retry on another node$/)
-    const sent = asSent({ ...shed, pairBound: true }, false)
-    expect(sent.retryPair).toBe(true)
-    expect(sent.message).toBe(
-      shed.message.replace(
-        /, retry on another node$/,
-        "; retry both legs as a new pair (this leg's handoff is not to be used again)"
+  it("a pair-bound leg refused for this node's load (shed, overloaded) gets the pair's advice too", () => {
+    for (const e of [samples.ShedAtArrival[0], samples.Overloaded[0]]) {
+      const refused = toGrpcFailure(e)
+      const sent = asSent({ ...refused, pairBound: true }, false)
+      expect(sent.retryPair).toBe(true)
+      expect(sent.message).toBe(
+        `${refused.message}; retry both legs as a new pair (this leg's handoff is not to be used again)`
       )
-    )
+    }
+  })
+
+  it("no failure's own message carries advice to retry elsewhere: asSent adds it, only where the row says so", () => {
+    for (const [tag, [e]] of Object.entries(samples)) {
+      const f = toGrpcFailure(e)
+      expect(f.message, tag).not.toMatch(/another node|retry (later|elsewhere|both)/)
+      if (f.advised === true) expect(f.retryElsewhere, tag).toBe(true)
+    }
   })
 
   it("a status that never advised a retry keeps its words; one with no opinion gets no trailer", () => {

@@ -540,7 +540,7 @@ describe("cancellation, deadlines and health", () => {
         if (text.length > 0 && error === undefined) {
           error = null
           // the drain's words (programs/main.ts)
-          await agent.abortActive("node drained before the stream finished; retry on another node")
+          await agent.abortActive("node drained before the stream finished")
         }
       }
     } catch (e) {

@@ -10,11 +10,15 @@ import { EngineError } from "../../src/services/engine/EngineClient.ts"
 import { GenerateRejected, planRequest } from "../../src/services/grpc/Generate.ts"
 import { engineFailure, type GrpcFailure, rejectedFailure } from "../../src/services/grpc/GrpcStatus.ts"
 import {
+  asSent,
   boundStatusMessage,
   characters,
   MAX_STATUS_MESSAGE_BYTES,
+  PAIR_ADVICE,
   QUOTED_CHARS,
   quoteInput,
+  RETRY_ADVICE,
+  STREAMED_ADVICE,
   statusTrailers
 } from "../../src/services/grpc/StatusMessage.ts"
 import { UnknownMethod, UnsupportedEncoding } from "../../src/services/grpc/TransportErrors.ts"
@@ -157,6 +161,45 @@ describe("planRequest quotes a caller's value short, naming the field", () => {
 /** A header list's size as SETTINGS_MAX_HEADER_LIST_SIZE counts it (RFC 9113 section 6.5.2). */
 const listSize = (headers: Record<string, string>): number =>
   Object.entries(headers).reduce((n, [k, v]) => n + k.length + v.length + 32, 0)
+
+// The advice a message ends with is decided where cgn-retryable is (asSent), from the same inputs: the failure's own
+// message carries none, so no wording of it can escape the decision and contradict the trailer.
+describe("asSent: the retry advice, decided with cgn-retryable", () => {
+  const busy: GrpcFailure = {
+    code: Status.UNAVAILABLE,
+    message: "node is busy",
+    trailers: {},
+    retryElsewhere: true,
+    advised: true
+  }
+
+  it("a message without advice gets the one that agrees with cgn-retryable, by what went out and the pair alone", () => {
+    expect(RETRY_ADVICE).toBe("; retry on another node")
+    expect(asSent(busy, false)).toEqual({ message: "node is busy; retry on another node", retryable: true })
+    expect(asSent(busy, true)).toEqual({ message: `node is busy${STREAMED_ADVICE}`, retryable: false })
+    const bound = { ...busy, pairBound: true as const }
+    expect(asSent(bound, false)).toEqual({ message: `node is busy${PAIR_ADVICE}`, retryable: false, retryPair: true })
+    // once it wrote, the pair is no longer the question: a client has text
+    expect(asSent(bound, true)).toEqual(asSent(busy, true))
+    expect(statusTrailers(busy, false)).toMatchObject({
+      "grpc-message": "node is busy; retry on another node",
+      "cgn-retryable": "true"
+    })
+  })
+
+  it("a row without the advice, or a failure not retryable elsewhere, keeps its words; the trailers are the same", () => {
+    const { advised: _, ...quiet } = busy
+    for (const wrote of [false, true])
+      for (const pairBound of [undefined, true] as const) {
+        const f = pairBound === undefined ? quiet : { ...quiet, pairBound }
+        const advisedAs = asSent(pairBound === undefined ? busy : { ...busy, pairBound }, wrote)
+        expect(asSent(f, wrote)).toEqual({ ...advisedAs, message: "node is busy" })
+      }
+    expect(asSent({ ...busy, retryElsewhere: false }, false)).toEqual({ message: "node is busy", retryable: false })
+    const { retryElsewhere: __, ...noOpinion } = busy
+    expect(asSent(noOpinion, false)).toEqual({ message: "node is busy", retryable: undefined })
+  })
+})
 
 describe("statusTrailers", () => {
   it("keeps the agent's largest status, trailers-only, within the 8 KiB the strictest clients take", () => {

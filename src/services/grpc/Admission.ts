@@ -3,8 +3,8 @@
  * FIFO order, everything beyond is refused at once (never an unbounded pile-up). A call with a deadline that must
  * wait is shed once its time left is below what calls here need (ServiceTimes.ts): at arrival (RESOURCE_EXHAUSTED,
  * try another node) or when a slot is handed to it (DEADLINE_EXCEEDED), never sent to the engine. Owns the service
- * interface, its typed errors (their gRPC statuses are rows of GrpcStatus.ts's table), and the pure slot/queue
- * ledger the live layer drives.
+ * interface, its typed errors (their gRPC statuses are rows of GrpcStatus.ts's table; their messages carry no advice
+ * to retry, which StatusMessage.ts asSent appends), and the pure slot/queue ledger the live layer drives.
  * The ledger does no I/O and knows nothing of fibers: a waiter is any object the caller gives it.
  */
 import { Context, type Effect, Schema, type Scope } from "effect"
@@ -18,7 +18,7 @@ export class Overloaded extends Schema.TaggedError<Overloaded>()("Overloaded", {
   override get message(): string {
     return (
       `overloaded: ${this.maxInflight} requests in flight (agent.max_inflight = ${this.maxInflight}) and ` +
-      `${this.maxQueue} queued (agent.max_queue = ${this.maxQueue}); retry later or on another node`
+      `${this.maxQueue} queued (agent.max_queue = ${this.maxQueue})`
     )
   }
 }
@@ -26,7 +26,7 @@ export class Overloaded extends Schema.TaggedError<Overloaded>()("Overloaded", {
 /** The agent is draining and takes no new requests. Maps to UNAVAILABLE (retryable elsewhere). */
 export class Draining extends Schema.TaggedError<Draining>()("Draining", {}) {
   override get message(): string {
-    return "draining: this node takes no new requests; retry on another node"
+    return "draining: this node takes no new requests"
   }
 }
 
@@ -61,7 +61,7 @@ export class ShedAtArrival extends Schema.TaggedError<ShedAtArrival>()("ShedAtAr
     return (
       `not queued: all ${this.maxInflight} slots are busy (agent.max_inflight) and the call has ` +
       `~${Math.round(this.leftMs)} ms left of its deadline (${this.deadline}); ${needs(this.kind, this.needMs)}; ` +
-      "not sent to the engine, retry on another node"
+      "not sent to the engine"
     )
   }
 }

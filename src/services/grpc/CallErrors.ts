@@ -4,7 +4,9 @@
  * is not serving or cordoned, a P/D leg ran out of time, the engine stalled, the engine run ended under the call (a
  * restart, its exit, its stop), the drain cut the stream, the server shut down under an open call (a health Watch),
  * the caller stopped reading (ClientNotReading), or the agent broke.
- * Their gRPC statuses are rows of GrpcStatus.ts's table.
+ * Their gRPC statuses are rows of GrpcStatus.ts's table. Their messages say what happened, not where to retry: a row
+ * that gives its failure the advice (GrpcFailure.advised) has StatusMessage.ts asSent append the one that agrees with
+ * `cgn-retryable` ("; retry on another node", or what replaces it once the call wrote or on a pair-bound leg).
  */
 import { Schema } from "effect"
 import { EngineError } from "../engine/EngineClient.ts"
@@ -15,14 +17,14 @@ export class NotServing extends Schema.TaggedError<NotServing>()("NotServing", {
   reason: Schema.String
 }) {
   override get message(): string {
-    return `${this.reason}; retry on another node`
+    return this.reason
   }
 }
 
 /** An operator cordoned the node (POST /cordon): it takes no new calls until POST /uncordon; the engine still runs. */
 export class NodeCordoned extends Schema.TaggedError<NodeCordoned>()("NodeCordoned", {}) {
   override get message(): string {
-    return "node is cordoned (out of traffic by an operator's POST /cordon); retry on another node"
+    return "node is cordoned (out of traffic by an operator's POST /cordon)"
   }
 }
 
@@ -49,7 +51,7 @@ export class EngineStalled extends Schema.TaggedError<EngineStalled>()("EngineSt
   idleTimeout: Schema.String
 }) {
   override get message(): string {
-    return `the engine sent nothing for ${this.idleTimeout} (engine.stream_idle_timeout); the engine request was aborted; retry on another node`
+    return `the engine sent nothing for ${this.idleTimeout} (engine.stream_idle_timeout); the engine request was aborted`
   }
 }
 
@@ -72,8 +74,8 @@ export class EngineRunEnded extends Schema.TaggedError<EngineRunEnded>()("Engine
 }) {
   override get message(): string {
     return this.engine === undefined
-      ? `${this.why}: the engine request was aborted; retry on another node`
-      : `${this.why}: ${this.engine.message}; retry on another node`
+      ? `${this.why}: the engine request was aborted`
+      : `${this.why}: ${this.engine.message}`
   }
 }
 

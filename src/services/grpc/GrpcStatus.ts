@@ -62,6 +62,12 @@ export interface GrpcFailure {
    */
   readonly retryElsewhere?: boolean
   /**
+   * The message is sent followed by the advice that agrees with `cgn-retryable` ("; retry on another node", or what
+   * replaces it once the call wrote or on a leg bound to its pair: StatusMessage.ts asSent, the one place that words
+   * it); the message itself carries none. Only with retryElsewhere true; absent: the message is sent as it is.
+   */
+  readonly advised?: true
+  /**
    * The call was a P/D leg bound to its other leg (Handoff.ts boundToPair): a failure another node could take is then
    * not retried alone there (the handoff may be spent, the SGLang room taken) but as a new pair: `cgn-retryable`
    * false, `cgn-retry-pair` true (StatusMessage.ts asSent).
@@ -154,6 +160,15 @@ const agent =
     retryElsewhere
   })
 
+/**
+ * A row whose failure is sent with the retry advice (GrpcFailure.advised): the agent's refusals and endings for this
+ * node's state whose messages have always said where to retry (README quotes them). Other rows keep their words: an
+ * engine's failure is the engine's (README quotes those too), a leg past its deadline or a defect says what happened.
+ */
+const advising =
+  <E>(row: (e: E) => GrpcFailure) =>
+  (e: E): GrpcFailure => ({ ...row(e), advised: true })
+
 type Row<T extends GenerateErrorTag> = (e: Extract<GenerateError, { readonly _tag: T }>) => GrpcFailure
 
 /** The one table from a Generate error to its status: one row per tag, checked exhaustive by its type. */
@@ -163,18 +178,18 @@ export const statusTable: { readonly [T in GenerateErrorTag]: Row<T> } = {
   // The handoff cannot happen as asked: the caller (router) must fix the leg's inputs.
   InvalidHandoff: agent(Status.FAILED_PRECONDITION, "invalid_handoff", false),
   // Retryable elsewhere: this node is not taking calls now.
-  NotServing: agent(Status.UNAVAILABLE, "not_serving", true),
+  NotServing: advising(agent(Status.UNAVAILABLE, "not_serving", true)),
   // Retryable elsewhere too: an operator took the node out of traffic, the engine behind it still runs.
-  NodeCordoned: agent(Status.UNAVAILABLE, "cordoned", true),
-  Overloaded: agent(Status.RESOURCE_EXHAUSTED, "overloaded", true),
-  Draining: agent(Status.UNAVAILABLE, "draining", true),
+  NodeCordoned: advising(agent(Status.UNAVAILABLE, "cordoned", true)),
+  Overloaded: advising(agent(Status.RESOURCE_EXHAUSTED, "overloaded", true)),
+  Draining: advising(agent(Status.UNAVAILABLE, "draining", true)),
   // A call that would have to wait with less time left than calls here need: refused at once, as Overloaded is, so
   // the router retries on another node while there is still time.
-  ShedAtArrival: agent(Status.RESOURCE_EXHAUSTED, "shed_at_arrival", true),
+  ShedAtArrival: advising(agent(Status.RESOURCE_EXHAUSTED, "shed_at_arrival", true)),
   // A queued call that reached its slot too late to finish before its deadline: failed there, never sent.
   ShedAtSlot: agent(Status.DEADLINE_EXCEEDED, "shed_at_slot", true),
   LegDeadline: agent(Status.DEADLINE_EXCEEDED, "leg_deadline", true),
-  EngineStalled: agent(Status.UNAVAILABLE, "engine_stalled", true),
+  EngineStalled: advising(agent(Status.UNAVAILABLE, "engine_stalled", true)),
   // The engine run ended under the call (services/grpc/EngineCut.ts): UNAVAILABLE as the transport failure was, its
   // engine trailers kept (none when the agent aborted the request as it ended the run); the agent's doing unless the
   // engine exited by itself.
@@ -186,9 +201,10 @@ export const statusTable: { readonly [T in GenerateErrorTag]: Row<T> } = {
       "cgn-error-source": e.by === "exit" ? "engine" : "agent",
       "cgn-reason": "engine_run_ended"
     },
-    retryElsewhere: true
+    retryElsewhere: true,
+    advised: true
   }),
-  StreamAborted: agent(Status.UNAVAILABLE, "stream_aborted", true),
+  StreamAborted: advising(agent(Status.UNAVAILABLE, "stream_aborted", true)),
   // The caller held the stream back past agent.client_send_timeout: the stream is reset (CANCEL), which is all a caller
   // that is not reading can still receive; the code is what a gRPC client makes of that reset. Its own doing: no retry.
   ClientNotReading: (e) => ({ ...agent(Status.CANCELLED, "client_not_reading", false)(e), reset: true }),

@@ -98,22 +98,23 @@ export const quoteInput = (value: string, chars: number = QUOTED_CHARS): string 
   return end === value.length ? shown : `${shown}... (${characters(value)} characters)`
 }
 
-/** The advice the messages of failures retryable elsewhere end with (CallErrors.ts, Admission.ts, the drain's abort). */
-const RETRY_ADVICE = /[;,] retry on another node$/
+/** The advice a failure that may go to another node is sent with (GrpcFailure.advised), when it sent nothing. */
+export const RETRY_ADVICE = "; retry on another node"
 
-/** What replaces that advice once the call had sent a message. */
+/** The advice once the call had sent a message: not retryable, whatever the cause. */
 export const STREAMED_ADVICE = "; do not retry elsewhere: the call had already streamed output"
 
-/** What replaces it on a leg bound to its pair (GrpcFailure.pairBound) that sent nothing. */
+/** The advice on a leg bound to its pair (GrpcFailure.pairBound) that sent nothing. */
 export const PAIR_ADVICE = "; retry both legs as a new pair (this leg's handoff is not to be used again)"
 
 /**
  * A failure as the call sends it, given whether a message went out first (`wrote`): the one decision of
  * `cgn-retryable` (retryElsewhere, and nothing sent: a client that has text would see a retry's repeated; undefined:
- * no opinion), and the message's advice made to agree with it: a message ending "retry on another node" ends
- * STREAMED_ADVICE instead when the call is not retryable for what it sent (an engine that died mid-stream said "retry
- * on another node" beside `cgn-retryable: false`). A leg bound to its pair (`pairBound`) that another node could take
- * and that sent nothing is not retryable alone: `retryPair` (the `cgn-retry-pair` trailer) and PAIR_ADVICE say so.
+ * no opinion) and of the advice its message ends with, which says the same. A leg bound to its pair (`pairBound`)
+ * that another node could take and that sent nothing is not retryable alone: `retryPair` (the `cgn-retry-pair`
+ * trailer) says so. The failures' own messages carry no advice: a failure whose row gives it (`advised`) gets
+ * RETRY_ADVICE, STREAMED_ADVICE or PAIR_ADVICE here, from the same decision, so its words cannot disagree with the
+ * trailer (the soak's engine, killed mid-stream, once said "retry on another node" beside `cgn-retryable: false`).
  */
 export const asSent = (
   status: GrpcFailure,
@@ -121,10 +122,10 @@ export const asSent = (
 ): { readonly message: string; readonly retryable: boolean | undefined; readonly retryPair?: true } => {
   if (status.retryElsewhere === undefined) return { message: status.message, retryable: undefined }
   if (!status.retryElsewhere) return { message: status.message, retryable: false }
-  if (wrote) return { message: status.message.replace(RETRY_ADVICE, STREAMED_ADVICE), retryable: false }
-  if (status.pairBound === true)
-    return { message: status.message.replace(RETRY_ADVICE, PAIR_ADVICE), retryable: false, retryPair: true }
-  return { message: status.message, retryable: true }
+  const say = (advice: string): string => (status.advised === true ? status.message + advice : status.message)
+  if (wrote) return { message: say(STREAMED_ADVICE), retryable: false }
+  if (status.pairBound === true) return { message: say(PAIR_ADVICE), retryable: false, retryPair: true }
+  return { message: say(RETRY_ADVICE), retryable: true }
 }
 
 /**
