@@ -9,7 +9,7 @@ import * as path from "node:path"
 import { Clock, Console, Duration, Effect } from "effect"
 import { Command, Flag } from "effect/cli"
 import { requireAdminToken } from "../layers/admin/Admin.ts"
-import { engineFor } from "../layers/engine/backends/index.ts"
+import { engineOf } from "../layers/engine/backends/index.ts"
 import { type CpuCacheReport, cpuCacheReport } from "../layers/engine/cpuCache.ts"
 import { resolvePlan } from "../layers/engine/EnginePlan.ts"
 import { stateDirRefusal } from "../layers/engine/pidFile.ts"
@@ -92,7 +92,7 @@ const kvEventsSummary = (c: AgentConfig): string => {
  * openai_compat) gets none.
  */
 const gpusSummary = (c: AgentConfig, plan: LaunchPlan | undefined): string => {
-  if (engineFor(c.engine.kind).capabilities.cudaGpus !== true) return `none handed out (${c.engine.kind})`
+  if (engineOf(c).capabilities.cudaGpus !== true) return `none handed out (${c.engine.kind})`
   const mig = migRef(c.model.gpus)
   if (mig !== undefined) {
     // the board it is on, as NVML lists it now; the engine sees the MIG device alone, named as NVML names it (a name
@@ -239,7 +239,7 @@ export const check = Command.make(
             Effect.catchTag("ConfigError", (e) => Effect.as(keep(e), undefined))
           )
       // what run would find only by failing once started: the engine's executable, state_dir, a KVBM tier
-      const host = yield* hostFindings(c, plan ?? engineFor(c.engine.kind).render(c), { offline })
+      const host = yield* hostFindings(c, plan ?? engineOf(c).render(c), { offline })
       problems.push(...host.errors)
       if (problems.length > 0) return yield* new ConfigError({ file: c.file ?? "<inline>", problems })
       const memory = offline ? undefined : yield* readMemory

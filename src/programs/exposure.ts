@@ -7,7 +7,7 @@
  * nothing on a bare host. And engine.api_key sent over plain HTTP to another host (a proxied server), or too short
  * to be kept out of the engine's output. And a key that no longer does what the config asks of it (agent.health_damping).
  */
-import { engineFor } from "../layers/engine/backends/index.ts"
+import { engineOf } from "../layers/engine/backends/index.ts"
 import type { AgentConfig } from "../services/config/Config.ts"
 import { MIN_SCRUBBED_LENGTH } from "../services/engine/LineRedactor.ts"
 import { isLoopbackHost, splitHostPort } from "../services/net/HostPort.ts"
@@ -28,7 +28,7 @@ export const plaintextGrpcWarning = (c: AgentConfig): string | undefined => {
  * an http:// URL that is not loopback. A spawned engine listens on this host, so its requests never leave it.
  */
 export const plaintextEngineKeyWarning = (c: AgentConfig): string | undefined => {
-  if (c.engine.api_key === undefined || engineFor(c.engine.kind).capabilities.spawns) return undefined
+  if (c.engine.api_key === undefined || engineOf(c).capabilities.spawns) return undefined
   const url = new URL(c.engine.url)
   if (url.protocol !== "http:" || isLoopbackHost(url.hostname)) return undefined
   return (

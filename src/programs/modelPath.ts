@@ -16,7 +16,7 @@
 import { constants } from "node:fs"
 import * as fsp from "node:fs/promises"
 import * as path from "node:path"
-import { engineFor } from "../layers/engine/backends/index.ts"
+import { engineOf } from "../layers/engine/backends/index.ts"
 import type { AgentConfig } from "../services/config/Config.ts"
 import { formatPath } from "../services/config/SchemaProblems.ts"
 import type { ModelPathKind } from "../services/engine/Engine.ts"
@@ -76,7 +76,7 @@ export const modelPathFinding = async (
   c: AgentConfig,
   cwd: string
 ): Promise<{ readonly line: string; readonly error: boolean } | undefined> => {
-  const { modelPath: wanted, displayName } = engineFor(c.engine.kind).capabilities
+  const { modelPath: wanted, displayName } = engineOf(c).capabilities
   if (c.model.source.kind !== "path" || wanted === undefined) return undefined
   const given = c.model.source.value
   const problem = await pathProblem(path.resolve(cwd, given), wanted)

@@ -5,7 +5,7 @@
  */
 import { Effect, Option } from "effect"
 import { Command, GlobalFlag } from "effect/cli"
-import { engineFor } from "../layers/engine/backends/index.ts"
+import { engineOf } from "../layers/engine/backends/index.ts"
 import { type AgentConfig, ConfigError } from "../services/config/Config.ts"
 import { preflight } from "./check.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
@@ -21,7 +21,7 @@ import { runDaemon } from "./main.ts"
  */
 const stateDirRefused = (c: AgentConfig) =>
   Effect.gen(function* () {
-    if (!engineFor(c.engine.kind).capabilities.spawns) return
+    if (!engineOf(c).capabilities.spawns) return
     const found = yield* Effect.promise(() => stateDirProblem(c.agent.state_dir, process.cwd())).pipe(
       Effect.timeoutOption(10_000)
     )

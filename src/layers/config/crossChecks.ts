@@ -11,7 +11,7 @@ import { splitHostPort } from "../../services/net/HostPort.ts"
 import { migRefProblem } from "../../services/node/Mig.ts"
 import { reporterTiming } from "../../services/registry/ReporterTiming.ts"
 import { portOf } from "../engine/backends/common.ts"
-import { engineFor } from "../engine/backends/index.ts"
+import { engineOf } from "../engine/backends/index.ts"
 import { listenerProblems, listeners, rankedPortProblems, sameSocket, tcpPort } from "./portChecks.ts"
 
 /** The etcd lease's TTL: agent.lease_ttl, else 3 heartbeats. */
@@ -128,7 +128,7 @@ const leaseProblems = (c: ConfigFile): Array<string> => {
 }
 
 const engineProblems = (c: ConfigFile): Array<string> => {
-  const engine = engineFor(c.engine.kind)
+  const engine = engineOf(c)
   const caps = engine.capabilities
   const problems: Array<string> = []
   const kind = c.engine.kind

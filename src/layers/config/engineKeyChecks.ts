@@ -8,7 +8,7 @@
 import type { ConfigFile } from "../../services/config/ConfigSchema.ts"
 import { formatPath } from "../../services/config/SchemaProblems.ts"
 import { flagSetBy } from "../../services/engine/ArgvFlags.ts"
-import { engineFor } from "../engine/backends/index.ts"
+import { engineOf } from "../engine/backends/index.ts"
 
 /** `keyFrom`: where the agent's key came from (engine.api_key or its variable), undefined when there is none. */
 export const engineKeyProblems = (
@@ -16,7 +16,7 @@ export const engineKeyProblems = (
   keyFrom: string | undefined,
   env: Readonly<Record<string, string | undefined>>
 ): Array<string> => {
-  const caps = engineFor(c.engine.kind).capabilities
+  const caps = engineOf(c).capabilities
   if (!caps.spawns) return []
   const name = caps.displayName
   const takes = caps.apiKey

@@ -6,7 +6,7 @@
 import type { ConfigFile } from "../../services/config/ConfigSchema.ts"
 import { formatPath } from "../../services/config/SchemaProblems.ts"
 import { canonicalHost, isWildcardHost, listenAddresses, splitHostPort } from "../../services/net/HostPort.ts"
-import { engineFor } from "../engine/backends/index.ts"
+import { engineOf } from "../engine/backends/index.ts"
 
 /** The agent's listeners that are set: [key under agent, host:port]. */
 export const listeners = (c: ConfigFile): Array<readonly [string, string]> => [
@@ -69,7 +69,7 @@ const rankedPorts = (c: ConfigFile): ReadonlyArray<readonly [string, number | un
   ],
   [
     "engine.side_channel_port",
-    engineFor(c.engine.kind).capabilities.sideChannelOffloads?.includes(c.engine.kv_offload) === true
+    engineOf(c).capabilities.sideChannelOffloads?.includes(c.engine.kv_offload) === true
       ? c.engine.side_channel_port
       : undefined,
     "the engine's rank r listens for KV-transfer handshakes"

@@ -25,7 +25,7 @@ import { engineWords, httpError, markOutputFault } from "../../services/engine/E
 import { lineRedactor } from "../../services/engine/LineRedactor.ts"
 import { loadSignals } from "../../services/engine/PromText.ts"
 import { secretValues } from "../../services/engine/Secrets.ts"
-import { engineFor } from "./backends/index.ts"
+import { engineOfPlan } from "./backends/index.ts"
 import { dispatchOptions, getText, keyHeader, type Resend, readWhole } from "./engineHttp.ts"
 import { QUOTED_CHARS, StreamExchange } from "./streamExchange.ts"
 
@@ -59,10 +59,12 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
   yield* Effect.addFinalizer(() => Effect.promise(() => agent.destroy().catch(() => undefined)))
   const origin = new URL(plan.baseUrl).origin
   const controlTimeout = options.controlTimeoutMs ?? 10_000
+  // how the server speaks: the plan's backend (its proxied kind's, for openai_compat naming one)
+  const caps = engineOfPlan(plan).capabilities
   // `reset`: undici sends `connection: close` and never reuses the connection (an engine that closes it anyway).
   // Learned too: an engine that closed a reused connection under a request (exchange.ts closedWhileIdle) closes
   // streamed connections without saying so (llama-server unnamed: about 1 call in 1,000 sent back to back lost).
-  let streamReset = engineFor(plan.kind, plan.proxiedKind).capabilities.closesStreamedConnections === true
+  let streamReset = caps.closesStreamedConnections === true
   // A request a reused connection lost before any byte of its answer (nothing reached the sink) is sent once more, on
   // a connection of its own, as Go's Transport does (golang/go src/net/http/transport.go shouldRetryRequest; Go sends
   // a written POST again only with an Idempotency-Key: a completion changes nothing but the engine's work, and none of
@@ -84,7 +86,7 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
   // passes on to callers, /readyz, NodeHealth and its logs. Built once; used on a failure alone, never per chunk.
   const redact = lineRedactor(secretValues(engineEnvironment(process.env, plan.env), plan.argv, plan.authorization))
 
-  const rankHeader = engineFor(plan.kind, plan.proxiedKind).capabilities.rankHeader
+  const rankHeader = caps.rankHeader
   const postHeaders = (accept: string, opts: RequestOptions | undefined): Record<string, string> => {
     const h: Record<string, string> = { "content-type": "application/json", accept, ...keyHeader(plan.authorization) }
     if (opts?.requestId !== undefined) h["x-request-id"] = opts.requestId
@@ -192,7 +194,7 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
   ): Effect.Effect<void, EngineError> =>
     opts?.stream === false ? wholeTo(path, body, opts, sink) : sseTo(path, body, opts, sink)
   // an engine whose errors can say that one request's output failed, not the engine: marked so here, where the kind is
-  const outputFaults = engineFor(plan.kind, plan.proxiedKind).capabilities.outputFaults
+  const outputFaults = caps.outputFaults
   const streamTo: typeof exchangeTo =
     outputFaults === undefined
       ? exchangeTo

@@ -15,7 +15,7 @@ import { xidRuleOf } from "../../services/node/Xid.ts"
 import { resolveAdvertiseAddr } from "../../services/registry/Advertise.ts"
 import * as NvmlLive from "../node/Nvml.ts"
 import * as Logging from "../observability/Logging.ts"
-import { engineFor } from "./backends/index.ts"
+import { engineOf } from "./backends/index.ts"
 
 /** What an automatic choice that took faulty GPUs (`faults`: theirs), too few being healthy, says (at start, or later). */
 export const fillInWarning = (model: string, faults: ReadonlyArray<string>): string =>
@@ -32,7 +32,7 @@ export const planFor = (
   gpus: ReadonlyArray<Gpu>,
   host?: RenderHost
 ): Effect.Effect<LaunchPlan, ConfigError> => {
-  const engine = engineFor(config.engine.kind)
+  const engine = engineOf(config)
   const plan = engine.render(config, host)
   if (engine.capabilities.cudaGpus !== true) return Effect.succeed(plan)
   const m = config.model

@@ -17,7 +17,7 @@ import { Nvml } from "../../services/node/Nvml.ts"
 import { xidIsFault, xidRuleOf } from "../../services/node/Xid.ts"
 import { rememberedFault } from "../../services/node/XidLedger.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
-import { engineFor } from "./backends/index.ts"
+import { engineOf } from "./backends/index.ts"
 import { fillInWarning } from "./EnginePlan.ts"
 import { readStat } from "./processGroup.ts"
 
@@ -33,7 +33,7 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
     const plan = yield* EnginePlan
     const nvml = yield* Nvml
     const metrics = yield* Metrics
-    const cuda = engineFor(config.engine.kind).capabilities.cudaGpus === true
+    const cuda = engineOf(config).capabilities.cudaGpus === true
     // The engine's GPUs, fixed for the agent's life: the plan's, else, for an automatic choice the plan could not make
     // (NVML failing or hung at the start, its driver not loaded yet), those chosen before the first spawn once NVML
     // lists GPUs (lateChoice), with the CUDA variables the spawn adds (runEnv); undefined until then.

@@ -18,7 +18,7 @@ import type { ServedContextSource } from "../../services/engine/Engine.ts"
 import { EngineProcess, type EngineState } from "../../services/engine/EngineProcess.ts"
 import { ServedContext, servedContextOf } from "../../services/engine/ServedContext.ts"
 import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
-import { engineFor } from "./backends/index.ts"
+import { engineOfPlan } from "./backends/index.ts"
 import { getText } from "./EngineClient.ts"
 
 /** Bound on the read (headers, then body): the engine client's own for its whole answers. */
@@ -49,7 +49,7 @@ export const layerWith = (options: {
       const ref = yield* Ref.make<number | undefined>(undefined)
       const service = ServedContext.of({ current: () => Ref.getUnsafe(ref) })
       const plan = engine.plan
-      const source = engineFor(plan.kind, plan.proxiedKind).capabilities.servedContext
+      const source = engineOfPlan(plan).capabilities.servedContext
       if (source === undefined) return service
       const url = `${plan.baseUrl}${source.path}`
       const configured = config.model.max_model_len

@@ -2,7 +2,7 @@
 import { Duration } from "effect"
 import type { AgentConfig } from "../../services/config/Config.ts"
 import type { BackoffPolicy } from "../../services/engine/EngineState.ts"
-import { engineFor } from "./backends/index.ts"
+import { engineOf } from "./backends/index.ts"
 
 export interface SupervisorSettings {
   readonly startupTimeoutMs: number
@@ -28,7 +28,7 @@ export interface SupervisorSettings {
 const backoffDelays = (config: AgentConfig): { readonly initialMs: number; readonly maxMs: number } => {
   const initialMs = Duration.toMillis(config.engine.restart_backoff_initial)
   const maxMs = Duration.toMillis(config.engine.restart_backoff_max)
-  if (engineFor(config.engine.kind).capabilities.spawns) return { initialMs, maxMs }
+  if (engineOf(config).capabilities.spawns) return { initialMs, maxMs }
   const livenessMs = Duration.toMillis(config.engine.liveness_interval)
   return { initialMs: Math.min(initialMs, livenessMs), maxMs: Math.min(maxMs, livenessMs) }
 }

@@ -29,7 +29,7 @@ import {
   TracesExported,
   tracestateToPass
 } from "../../services/observability/TraceContext.ts"
-import { engineFor } from "../engine/backends/index.ts"
+import { engineOf } from "../engine/backends/index.ts"
 import type { ActiveCalls } from "./ActiveCalls.ts"
 import type { GenerateServerCall } from "./AgentService.ts"
 import * as EngineCut from "./EngineCut.ts"
@@ -110,10 +110,7 @@ export const makeHandler = Effect.fnUntraced(function* (
   const nodeId = config.agent.node_id
   // How this engine hands a request from prefill to decode, and how it spells the request: the backend's
   // capabilities, looked up once.
-  const { handoff, requestDialect, stopSequenceField } = engineFor(
-    config.engine.kind,
-    config.engine.proxied_kind
-  ).capabilities
+  const { handoff, requestDialect, stopSequenceField } = engineOf(config).capabilities
   // One model per agent: bind the label once, not per call.
   const relayed = metrics?.relayedTokens.labels({ model })
   relayed?.inc(0) // a series from the start, so rate() sees the first tokens (StallWatchdog.ts says why)

@@ -30,7 +30,7 @@ import { ENGINE_STATES, Metrics, setCounter, setOptional, setStateGauge } from "
 import { resolveAdvertiseAddr } from "../../services/registry/Advertise.ts"
 import { VERSION } from "../../version.ts"
 import { listenOf } from "../engine/backends/common.ts"
-import { engineFor } from "../engine/backends/index.ts"
+import { engineOf } from "../engine/backends/index.ts"
 import { sampleEngineLoad } from "./engineLoad.ts"
 
 // ---------------------------------------------------------------------------------------------------------
@@ -92,7 +92,7 @@ export const layer = (
       let advertiseAddr = advertise(undefined)
       // A node that hosts its pairs' rendezvous (an SGLang prefill node) publishes its engine's bootstrap server: the
       // router copies it into both legs.
-      const bootstrap = hostsRendezvous(config.agent.role, engineFor(config.engine.kind).capabilities.handoff)
+      const bootstrap = hostsRendezvous(config.agent.role, engineOf(config).capabilities.handoff)
         ? bootstrapServer(listenOf(config).host, hostOfAddr(advertiseAddr), config.engine.bootstrap_port)
         : undefined
 

@@ -4,7 +4,7 @@
  * is layers/engine/EnginePlan.ts's.
  */
 import type { EngineKind, ProxiedKind } from "../../../services/config/Config.ts"
-import type { Engine } from "../../../services/engine/Engine.ts"
+import type { Engine, LaunchPlan } from "../../../services/engine/Engine.ts"
 import { withEngineKey } from "./engineKey.ts"
 import { llamaCpp } from "./llama_cpp.ts"
 import { mlx } from "./mlx.ts"
@@ -44,7 +44,22 @@ const engines: Readonly<Record<EngineKind, Engine>> = {
 
 /**
  * The backend for a kind; for openai_compat with `proxiedKind` (`engine.proxied_kind`, LaunchPlan.proxiedKind), the
- * one that speaks as that engine does. Pass it wherever the answer depends on how the server speaks.
+ * one that speaks as that engine does. A caller holding the config or the plan asks engineOf or engineOfPlan below.
  */
 export const engineFor = (kind: EngineKind, proxiedKind?: ProxiedKind): Engine =>
   kind === "openai_compat" && proxiedKind !== undefined ? proxied[proxiedKind] : engines[kind]
+
+/** What names a config's engine backend: `engine.kind`, and `engine.proxied_kind` for openai_compat. */
+export interface EngineNaming {
+  readonly engine: { readonly kind: EngineKind; readonly proxied_kind?: ProxiedKind | undefined }
+}
+
+/**
+ * The backend of a config's engine, its proxied kind included: what every caller holding the config asks, so none
+ * can forget `proxied_kind` (engineFor's second argument) where the answer depends on how the server speaks.
+ */
+export const engineOf = (config: EngineNaming): Engine => engineFor(config.engine.kind, config.engine.proxied_kind)
+
+/** The backend a plan was rendered by (LaunchPlan.kind and proxiedKind): as engineOf for the plan's holders. */
+export const engineOfPlan = (plan: Pick<LaunchPlan, "kind" | "proxiedKind">): Engine =>
+  engineFor(plan.kind, plan.proxiedKind)
