@@ -50,17 +50,30 @@ const oneLine = (e: CliError.NonShowHelpErrors): string => {
   return `${e.message.split("\n", 1)[0]}; did you mean ${suggestions.join(" or ")}?`
 }
 
+/** The one line for a command line with no subcommand: what to add, and where the help is. */
+export const commandRequired = (path: ReadonlyArray<string>): string => {
+  const names = subcommands.map((c) => c.name)
+  return `${path.join(" ")}: a command is required: ${names.slice(0, -1).join(", ")} or ${names.at(-1)} (see ${path.join(" ")} --help)`
+}
+
 /**
  * A usage error is one line on stderr per problem, pointing at --help (README "Exit codes"): the whole help text on
- * every typo (effect/cli's default) buries the one line that matters. Help and version are presented as usual.
+ * every typo (effect/cli's default) buries the one line that matters. So is a command line with no subcommand
+ * (`cgn-agent`, `cgn-agent --log-level debug`): effect/cli shows it as help it was not asked for (`Implicit`, the
+ * root has no handler: effect cli/Command.ts `showHelp`), on stdout, and the exit is 1; a script saw a failure
+ * with nothing on stderr. Help asked for (`--help`, `help`) and version are presented as usual, on stdout, exit 0.
  */
 export const presenter = CliOutput.layerPresenter({
-  present: (event) =>
-    event._tag === "InvalidInvocation"
-      ? Effect.forEach(event.errors, (e) =>
-          Console.error(`${event.commandPath.join(" ")}: ${oneLine(e)} (see ${event.commandPath.join(" ")} --help)`)
-        )
-      : CliOutput.defaultPresenter.present(event)
+  present: (event) => {
+    if (event._tag === "InvalidInvocation") {
+      const path = event.commandPath.join(" ")
+      return Effect.forEach(event.errors, (e) => Console.error(`${path}: ${oneLine(e)} (see ${path} --help)`))
+    }
+    // only the root has no handler: its subcommands are the ones to name
+    if (event._tag === "Help" && event.reason === "Implicit" && event.commandPath.length === 1)
+      return Console.error(commandRequired(event.commandPath))
+    return CliOutput.defaultPresenter.present(event)
+  }
 })
 
 // Annotated: `help` runs the root, which lists `help` among its subcommands.

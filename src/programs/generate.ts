@@ -16,6 +16,7 @@ import {
 import { loadClientCredentials } from "../layers/tls/clientCredentials.ts"
 import { HostPort } from "../services/config/ConfigValues.ts"
 import { statusName } from "../services/grpc/GrpcStatus.ts"
+import { failureDetails } from "./connectFailure.ts"
 
 /** The call failed with a gRPC status, or the flags do not make a request. */
 export class GenerateFailed extends Schema.TaggedError<GenerateFailed>()("GenerateFailed", {
@@ -66,16 +67,6 @@ export const checkAddr = (addr: string): string | GenerateFailed =>
   Schema.is(HostPort)(addr)
     ? addr
     : new GenerateFailed({ message: `--addr "${addr}": expected HOST:PORT, e.g. --addr 127.0.0.1:7071` })
-
-/**
- * grpc-js's UNAVAILABLE details, shortened: "No connection established. Last error: Error: connect
- * ECONNREFUSED 127.0.0.1:1. Resolution note: " says no more than "cannot connect: connect ECONNREFUSED ...".
- */
-export const shortDetails = (details: string): string =>
-  details
-    .replace(/\s*Resolution note:.*$/s, "")
-    .replace(/^No connection established\. Last error: (Error: )?/, "cannot connect: ")
-    .replace(/\.$/, "")
 
 /**
  * The stderr summary line. Its count is the final's usage (the engine's exact count) where the engine reported one,
@@ -188,6 +179,7 @@ export const runGenerate = Effect.fn("generate")(function* (f: Flags) {
     return yield* new GenerateFailed({ message: "--server-name: expected the name the agent's certificate holds" })
   if (serverName !== undefined && Option.isNone(f.ca))
     return yield* new GenerateFailed({ message: "--server-name is a TLS check: give --ca too" })
+  const tls = { ca: Option.isSome(f.ca), cert: Option.isSome(f.cert) }
   const credentials = yield* loadClientCredentials(
     {
       caFile: Option.getOrUndefined(f.ca),
@@ -237,7 +229,7 @@ export const runGenerate = Effect.fn("generate")(function* (f: Flags) {
     catch: (e) => {
       if (e instanceof ClientError)
         return new GenerateFailed({
-          message: `${statusName(e.code)}: ${shortDetails(e.details)}`,
+          message: `${statusName(e.code)}: ${failureDetails(e.details, addr, tls)}`,
           status: statusName(e.code)
         })
       if (expired.aborted)

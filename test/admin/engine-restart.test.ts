@@ -52,7 +52,8 @@ describe("POST /engine/restart", () => {
     expect(ADMIN_RESTART_REASON).toBe("asked for over the admin API (POST /engine/restart)")
     expect(await requests()).toEqual([{ source: "admin", reason: ADMIN_RESTART_REASON }])
     expect(logs.filter((l) => l.includes("restarting the engine"))).toEqual([
-      "Warn restarting the engine: asked for over the admin API (POST /engine/restart)"
+      // info: an operator's intended action, no fault (test/admin/engine-restart-409.test.ts says why)
+      "Info restarting the engine: asked for over the admin API (POST /engine/restart)"
     ])
     const get = await fetch(url)
     expect(get.status).toBe(405)
@@ -85,7 +86,7 @@ describe("POST /engine/restart", () => {
     expect(await post(starting.url)).toEqual({
       status: 409,
       body: {
-        error: "the engine is not ready (Starting): nothing was done; a run that is starting or ending is not restarted"
+        error: "the engine is starting (phase loading, run 0): nothing was done; a starting run is not restarted"
       }
     })
     expect(await starting.requests()).toEqual([])

@@ -218,7 +218,8 @@ const tryStart = async (s: Setup) => {
   let closed: Promise<void> | undefined
   const close = () => (closed ??= Effect.runPromise(Scope.close(scope, Exit.void)))
   cleanups.push(close)
-  return { exit, logs, close, cause: Exit.isFailure(exit) ? String(exit.cause) : "the start was not refused" }
+  // as JSON: the error's fields (its `reason` tag too, which its message no longer shows), not only its message
+  return { exit, logs, close, cause: Exit.isFailure(exit) ? JSON.stringify(exit.cause) : "the start was not refused" }
 }
 
 describe("the state dir", () => {
@@ -850,7 +851,7 @@ describe("no orphans", () => {
     })
     const { exit } = await build(s.plan, s.settings)
     assert.isTrue(Exit.isFailure(exit))
-    assert.match(String(Exit.isFailure(exit) ? exit.cause : ""), /AnotherAgent/)
+    assert.match(JSON.stringify(Exit.isFailure(exit) ? exit.cause : ""), /"reason":"AnotherAgent"/)
     assert.isTrue(groupAlive(other.pid), "the other agent's engine is left alone")
   })
 
@@ -861,7 +862,7 @@ describe("no orphans", () => {
     cleanups.push(() => new Promise<void>((r) => server.close(() => r())))
     const { exit } = await build(s.plan, s.settings)
     assert.isTrue(Exit.isFailure(exit))
-    assert.match(String(Exit.isFailure(exit) ? exit.cause : ""), /PortBusy/)
+    assert.match(JSON.stringify(Exit.isFailure(exit) ? exit.cause : ""), /"reason":"PortBusy"/)
   })
 })
 

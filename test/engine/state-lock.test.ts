@@ -179,7 +179,7 @@ describe("release", () => {
     try {
       const { holdStateDir: hold } = await import("../../src/layers/engine/stateLock.ts")
       const exit = await Effect.runPromiseExit(Effect.scoped(hold(dir)).pipe(Effect.provide(Logger.layer([]))))
-      expect(String(exit)).toContain("AnotherAgent")
+      expect(JSON.stringify(exit)).toContain('"reason":"AnotherAgent"')
       expect(fs.readFileSync(lock, "utf8")).toBe(othersLock)
     } finally {
       vi.doUnmock("node:fs/promises")

@@ -17,8 +17,9 @@ export const engineRestartRoute = (options: { readonly guarded: Guard; readonly 
         Effect.gen(function* () {
           // the drain stops the engine itself once the calls are done; a restart now would only cut them short
           const outcome = (yield* options.draining) ? "draining" : yield* engine.restart("admin", ADMIN_RESTART_REASON)
-          if (outcome === "restarting") yield* Effect.logWarning(`restarting the engine: ${ADMIN_RESTART_REASON}`)
-          const answer = restartAnswer(outcome, (yield* engine.state)._tag)
+          // info, not warn: an operator's intended action, no fault (the run's end is logged at info too)
+          if (outcome === "restarting") yield* Effect.logInfo(`restarting the engine: ${ADMIN_RESTART_REASON}`)
+          const answer = restartAnswer(outcome, yield* engine.state)
           return HttpServerResponse.jsonUnsafe(answer.body, { status: answer.status })
         })
       )(request)

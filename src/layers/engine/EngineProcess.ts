@@ -24,6 +24,7 @@ import {
 import {
   describeExit,
   Event,
+  exitLogLevel,
   failingReason,
   nextRestart,
   noRestartYet,
@@ -178,7 +179,7 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
       const line =
         `${describeExit(record)}; restart attempt ${attempt} in ${next.delayMs} ms` +
         `${next.crashLoop ? " (crash loop)" : ""}${tail === "" ? "" : `; last lines:\n${tail}`}`
-      yield* failing === undefined ? Effect.logWarning(line) : Effect.logError(line)
+      yield* Effect.logWithLevel(exitLogLevel(record, failing))(line)
       // `previous` is kept: the next run's end counts on from this attempt, so retrying a still-broken engine does
       // not reset its backoff or its crash-loop count (only a stable run does). Not a restart request either (no run
       // was ended): engine_restart_requests_total stays as it is.

@@ -99,13 +99,17 @@ export interface ExitRecord {
   readonly hint?: string | undefined
 }
 
-/** Why the supervisor cannot start (or keep) the engine; only layer construction fails with it. */
+/**
+ * Why the supervisor cannot start (or keep) the engine; only layer construction fails with it. `reason` is for code
+ * and tests to switch on; the message is `detail` alone, which says it in the operator's words: it ends `run` as its
+ * fatal log line (programs/fatal.ts), where the tag ("engine process: AnotherAgent: ...") read as internal jargon.
+ */
 export class EngineProcessError extends Schema.TaggedError<EngineProcessError>()("EngineProcessError", {
   reason: Schema.Literals(["StateDir", "PortBusy", "AnotherAgent", "StaleEngine"]),
   detail: Schema.String
 }) {
   override get message(): string {
-    return `engine process: ${this.reason}: ${this.detail}`
+    return `engine process: ${this.detail}`
   }
 }
 

@@ -252,3 +252,19 @@ export const describeStatus = (
 export const describeExit = (exit: ExitRecord): string =>
   `run ${exit.run} (pid ${exit.pid ?? "-"}) ended: ${exit.reason}, ${describeStatus(exit)}, after ${(exit.runtimeMs / 1000).toFixed(1)} s` +
   hintOf(exit)
+
+/**
+ * The level of a run's end line, from how it ended (its `endedBy`), not from its words: `Info` for a restart an
+ * operator asked for (POST /engine/restart), an intended action and no fault, so that a warning stays worth reading;
+ * `Error` once runs fail in a row (`failing`, see failingReason); `Warn` for any other end (the engine exited, failed
+ * liveness, the stall restart).
+ */
+export const exitLogLevel = (
+  exit: Pick<ExitRecord, "endedBy">,
+  failing: string | undefined
+): "Info" | "Warn" | "Error" =>
+  exit.endedBy.kind === "requested" && exit.endedBy.source === "admin"
+    ? "Info"
+    : failing === undefined
+      ? "Warn"
+      : "Error"

@@ -1,0 +1,127 @@
+// The level of a run's end line, decided from how the run ended (ExitRecord.endedBy), not from its words: a restart an
+// operator asked for (POST /engine/restart) is an intended action, so its end is info (the engine's last lines still
+// on it); it was a warning, beside the request's own warning, teaching operators to skip warnings. A fault's end (the
+// stall restart, the engine exiting by itself) stays a warning. The production supervisor on a TestClock with a fake
+// EngineHost (nothing spawned), as test/engine/supervisor-clock.test.ts drives it.
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { assert, describe, it } from "@effect/vitest"
+import { Clock, Context, Deferred, Effect, Layer, Logger, Ref, Stream } from "effect"
+import { TestClock } from "effect/testing"
+import { layerFromPlan } from "../../src/layers/engine/EngineProcess.ts"
+import { EngineHost, type RunExit } from "../../src/services/engine/EngineHost.ts"
+import { EngineProcess, type EngineState } from "../../src/services/engine/EngineProcess.ts"
+import { testPlan } from "../../src/testing/EngineProcess.ts"
+import { settle } from "../support/poll.ts"
+import { freePort } from "../support/ports.ts"
+import { testSettings } from "../support/supervisor.ts"
+
+/** Pids no process has (above Linux's pid_max), so the real reclaim and group checks see nothing alive. */
+const fakePid = (run: number) => 4_194_304 + 2_000 + run
+
+/** A host whose runs come up when the test says (`up`) and end on their stop, or when the test ends them. */
+const fakeHost = Effect.gen(function* () {
+  const exits = yield* Ref.make<ReadonlyArray<Deferred.Deferred<RunExit>>>([])
+  const up = yield* Ref.make(false)
+  const host = EngineHost.of({
+    spawn: (_plan, options) =>
+      Effect.gen(function* () {
+        const pid = yield* Deferred.make<number | undefined>()
+        yield* Deferred.succeed(pid, fakePid(options.run))
+        const exited = yield* Deferred.make<RunExit>()
+        const stop = yield* Effect.cached(
+          Deferred.succeed(exited, { code: 0, signal: null, problem: undefined }).pipe(Effect.as("terminated" as const))
+        )
+        yield* Effect.addFinalizer(() => stop)
+        yield* Ref.update(exits, (xs) => [...xs, exited])
+        return {
+          startedAt: yield* Clock.currentTimeMillis,
+          guardPid: undefined,
+          pid,
+          exited,
+          lastLines: Effect.succeed([`[stderr] run ${options.run} last words`]),
+          stop,
+          drainOutput: () => Effect.void,
+          portHolder: () => Effect.succeed("unknown" as const)
+        }
+      }),
+    probe: () =>
+      Effect.map(Ref.get(up), (ok) =>
+        ok ? { ok: true as const } : { ok: false as const, reason: "refused", phase: "waiting for port" as const }
+      )
+  })
+  return { host, exits, up }
+})
+
+describe("a run's end line: its level from how it ended", () => {
+  it.effect("an operator's restart: info, with the last lines; the stall restart and an exit: warn", () =>
+    Effect.gen(function* () {
+      const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-level-"))
+      yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(stateDir, { recursive: true, force: true })))
+      const port = yield* Effect.promise(freePort)
+      const plan = testPlan({ port, probe: { kind: "http", url: `http://127.0.0.1:${port}/health` } })
+      const fake = yield* fakeHost
+      const lines: Array<{ level: string; text: string }> = []
+      const capture = Logger.make(({ logLevel, message }) => {
+        const [text] = [message].flat()
+        if (typeof text === "string") lines.push({ level: logLevel, text })
+      })
+      const context = yield* Layer.build(
+        layerFromPlan(plan, testSettings({ stateDir, backoff: { ...testSettings().backoff, initialMs: 1_000 } })).pipe(
+          Layer.provide(Layer.succeed(EngineHost, fake.host)),
+          Layer.provide(Logger.layer([capture]))
+        )
+      )
+      const engine = Context.get(context, EngineProcess)
+      const states: Array<EngineState> = []
+      yield* engine.changes.pipe(
+        Stream.runForEach((s) => Effect.sync(() => states.push(s))),
+        Effect.forkScoped
+      )
+      yield* Ref.set(fake.up, true)
+      const readyRun = (run: number) =>
+        Effect.gen(function* () {
+          yield* settle(
+            `run ${run} Ready`,
+            Effect.gen(function* () {
+              yield* TestClock.adjust(500)
+              const last = states.at(-1)
+              return last?._tag === "Ready" && last.run === run
+            })
+          )
+        })
+      const endLine = (run: number) =>
+        Effect.gen(function* () {
+          yield* settle(
+            `run ${run}'s end line`,
+            Effect.sync(() => lines.some((l) => l.text.startsWith(`run ${run} `)))
+          )
+          return lines.find((l) => l.text.startsWith(`run ${run} `))!
+        })
+
+      yield* readyRun(0)
+      assert.strictEqual(
+        yield* engine.restart("admin", "asked for over the admin API (POST /engine/restart)"),
+        "restarting"
+      )
+      const asked = yield* endLine(0)
+      assert.strictEqual(asked.level, "Info", asked.text)
+      assert.match(asked.text, /^run 0 \(pid \d+\) ended: restarted: asked for over the admin API/)
+      assert.include(asked.text, "last lines:\n[stderr] run 0 last words", "the engine's last lines are kept")
+
+      yield* readyRun(1)
+      assert.strictEqual(yield* engine.restart("stall", "engine stalled: no progress"), "restarting")
+      const stalled = yield* endLine(1)
+      assert.strictEqual(stalled.level, "Warn", stalled.text)
+
+      yield* readyRun(2)
+      const exited = (yield* Ref.get(fake.exits))[2]!
+      yield* Deferred.succeed(exited, { code: 1, signal: null, problem: undefined })
+      const crashed = yield* endLine(2)
+      assert.strictEqual(crashed.level, "Warn", crashed.text)
+      assert.match(crashed.text, /^run 2 \(pid \d+\) ended: exited, exit code 1/)
+      yield* engine.stop
+    })
+  )
+})
