@@ -7,7 +7,7 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { assert, describe, it } from "@effect/vitest"
-import { Clock, Context, Deferred, Effect, Layer, Logger, Ref, Result } from "effect"
+import { Context, Deferred, Effect, Layer, Logger, Ref, Result } from "effect"
 import { TestClock } from "effect/testing"
 import { decodeConfigObject } from "../../src/layers/config/Config.ts"
 import { kvbmTier } from "../../src/layers/engine/backends/cpuCacheTiers.ts"
@@ -21,37 +21,8 @@ import { MemoryCgroup, type MemoryLimit } from "../../src/services/node/MemoryCg
 import { Metrics } from "../../src/services/observability/Metrics.ts"
 import { testPlan } from "../../src/testing/EngineProcess.ts"
 import * as MetricsTest from "../../src/testing/Metrics.ts"
+import { makeFakeHost } from "../support/fakeEngineHost.ts"
 import { settle } from "../support/poll.ts"
-
-/** Runs the test ends one by one; each is spawned at once, its pid above Linux's pid_max (nothing alive). */
-const fakeHost = Effect.gen(function* () {
-  const runs = yield* Ref.make<ReadonlyArray<Deferred.Deferred<RunExit>>>([])
-  const host = EngineHost.of({
-    spawn: (_plan, options) =>
-      Effect.gen(function* () {
-        const pid = yield* Deferred.make<number | undefined>()
-        yield* Deferred.succeed(pid, 4_194_304 + 1_000 + options.run)
-        const exited = yield* Deferred.make<RunExit>()
-        const stop = Deferred.succeed(exited, { code: null, signal: "SIGTERM", problem: undefined }).pipe(
-          Effect.as("terminated" as const)
-        )
-        yield* Effect.addFinalizer(() => stop)
-        yield* Ref.update(runs, (xs) => [...xs, exited])
-        return {
-          startedAt: yield* Clock.currentTimeMillis,
-          guardPid: undefined,
-          pid,
-          exited,
-          lastLines: Effect.succeed([]),
-          stop,
-          drainOutput: () => Effect.void,
-          portHolder: () => Effect.succeed("unknown" as const)
-        }
-      }),
-    probe: () => Effect.succeed({ ok: false as const, reason: "connection refused", phase: "waiting for port" })
-  })
-  return { host, runs }
-})
 
 const settings = (stateDir: string): SupervisorSettings => ({
   startupTimeoutMs: 600_000,
@@ -74,7 +45,8 @@ const supervise = (cgroup: { readonly count: Ref.Ref<number | undefined>; readon
   Effect.gen(function* () {
     const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-oom-"))
     yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(stateDir, { recursive: true, force: true })))
-    const fake = yield* fakeHost
+    // runs the test ends one by one; never Ready (the fake's `up` stays false)
+    const fake = yield* makeFakeHost()
     const memory =
       cgroup === "none"
         ? Layer.empty
@@ -97,7 +69,7 @@ const supervise = (cgroup: { readonly count: Ref.Ref<number | undefined>; readon
           Effect.map(Ref.get(fake.runs), (xs) => xs.length > n)
         )
         if (cgroup !== "none" && kills > 0) yield* Ref.update(cgroup.count, (c) => (c ?? 0) + kills)
-        yield* Deferred.succeed((yield* Ref.get(fake.runs))[n]!, { ...exit, problem: undefined })
+        yield* Deferred.succeed((yield* Ref.get(fake.runs))[n]!.exited, { ...exit, problem: undefined })
         yield* settle(
           `run ${n} recorded`,
           Effect.map(engine.exits, (xs) => xs.length > n)
@@ -183,7 +155,7 @@ describe("the engine's CPU KV-cache tier against the memory limit, at start", ()
       const collect = Logger.make<unknown, void>(({ logLevel, message }) => {
         if (logLevel === level) warnings.push(String(Array.isArray(message) ? message[0] : message))
       })
-      const fake = yield* fakeHost
+      const fake = yield* makeFakeHost()
       const cgroup = MemoryCgroup.of({ version: "v2", oomKills: Effect.succeed(0), limit: Effect.succeed(8 * 2 ** 30) })
       const context = yield* Layer.build(
         layerFromPlan({ ...testPlan({ port: 1 }), ...plan }, settings(stateDir)).pipe(

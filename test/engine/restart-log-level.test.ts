@@ -7,52 +7,16 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { assert, describe, it } from "@effect/vitest"
-import { Clock, Context, Deferred, Effect, Layer, Logger, Ref, Stream } from "effect"
+import { Context, Deferred, Effect, Layer, Logger, Ref, Stream } from "effect"
 import { TestClock } from "effect/testing"
 import { layerFromPlan } from "../../src/layers/engine/EngineProcess.ts"
-import { EngineHost, type RunExit } from "../../src/services/engine/EngineHost.ts"
+import { EngineHost } from "../../src/services/engine/EngineHost.ts"
 import { EngineProcess, type EngineState } from "../../src/services/engine/EngineProcess.ts"
 import { testPlan } from "../../src/testing/EngineProcess.ts"
+import { makeFakeHost } from "../support/fakeEngineHost.ts"
 import { settle } from "../support/poll.ts"
 import { freePort } from "../support/ports.ts"
 import { testSettings } from "../support/supervisor.ts"
-
-/** Pids no process has (above Linux's pid_max), so the real reclaim and group checks see nothing alive. */
-const fakePid = (run: number) => 4_194_304 + 2_000 + run
-
-/** A host whose runs come up when the test says (`up`) and end on their stop, or when the test ends them. */
-const fakeHost = Effect.gen(function* () {
-  const exits = yield* Ref.make<ReadonlyArray<Deferred.Deferred<RunExit>>>([])
-  const up = yield* Ref.make(false)
-  const host = EngineHost.of({
-    spawn: (_plan, options) =>
-      Effect.gen(function* () {
-        const pid = yield* Deferred.make<number | undefined>()
-        yield* Deferred.succeed(pid, fakePid(options.run))
-        const exited = yield* Deferred.make<RunExit>()
-        const stop = yield* Effect.cached(
-          Deferred.succeed(exited, { code: 0, signal: null, problem: undefined }).pipe(Effect.as("terminated" as const))
-        )
-        yield* Effect.addFinalizer(() => stop)
-        yield* Ref.update(exits, (xs) => [...xs, exited])
-        return {
-          startedAt: yield* Clock.currentTimeMillis,
-          guardPid: undefined,
-          pid,
-          exited,
-          lastLines: Effect.succeed([`[stderr] run ${options.run} last words`]),
-          stop,
-          drainOutput: () => Effect.void,
-          portHolder: () => Effect.succeed("unknown" as const)
-        }
-      }),
-    probe: () =>
-      Effect.map(Ref.get(up), (ok) =>
-        ok ? { ok: true as const } : { ok: false as const, reason: "refused", phase: "waiting for port" as const }
-      )
-  })
-  return { host, exits, up }
-})
 
 describe("a run's end line: its level from how it ended", () => {
   it.effect("an operator's restart: info, with the last lines; the stall restart and an exit: warn", () =>
@@ -61,7 +25,12 @@ describe("a run's end line: its level from how it ended", () => {
       yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(stateDir, { recursive: true, force: true })))
       const port = yield* Effect.promise(freePort)
       const plan = testPlan({ port, probe: { kind: "http", url: `http://127.0.0.1:${port}/health` } })
-      const fake = yield* fakeHost
+      // runs come up when the test says (`up`) and end on their stop (exit code 0) or when the test ends them; each
+      // keeps a last line for the end line to carry
+      const fake = yield* makeFakeHost({
+        stopExit: { code: 0, signal: null },
+        lastLines: (run) => [`[stderr] run ${run} last words`]
+      })
       const lines: Array<{ level: string; text: string }> = []
       const capture = Logger.make(({ logLevel, message }) => {
         const [text] = [message].flat()
@@ -116,7 +85,7 @@ describe("a run's end line: its level from how it ended", () => {
       assert.strictEqual(stalled.level, "Warn", stalled.text)
 
       yield* readyRun(2)
-      const exited = (yield* Ref.get(fake.exits))[2]!
+      const exited = (yield* Ref.get(fake.runs))[2]!.exited
       yield* Deferred.succeed(exited, { code: 1, signal: null, problem: undefined })
       const crashed = yield* endLine(2)
       assert.strictEqual(crashed.level, "Warn", crashed.text)

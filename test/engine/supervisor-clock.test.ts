@@ -12,84 +12,16 @@ import { TestClock } from "effect/testing"
 import { layerFromPlan } from "../../src/layers/engine/EngineProcess.ts"
 import { pidFilePath, readPidFile } from "../../src/layers/engine/pidFile.ts"
 import type { SupervisorSettings } from "../../src/layers/engine/supervisorSettings.ts"
-import { EngineHost, type RunExit } from "../../src/services/engine/EngineHost.ts"
+import { EngineHost } from "../../src/services/engine/EngineHost.ts"
 import { EngineProcess, type EngineState } from "../../src/services/engine/EngineProcess.ts"
 import { GpuGate } from "../../src/services/engine/GpuGate.ts"
 import { runEnding } from "../../src/services/grpc/EngineCut.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
 import { testPlan } from "../../src/testing/EngineProcess.ts"
 import * as MetricsTest from "../../src/testing/Metrics.ts"
+import { fakePid, makeFakeHost } from "../support/fakeEngineHost.ts"
 import { settle } from "../support/poll.ts"
 import { freePort } from "../support/ports.ts"
-
-/** A spawned fake run: the test reports its pid and ends it; `stops` counts the supervisor's teardowns. */
-interface FakeRun {
-  readonly run: number
-  readonly spawnedAt: number
-  readonly pid: Deferred.Deferred<number | undefined>
-  readonly exited: Deferred.Deferred<RunExit>
-  readonly stops: Ref.Ref<number>
-  /** The supervisor's state (as the test's `observe` saw it) when this run's stop began. */
-  readonly stateAtStop: () => string | undefined
-}
-
-/** Pids no process has (above Linux's pid_max), so the real reclaim and group checks see nothing alive. */
-const fakePid = (run: number) => 4_194_304 + 1_000 + run
-
-const makeFakeHost = Effect.gen(function* () {
-  const runs = yield* Ref.make<ReadonlyArray<FakeRun>>([])
-  const up = yield* Ref.make(false)
-  const holdStops = yield* Ref.make<Deferred.Deferred<void> | undefined>(undefined)
-  // What the test last saw of the supervisor's state (it sets `observe`), read when a run's stop begins.
-  const seen: { observe: () => string | undefined } = { observe: () => undefined }
-  const host = EngineHost.of({
-    spawn: (_plan, options) =>
-      Effect.gen(function* () {
-        let atStop: string | undefined
-        const run: FakeRun = {
-          run: options.run,
-          spawnedAt: yield* Clock.currentTimeMillis,
-          pid: yield* Deferred.make<number | undefined>(),
-          exited: yield* Deferred.make<RunExit>(),
-          stops: yield* Ref.make(0),
-          stateAtStop: () => atStop
-        }
-        // Like the guard: a stop ends the engine on its TERM; memoized as the live stop is, so the supervisor's
-        // explicit stop and the scope's release share one teardown.
-        const stop = yield* Effect.cached(
-          Effect.sync(() => {
-            atStop ??= seen.observe()
-          }).pipe(
-            // a test can hold the teardown to look at the supervisor mid-stop
-            Effect.andThen(Effect.flatMap(Ref.get(holdStops), (hold) => (hold ? Deferred.await(hold) : Effect.void))),
-            Effect.andThen(Ref.update(run.stops, (n) => n + 1)),
-            Effect.andThen(Deferred.succeed(run.exited, { code: null, signal: "SIGTERM", problem: undefined })),
-            Effect.as("terminated" as const)
-          )
-        )
-        yield* Effect.addFinalizer(() => stop)
-        yield* Ref.update(runs, (xs) => [...xs, run])
-        return {
-          startedAt: run.spawnedAt,
-          guardPid: undefined,
-          pid: run.pid,
-          exited: run.exited,
-          lastLines: Effect.succeed([`[stderr] run ${options.run} output`]),
-          stop,
-          drainOutput: () => Effect.void,
-          // no sockets: nothing to tell by, as where /proc cannot say
-          portHolder: () => Effect.succeed("unknown" as const)
-        }
-      }),
-    probe: () =>
-      Effect.map(Ref.get(up), (ok) =>
-        ok
-          ? { ok: true as const }
-          : { ok: false as const, reason: "connection refused", phase: "waiting for port" as const }
-      )
-  })
-  return { host, runs, up, seen, holdStops }
-})
 
 /** Lets everything runnable run (a fixed number of rounds), for asserting that nothing happened. */
 const quiesce = Effect.gen(function* () {
@@ -118,7 +50,8 @@ const boot = Effect.gen(function* () {
   yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(stateDir, { recursive: true, force: true })))
   const port = yield* Effect.promise(freePort)
   const plan = testPlan({ port, probe: { kind: "http", url: `http://127.0.0.1:${port}/health` } })
-  const fake = yield* makeFakeHost
+  // the test reports each run's pid (the guard's report), to see the supervisor before and after it
+  const fake = yield* makeFakeHost({ pidAtSpawn: false, lastLines: (run) => [`[stderr] run ${run} output`] })
   // the text of every line the supervisor logs (its message, without the fields), and each line's fields
   const logs: Array<string> = []
   const fieldsOf: Array<Record<string, unknown>> = []

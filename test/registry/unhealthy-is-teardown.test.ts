@@ -8,14 +8,15 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { assert, describe, it } from "@effect/vitest"
-import { Context, Deferred, Effect, Layer, Logger, Ref, Result, Stream } from "effect"
+import { Context, Effect, Layer, Logger, Ref, Result, Stream } from "effect"
 import { TestClock } from "effect/testing"
 import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import { layerFromPlan } from "../../src/layers/engine/EngineProcess.ts"
-import { EngineHost, type RunExit } from "../../src/services/engine/EngineHost.ts"
+import { EngineHost } from "../../src/services/engine/EngineHost.ts"
 import { EngineProcess, type EngineState } from "../../src/services/engine/EngineProcess.ts"
 import { Event, State, type SupervisorEvent, transition } from "../../src/services/engine/EngineState.ts"
 import { testExit, testPlan } from "../../src/testing/EngineProcess.ts"
+import { makeFakeHost } from "../support/fakeEngineHost.ts"
 import { settle } from "../support/poll.ts"
 import { testSettings } from "../support/supervisor.ts"
 
@@ -65,40 +66,8 @@ describe("the engine's Unhealthy is a run's teardown", () => {
 
   const supervise = (spawns: boolean) =>
     Effect.gen(function* () {
-      const up = yield* Ref.make(false)
-      const spawned = yield* Ref.make<ReadonlyArray<{ exited: Deferred.Deferred<RunExit>; stops: Ref.Ref<number> }>>([])
-      const host = EngineHost.of({
-        spawn: (_plan, options) =>
-          Effect.gen(function* () {
-            const exited = yield* Deferred.make<RunExit>()
-            const stops = yield* Ref.make(0)
-            const pid = yield* Deferred.make<number | undefined>()
-            // a pid no process has: the real group checks see nothing alive
-            yield* Deferred.succeed(pid, 4_194_304 + 1_000 + options.run)
-            const stop = yield* Effect.cached(
-              Ref.update(stops, (n) => n + 1).pipe(
-                Effect.andThen(Deferred.succeed(exited, { code: null, signal: "SIGTERM", problem: undefined })),
-                Effect.as("terminated" as const)
-              )
-            )
-            yield* Effect.addFinalizer(() => stop)
-            yield* Ref.update(spawned, (xs) => [...xs, { exited, stops }])
-            return {
-              startedAt: 0,
-              guardPid: undefined,
-              pid,
-              exited,
-              lastLines: Effect.succeed([]),
-              stop,
-              drainOutput: () => Effect.void,
-              portHolder: () => Effect.succeed("unknown" as const)
-            }
-          }),
-        probe: () =>
-          Effect.map(Ref.get(up), (ok) =>
-            ok ? { ok: true as const } : { ok: false as const, reason: "refused", phase: "waiting for port" as const }
-          )
-      })
+      // a run's stop ends it (counted: a spawned run is stopped once); up when the test says (`up`)
+      const { host, runs, up } = yield* makeFakeHost()
       const plan = spawns ? testPlan() : testPlan({ kind: "openai_compat", spawns: false })
       const settings = testSettings({ stateDir: "/nonexistent", startupTimeoutMs: 10_000 })
       const context = yield* Layer.build(
@@ -128,7 +97,7 @@ describe("the engine's Unhealthy is a run's teardown", () => {
         const u = seen.find((s) => s._tag === "Unhealthy")
         return u?._tag === "Unhealthy" ? u.reason : undefined
       }
-      const stops = Effect.flatMap(Ref.get(spawned), (xs) => Effect.forEach(xs, (x) => Ref.get(x.stops)))
+      const stops = Effect.flatMap(Ref.get(runs), (xs) => Effect.forEach(xs, (x) => Ref.get(x.stops)))
       return { up, now, afterUnhealthy, reason, stops, settings }
     })
 
