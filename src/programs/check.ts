@@ -43,7 +43,7 @@ export const preflight = (c: AgentConfig, options: { readonly offline?: boolean 
     /** Runs a check; a failure is one more line of the list (and the value undefined). */
     const collect = <A, E extends { readonly message: string }>(check: Effect.Effect<A, E>) =>
       Effect.catch(check, (e: E) => Effect.sync((): A | undefined => void problems.push(e.message)))
-    /** Each file's own problems (parse, expiry) on their own lines, once all of them could be read. */
+    /** Each file's own problems (parse, expiry) on their own lines; a file not read (undefined) is skipped. */
     const eachFile = (pem: Parameters<typeof eachFileProblem>[0], files: TlsFiles) =>
       Effect.gen(function* () {
         for (const e of yield* eachFileProblem(pem, files, yield* Clock.currentTimeMillis)) problems.push(e.message)
@@ -51,14 +51,15 @@ export const preflight = (c: AgentConfig, options: { readonly offline?: boolean 
     yield* collect(requireAdminToken(c.agent))
     if (!options.offline) {
       if (c.security.require_mtls) {
-        // Every unreadable file on its own line first, then every file that does not parse or has expired; the
-        // checks across the files (the key pair, the secure context) run only once each file is fine on its own.
+        // Every unreadable file on its own line first, then every file read that does not parse or has expired
+        // (a garbage certificate beside a missing key is said with it, not once the key is fixed); the checks across
+        // the files (the key pair, the secure context) run only once each file is fine on its own.
         const files = securityFiles(c.security)
         const before = problems.length
         const ca = yield* collect(readOne(files.ca))
         const cert = yield* collect(readOne(files.cert))
         const key = yield* collect(readOne(files.key))
-        if (problems.length === before) yield* eachFile({ ca, cert, key }, files)
+        yield* eachFile({ ca, cert, key }, files)
         if (problems.length === before) yield* collect(readMaterial(files))
       }
       if (c.cluster.etcd.length > 0) {
@@ -67,7 +68,7 @@ export const preflight = (c: AgentConfig, options: { readonly offline?: boolean 
         const ca = yield* collect(readEtcdTls(c.cluster, "etcd_ca_file"))
         const cert = yield* collect(readEtcdTls(c.cluster, "etcd_cert_file"))
         const key = yield* collect(readEtcdTls(c.cluster, "etcd_key_file"))
-        if (problems.length === before) yield* eachFile({ ca, cert, key }, etcdTlsFiles(c.cluster))
+        yield* eachFile({ ca, cert, key }, etcdTlsFiles(c.cluster))
         if (problems.length === before) yield* collect(etcdOptions(c.cluster, { callTimeoutMs: 1, reconnectCapMs: 1 }))
       }
       const distrust = yield* Effect.promise(() => stateDirDistrust(c.agent.state_dir))

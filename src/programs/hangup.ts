@@ -6,11 +6,12 @@
  * named (layers/config/configChanges.ts hangupNotice). The TLS files in use are re-read whatever the file says
  * (layers/tls/Tls.ts), as they name the running config's files.
  */
-import { Effect, Result } from "effect"
+import { Effect, Option, Result } from "effect"
 import { loadConfigFile } from "../layers/config/Config.ts"
 import { hangupNotice } from "../layers/config/configChanges.ts"
 import * as Logging from "../layers/observability/Logging.ts"
 import type { AgentConfig } from "../services/config/Config.ts"
+import { Tls } from "../services/tls/Tls.ts"
 import { preflight } from "./check.ts"
 
 export const hangupConfig = (running: AgentConfig) =>
@@ -19,11 +20,21 @@ export const hangupConfig = (running: AgentConfig) =>
     const read = yield* Effect.result(loadConfigFile(running.file))
     if (Result.isSuccess(read)) {
       const refused = yield* Effect.result(preflight(read.success))
-      if (Result.isFailure(refused))
-        return yield* Effect.logWarning(
-          "SIGHUP: the config file would be refused at the next start; nothing in it applied, log level kept",
-          { problems: refused.failure.problems }
-        )
+      if (Result.isFailure(refused)) {
+        // The certificates' reload, just before (main.ts: Tls.ts hangupReload first), warned of its own problem
+        // (a garbage certificate file): said again here it made one cause three warnings. Only what it did not say.
+        const tls = yield* Effect.serviceOption(Tls)
+        const said = Option.isSome(tls) ? (yield* tls.value.lastError)?.message : undefined
+        const problems = refused.failure.problems.filter((p) => p !== said)
+        return yield* problems.length === 0
+          ? Effect.logInfo(
+              "SIGHUP: the config file would be refused at the next start for the certificates' problem; nothing in it applied, log level kept"
+            )
+          : Effect.logWarning(
+              "SIGHUP: the config file would be refused at the next start; nothing in it applied, log level kept",
+              { problems }
+            )
+      }
     }
     yield* Logging.hangupReload(running.file)
     yield* hangupNotice(running)

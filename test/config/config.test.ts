@@ -100,7 +100,13 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
     `[agent]\nheartbeat = "5 sec"\n${MODEL}`,
     ['agent.heartbeat: expected a duration such as "500ms", "5s", "2m" or "1h", got "5 sec"']
   ],
-  ["duration as a number", `[engine]\nstop_grace = 30\n${MODEL}`, ["engine.stop_grace: Expected string, got 30"]],
+  [
+    "duration as a number",
+    `[engine]\nstop_grace = 30\n${MODEL}`,
+    [
+      'engine.stop_grace: expected a duration such as "500ms", "5s", "2m" or "1h" (a quoted string with a unit), got 30: write "30s"'
+    ]
+  ],
   [
     "bad host:port: no host",
     `[agent]\nlisten_grpc = "7071"\n${MODEL}`,

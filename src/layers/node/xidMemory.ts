@@ -89,16 +89,20 @@ const logXids = (
     : Effect.logInfo(`${what} (no fault: the node stays healthy)`, { ...fields, xids: named })
 }
 
-/** The record at start, when it is this boot's; anything else is logged and starts an empty ledger. */
-const readAtStart = (file: string, bootId: string, isFault: (xid: number) => boolean) =>
+/**
+ * The record at start, when it is this boot's; anything else is logged and starts an empty ledger. `readOnly` (`check`,
+ * `render`): a record that cannot be read is said at debug. Their output is a problem list, a summary and `warning:`
+ * lines; the warning came amid them as a JSON log line, where check lists the cause already when it is state_dir's
+ * (a root-owned 0700 state_dir read by another user), and the daemon, which owns the record, warns of it at its start.
+ */
+const readAtStart = (file: string, bootId: string, isFault: (xid: number) => boolean, readOnly: boolean) =>
   Effect.gen(function* () {
     const text = yield* readText(file)
     if (typeof text !== "string") {
       const code = (text.error as NodeJS.ErrnoException).code
       if (code !== "ENOENT" && code !== "ENOTDIR") {
-        yield* Effect.logWarning(`cannot read the GPU Xid record ${file}; Xids from before this start are unknown`, {
-          error: errorText(text.error)
-        })
+        const line = `cannot read the GPU Xid record ${file}; Xids from before this start are unknown`
+        yield* (readOnly ? Effect.logDebug : Effect.logWarning)(line, { error: errorText(text.error) })
       }
       return undefined
     }
@@ -143,7 +147,8 @@ export const remembering = (
     const file = options.stateDir !== undefined && bootId ? xidRecordPath(options.stateDir) : undefined
     const rule = options.xidRule ?? defaultXidRule
     const isFault = (xid: number) => xidIsFault(xid, rule)
-    const record = file !== undefined && bootId ? yield* readAtStart(file, bootId, isFault) : undefined
+    const record =
+      file !== undefined && bootId ? yield* readAtStart(file, bootId, isFault, options.readOnly === true) : undefined
     const ledger = ledgerOf(record, isFault)
     const writer =
       file === undefined || bootId === undefined || options.readOnly === true

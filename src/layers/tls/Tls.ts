@@ -47,6 +47,7 @@ export const make = (security: Security, options: TlsOptions = {}) =>
         enabled: false,
         serverTls: undefined,
         reload: Effect.succeed(false),
+        hangup: Effect.logInfo("SIGHUP: no certificates to reload (security.require_mtls is off)"),
         generation: Effect.succeed(0),
         lastError: Effect.succeed(undefined),
         status: Effect.succeed({ enabled: false, generation: 0 })
@@ -99,24 +100,25 @@ export const make = (security: Security, options: TlsOptions = {}) =>
     }
     yield* Queue.offer(events, undefined).pipe(Effect.delay(recheck), Effect.forever, Effect.forkScoped)
     // One warning per distinct problem: every change in the watched directories re-reads the files, and a log
-    // file kept there fed a broken certificate's warning back to itself (~10 lines a second).
-    let warned: string | undefined
+    // file kept there fed a broken certificate's warning back to itself (~10 lines a second). Shared with the SIGHUP's
+    // reload (`hangup`): its warning is not said again by the retry it starts, nor the other way.
+    const warned: { problem: string | undefined } = { problem: undefined }
     yield* Stream.fromQueue(events).pipe(
       Stream.debounce(options.debounce ?? "100 millis"),
       Stream.runForEach(() =>
         reload.pipe(
           Effect.tap((changed) => {
             // the files valid again but the same as served (the old ones put back): said, or the log ends on the warning
-            const recovered = warned !== undefined
-            warned = undefined
+            const recovered = warned.problem !== undefined
+            warned.problem = undefined
             if (changed) return Effect.logInfo("tls: certificates reloaded")
             return recovered
               ? Effect.logInfo("tls: the certificate files are valid again (the ones served)")
               : Effect.void
           }),
           Effect.catch((e) => {
-            const repeated = e.message === warned
-            warned = e.message
+            const repeated = e.message === warned.problem
+            warned.problem = e.message
             const line = `tls: keeping the previous certificates: ${e.message}`
             return repeated ? Effect.logDebug(line) : Effect.logWarning(line)
           })
@@ -137,6 +139,24 @@ export const make = (security: Security, options: TlsOptions = {}) =>
       Effect.forkScoped
     )
 
+    // A problem a file event found first is not warned of again: the SIGHUP's answer then says at info that the
+    // certificates are kept, pointing at where the reason stays (`/status` tls.reloadError).
+    const hangup = reload.pipe(
+      Effect.flatMap((changed) => {
+        warned.problem = undefined
+        return Effect.logInfo(changed ? "SIGHUP: certificates reloaded" : "SIGHUP: certificates unchanged")
+      }),
+      Effect.catch((e) => {
+        const repeated = warned.problem === e.message
+        warned.problem = e.message
+        return repeated
+          ? Effect.logInfo(
+              "SIGHUP: keeping the previous certificates: the files still have the problem warned of (/status tls.reloadError)"
+            )
+          : Effect.logWarning(`SIGHUP: keeping the previous certificates: ${e.message}`)
+      })
+    )
+
     return Tls.of({
       enabled: true,
       serverTls:
@@ -144,6 +164,7 @@ export const make = (security: Security, options: TlsOptions = {}) =>
           ? cell
           : { current: cell.current, subscribe: cell.subscribe, clientNames: clientNames.check },
       reload,
+      hangup,
       generation: Effect.sync(() => generation),
       lastError: Effect.sync(() => lastError),
       status: Effect.sync(() => ({
@@ -186,18 +207,10 @@ export const layer: Layer.Layer<Tls, TlsError, Config> = Layer.effect(
 
 /**
  * What SIGHUP reloads: the certificates when TLS is on (an invalid new file is logged and the old material
- * kept). The log level is layers/observability/Logging.ts `hangupReload`. Never fails: a reload must not end the daemon.
+ * kept; the service's `hangup`). The log level is layers/observability/Logging.ts `hangupReload`. Never fails: a reload
+ * must not end the daemon.
  */
-export const hangupReload: Effect.Effect<void, never, Tls> = Effect.flatMap(Tls, (tls) =>
-  tls.enabled
-    ? tls.reload.pipe(
-        Effect.flatMap((changed) =>
-          Effect.logInfo(changed ? "SIGHUP: certificates reloaded" : "SIGHUP: certificates unchanged")
-        ),
-        Effect.catch((e) => Effect.logWarning(`SIGHUP: keeping the previous certificates: ${e.message}`))
-      )
-    : Effect.logInfo("SIGHUP: no certificates to reload (security.require_mtls is off)")
-)
+export const hangupReload: Effect.Effect<void, never, Tls> = Effect.flatMap(Tls, (tls) => tls.hangup)
 
 /** Tls for an explicit `[security]` section and options (tests). */
 export const layerWith = (security: Security, options: TlsOptions = {}): Layer.Layer<Tls, TlsError> =>

@@ -60,6 +60,12 @@ export const validityProblem = (
 const problemAt = (x: crypto.X509Certificate, now: number): string | undefined =>
   validityProblem(Date.parse(x.validFrom), Date.parse(x.validTo), now, x)
 
+/**
+ * Why Node refused a file, without the JS class: `String(e)` printed `Error: error:0480006C:PEM routines::no start
+ * line` to an operator, who reads the prefix as part of the reason.
+ */
+const reasonOf = (e: unknown): string => (e instanceof Error ? e.message : String(e))
+
 /** Parses a PEM certificate (the first of the file: the leaf) and refuses one not valid at `now` (ms). */
 export const parseCert = (
   pem: Buffer,
@@ -68,7 +74,7 @@ export const parseCert = (
 ) =>
   Effect.try({
     try: () => new crypto.X509Certificate(pem),
-    catch: (e) => new TlsError({ key: file.key, ...pathOf(file), reason: `not a PEM certificate: ${String(e)}` })
+    catch: (e) => new TlsError({ key: file.key, ...pathOf(file), reason: `not a PEM certificate: ${reasonOf(e)}` })
   }).pipe(
     Effect.flatMap((x) => {
       const problem = problemAt(x, now)
@@ -102,8 +108,8 @@ export const parseCaBundle = (
         catch: (e) =>
           fail(
             blocks.length === 1
-              ? `not a PEM certificate: ${String(e)}`
-              : `certificate ${i + 1} of ${blocks.length} is not a PEM certificate: ${String(e)}`
+              ? `not a PEM certificate: ${reasonOf(e)}`
+              : `certificate ${i + 1} of ${blocks.length} is not a PEM certificate: ${reasonOf(e)}`
           )
       })
       certs.push(cert)
@@ -123,7 +129,7 @@ const pathOf = (file: { readonly path: string | undefined }) => (file.path === u
 export const parsePrivateKey = (pem: Buffer, file: { readonly key: string; readonly path: string | undefined }) =>
   Effect.try({
     try: () => crypto.createPrivateKey(pem),
-    catch: (e) => new TlsError({ key: file.key, ...pathOf(file), reason: `not a PEM private key: ${e}` })
+    catch: (e) => new TlsError({ key: file.key, ...pathOf(file), reason: `not a PEM private key: ${reasonOf(e)}` })
   })
 
 /**
@@ -168,7 +174,7 @@ export const checkKeyPair = (
     }
     yield* Effect.try({
       try: () => tls.createSecureContext(pem.ca === undefined ? { cert: pem.cert, key: pem.key } : pem),
-      catch: (e) => new TlsError({ key: files.cert.key, ...pathOf(files.cert), reason: `unusable: ${e}` })
+      catch: (e) => new TlsError({ key: files.cert.key, ...pathOf(files.cert), reason: `unusable: ${reasonOf(e)}` })
     })
   })
 

@@ -29,6 +29,9 @@ export const formatShortDuration = (d: Duration.Duration): string => {
   return `${ms}ms`
 }
 
+/** What every duration key expects; SchemaProblems.ts says it too of a duration written as a number (`heartbeat = 5`). */
+export const DURATION_EXPECTED = `expected a duration such as "500ms", "5s", "2m" or "1h"`
+
 /**
  * A duration written as a string such as `5s`. With `zeroMeans`, a zero duration is refused, and the message
  * says what 0 would do (a timer that fires at once, every time).
@@ -40,13 +43,7 @@ const durationString = (zeroMeans?: string, floor?: { readonly ms: number; reado
       SchemaTransformation.transformEffect({
         decode: (s: string) =>
           Option.match(parseShortDuration(s), {
-            onNone: () =>
-              Effect.fail(
-                new SchemaIssue.InvalidValue(
-                  { message: `expected a duration such as "500ms", "5s", "2m" or "1h", got "${s}"` },
-                  s
-                )
-              ),
+            onNone: () => Effect.fail(new SchemaIssue.InvalidValue({ message: `${DURATION_EXPECTED}, got "${s}"` }, s)),
             onSome: (d) =>
               zeroMeans !== undefined && Duration.toMillis(d) === 0
                 ? Effect.fail(

@@ -15,6 +15,7 @@ import {
   ModelSection,
   SecuritySection
 } from "./ConfigSchema.ts"
+import { DURATION_EXPECTED } from "./ConfigValues.ts"
 
 const sectionSchemas = {
   cluster: ClusterSection,
@@ -177,6 +178,20 @@ const quotedValueWords = (
   return `expected ${integer ? "an integer" : "a number"}${example}${unquoted}, got ${shown}`
 }
 
+/**
+ * A duration written as a TOML number (`heartbeat = 5`), boolean, array or table, which the schema words `Expected
+ * string, got 5` (the duration's own words, and its unit, went unsaid): said as a duration written as a bad string is
+ * (ConfigValues.ts), the quoted form with a unit named, and for a number the string to write when the key takes it
+ * (`"5s"`). `retry` as for quotedValueWords: a key refusing a string that is no duration with the duration's message
+ * is a duration key. Undefined for any other key (its `Expected string` stays as the schema says it).
+ */
+const unquotedDurationWords = (held: unknown, retry: (x: unknown) => ReadonlyArray<string>): string | undefined => {
+  if (!retry("?").some((p) => p.includes(`: ${DURATION_EXPECTED}, got "?"`))) return undefined
+  const written = typeof held === "number" ? `${held}s` : undefined
+  const fix = written !== undefined && retry(written).length === 0 ? `: write "${written}"` : ""
+  return `${DURATION_EXPECTED} (a quoted string with a unit), got ${describe(held)}${fix}`
+}
+
 /** Problems of one schema against one value, each prefixed with where the value sits in the file. */
 const schemaProblems = (
   schema: Schema.Top,
@@ -197,15 +212,17 @@ const schemaProblems = (
     if (i.message === "Missing key" && path.at(-1) === 0)
       return `${formatPath(path.slice(0, -1))}: expected a non-empty list`
     const held = valueAt(value, path.slice(at.length))
+    // this key's problems with `x` in its place only: its neighbours (other elements of a list) may have their own
+    const retry = (x: unknown) =>
+      schemaProblems(schema, setAt(value, path.slice(at.length), x), at, key).filter((p) =>
+        p.startsWith(`${formatPath(path)}: `)
+      )
     const words =
       typeof held === "string"
-        ? quotedValueWords(i.message, held, (x) =>
-            // this key's problems only: its neighbours (other elements of a list) may have their own
-            schemaProblems(schema, setAt(value, path.slice(at.length), x), at, key).filter((p) =>
-              p.startsWith(`${formatPath(path)}: `)
-            )
-          )
-        : undefined
+        ? quotedValueWords(i.message, held, retry)
+        : i.message === "Expected string"
+          ? unquotedDurationWords(held, retry)
+          : undefined
     if (words !== undefined) return `${formatPath(path)}: ${words}`
     // a secret's key (etcd_password, admin_token, an engine.env token: README "Secrets") never shows its value,
     // whatever its type: a token written without quotes is a number

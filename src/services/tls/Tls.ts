@@ -71,6 +71,11 @@ export interface TlsService {
    * and the files are then read again with backoff until they are valid. One reload runs at a time.
    */
   readonly reload: Effect.Effect<boolean, TlsError>
+  /**
+   * What SIGHUP does (layers/tls/Tls.ts hangupReload): `reload`, its outcome logged, never failing. A problem already
+   * warned of (by a file event's reload or a retry) is not warned of again: one cause, one warning.
+   */
+  readonly hangup: Effect.Effect<void>
   /** How many times material was applied (1 after start with mTLS, 0 in plaintext). */
   readonly generation: Effect.Effect<number>
   /** The last reload failure, cleared by a successful reload. */
