@@ -339,3 +339,20 @@ describe("OOM kills in an exit", () => {
     )
   })
 })
+
+// The Exited guard (the exit is the current run's), tried with an older run only, let a guard that took any run from the
+// current one on pass (a mutation audit). The supervisor numbers its runs upward (RestartDue: last + 1), so an exit of
+// another run, either way, is late or foreign news and must not end the run that is going.
+describe("transition, beyond the state x event table", () => {
+  it("an exit of any run but the current one is invalid: a newer run's as an older one's", () => {
+    for (const state of [
+      State.Starting({ phase: "loading", since: 100, run: 2 }),
+      State.Ready({ since: 200, run: 2 }),
+      State.Unhealthy({ reason: "x", since: 300, run: 2 })
+    ])
+      for (const run of [1, 3]) {
+        const r = transition(state, Event.Exited({ exit: exitOf(run), attempt: 1, nextAt: 0 }))
+        assert.isTrue(Result.isFailure(r), `Exited of run ${run} in ${state._tag} of run 2`)
+      }
+  })
+})
