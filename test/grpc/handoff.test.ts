@@ -130,6 +130,12 @@ describe("vLLM handoff parameters", () => {
       { ...P_PARAMS, do_remote_decode: true },
       "do_remote_decode must not be true on a decode leg"
     ],
+    // vLLM reads it by Python's truth test (NixlConnector update_state_after_alloc: `params.get("do_remote_decode")`)
+    ...["false", 1, "no", [0], { a: 1 }].map((v): [string, unknown, string] => [
+      `do_remote_decode ${JSON.stringify(v)} (true to Python)`,
+      { ...P_PARAMS, do_remote_decode: v },
+      "do_remote_decode must not be true on a decode leg"
+    ]),
     ["a port as a string", { ...P_PARAMS, remote_port: "5600" }, 'remote_port must be a port, 1..65535, got "5600"'],
     ["port 70000", { ...P_PARAMS, remote_port: 70000 }, "remote_port must be a port, 1..65535, got 70000"],
     ["port -1", { ...P_PARAMS, remote_port: -1 }, "remote_port must be a port, 1..65535, got -1"],
@@ -152,6 +158,11 @@ describe("vLLM handoff parameters", () => {
     expect(Result.isSuccess(validateKvTransferParams({ ...P_PARAMS, remote_block_ids: many }))).toBe(true)
     const { do_remote_decode: _d, ...without } = P_PARAMS
     expect(Result.isSuccess(validateKvTransferParams(without))).toBe(true)
+    // what Python's truth test reads as false: no remote decode to vLLM
+    for (const v of [false, 0, "", null, [], {}])
+      expect(Result.isSuccess(validateKvTransferParams({ ...P_PARAMS, do_remote_decode: v })), JSON.stringify(v)).toBe(
+        true
+      )
   })
 
   it("accepts params without remote_request_id (vLLM before PR #29665 neither sends nor reads it)", () => {

@@ -25,6 +25,18 @@ const VLLM_REQUIRED_FIELDS = [
 
 const present = (v: unknown): boolean => v !== undefined && v !== null && v !== ""
 
+/**
+ * A JSON value as Python's truth test reads it: vLLM's scheduler asks `params.get("do_remote_decode")` (NixlConnector
+ * `update_state_after_alloc`), so "false", 1 or [0] mean a remote decode as `true` does, and take the branch before
+ * `do_remote_prefill`'s: the decode engine then holds its blocks and never pulls the prefill's.
+ */
+const pythonTrue = (v: unknown): boolean => {
+  if (v === undefined || v === null || v === false || v === 0 || v === "") return false
+  if (Array.isArray(v)) return v.length > 0
+  if (typeof v === "object") return Object.keys(v).length > 0
+  return true
+}
+
 // Newer builds send one block list per KV-cache group: non-empty means at least one block in any group.
 const hasBlocks = (v: unknown): boolean =>
   Array.isArray(v) && v.some((x) => (Array.isArray(x) ? x.length > 0 : present(x)))
@@ -74,9 +86,10 @@ export const nixlParamsProblems = (
   is("remote_port", (v) => Number.isInteger(v) && (v as number) >= 1 && (v as number) <= 65535, "a port, 1..65535")
   is("remote_request_id", (v) => typeof v === "string", "a string")
   is("tp_size", (v) => Number.isInteger(v) && (v as number) >= 1, "an integer >= 1")
-  if (params.do_remote_decode === true)
+  if (pythonTrue(params.do_remote_decode))
     wrong.push(
-      "do_remote_decode must not be true on a decode leg (the engine would hold its blocks for another decode)"
+      `do_remote_decode must not be true on a decode leg (the engine would hold its blocks for another decode and ` +
+        `not pull the prefill's), got ${shown(params.do_remote_decode)}`
     )
   return { missing, wrong }
 }
