@@ -6,29 +6,28 @@
  * named (layers/config/configChanges.ts hangupNotice). The TLS files in use are re-read whatever the file says
  * (layers/tls/Tls.ts), as they name the running config's files.
  */
-import { Effect, Option, Result } from "effect"
+import { Effect, Result } from "effect"
 import { loadConfigFile } from "../layers/config/Config.ts"
 import { hangupNotice } from "../layers/config/configChanges.ts"
 import * as Logging from "../layers/observability/Logging.ts"
 import type { AgentConfig } from "../services/config/Config.ts"
-import { Tls } from "../services/tls/Tls.ts"
 import { preflight } from "./check.ts"
 
-export const hangupConfig = (running: AgentConfig) =>
+/**
+ * `said`: the problems the SIGHUP's TLS reloads just warned of (main.ts: the certificates' and etcd's files first): a
+ * garbage certificate file said again here made one cause three warnings. Only what they did not say is warned of.
+ */
+export const hangupConfig = (running: AgentConfig, said: ReadonlyArray<string> = []) =>
   Effect.gen(function* () {
     if (running.file === undefined) return
     const read = yield* Effect.result(loadConfigFile(running.file))
     if (Result.isSuccess(read)) {
       const refused = yield* Effect.result(preflight(read.success))
       if (Result.isFailure(refused)) {
-        // The certificates' reload, just before (main.ts: Tls.ts hangupReload first), warned of its own problem
-        // (a garbage certificate file): said again here it made one cause three warnings. Only what it did not say.
-        const tls = yield* Effect.serviceOption(Tls)
-        const said = Option.isSome(tls) ? (yield* tls.value.lastError)?.message : undefined
-        const problems = refused.failure.problems.filter((p) => p !== said)
+        const problems = refused.failure.problems.filter((p) => !said.includes(p))
         return yield* problems.length === 0
           ? Effect.logInfo(
-              "SIGHUP: the config file would be refused at the next start for the certificates' problem; nothing in it applied, log level kept"
+              "SIGHUP: the config file would be refused at the next start for the TLS files' problem said above; nothing in it applied, log level kept"
             )
           : Effect.logWarning(
               "SIGHUP: the config file would be refused at the next start; nothing in it applied, log level kept",

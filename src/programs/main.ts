@@ -165,12 +165,16 @@ export const daemon = Effect.scoped(
     const drain = yield* Drain
     const tls = yield* Tls
     // The reporter (and its etcd client) is built after the servers: a SIGHUP before then has no etcd TLS to reload.
-    const etcdTlsReload = yield* Deferred.make<Effect.Effect<void>>()
+    const etcdTlsReload = yield* Deferred.make<Effect.Effect<string | undefined>>()
     const reloadEtcdTls = Effect.flatMap(Deferred.poll(etcdTlsReload), (done) =>
-      Option.isSome(done) ? Effect.flatten(done.value) : Effect.void
+      Option.isSome(done) ? Effect.flatten(done.value) : Effect.undefined
     )
+    // The TLS reloads first: the problems they warned of are not repeated by the config file's line (hangupConfig).
     yield* reloadOnHangup(
-      Effect.andThen(TlsLive.hangupReload, reloadEtcdTls).pipe(Effect.andThen(hangupConfig(config)))
+      Effect.gen(function* () {
+        const said = [yield* TlsLive.hangupReload, yield* reloadEtcdTls].filter((p) => p !== undefined)
+        yield* hangupConfig(config, said)
+      })
     )
     const lag = yield* EventLoopLag
     yield* MetricsLive.mirrorEventLoopLag(lag.sample)

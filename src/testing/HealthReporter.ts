@@ -30,7 +30,7 @@ export const layerTest: Layer.Layer<HealthReporter, never, NodeStatus> = Layer.e
       lastRecord: Ref.get(last),
       markDraining: write("draining"),
       flush: write(),
-      reloadTls: Effect.void
+      reloadTls: Effect.undefined
     })
   })
 )

@@ -162,7 +162,9 @@ describe("SIGHUP with a garbage certificate: one cause, one warning", () => {
     const { service, lines, run, about } = await start(files)
     fs.writeFileSync(files.cert, "garbage\n")
     // the daemon's SIGHUP (main.ts): the certificates, then the config file
-    await run(Effect.andThen(hangupReload, hangupConfig({ ...config, file })))
+    await run(
+      Effect.flatMap(hangupReload, (said) => hangupConfig({ ...config, file }, said === undefined ? [] : [said]))
+    )
     // the retry the failed reload started has run (and found the same problem)
     await pollUntil("a retry", () => about("Debug", "tls: keeping the previous certificates").length > 0, 10_000, 10)
     const warnings = lines.filter((l) => l.startsWith("Warn"))
@@ -172,7 +174,7 @@ describe("SIGHUP with a garbage certificate: one cause, one warning", () => {
     )
     expect(warnings[0]).not.toContain("Error: ")
     expect(about("Info", "SIGHUP: the config file would be refused at the next start")).toEqual([
-      "Info SIGHUP: the config file would be refused at the next start for the certificates' problem; nothing in it applied, log level kept"
+      "Info SIGHUP: the config file would be refused at the next start for the TLS files' problem said above; nothing in it applied, log level kept"
     ])
     // what /status and the metric read is as it was
     const status = await Effect.runPromise(service.status)
@@ -212,7 +214,9 @@ describe("SIGHUP with a garbage certificate: one cause, one warning", () => {
     // the new file also opens the admin port to the network without a token
     const text = fs.readFileSync(file, "utf8").replace("[agent]\n", '[agent]\nlisten_admin = "0.0.0.0:9091"\n')
     fs.writeFileSync(file, text)
-    await run(Effect.andThen(hangupReload, hangupConfig({ ...config, file })))
+    await run(
+      Effect.flatMap(hangupReload, (said) => hangupConfig({ ...config, file }, said === undefined ? [] : [said]))
+    )
     const refused = lines.filter((l) => l.includes("would be refused at the next start"))
     expect(refused).toHaveLength(1)
     expect(refused[0]).toMatch(/^Warn .*"problems":\["agent\.listen_admin/)

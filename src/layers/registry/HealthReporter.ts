@@ -33,7 +33,7 @@ const standalone = (nodeId: string): Effect.Effect<HealthReporterService> =>
       lastRecord: Effect.succeed(undefined),
       markDraining: Effect.void,
       flush: Effect.void,
-      reloadTls: Effect.void
+      reloadTls: Effect.undefined
     }
   })
 
@@ -178,17 +178,22 @@ const make = Effect.gen(function* () {
     flush: writeNow("flush").pipe(Effect.annotateLogs({ component: "HealthReporter" })),
     reloadTls:
       cluster.etcd_ca_file === undefined && cluster.etcd_cert_file === undefined
-        ? Effect.void
+        ? Effect.undefined
         : // not once the shutdown has begun: its finalizer closes the client, and a new one would be left open
           Effect.suspend(() => (s.stopping ? Effect.succeed(false) : ops.reloadTls)).pipe(
             Effect.flatMap((changed) =>
-              Effect.logInfo(
-                changed
-                  ? "SIGHUP: etcd TLS files reloaded (connections to etcd made from now on use them)"
-                  : "SIGHUP: etcd TLS files unchanged"
+              Effect.as(
+                Effect.logInfo(
+                  changed
+                    ? "SIGHUP: etcd TLS files reloaded (connections to etcd made from now on use them)"
+                    : "SIGHUP: etcd TLS files unchanged"
+                ),
+                undefined
               )
             ),
-            Effect.catch((e) => Effect.logWarning(`SIGHUP: keeping the previous etcd TLS files: ${e.message}`)),
+            Effect.catch((e) =>
+              Effect.as(Effect.logWarning(`SIGHUP: keeping the previous etcd TLS files: ${e.message}`), e.message)
+            ),
             Effect.annotateLogs({ component: "HealthReporter" })
           )
   }

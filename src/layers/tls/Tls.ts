@@ -47,7 +47,10 @@ export const make = (security: Security, options: TlsOptions = {}) =>
         enabled: false,
         serverTls: undefined,
         reload: Effect.succeed(false),
-        hangup: Effect.logInfo("SIGHUP: no certificates to reload (security.require_mtls is off)"),
+        hangup: Effect.as(
+          Effect.logInfo("SIGHUP: no certificates to reload (security.require_mtls is off)"),
+          undefined
+        ),
         generation: Effect.succeed(0),
         lastError: Effect.succeed(undefined),
         status: Effect.succeed({ enabled: false, generation: 0 })
@@ -144,16 +147,22 @@ export const make = (security: Security, options: TlsOptions = {}) =>
     const hangup = reload.pipe(
       Effect.flatMap((changed) => {
         warned.problem = undefined
-        return Effect.logInfo(changed ? "SIGHUP: certificates reloaded" : "SIGHUP: certificates unchanged")
+        return Effect.as(
+          Effect.logInfo(changed ? "SIGHUP: certificates reloaded" : "SIGHUP: certificates unchanged"),
+          undefined
+        )
       }),
       Effect.catch((e) => {
         const repeated = warned.problem === e.message
         warned.problem = e.message
-        return repeated
-          ? Effect.logInfo(
-              "SIGHUP: keeping the previous certificates: the files still have the problem warned of (/status tls.reloadError)"
-            )
-          : Effect.logWarning(`SIGHUP: keeping the previous certificates: ${e.message}`)
+        return Effect.as(
+          repeated
+            ? Effect.logInfo(
+                "SIGHUP: keeping the previous certificates: the files still have the problem warned of (/status tls.reloadError)"
+              )
+            : Effect.logWarning(`SIGHUP: keeping the previous certificates: ${e.message}`),
+          e.message
+        )
       })
     )
 
@@ -210,7 +219,7 @@ export const layer: Layer.Layer<Tls, TlsError, Config> = Layer.effect(
  * kept; the service's `hangup`). The log level is layers/observability/Logging.ts `hangupReload`. Never fails: a reload
  * must not end the daemon.
  */
-export const hangupReload: Effect.Effect<void, never, Tls> = Effect.flatMap(Tls, (tls) => tls.hangup)
+export const hangupReload: Effect.Effect<string | undefined, never, Tls> = Effect.flatMap(Tls, (tls) => tls.hangup)
 
 /** Tls for an explicit `[security]` section and options (tests). */
 export const layerWith = (security: Security, options: TlsOptions = {}): Layer.Layer<Tls, TlsError> =>

@@ -173,8 +173,9 @@ export interface HealthReporterService {
   /**
    * SIGHUP: reads the [cluster] etcd TLS files again and, when they changed, talks to etcd with them from then on
    * (a rotated client certificate, a new CA bundle); logs what it did, never fails. No-op without etcd TLS files.
+   * Its result: the problem it warned of (undefined when none), for the SIGHUP's other lines not to repeat it.
    */
-  readonly reloadTls: Effect.Effect<void>
+  readonly reloadTls: Effect.Effect<string | undefined>
 }
 
 export class HealthReporter extends Context.Service<HealthReporter, HealthReporterService>()(

@@ -73,9 +73,10 @@ export interface TlsService {
   readonly reload: Effect.Effect<boolean, TlsError>
   /**
    * What SIGHUP does (layers/tls/Tls.ts hangupReload): `reload`, its outcome logged, never failing. A problem already
-   * warned of (by a file event's reload or a retry) is not warned of again: one cause, one warning.
+   * warned of (by a file event's reload or a retry) is not warned of again: one cause, one warning. Its result: the
+   * problem the files have, said (undefined when they are fine), for the SIGHUP's other lines not to repeat it.
    */
-  readonly hangup: Effect.Effect<void>
+  readonly hangup: Effect.Effect<string | undefined>
   /** How many times material was applied (1 after start with mTLS, 0 in plaintext). */
   readonly generation: Effect.Effect<number>
   /** The last reload failure, cleared by a successful reload. */
