@@ -83,7 +83,7 @@ export const preflight = (c: AgentConfig, options: { readonly offline?: boolean 
  */
 const kvEventsSummary = (c: AgentConfig): string => {
   if (!c.kv.events) return "off"
-  const to = c.kv.uds === undefined ? "not forwarded ([kv].uds is not set)" : `forwarded to ${c.kv.uds}`
+  const to = c.kv.uds === undefined ? "not forwarded ([kv].uds is not set)" : `forwarded to ${whereIs(c.kv.uds)}`
   return `on, ${c.kv.events_endpoint}, ${to}`
 }
 
@@ -133,10 +133,13 @@ const advertiseSummary = (c: AgentConfig, interfaces: Interfaces): string => {
   return `${addr} (${from}${listen.port === "0" ? "; port 0: the port listen_grpc binds at start" : ""})`
 }
 
-/** state_dir, and where it is when given relative to the working directory (run's, too). */
-const stateDirSummary = (c: AgentConfig): string => {
-  const absolute = path.resolve(c.agent.state_dir)
-  return absolute === c.agent.state_dir ? absolute : `${c.agent.state_dir} (${absolute})`
+/**
+ * A path as the config gives it, and where it is when relative to the working directory (run's too: under systemd
+ * that is `/`, where a relative state_dir or kv.uds lands somewhere the operator did not mean).
+ */
+const whereIs = (p: string): string => {
+  const absolute = path.resolve(p)
+  return absolute === p ? absolute : `${p} (${absolute})`
 }
 
 /** The worst case of a shutdown (shutdownBound.ts), in the unit Kubernetes' terminationGracePeriodSeconds takes. */
@@ -198,7 +201,7 @@ export const summarize = (
     ["admin", c.agent.listen_admin],
     ["advertise", advertiseSummary(c, interfaces)],
     ["node id", c.agent.node_id],
-    ["state dir", stateDirSummary(c)],
+    ["state dir", whereIs(c.agent.state_dir)],
     [
       "cluster",
       c.cluster.etcd.length > 0 ? `${c.cluster.name} via etcd ${c.cluster.etcd.join(", ")}` : "standalone (no etcd)"

@@ -50,6 +50,13 @@ describe("check's summary", () => {
     expect(line(s, "kv events")).toBe("on, tcp://127.0.0.1:5557, forwarded to /run/cgn/kvcached.sock")
   })
 
+  it("a relative [kv].uds: where it is from run's working directory too (under systemd that is /)", () => {
+    const s = summarize(load('[kv]\nevents = true\nuds = "run/kvcached.sock"\n[models.m]\nhf_repo = "a/b"\n'))
+    expect(line(s, "kv events")).toBe(
+      `on, tcp://127.0.0.1:5557, forwarded to run/kvcached.sock (${path.resolve("run/kvcached.sock")})`
+    )
+  })
+
   it("the shutdown's worst case, in terminationGracePeriodSeconds' unit (the example DaemonSet sets 180 for 156 s)", () => {
     const etcd = load(
       '[cluster]\netcd = ["http://etcd:2379"]\n[agent]\ndrain_timeout = "60s"\n[engine]\nstop_grace = "60s"\n[models.m]\nhf_repo = "a/b"\n'
