@@ -8,7 +8,7 @@
  * How a request is dispatched and a whole answer read is engineHttp.ts's, which the supervisor's probe shares.
  */
 import { Effect, Layer } from "effect"
-import { Agent, Client } from "undici"
+import { Agent } from "undici"
 import { EnginePlan, type LaunchPlan } from "../../services/engine/Engine.ts"
 import {
   type ChunkSink,
@@ -26,7 +26,7 @@ import { lineRedactor } from "../../services/engine/LineRedactor.ts"
 import { loadSignals } from "../../services/engine/PromText.ts"
 import { secretValues } from "../../services/engine/Secrets.ts"
 import { engineOfPlan } from "./backends/index.ts"
-import { dispatchOptions, getText, keyHeader, type Resend, readWhole } from "./engineHttp.ts"
+import { dispatchOptions, getText, keyHeader, readWhole } from "./engineHttp.ts"
 import { QUOTED_CHARS, StreamExchange } from "./streamExchange.ts"
 
 const STREAM_OPTIONS = Object.freeze({ include_usage: true })
@@ -54,32 +54,18 @@ export interface ClientOptions {
 
 /** The client for one plan. The Agent lives as long as the enclosing scope. */
 export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: ClientOptions = {}) {
-  const connectTimeout = options.connectTimeoutMs ?? 10_000
-  const agent = new Agent({ connections: options.connections ?? null, connectTimeout, pipelining: 1 })
+  const agent = new Agent({
+    connections: options.connections ?? null,
+    connectTimeout: options.connectTimeoutMs ?? 10_000,
+    pipelining: 1
+  })
   yield* Effect.addFinalizer(() => Effect.promise(() => agent.destroy().catch(() => undefined)))
   const origin = new URL(plan.baseUrl).origin
   const controlTimeout = options.controlTimeoutMs ?? 10_000
   // how the server speaks: the plan's backend (its proxied kind's, for openai_compat naming one)
   const caps = engineOfPlan(plan).capabilities
-  // `reset`: undici sends `connection: close` and never reuses the connection (an engine that closes it anyway).
-  // Learned too: an engine that closed a reused connection under a request (exchange.ts closedWhileIdle) closes
-  // streamed connections without saying so (llama-server unnamed: about 1 call in 1,000 sent back to back lost).
-  let streamReset = caps.closesStreamedConnections === true
-  // A request a reused connection lost before any byte of its answer (nothing reached the sink) is sent once more, on
-  // a connection of its own, as Go's Transport does (golang/go src/net/http/transport.go shouldRetryRequest; Go sends
-  // a written POST again only with an Idempotency-Key: a completion changes nothing but the engine's work, and none of
-  // it reached the caller). A Client of one request: closed, its connection with it, once the request ends.
-  const resend: Resend = {
-    lost: () => {
-      streamReset = true
-    },
-    dispatch: (request, handler) => {
-      const client = new Client(origin, { connectTimeout, pipelining: 1 })
-      const queued = client.dispatch(request, handler)
-      client.close().catch(noop)
-      return queued
-    }
-  }
+  // `reset`: undici sends `connection: close` and never reuses the connection (an engine that closes it anyway)
+  const streamReset = caps.closesStreamedConnections === true
   const streamHeadersTimeout = options.streamHeadersTimeoutMs ?? 0
   // The secrets the engine's output is scrubbed of (layers/engine/run.ts: its environment and arguments) and the key
   // the agent sends: an engine may echo them in an error ("Incorrect API key provided: <key>"), which the agent
@@ -141,16 +127,14 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
         headersTimeout: 0,
         bodyTimeout: 0
       } as const
-      return Effect.flatMap(readWhole(agent, request, redact, resend), (r) =>
+      return Effect.flatMap(readWhole(agent, request, redact), (r) =>
         Effect.map(json(r.status, r.text), (answer) => {
           sink.onChunks([answer], noop)
         })
       )
     })
 
-  // The parsed objects of each read go to the sink inside undici's callback: no Effect step per read. A request a
-  // reused connection lost (`closedIdle`) goes once more to `resend`, from the failure's callback: an interrupted call
-  // has closed its exchange, which then ends no more; interrupted after, it closes the one sent again.
+  // The parsed objects of each read go to the sink inside undici's callback: no Effect step per read.
   const sseTo = (
     path: CompletionPath,
     body: JsonObject,
@@ -158,31 +142,24 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
     sink: ChunkSink
   ): Effect.Effect<void, EngineError> =>
     Effect.callback<void, EngineError>((resume) => {
-      const request = dispatchOptions({
-        origin,
-        path,
-        method: "POST",
-        headers: postHeaders("text/event-stream", opts),
-        body: encode(body, true),
-        headersTimeout: streamHeadersTimeout,
-        bodyTimeout: 0,
-        reset: streamReset
-      })
-      let resent = false
-      const onEnd = (error: EngineError | undefined): void => {
-        if (error === undefined || !ex.closedIdle || resent) {
-          resume(error === undefined ? Effect.void : Effect.fail(error))
-          return
-        }
-        resent = true
-        resend.lost()
-        const again = new StreamExchange(sink, onEnd, redact)
-        again.announced = ex.announced
-        ex = again
-        resend.dispatch({ ...request, reset: true }, again)
-      }
-      let ex = new StreamExchange(sink, onEnd, redact)
-      agent.dispatch(request, ex)
+      const ex = new StreamExchange(
+        sink,
+        (error) => resume(error === undefined ? Effect.void : Effect.fail(error)),
+        redact
+      )
+      agent.dispatch(
+        dispatchOptions({
+          origin,
+          path,
+          method: "POST",
+          headers: postHeaders("text/event-stream", opts),
+          body: encode(body, true),
+          headersTimeout: streamHeadersTimeout,
+          bodyTimeout: 0,
+          reset: streamReset
+        }),
+        ex
+      )
       return Effect.sync(() => ex.close(ex.sawDone))
     })
 

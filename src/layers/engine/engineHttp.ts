@@ -18,7 +18,6 @@ import { secretValues } from "../../services/engine/Secrets.ts"
 import {
   type BodyBound,
   bodyText,
-  closedWhileIdle,
   Exchange,
   MAX_ERROR_BODY_BYTES,
   MAX_WHOLE_BODY_BYTES,
@@ -84,41 +83,20 @@ export interface TransportFailure {
 }
 
 /**
- * Where a request a reused connection lost before any byte of its answer (exchange.ts closedWhileIdle) is sent once
- * more: a connection of its own (the pool could hand it another the engine closed too); `lost` is told first.
- */
-export interface Resend {
-  readonly lost: () => void
-  readonly dispatch: Dispatcher["dispatch"]
-}
-
-/**
  * Sends `request` on `dispatcher` and reads the whole answer, its body bounded by `bound` (by default the client's:
- * MAX_WHOLE_BODY_BYTES, MAX_ERROR_BODY_BYTES for an error status). Interrupting aborts the exchange. With `resend` (the
- * EngineClient's), a request a reused connection lost is sent once more there, from the read that saw the failure:
- * interrupted before, the exchange was closed and no failure is read; after, the one sent again is closed. Without
- * it (the probe, ServedContext, /metrics), that fails as any transport failure.
+ * MAX_WHOLE_BODY_BYTES, MAX_ERROR_BODY_BYTES for an error status). Interrupting aborts the exchange.
  */
 export const sendWhole = (
   dispatcher: Dispatcher,
   request: EngineRequest,
-  bound?: BodyBound,
-  resend?: Resend
+  bound?: BodyBound
 ): Effect.Effect<Answer, TransportFailure> =>
   Effect.suspend(() => {
-    let ex = new Exchange(bound)
+    const ex = new Exchange(bound)
     dispatcher.dispatch(dispatchOptions(request), ex)
-    let resent = false
     return Effect.suspend(function loop(): Effect.Effect<Answer, TransportFailure> {
       if (ex.overflowed) return Effect.succeed({ status: ex.status, text: bodyText(ex.take()), cut: true })
-      if (ex.error !== undefined) {
-        if (resend === undefined || resent || !closedWhileIdle(ex.error, ex.status))
-          return Effect.fail({ error: ex.error, status: ex.status, sent: ex.sent })
-        resent = true
-        resend.lost()
-        ex = new Exchange(bound)
-        resend.dispatch(dispatchOptions(request), ex)
-      }
+      if (ex.error !== undefined) return Effect.fail({ error: ex.error, status: ex.status, sent: ex.sent })
       if (ex.ended) return Effect.succeed({ status: ex.status, text: bodyText(ex.take()), cut: false })
       return Effect.flatMap(ex.changed, loop)
     }).pipe(Effect.onInterrupt(() => Effect.sync(() => ex.close())))
@@ -135,15 +113,14 @@ const overflowError = (a: Answer, redact: Redactor): EngineError =>
 
 /**
  * `sendWhole` as the EngineClient reads it: a transport failure or an answer past its bound is an EngineError, the
- * engine's words in it scrubbed by `redact` (EngineErrors.ts engineWords). `resend`: sendWhole's.
+ * engine's words in it scrubbed by `redact` (EngineErrors.ts engineWords).
  */
 export const readWhole = (
   dispatcher: Dispatcher,
   request: EngineRequest,
-  redact: Redactor,
-  resend?: Resend
+  redact: Redactor
 ): Effect.Effect<{ status: number; text: string }, EngineError> =>
-  sendWhole(dispatcher, request, undefined, resend).pipe(
+  sendWhole(dispatcher, request).pipe(
     Effect.mapError((f) => transportError(f.error, f.status > 0 || f.sent)),
     Effect.flatMap((a) =>
       a.cut ? Effect.fail(overflowError(a, redact)) : Effect.succeed({ status: a.status, text: a.text })

@@ -5,7 +5,7 @@
  * sees the disconnect; how a transport failure reads (`errorCode`, `transportError`) is here, for both.
  */
 import { Effect } from "effect"
-import { type Dispatcher, errors } from "undici"
+import type { Dispatcher } from "undici"
 import { EngineError } from "../../services/engine/EngineClient.ts"
 
 /**
@@ -152,20 +152,6 @@ export const transportError = (e: Error, reached: boolean): EngineError => {
   const message = `${code === "" ? "" : `${code}: `}${e.message}`
   return new EngineError({ reason: reached ? "Stream" : "Connect", message })
 }
-
-/**
- * A request a reused keep-alive connection lost: the engine closed the connection (undici's SocketError "other side
- * closed", a FIN with no answer begun: undici/lib/dispatcher/client-h1.js onHttpSocketEnd) before any byte of its
- * answer came (`status` 0), on a socket that had read bytes (the error's SocketInfo, taken at the close: undici
- * lib/core/util.js getSocketInfo), so earlier answers: the engine closed the idle connection while the request was on
- * its way, and never read it (an engine that closes a streamed answer's connection without saying so: llama-server).
- * Go's net/http Transport sends such a request again on a new connection (golang/go src/net/http/transport.go,
- * `errServerClosedIdle` and `shouldRetryRequest`); a fresh connection's close is not this (bytesRead 0: the engine
- * hung up on a new request, its failure). What the error cannot tell: bytes of a header block cut short on a fresh
- * connection (the handler sees no byte before the block is whole) read the same as earlier answers.
- */
-export const closedWhileIdle = (e: Error, status: number): boolean =>
-  status === 0 && e instanceof errors.SocketError && e.message === "other side closed" && (e.socket?.bytesRead ?? 0) > 0
 
 export const bodyText = (chunks: ReadonlyArray<Buffer>): string =>
   chunks.length === 1 ? (chunks[0] as Buffer).toString("utf8") : Buffer.concat(chunks).toString("utf8")

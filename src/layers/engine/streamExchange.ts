@@ -19,7 +19,7 @@ import {
 } from "../../services/engine/EngineErrors.ts"
 import type { Redactor } from "../../services/engine/LineRedactor.ts"
 import { makeSseParser, type SseEvent, SseEventTooLarge } from "../../services/engine/Sse.ts"
-import { bodyText, closedByClient, closedWhileIdle, MAX_ERROR_BODY_BYTES, transportError } from "./exchange.ts"
+import { bodyText, closedByClient, MAX_ERROR_BODY_BYTES, transportError } from "./exchange.ts"
 
 // After [DONE] the engine normally ends the body at once; keep the connection for reuse if it does.
 const DRAIN_AFTER_DONE_MS = 1_000
@@ -58,13 +58,6 @@ export class StreamExchange implements Dispatcher.DispatchHandler {
   private discard = false
   /** The request was written whole: a failure from here on is the engine's answer breaking off (transportError). */
   private sent = false
-  /**
-   * The sink was told the request is written (`onSent`): once per call, an exchange sent again after a reused
-   * connection lost it (`closedIdle`) starts with its first one's.
-   */
-  announced = false
-  /** The engine closed a reused connection with no answer begun (exchange.ts closedWhileIdle): nothing reached the sink. */
-  closedIdle = false
   /** Set while the body after [DONE] is given its last moment to end; cleared when it does. */
   private drainTimer: NodeJS.Timeout | undefined = undefined
   /** The body of an error status, or of a 200 that is no event stream, read for its message (bounded). */
@@ -93,8 +86,6 @@ export class StreamExchange implements Dispatcher.DispatchHandler {
   }
   onRequestSent(): void {
     this.sent = true
-    if (this.announced) return
-    this.announced = true
     this.sink.onSent?.()
   }
   onResponseStart(
@@ -160,7 +151,6 @@ export class StreamExchange implements Dispatcher.DispatchHandler {
     this.ended = true
     clearTimeout(this.drainTimer)
     if (this.finished) return
-    this.closedIdle = closedWhileIdle(error, this.status)
     const why = transportError(error, this.status > 0 || this.sent)
     this.finish(
       this.status === 0 || this.errorBody !== undefined
