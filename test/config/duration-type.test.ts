@@ -77,6 +77,14 @@ describe("a duration not written as a string", () => {
     expect(problemsOf(`[agent]\ndrain_timeout = 30\n${MODEL}`)).toEqual([
       `agent.drain_timeout: ${EXPECTED} (a quoted string with a unit), got 30: write "30s"`
     ])
+    // "0s" passes the key's own schema but not the heartbeat's floor (100ms): no suggestion the config then refuses
+    expect(problemsOf(`[agent]\nheartbeat = 0\n${MODEL}`)).toEqual([
+      `agent.heartbeat: ${EXPECTED} (a quoted string with a unit), got 0`
+    ])
+    // 30000 was most likely meant in milliseconds: not "30000s" (8 h 20 min)
+    expect(problemsOf(`[agent]\ndrain_timeout = 30000\n${MODEL}`)).toEqual([
+      `agent.drain_timeout: ${EXPECTED} (a quoted string with a unit), got 30000`
+    ])
   })
 
   it("reports every bad key of the file at once, each with its own words", () => {

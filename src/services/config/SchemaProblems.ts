@@ -187,7 +187,9 @@ const quotedValueWords = (
  */
 const unquotedDurationWords = (held: unknown, retry: (x: unknown) => ReadonlyArray<string>): string | undefined => {
   if (!retry("?").some((p) => p.includes(`: ${DURATION_EXPECTED}, got "?"`))) return undefined
-  const written = typeof held === "number" ? `${held}s` : undefined
+  // Seconds only for a small positive number: 0 and below meet the keys' other bounds (a heartbeat of "0s" is refused
+  // by its floor), and 1000 or more was most likely meant in milliseconds (drain_timeout = 30000 is not "30000s").
+  const written = typeof held === "number" && held > 0 && held < 1000 ? `${held}s` : undefined
   const fix = written !== undefined && retry(written).length === 0 ? `: write "${written}"` : ""
   return `${DURATION_EXPECTED} (a quoted string with a unit), got ${describe(held)}${fix}`
 }
