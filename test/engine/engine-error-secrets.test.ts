@@ -11,7 +11,7 @@ import { Cause, Effect, Exit } from "effect"
 import { getGlobalDispatcher } from "undici"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { layerFromPlan } from "../../src/layers/engine/EngineClient.ts"
-import { getText } from "../../src/layers/engine/engineHttp.ts"
+import { getText, planRedactor } from "../../src/layers/engine/engineHttp.ts"
 import type { LaunchPlan } from "../../src/services/engine/Engine.ts"
 import { complete, EngineClient, type EngineError } from "../../src/services/engine/EngineClient.ts"
 import { httpError } from "../../src/services/engine/EngineErrors.ts"
@@ -162,14 +162,13 @@ describe("the engine's words in an error, scrubbed of the run's secrets", () => 
     )
   })
 
-  it("the model list's read, which brings only the key it sends (ServedContext.ts)", async () => {
+  it("the model list's read (ServedContext.ts), with the plan's redactor: the env's and argv's secrets too", async () => {
+    const p = plan()
     const exit = await Effect.runPromise(
-      Effect.exit(getText(getGlobalDispatcher(), `${base}/v1/models`, 5_000, `Bearer ${KEY}`))
+      Effect.exit(getText(getGlobalDispatcher(), `${base}/v1/models`, 5_000, p.authorization, planRedactor(p)))
     )
     if (!Exit.isFailure(exit)) throw new Error("the read succeeded")
-    const e = Cause.squash(exit.cause) as EngineError
-    expect(e.message).toContain("Incorrect API key provided: <redacted>")
-    expect(e.message).not.toContain(KEY.slice(0, 8))
+    expectScrubbed(Cause.squash(exit.cause) as EngineError)
   })
 
   it("is scrubbed before the cut: a secret the cut falls inside is replaced whole", () => {

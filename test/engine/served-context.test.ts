@@ -4,7 +4,7 @@
 // engine of the test's own and against the vLLM-flavour simulator behind the gRPC server.
 import * as http from "node:http"
 import type { AddressInfo } from "node:net"
-import { Layer, ManagedRuntime, Result } from "effect"
+import { Layer, Logger, ManagedRuntime, Result } from "effect"
 import { createChannel, createClient } from "nice-grpc"
 import { afterAll, afterEach, describe, expect, it } from "vitest"
 import { AgentDefinition, GenerateRequest } from "../../src/gen/cgn/agent/v1/agent.ts"
@@ -167,18 +167,25 @@ const live = async (
   answer: () => [number, unknown],
   kind: "llama_cpp" | "mlx" = "llama_cpp",
   initial?: EngineState,
-  rereadMs?: number
+  rereadMs?: number,
+  extra: { readonly env?: Record<string, string>; readonly lines?: Array<string> } = {}
 ) => {
   const engine = await fakeEngine(answer)
   disposers.push(engine.close)
-  const plan = testPlan({ kind, baseUrl: engine.url, port: engine.port })
+  const plan = testPlan({ kind, baseUrl: engine.url, port: engine.port, env: extra.env ?? {} })
+  const lines = extra.lines
+  const logged =
+    lines === undefined
+      ? Layer.empty
+      : Logger.layer([Logger.make(({ message }) => void lines.push(JSON.stringify(message)))])
   const model = kind === "mlx" ? { hf_repo: "org/m" } : { path: "/m.gguf", max_model_len: 1024 }
   const rt = ManagedRuntime.make(
     ServedContextLive.layerWith(rereadMs === undefined ? {} : { rereadMs }).pipe(
       Layer.provideMerge(engineLayerTest({ plan, ...(initial === undefined ? {} : { initial }) })),
       Layer.provide(
         layerFromObject({ agent: { node_id: "n1" }, engine: { kind, url: engine.url }, models: { m: model } })
-      )
+      ),
+      Layer.provide(logged)
     )
   )
   disposers.push(() => rt.dispose())
@@ -220,6 +227,22 @@ describe("the live layer: one read per Ready period, retried while it fails", ()
     await set(State.Ready({ since: 5, run: 1 }))
     await pollUntil("a read of the new period", () => engine.reads() > before)
     expect(served.current()).toBeUndefined()
+  })
+
+  it("a failed read's log is scrubbed of the run's secrets (its environment's), as the calls' errors are", async () => {
+    const secret = "hf_modellistsecret0123456789"
+    const lines: Array<string> = []
+    const { ready } = await live(
+      () => [401, { error: { message: `token ${secret} is not valid` } }],
+      "llama_cpp",
+      undefined,
+      undefined,
+      { env: { HF_TOKEN: secret }, lines }
+    )
+    await ready()
+    const line = await pollUntil("the failed read logged", () => lines.find((l) => l.includes("is not valid")))
+    expect(line).toContain("token <redacted> is not valid")
+    expect(lines.join("\n")).not.toContain(secret)
   })
 
   it("a list without the field is an answer: not asked again in that period, where a failed read is", async () => {

@@ -20,13 +20,10 @@ import {
   type JsonObject,
   type RequestOptions
 } from "../../services/engine/EngineClient.ts"
-import { engineEnvironment } from "../../services/engine/EngineEnvironment.ts"
 import { engineWords, httpError, markOutputFault } from "../../services/engine/EngineErrors.ts"
-import { lineRedactor } from "../../services/engine/LineRedactor.ts"
 import { loadSignals } from "../../services/engine/PromText.ts"
-import { secretValues } from "../../services/engine/Secrets.ts"
 import { engineOfPlan } from "./backends/index.ts"
-import { dispatchOptions, getText, keyHeader, readWhole } from "./engineHttp.ts"
+import { dispatchOptions, getText, keyHeader, planRedactor, readWhole } from "./engineHttp.ts"
 import { QUOTED_CHARS, StreamExchange } from "./streamExchange.ts"
 
 const STREAM_OPTIONS = Object.freeze({ include_usage: true })
@@ -67,10 +64,8 @@ export const make = Effect.fnUntraced(function* (plan: LaunchPlan, options: Clie
   // `reset`: undici sends `connection: close` and never reuses the connection (an engine that closes it anyway)
   const streamReset = caps.closesStreamedConnections === true
   const streamHeadersTimeout = options.streamHeadersTimeoutMs ?? 0
-  // The secrets the engine's output is scrubbed of (layers/engine/run.ts: its environment and arguments) and the key
-  // the agent sends: an engine may echo them in an error ("Incorrect API key provided: <key>"), which the agent
-  // passes on to callers, /readyz, NodeHealth and its logs. Built once; used on a failure alone, never per chunk.
-  const redact = lineRedactor(secretValues(engineEnvironment(process.env, plan.env), plan.argv, plan.authorization))
+  // The run's secrets and the key, scrubbed from the engine's words in a failure (engineHttp.ts planRedactor)
+  const redact = planRedactor(plan)
 
   const rankHeader = caps.rankHeader
   const postHeaders = (accept: string, opts: RequestOptions | undefined): Record<string, string> => {

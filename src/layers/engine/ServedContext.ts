@@ -20,6 +20,7 @@ import { ServedContext, servedContextOf } from "../../services/engine/ServedCont
 import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
 import { engineOfPlan } from "./backends/index.ts"
 import { getText } from "./EngineClient.ts"
+import { planRedactor } from "./engineHttp.ts"
 
 /** Bound on the read (headers, then body): the engine client's own for its whole answers. */
 const READ_TIMEOUT_MS = 10_000
@@ -52,6 +53,8 @@ export const layerWith = (options: {
       const source = engineOfPlan(plan).capabilities.servedContext
       if (source === undefined) return service
       const url = `${plan.baseUrl}${source.path}`
+      // the model list's errors are logged: scrubbed of the run's secrets as the calls' are
+      const redact = planRedactor(plan)
       const configured = config.model.max_model_len
       const configKey = formatPath(["models", config.model.name, "max_model_len"])
       let lastProblem: string | undefined
@@ -63,7 +66,7 @@ export const layerWith = (options: {
       const read = (keepOnFailure: boolean) =>
         Effect.gen(function* () {
           let answered = true
-          const got = yield* getText(getGlobalDispatcher(), url, READ_TIMEOUT_MS, plan.authorization).pipe(
+          const got = yield* getText(getGlobalDispatcher(), url, READ_TIMEOUT_MS, plan.authorization, redact).pipe(
             Effect.map((text) => parse(text, source, plan.servedModel)),
             Effect.catch((e) => {
               answered = false

@@ -10,8 +10,9 @@
  */
 import { Effect } from "effect"
 import type { Dispatcher } from "undici"
-import type { ProbeKey } from "../../services/engine/Engine.ts"
+import type { LaunchPlan, ProbeKey } from "../../services/engine/Engine.ts"
 import { EngineError } from "../../services/engine/EngineClient.ts"
+import { engineEnvironment } from "../../services/engine/EngineEnvironment.ts"
 import { httpError } from "../../services/engine/EngineErrors.ts"
 import { lineRedactor, type Redactor } from "../../services/engine/LineRedactor.ts"
 import { secretValues } from "../../services/engine/Secrets.ts"
@@ -127,24 +128,30 @@ export const readWhole = (
     )
   )
 
-/** What scrubs an answer's words where the caller brings no redactor: the key the request carried, if any. */
-const keyRedactor = (authorization: string | undefined): Redactor => lineRedactor(secretValues({}, [], authorization))
+/**
+ * What scrubs the engine's words in a failure of a plan's requests: the run's secrets (its environment and arguments,
+ * layers/engine/run.ts) and the key the agent sends. An engine may echo them in an error ("Incorrect API key provided:
+ * <key>"), which the agent passes on to callers, /readyz, NodeHealth and its logs. Built once per holder of the plan
+ * (the EngineClient, ServedContext); used on a failure alone, never per chunk.
+ */
+export const planRedactor = (plan: Pick<LaunchPlan, "env" | "argv" | "authorization">): Redactor =>
+  lineRedactor(secretValues(engineEnvironment(process.env, plan.env), plan.argv, plan.authorization))
 
 /**
  * GET `url` on `dispatcher` and read the whole answer, each of headers and body bounded by `timeoutMs`; an error status
  * fails as the engine's error. The client's /metrics read, and what else the agent reads of the engine whole
  * (ServedContext.ts: its model list). `authorization`: the plan's, for a url on the engine's origin. `redact`: the
- * client's (the run's secrets); without it, the error is scrubbed of the key `authorization` carries (ServedContext).
+ * plan's (planRedactor).
  */
 export const getText = (
   dispatcher: Dispatcher,
   url: string,
   timeoutMs: number,
-  authorization?: string,
-  redact?: Redactor
+  authorization: string | undefined,
+  redact: Redactor
 ): Effect.Effect<string, EngineError> =>
   Effect.suspend(() => {
-    const scrub = redact ?? keyRedactor(authorization)
+    const scrub = redact
     return readWhole(
       dispatcher,
       {
