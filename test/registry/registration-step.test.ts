@@ -2,10 +2,9 @@
 // the reporter drives it (a step per tick; a failed step moves to "retrying"): how often the record is rewritten,
 // and what the registration state says while etcd is down.
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Exit, Layer, Logger, Result } from "effect"
+import { Effect, Exit, Layer, Logger } from "effect"
 import { TestClock } from "effect/testing"
 import { NodeHealth } from "../../src/gen/cgn/agent/v1/agent.ts"
-import { decodeConfigObject } from "../../src/layers/config/Config.ts"
 import type { EtcdOps } from "../../src/layers/registry/etcdClient.ts"
 import type { LeaseRecord } from "../../src/layers/registry/leaseRecord.ts"
 import { makeRegistrationStep } from "../../src/layers/registry/registrationStep.ts"
@@ -14,20 +13,7 @@ import { NodeStatus } from "../../src/services/node/NodeStatus.ts"
 import { EtcdUnavailable, LeaseLost } from "../../src/services/registry/HealthReporter.ts"
 import { reporterTiming } from "../../src/services/registry/ReporterTiming.ts"
 import { NodeStatusTest, layerTest as nodeStatusTest } from "../../src/testing/NodeStatus.ts"
-
-const agentOf = (heartbeat: string, leaseTtl: string, more: Record<string, unknown> = {}) => {
-  const decoded = decodeConfigObject(
-    {
-      cluster: { name: "c1", etcd: ["http://127.0.0.1:1"] },
-      agent: { node_id: "n1", heartbeat, lease_ttl: leaseTtl, ...more },
-      models: { m: { hf_repo: "org/m" } }
-    },
-    undefined,
-    {}
-  )
-  if (Result.isFailure(decoded)) throw new Error(decoded.failure.message)
-  return decoded.success.agent
-}
+import { registrationAgent } from "../support/registrationStep.ts"
 
 /** A scripted etcd: every grant and write answered (or refused while `down`), each written record kept. */
 const scriptedEtcd = () => {
@@ -55,7 +41,7 @@ const scriptedEtcd = () => {
 }
 
 /** A step and its state, with the reporter's loop around it: a failed round moves to "retrying". */
-const reporter = (agent: ReturnType<typeof agentOf>, ops: EtcdOps, leaseRecord?: LeaseRecord) =>
+const reporter = (agent: ReturnType<typeof registrationAgent>, ops: EtcdOps, leaseRecord?: LeaseRecord) =>
   Effect.gen(function* () {
     const nodeStatus = yield* NodeStatus
     const s = initialReporterState()
@@ -88,7 +74,7 @@ describe("registrationStep", () => {
     ["ticks shorter than a heartbeat (a short lease)", "3s", "4s"]
   ] as const)("rewrites the record once per heartbeat: %s", ([, heartbeat, leaseTtl]) =>
     Effect.gen(function* () {
-      const agent = agentOf(heartbeat, leaseTtl)
+      const agent = registrationAgent(heartbeat, leaseTtl)
       const { ops, written } = scriptedEtcd()
       const { timing, round } = yield* reporter(agent, ops)
       for (let t = 0; t < 30_000; t += timing.tickMs) {
@@ -115,7 +101,7 @@ describe("registrationStep", () => {
     "every state change is in the next write's record, a liveness teardown's included, whatever health_damping",
     () =>
       Effect.gen(function* () {
-        const agent = agentOf("30s", "90s", { health_damping: 10 })
+        const agent = registrationAgent("30s", "90s", { health_damping: 10 })
         const { ops, written } = scriptedEtcd()
         const { step } = yield* reporter(agent, ops)
         const control = yield* NodeStatusTest
@@ -146,7 +132,7 @@ describe("registrationStep", () => {
   it.effect("an unreachable etcd: the state stays retrying until etcd answers, one warning for it", () => {
     const warnings: Array<string> = []
     return Effect.gen(function* () {
-      const agent = agentOf("1s", "10s")
+      const agent = registrationAgent("1s", "10s")
       const { ops, etcd, written } = scriptedEtcd()
       etcd.down = true
       const { s, round } = yield* reporter(agent, ops)
@@ -171,7 +157,7 @@ describe("registrationStep", () => {
     () => {
       const warnings: Array<string> = []
       return Effect.gen(function* () {
-        const agent = agentOf("1s", "10s")
+        const agent = registrationAgent("1s", "10s")
         const { ops } = scriptedEtcd()
         let revoked = false
         let revokeAfterKeepAlive = false
@@ -256,7 +242,7 @@ describe("registrationStep", () => {
       () =>
         Effect.gen(function* () {
           const { ops, calls, record } = heldBy(PREVIOUS)
-          const { s, step } = yield* reporter(agentOf("1s", "10s"), ops, record)
+          const { s, step } = yield* reporter(registrationAgent("1s", "10s"), ops, record)
           yield* step("tick")
           assert.strictEqual(s.state, "registered")
           assert.deepStrictEqual(calls, [
@@ -274,7 +260,7 @@ describe("registrationStep", () => {
       () =>
         Effect.gen(function* () {
           const { ops, calls, record } = heldBy(PREVIOUS, true)
-          const { step } = yield* reporter(agentOf("1s", "10s"), ops, record)
+          const { step } = yield* reporter(registrationAgent("1s", "10s"), ops, record)
           const exit = yield* Effect.exit(step("tick"))
           assert.isTrue(Exit.isFailure(exit))
           const cause = String(Exit.isFailure(exit) ? exit.cause : "")
@@ -291,7 +277,7 @@ describe("registrationStep", () => {
     it.effect("a holder's lease the record does not name is not revoked, the record's words in the conflict", () =>
       Effect.gen(function* () {
         const { ops, calls, record } = heldBy("7000000000000000001")
-        const { step } = yield* reporter(agentOf("1s", "10s"), ops, record)
+        const { step } = yield* reporter(registrationAgent("1s", "10s"), ops, record)
         const exit = yield* Effect.exit(step("tick"))
         assert.isTrue(Exit.isFailure(exit))
         assert.include(String(Exit.isFailure(exit) ? exit.cause : ""), "the record names another lease")
