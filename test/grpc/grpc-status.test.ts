@@ -189,10 +189,19 @@ describe("the status table", () => {
     expect(toGrpcFailure(samples.MessageTooLarge[0]).message).toBe("received message larger than max (10 vs 5)")
     expect(toGrpcFailure(samples.CallDeadlineExceeded[0]).message).toBe("Deadline exceeded")
     // README: RESOURCE_EXHAUSTED (retryable); the message says so too.
-    expect(sent(samples.RequestsOverBudget[0])).toBe("requests still arriving hold more than 64 bytes; retry")
-    expect(sent(samples.LegDeadline[0])).toBe(
-      "the decode leg did not start within 30s ([agent].handoff_timeout); the engine request was aborted"
+    expect(sent(samples.RequestsOverBudget[0])).toBe(
+      "requests still arriving hold more than 64 bytes; retry on another node"
     )
+    expect(sent(samples.LegDeadline[0])).toBe(
+      "the decode leg did not start within 30s ([agent].handoff_timeout); the engine request was aborted; retry on another node"
+    )
+    // A leg bound to its pair says so (cgn-retry-pair), not to retry it alone.
+    expect(asSent({ ...toGrpcFailure(samples.LegDeadline[0]), pairBound: true }, false)).toEqual({
+      message:
+        "the decode leg did not start within 30s ([agent].handoff_timeout); the engine request was aborted; retry both legs as a new pair (this leg's handoff is not to be used again)",
+      retryable: false,
+      retryPair: true
+    })
     expect(sent(samples.ShedAtSlot[0])).toBe(
       "~120 ms left of its deadline (agent.handoff_timeout = 4s) after 3880 ms waiting for a slot (agent.max_inflight); prefill legs here need ~900 ms from a slot to their answer; not sent to the engine"
     )

@@ -162,8 +162,9 @@ const agent =
 
 /**
  * A row whose failure is sent with the retry advice (GrpcFailure.advised): the agent's refusals and endings for this
- * node's state whose messages have always said where to retry (README quotes them). Other rows keep their words: an
- * engine's failure is the engine's (README quotes those too), a leg past its deadline or a defect says what happened.
+ * node's state, a P/D leg past its deadline (this node was too slow for it: the advice says whether its pair must be
+ * retried with it) and the transport's memory refusal. Other rows keep their words: an engine's failure is the
+ * engine's (README quotes those too), a slot reached too late or a defect says what happened.
  */
 const advising =
   <E>(row: (e: E) => GrpcFailure) =>
@@ -188,7 +189,7 @@ export const statusTable: { readonly [T in GenerateErrorTag]: Row<T> } = {
   ShedAtArrival: advising(agent(Status.RESOURCE_EXHAUSTED, "shed_at_arrival", true)),
   // A queued call that reached its slot too late to finish before its deadline: failed there, never sent.
   ShedAtSlot: agent(Status.DEADLINE_EXCEEDED, "shed_at_slot", true),
-  LegDeadline: agent(Status.DEADLINE_EXCEEDED, "leg_deadline", true),
+  LegDeadline: advising(agent(Status.DEADLINE_EXCEEDED, "leg_deadline", true)),
   EngineStalled: advising(agent(Status.UNAVAILABLE, "engine_stalled", true)),
   // The engine run ended under the call (services/grpc/EngineCut.ts): UNAVAILABLE as the transport failure was, its
   // engine trailers kept (none when the agent aborted the request as it ended the run); the agent's doing unless the
@@ -214,7 +215,7 @@ export const statusTable: { readonly [T in GenerateErrorTag]: Row<T> } = {
   UnknownMethod: agent(Status.UNIMPLEMENTED, "unknown_method", false),
   MessageTooLarge: agent(Status.RESOURCE_EXHAUSTED, "message_too_large", false),
   // Memory the agent will not spend, as an admission refusal: retryable once others' requests have arrived.
-  RequestsOverBudget: agent(Status.RESOURCE_EXHAUSTED, "requests_over_budget", true),
+  RequestsOverBudget: advising(agent(Status.RESOURCE_EXHAUSTED, "requests_over_budget", true)),
   // Time the agent will not give a request that does not arrive (agent.request_read_timeout), as bytes above; not the
   // caller's deadline (DEADLINE_EXCEEDED: counted and alerted on as such). The caller's or its link's stall: no retry.
   RequestReadTimeout: agent(Status.RESOURCE_EXHAUSTED, "request_read_timeout", false),

@@ -78,7 +78,7 @@ export class RequestsOverBudget extends Schema.TaggedError<RequestsOverBudget>()
   limitBytes: Schema.Number
 }) {
   override get message(): string {
-    return `requests still arriving hold more than ${this.limitBytes} bytes; retry`
+    return `requests still arriving hold more than ${this.limitBytes} bytes`
   }
 }
 
