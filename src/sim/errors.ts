@@ -58,11 +58,16 @@ export const invalidJson = (
   // mlx-lm words its 400 itself (do_POST: `{"error": f"Invalid JSON in request body: {e}"}`).
   if (flavor === "mlx") return { status: 400, message: `Invalid JSON in request body: ${detail}` }
   if (flavor !== "llama_cpp") return { status: 400, message: `Invalid JSON body: ${detail}` }
-  // nlohmann's own words for an empty body; other syntax errors keep its prefix and JSON.parse's detail.
+  // nlohmann's own words for an empty body and for one of whitespace alone (its lexer counts a line per \n and the
+  // end of input as a character of the last line: measured); other syntax errors keep its prefix and JSON.parse's
+  // detail.
+  const lines = raw.split("\n")
   const text =
     raw === ""
       ? "parse error at line 1, column 1: attempting to parse an empty input; check that your input string or stream contains the expected JSON"
-      : `parse error: ${detail}`
+      : /^[ \t\n\r]+$/.test(raw)
+        ? `parse error at line ${lines.length}, column ${(lines.at(-1) ?? "").length + 1}: syntax error while parsing value - unexpected end of input; expected '[', '{', or a literal`
+        : `parse error: ${detail}`
   return { status: 500, message: `[json.exception.parse_error.101] ${text}` }
 }
 

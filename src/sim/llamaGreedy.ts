@@ -46,7 +46,7 @@ const letterOf = (name: string): string | undefined => {
  * The chain a request runs: its own `samplers` (tools/server/server-schema.cpp:501: an array of names, or a string of
  * letters; unknown ones skipped), else the default.
  */
-const chainOf = (samplers: unknown): string =>
+export const chainOf = (samplers: unknown): string =>
   Array.isArray(samplers)
     ? samplers.map((s) => (typeof s === "string" ? (letterOf(s) ?? "") : "")).join("")
     : typeof samplers === "string"

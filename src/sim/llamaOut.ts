@@ -22,6 +22,8 @@ export interface LlamaOut {
   readonly slots: number
   /** `n_predict` as asked (-1: none), for /slots (llamaSlots.ts). */
   readonly nPredict: number
+  /** The task's other params beyond the defaults, for /slots (llamaSlotParams.ts). */
+  readonly shown?: Readonly<Record<string, unknown>> | undefined
   /** `verbose`: each choice's `__verbose` (to_json_non_oaicompat) begins with these, by choice. */
   readonly verbose?: LlamaVerbose | undefined
   /** `return_progress` in a stream: each choice's prompt length, and whether it is a child (`n`), by choice. */
@@ -60,14 +62,14 @@ const generationSettings = (p: LlamaParams, chat: boolean, seed: number | undefi
   const task = { promptTokens: 0, nPredict: p.nPredict, chat, stream: p.stream, seed, ignoreEos: p.ignoreEos }
   book.start(
     0,
-    { ...task, nProbs, timingsPerToken: p.timingsPerToken, postSamplingProbs: p.postSamplingProbs },
+    { ...task, nProbs, timingsPerToken: p.timingsPerToken, postSamplingProbs: p.postSamplingProbs, shown: p.shown },
     [],
     0,
     false
   )
   const params = book.toJson(0, 0, false).params as Record<string, unknown>
   const after: Record<string, Record<string, unknown>> = {
-    dry_penalty_last_n: { dry_sequence_breakers: ["\n", ":", '"', "*"] },
+    dry_penalty_last_n: { dry_sequence_breakers: p.dryBreakers ?? ["\n", ":", '"', "*"] },
     adaptive_decay: { stop: p.stop },
     stream: { logit_bias: [] },
     min_keep: { grammar: p.grammar ?? "", grammar_lazy: false, grammar_triggers: [], preserved_tokens: [] }
@@ -100,6 +102,7 @@ export const llamaOut = (r: {
     begins: sequences.flatMap((_, i) => (i > 0 && i % p.nCmpl === 0 ? [i] : [])),
     slots: r.slots,
     nPredict: p.nPredict,
+    shown: p.shown,
     verbose:
       b.verbose === true
         ? {

@@ -22,6 +22,7 @@ import {
 } from "./llamaFields.ts"
 import { llamaGreedy } from "./llamaGreedy.ts"
 import { type CppType, clampFloat, cppString, cppValue } from "./llamaNumbers.ts"
+import { shownParams } from "./llamaSlotParams.ts"
 
 export { typeError }
 
@@ -67,6 +68,10 @@ export interface LlamaParams {
   readonly grammar: string | undefined
   /** The sampler chain keeps one candidate (llamaGreedy.ts): the same prompt, the same text. */
   readonly greedy: boolean
+  /** The task's params beyond the defaults, as /slots shows them (llamaSlotParams.ts). */
+  readonly shown: Readonly<Record<string, unknown>>
+  /** `dry_sequence_breakers` when the request sets them (a `__verbose` answer's generation_settings shows them). */
+  readonly dryBreakers: ReadonlyArray<string> | undefined
 }
 
 const I32 = 2147483647
@@ -81,6 +86,8 @@ interface Field {
   readonly type?: CppType
   /** Hard limits (set_hard_limits): outside them the request is refused; other numbers are clamped or taken. */
   readonly hard?: readonly [number | bigint, number | bigint | "n_parallel"]
+  /** set_limits: the value clamped to them (`std::max(min, std::min(max, v))`), never refused. */
+  readonly soft?: readonly [number, number]
   readonly handler?: Handler
   /** The name its errors carry where not the field's own (a nested field's inner one). */
   readonly reports?: string
@@ -106,6 +113,12 @@ const handled = (names: ReadonlyArray<string>, handler: Handler, chatSets = fals
   ...(chatSets ? { chatSets } : {})
 })
 const floats = (...names: ReadonlyArray<string>) => names.map((n) => num([n], "float"))
+/** A field_num with set_limits (server-schema.cpp): clamped, the float limits as floats. */
+const clamped = (name: string, type: CppType, soft: readonly [number, number]): Field => ({
+  ...num([name], type),
+  soft
+})
+const FLT_MAX = 3.4028234663852886e38
 
 /**
  * make_llama_cmpl_schema's fields in its order (the first bad one is the one reported), each number with its
@@ -129,15 +142,22 @@ const fields = (chat: boolean): ReadonlyArray<Field> => [
   num(["n_cmpl", "n"], "int32", [1, "n_parallel"]),
   num(["n_cache_reuse"], "int32", [0, I32]),
   num(["t_max_predict_ms"], "int64", [-1n, I64]),
-  num(["top_k"], "int32"),
-  ...floats("top_p", "min_p", "top_n_sigma", "xtc_probability", "xtc_threshold", "typical_p", "temperature"),
+  clamped("top_k", "int32", [0, I32]),
+  clamped("top_p", "float", [0, 1]),
+  clamped("min_p", "float", [0, 1]),
+  ...floats("top_n_sigma"),
+  clamped("xtc_probability", "float", [0, 1]),
+  clamped("xtc_threshold", "float", [0, 1]),
+  ...floats("typical_p"),
+  clamped("temperature", "float", [0, Number.POSITIVE_INFINITY]),
   ...floats("dynatemp_range", "dynatemp_exponent"),
   num(["repeat_last_n"], "int32", [0, I32]),
   ...floats("repeat_penalty", "frequency_penalty", "presence_penalty", "dry_multiplier", "dry_base"),
   num(["dry_allowed_length"], "int32", [0, I32]),
   num(["dry_penalty_last_n"], "int32", [0, I32]),
-  num(["mirostat"], "int32"),
-  ...floats("mirostat_tau", "mirostat_eta", "adaptive_target"),
+  clamped("mirostat", "int32", [0, 2]),
+  ...floats("mirostat_tau", "mirostat_eta"),
+  clamped("adaptive_target", "float", [-FLT_MAX, 1]),
   num(["adaptive_decay"], "float", [0, Math.fround(0.99)]),
   num(["seed"], "uint32"),
   num(["n_probs", "logprobs"], "int32"),
@@ -183,6 +203,7 @@ const includeUsage: Handler = (b, _, values) => {
 const numberField = (f: Field, v: number | boolean, nParallel: number): number | bigint | string => {
   const type = f.type ?? "int32"
   const x = cppValue(v, type)
+  if (f.soft !== undefined) return Math.max(f.soft[0], Math.min(f.soft[1], x as number))
   if (f.hard === undefined) return type === "float" ? clampFloat(x as number) : x
   const [min, maxSpec] = f.hard
   const max = maxSpec === "n_parallel" ? nParallel : maxSpec
@@ -248,6 +269,9 @@ export const llamaParams = (
     postSamplingProbs: values.get("post_sampling_probs") === true,
     timingsPerToken: values.get("timings_per_token") === true,
     grammar: values.get("grammar") as string | undefined,
-    greedy: llamaGreedy(values, b)
+    greedy: llamaGreedy(values, b),
+    shown: shownParams(values, b, values.get("stream") === true),
+    // the handler took it: a non-empty array of strings
+    dryBreakers: present(b, "dry_sequence_breakers") ? (b.dry_sequence_breakers as Array<string>) : undefined
   }
 }

@@ -1,8 +1,10 @@
 // llama-server's own informational routes, as the simulator's llama_cpp flavor answers them: GET /props and
 // /slots, POST /tokenize, /detokenize and /apply-template (ggml-org/llama.cpp tools/server/server.cpp routes;
 // tools/server/server-context.cpp get_res_props, server_slot::to_json, post_tokenize, post_detokenize,
-// post_apply_template). Keys in llama-server's order; what only a real model has (its chat template, its
-// vocabulary) is the simulator's stand-in: its word tokens (tokens.ts) and a ChatML template (llamaTemplate.ts).
+// post_apply_template). Keys in llama-server's order; what only a real model has is the model file's where the
+// simulator can read it (a llama SentencePiece vocabulary: llamaVocab.ts), else its stand-in: its word tokens
+// (tokens.ts), and a ChatML template (llamaTemplate.ts). The POST routes a server without their flag refuses:
+// llamaUnsupported.ts.
 import { randomInt } from "node:crypto"
 import type * as http from "node:http"
 import { reply, type SimContext, sendError } from "./context.ts"
@@ -13,6 +15,9 @@ import { llamaMessages } from "./llamaMessages.ts"
 import { cppValue } from "./llamaNumbers.ts"
 import { DEFAULT_PARAMS } from "./llamaSlots.ts"
 import { CHAT_TEMPLATE } from "./llamaTemplate.ts"
+import { unsupportedMessage } from "./llamaUnsupported.ts"
+import { pieceBytes, pieceJson, utf8Text, vocabTokenize } from "./llamaVocab.ts"
+import type { SpmVocab } from "./spmVocab.ts"
 import { N_VOCAB, tokenId, words } from "./tokens.ts"
 
 /** The simulated vocabulary's special tokens (llama SentencePiece's). */
@@ -43,26 +48,41 @@ const tokenOf = (v: unknown): number | string =>
   typeof v === "number" || typeof v === "boolean" ? (cppValue(v, "int32") as number) : typeError("number", v)
 
 /** std::vector::at's refusal of an id outside the vocabulary: the id as the size_t it takes (-1 wraps). */
-const rangeError = (id: number): string =>
-  `vector::_M_range_check: __n (which is ${BigInt.asUintN(64, BigInt(id))}) >= this->size() (which is ${N_VOCAB})`
+const rangeError = (id: number, size: number): string =>
+  `vector::_M_range_check: __n (which is ${BigInt.asUintN(64, BigInt(id))}) >= this->size() (which is ${size})`
 
-/** An id's piece (common_token_to_piece); an id outside the vocabulary is refused. */
-const pieceOf = (id: number): string | { readonly error: string } =>
-  id < 0 || id >= N_VOCAB ? { error: rangeError(id) } : (SPECIAL.get(id) ?? ` ${seen.get(id) ?? ""}`)
+/**
+ * An id's piece (common_token_to_piece) as bytes (one char each): the model's where it has a vocabulary
+ * (llamaVocab.ts), else the simulator's word; an id outside the vocabulary is refused.
+ */
+const pieceOf = (id: number, vocab: SpmVocab | undefined): string | { readonly error: string } => {
+  const size = vocab?.pieces.length ?? N_VOCAB
+  if (id < 0 || id >= size) return { error: rangeError(id, size) }
+  if (vocab !== undefined) return pieceBytes(vocab, id)
+  return Buffer.from(SPECIAL.get(id) ?? ` ${seen.get(id) ?? ""}`, "utf8").toString("latin1")
+}
+
+type Token = number | { id: number; piece: string }
 
 /**
  * tokenize_mixed: a string, or strings and token ids mixed, in order; add_special puts the BOS first only where the
- * first element is a string (a leading id clears it). A non-string element is read with get<llama_token>().
+ * first element is a string (a leading id clears it). A non-string element is read with get<llama_token>(). With the
+ * model's vocabulary, its ids (parse_special: its control tokens split out of the text); else the simulator's words.
  */
-const tokenize = (content: unknown, addSpecial: boolean): Array<number | { id: number; piece: string }> | string => {
+const tokenize = (
+  content: unknown,
+  addSpecial: boolean,
+  parseSpecial: boolean,
+  vocab?: SpmVocab
+): Array<Token> | string => {
   // anything but an array or a string fails get<std::string>() (nlohmann's words)
   if (!Array.isArray(content) && typeof content !== "string") return typeError("string", content)
   const parts = Array.isArray(content) ? content : [content]
-  const out: Array<number | { id: number; piece: string }> = []
-  if (addSpecial && typeof parts[0] === "string") out.push({ id: BOS, piece: "<s>" })
-  for (const p of parts) {
+  const out: Array<Token> = []
+  if (vocab === undefined && addSpecial && typeof parts[0] === "string") out.push({ id: BOS, piece: "<s>" })
+  for (const [i, p] of parts.entries()) {
     if (typeof p === "string") {
-      out.push(...tokenizeText(p))
+      out.push(...(vocab ? vocabTokenize(vocab, p, addSpecial && i === 0, parseSpecial) : tokenizeText(p)))
       continue
     }
     const id = tokenOf(p)
@@ -122,17 +142,22 @@ const getRoute = (ctx: SimContext, path: string, query: string, res: http.Server
 }
 
 /** The answer of a POST route to a parsed body: [status, body] or an error's [status, message]. */
-const postAnswer = (path: string, body: Record<string, unknown>): [number, unknown] | [number, string, true] => {
+const postAnswer = (
+  path: string,
+  body: Record<string, unknown>,
+  vocab: SpmVocab | undefined
+): [number, unknown] | [number, string, true] => {
   if (path === "/tokenize") {
     if (!("content" in body)) return [200, { tokens: [] }]
-    const toks = tokenize(body.content, body.add_special === true)
+    // json_value: a value of another type than the default's is the default
+    const toks = tokenize(body.content, body.add_special === true, body.parse_special !== false, vocab)
     if (typeof toks === "string") return [500, toks, true]
     if (body.with_pieces !== true) return [200, { tokens: toks.map((t) => (typeof t === "number" ? t : t.id)) }]
-    const pieces: Array<{ id: number; piece: string }> = []
+    const pieces: Array<{ id: number; piece: string | Array<number> }> = []
     for (const t of toks) {
-      const piece = typeof t === "number" ? pieceOf(t) : t.piece
+      const piece = typeof t === "number" ? pieceOf(t, vocab) : t.piece
       if (typeof piece !== "string") return [500, piece.error, true]
-      pieces.push(typeof t === "number" ? { id: t, piece } : t)
+      pieces.push(typeof t === "number" ? { id: t, piece: vocab ? pieceJson(piece) : utf8Text(piece) } : t)
     }
     return [200, { tokens: pieces }]
   }
@@ -143,10 +168,10 @@ const postAnswer = (path: string, body: Record<string, unknown>): [number, unkno
     const ids = (body.tokens as Array<unknown>).map(tokenOf)
     const bad = ids.find((i) => typeof i === "string")
     if (bad !== undefined) return [500, bad, true]
-    const pieces = (ids as Array<number>).map(pieceOf)
+    const pieces = (ids as Array<number>).map((id) => pieceOf(id, vocab))
     const out = pieces.find((p) => typeof p !== "string")
     if (out !== undefined) return [500, (out as { error: string }).error, true]
-    return [200, { content: pieces.join("") }]
+    return [200, { content: utf8Text(pieces.join("")) }]
   }
   // /apply-template: the chat's checks (oaicompat_chat_params_parse), then its rendering (llamaTemplate.ts)
   const checked = llamaMessages(body)
@@ -166,13 +191,22 @@ export const llamaRoute = (
   res: http.ServerResponse
 ): boolean => {
   if (method === "GET") return getRoute(ctx, path, query, res)
+  // a route this server would refuse 501 whatever the body (llamaUnsupported.ts): flags on the simulator's own
+  // command line, which is the engine's
+  const enabled = (n: string) => (n.startsWith("LLAMA_ARG_") ? process.env[n] !== undefined : process.argv.includes(n))
+  const unsupported = method === "POST" ? unsupportedMessage(path, enabled) : undefined
+  if (unsupported !== undefined) {
+    req.resume()
+    sendError(ctx, res, 501, unsupported)
+    return true
+  }
   if (method !== "POST" || !POST_ROUTES.has(path)) return false
   void readJson("llama_cpp", req).then((read) => {
     if ("bare" in read) return bareStatus(res, read.bare)
     if ("message" in read) return sendError(ctx, res, read.status, read.message)
     const { body } = read
     const b = typeof body === "object" && body !== null && !Array.isArray(body) ? (body as Record<string, unknown>) : {}
-    const [status, out, failed] = postAnswer(path, b)
+    const [status, out, failed] = postAnswer(path, b, ctx.cfg.vocab)
     if (failed === true) return sendError(ctx, res, status, out as string)
     reply(ctx, res, status, out)
   })

@@ -74,6 +74,8 @@ export interface SlotTask {
   readonly nProbs: number
   readonly timingsPerToken: boolean
   readonly postSamplingProbs: boolean
+  /** The request's other params beyond the defaults (llamaSlotParams.ts). */
+  readonly shown?: Readonly<Record<string, unknown>> | undefined
 }
 
 interface Held {
@@ -168,6 +170,7 @@ export class SlotBook {
     const t = h.task
     const params = {
       ...DEFAULT_PARAMS,
+      ...t.shown,
       ...(t.seed === undefined ? {} : { seed: t.seed }),
       max_tokens: t.nPredict,
       n_predict: t.nPredict,
@@ -175,7 +178,7 @@ export class SlotBook {
       stream: t.stream,
       n_probs: t.nProbs,
       chat_format: t.chat ? "peg-native" : "Content-only",
-      reasoning_format: "deepseek",
+      reasoning_format: t.shown?.reasoning_format ?? "deepseek",
       // the chat template's generation prompt (the simulator's ChatML)
       generation_prompt: t.chat ? GENERATION_PROMPT : "",
       timings_per_token: t.timingsPerToken,

@@ -34,7 +34,8 @@ const slotTask = (gr: Pick<GenRequest, "endpoint" | "sequences" | "stream" | "ig
     ignoreEos: gr.ignoreEos,
     nProbs: o?.nProbs ?? 0,
     timingsPerToken: o?.timingsPerToken ?? false,
-    postSamplingProbs: o?.postSamplingProbs ?? false
+    postSamplingProbs: o?.postSamplingProbs ?? false,
+    shown: o?.shown
   }
   return task
 }

@@ -11,6 +11,8 @@ import { ARRAY, readGgufHeader, SCALAR_SIZE, STRING } from "./ggufMeta.ts"
 export interface SpmVocab {
   /** Each token's text as it is in the file (UTF-8). */
   readonly pieces: ReadonlyArray<string>
+  /** Each token's type (llama_token_type: 1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte). */
+  readonly types: ReadonlyArray<number>
   readonly scores: Float32Array
   /** A token's text as UTF-8 bytes -> its id (the last of equal texts). */
   readonly ids: ReadonlyMap<string, number>
@@ -52,6 +54,8 @@ export const readSpmVocab = (file: string): SpmVocab | undefined =>
       else r.skipValue(type)
     }
     if (model !== "llama" || pieces.length === 0) return undefined
+    // llama_vocab::impl::load names an empty token "[EMPTY_<id>]" (src/llama-vocab.cpp), its text from then on
+    pieces = pieces.map((p, i) => (p === "" ? `[EMPTY_${i}]` : p))
     const ids = new Map<string, number>()
     for (const [id, p] of pieces.entries()) ids.set(bytes(p), id)
     const special = pieces
@@ -61,6 +65,7 @@ export const readSpmVocab = (file: string): SpmVocab | undefined =>
     const flag = (k: string, dflt: boolean) => (flags.has(k) ? flags.get(k) !== 0 : dflt)
     return {
       pieces,
+      types: pieces.map((_, id) => types[id] ?? 1),
       scores: scores.length === pieces.length ? scores : new Float32Array(pieces.length),
       ids,
       special,
@@ -181,10 +186,14 @@ const session = (v: SpmVocab, text: string, out: Array<number>): void => {
 /** A text or a special token's id, after tokenizer_st_partition. */
 type Fragment = string | number
 
-/** tokenizer_st_partition with parse_special: each special token, the longest first, split out of the raw texts. */
-const partition = (v: SpmVocab, text: string): Array<Fragment> => {
+/**
+ * tokenizer_st_partition: each special token, the longest first, split out of the raw texts; without parse_special
+ * only the user-defined ones (control and unknown tokens are left in the text: src/llama-vocab.cpp).
+ */
+const partition = (v: SpmVocab, text: string, parseSpecial: boolean): Array<Fragment> => {
   let frags: Array<Fragment> = text === "" ? [] : [text]
   for (const [t, id] of v.special) {
+    if (!parseSpecial && v.types[id] !== 4) continue
     frags = frags.flatMap((f) => {
       if (typeof f === "number" || !f.includes(t)) return [f]
       const parts = f.split(t)
@@ -196,11 +205,14 @@ const partition = (v: SpmVocab, text: string): Array<Fragment> => {
 
 const SPACE = bytes("\u2581")
 
-/** llama_vocab::tokenize of an SPM vocabulary, special tokens parsed (as llama-server's prompts are): the ids. */
-export const spmTokenize = (v: SpmVocab, text: string, addSpecial: boolean): Array<number> => {
+/**
+ * llama_vocab::tokenize of an SPM vocabulary: the ids. Special tokens are parsed as in llama-server's prompts unless
+ * `parseSpecial` is false (/tokenize's parse_special).
+ */
+export const spmTokenize = (v: SpmVocab, text: string, addSpecial: boolean, parseSpecial = true): Array<number> => {
   const out: Array<number> = addSpecial && v.addBos ? [v.bos] : []
   let prevSpecial = true
-  for (const f of partition(v, bytes(text))) {
+  for (const f of partition(v, bytes(text), parseSpecial)) {
     if (typeof f === "number") {
       out.push(f)
       prevSpecial = true
