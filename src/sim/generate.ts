@@ -99,8 +99,7 @@ export const generate = async (
     return sendError(ctx, res, handoff.status, handoff.message)
   }
 
-  // The engine core (DP rank) that runs it: its slot, its prefix cache and KV events, its counters. Each of
-  // llama.cpp's sequences (n, several prompts) takes a slot of its own in turn (requestSlots.ts).
+  // The DP rank that runs it (its slot, prefix cache, KV events, counters); llama.cpp's sequences: requestSlots.ts.
   const rank = ctx.engines.pick({ bootstrapRoom: gr.bootstrap?.room }, pinnedTo)
   rankCore = rank.core
   const { kv, stats: rs } = rank
@@ -108,6 +107,7 @@ export const generate = async (
   let blocks: RequestBlocks | undefined
   let myDecodeBlocks = 0
   cleanup = () => {
+    if (state === "aborted") rs.aborted++ // the rank's count of requests its clients left (metricPages.ts)
     slots.release()
     if (blocks !== undefined) kv.release(blocks.pinned)
     rank.decodeBlocks -= myDecodeBlocks

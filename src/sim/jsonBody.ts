@@ -5,11 +5,12 @@ import type * as http from "node:http"
 import { invalidJson } from "./errors.ts"
 import { readBody } from "./http.ts"
 import type { Flavor } from "./simConfig.ts"
+import { unparsedBody } from "./upstreamRefusals.ts"
 
 /** The body parsed, an error to answer (the flavor's words), or cpp-httplib's bare 400 (no body at all). */
 export type JsonBody =
   | { readonly body: unknown; readonly raw: string }
-  | { readonly status: number; readonly message: string }
+  | { readonly status: number; readonly message: string; readonly reply?: unknown }
   | { readonly bare: 400 }
 
 /**
@@ -94,6 +95,9 @@ export const readJson = async (flavor: Flavor, req: http.IncomingMessage): Promi
     const lone = llama ? surrogateError(raw) : undefined
     return lone === undefined ? { body, raw } : { status: 500, message: lone }
   } catch (err) {
+    // vLLM and SGLang: FastAPI's own refusal, in each engine's validation-error words (upstreamRefusals.ts)
+    const upstream = unparsedBody(flavor, raw)
+    if (upstream !== undefined) return { status: upstream.status, message: upstream.message, reply: upstream.body }
     return invalidJson(flavor, err instanceof Error ? err.message : String(err), raw)
   }
 }

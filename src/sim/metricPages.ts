@@ -218,6 +218,15 @@ const SGLANG: Page = {
     ),
     serverCounter("sglang:cached_tokens_total", "Number of cached prompt tokens.", (r) => r.stats.finishedCachedTokens),
     serverCounter("sglang:num_requests_total", "Number of requests processed.", (r) => r.stats.served),
+    // TokenizerManager.abort_request counts a request still in flight that its client left (python/sglang/srt/
+    // managers/tokenizer_manager.py; metrics/collector.py): its one child is made at the first abort
+    {
+      kind: "counter",
+      name: "sglang:num_aborted_requests_total",
+      help: "Number of requests aborted.",
+      scope: "server",
+      children: ({ stats: s }, all) => (all.some((r) => r.stats.aborted > 0) ? [[{}, s.aborted]] : [])
+    },
     hist("server", "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", (s) => s.ttft),
     hist("server", "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", (s) => s.itl),
     hist(

@@ -9,6 +9,14 @@ import { validateLlama } from "./llamaValidate.ts"
 import { earlyRefusal, greedySampling, type Invalid, samplingRefusal } from "./requestChecks.ts"
 import type { SimConfig } from "./simConfig.ts"
 import { words } from "./tokens.ts"
+import {
+  missingMessages,
+  notAnObject,
+  sglangFieldRefusal,
+  sglangRequestRefusal,
+  sglangRoleRefusal,
+  vllmBuiltRefusal
+} from "./upstreamRefusals.ts"
 
 /**
  * The bootstrap host SGLang's own warm-up and /health_generate send a prefill or decode server for a request with
@@ -106,15 +114,30 @@ const promptText = (prompt: unknown): string | undefined => {
 
 const isString = (v: unknown): v is string => typeof v === "string"
 
+/**
+ * vLLM's SamplingParams._verify_args on max_tokens (vllm-project/vllm vllm/sampling_params.py): a
+ * VLLMValidationError naming parameter and value, which its str() appends (vllm/exceptions.py).
+ */
+const vllmMaxTokens = (rawMax: unknown): string =>
+  typeof rawMax === "number" && Number.isInteger(rawMax)
+    ? `max_tokens must be at least 1, got ${rawMax}. (parameter=max_tokens, value=${rawMax})`
+    : `max_tokens must be at least 1, got ${String(rawMax)}.`
+
 /** Validates a parsed body; `rawBody` lets bootstrap_room (up to 2^63-1) be read without float rounding. */
 export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawBody: string): GenRequest | Invalid => {
   if (cfg.flavor === "llama_cpp") return validateLlama(cfg, endpoint, body)
   if (typeof body !== "object" || body === null || Array.isArray(body)) {
-    return { status: 400, message: "request body must be a JSON object", param: null }
+    if (cfg.flavor === "mlx") return { status: 400, message: "request body must be a JSON object", param: null }
+    return { ...notAnObject(cfg.flavor, body), param: null }
   }
   const b = body as Record<string, unknown>
   const early = earlyRefusal(cfg, endpoint, b, rawBody)
   if (early !== undefined) return early
+  // pydantic's required field, checked before any handler code runs (the model's name among it)
+  if (endpoint === "chat" && b.messages === undefined && cfg.flavor !== "mlx")
+    return { ...missingMessages(cfg.flavor, b), param: null }
+  const badRole = cfg.flavor === "sglang" && endpoint === "chat" ? sglangRoleRefusal(b) : undefined
+  if (badRole !== undefined) return { ...badRole, param: null }
   const model = b.model
   if (model !== undefined && model !== null && typeof model === "string") {
     // SGLang's OpenAI routes never compare the name (python/sglang/srt/entrypoints/openai/serving_base.py
@@ -132,7 +155,14 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
       return { status: 404, message, param: "model" }
     }
   }
+  const rawMax = b.max_completion_tokens ?? b.max_tokens
+  // SGLang's CompletionRequest refuses max_tokens <= 0 as it parses the body, before its handler's checks
+  if (cfg.flavor === "sglang" && endpoint === "completion" && typeof b.max_tokens === "number" && b.max_tokens <= 0)
+    return { ...sglangFieldRefusal("max_tokens", "max_tokens must be positive", b.max_tokens), param: null }
   let text: string
+  // SGLang's handler checks the request before anything else (upstreamRefusals.ts)
+  const sglangRefusal = cfg.flavor === "sglang" ? sglangRequestRefusal(cfg, endpoint, b) : undefined
+  if (sglangRefusal !== undefined) return { status: 400, message: sglangRefusal, param: null }
   if (endpoint === "chat") {
     if (!Array.isArray(b.messages) || b.messages.length === 0) {
       return { status: 400, message: "messages: field required (a non-empty list)", param: "messages" }
@@ -147,8 +177,8 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
     if (t === undefined) return { status: 400, message: "prompt: field required", param: "prompt" }
     text = t
   }
-  const rawMax = b.max_completion_tokens ?? b.max_tokens
   let maxTokens = cfg.defaultMaxTokens
+  let maxRefusal: Invalid | undefined
   if (rawMax !== undefined && rawMax !== null) {
     // mlx-lm and SGLang's chat take 0: only SGLang's CompletionRequest refuses it (openai/protocol.py
     // validate_max_tokens_positive); a chat's goes to SamplingParams.verify (sampling/sampling_params.py)
@@ -159,21 +189,22 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
         ? `max_new_tokens must be at least 0, got ${String(rawMax)}.`
         : cfg.flavor === "sglang"
           ? "max_tokens must be positive"
-          : `max_tokens must be at least 1, got ${String(rawMax)}.` // vLLM's SamplingParams._verify_args
-      return { status: 400, message, param: "max_tokens" }
-    }
-    maxTokens = rawMax
+          : vllmMaxTokens(rawMax)
+      maxRefusal = { status: 400, message, param: "max_tokens" }
+      // vLLM's is one of _verify_args' checks, after the context's and the sampling fields' (below)
+      if (cfg.flavor !== "vllm") return maxRefusal
+    } else maxTokens = rawMax
   }
   const promptWords = words(text)
   const tooLong = contextRefusal(
     cfg.flavor,
     cfg.maxModelLen,
     promptWords.length,
-    rawMax === undefined || rawMax === null ? undefined : maxTokens,
+    rawMax === undefined || rawMax === null || maxRefusal !== undefined ? undefined : maxTokens,
     cfg.legacyErrors
   )
   if (tooLong !== undefined) return { status: 400, ...tooLong }
-  const sampling = samplingRefusal(cfg, b)
+  const sampling = samplingRefusal(cfg, b) ?? maxRefusal
   if (sampling !== undefined) return sampling
   // `stop` is a string or a list of strings for all three (vLLM and SGLang protocol.py, mlx_lm/server.py
   // do_POST). vLLM refuses an empty one (vllm/sampling_params.py SamplingParams._verify_args, answered 400).
@@ -181,6 +212,8 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
   if (cfg.flavor === "vllm" && stop.includes("")) {
     return { status: 400, message: "stop cannot contain an empty string.", param: null }
   }
+  const built = cfg.flavor === "vllm" ? vllmBuiltRefusal(endpoint, b) : undefined
+  if (built !== undefined) return { status: 400, ...built }
   const so = b.stream_options
   const includeUsage =
     typeof so === "object" && so !== null && (so as { include_usage?: unknown }).include_usage === true

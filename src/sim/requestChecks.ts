@@ -5,6 +5,7 @@
 import type { Endpoint } from "./chunks.ts"
 import { vllmValidationError } from "./errors.ts"
 import { mlxRefusal } from "./mlxRequest.ts"
+import { pyFloat } from "./pyWords.ts"
 import type { SimConfig } from "./simConfig.ts"
 
 export type Invalid = {
@@ -103,49 +104,59 @@ const refused = (message: string, param: string | null = null): Invalid => ({ st
 
 /**
  * vLLM's SamplingParams._verify_args, in its order (vllm-project/vllm vllm/sampling_params.py; VLLMValidationError,
- * answered 400, naming the parameter for temperature and top_p). Defaults as SamplingParams.from_optional's.
+ * answered 400). Defaults as SamplingParams.from_optional's. The float fields are Python floats by then (pydantic's
+ * `float` takes a JSON 3 as 3.0), written as Python writes them; temperature's and top_p's errors name the parameter
+ * and value, which str() appends to the message (vllm/exceptions.py VLLMValidationError.__str__) and
+ * create_error_response puts in `param` (vllm/entrypoints/serve/exception_handling/error_response.py).
  */
 const vllmSampling = (b: Record<string, unknown>): Invalid | undefined => {
+  const named = (text: string, param: string, value: number): Invalid =>
+    refused(`${text} (parameter=${param}, value=${pyFloat(value)})`, param)
   const presence = num(b, "presence_penalty", 0)
-  if (!(presence >= -2 && presence <= 2)) return refused(`presence_penalty must be in [-2, 2], got ${presence}.`)
+  if (!(presence >= -2 && presence <= 2))
+    return refused(`presence_penalty must be in [-2, 2], got ${pyFloat(presence)}.`)
   const frequency = num(b, "frequency_penalty", 0)
-  if (!(frequency >= -2 && frequency <= 2)) return refused(`frequency_penalty must be in [-2, 2], got ${frequency}.`)
+  if (!(frequency >= -2 && frequency <= 2))
+    return refused(`frequency_penalty must be in [-2, 2], got ${pyFloat(frequency)}.`)
   const repetition = num(b, "repetition_penalty", 1)
-  if (repetition <= 0) return refused(`repetition_penalty must be greater than zero, got ${repetition}.`)
+  if (repetition <= 0) return refused(`repetition_penalty must be greater than zero, got ${pyFloat(repetition)}.`)
   const temperature = num(b, "temperature", 1)
-  if (temperature < 0) return refused(`temperature must be non-negative, got ${temperature}.`, "temperature")
-  if (temperature > 2) return refused(`temperature must be in [0, 2], got ${temperature}.`, "temperature")
+  const t = pyFloat(temperature)
+  if (temperature < 0) return named(`temperature must be non-negative, got ${t}.`, "temperature", temperature)
+  if (temperature > 2) return named(`temperature must be in [0, 2], got ${t}.`, "temperature", temperature)
   const topP = num(b, "top_p", 1)
-  if (!(topP > 0 && topP <= 1)) return refused(`top_p must be in (0, 1], got ${topP}.`, "top_p")
+  if (!(topP > 0 && topP <= 1)) return named(`top_p must be in (0, 1], got ${pyFloat(topP)}.`, "top_p", topP)
   const topK = num(b, "top_k", 0)
   if (topK < -1) return refused(`top_k must be 0 (disable), or at least 1, got ${topK}.`)
   const minP = num(b, "min_p", 0)
-  if (!(minP >= 0 && minP <= 1)) return refused(`min_p must be in [0, 1], got ${minP}.`)
+  if (!(minP >= 0 && minP <= 1)) return refused(`min_p must be in [0, 1], got ${pyFloat(minP)}.`)
   return undefined
 }
 
 /**
  * SGLang's SamplingParams.verify, in its order, after __post_init__ has made a temperature below 1e-6 greedy (top_k
  * 1) and -1 the whole vocabulary (sgl-project/sglang python/sglang/srt/sampling/sampling_params.py); a ValueError
- * there is answered 400.
+ * there is answered 400. Its float fields are Python floats (the request model's `float`), written as Python does.
  */
 const sglangSampling = (b: Record<string, unknown>): Invalid | undefined => {
   const temperature = num(b, "temperature", 1)
-  if (temperature < 0) return refused(`temperature must be a non-negative finite number, got ${temperature}.`)
+  if (temperature < 0) return refused(`temperature must be a non-negative finite number, got ${pyFloat(temperature)}.`)
   const topP = num(b, "top_p", 1)
-  if (!(topP > 0 && topP <= 1)) return refused(`top_p must be in (0, 1], got ${topP}.`)
+  if (!(topP > 0 && topP <= 1)) return refused(`top_p must be in (0, 1], got ${pyFloat(topP)}.`)
   const minP = num(b, "min_p", 0)
-  if (!(minP >= 0 && minP <= 1)) return refused(`min_p must be in [0, 1], got ${minP}.`)
+  if (!(minP >= 0 && minP <= 1)) return refused(`min_p must be in [0, 1], got ${pyFloat(minP)}.`)
   const rawTopK = num(b, "top_k", -1)
   const topK = temperature < 1e-6 ? 1 : rawTopK === -1 ? 1 << 30 : rawTopK
   if (topK < 1) return refused(`top_k must be -1 (disable) or at least 1, got ${topK}.`)
   const frequency = num(b, "frequency_penalty", 0)
-  if (!(frequency >= -2 && frequency <= 2)) return refused(`frequency_penalty must be in [-2, 2], got ${frequency}.`)
+  if (!(frequency >= -2 && frequency <= 2))
+    return refused(`frequency_penalty must be in [-2, 2], got ${pyFloat(frequency)}.`)
   const presence = num(b, "presence_penalty", 0)
-  if (!(presence >= -2 && presence <= 2)) return refused(`presence_penalty must be in [-2, 2], got ${presence}.`)
+  if (!(presence >= -2 && presence <= 2))
+    return refused(`presence_penalty must be in [-2, 2], got ${pyFloat(presence)}.`)
   const repetition = num(b, "repetition_penalty", 1)
   if (!(repetition > 0 && repetition <= 2))
-    return refused(`repetition_penalty must be in (0, 2] (1.0 = no penalty), got ${repetition}.`)
+    return refused(`repetition_penalty must be in (0, 2] (1.0 = no penalty), got ${pyFloat(repetition)}.`)
   return undefined
 }
 

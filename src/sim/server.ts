@@ -278,7 +278,10 @@ const completion = async (
   // a request that races readiness waits in generate for the load, as mlx-lm's does.
   const read = await readJson(flavor, req)
   if ("bare" in read) return bareStatus(res, read.bare)
-  if ("message" in read) return sendError(ctx, res, read.status, read.message)
+  if ("message" in read)
+    return read.reply === undefined
+      ? sendError(ctx, res, read.status, read.message)
+      : errorReply(ctx, res, read.status, read.reply)
   const parsed = validate(ctx.cfg, endpoint, read.body, read.raw)
   if (isInvalid(parsed)) {
     if (parsed.drop === true) {

@@ -21,14 +21,14 @@ const refusal = (cfg: typeof vllm, body: Record<string, unknown>) => {
 
 describe("vLLM's sampling checks", () => {
   it.each([
-    [{ temperature: -1 }, "temperature must be non-negative, got -1."],
-    [{ temperature: 2.5 }, "temperature must be in [0, 2], got 2.5."],
-    [{ top_p: 2 }, "top_p must be in (0, 1], got 2."],
-    [{ top_p: 0 }, "top_p must be in (0, 1], got 0."],
+    [{ temperature: -1 }, "temperature must be non-negative, got -1.0. (parameter=temperature, value=-1.0)"],
+    [{ temperature: 2.5 }, "temperature must be in [0, 2], got 2.5. (parameter=temperature, value=2.5)"],
+    [{ top_p: 2 }, "top_p must be in (0, 1], got 2.0. (parameter=top_p, value=2.0)"],
+    [{ top_p: 0 }, "top_p must be in (0, 1], got 0.0. (parameter=top_p, value=0.0)"],
     [{ top_k: -2 }, "top_k must be 0 (disable), or at least 1, got -2."],
-    [{ presence_penalty: 3 }, "presence_penalty must be in [-2, 2], got 3."],
-    [{ frequency_penalty: -3 }, "frequency_penalty must be in [-2, 2], got -3."],
-    [{ repetition_penalty: 0 }, "repetition_penalty must be greater than zero, got 0."],
+    [{ presence_penalty: 3 }, "presence_penalty must be in [-2, 2], got 3.0."],
+    [{ frequency_penalty: -3 }, "frequency_penalty must be in [-2, 2], got -3.0."],
+    [{ repetition_penalty: 0 }, "repetition_penalty must be greater than zero, got 0.0."],
     [{ min_p: 1.5 }, "min_p must be in [0, 1], got 1.5."]
   ])("%j: 400 %s", (body, message) => {
     expect(refusal(vllm, body)).toEqual({ status: 400, message, drop: false })
@@ -45,7 +45,7 @@ describe("SGLang's sampling checks", () => {
     [{ temperature: -0.5 }, "temperature must be a non-negative finite number, got -0.5."],
     [{ top_p: 1.5 }, "top_p must be in (0, 1], got 1.5."],
     [{ top_k: 0, temperature: 1 }, "top_k must be -1 (disable) or at least 1, got 0."],
-    [{ repetition_penalty: 3 }, "repetition_penalty must be in (0, 2] (1.0 = no penalty), got 3."],
+    [{ repetition_penalty: 3 }, "repetition_penalty must be in (0, 2] (1.0 = no penalty), got 3.0."],
     [{ presence_penalty: 2.5 }, "presence_penalty must be in [-2, 2], got 2.5."]
   ])("%j: 400 %s", (body, message) => {
     expect(refusal(sglang, body)).toEqual({ status: 400, message, drop: false })

@@ -123,7 +123,8 @@ describe("vLLM flavor", () => {
   })
 
   it.each([
-    ["missing messages", "/v1/chat/completions", { model: "served" }, 400, "BadRequestError"],
+    // a required field pydantic misses: FastAPI's RequestValidationError, "Bad Request" (upstream-refusals.test.ts)
+    ["missing messages", "/v1/chat/completions", { model: "served" }, 400, "Bad Request"],
     ["missing prompt", "/v1/completions", { model: "served" }, 400, "BadRequestError"],
     ["max_tokens 0", "/v1/completions", { prompt: "a", max_tokens: 0 }, 400, "BadRequestError"],
     ["over max-model-len", "/v1/completions", { prompt: "a", max_tokens: 100 }, 400, "BadRequestError"],
