@@ -7,16 +7,13 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { assert, describe, it } from "@effect/vitest"
-import { Context, Deferred, Effect, Layer, Logger, Ref, Stream } from "effect"
+import { Deferred, Effect, Ref } from "effect"
 import { TestClock } from "effect/testing"
-import { layerFromPlan } from "../../src/layers/engine/EngineProcess.ts"
-import { EngineHost } from "../../src/services/engine/EngineHost.ts"
-import { EngineProcess, type EngineState } from "../../src/services/engine/EngineProcess.ts"
 import { testPlan } from "../../src/testing/EngineProcess.ts"
 import { makeFakeHost } from "../support/fakeEngineHost.ts"
 import { settle } from "../support/poll.ts"
 import { freePort } from "../support/ports.ts"
-import { testSettings } from "../support/supervisor.ts"
+import { superviseFake, testSettings } from "../support/supervisor.ts"
 
 describe("a run's end line: its level from how it ended", () => {
   it.effect("an operator's restart: info, with the last lines; the stall restart and an exit: warn", () =>
@@ -31,22 +28,10 @@ describe("a run's end line: its level from how it ended", () => {
         stopExit: { code: 0, signal: null },
         lastLines: (run) => [`[stderr] run ${run} last words`]
       })
-      const lines: Array<{ level: string; text: string }> = []
-      const capture = Logger.make(({ logLevel, message }) => {
-        const [text] = [message].flat()
-        if (typeof text === "string") lines.push({ level: logLevel, text })
-      })
-      const context = yield* Layer.build(
-        layerFromPlan(plan, testSettings({ stateDir, backoff: { ...testSettings().backoff, initialMs: 1_000 } })).pipe(
-          Layer.provide(Layer.succeed(EngineHost, fake.host)),
-          Layer.provide(Logger.layer([capture]))
-        )
-      )
-      const engine = Context.get(context, EngineProcess)
-      const states: Array<EngineState> = []
-      yield* engine.changes.pipe(
-        Stream.runForEach((s) => Effect.sync(() => states.push(s))),
-        Effect.forkScoped
+      const { engine, states, lines } = yield* superviseFake(
+        plan,
+        testSettings({ stateDir, backoff: { ...testSettings().backoff, initialMs: 1_000 } }),
+        fake.host
       )
       yield* Ref.set(fake.up, true)
       const readyRun = (run: number) =>

@@ -43,7 +43,7 @@ const expected = {
   other: ["INTERNAL", true, false]
 } as const
 
-const reasons = ["Http", "Connect", "Stream", "Timeout", "Protocol"] as const
+const reasons = ["Http", "Connect", "Stream", "Timeout", "Protocol", "Local"] as const
 
 describe("the engine status table", () => {
   it("gives every row's decisions", () => {
@@ -73,7 +73,9 @@ describe("the engine status table", () => {
       Stream: ["UNAVAILABLE", true, true],
       Connect: ["UNAVAILABLE", true, true],
       Timeout: ["DEADLINE_EXCEEDED", true, false],
-      Protocol: ["INTERNAL", true, false]
+      Protocol: ["INTERNAL", true, false],
+      // the agent's host could not connect (its descriptor limit): this node's, not the engine's
+      Local: ["UNAVAILABLE", true, false]
     })
     expect(read(outputFault)).toEqual(["INTERNAL", false, false])
   })

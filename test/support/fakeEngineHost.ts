@@ -4,7 +4,12 @@
  * test to end or inspect, and the probe answers as the test's `up` says.
  */
 import { Clock, Deferred, Effect, Ref } from "effect"
-import { EngineHost, type EngineHostService, type RunExit } from "../../src/services/engine/EngineHost.ts"
+import {
+  EngineHost,
+  type EngineHostService,
+  type ProbeResult,
+  type RunExit
+} from "../../src/services/engine/EngineHost.ts"
 
 /** Pids no process has (above Linux's pid_max, 4194304), so the real reclaim and group checks see nothing alive. */
 export const fakePid = (run: number) => 4_194_304 + 1_000 + run
@@ -37,6 +42,8 @@ export interface FakeHost {
   readonly runs: Ref.Ref<ReadonlyArray<FakeRun>>
   /** The probe's answer: ok while true, else "connection refused" (waiting for port); false until the test says. */
   readonly up: Ref.Ref<boolean>
+  /** Set, the probe answers this instead of what `up` says (a result no real engine gives: an unsent probe's). */
+  readonly answer: Ref.Ref<ProbeResult | undefined>
   /** Set to a Deferred, a stop waits for it before it ends the run: to look at the supervisor mid-stop. */
   readonly holdStops: Ref.Ref<Deferred.Deferred<void> | undefined>
   /** Read when a run's stop begins (FakeRun.stateAtStop); the test sets it once it records states. */
@@ -48,6 +55,7 @@ export const makeFakeHost = (options: FakeHostOptions = {}): Effect.Effect<FakeH
     const { pidAtSpawn = true, stopExit = { code: null, signal: "SIGTERM" }, lastLines = () => [] } = options
     const runs = yield* Ref.make<ReadonlyArray<FakeRun>>([])
     const up = yield* Ref.make(false)
+    const answer = yield* Ref.make<ProbeResult | undefined>(undefined)
     const holdStops = yield* Ref.make<Deferred.Deferred<void> | undefined>(undefined)
     const seen: { observe: () => string | undefined } = { observe: () => undefined }
     const host = EngineHost.of({
@@ -91,11 +99,15 @@ export const makeFakeHost = (options: FakeHostOptions = {}): Effect.Effect<FakeH
           }
         }),
       probe: () =>
-        Effect.map(Ref.get(up), (ok) =>
-          ok
-            ? { ok: true as const }
-            : { ok: false as const, reason: "connection refused", phase: "waiting for port" as const }
+        Effect.flatMap(Ref.get(answer), (set) =>
+          set !== undefined
+            ? Effect.succeed(set)
+            : Effect.map(Ref.get(up), (ok) =>
+                ok
+                  ? { ok: true as const }
+                  : { ok: false as const, reason: "connection refused", phase: "waiting for port" as const }
+              )
         )
     })
-    return { host, runs, up, holdStops, seen }
+    return { host, runs, up, answer, holdStops, seen }
   })

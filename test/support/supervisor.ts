@@ -1,5 +1,10 @@
 /** Supervisor settings for tests that drive the watch or the supervisor on a TestClock; override what a test needs. */
+import { Context, Effect, Layer, Logger, Stream } from "effect"
+import { layerFromPlan } from "../../src/layers/engine/EngineProcess.ts"
 import type { SupervisorSettings } from "../../src/layers/engine/supervisorSettings.ts"
+import type { LaunchPlan } from "../../src/services/engine/Engine.ts"
+import { EngineHost, type EngineHostService } from "../../src/services/engine/EngineHost.ts"
+import { EngineProcess, type EngineState } from "../../src/services/engine/EngineProcess.ts"
 
 export const testSettings = (overrides: Partial<SupervisorSettings> = {}): SupervisorSettings => ({
   startupTimeoutMs: 60_000,
@@ -14,3 +19,35 @@ export const testSettings = (overrides: Partial<SupervisorSettings> = {}): Super
   linesKept: 50,
   ...overrides
 })
+
+/** A line the supervisor logged: its level ("Warn", "Info") and its message's text (without the fields). */
+export interface LoggedLine {
+  readonly level: string
+  readonly text: string
+}
+
+/**
+ * The production supervisor (layers/engine/EngineProcess.ts layerFromPlan) over `host` (a fake EngineHost: nothing
+ * spawned) in the scope, for tests on a TestClock: every state it publishes and every line it logs, recorded.
+ */
+export const superviseFake = (plan: LaunchPlan, settings: SupervisorSettings, host: EngineHostService) =>
+  Effect.gen(function* () {
+    const lines: Array<LoggedLine> = []
+    const capture = Logger.make(({ logLevel, message }) => {
+      const [text] = [message].flat()
+      if (typeof text === "string") lines.push({ level: logLevel, text })
+    })
+    const context = yield* Layer.build(
+      layerFromPlan(plan, settings).pipe(
+        Layer.provide(Layer.succeed(EngineHost, host)),
+        Layer.provide(Logger.layer([capture]))
+      )
+    )
+    const engine = Context.get(context, EngineProcess)
+    const states: Array<EngineState> = []
+    yield* engine.changes.pipe(
+      Stream.runForEach((s) => Effect.sync(() => states.push(s))),
+      Effect.forkScoped
+    )
+    return { engine, states, lines }
+  })

@@ -7,6 +7,7 @@
 import { Effect } from "effect"
 import type { Dispatcher } from "undici"
 import { EngineError } from "../../services/engine/EngineClient.ts"
+import { hostShortage } from "../../services/engine/HostShortage.ts"
 
 /**
  * What is kept of an answer read only for its message (an error status, a 200 that is no event stream): the
@@ -150,6 +151,8 @@ export const transportError = (e: Error, reached: boolean): EngineError => {
   // state)" reached callers as the cause, which reads as a protocol bug rather than the cut it is
   if (EOF_MID_BODY.test(e.message)) return new EngineError({ reason: "Stream", message: CLOSED_MID_BODY })
   const message = `${code === "" ? "" : `${code}: `}${e.message}`
+  const shortage = reached ? undefined : hostShortage(code)
+  if (shortage !== undefined) return new EngineError({ reason: "Local", message: `${shortage}: ${message}` })
   return new EngineError({ reason: reached ? "Stream" : "Connect", message })
 }
 

@@ -9,6 +9,7 @@ import { Effect, Option } from "effect"
 import { getGlobalDispatcher } from "undici"
 import type { ReadinessProbe } from "../../services/engine/Engine.ts"
 import type { ProbeResult } from "../../services/engine/EngineHost.ts"
+import { hostShortage } from "../../services/engine/HostShortage.ts"
 import { lineRedactor } from "../../services/engine/LineRedactor.ts"
 import { MODEL_LIST_READ_BYTES, modelStillLoading } from "../../services/engine/ModelList.ts"
 import { secretValues } from "../../services/engine/Secrets.ts"
@@ -39,6 +40,14 @@ const parsed = (text: string): unknown => {
 const unreachable = (err: unknown, probe: ReadinessProbe): ProbeResult => {
   const code = errorCode(err)
   if (code === "ECONNREFUSED") return { ok: false, reason: "connection refused", phase: "waiting for port" }
+  const shortage = hostShortage(code)
+  if (shortage !== undefined)
+    return {
+      ok: false,
+      reason: `${code}: ${shortage}`,
+      phase: "the agent's host is out of resources",
+      inconclusive: true
+    }
   const message = () => {
     const m = err instanceof Error ? err.message : String(err)
     return probe.authorization === undefined ? m : lineRedactor(secretValues({}, [], probe.authorization))(m)

@@ -111,6 +111,8 @@ const liveness = (s: Supervision): Effect.Effect<RunEnd> =>
     const { plan, settings } = s
     const live = plan.liveness ?? plan.probe
     let failures = 0
+    // while probes cannot be sent (the agent's own shortage): warned of once, until one is sent again
+    let unsent = false
     let next = (yield* now) + settings.livenessIntervalMs
     for (;;) {
       yield* Effect.sleep(Math.max(0, next - (yield* now)))
@@ -120,6 +122,14 @@ const liveness = (s: Supervision): Effect.Effect<RunEnd> =>
         Math.max(plan.livenessTimeoutFloorMs ?? 0, Math.min(settings.livenessIntervalMs, 5_000))
       )
       yield* Effect.logDebug("engine liveness probe", { url: live.url, ...r })
+      if (!r.ok && r.inconclusive === true) {
+        // the agent's own shortage, not the engine's answer: the count stays as it was
+        if (!unsent) yield* Effect.logWarning(`liveness probe not sent: ${r.reason}; not counted against the engine`)
+        unsent = true
+        continue
+      }
+      if (unsent) yield* Effect.logInfo("liveness probes sent again")
+      unsent = false
       const step = livenessStep(failures, r.ok, settings.livenessFailures)
       if (!r.ok)
         yield* Effect.logWarning(`liveness probe failed (${step.failures}/${settings.livenessFailures}): ${r.reason}`)

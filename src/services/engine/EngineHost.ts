@@ -52,6 +52,11 @@ export type ProbeResult =
       readonly reason: string
       /** "waiting for port", "loading", "unauthorized" (401/403), "probe timeout", or "unreachable (<why>)". */
       readonly phase: string
+      /**
+       * The probe never reached the engine: the agent's host could not open its connection (HostShortage.ts), which
+       * says nothing of the engine. Not Ready yet at start; neither a liveness failure nor a pass.
+       */
+      readonly inconclusive?: true
     }
 
 export interface EngineHostService {

@@ -94,7 +94,9 @@ export const noStatusTable: { readonly [R in EngineError["reason"]]: EngineDecis
   Timeout: { code: Status.DEADLINE_EXCEEDED, retryElsewhere: true, failsCall: false },
   // An answer that is not the OpenAI API: an engine broken here may not be elsewhere; not among the failures
   // engine.failed_calls_unhealthy counts (README: those that end UNAVAILABLE, and 401/403).
-  Protocol: { code: Status.INTERNAL, retryElsewhere: true, failsCall: false }
+  Protocol: { code: Status.INTERNAL, retryElsewhere: true, failsCall: false },
+  // The agent's host could not open the connection (its descriptor limit): this node's state, not the engine's.
+  Local: { code: Status.UNAVAILABLE, retryElsewhere: true, failsCall: false }
 }
 
 /**

@@ -120,14 +120,22 @@ const engineWhat = (e: EngineError): string => {
       return "engine failed mid-stream"
     case "Protocol":
       return "engine sent an invalid answer"
+    case "Local":
+      return "the agent could not connect to the engine"
   }
 }
 
 export const engineFailure = (e: EngineError): GrpcFailure => {
+  const local = e.reason === "Local"
   const trailers: Record<string, string> = {
-    "cgn-error-source": "engine",
+    // a connection the agent's own host could not open is the agent's (services/engine/HostShortage.ts)
+    "cgn-error-source": local ? "agent" : "engine",
     // an output fault is the request's, whatever the engine's status (EngineError.fault)
-    "cgn-reason": e.fault === "output" ? "engine_output" : `engine_${e.reason.toLowerCase()}`,
+    "cgn-reason": local
+      ? "agent_resources"
+      : e.fault === "output"
+        ? "engine_output"
+        : `engine_${e.reason.toLowerCase()}`,
     "cgn-engine-reason": e.reason,
     "cgn-engine-message": asciiTrailer(e.message)
   }
