@@ -13,6 +13,8 @@ import type { LogLevel } from "effect/LogLevel"
 import * as Logging from "../layers/observability/Logging.ts"
 import { ConfigError } from "../services/config/Config.ts"
 import type { LogLevels } from "../services/config/ConfigSchema.ts"
+import { EngineProcessError } from "../services/engine/EngineProcess.ts"
+import { descriptorAdvice, descriptorRemedy, descriptorShortage } from "../services/node/HostShortage.ts"
 
 /** An error `run` has already written as its last log line: cli.ts exits with `exitCode`, printing nothing. */
 export class FatalLogged extends Data.TaggedError("FatalLogged")<{ readonly exitCode: number }> {}
@@ -23,12 +25,32 @@ export const exitCodeOf = (e: unknown): number => (e instanceof ConfigError ? 2 
 /** The error as one line: a ConfigError's problems joined (its own message is one line per problem). */
 export const fatalMessage = (e: unknown): string => {
   if (e instanceof ConfigError) return `invalid config ${e.file}: ${e.problems.join("; ")}`
+  // state_dir (its lock, the directory) is the agent's: the detail names the key, "engine process:" would mislead
+  if (e instanceof EngineProcessError && e.reason === "StateDir") return e.detail
   return e instanceof Error ? e.message : String(e)
 }
 
 /**
+ * A defect (a throw no error type says, a bug) as one line: out of descriptors, which any open or socket may meet,
+ * in the agent's words without a stack; anything else as an internal error, its stack a field of the same line.
+ */
+export const defectLine = (defect: unknown): { readonly msg: string; readonly stack?: string } => {
+  const shortage = descriptorShortage(defect)
+  const message = defect instanceof Error ? defect.message : String(defect)
+  if (shortage !== undefined)
+    return {
+      msg: message.includes(shortage)
+        ? `${message}: ${descriptorRemedy(shortage)}`
+        : `${message}: ${descriptorAdvice(shortage)}`
+    }
+  const stack = defect instanceof Error ? defect.stack : undefined
+  return { msg: `internal error (a defect of the agent's): ${message}`, ...(stack === undefined ? {} : { stack }) }
+}
+
+/**
  * Runs `self` under the daemon's logging (the same level rules as its own), and writes a failure as a `fatal` log
- * line with the exit code it gets, failing with FatalLogged. Interruptions and defects pass through as they were.
+ * line with the exit code it gets, failing with FatalLogged; a defect too (exit 1), which would otherwise be printed
+ * by the runtime's teardown as plain text with a stack, after the JSON lines. Interruptions pass through.
  */
 export const logFatal =
   (configured: (typeof LogLevels)[number], flag: LogLevel | undefined) =>
@@ -38,6 +60,13 @@ export const logFatal =
         const exitCode = exitCodeOf(e)
         return Effect.logFatal(fatalMessage(e), { exit_code: exitCode }).pipe(
           Effect.andThen(Effect.fail(new FatalLogged({ exitCode })))
+        )
+      }),
+      // after Effect.catch, which would otherwise take the FatalLogged this fails with for a second line
+      Effect.catchDefect((defect) => {
+        const { msg, stack } = defectLine(defect)
+        return Effect.logFatal(msg, { exit_code: 1, ...(stack === undefined ? {} : { stack }) }).pipe(
+          Effect.andThen(Effect.fail(new FatalLogged({ exitCode: 1 })))
         )
       }),
       Effect.provide(Logging.layer(configured, flag))

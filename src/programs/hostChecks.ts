@@ -1,6 +1,6 @@
 /**
  * `cgn-agent check`'s checks of the host beyond `preflight` (check.ts): what `run` would only find out by failing
- * after it started. Nothing is created or started: each check reads.
+ * after it started. Nothing is created or started: each check reads (but for the probe file of an existing state_dir).
  * - The engine's executable (a spawned engine only), found as its spawn finds it: a path with a slash from the
  *   working directory, else the first executable file of that name in the engine's PATH. `run` would fail to spawn it
  *   (ENOENT) and restart it for ever, the node unhealthy. For an engine run as `python -m package.module` (SGLang),
@@ -8,7 +8,7 @@
  * - `agent.state_dir`: the directory itself, else its first existing ancestor, must be a writable directory, not on a
  *   kernel filesystem (procfs, sysfs: mkdir there fails, and as root every permission check passes). `run` of a
  *   spawned engine cannot start without it (the state lock and the pid file); with none it keeps the cordon and
- *   the GPUs' Xids there only.
+ *   the GPUs' Xids there only. One that exists must also take a small file, written and removed (a full filesystem).
  * - `models."name".path` (a spawned engine only): what the engine needs it to be, a GGUF file for llama.cpp, a model
  *   directory (or GGUF file) for vLLM and SGLang (modelPath.ts). `run` would spawn an engine that exits at every start.
  * - `kv.uds`'s directory, when it exists (the socket may appear later): the agent connects only to a socket in a
@@ -18,11 +18,12 @@
  *   KvbmLeaderConfig::sanity_check: "At least one cache tier must be configured"), so vLLM exits at every start.
  * Each finding is an error (check exits 2: `run` would not serve) or a warning (the exit stays 0).
  */
+import { randomUUID } from "node:crypto"
 import { constants } from "node:fs"
 import * as fsp from "node:fs/promises"
 import * as path from "node:path"
 import { Effect } from "effect"
-import { socketDirDistrust, socketDistrust } from "../layers/node/stateFiles.ts"
+import { socketDirDistrust, socketDistrust, writeNew } from "../layers/node/stateFiles.ts"
 import type { AgentConfig } from "../services/config/Config.ts"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
 import { engineEnvironment } from "../services/engine/EngineEnvironment.ts"
@@ -128,6 +129,29 @@ export const stateDirProblem = async (stateDir: string, cwd: string): Promise<st
   return undefined
 }
 
+/**
+ * Why an existing `stateDir` cannot be written, or undefined: a small file is written in it and removed, as `run`'s
+ * lock file is (a full filesystem passes every permission check, and a read-only mount as root too). A state_dir that
+ * does not exist yet is left alone: check creates nothing (stateDirProblem judged its ancestor).
+ */
+export const stateDirWriteProblem = async (stateDir: string, cwd: string): Promise<string | undefined> => {
+  const target = path.resolve(cwd, stateDir)
+  const isDir = await fsp.stat(target).then(
+    (st) => st.isDirectory(),
+    () => false
+  )
+  if (!isDir) return undefined
+  const probe = path.join(target, `.cgn-agent-check.${randomUUID()}`)
+  // new, mode 0600, never through a link (stateFiles.ts); about the size of the lock record run writes
+  const failed = await writeNew(probe, `${"x".repeat(255)}\n`).then(
+    () => undefined,
+    (e: unknown) => e
+  )
+  await fsp.rm(probe, { force: true }).catch(() => undefined)
+  if (failed === undefined) return undefined
+  return `${target} cannot be written (${failed instanceof Error ? failed.message : String(failed)}); run could not write its lock there`
+}
+
 /** How long the host's filesystems get to answer (a hung network mount must not hold check). */
 const READ_TIMEOUT_MS = 10_000
 
@@ -171,7 +195,7 @@ export const hostFindings = (
     }
     const model = plan.spawns ? await modelPathFinding(c, cwd) : undefined
     if (model !== undefined) (model.error ? errors : warnings).push(model.line)
-    const dir = await stateDirProblem(c.agent.state_dir, cwd)
+    const dir = (await stateDirProblem(c.agent.state_dir, cwd)) ?? (await stateDirWriteProblem(c.agent.state_dir, cwd))
     if (dir !== undefined) {
       const line = stateDirLine(c.agent.state_dir, dir)
       // a spawned engine's start needs it (lock, pid file); a proxied server's run keeps only the cordon there

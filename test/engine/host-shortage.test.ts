@@ -1,4 +1,4 @@
-// A connection to the engine that the agent's own host could not open (EMFILE and the like: services/engine/
+// A connection to the engine that the agent's own host could not open (EMFILE and the like: services/node/
 // HostShortage.ts) is the agent's failure, not the engine's. A fault review ran the agent under a low descriptor limit:
 // calls failed "engine unreachable: EMFILE", counted against the engine until the node read unhealthy ("engine failing
 // calls") with a restart of its sound engine due; a liveness probe failing so would have restarted it outright. Here:
@@ -14,11 +14,11 @@ import { TestClock } from "effect/testing"
 import { describe, expect, it } from "vitest"
 import { transportError } from "../../src/layers/engine/exchange.ts"
 import { EngineError } from "../../src/services/engine/EngineClient.ts"
-import { hostShortage } from "../../src/services/engine/HostShortage.ts"
 import { connectionBroke } from "../../src/services/grpc/EngineCut.ts"
 import { engineDecisions } from "../../src/services/grpc/EngineStatus.ts"
 import { toGrpcFailure } from "../../src/services/grpc/GrpcStatus.ts"
 import { asSent } from "../../src/services/grpc/StatusMessage.ts"
+import { hostShortage } from "../../src/services/node/HostShortage.ts"
 import { testPlan } from "../../src/testing/EngineProcess.ts"
 import { makeFakeHost } from "../support/fakeEngineHost.ts"
 import { settle } from "../support/poll.ts"
@@ -39,7 +39,7 @@ describe("a connection the agent's host could not open", () => {
         true
       ])
     }
-    expect(hostShortage("EMFILE")).toMatch(/open-file limit .*RLIMIT_NOFILE/)
+    expect(hostShortage("EMFILE")).toMatch(/^too many open files: the agent.s descriptor limit \(ulimit -n\)/)
     expect(transportError(socketError("ECONNREFUSED"), false).reason).toBe("Connect")
     // once the engine had the request, a broken connection is the engine's answer breaking off, whatever the code
     expect(transportError(socketError("ENOBUFS"), true).reason).toBe("Stream")
@@ -50,7 +50,9 @@ describe("a connection the agent's host could not open", () => {
     const f = toGrpcFailure(e)
     expect(f.trailers["cgn-error-source"]).toBe("agent")
     expect(f.trailers["cgn-reason"]).toBe("agent_resources")
-    expect(f.message).toMatch(/^the agent could not connect to the engine: the agent's open-file limit is reached/)
+    expect(f.message).toMatch(
+      /^the agent could not connect to the engine: too many open files: the agent.s descriptor limit/
+    )
     expect(asSent(f, false)).toMatchObject({ retryable: true })
     expect(engineDecisions(e)).toMatchObject({ failsCall: false, retryElsewhere: true })
     // a refused connection is counted, and is a broken engine's sign (EngineCut waits for its exit); a shortage neither
@@ -97,7 +99,7 @@ server.listen(0, "127.0.0.1", async () => {
       const { ok, out } = JSON.parse(r.stdout)
       expect(ok).toEqual({ ok: true })
       expect(out).toMatchObject({ ok: false, inconclusive: true, phase: "the agent's host is out of resources" })
-      expect(out.reason).toMatch(/^EMFILE: the agent's open-file limit is reached/)
+      expect(out.reason).toMatch(/^EMFILE: too many open files: the agent.s descriptor limit/)
     } finally {
       fs.rmSync(dir, { recursive: true, force: true })
     }

@@ -65,11 +65,14 @@ describe("run's fatal line has no internal error tag", () => {
   }, 40_000)
 
   it("every reason the supervisor refuses a start for: the detail alone after 'engine process:'", () => {
-    for (const reason of ["StateDir", "PortBusy", "AnotherAgent", "StaleEngine"] as const) {
+    for (const reason of ["PortBusy", "AnotherAgent", "StaleEngine"] as const) {
       const e = new EngineProcessError({ reason, detail: "what happened; what to do" })
       expect(fatalMessage(e)).toBe("engine process: what happened; what to do")
       // the tag stays on the error, for code and tests to switch on
       expect(e.reason).toBe(reason)
     }
+    // state_dir is the agent's, not the engine's: its detail names agent.state_dir, and stands alone
+    const e = new EngineProcessError({ reason: "StateDir", detail: 'agent.state_dir = "/s": cannot write ...' })
+    expect(fatalMessage(e)).toBe('agent.state_dir = "/s": cannot write ...')
   })
 })

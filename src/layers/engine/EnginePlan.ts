@@ -12,7 +12,7 @@ import { hostOfAddr } from "../../services/net/HostPort.ts"
 import { assignGpus, cudaEnv } from "../../services/node/Gpus.ts"
 import { Nvml } from "../../services/node/Nvml.ts"
 import { xidRuleOf } from "../../services/node/Xid.ts"
-import { resolveAdvertiseAddr } from "../../services/registry/Advertise.ts"
+import { type AdvertiseError, advertiseAddrOf } from "../../services/registry/Advertise.ts"
 import * as NvmlLive from "../node/Nvml.ts"
 import * as Logging from "../observability/Logging.ts"
 import { engineOf } from "./backends/index.ts"
@@ -66,7 +66,10 @@ export const planFor = (
  * the NVML worker thread at `nvmlWorker` (programs/programPaths.ts) as in the daemon, with the Xids the daemon kept
  * for this boot in state_dir (read only), so that an automatic assignment skips the GPUs the daemon would.
  */
-export const resolvePlan = (config: AgentConfig, nvmlWorker: string): Effect.Effect<LaunchPlan, ConfigError> =>
+export const resolvePlan = (
+  config: AgentConfig,
+  nvmlWorker: string
+): Effect.Effect<LaunchPlan, ConfigError | AdvertiseError> =>
   planLayer.pipe(
     Layer.provideMerge(NvmlLive.layerBare(nvmlWorker, { stateDir: config.agent.state_dir, readOnly: true })),
     Layer.provide(Layer.succeed(Config, config)),
@@ -97,18 +100,21 @@ export const resolvePlan = (config: AgentConfig, nvmlWorker: string): Effect.Eff
  * The plan of the configured engine (the config was validated against its capabilities, so rendering
  * succeeds); GPUs from NVML when an Nvml service is in context.
  */
-export const planLayer: Layer.Layer<EnginePlan, ConfigError, Config> = Layer.effect(
+export const planLayer: Layer.Layer<EnginePlan, ConfigError | AdvertiseError, Config> = Layer.effect(
   EnginePlan,
   Effect.gen(function* () {
     const config = yield* Config
     const nvml = yield* Effect.serviceOption(Nvml)
     const gpus = Option.isSome(nvml) ? yield* nvml.value.gpus : []
-    const advertised = resolveAdvertiseAddr({
-      advertiseAddr: config.agent.advertise_addr,
-      listenGrpc: config.agent.listen_grpc,
-      nodeIp: config.agent.node_ip,
-      interfaces: os.networkInterfaces()
-    })
+    // the interfaces are listed only for a wildcard listen host (Advertise.ts)
+    const advertised = yield* advertiseAddrOf(
+      {
+        advertiseAddr: config.agent.advertise_addr,
+        listenGrpc: config.agent.listen_grpc,
+        nodeIp: config.agent.node_ip
+      },
+      os.networkInterfaces
+    )
     return yield* planFor(config, gpus, { advertiseHost: hostOfAddr(advertised) })
   })
 )

@@ -7,7 +7,7 @@
 import { Effect } from "effect"
 import type { Dispatcher } from "undici"
 import { EngineError } from "../../services/engine/EngineClient.ts"
-import { hostShortage } from "../../services/engine/HostShortage.ts"
+import { hostShortage } from "../../services/node/HostShortage.ts"
 
 /**
  * What is kept of an answer read only for its message (an error status, a 200 that is no event stream): the

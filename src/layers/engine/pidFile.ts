@@ -143,7 +143,7 @@ export const ensureStateDir = (stateDir: string): Effect.Effect<void, EngineProc
     catch: (err) =>
       new EngineProcessError({
         reason: "StateDir",
-        detail: `cannot create ${stateDir}: ${err instanceof Error ? err.message : String(err)}; set agent.state_dir to a writable local directory`
+        detail: `agent.state_dir = "${stateDir}": cannot create it: ${err instanceof Error ? err.message : String(err)}; set agent.state_dir to a writable local directory`
       })
   }).pipe(
     Effect.andThen(Effect.promise(() => stateDirDistrust(stateDir))),
@@ -160,7 +160,7 @@ export const ensureStateDir = (stateDir: string): Effect.Effect<void, EngineProc
         Effect.fail(
           new EngineProcessError({
             reason: "StateDir",
-            detail: `cannot create ${stateDir}: no answer within ${STATE_DIR_TIMEOUT_MS / 1000} s; set agent.state_dir to a writable local directory`
+            detail: `agent.state_dir = "${stateDir}": cannot create it: no answer within ${STATE_DIR_TIMEOUT_MS / 1000} s; set agent.state_dir to a writable local directory`
           })
         )
     })

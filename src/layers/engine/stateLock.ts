@@ -144,6 +144,16 @@ const ATTEMPTS = 3
 const fail = (reason: "StateDir" | "AnotherAgent", detail: string) =>
   Effect.fail(new EngineProcessError({ reason, detail }))
 
+/**
+ * The lock file cannot be written in state_dir (full, read-only, gone): named by the key, as `check` names it
+ * (hostChecks.ts), since state_dir is the agent's and not the engine's (programs/fatal.ts drops the prefix).
+ */
+const unwritable = (stateDir: string, what: string, err: unknown) =>
+  new EngineProcessError({
+    reason: "StateDir",
+    detail: `agent.state_dir = "${stateDir}": cannot write ${what}: ${err instanceof Error ? err.message : String(err)}; free space there or set agent.state_dir to a writable local directory`
+  })
+
 /** Takes the lock (failing with AnotherAgent while a live agent holds it); the release removes it. */
 const take = (stateDir: string, file: string, text: string, token: string) =>
   Effect.gen(function* () {
@@ -151,7 +161,7 @@ const take = (stateDir: string, file: string, text: string, token: string) =>
     yield* Effect.tryPromise({
       // new, mode 0600, never through a link (stateFiles.ts); the name has a random UUID
       try: () => writeNew(own, text),
-      catch: (err) => new EngineProcessError({ reason: "StateDir", detail: `cannot write ${own}: ${String(err)}` })
+      catch: (err) => unwritable(stateDir, `the agent's lock ${own}`, err)
     })
     const self = { pid: process.pid, pidNs: pidNamespace(), host: os.hostname() }
     const judge = (held: { readonly text: string; readonly mtimeMs: number }) =>
@@ -174,7 +184,7 @@ const take = (stateDir: string, file: string, text: string, token: string) =>
         )
       )
       if (linked === undefined) return yield* sweepLeftovers(stateDir, file)
-      if (code(linked) !== "EEXIST") return yield* fail("StateDir", `cannot create ${file}: ${String(linked)}`)
+      if (code(linked) !== "EEXIST") return yield* Effect.fail(unwritable(stateDir, `the agent's lock ${file}`, linked))
       if (attempt > ATTEMPTS)
         return yield* fail("StateDir", `cannot take ${file}: other agents keep taking and releasing it`)
       let held = yield* readLock(file)

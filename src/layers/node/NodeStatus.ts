@@ -27,7 +27,7 @@ import {
 import { type NodeState, NodeStatus } from "../../services/node/NodeStatus.ts"
 import { Nvml } from "../../services/node/Nvml.ts"
 import { ENGINE_STATES, Metrics, setCounter, setOptional, setStateGauge } from "../../services/observability/Metrics.ts"
-import { resolveAdvertiseAddr } from "../../services/registry/Advertise.ts"
+import { type AdvertiseError, advertiseAddrOf } from "../../services/registry/Advertise.ts"
 import { VERSION } from "../../version.ts"
 import { listenOf } from "../engine/backends/common.ts"
 import { engineOf } from "../engine/backends/index.ts"
@@ -50,7 +50,7 @@ export const layer = (
   options: NodeStatusOptions = {}
 ): Layer.Layer<
   NodeStatus,
-  never,
+  AdvertiseError,
   Config | EngineProcess | EngineClient | Admission | Drain | Cordon | Nvml | Metrics
 > =>
   Layer.effect(
@@ -80,16 +80,19 @@ export const layer = (
       })
       const heartbeat = config.agent.heartbeat
       const agentVersion = options.agentVersion ?? VERSION
+      // the interfaces are listed only for a wildcard listen host: listing them needs a descriptor (Advertise.ts)
       const advertise = (boundPort: number | undefined) =>
-        resolveAdvertiseAddr({
-          advertiseAddr: config.agent.advertise_addr,
-          listenGrpc: config.agent.listen_grpc,
-          nodeIp: config.agent.node_ip,
-          interfaces: os.networkInterfaces(),
-          boundPort
-        })
+        advertiseAddrOf(
+          {
+            advertiseAddr: config.agent.advertise_addr,
+            listenGrpc: config.agent.listen_grpc,
+            nodeIp: config.agent.node_ip,
+            boundPort
+          },
+          os.networkInterfaces
+        )
       // resolved again once the gRPC server has bound (grpcBound): listen_grpc's port 0 is the OS's pick
-      let advertiseAddr = advertise(undefined)
+      let advertiseAddr = yield* advertise(undefined)
       // A node that hosts its pairs' rendezvous (an SGLang prefill node) publishes its engine's bootstrap server: the
       // router copies it into both legs.
       const bootstrap = hostsRendezvous(config.agent.role, engineOf(config).capabilities.handoff)
@@ -222,8 +225,8 @@ export const layer = (
       )
 
       const grpcBound = (port: number) =>
-        Effect.sync(() => {
-          advertiseAddr = advertise(port)
+        Effect.map(advertise(port), (addr) => {
+          advertiseAddr = addr
         })
       return NodeStatus.of({ snapshot, changes, draining: drain.draining, cordoned: cordon.cordoned, grpcBound })
     })

@@ -50,7 +50,7 @@ export class EngineError extends Schema.TaggedError<EngineError>()("EngineError"
    * Connect: no connection (refused, reset before a response, DNS).
    * Stream: the engine sent an error object mid-stream, or the stream broke off.
    * Timeout: no answer in time. Protocol: an answer that is not what the OpenAI API promises.
-   * Local: the agent's own host could not open the connection (services/engine/HostShortage.ts): not the engine's.
+   * Local: the agent's own host could not open the connection (services/node/HostShortage.ts): not the engine's.
    */
   reason: Schema.Literals(["Http", "Connect", "Stream", "Timeout", "Protocol", "Local"]),
   message: Schema.String,

@@ -128,7 +128,7 @@ const engineWhat = (e: EngineError): string => {
 export const engineFailure = (e: EngineError): GrpcFailure => {
   const local = e.reason === "Local"
   const trailers: Record<string, string> = {
-    // a connection the agent's own host could not open is the agent's (services/engine/HostShortage.ts)
+    // a connection the agent's own host could not open is the agent's (services/node/HostShortage.ts)
     "cgn-error-source": local ? "agent" : "engine",
     // an output fault is the request's, whatever the engine's status (EngineError.fault)
     "cgn-reason": local

@@ -5,6 +5,7 @@
  */
 import { Context, type Effect, type Stream } from "effect"
 import type { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
+import type { AdvertiseError } from "../registry/Advertise.ts"
 
 export type { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
 
@@ -26,9 +27,10 @@ export interface NodeStatusService {
   readonly cordoned: Effect.Effect<boolean>
   /**
    * The port the gRPC server bound: advertised from then on where listen_grpc asks for port 0 (the OS picks it, and
-   * port 0 is no address a router can dial). Called once the server listens, before the node is registered.
+   * port 0 is no address a router can dial). Called once the server listens, before the node is registered. Fails
+   * when the address needs this host's interfaces and they cannot be listed (no descriptor left).
    */
-  readonly grpcBound: (port: number) => Effect.Effect<void>
+  readonly grpcBound: (port: number) => Effect.Effect<void, AdvertiseError>
 }
 
 export class NodeStatus extends Context.Service<NodeStatus, NodeStatusService>()("cgn-agent/NodeStatus") {}
