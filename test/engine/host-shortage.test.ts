@@ -2,8 +2,9 @@
 // HostShortage.ts) is the agent's failure, not the engine's. A fault review ran the agent under a low descriptor limit:
 // calls failed "engine unreachable: EMFILE", counted against the engine until the node read unhealthy ("engine failing
 // calls") with a restart of its sound engine due; a liveness probe failing so would have restarted it outright. Here:
-// the classification (pure), the call's status, the real probe in a process out of descriptors, and the production
-// supervisor on a TestClock whose probes cannot be sent.
+// the classification (pure), the call's status, the real probe and the real engine spawn in a process out of
+// descriptors (the spawn threw inside the supervisor's loop and left the engine "spawning" for good, silently), and
+// the production supervisor on a TestClock whose probes cannot be sent.
 import { spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
@@ -28,6 +29,40 @@ import { superviseFake, testSettings } from "../support/supervisor.ts"
 /** undici's connect failure as it reaches the engine client: the socket's code on the error. */
 const socketError = (code: string) =>
   Object.assign(new Error(`connect ${code} 127.0.0.1:8000 - Local (undefined:undefined)`), { code })
+
+/**
+ * Runs `setup`, then fills the process's descriptor table, runs `then` and prints `result` (a JS expression) as
+ * JSON: in a child, its own table, small (util-linux's prlimit, on every Debian host; Node raises its soft limit to
+ * the hard one). Its imports by absolute path: the script lives outside the repository.
+ */
+const outOfDescriptors = (setup: string, then: string, result: string) => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-shortage-"))
+  try {
+    const script = path.join(dir, "out-of-fds.ts")
+    fs.writeFileSync(
+      script,
+      `import * as fs from "node:fs"
+import * as net from "node:net"
+import { Effect } from ${JSON.stringify(import.meta.resolve("effect"))}
+${setup}
+const held = []
+try { for (;;) held.push(fs.openSync("/dev/null", "r")) } catch (e) { if (e.code !== "EMFILE") throw e }
+${then}
+for (const fd of held) fs.closeSync(fd)
+process.stdout.write(JSON.stringify(${result}))
+process.exit(0)
+`
+    )
+    const prlimit = ["/usr/bin/prlimit", "/bin/prlimit"].find((p) => fs.existsSync(p))
+    const [cmd, args] =
+      prlimit === undefined ? [process.execPath, [script]] : [prlimit, ["--nofile=512:512", process.execPath, script]]
+    const r = spawnSync(cmd, args, { cwd: process.cwd(), encoding: "utf8", timeout: 20_000 })
+    expect(r.status, r.stderr).toBe(0)
+    return JSON.parse(r.stdout)
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true })
+  }
+}
 
 describe("a connection the agent's host could not open", () => {
   it("is Local for each shortage, before the request was written; a refused connection stays the engine's", () => {
@@ -65,44 +100,38 @@ describe("a connection the agent's host could not open", () => {
   })
 
   it("a probe in a process out of descriptors is inconclusive, not a failed one", () => {
-    // A child (its own descriptor table) that fills it, then probes a listener it opened first (its imports by
-    // absolute path: the script lives outside the repository).
-    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-shortage-"))
-    try {
-      const probeModule = path.resolve("src/layers/engine/probe.ts")
-      const script = path.join(dir, "probe-out-of-fds.ts")
-      fs.writeFileSync(
-        script,
-        `import * as fs from "node:fs"
-import * as net from "node:net"
-import { Effect } from ${JSON.stringify(import.meta.resolve("effect"))}
-import { probeOnce } from ${JSON.stringify(probeModule)}
+    const { ok, out } = outOfDescriptors(
+      `import { probeOnce } from ${JSON.stringify(path.resolve("src/layers/engine/probe.ts"))}
 const server = net.createServer((s) => s.end("HTTP/1.1 200 OK\\r\\ncontent-length: 0\\r\\n\\r\\n"))
-server.listen(0, "127.0.0.1", async () => {
-  const url = "http://127.0.0.1:" + server.address().port + "/health"
-  const ok = await Effect.runPromise(probeOnce({ kind: "http", url }, 2000))
-  const held = []
-  try { for (;;) held.push(fs.openSync("/dev/null", "r")) } catch (e) { if (e.code !== "EMFILE") throw e }
-  const out = await Effect.runPromise(probeOnce({ kind: "http", url: url + "?fresh" }, 2000))
-  for (const fd of held) fs.closeSync(fd)
-  process.stdout.write(JSON.stringify({ ok, out }))
-  process.exit(0)
-})
-`
-      )
-      // a small table to fill (util-linux's prlimit, on every Debian host; Node raises its soft limit to the hard one)
-      const prlimit = ["/usr/bin/prlimit", "/bin/prlimit"].find((p) => fs.existsSync(p))
-      const [cmd, args] =
-        prlimit === undefined ? [process.execPath, [script]] : [prlimit, ["--nofile=512:512", process.execPath, script]]
-      const r = spawnSync(cmd, args, { cwd: process.cwd(), encoding: "utf8", timeout: 20_000 })
-      expect(r.status, r.stderr).toBe(0)
-      const { ok, out } = JSON.parse(r.stdout)
-      expect(ok).toEqual({ ok: true })
-      expect(out).toMatchObject({ ok: false, inconclusive: true, phase: "the agent's host is out of resources" })
-      expect(out.reason).toMatch(/^EMFILE: too many open files: the agent.s descriptor limit/)
-    } finally {
-      fs.rmSync(dir, { recursive: true, force: true })
-    }
+await new Promise((r) => server.listen(0, "127.0.0.1", r))
+const url = "http://127.0.0.1:" + server.address().port + "/health"
+const ok = await Effect.runPromise(probeOnce({ kind: "http", url }, 2000))`,
+      `const out = await Effect.runPromise(probeOnce({ kind: "http", url: url + "?fresh" }, 2000))`,
+      "{ ok, out }"
+    )
+    expect(ok).toEqual({ ok: true })
+    expect(out).toMatchObject({ ok: false, inconclusive: true, phase: "the agent's host is out of resources" })
+    expect(out.reason).toMatch(/^EMFILE: too many open files: the agent.s descriptor limit/)
+  })
+
+  it("an engine run whose guard cannot be spawned for want of descriptors ends with why, its scope closing cleanly", () => {
+    // Node gives such a child no stdio at all: read as started, it threw on its pipes and ended the supervisor's
+    // loop (the engine "spawning" for good, nothing logged)
+    const { exit, closed } = outOfDescriptors(
+      `import { spawnRun } from ${JSON.stringify(path.resolve("src/layers/engine/run.ts"))}
+import { guardEntry } from ${JSON.stringify(path.resolve("src/programs/programPaths.ts"))}
+import { Deferred, Exit, Scope } from ${JSON.stringify(import.meta.resolve("effect"))}
+const scope = await Effect.runPromise(Scope.make())`,
+      `const run = await Effect.runPromise(
+  Scope.provide(scope)(spawnRun(guardEntry())({ argv: ["/bin/true"], env: {} }, { run: 0, graceMs: 200, linesKept: 10 }))
+)
+const exit = await Effect.runPromise(Deferred.await(run.exited))
+const closed = Exit.isSuccess(await Effect.runPromiseExit(Scope.close(scope, Exit.void)))`,
+      "{ exit, closed }"
+    )
+    expect(exit.code).toBe(null)
+    expect(exit.problem).toMatch(/^guard: spawn .* EMFILE: the agent.s descriptor limit \(ulimit -n\) is too low/)
+    expect(closed).toBe(true)
   })
 
   effectIt.effect("liveness probes that cannot be sent neither fail nor pass: the Ready run is left alone", () =>
@@ -160,6 +189,28 @@ server.listen(0, "127.0.0.1", async () => {
       )
       assert.strictEqual(states.at(-1)?._tag, "Ready")
       assert.strictEqual((yield* Ref.get(fake.runs)).length, 1, "the run was never ended")
+    })
+  )
+
+  effectIt.effect("a defect in the supervisor's loop is logged as one, not left as a silent 'spawning'", () =>
+    Effect.gen(function* () {
+      const port = yield* Effect.promise(freePort)
+      const plan = testPlan({ port, probe: { kind: "http", url: `http://127.0.0.1:${port}/health` } })
+      const fake = yield* makeFakeHost()
+      const { lines } = yield* superviseFake(plan, testSettings(), {
+        ...fake.host,
+        spawn: () => Effect.die(new TypeError("child.stdio is not iterable"))
+      })
+      yield* settle(
+        "the defect logged",
+        Effect.sync(() => lines.some((l) => l.text.startsWith("the engine supervisor stopped on a defect")))
+      )
+      const line = lines.find((l) => l.text.startsWith("the engine supervisor stopped on a defect"))!
+      assert.strictEqual(line.level, "Error")
+      assert.include(
+        line.text,
+        "the engine is no longer supervised (restart the agent): TypeError: child.stdio is not iterable"
+      )
     })
   )
 })

@@ -6,7 +6,7 @@
  * down and settles in Stopped. openai_compat (plan.spawns = false) runs the same loop with nothing spawned.
  * Every time is Effect's Clock and every wait Effect.sleep: with a fake EngineHost a TestClock drives it all.
  */
-import { Clock, Deferred, Effect, Fiber, Layer, Option, Ref, Result, SubscriptionRef } from "effect"
+import { Cause, Clock, Deferred, Effect, Fiber, Layer, Option, Ref, Result, SubscriptionRef } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import { EnginePlan, type LaunchPlan } from "../../services/engine/Engine.ts"
 import { EngineHost } from "../../services/engine/EngineHost.ts"
@@ -197,7 +197,18 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
   })
 
   const main = Effect.gen(function* () {
-    const fiber = yield* Effect.forkChild(loop)
+    // A defect of the loop (a bug) would leave the state where it was, "spawning" for good, with nothing said.
+    const fiber = yield* Effect.forkChild(
+      loop.pipe(
+        Effect.tapCause((cause) =>
+          Cause.hasInterruptsOnly(cause)
+            ? Effect.void
+            : Effect.logError(
+                `the engine supervisor stopped on a defect of the agent's; the engine is no longer supervised (restart the agent): ${Cause.pretty(cause)}`
+              )
+        )
+      )
+    )
     yield* Deferred.await(stopRequested)
     yield* publish(Event.StopRequested({ at: yield* now }))
     // Interrupting the loop closes the current run's scope: teardown, then the pid file, then the exit record.

@@ -28,6 +28,7 @@ import {
 } from "../../services/engine/OutputLines.ts"
 import { secretValues } from "../../services/engine/Secrets.ts"
 import { shownLine } from "../../services/engine/ShownLine.ts"
+import { descriptorRemedy, descriptorShortage } from "../../services/node/HostShortage.ts"
 import { pollUntil } from "./groupWait.ts"
 import { portHolder } from "./portHolder.ts"
 import { groupAlive, KILL_WAIT_MS, pidAlive, signalGroup } from "./processGroup.ts"
@@ -157,6 +158,22 @@ export const spawnRun =
             // engine argument past the kernel's MAX_ARG_STRLEN (128 KiB), ENOMEM. Thrown, it ended the supervisor's
             // loop as a defect nobody awaited: the engine "spawning" for good, never retried, nothing logged.
             yield* settle(noExit(`guard: ${e instanceof Error ? e.message : String(e)}`))
+            return undefined
+          }
+          // Node emits EACCES, EAGAIN, EMFILE, ENFILE and ENOENT a tick later, the child without a pid; on EMFILE and
+          // ENFILE without stdio at all, as it gives up before it sets the pipes up (lib/internal/child_process.js):
+          // read as a started one, it threw on its pipes and ended the supervisor's loop (the engine "spawning" for
+          // good, nothing logged).
+          if (child.stdio === undefined || child.pid === undefined) {
+            const err = yield* Effect.callback<Error>((resume) => {
+              child.once("error", (e) => resume(Effect.succeed(e)))
+            })
+            // EACCES, EAGAIN or ENOENT come the same way after the pipes were made: no process holds their ends
+            for (const s of child.stdio ?? []) s?.destroy()
+            const shortage = descriptorShortage(err)
+            yield* settle(
+              noExit(`guard: ${err.message}${shortage === undefined ? "" : `: ${descriptorRemedy(shortage)}`}`)
+            )
             return undefined
           }
           // Memoized: the supervisor's explicit stop and the scope's release share one teardown.
