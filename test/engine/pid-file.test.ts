@@ -7,7 +7,7 @@ import * as fs from "node:fs"
 import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
-import { Effect, Logger } from "effect"
+import { Effect, Fiber, Logger } from "effect"
 import { afterEach, describe, expect, it, vi } from "vitest"
 import { type PidRecord, pidFilePath, reclaim, writePidFile } from "../../src/layers/engine/pidFile.ts"
 import { groupAlive, processExe, processStartMs } from "../../src/layers/engine/processGroup.ts"
@@ -84,6 +84,29 @@ describe("reclaim", () => {
     expect(await reclaimOver(record)).toBe("ok")
     expect(groupAlive(engine.pid)).toBe(false)
     expect(fs.existsSync(terms) ? fs.readFileSync(terms, "utf8") : "").toBe("")
+  })
+
+  it("a stale group's stop is not cut short by the agent's own interruption (a SIGTERM during start-up)", async () => {
+    // an engine that ignores SIGTERM, its agent and guard dead: only the stop's SIGKILL ends it
+    const engine = group("trap '' TERM; while :; do sleep 0.02; done")
+    await started(engine.pid)
+    const deadAgent = group("exit 0")
+    await new Promise((resolve) => deadAgent.once("exit", resolve))
+    dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-pidfile-"))
+    fs.writeFileSync(pidFilePath(dir), JSON.stringify(recordOf(engine.pid, deadAgent.pid, undefined, await freePort())))
+    const logs: Array<string> = []
+    const stateDir = dir
+    await Effect.runPromise(
+      Effect.gen(function* () {
+        const fiber = yield* Effect.forkChild(reclaim(testPlan({ port: 1 }), stateDir, 300))
+        // interrupted as soon as the stop has begun (its SIGTERM sent), as runMain interrupts a starting agent
+        for (let i = 0; i < 500 && !logs.some((l) => l.startsWith("stopping engine group")); i++) yield* Effect.sleep(5)
+        yield* Fiber.interrupt(fiber)
+      }).pipe(Effect.provide(Logger.layer([Logger.make(({ message }) => void logs.push(String([message].flat()[0])))])))
+    )
+    expect(logs.some((l) => l.startsWith("stopping engine group"))).toBe(true)
+    // the interruption waited for the stop: the group is gone (SIGKILLed after the 300 ms grace), not left running
+    expect(groupAlive(engine.pid)).toBe(false)
   })
 
   it("the record is removed once judged, also when the start is then refused (PortBusy)", async () => {

@@ -7,7 +7,7 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { assert, describe, it } from "@effect/vitest"
-import { Deferred, Effect, Ref } from "effect"
+import { Deferred, Effect, Fiber, Ref } from "effect"
 import { TestClock } from "effect/testing"
 import { testPlan } from "../../src/testing/EngineProcess.ts"
 import { makeFakeHost } from "../support/fakeEngineHost.ts"
@@ -76,6 +76,53 @@ describe("a run's end line: its level from how it ended", () => {
       assert.strictEqual(crashed.level, "Warn", crashed.text)
       assert.match(crashed.text, /^run 2 \(pid \d+\) ended: exited, exit code 1/)
       yield* engine.stop
+    })
+  )
+
+  it.effect("an engine that exits while the agent stops it: its end is the exit (warn), not a stop", () =>
+    Effect.gen(function* () {
+      const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-level-"))
+      yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(stateDir, { recursive: true, force: true })))
+      const port = yield* Effect.promise(freePort)
+      const plan = testPlan({ port, probe: { kind: "http", url: `http://127.0.0.1:${port}/health` } })
+      const fake = yield* makeFakeHost()
+      const { engine, states, lines } = yield* superviseFake(plan, testSettings({ stateDir }), fake.host)
+      yield* Ref.set(fake.up, true)
+      yield* settle(
+        "run 0 Ready",
+        Effect.gen(function* () {
+          yield* TestClock.adjust(500)
+          return states.at(-1)?._tag === "Ready"
+        })
+      )
+      // the engine exits by itself (a drain's engine crashing); the rest of its group is being stopped (held) when
+      // the agent's own stop comes
+      const hold = yield* Deferred.make<void>()
+      yield* Ref.set(fake.holdStops, hold)
+      fake.seen.observe = () => states.at(-1)?._tag
+      const run0 = (yield* Ref.get(fake.runs))[0]!
+      yield* Deferred.succeed(run0.exited, { code: 1, signal: null, problem: undefined })
+      yield* settle(
+        "the group's stop under way",
+        Effect.sync(() => run0.stateAtStop() !== undefined)
+      )
+      const stopping = yield* Effect.forkChild(engine.stop)
+      yield* settle(
+        "Stopping",
+        Effect.sync(() => states.at(-1)?._tag === "Stopping")
+      )
+      yield* Deferred.succeed(hold, undefined)
+      yield* Fiber.join(stopping)
+      const stopped = states.at(-1)
+      if (stopped?._tag !== "Stopped") return assert.fail(`expected Stopped, got ${stopped?._tag}`)
+      assert.strictEqual(stopped.lastExit?.reason, "exited")
+      assert.strictEqual(stopped.lastExit?.code, 1)
+      const end = lines.find((l) => l.text.startsWith("run 0 "))
+      assert.strictEqual(end?.level, "Warn", end?.text)
+      assert.match(
+        end?.text ?? "",
+        /^run 0 \(pid \d+\) ended: exited, exit code 1, .*; not restarted: the agent is stopping$/
+      )
     })
   )
 })

@@ -193,7 +193,10 @@ const stopStale = (stale: PidRecord, file: string, graceMs: number) =>
       yield* pollUntil(() => !groupAlive(stale.pgid), graceMs + KILL_WAIT_MS + 1_000)
     }
     yield* Effect.logWarning(`stopping engine group ${stale.pgid} left by agent pid ${stale.agentPid} (${file})`)
-    const outcome = yield* stopGroup(stale.pgid, graceMs)
+    // Not cut short by a SIGTERM to this agent meanwhile (bounded: the grace, then SIGKILL and its wait): the
+    // interrupted stop left the group, its guard dead too, holding its GPUs until another agent started (a review
+    // sent SIGINT 0.3 s into it).
+    const outcome = yield* Effect.uninterruptible(stopGroup(stale.pgid, graceMs))
     if (outcome === "survived") {
       return yield* new EngineProcessError({
         reason: "StaleEngine",

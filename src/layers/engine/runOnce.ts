@@ -8,7 +8,7 @@ import { Clock, Deferred, Effect, Option, Ref } from "effect"
 import type { Counter } from "prom-client"
 import { type EngineRun, valueIfDone } from "../../services/engine/EngineHost.ts"
 import { type ExitRecord, type RunEnd, RunEndWords } from "../../services/engine/EngineProcess.ts"
-import { describeStatus, Event } from "../../services/engine/EngineState.ts"
+import { describeExit, describeStatus, Event, exitLogLevel } from "../../services/engine/EngineState.ts"
 import { exitHint } from "../../services/engine/ExitHints.ts"
 import type { GpuGateService } from "../../services/engine/GpuGate.ts"
 import { type MemoryCgroupService, oomKillsDuring } from "../../services/node/MemoryCgroup.ts"
@@ -142,6 +142,9 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
     const since = yield* Clock.currentTimeMillis
     const spawned = yield* Ref.make<Spawned | undefined>(undefined)
     const readyAt = yield* Deferred.make<number>()
+    // How the run ended, once known: a stop that interrupts its teardown (the group stopped after the engine
+    // exited) is not its end
+    const known = yield* Ref.make<RunEnd | undefined>(undefined)
     yield* Effect.addFinalizer(() => Ref.set(refs.currentPid, undefined))
     // Registered before the spawn so it runs after the run's teardown: a stopped run still leaves its record.
     yield* Effect.addFinalizer((exit) =>
@@ -150,7 +153,14 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
             const sp = yield* Ref.get(spawned)
             // The guard's exit report can trail the group's death by a moment.
             if (sp !== undefined) yield* Deferred.await(sp.run.exited).pipe(Effect.timeout(1_000), Effect.ignore)
-            yield* keepExit(refs, yield* exitRecord(run, since, sp, { kind: "stopped" }, s))
+            const ended = yield* Ref.get(known)
+            const record = yield* exitRecord(run, since, sp, ended ?? { kind: "stopped" }, s)
+            yield* keepExit(refs, record)
+            // an engine that crashed during a drain was filed as stopped, at info (a lifecycle review)
+            if (ended !== undefined)
+              yield* Effect.logWithLevel(exitLogLevel(record, undefined))(
+                `${describeExit(record)}; not restarted: the agent is stopping`
+              )
           })
         : Effect.void
     )
@@ -169,6 +179,7 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
       sp === undefined
         ? yield* watching
         : yield* Effect.raceFirst(Deferred.await(sp.run.exited).pipe(Effect.as({ kind: "exited" } as const)), watching)
+    yield* Ref.set(known, ended)
     if (sp !== undefined) {
       // The engine is gone once its leader exits: not Ready while the rest of its group is stopped (up to
       // stop_grace and the kill's wait), or routers and /readyz would take a dead engine as ready meanwhile.
