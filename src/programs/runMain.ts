@@ -9,6 +9,7 @@
  */
 import { Deferred, Effect, Queue, Runtime, type Scope } from "effect"
 import { exitWhenFlushed } from "../layers/node/processExit.ts"
+import { background, RESTART } from "../layers/observability/backgroundFiber.ts"
 
 type Handler = (count: number, signal: NodeJS.Signals) => void
 let handler: Handler | undefined
@@ -58,7 +59,11 @@ export const reloadOnHangup = <R>(reload: Effect.Effect<void, never, R>): Effect
           hangup = undefined
         })
     )
-    yield* Effect.forkScoped(Effect.forever(Effect.andThen(Queue.take(pending), reload)))
+    // A reload's defect would end SIGHUP's handling for the process: said, and the next SIGHUP is taken again.
+    yield* Effect.forever(Effect.andThen(Queue.take(pending), reload)).pipe(
+      background("the SIGHUP reload", "SIGHUP no longer reloads anything", { restart: RESTART }),
+      Effect.forkScoped
+    )
   })
 
 /** Runs `effect` as the main program; exit code 0 on success, 1 on failure, 130 when interrupted. */

@@ -6,7 +6,7 @@
  * down and settles in Stopped. openai_compat (plan.spawns = false) runs the same loop with nothing spawned.
  * Every time is Effect's Clock and every wait Effect.sleep: with a fake EngineHost a TestClock drives it all.
  */
-import { Cause, Clock, Deferred, Effect, Fiber, Layer, Option, Ref, Result, SubscriptionRef } from "effect"
+import { Clock, Deferred, Effect, Fiber, Layer, Option, Ref, Result, SubscriptionRef } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import { EnginePlan, type LaunchPlan } from "../../services/engine/Engine.ts"
 import { EngineHost } from "../../services/engine/EngineHost.ts"
@@ -37,6 +37,7 @@ import {
 import { GpuGate } from "../../services/engine/GpuGate.ts"
 import { MemoryCgroup } from "../../services/node/MemoryCgroup.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
+import { background } from "../observability/backgroundFiber.ts"
 import { cpuCacheReport } from "./cpuCache.ts"
 import { reclaim } from "./pidFile.ts"
 import { keepExit, type RunRefs, runOnce } from "./runOnce.ts"
@@ -197,17 +198,10 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
   })
 
   const main = Effect.gen(function* () {
-    // A defect of the loop (a bug) would leave the state where it was, "spawning" for good, with nothing said.
+    // A defect of the loop (a bug) would leave the state where it was, "spawning" for good, with nothing said. Not
+    // restarted: a new loop would not know the runs, their exits or the pid file of the one that died.
     const fiber = yield* Effect.forkChild(
-      loop.pipe(
-        Effect.tapCause((cause) =>
-          Cause.hasInterruptsOnly(cause)
-            ? Effect.void
-            : Effect.logError(
-                `the engine supervisor stopped on a defect of the agent's; the engine is no longer supervised (restart the agent): ${Cause.pretty(cause)}`
-              )
-        )
-      )
+      loop.pipe(background("the engine supervisor", "the engine is no longer supervised (restarts, liveness, stop)"))
     )
     yield* Deferred.await(stopRequested)
     yield* publish(Event.StopRequested({ at: yield* now }))

@@ -50,6 +50,7 @@ import {
 } from "../../services/engine/FlapDamping.ts"
 import { Drain } from "../../services/node/Drain.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
+import { background, RESTART } from "../observability/backgroundFiber.ts"
 
 /** How often a restart held back for an owed clear looks again whether it still is (the watchdog's tick). */
 const OWED_RECHECK_MS = 1_000
@@ -70,6 +71,8 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
     let failedRun: FailedRun | undefined
     // The failing state's flap damping (FlapDamping.ts): a new run starts without a penalty.
     let damping: Damping = undamped
+    // Each follower below subscribes again after a defect (the streams start with the current state): said, not silent.
+    const followed = (what: string, stops: string) => background(what, stops, { restart: RESTART })
     yield* Stream.runForEach(engine.changes, (s) =>
       s._tag === "Starting"
         ? Effect.suspend(() => {
@@ -81,7 +84,7 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
             return SubscriptionRef.set(ref, noStall)
           })
         : Effect.void
-    ).pipe(Effect.forkScoped)
+    ).pipe(followed("the stall state's run follower", "a new engine run no longer clears a stall"), Effect.forkScoped)
 
     const afterMs = Duration.toMillis(config.engine.stall_restart_after)
     const idleMs = Duration.toMillis(config.engine.stream_idle_timeout)
@@ -130,6 +133,7 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
           }
         })
       ),
+      followed("the stall log", "the node's becoming stalled and its end are no longer logged"),
       Effect.forkScoped
     )
 
@@ -159,7 +163,12 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
             })
           )
     if (afterMs > 0 && engine.plan.spawns)
-      yield* SubscriptionRef.changes(ref).pipe(Stream.switchMap(restartWhenDue), Stream.runDrain, Effect.forkScoped)
+      yield* SubscriptionRef.changes(ref).pipe(
+        Stream.switchMap(restartWhenDue),
+        Stream.runDrain,
+        followed("the stall restart", "a stalled engine is no longer restarted (engine.stall_restart_after)"),
+        Effect.forkScoped
+      )
 
     // A hold for flapping ends when the penalty has decayed (re-trips move that on: read again after each sleep); the
     // clear owed from meanwhile is given then, else the engine stays failing until calls or the test clear it.
@@ -201,7 +210,12 @@ export const layer: Layer.Layer<EngineStall, never, EngineProcess | Config> = La
               }
             })
           )
-    yield* SubscriptionRef.changes(ref).pipe(Stream.switchMap(releaseWhenDue), Stream.runDrain, Effect.forkScoped)
+    yield* SubscriptionRef.changes(ref).pipe(
+      Stream.switchMap(releaseWhenDue),
+      Stream.runDrain,
+      followed("the flapping hold's release", "a hold for flapping no longer ends"),
+      Effect.forkScoped
+    )
 
     /** Applies `f` when it changes the state; `cause` names what cleared a stall, for the log line. */
     const change = (f: (s: StallState) => StallState | undefined, cause?: string) =>

@@ -17,6 +17,7 @@ import { Nvml } from "../../services/node/Nvml.ts"
 import { xidIsFault, xidRuleOf } from "../../services/node/Xid.ts"
 import { rememberedFault } from "../../services/node/XidLedger.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
+import { background, RESTART } from "../observability/backgroundFiber.ts"
 import { engineOf } from "./backends/index.ts"
 import { fillInWarning } from "./EnginePlan.ts"
 import { readStat } from "./processGroup.ts"
@@ -150,7 +151,14 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
     if (watched) {
       // the first sample before the first start can be awaited: a remembered fault must hold that start too
       yield* sampleFault
-      yield* sampleFault.pipe(Effect.delay(POLL), Effect.forever, Effect.forkScoped)
+      yield* sampleFault.pipe(
+        Effect.delay(POLL),
+        Effect.forever,
+        background("the GPU fault watch", "the engine's GPUs are no longer watched for faults (Xids, lost GPUs)", {
+          restart: RESTART
+        }),
+        Effect.forkScoped
+      )
     }
 
     // Whatever a wait publishes is withdrawn however it ends: a stop (drain, scope close) interrupts it, and the

@@ -18,6 +18,7 @@ import type { ServedContextSource } from "../../services/engine/Engine.ts"
 import { EngineProcess, type EngineState } from "../../services/engine/EngineProcess.ts"
 import { ServedContext, servedContextOf } from "../../services/engine/ServedContext.ts"
 import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
+import { background, RESTART } from "../observability/backgroundFiber.ts"
 import { engineOfPlan } from "./backends/index.ts"
 import { getText } from "./EngineClient.ts"
 import { planRedactor } from "./engineHttp.ts"
@@ -114,6 +115,10 @@ export const layerWith = (options: {
         Stream.changes,
         Stream.switchMap((period) => (period === undefined ? Stream.empty : Stream.fromEffect(readUntilSaid))),
         Stream.runDrain,
+        // followed again after a defect: the stream starts with the current state (its Ready period read again)
+        background("the served-context reader", "the context the engine serves is no longer read at its starts", {
+          restart: RESTART
+        }),
         Effect.forkScoped
       )
       return service

@@ -29,6 +29,7 @@ import {
   EngineError
 } from "../../services/engine/EngineClient.ts"
 import type { EngineStallService } from "../../services/engine/EngineStall.ts"
+import { background } from "../observability/backgroundFiber.ts"
 import { engineFor } from "./backends/index.ts"
 
 /** Tokens the probe asks for: more than an early-stalling engine sends, few enough to cost the engine nothing. */
@@ -293,7 +294,9 @@ export const stallProbe = (
       inFlight = true
       startedAt = now
       nextAt = now + idleMs
-      return Effect.as(Effect.forkIn(probe, scope), true)
+      // one test: its end (`done`) lets the next start; a defect in it is said (the test concluded nothing)
+      const said = background("the engine's test request", "this test concluded nothing; the next one is sent as due")
+      return Effect.as(Effect.forkIn(said(probe), scope), true)
     })
 
   return {

@@ -20,6 +20,7 @@ import * as path from "node:path"
 import { Clock, Effect, Schedule } from "effect"
 import { EngineProcessError } from "../../services/engine/EngineProcess.ts"
 import { readNoFollow, writeNew } from "../node/stateFiles.ts"
+import { background, RESTART } from "../observability/backgroundFiber.ts"
 import { decodeLock, HEARTBEAT_MS, HEARTBEAT_STALE_MS, type LockRecord, lockVerdict } from "./lockVerdict.ts"
 import { ensureStateDir } from "./pidFile.ts"
 import { pidAlive, processStartMs } from "./processGroup.ts"
@@ -270,5 +271,13 @@ export const holdStateDir = Effect.fn("EngineProcess.holdStateDir")(function* (s
     const now = new Date(yield* Clock.currentTimeMillis)
     yield* Effect.promise(() => fs.utimes(file, now, now).catch(() => undefined))
   })
-  yield* refresh.pipe(Effect.repeat(Schedule.spaced(HEARTBEAT_MS)), Effect.forkScoped)
+  yield* refresh.pipe(
+    Effect.repeat(Schedule.spaced(HEARTBEAT_MS)),
+    background(
+      "the state_dir lock's refresh",
+      `${file} is no longer refreshed: an agent in another pid namespace may take it over as stale`,
+      { restart: RESTART }
+    ),
+    Effect.forkScoped
+  )
 })

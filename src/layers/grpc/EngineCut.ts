@@ -12,6 +12,7 @@ import { EngineProcess, type EngineState } from "../../services/engine/EnginePro
 import type { EngineRunEnded } from "../../services/grpc/CallErrors.ts"
 import { agentCut, connectionBroke, explainCut, runEnding } from "../../services/grpc/EngineCut.ts"
 import { endsUnavailable } from "../../services/grpc/GrpcStatus.ts"
+import { background, RESTART } from "../observability/backgroundFiber.ts"
 import type { ActiveCalls } from "./ActiveCalls.ts"
 
 /**
@@ -67,5 +68,11 @@ export const cutOnRunEnd = (active: ActiveCalls): Effect.Effect<void, never, Sco
       Effect.map(state._tag === "Starting" ? engine.exits : Effect.succeed([]), (exits) =>
         active.cutWhile(agentCut(state, exits))
       )
-    ).pipe(Effect.forkScoped({ startImmediately: true }))
+    ).pipe(
+      // subscribed again after a defect: the stream starts with the current state, whose cut is the same
+      background("the engine-run follower of the calls", "calls are no longer cut when the agent ends their run", {
+        restart: RESTART
+      }),
+      Effect.forkScoped({ startImmediately: true })
+    )
   })

@@ -16,6 +16,7 @@ import { NodeCordoned, NotServing } from "../../services/grpc/CallErrors.ts"
 import type { ServingStatus } from "../../services/grpc/GrpcServer.ts"
 import { Cordon } from "../../services/node/Cordon.ts"
 import { NodeStatus } from "../../services/node/NodeStatus.ts"
+import { background, RESTART } from "../observability/backgroundFiber.ts"
 import { PublishedHealth } from "./Health.ts"
 
 export interface ServingState {
@@ -55,7 +56,13 @@ export const make: Effect.Effect<ServingState, never, EngineProcess | NodeStatus
         engineTag = s._tag
         publish()
       })
-    ).pipe(Effect.forkScoped)
+    ).pipe(
+      // followed again after a defect: the stream starts with the current state
+      background("the serving status's engine follower", "gRPC health no longer follows the engine's state", {
+        restart: RESTART
+      }),
+      Effect.forkScoped
+    )
     yield* Stream.runForEach(nodeStatus.changes, (state) =>
       Effect.zipWith(nodeStatus.draining, nodeStatus.cordoned, (d, c) => {
         draining = d || state === "draining"
@@ -64,7 +71,12 @@ export const make: Effect.Effect<ServingState, never, EngineProcess | NodeStatus
         unhealthy = state === "unhealthy"
         publish()
       })
-    ).pipe(Effect.forkScoped)
+    ).pipe(
+      background("the serving status's node follower", "gRPC health no longer follows drains, cordons and faults", {
+        restart: RESTART
+      }),
+      Effect.forkScoped
+    )
     const cordonedRefusal = new NodeCordoned()
     return {
       health,

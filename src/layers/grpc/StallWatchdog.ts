@@ -13,6 +13,7 @@ import { Config } from "../../services/config/Config.ts"
 import { ClientNotReading, EngineStalled } from "../../services/grpc/CallErrors.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import { makeEngineWatch } from "../engine/engineWatch.ts"
+import { background, RESTART } from "../observability/backgroundFiber.ts"
 import type { ActiveCalls } from "./ActiveCalls.ts"
 
 /** Runs the watchdog over `active` until the scope closes. */
@@ -97,8 +98,14 @@ export const fork = Effect.fnUntraced(function* (
   })
   // the shorter timeout's eighth: a call held back is ended at most that late
   const watchedMs = sendMs > 0 ? Math.min(idleMs, sendMs) : idleMs
+  // a tick's defect (a throw in a relay's abort) would end the watch for the process: said, and the ticks go on
   yield* tick.pipe(
     Effect.repeat(Schedule.spaced(Duration.millis(Math.min(1000, Math.max(25, watchedMs / 8))))),
+    background(
+      "the stall watchdog",
+      "stalled streams and callers that stopped reading are no longer ended, the engine's calls no longer judged",
+      { restart: RESTART }
+    ),
     Effect.forkScoped
   )
 })

@@ -13,6 +13,7 @@ import { KvBridge, type KvBridgeService, type KvBridgeStatus } from "../../servi
 import { rankEndpoint, subscriberHighWaterMark } from "../../services/kv/KvEvents.ts"
 import { hello, type NodeIdentity } from "../../services/kv/KvWire.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
+import { background, RESTART } from "../observability/backgroundFiber.ts"
 import { registerMetrics } from "./kvBridgeMetrics.ts"
 import { runLink } from "./kvcachedClient.ts"
 import * as OverflowLog from "./overflowLog.ts"
@@ -194,33 +195,38 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
             })
         })
       })
-    for (let rank = 0; rank < dpSize; rank++) yield* Effect.forkScoped(readOneRank(rank))
+    // retryForever takes an attempt's defect in; one outside it (its bookkeeping) is said, and the loop runs again
+    const kept = (what: string) => background(what, "KV events no longer reach kvcached", { restart: RESTART })
+    for (let rank = 0; rank < dpSize; rank++)
+      yield* Effect.forkScoped(kept(`the kv events reader of DP rank ${rank}`)(readOneRank(rank)))
 
     yield* Effect.forkScoped(
-      runLink({
-        path: o.uds,
-        queue,
-        hello: hello(o.identity, { epoch: o.epoch, blockSize: o.blockSize, dpSize }),
-        resync: resyncOf,
-        materialize: sequencer.materialize,
-        backoffMaxMs,
-        onConnected: (up, err, retryInMs) => {
-          st.kvcachedConnected = up
-          const retry = retryInMs === undefined ? "" : ` (reconnecting in ${retryInMs} ms)`
-          fault("kvcached", up ? undefined : `kvcached ${o.uds}: ${err}${retry}`)
-        },
-        onStateLost: () => {
-          st.kvcachedStateLosses++
-        },
-        nextSeqOf: (rank) => streams[rank]?.expected,
-        onForwarded: (n) => {
-          st.forwarded += n
-          overflow.acked()
-        },
-        onUnencodable: (error) => {
-          st.lastBatchError = error
-        }
-      })
+      kept("the kvcached link")(
+        runLink({
+          path: o.uds,
+          queue,
+          hello: hello(o.identity, { epoch: o.epoch, blockSize: o.blockSize, dpSize }),
+          resync: resyncOf,
+          materialize: sequencer.materialize,
+          backoffMaxMs,
+          onConnected: (up, err, retryInMs) => {
+            st.kvcachedConnected = up
+            const retry = retryInMs === undefined ? "" : ` (reconnecting in ${retryInMs} ms)`
+            fault("kvcached", up ? undefined : `kvcached ${o.uds}: ${err}${retry}`)
+          },
+          onStateLost: () => {
+            st.kvcachedStateLosses++
+          },
+          nextSeqOf: (rank) => streams[rank]?.expected,
+          onForwarded: (n) => {
+            st.forwarded += n
+            overflow.acked()
+          },
+          onUnencodable: (error) => {
+            st.lastBatchError = error
+          }
+        })
+      )
     )
 
     return {
@@ -254,6 +260,7 @@ const followEngine = (bridge: LiveBridge, engine: EngineProcessService): Effect.
   engine.changes.pipe(
     Stream.filter((s) => s._tag === "Restarting" || s._tag === "Stopped"),
     Stream.runForEach(() => bridge.engineGone),
+    background("the kv engine follower", "a run's end is no longer retracted from kvcached", { restart: RESTART }),
     Effect.forkScoped,
     Effect.asVoid
   )

@@ -5,6 +5,7 @@
  * retry loop (retrying.ts) tries again with the bridge's backoff and its cap, and shows the failure meanwhile.
  */
 import { Effect, Option, type Scope } from "effect"
+import { background } from "../observability/backgroundFiber.ts"
 
 /**
  * The largest frame a rank's SUB socket (and a replay DEALER) takes: ZMQ_MAXMSGSIZE, which libzmq checks per frame
@@ -56,15 +57,19 @@ export const readRank = (o: RankSubscription): Effect.Effect<never, unknown, Sco
     const at = o.endpoint
     // zeromq (a native addon) is loaded by the first subscription: an agent without [kv] never maps it.
     const zmq = yield* Effect.promise(() => import("zeromq"))
+    // A socket the host cannot make (EMFILE: libzmq's context and socket take descriptors) fails the attempt, which
+    // is retried with the bridge's backoff and shown meanwhile, in words rather than as a defect.
     const sub = yield* Effect.acquireRelease(
-      Effect.sync(
-        () =>
+      Effect.try({
+        try: () =>
           new zmq.Subscriber({
             linger: 0,
             receiveHighWaterMark: o.receiveHighWaterMark,
             maxMessageSize: o.maxFrameBytes
-          })
-      ),
+          }),
+        catch: (err) =>
+          new Error(`cannot open a ZMQ socket for ${at}: ${err instanceof Error ? err.message : String(err)}`)
+      }),
       (s) => Effect.sync(() => s.close())
     )
     sub.subscribe(o.topic)
@@ -116,7 +121,13 @@ export const readRank = (o: RankSubscription): Effect.Effect<never, unknown, Sco
             }
           }
         }
-      }).pipe(Effect.ignore)
+      }).pipe(
+        Effect.ignore, // the receive the socket's close rejects: its end
+        background(
+          `the kv events connection monitor of DP rank ${o.rank}`,
+          "a publisher's reconnect (a restarted rank) is no longer taken as its stream starting over"
+        )
+      )
     )
     o.onSubscribed()
     yield* Effect.logInfo("kv events: subscribed", {

@@ -6,6 +6,7 @@
 import { monitorEventLoopDelay } from "node:perf_hooks"
 import { Duration, Effect, Layer, Ref, Schedule } from "effect"
 import { EventLoopLag, type LagSample, lagMs } from "../../services/node/EventLoopLag.ts"
+import { background, RESTART } from "../observability/backgroundFiber.ts"
 
 export interface EventLoopLagOptions {
   /**
@@ -47,6 +48,9 @@ export const layer = (options: EventLoopLagOptions = {}): Layer.Layer<EventLoopL
       yield* roll.pipe(
         Effect.repeat(Schedule.spaced(Duration.millis(windowMs))),
         Effect.delay(windowMs),
+        background("the event-loop lag sampler", "the event loop's lag is no longer sampled (its last window stays)", {
+          restart: RESTART
+        }),
         Effect.forkScoped
       )
       // Between rolls, the running window's worst delay still counts toward the all-time max.

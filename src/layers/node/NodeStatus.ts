@@ -31,6 +31,7 @@ import { type AdvertiseError, advertiseAddrOf } from "../../services/registry/Ad
 import { VERSION } from "../../version.ts"
 import { listenOf } from "../engine/backends/common.ts"
 import { engineOf } from "../engine/backends/index.ts"
+import { background, RESTART } from "../observability/backgroundFiber.ts"
 import { sampleEngineLoad } from "./engineLoad.ts"
 
 // ---------------------------------------------------------------------------------------------------------
@@ -124,7 +125,12 @@ export const layer = (
         const current = { total: yield* totalOf(metrics.relayedTokens), at: yield* Clock.currentTimeMillis }
         yield* Ref.set(rate, ratePerSecond(previous, current))
         previous = current
-      }).pipe(Effect.repeat(Schedule.spaced(heartbeat)), Effect.delay(heartbeat), Effect.forkScoped)
+      }).pipe(
+        Effect.repeat(Schedule.spaced(heartbeat)),
+        Effect.delay(heartbeat),
+        background("the tokens/s reading", "the node's tokens/s is no longer updated", { restart: RESTART }),
+        Effect.forkScoped
+      )
 
       const gather = Effect.gen(function* () {
         const [state, restarts, draining, cordoned, inflight, queued, gpus, tokensPerSecond, gpuGate, problem] =

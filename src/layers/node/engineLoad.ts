@@ -19,6 +19,7 @@
 import { Clock, Effect, Option, Stream } from "effect"
 import type { EngineError, LoadSignals } from "../../services/engine/EngineClient.ts"
 import type { EngineState } from "../../services/engine/EngineProcess.ts"
+import { background, type Restart } from "../observability/backgroundFiber.ts"
 
 /** The bound of one scrape: 0.9 of a heartbeat (it ends before the next is due), at most the EngineClient's 10 s. */
 export const scrapeTimeoutMs = (heartbeatMs: number): number =>
@@ -156,7 +157,16 @@ export const sampleEngineLoad = (o: EngineLoadOptions) =>
         yield* Effect.race(Effect.sleep(wait), newReady)
       }
     })
-    yield* Effect.forkScoped(loop)
+    // A defect in a scrape (a throw parsing the engine's answer, in onSample) would end the sampling for the process:
+    // the load signals left out, EngineStall without the engine's progress counters. Said, and sampled again from a
+    // heartbeat on (the loop reads the engine's state afresh each time).
+    const restart: Restart = { baseMs: o.heartbeatMs, capMs: Math.max(o.heartbeatMs, 60_000) }
+    yield* loop.pipe(
+      background("the engine metrics scrape", "the engine's load signals and progress counters are no longer sampled", {
+        restart
+      }),
+      Effect.forkScoped
+    )
 
     const latest = (state: EngineState): Effect.Effect<LoadSignals | undefined> =>
       Effect.map(Clock.currentTimeMillis, (now) => {

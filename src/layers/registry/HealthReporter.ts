@@ -18,6 +18,7 @@ import {
   standaloneStatus
 } from "../../services/registry/HealthReporter.ts"
 import { afterLeaseLossMs, backoffMs, reporterTiming } from "../../services/registry/ReporterTiming.ts"
+import { background } from "../observability/backgroundFiber.ts"
 import { type EtcdOps, makeEtcdOps } from "./etcdClient.ts"
 import { makeLeaseRecord } from "./leaseRecord.ts"
 import { makeRegistrationStep, type StepReason } from "./registrationStep.ts"
@@ -142,11 +143,24 @@ const make = Effect.gen(function* () {
     s.session = undefined
   })
 
-  const loopFiber = yield* loop.pipe(Effect.annotateLogs({ component: "HealthReporter" }), Effect.forkScoped)
+  // A defect of a round (a bug building the record) would end the heartbeat for the process, the key left to expire
+  // while /status says `registered`: said, and the loop runs again with the reporter's own backoff (capped at one
+  // heartbeat), the next round taking up the lease as any round after a failure does.
+  const restart = { baseMs: 100, capMs: timing.heartbeatMs }
+  const loopFiber = yield* loop.pipe(
+    background("the etcd heartbeat", "the node's record in etcd is no longer written nor its lease kept alive", {
+      restart
+    }),
+    Effect.annotateLogs({ component: "HealthReporter" }),
+    Effect.forkScoped
+  )
   // A state change goes out at once, not at the next heartbeat: draining, a cordon, an engine's teardown (a liveness
   // loss included: it ends the run) or an engine becoming ready is written as it happens, undamped (buildRecord).
   const drainFiber = yield* nodeStatus.changes.pipe(
     Stream.runForEach((st) => writeNow(st === "draining" ? "drain" : "change").pipe(Effect.ignore)),
+    background("the etcd state-change writer", "a change of the node's state waits for the next heartbeat", {
+      restart
+    }),
     Effect.annotateLogs({ component: "HealthReporter" }),
     Effect.forkScoped
   )

@@ -10,6 +10,7 @@ import { Config } from "../../services/config/Config.ts"
 import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
 import { ALLOWED_CLIENT_NAMES } from "../../services/tls/ClientNames.ts"
 import { Tls, type TlsError, type TlsService } from "../../services/tls/Tls.ts"
+import { background, RESTART } from "../observability/backgroundFiber.ts"
 import { effectLog, makeClientNameCheck } from "./clientNameCheck.ts"
 import { MaterialCell } from "./materialCell.ts"
 import { certificateNotAfter, readMaterial, type Security, sameMaterial, securityFiles } from "./tlsMaterial.ts"
@@ -101,7 +102,15 @@ export const make = (security: Security, options: TlsOptions = {}) =>
         every: Duration.format(recheck)
       })
     }
-    yield* Queue.offer(events, undefined).pipe(Effect.delay(recheck), Effect.forever, Effect.forkScoped)
+    // Each loop below runs again after a defect, said: a certificate rotated on disk must not stop being taken up.
+    const reloads = (what: string) =>
+      background(what, "rotated certificates are no longer taken up", { restart: RESTART })
+    yield* Queue.offer(events, undefined).pipe(
+      Effect.delay(recheck),
+      Effect.forever,
+      reloads("the TLS files' periodic re-read"),
+      Effect.forkScoped
+    )
     // One warning per distinct problem: every change in the watched directories re-reads the files, and a log
     // file kept there fed a broken certificate's warning back to itself (~10 lines a second). Shared with the SIGHUP's
     // reload (`hangup`): its warning is not said again by the retry it starts, nor the other way.
@@ -127,6 +136,7 @@ export const make = (security: Security, options: TlsOptions = {}) =>
           })
         )
       ),
+      reloads("the TLS reload on file changes"),
       Effect.forkScoped
     )
 
@@ -139,6 +149,7 @@ export const make = (security: Security, options: TlsOptions = {}) =>
           Effect.andThen(Effect.suspend(() => (lastError === undefined ? Effect.void : Queue.offer(events, undefined))))
         )
       ),
+      reloads("the TLS reload's retry"),
       Effect.forkScoped
     )
 
