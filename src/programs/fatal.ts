@@ -50,7 +50,8 @@ export const defectLine = (defect: unknown): { readonly msg: string; readonly st
 /**
  * Runs `self` under the daemon's logging (the same level rules as its own), and writes a failure as a `fatal` log
  * line with the exit code it gets, failing with FatalLogged; a defect too (exit 1), which would otherwise be printed
- * by the runtime's teardown as plain text with a stack, after the JSON lines. Interruptions pass through.
+ * by the runtime's teardown as plain text with a stack, after the JSON lines. An interruption (a signal while starting)
+ * passes through, said in an info line.
  */
 export const logFatal =
   (configured: (typeof LogLevels)[number], flag: LogLevel | undefined) =>
@@ -69,5 +70,12 @@ export const logFatal =
           Effect.andThen(Effect.fail(new FatalLogged({ exitCode: 1 })))
         )
       }),
+      // a SIGTERM or SIGINT before the daemon routes them to its drain (runMain.ts) interrupts its start: said, as
+      // the last line, instead of an exit 130 with nothing logged after the start's own lines
+      Effect.onInterrupt(() =>
+        Effect.logInfo("cgn-agent stopped by a signal while starting: nothing was served yet; its start undone", {
+          exit_code: 130
+        })
+      ),
       Effect.provide(Logging.layer(configured, flag))
     )
