@@ -130,13 +130,21 @@ const orderedDrain = Effect.fn("Agent.drain")(function* (why: string, signals: S
   yield* admission.close({ rejectQueued: true })
   // A stream holds no admission slot while it hands its last deltas and final to the caller: wait for both.
   const idle = Effect.andThen(admission.awaitIdle, grpc.awaitNoStreams)
-  const finished = yield* Effect.raceFirst(
-    idle.pipe(Effect.timeoutOption(timeout), Effect.map(Option.isSome)),
-    Deferred.await(signals.hurry).pipe(Effect.as(false))
+  const ended = yield* Effect.raceFirst(
+    idle.pipe(
+      Effect.timeoutOption(timeout),
+      Effect.map((o) => (Option.isSome(o) ? ("idle" as const) : ("timeout" as const)))
+    ),
+    Deferred.await(signals.hurry).pipe(Effect.as("signal" as const))
   )
   const left = yield* grpc.activeStreams
-  if (!finished && left > 0) {
-    yield* Effect.logWarning("drain: ending in-flight streams", { streams: left })
+  if (ended !== "idle" && left > 0) {
+    // which cut the wait short: the operator's second signal or agent.drain_timeout (README: each step cut short is
+    // logged; a second SIGTERM said nothing)
+    yield* Effect.logWarning("drain: ending in-flight streams", {
+      streams: left,
+      cut_by: ended === "signal" ? "a second SIGTERM or SIGINT" : `agent.drain_timeout (${Duration.format(timeout)})`
+    })
     yield* grpc.abortActive("node drained before the stream finished")
   }
   yield* Effect.logInfo("drain: in-flight streams done; stopping the engine")

@@ -379,6 +379,8 @@ describe("stopping the agent", () => {
     expect(await readRecord(s.key)).toBeUndefined()
     await untilGone("engine gone", [sim.pid])
     expect(s.agent.stderrLines.join("\n")).toContain("ending in-flight streams")
+    const cut = s.agent.logs().find((l) => l.msg === "drain: ending in-flight streams")
+    expect(cut?.cut_by).toBe("agent.drain_timeout (1s)")
   })
 
   it("a second SIGTERM takes the fast path: the wait for in-flight streams is cut short, exit 0", async () => {
@@ -401,6 +403,9 @@ describe("stopping the agent", () => {
     expect(exit, s.agent.tail()).toEqual({ code: 0, signal: null })
     // 400 tokens at 50 ms would hold the drain for 20 s; the second signal ends it well before.
     expect(Date.now() - secondAt).toBeLessThan(10_000)
+    // the log says what cut the wait short (it said nothing of the second signal)
+    const cut = s.agent.logs().find((l) => l.msg === "drain: ending in-flight streams")
+    expect(cut?.cut_by).toBe("a second SIGTERM or SIGINT")
     expect(await readRecord(s.key)).toBeUndefined()
     await untilGone("engine gone", [sim.pid])
   })
