@@ -14,6 +14,10 @@ import { background, RESTART } from "../layers/observability/backgroundFiber.ts"
 type Handler = (count: number, signal: NodeJS.Signals) => void
 let handler: Handler | undefined
 let hangup: (() => void) | undefined
+// Set once a daemon's handler is released: its shutdown is under way (the core's teardown after the servers'), and a
+// signal then changes nothing. Read as a start to interrupt, it ended a finished drain with exit 130 and a line
+// saying the start was undone (a code review).
+let stopping = false
 
 /** The two signal moments a daemon waits for: the first signal (drain) and the second (skip the wait). */
 export interface ShutdownSignals {
@@ -38,6 +42,7 @@ export const shutdownSignals: Effect.Effect<ShutdownSignals, never, Scope.Scope>
     () =>
       Effect.sync(() => {
         handler = undefined
+        stopping = true
       })
   )
   return { requested, hurry }
@@ -72,7 +77,7 @@ export const runMain = Runtime.makeRunMain(({ fiber, teardown }) => {
   const onSignal = (signal: NodeJS.Signals) => {
     signals++
     if (handler !== undefined) handler(signals, signal)
-    else fiber.interruptUnsafe(fiber.id)
+    else if (!stopping) fiber.interruptUnsafe(fiber.id)
   }
   const onHangup = () => hangup?.()
   fiber.addObserver((exit) => {

@@ -43,4 +43,43 @@ describe("a signal while the agent starts", () => {
     })
     expect(agent.stdoutLines).toEqual([])
   })
+
+  it("a signal after the drain (the core's teardown) changes nothing: exit 0, no 'while starting' line", async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-late-signal-"))
+    cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }))
+    const agent = await startAgent({
+      config: {
+        agent: {
+          state_dir: path.join(dir, "state"),
+          listen_grpc: "127.0.0.1:0",
+          listen_admin: "127.0.0.1:0",
+          drain_timeout: "1s"
+        },
+        // a spawned engine (one that never listens): its supervisor and the guard are part of the core's teardown
+        engine: { kind: "vllm", command: [process.execPath, "-e", "setInterval(() => {}, 1000)"], stop_grace: "1s" },
+        models: { m: { hf_repo: "a/b" } }
+      },
+      awaitReady: false
+    })
+    await pollUntil("serving", () => agent.stderrLines.some((l) => l.includes("cgn-agent serving")))
+    // the drain's signal, then one every 2 ms until the process is gone: some land after the daemon's handler is
+    // released, in the core's teardown (a code review saw exit 130 and "stopped by a signal while starting")
+    let gone = false
+    const exited = agent.exited.then((e) => {
+      gone = true
+      return e
+    })
+    process.kill(agent.pid, "SIGTERM")
+    while (!gone) {
+      try {
+        process.kill(agent.pid, "SIGTERM")
+      } catch {
+        break
+      }
+      await new Promise((r) => setTimeout(r, 2))
+    }
+    expect(await exited).toEqual({ code: 0, signal: null })
+    expect(agent.stderrLines.some((l) => l.includes("while starting"))).toBe(false)
+    expect(JSON.parse(agent.stderrLines.at(-1) ?? "{}")).toMatchObject({ msg: "cgn-agent stopped" })
+  })
 })
