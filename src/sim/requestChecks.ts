@@ -7,6 +7,7 @@ import { vllmValidationError } from "./errors.ts"
 import { mlxRefusal } from "./mlxRequest.ts"
 import { pyFloat } from "./pyWords.ts"
 import type { SimConfig } from "./simConfig.ts"
+import { vllmLogprobsRefusal } from "./upstreamRefusals.ts"
 
 export type Invalid = {
   readonly status: number
@@ -91,7 +92,9 @@ export const earlyRefusal = (
     const raised = mlxRefusal(endpoint, b)
     return raised === undefined ? undefined : { status: 0, message: raised, param: null, drop: true }
   }
-  return streamOptionsWithoutStream(cfg, b) ?? cacheSaltRefusal(cfg, b) ?? seedOutOfRange(cfg, rawBody)
+  // check_logprobs is defined between the two (pydantic runs `before` model validators last-defined first)
+  const logprobs = cfg.flavor === "vllm" ? vllmLogprobsRefusal(endpoint, b) : undefined
+  return streamOptionsWithoutStream(cfg, b) ?? logprobs ?? cacheSaltRefusal(cfg, b) ?? seedOutOfRange(cfg, rawBody)
 }
 
 /** A number field, or its default when absent or null (the engines' `x if x is not None else default`). */

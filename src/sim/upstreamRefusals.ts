@@ -2,10 +2,11 @@
 // body parsing gives (a body that is not JSON, an empty one, one that is not an object, a chat without messages) as
 // each engine's RequestValidationError handler words it; SGLang's _validate_request checks, which run before
 // anything else of a request; and the checks vLLM's SamplingParams makes once built (greedy with n > 1, logprobs
-// beyond --max-logprobs).
+// beyond --max-logprobs) and the counts of logprobs its request models refuse below 0.
 import type { Endpoint } from "./chunks.ts"
 import { pyFloat, pyJsonError, pyRepr, pyStr } from "./pyWords.ts"
 import type { Flavor, SimConfig } from "./simConfig.ts"
+import { N_VOCAB } from "./tokens.ts"
 
 /** One error of FastAPI's RequestValidationError (pydantic's shape): loc as the tuple pydantic gives. */
 interface FieldError {
@@ -39,14 +40,14 @@ const vllmInput = (v: unknown): string => {
 
 /**
  * vLLM's 400 for a RequestValidationError (validation.py validation_exception_handler): type "Bad Request", `param`
- * the error's loc joined with dots, the message `1 validation error:` and the error as a dict with its input
- * summarised and its loc joined (_format_error).
+ * the error's loc joined with dots (or the parameter its VLLMValidationError names), the message
+ * `1 validation error:` and the error as a dict with its input summarised and its loc joined (_format_error).
  */
-const vllmBody = (e: FieldError): unknown => {
+const vllmBody = (e: FieldError, param?: string): unknown => {
   const loc = e.loc.join(".")
   const ctx = ctxText(e.ctx)
   const detail = `{'type': ${pyStr(e.type)}, 'loc': ${pyStr(loc)}, 'msg': ${pyStr(e.msg)}, 'input': ${pyStr(vllmInput(e.input))}${ctx}}`
-  return { error: { message: `1 validation error:\n  ${detail}`, type: "Bad Request", param: loc, code: 400 } }
+  return { error: { message: `1 validation error:\n  ${detail}`, type: "Bad Request", param: param ?? loc, code: 400 } }
 }
 
 /**
@@ -187,6 +188,34 @@ export const sglangRequestRefusal = (
   return undefined
 }
 
+/**
+ * The counts of logprobs vLLM's request models refuse as they parse the body: check_logprobs, a `mode="before"` model
+ * validator (vllm-project/vllm vllm/entrypoints/openai/completion/protocol.py, a completion's `logprobs`;
+ * chat_completion/protocol.py, a chat's `top_logprobs`), takes 0 and up and -1 (the whole vocabulary, refused later
+ * by vllmBuiltRefusal) and raises VLLMValidationError(parameter=..., value=...) for any other below 0. (Releases
+ * before -1 was taken for a completion refused it too, as "`logprobs` must be a positive value.".) pydantic makes it
+ * a value_error at loc ('body',) with the exception in ctx, whose `parameter` the handler makes the param
+ * (vllm/entrypoints/serve/exception_handling/handlers/validation.py); its str() appends parameter and value
+ * (vllm/exceptions.py).
+ */
+export const vllmLogprobsRefusal = (
+  endpoint: Endpoint,
+  b: Record<string, unknown>
+): (BodyRefusal & { readonly param: string }) | undefined => {
+  const field = endpoint === "completion" ? "logprobs" : "top_logprobs"
+  const value = b[field]
+  if (typeof value !== "number" || value >= 0 || value === -1) return undefined
+  const text = `\`${field}\` must be a positive value or -1.`
+  const e: FieldError = {
+    type: "value_error",
+    loc: ["body"],
+    msg: `Value error, ${text} (parameter=${field}, value=${vllmInput(value)})`,
+    input: b,
+    ctx: { error: `VLLMValidationError(${pyStr(text)})` }
+  }
+  return { status: 400, message: text, body: vllmBody(e, field), param: field }
+}
+
 /** vLLM's --max-logprobs default (vllm-project/vllm vllm/config/model.py ModelConfig.max_logprobs). */
 export const VLLM_MAX_LOGPROBS = 20
 
@@ -194,18 +223,24 @@ export const VLLM_MAX_LOGPROBS = 20
  * What vLLM refuses once its SamplingParams is built (vllm-project/vllm vllm/sampling_params.py): __post_init__'s
  * greedy check (temperature below _SAMPLING_EPS with n > 1, a ValueError with no parameter), then verify's
  * _validate_logprobs (the sample logprobs asked for beyond max_logprobs: a completion's `logprobs`, a chat's
- * `top_logprobs` when `logprobs` is true, ChatCompletionRequest.to_sampling_params), whose VLLMValidationError names
- * the parameter and value (str() appends them: vllm/exceptions.py).
+ * `top_logprobs` when `logprobs` is true, ChatCompletionRequest.to_sampling_params; -1 counts as the vocabulary's
+ * size), whose VLLMValidationError names the parameter and value (str() appends them: vllm/exceptions.py).
  */
 export const vllmBuiltRefusal = (
   endpoint: Endpoint,
   b: Record<string, unknown>
 ): { readonly message: string; readonly param: string | null } | undefined => {
   const n = typeof b.n === "number" ? b.n : 1
-  const temperature = typeof b.temperature === "number" ? b.temperature : 1
+  const raw = typeof b.temperature === "number" ? b.temperature : 1
+  // __post_init__ first raises a temperature in (0, _MAX_TEMP) to _MAX_TEMP (1e-2), against nan and inf in its
+  // tensors: only 0 stays below _SAMPLING_EPS (1e-5) to be greedy (a negative one was refused by _verify_args)
+  const temperature = raw > 0 && raw < 1e-2 ? 1e-2 : raw
   if (temperature < 1e-5 && n > 1) return { message: `n must be 1 when using greedy sampling, got ${n}.`, param: null }
-  const asked = endpoint === "completion" ? b.logprobs : b.logprobs === true ? b.top_logprobs : undefined
-  if (typeof asked === "number" && asked !== -1 && asked > VLLM_MAX_LOGPROBS)
+  const count = endpoint === "completion" ? b.logprobs : b.logprobs === true ? b.top_logprobs : undefined
+  // -1 is model_config.get_vocab_size(): the vLLM flavor reads no model file, so the simulator's own vocabulary,
+  // N_VOCAB (tokens.ts), the size its token ids stay below
+  const asked = count === -1 ? N_VOCAB : count
+  if (typeof asked === "number" && asked > VLLM_MAX_LOGPROBS)
     return {
       message: `Requested sample logprobs of ${asked}, which is greater than max allowed: ${VLLM_MAX_LOGPROBS} (parameter=logprobs, value=${asked})`,
       param: "logprobs"

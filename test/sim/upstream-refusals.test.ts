@@ -117,6 +117,47 @@ describe("vLLM", () => {
     expect((await completion({ logprobs: 20 })).status).toBe(200)
   })
 
+  it("a temperature below 1e-2 is raised to 1e-2 before the greedy check: only 0 refuses n > 1", async () => {
+    // vllm-project/vllm vllm/sampling_params.py SamplingParams.__post_init__ (_MAX_TEMP, then _SAMPLING_EPS)
+    const tiny = await completion({ temperature: 0.000001, n: 2 })
+    expect(tiny.status).toBe(200)
+    expect((await completion({ temperature: 0.005, n: 2 })).status).toBe(200)
+  })
+
+  it("logprobs below 0: -1 is the whole vocabulary (beyond max_logprobs), any other a validation error", async () => {
+    // -1 passes check_logprobs and SamplingParams._validate_logprobs makes it the vocabulary's size: the sim's 32000
+    const vocab =
+      "Requested sample logprobs of 32000, which is greater than max allowed: 20 (parameter=logprobs, value=32000)"
+    const all = await completion({ logprobs: -1 })
+    expect([all.status, all.json]).toEqual([400, vllmError(vocab, "logprobs")])
+    const chatAll = await postJson(`${vllm.url}/v1/chat/completions`, {
+      messages: [{ role: "user", content: "a" }],
+      logprobs: true,
+      top_logprobs: -1
+    })
+    expect([chatAll.status, chatAll.json]).toEqual([400, vllmError(vocab, "logprobs")])
+    // check_logprobs (completion/protocol.py, chat_completion/protocol.py): a VLLMValidationError at loc ('body',),
+    // its parameter the param
+    const detail = (field: string, value: number, keys: number) => {
+      const text = `\`${field}\` must be a positive value or -1.`
+      return `1 validation error:\n  {'type': 'value_error', 'loc': 'body', 'msg': 'Value error, ${text} (parameter=${field}, value=${value})', 'input': '<dict of ${keys} items>', 'ctx': {'error': VLLMValidationError('${text}')}}`
+    }
+    const negative = await completion({ logprobs: -2 })
+    expect([negative.status, negative.json]).toEqual([
+      400,
+      vllmError(detail("logprobs", -2, 4), "logprobs", "Bad Request")
+    ])
+    const chatNegative = await postJson(`${vllm.url}/v1/chat/completions`, {
+      messages: [{ role: "user", content: "a" }],
+      logprobs: true,
+      top_logprobs: -3
+    })
+    expect([chatNegative.status, chatNegative.json]).toEqual([
+      400,
+      vllmError(detail("top_logprobs", -3, 3), "top_logprobs", "Bad Request")
+    ])
+  })
+
   it("a body FastAPI cannot take: its validation error, type Bad Request, loc as param", async () => {
     const url = `${vllm.url}/v1/chat/completions`
     const detail = (d: string) => `1 validation error:\n  ${d}`
