@@ -104,7 +104,7 @@ describe("the stall probe's request", () => {
  * stallProbe over an engine that answers each path as `answerOf` says (an HTTP status, or a completion), with a
  * stream_idle_timeout of 5m and a liveness_interval (errorRetryMs) of 5s; `ready`: whether the run is still Ready.
  */
-const probeOf = (answerOf: (path: string) => "ok" | number, ready = true) =>
+const probeOf = (answerOf: (path: string) => "ok" | "local" | number, ready = true) =>
   Effect.gen(function* () {
     const paths: Array<string> = []
     const completed: Array<string> = []
@@ -114,6 +114,8 @@ const probeOf = (answerOf: (path: string) => "ok" | number, ready = true) =>
         Effect.suspend(() => {
           paths.push(path)
           const a = answerOf(path)
+          // the agent's own host could not connect (EMFILE: services/node/HostShortage.ts)
+          if (a === "local") return Effect.fail(new EngineError({ reason: "Local", message: "too many open files" }))
           if (a !== "ok") return Effect.fail(new EngineError({ reason: "Http", message: `HTTP ${a}`, status: a }))
           sink.onChunks([{ choices: [{ text: "pong", finish_reason: "length" }] }], () => undefined)
           return Effect.void
@@ -175,6 +177,23 @@ describe("stallProbe while the engine is stalled (README engine.stream_idle_time
         assert.match(
           h.completed[0] ?? "",
           /^the engine completed a test request while stalled and idle \(max_tokens 16, \/v1\/completions\)/
+        )
+      }).pipe(Effect.scoped)
+  )
+
+  effectIt.effect(
+    "a test the agent could not send (its own descriptor limit) says so, not that the engine failed it",
+    () =>
+      Effect.gen(function* () {
+        const h = yield* probeOf(() => "local")
+        assert.isTrue(yield* h.stalled(0))
+        yield* settle(
+          "the unsent test logged",
+          Effect.sync(() => h.warnings.length > 0)
+        )
+        assert.strictEqual(
+          h.warnings[0]?.message,
+          "the agent could not send the engine a test request: nothing concluded"
         )
       }).pipe(Effect.scoped)
   )

@@ -47,6 +47,21 @@ describe("background", () => {
     }).pipe(provide)
   })
 
+  it.effect("a one-shot fiber (one test, one write) says what follows, not to restart the agent", () => {
+    const { lines, provide } = capture()
+    return Effect.gen(function* () {
+      yield* Effect.die(new TypeError("boom")).pipe(
+        background("the test request", "this test concluded nothing; the next one is sent as due", { oneShot: true })
+      )
+      assert.deepStrictEqual(
+        lines.map((l) => l.text),
+        [
+          "the test request stopped on a defect of the agent's: this test concluded nothing; the next one is sent as due"
+        ]
+      )
+    }).pipe(provide)
+  })
+
   it.effect("a typed failure the loop leaves unhandled is said too, as the agent's defect", () => {
     const { lines, provide } = capture()
     return Effect.gen(function* () {

@@ -193,7 +193,10 @@ export const stallProbe = (
     Effect.flatMap(ready, (stillReady) => {
       if (!stillReady || e.message === lastFailure) return Effect.void
       lastFailure = e.message
-      return Effect.logWarning(message, {
+      // the agent's own shortage (EngineError Local) is not the engine failing the test
+      const said =
+        e.reason === "Local" ? "the agent could not send the engine a test request: nothing concluded" : message
+      return Effect.logWarning(said, {
         error: e.message,
         ...(rank === undefined ? {} : { data_parallel_rank: rank }),
         next_try_in: Duration.format(Duration.millis(retryMs))
@@ -295,7 +298,9 @@ export const stallProbe = (
       startedAt = now
       nextAt = now + idleMs
       // one test: its end (`done`) lets the next start; a defect in it is said (the test concluded nothing)
-      const said = background("the engine's test request", "this test concluded nothing; the next one is sent as due")
+      const said = background("the engine's test request", "this test concluded nothing; the next one is sent as due", {
+        oneShot: true
+      })
       return Effect.as(Effect.forkIn(said(probe), scope), true)
     })
 

@@ -115,6 +115,9 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
     }
     // Each rank's stream, once its reader has one (by rank): the engine's end (engineGone) retracts them all.
     const streams: Array<RankStream | undefined> = new Array(dpSize).fill(undefined)
+    // retryForever takes an attempt's defect in; one outside it (its bookkeeping) is said, and the loop runs again (a
+    // rank's reader: its retry loop only, the rank's stream kept, as across any reconnect)
+    const kept = (what: string) => background(what, "KV events no longer reach kvcached", { restart: RESTART })
     const readOneRank = (rank: number) =>
       Effect.gen(function* () {
         const at = rankEndpoint(endpoint, rank)
@@ -193,12 +196,9 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
                 })
               }
             })
-        })
+        }).pipe(kept(`the kv events reader of DP rank ${rank}`))
       })
-    // retryForever takes an attempt's defect in; one outside it (its bookkeeping) is said, and the loop runs again
-    const kept = (what: string) => background(what, "KV events no longer reach kvcached", { restart: RESTART })
-    for (let rank = 0; rank < dpSize; rank++)
-      yield* Effect.forkScoped(kept(`the kv events reader of DP rank ${rank}`)(readOneRank(rank)))
+    for (let rank = 0; rank < dpSize; rank++) yield* Effect.forkScoped(readOneRank(rank))
 
     yield* Effect.forkScoped(
       kept("the kvcached link")(

@@ -31,12 +31,18 @@ export const stoppedLine = (
   consequence: string,
   cause: Cause.Cause<unknown>,
   retryInMs?: number,
-  deaths = 1
+  deaths = 1,
+  oneShot = false
 ): string => {
   const how = Cause.hasDies(cause)
     ? "on a defect of the agent's"
     : "on a failure it does not handle (a defect of the agent's)"
-  const then = retryInMs === undefined ? "; not restarted (restart the agent)" : `; restarting it in ${retryInMs} ms`
+  // a one-shot fiber (one test, one write) is not a loop to restart: its consequence says what follows
+  const then = oneShot
+    ? ""
+    : retryInMs === undefined
+      ? "; not restarted (restart the agent)"
+      : `; restarting it in ${retryInMs} ms`
   return `${name} stopped ${how}: ${consequence}${then}${deaths > 1 ? ` (${deaths} times in a row)` : ""}`
 }
 
@@ -46,11 +52,12 @@ export const reportStop = (
   consequence: string,
   cause: Cause.Cause<unknown>,
   retryInMs?: number,
-  deaths = 1
+  deaths = 1,
+  oneShot = false
 ): Effect.Effect<void> =>
   Cause.hasInterruptsOnly(cause)
     ? Effect.void
-    : Effect.logError(stoppedLine(name, consequence, cause, retryInMs, deaths), { fiber: name }, cause)
+    : Effect.logError(stoppedLine(name, consequence, cause, retryInMs, deaths, oneShot), { fiber: name }, cause)
 
 /** What a death is, for telling the same one again: its cause's first line (the error, without the stack). */
 const causeKey = (cause: Cause.Cause<unknown>): string => Cause.pretty(cause).split("\n", 1)[0] ?? ""
@@ -63,16 +70,21 @@ const powerOfTwo = (n: number): boolean => (n & (n - 1)) === 0
  * success is the loop's own (a stream that ended) and is left so.
  */
 export const background =
-  (name: string, consequence: string, options: { readonly restart?: Restart | undefined } = {}) =>
+  (
+    name: string,
+    consequence: string,
+    options: { readonly restart?: Restart | undefined; readonly oneShot?: true } = {}
+  ) =>
   <A, E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<void, never, R> => {
     const restart = options.restart
+    const oneShot = options.oneShot === true
     if (restart === undefined)
       return self.pipe(
         Effect.asVoid,
         Effect.catchCause((cause) =>
           Cause.hasInterrupts(cause)
-            ? Effect.andThen(reportStop(name, consequence, cause), Effect.failCause(cause))
-            : reportStop(name, consequence, cause)
+            ? Effect.andThen(reportStop(name, consequence, cause, undefined, 1, oneShot), Effect.failCause(cause))
+            : reportStop(name, consequence, cause, undefined, 1, oneShot)
         )
       ) as Effect.Effect<void, never, R>
     return Effect.gen(function* () {
