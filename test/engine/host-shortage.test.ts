@@ -197,7 +197,7 @@ const closed = Exit.isSuccess(await Effect.runPromiseExit(Scope.close(scope, Exi
       const port = yield* Effect.promise(freePort)
       const plan = testPlan({ port, probe: { kind: "http", url: `http://127.0.0.1:${port}/health` } })
       const fake = yield* makeFakeHost()
-      const { lines } = yield* superviseFake(plan, testSettings(), {
+      const { lines, states } = yield* superviseFake(plan, testSettings(), {
         ...fake.host,
         spawn: () => Effect.die(new TypeError("child.stdio is not iterable"))
       })
@@ -211,6 +211,11 @@ const closed = Exit.isSuccess(await Effect.runPromiseExit(Scope.close(scope, Exi
       assert.strictEqual(
         line.text,
         `${said}: the engine is no longer supervised (restarts, liveness, stop); not restarted (restart the agent)`
+      )
+      // and not left "spawning": Stopped, which nothing takes as servable
+      yield* settle(
+        "Stopped",
+        Effect.sync(() => states.at(-1)?._tag === "Stopped")
       )
     })
   )

@@ -121,7 +121,7 @@ describe("a run's end line: its level from how it ended", () => {
       assert.strictEqual(end?.level, "Warn", end?.text)
       assert.match(
         end?.text ?? "",
-        /^run 0 \(pid \d+\) ended: exited, exit code 1, .*; not restarted: the agent is stopping$/
+        /^run 0 \(pid \d+\) ended: exited, exit code 1, .*; not restarted: its supervision is ending \(the agent stopping, or a defect said apart\)$/
       )
     })
   )

@@ -198,10 +198,20 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
   })
 
   const main = Effect.gen(function* () {
-    // A defect of the loop (a bug) would leave the state where it was, "spawning" for good, with nothing said. Not
-    // restarted: a new loop would not know the runs, their exits or the pid file of the one that died.
+    // A defect of the loop (a bug) would leave the state where it was, "spawning" (or Ready, its run torn down by its
+    // scope) for good, with nothing said. Not restarted: a new loop would not know the runs, their exits or the pid
+    // file of the one that died. Said, and the state Stopped, which no router or probe takes as servable.
     const fiber = yield* Effect.forkChild(
-      loop.pipe(background("the engine supervisor", "the engine is no longer supervised (restarts, liveness, stop)"))
+      loop.pipe(
+        background("the engine supervisor", "the engine is no longer supervised (restarts, liveness, stop)"),
+        Effect.andThen(
+          Effect.gen(function* () {
+            yield* publish(Event.StopRequested({ at: yield* now }))
+            const [last] = yield* Ref.get(refs.exits)
+            yield* publish(Event.StopCompleted({ lastExit: last }))
+          })
+        )
+      )
     )
     yield* Deferred.await(stopRequested)
     yield* publish(Event.StopRequested({ at: yield* now }))

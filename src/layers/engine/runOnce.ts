@@ -159,7 +159,7 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
             // an engine that crashed during a drain was filed as stopped, at info (a lifecycle review)
             if (ended !== undefined)
               yield* Effect.logWithLevel(exitLogLevel(record, undefined))(
-                `${describeExit(record)}; not restarted: the agent is stopping`
+                `${describeExit(record)}; not restarted: its supervision is ending (the agent stopping, or a defect said apart)`
               )
           })
         : Effect.void
