@@ -78,6 +78,11 @@ describe("the engine status table", () => {
       Local: ["UNAVAILABLE", true, false]
     })
     expect(read(outputFault)).toEqual(["INTERNAL", false, false])
+    // whose failure it is, decided in the row: only Local is the agent's own (cgn-error-source agent)
+    const agents = [...Object.entries(noStatusTable), ...Object.entries(engineStatusTable)]
+      .filter(([, d]) => d.agentReason !== undefined)
+      .map(([k, d]) => [k, d.agentReason])
+    expect(agents).toEqual([["Local", "agent_resources"]])
   })
 
   it("picks an output fault's row first, then the status's where the engine answered with one, else the reason's", () => {

@@ -26,6 +26,8 @@ export interface EngineDecisions {
   readonly code: Status
   readonly retryElsewhere: boolean
   readonly failsCall: boolean
+  /** Set where the failure is the agent's own and not the engine's: `cgn-error-source` agent with this `cgn-reason`. */
+  readonly agentReason?: string
 }
 
 /** The statuses with a row of their own; every other status falls in its range's row. */
@@ -96,7 +98,7 @@ export const noStatusTable: { readonly [R in EngineError["reason"]]: EngineDecis
   // engine.failed_calls_unhealthy counts (README: those that end UNAVAILABLE, and 401/403).
   Protocol: { code: Status.INTERNAL, retryElsewhere: true, failsCall: false },
   // The agent's host could not open the connection (its descriptor limit): this node's state, not the engine's.
-  Local: { code: Status.UNAVAILABLE, retryElsewhere: true, failsCall: false }
+  Local: { code: Status.UNAVAILABLE, retryElsewhere: true, failsCall: false, agentReason: "agent_resources" }
 }
 
 /**

@@ -126,16 +126,13 @@ const engineWhat = (e: EngineError): string => {
 }
 
 export const engineFailure = (e: EngineError): GrpcFailure => {
-  const local = e.reason === "Local"
+  // code, retry and whose failure it is: the row of EngineStatus.ts for its fault, status or reason (a connection the
+  // agent's own host could not open is the agent's: services/node/HostShortage.ts)
+  const { code, retryElsewhere, agentReason } = engineDecisions(e)
   const trailers: Record<string, string> = {
-    // a connection the agent's own host could not open is the agent's (services/node/HostShortage.ts)
-    "cgn-error-source": local ? "agent" : "engine",
+    "cgn-error-source": agentReason === undefined ? "engine" : "agent",
     // an output fault is the request's, whatever the engine's status (EngineError.fault)
-    "cgn-reason": local
-      ? "agent_resources"
-      : e.fault === "output"
-        ? "engine_output"
-        : `engine_${e.reason.toLowerCase()}`,
+    "cgn-reason": agentReason ?? (e.fault === "output" ? "engine_output" : `engine_${e.reason.toLowerCase()}`),
     "cgn-engine-reason": e.reason,
     "cgn-engine-message": asciiTrailer(e.message)
   }
@@ -143,8 +140,6 @@ export const engineFailure = (e: EngineError): GrpcFailure => {
   if (e.engineType !== undefined) trailers["cgn-engine-type"] = asciiTrailer(e.engineType)
   if (e.engineCode !== undefined) trailers["cgn-engine-code"] = asciiTrailer(e.engineCode)
   const type = e.engineType === undefined ? "" : ` (${e.engineType})`
-  // code and retry: the row of EngineStatus.ts for its fault, status or reason
-  const { code, retryElsewhere } = engineDecisions(e)
   return { code, message: `${engineWhat(e)}${type}: ${e.message}`, trailers, retryElsewhere }
 }
 
