@@ -19,6 +19,7 @@ import * as AdmissionLive from "../layers/grpc/Admission.ts"
 import * as GrpcServerLive from "../layers/grpc/GrpcServer.ts"
 import * as HealthListener from "../layers/grpc/HealthListener.ts"
 import * as KvBridgeLive from "../layers/kv/KvBridge.ts"
+import * as AgentShortageLive from "../layers/node/AgentShortage.ts"
 import * as CordonLive from "../layers/node/Cordon.ts"
 import * as EventLoopLagLive from "../layers/node/EventLoopLag.ts"
 import * as MemoryCgroupLive from "../layers/node/MemoryCgroup.ts"
@@ -91,6 +92,8 @@ export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
     Layer.provideMerge(
       NvmlLive.layer(nvmlWorkerEntry(), { stateDir: config.agent.state_dir, xidRule: xidRuleOf(config.engine) })
     ),
+    // below the supervisor, the watchdog and NodeStatus, which it is told by and tells
+    Layer.provideMerge(AgentShortageLive.layer),
     Layer.provideMerge(base),
     Layer.provideMerge(Tracing.layer(config)),
     Layer.provideMerge(ProcessWarnings.layer),

@@ -24,7 +24,7 @@ import { testPlan } from "../../src/testing/EngineProcess.ts"
 import { makeFakeHost } from "../support/fakeEngineHost.ts"
 import { settle } from "../support/poll.ts"
 import { freePort } from "../support/ports.ts"
-import { superviseFake, testSettings } from "../support/supervisor.ts"
+import { superviseFake, superviseFakeHost, testSettings } from "../support/supervisor.ts"
 
 /** undici's connect failure as it reaches the engine client: the socket's code on the error. */
 const socketError = (code: string) =>
@@ -136,13 +136,7 @@ const closed = Exit.isSuccess(await Effect.runPromiseExit(Scope.close(scope, Exi
 
   effectIt.effect("liveness probes that cannot be sent neither fail nor pass: the Ready run is left alone", () =>
     Effect.gen(function* () {
-      const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-shortage-"))
-      yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(stateDir, { recursive: true, force: true })))
-      const port = yield* Effect.promise(freePort)
-      const plan = testPlan({ port, probe: { kind: "http", url: `http://127.0.0.1:${port}/health` } })
-      const fake = yield* makeFakeHost()
-      const settings = testSettings({ stateDir })
-      const { states, lines } = yield* superviseFake(plan, settings, fake.host)
+      const { fake, settings, states, lines } = yield* superviseFakeHost()
       yield* Ref.set(fake.up, true)
       yield* settle(
         "run 0 Ready",

@@ -37,7 +37,8 @@ describe("liveness cadence", () => {
         host,
         publish: (e: SupervisorEvent) => Effect.sync(() => void events.push(e)),
         memory: undefined,
-        endReadyRun: yield* Ref.make<Deferred.Deferred<RestartRequest> | undefined>(undefined)
+        endReadyRun: yield* Ref.make<Deferred.Deferred<RestartRequest> | undefined>(undefined),
+        shortage: undefined
       }
       const readyAt = yield* Deferred.make<number>()
       const watch = yield* Effect.forkChild(
@@ -93,7 +94,8 @@ describe("liveness cadence", () => {
         host: { probe } as unknown as EngineHostService,
         publish: (e: SupervisorEvent) => Effect.sync(() => void events.push(e)),
         memory: undefined,
-        endReadyRun: yield* Ref.make<Deferred.Deferred<RestartRequest> | undefined>(undefined)
+        endReadyRun: yield* Ref.make<Deferred.Deferred<RestartRequest> | undefined>(undefined),
+        shortage: undefined
       }
       const readyAt = yield* Deferred.make<number>()
       const watch = yield* Effect.forkChild(

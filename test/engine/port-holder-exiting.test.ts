@@ -188,7 +188,8 @@ describe("readiness while the holder waits", () => {
         host: { probe: () => Effect.succeed({ ok: true }) } as unknown as EngineHostService,
         publish: (e: SupervisorEvent) => Effect.sync(() => void events.push(e)),
         memory: undefined,
-        endReadyRun: yield* Ref.make<Deferred.Deferred<RestartRequest> | undefined>(undefined)
+        endReadyRun: yield* Ref.make<Deferred.Deferred<RestartRequest> | undefined>(undefined),
+        shortage: undefined
       }
     })
 

@@ -35,6 +35,7 @@ import {
   transition
 } from "../../services/engine/EngineState.ts"
 import { GpuGate } from "../../services/engine/GpuGate.ts"
+import { AgentShortage } from "../../services/node/AgentShortage.ts"
 import { MemoryCgroup } from "../../services/node/MemoryCgroup.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import { background } from "../observability/backgroundFiber.ts"
@@ -139,7 +140,9 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
   const endReadyRun = yield* Ref.make<Deferred.Deferred<RestartRequest> | undefined>(undefined)
   // Set while the loop waits out a restart backoff: completing it (an operator's restart) ends the wait.
   const endBackoff = yield* Ref.make<Deferred.Deferred<RestartRequest> | undefined>(undefined)
-  const supervision: Supervision = { plan, settings, host, publish, memory, endReadyRun }
+  // optional: told of the probes the agent's host could not send (absent in tests that do not build it)
+  const shortage = Option.getOrUndefined(yield* Effect.serviceOption(AgentShortage))
+  const supervision: Supervision = { plan, settings, host, publish, memory, endReadyRun, shortage }
   const requested = metrics?.engineRestartRequests
   // 0 samples from the start, so that increase() sees the first request (prom-client writes a labelled series only
   // once it is incremented)

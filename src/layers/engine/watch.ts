@@ -13,6 +13,7 @@ import {
   RunEndWords
 } from "../../services/engine/EngineProcess.ts"
 import { Event, livenessStep, type SupervisorEvent } from "../../services/engine/EngineState.ts"
+import { type AgentShortageService, ShortageEvent } from "../../services/node/AgentShortage.ts"
 import type { MemoryCgroupService } from "../../services/node/MemoryCgroup.ts"
 import type { SupervisorSettings } from "./supervisorSettings.ts"
 
@@ -29,9 +30,19 @@ export interface Supervision {
    * given reason. Undefined otherwise, so a request never reaches a run that is starting or already ending.
    */
   readonly endReadyRun: Ref.Ref<Deferred.Deferred<RestartRequest> | undefined>
+  /** Told of each probe the agent's host could or could not send (AgentShortage.ts); undefined: not told. */
+  readonly shortage: AgentShortageService | undefined
 }
 
 const now = Clock.currentTimeMillis
+
+/** Tells AgentShortage whether the probe was sent: not when the agent's host could not open its connection (probe.ts). */
+const probeSeen = (s: Supervision, r: ProbeResult): Effect.Effect<void> =>
+  s.shortage === undefined
+    ? Effect.void
+    : s.shortage.report(
+        !r.ok && r.inconclusive === true ? ShortageEvent.ProbeUnsent({ reason: r.reason }) : ShortageEvent.ProbeSent()
+      )
 
 /** One run as its watch sees it. */
 export interface WatchedRun {
@@ -44,13 +55,18 @@ export interface WatchedRun {
   readonly holder: Effect.Effect<PortHolder>
 }
 
-/** Probes until Ready (completing `readyAt`) or the startup budget is spent; false on a timeout. */
+/**
+ * Probes until Ready (completing `readyAt`) or the startup budget is spent; false on a timeout. The time from a probe
+ * the agent's host could not send (its own shortage: probe.ts) to the next probe is not the engine's: the deadline
+ * moves by it, so an agent out of descriptors does not end, again and again, an engine still loading its model.
+ */
 const readiness = (s: Supervision, { run, since, readyAt, holder }: WatchedRun) =>
   Effect.gen(function* () {
     const { plan, settings } = s
-    const deadline = since + settings.startupTimeoutMs
+    let deadline = since + settings.startupTimeoutMs
     let lastLog = since
     let warned = false
+    let notSent = false
     for (;;) {
       const remaining = deadline - (yield* now)
       if (remaining <= 0) {
@@ -58,6 +74,21 @@ const readiness = (s: Supervision, { run, since, readyAt, holder }: WatchedRun) 
         return false
       }
       let r: ProbeResult = yield* s.host.probe(plan.probe, Math.min(remaining, 10_000))
+      yield* probeSeen(s, r)
+      if (!r.ok && r.inconclusive === true) {
+        if (!notSent)
+          yield* Effect.logWarning(
+            `engine run ${run}: readiness probe not sent: ${r.reason}; engine.startup_timeout waits until probes are sent again`
+          )
+        notSent = true
+        const before = yield* now
+        yield* s.publish(Event.Phase({ phase: r.phase, at: before }))
+        yield* Effect.sleep(settings.probeIntervalMs)
+        deadline += (yield* now) - before
+        continue
+      }
+      if (notSent) yield* Effect.logInfo(`engine run ${run}: readiness probes sent again`)
+      notSent = false
       // The holder waits until the engine's pid is known (run.ts): not Ready meanwhile, and never past the budget.
       const who = r.ok
         ? yield* holder.pipe(
@@ -112,7 +143,7 @@ const liveness = (s: Supervision): Effect.Effect<RunEnd> =>
     const live = plan.liveness ?? plan.probe
     let failures = 0
     // while probes cannot be sent (the agent's own shortage): warned of once, until one is sent again
-    let unsent = false
+    let notSent = false
     let next = (yield* now) + settings.livenessIntervalMs
     for (;;) {
       yield* Effect.sleep(Math.max(0, next - (yield* now)))
@@ -122,14 +153,15 @@ const liveness = (s: Supervision): Effect.Effect<RunEnd> =>
         Math.max(plan.livenessTimeoutFloorMs ?? 0, Math.min(settings.livenessIntervalMs, 5_000))
       )
       yield* Effect.logDebug("engine liveness probe", { url: live.url, ...r })
+      yield* probeSeen(s, r)
       if (!r.ok && r.inconclusive === true) {
         // the agent's own shortage, not the engine's answer: the count stays as it was
-        if (!unsent) yield* Effect.logWarning(`liveness probe not sent: ${r.reason}; not counted against the engine`)
-        unsent = true
+        if (!notSent) yield* Effect.logWarning(`liveness probe not sent: ${r.reason}; not counted against the engine`)
+        notSent = true
         continue
       }
-      if (unsent) yield* Effect.logInfo("liveness probes sent again")
-      unsent = false
+      if (notSent) yield* Effect.logInfo("liveness probes sent again")
+      notSent = false
       const step = livenessStep(failures, r.ok, settings.livenessFailures)
       if (!r.ok)
         yield* Effect.logWarning(`liveness probe failed (${step.failures}/${settings.livenessFailures}): ${r.reason}`)

@@ -4,7 +4,7 @@
  * Latch, open exactly while the set is empty.
  */
 import { Effect, Latch } from "effect"
-import { engineFailedCall, type GenerateError } from "../../services/grpc/GrpcStatus.ts"
+import { agentFailedCall, engineFailedCall, type GenerateError } from "../../services/grpc/GrpcStatus.ts"
 import type { Relay } from "./Relay.ts"
 
 export class ActiveCalls {
@@ -24,6 +24,12 @@ export class ActiveCalls {
    */
   completedInRow = 0
   completedInRowBest = 0
+  /**
+   * Calls the agent's own host failed on their way to the engine (GrpcStatus.agentFailedCall) since the later of the
+   * last completion and the watchdog's last look, and the last one's status message (AgentShortage).
+   */
+  agentFailed = 0
+  lastAgentFailure = ""
   readonly #idle = Latch.makeUnsafe(true)
   /** While set, the agent is ending the engine run: a call added now ends with it at once (see `cutWhile`). */
   #cut: GenerateError | undefined = undefined
@@ -41,6 +47,7 @@ export class ActiveCalls {
     if (relay.completed) {
       this.completed++
       this.engineFailed = 0
+      this.agentFailed = 0
       if (++this.completedInRow > this.completedInRowBest) this.completedInRowBest = this.completedInRow
     } else if (relay.failure !== undefined) {
       const failed = engineFailedCall(relay.failure)
@@ -48,6 +55,11 @@ export class ActiveCalls {
         this.engineFailed++
         this.lastEngineFailure = failed
         this.completedInRow = 0
+      }
+      const agents = agentFailedCall(relay.failure)
+      if (agents !== undefined) {
+        this.agentFailed++
+        this.lastAgentFailure = agents
       }
     }
     if (this.relays.size === 0) this.#idle.openUnsafe()

@@ -11,6 +11,7 @@
 import { Clock, Duration, Effect, Option, Schedule, type Scope } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import { ClientNotReading, EngineStalled } from "../../services/grpc/CallErrors.ts"
+import { AgentShortage, ShortageEvent } from "../../services/node/AgentShortage.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import { makeEngineWatch } from "../engine/engineWatch.ts"
 import { background, RESTART } from "../observability/backgroundFiber.ts"
@@ -24,6 +25,8 @@ export const fork = Effect.fnUntraced(function* (
   const metrics = Option.getOrUndefined(yield* Effect.serviceOption(Metrics))
   const idleMs = Duration.toMillis(config.engine.stream_idle_timeout)
   const watchEngine = yield* makeEngineWatch
+  // absent in tests that build the server without it
+  const shortage = Option.getOrUndefined(yield* Effect.serviceOption(AgentShortage))
   const stalls = metrics?.engineStreamStalls.labels({ model: config.model.served_name })
   // A 0 sample from the start: prom-client writes a labelled series only once it is incremented, and increase()
   // over a series that appears at 1 sees no increase, so the first stall of a process would never alert.
@@ -44,6 +47,8 @@ export const fork = Effect.fnUntraced(function* (
     active.completedInRowBest = active.completedInRow
     const engineFailed = active.engineFailed
     active.engineFailed = 0
+    const agentFailed = active.agentFailed
+    active.agentFailed = 0
     let cut: Array<string> | undefined
     for (const relay of active.relays) {
       // held since the tick that first saw this wait (`holds` moves with each new one): ended past the timeout, done
@@ -81,9 +86,19 @@ export const fork = Effect.fnUntraced(function* (
               `the caller read nothing for ${notReading.timeout} (agent.client_send_timeout) while output waited: call ended, its engine request aborted, its stream reset`
             ).pipe(Effect.annotateLogs({ request_id: id }))
           )
-    if (watchEngine === undefined) return logCut
+    // the completion first: the calls refused counted now are those since the last completion (ActiveCalls)
+    const shortageSeen =
+      shortage === undefined
+        ? Effect.void
+        : Effect.andThen(
+            completed ? shortage.report(ShortageEvent.CallCompleted()) : Effect.void,
+            agentFailed > 0
+              ? shortage.report(ShortageEvent.CallsRefused({ calls: agentFailed, last: active.lastAgentFailure }))
+              : Effect.void
+          )
+    if (watchEngine === undefined) return Effect.andThen(logCut, shortageSeen)
     return Effect.andThen(
-      logCut,
+      Effect.andThen(logCut, shortageSeen),
       watchEngine({
         now,
         stalled,

@@ -15,6 +15,7 @@ import { GpuGate, type GpuGateStatus, gateProblem } from "../../services/engine/
 import { Admission } from "../../services/grpc/Admission.ts"
 import { hostsRendezvous } from "../../services/grpc/Handoff.ts"
 import { hostOfAddr } from "../../services/net/HostPort.ts"
+import { AgentShortage, shortageProblem } from "../../services/node/AgentShortage.ts"
 import { Cordon } from "../../services/node/Cordon.ts"
 import { Drain } from "../../services/node/Drain.ts"
 import {
@@ -73,11 +74,17 @@ export const layer = (
       })
       const stall = yield* Effect.serviceOption(EngineStall)
       const stallIdle = Duration.format(config.engine.stream_idle_timeout)
-      // why the node is unhealthy whatever the engine's state says: its GPUs, or the engine stalled
+      // optional too: tests that build no AgentShortage
+      const shortage = yield* Effect.serviceOption(AgentShortage)
+      // why the node is unhealthy whatever the engine's state says: its GPUs, the engine stalled, or the agent itself
+      // short of what it needs to reach the engine
       const problemNow = Effect.gen(function* () {
         const g = yield* gateStatus
         const s = Option.isSome(stall) ? yield* stall.value.state : noStall
-        return gateProblem(g) ?? stallProblem(s, stallIdle)
+        const short = Option.isSome(shortage) ? yield* shortage.value.current : undefined
+        return (
+          gateProblem(g) ?? stallProblem(s, stallIdle) ?? (short === undefined ? undefined : shortageProblem(short))
+        )
       })
       const heartbeat = config.agent.heartbeat
       const agentVersion = options.agentVersion ?? VERSION
@@ -216,11 +223,16 @@ export const layer = (
         onNone: () => Stream.empty,
         onSome: (s) => s.changes
       })
+      const shortageChanges: Stream.Stream<unknown> = Option.match(shortage, {
+        onNone: () => Stream.empty,
+        onSome: (s) => s.changes
+      })
       const changes: Stream.Stream<NodeState> = Stream.mergeAll(
         [
           engine.changes.pipe(Stream.mapEffect(() => stateNow)),
           gpuChanges.pipe(Stream.mapEffect(() => stateNow)),
           stallChanges.pipe(Stream.mapEffect(() => stateNow)),
+          shortageChanges.pipe(Stream.mapEffect(() => stateNow)),
           cordon.changes.pipe(Stream.mapEffect(() => stateNow)),
           Stream.fromEffect(drain.awaitStarted).pipe(Stream.as({ state: "draining" as const, engine: "" }))
         ],

@@ -248,6 +248,14 @@ export const toGrpcFailure = (e: GenerateError): GrpcFailure =>
 export const engineFailedCall = (e: GenerateError): string | undefined =>
   e._tag === "EngineError" && engineDecisions(e).failsCall ? engineFailure(e).message : undefined
 
+/**
+ * The status message of a call the agent's own host failed on its way to the engine (a row with an `agentReason`:
+ * no descriptor, socket buffer or local port for the connection), undefined for any other ending. AgentShortage
+ * counts these in a row (services/node/AgentShortage.ts).
+ */
+export const agentFailedCall = (e: GenerateError): string | undefined =>
+  e._tag === "EngineError" && engineDecisions(e).agentReason !== undefined ? engineFailure(e).message : undefined
+
 /** A call's normal end. */
 export const okStatus: GrpcFailure = { code: Status.OK, message: "", trailers: {} }
 
