@@ -159,6 +159,8 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     model,
     servedName,
     maxModelLen,
+    // a store_true flag of SGLang's ServerArgs (python/sglang/srt/server_args.py)
+    allowAutoTruncate: flavor === "sglang" && p.flags.has("--allow-auto-truncate"),
     slotContext,
     llamaContext,
     llamaModelFile,

@@ -54,33 +54,63 @@ const vllm = (
   return undefined
 }
 
-/**
- * SGLang's TokenizerManager._validate_one_request (sgl-project/sglang python/sglang/srt/managers/
- * tokenizer_manager.py): the input must be shorter than the context, and input plus max_new_tokens too (`>=`
- * refuses); a ValueError the OpenAI layer answers 400 BadRequestError with no param (serving_chat.py,
- * serving_completions.py: `except ValueError as e: return self.create_error_response(str(e))`). The words as a
- * 2026 SGLang answered: `{"object":"error","message":"The input (43028 tokens) is longer than the model's context
- * length (40960 tokens).","type":"BadRequestError","param":null,"code":400}`.
- */
-const sglang = (limit: number, input: number, maxTokens: number | undefined): ContextRefusal | undefined => {
-  if (input >= limit)
-    return {
-      message: `The input (${input} tokens) is longer than the model's context length (${limit} tokens).`,
-      param: null
-    }
-  if (maxTokens !== undefined && input + maxTokens >= limit)
-    return {
-      message: `Requested token count exceeds the model's maximum context length of ${limit} tokens. You requested a total of ${input + maxTokens} tokens: ${input} tokens from the input messages and ${maxTokens} tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.`,
-      param: null
-    }
-  return undefined
+/** What a request keeps once its length is checked: its first `keep` prompt tokens, its max_tokens, lines to log. */
+export interface ContextFit {
+  readonly keep: number
+  readonly maxTokens: number | undefined
+  readonly warnings: ReadonlyArray<string>
 }
 
 /**
- * The refusal of `input` prompt tokens plus `maxTokens` (undefined: the request named none), or undefined. `limit`:
- * the command line's; without one vLLM and SGLang hold a request to the model's context (SIM_MODEL_CONTEXT).
+ * SGLang's TokenizerManager._validate_one_request (sgl-project/sglang python/sglang/srt/managers/
+ * tokenizer_manager.py; num_reserved_tokens 0 without EAGLE speculative decoding): an input of the whole context or
+ * more is refused, and so is input plus max_new_tokens past it (`>`, since sgl-project/sglang#22546: a request
+ * filling the context exactly is served, as #33814 measured, --context-length 4096 with 16 new tokens serving an input
+ * of 4080 and refusing 4081; before it `>=` refused that one too); a ValueError the OpenAI layer answers 400 BadRequestError with no
+ * param (serving_chat.py, serving_completions.py: `except ValueError as e: return
+ * self.create_error_response(str(e))`). The words as a 2026 SGLang answered: `{"object":"error","message":"The input
+ * (43028 tokens) is longer than the model's context length (40960 tokens).","type":"BadRequestError","param":null,
+ * "code":400}`.
+ *
+ * With --allow-auto-truncate (server_args.py, default off) neither is refused: a warning is logged and the input cut
+ * to its first context-length tokens (`del input_ids[_max_req_len:]`, the end of the prompt dropped), then
+ * max_new_tokens, still checked against what is left, cut to `max(0, context - input)` with a second warning. A
+ * request that names no max_new_tokens (a chat without max_tokens) is not checked for it. Not modelled: the
+ * scheduler's own bound after it (scheduler.py handle_generate_request, managers/utils.py validate_input_length:
+ * max_req_input_len = min(context, KV pool) - 6, truncated there too with the flag, else aborted 400 "Input length
+ * (...) exceeds the maximum allowed length (...)"; init_req_max_new_tokens then caps max_new_tokens at
+ * max_req_len - input - 1).
  */
-export const contextRefusal = (
+const sglang = (
+  limit: number,
+  input: number,
+  maxTokens: number | undefined,
+  autoTruncate: boolean
+): ContextRefusal | ContextFit => {
+  const warnings: Array<string> = []
+  let n = input
+  if (n >= limit) {
+    const text = `The input (${n} tokens) is longer than the model's context length (${limit} tokens).`
+    if (!autoTruncate) return { message: text, param: null }
+    warnings.push(`${text} Truncating the input.`)
+    n = limit
+  }
+  let max = maxTokens
+  if (max !== undefined && n + max > limit) {
+    if (!autoTruncate)
+      return {
+        message: `Requested token count exceeds the model's maximum context length of ${limit} tokens. You requested a total of ${n + max} tokens: ${n} tokens from the input messages and ${max} tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.`,
+        param: null
+      }
+    warnings.push(
+      `Requested token count (${n} input + ${max} new) exceeds the model's context length (${limit} tokens). Truncating max_new_tokens.`
+    )
+    max = Math.max(0, limit - n)
+  }
+  return { keep: n, maxTokens: max, warnings }
+}
+
+const otherRefusal = (
   flavor: Flavor,
   limit: number | undefined,
   input: number,
@@ -88,7 +118,6 @@ export const contextRefusal = (
   legacy: boolean
 ): ContextRefusal | undefined => {
   if (flavor === "vllm") return vllm(limit ?? SIM_MODEL_CONTEXT, input, maxTokens, legacy)
-  if (flavor === "sglang") return sglang(limit ?? SIM_MODEL_CONTEXT, input, maxTokens)
   if (limit === undefined) return undefined
   // mlx-lm checks no context length; a simulated limit keeps the generic words.
   if (maxTokens !== undefined && input + maxTokens > limit)
@@ -102,4 +131,22 @@ export const contextRefusal = (
       param: null
     }
   return undefined
+}
+
+/**
+ * The refusal of `input` prompt tokens plus `maxTokens` (undefined: the request named none), or what the request
+ * keeps (SGLang with --allow-auto-truncate: `autoTruncate`). `limit`: the command line's; without one vLLM and SGLang
+ * hold a request to the model's context (SIM_MODEL_CONTEXT).
+ */
+export const contextFit = (
+  flavor: Flavor,
+  limit: number | undefined,
+  input: number,
+  maxTokens: number | undefined,
+  legacy: boolean,
+  autoTruncate = false
+): ContextRefusal | ContextFit => {
+  if (flavor === "sglang") return sglang(limit ?? SIM_MODEL_CONTEXT, input, maxTokens, autoTruncate)
+  const refusal = otherRefusal(flavor, limit, input, maxTokens, legacy)
+  return refusal ?? { keep: input, maxTokens, warnings: [] }
 }

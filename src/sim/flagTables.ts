@@ -34,6 +34,7 @@ export const BOOLEAN_FLAGS = new Set([
   "--no-enable-prefix-caching",
   "--disable-log-requests",
   "--enable-hierarchical-cache",
+  "--allow-auto-truncate",
   "--skip-server-warmup",
   "--enable-lmcache",
   "--enable-force-include-usage",
@@ -108,6 +109,7 @@ export const MODELLED: Record<Flavor, ReadonlyArray<string>> = {
     "--disaggregation-decode-enable-radix-cache",
     "--page-size",
     "--max-running-requests",
+    "--allow-auto-truncate",
     "--api-key",
     "--admin-api-key"
   ],

@@ -11,12 +11,15 @@ import {
   type PageContext,
   type RankMetrics
 } from "./metricPages.ts"
+import { goFloat } from "./pyWords.ts"
 import type { Flavor } from "./simConfig.ts"
 import { Histogram } from "./stats.ts"
 
 export type { Gauges, PageContext, RankMetrics } from "./metricPages.ts"
 
-const fmt = (n: number): string => (Number.isInteger(n) ? `${n}.0` : String(n))
+// vLLM's and SGLang's pages are prometheus_client's: every value and `le` bound a float written by floatToGoString
+// (pyWords.ts goFloat): `1.0`, `0.25`, `+Inf`, and from 1e6 up Go's exponent, `1e+06`.
+const fmt = goFloat
 
 const esc = (s: string): string => s.replace(/\\/g, "\\\\").replace(/"/g, '\\"').replace(/\n/g, "\\n")
 

@@ -1,7 +1,7 @@
 // How Python writes the values the engines' error messages quote (pure): a float's repr() (pydantic holds a JSON 3 in
 // a `float` field as 3.0, and an f-string writes it "3.0"), any JSON value's repr() as a dict or list shows it, and
 // where the stdlib's json.loads stops on a body that is not JSON (its message and character position), which
-// FastAPI quotes in its json_invalid validation error.
+// FastAPI quotes in its json_invalid validation error; and a float as prometheus_client writes it in /metrics.
 
 /** Python's repr() of a float: the shortest digits, ".0" on an integral value, an exponent below 1e-4 or from 1e16. */
 export const pyFloat = (x: number): string => {
@@ -19,6 +19,26 @@ export const pyFloat = (x: number): string => {
   if (e < 0) return `${sign}0.${"0".repeat(-e - 1)}${digits}`
   if (digits.length <= e + 1) return `${sign}${digits}${"0".repeat(e + 1 - digits.length)}.0`
   return `${sign}${digits.slice(0, e + 1)}.${digits.slice(e + 1)}`
+}
+
+/**
+ * A sample value as prometheus_client writes it (prometheus/client_python prometheus_client/utils.py floatToGoString,
+ * which generate_latest applies to every value and `le` bound): `+Inf`, `-Inf`, `NaN`, else the float's repr(), except
+ * a positive one with more than six digits before its point, which gets Go's exponent: repr's digits, trailing `0`
+ * and `.` stripped, then `e+0` and the exponent (1000000.0 is `1e+06`, 1234567.0 `1.234567e+06`, and 1e10
+ * `1e+010`, the `0` written whatever the exponent's width).
+ */
+export const goFloat = (x: number): string => {
+  if (x === Number.POSITIVE_INFINITY) return "+Inf"
+  if (x === Number.NEGATIVE_INFINITY) return "-Inf"
+  if (Number.isNaN(x)) return "NaN"
+  const s = pyFloat(x)
+  const dot = s.indexOf(".")
+  if (x > 0 && dot > 6) {
+    const mantissa = `${s[0]}.${s.slice(1, dot)}${s.slice(dot + 1)}`.replace(/[0.]+$/, "")
+    return `${mantissa}e+0${dot - 1}`
+  }
+  return s
 }
 
 /** Python's repr() of a str: single quotes unless the text has one and no double quote. */

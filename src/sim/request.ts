@@ -2,7 +2,7 @@
 // prompt words the simulator echoes. Returns either the normalised request or an HTTP status + message.
 
 import type { Endpoint, Usage } from "./chunks.ts"
-import { contextRefusal } from "./contextLimit.ts"
+import { contextFit } from "./contextLimit.ts"
 import { bodyDpRank } from "./dpPin.ts"
 import type { LlamaOut } from "./llamaOut.ts"
 import { validateLlama } from "./llamaValidate.ts"
@@ -67,6 +67,8 @@ export interface GenRequest {
   readonly routedDpRank?: number | undefined
   /** SGLang: the request's `model`, which its answer carries whatever it names (serving_chat.py `model=request.model`). */
   readonly echoModel?: string
+  /** Lines the engine logs at warning level as it takes the request (SGLang's auto-truncation, contextLimit.ts). */
+  readonly warnings?: ReadonlyArray<string>
   /** llama.cpp: a trailing assistant message's text, which the answer starts with (llamaRequest.ts). */
   readonly assistantPrefill?: string
   /** What is generated: one sequence, or (llama.cpp) prompts × `n`, answered as choices 0, 1, ... */
@@ -195,15 +197,19 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
       if (cfg.flavor !== "vllm") return maxRefusal
     } else maxTokens = rawMax
   }
-  const promptWords = words(text)
-  const tooLong = contextRefusal(
+  const allWords = words(text)
+  const fit = contextFit(
     cfg.flavor,
     cfg.maxModelLen,
-    promptWords.length,
+    allWords.length,
     rawMax === undefined || rawMax === null || maxRefusal !== undefined ? undefined : maxTokens,
-    cfg.legacyErrors
+    cfg.legacyErrors,
+    cfg.allowAutoTruncate === true
   )
-  if (tooLong !== undefined) return { status: 400, ...tooLong }
+  if ("message" in fit) return { status: 400, ...fit }
+  // SGLang with --allow-auto-truncate keeps the prompt's first tokens and cuts max_tokens to what is left
+  const promptWords = fit.keep < allWords.length ? allWords.slice(0, fit.keep) : allWords
+  if (fit.maxTokens !== undefined) maxTokens = fit.maxTokens
   const sampling = samplingRefusal(cfg, b) ?? maxRefusal
   if (sampling !== undefined) return sampling
   // `stop` is a string or a list of strings for all three (vLLM and SGLang protocol.py, mlx_lm/server.py
@@ -250,6 +256,7 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
     includeStopStr: cfg.flavor === "vllm" && b.include_stop_str_in_output === true,
     noStopTrim: cfg.flavor === "sglang" && b.no_stop_trim === true,
     routedDpRank: bodyDpRank(cfg.flavor, b),
+    ...(fit.warnings.length > 0 ? { warnings: fit.warnings } : {}),
     ...(cfg.flavor === "sglang" && typeof b.model === "string" ? { echoModel: b.model } : {})
   }
 }

@@ -294,6 +294,7 @@ const completion = async (
     if (parsed.body !== undefined) return errorReply(ctx, res, parsed.status, parsed.body)
     return sendError(ctx, res, parsed.status, parsed.message, parsed.param)
   }
+  for (const w of parsed.warnings ?? []) ctx.log(w, { level: "warning" })
   ctx.stats.received++
   const { faults } = ctx
   let inject: "midstream" | "sse_error_field" | "reset" | undefined

@@ -23,6 +23,11 @@ export interface SimConfig {
   readonly servedName: string
   readonly maxModelLen: number | undefined
   /**
+   * SGLang `--allow-auto-truncate`: a prompt too long for the context is cut to it and max_tokens cut to what is left,
+   * each with a warning, instead of refused (contextLimit.ts).
+   */
+  readonly allowAutoTruncate?: boolean
+  /**
    * llama_cpp: the context of one slot. An explicit `-np N` splits `-c` over N slots; with -np unset the
    * server picks 4 slots over one unified KV cache, so each may use all of it (tools/server/server.cpp).
    */

@@ -67,14 +67,14 @@ describe("no context on the command line: the model's own, 4096 tokens", () => {
     ])
   })
 
-  it("SGLang: input plus max_tokens reaching it refused 400 in TokenizerManager's words; one less fits", async () => {
-    const r = await complete(sglang, { prompt: prompt(4000), max_tokens: 96 })
+  it("SGLang: input plus max_tokens past it refused 400 in TokenizerManager's words; filling it exactly fits (sgl-project/sglang#22546)", async () => {
+    const r = await complete(sglang, { prompt: prompt(4000), max_tokens: 97 })
     expect([r.status, r.json]).toEqual([
       400,
       {
         object: "error",
         message:
-          "Requested token count exceeds the model's maximum context length of 4096 tokens. You requested a total of 4096 tokens: 4000 tokens from the input messages and 96 tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.",
+          "Requested token count exceeds the model's maximum context length of 4096 tokens. You requested a total of 4097 tokens: 4000 tokens from the input messages and 97 tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.",
         type: "BadRequestError",
         param: null,
         code: 400
@@ -85,6 +85,6 @@ describe("no context on the command line: the model's own, 4096 tokens", () => {
       max_tokens: 100_000
     })
     expect(chat.status).toBe(400)
-    expect((await complete(sglang, { prompt: prompt(4000), max_tokens: 95 })).status).toBe(200)
+    expect((await complete(sglang, { prompt: prompt(4000), max_tokens: 96 })).status).toBe(200)
   })
 })
