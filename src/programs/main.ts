@@ -64,7 +64,6 @@ export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
   const base = Layer.mergeAll(
     Layer.succeed(Config, config),
     MetricsLive.layer,
-    EventLoopLagLive.layer(),
     MemoryCgroupLive.layer
   )
   const services = Layer.mergeAll(
@@ -94,6 +93,8 @@ export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
     ),
     // below the supervisor, the watchdog and NodeStatus, which it is told by and tells
     Layer.provideMerge(AgentShortageLive.layer),
+    // above Metrics, so its sampler's deaths are counted (layers/observability/backgroundFiber.ts)
+    Layer.provideMerge(EventLoopLagLive.layer()),
     Layer.provideMerge(base),
     Layer.provideMerge(Tracing.layer(config)),
     Layer.provideMerge(ProcessWarnings.layer),

@@ -97,9 +97,8 @@ describe("background", () => {
       )
       yield* Fiber.interrupt(plain)
       yield* Fiber.interrupt(restarting)
-      // ... and one the loop meets itself (a fiber it joins was interrupted by the closing scope): ended as one
-      for (const options of [{}, { restart: { baseMs: 100, capMs: 1_000 } }]) {
-        const exit = yield* Effect.exit(Effect.interrupt.pipe(background("the joining loop", consequence, options)))
+      for (const fiber of [plain, restarting]) {
+        const exit = yield* Fiber.await(fiber)
         assert.isTrue(exit._tag === "Failure" && Cause.hasInterruptsOnly(exit.cause), "still an interruption")
       }
       assert.deepStrictEqual(lines, [])

@@ -1,21 +1,17 @@
 // How the background combinator (src/layers/observability/backgroundFiber.ts) counts a restarting loop's deaths: a
-// run that lasted the cap starts the backoff (and the count) over; only the same death in a row is said less often,
-// "the same" being the error's first line, not its stack; a loop that ends by success is over, not restarted; an
-// interruption that met a defect on the way says the defect (a one-shot fiber's without "not restarted") and still
-// ends as the interruption it is. On a TestClock.
+// run that lasted the cap starts the backoff (and its count) over; only the same death in a row is said less often,
+// "the same" being the error's first line, not its stack, and counted apart from the backoff (a defect back after
+// every cap-long run is said at its 2nd, 4th, 8th... time, not at each); a loop that ends by success is over, not
+// restarted; an interruption that met a defect on the way says the defect (a one-shot fiber's without "not
+// restarted") and still ends as the interruption it is. On a TestClock.
 import { assert, describe, it } from "@effect/vitest"
-import { Cause, Effect, Fiber, Logger } from "effect"
+import { Cause, Effect, Fiber } from "effect"
 import { TestClock } from "effect/testing"
 import { background, RESTART } from "../../src/layers/observability/backgroundFiber.ts"
+import { captureMessages } from "../support/logCapture.ts"
 import { settle } from "../support/poll.ts"
 
-const capture = () => {
-  const lines: Array<string> = []
-  const logger = Logger.make(({ message }) => {
-    lines.push(String([message].flat()[0]))
-  })
-  return { lines, provide: Effect.provide(Logger.layer([logger])) }
-}
+const capture = captureMessages
 
 const consequence = "nothing is watched any more"
 const retryIn = (line: string | undefined): number => Number(/restarting it in (\d+) ms/.exec(line ?? "")?.[1])
@@ -62,12 +58,40 @@ const twoDeaths = (secondMs: number) => {
 }
 
 describe("background's restart count", () => {
-  it.effect("a run that lasted the cap starts the count over: the next death is a first, at the base's delay", () =>
+  it.effect("a run that lasted the cap starts the backoff over: the next death waits the base's delay", () =>
     Effect.gen(function* () {
       const lines = yield* twoDeaths(1_000)
-      assert.strictEqual(count(lines[1]), "1", lines[1])
       assert.isAtMost(retryIn(lines[1]), 100, "the base's delay, jittered down")
+      // the same death's count is not the backoff's: it goes on (the next test)
+      assert.strictEqual(count(lines[1]), "2", lines[1])
     })
+  )
+
+  it.effect(
+    "a defect back after every cap-long run: said at its 1st, 2nd, 4th and 8th time, the backoff over each time",
+    () => {
+      const { lines, provide } = capture()
+      return Effect.gen(function* () {
+        let runs = 0
+        const loop = Effect.suspend(() => {
+          runs++
+          return runs <= 9 ? Effect.andThen(Effect.sleep(1_000), Effect.die(new Error("the same bug"))) : Effect.never
+        })
+        const fiber = yield* Effect.forkChild(
+          loop.pipe(background("the test loop", consequence, { restart: { baseMs: 100, capMs: 1_000 } }))
+        )
+        yield* settle(
+          "ten runs",
+          Effect.andThen(
+            TestClock.adjust(50),
+            Effect.sync(() => runs === 10)
+          )
+        )
+        yield* Fiber.interrupt(fiber)
+        assert.deepStrictEqual(lines.map(count), ["1", "2", "4", "8"], JSON.stringify(lines))
+        for (const line of lines) assert.isAtMost(retryIn(line), 100, `each from the base's delay: ${line}`)
+      }).pipe(provide)
+    }
   )
 
   it.effect("a run a millisecond short of the cap counts on: the second death in a row, the delay doubled", () =>
@@ -145,16 +169,31 @@ describe("background's restart count", () => {
   it.effect("an interruption that met a defect says the defect, is not restarted and stays an interruption", () => {
     const { lines, provide } = capture()
     return Effect.gen(function* () {
-      const both = Cause.combine(Cause.die(new Error("met on the way out")), Cause.interrupt())
-      for (const options of [{}, { restart: { baseMs: 10, capMs: 10_000 } }]) {
-        const exit = yield* Effect.exit(Effect.failCause(both).pipe(background("the test loop", consequence, options)))
+      // its scope ends it, and a finalizer of its own dies on the way out: the cause holds both
+      let runs = 0
+      const dying = Effect.suspend(() => {
+        runs++
+        return Effect.never.pipe(Effect.ensuring(Effect.die(new Error("met on the way out"))))
+      })
+      const cases = [
+        ["the test loop", {}],
+        ["the test loop", { restart: { baseMs: 10, capMs: 10_000 } }],
+        // a one-shot fiber (one test, one write) is no loop to restart: its consequence alone says what follows
+        ["the test write", { oneShot: true as const }]
+      ] as const
+      for (const [name, options] of cases) {
+        const fiber = yield* Effect.forkChild(dying.pipe(background(name, consequence, options)))
+        const before = runs
+        yield* settle(
+          "the loop running",
+          Effect.sync(() => runs === before + 1)
+        )
+        yield* Fiber.interrupt(fiber)
+        const exit = yield* Fiber.await(fiber)
         assert.isTrue(exit._tag === "Failure" && Cause.hasInterrupts(exit.cause), "still an interruption")
       }
-      // a one-shot fiber (one test, one write) is no loop to restart: its consequence alone says what follows
-      const oneShot = yield* Effect.exit(
-        Effect.failCause(both).pipe(background("the test write", consequence, { oneShot: true }))
-      )
-      assert.isTrue(oneShot._tag === "Failure" && Cause.hasInterrupts(oneShot.cause), "still an interruption")
+      yield* TestClock.adjust(10_000)
+      assert.strictEqual(runs, 3, "none run again")
       const said = `the test loop stopped on a defect of the agent's: ${consequence}; not restarted (restart the agent)`
       assert.deepStrictEqual(lines, [said, said, `the test write stopped on a defect of the agent's: ${consequence}`])
     }).pipe(provide)

@@ -4,12 +4,18 @@
  * the loop leaves unhandled ends such a fiber with nothing said, and the feature it runs stops for good while the
  * agent looks healthy (the engine supervisor's loop ended so on a spawn without stdio, the engine "spawning" for
  * ever: layers/engine/EngineProcess.ts). `background` says it: one error line naming what stopped, what no longer
- * happens and that it is the agent's defect, with the cause; and, given `restart`, runs the loop again after a
- * capped, jittered backoff (services/retry/Backoff.ts; from the base again after a run that lasted the cap), the
- * same defect in a row said again only at its 2nd, 4th, 8th... time, so one that comes back every run does not
- * flood the log. Interruption is how a scope ends its fibers: never said, never restarted.
+ * happens and that it is the agent's defect, with the cause, counted in `cgn_agent_background_failures_total{fiber}`
+ * (where the Metrics service is in context; alert CgnAgentBackgroundLoopFailing); and, given `restart`, runs the loop
+ * again after a capped, jittered backoff (services/retry/Backoff.ts; from the base again after a run that lasted the
+ * cap). The same death in a row is said again only at its 2nd, 4th, 8th... time, counted apart from the backoff (a
+ * defect that comes back after every cap-long run is not a stack trace per cap).
+ * Interruption is how a scope ends its fibers: never said, counted nor restarted. An interruption the loop's own
+ * work ends with while its fiber is not being interrupted (an Effect.interrupt inside, an inner fiber it joined that
+ * something else interrupted) is a death like a defect: `background` tells the two apart by asking whether its own
+ * fiber is being interrupted (`selfInterrupted`).
  */
-import { Cause, Clock, Effect, Random } from "effect"
+import { Cause, Clock, Effect, Exit, Option, Random } from "effect"
+import { backgroundFailures, Metrics } from "../../services/observability/Metrics.ts"
 import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
 
 export interface Restart {
@@ -36,7 +42,9 @@ export const stoppedLine = (
 ): string => {
   const how = Cause.hasDies(cause)
     ? "on a defect of the agent's"
-    : "on a failure it does not handle (a defect of the agent's)"
+    : Cause.hasFails(cause)
+      ? "on a failure it does not handle (a defect of the agent's)"
+      : "on an interruption from within, not its scope's end (a defect of the agent's)"
   // a one-shot fiber (one test, one write) is not a loop to restart: its consequence says what follows
   const then = oneShot
     ? ""
@@ -46,7 +54,7 @@ export const stoppedLine = (
   return `${name} stopped ${how}: ${consequence}${then}${deaths > 1 ? ` (${deaths} times in a row)` : ""}`
 }
 
-/** Logs `cause` as `name`'s end, once, at error level; nothing for an interruption (a scope ending the fiber). */
+/** Logs `cause` as `name`'s end, once, at error level. */
 export const reportStop = (
   name: string,
   consequence: string,
@@ -55,19 +63,33 @@ export const reportStop = (
   deaths = 1,
   oneShot = false
 ): Effect.Effect<void> =>
-  Cause.hasInterruptsOnly(cause)
-    ? Effect.void
-    : Effect.logError(stoppedLine(name, consequence, cause, retryInMs, deaths, oneShot), { fiber: name }, cause)
+  Effect.logError(stoppedLine(name, consequence, cause, retryInMs, deaths, oneShot), { fiber: name }, cause)
 
 /** What a death is, for telling the same one again: its cause's first line (the error, without the stack). */
 const causeKey = (cause: Cause.Cause<unknown>): string => Cause.pretty(cause).split("\n", 1)[0] ?? ""
 const powerOfTwo = (n: number): boolean => (n & (n - 1)) === 0
 
+type Restore = <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
+
+/**
+ * Whether the current fiber is itself being interrupted, asked from the uninterruptible loop: `restore` opens it to
+ * interruption for a yield, and one pending or arriving lands there, held by Effect.exit. Effect 4 (4.1,
+ * Effect-TS/effect packages/effect/src/internal/effect.ts) records a fiber's interruption on the fiber
+ * (`interruptUnsafe`: FiberImpl._interruptedCause, not public), fails the fiber with it at its next interruptible
+ * point (`setInterruptible`'s continuation) and unwinds an interruptible fiber past every handler (`exitFailCause`),
+ * so only an uninterruptible region can ask. The yield (not a bare
+ * check): a scope ends its fibers one after another, the latest forked first (a loop joining a sibling forked after
+ * it sees that sibling's interruption before its own, which comes next); it lets that one land too.
+ */
+const selfInterrupted = (restore: Restore): Effect.Effect<boolean> =>
+  Effect.map(Effect.exit(restore(Effect.yieldNow)), Exit.isFailure)
+
 /**
  * `self` as a background fiber named `name` (what runs: "the etcd heartbeat"); `consequence` says what no longer
- * happens once it ends ("the node's record in etcd is no longer written"). Never fails: its end other than by
- * interruption is logged (`reportStop`), then, with `restart`, `self` runs again after the backoff. An end by
- * success is the loop's own (a stream that ended) and is left so.
+ * happens once it ends ("the node's record in etcd is no longer written"). Never fails: its death is logged
+ * (`reportStop`) and counted, then, with `restart`, `self` runs again after the backoff. An end by success is the
+ * loop's own (a stream that ended) and is left so. Interrupted (its scope closing), it ends so, a defect met on the
+ * way (a finalizer's) said but neither counted nor restarted.
  */
 export const background =
   (
@@ -78,37 +100,39 @@ export const background =
   <A, E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<void, never, R> => {
     const restart = options.restart
     const oneShot = options.oneShot === true
-    if (restart === undefined)
-      return self.pipe(
-        Effect.asVoid,
-        Effect.catchCause((cause) =>
-          Cause.hasInterrupts(cause)
-            ? Effect.andThen(reportStop(name, consequence, cause, undefined, 1, oneShot), Effect.failCause(cause))
-            : reportStop(name, consequence, cause, undefined, 1, oneShot)
-        )
-      ) as Effect.Effect<void, never, R>
-    return Effect.gen(function* () {
-      let deaths = 0
-      let lastKey: string | undefined
-      for (;;) {
-        const startedAt = yield* Clock.currentTimeMillis
-        const exit = yield* Effect.exit(self)
-        if (exit._tag === "Success") return
-        // interrupted (the scope closing): ended as asked, a defect met on the way said but not restarted
-        if (Cause.hasInterrupts(exit.cause)) {
-          yield* reportStop(name, consequence, exit.cause)
-          return yield* Effect.failCause(exit.cause as Cause.Cause<never>)
+    // The loop's own steps run uninterruptibly, `self` and the backoff's sleep with the caller's interruptibility
+    // (`restore`): an interruption then ends `self` into the Exit read below instead of unwinding past it.
+    return Effect.uninterruptibleMask((restore) =>
+      Effect.gen(function* () {
+        const metrics = Option.getOrUndefined(yield* Effect.serviceOption(Metrics))
+        const failures = metrics === undefined ? undefined : backgroundFailures(metrics.registry)
+        // a 0 sample from the start: increase() sees the first death (a series that first appears at 1 shows none)
+        failures?.inc({ fiber: name }, 0)
+        let deaths = 0 // in a row, for the backoff: a run that lasted the cap starts them over
+        let same = 0 // the same death in a row, for what is said: kept across that start over
+        let lastKey: string | undefined
+        for (;;) {
+          const startedAt = yield* Clock.currentTimeMillis
+          const exit = yield* Effect.exit(restore(self))
+          if (exit._tag === "Success") return
+          const cause = exit.cause
+          if (Cause.hasInterrupts(cause) && (yield* selfInterrupted(restore))) {
+            if (!Cause.hasInterruptsOnly(cause)) yield* reportStop(name, consequence, cause, undefined, 1, oneShot)
+            return yield* Effect.failCause(cause as Cause.Cause<never>)
+          }
+          failures?.inc({ fiber: name })
+          if (restart === undefined) return yield* reportStop(name, consequence, cause, undefined, 1, oneShot)
+          if ((yield* Clock.currentTimeMillis) - startedAt >= restart.capMs) deaths = 0
+          deaths++
+          const retryInMs = jitteredBackoffMs(deaths, restart.capMs, yield* Random.next, restart.baseMs)
+          // The same death again in a row (a defect every round of a loop whose cap is short: the etcd heartbeat's is
+          // a heartbeat; or after every cap-long run) is said again at its 2nd, 4th, 8th... time, with the count.
+          const key = causeKey(cause)
+          same = key === lastKey ? same + 1 : 1
+          lastKey = key
+          if (powerOfTwo(same)) yield* reportStop(name, consequence, cause, retryInMs, Math.max(deaths, same))
+          yield* restore(Effect.sleep(retryInMs))
         }
-        if ((yield* Clock.currentTimeMillis) - startedAt >= restart.capMs) deaths = 0
-        deaths++
-        const retryInMs = jitteredBackoffMs(deaths, restart.capMs, yield* Random.next, restart.baseMs)
-        // The same death again in a row (a defect every round of a loop whose cap is short: the etcd heartbeat's is a
-        // heartbeat) is said again at its 2nd, 4th, 8th... time, with the count: not a stack trace per round.
-        const key = causeKey(exit.cause)
-        const again = deaths > 1 && key === lastKey
-        lastKey = key
-        if (!again || powerOfTwo(deaths)) yield* reportStop(name, consequence, exit.cause, retryInMs, deaths)
-        yield* Effect.sleep(retryInMs)
-      }
-    })
+      })
+    )
   }

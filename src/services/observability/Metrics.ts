@@ -6,7 +6,7 @@
  * owner of that state registers with `onCollect` (scoped: removed when the owner's scope closes).
  */
 import { Context, type Effect, type Scope } from "effect"
-import type { Counter, Gauge, Histogram, Registry } from "prom-client"
+import { Counter, type Gauge, type Histogram, type Registry } from "prom-client"
 import type { EngineState } from "../engine/EngineProcess.ts"
 
 /** Every metric name starts with this. */
@@ -21,6 +21,25 @@ export type RequestLabels = "role" | "model" | "grpc_code"
 /** `cgn_agent_engine_call_failure_streaks_total`'s help (services/engine/FailedCalls.ts). */
 export const CALL_FAILURE_STREAKS =
   "Times engine.failed_calls_unhealthy Generate calls in a row failed in the engine (HTTP 5xx, connection refused or reset, a stream broken off) with none completed, making the node unhealthy"
+
+/**
+ * `cgn_agent_background_failures_total{fiber}`: deaths of the agent's background loops (layers/observability/
+ * backgroundFiber.ts: a defect, a failure the loop leaves unhandled, an interruption from within), by the name the
+ * loop runs under ("the etcd heartbeat": literals in the code, a DP rank's number at most, so a bounded set). Not a
+ * handle of the layer's table: `background` runs in layers that may have no Metrics (tests, the layers below it),
+ * so it takes the registry from the service when there is one and gets the counter by name, made at its first use
+ * (as layers/grpc/admissionMetrics.ts does with its series).
+ */
+export const BACKGROUND_FAILURES = `${METRIC_PREFIX}background_failures_total`
+
+export const backgroundFailures = (registry: Registry): Counter<"fiber"> =>
+  (registry.getSingleMetric(BACKGROUND_FAILURES) as Counter<"fiber"> | undefined) ??
+  new Counter({
+    name: BACKGROUND_FAILURES,
+    help: "Deaths of the agent's background loops (a defect of the agent's: a watcher, a reporter, a reader, a timer stopped), by the loop's name; each is logged at error with its cause, and a restarting loop runs again after its backoff",
+    labelNames: ["fiber"] as const,
+    registers: [registry]
+  })
 
 export interface MetricHandles {
   /** Generate calls finished, by role, model and gRPC status code name. */
