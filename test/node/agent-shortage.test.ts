@@ -20,16 +20,16 @@ import { superviseFakeHost } from "../support/supervisor.ts"
 const limits = { calls: 3, probes: 2 }
 const steps = (events: ReadonlyArray<ShortageEvent>, from: ShortageView = noShortage, at = 1_000): ShortageView =>
   events.reduce((v, e, i) => stepShortage(v, e, limits, at + i), from)
-const refused = (calls: number, last = "EMFILE") => ShortageEvent.CallsRefused({ calls, last })
+const refused = (inRow: number, last = "EMFILE") => ShortageEvent.CallsRefused({ inRow, last })
 const unsentProbe = (reason = "EMFILE") => ShortageEvent.ProbeUnsent({ reason })
 
 describe("stepShortage", () => {
-  it("takes the agent as short at the calls' limit in a row, a completion between them starting the run over", () => {
+  it("takes the agent as short once a run of refused calls reaches the calls' limit", () => {
     expect(steps([refused(2)]).short).toBeUndefined()
-    expect(steps([refused(2), ShortageEvent.CallCompleted(), refused(2)]).short).toBeUndefined()
-    expect(steps([refused(2), refused(1, "ENOBUFS")]).short).toEqual({ since: 1_001, last: "ENOBUFS" })
+    expect(steps([refused(2), refused(1, "ENOBUFS")]).short).toBeUndefined()
+    expect(steps([refused(2), refused(3, "ENOBUFS")]).short).toEqual({ since: 1_001, last: "ENOBUFS" })
     expect(steps([refused(3)]).short).toEqual({ since: 1_000, last: "EMFILE" })
-    // no calls counted: an event of none changes nothing
+    // no run: nothing changes
     expect(steps([refused(0)])).toBe(noShortage)
   })
 
@@ -38,12 +38,12 @@ describe("stepShortage", () => {
     expect(steps([unsentProbe(), ShortageEvent.ProbeSent(), unsentProbe()]).short).toBeUndefined()
     expect(steps([unsentProbe("a"), unsentProbe("b")]).short).toEqual({ since: 1_001, last: "b" })
     // calls and probes are runs of their own: neither ends the other's
-    expect(steps([refused(2), unsentProbe(), ShortageEvent.ProbeSent(), refused(1)]).short?.since).toBe(1_003)
+    expect(steps([unsentProbe(), refused(2), unsentProbe()]).short?.since).toBe(1_002)
   })
 
-  it("stays short, keeping its since, through completions and sent probes; only the test clears it", () => {
+  it("stays short, keeping its since, through sent probes and shorter runs; only the test clears it", () => {
     const short = steps([refused(3)])
-    const kept = steps([ShortageEvent.CallCompleted(), ShortageEvent.ProbeSent(), refused(1, "later")], short, 5_000)
+    const kept = steps([ShortageEvent.ProbeSent(), refused(1, "later")], short, 5_000)
     expect(kept.short).toEqual({ since: 1_000, last: "later" })
     expect(steps([ShortageEvent.TestPassed()], kept)).toBe(noShortage)
   })
@@ -85,7 +85,7 @@ describe("the AgentShortage state machine", () => {
 })
 
 describe("the shortage test's fresh connection", () => {
-  it("passes on a connection made and on one refused by a closed port; fails with what ran out on EMFILE", async () => {
+  it("passes on a connection made and on one refused by a closed port; fails with what ran out on EMFILE, or an unresolved name", async () => {
     const server = net.createServer((s) => s.destroy())
     await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve))
     const open = (server.address() as net.AddressInfo).port
@@ -95,6 +95,10 @@ describe("the shortage test's fresh connection", () => {
     } finally {
       server.close()
     }
+    // a name not resolved: nothing is known of the host's sockets (a lookup out of descriptors can fail ENOTFOUND)
+    expect(await Effect.runPromise(connectTest("cgn-agent-test.invalid", open))).toMatch(
+      /^cgn-agent-test\.invalid not resolved/
+    )
     // a socket the host cannot give: net.connect's own error event, as libuv reports EMFILE
     const original = net.Socket.prototype.connect
     net.Socket.prototype.connect = function (this: net.Socket) {
@@ -168,11 +172,18 @@ describe("the supervisor's probes that cannot be sent", () => {
         yield* TestClock.adjust(settings.probeIntervalMs)
       // sent again, refused (the engine is not up): the whole budget from here, then the timeout
       yield* Ref.set(fake.answer, undefined)
-      yield* TestClock.adjust(settings.startupTimeoutMs - 2 * settings.probeIntervalMs)
+      for (let t = 0; t < settings.startupTimeoutMs - 2 * settings.probeIntervalMs; t += settings.probeIntervalMs)
+        yield* TestClock.adjust(settings.probeIntervalMs)
       yield* settle(
         "probes sent, budget not yet spent",
         Effect.sync(() => states.at(-1)?._tag === "Starting")
       )
+      // the first run, never out of Starting: its budget waited through the unsent probes
+      assert.isTrue(
+        states.every((s) => s._tag === "Starting" && s.run === 0),
+        JSON.stringify(states.map((s) => s._tag))
+      )
+      assert.strictEqual((yield* Ref.get(fake.runs)).length, 1)
       yield* settle(
         "the startup timeout",
         Effect.gen(function* () {

@@ -120,4 +120,40 @@ describe("background and an interruption from within", () => {
       }).pipe(provide)
     }
   )
+  it.effect(
+    "its scope closing with an asynchronous finalizer between it and the sibling it joins: said nowhere",
+    () => {
+      // a review: the yield alone let the sibling's interruption be read as the loop's own death when a finalizer that
+      // waits ran between the two (Effect closes a scope's finalizers one after another)
+      const { lines, provide } = capture()
+      return Effect.gen(function* () {
+        const scope = yield* Scope.make()
+        let runs = 0
+        let sibling: Fiber.Fiber<never> | undefined
+        const loop = Effect.suspend(() => {
+          runs++
+          // forked after the loop, the sibling exists by the time the loop runs
+          return sibling === undefined ? Effect.die(new Error("no sibling yet")) : Fiber.join(sibling)
+        })
+        const fiber = yield* Effect.gen(function* () {
+          const f = yield* Effect.forkScoped(
+            loop.pipe(background("the test joiner", consequence, { restart: { baseMs: 100, capMs: 1_000 } }))
+          )
+          yield* Effect.addFinalizer(() => Effect.promise(() => new Promise((r) => setTimeout(r, 5))))
+          sibling = yield* Effect.forkScoped(Effect.never)
+          return f
+        }).pipe(Effect.provideService(Scope.Scope, scope))
+        yield* settle(
+          "the loop joining",
+          Effect.sync(() => runs === 1)
+        )
+        yield* Scope.close(scope, Exit.void)
+        const exit = yield* Fiber.await(fiber)
+        assert.isTrue(exit._tag === "Failure" && Cause.hasInterruptsOnly(exit.cause), "ended as an interruption")
+        yield* TestClock.adjust(1_000)
+        assert.strictEqual(runs, 1, "not run again")
+        assert.deepStrictEqual(lines, [])
+      }).pipe(provide)
+    }
+  )
 })

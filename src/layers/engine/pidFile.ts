@@ -5,12 +5,12 @@
  * Effects, and every wait is bounded on Effect's Clock.
  */
 import * as fs from "node:fs/promises"
-import * as net from "node:net"
 import * as path from "node:path"
-import { Effect, Option } from "effect"
+import { Effect } from "effect"
 import type { LaunchPlan } from "../../services/engine/Engine.ts"
 import { EngineProcessError } from "../../services/engine/EngineProcess.ts"
 import { isWildcardHost } from "../../services/net/HostPort.ts"
+import { connectOnce } from "../net/connectOnce.ts"
 import { makeDirs } from "../node/makeDirs.ts"
 import { DIR_MODE, readNoFollow, stateDirDistrust, sweepTemps, tempNameFor, writeNew } from "../node/stateFiles.ts"
 import { pollUntil, stopGroup } from "./groupWait.ts"
@@ -114,17 +114,7 @@ export const pidFileOfRun = (file: string) =>
 /** Whether something accepts TCP connections on host:port (wildcard hosts are checked on loopback). */
 export const portInUse = (host: string, port: number, timeoutMs = 1_000): Effect.Effect<boolean> => {
   const target = !isWildcardHost(host) ? host : host.includes(":") ? "::1" : "127.0.0.1"
-  return Effect.callback<boolean>((resume) => {
-    const socket = net.connect({ host: target, port })
-    const done = (inUse: boolean) => {
-      socket.destroy()
-      resume(Effect.succeed(inUse))
-    }
-    socket.once("connect", () => done(true))
-    socket.once("error", () => done(false))
-    // on interruption (the timeout) only: a settled check has closed its socket already
-    return Effect.sync(() => socket.destroy())
-  }).pipe(Effect.timeoutOption(timeoutMs), Effect.map(Option.getOrElse(() => false)))
+  return Effect.map(connectOnce(target, port, timeoutMs), (o) => o._tag === "Connected")
 }
 
 /** How long creating agent.state_dir may take before the start is refused. */

@@ -25,10 +25,12 @@ export class ActiveCalls {
   completedInRow = 0
   completedInRowBest = 0
   /**
-   * Calls the agent's own host failed on their way to the engine (GrpcStatus.agentFailedCall) since the later of the
-   * last completion and the watchdog's last look, and the last one's status message (AgentShortage).
+   * Calls the agent's own host failed on their way to the engine (GrpcStatus.agentFailedCall) in a row, in the order
+   * calls ended, since a call last completed; the most that run reached since the watchdog's last look (a run that a
+   * completion ended between two looks still counts: AgentShortage trips on it); the last one's status message.
    */
-  agentFailed = 0
+  agentFailedInRow = 0
+  agentFailedPeak = 0
   lastAgentFailure = ""
   readonly #idle = Latch.makeUnsafe(true)
   /** While set, the agent is ending the engine run: a call added now ends with it at once (see `cutWhile`). */
@@ -47,7 +49,7 @@ export class ActiveCalls {
     if (relay.completed) {
       this.completed++
       this.engineFailed = 0
-      this.agentFailed = 0
+      this.agentFailedInRow = 0
       if (++this.completedInRow > this.completedInRowBest) this.completedInRowBest = this.completedInRow
     } else if (relay.failure !== undefined) {
       const failed = engineFailedCall(relay.failure)
@@ -58,7 +60,7 @@ export class ActiveCalls {
       }
       const agents = agentFailedCall(relay.failure)
       if (agents !== undefined) {
-        this.agentFailed++
+        if (++this.agentFailedInRow > this.agentFailedPeak) this.agentFailedPeak = this.agentFailedInRow
         this.lastAgentFailure = agents
       }
     }

@@ -47,8 +47,9 @@ export const fork = Effect.fnUntraced(function* (
     active.completedInRowBest = active.completedInRow
     const engineFailed = active.engineFailed
     active.engineFailed = 0
-    const agentFailed = active.agentFailed
-    active.agentFailed = 0
+    // the longest run of calls refused for the agent's own shortage since the last look; the open run carries on
+    const agentFailedPeak = active.agentFailedPeak
+    active.agentFailedPeak = 0
     let cut: Array<string> | undefined
     for (const relay of active.relays) {
       // held since the tick that first saw this wait (`holds` moves with each new one): ended past the timeout, done
@@ -86,16 +87,10 @@ export const fork = Effect.fnUntraced(function* (
               `the caller read nothing for ${notReading.timeout} (agent.client_send_timeout) while output waited: call ended, its engine request aborted, its stream reset`
             ).pipe(Effect.annotateLogs({ request_id: id }))
           )
-    // the completion first: the calls refused counted now are those since the last completion (ActiveCalls)
     const shortageSeen =
-      shortage === undefined
+      shortage === undefined || agentFailedPeak === 0
         ? Effect.void
-        : Effect.andThen(
-            completed ? shortage.report(ShortageEvent.CallCompleted()) : Effect.void,
-            agentFailed > 0
-              ? shortage.report(ShortageEvent.CallsRefused({ calls: agentFailed, last: active.lastAgentFailure }))
-              : Effect.void
-          )
+        : shortage.report(ShortageEvent.CallsRefused({ inRow: agentFailedPeak, last: active.lastAgentFailure }))
     if (watchEngine === undefined) return Effect.andThen(logCut, shortageSeen)
     return Effect.andThen(
       Effect.andThen(logCut, shortageSeen),

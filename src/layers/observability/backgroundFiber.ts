@@ -12,9 +12,9 @@
  * Interruption is how a scope ends its fibers: never said, counted nor restarted. An interruption the loop's own
  * work ends with while its fiber is not being interrupted (an Effect.interrupt inside, an inner fiber it joined that
  * something else interrupted) is a death like a defect: `background` tells the two apart by asking whether its own
- * fiber is being interrupted (`selfInterrupted`).
+ * fiber's scope is closing or it is itself being interrupted (`selfInterrupted`).
  */
-import { Cause, Clock, Effect, Exit, Option, Random } from "effect"
+import { Cause, Clock, Effect, Exit, Option, Random, Scope } from "effect"
 import { backgroundFailures, Metrics } from "../../services/observability/Metrics.ts"
 import { jitteredBackoffMs } from "../../services/retry/Backoff.ts"
 
@@ -79,7 +79,8 @@ type Restore = <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, 
  * point (`setInterruptible`'s continuation) and unwinds an interruptible fiber past every handler (`exitFailCause`),
  * so only an uninterruptible region can ask. The yield (not a bare
  * check): a scope ends its fibers one after another, the latest forked first (a loop joining a sibling forked after
- * it sees that sibling's interruption before its own, which comes next); it lets that one land too.
+ * it sees that sibling's interruption before its own, which comes next); it lets that one land too, when nothing
+ * between them waits (an asynchronous finalizer does: the loop's scope, closed, answers that case first).
  */
 const selfInterrupted = (restore: Restore): Effect.Effect<boolean> =>
   Effect.map(Effect.exit(restore(Effect.yieldNow)), Exit.isFailure)
@@ -105,6 +106,9 @@ export const background =
     return Effect.uninterruptibleMask((restore) =>
       Effect.gen(function* () {
         const metrics = Option.getOrUndefined(yield* Effect.serviceOption(Metrics))
+        // the scope the loop was forked into by Effect.forkScoped (every loop of the agent's): once it is closing, an
+        // interruption is its end, however long its other finalizers (run one after another) keep it from arriving
+        const scope = Option.getOrUndefined(yield* Effect.serviceOption(Scope.Scope))
         const failures = metrics === undefined ? undefined : backgroundFailures(metrics.registry)
         // a 0 sample from the start: increase() sees the first death (a series that first appears at 1 shows none)
         failures?.inc({ fiber: name }, 0)
@@ -116,7 +120,7 @@ export const background =
           const exit = yield* Effect.exit(restore(self))
           if (exit._tag === "Success") return
           const cause = exit.cause
-          if (Cause.hasInterrupts(cause) && (yield* selfInterrupted(restore))) {
+          if (Cause.hasInterrupts(cause) && (scope?.state._tag === "Closed" || (yield* selfInterrupted(restore)))) {
             if (!Cause.hasInterruptsOnly(cause)) yield* reportStop(name, consequence, cause, undefined, 1, oneShot)
             return yield* Effect.failCause(cause as Cause.Cause<never>)
           }

@@ -4,17 +4,17 @@
  * `cgn-reason agent_resources`, and is never counted against the engine (EngineStatus.ts, the `Local` row); yet a
  * node whose every call so fails in microseconds, with no load, reads `ready` and draws the routers' traffic, as an
  * engine failing calls did (FailedCalls.ts). So, as there: calls refused so in a row (engine.failed_calls_unhealthy,
- * no call completing between them) or liveness probes unsent in a row (engine.liveness_failures: what would have
- * judged the engine) take the agent as short, and the node `unhealthy` with the reason, until a test shows the host
+ * no call completing between them) or probes unsent in a row (engine.liveness_failures: what would have judged the
+ * engine) take the agent as short, and the node `unhealthy` with the reason, until a test shows the host
  * can give it a socket again: a fresh connection to the engine's port (a completed call or a sent probe proves
- * nothing of it: either may ride a keep-alive connection opened before). The engine is never restarted for it.
+ * nothing of it: either may ride a keep-alive connection opened before). The engine is never restarted for it. Not
+ * damped (FlapDamping.ts): an agent at the edge of its limit may go in and out of traffic, cleared at most once per engine.liveness_interval.
  * The decisions are pure here (`stepShortage`); `make` keeps the state, the live layer runs the test.
  */
 import { Clock, Context, Data, Effect, PubSub, Ref, Stream } from "effect"
 
-/** Shortages in a row since a call last completed (calls) or a probe was last sent (probes), and the last one's words. */
+/** Probes unsent in a row since one was last sent, and the last shortage's words. */
 export interface ShortageRun {
-  readonly calls: number
   readonly probes: number
   readonly last: string
 }
@@ -34,10 +34,12 @@ export const noShortage: ShortageView = { run: undefined, short: undefined }
 
 /** What the agent saw since it last looked. */
 export type ShortageEvent = Data.TaggedEnum<{
-  /** `calls` calls ended `agent_resources`, the last with `last` (its status message). */
-  CallsRefused: { readonly calls: number; readonly last: string }
-  /** A call completed: the run of refused calls ends (not the shortage: its connection may be an old one). */
-  CallCompleted: {}
+  /**
+   * Calls ended `agent_resources` in a row, with no call completing between them, as many as `inRow` at the most
+   * since the last look (ActiveCalls counts the run, in the order calls end); the last with `last` (its status
+   * message). A completed call ends such a run, never the shortage: its connection may be an old one.
+   */
+  CallsRefused: { readonly inRow: number; readonly last: string }
   /** A readiness or liveness probe the host could not open a connection for (`reason`: what ran out). */
   ProbeUnsent: { readonly reason: string }
   /** A probe reached the engine (whatever it answered): the run of unsent probes ends. */
@@ -47,7 +49,11 @@ export type ShortageEvent = Data.TaggedEnum<{
 }>
 export const ShortageEvent = Data.taggedEnum<ShortageEvent>()
 
-/** In a row before the agent is taken as short; 0 calls: calls never take it so (engine.failed_calls_unhealthy's 0). */
+/**
+ * In a row before the agent is taken as short; 0 calls: calls never take it so (engine.failed_calls_unhealthy's 0).
+ * Probes: readiness and liveness probes alike (a start's probes come every half second, so an agent out of
+ * descriptors while its engine loads reads unhealthy, with why, within a couple of seconds rather than `starting`).
+ */
 export interface ShortageLimits {
   readonly calls: number
   readonly probes: number
@@ -60,7 +66,7 @@ export const stepShortage = (
   limits: ShortageLimits,
   now: number
 ): ShortageView => {
-  const run = view.run ?? { calls: 0, probes: 0, last: "" }
+  const run = view.run ?? { probes: 0, last: "" }
   const taken = (next: ShortageRun, reached: boolean): ShortageView => ({
     run: next,
     short:
@@ -71,17 +77,13 @@ export const stepShortage = (
           : undefined
   })
   switch (event._tag) {
-    case "CallsRefused": {
-      if (event.calls <= 0) return view
-      const next = { ...run, calls: run.calls + event.calls, last: event.last }
-      return taken(next, limits.calls > 0 && next.calls >= limits.calls)
-    }
+    case "CallsRefused":
+      if (event.inRow <= 0) return view
+      return taken({ ...run, last: event.last }, limits.calls > 0 && event.inRow >= limits.calls)
     case "ProbeUnsent": {
-      const next = { ...run, probes: run.probes + 1, last: event.reason }
+      const next = { probes: run.probes + 1, last: event.reason }
       return taken(next, next.probes >= limits.probes)
     }
-    case "CallCompleted":
-      return view.run === undefined ? view : { ...view, run: { ...run, calls: 0 } }
     case "ProbeSent":
       return view.run === undefined ? view : { ...view, run: { ...run, probes: 0 } }
     case "TestPassed":
