@@ -75,11 +75,9 @@ export interface ContextFit {
  * With --allow-auto-truncate (server_args.py, default off) neither is refused: a warning is logged and the input cut
  * to its first context-length tokens (`del input_ids[_max_req_len:]`, the end of the prompt dropped), then
  * max_new_tokens, still checked against what is left, cut to `max(0, context - input)` with a second warning. A
- * request that names no max_new_tokens (a chat without max_tokens) is not checked for it. Not modelled: the
- * scheduler's own bound after it (scheduler.py handle_generate_request, managers/utils.py validate_input_length:
- * max_req_input_len = min(context, KV pool) - 6, truncated there too with the flag, else aborted 400 "Input length
- * (...) exceeds the maximum allowed length (...)"; init_req_max_new_tokens then caps max_new_tokens at
- * max_req_len - input - 1).
+ * request that names no max_new_tokens (a chat without max_tokens) is not checked for it. What passes goes on to
+ * the scheduler's own, stricter bound (sglangSchedulerBound.ts: an input of min(context, KV pool) - 6 tokens or more
+ * cut again or aborted, max_new_tokens capped at what is left less 2).
  */
 const sglang = (
   limit: number,

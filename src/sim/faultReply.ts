@@ -3,7 +3,7 @@
 // ends (mlx-lm), or a reset.
 import type * as http from "node:http"
 import { DONE, sse } from "./chunks.ts"
-import { type SimContext, sendError } from "./context.ts"
+import { type SimContext, sendError, sseHeaders } from "./context.ts"
 import { errorBody, LLAMA_ERROR_FIELD, legacyVllm } from "./errors.ts"
 
 const MESSAGE = "simulated mid-stream engine failure"
@@ -57,6 +57,26 @@ const streamTail = (ctx: SimContext, kind: "midstream" | "sse_error_field" | und
 const mlxFailure = (res: http.ServerResponse, streaming: boolean): void => {
   if (streaming) res.end()
   else res.socket?.end()
+}
+
+/**
+ * SGLang's answer to a request its scheduler finished with FINISH_ABORT(words, HTTPStatus.BAD_REQUEST) before any
+ * token (sglangSchedulerBound.ts), its words logged at error level as Req.set_finish_with_abort logs them. A whole
+ * answer: TokenizerManager._handle_abort_finish_reason raises ValueError(words), which the OpenAI handler answers
+ * 400 BadRequestError as its own refusals (serving_chat.py, serving_completions.py `create_error_response(str(e))`).
+ * A stream: the abort is handed on, not raised, so the handler's kick-start of its generator (which turns only a
+ * ValueError into a 400) sees a first chunk, and the answer is 200 `text/event-stream` whose first event is the
+ * error, typed by the status's name, then `data: [DONE]` (sgl-project/sglang python/sglang/srt/managers/
+ * tokenizer_manager.py, python/sglang/srt/entrypoints/openai/serving_chat.py _handle_streaming_request and
+ * _generate_chat_stream; serving_completions.py alike). Not modelled: the usage chunk that SGLang sends between the
+ * two when the request asked for include_usage.
+ */
+export const schedulerAbort = (ctx: SimContext, res: http.ServerResponse, words: string, stream: boolean): void => {
+  ctx.log(words, { level: "error" })
+  if (!stream) return void sendError(ctx, res, 400, words)
+  const flat = errorBody("sglang", 400, words) as Record<string, unknown>
+  res.writeHead(200, sseHeaders(ctx.cfg.flavor))
+  res.end(sse(JSON.stringify({ error: { ...flat, type: "BAD_REQUEST" } })) + DONE)
 }
 
 export type Injected = "midstream" | "sse_error_field" | "reset"

@@ -7,6 +7,7 @@ import { bodyDpRank } from "./dpPin.ts"
 import type { LlamaOut } from "./llamaOut.ts"
 import { validateLlama } from "./llamaValidate.ts"
 import { earlyRefusal, greedySampling, type Invalid, samplingRefusal } from "./requestChecks.ts"
+import { sglangScheduler } from "./sglangSchedulerBound.ts"
 import type { SimConfig } from "./simConfig.ts"
 import { words } from "./tokens.ts"
 import {
@@ -208,7 +209,7 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
   )
   if ("message" in fit) return { status: 400, ...fit }
   // SGLang with --allow-auto-truncate keeps the prompt's first tokens and cuts max_tokens to what is left
-  const promptWords = fit.keep < allWords.length ? allWords.slice(0, fit.keep) : allWords
+  let promptWords = fit.keep < allWords.length ? allWords.slice(0, fit.keep) : allWords
   if (fit.maxTokens !== undefined) maxTokens = fit.maxTokens
   const sampling = samplingRefusal(cfg, b) ?? maxRefusal
   if (sampling !== undefined) return sampling
@@ -236,6 +237,15 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
     bootstrap = { fake: false, host: b.bootstrap_host, port: Number(b.bootstrap_port), room: roomMatch[1] ?? "" }
   }
   const seed = typeof b.seed === "number" ? b.seed : undefined
+  // SGLang's scheduler bounds the request again once the tokenizer manager's checks have passed it
+  const sched = cfg.flavor === "sglang" ? sglangScheduler(cfg, promptWords.length, maxTokens) : undefined
+  if (sched !== undefined && "abort" in sched)
+    return { status: 400, message: sched.abort, param: null, schedulerAbort: { stream: b.stream === true } }
+  if (sched !== undefined) {
+    promptWords = promptWords.slice(0, sched.keep)
+    maxTokens = sched.maxTokens
+  }
+  const warnings = [...fit.warnings, ...(sched?.warnings ?? [])]
   return {
     endpoint,
     promptWords,
@@ -256,7 +266,7 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
     includeStopStr: cfg.flavor === "vllm" && b.include_stop_str_in_output === true,
     noStopTrim: cfg.flavor === "sglang" && b.no_stop_trim === true,
     routedDpRank: bodyDpRank(cfg.flavor, b),
-    ...(fit.warnings.length > 0 ? { warnings: fit.warnings } : {}),
+    ...(warnings.length > 0 ? { warnings } : {}),
     ...(cfg.flavor === "sglang" && typeof b.model === "string" ? { echoModel: b.model } : {})
   }
 }

@@ -17,6 +17,8 @@ export type Invalid = {
   readonly body?: unknown
   /** mlx-lm: the request raised in its handler, and the connection is closed with no HTTP response. */
   readonly drop?: true
+  /** SGLang: its scheduler aborted the request (faultReply.ts schedulerAbort): a stream's answer is 200 SSE. */
+  readonly schedulerAbort?: { readonly stream: boolean }
 }
 
 /** Python's truthiness of a JSON value, as the engines' validators test `data.get(...)`. */

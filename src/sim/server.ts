@@ -7,6 +7,7 @@ import { keyRefusal } from "./apiKey.ts"
 import { modelsBody } from "./chunks.ts"
 import { errorReply, llamaFraming, reply, type SimContext, sendError } from "./context.ts"
 import { LLAMA_LOADING, LLAMA_NO_METRICS, LLAMA_NOT_FOUND } from "./errors.ts"
+import { schedulerAbort } from "./faultReply.ts"
 import { applyFaults } from "./faults.ts"
 import { generate } from "./generate.ts"
 import { readBody, sendJson } from "./http.ts"
@@ -292,6 +293,7 @@ const completion = async (
       return
     }
     if (parsed.body !== undefined) return errorReply(ctx, res, parsed.status, parsed.body)
+    if (parsed.schedulerAbort) return schedulerAbort(ctx, res, parsed.message, parsed.schedulerAbort.stream)
     return sendError(ctx, res, parsed.status, parsed.message, parsed.param)
   }
   for (const w of parsed.warnings ?? []) ctx.log(w, { level: "warning" })

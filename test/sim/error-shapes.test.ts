@@ -15,7 +15,8 @@ beforeAll(async () => {
   ;[vllm, vllmOld, sglang, mlx] = await Promise.all([
     startSim({ flavor: "vllm", args: ["serve", "org/m", "--max-model-len", "8"] }),
     startSim({ flavor: "vllm", args: ["serve", "org/m", "--max-model-len", "8", "--sim-legacy-errors"] }),
-    startSim({ flavor: "sglang", args: ["--model-path", "org/sg", "--context-length", "8"] }),
+    // 16, not 8: SGLang's scheduler aborts an input of context - 6 tokens or more (sglang-scheduler-bound.test.ts)
+    startSim({ flavor: "sglang", args: ["--model-path", "org/sg", "--context-length", "16"] }),
     startSim({ flavor: "mlx", args: ["--model", "mlx-community/tiny"] })
   ])
   await Promise.all(
@@ -114,7 +115,7 @@ describe("SGLang", () => {
 /** A prompt of `n` words (the simulator's tokens). */
 const prompt = (n: number) => Array.from({ length: n }, (_, i) => `w${i}`).join(" ")
 
-describe("a request too long for the context (8 tokens)", () => {
+describe("a request too long for the context (vLLM's 8 tokens, SGLang's 16)", () => {
   const refusal = async (s: SimHandle, body: Record<string, unknown>) => {
     const r = await postJson(`${s.url}/v1/completions`, body)
     expect(r.status).toBe(400)
@@ -156,23 +157,23 @@ describe("a request too long for the context (8 tokens)", () => {
   })
 
   it("SGLang: TokenizerManager's words, flat BadRequestError, no param; input plus max_tokens past the context is refused", async () => {
-    expect(await refusal(sglang, { prompt: prompt(8) })).toEqual({
+    expect(await refusal(sglang, { prompt: prompt(16) })).toEqual({
       object: "error",
-      message: "The input (8 tokens) is longer than the model's context length (8 tokens).",
+      message: "The input (16 tokens) is longer than the model's context length (16 tokens).",
       type: "BadRequestError",
       param: null,
       code: 400
     })
-    expect(await refusal(sglang, { prompt: prompt(5), max_tokens: 4 })).toEqual({
+    expect(await refusal(sglang, { prompt: prompt(9), max_tokens: 8 })).toEqual({
       object: "error",
       message:
-        "Requested token count exceeds the model's maximum context length of 8 tokens. You requested a total of 9 tokens: 5 tokens from the input messages and 4 tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.",
+        "Requested token count exceeds the model's maximum context length of 16 tokens. You requested a total of 17 tokens: 9 tokens from the input messages and 8 tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.",
       type: "BadRequestError",
       param: null,
       code: 400
     })
     // filling the context exactly fits (`>` since sgl-project/sglang#22546)
-    expect((await postJson(`${sglang.url}/v1/completions`, { prompt: prompt(5), max_tokens: 3 })).status).toBe(200)
+    expect((await postJson(`${sglang.url}/v1/completions`, { prompt: prompt(9), max_tokens: 7 })).status).toBe(200)
   })
 })
 

@@ -2,7 +2,9 @@
 // python/sglang/srt/managers/tokenizer_manager.py; src/sim/contextLimit.ts): a prompt of the whole context or more is
 // cut to its first context-length tokens, and a max_tokens past what is left cut to it, each with its warning,
 // where without the flag both are refused 400; and the total check's bound, `>` since sgl-project/sglang#22546 (a
-// request filling the context exactly is served).
+// request filling the context exactly is served). The simulators run with --context-length 16: the scheduler's own,
+// stricter bound comes after these (an input of context - 6 tokens or more aborted or cut again, max_new_tokens capped
+// at context - input - 2: sglang-scheduler-bound.test.ts), so every request here also meets it.
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { parseArgs } from "../../src/sim/args.ts"
 import { contextFit } from "../../src/sim/contextLimit.ts"
@@ -36,8 +38,8 @@ let truncating: SimHandle
 
 beforeAll(async () => {
   ;[plain, truncating] = await Promise.all([
-    startSim({ flavor: "sglang", args: ["--model-path", "org/sg", "--context-length", "8"] }),
-    startSim({ flavor: "sglang", args: ["--model-path", "org/sg", "--context-length", "8", "--allow-auto-truncate"] })
+    startSim({ flavor: "sglang", args: ["--model-path", "org/sg", "--context-length", "16"] }),
+    startSim({ flavor: "sglang", args: ["--model-path", "org/sg", "--context-length", "16", "--allow-auto-truncate"] })
   ])
   await Promise.all(
     [plain, truncating].map((s) =>
@@ -61,56 +63,63 @@ const warned = (s: SimHandle, text: string) =>
 
 describe("without the flag", () => {
   it("a request filling the context exactly is served; one token more is refused", async () => {
-    const fits = await postJson(`${plain.url}/v1/completions`, { prompt: prompt(5), max_tokens: 3 })
+    const fits = await postJson(`${plain.url}/v1/completions`, { prompt: prompt(9), max_tokens: 7 })
     expect(fits.status).toBe(200)
-    const over = await postJson(`${plain.url}/v1/completions`, { prompt: prompt(5), max_tokens: 4 })
+    const over = await postJson(`${plain.url}/v1/completions`, { prompt: prompt(9), max_tokens: 8 })
     expect([over.status, (over.json as { message: string }).message]).toEqual([
       400,
-      "Requested token count exceeds the model's maximum context length of 8 tokens. You requested a total of 9 tokens: 5 tokens from the input messages and 4 tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit."
+      "Requested token count exceeds the model's maximum context length of 16 tokens. You requested a total of 17 tokens: 9 tokens from the input messages and 8 tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit."
     ])
   })
 
   it("a prompt of the whole context is refused", async () => {
-    const r = await postJson(`${plain.url}/v1/completions`, { prompt: prompt(12), max_tokens: 1 })
+    const r = await postJson(`${plain.url}/v1/completions`, { prompt: prompt(20), max_tokens: 1 })
     expect([r.status, (r.json as { message: string }).message]).toEqual([
       400,
-      "The input (12 tokens) is longer than the model's context length (8 tokens)."
+      "The input (20 tokens) is longer than the model's context length (16 tokens)."
     ])
   })
 })
 
 describe("with --allow-auto-truncate", () => {
-  it("a prompt past the context keeps its first 8 tokens, logged; a chat with no max_tokens is not checked for it", async () => {
+  it("a prompt past the context is cut to its first 16 tokens, logged (then to 10 by the scheduler); a chat with no max_tokens is not checked for it", async () => {
     const r = await postJson(`${truncating.url}/v1/chat/completions`, {
-      messages: [{ role: "user", content: prompt(12) }]
+      messages: [{ role: "user", content: prompt(20) }]
     })
     expect(r.status).toBe(200)
     const body = r.json as Completion
-    // echo mode answers the prompt it kept: w0..w7, then its end
-    expect(body.choices[0]?.message?.content).toBe(prompt(8))
-    expect(body.usage.prompt_tokens).toBe(8)
+    // 16 tokens leave the scheduler no room to generate (max_new_tokens capped at 16 - 16 - 2, so 0)
+    expect([body.usage.prompt_tokens, body.usage.completion_tokens, body.choices[0]?.message?.content]).toEqual([
+      10,
+      0,
+      ""
+    ])
     await warned(
       truncating,
-      "The input (12 tokens) is longer than the model's context length (8 tokens). Truncating the input."
+      "The input (20 tokens) is longer than the model's context length (16 tokens). Truncating the input."
+    )
+    await warned(
+      truncating,
+      "Request length is longer than the KV cache pool size or the max context length. Truncated. len(req.origin_input_ids)=16, max_req_input_len=10."
     )
   })
 
-  it("max_tokens past what is left is cut to it, logged: 5 input + 10 new gives 3 tokens", async () => {
+  it("max_tokens past what is left is cut to it, logged: 9 input + 10 new gives 7, then the scheduler's 5", async () => {
     const r = await postJson(`${truncating.url}/v1/completions`, {
-      prompt: prompt(5),
+      prompt: prompt(9),
       max_tokens: 10,
       ignore_eos: true
     })
     expect(r.status).toBe(200)
     const body = r.json as Completion
     expect([body.usage.prompt_tokens, body.usage.completion_tokens, body.choices[0]?.finish_reason]).toEqual([
+      9,
       5,
-      3,
       "length"
     ])
     await warned(
       truncating,
-      "Requested token count (5 input + 10 new) exceeds the model's context length (8 tokens). Truncating max_new_tokens."
+      "Requested token count (9 input + 10 new) exceeds the model's context length (16 tokens). Truncating max_new_tokens."
     )
   })
 
@@ -118,10 +127,10 @@ describe("with --allow-auto-truncate", () => {
     const r = await postJson(`${truncating.url}/v1/completions`, { prompt: prompt(20), max_tokens: 3 })
     expect(r.status).toBe(200)
     const body = r.json as Completion
-    expect([body.usage.prompt_tokens, body.usage.completion_tokens, body.choices[0]?.text]).toEqual([8, 0, ""])
+    expect([body.usage.prompt_tokens, body.usage.completion_tokens, body.choices[0]?.text]).toEqual([10, 0, ""])
     await warned(
       truncating,
-      "Requested token count (8 input + 3 new) exceeds the model's context length (8 tokens). Truncating max_new_tokens."
+      "Requested token count (16 input + 3 new) exceeds the model's context length (16 tokens). Truncating max_new_tokens."
     )
   })
 })
