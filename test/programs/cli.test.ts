@@ -21,6 +21,7 @@ import { agentEntry, requireDist, simDistEntry } from "../support/agent.ts"
 import { makeTestPki, type TestPki } from "../support/certs.ts"
 import { runCli } from "../support/cli.ts"
 import { engineBinEnv } from "../support/engineBin.ts"
+import { cliEntry } from "../support/entries.ts"
 import { freePort } from "../support/ports.ts"
 
 const ROOT = path.join(import.meta.dirname, "..", "..")
@@ -549,11 +550,10 @@ describe("generate into a closed pipe", () => {
     let exited: Promise<number | null> | undefined
     try {
       const port = (server.address() as AddressInfo).port
-      const cli = spawn(
-        process.execPath,
-        [path.join(ROOT, "src", "main.ts"), "generate", "--addr", `127.0.0.1:${port}`, "--prompt", "hi"],
-        { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] }
-      )
+      const cli = spawn(process.execPath, [cliEntry(), "generate", "--addr", `127.0.0.1:${port}`, "--prompt", "hi"], {
+        cwd: ROOT,
+        stdio: ["ignore", "pipe", "pipe"]
+      })
       child = cli
       let stderr = ""
       cli.stderr.on("data", (c: Buffer) => {

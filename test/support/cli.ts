@@ -1,10 +1,10 @@
-// The cgn-agent binary run from source as a subprocess, the way a user runs it: exit code and output.
-// Shared by the CLI, gRPC and mTLS tests.
+// The cgn-agent binary run as a subprocess, the way a user runs it: exit code and output (the build, or the source when
+// the build is stale: entries.ts). Shared by the CLI, gRPC and mTLS tests.
 import { execFile } from "node:child_process"
 import * as path from "node:path"
+import { cliEntry } from "./entries.ts"
 
 const ROOT = path.join(import.meta.dirname, "..", "..")
-const MAIN = path.join(ROOT, "src", "main.ts")
 
 export interface CliRun {
   readonly code: number
@@ -24,7 +24,7 @@ export const runCli = (
   new Promise((resolve) => {
     const childEnv: Record<string, string | undefined> = { ...process.env, ...env }
     if (!("CGN_AGENT_CONFIG" in env)) delete childEnv.CGN_AGENT_CONFIG
-    const [command, ...argv] = [...launcher, process.execPath, MAIN, ...args] as [string, ...Array<string>]
+    const [command, ...argv] = [...launcher, process.execPath, cliEntry(), ...args] as [string, ...Array<string>]
     execFile(command, argv, { cwd: ROOT, env: childEnv, timeout: 30_000 }, (error, stdout, stderr) => {
       const code = error === null ? 0 : typeof error.code === "number" ? error.code : -1
       resolve({ code, stdout, stderr })

@@ -1,10 +1,10 @@
-// Starts the engine simulator (src/programs/sim.ts) as a real subprocess for tests.
+// Starts the engine simulator (dist/programs/sim.js, or src/programs/sim.ts when the build is stale: entries.ts) as a
+// real subprocess for tests.
 // The child gets its own process group (detached), so stop() can signal the simulator together with any
 // grandchild it forked (--sim-fork-grandchild), the way a supervisor kills an engine and its workers.
 // Readiness is the simulator's `{"msg":"listening"}` stderr line; stderr lines are kept for assertions.
 import { type ChildProcess, spawn } from "node:child_process"
-import * as path from "node:path"
-import { fileURLToPath } from "node:url"
+import { simProgram } from "./entries.ts"
 import { followLines } from "./lines.ts"
 import { pollUntil as poll } from "./poll.ts"
 import { freePort, freePorts } from "./ports.ts"
@@ -35,7 +35,8 @@ export interface SimHandle {
   stop(graceMs?: number): Promise<void>
 }
 
-export const simEntry = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../src/programs/sim.ts")
+/** The simulator's entry: the build when it is fresh, else src/programs/sim.ts (entries.ts). */
+export const simEntry = simProgram()
 
 const killGroup = (pid: number, signal: NodeJS.Signals): void => {
   try {
