@@ -10,6 +10,7 @@ import { EngineClient } from "../../services/engine/EngineClient.ts"
 import { EngineProcess } from "../../services/engine/EngineProcess.ts"
 import { progressReading } from "../../services/engine/EngineProgress.ts"
 import { EngineStall, noStall, stallProblem } from "../../services/engine/EngineStall.ts"
+import { requestContext, ServedContext } from "../../services/engine/ServedContext.ts"
 import { failingOf } from "../../services/engine/EngineState.ts"
 import { GpuGate, type GpuGateStatus, gateProblem } from "../../services/engine/GpuGate.ts"
 import { Admission } from "../../services/grpc/Admission.ts"
@@ -74,8 +75,9 @@ export const layer = (
       })
       const stall = yield* Effect.serviceOption(EngineStall)
       const stallIdle = Duration.format(config.engine.stream_idle_timeout)
-      // optional too: tests that build no AgentShortage
+      // optional too: tests that build no AgentShortage, no ServedContext
       const shortage = yield* Effect.serviceOption(AgentShortage)
+      const served = Option.getOrUndefined(yield* Effect.serviceOption(ServedContext))
       // why the node is unhealthy whatever the engine's state says: its GPUs, the engine stalled, or the agent itself
       // short of what it needs to reach the engine
       const problemNow = Effect.gen(function* () {
@@ -185,6 +187,8 @@ export const layer = (
           advertiseAddr,
           bootstrap,
           kvTransfer: engine.plan.kvTransfer,
+          // as ListModels reports it (layers/grpc/GrpcServer.ts): a router sizes calls by it before it picks a node
+          maxModelLen: requestContext(config.model.max_model_len, served?.current())?.tokens,
           now: yield* Clock.currentTimeMillis
         })
       })

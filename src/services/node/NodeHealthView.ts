@@ -122,6 +122,8 @@ export interface NodeHealthInputs {
   readonly bootstrap?: BootstrapServer | undefined
   /** A P/D node's KV transfer backend (LaunchPlan.kvTransfer); absent on role both. */
   readonly kvTransfer?: string | undefined
+  /** The context one request can use (ServedContext.ts requestContext), in tokens; absent: not known. */
+  readonly maxModelLen?: number | undefined
 }
 
 /**
@@ -163,7 +165,8 @@ export const buildNodeHealth = (i: NodeHealthInputs): NodeHealth => ({
     gpus: [...i.gpus],
     dp: i.config.model.dp,
     engineGpus: [...i.engineGpus],
-    engineMigDevice: i.engineMigDevice ?? ""
+    engineMigDevice: i.engineMigDevice ?? "",
+    maxModelLen: i.maxModelLen ?? 0
   },
   freshness: { epoch: "", sequence: 0, writtenAt: "", heartbeatMs: 0 },
   ...(i.bootstrap === undefined ? {} : { bootstrap: i.bootstrap }),

@@ -94,7 +94,8 @@ export interface SglangBootstrap {
   /**
    * Rendezvous id, a random integer in [0, 2^63-1] chosen by the router, the same on both legs. Above 2^53,
    * so it is a decimal string in JavaScript (jstype JS_STRING) and exact in every language. One room serves one
-   * pair of legs: a failed pair is retried as a new pair with a new room.
+   * pair of legs: a pair retried after its engines may have joined the room is a new pair with a new room
+   * (GenerateRequest.bootstrap says which failures).
    */
   room: string;
 }
@@ -139,8 +140,10 @@ export interface GenerateRequest {
   /**
    * Disaggregated serving, SGLang: the rendezvous, sent to both legs at once. Both legs carry the same input and
    * should carry the same sampling (SGLang's decode engine continues from the first token its prefill engine
-   * sampled); the agent does not check that they match. A failed leg is retried as a new pair with a new room
-   * (trailer cgn-retry-pair true), never alone.
+   * sampled); the agent does not check that they match. A leg that failed once its engine may have joined the
+   * room, and a prefill leg always, refused or not (its decode leg waits on this node's bootstrap server), is retried
+   * as a new pair with a new room (trailer cgn-retry-pair true), never alone; a decode leg refused before its engine
+   * saw it (not ready, draining, overloaded) has cgn-retryable true and may go to another decode node as it is.
    */
   bootstrap?:
     | SglangBootstrap
@@ -518,6 +521,13 @@ export interface Capacity {
    * lists; empty when the engine is given whole GPUs (or none).
    */
   engineMigDevice: string;
+  /**
+   * The context one request can use here, in tokens, as ListModels reports it: [models.<name>].max_model_len, or
+   * less once the engine has said what it serves (read from its model list once Ready); 0 when neither is known. A
+   * Generate whose max_tokens reaches it is refused INVALID_ARGUMENT (cgn-retryable false): a router sizes calls by
+   * it before it picks a node.
+   */
+  maxModelLen: number;
 }
 
 /**
@@ -3701,7 +3711,7 @@ export const GpuProcess: MessageFns<GpuProcess> = {
 };
 
 function createBaseCapacity(): Capacity {
-  return { maxInflight: 0, maxQueue: 0, gpus: [], dp: 0, engineGpus: [], engineMigDevice: "" };
+  return { maxInflight: 0, maxQueue: 0, gpus: [], dp: 0, engineGpus: [], engineMigDevice: "", maxModelLen: 0 };
 }
 
 export const Capacity: MessageFns<Capacity> = {
@@ -3727,6 +3737,9 @@ export const Capacity: MessageFns<Capacity> = {
     }
     if (message.engineMigDevice !== "") {
       writer.uint32(50).string(message.engineMigDevice);
+    }
+    if (message.maxModelLen !== 0) {
+      writer.uint32(56).uint32(message.maxModelLen);
     }
     return writer;
   },
@@ -3802,6 +3815,14 @@ export const Capacity: MessageFns<Capacity> = {
             message.engineMigDevice = reader.string();
             continue;
           }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.maxModelLen = reader.uint32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3838,6 +3859,11 @@ export const Capacity: MessageFns<Capacity> = {
         : isSet(object.engine_mig_device)
         ? globalThis.String(object.engine_mig_device)
         : "",
+      maxModelLen: isSet(object.maxModelLen)
+        ? globalThis.Number(object.maxModelLen)
+        : isSet(object.max_model_len)
+        ? globalThis.Number(object.max_model_len)
+        : 0,
     };
   },
 
@@ -3861,6 +3887,9 @@ export const Capacity: MessageFns<Capacity> = {
     if (message.engineMigDevice !== "") {
       obj.engineMigDevice = message.engineMigDevice;
     }
+    if (message.maxModelLen !== 0) {
+      obj.maxModelLen = Math.round(message.maxModelLen);
+    }
     return obj;
   },
 
@@ -3875,6 +3904,7 @@ export const Capacity: MessageFns<Capacity> = {
     message.dp = object.dp ?? 0;
     message.engineGpus = object.engineGpus?.map((e) => e) || [];
     message.engineMigDevice = object.engineMigDevice ?? "";
+    message.maxModelLen = object.maxModelLen ?? 0;
     return message;
   },
 };
