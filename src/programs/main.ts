@@ -61,11 +61,7 @@ import { shutdownBound } from "./shutdownBound.ts"
  */
 export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
   // The memory cgroup before the supervisor: each engine run's exit says whether the kernel's OOM killer ended it.
-  const base = Layer.mergeAll(
-    Layer.succeed(Config, config),
-    MetricsLive.layer,
-    MemoryCgroupLive.layer
-  )
+  const base = Layer.mergeAll(Layer.succeed(Config, config), MetricsLive.layer, MemoryCgroupLive.layer)
   const services = Layer.mergeAll(
     // The supervisor spawns engine runs through the orphan guard program; a layer never computes a program's path.
     EngineProcessLive.layer.pipe(Layer.provide(EngineHostLive.layer(guardEntry()))),
