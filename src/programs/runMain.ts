@@ -81,14 +81,17 @@ export const runMain = Runtime.makeRunMain(({ fiber, teardown }) => {
   }
   const onHangup = () => hangup?.()
   fiber.addObserver((exit) => {
+    // Until the process ends (the teardown, then the output's flush: at most FLUSH_WAIT_MS) signals keep a handler,
+    // else Node's default would end the process by the signal (a SIGHUP too), its last lines lost; a signal then
+    // changes nothing, as the exit is under way. Added before the daemon's are removed: a signal's last listener
+    // removed puts back its default action at once (nodejs/node lib/internal/process/signal.js
+    // stopListeningIfSignal), and a SIGTERM landing before the next listener was added ended a finished drain by the
+    // signal (seen once in a loaded run of test/programs/signal-while-starting.test.ts's burst).
+    const ignore = () => undefined
+    for (const signal of ["SIGHUP", "SIGTERM", "SIGINT"] as const) process.on(signal, ignore)
     process.removeListener("SIGINT", onSignal)
     process.removeListener("SIGTERM", onSignal)
     process.removeListener("SIGHUP", onHangup)
-    // Until the process ends (the teardown, then the output's flush: at most FLUSH_WAIT_MS) signals keep a handler,
-    // else Node's default would end the process by the signal (a SIGHUP too), its last lines lost; a signal then
-    // changes nothing, as the exit is under way.
-    const ignore = () => undefined
-    for (const signal of ["SIGHUP", "SIGTERM", "SIGINT"] as const) process.on(signal, ignore)
     // not process.exit: the last log lines still in a pipe would be lost, and an NVML worker stuck in a native call
     // would hold the exit (layers/node/processExit.ts)
     teardown(exit, exitWhenFlushed)
