@@ -36,7 +36,7 @@ export interface Supervision {
 
 const now = Clock.currentTimeMillis
 
-/** Tells AgentShortage whether the probe was sent: not when the agent's host could not open its connection (probe.ts). */
+/** Tells AgentShortage whether the probe was sent: not when the agent's host could not open its connection. */
 const probeSeen = (s: Supervision, r: ProbeResult): Effect.Effect<void> =>
   s.shortage === undefined
     ? Effect.void

@@ -5,11 +5,12 @@
  * node whose every call so fails in microseconds, with no load, reads `ready` and draws the routers' traffic, as an
  * engine failing calls did (FailedCalls.ts). So, as there: calls refused so in a row (engine.failed_calls_unhealthy,
  * no call completing between them) or probes unsent in a row (engine.liveness_failures: what would have judged the
- * engine) take the agent as short, and the node `unhealthy` with the reason, until a test shows the host
- * can give it a socket again: a fresh connection to the engine's port (a completed call or a sent probe proves
- * nothing of it: either may ride a keep-alive connection opened before). The engine is never restarted for it. Not
- * damped (FlapDamping.ts): an agent at the edge of its limit may go in and out of traffic, cleared at most once per engine.liveness_interval.
- * The decisions are pure here (`stepShortage`); `make` keeps the state, the live layer runs the test.
+ * engine) take the agent as short, and the node `unhealthy` with the reason, until a test shows the host can give it
+ * a socket again: a fresh connection to the engine's port (a completed call or a sent probe proves nothing of it:
+ * either may ride a keep-alive connection opened before). The engine is never restarted for it. Not damped
+ * (FlapDamping.ts): an agent at the edge of its limit may go in and out of traffic, cleared at most once per
+ * engine.liveness_interval. The decisions are pure here (`stepShortage`); `make` keeps the state, the live layer
+ * runs the test.
  */
 import { Clock, Context, Data, Effect, PubSub, Ref, Stream } from "effect"
 
@@ -44,7 +45,7 @@ export type ShortageEvent = Data.TaggedEnum<{
   ProbeUnsent: { readonly reason: string }
   /** A probe reached the engine (whatever it answered): the run of unsent probes ends. */
   ProbeSent: {}
-  /** The test opened a fresh connection (or was refused by a closed port: a socket either way): no shortage. */
+  /** The test got a socket (a connection made, refused by a closed port, or pending once resolved): no shortage. */
   TestPassed: {}
 }>
 export const ShortageEvent = Data.taggedEnum<ShortageEvent>()
