@@ -1,20 +1,6 @@
 import { readdirSync, readFileSync } from "node:fs"
 import { join } from "node:path"
 import { defineConfig } from "vitest/config"
-import { BaseSequencer, type TestSpecification } from "vitest/node"
-
-/**
- * vitest's own order (failed first, then the longest), with the files that need the real llama-server last:
- * `npm test` builds it beside the run (scripts/test.mjs) and those files wait for that build, so they start once
- * the rest has had the cores.
- */
-class RealEngineLast extends BaseSequencer {
-  override async sort(files: Array<TestSpecification>): Promise<Array<TestSpecification>> {
-    const sorted = await super.sort(files)
-    const needsEngine = (file: TestSpecification) => file.moduleId.includes("/test/real/")
-    return [...sorted.filter((f) => !needsEngine(f)), ...sorted.filter(needsEngine)]
-  }
-}
 
 /**
  * The test files that replace a module (`vi.mock`): a mock takes effect only where the module is loaded after it,
@@ -34,13 +20,12 @@ export default defineConfig({
     // Three on the 2-core CI machine: the files mostly wait on the processes they spawn, and two workers kept the
     // cores 74% busy (README, Test prerequisites: three took the suite from 644 s to 537-627 s there)
     maxWorkers: 3,
-    sequence: { sequencer: RealEngineLast },
     projects: [
       {
         extends: true,
-        // A worker runs file after file without loading every module again for each: a third of the suite's CPU
-        // went to that (1017 CPU-s against 691, README, Test prerequisites). A file must leave the process as it
-        // found it (environment, timers, listeners), which it must anyway to be a test that runs alone.
+        // A worker runs file after file without loading every module again for each: a quarter of the suite's CPU
+        // went to that (1017 CPU-s against 764-780, README, The real-engine suite). A file must leave the process
+        // as it found it (environment, timers, listeners), which it must anyway to be a test that runs alone.
         test: { name: "shared", include: ["test/**/*.test.ts"], exclude: mockingFiles, isolate: false }
       },
       { extends: true, test: { name: "mocking", include: mockingFiles, isolate: true } }

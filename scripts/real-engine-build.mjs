@@ -7,10 +7,10 @@
 // llama.cpp tag and build flags: <cache>/<tag>-O0/bin/llama-server and <cache>/<tag>-O0/ggml-vocab-llama-spm.gguf (the tokenizer
 // the test model copies). A second run finds them and returns in well under a second.
 //
-// One build at a time per cache folder: `npm test` starts one beside vitest (scripts/test.mjs) while the real-engine
-// files ask for the same binary. A run that finds a build in progress waits for it and takes its result; if that
-// build failed, it fails too (the first said why) rather than building again; if its process is gone (killed), it
-// takes the build over.
+// One build at a time per cache folder: on a cold cache each real-engine test file run on its own (`vitest run
+// test/real`) asks for the binary at once, as do two `npm test` side by side. A run that finds a build in progress
+// waits for it and takes its result; if that build failed, it fails too (the first said why) rather than building
+// again; if its process is gone (killed), it takes the build over.
 //
 // Prints the path of the cache folder as its last stdout line. Exits 1 with a clear reason when cmake or a
 // C++ compiler is missing (never a silent skip: the real-engine suite depends on it).
@@ -90,39 +90,42 @@ const lockHolder = () => {
   return text === "" ? undefined : Number(text)
 }
 
-// Waits for the lock; exits with the cached result when the build it waited for made one.
+// Returns once this run holds the lock. A run that waited for another's build exits instead, once that build has
+// ended: with its result, or failing with it (a build whose process died is taken over, not waited for again).
 const takeLock = async () => {
-  let waitedFor
+  let waitedFor = null // the holder's pid ("starting" before it wrote it), once this run has waited for it
   for (;;) {
     try {
       writeFileSync(lock, `${process.pid}\n`, { flag: "wx" })
-      return
     } catch (e) {
       if (e.code !== "EEXIST") throw e
-    }
-    let pid
-    try {
-      pid = lockHolder()
-    } catch (e) {
-      if (e.code !== "ENOENT") throw e
-      // Released between our two looks: the build we waited for ended.
-      if (waitedFor !== undefined) break
+      let pid
+      try {
+        pid = lockHolder()
+      } catch (e2) {
+        if (e2.code === "ENOENT") continue // released between our two looks
+        throw e2
+      }
+      if (pid !== undefined && !alive(pid)) {
+        log(`taking over from a build that is gone (pid ${pid}, ${lock})`)
+        rmSync(lock, { force: true })
+        waitedFor = null
+        continue
+      }
+      if (waitedFor !== (pid ?? "starting"))
+        log(`waiting for the build in progress (pid ${pid ?? "starting"}, ${lock})`)
+      waitedFor = pid ?? "starting"
+      await sleep(1000)
       continue
     }
-    if (pid !== undefined && !alive(pid)) {
-      log(`taking over from a build that is gone (pid ${pid}, ${lock})`)
-      rmSync(lock, { force: true })
-      waitedFor = undefined
-      continue
-    }
-    if (waitedFor !== pid) log(`waiting for the build in progress (pid ${pid ?? "starting"}, ${lock})`)
-    waitedFor = pid
-    await sleep(1000)
+    if (waitedFor === null) return
+    // The build waited for released the lock: it ended.
+    rmSync(lock, { force: true })
+    if (cached()) useCached()
+    log(`the build this waited for (pid ${waitedFor}) failed: its error is in the output of the run that started it;`)
+    log("`npm run real-engine:build` builds again and says why")
+    process.exit(1)
   }
-  if (cached()) useCached()
-  log(`the build this waited for (pid ${waitedFor}) failed: its error is in the output of the run that started it`)
-  log("(`npm test` prints it above); `npm run real-engine:build` builds again and says why")
-  process.exit(1)
 }
 
 await takeLock()

@@ -276,7 +276,9 @@ describe("stopping the agent", () => {
   it("SIGKILL: no engine process is left, and the key expires with the lease", async () => {
     const s = await startSimAgent({
       simArgs: ["--sim-fork-grandchild"],
-      agent: { heartbeat: "300ms", lease_ttl: "1s" }
+      // 5 s, not 1: on a loaded host a 1 s lease ran out between the agent's last keepalive and the read below,
+      // which then cannot tell an expiry from a revoke
+      agent: { heartbeat: "300ms", lease_ttl: "5s" }
     })
     await untilPublished(s.key, "ready")
     const sim = await simState(s.engineUrl)
@@ -291,7 +293,7 @@ describe("stopping the agent", () => {
     await pollUntil(
       "the node key expired",
       async () => ((await readRecord(s.key)) === undefined ? true : undefined),
-      8_000
+      15_000
     )
   })
 
