@@ -2,7 +2,7 @@
 // up, a warning (DEP0123, which grpc-js raises for an etcd https endpoint given by IP) is logged, not printed by Node as
 // plain text between the JSON lines; Node's printer is back once the layer is released.
 import { Effect, Exit, Layer, Logger, Scope } from "effect"
-import { describe, expect, it } from "vitest"
+import { describe, expect, it, onTestFinished } from "vitest"
 import * as ProcessWarnings from "../../src/layers/observability/processWarnings.ts"
 
 describe("process warnings", () => {
@@ -12,6 +12,8 @@ describe("process warnings", () => {
     const node = process.listeners("warning")
     expect(node.length).toBeGreaterThan(0)
     const scope = await Effect.runPromise(Scope.make())
+    // Released however the test ends: the files after it in this worker get Node's printer back.
+    onTestFinished(() => Effect.runPromise(Scope.close(scope, Exit.void)))
     await Effect.runPromise(
       Layer.buildWithScope(ProcessWarnings.layer.pipe(Layer.provide(Logger.layer([logger]))), scope)
     )

@@ -70,13 +70,19 @@ export const pairs = (prefix: string): Pairs => {
     return { engine, dir }
   }
 
+  const killServers = () => {
+    for (const p of procs) p.kill("SIGKILL")
+  }
   beforeAll(() => {
     engine = realEngine()
     dir = fs.mkdtempSync(path.join(os.tmpdir(), prefix))
+    // One listener for the file's servers, removed with them: the worker runs other files after this one.
+    process.once("exit", killServers)
   }, 30 * 60_000)
 
   afterAll(async () => {
-    for (const p of procs) p.kill("SIGKILL")
+    process.off("exit", killServers)
+    killServers()
     await Promise.all(sims.map((s) => s.stop()))
     if (dir) fs.rmSync(dir, { recursive: true, force: true })
   })
@@ -91,7 +97,6 @@ export const pairs = (prefix: string): Pairs => {
       env: { ...process.env, ...o.env }
     })
     procs.push(proc)
-    process.once("exit", () => proc.kill("SIGKILL"))
     followLines(proc.stderr)
     const real = `http://127.0.0.1:${port}`
     const knobs = o.knobs ?? ["--sim-mode", "random"]
