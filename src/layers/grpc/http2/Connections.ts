@@ -35,6 +35,15 @@ export const HANDSHAKE_TIMEOUT_MS = 10_000
 export const STREAM_RESET_BURST = 10_000
 export const STREAM_RESET_RATE = 1_000
 
+/** A budget of stream resets: `burst` at once, refilled at `ratePerSec`. */
+export interface ResetBudget {
+  readonly burst: number
+  readonly ratePerSec: number
+}
+
+/** Node's rapid-reset guard as sized above, on each connection. */
+export const STREAM_RESETS: ResetBudget = { burst: STREAM_RESET_BURST, ratePerSec: STREAM_RESET_RATE }
+
 /**
  * The fewest streams one connection may hold open at once (SETTINGS_MAX_CONCURRENT_STREAMS; Node's default is
  * 2^32 - 1). Admission counts calls from their handler on: streams whose request is still arriving (or never
@@ -54,13 +63,19 @@ const MAX_SETTING = 2 ** 32 - 1
 export const concurrentStreams = (maxInflight: number, maxQueue: number): number =>
   Math.min(MAX_SETTING, Math.max(MIN_CONCURRENT_STREAMS, 2 * (maxInflight + maxQueue)))
 
-/** Each connection's HTTP/2 settings, with at most `maxConcurrentStreams` streams open at once. */
-export const sessionSettings = (maxConcurrentStreams = MIN_CONCURRENT_STREAMS): http2.ServerOptions => ({
+/**
+ * Each connection's HTTP/2 settings, with at most `maxConcurrentStreams` streams open at once and `streamResets`
+ * for Node's rapid-reset guard.
+ */
+export const sessionSettings = (
+  maxConcurrentStreams = MIN_CONCURRENT_STREAMS,
+  streamResets: ResetBudget = STREAM_RESETS
+): http2.ServerOptions => ({
   // As grpc-js: Node's 10 MB session memory cap degrades badly when reached; admission bounds calls instead.
   maxSessionMemory: Number.MAX_SAFE_INTEGER,
   maxSendHeaderBlockLength: Number.MAX_SAFE_INTEGER,
-  streamResetBurst: STREAM_RESET_BURST,
-  streamResetRate: STREAM_RESET_RATE,
+  streamResetBurst: streamResets.burst,
+  streamResetRate: streamResets.ratePerSec,
   // Metadata is limited on bytes, not on Node's default count of 128 fields (headerLimits.ts).
   maxHeaderListPairs: MAX_HEADER_LIST_PAIRS,
   // A stream past the limit is refused (RST_STREAM REFUSED_STREAM, safe to retry) by nghttp2 itself.

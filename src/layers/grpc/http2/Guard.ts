@@ -28,7 +28,7 @@ import {
   resetStep,
   STREAM_FRAME_BYTES
 } from "../../../services/grpc/FloodRule.ts"
-import { STREAM_RESET_BURST, STREAM_RESET_RATE } from "./Connections.ts"
+import { type ResetBudget, STREAM_RESETS } from "./Connections.ts"
 import { type FloodRules, type Sampled, sampleFloods } from "./floodSample.ts"
 import { type Place, Places } from "./Places.ts"
 import { counters } from "./socketCounters.ts"
@@ -87,7 +87,9 @@ export interface GuardOptions {
   readonly maxConnections?: number | undefined
   readonly floodLimits?: FloodLimits | undefined
   readonly peerFloodLimits?: FloodLimits | undefined
-  readonly peerResets?: { readonly burst: number; readonly ratePerSec: number } | undefined
+  readonly peerResets?: ResetBudget | undefined
+  /** What the server gave Node's rapid-reset guard (sessionSettings), which the guard's mirror follows. */
+  readonly streamResets?: ResetBudget | undefined
   readonly onGuard?: ((event: GuardEvent) => void) | undefined
   /** Served with TLS (mutual): the caps then close only stuck handshakes for a new connection (Places.ts). */
   readonly tls?: object | undefined
@@ -102,6 +104,7 @@ export class Guard {
   readonly #floodRules: FloodRules
   readonly #resetBurst: number
   readonly #resetRate: number
+  readonly #streamResets: ResetBudget
   readonly #onEvent: (event: GuardEvent) => void
   readonly #sessions = new Map<http2.Http2Session, Followed>()
   /** Each peer's stream resets on all its connections (PEER_RESET_BURST), while it has any not refilled. */
@@ -120,6 +123,7 @@ export class Guard {
     }
     this.#resetBurst = options.peerResets?.burst ?? PEER_RESET_BURST
     this.#resetRate = options.peerResets?.ratePerSec ?? PEER_RESET_RATE
+    this.#streamResets = options.streamResets ?? STREAM_RESETS
   }
 
   /**
@@ -178,7 +182,7 @@ export class Guard {
     const f = a as Followed
     if (f.place !== undefined) this.#places.closed(f.place)
     if (rstCode === undefined || rstCode === http2.constants.NGHTTP2_NO_ERROR) return
-    f.mirror = resetStep(f.mirror, performance.now(), STREAM_RESET_BURST, STREAM_RESET_RATE)
+    f.mirror = resetStep(f.mirror, performance.now(), this.#streamResets.burst, this.#streamResets.ratePerSec)
   }
 
   /**
@@ -236,7 +240,7 @@ export class Guard {
       session,
       accounted: 0,
       bucket: fullBucket(now, this.#floodRules.connection),
-      mirror: resetMirror(STREAM_RESET_BURST, now),
+      mirror: resetMirror(this.#streamResets.burst, now),
       refusals: resetMirror(REFUSAL_BURST, now),
       read: c?.read ?? 0,
       written: c?.written ?? 0,
@@ -253,7 +257,7 @@ export class Guard {
       f.settings++
     })
     session.on("error", (e: NodeJS.ErrnoException) => {
-      const reason = closedReason(e.errno, f.mirror, STREAM_RESET_RATE)
+      const reason = closedReason(e.errno, f.mirror, this.#streamResets.ratePerSec)
       if (reason === undefined) return
       if (reason !== "protocol_error") this.#places.cooldown(f.peer, performance.now(), FLOOD_COOLDOWN_MS)
       this.#onEvent({ kind: "closed", reason, peer: f.peer })

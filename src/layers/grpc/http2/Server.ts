@@ -88,7 +88,7 @@ export class Http2GrpcServer {
 
   /** Listens on `host`:`port`; resolves with the bound port (the real one for port 0). */
   listen(host: string, port: number): Promise<number> {
-    const settings = sessionSettings(this.#options.maxConcurrentStreams)
+    const settings = sessionSettings(this.#options.maxConcurrentStreams, this.#options.streamResets)
     const tls = this.#options.tls
     const server =
       tls === undefined

@@ -4,6 +4,7 @@ import type { FloodLimits } from "../../../services/grpc/FloodRule.ts"
 import type { GrpcFailure } from "../../../services/grpc/GrpcStatus.ts"
 import type { KeepaliveTimes } from "../../../services/grpc/Keepalive.ts"
 import type { TlsSource } from "../../../services/tls/Tls.ts"
+import type { ResetBudget } from "./Connections.ts"
 import type { GuardEvent } from "./Guard.ts"
 
 export interface Http2GrpcServerOptions {
@@ -64,7 +65,9 @@ export interface Http2GrpcServerOptions {
   /** What one peer's connections may waste together (default PEER_FLOOD_LIMITS; tests lower them). */
   readonly peerFloodLimits?: FloodLimits | undefined
   /** Stream resets one peer may make on all its connections (default PEER_RESET_BURST/RATE; tests lower them). */
-  readonly peerResets?: { readonly burst: number; readonly ratePerSec: number } | undefined
+  readonly peerResets?: ResetBudget | undefined
+  /** Stream resets one connection may make, Node's rapid-reset guard (default STREAM_RESETS; tests lower them). */
+  readonly streamResets?: ResetBudget | undefined
   /** A connection refused at accept or closed for abuse (a flood, Node's rapid-reset guard, a protocol error). */
   readonly onGuard?: ((event: GuardEvent) => void) | undefined
 }
