@@ -15,7 +15,6 @@ import {
   closedReason,
   FLOOD_LIMITS,
   type FloodBucket,
-  type FloodLimits,
   fullBucket,
   headerListBytes,
   PEER_FLOOD_LIMITS,
@@ -31,6 +30,7 @@ import {
 import { type ResetBudget, STREAM_RESETS } from "./Connections.ts"
 import { type FloodRules, type Sampled, sampleFloods } from "./floodSample.ts"
 import { type Place, Places } from "./Places.ts"
+import type { Http2GrpcServerOptions } from "./ServerOptions.ts"
 import { counters } from "./socketCounters.ts"
 
 /**
@@ -81,19 +81,18 @@ interface Followed extends Accounting, Sampled {
 /** Where the calls of a session not followed (already closed) account: nowhere that is read. */
 const nowhere: Accounting = { accounted: 0 }
 
-/** The server's options the guard reads (ServerOptions.ts). */
-export interface GuardOptions {
-  readonly maxConnectionsPerPeer?: number | undefined
-  readonly maxConnections?: number | undefined
-  readonly floodLimits?: FloodLimits | undefined
-  readonly peerFloodLimits?: FloodLimits | undefined
-  readonly peerResets?: ResetBudget | undefined
-  /** What the server gave Node's rapid-reset guard (sessionSettings), which the guard's mirror follows. */
-  readonly streamResets?: ResetBudget | undefined
-  readonly onGuard?: ((event: GuardEvent) => void) | undefined
-  /** Served with TLS (mutual): the caps then close only stuck handshakes for a new connection (Places.ts). */
-  readonly tls?: object | undefined
-}
+/** The server's options the guard reads (ServerOptions.ts says what each is). */
+export type GuardOptions = Pick<
+  Http2GrpcServerOptions,
+  | "maxConnectionsPerPeer"
+  | "maxConnections"
+  | "floodLimits"
+  | "peerFloodLimits"
+  | "peerResets"
+  | "streamResets"
+  | "onGuard"
+  | "tls"
+>
 
 /**
  * Time here is performance.now(), monotonic: a cool-down or a rate measured on the wall clock would stretch by any
@@ -116,6 +115,7 @@ export class Guard {
   constructor(options: GuardOptions) {
     this.#onEvent = options.onGuard ?? (() => {})
     const limits = { perPeer: options.maxConnectionsPerPeer ?? 0, total: options.maxConnections ?? 0 }
+    // Served with TLS (mutual), the caps close only stuck handshakes for a new connection (Places.ts).
     this.#places = new Places(limits, options.tls !== undefined, this.#onEvent)
     this.#floodRules = {
       connection: options.floodLimits ?? FLOOD_LIMITS,
