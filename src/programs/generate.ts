@@ -6,7 +6,7 @@
  */
 import { Duration, Effect, Option, Schema } from "effect"
 import { Command, Flag } from "effect/cli"
-import { ClientError, createChannel, createClient } from "nice-grpc"
+import { ClientError, createChannel, createClient, Metadata } from "nice-grpc"
 import {
   AgentDefinition,
   type ChatMessage,
@@ -16,6 +16,7 @@ import {
 import { loadClientCredentials } from "../layers/tls/clientCredentials.ts"
 import { HostPort } from "../services/config/ConfigValues.ts"
 import { statusName } from "../services/grpc/GrpcStatus.ts"
+import { formatTimeout } from "../services/grpc/Wire.ts"
 import { failureDetails } from "./connectFailure.ts"
 
 /** The call failed with a gRPC status, or the flags do not make a request. */
@@ -72,6 +73,15 @@ export const checkAddr = (addr: string): string | GenerateFailed =>
  * The stderr summary line. Its count is the final's usage (the engine's exact count) where the engine reported one,
  * else the deltas' `tokens`, engine chunks (said so: not an exact count).
  */
+/**
+ * No text came, yet the engine answered (a first token the stop sequence cut away, a token that decodes to nothing):
+ * when the agent saw its first token, from its final's timings.
+ */
+const agentTtft = (final: GenerateFinal | undefined): string => {
+  const ms = final?.timings?.timeToFirstTokenMs ?? 0
+  return ms > 0 ? ` (no text came; the agent had the engine's first token at ${ms.toFixed(1)} ms)` : ""
+}
+
 export const summaryLine = (s: {
   readonly tokens: number
   readonly ttftMs: number | undefined
@@ -86,7 +96,7 @@ export const summaryLine = (s: {
     usage !== undefined
       ? `${tokens} tokens`
       : `${tokens} tokens (engine chunks${s.final === undefined ? "" : ": the engine reported no usage"})`,
-    `time to first token ${s.ttftMs === undefined ? "-" : `${s.ttftMs.toFixed(1)} ms`}`,
+    `time to first token ${s.ttftMs === undefined ? `-${agentTtft(s.final)}` : `${s.ttftMs.toFixed(1)} ms`}`,
     `${rate.toFixed(1)} tokens/s`,
     `total ${s.totalMs.toFixed(1)} ms`
   ]
@@ -193,7 +203,8 @@ export const runGenerate = Effect.fn("generate")(function* (f: Flags) {
     (ch) => Effect.sync(() => ch.close())
   )
   const client = createClient(AgentDefinition, channel)
-  const expired = AbortSignal.timeout(Duration.toMillis(Duration.seconds(f.timeout)))
+  const timeoutMs = Duration.toMillis(Duration.seconds(f.timeout))
+  const expired = AbortSignal.timeout(timeoutMs)
   const summary = yield* Effect.tryPromise({
     try: async (signal) => {
       const started = performance.now()
@@ -206,11 +217,14 @@ export const runGenerate = Effect.fn("generate")(function* (f: Flags) {
       // already made can still fail later.
       const outputGone = new AbortController()
       process.stdout.on("error", (e) => outputGone.abort(e))
-      // nice-grpc sends no grpc-timeout; the deadline is enforced here and seen by the agent as a cancel.
+      // nice-grpc takes no deadline (grpc-js's is a call option it does not pass on), so the deadline goes as the
+      // header grpc-js would write: the agent then sheds a call it cannot answer in time and counts the expiry as
+      // DEADLINE_EXCEEDED (the reset this signal sends at that moment reads so there, http2/Call.ts resetWhy).
       const callSignal = AbortSignal.any([signal, expired, outputGone.signal])
+      const metadata = Metadata({ "grpc-timeout": formatTimeout(timeoutMs) })
       const line = () => summaryLine({ tokens, ttftMs, totalMs: performance.now() - started, final })
       try {
-        for await (const r of client.generate(req, { signal: callSignal })) {
+        for await (const r of client.generate(req, { signal: callSignal, metadata })) {
           if (r.delta !== undefined) {
             if (ttftMs === undefined) ttftMs = performance.now() - started
             tokens += r.delta.tokens

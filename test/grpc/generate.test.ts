@@ -209,7 +209,7 @@ describe("planRequest: validation", () => {
       req: { prompt: "a", sampling: { repetitionPenalty: 0 } },
       reason: "invalid_argument",
       field: "sampling.repetition_penalty",
-      says: /> 0/
+      says: /^sampling\.repetition_penalty must be > 0 and finite \(1 is neutral\), got 0$/
     },
     {
       // JSON has no infinity: it would reach the engine as null, the engine's default
@@ -300,7 +300,7 @@ describe("planRequest: validation", () => {
     // a float32 denormal: llama-server's float inverse is infinite (common_sampler_init)
     expect(refusal("llama_cpp", 1e-45)).toEqual([
       "invalid_argument",
-      "sampling.repetition_penalty must be in [2.938737e-39, finite) on llama_cpp: llama-server inverts it as a float, and refuses a penalty whose inverse is not finite; got 1e-45",
+      "sampling.repetition_penalty must be at least 2.938737e-39 and finite on llama_cpp: llama-server inverts it as a float, and refuses a penalty whose inverse is not finite; got 1e-45",
       "sampling.repetition_penalty"
     ])
     // the bound itself is taken ([min, ...)): the least float whose inverse is finite; the float below it is refused

@@ -3,6 +3,7 @@
 import { describe, expect, it } from "vitest"
 import {
   encodeStatusMessage,
+  formatTimeout,
   frameMessage,
   isGrpcContentType,
   MessageReader,
@@ -138,6 +139,23 @@ describe("parseTimeout", () => {
     expect(parseTimeout(undefined)).toBeUndefined()
     for (const bad of ["", "5", "S", "123456789S", "5s", "-1S", "1.5S", " 5S"])
       expect(parseTimeout(bad)).toBe("invalid")
+  })
+})
+
+describe("formatTimeout", () => {
+  it("the finest unit within 8 digits, rounded up, so the callee never reads an earlier deadline", () => {
+    expect(formatTimeout(1_000)).toBe("1000m")
+    expect(formatTimeout(0.2)).toBe("1m")
+    expect(formatTimeout(99_999_999)).toBe("99999999m")
+    expect(formatTimeout(100_000_000)).toBe("100000S")
+    expect(formatTimeout(2_147_483_000)).toBe("2147483S")
+    expect(formatTimeout(99_999_999_001)).toBe("1666667M")
+    expect(formatTimeout(1e14)).toBe("27777778H")
+    expect(formatTimeout(1e20)).toBe("99999999H")
+    for (const ms of [0, 1, 999, 1_000, 123_456_789, 2_147_483_000, 6e12]) {
+      const read = parseTimeout(formatTimeout(ms))
+      expect(typeof read === "number" && read >= ms).toBe(true)
+    }
   })
 })
 

@@ -494,9 +494,11 @@ describe("generate's arguments", () => {
     ])
   })
 
-  it("an agent that does not answer within --timeout: DEADLINE_EXCEEDED naming the flag, exit 1", async () => {
+  it("an agent that does not answer within --timeout: DEADLINE_EXCEEDED naming the flag, exit 1; the agent was told the deadline (grpc-timeout)", async () => {
     // a stand-in agent that takes the call and never answers
+    const timeouts: Array<string | undefined> = []
     const server = http2.createServer((req, res) => {
+      timeouts.push(req.headers["grpc-timeout"] as string | undefined)
       req.resume()
       res.writeHead(200, { "content-type": "application/grpc" })
     })
@@ -510,6 +512,8 @@ describe("generate's arguments", () => {
         1,
         "cgn-agent: DEADLINE_EXCEEDED: no complete answer within 1s (--timeout)\n"
       ])
+      // without it the agent can neither shed the call by its deadline nor count its end as DEADLINE_EXCEEDED
+      expect(timeouts).toEqual(["1000m"])
     } finally {
       for (const session of sessions) session.destroy()
       await new Promise<void>((resolve) => server.close(() => resolve()))

@@ -38,6 +38,14 @@ describe("generate's summary line", () => {
     )
   })
 
+  it("no delta came yet the engine answered (a first token its stop sequence cut away): the agent's time beside '-'", () => {
+    const usage = { promptTokens: 1, completionTokens: 1, totalTokens: 2 }
+    const timings = { timeToFirstTokenMs: 12.9, totalMs: 61, queueMs: 0 }
+    expect(summaryLine({ tokens: 0, ttftMs: undefined, totalMs: 61.3, final: { ...final(usage), timings } })).toBe(
+      "1 tokens, time to first token - (no text came; the agent had the engine's first token at 12.9 ms), 0.0 tokens/s, total 61.3 ms, finish length, request r1"
+    )
+  })
+
   it("says the count is engine chunks when the engine reported no usage, or when no final came", () => {
     expect(summaryLine({ tokens: 2, ttftMs: 10, totalMs: 20, final: final() })).toMatch(
       /^2 tokens \(engine chunks: the engine reported no usage\), /

@@ -2,13 +2,20 @@
 
 /**
  * The last value of `flag` in argv (`--flag value` or `--flag=value`), or undefined when it is not given: argparse and
- * llama-server keep the last of a repeated flag, so an operator's `engine.args`, after the rendered ones, win.
+ * llama-server keep the last of a repeated flag, so an operator's `engine.args`, after the rendered ones, win. A list
+ * names one option's spellings (llama-server's `-np` and `--parallel`): the last of any of them.
  */
-export const lastFlagValue = (argv: ReadonlyArray<string>, flag: string): string | undefined => {
+export const lastFlagValue = (
+  argv: ReadonlyArray<string>,
+  flag: string | ReadonlyArray<string>
+): string | undefined => {
+  const flags = typeof flag === "string" ? [flag] : flag
   let value: string | undefined
   argv.forEach((arg, i) => {
-    if (arg === flag) value = argv[i + 1] ?? ""
-    else if (arg.startsWith(`${flag}=`)) value = arg.slice(flag.length + 1)
+    for (const f of flags) {
+      if (arg === f) value = argv[i + 1] ?? ""
+      else if (arg.startsWith(`${f}=`)) value = arg.slice(f.length + 1)
+    }
   })
   return value
 }

@@ -169,7 +169,7 @@ export interface RequestDialect {
   readonly topKOff?: number
   /**
    * Sampling fields the engine takes in a narrower range than the agent's own (inclusive bounds, by the agent's body
-   * name): a call outside it is refused here, naming the engine's rule, rather than sent for the engine's 400.
+   * name): a call outside it is refused here, naming the engine's rule (`text` ends "x must be ...": "in (0, 2]").
    */
   readonly ranges?: Readonly<
     Record<string, { readonly min: number; readonly max: number; readonly text: string; readonly why: string }>

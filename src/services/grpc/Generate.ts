@@ -70,18 +70,19 @@ interface Range {
   readonly min: number
   readonly max: number
   readonly minOpen?: boolean
+  /** What completes "sampling.x must be ...": "in 0..2". */
   readonly text: string
 }
 const RANGES: ReadonlyArray<Range & { readonly key: keyof Sampling; readonly body: string }> = [
-  { key: "temperature", body: "temperature", field: "sampling.temperature", min: 0, max: 2, text: "0..2" },
-  { key: "topP", body: "top_p", field: "sampling.top_p", min: 0, max: 1, minOpen: true, text: "(0, 1]" },
+  { key: "temperature", body: "temperature", field: "sampling.temperature", min: 0, max: 2, text: "in 0..2" },
+  { key: "topP", body: "top_p", field: "sampling.top_p", min: 0, max: 1, minOpen: true, text: "in (0, 1]" },
   {
     key: "presencePenalty",
     body: "presence_penalty",
     field: "sampling.presence_penalty",
     min: -2,
     max: 2,
-    text: "-2..2"
+    text: "in -2..2"
   },
   {
     key: "frequencyPenalty",
@@ -89,7 +90,7 @@ const RANGES: ReadonlyArray<Range & { readonly key: keyof Sampling; readonly bod
     field: "sampling.frequency_penalty",
     min: -2,
     max: 2,
-    text: "-2..2"
+    text: "in -2..2"
   },
   {
     key: "repetitionPenalty",
@@ -143,12 +144,12 @@ const samplingBody = (
     const low = r.minOpen === true ? v <= r.min : v < r.min
     // NaN, and infinity (JSON has none: it would reach the engine as null, read as unset)
     if (!Number.isFinite(v) || low || v > r.max)
-      return reject("invalid_argument", `${r.field} must be in ${r.text}, got ${v}`, r.field)
+      return reject("invalid_argument", `${r.field} must be ${r.text}, got ${v}`, r.field)
     const own = dialect.ranges?.[r.body]
     if (own !== undefined && (v < own.min || v > own.max))
       return reject(
         "invalid_argument",
-        `${r.field} must be in ${own.text} on ${config.engine.kind}: ${own.why}; got ${v}`,
+        `${r.field} must be ${own.text} on ${config.engine.kind}: ${own.why}; got ${v}`,
         r.field
       )
     body[dialect.fieldNames?.[r.body] ?? r.body] = v

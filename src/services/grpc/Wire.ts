@@ -149,6 +149,18 @@ export const parseTimeout = (value: string | undefined): number | undefined | "i
 }
 
 /**
+ * A timeout in milliseconds as a client writes `grpc-timeout`: at most 8 digits (grpc/grpc doc/PROTOCOL-HTTP2.md), in
+ * the finest of m, S, M, H that holds it, rounded up so that the callee's deadline is never earlier than the caller's.
+ */
+export const formatTimeout = (ms: number): string => {
+  for (const unit of ["m", "S", "M", "H"]) {
+    const n = Math.max(0, Math.ceil(ms / UNIT_MS[unit]!))
+    if (n <= 99_999_999) return `${n}${unit}`
+  }
+  return "99999999H"
+}
+
+/**
  * `grpc-message` encoding: UTF-8, with every byte outside printable ASCII and "%" itself written as %XX.
  * encodeURIComponent would also escape spaces and punctuation that the spec leaves readable.
  */

@@ -8,6 +8,7 @@
  * `tools/server/server-http.cpp`, `middleware_server_state`).
  */
 import type { AgentConfig } from "../../../services/config/Config.ts"
+import { lastFlagValue } from "../../../services/engine/ArgvFlags.ts"
 import type { Engine, ExitHint, MetricNames } from "../../../services/engine/Engine.ts"
 import { assemble, listenOf, metricsAt, optionalFlag } from "./common.ts"
 import { commandLineHint, modelKey, nowValue, sourceKey } from "./hints.ts"
@@ -49,6 +50,35 @@ const exitHints = (config: AgentConfig): ReadonlyArray<ExitHint> => [
   },
   commandLineHint(config, llamaCpp.capabilities.displayName)
 ]
+
+/**
+ * llama-server's slots, the requests it decodes at once: `-np`/`--parallel` (the last given), else the
+ * LLAMA_ARG_N_PARALLEL it reads when the flag is absent (common/arg.cpp), else -1, "auto", which
+ * tools/server/server.cpp makes 4. Undefined when the value is not an integer (llama-server then refuses to start).
+ */
+export const llamaServerSlots = (args: ReadonlyArray<string>, env: Readonly<Record<string, string>>) => {
+  const given = lastFlagValue(args, ["-np", "--parallel"]) ?? env.LLAMA_ARG_N_PARALLEL
+  const n = given === undefined ? -1 : Number(given)
+  if (!Number.isInteger(n)) return undefined
+  return n < 0 ? 4 : n
+}
+
+/**
+ * More calls relayed at once than llama-server has slots wait in llama-server's own queue, where a cancelled one
+ * keeps its place and is still run once a slot frees, its prompt evaluated for nobody (ggml-org/llama.cpp#13262,
+ * seen on the real server: every call of a 32-call burst cancelled by its deadline was given a slot afterwards).
+ * Waiting in the agent instead (agent.max_inflight at the slots), a cancelled call is dropped at once, and a call
+ * whose deadline cannot be met is shed while the router can still try another node.
+ */
+const slotWarnings = (config: AgentConfig): ReadonlyArray<string> => {
+  const slots = llamaServerSlots([...config.model.args, ...config.engine.args], config.engine.env)
+  const inflight = config.agent.max_inflight
+  return slots === undefined || inflight <= slots
+    ? []
+    : [
+        `agent.max_inflight (${inflight}) is above llama-server's ${slots} slots (-np/--parallel in engine.args; 4 when not given): calls beyond the slots wait in llama-server's own queue, where a cancelled call keeps its place and is still run. Set agent.max_inflight = ${slots} so they wait in the agent, which drops a cancelled call at once and sheds one its deadline cannot meet`
+      ]
+}
 
 /** llama-server's series (with `--metrics`) that carry the load signals and progress (capabilities.metricNames). */
 const METRICS: MetricNames = {
@@ -101,7 +131,7 @@ export const llamaCpp: Engine = {
         repetition_penalty: {
           min: 2.938737e-39,
           max: Number.POSITIVE_INFINITY,
-          text: "[2.938737e-39, finite)",
+          text: "at least 2.938737e-39 and finite",
           why: "llama-server inverts it as a float, and refuses a penalty whose inverse is not finite"
         }
       }
@@ -147,6 +177,7 @@ export const llamaCpp: Engine = {
       probe: { kind: "http", url: config.agent.ready_probe_url ?? `${listen.baseUrl}/health` },
       metrics: metricsAt(listen, METRICS),
       exitHints: exitHints(config),
+      warnings: slotWarnings(config),
       logLevels: LLAMA_CPP_MARKS
     })
   }

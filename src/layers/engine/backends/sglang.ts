@@ -121,7 +121,7 @@ export const sglang: Engine = {
     // SamplingParams.verify (python/sglang/srt/sampling/sampling_params.py): "repetition_penalty must be in (0, 2]"
     requestDialect: {
       ranges: {
-        repetition_penalty: { min: 0, max: 2, text: "(0, 2]", why: "SGLang's sampling parameters allow no more" }
+        repetition_penalty: { min: 0, max: 2, text: "in (0, 2]", why: "SGLang's sampling parameters allow no more" }
       }
     },
     // CompletionRequest and ChatCompletionRequest take the bootstrap fields (python/sglang/srt/entrypoints/openai/
