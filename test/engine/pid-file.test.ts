@@ -9,7 +9,7 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { Effect, Fiber, Logger } from "effect"
 import { afterEach, describe, expect, it, vi } from "vitest"
-import { type PidRecord, pidFilePath, reclaim, writePidFile } from "../../src/layers/engine/pidFile.ts"
+import { type PidRecord, pidFileOfRun, pidFilePath, reclaim, writePidFile } from "../../src/layers/engine/pidFile.ts"
 import { groupAlive, processExe, processStartMs } from "../../src/layers/engine/processGroup.ts"
 import { testPlan } from "../../src/testing/EngineProcess.ts"
 import { freePort } from "../support/ports.ts"
@@ -165,5 +165,34 @@ describe("writePidFile", () => {
     )
     expect(lines.join("\n")).toContain("cannot write the engine pid file")
     expect(lines.join("\n")).toContain("ENOTDIR")
+  })
+})
+
+describe("a run's pid file", () => {
+  it("is removed at the run's end once its group is gone, and kept (said) while a process of it lives on", async () => {
+    dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-pidfile-"))
+    const file = pidFilePath(dir)
+    const lines: Array<string> = []
+    const logger = Logger.make(({ message }) => lines.push(JSON.stringify(message)))
+    const runWith = (pgid: number) =>
+      Effect.runPromise(
+        Effect.scoped(
+          Effect.flatMap(pidFileOfRun(file), (pidFile) => pidFile.write(recordOf(pgid, process.pid, undefined, 8000)))
+        ).pipe(Effect.provide(Logger.layer([logger])))
+      )
+    // a group still alive when the run's scope closes (one that survived the teardown's SIGKILL): its record stays for
+    // the next run's wait and a later agent's reclaim
+    const lingering = group("sleep 60")
+    await started(lingering.pid)
+    await runWith(lingering.pid)
+    expect(fs.existsSync(file)).toBe(true)
+    expect(JSON.parse(fs.readFileSync(file, "utf8")).pgid).toBe(lingering.pid)
+    expect(lines.join("\n")).toContain("kept: the engine group it names is still alive after its stop")
+    // a group gone by then: removed
+    process.kill(-lingering.pid, "SIGKILL")
+    await new Promise<void>((resolve) => lingering.once("exit", () => resolve()))
+    for (let i = 0; i < 200 && groupAlive(lingering.pid); i++) await new Promise((r) => setTimeout(r, 10))
+    await runWith(lingering.pid)
+    expect(fs.existsSync(file)).toBe(false)
   })
 })

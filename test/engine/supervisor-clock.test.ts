@@ -19,7 +19,7 @@ import { runEnding } from "../../src/services/grpc/EngineCut.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"
 import { testPlan } from "../../src/testing/EngineProcess.ts"
 import * as MetricsTest from "../../src/testing/Metrics.ts"
-import { fakePid, makeFakeHost } from "../support/fakeEngineHost.ts"
+import { type FakeHostOptions, fakePid, makeFakeHost } from "../support/fakeEngineHost.ts"
 import { settle } from "../support/poll.ts"
 import { freePort } from "../support/ports.ts"
 
@@ -45,42 +45,44 @@ const label = (s: EngineState): string =>
   s._tag === "Starting" ? `Starting(${s.run}, ${s.phase})` : s._tag === "Ready" ? `Ready(${s.run})` : s._tag
 
 /** The production supervisor over a fake host in a temporary state dir, with every state it publishes recorded. */
-const boot = Effect.gen(function* () {
-  const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-clock-"))
-  yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(stateDir, { recursive: true, force: true })))
-  const port = yield* Effect.promise(freePort)
-  const plan = testPlan({ port, probe: { kind: "http", url: `http://127.0.0.1:${port}/health` } })
-  // the test reports each run's pid (the guard's report), to see the supervisor before and after it
-  const fake = yield* makeFakeHost({ pidAtSpawn: false, lastLines: (run) => [`[stderr] run ${run} output`] })
-  // the text of every line the supervisor logs (its message, without the fields), and each line's fields
-  const logs: Array<string> = []
-  const fieldsOf: Array<Record<string, unknown>> = []
-  const capture = Logger.make(({ message }) => {
-    const [first, fields] = [message].flat()
-    if (typeof first !== "string") return
-    logs.push(first)
-    fieldsOf.push(typeof fields === "object" && fields !== null ? (fields as Record<string, unknown>) : {})
-  })
-  const context = yield* Layer.build(
-    layerFromPlan(plan, settings(stateDir)).pipe(
-      Layer.provideMerge(MetricsTest.layerTest),
-      Layer.provide(Layer.succeed(EngineHost, fake.host)),
-      Layer.provide(Logger.layer([capture]))
+const bootWith = (host: Pick<FakeHostOptions, "stopSurvives"> = {}) =>
+  Effect.gen(function* () {
+    const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-clock-"))
+    yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(stateDir, { recursive: true, force: true })))
+    const port = yield* Effect.promise(freePort)
+    const plan = testPlan({ port, probe: { kind: "http", url: `http://127.0.0.1:${port}/health` } })
+    // the test reports each run's pid (the guard's report), to see the supervisor before and after it
+    const fake = yield* makeFakeHost({ pidAtSpawn: false, lastLines: (run) => [`[stderr] run ${run} output`], ...host })
+    // the text of every line the supervisor logs (its message, without the fields), and each line's fields
+    const logs: Array<string> = []
+    const fieldsOf: Array<Record<string, unknown>> = []
+    const capture = Logger.make(({ message }) => {
+      const [first, fields] = [message].flat()
+      if (typeof first !== "string") return
+      logs.push(first)
+      fieldsOf.push(typeof fields === "object" && fields !== null ? (fields as Record<string, unknown>) : {})
+    })
+    const context = yield* Layer.build(
+      layerFromPlan(plan, settings(stateDir)).pipe(
+        Layer.provideMerge(MetricsTest.layerTest),
+        Layer.provide(Layer.succeed(EngineHost, fake.host)),
+        Layer.provide(Logger.layer([capture]))
+      )
     )
-  )
-  const engine = Context.get(context, EngineProcess)
-  const metrics = Context.get(context, Metrics)
-  const states: Array<EngineState> = []
-  yield* engine.changes.pipe(
-    Stream.runForEach((s) => Effect.sync(() => states.push(s))),
-    Effect.forkScoped
-  )
-  const last = () => states[states.length - 1]
-  fake.seen.observe = () => last()?._tag
-  const runAt = (i: number) => Effect.map(Ref.get(fake.runs), (xs) => xs[i])
-  const stateIs = (pred: (s: EngineState) => boolean) => Effect.sync(() => last() !== undefined && pred(last()!))
-  return { stateDir, fake, engine, metrics, states, last, runAt, stateIs, logs, fieldsOf }
-})
+    const engine = Context.get(context, EngineProcess)
+    const metrics = Context.get(context, Metrics)
+    const states: Array<EngineState> = []
+    yield* engine.changes.pipe(
+      Stream.runForEach((s) => Effect.sync(() => states.push(s))),
+      Effect.forkScoped
+    )
+    const last = () => states[states.length - 1]
+    fake.seen.observe = () => last()?._tag
+    const runAt = (i: number) => Effect.map(Ref.get(fake.runs), (xs) => xs[i])
+    const stateIs = (pred: (s: EngineState) => boolean) => Effect.sync(() => last() !== undefined && pred(last()!))
+    return { stateDir, fake, engine, metrics, states, last, runAt, stateIs, logs, fieldsOf }
+  })
+const boot = bootWith()
 
 describe("EngineProcess on a TestClock", () => {
   it.effect("start -> Ready -> crash -> backoff -> restart -> Ready -> stop", () =>
@@ -444,6 +446,61 @@ describe("EngineProcess on a TestClock", () => {
         )
         yield* quiesce
         assert.isFalse(logs.some((l) => l.startsWith("engine run 4 ready after")))
+      })
+  )
+})
+
+describe("EngineProcess on a TestClock, a run whose group survives SIGKILL", () => {
+  it.effect(
+    "the next run waits for the group to exit, in its phase and the log, not spawned on its port and GPUs",
+    () =>
+      Effect.gen(function* () {
+        const { fake, states, last, runAt, stateIs, logs } = yield* bootWith({ stopSurvives: (run) => run === 0 })
+        yield* settle(
+          "run 0 spawned",
+          Effect.map(runAt(0), (r) => r !== undefined)
+        )
+        const run0 = (yield* runAt(0))!
+        yield* Deferred.succeed(run0.pid, fakePid(0))
+        yield* Ref.set(fake.up, true)
+        yield* TestClock.adjust(500)
+        yield* settle(
+          "run 0 Ready",
+          stateIs((s) => s._tag === "Ready")
+        )
+        // the engine's leader dies; a process of its group, stuck in the kernel, outlives the teardown's SIGKILL
+        yield* Deferred.succeed(run0.exited, { code: null, signal: "SIGSEGV", problem: undefined })
+        yield* settle(
+          "Restarting",
+          stateIs((s) => s._tag === "Restarting")
+        )
+        yield* TestClock.adjust(2_000)
+        const waiting = `waiting for run 0's engine group ${fakePid(0)} to exit (it survived SIGKILL)`
+        yield* settle(
+          "run 1 waits for run 0's group",
+          stateIs((s) => s._tag === "Starting" && s.phase === waiting)
+        )
+        assert.include(logs.join("\n"), `engine group ${fakePid(0)} of run 0 survived SIGKILL and is still alive`)
+        // a minute on, still waiting, said again; nothing spawned
+        yield* TestClock.adjust(60_000)
+        yield* quiesce
+        assert.strictEqual((yield* Ref.get(fake.runs)).length, 1, "no run spawned while the group lives")
+        assert.strictEqual(logs.filter((l) => l.includes("survived SIGKILL and is still alive")).length, 2)
+        // the group goes: run 1 is spawned within the poll
+        yield* Ref.set(run0.alive, false)
+        yield* TestClock.adjust(1_000)
+        yield* settle(
+          "run 1 spawned",
+          Effect.map(runAt(1), (r) => r !== undefined)
+        )
+        assert.include(logs.join("\n"), `engine group ${fakePid(0)} of run 0 is gone; starting the next run`)
+        assert.strictEqual(last()?._tag, "Starting")
+        assert.deepStrictEqual(states.map(label).slice(-4), [
+          "Restarting",
+          "Starting(1, spawning)",
+          `Starting(1, ${waiting})`,
+          "Starting(1, spawning)"
+        ])
       })
   )
 })

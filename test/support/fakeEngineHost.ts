@@ -25,6 +25,8 @@ export interface FakeRun {
   readonly stops: Ref.Ref<number>
   /** What `observe` said (the supervisor's state, as the test saw it) when this run's stop began. */
   readonly stateAtStop: () => string | undefined
+  /** Its group's life after its stop: with `stopSurvives`, true (a group that survived SIGKILL) until the test ends it. */
+  readonly alive: Ref.Ref<boolean>
 }
 
 export interface FakeHostOptions {
@@ -34,6 +36,8 @@ export interface FakeHostOptions {
   readonly stopExit?: Omit<RunExit, "problem">
   /** The engine's last lines for run `run` (default none). */
   readonly lastLines?: (run: number) => ReadonlyArray<string>
+  /** Runs whose stop finds their group survived SIGKILL: it stays alive until the test sets `alive` false. */
+  readonly stopSurvives?: (run: number) => boolean
 }
 
 export interface FakeHost {
@@ -52,7 +56,12 @@ export interface FakeHost {
 
 export const makeFakeHost = (options: FakeHostOptions = {}): Effect.Effect<FakeHost> =>
   Effect.gen(function* () {
-    const { pidAtSpawn = true, stopExit = { code: null, signal: "SIGTERM" }, lastLines = () => [] } = options
+    const {
+      pidAtSpawn = true,
+      stopExit = { code: null, signal: "SIGTERM" },
+      lastLines = () => [],
+      stopSurvives = () => false
+    } = options
     const runs = yield* Ref.make<ReadonlyArray<FakeRun>>([])
     const up = yield* Ref.make(false)
     const answer = yield* Ref.make<ProbeResult | undefined>(undefined)
@@ -68,7 +77,8 @@ export const makeFakeHost = (options: FakeHostOptions = {}): Effect.Effect<FakeH
             pid: yield* Deferred.make<number | undefined>(),
             exited: yield* Deferred.make<RunExit>(),
             stops: yield* Ref.make(0),
-            stateAtStop: () => atStop
+            stateAtStop: () => atStop,
+            alive: yield* Ref.make(false)
           }
           if (pidAtSpawn) yield* Deferred.succeed(run.pid, fakePid(spawn.run))
           // Like the guard: a stop ends the engine on its TERM; memoized as the live stop is, so the supervisor's
@@ -81,7 +91,8 @@ export const makeFakeHost = (options: FakeHostOptions = {}): Effect.Effect<FakeH
               Effect.andThen(Effect.flatMap(Ref.get(holdStops), (hold) => (hold ? Deferred.await(hold) : Effect.void))),
               Effect.andThen(Ref.update(run.stops, (n) => n + 1)),
               Effect.andThen(Deferred.succeed(run.exited, { ...stopExit, problem: undefined })),
-              Effect.as("terminated" as const)
+              Effect.andThen(stopSurvives(spawn.run) ? Ref.set(run.alive, true) : Effect.void),
+              Effect.map(() => (stopSurvives(spawn.run) ? ("survived" as const) : ("terminated" as const)))
             )
           )
           yield* Effect.addFinalizer(() => stop)
@@ -95,7 +106,8 @@ export const makeFakeHost = (options: FakeHostOptions = {}): Effect.Effect<FakeH
             stop,
             drainOutput: () => Effect.void,
             // no sockets: nothing to tell by, as where /proc cannot say
-            portHolder: () => Effect.succeed("unknown" as const)
+            portHolder: () => Effect.succeed("unknown" as const),
+            groupAlive: Ref.get(run.alive)
           }
         }),
       probe: () =>

@@ -41,7 +41,7 @@ import { Metrics } from "../../services/observability/Metrics.ts"
 import { background } from "../observability/backgroundFiber.ts"
 import { cpuCacheReport } from "./cpuCache.ts"
 import { reclaim } from "./pidFile.ts"
-import { keepExit, type RunRefs, runOnce } from "./runOnce.ts"
+import { keepExit, type Lingering, type RunRefs, runOnce } from "./runOnce.ts"
 import { holdStateDir } from "./stateLock.ts"
 import { type SupervisorSettings, settingsFromConfig } from "./supervisorSettings.ts"
 import type { Supervision } from "./watch.ts"
@@ -105,7 +105,8 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
   const refs: RunRefs = {
     exits: yield* Ref.make<ReadonlyArray<ExitRecord>>([]),
     currentPid: yield* Ref.make<number | undefined>(undefined),
-    oomKillsTotal: metrics?.engineOomKills
+    oomKillsTotal: metrics?.engineOomKills,
+    lingering: yield* Ref.make<Lingering | undefined>(undefined)
   }
   const restarts = yield* Ref.make(0)
   // The runs in a row that ended before being stable when the current run began: its Ready ends that series (logged).

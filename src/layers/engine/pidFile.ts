@@ -101,14 +101,26 @@ export const removePidFile = (file: string): Effect.Effect<void> =>
 /**
  * The pid file of one run as a resource: acquired before the run is spawned, so its release (the removal) runs
  * after the run's teardown has confirmed the group gone; `write` records the group once its pid is known, with the
- * executable its leader runs (read now, the spawn having exec'd it).
+ * executable its leader runs (read now, the spawn having exec'd it). A group that survived the teardown's SIGKILL
+ * keeps its record: the next run waits for it (runOnce.ts), and an agent started after this one stops or refuses
+ * it (`reclaim`) instead of starting a second engine beside it.
  */
 export const pidFileOfRun = (file: string) =>
   Effect.acquireRelease(
-    Effect.succeed({
-      write: (record: PidRecord) => writePidFile(file, { ...record, exe: record.exe ?? processExe(record.pgid) })
+    Effect.sync(() => {
+      let pgid: number | undefined
+      return {
+        write: (record: PidRecord) => {
+          pgid = record.pgid
+          return writePidFile(file, { ...record, exe: record.exe ?? processExe(record.pgid) })
+        },
+        alive: () => pgid !== undefined && groupAlive(pgid)
+      }
     }),
-    () => removePidFile(file)
+    (recorded) =>
+      recorded.alive()
+        ? Effect.logWarning(`${file} kept: the engine group it names is still alive after its stop`)
+        : removePidFile(file)
   )
 
 /** Whether something accepts TCP connections on host:port (wildcard hosts are checked on loopback). */

@@ -114,7 +114,8 @@ const notStarted = (
   stop: Effect.succeed("gone"),
   lastLines: Effect.succeed([]),
   drainOutput: () => Effect.void,
-  portHolder: () => Effect.succeed("unknown")
+  portHolder: () => Effect.succeed("unknown"),
+  groupAlive: Effect.succeed(false)
 })
 
 /** Spawns one run through the guard at `guardEntry`; the run lives until the caller's scope closes. */
@@ -303,6 +304,7 @@ export const spawnRun =
         // the group is not known, an answer on the port cannot be told from a foreign listener's, and "unknown"
         // (trust the probe) let one make the run Ready. No pid at all means no engine: nothing on the port is its.
         portHolder: (port) =>
-          Effect.map(Deferred.await(pid), (pgid) => (pgid === undefined ? "other" : portHolder(port, pgid)))
+          Effect.map(Deferred.await(pid), (pgid) => (pgid === undefined ? "other" : portHolder(port, pgid))),
+        groupAlive: Effect.map(valueIfDone(pid), (pgid) => pgid !== undefined && groupAlive(pgid))
       } satisfies EngineRun
     })

@@ -24,7 +24,52 @@ export interface RunRefs {
   readonly currentPid: Ref.Ref<number | undefined>
   /** cgn_agent_engine_oom_kills_total, when the agent has metrics. */
   readonly oomKillsTotal: Counter | undefined
+  /** A run whose group survived SIGKILL at its stop, while it may still be alive: the next spawn waits for it. */
+  readonly lingering: Ref.Ref<Lingering | undefined>
 }
+
+export interface Lingering {
+  readonly run: number
+  readonly pid: number
+  readonly alive: Effect.Effect<boolean>
+}
+
+/** How often a group that survived SIGKILL is looked at, and how often the wait for it is logged again. */
+const LINGER_POLL_MS = 1_000
+const LINGER_LOG_EVERY_MS = 60_000
+
+/**
+ * The last run's group survived SIGKILL (a process in uninterruptible sleep: a GPU driver hang, a dead network
+ * mount) and may still hold the engine's port and GPU memory: a run started now would fail at bind or load, again and
+ * again, counted as a crash loop that says "another process holds that port". The next run waits for it instead,
+ * in its phase and in a log line a minute, however long it takes: no second engine on the same GPUs, as at the
+ * agent's start (pidFile.ts reclaim refuses a group that survives SIGKILL).
+ */
+const awaitLingering = (s: Supervision, refs: RunRefs) =>
+  Effect.gen(function* () {
+    const l = yield* Ref.get(refs.lingering)
+    if (l === undefined) return
+    let loggedAt: number | undefined
+    while (yield* l.alive) {
+      const at = yield* Clock.currentTimeMillis
+      if (loggedAt === undefined) {
+        const phase = `waiting for run ${l.run}'s engine group ${l.pid} to exit (it survived SIGKILL)`
+        yield* s.publish(Event.Phase({ phase, at }))
+      }
+      if (loggedAt === undefined || at - loggedAt >= LINGER_LOG_EVERY_MS) {
+        loggedAt = at
+        yield* Effect.logError(
+          `engine group ${l.pid} of run ${l.run} survived SIGKILL and is still alive; the next run waits for it to exit (a process stuck in the kernel, state D in ps -o pid,stat,wchan -g ${l.pid}: often a GPU driver hang, see dmesg and nvidia-smi)`
+        )
+      }
+      yield* Effect.sleep(LINGER_POLL_MS)
+    }
+    if (loggedAt !== undefined) {
+      yield* Effect.logInfo(`engine group ${l.pid} of run ${l.run} is gone; starting the next run`)
+      yield* s.publish(Event.Phase({ phase: "spawning", at: yield* Clock.currentTimeMillis }))
+    }
+    yield* Ref.set(refs.lingering, undefined)
+  })
 
 interface Spawned {
   readonly run: EngineRun
@@ -106,6 +151,7 @@ const spawn = (
 ) =>
   Effect.gen(function* () {
     const { plan, settings } = s
+    yield* awaitLingering(s, refs)
     // A restart onto GPUs still held by the last run's leftovers would fail at load: wait for them first.
     if (Option.isSome(gate)) yield* gate.value.awaitFree
     // GPUs chosen after the agent's start (NVML silent then) reach the run here; [engine].env keeps the last word.
@@ -197,7 +243,8 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
         const ending = { kind: "exited", status: how } as const
         yield* s.publish(Event.LivenessLost({ reason: RunEndWords.ending(ending), at, ending }))
       }
-      yield* sp.run.stop
+      if ((yield* sp.run.stop) === "survived" && sp.pid !== undefined)
+        yield* Ref.set(refs.lingering, { run, pid: sp.pid, alive: sp.run.groupAlive })
       yield* Deferred.await(sp.run.exited).pipe(Effect.timeout(2_000), Effect.ignore)
       // The exit record's last lines are what its hint is read from, and an engine dying at start prints its cause
       // just before it exits: give the output pumps, which may lag on a loaded host, up to a second to reach the

@@ -37,6 +37,11 @@ export interface EngineRun {
   readonly drainOutput: (ms: number) => Effect.Effect<void>
   /** Who listens on `port` now; "unknown" until the pid is known. */
   readonly portHolder: (port: number) => Effect.Effect<PortHolder>
+  /**
+   * Whether a process of the run's group is alive now (false before its pid is known): after a stop that found the
+   * group survived SIGKILL (a process stuck in the kernel), the next run waits until this is false.
+   */
+  readonly groupAlive: Effect.Effect<boolean>
 }
 
 export interface SpawnOptions {
