@@ -51,7 +51,7 @@ export const defectLine = (defect: unknown): { readonly msg: string; readonly st
  * Runs `self` under the daemon's logging (the same level rules as its own), and writes a failure as a `fatal` log
  * line with the exit code it gets, failing with FatalLogged; a defect too (exit 1), which would otherwise be printed
  * by the runtime's teardown as plain text with a stack, after the JSON lines. An interruption (a signal while starting)
- * passes through, said in an info line.
+ * passes through, to `saidIfStoppedWhileStarting`, which `run` puts around its whole start.
  */
 export const logFatal =
   (configured: (typeof LogLevels)[number], flag: LogLevel | undefined) =>
@@ -70,12 +70,22 @@ export const logFatal =
           Effect.andThen(Effect.fail(new FatalLogged({ exitCode: 1 })))
         )
       }),
-      // a SIGTERM or SIGINT before the daemon routes them to its drain (runMain.ts) interrupts its start: said, as
-      // the last line, instead of an exit 130 with nothing logged after the start's own lines
-      Effect.onInterrupt(() =>
-        Effect.logInfo("cgn-agent stopped by a signal while starting: nothing was served yet; its start undone", {
-          exit_code: 130
-        })
-      ),
       Effect.provide(Logging.layer(configured, flag))
+    )
+
+/**
+ * The one place that says a signal ended `run`'s start. A SIGTERM or SIGINT before the daemon routes them to its
+ * drain (runMain.ts interrupts the main fiber then) ends the start with exit 130: said as the last line, instead of
+ * nothing after the start's own lines. Put around all of the start, not the daemon alone: the config's load,
+ * `preflight` (a TLS file on a slow mount) and the state_dir checks come first, and a signal there ended with exit
+ * 130 and no line (a lifecycle review). `configured`: the config's log level once it is read, else undefined (the
+ * schema's default, info, with CGN_LOG_LEVEL and `--log-level` over it as for every line).
+ */
+export const saidIfStoppedWhileStarting =
+  (configured: () => (typeof LogLevels)[number] | undefined, flag: LogLevel | undefined) =>
+  <A, E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
+    Effect.onInterrupt(self, () =>
+      Effect.logInfo("cgn-agent stopped by a signal while starting: nothing was served yet; its start undone", {
+        exit_code: 130
+      }).pipe(Effect.provide(Logging.layer(configured() ?? "info", flag)))
     )

@@ -1,7 +1,8 @@
 /**
  * `cgn-agent run --config F`: the daemon (programs/main.ts). Also what `node dist/main.js --config F`
  * runs. A bad config (or a failed `check` preflight) exits 2 before anything starts, as plain lines; an error after
- * that is the daemon's last log line, level fatal (fatal.ts); SIGTERM, SIGINT or POST /drain drain it, exit 0.
+ * that is the daemon's last log line, level fatal (fatal.ts); SIGTERM, SIGINT or POST /drain drain it, exit 0. A
+ * signal before it serves ends the start, exit 130, its last line saying so (fatal.ts `saidIfStoppedWhileStarting`).
  */
 import { Effect, Option } from "effect"
 import { Command, GlobalFlag } from "effect/cli"
@@ -9,7 +10,7 @@ import { engineOf } from "../layers/engine/backends/index.ts"
 import { type AgentConfig, ConfigError } from "../services/config/Config.ts"
 import { preflight } from "./check.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
-import { logFatal } from "./fatal.ts"
+import { logFatal, saidIfStoppedWhileStarting } from "./fatal.ts"
 import { stateDirLine, stateDirProblem } from "./hostChecks.ts"
 import { runDaemon } from "./main.ts"
 
@@ -37,13 +38,17 @@ const stateDirRefused = (c: AgentConfig) =>
 // over (it wins over CGN_LOG_LEVEL and `[agent].log_level`).
 export const run = Command.make("run", { config: configFlag }, ({ config }) =>
   Effect.gen(function* () {
-    const level = yield* GlobalFlag.LogLevel
-    const resolved = yield* loadConfig(config)
-    yield* preflight(resolved)
-    yield* stateDirRefused(resolved)
-    const flag = Option.getOrUndefined(level)
-    // from here on the daemon logs JSON lines: an error that ends it is its last one (fatal.ts)
-    return yield* runDaemon(resolved, flag).pipe(logFatal(resolved.agent.log_level, flag))
+    const flag = Option.getOrUndefined(yield* GlobalFlag.LogLevel)
+    // the config's log level once read: the level of the line a signal while starting ends with (fatal.ts)
+    let configured: AgentConfig["agent"]["log_level"] | undefined
+    return yield* Effect.gen(function* () {
+      const resolved = yield* loadConfig(config)
+      configured = resolved.agent.log_level
+      yield* preflight(resolved)
+      yield* stateDirRefused(resolved)
+      // from here on the daemon logs JSON lines: an error that ends it is its last one (fatal.ts)
+      return yield* runDaemon(resolved, flag).pipe(logFatal(resolved.agent.log_level, flag))
+    }).pipe(saidIfStoppedWhileStarting(() => configured, flag))
   })
 ).pipe(
   Command.withDescription(

@@ -77,6 +77,8 @@ export const runMain = Runtime.makeRunMain(({ fiber, teardown }) => {
   const onSignal = (signal: NodeJS.Signals) => {
     signals++
     if (handler !== undefined) handler(signals, signal)
+    // before a daemon serves (its config, preflight, its start): interrupted, exit 130; `run` says so as its last
+    // line, from wherever in its start (fatal.ts saidIfStoppedWhileStarting)
     else if (!stopping) fiber.interruptUnsafe(fiber.id)
   }
   const onHangup = () => hangup?.()

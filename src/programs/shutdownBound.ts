@@ -7,9 +7,10 @@
  * (`exit_within`), and test/programs/k8s-manifests.test.ts holds the shipped DaemonSet to it.
  *
  * The KV-event readers add nothing: their fibers are interrupted, which a wedged peer cannot hold up. The kvcached
- * link adds at most 1 s: a call it is making when interrupted is cancelled with a message to kvcached, which
- * effect's RpcClient writes uninterruptibly with a 1 s timeout (effect/src/rpc/RpcClient.ts, `sendInterrupt`), and a
- * kvcached that stopped reading with the agent's socket buffer full takes all of it. An NVML worker still inside a call past its term does not hold the exit either (layers/node/processExit.ts
+ * link adds at most 1 s (layers/kv/kvcachedClient.ts STOP_BOUND_MS, stopLink): up to half of it waiting for kvcached
+ * to acknowledge what it was sent last (the engine stop's restart Resync), then the call in progress cancelled with a
+ * message to kvcached, which effect's RpcClient writes uninterruptibly with a 1 s timeout
+ * (effect/src/rpc/RpcClient.ts, `sendInterrupt`), past the bound left to finish in the background. An NVML worker still inside a call past its term does not hold the exit either (layers/node/processExit.ts
  * exits without joining it); only a call stuck in an uninterruptible kernel wait (D state) keeps the process,
  * which not even SIGKILL ends.
  */
@@ -61,7 +62,7 @@ export const shutdownTerms = (config: AgentConfig, env: Env = process.env): Read
     etcd ? { step: "etcd lease record removed (agent.state_dir)", ms: LEASE_RECORD_REMOVE_MS } : undefined,
     { step: "gRPC server closed", ms: Duration.toMillis(GRPC_CLOSE_GRACE) },
     { step: "admin server closed", ms: Duration.toMillis(ADMIN_CLOSE_GRACE) },
-    // layers/kv/kvcachedClient.ts: the last call's cancel message to a kvcached that does not read (see above)
+    // layers/kv/kvcachedClient.ts STOP_BOUND_MS: the wait for kvcached's last acknowledgement and the cancel (see above)
     config.kv.events && config.kv.uds !== undefined
       ? { step: "kvcached told of the last call's end", ms: 1_000 }
       : undefined,

@@ -97,11 +97,69 @@ describe("rankSequencer", () => {
       { type: "Batch", seq: 1 },
       { type: "Batch", seq: 2 },
       { type: "Batch", seq: 3 },
-      { type: "Resync", reason: "restart", from_seq: 4, to_seq: 2 },
+      // The new run began at 0: the stream goes on there (README: `to_seq` is the seq the stream continues with)
+      { type: "Resync", reason: "restart", from_seq: 4, to_seq: 0 },
       { type: "Resync", reason: "gap", from_seq: 0, to_seq: 2 },
       { type: "Batch", seq: 2 }
     ])
     expect(st.gaps).toBe(1)
+  })
+
+  // A review's journal without a replay endpoint: `9000 R(restart,9001,49) R(gap,0,49) 49 50 51`, whose restart said
+  // the stream went on at 49 and then a gap from 0. The same records as after an engine exit the supervisor saw.
+  it("a restart whose new run the reader first sees past 0, without replay: restart to 0, then a gap Resync of [0, seq)", () => {
+    const { st, queue, sequencer, rank } = setup()
+    const r: RankStream = { ...rank, expected: 8998n }
+    for (const seq of [8998n, 8999n, 9000n, 49n, 50n, 51n]) sequencer.onMessage(r, [topic, seqFrame(seq), payload(seq)])
+    expect(queue.take(20, 1 << 20, resyncOf, sequencer.materialize).map((s) => s.record)).toMatchObject([
+      { type: "Batch", seq: 8998 },
+      { type: "Batch", seq: 8999 },
+      { type: "Batch", seq: 9000 },
+      { type: "Resync", dp_rank: 3, reason: "restart", from_seq: 9001, to_seq: 0 },
+      { type: "Resync", dp_rank: 3, reason: "gap", from_seq: 0, to_seq: 49 },
+      { type: "Batch", seq: 49 },
+      { type: "Batch", seq: 50 },
+      { type: "Batch", seq: 51 }
+    ])
+    // Each Resync says where the stream goes on, and the one after it starts there: no record contradicts another.
+    expect({ gaps: st.gaps, expected: r.expected }).toEqual({ gaps: 1, expected: 52n })
+  })
+
+  // The same review with a replay endpoint: `5004 R(restart,5005,95) 0 1 2 ... 94 95 96`: batches from 0 right
+  // after a Resync that said the stream went on at 95.
+  it("a restart whose new run the reader first sees past 0, with replay: restart to 0, then the new run from 0", async () => {
+    const { router, endpoint } = await replayRouter(async (send) => {
+      for (let seq = 0n; seq <= 95n; seq++) await send(["", seqFrame(seq), payload(seq)])
+      await send(["", seqFrame(END_OF_REPLAY), ""])
+    })
+    const { st, queue, sequencer, rank } = setup(1 << 20, endpoint, 10_000)
+    const r: RankStream = { ...rank, expected: 5002n }
+    try {
+      for (const seq of [5002n, 5003n, 5004n, 95n]) sequencer.onMessage(r, [topic, seqFrame(seq), payload(seq)])
+      await Effect.runPromise(
+        Effect.scoped(
+          Effect.andThen(
+            sequencer.runQueued,
+            Effect.sleep(10).pipe(Effect.repeat({ until: () => r.replay === undefined }), Effect.timeout(10_000))
+          )
+        )
+      )
+    } finally {
+      router.close()
+    }
+    sequencer.onMessage(r, [topic, seqFrame(96n), payload(96n)])
+    expect(queue.take(200, 1 << 22, resyncOf, sequencer.materialize).map((s) => s.record)).toMatchObject([
+      { type: "Batch", seq: 5002 },
+      { type: "Batch", seq: 5003 },
+      { type: "Batch", seq: 5004 },
+      { type: "Resync", dp_rank: 3, reason: "restart", from_seq: 5005, to_seq: 0 },
+      ...Array.from({ length: 97 }, (_, seq) => ({ type: "Batch", dp_rank: 3, seq }))
+    ])
+    expect({ gaps: st.gaps, replayed: st.replayed, expected: r.expected }).toEqual({
+      gaps: 1,
+      replayed: 1,
+      expected: 97n
+    })
   })
 
   it("queues the payload bytes as they came, and decodes a batch only when it is taken to be sent", () => {

@@ -5,7 +5,7 @@
  * (kvcachedClient.ts). This module wires them, keeps the status and builds the layers; the production
  * layer takes `[kv]` from Config and the event endpoints from the EnginePlan. Metrics: kvBridgeMetrics.ts.
  */
-import { Effect, Layer, Scope, Stream } from "effect"
+import { Effect, type Fiber, Layer, Scope, Stream } from "effect"
 import { Config } from "../../services/config/Config.ts"
 import { EnginePlan, type KvEventsEndpoint } from "../../services/engine/Engine.ts"
 import { EngineProcess, type EngineProcessService } from "../../services/engine/EngineProcess.ts"
@@ -15,7 +15,7 @@ import { hello, type NodeIdentity } from "../../services/kv/KvWire.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import { background, RESTART } from "../observability/backgroundFiber.ts"
 import { registerMetrics } from "./kvBridgeMetrics.ts"
-import { runLink } from "./kvcachedClient.ts"
+import { runLink, stopLink } from "./kvcachedClient.ts"
 import * as OverflowLog from "./overflowLog.ts"
 import { KvQueue } from "./queue.ts"
 import { type MutableStatus, makeSequencer, type QueuedBody, type RankStream, resyncOf } from "./rankSequencer.ts"
@@ -60,14 +60,7 @@ export const disabledStatus = (epoch: string, reason: string): KvBridgeStatus =>
   epoch
 })
 
-/**
- * What kvcached never acknowledged as the bridge stops: batches, and Resyncs (a `restart` one queued as the engine
- * stopped among them: kvcached then keeps this node's blocks of an engine that is gone, which is why it is said).
- */
-export const heldAtStop = (queue: KvQueue<unknown>): { batches: number; resyncs: number } | undefined => {
-  const resyncs = queue.size + queue.unacked.length - queue.batches + queue.lostRanges
-  return queue.batches === 0 && resyncs === 0 ? undefined : { batches: queue.batches, resyncs }
-}
+export { heldAtStop } from "./kvcachedClient.ts"
 
 /** The running bridge; everything it opens is closed with the caller's scope. */
 export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.Scope> =>
@@ -81,19 +74,18 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
     // Drops were only counted (status, metric): the log says when they start, go on, and end.
     const overflow = yield* OverflowLog.make(queue, () => ({ uds: o.uds, kvcachedConnected: st.kvcachedConnected }))
     queue.onOverflow = overflow.dropped
-    // Added before the link is forked, so it runs after the link is interrupted (a wedged kvcached cannot hold
-    // that up): what kvcached never acknowledged ends with this agent run, and the log says how much.
-    yield* Effect.addFinalizer(() => {
-      const held = heldAtStop(queue)
-      return held === undefined
-        ? Effect.void
-        : Effect.logWarning("kv events: stopping with records kvcached never acknowledged; they are dropped", {
-            uds: o.uds,
-            ...held,
-            bytes: queue.bytes,
-            kvcachedConnected: st.kvcachedConnected
-          })
-    })
+    // Added before the readers are forked, so it runs once they are stopped: the link (forked detached, ended here
+    // within kvcachedClient.ts's STOP_BOUND_MS, so a wedged kvcached cannot hold the stop up) is given what kvcached
+    // acknowledges meanwhile; what it never did ends with this agent run, and the log says how much.
+    let link: Fiber.Fiber<void> | undefined
+    let progressed: (() => void) | undefined
+    const onProgress = (wake: (() => void) | undefined) => {
+      progressed = wake
+    }
+    const connected = () => st.kvcachedConnected
+    yield* Effect.addFinalizer(() =>
+      link === undefined ? Effect.void : stopLink(link, { uds: o.uds, queue, connected, onProgress })
+    )
 
     const backoffMaxMs = o.backoffMaxMs ?? 5_000
     // lastError is what is failing now, per part (the kvcached link, each rank's reader): a part that recovers
@@ -165,8 +157,11 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
                 onReconnected: Effect.suspend(() => {
                   if (r.expected === undefined || r.expected === 0n) return Effect.void
                   sequencer.engineGone(r)
+                  // Bound, a frame over the bound drops the publisher's connection and it reconnects: nothing else says
+                  // so, and an operator whose kv.max_queue_bytes is too small sees only this line.
+                  const frame = `; a cause besides a restart: the agent dropped its connection for a frame over ${maxFrameBytes(maxQueueBytes)} bytes (the frame bound from kv.max_queue_bytes)`
                   return Effect.logInfo(
-                    "kv events: a rank's publisher reconnected; its stream is taken to start over (a restart Resync, the new run's missed batches replayed)",
+                    `kv events: a rank's publisher reconnected; its stream is taken to start over (a restart Resync, the new run's missed batches replayed)${engineBinds ? "" : frame}`,
                     { endpoint: at, dpRank: rank }
                   )
                 }),
@@ -200,7 +195,7 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
       })
     for (let rank = 0; rank < dpSize; rank++) yield* Effect.forkScoped(readOneRank(rank))
 
-    yield* Effect.forkScoped(
+    link = yield* Effect.forkDetach(
       kept("the kvcached link")(
         runLink({
           path: o.uds,
@@ -213,6 +208,7 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
             st.kvcachedConnected = up
             const retry = retryInMs === undefined ? "" : ` (reconnecting in ${retryInMs} ms)`
             fault("kvcached", up ? undefined : `kvcached ${o.uds}: ${err}${retry}`)
+            progressed?.()
           },
           onStateLost: () => {
             st.kvcachedStateLosses++
@@ -221,6 +217,7 @@ export const make = (o: BridgeOptions): Effect.Effect<LiveBridge, never, Scope.S
           onForwarded: (n) => {
             st.forwarded += n
             overflow.acked()
+            progressed?.()
           },
           onUnencodable: (error) => {
             st.lastBatchError = error

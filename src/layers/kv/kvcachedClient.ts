@@ -13,7 +13,7 @@
 
 import * as path from "node:path"
 import * as NodeSocket from "@effect/platform-node/NodeSocket"
-import { Deferred, Effect, Exit, Layer, Schedule } from "effect"
+import { Deferred, Effect, Exit, Fiber, Layer, Schedule } from "effect"
 import { RpcClient, RpcSerialization } from "effect/rpc"
 import { type HelloPayload, KvcachedRpcs, type KvRecord } from "../../services/kv/KvcachedRpc.ts"
 import { type Resync, wireError } from "../../services/kv/KvWire.ts"
@@ -242,3 +242,62 @@ export const runLink = (o: LinkOptions): Effect.Effect<never> =>
       onFailure: (error, _failures, retryInMs) => setState(false, error, retryInMs)
     })
   })
+
+/**
+ * The most the link's end takes as the bridge stops: programs/shutdownBound.ts's "kvcached told of the last call's
+ * end" (README: "+ 1 s when KV events go to kvcached"), shared by the wait for acknowledgements and the interruption.
+ */
+export const STOP_BOUND_MS = 1_000
+
+/** Of it, the longest wait for kvcached to acknowledge what waits for it (stopLink); the rest is the interruption's. */
+export const STOP_ACK_WAIT_MS = 500
+
+/**
+ * What kvcached never acknowledged as the bridge stops: batches, and Resyncs (a `restart` one queued as the engine
+ * stopped among them: kvcached then keeps this node's blocks of an engine that is gone, which is why it is said).
+ */
+export const heldAtStop = (queue: KvQueue<unknown>): { batches: number; resyncs: number } | undefined => {
+  const resyncs = queue.size + queue.unacked.length - queue.batches + queue.lostRanges
+  return queue.batches === 0 && resyncs === 0 ? undefined : { batches: queue.batches, resyncs }
+}
+
+export interface StopOptions {
+  readonly uds: string
+  readonly queue: KvQueue<unknown>
+  /** Whether kvcached is connected (took what was waiting on this connection: the bridge's `kvcachedConnected`). */
+  readonly connected: () => boolean
+  /** Given the function to call at each acknowledgement and connection change while the stop waits (else undefined). */
+  readonly onProgress: (wake: (() => void) | undefined) => void
+}
+
+/**
+ * Ends the link (`link`, runLink's fiber) as the bridge stops, and says what kvcached never acknowledged. The engine's
+ * stop has just queued a `restart` Resync per rank: while kvcached is connected and records wait for it, the link
+ * runs on until they are acknowledged, the connection goes, or STOP_ACK_WAIT_MS pass (interrupted at once, it
+ * dropped a Resync kvcached was applying, and said so, at every clean stop). Then it is interrupted, its end awaited
+ * for the rest of STOP_BOUND_MS: a Push in flight is cancelled with a message that a kvcached that stopped reading
+ * holds up to 1 s (effect/src/rpc/RpcClient.ts, `sendInterrupt`); past the bound it ends in the background.
+ */
+export const stopLink = (link: Fiber.Fiber<unknown>, o: StopOptions): Effect.Effect<void> => {
+  const settled = () => heldAtStop(o.queue) === undefined || !o.connected()
+  const acked = Effect.callback<void>((resume) => {
+    const check = () => void (settled() && resume(Effect.void))
+    o.onProgress(check)
+    check()
+  }).pipe(Effect.ensuring(Effect.sync(() => o.onProgress(undefined))))
+  return Effect.andThen(Effect.timeoutOption(acked, STOP_ACK_WAIT_MS), Fiber.interrupt(link)).pipe(
+    Effect.timeoutOption(STOP_BOUND_MS),
+    Effect.andThen(
+      Effect.suspend(() => {
+        const held = heldAtStop(o.queue)
+        if (held === undefined) return Effect.void
+        return Effect.logWarning("kv events: stopping with records kvcached never acknowledged; they are dropped", {
+          uds: o.uds,
+          ...held,
+          bytes: o.queue.bytes,
+          kvcachedConnected: o.connected()
+        })
+      })
+    )
+  )
+}

@@ -251,8 +251,9 @@ export const makeSequencer = (
         resync({ reason: "gap", dpRank: r.rank, fromSeq: v.from, toSeq: v.to })
         return forward(r, b)
       case "restart":
-        resync({ reason: "restart", dpRank: r.rank, fromSeq: v.from, toSeq: v.to })
-        // A rank restarted alone (the agent saw no engine exit): its new run began at 0, as after engineGone.
+        // A rank restarted alone (no engine exit seen): its new run began at 0, as after engineGone, so the stream goes
+        // on at 0 (`to_seq`, not this batch's seq); the run's [0, seq) the reader missed is then a gap like any other.
+        resync({ reason: "restart", dpRank: r.rank, fromSeq: v.from, toSeq: 0n })
         r.expected = 0n
         return accept(r, b, replay)
     }

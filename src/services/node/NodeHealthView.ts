@@ -6,7 +6,7 @@
 import type { BootstrapServer, Gpu, NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
 import type { AgentConfig } from "../config/Config.ts"
 import type { LoadSignals } from "../engine/EngineClient.ts"
-import type { EngineState } from "../engine/EngineProcess.ts"
+import type { EngineState, ExitRecord } from "../engine/EngineProcess.ts"
 import { describeExit, failingOf } from "../engine/EngineState.ts"
 import { isWildcardHost } from "../net/HostPort.ts"
 import type { NodeState } from "./NodeStatus.ts"
@@ -54,11 +54,20 @@ export const enginePhase = (engine: EngineState): string =>
  */
 export const engineDetail = (engine: EngineState, now: number, gpuWaiting = false): string => {
   const failing = failingOf(engine)
-  const detail = phaseDetail(engine, now, gpuWaiting)
+  const detail = phaseDetail(engine, now, gpuWaiting, failing !== undefined)
   return failing === undefined ? detail : `${failing}; ${detail}`
 }
 
-const phaseDetail = (engine: EngineState, now: number, gpuWaiting: boolean): string => {
+/**
+ * The run that ended, without its status and hint: what a failing Restarting's detail adds to `failing`, which says
+ * them already (EngineState.ts failingReason, made from the same exit: the Exited transition sets both). Told
+ * twice, the detail read "... exited (exit code 1); hint: X; still retrying ...; restart 10 in 1s; run 9 (pid P)
+ * ended: exited, exit code 1, after 0.2 s; hint: X" (a lifecycle review).
+ */
+const endedRun = (exit: ExitRecord): string =>
+  `run ${exit.run} (pid ${exit.pid ?? "-"}) ended after ${(exit.runtimeMs / 1000).toFixed(1)} s`
+
+const phaseDetail = (engine: EngineState, now: number, gpuWaiting: boolean, failing: boolean): string => {
   switch (engine._tag) {
     case "Starting": {
       // the gate waits before the spawn, in the run's first phase
@@ -71,7 +80,8 @@ const phaseDetail = (engine: EngineState, now: number, gpuWaiting: boolean): str
       return engine.reason
     case "Restarting": {
       const inSeconds = Math.max(0, Math.ceil((engine.nextAt - now) / 1000))
-      return `restart ${engine.attempt} in ${inSeconds}s; ${describeExit(engine.lastExit)}`
+      const ended = failing ? endedRun(engine.lastExit) : describeExit(engine.lastExit)
+      return `restart ${engine.attempt} in ${inSeconds}s; ${ended}`
     }
     case "Stopping":
       return "stopping"
