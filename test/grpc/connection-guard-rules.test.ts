@@ -467,6 +467,32 @@ describe("guardReport: the guard's warning lines", () => {
     ])
   })
 
+  it("refused certificates: a line a minute per peer and certificate reason, so one unnamed peer's fault hides no other's", () => {
+    const { onGuard, lines } = report()
+    // node:tls no longer gives the address of a client it refused a certificate of: every such peer is "unknown"
+    onGuard({ kind: "refused", reason: "client_certificate", peer: "unknown", limit: 0, detail: "CERT_HAS_EXPIRED" })
+    onGuard({ kind: "refused", reason: "client_certificate", peer: "unknown", limit: 0, detail: "CERT_HAS_EXPIRED" })
+    onGuard({
+      kind: "refused",
+      reason: "client_certificate",
+      peer: "unknown",
+      limit: 0,
+      detail: "UNABLE_TO_VERIFY_LEAF_SIGNATURE"
+    })
+    onGuard({
+      kind: "refused",
+      reason: "client_certificate",
+      peer: "10.0.0.9",
+      limit: 0,
+      detail: "NO_CLIENT_CERTIFICATE"
+    })
+    expect(lines.map(([, f]) => [f.peer, f.certificate])).toEqual([
+      ["unknown", "CERT_HAS_EXPIRED"],
+      ["unknown", "UNABLE_TO_VERIFY_LEAF_SIGNATURE"],
+      ["10.0.0.9", "NO_CLIENT_CERTIFICATE"]
+    ])
+  })
+
   it("past the log's 1024 keys, a line for the shared overflow key names no one peer but '(many peers)'", () => {
     const { onGuard, lines } = report()
     for (let i = 0; i <= 1024; i++)

@@ -1,7 +1,7 @@
 /**
  * What the gRPC server's guard (http2/Guard.ts) refused or closed, in /metrics and the log: every event counted in
  * `cgn_agent_grpc_connections_refused_total` / `_closed_total{reason}` (a 0 sample of each reason from the start),
- * and logged at warn at most once per peer and reason a minute (services/observability/RateLimitedLog.ts), with how many
+ * and logged at warn at most once per peer and reason (and refused certificate's reason) a minute (services/observability/RateLimitedLog.ts), with how many
  * were left unlogged since: a flooder reconnecting thousands of times a second makes a line a minute.
  */
 import { Effect } from "effect"
@@ -52,10 +52,13 @@ export const guardReport = (
   return (event) => {
     if (event.kind === "refused") metrics?.grpcConnectionsRefused.inc({ reason: event.reason })
     else metrics?.grpcConnectionsClosed.inc({ reason: event.reason satisfies ClosedReason })
-    const line = log.note(`${event.reason} ${event.peer}`, performance.now())
+    // A refused certificate's reason is part of the key: peers node:tls no longer names all read "unknown", and one
+    // router's expired certificate must not hide another's from another CA for a minute.
+    const key = `${event.reason} ${event.peer}${event.kind === "refused" && event.detail !== undefined ? ` ${event.detail}` : ""}`
+    const line = log.note(key, performance.now())
     if (line === undefined) return
     const fields: Record<string, unknown> = { peer: event.peer, reason: event.reason, suppressed: line.suppressed }
-    if (line.key !== `${event.reason} ${event.peer}`) fields.peer = "(many peers)"
+    if (line.key !== key) fields.peer = "(many peers)"
     if (event.kind === "refused" && event.limit > 0) fields.limit = event.limit
     if (event.kind === "refused" && event.detail !== undefined) fields.certificate = event.detail
     if (event.kind === "closed" && event.bytes !== undefined) fields.wasted_bytes = event.bytes

@@ -170,15 +170,24 @@ export class Connections {
     server.on("tlsClientError", (error: Error, socket: tls.TLSSocket) => {
       this.#onError(error)
       // A certificate node:tls refused (requestCert, rejectUnauthorized): the reason is the socket's, not the error's
-      // ("socket hang up" under TLS 1.3), and an operator rolling out mTLS needs it.
+      // ("socket hang up" under TLS 1.3), and an operator rolling out mTLS needs it. By then node:tls has destroyed
+      // the socket and no longer gives its address (measured on Node 24): the peer reads "unknown". A client that sent
+      // no certificate at all (a router deployed without one, the likeliest rollout mistake) sets no
+      // authorizationError: node:tls says it in the error's code, with the address still there.
       const refused = socket?.authorizationError
-      if (refused !== undefined && refused !== null)
+      const detail =
+        refused !== undefined && refused !== null
+          ? String(refused)
+          : (error as NodeJS.ErrnoException).code === "ERR_SSL_PEER_DID_NOT_RETURN_A_CERTIFICATE"
+            ? "NO_CLIENT_CERTIFICATE"
+            : undefined
+      if (detail !== undefined)
         this.#onGuard({
           kind: "refused",
           reason: "client_certificate",
-          peer: peerOf(socket.remoteAddress),
+          peer: peerOf(socket?.remoteAddress),
           limit: 0,
-          detail: String(refused)
+          detail
         })
     })
   }
