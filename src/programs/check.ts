@@ -60,7 +60,7 @@ export const preflight = (c: AgentConfig, options: { readonly offline?: boolean 
         const cert = yield* collect(readOne(files.cert))
         const key = yield* collect(readOne(files.key))
         yield* eachFile({ ca, cert, key }, files)
-        if (problems.length === before) yield* collect(readMaterial(files))
+        if (problems.length === before) yield* collect(readMaterial(files, "serverAuth"))
       }
       if (c.cluster.etcd.length > 0) {
         // As [security]'s above: etcdOptions stops at the first unreadable or unusable file.

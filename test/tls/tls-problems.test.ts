@@ -8,7 +8,7 @@ import { Effect, Exit, Layer, Logger, References, Result, Scope } from "effect"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
 import { decodeConfig } from "../../src/layers/config/Config.ts"
 import { hangupReload, make } from "../../src/layers/tls/Tls.ts"
-import { readMaterial, securityFiles } from "../../src/layers/tls/tlsMaterial.ts"
+import { purposeProblem, readMaterial, securityFiles } from "../../src/layers/tls/tlsMaterial.ts"
 import { preflight } from "../../src/programs/check.ts"
 import { hangupConfig } from "../../src/programs/hangup.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"
@@ -108,9 +108,35 @@ describe("bad certificate files, as check (and run) list them", () => {
     const files = copyIdentity()
     fs.writeFileSync(files.cert, "garbage\n")
     const security = { require_mtls: true, ca_file: files.ca, cert_file: files.cert, key_file: files.key }
-    const e = await Effect.runPromise(Effect.flip(readMaterial(securityFiles(security))))
+    const e = await Effect.runPromise(Effect.flip(readMaterial(securityFiles(security), "serverAuth")))
     expect(e.message).toMatch(/^security\.cert_file \(.*\): not a PEM certificate: \S/)
     expect(e.message).not.toContain("Error: ")
+  })
+})
+
+describe("a certificate whose extended key usage does not allow its use", () => {
+  it("purposeProblem: without the extension, with the purpose or anyExtendedKeyUsage, fine; else named", () => {
+    expect(purposeProblem(undefined, "serverAuth")).toBeUndefined()
+    expect(purposeProblem(["1.3.6.1.5.5.7.3.1", "1.3.6.1.5.5.7.3.2"], "serverAuth")).toBeUndefined()
+    expect(purposeProblem(["2.5.29.37.0"], "clientAuth")).toBeUndefined()
+    expect(purposeProblem(["1.3.6.1.5.5.7.3.2"], "serverAuth")).toBe(
+      "its extended key usage (clientAuth) lacks serverAuth, so every peer refuses it; issue it with extendedKeyUsage = serverAuth (or without the extension)"
+    )
+    expect(purposeProblem(["1.3.6.1.5.5.7.3.1", "1.3.6.1.5.5.7.3.4"], "clientAuth")).toMatch(
+      /^its extended key usage \(serverAuth, 1\.3\.6\.1\.5\.5\.7\.3\.4\) lacks clientAuth/
+    )
+  })
+
+  it("a client certificate as the server's: check lists it, and the start refuses it (routers would all refuse it)", async () => {
+    const files = copyIdentity()
+    fs.copyFileSync(pki.client.certFile, files.cert)
+    fs.copyFileSync(pki.client.keyFile, files.key)
+    expect(await problemsOf(configWith(files).config)).toEqual([
+      `security.cert_file (${files.cert}): its extended key usage (clientAuth) lacks serverAuth, so every peer refuses it; issue it with extendedKeyUsage = serverAuth (or without the extension)`
+    ])
+    const security = { require_mtls: true, ca_file: files.ca, cert_file: files.cert, key_file: files.key }
+    const e = await Effect.runPromise(Effect.flip(readMaterial(securityFiles(security), "serverAuth")))
+    expect(e.message).toMatch(/^security\.cert_file \(.*\): its extended key usage \(clientAuth\) lacks serverAuth/)
   })
 })
 

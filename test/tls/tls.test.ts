@@ -517,13 +517,13 @@ describe("certificate validity", () => {
   const files = () => securityFiles(mtls({ ca: pki.ca.certFile, cert: pki.server.certFile, key: pki.server.keyFile }))
 
   it("refuses a certificate not yet valid, naming the key", async () => {
-    const error = await atTime(Date.parse(server().validFrom) - 3_600_000, readMaterial(files()))
+    const error = await atTime(Date.parse(server().validFrom) - 3_600_000, readMaterial(files(), "serverAuth"))
     expect(error.key).toBe("security.ca_file")
     expect(error.reason).toContain("not valid before")
   })
 
   it("refuses an expired certificate", async () => {
-    const error = await atTime(Date.parse(server().validTo) + 1000, readMaterial(files()))
+    const error = await atTime(Date.parse(server().validTo) + 1000, readMaterial(files(), "serverAuth"))
     expect(error.key).toBe("security.ca_file")
     expect(error.reason).toMatch(/^certificate expired on /)
   })
@@ -565,7 +565,7 @@ describe("CA bundles", () => {
     const at = Date.now() + 36 * 3_600_000
     const files = securityFiles(mtls({ ca: bundle, cert: longer.cert, key: longer.key }))
     const material = await Effect.runPromise(
-      TestClock.setTime(at).pipe(Effect.andThen(readMaterial(files)), Effect.provide(TestClock.layer()))
+      TestClock.setTime(at).pipe(Effect.andThen(readMaterial(files, "serverAuth")), Effect.provide(TestClock.layer()))
     )
     expect(material.ca.equals(fs.readFileSync(bundle))).toBe(true)
     // every CA of the bundle expired: refused, each one's reason given

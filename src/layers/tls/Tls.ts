@@ -58,7 +58,7 @@ export const make = (security: Security, options: TlsOptions = {}) =>
       })
     }
     const files = securityFiles(security)
-    const cell = new MaterialCell(yield* readMaterial(files))
+    const cell = new MaterialCell(yield* readMaterial(files, "serverAuth"))
     const clientNames = yield* clientNamesOf(security)
     let generation = 1
     let notAfter = certificateNotAfter(cell.current())
@@ -71,7 +71,7 @@ export const make = (security: Security, options: TlsOptions = {}) =>
     // is served.
     const oneAtATime = yield* Semaphore.make(1)
 
-    const reload: TlsService["reload"] = readMaterial(files).pipe(
+    const reload: TlsService["reload"] = readMaterial(files, "serverAuth").pipe(
       Effect.tapError((e) =>
         Effect.sync(() => {
           lastError = e

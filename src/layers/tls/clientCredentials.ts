@@ -57,10 +57,13 @@ export const loadClientCredentials = (
       ])
       return ChannelCredentials.createSsl(null, key, cert)
     }
-    const material = yield* readMaterial({
-      ca: { key: keys.ca, path: caFile },
-      cert: { key: keys.cert, path: files.certFile },
-      key: { key: keys.key, path: files.keyFile }
-    })
+    const material = yield* readMaterial(
+      {
+        ca: { key: keys.ca, path: caFile },
+        cert: { key: keys.cert, path: files.certFile },
+        key: { key: keys.key, path: files.keyFile }
+      },
+      "clientAuth"
+    )
     return clientCredentials(material)
   })

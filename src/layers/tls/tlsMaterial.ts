@@ -152,18 +152,43 @@ export const eachFileProblem = (
     return found
   })
 
+/** What a certificate is used for: served (the gRPC port), or presented as a client (the generate CLI's). */
+export type Purpose = "serverAuth" | "clientAuth"
+
+/** RFC 5280 4.2.1.12: id-kp-serverAuth, id-kp-clientAuth, and anyExtendedKeyUsage, which allows every use. */
+const PURPOSE_OID: Record<Purpose, string> = { serverAuth: "1.3.6.1.5.5.7.3.1", clientAuth: "1.3.6.1.5.5.7.3.2" }
+const ANY_EXTENDED_KEY_USAGE = "2.5.29.37.0"
+const OID_NAME: Record<string, string> = { "1.3.6.1.5.5.7.3.1": "serverAuth", "1.3.6.1.5.5.7.3.2": "clientAuth" }
+
+/**
+ * Why a certificate whose extended key usages are `usages` (X509Certificate.keyUsage: undefined without the
+ * extension, which allows any use) cannot serve `purpose`, or undefined: its peers refuse it in the handshake
+ * (OpenSSL's purpose check: INVALID_PURPOSE; Go's crypto/x509 ErrIncompatibleUsage), every one of them. Pure.
+ */
+export const purposeProblem = (usages: ReadonlyArray<string> | undefined, purpose: Purpose): string | undefined => {
+  if (usages === undefined || usages.includes(PURPOSE_OID[purpose]) || usages.includes(ANY_EXTENDED_KEY_USAGE))
+    return undefined
+  const listed = usages.map((u) => OID_NAME[u] ?? u).join(", ")
+  return `its extended key usage (${listed}) lacks ${purpose}, so every peer refuses it; issue it with extendedKeyUsage = ${purpose} (or without the extension)`
+}
+
 /**
  * Checks a certificate and its private key, read from `files.cert` and `files.key`: the certificate parses and is
- * valid at `now` (ms), the key parses and belongs to it (a mismatch names the key file), and Node can make a
- * secure context of them with `ca` (when given). For the server's files and for etcd's client pair alike.
+ * valid at `now` (ms), allows `purpose` when given, the key parses and belongs to it (a mismatch names the key file),
+ * and Node can make a secure context of them with `ca` (when given). For the server's files, the generate CLI's
+ * client pair and etcd's client pair (no purpose: etcd asks for clientAuth only with --client-cert-auth).
  */
 export const checkKeyPair = (
   pem: { readonly ca?: Buffer | undefined; readonly cert: Buffer; readonly key: Buffer },
   files: Pick<TlsFiles, "cert" | "key">,
-  now: number
+  now: number,
+  purpose?: Purpose
 ): Effect.Effect<void, TlsError> =>
   Effect.gen(function* () {
     const leaf = yield* parseCert(pem.cert, files.cert, now)
+    const misused = purpose === undefined ? undefined : purposeProblem(leaf.keyUsage, purpose)
+    if (misused !== undefined)
+      return yield* new TlsError({ key: files.cert.key, ...pathOf(files.cert), reason: misused })
     const privateKey = yield* parsePrivateKey(pem.key, files.key)
     if (!leaf.checkPrivateKey(privateKey)) {
       return yield* new TlsError({
@@ -178,15 +203,15 @@ export const checkKeyPair = (
     })
   })
 
-/** Reads and checks the three files: parseable PEM, valid now, key matching the certificate. */
-export const readMaterial = (files: TlsFiles): Effect.Effect<TlsMaterial, TlsError> =>
+/** Reads and checks the three files: parseable PEM, valid now, the certificate fit for `purpose`, the key its own. */
+export const readMaterial = (files: TlsFiles, purpose: Purpose): Effect.Effect<TlsMaterial, TlsError> =>
   Effect.gen(function* () {
     // One after another: of several unreadable files the error names the first in this order, every time (read
     // concurrently, whichever read failed first was reported, and `check` printed a different key run to run).
     const [ca, cert, key] = yield* Effect.all([readOne(files.ca), readOne(files.cert), readOne(files.key)])
     const now = yield* Clock.currentTimeMillis
     yield* parseCaBundle(ca, files.ca, now)
-    yield* checkKeyPair({ ca, cert, key }, files, now)
+    yield* checkKeyPair({ ca, cert, key }, files, now, purpose)
     return { ca, cert, key }
   })
 
