@@ -282,6 +282,15 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
     ]
   ],
   [
+    // POSIX: an entry is NAME=value; spawned, "CUDA_VISIBLE_DEVICES=7" = "x" reached Python as CUDA_VISIBLE_DEVICES "7=x"
+    'engine.env names with "=" or empty (past the refusal above)',
+    `[engine]\nenv = { "CUDA_VISIBLE_DEVICES=7" = "x", "" = "y", OK = "z" }\n${MODEL}`,
+    [
+      'engine.env."CUDA_VISIBLE_DEVICES=7": a name with "=" in it is no environment variable (an entry is NAME=value, the name ending at the first "="); write the variable\'s name alone',
+      'engine.env."": an empty name is no environment variable (an entry is NAME=value, the name ending at the first "="); write the variable\'s name alone'
+    ]
+  ],
+  [
     "gpus: not tp x dp of them, one twice",
     `${MODEL}tp = 2\ngpus = [1, 1, 2]\n`,
     ['models."m".gpus: lists 3 GPUs but the engine needs tp x dp = 2', 'models."m".gpus: GPU 1 is listed twice']
@@ -466,7 +475,7 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
   [
     "gpus: fewer than tp x dp",
     `${MODEL}tp = 2\ngpus = [0]\n`,
-    ['models."m".gpus: lists 1 GPUs but the engine needs tp x dp = 2']
+    ['models."m".gpus: lists 1 GPU but the engine needs tp x dp = 2']
   ],
   // README models.<name>.dp: "(so no `ipc://` endpoint ...)": each rank publishes on the endpoint's port + rank
   [
@@ -769,7 +778,17 @@ const NAMED: ReadonlyArray<[string, string, string]> = [
     `[engine]\nenv = { A = [{ b = 1 }] }\n${MODEL}`,
     "engine.env.A: Expected string, got an array of tables"
   ],
-  ['heartbeat = "0.0000001s"', `[agent]\nheartbeat = "0.0000001s"\n${MODEL}`, "agent.heartbeat: expected a duration"],
+  [
+    'heartbeat = "0.0000001s"',
+    `[agent]\nheartbeat = "0.0000001s"\n${MODEL}`,
+    'agent.heartbeat: expected a duration of at least 1ms (or 0), got "0.0000001s"'
+  ],
+  // a duration too long to count was told "expected a duration such as ..." of a value that is one
+  [
+    'heartbeat = "99999999999d"',
+    `[agent]\nheartbeat = "99999999999d"\n${MODEL}`,
+    'agent.heartbeat: expected a duration the agent can count in milliseconds (at most 104249991d), got "99999999999d"'
+  ],
   [
     'stop_grace = "0.0000001s"',
     `[engine]\nstop_grace = "0.0000001s"\n${MODEL}`,

@@ -62,6 +62,27 @@ describe("remote_block_ids: every id a block id", () => {
   })
 })
 
+describe("remote_block_ids: absent or empty is missing, anything but a list is wrong, said once", () => {
+  it.each([
+    ["absent", undefined, { missing: ["remote_block_ids"], wrong: [] }],
+    ["an empty list", [], { missing: ["remote_block_ids"], wrong: [] }],
+    ["groups without a block", [[], []], { missing: ["remote_block_ids"], wrong: [] }],
+    // it read "...got \"0\": missing or empty remote_block_ids": the one field both wrong and missing
+    [
+      "a string",
+      "0",
+      {
+        missing: [],
+        wrong: [
+          `remote_block_ids must be the prefill engine's block ids (integers >= 0, or a list of them per group), got "0"`
+        ]
+      }
+    ]
+  ])("%s", (_name, remote_block_ids, problems) => {
+    expect(nixlParamsProblems({ ...PREFILL_PARAMS, remote_block_ids })).toEqual(problems)
+  })
+})
+
 describe("remote_request_id, where a newer engine sends it, is a string", () => {
   it("a number is refused, naming it", () => {
     expect(nixlParamsProblems({ ...PREFILL_PARAMS, remote_request_id: 7 })).toEqual({

@@ -45,9 +45,23 @@ const etcdSchemeProblems = (cluster: ConfigFile["cluster"]): Array<string> => {
   return []
 }
 
+/**
+ * engine.env names the engine's environment can hold: not empty and without "=" (POSIX: an entry is name=value, the
+ * name ending at the first "="). Node's spawn writes the entry all the same, and the engine then reads another
+ * variable: `"CUDA_VISIBLE_DEVICES=7" = "x"` reaches Python as CUDA_VISIBLE_DEVICES "7=x", past the refusal of a
+ * device list set by hand below. (A NUL is refused for every key: RawValues.ts.)
+ */
+const envNameProblems = (env: Readonly<Record<string, string>>): Array<string> =>
+  Object.keys(env)
+    .filter((name) => name === "" || name.includes("="))
+    .map(
+      (name) =>
+        `${formatPath(["engine", "env", name])}: ${name === "" ? "an empty name" : 'a name with "=" in it'} is no environment variable (an entry is NAME=value, the name ending at the first "="); write the variable's name alone`
+    )
+
 /** Combinations the schema cannot see: one model, paired keys, timing, and what the engine kind can run. */
 export const crossChecks = (c: ConfigFile): Array<string> => {
-  const problems: Array<string> = []
+  const problems: Array<string> = [...envNameProblems(c.engine.env)]
   const models = Object.entries(c.models)
   if (models.length === 0) {
     problems.push(`models: no model configured; add one table such as [models."llama-3-8b"] with hf_repo or path`)
@@ -287,7 +301,9 @@ const gpuProblems = (
   const mig = migRefProblem(m.gpus, needed)
   if (mig !== undefined) problems.push(`${key}: ${mig}`)
   else if (m.gpus.length !== needed) {
-    problems.push(`${key}: lists ${m.gpus.length} GPUs but the engine needs tp x dp = ${needed}`)
+    problems.push(
+      `${key}: lists ${m.gpus.length} GPU${m.gpus.length === 1 ? "" : "s"} but the engine needs tp x dp = ${needed}`
+    )
   }
   const seen = new Set<string>()
   for (const g of m.gpus) {

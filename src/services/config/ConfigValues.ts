@@ -8,9 +8,12 @@ import { isWildcardHost, splitHostPort } from "../net/HostPort.ts"
 
 const UNIT: Record<string, Duration.Unit> = { ms: "millis", s: "seconds", m: "minutes", h: "hours", d: "days" }
 
+/** A duration's form: a number and a unit. */
+const DURATION_FORM = /^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$/
+
 /** Parses `500ms`, `5s`, `2m`, `1h`, `1d` (blanks around the number and between it and the unit are allowed). */
 export const parseShortDuration = (text: string): Option.Option<Duration.Duration> => {
-  const m = /^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$/.exec(text.trim())
+  const m = DURATION_FORM.exec(text.trim())
   if (!m) return Option.none()
   // Millisecond resolution: "0.0000001s" would otherwise reach Duration as "1e-7 seconds" and throw;
   // a positive duration under 1ms (or one too large to count) is refused rather than rounded to 0.
@@ -32,6 +35,15 @@ export const formatShortDuration = (d: Duration.Duration): string => {
 /** What every duration key expects; SchemaProblems.ts says it too of a duration written as a number (`heartbeat = 5`). */
 export const DURATION_EXPECTED = `expected a duration such as "500ms", "5s", "2m" or "1h"`
 
+/** Why parseShortDuration read no duration in `s`: a duration's form whose value it cannot count, or no duration. */
+const unreadDuration = (s: string): string => {
+  const m = DURATION_FORM.exec(s.trim())
+  if (m === null) return `${DURATION_EXPECTED}, got "${s}"`
+  return Number(m[1]) > 0 && Number(m[1]) * Duration.toMillis(Duration.fromInputUnsafe(`1 ${UNIT[m[2]!]!}`)) < 1
+    ? `expected a duration of at least 1ms (or 0), got "${s}"`
+    : `expected a duration the agent can count in milliseconds (at most 104249991d), got "${s}"`
+}
+
 /**
  * A duration written as a string such as `5s`. With `zeroMeans`, a zero duration is refused, and the message
  * says what 0 would do (a timer that fires at once, every time).
@@ -43,7 +55,7 @@ const durationString = (zeroMeans?: string, floor?: { readonly ms: number; reado
       SchemaTransformation.transformEffect({
         decode: (s: string) =>
           Option.match(parseShortDuration(s), {
-            onNone: () => Effect.fail(new SchemaIssue.InvalidValue({ message: `${DURATION_EXPECTED}, got "${s}"` }, s)),
+            onNone: () => Effect.fail(new SchemaIssue.InvalidValue({ message: unreadDuration(s) }, s)),
             onSome: (d) =>
               zeroMeans !== undefined && Duration.toMillis(d) === 0
                 ? Effect.fail(

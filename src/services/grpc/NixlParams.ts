@@ -69,8 +69,9 @@ const shown = (v: unknown): string => {
 export const nixlParamsProblems = (
   params: Readonly<Record<string, unknown>>
 ): { readonly missing: Array<string>; readonly wrong: Array<string> } => {
+  // A block list with no block is missing; a value that is no list at all is wrong (said once, below, not both).
   const missing: Array<string> = VLLM_REQUIRED_FIELDS.filter((f) =>
-    f === "remote_block_ids" ? !hasBlocks(params[f]) : !present(params[f])
+    f === "remote_block_ids" && Array.isArray(params[f]) ? !hasBlocks(params[f]) : !present(params[f])
   )
   // Optional, but a newer engine that sends it sends a real id: an empty one is a broken hand-off.
   if ("remote_request_id" in params && !present(params.remote_request_id)) missing.push("remote_request_id")
