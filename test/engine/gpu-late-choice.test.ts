@@ -1,7 +1,9 @@
 // The engine's GPUs chosen after the agent's start (models.x.gpus unset, NVML listing none then: hung, its driver not
 // loaded yet): the pure rule (services/engine/GpuGate.ts lateChoice) and the live GpuGate (layers/engine/GpuGate.ts)
 // on a TestClock with a scripted NVML. The first start waits for NVML, the choice is made once it lists GPUs (healthy
-// ones first, as planFor's), fixed from then on, and the gate's GPUs and the run's CUDA variables follow it.
+// ones first, as planFor's), fixed from then on, and the gate's GPUs and the run's CUDA variables follow it. A start
+// a remembered fault holds past gpu_free_timeout has not gone on unpinned: NVML's later answer still chooses a sound
+// GPU beside the faulty one; with NVML switched off the fault says what releases it (POST /gpus/clear-xids).
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Fiber, Layer, Logger } from "effect"
 import { TestClock } from "effect/testing"
@@ -11,7 +13,7 @@ import * as GpuGateLive from "../../src/layers/engine/GpuGate.ts"
 import { EnginePlan } from "../../src/services/engine/Engine.ts"
 import { GpuGate, gateProblem, lateChoice } from "../../src/services/engine/GpuGate.ts"
 import { gpuWith, Nvml } from "../../src/services/node/Nvml.ts"
-import { nvmlAbsent } from "../../src/services/node/NvmlAbsence.ts"
+import { NvmlAbsence, nvmlAbsent } from "../../src/services/node/NvmlAbsence.ts"
 import { defaultXidRule } from "../../src/services/node/Xid.ts"
 import { testPlan } from "../../src/testing/EngineProcess.ts"
 import * as MetricsTest from "../../src/testing/Metrics.ts"
@@ -19,7 +21,7 @@ import * as MetricsTest from "../../src/testing/Metrics.ts"
 const KEY = 'models."m".gpus'
 const faulty = gpuWith({ index: 0, uuid: "GPU-dead", criticalXids: [{ xid: 79, events: 1 }] })
 const sound = gpuWith({ index: 1, uuid: "GPU-good" })
-const STUCK = "NVML has not answered for 10s (a GPU off the bus?)"
+const STUCK = "an NVML sample (an open, or one round of reads over every GPU) has taken over 10s (a GPU off the bus?)"
 
 describe("lateChoice", () => {
   it("waits while NVML is there but silent, until given up; NVML listing none, or none at all: no GPUs, as ever", () => {
@@ -27,7 +29,7 @@ describe("lateChoice", () => {
     assert.strictEqual(stuck._tag, "Waiting")
     assert.match(
       stuck._tag === "Waiting" ? stuck.reason : "",
-      /^NVML is not answering \(NVML has not answered.*\): the engine's GPUs \(models."m".gpus unset\) are chosen once it lists them \(on a host without GPUs, CGN_NVML_LIBRARY=none\)$/
+      /^NVML is not answering \(an NVML sample \(an open, or one round of reads over every GPU\) has taken over 10s.*\): the engine's GPUs \(models."m".gpus unset\) are chosen once it lists them \(on a host without GPUs, CGN_NVML_LIBRARY=none\)$/
     )
     const noDriver = "nvmlInit_v2 failed: Driver Not Loaded (9)"
     assert.strictEqual(lateChoice(KEY, 1, [], noDriver, defaultXidRule)._tag, "Waiting")
@@ -67,11 +69,18 @@ describe("lateChoice", () => {
   })
 })
 
-/** NVML as the agent starts: silent (`down`); `remembered`: GPU 0's Xid 79 in this boot's record. */
-const host = { down: STUCK as string | undefined, gpus: [] as Array<Gpu> }
+/** GPU 0's Xid 79 in this boot's record (gpu-xids.json). */
+const DEAD = [{ uuid: "GPU-dead", xids: [{ xid: 79, events: 1 }] }]
+/** NVML as the agent starts: silent (`down`); `remembered`: this boot's record, which a clear-xids changes. */
+const host = {
+  down: STUCK as string | undefined,
+  gpus: [] as Array<Gpu>,
+  remembered: [] as ReadonlyArray<(typeof DEAD)[number]>
+}
 const sample = Effect.sync(() => (host.down === undefined ? host.gpus : []))
-const gateOf = (remembered: boolean, model: Record<string, unknown> = {}) =>
-  GpuGateLive.layer.pipe(
+const gateOf = (remembered: boolean, model: Record<string, unknown> = {}) => {
+  host.remembered = remembered ? DEAD : []
+  return GpuGateLive.layer.pipe(
     Layer.provideMerge(MetricsTest.layerTest),
     Layer.provide(
       Layer.succeed(
@@ -81,7 +90,7 @@ const gateOf = (remembered: boolean, model: Record<string, unknown> = {}) =>
           sampleNow: sample,
           unavailable: Effect.sync(() => host.down),
           clearXids: () => Effect.succeed([]),
-          remembered: Effect.succeed(remembered ? [{ uuid: "GPU-dead", xids: [{ xid: 79, events: 1 }] }] : [])
+          remembered: Effect.sync(() => host.remembered)
         })
       )
     ),
@@ -94,9 +103,11 @@ const gateOf = (remembered: boolean, model: Record<string, unknown> = {}) =>
       })
     )
   )
+}
 const reset = Effect.sync(() => {
   host.down = STUCK
   host.gpus = []
+  host.remembered = []
 })
 
 /** The gate over NVML whose driver is not loaded when the test starts (nothing remembered). */
@@ -237,4 +248,97 @@ describe("GpuGate: NVML given up at engine.gpu_free_timeout", () => {
       Effect.ensuring(reset)
     )
   })
+})
+
+/** What the gate logs, level and message, for the tests below. */
+const logs: Array<string> = []
+const heldGate = (down: string) =>
+  Effect.sync(() => {
+    host.down = down
+  })
+/** NVML as the agent starts (`down`, set before the gate takes its first sample), GPU 0's Xid remembered, the gate's
+ * lines kept in `logs`. */
+const startingWith =
+  (down: string) =>
+  <A, E>(test: Effect.Effect<A, E, GpuGate>) =>
+    Effect.andThen(
+      heldGate(down),
+      Effect.provide(
+        test,
+        gateOf(true).pipe(
+          Layer.provideMerge(
+            Logger.layer([Logger.make(({ logLevel, message }) => void logs.push(`${logLevel} ${[message].flat()[0]}`))])
+          )
+        )
+      )
+    ).pipe(
+      Effect.ensuring(
+        Effect.andThen(
+          reset,
+          Effect.sync(() => void logs.splice(0))
+        )
+      )
+    )
+
+describe("GpuGate: NVML given up at gpu_free_timeout while a remembered fault holds the start", () => {
+  it.effect("NVML answering later still chooses the sound GPU beside the faulty one, and the start goes on", () =>
+    Effect.gen(function* () {
+      const gpuGate = yield* GpuGate
+      const start = yield* Effect.forkChild(gpuGate.awaitFree)
+      // past gpu_free_timeout (5s): the wait for NVML is given up, the remembered fault of GPU 0 holds the start
+      yield* TestClock.adjust("7 seconds")
+      assert.isUndefined(start.pollUnsafe(), "held on the remembered fault")
+      assert.match(gateProblem(yield* gpuGate.status) ?? "", /GPU-dead reported Xid 79/)
+      assert.notInclude(
+        logs.join("\n"),
+        "the engine starts without CUDA_VISIBLE_DEVICES",
+        "the log does not say the engine starts"
+      )
+      assert.include(
+        logs,
+        "Warn NVML did not answer within engine.gpu_free_timeout, and a GPU fault holds the start: the engine's GPUs are chosen once NVML answers (the first tp × dp healthy ones it lists, only their faults holding it); if the fault clears first, it starts without CUDA_VISIBLE_DEVICES"
+      )
+
+      // NVML answers: GPU 0 has the Xid, GPU 1 is sound and free; the choice takes GPU 1 and the start goes on on it
+      host.down = undefined
+      host.gpus = [faulty, sound]
+      yield* TestClock.adjust("2 seconds")
+      assert.isDefined(start.pollUnsafe(), "the start goes on, on the GPU chosen")
+      yield* Fiber.join(start)
+      assert.deepStrictEqual(yield* gpuGate.runEnv, { CUDA_DEVICE_ORDER: "PCI_BUS_ID", CUDA_VISIBLE_DEVICES: "1" })
+      const st = yield* gpuGate.status
+      assert.deepStrictEqual(st.gpus, [1])
+      assert.isUndefined(st.fault, "GPU 0's fault is not the engine's")
+      assert.isUndefined(gateProblem(st))
+    }).pipe(startingWith(STUCK))
+  )
+
+  it.effect(
+    "NVML switched off: the fault says so and what releases it; clearing the GPU's Xids starts the engine",
+    () =>
+      Effect.gen(function* () {
+        const gpuGate = yield* GpuGate
+        const fault = (yield* gpuGate.status).fault ?? ""
+        assert.strictEqual(
+          fault,
+          "GPU GPU-dead reported Xid 79 (fallen off the bus) earlier in this boot and NVML is switched off (CGN_NVML_LIBRARY=none), so it will never say the GPU was reset (the configuration names no UUIDs: without NVML any GPU may be the engine's): after a GPU reset or a reboot, POST /gpus/clear-xids?gpu=GPU-dead releases the start"
+        )
+        const start = yield* Effect.forkChild(gpuGate.awaitFree)
+        yield* TestClock.adjust("7 seconds")
+        assert.isUndefined(start.pollUnsafe(), "held on the remembered fault")
+        const waiting = (yield* gpuGate.status).waiting
+        assert.strictEqual(waiting?.reason, fault, "not 'NVML is not answering': it is off")
+        assert.isTrue(waiting?.overdue)
+        assert.notMatch(logs.join("\n"), /has not answered|NVML did not answer/)
+        assert.include(logs, "Error the engine's GPUs are not free in time; the node is unhealthy until they are")
+
+        // the operator reset the GPU and cleared its Xids (the record forgets it): the start goes on, as without NVML
+        host.remembered = []
+        yield* TestClock.adjust("2 seconds")
+        assert.isDefined(start.pollUnsafe(), "released by the Xids cleared")
+        yield* Fiber.join(start)
+        assert.deepStrictEqual(yield* gpuGate.runEnv, {})
+        assert.isUndefined(gateProblem(yield* gpuGate.status))
+      }).pipe(startingWith(NvmlAbsence.disabled))
+  )
 })

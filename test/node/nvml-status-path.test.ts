@@ -26,7 +26,8 @@ const nvml = useFakeNvml("cgn-nvml-status-")
 /** A call's deadline here (CALL_TIMEOUT is 10 s), and the most a reader may take: far shorter still. */
 const CALL_TIMEOUT_MS = 1_500
 const READER_BOUND_MS = 150
-const STUCK = "NVML has not answered for 1s 500ms (a GPU off the bus?)"
+const STUCK =
+  "an NVML sample (an open, or one round of reads over every GPU) has taken over 1s 500ms (a GPU off the bus?)"
 
 /** `read` timed on the Clock. */
 const timed = <A, R>(read: Effect.Effect<A, never, R>) =>

@@ -399,7 +399,9 @@ describe("Nvml live layer", () => {
       expect(result.again).toEqual([])
       expect(result.againMs).toBeLessThan(200) // not a deadline: nothing was waited for
       expect(result.during.gpus).toEqual([])
-      expect(result.during.why).toBe("NVML has not answered for 200ms (a GPU off the bus?)")
+      expect(result.during.why).toBe(
+        "an NVML sample (an open, or one round of reads over every GPU) has taken over 200ms (a GPU off the bus?)"
+      )
       expect(result.during.body).toContain("cgn_agent_nvml_up 0")
       expect(result.during.body).not.toMatch(/^cgn_agent_gpu_\w+\{/m)
       // the stuck call answered: the same worker samples again, nothing was re-opened

@@ -14,6 +14,7 @@ import { cudaEnv, engineFault, gateVerdict, refMatches, unlistedRef } from "../.
 import { findMig, migRef } from "../../services/node/Mig.ts"
 import type { Gpu } from "../../services/node/Nvml.ts"
 import { Nvml } from "../../services/node/Nvml.ts"
+import { NvmlAbsence, nvmlAbsent } from "../../services/node/NvmlAbsence.ts"
 import { xidIsFault, xidRuleOf } from "../../services/node/Xid.ts"
 import { rememberedFault } from "../../services/node/XidLedger.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
@@ -68,15 +69,26 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
     // be forgotten with it (nor an engine started on it); it stands until NVML answers again and says otherwise. The
     // same for a fault Xid this boot's record keeps when NVML has not answered since the agent started (an agent
     // restarted on such a host): the GPUs cannot be told by index then, so a CUDA engine whose GPUs are unknown or
-    // named by index is held on a fault of any GPU (XidLedger.ts rememberedFault).
+    // named by index is held on a fault of any GPU (XidLedger.ts rememberedFault), until NVML answers or the operator
+    // clears it (POST /gpus/clear-xids; the only way where NVML is switched off).
     const watched = (plan.gpus ?? []).length > 0 || cuda
     const nvmlUp = Effect.map(nvml.unavailable, (why) => why === undefined)
+    // NVML that will never answer (switched off, not loadable), as a fault it holds says: only the operator frees it
+    const absence = Effect.map(nvml.unavailable, (why) =>
+      why === undefined || !nvmlAbsent(why)
+        ? undefined
+        : why === NvmlAbsence.disabled
+          ? "NVML is switched off (CGN_NVML_LIBRARY=none)"
+          : `NVML is absent (${why})`
+    )
     const answered = yield* Ref.make(false)
 
     /**
      * The choice still to be made (lateChoice) on this sample of NVML, made when it can be: undefined once made.
      * `atSpawn`: a start waits on it, and with no NVML to wait for the engine is given no GPUs (it sees them all), as
      * ever; the poll chooses only from GPUs NVML lists, so that a library loaded by the first start is still used.
+     * A wait for NVML given up is not made here but by the start that then goes on (`unpinned`): one a fault holds
+     * (NVML's before it went silent, or remembered) still gets its GPUs chosen once NVML answers, held on theirs alone.
      */
     const choose = (gpus: ReadonlyArray<Gpu>, atSpawn: boolean, gaveUp = false) =>
       Effect.gen(function* () {
@@ -85,6 +97,7 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
         const unavailable = yield* nvml.unavailable
         const next = lateChoice(key, config.model.tp * config.model.dp, gpus, unavailable, xidRule, gaveUp)
         if (next._tag !== "Chosen" || (next.assignment._tag !== "Assigned" && !atSpawn)) return next
+        if (gaveUp && unavailable !== undefined && !nvmlAbsent(unavailable)) return next
         const { assignment } = next
         const made: Choice =
           assignment._tag === "Assigned"
@@ -92,14 +105,7 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
             : { indices: [], env: {} }
         // the poll and a start's wait may both get here: the first to set it made the choice
         if (!(yield* Ref.modify(choice, (c) => (c === undefined ? [true, made] : [false, c])))) return undefined
-        if (assignment._tag !== "Assigned") {
-          if (gaveUp && unavailable !== undefined)
-            yield* Effect.logWarning(
-              "NVML did not answer within engine.gpu_free_timeout: the engine starts without CUDA_VISIBLE_DEVICES (it sees every GPU it is given), and stays so for the agent's life",
-              { reason: unavailable, gpu_free_timeout: Duration.format(config.engine.gpu_free_timeout) }
-            )
-          return undefined
-        }
+        if (assignment._tag !== "Assigned") return undefined
         yield* SubscriptionRef.update(status, (s) => ({ ...s, gpus: made.indices }))
         yield* Effect.logInfo("the engine's GPUs chosen now that NVML lists them (none listed at the agent's start)", {
           gpus: made.indices.join(","),
@@ -109,6 +115,17 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
           yield* Effect.logWarning(fillInWarning(config.model.name, assignment.faults))
         return undefined
       })
+    const timeoutField = { gpu_free_timeout: Duration.format(config.engine.gpu_free_timeout) }
+    /** The start that gave up on NVML goes on: no GPUs chosen from then on; false: the poll chose them meanwhile. */
+    const unpinned = Effect.gen(function* () {
+      const made = yield* Ref.modify(choice, (c) => (c === undefined ? [true, { indices: [], env: {} }] : [false, c]))
+      if (made)
+        yield* Effect.logWarning(
+          "NVML did not answer within engine.gpu_free_timeout: the engine starts without CUDA_VISIBLE_DEVICES (it sees every GPU it is given), and stays so for the agent's life",
+          { reason: yield* nvml.unavailable, ...timeoutField }
+        )
+      return made
+    })
 
     // An assigned GPU missing from the sample (fail closed) or its fault; a MIG device: its GPU's fault, or the device
     // gone from the sample. GPUs not resolved at start (NVML not answering then): those of NVML's list the config
@@ -122,9 +139,11 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
       engineFault(gpus, judged(gpus), xidRule) ?? unlistedRef(config.model.gpus, gpus)
     const faultOf = (gpus: ReadonlyArray<Gpu>, indices: ReadonlyArray<number>) =>
       indices.length > 0 ? engineFault(gpus, indices, xidRule, mig) : notGatedFault(gpus)
-    const faultRemembered = Effect.map(nvml.remembered, (gpus) =>
-      rememberedFault(gpus, config.model.gpus, (xid) => xidIsFault(xid, xidRule))
-    )
+    // read again at each sample while NVML has not answered: POST /gpus/clear-xids releases it (NVML may never answer)
+    const faultRemembered = Effect.gen(function* () {
+      const remembered = yield* nvml.remembered
+      return rememberedFault(remembered, config.model.gpus, (xid) => xidIsFault(xid, xidRule), yield* absence)
+    })
     const sampleFault = Effect.gen(function* () {
       const up = yield* nvmlUp
       if (up) yield* Ref.set(answered, true)
@@ -137,7 +156,9 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
         ? pending?._tag === "Refused"
           ? pending.reason
           : faultOf(gpus, yield* indicesNow)
-        : (before.fault ?? ((yield* Ref.get(answered)) ? undefined : yield* faultRemembered))
+        : (yield* Ref.get(answered))
+          ? before.fault
+          : yield* faultRemembered
       if (up && mig !== undefined) {
         const name = named(mig, yield* nvml.gpus)
         if (name !== before.mig) yield* SubscriptionRef.update(status, (s) => ({ ...s, mig: name }))
@@ -187,21 +208,32 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
             : faultVerdict(notGatedFault(gpus))
         }
         if (!up && known !== undefined)
-          return { _tag: "Faulty" as const, reason: `${known} (NVML is not answering: the fault stands until it does)` }
+          return {
+            _tag: "Faulty" as const,
+            // NVML that will never answer: the fault's words say what frees it (XidLedger.ts rememberedFault)
+            reason:
+              (yield* absence) === undefined
+                ? `${known} (NVML is not answering: the fault stands until it does)`
+                : known
+          }
         return pending?._tag === "Waiting" ? { _tag: "Choosing" as const, reason: pending.reason } : undefined
       })
 
     const wait = Effect.gen(function* () {
       const since = yield* Clock.currentTimeMillis
       let logged: "none" | "waiting" | "overdue" = "none"
+      let heldLogged = false
       while (true) {
         // never the cached sample: right after a crash it still shows the GPU as it was before
         const gpus = yield* nvml.sampleNow
         const known = (yield* SubscriptionRef.get(status)).fault
         // a wait for NVML past gpu_free_timeout gives up: the engine starts as on a host without NVML
         const gaveUp = (yield* Clock.currentTimeMillis) - since >= timeoutMs
-        const verdict = yield* verdictOf(gpus, known, yield* choose(gpus, true, gaveUp))
-        if (verdict === undefined) return
+        const pending = yield* choose(gpus, true, gaveUp)
+        const verdict = yield* verdictOf(gpus, known, pending)
+        // NVML given up (`pending` the choice of none): the start goes on unpinned, unless the poll chose meanwhile
+        if (verdict === undefined && (pending?._tag !== "Chosen" || (yield* unpinned))) return
+        if (verdict === undefined) continue
         const now = yield* Clock.currentTimeMillis
         if (verdict._tag === "Free") {
           if (logged !== "none") yield* Effect.logInfo("GPUs free; starting the engine", { waited_ms: now - since })
@@ -215,6 +247,13 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
           waiting: { since, reason: verdict.reason, holders, overdue, ...forNvml }
         }))
         metrics.engineGpuWait.set(1)
+        if (pending?._tag === "Chosen" && !heldLogged) {
+          heldLogged = true
+          yield* Effect.logWarning(
+            "NVML did not answer within engine.gpu_free_timeout, and a GPU fault holds the start: the engine's GPUs are chosen once NVML answers (the first tp × dp healthy ones it lists, only their faults holding it); if the fault clears first, it starts without CUDA_VISIBLE_DEVICES",
+            { reason: yield* nvml.unavailable, fault: verdict.reason, ...timeoutField }
+          )
+        }
         if (logged === "none") {
           logged = "waiting"
           yield* Effect.logWarning("waiting for the engine's GPUs before starting it", {
@@ -228,7 +267,7 @@ export const layer: Layer.Layer<GpuGate, never, Config | EnginePlan | Nvml | Met
           // the reason says which: memory held, or memory NVML cannot report (the GPU cannot be judged free)
           yield* Effect.logError("the engine's GPUs are not free in time; the node is unhealthy until they are", {
             reason: verdict.reason,
-            gpu_free_timeout: Duration.format(config.engine.gpu_free_timeout)
+            ...timeoutField
           })
         }
         yield* Effect.sleep(POLL)

@@ -44,7 +44,7 @@ export interface NvmlOptions {
   readonly maxAge?: Duration.Input
   /** The longest wait between two tries to open NVML again (default 1 minute; the first is after ~1 s). */
   readonly retryMax?: Duration.Input
-  /** How long NVML (an open, a sample) may take before it counts as stuck: no GPUs (default CALL_TIMEOUT). */
+  /** How long an open or a whole sample (~15 calls a GPU, the Xid wait) may take before it is stuck: no GPUs. */
   readonly callTimeout?: Duration.Input
   /** Sees each worker thread started (tests count and watch them). */
   readonly onWorker?: (worker: Worker) => void
@@ -110,7 +110,8 @@ const acquire = (s: Settings) =>
     /** What each GPU index was called in this NVML session, for naming a GPU once it is lost. */
     const known = new Map<number, GpuIdentity>()
     const callTimeoutMs = Duration.toMillis(s.callTimeout)
-    const stuckReason = `NVML has not answered for ${Duration.format(s.callTimeout)} (a GPU off the bus?)`
+    // the deadline is the exchange's, not one call's (a slow sample of many GPUs is stuck too): said so
+    const stuckReason = `an NVML sample (an open, or one round of reads over every GPU) has taken over ${Duration.format(s.callTimeout)} (a GPU off the bus?)`
 
     const logOnce = (why: string, log: Effect.Effect<void>) =>
       Effect.suspend(() => {
@@ -206,7 +207,7 @@ const acquire = (s: Settings) =>
         yield* publish([])
         yield* logOnce(
           stuckReason,
-          Effect.logWarning("NVML call stuck; reporting no GPUs until it answers", { reason: stuckReason })
+          Effect.logWarning("NVML call stuck; reporting no GPUs until its sample completes", { reason: stuckReason })
         )
       })
 

@@ -61,6 +61,8 @@ export type LateChoice =
  * that answers with no GPUs (a container given none) is taken at its word, as at the start; one that does not answer
  * is waited for until `gaveUp` (the start waited engine.gpu_free_timeout): then, as without NVML, no choice, so that an
  * NVML that never answers (a CPU host with the NVIDIA libraries but no driver) never keeps the engine from serving.
+ * That no-choice is kept only by a start that then goes on (layers/engine/GpuGate.ts): one a GPU fault still holds
+ * asks again, and NVML's later answer chooses its GPUs.
  */
 export const lateChoice = (
   key: string,

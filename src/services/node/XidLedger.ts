@@ -189,18 +189,24 @@ export const recordOf = (ledger: XidLedger, bootId: string): XidRecord => ({
  * keeps (`remembered`: recordOf's GPUs), or undefined. Without NVML the engine's GPUs cannot be told by index: only a
  * configuration that names every GPU by UUID narrows the GPUs to those; otherwise a fault Xid on any GPU of this host
  * holds the start (a GPU off the bus hangs NVML, and the engine must not go onto it after an agent restart).
+ * `absent`: NVML will never answer (switched off, not loadable: NvmlAbsence.ts), said so, for only the operator's
+ * POST /gpus/clear-xids releases the start then (waiting for NVML would be waiting forever).
  */
 export const rememberedFault = (
   remembered: XidRecord["gpus"],
   configured: ReadonlyArray<GpuRef>,
-  isFault: (xid: number) => boolean
+  isFault: (xid: number) => boolean,
+  absent?: string
 ): string | undefined => {
   const byUuid = configured.length > 0 && configured.every((r) => typeof r === "string")
   const gpu = remembered.find((g) => (!byUuid || configured.includes(g.uuid)) && g.xids.some((x) => isFault(x.xid)))
   if (gpu === undefined) return undefined
   const xids = gpu.xids.filter((x) => isFault(x.xid)).map((x) => describeXid(x.xid))
   const whose = byUuid ? "" : " (the configuration names no UUIDs: without NVML any GPU may be the engine's)"
-  return `GPU ${gpu.uuid} reported ${xids.join(", ")} earlier in this boot and NVML has not answered since the agent started${whose}: it needs a GPU reset or a reboot, then POST /gpus/clear-xids`
+  const clear = `POST /gpus/clear-xids?gpu=${gpu.uuid}`
+  return absent === undefined
+    ? `GPU ${gpu.uuid} reported ${xids.join(", ")} earlier in this boot and NVML has not answered since the agent started${whose}: it needs a GPU reset or a reboot, then ${clear}`
+    : `GPU ${gpu.uuid} reported ${xids.join(", ")} earlier in this boot and ${absent}, so it will never say the GPU was reset${whose}: after a GPU reset or a reboot, ${clear} releases the start`
 }
 
 export const encodeRecord = (record: XidRecord): string => `${JSON.stringify(record)}\n`
