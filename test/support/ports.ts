@@ -4,6 +4,9 @@
 // files, one of those connections could take the port between the check and the agent's own bind (seen in CI
 // as an agent exiting at start with EADDRINUSE). Below the range only another explicit bind can collide, and a
 // random pick among ~20,000 ports, checked, makes that unlikely. Where the range cannot be read: bind(0).
+// The test workers run in parallel, each with its own record of what it handed out, so each picks from a slice of
+// its own (by VITEST_POOL_ID): a port another worker had checked free but its process had not bound yet was handed
+// out again here, and one of the two failed to bind (seen in CI: the simulator's "couldn't bind HTTP server socket").
 import * as fs from "node:fs"
 import * as net from "node:net"
 
@@ -15,6 +18,9 @@ const LOWEST = 10_000
  */
 const FETCH_BAD_PORTS = new Set([10080])
 
+/** Slices of the range below the ephemeral one: more than vitest.config.ts's workers. */
+const SLICES = 8
+
 /** The first port of the kernel's ephemeral range, or undefined where /proc does not say. */
 const ephemeralLow = ((): number | undefined => {
   try {
@@ -23,6 +29,16 @@ const ephemeralLow = ((): number | undefined => {
   } catch {
     return undefined
   }
+})()
+
+/** This worker's slice of [LOWEST, ephemeralLow): its first port and its size (the whole range outside vitest). */
+const slice = ((): { first: number; size: number } | undefined => {
+  if (ephemeralLow === undefined) return undefined
+  const pool = Number(process.env.VITEST_POOL_ID)
+  const whole = ephemeralLow - LOWEST
+  if (!Number.isInteger(pool) || pool < 1) return { first: LOWEST, size: whole }
+  const size = Math.floor(whole / SLICES)
+  return { first: LOWEST + ((pool - 1) % SLICES) * size, size }
 })()
 
 const isFree = (port: number): Promise<boolean> =>
@@ -55,9 +71,9 @@ const handedOut = new Set<number>()
 
 /** A TCP port on 127.0.0.1 that was free a moment ago, and not handed out before by this process. */
 export const freePort = async (): Promise<number> => {
-  if (ephemeralLow !== undefined) {
+  if (slice !== undefined) {
     for (let tries = 0; tries < 100; tries++) {
-      const port = LOWEST + Math.floor(Math.random() * (ephemeralLow - LOWEST))
+      const port = slice.first + Math.floor(Math.random() * slice.size)
       if (handedOut.has(port) || FETCH_BAD_PORTS.has(port) || !(await isFree(port))) continue
       handedOut.add(port)
       return port
