@@ -12,10 +12,10 @@ import { requireAdminToken } from "../layers/admin/Admin.ts"
 import { engineOf } from "../layers/engine/backends/index.ts"
 import { type CpuCacheReport, cpuCacheReport } from "../layers/engine/cpuCache.ts"
 import { resolvePlan } from "../layers/engine/EnginePlan.ts"
-import { stateDirRefusal } from "../layers/engine/pidFile.ts"
 import * as MemoryCgroupLive from "../layers/node/MemoryCgroup.ts"
-import { stateDirDistrust } from "../layers/node/stateFiles.ts"
 import { etcdOptions, etcdTlsFiles, readEtcdTls } from "../layers/registry/etcdClient.ts"
+import { stateDirRefusal } from "../layers/stateDir/ensureStateDir.ts"
+import { stateDirDistrust } from "../layers/stateDir/stateFiles.ts"
 import { eachFileProblem, readMaterial, readOne, securityFiles, type TlsFiles } from "../layers/tls/tlsMaterial.ts"
 import { type AgentConfig, ConfigError } from "../services/config/Config.ts"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
@@ -34,7 +34,7 @@ import { shutdownBound } from "./shutdownBound.ts"
  * the network without a token, and (unless `offline`) the TLS files of [security] and [cluster] are readable,
  * parse, match and have not expired. They read the very functions the servers use (the admin layer, Tls,
  * etcdClient), so check and run cannot disagree. On the host, agent.state_dir must be the agent's own
- * (layers/node/stateFiles.ts: owner the agent's user or root, writable by its owner only), as the supervisor checks
+ * (layers/stateDir/stateFiles.ts: owner the agent's user or root, writable by its owner only), as the supervisor checks
  * it again once made. All problems come back in one ConfigError.
  */
 export const preflight = (c: AgentConfig, options: { readonly offline?: boolean } = {}) =>

@@ -5,10 +5,11 @@
  *   working directory, else the first executable file of that name in the engine's PATH. `run` would fail to spawn it
  *   (ENOENT) and restart it for ever, the node unhealthy. For an engine run as `python -m package.module` (SGLang),
  *   that python must also have the package (pythonModule.ts).
- * - `agent.state_dir`: the directory itself, else its first existing ancestor, must be a writable directory, not on a
- *   kernel filesystem (procfs, sysfs: mkdir there fails, and as root every permission check passes). `run` of a
- *   spawned engine cannot start without it (the state lock and the pid file); with none it keeps the cordon and
- *   the GPUs' Xids there only. One that exists must also take a small file, written and removed (a full filesystem).
+ * - `agent.state_dir` (layers/stateDir/stateDirChecks.ts): the directory itself, else its first existing ancestor, must
+ *   be a writable directory, not on a kernel filesystem (procfs, sysfs: mkdir there fails, and as root every
+ *   permission check passes). `run` of a spawned engine cannot start without it (the state lock and the pid file);
+ *   with none it keeps the cordon and the GPUs' Xids there only. One that exists must also take a small file,
+ *   written and removed (a full filesystem).
  * - `models."name".path` (a spawned engine only): what the engine needs it to be, a GGUF file for llama.cpp, a model
  *   directory (or GGUF file) for vLLM and SGLang (modelPath.ts). `run` would spawn an engine that exits at every start.
  * - `kv.uds`'s directory, when it exists (the socket may appear later): the agent connects only to a socket in a
@@ -18,12 +19,12 @@
  *   KvbmLeaderConfig::sanity_check: "At least one cache tier must be configured"), so vLLM exits at every start.
  * Each finding is an error (check exits 2: `run` would not serve) or a warning (the exit stays 0).
  */
-import { randomUUID } from "node:crypto"
 import { constants } from "node:fs"
 import * as fsp from "node:fs/promises"
 import * as path from "node:path"
 import { Effect } from "effect"
-import { socketDirDistrust, socketDistrust, writeNew } from "../layers/node/stateFiles.ts"
+import { stateDirLine, stateDirProblem, stateDirWriteProblem } from "../layers/stateDir/stateDirChecks.ts"
+import { socketDirDistrust, socketDistrust } from "../layers/stateDir/stateFiles.ts"
 import type { AgentConfig } from "../services/config/Config.ts"
 import type { LaunchPlan } from "../services/engine/Engine.ts"
 import { engineEnvironment } from "../services/engine/EngineEnvironment.ts"
@@ -68,88 +69,6 @@ export const commandProblem = async (command: string, env: Env, cwd: string): Pr
     if ((await notExecutable(path.join(dir === "" ? cwd : dir, command))) === undefined) return undefined
   }
   return `not found on the engine's PATH (${search})`
-}
-
-/** Kernel filesystems nothing can be created in (statfs f_type, linux/magic.h). */
-const KERNEL_FS: ReadonlyMap<number, string> = new Map([
-  [0x9fa0, "procfs"],
-  [0x62656572, "sysfs"]
-])
-
-/** The problem line for a state_dir that cannot be used (`check`, and `run` before it starts). */
-export const stateDirLine = (stateDir: string, problem: string): string =>
-  `agent.state_dir = "${stateDir}": ${problem}; set agent.state_dir to a writable local directory`
-
-/**
- * Why `stateDir` could not be used (created, locked, written) by `run`, or undefined. Reads only: the directory if
- * it exists, else the first ancestor that does, which must be a writable directory off procfs and sysfs.
- */
-export const stateDirProblem = async (stateDir: string, cwd: string): Promise<string | undefined> => {
-  const target = path.resolve(cwd, stateDir)
-  let dir = target
-  for (;;) {
-    try {
-      const st = await fsp.stat(dir)
-      if (!st.isDirectory())
-        return dir === target ? `${dir} is not a directory` : `${dir} is not a directory, so ${target} cannot be made`
-      break
-    } catch (e) {
-      const code = codeOf(e)
-      const parent = path.dirname(dir)
-      if ((code !== "ENOENT" && code !== "ENOTDIR") || parent === dir) return `${dir}: ${code}`
-      // stat follows links: a dangling one is "not found", yet nothing can be made in its place (makeDirs.ts)
-      if (
-        code === "ENOENT" &&
-        (await fsp.lstat(dir).then(
-          (l) => l.isSymbolicLink(),
-          () => false
-        ))
-      )
-        return dir === target
-          ? `${dir} is a symbolic link to a missing target`
-          : `${dir} is a symbolic link to a missing target, so ${target} cannot be made`
-      dir = parent
-    }
-  }
-  const real = await fsp.realpath(dir).catch(() => dir)
-  const kind = await fsp.statfs(real).then(
-    (s) => KERNEL_FS.get(Number(s.type)),
-    () => undefined
-  )
-  const under = ["/proc", "/sys"].find((k) => real === k || real.startsWith(`${k}/`))
-  if (kind !== undefined || under !== undefined)
-    return `${real} is on ${kind ?? under} (a kernel filesystem): nothing can be kept there`
-  try {
-    await fsp.access(dir, constants.W_OK | constants.X_OK)
-  } catch (e) {
-    return dir === target
-      ? `${dir} is not writable (${codeOf(e)})`
-      : `${target} cannot be made in ${dir} (${codeOf(e)})`
-  }
-  return undefined
-}
-
-/**
- * Why an existing `stateDir` cannot be written, or undefined: a small file is written in it and removed, as `run`'s
- * lock file is (a full filesystem passes every permission check, and a read-only mount as root too). A state_dir that
- * does not exist yet is left alone: check creates nothing (stateDirProblem judged its ancestor).
- */
-export const stateDirWriteProblem = async (stateDir: string, cwd: string): Promise<string | undefined> => {
-  const target = path.resolve(cwd, stateDir)
-  const isDir = await fsp.stat(target).then(
-    (st) => st.isDirectory(),
-    () => false
-  )
-  if (!isDir) return undefined
-  const probe = path.join(target, `.cgn-agent-check.${randomUUID()}`)
-  // new, mode 0600, never through a link (stateFiles.ts); about the size of the lock record run writes
-  const failed = await writeNew(probe, `${"x".repeat(255)}\n`).then(
-    () => undefined,
-    (e: unknown) => e
-  )
-  await fsp.rm(probe, { force: true }).catch(() => undefined)
-  if (failed === undefined) return undefined
-  return `${target} cannot be written (${failed instanceof Error ? failed.message : String(failed)}); run could not write its lock there`
 }
 
 /** How long the host's filesystems get to answer (a hung network mount must not hold check). */

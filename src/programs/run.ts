@@ -7,11 +7,11 @@
 import { Effect, Option } from "effect"
 import { Command, GlobalFlag } from "effect/cli"
 import { engineOf } from "../layers/engine/backends/index.ts"
+import { stateDirLine, stateDirProblem } from "../layers/stateDir/stateDirChecks.ts"
 import { type AgentConfig, ConfigError } from "../services/config/Config.ts"
 import { preflight } from "./check.ts"
 import { configFlag, loadConfig } from "./configOption.ts"
 import { logFatal, saidIfStoppedWhileStarting } from "./fatal.ts"
-import { stateDirLine, stateDirProblem } from "./hostChecks.ts"
 import { runDaemon } from "./main.ts"
 
 /**

@@ -17,15 +17,15 @@ import * as EngineHostLive from "../../src/layers/engine/EngineHost.ts"
 import { planLayer } from "../../src/layers/engine/EnginePlan.ts"
 import * as EngineProcessLive from "../../src/layers/engine/EngineProcess.ts"
 import { layerFromPlan, type SupervisorSettings, settingsFromConfig } from "../../src/layers/engine/EngineProcess.ts"
-import { decodeLock, HEARTBEAT_STALE_MS, type LockRecord } from "../../src/layers/engine/lockVerdict.ts"
 import { type PidRecord, pidFilePath, readPidFile, writePidFile } from "../../src/layers/engine/pidFile.ts"
 import { groupAlive, pidAlive, processExe, processStartMs } from "../../src/layers/engine/processGroup.ts"
-import { holdStateDir, LEFTOVER_MS, lockFilePath } from "../../src/layers/engine/stateLock.ts"
+import { holdStateDir, LEFTOVER_MS, lockFilePath } from "../../src/layers/stateDir/stateLock.ts"
 import { guardEntry } from "../../src/programs/programPaths.ts"
 import type { EngineKind } from "../../src/services/config/Config.ts"
 import type { LaunchPlan } from "../../src/services/engine/Engine.ts"
 import { EngineProcess, type EngineProcessService, type EngineState } from "../../src/services/engine/EngineProcess.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
+import { decodeLock, HEARTBEAT_STALE_MS, type LockRecord } from "../../src/services/stateDir/LockVerdict.ts"
 import * as EngineProcessLayer from "../../src/testing/EngineProcess.ts"
 import { pollUntil } from "../support/poll.ts"
 import { freePort } from "../support/ports.ts"
@@ -224,7 +224,7 @@ const tryStart = async (s: Setup) => {
 
 describe("the state dir", () => {
   // Node's recursive mkdir never settles under /proc (it spins on EEXIST/ENOENT): the start ends with procfs's own
-  // answer, not the 10 s bound (layers/node/makeDirs.ts).
+  // answer, not the 10 s bound (layers/stateDir/makeDirs.ts).
   it("a state dir that cannot be created refuses the start with the reason and the key's advice", async () => {
     const exit = await Effect.runPromiseExit(Effect.scoped(holdStateDir(`/proc/cgn-agent-test-${process.pid}/state`)))
     if (Exit.isSuccess(exit)) return assert.fail("the start was not refused")

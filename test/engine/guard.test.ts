@@ -14,12 +14,11 @@ import {
   processExe,
   processStartMs,
   readStat,
-  START_MATCH_MS,
-  startMatches,
   startTicksOf
 } from "../../src/layers/engine/processGroup.ts"
 import { guardEntry } from "../../src/programs/programPaths.ts"
 import { buildGuardArgs, decodeReport, encodeReport, parseGuardArgs } from "../../src/services/engine/GuardProtocol.ts"
+import { START_MATCH_MS, startMatches } from "../../src/services/stateDir/ProcessStart.ts"
 import { pollUntil } from "../support/poll.ts"
 
 describe("guard command line", () => {

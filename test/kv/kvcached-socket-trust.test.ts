@@ -1,8 +1,8 @@
 // The kvcached link connects only to a socket it can trust (src/layers/kv/kvcachedClient.ts, through
-// layers/node/stateFiles.ts socketDistrust): whoever listens at kv.uds gets the node's KV events (the block hashes of
-// prompts' prefixes), so one in a directory others may write could be another local user's. With a listener there,
-// such a socket is refused like a failed connect (Hello never reaches it), and retried: once the directory is fixed,
-// the link comes up.
+// layers/stateDir/stateFiles.ts socketDistrust): whoever listens at kv.uds gets the node's KV events (the block
+// hashes of prompts' prefixes), so one in a directory others may write could be another local user's. With a
+// listener there, such a socket is refused like a failed connect (Hello never reaches it), and retried: once the
+// directory is fixed, the link comes up.
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"

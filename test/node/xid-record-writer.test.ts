@@ -8,8 +8,8 @@ import * as path from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Fiber, Logger } from "effect"
 import { TestClock } from "effect/testing"
-import { sweepTemps } from "../../src/layers/node/stateFiles.ts"
 import { recordWriter } from "../../src/layers/node/xidRecordWriter.ts"
+import { sweepTemps } from "../../src/layers/stateDir/stateFiles.ts"
 
 /** A write the test settles by hand: what each write wrote, in order, and how many ran at once at most. */
 const scripted = () => {

@@ -1,4 +1,4 @@
-// `cgn-agent check` on kv.uds's directory (src/programs/hostChecks.ts, through layers/node/stateFiles.ts
+// `cgn-agent check` on kv.uds's directory (src/programs/hostChecks.ts, through layers/stateDir/stateFiles.ts
 // socketDirDistrust): the link refuses a socket in a directory others may write (another local user could bind it
 // first and get the KV events), so check warns when that directory exists and fails the rule; and on a socket that
 // is there already and that run would refuse (socketDistrust). A warning, not a

@@ -1,14 +1,14 @@
 // The fatal line that ends `run` says why in the operator's words, without the error's internal tag: a second agent
 // on a held state_dir logged `engine process: AnotherAgent: agent.state_dir ... is held by agent pid N ...`. The
 // cgn-agent binary from source, on a state_dir whose lock names a live process (a stand-in for the first agent:
-// layers/engine/lockVerdict.ts judges a lock by its pid, start time, pid namespace and host).
+// services/stateDir/LockVerdict.ts judges a lock by its pid, start time, pid namespace and host).
 import { type ChildProcess, spawn } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { afterEach, describe, expect, it } from "vitest"
 import { processStartMs } from "../../src/layers/engine/processGroup.ts"
-import { lockFilePath } from "../../src/layers/engine/stateLock.ts"
+import { lockFilePath } from "../../src/layers/stateDir/stateLock.ts"
 import { fatalMessage } from "../../src/programs/fatal.ts"
 import { EngineProcessError } from "../../src/services/engine/EngineProcess.ts"
 import { runCli } from "../support/cli.ts"

@@ -1,12 +1,12 @@
 // A SIGTERM that reaches `run` before the daemon routes signals to its drain (runMain.ts: the handler is installed
 // once the agent serves) interrupts its start: a lifecycle review saw exit 130 with nothing logged after the start's
 // own lines. Now its last line says so. The window held open by a lock of another host's agent (another pid
-// namespace), which a start waits out (layers/engine/stateLock.ts) before it goes on.
+// namespace), which a start waits out (layers/stateDir/stateLock.ts) before it goes on.
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { afterEach, describe, expect, it } from "vitest"
-import { lockFilePath } from "../../src/layers/engine/stateLock.ts"
+import { lockFilePath } from "../../src/layers/stateDir/stateLock.ts"
 import { startAgent } from "../support/agent.ts"
 import { pollUntil } from "../support/poll.ts"
 

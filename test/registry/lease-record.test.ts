@@ -15,9 +15,9 @@ import "nice-grpc"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
 import { NodeHealth } from "../../src/gen/cgn/agent/v1/agent.ts"
 import { layerFromObject } from "../../src/layers/config/Config.ts"
-import { holdStateDir } from "../../src/layers/engine/stateLock.ts"
 import { layer as healthReporterLayer } from "../../src/layers/registry/HealthReporter.ts"
 import { leaseRecordPath } from "../../src/layers/registry/leaseRecord.ts"
+import { holdStateDir } from "../../src/layers/stateDir/stateLock.ts"
 import {
   epochOf,
   HealthReporter,

@@ -1,14 +1,14 @@
 /**
  * Test fixture: an agent's registration as the daemon runs it, in its own process so a test can SIGKILL it: the
- * state_dir lock held first (layers/engine/stateLock.ts, as the engine supervisor takes it), then a HealthReporter
+ * state_dir lock held first (layers/stateDir/stateLock.ts, as the engine supervisor takes it), then a HealthReporter
  * with that agent.state_dir. argv[2] is the config object as JSON (what layerFromObject takes). Prints one JSON line
  * `{"event":"registered","epoch":...}` on stdout once registered, then runs until killed.
  */
 import { NodeRuntime } from "@effect/platform-node"
 import { Effect, Layer, Schedule } from "effect"
 import { layerFromObject } from "../../src/layers/config/Config.ts"
-import { holdStateDir } from "../../src/layers/engine/stateLock.ts"
 import { layer as healthReporterLayer } from "../../src/layers/registry/HealthReporter.ts"
+import { holdStateDir } from "../../src/layers/stateDir/stateLock.ts"
 import { HealthReporter } from "../../src/services/registry/HealthReporter.ts"
 import { layerTest as nodeStatusTest } from "../../src/testing/NodeStatus.ts"
 

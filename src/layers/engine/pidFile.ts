@@ -9,10 +9,9 @@ import * as path from "node:path"
 import { Effect } from "effect"
 import type { LaunchPlan } from "../../services/engine/Engine.ts"
 import { EngineProcessError } from "../../services/engine/EngineProcess.ts"
-import { isWildcardHost } from "../../services/net/HostPort.ts"
-import { connectOnce } from "../net/connectOnce.ts"
-import { makeDirs } from "../node/makeDirs.ts"
-import { DIR_MODE, readNoFollow, stateDirDistrust, sweepTemps, tempNameFor, writeNew } from "../node/stateFiles.ts"
+import { startMatches } from "../../services/stateDir/ProcessStart.ts"
+import { portInUse } from "../net/connectOnce.ts"
+import { readNoFollow, sweepTemps, writeAtomically } from "../stateDir/stateFiles.ts"
 import { pollUntil, stopGroup } from "./groupWait.ts"
 import {
   groupAlive,
@@ -21,8 +20,7 @@ import {
   KILL_WAIT_MS,
   pidAlive,
   processExe,
-  processStartMs,
-  startMatches
+  processStartMs
 } from "./processGroup.ts"
 
 export interface PidRecord {
@@ -73,20 +71,12 @@ export const readPidFile = (file: string): Effect.Effect<PidRecord | undefined> 
   )
 
 /**
- * Written atomically (a new temp file under a random name, mode 0600, then a rename: stateFiles.ts), so a crash
- * never leaves half a record and no planted link is written through; a failure is logged.
+ * Written atomically (a new temp file under a random name, mode 0600, then a rename: stateFiles.ts writeAtomically),
+ * so a crash never leaves half a record and no planted link is written through; a failure is logged. Not synced:
+ * the record names a live process group, which a crash of the node ends with it.
  */
 export const writePidFile = (file: string, record: PidRecord): Effect.Effect<void> =>
-  Effect.tryPromise(async () => {
-    const tmp = tempNameFor(file)
-    try {
-      await writeNew(tmp, `${JSON.stringify(record)}\n`)
-      await fs.rename(tmp, file)
-    } catch (e) {
-      await fs.rm(tmp, { force: true }).catch(() => undefined)
-      throw e
-    }
-  }).pipe(
+  Effect.tryPromise(() => writeAtomically(file, `${JSON.stringify(record)}\n`, false)).pipe(
     // the system's reason (EROFS, ENOSPC) is the cause: the error's own text says only that a promise failed
     Effect.catch((e) =>
       Effect.logError(`cannot write the engine pid file ${file}`, {
@@ -122,55 +112,6 @@ export const pidFileOfRun = (file: string) =>
         ? Effect.logWarning(`${file} kept: the engine group it names is still alive after its stop`)
         : removePidFile(file)
   )
-
-/** Whether something accepts TCP connections on host:port (wildcard hosts are checked on loopback). */
-export const portInUse = (host: string, port: number, timeoutMs = 1_000): Effect.Effect<boolean> => {
-  const target = !isWildcardHost(host) ? host : host.includes(":") ? "::1" : "127.0.0.1"
-  return Effect.map(connectOnce(target, port, timeoutMs), (o) => o._tag === "Connected")
-}
-
-/** How long creating agent.state_dir may take before the start is refused. */
-const STATE_DIR_TIMEOUT_MS = 10_000
-
-/**
- * Creates agent.state_dir (mode 0700, and its parents) if need be and checks that it is the agent's own
- * (stateFiles.ts; `check`'s preflight said so before the start, this holds for the directory as made); a failure,
- * or no answer in time, refuses the start.
- */
-export const ensureStateDir = (stateDir: string): Effect.Effect<void, EngineProcessError> =>
-  Effect.tryPromise({
-    // Resolved as path.join resolves the names of the files in it: a `..` after a link in state_dir made the
-    // directory through the link while the files went to the lexical path (a re-check's stray directory).
-    try: () => makeDirs(path.resolve(stateDir), fs, DIR_MODE),
-    catch: (err) =>
-      new EngineProcessError({
-        reason: "StateDir",
-        detail: `agent.state_dir = "${stateDir}": cannot create it: ${err instanceof Error ? err.message : String(err)}; set agent.state_dir to a writable local directory`
-      })
-  }).pipe(
-    Effect.andThen(Effect.promise(() => stateDirDistrust(stateDir))),
-    Effect.flatMap((why) =>
-      why === undefined
-        ? Effect.void
-        : Effect.fail(new EngineProcessError({ reason: "StateDir", detail: stateDirRefusal(stateDir, why) }))
-    ),
-    // Bounded: a hung network mount must not hold the start with no word (makeDirs.ts ends where Node's
-    // recursive mkdir spun). A local directory takes milliseconds.
-    Effect.timeoutOrElse({
-      duration: STATE_DIR_TIMEOUT_MS,
-      orElse: () =>
-        Effect.fail(
-          new EngineProcessError({
-            reason: "StateDir",
-            detail: `agent.state_dir = "${stateDir}": cannot create it: no answer within ${STATE_DIR_TIMEOUT_MS / 1000} s; set agent.state_dir to a writable local directory`
-          })
-        )
-    })
-  )
-
-/** Why agent.state_dir is refused, with the remedy (the preflight, programs/check.ts, says the same). */
-export const stateDirRefusal = (stateDir: string, why: string): string =>
-  `agent.state_dir = "${stateDir}" is not the agent's own: ${why}; the agent trusts what it finds there (the engine pid file names a process group it stops), so it must be owned by the agent's user or root and writable by its owner only (chmod 700), and not shared with less-trusted pods or users`
 
 /**
  * Why the live group `record` names is not an engine this agent started, or undefined when it is: one of its

@@ -4,6 +4,7 @@
  */
 import * as net from "node:net"
 import { Effect, Option } from "effect"
+import { isWildcardHost } from "../../services/net/HostPort.ts"
 
 export type ConnectOutcome =
   /** The connection was made. */
@@ -45,4 +46,10 @@ export const connectOnce = (host: string, port: number, timeoutMs: number): Effe
     Effect.timeoutOption(timeoutMs),
     Effect.map(Option.getOrElse((): ConnectOutcome => ({ _tag: "Pending", resolved })))
   )
+}
+
+/** Whether something accepts TCP connections on host:port (wildcard hosts are checked on loopback). */
+export const portInUse = (host: string, port: number, timeoutMs = 1_000): Effect.Effect<boolean> => {
+  const target = !isWildcardHost(host) ? host : host.includes(":") ? "::1" : "127.0.0.1"
+  return Effect.map(connectOnce(target, port, timeoutMs), (o) => o._tag === "Connected")
 }

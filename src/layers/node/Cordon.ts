@@ -16,8 +16,8 @@ import {
   encodeRecord,
   make
 } from "../../services/node/Cordon.ts"
-import { removeDurably, writeDurably } from "./durableFile.ts"
-import { readNoFollow } from "./stateFiles.ts"
+import { removeDurably, writeDurably } from "../stateDir/durableFile.ts"
+import { readNoFollow } from "../stateDir/stateFiles.ts"
 
 export const cordonFilePath = (stateDir: string): string => path.join(stateDir, "cordon.json")
 

@@ -27,7 +27,7 @@ import {
   recordOf,
   type XidRecord
 } from "../../services/node/XidLedger.ts"
-import { readNoFollow, sweepTemps } from "./stateFiles.ts"
+import { readNoFollow, sweepTemps } from "../stateDir/stateFiles.ts"
 import { recordWriter } from "./xidRecordWriter.ts"
 
 /** Where Linux says which boot this is (proc(5): a random UUID made at each boot). */

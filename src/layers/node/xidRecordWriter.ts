@@ -1,6 +1,6 @@
 import { Clock, Duration, Effect } from "effect"
 import { XidRecordError } from "../../services/node/Nvml.ts"
-import { writeDurably } from "./durableFile.ts"
+import { writeDurably } from "../stateDir/durableFile.ts"
 
 /** Count-only changes are written at most this often. */
 export const COUNT_WRITE_MS = 30_000

@@ -7,7 +7,7 @@
  * agent: the new one revokes that lease and registers at once. Any other holder is waited for, as before.
  *
  * The record proves that much only while one agent at a time holds state_dir: the state_dir lock
- * (layers/engine/stateLock.ts), taken by an agent that spawns its engine. An agent that does not hold it (a proxied
+ * (layers/stateDir/stateLock.ts), taken by an agent that spawns its engine. An agent that does not hold it (a proxied
  * engine: openai_compat without a spawn) may share state_dir with a live agent, so it neither reads nor writes the
  * record. The record is written after each lease grant (temp file and rename, 0600, synced: durableFile.ts), removed
  * once the agent revoked its own lease at a clean stop; a write or removal that fails is a warning, never fatal.
@@ -16,9 +16,9 @@ import * as fsp from "node:fs/promises"
 import * as path from "node:path"
 import { Effect } from "effect"
 import { epochOf } from "../../services/registry/HealthReporter.ts"
-import { stateDirHeldHere } from "../engine/stateLock.ts"
-import { writeDurably } from "../node/durableFile.ts"
-import { readNoFollow, sweepTemps } from "../node/stateFiles.ts"
+import { writeDurably } from "../stateDir/durableFile.ts"
+import { readNoFollow, sweepTemps } from "../stateDir/stateFiles.ts"
+import { stateDirHeldHere } from "../stateDir/stateLock.ts"
 import { reasonOf } from "./etcdErrors.ts"
 
 export const leaseRecordPath = (stateDir: string): string => path.join(stateDir, "etcd-lease")

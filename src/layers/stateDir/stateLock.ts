@@ -6,11 +6,11 @@
  *
  * `agent.lock` says who holds it: pid, that process's start (/proc), its pid namespace and host name. It appears
  * complete or not at all: written to a file of its own, then hard-linked into place, which fails if a lock exists.
- * An existing lock is judged by `lockVerdict`: its agent gone, or its pid now another process's, and it is taken
- * over; alive, and the start is refused (AnotherAgent, exit 1, as the pid file's live agent is). A pid means
- * nothing in another pid namespace (a restarted container, a pod sharing a hostPath), so such a lock is judged by
- * its heartbeat: the holder refreshes its mtime every few seconds. The release removes the lock if it is still
- * this holding's.
+ * An existing lock is judged by `lockVerdict` (services/stateDir/LockVerdict.ts): its agent gone, or its pid now
+ * another process's, and it is taken over; alive, and the start is refused (AnotherAgent, exit 1, as the pid file's
+ * live agent is). A pid means nothing in another pid namespace (a restarted container, a pod sharing a hostPath), so
+ * such a lock is judged by its heartbeat: the holder refreshes its mtime every few seconds. The release removes the
+ * lock if it is still this holding's.
  */
 import { randomUUID } from "node:crypto"
 import { readlinkSync } from "node:fs"
@@ -19,11 +19,18 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { Clock, Effect, Schedule } from "effect"
 import { EngineProcessError } from "../../services/engine/EngineProcess.ts"
-import { readNoFollow, writeNew } from "../node/stateFiles.ts"
+import {
+  decodeLock,
+  HEARTBEAT_MS,
+  HEARTBEAT_STALE_MS,
+  type LockRecord,
+  lockVerdict
+} from "../../services/stateDir/LockVerdict.ts"
+import { pidAlive, processStartMs } from "../engine/processGroup.ts"
 import { background, RESTART } from "../observability/backgroundFiber.ts"
-import { decodeLock, HEARTBEAT_MS, HEARTBEAT_STALE_MS, type LockRecord, lockVerdict } from "./lockVerdict.ts"
-import { ensureStateDir } from "./pidFile.ts"
-import { pidAlive, processStartMs } from "./processGroup.ts"
+import { ensureStateDir } from "./ensureStateDir.ts"
+import { STATE_DIR_ADVICE } from "./stateDirChecks.ts"
+import { readNoFollow, writeNew } from "./stateFiles.ts"
 
 export const lockFilePath = (stateDir: string): string => path.join(stateDir, "agent.lock")
 
@@ -147,12 +154,12 @@ const fail = (reason: "StateDir" | "AnotherAgent", detail: string) =>
 
 /**
  * The lock file cannot be written in state_dir (full, read-only, gone): named by the key, as `check` names it
- * (hostChecks.ts), since state_dir is the agent's and not the engine's (programs/fatal.ts drops the prefix).
+ * (stateDirChecks.ts), since state_dir is the agent's and not the engine's (programs/fatal.ts drops the prefix).
  */
 const unwritable = (stateDir: string, what: string, err: unknown) =>
   new EngineProcessError({
     reason: "StateDir",
-    detail: `agent.state_dir = "${stateDir}": cannot write ${what}: ${err instanceof Error ? err.message : String(err)}; free space there or set agent.state_dir to a writable local directory`
+    detail: `agent.state_dir = "${stateDir}": cannot write ${what}: ${err instanceof Error ? err.message : String(err)}; free space there or ${STATE_DIR_ADVICE}`
   })
 
 /** Takes the lock (failing with AnotherAgent while a live agent holds it); the release removes it. */

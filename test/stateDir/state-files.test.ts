@@ -1,4 +1,4 @@
-// Files in agent.state_dir (layers/node/stateFiles.ts): the directory must be the agent's own (owner the agent's
+// Files in agent.state_dir (layers/stateDir/stateFiles.ts): the directory must be the agent's own (owner the agent's
 // user or root, writable by its owner only; the directories above it too unless sticky), new files are created
 // never through a link, mode 0600, and reads never follow a link. The security review (FINDINGS.md, item 3) had a
 // 0777 state_dir accepted, planted links written through as root, and another file's bytes quoted in a warning.
@@ -8,9 +8,10 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { Effect } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
-import { ensureStateDir, pidFilePath, readPidFile, writePidFile } from "../../src/layers/engine/pidFile.ts"
+import { pidFilePath, readPidFile, writePidFile } from "../../src/layers/engine/pidFile.ts"
 import { cordonFilePath } from "../../src/layers/node/Cordon.ts"
-import { writeDurably } from "../../src/layers/node/durableFile.ts"
+import { writeDurably } from "../../src/layers/stateDir/durableFile.ts"
+import { ensureStateDir } from "../../src/layers/stateDir/ensureStateDir.ts"
 import {
   readNoFollow,
   socketDirDistrust,
@@ -18,7 +19,7 @@ import {
   stateDirDistrust,
   tempNameFor,
   writeNew
-} from "../../src/layers/node/stateFiles.ts"
+} from "../../src/layers/stateDir/stateFiles.ts"
 
 const dirs: Array<string> = []
 afterEach(() => {

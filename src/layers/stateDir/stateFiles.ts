@@ -28,13 +28,41 @@ export const CREATE_FLAGS = constants.O_WRONLY | constants.O_CREAT | constants.O
  */
 export const tempNameFor = (file: string): string => `${file}.${process.pid}.${randomBytes(8).toString("hex")}.tmp`
 
-/** Creates `file` (which must not exist, nor be a link) with `data`, mode 0600. */
-export const writeNew = async (file: string, data: string): Promise<void> => {
-  const handle = await fsp.open(file, CREATE_FLAGS, FILE_MODE)
+/** The file system calls a write uses, so a test can see their order (durableFile.ts). */
+export type WriteFs = Pick<typeof fsp, "open" | "rename" | "rm">
+
+/** Creates `file` (which must not exist, nor be a link) with `data`, mode 0600; `sync`: synced before it is closed. */
+export const writeNew = async (
+  file: string,
+  data: string,
+  sync = false,
+  fs: Pick<WriteFs, "open"> = fsp
+): Promise<void> => {
+  const handle = await fs.open(file, CREATE_FLAGS, FILE_MODE)
   try {
     await handle.writeFile(data)
+    if (sync) await handle.sync()
   } finally {
     await handle.close()
+  }
+}
+
+/**
+ * Replaces `file` with `data` atomically: a new temp file beside it (writeNew under tempNameFor's name, so a link
+ * planted in the directory is never written through), then renamed over it (the rename replaces a link at `file`
+ * itself). Throws when the file was not replaced, its temp file removed. `sync`: the temp file is synced before the
+ * rename (durableFile.ts; the engine pid file does without: it names a process group, which a crash of the node
+ * ends).
+ */
+export const writeAtomically = async (file: string, data: string, sync: boolean, fs: WriteFs = fsp): Promise<void> => {
+  // one temp file per write: a write whose waiter gave up (a timeout) may still be running under a later one
+  const tmp = tempNameFor(file)
+  try {
+    await writeNew(tmp, data, sync, fs)
+    await fs.rename(tmp, file)
+  } catch (e) {
+    await fs.rm(tmp, { force: true }).catch(() => undefined)
+    throw e
   }
 }
 
@@ -217,7 +245,8 @@ export const socketDistrust = async (
 
 /**
  * Removes the temp files writes of earlier processes left next to `file` (killed mid-write, or a write whose wait
- * timed out at the end): tempNameFor names them `<file>.<pid>.<random hex>.tmp` (the engine pid file's and durableFile.ts's). Never fails; a hung directory is left.
+ * timed out at the end): tempNameFor names them `<file>.<pid>.<random hex>.tmp` (writeAtomically's). Never fails; a
+ * hung directory is left.
  */
 export const sweepTemps = (file: string): Effect.Effect<void> => {
   const dir = path.dirname(file)

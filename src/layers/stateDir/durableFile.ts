@@ -8,10 +8,10 @@
 import * as fsp from "node:fs/promises"
 import * as path from "node:path"
 import { type MakeDirsFs, makeDirs } from "./makeDirs.ts"
-import { CREATE_FLAGS, DIR_MODE, FILE_MODE, tempNameFor } from "./stateFiles.ts"
+import { DIR_MODE, type WriteFs, writeAtomically } from "./stateFiles.ts"
 
 /** The file system calls used, so a test can see their order. */
-export type DurableFs = Pick<typeof fsp, "open" | "rename" | "rm"> & MakeDirsFs
+export type DurableFs = WriteFs & MakeDirsFs
 
 /**
  * Syncs `dir`. Its failure comes after the change it was to make durable (a rename, a removal), which has happened
@@ -34,27 +34,13 @@ const syncDir = async (dir: string, fs: DurableFs): Promise<string | undefined> 
 /**
  * Replaces `file` with `data` atomically and durably (creating its directory when missing, mode 0700). Throws when
  * the file was not replaced (its temp file removed); resolves with a warning when it was but its directory could
- * not be synced. The temp file is new (O_EXCL|O_NOFOLLOW, 0600) under a random name (stateFiles.ts): a link
- * planted in the directory is never written through, and the rename replaces a link at `file` itself.
+ * not be synced. The temp file is new (O_EXCL|O_NOFOLLOW, 0600) under a random name (stateFiles.ts writeAtomically): a
+ * link planted in the directory is never written through, and the rename replaces a link at `file` itself.
  */
 export const writeDurably = async (file: string, data: string, fs: DurableFs = fsp): Promise<string | undefined> => {
   const dir = path.dirname(file)
   await makeDirs(dir, fs, DIR_MODE)
-  // one temp file per write: a write whose waiter gave up (a timeout) may still be running under a later one
-  const tmp = tempNameFor(file)
-  try {
-    const handle = await fs.open(tmp, CREATE_FLAGS, FILE_MODE)
-    try {
-      await handle.writeFile(data)
-      await handle.sync()
-    } finally {
-      await handle.close()
-    }
-    await fs.rename(tmp, file)
-  } catch (e) {
-    await fs.rm(tmp, { force: true }).catch(() => undefined)
-    throw e
-  }
+  await writeAtomically(file, data, true, fs)
   return syncDir(dir, fs)
 }
 

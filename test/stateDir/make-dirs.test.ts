@@ -1,11 +1,11 @@
-// `mkdir -p` that always ends (layers/node/makeDirs.ts): where Node's recursive mkdir spins for ever (a path under
+// `mkdir -p` that always ends (layers/stateDir/makeDirs.ts): where Node's recursive mkdir spins for ever (a path under
 // procfs, a dangling symbolic link) it fails with the reason; otherwise it makes what is missing.
 import * as fs from "node:fs"
 import * as fsp from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { type MakeDirsFs, makeDirs } from "../../src/layers/node/makeDirs.ts"
+import { type MakeDirsFs, makeDirs } from "../../src/layers/stateDir/makeDirs.ts"
 
 let dir = ""
 beforeAll(() => {

@@ -1,9 +1,10 @@
 /**
- * The state_dir lock's record and the verdict on an existing one (stateLock.ts takes and holds the lock): who wrote
- * it, and whether that agent still holds it, from what a contender sees of it. Pure: the observations come in.
+ * The state_dir lock's record and the verdict on an existing one (layers/stateDir/stateLock.ts takes and holds the
+ * lock): who wrote it, and whether that agent still holds it, from what a contender sees of it. Pure: the
+ * observations come in.
  */
 import { Data } from "effect"
-import { startMatches } from "./processGroup.ts"
+import { startMatches } from "./ProcessStart.ts"
 
 export interface LockRecord {
   readonly pid: number

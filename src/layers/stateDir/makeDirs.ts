@@ -11,7 +11,8 @@ import * as path from "node:path"
 /** The calls used, so a test can fail one. */
 export type MakeDirsFs = Pick<typeof fsp, "mkdir" | "stat" | "lstat">
 
-const codeOf = (e: unknown): string | undefined => (e as NodeJS.ErrnoException).code
+/** An error's errno code (ENOENT...), else the error as text: what a problem line names. */
+export const codeOf = (e: unknown): string => (e as NodeJS.ErrnoException).code ?? String(e)
 
 /** `dir` exists: fine when it is a directory (or a link to one), else the reason it cannot be used. */
 const existing = async (dir: string, fs: MakeDirsFs): Promise<void> => {

@@ -1,4 +1,4 @@
-// The cordon's record file (layers/node/durableFile.ts): replaced atomically, and durable: the new content is
+// The cordon's record file (layers/stateDir/durableFile.ts): replaced atomically, and durable: the new content is
 // synced before the rename, the directory after the rename and after a removal. The order is what makes it
 // survive a power loss, so the calls are recorded on the real file system and checked.
 import * as fs from "node:fs"
@@ -6,7 +6,7 @@ import * as fsp from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { type DurableFs, removeDurably, writeDurably } from "../../src/layers/node/durableFile.ts"
+import { type DurableFs, removeDurably, writeDurably } from "../../src/layers/stateDir/durableFile.ts"
 
 let dir = ""
 beforeAll(() => {

@@ -1,4 +1,4 @@
-// The state_dir lock's pure parts (layers/engine/stateLock.ts): reading a lock file, and whether its agent still
+// The state_dir lock's pure parts (layers/stateDir/stateLock.ts): reading a lock file, and whether its agent still
 // holds it from what a contender sees. The lock taken, refused, taken over and released for real is in
 // engine-process.test.ts ("the state dir"); here, a release that cannot remove the lock, and a stale lock another
 // contender replaced just before this one moved it aside (node:fs/promises' rename scripted to make that race).
@@ -8,15 +8,16 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { Effect, Exit, Logger } from "effect"
 import { describe, expect, it, vi } from "vitest"
+import { pidAlive, processStartMs } from "../../src/layers/engine/processGroup.ts"
+import { holdStateDir, lockFilePath, stateDirHeldHere } from "../../src/layers/stateDir/stateLock.ts"
 import {
   decodeLock,
   HEARTBEAT_STALE_MS,
   type LockRecord,
   type LockSight,
   lockVerdict
-} from "../../src/layers/engine/lockVerdict.ts"
-import { pidAlive, processStartMs, START_MATCH_MS } from "../../src/layers/engine/processGroup.ts"
-import { holdStateDir, lockFilePath, stateDirHeldHere } from "../../src/layers/engine/stateLock.ts"
+} from "../../src/services/stateDir/LockVerdict.ts"
+import { START_MATCH_MS } from "../../src/services/stateDir/ProcessStart.ts"
 
 const record: LockRecord = {
   pid: 4242,
@@ -177,7 +178,7 @@ describe("release", () => {
       return { ...real, default: { ...real, rename }, rename }
     })
     try {
-      const { holdStateDir: hold } = await import("../../src/layers/engine/stateLock.ts")
+      const { holdStateDir: hold } = await import("../../src/layers/stateDir/stateLock.ts")
       const exit = await Effect.runPromiseExit(Effect.scoped(hold(dir)).pipe(Effect.provide(Logger.layer([]))))
       expect(JSON.stringify(exit)).toContain('"reason":"AnotherAgent"')
       expect(fs.readFileSync(lock, "utf8")).toBe(othersLock)
