@@ -23,13 +23,17 @@ import {
 
 const delay = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms))
 
-/** Polls until `gone()` or `ms` elapsed; true when gone. The guard is plain Node, so this is its own clock. */
+/**
+ * Polls until `gone()` or `ms` elapsed; true when gone. The guard is plain Node, so this is its own clock:
+ * performance.now, monotonic, so that a wall clock stepped back (NTP at boot) cannot stretch the grace.
+ */
 const pollUntil = async (gone: () => boolean, ms: number, everyMs = 25): Promise<boolean> => {
-  const end = Date.now() + ms
+  const end = performance.now() + ms
   for (;;) {
     if (gone()) return true
-    if (Date.now() >= end) return false
-    await delay(Math.min(everyMs, Math.max(end - Date.now(), 1)))
+    const now = performance.now()
+    if (now >= end) return false
+    await delay(Math.min(everyMs, Math.max(end - now, 1)))
   }
 }
 

@@ -17,7 +17,9 @@
 import { Duration } from "effect"
 import { CLOSE_GRACE as ADMIN_CLOSE_GRACE } from "../layers/admin/Admin.ts"
 import { STOP_SLACK_MS as ENGINE_STOP_SLACK_MS } from "../layers/engine/run.ts"
+import { EXIT_REPORT_WAIT_MS } from "../layers/engine/runOnce.ts"
 import { CLOSE_GRACE as GRPC_CLOSE_GRACE } from "../layers/grpc/GrpcServer.ts"
+import { STOP_BOUND_MS as KVCACHED_STOP_MS } from "../layers/kv/kvcachedClient.ts"
 import { CALL_TIMEOUT as NVML_CALL_TIMEOUT } from "../layers/node/Nvml.ts"
 import { FLUSH_WAIT_MS } from "../layers/node/processExit.ts"
 import { FLUSH_MS as XID_FLUSH_MS } from "../layers/node/xidRecordWriter.ts"
@@ -51,10 +53,11 @@ export const shutdownTerms = (config: AgentConfig, env: Env = process.env): Read
       ? { step: "state=draining written to etcd (agent.heartbeat)", ms: Duration.toMillis(agent.heartbeat) }
       : undefined,
     { step: "in-flight streams (agent.drain_timeout)", ms: Duration.toMillis(agent.drain_timeout) },
-    // layers/engine/run.ts: past stop_grace, the guard's SIGKILL, a hung guard killed, the group's, the last output
+    // layers/engine/run.ts: past stop_grace, the guard's SIGKILL, a hung guard killed, the group's, the last output;
+    // then layers/engine/runOnce.ts's wait for the guard's exit report (a group that survived SIGKILL sends none)
     {
       step: "engine stopped (engine.stop_grace + kill and confirm)",
-      ms: Duration.toMillis(engine.stop_grace) + ENGINE_STOP_SLACK_MS
+      ms: Duration.toMillis(engine.stop_grace) + ENGINE_STOP_SLACK_MS + EXIT_REPORT_WAIT_MS
     },
     // layers/registry/HealthReporter.ts shutdown: the revoke alone once etcd left the drain's write unanswered
     etcd ? { step: "etcd lease revoked (one etcd call)", ms: callMs } : undefined,
@@ -64,7 +67,7 @@ export const shutdownTerms = (config: AgentConfig, env: Env = process.env): Read
     { step: "admin server closed", ms: Duration.toMillis(ADMIN_CLOSE_GRACE) },
     // layers/kv/kvcachedClient.ts STOP_BOUND_MS: the wait for kvcached's last acknowledgement and the cancel (see above)
     config.kv.events && config.kv.uds !== undefined
-      ? { step: "kvcached told of the last call's end", ms: 1_000 }
+      ? { step: "kvcached told of the last call's end", ms: KVCACHED_STOP_MS }
       : undefined,
     traces
       ? {

@@ -57,22 +57,22 @@ describe("check's summary", () => {
     )
   })
 
-  it("the shutdown's worst case, in terminationGracePeriodSeconds' unit (the example DaemonSet sets 180 for 156 s)", () => {
+  it("the shutdown's worst case, in terminationGracePeriodSeconds' unit (the example DaemonSet sets 180 for 157 s)", () => {
     const etcd = load(
       '[cluster]\netcd = ["http://etcd:2379"]\n[agent]\ndrain_timeout = "60s"\n[engine]\nstop_grace = "60s"\n[models.m]\nhf_repo = "a/b"\n'
     )
     expect(line(summarize(etcd), "shutdown")).toBe(
-      "within 2m 36s, every peer hung (terminationGracePeriodSeconds: at least 156)"
+      "within 2m 37s, every peer hung (terminationGracePeriodSeconds: at least 157)"
     )
   })
 
-  // rounded up, also below .5 s: a bound of 155.25 s needs 156 (README "Running the daemon", examples/k8s)
+  // rounded up, also below .5 s: a bound of 156.25 s needs 157 (README "Running the daemon", examples/k8s)
   it("the shutdown's seconds round up", () => {
     const etcd = load(
       '[cluster]\netcd = ["http://etcd:2379"]\n[agent]\ndrain_timeout = "59250ms"\n[engine]\nstop_grace = "60s"\n[models.m]\nhf_repo = "a/b"\n'
     )
     expect(line(summarize(etcd), "shutdown")).toBe(
-      "within 2m 35s 250ms, every peer hung (terminationGracePeriodSeconds: at least 156)"
+      "within 2m 36s 250ms, every peer hung (terminationGracePeriodSeconds: at least 157)"
     )
   })
 
@@ -87,10 +87,10 @@ describe("check's summary", () => {
         "shutdown"
       )
     expect(bound('otlp_endpoint = "http://127.0.0.1:4318"')).toBe(
-      "within 2m 39s 250ms, every peer hung (terminationGracePeriodSeconds: at least 160)"
+      "within 2m 40s 250ms, every peer hung (terminationGracePeriodSeconds: at least 161)"
     )
     expect(bound('[kv]\nevents = false\nuds = "/run/cgn/kvcached.sock"')).toBe(
-      "within 2m 36s, every peer hung (terminationGracePeriodSeconds: at least 156)"
+      "within 2m 37s, every peer hung (terminationGracePeriodSeconds: at least 157)"
     )
   })
 
@@ -100,7 +100,7 @@ describe("check's summary", () => {
         '[kv]\nevents = true\nuds = "/run/cgn/kvcached.sock"\n[models.m]\nhf_repo = "a/b"\n'
     )
     expect(line(summarize(kv), "shutdown")).toBe(
-      "within 2m 37s, every peer hung (terminationGracePeriodSeconds: at least 157)"
+      "within 2m 38s, every peer hung (terminationGracePeriodSeconds: at least 158)"
     )
   })
 

@@ -38,6 +38,18 @@ export interface Lingering {
 const LINGER_POLL_MS = 1_000
 const LINGER_LOG_EVERY_MS = 60_000
 
+/** How long a spawned run's pid is waited for (the guard reports it once its group leader exists). */
+const PID_WAIT_MS = 10_000
+/**
+ * How long a run ended by the agent's stop waits for the guard's exit report, which can trail the group's death by a
+ * moment. It runs after the stop, within the shutdown (programs/shutdownBound.ts counts it).
+ */
+export const EXIT_REPORT_WAIT_MS = 1_000
+/** The same wait after a stop of the run's own (its engine exited or failed): the next run waits on it. */
+const STOPPED_EXIT_WAIT_MS = 2_000
+/** How long the engine's last output lines are waited for, for the exit record's hint. */
+const OUTPUT_DRAIN_MS = 1_000
+
 /**
  * The last run's group survived SIGKILL (a process in uninterruptible sleep: a GPU driver hang, a dead network
  * mount) and may still hold the engine's port and GPU memory: a run started now would fail at bind or load, again and
@@ -169,7 +181,7 @@ const spawn = (
       Effect.uninterruptible
     )
     const pid = yield* Deferred.await(er.pid).pipe(
-      Effect.timeoutOrElse({ duration: 10_000, orElse: () => Effect.undefined })
+      Effect.timeoutOrElse({ duration: PID_WAIT_MS, orElse: () => Effect.undefined })
     )
     yield* Ref.set(spawned, { run: er, pid, oomKillsBefore })
     if (pid !== undefined) {
@@ -198,7 +210,8 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
         ? Effect.gen(function* () {
             const sp = yield* Ref.get(spawned)
             // The guard's exit report can trail the group's death by a moment.
-            if (sp !== undefined) yield* Deferred.await(sp.run.exited).pipe(Effect.timeout(1_000), Effect.ignore)
+            if (sp !== undefined)
+              yield* Deferred.await(sp.run.exited).pipe(Effect.timeout(EXIT_REPORT_WAIT_MS), Effect.ignore)
             const ended = yield* Ref.get(known)
             const record = yield* exitRecord(run, since, sp, ended ?? { kind: "stopped" }, s)
             yield* keepExit(refs, record)
@@ -245,11 +258,11 @@ export const runOnce = (s: Supervision, refs: RunRefs, gate: Option.Option<GpuGa
       }
       if ((yield* sp.run.stop) === "survived" && sp.pid !== undefined)
         yield* Ref.set(refs.lingering, { run, pid: sp.pid, alive: sp.run.groupAlive })
-      yield* Deferred.await(sp.run.exited).pipe(Effect.timeout(2_000), Effect.ignore)
+      yield* Deferred.await(sp.run.exited).pipe(Effect.timeout(STOPPED_EXIT_WAIT_MS), Effect.ignore)
       // The exit record's last lines are what its hint is read from, and an engine dying at start prints its cause
       // just before it exits: give the output pumps, which may lag on a loaded host, up to a second to reach the
       // pipes' end (it comes as soon as the group is gone; only an escaped process holding a pipe waits it out).
-      yield* sp.run.drainOutput(1_000)
+      yield* sp.run.drainOutput(OUTPUT_DRAIN_MS)
     }
     const readyAtMs = yield* valueIfDone(readyAt)
     return { record: yield* exitRecord(run, since, sp, ended, s, readyAtMs !== undefined), readyAt: readyAtMs }

@@ -16,6 +16,10 @@ import type { GenerateError } from "../../services/grpc/GrpcStatus.ts"
 export class Relay implements ChunkSink {
   readonly coalescer: Coalescer
   readonly reader: ChunkReader
+  /**
+   * When the first text came, in performance.now() ms (0: none yet), as the call's other timings (GenerateCall.ts:
+   * ttft, total); not on Effect's Clock as `slotAt` is, so never subtract one from the other.
+   */
   firstTextAt = 0
   /** Any engine chunk seen (a decode leg's deadline ends there). */
   started = false

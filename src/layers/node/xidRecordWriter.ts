@@ -1,3 +1,10 @@
+/**
+ * The writer of the GPU Xid record in agent.state_dir (xidMemory.ts reads it back): what the ledger holds of this
+ * boot's fault Xids, so that a restarted agent keeps a faulty GPU out of the engine's set. One write at a time,
+ * queued after the last; an Xid that came or went (or a clear) is written at once, a count-only change at most every
+ * COUNT_WRITE_MS, a failed write retried RETRY_MS later and said once per reason, and the scope's end waits
+ * FLUSH_MS at most for what is in flight (programs/shutdownBound.ts counts it).
+ */
 import { Clock, Duration, Effect } from "effect"
 import { XidRecordError } from "../../services/node/Nvml.ts"
 import { writeDurably } from "../stateDir/durableFile.ts"
