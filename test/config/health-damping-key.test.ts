@@ -1,13 +1,13 @@
 // agent.health_damping has no effect any more (a liveness loss ends the engine's run, so every node state reaches etcd
 // at once: layers/registry/registrationStep.ts buildRecord), but a config that sets it must still start: an unknown
-// key exits 2. It is accepted, and `run` (at start) and `check` warn of it (programs/exposure.ts), once.
+// key exits 2. It is accepted, and `run` (at start) and `check` warn of it (layers/config/exposureWarnings.ts), once.
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { Result } from "effect"
 import { afterAll, describe, expect, it } from "vitest"
 import { decodeConfig } from "../../src/layers/config/Config.ts"
-import { exposureWarnings, healthDampingWarning } from "../../src/programs/exposure.ts"
+import { exposureWarnings, healthDampingWarning } from "../../src/layers/config/exposureWarnings.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"
 import { runCli } from "../support/cli.ts"
 

@@ -8,10 +8,14 @@ import * as path from "node:path"
 import { Result } from "effect"
 import { afterAll, describe, expect, it } from "vitest"
 import { decodeConfig } from "../../src/layers/config/Config.ts"
+import {
+  plaintextEngineKeyWarning,
+  plaintextGrpcWarning,
+  shortEngineKeyWarning
+} from "../../src/layers/config/exposureWarnings.ts"
 import { kvbmHasTier } from "../../src/layers/engine/backends/cpuCacheTiers.ts"
 import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import { summarize } from "../../src/programs/check.ts"
-import { plaintextEngineKeyWarning, plaintextGrpcWarning, shortEngineKeyWarning } from "../../src/programs/exposure.ts"
 import { commandProblem } from "../../src/programs/hostChecks.ts"
 import { pathProblem } from "../../src/programs/modelPath.ts"
 import type { AgentConfig } from "../../src/services/config/Config.ts"

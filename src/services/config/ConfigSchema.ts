@@ -97,7 +97,7 @@ export const AgentSection = Schema.Struct({
   max_request_bytes: withDefault(PositiveInt, 4 * 1024 * 1024),
   lease_ttl: Schema.optionalKey(ShortDuration),
   // No effect any more, accepted so that configs that set it still start (an unknown key exits 2): it damped the
-  // liveness probe's unhealthy, which is always a run's teardown now. No default, so that programs/exposure.ts can
+  // liveness probe's unhealthy, which is always a run's teardown now. No default, so that layers/config/exposureWarnings.ts can
   // warn of the key whenever a file sets it (its old default 2 included).
   health_damping: Schema.optionalKey(PositiveInt),
   drain_timeout: withDefault(ShortDuration, "30s"),

@@ -7,10 +7,11 @@
  * nothing on a bare host. And engine.api_key sent over plain HTTP to another host (a proxied server), or too short
  * to be kept out of the engine's output. And a key that no longer does what the config asks of it (agent.health_damping).
  */
-import { engineOf } from "../layers/engine/backends/index.ts"
-import type { AgentConfig } from "../services/config/Config.ts"
-import { MIN_SCRUBBED_LENGTH } from "../services/engine/LineRedactor.ts"
-import { isLoopbackHost, splitHostPort } from "../services/net/HostPort.ts"
+
+import type { AgentConfig } from "../../services/config/Config.ts"
+import { MIN_SCRUBBED_LENGTH } from "../../services/engine/LineRedactor.ts"
+import { isLoopbackHost, splitHostPort } from "../../services/net/HostPort.ts"
+import { engineOf } from "../engine/backends/index.ts"
 
 /** The warning, or undefined when gRPC is on loopback or needs mTLS. */
 export const plaintextGrpcWarning = (c: AgentConfig): string | undefined => {
