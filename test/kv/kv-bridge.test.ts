@@ -18,7 +18,6 @@ import { planLayer } from "../../src/layers/engine/EnginePlan.ts"
 import * as KvBridgeLive from "../../src/layers/kv/KvBridge.ts"
 import { runLink } from "../../src/layers/kv/kvcachedClient.ts"
 import * as ReceiverLive from "../../src/layers/kv/kvcachedReceiver.ts"
-import { KvQueue } from "../../src/layers/kv/queue.ts"
 import { type QueuedBody, queuedRecord, resyncOf } from "../../src/layers/kv/rankSequencer.ts"
 import { EnginePlan } from "../../src/services/engine/Engine.ts"
 import { State } from "../../src/services/engine/EngineState.ts"
@@ -31,6 +30,7 @@ import {
   seqFrame,
   splitReplayReply
 } from "../../src/services/kv/KvEvents.ts"
+import { KvQueue } from "../../src/services/kv/KvQueue.ts"
 import { batchRecord, hello, resyncRecord } from "../../src/services/kv/KvWire.ts"
 import { buildNodeHealth } from "../../src/services/node/NodeHealthView.ts"
 import { Metrics } from "../../src/services/observability/Metrics.ts"

@@ -6,8 +6,8 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect, Logger } from "effect"
 import { TestClock } from "effect/testing"
 import * as OverflowLog from "../../src/layers/kv/overflowLog.ts"
-import { KvQueue } from "../../src/layers/kv/queue.ts"
-import type { QueuedRecord } from "../../src/layers/kv/queueRecords.ts"
+import { KvQueue } from "../../src/services/kv/KvQueue.ts"
+import type { QueuedRecord } from "../../src/services/kv/QueueRecords.ts"
 
 type Rec = { readonly seq: bigint }
 

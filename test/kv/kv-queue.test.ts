@@ -1,15 +1,15 @@
-// The KV bridge's queue (src/layers/kv/queue.ts) and the receiver's state (src/services/kv/KvcachedReceiver.ts),
+// The KV bridge's queue (src/services/kv/KvQueue.ts) and the receiver's state (src/services/kv/KvcachedReceiver.ts),
 // tested directly: bytes accounted through push/take/ack, the byte bound dropping the oldest unsent records
 // and an overflow Resync per DP rank saying which, nothing referenced once acknowledged or dropped, and
 // the receiver applying each link seq exactly once.
 import { Effect, Schema } from "effect"
 import { describe, expect, it } from "vitest"
 import { heldAtStop } from "../../src/layers/kv/KvBridge.ts"
-import { KvQueue } from "../../src/layers/kv/queue.ts"
-import type { QueuedRecord } from "../../src/layers/kv/queueRecords.ts"
 import { ReceiverState } from "../../src/services/kv/KvcachedReceiver.ts"
 import { KvRecord } from "../../src/services/kv/KvcachedRpc.ts"
+import { KvQueue } from "../../src/services/kv/KvQueue.ts"
 import type { Resync } from "../../src/services/kv/KvWire.ts"
+import type { QueuedRecord } from "../../src/services/kv/QueueRecords.ts"
 
 type Rec = { readonly tag: string }
 

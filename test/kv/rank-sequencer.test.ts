@@ -6,10 +6,10 @@ import { Effect, Exit } from "effect"
 import { describe, expect, it } from "vitest"
 import * as zmq from "zeromq"
 import { disabledStatus } from "../../src/layers/kv/KvBridge.ts"
-import { KvQueue } from "../../src/layers/kv/queue.ts"
 import { makeSequencer, type QueuedBody, type RankStream, resyncOf } from "../../src/layers/kv/rankSequencer.ts"
 import { fetchReplay } from "../../src/layers/kv/replayFetch.ts"
 import { END_OF_REPLAY, seqFrame, splitMessage } from "../../src/services/kv/KvEvents.ts"
+import { KvQueue } from "../../src/services/kv/KvQueue.ts"
 import { freePort } from "../support/ports.ts"
 
 const topic = new TextEncoder().encode("kv")

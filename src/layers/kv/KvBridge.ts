@@ -1,7 +1,7 @@
 /**
  * Live KvBridge: one reader per data-parallel rank on that rank's KV-event endpoint (the configured one,
  * TCP port + rank; rankSubscriber.ts), each message sequenced per rank and gaps replayed
- * (rankSequencer.ts, replayFetch.ts), into a bounded KvQueue (queue.ts) drained by the kvcached link
+ * (rankSequencer.ts, replayFetch.ts), into a bounded KvQueue (services/kv/KvQueue.ts) drained by the kvcached link
  * (kvcachedClient.ts). This module wires them, keeps the status and builds the layers; the production
  * layer takes `[kv]` from Config and the event endpoints from the EnginePlan. Metrics: kvBridgeMetrics.ts.
  */
@@ -11,13 +11,13 @@ import { EnginePlan, type KvEventsEndpoint } from "../../services/engine/Engine.
 import { EngineProcess, type EngineProcessService } from "../../services/engine/EngineProcess.ts"
 import { KvBridge, type KvBridgeService, type KvBridgeStatus } from "../../services/kv/KvBridge.ts"
 import { rankEndpoint, subscriberHighWaterMark } from "../../services/kv/KvEvents.ts"
+import { KvQueue } from "../../services/kv/KvQueue.ts"
 import { hello, type NodeIdentity } from "../../services/kv/KvWire.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
 import { background, RESTART } from "../observability/backgroundFiber.ts"
 import { registerMetrics } from "./kvBridgeMetrics.ts"
 import { runLink, stopLink } from "./kvcachedClient.ts"
 import * as OverflowLog from "./overflowLog.ts"
-import { KvQueue } from "./queue.ts"
 import { type MutableStatus, makeSequencer, type QueuedBody, type RankStream, resyncOf } from "./rankSequencer.ts"
 import { connectAddress, maxFrameBytes, readRank } from "./rankSubscriber.ts"
 import { retryForever } from "./retrying.ts"

@@ -7,16 +7,16 @@
  *
  * The rhythm is the trace exports' (services/observability/TraceExports.ts `recordExport`, reused: a push that
  * dropped batches is a failed "export" of them, kvcached's acknowledgement that drained the queue a successful
- * one). The queue calls plain callbacks from synchronous code (queue.ts `onOverflow`, the link's `onForwarded`);
+ * one). The queue calls plain callbacks from synchronous code (services/kv/KvQueue.ts `onOverflow`, the link's `onForwarded`);
  * each notice runs a short synchronous effect with the context the bridge was made in (its logger, its Clock), as
  * layers/observability/TraceExportMonitor.ts does.
  */
 import { Clock, Duration, Effect } from "effect"
+import type { KvQueue } from "../../services/kv/KvQueue.ts"
 import { type ExportNotice, initialState, recordExport } from "../../services/observability/TraceExports.ts"
-import type { KvQueue } from "./queue.ts"
 
 export interface OverflowLog {
-  /** A push dropped `batches` to stay within the bound (queue.ts `onOverflow`). */
+  /** A push dropped `batches` to stay within the bound (services/kv/KvQueue.ts `onOverflow`). */
   readonly dropped: (batches: number) => void
   /** kvcached acknowledged records (the link's `onForwarded`): the queue may be drained. */
   readonly acked: () => void

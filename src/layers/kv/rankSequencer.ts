@@ -14,6 +14,7 @@ import { Effect, type Scope } from "effect"
 import type { KvBridgeStatus } from "../../services/kv/KvBridge.ts"
 import type { BatchRecord } from "../../services/kv/KvcachedRpc.ts"
 import { checkSeq, decodeRaw, type RawBatch, splitMessage } from "../../services/kv/KvEvents.ts"
+import type { KvQueue } from "../../services/kv/KvQueue.ts"
 import {
   batchRecord,
   type KvRecordBody,
@@ -22,8 +23,7 @@ import {
   resyncRecord,
   wireError
 } from "../../services/kv/KvWire.ts"
-import type { KvQueue } from "./queue.ts"
-import type { Prepared, QueuedRecord } from "./queueRecords.ts"
+import type { Prepared, QueuedRecord } from "../../services/kv/QueueRecords.ts"
 import { fetchReplay, rawCost } from "./replayFetch.ts"
 
 /** What the queue holds: records ready for the wire, or a batch as the engine sent it (decoded when sent). */
@@ -123,7 +123,7 @@ export const makeSequencer = (
     r.expected = b.seq + 1n
     queue.push(queuedRecord({ type: "Raw", raw: b }, r.rank, b.seq, b.seq + 1n))
   }
-  // Counted (status `resyncs`) when kvcached acknowledges it (queue.ts): one dropped on the way never reached it.
+  // Counted (status `resyncs`) when kvcached acknowledges it (services/kv/KvQueue.ts): one dropped on the way never reached it.
   const resync = (re: Resync) => queue.push(resyncOf(re))
 
   // Held bytes live in queue.outside, so that the queue's own bound counts them (and the replies) too.

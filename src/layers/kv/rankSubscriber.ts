@@ -12,7 +12,7 @@ import { background } from "../observability/backgroundFiber.ts"
  * before it allocates it (zeromq/libzmq src/v2_decoder.cpp, size_ready) and answers by dropping the connection. A batch is one engine
  * step's events (vllm-project/vllm vllm/distributed/kv_events.py, one `send_multipart` per EventBatch): the largest
  * real ones, an unchunked prefill of 1M tokens (token ids at <= 5 bytes, a 9-byte hash per block) or a BlockRemoved
- * of a whole GPU cache, are a few MiB. `kv.max_queue_bytes` bounds it (a batch past it cannot be held: queue.ts drops
+ * of a whole GPU cache, are a few MiB. `kv.max_queue_bytes` bounds it (a batch past it cannot be held: services/kv/KvQueue.ts drops
  * it alone), under 64 MiB, and over 1 MiB: a small queue must not make the socket drop what the queue drops more
  * cheaply (its own overflow Resync, where a dropped connection costs a reconnect).
  */

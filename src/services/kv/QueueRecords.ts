@@ -1,5 +1,5 @@
 /**
- * The records of the KV bridge's queue (queue.ts): as queued, as prepared for sending, as sent and held until
+ * The records of the KV bridge's queue (KvQueue.ts): as queued, as prepared for sending, as sent and held until
  * kvcached acknowledges them.
  */
 /** A record waiting for its link seq (`n`, given when it is taken). */

@@ -9,8 +9,8 @@
  * just skipped, and the backing array is compacted. Pure data structure (the writer's wake-up is a plain
  * callback), tested directly.
  */
-import type { Resync } from "../../services/kv/KvWire.ts"
-import type { Prepared, QueuedRecord, SentRecord } from "./queueRecords.ts"
+import type { Resync } from "./KvWire.ts"
+import type { Prepared, QueuedRecord, SentRecord } from "./QueueRecords.ts"
 
 /** Where a record too large for the whole bound was dropped: an overflow Resync of its range, rendered at `take`. */
 interface LostHere {
