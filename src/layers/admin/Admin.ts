@@ -1,42 +1,43 @@
 /**
  * Live AdminServer: the admin HTTP server on `[agent].listen_admin` (effect HttpRouter over node:http):
- * GET /metrics, /healthz, /readyz, /status and POST /drain, /cordon, /uncordon, /debug/cpu-profile (cpuProfile.ts),
- * /gpus/clear-xids (clearXidsRoute.ts), /engine/restart (engineRestartRoute.ts).
+ * GET /metrics, /healthz, /readyz here, and a module per other route: /status (statusRoute.ts), POST /drain
+ * (drainRoute.ts), /cordon and /uncordon (cordonRoutes.ts), /debug/cpu-profile (cpuProfile.ts), /gpus/clear-xids
+ * (clearXidsRoute.ts), /engine/restart (engineRestartRoute.ts).
  * Which method each path takes, and the 405 for any other, is the one table in methods.ts.
- * Owns routing and the auth gate only; the decisions (loopback, token, readiness, forensics shape, the cordon's
- * reason) are pure in services/admin/Admin.ts and services/node/Cordon.ts. /status and the POST levers need
+ * Owns the server's lifecycle and the route table only; the decisions (loopback, token, readiness, forensics shape,
+ * the cordon's reason) are pure in services/admin/Admin.ts and services/node/Cordon.ts, and every error's status in
+ * services/admin/AdminAnswers.ts. /status and the POST levers sit behind the auth gate (authGate.ts):
  * `Authorization: Bearer <admin_token>` whenever a token is configured; off loopback a token is mandatory and the
  * server refuses to start without one. Bodies are read through body.ts (capped); on loopback, hostCheck.ts refuses
  * a Host that is not loopback (DNS rebinding).
  */
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer" // not the index, which loads NodeRedis
-import { Cause, Duration, Effect, Layer, Result } from "effect"
-import { HttpMiddleware, HttpRouter, HttpServer, type HttpServerRequest, HttpServerResponse } from "effect/http"
-import { NodeHealth } from "../../gen/cgn/agent/v1/agent.ts"
+import { Duration, Effect, Layer } from "effect"
+import { HttpMiddleware, HttpRouter, HttpServer, HttpServerResponse } from "effect/http"
 import {
   AdminListenError,
   AdminServer,
   AdminTokenRequired,
-  authorize,
-  exitForensics,
-  fromWebPage,
   readiness,
   type StatusExtras
 } from "../../services/admin/Admin.ts"
 import { Config } from "../../services/config/Config.ts"
-import { EngineProcess } from "../../services/engine/EngineProcess.ts"
+import type { EngineProcess } from "../../services/engine/EngineProcess.ts"
 import { isLoopbackHost, splitHostPort, unbracket } from "../../services/net/HostPort.ts"
-import { Cordon, cordonView, parseCordonBody } from "../../services/node/Cordon.ts"
+import type { Cordon } from "../../services/node/Cordon.ts"
 import { Drain } from "../../services/node/Drain.ts"
 import { NodeStatus } from "../../services/node/NodeStatus.ts"
 import type { Nvml } from "../../services/node/Nvml.ts"
 import { Metrics } from "../../services/observability/Metrics.ts"
-import { withBody } from "./body.ts"
+import { authGate } from "./authGate.ts"
 import { clearXidsRoute } from "./clearXidsRoute.ts"
+import { cordonRoutes } from "./cordonRoutes.ts"
 import { cpuProfileRoute } from "./cpuProfile.ts"
+import { drainRoute } from "./drainRoute.ts"
 import { engineRestartRoute } from "./engineRestartRoute.ts"
 import { loopbackHostCheck } from "./hostCheck.ts"
 import { adminRoute, wrongMethodRoutes } from "./methods.ts"
+import { statusRoute } from "./statusRoute.ts"
 
 // node:http as its CommonJS exports, not an ESM import: the ESM facade reads every export, and node:http's
 // WebSocket / MessageEvent / CloseEvent getters load Node's bundled copy of undici (behind fetch), ~14 MB of RSS
@@ -79,75 +80,15 @@ export interface AdminOptions {
   readonly extras?: StatusExtras
 }
 
-const json = (body: unknown, status = 200) => HttpServerResponse.jsonUnsafe(body, { status })
-
-const unauthorized = (why: string) =>
-  HttpServerResponse.jsonUnsafe(
-    { error: why },
-    { status: 401, headers: { "www-authenticate": 'Bearer realm="cgn-agent admin"' } }
-  )
-
 const routes = (options: AdminOptions, loopback: boolean) =>
   HttpRouter.addAll(
     Effect.gen(function* () {
       const config = yield* Config
       const metrics = yield* Metrics
       const status = yield* NodeStatus
-      const engine = yield* EngineProcess
       const drain = yield* Drain
-      const cordon = yield* Cordon
-      const token = config.agent.admin_token
-
-      const guarded =
-        (handler: Effect.Effect<HttpServerResponse.HttpServerResponse>) =>
-        (request: HttpServerRequest.HttpServerRequest) => {
-          const { authorization, origin } = request.headers
-          const webPage = fromWebPage(origin, request.headers["sec-fetch-site"])
-          switch (authorize({ loopback, token, header: authorization, webPage })) {
-            case "missing":
-              return Effect.succeed(unauthorized("missing bearer token"))
-            case "wrong":
-              return Effect.succeed(unauthorized("invalid bearer token"))
-            case "browser":
-              return Effect.succeed(
-                HttpServerResponse.jsonUnsafe(
-                  { error: "refused: a request from a web page (Origin or Sec-Fetch-Site); use curl or the CLI" },
-                  { status: 403 }
-                )
-              )
-            case "open":
-            case "allowed":
-              return handler
-          }
-        }
-
-      const cpuProfile = yield* cpuProfileRoute({ guarded, nodeId: config.agent.node_id })
-      const clearXids = yield* clearXidsRoute({ guarded })
+      const guarded = authGate({ loopback, token: config.agent.admin_token })
       const draining = Effect.zipWith(status.draining, drain.draining, (a, b) => a || b)
-      const engineRestart = yield* engineRestartRoute({ guarded, draining })
-
-      const extras = Effect.forEach(
-        Object.entries(options.extras ?? {}),
-        ([name, get]) =>
-          get.pipe(
-            Effect.catchCause((cause) => Effect.succeed({ error: Cause.pretty(cause) })),
-            Effect.map((value) => [name, value] as const)
-          ),
-        { concurrency: "unbounded" }
-      )
-
-      const statusBody = Effect.gen(function* () {
-        const [health, state, pid, restarts, exits, more, cordoned] = yield* Effect.all(
-          [status.snapshot, engine.state, engine.pid, engine.restarts, engine.exits, extras, cordon.current],
-          { concurrency: "unbounded" }
-        )
-        return {
-          ...Object.fromEntries(more),
-          health: NodeHealth.toJSON(health),
-          cordon: cordonView(cordoned),
-          engine: { state, pid: pid ?? null, restarts, exits: exits.map(exitForensics) }
-        }
-      })
 
       return [
         adminRoute(
@@ -166,54 +107,13 @@ const routes = (options: AdminOptions, loopback: boolean) =>
             return HttpServerResponse.text(r.reason, { status: r.ready ? 200 : 503 })
           })
         ),
-        adminRoute("/status", guarded(Effect.map(statusBody, (body) => json(body)))),
+        yield* statusRoute({ guarded, extras: options.extras }),
         ...wrongMethodRoutes(),
-        adminRoute(
-          "/drain",
-          guarded(
-            Effect.gen(function* () {
-              // the lever's own answer decides (atomic for two requests at once), and a drain the node status
-              // already shows counts as begun (read before the start, which would show it)
-              const shown = yield* status.draining
-              const began = yield* drain.start
-              return json({ draining: true, alreadyDraining: shown || !began }, 202)
-            })
-          )
-        ),
-        adminRoute("/cordon", (request) =>
-          guarded(
-            withBody((text) =>
-              Effect.gen(function* () {
-                const reason = parseCordonBody(text)
-                if (Result.isFailure(reason)) return json({ error: reason.failure.message }, 400)
-                const before = yield* cordon.current
-                const done = yield* cordon.cordon(reason.success)
-                if (!done.already) {
-                  yield* Effect.logWarning("cordoned: new Generate calls are refused until POST /uncordon", {
-                    reason: done.record.reason
-                  })
-                } else if (before !== undefined && before.reason !== done.record.reason) {
-                  yield* Effect.logInfo("cordon reason changed", { was: before.reason, reason: done.record.reason })
-                }
-                return json({ cordoned: true, alreadyCordoned: done.already, cordon: cordonView(done.record) }, 202)
-              }).pipe(Effect.catchTag("CordonPersistError", (e) => Effect.succeed(json({ error: e.message }, 500))))
-            )(request)
-          )(request)
-        ),
-        adminRoute("/uncordon", (request) =>
-          guarded(
-            Effect.gen(function* () {
-              // a drain is final: uncordoning under it would promise a return to traffic that cannot happen
-              if (yield* draining) return json({ error: "the node is draining; a drain cannot be undone" }, 409)
-              const done = yield* cordon.uncordon
-              if (done.was) yield* Effect.logInfo("uncordoned: the node takes new Generate calls when ready")
-              return json({ cordoned: false, wasCordoned: done.was }, 202)
-            }).pipe(Effect.catchTag("CordonPersistError", (e) => Effect.succeed(json({ error: e.message }, 500))))
-          )(request)
-        ),
-        cpuProfile,
-        clearXids,
-        engineRestart
+        yield* drainRoute({ guarded }),
+        ...(yield* cordonRoutes({ guarded, draining })),
+        yield* cpuProfileRoute({ guarded, nodeId: config.agent.node_id }),
+        yield* clearXidsRoute({ guarded }),
+        yield* engineRestartRoute({ guarded, draining })
       ] as const
     })
   )

@@ -13,6 +13,7 @@
 import { toIncomingMessage } from "@effect/platform-node/NodeHttpServerRequest"
 import { Data, Effect } from "effect"
 import { type HttpServerRequest, HttpServerResponse } from "effect/http"
+import { adminStatus } from "../../services/admin/AdminAnswers.ts"
 
 /** 16 KiB: the largest admin body is `POST /cordon`'s `{"reason": ...}` (at most 256 characters). */
 export const ADMIN_BODY_LIMIT = 16 * 1024
@@ -97,12 +98,12 @@ export const withBody =
             e._tag === "BodyTooLarge"
               ? HttpServerResponse.jsonUnsafe(
                   { error: `request body over ${e.limit} bytes` },
-                  { status: 413, headers: { connection: "close" } }
+                  { status: adminStatus[e._tag], headers: { connection: "close" } }
                 )
               : // closed too: what is left of a body cut short is not read on
                 HttpServerResponse.jsonUnsafe(
                   { error: `reading the request body failed: ${e.reason}` },
-                  { status: 400, headers: { connection: "close" } }
+                  { status: adminStatus[e._tag], headers: { connection: "close" } }
                 )
           ),
         onSuccess: handler

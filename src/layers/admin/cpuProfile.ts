@@ -6,11 +6,12 @@
  * scoped resource: however the request ends (the profile taken, the client gone, the agent shutting down) the
  * profiler is stopped and the session disconnected, and the sleep between start and stop is interruptible, so
  * a shutdown waits for none of the N seconds. The query and the file name are pure in
- * services/admin/CpuProfile.ts; the route sits behind the admin server's own auth gate (Admin.ts `guarded`).
+ * services/admin/CpuProfile.ts, the error statuses in services/admin/AdminAnswers.ts; the route sits behind the admin
+ * server's own auth gate (authGate.ts).
  */
 import type { Session } from "node:inspector/promises" // types only: the module is loaded on the first profile
 import { Clock, Data, Duration, Effect, Option, Result, Semaphore } from "effect"
-import { type HttpServerRequest, HttpServerResponse } from "effect/http"
+import { HttpServerResponse } from "effect/http"
 import {
   CPU_PROFILE_PATH,
   type CpuProfileRequest,
@@ -18,12 +19,9 @@ import {
   cpuProfileFileName,
   parseCpuProfileQuery
 } from "../../services/admin/CpuProfile.ts"
+import { refuse } from "./answer.ts"
+import type { Guard } from "./authGate.ts"
 import { adminRoute } from "./methods.ts"
-
-/** The admin server's auth gate (Admin.ts): the handler runs only for an authorized request. */
-export type Guard = (
-  handler: Effect.Effect<HttpServerResponse.HttpServerResponse>
-) => (request: HttpServerRequest.HttpServerRequest) => Effect.Effect<HttpServerResponse.HttpServerResponse>
 
 /** A step of the inspector protocol failed (or this Node has no inspector: built `--without-inspector`). */
 class InspectorError extends Data.TaggedError("InspectorError")<{ readonly step: string; readonly cause: unknown }> {
@@ -74,8 +72,6 @@ const record = (request: CpuProfileRequest) =>
     })
   )
 
-const json = (body: unknown, status: number) => HttpServerResponse.jsonUnsafe(body, { status })
-
 /**
  * The route, for the admin router. `nodeId` names the file. Its lock is made here, so it is one per admin
  * server: the agent has one.
@@ -87,7 +83,7 @@ export const cpuProfileRoute = (options: { readonly guarded: Guard; readonly nod
         Effect.gen(function* () {
           // request.url is the path and query as received; the base only lets URL parse it
           const query = parseCpuProfileQuery(new URL(request.url, "http://admin").search)
-          if (Result.isFailure(query)) return json({ error: query.failure }, 400)
+          if (Result.isFailure(query)) return refuse("InvalidQuery", query.failure)
           const { seconds, intervalUs } = query.success
           const startedAt = yield* Clock.currentTimeMillis
           const taken = yield* lock.withPermitsIfAvailable(1)(
@@ -99,7 +95,7 @@ export const cpuProfileRoute = (options: { readonly guarded: Guard; readonly nod
             )
           )
           if (Option.isNone(taken)) {
-            return json({ error: "a CPU profile is already being taken; try again when it ends" }, 409)
+            return refuse("ProfileBusy", "a CPU profile is already being taken; try again when it ends")
           }
           const body = JSON.stringify(taken.value)
           yield* Effect.logInfo("CPU profile taken", { seconds, bytes: body.length })
@@ -112,7 +108,7 @@ export const cpuProfileRoute = (options: { readonly guarded: Guard; readonly nod
           })
         }).pipe(
           Effect.catchTag("InspectorError", (e) =>
-            Effect.logWarning(e.message).pipe(Effect.as(json({ error: e.message }, 500)))
+            Effect.logWarning(e.message).pipe(Effect.as(refuse(e._tag, e.message)))
           )
         )
       )(request)

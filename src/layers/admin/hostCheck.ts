@@ -9,8 +9,9 @@
  * address reaches the node (the kubelet's liveness probe sends the pod IP, Prometheus the target's address).
  */
 import { Effect } from "effect"
-import { HttpRouter, HttpServerRequest, HttpServerResponse } from "effect/http"
+import { HttpRouter, HttpServerRequest } from "effect/http"
 import { hostAllowedOnLoopback, misdirectedReason } from "../../services/admin/HostHeader.ts"
+import { refuse } from "./answer.ts"
 
 export const loopbackHostCheck = HttpRouter.middleware(
   (httpEffect) =>
@@ -18,7 +19,7 @@ export const loopbackHostCheck = HttpRouter.middleware(
       const host = request.headers.host
       return hostAllowedOnLoopback(host)
         ? httpEffect
-        : Effect.succeed(HttpServerResponse.jsonUnsafe({ error: misdirectedReason(host ?? "") }, { status: 421 }))
+        : Effect.succeed(refuse("MisdirectedHost", misdirectedReason(host ?? "")))
     }),
   { global: true }
 )

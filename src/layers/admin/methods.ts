@@ -9,6 +9,7 @@
  */
 import { Effect } from "effect"
 import { HttpRouter, type HttpServerRequest, HttpServerResponse } from "effect/http"
+import { adminStatus } from "../../services/admin/AdminAnswers.ts"
 import { CLEAR_XIDS_PATH } from "../../services/admin/ClearXids.ts"
 import { CPU_PROFILE_PATH } from "../../services/admin/CpuProfile.ts"
 import { ENGINE_RESTART_PATH } from "../../services/admin/EngineRestart.ts"
@@ -61,7 +62,7 @@ export const wrongMethodRoutes = () =>
           Effect.succeed(
             HttpServerResponse.jsonUnsafe(
               { error: `use ${allowed} ${path}` },
-              { status: 405, headers: { allow: allowOf(allowed) } }
+              { status: adminStatus.WrongMethod, headers: { allow: allowOf(allowed) } }
             )
           )
         )

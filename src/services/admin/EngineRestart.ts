@@ -6,6 +6,7 @@
  * backoff it ends the wait, so a fix (the model file put in place) is tried now, not up to restart_backoff_max later.
  */
 import type { EngineState, RestartOutcome } from "../engine/EngineProcess.ts"
+import { adminStatus } from "./AdminAnswers.ts"
 
 export const ENGINE_RESTART_PATH = "/engine/restart"
 
@@ -38,7 +39,10 @@ export const notRestartedWhy = (state: EngineState): string => {
   }
 }
 
-/** What the route answers: the HTTP status and the JSON body, for each outcome (`draining`: refused before asking). */
+/**
+ * What the route answers: the HTTP status and the JSON body, for each outcome (`draining`: refused before asking); a
+ * refusal's status is the one table's (AdminAnswers.ts), the same as any other admin refusal of its kind.
+ */
 export const restartAnswer = (
   outcome: RestartOutcome | "draining",
   engineState: EngineState
@@ -50,13 +54,16 @@ export const restartAnswer = (
       // a crash loop's wait cut short: the next run starts now (the backoff's count is kept)
       return { status: 202, body: { restarting: true, backoffEnded: true } }
     case "not-ready":
-      return { status: 409, body: { error: notRestartedWhy(engineState) } }
+      return { status: adminStatus.EngineNotReady, body: { error: notRestartedWhy(engineState) } }
     case "not-spawned":
       return {
-        status: 409,
+        status: adminStatus.EngineNotSpawned,
         body: { error: "engine.kind = openai_compat: the agent does not run that server; restart it where it runs" }
       }
     case "draining":
-      return { status: 409, body: { error: "the node is draining: the engine is stopped at the drain's end" } }
+      return {
+        status: adminStatus.NodeDraining,
+        body: { error: "the node is draining: the engine is stopped at the drain's end" }
+      }
   }
 }
