@@ -165,8 +165,6 @@ const orderedDrain = Effect.fn("Agent.drain")(function* (why: string, signals: S
 export const daemon = Effect.scoped(
   Effect.gen(function* () {
     const config = yield* Config
-    // Registered first, so it runs last of this scope: after the lease is revoked and the servers closed.
-    yield* Effect.addFinalizer(() => Effect.logInfo("cgn-agent stopped"))
     const signals = yield* shutdownSignals
     // check says them too: a plaintext port off loopback lets anyone who reaches it use the engine, a key sent in clear
     for (const exposure of exposureWarnings(config)) yield* Effect.logWarning(exposure)
@@ -252,6 +250,11 @@ export const daemon = Effect.scoped(
   })
 )
 
-/** The daemon on a resolved config, with all of its layers. */
+/**
+ * The daemon on a resolved config, with all of its layers. `cgn-agent stopped` is said once the layers too are
+ * released (the engine's supervision, the KV link, the span flush, NVML): said as the daemon scope's last finalizer,
+ * their own last lines (records kvcached never acknowledged, spans dropped) came after it. A failure says the fatal
+ * line instead (fatal.ts).
+ */
 export const runDaemon = (config: AgentConfig, logLevel?: LogLevel) =>
-  daemon.pipe(Effect.provide(coreLayer(config, logLevel)))
+  daemon.pipe(Effect.provide(coreLayer(config, logLevel)), Effect.tap(Effect.logInfo("cgn-agent stopped")))
