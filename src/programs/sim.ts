@@ -9,7 +9,9 @@ import * as http from "node:http"
 import { KEYLESS_FLAGS, loadApiKeys } from "../sim/apiKey.ts"
 import { unknownFlagsRefusal } from "../sim/argRefusal.ts"
 import { parseArgs } from "../sim/args.ts"
-import { LLAMA_KEEP_ALIVE_S, LLAMA_MAX_REQUESTS, makeContext } from "../sim/context.ts"
+import { LLAMA_MAX_REQUESTS, makeContext } from "../sim/context.ts"
+import { startVllmWatchdog } from "../sim/engineDeath.ts"
+import { framed, keepAliveOptions } from "../sim/keepAlive.ts"
 import { KvPublisher, kvEventsSettings } from "../sim/kvpublisher.ts"
 import { llamaModelFileFault } from "../sim/modelFile.ts"
 import { handler } from "../sim/server.ts"
@@ -137,14 +139,9 @@ const main = async (): Promise<void> => {
   if (cfg.forkGrandchild) ctx.grandchildPid = await forkGrandchild(cfg)
 
   const hung = new Set<http.ServerResponse>()
-  // llama-server (cpp-httplib) keeps an idle connection 5 s and for at most 100 requests
-  // (CPPHTTPLIB_KEEPALIVE_TIMEOUT_SECOND, CPPHTTPLIB_KEEPALIVE_MAX_COUNT in ggml-org/llama.cpp
-  // vendor/cpp-httplib/httplib.h); the simulator keeps the others' 30 s.
   const llama = cfg.flavor === "llama_cpp"
-  const server = http.createServer(
-    { keepAliveTimeout: llama ? LLAMA_KEEP_ALIVE_S * 1000 : 30_000, noDelay: true },
-    handler(ctx, hung)
-  )
+  // each engine's idle-connection timeout and connection headers (sim/keepAlive.ts)
+  const server = http.createServer(keepAliveOptions(cfg.flavor, process.env), framed(cfg.flavor, handler(ctx, hung)))
   server.maxHeadersCount = 200
   if (llama) server.maxRequestsPerSocket = LLAMA_MAX_REQUESTS
 
@@ -255,6 +252,7 @@ const main = async (): Promise<void> => {
     await delay()
     await load()
     await listen()
+    startVllmWatchdog(ctx, server, process.env, exit)
   } else if (cfg.flavor === "sglang") {
     // The model loads before the HTTP server starts; then /health is 503 while the warm-up request runs, and the
     // API takes requests, which wait for it (python/sglang/srt/entrypoints/http_server.py launch_server)

@@ -68,8 +68,9 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
   let enableMetrics = true
   let defaultMaxSeqs = 256
   let blockSize = 16
-  // A request without max_tokens: vLLM's CompletionRequest defaults to 16, which the simulator takes for every
-  // flavor but mlx-lm, whose default is its --max-tokens (below).
+  // A completion without max_tokens: vLLM's and SGLang's CompletionRequest default to 16 (vllm-project/vllm
+  // vllm/entrypoints/openai/completion/protocol.py, sgl-project/sglang python/sglang/srt/entrypoints/openai/
+  // protocol.py); mlx-lm's is its --max-tokens (below). Their chats: contextLimit.ts unnamedMaxTokens.
   let defaultMaxTokens = 16
   if (flavor === "vllm") {
     const positional = p.positional[0] === "serve" ? p.positional[1] : p.positional[0]
@@ -185,6 +186,7 @@ export const parseArgs = (argv: ReadonlyArray<string>, env: Record<string, strin
     blockSize: num(v("--sim-block-size"), "--sim-block-size") ?? blockSize,
     kvBlocks: num(v("--sim-kv-blocks"), "--sim-kv-blocks") ?? 4096,
     defaultMaxTokens: num(v("--sim-default-max-tokens"), "--sim-default-max-tokens") ?? defaultMaxTokens,
+    simDefaultMaxTokens: num(v("--sim-default-max-tokens"), "--sim-default-max-tokens"),
     crashAfterRequests: num(v("--sim-crash-after-requests"), "--sim-crash-after-requests"),
     crashAfterMs: dur("--sim-crash-after"),
     crashAtStart: crashAtStartOf(flavor, v("--sim-crash-at-start")),

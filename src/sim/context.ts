@@ -44,6 +44,8 @@ export interface SimContext {
   readonly sideChannelPort: number
   readonly bootstrap: Bootstrap | undefined
   readonly crash: (reason: string) => void
+  /** vLLM's terminate_if_errored, called as a request meets a dead engine (engineDeath.ts); a no-op elsewhere. */
+  engineErrored: () => void
   publisher: KvPublisher | undefined
   loaded: boolean
   whenLoaded: Promise<void>
@@ -97,6 +99,7 @@ export const makeContext = (
   const cfg = withTrainingContext(given)
   const seedHash = (BigInt(cfg.seed >>> 0) << 32n) | BigInt(Number(env.PYTHONHASHSEED ?? "0") >>> 0)
   const engineId = cfg.kvTransferConfig?.engine_id
+  const id = typeof engineId === "string" ? engineId : randomUUID()
   const dp = DATA_PARALLEL[cfg.flavor]
   const method = cfg.loadBalanceMethod
   if (dp !== undefined && cfg.dataParallel > 1 && method !== undefined && !MODELLED_METHODS.has(method))
@@ -121,12 +124,13 @@ export const makeContext = (
     rand: prng(cfg.seed),
     created: Math.floor(Date.now() / 1000),
     monotonicStartUs: String(process.hrtime.bigint() / 1000n),
-    engineId: typeof engineId === "string" ? engineId : randomUUID(),
-    sideChannel: cfg.flavor === "vllm" && hasPdConnector(cfg) ? new SideChannel() : undefined,
+    engineId: id,
+    sideChannel: cfg.flavor === "vllm" && hasPdConnector(cfg) ? new SideChannel(id, cfg.kvBlocks, log) : undefined,
     sideChannelHost: env.VLLM_NIXL_SIDE_CHANNEL_HOST ?? "localhost",
     sideChannelPort: Number(env.VLLM_NIXL_SIDE_CHANNEL_PORT ?? "5600"),
     bootstrap: cfg.flavor === "sglang" && cfg.disaggregationMode === "prefill" ? new Bootstrap() : undefined,
     crash,
+    engineErrored: () => {},
     publisher: undefined,
     loaded: false,
     whenLoaded: Promise.resolve(),

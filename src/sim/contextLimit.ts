@@ -1,6 +1,7 @@
 // The 400 a request too long for the model's context gets from vLLM, SGLang and mlx-lm, in each engine's words
 // (pure). llama.cpp's own check (exceed_context_size_error) lives with its request reading (request.ts).
-import type { Flavor } from "./simConfig.ts"
+import type { Endpoint } from "./chunks.ts"
+import type { Flavor, SimConfig } from "./simConfig.ts"
 
 /**
  * The simulated model's own context, what vLLM and SGLang take without --max-model-len / --context-length: vLLM
@@ -147,4 +148,32 @@ export const contextFit = (
   if (flavor === "sglang") return sglang(limit ?? SIM_MODEL_CONTEXT, input, maxTokens, autoTruncate)
   const refusal = otherRefusal(flavor, limit, input, maxTokens, legacy)
   return refusal ?? { keep: input, maxTokens, warnings: [] }
+}
+
+/** Where SGLang's scheduler starts a request that names no max_new_tokens: 1 << 30 (sglangSchedulerBound.ts caps it). */
+export const SGLANG_UNNAMED_MAX_NEW_TOKENS = 2 ** 30
+
+/**
+ * The max_tokens of a request that names none, and whether the length checks see it as named. Completions: the
+ * pydantic default, 16 on both vLLM and SGLang, which their context checks count as the request's own
+ * (vllm-project/vllm vllm/entrypoints/openai/completion/protocol.py CompletionRequest.max_tokens = 16 and
+ * build_tok_params' max_output_tokens; sgl-project/sglang python/sglang/srt/entrypoints/openai/protocol.py
+ * CompletionRequest.max_tokens = 16). A vLLM chat: the rest of the context, max_model_len - input
+ * (vllm/entrypoints/utils.py get_max_tokens, the min over the values set; the simulated model has no
+ * generation_config default). An SGLang chat passes max_new_tokens None (protocol.py ChatCompletionRequest
+ * to_sampling_params), which the scheduler starts from 1 << 30 (python/sglang/srt/managers/scheduler.py
+ * init_req_max_new_tokens) and caps at the context's rest. mlx-lm: its --max-tokens. --sim-default-max-tokens,
+ * where given, for every request.
+ */
+export const unnamedMaxTokens = (
+  cfg: SimConfig,
+  endpoint: Endpoint,
+  input: number
+): { readonly maxTokens: number; readonly checked: boolean } => {
+  if (cfg.simDefaultMaxTokens !== undefined) return { maxTokens: cfg.simDefaultMaxTokens, checked: false }
+  const uvicornEngine = cfg.flavor === "vllm" || cfg.flavor === "sglang"
+  if (!uvicornEngine) return { maxTokens: cfg.defaultMaxTokens, checked: false }
+  if (endpoint !== "chat") return { maxTokens: cfg.defaultMaxTokens, checked: true }
+  if (cfg.flavor === "sglang") return { maxTokens: SGLANG_UNNAMED_MAX_NEW_TOKENS, checked: false }
+  return { maxTokens: Math.max(0, (cfg.maxModelLen ?? SIM_MODEL_CONTEXT) - input), checked: false }
 }

@@ -4,6 +4,7 @@
 import type * as http from "node:http"
 import { DONE, sse } from "./chunks.ts"
 import { type SimContext, sendError, sseHeaders } from "./context.ts"
+import { ENGINE_DEAD_MESSAGE, engineDead, engineDeadAnswer } from "./engineDeath.ts"
 import { errorBody, LLAMA_ERROR_FIELD, legacyVllm } from "./errors.ts"
 
 const MESSAGE = "simulated mid-stream engine failure"
@@ -40,7 +41,7 @@ const midStreamError = (ctx: SimContext, message: string): unknown => {
  * code/message/type object) then `data: [DONE]` (tools/server/server.cpp, server_sent_event). mlx-lm has no
  * error event (mlxFailure).
  */
-const streamTail = (ctx: SimContext, kind: "midstream" | "sse_error_field" | undefined, message: string): string => {
+const streamTail = (ctx: SimContext, kind: Injected | "engine_dead" | undefined, message: string): string => {
   const body = sse(JSON.stringify(midStreamError(ctx, message)))
   if (ctx.cfg.flavor !== "llama_cpp") return body + DONE
   return kind === "sse_error_field" ? `error: ${JSON.stringify(LLAMA_ERROR_FIELD(message))}\n\n${DONE}` : body
@@ -86,11 +87,25 @@ export type Injected = "midstream" | "sse_error_field" | "reset"
  * pdLegs.ts), else --sim-error-kind's after the first token (`at`: the tokens made before it). generate.ts also
  * strikes it at the answer's end, so that an answer with fewer tokens (one, or a stop string at the first) fails too;
  * where the last token travels with the finish (vLLM, SGLang), such an answer's stream shows no token before it.
+ * A vLLM engine that dies meanwhile (the `engineDead` fault, engineDeath.ts) fails it at its next token: read on
+ * each token, so the planned fault changes as the fault does.
  */
-export const plannedFault = (kvLoadFailed: boolean, inject: Injected | undefined) =>
-  kvLoadFailed
+export const plannedFault = (ctx: SimContext, kvLoadFailed: boolean, inject: Injected | undefined) => {
+  const planned = kvLoadFailed
     ? { kind: "midstream" as const, at: 0, message: GENERATION_ERROR }
     : { kind: inject, at: inject === undefined ? Number.POSITIVE_INFINITY : 1, message: undefined }
+  return {
+    get kind(): Injected | "engine_dead" | undefined {
+      return engineDead(ctx) ? "engine_dead" : planned.kind
+    },
+    get at(): number {
+      return engineDead(ctx) ? 0 : planned.at
+    },
+    get message(): string | undefined {
+      return engineDead(ctx) ? ENGINE_DEAD_MESSAGE : planned.message
+    }
+  }
+}
 
 /**
  * Mid-stream error or a connection reset, after `done` has settled the request's bookkeeping; `pending`: the
@@ -99,7 +114,7 @@ export const plannedFault = (kvLoadFailed: boolean, inject: Injected | undefined
 export const fault = (
   ctx: SimContext,
   res: http.ServerResponse,
-  kind: Injected | undefined,
+  kind: Injected | "engine_dead" | undefined,
   streaming: boolean,
   done: () => void,
   message?: string,
@@ -113,6 +128,8 @@ export const fault = (
     return
   }
   if (ctx.cfg.flavor === "mlx") return void mlxFailure(res, streaming)
+  // a dead vLLM engine: a whole answer's EngineDeadError is raised to launcher.py's handler (engineDeath.ts)
+  if (kind === "engine_dead" && !streaming) return void engineDeadAnswer(ctx, res)
   if (streaming) return void res.end(streamTail(ctx, kind, message ?? MESSAGE))
   sendError(ctx, res, 500, message ?? "simulated engine failure")
 }

@@ -7,8 +7,10 @@ export interface Faults {
   errorKind: ErrorKind
   hangHealth: boolean
   /**
-   * vLLM's engine core dead under a live API server: /health answers 503 (EngineDeadError;
-   * vllm/entrypoints/serve/instrumentator/health.py) while /v1/models still lists the model.
+   * vLLM's engine core dead under its API server (engineDeath.ts): /health answers 503 (EngineDeadError;
+   * vllm/entrypoints/serve/instrumentator/health.py) while /v1/models still lists the model; completions a bare 500,
+   * streams in flight an error event; the server exits 0 within the watchdog's 5 s unless
+   * VLLM_KEEP_ALIVE_ON_ENGINE_DEATH (vllm/entrypoints/launcher.py). The other flavors ignore it.
    */
   engineDead: boolean
   /** The engine core hangs while its API server answers (wedge.ts). */

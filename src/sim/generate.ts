@@ -174,7 +174,7 @@ export const generate = async (
     heldLoose()
   }
   const stalled = () => emitted >= (ctx.faults.stallAfterTokens ?? Number.POSITIVE_INFINITY)
-  const planned = plannedFault(handoff.kind === "failInStream", inject)
+  const planned = plannedFault(ctx, handoff.kind === "failInStream", inject)
 
   const finish = (reason: string) => {
     state = "done"

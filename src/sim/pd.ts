@@ -27,18 +27,39 @@ const listen = (server: http.Server, port: number, host: string): Promise<void> 
     })
   })
 
-/** The prefill side of the vLLM hand-off: held blocks by remote_request_id, expired by lease. */
+/**
+ * The prefill side of the vLLM hand-off: held blocks by remote_request_id, expired by lease. Its reads are NIXL's:
+ * the decode side reads blocks by id from the engine it shook hands with, and nothing on the prefill side checks
+ * the request. The handshake fails on an engine id that is not this engine's ("Remote NIXL agent engine ID
+ * mismatch", nixl_connector.py `_nixl_handshake`), and a block id outside the KV cache fails the transfer's setup
+ * ("NIXL transfer setup/initiation failed", `_read_blocks`): the decode side's KV load fails. A request the
+ * prefill side does not hold (unknown, read already, or expired) is read all the same; its notification only gets
+ * logged ("Potentially invalid KV blocks for unrecognized request ...", `_get_new_notifs`), and the decode side
+ * generates from whatever the blocks hold (vllm-project/vllm vllm/distributed/kv_transfer/kv_connector/v1/
+ * nixl_connector.py).
+ */
 export class SideChannel {
   private readonly holds = new Map<string, Hold & { timer: NodeJS.Timeout }>()
-  private readonly gone = new Map<string, "expired" | "fetched">()
   private server: http.Server | undefined
   fetched = 0
   expired = 0
+  /** Reads of a request this side did not hold. */
+  unrecognized = 0
+
+  private readonly engineId: string
+  /** The KV cache's blocks: the ids a read can name. */
+  private readonly numBlocks: number
+  private readonly log: (msg: string, fields?: Record<string, unknown>) => void
+
+  constructor(engineId: string, numBlocks: number, log: (msg: string, fields?: Record<string, unknown>) => void) {
+    this.engineId = engineId
+    this.numBlocks = numBlocks
+    this.log = log
+  }
 
   hold(requestId: string, hold: Omit<Hold, "expiresAt">, leaseMs: number): void {
     const timer = setTimeout(() => {
       this.holds.delete(requestId)
-      this.remember(requestId, "expired")
       this.expired++
       hold.release()
     }, leaseMs)
@@ -58,23 +79,25 @@ export class SideChannel {
         .then((text) => {
           const body = JSON.parse(text) as { engine_id?: unknown; request_id?: unknown; block_ids?: unknown }
           const id = String(body.request_id)
+          if (body.engine_id !== this.engineId)
+            return json(res, 409, { error: `engine id mismatch (${String(body.engine_id)})` })
+          const ids: Array<unknown> = Array.isArray(body.block_ids) ? body.block_ids.flat() : []
+          if (ids.some((b) => !Number.isInteger(b) || (b as number) < 0 || (b as number) >= this.numBlocks))
+            return json(res, 409, { error: "NIXL transfer setup failed: block ids outside the KV cache" })
           const h = this.holds.get(id)
           if (h === undefined) {
-            const why = this.gone.get(id)
-            return json(res, 404, { error: why === undefined ? `unknown request ${id}` : `request ${id} ${why}` })
-          }
-          if (body.engine_id !== h.engineId)
-            return json(res, 409, { error: `engine id mismatch (${String(body.engine_id)})` })
-          const ids = Array.isArray(body.block_ids) ? body.block_ids.flat() : []
-          if (ids.length !== h.blockIds.length || ids.some((b, i) => b !== h.blockIds[i])) {
-            return json(res, 409, { error: "block ids do not match the held blocks" })
+            this.unrecognized++
+            this.log(
+              `Potentially invalid KV blocks for unrecognized request ${id} were retrieved by a decode worker. They may have expired.`,
+              { level: "error" }
+            )
+            return json(res, 200, { request_id: id, num_blocks: ids.length, num_tokens: 0 })
           }
           clearTimeout(h.timer)
           this.holds.delete(id)
-          this.remember(id, "fetched")
           this.fetched++
           h.release()
-          json(res, 200, { request_id: id, num_blocks: h.blockIds.length, num_tokens: h.numTokens })
+          json(res, 200, { request_id: id, num_blocks: ids.length, num_tokens: h.numTokens })
         })
         .catch((err: unknown) => json(res, 400, { error: String(err) }))
     })
@@ -85,14 +108,6 @@ export class SideChannel {
     this.server?.close()
     this.server?.closeAllConnections()
     for (const h of this.holds.values()) clearTimeout(h.timer)
-  }
-
-  private remember(id: string, why: "expired" | "fetched"): void {
-    this.gone.set(id, why)
-    if (this.gone.size > 10_000) {
-      const first = this.gone.keys().next().value
-      if (first !== undefined) this.gone.delete(first)
-    }
   }
 }
 

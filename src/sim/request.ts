@@ -2,7 +2,7 @@
 // prompt words the simulator echoes. Returns either the normalised request or an HTTP status + message.
 
 import type { Endpoint, Usage } from "./chunks.ts"
-import { contextFit } from "./contextLimit.ts"
+import { contextFit, unnamedMaxTokens } from "./contextLimit.ts"
 import { bodyDpRank } from "./dpPin.ts"
 import type { LlamaOut } from "./llamaOut.ts"
 import { validateLlama } from "./llamaValidate.ts"
@@ -180,9 +180,13 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
     if (t === undefined) return { status: 400, message: "prompt: field required", param: "prompt" }
     text = t
   }
-  let maxTokens = cfg.defaultMaxTokens
+  const allWords = words(text)
+  // a request naming no max_tokens: its engine's default for the endpoint (contextLimit.ts)
+  const unnamed = unnamedMaxTokens(cfg, endpoint, allWords.length)
+  let maxTokens = unnamed.maxTokens
   let maxRefusal: Invalid | undefined
-  if (rawMax !== undefined && rawMax !== null) {
+  const named = rawMax !== undefined && rawMax !== null
+  if (named) {
     // mlx-lm and SGLang's chat take 0: only SGLang's CompletionRequest refuses it (openai/protocol.py
     // validate_max_tokens_positive); a chat's goes to SamplingParams.verify (sampling/sampling_params.py)
     const sglangChat = cfg.flavor === "sglang" && endpoint !== "completion"
@@ -198,12 +202,11 @@ export const validate = (cfg: SimConfig, endpoint: Endpoint, body: unknown, rawB
       if (cfg.flavor !== "vllm") return maxRefusal
     } else maxTokens = rawMax
   }
-  const allWords = words(text)
   const fit = contextFit(
     cfg.flavor,
     cfg.maxModelLen,
     allWords.length,
-    rawMax === undefined || rawMax === null || maxRefusal !== undefined ? undefined : maxTokens,
+    maxRefusal === undefined && (named || unnamed.checked) ? maxTokens : undefined,
     cfg.legacyErrors,
     cfg.allowAutoTruncate === true
   )

@@ -6,6 +6,7 @@ import type * as http from "node:http"
 import { keyRefusal } from "./apiKey.ts"
 import { modelsBody } from "./chunks.ts"
 import { errorReply, llamaFraming, reply, type SimContext, sendError } from "./context.ts"
+import { deadEngineRefusal } from "./engineDeath.ts"
 import { LLAMA_LOADING, LLAMA_NO_METRICS, LLAMA_NOT_FOUND } from "./errors.ts"
 import { schedulerAbort } from "./faultReply.ts"
 import { applyFaults } from "./faults.ts"
@@ -284,6 +285,7 @@ const completion = async (
       ? sendError(ctx, res, read.status, read.message)
       : errorReply(ctx, res, read.status, read.reply)
   const parsed = validate(ctx.cfg, endpoint, read.body, read.raw)
+  if (deadEngineRefusal(ctx, parsed, res)) return
   if (isInvalid(parsed)) {
     if (parsed.drop === true) {
       // mlx-lm: socketserver prints the traceback and closes the connection (ThreadingHTTPServer handle_error,

@@ -68,7 +68,14 @@ export interface SimConfig {
   readonly shutdownDelayMs: number
   readonly blockSize: number
   readonly kvBlocks: number
+  /**
+   * A request's max_tokens where it names none: vLLM's and SGLang's CompletionRequest default (16), mlx-lm's
+   * --max-tokens (512), or --sim-default-max-tokens. A vLLM or SGLang chat takes its engine's own (contextLimit.ts
+   * unnamedMaxTokens) unless that knob is given.
+   */
   readonly defaultMaxTokens: number
+  /** --sim-default-max-tokens where given: a chat without max_tokens gets it too. */
+  readonly simDefaultMaxTokens?: number | undefined
   readonly crashAfterRequests: number | undefined
   readonly crashAfterMs: number | undefined
   /** Dies while loading (after --sim-startup-delay) of this cause, as the flavor's engine does (startFailures.ts). */

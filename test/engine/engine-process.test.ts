@@ -505,7 +505,9 @@ describe("restarts", () => {
   })
 
   it("vLLM's engine core dead under a live API server (/health 503, /v1/models 200): restarted on the default liveness probe", async () => {
-    const s = await setup("vllm")
+    // VLLM_KEEP_ALIVE_ON_ENGINE_DEATH keeps vLLM's API server up after its engine died (vllm/entrypoints/launcher.py);
+    // without it the server exits 0 within its 5 s watchdog (the next test)
+    const s = await setup("vllm", { engine: { env: { VLLM_KEEP_ALIVE_ON_ENGINE_DEATH: "1" } } })
     const port = s.port
     const h = await start(s.plan, s.settings)
     await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
@@ -516,6 +518,19 @@ describe("restarts", () => {
     if (r._tag === "Restarting") assert.match(r.lastExit.reason, /^unhealthy: 3 liveness probes failed/)
     await awaitState(h, "Ready of run 1", (x) => x._tag === "Ready" && x.run === 1)
     assert.notStrictEqual((await simState(port)).pid, before.pid)
+  })
+
+  it("vLLM's engine core dead, by default: its API server exits 0 within its watchdog, and is restarted", async () => {
+    // liveness failing only after 20 s: the exit (within the watchdog's 5 s) is what the supervisor sees
+    const s = await setup("vllm", { engine: { liveness_failures: 100 } })
+    const h = await start(s.plan, s.settings)
+    await Effect.runPromise(h.engine.awaitReady.pipe(Effect.timeout(20_000)))
+    const before = await simState(s.port)
+    await postFaults(s.port, { engineDead: true })
+    const r = await awaitState(h, "Restarting", (x) => x._tag === "Restarting")
+    if (r._tag === "Restarting") assert.deepStrictEqual([r.lastExit.reason, r.lastExit.code], ["exited", 0])
+    await awaitState(h, "Ready of run 1", (x) => x._tag === "Ready" && x.run === 1)
+    assert.notStrictEqual((await simState(s.port)).pid, before.pid)
   })
 
   it("SGLang's /health generates (a second each): Ready through probes at a 200 ms interval, restarted once its scheduler wedges", async () => {

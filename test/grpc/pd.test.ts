@@ -1,7 +1,7 @@
 // Disaggregated prefill/decode between two agents' real gRPC servers, each in front of its own simulator:
 // the test plays the router (prefill agent, then its final's kv_transfer_params to the decode agent; for
-// SGLang both legs at once with the same bootstrap room). Failure cases: expired blocks, prefill engine
-// down, missing or invalid handoff, a leg past [agent].handoff_timeout (the engine request is aborted).
+// SGLang both legs at once with the same bootstrap room). Failure cases: a failed KV transfer (the decode engine's
+// handshake with the prefill engine fails), prefill engine down, missing or invalid handoff, a leg past [agent].handoff_timeout (the engine request is aborted).
 // A vLLM decode leg whose input is not its prefill leg's (kv_transfer_params.cgn_input_digest) is refused before
 // its engine sees it; a matching one reaches the engine without the agent's field (a recording proxy in front of D).
 // Also a burst above max_inflight + max_queue through the real server: exact OK / RESOURCE_EXHAUSTED counts.
@@ -146,14 +146,13 @@ describe("vLLM prefill -> decode between two agents", () => {
     expect(pr.final?.kvTransferParams).toMatchObject({ do_remote_prefill: true, remote_port: pSide })
   })
 
-  it("expired blocks: the decode engine's failed fetch is UNAVAILABLE with vLLM's generic words, retried as a new pair", async () => {
-    const before = await simState(p)
+  it("a failed KV transfer: the decode engine's failed fetch is UNAVAILABLE with vLLM's generic words, retried as a new pair", async () => {
+    // vLLM fails a load whose NIXL handshake or transfer fails (here the prefill engine answers the handshake with
+    // another engine id: "Remote NIXL agent engine ID mismatch"); expired blocks it reads without an error
+    // (nixl_connector.py _get_new_notifs only logs them), so they are no failure to inject.
     const pr = await prefill()
-    await pollUntil(async () => {
-      const s = await simState(p)
-      return s.kvExpired! > before.kvExpired! && s.kvHeld === 0 ? true : undefined
-    }, 10_000)
-    const dr = await collect(dAgent.client, { prompt, kvTransferParams: pr.final?.kvTransferParams })
+    const kvTransferParams = { ...pr.final?.kvTransferParams, remote_engine_id: "another-prefill-engine" }
+    const dr = await collect(dAgent.client, { prompt, kvTransferParams })
     // vLLM answers 200, then fails the request at its first step with a generic error event (the cause is in its
     // log only): a leg with no delta, retryable elsewhere
     expect([dr.status, dr.details]).toEqual([

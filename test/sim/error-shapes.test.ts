@@ -34,7 +34,8 @@ const faults = async (s: SimHandle, body: Record<string, unknown>) =>
 const failedStream = async (s: SimHandle): Promise<Array<string>> => {
   await faults(s, { errorRate: 1, errorKind: "midstream" })
   try {
-    const r = await postJson(`${s.url}/v1/completions`, { prompt: "a b c", stream: true })
+    // max_tokens named: CompletionRequest's default 16 would not fit these small contexts (8, 16) beside the prompt
+    const r = await postJson(`${s.url}/v1/completions`, { prompt: "a b c", max_tokens: 3, stream: true })
     expect(r.status).toBe(200)
     return sseData(r.text)
   } finally {
