@@ -14,6 +14,7 @@ import { type CheckedValues, checkValues } from "../../services/config/RawValues
 import { fieldProblems, unknownKeyProblems } from "../../services/config/SchemaProblems.ts"
 import { syntaxErrorKey } from "../../services/config/SyntaxErrorKey.ts"
 import { joinHostPort } from "../../services/net/HostPort.ts"
+import { agentFlagArgProblems } from "./agentFlagChecks.ts"
 import { backoffOrderProblems, crossChecks, leaseTtlOf } from "./crossChecks.ts"
 import { engineKeyProblems } from "./engineKeyChecks.ts"
 
@@ -159,6 +160,7 @@ const decodeChecked = (
   const engineKey = bearerOf("engine.api_key", "CGN_AGENT_ENGINE_API_KEY", parsed.engine.api_key, env)
   if (engineKey.problem !== undefined) problems.push(engineKey.problem)
   problems.push(...engineKeyProblems(parsed, engineKey.value === undefined ? undefined : engineKey.key, env))
+  problems.push(...agentFlagArgProblems(parsed))
   if (problems.length > 0) return fail(problems)
   return Result.succeed(resolve(parsed, nodeId, file, nodeIp, token.value, engineKey.value))
 }

@@ -1,10 +1,11 @@
 /**
- * Engine: the narrow contract every backend (vllm, sglang, llama_cpp, mlx, openai_compat) fulfils.
- * A backend is data plus one pure function: what it can do (capabilities) and how to launch it (render).
- * Backends never spawn, signal or do I/O: EngineProcess runs the plan, EngineClient talks to it.
+ * Engine: the narrow contract every backend (vllm, sglang, llama_cpp, mlx, openai_compat) fulfils. A backend is data plus
+ * one pure function: what it can do (capabilities) and how to launch it (render). Backends never spawn, signal or do
+ * I/O: EngineProcess runs the plan, EngineClient talks to it.
  */
 import { Context } from "effect"
 import type { AgentConfig, EngineKind, KvOffload, ProxiedKind, Role } from "../config/Config.ts"
+import type { AgentFlag } from "./AgentFlags.ts"
 import type { CpuCacheTier } from "./CpuCache.ts"
 import type { EnvironmentNeed } from "./EngineEnvironment.ts"
 import type { LogLevelMarks } from "./LineLevels.ts"
@@ -130,6 +131,8 @@ export interface EngineCapabilities {
     readonly flags: ReadonlyArray<string>
     readonly env: ReadonlyArray<string>
   }
+  /** The flags the agent renders from the config and relies on: refused in engine.args and models.x.args (AgentFlags.ts). */
+  readonly agentFlags?: ReadonlyArray<AgentFlag>
   /**
    * How the engine's error messages begin where it could not make an answer of what the model generated for that one
    * request (the request and the engine are fine; the output was not): such a failure is the request's, not the
@@ -190,8 +193,7 @@ export interface ExitHint {
 export type ReadinessProbe =
   /**
    * GET `url`; 200 means ready; connection refused or 503 mean "not yet". `modelList`: the answer is an OpenAI model
-   * list, and a 200 that lists this model (the name the engine serves) as still loading is "not yet" too
-   * (ModelList.ts).
+   * list, and a 200 that lists this model (the name the engine serves) as still loading is "not yet" (ModelList.ts).
    */
   | (ProbeKey & { readonly kind: "http"; readonly url: string; readonly modelList?: string })
   /** POST a real 1-token completion (mlx, whose /health is green before the model is loaded). */
@@ -260,10 +262,7 @@ export interface LaunchPlan {
   readonly env: Readonly<Record<string, string>>
   /** The engine's HTTP base URL, e.g. `http://127.0.0.1:8000`. */
   readonly baseUrl: string
-  /**
-   * The `Authorization` header of every request to `baseUrl`'s origin (`Bearer <engine.api_key>`); absent: none. Never
-   * sent to another origin (a ready_probe_url elsewhere).
-   */
+  /** `Bearer <engine.api_key>` for every request to `baseUrl`'s origin, never another (a ready_probe_url elsewhere). */
   readonly authorization?: string
   readonly host: string
   readonly port: number

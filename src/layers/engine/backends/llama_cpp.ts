@@ -7,7 +7,9 @@
  * while newer builds answer `/models` and `/v1/models` 200 during loading (llama.cpp
  * `tools/server/server-http.cpp`, `middleware_server_state`).
  */
+
 import type { AgentConfig } from "../../../services/config/Config.ts"
+import { BREAKS, LISTEN_FLAGS } from "../../../services/engine/AgentFlags.ts"
 import { lastFlagValue } from "../../../services/engine/ArgvFlags.ts"
 import type { Engine, ExitHint, MetricNames } from "../../../services/engine/Engine.ts"
 import { assemble, listenOf, metricsAt, optionalFlag } from "./common.ts"
@@ -98,6 +100,11 @@ export const llamaCpp: Engine = {
   capabilities: {
     metricNames: METRICS,
     displayName: "llama-server",
+    // common/arg.cpp: `-a, --alias`, `--host`, `--port`
+    agentFlags: [
+      LISTEN_FLAGS,
+      { flags: ["--alias", "-a"], key: "models.<name>.served_name", breaks: BREAKS.servedName }
+    ],
     modelPath: "gguf-file",
     spawns: true,
     cudaGpus: true,

@@ -4,7 +4,9 @@
  * whatever a request's `model` names, so requests are forwarded with the configured model string
  * (mlx_lm/server.py: `handle_health` answers at once, `ModelProvider.load` runs on the first request).
  */
+
 import type { AgentConfig } from "../../../services/config/Config.ts"
+import { LISTEN_FLAGS } from "../../../services/engine/AgentFlags.ts"
 import type { Engine } from "../../../services/engine/Engine.ts"
 import { assemble, listenOf } from "./common.ts"
 import { commandLineHint } from "./hints.ts"
@@ -14,6 +16,8 @@ export const mlx: Engine = {
   kind: "mlx",
   capabilities: {
     displayName: "mlx-lm",
+    // mlx_lm/server.py's argparse: --host, --port
+    agentFlags: [LISTEN_FLAGS],
     modelPath: "directory",
     spawns: true,
     kvOffloads: ["none"],

@@ -5,7 +5,9 @@
  * Flags: python/sglang/srt/server_args.py; the KV-events config: python/sglang/srt/disaggregation/kv_events.py
  * (KVEventsConfig, whose `publisher` defaults to "null").
  */
+
 import type { AgentConfig } from "../../../services/config/Config.ts"
+import { BREAKS, LISTEN_FLAGS } from "../../../services/engine/AgentFlags.ts"
 import type { Engine, ExitHint, MetricNames } from "../../../services/engine/Engine.ts"
 import { isLoopbackHost } from "../../../services/net/HostPort.ts"
 import { assemble, httpProbeAt, kvEventsOf, listenOf, metricsAt, optionalFlag } from "./common.ts"
@@ -90,6 +92,13 @@ export const sglang: Engine = {
   capabilities: {
     metricNames: METRICS,
     displayName: "SGLang",
+    // python/sglang/srt/server_args.py (argparse, abbreviations allowed: `--tp` is `--tp-size`)
+    agentFlags: [
+      LISTEN_FLAGS,
+      { flags: ["--served-model-name"], key: "models.<name>.served_name", breaks: BREAKS.servedName },
+      { flags: ["--tensor-parallel-size", "--tp-size"], key: "models.<name>.tp", breaks: BREAKS.tp },
+      { flags: ["--data-parallel-size", "--dp-size"], key: "models.<name>.dp", breaks: BREAKS.dp }
+    ],
     modelPath: "directory-or-gguf",
     spawns: true,
     cudaGpus: true,

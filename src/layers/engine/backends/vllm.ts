@@ -4,8 +4,10 @@
  * side channel is set through VLLM_NIXL_SIDE_CHANNEL_HOST/PORT (vllm/envs.py). KV events go to
  * `--kv-events-config` (vllm/config/kv_events.py). Flags: vllm/engine/arg_utils.py.
  */
+
 import type { AgentConfig, KvOffload } from "../../../services/config/Config.ts"
 import { DEFAULT_KV_BLOCK_SIZE } from "../../../services/config/ConfigSchema.ts"
+import { BREAKS, LISTEN_FLAGS } from "../../../services/engine/AgentFlags.ts"
 import type { CpuCacheTier } from "../../../services/engine/CpuCache.ts"
 import type { Engine, ExitHint, MetricNames, RenderHost } from "../../../services/engine/Engine.ts"
 import { hostOfAddr, isLoopbackHost, isWildcardHost } from "../../../services/net/HostPort.ts"
@@ -162,6 +164,13 @@ export const vllm: Engine = {
   capabilities: {
     metricNames: METRICS,
     displayName: "vLLM",
+    // vllm/entrypoints/openai/cli_args.py (--host, --port, --served-model-name), vllm/engine/arg_utils.py (-tp, -dp)
+    agentFlags: [
+      LISTEN_FLAGS,
+      { flags: ["--served-model-name"], key: "models.<name>.served_name", breaks: BREAKS.servedName },
+      { flags: ["--tensor-parallel-size", "-tp"], key: "models.<name>.tp", breaks: BREAKS.tp },
+      { flags: ["--data-parallel-size", "-dp"], key: "models.<name>.dp", breaks: BREAKS.dp }
+    ],
     modelPath: "directory-or-gguf",
     spawns: true,
     cudaGpus: true,
