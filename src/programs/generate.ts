@@ -205,24 +205,28 @@ export const runGenerate = Effect.fn("generate")(function* (f: Flags) {
   const client = createClient(AgentDefinition, channel)
   const timeoutMs = Duration.toMillis(Duration.seconds(f.timeout))
   const expired = AbortSignal.timeout(timeoutMs)
+  const started = performance.now()
+  let ttftMs: number | undefined
+  let tokens = 0
+  let final: GenerateFinal | undefined
+  // stdout's reader gone (`generate ... | head`): each write then fails (EPIPE, Node ignores SIGPIPE), raised as an
+  // 'error' on stdout that nobody heard, which ended the CLI with a stack trace. Now the call is cancelled (the agent
+  // stops the engine's work) and the CLI ends quietly, as `head` asked. The listener stays: a write already made can
+  // still fail later.
+  const outputGone = new AbortController()
+  process.stdout.on("error", (e) => outputGone.abort(e))
+  const line = () => summaryLine({ tokens, ttftMs, totalMs: performance.now() - started, final })
+  // The streamed text's line is ended, also when the call fails half-way, so the shell prompt starts on its own line.
+  const endTextLine = () => {
+    if (ttftMs !== undefined && !outputGone.signal.aborted) process.stdout.write("\n")
+  }
   const summary = yield* Effect.tryPromise({
     try: async (signal) => {
-      const started = performance.now()
-      let ttftMs: number | undefined
-      let tokens = 0
-      let final: GenerateFinal | undefined
-      // stdout's reader gone (`generate ... | head`): each write then fails (EPIPE, Node ignores SIGPIPE), raised as
-      // an 'error' on stdout that nobody heard, which ended the CLI with a stack trace. Now the call is cancelled
-      // (the agent stops the engine's work) and the CLI ends quietly, as `head` asked. The listener stays: a write
-      // already made can still fail later.
-      const outputGone = new AbortController()
-      process.stdout.on("error", (e) => outputGone.abort(e))
       // nice-grpc takes no deadline (grpc-js's is a call option it does not pass on), so the deadline goes as the
       // header grpc-js would write: the agent then sheds a call it cannot answer in time and counts the expiry as
       // DEADLINE_EXCEEDED (the reset this signal sends at that moment reads so there, http2/Call.ts resetWhy).
       const callSignal = AbortSignal.any([signal, expired, outputGone.signal])
       const metadata = Metadata({ "grpc-timeout": formatTimeout(timeoutMs) })
-      const line = () => summaryLine({ tokens, ttftMs, totalMs: performance.now() - started, final })
       try {
         for await (const r of client.generate(req, { signal: callSignal, metadata })) {
           if (r.delta !== undefined) {
@@ -235,8 +239,7 @@ export const runGenerate = Effect.fn("generate")(function* (f: Flags) {
         if (outputGone.signal.aborted) return `${line()} (stdout closed by its reader: call cancelled)`
         throw e
       } finally {
-        // End the streamed text's line, also when the call fails half-way, so the shell prompt starts on its own line.
-        if (ttftMs !== undefined && !outputGone.signal.aborted) process.stdout.write("\n")
+        if (!signal.aborted) endTextLine()
       }
       return line()
     },
@@ -253,7 +256,16 @@ export const runGenerate = Effect.fn("generate")(function* (f: Flags) {
         })
       return new GenerateFailed({ message: e instanceof Error ? e.message : String(e) })
     }
-  })
+  }).pipe(
+    // Ctrl-C (SIGINT) or SIGTERM interrupt the call (the agent counts it CANCELLED) and the process exits 130 before
+    // the call's own ending runs: the text's line and the summary are written here, or the prompt went on the text.
+    Effect.onInterrupt(() =>
+      Effect.sync(() => {
+        endTextLine()
+        process.stderr.write(`${line()} (interrupted: call cancelled)\n`)
+      })
+    )
+  )
   process.stderr.write(`${summary}\n`)
 }, Effect.scoped)
 

@@ -581,6 +581,58 @@ describe("generate into a closed pipe", () => {
       server.close()
     }
   })
+
+  it("Ctrl-C (SIGINT) mid-stream: the call is cancelled, the text's line ended and the summary said, exit 130", async () => {
+    // A stand-in agent that streams a delta every 5 ms until the caller goes.
+    let cancelled!: () => void
+    const callerLeft = new Promise<void>((resolve) => {
+      cancelled = resolve
+    })
+    const server = http2.createServer((req, res) => {
+      req.resume()
+      res.writeHead(200, { "content-type": "application/grpc" })
+      const delta = frameMessage(
+        Buffer.from(GenerateResponse.encode({ delta: { text: "tok", tokens: 1, index: 0 } }).finish())
+      )
+      const timer = setInterval(() => res.write(delta), 5)
+      res.on("close", () => {
+        clearInterval(timer)
+        cancelled()
+      })
+    })
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve))
+    let child: ChildProcess | undefined
+    let exited: Promise<number | null> | undefined
+    try {
+      const port = (server.address() as AddressInfo).port
+      const cli = spawn(process.execPath, [cliEntry(), "generate", "--addr", `127.0.0.1:${port}`, "--prompt", "hi"], {
+        cwd: ROOT,
+        stdio: ["ignore", "pipe", "pipe"]
+      })
+      child = cli
+      let [stdout, stderr] = ["", ""]
+      cli.stdout.on("data", (c: Buffer) => {
+        stdout += c.toString()
+      })
+      cli.stderr.on("data", (c: Buffer) => {
+        stderr += c.toString()
+      })
+      exited = new Promise<number | null>((resolve) => cli.once("exit", (code) => resolve(code)))
+      await within(new Promise<void>((resolve) => cli.stdout.once("data", () => resolve())), 30_000, "the first text")
+      cli.kill("SIGINT")
+      expect(await within(exited, 15_000, "the CLI's exit")).toBe(130)
+      await within(callerLeft, 5_000, "the stand-in agent to see the call end")
+      // the prompt starts on a line of its own, and the summary says what the call came to
+      expect(stdout).toMatch(/^(tok)+\n$/)
+      expect(stderr).toMatch(/^\d+ tokens \(engine chunks\), time to first token .* \(interrupted: call cancelled\)\n$/)
+    } finally {
+      if (child !== undefined && child.exitCode === null && child.signalCode === null) {
+        child.kill("SIGKILL")
+        await exited
+      }
+      server.close()
+    }
+  })
 })
 
 describe("the built binaries", () => {
