@@ -687,7 +687,7 @@ describe("reading the file", () => {
       return Exit.isFailure(exit) ? String(exit.cause) : "read"
     }
     expect(await problemOf(fifo)).toContain(
-      "cannot read file: a FIFO (named pipe), not a regular file; --config takes the path of a TOML file"
+      "cannot read file: a FIFO (named pipe), not a regular file; the config path (--config, else CGN_AGENT_CONFIG) must name a TOML file"
     )
     expect(await problemOf(dir)).toContain("cannot read file: a directory, not a regular file")
     expect(await problemOf(huge)).toContain("more than a config's 1048576 (1 MiB); is it the right file?")
