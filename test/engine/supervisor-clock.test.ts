@@ -388,7 +388,7 @@ describe("EngineProcess on a TestClock", () => {
           { attempt: 3, wait: 8_000, failing: true }
         ])
         assert.include(logs, "restart backoff ended 8000 ms early: the model file is in place; run 3 starts now")
-        // run 3 (the fix in place) becomes Ready: one line ends the crash loop
+        // run 3 (the fix in place) becomes Ready: one line ends the failing state, and says when the backoff starts over
         yield* Deferred.succeed((yield* runAt(3))!.pid, fakePid(3))
         yield* Ref.set(fake.up, true)
         yield* TestClock.adjust(500)
@@ -398,8 +398,10 @@ describe("EngineProcess on a TestClock", () => {
         )
         yield* quiesce
         assert.deepStrictEqual(
-          logs.filter((l) => l.includes("crash loop is over")),
-          ["engine run 3 ready after 3 failed runs in a row; the crash loop is over"]
+          logs.filter((l) => l.includes("ready after")),
+          [
+            "engine run 3 ready after 3 failed runs in a row; no longer failing; the restart backoff starts over once it has been ready 10m (engine.restart_stable_after)"
+          ]
         )
         // `failing` is still the state's while run 3 starts (/readyz, /status), but not repeated on its log lines
         assert.isTrue(states.some((s) => s._tag === "Starting" && s.run === 3 && s.failing !== undefined))

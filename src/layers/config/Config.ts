@@ -35,7 +35,8 @@ const kindOf = (st: Stats): string =>
  */
 const readConfigBytes = async (file: string): Promise<Buffer | string> => {
   const st = await fs.stat(file)
-  if (!st.isFile()) return `${kindOf(st)}, not a regular file; the config path (--config, else CGN_AGENT_CONFIG) must name a TOML file`
+  if (!st.isFile())
+    return `${kindOf(st)}, not a regular file; the config path (--config, else CGN_AGENT_CONFIG) must name a TOML file`
   if (st.size > MAX_CONFIG_BYTES)
     return `the file is ${st.size} bytes, more than a config's ${MAX_CONFIG_BYTES} (1 MiB); is it the right file?`
   return fs.readFile(file)

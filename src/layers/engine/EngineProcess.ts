@@ -134,7 +134,9 @@ export const make = Effect.fn("EngineProcess.make")(function* (plan: LaunchPlan,
       Effect.flatMap(Ref.getAndSet(failedInARow, 0), (failed) =>
         failed === 0
           ? Effect.void
-          : Effect.logInfo(readyAfterFailuresMessage(to.run, failed, settings.backoff.crashLoopAfter))
+          : Effect.logInfo(
+              readyAfterFailuresMessage(to.run, failed, settings.backoff.crashLoopAfter, settings.backoff.stableAfterMs)
+            )
       )
     )
   }

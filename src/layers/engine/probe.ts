@@ -52,7 +52,10 @@ const unreachable = (err: unknown, probe: ReadinessProbe): ProbeResult => {
     const m = err instanceof Error ? err.message : String(err)
     return probe.authorization === undefined ? m : lineRedactor(secretValues({}, [], probe.authorization))(m)
   }
-  const reason = code ?? message()
+  // the code and undici's or Node's words: `UND_ERR_SOCKET: other side closed`, `getaddrinfo ENOTFOUND engine.x`
+  // (a bare code said little beside the other reasons' words: a soak review)
+  const m = message()
+  const reason = code === undefined || m.includes(code) ? m : `${code}: ${m}`
   return { ok: false, reason, phase: `unreachable (${reason})` }
 }
 

@@ -4,7 +4,7 @@
  * the restart backoff (exponential, capped, reset after a stable Ready period) with crash-loop detection,
  * and the liveness failure counter. No I/O and no clock: every time comes in on an event.
  */
-import { Data, Result } from "effect"
+import { Data, Duration, Result } from "effect"
 import { formatBytes } from "../node/MemoryCgroup.ts"
 import type { EngineState, ExitRecord, UnhealthyEnding } from "./EngineProcess.ts"
 
@@ -134,12 +134,20 @@ export const stateChangeMessage = (from: EngineState, to: EngineState): string =
 
 /**
  * The line that ends a series of failed runs: run `run` became Ready after `failed` runs in a row that ended before
- * being stable (a crash loop from `crashLoopAfter` on, which this run ends). Without it the end of a crash loop showed
- * only as a `Starting -> Ready` line that no longer carried `failing`.
+ * being stable (a crash loop from `crashLoopAfter` on: the node is no longer shown failing). Without it the end of a
+ * crash loop showed only as a `Starting -> Ready` line that no longer carried `failing`. The backoff's count is kept
+ * until the run has been Ready for `stableAfterMs` (engine.restart_stable_after), so the line says so: it said "the
+ * crash loop is over", and an end of the run minutes later was logged `(crash loop)` with a long wait (a soak review).
  */
-export const readyAfterFailuresMessage = (run: number, failed: number, crashLoopAfter: number): string =>
+export const readyAfterFailuresMessage = (
+  run: number,
+  failed: number,
+  crashLoopAfter: number,
+  stableAfterMs: number
+): string =>
   `engine run ${run} ready after ${failed} failed ${failed === 1 ? "run" : "runs"} in a row` +
-  (failed >= crashLoopAfter ? "; the crash loop is over" : "")
+  (failed >= crashLoopAfter ? "; no longer failing" : "") +
+  `; the restart backoff starts over once it has been ready ${Duration.format(Duration.millis(stableAfterMs))} (engine.restart_stable_after)`
 
 /** Restart policy, from [engine].restart_backoff_initial / restart_backoff_max / restart_stable_after. */
 export interface BackoffPolicy {
