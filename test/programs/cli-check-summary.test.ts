@@ -180,6 +180,23 @@ describe("check where NVML cannot be loaded", () => {
   })
 })
 
+describe("check and render under the daemon's CGN_LOG_LEVEL (a `kubectl exec ... check` inherits it)", () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-check-level-"))
+  afterAll(() => fs.rmSync(dir, { recursive: true, force: true }))
+
+  it("keep NVML's info lines out of their output: stderr has the warnings alone, no JSON log line", async () => {
+    const env = { CGN_LOG_LEVEL: "debug", CGN_NVML_LIBRARY: path.join(dir, "no-such-libnvidia-ml.so.1") }
+    for (const args of [
+      ["check", "--offline", "--config", "examples/dev.toml"],
+      ["render", "--config", "examples/dev.toml"]
+    ]) {
+      const r = await runCli(args, env)
+      expect(r.code, r.stderr).toBe(0)
+      expect(r.stderr, args[0]).not.toContain('"level"')
+    }
+  })
+})
+
 describe("check on a host with NVML (a fake libnvidia-ml.so with two GPUs)", () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cgn-check-nvml-"))
   afterAll(() => fs.rmSync(dir, { recursive: true, force: true }))

@@ -92,8 +92,9 @@ export const resolvePlan = (
       )
     }),
     Effect.scoped,
-    // stdout is the command's output (render --json): NVML's problems go to stderr, its info stays out
-    Effect.provide(Logging.layer("warn"))
+    // stdout is the command's output (render --json): NVML's problems go to stderr, its info stays out, whatever
+    // CGN_LOG_LEVEL says (a `kubectl exec ... check` inherits the daemon's: its info lines were mixed into the output)
+    Effect.provide(Logging.layer("warn", "Warn"))
   )
 
 /**
