@@ -17,6 +17,7 @@ import { loadClientCredentials } from "../layers/tls/clientCredentials.ts"
 import { HostPort } from "../services/config/ConfigValues.ts"
 import { statusName } from "../services/grpc/GrpcStatus.ts"
 import { formatTimeout } from "../services/grpc/Wire.ts"
+import { splitHostPort } from "../services/net/HostPort.ts"
 import { failureDetails } from "./connectFailure.ts"
 
 /** The call failed with a gRPC status, or the flags do not make a request. */
@@ -65,14 +66,13 @@ export const requestFromFlags = (f: GenerateFlags): GenerateRequest | GenerateFa
 
 /** `--addr` as given when it is `host:port`; grpc-js would otherwise dial port 80 (or 443) for a bare host. */
 export const checkAddr = (addr: string): string | GenerateFailed =>
-  Schema.is(HostPort)(addr)
-    ? addr
-    : new GenerateFailed({ message: `--addr "${addr}": expected HOST:PORT, e.g. --addr 127.0.0.1:7071` })
+  !Schema.is(HostPort)(addr)
+    ? new GenerateFailed({ message: `--addr "${addr}": expected HOST:PORT, e.g. --addr 127.0.0.1:7071` })
+    : Number(splitHostPort(addr).port) === 0
+      ? // a port to listen on, never one to dial (the connect failed naming no port at all)
+        new GenerateFailed({ message: `--addr "${addr}": port 0 is no port to dial; give the agent's gRPC port` })
+      : addr
 
-/**
- * The stderr summary line. Its count is the final's usage (the engine's exact count) where the engine reported one,
- * else the deltas' `tokens`, engine chunks (said so: not an exact count).
- */
 /**
  * No text came, yet the engine answered (a first token the stop sequence cut away, a token that decodes to nothing):
  * when the agent saw its first token, from its final's timings.
@@ -82,6 +82,10 @@ const agentTtft = (final: GenerateFinal | undefined): string => {
   return ms > 0 ? ` (no text came; the agent had the engine's first token at ${ms.toFixed(1)} ms)` : ""
 }
 
+/**
+ * The stderr summary line. Its count is the final's usage (the engine's exact count) where the engine reported one,
+ * else the deltas' `tokens`, engine chunks (said so: not an exact count).
+ */
 export const summaryLine = (s: {
   readonly tokens: number
   readonly ttftMs: number | undefined

@@ -471,6 +471,14 @@ describe("generate's arguments", () => {
     expect(r.stderr.trim()).toBe('cgn-agent: --addr "127.0.0.1": expected HOST:PORT, e.g. --addr 127.0.0.1:7071')
   })
 
+  it("--addr with port 0 is refused before dialing (the connect failure named no port)", async () => {
+    const r = await cli(["generate", "--addr", "127.0.0.1:0", "--prompt", "hi"])
+    expect([r.code, r.stderr.trim()]).toEqual([
+      1,
+      'cgn-agent: --addr "127.0.0.1:0": port 0 is no port to dial; give the agent\'s gRPC port'
+    ])
+  })
+
   it("a refused connection is one short line", async () => {
     // A port just found free: nothing listens there (a fixed low port may be taken on some machine).
     const port = await freePort()
