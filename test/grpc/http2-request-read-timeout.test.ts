@@ -192,6 +192,18 @@ describe("agent.request_read_timeout reaches the agent's own gRPC server (GrpcSe
       const ended = await within(r.ended, "the unfinished Generate's end")
       expect(ended.status).toBe(String(grpc.status.RESOURCE_EXHAUSTED))
       expect(ended.reason).toBe("request_read_timeout")
+      // and said: no handler ran to log why (a soak saw refusals counted with nothing in the log)
+      expect(agent.logs.filter((l) => l.message.startsWith("gRPC call refused before it ran"))).toEqual([
+        {
+          message: expect.stringContaining("gRPC call refused before it ran: "),
+          fields: {
+            method: "/cgn.agent.v1.Agent/Generate",
+            code: "RESOURCE_EXHAUSTED",
+            reason: "request_read_timeout",
+            suppressed: 0
+          }
+        }
+      ])
     } finally {
       session.destroy()
       await agent.close()

@@ -1,7 +1,7 @@
 // An agent's real gRPC server in process, in front of a simulator (its EngineClient live, engine and node
 // status test layers set Ready), and a collector of one Generate call's messages, status and trailer.
 // Shared by the P/D and the SSE error tests.
-import { Layer, ManagedRuntime } from "effect"
+import { Layer, Logger, ManagedRuntime } from "effect"
 import { type Channel, ClientError, createChannel, createClient, type Metadata, Status } from "nice-grpc"
 import {
   type AgentClient,
@@ -18,6 +18,8 @@ export interface Agent {
   readonly client: AgentClient
   /** host:port of its gRPC server (for a grpc-js client: nice-grpc sends no grpc-timeout). */
   readonly address: string
+  /** What the agent logged, each line's message and its fields. */
+  readonly logs: ReadonlyArray<{ readonly message: string; readonly fields: unknown }>
   close(): Promise<void>
 }
 
@@ -31,7 +33,12 @@ export const startAgent = async (
     agent: { node_id: `node-${String(agent.role)}`, ...agent },
     engine: { kv_offload: agent.role === "both" ? "none" : "nixl" }
   })
-  const deps = Layer.mergeAll(base, admissionLayer.pipe(Layer.provide(config)))
+  const logs: Array<{ message: string; fields: unknown }> = []
+  const capture = Logger.make(({ message }) => {
+    const [text, fields] = [message].flat()
+    logs.push({ message: String(text), fields })
+  })
+  const deps = Layer.mergeAll(base, admissionLayer.pipe(Layer.provide(config)), Logger.layer([capture]))
   const rt = ManagedRuntime.make(
     grpcLayerWith({ address: "127.0.0.1:0", shutdownGraceMs: 500 }).pipe(Layer.provideMerge(deps))
   )
@@ -40,6 +47,7 @@ export const startAgent = async (
   return {
     client: createClient(AgentDefinition, channel),
     address: server.address,
+    logs,
     close: async () => {
       channel.close()
       await rt.dispose()

@@ -26,6 +26,7 @@ import { addHealth, HEALTH_SERVICE } from "./Health.ts"
 import { concurrentStreams } from "./http2/Connections.ts"
 import { Http2GrpcServer, type Http2GrpcServerOptions } from "./http2/Server.ts"
 import { addReflection } from "./Reflection.ts"
+import { rejectionReport } from "./rejectionReport.ts"
 import * as ServingState from "./ServingState.ts"
 import * as StallWatchdog from "./StallWatchdog.ts"
 
@@ -105,6 +106,8 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
   const generate = yield* GenerateCall.makeHandler(serving, active, options.maxPendingChars ?? 64 * 1024, served)
 
   const address = options.address ?? config.agent.listen_grpc
+  // said at warn, rate-limited: no handler ran to say why (rejectionReport.ts)
+  const reportRejection = rejectionReport(run)
   const server = new Http2GrpcServer({
     // Leave room above max_request_bytes so the agent's own check answers with a precise message.
     maxReceiveMessageLength: config.agent.max_request_bytes + 1024 * 1024,
@@ -126,7 +129,10 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     // Generate calls the transport ended before the handler (a bad message or grpc-timeout, a deadline or cancel
     // while the request arrived) count in requests_total like the handler's own, and are bound to their pair by the
     // handler's rule (on an SGLang prefill node, as its refusals are).
-    onRejected: (path, f) => (path === GENERATE_PATH ? generate.rejected(f) : f)
+    onRejected: (path, f) => {
+      reportRejection(path, f)
+      return path === GENERATE_PATH ? generate.rejected(f) : f
+    }
   })
   const model = { name: config.model.served_name, source: config.model.source.value, tp: config.model.tp }
   addAgent(server, {

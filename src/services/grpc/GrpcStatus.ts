@@ -279,6 +279,10 @@ export const handlerFailure = (e: HandlerError): GrpcFailure => ({
 /** `INVALID_ARGUMENT` for 3, as grpcurl and logs print it. */
 export const statusName = (code: number): string => Status[code] ?? `CODE_${code}`
 
+/** A call its caller ended (its cancel, or its deadline passed): a normal end, not a fault to report. */
+export const endedByCaller = (f: GrpcFailure): boolean =>
+  f.code === Status.CANCELLED || f.code === Status.DEADLINE_EXCEEDED
+
 /**
  * The statuses of grpc.health.v1's refusals (services/grpc/HealthRequests.ts), beside Generate's table: a name
  * over its bound, a name the agent does not report (grpc-go health/server.go answers Check so), and a Watch past
