@@ -15,7 +15,7 @@ import {
 import { hostShortage } from "../../src/services/node/HostShortage.ts"
 import { settle } from "../support/poll.ts"
 import { freePort } from "../support/ports.ts"
-import { superviseFakeHost } from "../support/supervisor.ts"
+import { type LoggedLine, superviseFakeHost } from "../support/supervisor.ts"
 
 const limits = { calls: 3, probes: 2 }
 const steps = (events: ReadonlyArray<ShortageEvent>, from: ShortageView = noShortage, at = 1_000): ShortageView =>
@@ -121,6 +121,14 @@ describe("the supervisor's probes that cannot be sent", () => {
     inconclusive: true as const
   }
 
+  // The run is spawned through real file I/O (its state_dir's pid file): the clock moves only once its first probe
+  // was made, or a run spawned after the moves would start its budget, and its probes, where the clock stopped.
+  const firstUnsentProbe = (lines: ReadonlyArray<LoggedLine>) =>
+    settle(
+      "run 0's first probe, not sent",
+      Effect.sync(() => lines.some((l) => l.text.startsWith("engine run 0: readiness probe not sent")))
+    )
+
   effectIt.effect(
     "do not spend the startup budget: an engine still loading is not ended for the agent's shortage",
     () =>
@@ -128,13 +136,10 @@ describe("the supervisor's probes that cannot be sent", () => {
         const shortage = yield* make({ calls: 5, probes: 3 })
         const { fake, settings, states, lines } = yield* superviseFakeHost({ startupTimeoutMs: 10_000 }, shortage)
         yield* Ref.set(fake.answer, unsentAnswer)
+        yield* firstUnsentProbe(lines)
         // three startup budgets of unsent probes, a probe interval at a time
         for (let t = 0; t < 3 * settings.startupTimeoutMs; t += settings.probeIntervalMs)
           yield* TestClock.adjust(settings.probeIntervalMs)
-        yield* settle(
-          "the unsent probe warned of",
-          Effect.sync(() => lines.some((l) => l.text.startsWith("engine run 0: readiness probe not sent")))
-        )
         assert.isFalse(
           states.some((s) => s._tag !== "Starting"),
           "not ended by the startup timeout"
@@ -166,8 +171,9 @@ describe("the supervisor's probes that cannot be sent", () => {
 
   effectIt.effect("once probes are sent again the budget runs: an engine that never answers still times out", () =>
     Effect.gen(function* () {
-      const { fake, settings, states } = yield* superviseFakeHost({ startupTimeoutMs: 10_000 })
+      const { fake, settings, states, lines } = yield* superviseFakeHost({ startupTimeoutMs: 10_000 })
       yield* Ref.set(fake.answer, unsentAnswer)
+      yield* firstUnsentProbe(lines)
       for (let t = 0; t < settings.startupTimeoutMs; t += settings.probeIntervalMs)
         yield* TestClock.adjust(settings.probeIntervalMs)
       // sent again, refused (the engine is not up): the whole budget from here, then the timeout
