@@ -223,7 +223,7 @@ describe("a TOML date-time where a table goes is refused, not read as an empty s
     ['[models]\n"m" = 1979-05-27\n', 'models."m"']
   ])("%s", (text, key) => {
     const file = text.includes("models") ? text : `${text}${MODEL}`
-    if (key === null) expect(problemsOf(file)).toEqual(['models."m".hf_repo: Expected string, got a date-time'])
+    if (key === null) expect(problemsOf(file)).toEqual(['models."m".hf_repo: expected a string, got a date-time'])
     else expect(problemsOf(file)).toEqual([`${key}: expected a table, got a date-time`])
   })
 })
@@ -354,7 +354,7 @@ describe("integer keys take TOML integers only", () => {
     expect(problemsOf(`${MODEL}gpu_memory_utilization = 1.0\n`)).toEqual([])
     expect(problemsOf(`[engine]\nkv_offload = "kvbm"\nkvbm_cpu_cache_gb = 4.0\n${MODEL}`)).toEqual([])
     expect(problemsOf(`[agent]\nmax_request_bytes = 9007199254740993\n${MODEL}`)).toEqual([
-      "agent.max_request_bytes: expected an integer from -9007199254740991 to 9007199254740991 (what a JavaScript number holds exactly), got 9007199254740993"
+      "agent.max_request_bytes: expected at most 9007199254740991 (the largest integer a JavaScript number holds exactly), got 9007199254740993"
     ])
     // no TOML type to tell: an object's whole number is an integer
     const tp = Number("1.0")
@@ -364,17 +364,17 @@ describe("integer keys take TOML integers only", () => {
 
   it("the exact-integer bound is -(2^53-1) to 2^53-1, both ends, each end itself taken", () => {
     const exact = (v: string) =>
-      `agent.max_request_bytes: expected an integer from -9007199254740991 to 9007199254740991 (what a JavaScript number holds exactly), got ${v}`
+      `agent.max_request_bytes: expected at least -9007199254740991 (the least integer a JavaScript number holds exactly), got ${v}`
     // 2^53-1 is held exactly: judged by the key's own bounds (none above), not as inexact
     expect(problemsOf(`[agent]\nmax_request_bytes = 9007199254740991\n${MODEL}`)).toEqual([])
     expect(problemsOf(`[agent]\nmax_request_bytes = -9007199254740993\n${MODEL}`)).toEqual([exact("-9007199254740993")])
     expect(problemsOf(`[agent]\nmax_request_bytes = -9007199254740991\n${MODEL}`)).toEqual([
-      "agent.max_request_bytes: Expected a value greater than or equal to 1, got -9007199254740991"
+      "agent.max_request_bytes: expected at least 1, got -9007199254740991"
     ])
   })
 
   it("a float where a string goes is the schema's type error, not the integer rule's", () => {
-    expect(problemsOf("[models.m]\nhf_repo = 1.0\n")).toEqual(['models."m".hf_repo: Expected string, got 1'])
+    expect(problemsOf("[models.m]\nhf_repo = 1.0\n")).toEqual(['models."m".hf_repo: expected a string, got 1'])
   })
 })
 

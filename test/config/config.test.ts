@@ -67,15 +67,15 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
   [
     "wrong types: string for a boolean, float for an integer",
     `[security]\nrequire_mtls = "yes"\n${MODEL}tp = 1.5\n`,
-    ['security.require_mtls: expected true or false, got "yes"', 'models."m".tp: Expected an integer, got 1.5']
+    ['security.require_mtls: expected true or false, got "yes"', 'models."m".tp: expected an integer, got 1.5']
   ],
-  ["wrong type inside a table", `[engine]\nenv = { A = 1 }\n${MODEL}`, ["engine.env.A: Expected string, got 1"]],
+  ["wrong type inside a table", `[engine]\nenv = { A = 1 }\n${MODEL}`, ["engine.env.A: expected a string, got 1"]],
   [
     "a secret written as a number: its value is not echoed (README Secrets: the key's name says so)",
     `[agent]\nadmin_token = 31415926535\n[engine]\nenv = { HF_TOKEN = 987654321 }\n${MODEL}`,
     [
-      "agent.admin_token: Expected string, got a number (not shown: a secret's key)",
-      "engine.env.HF_TOKEN: Expected string, got a number (not shown: a secret's key)"
+      "agent.admin_token: expected a string, got a number (not shown: a secret's key)",
+      "engine.env.HF_TOKEN: expected a string, got a number (not shown: a secret's key)"
     ]
   ],
   [
@@ -142,7 +142,7 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
   [
     "KVBM cache-tier sizes of inf",
     `[engine]\nkv_offload = "kvbm"\nkvbm_cpu_cache_gb = inf\n${MODEL}`,
-    ["engine.kvbm_cpu_cache_gb: Expected a finite number, got Infinity"]
+    ["engine.kvbm_cpu_cache_gb: expected a finite number, got Infinity"]
   ],
   [
     "KV event endpoints that are no ZMQ endpoint",
@@ -162,17 +162,17 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
   [
     "unknown engine kind",
     `[engine]\nkind = "tgi"\n${MODEL}`,
-    ['engine.kind: Expected "vllm" | "sglang" | "llama_cpp" | "mlx" | "openai_compat", got "tgi"']
+    ['engine.kind: expected one of "vllm", "sglang", "llama_cpp", "mlx", "openai_compat", got "tgi"']
   ],
   [
     "unknown role",
     `[agent]\nrole = "prefil"\n${MODEL}`,
-    ['agent.role: Expected "prefill" | "decode" | "both", got "prefil"']
+    ['agent.role: expected one of "prefill", "decode", "both", got "prefil"']
   ],
   [
     "unknown kv_offload",
     `[engine]\nkv_offload = "mooncake"\n${MODEL}`,
-    ['engine.kv_offload: Expected "none" | "nixl" | "lmcache" | "hicache" | "kvbm", got "mooncake"']
+    ['engine.kv_offload: expected one of "none", "nixl", "lmcache", "hicache", "kvbm", got "mooncake"']
   ],
   [
     "missing cert paths under require_mtls",
@@ -212,13 +212,13 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
   [
     "number out of range",
     `${MODEL}gpu_memory_utilization = 1.5\n`,
-    ['models."m".gpu_memory_utilization: Expected a value less than or equal to 1, got 1.5']
+    ['models."m".gpu_memory_utilization: expected at most 1, got 1.5']
   ],
   ["empty command", `[engine]\ncommand = []\n${MODEL}`, ["engine.command: expected a non-empty list"]],
   [
     "a KV queue bound of zero bytes",
     `[kv]\nmax_queue_bytes = 0\n${MODEL}`,
-    ["kv.max_queue_bytes: Expected a value greater than or equal to 1, got 0"]
+    ["kv.max_queue_bytes: expected at least 1, got 0"]
   ],
   ["a section that is not a table", `agent = 3\n${MODEL}`, ["agent: expected a table, got 3"]],
   [
@@ -227,8 +227,8 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
     [
       'agent.listen_grpc: expected host:port such as "0.0.0.0:7071", got "nope"',
       'agent.heartbeat: expected a duration such as "500ms", "5s", "2m" or "1h", got "fast"',
-      'agent.role: Expected "prefill" | "decode" | "both", got "x"',
-      'models."m".tp: Expected a value greater than or equal to 1, got 0'
+      'agent.role: expected one of "prefill", "decode", "both", got "x"',
+      'models."m".tp: expected at least 1, got 0'
     ]
   ],
   [
@@ -262,7 +262,7 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
   [
     "KVBM cache-tier sizes without kv_offload kvbm",
     `[engine]\nkv_offload = "lmcache"\nkvbm_cpu_cache_gb = 4\nkvbm_disk_cache_gb = 0\n${MODEL}`,
-    ["engine.kvbm_disk_cache_gb: Expected a value greater than 0, got 0"]
+    ["engine.kvbm_disk_cache_gb: expected more than 0, got 0"]
   ],
   [
     "KVBM cache-tier size with another offload",
@@ -446,11 +446,11 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
     [
       "engine.ignore_xids[0]: expected an Xid from 1 to 999 (NVIDIA's Xid catalog numbers them), got 0",
       "engine.fault_xids[0]: expected an Xid from 1 to 999 (NVIDIA's Xid catalog numbers them), got 1000",
-      "engine.fault_xids[1]: Expected an integer, got 1.5",
+      "engine.fault_xids[1]: expected an integer, got 1.5",
       'engine.fault_xids[2]: expected an integer such as 13 (a TOML number, without quotes), got "13"'
     ]
   ],
-  ["Xids not a list", `[engine]\nignore_xids = 92\n${MODEL}`, ["engine.ignore_xids: Expected array, got 92"]],
+  ["Xids not a list", `[engine]\nignore_xids = 92\n${MODEL}`, ["engine.ignore_xids: expected an array, got 92"]],
   [
     "an Xid both ignored and a fault",
     `[engine]\nignore_xids = [92, 13, 92]\nfault_xids = [13, 48, 92]\n${MODEL}`,
@@ -564,7 +564,7 @@ describe("bad config files", () => {
   it("the error names the file and lists one problem per line", () => {
     const r = decodeConfig(`[agent]\nrole = "x"\n${MODEL}`, "/etc/cgn/agent.toml", {})
     expect(Result.isFailure(r) && r.failure.message).toBe(
-      'invalid config /etc/cgn/agent.toml:\n  agent.role: Expected "prefill" | "decode" | "both", got "x"'
+      'invalid config /etc/cgn/agent.toml:\n  agent.role: expected one of "prefill", "decode", "both", got "x"'
     )
   })
 })
@@ -776,7 +776,7 @@ const NAMED: ReadonlyArray<[string, string, string]> = [
   [
     "env = { A = [{ b = 1 }] }",
     `[engine]\nenv = { A = [{ b = 1 }] }\n${MODEL}`,
-    "engine.env.A: Expected string, got an array of tables"
+    "engine.env.A: expected a string, got an array of tables"
   ],
   [
     'heartbeat = "0.0000001s"',

@@ -96,9 +96,9 @@ describe("a duration not written as a string", () => {
   })
 
   it("leaves other keys' wrong types as they were", () => {
-    expect(problemsOf(`[agent]\nlisten_grpc = 5\n${MODEL}`)).toEqual(["agent.listen_grpc: Expected string, got 5"])
-    expect(problemsOf(`[agent]\nnode_id = true\n${MODEL}`)).toEqual(["agent.node_id: Expected string, got true"])
-    expect(problemsOf(`[engine]\nurl = 8000\n${MODEL}`)).toEqual(["engine.url: Expected string, got 8000"])
+    expect(problemsOf(`[agent]\nlisten_grpc = 5\n${MODEL}`)).toEqual(["agent.listen_grpc: expected a string, got 5"])
+    expect(problemsOf(`[agent]\nnode_id = true\n${MODEL}`)).toEqual(["agent.node_id: expected a string, got true"])
+    expect(problemsOf(`[engine]\nurl = 8000\n${MODEL}`)).toEqual(["engine.url: expected a string, got 8000"])
     expect(problemsOf(`[agent]\nheartbeat = "5"\n${MODEL}`)).toEqual([`agent.heartbeat: ${EXPECTED}, got "5"`])
   })
 })

@@ -74,7 +74,7 @@ const literalDefault = (cell: string): { readonly value: unknown } | undefined =
   }
 }
 
-/** The literals a value outside the enumeration is refused with (`Expected "a" | "b", got ...`). */
+/** The literals a value outside the enumeration is refused with (`expected one of "a", "b", got ...`). */
 const schemaLiterals = (row: Row): Array<string> => {
   const text =
     row.section === "model"
@@ -82,7 +82,7 @@ const schemaLiterals = (row: Row): Array<string> => {
       : `[${row.section}]\n${row.name} = "not-a-literal"\n[models.m]\nhf_repo = "a/b"\n`
   const r = decodeConfig(text, "probe.toml", {})
   const problems = Result.isFailure(r) ? r.failure.problems : []
-  const m = problems.map((p) => /Expected ((?:"[^"]*"(?: \| )?)+), got/.exec(p)).find((x) => x !== null)
+  const m = problems.map((p) => /expected one of ((?:"[^"]*"(?:, )?)+), got/.exec(p)).find((x) => x !== null)
   return m ? [...m[1]!.matchAll(/"([^"]*)"/g)].map((x) => x[1]!) : []
 }
 

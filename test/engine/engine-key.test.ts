@@ -56,7 +56,7 @@ describe("engine.api_key in the config", () => {
       "CGN_AGENT_ENGINE_API_KEY: whitespace or a control character inside the token, which an Authorization header cannot carry (every request would be refused 401)"
     ])
     expect(problems({ engine: { api_key: 12345 } })).toEqual([
-      "engine.api_key: Expected string, got a number (not shown: a secret's key)"
+      "engine.api_key: expected a string, got a number (not shown: a secret's key)"
     ])
     // DEL is a control character too: undici refuses it in a header value
     expect(problems({ engine: { api_key: "a\u007fb" } })).toEqual([

@@ -92,10 +92,16 @@ export const checkValues = (raw: unknown, toml: boolean): CheckedValues => {
       return v
     }
     if (typeof v === "bigint" && toml) {
-      if (v > BigInt(Number.MAX_SAFE_INTEGER) || v < BigInt(Number.MIN_SAFE_INTEGER))
+      // the side it passed only: "from -(2^53-1)" read as the key's own range where the key takes only positives
+      if (v > BigInt(Number.MAX_SAFE_INTEGER))
         refuse(
           path,
-          `expected an integer from -${Number.MAX_SAFE_INTEGER} to ${Number.MAX_SAFE_INTEGER} (what a JavaScript number holds exactly), got ${v}`
+          `expected at most ${Number.MAX_SAFE_INTEGER} (the largest integer a JavaScript number holds exactly), got ${v}`
+        )
+      else if (v < BigInt(Number.MIN_SAFE_INTEGER))
+        refuse(
+          path,
+          `expected at least ${Number.MIN_SAFE_INTEGER} (the least integer a JavaScript number holds exactly), got ${v}`
         )
       return Number(v)
     }

@@ -147,6 +147,25 @@ const describe = (v: unknown): string => {
   return typeof v
 }
 
+/**
+ * Effect Schema's own words for a refused value (`Expected a value greater than or equal to 1`, `Expected "a" | "b"`),
+ * said as this file's other problems are (`expected at least 1`, `expected one of "a", "b"`): one voice in one list
+ * of problems. Messages not in the table (a check of the project's own) are kept, their first letter lowered.
+ */
+const plainWords = (message: string): string => {
+  const bound = /^Expected a value (greater|less) than (or equal to )?(.+)$/.exec(message)
+  if (bound !== null) {
+    const [, side, orEqual, n] = bound
+    return `expected ${side === "greater" ? (orEqual ? "at least" : "more than") : orEqual ? "at most" : "less than"} ${n}`
+  }
+  if (/^Expected "[^"]*"( \| "[^"]*")+$/.test(message))
+    return `expected one of ${message.slice("Expected ".length).split(" | ").join(", ")}`
+  const type = /^Expected (string|array|object|number|boolean)$/.exec(message)?.[1]
+  if (type !== undefined)
+    return `expected ${type === "array" ? "an array" : type === "object" ? "a table" : `a ${type}`}`
+  return message.replace(/^Expected\b/, "expected")
+}
+
 /** `raw` with the value at `path` replaced by `x` (copies along the path; `raw` is not changed). */
 const setAt = (raw: unknown, path: ReadonlyArray<PropertyKey>, x: unknown): unknown => {
   const [k, ...rest] = path
@@ -171,7 +190,7 @@ const quotedValueWords = (
   if (message === "Expected boolean")
     return `expected true or false${/^(true|false)$/i.test(got.trim()) ? " (a TOML boolean, without quotes)" : ""}, got ${shown}`
   if (message !== "Expected number") return undefined
-  const integer = retry(0.5).some((p) => p.endsWith(": Expected an integer, got 0.5"))
+  const integer = retry(0.5).some((p) => p.endsWith(": expected an integer, got 0.5"))
   const n = got.trim() === "" ? Number.NaN : Number(got)
   const unquoted = Number.isFinite(n) ? " (a TOML number, without quotes)" : ""
   const example = Number.isFinite(n) && retry(n).length === 0 ? ` such as ${n}` : ""
@@ -183,7 +202,7 @@ const quotedValueWords = (
  * string, got 5` (the duration's own words, and its unit, went unsaid): said as a duration written as a bad string is
  * (ConfigValues.ts), the quoted form with a unit named, and for a number the string to write when the key takes it
  * (`"5s"`). `retry` as for quotedValueWords: a key refusing a string that is no duration with the duration's message
- * is a duration key. Undefined for any other key (its `Expected string` stays as the schema says it).
+ * is a duration key. Undefined for any other key (plainWords's `expected a string`).
  */
 const unquotedDurationWords = (held: unknown, retry: (x: unknown) => ReadonlyArray<string>): string | undefined => {
   if (!retry("?").some((p) => p.includes(`: ${DURATION_EXPECTED}, got "?"`))) return undefined
@@ -233,7 +252,7 @@ const schemaProblems = (
     const got = i.message.startsWith("Expected")
       ? `, got ${secret && typeof gotValue !== "object" ? `a ${typeof gotValue} (not shown: a secret's key)` : describe(gotValue)}`
       : ""
-    return `${formatPath(path)}: ${i.message}${got}`
+    return `${formatPath(path)}: ${plainWords(i.message)}${got}`
   })
 }
 
