@@ -85,8 +85,22 @@ const runRoot = (args: ReadonlyArray<string>): Effect.Effect<void, unknown, Comm
   return Command.runWith(cgnAgent, { version: VERSION })(unknown ? [word] : args).pipe(Effect.provide(presenter))
 }
 
+/**
+ * `--wizard` asks its questions on standard input; where that is no terminal (a script, `kubectl exec` without -t)
+ * effect/cli's prompt ends at once, "Wizard cancelled.", exit 0: a usage error here, before it starts.
+ */
+export const wizardWithoutTerminal = (args: ReadonlyArray<string>, stdinIsTerminal: boolean): string | undefined =>
+  args.includes("--wizard") && !stdinIsTerminal
+    ? "cgn-agent: --wizard asks its questions on a terminal, and standard input is not one (see cgn-agent --help)"
+    : undefined
+
 /** Runs the CLI on `args` (argv without node and script) and yields the process exit code. */
-export const runCli = (args: ReadonlyArray<string>) =>
+export const runCli = (args: ReadonlyArray<string>) => {
+  const refused = wizardWithoutTerminal(args, process.stdin.isTTY === true)
+  return refused !== undefined ? Effect.as(Console.error(refused), 1) : runCliArgs(args)
+}
+
+const runCliArgs = (args: ReadonlyArray<string>) =>
   runRoot(args).pipe(
     Effect.as(0),
     Effect.catch((e: unknown) => {

@@ -2,6 +2,7 @@
 // stderr pointing at --help, exit 1. It printed the whole help to stdout, nothing on stderr, and exited 1, so a
 // script saw a failure with no word on stderr. Help asked for stays on stdout, exit 0. The binary from source.
 import { describe, expect, it } from "vitest"
+import { wizardWithoutTerminal } from "../../src/programs/cli.ts"
 import { runCli } from "../support/cli.ts"
 
 describe("cgn-agent with no subcommand", () => {
@@ -22,5 +23,15 @@ describe("cgn-agent with no subcommand", () => {
       expect(r.stdout).toMatch(/^SUBCOMMANDS$/m)
     }
     expect(word.stdout).toBe(flag.stdout)
+  })
+
+  it("--wizard with no terminal on stdin: one line on stderr, exit 1, where the prompt ended at once with exit 0", async () => {
+    const line =
+      "cgn-agent: --wizard asks its questions on a terminal, and standard input is not one (see cgn-agent --help)\n"
+    for (const args of [["--wizard"], ["run", "--wizard"]])
+      expect(await runCli(args)).toEqual({ code: 1, stdout: "", stderr: line })
+    // on a terminal the wizard runs as effect/cli has it; without --wizard nothing is refused
+    expect(wizardWithoutTerminal(["--wizard"], true)).toBeUndefined()
+    expect(wizardWithoutTerminal(["check"], false)).toBeUndefined()
   })
 })
