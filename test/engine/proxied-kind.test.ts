@@ -7,7 +7,7 @@ import { decodeConfigObject, layerFromObject } from "../../src/layers/config/Con
 import { engineFor } from "../../src/layers/engine/backends/index.ts"
 import { PROXIED_WIRE } from "../../src/layers/engine/backends/openai_compat.ts"
 import { layerFromPlan } from "../../src/layers/engine/EngineClient.ts"
-import { probeBody, probeShape } from "../../src/layers/engine/stallProbe.ts"
+import { probeBody, probeShape } from "../../src/layers/engine/probeShape.ts"
 import { ActiveCalls } from "../../src/layers/grpc/ActiveCalls.ts"
 import type { GenerateServerCall } from "../../src/layers/grpc/AgentService.ts"
 import { makeHandler } from "../../src/layers/grpc/GenerateCall.ts"

@@ -8,7 +8,8 @@
 import { assert, it as effectIt } from "@effect/vitest"
 import { Effect, Exit, Logger, Scope } from "effect"
 import { describe, expect, it } from "vitest"
-import { PROBE_TOKENS, probeBody, probeShape, stallProbe } from "../../src/layers/engine/stallProbe.ts"
+import { PROBE_TOKENS, probeBody, probeShape } from "../../src/layers/engine/probeShape.ts"
+import { stallProbe } from "../../src/layers/engine/stallProbe.ts"
 import { EngineKinds, Roles } from "../../src/services/config/ConfigSchema.ts"
 import { EngineClient, EngineError } from "../../src/services/engine/EngineClient.ts"
 import type { EngineStallService } from "../../src/services/engine/EngineStall.ts"
@@ -176,7 +177,7 @@ describe("stallProbe while the engine is stalled (README engine.stream_idle_time
         )
         assert.match(
           h.completed[0] ?? "",
-          /^the engine completed a test request while stalled and idle \(max_tokens 16, \/v1\/completions\)/
+          /^the engine completed a test request sent with no call in flight \(max_tokens 16, \/v1\/completions\)/
         )
       }).pipe(Effect.scoped)
   )
@@ -221,7 +222,7 @@ describe("stallProbe while the engine is stalled (README engine.stream_idle_time
       yield* h.over(10_000)
       assert.deepStrictEqual(
         h.warnings.map((w) => [w.message, w.fields.error]),
-        [["the engine failed a test request while stalled and idle: still stalled", "HTTP 503"]]
+        [["the engine failed a test request sent with no call in flight: the node stays unhealthy", "HTTP 503"]]
       )
     }).pipe(Effect.scoped)
   )

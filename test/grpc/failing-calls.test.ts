@@ -272,3 +272,79 @@ describe("an engine that fails every call", () => {
     }).pipe(Effect.scoped, Effect.provide(t.layer))
   })
 })
+
+/** A decode leg (Relay.readsHandoff) that ended with `failure`, after some text when `wroteText`. */
+const endedLeg = (active: ActiveCalls, failure: GenerateError, wroteText = false) => {
+  const relay = new Relay(1024)
+  relay.readsHandoff = true
+  relay.streamRequested(0)
+  active.add(relay)
+  if (wroteText) relay.onChunks([{ choices: [{ text: "a" }] }], () => undefined)
+  relay.finish(Exit.fail(failure))
+  active.delete(relay)
+}
+
+describe("decode legs the engine failed before their first text (their prefill node may be the cause)", () => {
+  const handoffReason = REASON // the legs' last failure, as any failed call's
+
+  it.effect("are judged by the engine's own test, sent with calls in flight: one it completes counts none", () => {
+    const t = setup()
+    return Effect.gen(function* () {
+      const active = new ActiveCalls()
+      yield* StallWatchdog.fork(active)
+      t.engine.answer = "ok"
+      const busy = new Relay(1024) // the decode node keeps its traffic: the test does not wait for calls to end
+      active.add(busy)
+      for (let i = 0; i < 4; i++) endedLeg(active, http500)
+      yield* TestClock.adjust(100)
+      assert.strictEqual(t.engine.requests, 0, "four: no test yet")
+      endedLeg(active, http500)
+      yield* TestClock.adjust(100)
+      assert.strictEqual(t.engine.requests, 1, "the fifth: the test")
+      assert.isUndefined(yield* problem, "the engine completed it: the node stays in traffic")
+      assert.strictEqual(yield* Effect.promise(() => streaks(t.registry)), 0)
+      // the next run is tested again, at the test's pace (once per stream_idle_timeout)
+      for (let i = 0; i < 5; i++) endedLeg(active, http500)
+      yield* TestClock.adjust(100)
+      assert.strictEqual(t.engine.requests, 1, "not before stream_idle_timeout")
+      yield* TestClock.adjust(IDLE_MS)
+      assert.strictEqual(t.engine.requests, 2)
+      assert.isUndefined(yield* problem)
+      active.delete(busy)
+    }).pipe(Effect.scoped, Effect.provide(t.layer))
+  })
+
+  it.effect("a test the engine fails too makes them the engine's failed calls: the node unhealthy", () => {
+    const t = setup()
+    return Effect.gen(function* () {
+      const active = new ActiveCalls()
+      yield* StallWatchdog.fork(active)
+      for (let i = 0; i < 5; i++) endedLeg(active, http500)
+      yield* TestClock.adjust(200)
+      assert.isAtLeast(t.engine.requests, 1)
+      assert.strictEqual(yield* problem, handoffReason)
+      assert.strictEqual(yield* Effect.promise(() => streaks(t.registry)), 1)
+    }).pipe(Effect.scoped, Effect.provide(t.layer))
+  })
+
+  it.effect(
+    "a leg that failed after its first text counts as any call the engine failed; a completion ends the run",
+    () => {
+      const t = setup()
+      return Effect.gen(function* () {
+        const active = new ActiveCalls()
+        yield* StallWatchdog.fork(active)
+        t.engine.answer = "ok"
+        for (let i = 0; i < 4; i++) endedLeg(active, http500)
+        ended(active)
+        endedLeg(active, http500)
+        yield* TestClock.adjust(100)
+        assert.strictEqual(t.engine.requests, 0, "4, a completion, 1: no run of five")
+        t.engine.answer = "fail"
+        for (let i = 0; i < 5; i++) endedLeg(active, http500, true)
+        yield* TestClock.adjust(100)
+        assert.strictEqual(yield* problem, handoffReason, "five that wrote text: the engine's, at once")
+      }).pipe(Effect.scoped, Effect.provide(t.layer))
+    }
+  )
+})

@@ -230,7 +230,7 @@ describe("a stalled engine", () => {
       expect(status.health.state).toBe("unhealthy")
 
       // stalled and idle, the agent asks the engine for a test completion, which the stalling engine fails too
-      await agent.waitForLine((l) => l.includes("the engine failed a test request while stalled and idle"), 30_000)
+      await agent.waitForLine((l) => l.includes("the engine failed a test request sent with no call in flight"), 30_000)
       expect((await fetch(`${agent.adminUrl}/readyz`)).status).toBe(503)
 
       // the engine recovers: with no call coming, the next test completion clears it
@@ -238,7 +238,9 @@ describe("a stalled engine", () => {
       await pollUntil("ready again", async () => (await fetch(`${agent.adminUrl}/readyz`)).status === 200, 30_000)
       await agent.waitForLine(
         (l) =>
-          l.includes("the engine is no longer stalled: the engine completed a test request while stalled and idle"),
+          l.includes(
+            "the engine is no longer stalled: the engine completed a test request sent with no call in flight"
+          ),
         1_000
       )
       const ok = await generate(client, { prompt, sampling: { maxTokens: 40 } }).done

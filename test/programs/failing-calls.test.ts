@@ -57,7 +57,7 @@ describe("an engine that answers every call with HTTP 500", () => {
       await agent.waitForLine(
         (l) =>
           l.includes(
-            "the engine is no longer failing calls: the engine completed a test request while stalled and idle"
+            "the engine is no longer failing calls: the engine completed a test request sent with no call in flight"
           ),
         5_000
       )

@@ -57,7 +57,8 @@ describe("an engine that wedges with no call in flight", () => {
     await faults(engineUrl, { wedged: false })
     await pollUntil("ready again", async () => (await readyz(agent.adminUrl)).status === 200 || undefined, 20_000)
     await agent.waitForLine(
-      (l) => l.includes("the engine is no longer stalled: the engine completed a test request while stalled and idle"),
+      (l) =>
+        l.includes("the engine is no longer stalled: the engine completed a test request sent with no call in flight"),
       5_000
     )
     const status = (await (await fetch(`${agent.adminUrl}/status`)).json()) as { engine: { exits: unknown[] } }

@@ -78,7 +78,7 @@ describe("a stalled SGLang decode node", () => {
         30_000
       )
       // the probe is taken and fails while the engine still stalls every stream
-      await agent.waitForLine((l) => l.includes("the engine failed a test request while stalled and idle"), 30_000)
+      await agent.waitForLine((l) => l.includes("the engine failed a test request sent with no call in flight"), 30_000)
       expect((await fetch(`${agent.adminUrl}/readyz`)).status).toBe(503)
 
       // the engine recovers; no call comes: the decode server's answer to the agent's own probe clears the stall
@@ -92,7 +92,9 @@ describe("a stalled SGLang decode node", () => {
       })
       await agent.waitForLine(
         (l) =>
-          l.includes("the engine is no longer stalled: the engine completed a test request while stalled and idle"),
+          l.includes(
+            "the engine is no longer stalled: the engine completed a test request sent with no call in flight"
+          ),
         1_000
       )
       expect((await agent.stop()).code).toBe(0)

@@ -3,8 +3,9 @@
  * ended as stalled, calls completed, calls the engine failed, the oldest stream still moving) goes to EngineStall,
  * which tells health that the engine is wedged or failing calls; and the engine's own test completion
  * (stallProbe.ts) is sent when nothing else would show it: stalled with no call in flight, a rank that may hang
- * alone after a stream stalled, calls newly failing (tested as soon as none is in flight), or a Ready engine with no
- * call for engine.idle_probe_after. The gRPC layer's watchdog (layers/grpc/StallWatchdog.ts) ends the calls; this
+ * alone after a stream stalled, calls newly failing (tested as soon as none is in flight), decode legs failing before
+ * their first text (whose cause may be their prefill node: the test says whether it is this engine), or a Ready
+ * engine with no call for engine.idle_probe_after. The gRPC layer's watchdog (layers/grpc/StallWatchdog.ts) ends the calls; this
  * judges the engine.
  */
 import { Duration, Effect, Option, type Scope } from "effect"
@@ -12,7 +13,9 @@ import { Config } from "../../services/config/Config.ts"
 import { EngineClient } from "../../services/engine/EngineClient.ts"
 import { EngineProcess } from "../../services/engine/EngineProcess.ts"
 import { EngineStall, isStalled } from "../../services/engine/EngineStall.ts"
-import { probeShape, stallProbe } from "./stallProbe.ts"
+import { addFailed, type FailedRun } from "../../services/engine/FailedCalls.ts"
+import { probeShape } from "./probeShape.ts"
+import { stallProbe } from "./stallProbe.ts"
 
 /** What one watchdog tick saw of the calls. */
 export interface CallsTick {
@@ -26,6 +29,9 @@ export interface CallsTick {
   /** Calls the engine failed since the later of the last completion and the last tick, and the last one's words. */
   readonly engineFailed: number
   readonly lastEngineFailure: string
+  /** Decode legs the engine failed before their first text, since as engineFailed (ActiveCalls.handoffFailed). */
+  readonly handoffFailed: number
+  readonly lastHandoffFailure: string
   /** When the oldest stream that read something since the last tick began; undefined: none moved. */
   readonly oldestMoving: number | undefined
   /** Calls in flight now. */
@@ -77,6 +83,11 @@ export const makeEngineWatch: Effect.Effect<EngineWatch | undefined, never, Conf
     let rankTestOwed = false
     // The failing-calls episode (EngineStall's `failing.since`) whose test was put forward.
     let testedFailingSince: number | undefined
+    // Decode legs the engine failed before their first text, in a row since a call completed; at
+    // engine.failed_calls_unhealthy of them (`handoffsDue`) the engine's own test judges them (stallProbe.ts handoffs)
+    const threshold = config.engine.failed_calls_unhealthy
+    let handoffRun: FailedRun | undefined
+    let handoffsDue: FailedRun | undefined
 
     const testWhenOwed = (t: CallsTick): Effect.Effect<void> =>
       probe === undefined
@@ -102,9 +113,19 @@ export const makeEngineWatch: Effect.Effect<EngineWatch | undefined, never, Conf
               testedFailingSince = s.failing.since
               probe.soon()
             }
+            // already failing calls, the legs' failures add nothing; else their test, calls in flight or not (a decode
+            // node keeps its traffic meanwhile), at the probe's pace
+            if (s.failing !== undefined) handoffsDue = undefined
+            const due = handoffsDue
+            const handoffTest =
+              due === undefined
+                ? Effect.void
+                : Effect.map(probe.handoffs(t.now, due), (started) => {
+                    if (started) handoffsDue = undefined
+                  })
             if (t.inFlight > 0) {
               quietSince = undefined
-              return rankTest
+              return Effect.andThen(handoffTest, rankTest)
             }
             // stalled with no call: the stall's own test, which goes to every rank too (and clears the stall)
             if (isStalled(s)) {
@@ -114,13 +135,22 @@ export const makeEngineWatch: Effect.Effect<EngineWatch | undefined, never, Conf
               })
             }
             if (t.completed || quietSince === undefined) quietSince = t.now
+            if (due !== undefined) return Effect.andThen(handoffTest, rankTest)
             if (quietMs <= 0 || t.now - quietSince < quietMs) return rankTest
             quietSince = t.now // the next test another idle_probe_after on
             return Effect.andThen(rankTest, probe.idle(t.now))
           })
 
     return (t: CallsTick) => {
-      if (t.completed) lastCompletedAt = t.now
+      if (t.completed) {
+        lastCompletedAt = t.now
+        handoffRun = undefined
+        handoffsDue = undefined
+      }
+      // after the tick's completions, as engineFailed; a run that reached the count is tested, and a new one begins
+      const [run, reached] = addFailed(handoffRun, t.handoffFailed, t.lastHandoffFailure, threshold, t.now)
+      handoffRun = reached === undefined ? run : undefined
+      if (reached !== undefined) handoffsDue = { calls: (handoffsDue?.calls ?? 0) + reached.calls, last: reached.last }
       return Effect.andThen(
         // a call completed in the same tick: the engine is not wedged, and the stall is not even noted (noted and
         // cleared at once, it logged "unhealthy" and "no longer stalled" in the same millisecond)

@@ -21,7 +21,6 @@
  * each rank once a stream stalls); there no answer within the idle timeout takes the engine as stalled.
  */
 import { Clock, Duration, Effect, Result, type Scope } from "effect"
-import type { EngineKind, ProxiedKind, Role } from "../../services/config/Config.ts"
 import {
   type CompletionPath,
   complete,
@@ -29,68 +28,9 @@ import {
   EngineError
 } from "../../services/engine/EngineClient.ts"
 import type { EngineStallService } from "../../services/engine/EngineStall.ts"
+import type { FailedRun } from "../../services/engine/FailedCalls.ts"
 import { background } from "../observability/backgroundFiber.ts"
-import { engineFor } from "./backends/index.ts"
-
-/** Tokens the probe asks for: more than an early-stalling engine sends, few enough to cost the engine nothing. */
-export const PROBE_TOKENS = 16
-
-/** One request of the probe: the fields it adds, and the data-parallel rank it runs on (undefined: any). */
-export interface ProbeRequest {
-  readonly fields: Readonly<Record<string, string | number>>
-  readonly rank?: number | undefined
-}
-
-/** What the probe's requests add to the OpenAI fields for one engine kind in one role. */
-export interface ProbeShape {
-  /** The engine takes `ignore_eos` (Engine.capabilities.ignoreEos). */
-  readonly ignoreEos: boolean
-  /**
-   * The requests the probe sends, each with the fields that let the engine serve it with no P/D peer
-   * (Engine.capabilities.peerlessFields): with dp > 1, one per rank where a field (rankField, or peerlessRankField
-   * on a P/D node) or a header (rankHeader) picks the rank, else one.
-   */
-  readonly requests: ReadonlyArray<ProbeRequest>
-}
-
-export const probeShape = (kind: EngineKind, role: Role, dp = 1, proxiedKind?: ProxiedKind): ProbeShape => {
-  const caps = engineFor(kind, proxiedKind).capabilities
-  const fields = caps.peerlessFields?.[role] ?? {}
-  // every field that picks the rank, set to it: on an SGLang P/D node both the room (the prefill server's
-  // follow_bootstrap_room) and routed_dp_rank (which servers that take it follow first, in every role)
-  const rankFields = [
-    ...(caps.peerlessFields?.[role] === undefined || caps.peerlessRankField === undefined
-      ? []
-      : [caps.peerlessRankField]),
-    ...(caps.rankField === undefined ? [] : [caps.rankField])
-  ]
-  const pinned = rankFields.length > 0 || caps.rankHeader !== undefined
-  const requests: ReadonlyArray<ProbeRequest> =
-    dp <= 1 || !pinned
-      ? [{ fields }]
-      : Array.from({ length: dp }, (_, i) => ({
-          fields: { ...fields, ...Object.fromEntries(rankFields.map((f) => [f, i])) },
-          rank: i
-        }))
-  return { ignoreEos: caps.ignoreEos === true, requests }
-}
-
-/**
- * The probe's request on `path`; the client adds the model (and `stream: false`). With `ignore_eos` the engine
- * generates all PROBE_TOKENS, so a model's early end cannot pass for a working engine; elsewhere the request carries
- * only OpenAI fields, and the shape's P/D fields.
- */
-export const probeBody = (
-  path: CompletionPath,
-  shape: ProbeShape,
-  fields: Readonly<Record<string, string | number>> = shape.requests[0]?.fields ?? {}
-) => ({
-  ...(path === "/v1/completions" ? { prompt: "ping" } : { messages: [{ role: "user", content: "ping" }] }),
-  max_tokens: PROBE_TOKENS,
-  temperature: 0,
-  ...(shape.ignoreEos ? { ignore_eos: true } : {}),
-  ...fields
-})
+import { PROBE_TOKENS, type ProbeRequest, type ProbeShape, probeBody } from "./probeShape.ts"
 
 /** A request of the probe that failed, with the rank it went to. */
 interface Failed {
@@ -240,7 +180,7 @@ export const stallProbe = (
           // the stall's end is logged once, by EngineStall, with this as its cause
           yield* stall.completed(
             yield* Clock.currentTimeMillis,
-            `the engine completed a test request while stalled and idle (max_tokens ${PROBE_TOKENS}, ${path}${
+            `the engine completed a test request sent with no call in flight (max_tokens ${PROBE_TOKENS}, ${path}${
               shape.requests.length > 1 ? `, on each of its ${shape.requests.length} data-parallel ranks` : ""
             })`,
             true
@@ -254,7 +194,7 @@ export const stallProbe = (
           f.silent !== undefined ? noAnswerFrom(f, "while the engine was stalled with no call") : Effect.void,
           failed(
             f,
-            "the engine failed a test request while stalled and idle: still stalled",
+            "the engine failed a test request sent with no call in flight: the node stays unhealthy",
             answered ? errorRetryMs : idleMs
           )
         )
@@ -287,6 +227,37 @@ export const stallProbe = (
       }),
       Effect.ensuring(done)
     )
+  /**
+   * After `run.calls` decode legs in a row failed before their first text (engineWatch.ts): a test the engine completes
+   * says their handoffs failed (their prefill node crashed, restarted or drained: its own log and its agent's say
+   * why), and they are not counted against this engine; one it answers with an error counts them as the engine's
+   * failed calls (EngineStall.callsFailed: the node unhealthy, failing calls); no answer is a wedge, as for any test.
+   */
+  const afterHandoffs = (run: FailedRun) =>
+    request.pipe(
+      Effect.matchEffect({
+        onSuccess: () =>
+          Effect.gen(function* () {
+            lastFailure = undefined
+            yield* Effect.logInfo(
+              `${run.calls} decode legs in a row failed before their first token, and the engine completed a test request of its own: taken as their KV handoffs' failures (see their prefill nodes), not counted toward engine.failed_calls_unhealthy`,
+              { last: run.last }
+            )
+          }),
+        onFailure: (f) => {
+          if (f.error.reason === "Timeout") return noAnswerFrom(f, "after decode legs failed before their first token")
+          const sent = "after decode legs failed before their first token"
+          if (f.error.reason === "Local") return failed(f, sent)
+          return Effect.andThen(
+            failed(f, `the engine failed a test request sent ${sent}: their failures are taken as the engine's`),
+            Effect.flatMap(Effect.zip(ready, Clock.currentTimeMillis), ([stillReady, now]) =>
+              stillReady ? stall.callsFailed(now, run.calls, run.last) : Effect.void
+            )
+          )
+        }
+      }),
+      Effect.ensuring(done)
+    )
   const whileIdle = testing(`after ${idleFor} without calls (engine.idle_probe_after)`)
   const afterStreamStall = testing("after a stream stalled")
 
@@ -311,6 +282,8 @@ export const stallProbe = (
       nextAt = Number.NEGATIVE_INFINITY
     },
     idle: (now: number): Effect.Effect<boolean> => start(now, whileIdle),
+    /** Decode legs failed before their first text: whether they are the engine's failures (see afterHandoffs). */
+    handoffs: (now: number, run: FailedRun): Effect.Effect<boolean> => start(now, afterHandoffs(run)),
     /** Nothing to do (true at once) where the probe has a single request: the stall itself says it all. */
     streamStalled: (now: number): Effect.Effect<boolean> =>
       shape.requests.length > 1 ? start(now, afterStreamStall) : Effect.succeed(true)

@@ -19,6 +19,15 @@ export class ActiveCalls {
   engineFailed = 0
   lastEngineFailure = ""
   /**
+   * Decode legs the engine failed before their first text (Relay.readsHandoff), counted as engineFailed is but apart
+   * from it: the KV they read lives on their prefill node, and a prefill engine that crashed, restarted or drained
+   * fails every leg reading from it on each decode node, whose own engine may be sound. Not the engine's until its
+   * own test fails too (layers/engine/engineWatch.ts): counted as the engine's, a crash-looping prefill node took
+   * every decode node it served out of traffic, and held them there for flapping (a P/D soak).
+   */
+  handoffFailed = 0
+  lastHandoffFailure = ""
+  /**
    * Calls completed in a row since the engine last failed one (in the order the calls ended), and the most it reached
    * since the watchdog's last look: what clears an engine taken as failing calls (FailedCalls.ts failingCleared).
    */
@@ -49,11 +58,15 @@ export class ActiveCalls {
     if (relay.completed) {
       this.completed++
       this.engineFailed = 0
+      this.handoffFailed = 0
       this.agentFailedInRow = 0
       if (++this.completedInRow > this.completedInRowBest) this.completedInRowBest = this.completedInRow
     } else if (relay.failure !== undefined) {
       const failed = engineFailedCall(relay.failure)
-      if (failed !== undefined) {
+      if (failed !== undefined && relay.readsHandoff && relay.firstTextAt === 0) {
+        this.handoffFailed++
+        this.lastHandoffFailure = failed
+      } else if (failed !== undefined) {
         this.engineFailed++
         this.lastEngineFailure = failed
         this.completedInRow = 0

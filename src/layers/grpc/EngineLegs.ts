@@ -134,6 +134,7 @@ export const make = Effect.fnUntraced(function* () {
         Effect.timeoutOrElse({ duration: legTimeout, orElse: () => Effect.fail(legDeadline("prefill", relay)) })
       )
     }
+    relay.readsHandoff = true
     return Effect.raceFirst(
       admitted(relay, kind, deadline, engineStream(relay, plan, leg, opts)),
       decodeDeadline(relay)

@@ -28,6 +28,11 @@ export class Relay implements ChunkSink {
   /** Past admission (or none configured): the engine request can have been made. */
   admitted = false
   /**
+   * A decode leg, its engine reading the KV its prefill leg left on another node (EngineLegs.ts): a failure before its
+   * first text may be that handoff's, not this engine's (ActiveCalls.handoffFailed).
+   */
+  readsHandoff = false
+  /**
    * Told once, at the first engine chunk: EngineLegs measures there what a call needs from its slot (ServiceTimes).
    * One function for every call, reading the relay: no closure or wrapper sink per call on the relay path.
    */

@@ -47,6 +47,8 @@ export const fork = Effect.fnUntraced(function* (
     active.completedInRowBest = active.completedInRow
     const engineFailed = active.engineFailed
     active.engineFailed = 0
+    const handoffFailed = active.handoffFailed
+    active.handoffFailed = 0
     // the longest run of calls refused for the agent's own shortage since the last look; the open run carries on
     const agentFailedPeak = active.agentFailedPeak
     active.agentFailedPeak = 0
@@ -101,6 +103,8 @@ export const fork = Effect.fnUntraced(function* (
         completedInRow,
         engineFailed,
         lastEngineFailure: active.lastEngineFailure,
+        handoffFailed,
+        lastHandoffFailure: active.lastHandoffFailure,
         oldestMoving: oldestMoving === Number.POSITIVE_INFINITY ? undefined : oldestMoving,
         inFlight: active.size
       })
