@@ -4,7 +4,7 @@
  * acquisition: the etcd lease first (after the drain), then the gRPC and admin servers, then the core
  * services (engine process group, sockets, timers). There is no hand-kept cleanup list.
  */
-import { Context, Deferred, Duration, Effect, Layer, Option, Ref } from "effect"
+import { Clock, Context, Deferred, Duration, Effect, Layer, Option, Ref } from "effect"
 import type { LogLevel } from "effect/LogLevel"
 import type { NodeHealth } from "../gen/cgn/agent/v1/agent.ts"
 import * as AdminLive from "../layers/admin/Admin.ts"
@@ -99,6 +99,29 @@ export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
 }
 
 /**
+ * A vLLM prefill node's engine holds each leg's KV for its decode leg, which reads it from this engine after the leg
+ * ended (nixl_connector.py: freed once read, or at VLLM_NIXL_ABORT_REQUEST_TIMEOUT): stopped as soon as the last leg
+ * ended, every decode leg still to read failed (a P/D soak: even one sent 50 ms after the SIGTERM). So the engine is
+ * kept until agent.handoff_timeout after the last handoff, within drain_timeout from the drain's start; a second
+ * signal ends the wait. Nothing to wait for on a node that handed off none (SGLang's legs end once their KV is sent).
+ */
+const handoffGrace = Effect.fn("Agent.drain.handoffGrace")(function* (startedAt: number, signals: ShutdownSignals) {
+  const config = yield* Config
+  const last = yield* (yield* GrpcServer).lastHandoffAt
+  if (last === undefined) return
+  const until = Math.min(
+    last + Duration.toMillis(config.agent.handoff_timeout),
+    startedAt + Duration.toMillis(config.agent.drain_timeout)
+  )
+  const waitMs = until - (yield* Clock.currentTimeMillis)
+  if (waitMs <= 0) return
+  yield* Effect.logInfo(
+    `drain: keeping the engine ${Duration.format(Duration.millis(waitMs))} more for decode legs still to read the KV its last prefill legs handed off (agent.handoff_timeout after the last, within agent.drain_timeout)`
+  )
+  yield* Effect.raceFirst(Effect.sleep(waitMs), Deferred.await(signals.hurry))
+})
+
+/**
  * The ordered drain: 1. NOT_SERVING and `draining` in etcd at once; 2. admission closed, in-flight
  * streams run to completion bounded by drain_timeout (a second signal cuts the wait), the rest end
  * with UNAVAILABLE; 3. the engine group stopped and confirmed gone. Step 4 (revoke the lease, close the
@@ -112,6 +135,7 @@ const orderedDrain = Effect.fn("Agent.drain")(function* (why: string, signals: S
   const admission = yield* Admission
   const engine = yield* EngineProcess
   const timeout = config.agent.drain_timeout
+  const startedAt = yield* Clock.currentTimeMillis
   // The worst case from here to the exit, every peer hung (shutdownBound.ts): what terminationGracePeriodSeconds needs.
   yield* Effect.logInfo("drain: started", {
     why,
@@ -147,6 +171,7 @@ const orderedDrain = Effect.fn("Agent.drain")(function* (why: string, signals: S
     })
     yield* grpc.abortActive("node drained before the stream finished")
   }
+  if (ended !== "signal") yield* handoffGrace(startedAt, signals)
   yield* Effect.logInfo("drain: in-flight streams done; stopping the engine")
 
   yield* engine.stop

@@ -27,6 +27,8 @@ export class ActiveCalls {
    */
   handoffFailed = 0
   lastHandoffFailure = ""
+  /** The latest Relay.handedOffAt of a call that ended (Clock ms; 0: none): GrpcServer.lastHandoffAt. */
+  lastHandoffAt = 0
   /**
    * Calls completed in a row since the engine last failed one (in the order the calls ended), and the most it reached
    * since the watchdog's last look: what clears an engine taken as failing calls (FailedCalls.ts failingCleared).
@@ -55,6 +57,7 @@ export class ActiveCalls {
 
   delete(relay: Relay): void {
     if (!this.relays.delete(relay)) return
+    if (relay.handedOffAt > this.lastHandoffAt) this.lastHandoffAt = relay.handedOffAt
     if (relay.completed) {
       this.completed++
       this.engineFailed = 0

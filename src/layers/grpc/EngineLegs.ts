@@ -72,6 +72,7 @@ export const make = Effect.fnUntraced(function* () {
           // The agent's digest of the leg's input goes with the engine's params: D's agent checks it (InputDigest.ts).
           const digest = leg.inputDigest
           relay.reader.kvTransferParams = digest === undefined ? params : withInputDigest(params, digest)
+          relay.handedOffAt = clock.currentTimeMillisUnsafe()
         })
       })
     )

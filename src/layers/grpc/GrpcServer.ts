@@ -178,6 +178,7 @@ export const make = Effect.fnUntraced(function* (options: GrpcServerOptions = {}
     setHealthOverride: (s) => Effect.sync(() => serving.setOverride(s)),
     activeStreams: Effect.sync(() => active.size),
     awaitNoStreams: active.awaitEmpty,
+    lastHandoffAt: Effect.sync(() => (active.lastHandoffAt > 0 ? active.lastHandoffAt : undefined)),
     abortActive: (reason) => Effect.sync(() => active.abortAll(new StreamAborted({ reason })))
   } satisfies GrpcServerService)
 })

@@ -33,6 +33,11 @@ export class Relay implements ChunkSink {
    */
   readsHandoff = false
   /**
+   * When this prefill leg got the engine's kv_transfer_params (Clock ms; 0: none): the engine holds the leg's KV for
+   * its decode leg past the leg's end (ActiveCalls.lastHandoffAt).
+   */
+  handedOffAt = 0
+  /**
    * Told once, at the first engine chunk: EngineLegs measures there what a call needs from its slot (ServiceTimes).
    * One function for every call, reading the relay: no closure or wrapper sink per call on the relay path.
    */

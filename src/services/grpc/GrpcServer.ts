@@ -31,6 +31,12 @@ export interface GrpcServerService {
    * engine requests are aborted. Deltas already sent stay sent.
    */
   readonly abortActive: (reason: string) => Effect.Effect<void>
+  /**
+   * When a prefill leg last handed off KV that outlives it (Clock ms; undefined: none yet): vLLM's prefill engine
+   * keeps a leg's blocks for its decode leg to read after the leg ended (Relay.handedOffAt), so the drain keeps the
+   * engine a while after it (programs/main.ts). An SGLang leg ends only once its KV is sent: never here.
+   */
+  readonly lastHandoffAt: Effect.Effect<number | undefined>
 }
 
 export class GrpcServer extends Context.Service<GrpcServer, GrpcServerService>()("cgn-agent/GrpcServer") {}
