@@ -2,7 +2,7 @@
 // cgn-engine-sim: an engine-shaped process for tests and laptops (vLLM, SGLang, llama.cpp, mlx flavors).
 // Parses the engine's own command line plus --sim-* knobs, then reproduces the engine's startup (vLLM and SGLang
 // listen only once "loaded", SGLang then warming up; the others listen at once and report loading), serves the OpenAI API, and applies the
-// fault switches. Logs JSON lines on stderr; `{"msg":"listening"}` marks the HTTP server being up.
+// fault switches. Logs JSON lines on stderr (its warnings and errors in the engine's own format, sim/leveledLine.ts); `{"msg":"listening"}` marks the HTTP server being up.
 import { spawn } from "node:child_process"
 import { readFileSync } from "node:fs"
 import * as http from "node:http"
@@ -13,9 +13,10 @@ import { LLAMA_MAX_REQUESTS, makeContext } from "../sim/context.ts"
 import { startVllmWatchdog } from "../sim/engineDeath.ts"
 import { framed, keepAliveOptions } from "../sim/keepAlive.ts"
 import { KvPublisher, kvEventsSettings } from "../sim/kvpublisher.ts"
+import { leveledLine } from "../sim/leveledLine.ts"
 import { llamaModelFileFault } from "../sim/modelFile.ts"
 import { handler } from "../sim/server.ts"
-import { ArgsError, type SimConfig } from "../sim/simConfig.ts"
+import { ArgsError, type Flavor, type SimConfig } from "../sim/simConfig.ts"
 import { llamaDeath, llamaLoadDeath, type StartDeath, type StartFailure, startDeath } from "../sim/startFailures.ts"
 import { VERSION } from "../version.ts"
 
@@ -31,10 +32,18 @@ Knobs: --sim-mode echo|random, --sim-seed N, --sim-ttft DUR, --sim-itl DUR, --si
   --sim-error-rate X, --sim-error-kind KIND, --sim-crash-after DUR, --sim-crash-after-requests N,
   --sim-stall-after-tokens N, --sim-crash-at-start CAUSE, --sim-ignore-sigterm, --sim-fork-grandchild,
   --sim-hang-health, --sim-strict-args, --sim-sigterm-waits-streams, ...
-  (src/sim/args.ts lists them all). Logs JSON lines on stderr.
+  (src/sim/args.ts lists them all). Logs JSON lines on stderr; its warnings and errors in the engine's own format.
 `
 
+/** The engine the simulator stands in for, once its arguments are read: its warnings and errors in its own format. */
+let flavor: Flavor | undefined
+
 const log = (msg: string, fields: Record<string, unknown> = {}): void => {
+  const { level, ...rest } = fields
+  if (flavor !== undefined && (level === "warning" || level === "error")) {
+    process.stderr.write(`${leveledLine(flavor, level, msg, rest, new Date(), performance.now() * 1000)}\n`)
+    return
+  }
   process.stderr.write(
     `${JSON.stringify({ ts: new Date().toISOString(), msg, ...fields }, (_k, v) => (typeof v === "bigint" ? v.toString() : v))}\n`
   )
@@ -110,6 +119,7 @@ const main = async (): Promise<void> => {
     }
     throw err
   }
+  flavor = cfg.flavor
   log("starting", {
     flavor: cfg.flavor,
     model: cfg.model,

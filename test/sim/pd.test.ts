@@ -122,7 +122,7 @@ describe("vLLM P/D over the side channel", () => {
     const failures = loadFailures()
     const r = await decode(kvp)
     expect([r.status, loadFailures(), unrecognized(id)]).toEqual([200, failures, 1])
-    await p.waitForLine((l) => l.includes('"level":"error"') && l.includes(`unrecognized request ${id} `))
+    await p.waitForLine((l) => /^ERROR \d\d-\d\d /.test(l) && l.includes(`unrecognized request ${id} `))
   })
 
   it("computes locally when the params are incomplete (as vLLM does)", async () => {
