@@ -118,7 +118,12 @@ const handoffGrace = Effect.fn("Agent.drain.handoffGrace")(function* (startedAt:
   yield* Effect.logInfo(
     `drain: keeping the engine ${Duration.format(Duration.millis(waitMs))} more for decode legs still to read the KV its last prefill legs handed off (agent.handoff_timeout after the last, within agent.drain_timeout)`
   )
-  yield* Effect.raceFirst(Effect.sleep(waitMs), Deferred.await(signals.hurry))
+  const cut = yield* Effect.raceFirst(
+    Effect.as(Effect.sleep(waitMs), false),
+    Effect.as(Deferred.await(signals.hurry), true)
+  )
+  // each step of the drain cut short is said (README)
+  if (cut) yield* Effect.logWarning("drain: the wait for decode legs cut short by a second SIGTERM or SIGINT")
 })
 
 /**

@@ -71,6 +71,11 @@ const bad: ReadonlyArray<[string, string, ReadonlyArray<string>]> = [
   ],
   ["wrong type inside a table", `[engine]\nenv = { A = 1 }\n${MODEL}`, ["engine.env.A: expected a string, got 1"]],
   [
+    "an empty string where one is needed; a value of neither type a list takes",
+    `[agent]\nnode_id = ""\n${MODEL}gpus = [true]\n`,
+    ['agent.node_id: expected a non-empty value, got ""', 'models."m".gpus[0]: expected a number or a string, got true']
+  ],
+  [
     "a secret written as a number: its value is not echoed (README Secrets: the key's name says so)",
     `[agent]\nadmin_token = 31415926535\n[engine]\nenv = { HF_TOKEN = 987654321 }\n${MODEL}`,
     [

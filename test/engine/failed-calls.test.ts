@@ -15,10 +15,11 @@ import {
   stallRestartAt,
   stallStart
 } from "../../src/services/engine/EngineStall.ts"
-import { addFailed, failingCleared, failingProblem } from "../../src/services/engine/FailedCalls.ts"
+import { addFailed, addHandoffFailed, failingCleared, failingProblem } from "../../src/services/engine/FailedCalls.ts"
 import { Draining, Overloaded } from "../../src/services/grpc/Admission.ts"
 import { EngineRunEnded, EngineStalled, NotServing } from "../../src/services/grpc/CallErrors.ts"
 import { engineFailedCall, engineFailure } from "../../src/services/grpc/GrpcStatus.ts"
+import { handoffPeer } from "../../src/services/grpc/Handoff.ts"
 import { CallDeadlineExceeded } from "../../src/services/grpc/TransportErrors.ts"
 
 const http = (status: number) => new EngineError({ reason: "Http", status, message: `HTTP ${status}` })
@@ -143,5 +144,32 @@ describe("failing calls in the stall state", () => {
     const counters = onFailing(onNoProgress(noStall, { since: 1_000, held: 1, counters: ["c"] })!, failing)!
     assert.strictEqual(stallProblem(counters, "5m"), failingProblem(failing))
     assert.strictEqual(stallStart(counters), 1_000)
+  })
+})
+
+describe("decode legs failed before their first text (addHandoffFailed)", () => {
+  it("counts a run; at the threshold, one prefill node's are tested, two or more nodes' are the engine's", () => {
+    const one = addHandoffFailed(undefined, 3, "a", ["p1:1"], 5)
+    assert.deepStrictEqual(one, { run: { calls: 3, last: "a", peers: ["p1:1"] } })
+    assert.deepStrictEqual(addHandoffFailed(one.run, 2, "b", ["p1:1"], 5), {
+      run: undefined,
+      due: { by: "test", run: { calls: 5, last: "b", peers: ["p1:1"] } }
+    })
+    assert.strictEqual(addHandoffFailed(one.run, 2, "b", ["p2:1"], 5).due?.by, "engine")
+    // none: nothing changes; 0: never judged
+    assert.strictEqual(addHandoffFailed(one.run, 0, "c", [], 5).run, one.run)
+    assert.isUndefined(addHandoffFailed(undefined, 100, "c", ["p1:1", "p2:1"], 0).due)
+  })
+
+  it("reads the prefill node a decode leg's engine body names: vLLM's side channel, SGLang's bootstrap server", () => {
+    assert.strictEqual(
+      handoffPeer({ kv_transfer_params: { remote_host: "10.0.0.5", remote_port: 5600 } }),
+      "10.0.0.5:5600"
+    )
+    assert.strictEqual(
+      handoffPeer({ bootstrap_host: "10.0.0.6", bootstrap_port: 8998, bootstrap_room: 1 }),
+      "10.0.0.6:8998"
+    )
+    assert.isUndefined(handoffPeer({ prompt: "x" }))
   })
 })

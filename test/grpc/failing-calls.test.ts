@@ -29,6 +29,8 @@ const http500 = new EngineError({
   message: "simulated error (http500)",
   engineType: "InternalServerError"
 })
+// vLLM's --max-queued-requests refusal: no failed call (EngineStatus.ts)
+const queueFull = new EngineError({ reason: "Http", status: 503, message: "The request queue is full." })
 const REASON =
   "engine failing calls: the last 5 calls failed in the engine with none completed (engine.failed_calls_unhealthy), " +
   "the last with: engine answered HTTP 500 (InternalServerError): simulated error (http500)"
@@ -43,12 +45,13 @@ const setup = (engineKeys: Record<string, unknown> = {}) => {
     engine: { stream_idle_timeout: `${IDLE_MS}ms`, stall_restart_after: "0s", ...engineKeys }
   })
   const supervisor = EngineTest.layerTest({ initial: State.Ready({ since: 0, run: 0 }) })
-  const engine = { answer: "fail" as "ok" | "fail", requests: 0 }
+  const engine = { answer: "fail" as "ok" | "fail" | "busy", requests: 0 }
   const client = EngineClient.of({
     streamTo: (_path, _body, _options, sink) =>
       Effect.suspend(() => {
         engine.requests++
         if (engine.answer === "fail") return Effect.fail(http500)
+        if (engine.answer === "busy") return Effect.fail(queueFull)
         sink.onChunks([{ choices: [{ text: "pong", finish_reason: "length" }] }], () => undefined)
         return Effect.void
       }),
@@ -273,10 +276,11 @@ describe("an engine that fails every call", () => {
   })
 })
 
-/** A decode leg (Relay.readsHandoff) that ended with `failure`, after some text when `wroteText`. */
-const endedLeg = (active: ActiveCalls, failure: GenerateError, wroteText = false) => {
+/** A decode leg (Relay.readsHandoff) from `peer` that ended with `failure`, after some text when `wroteText`. */
+const endedLeg = (active: ActiveCalls, failure: GenerateError, wroteText = false, peer = "10.0.0.5:5600") => {
   const relay = new Relay(1024)
   relay.readsHandoff = true
+  relay.handoffPeer = peer
   relay.streamRequested(0)
   active.add(relay)
   if (wroteText) relay.onChunks([{ choices: [{ text: "a" }] }], () => undefined)
@@ -344,6 +348,70 @@ describe("decode legs the engine failed before their first text (their prefill n
         for (let i = 0; i < 5; i++) endedLeg(active, http500, true)
         yield* TestClock.adjust(100)
         assert.strictEqual(yield* problem, handoffReason, "five that wrote text: the engine's, at once")
+      }).pipe(Effect.scoped, Effect.provide(t.layer))
+    }
+  )
+
+  it.effect("a test a busy engine refuses (503) concludes nothing: the legs are not counted", () => {
+    const t = setup()
+    return Effect.gen(function* () {
+      const active = new ActiveCalls()
+      yield* StallWatchdog.fork(active)
+      t.engine.answer = "busy"
+      for (let i = 0; i < 5; i++) endedLeg(active, http500)
+      yield* TestClock.adjust(200)
+      assert.strictEqual(t.engine.requests, 1)
+      assert.isUndefined(yield* problem)
+      assert.strictEqual(yield* Effect.promise(() => streaks(t.registry)), 0)
+    }).pipe(Effect.scoped, Effect.provide(t.layer))
+  })
+
+  it.effect(
+    "after a test forgave a run, the next run is tested engine.liveness_interval on: a broken engine is out then",
+    () => {
+      const t = setup({ liveness_interval: "300ms" })
+      return Effect.gen(function* () {
+        const active = new ActiveCalls()
+        yield* StallWatchdog.fork(active)
+        t.engine.answer = "ok"
+        for (let i = 0; i < 5; i++) endedLeg(active, http500)
+        yield* TestClock.adjust(100)
+        assert.strictEqual(t.engine.requests, 1)
+        // the engine breaks: every leg fails, and its test too
+        t.engine.answer = "fail"
+        for (let i = 0; i < 5; i++) endedLeg(active, http500)
+        yield* TestClock.adjust(100)
+        assert.strictEqual(t.engine.requests, 1, "not before liveness_interval")
+        yield* TestClock.adjust(200)
+        assert.isAtLeast(t.engine.requests, 2, "liveness_interval after the last test began, not stream_idle_timeout")
+        // it failed too: the legs are the engine's (and the failing engine's own test follows at once)
+        assert.strictEqual(yield* problem, handoffReason)
+      }).pipe(Effect.scoped, Effect.provide(t.layer))
+    }
+  )
+
+  it.effect(
+    "legs from two prefill nodes, none completing between: this engine's KV path, unhealthy with no test",
+    () => {
+      const t = setup()
+      return Effect.gen(function* () {
+        const active = new ActiveCalls()
+        yield* StallWatchdog.fork(active)
+        t.engine.answer = "ok" // a test would pass: it reads no KV
+        const busy = new Relay(1024)
+        active.add(busy)
+        for (let i = 0; i < 3; i++) endedLeg(active, http500, false, "10.0.0.5:5600")
+        for (let i = 0; i < 2; i++) endedLeg(active, http500, false, "10.0.0.6:5600")
+        yield* TestClock.adjust(100)
+        assert.strictEqual(t.engine.requests, 0)
+        assert.strictEqual(
+          yield* problem,
+          "engine failing calls: the last 5 calls failed in the engine with none completed (engine.failed_calls_unhealthy), " +
+            "the last with: engine answered HTTP 500 (InternalServerError): simulated error (http500) (decode legs reading " +
+            "from 2 prefill nodes, 10.0.0.5:5600, 10.0.0.6:5600, failed before their first token with no call completing: " +
+            "this engine's KV transfer fails)"
+        )
+        active.delete(busy)
       }).pipe(Effect.scoped, Effect.provide(t.layer))
     }
   )

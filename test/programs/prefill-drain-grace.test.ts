@@ -64,4 +64,28 @@ describe("a drained vLLM prefill node", () => {
       channel.close()
     }
   })
+
+  it("a second signal ends the wait, said at warn", async () => {
+    const { config, grpcPort } = await simAgentConfig({
+      agent: { role: "prefill", handoff_timeout: "60s", drain_timeout: "60s" },
+      engine: { kv_offload: "nixl", side_channel_host: "127.0.0.1", side_channel_port: await freePort() },
+      simArgs: ["--sim-mode", "echo"]
+    })
+    const agent = await startAgent({ config, readyTimeoutMs: 45_000 })
+    const { client, channel } = agentClient(`127.0.0.1:${grpcPort}`)
+    try {
+      const pr = await generate(client, { prompt: "alpha beta gamma delta", sampling: { maxTokens: 4, stop: [] } }).done
+      expect(pr.error, agent.tail()).toBeUndefined()
+      process.kill(agent.pid, "SIGTERM")
+      await agent.waitForLine((l) => l.includes("drain: keeping the engine"), 10_000)
+      process.kill(agent.pid, "SIGTERM")
+      expect(await agent.exited).toEqual({ code: 0, signal: null })
+      expect(agent.logs().map((l) => [l.level, l.msg])).toContainEqual([
+        "warn",
+        "drain: the wait for decode legs cut short by a second SIGTERM or SIGINT"
+      ])
+    } finally {
+      channel.close()
+    }
+  })
 })

@@ -13,7 +13,7 @@ import { Config } from "../../services/config/Config.ts"
 import { EngineClient } from "../../services/engine/EngineClient.ts"
 import { EngineProcess } from "../../services/engine/EngineProcess.ts"
 import { EngineStall, isStalled } from "../../services/engine/EngineStall.ts"
-import { addFailed, type FailedRun } from "../../services/engine/FailedCalls.ts"
+import { addHandoffFailed, type HandoffRun, handoffsAsEngines } from "../../services/engine/FailedCalls.ts"
 import { probeShape } from "./probeShape.ts"
 import { stallProbe } from "./stallProbe.ts"
 
@@ -29,9 +29,13 @@ export interface CallsTick {
   /** Calls the engine failed since the later of the last completion and the last tick, and the last one's words. */
   readonly engineFailed: number
   readonly lastEngineFailure: string
-  /** Decode legs the engine failed before their first text, since as engineFailed (ActiveCalls.handoffFailed). */
+  /**
+   * Decode legs the engine failed before their first text, counted as engineFailed is (ActiveCalls.handoffFailed),
+   * the last one's words, and the prefill nodes they read from.
+   */
   readonly handoffFailed: number
   readonly lastHandoffFailure: string
+  readonly handoffPeers: ReadonlyArray<string>
   /** When the oldest stream that read something since the last tick began; undefined: none moved. */
   readonly oldestMoving: number | undefined
   /** Calls in flight now. */
@@ -84,10 +88,11 @@ export const makeEngineWatch: Effect.Effect<EngineWatch | undefined, never, Conf
     // The failing-calls episode (EngineStall's `failing.since`) whose test was put forward.
     let testedFailingSince: number | undefined
     // Decode legs the engine failed before their first text, in a row since a call completed; at
-    // engine.failed_calls_unhealthy of them (`handoffsDue`) the engine's own test judges them (stallProbe.ts handoffs)
+    // engine.failed_calls_unhealthy of them from one prefill node (`handoffsDue`) the engine's own test judges them
+    // (stallProbe.ts handoffs), from two or more they are the engine's (FailedCalls.ts addHandoffFailed)
     const threshold = config.engine.failed_calls_unhealthy
-    let handoffRun: FailedRun | undefined
-    let handoffsDue: FailedRun | undefined
+    let handoffRun: HandoffRun | undefined
+    let handoffsDue: HandoffRun | undefined
 
     const testWhenOwed = (t: CallsTick): Effect.Effect<void> =>
       probe === undefined
@@ -97,9 +102,11 @@ export const makeEngineWatch: Effect.Effect<EngineWatch | undefined, never, Conf
             // or not: under load the stall's own test never runs)
             if (t.stalled > 0 || s.testFailed?.ranks !== undefined) rankTestOwed = true
             if (!ready) {
-              // a run that ends takes its streams' stalls with it (the next one starts clear)
+              // a run that ends takes its streams' stalls with it (the next one starts clear), and its legs' failures
               quietSince = undefined
               rankTestOwed = false
+              handoffRun = undefined
+              handoffsDue = undefined
               return Effect.void
             }
             // a rank that hangs alone: tested after a stream stalled, calls in flight or not
@@ -147,10 +154,16 @@ export const makeEngineWatch: Effect.Effect<EngineWatch | undefined, never, Conf
         handoffRun = undefined
         handoffsDue = undefined
       }
-      // after the tick's completions, as engineFailed; a run that reached the count is tested, and a new one begins
-      const [run, reached] = addFailed(handoffRun, t.handoffFailed, t.lastHandoffFailure, threshold, t.now)
-      handoffRun = reached === undefined ? run : undefined
-      if (reached !== undefined) handoffsDue = { calls: (handoffsDue?.calls ?? 0) + reached.calls, last: reached.last }
+      // after the tick's completions, as engineFailed; a run that reached the count is judged, and a new one begins
+      const step = addHandoffFailed(handoffRun, t.handoffFailed, t.lastHandoffFailure, t.handoffPeers, threshold)
+      handoffRun = step.run
+      const legsFailed =
+        step.due?.by === "engine"
+          ? stall.callsFailed(t.now, step.due.run.calls, handoffsAsEngines(step.due.run))
+          : Effect.void
+      if (step.due?.by === "test")
+        handoffsDue =
+          handoffsDue === undefined ? step.due.run : { ...step.due.run, calls: handoffsDue.calls + step.due.run.calls }
       return Effect.andThen(
         // a call completed in the same tick: the engine is not wedged, and the stall is not even noted (noted and
         // cleared at once, it logged "unhealthy" and "no longer stalled" in the same millisecond)
@@ -161,6 +174,7 @@ export const makeEngineWatch: Effect.Effect<EngineWatch | undefined, never, Conf
         Effect.andThen(
           t.engineFailed > 0 ? stall.callsFailed(t.now, t.engineFailed, t.lastEngineFailure) : Effect.void
         ),
+        Effect.andThen(legsFailed),
         Effect.andThen(t.oldestMoving === undefined ? Effect.void : stall.moved(t.now, t.oldestMoving)),
         Effect.andThen(testWhenOwed(t))
       )

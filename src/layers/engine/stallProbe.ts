@@ -18,7 +18,8 @@
  * routed_dp_rank field (in every role; on a P/D node beside the room).
  * The same test is also how the watchdog finds what nothing else shows: an engine that wedged while idle (sent after
  * engine.idle_probe_after with no call) and a data-parallel rank that hangs alone while the others serve (sent to
- * each rank once a stream stalls); there no answer within the idle timeout takes the engine as stalled.
+ * each rank once a stream stalls); there no answer within the idle timeout takes the engine as stalled. And it judges
+ * decode legs that failed before their first text, whose prefill node may be the one at fault (afterHandoffs).
  */
 import { Clock, Duration, Effect, Result, type Scope } from "effect"
 import {
@@ -29,6 +30,7 @@ import {
 } from "../../services/engine/EngineClient.ts"
 import type { EngineStallService } from "../../services/engine/EngineStall.ts"
 import type { FailedRun } from "../../services/engine/FailedCalls.ts"
+import { engineFailedCall } from "../../services/grpc/GrpcStatus.ts"
 import { background } from "../observability/backgroundFiber.ts"
 import { PROBE_TOKENS, type ProbeRequest, type ProbeShape, probeBody } from "./probeShape.ts"
 
@@ -56,7 +58,9 @@ const otherPath = (path: CompletionPath): CompletionPath =>
  * - `idle(now)` for an engine that has had no call for `idleFor` (engine.idle_probe_after), and
  * - `streamStalled(now)` after a stream stalled, to each data-parallel rank (only where the probe has one request per
  *   rank: a rank that hangs alone stalls its streams while the others complete calls, which would clear the stall);
- *   in these two a request that gets no answer in time takes the engine as stalled (EngineStall.testFailed).
+ *   in these two a request that gets no answer in time takes the engine as stalled (EngineStall.testFailed);
+ * - `handoffs(now, run)` after decode legs failed before their first text, calls in flight or not: whether they are
+ *   the engine's failures (afterHandoffs).
  * At most once per `idleMs` (engine.stream_idle_timeout), start to start; while stalled, after a test the engine
  * answered with an error (a refused connection, a 5xx: not a wedge), again `errorRetryMs` after it began
  * (engine.liveness_interval): a proxied server back from a restart, or an engine that recovered, is back in traffic
@@ -228,13 +232,17 @@ export const stallProbe = (
       Effect.ensuring(done)
     )
   /**
-   * After `run.calls` decode legs in a row failed before their first text (engineWatch.ts): a test the engine completes
-   * says their handoffs failed (their prefill node crashed, restarted or drained: its own log and its agent's say
-   * why), and they are not counted against this engine; one it answers with an error counts them as the engine's
-   * failed calls (EngineStall.callsFailed: the node unhealthy, failing calls); no answer is a wedge, as for any test.
+   * After `run.calls` decode legs in a row from one prefill node failed before their first text (engineWatch.ts): a
+   * test the engine completes says their handoffs failed (the prefill node crashed, restarted or drained: its own log
+   * and its agent's say why), and they are not counted against this engine; one the engine fails as it fails a call
+   * (EngineStatus.ts failsCall: a 5xx but 501 and 503, a broken connection) counts them as its failed calls
+   * (EngineStall.callsFailed: the node unhealthy, failing calls), unless a call completed meanwhile. Nothing else
+   * concludes: this test goes with calls in flight, so a busy engine's 503 or 429, or a queue that holds it past the
+   * idle timeout (long generations), says nothing of the legs; the stall watchdog sees a wedge by its streams.
    */
-  const afterHandoffs = (run: FailedRun) =>
-    request.pipe(
+  const afterHandoffs = (run: FailedRun) => {
+    const sent = "after decode legs failed before their first token"
+    return request.pipe(
       Effect.matchEffect({
         onSuccess: () =>
           Effect.gen(function* () {
@@ -243,21 +251,28 @@ export const stallProbe = (
               `${run.calls} decode legs in a row failed before their first token, and the engine completed a test request of its own: taken as their KV handoffs' failures (see their prefill nodes), not counted toward engine.failed_calls_unhealthy`,
               { last: run.last }
             )
+            // on every rank: as any test completed there, it ends a hung rank's stall (`testing`)
+            if (shape.requests.length > 1)
+              yield* stall.completed(
+                yield* Clock.currentTimeMillis,
+                `each of its ${shape.requests.length} data-parallel ranks completed a test request`,
+                true
+              )
           }),
         onFailure: (f) => {
-          if (f.error.reason === "Timeout") return noAnswerFrom(f, "after decode legs failed before their first token")
-          const sent = "after decode legs failed before their first token"
-          if (f.error.reason === "Local") return failed(f, sent)
+          if (engineFailedCall(f.error) === undefined)
+            return failed(f, `the engine did not complete a test request sent ${sent}: nothing concluded`)
           return Effect.andThen(
             failed(f, `the engine failed a test request sent ${sent}: their failures are taken as the engine's`),
             Effect.flatMap(Effect.zip(ready, Clock.currentTimeMillis), ([stillReady, now]) =>
-              stillReady ? stall.callsFailed(now, run.calls, run.last) : Effect.void
+              stillReady && lastCompletedAt() < startedAt ? stall.callsFailed(now, run.calls, run.last) : Effect.void
             )
           )
         }
       }),
       Effect.ensuring(done)
     )
+  }
   const whileIdle = testing(`after ${idleFor} without calls (engine.idle_probe_after)`)
   const afterStreamStall = testing("after a stream stalled")
 
@@ -282,8 +297,16 @@ export const stallProbe = (
       nextAt = Number.NEGATIVE_INFINITY
     },
     idle: (now: number): Effect.Effect<boolean> => start(now, whileIdle),
-    /** Decode legs failed before their first text: whether they are the engine's failures (see afterHandoffs). */
-    handoffs: (now: number, run: FailedRun): Effect.Effect<boolean> => start(now, afterHandoffs(run)),
+    /**
+     * Decode legs failed before their first text: whether they are the engine's failures (see afterHandoffs). Sooner
+     * than the tests' stream_idle_timeout pace: `errorRetryMs` (engine.liveness_interval) after the last test began, so
+     * an engine that breaks after a test forgave a run is taken out within that, not minutes later.
+     */
+    handoffs: (now: number, run: FailedRun): Effect.Effect<boolean> =>
+      Effect.suspend(() => {
+        if (now >= startedAt + errorRetryMs) nextAt = Math.min(nextAt, now)
+        return start(now, afterHandoffs(run))
+      }),
     /** Nothing to do (true at once) where the probe has a single request: the stall itself says it all. */
     streamStalled: (now: number): Effect.Effect<boolean> =>
       shape.requests.length > 1 ? start(now, afterStreamStall) : Effect.succeed(true)

@@ -19,14 +19,16 @@ export class ActiveCalls {
   engineFailed = 0
   lastEngineFailure = ""
   /**
-   * Decode legs the engine failed before their first text (Relay.readsHandoff), counted as engineFailed is but apart
-   * from it: the KV they read lives on their prefill node, and a prefill engine that crashed, restarted or drained
-   * fails every leg reading from it on each decode node, whose own engine may be sound. Not the engine's until its
-   * own test fails too (layers/engine/engineWatch.ts): counted as the engine's, a crash-looping prefill node took
-   * every decode node it served out of traffic, and held them there for flapping (a P/D soak).
+   * Decode legs the engine failed before their first text (Relay.readsHandoff), since as engineFailed but apart from
+   * it, and neither ending nor counting in completedInRow: the KV they read lives on their prefill node, and a prefill
+   * engine that crashed, restarted or drained fails every leg reading from it on each decode node, whose own engine
+   * may be sound. Not the engine's until its own test fails too, or legs from two prefill nodes fail
+   * (`handoffPeers`; layers/engine/engineWatch.ts): counted as the engine's, a crash-looping prefill node took every
+   * decode node it served out of traffic, and held them there for flapping (a P/D soak).
    */
   handoffFailed = 0
   lastHandoffFailure = ""
+  readonly handoffPeers = new Set<string>()
   /** The latest Relay.handedOffAt of a call that ended (Clock ms; 0: none): GrpcServer.lastHandoffAt. */
   lastHandoffAt = 0
   /**
@@ -62,6 +64,7 @@ export class ActiveCalls {
       this.completed++
       this.engineFailed = 0
       this.handoffFailed = 0
+      this.handoffPeers.clear()
       this.agentFailedInRow = 0
       if (++this.completedInRow > this.completedInRowBest) this.completedInRowBest = this.completedInRow
     } else if (relay.failure !== undefined) {
@@ -69,6 +72,7 @@ export class ActiveCalls {
       if (failed !== undefined && relay.readsHandoff && relay.firstTextAt === 0) {
         this.handoffFailed++
         this.lastHandoffFailure = failed
+        this.handoffPeers.add(relay.handoffPeer)
       } else if (failed !== undefined) {
         this.engineFailed++
         this.lastEngineFailure = failed

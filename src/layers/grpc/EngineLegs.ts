@@ -14,7 +14,7 @@ import { complete, EngineClient, type EngineError, type RequestOptions } from ".
 import { Admission, type AdmissionError, type CallDeadline } from "../../services/grpc/Admission.ts"
 import { LegDeadline } from "../../services/grpc/CallErrors.ts"
 import type { RequestPlan } from "../../services/grpc/Generate.ts"
-import { extractKvTransferParams, type InvalidHandoff, type LegPlan } from "../../services/grpc/Handoff.ts"
+import { extractKvTransferParams, handoffPeer, type InvalidHandoff, type LegPlan } from "../../services/grpc/Handoff.ts"
 import { withInputDigest } from "../../services/grpc/InputDigest.ts"
 import type { ServiceKind } from "../../services/grpc/ServiceTimes.ts"
 import type { Relay } from "./Relay.ts"
@@ -136,6 +136,7 @@ export const make = Effect.fnUntraced(function* () {
       )
     }
     relay.readsHandoff = true
+    relay.handoffPeer = handoffPeer(leg.body) ?? ""
     return Effect.raceFirst(
       admitted(relay, kind, deadline, engineStream(relay, plan, leg, opts)),
       decodeDeadline(relay)

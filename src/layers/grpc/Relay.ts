@@ -29,9 +29,11 @@ export class Relay implements ChunkSink {
   admitted = false
   /**
    * A decode leg, its engine reading the KV its prefill leg left on another node (EngineLegs.ts): a failure before its
-   * first text may be that handoff's, not this engine's (ActiveCalls.handoffFailed).
+   * first text may be that handoff's, not this engine's (ActiveCalls.handoffFailed). The prefill node, `host:port`
+   * (Handoff.ts handoffPeer; "" where the body names none).
    */
   readsHandoff = false
+  handoffPeer = ""
   /**
    * When this prefill leg got the engine's kv_transfer_params (Clock ms; 0: none): the engine holds the leg's KV for
    * its decode leg past the leg's end (ActiveCalls.lastHandoffAt).

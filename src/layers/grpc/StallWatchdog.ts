@@ -49,6 +49,8 @@ export const fork = Effect.fnUntraced(function* (
     active.engineFailed = 0
     const handoffFailed = active.handoffFailed
     active.handoffFailed = 0
+    const handoffPeers = [...active.handoffPeers]
+    active.handoffPeers.clear()
     // the longest run of calls refused for the agent's own shortage since the last look; the open run carries on
     const agentFailedPeak = active.agentFailedPeak
     active.agentFailedPeak = 0
@@ -104,6 +106,7 @@ export const fork = Effect.fnUntraced(function* (
         engineFailed,
         lastEngineFailure: active.lastEngineFailure,
         handoffFailed,
+        handoffPeers,
         lastHandoffFailure: active.lastHandoffFailure,
         oldestMoving: oldestMoving === Number.POSITIVE_INFINITY ? undefined : oldestMoving,
         inFlight: active.size

@@ -150,7 +150,7 @@ const describe = (v: unknown): string => {
 /**
  * Effect Schema's own words for a refused value (`Expected a value greater than or equal to 1`, `Expected "a" | "b"`),
  * said as this file's other problems are (`expected at least 1`, `expected one of "a", "b"`): one voice in one list
- * of problems. Messages not in the table (a check of the project's own) are kept, their first letter lowered.
+ * of problems. Other messages (a check's own words) are kept as they are but a leading `Expected`, lowered.
  */
 const plainWords = (message: string): string => {
   const bound = /^Expected a value (greater|less) than (or equal to )?(.+)$/.exec(message)
@@ -160,11 +160,18 @@ const plainWords = (message: string): string => {
   }
   if (/^Expected "[^"]*"( \| "[^"]*")+$/.test(message))
     return `expected one of ${message.slice("Expected ".length).split(" | ").join(", ")}`
-  const type = /^Expected (string|array|object|number|boolean)$/.exec(message)?.[1]
-  if (type !== undefined)
-    return `expected ${type === "array" ? "an array" : type === "object" ? "a table" : `a ${type}`}`
+  const types =
+    /^Expected ((?:string|array|object|number|boolean)(?: \| (?:string|array|object|number|boolean))*)$/.exec(
+      message
+    )?.[1]
+  if (types !== undefined) return `expected ${types.split(" | ").map(typeWords).join(" or ")}`
+  if (message === "Expected a value with a length of at least 1") return "expected a non-empty value"
   return message.replace(/^Expected\b/, "expected")
 }
+
+/** A schema type's name as a TOML file's reader says it. */
+const typeWords = (type: string): string =>
+  type === "array" ? "an array" : type === "object" ? "a table" : `a ${type}`
 
 /** `raw` with the value at `path` replaced by `x` (copies along the path; `raw` is not changed). */
 const setAt = (raw: unknown, path: ReadonlyArray<PropertyKey>, x: unknown): unknown => {

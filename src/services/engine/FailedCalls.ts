@@ -54,6 +54,38 @@ export const addFailed = (
   return [next, threshold > 0 && next.calls >= threshold ? { since: now, ...next } : undefined]
 }
 
+/** Decode legs the engine failed before their first text in a row (FailedRun), and the prefill nodes they read from. */
+export interface HandoffRun extends FailedRun {
+  readonly peers: ReadonlyArray<string>
+}
+
+/**
+ * `calls` more such legs after `run`, reading from `peers`: the run, and once it reaches `threshold`
+ * (engine.failed_calls_unhealthy; 0: never) what judges it, a new run beginning. From one prefill node they may be its
+ * failures (crashed, restarted, drained): the engine's own test, which reads no KV, says whether they are this
+ * engine's ("test"). From two or more, with no call completing between them, the prefill nodes are not all at fault:
+ * this engine's KV path is ("engine"), which its test could not show.
+ */
+export const addHandoffFailed = (
+  run: HandoffRun | undefined,
+  calls: number,
+  last: string,
+  peers: ReadonlyArray<string>,
+  threshold: number
+): {
+  readonly run: HandoffRun | undefined
+  readonly due?: { readonly by: "test" | "engine"; readonly run: HandoffRun }
+} => {
+  if (calls <= 0) return { run }
+  const next = { calls: (run?.calls ?? 0) + calls, last, peers: [...new Set([...(run?.peers ?? []), ...peers])] }
+  if (threshold <= 0 || next.calls < threshold) return { run: next }
+  return { run: undefined, due: { by: next.peers.length >= 2 ? "engine" : "test", run: next } }
+}
+
+/** A run of decode legs' failures taken as the engine's: the last one's words, and why. */
+export const handoffsAsEngines = (run: HandoffRun): string =>
+  `${run.last} (decode legs reading from ${run.peers.length} prefill nodes, ${run.peers.join(", ")}, failed before their first token with no call completing: this engine's KV transfer fails)`
+
 /** The node's reason while the engine is taken as failing calls. */
 export const failingProblem = (f: FailingCalls): string =>
   `engine failing calls${

@@ -210,6 +210,20 @@ const bootstrapLeg = (input: PlanInput, leg: "prefill" | "decode"): Result.Resul
     body: bootstrapLegBody(input.body, b)
   }))
 
+/**
+ * The prefill node a decode leg's engine reads its KV from, `host:port` (vLLM's NIXL side channel, SGLang's bootstrap
+ * server), from the leg's engine body; undefined where the body names none. Decode legs failing from two peers with
+ * no call completing between them are the decode engine's failures, not their handoffs' (layers/engine/engineWatch.ts).
+ */
+export const handoffPeer = (body: JsonObject): string | undefined => {
+  const kv = body.kv_transfer_params as Record<string, unknown> | null | undefined
+  const [host, port] =
+    typeof kv === "object" && kv !== null
+      ? [kv.remote_host, kv.remote_port]
+      : [body.bootstrap_host, body.bootstrap_port]
+  return host === undefined || port === undefined ? undefined : `${String(host)}:${String(port)}`
+}
+
 const legOf: Readonly<
   Record<HandoffProtocol, (input: PlanInput, role: "prefill" | "decode") => Result.Result<LegPlan, InvalidHandoff>>
 > = {
