@@ -105,7 +105,7 @@ export const coreLayer = (config: AgentConfig, logLevel?: LogLevel) => {
  * kept until agent.handoff_timeout after the last handoff, within drain_timeout from the drain's start; a second
  * signal ends the wait. Nothing to wait for on a node that handed off none (SGLang's legs end once their KV is sent).
  */
-const handoffGrace = Effect.fn("Agent.drain.handoffGrace")(function* (startedAt: number, signals: ShutdownSignals) {
+const handoffGrace = Effect.fnUntraced(function* (startedAt: number, signals: ShutdownSignals) {
   const config = yield* Config
   const last = yield* (yield* GrpcServer).lastHandoffAt
   if (last === undefined) return

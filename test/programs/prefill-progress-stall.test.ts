@@ -24,7 +24,8 @@ const REASON =
  */
 const prefillNode = (stallRestartAfter: string) =>
   simAgentConfig({
-    agent: { role: "prefill", handoff_timeout: "30s", heartbeat: "200ms" },
+    // drain_timeout bounds the stop's wait for decode legs to read what the legs handed off (main.ts handoffGrace)
+    agent: { role: "prefill", handoff_timeout: "30s", heartbeat: "200ms", drain_timeout: "2s" },
     engine: {
       kv_offload: "nixl",
       stream_idle_timeout: "3s",
