@@ -11,7 +11,10 @@
 // - mlx-lm: Python's http.server (ThreadingHTTPServer, BaseHTTPRequestHandler) with its default protocol_version
 //   HTTP/1.0 (ml-explore/mlx-lm mlx_lm/server.py APIHandler sets none): every connection is closed after its one
 //   answer, with no Connection header, and a body without Content-Length (a stream) ends with the connection.
-//   node:http still writes an HTTP/1.1 status line.
+//   node:http writes an HTTP/1.1 status line (no public way to write 1.0), and an HTTP/1.1 answer with no Connection
+//   header says the connection is kept: a client (undici) pools it, where mlx-lm's HTTP/1.0 answer makes it close,
+//   and may send its next request on it as the server closes it. So `Connection: close`, which says on HTTP/1.1 what
+//   HTTP/1.0 says alone.
 import type * as http from "node:http"
 import { LLAMA_KEEP_ALIVE_S } from "./context.ts"
 import type { Flavor } from "./simConfig.ts"
@@ -39,8 +42,8 @@ export const keepAliveOptions = (flavor: Flavor, env: Record<string, string | un
 /** What each answer says of its connection (llama-server's own framing is context.ts llamaFraming). */
 export const frameConnection = (flavor: Flavor, res: http.ServerResponse): void => {
   if (flavor === "mlx") {
-    // removing node's Connection header leaves shouldKeepAlive alone to keep or close the socket
-    res.removeHeader("connection")
+    // HTTP/1.0's closing, said on node's HTTP/1.1 status line (above)
+    res.setHeader("connection", "close")
     res.shouldKeepAlive = false
     res.useChunkedEncodingByDefault = false
     return
